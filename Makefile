@@ -1,0 +1,78 @@
+# vgpuhost development tasks.  `make dev` once, then `make test`.
+
+# Debian packages needed to build and run vgpuhost in development.
+# libvirt-python is compiled by pip against the system libvirt, so it needs
+# libvirt-dev + pkg-config + gcc (+ Python headers, which pyenv provides).
+DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl
+
+PYTHON      ?= python3
+VENV        := .venv
+VPY         := $(VENV)/bin/python
+STAMP       := $(VENV)/.vgpuhost-installed
+PYTEST_ARGS ?=
+# Wait for a dpkg/apt lock held by another apt-get instead of failing.
+APT_OPTS    := -o DPkg::Lock::Timeout=600
+
+.PHONY: dev deb-deps venv-check test demo bench wheel clean distclean
+
+dev: deb-deps $(STAMP)
+
+# Installs only what is missing; does nothing (no apt-get update) when all
+# packages are present.
+deb-deps:
+	@if ! command -v dpkg-query >/dev/null 2>&1; then \
+	    echo "dpkg-query not found: not Debian/Ubuntu; install by hand: $(DEB_PACKAGES)" >&2; \
+	    exit 0; \
+	fi; \
+	missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	    case "$$(dpkg-query -W -f='$${Status}' $$p 2>/dev/null)" in \
+	        *" ok installed") ;; \
+	        *) missing="$$missing $$p" ;; \
+	    esac; \
+	done; \
+	if [ -z "$$missing" ]; then \
+	    echo "Debian packages present: $(DEB_PACKAGES)"; \
+	    exit 0; \
+	fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	    echo "Missing Debian packages:$$missing" >&2; \
+	    echo "Install them with:" >&2; \
+	    echo "    sudo apt-get install -y --no-install-recommends$$missing" >&2; \
+	    exit 1; \
+	fi; \
+	echo "Installing Debian packages:$$missing"; \
+	apt-get $(APT_OPTS) update && \
+	DEBIAN_FRONTEND=noninteractive apt-get $(APT_OPTS) install -y --no-install-recommends $$missing
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalled only when the packaging metadata changes (editable install:
+# code changes need no reinstall).
+$(STAMP): setup.cfg pyproject.toml | $(VPY)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -e '.[test]'
+	touch $@
+
+venv-check:
+	@test -x $(VPY) || { echo "no $(VENV): run 'make dev' first" >&2; exit 1; }
+
+test: venv-check
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+demo: venv-check
+	$(VPY) -m vgpuhost.demo
+
+bench: venv-check
+	$(VPY) bench/inventory.py
+
+wheel: venv-check
+	$(VPY) -m build --wheel --outdir dist .
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis demo-host
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

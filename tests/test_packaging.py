@@ -1,0 +1,117 @@
+"""The built wheel carries the package data and a working console script.
+
+Builds a wheel of the checkout, installs it (without dependencies) into a
+fresh venv and checks, from outside the repository, that the installed
+package -- not the checkout or the editable install -- has its templates,
+simulator catalog and hosts, qemu hook and ``vgpuhost`` command.
+
+The runtime dependencies (libvirt-python is compiled from source, so slow to
+reinstall) are borrowed from the interpreter running the tests: a ``.pth``
+file in the fresh venv appends the directories that hold them.  A ``.pth``
+line only appends a path; it does not process that directory's own ``.pth``
+files, so the editable finder of the dev venv is never installed, and the
+fresh venv's site-packages precedes anything a ``.pth`` appends.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Top-level import names of the runtime dependencies (install_requires).
+RUNTIME_MODULES = ["click", "jinja2", "markupsafe", "yaml", "lxml", "pynvml",
+                   "libvirt"]
+
+
+def _dependency_dirs():
+    """The sys.path entries that hold the runtime dependencies."""
+    dirs = []
+    for name in RUNTIME_MODULES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin, f"{name} is not installed"
+        origin = Path(spec.origin)
+        top = origin.parent.parent if spec.submodule_search_locations else origin.parent
+        if str(top) not in dirs:
+            dirs.append(str(top))
+    assert str(REPO) not in dirs
+    return dirs
+
+
+def _clean_env():
+    env = dict(os.environ)
+    for var in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV",
+                "PYTHONNOUSERSITE", "PYTHONSAFEPATH"):
+        env.pop(var, None)
+    return env
+
+
+def _run(args, cwd, env=None):
+    proc = subprocess.run(args, cwd=cwd, env=env or _clean_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, (
+        f"{args!r} failed ({proc.returncode})\n"
+        f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc.stdout
+
+
+CHECK = r"""
+import importlib.resources, json, sys
+from pathlib import Path
+import vgpuhost
+root = importlib.resources.files("vgpuhost")
+print(json.dumps({
+    "file": vgpuhost.__file__,
+    "catalog": (root / "sim" / "catalog.yaml").is_file(),
+    "hosts": sorted(p.name for p in Path(str(root / "sim" / "hosts")).glob("*.yaml")),
+    "templates": sorted(p.name for p in Path(str(root / "templates")).glob("*.j2")),
+    "hook": (root / "hooks" / "qemu").is_file(),
+    "path": sys.path,
+}))
+"""
+
+
+def test_wheel_installs_package_data_and_console_script(tmp_path):
+    import json
+
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+          "--outdir", str(dist), str(REPO)], cwd=REPO)
+    wheels = list(dist.glob("vgpuhost-*.whl"))
+    assert len(wheels) == 1, wheels
+    wheel = wheels[0]
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert not any(n.startswith(("tests/", "bench/", "ansible/")) for n in names), names
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
+    vpy = venv / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(vpy), "install",
+          "--no-deps", "--no-index", "--no-cache-dir",
+          "--disable-pip-version-check", str(wheel)], cwd=tmp_path)
+
+    site = Path(_run([str(vpy), "-I", "-c",
+                      "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     cwd=tmp_path).strip())
+    assert site.is_relative_to(venv), site
+    (site / "_vgpuhost_test_deps.pth").write_text(
+        "".join(d + "\n" for d in _dependency_dirs()))
+
+    info = json.loads(_run([str(vpy), "-I", "-c", CHECK], cwd=tmp_path))
+    pkg = Path(info["file"]).resolve()
+    assert pkg.is_relative_to(site.resolve()), (pkg, info["path"])
+    assert info["catalog"], "vgpuhost/sim/catalog.yaml missing from the wheel"
+    assert len(info["hosts"]) >= 7, info["hosts"]
+    assert info["templates"], "no vgpuhost/templates/*.j2 in the wheel"
+    assert info["hook"], "vgpuhost/hooks/qemu missing from the wheel"
+
+    out = _run([str(venv / "bin" / "vgpuhost"), "--help"], cwd=tmp_path)
+    assert "Usage" in out

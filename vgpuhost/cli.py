@@ -1,0 +1,204 @@
+"""The ``vgpuhost`` command line (click).
+
+Owns: option parsing, choosing human or ``--json`` output, and mapping
+errors to exit codes (0 ok, 1 problems found / drift, 2 usage, input or
+environment error, 3 device operation failed, 4 internal error).  Must not:
+hold logic of its own; it calls inventory, checks, sim and output.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from . import __version__
+from .errors import EXIT_INPUT, EXIT_OK, EXIT_PROBLEMS, InputError, VgpuhostError
+from .hostroot import HostRoot
+
+EXIT_INTERNAL = 4
+log = logging.getLogger("vgpuhost")
+
+
+class Context:
+    """What the global options set: the host root and output mode."""
+
+    def __init__(self, root: Optional[str], state_dir: Optional[str], connect: Optional[str],
+                 json_out: bool, verbose: int):
+        self._root = root
+        self._state_dir = state_dir
+        self.connect = connect
+        self.json = json_out
+        self.verbose = verbose
+        self._host: Optional[HostRoot] = None
+
+    @property
+    def host(self) -> HostRoot:
+        if self._host is None:
+            self._host = HostRoot.from_env(self._root, self._state_dir)
+        return self._host
+
+    def sysfs(self):
+        from .sysfs import Sysfs
+        return Sysfs(self.host)
+
+    def inventory(self, *, with_types: bool = True):
+        from .inventory import discover
+        return discover(self.sysfs(), with_types=with_types)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--root", metavar="DIR", help="Host root (default $VGPUHOST_ROOT or /); a simulated host works too.")
+@click.option("--state-dir", metavar="DIR", help="State directory (default <root>/var/lib/vgpuhost).")
+@click.option("--connect", "-c", "connect", metavar="URI", help="libvirt URI (attach/detach).")
+@click.option("--json", "json_out", is_flag=True, help="Machine-readable output (documented, stable).")
+@click.option("-v", "--verbose", count=True, help="More logging; -vv shows tracebacks.")
+@click.version_option(__version__, prog_name="vgpuhost")
+@click.pass_context
+def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose) -> None:
+    """Share NVIDIA GPUs between libvirt/KVM VMs: passthrough, vGPU, MIG."""
+    logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format="vgpuhost: %(message)s")
+    ctx.obj = Context(root, state_dir, connect, json_out, verbose)
+
+
+def _emit(ctx: Context, doc, text: str) -> None:
+    from .output import dumps
+    click.echo(dumps(doc) if ctx.json else text)
+
+
+def _parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):
+    if gpu is None:
+        return None
+    from .values import PciAddress
+    addr = PciAddress.parse(gpu)
+    if inv.gpu(addr) is None:
+        known = ", ".join(str(g.address) for g in inv.gpus) or "none"
+        raise InputError(f"no NVIDIA GPU at {addr}", hint=f"GPUs on this host: {known} ('vgpuhost gpus')")
+    return addr
+
+
+# --- host ----------------------------------------------------------------
+
+@cli.group()
+def host() -> None:
+    """Host readiness."""
+
+
+@host.command("check")
+@pass_ctx
+def host_check(ctx: Context) -> None:
+    """Is this host ready for GPU virtualisation?  Exit 0 ready, 1 problems found."""
+    from .checks import check_host, is_ready
+    from .output import check_doc, check_text
+    findings = check_host(ctx.inventory())
+    _emit(ctx, check_doc(findings), check_text(findings))
+    sys.exit(EXIT_OK if is_ready(findings) else EXIT_PROBLEMS)
+
+
+@cli.command("gpus")
+@pass_ctx
+def gpus(ctx: Context) -> None:
+    """List NVIDIA GPUs, their IOMMU groups and the backends each can serve."""
+    from .output import gpus_doc, gpus_table
+    inv = ctx.inventory()
+    _emit(ctx, gpus_doc(inv), gpus_table(inv) if inv.gpus else "no NVIDIA GPU found")
+
+
+@cli.command("types")
+@click.option("--gpu", metavar="BDF", help="Only this GPU (dddd:bb:ss.f).")
+@click.option("--available", is_flag=True, help="Only types with free instances now.")
+@pass_ctx
+def types(ctx: Context, gpu: Optional[str], available: bool) -> None:
+    """List vGPU types per GPU with max and available instances."""
+    from .output import aggregate_types, types_doc, types_table
+    inv = ctx.inventory()
+    addr = _parse_gpu_option(ctx, inv, gpu)
+    entries = aggregate_types(t for t in inv.vgpu_types if addr is None or t.gpu == addr)
+    if available:
+        entries = [e for e in entries if e["available_instances"] > 0]
+    _emit(ctx, types_doc(entries), types_table(entries) if entries else "no vGPU types")
+
+
+# --- simulator -----------------------------------------------------------
+
+@cli.group()
+def sim() -> None:
+    """Simulated hosts: try vgpuhost without a GPU."""
+
+
+@sim.command("specs")
+@pass_ctx
+def sim_specs(ctx: Context) -> None:
+    """List the host specs shipped with vgpuhost."""
+    from .output import table
+    from .sim import bundled_specs
+    from .sim.spec import load_spec
+    rows = []
+    for name, path in bundled_specs().items():
+        rows.append([name, load_spec(path).summary])
+    _emit(ctx, {"schema": "vgpuhost.sim-specs/v1", "specs": [{"name": r[0], "summary": r[1]} for r in rows]},
+          table(["NAME", "SUMMARY"], rows))
+
+
+@sim.command("create")
+@click.argument("spec")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Replace a simulated host already at DIRECTORY.")
+@pass_ctx
+def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
+    """Build a simulated host from SPEC (a file or a shipped name) at DIRECTORY."""
+    from .sim import bundled_specs
+    from .sim.build import materialise
+    from .sim.spec import load_spec
+    specs = bundled_specs()
+    path = Path(spec)
+    if not path.exists() and spec in specs:
+        path = specs[spec]
+    elif not path.exists():
+        raise InputError(f"no host spec {spec!r}",
+                         hint="name a YAML file or one of: " + ", ".join(specs))
+    hs = load_spec(path)
+    host_root = materialise(hs, directory, force=force)
+    doc = {"schema": "vgpuhost.sim-create/v1", "name": hs.name, "root": str(host_root.root)}
+    _emit(ctx, doc, f"simulated host {hs.name!r} at {host_root.root}\n"
+                    f"use: vgpuhost --root {host_root.root} host check   (or export VGPUHOST_ROOT=...)")
+
+
+# --- entry point -----------------------------------------------------------
+
+def main(argv=None) -> int:
+    """Console entry point: run the CLI and map errors to one line + exit code."""
+    try:
+        cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
+        return EXIT_OK
+    except VgpuhostError as e:
+        click.echo(f"vgpuhost: error: {e.one_line()}", err=True)
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.Abort:
+        click.echo("vgpuhost: aborted", err=True)
+        return EXIT_INPUT
+    except click.ClickException as e:
+        e.show()
+        return EXIT_INPUT
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_INPUT
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:  # a bug: one line, traceback with -vv
+        if "-vv" in (argv or sys.argv):
+            traceback.print_exc()
+        click.echo(f"vgpuhost: internal error: {type(e).__name__}: {e} (rerun with -vv and report it)", err=True)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

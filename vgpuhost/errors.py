@@ -1,0 +1,87 @@
+"""The one exception family of vgpuhost.
+
+Owns: the error types and the exit code each maps to.  Must not: print,
+exit, or format tracebacks; the CLI and the hook turn these into one line.
+
+Exit codes (DESIGN.md): 0 ok, 1 check found problems / drift, 2 usage,
+input or environment error, 3 a device operation failed (rolled back).
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+from typing import Optional
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_INPUT = 2
+EXIT_DEVICE = 3
+
+
+class VgpuhostError(Exception):
+    """Base of every anticipated failure.
+
+    ``message`` says what is wrong, ``hint`` what the operator can do.
+    """
+
+    exit_code = EXIT_INPUT
+
+    def __init__(self, message: str, *, hint: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        """The error as the single line the CLI and hook print."""
+        if self.hint:
+            return f"{self.message}; {self.hint}"
+        return self.message
+
+
+class InputError(VgpuhostError):
+    """Malformed input from the operator: a BDF, a spec file, a profile name."""
+
+
+class HostEnvironmentError(VgpuhostError):
+    """The host lacks something vgpuhost needs (a root, a library, a module)."""
+
+
+class SysfsError(VgpuhostError):
+    """A kernel file under the host root could not be read or written.
+
+    Keeps ``errno`` (int), ``path`` (absolute path under the root) and, for
+    writes, the ``value`` written.  Reads map to exit 2, writes to exit 3.
+    """
+
+    def __init__(self, op: str, path: str, err: int, *, value: Optional[str] = None,
+                 hint: Optional[str] = None):
+        self.op = op
+        self.path = str(path)
+        self.errno = err
+        self.value = value
+        name = _errno.errorcode.get(err, str(err))
+        what = f"{op} {self.path}"
+        if value is not None:
+            what = f"writing {value!r} to {self.path}"
+        elif op == "read":
+            what = f"reading {self.path}"
+        super().__init__(f"{what} failed: {name} ({os.strerror(err)})", hint=hint)
+
+    @property
+    def errno_name(self) -> str:
+        return _errno.errorcode.get(self.errno, str(self.errno))
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return EXIT_DEVICE if self.value is not None else EXIT_INPUT
+
+
+class DeviceError(VgpuhostError):
+    """A device operation failed; state was rolled back where possible."""
+
+    exit_code = EXIT_DEVICE
+
+
+class SimulatorError(VgpuhostError):
+    """A simulated host spec or tree is malformed."""

@@ -1,0 +1,60 @@
+"""How many vGPUs of each type a simulated GPU can still take.
+
+Owns: the simulator's model of the NVIDIA vGPU manager's capacity rules,
+as pure functions over plain data.  Must not: read or write files.
+
+Rules (REFERENCE.md §2, §4):
+- equal-size mode (default): every time-sliced vGPU on a GPU has the same
+  framebuffer size; once one exists only types of that size report free
+  instances, up to that type's max instances minus those present;
+- mixed-size mode: each type up to its mixed-size max, while framebuffer
+  remains;
+- MIG-backed types need MIG mode and a free GPU instance of their profile;
+  time-sliced types are unavailable in MIG mode;
+- on SR-IOV GPUs each VF holds at most one vGPU, so a VF reports 0 or 1.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping
+
+
+def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
+    """Free instances per type id on one physical GPU.
+
+    ``gpu`` is the GPU's entry in the simulator's ``host.json``: ``types``
+    maps type id -> ``{fb_mib, max, max_mixed, gi_profile}``; plus
+    ``mixed_size``, ``mig_mode``, ``framebuffer_mib``, ``free_gpu_instances``
+    (profile name -> count).  ``instances`` lists the type id of every vGPU
+    present.  Returns ``{type_id: n}`` with n >= 0.
+    """
+    types = gpu["types"]
+    present: List[str] = list(instances)
+    counts: Dict[str, int] = {}
+    for t in present:
+        counts[t] = counts.get(t, 0) + 1
+    mig_mode = bool(gpu.get("mig_mode"))
+    mixed = bool(gpu.get("mixed_size"))
+    free_gi = dict(gpu.get("free_gpu_instances") or {})
+    used_fb = sum(types[t]["fb_mib"] for t in present if t in types)
+    sizes = {types[t]["fb_mib"] for t in present if t in types and not types[t].get("gi_profile")}
+    out: Dict[str, int] = {}
+    for tid, t in types.items():
+        if t.get("gi_profile"):
+            out[tid] = free_gi.get(t["gi_profile"], 0) if mig_mode else 0
+            continue
+        if mig_mode:
+            out[tid] = 0
+            continue
+        if mixed:
+            left = t["max_mixed"] - counts.get(tid, 0)
+            by_fb = (gpu["framebuffer_mib"] - used_fb) // t["fb_mib"] if t["fb_mib"] else 0
+            out[tid] = max(0, min(left, by_fb))
+            continue
+        if sizes and t["fb_mib"] not in sizes:
+            out[tid] = 0
+            continue
+        same_size = sum(n for other, n in counts.items() if types.get(other, {}).get("fb_mib") == t["fb_mib"]
+                        and not types[other].get("gi_profile"))
+        out[tid] = max(0, t["max"] - same_size)
+    return out

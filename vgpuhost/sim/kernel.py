@@ -1,0 +1,512 @@
+"""The simulated kernel: what happens when vgpuhost writes to a simulated tree.
+
+Owns: applying kernel semantics to writes under a simulated host root —
+mdev ``create``/``remove``, ``nvidia/current_vgpu_type``, ``driver_override``,
+driver ``bind``/``unbind`` and ``drivers_probe`` — by changing the tree on
+disk exactly as the kernel would lay it out, under a lock so separate
+processes see one host.  Failures raise ``OSError`` with the errno the
+kernel returns (REFERENCE.md §1-3); :mod:`vgpuhost.sysfs` wraps them.
+Must not: be imported on a real host (``Sysfs`` only loads it when the root
+holds ``.vgpuhost-sim/host.json``).
+
+What a write does, by the file written (the path is resolved first, so a
+write through ``bus/pci/devices/<BDF>`` or ``bus/mdev/devices/<uuid>`` lands
+on the device directory, as in sysfs):
+
+- ``<parent>/mdev_supported_types/<type>/create`` (a UUID): a new mdev laid
+  out as in shared/examples/sysfs-layout-a40-mdev.txt, with a new IOMMU
+  group of its own, a ``driver`` link to ``nvidia-vgpu-vfio`` and its
+  ``dev/vfio/<group>`` node.  EINVAL (bad UUID, unknown type), EEXIST (UUID
+  in use), ENOSPC (no instance left, computed by :mod:`.capacity`).
+- ``<mdev>/remove`` (``1``): undoes create.  EINVAL (other value), EBUSY
+  (UUID listed in meta ``busy_mdevs``: the seam for running VMs).
+  Both create and ``current_vgpu_type`` give ENODEV while the parent / VF
+  is not bound to ``nvidia`` (no vGPU manager behind it).
+- ``<VF>/nvidia/current_vgpu_type`` (decimal; REFERENCE.md §3): EINVAL
+  (not decimal, unknown type), EPERM (a vGPU exists and non-zero written, or
+  none and ``0`` written), ENOSPC (type not creatable now).
+- ``nvidia/vgpu_params``: stored; a single space clears it.
+- ``driver_override``: stored; an empty value (or a lone newline) clears it
+  to ``(null)``.
+- ``bus/pci/drivers/<drv>/bind|unbind`` and ``bus/pci/drivers_probe`` (a
+  BDF): driver links on both sides; ``dev/vfio/<group>`` exists while some
+  member of the group is bound to vfio-pci.  A driver matches a device when
+  ``driver_override`` names it, or, with no override, when it is the
+  device's native driver (so vfio-pci only through the override, unless the
+  spec booted the device on vfio-pci).  unbind: ENODEV (not bound there),
+  EBUSY (vGPUs on the GPU/VF; ``nvidia-persistenced`` holding a GPU —
+  the real unbind hangs instead, REFERENCE.md §1).  bind: ENODEV (unknown
+  device, no match), EBUSY (already bound).  drivers_probe succeeds even
+  when nothing binds; ENODEV for an unknown device only.
+- read-only attributes: EACCES; write-only files (``reset``, ``new_id``...)
+  accept a write and stay empty; any other existing file takes the value;
+  a missing path gives ENOENT (nothing is created); a directory EISDIR.
+
+Injected faults (meta ``faults``, see :mod:`.spec`) fire for a well-formed
+request on an existing device, after the syntax checks (bad UUID, unknown
+BDF, non-decimal type) and before the state checks (EBUSY, EEXIST, ENOSPC,
+EPERM, driver match), so nothing changes when one fires.  ``count`` > 0
+counts down and the fault is dropped when spent; 0 fires every time.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Optional
+
+from ..hostroot import HostRoot
+from .capacity import gpu_available
+
+#: the driver NVIDIA's vGPU manager binds every mdev to
+MDEV_DRIVER = "nvidia-vgpu-vfio"
+VFIO_PCI = "vfio-pci"
+PERSISTENCED = "nvidia-persistenced"
+
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_DECIMAL_RE = re.compile(r"^[0-9]+$")
+
+#: attribute files the kernel creates read-only (writing gives EACCES)
+READ_ONLY = frozenset({
+    "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node",
+    "available_instances", "creatable_vgpu_types", "name", "description", "device_api",
+    "boot_vga", "sriov_totalvfs", "sriov_offset", "sriov_stride", "sriov_vf_device",
+})
+#: write-only files with no modelled effect: a write succeeds, they stay empty
+WRITE_ONLY = frozenset({
+    "bind", "unbind", "new_id", "remove_id", "create", "remove", "reset", "rescan",
+    "config", "drivers_probe",
+})
+_PARAMS_MAX = 1024
+_OVERRIDE_MAX = 4095  # PAGE_SIZE - 1
+
+
+def _fail(err: int, path: "str | Path", why: str = "") -> OSError:
+    msg = os.strerror(err) + (f" ({why})" if why else "")
+    return OSError(err, msg, str(path))
+
+
+def _link(link: Path, target: Path) -> None:
+    """A relative symlink at ``link`` pointing at ``target`` (both absolute, same root)."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.relpath(target, link.parent), link)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class SimKernel:
+    """Kernel semantics for one simulated host root."""
+
+    def __init__(self, host: HostRoot):
+        self.host = host
+        self.meta_path = host.sim_dir / "host.json"
+        self.lock_path = host.sim_dir / "lock"
+        # the root with symlinks resolved: written paths are resolved too
+        self.real_root = Path(os.path.realpath(host.root))
+
+    # --- metadata --------------------------------------------------------
+    def meta(self) -> dict:
+        return json.loads(self.meta_path.read_text())
+
+    def save_meta(self, meta: dict) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        os.replace(tmp, self.meta_path)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise kernel operations across processes (flock on .vgpuhost-sim/lock)."""
+        with open(self.lock_path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def dev_dir(self, meta: dict, bdf: str) -> Path:
+        return self.host.root / meta["devices"][bdf]["path"]
+
+    def _rdir(self, meta: dict, bdf: str) -> Path:
+        """Like :meth:`dev_dir` but under the resolved root (for links)."""
+        return self.real_root / meta["devices"][bdf]["path"]
+
+    def _rpath(self, p: Path) -> Path:
+        """A HostRoot-derived path re-expressed under the resolved root."""
+        return self.real_root / p.relative_to(self.host.root)
+
+    # --- vGPU instances and capacity ---------------------------------------
+    def instances(self, meta: dict, pf: str) -> List[dict]:
+        """vGPUs present on GPU ``pf``: ``[{parent, type_id, id}]`` read from the tree."""
+        gpu = meta["gpus"][pf]
+        out: List[dict] = []
+        if gpu["backend"] == "mdev":
+            for parent in gpu["parents"]:
+                types_dir = self.dev_dir(meta, parent) / "mdev_supported_types"
+                for tid in sorted(gpu["types"]):
+                    ddir = types_dir / tid / "devices"
+                    try:
+                        names = sorted(os.listdir(ddir))
+                    except FileNotFoundError:
+                        names = []
+                    for name in names:
+                        out.append({"parent": parent, "type_id": tid, "id": name})
+        elif gpu["backend"] == "vendor-vfio":
+            for vf in gpu["parents"]:
+                cur = (self.dev_dir(meta, vf) / "nvidia" / "current_vgpu_type").read_text().strip()
+                if cur and cur != "0":
+                    out.append({"parent": vf, "type_id": cur, "id": vf})
+        return out
+
+    def available(self, meta: dict, pf: str) -> Dict[str, Dict[str, int]]:
+        """Free instances per parent and type id of GPU ``pf``: ``{parent: {type_id: n}}``.
+
+        On SR-IOV GPUs each VF holds one vGPU at most (REFERENCE.md §2-3):
+        a VF reports 0 when it holds one, else at most 1.
+        """
+        gpu = meta["gpus"][pf]
+        if gpu["backend"] == "none":
+            return {}
+        inst = self.instances(meta, pf)
+        avail = gpu_available(gpu, [i["type_id"] for i in inst])
+        busy = {i["parent"] for i in inst}
+        sriov = bool(gpu["vfs"])
+        out: Dict[str, Dict[str, int]] = {}
+        for parent in gpu["parents"]:
+            if not sriov:
+                out[parent] = {tid: avail.get(tid, 0) for tid in gpu["types"]}
+            elif parent in busy:
+                out[parent] = {tid: 0 for tid in gpu["types"]}
+            else:
+                out[parent] = {tid: min(1, avail.get(tid, 0)) for tid in gpu["types"]}
+        return out
+
+    def refresh_gpu(self, pf: str, meta: dict = None) -> None:
+        """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of GPU ``pf``."""
+        meta = meta or self.meta()
+        gpu = meta["gpus"][pf]
+        if gpu["backend"] == "none":
+            return
+        for parent, avail in self.available(meta, pf).items():
+            pdir = self.dev_dir(meta, parent)
+            if gpu["backend"] == "mdev":
+                for tid in gpu["types"]:
+                    (pdir / "mdev_supported_types" / tid / "available_instances").write_text(
+                        f"{avail.get(tid, 0)}\n")
+            else:
+                lines = ["ID    : vGPU Name"]
+                for tid in sorted(gpu["types"], key=int):
+                    if avail.get(tid, 0) > 0:
+                        lines.append(f"{int(tid):<5d} : {gpu['types'][tid]['raw_name']}")
+                (pdir / "nvidia" / "creatable_vgpu_types").write_text("\n".join(lines) + "\n")
+
+    # --- writes ------------------------------------------------------------
+    def write(self, path: Path, value: str) -> None:
+        """Apply a write of ``value`` to ``path`` (absolute, under the root).
+
+        Raises OSError(errno) as the kernel would (see the module docstring).
+        """
+        with self.locked():
+            meta = self.meta()
+            real = Path(os.path.realpath(path))
+            try:
+                rel = real.relative_to(self.real_root)
+            except ValueError:
+                raise _fail(errno.EACCES, path, "outside the simulated host root") from None
+            if not os.path.lexists(real):
+                raise _fail(errno.ENOENT, path)
+            if real.is_dir():
+                raise _fail(errno.EISDIR, path)
+            self._dispatch(meta, Path(path), real, rel, value)
+
+    def _dispatch(self, meta: dict, path: Path, real: Path, rel: Path, value: str) -> None:
+        by_path = {d["path"]: bdf for bdf, d in meta["devices"].items()}
+        name = real.name
+        drivers_rel = self.host.pci_drivers.relative_to(self.host.root)
+        if rel == self.host.pci_drivers_probe.relative_to(self.host.root):
+            return self._probe(meta, path, value)
+        if name in ("bind", "unbind") and rel.parent.parent == drivers_rel:
+            drv = rel.parent.name
+            if name == "bind":
+                return self._bind(meta, path, drv, value)
+            return self._unbind(meta, path, drv, value)
+        parent_rel = str(rel.parent)
+        if name == "driver_override" and parent_rel in by_path:
+            return self._driver_override(meta, path, by_path[parent_rel], real, value)
+        if (name == "create" and real.parent.parent.name == "mdev_supported_types"
+                and str(rel.parent.parent.parent) in by_path):
+            return self._mdev_create(meta, path, by_path[str(rel.parent.parent.parent)],
+                                     real.parent.name, value)
+        if name == "remove" and os.path.islink(real.parent / "mdev_type"):
+            return self._mdev_remove(meta, path, real.parent, by_path, value)
+        if real.parent.name == "nvidia":
+            owner = str(rel.parent.parent)
+            if name == "current_vgpu_type" and owner in by_path:
+                return self._set_type(meta, path, by_path[owner], real, value)
+            if name == "vgpu_params":
+                return self._vgpu_params(path, real, value)
+        if name in READ_ONLY:
+            raise _fail(errno.EACCES, path, "read-only attribute")
+        if name in WRITE_ONLY:
+            return
+        with open(real, "w", encoding="utf-8") as f:
+            f.write(value)
+
+    # --- faults ------------------------------------------------------------
+    def _fault(self, meta: dict, op: str, devices: Iterable[Optional[str]], path: Path) -> bool:
+        """Fire the first matching injected fault.
+
+        Raises OSError for effect ``error``; True for ``ignore`` (the caller
+        returns success without acting); False when none matches.
+        """
+        devs = {d.lower() for d in devices if d}
+        faults = meta.get("faults") or []
+        for i, f in enumerate(faults):
+            if f.get("op") != op:
+                continue
+            if f.get("device") and f["device"].lower() not in devs:
+                continue
+            count = int(f.get("count") or 0)
+            if count > 0:
+                if count == 1:
+                    del faults[i]
+                else:
+                    f["count"] = count - 1
+                self.save_meta(meta)
+            if f.get("effect", "error") == "ignore":
+                return True
+            raise _fail(int(f.get("errno") or errno.EIO), path, f"injected {op} fault")
+        return False
+
+    # --- PCI driver binding ------------------------------------------------
+    def _driver_of(self, meta: dict, bdf: str) -> Optional[str]:
+        try:
+            return os.path.basename(os.readlink(self._rdir(meta, bdf) / "driver"))
+        except OSError:
+            return None
+
+    def _override(self, meta: dict, bdf: str) -> Optional[str]:
+        try:
+            v = (self._rdir(meta, bdf) / "driver_override").read_text().strip()
+        except FileNotFoundError:
+            return None
+        return None if v in ("", "(null)") else v
+
+    def _matches(self, meta: dict, bdf: str, drv: str) -> bool:
+        ov = self._override(meta, bdf)
+        if ov is not None:
+            return ov == drv
+        return meta["devices"][bdf].get("native_driver") == drv
+
+    def _driver_dir(self, drv: str) -> Path:
+        return self._rpath(self.host.pci_driver(drv))
+
+    def _attach(self, meta: dict, bdf: str, drv: str) -> None:
+        ddir = self._rdir(meta, bdf)
+        _link(ddir / "driver", self._driver_dir(drv))
+        _link(self._driver_dir(drv) / bdf, ddir)
+        self._sync_vfio_group(meta, meta["devices"][bdf].get("iommu_group"))
+
+    def _detach(self, meta: dict, bdf: str, drv: str) -> None:
+        _unlink(self._rdir(meta, bdf) / "driver")
+        _unlink(self._driver_dir(drv) / bdf)
+        self._sync_vfio_group(meta, meta["devices"][bdf].get("iommu_group"))
+
+    def _sync_vfio_group(self, meta: dict, group: Optional[int]) -> None:
+        """``dev/vfio/<group>`` exists while a member of the group is bound to vfio-pci."""
+        if group is None:
+            return
+        node = self._rpath(self.host.dev_vfio) / str(group)
+        held = any(d.get("iommu_group") == group and self._driver_of(meta, b) == VFIO_PCI
+                   for b, d in meta["devices"].items())
+        if held:
+            if not node.exists():
+                node.parent.mkdir(parents=True, exist_ok=True)
+                node.write_text("")
+        else:
+            _unlink(node)
+
+    def _has_vgpus(self, meta: dict, bdf: str) -> bool:
+        """Whether device ``bdf`` (a GPU PF, or a VF / mdev parent) holds vGPUs."""
+        if bdf in meta["gpus"]:
+            return bool(self.instances(meta, bdf))
+        pf = meta["devices"][bdf].get("pf")
+        if pf and pf in meta["gpus"]:
+            return any(i["parent"] == bdf for i in self.instances(meta, pf))
+        return False
+
+    def _bind(self, meta: dict, path: Path, drv: str, value: str) -> None:
+        bdf = value.strip()
+        if bdf not in meta["devices"]:
+            raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
+        if self._fault(meta, "bind", [bdf], path):
+            return
+        if self._driver_of(meta, bdf) is not None:
+            raise _fail(errno.EBUSY, path, f"{bdf} is already bound")
+        if not self._matches(meta, bdf, drv):
+            raise _fail(errno.ENODEV, path, f"{drv} does not match {bdf}")
+        self._attach(meta, bdf, drv)
+
+    def _unbind(self, meta: dict, path: Path, drv: str, value: str) -> None:
+        bdf = value.strip()
+        if bdf not in meta["devices"]:
+            raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
+        if self._fault(meta, "unbind", [bdf], path):
+            return
+        if self._driver_of(meta, bdf) != drv:
+            raise _fail(errno.ENODEV, path, f"{bdf} is not bound to {drv}")
+        if self._has_vgpus(meta, bdf):
+            raise _fail(errno.EBUSY, path, f"{bdf} has vGPUs")
+        if (meta["devices"][bdf].get("is_gpu") and drv == "nvidia"
+                and PERSISTENCED in (meta.get("processes") or [])):
+            raise _fail(errno.EBUSY, path, f"{PERSISTENCED} holds {bdf} (non-zero usage count)")
+        self._detach(meta, bdf, drv)
+
+    def _probe(self, meta: dict, path: Path, value: str) -> None:
+        bdf = value.strip()
+        if bdf not in meta["devices"]:
+            raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
+        if self._fault(meta, "probe", [bdf], path):
+            return
+        if self._driver_of(meta, bdf) is not None:
+            return
+        ov = self._override(meta, bdf)
+        drv = ov if ov is not None else meta["devices"][bdf].get("native_driver")
+        if drv and self._driver_dir(drv).is_dir():
+            self._attach(meta, bdf, drv)
+
+    def _driver_override(self, meta: dict, path: Path, bdf: str, real: Path, value: str) -> None:
+        if self._fault(meta, "driver_override", [bdf], path):
+            return
+        v = value[:-1] if value.endswith("\n") else value
+        if len(v) > _OVERRIDE_MAX:
+            raise _fail(errno.EINVAL, path, "value too long")
+        real.write_text((v if v else "(null)") + "\n")
+
+    # --- mdev --------------------------------------------------------------
+    def _pf_of_parent(self, meta: dict, parent: str) -> Optional[str]:
+        for pf, gpu in meta["gpus"].items():
+            if parent in gpu.get("parents", []):
+                return pf
+        return None
+
+    def _mdev_create(self, meta: dict, path: Path, parent: str, tid: str, value: str) -> None:
+        pf = self._pf_of_parent(meta, parent)
+        if pf is None or meta["gpus"][pf]["backend"] != "mdev" or tid not in meta["gpus"][pf]["types"]:
+            raise _fail(errno.EINVAL, path, f"type {tid} not supported by {parent}")
+        text = value.strip()
+        if not _UUID_RE.match(text):
+            raise _fail(errno.EINVAL, path, f"not a UUID: {text[:40]!r}")
+        uuid = text.lower()
+        if self._fault(meta, "create", [parent, pf], path):
+            return
+        if self._driver_of(meta, parent) != "nvidia":
+            raise _fail(errno.ENODEV, path, f"{parent} is not bound to nvidia")
+        bus_link = self._rpath(self.host.mdev_devices) / uuid
+        pdir = self._rdir(meta, parent)
+        mdir = pdir / uuid
+        if os.path.lexists(bus_link) or os.path.lexists(mdir):
+            raise _fail(errno.EEXIST, path, f"mdev {uuid} exists")
+        if self.available(meta, pf)[parent].get(tid, 0) <= 0:
+            raise _fail(errno.ENOSPC, path, f"no {tid} instance left on {parent}")
+
+        groups = self._rpath(self.host.iommu_groups)
+        group = int(meta.get("next_iommu_group") or 0)
+        while (groups / str(group)).exists():
+            group += 1
+        meta["next_iommu_group"] = group + 1
+        gdir = groups / str(group)
+        mdir.mkdir()
+        _link(mdir / "mdev_type", pdir / "mdev_supported_types" / tid)
+        (mdir / "remove").write_text("")
+        (mdir / "nvidia").mkdir()
+        (mdir / "nvidia" / "vgpu_params").write_text("\n")
+        (gdir / "devices").mkdir(parents=True)
+        (gdir / "type").write_text("DMA\n")
+        (gdir / "reserved_regions").write_text("")
+        _link(gdir / "devices" / uuid, mdir)
+        _link(mdir / "iommu_group", gdir)
+        mdrv = self._rpath(self.host.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER))
+        mdrv.mkdir(parents=True, exist_ok=True)
+        _link(mdir / "driver", mdrv)
+        _link(mdrv / uuid, mdir)
+        _link(bus_link, mdir)
+        _link(pdir / "mdev_supported_types" / tid / "devices" / uuid, mdir)
+        # the mdev is bound to a VFIO driver: its group node appears (libvirt opens it)
+        vnode = self._rpath(self.host.dev_vfio) / str(group)
+        vnode.parent.mkdir(parents=True, exist_ok=True)
+        vnode.write_text("")
+        self.save_meta(meta)
+        self.refresh_gpu(pf, meta)
+
+    def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
+                     value: str) -> None:
+        uuid = mdir.name
+        parent = by_path.get(str(mdir.parent.relative_to(self.real_root)))
+        pf = self._pf_of_parent(meta, parent) if parent else None
+        if value.strip() != "1":
+            raise _fail(errno.EINVAL, path, "write 1 to remove")
+        if self._fault(meta, "remove", [parent, pf], path):
+            return
+        if uuid in (meta.get("busy_mdevs") or []):
+            raise _fail(errno.EBUSY, path, f"mdev {uuid} is in use")
+        tid = os.path.basename(os.readlink(mdir / "mdev_type"))
+        gdir = Path(os.path.realpath(mdir / "iommu_group")) if os.path.islink(mdir / "iommu_group") else None
+        _unlink(mdir.parent / "mdev_supported_types" / tid / "devices" / uuid)
+        _unlink(self._rpath(self.host.mdev_devices) / uuid)
+        _unlink(self._rpath(self.host.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER)) / uuid)
+        if gdir is not None and gdir.parent == self._rpath(self.host.iommu_groups):
+            _unlink(self._rpath(self.host.dev_vfio) / gdir.name)
+            shutil.rmtree(gdir, ignore_errors=True)
+        shutil.rmtree(mdir)
+        if pf is not None:
+            self.refresh_gpu(pf, meta)
+
+    # --- vendor-specific VFIO ------------------------------------------------
+    def _set_type(self, meta: dict, path: Path, vf: str, real: Path, value: str) -> None:
+        pf = meta["devices"][vf].get("pf") or self._pf_of_parent(meta, vf)
+        gpu = meta["gpus"].get(pf) if pf else None
+        if gpu is None or gpu["backend"] != "vendor-vfio" or vf not in gpu["parents"]:
+            raise _fail(errno.ENODEV, path, f"{vf} is not a vGPU-capable VF")
+        text = value.strip()
+        if not _DECIMAL_RE.match(text):
+            raise _fail(errno.EINVAL, path, f"not a decimal type id: {text[:40]!r}")
+        new = int(text)
+        if self._fault(meta, "set_type", [vf, pf], path):
+            return
+        if self._driver_of(meta, vf) != "nvidia":
+            raise _fail(errno.ENODEV, path, f"{vf} is not bound to nvidia")
+        cur_text = real.read_text().strip() or "0"
+        cur = int(cur_text) if _DECIMAL_RE.match(cur_text) else 0
+        if new == 0:
+            if cur == 0:
+                raise _fail(errno.EPERM, path, f"{vf} holds no vGPU")
+            real.write_text("0\n")
+        else:
+            if cur != 0:
+                raise _fail(errno.EPERM, path, f"{vf} already holds vGPU type {cur}")
+            tid = str(new)
+            if tid not in gpu["types"]:
+                raise _fail(errno.EINVAL, path, f"type {tid} not supported by {pf}")
+            if self.available(meta, pf)[vf].get(tid, 0) <= 0:
+                raise _fail(errno.ENOSPC, path, f"type {tid} not creatable on {vf} now")
+            real.write_text(f"{new}\n")
+        self.refresh_gpu(pf, meta)
+
+    def _vgpu_params(self, path: Path, real: Path, value: str) -> None:
+        v = value[:-1] if value.endswith("\n") else value
+        if len(v) > _PARAMS_MAX:
+            raise _fail(errno.EINVAL, path, "value too long")
+        real.write_text(("" if v.strip() == "" else v) + "\n")

@@ -1,0 +1,279 @@
+"""Host specs: the YAML that describes a simulated host.
+
+Owns: parsing and validating a host spec (strict: unknown keys, wrong types,
+unknown models and bad addresses are errors naming the file and line).
+Must not: write files (that is :mod:`vgpuhost.sim.build`).
+
+Format (``version: 1``)::
+
+    name: a40-mdev
+    summary: one line
+    host:
+      cpu_vendor: GenuineIntel | AuthenticAMD
+      cmdline: "... intel_iommu=on iommu=pt"
+      iommu: true                 # false: no IOMMU groups at all
+      interrupt_remapping: true   # shows as IR-PCI-MSI in proc/interrupts
+      kernel_release: 6.1.0-27-amd64
+      modules: [vfio_pci, ...]    # loaded (proc/modules)
+      builtin_modules: []         # built into the kernel (modules.builtin)
+      processes: [nvidia-persistenced]
+    devices:
+      - bdf: "0000:41:00.0"
+        model: A40                # a key of catalog.yaml gpus or devices
+        upstream: "0000:40:01.1"  # the bridge above it (path in sys/devices)
+        numa_node: 0
+        driver: nvidia            # default: the model's; null: unbound
+        boot_vga: false
+        boot_framebuffer: false   # efifb/simpledrm holds BAR0 (proc/iomem)
+        iommu_group: 31           # default: derived from ACS and slots
+        vgpu: {backend: mdev | vendor-vfio | none, sriov_numvfs: 16, mixed_size: false}
+        mig: {mode: false}
+    faults:                       # kernel failures to inject (tests, demos)
+      - {op: bind, device: "0000:0a:00.2", errno: EIO, count: 1}
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import InputError, SimulatorError
+from ..values import PciAddress
+from ..yamlutil import Located, load_located
+from .catalog import Catalog, load_catalog
+
+BACKENDS = ("mdev", "vendor-vfio", "none")
+FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override")
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class VgpuSpec:
+    backend: str = "none"
+    sriov_numvfs: int = 0
+    mixed_size: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    bdf: PciAddress
+    model: str
+    is_gpu: bool
+    upstream: Optional[PciAddress] = None
+    numa_node: int = -1
+    driver: Optional[str] = None
+    boot_vga: bool = False
+    boot_framebuffer: bool = False
+    iommu_group: Optional[int] = None
+    vgpu: VgpuSpec = VgpuSpec()
+    mig_mode: bool = False
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    op: str
+    device: Optional[str] = None
+    errno: int = _errno.EIO
+    count: int = 1           # times it fires; 0 = every time
+    effect: str = "error"    # "error" or "ignore" (the write succeeds and does nothing)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    summary: str
+    cpu_vendor: str
+    cmdline: str
+    iommu: bool
+    interrupt_remapping: bool
+    kernel_release: str
+    modules: Tuple[str, ...]
+    builtin_modules: Tuple[str, ...]
+    processes: Tuple[str, ...]
+    devices: Tuple[DeviceSpec, ...]
+    faults: Tuple[FaultSpec, ...] = ()
+    source: str = "<spec>"
+
+
+_TOP = {"version", "name", "summary", "host", "devices", "faults"}
+_HOST = {"cpu_vendor", "cmdline", "iommu", "interrupt_remapping", "kernel_release",
+         "modules", "builtin_modules", "processes"}
+_DEVICE = {"bdf", "model", "upstream", "numa_node", "driver", "boot_vga", "boot_framebuffer",
+           "iommu_group", "vgpu", "mig"}
+_VGPU = {"backend", "sriov_numvfs", "mixed_size"}
+_MIG = {"mode"}
+_FAULT = {"op", "device", "errno", "count", "effect"}
+
+
+class _Reader:
+    """Typed access to located data, raising file:line errors."""
+
+    def __init__(self, loc: Located):
+        self.loc = loc
+
+    def mapping(self, value: Any, path: tuple, allowed: set) -> Dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.loc.error(path, f"expected a mapping at {_dotted(path)}, found {type(value).__name__}")
+        for key in value:
+            if key not in allowed:
+                raise self.loc.error(path + (key,), f"unknown key {key!r} in {_dotted(path) or 'spec'}",
+                                     hint="allowed: " + ", ".join(sorted(allowed)))
+        return value
+
+    def get(self, m: Dict[str, Any], path: tuple, key: str, typ: Any, default: Any = _UNSET) -> Any:
+        if key not in m:
+            if default is _UNSET:
+                raise self.loc.error(path, f"missing required key {key!r} in {_dotted(path) or 'spec'}")
+            return default
+        value = m[key]
+        if default is None and value is None:
+            return None
+        ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+        if not ok:
+            tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+            raise self.loc.error(path + (key,), f"{_dotted(path + (key,))} must be {tname}, "
+                                                f"found {value!r}")
+        return value
+
+    def str_list(self, m: Dict[str, Any], path: tuple, key: str) -> Tuple[str, ...]:
+        value = self.get(m, path, key, list, [])
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.loc.error(path + (key, i), f"{_dotted(path + (key,))} items must be strings")
+        return tuple(value)
+
+    def bdf(self, value: Any, path: tuple) -> PciAddress:
+        if not isinstance(value, str):
+            raise self.loc.error(path, f"{_dotted(path)} must be a quoted PCI address like \"0000:41:00.0\"")
+        try:
+            return PciAddress.parse(value)
+        except InputError as e:
+            raise self.loc.error(path, e.message, e.hint) from None
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def load_spec(path: "str | Path", *, catalog: Optional[Catalog] = None) -> HostSpec:
+    """Read and validate a host spec file.  Raises InputError (file:line: what)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read host spec {str(p)!r}: {e.strerror}",
+                         hint="name a spec file or one of 'vgpuhost sim specs'") from None
+    except UnicodeDecodeError:
+        raise InputError(f"host spec {str(p)!r} is not UTF-8 text") from None
+    return parse_spec(text, source=str(p), catalog=catalog)
+
+
+def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] = None) -> HostSpec:
+    """Validate spec text; see the module docstring for the format."""
+    cat = catalog or load_catalog()
+    loc = load_located(text, source)
+    r = _Reader(loc)
+    top = r.mapping(loc.data, (), _TOP)
+    version = r.get(top, (), "version", int)
+    if version != 1:
+        raise loc.error(("version",), f"unsupported spec version {version}", hint="use version: 1")
+    name = r.get(top, (), "name", str)
+    summary = r.get(top, (), "summary", str, "")
+    host = r.mapping(r.get(top, (), "host", dict, {}), ("host",), _HOST)
+    hp = ("host",)
+    cpu_vendor = r.get(host, hp, "cpu_vendor", str, "GenuineIntel")
+    if cpu_vendor not in ("GenuineIntel", "AuthenticAMD"):
+        raise loc.error(hp + ("cpu_vendor",), f"cpu_vendor must be GenuineIntel or AuthenticAMD, found {cpu_vendor!r}")
+    devices_raw = r.get(top, (), "devices", list)
+    devices: List[DeviceSpec] = []
+    seen: Dict[PciAddress, int] = {}
+    for i, raw in enumerate(devices_raw):
+        dp = ("devices", i)
+        d = r.mapping(raw, dp, _DEVICE)
+        bdf = r.bdf(r.get(d, dp, "bdf", str), dp + ("bdf",))
+        if bdf in seen:
+            raise loc.error(dp + ("bdf",), f"device {bdf} is listed twice (first at devices[{seen[bdf]}])")
+        seen[bdf] = i
+        model = r.get(d, dp, "model", str)
+        if model in cat.gpus:
+            is_gpu = True
+            default_driver: Optional[str] = cat.gpus[model].driver
+        elif model in cat.devices:
+            is_gpu = False
+            default_driver = cat.devices[model].driver
+        else:
+            raise loc.error(dp + ("model",), f"unknown model {model!r}",
+                            hint="known models: " + ", ".join(cat.model_names()))
+        upstream = None
+        if "upstream" in d:
+            upstream = r.bdf(d["upstream"], dp + ("upstream",))
+            if upstream not in seen:
+                raise loc.error(dp + ("upstream",), f"upstream {upstream} must be listed before {bdf}")
+        driver = d["driver"] if "driver" in d else default_driver
+        if driver is not None and not isinstance(driver, str):
+            raise loc.error(dp + ("driver",), f"devices[{i}].driver must be a driver name or null")
+        vg = r.mapping(r.get(d, dp, "vgpu", dict, {}), dp + ("vgpu",), _VGPU)
+        vp = dp + ("vgpu",)
+        backend = r.get(vg, vp, "backend", str, "none")
+        if backend not in BACKENDS:
+            raise loc.error(vp + ("backend",), f"vgpu.backend must be one of {', '.join(BACKENDS)}, found {backend!r}")
+        numvfs = r.get(vg, vp, "sriov_numvfs", int, 0)
+        if backend != "none" and not is_gpu:
+            raise loc.error(vp, f"vgpu settings apply to GPUs only; {model} is not a GPU")
+        if numvfs:
+            total = cat.gpus[model].sriov_totalvfs if is_gpu else 0
+            if not 0 < numvfs <= total:
+                raise loc.error(vp + ("sriov_numvfs",),
+                                f"sriov_numvfs {numvfs} out of range for {model} (sriov_totalvfs {total})")
+        if backend == "vendor-vfio" and not numvfs:
+            raise loc.error(vp, "the vendor-vfio backend needs SR-IOV VFs: set sriov_numvfs")
+        if is_gpu and backend != "none" and not cat.gpus[model].vgpu_types:
+            raise loc.error(vp + ("backend",), f"{model} supports no vGPU types")
+        mig = r.mapping(r.get(d, dp, "mig", dict, {}), dp + ("mig",), _MIG)
+        mig_mode = r.get(mig, dp + ("mig",), "mode", bool, False)
+        if mig_mode and not (is_gpu and cat.gpus[model].mig_capable):
+            raise loc.error(dp + ("mig", "mode"), f"{model} is not MIG-capable")
+        devices.append(DeviceSpec(
+            bdf=bdf, model=model, is_gpu=is_gpu, upstream=upstream,
+            numa_node=r.get(d, dp, "numa_node", int, -1), driver=driver,
+            boot_vga=r.get(d, dp, "boot_vga", bool, False),
+            boot_framebuffer=r.get(d, dp, "boot_framebuffer", bool, False),
+            iommu_group=r.get(d, dp, "iommu_group", int, None),
+            vgpu=VgpuSpec(backend, numvfs, r.get(vg, vp, "mixed_size", bool, False)),
+            mig_mode=mig_mode))
+    faults = []
+    for i, raw in enumerate(r.get(top, (), "faults", list, [])):
+        fp = ("faults", i)
+        f = r.mapping(raw, fp, _FAULT)
+        op = r.get(f, fp, "op", str)
+        if op not in FAULT_OPS:
+            raise loc.error(fp + ("op",), f"fault op must be one of {', '.join(FAULT_OPS)}, found {op!r}")
+        err_name = r.get(f, fp, "errno", str, "EIO")
+        if not hasattr(_errno, err_name):
+            raise loc.error(fp + ("errno",), f"unknown errno name {err_name!r}", hint="e.g. EIO, EBUSY, ENODEV")
+        dev = r.get(f, fp, "device", str, None)
+        if dev is not None:
+            r.bdf(dev, fp + ("device",))
+        effect = r.get(f, fp, "effect", str, "error")
+        if effect not in ("error", "ignore"):
+            raise loc.error(fp + ("effect",), "fault effect must be 'error' or 'ignore'")
+        faults.append(FaultSpec(op, dev, getattr(_errno, err_name), r.get(f, fp, "count", int, 1), effect))
+    return HostSpec(
+        name=name, summary=summary, cpu_vendor=cpu_vendor,
+        cmdline=r.get(host, hp, "cmdline", str, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"),
+        iommu=r.get(host, hp, "iommu", bool, True),
+        interrupt_remapping=r.get(host, hp, "interrupt_remapping", bool, True),
+        kernel_release=r.get(host, hp, "kernel_release", str, "6.1.0-27-amd64"),
+        modules=r.str_list(host, hp, "modules"),
+        builtin_modules=r.str_list(host, hp, "builtin_modules"),
+        processes=r.str_list(host, hp, "processes"),
+        devices=tuple(devices), faults=tuple(faults), source=source)
+
+
+def spec_error(message: str) -> SimulatorError:
+    return SimulatorError(message)

@@ -1,0 +1,145 @@
+"""Every read and write of a kernel file under the host root.
+
+Owns: file I/O on ``sys/``, ``proc/`` and ``dev/`` of a :class:`HostRoot`,
+turning ``OSError`` into :class:`SysfsError` that keeps the errno, the path
+and the value written.  On a simulated root (made by :mod:`vgpuhost.sim`)
+writes go through the simulator's kernel, which applies the same semantics
+the kernel would (ENOSPC on a full mdev type, EPERM on a taken VF...).
+Must not: decide anything; callers interpret what is read.
+
+Kernel file conventions (REFERENCE.md §1-3): values end in a newline;
+ids read as ``0x10de``; ``driver_override`` reads ``(null)`` when unset;
+write-only files (``create``, ``remove``, ``unbind``) read empty.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Callable, List, Optional, Union
+
+from .errors import SysfsError
+from .hostroot import HostRoot
+
+PathArg = Union[str, Path]
+#: called after every write attempt: (path, value, errno or 0)
+WriteObserver = Callable[[Path, str, int], None]
+
+
+class Sysfs:
+    """Reads and writes kernel files under one host root.
+
+    All paths are absolute paths under ``host.root`` (derive them with
+    :class:`HostRoot`).  Reads raise ``SysfsError(op='read')``; writes raise
+    ``SysfsError`` with ``value`` set.
+    """
+
+    def __init__(self, host: HostRoot, *, observers: Optional[List[WriteObserver]] = None):
+        self.host = host
+        self.observers: List[WriteObserver] = list(observers or [])
+        self._kernel = None
+        if host.is_simulated:
+            from .sim.kernel import SimKernel  # the simulator stands in for the kernel
+            self._kernel = SimKernel(host)
+
+    @property
+    def simulated(self) -> bool:
+        return self._kernel is not None
+
+    # --- reads ---------------------------------------------------------
+    def read(self, path: PathArg) -> str:
+        """The file's content with surrounding whitespace stripped."""
+        try:
+            with open(path, "r", encoding="utf-8", errors="replace") as f:
+                return f.read().strip()
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO,
+                             hint=_read_hint(e.errno)) from e
+
+    def read_optional(self, path: PathArg) -> Optional[str]:
+        """Like :meth:`read` but None when the file does not exist."""
+        try:
+            with open(path, "r", encoding="utf-8", errors="replace") as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO,
+                             hint=_read_hint(e.errno)) from e
+
+    def read_int(self, path: PathArg, *, default: Optional[int] = None) -> Optional[int]:
+        """An integer file (``0x10de`` or ``-1`` style); ``default`` when absent.
+
+        Raises SysfsError(EINVAL) when the content is not a number.
+        """
+        text = self.read_optional(path)
+        if text is None or text == "":
+            return default
+        try:
+            return int(text, 0)
+        except ValueError:
+            try:
+                return int(text, 10)
+            except ValueError:
+                raise SysfsError("read", str(path), errno.EINVAL,
+                                 hint=f"expected a number, found {text[:40]!r}") from None
+
+    def link_name(self, path: PathArg) -> Optional[str]:
+        """The last component of a symlink's target (``driver`` -> ``nvidia``).
+
+        None when the link does not exist.
+        """
+        try:
+            return os.path.basename(os.readlink(path))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # not a symlink
+                return None
+            raise SysfsError("read", str(path), e.errno or errno.EIO) from e
+
+    def resolve(self, path: PathArg) -> Path:
+        """The real path of ``path`` (symlinks resolved)."""
+        return Path(os.path.realpath(path))
+
+    def listdir(self, path: PathArg) -> List[str]:
+        """Sorted entry names; an empty list when the directory is absent."""
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO) from e
+
+    def exists(self, path: PathArg) -> bool:
+        return os.path.lexists(path)
+
+    # --- writes --------------------------------------------------------
+    def write(self, path: PathArg, value: str) -> None:
+        """Write ``value`` to a kernel file, as ``echo -n value > path`` would.
+
+        Raises SysfsError(errno, path, value) when the kernel refuses.
+        """
+        p = Path(path)
+        err = 0
+        try:
+            if self._kernel is not None:
+                self._kernel.write(p, value)
+            else:
+                with open(p, "w", encoding="utf-8") as f:
+                    f.write(value)
+        except OSError as e:
+            err = e.errno or errno.EIO
+            raise SysfsError("write", str(p), err, value=value) from e
+        finally:
+            for obs in self.observers:
+                obs(p, value, err)
+
+
+def _read_hint(err: Optional[int]) -> Optional[str]:
+    if err == errno.EACCES:
+        return "run as root, or check the file's permissions"
+    if err == errno.ENOENT:
+        return "is --root pointing at a host root (a directory holding sys/ and proc/)?"
+    return None
