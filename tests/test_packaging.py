@@ -3,7 +3,7 @@
 Builds a wheel of the checkout, installs it (without dependencies) into a
 fresh venv and checks, from outside the repository, that the installed
 package -- not the checkout or the editable install -- has its templates,
-simulator catalog and hosts, qemu hook and ``vgpuhost`` command.
+simulator catalog and hosts and ``vgpuhost`` command.
 
 The runtime dependencies (libvirt-python is compiled from source, so slow to
 reinstall) are borrowed from the interpreter running the tests: a ``.pth``
@@ -72,7 +72,8 @@ print(json.dumps({
     "catalog": (root / "sim" / "catalog.yaml").is_file(),
     "hosts": sorted(p.name for p in Path(str(root / "sim" / "hosts")).glob("*.yaml")),
     "templates": sorted(p.name for p in Path(str(root / "templates")).glob("*.j2")),
-    "hook": (root / "hooks" / "qemu").is_file(),
+    "rendered": __import__("vgpuhost.templating", fromlist=["render"]).render(
+        "hostdev-mdev.xml.j2", uuid="2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a", display=False, ramfb=False),
     "path": sys.path,
 }))
 """
@@ -111,7 +112,13 @@ def test_wheel_installs_package_data_and_console_script(tmp_path):
     assert info["catalog"], "vgpuhost/sim/catalog.yaml missing from the wheel"
     assert len(info["hosts"]) >= 7, info["hosts"]
     assert info["templates"], "no vgpuhost/templates/*.j2 in the wheel"
-    assert info["hook"], "vgpuhost/hooks/qemu missing from the wheel"
+    assert 'uuid="2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a"' in info["rendered"]
 
     out = _run([str(venv / "bin" / "vgpuhost"), "--help"], cwd=tmp_path)
     assert "Usage" in out
+    # the installed package builds a simulated host from its shipped catalog and specs
+    host = tmp_path / "host"
+    _run([str(venv / "bin" / "vgpuhost"), "sim", "create", "a40-mdev", str(host)], cwd=tmp_path)
+    doc = json.loads(_run([str(venv / "bin" / "vgpuhost"), "--root", str(host), "--json", "types"],
+                          cwd=tmp_path))
+    assert {t["name"] for t in doc["types"]} >= {"A40-8Q", "A40-1B", "A40-8C", "A40-8A"}

@@ -14,8 +14,8 @@ write through ``bus/pci/devices/<BDF>`` or ``bus/mdev/devices/<uuid>`` lands
 on the device directory, as in sysfs):
 
 - ``<parent>/mdev_supported_types/<type>/create`` (a UUID): a new mdev laid
-  out as in shared/examples/sysfs-layout-a40-mdev.txt, with a new IOMMU
-  group of its own, a ``driver`` link to ``nvidia-vgpu-vfio`` and its
+  out as in the example layout (shared/examples, sysfs-layout-a40-mdev.txt),
+  with a new IOMMU group of its own, a ``driver`` link to ``nvidia-vgpu-vfio`` and its
   ``dev/vfio/<group>`` node.  EINVAL (bad UUID, unknown type), EEXIST (UUID
   in use), ENOSPC (no instance left, computed by :mod:`.capacity`).
 - ``<mdev>/remove`` (``1``): undoes create.  EINVAL (other value), EBUSY
@@ -42,10 +42,11 @@ on the device directory, as in sysfs):
   accept a write and stay empty; any other existing file takes the value;
   a missing path gives ENOENT (nothing is created); a directory EISDIR.
 
-Injected faults (meta ``faults``, see :mod:`.spec`) fire for a well-formed
-request on an existing device, after the syntax checks (bad UUID, unknown
-BDF, non-decimal type) and before the state checks (EBUSY, EEXIST, ENOSPC,
-EPERM, driver match), so nothing changes when one fires.  ``count`` > 0
+Injected faults (meta ``faults``, see :mod:`.spec`) fire when a request
+passed every check above and the operation is about to happen (the driver's
+probe / remove / the vGPU manager's create), so nothing changes when one
+fires and a request refused anyway does not use one up; a probe fault fires
+for an existing, unbound device.  ``count`` > 0
 counts down and the fault is dropped when spent; 0 fires every time.
 """
 
@@ -351,20 +352,18 @@ class SimKernel:
         bdf = value.strip()
         if bdf not in meta["devices"]:
             raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
-        if self._fault(meta, "bind", [bdf], path):
-            return
         if self._driver_of(meta, bdf) is not None:
             raise _fail(errno.EBUSY, path, f"{bdf} is already bound")
         if not self._matches(meta, bdf, drv):
             raise _fail(errno.ENODEV, path, f"{drv} does not match {bdf}")
+        if self._fault(meta, "bind", [bdf], path):
+            return
         self._attach(meta, bdf, drv)
 
     def _unbind(self, meta: dict, path: Path, drv: str, value: str) -> None:
         bdf = value.strip()
         if bdf not in meta["devices"]:
             raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
-        if self._fault(meta, "unbind", [bdf], path):
-            return
         if self._driver_of(meta, bdf) != drv:
             raise _fail(errno.ENODEV, path, f"{bdf} is not bound to {drv}")
         if self._has_vgpus(meta, bdf):
@@ -372,15 +371,17 @@ class SimKernel:
         if (meta["devices"][bdf].get("is_gpu") and drv == "nvidia"
                 and PERSISTENCED in (meta.get("processes") or [])):
             raise _fail(errno.EBUSY, path, f"{PERSISTENCED} holds {bdf} (non-zero usage count)")
+        if self._fault(meta, "unbind", [bdf], path):
+            return
         self._detach(meta, bdf, drv)
 
     def _probe(self, meta: dict, path: Path, value: str) -> None:
         bdf = value.strip()
         if bdf not in meta["devices"]:
             raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
-        if self._fault(meta, "probe", [bdf], path):
-            return
         if self._driver_of(meta, bdf) is not None:
+            return
+        if self._fault(meta, "probe", [bdf], path):
             return
         ov = self._override(meta, bdf)
         drv = ov if ov is not None else meta["devices"][bdf].get("native_driver")
@@ -388,11 +389,11 @@ class SimKernel:
             self._attach(meta, bdf, drv)
 
     def _driver_override(self, meta: dict, path: Path, bdf: str, real: Path, value: str) -> None:
-        if self._fault(meta, "driver_override", [bdf], path):
-            return
         v = value[:-1] if value.endswith("\n") else value
         if len(v) > _OVERRIDE_MAX:
             raise _fail(errno.EINVAL, path, "value too long")
+        if self._fault(meta, "driver_override", [bdf], path):
+            return
         real.write_text((v if v else "(null)") + "\n")
 
     # --- mdev --------------------------------------------------------------
@@ -410,8 +411,6 @@ class SimKernel:
         if not _UUID_RE.match(text):
             raise _fail(errno.EINVAL, path, f"not a UUID: {text[:40]!r}")
         uuid = text.lower()
-        if self._fault(meta, "create", [parent, pf], path):
-            return
         if self._driver_of(meta, parent) != "nvidia":
             raise _fail(errno.ENODEV, path, f"{parent} is not bound to nvidia")
         bus_link = self._rpath(self.host.mdev_devices) / uuid
@@ -421,6 +420,8 @@ class SimKernel:
             raise _fail(errno.EEXIST, path, f"mdev {uuid} exists")
         if self.available(meta, pf)[parent].get(tid, 0) <= 0:
             raise _fail(errno.ENOSPC, path, f"no {tid} instance left on {parent}")
+        if self._fault(meta, "create", [parent, pf], path):
+            return
 
         groups = self._rpath(self.host.iommu_groups)
         group = int(meta.get("next_iommu_group") or 0)
@@ -458,10 +459,10 @@ class SimKernel:
         pf = self._pf_of_parent(meta, parent) if parent else None
         if value.strip() != "1":
             raise _fail(errno.EINVAL, path, "write 1 to remove")
-        if self._fault(meta, "remove", [parent, pf], path):
-            return
         if uuid in (meta.get("busy_mdevs") or []):
             raise _fail(errno.EBUSY, path, f"mdev {uuid} is in use")
+        if self._fault(meta, "remove", [parent, pf], path):
+            return
         tid = os.path.basename(os.readlink(mdir / "mdev_type"))
         gdir = Path(os.path.realpath(mdir / "iommu_group")) if os.path.islink(mdir / "iommu_group") else None
         _unlink(mdir.parent / "mdev_supported_types" / tid / "devices" / uuid)
@@ -484,8 +485,6 @@ class SimKernel:
         if not _DECIMAL_RE.match(text):
             raise _fail(errno.EINVAL, path, f"not a decimal type id: {text[:40]!r}")
         new = int(text)
-        if self._fault(meta, "set_type", [vf, pf], path):
-            return
         if self._driver_of(meta, vf) != "nvidia":
             raise _fail(errno.ENODEV, path, f"{vf} is not bound to nvidia")
         cur_text = real.read_text().strip() or "0"
@@ -493,6 +492,8 @@ class SimKernel:
         if new == 0:
             if cur == 0:
                 raise _fail(errno.EPERM, path, f"{vf} holds no vGPU")
+            if self._fault(meta, "set_type", [vf, pf], path):
+                return
             real.write_text("0\n")
         else:
             if cur != 0:
@@ -502,6 +503,8 @@ class SimKernel:
                 raise _fail(errno.EINVAL, path, f"type {tid} not supported by {pf}")
             if self.available(meta, pf)[vf].get(tid, 0) <= 0:
                 raise _fail(errno.ENOSPC, path, f"type {tid} not creatable on {vf} now")
+            if self._fault(meta, "set_type", [vf, pf], path):
+                return
             real.write_text(f"{new}\n")
         self.refresh_gpu(pf, meta)
 

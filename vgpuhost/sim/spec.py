@@ -146,7 +146,8 @@ class _Reader:
 
     def bdf(self, value: Any, path: tuple) -> PciAddress:
         if not isinstance(value, str):
-            raise self.loc.error(path, f"{_dotted(path)} must be a quoted PCI address like \"0000:41:00.0\"")
+            raise self.loc.error(path, f"{_dotted(path)} must be a quoted PCI address like \"0000:41:00.0\"",
+                                 hint="unquoted, YAML may read an address as a number")
         try:
             return PciAddress.parse(value)
         except InputError as e:
@@ -195,7 +196,7 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
     for i, raw in enumerate(devices_raw):
         dp = ("devices", i)
         d = r.mapping(raw, dp, _DEVICE)
-        bdf = r.bdf(r.get(d, dp, "bdf", str), dp + ("bdf",))
+        bdf = r.bdf(d["bdf"] if "bdf" in d else r.get(d, dp, "bdf", str), dp + ("bdf",))
         if bdf in seen:
             raise loc.error(dp + ("bdf",), f"device {bdf} is listed twice (first at devices[{seen[bdf]}])")
         seen[bdf] = i

@@ -1,0 +1,205 @@
+"""Inventory and host check over every shipped example host spec.
+
+Each spec's full inventory (GPUs, types with max/available, findings) is
+compared with a reviewed golden under tests/data/inventory/, and the facts
+the issue names are asserted explicitly as well.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vgpuhost.checks import check_host, is_ready
+from vgpuhost.inventory import discover, parse_creatable_vgpu_types
+from vgpuhost.output import aggregate_types, gpus_doc
+from vgpuhost.sim import bundled_specs
+from vgpuhost.sysfs import Sysfs
+from vgpuhost.values import PciAddress
+
+from conftest import golden
+
+SPECS = sorted(bundled_specs())
+A = PciAddress.parse
+
+
+def summary(host) -> str:
+    inv = discover(Sysfs(host))
+    types = [{k: e[k] for k in ("gpu", "type_id", "name", "series", "framebuffer_mib", "gi_slices",
+                                "media_extensions", "max_instances", "available_instances", "backend")}
+             | {"parents": len(e["parents"])}
+             for e in aggregate_types(inv.vgpu_types)]
+    findings = [[f.severity, f.code, f.subject] for f in check_host(inv)]
+    doc = {"gpus": gpus_doc(inv), "types": types, "groups": {str(k): [str(m) for m in v.members]
+                                                            for k, v in sorted(inv.groups.items())},
+           "findings": findings}
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def test_all_seven_issue_specs_are_shipped():
+    assert {"a100-sriov-mdev", "l40s-vendor-vfio", "a40-mdev", "h200-mig", "turing-consumer",
+            "iommu-off", "sata-shared-group"} <= set(SPECS)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_inventory_matches_golden(make_host, name):
+    golden("inventory", f"{name}.json", summary(make_host(name)))
+
+
+def _inv(make_host, name):
+    inv = discover(Sysfs(make_host(name)))
+    return inv, check_host(inv)
+
+
+def _codes(findings, subject=None):
+    return {f.code: f for f in findings if subject is None or f.subject == subject}
+
+
+def test_a_a100_sriov_mdev(make_host):
+    inv, findings = _inv(make_host, "a100-sriov-mdev")
+    (gpu,) = inv.gpus
+    assert gpu.address == A("0000:41:00.0") and gpu.vgpu_backend == "mdev"
+    assert len(gpu.vfs) == 20 and gpu.vfs[0] == A("0000:41:00.4") and gpu.vfs[-1] == A("0000:41:02.7")
+    assert gpu.mdev_parents == gpu.vfs              # the VFs are the mdev parents, not the PF
+    assert gpu.companions == (A("0000:41:00.1"),)   # HD audio
+    vf0 = inv.devices[gpu.vfs[0]]
+    assert vf0.physfn == gpu.address and vf0.iommu_group != gpu.pci.iommu_group
+    t = {e["name"]: e for e in aggregate_types(inv.vgpu_types)}
+    assert t["A100-4C"]["type_id"] == "nvidia-468" and t["A100-4C"]["available_instances"] == 20
+    assert t["A100-4C"]["max_instances"] == 10 and t["A100-4C"]["framebuffer_mib"] == 4096
+    assert t["A100-1-5CME"]["media_extensions"] and t["A100-1-5CME"]["gi_slices"] == 1
+    assert t["A100-1-5C"]["available_instances"] == 0   # MIG-backed: MIG mode is off
+    assert is_ready(findings)
+    assert "GROUP_COMPANIONS" in _codes(findings, "0000:41:00.0")
+
+
+def test_b_l40s_vendor_vfio(make_host):
+    inv, findings = _inv(make_host, "l40s-vendor-vfio")
+    assert [str(g.address) for g in inv.gpus] == ["0000:21:00.0", "0000:a1:00.0"]
+    assert [g.pci.numa_node for g in inv.gpus] == [0, 1]
+    for g in inv.gpus:
+        assert g.vgpu_backend == "vendor-vfio" and len(g.vfs) == 16 and g.mdev_parents == ()
+    assert inv.mdevs == () and len(inv.vf_vgpus) == 32
+    assert all(v.type_id is None for v in inv.vf_vgpus)
+    names = {(t.type_id, t.name) for t in inv.vgpu_types}
+    assert ("1145", "L40S-1B") in names and ("1152", "L40S-8Q") in names
+    assert is_ready(findings)
+
+
+def test_c_a40_classic_mdev(make_host):
+    inv, findings = _inv(make_host, "a40-mdev")
+    (gpu,) = inv.gpus
+    assert gpu.mdev_parents == (gpu.address,) and gpu.vfs == ()
+    assert gpu.pci.iommu_group == 31 and gpu.pci.upstream == A("0000:80:03.0")
+    series = {t.profile.series for t in inv.vgpu_types}
+    assert series == {"Q", "B", "A", "C"}
+    q8 = next(t for t in inv.vgpu_types if t.type_id == "nvidia-566")
+    assert q8.name == "A40-8Q" and q8.raw_name == "NVIDIA A40-8Q" and q8.max_instances == 6
+    assert q8.description["frl_config"] == "60" and q8.framebuffer_mib == 8192
+    assert is_ready(findings)
+
+
+def test_d_h200_mig_capable(make_host):
+    inv, findings = _inv(make_host, "h200-mig")
+    (gpu,) = inv.gpus
+    assert gpu.vgpu_backend == "vendor-vfio" and gpu.model == "H200-SXM-141GB" and gpu.board == "H200X"
+    names = {t.name for t in inv.vgpu_types}
+    assert "H200X-141C" in names
+    assert "H200X-1-18C" not in names      # MIG-backed types are not creatable until MIG mode + GIs
+    assert gpu.mig is None                  # the NVML seam: filled by the MIG issue
+    assert is_ready(findings)
+
+
+def test_e_turing_companions_must_move(make_host):
+    inv, findings = _inv(make_host, "turing-consumer")
+    (gpu,) = inv.gpus
+    assert gpu.companions == (A("0000:01:00.1"), A("0000:01:00.2"), A("0000:01:00.3"))
+    f = _codes(findings, "0000:01:00.0")
+    msg = f["GROUP_COMPANIONS"].message
+    for needle in ("0000:01:00.2 (USB controller, xhci_hcd)", "0000:01:00.3 (serial bus controller (UCSI)",
+                   "must move with the GPU"):
+        assert needle in msg
+    assert f["GROUP_VIABLE"].severity == "ok"
+    assert f["BOOT_VGA"].severity == "warning" and "--allow-boot-vga" in f["BOOT_VGA"].fix
+    assert "initcall_blacklist=sysfb_init" in f["BOOT_FRAMEBUFFER"].fix
+    host_codes = _codes(findings, "host")
+    assert "PERSISTENCED" in host_codes and "NVIDIA_DRM" in host_codes
+    assert is_ready(findings)   # warnings only: usable after the operator's steps
+
+
+def test_f_iommu_off_says_how_to_enable(make_host):
+    inv, findings = _inv(make_host, "iommu-off")
+    assert not inv.iommu_enabled
+    f = _codes(findings, "host")["IOMMU_OFF"]
+    assert f.severity == "error"
+    assert "intel_iommu=on" in f.fix and "update-grub" in f.fix
+    assert not is_ready(findings)
+
+
+def test_g_sata_in_group_not_viable(make_host):
+    inv, findings = _inv(make_host, "sata-shared-group")
+    f = _codes(findings, "0000:03:00.0")
+    assert "GROUP_VIABLE" not in f
+    bad = f["GROUP_NOT_VIABLE"]
+    assert bad.severity == "error"
+    assert "0000:04:00.0 (SATA controller, ahci)" in bad.message
+    assert "0000:02:00.0" not in bad.message    # the bridge is allowed
+    assert "0000:03:00.1" not in bad.message    # the GPU's own audio function is a companion
+    assert not is_ready(findings)
+
+
+def test_amd_iommu_fix_names_amd_parameter(make_host):
+    host = make_host(yaml_text="""
+version: 1
+name: amd-off
+host: {cpu_vendor: AuthenticAMD, iommu: false, cmdline: "ro quiet"}
+devices:
+  - {bdf: "0000:c1:00.0", model: L40S}
+""")
+    f = _codes(check_host(discover(Sysfs(host))), "host")["IOMMU_OFF"]
+    assert "amd_iommu=on" in f.fix and "intel_iommu" not in f.fix
+
+
+def test_firmware_iommu_off_when_cmdline_asks(make_host):
+    host = make_host(yaml_text="""
+version: 1
+name: fw-off
+host: {iommu: false, cmdline: "ro intel_iommu=on iommu=pt"}
+devices:
+  - {bdf: "0000:81:00.0", model: A40}
+""")
+    f = _codes(check_host(discover(Sysfs(host))), "host")["IOMMU_OFF"]
+    assert "firmware" in f.message and "VT-d" in f.fix
+
+
+def test_interrupt_remapping_off_and_builtin_vfio(make_host):
+    host = make_host(yaml_text="""
+version: 1
+name: ir-off
+host: {interrupt_remapping: false, modules: [nvidia, vfio, vfio_iommu_type1], builtin_modules: [vfio_pci]}
+devices:
+  - {bdf: "0000:81:00.0", model: A40}
+""")
+    f = _codes(check_host(discover(Sysfs(host))), "host")
+    assert f["IR_OFF"].severity == "warning" and "allow_unsafe_interrupts" in f["IR_OFF"].message
+    assert f["VFIO_BUILTIN"].severity == "info"
+    assert f["VFIO_LOADED"].severity == "ok"      # built-in counts as present
+
+
+def test_sriov_capable_without_vfs_says_sriov_manage(make_host):
+    host = make_host(yaml_text="""
+version: 1
+name: no-vfs
+host: {modules: [nvidia, vfio, vfio_pci, vfio_iommu_type1]}
+devices:
+  - {bdf: "0000:41:00.0", model: A100-PCIE-40GB}
+""")
+    f = _codes(check_host(discover(Sysfs(host))), "0000:41:00.0")["SRIOV_DISABLED"]
+    assert "sriov-manage -e 0000:41:00.0" in f.fix
+
+
+def test_creatable_vgpu_types_parser():
+    text = "ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n1414  : NVIDIA H200X-1-18C\n"
+    assert parse_creatable_vgpu_types(text) == [("1145", "NVIDIA L40S-1B"), ("1414", "NVIDIA H200X-1-18C")]
+    assert parse_creatable_vgpu_types("ID    : vGPU Name\n") == []   # a full GPU: header only
