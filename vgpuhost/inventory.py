@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
@@ -338,10 +339,20 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         sriov_numvfs=fs.read_int(d / "sriov_numvfs"))
 
 
+@lru_cache(maxsize=4096)
+def _parse_name(raw_name: str) -> Tuple[str, Optional[VgpuProfile]]:
+    name = strip_vendor_prefix(raw_name)
+    return name, VgpuProfile.try_parse(name)
+
+
+@lru_cache(maxsize=4096)
+def _parse_desc(text: str) -> Tuple[Tuple[str, str], ...]:
+    return tuple(parse_description(text).items())
+
+
 def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, raw_name: str,
                available: int, description: Mapping[str, str], device_api: Optional[str]) -> VgpuType:
-    name = strip_vendor_prefix(raw_name) if raw_name else type_id
-    profile = VgpuProfile.try_parse(name)
+    name, profile = _parse_name(raw_name) if raw_name else (type_id, None)
     fb = parse_size_mib(description.get("framebuffer", "")) if description.get("framebuffer") else None
     if fb is None and profile is not None:
         fb = profile.framebuffer_gb * 1024
@@ -349,18 +360,19 @@ def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, 
     return VgpuType(gpu=gpu, parent=parent, backend=backend, type_id=type_id, raw_name=raw_name,
                     name=name, profile=profile, framebuffer_mib=fb,
                     max_instances=int(mx) if mx and mx.isdigit() else None,
-                    available_instances=available, device_api=device_api, description=dict(description))
+                    available_instances=available, device_api=device_api, description=description)
 
 
 def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress) -> List[VgpuType]:
-    tdir = fs.host.mdev_bus / str(parent) / "mdev_supported_types"
+    tdir = os.path.join(fs.host.mdev_bus, str(parent), "mdev_supported_types")
+    read = fs.read_optional
     out = []
     for tid in fs.listdir(tdir):
-        base = tdir / tid
-        avail = fs.read_int(base / "available_instances", default=0) or 0
-        desc = parse_description(fs.read_optional(base / "description") or "")
-        out.append(_make_type(gpu, parent, BACKEND_MDEV, tid, fs.read_optional(base / "name") or "",
-                              avail, desc, fs.read_optional(base / "device_api")))
+        base = os.path.join(tdir, tid, "")
+        avail = fs.read_int(base + "available_instances", default=0) or 0
+        desc = dict(_parse_desc(read(base + "description") or ""))
+        out.append(_make_type(gpu, parent, BACKEND_MDEV, tid, read(base + "name") or "",
+                              avail, desc, read(base + "device_api")))
     return out
 
 

@@ -50,23 +50,37 @@ class Sysfs:
     # --- reads ---------------------------------------------------------
     def read(self, path: PathArg) -> str:
         """The file's content with surrounding whitespace stripped."""
-        try:
-            with open(path, "r", encoding="utf-8", errors="replace") as f:
-                return f.read().strip()
-        except OSError as e:
-            raise SysfsError("read", str(path), e.errno or errno.EIO,
-                             hint=_read_hint(e.errno)) from e
+        text = self.read_optional(path)
+        if text is None:
+            raise SysfsError("read", str(path), errno.ENOENT, hint=_read_hint(errno.ENOENT))
+        return text
 
     def read_optional(self, path: PathArg) -> Optional[str]:
-        """Like :meth:`read` but None when the file does not exist."""
+        """Like :meth:`read` but None when the file does not exist.
+
+        Reads with one ``read(2)`` of up to 64 KiB, as sysfs attributes are
+        at most a page; bytes that are not UTF-8 are replaced.
+        """
         try:
-            with open(path, "r", encoding="utf-8", errors="replace") as f:
-                return f.read().strip()
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise SysfsError("read", str(path), e.errno or errno.EIO,
                              hint=_read_hint(e.errno)) from e
+        try:
+            chunks = []
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                chunks.append(data)
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO,
+                             hint=_read_hint(e.errno)) from e
+        finally:
+            os.close(fd)
+        return b"".join(chunks).decode("utf-8", "replace").strip()
 
     def read_int(self, path: PathArg, *, default: Optional[int] = None) -> Optional[int]:
         """An integer file (``0x10de`` or ``-1`` style); ``default`` when absent.
