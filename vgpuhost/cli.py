@@ -126,6 +126,114 @@ def types(ctx: Context, gpu: Optional[str], available: bool) -> None:
     _emit(ctx, types_doc(entries), types_table(entries) if entries else "no vGPU types")
 
 
+# --- passthrough -----------------------------------------------------------
+
+@cli.group()
+def passthrough() -> None:
+    """Whole GPUs to one VM: bind an IOMMU group to vfio-pci, and give it back."""
+
+
+def _store(ctx: Context):
+    from .state import StateStore
+    return StateStore(ctx.host.state_dir)
+
+
+def _outcome(ctx: Context, out) -> None:
+    if ctx.json:
+        _emit(ctx, out.as_dict(), "")
+        return
+    verb = "would" if out.dry_run else ("did" if out.changed else "no change:")
+    lines = []
+    if out.steps:
+        lines.append(f"{out.action} {out.gpu} (IOMMU group {out.group}): {verb}")
+        lines += [f"  {s}" for s in out.steps]
+    for f in out.functions:
+        if f["from"] != f["to"]:
+            lines.append(f"  {f['bdf']}: {f['from'] or 'no driver'} -> {f['to'] or 'no driver'}")
+    lines += [f"note: {n}" for n in out.notes]
+    click.echo("\n".join(lines))
+
+
+@passthrough.command("prepare")
+@click.argument("bdf")
+@click.option("--allow-boot-vga", is_flag=True, help="Also when the GPU drives the host console.")
+@click.option("--persist", is_flag=True, help="Record driverctl overrides (etc/driverctl.d) for boot.")
+@click.option("--dry-run", is_flag=True, help="Print the exact steps; change nothing.")
+@pass_ctx
+def passthrough_prepare(ctx: Context, bdf: str, allow_boot_vga: bool, persist: bool, dry_run: bool) -> None:
+    """Bind every function of BDF's IOMMU group to vfio-pci (idempotent)."""
+    from .passthrough import prepare
+    from .values import PciAddress
+    addr = PciAddress.parse(bdf)
+    _outcome(ctx, prepare(ctx.host, _store(ctx), addr, allow_boot_vga=allow_boot_vga,
+                          persist=persist, dry_run=dry_run))
+
+
+@passthrough.command("release")
+@click.argument("bdf")
+@click.option("--persist", is_flag=True, help="Also remove the driverctl overrides.")
+@click.option("--dry-run", is_flag=True, help="Print the exact steps; change nothing.")
+@pass_ctx
+def passthrough_release(ctx: Context, bdf: str, persist: bool, dry_run: bool) -> None:
+    """Give BDF's group back to its original drivers, companions first (idempotent)."""
+    from .passthrough import release
+    from .values import PciAddress
+    addr = PciAddress.parse(bdf)
+    _outcome(ctx, release(ctx.host, _store(ctx), addr, persist=persist, dry_run=dry_run))
+
+
+@passthrough.command("modprobe-config")
+@click.argument("bdf")
+@pass_ctx
+def passthrough_modprobe_config(ctx: Context, bdf: str) -> None:
+    """Print vfio-pci ids= and softdep lines for binding BDF's group at boot."""
+    from .passthrough import modprobe_config
+    from .values import PciAddress
+    addr = PciAddress.parse(bdf)
+    fs = ctx.sysfs()
+    from .inventory import discover
+    records = {}
+    if (ctx.host.state_dir / "state.db").exists():
+        records = {r.bdf: r for r in _store(ctx).passthrough_records()}
+    text = modprobe_config(discover(fs, with_types=False), addr, fs, records)
+    _emit(ctx, {"schema": "vgpuhost.modprobe-config/v1", "gpu": str(addr), "text": text}, text.rstrip("\n"))
+
+
+# --- audit -----------------------------------------------------------------
+
+@cli.command("audit")
+@click.option("--since", metavar="WHEN", help="ISO 8601 time (2026-11-29T10:00) or an age: 30m, 2h, 7d.")
+@pass_ctx
+def audit(ctx: Context, since: Optional[str]) -> None:
+    """Print the audit log: every write vgpuhost made to the host."""
+    from .output import table
+    start = _parse_since(since) if since else None
+    rows = _store(ctx).audit_rows(start)
+    doc = {"schema": "vgpuhost.audit/v1", "since": start,
+           "rows": [r.__dict__ for r in rows]}
+    _emit(ctx, doc, table(["TIME", "ACTOR", "OPERATION", "PATH", "VALUE", "RESULT"],
+                          [[r.time[:23], r.actor, r.operation, r.path, r.value, r.result] for r in rows])
+          if rows else "audit log is empty")
+
+
+def _parse_since(text: str) -> str:
+    import re
+    from datetime import datetime, timedelta, timezone
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", text)
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
+        return (datetime.now(timezone.utc) - timedelta(**{unit: int(m[1])})).isoformat(timespec="microseconds")
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InputError(f"invalid --since {text!r}",
+                         hint="give an ISO 8601 time (2026-11-29T10:00, UTC unless an offset is given) "
+                              "or an age like 30m, 2h, 7d") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
 # --- simulator -----------------------------------------------------------
 
 @cli.group()

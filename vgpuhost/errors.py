@@ -77,6 +77,11 @@ class SysfsError(VgpuhostError):
         return EXIT_DEVICE if self.value is not None else EXIT_INPUT
 
 
+class RefusedError(VgpuhostError):
+    """An operation was refused before anything was touched (group not viable,
+    boot VGA, a blocker such as nvidia-persistenced).  Exit 2."""
+
+
 class DeviceError(VgpuhostError):
     """A device operation failed; state was rolled back where possible."""
 

@@ -151,6 +151,44 @@ class Sysfs:
                 obs(p, value, err)
 
 
+    # --- host configuration files (etc/) --------------------------------------
+    def write_config(self, path: PathArg, text: str) -> None:
+        """Write a configuration file atomically (temp file + rename), creating its directory.
+
+        For files under ``<root>/etc`` that other tools read (driverctl,
+        mdevctl, modprobe.d).  Raises SysfsError keeping the errno and path.
+        """
+        p = Path(path)
+        err = 0
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, p)
+        except OSError as e:
+            err = e.errno or errno.EIO
+            raise SysfsError("write", str(p), err, value=text) from e
+        finally:
+            for obs in self.observers:
+                obs(p, text, err)
+
+    def remove_config(self, path: PathArg) -> bool:
+        """Remove a configuration file; False when it was not there."""
+        p = Path(path)
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            for obs in self.observers:
+                obs(p, "<remove>", e.errno or errno.EIO)
+            raise SysfsError("remove", str(p), e.errno or errno.EIO) from e
+        for obs in self.observers:
+            obs(p, "<remove>", 0)
+        return True
+
+
 def _read_hint(err: Optional[int]) -> Optional[str]:
     if err == errno.EACCES:
         return "run as root, or check the file's permissions"

@@ -1,0 +1,227 @@
+"""The state store: vgpuhost's memory of what it did, in SQLite.
+
+Owns: every SQL statement.  One database file ``state.db`` in the state dir
+(``--state-dir``, default ``<root>/var/lib/vgpuhost``), WAL mode, a busy
+timeout so parallel processes queue instead of failing, a schema versioned
+by ``PRAGMA user_version`` with forward-only migrations, one transaction per
+operation (:meth:`StateStore.transaction`), and an append-only audit log
+(triggers refuse UPDATE and DELETE).  Must not: touch sysfs or decide
+anything.
+
+Tables (version 1):
+- ``audit``: one row per sysfs or config write: time (UTC ISO 8601),
+  actor, operation, path (as the kernel names it), value, result (``ok`` or
+  the errno name), errno.
+- ``passthrough``: one row per PCI function vgpuhost bound to vfio-pci:
+  bdf, iommu group, the GPU it moved with, its original driver and
+  ``driver_override``, the order it was bound in, time, persisted flag.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence
+
+from .errors import HostEnvironmentError
+
+DB_NAME = "state.db"
+BUSY_TIMEOUT_MS = 60_000
+
+MIGRATIONS: Sequence[str] = (
+    # 1: audit log and passthrough records
+    """
+    CREATE TABLE audit (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        time      TEXT NOT NULL,
+        actor     TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        path      TEXT NOT NULL,
+        value     TEXT NOT NULL,
+        result    TEXT NOT NULL,
+        errno     INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX audit_time ON audit(time);
+    CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TABLE passthrough (
+        bdf               TEXT PRIMARY KEY,
+        iommu_group       INTEGER,
+        gpu               TEXT NOT NULL,
+        original_driver   TEXT,
+        original_override TEXT,
+        position          INTEGER NOT NULL,
+        time              TEXT NOT NULL,
+        persisted         INTEGER NOT NULL DEFAULT 0
+    );
+    """,
+)
+
+
+def utcnow() -> str:
+    """Now as ``2026-11-29T23:40:01.123456+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    id: int
+    time: str
+    actor: str
+    operation: str
+    path: str
+    value: str
+    result: str
+    errno: int
+
+
+@dataclass(frozen=True)
+class PassthroughRecord:
+    bdf: str
+    iommu_group: Optional[int]
+    gpu: str
+    original_driver: Optional[str]
+    original_override: Optional[str]
+    position: int
+    time: str
+    persisted: bool
+
+
+class StateStore:
+    """The SQLite state store in one state directory.
+
+    Raises HostEnvironmentError when the directory cannot be created or the
+    database opened, and when the database is newer than this vgpuhost.
+    """
+
+    def __init__(self, state_dir: "str | os.PathLike[str]"):
+        self.state_dir = Path(state_dir)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
+                                       hint="pass --state-dir DIR to a writable directory") from None
+        self.path = self.state_dir / DB_NAME
+        self._local = threading.local()
+        self._migrate()
+
+    # --- connection ------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA foreign_keys = ON")
+            except sqlite3.Error as e:
+                raise HostEnvironmentError(f"cannot open the state store {str(self.path)!r}: {e}",
+                                           hint="check the state dir's permissions and free space") from None
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise HostEnvironmentError(
+                    f"the state store {str(self.path)!r} has schema version {version}, newer than this "
+                    f"vgpuhost knows ({len(MIGRATIONS)})", hint="upgrade vgpuhost")
+            for n in range(version, len(MIGRATIONS)):
+                for stmt in _statements(MIGRATIONS[n]):
+                    conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {n + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        return self._conn().execute("PRAGMA user_version").fetchone()[0]
+
+    # --- audit -------------------------------------------------------------
+    def audit(self, *, actor: str, operation: str, path: str, value: str, err: int = 0) -> None:
+        """Append one audit row.
+
+        Device writes happen outside store transactions (under a per-group or
+        per-GPU file lock instead), so each row commits at once and a write
+        that happened is never lost with a failed operation.  Inside a
+        transaction the row joins it.
+        """
+        result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
+        self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result, err))
+
+    def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
+        """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given."""
+        sql = "SELECT id, time, actor, operation, path, value, result, errno FROM audit"
+        args: tuple = ()
+        if since:
+            sql += " WHERE time >= ?"
+            args = (since,)
+        return [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY id", args)]
+
+    # --- passthrough records ------------------------------------------------
+    def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,
+                            gpu: Optional[str] = None) -> List[PassthroughRecord]:
+        c = conn or self._conn()
+        sql = ("SELECT bdf, iommu_group, gpu, original_driver, original_override, position, time, persisted "
+               "FROM passthrough")
+        args: tuple = ()
+        if gpu:
+            sql += " WHERE gpu = ?"
+            args = (gpu,)
+        return [PassthroughRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]))
+                for r in c.execute(sql + " ORDER BY gpu, position", args)]
+
+    @staticmethod
+    def put_passthrough(conn: sqlite3.Connection, rec: PassthroughRecord) -> None:
+        conn.execute("INSERT OR REPLACE INTO passthrough VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     (rec.bdf, rec.iommu_group, rec.gpu, rec.original_driver, rec.original_override,
+                      rec.position, rec.time, int(rec.persisted)))
+
+    @staticmethod
+    def delete_passthrough(conn: sqlite3.Connection, bdfs: Sequence[str]) -> None:
+        conn.executemany("DELETE FROM passthrough WHERE bdf = ?", [(b,) for b in bdfs])
+
+
+_AUDIT_INSERT = ("INSERT INTO audit (time, actor, operation, path, value, result, errno) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+def _statements(script: str) -> List[str]:
+    """Split a migration script into statements (triggers keep their BEGIN...END)."""
+    out, buf = [], []
+    for line in script.strip().splitlines():
+        buf.append(line)
+        joined = "\n".join(buf).strip()
+        if joined.endswith(";") and sqlite3.complete_statement(joined):
+            out.append(joined)
+            buf = []
+    if "".join(buf).strip():
+        out.append("\n".join(buf))
+    return out
