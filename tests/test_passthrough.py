@@ -241,7 +241,8 @@ def test_audit_log_is_append_only(make_host):
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         with store.transaction() as conn:
             conn.execute("UPDATE audit SET value = 'x'")
-    assert store.schema_version == 1
+    from vgpuhost.state import MIGRATIONS
+    assert store.schema_version == len(MIGRATIONS)
 
 
 def test_modprobe_config(make_host, capsys):
@@ -358,3 +359,29 @@ def test_eight_processes_prepare_and_release_concurrently(make_host):
     assert set(overrides(host).values()) in ({"vfio-pci"}, {"(null)"})
     # no lost audit rows: one row per write every worker made
     assert len(store_of(host).audit_rows()) == sum(r[1] for r in results)
+
+
+def test_state_store_migrates_a_version_1_database(tmp_path):
+    import sqlite3
+    from vgpuhost.state import MIGRATIONS, _statements
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for stmt in _statements(MIGRATIONS[0]):
+        conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO audit (time, actor, operation, path, value, result) "
+                 "VALUES ('t', 'a', 'o', '/p', 'v', 'ok')")
+    conn.close()
+    store = StateStore(tmp_path)
+    assert store.schema_version == len(MIGRATIONS) and len(store.audit_rows()) == 1
+    assert store.vgpu_records() == []
+
+
+def test_state_store_refuses_a_newer_schema(tmp_path):
+    import sqlite3
+    from vgpuhost.errors import HostEnvironmentError
+    conn = sqlite3.connect(tmp_path / "state.db")
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(HostEnvironmentError, match="newer than this vgpuhost"):
+        StateStore(tmp_path)

@@ -199,6 +199,97 @@ def passthrough_modprobe_config(ctx: Context, bdf: str) -> None:
     _emit(ctx, {"schema": "vgpuhost.modprobe-config/v1", "gpu": str(addr), "text": text}, text.rstrip("\n"))
 
 
+# --- vGPU ------------------------------------------------------------------
+
+@cli.group()
+def vgpu() -> None:
+    """Time-sliced and MIG-backed vGPUs on mdev or vendor-specific VFIO."""
+
+
+def _vgpu_outcome(ctx: Context, out) -> None:
+    if ctx.json:
+        _emit(ctx, out.as_dict(), "")
+        return
+    verb = "would" if out.dry_run else "did"
+    lines = []
+    if out.action == "create":
+        head = f"{'would create' if out.dry_run else 'created'} {out.type_name} {out.id} on {out.parent}"
+        lines.append(f"{head} (GPU {out.gpu}, {out.backend}, owner {out.owner})")
+        lines.append(f"placement: {out.reason}")
+    else:
+        lines.append(f"{'would remove' if out.dry_run else 'removed'} {out.type_name} {out.id} "
+                     f"from {out.parent} (owner {out.owner})")
+    if out.steps:
+        lines.append(f"{verb}:")
+        lines += [f"  {s}" for s in out.steps]
+    lines += [f"note: {n}" for n in out.notes]
+    click.echo("\n".join(lines))
+
+
+@vgpu.command("create")
+@click.option("--profile", required=True, metavar="NAME", help="vGPU type name as the device reports it (A40-8Q).")
+@click.option("--gpu", metavar="BDF", help="Only on this GPU.")
+@click.option("--uuid", metavar="UUID", help="mdev UUID (default: a new one).")
+@click.option("--strategy", default="first-fit", show_default=True,
+              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]))
+@click.option("--owner", default="manual", show_default=True, metavar="DOMAIN_UUID", help="Who holds it.")
+@click.option("--params", metavar="K=V,...", help="vgpu_params, e.g. frame_rate_limiter=0.")
+@click.option("--numa-node", type=int, help="Prefer GPUs on this NUMA node.")
+@click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
+@click.option("--persist", is_flag=True, help="Define it in mdevctl (classic mdev only) so it comes back at boot.")
+@click.option("--dry-run", is_flag=True, help="Show the placement decision and steps; change nothing.")
+@pass_ctx
+def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_node, anti_affinity,
+                persist, dry_run) -> None:
+    """Create a vGPU of PROFILE, placed by STRATEGY."""
+    from .values import PciAddress
+    from .vgpu import create
+    _vgpu_outcome(ctx, create(ctx.host, _store(ctx), profile=profile,
+                              gpu=PciAddress.parse(gpu) if gpu else None, uuid=uuid, strategy=strategy,
+                              owner=owner, params=params, numa_node=numa_node, anti_affinity=anti_affinity,
+                              persist=persist, dry_run=dry_run))
+
+
+@vgpu.command("remove")
+@click.argument("vgpu_id", metavar="ID")
+@click.option("--owner", metavar="DOMAIN_UUID", help="Only while this owner holds it.")
+@click.option("--dry-run", is_flag=True, help="Show the steps; change nothing.")
+@pass_ctx
+def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool) -> None:
+    """Remove a vGPU vgpuhost created (ID: mdev UUID, or the VF's BDF)."""
+    from .vgpu import remove
+    _vgpu_outcome(ctx, remove(ctx.host, _store(ctx), vgpu_id, owner=owner, dry_run=dry_run))
+
+
+@vgpu.command("list")
+@pass_ctx
+def vgpu_list(ctx: Context) -> None:
+    """vGPUs on the host, with owners; 'foreign' = not created by vgpuhost."""
+    from .output import table
+    from .vgpu import list_vgpus
+    entries = list_vgpus(ctx.inventory(), _store(ctx).vgpu_records())
+    _emit(ctx, {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]},
+          table(["ID", "GPU", "PARENT", "TYPE", "NAME", "OWNER", "STATE"],
+                [[e.id, e.gpu, e.parent, e.type_id, e.type_name, e.owner, e.state] for e in entries])
+          if entries else "no vGPUs")
+
+
+@cli.command("reconcile")
+@click.option("--check", is_flag=True, help="Change nothing; exit 1 when the host and the records disagree.")
+@pass_ctx
+def reconcile_cmd(ctx: Context, check: bool) -> None:
+    """Re-create recorded vGPUs that are missing (boot); report foreign ones; remove nothing."""
+    from .vgpu import reconcile
+    rep = reconcile(ctx.host, _store(ctx), check=check)
+    lines = []
+    for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
+                         ("type changed", rep.mismatched), ("foreign (left alone)", rep.orphans)):
+        lines += [f"{label}: {i}" for i in items]
+    lines.append("in sync" if rep.in_sync else "NOT in sync")
+    _emit(ctx, rep.as_dict(), "\n".join(lines))
+    sys.exit(EXIT_OK if rep.in_sync else EXIT_PROBLEMS)
+
+
 # --- audit -----------------------------------------------------------------
 
 @cli.command("audit")

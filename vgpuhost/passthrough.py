@@ -222,7 +222,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
     """
     inv = discover(Sysfs(host), with_types=False)
     group, endpoints, bridges = group_endpoints(inv, gpu)
-    with file_lock(store.state_dir, f"group-{group}"):
+    with file_lock(store.state_dir, f"group-{group}"), file_lock(store.state_dir, f"gpu-{gpu}"):
         inv = discover(Sysfs(host), with_types=False)         # fresh, under the lock
         group, endpoints, bridges = group_endpoints(inv, gpu)
         blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga)
@@ -285,7 +285,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
     """
     inv = discover(Sysfs(host), with_types=False)
     group, endpoints, _ = group_endpoints(inv, gpu)
-    with file_lock(store.state_dir, f"group-{group}"):
+    with file_lock(store.state_dir, f"group-{group}"), file_lock(store.state_dir, f"gpu-{gpu}"):
         inv = discover(Sysfs(host), with_types=False)
         group, endpoints, _ = group_endpoints(inv, gpu)
         records = {r.bdf: r for r in store.passthrough_records()}

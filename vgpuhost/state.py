@@ -15,6 +15,11 @@ Tables (version 1):
 - ``passthrough``: one row per PCI function vgpuhost bound to vfio-pci:
   bdf, iommu group, the GPU it moved with, its original driver and
   ``driver_override``, the order it was bound in, time, persisted flag.
+
+Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
+or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
+owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
+persisted flag, time.
 """
 
 from __future__ import annotations
@@ -62,6 +67,24 @@ MIGRATIONS: Sequence[str] = (
         time              TEXT NOT NULL,
         persisted         INTEGER NOT NULL DEFAULT 0
     );
+    """,
+    # 2: vGPUs vgpuhost created, with their owners
+    """
+    CREATE TABLE vgpus (
+        id            TEXT PRIMARY KEY,
+        backend       TEXT NOT NULL,
+        gpu           TEXT NOT NULL,
+        parent        TEXT NOT NULL,
+        type_id       TEXT NOT NULL,
+        type_name     TEXT NOT NULL,
+        owner         TEXT NOT NULL,
+        anti_affinity TEXT,
+        params        TEXT,
+        persisted     INTEGER NOT NULL DEFAULT 0,
+        time          TEXT NOT NULL
+    );
+    CREATE INDEX vgpus_owner ON vgpus(owner);
+    CREATE INDEX vgpus_gpu ON vgpus(gpu);
     """,
 )
 
@@ -204,9 +227,61 @@ class StateStore:
                      (rec.bdf, rec.iommu_group, rec.gpu, rec.original_driver, rec.original_override,
                       rec.position, rec.time, int(rec.persisted)))
 
+    def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[VgpuRecord]:
+        return vgpu_records(self._conn(), owner=owner, gpu=gpu)
+
     @staticmethod
     def delete_passthrough(conn: sqlite3.Connection, bdfs: Sequence[str]) -> None:
         conn.executemany("DELETE FROM passthrough WHERE bdf = ?", [(b,) for b in bdfs])
+
+
+@dataclass(frozen=True)
+class VgpuRecord:
+    id: str
+    backend: str
+    gpu: str
+    parent: str
+    type_id: str
+    type_name: str
+    owner: str
+    anti_affinity: Optional[str]
+    params: Optional[str]
+    persisted: bool
+    time: str
+
+
+def _vgpu_record(row) -> VgpuRecord:
+    return VgpuRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+                      bool(row[9]), row[10])
+
+
+def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
+                 gpu: Optional[str] = None) -> List[VgpuRecord]:
+    """Recorded vGPUs, filtered by owner and/or GPU, oldest first."""
+    sql = "SELECT * FROM vgpus"
+    where, args = [], []
+    if owner is not None:
+        where.append("owner = ?")
+        args.append(owner)
+    if gpu is not None:
+        where.append("gpu = ?")
+        args.append(gpu)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return [_vgpu_record(r) for r in conn.execute(sql + " ORDER BY time, id", args)]
+
+
+def put_vgpu(conn: sqlite3.Connection, rec: VgpuRecord) -> None:
+    conn.execute("INSERT INTO vgpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (rec.id, rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name, rec.owner,
+                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time))
+
+
+def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = None) -> int:
+    """Delete a record (only if still owned by ``owner`` when given); rows deleted."""
+    if owner is None:
+        return conn.execute("DELETE FROM vgpus WHERE id = ?", (vgpu_id,)).rowcount
+    return conn.execute("DELETE FROM vgpus WHERE id = ? AND owner = ?", (vgpu_id, owner)).rowcount
 
 
 _AUDIT_INSERT = ("INSERT INTO audit (time, actor, operation, path, value, result, errno) "

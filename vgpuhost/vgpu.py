@@ -1,0 +1,532 @@
+"""vGPU lifecycle on both NVIDIA backends: create, remove, list, reconcile.
+
+Owns: resolving profile names per device, building placement offers from an
+inventory and the records, creating and removing vGPUs through the sysfs
+layer under a per-GPU lock with the record written in one transaction,
+ownership (never touch a vGPU vgpuhost did not create; a release for owner X
+never removes a device now owned by Y), mdevctl persistence and reconcile.
+Must not: spell kernel paths (HostRoot does) or choose GPUs itself
+(:mod:`vgpuhost.placement` does).
+
+Backends (REFERENCE.md §2-3): classic mdev — write a UUID to
+``<parent>/mdev_supported_types/<type>/create``, remove by writing ``1`` to
+``<mdev>/remove``; the parent is the PF or, on SR-IOV GPUs, a VF holding at
+most one vGPU.  Vendor-specific VFIO (vGPU 17+) — write the type id to the
+VF's ``nvidia/current_vgpu_type``, ``0`` to destroy; EPERM when the VF is
+taken.  Persistence of classic mdevs is mdevctl's format
+(``/etc/mdevctl.d/<parent>/<uuid>``, REFERENCE.md §2); vendor-VFIO and
+MIG-backed vGPUs cannot persist that way and are re-created by
+``reconcile`` at boot.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import json
+import os
+import uuid as _uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from .hostroot import HostRoot
+from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover
+from .locks import file_lock
+from .placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place
+from .state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow, vgpu_records
+from .steps import Executor
+from .sysfs import Sysfs
+from .values import PciAddress, VgpuProfile, parse_uuid
+
+MAX_PLACEMENT_ATTEMPTS = 5
+
+
+def _actor() -> str:
+    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
+
+
+# ---------------------------------------------------------------------------
+# names and offers (pure)
+
+def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
+    """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them."""
+    out: Dict[PciAddress, Dict[str, List[VgpuType]]] = {}
+    for t in inv.vgpu_types:
+        out.setdefault(t.gpu, {}).setdefault(t.name.lower(), []).append(t)
+    return out
+
+
+def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
+                    gpu: Optional[PciAddress] = None) -> str:
+    """The profile name as the devices spell it, matched case-insensitively and exactly.
+
+    Never strips suffixes: ``A100-1-5CME`` does not match ``A100-1-5C``.
+    Raises InputError naming near matches when no device offers the name,
+    and when one GPU reports the name under two type ids (ambiguous).
+    """
+    wanted = name.strip().lower()
+    by_gpu = types_by_gpu(inv)
+    scope = {gpu: by_gpu.get(gpu, {})} if gpu is not None else by_gpu
+    known = {t.name for names in scope.values() for ts in names.values() for t in ts}
+    known |= {r.type_name for r in records if gpu is None or r.gpu == str(gpu)}
+    for g, names in scope.items():
+        ids = {t.type_id for t in names.get(wanted, [])}
+        if len(ids) > 1:
+            raise InputError(f"profile {name!r} is ambiguous on {g}: type ids {', '.join(sorted(ids))}",
+                             hint="report this GPU's 'vgpuhost types --gpu' output")
+    for n in sorted(known):
+        if n.lower() == wanted:
+            return n
+    near = difflib.get_close_matches(name.upper(), sorted(known), n=5, cutoff=0.6)
+    where = f"GPU {gpu}" if gpu else "this host"
+    hint = ("near matches: " + ", ".join(near)) if near else "'vgpuhost types' lists the profiles"
+    if not known:
+        hint = "no GPU here offers vGPU types ('vgpuhost host check' says why)"
+    p = VgpuProfile.try_parse(name)
+    if p is not None and p.mig_backed:
+        hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
+    raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
+
+
+def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str) -> List[GpuOffer]:
+    """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved)."""
+    by_gpu = types_by_gpu(inv)
+    out = []
+    present = _present_by_gpu(inv)
+    for g in inv.gpus:
+        if not g.vgpu_backend:
+            continue
+        ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
+        recs = [r for r in records if r.gpu == str(g.address)]
+        owners = frozenset(r.owner for r in recs)
+        keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
+        parents = tuple(t.parent for t in ts if t.available_instances > 0)
+        available = sum(t.available_instances for t in ts if t.parent in parents)
+        note = ""
+        if ts and not available:
+            sizes = sorted({t.framebuffer_mib for t in _present_types(inv, g.address) if t})
+            if sizes and ts[0].framebuffer_mib not in sizes:
+                note = (f"holds {'/'.join(str(s) for s in sizes)} MiB vGPUs; equal-size mode admits only "
+                        "that size")
+            else:
+                note = f"no {ts[0].name} instance free"
+        out.append(GpuOffer(g.address, g.pci.numa_node, ts[0].type_id if ts else None,
+                            ts[0].name if ts else None, available, parents, owners, keys,
+                            present.get(g.address, 0), note))
+    return out
+
+
+def _present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
+    out: Dict[PciAddress, int] = {}
+    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
+    for m in inv.mdevs:
+        g = parent_gpu.get(m.parent)
+        if g is not None:
+            out[g] = out.get(g, 0) + 1
+    for v in inv.vf_vgpus:
+        if v.type_id:
+            out[v.gpu] = out.get(v.gpu, 0) + 1
+    return out
+
+
+def _present_types(inv: Inventory, gpu: PciAddress) -> List[Optional[VgpuType]]:
+    """The types of the vGPUs present on ``gpu`` (None where the type is not listed)."""
+    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
+    g = inv.gpu(gpu)
+    parents = set(g.mdev_parents) if g else set()
+    out: List[Optional[VgpuType]] = [by_id.get(m.type_id) for m in inv.mdevs if m.parent in parents]
+    out += [by_id.get(v.type_id) for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    return out
+
+
+def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
+    """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (ENOSPC advice)."""
+    agg: Dict[str, int] = {}
+    for t in inv.vgpu_types:
+        if t.gpu == gpu and t.available_instances > 0:
+            agg[t.name] = agg.get(t.name, 0) + t.available_instances
+    return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
+
+
+# ---------------------------------------------------------------------------
+# outcomes
+
+@dataclass
+class VgpuOutcome:
+    action: str
+    changed: bool
+    dry_run: bool
+    id: Optional[str] = None
+    gpu: Optional[str] = None
+    parent: Optional[str] = None
+    type_id: Optional[str] = None
+    type_name: Optional[str] = None
+    backend: Optional[str] = None
+    owner: Optional[str] = None
+    reason: str = ""
+    steps: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    writes: int = 0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d = {"schema": "vgpuhost.vgpu/v1", **d}
+        return d
+
+
+def _validate_owner(owner: str) -> str:
+    if owner == MANUAL:
+        return owner
+    try:
+        return parse_uuid(owner)
+    except InputError:
+        raise InputError(f"invalid owner {owner!r}",
+                         hint="give the domain UUID (virsh domuuid NAME) or 'manual'") from None
+
+
+# ---------------------------------------------------------------------------
+# create
+
+def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
+           uuid: Optional[str] = None, strategy: str = "first-fit", owner: str = MANUAL,
+           params: Optional[str] = None, numa_node: Optional[int] = None,
+           anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
+           actor: Optional[str] = None) -> VgpuOutcome:
+    """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
+
+    Raises InputError (unknown profile/strategy/UUID, --persist where it
+    cannot work), RefusedError (nothing fits: the reason names each GPU), or
+    DeviceError when the kernel refuses (errno in operator language; a
+    half-created vGPU is removed again).
+    """
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
+    owner = _validate_owner(owner)
+    if uuid is not None:
+        uuid = parse_uuid(uuid)
+    if params is not None and ("\n" in params or len(params) > 1000):
+        raise InputError("--params must be one line of key=value pairs, e.g. frame_rate_limiter=0")
+    fs = Sysfs(host)
+    for _ in range(MAX_PLACEMENT_ATTEMPTS):
+        inv = discover(fs)
+        records = store.vgpu_records()
+        if gpu is not None and inv.gpu(gpu) is None:
+            raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
+        name = resolve_profile(inv, records, profile, gpu)
+        req = Request(name, owner, strategy, numa_node, anti_affinity, gpu)
+        decision = place(offers(inv, records, name), req)
+        if not decision.admitted:
+            fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in offers(inv, records, name)
+                            if gpu is None or o.gpu == gpu)
+            raise RefusedError(f"cannot place {name}: {decision.reason}",
+                               hint=f"types that still fit: {fit or 'none'}")
+        g = inv.gpu(decision.gpu)
+        backend = g.vgpu_backend
+        mig_backed = bool((VgpuProfile.try_parse(name) or VgpuProfile("x", 0, "C")).mig_backed)
+        if persist and (backend != BACKEND_MDEV or mig_backed):
+            raise InputError(
+                f"--persist cannot keep a {'MIG-backed' if mig_backed else 'vendor-VFIO'} vGPU across "
+                "reboots (mdevctl only defines classic mdevs)",
+                hint="create it without --persist and enable the boot unit that runs 'vgpuhost reconcile'")
+        if uuid is not None and backend != BACKEND_MDEV:
+            raise InputError("--uuid applies to mdev vGPUs; on vendor VFIO the vGPU is named by its VF")
+        vid = (uuid or str(_uuid.uuid4())) if backend == BACKEND_MDEV else str(decision.parent)
+        out = VgpuOutcome("create", changed=True, dry_run=dry_run, id=vid, gpu=str(decision.gpu),
+                          parent=str(decision.parent), type_id=decision.type_id, type_name=name,
+                          backend=backend, owner=owner, reason=decision.reason)
+        out.steps = _create_steps(host, backend, decision, vid, params, persist)
+        if dry_run:
+            return out
+        with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
+            inv2 = discover(fs)
+            records2 = store.vgpu_records()
+            again = place(offers(inv2, records2, name), Request(name, owner, strategy, numa_node,
+                                                                 anti_affinity, decision.gpu))
+            if not again.admitted:
+                continue            # someone took it between placement and the lock: place again
+            if uuid is not None and any(r.id == uuid for r in records2):
+                raise InputError(f"vGPU {uuid} already exists", hint="'vgpuhost vgpu list'")
+            decision = Decision(again.gpu, again.parent, again.type_id, decision.reason)
+            if backend != BACKEND_MDEV:
+                vid = str(decision.parent)
+            out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
+            ex = Executor(host, store, actor=actor or _actor(),
+                          operation=f"vgpu create {name} owner={owner}")
+            _do_create(ex, inv2, records2, backend, decision, vid, name, params)
+            with store.transaction() as conn:
+                put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
+                                          decision.type_id, name, owner, anti_affinity, params,
+                                          persist, utcnow()))
+            if persist:
+                ex.fs.write_config(host.mdevctl_d / str(decision.parent) / vid, _mdevctl_json(decision.type_id))
+            out.writes = ex.writes
+            return out
+    raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
+                       f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
+
+
+def _mdevctl_json(type_id: str) -> str:
+    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": []}, indent=2) + "\n"
+
+
+def _create_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vid: str):
+    if backend == BACKEND_MDEV:
+        return (host.mdev_bus / str(parent) / "mdev_supported_types" / type_id / "create",
+                host.mdev_devices / vid / "nvidia" / "vgpu_params")
+    nd = host.pci_device(parent) / "nvidia"
+    return nd / "current_vgpu_type", nd / "vgpu_params"
+
+
+def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: Optional[str],
+                  persist: bool) -> List[str]:
+    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
+    value = vid if backend == BACKEND_MDEV else d.type_id
+    steps = [f"write '{value}' to {host.relative(write)}"]
+    if params:
+        steps.append(f"write '{params}' to {host.relative(ppath)}")
+    if persist:
+        steps.append(f"write mdevctl definition {host.relative(host.mdevctl_d / str(d.parent) / vid)}")
+    return steps
+
+
+def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], backend: str, d: Decision,
+               vid: str, name: str, params: Optional[str]) -> None:
+    host, fs = ex.host, ex.fs
+    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
+    try:
+        fs.write(write, vid if backend == BACKEND_MDEV else d.type_id)
+    except SysfsError as e:
+        raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
+    # read back: never report success for a device that does not exist (REFERENCE.md §9)
+    if backend == BACKEND_MDEV:
+        got = fs.link_name(host.mdev_devices / vid / "mdev_type")
+        ok = got == d.type_id
+    else:
+        got = fs.read_optional(host.pci_device(d.parent) / "nvidia" / "current_vgpu_type")
+        ok = got == d.type_id
+    if not ok:
+        raise DeviceError(f"creating {name} on {d.parent} reported success but reads back {got!r}",
+                          hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
+    if params:
+        try:
+            fs.write(ppath, params)
+        except SysfsError as e:
+            _destroy(fs, backend, d.parent, vid)
+            raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
+                              "the vGPU was removed again", hint="check the parameter names") from e
+
+
+def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str) -> str:
+    if e.errno == errno.ENOSPC:
+        return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
+                f"{fitting_elsewhere(inv, d.gpu)}")
+    if e.errno == errno.EPERM:
+        rec = next((r for r in records if r.parent == str(d.parent)), None)
+        who = f"vGPU {rec.id} of {rec.owner}" if rec else "a vGPU not created by vgpuhost"
+        return f"VF {d.parent} is taken by {who} (EPERM on current_vgpu_type)"
+    if e.errno == errno.EINVAL:
+        return f"{name} (type {d.type_id}) is not supported on {d.gpu} in its current mode (EINVAL)"
+    if e.errno == errno.EEXIST:
+        return f"an mdev with UUID {e.value} already exists (EEXIST)"
+    return f"creating {name} on {d.parent} failed: {e.errno_name} writing {e.value!r} to {e.path}"
+
+
+def _destroy(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
+    host = fs.host
+    if backend == BACKEND_MDEV:
+        fs.write(host.mdev_devices / vid / "remove", "1")
+    else:
+        fs.write(host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0")
+
+
+# ---------------------------------------------------------------------------
+# remove
+
+def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[str] = None,
+           dry_run: bool = False, actor: Optional[str] = None) -> VgpuOutcome:
+    """Remove a vGPU vgpuhost created (``vgpu_id``: mdev UUID or VF BDF).
+
+    With ``owner``, only while that owner still holds it.  Raises
+    RefusedError for a device vgpuhost did not create or that another owner
+    holds now; InputError for an unknown id.
+    """
+    vid = _normalise_id(vgpu_id)
+    fs = Sysfs(host)
+    rec = next((r for r in store.vgpu_records() if r.id == vid), None)
+    if rec is None:
+        if _device_exists(fs, vid):
+            raise RefusedError(f"vGPU {vid} was not created by vgpuhost: left alone",
+                               hint="remove it with the tool that made it (mdevctl stop, or echo 1 > remove)")
+        raise InputError(f"no vGPU {vid}", hint="'vgpuhost vgpu list' shows the vGPUs")
+    if owner is not None and rec.owner != owner:
+        raise RefusedError(f"vGPU {vid} now belongs to {rec.owner}, not {owner}: left alone",
+                           hint="a late release for an earlier owner never removes the next owner's vGPU")
+    gpu = PciAddress.parse(rec.gpu)
+    parent = PciAddress.parse(rec.parent)
+    out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
+                      type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
+    with file_lock(store.state_dir, f"gpu-{gpu}"):
+        current = _current_type(fs, rec.backend, parent, vid)
+        if current is not None and current != rec.type_id:
+            raise RefusedError(f"{vid} now holds type {current}, not the recorded {rec.type_id}: left alone",
+                               hint="another tool reused the slot; 'vgpuhost reconcile --check' reports it")
+        if current is None:
+            out.notes.append(f"{vid} was already gone from the host; dropping the record")
+        else:
+            write = (host.mdev_devices / vid / "remove" if rec.backend == BACKEND_MDEV else
+                     host.pci_device(parent) / "nvidia" / "current_vgpu_type")
+            out.steps.append(f"write '{'1' if rec.backend == BACKEND_MDEV else '0'}' to {host.relative(write)}")
+        mdevctl = host.mdevctl_d / rec.parent / vid
+        if rec.persisted:
+            out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
+        if dry_run:
+            return out
+        ex = Executor(host, store, actor=actor or _actor(), operation=f"vgpu remove {vid} owner={rec.owner}")
+        if current is not None:
+            try:
+                _destroy(ex.fs, rec.backend, parent, vid)
+            except SysfsError as e:
+                raise DeviceError(f"removing {vid} failed: {e.errno_name}"
+                                  + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
+                                  hint="stop the VM first") from e
+            if _current_type(ex.fs, rec.backend, parent, vid) is not None:
+                raise DeviceError(f"removing {vid} reported success but it is still there",
+                                  hint="check dmesg and the NVIDIA vGPU manager")
+        with store.transaction() as conn:
+            delete_vgpu(conn, vid, owner=rec.owner)
+        if rec.persisted:
+            ex.fs.remove_config(mdevctl)
+        out.writes = ex.writes
+        return out
+
+
+def release_owner(host: HostRoot, store: StateStore, owner: str, *,
+                  actor: Optional[str] = None) -> List[VgpuOutcome]:
+    """Remove every vGPU ``owner`` holds (the hook's release); tolerant of ones already gone."""
+    return [remove(host, store, r.id, owner=owner, actor=actor) for r in store.vgpu_records(owner=owner)]
+
+
+def _normalise_id(text: str) -> str:
+    t = text.strip()
+    if PciAddress.is_valid(t):
+        return str(PciAddress.parse(t))
+    try:
+        return parse_uuid(t)
+    except InputError:
+        raise InputError(f"invalid vGPU id {text!r}",
+                         hint="an mdev UUID or, on vendor VFIO, the VF's PCI address (0000:21:00.4)") from None
+
+
+def _device_exists(fs: Sysfs, vid: str) -> bool:
+    if PciAddress.is_valid(vid):
+        cur = fs.read_optional(fs.host.pci_device(vid) / "nvidia" / "current_vgpu_type")
+        return bool(cur and cur != "0")
+    return fs.exists(fs.host.mdev_devices / vid)
+
+
+def _current_type(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> Optional[str]:
+    if backend == BACKEND_MDEV:
+        return fs.link_name(fs.host.mdev_devices / vid / "mdev_type")
+    cur = fs.read_optional(fs.host.pci_device(parent) / "nvidia" / "current_vgpu_type")
+    return cur if cur and cur != "0" else None
+
+
+# ---------------------------------------------------------------------------
+# list and reconcile
+
+@dataclass(frozen=True)
+class VgpuEntry:
+    id: str
+    gpu: Optional[str]
+    parent: str
+    type_id: str
+    type_name: Optional[str]
+    backend: str
+    owner: Optional[str]       # None: not created by vgpuhost
+    state: str                 # active | missing (recorded, not on the host) | foreign
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]:
+    """Every vGPU on the host joined with the records, plus recorded ones that are missing."""
+    by_id = {r.id: r for r in records}
+    names = {(t.gpu, t.type_id): t.name for t in inv.vgpu_types}
+    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
+    out: List[VgpuEntry] = []
+    seen = set()
+    for m in inv.mdevs:
+        g = parent_gpu.get(m.parent)
+        r = by_id.get(m.uuid)
+        seen.add(m.uuid)
+        out.append(VgpuEntry(m.uuid, str(g) if g else None, str(m.parent), m.type_id,
+                             r.type_name if r else names.get((g, m.type_id)), BACKEND_MDEV,
+                             r.owner if r else None, "active" if r else "foreign"))
+    for v in inv.vf_vgpus:
+        if not v.type_id:
+            continue
+        r = by_id.get(str(v.vf))
+        seen.add(str(v.vf))
+        state = "active" if r and r.type_id == v.type_id else "foreign"
+        out.append(VgpuEntry(str(v.vf), str(v.gpu), str(v.vf), v.type_id,
+                             r.type_name if r else names.get((v.gpu, v.type_id)), BACKEND_VENDOR_VFIO,
+                             r.owner if r and state == "active" else None, state))
+    for r in records:
+        if r.id not in seen:
+            out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, "missing"))
+    return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
+
+
+@dataclass
+class ReconcileReport:
+    recreated: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)     # recorded, absent, and (with check) not re-created
+    failed: List[str] = field(default_factory=list)
+    orphans: List[str] = field(default_factory=list)     # present, not created by vgpuhost: left alone
+    mismatched: List[str] = field(default_factory=list)  # recorded id holds another type now
+
+    @property
+    def in_sync(self) -> bool:
+        return not (self.missing or self.failed or self.mismatched)
+
+    def as_dict(self) -> dict:
+        return {"schema": "vgpuhost.reconcile/v1", "in_sync": self.in_sync, **self.__dict__}
+
+
+def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
+              actor: Optional[str] = None) -> ReconcileReport:
+    """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.
+
+    With ``check`` nothing changes and the report says what would.
+    """
+    fs = Sysfs(host)
+    report = ReconcileReport()
+    inv = discover(fs)
+    entries = list_vgpus(inv, store.vgpu_records())
+    report.orphans = [f"{e.id} ({e.type_name or e.type_id} on {e.parent})" for e in entries if e.state == "foreign"]
+    by_id = {r.id: r for r in store.vgpu_records()}
+    for e in entries:
+        rec = by_id.get(e.id)
+        if e.state == "foreign" and rec is not None:
+            report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {rec.type_id}")
+    for e in [e for e in entries if e.state == "missing"]:
+        rec = by_id[e.id]
+        if check:
+            report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner})")
+            continue
+        with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
+            ex = Executor(host, store, actor=actor or _actor(), operation=f"reconcile {rec.id}")
+            parent = PciAddress.parse(rec.parent)
+            write, ppath = _create_paths(host, rec.backend, parent, rec.type_id, rec.id)
+            try:
+                ex.fs.write(write, rec.id if rec.backend == BACKEND_MDEV else rec.type_id)
+                if _current_type(ex.fs, rec.backend, parent, rec.id) != rec.type_id:
+                    raise DeviceError("reads back wrong")
+                if rec.params:
+                    ex.fs.write(ppath, rec.params)
+                report.recreated.append(rec.id)
+            except VgpuhostError as err:
+                report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
+    return report
