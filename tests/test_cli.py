@@ -158,3 +158,54 @@ def test_console_script_entry_point_runs(make_host):
     p = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", root, "types", "--gpu", "41:00.0"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("what", ["empty", "no-sys"])
+def test_a_directory_that_is_not_a_host_root(tmp_path, make_host, capsys, what):
+    if what == "empty":
+        root = tmp_path / "empty"
+        root.mkdir()
+    else:
+        host = make_host("a40-mdev")
+        import shutil as _sh
+        _sh.rmtree(host.root / "sys")
+        root = host.root
+    code, out, err = run(capsys, "--root", str(root), "host", "check")
+    assert code == 2 and out == "" and "is not a host root" in err and err.count("\n") == 1
+
+
+def test_fifo_in_the_tree_does_not_hang(make_host, capsys):
+    host = make_host("a40-mdev")
+    f = host.mdev_bus / "0000:81:00.0" / "mdev_supported_types" / "nvidia-566" / "available_instances"
+    f.unlink()
+    os.mkfifo(f)
+    code, out, _ = run(capsys, "--root", str(host.root), "--json", "types")
+    assert code == 0
+    e = next(t for t in json.loads(out)["types"] if t["type_id"] == "nvidia-566")
+    assert e["available_instances"] == 0
+
+
+def test_control_characters_from_files_are_escaped(make_host, capsys):
+    host = make_host("a40-mdev")
+    (host.mdev_bus / "0000:81:00.0" / "mdev_supported_types" / "nvidia-566" / "name").write_text(
+        "NVIDIA A40-8Q\x1b[31m\nX\n")
+    code, out, _ = run(capsys, "--root", str(host.root), "types")
+    assert code == 0 and "\x1b" not in out
+    assert len(out.splitlines()) == 30            # header + 29 types: the newline did not split a row
+    (host.pci_device("0000:81:00.0") / "numa_node").write_text("\x07\x1b[2J")
+    code, _, err = run(capsys, "--root", str(host.root), "gpus")
+    assert code == 2 and "\x1b" not in err and "\x07" not in err
+
+
+@pytest.mark.parametrize("argv", [["no-such-command"], ["types", "--bogus"], ["types", "--gpu"],
+                                  ["passthrough", "prepare"]])
+def test_usage_errors_are_one_line(capsys, argv, make_host):
+    code, out, err = run(capsys, "--root", str(make_host("a40-mdev").root), *argv)
+    assert code == 2 and err.startswith("vgpuhost: error: ") and err.count("\n") == 1 and "--help" in err
+
+
+def test_overlong_root_and_bdf(capsys, make_host):
+    code, _, err = run(capsys, "--root", "/" + "x" * 300, "gpus")
+    assert code == 2 and err.count("\n") == 1
+    code, _, err = run(capsys, "--root", str(make_host("a40-mdev").root), "types", "--gpu", "9" * 5000)
+    assert code == 2 and len(err) < 400

@@ -29,7 +29,7 @@ def summary(host) -> str:
     types = [{k: e[k] for k in ("gpu", "type_id", "name", "series", "framebuffer_mib", "gi_slices",
                                 "media_extensions", "max_instances", "available_instances", "backend")}
              | {"parents": len(e["parents"])}
-             for e in aggregate_types(inv.vgpu_types)]
+             for e in aggregate_types(inv.vgpu_types, inv)]
     findings = [[f.severity, f.code, f.subject] for f in check_host(inv)]
     doc = {"gpus": gpus_doc(inv), "types": types, "groups": {str(k): [str(m) for m in v.members]
                                                             for k, v in sorted(inv.groups.items())},
@@ -65,8 +65,8 @@ def test_a_a100_sriov_mdev(make_host):
     assert gpu.companions == (A("0000:41:00.1"),)   # HD audio
     vf0 = inv.devices[gpu.vfs[0]]
     assert vf0.physfn == gpu.address and vf0.iommu_group != gpu.pci.iommu_group
-    t = {e["name"]: e for e in aggregate_types(inv.vgpu_types)}
-    assert t["A100-4C"]["type_id"] == "nvidia-468" and t["A100-4C"]["available_instances"] == 20
+    t = {e["name"]: e for e in aggregate_types(inv.vgpu_types, inv)}
+    assert t["A100-4C"]["type_id"] == "nvidia-468" and t["A100-4C"]["available_instances"] == 10  # 20 free VFs, capped by max 10
     assert t["A100-4C"]["max_instances"] == 10 and t["A100-4C"]["framebuffer_mib"] == 4096
     assert t["A100-1-5CME"]["media_extensions"] and t["A100-1-5CME"]["gi_slices"] == 1
     assert t["A100-1-5C"]["available_instances"] == 0   # MIG-backed: MIG mode is off

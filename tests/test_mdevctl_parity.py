@@ -75,7 +75,12 @@ def _by_parent(doc: dict) -> Dict[str, Dict[str, dict]]:
         assert e["backend"] == "mdev", e
         # "name" is the sysfs name without the vendor prefix; raw_name is the sysfs name
         assert e["raw_name"].endswith(e["name"]), e
-        assert e["available_instances"] == sum(p["available_instances"] for p in e["parents"]), e
+        # the GPU-level figure is the per-parent sum, capped on SR-IOV GPUs by the type's max
+        # instances (every free VF reports 1): never above either
+        per_parent = sum(p["available_instances"] for p in e["parents"])
+        assert e["available_instances"] <= per_parent, e
+        if e["max_instances"] is not None:
+            assert e["available_instances"] <= e["max_instances"], e
         for p in e["parents"]:
             types = out.setdefault(p["parent"], {})
             assert e["type_id"] not in types, f"vgpuhost lists {p['parent']} {e['type_id']} twice"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -153,3 +154,107 @@ def test_only_sysfs_module_opens_kernel_files_for_writing():
         if re.search(r"open\([^)]*['\"]w", text) or ".write_text(" in text:
             writers.append(str(rel))
     assert writers == []
+
+
+# --- hostile specs: one line, exit 2, nothing written outside the target ----------
+
+@pytest.mark.parametrize("fragment, needle", [
+    ('  - {bdf: "0000:81:00.0", model: A40, driver: "/tmp/victim"}\n', "is not a valid name"),
+    ('  - {bdf: "0000:81:00.0", model: A40, driver: "../../../../etc"}\n', "is not a valid name"),
+    ('  - {bdf: "0000:81:00.0", model: A40, driver: ""}\n', "is not a valid name"),
+    ('  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:81:00.0"}\n', "must be listed before"),
+    ('  - {bdf: "0000:81:00.0", model: A40, numa_node: -7}\n', "out of range"),
+    ('  - {bdf: "0000:81:00.0", model: A40, iommu_group: -1}\n', "out of range"),
+])
+def test_hostile_device_fields(fragment, needle):
+    with pytest.raises(InputError, match=needle):
+        parse_spec("version: 1\nname: t\ndevices:\n" + fragment)
+
+
+@pytest.mark.parametrize("host_fragment", [
+    'host: {kernel_release: "/tmp/x/kr"}', 'host: {modules: ["/tmp/x/mod"]}',
+    'host: {builtin_modules: [".."]}', 'host: {kernel_release: "' + "k" * 300 + '"}',
+    'host: {processes: ["evil\\nname"]}',
+])
+def test_hostile_host_names(host_fragment):
+    with pytest.raises(InputError, match="is not a valid name"):
+        parse_spec(f"version: 1\nname: t\n{host_fragment}\ndevices: []\n")
+
+
+def test_fault_rules():
+    base = 'version: 1\nname: t\ndevices:\n  - {bdf: "0000:81:00.0", model: A40}\nfaults:\n'
+    with pytest.raises(InputError, match="not in the spec"):
+        parse_spec(base + '  - {op: bind, device: "0000:09:00.0"}\n')
+    with pytest.raises(InputError, match="out of range"):
+        parse_spec(base + '  - {op: bind, count: -1}\n')
+    with pytest.raises(InputError, match="takes no errno"):
+        parse_spec(base + '  - {op: probe, effect: ignore, errno: EIO}\n')
+
+
+def test_yaml_alias_bomb_is_refused_fast():
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n"
+    for i in range(1, 9):
+        prev = chr(ord("a") + i - 1)
+        cur = chr(ord("a") + i)
+        bomb += f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]\n"
+    with pytest.raises(InputError, match="aliases"):
+        parse_spec(bomb)
+
+
+def test_deep_nesting_and_empty_specs():
+    with pytest.raises(InputError, match="nested too deeply"):
+        parse_spec("[" * 100000)
+    with pytest.raises(InputError, match="nested too deeply"):
+        parse_spec("a:\n" + "".join("  " * i + f"b{i}:\n" for i in range(1, 60)))
+    with pytest.raises(InputError, match="the spec is empty"):
+        parse_spec("# only a comment\n")
+
+
+def test_spec_must_be_a_small_regular_file(tmp_path, capsys):
+    from vgpuhost.sim.spec import load_spec
+    with pytest.raises(InputError, match="not a regular file"):
+        load_spec("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InputError, match="not a regular file"):
+        load_spec(tmp_path / "fifo")
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (2 << 20))
+    with pytest.raises(InputError, match="limit"):
+        load_spec(big)
+
+
+def test_hostile_spec_writes_nothing_outside_target(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "bind").write_text("precious")
+    spec = tmp_path / "evil.yaml"
+    spec.write_text(f'version: 1\nname: t\ndevices:\n  - {{bdf: "0000:81:00.0", model: A40, driver: "{victim}"}}\n')
+    code = main(["sim", "create", str(spec), str(tmp_path / "root")])
+    assert code == 2 and "not a valid name" in capsys.readouterr().err
+    assert (victim / "bind").read_text() == "precious" and not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("make_dest", [
+    lambda t: (t / "afile").write_text("x") or t / "afile" / "sub",
+    lambda t: os.symlink(t / "nowhere", t / "broken") or t / "broken",
+    lambda t: (t / "afile2").write_text("x") or t / "afile2",
+])
+def test_sim_create_odd_destinations_are_one_line(tmp_path, capsys, make_dest):
+    dest = make_dest(tmp_path)
+    code = main(["sim", "create", "a40-mdev", str(dest)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vgpuhost: error:") and err.count("\n") == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no half-built tree left
+
+
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    from vgpuhost.sim import build
+    from vgpuhost.sim.spec import load_spec
+    from vgpuhost.sim import bundled_specs
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(build, "_lay_proc", boom)
+    with pytest.raises(Exception, match="No space left"):
+        build.materialise(load_spec(bundled_specs()["a40-mdev"]), tmp_path / "root")
+    assert list(tmp_path.iterdir()) == []

@@ -144,7 +144,7 @@ def _check_host_blockers(inv: Inventory) -> List[Finding]:
     out: List[Finding] = []
     if not nvidia_gpus:
         return out
-    if "nvidia-persistenced" in h.processes:
+    if h.running("nvidia-persistenced"):
         out.append(Finding("warning", "PERSISTENCED", "host",
                            "nvidia-persistenced is running: unbinding a GPU from nvidia hangs "
                            "('non-zero usage count') until it stops",
@@ -229,6 +229,10 @@ def _check_vgpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
     dev = gpu.pci
     if dev.driver == "vfio-pci":
         return [Finding("info", "BOUND_VFIO", subject, f"{gpu.model} is bound to vfio-pci (passthrough)")]
+    if gpu.vgpu_backend and gpu.vfs and not inv.iommu_enabled:
+        return [Finding("error", "VF_NEEDS_IOMMU", subject,
+                        f"{gpu.model}: vGPUs on SR-IOV VFs need the IOMMU, which is off",
+                        _iommu_param_fix(inv))]
     if gpu.vgpu_backend:
         n_types = len({t.type_id for t in inv.vgpu_types if t.gpu == gpu.address})
         where = f"on {len(gpu.vfs)} SR-IOV VFs" if gpu.vfs else "on the physical function"

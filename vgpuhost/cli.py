@@ -48,6 +48,7 @@ class Context:
 
     def inventory(self, *, with_types: bool = True):
         from .inventory import discover
+        self.host.require_host()
         return discover(self.sysfs(), with_types=with_types)
 
 
@@ -78,7 +79,7 @@ def _parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):
         return None
     from .values import PciAddress
     addr = PciAddress.parse(gpu)
-    if inv.gpu(addr) is None:
+    if inv is not None and inv.gpu(addr) is None:
         known = ", ".join(str(g.address) for g in inv.gpus) or "none"
         raise InputError(f"no NVIDIA GPU at {addr}", hint=f"GPUs on this host: {known} ('vgpuhost gpus')")
     return addr
@@ -118,9 +119,10 @@ def gpus(ctx: Context) -> None:
 def types(ctx: Context, gpu: Optional[str], available: bool) -> None:
     """List vGPU types per GPU with max and available instances."""
     from .output import aggregate_types, types_doc, types_table
+    _parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
     inv = ctx.inventory()
     addr = _parse_gpu_option(ctx, inv, gpu)
-    entries = aggregate_types(t for t in inv.vgpu_types if addr is None or t.gpu == addr)
+    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
     _emit(ctx, types_doc(entries), types_table(entries) if entries else "no vGPU types")
@@ -378,15 +380,26 @@ def main(argv=None) -> int:
         cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
         return EXIT_OK
     except VgpuhostError as e:
-        click.echo(f"vgpuhost: error: {e.one_line()}", err=True)
+        click.echo(f"vgpuhost: error: {printable(e.one_line())}", err=True)
         return e.exit_code
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.Abort:
         click.echo("vgpuhost: aborted", err=True)
         return EXIT_INPUT
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "vgpuhost"
+        click.echo(f"vgpuhost: error: {printable(e.format_message())}; see '{where} --help'", err=True)
+        return EXIT_INPUT
     except click.ClickException as e:
-        e.show()
+        click.echo(f"vgpuhost: error: {printable(e.format_message())}", err=True)
+        return EXIT_INPUT
+    except OSError as e:   # the environment, not a bug: a file vgpuhost cannot reach
+        name = f": {printable(str(e.filename))}" if e.filename else ""
+        click.echo(f"vgpuhost: error: {e.strerror or e}{name}; check the path and its permissions", err=True)
+        return EXIT_INPUT
+    except RecursionError:
+        click.echo("vgpuhost: error: input nested too deeply", err=True)
         return EXIT_INPUT
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT
@@ -397,6 +410,12 @@ def main(argv=None) -> int:
             traceback.print_exc()
         click.echo(f"vgpuhost: internal error: {type(e).__name__}: {e} (rerun with -vv and report it)", err=True)
         return EXIT_INTERNAL
+
+
+def printable(text: str, limit: int = 2000) -> str:
+    """One line: control characters escaped (no terminal escapes from files), length capped."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= limit else out[:limit] + "..."
 
 
 if __name__ == "__main__":

@@ -43,8 +43,15 @@ class HostRoot:
         Raises HostEnvironmentError when the root is not a directory.
         """
         value = root if root is not None else os.environ.get(ENV_ROOT) or "/"
+        if value == "" or "\0" in value:
+            raise HostEnvironmentError("empty or invalid host root", hint="pass --root DIR or unset VGPUHOST_ROOT")
         path = Path(value).absolute()
-        if not path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except OSError as e:
+            raise HostEnvironmentError(f"host root {str(path)[:200]!r}: {e.strerror}",
+                                       hint="pass --root DIR to an existing host root") from None
+        if not is_dir:
             raise HostEnvironmentError(
                 f"host root {str(path)!r} is not a directory",
                 hint="pass --root DIR (or set VGPUHOST_ROOT) to an existing host root, "
@@ -64,7 +71,23 @@ class HostRoot:
 
     @property
     def is_simulated(self) -> bool:
-        return (self.sim_dir / "host.json").is_file()
+        try:
+            return (self.sim_dir / "host.json").is_file()
+        except OSError:
+            return False
+
+    def require_host(self) -> None:
+        """Raise HostEnvironmentError unless the root looks like a host (``sys/bus/pci/devices``, ``proc/``)."""
+        for need in (self.pci_devices, self.path("proc")):
+            try:
+                ok = need.is_dir()
+            except OSError:
+                ok = False
+            if not ok:
+                raise HostEnvironmentError(
+                    f"{self.root} is not a host root: {self.relative(need)} is missing or unreadable",
+                    hint="pass --root DIR to a host root (a directory holding sys/ and proc/), e.g. one "
+                         "made by 'vgpuhost sim create'")
 
     # --- sysfs: PCI ----------------------------------------------------
     @property

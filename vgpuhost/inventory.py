@@ -187,7 +187,7 @@ class HostFacts:
     modules_builtin: FrozenSet[str]
     modules_available: FrozenSet[str]
     interrupt_remapping: Optional[bool]   # None: not visible
-    processes: FrozenSet[str]
+    processes: FrozenSet[str]             # proc/<pid>/comm values (truncated to 15 characters)
     boot_framebuffers: Mapping[str, Tuple[str, ...]]  # BDF -> BOOTFB/efifb/... owners in iomem
     iommu_units: Tuple[str, ...]
 
@@ -198,6 +198,10 @@ class HostFacts:
             k, _, v = tok.partition("=")
             out[k] = v
         return out
+
+    def running(self, name: str) -> bool:
+        """A process named ``name`` runs (``comm`` holds at most 15 characters)."""
+        return name[:15] in self.processes
 
     def module_present(self, name: str) -> bool:
         return name in self.modules_loaded or name in self.modules_builtin
@@ -230,6 +234,26 @@ class Inventory:
         if dev is None or dev.iommu_group is None:
             return None
         return self.groups.get(dev.iommu_group)
+
+
+def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str) -> int:
+    """Free instances of ``type_id`` on one GPU, summed over its parents.
+
+    On SR-IOV GPUs every free VF reports 1 for each type that fits, so the
+    sum counts free VFs; it is capped by the type's max instances
+    (``max_instance`` in the mdev description) less the vGPUs of that
+    framebuffer size present (equal-size mode, REFERENCE.md §4).
+    """
+    ts = [t for t in inv.vgpu_types if t.gpu == gpu and t.type_id == type_id]
+    total = sum(t.available_instances for t in ts)
+    g = inv.gpu(gpu)
+    if not ts or g is None or not g.vfs or ts[0].max_instances is None:
+        return total
+    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
+    present = [m.type_id for m in inv.mdevs if m.parent in g.mdev_parents]
+    present += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    same = sum(1 for p in present if p in by_id and by_id[p].framebuffer_mib == ts[0].framebuffer_mib)
+    return max(0, min(total, ts[0].max_instances - same))
 
 
 # ---------------------------------------------------------------------------
@@ -369,7 +393,7 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress) -> List[Vgp
     out = []
     for tid in fs.listdir(tdir):
         base = os.path.join(tdir, tid, "")
-        avail = fs.read_int(base + "available_instances", default=0) or 0
+        avail = max(0, fs.read_int(base + "available_instances", default=0) or 0)
         desc = dict(_parse_desc(read(base + "description") or ""))
         out.append(_make_type(gpu, parent, BACKEND_MDEV, tid, read(base + "name") or "",
                               avail, desc, read(base + "device_api")))

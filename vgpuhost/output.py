@@ -11,7 +11,7 @@ import json
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from .checks import Finding, is_ready
-from .inventory import Gpu, Inventory, VgpuType
+from .inventory import Gpu, Inventory, VgpuType, gpu_available
 
 SCHEMA_GPUS = "vgpuhost.gpus/v1"
 SCHEMA_TYPES = "vgpuhost.types/v1"
@@ -20,10 +20,16 @@ SCHEMA_HOST_CHECK = "vgpuhost.host-check/v1"
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """Left-aligned columns separated by two spaces; None prints as '-'."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["-" if c is None else _cell(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """A table cell: control characters (a newline in a sysfs name) escaped."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def dumps(doc: Dict[str, Any]) -> str:
@@ -79,8 +85,12 @@ def gpus_table(inv: Inventory) -> str:
 
 # --- types ---------------------------------------------------------------
 
-def aggregate_types(types: Iterable[VgpuType]) -> List[Dict[str, Any]]:
-    """One entry per (GPU, type id) with per-parent availability, in sysfs order."""
+def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) -> List[Dict[str, Any]]:
+    """One entry per (GPU, type id) with per-parent availability, in sysfs order.
+
+    With ``inv``, ``available_instances`` is capped as :func:`gpu_available` says
+    (on SR-IOV GPUs the per-VF ones sum to more than the GPU holds).
+    """
     out: Dict[tuple, Dict[str, Any]] = {}
     for t in types:
         key = (t.gpu, t.type_id)
@@ -99,6 +109,9 @@ def aggregate_types(types: Iterable[VgpuType]) -> List[Dict[str, Any]]:
             }
         e["available_instances"] += t.available_instances
         e["parents"].append({"parent": str(t.parent), "available_instances": t.available_instances})
+    if inv is not None:
+        for (gpu, tid), e in out.items():
+            e["available_instances"] = gpu_available(inv, gpu, tid)
     return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
 
 

@@ -126,7 +126,7 @@ def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDev
         out.append(f"{gpu} drives the host console (boot_vga=1); pass --allow-boot-vga if the host "
                    "has another console (serial, BMC) or none is needed")
     on_nvidia = any(d.driver == "nvidia" for d in moving)
-    if on_nvidia and "nvidia-persistenced" in inv.host.processes:
+    if on_nvidia and inv.host.running("nvidia-persistenced"):
         out.append("nvidia-persistenced is running and holds the GPU (unbind would hang): "
                    "systemctl stop nvidia-persistenced")
     if on_nvidia and "nvidia_drm" in inv.host.modules_loaded:

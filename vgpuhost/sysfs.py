@@ -23,6 +23,7 @@ from .errors import SysfsError
 from .hostroot import HostRoot
 
 PathArg = Union[str, Path]
+MAX_READ_BYTES = 1 << 20
 #: called after every write attempt: (path, value, errno or 0)
 WriteObserver = Callable[[Path, str, int], None]
 
@@ -62,7 +63,8 @@ class Sysfs:
         at most a page; bytes that are not UTF-8 are replaced.
         """
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted in the tree must not hang a read
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -70,11 +72,18 @@ class Sysfs:
                              hint=_read_hint(e.errno)) from e
         try:
             chunks = []
-            while True:
+            total = 0
+            while total <= MAX_READ_BYTES:
                 data = os.read(fd, 65536)
                 if not data:
                     break
                 chunks.append(data)
+                total += len(data)
+            else:
+                raise SysfsError("read", str(path), errno.EFBIG,
+                                 hint=f"a kernel attribute is at most a page; this file is over {MAX_READ_BYTES} bytes")
+        except BlockingIOError:
+            chunks = []
         except OSError as e:
             raise SysfsError("read", str(path), e.errno or errno.EIO,
                              hint=_read_hint(e.errno)) from e

@@ -39,7 +39,8 @@ class PciAddress:
             hint = "expected the full form dddd:bb:ss.f, e.g. 0000:41:00.0"
             if isinstance(text, str) and re.match(r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$", text.strip()):
                 hint += f" (did you mean 0000:{text.strip().lower()}?)"
-            raise InputError(f"invalid PCI address {text!r}", hint=hint)
+            shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
+            raise InputError(f"invalid PCI address {shown!r}", hint=hint)
         return cls(int(m["domain"], 16), int(m["bus"], 16), int(m["slot"], 16), int(m["func"], 16))
 
     @classmethod

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from .hostroot import HostRoot
-from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover
+from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover, gpu_available
 from .locks import file_lock
 from .placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place
 from .state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow, vgpu_records
@@ -102,7 +102,7 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str) -> List[
         owners = frozenset(r.owner for r in recs)
         keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
         parents = tuple(t.parent for t in ts if t.available_instances > 0)
-        available = sum(t.available_instances for t in ts if t.parent in parents)
+        available = gpu_available(inv, g.address, ts[0].type_id) if ts else 0
         note = ""
         if ts and not available:
             sizes = sorted({t.framebuffer_mib for t in _present_types(inv, g.address) if t})

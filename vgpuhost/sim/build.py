@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -88,16 +89,47 @@ def materialise(spec: HostSpec, dest: "str | Path", *, catalog: Optional[Catalog
     """
     cat = catalog or load_catalog()
     root = Path(dest).absolute()
-    if root.exists() and any(root.iterdir()):
+    try:
+        return _materialise(spec, root, cat, force)
+    except OSError as e:
+        raise SimulatorError(f"cannot build a simulated host at {str(root)!r}: {e.strerror}"
+                             + (f" ({e.filename})" if e.filename and str(e.filename) != str(root) else ""),
+                             hint="pick a writable, empty directory") from None
+
+
+def _materialise(spec: HostSpec, root: Path, cat: Catalog, force: bool) -> HostRoot:
+    if os.path.lexists(root) and not root.is_dir():
+        raise SimulatorError(f"{root} exists and is not a directory", hint="pick an empty directory")
+    replace_old = False
+    if root.is_dir() and any(root.iterdir()):
         if not force:
             raise SimulatorError(f"{root} is not empty", hint="pick an empty directory, or pass --force "
                                                               "to replace a simulated host there")
         if not (root / SIM_MARKER).is_dir():
             raise SimulatorError(f"{root} is not a simulated host root; refusing to replace it")
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
-    host = HostRoot(root)
+        replace_old = True
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # build beside the target and rename it into place: a failure leaves nothing half-built
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    try:
+        _build(spec, HostRoot(tmp), cat)
+        if replace_old:
+            trash = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
+            os.rename(root, trash / "old")
+            os.rename(tmp, root)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            if root.is_dir():
+                root.rmdir()
+            os.rename(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return HostRoot(root)
 
+
+def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
+    root = host.root
     devs = _expand(spec, cat)
     _assign_paths(devs)
     groups = _assign_groups(devs) if spec.iommu else {}
@@ -153,7 +185,6 @@ def materialise(spec: HostSpec, dest: "str | Path", *, catalog: Optional[Catalog
     kernel = SimKernel(host)
     for pf in gpus:
         kernel.refresh_gpu(pf)
-    return host
 
 
 def _expand(spec: HostSpec, cat: Catalog) -> Dict[PciAddress, _Dev]:
@@ -362,7 +393,7 @@ def _lay_proc(host: HostRoot, spec: HostSpec, devs: Dict[PciAddress, _Dev]) -> N
             iomem.append(f"    {start:08x}-{start + 0xffffff:08x} : {d.driver}")
     _w(host.path("proc", "iomem"), "\n".join(iomem) + "\n")
     for pid, name in enumerate(spec.processes, start=1000):
-        _w(host.path("proc", str(pid), "comm"), name + "\n")
+        _w(host.path("proc", str(pid), "comm"), name[:15] + "\n")   # the kernel's TASK_COMM_LEN
     mdir = host.lib_modules(spec.kernel_release)
     builtin = [f"kernel/{_module_path(m)}" for m in spec.builtin_modules]
     _w(mdir / "modules.builtin", "\n".join(builtin) + ("\n" if builtin else ""))

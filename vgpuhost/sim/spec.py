@@ -35,18 +35,22 @@ Format (``version: 1``)::
 from __future__ import annotations
 
 import errno as _errno
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import InputError, SimulatorError
 from ..values import PciAddress
-from ..yamlutil import Located, load_located
+from ..yamlutil import Located, load_located, read_text_file
 from .catalog import Catalog, load_catalog
 
 BACKENDS = ("mdev", "vendor-vfio", "none")
 FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override")
 _UNSET = object()
+#: kernel driver, module and release names: no '/', no '..', short (they become path names)
+_NAME_RE = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.+-]{1,64}$")
+
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,12 @@ class _Reader:
         self.loc = loc
 
     def mapping(self, value: Any, path: tuple, allowed: set) -> Dict[str, Any]:
+        if value is None and not path:
+            raise self.loc.error(path, "the spec is empty", hint="start with 'version: 1'")
         if not isinstance(value, dict):
-            raise self.loc.error(path, f"expected a mapping at {_dotted(path)}, found {type(value).__name__}")
+            raise self.loc.error(path, f"expected a mapping at {_dotted(path) or 'the top level'}, "
+                                       f"found {type(value).__name__}",
+                                 hint="see the spec format in the README")
         for key in value:
             if key not in allowed:
                 raise self.loc.error(path + (key,), f"unknown key {key!r} in {_dotted(path) or 'spec'}",
@@ -137,12 +145,25 @@ class _Reader:
                                                 f"found {value!r}")
         return value
 
-    def str_list(self, m: Dict[str, Any], path: tuple, key: str) -> Tuple[str, ...]:
+    def str_list(self, m: Dict[str, Any], path: tuple, key: str, pattern: "re.Pattern[str]" = _NAME_RE) -> Tuple[str, ...]:
         value = self.get(m, path, key, list, [])
         for i, item in enumerate(value):
             if not isinstance(item, str):
                 raise self.loc.error(path + (key, i), f"{_dotted(path + (key,))} items must be strings")
+            self.name(item, path + (key, i), pattern)
         return tuple(value)
+
+    def name(self, value: str, path: tuple, pattern: "re.Pattern[str]" = _NAME_RE) -> str:
+        if not pattern.match(value):
+            raise self.loc.error(path, f"{_dotted(path)} {value[:80]!r} is not a valid name",
+                                 hint="letters, digits and _ . + - only, no '/', at most 64 characters")
+        return value
+
+    def int_range(self, m: Dict[str, Any], path: tuple, key: str, lo: int, hi: int, default: Any) -> Any:
+        value = self.get(m, path, key, int, default)
+        if value is not None and not lo <= value <= hi:
+            raise self.loc.error(path + (key,), f"{_dotted(path + (key,))} {value} is out of range {lo}..{hi}")
+        return value
 
     def bdf(self, value: Any, path: tuple) -> PciAddress:
         if not isinstance(value, str):
@@ -162,16 +183,21 @@ def _dotted(path: tuple) -> str:
 
 
 def load_spec(path: "str | Path", *, catalog: Optional[Catalog] = None) -> HostSpec:
-    """Read and validate a host spec file.  Raises InputError (file:line: what)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read host spec {str(p)!r}: {e.strerror}",
-                         hint="name a spec file or one of 'vgpuhost sim specs'") from None
-    except UnicodeDecodeError:
-        raise InputError(f"host spec {str(p)!r} is not UTF-8 text") from None
-    return parse_spec(text, source=str(p), catalog=catalog)
+    """Read and validate a host spec file (a regular file, at most 1 MiB, UTF-8).
+
+    Raises InputError (file:line: what).
+    """
+    return parse_spec(read_text_file(path, "host spec"), source=str(path), catalog=catalog)
+
+
+def _vfs_of(devices: List[DeviceSpec], cat: Catalog) -> List[PciAddress]:
+    out = []
+    for d in devices:
+        if d.is_gpu and d.vgpu.sriov_numvfs:
+            g = cat.gpus[d.model]
+            out += [d.bdf.with_devfn(d.bdf.devfn + g.sriov_offset + k * g.sriov_stride)
+                    for k in range(d.vgpu.sriov_numvfs)]
+    return out
 
 
 def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] = None) -> HostSpec:
@@ -199,7 +225,6 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
         bdf = r.bdf(d["bdf"] if "bdf" in d else r.get(d, dp, "bdf", str), dp + ("bdf",))
         if bdf in seen:
             raise loc.error(dp + ("bdf",), f"device {bdf} is listed twice (first at devices[{seen[bdf]}])")
-        seen[bdf] = i
         model = r.get(d, dp, "model", str)
         if model in cat.gpus:
             is_gpu = True
@@ -215,9 +240,12 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
             upstream = r.bdf(d["upstream"], dp + ("upstream",))
             if upstream not in seen:
                 raise loc.error(dp + ("upstream",), f"upstream {upstream} must be listed before {bdf}")
+        seen[bdf] = i
         driver = d["driver"] if "driver" in d else default_driver
         if driver is not None and not isinstance(driver, str):
             raise loc.error(dp + ("driver",), f"devices[{i}].driver must be a driver name or null")
+        if driver is not None:
+            r.name(driver, dp + ("driver",))
         vg = r.mapping(r.get(d, dp, "vgpu", dict, {}), dp + ("vgpu",), _VGPU)
         vp = dp + ("vgpu",)
         backend = r.get(vg, vp, "backend", str, "none")
@@ -241,10 +269,10 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
             raise loc.error(dp + ("mig", "mode"), f"{model} is not MIG-capable")
         devices.append(DeviceSpec(
             bdf=bdf, model=model, is_gpu=is_gpu, upstream=upstream,
-            numa_node=r.get(d, dp, "numa_node", int, -1), driver=driver,
+            numa_node=r.int_range(d, dp, "numa_node", -1, 1023, -1), driver=driver,
             boot_vga=r.get(d, dp, "boot_vga", bool, False),
             boot_framebuffer=r.get(d, dp, "boot_framebuffer", bool, False),
-            iommu_group=r.get(d, dp, "iommu_group", int, None),
+            iommu_group=r.int_range(d, dp, "iommu_group", 0, 1_000_000, None),
             vgpu=VgpuSpec(backend, numvfs, r.get(vg, vp, "mixed_size", bool, False)),
             mig_mode=mig_mode))
     faults = []
@@ -259,17 +287,23 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
             raise loc.error(fp + ("errno",), f"unknown errno name {err_name!r}", hint="e.g. EIO, EBUSY, ENODEV")
         dev = r.get(f, fp, "device", str, None)
         if dev is not None:
-            r.bdf(dev, fp + ("device",))
+            dev_addr = r.bdf(dev, fp + ("device",))
+            if dev_addr not in seen and not any(dev_addr == vf for vf in _vfs_of(devices, cat)):
+                raise loc.error(fp + ("device",), f"fault device {dev_addr} is not in the spec")
+            dev = str(dev_addr)
         effect = r.get(f, fp, "effect", str, "error")
         if effect not in ("error", "ignore"):
             raise loc.error(fp + ("effect",), "fault effect must be 'error' or 'ignore'")
-        faults.append(FaultSpec(op, dev, getattr(_errno, err_name), r.get(f, fp, "count", int, 1), effect))
+        if effect == "ignore" and "errno" in f:
+            raise loc.error(fp + ("errno",), "a fault with effect 'ignore' takes no errno")
+        faults.append(FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1),
+                                effect))
     return HostSpec(
         name=name, summary=summary, cpu_vendor=cpu_vendor,
         cmdline=r.get(host, hp, "cmdline", str, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"),
         iommu=r.get(host, hp, "iommu", bool, True),
         interrupt_remapping=r.get(host, hp, "interrupt_remapping", bool, True),
-        kernel_release=r.get(host, hp, "kernel_release", str, "6.1.0-27-amd64"),
+        kernel_release=r.name(r.get(host, hp, "kernel_release", str, "6.1.0-27-amd64"), hp + ("kernel_release",)),
         modules=r.str_list(host, hp, "modules"),
         builtin_modules=r.str_list(host, hp, "builtin_modules"),
         processes=r.str_list(host, hp, "processes"),
