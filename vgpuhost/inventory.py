@@ -33,12 +33,15 @@ CLASS_NAMES = {
     0x0c05: "SMBus controller", 0x0600: "host bridge", 0x0601: "ISA bridge",
 }
 
-# NVIDIA PCI device ids -> product name (public pci.ids facts), for display only
+# NVIDIA PCI device ids -> (product name, framebuffer MiB): public pci.ids and
+# datasheet facts, for display and as the board size in capacity estimates
 NVIDIA_MODELS = {
-    0x20f1: "A100-PCIE-40GB", 0x20b5: "A100-PCIE-80GB", 0x20b7: "A30", 0x2235: "A40",
-    0x26b9: "L40S", 0x26b5: "L40", 0x27b8: "L4", 0x1eb8: "T4", 0x2330: "H100-SXM5-80GB",
-    0x2331: "H100-PCIE-80GB", 0x2335: "H200-SXM-141GB", 0x233b: "H200-NVL", 0x1e87: "GeForce RTX 2080",
-    0x2204: "GeForce RTX 3090", 0x2684: "GeForce RTX 4090",
+    0x20f1: ("A100-PCIE-40GB", 40960), 0x20b5: ("A100-PCIE-80GB", 81920), 0x20b7: ("A30", 24576),
+    0x2235: ("A40", 49152), 0x26b9: ("L40S", 49152), 0x26b5: ("L40", 49152), 0x27b8: ("L4", 24576),
+    0x1eb8: ("T4", 16384), 0x2330: ("H100-SXM5-80GB", 81920), 0x2331: ("H100-PCIE-80GB", 81920),
+    0x2335: ("H200-SXM-141GB", 144384), 0x233b: ("H200-NVL", 144384),
+    0x1e87: ("GeForce RTX 2080", 8192), 0x2204: ("GeForce RTX 3090", 24576),
+    0x2684: ("GeForce RTX 4090", 24576),
 }
 
 BACKEND_MDEV = "mdev"
@@ -172,7 +175,14 @@ class Gpu:
     @property
     def model(self) -> str:
         """Product name from the PCI device id, else ``10de:xxxx``."""
-        return NVIDIA_MODELS.get(self.pci.device, self.pci.ids)
+        known = NVIDIA_MODELS.get(self.pci.device)
+        return known[0] if known else self.pci.ids
+
+    @property
+    def framebuffer_mib(self) -> Optional[int]:
+        """The board's framebuffer (MiB) when the device id is known, else None."""
+        known = NVIDIA_MODELS.get(self.pci.device)
+        return known[1] if known else None
 
 
 @dataclass(frozen=True)
@@ -236,24 +246,45 @@ class Inventory:
         return self.groups.get(dev.iommu_group)
 
 
-def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str) -> int:
-    """Free instances of ``type_id`` on one GPU, summed over its parents.
+def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
+                  framebuffers: Optional[Mapping[str, int]] = None) -> int:
+    """Free instances of ``type_id`` on one GPU, as close as sysfs allows.
 
-    On SR-IOV GPUs every free VF reports 1 for each type that fits, so the
-    sum counts free VFs; it is capped by the type's max instances
-    (``max_instance`` in the mdev description) less the vGPUs of that
-    framebuffer size present (equal-size mode, REFERENCE.md §4).
+    The kernel's per-parent counts are summed.  On SR-IOV GPUs every free VF
+    reports 1 for each type that fits now, so that sum counts free VFs and
+    is capped for time-sliced types (REFERENCE.md §4):
+    - mdev: by the type's max instances (``max_instance`` in the
+      description) less the present vGPUs of the same framebuffer size;
+    - vendor VFIO (no max in sysfs): by the board framebuffer left over
+      (board size from the device id, else the largest type) divided by the
+      type's framebuffer.
+    MIG-backed types are left to the kernel's count.  ``framebuffers`` maps
+    type ids not listed now (a full GPU hides them) to MiB.
     """
     ts = [t for t in inv.vgpu_types if t.gpu == gpu and t.type_id == type_id]
     total = sum(t.available_instances for t in ts)
     g = inv.gpu(gpu)
-    if not ts or g is None or not g.vfs or ts[0].max_instances is None:
+    if not ts or g is None or not g.vfs or (ts[0].profile and ts[0].profile.mig_backed):
         return total
-    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
+    fb_of: Dict[str, Optional[int]] = dict(framebuffers or {})
+    sliced = set()
+    for t in inv.vgpu_types:
+        if t.gpu == gpu:
+            fb_of[t.type_id] = t.framebuffer_mib
+            if not (t.profile and t.profile.mig_backed):
+                sliced.add(t.type_id)
     present = [m.type_id for m in inv.mdevs if m.parent in g.mdev_parents]
     present += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
-    same = sum(1 for p in present if p in by_id and by_id[p].framebuffer_mib == ts[0].framebuffer_mib)
-    return max(0, min(total, ts[0].max_instances - same))
+    present = [p for p in present if p in sliced or p not in fb_of or p in (framebuffers or {})]
+    fb = ts[0].framebuffer_mib
+    if ts[0].max_instances is not None:
+        same = sum(1 for p in present if fb_of.get(p) == fb)
+        return max(0, min(total, ts[0].max_instances - same))
+    board = g.framebuffer_mib or max((fb_of[t] or 0) for t in sliced)
+    if not fb or not board:
+        return total
+    used = sum(fb_of.get(p) or 0 for p in present)
+    return max(0, min(total, (board - used) // fb))
 
 
 # ---------------------------------------------------------------------------

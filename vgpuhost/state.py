@@ -16,6 +16,10 @@ Tables (version 1):
   bdf, iommu group, the GPU it moved with, its original driver and
   ``driver_override``, the order it was bound in, time, persisted flag.
 
+Version 3 adds ``seen_types``: the vGPU types each GPU has listed (id,
+name, framebuffer MiB), so names still resolve when a vendor-VFIO GPU is
+full and lists none.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -85,6 +89,16 @@ MIGRATIONS: Sequence[str] = (
     );
     CREATE INDEX vgpus_owner ON vgpus(owner);
     CREATE INDEX vgpus_gpu ON vgpus(gpu);
+    """,
+    # 3: vGPU types seen per GPU (a full vendor-VFIO GPU lists none in sysfs)
+    """
+    CREATE TABLE seen_types (
+        gpu             TEXT NOT NULL,
+        type_id         TEXT NOT NULL,
+        name            TEXT NOT NULL,
+        framebuffer_mib INTEGER,
+        PRIMARY KEY (gpu, type_id)
+    );
     """,
 )
 
@@ -226,6 +240,17 @@ class StateStore:
         conn.execute("INSERT OR REPLACE INTO passthrough VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                      (rec.bdf, rec.iommu_group, rec.gpu, rec.original_driver, rec.original_override,
                       rec.position, rec.time, int(rec.persisted)))
+
+    def remember_types(self, rows: Sequence[tuple]) -> None:
+        """Record ``(gpu, type_id, name, framebuffer_mib)`` rows seen in sysfs (upsert)."""
+        if not rows:
+            return
+        with self.transaction() as conn:
+            conn.executemany("INSERT OR REPLACE INTO seen_types VALUES (?, ?, ?, ?)", rows)
+
+    def seen_types(self) -> List[tuple]:
+        """All ``(gpu, type_id, name, framebuffer_mib)`` rows."""
+        return list(self._conn().execute("SELECT gpu, type_id, name, framebuffer_mib FROM seen_types"))
 
     def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[VgpuRecord]:
         return vgpu_records(self._conn(), owner=owner, gpu=gpu)

@@ -58,7 +58,7 @@ def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
 
 
 def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
-                    gpu: Optional[PciAddress] = None) -> str:
+                    gpu: Optional[PciAddress] = None, seen: Sequence[tuple] = ()) -> str:
     """The profile name as the devices spell it, matched case-insensitively and exactly.
 
     Never strips suffixes: ``A100-1-5CME`` does not match ``A100-1-5C``.
@@ -70,6 +70,7 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     scope = {gpu: by_gpu.get(gpu, {})} if gpu is not None else by_gpu
     known = {t.name for names in scope.values() for ts in names.values() for t in ts}
     known |= {r.type_name for r in records if gpu is None or r.gpu == str(gpu)}
+    known |= {row[2] for row in seen if gpu is None or row[0] == str(gpu)}
     for g, names in scope.items():
         ids = {t.type_id for t in names.get(wanted, [])}
         if len(ids) > 1:
@@ -89,8 +90,14 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
 
 
-def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str) -> List[GpuOffer]:
-    """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved)."""
+def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
+           seen: Sequence[tuple] = ()) -> List[GpuOffer]:
+    """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
+
+    ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
+    earlier reads; a GPU that offered the type before but lists it no more
+    (full, or another size present) gets an offer of 0 with the reason.
+    """
     by_gpu = types_by_gpu(inv)
     out = []
     present = _present_by_gpu(inv)
@@ -98,22 +105,26 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str) -> List[
         if not g.vgpu_backend:
             continue
         ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
+        mine = [row for row in seen if row[0] == str(g.address)]
+        fbs = {row[1]: row[3] for row in mine if row[3]}
         recs = [r for r in records if r.gpu == str(g.address)]
         owners = frozenset(r.owner for r in recs)
         keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
         parents = tuple(t.parent for t in ts if t.available_instances > 0)
-        available = gpu_available(inv, g.address, ts[0].type_id) if ts else 0
+        available = gpu_available(inv, g.address, ts[0].type_id, fbs) if ts else 0
+        type_id, type_name, fb = ((ts[0].type_id, ts[0].name, ts[0].framebuffer_mib) if ts else
+                                  next(((row[1], row[2], row[3]) for row in mine
+                                        if row[2].lower() == profile.lower()), (None, None, None)))
         note = ""
-        if ts and not available:
-            sizes = sorted({t.framebuffer_mib for t in _present_types(inv, g.address) if t})
-            if sizes and ts[0].framebuffer_mib not in sizes:
-                note = (f"holds {'/'.join(str(s) for s in sizes)} MiB vGPUs; equal-size mode admits only "
+        if type_id is not None and not available:
+            sizes = sorted({f for f in _present_framebuffers(inv, g.address, fbs) if f})
+            if sizes and fb not in sizes:
+                note = (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only "
                         "that size")
             else:
-                note = f"no {ts[0].name} instance free"
-        out.append(GpuOffer(g.address, g.pci.numa_node, ts[0].type_id if ts else None,
-                            ts[0].name if ts else None, available, parents, owners, keys,
-                            present.get(g.address, 0), note))
+                note = f"no {type_name} instance free"
+        out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
+                            keys, present.get(g.address, 0), note))
     return out
 
 
@@ -130,14 +141,25 @@ def _present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
     return out
 
 
-def _present_types(inv: Inventory, gpu: PciAddress) -> List[Optional[VgpuType]]:
-    """The types of the vGPUs present on ``gpu`` (None where the type is not listed)."""
+def _present_framebuffers(inv: Inventory, gpu: PciAddress, fbs: Dict[str, int]) -> List[Optional[int]]:
+    """Framebuffer (MiB) of each time-sliced vGPU present on ``gpu`` (None: unknown type)."""
     by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
     g = inv.gpu(gpu)
     parents = set(g.mdev_parents) if g else set()
-    out: List[Optional[VgpuType]] = [by_id.get(m.type_id) for m in inv.mdevs if m.parent in parents]
-    out += [by_id.get(v.type_id) for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    ids = [m.type_id for m in inv.mdevs if m.parent in parents]
+    ids += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    out: List[Optional[int]] = []
+    for i in ids:
+        t = by_id.get(i)
+        if t is not None and t.profile is not None and t.profile.mig_backed:
+            continue
+        out.append(t.framebuffer_mib if t is not None else fbs.get(i))
     return out
+
+
+def seen_rows(inv: Inventory) -> List[tuple]:
+    """``(gpu, type_id, name, framebuffer_mib)`` for every type the inventory lists."""
+    return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
 
 
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
@@ -211,13 +233,17 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
         inv = discover(fs)
         records = store.vgpu_records()
+        if not dry_run:
+            store.remember_types(seen_rows(inv))
+        seen = store.seen_types() + seen_rows(inv)
         if gpu is not None and inv.gpu(gpu) is None:
             raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
-        name = resolve_profile(inv, records, profile, gpu)
+        name = resolve_profile(inv, records, profile, gpu, seen)
         req = Request(name, owner, strategy, numa_node, anti_affinity, gpu)
-        decision = place(offers(inv, records, name), req)
+        all_offers = offers(inv, records, name, seen)
+        decision = place(all_offers, req)
         if not decision.admitted:
-            fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in offers(inv, records, name)
+            fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
                             if gpu is None or o.gpu == gpu)
             raise RefusedError(f"cannot place {name}: {decision.reason}",
                                hint=f"types that still fit: {fit or 'none'}")
@@ -241,8 +267,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
             inv2 = discover(fs)
             records2 = store.vgpu_records()
-            again = place(offers(inv2, records2, name), Request(name, owner, strategy, numa_node,
-                                                                 anti_affinity, decision.gpu))
+            again = place(offers(inv2, records2, name, seen), Request(name, owner, strategy, numa_node,
+                                                                       anti_affinity, decision.gpu))
             if not again.admitted:
                 continue            # someone took it between placement and the lock: place again
             if uuid is not None and any(r.id == uuid for r in records2):
@@ -253,6 +279,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
             ex = Executor(host, store, actor=actor or _actor(),
                           operation=f"vgpu create {name} owner={owner}")
+            # the decision goes in the audit log beside the writes it led to
+            store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
             _do_create(ex, inv2, records2, backend, decision, vid, name, params)
             with store.transaction() as conn:
                 put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
@@ -352,6 +380,8 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     holds now; InputError for an unknown id.
     """
     vid = _normalise_id(vgpu_id)
+    if owner is not None:
+        owner = _validate_owner(owner)
     fs = Sysfs(host)
     rec = next((r for r in store.vgpu_records() if r.id == vid), None)
     if rec is None:
@@ -404,6 +434,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
 def release_owner(host: HostRoot, store: StateStore, owner: str, *,
                   actor: Optional[str] = None) -> List[VgpuOutcome]:
     """Remove every vGPU ``owner`` holds (the hook's release); tolerant of ones already gone."""
+    owner = _validate_owner(owner)
     return [remove(host, store, r.id, owner=owner, actor=actor) for r in store.vgpu_records(owner=owner)]
 
 
