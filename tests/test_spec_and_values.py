@@ -234,13 +234,25 @@ def test_hostile_spec_writes_nothing_outside_target(tmp_path, capsys):
     assert (victim / "bind").read_text() == "precious" and not (tmp_path / "root").exists()
 
 
-@pytest.mark.parametrize("make_dest", [
-    lambda t: (t / "afile").write_text("x") or t / "afile" / "sub",
-    lambda t: os.symlink(t / "nowhere", t / "broken") or t / "broken",
-    lambda t: (t / "afile2").write_text("x") or t / "afile2",
-])
+def _under_a_file(t):
+    (t / "afile").write_text("x")
+    return t / "afile" / "sub"
+
+
+def _broken_link(t):
+    os.symlink(t / "nowhere", t / "broken")
+    return t / "broken"
+
+
+def _a_file(t):
+    (t / "afile2").write_text("x")
+    return t / "afile2"
+
+
+@pytest.mark.parametrize("make_dest", [_under_a_file, _broken_link, _a_file])
 def test_sim_create_odd_destinations_are_one_line(tmp_path, capsys, make_dest):
     dest = make_dest(tmp_path)
+    assert dest.is_absolute()
     code = main(["sim", "create", "a40-mdev", str(dest)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("vgpuhost: error:") and err.count("\n") == 1
