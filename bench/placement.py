@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Benchmark: how many vGPU requests each placement strategy admits, against an upper bound.
+
+Replays one seeded trace of REQUESTS vGPU requests and their releases on a
+simulated host of GPUS A40 boards (48 GB, classic mdev, equal-size mode,
+half on NUMA node 0, half on node 1) and prints, per strategy (first-fit,
+best-fit, worst-fit), the share of requests admitted, next to an upper bound
+on the share *any* placement could admit on the same trace.
+
+Trace: requests arrive as a Poisson process; each holds its vGPU for an
+exponentially distributed time, then releases it (a refused request releases
+nothing).  Profiles are mixed (A40-4Q ... A40-48Q, and A40-8C, which shares
+8Q's framebuffer size); 15% of requests are a further vGPU of the VM that
+asked just before (same owner: one vGPU per VM per GPU applies).  The mean
+lifetime is set so that the offered load — the framebuffer of the requests
+active at a time, on average — is LOAD x the host's framebuffer.
+
+Placement runs the real, pure :func:`vgpuhost.placement.place` on offers
+built as :func:`vgpuhost.vgpu.offers` builds them, from an in-memory
+capacity model: the simulator's own rules (:func:`vgpuhost.sim.capacity.gpu_available`:
+equal-size mode, max instances per type).  With ``--validate N`` the first N
+trace events are also replayed through the real ``vgpuhost.vgpu.create`` /
+``remove`` on a simulated host (one process per strategy), and every
+decision (admitted or refused, and on which GPU) must match the model's.
+
+Upper bound (UB): the optimum of the linear-programming relaxation of
+
+    maximise the number of admitted requests, such that at every instant the
+    framebuffer of the admitted requests then active fits in the host's total
+    framebuffer (GPUS x 48 GB),
+
+with admission fractions 0 <= x_r <= 1.  Every placement the vGPU manager
+allows satisfies that constraint (each A40 type's max instances x its
+framebuffer is exactly 48 GB), whatever the strategy, even an offline one
+that knows the future and may migrate vGPUs between GPUs; the LP optimum is
+at least the integer one.  So no placement can admit more than UB; the
+gap between a strategy and UB bounds what a better strategy could gain
+(equal-size fragmentation, one vGPU per VM per GPU, online decisions and
+the fractional relaxation all sit in that gap).  It is solved exactly: with
+y_r = framebuffer_r x x_r the constraint matrix has consecutive ones per
+column (an interval matrix, totally unimodular), so the LP is a min-cost
+flow on the time line: C = total framebuffer units flow from the first to
+the last instant, along "idle" arcs (capacity C, cost 0) or a request's arc
+(arrival -> release, capacity = its framebuffer units, cost -1/units).
+
+    .venv/bin/python bench/placement.py [--seed 1] [--requests 2000] [--gpus 16] [--load 1.0] [--validate 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import multiprocessing
+import os
+import random
+import shlex
+import sys
+import tempfile
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vgpuhost.placement import GpuOffer, Request, place  # noqa: E402
+from vgpuhost.sim.capacity import gpu_available  # noqa: E402
+from vgpuhost.sim.catalog import load_catalog  # noqa: E402
+from vgpuhost.values import PciAddress  # noqa: E402
+
+BOARD = "A40"
+STRATEGIES = ("first-fit", "best-fit", "worst-fit")
+MIX: Sequence[Tuple[str, float]] = (("A40-4Q", 0.25), ("A40-8Q", 0.25), ("A40-8C", 0.10), ("A40-12Q", 0.10),
+                                    ("A40-16Q", 0.15), ("A40-24Q", 0.10), ("A40-48Q", 0.05))
+SAME_VM = 0.15
+MAX_GPUS = 64
+
+
+# --- host and trace -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TypeInfo:
+    type_id: str
+    fb_mib: int
+    max: int
+
+
+def board() -> Tuple[int, Dict[str, TypeInfo], dict]:
+    """(framebuffer MiB, {name: TypeInfo}, the GPU as the simulator's capacity rules take it)."""
+    g = load_catalog().gpus[BOARD]
+    types = {t.name: TypeInfo(f"nvidia-{t.type_id}", t.framebuffer_mib, t.max_instances)
+             for t in g.vgpu_types if not t.gi_profile}
+    sim = {"types": {t.type_id: {"fb_mib": t.fb_mib, "max": t.max, "max_mixed": t.max, "gi_profile": None}
+                     for t in types.values()},
+           "mixed_size": False, "mig_mode": False, "framebuffer_mib": g.framebuffer_mib}
+    return g.framebuffer_mib, types, sim
+
+
+def gpu_addresses(n: int) -> List[Tuple[PciAddress, str, int]]:
+    """(GPU, its root port, NUMA node) for n GPUs, one per bus."""
+    return [(PciAddress.parse(f"0000:{0x41 + i:02x}:00.0"), f"0000:00:{(i % 31) + 1:02x}.{i // 31}",
+             0 if i < n / 2 else 1) for i in range(n)]
+
+
+def spec_yaml(n: int) -> str:
+    lines = ["version: 1", f"name: bench-placement-{n}", f"summary: {n} x {BOARD} on classic mdev (benchmark)",
+             "host:", "  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]",
+             "devices:"]
+    for gpu, port, numa in gpu_addresses(n):
+        lines.append(f'  - {{bdf: "{port}", model: intel-root-port, numa_node: {numa}}}')
+        lines.append(f'  - {{bdf: "{gpu}", model: {BOARD}, upstream: "{port}", numa_node: {numa}, '
+                     "vgpu: {backend: mdev}}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Req:
+    n: int
+    profile: str
+    owner: str
+    arrive: float
+    depart: float
+
+
+def make_trace(seed: int, requests: int, gpus: int, load: float, fb_mib: int,
+               types: Dict[str, TypeInfo]) -> Tuple[List[Req], List[Tuple[float, int, int]], float]:
+    """(requests, events [(time, 0 = release | 1 = arrival, request)], mean lifetime)."""
+    rng = random.Random(seed)
+    names = [n for n, _ in MIX]
+    weights = [w for _, w in MIX]
+    mean_fb = sum(types[n].fb_mib * w for n, w in MIX) / sum(weights)
+    mean_life = load * gpus * fb_mib / mean_fb          # arrival rate 1: Little's law
+    out: List[Req] = []
+    t = 0.0
+    for i in range(requests):
+        t += rng.expovariate(1.0)
+        if out and rng.random() < SAME_VM:
+            owner = out[-1].owner
+        else:
+            owner = str(uuidlib.UUID(int=rng.getrandbits(128), version=4))
+        profile = rng.choices(names, weights)[0]
+        out.append(Req(i, profile, owner, t, t + rng.expovariate(1.0 / mean_life)))
+    # at equal times a release comes before an arrival
+    events = sorted([(r.arrive, 1, r.n) for r in out] + [(r.depart, 0, r.n) for r in out])
+    return out, events, mean_life
+
+
+# --- the model --------------------------------------------------------------------------
+
+@dataclass
+class Decided:
+    admitted: bool
+    gpu: Optional[str]
+    fragmented: bool = False      # refused although the host's free framebuffer would hold it
+
+
+def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
+                 types: Dict[str, TypeInfo], sim: dict, limit: Optional[int] = None) -> Dict[int, Decided]:
+    addrs = gpu_addresses(gpus)
+    present: Dict[PciAddress, Dict[int, Req]] = {g: {} for g, _, _ in addrs}
+    where: Dict[int, PciAddress] = {}
+    out: Dict[int, Decided] = {}
+    for k, (_, kind, n) in enumerate(events):
+        if limit is not None and k >= limit:
+            break
+        if kind == 0:
+            g = where.pop(n, None)
+            if g is not None:
+                del present[g][n]
+            continue
+        r = reqs[n]
+        t = types[r.profile]
+        offers = []
+        for g, _, numa in addrs:
+            held = present[g].values()
+            avail = gpu_available(sim, [types[h.profile].type_id for h in held]).get(t.type_id, 0)
+            offers.append(GpuOffer(g, numa, t.type_id, r.profile, avail, (g,) if avail > 0 else (),
+                                   frozenset(h.owner for h in held), frozenset(), len(present[g])))
+        d = place(offers, Request(r.profile, r.owner, strategy))
+        if d.admitted:
+            present[d.gpu][n] = r
+            where[n] = d.gpu
+            out[n] = Decided(True, str(d.gpu))
+        else:
+            free = sum(gpus * [fb_mib]) - sum(types[h.profile].fb_mib for p in present.values() for h in p.values())
+            out[n] = Decided(False, None, fragmented=free >= t.fb_mib)
+    return out
+
+
+# --- the upper bound: LP relaxation as a min-cost flow -------------------------------------
+
+def lp_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, TypeInfo]) -> float:
+    """max sum x_r s.t. for all t: sum_{r active at t} fb_r x_r <= gpus * fb, 0 <= x_r <= 1 (exact)."""
+    unit = 0
+    for r in reqs:                                  # framebuffer unit: gcd of the sizes and the board
+        unit = _gcd(unit, types[r.profile].fb_mib)
+    unit = _gcd(unit, fb_mib)
+    units = {r.n: types[r.profile].fb_mib // unit for r in reqs}
+    scale = 1
+    for u in set(units.values()):
+        scale = scale * u // _gcd(scale, u)          # lcm: integer costs -scale/u
+    cap = gpus * fb_mib // unit
+    times = sorted({r.arrive for r in reqs} | {r.depart for r in reqs})
+    index = {t: i for i, t in enumerate(times)}
+    nodes = len(times)
+    # residual graph: arc = [to, capacity, cost, index of the reverse arc]
+    graph: List[List[list]] = [[] for _ in range(nodes)]
+
+    def arc(a: int, b: int, c: int, w: int) -> None:
+        graph[a].append([b, c, w, len(graph[b])])
+        graph[b].append([a, 0, -w, len(graph[a]) - 1])
+
+    for i in range(nodes - 1):
+        arc(i, i + 1, cap, 0)
+    for r in reqs:
+        arc(index[r.arrive], index[r.depart], units[r.n], -scale // units[r.n])
+    # potentials: shortest distances in the initial DAG (every arc goes forward in time)
+    pot = [0] * nodes
+    for i in range(nodes):
+        for b, c, w, _ in graph[i]:
+            if c > 0 and b > i and pot[i] + w < pot[b]:
+                pot[b] = pot[i] + w
+    src, dst, flow, cost = 0, nodes - 1, 0, 0
+    inf = float("inf")
+    while flow < cap:                                # successive shortest paths (Dijkstra, reduced costs)
+        dist = [inf] * nodes
+        prev: List[Optional[Tuple[int, int]]] = [None] * nodes
+        dist[src] = 0
+        heap = [(0, src)]
+        while heap:
+            d, a = heapq.heappop(heap)
+            if d > dist[a]:
+                continue
+            for j, (b, c, w, _) in enumerate(graph[a]):
+                if c > 0:
+                    nd = d + w + pot[a] - pot[b]
+                    if nd < dist[b]:
+                        dist[b] = nd
+                        prev[b] = (a, j)
+                        heapq.heappush(heap, (nd, b))
+        for i in range(nodes):
+            if dist[i] < inf:
+                pot[i] += dist[i]
+        push, b = cap - flow, dst
+        while b != src:
+            a, j = prev[b]
+            push = min(push, graph[a][j][1])
+            b = a
+        b = dst
+        while b != src:
+            a, j = prev[b]
+            e = graph[a][j]
+            e[1] -= push
+            graph[b][e[3]][1] += push
+            cost += push * e[2]
+            b = a
+        flow += push
+    return -cost / scale
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+# --- validation through the real create/remove -------------------------------------------------
+
+def replay_real(args) -> Tuple[str, Dict[int, Decided], float]:
+    """Replay the first ``limit`` events through vgpuhost.vgpu on a fresh simulated host."""
+    strategy, reqs, events, gpus, limit = args
+    from vgpuhost.errors import RefusedError
+    from vgpuhost.sim.build import materialise
+    from vgpuhost.sim.spec import parse_spec
+    from vgpuhost.state import StateStore
+    from vgpuhost.vgpu import create, remove
+    start = time.monotonic()
+    out: Dict[int, Decided] = {}
+    ids: Dict[int, str] = {}
+    with tempfile.TemporaryDirectory(prefix="vgpuhost-bench-") as tmp:
+        host = materialise(parse_spec(spec_yaml(gpus)), Path(tmp) / "host")
+        store = StateStore(host.state_dir)
+        for _, kind, n in events[:limit]:
+            r = reqs[n]
+            if kind == 0:
+                if n in ids:
+                    remove(host, store, ids.pop(n), owner=r.owner, actor="bench")
+                continue
+            try:
+                o = create(host, store, profile=r.profile, owner=r.owner, strategy=strategy, actor="bench")
+            except RefusedError:
+                out[n] = Decided(False, None)
+                continue
+            ids[n] = o.id
+            out[n] = Decided(True, o.gpu)
+        store.close()
+    return strategy, out, time.monotonic() - start
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
+    ap.add_argument("--requests", type=int, default=2000, help="vGPU requests in the trace (default 2000)")
+    ap.add_argument("--gpus", type=int, default=16, help=f"A40 GPUs on the host (default 16, at most {MAX_GPUS})")
+    ap.add_argument("--load", type=float, default=1.0,
+                    help="offered load: mean framebuffer of active requests / the host's (default 1.0)")
+    ap.add_argument("--validate", type=int, default=300, metavar="N",
+                    help="replay the first N events through the real create/remove too (default 300; 0: off)")
+    args = ap.parse_args(argv)
+    if not (1 <= args.gpus <= MAX_GPUS) or args.requests < 1 or args.load <= 0 or args.validate < 0:
+        ap.error(f"need 1 <= --gpus <= {MAX_GPUS}, --requests >= 1, --load > 0, --validate >= 0")
+    t0 = time.monotonic()
+    cmd = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]) if sys.argv[0] else "bench/placement.py",
+                                            *(sys.argv[1:] if argv is None else argv)])
+    fb_mib, types, sim = board()
+    reqs, events, mean_life = make_trace(args.seed, args.requests, args.gpus, args.load, fb_mib, types)
+
+    pool = None
+    if args.validate:
+        ctx = multiprocessing.get_context("fork")
+        pool = ctx.Pool(len(STRATEGIES))
+        pending = pool.map_async(replay_real, [(s, reqs, events, args.gpus, args.validate) for s in STRATEGIES])
+
+    results = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim) for s in STRATEGIES}
+    t_model = time.monotonic() - t0
+    t1 = time.monotonic()
+    ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
+    t_bound = time.monotonic() - t1
+
+    n = len(reqs)
+    mix = ", ".join(f"{p} {w:.0%}" for p, w in MIX)
+    print(f"$ {cmd}")
+    print(f"seed {args.seed}; host: {args.gpus} x {BOARD} ({fb_mib // 1024} GB, classic mdev, equal-size mode); "
+          f"trace: {n} requests + their releases, Poisson arrivals, mean lifetime {mean_life:.1f} "
+          f"inter-arrival times, offered load {args.load:.2f} x the host's framebuffer; "
+          f"{SAME_VM:.0%} a further vGPU of the previous VM")
+    print(f"mix: {mix}")
+    print()
+    print(f"{'strategy':<12} {'admitted':>9} {'share':>7} {'refused':>8} {'of which fragmented':>20}")
+    for s in STRATEGIES:
+        r = results[s]
+        adm = sum(1 for d in r.values() if d.admitted)
+        frag = sum(1 for d in r.values() if not d.admitted and d.fragmented)
+        print(f"{s:<12} {adm:>9} {adm / n:>7.1%} {n - adm:>8} {frag:>20}")
+    print(f"{'upper bound':<12} {ub:>9.1f} {ub / n:>7.1%} {'':>8} {'':>20}")
+    print()
+    print("fragmented: refused although the host's free framebuffer, summed over GPUs, would have held it.")
+    print("upper bound: LP relaxation of 'admitted, active requests fit in the total framebuffer at every")
+    print("instant' (exact, as a min-cost flow); no placement — online or offline, with or without")
+    print("migration — admits more on this trace (see the module docstring).")
+
+    status = 0
+    if pool is not None:
+        real = pending.get(timeout=600)
+        pool.close()
+        pool.join()
+        limited = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim, limit=args.validate)
+                   for s in STRATEGIES}
+        arrivals = sum(1 for _, kind, _ in events[:args.validate] if kind == 1)
+        lines = []
+        for s, got, secs in real:
+            want = limited[s]
+            diff = [k for k in want if (want[k].admitted, want[k].gpu) != (got[k].admitted, got[k].gpu)]
+            refused = sum(1 for d in got.values() if not d.admitted)
+            lines.append(f"  {s:<10} {arrivals} requests, {refused} refused: "
+                         + ("model == real" if not diff else
+                            f"{len(diff)} DIFFER, first request {diff[0]}: model {want[diff[0]]}, "
+                            f"real {got[diff[0]]}") + f" ({secs:.1f} s)")
+            status = status or (1 if diff else 0)
+        print()
+        print(f"validation: the first {args.validate} trace events through vgpuhost.vgpu.create/remove on a "
+              f"simulated {args.gpus}-GPU host, decision by decision (admitted?, which GPU):")
+        print("\n".join(lines))
+    print()
+    print(f"time: model {t_model:.2f} s, bound {t_bound:.2f} s, total {time.monotonic() - t0:.1f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
