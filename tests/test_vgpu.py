@@ -660,7 +660,7 @@ def test_remove_refuses_a_vf_another_tool_reused_and_reconcile_reports_it(make_h
     assert current_type(host, out.id) == "1150"
     rep = reconcile(host, store, check=True)
     assert not rep.in_sync and rep.mismatched == [f"{out.id}: holds 1150, recorded 1152"]
-    assert [e.state for e in list_vgpus(discover(Sysfs(host)), store.vgpu_records()) if e.id == out.id] == ["foreign"]
+    assert [e.state for e in list_vgpus(discover(Sysfs(host)), store.vgpu_records()) if e.id == out.id] == ["mismatched"]
 
 
 def test_remove_of_a_vgpu_already_gone_drops_the_record(make_host):

@@ -9,7 +9,10 @@ hold logic of its own; it calls inventory, checks, sim and output.
 from __future__ import annotations
 
 import logging
+import signal
+import sqlite3
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -135,9 +138,10 @@ def passthrough() -> None:
     """Whole GPUs to one VM: bind an IOMMU group to vfio-pci, and give it back."""
 
 
-def _store(ctx: Context):
+def _store(ctx: Context, *, write: bool = True):
+    """The state store; ``write=False`` (list, audit, checks, dry runs) never creates one."""
     from .state import StateStore
-    return StateStore(ctx.host.state_dir)
+    return StateStore(ctx.host.state_dir, create=write)
 
 
 def _outcome(ctx: Context, out) -> None:
@@ -167,7 +171,7 @@ def passthrough_prepare(ctx: Context, bdf: str, allow_boot_vga: bool, persist: b
     from .passthrough import prepare
     from .values import PciAddress
     addr = PciAddress.parse(bdf)
-    _outcome(ctx, prepare(ctx.host, _store(ctx), addr, allow_boot_vga=allow_boot_vga,
+    _outcome(ctx, prepare(ctx.host, _store(ctx, write=not dry_run), addr, allow_boot_vga=allow_boot_vga,
                           persist=persist, dry_run=dry_run))
 
 
@@ -181,7 +185,7 @@ def passthrough_release(ctx: Context, bdf: str, persist: bool, dry_run: bool) ->
     from .passthrough import release
     from .values import PciAddress
     addr = PciAddress.parse(bdf)
-    _outcome(ctx, release(ctx.host, _store(ctx), addr, persist=persist, dry_run=dry_run))
+    _outcome(ctx, release(ctx.host, _store(ctx, write=not dry_run), addr, persist=persist, dry_run=dry_run))
 
 
 @passthrough.command("modprobe-config")
@@ -194,9 +198,7 @@ def passthrough_modprobe_config(ctx: Context, bdf: str) -> None:
     addr = PciAddress.parse(bdf)
     fs = ctx.sysfs()
     from .inventory import discover
-    records = {}
-    if (ctx.host.state_dir / "state.db").exists():
-        records = {r.bdf: r for r in _store(ctx).passthrough_records()}
+    records = {r.bdf: r for r in _store(ctx, write=False).passthrough_records()}
     text = modprobe_config(discover(fs, with_types=False), addr, fs, records)
     _emit(ctx, {"schema": "vgpuhost.modprobe-config/v1", "gpu": str(addr), "text": text}, text.rstrip("\n"))
 
@@ -236,7 +238,7 @@ def _vgpu_outcome(ctx: Context, out) -> None:
               type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]))
 @click.option("--owner", default="manual", show_default=True, metavar="DOMAIN_UUID", help="Who holds it.")
 @click.option("--params", metavar="K=V,...", help="vgpu_params, e.g. frame_rate_limiter=0.")
-@click.option("--numa-node", type=int, help="Prefer GPUs on this NUMA node.")
+@click.option("--numa-node", type=click.IntRange(0, 1023), help="Prefer GPUs on this NUMA node.")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
 @click.option("--persist", is_flag=True, help="Define it in mdevctl (classic mdev only) so it comes back at boot.")
 @click.option("--dry-run", is_flag=True, help="Show the placement decision and steps; change nothing.")
@@ -246,7 +248,7 @@ def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_
     """Create a vGPU of PROFILE, placed by STRATEGY."""
     from .values import PciAddress
     from .vgpu import create
-    _vgpu_outcome(ctx, create(ctx.host, _store(ctx), profile=profile,
+    _vgpu_outcome(ctx, create(ctx.host, _store(ctx, write=not dry_run), profile=profile,
                               gpu=PciAddress.parse(gpu) if gpu else None, uuid=uuid, strategy=strategy,
                               owner=owner, params=params, numa_node=numa_node, anti_affinity=anti_affinity,
                               persist=persist, dry_run=dry_run))
@@ -260,7 +262,7 @@ def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_
 def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool) -> None:
     """Remove a vGPU vgpuhost created (ID: mdev UUID, or the VF's BDF)."""
     from .vgpu import remove
-    _vgpu_outcome(ctx, remove(ctx.host, _store(ctx), vgpu_id, owner=owner, dry_run=dry_run))
+    _vgpu_outcome(ctx, remove(ctx.host, _store(ctx, write=not dry_run), vgpu_id, owner=owner, dry_run=dry_run))
 
 
 @vgpu.command("list")
@@ -269,7 +271,7 @@ def vgpu_list(ctx: Context) -> None:
     """vGPUs on the host, with owners; 'foreign' = not created by vgpuhost."""
     from .output import table
     from .vgpu import list_vgpus
-    entries = list_vgpus(ctx.inventory(), _store(ctx).vgpu_records())
+    entries = list_vgpus(ctx.inventory(), _store(ctx, write=False).vgpu_records())
     _emit(ctx, {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]},
           table(["ID", "GPU", "PARENT", "TYPE", "NAME", "OWNER", "STATE"],
                 [[e.id, e.gpu, e.parent, e.type_id, e.type_name, e.owner, e.state] for e in entries])
@@ -282,7 +284,8 @@ def vgpu_list(ctx: Context) -> None:
 def reconcile_cmd(ctx: Context, check: bool) -> None:
     """Re-create recorded vGPUs that are missing (boot); report foreign ones; remove nothing."""
     from .vgpu import reconcile
-    rep = reconcile(ctx.host, _store(ctx), check=check)
+    ctx.host.require_host()
+    rep = reconcile(ctx.host, _store(ctx, write=not check), check=check)
     lines = []
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
                          ("type changed", rep.mismatched), ("foreign (left alone)", rep.orphans)):
@@ -301,7 +304,7 @@ def audit(ctx: Context, since: Optional[str]) -> None:
     """Print the audit log: every write vgpuhost made to the host."""
     from .output import table
     start = _parse_since(since) if since else None
-    rows = _store(ctx).audit_rows(start)
+    rows = _store(ctx, write=False).audit_rows(start)
     doc = {"schema": "vgpuhost.audit/v1", "since": start,
            "rows": [r.__dict__ for r in rows]}
     _emit(ctx, doc, table(["TIME", "ACTOR", "OPERATION", "PATH", "VALUE", "RESULT"],
@@ -312,10 +315,13 @@ def audit(ctx: Context, since: Optional[str]) -> None:
 def _parse_since(text: str) -> str:
     import re
     from datetime import datetime, timedelta, timezone
-    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", text)
+    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", text)
     if m:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
-        return (datetime.now(timezone.utc) - timedelta(**{unit: int(m[1])})).isoformat(timespec="microseconds")
+        try:
+            return (datetime.now(timezone.utc) - timedelta(**{unit: int(m[1])})).isoformat(timespec="microseconds")
+        except OverflowError:
+            return datetime.min.replace(tzinfo=timezone.utc).isoformat(timespec="microseconds")
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -359,12 +365,13 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
     from .sim.build import materialise
     from .sim.spec import load_spec
     specs = bundled_specs()
-    path = Path(spec)
-    if not path.exists() and spec in specs:
+    if "/" not in spec and not spec.endswith((".yaml", ".yml")):
+        if spec not in specs:       # a bare name is a shipped spec; a file is named by a path
+            raise InputError(f"no host spec {spec!r}",
+                             hint="name a YAML file (./my-host.yaml) or one of: " + ", ".join(specs))
         path = specs[spec]
-    elif not path.exists():
-        raise InputError(f"no host spec {spec!r}",
-                         hint="name a YAML file or one of: " + ", ".join(specs))
+    else:
+        path = Path(spec)
     hs = load_spec(path)
     host_root = materialise(hs, directory, force=force)
     doc = {"schema": "vgpuhost.sim-create/v1", "name": hs.name, "root": str(host_root.root)}
@@ -374,8 +381,14 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
 
 # --- entry point -----------------------------------------------------------
 
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt   # unwinds through the rollback paths like Ctrl-C
+
+
 def main(argv=None) -> int:
     """Console entry point: run the CLI and map errors to one line + exit code."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm)
     try:
         cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
         return EXIT_OK
@@ -389,7 +402,7 @@ def main(argv=None) -> int:
         return EXIT_INPUT
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "vgpuhost"
-        click.echo(f"vgpuhost: error: {printable(e.format_message())}; see '{where} --help'", err=True)
+        click.echo(f"vgpuhost: error: {printable(e.format_message().rstrip('.'))}; see '{where} --help'", err=True)
         return EXIT_INPUT
     except click.ClickException as e:
         click.echo(f"vgpuhost: error: {printable(e.format_message())}", err=True)
@@ -400,6 +413,13 @@ def main(argv=None) -> int:
         return EXIT_INPUT
     except RecursionError:
         click.echo("vgpuhost: error: input nested too deeply", err=True)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        click.echo("vgpuhost: interrupted (any half-done group was rolled back)", err=True)
+        return 130
+    except sqlite3.Error as e:    # the state store is damaged or unreachable
+        click.echo(f"vgpuhost: error: the state store is unusable ({printable(str(e))}); move state.db "
+                   "aside (vgpuhost starts a new one) or restore it from a backup", err=True)
         return EXIT_INPUT
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT

@@ -22,6 +22,7 @@ Not detectable from sysfs and so not checked here: NVIDIA persistence mode
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -203,6 +204,15 @@ def rollback_steps(fp: FunctionPlan, now: PciDevice) -> List[Step]:
 # ---------------------------------------------------------------------------
 # execution
 
+def _locks(store: StateStore, group: int, gpu: PciAddress, dry_run: bool) -> ExitStack:
+    """The group lock, then the GPU lock (vGPU operations take the GPU lock); none for a dry run."""
+    stack = ExitStack()
+    if not dry_run:
+        stack.enter_context(file_lock(store.state_dir, f"group-{group}"))
+        stack.enter_context(file_lock(store.state_dir, f"gpu-{gpu}"))
+    return stack
+
+
 def _actor() -> str:
     return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
 
@@ -220,10 +230,10 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
     holds it; DeviceError (exit 3) when a function fails to bind, after the
     functions already moved went back to their original drivers.
     """
-    inv = discover(Sysfs(host), with_types=False)
+    inv = discover(Sysfs(host))
     group, endpoints, bridges = group_endpoints(inv, gpu)
-    with file_lock(store.state_dir, f"group-{group}"), file_lock(store.state_dir, f"gpu-{gpu}"):
-        inv = discover(Sysfs(host), with_types=False)         # fresh, under the lock
+    with _locks(store, group, gpu, dry_run):
+        inv = discover(Sysfs(host))         # fresh, under the lock
         group, endpoints, bridges = group_endpoints(inv, gpu)
         blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga)
         if blockers:
@@ -242,6 +252,11 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         if not plans:
             out.notes.append(f"IOMMU group {group} is already bound to vfio-pci: nothing to do")
         persist_paths = [_driverctl_path(host, d.address) for d in endpoints] if persist else []
+        foreign = [p for p in persist_paths if os.path.lexists(p) and not _same_file(p, "vfio-pci\n")]
+        if foreign:
+            raise RefusedError(f"{host.relative(foreign[0])} holds another driverctl override, not written "
+                               "by vgpuhost", hint="remove it (driverctl unset-override) or drop --persist; "
+                                                    "nothing was changed")
         if persist:
             out.persisted = [host.relative(p) for p in persist_paths]
             out.steps += [f"write 'vfio-pci' to {host.relative(p)}" for p in persist_paths
@@ -257,6 +272,9 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                 failed = _rollback(host, ex, done + [fp])
                 raise DeviceError(_failure_text(fp.bdf, e, "bind to vfio-pci", done, failed),
                                   hint="see 'vgpuhost audit' for every write") from e
+            except BaseException:           # interrupted (Ctrl-C, SIGTERM): leave nothing half-bound
+                _rollback(host, ex, done + [fp])
+                raise
             done.append(fp)
         records = {r.bdf: r for r in store.passthrough_records()}
         now = utcnow()
@@ -268,10 +286,23 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                     str(d.address), group, str(gpu), original,
                     old.original_override if old else d.driver_override, pos,
                     old.time if old else now, persist or bool(old and old.persisted)))
-        for p in persist_paths:
-            if not _same_file(p, "vfio-pci\n"):
-                ex.fs.write_config(p, "vfio-pci\n")
-                out.changed = True
+        written = []
+        try:
+            for p in persist_paths:
+                if not _same_file(p, "vfio-pci\n"):
+                    ex.fs.write_config(p, "vfio-pci\n")
+                    written.append(p)
+                    out.changed = True
+        except SysfsError as e:
+            for p in written:
+                ex.fs.remove_config(p)
+            failed = _rollback(host, ex, done)
+            with store.transaction() as conn:
+                store.delete_passthrough(conn, [str(fp.bdf) for fp in done])
+            raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                              + ("the group went back to its drivers" if not failed else
+                                 "ROLLBACK FAILED for " + ", ".join(failed)),
+                              hint=f"make {host.relative(host.driverctl_d)} writable, or prepare without --persist") from e
         out.writes = ex.writes
         return out
 
@@ -283,10 +314,10 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
     Idempotent.  A function that fails to go back is named in a DeviceError
     after the others were released; its record stays for a retry.
     """
-    inv = discover(Sysfs(host), with_types=False)
+    inv = discover(Sysfs(host))
     group, endpoints, _ = group_endpoints(inv, gpu)
-    with file_lock(store.state_dir, f"group-{group}"), file_lock(store.state_dir, f"gpu-{gpu}"):
-        inv = discover(Sysfs(host), with_types=False)
+    with _locks(store, group, gpu, dry_run):
+        inv = discover(Sysfs(host))
         group, endpoints, _ = group_endpoints(inv, gpu)
         records = {r.bdf: r for r in store.passthrough_records()}
         plans = plan_release(endpoints, records)
@@ -302,7 +333,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         if not plans:
             out.notes.append(f"IOMMU group {group} is already on its host drivers: nothing to do")
         persisted = [_driverctl_path(host, d.address) for d in endpoints
-                     if os.path.exists(_driverctl_path(host, d.address))]
+                     if _same_file(_driverctl_path(host, d.address), "vfio-pci\n")]
         if persist:
             out.persisted = [host.relative(p) for p in persisted]
             out.steps += [f"remove {host.relative(p)}" for p in persisted]
@@ -325,8 +356,11 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
             store.delete_passthrough(conn, gone)
         if persist:
             for p in persisted:
-                ex.fs.remove_config(p)
-                out.changed = True
+                try:
+                    ex.fs.remove_config(p)
+                    out.changed = True
+                except SysfsError as e:
+                    errors.append((PciAddress.parse(p.name[4:]), e))
         if errors:
             bdf, e = errors[0]
             raise DeviceError(_failure_text(bdf, e, "give back", [], []) +
@@ -355,7 +389,9 @@ def discover_device(host: HostRoot, bdf: PciAddress) -> PciDevice:
 
 def _errtext(e: VgpuhostError) -> str:
     if isinstance(e, SysfsError):
-        return f"{e.errno_name} writing {e.value!r} to {e.path}"
+        if e.value is None:
+            return f"{e.errno_name} on {e.path}"
+        return f"{e.errno_name} writing {e.value.strip()[:60]!r} to {e.path}"
     return e.message
 
 
@@ -363,7 +399,8 @@ def _failure_text(bdf: PciAddress, e: VgpuhostError, what: str, done: List[Funct
                   rollback_failed: List[str]) -> str:
     text = f"{bdf} failed to {what}: {_errtext(e)}"
     if done:
-        text += "; rolled back " + ", ".join(str(fp.bdf) for fp in done) + " to their original drivers"
+        text += "; rolled back " + ", ".join(str(fp.bdf) for fp in done) + (
+            " to their original drivers" if len(done) > 1 else " to its original driver")
     if rollback_failed:
         text += "; ROLLBACK FAILED for " + ", ".join(rollback_failed)
     return text

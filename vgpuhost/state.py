@@ -139,15 +139,25 @@ class StateStore:
     database opened, and when the database is newer than this vgpuhost.
     """
 
-    def __init__(self, state_dir: "str | os.PathLike[str]"):
+    def __init__(self, state_dir: "str | os.PathLike[str]", *, create: bool = True):
+        """Open (``create``: and create) the store.  ``create=False`` with no
+        database yet gives an empty in-memory store, so read-only commands
+        never write to the host."""
         self.state_dir = Path(state_dir)
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as e:
-            raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
-                                       hint="pass --state-dir DIR to a writable directory") from None
         self.path = self.state_dir / DB_NAME
         self._local = threading.local()
+        self._memory = False
+        if not create and not self.path.exists():
+            self._memory = True
+        else:
+            try:
+                self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as e:
+                raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
+                                           hint="pass --state-dir DIR to a writable directory") from None
+            if self.path.exists() and not self.path.is_file():
+                raise HostEnvironmentError(f"the state store {str(self.path)!r} is not a regular file",
+                                           hint="move it aside; vgpuhost starts a new one")
         self._migrate()
 
     # --- connection ------------------------------------------------------
@@ -155,14 +165,18 @@ class StateStore:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+                target = ":memory:" if self._memory else self.path
+                conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("PRAGMA foreign_keys = ON")
             except sqlite3.Error as e:
-                raise HostEnvironmentError(f"cannot open the state store {str(self.path)!r}: {e}",
-                                           hint="check the state dir's permissions and free space") from None
+                damaged = isinstance(e, sqlite3.DatabaseError) and "not a database" in str(e)
+                raise HostEnvironmentError(
+                    f"cannot open the state store {str(self.path)!r}: {e}",
+                    hint=("it is damaged: move it aside (vgpuhost starts a new one) or restore a backup"
+                          if damaged else "check the state dir's permissions and free space")) from None
             self._local.conn = conn
         return conn
 
@@ -188,6 +202,9 @@ class StateStore:
     def _migrate(self) -> None:
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < 0:
+                raise HostEnvironmentError(f"the state store {str(self.path)!r} has an invalid schema "
+                                           f"version {version}", hint="move it aside; vgpuhost starts a new one")
             if version > len(MIGRATIONS):
                 raise HostEnvironmentError(
                     f"the state store {str(self.path)!r} has schema version {version}, newer than this "

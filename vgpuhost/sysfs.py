@@ -150,8 +150,12 @@ class Sysfs:
             if self._kernel is not None:
                 self._kernel.write(p, value)
             else:
-                with open(p, "w", encoding="utf-8") as f:
-                    f.write(value)
+                # one write(2), as `echo -n` does; O_NONBLOCK so a FIFO cannot hang us
+                fd = os.open(p, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    os.write(fd, value.encode("utf-8"))
+                finally:
+                    os.close(fd)
         except OSError as e:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=value) from e

@@ -25,6 +25,7 @@ import difflib
 import errno
 import json
 import os
+import re
 import uuid as _uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -116,7 +117,11 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                                   next(((row[1], row[2], row[3]) for row in mine
                                         if row[2].lower() == profile.lower()), (None, None, None)))
         note = ""
-        if type_id is not None and not available:
+        if g.pci.driver != "nvidia":
+            available, parents = 0, ()
+            note = (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
+                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
+        elif type_id is not None and not available:
             sizes = sorted({f for f in _present_framebuffers(inv, g.address, fbs) if f})
             if sizes and fb not in sizes:
                 note = (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only "
@@ -166,8 +171,10 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
     """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (ENOSPC advice)."""
     agg: Dict[str, int] = {}
     for t in inv.vgpu_types:
-        if t.gpu == gpu and t.available_instances > 0:
-            agg[t.name] = agg.get(t.name, 0) + t.available_instances
+        if t.gpu == gpu and t.name not in agg:
+            n = gpu_available(inv, gpu, t.type_id)
+            if n > 0:
+                agg[t.name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
@@ -195,6 +202,21 @@ class VgpuOutcome:
         d = dict(self.__dict__)
         d = {"schema": "vgpuhost.vgpu/v1", **d}
         return d
+
+
+_PARAMS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,\s*[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*)*$")
+
+
+def _validate_params(params: str) -> None:
+    """``vgpu_params``: comma-separated key=value pairs (REFERENCE.md §2), at most 1000 characters."""
+    if len(params) > 1000:
+        raise InputError(f"--params is {len(params)} characters; at most 1000")
+    if not _PARAMS_RE.match(params):
+        raise InputError(f"--params {params[:80]!r} is not a list of key=value pairs",
+                         hint="e.g. frame_rate_limiter=0,disable_vnc=1")
+    keys = [kv.split("=", 1)[0].strip() for kv in params.split(",")]
+    if len(set(keys)) != len(keys):
+        raise InputError(f"--params names a key twice: {params[:80]!r}")
 
 
 def _validate_owner(owner: str) -> str:
@@ -227,8 +249,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     owner = _validate_owner(owner)
     if uuid is not None:
         uuid = parse_uuid(uuid)
-    if params is not None and ("\n" in params or len(params) > 1000):
-        raise InputError("--params must be one line of key=value pairs, e.g. frame_rate_limiter=0")
+    if params is not None:
+        _validate_params(params)
     fs = Sysfs(host)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
         inv = discover(fs)
@@ -287,15 +309,27 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                                           decision.type_id, name, owner, anti_affinity, params,
                                           persist, utcnow()))
             if persist:
-                ex.fs.write_config(host.mdevctl_d / str(decision.parent) / vid, _mdevctl_json(decision.type_id))
+                try:
+                    ex.fs.write_config(host.mdevctl_d / str(decision.parent) / vid,
+                                       _mdevctl_json(decision.type_id, params))
+                except SysfsError as e:
+                    _destroy(ex.fs, backend, decision.parent, vid)
+                    with store.transaction() as conn:
+                        delete_vgpu(conn, vid)
+                    raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                                      f"the vGPU {vid} was removed again",
+                                      hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
+                                           "without --persist") from e
             out.writes = ex.writes
             return out
     raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
 
 
-def _mdevctl_json(type_id: str) -> str:
-    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": []}, indent=2) + "\n"
+def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
+    """mdevctl's definition (REFERENCE.md §2); vgpu_params as an mdevctl attr so they come back too."""
+    attrs = [{"nvidia/vgpu_params": params}] if params else []
+    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
 
 
 def _create_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vid: str):
@@ -351,7 +385,9 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
                 f"{fitting_elsewhere(inv, d.gpu)}")
     if e.errno == errno.EPERM:
         rec = next((r for r in records if r.parent == str(d.parent)), None)
-        who = f"vGPU {rec.id} of {rec.owner}" if rec else "a vGPU not created by vgpuhost"
+        held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)
+        who = (f"vGPU {rec.id} of {rec.owner}" if rec else
+               f"a vGPU of type {held} not created by vgpuhost" if held else "another writer")
         return f"VF {d.parent} is taken by {who} (EPERM on current_vgpu_type)"
     if e.errno == errno.EINVAL:
         return f"{name} (type {d.type_id}) is not supported on {d.gpu} in its current mode (EINVAL)"
@@ -396,7 +432,11 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     parent = PciAddress.parse(rec.parent)
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
-    with file_lock(store.state_dir, f"gpu-{gpu}"):
+    with file_lock(store.state_dir, f"gpu-{gpu}") if not dry_run else _nolock():
+        if not any(r.id == vid and r.owner == rec.owner for r in store.vgpu_records()):
+            out.changed = False
+            out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
+            return out
         current = _current_type(fs, rec.backend, parent, vid)
         if current is not None and current != rec.type_id:
             raise RefusedError(f"{vid} now holds type {current}, not the recorded {rec.type_id}: left alone",
@@ -408,7 +448,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                      host.pci_device(parent) / "nvidia" / "current_vgpu_type")
             out.steps.append(f"write '{'1' if rec.backend == BACKEND_MDEV else '0'}' to {host.relative(write)}")
         mdevctl = host.mdevctl_d / rec.parent / vid
-        if rec.persisted:
+        if rec.persisted and os.path.lexists(mdevctl):
             out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
         if dry_run:
             return out
@@ -425,10 +465,15 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                                   hint="check dmesg and the NVIDIA vGPU manager")
         with store.transaction() as conn:
             delete_vgpu(conn, vid, owner=rec.owner)
-        if rec.persisted:
+        if rec.persisted and os.path.lexists(mdevctl):
             ex.fs.remove_config(mdevctl)
         out.writes = ex.writes
         return out
+
+
+def _nolock():
+    from contextlib import nullcontext
+    return nullcontext()
 
 
 def release_owner(host: HostRoot, store: StateStore, owner: str, *,
@@ -475,7 +520,7 @@ class VgpuEntry:
     type_name: Optional[str]
     backend: str
     owner: Optional[str]       # None: not created by vgpuhost
-    state: str                 # active | missing (recorded, not on the host) | foreign
+    state: str                 # active | missing (recorded, not on the host) | foreign | mismatched
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -492,18 +537,19 @@ def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]
         g = parent_gpu.get(m.parent)
         r = by_id.get(m.uuid)
         seen.add(m.uuid)
+        state = "foreign" if r is None else ("active" if r.type_id == m.type_id else "mismatched")
         out.append(VgpuEntry(m.uuid, str(g) if g else None, str(m.parent), m.type_id,
-                             r.type_name if r else names.get((g, m.type_id)), BACKEND_MDEV,
-                             r.owner if r else None, "active" if r else "foreign"))
+                             r.type_name if state == "active" else names.get((g, m.type_id)), BACKEND_MDEV,
+                             r.owner if r else None, state))
     for v in inv.vf_vgpus:
         if not v.type_id:
             continue
         r = by_id.get(str(v.vf))
         seen.add(str(v.vf))
-        state = "active" if r and r.type_id == v.type_id else "foreign"
+        state = "foreign" if r is None else ("active" if r.type_id == v.type_id else "mismatched")
         out.append(VgpuEntry(str(v.vf), str(v.gpu), str(v.vf), v.type_id,
-                             r.type_name if r else names.get((v.gpu, v.type_id)), BACKEND_VENDOR_VFIO,
-                             r.owner if r and state == "active" else None, state))
+                             r.type_name if state == "active" else names.get((v.gpu, v.type_id)),
+                             BACKEND_VENDOR_VFIO, r.owner if r else None, state))
     for r in records:
         if r.id not in seen:
             out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, "missing"))
@@ -539,9 +585,8 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     report.orphans = [f"{e.id} ({e.type_name or e.type_id} on {e.parent})" for e in entries if e.state == "foreign"]
     by_id = {r.id: r for r in store.vgpu_records()}
     for e in entries:
-        rec = by_id.get(e.id)
-        if e.state == "foreign" and rec is not None:
-            report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {rec.type_id}")
+        if e.state == "mismatched":
+            report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {by_id[e.id].type_id}")
     for e in [e for e in entries if e.state == "missing"]:
         rec = by_id[e.id]
         if check:

@@ -230,6 +230,8 @@ class SimKernel:
                 raise _fail(errno.ENOENT, path)
             if real.is_dir():
                 raise _fail(errno.EISDIR, path)
+            if not real.is_file():      # a FIFO or device planted in the tree: never block on it
+                raise _fail(errno.EINVAL, path, "not a simulated attribute file")
             self._dispatch(meta, Path(path), real, rel, value)
 
     def _dispatch(self, meta: dict, path: Path, real: Path, rel: Path, value: str) -> None:
