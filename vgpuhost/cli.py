@@ -379,6 +379,18 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
                     f"use: vgpuhost --root {host_root.root} host check   (or export VGPUHOST_ROOT=...)")
 
 
+# --- command groups in their own modules -------------------------------------
+
+def _register() -> None:
+    from .cli_mig import mig
+    from .cli_scheduler import scheduler
+    cli.add_command(mig)
+    cli.add_command(scheduler)
+
+
+_register()
+
+
 # --- entry point -----------------------------------------------------------
 
 def _sigterm(signum, frame):
