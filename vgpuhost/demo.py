@@ -14,11 +14,19 @@ from pathlib import Path
 from .cli import main as vgpuhost
 
 STEPS = [
-    ("a40-mdev", [["host", "check"], ["gpus"], ["types", "--available"]]),
-    ("l40s-vendor-vfio", [["gpus"], ["types", "--gpu", "0000:a1:00.0"]]),
-    ("turing-consumer", [["host", "check"]]),
-    ("sata-shared-group", [["host", "check"]]),
+    ("a40-mdev", [["host", "check"], ["gpus"], ["types", "--available"],
+                  ["vgpu", "create", "--profile", "A40-8Q", "--params", "frame_rate_limiter=0"],
+                  ["vgpu", "create", "--profile", "A40-4C"],          # refused: equal-size mode
+                  ["vgpu", "list"], ["types", "--available"]]),
+    ("l40s-vendor-vfio", [["gpus"],
+                          ["vgpu", "create", "--profile", "l40s-8q", "--numa-node", "1", "--strategy", "best-fit"],
+                          ["vgpu", "list"]]),
+    ("turing-consumer", [["host", "check"], ["passthrough", "prepare", "0000:01:00.0"]]),
+    ("sata-shared-group", [["host", "check"], ["passthrough", "prepare", "0000:03:00.0"]]),
     ("iommu-off", [["host", "check"]]),
+    ("a100-sriov-mdev", [["passthrough", "prepare", "--dry-run", "0000:41:00.0"],
+                         ["passthrough", "prepare", "0000:41:00.0"], ["gpus"],
+                         ["passthrough", "release", "0000:41:00.0"], ["audit"]]),
 ]
 
 
