@@ -383,9 +383,10 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
 
 def _register() -> None:
     from .cli_mig import mig
-    from .cli_scheduler import scheduler
+    from .cli_scheduler import scheduler, vgpu_mode
     cli.add_command(mig)
     cli.add_command(scheduler)
+    vgpu.add_command(vgpu_mode)
 
 
 _register()

@@ -42,7 +42,7 @@ class HostRoot:
 
         Raises HostEnvironmentError when the root is not a directory.
         """
-        value = root if root is not None else os.environ.get(ENV_ROOT) or "/"
+        value = os.fspath(root) if root is not None else os.environ.get(ENV_ROOT) or "/"
         if value == "" or "\0" in value:
             raise HostEnvironmentError("empty or invalid host root", hint="pass --root DIR or unset VGPUHOST_ROOT")
         path = Path(value).absolute()

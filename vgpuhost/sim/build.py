@@ -354,12 +354,16 @@ def _gpu_entry(host: HostRoot, ds: DeviceSpec, g: GpuModel, devs: Dict[PciAddres
             _w(ndir / "creatable_vgpu_types", "ID    : vGPU Name\n")
             _w(ndir / "current_vgpu_type", "0\n")
             _w(ndir / "vgpu_params", "\n")
-    return {
+    entry = {
         "board": g.key, "backend": backend, "vfs": vfs, "parents": parents,
         "framebuffer_mib": g.framebuffer_mib, "types": types,
         "mixed_size": ds.vgpu.mixed_size, "mig_capable": g.mig_capable, "mig_mode": ds.mig_mode,
         "free_gpu_instances": {}, "gpu_instances": [],
     }
+    # the simulated NVML's state (MIG profiles, pending mode, scheduler): vgpuhost.sim.nvml
+    from .nvml import nvml_seed
+    entry.update({k: v for k, v in nvml_seed(g, ds.mig_mode, str(ds.bdf)).items() if k not in entry})
+    return entry
 
 
 def _lay_proc(host: HostRoot, spec: HostSpec, devs: Dict[PciAddress, _Dev]) -> None:

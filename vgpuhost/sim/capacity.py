@@ -9,8 +9,11 @@ Rules (REFERENCE.md §2, §4):
   instances, up to that type's max instances minus those present;
 - mixed-size mode: each type up to its mixed-size max, while framebuffer
   remains;
-- MIG-backed types need MIG mode and a free GPU instance of their profile;
-  time-sliced types are unavailable in MIG mode;
+- MIG-backed types need MIG mode and a free GPU instance of their profile:
+  each GPU instance holds one MIG-backed vGPU, so the free count of profile
+  P is the GPU instances of P (``gpu_instances``, kept by the simulated
+  NVML, plus any seeded ``free_gpu_instances[P]``) less the MIG-backed vGPUs
+  present of types on P; time-sliced types are unavailable in MIG mode;
 - on SR-IOV GPUs each VF holds at most one vGPU, so a VF reports 0 or 1.
 """
 
@@ -24,9 +27,10 @@ def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
 
     ``gpu`` is the GPU's entry in the simulator's ``host.json``: ``types``
     maps type id -> ``{fb_mib, max, max_mixed, gi_profile}``; plus
-    ``mixed_size``, ``mig_mode``, ``framebuffer_mib``, ``free_gpu_instances``
-    (profile name -> count).  ``instances`` lists the type id of every vGPU
-    present.  Returns ``{type_id: n}`` with n >= 0.
+    ``mixed_size``, ``mig_mode``, ``framebuffer_mib``, ``gpu_instances``
+    (``[{profile, ...}]``) and ``free_gpu_instances`` (profile name -> count
+    of GPU instances not listed in ``gpu_instances``, a seed).  ``instances``
+    lists the type id of every vGPU present.  Returns ``{type_id: n}`` with n >= 0.
     """
     types = gpu["types"]
     present: List[str] = list(instances)
@@ -36,12 +40,18 @@ def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
     mig_mode = bool(gpu.get("mig_mode"))
     mixed = bool(gpu.get("mixed_size"))
     free_gi = dict(gpu.get("free_gpu_instances") or {})
+    for gi in gpu.get("gpu_instances") or []:
+        free_gi[gi["profile"]] = free_gi.get(gi["profile"], 0) + 1
+    for t in present:
+        gi_profile = types.get(t, {}).get("gi_profile")
+        if gi_profile:
+            free_gi[gi_profile] = free_gi.get(gi_profile, 0) - 1
     used_fb = sum(types[t]["fb_mib"] for t in present if t in types)
     sizes = {types[t]["fb_mib"] for t in present if t in types and not types[t].get("gi_profile")}
     out: Dict[str, int] = {}
     for tid, t in types.items():
         if t.get("gi_profile"):
-            out[tid] = free_gi.get(t["gi_profile"], 0) if mig_mode else 0
+            out[tid] = max(0, free_gi.get(t["gi_profile"], 0)) if mig_mode else 0
             continue
         if mig_mode:
             out[tid] = 0
