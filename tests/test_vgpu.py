@@ -520,7 +520,8 @@ def test_me_type_is_never_replaced_by_the_non_me_type(make_host):
     assert available(host, vf0, "nvidia-474") == 1 and available(host, vf0, "nvidia-479") == 0
     with pytest.raises(RefusedError) as ei:
         create(host, store, profile="A100-1-5CME")
-    assert "A100-1-5CME" in ei.value.message and "A100-1-5C (" in ei.value.hint
+    # the refusal names the missing +me GPU instance; the plain 1g.5gb one is never used instead
+    assert "A100-1-5CME" in ei.value.message and "1g.5gb+me GPU instance" in ei.value.message
     assert mdevs(host) == [] and store.vgpu_records() == [] and store.audit_rows() == []
     plain = create(host, store, profile="A100-1-5C")
     assert plain.type_name == "A100-1-5C" and mdev_type(host, plain.id) == "nvidia-474"

@@ -241,17 +241,18 @@ def _vgpu_outcome(ctx: Context, out) -> None:
 @click.option("--numa-node", type=click.IntRange(0, 1023), help="Prefer GPUs on this NUMA node.")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
 @click.option("--persist", is_flag=True, help="Define it in mdevctl (classic mdev only) so it comes back at boot.")
+@click.option("--create-gi", is_flag=True, help="MIG-backed profile: create the GPU instance it needs.")
 @click.option("--dry-run", is_flag=True, help="Show the placement decision and steps; change nothing.")
 @pass_ctx
 def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_node, anti_affinity,
-                persist, dry_run) -> None:
+                persist, create_gi, dry_run) -> None:
     """Create a vGPU of PROFILE, placed by STRATEGY."""
     from .values import PciAddress
     from .vgpu import create
     _vgpu_outcome(ctx, create(ctx.host, _store(ctx, write=not dry_run), profile=profile,
                               gpu=PciAddress.parse(gpu) if gpu else None, uuid=uuid, strategy=strategy,
                               owner=owner, params=params, numa_node=numa_node, anti_affinity=anti_affinity,
-                              persist=persist, dry_run=dry_run))
+                              persist=persist, create_gi=create_gi, dry_run=dry_run))
 
 
 @vgpu.command("remove")

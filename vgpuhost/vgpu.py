@@ -236,13 +236,19 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
            uuid: Optional[str] = None, strategy: str = "first-fit", owner: str = MANUAL,
            params: Optional[str] = None, numa_node: Optional[int] = None,
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
-           actor: Optional[str] = None) -> VgpuOutcome:
+           create_gi: bool = False, actor: Optional[str] = None) -> VgpuOutcome:
     """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
 
     Raises InputError (unknown profile/strategy/UUID, --persist where it
     cannot work), RefusedError (nothing fits: the reason names each GPU), or
     DeviceError when the kernel refuses (errno in operator language; a
     half-created vGPU is removed again).
+
+    MIG-backed profiles (``H200X-1-18C``) need, in order, SR-IOV VFs, MIG
+    mode and a free GPU instance of the profile's GI profile; with
+    ``create_gi`` a missing GPU instance is created first (through
+    :func:`vgpuhost.mig.apply`, audited), otherwise the refusal names the
+    step that is missing.
     """
     if strategy not in STRATEGIES:
         raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
@@ -252,6 +258,9 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     if params is not None:
         _validate_params(params)
     fs = Sysfs(host)
+    wanted = VgpuProfile.try_parse(profile)
+    mig_wanted = wanted is not None and wanted.mig_backed
+    gi_tried = False
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
         inv = discover(fs)
         records = store.vgpu_records()
@@ -260,6 +269,12 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         seen = store.seen_types() + seen_rows(inv)
         if gpu is not None and inv.gpu(gpu) is None:
             raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
+        if mig_wanted and not _offered_now(inv, profile, gpu):
+            if create_gi and not gi_tried and not dry_run:
+                gi_tried = True
+                _create_gpu_instance(host, store, inv, wanted, gpu, actor)
+                continue
+            _refuse_mig_order(host, inv, wanted, profile, gpu, create_gi, dry_run)
         name = resolve_profile(inv, records, profile, gpu, seen)
         req = Request(name, owner, strategy, numa_node, anti_affinity, gpu)
         all_offers = offers(inv, records, name, seen)
@@ -324,6 +339,106 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             return out
     raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
+
+
+def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> bool:
+    want = profile.strip().lower()
+    return any(t.available_instances > 0 for t in inv.vgpu_types
+               if t.name.lower() == want and (gpu is None or t.gpu == gpu))
+
+
+def _gi_profile_for(profiles, wanted: VgpuProfile):
+    """The device's GI profile a MIG-backed type sits on: same slices, GB and ME (REFERENCE.md §4-5)."""
+    from .values import MigProfile
+    for p in profiles:
+        try:
+            mp = MigProfile.parse(p.name)
+        except InputError:
+            continue
+        if (mp.slices == wanted.gi_slices and mp.memory_gb == wanted.framebuffer_gb
+                and mp.media_extensions == wanted.media_extensions):
+            return p
+    return None
+
+
+def _mig_candidates(host: HostRoot, inv: Inventory, wanted: VgpuProfile, gpu: Optional[PciAddress]):
+    """``[(gpu, backend, gi profile or None, (current, pending) or None)]`` for GPUs of the type's board."""
+    from .mig import open_backend
+    backend = open_backend(host)
+    out = []
+    for g in inv.gpus:
+        if gpu is not None and g.address != gpu:
+            continue
+        if g.board is not None and g.board != wanted.board:
+            continue
+        try:
+            mode = backend.mig_mode(g.address)
+            gi = _gi_profile_for(backend.gi_profiles(g.address), wanted) if mode else None
+        except VgpuhostError:
+            mode, gi = None, None
+        out.append((g, backend, gi, mode))
+    return out
+
+
+def _create_gpu_instance(host: HostRoot, store: StateStore, inv: Inventory, wanted: VgpuProfile,
+                         gpu: Optional[PciAddress], actor: Optional[str]) -> None:
+    """Add one GPU instance for ``wanted`` on the first GPU where MIG mode is on and it fits."""
+    from . import mig
+    reasons = []
+    for g, backend, gi, mode in _mig_candidates(host, inv, wanted, gpu):
+        if not mode or not mode[0]:
+            reasons.append(f"{g.address}: MIG mode is off")
+            continue
+        if gi is None:
+            reasons.append(f"{g.address}: no GPU-instance profile for {wanted}")
+            continue
+        profiles = backend.gi_profiles(g.address)
+        by_id = {p.profile_id: p for p in profiles}
+        counts: Dict[str, int] = {}
+        for inst in backend.gpu_instances(g.address):
+            n = by_id[inst.profile_id].name if inst.profile_id in by_id else str(inst.profile_id)
+            counts[n] = counts.get(n, 0) + 1
+        counts[gi.name] = counts.get(gi.name, 0) + 1
+        wanted_ids = mig.resolve_layout(profiles, counts, where=str(g.address))
+        why = mig.why_not(profiles, wanted_ids)
+        if why:
+            reasons.append(f"{g.address}: another {gi.name} does not fit ({why})")
+            continue
+        mig.apply(host, store, g.address, counts, backend=backend, actor=actor)
+        return
+    raise RefusedError(f"cannot create a GPU instance for {wanted}: " + ("; ".join(reasons) or "no GPU of that board"),
+                       hint=f"order: {_mig_order()}")
+
+
+def _refuse_mig_order(host: HostRoot, inv: Inventory, wanted: VgpuProfile, profile: str,
+                      gpu: Optional[PciAddress], create_gi: bool, dry_run: bool) -> None:
+    """Refuse a MIG-backed request no GPU can take now, naming the missing step per GPU."""
+    steps = []
+    try:
+        cands = _mig_candidates(host, inv, wanted, gpu)
+    except VgpuhostError:
+        cands = []
+    for g, backend, gi, mode in cands:
+        if g.vfs == () and g.vgpu_backend is None:
+            steps.append(f"{g.address}: no vGPU backend (enable SR-IOV VFs: sriov-manage -e {g.address})")
+        elif not mode or not mode[0]:
+            steps.append(f"{g.address}: enable MIG mode (vgpuhost mig enable --gpu {g.address})"
+                         + (", pending a GPU reset" if mode and mode[1] else ""))
+        elif gi is None:
+            steps.append(f"{g.address}: the device has no GPU-instance profile for {wanted}")
+        else:
+            steps.append(f"{g.address}: create a {gi.name} GPU instance (vgpuhost mig apply --gpu "
+                         f"{g.address} ..., or --create-gi)")
+    if dry_run and create_gi:
+        steps.append("a dry run does not create GPU instances")
+    raise RefusedError(f"no GPU offers a free {profile} (MIG-backed) now: " + ("; ".join(steps) or
+                       "no GPU of that board"),
+                       hint=f"order: {_mig_order()}")
+
+
+def _mig_order() -> str:
+    from .mig import ORDER
+    return ORDER
 
 
 def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
