@@ -226,7 +226,10 @@ def test_malformed_layouts_are_input_errors():
         with pytest.raises(InputError):
             mig.parse_layout(bad)
     assert mig.parse_layout(" 3G.71GB = 1 , 1g.18gb ,2g.35gb=0") == {"3g.71gb": 1, "1g.18gb": 1}
-    assert mig.parse_layout("none") == {} == mig.parse_layout("")
+    assert mig.parse_layout("none") == {}
+    for blank in ("", "   "):          # an unset shell variable must not wipe every GPU instance
+        with pytest.raises(InputError, match="empty MIG layout"):
+            mig.parse_layout(blank)
 
 
 # ---------------------------------------------------------------------------

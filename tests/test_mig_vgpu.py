@@ -73,3 +73,20 @@ def test_mig_mode_off_is_named_in_order(make_host, capsys):
     code = main(["--root", str(host.root), "vgpu", "create", "--profile", "H200X-1-18C", "--create-gi"])
     err = capsys.readouterr().err
     assert code == 2 and "MIG mode is off" in err and "order:" in err
+
+
+def test_persist_is_refused_before_a_gpu_instance_is_created(make_host):
+    from vgpuhost.errors import InputError
+    host = make_host(yaml_text=H200_MIG_ON)
+    with pytest.raises(InputError, match="--persist"):
+        create(host, StateStore(host.state_dir), profile="H200X-1-18C", create_gi=True, persist=True)
+    assert layout(host) == []
+
+
+def test_an_empty_layout_never_wipes_the_gpu(make_host, capsys):
+    host = make_host(yaml_text=H200_MIG_ON)
+    create(host, StateStore(host.state_dir), profile="H200X-1-18C", create_gi=True)
+    for blank in ("", " "):
+        code = main(["--root", str(host.root), "mig", "apply", "--gpu", str(GPU), blank])
+        assert code == 2 and "empty MIG layout" in capsys.readouterr().err
+    assert layout(host) == ["1g.18gb"]

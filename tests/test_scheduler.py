@@ -496,3 +496,11 @@ def test_sim_mig_and_plain_driver_refused_in_one_line(make_host, capsys):
     host = make_host("turing-consumer")
     code, _, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all")
     assert code == 2 and err.count("\n") == 1 and "NVMLError_NotSupported" in err
+
+
+@pytest.mark.parametrize("text", ["\uff10", " 5x", "1_0", "-1", "+3", "0x", "0x123456789"])
+def test_decode_takes_ascii_hex_or_decimal_only(text):
+    from vgpuhost.errors import InputError
+    from vgpuhost.scheduler import parse_value
+    with pytest.raises(InputError):
+        parse_value(text)

@@ -75,12 +75,16 @@ _ENTRY_RE = re.compile(r"^\s*(?P<name>[0-9]+g\.[0-9]+gb(?:\+me)?)\s*(?:=\s*(?P<n
 def parse_layout(text: str) -> Dict[str, int]:
     """``"3g.71gb=1,2g.35gb=1,1g.18gb"`` -> ``{"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 1}``.
 
-    ``""`` or ``none`` is the empty layout (no GPU instances).  Entries with
-    count 0 are dropped.  Raises InputError for malformed text or a profile
-    named twice.
+    ``none`` is the empty layout (no GPU instances); an empty or blank text
+    is refused (an unset shell variable must not destroy every instance).
+    A bare profile means count 1; entries with count 0 are dropped.  Raises
+    InputError for malformed text or a profile named twice.
     """
     text = (text or "").strip()
-    if text.lower() in ("", "none"):
+    if not text:
+        raise InputError("empty MIG layout", hint="give PROFILE=COUNT pairs (3g.71gb=1,1g.18gb=2), "
+                                                   "or 'none' to remove every GPU instance")
+    if text.lower() == "none":
         return {}
     out: Dict[str, int] = {}
     seen = set()

@@ -212,8 +212,10 @@ def describe(state: SchedulerState) -> str:
 
 def parse_value(text: str) -> int:
     """``0x3c3c0001`` or ``1010565121`` -> int (32-bit unsigned); InputError otherwise."""
-    t = str(text).strip().replace("_", "")
+    t = str(text).strip()
     try:
+        if not re.fullmatch(r"0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10}", t):   # ASCII only, no '_' or signs
+            raise ValueError(t)
         value = int(t, 16) if t.lower().startswith("0x") else int(t, 10)
     except ValueError:
         raise InputError(f"invalid RmPVMRL value {str(text)[:40]!r}",

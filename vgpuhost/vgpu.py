@@ -260,6 +260,11 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     fs = Sysfs(host)
     wanted = VgpuProfile.try_parse(profile)
     mig_wanted = wanted is not None and wanted.mig_backed
+    if mig_wanted and persist:     # before anything, GPU instances included, is touched
+        raise InputError(f"--persist cannot keep a MIG-backed vGPU ({profile}) across reboots: MIG-backed "
+                         "vGPUs do not survive a reboot (REFERENCE.md §2)",
+                         hint="create it without --persist and enable the boot unit that runs "
+                              "'vgpuhost reconcile'")
     gi_tried = False
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
         inv = discover(fs)
