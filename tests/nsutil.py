@@ -175,3 +175,14 @@ def parse_list(text: str) -> Dict[str, Tuple[str, str]]:
         assert uuid not in out, f"mdevctl list shows {uuid} twice"
         out[uuid] = (parent, v.get("mdev_type"))
     return out
+
+
+def skip_or_fail(reason: Optional[str], what: str) -> None:
+    """Skip a namespace test with ``reason``; under CI (``CI`` true) fail instead, so CI cannot
+    silently skip it.  No-op when ``reason`` is None."""
+    if reason is None:
+        return
+    import pytest
+    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI must run {what}, but: {reason}", pytrace=False)
+    pytest.skip(reason)

@@ -296,11 +296,8 @@ def test_driverctl_reapplies_what_persist_recorded(make_host):
     ``load-override <dev>`` (udev), which reads ``/etc/driverctl.d/pci-<BDF>``.
     Run it over the simulated tree and read the overrides back with
     ``list-overrides``."""
-    reason = _ns_unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run this test: {reason}")
-        pytest.skip(reason)
+    import nsutil
+    nsutil.skip_or_fail(_ns_unavailable(), "the driverctl test")
     host = turing(make_host)
     store = store_of(host)
     prepare(host, store, GPU, persist=True)
