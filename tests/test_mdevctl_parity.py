@@ -16,7 +16,6 @@ Needs root, ``unshare -m`` and mdevctl: skipped without them, except in CI
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid as uuidlib
