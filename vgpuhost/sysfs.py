@@ -160,9 +160,13 @@ class Sysfs:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=value) from e
         finally:
-            for obs in self.observers:
-                obs(p, value, err)
+            self._notify(p, value, err)
 
+
+    def _notify(self, path: Path, value: str, err: int) -> None:
+        """Tell every observer (the audit log) about one write attempt."""
+        for obs in self.observers:
+            obs(path, value, err)
 
     # --- host configuration files (etc/) --------------------------------------
     def write_config(self, path: PathArg, text: str) -> None:
@@ -183,8 +187,7 @@ class Sysfs:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=text) from e
         finally:
-            for obs in self.observers:
-                obs(p, text, err)
+            self._notify(p, text, err)
 
     def remove_config(self, path: PathArg) -> bool:
         """Remove a configuration file; False when it was not there."""
@@ -194,11 +197,9 @@ class Sysfs:
         except FileNotFoundError:
             return False
         except OSError as e:
-            for obs in self.observers:
-                obs(p, "<remove>", e.errno or errno.EIO)
+            self._notify(p, "<remove>", e.errno or errno.EIO)
             raise SysfsError("remove", str(p), e.errno or errno.EIO) from e
-        for obs in self.observers:
-            obs(p, "<remove>", 0)
+        self._notify(p, "<remove>", 0)
         return True
 
 
