@@ -385,9 +385,13 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
 def _register() -> None:
     from .cli_mig import mig
     from .cli_scheduler import scheduler, vgpu_mode
+    from . import cli_hook, cli_layout, cli_units, cli_virt
     cli.add_command(mig)
     cli.add_command(scheduler)
     vgpu.add_command(vgpu_mode)
+    for module in (cli_virt, cli_hook, cli_layout, cli_units):
+        for command in module.COMMANDS:
+            cli.add_command(command)
 
 
 _register()

@@ -1,0 +1,13 @@
+"""`vgpuhost` commands: install-units (systemd units that apply the layout at boot).
+
+Registered on the main group by cli.py: every click command in
+``COMMANDS`` becomes a top-level command.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import click
+
+COMMANDS: List[click.Command] = []
