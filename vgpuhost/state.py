@@ -20,6 +20,11 @@ Version 3 adds ``seen_types``: the vGPU types each GPU has listed (id,
 name, framebuffer MiB), so names still resolve when a vendor-VFIO GPU is
 full and lists none.
 
+Version 4 adds ``passthrough.owner`` (a domain UUID, or ``manual`` for
+``vgpuhost passthrough prepare``) and ``domains``: the domains the qemu hook
+saw start (``prepare begin``) and not yet release (``release end``); devices
+their owners hold are in use and never touched by plan/apply.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -36,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from .errors import HostEnvironmentError
 
@@ -100,6 +105,15 @@ MIGRATIONS: Sequence[str] = (
         PRIMARY KEY (gpu, type_id)
     );
     """,
+    # 4: who holds a passed-through group, and which domains the hook started
+    """
+    ALTER TABLE passthrough ADD COLUMN owner TEXT NOT NULL DEFAULT 'manual';
+    CREATE TABLE domains (
+        uuid   TEXT PRIMARY KEY,
+        name   TEXT NOT NULL,
+        since  TEXT NOT NULL
+    );
+    """,
 )
 
 
@@ -130,6 +144,7 @@ class PassthroughRecord:
     position: int
     time: str
     persisted: bool
+    owner: str = "manual"
 
 
 class StateStore:
@@ -243,20 +258,36 @@ class StateStore:
     def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,
                             gpu: Optional[str] = None) -> List[PassthroughRecord]:
         c = conn or self._conn()
-        sql = ("SELECT bdf, iommu_group, gpu, original_driver, original_override, position, time, persisted "
-               "FROM passthrough")
+        sql = ("SELECT bdf, iommu_group, gpu, original_driver, original_override, position, time, persisted, "
+               "owner FROM passthrough")
         args: tuple = ()
         if gpu:
             sql += " WHERE gpu = ?"
             args = (gpu,)
-        return [PassthroughRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]))
+        return [PassthroughRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
                 for r in c.execute(sql + " ORDER BY gpu, position", args)]
 
     @staticmethod
     def put_passthrough(conn: sqlite3.Connection, rec: PassthroughRecord) -> None:
-        conn.execute("INSERT OR REPLACE INTO passthrough VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        conn.execute("INSERT OR REPLACE INTO passthrough (bdf, iommu_group, gpu, original_driver, "
+                     "original_override, position, time, persisted, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      (rec.bdf, rec.iommu_group, rec.gpu, rec.original_driver, rec.original_override,
-                      rec.position, rec.time, int(rec.persisted)))
+                      rec.position, rec.time, int(rec.persisted), rec.owner))
+
+    # --- domains the hook started ---------------------------------------------
+    def domain_started(self, uuid: str, name: str) -> None:
+        """Record that domain ``uuid`` is starting (the hook's ``prepare begin``); upsert."""
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO domains VALUES (?, ?, ?)", (uuid, name, utcnow()))
+
+    def domain_stopped(self, uuid: str) -> None:
+        """Forget domain ``uuid`` (the hook's ``release end``); no-op when unknown."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM domains WHERE uuid = ?", (uuid,))
+
+    def active_domains(self) -> Dict[str, str]:
+        """``{domain UUID: name}`` of domains started through the hook and not yet released."""
+        return dict(self._conn().execute("SELECT uuid, name FROM domains ORDER BY uuid"))
 
     def remember_types(self, rows: Sequence[tuple]) -> None:
         """Record ``(gpu, type_id, name, framebuffer_mib)`` rows seen in sysfs (upsert)."""
