@@ -31,6 +31,8 @@ from .values import PciAddress
 
 STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")
 MANUAL = "manual"
+LAYOUT = "layout"          # vGPUs a declarative layout pre-creates (vgpuhost apply)
+POOL_OWNERS = (MANUAL, LAYOUT)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _why_not(o: GpuOffer, req: Request) -> Optional[str]:
         return f"does not offer {req.profile}"
     if o.available <= 0:
         return o.note or f"no {o.type_name} instance free"
-    if req.owner != MANUAL and req.owner in o.owners:
+    if req.owner not in POOL_OWNERS and req.owner in o.owners:
         return f"already holds a vGPU of {req.owner} (one vGPU per VM per GPU)"
     if req.anti_affinity and req.anti_affinity in o.keys:
         return f"already holds a vGPU with anti-affinity key {req.anti_affinity!r}"

@@ -34,7 +34,7 @@ from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostE
 from .hostroot import HostRoot
 from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover, gpu_available
 from .locks import file_lock
-from .placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place
+from .placement import MANUAL, POOL_OWNERS, STRATEGIES, Decision, GpuOffer, Request, place
 from .state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow, vgpu_records
 from .steps import Executor
 from .sysfs import Sysfs
@@ -220,13 +220,13 @@ def _validate_params(params: str) -> None:
 
 
 def _validate_owner(owner: str) -> str:
-    if owner == MANUAL:
+    if owner in POOL_OWNERS:
         return owner
     try:
         return parse_uuid(owner)
     except InputError:
         raise InputError(f"invalid owner {owner!r}",
-                         hint="give the domain UUID (virsh domuuid NAME) or 'manual'") from None
+                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
 
 
 # ---------------------------------------------------------------------------
