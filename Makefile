@@ -3,7 +3,10 @@
 # Debian packages needed to build and run vgpuhost in development.
 # libvirt-python is compiled by pip against the system libvirt, so it needs
 # libvirt-dev + pkg-config + gcc (+ Python headers, which pyenv provides).
-DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl
+# libvirt-daemon, libvirt-daemon-driver-qemu, libvirt-clients, qemu-system-x86:
+# the isolated libvirtd that the end-to-end tests and the demo start
+# (vgpuhost/sim/libvirtd.py).
+DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
 
 PYTHON      ?= python3
 VENV        := .venv

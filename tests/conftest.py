@@ -14,6 +14,8 @@ from vgpuhost.sim.build import materialise
 from vgpuhost.sim.spec import load_spec, parse_spec
 from vgpuhost.sysfs import Sysfs
 
+pytest_plugins = ["libvirtd_fixture"]   # the isolated libvirtd (tests/libvirtd_fixture.py)
+
 DATA = Path(__file__).parent / "data"
 REGEN = os.environ.get("VGPUHOST_REGEN_GOLDENS") == "1"
 

@@ -1,0 +1,234 @@
+"""A real libvirtd 9.x in private namespaces: domains, qemu hooks, isolation, clean stop.
+
+Uses the session fixture ``libvirtd`` (tests/libvirtd_fixture.py): one
+:class:`vgpuhost.sim.libvirtd.IsolatedLibvirtd` for the whole run.  Domains
+are tiny and diskless (:func:`diskless_domain_xml`); hooks are sh scripts
+that write under pytest's temp dir, which the daemon's namespace shares.
+
+Needs root, ``unshare`` and Debian's libvirt-daemon, libvirt-daemon-driver-qemu,
+libvirt-clients and qemu-system-x86: skipped without them, except in CI
+(``CI=true``) where a missing prerequisite fails the tests instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import libvirt
+import pytest
+
+from vgpuhost.sim.libvirtd import NS_DIRS, IsolatedLibvirtd, diskless_domain_xml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # libvirtd_fixture, whatever the import mode
+
+# The fixtures; a no-op when tests/conftest.py already loads them.
+pytest_plugins = ["libvirtd_fixture"]
+pytestmark = pytest.mark.root
+
+HOOK_LOG_LINES = ["prepare begin -", "start begin -", "started begin -", "stopped end -", "release end -"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_gone(pid: int, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _qemu_pid(daemon: IsolatedLibvirtd, name: str) -> int:
+    """The qemu pid libvirt recorded in its private /run/libvirt/qemu/<name>.pid."""
+    return int((daemon.run_dir / "qemu" / f"{name}.pid").read_text().strip())
+
+
+@pytest.fixture
+def hook(libvirtd) -> Iterator:
+    """``hook(name, body)`` installs an sh hook in the daemon's qemu.d and rescans; removed afterwards."""
+    installed: List[Path] = []
+
+    def install(name: str, body: str) -> Path:
+        path = libvirtd.hooks_dir / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        installed.append(path)
+        libvirtd.reload_hooks()
+        return path
+
+    yield install
+    for path in installed:
+        path.unlink()
+    if installed:
+        libvirtd.reload_hooks()
+
+
+# --- domains ---------------------------------------------------------------------
+
+def test_domain_lifecycle_through_libvirt_python(libvirtd):
+    conn = libvirt.open(libvirtd.uri)
+    try:
+        dom = conn.defineXML(diskless_domain_xml("lv-py", memory_mib=64))
+        assert dom.name() == "lv-py" and not dom.isActive()
+        assert (libvirtd.etc_dir / "qemu" / "lv-py.xml").is_file()      # persistent config, privately
+        dom.create()
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        assert dom.maxMemory() == 64 * 1024                             # KiB
+        qemu = _qemu_pid(libvirtd, "lv-py")
+        assert _alive(qemu)
+        dom.destroy()
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_SHUTOFF
+        assert _wait_gone(qemu), f"qemu {qemu} still running after destroy"
+        dom.undefine()
+        with pytest.raises(libvirt.libvirtError) as err:
+            conn.lookupByName("lv-py")
+        assert err.value.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+    finally:
+        conn.close()
+
+
+def test_domain_lifecycle_through_virsh(libvirtd, tmp_path):
+    xml = tmp_path / "lv-virsh.xml"
+    xml.write_text(diskless_domain_xml("lv-virsh", uuid="6f2d7a0e-1c55-4a8e-9d3b-2a1f0c9e8b7d"))
+    libvirtd.virsh("define", str(xml), check=True)
+    assert libvirtd.virsh("domuuid", "lv-virsh", check=True).stdout.strip() == \
+        "6f2d7a0e-1c55-4a8e-9d3b-2a1f0c9e8b7d"
+    libvirtd.virsh("start", "lv-virsh", check=True)
+    assert libvirtd.virsh("domstate", "lv-virsh", check=True).stdout.strip() == "running"
+    assert "lv-virsh" in libvirtd.virsh("list", "--name", check=True).stdout.split()
+    libvirtd.virsh("destroy", "lv-virsh", check=True)
+    assert libvirtd.virsh("domstate", "lv-virsh", check=True).stdout.strip() == "shut off"
+    libvirtd.virsh("undefine", "lv-virsh", check=True)
+    assert "lv-virsh" not in libvirtd.virsh("list", "--all", "--name", check=True).stdout.split()
+    bad = libvirtd.virsh("start", "lv-virsh")
+    assert bad.returncode != 0 and "lv-virsh" in bad.stderr
+
+
+# --- hooks -------------------------------------------------------------------------
+
+def test_qemu_d_hook_runs_in_order_with_the_domain_xml(libvirtd, hook, tmp_path):
+    log = tmp_path / "hook.log"
+    hook("50-record", f'echo "$1 $2 $3 $4" >> {log}\ncat > {tmp_path}/"$2-$3.xml"\n')
+    libvirtd.virsh("define", "/dev/stdin", input=diskless_domain_xml("lv-hook"), check=True)
+    try:
+        libvirtd.virsh("start", "lv-hook", check=True)
+        assert log.read_text().splitlines() == [f"lv-hook {op}" for op in HOOK_LOG_LINES[:3]]
+        libvirtd.virsh("destroy", "lv-hook", check=True)
+    finally:
+        libvirtd.virsh("undefine", "lv-hook")
+    assert log.read_text().splitlines() == [f"lv-hook {op}" for op in HOOK_LOG_LINES]
+    prepared = (tmp_path / "prepare-begin.xml").read_text()
+    assert "<name>lv-hook</name>" in prepared and "id=" in prepared   # the live XML on stdin
+
+
+def test_failing_prepare_hook_aborts_the_start_and_reaches_virsh(libvirtd, hook, tmp_path):
+    log = tmp_path / "hook.log"
+    hook("50-refuse", f'cat > /dev/null\necho "$1 $2 $3" >> {log}\n'
+                      'if [ "$2" = prepare ]; then echo "vgpuhost-test: no GPU for $1" >&2; exit 1; fi\n')
+    libvirtd.virsh("define", "/dev/stdin", input=diskless_domain_xml("lv-refused"), check=True)
+    try:
+        proc = libvirtd.virsh("start", "lv-refused")
+        assert proc.returncode != 0
+        assert "vgpuhost-test: no GPU for lv-refused" in proc.stderr
+        assert libvirtd.virsh("domstate", "lv-refused", check=True).stdout.strip() == "shut off"
+    finally:
+        libvirtd.virsh("undefine", "lv-refused")
+    # REFERENCE.md section 8: a start that fails in prepare still runs stopped and release.
+    assert log.read_text().splitlines() == ["lv-refused prepare begin", "lv-refused stopped end",
+                                            "lv-refused release end"]
+
+
+# --- isolation -----------------------------------------------------------------------
+
+def test_machine_libvirt_untouched(libvirtd, host_libvirt_before):
+    # Work the daemon a little first, so there is something that could have leaked.
+    libvirtd.virsh("define", "/dev/stdin", input=diskless_domain_xml("lv-iso"), check=True)
+    libvirtd.virsh("start", "lv-iso", check=True)
+    try:
+        from libvirtd_fixture import host_libvirt_snapshot   # registered as a plugin by now
+        assert host_libvirt_snapshot() == host_libvirt_before
+        assert not NS_DIRS["run"].joinpath("libvirt-sock").exists()
+        assert libvirtd.virsh("net-list", "--all", "--name", check=True).stdout.split() == []
+        # The daemon's private files are where the workdir says, seen from outside.
+        assert libvirtd.socket_path.is_socket()
+        assert (libvirtd.workdir / "log" / "qemu" / "lv-iso.log").is_file()
+        # The bind mounts exist only in the daemon's namespace.
+        targets = {str(t) for t in NS_DIRS.values()}
+        mine = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+        theirs = {line.split()[4] for line in
+                  Path(f"/proc/{libvirtd.pid}/mountinfo").read_text().splitlines()}
+        assert targets & mine == set()
+        assert targets <= theirs
+        assert os.readlink(f"/proc/{libvirtd.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    finally:
+        libvirtd.virsh("destroy", "lv-iso")
+        libvirtd.virsh("undefine", "lv-iso")
+
+
+# --- stop ------------------------------------------------------------------------------
+
+def _start_domain(daemon: IsolatedLibvirtd, name: str):
+    """Define and start ``name``; ``(libvirtd pid, qemu pid)``."""
+    daemon.virsh("define", "/dev/stdin", input=diskless_domain_xml(name), check=True)
+    daemon.virsh("start", name, check=True)
+    return daemon.pid, _qemu_pid(daemon, name)
+
+
+def test_stop_leaves_no_process(libvirtd, tmp_path):
+    with IsolatedLibvirtd(tmp_path / "d") as daemon:
+        daemon_pid, qemu = _start_domain(daemon, "lv-stop")
+        assert daemon_pid != libvirtd.pid and _alive(qemu)
+    assert not _alive(daemon_pid) and not _alive(qemu)
+    assert not daemon.running and daemon.pid is None
+    daemon.stop()                                             # idempotent
+    assert libvirtd.running and libvirtd.virsh("uri").returncode == 0   # the session daemon is untouched
+
+
+def test_qemu_dies_with_a_killed_daemon(libvirtd, tmp_path):
+    daemon = IsolatedLibvirtd(tmp_path / "d")
+    try:
+        daemon.start()
+        daemon_pid, qemu = _start_domain(daemon, "lv-orphan")
+        os.kill(daemon_pid, signal.SIGKILL)         # libvirtd crashes: its init kills what is left
+        assert _wait_gone(qemu), f"qemu {qemu} outlived its libvirtd"
+        deadline = time.monotonic() + 10
+        while daemon.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not daemon.running
+    finally:
+        daemon.stop()
+
+
+OWNER = """
+import os, signal, sys
+from pathlib import Path
+from vgpuhost.sim.libvirtd import IsolatedLibvirtd, diskless_domain_xml
+d = IsolatedLibvirtd(Path(sys.argv[1]))
+d.start()
+d.virsh("define", "/dev/stdin", input=diskless_domain_xml("lv-owner"), check=True)
+d.virsh("start", "lv-owner", check=True)
+print(d.pid, (d.run_dir / "qemu" / "lv-owner.pid").read_text().strip(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)        # no stop(), no atexit: the owner just vanishes
+"""
+
+
+def test_daemon_and_qemu_die_with_a_killed_owner(libvirtd, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", OWNER, str(tmp_path / "d")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    daemon_pid, qemu = (int(x) for x in proc.stdout.split())
+    assert _wait_gone(qemu), f"qemu {qemu} outlived the process that owned its daemon"
+    assert _wait_gone(daemon_pid), f"libvirtd {daemon_pid} outlived the process that owned it"
