@@ -34,7 +34,6 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 from xml.parsers import expat
-from xml.sax.saxutils import quoteattr
 
 from .errors import InputError
 from .values import PciAddress, parse_uuid
@@ -107,7 +106,12 @@ class Metadata:
         return not self.vgpus and not self.passthrough
 
     def to_xml(self) -> str:
-        """The metadata element, namespace declared on it (for ``<metadata>``, defineXML or setMetadata)."""
+        """The metadata element, namespace declared on it (for ``<metadata>`` and defineXML).
+
+        libvirt's ``setMetadata`` refuses a snippet that declares its prefix;
+        :func:`vgpuhost.domain.metadata_for_api` gives the unprefixed form it wants.
+        """
+        from xml.sax.saxutils import quoteattr   # here, not at the top: it pulls in urllib (~30 ms on the hook path)
         attrs = f' version="{VERSION}" strategy={quoteattr(self.strategy)}'
         if self.tenant:
             attrs += f" tenant={quoteattr(self.tenant)}"
