@@ -17,7 +17,7 @@ def _ctx():
     return click.get_current_context().find_object(Context)
 
 
-@click.command("install-units")
+@click.command("install-units", short_help="Install the systemd units that apply the layout at boot.")
 @click.option("--unit-dir", metavar="DIR", type=click.Path(file_okay=False),
               help="Where to write the units (default <root>/etc/systemd/system).")
 @click.option("--config", "config", metavar="FILE", default=None,
