@@ -294,9 +294,4 @@ def test_boot_sequence_restores_the_layout_and_recorded_vgpus(tmp_path, capsys, 
     assert check(host, store, load_config(config)).in_sync
     actors = {r.actor.split(" ")[0] for r in store.audit_rows(None)}      # the layout adds "apply compute"
     assert {"systemd:vgpuhost-layout.service", "systemd:vgpuhost-reconcile.service"} <= actors
-    if flaky and after != [(i, o, "active") for i, o, _ in before]:
-        # layout.py's vgpu.recreate removes the stale record before vgpu.create: when that create
-        # fails (the injected EIO), the id is forgotten and the retry creates a new one.
-        pytest.xfail("a layout vGPU whose re-create failed once came back with a new id "
-                     f"(before {before}, after {after})")
     assert after == [(i, o, "active") for i, o, _ in before]          # the same ids, all back
