@@ -91,6 +91,9 @@ def test_wheel_installs_package_data_and_console_script(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert not any(n.startswith(("tests/", "bench/", "ansible/")) for n in names), names
+    for shipped in ("vgpuhost/hooks/qemu", "vgpuhost/units/vgpuhost-layout.service",
+                    "vgpuhost/units/vgpuhost-reconcile.service"):
+        assert shipped in names, f"{shipped} missing from the wheel"
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)

@@ -15,6 +15,11 @@ unbinding from nvidia (nvidia-persistenced, nvidia_drm, a boot
 framebuffer).  driverctl's persisted override format: one file
 ``/etc/driverctl.d/pci-<BDF>`` holding the driver name.
 
+Ownership: every recorded function carries the group's owner, a domain
+UUID (the qemu hook) or ``manual`` (the CLI); prepare refuses a group
+another owner holds, and ``release(owner=...)`` releases only a group that
+owner holds (a late release never frees the next owner's group).
+
 Not detectable from sysfs and so not checked here: NVIDIA persistence mode
 (NVML, a later issue) and open users of a companion's driver.
 """
@@ -31,10 +36,11 @@ from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostE
 from .hostroot import HostRoot
 from .inventory import Inventory, PciDevice, discover
 from .locks import file_lock
+from .placement import MANUAL, POOL_OWNERS
 from .state import PassthroughRecord, StateStore, utcnow
 from .steps import ANY_HOST_DRIVER, Executor, Probe, SetDriverOverride, Step, Unbind, VerifyDriver, describe
 from .sysfs import Sysfs
-from .values import PciAddress
+from .values import PciAddress, parse_uuid
 
 VFIO_PCI = "vfio-pci"
 
@@ -222,19 +228,30 @@ def _driverctl_path(host: HostRoot, bdf: PciAddress):
 
 
 def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vga: bool = False,
-            persist: bool = False, dry_run: bool = False, actor: Optional[str] = None) -> Outcome:
+            persist: bool = False, dry_run: bool = False, actor: Optional[str] = None,
+            owner: str = MANUAL) -> Outcome:
     """Bind every endpoint of ``gpu``'s IOMMU group to vfio-pci.
 
-    Idempotent (a prepared group is a no-op that says so).  Raises
-    RefusedError before any write when the group is not viable or a blocker
-    holds it; DeviceError (exit 3) when a function fails to bind, after the
-    functions already moved went back to their original drivers.
+    ``owner``: who holds the group from now on, recorded with each function:
+    a domain UUID (the qemu hook), ``manual`` (the CLI) or ``layout``.  Idempotent for
+    the same owner (a prepared group is a no-op that says so).  Raises
+    RefusedError before any write when the group is not viable, a blocker
+    holds it, or another owner holds it; DeviceError (exit 3) when a
+    function fails to bind, after the functions already moved went back to
+    their original drivers.
     """
+    owner = _validate_owner(owner)
     inv = discover(Sysfs(host))
     group, endpoints, bridges = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
         inv = discover(Sysfs(host))         # fresh, under the lock
         group, endpoints, bridges = group_endpoints(inv, gpu)
+        holder = group_holder(store, endpoints)
+        if holder is not None and holder != owner:
+            raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}",
+                               hint=("it is released when that domain stops" if holder not in POOL_OWNERS else
+                                     f"give it back first: vgpuhost passthrough release {gpu}")
+                               + "; nothing was changed")
         blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga)
         if blockers:
             raise RefusedError(f"cannot pass {gpu} through: " + "; ".join(blockers),
@@ -285,7 +302,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                 store.put_passthrough(conn, PassthroughRecord(
                     str(d.address), group, str(gpu), original,
                     old.original_override if old else d.driver_override, pos,
-                    old.time if old else now, persist or bool(old and old.persisted)))
+                    old.time if old else now, persist or bool(old and old.persisted), owner))
         written = []
         try:
             for p in persist_paths:
@@ -308,18 +325,34 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
 
 
 def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool = False,
-            dry_run: bool = False, actor: Optional[str] = None) -> Outcome:
+            dry_run: bool = False, actor: Optional[str] = None, owner: Optional[str] = None) -> Outcome:
     """Give every function of ``gpu``'s group back, companions first, the GPU last.
 
     Idempotent.  A function that fails to go back is named in a DeviceError
-    after the others were released; its record stays for a retry.
+    after the others were released; its record stays for a retry.  With
+    ``owner`` (the qemu hook's release: a domain UUID) only a group that
+    owner holds is released: a group with no records is a no-op (already
+    released, or never prepared), one another owner holds raises
+    RefusedError and is left alone.
     """
+    if owner is not None:
+        owner = _validate_owner(owner)
     inv = discover(Sysfs(host))
     group, endpoints, _ = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
         inv = discover(Sysfs(host))
         group, endpoints, _ = group_endpoints(inv, gpu)
         records = {r.bdf: r for r in store.passthrough_records()}
+        if owner is not None:
+            holder = group_holder(store, endpoints, records)
+            if holder is None:
+                out = Outcome("release", gpu, group, changed=False, dry_run=dry_run)
+                out.notes.append(f"IOMMU group {group} is not held by {owner}: nothing to do")
+                return out
+            if holder != owner:
+                raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}, "
+                                   f"not {owner}: left alone",
+                                   hint="a late release for an earlier owner never frees the next owner's group")
         plans = plan_release(endpoints, records)
         out = Outcome("release", gpu, group, changed=bool(plans), dry_run=dry_run)
         out.functions = [{"bdf": str(fp.bdf), "from": fp.before_driver, "to": fp.target_driver}
@@ -368,6 +401,37 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                               hint="fix the cause and run release again; 'vgpuhost audit' has every write")
         out.writes = ex.writes
         return out
+
+
+def _validate_owner(owner: str) -> str:
+    if owner in POOL_OWNERS:
+        return owner
+    try:
+        return parse_uuid(owner)
+    except InputError:
+        raise InputError(f"invalid owner {owner!r}",
+                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
+
+
+def group_holder(store: StateStore, endpoints: Sequence[PciDevice],
+                 records: Optional[Dict[str, PassthroughRecord]] = None) -> Optional[str]:
+    """The owner recorded for the group's functions (a domain UUID or ``manual``), None when unrecorded."""
+    if records is None:
+        records = {r.bdf: r for r in store.passthrough_records()}
+    for d in endpoints:
+        rec = records.get(str(d.address))
+        if rec is not None:
+            return rec.owner
+    return None
+
+
+def describe_owner(owner: str) -> str:
+    """``domain 4b20...``, ``a manual 'vgpuhost passthrough prepare'`` or ``vgpuhost's declarative layout``."""
+    if owner == MANUAL:
+        return "a manual 'vgpuhost passthrough prepare'"
+    if owner in POOL_OWNERS:
+        return f"vgpuhost's declarative {owner}"
+    return f"domain {owner}"
 
 
 def _rollback(host: HostRoot, ex: Executor, plans: List[FunctionPlan]) -> List[str]:

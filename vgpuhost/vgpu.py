@@ -21,14 +21,11 @@ MIG-backed vGPUs cannot persist that way and are re-created by
 
 from __future__ import annotations
 
-import difflib
 import errno
-import json
 import os
 import re
-import uuid as _uuid
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from .hostroot import HostRoot
@@ -80,6 +77,7 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     for n in sorted(known):
         if n.lower() == wanted:
             return n
+    import difflib      # only on this error path: the qemu hook keeps its imports lean
     near = difflib.get_close_matches(name.upper(), sorted(known), n=5, cutoff=0.6)
     where = f"GPU {gpu}" if gpu else "this host"
     hint = ("near matches: " + ", ".join(near)) if near else "'vgpuhost types' lists the profiles"
@@ -236,8 +234,17 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
            uuid: Optional[str] = None, strategy: str = "first-fit", owner: str = MANUAL,
            params: Optional[str] = None, numa_node: Optional[int] = None,
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
-           create_gi: bool = False, actor: Optional[str] = None) -> VgpuOutcome:
+           create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
+           allowed_gpus: Optional[Collection[PciAddress]] = None) -> VgpuOutcome:
     """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
+
+    ``vf`` (vendor-specific VFIO only, REFERENCE.md §3): set the type on
+    exactly this VF (the qemu hook: the domain's hostdev names it).  Refused
+    when the VF is not a VF of an NVIDIA GPU on vendor VFIO, holds a vGPU,
+    or does not offer the type now; a no-op (``changed`` False) when the
+    record already says ``owner`` holds this VF with this type and the VF
+    reads it back.  ``allowed_gpus``: placement considers only these GPUs
+    (the hook's operator allow-list); None = every GPU.
 
     Raises InputError (unknown profile/strategy/UUID, --persist where it
     cannot work), RefusedError (nothing fits: the reason names each GPU), or
@@ -255,8 +262,11 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     owner = _validate_owner(owner)
     if uuid is not None:
         uuid = parse_uuid(uuid)
+    if vf is not None and uuid is not None:
+        raise InputError("give an mdev UUID or a VF, not both", hint="a VF names its vGPU on vendor VFIO")
     if params is not None:
         _validate_params(params)
+    allowed = frozenset(allowed_gpus) if allowed_gpus is not None else None
     fs = Sysfs(host)
     wanted = VgpuProfile.try_parse(profile)
     mig_wanted = wanted is not None and wanted.mig_backed
@@ -272,21 +282,27 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         if not dry_run:
             store.remember_types(seen_rows(inv))
         seen = store.seen_types() + seen_rows(inv)
-        if gpu is not None and inv.gpu(gpu) is None:
-            raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
-        if mig_wanted and not _offered_now(inv, profile, gpu):
+        pin = gpu
+        if vf is not None:
+            pin = _vf_gpu(inv, vf, gpu)
+            done = _vf_held(fs, records, vf, owner, profile, dry_run)
+            if done is not None:
+                return done
+        if pin is not None and inv.gpu(pin) is None:
+            raise InputError(f"no NVIDIA GPU at {pin}", hint="'vgpuhost gpus' lists them")
+        if mig_wanted and not _offered_now(inv, profile, pin):
             if create_gi and not gi_tried and not dry_run:
                 gi_tried = True
-                _create_gpu_instance(host, store, inv, wanted, gpu, actor)
+                _create_gpu_instance(host, store, inv, wanted, pin, actor)
                 continue
-            _refuse_mig_order(host, inv, wanted, profile, gpu, create_gi, dry_run)
-        name = resolve_profile(inv, records, profile, gpu, seen)
-        req = Request(name, owner, strategy, numa_node, anti_affinity, gpu)
-        all_offers = offers(inv, records, name, seen)
+            _refuse_mig_order(host, inv, wanted, profile, pin, create_gi, dry_run)
+        name = resolve_profile(inv, records, profile, pin, seen)
+        req = Request(name, owner, strategy, numa_node, anti_affinity, pin)
+        all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run)
         decision = place(all_offers, req)
         if not decision.admitted:
             fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
-                            if gpu is None or o.gpu == gpu)
+                            if pin is None or o.gpu == pin)
             raise RefusedError(f"cannot place {name}: {decision.reason}",
                                hint=f"types that still fit: {fit or 'none'}")
         g = inv.gpu(decision.gpu)
@@ -299,7 +315,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                 hint="create it without --persist and enable the boot unit that runs 'vgpuhost reconcile'")
         if uuid is not None and backend != BACKEND_MDEV:
             raise InputError("--uuid applies to mdev vGPUs; on vendor VFIO the vGPU is named by its VF")
-        vid = (uuid or str(_uuid.uuid4())) if backend == BACKEND_MDEV else str(decision.parent)
+        vid = (uuid or _new_uuid()) if backend == BACKEND_MDEV else str(decision.parent)
         out = VgpuOutcome("create", changed=True, dry_run=dry_run, id=vid, gpu=str(decision.gpu),
                           parent=str(decision.parent), type_id=decision.type_id, type_name=name,
                           backend=backend, owner=owner, reason=decision.reason)
@@ -309,8 +325,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
             inv2 = discover(fs)
             records2 = store.vgpu_records()
-            again = place(offers(inv2, records2, name, seen), Request(name, owner, strategy, numa_node,
-                                                                       anti_affinity, decision.gpu))
+            again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
+                          Request(name, owner, strategy, numa_node, anti_affinity, decision.gpu))
             if not again.admitted:
                 continue            # someone took it between placement and the lock: place again
             if uuid is not None and any(r.id == uuid for r in records2):
@@ -344,6 +360,87 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             return out
     raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
+
+
+def _new_uuid() -> str:
+    import uuid       # lazily: the qemu hook always passes the domain's UUID
+    return str(uuid.uuid4())
+
+
+def _vf_gpu(inv: Inventory, vf: PciAddress, gpu: Optional[PciAddress]) -> PciAddress:
+    """The physical GPU of ``vf``, a VF on NVIDIA's vendor-specific VFIO path; raises otherwise."""
+    dev = inv.devices.get(vf)
+    if dev is None:
+        raise InputError(f"no PCI device at {vf}", hint="'vgpuhost gpus' lists the GPUs and their VFs")
+    g = inv.gpu(dev.physfn) if dev.physfn is not None else None
+    if g is None:
+        raise RefusedError(f"{vf} is not an SR-IOV VF of an NVIDIA GPU ({dev.class_name}): left alone",
+                           hint="a vendor-VFIO vGPU is named by a VF of an NVIDIA GPU ('vgpuhost gpus')")
+    if g.vgpu_backend != BACKEND_VENDOR_VFIO:
+        raise RefusedError(f"VF {vf} of {g.address} is on the {g.vgpu_backend or 'no vGPU'} path, not "
+                           "vendor-specific VFIO", hint="on the classic mdev path a vGPU is named by an mdev "
+                                                        "UUID, not a VF")
+    if gpu is not None and gpu != g.address:
+        raise InputError(f"VF {vf} belongs to {g.address}, not {gpu}")
+    return g.address
+
+
+def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: str, profile: str,
+             dry_run: bool) -> Optional[VgpuOutcome]:
+    """An outcome (no change) when ``owner`` already holds ``vf`` with ``profile``; raises when another does."""
+    rec = next((r for r in records if r.id == str(vf)), None)
+    if rec is None:
+        return None
+    if rec.owner != owner:
+        raise RefusedError(f"VF {vf} holds {rec.type_name} of {rec.owner}: left alone",
+                           hint="another owner holds this VF; choose a free one ('vgpuhost vgpu list')")
+    if rec.type_name.lower() != profile.strip().lower():
+        raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
+                           hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
+    if _current_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
+        raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but no longer holds it",
+                           hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
+    out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
+                      type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=owner,
+                      reason=f"{owner} already holds {rec.type_name} on {vf}")
+    out.notes.append(f"VF {vf} already holds {rec.type_name} for {owner}: nothing to do")
+    return out
+
+
+def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Optional[frozenset],
+            vf: Optional[PciAddress], *, strict: bool = True) -> List[GpuOffer]:
+    """Offers restricted to ``allowed`` GPUs, and with ``vf`` to that VF alone.
+
+    ``strict`` (under the GPU lock, or a dry run): refuse a VF that is taken
+    or does not list ``name`` as creatable now.  Not strict (the first look,
+    without the lock): only pin the offer to the VF, and let the check under
+    the lock decide, so a VF's state read while another process changes the
+    GPU never refuses a request that would fit.
+    """
+    if allowed is not None:
+        all_offers = [o for o in all_offers if o.gpu in allowed]
+    if vf is None:
+        return all_offers
+    if not strict:
+        gpu = inv.devices[vf].physfn
+        serving = inv.gpu(gpu) is not None and inv.gpu(gpu).pci.driver == "nvidia"
+        return [(replace(o, parents=(vf,), available=max(o.available, 1)) if serving else o)
+                if o.gpu == gpu and o.type_id else
+                replace(o, available=0, parents=(), note=f"the request names VF {vf}") for o in all_offers]
+    v = next((x for x in inv.vf_vgpus if x.vf == vf), None)
+    if v is None:
+        raise RefusedError(f"VF {vf} has no nvidia/ directory: the vGPU manager does not serve it",
+                           hint="check nvidia-vgpu-mgr and that the VF is bound to nvidia")
+    if v.type_id:
+        raise RefusedError(f"VF {vf} already holds vGPU type {v.type_id}, not created for this request",
+                           hint="choose a free VF ('vgpuhost vgpu list' shows who holds which)")
+    offered = [t.name for t in inv.vgpu_types if t.parent == vf]
+    if not any(n.lower() == name.lower() for n in offered):
+        raise RefusedError(f"VF {vf} does not offer {name} now (creatable: {', '.join(offered) or 'none'})",
+                           hint="the GPU is full or holds vGPUs of another size (equal-size mode)")
+    return [replace(o, parents=(vf,)) if o.gpu == v.gpu else replace(o, available=0, parents=(),
+                                                                      note=f"the request names VF {vf}")
+            for o in all_offers]
 
 
 def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> bool:
@@ -448,6 +545,7 @@ def _mig_order() -> str:
 
 def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
     """mdevctl's definition (REFERENCE.md §2); vgpu_params as an mdevctl attr so they come back too."""
+    import json
     attrs = [{"nvidia/vgpu_params": params}] if params else []
     return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
 
