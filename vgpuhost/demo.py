@@ -78,10 +78,13 @@ def _libvirt_part(base: Path) -> int:
     if run(["sim", "create", "--force", "a40-mdev", str(root)]) != 0:
         return 2
     ok, why = available()
+    from .errors import VgpuhostError
+    from .virt import _libvirt
     try:
-        import libvirt  # noqa: F401  (libvirt-python, installed by make dev)
-    except ImportError:
-        ok, why = False, "libvirt-python is not installed"
+        _libvirt()              # libvirt-python, installed by make dev
+    except VgpuhostError as e:
+        print(f"vgpuhost demo: {e.one_line()}")
+        return 2
     g = ["--root", str(root)]
     if ok:
         return _real_daemon(base, root, g, IsolatedLibvirtd, diskless_domain_xml)
@@ -92,7 +95,7 @@ def _libvirt_part(base: Path) -> int:
 
 
 def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -> int:
-    import libvirt
+    from .virt import open_connection
     workdir = base / "libvirtd"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -101,9 +104,9 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
         uri = d.uri
         run(g + ["hook", "install", "--hooks-dir", str(d.hooks_dir)])
         d.reload_hooks()
-        conn = libvirt.open(uri)
-        conn.defineXML(domain_xml(DOMAIN))
-        conn.defineXML(domain_xml("plain-vm"))
+        conn = open_connection(uri)
+        conn.define(domain_xml(DOMAIN))
+        conn.define(domain_xml("plain-vm"))
         run(g + ["--connect", uri, "attach", DOMAIN, "--profile", PROFILE, "--tenant", "demo"])
         say(f"virsh dumpxml {DOMAIN}: vgpuhost's metadata and the mdev hostdev")
         print(_hostdev_lines(d.virsh("dumpxml", DOMAIN).stdout))
@@ -125,17 +128,17 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
 
 
 def _test_driver(base: Path, root: Path, g: List[str], domain_xml) -> int:
-    import libvirt
+    from .virt import open_connection
     hooks = base / "hooks"
     shutil.rmtree(hooks, ignore_errors=True)
     run(g + ["hook", "install", "--hooks-dir", str(hooks)])
     uri = "test:///default"
-    conn = libvirt.open(uri)
-    dom = conn.defineXML(domain_xml(DOMAIN))
+    conn = open_connection(uri)
+    dom = conn.define(domain_xml(DOMAIN))
     code = run(g + ["--connect", uri, "attach", DOMAIN, "--profile", PROFILE, "--tenant", "demo"])
     if code != 0:
         return code
-    xml = dom.XMLDesc(0)
+    xml = dom.inactive_xml()
     say(f"{DOMAIN}'s definition: vgpuhost's metadata and the mdev hostdev")
     print(_hostdev_lines(xml))
     hook = hooks / "vgpuhost"
