@@ -111,8 +111,8 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
         say(f"virsh dumpxml {DOMAIN}: vgpuhost's metadata and the mdev hostdev")
         print(_hostdev_lines(d.virsh("dumpxml", DOMAIN).stdout))
         say(f"virsh start {DOMAIN}: the hook creates the mdev at 'prepare begin'. This host's GPU is "
-            "simulated, so libvirt then fails to open the mdev in the real /sys, and runs "
-            "'release end', where the hook removes it again.")
+            "simulated, so libvirt then cannot use the device (this machine has no such mdev or "
+            "VFIO) and fails the start; it runs 'release end', where the hook removes the mdev again.")
         r = d.virsh("start", DOMAIN)
         print((r.stdout + r.stderr).strip())
         run(g + ["audit"])
