@@ -38,6 +38,8 @@ MALFORMED = [
     ("scheduler-out-of-range.yaml", 11, "timeslice 50 ms out of range 1..30"),
     ("mode-block-mismatch.yaml", 9, "a 'mig' block in an entry with mode: vgpu"),
     ("yaml-alias.yaml", 6, "YAML aliases (*name) are not allowed"),
+    ("duplicate-type.yaml", 11, "duplicate type: vgpu.types names a40-8q twice (as A40-8Q), first at line 10"),
+    ("wrong-type-version.yaml", 2, "version must be a whole number, found a string '1'"),
 ]
 
 
@@ -233,3 +235,47 @@ def test_limits_and_non_files(tmp_path):
     empty.write_text("")
     with pytest.raises(InputError, match="empty"):
         load(empty)
+
+
+# ---------------------------------------------------------------------------
+# review 1 regressions
+
+def test_messages_name_a_key_by_its_path():
+    # review 1, item 16: "the config file.version must be a whole number"
+    for text, line, words in [
+        ("version: !!python/object {}\nlayouts: {}\n", 1, "version must be a whole number, found a mapping {}"),
+        ("version: 1\nlayouts:\n  a:\n    description: 3\n    gpus: []\n", 4,
+         "layouts.a.description must be a string, found a number 3"),
+        ("version: 1\nlayouts:\n  a:\n    gpus: {}\n", 4, "layouts.a.gpus must be a list, found a mapping {}"),
+        ("version: 1\ndefault: 1\nlayouts:\n  a:\n    gpus: []\n", 2, "default must be a string"),
+    ]:
+        with pytest.raises(InputError) as ei:
+            parse(text, "m.yaml")
+        assert ei.value.message.startswith(f"m.yaml:{line}: {words}"), ei.value.message
+        assert "the config file." not in ei.value.message
+
+
+@pytest.mark.parametrize("block,line,words", [
+    ("mig: {instances: {1g.5gb: 2, 1G.5GB: 1}}", 7, "duplicate profile: mig.instances names 1G.5GB twice (as 1g.5gb)"),
+    ("mig: {instances: {1g.5gb: 2}, vgpus: {A100-1-5C: 1, a100-1-5c: 1}}", 7,
+     "duplicate type: mig.vgpus names a100-1-5c twice (as A100-1-5C)"),
+])
+def test_duplicate_names_in_mig_blocks(block, line, words):
+    text = cfg_text(f"layouts:\n lab:\n  gpus:\n  - select: {{board: A100}}\n    mode: mig\n    {block}\n")
+    with pytest.raises(InputError) as ei:
+        parse(text, "x.yaml")
+    assert ei.value.message.startswith(f"x.yaml:{line}: {words}"), ei.value.message
+
+
+def test_a_layout_may_hold_nothing(capsys, tmp_path):
+    # review 1, item 20: gpus: [] is "this layout holds nothing"; a bare "gpus:" is still an error
+    cfg = parse(cfg_text("layouts:\n  idle:\n    gpus: []\n"), "e.yaml")
+    assert cfg.layout().entries == ()
+    with pytest.raises(InputError) as ei:
+        parse(cfg_text("layouts:\n  idle:\n    gpus:\n"), "e.yaml")
+    assert ei.value.message.startswith("e.yaml:4: layouts.idle.gpus is empty") and "gpus: []" in ei.value.one_line()
+    path = tmp_path / "e.yaml"
+    path.write_text(cfg_text("layouts:\n  idle:\n    gpus: []\n"))
+    assert main(["--json", "config", "check", "-c", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layouts"] == [{"name": "idle", "entries": 0, "modes": []}]

@@ -552,3 +552,220 @@ def test_unknown_layout_and_bad_config_exit_2(make_host, tmp_path, capsys):
     code, _, err = run(capsys, "--root", host.root, "plan", "-c", tmp_path / "missing.yaml")
     assert code == 2 and "cannot read config file" in err
     assert not host.state_dir.joinpath("state.db").exists()
+
+
+# ---------------------------------------------------------------------------
+# review 1 regressions: preconditions are checked in plan, before any change
+
+def test_leaving_fixed_share_for_mixed_size_sets_the_scheduler_first(make_host, tmp_path, capsys):
+    # review 1, item 1: vdi (fixed share, 6 x A40-8Q) -> mixed (equal share, mixed-size mode) failed
+    # at the mixed-size step after removing all six vGPUs, and every later apply failed the same way
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    path = EXAMPLES / "vgpu-a40.yaml"
+    assert run(capsys, "--root", host.root, "apply", "-c", path)[0] == 0
+    vdi = mdevs(host)
+    assert sorted(vdi.values()) == ["nvidia-566"] * 6
+    p = plan(host, store, load(path), "mixed")
+    kinds = [s.kind for s in p.steps]
+    assert kinds == ["vgpu"] * 6 + ["scheduler", "mixed-size", "vgpu", "vgpu"]
+    assert "before mixed-size mode, which fixed share does not allow" in p.steps[6].why
+    # only the removed vGPUs that come back say so; the two kept keep their UUIDs
+    back = [s for s in p.steps[:6] if "re-creates it after, with the same UUID" in s.why]
+    assert len(back) == 2 and all("does not want it back" in s.why for s in p.steps[:6] if s not in back)
+    code, out, err = run(capsys, "--root", host.root, "apply", "-c", path, "mixed")
+    assert code == 0, err
+    # read back: NVML state, the mdev tree
+    b = backend_for(host)
+    assert b.heterogeneous_mode(A40) is True
+    assert b.scheduler_state(A40) == SchedulerState("equal-share", arr=False, timeslice_ms=2)
+    now = mdevs(host)
+    assert sorted(now.values()) == ["nvidia-564"] * 4 + ["nvidia-566"] * 2
+    assert {u for u, t in now.items() if t == "nvidia-566"} <= set(vdi)
+    assert run(capsys, "--root", host.root, "assert", "-c", path, "mixed")[0] == 0
+    # and back: mixed-size off first, then fixed share
+    p = plan(host, store, load(path), "vdi")
+    assert [s.kind for s in p.steps if s.kind != "vgpu"] == ["mixed-size", "scheduler"]
+    assert run(capsys, "--root", host.root, "apply", "-c", path, "vdi")[0] == 0
+    assert b.heterogeneous_mode(A40) is False and b.scheduler_state(A40).policy == "fixed-share"
+    assert sorted(mdevs(host).values()) == ["nvidia-566"] * 6
+
+
+MIXED_NO_SCHEDULER = """
+version: 1
+layouts:
+  two-sizes:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 2, A40-4Q: 2}, mixed_size: true}
+"""
+
+
+def test_mixed_size_on_a_fixed_share_gpu_without_a_scheduler_is_blocked_before_any_change(make_host):
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    apply(host, store, load(EXAMPLES / "vgpu-a40.yaml"), "vdi")          # fixed share, 6 vGPUs
+    tree, rows = mdevs(host), len(store.audit_rows())
+    c = cfg(MIXED_NO_SCHEDULER)
+    p = plan(host, store, c)
+    assert any("uses the fixed-share scheduler, which mixed-size mode does not allow" in b and "layout.yaml:6" in b
+               for b in p.blocked)
+    with pytest.raises(RefusedError, match="fixed-share scheduler"):
+        apply(host, store, c)
+    assert mdevs(host) == tree and len(store.audit_rows()) == rows
+    assert backend_for(host).heterogeneous_mode(A40) is False
+
+
+def set_sim_caps(host, gpu, **caps):
+    k = SimNvml(host).kernel
+    with k.locked():
+        meta = k.meta()
+        meta["gpus"][str(gpu)]["scheduler_caps"].update(caps)
+        k.save_meta(meta)
+
+
+def test_a_scheduler_the_device_cannot_take_is_a_config_error_at_plan_not_a_failed_step(make_host):
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    apply(host, store, cfg(A40_DESK))                                      # 4 vGPUs, equal share 3 ms
+    tree, rows = mdevs(host), len(store.audit_rows())
+    set_sim_caps(host, A40, max_timeslice_ms=2)
+    with pytest.raises(InputError) as ei:
+        apply(host, store, cfg(A40_DESK))
+    assert ei.value.message.startswith("layout.yaml:10: scheduler: ") and "timeslice 3 ms" in ei.value.message
+    assert mdevs(host) == tree and len(store.audit_rows()) == rows
+    # no ARR on the device: 'fixed-share' alone means the driver's default time slice, as
+    # 'vgpuhost scheduler set' does it, and a second apply finds the host in sync
+    set_sim_caps(host, A40, max_timeslice_ms=30, arr_supported=False)
+    c = cfg(A40_DESK.replace("{policy: equal-share, timeslice_ms: 3}", "{policy: fixed-share}"))
+    apply(host, store, c)
+    assert backend_for(host).scheduler_state(A40).policy == "fixed-share"
+    assert check(host, store, c).in_sync and not apply(host, store, c).changed
+
+
+def test_type_names_differing_in_case_are_a_duplicate_and_the_plan_spells_types_as_the_device(
+        make_host, tmp_path, capsys):
+    # review 1, item 4
+    dup = write_cfg(tmp_path, A40_DESK.replace("types: {A40-8Q: 4}", 'types: {"A40-8Q": 4, "a40-8q": 1}'))
+    code, out, err = run(capsys, "config", "check", "-c", dup)
+    assert code == 2 and out == ""
+    assert err.startswith(f"vgpuhost: error: {dup}:9: duplicate type: vgpu.types names a40-8q twice (as A40-8Q)")
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    lower = cfg(A40_DESK.replace("types: {A40-8Q: 4}", "types: {a40-8q: 2}"))
+    p = plan(host, store, lower)
+    assert [s.action for s in p.steps if s.kind == "vgpu"] == ["create 2 x A40-8Q"]
+    apply(host, store, lower)
+    assert sorted(mdevs(host).values()) == ["nvidia-566"] * 2
+    assert {r.type_name for r in store.vgpu_records()} == {"A40-8Q"}
+    assert check(host, store, lower).in_sync
+    # review 1, item 13: a type the layout no longer wants is named as the device spells it
+    other = cfg(A40_DESK.replace("types: {A40-8Q: 4}", "types: {a40-4q: 1}"))
+    p = plan(host, store, other)
+    removes = [s for s in p.steps if s.action.startswith("remove")]
+    assert len(removes) == 2 and all("layout wants 0 A40-8Q, host has 2" in s.why for s in removes)
+    assert "- 0000:81:00.0 vgpu A40-8Q x0 (host has 2)" in p.diff
+    assert [s.action for s in p.steps if s.action.startswith("create")] == ["create 1 x A40-4Q"]
+
+
+def test_vgpus_removed_for_passthrough_are_not_said_to_come_back(make_host):
+    # review 1, item 13
+    host = make_host(yaml_text=A40_PT)
+    store = StateStore(host.state_dir)
+    c = cfg(PT)
+    apply(host, store, c, "vdi")
+    assert len(mdevs(host)) == 2
+    p = plan(host, store, c, "pt")
+    removes = [s for s in p.steps if s.action.startswith("remove")]
+    assert len(removes) == 2
+    assert all("re-creates" not in s.why and "not re-created: the GPU is passed through" in s.why for s in removes)
+    apply(host, store, c, "pt")
+    assert mdevs(host) == {} and driver(host, "0000:81:00.0") == "vfio-pci"
+
+
+def test_a_mig_change_behind_enabled_vfs_is_an_operator_line_in_assert(make_host, capsys):
+    # review 1, item 8: apply cannot fix it until the VFs are disabled by hand
+    host = make_host("h200-mig")
+    store = StateStore(host.state_dir)
+    c = load(EXAMPLES / "mig-h200.yaml")
+    d = check(host, store, c, "mig")
+    line = "- 0000:18:00.0 mig-mode on (host has off) (needs an operator step)"
+    assert line in d.diff and line in d.reboot
+    code, out, _ = run(capsys, "--root", host.root, "--json", "assert", "-c", EXAMPLES / "mig-h200.yaml", "mig")
+    assert code == 1 and line in json.loads(out)["reboot"]
+
+
+def test_turning_mig_off_behind_enabled_vfs_is_blocked_before_the_vgpus_go(make_host):
+    # the plan used to remove the MIG-backed vGPUs, then fail at the MIG mode step
+    host = make_host(yaml_text=H200_MIG_ON)
+    store = StateStore(host.state_dir)
+    c = load(EXAMPLES / "mig-h200.yaml")
+    apply(host, store, c, "mig")
+    held, rows = vf_types(host, H200), len(store.audit_rows())
+    p = plan(host, store, c, "timesliced")
+    assert p.blocked and "turning MIG mode off" in p.blocked[0] and "sriov-manage -d 0000:18:00.0" in p.blocked[0]
+    assert "- 0000:18:00.0 mig-mode off (host has on) (needs an operator step)" in p.diff
+    with pytest.raises(RefusedError, match="SR-IOV VFs are disabled"):
+        apply(host, store, c, "timesliced")
+    assert vf_types(host, H200) == held and len(store.audit_rows()) == rows
+    assert backend_for(host).mig_mode(H200) == (True, True)
+
+
+H200_VFS_OFF = """
+version: 1
+name: h200-vfs-off
+host: {modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]}
+devices:
+  - {bdf: "0000:17:01.0", model: intel-root-port}
+  - {bdf: "0000:18:00.0", model: H200-SXM-141GB, upstream: "0000:17:01.0"}
+"""
+
+
+def test_with_the_vfs_disabled_apply_changes_mig_mode_and_names_the_next_operator_step(make_host):
+    # the operator step the plan names ("disable the VFs, run apply, enable them, run apply
+    # again") used to be blocked at its second step ("enable the VFs first")
+    host = make_host(yaml_text=H200_VFS_OFF)
+    store = StateStore(host.state_dir)
+    c = load(EXAMPLES / "mig-h200.yaml")
+    p = plan(host, store, c, "mig")
+    assert not p.blocked and [s.action for s in p.steps] == ["enable MIG mode"]
+    assert [s.kind for s in p.manual] == ["sriov"] and "sriov-manage -e 0000:18:00.0" in p.manual[0].action
+    result = apply(host, store, c, "mig")
+    assert backend_for(host).mig_mode(H200) == (True, True)
+    assert result.drift_after == ["- 0000:18:00.0 sriov enabled (host has 0 VFs) (needs an operator step)"]
+    # and back to time-sliced, the same way
+    p = plan(host, store, c, "timesliced")
+    assert not p.blocked and [s.action for s in p.steps] == ["disable MIG mode (its GPU instances go first)"]
+    apply(host, store, c, "timesliced")
+    assert backend_for(host).mig_mode(H200) == (False, False)
+
+
+def test_an_empty_layout_holds_nothing_and_removes_the_layout_vgpus(make_host, tmp_path, capsys):
+    # review 1, item 20
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    path = write_cfg(tmp_path, A40_DESK + "  none:\n    description: nothing\n    gpus: []\n")
+    assert run(capsys, "--root", host.root, "apply", "-c", path, "desk")[0] == 0
+    manual = vgpu.create(host, store, profile="A40-8Q", owner="manual")
+    assert len(mdevs(host)) == 5
+    code, out, _ = run(capsys, "config", "check", "-c", path)
+    assert code == 0 and "none: 0 entries" in out
+    code, out, err = run(capsys, "--root", host.root, "apply", "-c", path, "none")
+    assert code == 0, err
+    assert list(mdevs(host)) == [manual.id]                   # the manual vGPU stays
+    assert [r.owner for r in store.vgpu_records()] == ["manual"]
+    assert run(capsys, "--root", host.root, "assert", "-c", path, "none")[0] == 0
+
+
+def test_the_a40_walkthrough_assert_after_apply_and_after_persisting(make_host, capsys):
+    # review 1, item 7: the walkthrough (README, examples/config/vgpu-a40.yaml) as written
+    host = make_host("a40-mdev")
+    path = EXAMPLES / "vgpu-a40.yaml"
+    assert run(capsys, "--root", host.root, "apply", "-c", path)[0] == 0
+    code, out, _ = run(capsys, "--root", host.root, "assert", "-c", path)
+    assert code == 1 and out.splitlines()[1:] == [
+        "- 0000:81:00.0 scheduler-persist RmPVMRL=0x00000011 (modprobe.d has none) (needs a reboot)"]
+    assert run(capsys, "--root", host.root, "scheduler", "set", "--gpu", A40, "--policy", "fixed-share",
+               "--persist")[0] == 0
+    assert run(capsys, "--root", host.root, "assert", "-c", path)[0] == 0

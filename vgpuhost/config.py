@@ -5,8 +5,9 @@ values — named layouts, each a list of entries that select GPUs and give
 them one mode (``passthrough``, ``vgpu`` or ``mig``) with its settings and
 the vGPU scheduler policy — plus the host-level settings (kernel parameters
 wanted, vfio modules).  Validation is strict: an unknown key, a wrong type,
-a name that is not a vGPU type or GPU-instance profile, a MIG layout that
-cannot fit, or two entries selecting the same GPU is one
+a name that is not a vGPU type or GPU-instance profile, a name given twice
+(names compare without case), a MIG layout that cannot fit, or two entries
+selecting the same GPU is one
 :class:`~vgpuhost.errors.InputError` whose message starts ``FILE:LINE: ``.
 Must not: read the host.  Checks that need a host (the profile exists on
 *this* GPU, the MIG layout fits *this* device) are :mod:`vgpuhost.layout`'s,
@@ -34,7 +35,7 @@ Format (README, "Declarative layouts"):
       compute:
         description: free text
         scheduler: {policy: equal-share}           # default for the vgpu entries
-        gpus:
+        gpus:                                      # 'gpus: []': a layout that holds nothing
           - select: {board: A40}                   # or all | {address|uuid|board|device_id: value or list}
             mode: vgpu
             vgpu:
@@ -247,6 +248,7 @@ def parse(text: str, source: str = "<config>") -> Config:
 
 
 _UNSET = object()
+_TOP_WHAT = "the config file"
 
 
 class _Parser:
@@ -272,7 +274,10 @@ class _Parser:
                                + "allowed: " + ", ".join(sorted(allowed)))
         return value
 
-    def get(self, m: Dict[str, Any], path: tuple, key: str, typ: Any, what: str, default: Any = _UNSET) -> Any:
+    def get(self, m: Dict[str, Any], path: tuple, key: str, typ: Any, what: str, default: Any = _UNSET,
+            label: Optional[str] = None) -> Any:
+        """``m[key]`` checked against ``typ``; ``label``: how the key is named in the message
+        (default ``WHAT.KEY``; a top-level key is named alone)."""
         if key not in m:
             if default is _UNSET:
                 raise self.err(path, f"{what} needs the key {key!r}")
@@ -281,13 +286,16 @@ class _Parser:
         types = typ if isinstance(typ, tuple) else (typ,)
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
-            raise self.err(path + (key,), f"{what}.{key} must be {names}, found {_kind(value)} {_show(value)}")
+            if label is None:
+                label = key if what == _TOP_WHAT else f"{what}.{key}"
+            raise self.err(path + (key,), f"{label} must be {names}, found {_kind(value)} {_show(value)}")
         return value
 
     def name(self, value: Any, path: tuple, what: str) -> str:
         if not isinstance(value, str) or not _NAME_RE.match(value):
             raise self.err(path, f"{what} {_show(value)} is not a valid name",
-                           hint="letters, digits and _ . + - (at most 64 characters)")
+                           hint=("YAML reads on/off/yes/no as true/false: quote the name; " if isinstance(value, bool)
+                                 else "") + "letters, digits and _ . + - (at most 64 characters)")
         return value
 
     def counts(self, value: Any, path: tuple, what: str, high: int) -> List[Tuple[str, int, Where]]:
@@ -357,13 +365,16 @@ class _Parser:
 
     def layout(self, name: str, body: Any, path: tuple) -> Layout:
         what = f"layout {name!r}"
+        dotted = f"layouts.{name}"
         m = self.mapping(body, path, _LAYOUT, what)
-        desc = self.get(m, path, "description", str, what, "")
+        desc = self.get(m, path, "description", str, what, "", label=f"{dotted}.description")
         default_sched = (self.scheduler(m["scheduler"], path + ("scheduler",), None)
                          if "scheduler" in m else None)
-        gpus = self.get(m, path, "gpus", list, what)
-        if not gpus:
-            raise self.err(path + ("gpus",), f"{what} has no gpus entries", hint="add at least one entry")
+        if "gpus" in m and m["gpus"] is None:
+            raise self.err(path + ("gpus",), f"{dotted}.gpus is empty (nothing after 'gpus:')",
+                           hint="list entries, or write 'gpus: []' for a layout that holds nothing (applying it "
+                                "removes the vGPUs layouts created)")
+        gpus = self.get(m, path, "gpus", list, what, label=f"{dotted}.gpus")
         if len(gpus) > MAX_ENTRIES:
             raise self.err(path + ("gpus",), f"{what} has {len(gpus)} entries; at most {MAX_ENTRIES}")
         entries = [self.entry(i, raw, path + ("gpus", i), default_sched, f"layouts.{name}.gpus[{i}]")
@@ -490,6 +501,7 @@ class _Parser:
             if p.mig_backed:
                 raise where.error(f"{name} is a MIG-backed vGPU type: it belongs in mode: mig (mig.vgpus)",
                                   hint="list its GPU instance in mig.instances and the type in mig.vgpus")
+            _check_duplicate(types, name, where, "vgpu.types")
             types.append(Count(name, n, where))
         if not types:
             raise self.err(path + ("types",), "vgpu.types is empty", hint="e.g. types: {A40-8Q: 2}")
@@ -516,8 +528,7 @@ class _Parser:
                 MigProfile.parse(name)
             except InputError as e:
                 raise where.error(e.message, e.hint) from None
-            if any(c.name.lower() == name.lower() for c in instances):
-                raise where.error(f"mig.instances names {name} twice")
+            _check_duplicate(instances, name, where, "mig.instances", "profile")
             instances.append(Count(name.lower(), n, where))
         vgpus = []
         for name, n, where in self.counts(self.get(m, path, "vgpus", dict, "mig", {}),
@@ -527,6 +538,7 @@ class _Parser:
                 raise where.error(f"{name!r} is not a MIG-backed vGPU type name",
                                   hint="<board>-<GI slices>-<GB>C[ME], e.g. A100-1-5C or H200X-3-71C; "
                                        "time-sliced types belong in mode: vgpu")
+            _check_duplicate(vgpus, name, where, "mig.vgpus")
             vgpus.append(Count(name, n, where))
         spec = MigSpec(tuple(instances), tuple(vgpus), self.where(path))
         _check_mig_vgpus(spec)
@@ -583,6 +595,16 @@ def _kind(v: Any) -> str:
 def _show(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_duplicate(seen: Sequence[Count], name: str, where: Where, what: str, noun: str = "type") -> None:
+    """Names are compared without case (the driver's own spelling is used on the host), so a
+    name given twice in two spellings is one name given twice."""
+    first = next((c for c in seen if c.name.lower() == name.lower()), None)
+    if first is not None:
+        same = "" if first.name == name else f" (as {first.name})"
+        raise where.error(f"duplicate {noun}: {what} names {name} twice{same}, first at line {first.where.line}",
+                          hint="names are compared without regard to case; give each one once with its count")
 
 
 def _check_fixed_mixed(sched: SchedulerSpec, vgpu: VgpuSpec, where: Where) -> None:

@@ -16,7 +16,18 @@ Order (REFERENCE.md §3, §9): first what must go — layout vGPUs no longer
 wanted or in the way, passed-through groups going back to the host — then
 SR-IOV (an operator step: vgpuhost never runs ``sriov-manage``) -> MIG mode
 -> GPU instances -> mixed-size mode -> scheduler -> vGPUs -> passthrough
-bindings.  Kernel parameters and module options take effect at boot: they
+bindings; except that a scheduler change comes before the mixed-size step
+that turns mixed-size mode on (fixed share, which it may be leaving, is not
+allowed in mixed-size mode, REFERENCE.md §6).
+
+Preconditions are the plan's: what a step's layer would refuse (fixed share
+under mixed-size mode, a scheduler the device's capabilities do not allow,
+a MIG mode change while vendor-VFIO VFs are enabled, vGPUs of other owners
+or running domains in the way) blocks the plan or is a ``FILE:LINE:`` error
+before any step runs, so apply never removes vGPUs and then stops on a
+step that could not have worked.  With the VFs disabled, a MIG mode change
+is planned alone and enabling them is named as the operator's next step
+(``sriov-manage -e`` destroys GPU instances, REFERENCE.md §3).  Kernel parameters and module options take effect at boot: they
 are reported as reboot steps and never done.  A MIG mode change left
 *pending* until a GPU reset (REFERENCE.md §5) is reported the same way.
 
@@ -53,9 +64,11 @@ SCHEMA_ASSERT = "vgpuhost.assert/v1"
 
 KINDS = ("kernel-param", "module", "sriov", "mig-mode", "gpu-instance", "mixed-size", "scheduler", "vgpu",
          "passthrough")
-#: the order steps run in; removals first, then the forward order of REFERENCE.md §3
-PHASES = ("vgpu-remove", "passthrough-release", "mig-mode", "gpu-instance", "mixed-size", "scheduler",
-          "vgpu-create", "passthrough-prepare")
+#: the order steps run in; removals first, then the forward order of REFERENCE.md §3.  A scheduler
+#: change a mixed-size step depends on (leaving fixed share, which mixed-size mode does not allow)
+#: runs before it ("scheduler-first"); any other scheduler change runs after it.
+PHASES = ("vgpu-remove", "passthrough-release", "mig-mode", "gpu-instance", "scheduler-first", "mixed-size",
+          "scheduler", "vgpu-create", "passthrough-prepare")
 REBOOT_MARK = "(needs a reboot)"
 RESET_MARK = "(needs a GPU reset)"
 OPERATOR_MARK = "(needs an operator step)"
@@ -399,10 +412,17 @@ class _Walker:
                 self.block(f"vGPU {e.id} ({e.type_name or e.type_id}) on {g.address} is held by running domain "
                            f"{self.active[e.owner]} ({e.owner}): {what} would touch it")
 
-    def empty(self, g: Gpu, vg: _GpuVgpus, reasons: Sequence[str], why: str) -> List[Any]:
+    def empty(self, g: Gpu, vg: _GpuVgpus, reasons: Sequence[str], why: str,
+              keep: Optional[Dict[str, int]] = None) -> List[Any]:
         """Plan the removal of the layout's vGPUs on ``g`` (the GPU must be empty for
-        ``reasons``); block on any other vGPU there.  Returns the removed entries."""
+        ``reasons``); block on any other vGPU there.  Returns the removed entries.
+
+        ``keep``: lower-case type name -> how many of that type the layout creates on
+        ``g`` afterwards (the removed ones first, in id order, as :meth:`count_vgpus`
+        reuses them); None when nothing comes back (passthrough).  Only the reasons
+        say "re-created" for the ones that are."""
         text = "; ".join(reasons)
+        left = dict(keep or {})
         for e in vg.others:
             what = f"vGPU {e.id} ({e.type_name or e.type_id}) on {g.address}"
             if e.owner in self.active:
@@ -418,9 +438,20 @@ class _Walker:
         removed = []
         for e in sorted(vg.layout_active + vg.layout_missing, key=lambda e: e.id):
             gone = e.state == "missing"
+            key = (e.type_name or e.type_id or "").lower()
+            if gone:
+                after = ""
+            elif keep is None:
+                after = "; not re-created: the GPU is passed through"
+            elif left.get(key, 0) > 0:
+                left[key] -= 1
+                after = ("; the layout re-creates it after, with the same UUID" if e.backend == BACKEND_MDEV
+                         else f"; the layout creates a {e.type_name} again after")
+            else:
+                after = "; the layout does not want it back"
             self.step("vgpu-remove", Step(
                 "vgpu", str(g.address), f"{'drop the record of missing' if gone else 'remove'} {e.type_name} {e.id}",
-                f"{text}; the layout re-creates it after ({why})", op="vgpu.remove", args=(("id", e.id),)))
+                f"{text}{after} ({why})", op="vgpu.remove", args=(("id", e.id),)))
             if not gone:
                 removed.append(e)
         return removed
@@ -451,6 +482,16 @@ class _Walker:
                 out[t.name.lower()] = (t.name, t.type_id)
         return out
 
+    def spelled(self, g: Gpu, name: str) -> str:
+        """A vGPU type name as ``g``'s driver spells it (names match without case), else as
+        vgpuhost's board table spells it, else as written."""
+        hit = self.offered(g).get(name.lower())
+        if hit is not None:
+            return hit[0]
+        table = board_tables().get(g.pci.device)
+        row = table.types.get(name.lower()) if table is not None else None
+        return row[0] if row is not None else name
+
     def check_types(self, g: Gpu, names: Sequence[Any], *, mig_profiles=None) -> None:
         """Each wanted vGPU type exists on ``g``: InputError ``FILE:LINE:`` naming near matches."""
         from .config import _near
@@ -473,6 +514,9 @@ class _Walker:
                 continue
             known = [n for n, _ in offered.values() if not (VgpuProfile.try_parse(n) or p).mig_backed]
             if not known and table is not None:
+                # the GPU lists no time-sliced type now (MIG mode on): vgpuhost's table decides
+                if c.name.lower() in table.types:
+                    continue
                 known = [r[0] for r in table.types.values() if not VgpuProfile.parse(r[0]).mig_backed]
             if known:
                 raise c.where.error(f"vGPU type {c.name} does not exist on {label}",
@@ -482,7 +526,7 @@ class _Walker:
                     where, *, capacity_check: bool) -> None:
         """Plan the layout's vGPUs on one GPU (per-gpu counts, or MIG-backed)."""
         bdf = str(g.address)
-        want = {c.name.lower(): (c.name, c.count) for c in wanted}
+        want = {c.name.lower(): (self.spelled(g, c.name), c.count) for c in wanted}
         have: Dict[str, List[Any]] = {}
         for e in vg.layout_active:
             have.setdefault((e.type_name or e.type_id).lower(), []).append(e)
@@ -490,7 +534,7 @@ class _Walker:
         for e in vg.layout_missing:
             missing.setdefault((e.type_name or e.type_id).lower(), []).append(e)
         for key in sorted(set(want) | set(have)):
-            name, n = want.get(key, (have[key][0].type_name if key in have else key, 0))
+            name, n = want[key] if key in want else (self.spelled(g, have[key][0].type_name or key), 0)
             h = len(have.get(key, []))
             if h != n:
                 self.diff(f"{bdf} vgpu {name} x{n} (host has {h})")
@@ -510,7 +554,8 @@ class _Walker:
                     creates.append((name, n, tuple(reuse.get(key, [])[:n])))
         else:
             for key in sorted(set(want) | set(have) | set(missing)):
-                name, n = want.get(key, (key, 0))
+                name, n = want[key] if key in want else (
+                    self.spelled(g, _type_name(have.get(key, []) + missing.get(key, []), key)), 0)
                 present = sorted(have.get(key, []), key=lambda e: self._time(e.id))
                 gone = missing.get(key, [])
                 for e in present[n:][::-1]:
@@ -631,6 +676,40 @@ class _Walker:
             self.diff(f"{bdf} {entry.mode} (host offers no vGPU types)")
         return True
 
+    @staticmethod
+    def _vfs_off(g: Gpu) -> bool:
+        """SR-IOV capable, VFs not enabled (the operator disabled them, or never enabled them)."""
+        return bool(g.vgpu_backend is None and g.pci.sriov_totalvfs and not g.pci.sriov_numvfs)
+
+    def _vfs_block_mig(self, g: Gpu, entry: Entry, change: str) -> bool:
+        """On vendor-specific VFIO, MIG mode changes only while the VFs are disabled
+        (REFERENCE.md §3): an operator step, so the plan is blocked before anything is
+        removed.  True when so."""
+        from .mig import ORDER
+        if not (g.vgpu_backend == "vendor-vfio" and g.vfs):
+            return False
+        bdf = str(g.address)
+        self.plan.manual.append(Step(
+            "sriov", bdf, f"disable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -d {bdf}), run vgpuhost apply, "
+            f"then enable them (sriov-manage -e {bdf}) and run apply again",
+            f"MIG mode can change only while VFs are disabled on vendor-specific VFIO (order: {ORDER}; "
+            f"{entry.where})"))
+        self.block(f"{bdf}: {change}: MIG mode can change only while its {len(g.vfs)} SR-IOV VFs are disabled: "
+                   f"run /usr/lib/nvidia/sriov-manage -d {bdf} first (vgpuhost does not run it)")
+        return True
+
+    def _vfs_after(self, g: Gpu, entry: Entry) -> None:
+        """The VFs are off and this apply changes MIG mode (the moment for it): enabling them
+        is the operator's next step, then apply again for GPU instances and vGPUs
+        (``sriov-manage -e`` destroys GPU instances, REFERENCE.md §3)."""
+        bdf = str(g.address)
+        self.plan.manual.append(Step(
+            "sriov", bdf, f"after this apply: enable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -e {bdf}), then run "
+            "apply again", f"{entry.mode} mode needs the VFs that carry vGPUs; "
+            + ("GPU instances and vGPUs come after them, since enabling them destroys GPU instances"
+               if entry.mode == "mig" else "the vGPUs come after them") + f" ({entry.where})"))
+        self.diff(f"{bdf} sriov enabled (host has 0 VFs)", OPERATOR_MARK)
+
     def vgpu(self, g: Gpu, entry: Entry, total: bool = False) -> Optional[List[Any]]:
         """A vgpu entry on one GPU: everything but the counts when ``total`` (returns the
         removed layout vGPUs when the GPU is emptied, else None)."""
@@ -638,6 +717,15 @@ class _Walker:
         bdf = str(g.address)
         where = str(entry.where)
         released = self.release_if_passed_through(g, entry)
+        if not released and self._vfs_off(g):
+            mode = self.nv.get("mig_mode", g.address)
+            if mode and mode[1]:              # VFs off: the moment to turn MIG mode off
+                self.diff(f"{bdf} mig-mode off (host has {'on' if mode[0] else 'off, on pending'})")
+                self.step("mig-mode", Step("mig-mode", bdf, "disable MIG mode (its GPU instances go first)",
+                                           f"time-sliced vGPUs need MIG mode off ({where})", op="mig.mode",
+                                           args=(("enabled", False),)))
+                self._vfs_after(g, entry)
+                return None
         if not released and self.no_backend(g, entry):
             return None
         self.check_types(g, [t for t in spec.types])
@@ -649,21 +737,35 @@ class _Walker:
             now = "on" if mode[0] else "off"
             if mode[0] != mode[1]:
                 now += f", {'on' if mode[1] else 'off'} pending"
-            self.diff(f"{bdf} mig-mode off (host has {now})")
+            vfs = mode[1] and self._vfs_block_mig(g, entry, "turning MIG mode off")
+            self.diff(f"{bdf} mig-mode off (host has {now})", OPERATOR_MARK if vfs else None)
             empty_for.append("MIG mode can change only while the GPU has no vGPUs")
             touches.append("turning MIG mode off")
             self.step("mig-mode", Step("mig-mode", bdf, "disable MIG mode (its GPU instances go first)",
                                        f"time-sliced vGPUs need MIG mode off ({where})", op="mig.mode",
                                        args=(("enabled", False),)))
-        mixed_now = None if released or mode and mode[0] else self.nv.get("heterogeneous_mode", g.address)
+        # NVML answers for this GPU's device-level vGPU settings now (not while it is passed
+        # through or in MIG mode; then the state is unknown until the steps before run)
+        reads = not released and not (mode and mode[0])
+        mixed_now = self.nv.get("heterogeneous_mode", g.address) if reads else None
+        sched_now = self.nv.get("scheduler_state", g.address) if reads else None
         table = board_tables().get(g.pci.device)
         if table is not None:             # the same counts check as the lint, for any selector
             check_vgpu_types(spec, table, f"{bdf} ({g.model})",
                              mixed=bool(spec.mixed_size if spec.mixed_size is not None else mixed_now))
+        mixed_on_step = False             # a step turns mixed-size mode on
         if spec.mixed_size is not None:
             cur = mixed_now
-            if cur is None or bool(cur) != spec.mixed_size:
+            if cur is None and reads:
+                if spec.mixed_size:
+                    raise (spec.where or entry.where).error(
+                        f"mixed_size: true, but {bdf} ({g.model}) has no mixed-size vGPU mode (NVML: not "
+                        "supported)", hint="mixed-size mode needs vGPU 17+ on a board that offers it; use one "
+                                           "framebuffer size and mixed_size: false")
+                # off where the GPU has no such mode: nothing to do
+            elif cur is None or bool(cur) != spec.mixed_size:
                 want = "on" if spec.mixed_size else "off"
+                mixed_on_step = spec.mixed_size
                 if cur is not None:
                     self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
                     touches.append("changing mixed-size mode")
@@ -673,27 +775,39 @@ class _Walker:
                                              (f"host has {'on' if cur else 'off'}" if cur is not None else
                                               "its state is unknown until the steps before run")
                                              + f" ({where})", op="mixed-size", args=(("on", spec.mixed_size),)))
+        if mixed_on_step and entry.scheduler is None and sched_now is not None \
+                and sched_now.policy == "fixed-share":
+            self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
+                       f"(REFERENCE.md §6): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
+                       f"at {where}")
         if entry.scheduler is not None:
             from .scheduler import describe, matches
             want_state = entry.scheduler.state
             if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
                 self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (REFERENCE.md §6): "
                            f"add mixed_size: false to the entry at {where}, or use equal-share")
-            cur = None if released or mode and mode[0] else self.nv.get("scheduler_state", g.address)
+            if reads:
+                want_state = self._schedulable(g, entry, want_state)
+            cur = sched_now
             if cur is None or not matches(want_state, cur):
                 if cur is not None:
                     self.diff(f"{bdf} scheduler {describe(want_state)} (host has {describe(cur)})")
                     touches.append("changing the scheduler")
                     if self._running(g):
                         empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
-                self.step("scheduler", Step("scheduler", bdf, f"set the vGPU scheduler: {describe(want_state)}",
-                                            (f"host has {describe(cur)}" if cur is not None else
-                                             "its state is unknown until the steps before run")
-                                            + f" ({entry.scheduler.where})", op="scheduler",
-                                            args=(("state", want_state),)))
+                # leaving fixed share for mixed-size mode: the scheduler first (REFERENCE.md §6)
+                phase = "scheduler-first" if mixed_on_step else "scheduler"
+                self.step(phase, Step("scheduler", bdf, f"set the vGPU scheduler: {describe(want_state)}",
+                                      (f"host has {describe(cur)}" if cur is not None else
+                                       "its state is unknown until the steps before run")
+                                      + f" ({entry.scheduler.where})"
+                                      + ("; before mixed-size mode, which fixed share does not allow"
+                                         if mixed_on_step and cur is not None and cur.policy == "fixed-share"
+                                         else ""), op="scheduler", args=(("state", want_state),)))
             if entry.scheduler.persist:
-                self.persist_scheduler(g, want_state, entry)
-        removed = self.empty(g, vg, empty_for, where) if empty_for else None
+                self.persist_scheduler(g, entry.scheduler.state, entry)
+        keep = {c.name.lower(): c.count for c in spec.types if c.count}
+        removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
             for what in touches:
                 self.guard_in_use(g, vg, what)
@@ -703,6 +817,26 @@ class _Walker:
             if not mixed and not released:
                 self.equal_size(g, vg, spec.types)
         return removed
+
+    def _schedulable(self, g: Gpu, entry: Entry, state: SchedulerState) -> SchedulerState:
+        """The state :func:`vgpuhost.scheduler.set_runtime` would set on ``g`` for ``state`` (the
+        driver's default time slice where the device has no ARR and no ARR parameter is given);
+        InputError ``FILE:LINE:`` when the device cannot take it, so apply never removes vGPUs for
+        a scheduler step that would then fail."""
+        from .scheduler import check_caps
+        where = entry.scheduler.where
+        caps = self.nv.get("scheduler_caps", g.address)
+        if caps is None or self.nv.get("scheduler_state", g.address) is None:
+            raise where.error(f"{g.address} ({g.model}) has no device-level vGPU scheduler (NVML: not supported)",
+                              hint="remove the scheduler key from this entry (and from the layout's default)")
+        if (state.arr and not caps.arr_supported and state.frequency_hz is None and state.avg_factor is None
+                and state.policy != "best-effort"):
+            state = replace(state, arr=False)
+        try:
+            check_caps(g.address, state, caps)
+        except VgpuhostError as e:
+            raise where.error(f"scheduler: {e.message}", hint=e.hint) from None
+        return state
 
     def _running(self, g: Gpu) -> bool:
         n = self.nv.get("active_vgpus", g.address)
@@ -744,16 +878,17 @@ class _Walker:
                 have.setdefault(e.type_name.lower(), []).append((g, e))
             for e in vg.layout_missing:
                 missing.setdefault(e.type_name.lower(), []).append((g, e))
-        want = {c.name.lower(): (c.name, c.count) for c in spec.types}
+        want = {c.name.lower(): (self.spelled(gpus[0], c.name), c.count) for c in spec.types}
         for key in sorted(set(want) | set(have)):
-            name, n = want.get(key, (have[key][0][1].type_name if key in have else key, 0))
+            name, n = want[key] if key in want else (self.spelled(gpus[0], have[key][0][1].type_name or key), 0)
             if len(have.get(key, [])) != n:
                 self.diff(f"{label} vgpu {name} x{n} total (host has {len(have.get(key, []))})")
         for key, pairs in sorted(missing.items()):
             for g, e in pairs:
                 self.diff(f"{g.address} vgpu {e.type_name} {e.id} (recorded for the layout, missing on the host)")
         for key in sorted(set(want) | set(have) | set(missing)):
-            name, n = want.get(key, (key, 0))
+            name, n = want[key] if key in want else (self.spelled(gpus[0], _type_name(
+                [e for _, e in have.get(key, []) + missing.get(key, [])], key)), 0)
             # vGPUs on emptied GPUs come back where they were
             kept: List[Tuple[Gpu, Any]] = []
             for g, e in have.get(key, []):
@@ -810,7 +945,7 @@ class _Walker:
                                               args=(("profile", name), ("count", k), ("uuids", ()))))
 
     def mig(self, g: Gpu, entry: Entry) -> None:
-        from .mig import ORDER, layout_text, plan_layout
+        from .mig import layout_text, plan_layout
         spec: MigSpec = entry.mig
         bdf = str(g.address)
         where = str(entry.where)
@@ -831,6 +966,22 @@ class _Walker:
         profiles = self.nv.get("gi_profiles", g.address) or []
         label = f"{bdf} ({self.nv.get('device_name', g.address) or g.model})"
         wanted_ids = check_mig(spec, profiles, label)
+        if any(c.count for c in spec.vgpus) and self._vfs_off(g) and not mode[0]:
+            # VFs off: the moment to turn MIG mode on; GPU instances and vGPUs come after the
+            # VFs are enabled (REFERENCE.md §3)
+            if mode[1]:
+                self.plan.reboot.append(Step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or reboot: "
+                                             "MIG mode on is pending", f"mode mig ({where})", reboot=True))
+                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
+            else:
+                self.diff(f"{bdf} mig-mode on (host has off)")
+                procs = self.nv.get("compute_processes", g.address)
+                if procs:
+                    self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
+                self.step("mig-mode", Step("mig-mode", bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
+                                           op="mig.mode", args=(("enabled", True),)))
+            self._vfs_after(g, entry)
+            return
         if any(c.count for c in spec.vgpus) and self.no_backend(g, entry):
             return
         self.check_types(g, spec.vgpus, mig_profiles=profiles)
@@ -846,15 +997,8 @@ class _Walker:
                                              "after the reset", reboot=True))
                 self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
                 return
-            self.diff(f"{bdf} mig-mode on (host has off)")
-            if g.vgpu_backend == "vendor-vfio" and g.vfs:
-                self.plan.manual.append(Step(
-                    "sriov", bdf, f"disable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -d {bdf}), run vgpuhost apply, "
-                    f"then enable them (sriov-manage -e {bdf}) and run apply again",
-                    f"MIG mode can change only while VFs are disabled on vendor-specific VFIO (order: {ORDER}; "
-                    f"{where})"))
-                self.block(f"{bdf}: MIG mode can change only while its {len(g.vfs)} SR-IOV VFs are disabled: run "
-                           f"/usr/lib/nvidia/sriov-manage -d {bdf} first (vgpuhost does not run it)")
+            vfs = self._vfs_block_mig(g, entry, "enabling MIG mode")
+            self.diff(f"{bdf} mig-mode on (host has off)", OPERATOR_MARK if vfs else None)
             procs = self.nv.get("compute_processes", g.address)
             if procs:
                 self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
@@ -865,7 +1009,8 @@ class _Walker:
         else:
             gis = self.nv.get("gpu_instances", g.address) or []
             if not pending:                   # on now, but off after the next GPU reset
-                self.diff(f"{bdf} mig-mode on (host has on, off pending)")
+                vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
+                self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
                 touches.append("enabling MIG mode")
                 self.step("mig-mode", Step("mig-mode", bdf, "enable MIG mode (cancels the pending disable)",
                                            f"mode mig, host has MIG off pending ({where})", op="mig.mode",
@@ -890,7 +1035,8 @@ class _Walker:
                                            + (f": {'; '.join(parts)}" if parts else ""),
                                            f"host has {layout_text(have_counts)} ({where})", op="mig.apply",
                                            args=(("layout", layout),)))
-        removed = self.empty(g, vg, empty_for, where) if empty_for else None
+        keep = {c.name.lower(): c.count for c in spec.vgpus if c.count}
+        removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
             for what in touches:
                 self.guard_in_use(g, vg, what)
@@ -928,6 +1074,11 @@ class _Walker:
                     self.vgpu(g, entry)
         self.orphans(selection)
         return self.result()
+
+
+def _type_name(entries: Sequence[Any], default: str) -> str:
+    """The type name the first of ``entries`` (vGPU list entries) records, else ``default``."""
+    return next((e.type_name for e in entries if e.type_name), default)
 
 
 def _taken(o: GpuOffer) -> GpuOffer:
