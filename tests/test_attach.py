@@ -227,6 +227,85 @@ def test_hand_made_hostdev_is_a_duplicate(lv, env):
             "was not attached by vgpuhost")
 
 
+def pci_hostdev(bdf: str, managed: str = "yes") -> str:
+    """A hand-written ``<hostdev type='pci'>`` for host function ``bdf``."""
+    a = PciAddress.parse(bdf)
+    return (f"<hostdev mode='subsystem' type='pci' managed='{managed}'><source><address domain='0x{a.domain:04x}' "
+            f"bus='0x{a.bus:02x}' slot='0x{a.slot:02x}' function='0x{a.function:x}'/></source></hostdev>")
+
+
+def test_vf_is_never_placed_on_a_gpu_a_hand_written_hostdev_passes_through(lv, env):
+    """Review 1 item 2: vm5 passes the PF through by hand (managed='yes', no vgpuhost metadata)."""
+    host, store = env("l40s-vendor-vfio")
+    lv.define("vgh-hand5", pci_hostdev("0000:21:00.0"))
+    vm3 = lv.define("vgh-vm3")
+    # pinned to the GPU vm5 holds: refused, nothing reserved
+    err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-vm3", profile="L40S-4Q", gpu="0000:21:00.0"),
+                  vm3, "cannot reserve a VF for L40S-4Q")
+    assert "passed through to domain vgh-hand5" in err.message and err.exit_code == 2
+    # unpinned: the other GPU, never a VF of 0000:21:00.0
+    out = attach(host, store, URI, "vgh-vm3", profile="L40S-48Q")
+    assert out.devices[0].gpu == "0000:a1:00.0"
+    assert [h.find("source/address").get("bus") for h in hostdevs(vm3)] == ["0xa1"]
+    assert meta_of(vm3).vgpus == [domxml.VgpuRequest("L40S-48Q", vf=PciAddress.parse(out.devices[0].id))]
+    # ... and once that GPU is full, there is no GPU left: refused, not a VF of the passed-through PF
+    vm4 = lv.define("vgh-vm4")
+    refused(RefusedError, lambda: attach(host, store, URI, "vgh-vm4", profile="L40S-48Q"), vm4,
+            "cannot reserve a VF for L40S-48Q")
+    assert hostdevs(vm4) == [] and meta_of(vm4) is None
+
+
+def test_vf_placement_skips_a_gpu_this_domain_passes_through_by_hand(lv, env):
+    host, store = env("l40s-vendor-vfio")
+    dom = lv.define("vgh-self", pci_hostdev("0000:21:00.0", managed="no"))
+    refused(RefusedError, lambda: attach(host, store, URI, "vgh-self", profile="L40S-4Q", gpu="0000:21:00.0"),
+            dom, "passed through to domain vgh-self")
+    assert attach(host, store, URI, "vgh-self", profile="L40S-4Q").devices[0].gpu == "0000:a1:00.0"
+
+
+def test_mdev_refuses_a_gpu_whose_group_function_another_domain_holds_by_hand(lv, env):
+    """A hostdev for the GPU's HD-audio function (same IOMMU group) takes the whole GPU away."""
+    host, store = env("a100-sriov-mdev")
+    lv.define("vgh-audio", pci_hostdev("0000:41:00.1"))
+    dom = lv.define("vgh-mdev-pin")
+    refused(RefusedError, lambda: attach(host, store, URI, "vgh-mdev-pin", profile="A100-4C", gpu="0000:41:00.0"),
+            dom, "0000:41:00.0 is passed through to domain vgh-audio: it offers no vGPUs")
+    err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-mdev-pin", profile="A100-4C"), dom,
+                  "every GPU that offers A100-4C (0000:41:00.0) is passed through by a defined domain")
+    assert err.exit_code == 2 and meta_of(dom) is None
+
+
+def test_passthrough_held_by_a_hand_written_hostdev_points_to_virsh(lv, env):
+    """Review 1 item 3: vgpuhost detach cannot remove a hostdev it did not attach; the remedy is virsh."""
+    host, store = env("l40s-vendor-vfio")
+    lv.define("vgh-vm5", pci_hostdev("0000:21:00.0"))
+    vm2 = lv.define("vgh-vm2")
+    err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-vm2", passthrough="0000:21:00.0"), vm2,
+                  "0000:21:00.0 is already given to domain vgh-vm5: its hostdev for 0000:21:00.0 was not "
+                  "attached by vgpuhost")
+    assert "virsh" in err.hint and "vgpuhost detach" not in err.hint
+    # attached by vgpuhost: the remedy is vgpuhost detach, which works
+    lv.define("vgh-vm6")
+    attach(host, store, URI, "vgh-vm6", passthrough="0000:a1:00.0")
+    err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-vm2", passthrough="0000:a1:00.0"), vm2,
+                  "already given to domain vgh-vm6")
+    assert "vgpuhost detach vgh-vm6 0000:a1:00.0" in err.hint
+    detach(host, store, URI, "vgh-vm6", device="0000:a1:00.0")
+    attach(host, store, URI, "vgh-vm2", passthrough="0000:a1:00.0")
+    assert meta_of(vm2).passthrough == [PciAddress.parse("0000:a1:00.0")]
+
+
+def test_passthrough_refusal_names_each_vf_once(lv, env):
+    """Review 1 item 14: a VF is in the metadata and in a hostdev; the message lists it once."""
+    host, store = env("l40s-vendor-vfio")
+    lv.define("vgh-vm1")
+    vf = attach(host, store, URI, "vgh-vm1", profile="L40S-4Q", gpu="0000:a1:00.0").devices[0].id
+    dom = lv.define("vgh-pt-vf")
+    err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-pt-vf", passthrough="0000:a1:00.0"), dom,
+                  f"0000:a1:00.0 carries vGPUs of domain vgh-vm1 ({vf}): a GPU is either passed through or shared")
+    assert err.message.count(vf) == 1
+
+
 def test_second_vgpu_on_the_same_gpu_is_refused(lv, env):
     host, store = env("a40-mdev")
     dom = lv.define("vgh-two")
@@ -264,8 +343,11 @@ def test_running_domain_and_live(lv, env):
             "--live is supported for classic mdev vGPUs only")
     refused(RefusedError, lambda: detach(host, store, URI, "vgh-run", all=True), dom, "is running")
     # --live mdev: created now, hot-plug fails on the test driver -> rolled back, definition unchanged
-    refused(DeviceError, lambda: attach(host, store, URI, "vgh-run", profile="A40-8Q", live=True), dom,
-            "was removed again")
+    err = refused(DeviceError, lambda: attach(host, store, URI, "vgh-run", profile="A40-8Q", live=True), dom,
+                  "was removed again")
+    # review 1 item 17: said once, naming the vGPU: "hot-plugging A40-8Q vGPU <uuid> into vgh-run: ..."
+    assert err.message.startswith("hot-plugging A40-8Q vGPU ") and " into vgh-run: " in err.message
+    assert err.message.count("hot-plugging") == 1 and err.message.endswith("the definition is unchanged")
     assert discover(Sysfs(host)).mdevs == () and store.vgpu_records() == []
     assert [r for r in store.audit_rows() if r.path.endswith("/create")], "the mdev was really created first"
 
@@ -275,7 +357,7 @@ def test_live_mdev_creates_hotplugs_and_defines(lv, env, monkeypatch):
     record, the definition and the live metadata are the real outcomes."""
     from vgpuhost import virt
     plugged = []
-    monkeypatch.setattr(virt.Domain, "attach_live", lambda self, xml: plugged.append((self.name, xml)))
+    monkeypatch.setattr(virt.Domain, "attach_live", lambda self, xml, **kw: plugged.append((self.name, xml)))
     host, store = env("a40-mdev")
     dom = lv.define("vgh-live")
     dom.create()

@@ -133,7 +133,8 @@ def test_mdev_without_model_or_display_on_pci_is_invalid(rng):
     (lambda inv: domain.render_mdev("../../etc/passwd"), InputError, "invalid UUID"),
     (lambda inv: domain.render_mdev(UUID, ramfb=True), InputError, "--ramfb needs --display"),
     (lambda inv: domain.render_mdev(UUID, guest_slot=0), InputError, "out of range"),
-    (lambda inv: domain.render_vf(P("0000:21:00.4"), guest_slot=0x20), InputError, "out of range"),
+    (lambda inv: domain.render_vf(P("0000:21:00.4"), guest_slot=0x20), InputError, "guest PCI slot 0x20 is out"),
+    (lambda inv: domain.render_mdev("00000000-0000-0000-0000-000000000000"), InputError, "nil UUID"),
 ])
 def test_render_refusals(call, exc, text, make_host):
     with pytest.raises(exc) as err:
@@ -210,6 +211,11 @@ def test_cli_render_json_passthrough(make_host, capsys):
     ("a40-mdev", ["--passthrough", "0000:81:00.0", "--display"], "apply to vGPUs"),
     ("a40-mdev", ["--passthrough", "0000:81:00.0", "--guest-slot", "zz"], "invalid --guest-slot"),
     ("a40-mdev", ["--profile", "A40-8Q", "--uuid", "../../x"], "invalid UUID"),
+    # review 1 item 15: the slot as the operator typed it (hex), and no nil UUID
+    ("a40-mdev", ["--passthrough", "0000:81:00.0", "--guest-slot", "0x20"], "guest PCI slot 0x20 is out of range"),
+    ("a40-mdev", ["--profile", "A40-8Q", "--guest-slot", "0"], "guest PCI slot 0x00 is out of range"),
+    ("a40-mdev", ["--profile", "A40-8Q", "--uuid", "00000000-0000-0000-0000-000000000000"],
+     "the nil UUID 00000000-0000-0000-0000-000000000000 cannot name an mdev"),
     ("sata-shared-group", ["--passthrough", "0000:03:00.0"], "is not viable"),
     ("l40s-vendor-vfio", ["--profile", "L40S-4Q", "--display"], "apply to classic mdev vGPUs"),
 ])

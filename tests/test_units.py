@@ -41,10 +41,22 @@ def unit_lines(text: str):
     return out
 
 
+def put_exe(root) -> Path:
+    """A stand-in for EXE under the host root (install-units warns when the exe is not there)."""
+    exe = Path(root) / EXE.lstrip("/")
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return exe
+
+
 def install(capsys, root, *extra):
+    put_exe(root)
     code, out, err = run(capsys, "--root", str(root), "--json", "install-units", "--exe", EXE, *extra)
     assert code == 0, err
-    return json.loads(out)
+    doc = json.loads(out)
+    assert doc["warnings"] == []
+    return doc
 
 
 def test_install_writes_both_units_with_paths_filled_in(tmp_path, capsys):
@@ -72,7 +84,9 @@ def test_install_writes_both_units_with_paths_filled_in(tmp_path, capsys):
     assert layout["ConditionPathExists"] == ["/etc/vgpuhost/site.yaml"]
     assert layout["ExecStart"][0].endswith(f" vgpuhost-layout {EXE} apply -c /etc/vgpuhost/site.yaml training")
     assert reconcile["ExecStart"][0].endswith(f" vgpuhost-reconcile {EXE} reconcile")
-    assert "VGPUHOST_RETRIES=6 VGPUHOST_RETRY_DELAY=10" in layout["Environment"]
+    assert ('VGPUHOST_RETRIES=6 VGPUHOST_RETRY_DELAY=10 "VGPUHOST_RETRY_EXITS=2 3"' in layout["Environment"])
+    assert layout["ExecStartPre"] == [f"{EXE} config check -c /etc/vgpuhost/site.yaml"]
+    assert "ExecStartPre" not in reconcile
     assert "VGPUHOST_ACTOR=systemd:vgpuhost-layout.service" in layout["Environment"]
 
     # every write is in the audit log
@@ -145,6 +159,41 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("unit_dir", ["rel/units", "units", ".", ""])
+def test_relative_unit_dir_is_refused_and_nothing_is_written(tmp_path, capsys, monkeypatch, unit_dir):
+    """Review 1 item 6: systemd reads units from absolute directories; a relative --unit-dir used to
+    land under the working directory."""
+    root, cwd = tmp_path / "root", tmp_path / "cwd"
+    root.mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    code, out, err = run(capsys, "--root", str(root), "install-units", "--exe", EXE, "--unit-dir", unit_dir)
+    assert code == 2 and out == ""
+    what = "is empty or holds control characters" if not unit_dir else "is not an absolute path"
+    assert err.startswith(f"vgpuhost: error: unit directory {unit_dir!r} {what}; give --unit-dir an absolute path")
+    assert err.count("\n") == 1
+    assert list(cwd.iterdir()) == [] and list(root.iterdir()) == []
+
+
+def test_missing_exe_is_written_with_a_warning(tmp_path, capsys):
+    """Review 1 item 19: --exe naming nothing here is still written (it is the booted host's path), but
+    the operator is told the units would fail at boot."""
+    code, out, err = run(capsys, "--root", str(tmp_path), "--json", "install-units", "--exe", "/nonexistent")
+    assert code == 0, err
+    doc = json.loads(out)
+    [warning] = doc["warnings"]
+    assert warning.startswith("/nonexistent is not an executable file on this host: the units would fail at boot")
+    unit = (tmp_path / "etc" / "systemd" / "system" / units.LAYOUT_UNIT).read_text()
+    assert " vgpuhost-layout /nonexistent apply -c " in unit
+    code, out, _ = run(capsys, "--root", str(tmp_path), "install-units", "--exe", "/nonexistent")
+    assert code == 0 and "warning: /nonexistent is not an executable file on this host" in out
+    # an executable under the host root (the booted host's path) or on this machine: no warning
+    put_exe(tmp_path)
+    assert install(capsys, tmp_path)["warnings"] == []
+    doc = install(capsys, tmp_path / "other", "--exe", str(Path(sys.executable).parent / "vgpuhost"))
+    assert doc["warnings"] == []
+
+
 def test_default_executable_is_the_running_one():
     exe = units.default_executable()
     assert os.path.isabs(exe) and Path(exe).name == "vgpuhost" and os.access(exe, os.X_OK)
@@ -154,7 +203,8 @@ def test_default_executable_is_the_running_one():
                     "test_install_writes_both_units_with_paths_filled_in checks the key lines")
 def test_systemd_analyze_verify_accepts_the_units(tmp_path, capsys):
     # awkward paths: a space, a percent sign and a dollar must survive systemd's quoting
-    install(capsys, tmp_path, "--config", "/etc/vgpu host/50%$HOME.yaml", "--layout", "prod")
+    install(capsys, tmp_path, "--config", "/etc/vgpu host/50%$HOME.yaml", "--layout", "prod",
+            "--exe", str(Path(sys.executable).parent / "vgpuhost"))   # verify checks ExecStartPre's command
     unit_dir = tmp_path / "etc" / "systemd" / "system"
     proc = subprocess.run(["systemd-analyze", "verify", *(str(unit_dir / n) for n in units.UNIT_NAMES)],
                           capture_output=True, text=True, timeout=60)
@@ -174,14 +224,15 @@ STAND_IN = """#!/bin/sh
 n=$(cat "{count}" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "{count}"
 printf '%s\\n' "$*" >> "{log}"
 [ "$n" -ge {succeed_at} ] && exit 0
-exit 3
+exit {fail_rc}
 """
 
 
-def stand_in(tmp_path: Path, succeed_at: int) -> Path:
+def stand_in(tmp_path: Path, succeed_at: int, fail_rc: int = 3) -> Path:
     exe = tmp_path / "bin dir" / "vgpuhost"
     exe.parent.mkdir()
-    exe.write_text(STAND_IN.format(count=tmp_path / "count", log=tmp_path / "log", succeed_at=succeed_at))
+    exe.write_text(STAND_IN.format(count=tmp_path / "count", log=tmp_path / "log", succeed_at=succeed_at,
+                                   fail_rc=fail_rc))
     exe.chmod(0o755)
     return exe
 
@@ -202,6 +253,55 @@ def test_exec_start_retries_then_gives_up(tmp_path, succeed_at, rc, tries):
         assert "vgpuhost-layout: giving up after 4 tries (last exit 3)" in proc.stderr
     if tries > 1:
         assert "vgpuhost-layout: try 1 of 4 failed (exit 3); next try in 0s" in proc.stderr
+
+
+@pytest.mark.parametrize("name, fail_rc", [(units.LAYOUT_UNIT, 1), (units.LAYOUT_UNIT, 4),
+                                           (units.LAYOUT_UNIT, 127), (units.RECONCILE_UNIT, 4),
+                                           (units.RECONCILE_UNIT, 127)])
+def test_exec_start_does_not_retry_what_cannot_go_away(tmp_path, name, fail_rc):
+    """Review 1 item 18: only exits that can go away are retried (2: NVML or the vGPU manager not
+    ready yet, 3: a device operation failed; reconcile also 1: a re-creation failed); drift from
+    apply (1), a bug (4) or a missing executable (127) fails the unit at the first try."""
+    exe = stand_in(tmp_path, 99, fail_rc=fail_rc)
+    text = units.render(name, exe=str(exe), retries=6, retry_delay=30)     # a retry would take 30 s
+    env = dict(os.environ)
+    env.update(unit_environment(text))
+    assert env["VGPUHOST_RETRIES"] == "6" and env["VGPUHOST_RETRY_DELAY"] == "30"
+    proc = subprocess.run(exec_start_argv(text), env=env, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == fail_rc, proc.stderr
+    assert len((tmp_path / "log").read_text().splitlines()) == 1            # one try
+    unit = name.split(".")[0]
+    assert proc.stderr == (f"{unit}: try 1 failed (exit {fail_rc}); not retried: only exits "
+                           f"{units.RETRY_EXITS[name]} are\n")
+
+
+@pytest.mark.parametrize("name, rc", [(units.LAYOUT_UNIT, 2), (units.RECONCILE_UNIT, 1)])
+def test_exec_start_retries_an_environment_not_ready_yet(tmp_path, name, rc):
+    """NVML or the vGPU manager not loaded yet exits 2 (reconcile: 1 when a re-creation failed):
+    retried, since the vGPU manager can come up late."""
+    exe = stand_in(tmp_path, 2, fail_rc=rc)
+    env = dict(os.environ)
+    env.update(unit_environment(units.render(name, exe=str(exe), retries=3, retry_delay=0)))
+    env["VGPUHOST_RETRY_DELAY"] = "0"
+    proc = subprocess.run(exec_start_argv(units.render(name, exe=str(exe), retries=3, retry_delay=0)),
+                          env=env, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert len((tmp_path / "log").read_text().splitlines()) == 2
+    assert f"try 1 of 3 failed (exit {rc})" in proc.stderr
+
+
+def test_layout_unit_checks_the_config_first_without_retries(tmp_path):
+    """A config file that cannot pass fails the unit at once: ExecStartPre runs 'config check'."""
+    config = tmp_path / "layout.yaml"
+    config.write_text("version: 1\nlayouts:\n  a:\n    gpus: []\n    colour: blue\n")
+    exe = str(Path(sys.executable).parent / "vgpuhost")
+    text = units.render(units.LAYOUT_UNIT, exe=exe, config=str(config))
+    pre = shlex.split(unit_lines(text)["ExecStartPre"][0])
+    assert pre == [exe, "config", "check", "-c", str(config)]
+    proc = subprocess.run(pre, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and str(config) in proc.stderr and "colour" in proc.stderr, proc.stderr
+    config.write_text("version: 1\nlayouts:\n  a:\n    gpus: []\n")
+    assert subprocess.run(pre, capture_output=True, text=True, timeout=60).returncode == 0
 
 
 def test_exec_start_survives_a_bad_retry_setting(tmp_path):

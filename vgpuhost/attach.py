@@ -17,11 +17,15 @@ What is decided when (the qemu hook does the rest at ``prepare begin``):
   chosen then by the domain's strategy (or the ``--gpu`` pin).
 - vendor-specific VFIO (vGPU 17+, MIG-backed included): the hostdev must
   name a VF, so the VF is chosen now by placement over free VFs, excluding
-  VFs any defined domain already names and VFs with a vGPU type set; the
-  hook sets the VF's vGPU type at start.
+  VFs any defined domain already names, VFs with a vGPU type set, and GPUs
+  any defined domain passes through (:func:`passed_through`: vgpuhost's
+  metadata, or a hostdev naming a function of the GPU's slot or IOMMU
+  group, hand-written ones included); the hook sets the VF's vGPU type at
+  start.
 
 Refusals (RefusedError, exit 2) leave the definition byte-for-byte as it
-was: the same device twice; a GPU another domain holds; two vGPUs on one
+was: the same device twice; a GPU another domain holds (a vGPU is never
+placed on a GPU a defined domain passes through); two vGPUs on one
 physical GPU in one domain (pinned, or VFs of one PF), or more vGPUs than
 GPUs that offer them (one vGPU per VM per physical GPU, REFERENCE.md §9);
 a taken guest slot; a second ramfb; display without graphics; a running
@@ -134,6 +138,43 @@ def _others(conn, me_uuid: str) -> List[_Other]:
     return out
 
 
+def _gpu_functions(inv: Inventory, gpu: PciAddress) -> Set[PciAddress]:
+    """The host functions that give ``gpu`` to a guest when a hostdev names one of them: the GPU,
+    the other functions of its slot and the endpoints of its IOMMU group.  VFs are left out (a VF
+    carries a vGPU: :func:`_reserved_vfs`), and so are bridges."""
+    out = {gpu}
+    for a, d in inv.devices.items():
+        if a.slot_address == gpu.slot_address and not d.is_vf and not d.is_bridge:
+            out.add(a)
+    group = inv.group_of(gpu)
+    for m in (group.members if group is not None else ()):
+        d = inv.devices.get(m)
+        if d is not None and not d.is_vf and not d.is_bridge:
+            out.add(m)
+    return out
+
+
+def passed_through(inv: Inventory, views: Sequence[Tuple[str, domxml.DomainView]]) -> Dict[PciAddress, str]:
+    """``{GPU: domain name}`` of every GPU a defined domain passes through.
+
+    A GPU is passed through when vgpuhost's metadata names it, or when any
+    ``<hostdev type='pci'>`` names the GPU or another function of its slot
+    or IOMMU group, whoever wrote it (``managed='yes'`` by hand included):
+    once that domain starts, the GPU is off NVIDIA's driver and offers no
+    vGPUs.  The first view that holds a GPU names it.
+    """
+    funcs = {g.address: _gpu_functions(inv, g.address) for g in inv.gpus}
+    out: Dict[PciAddress, str] = {}
+    for name, v in views:
+        for g in (v.metadata.passthrough if v.metadata else ()):
+            out.setdefault(g, name)
+        sources = set(v.pci_sources)
+        for g, fs in funcs.items():
+            if sources & fs:
+                out.setdefault(g, name)
+    return out
+
+
 def _reserved_vfs(views: Sequence[Tuple[str, domxml.DomainView]]) -> Dict[str, str]:
     """``{BDF: domain name}`` of every VF or PCI function a domain names (metadata or hostdev)."""
     out: Dict[str, str] = {}
@@ -203,7 +244,8 @@ def check_one_per_gpu(inv: Inventory, records, seen, domain: str, existing: Sequ
     """
     mine = _candidates(inv, records, seen, new, excluded)
     if not mine:
-        raise RefusedError(f"every GPU that offers {new.profile} ({', '.join(map(str, sorted(excluded)))}) is "
+        gone = sorted(_candidates(inv, records, seen, new) & set(excluded))
+        raise RefusedError(f"every GPU that offers {new.profile} ({', '.join(map(str, gone))}) is "
                            "passed through by a defined domain", hint="detach the passthrough first")
     if len(mine) == 1:
         g = next(iter(mine))
@@ -403,17 +445,26 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
         if r.gpu == gpu or (r.vf is not None and r.vf in vfs):
             raise RefusedError(f"domain {dname} already has vGPU {r.device} on {gpu}: a GPU is either passed "
                                "through or shared", hint=f"detach {r.device} first")
+    group_funcs = _gpu_functions(inv, gpu)
     for o in others:
-        if gpu in o.meta.passthrough or any(a in set(o.view.pci_sources) for a in funcs):
+        if gpu in o.meta.passthrough:
             raise RefusedError(f"{gpu} is already given to domain {o.name}",
                                hint=f"detach it there first (vgpuhost detach {o.name} {gpu})")
-        held = [str(s) for s in o.view.pci_sources if s in vfs]
-        held += [str(r.vf) for r in o.meta.vgpus if r.vf is not None and r.vf in vfs]
-        pinned = [r.device for r in o.meta.vgpus if r.gpu == gpu]
-        if held or pinned:
-            raise RefusedError(f"{gpu} carries vGPUs of domain {o.name} ({', '.join((held + pinned)[:3])}): a GPU "
+        by_hand = [a for a in o.view.pci_sources if a in group_funcs]
+        if by_hand:
+            raise RefusedError(f"{gpu} is already given to domain {o.name}: its hostdev for {by_hand[0]} was not "
+                               "attached by vgpuhost", hint=f"remove that hostdev from {o.name} first (virsh edit "
+                               f"{o.name}, or virsh detach-device {o.name} FILE --config)")
+        named = [str(s) for s in o.view.pci_sources if s in vfs]
+        named += [str(r.vf) for r in o.meta.vgpus if r.vf is not None and r.vf in vfs]
+        named += [r.device for r in o.meta.vgpus if r.gpu == gpu]
+        held = list(dict.fromkeys(named))            # a VF is in the metadata and in a hostdev
+        if held:
+            more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+            raise RefusedError(f"{gpu} carries vGPUs of domain {o.name} ({', '.join(held[:3])}{more}): a GPU "
                                "is either passed through or shared", hint=f"detach them from {o.name} first")
-    passed = set(meta.passthrough) | {g for o in others for g in o.meta.passthrough} | {gpu}
+    views = [(dname, doc.view)] + [(o.name, o.view) for o in others]
+    passed = set(passed_through(inv, views)) | set(meta.passthrough) | {gpu}
     # vGPUs whose type no GPU here offers cannot take a GPU here anyway: they do not count
     own = [(r, _candidates(inv, records, seen, r, passed)) for r in meta.vgpus
            if _candidates(inv, records, seen, r)]
@@ -443,13 +494,6 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
             DeviceEntry(KIND_PASSTHROUGH, str(gpu), gpu=str(gpu), functions=[str(a) for a in funcs]))
 
 
-def _pinned_elsewhere(others: List[_Other], gpu: PciAddress) -> Optional[str]:
-    for o in others:
-        if gpu in o.meta.passthrough:
-            return o.name
-    return None
-
-
 def _attach_mdev(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,
                  others: List[_Other], name: str, gpu: Optional[PciAddress], display: bool, ramfb: bool,
                  guest_slot: Optional[int]) -> Tuple[str, DeviceEntry]:
@@ -461,17 +505,16 @@ def _attach_mdev(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta
         if have:
             raise RefusedError(f"domain {dname} already has a ramfb on mdev {have[0]}: libvirt allows one "
                                "ramfb device per domain", hint="drop --ramfb")
+    passed = passed_through(inv, [(dname, doc.view)] + [(o.name, o.view) for o in others])
     if gpu is not None:
-        if gpu in meta.passthrough:
+        if passed.get(gpu) == dname:
             raise RefusedError(f"{gpu} is passed through to {dname}: a GPU is either passed through or shared")
-        holder = _pinned_elsewhere(others, gpu)
-        if holder:
-            raise RefusedError(f"{gpu} is passed through to domain {holder}: it offers no vGPUs",
+        if gpu in passed:
+            raise RefusedError(f"{gpu} is passed through to domain {passed[gpu]}: it offers no vGPUs",
                                hint="pin another GPU, or leave --gpu out")
     uuid = str(_uuid.uuid4())
     req = domxml.VgpuRequest(name, uuid=uuid, gpu=gpu)
-    passed = set(meta.passthrough) | {g for o in others for g in o.meta.passthrough}
-    check_one_per_gpu(inv, records, seen, dname, meta.vgpus, req, passed)
+    check_one_per_gpu(inv, records, seen, dname, meta.vgpus, req, set(passed))
     if guest_slot is not None:
         doc.require_free_slot(guest_slot)
     meta.vgpus.append(req)
@@ -484,8 +527,7 @@ def _attach_vf(inv: Inventory, records, seen, doc: DomainDoc, dname: str, duuid:
                out: AttachOutcome, offers_fn) -> Tuple[str, DeviceEntry]:
     views = [(dname, doc.view)] + [(o.name, o.view) for o in others]
     reserved = _reserved_vfs(views)
-    passed = {g: o.name for o in others for g in o.meta.passthrough}
-    passed.update({g: dname for g in meta.passthrough})
+    passed = passed_through(inv, views)         # by vgpuhost or by a hand-written hostdev
     free_now = {v.vf for v in inv.vf_vgpus if not v.type_id}
     mine_on: Set[PciAddress] = set()
     for r in meta.vgpus:
@@ -540,16 +582,16 @@ def _hotplug_mdev(host: HostRoot, store: StateStore, dom, entry: DeviceEntry, sn
                   actor=actor)
     entry.gpu = made.gpu
     try:
-        dom.attach_live(snippet)
+        dom.attach_live(snippet, what=f"{entry.profile} vGPU {entry.id}")
     except VgpuhostError as e:
         try:
             remove(host, store, entry.id, owner=dom.uuid, actor=actor)
-            undone = f"the mdev {entry.id} was removed again"
+            undone = "the mdev was removed again"
         except VgpuhostError as e2:
-            undone = f"removing the mdev {entry.id} again failed too: {e2.message}"
-        raise DeviceError(f"hot-plugging {entry.profile} into {dom.name} failed: {e.message}; {undone}; the "
-                          "definition is unchanged", hint="attach it without --live while the domain is stopped"
-                          ) from e
+            undone = f"removing the mdev again failed too: {e2.message}"
+        # e.message already says "hot-plugging <what> into <domain>: <libvirt's reason>"
+        raise DeviceError(f"{e.message}; {undone}; the definition is unchanged",
+                          hint="attach it without --live while the domain is stopped") from e
     store.audit(actor=actor, operation=f"attach {dom.name} --live", path="libvirt:attachDeviceFlags",
                 value=f"{dom.uuid} +mdev {entry.id}")
 

@@ -19,7 +19,7 @@ def _ctx():
 
 @click.command("install-units", short_help="Install the systemd units that apply the layout at boot.")
 @click.option("--unit-dir", metavar="DIR", type=click.Path(file_okay=False),
-              help="Where to write the units (default <root>/etc/systemd/system).")
+              help="Where to write the units, an absolute path (default <root>/etc/systemd/system).")
 @click.option("--config", "config", metavar="FILE", default=None,
               help="Layout config file as the booted host names it (default /etc/vgpuhost/config.yaml).")
 @click.option("--layout", metavar="NAME", help="Layout to apply at boot (default: the config's default).")
@@ -35,12 +35,10 @@ def install_units(unit_dir: Optional[str], config: Optional[str], layout: Option
     NVIDIA driver and before libvirtd, with retries.  Never runs systemctl:
     prints the daemon-reload / enable commands still needed.
     """
-    from pathlib import Path
-
     from . import units
     from .output import dumps
     ctx = _ctx()
-    out = units.install(ctx.host, unit_dir=Path(unit_dir) if unit_dir else None, exe=exe,
+    out = units.install(ctx.host, unit_dir=unit_dir, exe=exe,
                         config=config or units.DEFAULT_CONFIG, layout=layout,
                         retries=units.DEFAULT_RETRIES if retries is None else retries,
                         retry_delay=units.DEFAULT_RETRY_DELAY if retry_delay is None else retry_delay,

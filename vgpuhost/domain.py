@@ -52,6 +52,8 @@ FIRST_GUEST_SLOT = 0x10        # where vgpuhost starts looking for a free slot o
 LAST_GUEST_SLOT = 0x1F
 GUEST_SLOTS = range(1, LAST_GUEST_SLOT + 1)   # slot 0 of bus 0 is the host bridge
 
+NIL_UUID = "00000000-0000-0000-0000-000000000000"   # RFC 9562 nil UUID: names no device
+
 TEMPLATE_PCI = "hostdev-pci.xml.j2"
 TEMPLATE_MDEV = "hostdev-mdev.xml.j2"
 
@@ -72,8 +74,9 @@ def _guest(slot: Optional[int], function: int, multifunction: bool) -> Optional[
 
 def check_guest_slot(slot: int) -> int:
     """A guest slot on bus 0 (1..0x1f); raises InputError."""
-    if not isinstance(slot, int) or slot not in GUEST_SLOTS:
-        raise InputError(f"guest PCI slot {slot!r} is out of range",
+    if not isinstance(slot, int) or isinstance(slot, bool) or slot not in GUEST_SLOTS:
+        shown = f"{slot:#04x}" if isinstance(slot, int) and not isinstance(slot, bool) else repr(slot)
+        raise InputError(f"guest PCI slot {shown} is out of range",
                          hint=f"a slot on guest bus 0 from 0x01 to {LAST_GUEST_SLOT:#04x}, e.g. 0x10")
     return slot
 
@@ -123,6 +126,9 @@ def render_mdev(uuid: str, display: bool = False, ramfb: bool = False, guest_slo
     vfio-pci shows a ramfb only with display=on).
     """
     uuid = parse_uuid(uuid)
+    if uuid == NIL_UUID:
+        raise InputError(f"the nil UUID {uuid} cannot name an mdev",
+                         hint="leave --uuid out for a new one, or give a real UUID")
     if ramfb and not display:
         raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
                          hint="add --display, or drop --ramfb")

@@ -100,10 +100,13 @@ class Domain:
         """The running state when active, else the definition (``virsh dumpxml``)."""
         return self._call("reading", self._dom.XMLDesc, 0)
 
-    def attach_live(self, xml: str) -> None:
-        """Hot-plug one device into the running domain only (the definition is defined separately)."""
+    def attach_live(self, xml: str, *, what: str = "a device") -> None:
+        """Hot-plug one device into the running domain only (the definition is defined separately).
+
+        ``what`` names the device in the error ("hot-plugging WHAT into DOMAIN: ...").
+        """
         lv = _libvirt()
-        self._call("hot-plugging a device into", self._dom.attachDeviceFlags, xml, lv.VIR_DOMAIN_AFFECT_LIVE)
+        self._call(f"hot-plugging {what} into", self._dom.attachDeviceFlags, xml, lv.VIR_DOMAIN_AFFECT_LIVE)
 
     def set_live_metadata(self, xml: Optional[str], prefix: str, ns: str) -> None:
         """Replace the running domain's element in namespace ``ns`` (None: remove it)."""

@@ -17,7 +17,14 @@ virtqemud.service``; reconcile runs after the layout (the layout brings
 SR-IOV, MIG mode and GPU instances that recorded vGPUs need).  The vGPU
 manager can come up late, so each unit retries its command
 ``VGPUHOST_RETRIES`` times, ``VGPUHOST_RETRY_DELAY`` seconds apart, inside
-one start job.  ``Restart=on-failure`` is not used: for ``Type=oneshot`` it
+one start job.  Only the exits that can go away are retried, as each
+unit lists them in ``VGPUHOST_RETRY_EXITS``: 2 (the environment is not
+ready: NVML or the vGPU manager not loaded yet) and 3 (a device operation
+failed), plus 1 for reconcile (a re-creation failed).  A bad config file
+cannot pass on a later try, so the layout unit checks it first
+(``ExecStartPre=vgpuhost config check``), without retries; any other exit
+(4 a bug, 126/127 no executable) stops the loop at once: every try delays
+libvirtd.  ``Restart=on-failure`` is not used: for ``Type=oneshot`` it
 needs systemd >= 244, and before ``RestartMode=direct`` (systemd 254; Debian
 12 has 252) the first failure completes the start job, so libvirtd would
 start between two tries.
@@ -51,12 +58,19 @@ START_TIMEOUT_SLACK = 600     # seconds on top of the retry delays: the commands
 
 SCHEMA = "vgpuhost.install-units/v1"
 
+RETRY_EXITS = {"vgpuhost-layout.service": "2 3",      # environment not ready yet; a device operation failed
+               "vgpuhost-reconcile.service": "1 2 3"}  # ... and a re-creation failed
+
 # $0 names the unit in messages; "$@" is the command.  Non-numeric settings
-# fall back to one try / 10 s rather than looping forever.
+# fall back to one try / 10 s rather than looping forever.  Only the exits in
+# $VGPUHOST_RETRY_EXITS are retried (module docstring); any other failure
+# ends the loop at once.
 _RETRY_LOOP = (
-    'n="$VGPUHOST_RETRIES"; d="$VGPUHOST_RETRY_DELAY"; '
+    'n="$VGPUHOST_RETRIES"; d="$VGPUHOST_RETRY_DELAY"; e="${VGPUHOST_RETRY_EXITS:-3}"; '
     'case "$n" in ""|*[!0-9]*) n=1 ;; esac; case "$d" in ""|*[!0-9]*) d=10 ;; esac; '
     'i=1; while :; do "$@" && exit 0; rc=$?; '
+    'case " $e " in *" $rc "*) ;; *) echo "$0: try $i failed (exit $rc); not retried: '
+    'only exits $e are" >&2; exit "$rc" ;; esac; '
     'if [ "$i" -ge "$n" ]; then echo "$0: giving up after $i tries (last exit $rc)" >&2; exit "$rc"; fi; '
     'echo "$0: try $i of $n failed (exit $rc); next try in ${d}s" >&2; '
     'i=$((i + 1)); sleep "$d"; done'
@@ -142,6 +156,7 @@ def render(name: str, *, exe: str, config: str = DEFAULT_CONFIG, layout: Optiona
         "@LAYOUT@": f" {_systemd_word(layout)}" if layout else "",
         "@RETRIES@": str(retries),
         "@RETRY_DELAY@": str(retry_delay),
+        "@RETRY_EXITS@": RETRY_EXITS[name],
         "@TIMEOUT@": str(retries * retry_delay + START_TIMEOUT_SLACK),
         "@RETRY_LOOP@": "'" + _RETRY_LOOP.replace("$", "$$") + "'",
     }
@@ -172,6 +187,7 @@ class InstallOutcome:
     units: List[UnitChange]
     dry_run: bool
     next_steps: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -179,13 +195,15 @@ class InstallOutcome:
 
     def as_dict(self) -> Dict[str, Any]:
         return {"schema": SCHEMA, "unit_dir": self.unit_dir, "changed": self.changed, "dry_run": self.dry_run,
-                "units": [u.as_dict() for u in self.units], "next": self.next_steps}
+                "units": [u.as_dict() for u in self.units], "next": self.next_steps,
+                "warnings": self.warnings}
 
     def text(self) -> str:
         verb = {"create": "would create" if self.dry_run else "created",
                 "update": "would update" if self.dry_run else "updated",
                 "unchanged": "unchanged"}
         lines = [f"{u.path}: {verb[u.action]}" for u in self.units]
+        lines += [f"warning: {w}" for w in self.warnings]
         if self.next_steps:
             lines.append("next (vgpuhost does not run systemctl):")
             lines += [f"  {s}" for s in self.next_steps]
@@ -197,6 +215,17 @@ class InstallOutcome:
 def unit_dir_of(host: HostRoot) -> Path:
     """``<root>/etc/systemd/system``: where local units go."""
     return host.etc("systemd", "system")
+
+
+def _executable_here(host: HostRoot, exe: str) -> bool:
+    """Is ``exe`` an executable file on this machine, as given or under the host root?"""
+    for p in (Path(exe), host.root / exe.lstrip("/")):
+        try:
+            if p.is_file() and os.access(p, os.X_OK):
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def _read(path: Path) -> Optional[str]:
@@ -214,7 +243,7 @@ def _enabled(unit_dir: Path, name: str) -> bool:
     return os.path.lexists(unit_dir / f"{WANTED_BY}.wants" / name)
 
 
-def install(host: HostRoot, *, unit_dir: Optional[Path] = None, exe: Optional[str] = None,
+def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Optional[str] = None,
             config: str = DEFAULT_CONFIG, layout: Optional[str] = None, retries: int = DEFAULT_RETRIES,
             retry_delay: int = DEFAULT_RETRY_DELAY, dry_run: bool = False,
             actor: Optional[str] = None) -> InstallOutcome:
@@ -225,14 +254,25 @@ def install(host: HostRoot, *, unit_dir: Optional[Path] = None, exe: Optional[st
     written).  ``dry_run`` writes nothing and creates no store.  Returns the
     outcome with the systemctl commands still needed: ``daemon-reload`` when
     a file changed, ``enable`` for units without their ``.wants`` link.
-    Raises InputError (bad path or value), HostEnvironmentError (unreadable
-    file), SysfsError (a write failed; exit 3).
+    ``unit_dir`` must be absolute.  An ``exe`` that is not an executable
+    file here (as given, or under the host root) is still written, with a
+    warning in the outcome.  Raises InputError (bad path or value: nothing
+    is written), HostEnvironmentError (unreadable file), SysfsError (a
+    write failed; exit 3).
     """
     exe = exe or default_executable()
     texts = {name: render(name, exe=exe, config=config, layout=layout, retries=retries,
                           retry_delay=retry_delay) for name in UNIT_NAMES}
-    target = Path(unit_dir) if unit_dir is not None else unit_dir_of(host)
+    if unit_dir is not None:
+        # systemd reads units from absolute directories; a relative one would land under the cwd
+        target = Path(_check_path("unit directory", str(unit_dir), "--unit-dir"))
+    else:
+        target = unit_dir_of(host)
     target = target.absolute()
+    warnings = []
+    if not _executable_here(host, exe):
+        warnings.append(f"{exe} is not an executable file on this host: the units would fail at boot "
+                        "(exit 127) until it is there; pass --exe with the vgpuhost the booted host runs")
     changes: List[UnitChange] = []
     executor = None
     for name, text in texts.items():
@@ -254,7 +294,8 @@ def install(host: HostRoot, *, unit_dir: Optional[Path] = None, exe: Optional[st
     not_enabled = [c.name for c in changes if not c.enabled]
     if not_enabled:
         steps.append("systemctl enable " + " ".join(not_enabled))
-    return InstallOutcome(unit_dir=host.relative(target), units=changes, dry_run=dry_run, next_steps=steps)
+    return InstallOutcome(unit_dir=host.relative(target), units=changes, dry_run=dry_run, next_steps=steps,
+                          warnings=warnings)
 
 
 __all__ = ["UNIT_NAMES", "LAYOUT_UNIT", "RECONCILE_UNIT", "DEFAULT_CONFIG", "render", "install",
