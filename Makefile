@@ -69,6 +69,8 @@ demo: venv-check
 
 bench: venv-check
 	$(VPY) bench/inventory.py
+	$(VPY) bench/placement.py
+	$(VPY) bench/hook.py
 
 wheel: venv-check
 	$(VPY) -m build --wheel --outdir dist .

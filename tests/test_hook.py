@@ -533,7 +533,9 @@ def test_module_entry_point(make_host):
 
 
 def test_hook_path_imports_stay_lean(make_host, tmp_path):
-    """Neither click, lxml, yaml, jinja2 nor libvirt is imported on prepare or release (DESIGN: the hook path is lean)."""
+    """Neither click, lxml, yaml, jinja2 nor libvirt is imported on prepare or release (DESIGN: the hook path is lean),
+    nor what only some paths need (dataclasses and inspect: records are vgpuhost.values.record; difflib: only for
+    an unknown profile; uuid: the domain names its mdev; importlib.resources, shutil: the simulator's data and trees)."""
     host = mixed(make_host)
     meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=MDEV1), VgpuRequest("L40S-4Q", vf=A("0000:a1:00.4"))],
                     passthrough=[GPU_LO])
@@ -543,7 +545,8 @@ def test_hook_path_imports_stay_lean(make_host, tmp_path):
             "x=sys.stdin.buffer.read()\n"
             "for op, sub in (('prepare','begin'),('release','end')):\n"
             "    assert hook.main(['lean',op,sub,'-'], io.BytesIO(x)) == 0\n"
-            "heavy = {'click','lxml','yaml','jinja2','libvirt','libvirtmod','xml.sax.saxutils','urllib.request'}\n"
+            "heavy = {'click','lxml','yaml','jinja2','libvirt','libvirtmod','xml.sax.saxutils','urllib.request',\n"
+            "         'dataclasses','inspect','difflib','uuid','importlib.resources','shutil','tempfile'}\n"
             "print(sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy))\n")
     proc = subprocess.run([sys.executable, "-S", "-c", code], input=xml.encode(), capture_output=True,
                           env=dict(os.environ, VGPUHOST_ROOT=str(host.root), PYTHONPATH=str(Path(hook.__file__).parent.parent)),
@@ -687,6 +690,75 @@ def test_cli_status_reports_the_allow_list(make_host, capsys, tmp_path):
     assert cli_main(["--root", str(host.root), "--json", "hook", "status", "--hooks-dir", str(hooks_dir)]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert "hook.allow:1" in doc["allow"]["error"]
+
+
+@pytest.mark.parametrize("cmd", ["install", "uninstall", "status"])
+def test_cli_relative_hooks_dir_is_refused(make_host, capsys, tmp_path, monkeypatch, cmd):
+    """Review 1 item 6: libvirt runs hooks from an absolute directory; a relative --hooks-dir used to be
+    written under the working directory."""
+    host = make_host("a40-mdev")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    before = sorted(p.relative_to(host.root) for p in host.root.rglob("*"))
+    rc, out, err = cli("--root", str(host.root), "hook", cmd, "--hooks-dir", "relative/dir")
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("vgpuhost: error: --hooks-dir 'relative/dir' is not an absolute path; libvirt runs hooks "
+                          "from an absolute directory")
+    assert list(cwd.iterdir()) == [] and sorted(p.relative_to(host.root) for p in host.root.rglob("*")) == before
+
+
+def test_cli_status_names_the_allow_list_it_read_and_tells_malformed_from_unreadable(make_host, capsys):
+    """Review 1 item 10: the allow-list path is the file read (under --root); a bad line is
+    "malformed", not "unreadable"."""
+    host = make_host("a40-mdev")
+    root = str(host.root)
+    allow = hook.allow_path(host)
+    allow.parent.mkdir(parents=True)
+    assert cli_main(["--root", root, "hook", "install"]) == 0
+    capsys.readouterr()
+    assert cli_main(["--root", root, "--json", "hook", "status"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allow"]["path"] == str(allow) and str(allow).startswith(root)
+    assert doc["allow"]["summary"] == "every NVIDIA GPU (no allow-list file)"
+    allow.write_text(f"{A40}\n41:00.0\n")
+    assert cli_main(["--root", root, "--json", "hook", "status"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allow"]["summary"] == "malformed: the hook refuses every GPU domain" and not doc["ok"]
+    assert "hook.allow:2: '41:00.0' is not a GPU's PCI address" in doc["allow"]["error"]
+    assert cli_main(["--root", root, "hook", "status"]) == 1
+    out = capsys.readouterr().out
+    assert f"allow-list:  {allow}: malformed: the hook refuses every GPU domain" in out.splitlines()
+    if os.geteuid() != 0:                          # root reads a mode-000 file anyway
+        allow.chmod(0)
+        try:
+            assert cli_main(["--root", root, "--json", "hook", "status"]) == 1
+            doc = json.loads(capsys.readouterr().out)
+            assert doc["allow"]["summary"] == "unreadable: the hook refuses every GPU domain"
+        finally:
+            allow.chmod(0o644)
+    allow.unlink()
+    allow.mkdir()                                  # a directory cannot be read as the list
+    assert cli_main(["--root", root, "--json", "hook", "status"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allow"]["summary"] == "unreadable: the hook refuses every GPU domain"
+
+
+def test_cli_status_a_foreign_hook_file_is_not_installed(make_host, capsys):
+    """Review 1 item 11: a file vgpuhost did not write is not vgpuhost's hook installed."""
+    host = make_host("a40-mdev")
+    d = host.libvirt_hooks / "qemu.d"
+    d.mkdir(parents=True)
+    (d / "vgpuhost").write_text("#!/bin/sh\nexit 0\n")
+    (d / "vgpuhost").chmod(0o755)
+    assert cli_main(["--root", str(host.root), "--json", "hook", "status"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["installed"], doc["written_by_vgpuhost"], doc["current"], doc["ok"]) == (False, False, False, False)
+    assert cli_main(["--root", str(host.root), "hook", "status"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "installed:   no (a file not written by vgpuhost is there)" in out
+    assert out[-1].startswith(f"not installed: {d / 'vgpuhost'} is someone else's: move it aside")
+    assert (d / "vgpuhost").read_text() == "#!/bin/sh\nexit 0\n"
 
 
 def test_a_group_the_operator_bound_is_used_as_it_is(make_host):

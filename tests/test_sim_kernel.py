@@ -9,6 +9,8 @@ import errno
 import json
 import multiprocessing
 import os
+import re
+import threading
 import uuid as uuidlib
 from pathlib import Path
 
@@ -558,3 +560,53 @@ faults:
     sysfs.write(host.pci_driver("nvidia") / "unbind", L40S_VFS[2])
     assert driver(sysfs, host, L40S_VFS[2]) is None
     assert meta(host)["faults"] == []
+
+
+def test_attribute_rewrites_are_atomic_for_concurrent_readers(tmp_path):
+    """A reader never sees an attribute the simulator rewrites (available_instances,
+    creatable_vgpu_types, current_vgpu_type) empty or cut short: temp file + rename, as a
+    kernel attribute reads old or new; and no temp file is left behind."""
+    spec = A40_SPEC.replace("PROCS", "") + """
+  - {bdf: "0000:81:00.0", model: L40S, vgpu: {backend: vendor-vfio, sriov_numvfs: 4}}
+"""
+    host, sysfs = build(tmp_path, spec)
+    watched = [mtype(host, A40, A40_8Q) / "available_instances", mtype(host, A40, A40_1B) / "available_instances",
+               vf_nvidia(host, L40S_VFS[1]) / "creatable_vgpu_types", vf_nvidia(host, L40S_VFS[0]) / "current_vgpu_type"]
+    seen = {p: set() for p in watched}
+    bad: list = []
+    stop = threading.Event()
+
+    def complete(p: Path, text: str) -> bool:
+        if p.name == "creatable_vgpu_types":
+            return text.startswith("ID    : vGPU Name\n") and text.endswith("\n")
+        return re.fullmatch(r"\d+\n", text) is not None
+
+    def reader() -> None:
+        while not stop.is_set():
+            for p in watched:
+                fd = os.open(p, os.O_RDONLY)        # one read(2), as Sysfs and the kernel's readers do
+                try:
+                    text = os.read(fd, 65536).decode()
+                finally:
+                    os.close(fd)
+                seen[p].add(text)
+                if not complete(p, text):
+                    bad.append((p.name, text))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for _ in range(10):
+            u = new_uuid()
+            sysfs.write(mtype(host, A40, A40_8Q) / "create", u)         # every A40 type's count changes
+            sysfs.write(vf_nvidia(host, L40S_VFS[0]) / "current_vgpu_type", "1145")   # the other VFs' lists shrink
+            sysfs.write(host.mdev_devices / u / "remove", "1")
+            sysfs.write(vf_nvidia(host, L40S_VFS[0]) / "current_vgpu_type", "0")
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert bad == []
+    assert all(len(values) >= 2 for values in seen.values()), seen      # the reader saw the values change
+    dirs = {p.parent for p in watched}
+    assert [n for d in dirs for n in os.listdir(d) if n.endswith(".sim-tmp")] == []
+    assert avail(sysfs, host, A40, A40_8Q) == 6 and driver(sysfs, host, L40S_VFS[0]) == "nvidia"

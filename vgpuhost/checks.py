@@ -15,16 +15,18 @@ operator step), ``info`` and ``ok``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import List, Optional
-
 from .inventory import Gpu, Inventory, PciDevice
+from .values import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import List, Optional
 
 SEVERITIES = ("error", "warning", "info", "ok")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Finding:
     """One result of ``host check``: ``code`` is stable, ``fix`` may be empty."""
 
@@ -35,7 +37,7 @@ class Finding:
     fix: str = ""
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return dict(self.__dict__)          # the fields, in order (asdict of plain strings)
 
 
 def is_ready(findings: List[Finding]) -> bool:

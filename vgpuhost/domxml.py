@@ -32,11 +32,15 @@ writes one), and caps size and depth.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
 from xml.parsers import expat
 
 from .errors import InputError
 from .values import PciAddress, parse_uuid
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, List, Optional, Tuple
+    GuestAddress = Tuple[int, int, int, int]       # (domain, bus, slot, function) on the guest's PCI bus
 
 NS = "https://vgpuhost.dev/xmlns/domain/1"
 PREFIX = "vgpuhost"
@@ -48,10 +52,8 @@ MAX_PASSTHROUGH = 8
 STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")   # vgpuhost.placement.STRATEGIES
 DEFAULT_STRATEGY = "first-fit"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")          # tenant, anti-affinity key
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$"               # tenant, anti-affinity key (compiled on use)
 _PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")          # a vGPU type name (A100-2Q)
-
-GuestAddress = Tuple[int, int, int, int]       # (domain, bus, slot, function) on the guest's PCI bus
 
 
 class VgpuRequest:
@@ -240,7 +242,7 @@ def _show(value) -> str:
 
 
 def _check_name(what: str, value: str) -> None:
-    if not _NAME_RE.match(value):
+    if not re.match(_NAME_PATTERN, value):
         raise InputError(f"vgpuhost metadata: invalid {what} {_show(value)}",
                          hint="letters, digits and _.:+- only, at most 64 characters")
 

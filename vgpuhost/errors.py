@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Optional
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1

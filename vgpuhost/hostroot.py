@@ -12,20 +12,23 @@ anywhere else in the package.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
 
 from .errors import HostEnvironmentError
+from .values import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Optional, Union
+
+    PathLike = Union[str, "os.PathLike[str]"]
 
 ENV_ROOT = "VGPUHOST_ROOT"
 ENV_STATE_DIR = "VGPUHOST_STATE_DIR"
 SIM_MARKER = ".vgpuhost-sim"
 
-PathLike = Union[str, "os.PathLike[str]"]
 
-
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostRoot:
     """A host root directory and the paths derived from it.
 

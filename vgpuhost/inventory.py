@@ -3,7 +3,7 @@
 Owns: discovery — reading PCI devices, IOMMU groups, SR-IOV PF/VF links,
 mdev parents/types/instances, NVIDIA vendor-VFIO VFs and host facts
 (cmdline, modules, processes) through :class:`vgpuhost.sysfs.Sysfs` — and
-the dataclasses that hold them.  Must not: write anything, or decide what is
+the frozen records that hold them.  Must not: write anything, or decide what is
 good or bad (that is :mod:`vgpuhost.checks`).
 
 Sources: REFERENCE.md §1 (PCI/IOMMU files), §2 (mdev), §3 (vendor VFIO:
@@ -17,12 +17,15 @@ from __future__ import annotations
 import os
 import re
 from functools import lru_cache
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from .sysfs import Sysfs
-from .values import PciAddress, VgpuProfile, parse_description, parse_size_mib, strip_vendor_prefix
+from .values import PciAddress, VgpuProfile, field, parse_description, parse_size_mib, record, strip_vendor_prefix
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+    MigProbe = Callable[[PciAddress], Optional[Mapping[str, object]]]
 
 NVIDIA_VENDOR = 0x10de
 CLASS_NAMES = {
@@ -48,7 +51,7 @@ BACKEND_MDEV = "mdev"
 BACKEND_VENDOR_VFIO = "vendor-vfio"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PciDevice:
     """One PCI function.  Ids are ints (``vendor`` 0x10de); ``numa_node`` -1 = unknown."""
 
@@ -100,13 +103,13 @@ class PciDevice:
         return f"{self.vendor:04x}:{self.device:04x}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class IommuGroup:
     number: int
     members: Tuple[PciAddress, ...]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VgpuType:
     """A vGPU type offered on one parent (an mdev parent or a vendor-VFIO VF).
 
@@ -131,7 +134,7 @@ class VgpuType:
     description: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MdevDevice:
     """A mediated device (vGPU) instance on the classic mdev path."""
 
@@ -142,7 +145,7 @@ class MdevDevice:
     driver: Optional[str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VfVgpu:
     """A vendor-VFIO VF (vGPU 17+) and the vGPU type it holds (``type_id`` None = free)."""
 
@@ -152,7 +155,7 @@ class VfVgpu:
     creatable: Tuple[Tuple[str, str], ...]  # (type id, raw name) listed in creatable_vgpu_types
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     """An NVIDIA GPU (physical function) and what it can serve.
 
@@ -185,7 +188,7 @@ class Gpu:
         return known[1] if known else None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostFacts:
     """Host-level facts read from proc/ and lib/modules under the root."""
 
@@ -217,7 +220,7 @@ class HostFacts:
         return name in self.modules_loaded or name in self.modules_builtin
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Inventory:
     """A snapshot of one host (values only; compare and serialise freely)."""
 
@@ -290,7 +293,6 @@ def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
 # ---------------------------------------------------------------------------
 # discovery
 
-MigProbe = Callable[[PciAddress], Optional[Mapping[str, object]]]
 
 
 def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: bool = True) -> Inventory:
@@ -300,18 +302,21 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
     Raises SysfsError when a file that must be readable is not.
     """
     host = fs.host
+    # paths as strings in the loops below: a pathlib join per attribute cost milliseconds per discovery
+    pci_devices = str(host.pci_devices)
     devices: Dict[PciAddress, PciDevice] = {}
-    for name in fs.listdir(host.pci_devices):
+    for name in fs.listdir(pci_devices):
         if not PciAddress.is_valid(name):
             continue
         dev = _read_device(fs, PciAddress.parse(name))
         devices[dev.address] = dev
 
     groups: Dict[int, IommuGroup] = {}
-    for name in fs.listdir(host.iommu_groups):
+    iommu_groups = str(host.iommu_groups)
+    for name in fs.listdir(iommu_groups):
         if not name.isdigit():
             continue
-        members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(host.iommu_groups / name / "devices")
+        members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{name}/devices")
                                if PciAddress.is_valid(m)))
         groups[int(name)] = IommuGroup(int(name), members)
 
@@ -325,7 +330,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             continue
         vfs = tuple(v for v in dev.virtfns if v in devices)
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
-        vendor_vfs = tuple(v for v in vfs if fs.exists(host.pci_device(v) / "nvidia" / "current_vgpu_type"))
+        vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
         backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
         types_here: List[VgpuType] = []
         if with_types:
@@ -358,31 +363,32 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
 
 
 def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
-    d = fs.host.pci_device(addr)
+    top = str(fs.host.pci_device(addr))
+    d = top + "/"
 
     def num(name: str, default: int = 0) -> int:
-        v = fs.read_int(d / name, default=default)
+        v = fs.read_int(d + name, default=default)
         return default if v is None else v
 
-    override = fs.read_optional(d / "driver_override")
+    override = fs.read_optional(d + "driver_override")
     if override in ("(null)", ""):
         override = None
-    boot_vga_v = fs.read_optional(d / "boot_vga")
-    group = fs.link_name(d / "iommu_group")
-    physfn = fs.link_name(d / "physfn")
+    boot_vga_v = fs.read_optional(d + "boot_vga")
+    group = fs.link_name(d + "iommu_group")
+    physfn = fs.link_name(d + "physfn")
     virtfns = []
-    for entry in fs.listdir(d):
+    for entry in fs.listdir(top):
         if entry.startswith("virtfn") and entry[6:].isdigit():
-            target = fs.link_name(d / entry)
+            target = fs.link_name(d + entry)
             if target and PciAddress.is_valid(target):
                 virtfns.append((int(entry[6:]), PciAddress.parse(target)))
-    real_parent = os.path.basename(os.path.dirname(fs.resolve(d)))
+    real_parent = os.path.basename(os.path.dirname(fs.resolve(top)))
     upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
-    reset = fs.read_optional(d / "reset_method") or ""
+    reset = fs.read_optional(d + "reset_method") or ""
     return PciDevice(
         address=addr, vendor=num("vendor"), device=num("device"),
         subsystem_vendor=num("subsystem_vendor"), subsystem_device=num("subsystem_device"),
-        pci_class=num("class"), driver=fs.link_name(d / "driver"), driver_override=override,
+        pci_class=num("class"), driver=fs.link_name(d + "driver"), driver_override=override,
         numa_node=num("numa_node", -1),
         boot_vga=None if boot_vga_v is None else boot_vga_v == "1",
         reset_methods=tuple(reset.split()),
@@ -390,8 +396,8 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         upstream=upstream,
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
         virtfns=tuple(v for _, v in sorted(virtfns)),
-        sriov_totalvfs=fs.read_int(d / "sriov_totalvfs"),
-        sriov_numvfs=fs.read_int(d / "sriov_numvfs"))
+        sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
+        sriov_numvfs=fs.read_int(d + "sriov_numvfs"))
 
 
 @lru_cache(maxsize=4096)
@@ -431,7 +437,7 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress) -> List[Vgp
     return out
 
 
-_CREATABLE_RE = re.compile(r"^\s*(\d+)\s*:\s*(.+?)\s*$")
+_CREATABLE_PATTERN = r"^\s*(\d+)\s*:\s*(.+?)\s*$"      # compiled on first use (vendor VFIO only)
 
 
 def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
@@ -441,16 +447,16 @@ def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
     """
     out = []
     for line in text.splitlines():
-        m = _CREATABLE_RE.match(line)
+        m = re.match(_CREATABLE_PATTERN, line)
         if m:
             out.append((m[1], m[2]))
     return out
 
 
 def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType]]:
-    ndir = fs.host.pci_device(vf) / "nvidia"
-    creatable = parse_creatable_vgpu_types(fs.read_optional(ndir / "creatable_vgpu_types") or "")
-    current = fs.read_optional(ndir / "current_vgpu_type")
+    ndir = f"{fs.host.pci_device(vf)}/nvidia/"
+    creatable = parse_creatable_vgpu_types(fs.read_optional(ndir + "creatable_vgpu_types") or "")
+    current = fs.read_optional(ndir + "current_vgpu_type")
     cur = current if current and current != "0" else None
     types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
     return VfVgpu(vf, gpu, cur, tuple(creatable)), types
@@ -458,17 +464,17 @@ def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu,
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
     out = []
-    base = fs.host.mdev_devices
+    base = str(fs.host.mdev_devices)
     for name in fs.listdir(base):
-        d = base / name
+        d = f"{base}/{name}"
         real = fs.resolve(d)
         parent = os.path.basename(os.path.dirname(real))
-        tid = fs.link_name(d / "mdev_type")
-        group = fs.link_name(d / "iommu_group")
+        tid = fs.link_name(d + "/mdev_type")
+        group = fs.link_name(d + "/iommu_group")
         if not PciAddress.is_valid(parent) or tid is None:
             continue  # half-removed device: skip rather than guess
         out.append(MdevDevice(name, PciAddress.parse(parent), tid,
-                              int(group) if group and group.isdigit() else None, fs.link_name(d / "driver")))
+                              int(group) if group and group.isdigit() else None, fs.link_name(d + "/driver")))
     return out
 
 
@@ -507,9 +513,10 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
         elif "MSI" in interrupts or "IO-APIC" in interrupts:
             ir = False
     procs = set()
-    for entry in fs.listdir(host.path("proc")):
+    proc = str(host.path("proc"))
+    for entry in fs.listdir(proc):
         if entry.isdigit():
-            comm = fs.read_optional(host.path("proc", entry, "comm"))
+            comm = fs.read_optional(f"{proc}/{entry}/comm")
             if comm:
                 procs.add(comm)
     return HostFacts(cmdline=cmdline, cpu_vendor=vendor, cpu_virt_flags=frozenset(flags & {"vmx", "svm"}),

@@ -13,9 +13,12 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from .errors import HostEnvironmentError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Iterator
 
 DEFAULT_TIMEOUT_S = 120.0
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from .checks import VFIO_MODULES
 from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
@@ -40,12 +38,16 @@ from .placement import MANUAL, POOL_OWNERS
 from .state import PassthroughRecord, StateStore, utcnow
 from .steps import ANY_HOST_DRIVER, Executor, Probe, SetDriverOverride, Step, Unbind, VerifyDriver, describe
 from .sysfs import Sysfs
-from .values import PciAddress, parse_uuid
+from .values import PciAddress, field, parse_uuid, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, List, Optional, Sequence, Tuple
 
 VFIO_PCI = "vfio-pci"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FunctionPlan:
     """The steps for one PCI function, with what it was bound to before."""
 
@@ -55,7 +57,7 @@ class FunctionPlan:
     steps: Tuple[Step, ...]
 
 
-@dataclass
+@record
 class Outcome:
     """What prepare/release did (or would do, with ``dry_run``)."""
 

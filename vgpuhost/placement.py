@@ -24,10 +24,11 @@ instances, then the fewest vGPUs present: balances load).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import FrozenSet, List, Optional, Sequence, Tuple
+from .values import PciAddress, field, record
 
-from .values import PciAddress
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")
 MANUAL = "manual"
@@ -35,7 +36,7 @@ LAYOUT = "layout"          # vGPUs a declarative layout pre-creates (vgpuhost ap
 POOL_OWNERS = (MANUAL, LAYOUT)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuOffer:
     """What one GPU offers for the requested type now.
 
@@ -55,7 +56,7 @@ class GpuOffer:
     note: str = ""          # why it does not fit, when the caller knows better (e.g. equal-size)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     profile: str
     owner: str = MANUAL
@@ -65,7 +66,7 @@ class Request:
     gpu: Optional[PciAddress] = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Decision:
     """The chosen GPU and parent, or None with the reason per GPU."""
 

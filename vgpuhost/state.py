@@ -38,12 +38,15 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
 
 from .errors import HostEnvironmentError
+from .values import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, Iterator, List, Optional, Sequence
 
 DB_NAME = "state.db"
 BUSY_TIMEOUT_MS = 60_000
@@ -122,7 +125,7 @@ def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AuditRow:
     id: int
     time: str
@@ -134,7 +137,7 @@ class AuditRow:
     errno: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PassthroughRecord:
     bdf: str
     iommu_group: Optional[int]
@@ -215,6 +218,8 @@ class StateStore:
             conn.execute("COMMIT")
 
     def _migrate(self) -> None:
+        if self._conn().execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
+            return          # current (the common case: every hook call): no write lock taken
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version < 0:
@@ -308,7 +313,7 @@ class StateStore:
         conn.executemany("DELETE FROM passthrough WHERE bdf = ?", [(b,) for b in bdfs])
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VgpuRecord:
     id: str
     backend: str

@@ -12,14 +12,16 @@ driver_override, unbind, drivers_probe, then verify).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional
-
 from .errors import DeviceError, SysfsError
 from .hostroot import HostRoot
 from .state import StateStore
 from .sysfs import Sysfs
-from .values import PciAddress
+from .values import PciAddress, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Callable, Iterable, List, Optional
+    Observer = Callable[[object, str, int], None]
 
 ANY_HOST_DRIVER = "<any host driver>"
 
@@ -36,7 +38,7 @@ class Step:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SetDriverOverride(Step):
     """Write ``driver`` to ``driver_override`` (None clears it: a newline)."""
 
@@ -54,7 +56,7 @@ class SetDriverOverride(Step):
         fs.write(self._path(fs.host), self.driver if self.driver else "\n")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Unbind(Step):
     """Write the BDF to ``drivers/<driver>/unbind``."""
 
@@ -68,7 +70,7 @@ class Unbind(Step):
         fs.write(fs.host.pci_driver(self.driver) / "unbind", str(self.bdf))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Probe(Step):
     """Write the BDF to ``drivers_probe`` (succeeds even when nothing binds)."""
 
@@ -81,7 +83,7 @@ class Probe(Step):
         fs.write(fs.host.pci_drivers_probe, str(self.bdf))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VerifyDriver(Step):
     """Read ``driver`` back; ``expected`` None = unbound, ANY_HOST_DRIVER = bound, not vfio-pci."""
 
@@ -103,7 +105,6 @@ class VerifyDriver(Step):
                      "(modprobe it) and does driver_override name it?")
 
 
-Observer = Callable[[object, str, int], None]
 
 
 class Executor:

@@ -17,15 +17,19 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Callable, List, Optional, Union
 
 from .errors import SysfsError
 from .hostroot import HostRoot
 
-PathArg = Union[str, Path]
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Callable, List, Optional, Union
+
+    PathArg = Union[str, Path]
+    #: called after every write attempt: (path, value, errno or 0)
+    WriteObserver = Callable[[Path, str, int], None]
+
 MAX_READ_BYTES = 1 << 20
-#: called after every write attempt: (path, value, errno or 0)
-WriteObserver = Callable[[Path, str, int], None]
 
 
 class Sysfs:

@@ -1,23 +1,221 @@
 """Value types parsed once: PCI addresses, vGPU profile names, MIG profiles.
 
-Owns: parsing and printing the identifiers of the field.  Frozen
-dataclasses with ``parse()`` and ``__str__``; parsing raises
-:class:`InputError` with a hint.  Must not: touch files.
+Owns: parsing and printing the identifiers of the field — frozen records
+with ``parse()`` and ``__str__``; parsing raises :class:`InputError` with a
+hint — and :func:`record`, the light stand-in for ``@dataclass`` that the
+modules on the qemu hook's path use.  Must not: touch files.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Dict, Optional
+from operator import attrgetter
 
 from .errors import InputError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only: importing typing costs the qemu hook milliseconds
+    from typing import Dict, Optional
+
+
+# ---------------------------------------------------------------------------
+# records: dataclass semantics without the import-time cost
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
+
+
+class Field:
+    """A field's default, as ``dataclasses.field(default=..., default_factory=...)`` gives it."""
+
+    __slots__ = ("default", "default_factory")
+
+    def __init__(self, default=MISSING, default_factory=MISSING):
+        if default is not MISSING and default_factory is not MISSING:
+            raise ValueError("cannot specify both default and default_factory")
+        self.default, self.default_factory = default, default_factory
+
+
+def field(*, default=MISSING, default_factory=MISSING) -> Field:
+    """Like :func:`dataclasses.field` (``default`` / ``default_factory`` only), for :func:`record` classes."""
+    return Field(default, default_factory)
+
+
+class _DataclassFields:
+    """A record class's ``__dataclass_fields__``, built on first use: :func:`dataclasses.replace`,
+    ``asdict``, ``fields`` and ``is_dataclass`` then work on records (and only they import dataclasses)."""
+
+    def __get__(self, obj, owner):
+        import dataclasses
+        ns: dict = {"__annotations__": {}}
+        for name, (default, factory) in owner.__record_fields__.items():
+            ns["__annotations__"][name] = "object"
+            if factory is not MISSING:
+                ns[name] = dataclasses.field(default_factory=factory)
+            elif default is not MISSING:
+                ns[name] = dataclasses.field(default=default)
+        fields = dataclasses.dataclass(type(owner.__name__, (), ns)).__dataclass_fields__
+        type.__setattr__(owner, "__dataclass_fields__", fields)
+        return fields
+
+
+def replace(obj, **changes):
+    """A copy of record ``obj`` with ``changes`` (field name -> value), as :func:`dataclasses.replace`."""
+    values = {n: getattr(obj, n) for n in obj.__record_fields__}
+    unknown = set(changes) - set(values)
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no field {sorted(unknown)[0]!r}")
+    values.update(changes)
+    return obj.__class__(**values)
+
+
+def _frozen_error(name: str) -> Exception:
+    from dataclasses import FrozenInstanceError
+    return FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def record(cls=None, *, frozen: bool = False, order: bool = False):
+    """Class decorator: what ``@dataclass(frozen=..., order=...)`` makes, without importing :mod:`dataclasses`.
+
+    Generates ``__init__`` (fields in declaration order, plain defaults and
+    :func:`field` defaults / default factories), ``__repr__``
+    (``Name(a=1, b='x')``), ``__eq__`` (same class, field by field),
+    ``__hash__`` (frozen: of the fields; otherwise unhashable), with
+    ``order`` the comparisons, and with ``frozen`` assignment and deletion
+    raising :class:`dataclasses.FrozenInstanceError`.  Methods the class
+    defines itself are kept; fields of record base classes come first.
+    Instances keep a ``__dict__`` in field order.  :func:`dataclasses.replace`,
+    ``asdict``, ``fields`` and ``is_dataclass`` accept records.  Raises
+    TypeError for ``ClassVar`` / ``InitVar`` fields (not supported) and for a
+    field without a default after one with a default.  ``__init__`` is
+    compiled when the first instance is made (until then its signature reads
+    ``(*args, **kwargs)``), so a process pays only for the records it uses.
+
+    Why: ``import dataclasses`` pulls in :mod:`inspect`, and each
+    ``@dataclass`` compiles its methods one by one; the qemu hook (a new
+    process per domain start and stop) paid tens of milliseconds for that.
+    """
+    def wrap(c):
+        return _make_record(c, frozen, order)
+    return wrap if cls is None else wrap(cls)
+
+
+def _make_record(cls, frozen: bool, order: bool):
+    fields: dict = {}
+    for base in reversed(cls.__mro__[1:]):
+        fields.update(base.__dict__.get("__record_fields__", {}))
+    for name, ann in cls.__dict__.get("__annotations__", {}).items():
+        if "ClassVar" in str(ann) or "InitVar" in str(ann):
+            raise TypeError(f"{cls.__name__}.{name}: record() does not support ClassVar or InitVar fields")
+        value = cls.__dict__.get(name, MISSING)
+        factory = MISSING
+        if isinstance(value, Field):
+            value, factory = value.default, value.default_factory
+            if factory is not MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, value)
+        fields.pop(name, None)
+        fields[name] = (value, factory)
+    names = tuple(fields)
+    defaulted = False
+    for n in names:
+        if fields[n] != (MISSING, MISSING):
+            defaulted = True
+        elif defaulted:
+            raise TypeError(f"{cls.__name__}: non-default argument {n!r} follows default argument")
+    key = (lambda obj: ()) if not names else (
+        (lambda obj, _get=attrgetter(names[0]): (_get(obj),)) if len(names) == 1 else attrgetter(*names))
+
+    def __init__(self, *args, **kwargs):
+        # first call: compile the real __init__ (in a process, only the records it makes pay for it)
+        real = _compile_init(cls, fields)
+        type.__setattr__(cls, "__init__", real)
+        real(self, *args, **kwargs)
+
+    def __repr__(self):
+        return f"{self.__class__.__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return key(self) == key(other)
+        return NotImplemented
+
+    methods = {"__init__": __init__, "__repr__": __repr__, "__eq__": __eq__}
+    if frozen:
+        def __setattr__(self, name, value):
+            raise _frozen_error(name)
+
+        def __delattr__(self, name):
+            raise _frozen_error(name)
+
+        methods.update(__setattr__=__setattr__, __delattr__=__delattr__)
+    if order:
+        def __lt__(self, other):
+            return key(self) < key(other) if other.__class__ is self.__class__ else NotImplemented
+
+        def __le__(self, other):
+            return key(self) <= key(other) if other.__class__ is self.__class__ else NotImplemented
+
+        def __gt__(self, other):
+            return key(self) > key(other) if other.__class__ is self.__class__ else NotImplemented
+
+        def __ge__(self, other):
+            return key(self) >= key(other) if other.__class__ is self.__class__ else NotImplemented
+
+        methods.update(__lt__=__lt__, __le__=__le__, __gt__=__gt__, __ge__=__ge__)
+    own = dict(cls.__dict__)
+    for name, fn in methods.items():
+        if name not in own:
+            fn.__qualname__ = f"{cls.__qualname__}.{name}"
+            type.__setattr__(cls, name, fn)
+    if not ("__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)):   # no explicit __hash__
+        if frozen:
+            def __hash__(self):
+                return hash(key(self))
+            __hash__.__qualname__ = f"{cls.__qualname__}.__hash__"
+            type.__setattr__(cls, "__hash__", __hash__)
+        else:
+            type.__setattr__(cls, "__hash__", None)
+    cls.__record_fields__ = fields
+    cls.__match_args__ = names
+    cls.__dataclass_fields__ = _DataclassFields()
+    return cls
+
+
+def _compile_init(cls, fields: dict):
+    """``__init__(self, a, b=<default>, c=<factory>)`` storing each field in ``self.__dict__``, in order."""
+    env: dict = {"MISSING": MISSING}
+    params, body = [], ["    d = self.__dict__"]
+    for n, (default, factory) in fields.items():
+        if factory is not MISSING:
+            env[f"_f_{n}"] = factory
+            params.append(f"{n}=MISSING")
+            body.append(f"    d[{n!r}] = _f_{n}() if {n} is MISSING else {n}")
+            continue
+        if default is not MISSING:
+            env[f"_d_{n}"] = default
+            params.append(f"{n}=_d_{n}")
+        else:
+            params.append(n)
+        body.append(f"    d[{n!r}] = {n}")
+    exec("\n".join([f"def __init__(self, {', '.join(params)}):"] + body), env)    # noqa: S102 - field names only
+    fn = env["__init__"]
+    fn.__qualname__ = f"{cls.__qualname__}.__init__"
+    return fn
+
 
 _BDF_RE = re.compile(
     r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<func>[0-7])$")
 
 
-@dataclass(frozen=True, order=True)
+@record(frozen=True, order=True)
 class PciAddress:
     """A PCI address (BDF) ``dddd:bb:ss.f`` (REFERENCE.md §1), e.g. ``0000:41:00.0``.
 
@@ -98,7 +296,7 @@ _PROFILE_RE = re.compile(
     r"(?P<fb>\d+)(?P<series>[QBACqbac])(?P<me>ME|me)?$")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VgpuProfile:
     """A vGPU type name parsed: ``A40-8Q``, ``A100-1-5CME``, ``H200X-1-18C``.
 
@@ -178,10 +376,11 @@ def parse_size_mib(text: str) -> Optional[int]:
     return {"K": n // 1024, "": n, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
 
 
-_MIG_RE = re.compile(r"^(?:(?P<ci>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<me>\+me)?$", re.IGNORECASE)
+#: compiled on first use (re caches it): the qemu hook never parses MIG names
+_MIG_PATTERN = r"^(?:(?P<ci>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<me>\+me)?$"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigProfile:
     """A MIG GPU-instance profile name (REFERENCE.md §5): ``3g.40gb``, ``1g.10gb+me``."""
 
@@ -191,7 +390,7 @@ class MigProfile:
 
     @classmethod
     def parse(cls, text: str) -> "MigProfile":
-        m = _MIG_RE.match(text.strip()) if isinstance(text, str) else None
+        m = re.match(_MIG_PATTERN, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
         if not m or m["ci"]:
             raise InputError(f"invalid MIG profile name {text!r}",
                              hint="expected <N>g.<GB>gb[+me], e.g. 1g.10gb or 3g.40gb")

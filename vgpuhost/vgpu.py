@@ -24,8 +24,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass, field, replace
-from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from .hostroot import HostRoot
@@ -35,7 +33,11 @@ from .placement import MANUAL, POOL_OWNERS, STRATEGIES, Decision, GpuOffer, Requ
 from .state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow, vgpu_records
 from .steps import Executor
 from .sysfs import Sysfs
-from .values import PciAddress, VgpuProfile, parse_uuid
+from .values import PciAddress, VgpuProfile, field, parse_uuid, record, replace
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 MAX_PLACEMENT_ATTEMPTS = 5
 
@@ -179,7 +181,7 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
 # ---------------------------------------------------------------------------
 # outcomes
 
-@dataclass
+@record
 class VgpuOutcome:
     action: str
     changed: bool
@@ -202,14 +204,15 @@ class VgpuOutcome:
         return d
 
 
-_PARAMS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,\s*[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*)*$")
+#: compiled on first use (re caches it): most creates pass no parameters
+_PARAMS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,\s*[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*)*$"
 
 
 def _validate_params(params: str) -> None:
     """``vgpu_params``: comma-separated key=value pairs (REFERENCE.md §2), at most 1000 characters."""
     if len(params) > 1000:
         raise InputError(f"--params is {len(params)} characters; at most 1000")
-    if not _PARAMS_RE.match(params):
+    if not re.match(_PARAMS_PATTERN, params):
         raise InputError(f"--params {params[:80]!r} is not a list of key=value pairs",
                          hint="e.g. frame_rate_limiter=0,disable_vnc=1")
     keys = [kv.split("=", 1)[0].strip() for kv in params.split(",")]
@@ -235,7 +238,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
            params: Optional[str] = None, numa_node: Optional[int] = None,
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
            create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
-           allowed_gpus: Optional[Collection[PciAddress]] = None) -> VgpuOutcome:
+           allowed_gpus: Optional[Collection[PciAddress]] = None,
+           inventory: Optional[Inventory] = None) -> VgpuOutcome:
     """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
 
     ``vf`` (vendor-specific VFIO only, REFERENCE.md §3): set the type on
@@ -244,7 +248,11 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     or does not offer the type now; a no-op (``changed`` False) when the
     record already says ``owner`` holds this VF with this type and the VF
     reads it back.  ``allowed_gpus``: placement considers only these GPUs
-    (the hook's operator allow-list); None = every GPU.
+    (the hook's operator allow-list); None = every GPU.  ``inventory``: a
+    snapshot the caller has just read (``discover(Sysfs(host))``, the qemu
+    hook's), used for the first, unlocked placement look instead of reading
+    the host again; the choice is always re-checked under the GPU lock on a
+    fresh discovery.
 
     Raises InputError (unknown profile/strategy/UUID, --persist where it
     cannot work), RefusedError (nothing fits: the reason names each GPU), or
@@ -277,7 +285,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                               "'vgpuhost reconcile'")
     gi_tried = False
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        inv = discover(fs)
+        inv, inventory = (inventory if inventory is not None else discover(fs)), None
         records = store.vgpu_records()
         if not dry_run:
             store.remember_types(seen_rows(inv))
@@ -729,7 +737,7 @@ def _current_type(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> Opti
 # ---------------------------------------------------------------------------
 # list and reconcile
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VgpuEntry:
     id: str
     gpu: Optional[str]
@@ -774,7 +782,7 @@ def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]
     return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
 
 
-@dataclass
+@record
 class ReconcileReport:
     recreated: List[str] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)     # recorded, absent, and (with check) not re-created

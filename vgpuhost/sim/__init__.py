@@ -12,13 +12,16 @@ Public entry points: :func:`vgpuhost.sim.spec.load_spec`,
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
-from typing import Dict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict
 
 
 def data_path(name: str) -> Path:
     """A file shipped in the ``vgpuhost.sim`` package (works from a wheel)."""
+    from importlib import resources     # here: the qemu hook imports this package (sim.kernel) on simulated roots
     return Path(str(resources.files(__name__).joinpath(name)))
 
 

@@ -19,7 +19,9 @@ Rules (REFERENCE.md §2, §4):
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, Iterable, List, Mapping
 
 
 def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:

@@ -57,21 +57,24 @@ import fcntl
 import json
 import os
 import re
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional
 
 from ..hostroot import HostRoot
 from .capacity import gpu_available
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, Iterable, Iterator, List, Optional
 
 #: the driver NVIDIA's vGPU manager binds every mdev to
 MDEV_DRIVER = "nvidia-vgpu-vfio"
 VFIO_PCI = "vfio-pci"
 PERSISTENCED = "nvidia-persistenced"
 
-_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-_DECIMAL_RE = re.compile(r"^[0-9]+$")
+#: compiled on first use (re caches them)
+_UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_DECIMAL_PATTERN = r"^[0-9]+$"
 
 #: attribute files the kernel creates read-only (writing gives EACCES)
 READ_ONLY = frozenset({
@@ -106,6 +109,54 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def write_attr(path: "str | Path", text: str, *, if_changed: bool = False) -> None:
+    """Set an attribute file's content atomically: a temp file in the same directory, then rename.
+
+    A concurrent reader (another vgpuhost process, mdevctl) sees the old
+    value or the new one, never an empty or partial file, as with a kernel
+    attribute.  ``if_changed``: leave the file alone when it holds ``text``
+    already.  Raises OSError.
+    """
+    path = os.fspath(path)
+    data = text.encode("utf-8")
+    if if_changed:
+        try:
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    return
+        except FileNotFoundError:
+            pass
+    try:
+        mode = os.stat(path).st_mode & 0o7777      # the new file keeps the attribute's mode
+    except FileNotFoundError:
+        mode = 0o644
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.sim-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        _unlink(Path(tmp))
+        raise
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a directory tree, never following symlinks (``shutil.rmtree`` without importing shutil)."""
+    with os.scandir(path) as it:
+        entries = list(it)
+    for e in entries:
+        if e.is_dir(follow_symlinks=False):
+            _rmtree(Path(e.path))
+        else:
+            os.unlink(e.path)
+    os.rmdir(path)
 
 
 class SimKernel:
@@ -155,9 +206,9 @@ class SimKernel:
         out: List[dict] = []
         if gpu["backend"] == "mdev":
             for parent in gpu["parents"]:
-                types_dir = self.dev_dir(meta, parent) / "mdev_supported_types"
+                types_dir = f"{self.dev_dir(meta, parent)}/mdev_supported_types/"     # strings: hundreds of joins
                 for tid in sorted(gpu["types"]):
-                    ddir = types_dir / tid / "devices"
+                    ddir = f"{types_dir}{tid}/devices"
                     try:
                         names = sorted(os.listdir(ddir))
                     except FileNotFoundError:
@@ -203,15 +254,15 @@ class SimKernel:
         for parent, avail in self.available(meta, pf).items():
             pdir = self.dev_dir(meta, parent)
             if gpu["backend"] == "mdev":
+                types_dir = f"{pdir}/mdev_supported_types/"
                 for tid in gpu["types"]:
-                    (pdir / "mdev_supported_types" / tid / "available_instances").write_text(
-                        f"{avail.get(tid, 0)}\n")
+                    write_attr(f"{types_dir}{tid}/available_instances", f"{avail.get(tid, 0)}\n", if_changed=True)
             else:
                 lines = ["ID    : vGPU Name"]
                 for tid in sorted(gpu["types"], key=int):
                     if avail.get(tid, 0) > 0:
                         lines.append(f"{int(tid):<5d} : {gpu['types'][tid]['raw_name']}")
-                (pdir / "nvidia" / "creatable_vgpu_types").write_text("\n".join(lines) + "\n")
+                write_attr(pdir / "nvidia" / "creatable_vgpu_types", "\n".join(lines) + "\n", if_changed=True)
 
     # --- writes ------------------------------------------------------------
     def write(self, path: Path, value: str) -> None:
@@ -264,8 +315,7 @@ class SimKernel:
             raise _fail(errno.EACCES, path, "read-only attribute")
         if name in WRITE_ONLY:
             return
-        with open(real, "w", encoding="utf-8") as f:
-            f.write(value)
+        write_attr(real, value)
 
     # --- faults ------------------------------------------------------------
     def _fault(self, meta: dict, op: str, devices: Iterable[Optional[str]], path: Path) -> bool:
@@ -396,7 +446,7 @@ class SimKernel:
             raise _fail(errno.EINVAL, path, "value too long")
         if self._fault(meta, "driver_override", [bdf], path):
             return
-        real.write_text((v if v else "(null)") + "\n")
+        write_attr(real, (v if v else "(null)") + "\n")
 
     # --- mdev --------------------------------------------------------------
     def _pf_of_parent(self, meta: dict, parent: str) -> Optional[str]:
@@ -410,7 +460,7 @@ class SimKernel:
         if pf is None or meta["gpus"][pf]["backend"] != "mdev" or tid not in meta["gpus"][pf]["types"]:
             raise _fail(errno.EINVAL, path, f"type {tid} not supported by {parent}")
         text = value.strip()
-        if not _UUID_RE.match(text):
+        if not re.match(_UUID_PATTERN, text):
             raise _fail(errno.EINVAL, path, f"not a UUID: {text[:40]!r}")
         uuid = text.lower()
         if self._driver_of(meta, parent) != "nvidia":
@@ -472,8 +522,11 @@ class SimKernel:
         _unlink(self._rpath(self.host.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER)) / uuid)
         if gdir is not None and gdir.parent == self._rpath(self.host.iommu_groups):
             _unlink(self._rpath(self.host.dev_vfio) / gdir.name)
-            shutil.rmtree(gdir, ignore_errors=True)
-        shutil.rmtree(mdir)
+            try:
+                _rmtree(gdir)
+            except OSError:
+                pass
+        _rmtree(mdir)
         if pf is not None:
             self.refresh_gpu(pf, meta)
 
@@ -484,19 +537,19 @@ class SimKernel:
         if gpu is None or gpu["backend"] != "vendor-vfio" or vf not in gpu["parents"]:
             raise _fail(errno.ENODEV, path, f"{vf} is not a vGPU-capable VF")
         text = value.strip()
-        if not _DECIMAL_RE.match(text):
+        if not re.match(_DECIMAL_PATTERN, text):
             raise _fail(errno.EINVAL, path, f"not a decimal type id: {text[:40]!r}")
         new = int(text)
         if self._driver_of(meta, vf) != "nvidia":
             raise _fail(errno.ENODEV, path, f"{vf} is not bound to nvidia")
         cur_text = real.read_text().strip() or "0"
-        cur = int(cur_text) if _DECIMAL_RE.match(cur_text) else 0
+        cur = int(cur_text) if re.match(_DECIMAL_PATTERN, cur_text) else 0
         if new == 0:
             if cur == 0:
                 raise _fail(errno.EPERM, path, f"{vf} holds no vGPU")
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
-            real.write_text("0\n")
+            write_attr(real, "0\n")
         else:
             if cur != 0:
                 raise _fail(errno.EPERM, path, f"{vf} already holds vGPU type {cur}")
@@ -507,11 +560,11 @@ class SimKernel:
                 raise _fail(errno.ENOSPC, path, f"type {tid} not creatable on {vf} now")
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
-            real.write_text(f"{new}\n")
+            write_attr(real, f"{new}\n")
         self.refresh_gpu(pf, meta)
 
     def _vgpu_params(self, path: Path, real: Path, value: str) -> None:
         v = value[:-1] if value.endswith("\n") else value
         if len(v) > _PARAMS_MAX:
             raise _fail(errno.EINVAL, path, "value too long")
-        real.write_text(("" if v.strip() == "" else v) + "\n")
+        write_attr(real, ("" if v.strip() == "" else v) + "\n")
