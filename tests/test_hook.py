@@ -406,7 +406,7 @@ def test_metadata_must_match_the_domains_hostdevs(make_host):
     vf_missing = domain_xml("x", DOM1, Metadata(vgpus=[VgpuRequest("L40S-4Q", vf=A("0000:a1:00.4"))]))
     for xml, want in [(no_mdev, "the domain has no <hostdev type='mdev'> with that UUID"),
                       (no_companion, "the domain has no <hostdev type='pci' managed='no'> for 0000:41:00.1"),
-                      (managed, "is managed='yes', but vgpuhost binds it (never both)"),
+                      (managed, "is managed='yes', but vgpuhost binds the whole IOMMU group itself (never both)"),
                       (vf_managed, "0000:a1:00.4 is managed='yes'"),
                       (vf_missing, "no <hostdev type='pci' managed='no'> for 0000:a1:00.4")]:
         rc, err = start(host, "x", xml)
@@ -828,3 +828,44 @@ def test_vgpu_create_on_a_named_vf(make_host):
     vf = next(d for d in discover(Sysfs(a100)).devices.values() if d.physfn == A100).address
     with pytest.raises(RefusedError, match="is on the mdev path, not vendor-specific VFIO"):
         create(a100, store(a100), profile="A100-4C", vf=vf, owner=DOM1)
+
+
+# ---------------------------------------------------------------------------
+# review regressions
+
+def test_boot_vga_refusal_names_a_fix_the_hook_can_take(make_host):
+    """A hook takes no options: the remedy is to bind the group first, which the hook then uses
+    (test_a_group_the_operator_bound_is_used_as_it_is)."""
+    host = make_host("turing-consumer")
+    gpu = A("0000:01:00.0")
+    fns = [gpu, A("0000:01:00.1"), A("0000:01:00.2"), A("0000:01:00.3")]
+    xml = pt_domain("desk", DOM1, gpu, fns)
+    rc, err = start(host, "desk", xml)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"run 'vgpuhost passthrough prepare --allow-boot-vga {gpu}'" in err and "pass --allow" not in err
+    assert writes(host) == [] and driver(host, gpu) == "nvidia"
+
+
+def test_a_manual_release_never_frees_a_running_domains_group(make_host):
+    from vgpuhost.errors import RefusedError
+    from vgpuhost.passthrough import release as pt_release
+    host = make_host("a100-sriov-mdev")
+    xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
+    assert start(host, "gpu-vm", xml) == (0, "")
+    with pytest.raises(RefusedError, match="in use by running domain gpu-vm"):
+        pt_release(host, store(host), A100)
+    assert driver(host, A100) == "vfio-pci"
+    # the host crashed: no 'release end' came, the domain is not running any more
+    store(host).domain_stopped(DOM1)
+    assert pt_release(host, store(host), A100).changed
+    assert driver(host, A100) == "nvidia" and store(host).passthrough_records() == []
+
+
+def test_allow_list_bytes_that_are_not_ascii_are_shown_escaped(make_host):
+    host = mixed(make_host)
+    allow = hook.allow_path(host)
+    allow.parent.mkdir(parents=True)
+    allow.write_bytes(b"\xff\xfe41:00.0\n")
+    rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))
+    assert rc == 2 and "hook.allow:1: '\\\\xff\\\\xfe41:00.0' is not a GPU's PCI address" in err, err
+    assert "\ufffd" not in err

@@ -243,7 +243,7 @@ def load_allow(host: HostRoot) -> Optional[FrozenSet[PciAddress]]:
         raise InputError(f"{host.relative(path)} is over {MAX_ALLOW_BYTES} bytes",
                          hint="one GPU BDF per line; a host has a few GPUs")
     out = set()
-    for n, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+    for n, raw in enumerate(data.decode("ascii", "backslashreplace").splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -301,15 +301,17 @@ def check_request(inv: "Inventory", view: DomainView, allow: Optional[FrozenSet[
             raise RefusedError(f"{what}: GPU {gpu} is not in the hook allow-list (etc/vgpuhost/hook.allow)",
                                hint=f"add {gpu} to that file if guests may use it, or change the domain")
 
-    def need_unmanaged(bdf: PciAddress, what: str) -> None:
+    def need_unmanaged(bdf: PciAddress, what: str, vf: bool = False) -> None:
         h = pci.get(bdf)
         if h is None:
             raise RefusedError(f"{what}: the domain has no <hostdev type='pci' managed='no'> for {bdf}",
                                hint="attach the device with 'vgpuhost attach', which writes hostdev and "
                                     "metadata together")
         if h.managed:
-            raise RefusedError(f"{what}: the hostdev for {bdf} is managed='yes', but vgpuhost binds it "
-                               "(never both)", hint="set managed='no' on it ('vgpuhost attach' does)")
+            why = ("a vGPU VF stays on NVIDIA's driver, and managed='yes' would have libvirt rebind it"
+                   if vf else "vgpuhost binds the whole IOMMU group itself (never both)")
+            raise RefusedError(f"{what}: the hostdev for {bdf} is managed='yes', but {why}",
+                               hint="set managed='no' on it ('vgpuhost attach' does)")
 
     def nvidia_gpu(bdf: PciAddress, what: str):
         g = inv.gpu(bdf)
@@ -363,7 +365,7 @@ def check_request(inv: "Inventory", view: DomainView, allow: Optional[FrozenSet[
                                    hint="a passed-through GPU carries no vGPUs")
             if req.gpu is not None and req.gpu != parent.address:
                 raise InputError(f"{what}: the VF belongs to {parent.address}, the metadata says gpu={req.gpu}")
-            need_unmanaged(req.vf, what)
+            need_unmanaged(req.vf, what, vf=True)
         out.vgpus.append(req)
     return out
 
@@ -459,7 +461,10 @@ def prepare(host: HostRoot, view: DomainView, *, actor: str) -> List[str]:
             for gpu, _ in checked.passthrough:
                 if gpu in checked.pooled:
                     continue                    # bound by the operator for guests: used as it is
-                out = passthrough.prepare(host, store, gpu, owner=me, actor=actor)
+                out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
+                                          boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
+                                                       f"{gpu}' if the host has another console, then start "
+                                                       "the domain (the hook uses a group bound that way)")
                 if out.changed:
                     made.append(("passthrough", gpu))
         for req in checked.vgpus:

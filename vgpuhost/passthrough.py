@@ -124,16 +124,21 @@ def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevic
 
 
 def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDevice], *,
-                     allow_boot_vga: bool) -> List[str]:
-    """Why prepare must not start (one sentence each, with the fix); empty = go."""
+                     allow_boot_vga: bool, boot_vga_fix: Optional[str] = None) -> List[str]:
+    """Why prepare must not start (one sentence each, with the fix); empty = go.
+
+    ``boot_vga_fix``: the fix to name for a boot VGA GPU (default: pass
+    --allow-boot-vga; the qemu hook, which takes no options, names another).
+    """
     out: List[str] = []
     dev = inv.devices[gpu]
     moving = [d for d in endpoints if d.driver != VFIO_PCI]
     if not moving:
         return out
     if dev.boot_vga and not allow_boot_vga and dev.driver != VFIO_PCI:
-        out.append(f"{gpu} drives the host console (boot_vga=1); pass --allow-boot-vga if the host "
-                   "has another console (serial, BMC) or none is needed")
+        out.append(f"{gpu} drives the host console (boot_vga=1); "
+                   + (boot_vga_fix or "pass --allow-boot-vga if the host has another console (serial, BMC) "
+                                      "or none is needed"))
     on_nvidia = any(d.driver == "nvidia" for d in moving)
     if on_nvidia and inv.host.running("nvidia-persistenced"):
         out.append("nvidia-persistenced is running and holds the GPU (unbind would hang): "
@@ -231,8 +236,10 @@ def _driverctl_path(host: HostRoot, bdf: PciAddress):
 
 def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vga: bool = False,
             persist: bool = False, dry_run: bool = False, actor: Optional[str] = None,
-            owner: str = MANUAL) -> Outcome:
+            owner: str = MANUAL, boot_vga_fix: Optional[str] = None) -> Outcome:
     """Bind every endpoint of ``gpu``'s IOMMU group to vfio-pci.
+
+    ``boot_vga_fix``: the remedy a boot-VGA refusal names (see :func:`prepare_blockers`).
 
     ``owner``: who holds the group from now on, recorded with each function:
     a domain UUID (the qemu hook), ``manual`` (the CLI) or ``layout``.  Idempotent for
@@ -254,7 +261,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                                hint=("it is released when that domain stops" if holder not in POOL_OWNERS else
                                      f"give it back first: vgpuhost passthrough release {gpu}")
                                + "; nothing was changed")
-        blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga)
+        blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga, boot_vga_fix=boot_vga_fix)
         if blockers:
             raise RefusedError(f"cannot pass {gpu} through: " + "; ".join(blockers),
                                hint="nothing was changed")
@@ -331,7 +338,11 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
     """Give every function of ``gpu``'s group back, companions first, the GPU last.
 
     Idempotent.  A function that fails to go back is named in a DeviceError
-    after the others were released; its record stays for a retry.  With
+    after the others were released; its record stays for a retry.  Without
+    ``owner`` (the operator's release) a group a running domain holds (one
+    the qemu hook started and has not released: ``store.active_domains()``)
+    raises RefusedError; a group recorded for a domain that is not running
+    (a host crash skipped its ``release end``) is released.  With
     ``owner`` (the qemu hook's release: a domain UUID) only a group that
     owner holds is released: a group with no records is a no-op (already
     released, or never prepared), one another owner holds raises
@@ -355,6 +366,13 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                 raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}, "
                                    f"not {owner}: left alone",
                                    hint="a late release for an earlier owner never frees the next owner's group")
+        else:
+            holder = group_holder(store, endpoints, records)
+            running = store.active_domains()
+            if holder in running:
+                raise RefusedError(f"IOMMU group {group} of {gpu} is in use by running domain "
+                                   f"{running[holder]} ({holder}): left alone",
+                                   hint="stop the domain first; its qemu hook releases the group when it stops")
         plans = plan_release(endpoints, records)
         out = Outcome("release", gpu, group, changed=bool(plans), dry_run=dry_run)
         out.functions = [{"bdf": str(fp.bdf), "from": fp.before_driver, "to": fp.target_driver}
