@@ -35,9 +35,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
+
+from benchutil import run, timed
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -97,7 +98,7 @@ class Bench:
         materialise(load_spec(bundled_specs()[spec]), root)
         self.host = HostRoot(root)
         hooks = base / f"{spec}-qemu.d"
-        _run([sys.executable, "-m", "vgpuhost", "--root", str(root), "hook", "install", "--hooks-dir", str(hooks)])
+        run([sys.executable, "-m", "vgpuhost", "--root", str(root), "hook", "install", "--hooks-dir", str(hooks)])
         self.hook = hooks / "vgpuhost"
         self.xml, self.plain = _documents(spec)
         self.vf = HOSTS[spec][1]
@@ -130,19 +131,6 @@ class Bench:
         if self._device_present() != present:
             raise SystemExit(f"bench: {self.spec}: after {after} the vGPU is "
                              f"{'missing' if present else 'still there'}")
-
-
-def _run(argv: List[str]) -> str:
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: {shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
-    return proc.stdout
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main(argv: List[str] = None) -> int:
@@ -185,7 +173,7 @@ def main(argv: List[str] = None) -> int:
                 if isinstance(job, Bench):
                     _pair(job, times)
                 else:
-                    times.setdefault(label, []).append(_timed(job))
+                    times.setdefault(label, []).append(timed(job))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -220,10 +208,10 @@ def _run_quiet(cmd: List[str]) -> None:
 
 
 def _pair(b: Bench, times: Dict[str, List[float]]) -> None:
-    t = _timed(b.prepare)
+    t = timed(b.prepare)
     b.check(True, "prepare begin")
     times.setdefault(f"{b.spec} prepare", []).append(t)
-    t = _timed(b.release)
+    t = timed(b.release)
     b.check(False, "release end")
     times.setdefault(f"{b.spec} release", []).append(t)
 

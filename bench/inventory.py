@@ -25,12 +25,12 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Dict, List
+
+from benchutil import run, timed
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))   # nsutil: the namespace wrapper the parity test uses
@@ -58,19 +58,6 @@ def spec_yaml(gpus: int, vfs: int) -> str:
         lines.append(f'  - {{bdf: "{gpu}", model: {MODEL}, upstream: "{port}", numa_node: {numa}, '
                      f"vgpu: {{backend: mdev, sriov_numvfs: {vfs}}}}}")
     return "\n".join(lines) + "\n"
-
-
-def _run(argv: List[str]) -> str:
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: {shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
-    return proc.stdout
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main(argv: List[str] = None) -> int:
@@ -108,7 +95,7 @@ def main(argv: List[str] = None) -> int:
     tmp = tempfile.mkdtemp(prefix="vgpuhost-bench-")
     try:
         root = Path(tmp) / "host"
-        t_build = _timed(lambda: materialise(parse_spec(spec_yaml(args.gpus, args.vfs), source="<bench>"), root))
+        t_build = timed(lambda: materialise(parse_spec(spec_yaml(args.gpus, args.vfs), source="<bench>"), root))
         nsutil.prepare_root(root)
         mdevctl = nsutil.mdevctl_path()
         true = shutil.which("true") or "/bin/true"
@@ -123,13 +110,13 @@ def main(argv: List[str] = None) -> int:
             inv = discover(Sysfs(host))
             return dumps(types_doc(aggregate_types(inv.vgpu_types)))
 
-        jobs: Dict[str, Callable[[], object]] = {name: (lambda a=a: _run(a)) for name, a in cmds.items()}
+        jobs: Dict[str, Callable[[], object]] = {name: (lambda a=a: run(a)) for name, a in cmds.items()}
         jobs["in-process"] = in_process
 
         # warm-up (page cache, .pyc) and a sanity check that both read the simulated tree
         import json
-        ours = json.loads(_run(cmds["vgpuhost"]))
-        theirs = nsutil.parse_types(_run(cmds["mdevctl"]))
+        ours = json.loads(run(cmds["vgpuhost"]))
+        theirs = nsutil.parse_types(run(cmds["mdevctl"]))
         our_pairs = sum(len(e["parents"]) for e in ours["types"])
         their_pairs = sum(len(t) for t in theirs.values())
         parents = args.gpus * args.vfs
@@ -137,14 +124,14 @@ def main(argv: List[str] = None) -> int:
             raise SystemExit(f"bench: views differ: mdevctl {len(theirs)} parents / {their_pairs} "
                              f"(parent, type) pairs, vgpuhost {our_pairs} pairs, expected {parents} parents")
         in_process()
-        _run(cmds["ns-wrapper"])
+        run(cmds["ns-wrapper"])
 
         times: Dict[str, List[float]] = {name: [] for name in jobs}
         names = list(jobs)
         for i in range(args.runs):
             order = names[i % len(names):] + names[:i % len(names)]   # rotate: no fixed position bias
             for name in order:
-                times[name].append(_timed(jobs[name]))
+                times[name].append(timed(jobs[name]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

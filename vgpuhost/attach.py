@@ -52,7 +52,7 @@ from .locks import file_lock
 from .placement import STRATEGIES, Request, place
 from .state import StateStore
 from .sysfs import Sysfs
-from .values import PciAddress, parse_uuid
+from .values import PciAddress, parse_device_id
 
 KIND_PASSTHROUGH = "passthrough"
 KIND_MDEV = "mdev"
@@ -613,14 +613,7 @@ def _verify(dom, entry: DeviceEntry, *, added: bool) -> None:
 # detach
 
 def _device_id(text: str) -> str:
-    t = text.strip()
-    if PciAddress.is_valid(t):
-        return str(PciAddress.parse(t))
-    try:
-        return parse_uuid(t)
-    except InputError:
-        raise InputError(f"invalid device {text[:64]!r}",
-                         hint="an mdev UUID, a VF's BDF or a passed-through GPU's BDF (dddd:bb:ss.f)") from None
+    return parse_device_id(text, "device", "an mdev UUID, a VF's BDF or a passed-through GPU's BDF (dddd:bb:ss.f)")
 
 
 def _passthrough_sources(host: HostRoot, doc: DomainDoc, meta: domxml.Metadata, gpu: PciAddress) -> List[str]:

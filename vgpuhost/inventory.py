@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 from functools import lru_cache
-from pathlib import Path
 
 from .sysfs import Sysfs
 from .values import PciAddress, VgpuProfile, field, parse_description, parse_size_mib, record, strip_vendor_prefix

@@ -55,7 +55,7 @@ from .inventory import BACKEND_MDEV, Gpu, Inventory, discover, gpu_available
 from .nvml import NvmlError, SchedulerState
 from .placement import LAYOUT, GpuOffer, Request, place
 from .state import StateStore
-from .sysfs import Sysfs
+from .sysfs import Sysfs, config_equals
 from .values import PciAddress, VgpuProfile
 
 SCHEMA_PLAN = "vgpuhost.plan/v1"
@@ -634,7 +634,7 @@ class _Walker:
             return
         bound = all(d.driver == VFIO_PCI for d in endpoints)
         files = [self.host.driverctl_d / f"pci-{d.address}" for d in endpoints]
-        persisted = all(_same_file(p, "vfio-pci\n") for p in files)
+        persisted = all(config_equals(p, "vfio-pci\n") for p in files)
         if bound and (persisted or not spec.persist):
             return
         if not bound:
@@ -1095,14 +1095,6 @@ def _sched_flags(state: SchedulerState) -> str:
     if state.frequency_hz is not None:
         return f" --frequency-hz {state.frequency_hz} --avg-factor {state.avg_factor}"
     return ""
-
-
-def _same_file(path, text: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() == text
-    except OSError:
-        return False
 
 
 def _walk(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str]) -> Tuple[Plan, List[str]]:

@@ -34,11 +34,11 @@ from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostE
 from .hostroot import HostRoot
 from .inventory import Inventory, PciDevice, discover
 from .locks import file_lock
-from .placement import MANUAL, POOL_OWNERS
+from .placement import MANUAL, POOL_OWNERS, validate_owner
 from .state import PassthroughRecord, StateStore, utcnow
 from .steps import ANY_HOST_DRIVER, Executor, Probe, SetDriverOverride, Step, Unbind, VerifyDriver, describe
-from .sysfs import Sysfs
-from .values import PciAddress, field, parse_uuid, record
+from .sysfs import Sysfs, config_equals
+from .values import PciAddress, field, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -249,7 +249,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
     function fails to bind, after the functions already moved went back to
     their original drivers.
     """
-    owner = _validate_owner(owner)
+    owner = validate_owner(owner)
     inv = discover(Sysfs(host))
     group, endpoints, bridges = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
@@ -278,7 +278,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         if not plans:
             out.notes.append(f"IOMMU group {group} is already bound to vfio-pci: nothing to do")
         persist_paths = [_driverctl_path(host, d.address) for d in endpoints] if persist else []
-        foreign = [p for p in persist_paths if os.path.lexists(p) and not _same_file(p, "vfio-pci\n")]
+        foreign = [p for p in persist_paths if os.path.lexists(p) and not config_equals(p, "vfio-pci\n")]
         if foreign:
             raise RefusedError(f"{host.relative(foreign[0])} holds another driverctl override, not written "
                                "by vgpuhost", hint="remove it (driverctl unset-override) or drop --persist; "
@@ -286,7 +286,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         if persist:
             out.persisted = [host.relative(p) for p in persist_paths]
             out.steps += [f"write 'vfio-pci' to {host.relative(p)}" for p in persist_paths
-                          if not _same_file(p, "vfio-pci\n")]
+                          if not config_equals(p, "vfio-pci\n")]
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or _actor(), operation=f"passthrough prepare {gpu}")
@@ -315,7 +315,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         written = []
         try:
             for p in persist_paths:
-                if not _same_file(p, "vfio-pci\n"):
+                if not config_equals(p, "vfio-pci\n"):
                     ex.fs.write_config(p, "vfio-pci\n")
                     written.append(p)
                     out.changed = True
@@ -349,7 +349,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
     RefusedError and is left alone.
     """
     if owner is not None:
-        owner = _validate_owner(owner)
+        owner = validate_owner(owner)
     inv = discover(Sysfs(host))
     group, endpoints, _ = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
@@ -386,7 +386,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         if not plans:
             out.notes.append(f"IOMMU group {group} is already on its host drivers: nothing to do")
         persisted = [_driverctl_path(host, d.address) for d in endpoints
-                     if _same_file(_driverctl_path(host, d.address), "vfio-pci\n")]
+                     if config_equals(_driverctl_path(host, d.address), "vfio-pci\n")]
         if persist:
             out.persisted = [host.relative(p) for p in persisted]
             out.steps += [f"remove {host.relative(p)}" for p in persisted]
@@ -421,16 +421,6 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                               hint="fix the cause and run release again; 'vgpuhost audit' has every write")
         out.writes = ex.writes
         return out
-
-
-def _validate_owner(owner: str) -> str:
-    if owner in POOL_OWNERS:
-        return owner
-    try:
-        return parse_uuid(owner)
-    except InputError:
-        raise InputError(f"invalid owner {owner!r}",
-                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
 
 
 def group_holder(store: StateStore, endpoints: Sequence[PciDevice],
@@ -488,14 +478,6 @@ def _failure_text(bdf: PciAddress, e: VgpuhostError, what: str, done: List[Funct
     if rollback_failed:
         text += "; ROLLBACK FAILED for " + ", ".join(rollback_failed)
     return text
-
-
-def _same_file(path, text: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() == text
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,8 @@ instances, then the fewest vGPUs present: balances load).
 
 from __future__ import annotations
 
-from .values import PciAddress, field, record
+from .errors import InputError
+from .values import PciAddress, field, parse_uuid, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -34,6 +35,20 @@ STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")
 MANUAL = "manual"
 LAYOUT = "layout"          # vGPUs a declarative layout pre-creates (vgpuhost apply)
 POOL_OWNERS = (MANUAL, LAYOUT)
+
+
+def validate_owner(owner: str) -> str:
+    """An owner as vgpuhost records it: a domain UUID (lower case), ``manual`` or ``layout``.
+
+    Raises InputError naming the bad value.
+    """
+    if owner in POOL_OWNERS:
+        return owner
+    try:
+        return parse_uuid(owner)
+    except InputError:
+        raise InputError(f"invalid owner {owner!r}",
+                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
 
 
 @record(frozen=True)

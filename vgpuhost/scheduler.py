@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from .errors import DeviceError, HostEnvironmentError, InputError, RefusedError
 from .hostroot import HostRoot
 from .nvml import NvmlError, SchedulerCaps, SchedulerState
+from .sysfs import read_config_text
 from .values import PciAddress
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
@@ -365,18 +366,8 @@ def render_conf(conf: SchedulerConf) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _read_text(path: Path) -> Optional[str]:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
-                                   hint="run as root, or check the file's permissions") from None
-
-
 def read_conf(host: HostRoot) -> SchedulerConf:
-    return parse_conf(_read_text(conf_path(host)) or "")
+    return parse_conf(read_config_text(conf_path(host)) or "")
 
 
 def _other_registry_files(host: HostRoot) -> List[str]:
@@ -389,7 +380,7 @@ def _other_registry_files(host: HostRoot) -> List[str]:
     for name in names:
         if name == CONF_NAME or not name.endswith(".conf"):
             continue
-        text = _read_text(host.modprobe_d / name) or ""
+        text = read_config_text(host.modprobe_d / name) or ""
         if re.search(r"NVreg_RegistryDwords(PerDevice)?\s*=", text):
             out.append(host.relative(host.modprobe_d / name))
     return out
@@ -434,7 +425,7 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
     with ExitStack() as stack:
         if not dry_run:
             stack.enter_context(file_lock(store.state_dir, "scheduler-conf"))
-        old = _read_text(path)
+        old = read_config_text(path)
         conf = parse_conf(old or "")
         if not gpus:
             conf.all_gpus = _set_key(conf.all_gpus, REG_KEY, hexval)

@@ -213,3 +213,31 @@ def _read_hint(err: Optional[int]) -> Optional[str]:
     if err == errno.ENOENT:
         return "is --root pointing at a host root (a directory holding sys/ and proc/)?"
     return None
+
+
+# ---------------------------------------------------------------------------
+# configuration files vgpuhost compares before it writes (modprobe.d, driverctl, units)
+
+def read_config_text(path: "Union[str, os.PathLike[str]]") -> "Optional[str]":
+    """A configuration file's text (UTF-8, undecodable bytes replaced); None when it does not exist.
+
+    Raises HostEnvironmentError (exit 2) when it exists but cannot be read.
+    """
+    from .errors import HostEnvironmentError
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
+                                   hint="run as root, or check the file's permissions") from None
+
+
+def config_equals(path: "Union[str, os.PathLike[str]]", text: str) -> bool:
+    """The file at ``path`` holds exactly ``text`` (False when missing or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -279,6 +279,20 @@ def parse_uuid(text: str) -> str:
     return t
 
 
+def parse_device_id(text: str, what: str = "device", hint: str = "an mdev UUID or a PCI address (dddd:bb:ss.f)") -> str:
+    """A device as vgpuhost names it: a PCI address (``0000:21:00.4``) or an mdev UUID, normalised.
+
+    Raises InputError ``invalid <what> '...'; <hint>``.
+    """
+    t = text.strip() if isinstance(text, str) else ""
+    if PciAddress.is_valid(t):
+        return str(PciAddress.parse(t))
+    try:
+        return parse_uuid(t)
+    except InputError:
+        raise InputError(f"invalid {what} {str(text)[:64]!r}", hint=hint) from None
+
+
 # ---------------------------------------------------------------------------
 # vGPU type names (REFERENCE.md §4)
 

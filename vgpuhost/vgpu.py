@@ -29,15 +29,15 @@ from .errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostE
 from .hostroot import HostRoot
 from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover, gpu_available
 from .locks import file_lock
-from .placement import MANUAL, POOL_OWNERS, STRATEGIES, Decision, GpuOffer, Request, place
-from .state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow, vgpu_records
+from .placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
+from .state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
 from .steps import Executor
 from .sysfs import Sysfs
-from .values import PciAddress, VgpuProfile, field, parse_uuid, record, replace
+from .values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Collection, Dict, List, Optional, Sequence, Tuple
+    from typing import Collection, Dict, List, Optional, Sequence
 
 MAX_PLACEMENT_ATTEMPTS = 5
 
@@ -220,16 +220,6 @@ def _validate_params(params: str) -> None:
         raise InputError(f"--params names a key twice: {params[:80]!r}")
 
 
-def _validate_owner(owner: str) -> str:
-    if owner in POOL_OWNERS:
-        return owner
-    try:
-        return parse_uuid(owner)
-    except InputError:
-        raise InputError(f"invalid owner {owner!r}",
-                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
-
-
 # ---------------------------------------------------------------------------
 # create
 
@@ -267,7 +257,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     """
     if strategy not in STRATEGIES:
         raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
-    owner = _validate_owner(owner)
+    owner = validate_owner(owner)
     if uuid is not None:
         uuid = parse_uuid(uuid)
     if vf is not None and uuid is not None:
@@ -643,7 +633,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     """
     vid = _normalise_id(vgpu_id)
     if owner is not None:
-        owner = _validate_owner(owner)
+        owner = validate_owner(owner)
     fs = Sysfs(host)
     rec = next((r for r in store.vgpu_records() if r.id == vid), None)
     if rec is None:
@@ -705,19 +695,12 @@ def _nolock():
 def release_owner(host: HostRoot, store: StateStore, owner: str, *,
                   actor: Optional[str] = None) -> List[VgpuOutcome]:
     """Remove every vGPU ``owner`` holds (the hook's release); tolerant of ones already gone."""
-    owner = _validate_owner(owner)
+    owner = validate_owner(owner)
     return [remove(host, store, r.id, owner=owner, actor=actor) for r in store.vgpu_records(owner=owner)]
 
 
 def _normalise_id(text: str) -> str:
-    t = text.strip()
-    if PciAddress.is_valid(t):
-        return str(PciAddress.parse(t))
-    try:
-        return parse_uuid(t)
-    except InputError:
-        raise InputError(f"invalid vGPU id {text!r}",
-                         hint="an mdev UUID or, on vendor VFIO, the VF's PCI address (0000:21:00.4)") from None
+    return parse_device_id(text, "vGPU id", "an mdev UUID or, on vendor VFIO, the VF's PCI address (0000:21:00.4)")
 
 
 def _device_exists(fs: Sysfs, vid: str) -> bool:

@@ -378,7 +378,7 @@ def _lay_proc(host: HostRoot, spec: HostSpec, devs: Dict[PciAddress, _Dev]) -> N
                           f"flags\t\t: {'vmx' if spec.cpu_vendor == 'GenuineIntel' else 'svm'}\n")
     _w(host.path("proc", "sys", "kernel", "osrelease"), spec.kernel_release + "\n")
     chip = "IR-PCI-MSI" if spec.iommu and spec.interrupt_remapping else "PCI-MSI"
-    irq = [f"           CPU0\n  0:         42   IO-APIC    2-edge      timer"]
+    irq = ["           CPU0\n  0:         42   IO-APIC    2-edge      timer"]
     for n, d in enumerate(sorted(devs)):
         if devs[d].driver:
             irq.append(f" {120 + n}:          0  {chip} {n}-edge      {devs[d].driver}")

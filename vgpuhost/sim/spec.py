@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import errno as _errno
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 

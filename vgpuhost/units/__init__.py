@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import HostEnvironmentError, InputError
 from ..hostroot import HostRoot
+from ..sysfs import read_config_text
 
 LAYOUT_UNIT = "vgpuhost-layout.service"
 RECONCILE_UNIT = "vgpuhost-reconcile.service"
@@ -228,16 +229,6 @@ def _executable_here(host: HostRoot, exe: str) -> bool:
     return False
 
 
-def _read(path: Path) -> Optional[str]:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
-                                   hint="run as root, or check the file's permissions") from None
-
-
 def _enabled(unit_dir: Path, name: str) -> bool:
     """Is ``name`` enabled, as ``systemctl enable`` leaves it (a link in ``multi-user.target.wants``)?"""
     return os.path.lexists(unit_dir / f"{WANTED_BY}.wants" / name)
@@ -277,7 +268,7 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
     executor = None
     for name, text in texts.items():
         path = target / name
-        old = _read(path)
+        old = read_config_text(path)
         action = "create" if old is None else ("unchanged" if old == text else "update")
         if action != "unchanged" and not dry_run:
             if executor is None:
