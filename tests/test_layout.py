@@ -351,18 +351,7 @@ def test_mig_on_vendor_vfio_with_vfs_enabled_is_an_operator_step(make_host, caps
     assert code == 2 and "operator steps (vgpuhost does not run them):" in out and "is blocked" in err
 
 
-H200_MIG_ON = """
-version: 1
-name: h200-on
-host: {modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]}
-devices:
-  - {bdf: "0000:17:01.0", model: intel-root-port}
-  - bdf: "0000:18:00.0"
-    model: H200-SXM-141GB
-    upstream: "0000:17:01.0"
-    vgpu: {backend: vendor-vfio, sriov_numvfs: 16}
-    mig: {mode: true}
-"""
+from test_mig_vgpu import H200_MIG_ON   # noqa: E402  (the same MIG-on H200 host)
 
 
 def test_mig_backed_vgpus_on_vendor_vfio(make_host):
