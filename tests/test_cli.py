@@ -209,3 +209,12 @@ def test_overlong_root_and_bdf(capsys, make_host):
     assert code == 2 and err.count("\n") == 1
     code, _, err = run(capsys, "--root", str(make_host("a40-mdev").root), "types", "--gpu", "9" * 5000)
     assert code == 2 and len(err) < 400
+
+
+@pytest.mark.parametrize("option", ["--json", "-v", "--root"])
+def test_a_global_option_after_the_command_says_where_it_goes(make_host, capsys, option):
+    host = make_host("a40-mdev")
+    code = main(["--root", str(host.root), "types", option] + (["/x"] if option == "--root" else []))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{option} is a global option: put it before the command (vgpuhost {option} ...)" in err

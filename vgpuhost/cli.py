@@ -399,6 +399,9 @@ _register()
 
 # --- entry point -----------------------------------------------------------
 
+GLOBAL_OPTIONS = ("--root", "--state-dir", "--connect", "-c", "--json", "-v", "--verbose")
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt   # unwinds through the rollback paths like Ctrl-C
 
@@ -420,7 +423,10 @@ def main(argv=None) -> int:
         return EXIT_INPUT
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "vgpuhost"
-        click.echo(f"vgpuhost: error: {printable(e.format_message().rstrip('.'))}; see '{where} --help'", err=True)
+        hint = f"see '{where} --help'"
+        if isinstance(e, click.NoSuchOption) and e.option_name in GLOBAL_OPTIONS:
+            hint = f"{e.option_name} is a global option: put it before the command (vgpuhost {e.option_name} ...)"
+        click.echo(f"vgpuhost: error: {printable(e.format_message().rstrip('.'))}; {hint}", err=True)
         return EXIT_INPUT
     except click.ClickException as e:
         click.echo(f"vgpuhost: error: {printable(e.format_message())}", err=True)
