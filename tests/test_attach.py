@@ -555,3 +555,17 @@ def test_real_libvirtd_attach_passthrough_and_vgpu_then_detach(libvirtd, env):
         except libvirt.libvirtError:
             pass
         conn.close()
+
+
+def test_the_shipped_test_node_file_takes_an_attach_from_the_cli(make_host, capsys):
+    """README: examples/libvirt/test-node.xml gives the CLI a shut-off domain to attach to."""
+    from vgpuhost.cli import main as cli
+    host = make_host("a40-mdev")
+    node = Path(__file__).resolve().parents[1] / "examples" / "libvirt" / "test-node.xml"
+    code = cli(["--root", str(host.root), "--connect", f"test://{node}", "--json", "attach", "demo-vm",
+                "--profile", "A40-8Q", "--dry-run"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    assert doc["domain"] == "demo-vm" and doc["dry_run"] and doc["devices"][0]["profile"] == "A40-8Q"
+    assert "+      <vgpuhost:vgpu profile=\"A40-8Q\"" in doc["diff"]
