@@ -869,3 +869,14 @@ def test_allow_list_bytes_that_are_not_ascii_are_shown_escaped(make_host):
     rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))
     assert rc == 2 and "hook.allow:1: '\\\\xff\\\\xfe41:00.0' is not a GPU's PCI address" in err, err
     assert "\ufffd" not in err
+
+
+def test_a_placement_refusal_names_the_allow_list_when_there_is_one(make_host):
+    host = make_host("a40-mdev")
+    allow = hook.allow_path(host)
+    allow.parent.mkdir(parents=True)
+    allow.write_text("0000:41:00.0\n")                      # names no GPU of this host
+    rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "the hook allow-list (etc/vgpuhost/hook.allow) lets the hook place vGPUs only on: 0000:41:00.0" in err
+    assert mdevs(host) == {} and writes(host) == []

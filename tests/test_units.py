@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -94,6 +95,8 @@ def test_install_writes_both_units_with_paths_filled_in(tmp_path, capsys):
     assert sorted((r.operation, r.path, r.result) for r in rows) == [
         ("install-units", "/etc/systemd/system/vgpuhost-layout.service", "ok"),
         ("install-units", "/etc/systemd/system/vgpuhost-reconcile.service", "ok")]
+    for r in rows:      # a unit file is summarised in its audit row, not copied into it
+        assert re.fullmatch(r"<\d+ lines, \d+ bytes: \[Unit\]>", r.value), r.value
 
 
 def test_install_is_idempotent_and_says_what_changed(tmp_path, capsys):

@@ -12,6 +12,7 @@ with exit 2 before anything is read or written.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import List, Optional
 
@@ -98,6 +99,7 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
     ctx = cctx.obj
     doc = _status(ctx.host, hooks_dir)
     yes = {True: "yes", False: "no"}
+    install = "vgpuhost hook install" + (f" --hooks-dir {shlex.quote(hooks_dir)}" if hooks_dir else "")
     installed = yes[doc["installed"]]
     foreign = not doc["installed"] and os.path.lexists(doc["path"])
     if foreign:
@@ -105,17 +107,17 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
     lines = [f"hook:        {doc['path']}",
              f"installed:   {installed}",
              f"current:     {yes[doc['current']]}" + ("" if doc["current"] or not doc["installed"] else
-                                                      " (run 'vgpuhost hook install' to update it)"),
+                                                      f" (run '{install}' to update it)"),
              f"executable:  {yes[doc['executable']]}",
              f"hooks dir:   {doc['hooks_dir']} ({'exists' if doc['hooks_dir_exists'] else 'missing'})",
              f"allow-list:  {doc['allow']['path']}: {doc['allow']['summary']}"]
     if doc["allow"]["error"]:
         lines.append(f"             {doc['allow']['error']}")
     if foreign:
-        lines.append(f"not installed: {doc['path']} is someone else's: move it aside, then run 'vgpuhost hook "
-                     "install' and reload libvirtd (systemctl reload libvirtd)")
+        lines.append(f"not installed: {doc['path']} is someone else's: move it aside, then run '{install}' "
+                     "and reload libvirtd (systemctl reload libvirtd)")
     elif not doc["installed"]:
-        lines.append("not installed: run 'vgpuhost hook install', then reload libvirtd (systemctl reload libvirtd)")
+        lines.append(f"not installed: run '{install}', then reload libvirtd (systemctl reload libvirtd)")
     _emit(ctx, doc, "\n".join(lines))
     sys.exit(0 if doc["ok"] else 1)
 

@@ -53,6 +53,17 @@ def run(argv: List[str]) -> int:
     return code
 
 
+def virsh(daemon, *args: str):
+    """Run ``virsh ARGS`` against the isolated daemon, printed like the vgpuhost commands."""
+    print(f"\n$ virsh {' '.join(shlex.quote(a) for a in args)}", flush=True)
+    r = daemon.virsh(*args)
+    text = (r.stdout + r.stderr).strip()
+    if text:
+        print(text)
+    print(f"[exit {r.returncode}]", flush=True)
+    return r
+
+
 def say(text: str) -> None:
     print(f"\n# {text}", flush=True)
 
@@ -109,18 +120,17 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
         conn.define(domain_xml("plain-vm"))
         run(g + ["--connect", uri, "attach", DOMAIN, "--profile", PROFILE, "--tenant", "demo"])
         say(f"virsh dumpxml {DOMAIN}: vgpuhost's metadata and the mdev hostdev")
+        print(f"$ virsh dumpxml {DOMAIN}   (metadata and hostdev shown)")
         print(_hostdev_lines(d.virsh("dumpxml", DOMAIN).stdout))
         say(f"virsh start {DOMAIN}: the hook creates the mdev at 'prepare begin'. This host's GPU is "
             "simulated, so libvirt then cannot use the device (this machine has no such mdev or "
             "VFIO) and fails the start; it runs 'release end', where the hook removes the mdev again.")
-        r = d.virsh("start", DOMAIN)
-        print((r.stdout + r.stderr).strip())
+        virsh(d, "start", DOMAIN)
         run(g + ["audit"])
         run(g + ["vgpu", "list"])
         say("A domain without vgpuhost metadata starts and stops as before (the hook exits at once):")
         for args in (("start", "plain-vm"), ("destroy", "plain-vm")):
-            r = d.virsh(*args)
-            print(f"$ virsh {' '.join(args)}\n{(r.stdout + r.stderr).strip()}")
+            virsh(d, *args)
         run(g + ["--connect", uri, "detach", DOMAIN, "--all"])
         run(g + ["hook", "status", "--hooks-dir", str(d.hooks_dir)])
         conn.close()

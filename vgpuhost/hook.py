@@ -520,9 +520,16 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: DomainView, req, allow
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
         vgpu.remove(host, store, req.uuid, owner=me, actor=actor)
         inv = None                              # the host changed
-    out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
-                      strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
-                      actor=actor, inventory=inv)
+    try:
+        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
+                          strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
+                          actor=actor, inventory=inv)
+    except RefusedError as e:
+        if allowed is None:
+            raise
+        listed = ", ".join(sorted(map(str, allowed))) or "none"
+        raise RefusedError(e.message, hint=f"the hook allow-list (etc/vgpuhost/hook.allow) lets the hook "
+                                           f"place vGPUs only on: {listed}") from None
     return out.id
 
 

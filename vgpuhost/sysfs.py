@@ -177,7 +177,10 @@ class Sysfs:
         """Write a configuration file atomically (temp file + rename), creating its directory.
 
         For files under ``<root>/etc`` that other tools read (driverctl,
-        mdevctl, modprobe.d).  Raises SysfsError keeping the errno and path.
+        mdevctl, modprobe.d, systemd units).  Raises SysfsError keeping the
+        errno and path.  The audit value is the text itself when it is one
+        short line, else a summary (lines, bytes, first line): a unit file
+        does not belong in one audit row.
         """
         p = Path(path)
         err = 0
@@ -191,7 +194,7 @@ class Sysfs:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=text) from e
         finally:
-            self._notify(p, text, err)
+            self._notify(p, _audit_value(text), err)
 
     def remove_config(self, path: PathArg) -> bool:
         """Remove a configuration file; False when it was not there."""
@@ -241,3 +244,13 @@ def config_equals(path: "Union[str, os.PathLike[str]]", text: str) -> bool:
             return f.read() == text
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def _audit_value(text: str, limit: int = 160) -> str:
+    """What the audit log records for a configuration file's text (see :meth:`Sysfs.write_config`)."""
+    body = text[:-1] if text.endswith("\n") else text
+    if "\n" not in body and len(body) <= limit:
+        return text
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), lines[0] if lines else "")
+    return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"
