@@ -880,3 +880,43 @@ def test_a_placement_refusal_names_the_allow_list_when_there_is_one(make_host):
     assert rc == 2 and err.count("\n") == 1, err
     assert "the hook allow-list (etc/vgpuhost/hook.allow) lets the hook place vGPUs only on: 0000:41:00.0" in err
     assert mdevs(host) == {} and writes(host) == []
+
+
+# ---------------------------------------------------------------------------
+# after a host crash: the 'release end' that never came (reconcile --forget-domains, the boot units)
+
+def test_forget_domains_does_the_release_a_crash_skipped(make_host, capsys):
+    host = make_host("a100-sriov-mdev")
+    xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
+    assert start(host, "gpu-vm", xml) == (0, "")
+    assert store(host).active_domains() == {DOM1: "gpu-vm"}
+    # the host went down without 'release end'; at boot, before libvirtd:
+    code = cli_main(["--root", str(host.root), "--json", "reconcile", "--forget-domains"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["forgotten"] == [{"uuid": DOM1, "name": "gpu-vm", "released": [str(A100)]}]
+    assert store(host).active_domains() == {} and store(host).passthrough_records() == []
+    assert driver(host, A100) == "nvidia"
+    assert any(r.actor.startswith("reconcile --forget-domains gpu-vm") for r in audit(host))
+    assert cli_main(["--root", str(host.root), "reconcile", "--forget-domains"]) == 0      # idempotent
+    assert "no domain recorded as running" in capsys.readouterr().out
+
+
+def test_forget_domains_is_refused_while_qemu_runs(make_host, capsys):
+    host = make_host(yaml_text=A40_WITH_QEMU)
+    assert start(host, "w", vgpu_domain("w", DOM1, MDEV1)) == (0, "")
+    n = len(writes(host))
+    code = cli_main(["--root", str(host.root), "reconcile", "--forget-domains"])
+    err = capsys.readouterr().err
+    assert code == 2 and "qemu is running (qemu-system-x86)" in err and err.count("\n") == 1, err
+    assert store(host).active_domains() == {DOM1: "w"} and MDEV1 in mdevs(host) and len(writes(host)) == n
+
+
+A40_WITH_QEMU = """
+version: 1
+name: a40-busy
+host: {modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio],
+       processes: [qemu-system-x86]}
+devices:
+  - {bdf: "0000:80:01.0", model: amd-root-port}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:01.0", vgpu: {backend: mdev}}
+"""

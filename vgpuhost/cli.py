@@ -20,7 +20,7 @@ from typing import Optional
 import click
 
 from . import __version__
-from .errors import EXIT_INPUT, EXIT_OK, EXIT_PROBLEMS, InputError, VgpuhostError
+from .errors import EXIT_INPUT, EXIT_OK, EXIT_PROBLEMS, InputError, RefusedError, VgpuhostError
 from .hostroot import HostRoot
 
 EXIT_INTERNAL = 4
@@ -281,11 +281,19 @@ def vgpu_list(ctx: Context) -> None:
 
 @cli.command("reconcile")
 @click.option("--check", is_flag=True, help="Change nothing; exit 1 when the host and the records disagree.")
+@click.option("--forget-domains", is_flag=True,
+              help="At boot, before libvirtd: release what domains recorded as running still hold "
+                   "(a crash skipped their 'release end'), then forget them.")
 @pass_ctx
-def reconcile_cmd(ctx: Context, check: bool) -> None:
+def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     """Re-create recorded vGPUs that are missing (boot); report foreign ones; remove nothing."""
     from .vgpu import reconcile
     ctx.host.require_host()
+    if forget_domains:
+        if check:
+            raise click.UsageError("--forget-domains changes the state; it does not go with --check")
+        _forget_domains(ctx)
+        return
     rep = reconcile(ctx.host, _store(ctx, write=not check), check=check)
     lines = []
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
@@ -294,6 +302,32 @@ def reconcile_cmd(ctx: Context, check: bool) -> None:
     lines.append("in sync" if rep.in_sync else "NOT in sync")
     _emit(ctx, rep.as_dict(), "\n".join(lines))
     sys.exit(EXIT_OK if rep.in_sync else EXIT_PROBLEMS)
+
+
+def _forget_domains(ctx: Context) -> None:
+    """``reconcile --forget-domains``: the ``release end`` a host crash skipped, for every domain
+    the hook recorded as running.  Refused while any qemu process runs (then domains may run)."""
+    from .hook import release_domain
+    from .inventory import discover
+    from .sysfs import Sysfs
+    store = _store(ctx, write=False)
+    running = store.active_domains()
+    if running:
+        qemu = sorted(p for p in discover(Sysfs(ctx.host)).host.processes
+                      if p.startswith(("qemu-system", "qemu-kvm")))
+        if qemu:
+            raise RefusedError(f"qemu is running ({', '.join(qemu)}): domains may be running, so the "
+                               f"{len(running)} recorded as running are not forgotten",
+                               hint="--forget-domains is for boot, before libvirtd starts any domain")
+        store = _store(ctx, write=True)
+    forgotten = []
+    for uuid, name in running.items():
+        released = release_domain(ctx.host, store, uuid, actor=f"reconcile --forget-domains {name}")
+        forgotten.append({"uuid": uuid, "name": name, "released": released})
+    doc = {"schema": "vgpuhost.forget-domains/v1", "forgotten": forgotten}
+    lines = [f"forgot {d['name']} ({d['uuid']})" + (f": released {', '.join(d['released'])}" if d["released"]
+                                                      else "") for d in forgotten]
+    _emit(ctx, doc, "\n".join(lines) or "no domain recorded as running")
 
 
 # --- audit -----------------------------------------------------------------

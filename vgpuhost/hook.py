@@ -568,8 +568,11 @@ def release(host: HostRoot, view: DomainView, *, actor: str) -> List[str]:
     from .state import DB_NAME, StateStore
     if not (host.state_dir / DB_NAME).is_file():
         return []
-    store = StateStore(host.state_dir)
-    me = view.uuid
+    return release_domain(host, StateStore(host.state_dir), view.uuid, actor=actor)
+
+
+def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:
+    """``release end`` for the domain with UUID ``me``: see :func:`release`; the ids released."""
     done: List[str] = []
     errors: List[str] = []
     recs = store.vgpu_records(owner=me)
