@@ -183,12 +183,7 @@ class StateStore:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                target = ":memory:" if self._memory else self.path
-                conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.execute("PRAGMA foreign_keys = ON")
+                conn = _retry_locked(self._open)
             except sqlite3.Error as e:
                 damaged = isinstance(e, sqlite3.DatabaseError) and "not a database" in str(e)
                 raise HostEnvironmentError(
@@ -196,6 +191,19 @@ class StateStore:
                     hint=("it is damaged: move it aside (vgpuhost starts a new one) or restore a backup"
                           if damaged else "check the state dir's permissions and free space")) from None
             self._local.conn = conn
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        target = ":memory:" if self._memory else self.path
+        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def close(self) -> None:
@@ -218,7 +226,8 @@ class StateStore:
             conn.execute("COMMIT")
 
     def _migrate(self) -> None:
-        if self._conn().execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
+        current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
+        if current == len(MIGRATIONS):
             return          # current (the common case: every hook call): no write lock taken
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -378,3 +387,25 @@ def _statements(script: str) -> List[str]:
     if "".join(buf).strip():
         out.append("\n".join(buf))
     return out
+
+
+def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
+    """``fn()``, retried while SQLite says the database is locked or busy.
+
+    SQLite's busy handler does not cover every case: switching a database
+    that several processes create at once to WAL, or a read that meets a
+    lock upgrade, can fail at once with SQLITE_BUSY.  Sixteen qemu hooks
+    starting together on a fresh host do exactly that, so the opening steps
+    retry (10-50 ms apart, within the busy timeout) before giving up.
+    """
+    import random
+    import time
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            text = str(e).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(0.01, 0.05))
