@@ -67,8 +67,8 @@ def _domain_xml(name: str, uuid: str, meta_xml: str, hostdevs: List[str]) -> byt
 
 def _documents(spec: str) -> Tuple[bytes, bytes]:
     """(one-vGPU domain, domain without vgpuhost metadata) for host ``spec``."""
-    from vgpuhost.domxml import Metadata, VgpuRequest
-    from vgpuhost.values import PciAddress
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    from vgpuhost.model.values import PciAddress
     profile, vf = HOSTS[spec]
     if vf is None:
         meta = Metadata(vgpus=[VgpuRequest(profile, uuid=MDEV_UUID)])
@@ -89,7 +89,7 @@ class Bench:
     """One simulated host with the hook installed."""
 
     def __init__(self, spec: str, base: Path):
-        from vgpuhost.hostroot import HostRoot
+        from vgpuhost.io.hostroot import HostRoot
         from vgpuhost.sim import bundled_specs
         from vgpuhost.sim.build import materialise
         from vgpuhost.sim.spec import load_spec
@@ -104,7 +104,7 @@ class Bench:
         self.vf = HOSTS[spec][1]
 
     def _device_present(self) -> bool:
-        from vgpuhost.sysfs import Sysfs
+        from vgpuhost.io.sysfs import Sysfs
         fs = Sysfs(self.host)
         if self.vf is None:
             return fs.exists(self.host.mdev_devices / MDEV_UUID)

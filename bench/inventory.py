@@ -85,12 +85,12 @@ def main(argv: List[str] = None) -> int:
         print(f"bench/inventory.py cannot run mdevctl here: {reason}", file=sys.stderr)
         return 2
 
-    from vgpuhost.hostroot import HostRoot
-    from vgpuhost.inventory import discover
-    from vgpuhost.output import aggregate_types, dumps, types_doc
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.observe.inventory import discover
+    from vgpuhost.cli.output import aggregate_types, dumps, types_doc
     from vgpuhost.sim.build import materialise
     from vgpuhost.sim.spec import parse_spec
-    from vgpuhost.sysfs import Sysfs
+    from vgpuhost.io.sysfs import Sysfs
 
     tmp = tempfile.mkdtemp(prefix="vgpuhost-bench-")
     try:

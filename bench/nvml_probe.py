@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vgpuhost.errors import VgpuhostError  # noqa: E402
+from vgpuhost.model.errors import VgpuhostError  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,8 +41,8 @@ def main(argv=None) -> int:
                     help="only this GPU (dddd:bb:ss.f); repeatable; default every GPU NVML sees")
     args = ap.parse_args(argv)
     try:
-        from vgpuhost.nvml_real import PynvmlBackend, probe, system_facts
-        from vgpuhost.values import PciAddress
+        from vgpuhost.io.nvml_pynvml import PynvmlBackend, probe, system_facts
+        from vgpuhost.model.values import PciAddress
         gpus = [PciAddress.parse(g) for g in args.gpu] if args.gpu else None
         backend = PynvmlBackend.open()
         report = {"probe": "vgpuhost bench/nvml_probe.py (read-only)", **system_facts(backend),

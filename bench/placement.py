@@ -65,10 +65,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vgpuhost.placement import GpuOffer, Request, place  # noqa: E402
+from vgpuhost.policy.placement import GpuOffer, Request, place  # noqa: E402
 from vgpuhost.sim.capacity import gpu_available  # noqa: E402
 from vgpuhost.sim.catalog import load_catalog  # noqa: E402
-from vgpuhost.values import PciAddress  # noqa: E402
+from vgpuhost.model.values import PciAddress  # noqa: E402
 
 BOARD = "A40"
 STRATEGIES = ("first-fit", "best-fit", "worst-fit")
@@ -271,11 +271,11 @@ def _gcd(a: int, b: int) -> int:
 def replay_real(args) -> Tuple[str, Dict[int, Decided], float]:
     """Replay the first ``limit`` events through vgpuhost.vgpu on a fresh simulated host."""
     strategy, reqs, events, gpus, limit = args
-    from vgpuhost.errors import RefusedError
+    from vgpuhost.model.errors import RefusedError
     from vgpuhost.sim.build import materialise
     from vgpuhost.sim.spec import parse_spec
-    from vgpuhost.state import StateStore
-    from vgpuhost.vgpu import create, remove
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops.vgpu import create, remove
     start = time.monotonic()
     out: Dict[int, Decided] = {}
     ids: Dict[int, str] = {}

@@ -8,11 +8,11 @@ from typing import Callable
 
 import pytest
 
-from vgpuhost.hostroot import HostRoot
+from vgpuhost.io.hostroot import HostRoot
 from vgpuhost.sim import bundled_specs
 from vgpuhost.sim.build import materialise
 from vgpuhost.sim.spec import load_spec, parse_spec
-from vgpuhost.sysfs import Sysfs
+from vgpuhost.io.sysfs import Sysfs
 
 pytest_plugins = ["libvirtd_fixture"]   # the isolated libvirtd (tests/libvirtd_fixture.py)
 

@@ -33,13 +33,13 @@ import pytest
 import yaml
 
 from nsutil import skip_or_fail
-from vgpuhost.config import load as load_config
-from vgpuhost.hostroot import HostRoot
-from vgpuhost.inventory import discover
-from vgpuhost.layout import check
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.vgpu import list_vgpus
+from vgpuhost.policy.config import load as load_config
+from vgpuhost.io.hostroot import HostRoot
+from vgpuhost.observe.inventory import discover
+from vgpuhost.ops.layout import check
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.ops.vgpu import list_vgpus
 
 REPO = Path(__file__).resolve().parents[1]
 COLLECTION = REPO / "ansible"
@@ -197,7 +197,7 @@ def test_role_converges_then_idempotent_then_check_shows_drift(make_host, ansibl
     assert vgpus(host) == after_first
 
     # 3. a hand-made drift: --check --diff shows it and the plan, and changes nothing
-    from vgpuhost.cli import main
+    from vgpuhost.cli.main import main
     assert main(["--root", str(root), "vgpu", "remove", after_first[0][0]]) == 0
     capsys.readouterr()
     drifted = vgpus(host)
@@ -266,7 +266,7 @@ def test_module_applies_then_asserts(make_host, monkeypatch, config_file):
     assert code == 0 and res["changed"] is False and res["in_sync"] is True
 
     victim = vgpus(host)[0][0]
-    from vgpuhost.cli import main
+    from vgpuhost.cli.main import main
     assert main(["--root", str(host.root), "vgpu", "remove", victim]) == 0
     rows = len(StateStore(host.state_dir).audit_rows(None))
     code, res = run_module(monkeypatch, config=str(config_file), root=str(host.root), state="asserted")
@@ -277,7 +277,7 @@ def test_module_applies_then_asserts(make_host, monkeypatch, config_file):
 
 def test_module_refuses_a_blocked_layout_before_any_change(make_host, monkeypatch, config_file, capsys):
     host = make_host("a100-sriov-mdev")
-    from vgpuhost.cli import main
+    from vgpuhost.cli.main import main
     assert main(["--root", str(host.root), "vgpu", "create", "--profile", "A100-4C", "--owner", DOMAIN]) == 0
     capsys.readouterr()
     StateStore(host.state_dir).domain_started(DOMAIN, "vm1")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vgpuhost.cli import main
+from vgpuhost.cli.main import main
 
 from conftest import golden
 

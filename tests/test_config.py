@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from vgpuhost.cli import main
-from vgpuhost.config import load, parse
-from vgpuhost.errors import InputError
-from vgpuhost.layout import plan
-from vgpuhost.nvml import SchedulerState
-from vgpuhost.state import StateStore
-from vgpuhost.values import PciAddress
+from vgpuhost.cli.main import main
+from vgpuhost.policy.config import load, parse
+from vgpuhost.model.errors import InputError
+from vgpuhost.ops.layout import plan
+from vgpuhost.io.nvml import SchedulerState
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.values import PciAddress
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "config"

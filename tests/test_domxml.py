@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from vgpuhost import domain, domxml
-from vgpuhost.domxml import NS, Metadata, VgpuRequest, parse_domain
-from vgpuhost.errors import InputError, RefusedError
-from vgpuhost.values import PciAddress
+from vgpuhost.libvirt import domain, domxml
+from vgpuhost.libvirt.domxml import NS, Metadata, VgpuRequest, parse_domain
+from vgpuhost.model.errors import InputError, RefusedError
+from vgpuhost.model.values import PciAddress
 
 DOM_UUID = "6695eb01-f6a4-8304-79aa-97f2502e193f"
 U1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"

@@ -20,14 +20,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from vgpuhost import hook
-from vgpuhost.cli import main as cli_main
-from vgpuhost.domxml import Metadata, VgpuRequest
-from vgpuhost.inventory import discover
-from vgpuhost.locks import file_lock
-from vgpuhost.state import DB_NAME, StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
+from vgpuhost.hook import handler as hook
+from vgpuhost.cli.main import main as cli_main
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+from vgpuhost.observe.inventory import discover
+from vgpuhost.io.locks import file_lock
+from vgpuhost.io.state import DB_NAME, StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
 
 A = PciAddress.parse
 
@@ -541,7 +541,7 @@ def test_hook_path_imports_stay_lean(make_host, tmp_path):
                     passthrough=[GPU_LO])
     xml = domain_xml("lean", DOM1, meta, [mdev_hostdev(MDEV1), pci_hostdev("0000:a1:00.4"), pci_hostdev(GPU_LO),
                                            pci_hostdev("0000:41:00.1")])
-    code = ("import io,sys\nfrom vgpuhost import hook\n"
+    code = ("import io,sys\nfrom vgpuhost.hook import handler as hook\n"
             "x=sys.stdin.buffer.read()\n"
             "for op, sub in (('prepare','begin'),('release','end')):\n"
             "    assert hook.main(['lean',op,sub,'-'], io.BytesIO(x)) == 0\n"
@@ -762,7 +762,7 @@ def test_cli_status_a_foreign_hook_file_is_not_installed(make_host, capsys):
 
 
 def test_a_group_the_operator_bound_is_used_as_it_is(make_host):
-    from vgpuhost.passthrough import prepare as pt_prepare
+    from vgpuhost.ops.passthrough import prepare as pt_prepare
     host = make_host("a100-sriov-mdev")
     pt_prepare(host, store(host), A100)                          # 'vgpuhost passthrough prepare' (owner manual)
     n = len(writes(host))
@@ -777,8 +777,8 @@ def test_a_group_the_operator_bound_is_used_as_it_is(make_host):
 # the library changes the hook relies on: passthrough owners, vgpu.create(vf=)
 
 def test_passthrough_owner_guards_prepare_and_release(make_host):
-    from vgpuhost.errors import RefusedError
-    from vgpuhost.passthrough import prepare as pt_prepare, release as pt_release
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops.passthrough import prepare as pt_prepare, release as pt_release
     host = make_host("a100-sriov-mdev")
     s = store(host)
     out = pt_release(host, s, A100, owner=DOM1)                  # nothing held: a no-op
@@ -800,8 +800,8 @@ def test_passthrough_owner_guards_prepare_and_release(make_host):
 
 
 def test_vgpu_create_on_a_named_vf(make_host):
-    from vgpuhost.errors import InputError, RefusedError
-    from vgpuhost.vgpu import create
+    from vgpuhost.model.errors import InputError, RefusedError
+    from vgpuhost.ops.vgpu import create
     host = make_host("l40s-vendor-vfio")
     s = store(host)
     out = create(host, s, profile="L40S-4Q", vf=VF_1, owner=DOM1)
@@ -847,8 +847,8 @@ def test_boot_vga_refusal_names_a_fix_the_hook_can_take(make_host):
 
 
 def test_a_manual_release_never_frees_a_running_domains_group(make_host):
-    from vgpuhost.errors import RefusedError
-    from vgpuhost.passthrough import release as pt_release
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops.passthrough import release as pt_release
     host = make_host("a100-sriov-mdev")
     xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
     assert start(host, "gpu-vm", xml) == (0, "")

@@ -32,14 +32,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # libvirtd_fixture, nsutil
 
-from vgpuhost.domxml import Metadata, VgpuRequest                # noqa: E402
-from vgpuhost.hostroot import HostRoot                           # noqa: E402
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest                # noqa: E402
+from vgpuhost.io.hostroot import HostRoot                           # noqa: E402
 from vgpuhost.sim.build import materialise                       # noqa: E402
 from vgpuhost.sim.libvirtd import IsolatedLibvirtd, diskless_domain_xml   # noqa: E402
 from vgpuhost.sim.spec import parse_spec                         # noqa: E402
-from vgpuhost.state import StateStore                   # noqa: E402
-from vgpuhost.sysfs import Sysfs                                 # noqa: E402
-from vgpuhost.values import PciAddress                           # noqa: E402
+from vgpuhost.io.state import StateStore                   # noqa: E402
+from vgpuhost.io.sysfs import Sysfs                                 # noqa: E402
+from vgpuhost.model.values import PciAddress                           # noqa: E402
 
 pytest_plugins = ["libvirtd_fixture"]
 pytestmark = pytest.mark.root

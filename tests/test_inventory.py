@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from vgpuhost.checks import check_host, is_ready
-from vgpuhost.inventory import discover, parse_creatable_vgpu_types
-from vgpuhost.output import aggregate_types, gpus_doc
+from vgpuhost.policy.checks import check_host, is_ready
+from vgpuhost.observe.inventory import discover, parse_creatable_vgpu_types
+from vgpuhost.cli.output import aggregate_types, gpus_doc
 from vgpuhost.sim import bundled_specs
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
 
 from conftest import golden
 

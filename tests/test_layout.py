@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from vgpuhost import vgpu
-from vgpuhost.cli import main
-from vgpuhost.config import load, parse
-from vgpuhost.errors import DeviceError, InputError, RefusedError
-from vgpuhost.layout import REBOOT_MARK, RESET_MARK, apply, check, plan
-from vgpuhost.nvml import SchedulerState, backend_for
+from vgpuhost.ops import vgpu
+from vgpuhost.cli.main import main
+from vgpuhost.policy.config import load, parse
+from vgpuhost.model.errors import DeviceError, InputError, RefusedError
+from vgpuhost.ops.layout import REBOOT_MARK, RESET_MARK, apply, check, plan
+from vgpuhost.io.nvml import SchedulerState, backend_for
 from vgpuhost.sim.nvml import SimNvml
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "config"
 A40 = PciAddress.parse("0000:81:00.0")

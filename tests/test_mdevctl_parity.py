@@ -27,12 +27,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nsutil, whatever pytest's import mode
 import nsutil  # noqa: E402
 
-from vgpuhost.hostroot import HostRoot  # noqa: E402
-from vgpuhost.inventory import discover  # noqa: E402
+from vgpuhost.io.hostroot import HostRoot  # noqa: E402
+from vgpuhost.observe.inventory import discover  # noqa: E402
 from vgpuhost.sim import bundled_specs  # noqa: E402
 from vgpuhost.sim.build import materialise  # noqa: E402
 from vgpuhost.sim.spec import load_spec  # noqa: E402
-from vgpuhost.sysfs import Sysfs  # noqa: E402
+from vgpuhost.io.sysfs import Sysfs  # noqa: E402
 
 pytestmark = pytest.mark.root
 

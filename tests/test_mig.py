@@ -15,16 +15,16 @@ from collections import Counter
 
 import pytest
 
-from vgpuhost import mig
-from vgpuhost.cli import main
-from vgpuhost.errors import DeviceError, InputError, RefusedError
-from vgpuhost.hostroot import HostRoot
-from vgpuhost.nvml import NvmlError, SchedulerState, backend_for
+from vgpuhost.ops import mig
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import DeviceError, InputError, RefusedError
+from vgpuhost.io.hostroot import HostRoot
+from vgpuhost.io.nvml import NvmlError, SchedulerState, backend_for
 from vgpuhost.sim.kernel import SimKernel
 from vgpuhost.sim.nvml import SimNvml
-from vgpuhost.state import StateStore
-from vgpuhost.values import PciAddress
-from vgpuhost.vgpu import create
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import create
 
 A = PciAddress.parse
 GPU = A("0000:41:00.0")          # the inline specs' GPU
@@ -445,7 +445,7 @@ class LyingNvml(SimNvml):
     """Reports success for a creation that never happened."""
 
     def create_gpu_instance(self, bdf, profile_id, start):
-        from vgpuhost.nvml import GpuInstance
+        from vgpuhost.io.nvml import GpuInstance
         return GpuInstance(99, profile_id, start, 1)
 
 
@@ -512,7 +512,7 @@ def test_planner_places_larger_profiles_first_and_returns_valid_placements(h200)
 
 
 def test_planner_names_a_layout_with_no_placement():
-    from vgpuhost.nvml import GiProfile
+    from vgpuhost.io.nvml import GiProfile
     odd = [GiProfile(1, "1g.2gb", 1, 2048, 2, ((1, 2),)), GiProfile(2, "2g.2gb", 2, 2048, 2, ((0, 2), (2, 2))),
            GiProfile(3, "7g.16gb", 7, 16384, 1, ((0, 8),))]
     assert mig.place(odd, {1: 1, 2: 1}) is None
@@ -562,7 +562,7 @@ def test_device_level_scheduler_is_not_supported_in_mig_mode(h200):
 
 
 def test_nvml_sees_only_gpus_on_the_nvidia_driver(make_host):
-    from vgpuhost.passthrough import prepare
+    from vgpuhost.ops.passthrough import prepare
     host = make_host(yaml_text=A100_MDEV)
     prepare(host, store_of(host), GPU)
     with pytest.raises(NvmlError) as ei:

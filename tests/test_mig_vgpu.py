@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuhost.cli import main
-from vgpuhost.errors import RefusedError
-from vgpuhost.nvml import backend_for
-from vgpuhost.state import StateStore
-from vgpuhost.values import PciAddress
-from vgpuhost.vgpu import create
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import RefusedError
+from vgpuhost.io.nvml import backend_for
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import create
 
 GPU = PciAddress.parse("0000:18:00.0")
 H200_MIG_ON = """
@@ -76,7 +76,7 @@ def test_mig_mode_off_is_named_in_order(make_host, capsys):
 
 
 def test_persist_is_refused_before_a_gpu_instance_is_created(make_host):
-    from vgpuhost.errors import InputError
+    from vgpuhost.model.errors import InputError
     host = make_host(yaml_text=H200_MIG_ON)
     with pytest.raises(InputError, match="--persist"):
         create(host, StateStore(host.state_dir), profile="H200X-1-18C", create_gi=True, persist=True)

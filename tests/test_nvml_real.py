@@ -24,11 +24,11 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from vgpuhost import nvml_real  # noqa: E402
-from vgpuhost.errors import HostEnvironmentError, InputError  # noqa: E402
-from vgpuhost.nvml import GpuInstance, NvmlError, SchedulerState  # noqa: E402
-from vgpuhost.nvml_real import PynvmlBackend, is_mutating, profile_name  # noqa: E402
-from vgpuhost.values import PciAddress  # noqa: E402
+from vgpuhost.io import nvml_pynvml as nvml_real  # noqa: E402
+from vgpuhost.model.errors import HostEnvironmentError, InputError  # noqa: E402
+from vgpuhost.io.nvml import GpuInstance, NvmlError, SchedulerState  # noqa: E402
+from vgpuhost.io.nvml_pynvml import PynvmlBackend, is_mutating, profile_name  # noqa: E402
+from vgpuhost.model.values import PciAddress  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BDF = PciAddress.parse("0000:41:00.0")
@@ -729,8 +729,8 @@ def _bare_real_root(tmp_path) -> Path:
 
 @no_nvml
 def test_backend_for_real_root_without_driver(tmp_path, monkeypatch):
-    from vgpuhost.hostroot import HostRoot
-    from vgpuhost.nvml import backend_for
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.io.nvml import backend_for
     monkeypatch.setattr(nvml_real, "_init_done", False)
     host = HostRoot.from_env(str(_bare_real_root(tmp_path)))
     assert not host.is_simulated
@@ -745,7 +745,7 @@ def _vgpuhost(*args):
 
 def _has_mig_show() -> bool:
     try:
-        from vgpuhost.cli_mig import mig
+        from vgpuhost.cli.mig import mig
     except ImportError:
         return False
     return "show" in getattr(mig, "commands", {})

@@ -72,7 +72,7 @@ print(json.dumps({
     "catalog": (root / "sim" / "catalog.yaml").is_file(),
     "hosts": sorted(p.name for p in Path(str(root / "sim" / "hosts")).glob("*.yaml")),
     "templates": sorted(p.name for p in Path(str(root / "templates")).glob("*.j2")),
-    "rendered": __import__("vgpuhost.templating", fromlist=["render"]).render(
+    "rendered": __import__("vgpuhost.libvirt.templating", fromlist=["render"]).render(
         "hostdev-mdev.xml.j2", uuid="2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a", display=False, ramfb=False),
     "path": sys.path,
 }))

@@ -12,12 +12,12 @@ import subprocess
 
 import pytest
 
-from vgpuhost.cli import main
-from vgpuhost.errors import DeviceError, InputError, RefusedError
-from vgpuhost.passthrough import prepare, release
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import DeviceError, InputError, RefusedError
+from vgpuhost.ops.passthrough import prepare, release
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
 
 A = PciAddress.parse
 GPU = A("0000:01:00.0")
@@ -241,7 +241,7 @@ def test_audit_log_is_append_only(make_host):
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         with store.transaction() as conn:
             conn.execute("UPDATE audit SET value = 'x'")
-    from vgpuhost.state import MIGRATIONS
+    from vgpuhost.io.state import MIGRATIONS
     assert store.schema_version == len(MIGRATIONS)
 
 
@@ -320,7 +320,7 @@ def test_driverctl_reapplies_what_persist_recorded(make_host):
 # --- concurrency -------------------------------------------------------------------
 
 def _worker(root: str, seed: int, iterations: int, q) -> None:
-    from vgpuhost.hostroot import HostRoot
+    from vgpuhost.io.hostroot import HostRoot
     host = HostRoot.from_env(root)
     store = StateStore(host.state_dir)
     rng = random.Random(seed)
@@ -360,7 +360,7 @@ def test_eight_processes_prepare_and_release_concurrently(make_host):
 
 def test_state_store_migrates_a_version_1_database(tmp_path):
     import sqlite3
-    from vgpuhost.state import MIGRATIONS, _statements
+    from vgpuhost.io.state import MIGRATIONS, _statements
     db = tmp_path / "state.db"
     conn = sqlite3.connect(db, isolation_level=None)
     for stmt in _statements(MIGRATIONS[0]):
@@ -376,7 +376,7 @@ def test_state_store_migrates_a_version_1_database(tmp_path):
 
 def test_state_store_refuses_a_newer_schema(tmp_path):
     import sqlite3
-    from vgpuhost.errors import HostEnvironmentError
+    from vgpuhost.model.errors import HostEnvironmentError
     conn = sqlite3.connect(tmp_path / "state.db")
     conn.execute("PRAGMA user_version = 99")
     conn.close()

@@ -32,17 +32,17 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from vgpuhost.errors import RefusedError
-from vgpuhost.inventory import discover
-from vgpuhost.placement import MANUAL, STRATEGIES, GpuOffer, Request, place
+from vgpuhost.model.errors import RefusedError
+from vgpuhost.observe.inventory import discover
+from vgpuhost.policy.placement import MANUAL, STRATEGIES, GpuOffer, Request, place
 from vgpuhost.sim.build import materialise
 from vgpuhost.sim.capacity import gpu_available
 from vgpuhost.sim.catalog import load_catalog
 from vgpuhost.sim.spec import parse_spec
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
-from vgpuhost.vgpu import create, remove
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import create, remove
 
 A = PciAddress.parse
 OWNERS = [MANUAL, "00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000002",

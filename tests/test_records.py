@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import vgpuhost
-from vgpuhost.values import PciAddress, field, record, replace
+from vgpuhost.model.values import PciAddress, field, record, replace
 
 
 @record(frozen=True, order=True)
@@ -75,7 +75,7 @@ def test_definition_errors():
 
 
 def test_records_do_not_import_dataclasses():
-    code = ("import sys\nfrom vgpuhost.values import PciAddress\nfrom vgpuhost.inventory import discover\n"
+    code = ("import sys\nfrom vgpuhost.model.values import PciAddress\nfrom vgpuhost.observe.inventory import discover\n"
             "p = PciAddress.parse('0000:41:00.0'); hash(p); sorted([p, p]); repr(p)\n"
             "print(sorted(m for m in ('dataclasses', 'inspect', 'typing') if m in sys.modules))")
     pkg_parent = str(Path(vgpuhost.__file__).resolve().parent.parent)

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from vgpuhost import domain
-from vgpuhost.cli import main
-from vgpuhost.errors import InputError, RefusedError
-from vgpuhost.inventory import discover
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
+from vgpuhost.libvirt import domain
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import InputError, RefusedError
+from vgpuhost.observe.inventory import discover
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
 
 from conftest import DATA, golden
 
@@ -231,7 +231,7 @@ def test_render_works_without_libvirt_imported(make_host):
     import sys
     root = str(make_host("a40-mdev").root)
     code = ("import sys; sys.modules['libvirt'] = None\n"
-            "from vgpuhost.cli import main\n"
+            "from vgpuhost.cli.main import main\n"
             f"sys.exit(main(['--root', {root!r}, 'render', '--passthrough', '0000:81:00.0']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})

@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-from vgpuhost.cli import main
-from vgpuhost.errors import DeviceError, RefusedError
-from vgpuhost.passthrough import prepare, release
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
-from vgpuhost.vgpu import create, reconcile
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import DeviceError, RefusedError
+from vgpuhost.ops.passthrough import prepare, release
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import create, reconcile
 
 from test_passthrough import GPU, ORIGINAL, drivers, overrides, turing
 
@@ -76,7 +76,7 @@ def test_prepare_refuses_to_overwrite_a_foreign_driverctl_override(make_host):
 
 
 def test_interrupted_prepare_rolls_back(make_host, monkeypatch):
-    from vgpuhost import steps
+    from vgpuhost.plan import steps
     host = turing(make_host)
     real = steps.Probe.run
     calls = {"n": 0}

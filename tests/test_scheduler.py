@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vgpuhost import scheduler as sch
-from vgpuhost.cli import main
-from vgpuhost.errors import DeviceError, HostEnvironmentError, InputError, RefusedError
-from vgpuhost.nvml import NvmlError, SchedulerCaps, SchedulerState
-from vgpuhost.state import StateStore
-from vgpuhost.values import PciAddress
+from vgpuhost.ops import scheduler as sch
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import DeviceError, HostEnvironmentError, InputError, RefusedError
+from vgpuhost.io.nvml import NvmlError, SchedulerCaps, SchedulerState
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.values import PciAddress
 
 S = SchedulerState
 
@@ -412,8 +412,8 @@ def test_cli_runtime_uses_the_backend(l40s, monkeypatch, capsys):
     assert code == 0 and json.loads(out)["gpus"][0]["state"]["frequency_hz"] == 960
 
     from click.testing import CliRunner
-    from vgpuhost.cli import Context
-    from vgpuhost.cli_scheduler import vgpu_mode
+    from vgpuhost.cli.main import Context
+    from vgpuhost.cli.scheduler import vgpu_mode
     res = CliRunner().invoke(vgpu_mode, ["--gpu", str(gpus[0]), "--mixed-size", "on"],
                              obj=Context(root, None, None, False, 0))
     assert res.exit_code == 0 and "mixed-size mode off -> on" in res.output
@@ -421,7 +421,7 @@ def test_cli_runtime_uses_the_backend(l40s, monkeypatch, capsys):
 
 def test_backend_unavailable_is_one_line_exit_2(l40s, monkeypatch, capsys):
     host, gpus = l40s
-    import vgpuhost.nvml as nvml
+    import vgpuhost.io.nvml as nvml
 
     def no_module(h):
         raise ModuleNotFoundError("No module named 'vgpuhost.nvml_real'")
@@ -487,7 +487,7 @@ def test_sim_runtime_set_show_and_refusals(make_host, capsys):
 
 @sim_only
 def test_sim_mig_and_plain_driver_refused_in_one_line(make_host, capsys):
-    from vgpuhost.nvml import backend_for
+    from vgpuhost.io.nvml import backend_for
     host = make_host("h200-mig")
     gpu = sch.host_gpus(host)[0]
     backend_for(host).set_mig_mode(gpu, True)
@@ -500,7 +500,7 @@ def test_sim_mig_and_plain_driver_refused_in_one_line(make_host, capsys):
 
 @pytest.mark.parametrize("text", ["\uff10", " 5x", "1_0", "-1", "+3", "0x", "0x123456789"])
 def test_decode_takes_ascii_hex_or_decimal_only(text):
-    from vgpuhost.errors import InputError
-    from vgpuhost.scheduler import parse_value
+    from vgpuhost.model.errors import InputError
+    from vgpuhost.ops.scheduler import parse_value
     with pytest.raises(InputError):
         parse_value(text)

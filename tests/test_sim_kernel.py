@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from vgpuhost.errors import SysfsError
-from vgpuhost.hostroot import HostRoot
+from vgpuhost.model.errors import SysfsError
+from vgpuhost.io.hostroot import HostRoot
 from vgpuhost.sim.build import materialise
 from vgpuhost.sim.kernel import SimKernel
 from vgpuhost.sim.spec import parse_spec
-from vgpuhost.sysfs import Sysfs
+from vgpuhost.io.sysfs import Sysfs
 
 A40_SPEC = """
 version: 1

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from vgpuhost.cli import main
-from vgpuhost.errors import InputError
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import InputError
 from vgpuhost.sim.spec import parse_spec
-from vgpuhost.values import MigProfile, PciAddress, VgpuProfile, parse_description, parse_uuid
+from vgpuhost.model.values import MigProfile, PciAddress, VgpuProfile, parse_description, parse_uuid
 
 PKG = Path(__file__).resolve().parent.parent / "vgpuhost"
 

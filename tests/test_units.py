@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpuhost import units
-from vgpuhost.cli import main
-from vgpuhost.state import StateStore
+from vgpuhost.ops import units
+from vgpuhost.cli.main import main
+from vgpuhost.io.state import StateStore
 
 EXE = "/opt/vgpuhost/bin/vgpuhost"
 
@@ -341,15 +341,15 @@ def test_boot_sequence_restores_the_layout_and_recorded_vgpus(tmp_path, capsys, 
     lines, in their After= order, bring the layout and the manual vGPU back.  ``flaky``: the
     first vGPU create fails once (an injected EIO, as from a late vGPU manager) and the retry
     loop carries on."""
-    from vgpuhost.config import load as load_config
-    from vgpuhost.hostroot import HostRoot
-    from vgpuhost.inventory import discover
-    from vgpuhost.layout import check
+    from vgpuhost.policy.config import load as load_config
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.observe.inventory import discover
+    from vgpuhost.ops.layout import check
     from vgpuhost.sim import bundled_specs
     from vgpuhost.sim.build import materialise
     from vgpuhost.sim.spec import parse_spec
-    from vgpuhost.sysfs import Sysfs
-    from vgpuhost.vgpu import list_vgpus
+    from vgpuhost.io.sysfs import Sysfs
+    from vgpuhost.ops.vgpu import list_vgpus
 
     spec_text = bundled_specs()["a100-sriov-mdev"].read_text()
     root, state = tmp_path / "host", tmp_path / "state"

@@ -16,14 +16,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vgpuhost.cli import main
-from vgpuhost.errors import DeviceError, InputError, RefusedError
-from vgpuhost.inventory import discover
+from vgpuhost.cli.main import main
+from vgpuhost.model.errors import DeviceError, InputError, RefusedError
+from vgpuhost.observe.inventory import discover
 from vgpuhost.sim.kernel import SimKernel
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
-from vgpuhost.vgpu import create, list_vgpus, reconcile, release_owner, remove, resolve_profile
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import create, list_vgpus, reconcile, release_owner, remove, resolve_profile
 
 A = PciAddress.parse
 

@@ -38,16 +38,16 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from vgpuhost.errors import RefusedError
-from vgpuhost.hostroot import HostRoot
-from vgpuhost.inventory import Inventory, discover
-from vgpuhost.placement import MANUAL
+from vgpuhost.model.errors import RefusedError
+from vgpuhost.io.hostroot import HostRoot
+from vgpuhost.observe.inventory import Inventory, discover
+from vgpuhost.policy.placement import MANUAL
 from vgpuhost.sim.catalog import load_catalog
 from vgpuhost.sim.kernel import SimKernel
-from vgpuhost.state import StateStore
-from vgpuhost.sysfs import Sysfs
-from vgpuhost.values import PciAddress
-from vgpuhost.vgpu import create, list_vgpus, reconcile, remove
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import create, list_vgpus, reconcile, remove
 
 WORKERS = 16
 SOAK_SECONDS = float(os.environ.get("VGPUHOST_SOAK_SECONDS", "30"))

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .cli import main as vgpuhost
+from .cli.main import main as vgpuhost
 
 DOMAIN = "demo-vm"
 PROFILE = "A40-8Q"
@@ -89,8 +89,8 @@ def _libvirt_part(base: Path) -> int:
     if run(["sim", "create", "--force", "a40-mdev", str(root)]) != 0:
         return 2
     ok, why = available()
-    from .errors import VgpuhostError
-    from .virt import _libvirt
+    from .model.errors import VgpuhostError
+    from .io.virt import _libvirt
     try:
         _libvirt()              # libvirt-python, installed by make dev
     except VgpuhostError as e:
@@ -106,7 +106,7 @@ def _libvirt_part(base: Path) -> int:
 
 
 def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -> int:
-    from .virt import open_connection
+    from .io.virt import open_connection
     workdir = base / "libvirtd"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -138,7 +138,7 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
 
 
 def _test_driver(base: Path, root: Path, g: List[str], domain_xml) -> int:
-    from .virt import open_connection
+    from .io.virt import open_connection
     hooks = base / "hooks"
     shutil.rmtree(hooks, ignore_errors=True)
     run(g + ["hook", "install", "--hooks-dir", str(hooks)])

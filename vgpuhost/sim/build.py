@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import SimulatorError
-from ..hostroot import SIM_MARKER, HostRoot
-from ..values import PciAddress
+from ..model.errors import SimulatorError
+from ..io.hostroot import SIM_MARKER, HostRoot
+from ..model.values import PciAddress
 from .catalog import Catalog, GpuModel, load_catalog
 from .spec import DeviceSpec, HostSpec
 

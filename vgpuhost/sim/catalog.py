@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from ..values import MigProfile, VgpuProfile
+from ..model.values import MigProfile, VgpuProfile
 from . import data_path
 
 

@@ -60,7 +60,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..hostroot import HostRoot
+from ..io.hostroot import HostRoot
 from .capacity import gpu_available
 
 TYPE_CHECKING = False

@@ -65,8 +65,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
-from ..errors import HostEnvironmentError
-from ..hostroot import HostRoot
+from ..model.errors import HostEnvironmentError
+from ..io.hostroot import HostRoot
 
 #: The machine this daemon runs on (its real root, never a simulated host).
 MACHINE = HostRoot(Path("/"))

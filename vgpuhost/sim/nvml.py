@@ -42,9 +42,9 @@ import os
 import uuid as _uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..hostroot import HostRoot
-from ..nvml import GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState
-from ..values import MigProfile, PciAddress
+from ..io.hostroot import HostRoot
+from ..io.nvml import GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState
+from ..model.values import MigProfile, PciAddress
 from .kernel import PERSISTENCED, SimKernel
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import InputError, SimulatorError
-from ..values import PciAddress
-from ..yamlutil import Located, load_located, read_text_file
+from ..model.errors import InputError, SimulatorError
+from ..model.values import PciAddress
+from ..io.yamlutil import Located, load_located, read_text_file
 from .catalog import Catalog, load_catalog
 
 BACKENDS = ("mdev", "vendor-vfio", "none")

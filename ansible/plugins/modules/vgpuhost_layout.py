@@ -130,7 +130,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule
 
 try:
-    from vgpuhost.errors import VgpuhostError
+    from vgpuhost.model.errors import VgpuhostError
     HAS_VGPUHOST = True
     IMPORT_ERROR = None
 except ImportError:  # reported by fail_json in main()
@@ -169,10 +169,10 @@ def _plan_fields(plan):
 
 def run(module):
     """Plan / apply / assert; returns the result dict.  Raises VgpuhostError."""
-    from vgpuhost import config as vconfig
-    from vgpuhost import layout as vlayout
-    from vgpuhost.hostroot import HostRoot
-    from vgpuhost.state import StateStore
+    from vgpuhost.policy import config as vconfig
+    from vgpuhost.ops import layout as vlayout
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.io.state import StateStore
 
     p = module.params
     host = HostRoot.from_env(p["root"], p["state_dir"])

@@ -1,0 +1,154 @@
+"""`vgpuhost hook install|uninstall|status`: libvirt's qemu hook (commands over :mod:`vgpuhost.hook`).
+
+Registered on the main group by cli.py: every click command in
+``COMMANDS`` becomes a top-level command.  ``--json`` documents:
+``vgpuhost.hook/v1`` (install, uninstall) and ``vgpuhost.hook-status/v1``.
+``status`` exits 1 when the hook is missing, outdated, not executable or the
+allow-list is unreadable or malformed.  ``--hooks-dir`` must be absolute
+(libvirt runs hooks from an absolute directory); a relative one is refused
+with exit 2 before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import List, Optional
+
+import click
+
+HOOKS_DIR_HELP = "Where libvirt looks for qemu hooks, an absolute path (default <root>/etc/libvirt/hooks/qemu.d)."
+
+
+def _absolute_dir(_cctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    """``--hooks-dir``: None (the default) or an absolute path; InputError (exit 2) otherwise."""
+    if value is None:
+        return None
+    if not value.startswith("/") or not value.isprintable():
+        from ..model.errors import InputError
+        raise InputError(f"--hooks-dir {value[:200]!r} is not an absolute path",
+                         hint="libvirt runs hooks from an absolute directory: give one, "
+                              "e.g. /etc/libvirt/hooks/qemu.d")
+    return value
+
+
+@click.group(name="hook")
+def hook() -> None:
+    """libvirt's qemu hook: makes a domain's GPU devices at start, releases them at stop."""
+
+
+def _outcome(ctx, out) -> None:
+    from .main import _emit
+    if ctx.json:
+        _emit(ctx, out.as_dict(), "")
+        return
+    if out.action == "install":
+        verb = ("would install" if out.new else "would update") if out.dry_run else (
+            ("installed" if out.new else "updated") if out.changed else "no change:")
+    else:
+        verb = "would remove" if out.dry_run and out.changed else ("removed" if out.changed else "no change:")
+    lines = [f"{verb} {out.path}"]
+    lines += [f"note: {n}" for n in out.notes]
+    click.echo("\n".join(lines))
+
+
+@hook.command("install")
+@click.option("--hooks-dir", metavar="DIR", callback=_absolute_dir, help=HOOKS_DIR_HELP)
+@click.option("--timeout", "timeout_s", type=click.IntRange(1, 3600), default=60, show_default=True,
+              help="Seconds the hook may run before it undoes what it made and fails the start.")
+@click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
+@click.pass_context
+def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, dry_run: bool) -> None:
+    """Install the qemu hook (DIR/vgpuhost, mode 0755), baking in the root and state dir.
+
+    Idempotent.  libvirtd must be restarted or sent SIGHUP to see a new hook;
+    this command never does that itself.
+    """
+    from ..hook import handler as hookmod
+    from .main import _store
+    ctx = cctx.obj
+    ctx.host.require_host()
+    store = None if dry_run else _store(ctx)
+    _outcome(ctx, hookmod.install(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, timeout_s=timeout_s,
+                                  store=store))
+
+
+@hook.command("uninstall")
+@click.option("--hooks-dir", metavar="DIR", callback=_absolute_dir, help=HOOKS_DIR_HELP)
+@click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
+@click.pass_context
+def hook_uninstall(cctx: click.Context, hooks_dir: Optional[str], dry_run: bool) -> None:
+    """Remove the qemu hook, only if vgpuhost wrote it."""
+    from ..hook import handler as hookmod
+    from .main import _store
+    ctx = cctx.obj
+    store = None if dry_run else _store(ctx)
+    _outcome(ctx, hookmod.uninstall(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, store=store))
+
+
+@hook.command("status")
+@click.option("--hooks-dir", metavar="DIR", callback=_absolute_dir, help=HOOKS_DIR_HELP)
+@click.pass_context
+def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
+    """Is the hook installed and current, does libvirt's directory exist, what does the allow-list allow?
+
+    Exit 0 when installed, current and executable; 1 otherwise.
+    """
+    from .main import _emit
+    ctx = cctx.obj
+    doc = _status(ctx.host, hooks_dir)
+    yes = {True: "yes", False: "no"}
+    install = "vgpuhost hook install" + (f" --hooks-dir {shlex.quote(hooks_dir)}" if hooks_dir else "")
+    installed = yes[doc["installed"]]
+    foreign = not doc["installed"] and os.path.lexists(doc["path"])
+    if foreign:
+        installed += " (a file not written by vgpuhost is there)"
+    lines = [f"hook:        {doc['path']}",
+             f"installed:   {installed}",
+             f"current:     {yes[doc['current']]}" + ("" if doc["current"] or not doc["installed"] else
+                                                      f" (run '{install}' to update it)"),
+             f"executable:  {yes[doc['executable']]}",
+             f"hooks dir:   {doc['hooks_dir']} ({'exists' if doc['hooks_dir_exists'] else 'missing'})",
+             f"allow-list:  {doc['allow']['path']}: {doc['allow']['summary']}"]
+    if doc["allow"]["error"]:
+        lines.append(f"             {doc['allow']['error']}")
+    if foreign:
+        lines.append(f"not installed: {doc['path']} is someone else's: move it aside, then run '{install}' "
+                     "and reload libvirtd (systemctl reload libvirtd)")
+    elif not doc["installed"]:
+        lines.append(f"not installed: run '{install}', then reload libvirtd (systemctl reload libvirtd)")
+    _emit(ctx, doc, "\n".join(lines))
+    sys.exit(0 if doc["ok"] else 1)
+
+
+def _status(host, hooks_dir: Optional[str]) -> dict:
+    """:func:`vgpuhost.hook.status`, with three fields as the operator needs them.
+
+    - ``installed``: vgpuhost's hook is there (a file vgpuhost did not write
+      at that path is not an installed hook: ``written_by_vgpuhost`` is
+      false and install refuses to overwrite it).
+    - ``allow.path``: the file actually read (``<root>/etc/vgpuhost/hook.allow``),
+      as ``path`` names the hook under the root.
+    - ``allow.summary``: "unreadable" only when the file cannot be read;
+      a file that reads but does not parse is "malformed".
+    """
+    from ..hook import handler as hookmod
+    doc = hookmod.status(host, hooks_dir=hooks_dir)
+    doc["installed"] = bool(doc["installed"] and doc["written_by_vgpuhost"])
+    doc["ok"] = bool(doc["ok"] and doc["installed"])
+    allow = doc["allow"]
+    path = hookmod.allow_path(host)
+    allow["path"] = str(path)
+    if allow.get("error"):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError:
+            allow["summary"] = "unreadable: the hook refuses every GPU domain"
+        else:
+            allow["summary"] = "malformed: the hook refuses every GPU domain"
+    return doc
+
+
+COMMANDS: List[click.Command] = [hook]

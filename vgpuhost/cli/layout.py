@@ -1,0 +1,144 @@
+"""`vgpuhost` commands: plan, apply and assert (declarative host configuration), and config check.
+
+Registered on the main group by cli.py: every click command in
+``COMMANDS`` becomes a top-level command.  Logic lives in
+:mod:`vgpuhost.config` and :mod:`vgpuhost.layout`; this module parses
+options, prints and chooses the exit code:
+
+- ``plan``: 0, or 2 when the plan is blocked (apply would refuse);
+- ``apply``: 0 done (or nothing to do), 2 refused before any change
+  (blocked, bad config), 3 a step failed or the host does not match after;
+- ``assert``: 0 in sync, 1 drift (the diff is printed);
+- ``config check``: 0 valid, 2 not.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import List, Optional
+
+import click
+
+CONFIG_HELP = "The config file (YAML, version: 1)."
+
+
+def _ctx():
+    from .main import Context
+    return click.get_current_context().find_object(Context)
+
+
+def _emit(ctx, doc, text: str) -> None:
+    from .output import dumps
+    click.echo(dumps(doc) if ctx.json else text)
+
+
+def _store(ctx, *, write: bool):
+    from .main import _store as store
+    return store(ctx, write=write)
+
+
+def _load(path: str):
+    from ..policy.config import load
+    return load(path)
+
+
+def _plan_out(ctx, p) -> None:
+    from .main import printable
+    _emit(ctx, p.as_dict(), p.text())
+    if p.blocked:
+        click.echo(f"vgpuhost: error: {printable('layout ' + repr(p.layout) + ' is blocked: ' + '; '.join(p.blocked))}",
+                   err=True)
+        sys.exit(2)
+
+
+@click.command("plan")
+@click.option("-c", "--config", "config", required=True, metavar="FILE", help=CONFIG_HELP)
+@click.argument("layout", required=False)
+def plan_cmd(config: str, layout: Optional[str]) -> None:
+    """Print the ordered steps that would bring this host to LAYOUT (default: the config's default).
+
+    Changes nothing.  Exit 0, or 2 when the plan is blocked (apply would refuse).
+    """
+    from ..ops.layout import plan
+    ctx = _ctx()
+    cfg = _load(config)
+    _plan_out(ctx, plan(ctx.host, _store(ctx, write=False), cfg, layout))
+
+
+@click.command("apply")
+@click.option("-c", "--config", "config", required=True, metavar="FILE", help=CONFIG_HELP)
+@click.argument("layout", required=False)
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing (= vgpuhost plan).")
+@click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="Try again this many times when apply fails or is refused (at boot the vGPU manager "
+                   "can be late: its types are missing for a while).  The config is read once.")
+@click.option("--retry-delay", type=click.FloatRange(0, 3600), default=5.0, show_default=True, metavar="SECONDS",
+              help="Wait between tries.")
+def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, retry_delay: float) -> None:
+    """Run the plan's steps, then read the host back (exit 3 when it does not match).
+
+    Blocked plans (devices of running VMs, vGPUs the layout did not create in
+    the way) are refused before any change (exit 2).  Steps that need a
+    reboot are reported, never done.
+    """
+    from ..model.errors import VgpuhostError
+    from ..ops.layout import apply, plan
+    ctx = _ctx()
+    cfg = _load(config)
+    cfg.layout(layout)                    # an unknown layout fails before the host is read
+    if dry_run:
+        _plan_out(ctx, plan(ctx.host, _store(ctx, write=False), cfg, layout))
+        return
+    tries = 0
+    while True:
+        try:
+            result = apply(ctx.host, _store(ctx, write=True), cfg, layout)
+            break
+        except VgpuhostError as e:        # the config was read above; the host may not be ready yet
+            if tries >= retries:
+                raise
+            tries += 1
+            click.echo(f"vgpuhost: apply failed (try {tries} of {retries + 1}): {e.one_line()}; "
+                       f"trying again in {retry_delay:g} s", err=True)
+            time.sleep(retry_delay)
+    _emit(ctx, result.as_dict(), result.text())
+
+
+@click.command("assert")
+@click.option("-c", "--config", "config", required=True, metavar="FILE", help=CONFIG_HELP)
+@click.argument("layout", required=False)
+def assert_cmd(config: str, layout: Optional[str]) -> None:
+    """Compare this host with LAYOUT: exit 0 in sync, 1 on drift (the diff is printed)."""
+    from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+    from ..ops.layout import check
+    ctx = _ctx()
+    cfg = _load(config)
+    drift = check(ctx.host, _store(ctx, write=False), cfg, layout)
+    _emit(ctx, drift.as_dict(), drift.text())
+    sys.exit(EXIT_OK if drift.in_sync else EXIT_PROBLEMS)
+
+
+@click.group("config")
+def config_group() -> None:
+    """The declarative config file."""
+
+
+@config_group.command("check")
+@click.option("-c", "--config", "config", required=True, metavar="FILE", help=CONFIG_HELP)
+def config_check(config: str) -> None:
+    """Validate a config file without a host (exit 0 valid, 2 not: FILE:LINE: what is wrong)."""
+    ctx = _ctx()
+    cfg = _load(config)
+    layouts = [{"name": lay.name, "entries": len(lay.entries),
+                "modes": sorted({e.mode for e in lay.entries})} for lay in cfg.layouts.values()]
+    doc = {"schema": "vgpuhost.config-check/v1", "source": cfg.source, "valid": True, "default": cfg.default,
+           "layouts": layouts}
+    lines = [f"{cfg.source}: valid, {len(layouts)} layout{'s' if len(layouts) != 1 else ''}"
+             + (f" (default {cfg.default})" if cfg.default else " (no default: name one)")]
+    lines += [f"  {x['name']}: {x['entries']} entr{'ies' if x['entries'] != 1 else 'y'} ({', '.join(x['modes'])})"
+              for x in layouts]
+    _emit(ctx, doc, "\n".join(lines))
+
+
+COMMANDS: List[click.Command] = [plan_cmd, apply_cmd, assert_cmd, config_group]

@@ -1,0 +1,133 @@
+"""`vgpuhost mig ...` commands (click); registered on the main group in cli.py.
+
+``show`` / ``enable`` / ``disable`` / ``apply`` / ``assert`` over
+:mod:`vgpuhost.mig`.  NVML comes from :func:`vgpuhost.mig.open_backend`: on a
+host without NVML every command prints one line and exits 2.  ``--json``
+documents: ``vgpuhost.mig-show/v1``, ``vgpuhost.mig/v1`` (enable, disable,
+apply), ``vgpuhost.mig-assert/v1``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+LAYOUT_HELP = "PROFILE=COUNT,... as the device names its profiles, e.g. 3g.71gb=1,2g.35gb=1,1g.18gb=1"
+
+
+def _outcome(ctx, out) -> None:
+    from .main import _emit
+    from ..ops.mig import layout_text
+    if ctx.json:
+        _emit(ctx, out.as_dict(), "")
+        return
+    lines = []
+    mode = out.mig_mode or {}
+    state = ("on" if mode.get("current") else "off") if mode else "?"
+    if mode and mode.get("current") != mode.get("pending"):
+        state += f", {'on' if mode.get('pending') else 'off'} pending a GPU reset"
+    if out.action == "apply":
+        verb = "would apply" if out.dry_run else ("applied" if out.changed else "no change:")
+        lines.append(f"{verb} {layout_text(out.layout_after)} on {out.gpu} ({out.name}; was "
+                     f"{layout_text(out.layout_before)})")
+    else:
+        verb = f"would {out.action}" if out.dry_run else (f"{out.action}d" if out.changed else "no change:")
+        lines.append(f"{verb} MIG mode on {out.gpu} ({out.name}): MIG {state}")
+    if out.steps:
+        lines.append("would:" if out.dry_run else "did:")
+        lines += [f"  {s}" for s in out.steps]
+    lines += [f"note: {n}" for n in out.notes]
+    click.echo("\n".join(lines))
+
+
+def _addr(text: str):
+    from ..model.values import PciAddress
+    return PciAddress.parse(text)
+
+
+@click.group(name="mig")
+def mig() -> None:
+    """MIG mode and GPU-instance layouts (through NVML)."""
+
+
+@mig.command("show")
+@click.option("--gpu", metavar="BDF", help="Only this GPU (dddd:bb:ss.f).")
+@click.pass_context
+def mig_show(cctx: click.Context, gpu: Optional[str]) -> None:
+    """MIG mode (current, pending), GPU instances and profiles per GPU."""
+    from .main import _emit
+    from ..ops.mig import show, show_text
+    ctx = cctx.obj
+    addr = _addr(gpu) if gpu else None
+    doc = show(ctx.host, addr)
+    _emit(ctx, doc, show_text(doc))
+
+
+@mig.command("enable")
+@click.option("--gpu", "gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.option("--dry-run", is_flag=True, help="Show the steps; change nothing.")
+@click.pass_context
+def mig_enable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
+    """Enable MIG mode (refused while vGPUs, processes or VFs block it)."""
+    from .main import _store
+    from ..ops.mig import enable
+    ctx = cctx.obj
+    addr = _addr(gpu)
+    _outcome(ctx, enable(ctx.host, _store(ctx, write=not dry_run), addr, dry_run=dry_run))
+
+
+@mig.command("disable")
+@click.option("--gpu", "gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.option("--dry-run", is_flag=True, help="Show the steps; change nothing.")
+@click.pass_context
+def mig_disable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
+    """Disable MIG mode, destroying the GPU instances first."""
+    from .main import _store
+    from ..ops.mig import disable
+    ctx = cctx.obj
+    addr = _addr(gpu)
+    _outcome(ctx, disable(ctx.host, _store(ctx, write=not dry_run), addr, dry_run=dry_run))
+
+
+@mig.command("apply")
+@click.option("--gpu", "gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.argument("layout", metavar="LAYOUT")
+@click.option("--dry-run", is_flag=True, help="Show the placements and steps; change nothing.")
+@click.pass_context
+def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None:
+    """Make the GPU instances match LAYOUT (no-op when they do).
+
+    LAYOUT: PROFILE=COUNT,... as the device names its profiles, e.g.
+    3g.71gb=1,2g.35gb=1,1g.18gb=1; 'none' destroys every GPU instance.
+    """
+    from .main import _store
+    from ..ops.mig import apply, parse_layout
+    ctx = cctx.obj
+    addr = _addr(gpu)
+    parse_layout(layout)                       # a malformed layout fails before the host is read
+    _outcome(ctx, apply(ctx.host, _store(ctx, write=not dry_run), addr, layout, dry_run=dry_run))
+
+
+@mig.command("assert")
+@click.option("--gpu", "gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.argument("layout", metavar="LAYOUT")
+@click.pass_context
+def mig_assert(cctx: click.Context, gpu: str, layout: str) -> None:
+    """Exit 0 when the GPU instances match LAYOUT, 1 on drift (with the difference)."""
+    from .main import _emit
+    from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+    from ..ops.mig import assert_layout, layout_text, parse_layout
+    ctx = cctx.obj
+    addr = _addr(gpu)
+    parse_layout(layout)
+    rep = assert_layout(ctx.host, addr, layout)
+    if rep.in_sync:
+        text = f"{addr}: in sync ({layout_text(rep.actual)})"
+    else:
+        lines = [f"{addr}: DRIFT (wanted {layout_text(rep.wanted)}, found {layout_text(rep.actual)})"]
+        lines += [f"  {d['profile']}: wanted {d['wanted']}, found {d['actual']}" for d in rep.diff]
+        text = "\n".join(lines)
+    _emit(ctx, rep.as_dict(), text)
+    sys.exit(EXIT_OK if rep.in_sync else EXIT_PROBLEMS)

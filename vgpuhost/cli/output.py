@@ -1,0 +1,155 @@
+"""Rendering for the CLI: aligned tables and the stable JSON documents.
+
+Owns: turning inventory values and findings into human tables and into
+the documented ``--json`` shapes (README "JSON output").  Must not: read
+the host or decide anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from ..policy.checks import Finding, is_ready
+from ..observe.inventory import Gpu, Inventory, VgpuType, gpu_available
+
+SCHEMA_GPUS = "vgpuhost.gpus/v1"
+SCHEMA_TYPES = "vgpuhost.types/v1"
+SCHEMA_HOST_CHECK = "vgpuhost.host-check/v1"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces; None prints as '-'."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else _cell(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """A table cell: control characters (a newline in a sysfs name) escaped."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def dumps(doc: Dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False)
+
+
+# --- gpus ----------------------------------------------------------------
+
+def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
+    d = gpu.pci
+    group = inv.group_of(gpu.address)
+    present = [m.uuid for m in inv.mdevs if m.parent in gpu.mdev_parents]
+    present += [str(v.vf) for v in inv.vf_vgpus if v.gpu == gpu.address and v.type_id]
+    return {
+        "address": str(gpu.address),
+        "model": gpu.model,
+        "board": gpu.board,
+        "vendor_id": f"{d.vendor:04x}",
+        "device_id": f"{d.device:04x}",
+        "subsystem_id": f"{d.subsystem_vendor:04x}:{d.subsystem_device:04x}",
+        "class": f"0x{d.pci_class:06x}",
+        "driver": d.driver,
+        "driver_override": d.driver_override,
+        "numa_node": d.numa_node,
+        "boot_vga": d.boot_vga,
+        "reset_methods": list(d.reset_methods),
+        "iommu_group": d.iommu_group,
+        "group_members": [str(m) for m in group.members] if group else [],
+        "companions": [str(c) for c in gpu.companions],
+        "backends": list(gpu.backends),
+        "vgpu_backend": gpu.vgpu_backend,
+        "sriov": {"totalvfs": d.sriov_totalvfs, "numvfs": d.sriov_numvfs, "vfs": [str(v) for v in gpu.vfs]},
+        "mdev_parents": [str(p) for p in gpu.mdev_parents],
+        "vgpus": sorted(present),
+        "mig": dict(gpu.mig) if gpu.mig is not None else None,
+    }
+
+
+def gpus_doc(inv: Inventory) -> Dict[str, Any]:
+    return {"schema": SCHEMA_GPUS, "iommu_enabled": inv.iommu_enabled,
+            "gpus": [gpu_doc(inv, g) for g in inv.gpus]}
+
+
+def gpus_table(inv: Inventory) -> str:
+    rows = []
+    for g in inv.gpus:
+        doc = gpu_doc(inv, g)
+        rows.append([g.address, g.model, g.pci.driver, g.pci.numa_node, g.pci.iommu_group,
+                     ",".join(g.backends) or None, len(g.vfs) or None, len(doc["vgpus"]),
+                     ",".join(str(c) for c in g.companions) or None])
+    return table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)
+
+
+# --- types ---------------------------------------------------------------
+
+def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) -> List[Dict[str, Any]]:
+    """One entry per (GPU, type id) with per-parent availability, in sysfs order.
+
+    With ``inv``, ``available_instances`` is capped as :func:`gpu_available` says
+    (on SR-IOV GPUs the per-VF ones sum to more than the GPU holds).
+    """
+    out: Dict[tuple, Dict[str, Any]] = {}
+    for t in types:
+        key = (t.gpu, t.type_id)
+        e = out.get(key)
+        if e is None:
+            p = t.profile
+            e = out[key] = {
+                "gpu": str(t.gpu), "backend": t.backend, "type_id": t.type_id, "name": t.name,
+                "raw_name": t.raw_name,
+                "series": p.series if p else None, "board": p.board if p else None,
+                "framebuffer_mib": t.framebuffer_mib,
+                "gi_slices": p.gi_slices if p else None,
+                "media_extensions": p.media_extensions if p else False,
+                "max_instances": t.max_instances, "available_instances": 0,
+                "device_api": t.device_api, "description": dict(t.description), "parents": [],
+            }
+        e["available_instances"] += t.available_instances
+        e["parents"].append({"parent": str(t.parent), "available_instances": t.available_instances})
+    if inv is not None:
+        for (gpu, tid), e in out.items():
+            e["available_instances"] = gpu_available(inv, gpu, tid)
+    return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
+
+
+def _type_sort(type_id: str) -> tuple:
+    tail = type_id.rsplit("-", 1)[-1]
+    return (0, int(tail), type_id) if tail.isdigit() else (1, 0, type_id)
+
+
+def types_doc(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"schema": SCHEMA_TYPES, "types": entries}
+
+
+def types_table(entries: List[Dict[str, Any]]) -> str:
+    rows = [[e["gpu"], e["type_id"], e["name"], e["series"], e["framebuffer_mib"],
+             e["max_instances"], e["available_instances"], e["backend"]] for e in entries]
+    return table(["GPU", "TYPE", "NAME", "SERIES", "FB_MIB", "MAX", "AVAIL", "BACKEND"], rows)
+
+
+# --- host check ----------------------------------------------------------
+
+def check_doc(findings: List[Finding]) -> Dict[str, Any]:
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info", "ok")}
+    return {"schema": SCHEMA_HOST_CHECK, "ready": is_ready(findings), "counts": counts,
+            "findings": [f.as_dict() for f in findings]}
+
+
+def check_text(findings: List[Finding], root: Optional[str] = None) -> str:
+    rows = [[f.severity, f.subject, f.code, f.message] for f in findings]
+    lines = table(["SEVERITY", "SUBJECT", "CODE", "FINDING"], rows).splitlines()
+    out = [lines[0]]
+    fix_col = lines[0].index("FINDING")
+    for f, line in zip(findings, lines[1:]):
+        out.append(line)
+        if f.fix:
+            out.append(" " * fix_col + "fix: " + f.fix)
+    doc = check_doc(findings)
+    c = doc["counts"]
+    verdict = "ready" if doc["ready"] else "NOT ready"
+    out.append("")
+    out.append(f"host is {verdict}: {c['error']} errors, {c['warning']} warnings")
+    return "\n".join(out)

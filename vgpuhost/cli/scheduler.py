@@ -1,0 +1,162 @@
+"""`vgpuhost scheduler ...` commands (click); registered on the main group in cli.py.
+
+Also defines ``vgpu_mode`` (``vgpuhost vgpu mode --gpu BDF --mixed-size on|off``),
+registered on the ``vgpu`` group by cli.py.  Logic lives in
+:mod:`vgpuhost.scheduler`; this module parses options and prints.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import click
+
+
+def _ctx():
+    from .main import Context
+    return click.get_current_context().find_object(Context)
+
+
+def _emit(ctx, doc, text: str, json_flag: bool = False) -> None:
+    from .output import dumps
+    click.echo(dumps(doc) if (ctx.json or json_flag) else text)
+
+
+def _store(ctx, *, write: bool):
+    from .main import _store as store
+    return store(ctx, write=write)
+
+
+@click.group(name="scheduler")
+def scheduler() -> None:
+    """vGPU scheduler: best effort, equal share, fixed share (runtime via NVML or persistent via modprobe.d)."""
+
+
+@scheduler.command("show")
+@click.option("--gpu", metavar="BDF", help="Only this GPU (dddd:bb:ss.f).")
+def scheduler_show(gpu: Optional[str]) -> None:
+    """Each GPU's scheduler state, capabilities and the persistent RmPVMRL value."""
+    from ..ops.scheduler import show, show_text
+    from ..model.values import PciAddress
+    ctx = _ctx()
+    addr = PciAddress.parse(gpu) if gpu else None
+    doc = show(ctx.host, addr)
+    _emit(ctx, doc, show_text(doc))
+
+
+@scheduler.command("set")
+@click.option("--policy", required=True, type=click.Choice(["best-effort", "equal-share", "fixed-share"]))
+@click.option("--timeslice-ms", type=int, metavar="N", help="Time slice without adaptive round robin (1..30).")
+@click.option("--frequency-hz", type=int, metavar="N", help="ARR scheduling frequency (63..960); with --avg-factor.")
+@click.option("--avg-factor", type=int, metavar="N", help="ARR averaging factor (1..60); with --frequency-hz.")
+@click.option("--gpu", "gpus", multiple=True, metavar="BDF", help="This GPU (repeatable).")
+@click.option("--all", "all_gpus", is_flag=True, help="Every NVIDIA GPU on the host.")
+@click.option("--persist", is_flag=True, help="Write RmPVMRL to etc/modprobe.d (applies at the next module load).")
+@click.option("--dry-run", is_flag=True, help="Check and show what would change; change nothing.")
+def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Optional[int], avg_factor: Optional[int],
+                  gpus: Tuple[str, ...], all_gpus: bool, persist: bool, dry_run: bool) -> None:
+    """Set the vGPU scheduler: now through NVML (no vGPU may run), or with --persist for the next module load.
+
+    Without --timeslice-ms or --frequency-hz/--avg-factor, equal and fixed share
+    use adaptive round robin with the driver's defaults (<= 8 vGPUs: 2 ms /
+    480 Hz; > 8: 1 ms / 960 Hz).
+    """
+    from ..model.errors import InputError
+    from ..io.nvml import SchedulerState
+    from ..ops.scheduler import persist as do_persist, resolve_gpus, set_runtime
+    from ..model.values import PciAddress
+    ctx = _ctx()
+    if bool(gpus) == all_gpus:
+        raise click.UsageError("give --gpu BDF (repeatable) or --all")
+    if (frequency_hz is None) != (avg_factor is None):
+        raise click.UsageError("--frequency-hz and --avg-factor go together")
+    if timeslice_ms is not None and frequency_hz is not None:
+        raise click.UsageError("--timeslice-ms (no ARR) and --frequency-hz/--avg-factor (ARR) exclude each other")
+    if policy == "best-effort" and (timeslice_ms is not None or frequency_hz is not None):
+        raise InputError("best effort takes no time slice, frequency or averaging factor")
+    addrs = [PciAddress.parse(g) for g in gpus]
+    if policy == "best-effort":
+        state = SchedulerState("best-effort")
+    elif timeslice_ms is not None:
+        state = SchedulerState(policy, arr=False, timeslice_ms=timeslice_ms)
+    else:
+        state = SchedulerState(policy, arr=True, frequency_hz=frequency_hz, avg_factor=avg_factor)
+    if persist:
+        from ..ops.scheduler import validate
+        validate(state)                       # a bad value fails before the host is read
+        if addrs:
+            addrs = resolve_gpus(ctx.host, addrs, False)
+        out = do_persist(ctx.host, _store(ctx, write=not dry_run), state, addrs or None, dry_run=dry_run)
+        if ctx.json:
+            _emit(ctx, out.as_dict(), "")
+            return
+        verb = "would write" if dry_run else "wrote"
+        scope = ", ".join(out.gpus) if out.gpus else "all GPUs"
+        head = (f"{verb} {out.path}: RmPVMRL=0x{out.value:08x} ({scope})" if out.changed
+                else f"no change: {out.path} already sets RmPVMRL=0x{out.value:08x} ({scope})")
+        lines = [head]
+        if out.changed:
+            lines += [f"  {line}" for line in out.text.rstrip("\n").splitlines()]
+        lines += [f"note: {n}" for n in out.notes]
+        click.echo("\n".join(lines))
+        return
+    out = set_runtime(ctx.host, _store(ctx, write=not dry_run), "all" if all_gpus else addrs, state, dry_run=dry_run)
+    _runtime_outcome(ctx, out)
+
+
+def _runtime_outcome(ctx, out) -> None:
+    if ctx.json:
+        _emit(ctx, out.as_dict(), "")
+        return
+    lines = []
+    for g in out.gpus:
+        if "requested" in g:
+            before, want, after = g["before"]["text"], g["requested"]["text"], g["after"]["text"]
+            if not g["changed"]:
+                lines.append(f"{g['gpu']}: no change ({before})")
+            elif out.dry_run:
+                lines.append(f"{g['gpu']}: would set {want} (now {before})")
+            else:
+                lines.append(f"{g['gpu']}: {before} -> {after}")
+        else:
+            fmt = lambda v: "on" if v else "off"   # noqa: E731
+            if not g["changed"]:
+                lines.append(f"{g['gpu']}: no change (mixed-size mode {fmt(g['mixed_size'])})")
+            elif out.dry_run:
+                lines.append(f"{g['gpu']}: would turn mixed-size mode {fmt(g['mixed_size'])}")
+            else:
+                lines.append(f"{g['gpu']}: mixed-size mode {fmt(g['mixed_size_before'])} -> {fmt(g['mixed_size'])}")
+    lines += [f"note: {n}" for n in out.notes]
+    click.echo("\n".join(lines))
+
+
+@scheduler.command("decode")
+@click.argument("value")
+@click.option("--json", "json_flag", is_flag=True, help="Machine-readable output.")
+def scheduler_decode(value: str, json_flag: bool) -> None:
+    """Explain an RmPVMRL value (0x3c3c0001 or decimal), field by field.
+
+    Exit 0 for a valid scheduler value, 1 when it is not one (each problem is named).
+    """
+    import sys
+    from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+    from ..ops.scheduler import explain, explain_doc, parse_value
+    ctx = _ctx()
+    v = parse_value(value)
+    doc = explain_doc(v)
+    _emit(ctx, doc, explain(v), json_flag)
+    sys.exit(EXIT_OK if doc["valid"] else EXIT_PROBLEMS)
+
+
+@click.command("mode")
+@click.option("--gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.option("--mixed-size", "mixed", required=True, type=click.Choice(["on", "off"]),
+              help="Mixed-size (heterogeneous) vGPU mode; needs no vGPUs on the GPU.")
+@click.option("--dry-run", is_flag=True, help="Check and show what would change; change nothing.")
+def vgpu_mode(gpu: str, mixed: str, dry_run: bool) -> None:
+    """Turn a GPU's mixed-size vGPU mode on or off (lost on reboot or module reload)."""
+    from ..ops.scheduler import mixed_size
+    from ..model.values import PciAddress
+    ctx = _ctx()
+    addr = PciAddress.parse(gpu)
+    _runtime_outcome(ctx, mixed_size(ctx.host, _store(ctx, write=not dry_run), addr, mixed == "on", dry_run=dry_run))

@@ -1,0 +1,49 @@
+"""`vgpuhost` commands: install-units (systemd units that apply the layout at boot).
+
+Registered on the main group by cli.py: every click command in
+``COMMANDS`` becomes a top-level command.  Logic lives in
+:mod:`vgpuhost.units`; this module parses options and prints.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import click
+
+
+def _ctx():
+    from .main import Context
+    return click.get_current_context().find_object(Context)
+
+
+@click.command("install-units", short_help="Install the systemd units that apply the layout at boot.")
+@click.option("--unit-dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="Where to write the units, an absolute path (default <root>/etc/systemd/system).")
+@click.option("--config", "config", metavar="FILE", default=None,
+              help="Layout config file as the booted host names it (default /etc/vgpuhost/config.yaml).")
+@click.option("--layout", metavar="NAME", help="Layout to apply at boot (default: the config's default).")
+@click.option("--exe", metavar="PATH", help="vgpuhost executable named in the units (default: this one).")
+@click.option("--retries", type=int, default=None, metavar="N", help="Tries per unit at boot (default 6).")
+@click.option("--retry-delay", type=int, default=None, metavar="S", help="Seconds between tries (default 10).")
+@click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
+def install_units(unit_dir: Optional[str], config: Optional[str], layout: Optional[str], exe: Optional[str],
+                  retries: Optional[int], retry_delay: Optional[int], dry_run: bool) -> None:
+    """Write vgpuhost-layout.service and vgpuhost-reconcile.service (idempotent).
+
+    At boot they apply the layout and re-create recorded vGPUs after the
+    NVIDIA driver and before libvirtd, with retries.  Never runs systemctl:
+    prints the daemon-reload / enable commands still needed.
+    """
+    from ..ops import units
+    from .output import dumps
+    ctx = _ctx()
+    out = units.install(ctx.host, unit_dir=unit_dir, exe=exe,
+                        config=config or units.DEFAULT_CONFIG, layout=layout,
+                        retries=units.DEFAULT_RETRIES if retries is None else retries,
+                        retry_delay=units.DEFAULT_RETRY_DELAY if retry_delay is None else retry_delay,
+                        dry_run=dry_run)
+    click.echo(dumps(out.as_dict()) if ctx.json else out.text())
+
+
+COMMANDS: List[click.Command] = [install_units]

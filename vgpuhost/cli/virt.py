@@ -1,0 +1,203 @@
+"""`vgpuhost` commands: render, attach and detach (libvirt domains).
+
+Registered on the main group by cli.py: every click command in
+``COMMANDS`` becomes a top-level command.  ``render`` needs only the host
+root; ``attach``/``detach`` talk to libvirt at ``--connect URI`` (default
+``$LIBVIRT_DEFAULT_URI``, then ``qemu:///system``).  ``--json`` documents:
+``vgpuhost.render/v1``, ``vgpuhost.attach/v1``, ``vgpuhost.detach/v1``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import click
+
+COMMANDS: List[click.Command] = []
+
+SCHEMA_RENDER = "vgpuhost.render/v1"
+
+
+def _slot(text: Optional[str]) -> Optional[int]:
+    if text is None:
+        return None
+    from ..libvirt.domain import check_guest_slot
+    from ..model.errors import InputError
+    try:
+        value = int(text, 16)
+    except ValueError:
+        raise InputError(f"invalid --guest-slot {text[:32]!r}", hint="a hex slot on guest bus 0, e.g. 0x10") from None
+    return check_guest_slot(value)
+
+
+def _ctx():
+    from .main import Context
+    return click.get_current_context().find_object(Context)
+
+
+# --- render ------------------------------------------------------------------
+
+@click.command("render")
+@click.option("--profile", metavar="NAME", help="A vGPU type as the devices name it (A40-8Q, L40S-4Q).")
+@click.option("--passthrough", metavar="BDF", help="A whole GPU: every function of its IOMMU group.")
+@click.option("--gpu", metavar="BDF", help="vGPU: only on this GPU (vendor VFIO: where the VF is chosen).")
+@click.option("--uuid", metavar="UUID", help="Classic mdev: the mdev UUID (default: a new one).")
+@click.option("--display", is_flag=True, help="Classic mdev: display='on' (the domain needs <graphics>).")
+@click.option("--ramfb", is_flag=True, help="Classic mdev: ramfb='on' (needs --display; one per domain).")
+@click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10).")
+def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> None:
+    """Print the hostdev XML vgpuhost would attach (a snippet for <devices>).
+
+    Passthrough: one managed='no' hostdev per function of the GPU's IOMMU
+    group; the functions share one guest slot (0x10 unless --guest-slot).
+    Classic mdev: type='mdev' model='vfio-pci' with a fresh UUID.  Vendor
+    VFIO: the first free VF by placement (attach also skips VFs other domains
+    reserve).
+    """
+    import uuid as _uuid
+
+    from .main import _emit
+    from ..libvirt.domain import FIRST_GUEST_SLOT, render_mdev, render_passthrough, render_vf
+    from ..model.errors import InputError, RefusedError
+    from ..observe.inventory import BACKEND_MDEV
+    from ..model.values import PciAddress, parse_uuid
+
+    ctx = _ctx()
+    if (profile is None) == (passthrough is None):
+        raise InputError("give exactly one of --profile NAME or --passthrough BDF")
+    slot = _slot(guest_slot)
+    doc = {"schema": SCHEMA_RENDER, "kind": None, "profile": None, "device": None, "gpu": None,
+           "functions": [], "reason": "", "xml": ""}
+    if passthrough is not None:
+        if display or ramfb or uuid or gpu:
+            raise InputError("--display, --ramfb, --uuid and --gpu apply to vGPUs, not to --passthrough")
+        addr = PciAddress.parse(passthrough)
+        inv = ctx.inventory()
+        if inv.gpu(addr) is None:
+            raise InputError(f"no NVIDIA GPU at {addr}", hint="'vgpuhost gpus' lists them")
+        from ..ops.passthrough import group_endpoints
+        _, endpoints, _ = group_endpoints(inv, addr)
+        if slot is None and len(endpoints) > 1:
+            slot = FIRST_GUEST_SLOT
+        xml = render_passthrough(inv, addr, slot)
+        doc.update(kind="passthrough", device=str(addr), gpu=str(addr),
+                   functions=[str(d.address) for d in endpoints], xml=xml)
+    else:
+        if uuid is not None:
+            uuid = parse_uuid(uuid)
+        if ramfb and not display:
+            raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
+                             hint="add --display, or drop --ramfb")
+        from ..ops.attach import _backend_of, gpus_offering
+        from ..policy.placement import Request, place
+        from ..io.state import StateStore
+        from ..ops.vgpu import offers, resolve_profile, seen_rows
+        pin = PciAddress.parse(gpu) if gpu else None
+        inv = ctx.inventory()
+        if pin is not None and inv.gpu(pin) is None:
+            raise InputError(f"no NVIDIA GPU at {pin}", hint="'vgpuhost gpus' lists them")
+        store = StateStore(ctx.host.state_dir, create=False)
+        records = store.vgpu_records()
+        seen = list(store.seen_types()) + seen_rows(inv)
+        name = resolve_profile(inv, records, profile, pin, seen)
+        offering = gpus_offering(inv, records, seen, name)
+        if pin is not None:
+            offering &= {pin}
+        backend = _backend_of(inv, offering, name)
+        if backend == BACKEND_MDEV:
+            u = uuid or str(_uuid.uuid4())
+            xml = render_mdev(u, display=display, ramfb=ramfb, guest_slot=slot)
+            doc.update(kind="mdev", profile=name, device=u, gpu=str(pin) if pin else None, xml=xml)
+        else:
+            if display or ramfb or uuid:
+                raise InputError(f"--display, --ramfb and --uuid apply to classic mdev vGPUs; {name} is a "
+                                 "vendor-VFIO vGPU (a PCI VF)")
+            decision = place(offers(inv, records, name, seen), Request(name, gpu=pin))
+            if not decision.admitted:
+                raise RefusedError(f"no free VF for {name}: {decision.reason}")
+            xml = render_vf(decision.parent, slot)
+            doc.update(kind="vendor-vfio", profile=name, device=str(decision.parent), gpu=str(decision.gpu),
+                       functions=[str(decision.parent)], reason=decision.reason, xml=xml)
+    _emit(ctx, doc, doc["xml"].rstrip("\n"))
+
+
+COMMANDS.append(render_cmd)
+
+
+# --- attach / detach ------------------------------------------------------------
+
+def _text(out) -> str:
+    lines = []
+    verb = {"attach": ("would attach", "attached", "to"), "detach": ("would detach", "detached", "from")}[out.action]
+    for d in out.devices:
+        what = {"passthrough": f"GPU {d.id} (passthrough, {len(d.functions)} function"
+                               f"{'s' if len(d.functions) != 1 else ''})",
+                "mdev": f"{d.profile} vGPU (classic mdev {d.id})",
+                "vendor-vfio": f"{d.profile} vGPU (vendor-VFIO VF {d.id})"}[d.kind]
+        head = verb[0] if out.dry_run else verb[1]
+        lines.append(f"{head} {what} {verb[2]} {out.domain} ({out.uuid})" + (" live" if out.live else ""))
+    if not out.devices:
+        lines.append(f"no change: {out.domain} ({out.uuid})")
+    if out.reason:
+        lines.append(f"placement: {out.reason}")
+    if out.released:
+        lines.append("released: " + ", ".join(out.released))
+    lines += [f"note: {n}" for n in out.notes]
+    if out.dry_run and out.diff:
+        lines.append("definition diff:")
+        lines.append(out.diff.rstrip("\n"))
+    return "\n".join(lines)
+
+
+def _emit_outcome(ctx, out) -> None:
+    from .main import _emit
+    _emit(ctx, out.as_dict(), _text(out))
+
+
+@click.command("attach")
+@click.argument("domain")
+@click.option("--profile", metavar="NAME", help="A vGPU of this type (A40-8Q, L40S-4Q, H200X-1-18C).")
+@click.option("--passthrough", metavar="BDF", help="The whole GPU at BDF (every function of its IOMMU group).")
+@click.option("--gpu", metavar="BDF", help="vGPU: pin it to this GPU.")
+@click.option("--tenant", metavar="T", help="Tenant name recorded in the domain's metadata.")
+@click.option("--strategy", type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]),
+              help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).")
+@click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
+@click.option("--display", is_flag=True, help="Classic mdev: display='on' (the domain needs <graphics>).")
+@click.option("--ramfb", is_flag=True, help="Classic mdev: ramfb='on' (needs --display; one per domain).")
+@click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10); refused when taken.")
+@click.option("--live", is_flag=True, help="Classic mdev only: create it now and hot-plug it into the running domain.")
+@click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
+def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinity, display, ramfb, guest_slot,
+               live, dry_run) -> None:
+    """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""
+    from ..ops.attach import attach
+    from ..io.state import StateStore
+    ctx = _ctx()
+    slot = _slot(guest_slot)
+    store = StateStore(ctx.host.state_dir, create=not dry_run)
+    out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
+                 strategy=strategy, anti_affinity=anti_affinity, gpu=gpu, display=display, ramfb=ramfb,
+                 live=live, dry_run=dry_run, guest_slot=slot)
+    _emit_outcome(ctx, out)
+
+
+@click.command("detach")
+@click.argument("domain")
+@click.argument("device", required=False)
+@click.option("--all", "all_", is_flag=True, help="Every device vgpuhost attached to DOMAIN.")
+@click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
+def detach_cmd(domain, device, all_, dry_run) -> None:
+    """Take DEVICE (mdev UUID, VF BDF or GPU BDF), or --all, from stopped DOMAIN and release it."""
+    from ..ops.attach import detach
+    from ..model.errors import InputError
+    from ..io.state import StateStore
+    if device is not None and all_:
+        raise InputError("give a DEVICE or --all, not both")
+    ctx = _ctx()
+    store = StateStore(ctx.host.state_dir, create=not dry_run)
+    out = detach(ctx.host, store, ctx.connect, domain, device=device, all=all_, dry_run=dry_run)
+    _emit_outcome(ctx, out)
+
+
+COMMANDS += [attach_cmd, detach_cmd]

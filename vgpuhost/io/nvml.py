@@ -1,0 +1,137 @@
+"""The NVML door: every call into the NVIDIA driver's management library.
+
+Owns: the :class:`NvmlBackend` interface that MIG, scheduler and vGPU-mode
+code use, its real implementation over nvidia-ml-py (``import pynvml``,
+lazily) and the choice between it and the simulator's
+(:class:`vgpuhost.sim.nvml.SimNvml`, state in the simulated host's
+``.vgpuhost-sim/host.json``).  Devices are selected by PCI bus id, never by
+index (REFERENCE.md §9).  ``NVMLError_*`` become :class:`NvmlError` keeping
+the NVML error name; a missing library or driver becomes
+:class:`HostEnvironmentError` (exit 2) while sysfs inventory still works.
+Must not: be imported by the hook path or by inventory.
+
+Names and semantics: REFERENCE.md §5-7.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Protocol, Tuple
+
+from ..model.errors import VgpuhostError
+from .hostroot import HostRoot
+from ..model.values import PciAddress
+
+
+class NvmlError(VgpuhostError):
+    """An NVML call failed; ``nvml_name`` is the NVMLError subclass name (``NVMLError_InUse``)."""
+
+    exit_code = 3
+
+    def __init__(self, call: str, nvml_name: str, *, hint: Optional[str] = None):
+        self.call = call
+        self.nvml_name = nvml_name
+        super().__init__(f"{call} failed: {nvml_name}", hint=hint)
+
+    @property
+    def not_supported(self) -> bool:
+        return self.nvml_name == "NVMLError_NotSupported"
+
+
+@dataclass(frozen=True)
+class GiProfile:
+    """A GPU-instance profile as the device reports it (REFERENCE.md §5).
+
+    ``profile_id`` is the nvidia-smi profile id (``nvmlDeviceGetGpuInstanceProfileInfo(...).id``);
+    ``placements`` are ``(start, size)`` in memory slices out of 8.
+    """
+
+    profile_id: int
+    name: str            # "1g.18gb", "1g.18gb+me"
+    slices: int          # compute slices (the "1g")
+    memory_mib: int
+    max_count: int
+    placements: Tuple[Tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """The vGPU scheduler of one GPU (or GPU instance): policy
+    ``best-effort|equal-share|fixed-share``, ARR on/off, and either
+    ``timeslice_ms`` (no ARR) or ``frequency_hz`` + ``avg_factor`` (ARR)."""
+
+    policy: str
+    arr: bool = False
+    timeslice_ms: Optional[int] = None
+    frequency_hz: Optional[int] = None
+    avg_factor: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class SchedulerCaps:
+    policies: Tuple[str, ...]
+    arr_supported: bool
+    min_timeslice_ms: int = 1
+    max_timeslice_ms: int = 30
+    min_frequency_hz: int = 63
+    max_frequency_hz: int = 960
+    min_avg_factor: int = 1
+    max_avg_factor: int = 60
+
+
+@dataclass
+class DeviceFacts:
+    """What a read-only probe reports about one GPU."""
+
+    bdf: str
+    name: str
+    uuid: str
+    mig_mode: Optional[Tuple[bool, bool]] = None           # (current, pending); None: not MIG-capable
+    gi_profiles: List[GiProfile] = field(default_factory=list)
+    gpu_instances: List[GpuInstance] = field(default_factory=list)
+
+
+class NvmlBackend(Protocol):
+    """The device operations vgpuhost needs.  Every method takes a PCI address.
+
+    Raise :class:`NvmlError` (NVML error name kept) on failure.
+    """
+
+    def device_name(self, bdf: PciAddress) -> str: ...
+    def device_uuid(self, bdf: PciAddress) -> str: ...
+    # MIG (REFERENCE.md §5)
+    def mig_mode(self, bdf: PciAddress) -> Optional[Tuple[bool, bool]]: ...
+    def set_mig_mode(self, bdf: PciAddress, enabled: bool) -> Tuple[bool, bool]: ...
+    def gi_profiles(self, bdf: PciAddress) -> List[GiProfile]: ...
+    def gpu_instances(self, bdf: PciAddress) -> List[GpuInstance]: ...
+    def create_gpu_instance(self, bdf: PciAddress, profile_id: int, start: int) -> GpuInstance: ...
+    def destroy_gpu_instance(self, bdf: PciAddress, gi_id: int) -> None: ...
+    def compute_processes(self, bdf: PciAddress) -> int: ...
+    # vGPU (REFERENCE.md §4, §6, §7)
+    def active_vgpus(self, bdf: PciAddress) -> int: ...
+    def heterogeneous_mode(self, bdf: PciAddress) -> bool: ...
+    def set_heterogeneous_mode(self, bdf: PciAddress, enabled: bool) -> None: ...
+    def scheduler_caps(self, bdf: PciAddress) -> SchedulerCaps: ...
+    def scheduler_state(self, bdf: PciAddress) -> SchedulerState: ...
+    def set_scheduler_state(self, bdf: PciAddress, state: SchedulerState) -> None: ...
+
+
+def backend_for(host: HostRoot) -> NvmlBackend:
+    """The simulator's NVML on a simulated root, else the real library.
+
+    Raises HostEnvironmentError when NVML cannot be loaded (no driver,
+    nvidia-ml-py missing): commands that need NVML exit 2 saying so.
+    """
+    if host.is_simulated:
+        from ..sim.nvml import SimNvml
+        return SimNvml(host)
+    from .nvml_pynvml import PynvmlBackend
+    return PynvmlBackend.open()

@@ -1,0 +1,411 @@
+"""The state store: vgpuhost's memory of what it did, in SQLite.
+
+Owns: every SQL statement.  One database file ``state.db`` in the state dir
+(``--state-dir``, default ``<root>/var/lib/vgpuhost``), WAL mode, a busy
+timeout so parallel processes queue instead of failing, a schema versioned
+by ``PRAGMA user_version`` with forward-only migrations, one transaction per
+operation (:meth:`StateStore.transaction`), and an append-only audit log
+(triggers refuse UPDATE and DELETE).  Must not: touch sysfs or decide
+anything.
+
+Tables (version 1):
+- ``audit``: one row per sysfs or config write: time (UTC ISO 8601),
+  actor, operation, path (as the kernel names it), value, result (``ok`` or
+  the errno name), errno.
+- ``passthrough``: one row per PCI function vgpuhost bound to vfio-pci:
+  bdf, iommu group, the GPU it moved with, its original driver and
+  ``driver_override``, the order it was bound in, time, persisted flag.
+
+Version 3 adds ``seen_types``: the vGPU types each GPU has listed (id,
+name, framebuffer MiB), so names still resolve when a vendor-VFIO GPU is
+full and lists none.
+
+Version 4 adds ``passthrough.owner`` (a domain UUID, or ``manual`` for
+``vgpuhost passthrough prepare``) and ``domains``: the domains the qemu hook
+saw start (``prepare begin``) and not yet release (``release end``); devices
+their owners hold are in use and never touched by plan/apply.
+
+Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
+or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
+owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
+persisted flag, time.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..model.errors import HostEnvironmentError
+from ..model.values import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, Iterator, List, Optional, Sequence
+
+DB_NAME = "state.db"
+BUSY_TIMEOUT_MS = 60_000
+
+MIGRATIONS: Sequence[str] = (
+    # 1: audit log and passthrough records
+    """
+    CREATE TABLE audit (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        time      TEXT NOT NULL,
+        actor     TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        path      TEXT NOT NULL,
+        value     TEXT NOT NULL,
+        result    TEXT NOT NULL,
+        errno     INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX audit_time ON audit(time);
+    CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TABLE passthrough (
+        bdf               TEXT PRIMARY KEY,
+        iommu_group       INTEGER,
+        gpu               TEXT NOT NULL,
+        original_driver   TEXT,
+        original_override TEXT,
+        position          INTEGER NOT NULL,
+        time              TEXT NOT NULL,
+        persisted         INTEGER NOT NULL DEFAULT 0
+    );
+    """,
+    # 2: vGPUs vgpuhost created, with their owners
+    """
+    CREATE TABLE vgpus (
+        id            TEXT PRIMARY KEY,
+        backend       TEXT NOT NULL,
+        gpu           TEXT NOT NULL,
+        parent        TEXT NOT NULL,
+        type_id       TEXT NOT NULL,
+        type_name     TEXT NOT NULL,
+        owner         TEXT NOT NULL,
+        anti_affinity TEXT,
+        params        TEXT,
+        persisted     INTEGER NOT NULL DEFAULT 0,
+        time          TEXT NOT NULL
+    );
+    CREATE INDEX vgpus_owner ON vgpus(owner);
+    CREATE INDEX vgpus_gpu ON vgpus(gpu);
+    """,
+    # 3: vGPU types seen per GPU (a full vendor-VFIO GPU lists none in sysfs)
+    """
+    CREATE TABLE seen_types (
+        gpu             TEXT NOT NULL,
+        type_id         TEXT NOT NULL,
+        name            TEXT NOT NULL,
+        framebuffer_mib INTEGER,
+        PRIMARY KEY (gpu, type_id)
+    );
+    """,
+    # 4: who holds a passed-through group, and which domains the hook started
+    """
+    ALTER TABLE passthrough ADD COLUMN owner TEXT NOT NULL DEFAULT 'manual';
+    CREATE TABLE domains (
+        uuid   TEXT PRIMARY KEY,
+        name   TEXT NOT NULL,
+        since  TEXT NOT NULL
+    );
+    """,
+)
+
+
+def utcnow() -> str:
+    """Now as ``2026-11-29T23:40:01.123456+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+@record(frozen=True)
+class AuditRow:
+    id: int
+    time: str
+    actor: str
+    operation: str
+    path: str
+    value: str
+    result: str
+    errno: int
+
+
+@record(frozen=True)
+class PassthroughRecord:
+    bdf: str
+    iommu_group: Optional[int]
+    gpu: str
+    original_driver: Optional[str]
+    original_override: Optional[str]
+    position: int
+    time: str
+    persisted: bool
+    owner: str = "manual"
+
+
+class StateStore:
+    """The SQLite state store in one state directory.
+
+    Raises HostEnvironmentError when the directory cannot be created or the
+    database opened, and when the database is newer than this vgpuhost.
+    """
+
+    def __init__(self, state_dir: "str | os.PathLike[str]", *, create: bool = True):
+        """Open (``create``: and create) the store.  ``create=False`` with no
+        database yet gives an empty in-memory store, so read-only commands
+        never write to the host."""
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / DB_NAME
+        self._local = threading.local()
+        self._memory = False
+        if not create and not self.path.exists():
+            self._memory = True
+        else:
+            try:
+                self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as e:
+                raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
+                                           hint="pass --state-dir DIR to a writable directory") from None
+            if self.path.exists() and not self.path.is_file():
+                raise HostEnvironmentError(f"the state store {str(self.path)!r} is not a regular file",
+                                           hint="move it aside; vgpuhost starts a new one")
+        self._migrate()
+
+    # --- connection ------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = _retry_locked(self._open)
+            except sqlite3.Error as e:
+                damaged = isinstance(e, sqlite3.DatabaseError) and "not a database" in str(e)
+                raise HostEnvironmentError(
+                    f"cannot open the state store {str(self.path)!r}: {e}",
+                    hint=("it is damaged: move it aside (vgpuhost starts a new one) or restore a backup"
+                          if damaged else "check the state dir's permissions and free space")) from None
+            self._local.conn = conn
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        target = ":memory:" if self._memory else self.path
+        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
+        if current == len(MIGRATIONS):
+            return          # current (the common case: every hook call): no write lock taken
+        with self.transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < 0:
+                raise HostEnvironmentError(f"the state store {str(self.path)!r} has an invalid schema "
+                                           f"version {version}", hint="move it aside; vgpuhost starts a new one")
+            if version > len(MIGRATIONS):
+                raise HostEnvironmentError(
+                    f"the state store {str(self.path)!r} has schema version {version}, newer than this "
+                    f"vgpuhost knows ({len(MIGRATIONS)})", hint="upgrade vgpuhost")
+            for n in range(version, len(MIGRATIONS)):
+                for stmt in _statements(MIGRATIONS[n]):
+                    conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {n + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        return self._conn().execute("PRAGMA user_version").fetchone()[0]
+
+    # --- audit -------------------------------------------------------------
+    def audit(self, *, actor: str, operation: str, path: str, value: str, err: int = 0) -> None:
+        """Append one audit row.
+
+        Device writes happen outside store transactions (under a per-group or
+        per-GPU file lock instead), so each row commits at once and a write
+        that happened is never lost with a failed operation.  Inside a
+        transaction the row joins it.
+        """
+        result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
+        self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result, err))
+
+    def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
+        """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given."""
+        sql = "SELECT id, time, actor, operation, path, value, result, errno FROM audit"
+        args: tuple = ()
+        if since:
+            sql += " WHERE time >= ?"
+            args = (since,)
+        return [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY id", args)]
+
+    # --- passthrough records ------------------------------------------------
+    def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,
+                            gpu: Optional[str] = None) -> List[PassthroughRecord]:
+        c = conn or self._conn()
+        sql = ("SELECT bdf, iommu_group, gpu, original_driver, original_override, position, time, persisted, "
+               "owner FROM passthrough")
+        args: tuple = ()
+        if gpu:
+            sql += " WHERE gpu = ?"
+            args = (gpu,)
+        return [PassthroughRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
+                for r in c.execute(sql + " ORDER BY gpu, position", args)]
+
+    @staticmethod
+    def put_passthrough(conn: sqlite3.Connection, rec: PassthroughRecord) -> None:
+        conn.execute("INSERT OR REPLACE INTO passthrough (bdf, iommu_group, gpu, original_driver, "
+                     "original_override, position, time, persisted, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (rec.bdf, rec.iommu_group, rec.gpu, rec.original_driver, rec.original_override,
+                      rec.position, rec.time, int(rec.persisted), rec.owner))
+
+    # --- domains the hook started ---------------------------------------------
+    def domain_started(self, uuid: str, name: str) -> None:
+        """Record that domain ``uuid`` is starting (the hook's ``prepare begin``); upsert."""
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO domains VALUES (?, ?, ?)", (uuid, name, utcnow()))
+
+    def domain_stopped(self, uuid: str) -> None:
+        """Forget domain ``uuid`` (the hook's ``release end``); no-op when unknown."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM domains WHERE uuid = ?", (uuid,))
+
+    def active_domains(self) -> Dict[str, str]:
+        """``{domain UUID: name}`` of domains started through the hook and not yet released."""
+        return dict(self._conn().execute("SELECT uuid, name FROM domains ORDER BY uuid"))
+
+    def remember_types(self, rows: Sequence[tuple]) -> None:
+        """Record ``(gpu, type_id, name, framebuffer_mib)`` rows seen in sysfs (upsert)."""
+        if not rows:
+            return
+        with self.transaction() as conn:
+            conn.executemany("INSERT OR REPLACE INTO seen_types VALUES (?, ?, ?, ?)", rows)
+
+    def seen_types(self) -> List[tuple]:
+        """All ``(gpu, type_id, name, framebuffer_mib)`` rows."""
+        return list(self._conn().execute("SELECT gpu, type_id, name, framebuffer_mib FROM seen_types"))
+
+    def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[VgpuRecord]:
+        return vgpu_records(self._conn(), owner=owner, gpu=gpu)
+
+    @staticmethod
+    def delete_passthrough(conn: sqlite3.Connection, bdfs: Sequence[str]) -> None:
+        conn.executemany("DELETE FROM passthrough WHERE bdf = ?", [(b,) for b in bdfs])
+
+
+@record(frozen=True)
+class VgpuRecord:
+    id: str
+    backend: str
+    gpu: str
+    parent: str
+    type_id: str
+    type_name: str
+    owner: str
+    anti_affinity: Optional[str]
+    params: Optional[str]
+    persisted: bool
+    time: str
+
+
+def _vgpu_record(row) -> VgpuRecord:
+    return VgpuRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+                      bool(row[9]), row[10])
+
+
+def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
+                 gpu: Optional[str] = None) -> List[VgpuRecord]:
+    """Recorded vGPUs, filtered by owner and/or GPU, oldest first."""
+    sql = "SELECT * FROM vgpus"
+    where, args = [], []
+    if owner is not None:
+        where.append("owner = ?")
+        args.append(owner)
+    if gpu is not None:
+        where.append("gpu = ?")
+        args.append(gpu)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return [_vgpu_record(r) for r in conn.execute(sql + " ORDER BY time, id", args)]
+
+
+def put_vgpu(conn: sqlite3.Connection, rec: VgpuRecord) -> None:
+    conn.execute("INSERT INTO vgpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (rec.id, rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name, rec.owner,
+                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time))
+
+
+def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = None) -> int:
+    """Delete a record (only if still owned by ``owner`` when given); rows deleted."""
+    if owner is None:
+        return conn.execute("DELETE FROM vgpus WHERE id = ?", (vgpu_id,)).rowcount
+    return conn.execute("DELETE FROM vgpus WHERE id = ? AND owner = ?", (vgpu_id, owner)).rowcount
+
+
+_AUDIT_INSERT = ("INSERT INTO audit (time, actor, operation, path, value, result, errno) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+def _statements(script: str) -> List[str]:
+    """Split a migration script into statements (triggers keep their BEGIN...END)."""
+    out, buf = [], []
+    for line in script.strip().splitlines():
+        buf.append(line)
+        joined = "\n".join(buf).strip()
+        if joined.endswith(";") and sqlite3.complete_statement(joined):
+            out.append(joined)
+            buf = []
+    if "".join(buf).strip():
+        out.append("\n".join(buf))
+    return out
+
+
+def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
+    """``fn()``, retried while SQLite says the database is locked or busy.
+
+    SQLite's busy handler does not cover every case: switching a database
+    that several processes create at once to WAL, or a read that meets a
+    lock upgrade, can fail at once with SQLITE_BUSY.  Sixteen qemu hooks
+    starting together on a fresh host do exactly that, so the opening steps
+    retry (10-50 ms apart, within the busy timeout) before giving up.
+    """
+    import random
+    import time
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            text = str(e).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(0.01, 0.05))

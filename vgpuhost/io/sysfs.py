@@ -1,0 +1,256 @@
+"""Every read and write of a kernel file under the host root.
+
+Owns: file I/O on ``sys/``, ``proc/`` and ``dev/`` of a :class:`HostRoot`,
+turning ``OSError`` into :class:`SysfsError` that keeps the errno, the path
+and the value written.  On a simulated root (made by :mod:`vgpuhost.sim`)
+writes go through the simulator's kernel, which applies the same semantics
+the kernel would (ENOSPC on a full mdev type, EPERM on a taken VF...).
+Must not: decide anything; callers interpret what is read.
+
+Kernel file conventions (REFERENCE.md §1-3): values end in a newline;
+ids read as ``0x10de``; ``driver_override`` reads ``(null)`` when unset;
+write-only files (``create``, ``remove``, ``unbind``) read empty.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from ..model.errors import SysfsError
+from .hostroot import HostRoot
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Callable, List, Optional, Union
+
+    PathArg = Union[str, Path]
+    #: called after every write attempt: (path, value, errno or 0)
+    WriteObserver = Callable[[Path, str, int], None]
+
+MAX_READ_BYTES = 1 << 20
+
+
+class Sysfs:
+    """Reads and writes kernel files under one host root.
+
+    All paths are absolute paths under ``host.root`` (derive them with
+    :class:`HostRoot`).  Reads raise ``SysfsError(op='read')``; writes raise
+    ``SysfsError`` with ``value`` set.
+    """
+
+    def __init__(self, host: HostRoot, *, observers: Optional[List[WriteObserver]] = None):
+        self.host = host
+        self.observers: List[WriteObserver] = list(observers or [])
+        self._kernel = None
+        if host.is_simulated:
+            from ..sim.kernel import SimKernel  # the simulator stands in for the kernel
+            self._kernel = SimKernel(host)
+
+    @property
+    def simulated(self) -> bool:
+        return self._kernel is not None
+
+    # --- reads ---------------------------------------------------------
+    def read(self, path: PathArg) -> str:
+        """The file's content with surrounding whitespace stripped."""
+        text = self.read_optional(path)
+        if text is None:
+            raise SysfsError("read", str(path), errno.ENOENT, hint=_read_hint(errno.ENOENT))
+        return text
+
+    def read_optional(self, path: PathArg) -> Optional[str]:
+        """Like :meth:`read` but None when the file does not exist.
+
+        Reads with one ``read(2)`` of up to 64 KiB, as sysfs attributes are
+        at most a page; bytes that are not UTF-8 are replaced.
+        """
+        try:
+            # O_NONBLOCK: a FIFO planted in the tree must not hang a read
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO,
+                             hint=_read_hint(e.errno)) from e
+        try:
+            chunks = []
+            total = 0
+            while total <= MAX_READ_BYTES:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                chunks.append(data)
+                total += len(data)
+            else:
+                raise SysfsError("read", str(path), errno.EFBIG,
+                                 hint=f"a kernel attribute is at most a page; this file is over {MAX_READ_BYTES} bytes")
+        except BlockingIOError:
+            chunks = []
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO,
+                             hint=_read_hint(e.errno)) from e
+        finally:
+            os.close(fd)
+        return b"".join(chunks).decode("utf-8", "replace").strip()
+
+    def read_int(self, path: PathArg, *, default: Optional[int] = None) -> Optional[int]:
+        """An integer file (``0x10de`` or ``-1`` style); ``default`` when absent.
+
+        Raises SysfsError(EINVAL) when the content is not a number.
+        """
+        text = self.read_optional(path)
+        if text is None or text == "":
+            return default
+        try:
+            return int(text, 0)
+        except ValueError:
+            try:
+                return int(text, 10)
+            except ValueError:
+                raise SysfsError("read", str(path), errno.EINVAL,
+                                 hint=f"expected a number, found {text[:40]!r}") from None
+
+    def link_name(self, path: PathArg) -> Optional[str]:
+        """The last component of a symlink's target (``driver`` -> ``nvidia``).
+
+        None when the link does not exist.
+        """
+        try:
+            return os.path.basename(os.readlink(path))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # not a symlink
+                return None
+            raise SysfsError("read", str(path), e.errno or errno.EIO) from e
+
+    def resolve(self, path: PathArg) -> Path:
+        """The real path of ``path`` (symlinks resolved)."""
+        return Path(os.path.realpath(path))
+
+    def listdir(self, path: PathArg) -> List[str]:
+        """Sorted entry names; an empty list when the directory is absent."""
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise SysfsError("read", str(path), e.errno or errno.EIO) from e
+
+    def exists(self, path: PathArg) -> bool:
+        return os.path.lexists(path)
+
+    # --- writes --------------------------------------------------------
+    def write(self, path: PathArg, value: str) -> None:
+        """Write ``value`` to a kernel file, as ``echo -n value > path`` would.
+
+        Raises SysfsError(errno, path, value) when the kernel refuses.
+        """
+        p = Path(path)
+        err = 0
+        try:
+            if self._kernel is not None:
+                self._kernel.write(p, value)
+            else:
+                # one write(2), as `echo -n` does; O_NONBLOCK so a FIFO cannot hang us
+                fd = os.open(p, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    os.write(fd, value.encode("utf-8"))
+                finally:
+                    os.close(fd)
+        except OSError as e:
+            err = e.errno or errno.EIO
+            raise SysfsError("write", str(p), err, value=value) from e
+        finally:
+            self._notify(p, value, err)
+
+
+    def _notify(self, path: Path, value: str, err: int) -> None:
+        """Tell every observer (the audit log) about one write attempt."""
+        for obs in self.observers:
+            obs(path, value, err)
+
+    # --- host configuration files (etc/) --------------------------------------
+    def write_config(self, path: PathArg, text: str) -> None:
+        """Write a configuration file atomically (temp file + rename), creating its directory.
+
+        For files under ``<root>/etc`` that other tools read (driverctl,
+        mdevctl, modprobe.d, systemd units).  Raises SysfsError keeping the
+        errno and path.  The audit value is the text itself when it is one
+        short line, else a summary (lines, bytes, first line): a unit file
+        does not belong in one audit row.
+        """
+        p = Path(path)
+        err = 0
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, p)
+        except OSError as e:
+            err = e.errno or errno.EIO
+            raise SysfsError("write", str(p), err, value=text) from e
+        finally:
+            self._notify(p, _audit_value(text), err)
+
+    def remove_config(self, path: PathArg) -> bool:
+        """Remove a configuration file; False when it was not there."""
+        p = Path(path)
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            self._notify(p, "<remove>", e.errno or errno.EIO)
+            raise SysfsError("remove", str(p), e.errno or errno.EIO) from e
+        self._notify(p, "<remove>", 0)
+        return True
+
+
+def _read_hint(err: Optional[int]) -> Optional[str]:
+    if err == errno.EACCES:
+        return "run as root, or check the file's permissions"
+    if err == errno.ENOENT:
+        return "is --root pointing at a host root (a directory holding sys/ and proc/)?"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# configuration files vgpuhost compares before it writes (modprobe.d, driverctl, units)
+
+def read_config_text(path: "Union[str, os.PathLike[str]]") -> "Optional[str]":
+    """A configuration file's text (UTF-8, undecodable bytes replaced); None when it does not exist.
+
+    Raises HostEnvironmentError (exit 2) when it exists but cannot be read.
+    """
+    from ..model.errors import HostEnvironmentError
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
+                                   hint="run as root, or check the file's permissions") from None
+
+
+def config_equals(path: "Union[str, os.PathLike[str]]", text: str) -> bool:
+    """The file at ``path`` holds exactly ``text`` (False when missing or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _audit_value(text: str, limit: int = 160) -> str:
+    """What the audit log records for a configuration file's text (see :meth:`Sysfs.write_config`)."""
+    body = text[:-1] if text.endswith("\n") else text
+    if "\n" not in body and len(body) <= limit:
+        return text
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), lines[0] if lines else "")
+    return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"

@@ -1,0 +1,130 @@
+"""Strict YAML loading that remembers where each value came from.
+
+Owns: turning a YAML document into plain Python data plus the line of every
+mapping key and sequence item, so validators can say ``file:line: what is
+wrong``.  Must not: know any schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import os
+import stat
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import yaml
+
+from ..model.errors import InputError
+
+PathKey = Tuple[Any, ...]
+
+
+@dataclass
+class Located:
+    """Parsed data and a map ``path tuple -> 1-based line``."""
+
+    data: Any
+    source: str
+    lines: Dict[PathKey, int] = field(default_factory=dict)
+
+    def line(self, path: Iterable[Any]) -> Optional[int]:
+        """The line of ``path`` or of its nearest ancestor that has one."""
+        p = tuple(path)
+        while True:
+            if p in self.lines:
+                return self.lines[p]
+            if not p:
+                return None
+            p = p[:-1]
+
+    def error(self, path: Iterable[Any], message: str, hint: Optional[str] = None) -> InputError:
+        """An InputError ``<source>:<line>: <message>`` for the value at ``path``."""
+        line = self.line(path)
+        where = f"{self.source}:{line}" if line else self.source
+        return InputError(f"{where}: {message}", hint=hint)
+
+
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's SafeLoader (no Python objects); aliases and depth are checked in the walk."""
+
+
+def read_text_file(path: "str | os.PathLike[str]", what: str, *, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a regular file of at most ``max_bytes``; InputError otherwise.
+
+    Refuses FIFOs, devices and directories (reading them could block or never
+    end) and files that are not UTF-8.
+    """
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{what} {p!r} is not a regular file", hint="name a YAML file")
+        if st.st_size > max_bytes:
+            raise InputError(f"{what} {p!r} is {st.st_size} bytes, over the {max_bytes}-byte limit")
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise InputError(f"cannot read {what} {p!r}: {e.strerror}", hint="check the path") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{what} {p!r} is over the {max_bytes}-byte limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {p!r} is not UTF-8 text") from None
+
+
+def load_located(text: str, source: str) -> Located:
+    """Parse one YAML document; raise InputError with the line on syntax errors,
+    duplicate keys, aliases (``&``/``*``: refused, so no alias bomb expands) and
+    nesting deeper than MAX_DEPTH."""
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except RecursionError:
+        raise InputError(f"{source}: nested too deeply", hint=f"at most {MAX_DEPTH} levels") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{source}{line}: malformed YAML: {problem}",
+                         hint="fix the syntax (indentation, quoting, colons)") from None
+    out = Located(None, source)
+    if node is None:
+        return out
+    constructor = _Loader(text)
+    seen: set = set()
+
+    def walk(n: yaml.Node, path: PathKey) -> Any:
+        line = n.start_mark.line + 1
+        if len(path) > MAX_DEPTH:
+            raise InputError(f"{source}:{line}: nested too deeply", hint=f"at most {MAX_DEPTH} levels")
+        if isinstance(n, (yaml.MappingNode, yaml.SequenceNode)):
+            if id(n) in seen:
+                raise InputError(f"{source}:{line}: YAML aliases (*name) are not allowed",
+                                 hint="write the value out where it is needed")
+            seen.add(id(n))
+        out.lines.setdefault(path, line)
+        if isinstance(n, yaml.MappingNode):
+            result: Dict[Any, Any] = {}
+            for knode, vnode in n.value:
+                key = constructor.construct_object(knode, deep=True)
+                if isinstance(key, (list, dict)):
+                    raise InputError(f"{source}:{knode.start_mark.line + 1}: a mapping key must be a scalar")
+                if key in result:
+                    raise InputError(f"{source}:{knode.start_mark.line + 1}: duplicate key {key!r}",
+                                     hint="each key may appear once")
+                out.lines[path + (key,)] = knode.start_mark.line + 1
+                result[key] = walk(vnode, path + (key,))
+            return result
+        if isinstance(n, yaml.SequenceNode):
+            return [walk(item, path + (i,)) for i, item in enumerate(n.value)]
+        return constructor.construct_object(n, deep=True)
+
+    try:
+        out.data = walk(node, ())
+    except yaml.YAMLError as e:
+        raise InputError(f"{source}: malformed YAML: {e}") from None
+    return out

@@ -1,0 +1,554 @@
+"""Inventory: an immutable snapshot of a host's GPUs, as sysfs shows them.
+
+Owns: discovery — reading PCI devices, IOMMU groups, SR-IOV PF/VF links,
+mdev parents/types/instances, NVIDIA vendor-VFIO VFs and host facts
+(cmdline, modules, processes) through :class:`vgpuhost.sysfs.Sysfs` — and
+the frozen records that hold them.  Must not: write anything, or decide what is
+good or bad (that is :mod:`vgpuhost.checks`).
+
+Sources: REFERENCE.md §1 (PCI/IOMMU files), §2 (mdev), §3 (vendor VFIO:
+``nvidia/creatable_vgpu_types``, ``current_vgpu_type``; backend detection as
+vgpu-device-manager does it), §4 (type names).  MIG state comes from NVML in
+a later issue: :class:`Gpu` has ``mig`` = None until a probe fills it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+
+from ..io.sysfs import Sysfs
+from ..model.values import PciAddress, VgpuProfile, field, parse_description, parse_size_mib, record, strip_vendor_prefix
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+    MigProbe = Callable[[PciAddress], Optional[Mapping[str, object]]]
+
+NVIDIA_VENDOR = 0x10de
+CLASS_NAMES = {
+    0x0300: "VGA controller", 0x0302: "3D controller", 0x0380: "display controller",
+    0x0403: "HD audio", 0x0c03: "USB controller", 0x0c80: "serial bus controller (UCSI)",
+    0x0604: "PCI bridge", 0x0106: "SATA controller", 0x0108: "NVMe controller",
+    0x0200: "Ethernet controller", 0x0280: "network controller", 0x0104: "RAID controller",
+    0x0c05: "SMBus controller", 0x0600: "host bridge", 0x0601: "ISA bridge",
+}
+
+# NVIDIA PCI device ids -> (product name, framebuffer MiB): public pci.ids and
+# datasheet facts, for display and as the board size in capacity estimates
+NVIDIA_MODELS = {
+    0x20f1: ("A100-PCIE-40GB", 40960), 0x20b5: ("A100-PCIE-80GB", 81920), 0x20b7: ("A30", 24576),
+    0x2235: ("A40", 49152), 0x26b9: ("L40S", 49152), 0x26b5: ("L40", 49152), 0x27b8: ("L4", 24576),
+    0x1eb8: ("T4", 16384), 0x2330: ("H100-SXM5-80GB", 81920), 0x2331: ("H100-PCIE-80GB", 81920),
+    0x2335: ("H200-SXM-141GB", 144384), 0x233b: ("H200-NVL", 144384),
+    0x1e87: ("GeForce RTX 2080", 8192), 0x2204: ("GeForce RTX 3090", 24576),
+    0x2684: ("GeForce RTX 4090", 24576),
+}
+
+BACKEND_MDEV = "mdev"
+BACKEND_VENDOR_VFIO = "vendor-vfio"
+
+
+@record(frozen=True)
+class PciDevice:
+    """One PCI function.  Ids are ints (``vendor`` 0x10de); ``numa_node`` -1 = unknown."""
+
+    address: PciAddress
+    vendor: int
+    device: int
+    subsystem_vendor: int
+    subsystem_device: int
+    pci_class: int
+    driver: Optional[str]
+    driver_override: Optional[str]
+    numa_node: int
+    boot_vga: Optional[bool]
+    reset_methods: Tuple[str, ...]
+    iommu_group: Optional[int]
+    upstream: Optional[PciAddress]
+    physfn: Optional[PciAddress] = None
+    virtfns: Tuple[PciAddress, ...] = ()
+    sriov_totalvfs: Optional[int] = None
+    sriov_numvfs: Optional[int] = None
+
+    @property
+    def base_class(self) -> int:
+        return self.pci_class >> 16
+
+    @property
+    def subclass(self) -> int:
+        return self.pci_class >> 8
+
+    @property
+    def is_bridge(self) -> bool:
+        """A PCI bridge (class 0x0604), left on pcieport in a passthrough group."""
+        return self.subclass == 0x0604
+
+    @property
+    def is_display(self) -> bool:
+        return self.base_class == 0x03
+
+    @property
+    def is_vf(self) -> bool:
+        return self.physfn is not None
+
+    @property
+    def class_name(self) -> str:
+        return CLASS_NAMES.get(self.subclass, f"class {self.pci_class:#08x}")
+
+    @property
+    def ids(self) -> str:
+        return f"{self.vendor:04x}:{self.device:04x}"
+
+
+@record(frozen=True)
+class IommuGroup:
+    number: int
+    members: Tuple[PciAddress, ...]
+
+
+@record(frozen=True)
+class VgpuType:
+    """A vGPU type offered on one parent (an mdev parent or a vendor-VFIO VF).
+
+    ``type_id`` is the sysfs id: ``nvidia-566`` (mdev) or ``1145`` (vendor
+    VFIO, the NVML type id).  ``framebuffer_mib`` comes from the mdev
+    ``description`` or, failing that, the name.  ``available_instances`` is
+    the kernel's count for this parent; on vendor VFIO it is 1 when the VF
+    lists the type as creatable now, else 0.
+    """
+
+    gpu: PciAddress
+    parent: PciAddress
+    backend: str
+    type_id: str
+    raw_name: str
+    name: str
+    profile: Optional[VgpuProfile]
+    framebuffer_mib: Optional[int]
+    max_instances: Optional[int]
+    available_instances: int
+    device_api: Optional[str]
+    description: Mapping[str, str] = field(default_factory=dict)
+
+
+@record(frozen=True)
+class MdevDevice:
+    """A mediated device (vGPU) instance on the classic mdev path."""
+
+    uuid: str
+    parent: PciAddress
+    type_id: str
+    iommu_group: Optional[int]
+    driver: Optional[str]
+
+
+@record(frozen=True)
+class VfVgpu:
+    """A vendor-VFIO VF (vGPU 17+) and the vGPU type it holds (``type_id`` None = free)."""
+
+    vf: PciAddress
+    gpu: PciAddress
+    type_id: Optional[str]
+    creatable: Tuple[Tuple[str, str], ...]  # (type id, raw name) listed in creatable_vgpu_types
+
+
+@record(frozen=True)
+class Gpu:
+    """An NVIDIA GPU (physical function) and what it can serve.
+
+    ``backends`` lists what sysfs shows it can serve: ``passthrough`` (it has
+    an IOMMU group), ``mdev`` (classic mdev, on the PF or on its SR-IOV VFs),
+    ``vendor-vfio`` (vGPU 17+ VFs with ``nvidia/``).  ``mig`` is None until
+    an NVML probe (later issue) reports MIG capability and mode.
+    """
+
+    address: PciAddress
+    pci: PciDevice
+    board: Optional[str]
+    vgpu_backend: Optional[str]
+    backends: Tuple[str, ...]
+    vfs: Tuple[PciAddress, ...]
+    mdev_parents: Tuple[PciAddress, ...]
+    companions: Tuple[PciAddress, ...]
+    mig: Optional[Mapping[str, object]] = None
+
+    @property
+    def model(self) -> str:
+        """Product name from the PCI device id, else ``10de:xxxx``."""
+        known = NVIDIA_MODELS.get(self.pci.device)
+        return known[0] if known else self.pci.ids
+
+    @property
+    def framebuffer_mib(self) -> Optional[int]:
+        """The board's framebuffer (MiB) when the device id is known, else None."""
+        known = NVIDIA_MODELS.get(self.pci.device)
+        return known[1] if known else None
+
+
+@record(frozen=True)
+class HostFacts:
+    """Host-level facts read from proc/ and lib/modules under the root."""
+
+    cmdline: str
+    cpu_vendor: Optional[str]
+    cpu_virt_flags: FrozenSet[str]
+    kernel_release: Optional[str]
+    modules_loaded: FrozenSet[str]
+    modules_builtin: FrozenSet[str]
+    modules_available: FrozenSet[str]
+    interrupt_remapping: Optional[bool]   # None: not visible
+    processes: FrozenSet[str]             # proc/<pid>/comm values (truncated to 15 characters)
+    boot_framebuffers: Mapping[str, Tuple[str, ...]]  # BDF -> BOOTFB/efifb/... owners in iomem
+    iommu_units: Tuple[str, ...]
+
+    @property
+    def cmdline_args(self) -> Dict[str, str]:
+        out: Dict[str, str] = {}
+        for tok in self.cmdline.split():
+            k, _, v = tok.partition("=")
+            out[k] = v
+        return out
+
+    def running(self, name: str) -> bool:
+        """A process named ``name`` runs (``comm`` holds at most 15 characters)."""
+        return name[:15] in self.processes
+
+    def module_present(self, name: str) -> bool:
+        return name in self.modules_loaded or name in self.modules_builtin
+
+
+@record(frozen=True)
+class Inventory:
+    """A snapshot of one host (values only; compare and serialise freely)."""
+
+    devices: Mapping[PciAddress, PciDevice]
+    groups: Mapping[int, IommuGroup]
+    gpus: Tuple[Gpu, ...]
+    vgpu_types: Tuple[VgpuType, ...]
+    mdevs: Tuple[MdevDevice, ...]
+    vf_vgpus: Tuple[VfVgpu, ...]
+    host: HostFacts
+
+    @property
+    def iommu_enabled(self) -> bool:
+        return bool(self.groups)
+
+    def gpu(self, address: PciAddress) -> Optional[Gpu]:
+        for g in self.gpus:
+            if g.address == address:
+                return g
+        return None
+
+    def group_of(self, address: PciAddress) -> Optional[IommuGroup]:
+        dev = self.devices.get(address)
+        if dev is None or dev.iommu_group is None:
+            return None
+        return self.groups.get(dev.iommu_group)
+
+
+def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
+                  framebuffers: Optional[Mapping[str, int]] = None) -> int:
+    """Free instances of ``type_id`` on one GPU, as close as sysfs allows.
+
+    The kernel's per-parent counts are summed.  On SR-IOV GPUs every free VF
+    reports 1 for each type that fits now, so that sum counts free VFs and
+    is capped for time-sliced types (REFERENCE.md §4):
+    - mdev: by the type's max instances (``max_instance`` in the
+      description) less the present vGPUs of the same framebuffer size;
+    - vendor VFIO (no max in sysfs): by the board framebuffer left over
+      (board size from the device id, else the largest type) divided by the
+      type's framebuffer.
+    MIG-backed types are left to the kernel's count.  ``framebuffers`` maps
+    type ids not listed now (a full GPU hides them) to MiB.
+    """
+    ts = [t for t in inv.vgpu_types if t.gpu == gpu and t.type_id == type_id]
+    total = sum(t.available_instances for t in ts)
+    g = inv.gpu(gpu)
+    if not ts or g is None or not g.vfs or (ts[0].profile and ts[0].profile.mig_backed):
+        return total
+    fb_of: Dict[str, Optional[int]] = dict(framebuffers or {})
+    sliced = set()
+    for t in inv.vgpu_types:
+        if t.gpu == gpu:
+            fb_of[t.type_id] = t.framebuffer_mib
+            if not (t.profile and t.profile.mig_backed):
+                sliced.add(t.type_id)
+    present = [m.type_id for m in inv.mdevs if m.parent in g.mdev_parents]
+    present += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    present = [p for p in present if p in sliced or p not in fb_of or p in (framebuffers or {})]
+    fb = ts[0].framebuffer_mib
+    if ts[0].max_instances is not None:
+        same = sum(1 for p in present if fb_of.get(p) == fb)
+        return max(0, min(total, ts[0].max_instances - same))
+    board = g.framebuffer_mib or max((fb_of[t] or 0) for t in sliced)
+    if not fb or not board:
+        return total
+    used = sum(fb_of.get(p) or 0 for p in present)
+    return max(0, min(total, (board - used) // fb))
+
+
+# ---------------------------------------------------------------------------
+# discovery
+
+
+
+def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: bool = True) -> Inventory:
+    """Read the host under ``fs.host`` into an :class:`Inventory`.
+
+    ``mig_probe`` (the NVML seam) returns MIG facts for a GPU or None.
+    Raises SysfsError when a file that must be readable is not.
+    """
+    host = fs.host
+    # paths as strings in the loops below: a pathlib join per attribute cost milliseconds per discovery
+    pci_devices = str(host.pci_devices)
+    devices: Dict[PciAddress, PciDevice] = {}
+    for name in fs.listdir(pci_devices):
+        if not PciAddress.is_valid(name):
+            continue
+        dev = _read_device(fs, PciAddress.parse(name))
+        devices[dev.address] = dev
+
+    groups: Dict[int, IommuGroup] = {}
+    iommu_groups = str(host.iommu_groups)
+    for name in fs.listdir(iommu_groups):
+        if not name.isdigit():
+            continue
+        members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{name}/devices")
+                               if PciAddress.is_valid(m)))
+        groups[int(name)] = IommuGroup(int(name), members)
+
+    mdev_parents = {PciAddress.parse(n) for n in fs.listdir(host.mdev_bus) if PciAddress.is_valid(n)}
+    vgpu_types: List[VgpuType] = []
+    vf_vgpus: List[VfVgpu] = []
+    gpus: List[Gpu] = []
+    for addr in sorted(devices):
+        dev = devices[addr]
+        if dev.vendor != NVIDIA_VENDOR or not dev.is_display or dev.is_vf:
+            continue
+        vfs = tuple(v for v in dev.virtfns if v in devices)
+        parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
+        vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
+        backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
+        types_here: List[VgpuType] = []
+        if with_types:
+            for p in parents:
+                types_here.extend(_read_mdev_types(fs, addr, p))
+            for vf in vendor_vfs:
+                vv, tt = _read_vendor_vf(fs, addr, vf)
+                vf_vgpus.append(vv)
+                types_here.extend(tt)
+        vgpu_types.extend(types_here)
+        board = None
+        for t in types_here:
+            if t.profile:
+                board = t.profile.board
+                break
+        backends: List[str] = []
+        if dev.iommu_group is not None:
+            backends.append("passthrough")
+        if backend:
+            backends.append(backend)
+        group = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
+        companions = tuple(m for m in (group.members if group else ())
+                           if m != addr and m.slot_address == addr.slot_address)
+        gpus.append(Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions,
+                        mig_probe(addr) if mig_probe else None))
+
+    mdevs = tuple(_read_mdevs(fs))
+    return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
+                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=read_host_facts(fs))
+
+
+def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
+    top = str(fs.host.pci_device(addr))
+    d = top + "/"
+
+    def num(name: str, default: int = 0) -> int:
+        v = fs.read_int(d + name, default=default)
+        return default if v is None else v
+
+    override = fs.read_optional(d + "driver_override")
+    if override in ("(null)", ""):
+        override = None
+    boot_vga_v = fs.read_optional(d + "boot_vga")
+    group = fs.link_name(d + "iommu_group")
+    physfn = fs.link_name(d + "physfn")
+    virtfns = []
+    for entry in fs.listdir(top):
+        if entry.startswith("virtfn") and entry[6:].isdigit():
+            target = fs.link_name(d + entry)
+            if target and PciAddress.is_valid(target):
+                virtfns.append((int(entry[6:]), PciAddress.parse(target)))
+    real_parent = os.path.basename(os.path.dirname(fs.resolve(top)))
+    upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
+    reset = fs.read_optional(d + "reset_method") or ""
+    return PciDevice(
+        address=addr, vendor=num("vendor"), device=num("device"),
+        subsystem_vendor=num("subsystem_vendor"), subsystem_device=num("subsystem_device"),
+        pci_class=num("class"), driver=fs.link_name(d + "driver"), driver_override=override,
+        numa_node=num("numa_node", -1),
+        boot_vga=None if boot_vga_v is None else boot_vga_v == "1",
+        reset_methods=tuple(reset.split()),
+        iommu_group=int(group) if group and group.isdigit() else None,
+        upstream=upstream,
+        physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
+        virtfns=tuple(v for _, v in sorted(virtfns)),
+        sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
+        sriov_numvfs=fs.read_int(d + "sriov_numvfs"))
+
+
+@lru_cache(maxsize=4096)
+def _parse_name(raw_name: str) -> Tuple[str, Optional[VgpuProfile]]:
+    name = strip_vendor_prefix(raw_name)
+    return name, VgpuProfile.try_parse(name)
+
+
+@lru_cache(maxsize=4096)
+def _parse_desc(text: str) -> Tuple[Tuple[str, str], ...]:
+    return tuple(parse_description(text).items())
+
+
+def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, raw_name: str,
+               available: int, description: Mapping[str, str], device_api: Optional[str]) -> VgpuType:
+    name, profile = _parse_name(raw_name) if raw_name else (type_id, None)
+    fb = parse_size_mib(description.get("framebuffer", "")) if description.get("framebuffer") else None
+    if fb is None and profile is not None:
+        fb = profile.framebuffer_gb * 1024
+    mx = description.get("max_instance")
+    return VgpuType(gpu=gpu, parent=parent, backend=backend, type_id=type_id, raw_name=raw_name,
+                    name=name, profile=profile, framebuffer_mib=fb,
+                    max_instances=int(mx) if mx and mx.isdigit() else None,
+                    available_instances=available, device_api=device_api, description=description)
+
+
+def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress) -> List[VgpuType]:
+    tdir = os.path.join(fs.host.mdev_bus, str(parent), "mdev_supported_types")
+    read = fs.read_optional
+    out = []
+    for tid in fs.listdir(tdir):
+        base = os.path.join(tdir, tid, "")
+        avail = max(0, fs.read_int(base + "available_instances", default=0) or 0)
+        desc = dict(_parse_desc(read(base + "description") or ""))
+        out.append(_make_type(gpu, parent, BACKEND_MDEV, tid, read(base + "name") or "",
+                              avail, desc, read(base + "device_api")))
+    return out
+
+
+_CREATABLE_PATTERN = r"^\s*(\d+)\s*:\s*(.+?)\s*$"      # compiled on first use (vendor VFIO only)
+
+
+def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
+    """``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (REFERENCE.md §3).
+
+    The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.
+    """
+    out = []
+    for line in text.splitlines():
+        m = re.match(_CREATABLE_PATTERN, line)
+        if m:
+            out.append((m[1], m[2]))
+    return out
+
+
+def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType]]:
+    ndir = f"{fs.host.pci_device(vf)}/nvidia/"
+    creatable = parse_creatable_vgpu_types(fs.read_optional(ndir + "creatable_vgpu_types") or "")
+    current = fs.read_optional(ndir + "current_vgpu_type")
+    cur = current if current and current != "0" else None
+    types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
+    return VfVgpu(vf, gpu, cur, tuple(creatable)), types
+
+
+def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
+    out = []
+    base = str(fs.host.mdev_devices)
+    for name in fs.listdir(base):
+        d = f"{base}/{name}"
+        real = fs.resolve(d)
+        parent = os.path.basename(os.path.dirname(real))
+        tid = fs.link_name(d + "/mdev_type")
+        group = fs.link_name(d + "/iommu_group")
+        if not PciAddress.is_valid(parent) or tid is None:
+            continue  # half-removed device: skip rather than guess
+        out.append(MdevDevice(name, PciAddress.parse(parent), tid,
+                              int(group) if group and group.isdigit() else None, fs.link_name(d + "/driver")))
+    return out
+
+
+_BOOTFB_NAMES = ("BOOTFB", "efifb", "simplefb", "simple-framebuffer", "vesafb")
+
+
+def read_host_facts(fs: Sysfs) -> HostFacts:
+    host = fs.host
+    cmdline = fs.read_optional(host.proc_cmdline) or ""
+    cpuinfo = fs.read_optional(host.proc_cpuinfo) or ""
+    vendor = None
+    flags: set = set()
+    for line in cpuinfo.splitlines():
+        k, _, v = line.partition(":")
+        k = k.strip()
+        if k == "vendor_id" and vendor is None:
+            vendor = v.strip()
+        elif k == "flags" and not flags:
+            flags = set(v.split())
+    release = fs.read_optional(host.path("proc", "sys", "kernel", "osrelease"))
+    loaded = frozenset(line.split()[0] for line in (fs.read_optional(host.proc_modules) or "").splitlines()
+                       if line.strip())
+    builtin: FrozenSet[str] = frozenset()
+    available: FrozenSet[str] = frozenset()
+    if release:
+        mdir = host.lib_modules(release)
+        builtin = frozenset(_module_name(p) for p in (fs.read_optional(mdir / "modules.builtin") or "").split())
+        available = frozenset(_module_name(line.split(":")[0])
+                              for line in (fs.read_optional(mdir / "modules.dep") or "").splitlines()
+                              if line.strip())
+    interrupts = fs.read_optional(host.path("proc", "interrupts"))
+    ir: Optional[bool] = None
+    if interrupts is not None:
+        if "IR-" in interrupts:
+            ir = True
+        elif "MSI" in interrupts or "IO-APIC" in interrupts:
+            ir = False
+    procs = set()
+    proc = str(host.path("proc"))
+    for entry in fs.listdir(proc):
+        if entry.isdigit():
+            comm = fs.read_optional(f"{proc}/{entry}/comm")
+            if comm:
+                procs.add(comm)
+    return HostFacts(cmdline=cmdline, cpu_vendor=vendor, cpu_virt_flags=frozenset(flags & {"vmx", "svm"}),
+                     kernel_release=release, modules_loaded=loaded, modules_builtin=builtin,
+                     modules_available=available, interrupt_remapping=ir, processes=frozenset(procs),
+                     boot_framebuffers=_boot_framebuffers(fs.read_optional(host.path("proc", "iomem")) or ""),
+                     iommu_units=tuple(fs.listdir(host.iommu_class)))
+
+
+def _module_name(path: str) -> str:
+    """``kernel/drivers/vfio/pci/vfio-pci.ko`` -> ``vfio_pci``."""
+    base = os.path.basename(path.strip())
+    for ext in (".ko.xz", ".ko.zst", ".ko.gz", ".ko"):
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+    return base.replace("-", "_")
+
+
+def _boot_framebuffers(iomem: str) -> Dict[str, Tuple[str, ...]]:
+    """BDF -> boot framebuffer owners nested under its BAR in ``/proc/iomem``."""
+    out: Dict[str, List[str]] = {}
+    stack: List[Tuple[int, str]] = []
+    for line in iomem.splitlines():
+        if ":" not in line:
+            continue
+        indent = len(line) - len(line.lstrip())
+        name = line.split(" : ", 1)[1].strip() if " : " in line else ""
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if any(fb in name for fb in _BOOTFB_NAMES):
+            for _, owner in reversed(stack):
+                if PciAddress.is_valid(owner):
+                    out.setdefault(owner, []).append(name)
+                    break
+        stack.append((indent, name))
+    return {k: tuple(v) for k, v in out.items()}

@@ -1,0 +1,518 @@
+"""VFIO passthrough of a whole IOMMU group, and its safe release.
+
+Owns: deciding what must move with a GPU (every endpoint of its IOMMU
+group; bridges stay on pcieport), refusing before anything is touched, the
+bind/release plans as data, executing them under a per-group lock with
+rollback, the records of original drivers in the state store, and
+driverctl persistence.  Must not: write sysfs except through the
+:class:`~vgpuhost.steps.Executor`, or spell kernel paths.
+
+Facts (REFERENCE.md §1): the safe binding sequence (driver_override,
+unbind, drivers_probe, verify: drivers_probe succeeds even when nothing
+bound); group viability; release order (companions such as HD audio back to
+their host driver before the GPU goes back to nvidia); blockers to
+unbinding from nvidia (nvidia-persistenced, nvidia_drm, a boot
+framebuffer).  driverctl's persisted override format: one file
+``/etc/driverctl.d/pci-<BDF>`` holding the driver name.
+
+Ownership: every recorded function carries the group's owner, a domain
+UUID (the qemu hook) or ``manual`` (the CLI); prepare refuses a group
+another owner holds, and ``release(owner=...)`` releases only a group that
+owner holds (a late release never frees the next owner's group).
+
+Not detectable from sysfs and so not checked here: NVIDIA persistence mode
+(NVML, a later issue) and open users of a companion's driver.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+
+from ..policy.checks import VFIO_MODULES
+from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from ..io.hostroot import HostRoot
+from ..observe.inventory import Inventory, PciDevice, discover
+from ..io.locks import file_lock
+from ..policy.placement import MANUAL, POOL_OWNERS, validate_owner
+from ..io.state import PassthroughRecord, StateStore, utcnow
+from ..plan.steps import ANY_HOST_DRIVER, Executor, Probe, SetDriverOverride, Step, Unbind, VerifyDriver, describe
+from ..io.sysfs import Sysfs, config_equals
+from ..model.values import PciAddress, field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, List, Optional, Sequence, Tuple
+
+VFIO_PCI = "vfio-pci"
+
+
+@record(frozen=True)
+class FunctionPlan:
+    """The steps for one PCI function, with what it was bound to before."""
+
+    bdf: PciAddress
+    before_driver: Optional[str]
+    target_driver: Optional[str]   # vfio-pci on prepare; the original (or ANY_HOST_DRIVER) on release
+    steps: Tuple[Step, ...]
+
+
+@record
+class Outcome:
+    """What prepare/release did (or would do, with ``dry_run``)."""
+
+    action: str
+    gpu: PciAddress
+    group: Optional[int]
+    changed: bool
+    dry_run: bool
+    functions: List[Dict[str, Optional[str]]] = field(default_factory=list)
+    steps: List[str] = field(default_factory=list)
+    persisted: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    writes: int = 0   # kernel and config writes made (each has an audit row)
+
+    def as_dict(self) -> dict:
+        return {"schema": "vgpuhost.passthrough/v1", "action": self.action, "gpu": str(self.gpu),
+                "iommu_group": self.group, "changed": self.changed, "dry_run": self.dry_run,
+                "functions": self.functions, "steps": self.steps, "persisted": self.persisted,
+                "notes": self.notes, "writes": self.writes}
+
+
+# ---------------------------------------------------------------------------
+# pure decisions
+
+def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevice], List[PciAddress]]:
+    """``(group number, endpoints that must move in bind order, bridges)`` for ``gpu``.
+
+    Raises RefusedError when the IOMMU is off, the GPU has no group, or the
+    group holds a foreign endpoint (anything but the GPU's own slot and bridges).
+    """
+    dev = inv.devices.get(gpu)
+    if dev is None:
+        raise InputError(f"no PCI device at {gpu}", hint="'vgpuhost gpus' lists the GPUs")
+    if not dev.is_display:
+        raise InputError(f"{gpu} is a {dev.class_name}, not a GPU",
+                         hint="name the GPU's function 0; its companions move with it")
+    if dev.is_vf:
+        raise InputError(f"{gpu} is an SR-IOV VF of {dev.physfn}",
+                         hint="VFs carry vGPUs; pass the physical GPU for passthrough")
+    if not inv.iommu_enabled:
+        raise RefusedError("the IOMMU is off (no IOMMU groups): nothing can be passed through",
+                           hint="add intel_iommu=on iommu=pt (Intel) or amd_iommu=on (AMD) to the kernel "
+                                "command line and reboot; 'vgpuhost host check' says more")
+    group = inv.group_of(gpu)
+    if group is None:
+        raise RefusedError(f"{gpu} has no IOMMU group", hint="check the IOMMU covers this PCI segment")
+    endpoints, bridges, foreign = [], [], []
+    for m in group.members:
+        d = inv.devices[m]
+        if d.is_bridge:
+            bridges.append(m)
+        elif m == gpu or m.slot_address == gpu.slot_address:
+            endpoints.append(d)
+        else:
+            foreign.append(d)
+    if foreign:
+        names = "; ".join(f"{d.address} ({d.class_name}, {d.driver or 'no driver'})" for d in foreign)
+        raise RefusedError(
+            f"IOMMU group {group.number} of {gpu} is not viable: it also holds {names}, which would "
+            "have to go to the same VM",
+            hint="move the GPU to a slot whose upstream port has ACS, or use vGPU instead")
+    endpoints.sort(key=lambda d: (d.address != gpu, d.address))   # the GPU first, then its functions
+    return group.number, endpoints, bridges
+
+
+def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDevice], *,
+                     allow_boot_vga: bool, boot_vga_fix: Optional[str] = None) -> List[str]:
+    """Why prepare must not start (one sentence each, with the fix); empty = go.
+
+    ``boot_vga_fix``: the fix to name for a boot VGA GPU (default: pass
+    --allow-boot-vga; the qemu hook, which takes no options, names another).
+    """
+    out: List[str] = []
+    dev = inv.devices[gpu]
+    moving = [d for d in endpoints if d.driver != VFIO_PCI]
+    if not moving:
+        return out
+    if dev.boot_vga and not allow_boot_vga and dev.driver != VFIO_PCI:
+        out.append(f"{gpu} drives the host console (boot_vga=1); "
+                   + (boot_vga_fix or "pass --allow-boot-vga if the host has another console (serial, BMC) "
+                                      "or none is needed"))
+    on_nvidia = any(d.driver == "nvidia" for d in moving)
+    if on_nvidia and inv.host.running("nvidia-persistenced"):
+        out.append("nvidia-persistenced is running and holds the GPU (unbind would hang): "
+                   "systemctl stop nvidia-persistenced")
+    if on_nvidia and "nvidia_drm" in inv.host.modules_loaded:
+        out.append("nvidia_drm is loaded and holds the GPU for display: modprobe -r nvidia_drm nvidia_modeset")
+    busy = [m.uuid for m in inv.mdevs if m.parent == gpu or inv.devices.get(m.parent, dev).physfn == gpu]
+    busy += [str(v.vf) for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    if busy:
+        out.append(f"{gpu} carries vGPUs ({', '.join(busy[:4])}{'...' if len(busy) > 4 else ''}): "
+                   "remove them first")
+    if not inv.host.module_present("vfio_pci"):
+        out.append("the vfio-pci driver is not loaded: modprobe vfio-pci")
+    return out
+
+
+def plan_prepare(endpoints: Sequence[PciDevice]) -> List[FunctionPlan]:
+    """Steps that bind each endpoint to vfio-pci; functions already there are skipped."""
+    plans = []
+    for d in endpoints:
+        if d.driver == VFIO_PCI and d.driver_override == VFIO_PCI:
+            continue
+        steps: List[Step] = []
+        if d.driver_override != VFIO_PCI:
+            steps.append(SetDriverOverride(d.address, VFIO_PCI))
+        if d.driver and d.driver != VFIO_PCI:
+            steps.append(Unbind(d.address, d.driver))
+        if d.driver != VFIO_PCI:
+            steps.append(Probe(d.address))
+        steps.append(VerifyDriver(d.address, VFIO_PCI))
+        plans.append(FunctionPlan(d.address, d.driver, VFIO_PCI, tuple(steps)))
+    return plans
+
+
+def plan_release(endpoints: Sequence[PciDevice], records: Dict[str, PassthroughRecord]) -> List[FunctionPlan]:
+    """Steps that give each endpoint back, companions first and the GPU last.
+
+    A recorded function goes back to its original driver; an unrecorded one
+    bound to vfio-pci (another tool's doing) to whatever host driver probes.
+    A stale ``driver_override`` is cleared either way.
+    """
+    plans = []
+    for d in reversed(list(endpoints)):
+        rec = records.get(str(d.address))
+        target = (rec.original_driver if rec and rec.original_driver != VFIO_PCI else
+                  (None if rec and rec.original_driver is None else ANY_HOST_DRIVER))
+        steps: List[Step] = []
+        if d.driver_override is not None:
+            steps.append(SetDriverOverride(d.address, None))
+        if d.driver == VFIO_PCI:
+            steps.append(Unbind(d.address, VFIO_PCI))
+            if target is not None:
+                steps.append(Probe(d.address))
+            steps.append(VerifyDriver(d.address, target))
+        elif d.driver is None and target is not None:
+            steps.append(Probe(d.address))
+            steps.append(VerifyDriver(d.address, target))
+        if steps:
+            plans.append(FunctionPlan(d.address, d.driver, target, tuple(steps)))
+    return plans
+
+
+def rollback_steps(fp: FunctionPlan, now: PciDevice) -> List[Step]:
+    """Steps that return a function to ``fp.before_driver`` from its state ``now``."""
+    steps: List[Step] = []
+    if now.driver_override is not None:
+        steps.append(SetDriverOverride(fp.bdf, None))
+    if now.driver is not None and now.driver != fp.before_driver:
+        steps.append(Unbind(fp.bdf, now.driver))
+    if fp.before_driver is not None and now.driver != fp.before_driver:
+        steps.append(Probe(fp.bdf))
+        steps.append(VerifyDriver(fp.bdf, fp.before_driver))
+    return steps
+
+
+# ---------------------------------------------------------------------------
+# execution
+
+def _locks(store: StateStore, group: int, gpu: PciAddress, dry_run: bool) -> ExitStack:
+    """The group lock, then the GPU lock (vGPU operations take the GPU lock); none for a dry run."""
+    stack = ExitStack()
+    if not dry_run:
+        stack.enter_context(file_lock(store.state_dir, f"group-{group}"))
+        stack.enter_context(file_lock(store.state_dir, f"gpu-{gpu}"))
+    return stack
+
+
+def _actor() -> str:
+    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
+
+
+def _driverctl_path(host: HostRoot, bdf: PciAddress):
+    return host.driverctl_d / f"pci-{bdf}"
+
+
+def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vga: bool = False,
+            persist: bool = False, dry_run: bool = False, actor: Optional[str] = None,
+            owner: str = MANUAL, boot_vga_fix: Optional[str] = None) -> Outcome:
+    """Bind every endpoint of ``gpu``'s IOMMU group to vfio-pci.
+
+    ``boot_vga_fix``: the remedy a boot-VGA refusal names (see :func:`prepare_blockers`).
+
+    ``owner``: who holds the group from now on, recorded with each function:
+    a domain UUID (the qemu hook), ``manual`` (the CLI) or ``layout``.  Idempotent for
+    the same owner (a prepared group is a no-op that says so).  Raises
+    RefusedError before any write when the group is not viable, a blocker
+    holds it, or another owner holds it; DeviceError (exit 3) when a
+    function fails to bind, after the functions already moved went back to
+    their original drivers.
+    """
+    owner = validate_owner(owner)
+    inv = discover(Sysfs(host))
+    group, endpoints, bridges = group_endpoints(inv, gpu)
+    with _locks(store, group, gpu, dry_run):
+        inv = discover(Sysfs(host))         # fresh, under the lock
+        group, endpoints, bridges = group_endpoints(inv, gpu)
+        holder = group_holder(store, endpoints)
+        if holder is not None and holder != owner:
+            raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}",
+                               hint=("it is released when that domain stops" if holder not in POOL_OWNERS else
+                                     f"give it back first: vgpuhost passthrough release {gpu}")
+                               + "; nothing was changed")
+        blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga, boot_vga_fix=boot_vga_fix)
+        if blockers:
+            raise RefusedError(f"cannot pass {gpu} through: " + "; ".join(blockers),
+                               hint="nothing was changed")
+        plans = plan_prepare(endpoints)
+        out = Outcome("prepare", gpu, group, changed=bool(plans), dry_run=dry_run)
+        out.functions = [{"bdf": str(d.address), "from": d.driver, "to": VFIO_PCI} for d in endpoints]
+        out.steps = [s for fp in plans for s in describe(host, fp.steps)]
+        if bridges:
+            out.notes.append("bridges stay on pcieport: " + ", ".join(map(str, bridges)))
+        fbs = inv.host.boot_framebuffers.get(str(gpu))
+        if fbs:
+            out.notes.append(f"a boot framebuffer ({', '.join(fbs)}) holds BAR 0: the VM may fail to start "
+                             "with \"BAR 0: can't reserve\"; add initcall_blacklist=sysfb_init")
+        if not plans:
+            out.notes.append(f"IOMMU group {group} is already bound to vfio-pci: nothing to do")
+        persist_paths = [_driverctl_path(host, d.address) for d in endpoints] if persist else []
+        foreign = [p for p in persist_paths if os.path.lexists(p) and not config_equals(p, "vfio-pci\n")]
+        if foreign:
+            raise RefusedError(f"{host.relative(foreign[0])} holds another driverctl override, not written "
+                               "by vgpuhost", hint="remove it (driverctl unset-override) or drop --persist; "
+                                                    "nothing was changed")
+        if persist:
+            out.persisted = [host.relative(p) for p in persist_paths]
+            out.steps += [f"write 'vfio-pci' to {host.relative(p)}" for p in persist_paths
+                          if not config_equals(p, "vfio-pci\n")]
+        if dry_run:
+            return out
+        ex = Executor(host, store, actor=actor or _actor(), operation=f"passthrough prepare {gpu}")
+        done: List[FunctionPlan] = []
+        for fp in plans:
+            try:
+                ex.run(fp.steps)
+            except VgpuhostError as e:
+                failed = _rollback(host, ex, done + [fp])
+                raise DeviceError(_failure_text(fp.bdf, e, "bind to vfio-pci", done, failed),
+                                  hint="see 'vgpuhost audit' for every write") from e
+            except BaseException:           # interrupted (Ctrl-C, SIGTERM): leave nothing half-bound
+                _rollback(host, ex, done + [fp])
+                raise
+            done.append(fp)
+        records = {r.bdf: r for r in store.passthrough_records()}
+        now = utcnow()
+        with store.transaction() as conn:
+            for pos, d in enumerate(endpoints):
+                old = records.get(str(d.address))
+                original = old.original_driver if old else d.driver
+                store.put_passthrough(conn, PassthroughRecord(
+                    str(d.address), group, str(gpu), original,
+                    old.original_override if old else d.driver_override, pos,
+                    old.time if old else now, persist or bool(old and old.persisted), owner))
+        written = []
+        try:
+            for p in persist_paths:
+                if not config_equals(p, "vfio-pci\n"):
+                    ex.fs.write_config(p, "vfio-pci\n")
+                    written.append(p)
+                    out.changed = True
+        except SysfsError as e:
+            for p in written:
+                ex.fs.remove_config(p)
+            failed = _rollback(host, ex, done)
+            with store.transaction() as conn:
+                store.delete_passthrough(conn, [str(fp.bdf) for fp in done])
+            raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                              + ("the group went back to its drivers" if not failed else
+                                 "ROLLBACK FAILED for " + ", ".join(failed)),
+                              hint=f"make {host.relative(host.driverctl_d)} writable, or prepare without --persist") from e
+        out.writes = ex.writes
+        return out
+
+
+def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool = False,
+            dry_run: bool = False, actor: Optional[str] = None, owner: Optional[str] = None) -> Outcome:
+    """Give every function of ``gpu``'s group back, companions first, the GPU last.
+
+    Idempotent.  A function that fails to go back is named in a DeviceError
+    after the others were released; its record stays for a retry.  Without
+    ``owner`` (the operator's release) a group a running domain holds (one
+    the qemu hook started and has not released: ``store.active_domains()``)
+    raises RefusedError; a group recorded for a domain that is not running
+    (a host crash skipped its ``release end``) is released.  With
+    ``owner`` (the qemu hook's release: a domain UUID) only a group that
+    owner holds is released: a group with no records is a no-op (already
+    released, or never prepared), one another owner holds raises
+    RefusedError and is left alone.
+    """
+    if owner is not None:
+        owner = validate_owner(owner)
+    inv = discover(Sysfs(host))
+    group, endpoints, _ = group_endpoints(inv, gpu)
+    with _locks(store, group, gpu, dry_run):
+        inv = discover(Sysfs(host))
+        group, endpoints, _ = group_endpoints(inv, gpu)
+        records = {r.bdf: r for r in store.passthrough_records()}
+        if owner is not None:
+            holder = group_holder(store, endpoints, records)
+            if holder is None:
+                out = Outcome("release", gpu, group, changed=False, dry_run=dry_run)
+                out.notes.append(f"IOMMU group {group} is not held by {owner}: nothing to do")
+                return out
+            if holder != owner:
+                raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}, "
+                                   f"not {owner}: left alone",
+                                   hint="a late release for an earlier owner never frees the next owner's group")
+        else:
+            holder = group_holder(store, endpoints, records)
+            running = store.active_domains()
+            if holder in running:
+                raise RefusedError(f"IOMMU group {group} of {gpu} is in use by running domain "
+                                   f"{running[holder]} ({holder}): left alone",
+                                   hint="stop the domain first; its qemu hook releases the group when it stops")
+        plans = plan_release(endpoints, records)
+        out = Outcome("release", gpu, group, changed=bool(plans), dry_run=dry_run)
+        out.functions = [{"bdf": str(fp.bdf), "from": fp.before_driver, "to": fp.target_driver}
+                         for fp in plans]
+        out.steps = [s for fp in plans for s in describe(host, fp.steps)]
+        unrecorded = [str(d.address) for d in endpoints if d.driver == VFIO_PCI
+                      and str(d.address) not in records]
+        if unrecorded:
+            out.notes.append("not bound by vgpuhost (no record), released to the host driver that "
+                             "probes: " + ", ".join(unrecorded))
+        if not plans:
+            out.notes.append(f"IOMMU group {group} is already on its host drivers: nothing to do")
+        persisted = [_driverctl_path(host, d.address) for d in endpoints
+                     if config_equals(_driverctl_path(host, d.address), "vfio-pci\n")]
+        if persist:
+            out.persisted = [host.relative(p) for p in persisted]
+            out.steps += [f"remove {host.relative(p)}" for p in persisted]
+        elif persisted:
+            out.notes.append("driverctl overrides remain and rebind the group at boot: "
+                             + ", ".join(host.relative(p) for p in persisted)
+                             + " (release with --persist removes them)")
+        if dry_run:
+            return out
+        ex = Executor(host, store, actor=actor or _actor(), operation=f"passthrough release {gpu}")
+        released, errors = [], []
+        for fp in plans:
+            try:
+                ex.run(fp.steps)
+                released.append(str(fp.bdf))
+            except VgpuhostError as e:
+                errors.append((fp.bdf, e))
+        with store.transaction() as conn:
+            gone = [str(d.address) for d in endpoints if str(d.address) not in {str(b) for b, _ in errors}]
+            store.delete_passthrough(conn, gone)
+        if persist:
+            for p in persisted:
+                try:
+                    ex.fs.remove_config(p)
+                    out.changed = True
+                except SysfsError as e:
+                    errors.append((PciAddress.parse(p.name[4:]), e))
+        if errors:
+            bdf, e = errors[0]
+            raise DeviceError(_failure_text(bdf, e, "give back", [], []) +
+                              (f"; released: {', '.join(released)}" if released else ""),
+                              hint="fix the cause and run release again; 'vgpuhost audit' has every write")
+        out.writes = ex.writes
+        return out
+
+
+def group_holder(store: StateStore, endpoints: Sequence[PciDevice],
+                 records: Optional[Dict[str, PassthroughRecord]] = None) -> Optional[str]:
+    """The owner recorded for the group's functions (a domain UUID or ``manual``), None when unrecorded."""
+    if records is None:
+        records = {r.bdf: r for r in store.passthrough_records()}
+    for d in endpoints:
+        rec = records.get(str(d.address))
+        if rec is not None:
+            return rec.owner
+    return None
+
+
+def describe_owner(owner: str) -> str:
+    """``domain 4b20...``, ``a manual 'vgpuhost passthrough prepare'`` or ``vgpuhost's declarative layout``."""
+    if owner == MANUAL:
+        return "a manual 'vgpuhost passthrough prepare'"
+    if owner in POOL_OWNERS:
+        return f"vgpuhost's declarative {owner}"
+    return f"domain {owner}"
+
+
+def _rollback(host: HostRoot, ex: Executor, plans: List[FunctionPlan]) -> List[str]:
+    """Return each function in ``plans`` (last first) to its driver before; failures by BDF."""
+    failed = []
+    for fp in reversed(plans):
+        now = discover_device(host, fp.bdf)
+        try:
+            ex.run(rollback_steps(fp, now))
+        except VgpuhostError as e:
+            failed.append(f"{fp.bdf} ({_errtext(e)})")
+    return failed
+
+
+def discover_device(host: HostRoot, bdf: PciAddress) -> PciDevice:
+    from ..observe.inventory import _read_device
+    return _read_device(Sysfs(host), bdf)
+
+
+def _errtext(e: VgpuhostError) -> str:
+    if isinstance(e, SysfsError):
+        if e.value is None:
+            return f"{e.errno_name} on {e.path}"
+        return f"{e.errno_name} writing {e.value.strip()[:60]!r} to {e.path}"
+    return e.message
+
+
+def _failure_text(bdf: PciAddress, e: VgpuhostError, what: str, done: List[FunctionPlan],
+                  rollback_failed: List[str]) -> str:
+    text = f"{bdf} failed to {what}: {_errtext(e)}"
+    if done:
+        text += "; rolled back " + ", ".join(str(fp.bdf) for fp in done) + (
+            " to their original drivers" if len(done) > 1 else " to its original driver")
+    if rollback_failed:
+        text += "; ROLLBACK FAILED for " + ", ".join(rollback_failed)
+    return text
+
+
+# ---------------------------------------------------------------------------
+# early binding (modprobe.d)
+
+def modprobe_config(inv: Inventory, gpu: PciAddress, fs: Sysfs,
+                    records: Optional[Dict[str, PassthroughRecord]] = None) -> str:
+    """``vfio-pci ids=`` and ``softdep`` lines that bind the group at boot.
+
+    Module names are read from ``drivers/<driver>/module``.  The ids match
+    every device with the same vendor:device; such other devices are named
+    in a comment.
+    """
+    _, endpoints, _ = group_endpoints(inv, gpu)
+    ids, mods = [], []
+    for d in endpoints:
+        if d.ids not in ids:
+            ids.append(d.ids)
+        rec = (records or {}).get(str(d.address))
+        drv = rec.original_driver if rec else d.driver
+        if drv and drv != VFIO_PCI:
+            mod = fs.link_name(fs.host.pci_driver(drv) / "module") or drv.replace("-", "_")
+            if mod not in mods:
+                mods.append(mod)
+    lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
+             "# put in /etc/modprobe.d/vfio.conf, then update-initramfs -u (or dracut -f) and reboot"]
+    others = [str(d.address) for d in inv.devices.values()
+              if d.ids in ids and d.address not in {e.address for e in endpoints}]
+    if others:
+        lines.append("# WARNING: these ids also match " + ", ".join(sorted(others)) +
+                     ", which would be bound to vfio-pci too")
+    lines.append(f"options vfio-pci ids={','.join(ids)}")
+    lines += [f"softdep {m} pre: vfio-pci" for m in mods]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["prepare", "release", "modprobe_config", "plan_prepare", "plan_release", "group_endpoints",
+           "prepare_blockers", "Outcome", "VFIO_MODULES"]

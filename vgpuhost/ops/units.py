@@ -1,0 +1,293 @@
+"""systemd units that apply the host's GPU layout at boot, and installing them.
+
+Owns: the unit templates shipped in this package directory
+(``vgpuhost-layout.service``, ``vgpuhost-reconcile.service``), rendering
+them with the vgpuhost executable and config path filled in, and writing
+them under ``<root>/etc/systemd/system`` (or another unit directory):
+idempotent, audited, and saying what changed.  Must not: run ``systemctl``
+(daemon-reload and enable are the operator's or the Ansible role's step;
+:func:`install` says which are needed), or decide what the layout is
+(:mod:`vgpuhost.layout` does, through ``vgpuhost apply``).
+
+Boot order (REFERENCE.md §9, "boot order as units with retries"): both
+units are ``Type=oneshot`` + ``RemainAfterExit=yes``, ordered
+``After=nvidia-vgpu-mgr.service nvidia-persistenced.service
+systemd-modules-load.service`` and ``Before=libvirtd.service
+virtqemud.service``; reconcile runs after the layout (the layout brings
+SR-IOV, MIG mode and GPU instances that recorded vGPUs need).  The vGPU
+manager can come up late, so each unit retries its command
+``VGPUHOST_RETRIES`` times, ``VGPUHOST_RETRY_DELAY`` seconds apart, inside
+one start job.  Only the exits that can go away are retried, as each
+unit lists them in ``VGPUHOST_RETRY_EXITS``: 2 (the environment is not
+ready: NVML or the vGPU manager not loaded yet) and 3 (a device operation
+failed), plus 1 for reconcile (a re-creation failed).  A bad config file
+cannot pass on a later try, so the layout unit checks it first
+(``ExecStartPre=vgpuhost config check``), without retries; any other exit
+(4 a bug, 126/127 no executable) stops the loop at once: every try delays
+libvirtd.  ``Restart=on-failure`` is not used: for ``Type=oneshot`` it
+needs systemd >= 244, and before ``RestartMode=direct`` (systemd 254; Debian
+12 has 252) the first failure completes the start job, so libvirtd would
+start between two tries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..model.errors import HostEnvironmentError, InputError
+from ..io.hostroot import HostRoot
+from ..io.sysfs import read_config_text
+
+LAYOUT_UNIT = "vgpuhost-layout.service"
+RECONCILE_UNIT = "vgpuhost-reconcile.service"
+UNIT_NAMES = (LAYOUT_UNIT, RECONCILE_UNIT)
+WANTED_BY = "multi-user.target"
+
+DEFAULT_CONFIG = "/etc/vgpuhost/config.yaml"
+"""The config file as the booted host names it (written into the layout unit)."""
+
+DEFAULT_RETRIES = 6
+DEFAULT_RETRY_DELAY = 10      # seconds
+START_TIMEOUT_SLACK = 600     # seconds on top of the retry delays: the commands themselves
+
+SCHEMA = "vgpuhost.install-units/v1"
+
+RETRY_EXITS = {"vgpuhost-layout.service": "2 3",      # environment not ready yet; a device operation failed
+               "vgpuhost-reconcile.service": "1 2 3"}  # ... and a re-creation failed
+
+# $0 names the unit in messages; "$@" is the command.  Non-numeric settings
+# fall back to one try / 10 s rather than looping forever.  Only the exits in
+# $VGPUHOST_RETRY_EXITS are retried (module docstring); any other failure
+# ends the loop at once.
+_RETRY_LOOP = (
+    'n="$VGPUHOST_RETRIES"; d="$VGPUHOST_RETRY_DELAY"; e="${VGPUHOST_RETRY_EXITS:-3}"; '
+    'case "$n" in ""|*[!0-9]*) n=1 ;; esac; case "$d" in ""|*[!0-9]*) d=10 ;; esac; '
+    'i=1; while :; do "$@" && exit 0; rc=$?; '
+    'case " $e " in *" $rc "*) ;; *) echo "$0: try $i failed (exit $rc); not retried: '
+    'only exits $e are" >&2; exit "$rc" ;; esac; '
+    'if [ "$i" -ge "$n" ]; then echo "$0: giving up after $i tries (last exit $rc)" >&2; exit "$rc"; fi; '
+    'echo "$0: try $i of $n failed (exit $rc); next try in ${d}s" >&2; '
+    'i=$((i + 1)); sleep "$d"; done'
+)
+
+_PLACEHOLDER = re.compile(r"@[A-Z_]+@")
+_BARE_WORD = re.compile(r"[A-Za-z0-9_./+:,=-]+")
+
+
+def _systemd_word(value: str) -> str:
+    """``value`` as one word of an ``Exec*=`` line (systemd.service(5) "Command lines").
+
+    Bare when it holds only safe characters; otherwise double-quoted with
+    ``\\`` and ``"`` escaped.  ``$`` is doubled (no variable expansion) and
+    ``%`` doubled (no specifier expansion) in both forms.
+    """
+    escaped = value.replace("$", "$$").replace("%", "%%")
+    if _BARE_WORD.fullmatch(value):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _check_path(what: str, value: str, option: str) -> str:
+    if not value or any(not c.isprintable() for c in value):
+        raise InputError(f"{what} {value!r} is empty or holds control characters",
+                         hint=f"give {option} an absolute path")
+    if not value.startswith("/"):
+        raise InputError(f"{what} {value!r} is not an absolute path",
+                         hint=f"give {option} an absolute path, as the booted host names it")
+    return value
+
+
+def default_executable() -> str:
+    """The absolute path of the ``vgpuhost`` command that is running now.
+
+    The console script next to this interpreter (a venv's ``bin/vgpuhost``),
+    else ``vgpuhost`` on ``PATH``.  Raises HostEnvironmentError when neither
+    exists (pass ``--exe``).
+    """
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is not None and argv0.name == "vgpuhost" and argv0.is_file():
+        return str(argv0.absolute())
+    beside = Path(sys.executable).parent / "vgpuhost"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("vgpuhost")
+    if found:
+        return str(Path(found).absolute())
+    raise HostEnvironmentError("cannot find the vgpuhost executable to name in the units",
+                               hint="pass --exe /path/to/vgpuhost")
+
+
+def template_text(name: str) -> str:
+    """The shipped template of unit ``name`` (with ``@PLACEHOLDERS@``)."""
+    if name not in UNIT_NAMES:
+        raise InputError(f"no unit {name!r}", hint="units: " + ", ".join(UNIT_NAMES))
+    return resources.files("vgpuhost").joinpath("units", name).read_text(encoding="utf-8")
+
+
+def render(name: str, *, exe: str, config: str = DEFAULT_CONFIG, layout: Optional[str] = None,
+           retries: int = DEFAULT_RETRIES, retry_delay: int = DEFAULT_RETRY_DELAY) -> str:
+    """The text of unit ``name`` for this host.
+
+    ``exe``: absolute path of the vgpuhost command; ``config``: absolute path
+    of the layout config file; ``layout``: a layout name (None: the config's
+    default); ``retries`` >= 1 tries; ``retry_delay`` seconds between tries.
+    Raises InputError on a relative path, a control character, or a bad
+    layout name or count.
+    """
+    _check_path("vgpuhost executable", exe, "--exe")
+    _check_path("config file", config, "--config")
+    if layout is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", layout):
+        raise InputError(f"layout name {layout!r} is not a plain name",
+                         hint="use letters, digits, '_', '.', '-' (at most 64)")
+    if not 1 <= retries <= 1000:
+        raise InputError(f"--retries {retries} is out of range", hint="give 1..1000 tries")
+    if not 0 <= retry_delay <= 3600:
+        raise InputError(f"--retry-delay {retry_delay} is out of range", hint="give 0..3600 seconds")
+    values = {
+        "@VGPUHOST@": _systemd_word(exe),
+        "@CONFIG@": _systemd_word(config),
+        "@CONFIG_PATH@": config.replace("%", "%%"),
+        "@LAYOUT@": f" {_systemd_word(layout)}" if layout else "",
+        "@RETRIES@": str(retries),
+        "@RETRY_DELAY@": str(retry_delay),
+        "@RETRY_EXITS@": RETRY_EXITS[name],
+        "@TIMEOUT@": str(retries * retry_delay + START_TIMEOUT_SLACK),
+        "@RETRY_LOOP@": "'" + _RETRY_LOOP.replace("$", "$$") + "'",
+    }
+    text = _PLACEHOLDER.sub(lambda m: values[m.group(0)], template_text(name))
+    assert not _PLACEHOLDER.search(text), f"unfilled placeholder in {name}"
+    return text
+
+
+@dataclass
+class UnitChange:
+    """One unit file: ``action`` is ``create``, ``update`` or ``unchanged``."""
+
+    name: str
+    path: str
+    action: str
+    enabled: bool
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "path": self.path, "action": self.action,
+                "changed": self.action != "unchanged", "enabled": self.enabled}
+
+
+@dataclass
+class InstallOutcome:
+    """What :func:`install` did (or, with ``dry_run``, would do)."""
+
+    unit_dir: str
+    units: List[UnitChange]
+    dry_run: bool
+    next_steps: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(u.action != "unchanged" for u in self.units)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"schema": SCHEMA, "unit_dir": self.unit_dir, "changed": self.changed, "dry_run": self.dry_run,
+                "units": [u.as_dict() for u in self.units], "next": self.next_steps,
+                "warnings": self.warnings}
+
+    def text(self) -> str:
+        verb = {"create": "would create" if self.dry_run else "created",
+                "update": "would update" if self.dry_run else "updated",
+                "unchanged": "unchanged"}
+        lines = [f"{u.path}: {verb[u.action]}" for u in self.units]
+        lines += [f"warning: {w}" for w in self.warnings]
+        if self.next_steps:
+            lines.append("next (vgpuhost does not run systemctl):")
+            lines += [f"  {s}" for s in self.next_steps]
+        else:
+            lines.append("units are installed, up to date and enabled")
+        return "\n".join(lines)
+
+
+def unit_dir_of(host: HostRoot) -> Path:
+    """``<root>/etc/systemd/system``: where local units go."""
+    return host.etc("systemd", "system")
+
+
+def _executable_here(host: HostRoot, exe: str) -> bool:
+    """Is ``exe`` an executable file on this machine, as given or under the host root?"""
+    for p in (Path(exe), host.root / exe.lstrip("/")):
+        try:
+            if p.is_file() and os.access(p, os.X_OK):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _enabled(unit_dir: Path, name: str) -> bool:
+    """Is ``name`` enabled, as ``systemctl enable`` leaves it (a link in ``multi-user.target.wants``)?"""
+    return os.path.lexists(unit_dir / f"{WANTED_BY}.wants" / name)
+
+
+def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Optional[str] = None,
+            config: str = DEFAULT_CONFIG, layout: Optional[str] = None, retries: int = DEFAULT_RETRIES,
+            retry_delay: int = DEFAULT_RETRY_DELAY, dry_run: bool = False,
+            actor: Optional[str] = None) -> InstallOutcome:
+    """Write both units to ``unit_dir`` (default ``<root>/etc/systemd/system``).
+
+    A unit whose file already holds the same text is not rewritten.  Each
+    write is audited in the state store (created only when something is
+    written).  ``dry_run`` writes nothing and creates no store.  Returns the
+    outcome with the systemctl commands still needed: ``daemon-reload`` when
+    a file changed, ``enable`` for units without their ``.wants`` link.
+    ``unit_dir`` must be absolute.  An ``exe`` that is not an executable
+    file here (as given, or under the host root) is still written, with a
+    warning in the outcome.  Raises InputError (bad path or value: nothing
+    is written), HostEnvironmentError (unreadable file), SysfsError (a
+    write failed; exit 3).
+    """
+    exe = exe or default_executable()
+    texts = {name: render(name, exe=exe, config=config, layout=layout, retries=retries,
+                          retry_delay=retry_delay) for name in UNIT_NAMES}
+    if unit_dir is not None:
+        # systemd reads units from absolute directories; a relative one would land under the cwd
+        target = Path(_check_path("unit directory", str(unit_dir), "--unit-dir"))
+    else:
+        target = unit_dir_of(host)
+    target = target.absolute()
+    warnings = []
+    if not _executable_here(host, exe):
+        warnings.append(f"{exe} is not an executable file on this host: the units would fail at boot "
+                        "(exit 127) until it is there; pass --exe with the vgpuhost the booted host runs")
+    changes: List[UnitChange] = []
+    executor = None
+    for name, text in texts.items():
+        path = target / name
+        old = read_config_text(path)
+        action = "create" if old is None else ("unchanged" if old == text else "update")
+        if action != "unchanged" and not dry_run:
+            if executor is None:
+                from ..io.state import StateStore
+                from ..plan.steps import Executor
+                executor = Executor(host, StateStore(host.state_dir), operation="install-units",
+                                    actor=actor or os.environ.get("VGPUHOST_ACTOR")
+                                    or f"cli uid={os.getuid()} pid={os.getpid()}")
+            executor.fs.write_config(path, text)
+        changes.append(UnitChange(name, host.relative(path), action, _enabled(target, name)))
+    steps = []
+    if any(c.action != "unchanged" for c in changes):
+        steps.append("systemctl daemon-reload")
+    not_enabled = [c.name for c in changes if not c.enabled]
+    if not_enabled:
+        steps.append("systemctl enable " + " ".join(not_enabled))
+    return InstallOutcome(unit_dir=host.relative(target), units=changes, dry_run=dry_run, next_steps=steps,
+                          warnings=warnings)
+
+
+__all__ = ["UNIT_NAMES", "LAYOUT_UNIT", "RECONCILE_UNIT", "DEFAULT_CONFIG", "render", "install",
+           "InstallOutcome", "UnitChange", "default_executable", "template_text", "unit_dir_of"]

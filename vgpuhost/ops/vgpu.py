@@ -1,0 +1,817 @@
+"""vGPU lifecycle on both NVIDIA backends: create, remove, list, reconcile.
+
+Owns: resolving profile names per device, building placement offers from an
+inventory and the records, creating and removing vGPUs through the sysfs
+layer under a per-GPU lock with the record written in one transaction,
+ownership (never touch a vGPU vgpuhost did not create; a release for owner X
+never removes a device now owned by Y), mdevctl persistence and reconcile.
+Must not: spell kernel paths (HostRoot does) or choose GPUs itself
+(:mod:`vgpuhost.placement` does).
+
+Backends (REFERENCE.md §2-3): classic mdev — write a UUID to
+``<parent>/mdev_supported_types/<type>/create``, remove by writing ``1`` to
+``<mdev>/remove``; the parent is the PF or, on SR-IOV GPUs, a VF holding at
+most one vGPU.  Vendor-specific VFIO (vGPU 17+) — write the type id to the
+VF's ``nvidia/current_vgpu_type``, ``0`` to destroy; EPERM when the VF is
+taken.  Persistence of classic mdevs is mdevctl's format
+(``/etc/mdevctl.d/<parent>/<uuid>``, REFERENCE.md §2); vendor-VFIO and
+MIG-backed vGPUs cannot persist that way and are re-created by
+``reconcile`` at boot.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from ..io.hostroot import HostRoot
+from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover, gpu_available
+from ..io.locks import file_lock
+from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
+from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
+from ..plan.steps import Executor
+from ..io.sysfs import Sysfs
+from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Collection, Dict, List, Optional, Sequence
+
+MAX_PLACEMENT_ATTEMPTS = 5
+
+
+def _actor() -> str:
+    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
+
+
+# ---------------------------------------------------------------------------
+# names and offers (pure)
+
+def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
+    """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them."""
+    out: Dict[PciAddress, Dict[str, List[VgpuType]]] = {}
+    for t in inv.vgpu_types:
+        out.setdefault(t.gpu, {}).setdefault(t.name.lower(), []).append(t)
+    return out
+
+
+def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
+                    gpu: Optional[PciAddress] = None, seen: Sequence[tuple] = ()) -> str:
+    """The profile name as the devices spell it, matched case-insensitively and exactly.
+
+    Never strips suffixes: ``A100-1-5CME`` does not match ``A100-1-5C``.
+    Raises InputError naming near matches when no device offers the name,
+    and when one GPU reports the name under two type ids (ambiguous).
+    """
+    wanted = name.strip().lower()
+    by_gpu = types_by_gpu(inv)
+    scope = {gpu: by_gpu.get(gpu, {})} if gpu is not None else by_gpu
+    known = {t.name for names in scope.values() for ts in names.values() for t in ts}
+    known |= {r.type_name for r in records if gpu is None or r.gpu == str(gpu)}
+    known |= {row[2] for row in seen if gpu is None or row[0] == str(gpu)}
+    for g, names in scope.items():
+        ids = {t.type_id for t in names.get(wanted, [])}
+        if len(ids) > 1:
+            raise InputError(f"profile {name!r} is ambiguous on {g}: type ids {', '.join(sorted(ids))}",
+                             hint="report this GPU's 'vgpuhost types --gpu' output")
+    for n in sorted(known):
+        if n.lower() == wanted:
+            return n
+    import difflib      # only on this error path: the qemu hook keeps its imports lean
+    near = difflib.get_close_matches(name.upper(), sorted(known), n=5, cutoff=0.6)
+    where = f"GPU {gpu}" if gpu else "this host"
+    hint = ("near matches: " + ", ".join(near)) if near else "'vgpuhost types' lists the profiles"
+    if not known:
+        hint = "no GPU here offers vGPU types ('vgpuhost host check' says why)"
+    p = VgpuProfile.try_parse(name)
+    if p is not None and p.mig_backed:
+        hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
+    raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
+
+
+def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
+           seen: Sequence[tuple] = ()) -> List[GpuOffer]:
+    """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
+
+    ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
+    earlier reads; a GPU that offered the type before but lists it no more
+    (full, or another size present) gets an offer of 0 with the reason.
+    """
+    by_gpu = types_by_gpu(inv)
+    out = []
+    present = _present_by_gpu(inv)
+    for g in inv.gpus:
+        if not g.vgpu_backend:
+            continue
+        ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
+        mine = [row for row in seen if row[0] == str(g.address)]
+        fbs = {row[1]: row[3] for row in mine if row[3]}
+        recs = [r for r in records if r.gpu == str(g.address)]
+        owners = frozenset(r.owner for r in recs)
+        keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
+        parents = tuple(t.parent for t in ts if t.available_instances > 0)
+        available = gpu_available(inv, g.address, ts[0].type_id, fbs) if ts else 0
+        type_id, type_name, fb = ((ts[0].type_id, ts[0].name, ts[0].framebuffer_mib) if ts else
+                                  next(((row[1], row[2], row[3]) for row in mine
+                                        if row[2].lower() == profile.lower()), (None, None, None)))
+        note = ""
+        if g.pci.driver != "nvidia":
+            available, parents = 0, ()
+            note = (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
+                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
+        elif type_id is not None and not available:
+            sizes = sorted({f for f in _present_framebuffers(inv, g.address, fbs) if f})
+            if sizes and fb not in sizes:
+                note = (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only "
+                        "that size")
+            else:
+                note = f"no {type_name} instance free"
+        out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
+                            keys, present.get(g.address, 0), note))
+    return out
+
+
+def _present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
+    out: Dict[PciAddress, int] = {}
+    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
+    for m in inv.mdevs:
+        g = parent_gpu.get(m.parent)
+        if g is not None:
+            out[g] = out.get(g, 0) + 1
+    for v in inv.vf_vgpus:
+        if v.type_id:
+            out[v.gpu] = out.get(v.gpu, 0) + 1
+    return out
+
+
+def _present_framebuffers(inv: Inventory, gpu: PciAddress, fbs: Dict[str, int]) -> List[Optional[int]]:
+    """Framebuffer (MiB) of each time-sliced vGPU present on ``gpu`` (None: unknown type)."""
+    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
+    g = inv.gpu(gpu)
+    parents = set(g.mdev_parents) if g else set()
+    ids = [m.type_id for m in inv.mdevs if m.parent in parents]
+    ids += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    out: List[Optional[int]] = []
+    for i in ids:
+        t = by_id.get(i)
+        if t is not None and t.profile is not None and t.profile.mig_backed:
+            continue
+        out.append(t.framebuffer_mib if t is not None else fbs.get(i))
+    return out
+
+
+def seen_rows(inv: Inventory) -> List[tuple]:
+    """``(gpu, type_id, name, framebuffer_mib)`` for every type the inventory lists."""
+    return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
+
+
+def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
+    """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (ENOSPC advice)."""
+    agg: Dict[str, int] = {}
+    for t in inv.vgpu_types:
+        if t.gpu == gpu and t.name not in agg:
+            n = gpu_available(inv, gpu, t.type_id)
+            if n > 0:
+                agg[t.name] = n
+    return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
+
+
+# ---------------------------------------------------------------------------
+# outcomes
+
+@record
+class VgpuOutcome:
+    action: str
+    changed: bool
+    dry_run: bool
+    id: Optional[str] = None
+    gpu: Optional[str] = None
+    parent: Optional[str] = None
+    type_id: Optional[str] = None
+    type_name: Optional[str] = None
+    backend: Optional[str] = None
+    owner: Optional[str] = None
+    reason: str = ""
+    steps: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    writes: int = 0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d = {"schema": "vgpuhost.vgpu/v1", **d}
+        return d
+
+
+#: compiled on first use (re caches it): most creates pass no parameters
+_PARAMS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,\s*[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*)*$"
+
+
+def _validate_params(params: str) -> None:
+    """``vgpu_params``: comma-separated key=value pairs (REFERENCE.md §2), at most 1000 characters."""
+    if len(params) > 1000:
+        raise InputError(f"--params is {len(params)} characters; at most 1000")
+    if not re.match(_PARAMS_PATTERN, params):
+        raise InputError(f"--params {params[:80]!r} is not a list of key=value pairs",
+                         hint="e.g. frame_rate_limiter=0,disable_vnc=1")
+    keys = [kv.split("=", 1)[0].strip() for kv in params.split(",")]
+    if len(set(keys)) != len(keys):
+        raise InputError(f"--params names a key twice: {params[:80]!r}")
+
+
+# ---------------------------------------------------------------------------
+# create
+
+def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
+           uuid: Optional[str] = None, strategy: str = "first-fit", owner: str = MANUAL,
+           params: Optional[str] = None, numa_node: Optional[int] = None,
+           anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
+           create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
+           allowed_gpus: Optional[Collection[PciAddress]] = None,
+           inventory: Optional[Inventory] = None) -> VgpuOutcome:
+    """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
+
+    ``vf`` (vendor-specific VFIO only, REFERENCE.md §3): set the type on
+    exactly this VF (the qemu hook: the domain's hostdev names it).  Refused
+    when the VF is not a VF of an NVIDIA GPU on vendor VFIO, holds a vGPU,
+    or does not offer the type now; a no-op (``changed`` False) when the
+    record already says ``owner`` holds this VF with this type and the VF
+    reads it back.  ``allowed_gpus``: placement considers only these GPUs
+    (the hook's operator allow-list); None = every GPU.  ``inventory``: a
+    snapshot the caller has just read (``discover(Sysfs(host))``, the qemu
+    hook's), used for the first, unlocked placement look instead of reading
+    the host again; the choice is always re-checked under the GPU lock on a
+    fresh discovery.
+
+    Raises InputError (unknown profile/strategy/UUID, --persist where it
+    cannot work), RefusedError (nothing fits: the reason names each GPU), or
+    DeviceError when the kernel refuses (errno in operator language; a
+    half-created vGPU is removed again).
+
+    MIG-backed profiles (``H200X-1-18C``) need, in order, SR-IOV VFs, MIG
+    mode and a free GPU instance of the profile's GI profile; with
+    ``create_gi`` a missing GPU instance is created first (through
+    :func:`vgpuhost.mig.apply`, audited), otherwise the refusal names the
+    step that is missing.
+    """
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
+    owner = validate_owner(owner)
+    if uuid is not None:
+        uuid = parse_uuid(uuid)
+    if vf is not None and uuid is not None:
+        raise InputError("give an mdev UUID or a VF, not both", hint="a VF names its vGPU on vendor VFIO")
+    if params is not None:
+        _validate_params(params)
+    allowed = frozenset(allowed_gpus) if allowed_gpus is not None else None
+    fs = Sysfs(host)
+    wanted = VgpuProfile.try_parse(profile)
+    mig_wanted = wanted is not None and wanted.mig_backed
+    if mig_wanted and persist:     # before anything, GPU instances included, is touched
+        raise InputError(f"--persist cannot keep a MIG-backed vGPU ({profile}) across reboots: MIG-backed "
+                         "vGPUs do not survive a reboot (REFERENCE.md §2)",
+                         hint="create it without --persist and enable the boot unit that runs "
+                              "'vgpuhost reconcile'")
+    gi_tried = False
+    for _ in range(MAX_PLACEMENT_ATTEMPTS):
+        inv, inventory = (inventory if inventory is not None else discover(fs)), None
+        records = store.vgpu_records()
+        if not dry_run:
+            store.remember_types(seen_rows(inv))
+        seen = store.seen_types() + seen_rows(inv)
+        pin = gpu
+        if vf is not None:
+            pin = _vf_gpu(inv, vf, gpu)
+            done = _vf_held(fs, records, vf, owner, profile, dry_run)
+            if done is not None:
+                return done
+        if pin is not None and inv.gpu(pin) is None:
+            raise InputError(f"no NVIDIA GPU at {pin}", hint="'vgpuhost gpus' lists them")
+        if mig_wanted and not _offered_now(inv, profile, pin):
+            if create_gi and not gi_tried and not dry_run:
+                gi_tried = True
+                _create_gpu_instance(host, store, inv, wanted, pin, actor)
+                continue
+            _refuse_mig_order(host, inv, wanted, profile, pin, create_gi, dry_run)
+        name = resolve_profile(inv, records, profile, pin, seen)
+        req = Request(name, owner, strategy, numa_node, anti_affinity, pin)
+        all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run)
+        decision = place(all_offers, req)
+        if not decision.admitted:
+            fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
+                            if pin is None or o.gpu == pin)
+            raise RefusedError(f"cannot place {name}: {decision.reason}",
+                               hint=f"types that still fit: {fit or 'none'}")
+        g = inv.gpu(decision.gpu)
+        backend = g.vgpu_backend
+        mig_backed = bool((VgpuProfile.try_parse(name) or VgpuProfile("x", 0, "C")).mig_backed)
+        if persist and (backend != BACKEND_MDEV or mig_backed):
+            raise InputError(
+                f"--persist cannot keep a {'MIG-backed' if mig_backed else 'vendor-VFIO'} vGPU across "
+                "reboots (mdevctl only defines classic mdevs)",
+                hint="create it without --persist and enable the boot unit that runs 'vgpuhost reconcile'")
+        if uuid is not None and backend != BACKEND_MDEV:
+            raise InputError("--uuid applies to mdev vGPUs; on vendor VFIO the vGPU is named by its VF")
+        vid = (uuid or _new_uuid()) if backend == BACKEND_MDEV else str(decision.parent)
+        out = VgpuOutcome("create", changed=True, dry_run=dry_run, id=vid, gpu=str(decision.gpu),
+                          parent=str(decision.parent), type_id=decision.type_id, type_name=name,
+                          backend=backend, owner=owner, reason=decision.reason)
+        out.steps = _create_steps(host, backend, decision, vid, params, persist)
+        if dry_run:
+            return out
+        with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
+            inv2 = discover(fs)
+            records2 = store.vgpu_records()
+            again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
+                          Request(name, owner, strategy, numa_node, anti_affinity, decision.gpu))
+            if not again.admitted:
+                continue            # someone took it between placement and the lock: place again
+            if uuid is not None and any(r.id == uuid for r in records2):
+                raise InputError(f"vGPU {uuid} already exists", hint="'vgpuhost vgpu list'")
+            decision = Decision(again.gpu, again.parent, again.type_id, decision.reason)
+            if backend != BACKEND_MDEV:
+                vid = str(decision.parent)
+            out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
+            ex = Executor(host, store, actor=actor or _actor(),
+                          operation=f"vgpu create {name} owner={owner}")
+            # the decision goes in the audit log beside the writes it led to
+            store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
+            _do_create(ex, inv2, records2, backend, decision, vid, name, params)
+            with store.transaction() as conn:
+                put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
+                                          decision.type_id, name, owner, anti_affinity, params,
+                                          persist, utcnow()))
+            if persist:
+                try:
+                    ex.fs.write_config(host.mdevctl_d / str(decision.parent) / vid,
+                                       _mdevctl_json(decision.type_id, params))
+                except SysfsError as e:
+                    _destroy(ex.fs, backend, decision.parent, vid)
+                    with store.transaction() as conn:
+                        delete_vgpu(conn, vid)
+                    raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                                      f"the vGPU {vid} was removed again",
+                                      hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
+                                           "without --persist") from e
+            out.writes = ex.writes
+            return out
+    raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
+                       f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
+
+
+def _new_uuid() -> str:
+    import uuid       # lazily: the qemu hook always passes the domain's UUID
+    return str(uuid.uuid4())
+
+
+def _vf_gpu(inv: Inventory, vf: PciAddress, gpu: Optional[PciAddress]) -> PciAddress:
+    """The physical GPU of ``vf``, a VF on NVIDIA's vendor-specific VFIO path; raises otherwise."""
+    dev = inv.devices.get(vf)
+    if dev is None:
+        raise InputError(f"no PCI device at {vf}", hint="'vgpuhost gpus' lists the GPUs and their VFs")
+    g = inv.gpu(dev.physfn) if dev.physfn is not None else None
+    if g is None:
+        raise RefusedError(f"{vf} is not an SR-IOV VF of an NVIDIA GPU ({dev.class_name}): left alone",
+                           hint="a vendor-VFIO vGPU is named by a VF of an NVIDIA GPU ('vgpuhost gpus')")
+    if g.vgpu_backend != BACKEND_VENDOR_VFIO:
+        raise RefusedError(f"VF {vf} of {g.address} is on the {g.vgpu_backend or 'no vGPU'} path, not "
+                           "vendor-specific VFIO", hint="on the classic mdev path a vGPU is named by an mdev "
+                                                        "UUID, not a VF")
+    if gpu is not None and gpu != g.address:
+        raise InputError(f"VF {vf} belongs to {g.address}, not {gpu}")
+    return g.address
+
+
+def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: str, profile: str,
+             dry_run: bool) -> Optional[VgpuOutcome]:
+    """An outcome (no change) when ``owner`` already holds ``vf`` with ``profile``; raises when another does."""
+    rec = next((r for r in records if r.id == str(vf)), None)
+    if rec is None:
+        return None
+    if rec.owner != owner:
+        raise RefusedError(f"VF {vf} holds {rec.type_name} of {rec.owner}: left alone",
+                           hint="another owner holds this VF; choose a free one ('vgpuhost vgpu list')")
+    if rec.type_name.lower() != profile.strip().lower():
+        raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
+                           hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
+    if _current_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
+        raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but no longer holds it",
+                           hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
+    out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
+                      type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=owner,
+                      reason=f"{owner} already holds {rec.type_name} on {vf}")
+    out.notes.append(f"VF {vf} already holds {rec.type_name} for {owner}: nothing to do")
+    return out
+
+
+def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Optional[frozenset],
+            vf: Optional[PciAddress], *, strict: bool = True) -> List[GpuOffer]:
+    """Offers restricted to ``allowed`` GPUs, and with ``vf`` to that VF alone.
+
+    ``strict`` (under the GPU lock, or a dry run): refuse a VF that is taken
+    or does not list ``name`` as creatable now.  Not strict (the first look,
+    without the lock): only pin the offer to the VF, and let the check under
+    the lock decide, so a VF's state read while another process changes the
+    GPU never refuses a request that would fit.
+    """
+    if allowed is not None:
+        all_offers = [o for o in all_offers if o.gpu in allowed]
+    if vf is None:
+        return all_offers
+    if not strict:
+        gpu = inv.devices[vf].physfn
+        serving = inv.gpu(gpu) is not None and inv.gpu(gpu).pci.driver == "nvidia"
+        return [(replace(o, parents=(vf,), available=max(o.available, 1)) if serving else o)
+                if o.gpu == gpu and o.type_id else
+                replace(o, available=0, parents=(), note=f"the request names VF {vf}") for o in all_offers]
+    v = next((x for x in inv.vf_vgpus if x.vf == vf), None)
+    if v is None:
+        raise RefusedError(f"VF {vf} has no nvidia/ directory: the vGPU manager does not serve it",
+                           hint="check nvidia-vgpu-mgr and that the VF is bound to nvidia")
+    if v.type_id:
+        raise RefusedError(f"VF {vf} already holds vGPU type {v.type_id}, not created for this request",
+                           hint="choose a free VF ('vgpuhost vgpu list' shows who holds which)")
+    offered = [t.name for t in inv.vgpu_types if t.parent == vf]
+    if not any(n.lower() == name.lower() for n in offered):
+        raise RefusedError(f"VF {vf} does not offer {name} now (creatable: {', '.join(offered) or 'none'})",
+                           hint="the GPU is full or holds vGPUs of another size (equal-size mode)")
+    return [replace(o, parents=(vf,)) if o.gpu == v.gpu else replace(o, available=0, parents=(),
+                                                                      note=f"the request names VF {vf}")
+            for o in all_offers]
+
+
+def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> bool:
+    want = profile.strip().lower()
+    return any(t.available_instances > 0 for t in inv.vgpu_types
+               if t.name.lower() == want and (gpu is None or t.gpu == gpu))
+
+
+def _gi_profile_for(profiles, wanted: VgpuProfile):
+    """The device's GI profile a MIG-backed type sits on: same slices, GB and ME (REFERENCE.md §4-5)."""
+    from ..model.values import MigProfile
+    for p in profiles:
+        try:
+            mp = MigProfile.parse(p.name)
+        except InputError:
+            continue
+        if (mp.slices == wanted.gi_slices and mp.memory_gb == wanted.framebuffer_gb
+                and mp.media_extensions == wanted.media_extensions):
+            return p
+    return None
+
+
+def _mig_candidates(host: HostRoot, inv: Inventory, wanted: VgpuProfile, gpu: Optional[PciAddress]):
+    """``[(gpu, backend, gi profile or None, (current, pending) or None)]`` for GPUs of the type's board."""
+    from .mig import open_backend
+    backend = open_backend(host)
+    out = []
+    for g in inv.gpus:
+        if gpu is not None and g.address != gpu:
+            continue
+        if g.board is not None and g.board != wanted.board:
+            continue
+        try:
+            mode = backend.mig_mode(g.address)
+            gi = _gi_profile_for(backend.gi_profiles(g.address), wanted) if mode else None
+        except VgpuhostError:
+            mode, gi = None, None
+        out.append((g, backend, gi, mode))
+    return out
+
+
+def _create_gpu_instance(host: HostRoot, store: StateStore, inv: Inventory, wanted: VgpuProfile,
+                         gpu: Optional[PciAddress], actor: Optional[str]) -> None:
+    """Add one GPU instance for ``wanted`` on the first GPU where MIG mode is on and it fits."""
+    from . import mig
+    reasons = []
+    for g, backend, gi, mode in _mig_candidates(host, inv, wanted, gpu):
+        if not mode or not mode[0]:
+            reasons.append(f"{g.address}: MIG mode is off")
+            continue
+        if gi is None:
+            reasons.append(f"{g.address}: no GPU-instance profile for {wanted}")
+            continue
+        profiles = backend.gi_profiles(g.address)
+        by_id = {p.profile_id: p for p in profiles}
+        counts: Dict[str, int] = {}
+        for inst in backend.gpu_instances(g.address):
+            n = by_id[inst.profile_id].name if inst.profile_id in by_id else str(inst.profile_id)
+            counts[n] = counts.get(n, 0) + 1
+        counts[gi.name] = counts.get(gi.name, 0) + 1
+        wanted_ids = mig.resolve_layout(profiles, counts, where=str(g.address))
+        why = mig.why_not(profiles, wanted_ids)
+        if why:
+            reasons.append(f"{g.address}: another {gi.name} does not fit ({why})")
+            continue
+        mig.apply(host, store, g.address, counts, backend=backend, actor=actor)
+        return
+    raise RefusedError(f"cannot create a GPU instance for {wanted}: " + ("; ".join(reasons) or "no GPU of that board"),
+                       hint=f"order: {_mig_order()}")
+
+
+def _refuse_mig_order(host: HostRoot, inv: Inventory, wanted: VgpuProfile, profile: str,
+                      gpu: Optional[PciAddress], create_gi: bool, dry_run: bool) -> None:
+    """Refuse a MIG-backed request no GPU can take now, naming the missing step per GPU."""
+    steps = []
+    try:
+        cands = _mig_candidates(host, inv, wanted, gpu)
+    except VgpuhostError:
+        cands = []
+    for g, backend, gi, mode in cands:
+        if g.vfs == () and g.vgpu_backend is None:
+            steps.append(f"{g.address}: no vGPU backend (enable SR-IOV VFs: sriov-manage -e {g.address})")
+        elif not mode or not mode[0]:
+            steps.append(f"{g.address}: enable MIG mode (vgpuhost mig enable --gpu {g.address})"
+                         + (", pending a GPU reset" if mode and mode[1] else ""))
+        elif gi is None:
+            steps.append(f"{g.address}: the device has no GPU-instance profile for {wanted}")
+        else:
+            steps.append(f"{g.address}: create a {gi.name} GPU instance (vgpuhost mig apply --gpu "
+                         f"{g.address} ..., or --create-gi)")
+    if dry_run and create_gi:
+        steps.append("a dry run does not create GPU instances")
+    raise RefusedError(f"no GPU offers a free {profile} (MIG-backed) now: " + ("; ".join(steps) or
+                       "no GPU of that board"),
+                       hint=f"order: {_mig_order()}")
+
+
+def _mig_order() -> str:
+    from .mig import ORDER
+    return ORDER
+
+
+def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
+    """mdevctl's definition (REFERENCE.md §2); vgpu_params as an mdevctl attr so they come back too."""
+    import json
+    attrs = [{"nvidia/vgpu_params": params}] if params else []
+    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
+
+
+def _create_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vid: str):
+    if backend == BACKEND_MDEV:
+        return (host.mdev_bus / str(parent) / "mdev_supported_types" / type_id / "create",
+                host.mdev_devices / vid / "nvidia" / "vgpu_params")
+    nd = host.pci_device(parent) / "nvidia"
+    return nd / "current_vgpu_type", nd / "vgpu_params"
+
+
+def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: Optional[str],
+                  persist: bool) -> List[str]:
+    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
+    value = vid if backend == BACKEND_MDEV else d.type_id
+    steps = [f"write '{value}' to {host.relative(write)}"]
+    if params:
+        steps.append(f"write '{params}' to {host.relative(ppath)}")
+    if persist:
+        steps.append(f"write mdevctl definition {host.relative(host.mdevctl_d / str(d.parent) / vid)}")
+    return steps
+
+
+def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], backend: str, d: Decision,
+               vid: str, name: str, params: Optional[str]) -> None:
+    host, fs = ex.host, ex.fs
+    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
+    try:
+        fs.write(write, vid if backend == BACKEND_MDEV else d.type_id)
+    except SysfsError as e:
+        raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
+    # read back: never report success for a device that does not exist (REFERENCE.md §9)
+    if backend == BACKEND_MDEV:
+        got = fs.link_name(host.mdev_devices / vid / "mdev_type")
+        ok = got == d.type_id
+    else:
+        got = fs.read_optional(host.pci_device(d.parent) / "nvidia" / "current_vgpu_type")
+        ok = got == d.type_id
+    if not ok:
+        raise DeviceError(f"creating {name} on {d.parent} reported success but reads back {got!r}",
+                          hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
+    if params:
+        try:
+            fs.write(ppath, params)
+        except SysfsError as e:
+            _destroy(fs, backend, d.parent, vid)
+            raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
+                              "the vGPU was removed again", hint="check the parameter names") from e
+
+
+def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str) -> str:
+    if e.errno == errno.ENOSPC:
+        return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
+                f"{fitting_elsewhere(inv, d.gpu)}")
+    if e.errno == errno.EPERM:
+        rec = next((r for r in records if r.parent == str(d.parent)), None)
+        held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)
+        who = (f"vGPU {rec.id} of {rec.owner}" if rec else
+               f"a vGPU of type {held} not created by vgpuhost" if held else "another writer")
+        return f"VF {d.parent} is taken by {who} (EPERM on current_vgpu_type)"
+    if e.errno == errno.EINVAL:
+        return f"{name} (type {d.type_id}) is not supported on {d.gpu} in its current mode (EINVAL)"
+    if e.errno == errno.EEXIST:
+        return f"an mdev with UUID {e.value} already exists (EEXIST)"
+    return f"creating {name} on {d.parent} failed: {e.errno_name} writing {e.value!r} to {e.path}"
+
+
+def _destroy(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
+    host = fs.host
+    if backend == BACKEND_MDEV:
+        fs.write(host.mdev_devices / vid / "remove", "1")
+    else:
+        fs.write(host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0")
+
+
+# ---------------------------------------------------------------------------
+# remove
+
+def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[str] = None,
+           dry_run: bool = False, actor: Optional[str] = None) -> VgpuOutcome:
+    """Remove a vGPU vgpuhost created (``vgpu_id``: mdev UUID or VF BDF).
+
+    With ``owner``, only while that owner still holds it.  Raises
+    RefusedError for a device vgpuhost did not create or that another owner
+    holds now; InputError for an unknown id.
+    """
+    vid = _normalise_id(vgpu_id)
+    if owner is not None:
+        owner = validate_owner(owner)
+    fs = Sysfs(host)
+    rec = next((r for r in store.vgpu_records() if r.id == vid), None)
+    if rec is None:
+        if _device_exists(fs, vid):
+            raise RefusedError(f"vGPU {vid} was not created by vgpuhost: left alone",
+                               hint="remove it with the tool that made it (mdevctl stop, or echo 1 > remove)")
+        raise InputError(f"no vGPU {vid}", hint="'vgpuhost vgpu list' shows the vGPUs")
+    if owner is not None and rec.owner != owner:
+        raise RefusedError(f"vGPU {vid} now belongs to {rec.owner}, not {owner}: left alone",
+                           hint="a late release for an earlier owner never removes the next owner's vGPU")
+    gpu = PciAddress.parse(rec.gpu)
+    parent = PciAddress.parse(rec.parent)
+    out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
+                      type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
+    with file_lock(store.state_dir, f"gpu-{gpu}") if not dry_run else _nolock():
+        if not any(r.id == vid and r.owner == rec.owner for r in store.vgpu_records()):
+            out.changed = False
+            out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
+            return out
+        current = _current_type(fs, rec.backend, parent, vid)
+        if current is not None and current != rec.type_id:
+            raise RefusedError(f"{vid} now holds type {current}, not the recorded {rec.type_id}: left alone",
+                               hint="another tool reused the slot; 'vgpuhost reconcile --check' reports it")
+        if current is None:
+            out.notes.append(f"{vid} was already gone from the host; dropping the record")
+        else:
+            write = (host.mdev_devices / vid / "remove" if rec.backend == BACKEND_MDEV else
+                     host.pci_device(parent) / "nvidia" / "current_vgpu_type")
+            out.steps.append(f"write '{'1' if rec.backend == BACKEND_MDEV else '0'}' to {host.relative(write)}")
+        mdevctl = host.mdevctl_d / rec.parent / vid
+        if rec.persisted and os.path.lexists(mdevctl):
+            out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
+        if dry_run:
+            return out
+        ex = Executor(host, store, actor=actor or _actor(), operation=f"vgpu remove {vid} owner={rec.owner}")
+        if current is not None:
+            try:
+                _destroy(ex.fs, rec.backend, parent, vid)
+            except SysfsError as e:
+                raise DeviceError(f"removing {vid} failed: {e.errno_name}"
+                                  + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
+                                  hint="stop the VM first") from e
+            if _current_type(ex.fs, rec.backend, parent, vid) is not None:
+                raise DeviceError(f"removing {vid} reported success but it is still there",
+                                  hint="check dmesg and the NVIDIA vGPU manager")
+        with store.transaction() as conn:
+            delete_vgpu(conn, vid, owner=rec.owner)
+        if rec.persisted and os.path.lexists(mdevctl):
+            ex.fs.remove_config(mdevctl)
+        out.writes = ex.writes
+        return out
+
+
+def _nolock():
+    from contextlib import nullcontext
+    return nullcontext()
+
+
+def release_owner(host: HostRoot, store: StateStore, owner: str, *,
+                  actor: Optional[str] = None) -> List[VgpuOutcome]:
+    """Remove every vGPU ``owner`` holds (the hook's release); tolerant of ones already gone."""
+    owner = validate_owner(owner)
+    return [remove(host, store, r.id, owner=owner, actor=actor) for r in store.vgpu_records(owner=owner)]
+
+
+def _normalise_id(text: str) -> str:
+    return parse_device_id(text, "vGPU id", "an mdev UUID or, on vendor VFIO, the VF's PCI address (0000:21:00.4)")
+
+
+def _device_exists(fs: Sysfs, vid: str) -> bool:
+    if PciAddress.is_valid(vid):
+        cur = fs.read_optional(fs.host.pci_device(vid) / "nvidia" / "current_vgpu_type")
+        return bool(cur and cur != "0")
+    return fs.exists(fs.host.mdev_devices / vid)
+
+
+def _current_type(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> Optional[str]:
+    if backend == BACKEND_MDEV:
+        return fs.link_name(fs.host.mdev_devices / vid / "mdev_type")
+    cur = fs.read_optional(fs.host.pci_device(parent) / "nvidia" / "current_vgpu_type")
+    return cur if cur and cur != "0" else None
+
+
+# ---------------------------------------------------------------------------
+# list and reconcile
+
+@record(frozen=True)
+class VgpuEntry:
+    id: str
+    gpu: Optional[str]
+    parent: str
+    type_id: str
+    type_name: Optional[str]
+    backend: str
+    owner: Optional[str]       # None: not created by vgpuhost
+    state: str                 # active | missing (recorded, not on the host) | foreign | mismatched
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]:
+    """Every vGPU on the host joined with the records, plus recorded ones that are missing."""
+    by_id = {r.id: r for r in records}
+    names = {(t.gpu, t.type_id): t.name for t in inv.vgpu_types}
+    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
+    out: List[VgpuEntry] = []
+    seen = set()
+    for m in inv.mdevs:
+        g = parent_gpu.get(m.parent)
+        r = by_id.get(m.uuid)
+        seen.add(m.uuid)
+        state = "foreign" if r is None else ("active" if r.type_id == m.type_id else "mismatched")
+        out.append(VgpuEntry(m.uuid, str(g) if g else None, str(m.parent), m.type_id,
+                             r.type_name if state == "active" else names.get((g, m.type_id)), BACKEND_MDEV,
+                             r.owner if r else None, state))
+    for v in inv.vf_vgpus:
+        if not v.type_id:
+            continue
+        r = by_id.get(str(v.vf))
+        seen.add(str(v.vf))
+        state = "foreign" if r is None else ("active" if r.type_id == v.type_id else "mismatched")
+        out.append(VgpuEntry(str(v.vf), str(v.gpu), str(v.vf), v.type_id,
+                             r.type_name if state == "active" else names.get((v.gpu, v.type_id)),
+                             BACKEND_VENDOR_VFIO, r.owner if r else None, state))
+    for r in records:
+        if r.id not in seen:
+            out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, "missing"))
+    return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
+
+
+@record
+class ReconcileReport:
+    recreated: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)     # recorded, absent, and (with check) not re-created
+    failed: List[str] = field(default_factory=list)
+    orphans: List[str] = field(default_factory=list)     # present, not created by vgpuhost: left alone
+    mismatched: List[str] = field(default_factory=list)  # recorded id holds another type now
+
+    @property
+    def in_sync(self) -> bool:
+        return not (self.missing or self.failed or self.mismatched)
+
+    def as_dict(self) -> dict:
+        return {"schema": "vgpuhost.reconcile/v1", "in_sync": self.in_sync, **self.__dict__}
+
+
+def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
+              actor: Optional[str] = None) -> ReconcileReport:
+    """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.
+
+    With ``check`` nothing changes and the report says what would.
+    """
+    fs = Sysfs(host)
+    report = ReconcileReport()
+    inv = discover(fs)
+    entries = list_vgpus(inv, store.vgpu_records())
+    report.orphans = [f"{e.id} ({e.type_name or e.type_id} on {e.parent})" for e in entries if e.state == "foreign"]
+    by_id = {r.id: r for r in store.vgpu_records()}
+    for e in entries:
+        if e.state == "mismatched":
+            report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {by_id[e.id].type_id}")
+    for e in [e for e in entries if e.state == "missing"]:
+        rec = by_id[e.id]
+        if check:
+            report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner})")
+            continue
+        with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
+            ex = Executor(host, store, actor=actor or _actor(), operation=f"reconcile {rec.id}")
+            parent = PciAddress.parse(rec.parent)
+            write, ppath = _create_paths(host, rec.backend, parent, rec.type_id, rec.id)
+            try:
+                ex.fs.write(write, rec.id if rec.backend == BACKEND_MDEV else rec.type_id)
+                if _current_type(ex.fs, rec.backend, parent, rec.id) != rec.type_id:
+                    raise DeviceError("reads back wrong")
+                if rec.params:
+                    ex.fs.write(ppath, rec.params)
+                report.recreated.append(rec.id)
+            except VgpuhostError as err:
+                report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
+    return report
