@@ -55,6 +55,7 @@ import sys
 from ..libvirt.domxml import MAX_XML_BYTES, DomainView, parse_domain
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_OK, DeviceError, InputError, RefusedError, VgpuhostError
 from ..io.hostroot import HostRoot
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress
 
 TYPE_CHECKING = False
@@ -128,7 +129,7 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         host = host or HostRoot.from_env()
         view = parse_domain(stdin.read(MAX_XML_BYTES + 1))
         name = view.name or name
-        actor = os.environ.get("VGPUHOST_ACTOR") or f"hook {_printable(name, 80)} pid={os.getpid()}"
+        actor = actor_name(f"hook {_printable(name, 80)}", with_uid=False)
         if act == "prepare":
             prepare(host, view, actor=actor)
         else:
@@ -750,12 +751,8 @@ def _write_atomic(path, text: str, *, store, actor: Optional[str], host: HostRoo
                                    hint="run as root, or pass --hooks-dir DIR") from None
     finally:
         if store is not None:
-            store.audit(actor=actor or _cli_actor(), operation="hook install", path=host.relative(path),
+            store.audit(actor=actor or actor_name(), operation="hook install", path=host.relative(path),
                         value="<vgpuhost qemu hook>", err=err)
-
-
-def _cli_actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
 
 
 def _compile() -> bool:
@@ -802,7 +799,7 @@ def uninstall(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, store: "
         raise HostEnvironmentError(f"cannot remove {path}: {e.strerror}", hint="run as root") from None
     finally:
         if store is not None:
-            store.audit(actor=actor or _cli_actor(), operation="hook uninstall", path=host.relative(path),
+            store.audit(actor=actor or actor_name(), operation="hook uninstall", path=host.relative(path),
                         value="<remove>", err=err)
     out.notes.append("domains starting from now on get no vgpuhost devices made for them")
     return out

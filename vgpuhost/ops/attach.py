@@ -36,7 +36,6 @@ qemu starts, so those need the domain stopped).
 
 from __future__ import annotations
 
-import os
 import uuid as _uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -52,6 +51,7 @@ from ..io.locks import file_lock
 from ..policy.placement import STRATEGIES, Request, place
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress, parse_device_id
 
 KIND_PASSTHROUGH = "passthrough"
@@ -61,10 +61,6 @@ LOCK = "libvirt-domains"        # one lock: VF reservations span every domain
 
 SCHEMA_ATTACH = "vgpuhost.attach/v1"
 SCHEMA_DETACH = "vgpuhost.detach/v1"
-
-
-def _actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
 
 
 @dataclass
@@ -403,7 +399,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         if dry_run:
             return out
 
-        act = actor or _actor()
+        act = actor or actor_name()
         if live:
             _hotplug_mdev(host, store, dom, entry, snippet, meta, act)
         try:
@@ -696,7 +692,7 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         out.diff = diff(before, after, dom.name)
         if dry_run:
             return out
-        act = actor or _actor()
+        act = actor or actor_name()
         conn.define(after)
         for t in targets:
             _verify(dom, t, added=False)

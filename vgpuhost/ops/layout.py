@@ -43,7 +43,6 @@ instances, SR-IOV, mixed-size mode or the scheduler of their GPU.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -56,6 +55,7 @@ from ..io.nvml import NvmlError, SchedulerState
 from ..policy.placement import LAYOUT, GpuOffer, Request, place
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs, config_equals
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile
 
 SCHEMA_PLAN = "vgpuhost.plan/v1"
@@ -1124,10 +1124,6 @@ def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     return Drift(p.layout, p.source, list(p.diff), list(reboot))
 
 
-def _default_actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
-
-
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
           actor: Optional[str] = None) -> ApplyResult:
     """Run exactly the steps :func:`plan` gives, then read the host back.
@@ -1142,7 +1138,7 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     """
     from ..io.locks import file_lock
     name = cfg.layout(layout).name
-    who = actor or f"{_default_actor()} apply {name}"
+    who = actor or f"{actor_name()} apply {name}"
     with file_lock(store.state_dir, "layout"):
         p = plan(host, store, cfg, layout)
         if p.blocked:

@@ -33,6 +33,7 @@ from ..model.errors import DeviceError, HostEnvironmentError, InputError, Refuse
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.nvml import GiProfile, GpuInstance, NvmlBackend, NvmlError
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress
 
 SCHEMA_SHOW = "vgpuhost.mig-show/v1"
@@ -47,10 +48,6 @@ _AUDIT_ERRNO = {
     "NVMLError_InvalidArgument": _errno.EINVAL, "NVMLError_NotSupported": _errno.EOPNOTSUPP,
     "NVMLError_NotFound": _errno.ENODEV, "NVMLError_NoPermission": _errno.EPERM,
 }
-
-
-def _actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
 
 
 def open_backend(host: HostRoot) -> NvmlBackend:
@@ -625,7 +622,7 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
         out, steps = plan(dev)
         if not steps:
             return out
-        run = _Runner(dev, store, actor=actor or _actor(), operation=f"mig {action} {bdf}")
+        run = _Runner(dev, store, actor=actor or actor_name(), operation=f"mig {action} {bdf}")
         run.run(steps)
         out.writes = run.writes
         mode = backend.mig_mode(bdf)
@@ -716,7 +713,7 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         out, lp, wanted, profiles = plan(dev)
         if not lp.steps:
             return out
-        run = _Runner(dev, store, actor=actor or _actor(),
+        run = _Runner(dev, store, actor=actor or actor_name(),
                       operation=f"mig apply {bdf} {layout_text(_names(profiles, wanted))}")
         run.run(lp.steps)
         out.writes = run.writes

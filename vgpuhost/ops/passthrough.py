@@ -38,6 +38,7 @@ from ..policy.placement import MANUAL, POOL_OWNERS, validate_owner
 from ..io.state import PassthroughRecord, StateStore, utcnow
 from ..plan.steps import ANY_HOST_DRIVER, Executor, Probe, SetDriverOverride, Step, Unbind, VerifyDriver, describe
 from ..io.sysfs import Sysfs, config_equals
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress, field, record
 
 TYPE_CHECKING = False
@@ -226,10 +227,6 @@ def _locks(store: StateStore, group: int, gpu: PciAddress, dry_run: bool) -> Exi
     return stack
 
 
-def _actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
-
-
 def _driverctl_path(host: HostRoot, bdf: PciAddress):
     return host.driverctl_d / f"pci-{bdf}"
 
@@ -289,7 +286,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                           if not config_equals(p, "vfio-pci\n")]
         if dry_run:
             return out
-        ex = Executor(host, store, actor=actor or _actor(), operation=f"passthrough prepare {gpu}")
+        ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough prepare {gpu}")
         done: List[FunctionPlan] = []
         for fp in plans:
             try:
@@ -396,7 +393,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                              + " (release with --persist removes them)")
         if dry_run:
             return out
-        ex = Executor(host, store, actor=actor or _actor(), operation=f"passthrough release {gpu}")
+        ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough release {gpu}")
         released, errors = [], []
         for fp in plans:
             try:

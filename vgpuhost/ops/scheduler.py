@@ -46,6 +46,7 @@ from ..model.errors import DeviceError, HostEnvironmentError, InputError, Refuse
 from ..io.hostroot import HostRoot
 from ..io.nvml import NvmlError, SchedulerCaps, SchedulerState
 from ..io.sysfs import read_config_text
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
@@ -402,10 +403,6 @@ class PersistOutcome:
                 "dry_run": self.dry_run, "text": self.text, "notes": self.notes}
 
 
-def _actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
-
-
 def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAddress, Sequence[PciAddress]] = None,
             *, dry_run: bool = False, actor: Optional[str] = None) -> PersistOutcome:
     """Write ``RmPVMRL`` for all GPUs (``gpu=None``) or per GPU to vgpuhost's modprobe.d file.
@@ -437,7 +434,7 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
         text = render_conf(conf)
         changed = text != old
         if changed and not dry_run:
-            ex = Executor(host, store, actor=actor or _actor(),
+            ex = Executor(host, store, actor=actor or actor_name(),
                           operation="scheduler set --persist " + (",".join(map(str, gpus)) or "--all"))
             ex.fs.write_config(path, text)
     notes = []
@@ -613,7 +610,7 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
     else:
         gpus = resolve_gpus(host, list(target), False)
     backend = backend if backend is not None else open_backend(host)
-    actor = actor or _actor()
+    actor = actor or actor_name()
     out = RuntimeOutcome("scheduler-set", dry_run)
     with _gpu_locks(store, gpus, dry_run):
         plan: List[Tuple[PciAddress, SchedulerState, SchedulerState]] = []
@@ -675,7 +672,7 @@ def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None
     """
     gpus = resolve_gpus(host, [bdf], False)
     backend = backend if backend is not None else open_backend(host)
-    actor = actor or _actor()
+    actor = actor or actor_name()
     out = RuntimeOutcome("vgpu-mode", dry_run)
     with _gpu_locks(store, gpus, dry_run):
         before = bool(_supported(bdf, "mixed-size vGPU mode", lambda: backend.heterogeneous_mode(bdf)))

@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional
 from ..model.errors import HostEnvironmentError, InputError
 from ..io.hostroot import HostRoot
 from ..io.sysfs import read_config_text
+from ..io.process import actor as actor_name
 
 LAYOUT_UNIT = "vgpuhost-layout.service"
 RECONCILE_UNIT = "vgpuhost-reconcile.service"
@@ -275,8 +276,7 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
                 from ..io.state import StateStore
                 from ..plan.steps import Executor
                 executor = Executor(host, StateStore(host.state_dir), operation="install-units",
-                                    actor=actor or os.environ.get("VGPUHOST_ACTOR")
-                                    or f"cli uid={os.getuid()} pid={os.getpid()}")
+                                    actor=actor or actor_name())
             executor.fs.write_config(path, text)
         changes.append(UnitChange(name, host.relative(path), action, _enabled(target, name)))
     steps = []

@@ -33,6 +33,7 @@ from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, 
 from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
 from ..plan.steps import Executor
 from ..io.sysfs import Sysfs
+from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
 
 TYPE_CHECKING = False
@@ -40,10 +41,6 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import Collection, Dict, List, Optional, Sequence
 
 MAX_PLACEMENT_ATTEMPTS = 5
-
-
-def _actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
 
 
 # ---------------------------------------------------------------------------
@@ -333,7 +330,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             if backend != BACKEND_MDEV:
                 vid = str(decision.parent)
             out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
-            ex = Executor(host, store, actor=actor or _actor(),
+            ex = Executor(host, store, actor=actor or actor_name(),
                           operation=f"vgpu create {name} owner={owner}")
             # the decision goes in the audit log beside the writes it led to
             store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
@@ -668,7 +665,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
             out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
         if dry_run:
             return out
-        ex = Executor(host, store, actor=actor or _actor(), operation=f"vgpu remove {vid} owner={rec.owner}")
+        ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu remove {vid} owner={rec.owner}")
         if current is not None:
             try:
                 _destroy(ex.fs, rec.backend, parent, vid)
@@ -802,7 +799,7 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner})")
             continue
         with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
-            ex = Executor(host, store, actor=actor or _actor(), operation=f"reconcile {rec.id}")
+            ex = Executor(host, store, actor=actor or actor_name(), operation=f"reconcile {rec.id}")
             parent = PciAddress.parse(rec.parent)
             write, ppath = _create_paths(host, rec.backend, parent, rec.type_id, rec.id)
             try:
