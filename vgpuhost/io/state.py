@@ -25,6 +25,15 @@ Version 4 adds ``passthrough.owner`` (a domain UUID, or ``manual`` for
 saw start (``prepare begin``) and not yet release (``release end``); devices
 their owners hold are in use and never touched by plan/apply.
 
+Version 5 adds tenancy (issue 13): ``tenants`` (name, default QoS class,
+isolation, guaranteed ``g_*`` and burst ``b_*`` limits for vGPUs,
+framebuffer MiB, MIG compute slices and passthrough GPUs (NULL: no limit),
+allowed series, labels, avoid and prefer labels), ``allocations`` (one row
+per device admission let a domain hold: device id, owner, tenant, GPU,
+kind, profile, framebuffer MiB, MIG slices, QoS class, burst flag),
+``pools`` (GPU -> pool name, scheduler policy, QoS classes served) and
+``settings`` (key -> value, e.g. ``openstack_tenants``).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -115,6 +124,48 @@ MIGRATIONS: Sequence[str] = (
         uuid   TEXT PRIMARY KEY,
         name   TEXT NOT NULL,
         since  TEXT NOT NULL
+    );
+    """,
+    # 5: tenants with quotas, the allocations admission made, GPU pools, settings
+    """
+    CREATE TABLE tenants (
+        name       TEXT PRIMARY KEY COLLATE NOCASE,
+        qos        TEXT NOT NULL,
+        isolation  TEXT NOT NULL,
+        g_vgpus    INTEGER, b_vgpus INTEGER,
+        g_fb_mib   INTEGER, b_fb_mib INTEGER,
+        g_mig      INTEGER, b_mig INTEGER,
+        g_pt       INTEGER, b_pt INTEGER,
+        series     TEXT NOT NULL DEFAULT '',
+        labels     TEXT NOT NULL DEFAULT '',
+        avoid      TEXT NOT NULL DEFAULT '',
+        prefer     TEXT NOT NULL DEFAULT '',
+        time       TEXT NOT NULL
+    );
+    CREATE TABLE allocations (
+        device          TEXT PRIMARY KEY,
+        owner           TEXT NOT NULL,
+        tenant          TEXT,
+        gpu             TEXT NOT NULL,
+        kind            TEXT NOT NULL,
+        profile         TEXT NOT NULL DEFAULT '',
+        framebuffer_mib INTEGER NOT NULL DEFAULT 0,
+        mig_slices      INTEGER NOT NULL DEFAULT 0,
+        qos             TEXT NOT NULL,
+        burst           INTEGER NOT NULL DEFAULT 0,
+        time            TEXT NOT NULL
+    );
+    CREATE INDEX allocations_owner ON allocations(owner);
+    CREATE INDEX allocations_tenant ON allocations(tenant);
+    CREATE TABLE pools (
+        gpu     TEXT PRIMARY KEY,
+        pool    TEXT NOT NULL,
+        policy  TEXT NOT NULL,
+        classes TEXT NOT NULL
+    );
+    CREATE TABLE settings (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
     );
     """,
 )
@@ -248,7 +299,8 @@ class StateStore:
         return self._conn().execute("PRAGMA user_version").fetchone()[0]
 
     # --- audit -------------------------------------------------------------
-    def audit(self, *, actor: str, operation: str, path: str, value: str, err: int = 0) -> None:
+    def audit(self, *, actor: str, operation: str, path: str, value: str, err: int = 0,
+              result: Optional[str] = None) -> None:
         """Append one audit row.
 
         Device writes happen outside store transactions (under a per-group or
@@ -256,7 +308,8 @@ class StateStore:
         that happened is never lost with a failed operation.  Inside a
         transaction the row joins it.
         """
-        result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
+        if result is None:      # a decision (admission) names its own result: admitted / refused
+            result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
         self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result, err))
 
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
@@ -316,6 +369,75 @@ class StateStore:
 
     def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[VgpuRecord]:
         return vgpu_records(self._conn(), owner=owner, gpu=gpu)
+
+    # --- tenancy (version 5) -------------------------------------------------------
+    def tenant_rows(self, name: Optional[str] = None) -> List[tuple]:
+        """``tenants`` rows (every column but ``time``, in table order), by name; one name when given."""
+        sql = ("SELECT name, qos, isolation, g_vgpus, b_vgpus, g_fb_mib, b_fb_mib, g_mig, b_mig, g_pt, b_pt, "
+               "series, labels, avoid, prefer FROM tenants")
+        if name is not None:
+            return list(self._conn().execute(sql + " WHERE name = ?", (name,)))
+        return list(self._conn().execute(sql + " ORDER BY name"))
+
+    @staticmethod
+    def put_tenant(conn: sqlite3.Connection, row: Sequence) -> None:
+        """Upsert one tenant (``row`` as :meth:`tenant_rows` gives it)."""
+        conn.execute("INSERT OR REPLACE INTO tenants (name, qos, isolation, g_vgpus, b_vgpus, g_fb_mib, b_fb_mib, "
+                     "g_mig, b_mig, g_pt, b_pt, series, labels, avoid, prefer, time) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*row, utcnow()))
+
+    @staticmethod
+    def delete_tenant(conn: sqlite3.Connection, name: str) -> int:
+        return conn.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount
+
+    def allocation_rows(self, conn: Optional[sqlite3.Connection] = None, *,
+                        owner: Optional[str] = None) -> List[tuple]:
+        """``allocations`` rows ``(device, owner, tenant, gpu, kind, profile, framebuffer_mib, mig_slices,
+        qos, burst)``, oldest first; one owner's when given."""
+        c = conn or self._conn()
+        sql = ("SELECT device, owner, tenant, gpu, kind, profile, framebuffer_mib, mig_slices, qos, burst "
+               "FROM allocations")
+        if owner is not None:
+            return list(c.execute(sql + " WHERE owner = ? ORDER BY time, device", (owner,)))
+        return list(c.execute(sql + " ORDER BY time, device"))
+
+    @staticmethod
+    def put_allocation(conn: sqlite3.Connection, row: Sequence) -> None:
+        """Upsert one allocation (``row`` as :meth:`allocation_rows` gives it)."""
+        conn.execute("INSERT OR REPLACE INTO allocations (device, owner, tenant, gpu, kind, profile, "
+                     "framebuffer_mib, mig_slices, qos, burst, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (*row, utcnow()))
+
+    @staticmethod
+    def delete_allocations(conn: sqlite3.Connection, *, owner: Optional[str] = None,
+                           devices: Sequence[str] = ()) -> int:
+        """Delete one owner's allocations, or the named devices'; rows deleted."""
+        n = 0
+        if owner is not None:
+            n += conn.execute("DELETE FROM allocations WHERE owner = ?", (owner,)).rowcount
+        for d in devices:
+            n += conn.execute("DELETE FROM allocations WHERE device = ?", (d,)).rowcount
+        return n
+
+    def pool_rows(self) -> List[tuple]:
+        """``(gpu, pool, policy, classes)`` rows; ``classes`` comma-separated."""
+        return list(self._conn().execute("SELECT gpu, pool, policy, classes FROM pools ORDER BY pool, gpu"))
+
+    @staticmethod
+    def replace_pools(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
+        conn.execute("DELETE FROM pools")
+        conn.executemany("INSERT INTO pools (gpu, pool, policy, classes) VALUES (?, ?, ?, ?)", rows)
+
+    def setting(self, key: str) -> Optional[str]:
+        row = self._conn().execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_setting(self, key: str, value: Optional[str]) -> None:
+        with self.transaction() as conn:
+            if value is None:
+                conn.execute("DELETE FROM settings WHERE key = ?", (key,))
+            else:
+                conn.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
 
     @staticmethod
     def delete_passthrough(conn: sqlite3.Connection, bdfs: Sequence[str]) -> None:

@@ -1,0 +1,413 @@
+"""Tenancy: tenants and their quotas in the state store, admission for a domain's devices, reports.
+
+Owns: ``tenant add|set|list|show|remove`` (:func:`add`, :func:`update`,
+:func:`remove`, :func:`tenants`), the allocations admission counts
+(:func:`allocations`: the store's ``allocations`` rows, plus every vGPU or
+passthrough group vgpuhost holds that has none, counted as having no
+tenant), the admission of a domain's devices (:func:`admit_domain`,
+audited, one row per decision with its reason) and its record
+(:func:`record_allocations`, :func:`forget`), the host lock admission runs under
+(:func:`host_lock`), pools (:func:`set_pools`, :func:`pools`), the
+``tenant usage`` and ``capacity`` reports (:func:`usage_report`,
+:func:`capacity`), and the OpenStack tenant mapping setting.
+Must not: decide (that is :func:`vgpuhost.policy.admission.admit`), touch
+sysfs, or stop a VM.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from ..io.locks import file_lock
+from ..io.state import StateStore
+from ..model.errors import InputError, RefusedError
+from ..model.tenancy import (DIMENSION_TEXT, DIMENSIONS, Limits, Quota, Tenant, check_name, labels_text,
+                             parse_labels)
+from ..model.values import record, replace
+from ..policy import admission as adm
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+    from ..libvirt.domxml import DomainView
+    from ..observe.inventory import Inventory
+
+LOCK = "tenancy"
+#: settings key: map OpenStack projects to tenants (``project-name`` / ``project-uuid``; absent = off)
+OPENSTACK = "openstack_tenants"
+OPENSTACK_MODES = ("project-name", "project-uuid")
+
+
+def _actor() -> str:
+    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
+
+
+@contextmanager
+def host_lock(store: StateStore) -> Iterator[None]:
+    """The host lock admission decides and records under (``<state dir>/locks/tenancy.lock``)."""
+    with file_lock(store.state_dir, LOCK):
+        yield
+
+
+# ---------------------------------------------------------------------------
+# tenants in the store
+
+_COLS = (("vgpus", 3), ("framebuffer_mib", 5), ("mig_slices", 7), ("passthrough_gpus", 9))
+
+
+def _tenant(row: Sequence) -> Tenant:
+    g = Limits(**{d: row[i] for d, i in _COLS})
+    b = Limits(**{d: row[i + 1] for d, i in _COLS})
+    return Tenant(row[0], row[1], row[2], Quota(g, b, frozenset(row[11])), parse_labels(row[12]),
+                  parse_labels(row[13]), parse_labels(row[14]))
+
+
+def _row(t: Tenant) -> tuple:
+    q = t.quota
+    lims = []
+    for d, _ in _COLS:
+        lims += [q.guaranteed.get(d), q.burst.get(d)]
+    return (t.name, t.qos, t.isolation, *lims, "".join(sorted(q.series)), labels_text(t.labels),
+            labels_text(t.avoid), labels_text(t.prefer))
+
+
+def tenants(store: StateStore) -> Dict[str, Tenant]:
+    """Every tenant by name."""
+    return {r[0]: _tenant(r) for r in store.tenant_rows()}
+
+
+def get(store: StateStore, name: str) -> Tenant:
+    """One tenant (names match case-insensitively); raises InputError naming the known ones."""
+    rows = store.tenant_rows(check_name(name))
+    if not rows:
+        known = ", ".join(r[0] for r in store.tenant_rows()) or "none"
+        raise InputError(f"no tenant {name!r}", hint=f"tenants: {known} ('vgpuhost tenant add NAME' adds one)")
+    return _tenant(rows[0])
+
+
+def _audit(store: StateStore, actor: Optional[str], operation: str, value: str) -> None:
+    store.audit(actor=actor or _actor(), operation=operation, path="(tenants)", value=value)
+
+
+def describe(t: Tenant) -> str:
+    """``qos=burstable isolation=shared vgpus=4:6 framebuffer_mib=32768 series=C labels=env=prod``."""
+    parts = [f"qos={t.qos}", f"isolation={t.isolation}"]
+    parts += [f"{d}={t.quota.text(d)}" for d in DIMENSIONS if t.quota.guaranteed.get(d) is not None]
+    if t.quota.series:
+        parts.append("series=" + ",".join(sorted(t.quota.series)))
+    for what, labs in (("labels", t.labels), ("avoid", t.avoid), ("prefer", t.prefer)):
+        if labs:
+            parts.append(f"{what}={labels_text(labs)}")
+    return " ".join(parts)
+
+
+def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Tenant:
+    """Add ``tenant``; raises InputError when it is invalid or the name is taken."""
+    tenant.validate()
+    with store.transaction() as conn:
+        if store.tenant_rows(tenant.name):
+            raise InputError(f"tenant {tenant.name!r} exists",
+                             hint=f"change it with 'vgpuhost tenant set {tenant.name} ...'")
+        store.put_tenant(conn, _row(tenant))
+    _audit(store, actor, f"tenant add {tenant.name}", describe(tenant))
+    return tenant
+
+
+def update(store: StateStore, name: str, *, actor: Optional[str] = None, **changes) -> Tenant:
+    """Change fields of tenant ``name`` (:class:`Tenant` field names); returns the new value.
+
+    A lower quota is allowed while use exceeds it: running domains keep
+    their devices (vgpuhost never stops a VM), new admissions are refused.
+    """
+    with store.transaction() as conn:
+        old = get(store, name)
+        new = replace(old, **changes).validate()
+        store.put_tenant(conn, _row(new))
+    _audit(store, actor, f"tenant set {old.name}", describe(new))
+    return new
+
+
+def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tenant:
+    """Remove tenant ``name``; refused (RefusedError) while its domains hold devices."""
+    with store.transaction() as conn:
+        t = get(store, name)
+        held = [r for r in store.allocation_rows(conn) if r[2] == t.name]
+        if held:
+            raise RefusedError(f"tenant {t.name!r} holds {len(held)} device(s) ({', '.join(r[0] for r in held[:4])})",
+                               hint="stop its domains first; vgpuhost never stops a VM itself")
+        store.delete_tenant(conn, t.name)
+    _audit(store, actor, f"tenant remove {t.name}", describe(t))
+    return t
+
+
+# ---------------------------------------------------------------------------
+# allocations
+
+def _alloc(row: Sequence) -> adm.Allocation:
+    return adm.Allocation(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], bool(row[9]))
+
+
+def _type_fb(inv: Optional[Inventory], store: StateStore) -> Dict[str, int]:
+    """``{type name (lower case): framebuffer MiB}`` from the inventory and the types seen before."""
+    out: Dict[str, int] = {}
+    for row in store.seen_types():
+        if row[3]:
+            out[row[2].lower()] = row[3]
+    if inv is not None:
+        for t in inv.vgpu_types:
+            if t.framebuffer_mib:
+                out[t.name.lower()] = t.framebuffer_mib
+    return out
+
+
+def allocations(store: StateStore, inv: Optional[Inventory] = None) -> List[adm.Allocation]:
+    """What admission counts as held now.
+
+    The ``allocations`` rows whose device vgpuhost still holds (a vGPU record,
+    or a passthrough record of the GPU), then every vGPU record and
+    passthrough GPU with no row, with no tenant (manual, layout, or made
+    before tenancy).
+    """
+    vrecs = store.vgpu_records()
+    pt_gpus: Dict[str, str] = {}
+    for r in store.passthrough_records():
+        pt_gpus.setdefault(r.gpu, r.owner)
+    ids = {r.id for r in vrecs}
+    out: List[adm.Allocation] = []
+    seen = set()
+    for row in store.allocation_rows():
+        a = _alloc(row)
+        if (a.kind == adm.VGPU and a.device in ids) or (a.kind == adm.PASSTHROUGH and a.gpu in pt_gpus):
+            out.append(a)
+            seen.add(a.device)
+    fbs = None
+    for r in vrecs:
+        if r.id in seen:
+            continue
+        if fbs is None:
+            fbs = _type_fb(inv, store)
+        dem = adm.vgpu_demand(r.type_name, fbs.get(r.type_name.lower()))
+        out.append(adm.Allocation(r.id, r.owner, None, r.gpu, adm.VGPU, r.type_name, dem.framebuffer_mib,
+                                  dem.mig_slices))
+    for gpu, owner in sorted(pt_gpus.items()):
+        if gpu not in seen:
+            out.append(adm.Allocation(gpu, owner, None, gpu, adm.PASSTHROUGH))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# pools
+
+def pools(store: StateStore) -> List[adm.Pool]:
+    """The declared pools (from the layout), each with its GPUs."""
+    by: Dict[str, Tuple[str, str, List[str]]] = {}
+    for gpu, pool, policy, classes in store.pool_rows():
+        by.setdefault(pool, (policy, classes, []))[2].append(gpu)
+    return [adm.Pool(n, p, tuple(c.split(",")) if c else (), tuple(gs)) for n, (p, c, gs) in sorted(by.items())]
+
+
+def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None,
+              actor: Optional[str] = None) -> List[str]:
+    """Declare ``new`` as the host's pools (replacing the old); returns what changed, one line each.
+
+    NVML changes a GPU's scheduler policy only while it holds no vGPUs: a
+    GPU whose pool policy would change (from the old pool's, or from
+    ``policies``, the policy each GPU runs now by BDF) while vGPUs are
+    recorded on it is refused (RefusedError, nothing changed).  Raises
+    InputError for :func:`vgpuhost.policy.admission.pool_problems`.
+    """
+    problems = adm.pool_problems(new)
+    if problems:
+        raise InputError("pools: " + "; ".join(problems))
+    old = {g: p for p in pools(store) for g in p.gpus}
+    busy = {r.gpu for r in store.vgpu_records()}
+    changes: List[str] = []
+    for p in new:
+        for g in p.gpus:
+            was = old[g].policy if g in old else (policies or {}).get(g)
+            if was is not None and was != p.policy and g in busy:
+                raise RefusedError(f"pool {p.name!r}: GPU {g} runs the {was} scheduler and holds vGPUs; NVML "
+                                   f"changes the policy only on a GPU with no vGPUs",
+                                   hint="stop the domains on it first, or leave it in its pool")
+            if g not in old or old[g].name != p.name or old[g].policy != p.policy:
+                changes.append(f"GPU {g}: pool {p.name} ({p.policy}, serves {', '.join(p.classes)})")
+    for g, p in old.items():
+        if not any(g in n.gpus for n in new):
+            changes.append(f"GPU {g}: out of pool {p.name}")
+    with store.transaction() as conn:
+        store.replace_pools(conn, [(g, p.name, p.policy, ",".join(p.classes)) for p in new for g in p.gpus])
+    if changes:
+        store.audit(actor=actor or _actor(), operation="pools set", path="(pools)", value="; ".join(changes))
+    return changes
+
+
+# ---------------------------------------------------------------------------
+# admission for a domain
+
+@record(frozen=True)
+class Granted:
+    """One device of a domain and the admission decision for it (``device``: mdev UUID, VF BDF or GPU)."""
+
+    device: str
+    demand: adm.Demand
+    decision: adm.Admission
+
+
+def tenant_of(store: StateStore, view: DomainView) -> Optional[str]:
+    """The domain's tenant: its vgpuhost metadata's ``tenant``, else (when the operator enabled the
+    OpenStack mapping) its Nova project; None without either."""
+    meta = view.metadata
+    if meta is not None and meta.tenant:
+        return meta.tenant
+    mode = store.setting(OPENSTACK)
+    nova = getattr(view, "nova_project", None)
+    if mode and nova:
+        name, uuid = nova
+        return (uuid if mode == "project-uuid" else name) or None
+    return None
+
+
+def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
+                 allowed: Optional[frozenset] = None, audit: bool = True) -> List[Granted]:
+    """Admit every device ``view``'s metadata names that the domain does not hold yet, all or none.
+
+    Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
+    calls it without, for early feedback (``audit`` False: nothing written).
+    ``allowed``: the hook allow-list (None = every GPU).  Each decision is
+    audited (operation ``admission``, result ``admitted`` or ``refused``).
+    Raises RefusedError with the first refusal's reason and what would free
+    room; InputError when the domain's metadata names a QoS class not known.
+    """
+    from . import vgpu as vgpu_ops
+    meta = view.metadata
+    if meta is None or meta.empty:
+        return []
+    me = view.uuid
+    ts = tenants(store)
+    tname = tenant_of(store, view)
+    held = allocations(store, inv)
+    mine = {a.device for a in held if a.owner == me}
+    records = store.vgpu_records()
+    seen = store.seen_types() + vgpu_ops.seen_rows(inv)
+    fbs = _type_fb(inv, store)
+    memory = {str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib}
+    names = store.active_domains()
+    pl = pools(store)
+    qos = getattr(meta, "qos", None)
+    out: List[Granted] = []
+    reqs: List[Tuple[str, adm.AdmissionRequest, list]] = []
+    for g in meta.passthrough:
+        if str(g) not in mine:
+            reqs.append((str(g), adm.AdmissionRequest(me, adm.passthrough_demand(), tname, qos, str(g)), []))
+    for v in meta.vgpus:
+        if v.device in mine:
+            continue
+        pin = v.gpu
+        if v.vf is not None:
+            dev = inv.devices.get(v.vf)
+            pin = dev.physfn if dev is not None else pin
+        name = vgpu_ops.resolve_profile(inv, records, v.profile, pin, seen)
+        offers = vgpu_ops.offers(inv, records, name, seen)
+        if allowed is not None:
+            offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
+                                                         "allow-list") for o in offers]
+        dem = adm.vgpu_demand(name, fbs.get(name.lower()))
+        reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
+                                                    meta.strategy, meta.anti_affinity), offers))
+    for device, req, offers in reqs:
+        d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names)
+        if audit:
+            store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
+                        path="(admission)", value=d.one_line(), result="admitted" if d.admitted else "refused")
+        if not d.admitted:
+            raise RefusedError(f"admission: {d.reason}",
+                               hint=("to free room: " + "; ".join(d.frees)) if d.frees else None)
+        out.append(Granted(device, req.demand, d))
+        held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
+    return out
+
+
+def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted], gpus: Mapping[str, str]) -> None:
+    """Record the allocations of devices ``owner`` now holds (``gpus``: device -> the GPU it went to)."""
+    with store.transaction() as conn:
+        for gr in granted:
+            a = adm.allocation(gr.device, owner, gpus.get(gr.device) or gr.decision.gpu or "", gr.demand,
+                               gr.decision)
+            store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
+                                        a.mig_slices, a.qos, int(a.burst)))
+
+
+def forget(store: StateStore, owner: Optional[str] = None, devices: Sequence[str] = ()) -> int:
+    """Drop allocation rows of ``owner`` (its ``release end``) or of ``devices``; rows dropped."""
+    with store.transaction() as conn:
+        return store.delete_allocations(conn, owner=owner, devices=devices)
+
+
+# ---------------------------------------------------------------------------
+# reports
+
+def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dict]:
+    """Per tenant (and ``(none)`` for devices with no tenant): each dimension's use, burst part and limits."""
+    held = allocations(store, inv)
+    ts = tenants(store)
+    out = []
+    names = sorted(ts) + sorted({a.tenant for a in held if a.tenant and a.tenant not in ts})
+    for n in names + [None]:
+        u = adm.usage(n, held)
+        t = ts.get(n) if n else None
+        if n is None and not any(a.tenant is None for a in held):
+            continue
+        dims = {}
+        for d in DIMENSIONS:
+            total, burst = u[d]
+            dims[d] = {"used": total, "burst": burst,
+                       "guaranteed": t.quota.guaranteed.get(d) if t else None,
+                       "limit": t.quota.ceiling(d) if t else None}
+        out.append({"tenant": n, "known": t is not None, "qos": t.qos if t else None,
+                    "isolation": t.isolation if t else None,
+                    "domains": len({a.owner for a in held if a.tenant == n}),
+                    "usage": dims})
+    return out
+
+
+def capacity(store: StateStore, inv: Inventory) -> dict:
+    """What more fits now, per profile, pool and GPU, and where fragmentation blocks a profile.
+
+    Per vGPU type name: instances free per GPU (as placement counts them),
+    the GPU's pool, the total; and, for time-sliced types, how many the
+    free framebuffer summed over GPUs would allow, so ``blocked`` says how
+    many fragmentation (free framebuffer spread over GPUs, or a GPU held in
+    equal-size mode by another size) keeps out.
+    """
+    from . import vgpu as vgpu_ops
+    from ..policy.capacity import summarise
+    records = store.vgpu_records()
+    seen = store.seen_types() + vgpu_ops.seen_rows(inv)
+    held = allocations(store, inv)
+    pl = pools(store)
+    used: Dict[str, int] = {}
+    for a in held:
+        if a.kind == adm.VGPU and not a.mig_slices:
+            used[a.gpu] = used.get(a.gpu, 0) + a.framebuffer_mib
+    pt = {a.gpu for a in held if a.kind == adm.PASSTHROUGH}
+    gpus = []
+    for g in inv.gpus:
+        if not g.vgpu_backend:
+            continue
+        addr = str(g.address)
+        mem = g.framebuffer_mib
+        gpus.append({"gpu": addr, "pool": adm.pool_of(pl, addr).name,
+                     "framebuffer_mib": mem,
+                     "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
+                     (max(0, mem - used.get(addr, 0)) if mem else None)})
+    fbs = _type_fb(inv, store)
+    per_type = []
+    for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
+        offers = vgpu_ops.offers(inv, records, name, seen)
+        if all(o.type_id is None for o in offers):
+            continue
+        dem = adm.vgpu_demand(name, fbs.get(name.lower()))
+        per_type.append((name, dem.framebuffer_mib, dem.mig_backed,
+                         [(str(o.gpu), o.available) for o in offers if o.type_id is not None]))
+    return summarise(gpus, per_type)

@@ -1,0 +1,505 @@
+"""Admission control: may this tenant's domain have this device now, and where?  A pure function.
+
+Owns: :func:`admit`, the one decision the qemu hook (with authority, at
+``prepare begin`` under the host lock) and ``attach`` (early feedback) ask,
+in a fixed order: quota -> isolation -> QoS class -> pool -> placement;
+the values it decides over (:class:`Demand`, :class:`Allocation`,
+:class:`Pool`, :class:`AdmissionRequest`, :class:`Admission`); quota use
+(:func:`usage`).  Must not: read the host or the state store, or change
+anything; callers (``vgpuhost.ops.tenancy``) build the inputs from the
+records and an inventory, and record the outcome.
+
+Rules (README "Tenants, quotas and QoS classes"):
+
+- **Quota.**  For each dimension (:data:`vgpuhost.model.tenancy.DIMENSIONS`)
+  the tenant's use plus the demand may not pass the burst limit (or the
+  guaranteed limit where no burst is set).  Use above the guaranteed limit
+  marks the allocation *burst*; a burst is admitted only from free
+  capacity: after it, the free framebuffer on the GPUs it may use (or the
+  GPUs free for passthrough) must still cover the other tenants' unused
+  guarantees.  The allowed series (``C`` only, ...) is checked first.
+- **Isolation.**  ``hardware``: MIG-backed vGPUs and passthrough only.
+  ``exclusive``: a time-sliced GPU holds only this tenant's vGPUs (and no
+  other tenant's vGPU joins it).  ``shared``: anything not excluded by an
+  exclusive holder or by label anti-affinity (``avoid``, both ways).
+  MIG-backed vGPUs and passthrough are hardware partitions: neighbours do
+  not matter to them.
+- **QoS class.**  ``guaranteed`` needs a hardware partition or a GPU in a
+  fixed-share pool; ``burstable`` a GPU in a pool serving it (equal-share
+  or fixed-share); ``best-effort`` any pool serving it.  A domain that
+  names no tenant is best-effort.
+- **Pools.**  Time-sliced vGPUs go only to GPUs whose pool serves the
+  class.  GPUs in no declared pool form the implicit pool ``default``,
+  which serves ``burstable`` and ``best-effort`` (its scheduler policy is
+  whatever the GPU runs).  Hardware partitions ignore pools.
+- **Placement.**  :func:`vgpuhost.policy.placement.place` over the GPUs
+  left, with the tenant's ``prefer`` labels tried first (affinity).
+
+A refusal names the rule, the quota with its current use, and what would
+free room; for a guaranteed request, that includes other tenants' burst
+allocations on the GPUs it could use.  vgpuhost never stops a VM itself.
+"""
+
+from __future__ import annotations
+
+from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
+                             HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Tenant)
+from ..model.values import VgpuProfile, field, record, replace
+from .placement import GpuOffer, Request, place
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+VGPU, PASSTHROUGH = "vgpu", "passthrough"
+DEFAULT_POOL = "default"
+#: the classes each scheduler policy may serve (a policy never serves a class stronger than its own)
+POLICY_SERVES = {"fixed-share": (GUARANTEED, BURSTABLE, BEST_EFFORT), "equal-share": (BURSTABLE, BEST_EFFORT),
+                 "best-effort": (BEST_EFFORT,)}
+DEFAULT_POOL_SERVES = (BURSTABLE, BEST_EFFORT)
+
+
+@record(frozen=True)
+class Demand:
+    """What one device asks for.  ``framebuffer_mib``: the vGPU's framebuffer (MiB); ``mig_slices``:
+    GPU-instance compute slices of a MIG-backed vGPU (0: time-sliced or passthrough)."""
+
+    kind: str
+    profile: str = ""
+    series: str = ""
+    framebuffer_mib: int = 0
+    mig_slices: int = 0
+
+    @property
+    def mig_backed(self) -> bool:
+        return self.kind == VGPU and self.mig_slices > 0
+
+    @property
+    def hardware(self) -> bool:
+        """A hardware partition: passthrough or a MIG-backed vGPU."""
+        return self.kind == PASSTHROUGH or self.mig_backed
+
+    def amount(self, dim: str) -> int:
+        if dim == "vgpus":
+            return 1 if self.kind == VGPU else 0
+        if dim == "passthrough_gpus":
+            return 1 if self.kind == PASSTHROUGH else 0
+        return getattr(self, dim)
+
+    def text(self) -> str:
+        return f"vGPU {self.profile}" if self.kind == VGPU else "a passthrough GPU"
+
+
+def vgpu_demand(profile: str, framebuffer_mib: Optional[int] = None) -> Demand:
+    """The demand of one vGPU of ``profile`` (framebuffer from the type when known, else from the name)."""
+    p = VgpuProfile.try_parse(profile)
+    fb = framebuffer_mib if framebuffer_mib is not None else (p.framebuffer_gb * 1024 if p else 0)
+    return Demand(VGPU, profile, p.series if p else "", fb, (p.gi_slices or 0) if p else 0)
+
+
+def passthrough_demand() -> Demand:
+    return Demand(PASSTHROUGH)
+
+
+@record(frozen=True)
+class Allocation:
+    """A device a domain holds, as admission counts it.  ``tenant`` None: no tenant; ``burst``: admitted
+    above the tenant's guaranteed limit."""
+
+    device: str
+    owner: str
+    tenant: Optional[str]
+    gpu: str
+    kind: str
+    profile: str = ""
+    framebuffer_mib: int = 0
+    mig_slices: int = 0
+    qos: str = BEST_EFFORT
+    burst: bool = False
+
+    @property
+    def demand(self) -> Demand:
+        p = VgpuProfile.try_parse(self.profile) if self.profile else None
+        return Demand(self.kind, self.profile, p.series if p else "", self.framebuffer_mib, self.mig_slices)
+
+
+def allocation(device: str, owner: str, gpu: str, demand: Demand, decision: "Admission") -> Allocation:
+    """The allocation an admitted ``decision`` makes for ``device`` on ``gpu``."""
+    return Allocation(device, owner, decision.tenant, gpu, demand.kind, demand.profile, demand.framebuffer_mib,
+                      demand.mig_slices, decision.qos, decision.burst)
+
+
+@record(frozen=True)
+class Pool:
+    """GPUs under one scheduler policy, serving ``classes`` (QoS classes)."""
+
+    name: str
+    policy: str
+    classes: Tuple[str, ...]
+    gpus: Tuple[str, ...]
+
+    def serves(self, qos: str) -> bool:
+        return qos in self.classes
+
+
+def pool_problems(pools: Sequence[Pool]) -> List[str]:
+    """What is wrong with a set of pools (empty: fine): a GPU in two pools (two scheduler policies on
+    one GPU), an unknown policy, a class the policy cannot serve, a duplicate or reserved name."""
+    out: List[str] = []
+    seen: Dict[str, str] = {}
+    names = set()
+    for p in pools:
+        if p.name.lower() in names or p.name == DEFAULT_POOL:
+            out.append(f"pool {p.name!r}: " + ("the name is taken" if p.name.lower() in names else
+                                               f"{DEFAULT_POOL!r} names the GPUs in no pool"))
+        names.add(p.name.lower())
+        if p.policy not in POLICY_SERVES:
+            out.append(f"pool {p.name!r}: unknown scheduler policy {p.policy!r} (one of "
+                       f"{', '.join(POLICY_SERVES)})")
+            continue
+        for c in p.classes:
+            if c not in QOS_CLASSES:
+                out.append(f"pool {p.name!r}: unknown QoS class {c!r}")
+            elif c not in POLICY_SERVES[p.policy]:
+                out.append(f"pool {p.name!r}: a {p.policy} pool cannot serve {c} (it serves "
+                           f"{', '.join(POLICY_SERVES[p.policy])})")
+        for g in p.gpus:
+            if g in seen:
+                out.append(f"GPU {g} is in pools {seen[g]!r} and {p.name!r}: one GPU has one scheduler policy")
+            seen[g] = p.name
+    return out
+
+
+def pool_of(pools: Sequence[Pool], gpu: str) -> Pool:
+    """The pool holding ``gpu``: a declared one, else the implicit :data:`DEFAULT_POOL`."""
+    for p in pools:
+        if gpu in p.gpus:
+            return p
+    return Pool(DEFAULT_POOL, "", DEFAULT_POOL_SERVES, ())
+
+
+@record(frozen=True)
+class AdmissionRequest:
+    """One device a domain asks for.  ``qos``: the domain's override of its tenant's class; ``gpu``: the
+    GPU (passthrough) or a pin (vGPU); ``strategy`` / ``anti_affinity`` / ``numa_node`` as in placement."""
+
+    owner: str
+    demand: Demand
+    tenant: Optional[str] = None
+    qos: Optional[str] = None
+    gpu: Optional[str] = None
+    strategy: str = "first-fit"
+    anti_affinity: Optional[str] = None
+    numa_node: Optional[int] = None
+
+
+@record(frozen=True)
+class Admission:
+    """The decision.  ``code``: ``ok`` or the rule that refused (``unknown-tenant``, ``series``,
+    ``quota``, ``isolation``, ``qos``, ``pool``, ``capacity``, ``burst``); ``quota``: the dimension that
+    refused; ``gpu``/``parent``/``type_id``: the placement (vGPU) or the GPU (passthrough);
+    ``candidates``: every GPU the request may use under the rules (placement may take any that fits);
+    ``frees``: what would free room."""
+
+    admitted: bool
+    reason: str
+    tenant: Optional[str]
+    qos: str
+    burst: bool = False
+    code: str = "ok"
+    quota: str = ""
+    gpu: Optional[str] = None
+    parent: Optional[str] = None
+    type_id: Optional[str] = None
+    candidates: Tuple[str, ...] = ()
+    pool: Optional[str] = None
+    frees: Tuple[str, ...] = field(default=())
+
+    def one_line(self) -> str:
+        if self.admitted or not self.frees:
+            return self.reason
+        return f"{self.reason}; to free room: " + "; ".join(self.frees)
+
+
+# ---------------------------------------------------------------------------
+# use
+
+def usage(tenant: str, allocations: Sequence[Allocation]) -> Dict[str, Tuple[int, int]]:
+    """``{dimension: (total use, burst use)}`` of ``tenant``'s allocations."""
+    out = {d: (0, 0) for d in DIMENSIONS}
+    for a in allocations:
+        if a.tenant != tenant:
+            continue
+        dem = a.demand
+        for d in DIMENSIONS:
+            n = dem.amount(d)
+            t, b = out[d]
+            out[d] = (t + n, b + (n if a.burst else 0))
+    return out
+
+
+def _who(a: Allocation, names: Mapping[str, str]) -> str:
+    n = names.get(a.owner)
+    return f"domain {n!r}" if n else (f"domain {a.owner}" if a.owner not in ("manual", "layout") else a.owner)
+
+
+def _held(a: Allocation) -> str:
+    return (f"vGPU {a.profile} {a.device} on {a.gpu}" if a.kind == VGPU else f"passthrough GPU {a.gpu}")
+
+
+# ---------------------------------------------------------------------------
+# the decision
+
+def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+          pools: Sequence[Pool] = (), offers: Sequence[GpuOffer] = (),
+          gpu_memory: Optional[Mapping[str, int]] = None, names: Optional[Mapping[str, str]] = None) -> Admission:
+    """Decide ``req``: quota -> isolation -> QoS class -> pool -> placement (module docstring).
+
+    ``tenants``: every tenant by name (empty: tenancy is not in use, and a
+    tenant name is only recorded); ``allocations``: every device held now,
+    the requesting domain's others included; ``pools``: the declared pools
+    (:func:`pool_problems` must find nothing); ``offers``: for a vGPU, one
+    :class:`GpuOffer` per vGPU-capable GPU for the profile (as
+    :func:`vgpuhost.ops.vgpu.offers` builds them); ``gpu_memory``: total
+    framebuffer per GPU (MiB, by BDF) for the burst reserve (unknown GPUs are
+    left out of it); ``names``: domain names by UUID, for messages.
+    Never raises for a refusal: it is the returned decision.
+    """
+    names = names or {}
+    dem = req.demand
+    tenant: Optional[Tenant] = None
+    if req.tenant is not None:
+        tenant = tenants.get(req.tenant)
+        if tenant is None and tenants:
+            known = ", ".join(sorted(tenants)[:8])
+            return Admission(False, f"unknown tenant {req.tenant!r} (tenants: {known})", req.tenant,
+                             req.qos or UNTENANTED_QOS, code="unknown-tenant",
+                             frees=(f"add it ('vgpuhost tenant add {req.tenant}') or fix the domain's tenant",))
+    tname = tenant.name if tenant is not None else req.tenant
+    qos = req.qos or (tenant.qos if tenant is not None else UNTENANTED_QOS)
+
+    def refuse(code: str, reason: str, *, quota: str = "", frees=(), burst: bool = False,
+               candidates=()) -> Admission:
+        return Admission(False, reason, tname, qos, burst, code, quota, candidates=tuple(candidates),
+                         frees=tuple(frees))
+
+    # 1. quota -------------------------------------------------------------------
+    burst = False
+    used = usage(tenant.name, allocations) if tenant is not None else {}
+    quota_note = ""
+    if tenant is not None:
+        q = tenant.quota
+        if q.series and dem.kind == VGPU and dem.series not in q.series:
+            return refuse("series", f"tenant {tenant.name!r} may use vGPU series {', '.join(sorted(q.series))} "
+                                    f"only; {dem.profile} is series {dem.series or '?'}", quota="series",
+                          frees=(f"use a {'/'.join(sorted(q.series))} profile, or widen the quota "
+                                 f"('vgpuhost tenant set {tenant.name} --series ...')",))
+        notes = []
+        for d in DIMENSIONS:
+            n = dem.amount(d)
+            if not n:
+                continue
+            total, _ = used[d]
+            ceiling = q.ceiling(d)
+            g = q.guaranteed.get(d)
+            if ceiling is not None and total + n > ceiling:
+                mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)),
+                              key=lambda a: (-a.demand.amount(d), a.device))
+                frees = [f"stop or detach {_who(a, names)} ({_held(a)})" for a in mine[:3]]
+                frees.append(f"or raise the quota ('vgpuhost tenant set {tenant.name} "
+                             f"--{d.replace('_mib', '').replace('_', '-')} ...')")
+                kind = "burst" if q.burst.get(d) is not None else "guaranteed"
+                return refuse("quota", f"quota {DIMENSION_TEXT[d]} of tenant {tenant.name!r}: {total} in use + "
+                                       f"{n} asked > {ceiling} ({kind} limit)", quota=d, frees=frees)
+            if g is not None and total + n > g:
+                burst = True
+            if g is not None:
+                notes.append(f"{DIMENSION_TEXT[d]} {total + n}/{q.text(d)}")
+        quota_note = "quota " + (", ".join(notes) if notes else "unlimited")
+
+    # 2. isolation ---------------------------------------------------------------
+    if tenant is not None and tenant.isolation == HARDWARE and not dem.hardware:
+        return refuse("isolation", f"tenant {tenant.name!r} has isolation 'hardware': MIG-backed vGPUs and "
+                                   f"passthrough only, not the time-sliced {dem.profile}",
+                      frees=("ask for a MIG-backed profile (e.g. <board>-1-<GB>C) or a passthrough GPU",))
+
+    # 3. QoS class ---------------------------------------------------------------
+    if qos not in QOS_CLASSES:
+        return refuse("qos", f"unknown QoS class {qos!r}", frees=("one of " + ", ".join(QOS_CLASSES),))
+    if qos == GUARANTEED and not dem.hardware and not any(p.policy == "fixed-share" and p.serves(GUARANTEED)
+                                                            for p in pools):
+        return refuse("qos", f"QoS class guaranteed needs a hardware partition (a MIG-backed vGPU or "
+                             f"passthrough) or a GPU in a fixed-share pool; {dem.profile} is time-sliced and no "
+                             "fixed-share pool serves guaranteed",
+                      frees=("declare a fixed-share pool in the layout, ask for a MIG-backed profile, or set the "
+                             "domain's qos to burstable",))
+
+    # 4. pool + isolation per GPU --------------------------------------------------
+    if dem.kind == PASSTHROUGH:
+        return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names)
+    by_gpu: Dict[str, List[Allocation]] = {}
+    for a in allocations:
+        by_gpu.setdefault(a.gpu, []).append(a)
+    narrowed: List[GpuOffer] = []
+    candidates: List[str] = []
+    pool_names = set()
+    served_any = False
+    for o in offers:
+        g = str(o.gpu)
+        why = None
+        if not dem.hardware:
+            pool = pool_of(pools, g)
+            if not pool.serves(qos):
+                why = f"pool {pool.name!r} does not serve {qos}"
+            else:
+                served_any = True
+                why = _isolation_conflict(tenant, tname, by_gpu.get(g, ()), tenants)
+                if why is None:
+                    pool_names.add(pool.name)
+        if why is None:
+            candidates.append(g)
+            narrowed.append(o)
+        else:
+            narrowed.append(replace(o, available=0, parents=(), note=why))
+    if not dem.hardware and not served_any:
+        serving = [p.name for p in pools if p.serves(qos)]
+        return refuse("pool", f"no pool serves QoS class {qos} on this host"
+                              + (f" (pools serving it: {', '.join(serving)}, none with a GPU offering "
+                                 f"{dem.profile})" if serving else ""),
+                      frees=("declare a pool serving it in the layout, or change the domain's qos",))
+    if not candidates:
+        rej = "; ".join(f"{o.gpu}: {o.note}" for o in narrowed if o.note) or "no vGPU-capable GPU"
+        return refuse("isolation", f"no GPU may take {dem.text()} of "
+                                   f"{('tenant ' + repr(tname)) if tname else 'a domain without a tenant'} "
+                                   f"under its isolation: {rej}",
+                      frees=("wait for a GPU to empty, or change the tenant's isolation or labels",))
+
+    # 5. placement -----------------------------------------------------------------
+    preq = Request(dem.profile, req.owner, req.strategy, req.numa_node, req.anti_affinity,
+                   _addr(req.gpu) if req.gpu else None)
+    decision = None
+    if tenant is not None and tenant.prefer:
+        liked = {g for g, held in by_gpu.items()
+                 if any((tenants.get(a.tenant) is not None and tenants[a.tenant].labels & tenant.prefer)
+                        for a in held if a.tenant)}
+        if liked:
+            first = place([o for o in narrowed if str(o.gpu) in liked], preq)
+            if first.admitted:
+                decision = replace(first, reason=first.reason + f"; preferred: GPUs holding "
+                                                                f"{', '.join(sorted(tenant.prefer))}")
+    if decision is None:
+        decision = place(narrowed, preq)
+    if not decision.admitted:
+        frees = []
+        if not burst:
+            for a in sorted((a for a in allocations if a.burst and a.tenant != tname and a.gpu in candidates),
+                            key=lambda a: (a.gpu, a.device)):
+                frees.append(f"tenant {a.tenant!r} holds {_held(a)} as burst ({_who(a, names)})")
+        frees.append("'vgpuhost capacity' shows what fits where")
+        return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
+                      candidates=candidates, burst=burst)
+    gpu = str(decision.gpu)
+
+    # 6. burst only from free capacity --------------------------------------------
+    if burst and tenant is not None:
+        short = _burst_short(tenant, dem, candidates, tenants, allocations, gpu_memory)
+        if short:
+            return refuse("burst", short, burst=True, candidates=candidates,
+                          frees=("wait for free capacity, or raise the tenant's guaranteed limit",))
+    pool = None if dem.hardware else pool_of(pools, gpu).name
+    parts = [f"admitted {dem.text()} for " + (f"tenant {tname!r}" if tname else "a domain without a tenant"),
+             f"class {qos}" + (" (burst)" if burst else "")]
+    if quota_note:
+        parts.append(quota_note)
+    if pool:
+        parts.append(f"pool {pool}")
+    parts.append(decision.reason)
+    return Admission(True, "; ".join(parts), tname, qos, burst, "ok", gpu=gpu, parent=str(decision.parent),
+                     type_id=decision.type_id, candidates=tuple(candidates), pool=pool)
+
+
+def _addr(text: str):
+    from ..model.values import PciAddress
+    return PciAddress.parse(text)
+
+
+def _isolation_conflict(me: Optional[Tenant], my_name: Optional[str], held: Sequence[Allocation],
+                        tenants: Mapping[str, Tenant]) -> Optional[str]:
+    """Why a time-sliced vGPU of ``me`` may not join the time-sliced vGPUs ``held`` on one GPU."""
+    for a in held:
+        if a.demand.hardware:
+            continue                            # a MIG partition or passthrough: no shared time slices
+        if a.tenant is not None and a.tenant == my_name:
+            continue
+        other = tenants.get(a.tenant) if a.tenant else None
+        if a.tenant and other is None:
+            other = Tenant(a.tenant)            # a tenant since removed, or named while tenancy was off
+        if me is not None:
+            why = me.conflicts(other)
+        elif other is not None and other.isolation == EXCLUSIVE:
+            why = f"tenant {other.name!r} is exclusive: its time-sliced GPUs hold no other tenant's vGPUs"
+        else:
+            why = None
+        if why:
+            return why
+    return None
+
+
+def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optional[str], qos: str, burst: bool,
+                 quota_note: str, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+                 gpu_memory: Optional[Mapping[str, int]], names: Mapping[str, str]) -> Admission:
+    gpu = req.gpu or ""
+    held = [a for a in allocations if a.gpu == gpu and a.owner != req.owner]
+    if held:
+        a = held[0]
+        frees = [f"stop or detach {_who(a, names)} ({_held(a)})"]
+        if a.burst and a.tenant != tname and not burst:
+            frees.insert(0, f"tenant {a.tenant!r} holds it as burst")
+        return Admission(False, f"no room for passthrough GPU {gpu}: it holds {_held(a)} of {_who(a, names)}",
+                         tname, qos, burst, "capacity", frees=tuple(frees))
+    if burst and tenant is not None:
+        busy = {a.gpu for a in allocations}
+        free = [g for g in (gpu_memory or {}) if g not in busy and g != gpu]
+        need = 0
+        for t in tenants.values():
+            if t.name == tenant.name:
+                continue
+            g = t.quota.guaranteed.get("passthrough_gpus")
+            if g:
+                total, b = usage(t.name, allocations)["passthrough_gpus"]
+                need += max(0, g - (total - b))
+        if gpu_memory and len(free) < need:
+            return Admission(False, f"burst passthrough for tenant {tenant.name!r} refused: {len(free)} other "
+                                    f"GPUs stay free, {need} are held for other tenants' guaranteed passthrough",
+                             tname, qos, True, "burst", frees=("wait for free capacity, or raise the tenant's "
+                                                               "guaranteed limit",))
+    parts = ["admitted passthrough GPU " + gpu + " for " + (f"tenant {tname!r}" if tname else
+                                                             "a domain without a tenant"),
+             f"class {qos}" + (" (burst)" if burst else "")]
+    if quota_note:
+        parts.append(quota_note)
+    return Admission(True, "; ".join(parts), tname, qos, burst, "ok", gpu=gpu, candidates=(gpu,) if gpu else ())
+
+
+def _burst_short(tenant: Tenant, dem: Demand, candidates: Sequence[str], tenants: Mapping[str, Tenant],
+                 allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> Optional[str]:
+    """Why a burst of ``dem`` would eat into other tenants' unused guarantees (None: it would not)."""
+    if not gpu_memory or not dem.framebuffer_mib:
+        return None
+    held: Dict[str, int] = {}
+    for a in allocations:
+        held[a.gpu] = held.get(a.gpu, 0) + (a.framebuffer_mib if a.kind == VGPU else gpu_memory.get(a.gpu, 0))
+    free = sum(max(0, gpu_memory[g] - held.get(g, 0)) for g in candidates if g in gpu_memory)
+    reserve = 0
+    for t in tenants.values():
+        if t.name == tenant.name:
+            continue
+        g = t.quota.guaranteed.get("framebuffer_mib")
+        if g:
+            total, b = usage(t.name, allocations)["framebuffer_mib"]
+            reserve += max(0, g - (total - b))
+    if free - dem.framebuffer_mib < reserve:
+        return (f"burst for tenant {tenant.name!r} refused: {free} MiB free on the GPUs it may use, "
+                f"{reserve} MiB held for other tenants' unused guarantees, {dem.framebuffer_mib} MiB asked")
+    return None
+
