@@ -419,11 +419,11 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
 def _register() -> None:
     from .mig import mig
     from .scheduler import scheduler, vgpu_mode
-    from . import hook as cli_hook, layout as cli_layout, units as cli_units, virt as cli_virt
+    from . import hook as cli_hook, layout as cli_layout, tenant as cli_tenant, units as cli_units, virt as cli_virt
     cli.add_command(mig)
     cli.add_command(scheduler)
     vgpu.add_command(vgpu_mode)
-    for module in (cli_virt, cli_hook, cli_layout, cli_units):
+    for module in (cli_virt, cli_hook, cli_layout, cli_units, cli_tenant):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -402,12 +402,29 @@ def capacity(store: StateStore, inv: Inventory) -> dict:
                      "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
                      (max(0, mem - used.get(addr, 0)) if mem else None)})
     fbs = _type_fb(inv, store)
+    present: Dict[str, int] = {}
+    for r in records:
+        present[r.gpu] = present.get(r.gpu, 0) + 1
+    max_of: Dict[str, int] = {}
+    for t in inv.vgpu_types:
+        if t.max_instances:
+            max_of.setdefault(t.name.lower(), t.max_instances)
     per_type = []
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
         offers = vgpu_ops.offers(inv, records, name, seen)
         if all(o.type_id is None for o in offers):
             continue
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))
-        per_type.append((name, dem.framebuffer_mib, dem.mig_backed,
-                         [(str(o.gpu), o.available) for o in offers if o.type_id is not None]))
+        rows = []
+        for o in offers:
+            if o.type_id is None:
+                continue
+            g = inv.gpu(o.gpu)
+            if g is not None and g.vfs and g.vgpu_backend != "mdev":     # vendor VFIO: one vGPU per free VF
+                cap: Optional[int] = len(g.vfs) - sum(1 for v in inv.vf_vgpus if v.gpu == o.gpu and v.type_id)
+            else:
+                m = max_of.get(name.lower())
+                cap = None if m is None else max(0, m - present.get(str(o.gpu), 0))
+            rows.append((str(o.gpu), o.available, cap))
+        per_type.append((name, dem.framebuffer_mib, dem.mig_backed, rows))
     return summarise(gpus, per_type)

@@ -1,0 +1,264 @@
+"""`vgpuhost` commands: tenant add|set|list|show|remove|usage|openstack, and capacity.
+
+Registered on the main group by cli/main.py: every click command in
+``COMMANDS`` becomes a top-level command.  Logic lives in
+:mod:`vgpuhost.ops.tenancy`; this module parses options and prints.
+``--json`` documents: ``vgpuhost.tenant/v1`` (add, set, show, remove),
+``vgpuhost.tenants/v1`` (list), ``vgpuhost.tenant-usage/v1``,
+``vgpuhost.capacity/v1``, ``vgpuhost.tenant-openstack/v1``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import click
+
+SCHEMA_TENANT = "vgpuhost.tenant/v1"
+SCHEMA_TENANTS = "vgpuhost.tenants/v1"
+SCHEMA_USAGE = "vgpuhost.tenant-usage/v1"
+SCHEMA_CAPACITY = "vgpuhost.capacity/v1"
+SCHEMA_OPENSTACK = "vgpuhost.tenant-openstack/v1"
+
+#: option name -> (quota dimension, counts MiB?)
+LIMIT_OPTIONS = {"vgpus": ("vgpus", False), "framebuffer": ("framebuffer_mib", True),
+                 "mig_slices": ("mig_slices", False), "passthrough": ("passthrough_gpus", False)}
+
+
+def _ctx():
+    from .main import Context
+    return click.get_current_context().find_object(Context)
+
+
+def _store(write: bool):
+    from ..io.state import StateStore
+    return StateStore(_ctx().host.state_dir, create=write)
+
+
+def _emit(doc: dict, text: str) -> None:
+    from .output import dumps
+    click.echo(dumps(doc) if _ctx().json else text)
+
+
+def tenant_doc(t) -> dict:
+    from ..model.tenancy import DIMENSIONS
+    q = t.quota
+    return {"name": t.name, "qos": t.qos, "isolation": t.isolation,
+            "quota": {d: {"guaranteed": q.guaranteed.get(d), "burst": q.burst.get(d)} for d in DIMENSIONS},
+            "series": sorted(q.series), "labels": sorted(t.labels), "avoid": sorted(t.avoid),
+            "prefer": sorted(t.prefer)}
+
+
+def _quota_options(fn):
+    opts = [
+        click.option("--qos", type=click.Choice(["guaranteed", "burstable", "best-effort"]),
+                     help="Default QoS class of the tenant's domains (a domain's metadata may override it)."),
+        click.option("--isolation", type=click.Choice(["shared", "exclusive", "hardware"]),
+                     help="shared: time-sliced GPUs with other tenants; exclusive: time-sliced GPUs of its own; "
+                          "hardware: MIG-backed vGPUs and passthrough only."),
+        click.option("--vgpus", metavar="G[:B]", help="vGPUs: guaranteed[:burst] ('none': no limit)."),
+        click.option("--framebuffer", metavar="G[:B]", help="vGPU framebuffer, MiB or with G/M suffix (32G:48G)."),
+        click.option("--mig-slices", metavar="G[:B]", help="Compute slices of MIG-backed vGPUs' GPU instances."),
+        click.option("--passthrough", metavar="G[:B]", help="Whole GPUs passed through."),
+        click.option("--series", metavar="LIST", help="Allowed vGPU series, e.g. C or C,Q ('all': any)."),
+        click.option("--label", "labels", metavar="K=V", multiple=True, help="A label of the tenant (env=prod)."),
+        click.option("--avoid", metavar="K=V", multiple=True,
+                     help="Never share a time-sliced GPU with tenants carrying this label."),
+        click.option("--prefer", metavar="K=V", multiple=True,
+                     help="Prefer GPUs holding vGPUs of tenants carrying this label."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _changes(old, *, qos, isolation, vgpus, framebuffer, mig_slices, passthrough, series, labels, avoid,
+             prefer, replace_labels: bool) -> Dict[str, object]:
+    from ..model.tenancy import check_label, parse_limit, parse_series, with_limits
+    out: Dict[str, object] = {}
+    if qos:
+        out["qos"] = qos
+    if isolation:
+        out["isolation"] = isolation
+    limits: Dict[str, Tuple[Optional[int], Optional[int]]] = {}
+    for opt, value in (("vgpus", vgpus), ("framebuffer", framebuffer), ("mig_slices", mig_slices),
+                       ("passthrough", passthrough)):
+        if value is not None:
+            dim, mib = LIMIT_OPTIONS[opt]
+            limits[dim] = parse_limit(value, "--" + opt.replace("_", "-"), mib=mib)
+    quota = old.quota
+    if limits:
+        quota = with_limits(quota, limits)
+    if series is not None:
+        from ..model.values import replace
+        quota = replace(quota, series=parse_series(series))
+    if quota != old.quota:
+        out["quota"] = quota
+    for name, given in (("labels", labels), ("avoid", avoid), ("prefer", prefer)):
+        if given:
+            vals = frozenset(check_label(x) for x in given if x != "none")
+            out[name] = vals if replace_labels or "none" in given else getattr(old, name) | vals
+    return out
+
+
+@click.group("tenant")
+def tenant() -> None:
+    """Tenants: quotas, QoS classes, isolation (admission runs at attach and at domain start)."""
+
+
+@tenant.command("add")
+@click.argument("name")
+@_quota_options
+def tenant_add(name: str, **opts) -> None:
+    """Add tenant NAME (defaults: qos burstable, isolation shared, no limits)."""
+    from ..model.tenancy import Tenant, check_name
+    from ..model.values import replace
+    from ..ops import tenancy
+    base = Tenant(check_name(name))
+    t = replace(base, **_changes(base, replace_labels=True, **opts))
+    t = tenancy.add(_store(True), t)
+    _emit({"schema": SCHEMA_TENANT, "action": "add", "tenant": tenant_doc(t)},
+          f"added tenant {t.name}: {tenancy.describe(t)}")
+
+
+@tenant.command("set")
+@click.argument("name")
+@_quota_options
+def tenant_set(name: str, **opts) -> None:
+    """Change tenant NAME; only the options given change (labels add; '--label none' clears)."""
+    from ..ops import tenancy
+    store = _store(True)
+    old = tenancy.get(store, name)
+    t = tenancy.update(store, name, **_changes(old, replace_labels=False, **opts))
+    _emit({"schema": SCHEMA_TENANT, "action": "set", "tenant": tenant_doc(t)},
+          f"tenant {t.name}: {tenancy.describe(t)}")
+
+
+@tenant.command("list")
+def tenant_list() -> None:
+    """Every tenant with its class, isolation and quota (guaranteed:burst)."""
+    from ..model.tenancy import DIMENSIONS
+    from ..ops import tenancy
+    from .output import table
+    ts = tenancy.tenants(_store(False))
+    rows = [[t.name, t.qos, t.isolation, *[t.quota.text(d) for d in DIMENSIONS],
+             ",".join(sorted(t.quota.series)) or "all", ",".join(sorted(t.labels)) or "-"] for t in ts.values()]
+    _emit({"schema": SCHEMA_TENANTS, "tenants": [tenant_doc(t) for t in ts.values()]},
+          table(["TENANT", "QOS", "ISOLATION", "VGPUS", "FB_MIB", "MIG_SLICES", "PASSTHROUGH", "SERIES", "LABELS"],
+                rows) if rows else "no tenants ('vgpuhost tenant add NAME' adds one)")
+
+
+def _usage(name: Optional[str]) -> List[dict]:
+    from ..ops import tenancy
+    store = _store(False)
+    inv = None
+    try:
+        inv = _ctx().inventory()
+    except Exception:       # usage is the store's view; an unreadable host only loses type sizes
+        inv = None
+    docs = tenancy.usage_report(store, inv)
+    if name is not None:
+        t = tenancy.get(store, name)
+        docs = [d for d in docs if d["tenant"] == t.name]
+    return docs
+
+
+def _usage_rows(docs: List[dict]) -> List[list]:
+    from ..model.tenancy import DIMENSIONS
+    rows = []
+    for d in docs:
+        cells = []
+        for dim in DIMENSIONS:
+            u = d["usage"][dim]
+            lim = u["limit"]
+            text = f"{u['used']}/{lim}" if lim is not None else str(u["used"])
+            if u["burst"]:
+                text += f" ({u['burst']} burst)"
+            cells.append(text)
+        rows.append([d["tenant"] or "(none)", d["domains"], *cells])
+    return rows
+
+
+USAGE_HEADERS = ["TENANT", "DOMAINS", "VGPUS", "FB_MIB", "MIG_SLICES", "PASSTHROUGH"]
+
+
+@tenant.command("show")
+@click.argument("name")
+def tenant_show(name: str) -> None:
+    """One tenant: its terms and its use now."""
+    from ..ops import tenancy
+    from .output import table
+    t = tenancy.get(_store(False), name)
+    docs = _usage(t.name)
+    doc = {"schema": SCHEMA_TENANT, "action": "show", "tenant": tenant_doc(t),
+           "usage": docs[0]["usage"] if docs else None}
+    text = f"tenant {t.name}: {tenancy.describe(t)}"
+    if docs:
+        text += "\n" + table(USAGE_HEADERS, _usage_rows(docs))
+    _emit(doc, text)
+
+
+@tenant.command("remove")
+@click.argument("name")
+def tenant_remove(name: str) -> None:
+    """Remove tenant NAME (refused while its domains hold devices)."""
+    from ..ops import tenancy
+    t = tenancy.remove(_store(True), name)
+    _emit({"schema": SCHEMA_TENANT, "action": "remove", "tenant": tenant_doc(t)}, f"removed tenant {t.name}")
+
+
+@tenant.command("usage")
+@click.argument("name", required=False)
+def tenant_usage(name: Optional[str]) -> None:
+    """Allocations against quota, per tenant (USED/LIMIT, burst part in brackets)."""
+    from .output import table
+    docs = _usage(name)
+    _emit({"schema": SCHEMA_USAGE, "tenants": docs},
+          table(USAGE_HEADERS, _usage_rows(docs)) if docs else "no tenants and nothing held")
+
+
+@tenant.command("openstack")
+@click.option("--map", "mode", type=click.Choice(["project-name", "project-uuid", "off"]),
+              help="Map a domain's nova:owner/nova:project to a tenant (by project name or UUID), or not.")
+def tenant_openstack(mode: Optional[str]) -> None:
+    """Show or set the OpenStack tenant mapping (off by default).
+
+    With it on, a domain whose vgpuhost metadata names no tenant but whose
+    Nova metadata carries nova:owner/nova:project counts as that project's
+    tenant.
+    """
+    from ..ops import tenancy
+    store = _store(mode is not None)
+    if mode is not None:
+        store.set_setting(tenancy.OPENSTACK, None if mode == "off" else mode)
+        store.audit(actor=tenancy._actor(), operation="tenant openstack", path="(settings)", value=mode)
+    cur = store.setting(tenancy.OPENSTACK) or "off"
+    _emit({"schema": SCHEMA_OPENSTACK, "map": cur}, f"OpenStack tenant mapping: {cur}")
+
+
+@click.command("capacity")
+@click.option("--profile", metavar="NAME", help="Only this vGPU profile.")
+def capacity(profile: Optional[str]) -> None:
+    """What more fits now, per profile, pool and GPU; where fragmentation blocks a profile."""
+    from ..ops import tenancy
+    from .output import table
+    ctx = _ctx()
+    doc = tenancy.capacity(_store(False), ctx.inventory())
+    if profile:
+        doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
+        if not doc["profiles"]:
+            from ..model.errors import InputError
+            raise InputError(f"no GPU here offers {profile!r}", hint="'vgpuhost types' lists the profiles")
+    rows = []
+    for p in doc["profiles"]:
+        per_gpu = " ".join(f"{g}={n}" for g, n in p["by_gpu"].items())
+        per_pool = " ".join(f"{k}={n}" for k, n in p["by_pool"].items())
+        rows.append([p["profile"], p["fits"], per_pool, per_gpu, p["blocked"] or "-"])
+    text = table(["PROFILE", "FITS", "BY_POOL", "BY_GPU", "BLOCKED"], rows)
+    notes = [f"{p['profile']}: {p['note']}" for p in doc["profiles"] if p["note"]]
+    if notes:
+        text += "\n" + "\n".join(notes)
+    _emit({"schema": SCHEMA_CAPACITY, **doc}, text)
+
+
+COMMANDS: List[click.Command] = [tenant, capacity]
