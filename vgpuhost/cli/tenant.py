@@ -26,8 +26,8 @@ LIMIT_OPTIONS = {"vgpus": ("vgpus", False), "framebuffer": ("framebuffer_mib", T
 
 
 def _ctx():
-    from .main import Context
-    return click.get_current_context().find_object(Context)
+    """The global options' Context (cli/main.py puts it in the root click context's ``obj``)."""
+    return click.get_current_context().find_root().obj
 
 
 def _store(write: bool):

@@ -456,23 +456,28 @@ def prepare(host: HostRoot, view: DomainView, *, actor: str) -> List[str]:
     was_active = me in store.active_domains()
     store.domain_started(me, view.name or me)
     made: List[Tuple[str, object]] = []
+    from ..ops import tenancy
     try:
-        if checked.passthrough:
-            from ..ops import passthrough
-            for gpu, _ in checked.passthrough:
-                if gpu in checked.pooled:
-                    continue                    # bound by the operator for guests: used as it is
-                out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
-                                          boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
-                                                       f"{gpu}' if the host has another console, then start "
-                                                       "the domain (the hook uses a group bound that way)")
-                if out.changed:
-                    made.append(("passthrough", gpu))
-        for req in checked.vgpus:
-            # the inventory read above still describes the host while this call has changed nothing
-            vid = _make_vgpu(host, store, view, req, checked.allowed, actor, inv if not made else None)
-            if vid is not None:
-                made.append(("vgpu", vid))
+        # admission (issue 13): quota, isolation, QoS class, pool, under the host lock until recorded
+        with tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed) as grant:
+            if checked.passthrough:
+                from ..ops import passthrough
+                for gpu, _ in checked.passthrough:
+                    grant.made(str(gpu), str(gpu))
+                    if gpu in checked.pooled:
+                        continue                    # bound by the operator for guests: used as it is
+                    out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
+                                              boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
+                                                           f"{gpu}' if the host has another console, then start "
+                                                           "the domain (the hook uses a group bound that way)")
+                    if out.changed:
+                        made.append(("passthrough", gpu))
+            for req in checked.vgpus:
+                # the inventory read above still describes the host while this call has changed nothing
+                vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
+                                 inv if not made else None)
+                if vid is not None:
+                    made.append(("vgpu", vid))
     except BaseException as e:
         failed = _undo(host, store, me, made, actor)
         if not was_active:
@@ -595,6 +600,8 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
             except VgpuhostError as e:
                 errors.append(f"{g}: {e.message}")
     store.domain_stopped(me)
+    from ..ops.tenancy import forget
+    forget(store, owner=me)
     if errors:
         raise DeviceError(f"release left {len(errors)} device(s) held: " + "; ".join(errors),
                           hint="they stay recorded for this domain; fix the cause and run "

@@ -396,6 +396,9 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         after = doc.to_xml()
         out.metadata = meta.to_xml()
         out.diff = diff(before, after, dom.name)
+        # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
+        from .tenancy import admit_domain
+        admit_domain(store, domxml.parse_domain(after), inv, audit=False)
         if dry_run:
             return out
 

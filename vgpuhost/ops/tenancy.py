@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 from ..io.locks import file_lock
 from ..io.state import StateStore
-from ..model.errors import InputError, RefusedError
-from ..model.tenancy import (DIMENSION_TEXT, DIMENSIONS, Limits, Quota, Tenant, check_name, labels_text,
+from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
+from ..model.tenancy import (DIMENSIONS, UNTENANTED_QOS, Limits, Quota, Tenant, check_name, labels_text,
                              parse_labels)
 from ..model.values import record, replace
 from ..policy import admission as adm
@@ -220,16 +220,14 @@ def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[
     problems = adm.pool_problems(new)
     if problems:
         raise InputError("pools: " + "; ".join(problems))
-    old = {g: p for p in pools(store) for g in p.gpus}
-    busy = {r.gpu for r in store.vgpu_records()}
+    current = pools(store)
+    old = {g: p for p in current for g in p.gpus}
+    why = adm.pool_change_refusal(current, new, {r.gpu for r in store.vgpu_records()}, policies)
+    if why:
+        raise RefusedError(why, hint="stop the domains on it first, or leave it in its pool")
     changes: List[str] = []
     for p in new:
         for g in p.gpus:
-            was = old[g].policy if g in old else (policies or {}).get(g)
-            if was is not None and was != p.policy and g in busy:
-                raise RefusedError(f"pool {p.name!r}: GPU {g} runs the {was} scheduler and holds vGPUs; NVML "
-                                   f"changes the policy only on a GPU with no vGPUs",
-                                   hint="stop the domains on it first, or leave it in its pool")
             if g not in old or old[g].name != p.name or old[g].policy != p.policy:
                 changes.append(f"GPU {g}: pool {p.name} ({p.policy}, serves {', '.join(p.classes)})")
     for g, p in old.items():
@@ -328,8 +326,95 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     return out
 
 
+def active(store: StateStore) -> bool:
+    """Is tenancy in use on this host (a tenant or a pool declared)?  Without it admission has nothing to
+    enforce and the hook takes no host lock."""
+    return bool(store.tenant_rows() or store.pool_rows())
+
+
+class Admitting:
+    """What :func:`admitting` yields: the grants, the GPUs each device may go to, and what was made."""
+
+    def __init__(self, granted: List[Granted]):
+        self.granted = {g.device: g for g in granted}
+        self.gpus: Dict[str, str] = {}
+
+    def allowed_gpus(self, device: str, allowed: Optional[frozenset]) -> Optional[frozenset]:
+        """The GPUs placement may use for ``device``: its admission candidates, narrowed by ``allowed``."""
+        from ..model.values import PciAddress
+        g = self.granted.get(device)
+        if g is None or not g.decision.candidates:
+            return allowed
+        cands = frozenset(PciAddress.parse(c) for c in g.decision.candidates)
+        return cands if allowed is None else cands & frozenset(allowed)
+
+    def made(self, device: str, gpu: Optional[str]) -> None:
+        """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""
+        if gpu:
+            self.gpus[device] = gpu
+
+
+@contextmanager
+def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
+              allowed: Optional[frozenset] = None) -> Iterator[Admitting]:
+    """The qemu hook's ``prepare begin``: admit the domain's devices with authority, under the host lock.
+
+    Yields an :class:`Admitting`; the caller creates the devices inside the
+    block (placing each on :meth:`Admitting.allowed_gpus`) and reports each
+    with :meth:`Admitting.made`.  When the block ends without an error the
+    allocations are recorded, still under the lock, so the next start
+    counts them.  Raises RefusedError (nothing was made) when admission
+    refuses.  With tenancy not in use (:func:`active`), no lock is taken and
+    every device is admitted (its tenant name, if any, is still recorded).
+    """
+    meta = view.metadata
+    if meta is None or meta.empty:
+        yield Admitting([])
+        return
+    if not active(store):
+        granted = _unenforced(store, view, inv)
+        box = Admitting(granted)
+        yield box
+        record_allocations(store, view.uuid, granted, box.gpus)
+        return
+    with host_lock(store):
+        granted = admit_domain(store, view, inv, actor=actor, allowed=allowed)
+        box = Admitting(granted)
+        yield box
+        record_allocations(store, view.uuid, granted, box.gpus)
+
+
+def _unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Granted]:
+    """Grants without a decision to make (tenancy not in use): each device's demand, the tenant's name."""
+    meta = view.metadata
+    tname = tenant_of(store, view)
+    qos = getattr(meta, "qos", None) or UNTENANTED_QOS
+    mine = {r[0] for r in store.allocation_rows(owner=view.uuid)}
+    fbs = None
+    out = []
+    for g in meta.passthrough:
+        if str(g) not in mine:
+            d = adm.Admission(True, "tenancy not in use", tname, qos, gpu=str(g))
+            out.append(Granted(str(g), adm.passthrough_demand(), d))
+    for v in meta.vgpus:
+        if v.device in mine:
+            continue
+        if fbs is None:
+            fbs = _type_fb(inv, store)
+        d = adm.Admission(True, "tenancy not in use", tname, qos)
+        out.append(Granted(v.device, adm.vgpu_demand(v.profile, fbs.get(v.profile.lower())), d))
+    return out
+
+
 def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted], gpus: Mapping[str, str]) -> None:
-    """Record the allocations of devices ``owner`` now holds (``gpus``: device -> the GPU it went to)."""
+    """Record the allocations of devices ``owner`` now holds (``gpus``: device -> the GPU it went to; a vGPU
+    not named there is looked up in the records)."""
+    if not granted:
+        return
+    gpus = dict(gpus)
+    if any(gr.device not in gpus for gr in granted):
+        for r in store.vgpu_records(owner=owner):
+            gpus.setdefault(r.id, r.gpu)
     with store.transaction() as conn:
         for gr in granted:
             a = adm.allocation(gr.device, owner, gpus.get(gr.device) or gr.decision.gpu or "", gr.demand,

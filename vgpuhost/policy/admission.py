@@ -170,6 +170,25 @@ def pool_problems(pools: Sequence[Pool]) -> List[str]:
     return out
 
 
+def pool_change_refusal(old: Sequence[Pool], new: Sequence[Pool], busy: "Sequence[str] | set",
+                        policies: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why replacing pools ``old`` by ``new`` must be refused (None: it may go ahead).
+
+    NVML changes a GPU's scheduler policy only while it holds no vGPUs
+    (NVIDIA vGPU user guide, "vGPU scheduler"): a GPU in ``busy`` (holding
+    vGPUs) whose policy would change — from its old pool's, or from
+    ``policies`` (the policy each GPU runs now, by BDF) — is refused.
+    """
+    was_of = {g: p.policy for p in old for g in p.gpus}
+    for p in new:
+        for g in p.gpus:
+            was = was_of.get(g) or (policies or {}).get(g)
+            if was is not None and was != p.policy and g in busy:
+                return (f"pool {p.name!r}: GPU {g} runs the {was} scheduler and holds vGPUs; NVML changes the "
+                        "policy only on a GPU with no vGPUs")
+    return None
+
+
 def pool_of(pools: Sequence[Pool], gpu: str) -> Pool:
     """The pool holding ``gpu``: a declared one, else the implicit :data:`DEFAULT_POOL`."""
     for p in pools:
@@ -449,7 +468,8 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
                  quota_note: str, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
                  gpu_memory: Optional[Mapping[str, int]], names: Mapping[str, str]) -> Admission:
     gpu = req.gpu or ""
-    held = [a for a in allocations if a.gpu == gpu and a.owner != req.owner]
+    held = [a for a in allocations if a.gpu == gpu and a.owner != req.owner
+            and not (a.kind == PASSTHROUGH and a.owner in ("manual", "layout"))]   # bound by the operator for guests
     if held:
         a = held[0]
         frees = [f"stop or detach {_who(a, names)} ({_held(a)})"]

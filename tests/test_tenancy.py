@@ -1,0 +1,250 @@
+"""Tenancy (issue 13) on simulated hosts: the tenant CLI, admission in the qemu hook, 16 concurrent starts.
+
+Outcomes are read back from the simulated sysfs tree, the state store (tenants, allocations, vGPU
+records) and the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Dict
+
+import pytest
+
+from vgpuhost.cli.main import main as cli_main
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+from vgpuhost.observe.inventory import discover
+from vgpuhost.ops import tenancy
+from vgpuhost.policy import admission as adm
+
+from test_hook import (GPU_HI, GPU_LO, domain_xml, install, mdev_gpu, mdev_hostdev, mdevs, mixed, pci_hostdev,
+                       start, stop)
+
+
+def run(capsys, host, *argv):
+    code = cli_main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tdom(name: str, uuid: str, mdev: str, tenant=None, profile="A40-8Q", strategy="first-fit") -> str:
+    meta = Metadata(strategy=strategy, tenant=tenant, vgpus=[VgpuRequest(profile, uuid=mdev)])
+    return domain_xml(name, uuid, meta, [mdev_hostdev(mdev)])
+
+
+def uid(prefix: str, i: int) -> str:
+    return f"{prefix}-2222-4333-8444-{i:012d}"
+
+
+def store_of(host) -> StateStore:
+    return StateStore(host.state_dir)
+
+
+# ---------------------------------------------------------------------------
+# the CLI
+
+def test_tenant_cli_round_trip_json_and_audit(make_host, capsys):
+    host = make_host("a40-mdev")
+    code, out, _ = run(capsys, host, "tenant", "add", "prod", "--vgpus", "2:4", "--framebuffer", "16G:32G",
+                       "--series", "C,Q", "--label", "env=prod", "--avoid", "env=dev", "--isolation", "exclusive")
+    assert code == 0 and "added tenant prod" in out
+    code, out, _ = run(capsys, host, "--json", "tenant", "show", "prod")
+    doc = json.loads(out)
+    assert code == 0 and doc["schema"] == "vgpuhost.tenant/v1"
+    t = doc["tenant"]
+    assert t["quota"]["vgpus"] == {"guaranteed": 2, "burst": 4}
+    assert t["quota"]["framebuffer_mib"] == {"guaranteed": 16384, "burst": 32768}
+    assert t["series"] == ["C", "Q"] and t["isolation"] == "exclusive" and t["avoid"] == ["env=dev"]
+    assert run(capsys, host, "tenant", "set", "prod", "--vgpus", "none", "--qos", "best-effort")[0] == 0
+    t = tenancy.get(store_of(host), "PROD")            # names match case-insensitively
+    assert t.quota.guaranteed.vgpus is None and t.qos == "best-effort" and t.quota.guaranteed.framebuffer_mib == 16384
+    code, _, err = run(capsys, host, "tenant", "add", "prod")
+    assert code == 2 and err.startswith("vgpuhost: error: tenant 'prod' exists;") and err.count("\n") == 1
+    code, _, err = run(capsys, host, "tenant", "add", "x", "--vgpus", "4:2")
+    assert code == 2 and "burst limit 2 is below the guaranteed 4" in err
+    assert tenancy.tenants(store_of(host)).keys() == {"prod"}
+    code, out, _ = run(capsys, host, "--json", "tenant", "list")
+    assert [t["name"] for t in json.loads(out)["tenants"]] == ["prod"]
+    assert run(capsys, host, "tenant", "remove", "prod")[0] == 0
+    code, _, err = run(capsys, host, "tenant", "show", "prod")
+    assert code == 2 and "no tenant 'prod'" in err
+    ops = [r.operation for r in store_of(host).audit_rows()]
+    assert ops == ["tenant add prod", "tenant set prod", "tenant remove prod"]
+
+
+def test_capacity_shows_fragmentation(make_host, capsys):
+    host = make_host("l40s-vendor-vfio")
+    assert run(capsys, host, "vgpu", "create", "--profile", "L40S-8Q")[0] == 0
+    assert run(capsys, host, "vgpu", "create", "--profile", "L40S-4Q", "--strategy", "spread")[0] == 0
+    code, out, _ = run(capsys, host, "--json", "capacity", "--profile", "L40S-24Q")
+    doc = json.loads(out)
+    assert code == 0 and doc["schema"] == "vgpuhost.capacity/v1"
+    [p] = doc["profiles"]
+    # 40 + 44 GiB free in all would hold 3 more L40S-24Q, but each GPU holds another size (equal-size mode)
+    assert p["fits"] == 0 and p["framebuffer_would_allow"] == 3 and p["blocked"] == 3 and "fragmentation" in p["note"]
+    assert set(p["by_pool"]) == {"default"}
+    code, out, _ = run(capsys, host, "capacity")
+    assert code == 0 and "L40S-24Q: fragmentation" in out
+
+
+# ---------------------------------------------------------------------------
+# admission in the qemu hook
+
+def test_hook_admits_within_quota_refuses_above_it_and_release_frees(make_host):
+    host = mixed(make_host)
+    s = store_of(host)
+    tenancy.add(s, tenancy.Tenant("team", quota=tenancy.Quota(tenancy.Limits(vgpus=1), tenancy.Limits(vgpus=2))))
+    x = [tdom(f"vm{i}", uid("33333333", i), uid("cccccccc", i), tenant="team") for i in range(3)]
+    assert start(host, "vm0", x[0]) == (0, "")
+    assert start(host, "vm1", x[1]) == (0, "")
+    before = mdevs(host)
+    rc, err = start(host, "vm2", x[2])
+    assert rc == 2 and err.count("\n") == 1
+    assert "admission: quota vGPUs of tenant 'team': 2 in use + 1 asked > 2 (burst limit)" in err
+    assert "to free room: stop or detach domain 'vm0'" in err
+    assert mdevs(host) == before and uid("cccccccc", 2) not in before
+    rows = {r[0]: r for r in s.allocation_rows()}
+    assert set(rows) == {uid("cccccccc", 0), uid("cccccccc", 1)}
+    assert [bool(rows[uid("cccccccc", i)][9]) for i in (0, 1)] == [False, True]      # the second is burst
+    adm_rows = [r for r in s.audit_rows() if r.path == "(admission)"]
+    assert [r.result for r in adm_rows] == ["admitted", "admitted", "refused"]
+    assert "(burst)" in adm_rows[1].value and "2 in use + 1 asked" in adm_rows[2].value
+    [u] = [d for d in tenancy.usage_report(s) if d["tenant"] == "team"]
+    assert u["usage"]["vgpus"] == {"used": 2, "burst": 1, "guaranteed": 1, "limit": 2}
+    assert stop(host, "vm0", x[0]) == (0, "")
+    assert {r[0] for r in s.allocation_rows()} == {uid("cccccccc", 1)}
+    assert start(host, "vm2", x[2]) == (0, "")          # room again
+
+
+def test_hook_exclusive_tenant_gets_a_gpu_of_its_own(make_host):
+    host = mixed(make_host)
+    s = store_of(host)
+    tenancy.add(s, tenancy.Tenant("solo", isolation="exclusive"))
+    tenancy.add(s, tenancy.Tenant("crowd"))
+    assert start(host, "c0", tdom("c0", uid("44444444", 0), uid("dddddddd", 0), tenant="crowd")) == (0, "")
+    assert mdev_gpu(host, uid("dddddddd", 0)) == GPU_LO
+    # first-fit would pick GPU_LO (room for 5 more A40-8Q); the exclusive tenant goes to GPU_HI
+    assert start(host, "s0", tdom("s0", uid("44444444", 1), uid("dddddddd", 1), tenant="solo")) == (0, "")
+    assert mdev_gpu(host, uid("dddddddd", 1)) == GPU_HI
+    assert start(host, "c1", tdom("c1", uid("44444444", 2), uid("dddddddd", 2), tenant="crowd",
+                                  strategy="spread")) == (0, "")
+    assert mdev_gpu(host, uid("dddddddd", 2)) == GPU_LO          # never joins solo's GPU
+    # an unknown tenant is refused once tenants exist
+    rc, err = start(host, "u", tdom("u", uid("44444444", 3), uid("dddddddd", 3), tenant="nobody"))
+    assert rc == 2 and "unknown tenant 'nobody'" in err
+
+
+def test_hook_without_tenants_records_the_name_only(make_host):
+    host = mixed(make_host)
+    assert start(host, "d", tdom("d", uid("55555555", 0), uid("eeeeeeee", 0), tenant="demo")) == (0, "")
+    s = store_of(host)
+    assert [(r[0], r[2]) for r in s.allocation_rows()] == [(uid("eeeeeeee", 0), "demo")]
+    assert not [r for r in s.audit_rows() if r.path == "(admission)"]         # nothing to decide
+    assert not (host.state_dir / "locks" / "tenancy.lock").exists()
+
+
+def test_pools_refuse_a_policy_change_on_a_gpu_with_vgpus(make_host):
+    host = mixed(make_host)
+    s = store_of(host)
+    lo, hi = str(GPU_LO), str(GPU_HI)
+    tenancy.set_pools(s, [adm.Pool("gold", "fixed-share", ("guaranteed",), (hi,)),
+                          adm.Pool("std", "equal-share", ("burstable", "best-effort"), (lo,))])
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    assert start(host, "g0", tdom("g0", uid("66666666", 0), uid("ffffffff", 0), tenant="g")) == (0, "")
+    assert mdev_gpu(host, uid("ffffffff", 0)) == GPU_HI
+    with pytest.raises(tenancy.RefusedError, match="holds vGPUs"):
+        tenancy.set_pools(s, [adm.Pool("all", "equal-share", ("burstable",), (lo, hi))])
+    assert {p.name for p in tenancy.pools(s)} == {"gold", "std"}
+    with pytest.raises(tenancy.InputError, match="one GPU has one scheduler policy"):
+        tenancy.set_pools(s, [adm.Pool("a", "equal-share", (), (lo,)), adm.Pool("b", "best-effort", (), (lo,))])
+
+
+# ---------------------------------------------------------------------------
+# 16 hook starts at once, three tenants with quotas
+
+def test_sixteen_concurrent_starts_three_tenants_quotas_hold_and_store_matches_sysfs(make_host, tmp_path):
+    host = mixed(make_host)
+    s = store_of(host)
+    T, L = tenancy.Tenant, tenancy.Limits
+    tenancy.add(s, T("alpha", quota=tenancy.Quota(L(vgpus=3))))
+    tenancy.add(s, T("beta", quota=tenancy.Quota(L(vgpus=2, framebuffer_mib=16384), L(vgpus=4, framebuffer_mib=24576))))
+    tenancy.add(s, T("gamma", isolation="exclusive", quota=tenancy.Quota(L(vgpus=4))))
+    limits = {"alpha": 3, "beta": 3, "gamma": 4}        # beta: 24 GiB of A40-8Q is 3 vGPUs
+    path = install(host, tmp_path)
+    doms = []
+    for i in range(16):
+        t = ("alpha", "beta", "gamma")[i % 3]
+        name, uuid, mdev = f"vm{i}", uid("77777777", i), uid("abababab", i)
+        doms.append((name, uuid, mdev, t, tdom(name, uuid, mdev, tenant=t,
+                                               strategy=("spread", "best-fit", "first-fit")[i % 3])))
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LC_ALL": "C"}
+    procs = [subprocess.Popen([str(path), d[0], "prepare", "begin", "-"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for d in doms]
+    for p, d in zip(procs, doms):
+        p.stdin.write(d[4].encode())
+        p.stdin.close()
+    results = []
+    for p in procs:
+        rc = p.wait(timeout=300)
+        results.append((rc, p.stderr.read().decode()))
+        p.stdout.close()
+        p.stderr.close()
+    ok = [d for d, (rc, _) in zip(doms, results) if rc == 0]
+    for d, (rc, err) in zip(doms, results):
+        if rc:
+            assert rc == 2 and err.count("\n") == 1 and "admission:" in err, results
+    held: Dict[str, int] = {}
+    for d in ok:
+        held[d[3]] = held.get(d[3], 0) + 1
+    # alpha and beta get their quota (6 A40-8Q fit on one A40); gamma, exclusive, gets its 4 when it took a
+    # GPU before the others spread over both, else none: which one depends on the order the starts ran in
+    assert held.get("alpha") == 3 and held.get("beta") == 3 and held.get("gamma", 0) in (0, 4), results
+    assert all(n <= limits[t] for t, n in held.items())
+    # the store matches sysfs: allocations == vGPU records == mdevs present, owners and GPUs alike
+    inv = discover(Sysfs(host))
+    present = {m.uuid for m in inv.mdevs}
+    recs = {r.id: r for r in s.vgpu_records()}
+    allocs = {r[0]: r for r in s.allocation_rows()}
+    assert present == set(recs) == set(allocs) == {d[2] for d in ok}
+    for d in ok:
+        assert recs[d[2]].owner == allocs[d[2]][1] == d[1] and allocs[d[2]][2] == d[3]
+        assert allocs[d[2]][3] == recs[d[2]].gpu == str(mdev_gpu(host, d[2]))
+    # gamma is exclusive: a GPU holding gamma's vGPUs holds nobody else's
+    by_gpu: Dict[str, set] = {}
+    for a in allocs.values():
+        by_gpu.setdefault(a[3], set()).add(a[2])
+    assert all(ts == {"gamma"} for ts in by_gpu.values() if "gamma" in ts), by_gpu
+    for name, tname, in (("alpha", "alpha"), ("beta", "beta"), ("gamma", "gamma")):
+        [u] = [x for x in tenancy.usage_report(s) if x["tenant"] == tname]
+        lim = u["usage"]["vgpus"]["limit"]
+        assert u["usage"]["vgpus"]["used"] <= lim
+        assert u["usage"]["vgpus"]["used"] - u["usage"]["vgpus"]["burst"] <= u["usage"]["vgpus"]["guaranteed"]
+    for d in doms:
+        assert subprocess.run([str(path), d[0], "release", "end", "-"], input=d[4].encode(), env=env,
+                              capture_output=True, timeout=120).returncode == 0
+    assert discover(Sysfs(host)).mdevs == () and s.allocation_rows() == [] and s.vgpu_records() == []
+
+
+def test_passthrough_admission_counts_gpus(make_host):
+    host = mixed(make_host)
+    s = store_of(host)
+    tenancy.add(s, tenancy.Tenant("hw", isolation="hardware", quota=tenancy.Quota(tenancy.Limits(passthrough_gpus=1))))
+    inv = discover(Sysfs(host))
+    lo = inv.gpu(GPU_LO)
+    fns = [GPU_LO, *lo.companions]
+    meta = Metadata(tenant="hw", passthrough=[GPU_LO])
+    x = domain_xml("p0", uid("88888888", 0), meta, [pci_hostdev(f) for f in fns])
+    assert start(host, "p0", x) == (0, "")
+    assert [(r[0], r[4], r[2]) for r in s.allocation_rows()] == [(str(GPU_LO), "passthrough", "hw")]
+    hi = inv.gpu(GPU_HI)
+    meta2 = Metadata(tenant="hw", passthrough=[GPU_HI])
+    x2 = domain_xml("p1", uid("88888888", 1), meta2, [pci_hostdev(f) for f in [GPU_HI, *hi.companions]])
+    rc, err = start(host, "p1", x2)
+    assert rc == 2 and "quota passthrough GPUs of tenant 'hw': 1 in use + 1 asked > 1" in err
+    rc, err = start(host, "v", tdom("v", uid("88888888", 2), uid("acacacac", 2), tenant="hw"))
+    assert rc == 2 and "isolation 'hardware'" in err
+    assert stop(host, "p0", x) == (0, "")
+    assert s.allocation_rows() == []
