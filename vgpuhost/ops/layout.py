@@ -1,199 +1,40 @@
 """Declarative layouts: plan, apply and assert a config's layout on a host.
 
-Owns: the one walker that compares a layout (:mod:`vgpuhost.config`) with a
-fresh inventory, the state store's records and NVML, and returns the ordered
-steps that bring the host there (:func:`plan`), the drift lines
-(:func:`check`) and the reasons apply must not start; and executing exactly
-those steps (:func:`apply`).  Each step calls the existing layer that owns
-the operation — :func:`vgpuhost.vgpu.create` / :func:`~vgpuhost.vgpu.remove`,
-:func:`vgpuhost.mig.set_mode` / :func:`~vgpuhost.mig.apply`,
-:func:`vgpuhost.scheduler.mixed_size` / :func:`~vgpuhost.scheduler.set_runtime`,
-:func:`vgpuhost.passthrough.prepare` / :func:`~vgpuhost.passthrough.release`
+Owns: the operations over the pure planner (:mod:`vgpuhost.plan.layout`) —
+:func:`plan` and :func:`check` (observe the host once, scoped to the GPUs the
+layout may select, then plan or list the drift) and :func:`apply` (observe ->
+plan -> execute exactly those steps -> observe again and assert) — and the
+binding of each layout step type to the operation that runs it
+(:func:`handlers`): :func:`vgpuhost.ops.vgpu.create` /
+:func:`~vgpuhost.ops.vgpu.remove`, :func:`vgpuhost.ops.mig.set_mode` /
+:func:`~vgpuhost.ops.mig.apply`, :func:`vgpuhost.ops.scheduler.mixed_size` /
+:func:`~vgpuhost.ops.scheduler.set_runtime`,
+:func:`vgpuhost.ops.passthrough.prepare` / :func:`~vgpuhost.ops.passthrough.release`
 — which take their locks, write the audit rows and read back.  Must not:
-write sysfs, NVML or config files itself.
-
-Order (REFERENCE.md §3, §9): first what must go — layout vGPUs no longer
-wanted or in the way, passed-through groups going back to the host — then
-SR-IOV (an operator step: vgpuhost never runs ``sriov-manage``) -> MIG mode
--> GPU instances -> mixed-size mode -> scheduler -> vGPUs -> passthrough
-bindings; except that a scheduler change comes before the mixed-size step
-that turns mixed-size mode on (fixed share, which it may be leaving, is not
-allowed in mixed-size mode, REFERENCE.md §6).
-
-Preconditions are the plan's: what a step's layer would refuse (fixed share
-under mixed-size mode, a scheduler the device's capabilities do not allow,
-a MIG mode change while vendor-VFIO VFs are enabled, vGPUs of other owners
-or running domains in the way) blocks the plan or is a ``FILE:LINE:`` error
-before any step runs, so apply never removes vGPUs and then stops on a
-step that could not have worked.  With the VFs disabled, a MIG mode change
-is planned alone and enabling them is named as the operator's next step
-(``sriov-manage -e`` destroys GPU instances, REFERENCE.md §3).  Kernel parameters and module options take effect at boot: they
-are reported as reboot steps and never done.  A MIG mode change left
-*pending* until a GPU reset (REFERENCE.md §5) is reported the same way.
-
-Ownership: vGPUs a layout creates have owner ``layout``
-(:data:`vgpuhost.placement.LAYOUT`) and a layout only ever removes those.
-vGPUs of other owners (``manual``, a domain UUID, or not created by
-vgpuhost) count against capacity and are never removed: when one stands in
-the way (a mode change needs the GPU empty) the plan is blocked and says
-which.  Devices held by running domains (:meth:`StateStore.active_domains`)
-block any step that would remove or rebind them, or change MIG mode, GPU
-instances, SR-IOV, mixed-size mode or the scheduler of their GPU.
+decide what to do (the planner does) or write sysfs, NVML or config files
+itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..policy.config import (Config, Entry, Layout, MigSpec, VgpuSpec, board_names, board_tables, check_mig,
-                     check_vgpu_types, gi_name_for)
-from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..io.hostroot import HostRoot
-from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, discover, gpu_available
-from ..io.nvml import NvmlError, SchedulerState
-from ..policy.placement import LAYOUT, GpuOffer, Request, place
-from ..io.state import StateStore
-from ..io.sysfs import Sysfs, config_equals
 from ..io.process import actor as actor_name
-from ..model.values import PciAddress, VgpuProfile
+from ..io.state import StateStore
+from ..model.errors import DeviceError, RefusedError, VgpuhostError
+from ..model.values import PciAddress
+from ..observe.hostview import HostView, observe
+from ..observe.inventory import BACKEND_MDEV
+from ..plan import layout as planner
+from ..plan.layout import (KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, ChangeMigMode, CreateVgpus, Drift,
+                           LayoutStep, MakeGpuInstances, Plan, PreparePassthrough, RecreateVgpu, ReleasePassthrough,
+                           RemoveVgpu, Report, SetMixedSize, SetScheduler, reboot_step)
+from ..policy.config import Config
+from ..policy.placement import LAYOUT
 
-SCHEMA_PLAN = "vgpuhost.plan/v1"
 SCHEMA_APPLY = "vgpuhost.apply/v1"
-SCHEMA_ASSERT = "vgpuhost.assert/v1"
-
-KINDS = ("kernel-param", "module", "sriov", "mig-mode", "gpu-instance", "mixed-size", "scheduler", "vgpu",
-         "passthrough")
-#: the order steps run in; removals first, then the forward order of REFERENCE.md §3.  A scheduler
-#: change a mixed-size step depends on (leaving fixed share, which mixed-size mode does not allow)
-#: runs before it ("scheduler-first"); any other scheduler change runs after it.
-PHASES = ("vgpu-remove", "passthrough-release", "mig-mode", "gpu-instance", "scheduler-first", "mixed-size",
-          "scheduler", "vgpu-create", "passthrough-prepare")
-REBOOT_MARK = "(needs a reboot)"
-RESET_MARK = "(needs a GPU reset)"
-OPERATOR_MARK = "(needs an operator step)"
-VFIO_PCI = "vfio-pci"
-
-
-# ---------------------------------------------------------------------------
-# values
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a plan.
-
-    ``kind``: one of :data:`KINDS`; ``target``: a GPU's BDF or ``host``;
-    ``action``: what it does, in words (``create 2 x A100-2Q``); ``why``:
-    the reason, ending with the config line that asks for it; ``reboot``:
-    takes effect only at boot (or GPU reset): reported, never executed.
-    ``op`` and ``args`` say how :func:`apply` executes it.
-    """
-
-    kind: str
-    target: str
-    action: str
-    why: str
-    reboot: bool = False
-    op: str = field(default="", compare=False, repr=False)
-    args: Tuple[Tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
-
-    def arg(self, name: str, default: Any = None) -> Any:
-        return dict(self.args).get(name, default)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "action": self.action, "why": self.why,
-                "reboot": self.reboot}
-
-
-@dataclass
-class Plan:
-    """What :func:`apply` would do for ``layout``.
-
-    ``steps``: ordered, executable; ``reboot``: reported, never executed
-    (kernel parameters, module options, pending MIG mode); ``manual``:
-    operator steps vgpuhost does not run (SR-IOV); ``blocked``: why apply
-    must not start (in-use devices, blockers, operator steps first);
-    ``diff``: how the host differs from the layout (the :func:`check` lines);
-    ``notes``: facts worth knowing (an entry that selects no GPU here).
-    """
-
-    layout: str
-    source: str = ""
-    steps: List[Step] = field(default_factory=list)
-    reboot: List[Step] = field(default_factory=list)
-    manual: List[Step] = field(default_factory=list)
-    blocked: List[str] = field(default_factory=list)
-    diff: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.steps)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA_PLAN, "layout": self.layout, "source": self.source, "changed": self.changed,
-                "steps": [s.as_dict() for s in self.steps], "reboot": [s.as_dict() for s in self.reboot],
-                "manual": [s.as_dict() for s in self.manual], "blocked": list(self.blocked),
-                "diff": list(self.diff), "notes": list(self.notes)}
-
-    def text(self) -> str:
-        """The printed plan."""
-        head = f"layout {self.layout!r} ({self.source})"
-        lines: List[str] = []
-        if self.steps:
-            lines.append(f"{head}: {len(self.steps)} step{'s' if len(self.steps) != 1 else ''}")
-            for i, s in enumerate(self.steps, 1):
-                lines.append(f"  {i:>2}. {s.kind:<12} {s.target:<12}  {s.action}")
-                lines.append(f"      why: {s.why}")
-        elif not (self.reboot or self.manual or self.blocked):
-            lines.append(f"{head}: the host matches; nothing to do")
-        else:
-            lines.append(f"{head}: no step vgpuhost can take now")
-        if self.reboot:
-            lines.append("reported, never done by vgpuhost (take effect at boot or GPU reset):")
-            for s in self.reboot:
-                lines.append(f"   - {s.kind:<12} {s.target:<12}  {s.action}")
-                lines.append(f"     why: {s.why}")
-        if self.manual:
-            lines.append("operator steps (vgpuhost does not run them):")
-            for s in self.manual:
-                lines.append(f"   - {s.kind:<12} {s.target:<12}  {s.action}")
-                lines.append(f"     why: {s.why}")
-        if self.blocked:
-            lines.append("BLOCKED: apply refuses before any change until these are resolved:")
-            lines += [f"   - {b}" for b in self.blocked]
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-@dataclass
-class Drift:
-    """How the host differs from a layout: ``diff`` lines (``- 0000:41:00.0 vgpu
-    A100-2Q x2 (host has 1)``); ``reboot``: those of them only a reboot, a GPU
-    reset or an operator step fixes (they end with a ``(needs ...)`` mark)."""
-
-    layout: str
-    source: str
-    diff: List[str] = field(default_factory=list)
-    reboot: List[str] = field(default_factory=list)
-
-    @property
-    def in_sync(self) -> bool:
-        return not self.diff
-
-    @property
-    def runtime(self) -> List[str]:
-        """The lines apply can fix now."""
-        return [d for d in self.diff if d not in self.reboot]
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA_ASSERT, "layout": self.layout, "source": self.source, "in_sync": self.in_sync,
-                "diff": list(self.diff), "reboot": list(self.reboot)}
-
-    def text(self) -> str:
-        if self.in_sync:
-            return f"in sync with layout {self.layout!r} ({self.source})"
-        return "\n".join([f"drift from layout {self.layout!r} ({self.source}):"] + self.diff)
 
 
 @dataclass
@@ -203,9 +44,9 @@ class ApplyResult:
     ``drift_after`` (the check after; only reboot-marked lines may remain)."""
 
     plan: Plan
-    done: List[Step] = field(default_factory=list)
-    skipped: List[Step] = field(default_factory=list)
-    reboot: List[Step] = field(default_factory=list)
+    done: List[LayoutStep] = field(default_factory=list)
+    skipped: List[LayoutStep] = field(default_factory=list)
+    reboot: List[Report] = field(default_factory=list)
     drift_after: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
@@ -238,890 +79,32 @@ class ApplyResult:
 
 
 # ---------------------------------------------------------------------------
-# NVML, read lazily and once per call
+# observe -> plan
 
-class _Nvml:
-    """NVML reads for the walker: opened on first use (a passthrough-only layout
-    needs no NVML), each answer cached; NOT_SUPPORTED and NOT_FOUND read as None."""
+def view_for(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> HostView:
+    """One :class:`HostView` for ``layout``: NVML facts and driverctl overrides for the GPUs
+    it may select only; NVML not opened for a passthrough-only layout.  Raises InputError for
+    an unknown layout, HostEnvironmentError when ``host`` is no host root."""
+    gpus, nvml = planner.scope(cfg, layout)
+    return observe(host, store, gpus=gpus, nvml=nvml)
 
-    def __init__(self, host: HostRoot):
-        self.host = host
-        self._backend = None
-        self._cache: Dict[Tuple[str, str], Any] = {}
-
-    @property
-    def backend(self):
-        if self._backend is None:
-            from .mig import open_backend
-            self._backend = open_backend(self.host)
-        return self._backend
-
-    def get(self, method: str, bdf: PciAddress) -> Any:
-        key = (method, str(bdf))
-        if key not in self._cache:
-            try:
-                self._cache[key] = getattr(self.backend, method)(bdf)
-            except NvmlError as e:
-                if e.not_supported or e.nvml_name == "NVMLError_NotFound":
-                    self._cache[key] = None
-                else:
-                    raise
-        return self._cache[key]
-
-
-# ---------------------------------------------------------------------------
-# the walker
-
-@dataclass
-class _GpuVgpus:
-    """The vGPUs on one GPU, by who holds them."""
-
-    layout_active: List[Any]       # VgpuEntry, owner layout, present
-    layout_missing: List[Any]      # recorded for the layout, absent from the host
-    layout_mismatched: List[Any]
-    others: List[Any]              # present: manual, a domain's, or foreign
-
-
-class _Walker:
-    def __init__(self, host: HostRoot, store: StateStore, cfg: Config, lay: Layout):
-        from .vgpu import list_vgpus, seen_rows
-        self.host, self.store, self.cfg, self.lay = host, store, cfg, lay
-        host.require_host()
-        self.inv: Inventory = discover(Sysfs(host))
-        self.records = store.vgpu_records()
-        self.active = store.active_domains()
-        self.pt_records = {r.bdf: r for r in store.passthrough_records()}
-        self.seen = store.seen_types() + seen_rows(self.inv)
-        self.entries = list_vgpus(self.inv, self.records)
-        self.nv = _Nvml(host)
-        self.phases: Dict[str, List[Step]] = {p: [] for p in PHASES}
-        self.plan = Plan(lay.name, cfg.source)
-        self.reboot_diff: List[str] = []
-        self.changing: set = set()        # GPUs (str) some step changes
-
-    # --- output helpers ---------------------------------------------------------
-    def step(self, phase: str, step: Step) -> None:
-        self.phases[phase].append(step)
-        if step.target != "host":
-            self.changing.add(step.target)
-
-    def diff(self, line: str, mark: Optional[str] = None) -> None:
-        text = f"- {line}" + (f" {mark}" if mark else "")
-        self.plan.diff.append(text)
-        if mark:
-            self.reboot_diff.append(text)
-
-    def block(self, text: str) -> None:
-        if text not in self.plan.blocked:
-            self.plan.blocked.append(text)
-
-    def result(self) -> Plan:
-        self.plan.steps = [s for p in PHASES for s in self.phases[p]]
-        return self.plan
-
-    # --- host settings ----------------------------------------------------------
-    def host_settings(self) -> None:
-        h = self.inv.host
-        args = h.cmdline_args
-        for param, where in self.cfg.host.kernel_params:
-            key, eq, value = param.partition("=")
-            if key in args and (not eq or args[key] == value):
-                continue
-            now = f"has {key}={args[key]}" if key in args and args[key] else (
-                f"has {key}" if key in args else "lacks it")
-            action = (f"change {key}={args[key]} to {param} on the kernel command line" if key in args
-                      else f"add {param} to the kernel command line")
-            self.plan.reboot.append(Step("kernel-param", "host", action + " (GRUB_CMDLINE_LINUX, update-grub), "
-                                         "then reboot", f"wanted by {where}; /proc/cmdline {now}", reboot=True))
-            self.diff(f"host kernel-param {param} (cmdline {now})", REBOOT_MARK)
-        for mod, where in self.cfg.host.vfio_modules:
-            if h.module_present(mod):
-                continue
-            avail = mod in h.modules_available
-            why = f"wanted by {where}; {mod} is not loaded nor built in" + (
-                "" if avail or not h.modules_available else
-                f", and kernel {h.kernel_release} has no such module: install it")
-            self.plan.reboot.append(Step("module", "host", f"load {mod} at boot (a line in "
-                                         "/etc/modules-load.d/vfio.conf; vgpuhost never loads modules)", why,
-                                         reboot=True))
-            self.diff(f"host module {mod} (not loaded)", REBOOT_MARK)
-
-    # --- selection ------------------------------------------------------------------
-    def _matches(self, entry: Entry, g: Gpu) -> bool:
-        sel = entry.select
-        if sel.kind == "all":
-            return True
-        if sel.kind == "address":
-            return g.address in sel.values
-        if sel.kind == "device_id":
-            return g.pci.device in sel.values
-        if sel.kind == "board":
-            names = board_names(g.pci.device, g.board)
-            return any(v.lower() in names for v in sel.values)
-        if g.pci.driver != "nvidia":
-            return False
-        uuid = self.nv.get("device_uuid", g.address)
-        return bool(uuid) and uuid.lower() in sel.values
-
-    def select(self) -> Dict[PciAddress, Entry]:
-        owner: Dict[PciAddress, Entry] = {}
-        for e in self.lay.entries:
-            if e.select.kind == "address":
-                for a in e.select.values:
-                    if self.inv.gpu(a) is None and a in self.inv.devices:
-                        d = self.inv.devices[a]
-                        raise e.select.where.error(
-                            f"{a} is a {d.class_name}{' (an SR-IOV VF)' if d.is_vf else ''}, not an NVIDIA GPU",
-                            hint="select the GPU's physical function ('vgpuhost gpus' lists them)")
-            matched = [g for g in self.inv.gpus if self._matches(e, g)]
-            if not matched:
-                self.plan.notes.append(f"{e.label()} selects no GPU on this host")
-            for g in matched:
-                if g.address in owner:
-                    first = owner[g.address]
-                    raise e.select.where.error(
-                        f"selects {g.address} ({g.model}), which the entry at line {first.select.where.line} "
-                        "selects too: one GPU may be claimed by one entry only",
-                        hint="make the selectors disjoint (by address, board or device_id)")
-                owner[g.address] = e
-        return owner
-
-    # --- per GPU ----------------------------------------------------------------------
-    def vgpus_of(self, g: Gpu) -> _GpuVgpus:
-        bdf = str(g.address)
-        mine = [e for e in self.entries if e.gpu == bdf]
-        return _GpuVgpus(
-            [e for e in mine if e.owner == LAYOUT and e.state == "active"],
-            [e for e in mine if e.owner == LAYOUT and e.state == "missing"],
-            [e for e in mine if e.owner == LAYOUT and e.state == "mismatched"],
-            [e for e in mine if e.owner != LAYOUT and e.state != "missing"])
-
-    def _holder(self, e) -> str:
-        if e.owner is None:
-            return "not created by vgpuhost"
-        if e.owner in self.active:
-            return f"held by running domain {self.active[e.owner]} ({e.owner})"
-        if e.owner == "manual":
-            return "owner manual"
-        return f"owner domain {e.owner} (not running)"
-
-    def guard_in_use(self, g: Gpu, vg: _GpuVgpus, what: str) -> None:
-        """Block when ``what`` (a change to ``g``) would touch a device a running domain holds."""
-        for e in vg.others:
-            if e.owner in self.active:
-                self.block(f"vGPU {e.id} ({e.type_name or e.type_id}) on {g.address} is held by running domain "
-                           f"{self.active[e.owner]} ({e.owner}): {what} would touch it")
-
-    def empty(self, g: Gpu, vg: _GpuVgpus, reasons: Sequence[str], why: str,
-              keep: Optional[Dict[str, int]] = None) -> List[Any]:
-        """Plan the removal of the layout's vGPUs on ``g`` (the GPU must be empty for
-        ``reasons``); block on any other vGPU there.  Returns the removed entries.
-
-        ``keep``: lower-case type name -> how many of that type the layout creates on
-        ``g`` afterwards (the removed ones first, in id order, as :meth:`count_vgpus`
-        reuses them); None when nothing comes back (passthrough).  Only the reasons
-        say "re-created" for the ones that are."""
-        text = "; ".join(reasons)
-        left = dict(keep or {})
-        for e in vg.others:
-            what = f"vGPU {e.id} ({e.type_name or e.type_id}) on {g.address}"
-            if e.owner in self.active:
-                self.block(f"{what} is held by running domain {self.active[e.owner]} ({e.owner}): it would have to "
-                           f"be removed ({text})")
-            else:
-                self.block(f"{what} ({self._holder(e)}) would have to be removed ({text}): a layout removes only "
-                           "the vGPUs it created" + ("" if e.owner is None else
-                                                     f"; remove it first (vgpuhost vgpu remove {e.id})"))
-        for e in vg.layout_mismatched:
-            self.block(f"vGPU {e.id} on {g.address} holds type {e.type_id}, not the one recorded for the layout: "
-                       "left alone ('vgpuhost reconcile --check' reports it)")
-        removed = []
-        for e in sorted(vg.layout_active + vg.layout_missing, key=lambda e: e.id):
-            gone = e.state == "missing"
-            key = (e.type_name or e.type_id or "").lower()
-            if gone:
-                after = ""
-            elif keep is None:
-                after = "; not re-created: the GPU is passed through"
-            elif left.get(key, 0) > 0:
-                left[key] -= 1
-                after = ("; the layout re-creates it after, with the same UUID" if e.backend == BACKEND_MDEV
-                         else f"; the layout creates a {e.type_name} again after")
-            else:
-                after = "; the layout does not want it back"
-            self.step("vgpu-remove", Step(
-                "vgpu", str(g.address), f"{'drop the record of missing' if gone else 'remove'} {e.type_name} {e.id}",
-                f"{text}{after} ({why})", op="vgpu.remove", args=(("id", e.id),)))
-            if not gone:
-                removed.append(e)
-        return removed
-
-    def release_if_passed_through(self, g: Gpu, entry: Entry) -> bool:
-        """A GPU a vgpu/mig entry wants back on nvidia; True when a release is planned."""
-        if g.pci.driver == "nvidia":
-            return False
-        bdf = str(g.address)
-        rec = self.pt_records.get(bdf)
-        if rec is not None and rec.owner in self.active:
-            self.block(f"{bdf} is passed through to running domain {self.active[rec.owner]} ({rec.owner}): "
-                       f"{entry.mode} mode would take it back")
-        self.diff(f"{bdf} driver nvidia (host has {g.pci.driver or 'no driver'})")
-        self.step("passthrough-release", Step(
-            "passthrough", bdf, "give the IOMMU group back to its host drivers (release; driverctl overrides "
-            "removed)", f"{entry.mode} mode needs the GPU on nvidia ({entry.where})", op="passthrough.release"))
-        return True
-
-    def offered(self, g: Gpu) -> Dict[str, Tuple[str, Optional[str]]]:
-        """Lower-case name -> (name, type id) of the vGPU types ``g`` lists now or listed before."""
-        out: Dict[str, Tuple[str, Optional[str]]] = {}
-        for row in self.seen:
-            if row[0] == str(g.address):
-                out.setdefault(row[2].lower(), (row[2], None))
-        for t in self.inv.vgpu_types:
-            if t.gpu == g.address:
-                out[t.name.lower()] = (t.name, t.type_id)
-        return out
-
-    def spelled(self, g: Gpu, name: str) -> str:
-        """A vGPU type name as ``g``'s driver spells it (names match without case), else as
-        vgpuhost's board table spells it, else as written."""
-        hit = self.offered(g).get(name.lower())
-        if hit is not None:
-            return hit[0]
-        table = board_tables().get(g.pci.device)
-        row = table.types.get(name.lower()) if table is not None else None
-        return row[0] if row is not None else name
-
-    def check_types(self, g: Gpu, names: Sequence[Any], *, mig_profiles=None) -> None:
-        """Each wanted vGPU type exists on ``g``: InputError ``FILE:LINE:`` naming near matches."""
-        from ..policy.config import _near
-        offered = self.offered(g)
-        table = board_tables().get(g.pci.device)
-        label = f"{g.address} ({g.model})"
-        for c in names:
-            if c.name.lower() in offered:
-                continue
-            p = VgpuProfile.parse(c.name)
-            if p.mig_backed:
-                boards = board_names(g.pci.device, g.board)
-                if p.board.lower() not in boards and (g.board or table is not None):
-                    raise c.where.error(f"MIG-backed vGPU type {c.name} does not exist on {label}",
-                                        hint=f"its board is {p.board}; this GPU is "
-                                             f"{g.board or (table.board if table else g.model)}")
-                if mig_profiles is not None and not any(x.name.lower() == gi_name_for(p) for x in mig_profiles):
-                    raise c.where.error(f"MIG-backed vGPU type {c.name} needs GPU-instance profile "
-                                        f"{gi_name_for(p)}, which {label} does not offer")
-                continue
-            known = [n for n, _ in offered.values() if not (VgpuProfile.try_parse(n) or p).mig_backed]
-            if not known and table is not None:
-                # the GPU lists no time-sliced type now (MIG mode on): vgpuhost's table decides
-                if c.name.lower() in table.types:
-                    continue
-                known = [r[0] for r in table.types.values() if not VgpuProfile.parse(r[0]).mig_backed]
-            if known:
-                raise c.where.error(f"vGPU type {c.name} does not exist on {label}",
-                                    hint=_near(c.name, known, "types"))
-
-    def count_vgpus(self, g: Gpu, vg: _GpuVgpus, wanted: Sequence[Any], removed: Optional[List[Any]],
-                    where, *, capacity_check: bool) -> None:
-        """Plan the layout's vGPUs on one GPU (per-gpu counts, or MIG-backed)."""
-        bdf = str(g.address)
-        want = {c.name.lower(): (self.spelled(g, c.name), c.count) for c in wanted}
-        have: Dict[str, List[Any]] = {}
-        for e in vg.layout_active:
-            have.setdefault((e.type_name or e.type_id).lower(), []).append(e)
-        missing: Dict[str, List[Any]] = {}
-        for e in vg.layout_missing:
-            missing.setdefault((e.type_name or e.type_id).lower(), []).append(e)
-        for key in sorted(set(want) | set(have)):
-            name, n = want[key] if key in want else (self.spelled(g, have[key][0].type_name or key), 0)
-            h = len(have.get(key, []))
-            if h != n:
-                self.diff(f"{bdf} vgpu {name} x{n} (host has {h})")
-        for key, es in sorted(missing.items()):
-            for e in es:
-                self.diff(f"{bdf} vgpu {e.type_name} {e.id} (recorded for the layout, missing on the host)")
-        creates: List[Tuple[str, int, Tuple[str, ...]]] = []
-        recreates: List[Any] = []
-        removes: List[Tuple[Any, str]] = []
-        if removed is not None:                       # the GPU is emptied first: create everything
-            reuse: Dict[str, List[str]] = {}
-            for e in removed:
-                if e.backend == BACKEND_MDEV:
-                    reuse.setdefault((e.type_name or "").lower(), []).append(e.id)
-            for key, (name, n) in sorted(want.items()):
-                if n:
-                    creates.append((name, n, tuple(reuse.get(key, [])[:n])))
-        else:
-            for key in sorted(set(want) | set(have) | set(missing)):
-                name, n = want[key] if key in want else (
-                    self.spelled(g, _type_name(have.get(key, []) + missing.get(key, []), key)), 0)
-                present = sorted(have.get(key, []), key=lambda e: self._time(e.id))
-                gone = missing.get(key, [])
-                for e in present[n:][::-1]:
-                    removes.append((e, f"layout wants {n} {name}, host has {len(present)}"))
-                room = max(0, n - len(present))
-                for e in gone:
-                    if room:
-                        recreates.append(e)
-                        room -= 1
-                    else:
-                        removes.append((e, "recorded for the layout but missing, and not wanted any more"))
-                if room:
-                    creates.append((want[key][0], room, ()))
-        for e, why in removes:
-            verb = "drop the record of missing" if e.state == "missing" else "remove"
-            self.step("vgpu-remove", Step("vgpu", bdf, f"{verb} {e.type_name} {e.id}", f"{why} ({where})",
-                                          op="vgpu.remove", args=(("id", e.id),)))
-        for e in recreates:
-            self.step("vgpu-create", Step("vgpu", bdf, f"re-create {e.type_name} {e.id}",
-                                          f"recorded for the layout, missing on the host ({where})",
-                                          op="vgpu.recreate", args=(("id", e.id),)))
-        for name, n, uuids in creates:
-            self.step("vgpu-create", Step("vgpu", bdf, f"create {n} x {name}",
-                                          f"layout wants {want[name.lower()][1]}, host has "
-                                          f"{len(have.get(name.lower(), [])) if removed is None else 0} ({where})",
-                                          op="vgpu.create", args=(("profile", name), ("count", n), ("uuids", uuids))))
-        if capacity_check and removed is None and not removes and g.pci.driver == "nvidia":
-            needs: Dict[str, Tuple[str, int]] = {}
-            for name, n, _ in creates:
-                needs[name.lower()] = (name, needs.get(name.lower(), (name, 0))[1] + n)
-            for e in recreates:
-                key = (e.type_name or e.type_id).lower()
-                needs[key] = (e.type_name, needs.get(key, (e.type_name, 0))[1] + 1)
-            self._capacity(g, sorted(needs.values()))
-
-    def equal_size(self, g: Gpu, vg: _GpuVgpus, wanted: Sequence[Any]) -> None:
-        """Block when vGPUs the layout does not own hold ``g`` at another framebuffer size
-        (equal-size mode: one size per GPU, REFERENCE.md §4)."""
-        fb = {t.type_id: t.framebuffer_mib for t in self.inv.vgpu_types if t.gpu == g.address}
-        fb.update({row[1]: row[3] for row in self.seen if row[0] == str(g.address) and row[3]})
-        sizes = {VgpuProfile.parse(c.name).framebuffer_gb * 1024 for c in wanted if c.count}
-        for e in vg.others:
-            p = VgpuProfile.try_parse(e.type_name or "")
-            if p is not None and p.mig_backed:
-                continue
-            size = fb.get(e.type_id)
-            if size and sizes and size not in sizes:
-                self.block(f"vGPU {e.id} ({e.type_name or e.type_id}, {self._holder(e)}) holds {g.address} at "
-                           f"{size} MiB vGPUs: in equal-size mode the layout's "
-                           + ", ".join(c.name for c in wanted if c.count) + " cannot join it (REFERENCE.md §4)")
-
-    def _time(self, vid: str) -> str:
-        return next((r.time for r in self.records if r.id == vid), "")
-
-    def _capacity(self, g: Gpu, needs: Sequence[Tuple[str, int]]) -> None:
-        """Block when a GPU cannot take the vGPUs the plan creates on it (no removals on it)."""
-        fbs = {row[1]: row[3] for row in self.seen if row[0] == str(g.address) and row[3]}
-        for name, n in needs:
-            ts = [t for t in self.inv.vgpu_types if t.gpu == g.address and t.name.lower() == name.lower()]
-            avail = gpu_available(self.inv, g.address, ts[0].type_id, fbs) if ts else 0
-            if n > avail:
-                holders = sorted({self._holder(e) for e in self.vgpus_of(g).others})
-                self.block(f"{g.address}: {n} more {name} wanted, {avail} fit now"
-                           + (f" (other vGPUs there: {', '.join(holders)})" if holders else ""))
-
-    # --- modes --------------------------------------------------------------------------
-    def passthrough(self, g: Gpu, entry: Entry) -> None:
-        from .passthrough import group_endpoints, prepare_blockers
-        bdf = str(g.address)
-        spec = entry.passthrough
-        try:
-            group, endpoints, _ = group_endpoints(self.inv, g.address)
-        except VgpuhostError as err:
-            self.block(f"{bdf}: {err.message}")
-            self.diff(f"{bdf} passthrough vfio-pci (host has {g.pci.driver or 'no driver'}; not possible here)")
-            return
-        bound = all(d.driver == VFIO_PCI for d in endpoints)
-        files = [self.host.driverctl_d / f"pci-{d.address}" for d in endpoints]
-        persisted = all(config_equals(p, "vfio-pci\n") for p in files)
-        if bound and (persisted or not spec.persist):
-            return
-        if not bound:
-            moving = [d for d in endpoints if d.driver != VFIO_PCI]
-            self.diff(f"{bdf} passthrough vfio-pci (host has " + ", ".join(
-                f"{d.address} on {d.driver or 'no driver'}" for d in moving) + ")")
-        else:
-            self.diff(f"{bdf} passthrough driverctl overrides (host has none for some functions)")
-        vg = self.vgpus_of(g)
-        if vg.others or vg.layout_active or vg.layout_missing:
-            self.empty(g, vg, ["passthrough needs a GPU without vGPUs"], str(entry.where))
-        for b in prepare_blockers(replace(self.inv, mdevs=(), vf_vgpus=()), g.address, endpoints,
-                                  allow_boot_vga=spec.allow_boot_vga):
-            self.block(f"{bdf}: {b}")
-        n = len(endpoints)
-        action = f"bind IOMMU group {group} ({n} function{'s' if n != 1 else ''}) to vfio-pci"
-        if spec.persist:
-            action += " and write driverctl overrides"
-        self.step("passthrough-prepare", Step("passthrough", bdf, action, f"mode passthrough ({entry.where})",
-                                              op="passthrough.prepare",
-                                              args=(("allow_boot_vga", spec.allow_boot_vga),
-                                                    ("persist", spec.persist))))
-
-    def no_backend(self, g: Gpu, entry: Entry) -> bool:
-        """A GPU with no vGPU backend: SR-IOV off (operator step) or no vGPU manager; True when so."""
-        if g.vgpu_backend is not None:
-            return False
-        bdf = str(g.address)
-        dev = g.pci
-        if dev.sriov_totalvfs and not dev.sriov_numvfs:
-            self.plan.manual.append(Step("sriov", bdf, f"enable SR-IOV VFs: /usr/lib/nvidia/sriov-manage -e {bdf}",
-                                         f"{entry.mode} mode needs the VFs that carry vGPUs ({entry.where})"))
-            self.block(f"{bdf}: SR-IOV VFs are not enabled: run /usr/lib/nvidia/sriov-manage -e {bdf} first "
-                       "(vgpuhost does not run it)")
-            self.diff(f"{bdf} sriov enabled (host has 0 VFs)", OPERATOR_MARK)
-        else:
-            self.block(f"{bdf} ({g.model}) offers no vGPU types: is the NVIDIA vGPU manager installed? "
-                       "('vgpuhost host check')")
-            self.diff(f"{bdf} {entry.mode} (host offers no vGPU types)")
-        return True
-
-    @staticmethod
-    def _vfs_off(g: Gpu) -> bool:
-        """SR-IOV capable, VFs not enabled (the operator disabled them, or never enabled them)."""
-        return bool(g.vgpu_backend is None and g.pci.sriov_totalvfs and not g.pci.sriov_numvfs)
-
-    def _vfs_block_mig(self, g: Gpu, entry: Entry, change: str) -> bool:
-        """On vendor-specific VFIO, MIG mode changes only while the VFs are disabled
-        (REFERENCE.md §3): an operator step, so the plan is blocked before anything is
-        removed.  True when so."""
-        from .mig import ORDER
-        if not (g.vgpu_backend == "vendor-vfio" and g.vfs):
-            return False
-        bdf = str(g.address)
-        self.plan.manual.append(Step(
-            "sriov", bdf, f"disable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -d {bdf}), run vgpuhost apply, "
-            f"then enable them (sriov-manage -e {bdf}) and run apply again",
-            f"MIG mode can change only while VFs are disabled on vendor-specific VFIO (order: {ORDER}; "
-            f"{entry.where})"))
-        self.block(f"{bdf}: {change}: MIG mode can change only while its {len(g.vfs)} SR-IOV VFs are disabled: "
-                   f"run /usr/lib/nvidia/sriov-manage -d {bdf} first (vgpuhost does not run it)")
-        return True
-
-    def _vfs_after(self, g: Gpu, entry: Entry) -> None:
-        """The VFs are off and this apply changes MIG mode (the moment for it): enabling them
-        is the operator's next step, then apply again for GPU instances and vGPUs
-        (``sriov-manage -e`` destroys GPU instances, REFERENCE.md §3)."""
-        bdf = str(g.address)
-        self.plan.manual.append(Step(
-            "sriov", bdf, f"after this apply: enable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -e {bdf}), then run "
-            "apply again", f"{entry.mode} mode needs the VFs that carry vGPUs; "
-            + ("GPU instances and vGPUs come after them, since enabling them destroys GPU instances"
-               if entry.mode == "mig" else "the vGPUs come after them") + f" ({entry.where})"))
-        self.diff(f"{bdf} sriov enabled (host has 0 VFs)", OPERATOR_MARK)
-
-    def vgpu(self, g: Gpu, entry: Entry, total: bool = False) -> Optional[List[Any]]:
-        """A vgpu entry on one GPU: everything but the counts when ``total`` (returns the
-        removed layout vGPUs when the GPU is emptied, else None)."""
-        spec: VgpuSpec = entry.vgpu
-        bdf = str(g.address)
-        where = str(entry.where)
-        released = self.release_if_passed_through(g, entry)
-        if not released and self._vfs_off(g):
-            mode = self.nv.get("mig_mode", g.address)
-            if mode and mode[1]:              # VFs off: the moment to turn MIG mode off
-                self.diff(f"{bdf} mig-mode off (host has {'on' if mode[0] else 'off, on pending'})")
-                self.step("mig-mode", Step("mig-mode", bdf, "disable MIG mode (its GPU instances go first)",
-                                           f"time-sliced vGPUs need MIG mode off ({where})", op="mig.mode",
-                                           args=(("enabled", False),)))
-                self._vfs_after(g, entry)
-                return None
-        if not released and self.no_backend(g, entry):
-            return None
-        self.check_types(g, [t for t in spec.types])
-        vg = self.vgpus_of(g)
-        empty_for: List[str] = []
-        touches: List[str] = []
-        mode = None if released else self.nv.get("mig_mode", g.address)
-        if mode and (mode[0] or mode[1]):
-            now = "on" if mode[0] else "off"
-            if mode[0] != mode[1]:
-                now += f", {'on' if mode[1] else 'off'} pending"
-            vfs = mode[1] and self._vfs_block_mig(g, entry, "turning MIG mode off")
-            self.diff(f"{bdf} mig-mode off (host has {now})", OPERATOR_MARK if vfs else None)
-            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
-            touches.append("turning MIG mode off")
-            self.step("mig-mode", Step("mig-mode", bdf, "disable MIG mode (its GPU instances go first)",
-                                       f"time-sliced vGPUs need MIG mode off ({where})", op="mig.mode",
-                                       args=(("enabled", False),)))
-        # NVML answers for this GPU's device-level vGPU settings now (not while it is passed
-        # through or in MIG mode; then the state is unknown until the steps before run)
-        reads = not released and not (mode and mode[0])
-        mixed_now = self.nv.get("heterogeneous_mode", g.address) if reads else None
-        sched_now = self.nv.get("scheduler_state", g.address) if reads else None
-        table = board_tables().get(g.pci.device)
-        if table is not None:             # the same counts check as the lint, for any selector
-            check_vgpu_types(spec, table, f"{bdf} ({g.model})",
-                             mixed=bool(spec.mixed_size if spec.mixed_size is not None else mixed_now))
-        mixed_on_step = False             # a step turns mixed-size mode on
-        if spec.mixed_size is not None:
-            cur = mixed_now
-            if cur is None and reads:
-                if spec.mixed_size:
-                    raise (spec.where or entry.where).error(
-                        f"mixed_size: true, but {bdf} ({g.model}) has no mixed-size vGPU mode (NVML: not "
-                        "supported)", hint="mixed-size mode needs vGPU 17+ on a board that offers it; use one "
-                                           "framebuffer size and mixed_size: false")
-                # off where the GPU has no such mode: nothing to do
-            elif cur is None or bool(cur) != spec.mixed_size:
-                want = "on" if spec.mixed_size else "off"
-                mixed_on_step = spec.mixed_size
-                if cur is not None:
-                    self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
-                    touches.append("changing mixed-size mode")
-                    if self._running(g):
-                        empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
-                self.step("mixed-size", Step("mixed-size", bdf, f"turn mixed-size mode {want}",
-                                             (f"host has {'on' if cur else 'off'}" if cur is not None else
-                                              "its state is unknown until the steps before run")
-                                             + f" ({where})", op="mixed-size", args=(("on", spec.mixed_size),)))
-        if mixed_on_step and entry.scheduler is None and sched_now is not None \
-                and sched_now.policy == "fixed-share":
-            self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
-                       f"(REFERENCE.md §6): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
-                       f"at {where}")
-        if entry.scheduler is not None:
-            from .scheduler import describe, matches
-            want_state = entry.scheduler.state
-            if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
-                self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (REFERENCE.md §6): "
-                           f"add mixed_size: false to the entry at {where}, or use equal-share")
-            if reads:
-                want_state = self._schedulable(g, entry, want_state)
-            cur = sched_now
-            if cur is None or not matches(want_state, cur):
-                if cur is not None:
-                    self.diff(f"{bdf} scheduler {describe(want_state)} (host has {describe(cur)})")
-                    touches.append("changing the scheduler")
-                    if self._running(g):
-                        empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
-                # leaving fixed share for mixed-size mode: the scheduler first (REFERENCE.md §6)
-                phase = "scheduler-first" if mixed_on_step else "scheduler"
-                self.step(phase, Step("scheduler", bdf, f"set the vGPU scheduler: {describe(want_state)}",
-                                      (f"host has {describe(cur)}" if cur is not None else
-                                       "its state is unknown until the steps before run")
-                                      + f" ({entry.scheduler.where})"
-                                      + ("; before mixed-size mode, which fixed share does not allow"
-                                         if mixed_on_step and cur is not None and cur.policy == "fixed-share"
-                                         else ""), op="scheduler", args=(("state", want_state),)))
-            if entry.scheduler.persist:
-                self.persist_scheduler(g, entry.scheduler.state, entry)
-        keep = {c.name.lower(): c.count for c in spec.types if c.count}
-        removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
-        if not empty_for:
-            for what in touches:
-                self.guard_in_use(g, vg, what)
-        if not total:
-            self.count_vgpus(g, vg, spec.types, removed, where, capacity_check=not released and not empty_for)
-            mixed = spec.mixed_size if spec.mixed_size is not None else bool(mixed_now)
-            if not mixed and not released:
-                self.equal_size(g, vg, spec.types)
-        return removed
-
-    def _schedulable(self, g: Gpu, entry: Entry, state: SchedulerState) -> SchedulerState:
-        """The state :func:`vgpuhost.scheduler.set_runtime` would set on ``g`` for ``state`` (the
-        driver's default time slice where the device has no ARR and no ARR parameter is given);
-        InputError ``FILE:LINE:`` when the device cannot take it, so apply never removes vGPUs for
-        a scheduler step that would then fail."""
-        from .scheduler import check_caps
-        where = entry.scheduler.where
-        caps = self.nv.get("scheduler_caps", g.address)
-        if caps is None or self.nv.get("scheduler_state", g.address) is None:
-            raise where.error(f"{g.address} ({g.model}) has no device-level vGPU scheduler (NVML: not supported)",
-                              hint="remove the scheduler key from this entry (and from the layout's default)")
-        if (state.arr and not caps.arr_supported and state.frequency_hz is None and state.avg_factor is None
-                and state.policy != "best-effort"):
-            state = replace(state, arr=False)
-        try:
-            check_caps(g.address, state, caps)
-        except VgpuhostError as e:
-            raise where.error(f"scheduler: {e.message}", hint=e.hint) from None
-        return state
-
-    def _running(self, g: Gpu) -> bool:
-        n = self.nv.get("active_vgpus", g.address)
-        return bool(n)
-
-    def persist_scheduler(self, g: Gpu, state: SchedulerState, entry: Entry) -> None:
-        from .scheduler import describe, encode, read_conf
-        bdf = str(g.address)
-        conf = read_conf(self.host)
-        value = encode(state)
-        have = conf.value_for(bdf)
-        if have is None:
-            have = conf.value_for(None)
-        if have == value:
-            return
-        shown = "none" if have is None else f"0x{have:08x}"
-        self.plan.reboot.append(Step(
-            "scheduler", bdf, f"persist RmPVMRL=0x{value:08x} ({describe(state)}): 'vgpuhost scheduler set --gpu "
-            f"{bdf} --policy {state.policy}{_sched_flags(state)} --persist', then reload the nvidia module or reboot",
-            f"scheduler.persist ({entry.scheduler.where}); vgpuhost's modprobe.d file has {shown}", reboot=True))
-        self.diff(f"{bdf} scheduler-persist RmPVMRL=0x{value:08x} (modprobe.d has {shown})", REBOOT_MARK)
-
-    def vgpu_total(self, entry: Entry, gpus: Sequence[Gpu]) -> None:
-        """A vgpu entry with counts: total: place the missing vGPUs across ``gpus`` by the strategy."""
-        from .vgpu import offers
-        spec: VgpuSpec = entry.vgpu
-        where = str(entry.where)
-        if not gpus:
-            return
-        removed_by_gpu: Dict[PciAddress, Optional[List[Any]]] = {}
-        for g in gpus:
-            removed_by_gpu[g.address] = self.vgpu(g, entry, total=True)
-        label = ",".join(str(g.address) for g in gpus)
-        have: Dict[str, List[Tuple[Gpu, Any]]] = {}
-        missing: Dict[str, List[Tuple[Gpu, Any]]] = {}
-        for g in gpus:
-            vg = self.vgpus_of(g)
-            for e in vg.layout_active:
-                have.setdefault(e.type_name.lower(), []).append((g, e))
-            for e in vg.layout_missing:
-                missing.setdefault(e.type_name.lower(), []).append((g, e))
-        want = {c.name.lower(): (self.spelled(gpus[0], c.name), c.count) for c in spec.types}
-        for key in sorted(set(want) | set(have)):
-            name, n = want[key] if key in want else (self.spelled(gpus[0], have[key][0][1].type_name or key), 0)
-            if len(have.get(key, [])) != n:
-                self.diff(f"{label} vgpu {name} x{n} total (host has {len(have.get(key, []))})")
-        for key, pairs in sorted(missing.items()):
-            for g, e in pairs:
-                self.diff(f"{g.address} vgpu {e.type_name} {e.id} (recorded for the layout, missing on the host)")
-        for key in sorted(set(want) | set(have) | set(missing)):
-            name, n = want[key] if key in want else (self.spelled(gpus[0], _type_name(
-                [e for _, e in have.get(key, []) + missing.get(key, [])], key)), 0)
-            # vGPUs on emptied GPUs come back where they were
-            kept: List[Tuple[Gpu, Any]] = []
-            for g, e in have.get(key, []):
-                if removed_by_gpu.get(g.address) is not None:
-                    kept.append((g, e))
-            kept = kept[:n]
-            for g in gpus:
-                mine = [e for gg, e in kept if gg.address == g.address]
-                if mine:
-                    uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
-                    self.step("vgpu-create", Step("vgpu", str(g.address), f"create {len(mine)} x {name}",
-                                                  f"back where it was before the GPU was emptied ({where})",
-                                                  op="vgpu.create", args=(("profile", name), ("count", len(mine)),
-                                                                          ("uuids", uuids))))
-            stay = [(g, e) for g, e in have.get(key, []) if removed_by_gpu.get(g.address) is None]
-            stay.sort(key=lambda ge: self._time(ge[1].id))
-            room = max(0, n - len(kept))
-            for g, e in stay[room:][::-1]:
-                self.step("vgpu-remove", Step("vgpu", str(g.address), f"remove {e.type_name} {e.id}",
-                                              f"layout wants {n} {name} in total, host has "
-                                              f"{len(have.get(key, []))} ({where})", op="vgpu.remove",
-                                              args=(("id", e.id),)))
-            room = max(0, room - len(stay))
-            for g, e in missing.get(key, []):
-                if room:
-                    room -= 1
-                    self.step("vgpu-create", Step("vgpu", str(g.address), f"re-create {e.type_name} {e.id}",
-                                                  f"recorded for the layout, missing on the host ({where})",
-                                                  op="vgpu.recreate", args=(("id", e.id),)))
-                else:
-                    self.step("vgpu-remove", Step("vgpu", str(g.address), f"drop the record of missing "
-                                                  f"{e.type_name} {e.id}", f"not wanted any more ({where})",
-                                                  op="vgpu.remove", args=(("id", e.id),)))
-            if not room:
-                continue
-            pool = [g for g in gpus if g.pci.driver == "nvidia"]
-            offs = [o for o in offers(self.inv, self.records, name, self.seen) if o.gpu in {g.address for g in pool}]
-            placed: Dict[PciAddress, int] = {}
-            for _ in range(room):
-                d = place(offs, Request(name, LAYOUT, spec.strategy))
-                if not d.admitted:
-                    changing = [g for g in gpus if str(g.address) in self.changing]
-                    if changing:
-                        placed[changing[0].address] = placed.get(changing[0].address, 0) + 1
-                        continue
-                    self.block(f"cannot place {room} x {name} on {label} ({entry.where}): {d.reason}")
-                    break
-                placed[d.gpu] = placed.get(d.gpu, 0) + 1
-                offs = [_taken(o) if o.gpu == d.gpu else o for o in offs]
-            for gpu, k in sorted(placed.items()):
-                self.step("vgpu-create", Step("vgpu", str(gpu), f"create {k} x {name}",
-                                              f"layout wants {n} {name} in total, {spec.strategy} places {k} here "
-                                              f"({where})", op="vgpu.create",
-                                              args=(("profile", name), ("count", k), ("uuids", ()))))
-
-    def mig(self, g: Gpu, entry: Entry) -> None:
-        from .mig import layout_text, plan_layout
-        spec: MigSpec = entry.mig
-        bdf = str(g.address)
-        where = str(entry.where)
-        released = self.release_if_passed_through(g, entry)
-        layout = {c.name: c.count for c in spec.instances if c.count}
-        if released:
-            self.step("mig-mode", Step("mig-mode", bdf, "enable MIG mode", f"mode mig; the state is unknown while "
-                                       f"the GPU is passed through ({where})", op="mig.mode",
-                                       args=(("enabled", True),)))
-            self.step("gpu-instance", Step("gpu-instance", bdf, f"make GPU instances {layout_text(layout)}",
-                                           f"mode mig ({where})", op="mig.apply", args=(("layout", layout),)))
-            self.count_vgpus(g, self.vgpus_of(g), spec.vgpus, [], where, capacity_check=False)
-            return
-        mode = self.nv.get("mig_mode", g.address)
-        if mode is None:
-            raise entry.where.error(f"{bdf} ({g.model}) is not MIG-capable (NVML reports no MIG mode)",
-                                    hint="use mode: vgpu or passthrough for it")
-        profiles = self.nv.get("gi_profiles", g.address) or []
-        label = f"{bdf} ({self.nv.get('device_name', g.address) or g.model})"
-        wanted_ids = check_mig(spec, profiles, label)
-        if any(c.count for c in spec.vgpus) and self._vfs_off(g) and not mode[0]:
-            # VFs off: the moment to turn MIG mode on; GPU instances and vGPUs come after the
-            # VFs are enabled (REFERENCE.md §3)
-            if mode[1]:
-                self.plan.reboot.append(Step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or reboot: "
-                                             "MIG mode on is pending", f"mode mig ({where})", reboot=True))
-                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
-            else:
-                self.diff(f"{bdf} mig-mode on (host has off)")
-                procs = self.nv.get("compute_processes", g.address)
-                if procs:
-                    self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-                self.step("mig-mode", Step("mig-mode", bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                           op="mig.mode", args=(("enabled", True),)))
-            self._vfs_after(g, entry)
-            return
-        if any(c.count for c in spec.vgpus) and self.no_backend(g, entry):
-            return
-        self.check_types(g, spec.vgpus, mig_profiles=profiles)
-        vg = self.vgpus_of(g)
-        cur, pending = mode
-        empty_for: List[str] = []
-        touches: List[str] = []
-        gis = []
-        if not cur:
-            if pending:
-                self.plan.reboot.append(Step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or reboot: "
-                                             "MIG mode on is pending", f"mode mig ({where}); GPU instances come "
-                                             "after the reset", reboot=True))
-                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
-                return
-            vfs = self._vfs_block_mig(g, entry, "enabling MIG mode")
-            self.diff(f"{bdf} mig-mode on (host has off)", OPERATOR_MARK if vfs else None)
-            procs = self.nv.get("compute_processes", g.address)
-            if procs:
-                self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
-            touches.append("enabling MIG mode")
-            self.step("mig-mode", Step("mig-mode", bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                       op="mig.mode", args=(("enabled", True),)))
-        else:
-            gis = self.nv.get("gpu_instances", g.address) or []
-            if not pending:                   # on now, but off after the next GPU reset
-                vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
-                self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
-                touches.append("enabling MIG mode")
-                self.step("mig-mode", Step("mig-mode", bdf, "enable MIG mode (cancels the pending disable)",
-                                           f"mode mig, host has MIG off pending ({where})", op="mig.mode",
-                                           args=(("enabled", True),)))
-        by_id = {p.profile_id: p for p in profiles}
-        have_counts: Dict[str, int] = {}
-        for x in gis:
-            n = by_id[x.profile_id].name if x.profile_id in by_id else f"profile {x.profile_id}"
-            have_counts[n] = have_counts.get(n, 0) + 1
-        want_counts = {by_id[i].name: n for i, n in wanted_ids.items()}
-        if have_counts != want_counts:
-            self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
-            lp = plan_layout(profiles, gis, wanted_ids)
-            parts = []
-            if lp.destroy:
-                parts.append("destroy " + ", ".join(f"{d.profile} (GI {d.gi_id})" for d in lp.destroy))
-                empty_for.append("GPU instances can be destroyed only while the GPU has no vGPUs")
-            if lp.create:
-                parts.append("create " + ", ".join(c.profile for c in lp.create))
-            touches.append("changing GPU instances")
-            self.step("gpu-instance", Step("gpu-instance", bdf, f"make GPU instances {layout_text(want_counts)}"
-                                           + (f": {'; '.join(parts)}" if parts else ""),
-                                           f"host has {layout_text(have_counts)} ({where})", op="mig.apply",
-                                           args=(("layout", layout),)))
-        keep = {c.name.lower(): c.count for c in spec.vgpus if c.count}
-        removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
-        if not empty_for:
-            for what in touches:
-                self.guard_in_use(g, vg, what)
-        gi_step = any(s.target == bdf for s in self.phases["gpu-instance"])
-        self.count_vgpus(g, vg, spec.vgpus, removed, where, capacity_check=not empty_for and not gi_step)
-
-    def orphans(self, selection: Dict[PciAddress, Entry]) -> None:
-        """Layout vGPUs on GPUs this layout does not select: removed."""
-        chosen = {str(a) for a in selection}
-        for e in self.entries:
-            if e.owner != LAYOUT or (e.gpu in chosen):
-                continue
-            gone = e.state == "missing"
-            self.diff(f"{e.gpu} vgpu {e.type_name} {e.id} (owner layout, not in layout {self.lay.name!r})")
-            verb = "drop the record of missing" if gone else "remove"
-            self.step("vgpu-remove", Step("vgpu", e.gpu or e.parent, f"{verb} {e.type_name} {e.id}",
-                                          f"owner layout, but no entry of layout {self.lay.name!r} selects its GPU",
-                                          op="vgpu.remove", args=(("id", e.id),)))
-
-    def walk(self) -> Plan:
-        self.host_settings()
-        selection = self.select()
-        for entry in self.lay.entries:
-            gpus = [self.inv.gpu(a) for a, e in sorted(selection.items()) if e is entry]
-            if entry.mode == "passthrough":
-                for g in gpus:
-                    self.passthrough(g, entry)
-            elif entry.mode == "mig":
-                for g in gpus:
-                    self.mig(g, entry)
-            elif entry.vgpu.counts == "total":
-                self.vgpu_total(entry, gpus)
-            else:
-                for g in gpus:
-                    self.vgpu(g, entry)
-        self.orphans(selection)
-        return self.result()
-
-
-def _type_name(entries: Sequence[Any], default: str) -> str:
-    """The type name the first of ``entries`` (vGPU list entries) records, else ``default``."""
-    return next((e.type_name for e in entries if e.type_name), default)
-
-
-def _taken(o: GpuOffer) -> GpuOffer:
-    """``o`` after one more vGPU of its type landed there (placement simulation)."""
-    return replace(o, available=max(0, o.available - 1), present=o.present + 1,
-                   parents=o.parents[1:] if len(o.parents) > 1 else o.parents)
-
-
-def _sched_flags(state: SchedulerState) -> str:
-    if state.policy == "best-effort":
-        return ""
-    if not state.arr:
-        return f" --timeslice-ms {state.timeslice_ms}" if state.timeslice_ms else ""
-    if state.frequency_hz is not None:
-        return f" --frequency-hz {state.frequency_hz} --avg-factor {state.avg_factor}"
-    return ""
-
-
-def _walk(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str]) -> Tuple[Plan, List[str]]:
-    w = _Walker(host, store, cfg, cfg.layout(layout))
-    p = w.walk()
-    return p, w.reboot_diff
-
-
-# ---------------------------------------------------------------------------
-# public operations
 
 def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Plan:
     """The ordered steps that bring ``host`` to ``layout`` (default: the config's default).
 
-    A pure decision over a fresh inventory, the state store's records and
-    NVML reads: nothing is written.  Raises InputError (``FILE:LINE:``) when
-    the layout does not suit this host (a type the GPU does not offer, a MIG
-    layout that cannot fit it, two entries selecting one GPU) and
-    HostEnvironmentError when NVML is needed and missing.
+    Observes the host once (sysfs inventory, the state store's records, NVML)
+    and plans over that snapshot (:func:`vgpuhost.plan.layout.plan`): nothing is
+    written.  Raises InputError (``FILE:LINE:``) when the layout does not suit
+    this host (a type the GPU does not offer, a MIG layout that cannot fit it,
+    two entries selecting one GPU) and HostEnvironmentError when NVML is needed
+    and missing.
     """
-    return _walk(host, store, cfg, layout)[0]
+    return planner.plan(cfg, layout, view_for(host, store, cfg, layout))
 
 
 def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Drift:
     """Compare ``host`` with ``layout``: the same walk as :func:`plan`, as drift lines."""
-    p, reboot = _walk(host, store, cfg, layout)
-    return Drift(p.layout, p.source, list(p.diff), list(reboot))
+    return planner.drift(cfg, layout, view_for(host, store, cfg, layout))
 
 
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
@@ -1145,13 +128,14 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
             raise RefusedError(f"layout {name!r} cannot be applied: " + "; ".join(p.blocked),
                                hint="nothing was changed; 'vgpuhost plan -c FILE' shows the whole plan")
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
+        bound = handlers(host, store, who)
         pending: set = set()
         for i, step in enumerate(p.steps, 1):
             if step.target in pending:
                 result.skipped.append(step)
                 continue
             try:
-                note = _execute(host, store, step, who)
+                note = bound[type(step)](step)
             except VgpuhostError as e:
                 done = f"; {len(result.done)} step(s) before it stay done" if result.done else ""
                 raise DeviceError(f"layout {name!r}: step {i} of {len(p.steps)} failed ({step.kind} {step.target}: "
@@ -1159,12 +143,12 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                                   hint="'vgpuhost assert -c FILE' shows what differs; 'vgpuhost audit' every "
                                        "write") from e
             result.done.append(step)
-            if note == "pending":
+            if note == PENDING:
                 pending.add(step.target)
-                result.reboot.append(Step("mig-mode", step.target, f"reset the GPU (nvidia-smi -r -i {step.target}) "
-                                          "or reboot, then run apply again: the MIG mode change is pending",
-                                          "the driver keeps MIG mode changes pending until a GPU reset "
-                                          "(REFERENCE.md §5)", reboot=True))
+                result.reboot.append(reboot_step("mig-mode", step.target, f"reset the GPU (nvidia-smi -r -i "
+                                                 f"{step.target}) or reboot, then run apply again: the MIG mode "
+                                                 "change is pending", "the driver keeps MIG mode changes pending "
+                                                 "until a GPU reset (REFERENCE.md §5)"))
         drift = check(host, store, cfg, layout)
         result.drift_after = list(drift.diff)
         if drift.runtime:
@@ -1173,39 +157,60 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                               hint="'vgpuhost audit' shows every write; 'vgpuhost assert -c FILE' the difference")
         return result
 
+# ---------------------------------------------------------------------------
+# executing: each step type bound to the operation that runs it
 
-def _execute(host: HostRoot, store: StateStore, step: Step, actor: str) -> Optional[str]:
-    """Run one step through the layer that owns it; ``"pending"`` when a MIG mode change waits for a reset."""
+#: what a handler returns when a MIG mode change stays pending until a GPU reset
+PENDING = "pending"
+
+Handler = Callable[[LayoutStep], Optional[str]]
+
+
+def handlers(host: HostRoot, store: StateStore, actor: str) -> Mapping[type, Handler]:
+    """``{step type: run it}`` for every executable layout step type.
+
+    Each handler runs its step through the layer that owns the operation (locks,
+    audit rows, read-back, rollback of its own half-done work) and returns
+    :data:`PENDING` when a MIG mode change waits for a GPU reset, else None.
+    Raises what that layer raises (a VgpuhostError).
+    """
     from . import mig, passthrough, scheduler, vgpu
-    gpu = PciAddress.parse(step.target)
-    op = step.op
-    if op == "vgpu.remove":
-        vgpu.remove(host, store, step.arg("id"), owner=LAYOUT, actor=actor)
-    elif op == "vgpu.create":
-        uuids = list(step.arg("uuids") or ())
-        for k in range(step.arg("count")):
-            vgpu.create(host, store, profile=step.arg("profile"), gpu=gpu, owner=LAYOUT,
-                        uuid=uuids[k] if k < len(uuids) else None, actor=actor)
-    elif op == "vgpu.recreate":
-        _recreate(host, store, step.arg("id"), actor)
-    elif op == "mig.mode":
-        out = mig.set_mode(host, store, gpu, step.arg("enabled"), actor=actor)
-        if out.mig_mode and out.mig_mode["current"] != step.arg("enabled"):
-            return "pending"
-    elif op == "mig.apply":
-        mig.apply(host, store, gpu, step.arg("layout"), actor=actor)
-    elif op == "mixed-size":
-        scheduler.mixed_size(host, store, gpu, step.arg("on"), actor=actor)
-    elif op == "scheduler":
-        scheduler.set_runtime(host, store, gpu, step.arg("state"), actor=actor)
-    elif op == "passthrough.prepare":
-        passthrough.prepare(host, store, gpu, allow_boot_vga=step.arg("allow_boot_vga", False),
-                            persist=step.arg("persist", False), actor=actor)
-    elif op == "passthrough.release":
-        passthrough.release(host, store, gpu, persist=True, actor=actor)
-    else:                                   # pragma: no cover - a planner bug
-        raise InputError(f"step {step.kind} {step.target} has no executor ({op!r})")
-    return None
+
+    def remove(s: RemoveVgpu) -> None:
+        vgpu.remove(host, store, s.vgpu_id, owner=LAYOUT, actor=actor)
+
+    def create(s: CreateVgpus) -> None:
+        for k in range(s.count):
+            vgpu.create(host, store, profile=s.profile, gpu=s.gpu, owner=LAYOUT,
+                        uuid=s.uuids[k] if k < len(s.uuids) else None, actor=actor)
+
+    def recreate(s: RecreateVgpu) -> None:
+        _recreate(host, store, s.vgpu_id, actor)
+
+    def mig_mode(s: ChangeMigMode) -> Optional[str]:
+        out = mig.set_mode(host, store, s.gpu, s.enabled, actor=actor)
+        if out.mig_mode and out.mig_mode["current"] != s.enabled:
+            return PENDING
+        return None
+
+    def gpu_instances(s: MakeGpuInstances) -> None:
+        mig.apply(host, store, s.gpu, s.counts, actor=actor)
+
+    def mixed_size(s: SetMixedSize) -> None:
+        scheduler.mixed_size(host, store, s.gpu, s.on, actor=actor)
+
+    def set_scheduler(s: SetScheduler) -> None:
+        scheduler.set_runtime(host, store, s.gpu, s.state, actor=actor)
+
+    def prepare(s: PreparePassthrough) -> None:
+        passthrough.prepare(host, store, s.gpu, allow_boot_vga=s.allow_boot_vga, persist=s.persist, actor=actor)
+
+    def release(s: ReleasePassthrough) -> None:
+        passthrough.release(host, store, s.gpu, persist=True, actor=actor)
+
+    return {RemoveVgpu: remove, CreateVgpus: create, RecreateVgpu: recreate, ChangeMigMode: mig_mode,
+            MakeGpuInstances: gpu_instances, SetMixedSize: mixed_size, SetScheduler: set_scheduler,
+            PreparePassthrough: prepare, ReleasePassthrough: release}
 
 
 def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
@@ -1243,4 +248,5 @@ def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
             ex.fs.write(params_path, rec.params)
 
 
-__all__ = ["Step", "Plan", "Drift", "ApplyResult", "plan", "check", "apply", "KINDS", "PHASES"]
+__all__ = ["Plan", "Drift", "ApplyResult", "LayoutStep", "plan", "check", "apply", "view_for", "handlers", "KINDS",
+           "PHASES", "REBOOT_MARK", "RESET_MARK", "OPERATOR_MARK"]

@@ -35,6 +35,7 @@ from ..plan.steps import Executor
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
+from ..observe.vgpus import VgpuEntry, list_vgpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -716,51 +717,6 @@ def _current_type(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> Opti
 
 # ---------------------------------------------------------------------------
 # list and reconcile
-
-@record(frozen=True)
-class VgpuEntry:
-    id: str
-    gpu: Optional[str]
-    parent: str
-    type_id: str
-    type_name: Optional[str]
-    backend: str
-    owner: Optional[str]       # None: not created by vgpuhost
-    state: str                 # active | missing (recorded, not on the host) | foreign | mismatched
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]:
-    """Every vGPU on the host joined with the records, plus recorded ones that are missing."""
-    by_id = {r.id: r for r in records}
-    names = {(t.gpu, t.type_id): t.name for t in inv.vgpu_types}
-    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
-    out: List[VgpuEntry] = []
-    seen = set()
-    for m in inv.mdevs:
-        g = parent_gpu.get(m.parent)
-        r = by_id.get(m.uuid)
-        seen.add(m.uuid)
-        state = "foreign" if r is None else ("active" if r.type_id == m.type_id else "mismatched")
-        out.append(VgpuEntry(m.uuid, str(g) if g else None, str(m.parent), m.type_id,
-                             r.type_name if state == "active" else names.get((g, m.type_id)), BACKEND_MDEV,
-                             r.owner if r else None, state))
-    for v in inv.vf_vgpus:
-        if not v.type_id:
-            continue
-        r = by_id.get(str(v.vf))
-        seen.add(str(v.vf))
-        state = "foreign" if r is None else ("active" if r.type_id == v.type_id else "mismatched")
-        out.append(VgpuEntry(str(v.vf), str(v.gpu), str(v.vf), v.type_id,
-                             r.type_name if state == "active" else names.get((v.gpu, v.type_id)),
-                             BACKEND_VENDOR_VFIO, r.owner if r else None, state))
-    for r in records:
-        if r.id not in seen:
-            out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, "missing"))
-    return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
-
 
 @record
 class ReconcileReport:

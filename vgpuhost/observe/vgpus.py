@@ -1,0 +1,81 @@
+"""The vGPUs of a host: sysfs joined with vgpuhost's records.
+
+Owns: :class:`VgpuEntry` and :func:`list_vgpus`, the join of an inventory's
+mdevs and vendor-VFIO vGPUs with the state store's records (who created
+each, and which recorded ones are missing).  Must not: read anything itself
+(it is given an inventory and records) or decide what to do about a vGPU.
+Lean on purpose (no dataclasses or typing at import): the qemu hook path
+reaches it through :mod:`vgpuhost.ops.vgpu`.
+"""
+
+from __future__ import annotations
+
+from ..model.values import record
+from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import List, Optional, Sequence
+    from ..io.state import VgpuRecord
+    from .inventory import Inventory
+
+#: a vGPU's state in :class:`VgpuEntry`: on the host and recorded with its type; recorded,
+#: not on the host; on the host, not created by vgpuhost; on the host with another type
+VGPU_STATES = ("active", "missing", "foreign", "mismatched")
+
+
+@record(frozen=True)
+class VgpuEntry:
+    """One vGPU: on the host, recorded by vgpuhost, or both.
+
+    ``id``: mdev UUID or vendor-VFIO VF BDF; ``gpu``: its GPU's BDF (None: the
+    parent is no known GPU); ``parent``: the PF or VF it sits on; ``type_name``:
+    as recorded (state active) or as the GPU lists the type; ``owner``: None when
+    vgpuhost did not create it; ``state``: one of :data:`VGPU_STATES`.
+    """
+
+    id: str
+    gpu: Optional[str]
+    parent: str
+    type_id: str
+    type_name: Optional[str]
+    backend: str
+    owner: Optional[str]       # None: not created by vgpuhost
+    state: str                 # active | missing (recorded, not on the host) | foreign | mismatched
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]:
+    """Every vGPU on the host joined with the records, plus recorded ones that are missing;
+    sorted by (gpu, parent, id)."""
+    by_id = {r.id: r for r in records}
+    names = {(t.gpu, t.type_id): t.name for t in inv.vgpu_types}
+    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
+    out: List[VgpuEntry] = []
+    seen = set()
+    for m in inv.mdevs:
+        g = parent_gpu.get(m.parent)
+        r = by_id.get(m.uuid)
+        seen.add(m.uuid)
+        state = "foreign" if r is None else ("active" if r.type_id == m.type_id else "mismatched")
+        out.append(VgpuEntry(m.uuid, str(g) if g else None, str(m.parent), m.type_id,
+                             r.type_name if state == "active" else names.get((g, m.type_id)), BACKEND_MDEV,
+                             r.owner if r else None, state))
+    for v in inv.vf_vgpus:
+        if not v.type_id:
+            continue
+        r = by_id.get(str(v.vf))
+        seen.add(str(v.vf))
+        state = "foreign" if r is None else ("active" if r.type_id == v.type_id else "mismatched")
+        out.append(VgpuEntry(str(v.vf), str(v.gpu), str(v.vf), v.type_id,
+                             r.type_name if state == "active" else names.get((v.gpu, v.type_id)),
+                             BACKEND_VENDOR_VFIO, r.owner if r else None, state))
+    for r in records:
+        if r.id not in seen:
+            out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, "missing"))
+    return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
+
+
+__all__ = ["VgpuEntry", "list_vgpus", "VGPU_STATES"]
