@@ -334,6 +334,12 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('file-access', 'vgpuhost.ops.vgpu', 'os.path.lexists()'): 'steps',
     ('init', 'vgpuhost.sim', 'line 13'): 'house',
     ('layer', 'vgpuhost.libvirt.domain', 'vgpuhost.ops.passthrough'): 'house',
+    # the layout planner still imports pure MIG/passthrough/scheduler/offers functions from ops/ until
+    # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
+    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.mig'): 'hostview',
+    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.passthrough'): 'hostview',
+    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.scheduler'): 'hostview',
+    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.mig'): 'steps',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.scheduler'): 'steps',
     ('private', 'vgpuhost.cli.hook', 'vgpuhost.cli.main._emit'): 'house',
