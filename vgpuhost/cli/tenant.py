@@ -230,8 +230,7 @@ def tenant_openstack(mode: Optional[str]) -> None:
     from ..ops import tenancy
     store = _store(mode is not None)
     if mode is not None:
-        store.set_setting(tenancy.OPENSTACK, None if mode == "off" else mode)
-        store.audit(actor=tenancy._actor(), operation="tenant openstack", path="(settings)", value=mode)
+        tenancy.set_openstack(store, None if mode == "off" else mode)
     cur = store.setting(tenancy.OPENSTACK) or "off"
     _emit({"schema": SCHEMA_OPENSTACK, "map": cur}, f"OpenStack tenant mapping: {cur}")
 

@@ -16,7 +16,6 @@ sysfs, or stop a VM.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 from ..io.locks import file_lock
@@ -40,7 +39,8 @@ OPENSTACK_MODES = ("project-name", "project-uuid")
 
 
 def _actor() -> str:
-    return os.environ.get("VGPUHOST_ACTOR") or f"cli uid={os.getuid()} pid={os.getpid()}"
+    from ..io.process import actor
+    return actor()
 
 
 @contextmanager
@@ -222,7 +222,7 @@ def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[
         raise InputError("pools: " + "; ".join(problems))
     current = pools(store)
     old = {g: p for p in current for g in p.gpus}
-    why = adm.pool_change_refusal(current, new, {r.gpu for r in store.vgpu_records()}, policies)
+    why = adm.pool_change_refusal(current, new, allocations(store), policies)
     if why:
         raise RefusedError(why, hint="stop the domains on it first, or leave it in its pool")
     changes: List[str] = []
@@ -250,6 +250,15 @@ class Granted:
     device: str
     demand: adm.Demand
     decision: adm.Admission
+
+
+def set_openstack(store: StateStore, mode: Optional[str], *, actor: Optional[str] = None) -> Optional[str]:
+    """Turn the OpenStack tenant mapping on (``project-name`` / ``project-uuid``) or off (None); audited."""
+    if mode is not None and mode not in OPENSTACK_MODES:
+        raise InputError(f"unknown OpenStack mapping {mode!r}", hint="one of " + ", ".join(OPENSTACK_MODES) + ", off")
+    store.set_setting(OPENSTACK, mode)
+    store.audit(actor=actor or _actor(), operation="tenant openstack", path="(settings)", value=mode or "off")
+    return mode
 
 
 def tenant_of(store: StateStore, view: DomainView) -> Optional[str]:

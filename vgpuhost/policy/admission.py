@@ -170,22 +170,33 @@ def pool_problems(pools: Sequence[Pool]) -> List[str]:
     return out
 
 
-def pool_change_refusal(old: Sequence[Pool], new: Sequence[Pool], busy: "Sequence[str] | set",
+def pool_change_refusal(old: Sequence[Pool], new: Sequence[Pool], held: Sequence[Allocation],
                         policies: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Why replacing pools ``old`` by ``new`` must be refused (None: it may go ahead).
 
-    NVML changes a GPU's scheduler policy only while it holds no vGPUs
-    (NVIDIA vGPU user guide, "vGPU scheduler"): a GPU in ``busy`` (holding
-    vGPUs) whose policy would change — from its old pool's, or from
-    ``policies`` (the policy each GPU runs now, by BDF) — is refused.
+    ``held``: the allocations now.  NVML changes a GPU's scheduler policy
+    only while it holds no vGPUs (NVIDIA vGPU user guide, "vGPU
+    scheduler"): a GPU holding vGPUs whose policy would change (from its old
+    pool's, or from ``policies``, the policy each GPU runs now by BDF) is
+    refused.  So is a change that would leave a running time-sliced vGPU in
+    a pool that does not serve its QoS class.
     """
     was_of = {g: p.policy for p in old for g in p.gpus}
-    for p in new:
-        for g in p.gpus:
-            was = was_of.get(g) or (policies or {}).get(g)
-            if was is not None and was != p.policy and g in busy:
-                return (f"pool {p.name!r}: GPU {g} runs the {was} scheduler and holds vGPUs; NVML changes the "
-                        "policy only on a GPU with no vGPUs")
+    sliced: Dict[str, List[Allocation]] = {}
+    for a in held:
+        if a.kind == VGPU:
+            sliced.setdefault(a.gpu, []).append(a)
+    for g, here in sorted(sliced.items()):
+        p = pool_of(new, g)
+        was = was_of.get(g) or (policies or {}).get(g)
+        if p.policy and was != p.policy:       # an unknown policy (no pool, none given) counts as another
+            return (f"pool {p.name!r}: GPU {g} runs the {was or 'undeclared'} scheduler and holds vGPUs; NVML "
+                    f"changes the policy (to {p.policy}) only on a GPU with no vGPUs")
+        if not p.policy and g in was_of:
+            return f"GPU {g} holds vGPUs: it stays in pool with the {was_of[g]} scheduler until it is empty"
+        for a in here:
+            if not a.mig_slices and not p.serves(a.qos):
+                return f"GPU {g} holds a {a.qos} vGPU ({a.device}) and pool {p.name!r} would not serve {a.qos}"
     return None
 
 
