@@ -71,6 +71,7 @@ bench: venv-check
 	$(VPY) bench/inventory.py
 	$(VPY) bench/placement.py
 	$(VPY) bench/hook.py
+	$(VPY) bench/utilisation.py
 
 wheel: venv-check
 	$(VPY) -m build --wheel --outdir dist .

@@ -248,3 +248,86 @@ def test_passthrough_admission_counts_gpus(make_host):
     assert rc == 2 and "isolation 'hardware'" in err
     assert stop(host, "p0", x) == (0, "")
     assert s.allocation_rows() == []
+
+
+# ---------------------------------------------------------------------------
+# the domain's QoS class, OpenStack projects, attach's early feedback
+
+NOVA = ("<nova:instance xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.1'><nova:name>i</nova:name>"
+        "<nova:owner><nova:user uuid='u1'>admin</nova:user>"
+        "<nova:project uuid='6f70656e737461636b20342065766572'>team</nova:project></nova:owner></nova:instance>\n")
+
+
+def test_domxml_reads_qos_and_the_nova_project():
+    from vgpuhost.libvirt.domxml import parse_domain
+    meta = Metadata(qos="guaranteed", vgpus=[VgpuRequest("A40-8Q", uuid=uid("cdcdcdcd", 0))])
+    x = domain_xml("n", uid("99999999", 0), raw_meta=NOVA + meta.to_xml(), hostdevs=[mdev_hostdev(uid("cdcdcdcd", 0))])
+    v = parse_domain(x)
+    assert v.metadata.qos == "guaranteed" and v.nova_project == ("team", "6f70656e737461636b20342065766572")
+    assert parse_domain(domain_xml("n", uid("99999999", 0))).nova_project is None
+    from vgpuhost.model.errors import InputError
+    with pytest.raises(InputError, match="unknown qos"):
+        parse_domain(domain_xml("n", uid("99999999", 0), raw_meta=meta.to_xml().replace("guaranteed", "gold")))
+
+
+def test_domain_qos_override_and_openstack_projects(make_host):
+    host = mixed(make_host)
+    s = store_of(host)
+    tenancy.add(s, tenancy.Tenant("team", quota=tenancy.Quota(tenancy.Limits(vgpus=1))))
+    # qos=guaranteed on a time-sliced vGPU, and no fixed-share pool: refused by the QoS rule
+    meta = Metadata(tenant="team", qos="guaranteed", vgpus=[VgpuRequest("A40-8Q", uuid=uid("cdcdcdcd", 1))])
+    rc, err = start(host, "q", domain_xml("q", uid("99999999", 1), meta, [mdev_hostdev(uid("cdcdcdcd", 1))]))
+    assert rc == 2 and "QoS class guaranteed needs a hardware partition" in err
+    # a Nova domain names no vgpuhost tenant: with the mapping off it has none (best-effort, no quota)
+    meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=uid("cdcdcdcd", 2))])
+    nova = domain_xml("o1", uid("99999999", 2), raw_meta=NOVA + meta.to_xml(),
+                      hostdevs=[mdev_hostdev(uid("cdcdcdcd", 2))])
+    assert start(host, "o1", nova) == (0, "")
+    assert s.allocation_rows()[0][2] is None
+    assert stop(host, "o1", nova) == (0, "")
+    tenancy.set_openstack(s, "project-name")
+    assert start(host, "o1", nova) == (0, "")
+    assert [r[2] for r in s.allocation_rows()] == ["team"]
+    meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=uid("cdcdcdcd", 3))])
+    nova2 = domain_xml("o2", uid("99999999", 3), raw_meta=NOVA + meta.to_xml(),
+                       hostdevs=[mdev_hostdev(uid("cdcdcdcd", 3))])
+    rc, err = start(host, "o2", nova2)
+    assert rc == 2 and "quota vGPUs of tenant 'team': 1 in use + 1 asked > 1" in err
+    tenancy.set_openstack(s, "project-uuid")          # the UUID names no tenant: refused as unknown
+    rc, err = start(host, "o2", nova2)
+    assert rc == 2 and "unknown tenant '6f70656e737461636b20342065766572'" in err
+
+
+def test_attach_refuses_early_what_admission_would_refuse(make_host, tmp_path, capsys):
+    import libvirt
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops.attach import attach
+    h = make_host("a40-mdev")
+    host = HostRoot(h.root, tmp_path / "state")
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("hw", isolation="hardware"))
+    conn = libvirt.open("test:///default")
+    name = "tenancy-attach"
+    try:
+        conn.defineXML(f"<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os>"
+                       "<devices/></domain>")
+        before = conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        with pytest.raises(RefusedError, match="isolation 'hardware'"):
+            attach(host, s, "test:///default", name, profile="A40-8Q", tenant="hw")
+        assert conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == before
+        with pytest.raises(RefusedError, match="unknown tenant 'other'"):
+            attach(host, s, "test:///default", name, profile="A40-8Q", tenant="other")
+        tenancy.add(s, tenancy.Tenant("other"))
+        out = attach(host, s, "test:///default", name, profile="A40-8Q", tenant="other", qos="best-effort")
+        assert out.changed
+        from vgpuhost.libvirt.domxml import parse_domain
+        m = parse_domain(conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).metadata
+        assert (m.tenant, m.qos) == ("other", "best-effort")
+        assert not [r for r in s.audit_rows() if r.path == "(admission)"]     # feedback only: not audited
+    finally:
+        try:
+            conn.lookupByName(name).undefine()
+        except libvirt.libvirtError:
+            pass
+        conn.close()

@@ -163,12 +163,14 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--strategy", type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]),
               help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
+@click.option("--qos", type=click.Choice(["guaranteed", "burstable", "best-effort"]),
+              help="The domain's QoS class (default: its tenant's).")
 @click.option("--display", is_flag=True, help="Classic mdev: display='on' (the domain needs <graphics>).")
 @click.option("--ramfb", is_flag=True, help="Classic mdev: ramfb='on' (needs --display; one per domain).")
 @click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10); refused when taken.")
 @click.option("--live", is_flag=True, help="Classic mdev only: create it now and hot-plug it into the running domain.")
 @click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
-def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinity, display, ramfb, guest_slot,
+def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinity, qos, display, ramfb, guest_slot,
                live, dry_run) -> None:
     """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""
     from ..ops.attach import attach
@@ -178,7 +180,7 @@ def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinit
     store = StateStore(ctx.host.state_dir, create=not dry_run)
     out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
                  strategy=strategy, anti_affinity=anti_affinity, gpu=gpu, display=display, ramfb=ramfb,
-                 live=live, dry_run=dry_run, guest_slot=slot)
+                 live=live, dry_run=dry_run, guest_slot=slot, qos=qos)
     _emit_outcome(ctx, out)
 
 

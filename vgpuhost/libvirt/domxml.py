@@ -10,7 +10,7 @@ this module on every GPU domain start, so it uses the stdlib's expat only).
 The metadata element (namespace :data:`NS`, prefix :data:`PREFIX`)::
 
     <vgpuhost:domain xmlns:vgpuhost="https://vgpuhost.dev/xmlns/domain/1"
-                     version="1" strategy="best-fit" tenant="team-a" anti-affinity="web">
+                     version="1" strategy="best-fit" tenant="team-a" anti-affinity="web" qos="burstable">
       <vgpuhost:vgpu profile="A100-2Q" uuid="4b20d080-1b54-4048-85b3-a6a62d165c01"/>
       <vgpuhost:vgpu profile="L40S-4Q" vf="0000:c1:00.5"/>
       <vgpuhost:passthrough gpu="0000:41:00.0"/>
@@ -23,6 +23,13 @@ The metadata element (namespace :data:`NS`, prefix :data:`PREFIX`)::
   attach time (the hostdev must name it) and the hook sets its vGPU type.
 - ``passthrough``: the whole GPU's IOMMU group; the hostdevs are
   ``managed='no'`` and the hook binds the group to vfio-pci.
+- ``qos`` (optional): the domain's QoS class (``guaranteed``,
+  ``burstable``, ``best-effort``), overriding its tenant's default.
+
+OpenStack: the reader also keeps Nova's ``<nova:instance><nova:owner>
+<nova:project uuid="...">NAME</nova:project>`` (any namespace version under
+``http://openstack.org/xmlns/libvirt/nova/``) as ``DomainView.nova_project``
+= ``(NAME, UUID)``, for the operator's optional project -> tenant mapping.
 
 Parsing never expands entities, never loads a DTD or anything from the
 network (a document with a DOCTYPE is refused outright: libvirt never
@@ -51,6 +58,9 @@ MAX_VGPUS = 16
 MAX_PASSTHROUGH = 8
 STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")   # vgpuhost.placement.STRATEGIES
 DEFAULT_STRATEGY = "first-fit"
+QOS_CLASSES = ("guaranteed", "burstable", "best-effort")       # vgpuhost.model.tenancy.QOS_CLASSES
+NOVA_NS = "http://openstack.org/xmlns/libvirt/nova/"          # + version (1.0, 1.1, 1.2)
+MAX_NOVA_TEXT = 255
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$"               # tenant, anti-affinity key (compiled on use)
 _PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")          # a vGPU type name (A100-2Q)
@@ -85,17 +95,19 @@ class Metadata:
 
     ``strategy``: placement strategy at start; ``tenant``/``anti_affinity``:
     short names (letters, digits, ``_.:+-``, at most 64); ``vgpus``: at most
-    16; ``passthrough``: GPU BDFs, at most 8.
+    16; ``passthrough``: GPU BDFs, at most 8; ``qos``: a QoS class
+    overriding the tenant's (None: the tenant's).
     """
 
-    __slots__ = ("strategy", "tenant", "anti_affinity", "vgpus", "passthrough")
+    __slots__ = ("strategy", "tenant", "anti_affinity", "vgpus", "passthrough", "qos")
 
     def __init__(self, strategy: str = DEFAULT_STRATEGY, tenant: Optional[str] = None,
                  anti_affinity: Optional[str] = None, vgpus: Optional[List[VgpuRequest]] = None,
-                 passthrough: Optional[List[PciAddress]] = None):
+                 passthrough: Optional[List[PciAddress]] = None, qos: Optional[str] = None):
         self.strategy, self.tenant, self.anti_affinity = strategy, tenant, anti_affinity
         self.vgpus: List[VgpuRequest] = list(vgpus or [])
         self.passthrough: List[PciAddress] = list(passthrough or [])
+        self.qos = qos
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Metadata) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
@@ -119,6 +131,8 @@ class Metadata:
             attrs += f" tenant={quoteattr(self.tenant)}"
         if self.anti_affinity:
             attrs += f" anti-affinity={quoteattr(self.anti_affinity)}"
+        if self.qos:
+            attrs += f" qos={quoteattr(self.qos)}"
         lines = [f'<{PREFIX}:domain xmlns:{PREFIX}="{NS}"{attrs}>']
         for v in self.vgpus:
             a = f"profile={quoteattr(v.profile)}"
@@ -138,6 +152,8 @@ class Metadata:
             _check_name("tenant", self.tenant)
         if self.anti_affinity is not None:
             _check_name("anti-affinity", self.anti_affinity)
+        if self.qos is not None:
+            _check_choice("qos", self.qos, QOS_CLASSES)
         if len(self.vgpus) > MAX_VGPUS:
             raise InputError(f"vgpuhost metadata asks for {len(self.vgpus)} vGPUs; at most {MAX_VGPUS}")
         if len(self.passthrough) > MAX_PASSTHROUGH:
@@ -193,9 +209,10 @@ class DomainView:
     ``guest_addresses``: every guest PCI address any device claims.
     """
 
-    __slots__ = ("name", "uuid", "id", "metadata", "hostdevs", "guest_addresses")
+    __slots__ = ("name", "uuid", "id", "metadata", "hostdevs", "guest_addresses", "nova_project")
 
     def __init__(self):
+        self.nova_project: Optional[Tuple[str, Optional[str]]] = None     # (name, UUID) from Nova's metadata
         self.name: Optional[str] = None
         self.uuid: Optional[str] = None
         self.id: Optional[str] = None
@@ -271,7 +288,7 @@ def _pci(attrs: Dict[str, str]) -> GuestAddress:
 _META_ROOT = f"{NS} domain"
 _META_VGPU = f"{NS} vgpu"
 _META_PT = f"{NS} passthrough"
-_META_ATTRS = {_META_ROOT: {"version", "strategy", "tenant", "anti-affinity"},
+_META_ATTRS = {_META_ROOT: {"version", "strategy", "tenant", "anti-affinity", "qos"},
                _META_VGPU: {"profile", "uuid", "vf", "gpu"}, _META_PT: {"gpu"}}
 
 
@@ -285,6 +302,8 @@ class _Reader:
         self.hostdev: Optional[Hostdev] = None
         self.meta: Optional[Metadata] = None
         self.metas = 0
+        self.nova: Optional[List[str]] = None          # text of <nova:project> while inside it
+        self.nova_uuid: Optional[str] = None
 
     def run(self, data: bytes) -> DomainView:
         p = expat.ParserCreate(namespace_separator=" ")
@@ -335,6 +354,9 @@ class _Reader:
             self.view.id = attrs.get("id")
         elif depth == 2 and parent == "metadata" and name == _META_ROOT:
             self._meta_root(attrs)
+        elif (depth == 4 and name.startswith(NOVA_NS) and name.endswith(" project") and parent.endswith(" owner")
+              and self.stack[1] == "metadata" and self.view.nova_project is None):
+            self.nova, self.nova_uuid = [], attrs.get("uuid")
         elif name in (_META_VGPU, _META_PT):
             self._meta_child(name, attrs, parent)
         elif name.startswith(NS + " "):
@@ -369,12 +391,19 @@ class _Reader:
         elif depth == 2 and name == "hostdev" and self.hostdev is not None:
             self.view.hostdevs.append(self.hostdev)
             self.hostdev = None
+        elif depth == 4 and self.nova is not None:
+            text = "".join(self.nova).strip()[:MAX_NOVA_TEXT]
+            uuid = (self.nova_uuid or "").strip()[:MAX_NOVA_TEXT] or None
+            self.view.nova_project = (text, uuid)
+            self.nova = None
         self.stack.pop()
         self.text = []
 
     def _chars(self, data: str) -> None:
         if len(self.stack) == 2:
             self.text.append(data)
+        elif self.nova is not None and len(self.stack) == 5:
+            self.nova.append(data)
 
     # --- pieces ---------------------------------------------------------------
     def _hostdev(self, attrs: Dict[str, str]) -> None:
@@ -395,7 +424,7 @@ class _Reader:
             raise InputError(f"vgpuhost metadata version {_show(version)} is not supported (this vgpuhost "
                              f"reads version {VERSION})", hint="upgrade vgpuhost on this host")
         self.meta = Metadata(strategy=attrs.get("strategy", DEFAULT_STRATEGY), tenant=attrs.get("tenant"),
-                             anti_affinity=attrs.get("anti-affinity"))
+                             anti_affinity=attrs.get("anti-affinity"), qos=attrs.get("qos"))
 
     def _meta_child(self, name: str, attrs: Dict[str, str], parent: str) -> None:
         if parent != _META_ROOT or self.meta is None:

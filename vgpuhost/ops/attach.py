@@ -277,10 +277,11 @@ def _backend_of(inv: Inventory, gpus: Set[PciAddress], name: str) -> str:
 
 
 def _metadata_with(meta: Optional[domxml.Metadata], *, strategy, tenant, anti_affinity,
-                   notes: List[str]) -> domxml.Metadata:
+                   notes: List[str], qos: Optional[str] = None) -> domxml.Metadata:
     m = domxml.Metadata(meta.strategy, meta.tenant, meta.anti_affinity, list(meta.vgpus),
-                        list(meta.passthrough)) if meta else domxml.Metadata()
-    for attr, value in (("strategy", strategy), ("tenant", tenant), ("anti_affinity", anti_affinity)):
+                        list(meta.passthrough), meta.qos) if meta else domxml.Metadata()
+    for attr, value in (("strategy", strategy), ("tenant", tenant), ("anti_affinity", anti_affinity),
+                        ("qos", qos)):
         if value is not None and getattr(m, attr) != value:
             if meta is not None and getattr(meta, attr) is not None and not meta.empty:
                 notes.append(f"{attr.replace('_', '-')} of the domain changes from {getattr(m, attr)} to {value}")
@@ -293,11 +294,14 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
            tenant: Optional[str] = None, strategy: Optional[str] = None, anti_affinity: Optional[str] = None,
            gpu: "Optional[PciAddress | str]" = None, display: bool = False, ramfb: bool = False,
            live: bool = False, dry_run: bool = False, guest_slot: Optional[int] = None,
-           actor: Optional[str] = None) -> AttachOutcome:
+           actor: Optional[str] = None, qos: Optional[str] = None) -> AttachOutcome:
     """Give ``domain`` a vGPU of ``profile`` or the GPU at ``passthrough``; one define call.
 
     ``conn_uri``: libvirt URI (None: ``$LIBVIRT_DEFAULT_URI`` or qemu:///system).
-    ``guest_slot``: guest PCI slot on bus 0 (1..0x1f).  Raises InputError
+    ``guest_slot``: guest PCI slot on bus 0 (1..0x1f).  ``qos``: the domain's
+    QoS class, overriding its tenant's.  Admission (issue 13) is asked
+    whether the domain, with the new device, would start now: a refusal
+    raises RefusedError before anything changes.  Raises InputError
     (bad or unknown input: an unknown profile is refused before anything is
     read from libvirt), RefusedError (see the module docstring; nothing
     changed), HostEnvironmentError (libvirt unreachable), DeviceError (a
@@ -311,7 +315,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         raise InputError("give exactly one of --profile NAME or --passthrough BDF")
     if strategy is not None and strategy not in STRATEGIES:
         raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
-    domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity).validate()
+    domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity, qos=qos).validate()
     if isinstance(passthrough, str):
         passthrough = PciAddress.parse(passthrough)
     if isinstance(gpu, str):
@@ -377,7 +381,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         doc = DomainDoc.parse(before)
         view = doc.view
         meta = _metadata_with(view.metadata, strategy=strategy, tenant=tenant, anti_affinity=anti_affinity,
-                              notes=out.notes)
+                              notes=out.notes, qos=qos)
         others = _others(conn, dom.uuid)
 
         if kind == KIND_PASSTHROUGH:
@@ -658,7 +662,7 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         doc = DomainDoc.parse(before)
         meta = doc.view.metadata or domxml.Metadata()
         meta = domxml.Metadata(meta.strategy, meta.tenant, meta.anti_affinity, list(meta.vgpus),
-                               list(meta.passthrough))
+                               list(meta.passthrough), meta.qos)
         targets: List[DeviceEntry] = []
         for r in list(meta.vgpus):
             if all or r.device == dev_id:
