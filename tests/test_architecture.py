@@ -54,8 +54,8 @@ PATH_FILE_METHODS = {
     "is_file", "is_symlink", "is_mount", "mkdir", "rmdir", "unlink", "touch", "symlink_to", "hardlink_to",
     "readlink", "resolve", "samefile", "lchmod", "chmod", "lstat", "open",
 }
-#: receivers whose same-named methods are io/'s doors, not pathlib (``fs.exists(path)`` is a Sysfs call)
-DOOR_RECEIVERS = {"fs", "sysfs", "_fs", "store"}
+#: receivers whose same-named methods are io/'s doors, not pathlib (``fs.exists(path)`` is a Sysfs call, ``files.exists(path)`` io/files.py)
+DOOR_RECEIVERS = {"fs", "sysfs", "_fs", "store", "files"}
 #: the only module allowed to import each outside binding
 DOORS = {"pynvml": "vgpuhost.io.nvml_pynvml", "libvirt": "vgpuhost.io.virt", "sqlite3": "vgpuhost.io.state"}
 
@@ -302,26 +302,9 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('cycle', 'vgpuhost.cli.hook', 'vgpuhost.cli.layout vgpuhost.cli.main vgpuhost.cli.mig vgpuhost.cli.scheduler vgpuhost.cli.units vgpuhost.cli.virt'): 'house',
     ('cycle', 'vgpuhost.io.nvml', 'vgpuhost.io.nvml_pynvml vgpuhost.sim.nvml'): 'house',
     ('door', 'vgpuhost.cli.main', 'sqlite3'): 'house',
-    ('file-access', 'vgpuhost.cli.hook', 'open()'): 'house',
-    ('file-access', 'vgpuhost.cli.hook', 'os.path.lexists()'): 'house',
     ('file-access', 'vgpuhost.demo', '.mkdir()'): 'house',
     ('file-access', 'vgpuhost.demo', 'import shutil'): 'house',
     ('file-access', 'vgpuhost.demo', 'import subprocess'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', '.exists()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', '.is_dir()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', '.is_file()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', '.mkdir()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', '.read_text()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', '.resolve()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'import shutil'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'open()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.access()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.close()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.fsync()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.open()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.replace()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.unlink()'): 'house',
-    ('file-access', 'vgpuhost.hook.handler', 'os.write()'): 'house',
     ('file-access', 'vgpuhost.ops.mig', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.mig', 'os.listdir()'): 'steps',
     ('file-access', 'vgpuhost.ops.passthrough', 'os.path.lexists()'): 'steps',

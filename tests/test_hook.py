@@ -20,7 +20,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from vgpuhost.hook import handler as hook
+from vgpuhost.hook import runtime as hook
+from vgpuhost.hook.install import install as hook_install
+from vgpuhost.ops.devices import allow_path
 from vgpuhost.cli.main import main as cli_main
 from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
 from vgpuhost.observe.inventory import discover
@@ -128,7 +130,7 @@ def stop(host, name: str, xml: str) -> Tuple[int, str]:
 
 
 def install(host, tmp_path, **kw) -> Path:
-    out = hook.install(host, hooks_dir=tmp_path / "qemu.d", **kw)
+    out = hook_install(host, hooks_dir=tmp_path / "qemu.d", **kw)
     return Path(out.path)
 
 
@@ -416,7 +418,7 @@ def test_metadata_must_match_the_domains_hostdevs(make_host):
 
 def test_allow_list_narrows_what_the_hook_acts_on(make_host):
     host = mixed(make_host)
-    allow = hook.allow_path(host)
+    allow = allow_path(host)
     allow.parent.mkdir(parents=True)
     xml = vgpu_domain("w", DOM1, MDEV1, gpu=GPU_HI)
     allow.write_text(f"# GPUs guests may use\n{GPU_LO}   # the low one\n\n")
@@ -541,7 +543,7 @@ def test_hook_path_imports_stay_lean(make_host, tmp_path):
                     passthrough=[GPU_LO])
     xml = domain_xml("lean", DOM1, meta, [mdev_hostdev(MDEV1), pci_hostdev("0000:a1:00.4"), pci_hostdev(GPU_LO),
                                            pci_hostdev("0000:41:00.1")])
-    code = ("import io,sys\nfrom vgpuhost.hook import handler as hook\n"
+    code = ("import io,sys\nfrom vgpuhost.hook import runtime as hook\n"
             "x=sys.stdin.buffer.read()\n"
             "for op, sub in (('prepare','begin'),('release','end')):\n"
             "    assert hook.main(['lean',op,sub,'-'], io.BytesIO(x)) == 0\n"
@@ -677,7 +679,7 @@ def test_cli_never_overwrites_or_removes_a_foreign_hook(make_host, capsys):
 
 def test_cli_status_reports_the_allow_list(make_host, capsys, tmp_path):
     host = make_host("a40-mdev")
-    allow = hook.allow_path(host)
+    allow = allow_path(host)
     allow.parent.mkdir(parents=True)
     allow.write_text(f"{A40}\n")
     hooks_dir = tmp_path / "elsewhere"
@@ -713,7 +715,7 @@ def test_cli_status_names_the_allow_list_it_read_and_tells_malformed_from_unread
     "malformed", not "unreadable"."""
     host = make_host("a40-mdev")
     root = str(host.root)
-    allow = hook.allow_path(host)
+    allow = allow_path(host)
     allow.parent.mkdir(parents=True)
     assert cli_main(["--root", root, "hook", "install"]) == 0
     capsys.readouterr()
@@ -863,7 +865,7 @@ def test_a_manual_release_never_frees_a_running_domains_group(make_host):
 
 def test_allow_list_bytes_that_are_not_ascii_are_shown_escaped(make_host):
     host = mixed(make_host)
-    allow = hook.allow_path(host)
+    allow = allow_path(host)
     allow.parent.mkdir(parents=True)
     allow.write_bytes(b"\xff\xfe41:00.0\n")
     rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))
@@ -873,7 +875,7 @@ def test_allow_list_bytes_that_are_not_ascii_are_shown_escaped(make_host):
 
 def test_a_placement_refusal_names_the_allow_list_when_there_is_one(make_host):
     host = make_host("a40-mdev")
-    allow = hook.allow_path(host)
+    allow = allow_path(host)
     allow.parent.mkdir(parents=True)
     allow.write_text("0000:41:00.0\n")                      # names no GPU of this host
     rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))

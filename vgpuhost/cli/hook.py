@@ -11,12 +11,13 @@ with exit 2 before anything is read or written.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from typing import List, Optional
 
 import click
+
+from ..io import files
 
 HOOKS_DIR_HELP = "Where libvirt looks for qemu hooks, an absolute path (default <root>/etc/libvirt/hooks/qemu.d)."
 
@@ -65,7 +66,7 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
     Idempotent.  libvirtd must be restarted or sent SIGHUP to see a new hook;
     this command never does that itself.
     """
-    from ..hook import handler as hookmod
+    from ..hook import install as hookmod
     from .main import _store
     ctx = cctx.obj
     ctx.host.require_host()
@@ -80,7 +81,7 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
 @click.pass_context
 def hook_uninstall(cctx: click.Context, hooks_dir: Optional[str], dry_run: bool) -> None:
     """Remove the qemu hook, only if vgpuhost wrote it."""
-    from ..hook import handler as hookmod
+    from ..hook import install as hookmod
     from .main import _store
     ctx = cctx.obj
     store = None if dry_run else _store(ctx)
@@ -101,7 +102,7 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
     yes = {True: "yes", False: "no"}
     install = "vgpuhost hook install" + (f" --hooks-dir {shlex.quote(hooks_dir)}" if hooks_dir else "")
     installed = yes[doc["installed"]]
-    foreign = not doc["installed"] and os.path.lexists(doc["path"])
+    foreign = not doc["installed"] and files.lexists(doc["path"])
     if foreign:
         installed += " (a file not written by vgpuhost is there)"
     lines = [f"hook:        {doc['path']}",
@@ -123,7 +124,7 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
 
 
 def _status(host, hooks_dir: Optional[str]) -> dict:
-    """:func:`vgpuhost.hook.status`, with three fields as the operator needs them.
+    """:func:`vgpuhost.hook.install.status`, with three fields as the operator needs them.
 
     - ``installed``: vgpuhost's hook is there (a file vgpuhost did not write
       at that path is not an installed hook: ``written_by_vgpuhost`` is
@@ -133,7 +134,7 @@ def _status(host, hooks_dir: Optional[str]) -> dict:
     - ``allow.summary``: "unreadable" only when the file cannot be read;
       a file that reads but does not parse is "malformed".
     """
-    from ..hook import handler as hookmod
+    from ..hook import install as hookmod
     doc = hookmod.status(host, hooks_dir=hooks_dir)
     doc["installed"] = bool(doc["installed"] and doc["written_by_vgpuhost"])
     doc["ok"] = bool(doc["ok"] and doc["installed"])
@@ -141,13 +142,10 @@ def _status(host, hooks_dir: Optional[str]) -> dict:
     path = hookmod.allow_path(host)
     allow["path"] = str(path)
     if allow.get("error"):
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError:
-            allow["summary"] = "unreadable: the hook refuses every GPU domain"
-        else:
+        if files.can_open(path):
             allow["summary"] = "malformed: the hook refuses every GPU domain"
+        else:
+            allow["summary"] = "unreadable: the hook refuses every GPU domain"
     return doc
 
 

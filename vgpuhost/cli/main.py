@@ -307,7 +307,7 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
 def _forget_domains(ctx: Context) -> None:
     """``reconcile --forget-domains``: the ``release end`` a host crash skipped, for every domain
     the hook recorded as running.  Refused while any qemu process runs (then domains may run)."""
-    from ..hook.handler import release_domain
+    from ..ops.devices import release_domain
     from ..observe.inventory import discover
     from ..io.sysfs import Sysfs
     store = _store(ctx, write=False)

@@ -1,5 +1,5 @@
-"""``python -m vgpuhost.hook NAME OP SUBOP EXTRA``: the qemu hook's handler, by hand."""
+"""``python -m vgpuhost.hook NAME OP SUBOP EXTRA``: the qemu hook's runtime (:mod:`vgpuhost.hook.runtime`)."""
 
-from .handler import run
+from .runtime import run
 
 run()

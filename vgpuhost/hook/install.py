@@ -1,0 +1,236 @@
+"""Installing libvirt's qemu hook: ``vgpuhost hook install|uninstall|status``.
+
+Owns: rendering the dispatcher (the ``hooks/qemu`` template with the
+interpreter, ``sys.path``, host root, state dir and timeout baked in),
+writing it atomically as ``<hooks dir>/vgpuhost`` (only over a file it
+wrote: the marker line), removing it, and reporting whether it is installed
+and current and what the allow-list allows.  Files are read and written
+through :mod:`vgpuhost.io.files`; the allow-list through
+:mod:`vgpuhost.ops.devices`.
+Must not: signal or call libvirtd (the outcome says when it must be reloaded).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..io import files
+from ..io.hostroot import HostRoot
+from ..io.process import actor as actor_name
+from ..model.errors import HostEnvironmentError, InputError, RefusedError, VgpuhostError
+from ..ops.devices import allow_path, load_allow
+from .runtime import BACKSTOP_EXTRA_S, BACKSTOP_KILL_S, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional
+    from ..io.state import StateStore
+
+HOOK_NAME = "vgpuhost"                        # the file in qemu.d
+MARKER = "# vgpuhost-hook: written by 'vgpuhost hook install'"
+
+
+def _template() -> str:
+    return files.package_text("hooks", "qemu")
+
+
+def _sh_quote(text: str) -> str:
+    if "\0" in text or "\n" in text:
+        raise InputError(f"{text[:80]!r} cannot be written into the hook (newline or NUL)")
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEFAULT_TIMEOUT_S) -> str:
+    """The dispatcher's text for ``host``: the template with the interpreter, sys.path, root and state dir.
+
+    libvirt gives hooks a minimal environment (``PATH``, ``HOME``,
+    ``LC_ALL=C``, REFERENCE.md §8), so all of it is baked in.  Python runs
+    with ``-I -S`` (no site: no ``.pth`` processing, no user site) and an
+    explicit ``sys.path``: the directory holding the ``vgpuhost`` package
+    first, this interpreter's site-packages last.
+    """
+    import sysconfig
+    from .. import __version__
+    if not 1 <= timeout_s <= MAX_TIMEOUT_S:
+        raise InputError(f"--timeout {timeout_s} is out of range", hint=f"1..{MAX_TIMEOUT_S} seconds")
+    exe = python or sys.executable
+    if not exe or not os.path.isabs(exe):
+        raise InputError("cannot tell which Python runs vgpuhost (sys.executable is empty)",
+                         hint="run 'vgpuhost hook install' with the interpreter vgpuhost is installed in")
+    pkg_parent = files.package_parent()
+    paths = [pkg_parent]
+    purelib = sysconfig.get_paths().get("purelib")
+    extra = [purelib] if purelib and purelib != pkg_parent else []
+    boot = (f"import sys;sys.path[:0]={paths!r};sys.path.extend({extra!r});"
+            "from vgpuhost.hook.runtime import run;run()")
+    tbin = files.which("timeout", path="/usr/bin:/bin")
+    backstop = (f"{_sh_quote(tbin)} -k {BACKSTOP_KILL_S} {timeout_s + BACKSTOP_EXTRA_S} " if tbin else "")
+    values = {
+        "@VERSION@": __version__,
+        "@MARKER@": MARKER,
+        "@ROOT@": _sh_quote(str(host.root)),
+        "@STATE_DIR@": _sh_quote(str(host.state_dir)),
+        "@TIMEOUT_S@": str(int(timeout_s)),
+        "@BACKSTOP@": backstop,
+        "@PYTHON@": _sh_quote(exe),
+        "@BOOT@": _sh_quote(boot),
+    }
+    text = _template()
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+class HookOutcome:
+    """What install/uninstall did (``as_dict``: the ``vgpuhost.hook/v1`` document)."""
+
+    def __init__(self, action: str, path: str, *, changed: bool, dry_run: bool, new: bool = False):
+        self.action, self.path, self.changed, self.dry_run, self.new = action, path, changed, dry_run, new
+        self.reload_needed = False
+        self.compiled = False
+        self.notes: List[str] = []
+
+    def as_dict(self) -> dict:
+        return {"schema": "vgpuhost.hook/v1", "action": self.action, "path": self.path, "changed": self.changed,
+                "dry_run": self.dry_run, "new": self.new, "reload_needed": self.reload_needed,
+                "compiled": self.compiled, "notes": self.notes}
+
+
+def default_hooks_dir(host: HostRoot):
+    """``<root>/etc/libvirt/hooks/qemu.d``: libvirt (>= 6.5) runs every executable there."""
+    return host.libvirt_hooks / "qemu.d"
+
+
+def _read(path) -> Optional[str]:
+    return files.read_text_capped(path, 1 << 20)
+
+
+def _ours(text: Optional[str]) -> bool:
+    return text is not None and any(line.startswith(MARKER) for line in text.splitlines()[:4])
+
+
+RELOAD_HINT = ("libvirtd reads the hooks present when it starts: restart it or send it SIGHUP "
+               "('systemctl reload libvirtd', or kill -HUP $(pidof libvirtd)) so it runs the new hook")
+
+
+def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s: int = DEFAULT_TIMEOUT_S,
+            python: Optional[str] = None, store: "Optional[StateStore]" = None, actor: Optional[str] = None) -> HookOutcome:
+    """Write the dispatcher as ``<hooks_dir>/vgpuhost`` (mode 0755, atomically), byte-compile the package.
+
+    Idempotent: an identical file is left alone.  Refuses (RefusedError) to
+    overwrite a ``vgpuhost`` file it did not write.  Never signals libvirtd:
+    the outcome says when it must be reloaded (a new file).  The write is
+    audited when ``store`` is given.
+    """
+    d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
+    path = d / HOOK_NAME
+    text = render(host, python=python, timeout_s=timeout_s)
+    old = _read(path)
+    if old is not None and not _ours(old):
+        raise RefusedError(f"{path} exists and was not written by vgpuhost: left alone",
+                           hint="move it aside, then run 'vgpuhost hook install' again")
+    out = HookOutcome("install", str(path), changed=old != text, dry_run=dry_run, new=old is None)
+    out.reload_needed = old is None
+    if not out.changed:
+        out.notes.append("the installed hook is up to date: nothing to do")
+    if dry_run:
+        return out
+    if out.changed:
+        _write_atomic(path, text, store=store, actor=actor, host=host)
+    out.compiled = files.compile_package()
+    if out.reload_needed:
+        out.notes.append(RELOAD_HINT)
+    return out
+
+
+def _write_atomic(path, text: str, *, store, actor: Optional[str], host: HostRoot) -> None:
+    import errno as _errno
+    err = 0
+    try:
+        files.write_atomic(path, text, 0o755)
+    except OSError as e:
+        err = e.errno or _errno.EIO
+        raise HostEnvironmentError(f"cannot write {path}: {e.strerror}",
+                                   hint="run as root, or pass --hooks-dir DIR") from None
+    finally:
+        if store is not None:
+            store.audit(actor=actor or actor_name(), operation="hook install", path=host.relative(path),
+                        value="<vgpuhost qemu hook>", err=err)
+
+
+def uninstall(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, store: "Optional[StateStore]" = None,
+              actor: Optional[str] = None) -> HookOutcome:
+    """Remove ``<hooks_dir>/vgpuhost`` when vgpuhost wrote it (marker line); absent is a no-op.
+
+    Raises RefusedError for a file vgpuhost did not write.
+    """
+    d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
+    path = d / HOOK_NAME
+    old = _read(path)
+    if old is None:
+        out = HookOutcome("uninstall", str(path), changed=False, dry_run=dry_run)
+        out.notes.append("no vgpuhost hook is installed there: nothing to do")
+        return out
+    if not _ours(old):
+        raise RefusedError(f"{path} was not written by vgpuhost: left alone",
+                           hint="remove it by hand if it is yours to remove")
+    out = HookOutcome("uninstall", str(path), changed=True, dry_run=dry_run)
+    if dry_run:
+        return out
+    err = 0
+    try:
+        out.changed = files.remove(path)
+    except OSError as e:
+        err = e.errno or 5
+        raise HostEnvironmentError(f"cannot remove {path}: {e.strerror}", hint="run as root") from None
+    finally:
+        if store is not None:
+            store.audit(actor=actor or actor_name(), operation="hook uninstall", path=host.relative(path),
+                        value="<remove>", err=err)
+    out.notes.append("domains starting from now on get no vgpuhost devices made for them")
+    return out
+
+
+def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S,
+           python: Optional[str] = None) -> dict:
+    """``vgpuhost.hook-status/v1``: is the hook installed, current, where libvirt looks; the allow-list."""
+    d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
+    path = d / HOOK_NAME
+    text = _read(path)
+    installed = text is not None
+    ours = _ours(text)
+    current = bool(installed and ours and text == render(host, python=python, timeout_s=timeout_s))
+    if installed and ours and not current:
+        current = _same_but_timeout(text, host, python)
+    executable = installed and files.is_executable(path)
+    allow: Dict[str, object] = {"path": host.relative(allow_path(host))}
+    try:
+        entries = load_allow(host)
+        allow["present"] = files.exists(allow_path(host))
+        allow["gpus"] = None if entries is None else sorted(str(g) for g in entries)
+        allow["error"] = None
+        allow["summary"] = ("every NVIDIA GPU (no allow-list file)" if not allow["present"] else
+                            "every NVIDIA GPU ('*')" if entries is None else
+                            "no GPU (the file lists none)" if not entries else
+                            ", ".join(allow["gpus"]))
+    except VgpuhostError as e:
+        allow.update(present=True, gpus=[], error=e.one_line(), summary="unreadable: the hook refuses every GPU domain")
+    return {"schema": "vgpuhost.hook-status/v1", "path": str(path), "hooks_dir": str(d),
+            "hooks_dir_exists": files.is_dir(d), "installed": installed, "written_by_vgpuhost": ours,
+            "current": current, "executable": executable,
+            "libvirt_hooks_dir": str(d.parent), "libvirt_hooks_dir_exists": files.is_dir(d.parent),
+            "allow": allow, "ok": bool(installed and ours and current and executable and not allow["error"])}
+
+
+def _same_but_timeout(text: str, host: HostRoot, python: Optional[str]) -> bool:
+    """An installed hook that differs only in its ``--timeout`` is current too."""
+    for line in text.splitlines():
+        if line.startswith("VGPUHOST_HOOK_TIMEOUT="):
+            try:
+                t = int(line.split("=", 1)[1].strip("'"))
+            except ValueError:
+                return False
+            return 1 <= t <= MAX_TIMEOUT_S and text == render(host, python=python, timeout_s=t)
+    return False

@@ -1,0 +1,210 @@
+"""libvirt's qemu hook, the process: make a domain's GPU devices exist at start, give them back at stop.
+
+Owns: the hook's process runtime (:func:`main`, :func:`run`): argv, stdin,
+the timeout and signals, one line on stderr and the exit code.  It is run
+by the dispatcher ``hooks/qemu`` that ``vgpuhost hook install``
+(:mod:`vgpuhost.hook.install`) places in ``/etc/libvirt/hooks/qemu.d/``.
+The work is elsewhere: which devices a domain document nobody vouches for
+may make vgpuhost touch, and the operator allow-list
+``etc/vgpuhost/hook.allow``, in :mod:`vgpuhost.policy.hookrequest`; making
+and releasing the devices in :mod:`vgpuhost.ops.devices`.
+Must not: call libvirt (a hook that calls back into libvirtd deadlocks it,
+REFERENCE.md §8); import click, lxml, yaml, jinja2 or libvirt (the hook runs
+on every GPU domain start: ``python -X importtime`` keeps it lean); start a
+child process; print more than one line.
+
+libvirt facts (REFERENCE.md §8): argv is ``<domain name> <operation>
+<sub-operation> <extra>``, stdin the domain XML.  ``prepare begin`` runs
+before libvirt prepares hostdevs: the mdev must exist and the group be on
+vfio-pci by then.  A non-zero exit of ``prepare`` aborts the start and
+libvirt shows the hook's stderr to the user.  ``release end`` runs after
+every stop, and also after a start that failed (even in ``prepare``):
+release must cope with a start that never happened.  There is no timeout
+in libvirt: the hook arms its own (``signal.alarm``).
+
+What ``prepare begin`` does, for a domain whose ``<metadata>`` holds
+vgpuhost's element (:mod:`vgpuhost.domxml`):
+
+1. reads and validates the XML (expat, no DTD or entities, 4 MiB cap);
+2. checks every request against the host and the domain's own hostdevs
+   (:func:`vgpuhost.policy.hookrequest.check_request`) and against the records (held by another
+   domain?), and resolves every profile name, all before any write;
+3. records the domain as started (``StateStore.domain_started``);
+4. binds each ``passthrough`` group (owner = the domain UUID; a group the
+   operator bound for guests, owner ``manual`` or ``layout``, is used as it
+   is and never released by the domain), then creates each vGPU: a classic
+   mdev with the UUID its hostdev names, placed now by the domain's
+   strategy, or the vGPU type on the VF its hostdev names;
+5. on any failure removes what *this* invocation made and exits non-zero
+   with one line.
+
+``release end`` removes the vGPUs and releases the groups the domain's UUID
+owns (owner-guarded: a late release never frees the next owner's device)
+and forgets the domain; nothing recorded is a no-op.
+
+Exit codes: 0 done or nothing to do; 2 refused or bad input (nothing
+changed); 3 a device operation failed or the hook timed out (what this
+invocation made was undone); 4 internal error.
+"""
+
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from ..io.hostroot import HostRoot
+from ..io.process import actor as actor_name
+from ..libvirt.domxml import MAX_XML_BYTES, parse_domain
+from ..model.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_OK, VgpuhostError
+from ..ops.devices import prepare, release
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # only for annotations: never imported on the hook path
+    from typing import BinaryIO, List, Optional, TextIO
+
+EXIT_INTERNAL = 4
+ENV_TIMEOUT = "VGPUHOST_HOOK_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60
+MAX_TIMEOUT_S = 3600
+#: the dispatcher's coreutils ``timeout`` backstop: TERM this long after the handler's own alarm, then KILL
+BACKSTOP_EXTRA_S = 30
+BACKSTOP_KILL_S = 5
+ACTS = {("prepare", "begin"): "prepare", ("release", "end"): "release"}
+
+
+class HookTimeout(Exception):
+    """The handler ran past its timeout (``signal.alarm``) or was sent SIGTERM.
+
+    Not a VgpuhostError on purpose: it unwinds through the ``except
+    BaseException`` rollback paths of passthrough and of :func:`prepare`.
+    """
+
+
+# ---------------------------------------------------------------------------
+# entry points
+
+def run() -> None:
+    """``python -m vgpuhost.hook NAME OP SUBOP EXTRA`` and the dispatcher's entry: exits with main's code.
+
+    Exits with ``os._exit`` once stdout and stderr are flushed: everything
+    the hook wrote is committed by then (SQLite transactions, kernel
+    writes, renames), and skipping the interpreter's teardown (module and
+    object finalisation) saves milliseconds on every domain start and stop.
+    """
+    code = main(sys.argv[1:], sys.stdin.buffer)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
+         host: Optional[HostRoot] = None) -> int:
+    """Handle one hook call: ``argv`` = ``[domain name, operation, sub-operation, extra]``.
+
+    Only ``prepare begin`` and ``release end`` act (and read ``stdin``, at
+    most :data:`MAX_XML_BYTES` + 1 bytes); every other call returns 0 at
+    once.  Failures print one line on ``stderr`` (default ``sys.stderr``)
+    and return the exit code (module docstring); nothing raises.
+    """
+    err = stderr if stderr is not None else sys.stderr
+    if len(argv) < 3:
+        _say(err, "usage: vgpuhost-hook DOMAIN OPERATION SUB-OPERATION [EXTRA] (the domain XML on stdin)")
+        return EXIT_INPUT
+    name, act = argv[0], ACTS.get((argv[1], argv[2]))
+    if act is None:
+        return EXIT_OK
+    timeout_s = _timeout_s()
+    armed = {"live": True}
+    old = _arm(timeout_s, armed)
+    try:
+        host = host or HostRoot.from_env()
+        view = parse_domain(stdin.read(MAX_XML_BYTES + 1))
+        name = view.name or name
+        actor = actor_name(f"hook {_printable(name, 80)}", with_uid=False)
+        if act == "prepare":
+            prepare(host, view, actor=actor)
+        else:
+            release(host, view, actor=actor)
+        armed["live"] = False               # done: a signal arriving now changes nothing
+        return EXIT_OK
+    except HookTimeout as e:
+        _say(err, f"vgpuhost: error: domain {name!r}: {e}; what this start had made was undone; "
+                  "check 'vgpuhost audit' and whether another vgpuhost operation holds a lock")
+        return EXIT_DEVICE
+    except VgpuhostError as e:
+        _say(err, f"vgpuhost: error: domain {name!r}: {e.one_line()}")
+        return e.exit_code
+    except Exception as e:      # sqlite3.Error, OSError, a bug: still one line
+        if type(e).__module__ == "sqlite3":
+            _say(err, f"vgpuhost: error: domain {name!r}: the state store is unusable ({e}); move "
+                      "state.db aside (vgpuhost starts a new one) or restore it from a backup")
+            return EXIT_INPUT
+        if isinstance(e, OSError):
+            _say(err, f"vgpuhost: error: domain {name!r}: {e.strerror or e}"
+                      f"{': ' + str(e.filename) if e.filename else ''}; check the path and its permissions")
+            return EXIT_INPUT
+        _say(err, f"vgpuhost: internal error in the qemu hook: {type(e).__name__}: {e} (report it; "
+                  f"'python -m vgpuhost.hook NAME {argv[1]} {argv[2]} -' with the domain XML on stdin reproduces it)")
+        return EXIT_INTERNAL
+    finally:
+        armed["live"] = False
+        _disarm(old)
+
+
+def _say(err: TextIO, line: str) -> None:
+    try:
+        err.write(_printable(line, 2000) + "\n")
+        err.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _printable(text: str, limit: int) -> str:
+    """One line: control characters escaped, length capped (libvirt shows it to the user)."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def _timeout_s() -> int:
+    raw = os.environ.get(ENV_TIMEOUT, "")
+    try:
+        value = int(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = DEFAULT_TIMEOUT_S
+    return min(max(value, 1), MAX_TIMEOUT_S)
+
+
+def _arm(timeout_s: int, armed: dict):
+    """SIGALRM after ``timeout_s`` and SIGTERM both raise :class:`HookTimeout` while ``armed['live']``;
+    returns what to restore."""
+    def on_alarm(signum, frame):
+        if armed["live"]:
+            raise HookTimeout(f"the vgpuhost hook timed out after {timeout_s} s")
+
+    def on_term(signum, frame):
+        if armed["live"]:
+            raise HookTimeout("the vgpuhost hook was terminated (SIGTERM)")
+
+    try:
+        old = (signal.signal(signal.SIGALRM, on_alarm), signal.signal(signal.SIGTERM, on_term))
+    except ValueError:          # not the main thread (tests calling main from a thread): no timeout
+        return None
+    signal.alarm(timeout_s)
+    return old
+
+
+def _disarm(old) -> None:
+    if old is None:
+        return
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old[0])
+    signal.signal(signal.SIGTERM, old[1])
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,146 @@
+"""Plain files that are not kernel attributes: operator files, installed files, files shipped in the package.
+
+Owns: reading a small operator file with a size cap (the qemu hook's
+allow-list), writing an executable file atomically (the installed qemu hook
+dispatcher), removing it, asking what is at a path, reading files shipped
+inside the ``vgpuhost`` package (``hooks/qemu``), byte-compiling the
+package, and finding a system program on a fixed ``PATH``.
+Must not: decide anything or word errors for users: it raises ``OSError``
+as the system gives it, and callers (ops/, hook/) turn it into one line.
+Kernel attributes under ``sys/`` and ``proc/`` are :mod:`vgpuhost.io.sysfs`'s.
+
+Lean: imports only ``os`` at module level (the qemu hook reads the
+allow-list through here on every domain start).
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from pathlib import Path
+    from typing import Optional, Union
+
+    PathArg = Union[str, "os.PathLike[str]"]
+
+#: the directory holding the ``vgpuhost`` package's subpackages (``.../vgpuhost``)
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_capped(path: PathArg, limit: int) -> Optional[bytes]:
+    """Up to ``limit + 1`` bytes of the file (one more than ``limit`` says it is too big); None when absent.
+
+    Raises ``OSError`` when it exists but cannot be read.
+    """
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit + 1)
+    except FileNotFoundError:
+        return None
+
+
+def read_text_capped(path: PathArg, limit: int = 1 << 20) -> Optional[str]:
+    """The file's first ``limit`` bytes as UTF-8 (undecodable bytes replaced); None when absent.
+
+    Raises ``OSError`` when it exists but cannot be read.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        return None
+
+
+def can_open(path: PathArg) -> bool:
+    """The file exists and this process may open it for reading."""
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` (UTF-8) to ``path`` with ``mode``: a temporary file beside it, fsync, rename.
+
+    Creates missing parent directories; never follows a symlink at the
+    temporary name.  Raises ``OSError`` (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.vgpuhost-tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        try:
+            os.write(fd, text.encode("utf-8"))
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove(path: PathArg) -> bool:
+    """Remove a file; False when it was not there.  Raises ``OSError`` otherwise."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def is_dir(path: PathArg) -> bool:
+    return os.path.isdir(path)
+
+
+def is_file(path: PathArg) -> bool:
+    return os.path.isfile(path)
+
+
+def exists(path: PathArg) -> bool:
+    """Something is at ``path``, following symlinks (as ``Path.exists``)."""
+    return os.path.exists(path)
+
+
+def lexists(path: PathArg) -> bool:
+    """Something is at ``path`` (a dangling symlink counts)."""
+    return os.path.lexists(path)
+
+
+def is_executable(path: PathArg) -> bool:
+    return os.access(path, os.X_OK)
+
+
+def package_parent() -> str:
+    """The directory holding the ``vgpuhost`` package, symlinks resolved (what ``sys.path`` needs)."""
+    return os.path.dirname(os.path.realpath(PACKAGE_DIR))
+
+
+def package_text(*parts: str) -> str:
+    """A text file shipped in the package: ``package_text("hooks", "qemu")`` is ``vgpuhost/hooks/qemu``."""
+    with open(os.path.join(PACKAGE_DIR, *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def compile_package() -> bool:
+    """Byte-compile the package so no run compiles it; False when it is not writable."""
+    import compileall
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):        # keep --json output clean
+            return bool(compileall.compile_dir(PACKAGE_DIR, quiet=2, workers=1))
+    except OSError:
+        return False
+
+
+def which(program: str, path: str = "/usr/bin:/bin") -> Optional[str]:
+    """The absolute path of ``program`` on ``path`` (not the caller's ``$PATH``), or None."""
+    import shutil
+    return shutil.which(program, path=path)

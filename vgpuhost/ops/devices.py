@@ -1,0 +1,239 @@
+"""A domain's devices: make them at start, give them back at stop.
+
+Owns: ``prepare`` (every device a domain's vgpuhost metadata names: its
+passthrough groups bound, its vGPUs created, all or nothing) and
+``release`` / :func:`release_domain` (what a domain holds removed, owner
+guarded, and the domain forgotten).  The qemu hook runs them at ``prepare
+begin`` / ``release end``; ``vgpuhost reconcile --forget-domains`` runs
+:func:`release_domain` for domains a host crash left recorded as running.
+Reads the operator allow-list (:func:`load_allow`) through io/ and decides
+with :mod:`vgpuhost.policy.hookrequest`.
+Must not: call libvirt (the hook runs inside a libvirtd call, REFERENCE.md §8);
+import anything heavy at module level (the qemu hook imports this module on
+every GPU domain start: ops modules are imported where used).
+"""
+
+from __future__ import annotations
+
+import signal
+
+from ..io.hostroot import HostRoot
+from ..model.errors import DeviceError, RefusedError, VgpuhostError
+from ..model.values import PciAddress
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # only for annotations: never imported on the hook path
+    from typing import FrozenSet, List, Optional, Tuple
+    from ..io.state import StateStore
+    from ..libvirt.domxml import DomainView
+    from ..observe.inventory import Inventory
+    from ..policy.hookrequest import Checked
+
+
+def allow_path(host: HostRoot):
+    """``<root>/etc/vgpuhost/hook.allow``: the GPUs the qemu hook may act on."""
+    from ..policy.hookrequest import ALLOW_FILE
+    return host.etc(*ALLOW_FILE)
+
+
+def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
+    """The GPUs the hook may act on, read from :func:`allow_path`: None = every NVIDIA GPU.
+
+    See :func:`vgpuhost.policy.hookrequest.parse_allow` for the format.
+    Raises InputError for a bad line (``file:line: ...``) and
+    HostEnvironmentError when the file cannot be read; the hook then
+    refuses (fails closed).
+    """
+    from ..io.files import read_capped
+    from ..policy.hookrequest import MAX_ALLOW_BYTES, parse_allow
+    path = allow_path(host)
+    try:
+        data = read_capped(path, MAX_ALLOW_BYTES)
+    except OSError as e:
+        from ..model.errors import HostEnvironmentError
+        raise HostEnvironmentError(f"cannot read the hook allow-list {host.relative(path)}: {e.strerror}",
+                                   hint="make it readable by root, or remove it to allow every NVIDIA GPU") from None
+    return parse_allow(data, host.relative(path))
+
+
+def prepare(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
+    """Make every device the domain's metadata names exist; returns what this call changed.
+
+    All or nothing: on any failure what this call made is removed again
+    (owner-guarded) before the error propagates.  Idempotent: devices the
+    domain already holds (a retried start) are kept as they are.
+    """
+    meta = view.metadata
+    if meta is None or meta.empty:
+        return []
+    from ..observe.inventory import discover
+    from ..io.state import StateStore
+    from ..io.sysfs import Sysfs
+    from ..policy.hookrequest import check_holders, check_request
+    from .passthrough import group_endpoints
+    inv = discover(Sysfs(host))
+    checked = check_request(inv, view, load_allow(host), group_endpoints)
+    store = StateStore(host.state_dir)
+    active = store.active_domains()
+    check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
+                  passthrough_records=store.passthrough_records() if checked.passthrough else (),
+                  active_domains=active)
+    if checked.vgpus:
+        from . import vgpu
+        _resolve_profiles(vgpu, inv, store, checked)
+    me = view.uuid
+    was_active = me in active
+    store.domain_started(me, view.name or me)
+    made: List[Tuple[str, object]] = []
+    from . import tenancy
+    try:
+        # admission (issue 13): quota, isolation, QoS class, pool, under the host lock until recorded
+        with tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed) as grant:
+            if checked.passthrough:
+                from . import passthrough
+                for gpu, _ in checked.passthrough:
+                    grant.made(str(gpu), str(gpu))
+                    if gpu in checked.pooled:
+                        continue                    # bound by the operator for guests: used as it is
+                    out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
+                                              boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
+                                                           f"{gpu}' if the host has another console, then start "
+                                                           "the domain (the hook uses a group bound that way)")
+                    if out.changed:
+                        made.append(("passthrough", gpu))
+            for req in checked.vgpus:
+                # the inventory read above still describes the host while this call has changed nothing
+                vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
+                                 inv if not made else None)
+                if vid is not None:
+                    made.append(("vgpu", vid))
+    except BaseException as e:
+        failed = _undo(host, store, me, made, actor)
+        if not was_active:
+            try:
+                store.domain_stopped(me)
+            except Exception:
+                pass
+        if failed and isinstance(e, VgpuhostError):
+            e.message += "; UNDO FAILED for " + ", ".join(failed)
+        raise
+    return [str(d) for _, d in made]
+
+
+def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Checked") -> None:
+    """Every profile name must be one this host knows (on the pinned GPU / the VF's GPU) before any write."""
+    records = store.vgpu_records()
+    seen = store.seen_types() + vgpu.seen_rows(inv)
+    for req in checked.vgpus:
+        gpu = req.gpu
+        if req.vf is not None:
+            dev = inv.devices.get(req.vf)
+            gpu = dev.physfn if dev is not None else None
+        vgpu.resolve_profile(inv, records, req.profile, gpu, seen)
+
+
+def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
+               inv: "Optional[Inventory]" = None) -> Optional[str]:
+    """Create one requested vGPU; its id when this call made it, None when the domain already held it.
+
+    ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
+    """
+    from . import vgpu
+    meta = view.metadata
+    me = view.uuid
+    if req.vf is not None:
+        out = vgpu.create(host, store, profile=req.profile, vf=req.vf, owner=me, strategy=meta.strategy,
+                          anti_affinity=meta.anti_affinity, actor=actor, inventory=inv)
+        return out.id if out.changed else None
+    rec = next((r for r in store.vgpu_records(owner=me) if r.id == req.uuid), None)
+    if rec is not None:
+        from ..io.sysfs import Sysfs
+        fs = Sysfs(host)
+        current = fs.link_name(host.mdev_devices / req.uuid / "mdev_type")
+        if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
+            return None                         # a retried start: the domain already holds it
+        # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
+        vgpu.remove(host, store, req.uuid, owner=me, actor=actor)
+        inv = None                              # the host changed
+    try:
+        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
+                          strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
+                          actor=actor, inventory=inv)
+    except RefusedError as e:
+        if allowed is None:
+            raise
+        listed = ", ".join(sorted(map(str, allowed))) or "none"
+        raise RefusedError(e.message, hint=f"the hook allow-list (etc/vgpuhost/hook.allow) lets the hook "
+                                           f"place vGPUs only on: {listed}") from None
+    return out.id
+
+
+def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, object]], actor: str) -> List[str]:
+    """Remove what this prepare made, last first; the ids that could not be undone."""
+    old = None
+    try:
+        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)     # let the undo finish
+    except ValueError:
+        pass
+    failed = []
+    try:
+        for kind, dev in reversed(made):
+            try:
+                if kind == "vgpu":
+                    from . import vgpu
+                    vgpu.remove(host, store, str(dev), owner=me, actor=actor)
+                else:
+                    from . import passthrough
+                    passthrough.release(host, store, dev, owner=me, actor=actor)
+            except Exception as e:
+                failed.append(f"{dev} ({e})")
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    return failed
+
+
+def release(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
+    """Remove the vGPUs and release the groups the domain holds; forget the domain.
+
+    A domain that holds nothing (a start that never happened, a second
+    release) is a no-op; no state store is created for it.  Every device is
+    tried; the first failure raises DeviceError naming how many failed.
+    """
+    from ..io.files import is_file
+    from ..io.state import DB_NAME, StateStore
+    if not is_file(host.state_dir / DB_NAME):
+        return []
+    return release_domain(host, StateStore(host.state_dir), view.uuid, actor=actor)
+
+
+def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:
+    """``release end`` for the domain with UUID ``me``: see :func:`release`; the ids released."""
+    done: List[str] = []
+    errors: List[str] = []
+    recs = store.vgpu_records(owner=me)
+    if recs:
+        from . import vgpu
+        for r in reversed(recs):
+            try:
+                vgpu.remove(host, store, r.id, owner=me, actor=actor)
+                done.append(r.id)
+            except VgpuhostError as e:
+                errors.append(f"{r.id}: {e.message}")
+    gpus = sorted({r.gpu for r in store.passthrough_records() if r.owner == me})
+    if gpus:
+        from . import passthrough
+        for g in gpus:
+            try:
+                passthrough.release(host, store, PciAddress.parse(g), owner=me, actor=actor)
+                done.append(g)
+            except VgpuhostError as e:
+                errors.append(f"{g}: {e.message}")
+    store.domain_stopped(me)
+    from .tenancy import forget
+    forget(store, owner=me)
+    if errors:
+        raise DeviceError(f"release left {len(errors)} device(s) held: " + "; ".join(errors),
+                          hint="they stay recorded for this domain; fix the cause and run "
+                               "'vgpuhost vgpu remove ID --owner UUID' / 'vgpuhost passthrough release BDF'")
+    return done
