@@ -19,6 +19,8 @@ import re
 from functools import lru_cache
 
 from ..io.sysfs import Sysfs
+from ..model.boards import board
+from ..model.kinds import Backend
 from ..model.values import PciAddress, VgpuProfile, field, parse_description, parse_size_mib, record, strip_vendor_prefix
 
 TYPE_CHECKING = False
@@ -35,19 +37,8 @@ CLASS_NAMES = {
     0x0c05: "SMBus controller", 0x0600: "host bridge", 0x0601: "ISA bridge",
 }
 
-# NVIDIA PCI device ids -> (product name, framebuffer MiB): public pci.ids and
-# datasheet facts, for display and as the board size in capacity estimates
-NVIDIA_MODELS = {
-    0x20f1: ("A100-PCIE-40GB", 40960), 0x20b5: ("A100-PCIE-80GB", 81920), 0x20b7: ("A30", 24576),
-    0x2235: ("A40", 49152), 0x26b9: ("L40S", 49152), 0x26b5: ("L40", 49152), 0x27b8: ("L4", 24576),
-    0x1eb8: ("T4", 16384), 0x2330: ("H100-SXM5-80GB", 81920), 0x2331: ("H100-PCIE-80GB", 81920),
-    0x2335: ("H200-SXM-141GB", 144384), 0x233b: ("H200-NVL", 144384),
-    0x1e87: ("GeForce RTX 2080", 8192), 0x2204: ("GeForce RTX 3090", 24576),
-    0x2684: ("GeForce RTX 4090", 24576),
-}
-
-BACKEND_MDEV = "mdev"
-BACKEND_VENDOR_VFIO = "vendor-vfio"
+BACKEND_MDEV = Backend.MDEV
+BACKEND_VENDOR_VFIO = Backend.VENDOR_VFIO
 
 
 @record(frozen=True)
@@ -177,14 +168,14 @@ class Gpu:
     @property
     def model(self) -> str:
         """Product name from the PCI device id, else ``10de:xxxx``."""
-        known = NVIDIA_MODELS.get(self.pci.device)
-        return known[0] if known else self.pci.ids
+        known = board(self.pci.device)
+        return known.product if known else self.pci.ids
 
     @property
     def framebuffer_mib(self) -> Optional[int]:
         """The board's framebuffer (MiB) when the device id is known, else None."""
-        known = NVIDIA_MODELS.get(self.pci.device)
-        return known[1] if known else None
+        known = board(self.pci.device)
+        return known.framebuffer_mib if known else None
 
 
 @record(frozen=True)

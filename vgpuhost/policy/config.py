@@ -679,7 +679,7 @@ class BoardTable:
 @lru_cache(maxsize=1)
 def board_tables() -> Dict[int, BoardTable]:
     """PCI device id -> :class:`BoardTable` for the boards vgpuhost's catalog describes."""
-    from ..sim.catalog import load_catalog
+    from ..io.catalog import load_catalog
     out: Dict[int, BoardTable] = {}
     for model in load_catalog().gpus.values():
         types = {t.name.lower(): (t.name, t.max_instances, t.max_instances_mixed, t.framebuffer_mib)
@@ -700,10 +700,10 @@ def board_names(device_id: int, vgpu_board: Optional[str] = None) -> List[str]:
     """Lower-case names a ``board:`` selector matches for a GPU of PCI ``device_id``:
     the product name (``A100-PCIE-40GB``), its family (``A100``) and the vGPU
     board name the types carry (``H200X``)."""
-    from ..observe.inventory import NVIDIA_MODELS
+    from ..model.boards import BOARDS
     names = set()
-    if device_id in NVIDIA_MODELS:
-        product = NVIDIA_MODELS[device_id][0]
+    if device_id in BOARDS:
+        product = BOARDS[device_id].product
         names |= {product.lower(), _family(product).lower()}
     table = board_tables().get(device_id)
     if table is not None:
@@ -722,7 +722,7 @@ def tables_for(selector: Selector) -> List[Tuple[str, BoardTable]]:
     A board name matching products of different framebuffer sizes (``A100``:
     40 GB and 80 GB, whose vGPU types and MIG tables differ) pins nothing.
     """
-    from ..observe.inventory import NVIDIA_MODELS
+    from ..model.boards import BOARDS
     tables = board_tables()
     out: List[Tuple[str, BoardTable]] = []
     if selector.kind == "device_id":
@@ -735,9 +735,8 @@ def tables_for(selector: Selector) -> List[Tuple[str, BoardTable]]:
     for v in selector.values:
         want = v.lower()
         ids = {d for d in tables if want in board_names(d)}
-        ids |= {d for d, (product, _) in NVIDIA_MODELS.items()
-                if want in (product.lower(), _family(product).lower())}
-        sizes = {NVIDIA_MODELS[d][1] if d in NVIDIA_MODELS else tables[d].framebuffer_mib for d in ids}
+        ids |= {d for d, b in BOARDS.items() if want in (b.product.lower(), _family(b.product).lower())}
+        sizes = {BOARDS[d].framebuffer_mib if d in BOARDS else tables[d].framebuffer_mib for d in ids}
         known = [d for d in ids if d in tables]
         if len(sizes) == 1 and known:
             out.append((f"board {v}", tables[known[0]]))

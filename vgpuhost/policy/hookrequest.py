@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..model.errors import InputError, RefusedError
 from ..model.values import PciAddress
-from .placement import LAYOUT, MANUAL, POOL_OWNERS
+from ..model.kinds import Owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # only for annotations: never imported on the hook path
@@ -184,9 +184,9 @@ def check_request(inv: "Inventory", view: "DomainView", allow: "Optional[FrozenS
 
 def holder_text(owner: str, active_domains: "Mapping[str, str]") -> str:
     """Who ``owner`` is, in words: a manual command, the layout, or a domain by name (from ``active_domains``)."""
-    if owner == MANUAL:
+    if owner == Owner.MANUAL:
         return "a manual vgpuhost command (owner 'manual')"
-    if owner == LAYOUT:
+    if owner == Owner.LAYOUT:
         return "vgpuhost's declarative layout (owner 'layout')"
     name = active_domains.get(owner)
     return f"domain {name!r} ({owner})" if name else f"domain {owner}"
@@ -228,7 +228,7 @@ def check_holders(inv: "Inventory", view: "DomainView", checked: Checked, *, vgp
                 owner = pt.get(str(bdf))
                 if owner is None or owner == me:
                     continue
-                if owner in POOL_OWNERS:
+                if Owner.is_pool(owner):
                     loose = [str(b) for b in endpoints if inv.devices[b].driver != "vfio-pci"]
                     if loose:
                         raise RefusedError(f"passthrough {gpu}: IOMMU group of {gpu} is held by "

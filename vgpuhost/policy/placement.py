@@ -25,6 +25,7 @@ instances, then the fewest vGPUs present: balances load).
 from __future__ import annotations
 
 from ..model.errors import InputError
+from ..model.kinds import Owner
 from ..model.values import PciAddress, field, parse_uuid, record
 
 TYPE_CHECKING = False
@@ -32,9 +33,9 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")
-MANUAL = "manual"
-LAYOUT = "layout"          # vGPUs a declarative layout pre-creates (vgpuhost apply)
-POOL_OWNERS = (MANUAL, LAYOUT)
+MANUAL = Owner.MANUAL
+LAYOUT = Owner.LAYOUT      # vGPUs a declarative layout pre-creates (vgpuhost apply)
+POOL_OWNERS = Owner.POOL
 
 
 def validate_owner(owner: str) -> str:
