@@ -90,7 +90,7 @@ class Bench:
 
     def __init__(self, spec: str, base: Path):
         from vgpuhost.io.hostroot import HostRoot
-        from vgpuhost.sim import bundled_specs
+        from vgpuhost.sim.data import bundled_specs
         from vgpuhost.sim.build import materialise
         from vgpuhost.sim.spec import load_spec
         self.spec = spec

@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 
 from vgpuhost.io.hostroot import HostRoot
-from vgpuhost.sim import bundled_specs
+from vgpuhost.sim.data import bundled_specs
 from vgpuhost.sim.build import materialise
 from vgpuhost.sim.spec import load_spec, parse_spec
 from vgpuhost.io.sysfs import Sysfs

@@ -299,12 +299,6 @@ def violations() -> Set[Tuple[str, str, str]]:
 # known violations: (rule, module, detail) -> owner.  Delete a line when you fix it.
 
 KNOWN: Dict[Tuple[str, str, str], str] = {
-    ('cycle', 'vgpuhost.cli.hook', 'vgpuhost.cli.layout vgpuhost.cli.main vgpuhost.cli.mig vgpuhost.cli.scheduler vgpuhost.cli.units vgpuhost.cli.virt'): 'house',
-    ('cycle', 'vgpuhost.io.nvml', 'vgpuhost.io.nvml_pynvml vgpuhost.sim.nvml'): 'house',
-    ('door', 'vgpuhost.cli.main', 'sqlite3'): 'house',
-    ('file-access', 'vgpuhost.demo', '.mkdir()'): 'house',
-    ('file-access', 'vgpuhost.demo', 'import shutil'): 'house',
-    ('file-access', 'vgpuhost.demo', 'import subprocess'): 'house',
     ('file-access', 'vgpuhost.ops.mig', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.mig', 'os.listdir()'): 'steps',
     ('file-access', 'vgpuhost.ops.passthrough', 'os.path.lexists()'): 'steps',
@@ -315,8 +309,6 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('file-access', 'vgpuhost.ops.units', 'os.access()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', 'os.path.lexists()'): 'steps',
     ('file-access', 'vgpuhost.ops.vgpu', 'os.path.lexists()'): 'steps',
-    ('init', 'vgpuhost.sim', 'line 13'): 'house',
-    ('layer', 'vgpuhost.libvirt.domain', 'vgpuhost.ops.passthrough'): 'house',
     # the layout planner still imports pure MIG/passthrough/scheduler/offers functions from ops/ until
     # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.mig'): 'hostview',
@@ -325,21 +317,6 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.mig'): 'steps',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.scheduler'): 'steps',
-    ('private', 'vgpuhost.cli.hook', 'vgpuhost.cli.main._emit'): 'house',
-    ('private', 'vgpuhost.cli.hook', 'vgpuhost.cli.main._store'): 'house',
-    ('private', 'vgpuhost.cli.layout', 'vgpuhost.cli.main._store'): 'house',
-    ('private', 'vgpuhost.cli.mig', 'vgpuhost.cli.main._emit'): 'house',
-    ('private', 'vgpuhost.cli.mig', 'vgpuhost.cli.main._store'): 'house',
-    ('private', 'vgpuhost.cli.scheduler', 'vgpuhost.cli.main._store'): 'house',
-    ('private', 'vgpuhost.cli.virt', 'vgpuhost.cli.main._emit'): 'house',
-    ('private', 'vgpuhost.cli.virt', 'vgpuhost.ops.attach._backend_of'): 'house',
-    ('sim-outside-backends', 'vgpuhost.cli.main', 'vgpuhost.sim'): 'house',
-    ('sim-outside-backends', 'vgpuhost.cli.main', 'vgpuhost.sim.build'): 'house',
-    ('sim-outside-backends', 'vgpuhost.cli.main', 'vgpuhost.sim.spec'): 'house',
-    ('sim-outside-backends', 'vgpuhost.demo', 'vgpuhost.sim.libvirtd'): 'house',
-    ('sim-outside-backends', 'vgpuhost.io.nvml', 'vgpuhost.sim.nvml'): 'house',
-    ('sim-outside-backends', 'vgpuhost.io.sysfs', 'vgpuhost.sim.kernel'): 'house',
-    ('sim-outside-backends', 'vgpuhost.policy.config', 'vgpuhost.sim.catalog'): 'house',
 }
 
 

@@ -29,7 +29,7 @@ import nsutil  # noqa: E402
 
 from vgpuhost.io.hostroot import HostRoot  # noqa: E402
 from vgpuhost.observe.inventory import discover  # noqa: E402
-from vgpuhost.sim import bundled_specs  # noqa: E402
+from vgpuhost.sim.data import bundled_specs  # noqa: E402
 from vgpuhost.sim.build import materialise  # noqa: E402
 from vgpuhost.sim.spec import load_spec  # noqa: E402
 from vgpuhost.io.sysfs import Sysfs  # noqa: E402

@@ -19,7 +19,8 @@ from vgpuhost.ops import mig
 from vgpuhost.cli.main import main
 from vgpuhost.model.errors import DeviceError, InputError, RefusedError
 from vgpuhost.io.hostroot import HostRoot
-from vgpuhost.io.nvml import NvmlError, SchedulerState, backend_for
+from vgpuhost.io.backends import backend_for
+from vgpuhost.io.nvml import NvmlError, SchedulerState
 from vgpuhost.sim.kernel import SimKernel
 from vgpuhost.sim.nvml import SimNvml
 from vgpuhost.io.state import StateStore

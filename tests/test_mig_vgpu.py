@@ -6,7 +6,7 @@ import pytest
 
 from vgpuhost.cli.main import main
 from vgpuhost.model.errors import RefusedError
-from vgpuhost.io.nvml import backend_for
+from vgpuhost.io.backends import backend_for
 from vgpuhost.io.state import StateStore
 from vgpuhost.model.values import PciAddress
 from vgpuhost.ops.vgpu import create

@@ -730,7 +730,7 @@ def _bare_real_root(tmp_path) -> Path:
 @no_nvml
 def test_backend_for_real_root_without_driver(tmp_path, monkeypatch):
     from vgpuhost.io.hostroot import HostRoot
-    from vgpuhost.io.nvml import backend_for
+    from vgpuhost.io.backends import backend_for
     monkeypatch.setattr(nvml_real, "_init_done", False)
     host = HostRoot.from_env(str(_bare_real_root(tmp_path)))
     assert not host.is_simulated

@@ -17,6 +17,7 @@ import pytest
 from lxml import etree
 
 from vgpuhost.libvirt import domain
+from vgpuhost.ops.attach import passthrough_hostdevs
 from vgpuhost.cli.main import main
 from vgpuhost.model.errors import InputError, RefusedError
 from vgpuhost.observe.inventory import discover
@@ -55,13 +56,13 @@ def P(text):
 
 CASES = {
     # name: (spec, callable(inv) -> xml)
-    "pci-single-function.xml": ("a40-mdev", lambda inv: domain.render_passthrough(inv, P("0000:81:00.0"))),
+    "pci-single-function.xml": ("a40-mdev", lambda inv: passthrough_hostdevs(inv, P("0000:81:00.0"))),
     "pci-single-function-guest-slot.xml": (
-        "a40-mdev", lambda inv: domain.render_passthrough(inv, P("0000:81:00.0"), guest_slot=0x11)),
+        "a40-mdev", lambda inv: passthrough_hostdevs(inv, P("0000:81:00.0"), guest_slot=0x11)),
     "pci-group-audio-companion.xml": (
-        "a100-sriov-mdev", lambda inv: domain.render_passthrough(inv, P("0000:41:00.0"), guest_slot=0x10)),
+        "a100-sriov-mdev", lambda inv: passthrough_hostdevs(inv, P("0000:41:00.0"), guest_slot=0x10)),
     "pci-group-turing-four-functions.xml": (
-        "turing-consumer", lambda inv: domain.render_passthrough(inv, P("0000:01:00.0"), guest_slot=0x12)),
+        "turing-consumer", lambda inv: passthrough_hostdevs(inv, P("0000:01:00.0"), guest_slot=0x12)),
     "mdev-plain.xml": (None, lambda inv: domain.render_mdev(UUID)),
     "mdev-display.xml": (None, lambda inv: domain.render_mdev(UUID, display=True)),
     "mdev-display-ramfb.xml": (None, lambda inv: domain.render_mdev(UUID, display=True, ramfb=True)),
@@ -91,7 +92,7 @@ def test_every_golden_file_is_a_case_and_valid(rng):
 # --- what the forms promise ---------------------------------------------------------------
 
 def test_passthrough_hostdevs_are_managed_no_and_share_one_slot(make_host):
-    xml = domain.render_passthrough(inv_of(make_host, "turing-consumer"), P("0000:01:00.0"), guest_slot=0x10)
+    xml = passthrough_hostdevs(inv_of(make_host, "turing-consumer"), P("0000:01:00.0"), guest_slot=0x10)
     root = etree.fromstring(f"<x>{xml}</x>".encode())
     hds = root.findall("hostdev")
     assert [h.get("managed") for h in hds] == ["no"] * 4           # never managed='yes' (the hook binds)
@@ -104,13 +105,13 @@ def test_passthrough_hostdevs_are_managed_no_and_share_one_slot(make_host):
 
 
 def test_single_function_has_no_multifunction(make_host):
-    xml = domain.render_passthrough(inv_of(make_host, "a40-mdev"), P("0000:81:00.0"), guest_slot=0x10)
+    xml = passthrough_hostdevs(inv_of(make_host, "a40-mdev"), P("0000:81:00.0"), guest_slot=0x10)
     assert "multifunction" not in xml and 'managed="no"' in xml
 
 
 def test_no_template_ever_writes_managed_yes(make_host):
     inv = inv_of(make_host, "a100-sriov-mdev")
-    for xml in (domain.render_passthrough(inv, P("0000:41:00.0")), domain.render_vf(P("0000:41:00.4")),
+    for xml in (passthrough_hostdevs(inv, P("0000:41:00.0")), domain.render_vf(P("0000:41:00.4")),
                 domain.render_mdev(UUID)):
         assert "managed=\"yes\"" not in xml and "managed='yes'" not in xml
 
@@ -126,9 +127,9 @@ def test_mdev_without_model_or_display_on_pci_is_invalid(rng):
 
 
 @pytest.mark.parametrize("call, exc, text", [
-    (lambda inv: domain.render_passthrough(inv, P("0000:03:00.0")), RefusedError, "SATA controller"),
-    (lambda inv: domain.render_passthrough(inv, P("0000:03:00.1")), InputError, "not a GPU"),
-    (lambda inv: domain.render_passthrough(inv, P("0000:09:00.0")), InputError, "no PCI device"),
+    (lambda inv: passthrough_hostdevs(inv, P("0000:03:00.0")), RefusedError, "SATA controller"),
+    (lambda inv: passthrough_hostdevs(inv, P("0000:03:00.1")), InputError, "not a GPU"),
+    (lambda inv: passthrough_hostdevs(inv, P("0000:09:00.0")), InputError, "no PCI device"),
     (lambda inv: domain.render_mdev("not-a-uuid"), InputError, "invalid UUID"),
     (lambda inv: domain.render_mdev("../../etc/passwd"), InputError, "invalid UUID"),
     (lambda inv: domain.render_mdev(UUID, ramfb=True), InputError, "--ramfb needs --display"),
@@ -144,14 +145,14 @@ def test_render_refusals(call, exc, text, make_host):
 
 def test_vf_is_refused_as_passthrough(make_host):
     with pytest.raises(InputError) as err:
-        domain.render_passthrough(inv_of(make_host, "l40s-vendor-vfio"), P("0000:21:00.4"))
+        passthrough_hostdevs(inv_of(make_host, "l40s-vendor-vfio"), P("0000:21:00.4"))
     assert "VF" in err.value.message
 
 
 def test_iommu_off_refuses_passthrough(make_host):
     inv = inv_of(make_host, "iommu-off")
     with pytest.raises(RefusedError) as err:
-        domain.render_passthrough(inv, inv.gpus[0].address)
+        passthrough_hostdevs(inv, inv.gpus[0].address)
     assert "IOMMU is off" in err.value.message
 
 

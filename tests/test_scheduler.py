@@ -413,7 +413,7 @@ def test_cli_runtime_uses_the_backend(l40s, monkeypatch, capsys):
 
     from click.testing import CliRunner
     from vgpuhost.cli.main import Context
-    from vgpuhost.cli.scheduler import vgpu_mode
+    from vgpuhost.cli.vgpu import vgpu_mode
     res = CliRunner().invoke(vgpu_mode, ["--gpu", str(gpus[0]), "--mixed-size", "on"],
                              obj=Context(root, None, None, False, 0))
     assert res.exit_code == 0 and "mixed-size mode off -> on" in res.output
@@ -421,7 +421,7 @@ def test_cli_runtime_uses_the_backend(l40s, monkeypatch, capsys):
 
 def test_backend_unavailable_is_one_line_exit_2(l40s, monkeypatch, capsys):
     host, gpus = l40s
-    import vgpuhost.io.nvml as nvml
+    import vgpuhost.io.backends as nvml
 
     def no_module(h):
         raise ModuleNotFoundError("No module named 'vgpuhost.nvml_real'")
@@ -487,7 +487,7 @@ def test_sim_runtime_set_show_and_refusals(make_host, capsys):
 
 @sim_only
 def test_sim_mig_and_plain_driver_refused_in_one_line(make_host, capsys):
-    from vgpuhost.io.nvml import backend_for
+    from vgpuhost.io.backends import backend_for
     host = make_host("h200-mig")
     gpu = sch.host_gpus(host)[0]
     backend_for(host).set_mig_mode(gpu, True)

@@ -262,7 +262,7 @@ def test_sim_create_odd_destinations_are_one_line(tmp_path, capsys, make_dest):
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     from vgpuhost.sim import build
     from vgpuhost.sim.spec import load_spec
-    from vgpuhost.sim import bundled_specs
+    from vgpuhost.sim.data import bundled_specs
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")

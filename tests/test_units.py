@@ -345,7 +345,7 @@ def test_boot_sequence_restores_the_layout_and_recorded_vgpus(tmp_path, capsys, 
     from vgpuhost.io.hostroot import HostRoot
     from vgpuhost.observe.inventory import discover
     from vgpuhost.ops.layout import check
-    from vgpuhost.sim import bundled_specs
+    from vgpuhost.sim.data import bundled_specs
     from vgpuhost.sim.build import materialise
     from vgpuhost.sim.spec import parse_spec
     from vgpuhost.io.sysfs import Sysfs

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # nsutil, whatever pyt
 import nsutil  # noqa: E402
 
 from vgpuhost.io.hostroot import HostRoot  # noqa: E402
-from vgpuhost.sim import bundled_specs  # noqa: E402
+from vgpuhost.sim.data import bundled_specs  # noqa: E402
 from vgpuhost.sim.build import materialise  # noqa: E402
 from vgpuhost.sim.spec import load_spec  # noqa: E402
 

@@ -6,7 +6,7 @@ qemu hook installed (the hook creates the mdev; the audit log shows it), the
 stop (the hook releases it), and what was created and released.  As root,
 with Debian's libvirtd and qemu present, this runs against a real libvirtd
 started in a private mount and network namespace
-(:mod:`vgpuhost.sim.libvirtd`); otherwise on libvirt's ``test:///default``
+(:mod:`vgpuhost.sim.libvirtd`, from :mod:`vgpuhost.io.backends`); otherwise on libvirt's ``test:///default``
 driver, feeding the installed hook the domain XML as libvirt would, and it
 says which parts it skipped.
 
@@ -19,8 +19,6 @@ first argument); nothing outside it is touched.
 from __future__ import annotations
 
 import shlex
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -83,12 +81,12 @@ def _hostdev_lines(xml: str) -> str:
 
 
 def _libvirt_part(base: Path) -> int:
-    from .sim.libvirtd import IsolatedLibvirtd, available, diskless_domain_xml
+    from .io.backends import diskless_domain_xml, isolated_libvirtd, libvirtd_available
 
     root = base / "libvirt-host"
     if run(["sim", "create", "--force", "a40-mdev", str(root)]) != 0:
         return 2
-    ok, why = available()
+    ok, why = libvirtd_available()
     from .model.errors import VgpuhostError
     from .io.virt import _libvirt
     try:
@@ -98,7 +96,7 @@ def _libvirt_part(base: Path) -> int:
         return 2
     g = ["--root", str(root)]
     if ok:
-        return _real_daemon(base, root, g, IsolatedLibvirtd, diskless_domain_xml)
+        return _real_daemon(base, root, g, isolated_libvirtd, diskless_domain_xml)
     say(f"No isolated libvirtd here ({why}): running the same flow on libvirt's test:///default driver.")
     say("Skipped: the real daemon running the hook. Instead the installed hook is fed the domain XML "
         "as libvirt would feed it.")
@@ -106,10 +104,11 @@ def _libvirt_part(base: Path) -> int:
 
 
 def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -> int:
+    from .io import files
     from .io.virt import open_connection
     workdir = base / "libvirtd"
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
+    files.remove_tree(workdir)
+    files.make_dirs(workdir)
     say(f"Starting an isolated libvirtd (private mount + network namespace) in {workdir}")
     with daemon_cls(workdir) as d:
         uri = d.uri
@@ -138,9 +137,11 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
 
 
 def _test_driver(base: Path, root: Path, g: List[str], domain_xml) -> int:
+    from .io import files
+    from .io.process import run_program
     from .io.virt import open_connection
     hooks = base / "hooks"
-    shutil.rmtree(hooks, ignore_errors=True)
+    files.remove_tree(hooks)
     run(g + ["hook", "install", "--hooks-dir", str(hooks)])
     uri = "test:///default"
     conn = open_connection(uri)
@@ -154,8 +155,7 @@ def _test_driver(base: Path, root: Path, g: List[str], domain_xml) -> int:
     hook = hooks / "vgpuhost"
     for op, sub in (("prepare", "begin"), ("release", "end")):
         say(f"libvirt would run: {hook} {DOMAIN} {op} {sub} - < domain.xml")
-        r = subprocess.run([str(hook), DOMAIN, op, sub, "-"], input=xml.encode(), capture_output=True,
-                           timeout=120)
+        r = run_program([str(hook), DOMAIN, op, sub, "-"], input=xml.encode(), timeout=120)
         print(f"[hook exit {r.returncode}] {r.stderr.decode(errors='replace').strip()}")
         run(g + ["vgpu", "list"])
     run(g + ["audit"])

@@ -1,6 +1,6 @@
 """`vgpuhost hook install|uninstall|status`: libvirt's qemu hook (commands over :mod:`vgpuhost.hook`).
 
-Registered on the main group by cli.py: every click command in
+Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  ``--json`` documents:
 ``vgpuhost.hook/v1`` (install, uninstall) and ``vgpuhost.hook-status/v1``.
 ``status`` exits 1 when the hook is missing, outdated, not executable or the
@@ -16,6 +16,8 @@ import sys
 from typing import List, Optional
 
 import click
+
+from .common import emit, store
 
 from ..io import files
 
@@ -40,9 +42,8 @@ def hook() -> None:
 
 
 def _outcome(ctx, out) -> None:
-    from .main import _emit
     if ctx.json:
-        _emit(ctx, out.as_dict(), "")
+        emit(ctx, out.as_dict(), "")
         return
     if out.action == "install":
         verb = ("would install" if out.new else "would update") if out.dry_run else (
@@ -67,12 +68,11 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
     this command never does that itself.
     """
     from ..hook import install as hookmod
-    from .main import _store
     ctx = cctx.obj
     ctx.host.require_host()
-    store = None if dry_run else _store(ctx)
+    st = None if dry_run else store(ctx)
     _outcome(ctx, hookmod.install(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, timeout_s=timeout_s,
-                                  store=store))
+                                  store=st))
 
 
 @hook.command("uninstall")
@@ -82,10 +82,9 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
 def hook_uninstall(cctx: click.Context, hooks_dir: Optional[str], dry_run: bool) -> None:
     """Remove the qemu hook, only if vgpuhost wrote it."""
     from ..hook import install as hookmod
-    from .main import _store
     ctx = cctx.obj
-    store = None if dry_run else _store(ctx)
-    _outcome(ctx, hookmod.uninstall(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, store=store))
+    st = None if dry_run else store(ctx)
+    _outcome(ctx, hookmod.uninstall(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, store=st))
 
 
 @hook.command("status")
@@ -96,7 +95,6 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
 
     Exit 0 when installed, current and executable; 1 otherwise.
     """
-    from .main import _emit
     ctx = cctx.obj
     doc = _status(ctx.host, hooks_dir)
     yes = {True: "yes", False: "no"}
@@ -119,7 +117,7 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
                      "and reload libvirtd (systemctl reload libvirtd)")
     elif not doc["installed"]:
         lines.append(f"not installed: run '{install}', then reload libvirtd (systemctl reload libvirtd)")
-    _emit(ctx, doc, "\n".join(lines))
+    emit(ctx, doc, "\n".join(lines))
     sys.exit(0 if doc["ok"] else 1)
 
 

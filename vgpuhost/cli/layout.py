@@ -1,6 +1,6 @@
 """`vgpuhost` commands: plan, apply and assert (declarative host configuration), and config check.
 
-Registered on the main group by cli.py: every click command in
+Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  Logic lives in
 :mod:`vgpuhost.config` and :mod:`vgpuhost.layout`; this module parses
 options, prints and chooses the exit code:
@@ -20,22 +20,9 @@ from typing import List, Optional
 
 import click
 
+from .common import current, emit, printable, store
+
 CONFIG_HELP = "The config file (YAML, version: 1)."
-
-
-def _ctx():
-    from .main import Context
-    return click.get_current_context().find_object(Context)
-
-
-def _emit(ctx, doc, text: str) -> None:
-    from .output import dumps
-    click.echo(dumps(doc) if ctx.json else text)
-
-
-def _store(ctx, *, write: bool):
-    from .main import _store as store
-    return store(ctx, write=write)
 
 
 def _load(path: str):
@@ -44,8 +31,7 @@ def _load(path: str):
 
 
 def _plan_out(ctx, p) -> None:
-    from .main import printable
-    _emit(ctx, p.as_dict(), p.text())
+    emit(ctx, p.as_dict(), p.text())
     if p.blocked:
         click.echo(f"vgpuhost: error: {printable('layout ' + repr(p.layout) + ' is blocked: ' + '; '.join(p.blocked))}",
                    err=True)
@@ -61,9 +47,9 @@ def plan_cmd(config: str, layout: Optional[str]) -> None:
     Changes nothing.  Exit 0, or 2 when the plan is blocked (apply would refuse).
     """
     from ..ops.layout import plan
-    ctx = _ctx()
+    ctx = current()
     cfg = _load(config)
-    _plan_out(ctx, plan(ctx.host, _store(ctx, write=False), cfg, layout))
+    _plan_out(ctx, plan(ctx.host, store(ctx, write=False), cfg, layout))
 
 
 @click.command("apply")
@@ -84,16 +70,16 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     """
     from ..model.errors import VgpuhostError
     from ..ops.layout import apply, plan
-    ctx = _ctx()
+    ctx = current()
     cfg = _load(config)
     cfg.layout(layout)                    # an unknown layout fails before the host is read
     if dry_run:
-        _plan_out(ctx, plan(ctx.host, _store(ctx, write=False), cfg, layout))
+        _plan_out(ctx, plan(ctx.host, store(ctx, write=False), cfg, layout))
         return
     tries = 0
     while True:
         try:
-            result = apply(ctx.host, _store(ctx, write=True), cfg, layout)
+            result = apply(ctx.host, store(ctx, write=True), cfg, layout)
             break
         except VgpuhostError as e:        # the config was read above; the host may not be ready yet
             if tries >= retries:
@@ -102,7 +88,7 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
             click.echo(f"vgpuhost: apply failed (try {tries} of {retries + 1}): {e.one_line()}; "
                        f"trying again in {retry_delay:g} s", err=True)
             time.sleep(retry_delay)
-    _emit(ctx, result.as_dict(), result.text())
+    emit(ctx, result.as_dict(), result.text())
 
 
 @click.command("assert")
@@ -112,10 +98,10 @@ def assert_cmd(config: str, layout: Optional[str]) -> None:
     """Compare this host with LAYOUT: exit 0 in sync, 1 on drift (the diff is printed)."""
     from ..model.errors import EXIT_OK, EXIT_PROBLEMS
     from ..ops.layout import check
-    ctx = _ctx()
+    ctx = current()
     cfg = _load(config)
-    drift = check(ctx.host, _store(ctx, write=False), cfg, layout)
-    _emit(ctx, drift.as_dict(), drift.text())
+    drift = check(ctx.host, store(ctx, write=False), cfg, layout)
+    emit(ctx, drift.as_dict(), drift.text())
     sys.exit(EXIT_OK if drift.in_sync else EXIT_PROBLEMS)
 
 
@@ -128,7 +114,7 @@ def config_group() -> None:
 @click.option("-c", "--config", "config", required=True, metavar="FILE", help=CONFIG_HELP)
 def config_check(config: str) -> None:
     """Validate a config file without a host (exit 0 valid, 2 not: FILE:LINE: what is wrong)."""
-    ctx = _ctx()
+    ctx = current()
     cfg = _load(config)
     layouts = [{"name": lay.name, "entries": len(lay.entries),
                 "modes": sorted({e.mode for e in lay.entries})} for lay in cfg.layouts.values()]
@@ -138,7 +124,7 @@ def config_check(config: str) -> None:
              + (f" (default {cfg.default})" if cfg.default else " (no default: name one)")]
     lines += [f"  {x['name']}: {x['entries']} entr{'ies' if x['entries'] != 1 else 'y'} ({', '.join(x['modes'])})"
               for x in layouts]
-    _emit(ctx, doc, "\n".join(lines))
+    emit(ctx, doc, "\n".join(lines))
 
 
 COMMANDS: List[click.Command] = [plan_cmd, apply_cmd, assert_cmd, config_group]

@@ -1,4 +1,4 @@
-"""`vgpuhost mig ...` commands (click); registered on the main group in cli.py.
+"""`vgpuhost mig show|enable|disable|apply|assert`: MIG mode and GPU-instance layouts.
 
 ``show`` / ``enable`` / ``disable`` / ``apply`` / ``assert`` over
 :mod:`vgpuhost.mig`.  NVML comes from :func:`vgpuhost.mig.open_backend`: on a
@@ -10,18 +10,19 @@ apply), ``vgpuhost.mig-assert/v1``.
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import click
+
+from .common import emit, store
 
 LAYOUT_HELP = "PROFILE=COUNT,... as the device names its profiles, e.g. 3g.71gb=1,2g.35gb=1,1g.18gb=1"
 
 
 def _outcome(ctx, out) -> None:
-    from .main import _emit
     from ..ops.mig import layout_text
     if ctx.json:
-        _emit(ctx, out.as_dict(), "")
+        emit(ctx, out.as_dict(), "")
         return
     lines = []
     mode = out.mig_mode or {}
@@ -57,12 +58,11 @@ def mig() -> None:
 @click.pass_context
 def mig_show(cctx: click.Context, gpu: Optional[str]) -> None:
     """MIG mode (current, pending), GPU instances and profiles per GPU."""
-    from .main import _emit
     from ..ops.mig import show, show_text
     ctx = cctx.obj
     addr = _addr(gpu) if gpu else None
     doc = show(ctx.host, addr)
-    _emit(ctx, doc, show_text(doc))
+    emit(ctx, doc, show_text(doc))
 
 
 @mig.command("enable")
@@ -71,11 +71,10 @@ def mig_show(cctx: click.Context, gpu: Optional[str]) -> None:
 @click.pass_context
 def mig_enable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
     """Enable MIG mode (refused while vGPUs, processes or VFs block it)."""
-    from .main import _store
     from ..ops.mig import enable
     ctx = cctx.obj
     addr = _addr(gpu)
-    _outcome(ctx, enable(ctx.host, _store(ctx, write=not dry_run), addr, dry_run=dry_run))
+    _outcome(ctx, enable(ctx.host, store(ctx, write=not dry_run), addr, dry_run=dry_run))
 
 
 @mig.command("disable")
@@ -84,11 +83,10 @@ def mig_enable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
 @click.pass_context
 def mig_disable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
     """Disable MIG mode, destroying the GPU instances first."""
-    from .main import _store
     from ..ops.mig import disable
     ctx = cctx.obj
     addr = _addr(gpu)
-    _outcome(ctx, disable(ctx.host, _store(ctx, write=not dry_run), addr, dry_run=dry_run))
+    _outcome(ctx, disable(ctx.host, store(ctx, write=not dry_run), addr, dry_run=dry_run))
 
 
 @mig.command("apply")
@@ -102,12 +100,11 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
     LAYOUT: PROFILE=COUNT,... as the device names its profiles, e.g.
     3g.71gb=1,2g.35gb=1,1g.18gb=1; 'none' destroys every GPU instance.
     """
-    from .main import _store
     from ..ops.mig import apply, parse_layout
     ctx = cctx.obj
     addr = _addr(gpu)
     parse_layout(layout)                       # a malformed layout fails before the host is read
-    _outcome(ctx, apply(ctx.host, _store(ctx, write=not dry_run), addr, layout, dry_run=dry_run))
+    _outcome(ctx, apply(ctx.host, store(ctx, write=not dry_run), addr, layout, dry_run=dry_run))
 
 
 @mig.command("assert")
@@ -116,7 +113,6 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
 @click.pass_context
 def mig_assert(cctx: click.Context, gpu: str, layout: str) -> None:
     """Exit 0 when the GPU instances match LAYOUT, 1 on drift (with the difference)."""
-    from .main import _emit
     from ..model.errors import EXIT_OK, EXIT_PROBLEMS
     from ..ops.mig import assert_layout, layout_text, parse_layout
     ctx = cctx.obj
@@ -129,5 +125,8 @@ def mig_assert(cctx: click.Context, gpu: str, layout: str) -> None:
         lines = [f"{addr}: DRIFT (wanted {layout_text(rep.wanted)}, found {layout_text(rep.actual)})"]
         lines += [f"  {d['profile']}: wanted {d['wanted']}, found {d['actual']}" for d in rep.diff]
         text = "\n".join(lines)
-    _emit(ctx, rep.as_dict(), text)
+    emit(ctx, rep.as_dict(), text)
     sys.exit(EXIT_OK if rep.in_sync else EXIT_PROBLEMS)
+
+
+COMMANDS: List[click.Command] = [mig]

@@ -1,30 +1,17 @@
-"""`vgpuhost scheduler ...` commands (click); registered on the main group in cli.py.
+"""`vgpuhost scheduler show|set|decode`: the vGPU scheduler.
 
-Also defines ``vgpu_mode`` (``vgpuhost vgpu mode --gpu BDF --mixed-size on|off``),
-registered on the ``vgpu`` group by cli.py.  Logic lives in
-:mod:`vgpuhost.scheduler`; this module parses options and prints.
+Logic lives in :mod:`vgpuhost.ops.scheduler`; this module parses options and
+prints.  :func:`runtime_outcome` also prints ``vgpuhost vgpu mode``
+(:mod:`vgpuhost.cli.vgpu`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import click
 
-
-def _ctx():
-    from .main import Context
-    return click.get_current_context().find_object(Context)
-
-
-def _emit(ctx, doc, text: str, json_flag: bool = False) -> None:
-    from .output import dumps
-    click.echo(dumps(doc) if (ctx.json or json_flag) else text)
-
-
-def _store(ctx, *, write: bool):
-    from .main import _store as store
-    return store(ctx, write=write)
+from .common import current, emit, store
 
 
 @click.group(name="scheduler")
@@ -38,10 +25,10 @@ def scheduler_show(gpu: Optional[str]) -> None:
     """Each GPU's scheduler state, capabilities and the persistent RmPVMRL value."""
     from ..ops.scheduler import show, show_text
     from ..model.values import PciAddress
-    ctx = _ctx()
+    ctx = current()
     addr = PciAddress.parse(gpu) if gpu else None
     doc = show(ctx.host, addr)
-    _emit(ctx, doc, show_text(doc))
+    emit(ctx, doc, show_text(doc))
 
 
 @scheduler.command("set")
@@ -65,7 +52,7 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     from ..io.nvml import SchedulerState
     from ..ops.scheduler import persist as do_persist, resolve_gpus, set_runtime
     from ..model.values import PciAddress
-    ctx = _ctx()
+    ctx = current()
     if bool(gpus) == all_gpus:
         raise click.UsageError("give --gpu BDF (repeatable) or --all")
     if (frequency_hz is None) != (avg_factor is None):
@@ -86,9 +73,9 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
         validate(state)                       # a bad value fails before the host is read
         if addrs:
             addrs = resolve_gpus(ctx.host, addrs, False)
-        out = do_persist(ctx.host, _store(ctx, write=not dry_run), state, addrs or None, dry_run=dry_run)
+        out = do_persist(ctx.host, store(ctx, write=not dry_run), state, addrs or None, dry_run=dry_run)
         if ctx.json:
-            _emit(ctx, out.as_dict(), "")
+            emit(ctx, out.as_dict(), "")
             return
         verb = "would write" if dry_run else "wrote"
         scope = ", ".join(out.gpus) if out.gpus else "all GPUs"
@@ -100,13 +87,13 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
         lines += [f"note: {n}" for n in out.notes]
         click.echo("\n".join(lines))
         return
-    out = set_runtime(ctx.host, _store(ctx, write=not dry_run), "all" if all_gpus else addrs, state, dry_run=dry_run)
-    _runtime_outcome(ctx, out)
+    out = set_runtime(ctx.host, store(ctx, write=not dry_run), "all" if all_gpus else addrs, state, dry_run=dry_run)
+    runtime_outcome(ctx, out)
 
 
-def _runtime_outcome(ctx, out) -> None:
+def runtime_outcome(ctx, out) -> None:
     if ctx.json:
-        _emit(ctx, out.as_dict(), "")
+        emit(ctx, out.as_dict(), "")
         return
     lines = []
     for g in out.gpus:
@@ -141,22 +128,11 @@ def scheduler_decode(value: str, json_flag: bool) -> None:
     import sys
     from ..model.errors import EXIT_OK, EXIT_PROBLEMS
     from ..ops.scheduler import explain, explain_doc, parse_value
-    ctx = _ctx()
+    ctx = current()
     v = parse_value(value)
     doc = explain_doc(v)
-    _emit(ctx, doc, explain(v), json_flag)
+    emit(ctx, doc, explain(v), json_flag)
     sys.exit(EXIT_OK if doc["valid"] else EXIT_PROBLEMS)
 
 
-@click.command("mode")
-@click.option("--gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
-@click.option("--mixed-size", "mixed", required=True, type=click.Choice(["on", "off"]),
-              help="Mixed-size (heterogeneous) vGPU mode; needs no vGPUs on the GPU.")
-@click.option("--dry-run", is_flag=True, help="Check and show what would change; change nothing.")
-def vgpu_mode(gpu: str, mixed: str, dry_run: bool) -> None:
-    """Turn a GPU's mixed-size vGPU mode on or off (lost on reboot or module reload)."""
-    from ..ops.scheduler import mixed_size
-    from ..model.values import PciAddress
-    ctx = _ctx()
-    addr = PciAddress.parse(gpu)
-    _runtime_outcome(ctx, mixed_size(ctx.host, _store(ctx, write=not dry_run), addr, mixed == "on", dry_run=dry_run))
+COMMANDS: List[click.Command] = [scheduler]

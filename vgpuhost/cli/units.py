@@ -1,6 +1,6 @@
 """`vgpuhost` commands: install-units (systemd units that apply the layout at boot).
 
-Registered on the main group by cli.py: every click command in
+Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  Logic lives in
 :mod:`vgpuhost.units`; this module parses options and prints.
 """
@@ -11,10 +11,7 @@ from typing import List, Optional
 
 import click
 
-
-def _ctx():
-    from .main import Context
-    return click.get_current_context().find_object(Context)
+from .common import current
 
 
 @click.command("install-units", short_help="Install the systemd units that apply the layout at boot.")
@@ -37,7 +34,7 @@ def install_units(unit_dir: Optional[str], config: Optional[str], layout: Option
     """
     from ..ops import units
     from .output import dumps
-    ctx = _ctx()
+    ctx = current()
     out = units.install(ctx.host, unit_dir=unit_dir, exe=exe,
                         config=config or units.DEFAULT_CONFIG, layout=layout,
                         retries=units.DEFAULT_RETRIES if retries is None else retries,

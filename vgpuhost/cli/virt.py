@@ -1,6 +1,6 @@
 """`vgpuhost` commands: render, attach and detach (libvirt domains).
 
-Registered on the main group by cli.py: every click command in
+Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  ``render`` needs only the host
 root; ``attach``/``detach`` talk to libvirt at ``--connect URI`` (default
 ``$LIBVIRT_DEFAULT_URI``, then ``qemu:///system``).  ``--json`` documents:
@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 import click
+
+from .common import current, emit
 
 COMMANDS: List[click.Command] = []
 
@@ -28,11 +30,6 @@ def _slot(text: Optional[str]) -> Optional[int]:
     except ValueError:
         raise InputError(f"invalid --guest-slot {text[:32]!r}", hint="a hex slot on guest bus 0, e.g. 0x10") from None
     return check_guest_slot(value)
-
-
-def _ctx():
-    from .main import Context
-    return click.get_current_context().find_object(Context)
 
 
 # --- render ------------------------------------------------------------------
@@ -55,14 +52,12 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
     reserve).
     """
     import uuid as _uuid
-
-    from .main import _emit
     from ..libvirt.domain import FIRST_GUEST_SLOT, render_mdev, render_passthrough, render_vf
     from ..model.errors import InputError, RefusedError
     from ..observe.inventory import BACKEND_MDEV
     from ..model.values import PciAddress, parse_uuid
 
-    ctx = _ctx()
+    ctx = current()
     if (profile is None) == (passthrough is None):
         raise InputError("give exactly one of --profile NAME or --passthrough BDF")
     slot = _slot(guest_slot)
@@ -79,7 +74,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         _, endpoints, _ = group_endpoints(inv, addr)
         if slot is None and len(endpoints) > 1:
             slot = FIRST_GUEST_SLOT
-        xml = render_passthrough(inv, addr, slot)
+        xml = render_passthrough(endpoints, slot)
         doc.update(kind="passthrough", device=str(addr), gpu=str(addr),
                    functions=[str(d.address) for d in endpoints], xml=xml)
     else:
@@ -88,7 +83,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         if ramfb and not display:
             raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
                              hint="add --display, or drop --ramfb")
-        from ..ops.attach import _backend_of, gpus_offering
+        from ..ops.attach import backend_of, gpus_offering
         from ..policy.placement import Request, place
         from ..io.state import StateStore
         from ..ops.vgpu import offers, resolve_profile, seen_rows
@@ -103,7 +98,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         offering = gpus_offering(inv, records, seen, name)
         if pin is not None:
             offering &= {pin}
-        backend = _backend_of(inv, offering, name)
+        backend = backend_of(inv, offering, name)
         if backend == BACKEND_MDEV:
             u = uuid or str(_uuid.uuid4())
             xml = render_mdev(u, display=display, ramfb=ramfb, guest_slot=slot)
@@ -118,7 +113,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
             xml = render_vf(decision.parent, slot)
             doc.update(kind="vendor-vfio", profile=name, device=str(decision.parent), gpu=str(decision.gpu),
                        functions=[str(decision.parent)], reason=decision.reason, xml=xml)
-    _emit(ctx, doc, doc["xml"].rstrip("\n"))
+    emit(ctx, doc, doc["xml"].rstrip("\n"))
 
 
 COMMANDS.append(render_cmd)
@@ -150,8 +145,7 @@ def _text(out) -> str:
 
 
 def _emit_outcome(ctx, out) -> None:
-    from .main import _emit
-    _emit(ctx, out.as_dict(), _text(out))
+    emit(ctx, out.as_dict(), _text(out))
 
 
 @click.command("attach")
@@ -175,7 +169,7 @@ def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinit
     """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""
     from ..ops.attach import attach
     from ..io.state import StateStore
-    ctx = _ctx()
+    ctx = current()
     slot = _slot(guest_slot)
     store = StateStore(ctx.host.state_dir, create=not dry_run)
     out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
@@ -196,7 +190,7 @@ def detach_cmd(domain, device, all_, dry_run) -> None:
     from ..io.state import StateStore
     if device is not None and all_:
         raise InputError("give a DEVICE or --all, not both")
-    ctx = _ctx()
+    ctx = current()
     store = StateStore(ctx.host.state_dir, create=not dry_run)
     out = detach(ctx.host, store, ctx.connect, domain, device=device, all=all_, dry_run=dry_run)
     _emit_outcome(ctx, out)

@@ -95,6 +95,17 @@ def remove(path: PathArg) -> bool:
     return True
 
 
+def make_dirs(path: PathArg) -> None:
+    """Create ``path`` and its missing parents.  Raises ``OSError`` (also when it exists)."""
+    os.makedirs(path)
+
+
+def remove_tree(path: PathArg) -> None:
+    """Remove a directory tree; nothing when it is not there (errors ignored, as ``rm -rf``)."""
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def is_dir(path: PathArg) -> bool:
     return os.path.isdir(path)
 

@@ -2,9 +2,9 @@
 
 Owns: the :class:`NvmlBackend` interface that MIG, scheduler and vGPU-mode
 code use, its real implementation over nvidia-ml-py (``import pynvml``,
-lazily) and the choice between it and the simulator's
-(:class:`vgpuhost.sim.nvml.SimNvml`, state in the simulated host's
-``.vgpuhost-sim/host.json``).  Devices are selected by PCI bus id, never by
+lazily; :func:`vgpuhost.io.backends.backend_for` chooses between it and
+the simulator's, :class:`vgpuhost.sim.nvml.SimNvml`, whose state is in the
+simulated host's ``.vgpuhost-sim/host.json``).  Devices are selected by PCI bus id, never by
 index (REFERENCE.md §9).  ``NVMLError_*`` become :class:`NvmlError` keeping
 the NVML error name; a missing library or driver becomes
 :class:`HostEnvironmentError` (exit 2) while sysfs inventory still works.
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Protocol, Tuple
 
 from ..model.errors import VgpuhostError
-from .hostroot import HostRoot
 from ..model.values import PciAddress
 
 
@@ -122,16 +121,3 @@ class NvmlBackend(Protocol):
     def scheduler_caps(self, bdf: PciAddress) -> SchedulerCaps: ...
     def scheduler_state(self, bdf: PciAddress) -> SchedulerState: ...
     def set_scheduler_state(self, bdf: PciAddress, state: SchedulerState) -> None: ...
-
-
-def backend_for(host: HostRoot) -> NvmlBackend:
-    """The simulator's NVML on a simulated root, else the real library.
-
-    Raises HostEnvironmentError when NVML cannot be loaded (no driver,
-    nvidia-ml-py missing): commands that need NVML exit 2 saying so.
-    """
-    if host.is_simulated:
-        from ..sim.nvml import SimNvml
-        return SimNvml(host)
-    from .nvml_pynvml import PynvmlBackend
-    return PynvmlBackend.open()

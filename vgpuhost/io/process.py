@@ -1,7 +1,9 @@
-"""This process's identity, as the audit log names it.
+"""This process's identity, as the audit log names it, and running a program.
 
 Owns: the one spelling of "who did this" (the ``actor`` column of every audit
-row).  Must not: import anything heavy; the qemu hook calls it on every run.
+row) and :func:`run_program` (a child process, output captured).  Must not:
+import anything heavy at module level; the qemu hook calls :func:`actor` on
+every run (and starts no child).
 """
 
 from __future__ import annotations
@@ -17,3 +19,12 @@ def actor(who: str = "cli", *, with_uid: bool = True) -> str:
     if given:
         return given
     return f"{who} uid={os.getuid()} pid={os.getpid()}" if with_uid else f"{who} pid={os.getpid()}"
+
+
+def run_program(argv, *, input: bytes = b"", timeout: float = 60):
+    """Run ``argv`` with ``input`` on stdin, stdout and stderr captured: a ``subprocess.CompletedProcess``.
+
+    Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds and ``OSError`` when it cannot start.
+    """
+    import subprocess
+    return subprocess.run(list(argv), input=input, capture_output=True, timeout=timeout)

@@ -59,6 +59,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 DB_NAME = "state.db"
 BUSY_TIMEOUT_MS = 60_000
+#: what a damaged or unreachable store raises (callers above io/ catch this, never sqlite3 itself)
+StoreError = sqlite3.Error
 
 MIGRATIONS: Sequence[str] = (
     # 1: audit log and passthrough records

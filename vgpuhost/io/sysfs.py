@@ -3,7 +3,7 @@
 Owns: file I/O on ``sys/``, ``proc/`` and ``dev/`` of a :class:`HostRoot`,
 turning ``OSError`` into :class:`SysfsError` that keeps the errno, the path
 and the value written.  On a simulated root (made by :mod:`vgpuhost.sim`)
-writes go through the simulator's kernel, which applies the same semantics
+writes go through the simulator's kernel (from :func:`vgpuhost.io.backends.sysfs_kernel`), which applies the same semantics
 the kernel would (ENOSPC on a full mdev type, EPERM on a taken VF...).
 Must not: decide anything; callers interpret what is read.
 
@@ -43,10 +43,8 @@ class Sysfs:
     def __init__(self, host: HostRoot, *, observers: Optional[List[WriteObserver]] = None):
         self.host = host
         self.observers: List[WriteObserver] = list(observers or [])
-        self._kernel = None
-        if host.is_simulated:
-            from ..sim.kernel import SimKernel  # the simulator stands in for the kernel
-            self._kernel = SimKernel(host)
+        from .backends import sysfs_kernel
+        self._kernel = sysfs_kernel(host)    # the simulator stands in for the kernel on a simulated root
 
     @property
     def simulated(self) -> bool:

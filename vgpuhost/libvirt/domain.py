@@ -12,8 +12,8 @@ Hostdev forms (REFERENCE.md §8):
 
 - **PCI passthrough** of a whole GPU: one ``<hostdev type='pci'
   managed='no'>`` per endpoint of the GPU's IOMMU group (the GPU and its
-  companions: HD audio, USB, UCSI), from
-  :func:`vgpuhost.passthrough.group_endpoints`.  ``managed='no'``: the qemu
+  companions: HD audio, USB, UCSI), as
+  :func:`vgpuhost.ops.passthrough.group_endpoints` gives them (the caller passes them in).  ``managed='no'``: the qemu
   hook binds the *whole group* to vfio-pci at ``prepare begin``, with
   vgpuhost's order (GPU first, companions after; release in reverse), its
   blocker checks (boot VGA, nvidia-persistenced, nvidia_drm, vGPUs on the
@@ -95,18 +95,16 @@ def render_pci(address: PciAddress, *, guest_slot: Optional[int] = None, multifu
                            guest_address=_guest(guest_slot, fn, multifunction))
 
 
-def render_passthrough(inv, gpu: PciAddress, guest_slot: Optional[int] = None) -> str:
-    """Hostdevs for every endpoint of ``gpu``'s IOMMU group, GPU first, ``managed='no'``.
+def render_passthrough(endpoints, guest_slot: Optional[int] = None) -> str:
+    """Hostdevs for the endpoints of a GPU's IOMMU group, in the order given (GPU first), ``managed='no'``.
 
-    ``inv``: an :class:`~vgpuhost.inventory.Inventory`.  With ``guest_slot``
-    all functions go to that guest slot on bus 0 with their host function
-    numbers, ``multifunction='on'`` on function 0 when there is more than
-    one.  Raises InputError/RefusedError as
-    :func:`vgpuhost.passthrough.group_endpoints` does (not a GPU, a VF, IOMMU
-    off, a group that is not viable).
+    ``endpoints``: the group's endpoints in bind order (``PciDevice`` values,
+    as :func:`vgpuhost.ops.passthrough.group_endpoints` returns them: it
+    decides which group may be passed through; this module only writes XML).
+    With ``guest_slot`` all functions go to that guest slot on bus 0 with
+    their host function numbers, ``multifunction='on'`` on function 0 when
+    there is more than one.  Raises InputError for a guest slot out of range.
     """
-    from ..ops.passthrough import group_endpoints
-    _, endpoints, _ = group_endpoints(inv, gpu)
     addrs = passthrough_functions(endpoints)
     multi = len(addrs) > 1
     return "".join(render_pci(a, guest_slot=guest_slot, multifunction=multi and a.function == 0)

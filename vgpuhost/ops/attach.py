@@ -52,15 +52,30 @@ from ..policy.placement import STRATEGIES, Request, place
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
+from ..model.kinds import Backend
 from ..model.values import PciAddress, parse_device_id
 
 KIND_PASSTHROUGH = "passthrough"
-KIND_MDEV = "mdev"
-KIND_VF = "vendor-vfio"
+KIND_MDEV = Backend.MDEV
+KIND_VF = Backend.VENDOR_VFIO
 LOCK = "libvirt-domains"        # one lock: VF reservations span every domain
 
 SCHEMA_ATTACH = "vgpuhost.attach/v1"
 SCHEMA_DETACH = "vgpuhost.detach/v1"
+
+
+def passthrough_hostdevs(inv: Inventory, gpu: PciAddress, guest_slot: Optional[int] = None) -> str:
+    """The hostdevs that pass ``gpu`` through: every endpoint of its IOMMU group, GPU first, ``managed='no'``.
+
+    With ``guest_slot`` all functions go to that guest slot on bus 0 with
+    their host function numbers (``multifunction='on'`` on function 0 when
+    there is more than one).  Raises InputError/RefusedError as
+    :func:`vgpuhost.ops.passthrough.group_endpoints` does (not a GPU, a VF,
+    IOMMU off, a group that is not viable).
+    """
+    from .passthrough import group_endpoints
+    _, endpoints, _ = group_endpoints(inv, gpu)
+    return render_passthrough(endpoints, guest_slot)
 
 
 @dataclass
@@ -265,7 +280,11 @@ def check_one_per_gpu(inv: Inventory, records, seen, domain: str, existing: Sequ
 # ---------------------------------------------------------------------------
 # attach
 
-def _backend_of(inv: Inventory, gpus: Set[PciAddress], name: str) -> str:
+def backend_of(inv: Inventory, gpus: Set[PciAddress], name: str) -> str:
+    """The one vGPU backend (``mdev`` / ``vendor-vfio``) the GPUs offering type ``name`` use.
+
+    Raises RefusedError when none serves it, InputError when both backends do (pin a GPU).
+    """
     backends = {inv.gpu(g).vgpu_backend for g in gpus if inv.gpu(g) is not None}
     backends.discard(None)
     if not backends:
@@ -349,7 +368,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         offering = gpus_offering(inv, records, seen, name)
         if gpu is not None:
             offering &= {gpu}
-        backend = _backend_of(inv, offering, name)
+        backend = backend_of(inv, offering, name)
         kind = KIND_MDEV if backend == BACKEND_MDEV else KIND_VF
         if kind == KIND_VF and (display or ramfb):
             raise InputError(f"--display and --ramfb apply to classic mdev vGPUs; {name} is a vendor-VFIO "
@@ -493,7 +512,7 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
     else:
         out.notes.append("the qemu hook binds the GPU to vfio-pci at start (managed='no')")
     meta.passthrough.append(gpu)
-    return (render_passthrough(inv, gpu, slot),
+    return (render_passthrough(endpoints, slot),
             DeviceEntry(KIND_PASSTHROUGH, str(gpu), gpu=str(gpu), functions=[str(a) for a in funcs]))
 
 

@@ -52,7 +52,7 @@ _AUDIT_ERRNO = {
 
 def open_backend(host: HostRoot) -> NvmlBackend:
     """The NVML backend for ``host``; HostEnvironmentError (exit 2) when NVML cannot be had."""
-    from ..io.nvml import backend_for
+    from ..io.backends import backend_for
     try:
         return backend_for(host)
     except ImportError as e:

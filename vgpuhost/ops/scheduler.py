@@ -459,7 +459,7 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
 
 def open_backend(host: HostRoot):
     """The NVML backend for ``host``; HostEnvironmentError (exit 2) when there is none."""
-    from ..io.nvml import backend_for
+    from ..io.backends import backend_for
     try:
         return backend_for(host)
     except HostEnvironmentError:

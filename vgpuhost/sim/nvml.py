@@ -7,7 +7,7 @@ simulated sysfs tree, so separate processes see one host.  Every change takes
 :meth:`SimKernel.locked`, re-reads the metadata inside the lock, saves it and
 rewrites the GPU's sysfs availability (:meth:`SimKernel.refresh_gpu`): MIG-backed
 vGPU types become creatable once GPU instances of their profile exist.
-Must not: be imported on a real host (:func:`vgpuhost.nvml.backend_for` only
+Must not: be imported on a real host (:func:`vgpuhost.io.backends.backend_for` only
 loads it for a simulated root).
 
 Seeded per GPU by :func:`nvml_seed` (called by :mod:`vgpuhost.sim.build`;

@@ -1,0 +1,61 @@
+"""`vgpuhost host check`, `vgpuhost gpus`, `vgpuhost types`: what the host has and whether it is ready.
+
+Logic lives in :mod:`vgpuhost.observe.inventory` and :mod:`vgpuhost.policy.checks`;
+tables and documents in :mod:`vgpuhost.cli.output`.  ``host check`` exits 1
+when it finds problems.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import click
+
+from .common import Context, emit, pass_ctx
+from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+from .common import parse_gpu_option
+
+
+@click.group()
+def host() -> None:
+    """Host readiness."""
+
+
+@host.command("check")
+@pass_ctx
+def host_check(ctx: Context) -> None:
+    """Is this host ready for GPU virtualisation?  Exit 0 ready, 1 problems found."""
+    from ..policy.checks import check_host, is_ready
+    from .output import check_doc, check_text
+    findings = check_host(ctx.inventory())
+    emit(ctx, check_doc(findings), check_text(findings))
+    sys.exit(EXIT_OK if is_ready(findings) else EXIT_PROBLEMS)
+
+
+@click.command("gpus")
+@pass_ctx
+def gpus(ctx: Context) -> None:
+    """List NVIDIA GPUs, their IOMMU groups and the backends each can serve."""
+    from .output import gpus_doc, gpus_table
+    inv = ctx.inventory()
+    emit(ctx, gpus_doc(inv), gpus_table(inv) if inv.gpus else "no NVIDIA GPU found")
+
+
+@click.command("types")
+@click.option("--gpu", metavar="BDF", help="Only this GPU (dddd:bb:ss.f).")
+@click.option("--available", is_flag=True, help="Only types with free instances now.")
+@pass_ctx
+def types(ctx: Context, gpu: Optional[str], available: bool) -> None:
+    """List vGPU types per GPU with max and available instances."""
+    from .output import aggregate_types, types_doc, types_table
+    parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
+    inv = ctx.inventory()
+    addr = parse_gpu_option(ctx, inv, gpu)
+    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
+    if available:
+        entries = [e for e in entries if e["available_instances"] > 0]
+    emit(ctx, types_doc(entries), types_table(entries) if entries else "no vGPU types")
+
+
+COMMANDS: List[click.Command] = [host, gpus, types]

@@ -1,0 +1,71 @@
+"""`vgpuhost reconcile [--check] [--forget-domains]`: the host and the records agree again.
+
+Logic lives in :mod:`vgpuhost.ops.vgpu` (reconcile) and :mod:`vgpuhost.ops.devices`
+(``--forget-domains``: what the qemu hook's ``release end`` would have
+released); exits 1 when ``--check`` finds the two disagree.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List
+
+import click
+
+from .common import Context, emit, pass_ctx
+from ..model.errors import EXIT_OK, EXIT_PROBLEMS, RefusedError
+from .common import store
+
+
+@click.command("reconcile")
+@click.option("--check", is_flag=True, help="Change nothing; exit 1 when the host and the records disagree.")
+@click.option("--forget-domains", is_flag=True,
+              help="At boot, before libvirtd: release what domains recorded as running still hold "
+                   "(a crash skipped their 'release end'), then forget them.")
+@pass_ctx
+def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
+    """Re-create recorded vGPUs that are missing (boot); report foreign ones; remove nothing."""
+    from ..ops.vgpu import reconcile
+    ctx.host.require_host()
+    if forget_domains:
+        if check:
+            raise click.UsageError("--forget-domains changes the state; it does not go with --check")
+        _forget_domains(ctx)
+        return
+    rep = reconcile(ctx.host, store(ctx, write=not check), check=check)
+    lines = []
+    for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
+                         ("type changed", rep.mismatched), ("foreign (left alone)", rep.orphans)):
+        lines += [f"{label}: {i}" for i in items]
+    lines.append("in sync" if rep.in_sync else "NOT in sync")
+    emit(ctx, rep.as_dict(), "\n".join(lines))
+    sys.exit(EXIT_OK if rep.in_sync else EXIT_PROBLEMS)
+
+
+def _forget_domains(ctx: Context) -> None:
+    """``reconcile --forget-domains``: the ``release end`` a host crash skipped, for every domain
+    the hook recorded as running.  Refused while any qemu process runs (then domains may run)."""
+    from ..ops.devices import release_domain
+    from ..observe.inventory import discover
+    from ..io.sysfs import Sysfs
+    st = store(ctx, write=False)
+    running = st.active_domains()
+    if running:
+        qemu = sorted(p for p in discover(Sysfs(ctx.host)).host.processes
+                      if p.startswith(("qemu-system", "qemu-kvm")))
+        if qemu:
+            raise RefusedError(f"qemu is running ({', '.join(qemu)}): domains may be running, so the "
+                               f"{len(running)} recorded as running are not forgotten",
+                               hint="--forget-domains is for boot, before libvirtd starts any domain")
+        st = store(ctx, write=True)
+    forgotten = []
+    for uuid, name in running.items():
+        released = release_domain(ctx.host, st, uuid, actor=f"reconcile --forget-domains {name}")
+        forgotten.append({"uuid": uuid, "name": name, "released": released})
+    doc = {"schema": "vgpuhost.forget-domains/v1", "forgotten": forgotten}
+    lines = [f"forgot {d['name']} ({d['uuid']})" + (f": released {', '.join(d['released'])}" if d["released"]
+                                                      else "") for d in forgotten]
+    emit(ctx, doc, "\n".join(lines) or "no domain recorded as running")
+
+
+COMMANDS: List[click.Command] = [reconcile_cmd]

@@ -1,0 +1,59 @@
+"""`vgpuhost sim specs|create`: simulated hosts, to try vgpuhost without a GPU.
+
+The simulator is reached through :mod:`vgpuhost.io.backends`.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import click
+
+from .common import Context, emit, pass_ctx
+from pathlib import Path
+
+from ..model.errors import InputError
+
+
+@click.group()
+def sim() -> None:
+    """Simulated hosts: try vgpuhost without a GPU."""
+
+
+@sim.command("specs")
+@pass_ctx
+def sim_specs(ctx: Context) -> None:
+    """List the host specs shipped with vgpuhost."""
+    from .output import table
+    from ..io.backends import bundled_specs, load_host_spec
+    rows = []
+    for name, path in bundled_specs().items():
+        rows.append([name, load_host_spec(path).summary])
+    emit(ctx, {"schema": "vgpuhost.sim-specs/v1", "specs": [{"name": r[0], "summary": r[1]} for r in rows]},
+          table(["NAME", "SUMMARY"], rows))
+
+
+@sim.command("create")
+@click.argument("spec")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Replace a simulated host already at DIRECTORY.")
+@pass_ctx
+def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
+    """Build a simulated host from SPEC (a file or a shipped name) at DIRECTORY."""
+    from ..io.backends import build_host, bundled_specs, load_host_spec
+    specs = bundled_specs()
+    if "/" not in spec and not spec.endswith((".yaml", ".yml")):
+        if spec not in specs:       # a bare name is a shipped spec; a file is named by a path
+            raise InputError(f"no host spec {spec!r}",
+                             hint="name a YAML file (./my-host.yaml) or one of: " + ", ".join(specs))
+        path = specs[spec]
+    else:
+        path = Path(spec)
+    hs = load_host_spec(path)
+    host_root = build_host(hs, directory, force=force)
+    doc = {"schema": "vgpuhost.sim-create/v1", "name": hs.name, "root": str(host_root.root)}
+    emit(ctx, doc, f"simulated host {hs.name!r} at {host_root.root}\n"
+                    f"use: vgpuhost --root {host_root.root} host check   (or export VGPUHOST_ROOT=...)")
+
+
+COMMANDS: List[click.Command] = [sim]

@@ -1,0 +1,106 @@
+"""`vgpuhost vgpu create|remove|list|mode`: time-sliced and MIG-backed vGPUs.
+
+Logic lives in :mod:`vgpuhost.ops.vgpu` (``mode``: :mod:`vgpuhost.ops.scheduler`);
+this module parses options and prints.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import click
+
+from .common import Context, current, emit, pass_ctx
+from .common import store
+from .scheduler import runtime_outcome
+
+
+@click.group()
+def vgpu() -> None:
+    """Time-sliced and MIG-backed vGPUs on mdev or vendor-specific VFIO."""
+
+
+def _vgpu_outcome(ctx: Context, out) -> None:
+    if ctx.json:
+        emit(ctx, out.as_dict(), "")
+        return
+    verb = "would" if out.dry_run else "did"
+    lines = []
+    if out.action == "create":
+        head = f"{'would create' if out.dry_run else 'created'} {out.type_name} {out.id} on {out.parent}"
+        lines.append(f"{head} (GPU {out.gpu}, {out.backend}, owner {out.owner})")
+        lines.append(f"placement: {out.reason}")
+    else:
+        lines.append(f"{'would remove' if out.dry_run else 'removed'} {out.type_name} {out.id} "
+                     f"from {out.parent} (owner {out.owner})")
+    if out.steps:
+        lines.append(f"{verb}:")
+        lines += [f"  {s}" for s in out.steps]
+    lines += [f"note: {n}" for n in out.notes]
+    click.echo("\n".join(lines))
+
+
+@vgpu.command("create")
+@click.option("--profile", required=True, metavar="NAME", help="vGPU type name as the device reports it (A40-8Q).")
+@click.option("--gpu", metavar="BDF", help="Only on this GPU.")
+@click.option("--uuid", metavar="UUID", help="mdev UUID (default: a new one).")
+@click.option("--strategy", default="first-fit", show_default=True,
+              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]))
+@click.option("--owner", default="manual", show_default=True, metavar="DOMAIN_UUID", help="Who holds it.")
+@click.option("--params", metavar="K=V,...", help="vgpu_params, e.g. frame_rate_limiter=0.")
+@click.option("--numa-node", type=click.IntRange(0, 1023), help="Prefer GPUs on this NUMA node.")
+@click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
+@click.option("--persist", is_flag=True, help="Define it in mdevctl (classic mdev only) so it comes back at boot.")
+@click.option("--create-gi", is_flag=True, help="MIG-backed profile: create the GPU instance it needs.")
+@click.option("--dry-run", is_flag=True, help="Show the placement decision and steps; change nothing.")
+@pass_ctx
+def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_node, anti_affinity,
+                persist, create_gi, dry_run) -> None:
+    """Create a vGPU of PROFILE, placed by STRATEGY."""
+    from ..model.values import PciAddress
+    from ..ops.vgpu import create
+    _vgpu_outcome(ctx, create(ctx.host, store(ctx, write=not dry_run), profile=profile,
+                              gpu=PciAddress.parse(gpu) if gpu else None, uuid=uuid, strategy=strategy,
+                              owner=owner, params=params, numa_node=numa_node, anti_affinity=anti_affinity,
+                              persist=persist, create_gi=create_gi, dry_run=dry_run))
+
+
+@vgpu.command("remove")
+@click.argument("vgpu_id", metavar="ID")
+@click.option("--owner", metavar="DOMAIN_UUID", help="Only while this owner holds it.")
+@click.option("--dry-run", is_flag=True, help="Show the steps; change nothing.")
+@pass_ctx
+def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool) -> None:
+    """Remove a vGPU vgpuhost created (ID: mdev UUID, or the VF's BDF)."""
+    from ..ops.vgpu import remove
+    _vgpu_outcome(ctx, remove(ctx.host, store(ctx, write=not dry_run), vgpu_id, owner=owner, dry_run=dry_run))
+
+
+@vgpu.command("list")
+@pass_ctx
+def vgpu_list(ctx: Context) -> None:
+    """vGPUs on the host, with owners; 'foreign' = not created by vgpuhost."""
+    from .output import table
+    from ..ops.vgpu import list_vgpus
+    entries = list_vgpus(ctx.inventory(), store(ctx, write=False).vgpu_records())
+    emit(ctx, {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]},
+          table(["ID", "GPU", "PARENT", "TYPE", "NAME", "OWNER", "STATE"],
+                [[e.id, e.gpu, e.parent, e.type_id, e.type_name, e.owner, e.state] for e in entries])
+          if entries else "no vGPUs")
+
+
+
+@vgpu.command("mode")
+@click.option("--gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.option("--mixed-size", "mixed", required=True, type=click.Choice(["on", "off"]),
+              help="Mixed-size (heterogeneous) vGPU mode; needs no vGPUs on the GPU.")
+@click.option("--dry-run", is_flag=True, help="Check and show what would change; change nothing.")
+def vgpu_mode(gpu: str, mixed: str, dry_run: bool) -> None:
+    """Turn a GPU's mixed-size vGPU mode on or off (lost on reboot or module reload)."""
+    from ..ops.scheduler import mixed_size
+    from ..model.values import PciAddress
+    ctx = current()
+    addr = PciAddress.parse(gpu)
+    runtime_outcome(ctx, mixed_size(ctx.host, store(ctx, write=not dry_run), addr, mixed == "on", dry_run=dry_run))
+
+COMMANDS: List[click.Command] = [vgpu]
