@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-import vgpuhost.io.nvml as nvml_door
+import vgpuhost.io.backends as nvml_door
 import vgpuhost.observe.hostview as hostview
 from vgpuhost.io.nvml import SchedulerState
 from vgpuhost.io.state import StateStore

@@ -229,7 +229,7 @@ def _driverctl(host: HostRoot, inv: Inventory, gpus: Sequence[PciAddress]) -> Di
 
 
 def _open_nvml(host: HostRoot):
-    from ..io.nvml import backend_for
+    from ..io.backends import backend_for
     try:
         return backend_for(host)
     except ImportError as e:
