@@ -50,8 +50,8 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Set, 
 from ..io.nvml import SchedulerState
 from ..model.errors import VgpuhostError
 from ..model.values import PciAddress, VgpuProfile
-from ..observe.hostview import HostView, MigMode
-from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, gpu_available
+from ..observe.hostview import HostView, MigMode, SeenType
+from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, VgpuType, gpu_available
 from ..observe.vgpus import VgpuEntry
 from ..policy.config import (Config, Entry, Layout, MigSpec, VgpuSpec, board_names, board_tables, check_mig,
                              check_vgpu_types, gi_name_for)
@@ -338,6 +338,17 @@ class _Walker:
         self.active: Mapping[str, str] = view.running
         self.seen = view.seen
         self.entries: Sequence[VgpuEntry] = view.vgpus
+        # by GPU, once (the walk stays linear in GPUs): seen types, listed types, vGPUs
+        self._seen_of: Dict[str, List[SeenType]] = {}
+        for row in view.seen:
+            self._seen_of.setdefault(row.gpu, []).append(row)
+        self._types_of: Dict[PciAddress, List[VgpuType]] = {}
+        for t in self.inv.vgpu_types:
+            self._types_of.setdefault(t.gpu, []).append(t)
+        self._vgpus_of: Dict[str, List[VgpuEntry]] = {}
+        for e in view.vgpus:
+            self._vgpus_of.setdefault(e.gpu, []).append(e)
+        self._offered: Dict[PciAddress, Dict[str, Tuple[str, Optional[str]]]] = {}
         self.phases: Dict[str, List[LayoutStep]] = {p: [] for p in PHASES}
         self.plan = Plan(lay.name, cfg.source)
         self.changing: Set[str] = set()        # GPUs (str) some step changes
@@ -427,7 +438,7 @@ class _Walker:
     # --- per GPU ----------------------------------------------------------------------
     def vgpus_of(self, g: Gpu) -> _GpuVgpus:
         bdf = str(g.address)
-        mine = [e for e in self.entries if e.gpu == bdf]
+        mine = self._vgpus_of.get(bdf, [])
         return _GpuVgpus(
             [e for e in mine if e.owner == LAYOUT and e.state == "active"],
             [e for e in mine if e.owner == LAYOUT and e.state == "missing"],
@@ -511,13 +522,14 @@ class _Walker:
 
     def offered(self, g: Gpu) -> Dict[str, Tuple[str, Optional[str]]]:
         """Lower-case name -> (name, type id) of the vGPU types ``g`` lists now or listed before."""
-        out: Dict[str, Tuple[str, Optional[str]]] = {}
-        for row in self.seen:
-            if row.gpu == str(g.address):
+        out = self._offered.get(g.address)
+        if out is None:
+            out = {}
+            for row in self._seen_of.get(str(g.address), ()):
                 out.setdefault(row.name.lower(), (row.name, None))
-        for t in self.inv.vgpu_types:
-            if t.gpu == g.address:
+            for t in self._types_of.get(g.address, ()):
                 out[t.name.lower()] = (t.name, t.type_id)
+            self._offered[g.address] = out
         return out
 
     def spelled(self, g: Gpu, name: str) -> str:
@@ -632,9 +644,9 @@ class _Walker:
     def equal_size(self, g: Gpu, vg: _GpuVgpus, wanted: Sequence[Any]) -> None:
         """Block when vGPUs the layout does not own hold ``g`` at another framebuffer size
         (equal-size mode: one size per GPU, REFERENCE.md §4)."""
-        fb = {t.type_id: t.framebuffer_mib for t in self.inv.vgpu_types if t.gpu == g.address}
-        fb.update({row.type_id: row.framebuffer_mib for row in self.seen
-                   if row.gpu == str(g.address) and row.framebuffer_mib})
+        fb = {t.type_id: t.framebuffer_mib for t in self._types_of.get(g.address, ())}
+        fb.update({row.type_id: row.framebuffer_mib for row in self._seen_of.get(str(g.address), ())
+                   if row.framebuffer_mib})
         sizes = {VgpuProfile.parse(c.name).framebuffer_gb * 1024 for c in wanted if c.count}
         for e in vg.others:
             p = VgpuProfile.try_parse(e.type_name or "")
@@ -651,10 +663,10 @@ class _Walker:
 
     def _capacity(self, g: Gpu, needs: Sequence[Tuple[str, int]]) -> None:
         """Block when a GPU cannot take the vGPUs the plan creates on it (no removals on it)."""
-        fbs = {row.type_id: row.framebuffer_mib for row in self.seen
-               if row.gpu == str(g.address) and row.framebuffer_mib}
+        fbs = {row.type_id: row.framebuffer_mib for row in self._seen_of.get(str(g.address), ())
+               if row.framebuffer_mib}
         for name, n in needs:
-            ts = [t for t in self.inv.vgpu_types if t.gpu == g.address and t.name.lower() == name.lower()]
+            ts = [t for t in self._types_of.get(g.address, ()) if t.name.lower() == name.lower()]
             avail = gpu_available(self.inv, g.address, ts[0].type_id, fbs) if ts else 0
             if n > avail:
                 holders = sorted({self._holder(e) for e in self.vgpus_of(g).others})
