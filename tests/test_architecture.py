@@ -302,7 +302,6 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('file-access', 'vgpuhost.ops.mig', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.mig', 'os.listdir()'): 'steps',
     ('file-access', 'vgpuhost.ops.passthrough', 'os.path.lexists()'): 'steps',
-    ('file-access', 'vgpuhost.ops.scheduler', 'os.listdir()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', '.is_file()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', 'import shutil'): 'steps',
@@ -316,7 +315,6 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.scheduler'): 'hostview',
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.mig'): 'steps',
-    ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.scheduler'): 'steps',
 }
 
 

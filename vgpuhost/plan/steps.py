@@ -33,7 +33,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Optional, Tuple
     from ..io.nvml import SchedulerState
-    from .executor import StepContext
 
 ANY_HOST_DRIVER = "<any host driver>"
 
