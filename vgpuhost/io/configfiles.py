@@ -1,11 +1,12 @@
 """Configuration files other tools read: modprobe.d, driverctl overrides, mdevctl definitions, systemd units.
 
 Owns: reading them (:func:`read_config_text`, :func:`config_equals`,
-:func:`list_config_files`) and the atomic write and the removal
-(:func:`write_atomic`, :func:`remove_file`) under
-:meth:`vgpuhost.io.sysfs.Sysfs.write_config` /
-:meth:`~vgpuhost.io.sysfs.Sysfs.remove_config`, which add the audit row;
-product code changes these files only through
+:func:`list_config_files`) and what an audit row records of one
+(:func:`audit_value`).  Writing them (atomic: temp file + rename) and
+removing them is :meth:`vgpuhost.io.sysfs.Sysfs.write_config` /
+:meth:`~vgpuhost.io.sysfs.Sysfs.remove_config`'s, the one module that opens
+files for writing, which add the audit row; product code changes these
+files only through
 :class:`~vgpuhost.plan.steps.WriteConfig` and
 :class:`~vgpuhost.plan.steps.RemoveConfig` steps.  Must not: decide what a
 file should hold (policy and planners do) or echo the content of a file
@@ -18,7 +19,6 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from pathlib import Path
     from typing import List, Optional, Tuple, Union
     PathArg = Union[str, "os.PathLike[str]"]
 
@@ -68,20 +68,6 @@ def list_config_files(directory: PathArg, suffix: str = "") -> List[Tuple[str, s
     return out
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and a rename, creating the directory; OSError as raised."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.vgpuhost-tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def remove_file(path: Path) -> None:
-    """Remove ``path``; OSError (FileNotFoundError when absent) as raised."""
-    os.unlink(path)
-
-
 def audit_value(text: str, limit: int = 160) -> str:
     """What the audit log records for a configuration file's text: the text when it is one
     short line, else ``<N lines, B bytes: first non-comment line>``."""
@@ -93,4 +79,4 @@ def audit_value(text: str, limit: int = 160) -> str:
     return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"
 
 
-__all__ = ["read_config_text", "config_equals", "list_config_files", "write_atomic", "remove_file", "audit_value"]
+__all__ = ["read_config_text", "config_equals", "list_config_files", "audit_value"]

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from ..model.errors import SysfsError
-from .configfiles import audit_value, remove_file, write_atomic
+from .configfiles import audit_value
 from .hostroot import HostRoot
 
 TYPE_CHECKING = False
@@ -184,7 +184,11 @@ class Sysfs:
         p = Path(path)
         err = 0
         try:
-            write_atomic(p, text)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, p)
         except OSError as e:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=text) from e
@@ -195,7 +199,7 @@ class Sysfs:
         """Remove a configuration file; False when it was not there."""
         p = Path(path)
         try:
-            remove_file(p)
+            os.unlink(p)
         except FileNotFoundError:
             return False
         except OSError as e:
