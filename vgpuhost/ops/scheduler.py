@@ -19,7 +19,6 @@ mixed-size mode changes only with no vGPU on the GPU.
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
