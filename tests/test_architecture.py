@@ -312,7 +312,6 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.mig'): 'hostview',
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.passthrough'): 'hostview',
-    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.scheduler'): 'hostview',
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.mig'): 'steps',
 }
