@@ -302,7 +302,6 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('file-access', 'vgpuhost.ops.mig', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.mig', 'os.listdir()'): 'steps',
     ('file-access', 'vgpuhost.ops.passthrough', 'os.path.lexists()'): 'steps',
-    ('file-access', 'vgpuhost.ops.scheduler', 'os.listdir()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', '.is_file()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', 'import shutil'): 'steps',
@@ -313,10 +312,8 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.mig'): 'hostview',
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.passthrough'): 'hostview',
-    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.scheduler'): 'hostview',
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
     ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.mig'): 'steps',
-    ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.scheduler'): 'steps',
 }
 
 

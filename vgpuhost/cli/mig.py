@@ -1,7 +1,7 @@
 """`vgpuhost mig show|enable|disable|apply|assert`: MIG mode and GPU-instance layouts.
 
 ``show`` / ``enable`` / ``disable`` / ``apply`` / ``assert`` over
-:mod:`vgpuhost.mig`.  NVML comes from :func:`vgpuhost.mig.open_backend`: on a
+:mod:`vgpuhost.mig`.  NVML comes from :func:`vgpuhost.io.backends.open_backend`: on a
 host without NVML every command prints one line and exits 2.  ``--json``
 documents: ``vgpuhost.mig-show/v1``, ``vgpuhost.mig/v1`` (enable, disable,
 apply), ``vgpuhost.mig-assert/v1``.

@@ -69,7 +69,7 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     else:
         state = SchedulerState(policy, arr=True, frequency_hz=frequency_hz, avg_factor=avg_factor)
     if persist:
-        from ..ops.scheduler import validate
+        from ..policy.scheduler import validate
         validate(state)                       # a bad value fails before the host is read
         if addrs:
             addrs = resolve_gpus(ctx.host, addrs, False)
@@ -127,7 +127,7 @@ def scheduler_decode(value: str, json_flag: bool) -> None:
     """
     import sys
     from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-    from ..ops.scheduler import explain, explain_doc, parse_value
+    from ..policy.scheduler import explain, explain_doc, parse_value
     ctx = current()
     v = parse_value(value)
     doc = explain_doc(v)

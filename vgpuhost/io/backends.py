@@ -7,7 +7,8 @@ for the outside systems, else the real ones:
 - :func:`sysfs_kernel`: the simulated kernel that applies writes under the
   root (None on a real root: the real kernel does), used by
   :class:`vgpuhost.io.sysfs.Sysfs`;
-- :func:`backend_for`: the NVML backend (the simulator's, or pynvml's);
+- :func:`backend_for`: the NVML backend (the simulator's, or pynvml's), and
+  :func:`open_backend`, the one way commands get it (every failure: exit 2);
 - :func:`bundled_specs`, :func:`load_host_spec`, :func:`build_host`: the
   simulator's host specs and builder, for ``vgpuhost sim ...``;
 - :func:`isolated_libvirtd`, :func:`libvirtd_available`,
@@ -47,6 +48,31 @@ def backend_for(host: HostRoot) -> NvmlBackend:
         return SimNvml(host)
     from .nvml_pynvml import PynvmlBackend
     return PynvmlBackend.open()
+
+
+def open_backend(host: HostRoot) -> NvmlBackend:
+    """The NVML backend for ``host`` (:func:`backend_for`), for the commands and steps that need NVML.
+
+    Every way NVML cannot be had -- nvidia-ml-py or the library missing, the
+    driver not loaded, ``nvmlInit`` refused -- raises HostEnvironmentError
+    (exit 2, one line) saying that sysfs commands still work.
+    """
+    from ..model.errors import HostEnvironmentError
+    from .nvml import NvmlError
+    try:
+        return backend_for(host)
+    except HostEnvironmentError:
+        raise
+    except ImportError as e:
+        what = getattr(e, "name", None) or str(e)
+        raise HostEnvironmentError(
+            f"NVML is not available on this host ({what} cannot be loaded)",
+            hint="install the NVIDIA vGPU manager driver and nvidia-ml-py; 'vgpuhost gpus' still "
+                 "works from sysfs") from None
+    except NvmlError as e:
+        raise HostEnvironmentError(
+            f"NVML is not available on this host ({e.call}: {e.nvml_name})",
+            hint="is the NVIDIA vGPU manager driver loaded? 'vgpuhost gpus' still works from sysfs") from None
 
 
 def bundled_specs() -> Dict[str, Path]:

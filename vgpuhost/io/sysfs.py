@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from ..model.errors import SysfsError
+from .configfiles import audit_value
 from .hostroot import HostRoot
 
 TYPE_CHECKING = False
@@ -192,7 +193,7 @@ class Sysfs:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=text) from e
         finally:
-            self._notify(p, _audit_value(text), err)
+            self._notify(p, audit_value(text), err)
 
     def remove_config(self, path: PathArg) -> bool:
         """Remove a configuration file; False when it was not there."""
@@ -214,41 +215,3 @@ def _read_hint(err: Optional[int]) -> Optional[str]:
     if err == errno.ENOENT:
         return "is --root pointing at a host root (a directory holding sys/ and proc/)?"
     return None
-
-
-# ---------------------------------------------------------------------------
-# configuration files vgpuhost compares before it writes (modprobe.d, driverctl, units)
-
-def read_config_text(path: "Union[str, os.PathLike[str]]") -> "Optional[str]":
-    """A configuration file's text (UTF-8, undecodable bytes replaced); None when it does not exist.
-
-    Raises HostEnvironmentError (exit 2) when it exists but cannot be read.
-    """
-    from ..model.errors import HostEnvironmentError
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
-                                   hint="run as root, or check the file's permissions") from None
-
-
-def config_equals(path: "Union[str, os.PathLike[str]]", text: str) -> bool:
-    """The file at ``path`` holds exactly ``text`` (False when missing or unreadable)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() == text
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def _audit_value(text: str, limit: int = 160) -> str:
-    """What the audit log records for a configuration file's text (see :meth:`Sysfs.write_config`)."""
-    body = text[:-1] if text.endswith("\n") else text
-    if "\n" not in body and len(body) <= limit:
-        return text
-    lines = text.splitlines()
-    first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), lines[0] if lines else "")
-    return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"

@@ -31,7 +31,8 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 from ..io.hostroot import HostRoot
 from ..io.nvml import GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState
 from ..io.state import PassthroughRecord, StateStore, VgpuRecord
-from ..io.sysfs import Sysfs, read_config_text
+from ..io.configfiles import read_config_text
+from ..io.sysfs import Sysfs
 from ..model.errors import HostEnvironmentError, VgpuhostError
 from ..model.values import PciAddress
 from .inventory import Inventory, discover

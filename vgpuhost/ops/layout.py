@@ -224,7 +224,7 @@ def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
     """
     from ..model.errors import SysfsError
     from ..io.locks import file_lock
-    from ..plan.steps import Executor
+    from ..plan.executor import Executor
     from .vgpu import _create_paths, _current_type
     rec = next((r for r in store.vgpu_records(owner=LAYOUT) if r.id == vid), None)
     if rec is None:

@@ -23,18 +23,20 @@ instances), so a MIG mode change is refused while VFs are enabled there.
 from __future__ import annotations
 
 import difflib
-import errno as _errno
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..model.errors import DeviceError, HostEnvironmentError, InputError, RefusedError
+from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.nvml import GiProfile, GpuInstance, NvmlBackend, NvmlError
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress
+from ..plan.executor import Executor
+from ..plan.steps import CreateGi, DestroyGi, SetMigMode, Step
 
 SCHEMA_SHOW = "vgpuhost.mig-show/v1"
 SCHEMA_OUTCOME = "vgpuhost.mig/v1"
@@ -42,25 +44,6 @@ SCHEMA_ASSERT = "vgpuhost.mig-assert/v1"
 ORDER = "MIG mode -> SR-IOV -> GPU instances -> mixed-size mode -> vGPUs"
 MAX_COUNT = 64
 
-#: NVML error name -> the errno the audit row's result column shows
-_AUDIT_ERRNO = {
-    "NVMLError_InUse": _errno.EBUSY, "NVMLError_InsufficientResources": _errno.ENOSPC,
-    "NVMLError_InvalidArgument": _errno.EINVAL, "NVMLError_NotSupported": _errno.EOPNOTSUPP,
-    "NVMLError_NotFound": _errno.ENODEV, "NVMLError_NoPermission": _errno.EPERM,
-}
-
-
-def open_backend(host: HostRoot) -> NvmlBackend:
-    """The NVML backend for ``host``; HostEnvironmentError (exit 2) when NVML cannot be had."""
-    from ..io.backends import backend_for
-    try:
-        return backend_for(host)
-    except ImportError as e:
-        what = getattr(e, "name", None) or str(e)
-        raise HostEnvironmentError(
-            f"NVML is not available on this host ({what} cannot be loaded)",
-            hint="install the NVIDIA vGPU manager driver and nvidia-ml-py; 'vgpuhost gpus' still "
-                 "works from sysfs") from None
 
 
 # ---------------------------------------------------------------------------
@@ -227,55 +210,6 @@ def place(profiles: Sequence[GiProfile], wanted: Mapping[int, int],
     return out if search(0, occ, left, -1) else None
 
 
-# ---------------------------------------------------------------------------
-# steps
-
-@dataclass(frozen=True)
-class SetMigMode:
-    enabled: bool
-    call = "nvmlDeviceSetMigMode"
-
-    def describe(self) -> str:
-        return f"{self.call} {'enable' if self.enabled else 'disable'}"
-
-    def value(self) -> str:
-        return f"mode={int(self.enabled)}"
-
-
-@dataclass(frozen=True)
-class CreateGi:
-    profile_id: int
-    profile: str
-    start: int
-    size: int
-    call = "nvmlDeviceCreateGpuInstanceWithPlacement"
-
-    def describe(self) -> str:
-        return (f"{self.call} {self.profile} (profile id {self.profile_id}) at memory slice "
-                f"{self.start} (size {self.size})")
-
-    def value(self) -> str:
-        return f"profile={self.profile_id} ({self.profile}) start={self.start} size={self.size}"
-
-
-@dataclass(frozen=True)
-class DestroyGi:
-    gi_id: int
-    profile: str
-    start: int
-    size: int
-    call = "nvmlGpuInstanceDestroy"
-
-    def describe(self) -> str:
-        return f"{self.call} GPU instance {self.gi_id} ({self.profile} at memory slice {self.start})"
-
-    def value(self) -> str:
-        return f"gi={self.gi_id} ({self.profile}) start={self.start}"
-
-
-Step = object
-
-
 @dataclass
 class LayoutPlan:
     """What apply will do: GPU instances to destroy, to keep and to create."""
@@ -294,8 +228,8 @@ def _profile_name(by_id: Mapping[int, GiProfile], pid: int) -> str:
 
 
 def plan_layout(profiles: Sequence[GiProfile], current: Sequence[GpuInstance],
-                wanted: Mapping[int, int]) -> LayoutPlan:
-    """Destroy the GPU instances not wanted, create the missing ones (pure).
+                wanted: Mapping[int, int], gpu: Optional[PciAddress] = None) -> LayoutPlan:
+    """Destroy the GPU instances not wanted, create the missing ones on ``gpu`` (pure).
 
     Keeps wanted instances where the rest still fits beside them; otherwise
     rebuilds the whole layout.  Raises RefusedError when ``wanted`` cannot fit.
@@ -322,9 +256,9 @@ def plan_layout(profiles: Sequence[GiProfile], current: Sequence[GpuInstance],
         keep, found = [], place(profiles, wanted)
         assert found is not None      # why_not said it fits an empty GPU
     kept_ids = {g.gi_id for g in keep}
-    destroy = [DestroyGi(g.gi_id, _profile_name(by_id, g.profile_id), g.start, g.size)
+    destroy = [DestroyGi(gpu, g.gi_id, _profile_name(by_id, g.profile_id), g.start, g.size, g.profile_id)
                for g in sorted(current, key=lambda g: g.gi_id) if g.gi_id not in kept_ids]
-    create = [CreateGi(p.profile_id, p.name, start, dict(p.placements)[start]) for p, start in found]
+    create = [CreateGi(gpu, p.profile_id, p.name, start, dict(p.placements)[start]) for p, start in found]
     return LayoutPlan(keep, destroy, create)
 
 
@@ -421,66 +355,23 @@ def _mode_dict(mode: Optional[Tuple[bool, bool]]) -> Optional[Dict[str, bool]]:
     return None if mode is None else {"current": bool(mode[0]), "pending": bool(mode[1])}
 
 
-class _Runner:
-    """Runs NVML steps with one audit row each; undoes what it did on failure."""
+def _run(dev: _Device, store, steps: Sequence[Step], *, actor: str, operation: str) -> int:
+    """Run NVML steps through the Executor (audit row each, verify, undo on failure); the writes made.
 
-    def __init__(self, dev: _Device, store, *, actor: str, operation: str):
-        self.dev, self.store, self.actor, self.operation = dev, store, actor, operation
-        self.done: List[Tuple[Step, object]] = []
-        self.writes = 0
-
-    def _audit(self, step, err: int, extra: str = "") -> None:
-        self.writes += 1
-        if self.store is not None:
-            self.store.audit(actor=self.actor, operation=self.operation, path=f"nvml:{step.call}",
-                             value=f"gpu={self.dev.bdf} {step.value()}{extra}", err=err)
-
-    def _one(self, step) -> object:
-        b, bdf = self.dev.backend, self.dev.bdf
-        try:
-            if isinstance(step, CreateGi):
-                out = b.create_gpu_instance(bdf, step.profile_id, step.start)
-            elif isinstance(step, DestroyGi):
-                out = b.destroy_gpu_instance(bdf, step.gi_id)
-            else:
-                out = b.set_mig_mode(bdf, step.enabled)
-        except NvmlError as e:
-            self._audit(step, _AUDIT_ERRNO.get(e.nvml_name, _errno.EIO), f" -> {e.nvml_name}")
-            raise
-        self._audit(step, 0)
-        return out
-
-    def run(self, steps: Sequence[Step]) -> None:
-        for step in steps:
-            try:
-                out = self._one(step)
-            except NvmlError as e:
-                undone = self._undo()
-                raise DeviceError(f"{step.describe()} on {self.dev.bdf} failed: {e.nvml_name}"
-                                  + (f" ({e.hint})" if e.hint else "")
-                                  + ("; the earlier steps were undone" if undone else
-                                     "; undoing the earlier steps failed too: check 'vgpuhost mig show'"),
-                                  hint="see 'vgpuhost audit'") from e
-            self.done.append((step, out))
-
-    def _undo(self) -> bool:
-        ok = True
-        for step, out in reversed(self.done):
-            try:
-                if isinstance(step, CreateGi) and isinstance(out, GpuInstance):
-                    self._one(DestroyGi(out.gi_id, step.profile, step.start, step.size))
-                elif isinstance(step, DestroyGi):
-                    pid = next((p.profile_id for p in self.dev.profiles() if p.name == step.profile), None)
-                    if pid is None:
-                        ok = False
-                        continue
-                    self._one(CreateGi(pid, step.profile, step.start, step.size))
-                elif isinstance(step, SetMigMode):
-                    self._one(SetMigMode(not step.enabled))
-            except NvmlError:
-                ok = False
-        self.done = []
-        return ok
+    An NVML failure becomes a DeviceError naming the step and whether the
+    earlier steps were undone.
+    """
+    ex = Executor(dev.host, store, actor=actor, operation=operation, backend=dev.backend)
+    try:
+        ex.run(steps)
+    except NvmlError as e:
+        what = ex.failed.describe(dev.host) if ex.failed is not None else e.call
+        raise DeviceError(f"{what} on {dev.bdf} failed: {e.nvml_name}"
+                          + (f" ({e.hint})" if e.hint else "")
+                          + ("; the earlier steps were undone" if ex.undo_ok else
+                             "; undoing the earlier steps failed too: check 'vgpuhost mig show'"),
+                          hint="see 'vgpuhost audit'") from e
+    return ex.writes
 
 
 # ---------------------------------------------------------------------------
@@ -605,9 +496,9 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
         _check_mode_change(dev, enabled)
         steps: List[Step] = []
         if not enabled:
-            steps += [DestroyGi(g.gi_id, _profile_name({p.profile_id: p for p in profiles}, g.profile_id),
-                                g.start, g.size) for g in gis]
-        steps.append(SetMigMode(enabled))
+            steps += [DestroyGi(bdf, g.gi_id, _profile_name({p.profile_id: p for p in profiles}, g.profile_id),
+                                g.start, g.size, g.profile_id) for g in gis]
+        steps.append(SetMigMode(bdf, enabled))
         out.steps = [s.describe() for s in steps]
         out.changed = True
         if "nvidia-persistenced"[:15] in _processes(host):     # comm holds 15 characters
@@ -622,9 +513,7 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
         out, steps = plan(dev)
         if not steps:
             return out
-        run = _Runner(dev, store, actor=actor or actor_name(), operation=f"mig {action} {bdf}")
-        run.run(steps)
-        out.writes = run.writes
+        out.writes = _run(dev, store, steps, actor=actor or actor_name(), operation=f"mig {action} {bdf}")
         mode = backend.mig_mode(bdf)
         out.mig_mode = _mode_dict(mode)
         if mode is None or mode[1] != enabled:
@@ -688,7 +577,7 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
                     else f"is off: run 'vgpuhost mig enable --gpu {bdf}' first")
             raise RefusedError(f"MIG mode on {bdf} {what}", hint=f"order: {ORDER}")
         gis = dev.instances()
-        lp = plan_layout(profiles, gis, wanted)
+        lp = plan_layout(profiles, gis, wanted, bdf)
         out = MigOutcome("apply", str(bdf), changed=bool(lp.steps), dry_run=dry_run, name=dev.name,
                          mig_mode=_mode_dict(dev.mode), layout_before=_counts(profiles, gis),
                          layout_after=_names(profiles, wanted), steps=[s.describe() for s in lp.steps])
@@ -713,10 +602,8 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         out, lp, wanted, profiles = plan(dev)
         if not lp.steps:
             return out
-        run = _Runner(dev, store, actor=actor or actor_name(),
-                      operation=f"mig apply {bdf} {layout_text(_names(profiles, wanted))}")
-        run.run(lp.steps)
-        out.writes = run.writes
+        out.writes = _run(dev, store, lp.steps, actor=actor or actor_name(),
+                          operation=f"mig apply {bdf} {layout_text(_names(profiles, wanted))}")
         got = backend.gpu_instances(bdf)
         have: Dict[int, int] = {}
         for g in got:
@@ -754,4 +641,4 @@ def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, i
 
 __all__ = ["parse_layout", "layout_text", "resolve_layout", "why_not", "place", "plan_layout",
            "LayoutPlan", "CreateGi", "DestroyGi", "SetMigMode", "MigOutcome", "MigAssert",
-           "open_backend", "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout"]
+           "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout"]

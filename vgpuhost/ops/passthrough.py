@@ -36,8 +36,10 @@ from ..observe.inventory import Inventory, PciDevice, discover
 from ..io.locks import file_lock
 from ..policy.placement import MANUAL, POOL_OWNERS, validate_owner
 from ..io.state import PassthroughRecord, StateStore, utcnow
-from ..plan.steps import ANY_HOST_DRIVER, Executor, Probe, SetDriverOverride, Step, Unbind, VerifyDriver, describe
-from ..io.sysfs import Sysfs, config_equals
+from ..plan.executor import Executor, describe
+from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Step, Unbind, VerifyDriver
+from ..io.configfiles import config_equals
+from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, field, record
 

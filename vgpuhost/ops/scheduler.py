@@ -1,285 +1,41 @@
-"""The vGPU scheduler: the ``RmPVMRL`` encoder/decoder, its modprobe.d file, and runtime NVML changes.
+"""The vGPU scheduler on a host: its modprobe.d file, runtime NVML changes, mixed-size mode.
 
-Owns: the bit layout of the ``RmPVMRL`` registry dword (pure
-:func:`encode` / :func:`decode` / :func:`explain`), the persistent form
-(``<root>/etc/modprobe.d/vgpuhost-scheduler.conf``, written only through
-:meth:`vgpuhost.sysfs.Sysfs.write_config` so it is audited), the runtime form
-through the NVML backend (:func:`set_runtime`, :func:`show`) and mixed-size
-mode (:func:`mixed_size`).  Must not: talk to pynvml directly (that is
-:mod:`vgpuhost.nvml`) or print.
+Owns: the persistent form (``<root>/etc/modprobe.d/vgpuhost-scheduler.conf``,
+written as a :class:`~vgpuhost.plan.steps.WriteConfig` step so it is audited
+and verified), the runtime form through the NVML backend
+(:func:`set_runtime`, :func:`show`: :class:`~vgpuhost.plan.steps.SetScheduler`
+steps) and mixed-size mode (:func:`mixed_size`:
+:class:`~vgpuhost.plan.steps.SetMixedSize`), all run by the one Executor.
+Must not: encode or decode ``RmPVMRL`` or decide what a state may hold
+(:mod:`vgpuhost.policy.scheduler`), talk to pynvml directly
+(:mod:`vgpuhost.io.nvml`), read files itself (:mod:`vgpuhost.io.configfiles`),
+or print.
 
-Sources (REFERENCE.md §4, §6, §7):
-
-* ``RmPVMRL`` layout, open-gpu-kernel-modules ``src/nvidia/interface/nvrm_registry.h``:
-  bit 0 enable equal/fixed share; bit 1 ARR disable; bits 7:4 policy
-  (0 equal, 1 fixed); with ARR: bits 21:12 frequency (Hz, 63..960) and
-  bits 31:24 averaging factor (1..60); without ARR: bits 23:16 time slice
-  (ms, 1..30).  The frequency and time-slice fields overlap (21:16); bit 1
-  says which one the value holds.  A field left 0 means "driver default",
-  which is how the documented ``0x01`` (equal share) and ``0x11`` (fixed
-  share) read.  Driver defaults: <= 8 vGPUs on the GPU -> 2 ms / 480 Hz,
-  > 8 -> 1 ms / 960 Hz.
-* How the driver reads it (``kern_sched_mgr.c``, ``_kschedmgrGetSchedulerPolicy``):
-  bit 0 clear -> best effort (every other bit ignored); a policy other than
-  0/1 -> the key is ignored; MIG mode -> no software scheduler at all.
-* ``NVreg_RegistryDwordsPerDevice`` format, open-gpu-kernel-modules
-  ``kernel-open/nvidia/nv-reg.h``:
-  ``"pci=DDDD:BB:DD.F;<key=value>;<key=value>;..;pci=DDDD:BB:DD.F;<key=value>;.."``
-  -- several GPUs go in one string, each group of keys after its ``pci=``;
-  keys after a ``pci=`` naming no present GPU are skipped.
-* Runtime: NVML only while no vGPU runs on the GPU; device-level calls
-  return NOT_SUPPORTED in MIG mode; fixed share is not available in
-  mixed-size mode; mixed-size mode needs no running vGPUs.
+Facts (the project's docs reference, sections 4, 6, 7): NVML changes the
+scheduler only while no vGPU runs on the GPU; device-level calls return
+NOT_SUPPORTED in MIG mode; fixed share is not available in mixed-size mode;
+mixed-size mode changes only with no vGPU on the GPU.
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import re
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ..model.errors import DeviceError, HostEnvironmentError, InputError, RefusedError
+from ..io.configfiles import list_config_files, read_config_text
+from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
-from ..io.nvml import NvmlError, SchedulerCaps, SchedulerState
-from ..io.sysfs import read_config_text
+from ..io.nvml import NvmlError, SchedulerState
+from ..model.errors import InputError, RefusedError
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress
-
-POLICIES = ("best-effort", "equal-share", "fixed-share")
-POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
-
-# --- bit layout (nvrm_registry.h, REFERENCE.md §6) ----------------------------
-ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
-ARR_DISABLE_BIT = 1 << 1     # set = no adaptive round robin (time slice given instead)
-POLICY_SHIFT, POLICY_MASK = 4, 0xF          # bits 7:4
-FREQ_SHIFT, FREQ_MASK = 12, 0x3FF           # bits 21:12 (with ARR)
-TIMESLICE_SHIFT, TIMESLICE_MASK = 16, 0xFF  # bits 23:16 (without ARR)
-AVG_SHIFT, AVG_MASK = 24, 0xFF              # bits 31:24 (with ARR)
-POLICY_CODES = {"equal-share": 0, "fixed-share": 1}
-
-TIMESLICE_RANGE = (1, 30)      # ms
-FREQUENCY_RANGE = (63, 960)    # Hz
-AVG_FACTOR_RANGE = (1, 60)
-
-DEFAULTS_NOTE = "driver default: <= 8 vGPUs on the GPU -> 2 ms / 480 Hz, > 8 -> 1 ms / 960 Hz"
-
-CONF_NAME = "vgpuhost-scheduler.conf"
-REG_KEY = "RmPVMRL"
-
-
-# =============================================================================
-# encoder / decoder (pure)
-
-def _check_range(what: str, value: Optional[int], rng: Tuple[int, int], unit: str = "") -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{what} {value!r} is not a whole number", hint=f"give {rng[0]}..{rng[1]}")
-    if not rng[0] <= value <= rng[1]:
-        u = f" {unit}" if unit else ""
-        raise InputError(f"{what} {value}{u} out of range {rng[0]}..{rng[1]}")
-
-
-def validate(state: SchedulerState) -> SchedulerState:
-    """Refuse a state no ``RmPVMRL`` value (nor NVML) can hold; return it unchanged.
-
-    Best effort takes no parameters and no ARR; with ARR only frequency and
-    averaging factor, without ARR only the time slice.  ``None`` = driver default.
-    """
-    if state.policy not in POLICIES:
-        raise InputError(f"unknown scheduler policy {state.policy!r}", hint="one of: " + ", ".join(POLICIES))
-    if state.policy == "best-effort":
-        extra = [n for n, v in (("timeslice", state.timeslice_ms), ("frequency", state.frequency_hz),
-                                ("averaging factor", state.avg_factor)) if v is not None]
-        if extra or state.arr:
-            what = ", ".join(extra + (["ARR"] if state.arr else []))
-            raise InputError(f"best effort takes no {what}",
-                             hint="time slice, frequency and averaging factor apply to equal-share and fixed-share")
-        return state
-    if state.arr:
-        if state.timeslice_ms is not None:
-            raise InputError("a time slice applies only without adaptive round robin (ARR)",
-                             hint="give --timeslice-ms alone, or --frequency-hz and --avg-factor")
-    elif state.frequency_hz is not None or state.avg_factor is not None:
-        raise InputError("frequency and averaging factor apply only with adaptive round robin (ARR)",
-                         hint="give --frequency-hz and --avg-factor, or --timeslice-ms alone")
-    _check_range("timeslice", state.timeslice_ms, TIMESLICE_RANGE, "ms")
-    _check_range("frequency", state.frequency_hz, FREQUENCY_RANGE, "Hz")
-    _check_range("averaging factor", state.avg_factor, AVG_FACTOR_RANGE)
-    return state
-
-
-def encode(state: SchedulerState) -> int:
-    """The ``RmPVMRL`` dword for ``state`` (validated; best effort -> 0)."""
-    validate(state)
-    if state.policy == "best-effort":
-        return 0
-    value = ENABLE_BIT | (POLICY_CODES[state.policy] << POLICY_SHIFT)
-    if state.arr:
-        value |= (state.frequency_hz or 0) << FREQ_SHIFT
-        value |= (state.avg_factor or 0) << AVG_SHIFT
-    else:
-        value |= ARR_DISABLE_BIT
-        value |= (state.timeslice_ms or 0) << TIMESLICE_SHIFT
-    return value
-
-
-def _fields(value: int) -> Dict[str, int]:
-    return {
-        "enable": value & ENABLE_BIT,
-        "arr_disable": (value & ARR_DISABLE_BIT) >> 1,
-        "policy": (value >> POLICY_SHIFT) & POLICY_MASK,
-        "frequency": (value >> FREQ_SHIFT) & FREQ_MASK,
-        "timeslice": (value >> TIMESLICE_SHIFT) & TIMESLICE_MASK,
-        "avg": (value >> AVG_SHIFT) & AVG_MASK,
-    }
-
-
-def _problems(value: int) -> List[str]:
-    """Why ``value`` is not a value :func:`encode` would produce (empty: it is)."""
-    f = _fields(value)
-    out: List[str] = []
-    if not f["enable"]:
-        if value:
-            out.append(f"bit 0 is clear (best effort) but other bits are set (0x{value:08x}); the driver ignores them")
-        return out
-    if value & 0b1100:
-        out.append("reserved bits 3:2 are set")
-    if value & 0xF00:
-        out.append("reserved bits 11:8 are set")
-    if f["policy"] not in POLICY_CODES.values():
-        out.append(f"policy {f['policy']} in bits 7:4 is neither 0 (equal share) nor 1 (fixed share); "
-                   "the driver ignores the key")
-    if f["arr_disable"]:
-        if value & (0xF << 12):
-            out.append("bits 15:12 are set but only the time slice (bits 23:16) applies without ARR")
-        if f["avg"]:
-            out.append("an averaging factor (bits 31:24) is set but applies only with ARR")
-        ts = f["timeslice"]
-        if ts and not TIMESLICE_RANGE[0] <= ts <= TIMESLICE_RANGE[1]:
-            out.append(f"timeslice {ts} ms out of range {TIMESLICE_RANGE[0]}..{TIMESLICE_RANGE[1]}")
-    else:
-        if value & (0x3 << 22):
-            out.append("reserved bits 23:22 are set (with ARR, bits 21:12 hold the frequency)")
-        fr, avg = f["frequency"], f["avg"]
-        if fr and not FREQUENCY_RANGE[0] <= fr <= FREQUENCY_RANGE[1]:
-            out.append(f"frequency {fr} Hz out of range {FREQUENCY_RANGE[0]}..{FREQUENCY_RANGE[1]}")
-        if avg and not AVG_FACTOR_RANGE[0] <= avg <= AVG_FACTOR_RANGE[1]:
-            out.append(f"averaging factor {avg} out of range {AVG_FACTOR_RANGE[0]}..{AVG_FACTOR_RANGE[1]}")
-    return out
-
-
-def _check_dword(value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
-        raise InputError(f"RmPVMRL value {value!r} is not a 32-bit unsigned number", hint="give 0x0..0xffffffff")
-
-
-def decode(value: int) -> SchedulerState:
-    """The state an ``RmPVMRL`` dword holds; InputError when it is not one :func:`encode` gives.
-
-    Fields left 0 decode to ``None`` (driver default).
-    """
-    _check_dword(value)
-    problems = _problems(value)
-    if problems:
-        raise InputError(f"RmPVMRL=0x{value:08x} is not a valid scheduler value: {'; '.join(problems)}",
-                         hint="'vgpuhost scheduler decode VALUE' explains each field")
-    f = _fields(value)
-    if not f["enable"]:
-        return SchedulerState("best-effort")
-    policy = "equal-share" if f["policy"] == 0 else "fixed-share"
-    if f["arr_disable"]:
-        return SchedulerState(policy, arr=False, timeslice_ms=f["timeslice"] or None)
-    return SchedulerState(policy, arr=True, frequency_hz=f["frequency"] or None, avg_factor=f["avg"] or None)
-
-
-def describe(state: SchedulerState) -> str:
-    """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
-    if state.policy == "best-effort":
-        return "best effort"
-    parts = [POLICY_TEXT.get(state.policy, state.policy)]
-    if state.arr:
-        parts.append("ARR on")
-        parts.append(f"frequency {state.frequency_hz} Hz" if state.frequency_hz else "default frequency")
-        parts.append(f"averaging factor {state.avg_factor}" if state.avg_factor else "default averaging factor")
-    else:
-        parts.append("ARR off")
-        parts.append(f"time slice {state.timeslice_ms} ms" if state.timeslice_ms else "default time slice")
-    return ", ".join(parts)
-
-
-def parse_value(text: str) -> int:
-    """``0x3c3c0001`` or ``1010565121`` -> int (32-bit unsigned); InputError otherwise."""
-    t = str(text).strip()
-    try:
-        if not re.fullmatch(r"0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10}", t):   # ASCII only, no '_' or signs
-            raise ValueError(t)
-        value = int(t, 16) if t.lower().startswith("0x") else int(t, 10)
-    except ValueError:
-        raise InputError(f"invalid RmPVMRL value {str(text)[:40]!r}",
-                         hint="give a hex value such as 0x3c3c0001 or a decimal number") from None
-    _check_dword(value)
-    return value
-
-
-def explain(value: int) -> str:
-    """Human text for an ``RmPVMRL`` dword: the meaning, then field by field."""
-    _check_dword(value)
-    f = _fields(value)
-    problems = _problems(value)
-    lines: List[str] = []
-    if problems:
-        head = "not a valid scheduler value"
-    else:
-        head = describe(decode(value))
-    lines.append(f"RmPVMRL=0x{value:08x}: {head}")
-    lines.append(f"  bit 0      = {f['enable']:<6} " + ("equal/fixed share enabled" if f["enable"]
-                                                       else "best effort (default scheduler)"))
-    if f["enable"]:
-        lines.append(f"  bit 1      = {f['arr_disable']:<6} adaptive round robin (ARR) "
-                     + ("disabled" if f["arr_disable"] else "enabled"))
-        pol = {0: "equal share", 1: "fixed share"}.get(f["policy"], "invalid")
-        lines.append(f"  bits 7:4   = {f['policy']:<6} policy: {pol}")
-        if f["arr_disable"]:
-            ts = f["timeslice"]
-            lines.append(f"  bits 23:16 = {ts:<6} time slice "
-                         + (f"{ts} ms" if ts else "default") + f" (range {TIMESLICE_RANGE[0]}..{TIMESLICE_RANGE[1]} ms)")
-        else:
-            fr, avg = f["frequency"], f["avg"]
-            lines.append(f"  bits 21:12 = {'0x%x' % fr:<6} frequency " + (f"{fr} Hz" if fr else "default")
-                         + f" (range {FREQUENCY_RANGE[0]}..{FREQUENCY_RANGE[1]} Hz)")
-            lines.append(f"  bits 31:24 = {'0x%x' % avg:<6} averaging factor " + (f"{avg}" if avg else "default")
-                         + f" (range {AVG_FACTOR_RANGE[0]}..{AVG_FACTOR_RANGE[1]})")
-        if (not f["arr_disable"] and not (f["frequency"] and f["avg"])) or (f["arr_disable"] and not f["timeslice"]):
-            lines.append(f"  {DEFAULTS_NOTE}")
-    lines += [f"  problem: {p}" for p in problems]
-    return "\n".join(lines)
-
-
-def explain_doc(value: int) -> Dict[str, object]:
-    """The ``--json`` form of :func:`explain`."""
-    _check_dword(value)
-    problems = _problems(value)
-    state = None if problems else asdict(decode(value))
-    f = _fields(value)
-    # the frequency (21:12) and time-slice (23:16) fields overlap: bit 1 says which one the value holds
-    fields: Dict[str, object] = {"enable": f["enable"], "arr_disable": None, "policy": None,
-                                 "frequency_hz": None, "avg_factor": None, "timeslice_ms": None}
-    if f["enable"]:
-        fields.update(arr_disable=f["arr_disable"], policy=f["policy"])
-        if f["arr_disable"]:
-            fields["timeslice_ms"] = f["timeslice"]
-        else:
-            fields.update(frequency_hz=f["frequency"], avg_factor=f["avg"])
-    return {"schema": "vgpuhost.scheduler-decode/v1", "value": f"0x{value:08x}", "valid": not problems,
-            "state": state, "text": None if problems else describe(decode(value)),
-            "fields": fields,
-            "problems": problems}
-
+from ..plan.executor import Executor
+from ..plan.steps import SetMixedSize, SetScheduler, WriteConfig
+from ..policy.scheduler import (CONF_NAME, SchedulerConf, check_caps, decode, describe, encode, matches,
+                                parse_conf, problems, render_conf, set_value, sets_registry_dwords, state_doc,
+                                validate)
 
 # =============================================================================
 # persistent form: <root>/etc/modprobe.d/vgpuhost-scheduler.conf
@@ -288,103 +44,14 @@ def conf_path(host: HostRoot) -> Path:
     return host.modprobe_d / CONF_NAME
 
 
-_OPT_RE = re.compile(r'^\s*options\s+nvidia\s+(NVreg_RegistryDwords(?:PerDevice)?)="([^"]*)"\s*$')
-
-
-@dataclass
-class SchedulerConf:
-    """What vgpuhost's modprobe.d file holds: keys for all GPUs, and per GPU (ordered)."""
-
-    all_gpus: List[Tuple[str, str]] = field(default_factory=list)
-    per_device: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)
-
-    def value_for(self, bdf: Optional[str]) -> Optional[int]:
-        keys = self.per_device.get(bdf, []) if bdf else self.all_gpus
-        for k, v in keys:
-            if k == REG_KEY:
-                try:
-                    return int(v, 0)
-                except ValueError:
-                    return None
-        return None
-
-
-def _pairs(text: str) -> List[Tuple[str, str]]:
-    out = []
-    for item in text.split(";"):
-        item = item.strip()
-        if item:
-            k, _, v = item.partition("=")
-            out.append((k.strip(), v.strip()))
-    return out
-
-
-def parse_conf(text: str) -> SchedulerConf:
-    """Parse the ``options nvidia NVreg_RegistryDwords[PerDevice]="..."`` lines vgpuhost writes."""
-    conf = SchedulerConf()
-    for line in text.splitlines():
-        m = _OPT_RE.match(line)
-        if not m:
-            continue
-        if m[1] == "NVreg_RegistryDwords":
-            conf.all_gpus = _pairs(m[2])
-            continue
-        current: Optional[str] = None
-        for k, v in _pairs(m[2]):
-            if k == "pci":
-                current = v.lower()
-                conf.per_device.setdefault(current, [])
-            elif current is not None:
-                conf.per_device[current].append((k, v))
-    return conf
-
-
-def _set_key(pairs: List[Tuple[str, str]], key: str, value: str) -> List[Tuple[str, str]]:
-    out = [(k, v) for k, v in pairs if k != key]
-    return out + [(key, value)]
-
-
-def render_conf(conf: SchedulerConf) -> str:
-    """The file's exact text.
-
-    One ``NVreg_RegistryDwords`` line for all GPUs and one
-    ``NVreg_RegistryDwordsPerDevice`` line holding every GPU's entries as
-    ``pci=<BDF>;Key=Value;pci=<BDF>;Key=Value`` (format of nv-reg.h; a module
-    option given twice keeps only the last, so several GPUs must share one line).
-    """
-    lines = ["# Written by vgpuhost ('vgpuhost scheduler set --persist'); edits may be replaced.",
-             "# RmPVMRL: vGPU scheduler policy ('vgpuhost scheduler decode VALUE' explains a value).",
-             "# Takes effect when the nvidia module is reloaded or the host reboots."]
-    if conf.all_gpus:
-        lines.append('options nvidia NVreg_RegistryDwords="' + ";".join(f"{k}={v}" for k, v in conf.all_gpus) + '"')
-    per = [(bdf, pairs) for bdf, pairs in sorted(conf.per_device.items()) if pairs]
-    if per:
-        items: List[str] = []
-        for bdf, pairs in per:
-            items.append(f"pci={bdf}")
-            items += [f"{k}={v}" for k, v in pairs]
-        lines.append('options nvidia NVreg_RegistryDwordsPerDevice="' + ";".join(items) + '"')
-    return "\n".join(lines) + "\n"
-
-
 def read_conf(host: HostRoot) -> SchedulerConf:
     return parse_conf(read_config_text(conf_path(host)) or "")
 
 
 def _other_registry_files(host: HostRoot) -> List[str]:
     """Other modprobe.d files setting the same module options (the last one read wins)."""
-    out = []
-    try:
-        names = sorted(os.listdir(host.modprobe_d))
-    except OSError:
-        return out
-    for name in names:
-        if name == CONF_NAME or not name.endswith(".conf"):
-            continue
-        text = read_config_text(host.modprobe_d / name) or ""
-        if re.search(r"NVreg_RegistryDwords(PerDevice)?\s*=", text):
-            out.append(host.relative(host.modprobe_d / name))
-    return out
+    return [host.relative(host.modprobe_d / name) for name, text in list_config_files(host.modprobe_d, ".conf")
+            if name != CONF_NAME and sets_registry_dwords(text)]
 
 
 @dataclass
@@ -413,30 +80,20 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
     kept.  No write when the text would not change (idempotent).
     """
     from ..io.locks import file_lock
-    from ..plan.steps import Executor
 
     value = encode(state)
-    hexval = f"0x{value:02x}" if value <= 0xFF else f"0x{value:08x}"
     gpus: List[PciAddress] = [] if gpu is None else ([gpu] if isinstance(gpu, PciAddress) else list(gpu))
     path = conf_path(host)
     with ExitStack() as stack:
         if not dry_run:
             stack.enter_context(file_lock(store.state_dir, "scheduler-conf"))
         old = read_config_text(path)
-        conf = parse_conf(old or "")
-        if not gpus:
-            conf.all_gpus = _set_key(conf.all_gpus, REG_KEY, hexval)
-            for bdf in list(conf.per_device):
-                conf.per_device[bdf] = [(k, v) for k, v in conf.per_device[bdf] if k != REG_KEY]
-        else:
-            for g in gpus:
-                conf.per_device[str(g)] = _set_key(conf.per_device.get(str(g), []), REG_KEY, hexval)
-        text = render_conf(conf)
+        text = render_conf(set_value(parse_conf(old or ""), value, gpus))
         changed = text != old
         if changed and not dry_run:
             ex = Executor(host, store, actor=actor or actor_name(),
                           operation="scheduler set --persist " + (",".join(map(str, gpus)) or "--all"))
-            ex.fs.write_config(path, text)
+            ex.run([WriteConfig(path, text)])
     notes = []
     if changed:
         notes.append("takes effect after the nvidia module is reloaded (no VM may use the GPU) or the host reboots")
@@ -456,22 +113,6 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
 
 # =============================================================================
 # runtime form: NVML
-
-def open_backend(host: HostRoot):
-    """The NVML backend for ``host``; HostEnvironmentError (exit 2) when there is none."""
-    from ..io.backends import backend_for
-    try:
-        return backend_for(host)
-    except HostEnvironmentError:
-        raise
-    except ImportError as e:
-        raise HostEnvironmentError(f"NVML is not available ({e})",
-                                   hint="the vGPU scheduler needs the NVIDIA vGPU manager driver and "
-                                        "nvidia-ml-py (pip install nvidia-ml-py)") from None
-    except NvmlError as e:
-        raise HostEnvironmentError(f"NVML is not available ({e.nvml_name})",
-                                   hint="is the NVIDIA vGPU manager driver loaded?") from None
-
 
 def host_gpus(host: HostRoot) -> List[PciAddress]:
     """The NVIDIA GPUs sysfs shows (physical functions)."""
@@ -523,44 +164,6 @@ def _supported(bdf: PciAddress, what: str, fn):
         raise
 
 
-def check_caps(bdf: PciAddress, state: SchedulerState, caps: SchedulerCaps) -> None:
-    """Refuse ``state`` when the device's scheduler capabilities do not allow it."""
-    if state.policy not in caps.policies:
-        raise RefusedError(f"GPU {bdf} does not support the {state.policy} scheduler",
-                           hint="it supports: " + (", ".join(caps.policies) or "none"))
-    if state.policy == "best-effort":
-        return
-    if state.arr and not caps.arr_supported:
-        raise RefusedError(f"GPU {bdf} does not support adaptive round robin (ARR)",
-                           hint="give --timeslice-ms N instead")
-    _check_range("timeslice", state.timeslice_ms, (caps.min_timeslice_ms, caps.max_timeslice_ms), "ms")
-    _check_range("frequency", state.frequency_hz, (caps.min_frequency_hz, caps.max_frequency_hz), "Hz")
-    _check_range("averaging factor", state.avg_factor, (caps.min_avg_factor, caps.max_avg_factor))
-
-
-def matches(want: SchedulerState, got: SchedulerState) -> bool:
-    """``got`` satisfies ``want``: same policy and ARR; parameters equal where ``want`` names them."""
-    if want.policy != got.policy:
-        return False
-    if want.policy == "best-effort":
-        return True
-    if want.arr != got.arr:
-        return False
-    for name in ("timeslice_ms", "frequency_hz", "avg_factor"):
-        w = getattr(want, name)
-        if w is not None and getattr(got, name) != w:
-            return False
-    return True
-
-
-def _state_doc(state: Optional[SchedulerState]) -> Optional[Dict[str, object]]:
-    if state is None:
-        return None
-    d = asdict(state)
-    d["text"] = describe(state)
-    return d
-
-
 @dataclass
 class RuntimeOutcome:
     action: str
@@ -584,11 +187,6 @@ def _gpu_locks(store, gpus: Sequence[PciAddress], dry_run: bool) -> ExitStack:
         for g in sorted(gpus, key=str):     # one order everywhere: no deadlock between two --all runs
             stack.enter_context(file_lock(store.state_dir, f"gpu-{g}"))
     return stack
-
-
-def _audit(store, actor: str, operation: str, bdf: PciAddress, what: str, value: str, err: int) -> None:
-    if store is not None:
-        store.audit(actor=actor, operation=operation, path=f"nvml:{bdf}/{what}", value=value, err=err)
 
 
 def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[PciAddress]], state: SchedulerState,
@@ -638,23 +236,12 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
                                             "module reload/reboot)")
             plan.append((bdf, want, before))
         for bdf, want, before in plan:
-            entry: Dict[str, object] = {"gpu": str(bdf), "before": _state_doc(before), "requested": _state_doc(want),
-                                        "changed": False, "after": _state_doc(before)}
+            entry: Dict[str, object] = {"gpu": str(bdf), "before": state_doc(before), "requested": state_doc(want),
+                                        "changed": False, "after": state_doc(before)}
             if not matches(want, before) and not dry_run:
-                op = f"scheduler set {bdf}"
-                try:
-                    backend.set_scheduler_state(bdf, want)
-                except NvmlError:
-                    _audit(store, actor, op, bdf, "vgpu-scheduler", describe(want), errno.EIO)
-                    raise
-                _audit(store, actor, op, bdf, "vgpu-scheduler", describe(want), 0)
-                after = backend.scheduler_state(bdf)
-                entry.update(changed=True, after=_state_doc(after))
-                if not matches(want, after):
-                    raise DeviceError(f"GPU {bdf}: the scheduler reads back '{describe(after)}' after setting "
-                                      f"'{describe(want)}'",
-                                      hint="the driver did not take the change; check the vGPU manager version "
-                                           "(runtime scheduler changes need driver >= 535)")
+                ex = Executor(host, store, actor=actor, operation=f"scheduler set {bdf}", backend=backend)
+                ex.run([SetScheduler(bdf, want, before)])
+                entry.update(changed=True, after=state_doc(backend.scheduler_state(bdf)))
             elif not matches(want, before):
                 entry["changed"] = True       # would change
             out.gpus.append(entry)
@@ -697,18 +284,10 @@ def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None
                                             f"--gpu {bdf} --policy equal-share')")
             entry["changed"] = True
             if not dry_run:
-                op = f"vgpu mode {bdf} --mixed-size {'on' if on else 'off'}"
-                try:
-                    backend.set_heterogeneous_mode(bdf, on)
-                except NvmlError:
-                    _audit(store, actor, op, bdf, "vgpu-heterogeneous-mode", "on" if on else "off", errno.EIO)
-                    raise
-                _audit(store, actor, op, bdf, "vgpu-heterogeneous-mode", "on" if on else "off", 0)
-                after = bool(backend.heterogeneous_mode(bdf))
-                entry["mixed_size"] = after
-                if after != on:
-                    raise DeviceError(f"GPU {bdf}: mixed-size mode reads back {'on' if after else 'off'} after "
-                                      f"turning it {'on' if on else 'off'}")
+                ex = Executor(host, store, actor=actor, backend=backend,
+                              operation=f"vgpu mode {bdf} --mixed-size {'on' if on else 'off'}")
+                ex.run([SetMixedSize(bdf, on)])
+                entry["mixed_size"] = on
             else:
                 entry["mixed_size"] = on
         out.gpus.append(entry)
@@ -736,7 +315,7 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend=None) -> D
         mig = call("mig_mode", lambda: backend.mig_mode(bdf))
         e["mig"] = None if mig is None else {"current": bool(mig[0]), "pending": bool(mig[1])}
         state = call("state", lambda: backend.scheduler_state(bdf))
-        e["state"] = _state_doc(state)
+        e["state"] = state_doc(state)
         caps = call("caps", lambda: backend.scheduler_caps(bdf))
         e["caps"] = asdict(caps) if caps is not None else None
         e["active_vgpus"] = call("active_vgpus", lambda: backend.active_vgpus(bdf))
@@ -746,7 +325,7 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend=None) -> D
         pv = per if per is not None else glob
         e["persistent"] = None if pv is None else {
             "value": f"0x{pv:08x}", "scope": "this GPU" if per is not None else "all GPUs",
-            "text": describe(decode(pv)) if not _problems(pv) else "invalid"}
+            "text": describe(decode(pv)) if not problems(pv) else "invalid"}
         entries.append(e)
     return {"schema": "vgpuhost.scheduler-show/v1", "conf": host.relative(conf_path(host)), "gpus": entries}
 
@@ -779,6 +358,5 @@ def show_text(doc: Dict[str, object]) -> str:
     return "\n".join(lines) if lines else "no NVIDIA GPU found"
 
 
-__all__ = ["encode", "decode", "explain", "explain_doc", "describe", "validate", "parse_value", "persist",
-           "set_runtime", "mixed_size", "show", "show_text", "render_conf", "parse_conf", "conf_path",
-           "check_caps", "matches", "open_backend", "POLICIES", "DEFAULTS_NOTE"]
+__all__ = ["persist", "set_runtime", "mixed_size", "show", "show_text", "conf_path", "read_conf", "host_gpus",
+           "resolve_gpus"]

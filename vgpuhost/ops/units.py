@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional
 
 from ..model.errors import HostEnvironmentError, InputError
 from ..io.hostroot import HostRoot
-from ..io.sysfs import read_config_text
+from ..io.configfiles import read_config_text
 from ..io.process import actor as actor_name
 
 LAYOUT_UNIT = "vgpuhost-layout.service"
@@ -274,7 +274,7 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
         if action != "unchanged" and not dry_run:
             if executor is None:
                 from ..io.state import StateStore
-                from ..plan.steps import Executor
+                from ..plan.executor import Executor
                 executor = Executor(host, StateStore(host.state_dir), operation="install-units",
                                     actor=actor or actor_name())
             executor.fs.write_config(path, text)

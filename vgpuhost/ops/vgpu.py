@@ -31,7 +31,7 @@ from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, Vg
 from ..io.locks import file_lock
 from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
 from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
-from ..plan.steps import Executor
+from ..plan.executor import Executor
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
@@ -461,7 +461,7 @@ def _gi_profile_for(profiles, wanted: VgpuProfile):
 
 def _mig_candidates(host: HostRoot, inv: Inventory, wanted: VgpuProfile, gpu: Optional[PciAddress]):
     """``[(gpu, backend, gi profile or None, (current, pending) or None)]`` for GPUs of the type's board."""
-    from .mig import open_backend
+    from ..io.backends import open_backend
     backend = open_backend(host)
     out = []
     for g in inv.gpus:

@@ -827,7 +827,7 @@ class _Walker:
                        f"(REFERENCE.md §6): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
                        f"at {where}")
         if entry.scheduler is not None:
-            from ..ops.scheduler import describe, matches
+            from ..policy.scheduler import describe, matches
             want_state = entry.scheduler.state
             if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
                 self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (REFERENCE.md §6): "
@@ -869,7 +869,7 @@ class _Walker:
         driver's default time slice where the device has no ARR and no ARR parameter is given);
         InputError ``FILE:LINE:`` when the device cannot take it, so apply never removes vGPUs for
         a scheduler step that would then fail."""
-        from ..ops.scheduler import check_caps
+        from ..policy.scheduler import check_caps
         where = entry.scheduler.where
         facts = self.view.nvml(g.address)
         caps = facts.scheduler_caps
@@ -890,7 +890,7 @@ class _Walker:
         return bool(n)
 
     def persist_scheduler(self, g: Gpu, state: SchedulerState, entry: Entry) -> None:
-        from ..ops.scheduler import describe, encode, parse_conf
+        from ..policy.scheduler import describe, encode, parse_conf
         bdf = str(g.address)
         conf = parse_conf(self.view.scheduler_conf or "")
         value = encode(state)

@@ -1,42 +1,89 @@
-"""Plans are data: the steps vgpuhost takes on a host, and their executor.
+"""Plans are data: every change vgpuhost makes on a host is one typed step.
 
-Owns: the step types (one kernel write or one read-back check each), how
-each is described for ``--dry-run``, and executing them through
-:class:`~vgpuhost.sysfs.Sysfs` with an audit row per write.  Must not:
-decide which steps to take (planners in :mod:`vgpuhost.passthrough` and
-later modules do, as pure functions).
+Owns: :class:`Step` (the interface the one
+:class:`~vgpuhost.plan.executor.Executor` runs) and the step families —
+kernel writes under ``/sys`` (driver binding, mdev and VF vGPU create and
+remove), configuration files (modprobe.d, driverctl overrides, mdevctl
+definitions, systemd units: written atomically, undoable) and NVML calls
+(MIG mode, GPU instances, the vGPU scheduler, mixed-size mode) — each a
+frozen value that says what it will do (:meth:`Step.describe`, what
+``--dry-run`` prints), does it (:meth:`Step.run`), reads it back
+(:meth:`Step.verify`) and how it is undone (:meth:`Step.inverse`).
+Must not: decide which steps to take (planners in :mod:`vgpuhost.plan`
+do, as pure functions), touch files except through the context's
+:class:`~vgpuhost.io.sysfs.Sysfs`, or import anything heavy at module level
+(the qemu hook imports this module).
 
-Sources: the safe binding sequence is REFERENCE.md §1 (driverctl's:
-driver_override, unbind, drivers_probe, then verify).
+Sources: the safe binding sequence is driverctl's (driver_override, unbind,
+drivers_probe, then verify: the project's docs reference, section 1);
+mdev ``create``/``remove`` and the vendor VFIO ``current_vgpu_type`` write
+(section 2-3); the NVML calls and their error names (sections 5-7).
 """
 
 from __future__ import annotations
 
-from ..model.errors import DeviceError, SysfsError
+import errno as _errno
+from pathlib import Path
+
+from ..model.errors import DeviceError
 from ..io.hostroot import HostRoot
-from ..io.state import StateStore
-from ..io.sysfs import Sysfs
 from ..model.values import PciAddress, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Callable, Iterable, List, Optional
-    Observer = Callable[[object, str, int], None]
+    from typing import Optional, Tuple
+    from ..io.nvml import SchedulerState
 
 ANY_HOST_DRIVER = "<any host driver>"
 
+#: ``Step.audit_by`` values: the audited Sysfs writes a row per write as it happens; the
+#: Executor writes the step's one row; a read-only check writes none
+AUDIT_FS = "fs"
+AUDIT_EXECUTOR = "executor"
+AUDIT_NONE = None
+
 
 class Step:
-    """One action on the host."""
+    """One action on the host, as a value.
 
-    bdf: PciAddress
+    Subclasses are ``@record(frozen=True)`` values and implement
+    :meth:`describe` and :meth:`run`; :meth:`verify`, :meth:`inverse`,
+    :meth:`audit_row` and :meth:`audit_failure` as they need.
+    ``audit_by`` says who writes the step's audit row (see
+    :data:`AUDIT_FS`, :data:`AUDIT_EXECUTOR`, :data:`AUDIT_NONE`).
+    """
+
+    audit_by: Optional[str] = AUDIT_FS
 
     def describe(self, host: HostRoot) -> str:  # pragma: no cover - abstract
+        """The line ``--dry-run`` prints for this step (paths as the host names them)."""
         raise NotImplementedError
 
-    def run(self, fs: Sysfs) -> None:  # pragma: no cover - abstract
+    def run(self, ctx: StepContext) -> object:  # pragma: no cover - abstract
+        """Do it; the result is handed to :meth:`verify` and :meth:`inverse`.
+
+        Raises the door's error (SysfsError, NvmlError) or DeviceError.
+        """
         raise NotImplementedError
 
+    def verify(self, ctx: StepContext, result: object) -> None:
+        """Read the change back; raise DeviceError when it did not take.  Default: nothing to read."""
+
+    def inverse(self, result: object) -> Optional[Step]:
+        """The step that undoes this one after it ran with ``result``; None: nothing to undo here."""
+        return None
+
+    def audit_row(self, ctx: StepContext) -> Tuple[str, str]:  # pragma: no cover - executor-audited only
+        """``(path, value)`` of the audit row the Executor writes (``audit_by == AUDIT_EXECUTOR``)."""
+        raise NotImplementedError
+
+    def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
+        """``(suffix to the value, errno)`` of the audit row of a failed run."""
+        return "", getattr(exc, "errno", None) or _errno.EIO
+
+
+# =============================================================================
+# kernel writes (sysfs)
 
 @record(frozen=True)
 class SetDriverOverride(Step):
@@ -52,8 +99,8 @@ class SetDriverOverride(Step):
         value = repr(self.driver) if self.driver else "'\\n' (clear)"
         return f"write {value} to {host.relative(self._path(host))}"
 
-    def run(self, fs: Sysfs) -> None:
-        fs.write(self._path(fs.host), self.driver if self.driver else "\n")
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(self._path(ctx.host), self.driver if self.driver else "\n")
 
 
 @record(frozen=True)
@@ -66,8 +113,8 @@ class Unbind(Step):
     def describe(self, host: HostRoot) -> str:
         return f"write '{self.bdf}' to {host.relative(host.pci_driver(self.driver) / 'unbind')}"
 
-    def run(self, fs: Sysfs) -> None:
-        fs.write(fs.host.pci_driver(self.driver) / "unbind", str(self.bdf))
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(ctx.host.pci_driver(self.driver) / "unbind", str(self.bdf))
 
 
 @record(frozen=True)
@@ -79,22 +126,27 @@ class Probe(Step):
     def describe(self, host: HostRoot) -> str:
         return f"write '{self.bdf}' to {host.relative(host.pci_drivers_probe)}"
 
-    def run(self, fs: Sysfs) -> None:
-        fs.write(fs.host.pci_drivers_probe, str(self.bdf))
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(ctx.host.pci_drivers_probe, str(self.bdf))
 
 
 @record(frozen=True)
 class VerifyDriver(Step):
-    """Read ``driver`` back; ``expected`` None = unbound, ANY_HOST_DRIVER = bound, not vfio-pci."""
+    """Read ``driver`` back; ``expected`` None = unbound, ANY_HOST_DRIVER = bound, not vfio-pci.
+
+    A read-only check (no audit row); raises DeviceError when the driver differs.
+    """
 
     bdf: PciAddress
     expected: Optional[str]
+    audit_by = AUDIT_NONE
 
     def describe(self, host: HostRoot) -> str:
         want = "no driver" if self.expected is None else self.expected
         return f"check {host.relative(host.pci_device(self.bdf) / 'driver')} is {want}"
 
-    def run(self, fs: Sysfs) -> None:
+    def run(self, ctx: StepContext) -> None:
+        fs = ctx.fs
         got = fs.link_name(fs.host.pci_device(self.bdf) / "driver")
         ok = (got is not None and got != "vfio-pci") if self.expected == ANY_HOST_DRIVER else got == self.expected
         if not ok:
@@ -105,38 +157,274 @@ class VerifyDriver(Step):
                      "(modprobe it) and does driver_override name it?")
 
 
+# =============================================================================
+# configuration files (etc/: modprobe.d, driverctl, mdevctl, systemd units)
+
+def _config_line(text: str) -> Optional[str]:
+    """The text when it is one short line (what a dry run quotes), else None."""
+    body = text[:-1] if text.endswith("\n") else text
+    return body if "\n" not in body and len(body) <= 80 else None
 
 
-class Executor:
-    """Runs steps through a Sysfs whose every write lands in the audit log.
+@record(frozen=True)
+class WriteConfig(Step):
+    """Write a configuration file atomically (temp file + rename), creating its directory.
 
-    ``actor`` names who acts (``cli uid=0 pid=42``, ``hook <domain>``);
-    ``operation`` what for (``passthrough prepare 0000:01:00.0``).
+    ``path``: absolute (under the host root, or a directory the operator
+    named); ``text``: the whole file.  One audit row (the text, or a
+    summary for a long file).  Verified by reading it back; undone by
+    restoring the old text (or removing a file that was not there).
     """
 
-    def __init__(self, host: HostRoot, store: Optional[StateStore], *, actor: str, operation: str):
-        self.host = host
-        self.store = store
-        self.actor = actor
-        self.operation = operation
-        self.writes = 0
-        self.fs = Sysfs(host, observers=[self._audit])
+    path: Path
+    text: str
 
-    def _audit(self, path, value: str, err: int) -> None:
-        self.writes += 1
-        if self.store is not None:
-            self.store.audit(actor=self.actor, operation=self.operation,
-                             path=self.host.relative(path), value=value.rstrip("\n") or "\\n", err=err)
+    def describe(self, host: HostRoot) -> str:
+        line = _config_line(self.text)
+        if line is not None:
+            return f"write {line!r} to {host.relative(self.path)}"
+        return f"write {host.relative(self.path)} ({len(self.text.splitlines())} lines)"
 
-    def run(self, steps: Iterable[Step]) -> None:
-        """Run steps in order; the first failure raises (SysfsError or DeviceError)."""
-        for step in steps:
-            step.run(self.fs)
+    def run(self, ctx: StepContext) -> Optional[str]:
+        from ..io.configfiles import read_config_text
+        old = read_config_text(self.path)
+        ctx.fs.write_config(self.path, self.text)
+        return old
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        from ..io.configfiles import config_equals
+        if not config_equals(self.path, self.text):
+            raise DeviceError(f"{ctx.host.relative(self.path)} does not read back what was written",
+                              hint="is another tool writing it at the same time?")
+
+    def inverse(self, result: object) -> Optional[Step]:
+        if result is None:
+            return RemoveConfig(self.path)
+        return WriteConfig(self.path, str(result))
 
 
-def describe(host: HostRoot, steps: Iterable[Step]) -> List[str]:
-    return [s.describe(host) for s in steps]
+@record(frozen=True)
+class RemoveConfig(Step):
+    """Remove a configuration file (nothing, and no audit row, when it is not there).
+
+    Undone by writing its old text back.
+    """
+
+    path: Path
+
+    def describe(self, host: HostRoot) -> str:
+        return f"remove {host.relative(self.path)}"
+
+    def run(self, ctx: StepContext) -> Optional[str]:
+        from ..io.configfiles import read_config_text
+        old = read_config_text(self.path)
+        ctx.fs.remove_config(self.path)
+        return old
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        if ctx.fs.exists(self.path):
+            raise DeviceError(f"{ctx.host.relative(self.path)} is still there after removing it",
+                              hint="is another tool writing it at the same time?")
+
+    def inverse(self, result: object) -> Optional[Step]:
+        return None if result is None else WriteConfig(self.path, str(result))
 
 
-__all__ = ["Step", "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "Executor", "describe",
-           "ANY_HOST_DRIVER", "SysfsError"]
+# =============================================================================
+# NVML calls (one audit row each, written by the Executor: path ``nvml:...``)
+
+#: NVML error name -> the errno the audit row's result column shows
+NVML_AUDIT_ERRNO = {
+    "NVMLError_InUse": _errno.EBUSY, "NVMLError_InsufficientResources": _errno.ENOSPC,
+    "NVMLError_InvalidArgument": _errno.EINVAL, "NVMLError_NotSupported": _errno.EOPNOTSUPP,
+    "NVMLError_NotFound": _errno.ENODEV, "NVMLError_NoPermission": _errno.EPERM,
+}
+
+
+class _MigCall(Step):
+    """A MIG NVML call on one GPU: audit row ``nvml:<call>`` / ``gpu=<bdf> <value>``."""
+
+    audit_by = AUDIT_EXECUTOR
+    call = ""
+
+    def value(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def audit_row(self, ctx: StepContext) -> Tuple[str, str]:
+        return f"nvml:{self.call}", f"gpu={self.gpu} {self.value()}"      # type: ignore[attr-defined]
+
+    def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
+        name = getattr(exc, "nvml_name", None)
+        if name is None:
+            return "", _errno.EIO
+        return f" -> {name}", NVML_AUDIT_ERRNO.get(name, _errno.EIO)
+
+
+@record(frozen=True)
+class SetMigMode(_MigCall):
+    """``nvmlDeviceSetMigMode``: MIG mode on or off (may stay pending until a GPU reset).
+
+    Result: ``(current, pending)``.  Undone by the opposite call.
+    """
+
+    gpu: PciAddress
+    enabled: bool
+    call = "nvmlDeviceSetMigMode"
+
+    def describe(self, host: Optional[HostRoot] = None) -> str:
+        return f"{self.call} {'enable' if self.enabled else 'disable'}"
+
+    def value(self) -> str:
+        return f"mode={int(self.enabled)}"
+
+    def run(self, ctx: StepContext) -> object:
+        return ctx.backend.set_mig_mode(self.gpu, self.enabled)
+
+    def inverse(self, result: object) -> Optional[Step]:
+        return SetMigMode(self.gpu, not self.enabled)
+
+
+@record(frozen=True)
+class CreateGi(_MigCall):
+    """``nvmlDeviceCreateGpuInstanceWithPlacement``: one GPU instance at a memory-slice placement.
+
+    ``profile_id``: the device's GI profile id; ``profile``: its name
+    (``1g.18gb``); ``start``/``size``: memory slices.  Result: the
+    :class:`~vgpuhost.io.nvml.GpuInstance`; undone by destroying it.  Not
+    verified one by one: the planner's caller reads the whole layout back
+    after the last step (a layout is what NVML reports all together).
+    """
+
+    gpu: PciAddress
+    profile_id: int
+    profile: str
+    start: int
+    size: int
+    call = "nvmlDeviceCreateGpuInstanceWithPlacement"
+
+    def describe(self, host: Optional[HostRoot] = None) -> str:
+        return (f"{self.call} {self.profile} (profile id {self.profile_id}) at memory slice "
+                f"{self.start} (size {self.size})")
+
+    def value(self) -> str:
+        return f"profile={self.profile_id} ({self.profile}) start={self.start} size={self.size}"
+
+    def run(self, ctx: StepContext) -> object:
+        return ctx.backend.create_gpu_instance(self.gpu, self.profile_id, self.start)
+
+    def inverse(self, result: object) -> Optional[Step]:
+        gi = getattr(result, "gi_id", None)
+        if gi is None:
+            return None
+        return DestroyGi(self.gpu, gi, self.profile, self.start, self.size, self.profile_id)
+
+
+@record(frozen=True)
+class DestroyGi(_MigCall):
+    """``nvmlGpuInstanceDestroy``: one GPU instance, by id.
+
+    ``profile_id`` (when known) lets the undo create it again at the same
+    placement.  Verified with the whole layout, as :class:`CreateGi`.
+    """
+
+    gpu: PciAddress
+    gi_id: int
+    profile: str
+    start: int
+    size: int
+    profile_id: Optional[int] = None
+    call = "nvmlGpuInstanceDestroy"
+
+    def describe(self, host: Optional[HostRoot] = None) -> str:
+        return f"{self.call} GPU instance {self.gi_id} ({self.profile} at memory slice {self.start})"
+
+    def value(self) -> str:
+        return f"gi={self.gi_id} ({self.profile}) start={self.start}"
+
+    def run(self, ctx: StepContext) -> object:
+        return ctx.backend.destroy_gpu_instance(self.gpu, self.gi_id)
+
+    def inverse(self, result: object) -> Optional[Step]:
+        if self.profile_id is None:
+            return None
+        return CreateGi(self.gpu, self.profile_id, self.profile, self.start, self.size)
+
+
+@record(frozen=True)
+class SetScheduler(Step):
+    """Set a GPU's vGPU scheduler (``nvmlDeviceSetVgpuSchedulerState``).
+
+    ``state``: wanted; ``before``: what it was (the undo restores it; None:
+    not undone).  Audit row ``nvml:<bdf>/vgpu-scheduler`` with the state in
+    words; verified by reading the state back (DeviceError when it differs).
+    """
+
+    gpu: PciAddress
+    state: SchedulerState
+    before: Optional[SchedulerState] = None
+    audit_by = AUDIT_EXECUTOR
+
+    def describe(self, host: Optional[HostRoot] = None) -> str:
+        from ..policy.scheduler import describe
+        return f"set the vGPU scheduler of {self.gpu} to {describe(self.state)}"
+
+    def audit_row(self, ctx: StepContext) -> Tuple[str, str]:
+        from ..policy.scheduler import describe
+        return f"nvml:{self.gpu}/vgpu-scheduler", describe(self.state)
+
+    def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
+        return "", _errno.EIO
+
+    def run(self, ctx: StepContext) -> object:
+        return ctx.backend.set_scheduler_state(self.gpu, self.state)
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        from ..policy.scheduler import describe, matches
+        after = ctx.backend.scheduler_state(self.gpu)
+        if not matches(self.state, after):
+            raise DeviceError(f"GPU {self.gpu}: the scheduler reads back '{describe(after)}' after setting "
+                              f"'{describe(self.state)}'",
+                              hint="the driver did not take the change; check the vGPU manager version "
+                                   "(runtime scheduler changes need driver >= 535)")
+
+    def inverse(self, result: object) -> Optional[Step]:
+        return None if self.before is None else SetScheduler(self.gpu, self.before, self.state)
+
+
+@record(frozen=True)
+class SetMixedSize(Step):
+    """Turn a GPU's mixed-size (heterogeneous) vGPU mode on or off (``nvmlDeviceSetVgpuHeterogeneousMode``).
+
+    Audit row ``nvml:<bdf>/vgpu-heterogeneous-mode`` ``on|off``; verified by
+    reading the mode back; undone by the opposite call.
+    """
+
+    gpu: PciAddress
+    on: bool
+    audit_by = AUDIT_EXECUTOR
+
+    def describe(self, host: Optional[HostRoot] = None) -> str:
+        return f"turn mixed-size vGPU mode {'on' if self.on else 'off'} on {self.gpu}"
+
+    def audit_row(self, ctx: StepContext) -> Tuple[str, str]:
+        return f"nvml:{self.gpu}/vgpu-heterogeneous-mode", "on" if self.on else "off"
+
+    def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
+        return "", _errno.EIO
+
+    def run(self, ctx: StepContext) -> object:
+        return ctx.backend.set_heterogeneous_mode(self.gpu, self.on)
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        after = bool(ctx.backend.heterogeneous_mode(self.gpu))
+        if after != self.on:
+            raise DeviceError(f"GPU {self.gpu}: mixed-size mode reads back {'on' if after else 'off'} after "
+                              f"turning it {'on' if self.on else 'off'}")
+
+    def inverse(self, result: object) -> Optional[Step]:
+        return SetMixedSize(self.gpu, not self.on)
+
+
+__all__ = ["Step", "AUDIT_FS", "AUDIT_EXECUTOR", "AUDIT_NONE", "ANY_HOST_DRIVER",
+           "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "WriteConfig", "RemoveConfig",
+           "SetMigMode", "CreateGi", "DestroyGi", "SetScheduler", "SetMixedSize", "NVML_AUDIT_ERRNO"]

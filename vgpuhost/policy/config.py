@@ -552,7 +552,7 @@ class _Parser:
                                self.get(m, path, "persist", bool, "passthrough", False))
 
     def scheduler(self, value: Any, path: tuple, vgpu: Optional[VgpuSpec]) -> SchedulerSpec:
-        from ..ops.scheduler import POLICIES, validate
+        from ..policy.scheduler import POLICIES, validate
         m = self.mapping(value, path, _SCHEDULER, "scheduler")
         policy = self.get(m, path, "policy", str, "scheduler")
         if policy not in POLICIES:

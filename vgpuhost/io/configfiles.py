@@ -1,0 +1,82 @@
+"""Configuration files other tools read: modprobe.d, driverctl overrides, mdevctl definitions, systemd units.
+
+Owns: reading them (:func:`read_config_text`, :func:`config_equals`,
+:func:`list_config_files`) and what an audit row records of one
+(:func:`audit_value`).  Writing them (atomic: temp file + rename) and
+removing them is :meth:`vgpuhost.io.sysfs.Sysfs.write_config` /
+:meth:`~vgpuhost.io.sysfs.Sysfs.remove_config`'s, the one module that opens
+files for writing, which add the audit row; product code changes these
+files only through
+:class:`~vgpuhost.plan.steps.WriteConfig` and
+:class:`~vgpuhost.plan.steps.RemoveConfig` steps.  Must not: decide what a
+file should hold (policy and planners do) or echo the content of a file
+that failed to parse.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import List, Optional, Tuple, Union
+    PathArg = Union[str, "os.PathLike[str]"]
+
+
+def read_config_text(path: PathArg) -> Optional[str]:
+    """A configuration file's text (UTF-8, undecodable bytes replaced); None when it does not exist.
+
+    Raises HostEnvironmentError (exit 2) when it exists but cannot be read.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        from ..model.errors import HostEnvironmentError
+        raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
+                                   hint="run as root, or check the file's permissions") from None
+
+
+def config_equals(path: PathArg, text: str) -> bool:
+    """The file at ``path`` holds exactly ``text`` (False when missing or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def list_config_files(directory: PathArg, suffix: str = "") -> List[Tuple[str, str]]:
+    """``[(name, text)]`` of the files in ``directory`` whose names end in ``suffix``, sorted by name.
+
+    Empty when the directory does not exist or cannot be listed; a file that
+    cannot be read raises HostEnvironmentError (exit 2, see :func:`read_config_text`).
+    """
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not name.endswith(suffix):
+            continue
+        text = read_config_text(os.path.join(directory, name))
+        if text is not None:
+            out.append((name, text))
+    return out
+
+
+def audit_value(text: str, limit: int = 160) -> str:
+    """What the audit log records for a configuration file's text: the text when it is one
+    short line, else ``<N lines, B bytes: first non-comment line>``."""
+    body = text[:-1] if text.endswith("\n") else text
+    if "\n" not in body and len(body) <= limit:
+        return text
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), lines[0] if lines else "")
+    return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"
+
+
+__all__ = ["read_config_text", "config_equals", "list_config_files", "audit_value"]

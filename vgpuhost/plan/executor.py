@@ -1,0 +1,180 @@
+"""The ONE Executor: runs typed steps, audits them, verifies them, undoes them on failure.
+
+Owns: :class:`StepContext` (what a step runs against: the audited
+:class:`~vgpuhost.io.sysfs.Sysfs`, the NVML backend opened lazily, the
+state store, who acts and what for) and :class:`Executor` (run a sequence
+of :class:`~vgpuhost.plan.steps.Step`: execute, write one audit row, verify
+by reading back, and on failure undo the completed steps in reverse order
+and re-raise).  Must not: decide which steps to take (planners do, as pure
+functions) or spell kernel paths (steps do, through :class:`HostRoot`).
+
+Audit rows: a step whose ``audit_by`` is ``"fs"`` is recorded by the
+audited Sysfs, one row per kernel or configuration-file write (path
+relative to the host root, value, errno) exactly as each write happens; a
+step whose ``audit_by`` is ``"executor"`` (NVML calls) gets one row from
+:meth:`Step.audit_row` written here, with the errno of a failure; a
+read-only check (``None``) writes none.
+
+Journal seam (issue 12): ``Executor(journal=J)`` calls ``J.begin(executor,
+steps)`` before the first step of each :meth:`Executor.run`,
+``J.step_done(executor, index, step)`` after each step ran and verified,
+and ``J.end(executor, error)`` when the run finishes (``error`` None on
+success, else the exception after the undo).  Nothing journals today.
+"""
+
+from __future__ import annotations
+
+from ..io.hostroot import HostRoot
+from ..io.sysfs import Sysfs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Iterable, List, Optional, Tuple
+    from ..io.nvml import NvmlBackend
+    from ..io.state import StateStore
+    from .steps import Step
+
+
+class StepContext:
+    """What a step runs against.
+
+    ``fs``: a Sysfs whose every write (kernel file or configuration file)
+    becomes one audit row; ``backend``: the NVML backend, opened on first
+    use (:func:`vgpuhost.io.backends.open_backend`, HostEnvironmentError exit 2
+    when NVML cannot be had); ``store``: the state store or None (no audit
+    rows then); ``actor`` who acts (``cli uid=0 pid=42``, ``hook <domain>``);
+    ``operation`` what for (``passthrough prepare 0000:01:00.0``);
+    ``writes``: audited changes made so far (successful or not).
+    """
+
+    def __init__(self, host: HostRoot, store: Optional[StateStore], *, actor: str, operation: str,
+                 backend: Optional[NvmlBackend] = None):
+        self.host = host
+        self.store = store
+        self.actor = actor
+        self.operation = operation
+        self.writes = 0
+        self._backend = backend
+        self.fs = Sysfs(host, observers=[self._audit_write])
+
+    @property
+    def backend(self) -> NvmlBackend:
+        if self._backend is None:
+            from ..io.backends import open_backend
+            self._backend = open_backend(self.host)
+        return self._backend
+
+    def audit(self, path: str, value: str, err: int = 0) -> None:
+        """One audit row (``path`` as the row names it: ``/sys/...``, ``nvml:<call>``)."""
+        self.writes += 1
+        if self.store is not None:
+            self.store.audit(actor=self.actor, operation=self.operation, path=path, value=value, err=err)
+
+    def _audit_write(self, path, value: str, err: int) -> None:
+        self.audit(self.host.relative(path), value.rstrip("\n") or "\\n", err)
+
+
+class Executor:
+    """Runs steps in order with an audit row each; verifies; undoes on failure.
+
+    ``Executor(host, store, actor=..., operation=..., backend=None, journal=None)``.
+    ``fs``, ``writes``, ``host``, ``store``, ``actor`` and ``operation`` are
+    the context's.  After a failed :meth:`run`, ``failed`` is the step
+    that failed, ``undo_ok`` says whether every completed step was undone
+    (True also when there was nothing to undo) and ``undo_errors`` holds
+    the errors the undo met.
+    """
+
+    def __init__(self, host: HostRoot, store: Optional[StateStore], *, actor: str, operation: str,
+                 backend: Optional[NvmlBackend] = None, journal=None):
+        self.ctx = StepContext(host, store, actor=actor, operation=operation, backend=backend)
+        self.journal = journal
+        self.failed: Optional[Step] = None
+        self.undo_ok = True
+        self.undo_errors: List[BaseException] = []
+
+    host = property(lambda self: self.ctx.host)
+    store = property(lambda self: self.ctx.store)
+    actor = property(lambda self: self.ctx.actor)
+    operation = property(lambda self: self.ctx.operation)
+    fs = property(lambda self: self.ctx.fs)
+    writes = property(lambda self: self.ctx.writes)
+
+    @property
+    def backend(self) -> NvmlBackend:
+        return self.ctx.backend
+
+    def run(self, steps: Iterable[Step], *, undo: bool = True) -> List[object]:
+        """Run ``steps`` in order; returns each step's result (what :meth:`Step.run` returned).
+
+        For each step: run it, write its audit row, verify it (read back).
+        The first failure (an exception from run or verify) stops the run:
+        with ``undo`` the completed steps' inverses run in reverse order
+        (the failing step's too when it ran but did not verify), then the
+        exception is re-raised unchanged.  Steps without an inverse (the
+        sysfs binding steps, whose rollback their planner derives from a
+        fresh read) are skipped by the undo.  KeyboardInterrupt and other
+        BaseExceptions undo too.
+        """
+        steps = list(steps)
+        self.failed, self.undo_ok, self.undo_errors = None, True, []
+        if self.journal is not None:
+            self.journal.begin(self, steps)
+        done: List[Tuple[Step, object]] = []
+        results: List[object] = []
+        try:
+            for i, step in enumerate(steps):
+                self.failed = step
+                result = self._execute(step)
+                try:
+                    step.verify(self.ctx, result)
+                except BaseException:
+                    done.append((step, result))
+                    raise
+                done.append((step, result))
+                results.append(result)
+                self.failed = None
+                if self.journal is not None:
+                    self.journal.step_done(self, i, step)
+        except BaseException as e:
+            if undo:
+                self._undo(done)
+            if self.journal is not None:
+                self.journal.end(self, e)
+            raise
+        if self.journal is not None:
+            self.journal.end(self, None)
+        return results
+
+    def _execute(self, step: Step) -> object:
+        """Run one step and write its audit row (executor-audited steps)."""
+        if step.audit_by != "executor":
+            return step.run(self.ctx)
+        path, value = step.audit_row(self.ctx)
+        try:
+            result = step.run(self.ctx)
+        except Exception as e:
+            suffix, err = step.audit_failure(e)
+            self.ctx.audit(path, value + suffix, err)
+            raise
+        self.ctx.audit(path, value, 0)
+        return result
+
+    def _undo(self, done: List[Tuple[Step, object]]) -> None:
+        for step, result in reversed(done):
+            inverse = step.inverse(result)
+            if inverse is None:
+                continue
+            try:
+                self._execute(inverse)
+            except Exception as e:      # keep undoing the rest; report what failed
+                self.undo_ok = False
+                self.undo_errors.append(e)
+
+
+def describe(host: HostRoot, steps: Iterable[Step]) -> List[str]:
+    """What a dry run prints: one line per step."""
+    return [s.describe(host) for s in steps]
+
+
+__all__ = ["StepContext", "Executor", "describe"]

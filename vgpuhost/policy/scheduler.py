@@ -1,0 +1,426 @@
+"""The vGPU scheduler's pure decisions: the ``RmPVMRL`` codec, validation, capability checks, conf text.
+
+Owns: the bit layout of the ``RmPVMRL`` registry dword (:func:`encode` /
+:func:`decode` / :func:`explain`), what a scheduler state may hold
+(:func:`validate`), whether a device's capabilities allow it
+(:func:`check_caps`), when a read-back state satisfies a wanted one
+(:func:`matches`), and the text of vgpuhost's modprobe.d file
+(:func:`parse_conf` / :func:`render_conf` / :func:`set_value`).  Must not:
+read or write files, call NVML, or print (:mod:`vgpuhost.ops.scheduler`
+does the I/O).
+
+Sources (the project's docs reference, sections 4, 6, 7):
+
+* ``RmPVMRL`` layout, open-gpu-kernel-modules ``src/nvidia/interface/nvrm_registry.h``:
+  bit 0 enable equal/fixed share; bit 1 ARR disable; bits 7:4 policy
+  (0 equal, 1 fixed); with ARR: bits 21:12 frequency (Hz, 63..960) and
+  bits 31:24 averaging factor (1..60); without ARR: bits 23:16 time slice
+  (ms, 1..30).  The frequency and time-slice fields overlap (21:16); bit 1
+  says which one the value holds.  A field left 0 means "driver default",
+  which is how the documented ``0x01`` (equal share) and ``0x11`` (fixed
+  share) read.  Driver defaults: <= 8 vGPUs on the GPU -> 2 ms / 480 Hz,
+  > 8 -> 1 ms / 960 Hz.
+* How the driver reads it (``kern_sched_mgr.c``, ``_kschedmgrGetSchedulerPolicy``):
+  bit 0 clear -> best effort (every other bit ignored); a policy other than
+  0/1 -> the key is ignored; MIG mode -> no software scheduler at all.
+* ``NVreg_RegistryDwordsPerDevice`` format, open-gpu-kernel-modules
+  ``kernel-open/nvidia/nv-reg.h``:
+  ``"pci=DDDD:BB:DD.F;<key=value>;<key=value>;..;pci=DDDD:BB:DD.F;<key=value>;.."``
+  -- several GPUs go in one string, each group of keys after its ``pci=``;
+  keys after a ``pci=`` naming no present GPU are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..model.errors import InputError, RefusedError
+from ..io.nvml import SchedulerCaps, SchedulerState
+from ..model.values import PciAddress
+
+POLICIES = ("best-effort", "equal-share", "fixed-share")
+POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
+
+# --- bit layout (nvrm_registry.h, REFERENCE.md §6) ----------------------------
+ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
+ARR_DISABLE_BIT = 1 << 1     # set = no adaptive round robin (time slice given instead)
+POLICY_SHIFT, POLICY_MASK = 4, 0xF          # bits 7:4
+FREQ_SHIFT, FREQ_MASK = 12, 0x3FF           # bits 21:12 (with ARR)
+TIMESLICE_SHIFT, TIMESLICE_MASK = 16, 0xFF  # bits 23:16 (without ARR)
+AVG_SHIFT, AVG_MASK = 24, 0xFF              # bits 31:24 (with ARR)
+POLICY_CODES = {"equal-share": 0, "fixed-share": 1}
+
+TIMESLICE_RANGE = (1, 30)      # ms
+FREQUENCY_RANGE = (63, 960)    # Hz
+AVG_FACTOR_RANGE = (1, 60)
+
+DEFAULTS_NOTE = "driver default: <= 8 vGPUs on the GPU -> 2 ms / 480 Hz, > 8 -> 1 ms / 960 Hz"
+
+CONF_NAME = "vgpuhost-scheduler.conf"
+REG_KEY = "RmPVMRL"
+
+
+# =============================================================================
+# encoder / decoder (pure)
+
+def _check_range(what: str, value: Optional[int], rng: Tuple[int, int], unit: str = "") -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{what} {value!r} is not a whole number", hint=f"give {rng[0]}..{rng[1]}")
+    if not rng[0] <= value <= rng[1]:
+        u = f" {unit}" if unit else ""
+        raise InputError(f"{what} {value}{u} out of range {rng[0]}..{rng[1]}")
+
+
+def validate(state: SchedulerState) -> SchedulerState:
+    """Refuse a state no ``RmPVMRL`` value (nor NVML) can hold; return it unchanged.
+
+    Best effort takes no parameters and no ARR; with ARR only frequency and
+    averaging factor, without ARR only the time slice.  ``None`` = driver default.
+    """
+    if state.policy not in POLICIES:
+        raise InputError(f"unknown scheduler policy {state.policy!r}", hint="one of: " + ", ".join(POLICIES))
+    if state.policy == "best-effort":
+        extra = [n for n, v in (("timeslice", state.timeslice_ms), ("frequency", state.frequency_hz),
+                                ("averaging factor", state.avg_factor)) if v is not None]
+        if extra or state.arr:
+            what = ", ".join(extra + (["ARR"] if state.arr else []))
+            raise InputError(f"best effort takes no {what}",
+                             hint="time slice, frequency and averaging factor apply to equal-share and fixed-share")
+        return state
+    if state.arr:
+        if state.timeslice_ms is not None:
+            raise InputError("a time slice applies only without adaptive round robin (ARR)",
+                             hint="give --timeslice-ms alone, or --frequency-hz and --avg-factor")
+    elif state.frequency_hz is not None or state.avg_factor is not None:
+        raise InputError("frequency and averaging factor apply only with adaptive round robin (ARR)",
+                         hint="give --frequency-hz and --avg-factor, or --timeslice-ms alone")
+    _check_range("timeslice", state.timeslice_ms, TIMESLICE_RANGE, "ms")
+    _check_range("frequency", state.frequency_hz, FREQUENCY_RANGE, "Hz")
+    _check_range("averaging factor", state.avg_factor, AVG_FACTOR_RANGE)
+    return state
+
+
+def encode(state: SchedulerState) -> int:
+    """The ``RmPVMRL`` dword for ``state`` (validated; best effort -> 0)."""
+    validate(state)
+    if state.policy == "best-effort":
+        return 0
+    value = ENABLE_BIT | (POLICY_CODES[state.policy] << POLICY_SHIFT)
+    if state.arr:
+        value |= (state.frequency_hz or 0) << FREQ_SHIFT
+        value |= (state.avg_factor or 0) << AVG_SHIFT
+    else:
+        value |= ARR_DISABLE_BIT
+        value |= (state.timeslice_ms or 0) << TIMESLICE_SHIFT
+    return value
+
+
+def _fields(value: int) -> Dict[str, int]:
+    return {
+        "enable": value & ENABLE_BIT,
+        "arr_disable": (value & ARR_DISABLE_BIT) >> 1,
+        "policy": (value >> POLICY_SHIFT) & POLICY_MASK,
+        "frequency": (value >> FREQ_SHIFT) & FREQ_MASK,
+        "timeslice": (value >> TIMESLICE_SHIFT) & TIMESLICE_MASK,
+        "avg": (value >> AVG_SHIFT) & AVG_MASK,
+    }
+
+
+def problems(value: int) -> List[str]:
+    """Why ``value`` is not a value :func:`encode` would produce (empty: it is)."""
+    f = _fields(value)
+    out: List[str] = []
+    if not f["enable"]:
+        if value:
+            out.append(f"bit 0 is clear (best effort) but other bits are set (0x{value:08x}); the driver ignores them")
+        return out
+    if value & 0b1100:
+        out.append("reserved bits 3:2 are set")
+    if value & 0xF00:
+        out.append("reserved bits 11:8 are set")
+    if f["policy"] not in POLICY_CODES.values():
+        out.append(f"policy {f['policy']} in bits 7:4 is neither 0 (equal share) nor 1 (fixed share); "
+                   "the driver ignores the key")
+    if f["arr_disable"]:
+        if value & (0xF << 12):
+            out.append("bits 15:12 are set but only the time slice (bits 23:16) applies without ARR")
+        if f["avg"]:
+            out.append("an averaging factor (bits 31:24) is set but applies only with ARR")
+        ts = f["timeslice"]
+        if ts and not TIMESLICE_RANGE[0] <= ts <= TIMESLICE_RANGE[1]:
+            out.append(f"timeslice {ts} ms out of range {TIMESLICE_RANGE[0]}..{TIMESLICE_RANGE[1]}")
+    else:
+        if value & (0x3 << 22):
+            out.append("reserved bits 23:22 are set (with ARR, bits 21:12 hold the frequency)")
+        fr, avg = f["frequency"], f["avg"]
+        if fr and not FREQUENCY_RANGE[0] <= fr <= FREQUENCY_RANGE[1]:
+            out.append(f"frequency {fr} Hz out of range {FREQUENCY_RANGE[0]}..{FREQUENCY_RANGE[1]}")
+        if avg and not AVG_FACTOR_RANGE[0] <= avg <= AVG_FACTOR_RANGE[1]:
+            out.append(f"averaging factor {avg} out of range {AVG_FACTOR_RANGE[0]}..{AVG_FACTOR_RANGE[1]}")
+    return out
+
+
+def _check_dword(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
+        raise InputError(f"RmPVMRL value {value!r} is not a 32-bit unsigned number", hint="give 0x0..0xffffffff")
+
+
+def decode(value: int) -> SchedulerState:
+    """The state an ``RmPVMRL`` dword holds; InputError when it is not one :func:`encode` gives.
+
+    Fields left 0 decode to ``None`` (driver default).
+    """
+    _check_dword(value)
+    found = problems(value)
+    if found:
+        raise InputError(f"RmPVMRL=0x{value:08x} is not a valid scheduler value: {'; '.join(found)}",
+                         hint="'vgpuhost scheduler decode VALUE' explains each field")
+    f = _fields(value)
+    if not f["enable"]:
+        return SchedulerState("best-effort")
+    policy = "equal-share" if f["policy"] == 0 else "fixed-share"
+    if f["arr_disable"]:
+        return SchedulerState(policy, arr=False, timeslice_ms=f["timeslice"] or None)
+    return SchedulerState(policy, arr=True, frequency_hz=f["frequency"] or None, avg_factor=f["avg"] or None)
+
+
+def describe(state: SchedulerState) -> str:
+    """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
+    if state.policy == "best-effort":
+        return "best effort"
+    parts = [POLICY_TEXT.get(state.policy, state.policy)]
+    if state.arr:
+        parts.append("ARR on")
+        parts.append(f"frequency {state.frequency_hz} Hz" if state.frequency_hz else "default frequency")
+        parts.append(f"averaging factor {state.avg_factor}" if state.avg_factor else "default averaging factor")
+    else:
+        parts.append("ARR off")
+        parts.append(f"time slice {state.timeslice_ms} ms" if state.timeslice_ms else "default time slice")
+    return ", ".join(parts)
+
+
+def parse_value(text: str) -> int:
+    """``0x3c3c0001`` or ``1010565121`` -> int (32-bit unsigned); InputError otherwise."""
+    t = str(text).strip()
+    try:
+        if not re.fullmatch(r"0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10}", t):   # ASCII only, no '_' or signs
+            raise ValueError(t)
+        value = int(t, 16) if t.lower().startswith("0x") else int(t, 10)
+    except ValueError:
+        raise InputError(f"invalid RmPVMRL value {str(text)[:40]!r}",
+                         hint="give a hex value such as 0x3c3c0001 or a decimal number") from None
+    _check_dword(value)
+    return value
+
+
+def explain(value: int) -> str:
+    """Human text for an ``RmPVMRL`` dword: the meaning, then field by field."""
+    _check_dword(value)
+    f = _fields(value)
+    found = problems(value)
+    lines: List[str] = []
+    if found:
+        head = "not a valid scheduler value"
+    else:
+        head = describe(decode(value))
+    lines.append(f"RmPVMRL=0x{value:08x}: {head}")
+    lines.append(f"  bit 0      = {f['enable']:<6} " + ("equal/fixed share enabled" if f["enable"]
+                                                       else "best effort (default scheduler)"))
+    if f["enable"]:
+        lines.append(f"  bit 1      = {f['arr_disable']:<6} adaptive round robin (ARR) "
+                     + ("disabled" if f["arr_disable"] else "enabled"))
+        pol = {0: "equal share", 1: "fixed share"}.get(f["policy"], "invalid")
+        lines.append(f"  bits 7:4   = {f['policy']:<6} policy: {pol}")
+        if f["arr_disable"]:
+            ts = f["timeslice"]
+            lines.append(f"  bits 23:16 = {ts:<6} time slice "
+                         + (f"{ts} ms" if ts else "default") + f" (range {TIMESLICE_RANGE[0]}..{TIMESLICE_RANGE[1]} ms)")
+        else:
+            fr, avg = f["frequency"], f["avg"]
+            lines.append(f"  bits 21:12 = {'0x%x' % fr:<6} frequency " + (f"{fr} Hz" if fr else "default")
+                         + f" (range {FREQUENCY_RANGE[0]}..{FREQUENCY_RANGE[1]} Hz)")
+            lines.append(f"  bits 31:24 = {'0x%x' % avg:<6} averaging factor " + (f"{avg}" if avg else "default")
+                         + f" (range {AVG_FACTOR_RANGE[0]}..{AVG_FACTOR_RANGE[1]})")
+        if (not f["arr_disable"] and not (f["frequency"] and f["avg"])) or (f["arr_disable"] and not f["timeslice"]):
+            lines.append(f"  {DEFAULTS_NOTE}")
+    lines += [f"  problem: {p}" for p in found]
+    return "\n".join(lines)
+
+
+def explain_doc(value: int) -> Dict[str, object]:
+    """The ``--json`` form of :func:`explain`."""
+    _check_dword(value)
+    found = problems(value)
+    state = None if found else asdict(decode(value))
+    f = _fields(value)
+    # the frequency (21:12) and time-slice (23:16) fields overlap: bit 1 says which one the value holds
+    fields: Dict[str, object] = {"enable": f["enable"], "arr_disable": None, "policy": None,
+                                 "frequency_hz": None, "avg_factor": None, "timeslice_ms": None}
+    if f["enable"]:
+        fields.update(arr_disable=f["arr_disable"], policy=f["policy"])
+        if f["arr_disable"]:
+            fields["timeslice_ms"] = f["timeslice"]
+        else:
+            fields.update(frequency_hz=f["frequency"], avg_factor=f["avg"])
+    return {"schema": "vgpuhost.scheduler-decode/v1", "value": f"0x{value:08x}", "valid": not found,
+            "state": state, "text": None if found else describe(decode(value)),
+            "fields": fields,
+            "problems": found}
+
+
+
+# =============================================================================
+# vgpuhost's modprobe.d file (text only; reading and writing it is ops/scheduler's)
+
+_OPT_RE = re.compile(r'^\s*options\s+nvidia\s+(NVreg_RegistryDwords(?:PerDevice)?)="([^"]*)"\s*$')
+
+
+@dataclass
+class SchedulerConf:
+    """What vgpuhost's modprobe.d file holds: keys for all GPUs, and per GPU (ordered)."""
+
+    all_gpus: List[Tuple[str, str]] = field(default_factory=list)
+    per_device: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)
+
+    def value_for(self, bdf: Optional[str]) -> Optional[int]:
+        keys = self.per_device.get(bdf, []) if bdf else self.all_gpus
+        for k, v in keys:
+            if k == REG_KEY:
+                try:
+                    return int(v, 0)
+                except ValueError:
+                    return None
+        return None
+
+
+def _pairs(text: str) -> List[Tuple[str, str]]:
+    out = []
+    for item in text.split(";"):
+        item = item.strip()
+        if item:
+            k, _, v = item.partition("=")
+            out.append((k.strip(), v.strip()))
+    return out
+
+
+def parse_conf(text: str) -> SchedulerConf:
+    """Parse the ``options nvidia NVreg_RegistryDwords[PerDevice]="..."`` lines vgpuhost writes."""
+    conf = SchedulerConf()
+    for line in text.splitlines():
+        m = _OPT_RE.match(line)
+        if not m:
+            continue
+        if m[1] == "NVreg_RegistryDwords":
+            conf.all_gpus = _pairs(m[2])
+            continue
+        current: Optional[str] = None
+        for k, v in _pairs(m[2]):
+            if k == "pci":
+                current = v.lower()
+                conf.per_device.setdefault(current, [])
+            elif current is not None:
+                conf.per_device[current].append((k, v))
+    return conf
+
+
+def _set_key(pairs: List[Tuple[str, str]], key: str, value: str) -> List[Tuple[str, str]]:
+    out = [(k, v) for k, v in pairs if k != key]
+    return out + [(key, value)]
+
+
+def render_conf(conf: SchedulerConf) -> str:
+    """The file's exact text.
+
+    One ``NVreg_RegistryDwords`` line for all GPUs and one
+    ``NVreg_RegistryDwordsPerDevice`` line holding every GPU's entries as
+    ``pci=<BDF>;Key=Value;pci=<BDF>;Key=Value`` (format of nv-reg.h; a module
+    option given twice keeps only the last, so several GPUs must share one line).
+    """
+    lines = ["# Written by vgpuhost ('vgpuhost scheduler set --persist'); edits may be replaced.",
+             "# RmPVMRL: vGPU scheduler policy ('vgpuhost scheduler decode VALUE' explains a value).",
+             "# Takes effect when the nvidia module is reloaded or the host reboots."]
+    if conf.all_gpus:
+        lines.append('options nvidia NVreg_RegistryDwords="' + ";".join(f"{k}={v}" for k, v in conf.all_gpus) + '"')
+    per = [(bdf, pairs) for bdf, pairs in sorted(conf.per_device.items()) if pairs]
+    if per:
+        items: List[str] = []
+        for bdf, pairs in per:
+            items.append(f"pci={bdf}")
+            items += [f"{k}={v}" for k, v in pairs]
+        lines.append('options nvidia NVreg_RegistryDwordsPerDevice="' + ";".join(items) + '"')
+    return "\n".join(lines) + "\n"
+
+
+def check_caps(bdf: PciAddress, state: SchedulerState, caps: SchedulerCaps) -> None:
+    """Refuse ``state`` when the device's scheduler capabilities do not allow it."""
+    if state.policy not in caps.policies:
+        raise RefusedError(f"GPU {bdf} does not support the {state.policy} scheduler",
+                           hint="it supports: " + (", ".join(caps.policies) or "none"))
+    if state.policy == "best-effort":
+        return
+    if state.arr and not caps.arr_supported:
+        raise RefusedError(f"GPU {bdf} does not support adaptive round robin (ARR)",
+                           hint="give --timeslice-ms N instead")
+    _check_range("timeslice", state.timeslice_ms, (caps.min_timeslice_ms, caps.max_timeslice_ms), "ms")
+    _check_range("frequency", state.frequency_hz, (caps.min_frequency_hz, caps.max_frequency_hz), "Hz")
+    _check_range("averaging factor", state.avg_factor, (caps.min_avg_factor, caps.max_avg_factor))
+
+
+def matches(want: SchedulerState, got: SchedulerState) -> bool:
+    """``got`` satisfies ``want``: same policy and ARR; parameters equal where ``want`` names them."""
+    if want.policy != got.policy:
+        return False
+    if want.policy == "best-effort":
+        return True
+    if want.arr != got.arr:
+        return False
+    for name in ("timeslice_ms", "frequency_hz", "avg_factor"):
+        w = getattr(want, name)
+        if w is not None and getattr(got, name) != w:
+            return False
+    return True
+
+
+def state_doc(state: Optional[SchedulerState]) -> Optional[Dict[str, object]]:
+    if state is None:
+        return None
+    d = asdict(state)
+    d["text"] = describe(state)
+    return d
+
+
+def set_value(conf: SchedulerConf, value: int, gpus: Sequence[PciAddress]) -> SchedulerConf:
+    """``conf`` with ``RmPVMRL`` set to ``value`` for all GPUs (``gpus`` empty) or for each of ``gpus``.
+
+    All GPUs: sets it in ``NVreg_RegistryDwords`` and drops per-GPU
+    ``RmPVMRL`` entries so every GPU gets the value.  Per GPU: adds or
+    replaces that GPU's entry.  Other keys are kept.  A new value; ``conf``
+    is not changed.
+    """
+    hexval = f"0x{value:02x}" if value <= 0xFF else f"0x{value:08x}"
+    out = SchedulerConf(list(conf.all_gpus), {k: list(v) for k, v in conf.per_device.items()})
+    if not gpus:
+        out.all_gpus = _set_key(out.all_gpus, REG_KEY, hexval)
+        for bdf in list(out.per_device):
+            out.per_device[bdf] = [(k, v) for k, v in out.per_device[bdf] if k != REG_KEY]
+    else:
+        for g in gpus:
+            out.per_device[str(g)] = _set_key(out.per_device.get(str(g), []), REG_KEY, hexval)
+    return out
+
+
+_REGISTRY_RE = re.compile(r"NVreg_RegistryDwords(PerDevice)?\s*=")
+
+
+def sets_registry_dwords(text: str) -> bool:
+    """Does a modprobe.d file's text set ``NVreg_RegistryDwords[PerDevice]`` (which vgpuhost's file sets too)?"""
+    return bool(_REGISTRY_RE.search(text))
+
+
+__all__ = ["POLICIES", "DEFAULTS_NOTE", "CONF_NAME", "REG_KEY", "validate", "encode", "decode", "describe",
+           "parse_value", "explain", "explain_doc", "problems", "SchedulerConf", "parse_conf", "render_conf",
+           "set_value", "sets_registry_dwords", "check_caps", "matches", "state_doc"]
