@@ -366,6 +366,16 @@ class Admitting:
         cands = frozenset(PciAddress.parse(c) for c in g.decision.candidates)
         return cands if allowed is None else cands & frozenset(allowed)
 
+    def narrowed_by(self, device: str, allowed: Optional[frozenset]) -> str:
+        """What narrowed :meth:`allowed_gpus` for ``device``, for a placement refusal's hint."""
+        allow = "the hook allow-list (etc/vgpuhost/hook.allow)"
+        g = self.granted.get(device)
+        if g is None or not g.decision.candidates:
+            return allow
+        tenant = f"admission (tenant {g.decision.tenant!r}: isolation and pool)" if g.decision.tenant else \
+            "admission (isolation and pool)"
+        return tenant if allowed is None else f"{allow} with {tenant}"
+
     def made(self, device: str, gpu: Optional[str]) -> None:
         """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""
         if gpu:
