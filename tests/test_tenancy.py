@@ -331,3 +331,99 @@ def test_attach_refuses_early_what_admission_would_refuse(make_host, tmp_path, c
         except libvirt.libvirtError:
             pass
         conn.close()
+
+
+# ---------------------------------------------------------------------------
+# pools in the declarative layout
+
+POOLS = """
+version: 1
+layouts:
+  shared:
+    gpus:
+      - select: {{address: "0000:41:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-8Q: 1}}}}
+        scheduler: {{policy: {lo}}}
+        pool: std
+      - select: {{address: "0000:81:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-8Q: 1}}}}
+        scheduler: {{policy: {hi}}}
+        pool: {{name: gold, serves: [{serves}]}}
+"""
+
+
+def test_layout_pools_are_recorded_by_apply_and_guard_busy_gpus(make_host):
+    from vgpuhost.ops.layout import apply, plan
+    from vgpuhost.policy.config import parse
+    host = mixed(make_host)
+    s = store_of(host)
+    c = parse(POOLS.format(lo="equal-share", hi="fixed-share", serves="guaranteed"), "pools.yaml")
+    p = plan(host, s, c)
+    assert any(n.startswith("pool gold (fixed-share, serves guaranteed): 0000:81:00.0") for n in p.notes), p.notes
+    apply(host, s, c)
+    assert {(x.name, x.policy, x.classes, x.gpus) for x in tenancy.pools(s)} == {
+        ("std", "equal-share", ("burstable", "best-effort"), (str(GPU_LO),)),
+        ("gold", "fixed-share", ("guaranteed",), (str(GPU_HI),))}
+    assert any(r.operation == "pools set" for r in s.audit_rows())
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    tenancy.add(s, tenancy.Tenant("b"))
+    assert start(host, "g0", tdom("g0", uid("12121212", 0), uid("34343434", 0), tenant="g")) == (0, "")
+    assert start(host, "b0", tdom("b0", uid("12121212", 1), uid("34343434", 1), tenant="b",
+                                  strategy="spread")) == (0, "")
+    assert mdev_gpu(host, uid("34343434", 0)) == GPU_HI and mdev_gpu(host, uid("34343434", 1)) == GPU_LO
+    # swapping the policies would change the scheduler under running vGPUs: refused before any change
+    before = mdevs(host)
+    with pytest.raises(tenancy.RefusedError):
+        apply(host, s, parse(POOLS.format(lo="fixed-share", hi="equal-share", serves="burstable"), "pools.yaml"))
+    assert mdevs(host) == before and {x.name for x in tenancy.pools(s)} == {"std", "gold"}
+    # gold no longer serving guaranteed would strand g0's vGPU outside its class: refused too
+    with pytest.raises(tenancy.RefusedError, match="holds a guaranteed vGPU"):
+        apply(host, s, parse(POOLS.format(lo="equal-share", hi="fixed-share", serves="burstable"), "pools.yaml"))
+    assert mdevs(host) == before and tenancy.pools(s)[0].classes in (("guaranteed",), ("burstable", "best-effort"))
+    assert stop(host, "g0", tdom("g0", uid("12121212", 0), uid("34343434", 0), tenant="g")) == (0, "")
+    apply(host, s, parse(POOLS.format(lo="equal-share", hi="fixed-share", serves="burstable"), "pools.yaml"))
+    assert [x.classes for x in tenancy.pools(s) if x.name == "gold"] == [("burstable",)]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("""      - select: all
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 1}}
+        pool: gold
+""", "a pool needs a scheduler policy"),
+    ("""      - select: all
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 1}}
+        scheduler: {policy: equal-share}
+        pool: {name: gold, serves: [guaranteed]}
+""", "a equal-share pool cannot serve 'guaranteed'"),
+    ("""      - select: {address: "0000:41:00.0"}
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 1}}
+        scheduler: {policy: equal-share}
+        pool: gold
+      - select: {address: "0000:81:00.0"}
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 1}}
+        scheduler: {policy: best-effort}
+        pool: gold
+""", "a pool has one scheduler policy"),
+    ("""      - select: all
+        mode: passthrough
+        pool: gold
+""", "pool in an entry with mode: passthrough"),
+    ("""      - select: all
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 1}}
+        scheduler: {policy: best-effort}
+        pool: default
+""", "'default' names the GPUs in no pool"),
+])
+def test_layout_pool_errors(body, message):
+    from vgpuhost.model.errors import InputError
+    from vgpuhost.policy.config import parse
+    with pytest.raises(InputError) as e:
+        parse("version: 1\nlayouts:\n  x:\n    gpus:\n" + body, "p.yaml")
+    assert message in e.value.message and e.value.message.startswith("p.yaml:")

@@ -104,7 +104,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
             for req in checked.vgpus:
                 # the inventory read above still describes the host while this call has changed nothing
                 vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
-                                 inv if not made else None)
+                                 inv if not made else None, grant.narrowed_by(req.device, checked.allowed))
                 if vid is not None:
                     made.append(("vgpu", vid))
     except BaseException as e:
@@ -133,7 +133,8 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
 
 
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
-               inv: "Optional[Inventory]" = None) -> Optional[str]:
+               inv: "Optional[Inventory]" = None,
+               narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)") -> Optional[str]:
     """Create one requested vGPU; its id when this call made it, None when the domain already held it.
 
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
@@ -163,8 +164,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         if allowed is None:
             raise
         listed = ", ".join(sorted(map(str, allowed))) or "none"
-        raise RefusedError(e.message, hint=f"the hook allow-list (etc/vgpuhost/hook.allow) lets the hook "
-                                           f"place vGPUs only on: {listed}") from None
+        raise RefusedError(e.message, hint=f"{narrowed_by} lets the hook place vGPUs only on: {listed}") from None
     return out.id
 
 

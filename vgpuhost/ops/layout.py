@@ -99,7 +99,12 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
     two entries selecting one GPU) and HostEnvironmentError when NVML is needed
     and missing.
     """
-    return planner.plan(cfg, layout, view_for(host, store, cfg, layout))
+    view = view_for(host, store, cfg, layout)
+    p = planner.plan(cfg, layout, view)
+    for pl in planner.pools(cfg, layout, view):
+        p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}): "
+                       + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
+    return p
 
 
 def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Drift:
@@ -123,10 +128,12 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     name = cfg.layout(layout).name
     who = actor or f"{actor_name()} apply {name}"
     with file_lock(store.state_dir, "layout"):
-        p = plan(host, store, cfg, layout)
+        view = view_for(host, store, cfg, layout)
+        p = planner.plan(cfg, layout, view)
         if p.blocked:
             raise RefusedError(f"layout {name!r} cannot be applied: " + "; ".join(p.blocked),
                                hint="nothing was changed; 'vgpuhost plan -c FILE' shows the whole plan")
+        new_pools = _pools(store, cfg, layout, view)      # refused here, before any change
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
         bound = handlers(host, store, who)
         pending: set = set()
@@ -155,7 +162,34 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
             raise DeviceError(f"layout {name!r}: after {len(result.done)} step(s) the host still differs: "
                               + "; ".join(d[2:] for d in drift.runtime),
                               hint="'vgpuhost audit' shows every write; 'vgpuhost assert -c FILE' the difference")
+        if new_pools is not None:
+            from . import tenancy
+            result.notes += tenancy.set_pools(store, new_pools, actor=who, check=False)
         return result
+
+
+def _pools(store: StateStore, cfg: Config, layout: Optional[str], view: HostView):
+    """The tenancy pools ``layout`` declares on this host (None: it declares none and none are recorded).
+
+    Raises RefusedError when recording them would change the scheduler policy
+    of a GPU that running domains' vGPUs are on, or leave such a vGPU in a
+    pool that does not serve its QoS class (NVML changes a GPU's policy only
+    while it holds no vGPUs; the plan's own steps empty the GPUs the layout
+    itself filled)."""
+    from . import tenancy
+    new = planner.pools(cfg, layout, view)
+    if not new and not store.pool_rows():
+        return None
+    policies = {}
+    for g in view.inventory.gpus:
+        try:
+            st = view.nvml(g.address).scheduler
+        except VgpuhostError:
+            st = None
+        if st is not None:
+            policies[str(g.address)] = st.policy
+    tenancy.check_pools(store, new, policies=policies)
+    return new
 
 # ---------------------------------------------------------------------------
 # executing: each step type bound to the operation that runs it

@@ -207,28 +207,37 @@ def pools(store: StateStore) -> List[adm.Pool]:
     return [adm.Pool(n, p, tuple(c.split(",")) if c else (), tuple(gs)) for n, (p, c, gs) in sorted(by.items())]
 
 
-def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None,
-              actor: Optional[str] = None) -> List[str]:
-    """Declare ``new`` as the host's pools (replacing the old); returns what changed, one line each.
+def check_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None) -> None:
+    """Raise unless ``new`` may replace the recorded pools now.
 
-    NVML changes a GPU's scheduler policy only while it holds no vGPUs: a
-    GPU whose pool policy would change (from the old pool's, or from
-    ``policies``, the policy each GPU runs now by BDF) while vGPUs are
-    recorded on it is refused (RefusedError, nothing changed).  Raises
-    InputError for :func:`vgpuhost.policy.admission.pool_problems`.
+    InputError for :func:`vgpuhost.policy.admission.pool_problems` (a GPU in
+    two pools: two scheduler policies on one GPU); RefusedError for
+    :func:`vgpuhost.policy.admission.pool_change_refusal` over the devices
+    domains hold (NVML changes a GPU's scheduler policy only while it holds
+    no vGPUs; ``policies``: the policy each GPU runs now, by BDF).
     """
     problems = adm.pool_problems(new)
     if problems:
-        raise InputError("pools: " + "; ".join(problems))
-    current = pools(store)
-    old = {g: p for p in current for g in p.gpus}
-    why = adm.pool_change_refusal(current, new, allocations(store), policies)
+        raise InputError("pools: " + "; ".join(problems), hint="one GPU belongs to one pool")
+    held = [a for a in allocations(store) if a.owner not in ("manual", "layout")]
+    why = adm.pool_change_refusal(pools(store), new, held, policies)
     if why:
         raise RefusedError(why, hint="stop the domains on it first, or leave it in its pool")
+
+
+def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None,
+              actor: Optional[str] = None, check: bool = True) -> List[str]:
+    """Record ``new`` as the host's pools (replacing the old); returns what changed, one line each (also
+    one audit row).  ``check``: :func:`check_pools` first (``vgpuhost apply`` checks before its steps and
+    records after them).  Raises as :func:`check_pools`; nothing changes then.
+    """
+    if check:
+        check_pools(store, new, policies=policies)
+    old = {g: p for p in pools(store) for g in p.gpus}
     changes: List[str] = []
     for p in new:
         for g in p.gpus:
-            if g not in old or old[g].name != p.name or old[g].policy != p.policy:
+            if g not in old or old[g].name != p.name or old[g].policy != p.policy or old[g].classes != p.classes:
                 changes.append(f"GPU {g}: pool {p.name} ({p.policy}, serves {', '.join(p.classes)})")
     for g, p in old.items():
         if not any(g in n.gpus for n in new):
@@ -356,6 +365,16 @@ class Admitting:
             return allowed
         cands = frozenset(PciAddress.parse(c) for c in g.decision.candidates)
         return cands if allowed is None else cands & frozenset(allowed)
+
+    def narrowed_by(self, device: str, allowed: Optional[frozenset]) -> str:
+        """What narrowed :meth:`allowed_gpus` for ``device``, for a placement refusal's hint."""
+        allow = "the hook allow-list (etc/vgpuhost/hook.allow)"
+        g = self.granted.get(device)
+        if g is None or not g.decision.candidates:
+            return allow
+        tenant = f"admission (tenant {g.decision.tenant!r}: isolation and pool)" if g.decision.tenant else \
+            "admission (isolation and pool)"
+        return tenant if allowed is None else f"{allow} with {tenant}"
 
     def made(self, device: str, gpu: Optional[str]) -> None:
         """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""

@@ -55,6 +55,7 @@ from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, VgpuType, gpu_avai
 from ..observe.vgpus import VgpuEntry
 from ..policy.config import (Config, Entry, Layout, MigSpec, VgpuSpec, board_names, board_tables, check_mig,
                              check_vgpu_types, gi_name_for)
+from ..policy.admission import Pool
 from ..policy.placement import LAYOUT, GpuOffer, Request, place
 
 SCHEMA_PLAN = "vgpuhost.plan/v1"
@@ -1180,6 +1181,23 @@ def _matches_offline(entry: Entry, g: Gpu) -> Optional[bool]:
     return None
 
 
+def pools(config: Config, layout: Optional[str], view: HostView) -> List[Pool]:
+    """The tenancy pools ``layout`` declares, each with the GPUs of ``view`` its entries select (BDF
+    strings), in file order.  Pure."""
+    lay = config.layout(layout)
+    walker = _Walker(config, lay, view)
+    by: Dict[str, Pool] = {}
+    for e in lay.entries:
+        if e.pool is None:
+            continue
+        gpus = tuple(str(g.address) for g in walker.inv.gpus if walker._matches(e, g))
+        key = e.pool.name.lower()
+        old = by.get(key)
+        by[key] = Pool(e.pool.name, e.scheduler.state.policy, e.pool.serves,
+                       (old.gpus if old else ()) + tuple(g for g in gpus if not old or g not in old.gpus))
+    return list(by.values())
+
+
 def scope(config: Config, layout: Optional[str]):
     """``(gpus, nvml)`` for :func:`vgpuhost.observe.hostview.observe`: a function of the
     inventory giving the GPUs ``layout`` may select, and whether any of them may need
@@ -1197,7 +1215,7 @@ def scope(config: Config, layout: Optional[str]):
     return gpus, needs_nvml
 
 
-__all__ = ["plan", "drift", "scope", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "RemoveVgpu", "CreateVgpus",
+__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "RemoveVgpu", "CreateVgpus",
            "RecreateVgpu", "ChangeMigMode", "MakeGpuInstances", "SetMixedSize", "SetScheduler",
            "PreparePassthrough", "ReleasePassthrough", "KINDS", "PHASES", "REBOOT_MARK", "RESET_MARK",
            "OPERATOR_MARK"]

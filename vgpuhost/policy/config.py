@@ -44,6 +44,7 @@ Format (README, "Declarative layouts"):
               strategy: first-fit                  # with counts: total
               mixed_size: false                    # absent: left as it is
             scheduler: {policy: fixed-share, persist: true}
+            pool: {name: gold, serves: [guaranteed]}   # or 'pool: gold' (serves what the policy can)
           - select: {address: "0000:41:00.0"}
             mode: mig
             mig:
@@ -78,7 +79,8 @@ MAX_ENTRIES = 256
 _TOP = {"version", "default", "host", "layouts"}
 _HOST = {"kernel_params", "vfio_modules"}
 _LAYOUT = {"description", "scheduler", "gpus"}
-_ENTRY = {"select", "mode", "description", "vgpu", "mig", "passthrough", "scheduler"}
+_ENTRY = {"select", "mode", "description", "vgpu", "mig", "passthrough", "scheduler", "pool"}
+_POOL = {"name", "serves"}
 _VGPU = {"types", "counts", "strategy", "mixed_size"}
 _MIG = {"instances", "vgpus"}
 _PASSTHROUGH = {"allow_boot_vga", "persist"}
@@ -172,6 +174,16 @@ class PassthroughSpec:
 
 
 @dataclass(frozen=True)
+class PoolSpec:
+    """The tenancy pool a vgpu entry's GPUs join (README, "Tenants, quotas and QoS classes"): its
+    ``name``, the QoS classes it ``serves``; its scheduler policy is the entry's."""
+
+    name: str
+    serves: Tuple[str, ...]
+    where: Where
+
+
+@dataclass(frozen=True)
 class Entry:
     """One item of a layout's ``gpus`` list."""
 
@@ -184,6 +196,7 @@ class Entry:
     mig: Optional[MigSpec] = None
     passthrough: Optional[PassthroughSpec] = None
     scheduler: Optional[SchedulerSpec] = None
+    pool: Optional[PoolSpec] = None
 
     def label(self) -> str:
         return f"entry {self.index + 1} at {self.where} ({self.mode}, {self.select.text()})"
@@ -380,6 +393,7 @@ class _Parser:
         entries = [self.entry(i, raw, path + ("gpus", i), default_sched, f"layouts.{name}.gpus[{i}]")
                    for i, raw in enumerate(gpus)]
         _check_overlaps(entries)
+        _check_pools(entries)
         return Layout(name, tuple(entries), self.where(path), desc)
 
     def entry(self, index: int, raw: Any, path: tuple, default_sched: Optional[SchedulerSpec], what: str) -> Entry:
@@ -417,9 +431,48 @@ class _Parser:
                 raise select.where.error(
                     "select a passed-through GPU by address, board or device_id, not uuid: NVML cannot see a "
                     "GPU bound to vfio-pci, so its UUID stops matching once it is passed through")
-        entry = Entry(index, select, mode, where, desc, vgpu, mig, pt, sched)
+        pool = None
+        if "pool" in m:
+            if mode != "vgpu":
+                raise self.err(path + ("pool",), f"pool in an entry with mode: {mode}: pools hold time-sliced "
+                                                 "vGPUs; MIG-backed vGPUs and passthrough are hardware partitions, "
+                                                 "which admission places without pools")
+            pool = self.pool(m["pool"], path + ("pool",), sched)
+        entry = Entry(index, select, mode, where, desc, vgpu, mig, pt, sched, pool)
         _check_board(entry)
         return entry
+
+    def pool(self, value: Any, path: tuple, sched: Optional[SchedulerSpec]) -> PoolSpec:
+        from .admission import DEFAULT_POOL, POLICY_SERVES
+        if sched is None:
+            raise self.err(path, "a pool needs a scheduler policy (one policy per pool)",
+                           hint="add scheduler: {policy: fixed-share|equal-share|best-effort} to the entry or "
+                                "the layout")
+        policy = sched.state.policy
+        if isinstance(value, str):
+            m: Dict[str, Any] = {"name": value}
+            name_path = path
+        else:
+            m = self.mapping(value, path, _POOL, "pool")
+            name_path = path + ("name",)
+        name = self.get(m, path, "name", str, "pool")
+        if not _NAME_RE.match(name) or name.lower() == DEFAULT_POOL:
+            raise self.err(name_path, f"pool name {_show(name)} is not valid" +
+                           (f": {DEFAULT_POOL!r} names the GPUs in no pool" if name.lower() == DEFAULT_POOL else ""),
+                           hint="letters, digits and _.+- only, e.g. gold")
+        serves = self.get(m, path, "serves", list, "pool", None)
+        if serves is None:
+            serves = list(POLICY_SERVES[policy])
+        if not serves:
+            raise self.err(path + ("serves",), "pool.serves is an empty list",
+                           hint="QoS classes: " + ", ".join(POLICY_SERVES[policy]))
+        for i, c in enumerate(serves):
+            if c not in POLICY_SERVES[policy]:
+                raise self.err(path + ("serves", i), f"a {policy} pool cannot serve {_show(c)}",
+                               hint=f"a {policy} pool serves: {', '.join(POLICY_SERVES[policy])}")
+        if len(set(serves)) != len(serves):
+            raise self.err(path + ("serves",), "pool.serves names a class twice")
+        return PoolSpec(name, tuple(serves), self.where(path))
 
     def selector(self, value: Any, path: tuple) -> Selector:
         where = self.where(path)
@@ -638,6 +691,25 @@ def _check_mig_vgpus(spec: MigSpec) -> None:
 
 # ---------------------------------------------------------------------------
 # selector overlaps (load time: what the text alone shows)
+
+def _check_pools(entries: Sequence[Entry]) -> None:
+    """Entries naming one pool must want one scheduler policy (a pool has one policy)."""
+    first: Dict[str, Entry] = {}
+    for e in entries:
+        if e.pool is None:
+            continue
+        key = e.pool.name.lower()
+        if key in first and first[key].scheduler.state.policy != e.scheduler.state.policy:
+            other = first[key]
+            raise e.pool.where.error(
+                f"pool {e.pool.name!r} has the {other.scheduler.state.policy} scheduler at {other.pool.where} and "
+                f"{e.scheduler.state.policy} here: a pool has one scheduler policy",
+                hint="name another pool, or give both entries one policy")
+        if key in first and set(first[key].pool.serves) != set(e.pool.serves):
+            raise e.pool.where.error(f"pool {e.pool.name!r} serves {', '.join(first[key].pool.serves)} at "
+                                     f"{first[key].pool.where}, and {', '.join(e.pool.serves)} here")
+        first.setdefault(key, e)
+
 
 def _check_overlaps(entries: Sequence[Entry]) -> None:
     alls = [e for e in entries if e.select.kind == "all"]
