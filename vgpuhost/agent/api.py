@@ -273,22 +273,30 @@ def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
     """Every vGPU and GPU domain ``uuid`` holds, released (the hook's ``release end``); the domain forgotten."""
-    from ..hook.handler import release_domain
+    from ..ops.devices import release_domain
     owner = _uuid(req.params["uuid"])
     released = agent.write(lambda: release_domain(agent.host, agent.store, owner, actor=req.actor))
     return {"schema": SCHEMA_RELEASE, "domain": owner, "released": released}
 
 
 def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
-    from ..hook import handler
+    from ..ops import devices
     from ..libvirt.domxml import MAX_XML_BYTES, parse_domain
     xml = _text(req.body, "xml", required=True, limit=MAX_XML_BYTES)
     view = parse_domain(xml.encode("utf-8"))
     name = view.name or _text(req.body, "name", limit=256) or "?"
     shown = "".join(c if c.isprintable() else "?" for c in name[:80])
     actor = f"hook {shown} pid={req.peer_pid}"
-    fn = handler.prepare if act == "prepare" else handler.release
-    changed = agent.write(lambda: fn(agent.host, view, actor=actor))
+    if act == "prepare":
+        def run():
+            # the warm snapshot, checked against the host under the write lock: no rescan per start
+            meta = view.metadata
+            inv = agent.inventory() if meta is not None and not meta.empty else None
+            return devices.prepare(agent.host, view, actor=actor, inventory=inv)
+    else:
+        def run():
+            return devices.release(agent.host, view, actor=actor)
+    changed = agent.write(run)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name,
             "changed": [str(c) for c in changed]}
 
