@@ -190,8 +190,9 @@ def peer(conn: socket.socket) -> Peer:
 
 def _groups(pid: int) -> "FrozenSet[int]":
     """The supplementary groups of ``pid`` from ``/proc/<pid>/status`` (empty when unreadable)."""
+    from .hostroot import running_kernel_proc_status
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
+        with open(running_kernel_proc_status(pid), "rb") as f:
             for line in f:
                 if line.startswith(b"Groups:"):
                     return frozenset(int(g) for g in line.split()[1:])
