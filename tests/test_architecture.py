@@ -2,7 +2,7 @@
 
 Layers, lowest first (README, "Architecture")::
 
-    model < io < {libvirt, observe} < policy < plan < ops < hook < cli
+    model < io < {libvirt, observe} < policy < plan < ops < hook < {cli, agent}
 
 A module imports only from its own layer or lower ones; ``vgpuhost/__main__.py`` and
 ``vgpuhost/demo.py`` are entry points and may import any layer.  ``sim/`` is the
@@ -34,7 +34,8 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 PKG = Path(__file__).resolve().parents[1] / "vgpuhost"
 
-RANK = {"model": 0, "io": 1, "libvirt": 2, "observe": 2, "policy": 3, "plan": 4, "ops": 5, "hook": 6, "cli": 7}
+RANK = {"model": 0, "io": 1, "libvirt": 2, "observe": 2, "policy": 3, "plan": 4, "ops": 5, "hook": 6, "cli": 7,
+        "agent": 7}
 ENTRY_POINTS = {"vgpuhost.__main__", "vgpuhost.demo"}
 BACKENDS = "vgpuhost.io.backends"
 

@@ -8,7 +8,6 @@ from typing import List, Optional
 import click
 
 from .common import Context, emit, pass_ctx
-from ..model.errors import InputError
 from .common import store
 
 
@@ -28,24 +27,8 @@ def audit(ctx: Context, since: Optional[str]) -> None:
 
 
 def _parse_since(text: str) -> str:
-    import re
-    from datetime import datetime, timedelta, timezone
-    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", text)
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
-        try:
-            return (datetime.now(timezone.utc) - timedelta(**{unit: int(m[1])})).isoformat(timespec="microseconds")
-        except OverflowError:
-            return datetime.min.replace(tzinfo=timezone.utc).isoformat(timespec="microseconds")
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise InputError(f"invalid --since {text!r}",
-                         hint="give an ISO 8601 time (2026-11-29T10:00, UTC unless an offset is given) "
-                              "or an age like 30m, 2h, 7d") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.astimezone(timezone.utc).isoformat(timespec="microseconds")
+    from ..policy.when import parse_since
+    return parse_since(text)
 
 
 COMMANDS: List[click.Command] = [audit]

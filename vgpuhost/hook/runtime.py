@@ -42,6 +42,15 @@ vgpuhost's element (:mod:`vgpuhost.domxml`):
 owns (owner-guarded: a late release never frees the next owner's device)
 and forgets the domain; nothing recorded is a no-op.
 
+With the agent up (``vgpuhost agent``: its admin socket, ``$VGPUHOST_AGENT_SOCKET``
+or ``<root>/run/vgpuhost/agent.sock``, answers), steps 2-5 are handed to it
+(``POST /v1/hook/prepare`` and ``/v1/hook/release``): the agent does them
+with the same code over its warm snapshot of the host, serialised with
+every other change it makes, and the hook prints the agent's error line
+and exits with its exit code.  When nobody answers on the socket (or
+``$VGPUHOST_AGENT`` is ``off``) the hook does the work itself: a domain
+start never depends on the agent.
+
 Exit codes: 0 done or nothing to do; 2 refused or bad input (nothing
 changed); 3 a device operation failed or the hook timed out (what this
 invocation made was undone); 4 internal error.
@@ -123,8 +132,14 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     old = _arm(timeout_s, armed)
     try:
         host = host or HostRoot.from_env()
-        view = parse_domain(stdin.read(MAX_XML_BYTES + 1))
+        data = stdin.read(MAX_XML_BYTES + 1)
+        view = parse_domain(data)
         name = view.name or name
+        if view.metadata is not None and not view.metadata.empty:
+            answered = _via_agent(host, act, name, data, err, timeout_s)
+            if answered is not None:
+                armed["live"] = False
+                return answered
         actor = actor_name(f"hook {_printable(name, 80)}", with_uid=False)
         if act == "prepare":
             prepare(host, view, actor=actor)
@@ -154,6 +169,35 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     finally:
         armed["live"] = False
         _disarm(old)
+
+
+def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, timeout_s: int) -> "Optional[int]":
+    """Hand the call to the agent: its exit code, or None when no agent answers (do it here)."""
+    from ..io import agentclient
+    path = agentclient.socket_path(host)
+    if path is None:
+        return None
+    try:
+        xml = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    try:
+        status, doc = agentclient.call(path, "POST", f"/v1/hook/{act}", {"xml": xml, "name": name},
+                                       timeout_s=timeout_s + 5)
+    except (agentclient.AgentDown, OSError, ValueError):
+        return None                 # down, not ours to use, or a garbled answer: the hook does it itself
+    if status == 200:
+        return EXIT_OK
+    if status in (403, 404, 405, 411, 413):
+        return None                 # an agent that may not or cannot take it: the hook does it itself
+    problem = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(problem, dict) or not isinstance(problem.get("exit_code"), int):
+        return None
+    if problem.get("exit_code") == EXIT_INTERNAL:
+        _say(err, f"vgpuhost: internal error in the vgpuhost agent (qemu hook): {problem.get('line')} (report it)")
+    else:
+        _say(err, f"vgpuhost: error: domain {name!r}: {problem.get('line')}")
+    return int(problem["exit_code"])
 
 
 def _say(err: TextIO, line: str) -> None:

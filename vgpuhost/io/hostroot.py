@@ -28,6 +28,12 @@ ENV_STATE_DIR = "VGPUHOST_STATE_DIR"
 SIM_MARKER = ".vgpuhost-sim"
 
 
+def running_kernel_proc_status(pid: int) -> Path:
+    """``/proc/<pid>/status`` of the kernel this process runs on, never under a (simulated) root:
+    the credentials of a socket peer (the agent's callers) are that kernel's."""
+    return Path(os.sep, "proc", str(int(pid)), "status")
+
+
 @record(frozen=True)
 class HostRoot:
     """A host root directory and the paths derived from it.

@@ -56,12 +56,15 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
     return parse_allow(data, host.relative(path))
 
 
-def prepare(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
+def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optional[Inventory]" = None) -> List[str]:
     """Make every device the domain's metadata names exist; returns what this call changed.
 
     All or nothing: on any failure what this call made is removed again
     (owner-guarded) before the error propagates.  Idempotent: devices the
     domain already holds (a retried start) are kept as they are.
+    ``inventory``: a current discovery of the host (the agent's warm
+    snapshot) instead of reading it again; every placement is still
+    re-checked under the GPU lock on a fresh read.
     """
     meta = view.metadata
     if meta is None or meta.empty:
@@ -71,7 +74,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
     from ..io.sysfs import Sysfs
     from ..policy.hookrequest import check_holders, check_request
     from .passthrough import group_endpoints
-    inv = discover(Sysfs(host))
+    inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
     store = StateStore(host.state_dir)
     active = store.active_domains()

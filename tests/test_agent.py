@@ -1,0 +1,363 @@
+"""The vgpuhost agent over real unix sockets: roles, the API document, concurrency, socket activation.
+
+Every agent runs as its own process (``vgpuhost --root R agent``) on a
+simulated host; clients are real processes connecting to its sockets
+(the permission tests drop to throwaway uids and gids).  Outcomes are read
+back from the simulated sysfs tree, the state store and the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from agentutil import (ADMIN_GID, ADMIN_UID, OTHER_GID, OTHER_UID, RO_GID, RO_UID, REPO, AgentRun, as_user,
+                       socket_dir)
+from test_hook import vgpu_domain
+from vgpuhost.agent import api
+from vgpuhost.io import agentclient, unixsock
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.observe.inventory import discover
+
+DOM = "11111111-2222-4333-8444-0000000000a1"
+MDEV = "aaaaaaaa-2222-4333-8444-0000000000a1"
+SPEC = REPO / "vgpuhost" / "agent" / "openapi.yaml"
+
+
+def mdevs(host) -> Dict[str, str]:
+    """mdev UUID -> type id, from the simulated tree."""
+    return {m.uuid: m.type_id for m in discover(Sysfs(host), with_types=False).mdevs}
+
+
+def records(host) -> Dict[str, Any]:
+    return {r.id: r for r in StateStore(host.state_dir, create=False).vgpu_records()}
+
+
+@pytest.fixture
+def a40(make_host):
+    return make_host("a40-mdev")
+
+
+@pytest.fixture
+def agent(a40):
+    with AgentRun(a40.root) as run:
+        yield run
+
+
+# ---------------------------------------------------------------------------
+# roles: SO_PEERCRED and the socket files
+
+def _allocate(path: str, dom: str) -> tuple:
+    return (path, "POST", f"/v1/domains/{dom}/allocate", {"profile": "A40-8Q"})
+
+
+def test_sockets_are_0660_with_their_groups(agent):
+    for path, gid in ((agent.admin, ADMIN_GID), (agent.ro, RO_GID)):
+        st = os.stat(path)
+        assert (st.st_mode & 0o777, st.st_gid, st.st_uid) == (0o660, gid, 0)
+
+
+def test_read_only_group_reads_but_cannot_allocate_and_others_are_refused(agent, a40):
+    dom2 = str(uuidlib.uuid4())
+    ro_calls = [(agent.ro, "GET", "/v1/inventory", None), (agent.ro, "GET", "/v1/vgpus", None),
+                _allocate(agent.ro, DOM), (agent.admin, "GET", "/v1/inventory", None), _allocate(agent.admin, DOM)]
+    # the read-only group: reads on its socket; no allocate there; the admin socket's file keeps it out
+    assert as_user(RO_UID, RO_GID, [], ro_calls) == [200, 200, 403, "EACCES", "EACCES"]
+    # supplementary membership counts the same (read from /proc/<pid>/status)
+    assert as_user(RO_UID, OTHER_GID, [RO_GID], ro_calls[:3]) == [200, 200, 403]
+    # anyone else: neither socket file lets it connect
+    other = [(agent.ro, "GET", "/v1/inventory", None), _allocate(agent.admin, DOM)]
+    assert as_user(OTHER_UID, OTHER_GID, [], other) == ["EACCES", "EACCES"]
+    # a member of the admin group (supplementary) may allocate on the admin socket
+    assert as_user(ADMIN_UID, OTHER_GID, [ADMIN_GID], [_allocate(agent.admin, dom2)]) == [200]
+    assert [r.owner for r in records(a40).values()] == [dom2]
+    assert list(mdevs(a40)) == list(records(a40))
+
+
+def test_peer_credentials_refuse_even_when_the_socket_files_do_not(agent, a40):
+    """With both sockets loosened to 0666, the agent's own check (SO_PEERCRED) still decides."""
+    for path in (agent.admin, agent.ro):
+        os.chmod(path, 0o666)
+    other = [(agent.ro, "GET", "/v1/inventory", None), (agent.admin, "GET", "/v1/inventory", None),
+             _allocate(agent.admin, DOM)]
+    assert as_user(OTHER_UID, OTHER_GID, [], other) == [403, 403, 403]
+    # the read-only group on the admin socket: still read-only
+    assert as_user(RO_UID, RO_GID, [], other) == [200, 200, 403]
+    assert records(a40) == {} and mdevs(a40) == {}
+    status, doc = agent.call("GET", "/v1/audit")
+    assert status == 200 and doc["rows"] == []          # nothing was written, not even a refusal's intent
+
+
+def test_roles_are_reported(agent):
+    assert agent.call("GET", "/v1/agent")[1]["role"] == "admin"
+    assert agent.call("GET", "/v1/agent", ro=True)[1]["role"] == "read"
+
+
+# ---------------------------------------------------------------------------
+# the API document against the served endpoints
+
+def _nullable(node):
+    """OpenAPI 3.0's ``nullable`` as JSON Schema (``type: [T, "null"]``)."""
+    if isinstance(node, dict):
+        out = {k: _nullable(v) for k, v in node.items() if k != "nullable"}
+        if node.get("nullable") and "type" in out:
+            out["type"] = [out["type"], "null"]
+        return out
+    if isinstance(node, list):
+        return [_nullable(v) for v in node]
+    return node
+
+
+def _validate(doc: dict, spec: dict, schema: dict, instance) -> None:
+    import jsonschema
+    jsonschema.validate(instance, {"allOf": [_nullable(schema)], "components": _nullable(spec["components"])})
+
+
+def _response_schema(spec: dict, op: dict, status: int):
+    responses = op["responses"]
+    resp = responses.get(str(status)) or responses["default"]
+    if "$ref" in resp:
+        resp = spec["components"]["responses"][resp["$ref"].rsplit("/", 1)[1]]
+    content = resp["content"]
+    ctype, media = next(iter(content.items()))
+    return ctype, media["schema"]
+
+
+def test_every_served_path_is_documented_and_every_documented_path_is_served():
+    spec = yaml.safe_load(SPEC.read_text())
+    documented = {(m.upper(), p, op["x-vgpuhost-role"]) for p, ops in spec["paths"].items() for m, op in ops.items()}
+    served = {(r.method, r.template, r.role) for r in api.ROUTES}
+    assert documented == served
+
+
+def _requests(a40_config: str) -> List[tuple]:
+    """One request per documented (method, path), in an order that leaves something to release."""
+    xml = vgpu_domain("doc-vm", DOM, MDEV)
+    other = "11111111-2222-4333-8444-0000000000b2"
+    layout = {"config": a40_config, "source": "vgpu-a40.yaml", "layout": "mixed"}
+    return [
+        ("GET", "/v1/agent", "/v1/agent", None),
+        ("GET", "/v1/openapi", "/v1/openapi", None),
+        ("GET", "/v1/inventory", "/v1/inventory", None),
+        ("GET", "/v1/types", "/v1/types?available=true", None),
+        ("GET", "/v1/capacity", "/v1/capacity", None),
+        ("POST", "/v1/domains/{uuid}/allocate", f"/v1/domains/{other}/allocate", {"profile": "A40-8Q"}),
+        ("POST", "/v1/hook/prepare", "/v1/hook/prepare", {"xml": xml, "name": "doc-vm"}),
+        ("GET", "/v1/vgpus", "/v1/vgpus", None),
+        ("GET", "/v1/domains", "/v1/domains", None),
+        ("GET", "/v1/tenants", "/v1/tenants", None),
+        ("GET", "/v1/usage", "/v1/usage", None),
+        ("GET", "/v1/audit", "/v1/audit?since=1h", None),
+        ("GET", "/v1/metrics", "/v1/metrics", None),
+        ("POST", "/v1/hook/release", "/v1/hook/release", {"xml": xml}),
+        ("POST", "/v1/domains/{uuid}/release", f"/v1/domains/{other}/release", None),
+        ("POST", "/v1/plan", "/v1/plan", layout),
+        ("POST", "/v1/apply", "/v1/apply", layout),
+        ("POST", "/v1/assert", "/v1/assert", layout),
+        ("POST", "/v1/reconcile", "/v1/reconcile", {"check": True}),
+    ]
+
+
+def test_responses_validate_against_the_documented_schemas(agent, a40):
+    spec = yaml.safe_load(SPEC.read_text())
+    config = (REPO / "examples" / "config" / "vgpu-a40.yaml").read_text()
+    reqs = _requests(config)
+    assert {(m, t) for m, t, _, _ in reqs} == {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
+    statuses = {}
+    for method, template, target, body in reqs:
+        status, doc = agent.call(method, target, body)
+        statuses[template] = status
+        ctype, schema = _response_schema(spec, spec["paths"][template][method.lower()], status)
+        if ctype == "application/json":
+            _validate(doc, spec, schema, doc)
+        else:
+            assert isinstance(doc, str) and doc
+    assert statuses.pop("/v1/metrics") in (200, 503)
+    assert set(statuses.values()) == {200}, statuses
+    # the writes happened, through the same ops: the layout's six vGPUs (2 A40-8Q + 4 A40-4Q) are on the host
+    assert sorted(r.type_name for r in records(a40).values()) == ["A40-4Q"] * 4 + ["A40-8Q"] * 2
+    assert set(mdevs(a40)) == set(records(a40))
+    ops = {row.operation.split(" owner=")[0] for row in StateStore(a40.state_dir).audit_rows()}
+    assert {"vgpu create A40-8Q", "vgpu create A40-4Q", "vgpu remove " + MDEV} <= ops, ops
+
+
+@pytest.mark.parametrize("method,target,body,status,exit_code", [
+    ("GET", "/v1/nothing", None, 404, 2),
+    ("DELETE", "/v1/inventory", None, 405, 2),
+    ("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-99Q"}, 400, 2),
+    ("POST", f"/v1/domains/not-a-uuid/allocate", {"profile": "A40-8Q"}, 400, 2),
+    ("POST", f"/v1/domains/{DOM}/allocate", {}, 400, 2),
+    ("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-8Q", "gpu": "0000:99:00.0"}, 400, 2),
+    ("POST", "/v1/plan", {"config": "version: 1\nlayouts: {x: {gpus: [{select: {}, mode: nope}]}}"}, 400, 2),
+    ("POST", "/v1/hook/prepare", {"xml": "<domain><name>x</name"}, 400, 2),
+    ("GET", "/v1/audit?since=yesterday", None, 400, 2),
+])
+def test_bad_requests_are_one_error_document_and_change_nothing(agent, a40, method, target, body, status, exit_code):
+    spec = yaml.safe_load(SPEC.read_text())
+    got, doc = agent.call(method, target, body)
+    assert (got, doc["error"]["exit_code"]) == (status, exit_code), doc
+    _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
+    assert "\n" not in doc["error"]["line"]
+    assert records(a40) == {} and mdevs(a40) == {}
+
+
+def test_a_body_that_is_not_json_or_too_large_is_refused(agent):
+    s = unixsock.connect(agent.admin, 10)
+    s.sendall(b"POST /v1/reconcile HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope")
+    assert b" 400 " in s.recv(1 << 16).split(b"\r\n", 1)[0]
+    s.close()
+    s = unixsock.connect(agent.admin, 10)
+    s.sendall(b"POST /v1/reconcile HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+    assert b" 413 " in s.recv(1 << 16).split(b"\r\n", 1)[0]
+    s.close()
+
+
+def test_a_refusal_carries_the_cli_exit_code(agent, a40):
+    for i in range(6):
+        assert agent.call("POST", f"/v1/domains/{uuidlib.uuid4()}/allocate", {"profile": "A40-8Q"})[0] == 200
+    status, doc = agent.call("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-8Q"})
+    assert (status, doc["error"]["type"], doc["error"]["exit_code"]) == (409, "RefusedError", 2)
+    assert "cannot place A40-8Q" in doc["error"]["message"]
+
+
+# ---------------------------------------------------------------------------
+# 16 concurrent clients
+
+def _client(args) -> tuple:
+    path, dom, barrier = args
+    barrier.wait(60)
+    status, doc = agentclient.call(path, "POST", f"/v1/domains/{dom}/allocate", {"profile": "A40-8Q",
+                                                                                 "strategy": "first-fit"})
+    return dom, status, doc
+
+
+_BARRIER = None
+
+
+def _init(barrier) -> None:
+    global _BARRIER
+    _BARRIER = barrier
+
+
+def _client_proc(args) -> tuple:
+    path, dom = args
+    return _client((path, dom, _BARRIER))
+
+
+def test_sixteen_concurrent_clients_never_double_allocate(agent, a40):
+    """16 processes ask at once for an A40-8Q each; the A40 holds 6 (equal-size mode): exactly 6 get one,
+    10 are refused (409, exit code 2), no vGPU is given twice, and the store matches the tree."""
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(16)
+    doms = [f"11111111-2222-4333-8444-{i:012x}" for i in range(16)]
+    with ctx.Pool(16, initializer=_init, initargs=(barrier,)) as pool:
+        results = pool.map(_client_proc, [(agent.admin, d) for d in doms])
+    ok = {dom: doc["id"] for dom, status, doc in results if status == 200}
+    refused = [doc for _, status, doc in results if status != 200]
+    assert len(ok) == 6 and len(set(ok.values())) == 6
+    assert len(refused) == 10 and {(d["status"], d["error"]["exit_code"]) for d in refused} == {(409, 2)}
+    recs = records(a40)
+    assert {r.id: r.owner for r in recs.values()} == {v: k for k, v in ok.items()}
+    assert mdevs(a40) == {r.id: r.type_id for r in recs.values()}
+    status, rep = agent.call("POST", "/v1/reconcile", {"check": True})
+    assert status == 200 and rep["in_sync"] and not rep["orphans"]
+    # each write has its ok audit row
+    creates = [r for r in StateStore(a40.state_dir).audit_rows() if r.path.endswith("/create")]
+    assert sorted(r.value for r in creates if r.result == "ok") == sorted(ok.values())
+
+
+# ---------------------------------------------------------------------------
+# the warm snapshot
+
+def test_reads_use_a_warm_snapshot_renewed_by_writes_and_by_changes(agent, a40):
+    def scans():
+        return agent.call("GET", "/v1/agent")[1]["snapshot_scans"]
+    agent.call("GET", "/v1/inventory")
+    first = scans()
+    for _ in range(3):
+        agent.call("GET", "/v1/vgpus")
+        agent.call("GET", "/v1/types")
+    assert scans() == first                              # nothing changed: no rescan
+    status, out = agent.call("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-8Q"})
+    assert status == 200
+    listed = agent.call("GET", "/v1/vgpus")[1]["vgpus"]
+    assert [v["id"] for v in listed] == [out["id"]] and scans() == first + 1
+    # a change the agent did not make (the CLI, another tool) is seen too
+    from vgpuhost.cli.main import main as cli_main
+    assert cli_main(["--root", str(a40.root), "vgpu", "create", "--profile", "A40-8Q"]) == 0
+    assert len(agent.call("GET", "/v1/vgpus")[1]["vgpus"]) == 2
+
+
+# ---------------------------------------------------------------------------
+# socket activation
+
+def test_socket_activation_uses_the_passed_sockets(a40):
+    d = socket_dir()
+    socks = [unixsock.bind(os.path.join(d, "a.sock"), mode=0o660, gid=ADMIN_GID),
+             unixsock.bind(os.path.join(d, "r.sock"), mode=0o660, gid=RO_GID)]
+    try:
+        with AgentRun(a40.root, d, passed=socks) as run:
+            for s in socks:
+                s.close()                                   # only the agent holds them now
+            run.wait_ready(os.path.join(d, "a.sock"))
+            assert agentclient.call(os.path.join(d, "a.sock"), "GET", "/v1/agent")[1]["role"] == "admin"
+            assert agentclient.call(os.path.join(d, "r.sock"), "GET", "/v1/agent")[1]["role"] == "read"
+            assert sorted(os.listdir(d)) == ["a.sock", "agent.log", "r.sock"]    # it bound nothing of its own
+            st, _ = agentclient.call(os.path.join(d, "r.sock"), "POST", f"/v1/domains/{DOM}/allocate",
+                                     {"profile": "A40-8Q"})
+            assert st == 403
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_second_agent_on_the_same_sockets_is_refused(agent, a40):
+    from vgpuhost.cli.main import main as cli_main
+    rc = cli_main(["--root", str(a40.root), "agent", "--socket-dir", agent.dir, "--admin-group", str(ADMIN_GID),
+                   "--ro-group", str(RO_GID)])
+    assert rc == 2
+    assert agent.call("GET", "/v1/agent")[0] == 200      # the first one still serves
+
+
+def test_an_unknown_group_is_one_line_exit_2(a40, capsys):
+    from vgpuhost.cli.main import main as cli_main
+    rc = cli_main(["--root", str(a40.root), "agent", "--socket-dir", "/tmp/vgh-never", "--admin-group",
+                   "no-such-group-vgh"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "no group 'no-such-group-vgh'" in err
+    assert not os.path.exists("/tmp/vgh-never")
+
+
+def test_units_ship_and_name_their_sockets():
+    units = REPO / "vgpuhost" / "units"
+    admin = (units / "vgpuhost-agent.socket").read_text()
+    ro = (units / "vgpuhost-agent-ro.socket").read_text()
+    service = (units / "vgpuhost-agent.service").read_text()
+    assert "FileDescriptorName=admin" in admin and "SocketGroup=vgpuhost\n" in admin
+    assert "FileDescriptorName=ro" in ro and "SocketGroup=vgpuhost-ro" in ro
+    assert "SocketMode=0660" in admin and "SocketMode=0660" in ro
+    assert "ExecStart=/usr/bin/vgpuhost agent" in service
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/systemd-analyze"), reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_accepts_the_agent_units(tmp_path):
+    import subprocess
+    units = REPO / "vgpuhost" / "units"
+    names = ["vgpuhost-agent.socket", "vgpuhost-agent-ro.socket", "vgpuhost-agent.service"]
+    for n in names:
+        (tmp_path / n).write_text((units / n).read_text())
+    proc = subprocess.run(["systemd-analyze", "verify", *(str(tmp_path / n) for n in names)],
+                          capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "err"})
+    bad = [line for line in proc.stderr.splitlines()
+           if "vgpuhost-agent" in line and "Command /usr/bin/vgpuhost" not in line
+           and "group" not in line.lower()]
+    assert not bad, proc.stderr

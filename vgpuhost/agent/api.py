@@ -1,0 +1,402 @@
+"""The agent's API version 1: every endpoint as a plain function over one :class:`Agent`.
+
+Owns: what each ``/v1/...`` path does and returns (the JSON documents
+the OpenAPI document ``vgpuhost/agent/openapi.yaml`` describes), which
+paths change the host (admin only), the agent's warm host snapshot and
+the one lock that serialises the agent's writes.  Must not: speak HTTP or
+sockets (``server.py``), or hold device logic: every change goes through
+the same ops (``ops/vgpu``, ``ops/layout``, the hook's domain devices,
+``ops/tenancy``), file locks and audit log as the CLI and the hook.
+
+Errors are raised as :class:`~vgpuhost.model.errors.VgpuhostError`
+subclasses and turned into one JSON error document by the server, with
+the exit code the CLI would have given.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from .. import __version__
+from ..io.hostroot import HostRoot
+from ..io.state import StateStore
+from ..model.errors import InputError, VgpuhostError
+
+API = "v1"
+SCHEMA_AGENT = "vgpuhost.agent/v1"
+SCHEMA_DOMAINS = "vgpuhost.agent-domains/v1"
+SCHEMA_RELEASE = "vgpuhost.agent-release/v1"
+SCHEMA_HOOK = "vgpuhost.agent-hook/v1"
+SCHEMA_ERROR = "vgpuhost.agent-error/v1"
+
+READ, ADMIN = "read", "admin"
+
+
+class Unavailable(VgpuhostError):
+    """A part of the API whose backing feature is not there (``/v1/metrics`` without the exporter)."""
+
+
+class Request(NamedTuple):
+    """One call: ``params`` from the path, ``query`` (first value of each key), ``body`` (parsed JSON
+    object or None), ``actor`` (the audit actor naming the peer)."""
+
+    params: Dict[str, str]
+    query: Dict[str, str]
+    body: Optional[Dict[str, Any]]
+    actor: str
+    peer_pid: int
+
+
+class Text(NamedTuple):
+    """A non-JSON answer (``/v1/metrics``)."""
+
+    content_type: str
+    body: bytes
+
+
+class Agent:
+    """The agent's state: the host, its state store, the warm snapshot and the write lock.
+
+    ``inventory()`` returns a discovery of the host, re-read only when the
+    host changed (:func:`vgpuhost.io.changes.fingerprint`) or the agent
+    wrote since; ``scans`` counts the discoveries made.
+    """
+
+    def __init__(self, host: HostRoot):
+        self.host = host
+        self.store = StateStore(host.state_dir, create=True)
+        self.write_lock = threading.Lock()
+        self._snap_lock = threading.Lock()
+        self._inv = None
+        self._key: Optional[tuple] = None
+        self.scans = 0
+
+    # --- the warm snapshot ---------------------------------------------
+    def _fingerprint(self, inv) -> tuple:
+        from ..io.changes import fingerprint
+        return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())
+
+    def inventory(self):
+        """The host's inventory, from the warm snapshot when nothing changed since it was read."""
+        from ..io.sysfs import Sysfs
+        from ..observe.inventory import discover
+        with self._snap_lock:
+            if self._inv is not None and self._fingerprint(self._inv) == self._key:
+                return self._inv
+            self.host.require_host()
+            inv = discover(Sysfs(self.host))
+            self.scans += 1
+            self._inv, self._key = inv, self._fingerprint(inv)
+            return inv
+
+    def invalidate(self) -> None:
+        """Forget the snapshot (after every write the agent makes)."""
+        with self._snap_lock:
+            self._inv = self._key = None
+
+    def write(self, fn: Callable[[], Any]) -> Any:
+        """Run one change under the agent's write lock, then drop the snapshot."""
+        with self.write_lock:
+            try:
+                return fn()
+            finally:
+                self.invalidate()
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+def _text(body: Optional[Dict[str, Any]], key: str, *, required: bool = False, limit: int = 4096) -> Optional[str]:
+    value = (body or {}).get(key)
+    if value is None:
+        if required:
+            raise InputError(f"the request needs {key!r}", hint="see the API document (GET /v1/openapi)")
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise InputError(f"{key!r} must be a string of at most {limit} characters")
+    return value
+
+
+def _flag(body_or_query: Optional[Dict[str, Any]], key: str) -> bool:
+    value = (body_or_query or {}).get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no", ""):
+        return value.lower() in ("1", "true", "yes")
+    raise InputError(f"{key!r} must be true or false")
+
+
+def _gpu(agent: Agent, text: Optional[str], inv=None):
+    if text is None:
+        return None
+    from ..model.values import PciAddress
+    addr = PciAddress.parse(text)
+    if inv is not None and inv.gpu(addr) is None:
+        known = ", ".join(str(g.address) for g in inv.gpus) or "none"
+        raise InputError(f"no NVIDIA GPU at {addr}", hint=f"GPUs on this host: {known}")
+    return addr
+
+
+def _uuid(text: str) -> str:
+    from ..model.values import parse_uuid
+    return parse_uuid(text)
+
+
+# ---------------------------------------------------------------------------
+# read endpoints
+
+def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
+    return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
+            "root": str(agent.host.root), "snapshot_scans": agent.scans}
+
+
+def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..cli.output import gpus_doc
+    return gpus_doc(agent.inventory())
+
+
+def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..cli.output import aggregate_types, types_doc
+    inv = agent.inventory()
+    addr = _gpu(agent, req.query.get("gpu"), inv)
+    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
+    if _flag(req.query, "available"):
+        entries = [e for e in entries if e["available_instances"] > 0]
+    return types_doc(entries)
+
+
+def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..cli.tenant import SCHEMA_CAPACITY
+    from ..ops import tenancy
+    doc = tenancy.capacity(agent.store, agent.inventory())
+    profile = req.query.get("profile")
+    if profile:
+        doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
+    return {"schema": SCHEMA_CAPACITY, **doc}
+
+
+def get_vgpus(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..observe.vgpus import list_vgpus
+    entries = list_vgpus(agent.inventory(), agent.store.vgpu_records())
+    return {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]}
+
+
+def domains_doc(store: StateStore) -> Dict[str, Any]:
+    """Every domain vgpuhost knows: recorded as running by the hook, or holding a vGPU or a GPU."""
+    running = store.active_domains()
+    held: Dict[str, Dict[str, List[str]]] = {}
+    for r in store.vgpu_records():
+        held.setdefault(r.owner, {"vgpus": [], "passthrough": []})["vgpus"].append(r.id)
+    for p in store.passthrough_records():
+        if p.owner and p.bdf == p.gpu:
+            held.setdefault(p.owner, {"vgpus": [], "passthrough": []})["passthrough"].append(p.gpu)
+    out = []
+    for uuid in sorted(set(running) | {o for o in held if _is_uuid(o)}):
+        h = held.get(uuid, {"vgpus": [], "passthrough": []})
+        out.append({"uuid": uuid, "name": running.get(uuid), "running": uuid in running,
+                    "vgpus": sorted(h["vgpus"]), "passthrough": sorted(set(h["passthrough"]))})
+    return {"schema": SCHEMA_DOMAINS, "domains": out}
+
+
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _is_uuid(text: str) -> bool:
+    return bool(_UUID_RE.fullmatch(text or ""))
+
+
+def get_domains(agent: Agent, req: Request) -> Dict[str, Any]:
+    return domains_doc(agent.store)
+
+
+def get_tenants(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..cli.tenant import SCHEMA_TENANTS, tenant_doc
+    from ..ops import tenancy
+    return {"schema": SCHEMA_TENANTS, "tenants": [tenant_doc(t) for t in tenancy.tenants(agent.store).values()]}
+
+
+def get_usage(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..cli.tenant import SCHEMA_USAGE
+    from ..ops import tenancy
+    try:
+        inv = agent.inventory()
+    except VgpuhostError:           # usage is the store's view; an unreadable host only loses type sizes
+        inv = None
+    return {"schema": SCHEMA_USAGE, "tenants": tenancy.usage_report(agent.store, inv)}
+
+
+def get_audit(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..policy.when import parse_since
+    since = req.query.get("since")
+    start = parse_since(since) if since else None
+    rows = agent.store.audit_rows(start)
+    return {"schema": "vgpuhost.audit/v1", "since": start, "rows": [r.__dict__ for r in rows]}
+
+
+def get_metrics(agent: Agent, req: Request) -> Text:
+    """The metering exporter's registry in the Prometheus text format, when metering is installed."""
+    try:
+        from ..ops import exporter     # the metering issue's exporter (prometheus-client)
+    except ImportError:
+        exporter = None
+    render = getattr(exporter, "render", None) if exporter is not None else None
+    if render is None:
+        raise Unavailable("metrics are not available: this vgpuhost has no metering exporter",
+                          hint="install a vgpuhost with metering, or scrape 'vgpuhost exporter'")
+    content_type, body = render(agent.host, agent.store)
+    return Text(content_type, body)
+
+
+# ---------------------------------------------------------------------------
+# write endpoints (admin)
+
+def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
+    """A vGPU of ``profile`` for domain ``uuid`` (the owner), placed by ``strategy`` (or on ``gpu``)."""
+    from ..ops import vgpu
+    owner = _uuid(req.params["uuid"])
+    body = req.body or {}
+    profile = _text(body, "profile", required=True, limit=128)
+    strategy = _text(body, "strategy", limit=32) or "first-fit"
+    gpu = _gpu(agent, _text(body, "gpu", limit=32))
+    vid = _text(body, "vgpu_uuid", limit=64)
+    anti = _text(body, "anti_affinity", limit=256)
+    dry = _flag(body, "dry_run")
+
+    def run():
+        return vgpu.create(agent.host, agent.store, profile=profile, gpu=gpu, uuid=vid, strategy=strategy,
+                           owner=owner, anti_affinity=anti, dry_run=dry, actor=req.actor)
+    out = run() if dry else agent.write(run)
+    return out.as_dict()
+
+
+def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
+    """Every vGPU and GPU domain ``uuid`` holds, released (the hook's ``release end``); the domain forgotten."""
+    from ..ops.devices import release_domain
+    owner = _uuid(req.params["uuid"])
+    released = agent.write(lambda: release_domain(agent.host, agent.store, owner, actor=req.actor))
+    return {"schema": SCHEMA_RELEASE, "domain": owner, "released": released}
+
+
+def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
+    from ..ops import devices
+    from ..libvirt.domxml import MAX_XML_BYTES, parse_domain
+    xml = _text(req.body, "xml", required=True, limit=MAX_XML_BYTES)
+    view = parse_domain(xml.encode("utf-8"))
+    name = view.name or _text(req.body, "name", limit=256) or "?"
+    shown = "".join(c if c.isprintable() else "?" for c in name[:80])
+    actor = f"hook {shown} pid={req.peer_pid}"
+    if act == "prepare":
+        def run():
+            # the warm snapshot, checked against the host under the write lock: no rescan per start
+            meta = view.metadata
+            inv = agent.inventory() if meta is not None and not meta.empty else None
+            return devices.prepare(agent.host, view, actor=actor, inventory=inv)
+    else:
+        def run():
+            return devices.release(agent.host, view, actor=actor)
+    changed = agent.write(run)
+    return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name,
+            "changed": [str(c) for c in changed]}
+
+
+def post_hook_prepare(agent: Agent, req: Request) -> Dict[str, Any]:
+    return _hook(agent, req, "prepare")
+
+
+def post_hook_release(agent: Agent, req: Request) -> Dict[str, Any]:
+    return _hook(agent, req, "release")
+
+
+def _config(req: Request):
+    from ..policy.config import parse
+    text = _text(req.body, "config", required=True, limit=1 << 20)
+    source = _text(req.body, "source", limit=256) or "<agent request>"
+    return parse(text, source), _text(req.body, "layout", limit=256)
+
+
+def post_plan(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..ops.layout import plan
+    cfg, layout = _config(req)
+    return plan(agent.host, agent.store, cfg, layout).as_dict()
+
+
+def post_assert(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..ops.layout import check
+    cfg, layout = _config(req)
+    return check(agent.host, agent.store, cfg, layout).as_dict()
+
+
+def post_apply(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..ops.layout import apply
+    cfg, layout = _config(req)
+    cfg.layout(layout)                  # an unknown layout fails before the host is read
+    return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor)).as_dict()
+
+
+def post_reconcile(agent: Agent, req: Request) -> Dict[str, Any]:
+    from ..ops.vgpu import reconcile
+    check = _flag(req.body, "check")
+    agent.host.require_host()
+    if check:
+        return reconcile(agent.host, agent.store, check=True).as_dict()
+    return agent.write(lambda: reconcile(agent.host, agent.store, check=False, actor=req.actor)).as_dict()
+
+
+def get_openapi(agent: Agent, req: Request) -> Text:
+    from .spec import document_bytes
+    return Text("application/yaml", document_bytes())
+
+
+# ---------------------------------------------------------------------------
+# the route table
+
+class Route(NamedTuple):
+    method: str
+    template: str           # /v1/domains/{uuid}/allocate
+    handler: Callable
+    role: str               # the least role that may call it
+
+
+ROUTES: Tuple[Route, ...] = (
+    Route("GET", "/v1/agent", get_agent, READ),
+    Route("GET", "/v1/openapi", get_openapi, READ),
+    Route("GET", "/v1/inventory", get_inventory, READ),
+    Route("GET", "/v1/types", get_types, READ),
+    Route("GET", "/v1/capacity", get_capacity, READ),
+    Route("GET", "/v1/vgpus", get_vgpus, READ),
+    Route("GET", "/v1/domains", get_domains, READ),
+    Route("GET", "/v1/tenants", get_tenants, READ),
+    Route("GET", "/v1/usage", get_usage, READ),
+    Route("GET", "/v1/audit", get_audit, READ),
+    Route("GET", "/v1/metrics", get_metrics, READ),
+    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN),
+    Route("POST", "/v1/domains/{uuid}/release", post_release, ADMIN),
+    Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN),
+    Route("POST", "/v1/hook/release", post_hook_release, ADMIN),
+    Route("POST", "/v1/plan", post_plan, READ),
+    Route("POST", "/v1/assert", post_assert, READ),
+    Route("POST", "/v1/apply", post_apply, ADMIN),
+    Route("POST", "/v1/reconcile", post_reconcile, ADMIN),
+)
+
+
+def _compile(template: str) -> "re.Pattern[str]":
+    return re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(template)) + "$")
+
+
+_COMPILED = [(r, _compile(r.template)) for r in ROUTES]
+
+
+def match(method: str, path: str) -> Tuple[Optional[Route], Dict[str, str], List[str]]:
+    """``(route, path params, methods allowed on path)``; route None when nothing matches
+    (405 when the list of methods is not empty, else 404)."""
+    allowed = []
+    for route, rx in _COMPILED:
+        m = rx.match(path)
+        if m:
+            if route.method == method:
+                return route, m.groupdict(), [route.method]
+            allowed.append(route.method)
+    return None, {}, allowed

@@ -1,0 +1,303 @@
+"""``vgpuhost agent``: JSON over HTTP/1.1 on two unix sockets, roles from SO_PEERCRED.
+
+Owns: the listening sockets (bound here, or passed by systemd socket
+activation: ``LISTEN_FDS`` with ``LISTEN_FDNAMES`` ``admin`` and ``ro``),
+HTTP parsing (stdlib :mod:`http.server`, one thread per connection), the
+role of each caller, body limits, and turning results and errors into
+responses.  Must not: decide anything about devices (``api.py`` calls the
+ops).
+
+Sockets and roles:
+
+- the **admin** socket (default ``<root>/run/vgpuhost/agent.sock``, mode
+  0660, group ``vgpuhost``) serves root and members of the admin group
+  with every endpoint;
+- the **read-only** socket (``agent-ro.sock``, mode 0660, group
+  ``vgpuhost-ro``) serves root and members of either group with the read
+  endpoints only.
+
+The file modes keep others out; the agent checks again with the peer's
+credentials (``SO_PEERCRED`` and ``/proc/<pid>/status`` ``Groups:``), so
+a socket whose mode was loosened still refuses them (403).
+
+Responses: ``200`` with the endpoint's document; errors as one
+``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
+400 input, 403 role, 404 path, 405 method, 409 refused, 411/413 body, 500
+device failed (``exit_code`` 3) or internal (4), 503 unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import parse_qsl, urlsplit
+
+from .. import __version__
+from ..io import unixsock
+from ..io.hostroot import HostRoot
+from ..model.errors import (EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError,
+                            VgpuhostError)
+from . import api
+
+log = logging.getLogger("vgpuhost.agent")
+
+ADMIN_SOCKET = "agent.sock"
+RO_SOCKET = "agent-ro.sock"
+DEFAULT_ADMIN_GROUP = "vgpuhost"
+DEFAULT_RO_GROUP = "vgpuhost-ro"
+SOCKET_MODE = 0o660
+#: the largest request body (a domain XML of 4 MiB, JSON-escaped)
+MAX_BODY = 12 * 1024 * 1024
+EXIT_INTERNAL = 4
+
+
+def default_socket_dir(host: HostRoot):
+    """``<root>/run/vgpuhost``: where the agent listens and the hook and CLI look for it."""
+    return host.path("run", "vgpuhost")
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """One listening socket (bound elsewhere) and its role."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int):
+        socketserver.BaseServer.__init__(self, "", _Handler)
+        self.socket = sock
+        self.server_address = unixsock.socket_path(sock)
+        self.role = role
+        self.agent = agent
+        self.admin_gid = admin_gid
+        self.ro_gid = ro_gid
+
+
+def peer_role(peer: unixsock.Peer, admin_gid: int, ro_gid: int) -> Optional[str]:
+    """``admin`` (root, or a member of the admin group), ``read`` (the read-only group), or None."""
+    if peer.uid == 0 or admin_gid in peer.groups:
+        return api.ADMIN
+    if ro_gid in peer.groups:
+        return api.READ
+    return None
+
+
+def error_doc(status: int, message: str, *, hint: Optional[str] = None, exit_code: int = EXIT_INPUT,
+              kind: str = "InputError") -> Dict[str, Any]:
+    line = f"{message}; {hint}" if hint else message
+    return {"schema": api.SCHEMA_ERROR, "status": status,
+            "error": {"type": kind, "message": message, "hint": hint, "exit_code": exit_code, "line": line}}
+
+
+def status_of(e: VgpuhostError) -> int:
+    if isinstance(e, api.Unavailable):
+        return 503
+    if isinstance(e, RefusedError):
+        return 409
+    if isinstance(e, HostEnvironmentError):
+        return 503
+    if isinstance(e, InputError):
+        return 400
+    return 500 if e.exit_code == EXIT_DEVICE else 400
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = f"vgpuhost-agent/{__version__}"
+
+    def log_message(self, fmt: str, *args) -> None:        # the base class writes to stderr
+        log.debug("%s %s", getattr(self, "_peer", None), fmt % args)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # --- one request ------------------------------------------------------
+    def _dispatch(self, method: str) -> None:
+        self.close_connection = True
+        try:
+            status, doc = self._handle(method)
+        except Exception as e:      # a bug: one error document, never a traceback on the socket
+            log.exception("internal error")
+            status, doc = 500, error_doc(500, f"internal error: {type(e).__name__}: {e}",
+                                         hint="report it (the agent's journal has the traceback)",
+                                         exit_code=EXIT_INTERNAL, kind="InternalError")
+        if isinstance(doc, api.Text):
+            self._send(status, doc.content_type, doc.body)
+        else:
+            self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _handle(self, method: str) -> Tuple[int, Any]:
+        peer = unixsock.peer(self.connection)
+        self._peer = peer
+        srv = self.server
+        who = peer_role(peer, srv.admin_gid, srv.ro_gid)
+        if who is None:
+            return 403, error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent",
+                                  hint="ask for membership of the vgpuhost-ro (read) or vgpuhost (admin) group",
+                                  kind="RefusedError")
+        role = api.READ if api.READ in (who, srv.role) else api.ADMIN
+        url = urlsplit(self.path)
+        route, params, allowed = api.match(method, url.path)
+        if route is None:
+            if allowed:
+                return 405, error_doc(405, f"{method} is not allowed on {url.path}",
+                                      hint="allowed: " + ", ".join(sorted(set(allowed))))
+            return 404, error_doc(404, f"no endpoint {url.path}", hint="GET /v1/openapi lists them")
+        if route.role == api.ADMIN and role != api.ADMIN:
+            where = "the read-only socket" if srv.role == api.READ else "a member of the read-only group"
+            return 403, error_doc(403, f"{method} {url.path} changes the host: not allowed for {where}",
+                                  hint="use the admin socket as root or a member of the vgpuhost group",
+                                  kind="RefusedError")
+        body = None
+        if method == "POST":
+            body, problem = self._body()
+            if problem is not None:
+                return problem
+        query = dict(parse_qsl(url.query, keep_blank_values=True))
+        actor = f"agent uid={peer.uid} pid={peer.pid}"
+        req = api.Request(params, query, body, actor, peer.pid)
+        try:
+            if route.handler is api.get_agent:
+                return 200, api.get_agent(srv.agent, req, role)
+            return 200, route.handler(srv.agent, req)
+        except VgpuhostError as e:
+            status = status_of(e)
+            return status, error_doc(status, e.message, hint=e.hint, exit_code=e.exit_code, kind=type(e).__name__)
+        except OSError as e:
+            name = f": {e.filename}" if e.filename else ""
+            return 500, error_doc(500, f"{e.strerror or e}{name}", hint="check the path and its permissions",
+                                  kind="OSError")
+        except Exception as e:
+            if type(e).__module__ == "sqlite3":
+                return 503, error_doc(503, f"the state store is unusable ({e})",
+                                      hint="restore state.db from a backup", kind="StateError")
+            raise
+
+    def _body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            if self.headers.get("Transfer-Encoding"):
+                return None, (411, error_doc(411, "a request body needs Content-Length"))
+            return None, None
+        try:
+            n = int(length)
+        except ValueError:
+            return None, (400, error_doc(400, "Content-Length is not a number"))
+        if n < 0 or n > MAX_BODY:
+            return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
+        raw = self.rfile.read(n) if n else b""
+        if not raw.strip():
+            return None, None
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None, (400, error_doc(400, "the request body is not JSON", hint="send a JSON object"))
+        if not isinstance(doc, dict):
+            return None, (400, error_doc(400, "the request body must be a JSON object"))
+        return doc, None
+
+
+class AgentProcess:
+    """The running agent: its servers (one per socket) and their threads."""
+
+    def __init__(self, agent: api.Agent, servers: List[_Server], bound: List[str]):
+        self.agent = agent
+        self.servers = servers
+        self.bound = bound              # socket files this process created (removed at stop)
+        self.threads: List[threading.Thread] = []
+
+    def start(self) -> None:
+        for s in self.servers:
+            t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.2},
+                                 name=f"agent-{s.role}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()
+        for path in self.bound:
+            unixsock.remove_socket(path)
+
+
+def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
+               ro_group="vgpuhost-ro", env=None) -> AgentProcess:
+    """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
+
+    Raises InputError for an unknown group and HostEnvironmentError when a
+    socket cannot be had (another agent listens, the directory is not
+    writable).
+    """
+    admin_gid = unixsock.group_id(admin_group)
+    ro_gid = unixsock.group_id(ro_group)
+    host.require_host()
+    agent = api.Agent(host)
+    passed = unixsock.listen_fds(env)
+    bound: List[str] = []
+    socks: Dict[str, Any] = {}
+    if passed:
+        for name, sock in passed.items():
+            role = api.READ if name in ("ro", "read", "vgpuhost-agent-ro.socket") else api.ADMIN
+            socks.setdefault(role, []).append(sock)
+    else:
+        d = str(socket_dir) if socket_dir else str(default_socket_dir(host))
+        for role, fname, gid in ((api.ADMIN, ADMIN_SOCKET, admin_gid), (api.READ, RO_SOCKET, ro_gid)):
+            path = os.path.join(d, fname)
+            try:
+                socks.setdefault(role, []).append(unixsock.bind(path, mode=SOCKET_MODE, gid=gid))
+            except BaseException:
+                for p in bound:
+                    unixsock.remove_socket(p)
+                raise
+            bound.append(path)
+    servers = [_Server(s, role, agent, admin_gid, ro_gid) for role, ss in socks.items() for s in ss]
+    return AgentProcess(agent, servers, bound)
+
+
+def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
+          ro_group="vgpuhost-ro", ready=None) -> int:
+    """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
+    proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        proc.start()
+        if ready is not None:
+            ready(proc)
+        while not stop.wait(3600):
+            pass
+    finally:
+        proc.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0

@@ -1,0 +1,98 @@
+"""A lean client of the vgpuhost agent's local API (HTTP/1.1 over its unix socket).
+
+Owns: finding the agent's socket (:func:`socket_path`: ``$VGPUHOST_AGENT_SOCKET``,
+else ``<root>/run/vgpuhost/agent.sock``), one request with a JSON body and
+a JSON (or text) answer (:func:`call`).  Must not: import anything heavy
+(the qemu hook imports it on every domain start: no :mod:`http.client`,
+a few hundred bytes of HTTP by hand).
+
+:func:`call` raises :class:`AgentDown` when nobody answers on the socket
+(missing, refused, or the agent went away before it answered); callers
+then do the work themselves.  Any answer, error documents included, is
+returned as ``(status, document)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
+    from .hostroot import HostRoot
+
+ENV_SOCKET = "VGPUHOST_AGENT_SOCKET"
+#: ``off``: never use the agent (the hook and CLI do the work themselves)
+ENV_USE = "VGPUHOST_AGENT"
+MAX_ANSWER = 64 * 1024 * 1024
+
+
+class AgentDown(Exception):
+    """Nobody answered on the agent's socket (the caller does the work itself)."""
+
+
+def socket_path(host: "Optional[HostRoot]" = None, root: "Optional[str]" = None) -> "Optional[str]":
+    """The admin socket to try: ``$VGPUHOST_AGENT_SOCKET``, else ``<root>/run/vgpuhost/agent.sock``;
+    None when ``$VGPUHOST_AGENT`` is ``off``."""
+    if os.environ.get(ENV_USE, "").lower() in ("off", "0", "no"):
+        return None
+    given = os.environ.get(ENV_SOCKET)
+    if given:
+        return given
+    base = str(host.root) if host is not None else (root or "/")
+    return os.path.join(base, "run", "vgpuhost", "agent.sock")
+
+
+def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" = None, *,
+         timeout_s: float = 120.0) -> "Tuple[int, Any]":
+    """``method target`` with ``body`` as JSON; ``(status, parsed JSON or text)``.
+
+    Raises AgentDown when the socket is missing or refuses, or the
+    connection closes before a full answer; OSError for other socket
+    errors (EACCES: the caller may not use this socket).
+    """
+    from .unixsock import connect
+    data = b"" if body is None else json.dumps(body).encode("utf-8")
+    head = (f"{method} {target} HTTP/1.1\r\nHost: vgpuhost-agent\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode("ascii")
+    try:
+        sock = connect(path, timeout_s)
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        raise AgentDown(f"no agent on {path} ({e.strerror})") from None
+    try:
+        sock.sendall(head + data)
+        chunks = []
+        size = 0
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_ANSWER:
+                raise OSError("the agent's answer is too large")
+    except (ConnectionResetError, BrokenPipeError) as e:
+        raise AgentDown(f"the agent on {path} went away ({e.strerror})") from None
+    finally:
+        sock.close()
+    raw = b"".join(chunks)
+    head_end = raw.find(b"\r\n\r\n")
+    if head_end < 0:
+        raise AgentDown(f"the agent on {path} closed the connection before answering")
+    lines = raw[:head_end].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise AgentDown(f"the agent on {path} gave no HTTP status line")
+    status = int(parts[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    payload = raw[head_end + 4:]
+    n = headers.get("content-length")
+    if n is not None and n.isdigit() and len(payload) < int(n):
+        raise AgentDown(f"the agent on {path} went away in the middle of its answer")
+    if headers.get("content-type", "").startswith("application/json"):
+        return status, json.loads(payload)
+    return status, payload.decode("utf-8", "replace")

@@ -1,0 +1,64 @@
+"""Cheap change detection for a warm host snapshot (the agent's).
+
+Owns: :func:`fingerprint`, a small value that changes when the host's
+devices or vgpuhost's records change: the entries of the mdev bus, the
+functions bound to ``vfio-pci`` and ``nvidia``, each VF's
+``current_vgpu_type`` (vendor-specific VFIO), and the state store's files
+(size and modification time).  Comparing two fingerprints costs a handful
+of directory listings and small reads, far less than a discovery.
+Must not: interpret what it reads.
+
+What it cannot see: a change that moves none of those (a vGPU type's
+``available_instances`` changing because of another tool's MIG change, for
+example).  The agent also drops its snapshot after each of its own writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, Tuple
+    from .hostroot import HostRoot
+
+#: state store files whose (size, mtime) say the records changed
+STATE_FILES = ("state.db", "state.db-wal")
+
+
+def _listing(path) -> "Tuple[str, ...]":
+    try:
+        return tuple(sorted(os.listdir(path)))
+    except OSError:
+        return ()
+
+
+def _stat(path) -> "Tuple[int, int]":
+    try:
+        st = os.stat(path)
+        return (st.st_size, st.st_mtime_ns)
+    except OSError:
+        return (-1, -1)
+
+
+def _read(path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(256).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:
+    """A hashable value that differs when ``host``'s devices or records change (module docstring).
+
+    ``vfs``: BDFs of vendor-VFIO VFs whose ``current_vgpu_type`` to include
+    (the snapshot's, so the cost stays linear in devices).
+    """
+    return (
+        _listing(host.mdev_devices),
+        _listing(host.pci_driver("vfio-pci")),
+        _listing(host.pci_driver("nvidia")),
+        tuple(_read(host.pci_device(vf) / "nvidia" / "current_vgpu_type") for vf in vfs),
+        tuple(_stat(host.state_dir / name) for name in STATE_FILES),
+    )
