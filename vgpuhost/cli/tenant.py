@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Tuple
 
 import click
 
+from .common import current, emit, store
+
 SCHEMA_TENANT = "vgpuhost.tenant/v1"
 SCHEMA_TENANTS = "vgpuhost.tenants/v1"
 SCHEMA_USAGE = "vgpuhost.tenant-usage/v1"
@@ -26,18 +28,16 @@ LIMIT_OPTIONS = {"vgpus": ("vgpus", False), "framebuffer": ("framebuffer_mib", T
 
 
 def _ctx():
-    """The global options' Context (cli/main.py puts it in the root click context's ``obj``)."""
-    return click.get_current_context().find_root().obj
+    """The global options' Context (:func:`vgpuhost.cli.common.current`)."""
+    return current()
 
 
 def _store(write: bool):
-    from ..io.state import StateStore
-    return StateStore(_ctx().host.state_dir, create=write)
+    return store(current(), write=write)
 
 
 def _emit(doc: dict, text: str) -> None:
-    from .output import dumps
-    click.echo(dumps(doc) if _ctx().json else text)
+    emit(current(), doc, text)
 
 
 def tenant_doc(t) -> dict:
