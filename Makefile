@@ -70,6 +70,7 @@ demo: venv-check
 bench: venv-check
 	$(VPY) bench/inventory.py
 	$(VPY) bench/placement.py
+	$(VPY) bench/layout.py
 	$(VPY) bench/hook.py
 	$(VPY) bench/utilisation.py
 

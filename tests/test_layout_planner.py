@@ -523,3 +523,24 @@ def test_planning_reads_nothing(monkeypatch):
     after = plan(c, None, h.view())
     monkeypatch.undo()
     assert after.as_dict() == before.as_dict() and after.steps == before.steps and after.steps
+
+
+# ---------------------------------------------------------------------------
+# executing: typed steps through the one Executor, bound by type
+
+def test_layout_steps_run_through_the_executor_by_the_binding_of_their_type(tmp_path):
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.model.errors import VgpuhostError
+    from vgpuhost.plan.executor import Executor
+    p = plan(cfg(vgpu_entry("{A40-8Q: 2}", extra="        scheduler: {policy: equal-share}\n")), None,
+             Host().a40().view())
+    ran = []
+    ex = Executor(HostRoot.from_env(tmp_path), None, actor="test", operation="apply main",
+                  bindings={CreateVgpus: lambda s: ran.append(("create", s.profile, s.count)) or "made",
+                            SetScheduler: lambda s: ran.append(("scheduler", s.state.policy))})
+    assert ex.run(p.steps) == [None, "made"]
+    assert ran == [("scheduler", "equal-share"), ("create", "A40-8Q", 2)] and ex.writes == 0
+    unbound = Executor(HostRoot.from_env(tmp_path), None, actor="test", operation="apply main")
+    with pytest.raises(VgpuhostError, match="step SetScheduler has no binding"):
+        unbound.run(p.steps)
+    assert unbound.failed is p.steps[0]

@@ -229,21 +229,10 @@ def _driverctl(host: HostRoot, inv: Inventory, gpus: Sequence[PciAddress]) -> Di
     return out
 
 
-def _open_nvml(host: HostRoot):
-    from ..io.backends import backend_for
-    try:
-        return backend_for(host)
-    except ImportError as e:
-        what = getattr(e, "name", None) or str(e)
-        raise HostEnvironmentError(
-            f"NVML is not available on this host ({what} cannot be loaded)",
-            hint="install the NVIDIA vGPU manager driver and nvidia-ml-py; 'vgpuhost gpus' still "
-                 "works from sysfs") from None
-
-
 def _probe_all(host: HostRoot, gpus: Sequence[PciAddress]) -> Dict[PciAddress, NvmlFacts]:
+    from ..io.backends import open_backend
     try:
-        backend = _open_nvml(host)
+        backend = open_backend(host)
     except VgpuhostError as e:
         return {a: NvmlFacts(error=e) for a in gpus}
     return {a: probe(backend, a) for a in gpus}

@@ -28,6 +28,7 @@ from ..model.values import PciAddress
 from ..observe.hostview import HostView, observe
 from ..observe.inventory import BACKEND_MDEV
 from ..plan import layout as planner
+from ..plan.executor import Executor
 from ..plan.layout import (KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, ChangeMigMode, CreateVgpus, Drift,
                            LayoutStep, MakeGpuInstances, Plan, PreparePassthrough, RecreateVgpu, ReleasePassthrough,
                            RemoveVgpu, Report, SetMixedSize, SetScheduler, reboot_step)
@@ -135,27 +136,18 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                                hint="nothing was changed; 'vgpuhost plan -c FILE' shows the whole plan")
         new_pools = _pools(store, cfg, layout, view)      # refused here, before any change
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
-        bound = handlers(host, store, who)
-        pending: set = set()
-        for i, step in enumerate(p.steps, 1):
-            if step.target in pending:
-                result.skipped.append(step)
-                continue
-            try:
-                note = bound[type(step)](step)
-            except VgpuhostError as e:
-                done = f"; {len(result.done)} step(s) before it stay done" if result.done else ""
-                raise DeviceError(f"layout {name!r}: step {i} of {len(p.steps)} failed ({step.kind} {step.target}: "
-                                  f"{step.action}): {e.one_line()}{done}",
-                                  hint="'vgpuhost assert -c FILE' shows what differs; 'vgpuhost audit' every "
-                                       "write") from e
-            result.done.append(step)
-            if note == PENDING:
-                pending.add(step.target)
-                result.reboot.append(reboot_step("mig-mode", step.target, f"reset the GPU (nvidia-smi -r -i "
-                                                 f"{step.target}) or reboot, then run apply again: the MIG mode "
-                                                 "change is pending", "the driver keeps MIG mode changes pending "
-                                                 "until a GPU reset (REFERENCE.md §5)"))
+        ex = Executor(host, store, actor=who, operation=f"apply {name}",
+                      bindings=_recording(handlers(host, store, who), result))
+        try:
+            ex.run(p.steps)
+        except VgpuhostError as e:
+            i = next(n for n, s in enumerate(p.steps, 1) if s is ex.failed)
+            step = p.steps[i - 1]
+            done = f"; {len(result.done)} step(s) before it stay done" if result.done else ""
+            raise DeviceError(f"layout {name!r}: step {i} of {len(p.steps)} failed ({step.kind} {step.target}: "
+                              f"{step.action}): {e.one_line()}{done}",
+                              hint="'vgpuhost assert -c FILE' shows what differs; 'vgpuhost audit' every "
+                                   "write") from e
         drift = check(host, store, cfg, layout)
         result.drift_after = list(drift.diff)
         if drift.runtime:
@@ -198,6 +190,32 @@ def _pools(store: StateStore, cfg: Config, layout: Optional[str], view: HostView
 PENDING = "pending"
 
 Handler = Callable[[LayoutStep], Optional[str]]
+
+
+def _recording(bound: Mapping[type, Handler], result: ApplyResult) -> Dict[type, Handler]:
+    """``bound``, each handler wrapped to keep ``result`` (done, skipped, reboot) as the
+    Executor runs the plan: once a MIG mode change on a GPU stays pending, the GPU's
+    later steps are skipped (they need the mode the reset brings) and the reset is
+    reported."""
+    pending = set()
+
+    def keep(handler: Handler) -> Handler:
+        def run(step: LayoutStep) -> Optional[str]:
+            if step.target in pending:
+                result.skipped.append(step)
+                return None
+            note = handler(step)
+            result.done.append(step)
+            if note == PENDING:
+                pending.add(step.target)
+                result.reboot.append(reboot_step("mig-mode", step.target, f"reset the GPU (nvidia-smi -r -i "
+                                                 f"{step.target}) or reboot, then run apply again: the MIG mode "
+                                                 "change is pending", "the driver keeps MIG mode changes pending "
+                                                 "until a GPU reset (REFERENCE.md §5)"))
+            return note
+        return run
+
+    return {t: keep(h) for t, h in bound.items()}
 
 
 def handlers(host: HostRoot, store: StateStore, actor: str) -> Mapping[type, Handler]:

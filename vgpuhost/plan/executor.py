@@ -29,7 +29,7 @@ from ..io.sysfs import Sysfs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Iterable, List, Optional, Tuple
+    from typing import Callable, Iterable, List, Mapping, Optional, Tuple
     from ..io.nvml import NvmlBackend
     from ..io.state import StateStore
     from .steps import Step
@@ -44,12 +44,16 @@ class StepContext:
     when NVML cannot be had); ``store``: the state store or None (no audit
     rows then); ``actor`` who acts (``cli uid=0 pid=42``, ``hook <domain>``);
     ``operation`` what for (``passthrough prepare 0000:01:00.0``);
-    ``writes``: audited changes made so far (successful or not).
+    ``writes``: audited changes made so far (successful or not);
+    ``bindings``: ``{step type: run it}`` for steps an operation above runs
+    (a layout's composite steps, bound by :mod:`vgpuhost.ops.layout`), looked
+    up by :meth:`bound`.
     """
 
     def __init__(self, host: HostRoot, store: Optional[StateStore], *, actor: str, operation: str,
-                 backend: Optional[NvmlBackend] = None):
+                 backend: Optional[NvmlBackend] = None, bindings: Optional[Mapping[type, Callable]] = None):
         self.host = host
+        self.bindings = dict(bindings or {})
         self.store = store
         self.actor = actor
         self.operation = operation
@@ -64,6 +68,18 @@ class StepContext:
             self._backend = open_backend(self.host)
         return self._backend
 
+    def bound(self, step: Step) -> Callable:
+        """The callable bound to ``step``'s type (or the nearest base type).
+
+        Raises VgpuhostError (a bug: exit 4 territory) when nothing is bound to it.
+        """
+        for cls in type(step).__mro__:
+            fn = self.bindings.get(cls)
+            if fn is not None:
+                return fn
+        from ..model.errors import VgpuhostError
+        raise VgpuhostError(f"step {type(step).__name__} has no binding in this executor")
+
     def audit(self, path: str, value: str, err: int = 0) -> None:
         """One audit row (``path`` as the row names it: ``/sys/...``, ``nvml:<call>``)."""
         self.writes += 1
@@ -77,7 +93,8 @@ class StepContext:
 class Executor:
     """Runs steps in order with an audit row each; verifies; undoes on failure.
 
-    ``Executor(host, store, actor=..., operation=..., backend=None, journal=None)``.
+    ``Executor(host, store, actor=..., operation=..., backend=None, journal=None, bindings=None)``
+    (``bindings``: see :class:`StepContext`).
     ``fs``, ``writes``, ``host``, ``store``, ``actor`` and ``operation`` are
     the context's.  After a failed :meth:`run`, ``failed`` is the step
     that failed, ``undo_ok`` says whether every completed step was undone
@@ -86,8 +103,9 @@ class Executor:
     """
 
     def __init__(self, host: HostRoot, store: Optional[StateStore], *, actor: str, operation: str,
-                 backend: Optional[NvmlBackend] = None, journal=None):
-        self.ctx = StepContext(host, store, actor=actor, operation=operation, backend=backend)
+                 backend: Optional[NvmlBackend] = None, journal=None,
+                 bindings: Optional[Mapping[type, Callable]] = None):
+        self.ctx = StepContext(host, store, actor=actor, operation=operation, backend=backend, bindings=bindings)
         self.journal = journal
         self.failed: Optional[Step] = None
         self.undo_ok = True

@@ -50,6 +50,8 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Set, 
 from ..io.nvml import SchedulerState
 from ..model.errors import VgpuhostError
 from ..model.values import PciAddress, VgpuProfile
+from .executor import StepContext
+from .steps import AUDIT_NONE, Step
 from ..observe.hostview import HostView, MigMode, SeenType
 from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, VgpuType, gpu_available
 from ..observe.vgpus import VgpuEntry
@@ -101,12 +103,21 @@ class PlanLine:
 
 
 @dataclass(frozen=True)
-class LayoutStep(PlanLine):
-    """A step apply executes; ``kind`` per class.  The fields after ``why`` say how
-    (:func:`vgpuhost.ops.layout.handlers` binds each class to the operation that runs it)."""
+class LayoutStep(PlanLine, Step):
+    """A step apply executes through the Executor; ``kind`` per class.  The fields after
+    ``why`` say what it does.  Composite: each runs an operation of ops/ (creating N
+    vGPUs, preparing passthrough, applying a MIG layout), which takes its locks, writes
+    its own audit rows and reads back; :func:`vgpuhost.ops.layout.handlers` binds each
+    class to that operation in the executor's context (:meth:`StepContext.bound`)."""
 
     kind: ClassVar[str] = ""
     reboot: ClassVar[bool] = False
+    audit_by: ClassVar[Optional[str]] = AUDIT_NONE      # the bound operation audits each write
+
+    def run(self, ctx: StepContext) -> object:
+        """Run the operation bound to this step's type; its result (``"pending"`` for a MIG
+        mode change that waits for a GPU reset).  Raises what the operation raises."""
+        return ctx.bound(self)(self)
 
     target: str
     action: str
