@@ -17,8 +17,6 @@ from typing import Optional
 import click
 
 from ..model.errors import InputError
-
-
 from .common import current as _ctx, store as _store
 
 
