@@ -542,3 +542,17 @@ def test_advise_on_the_cli_from_metered_history(loaded, capsys):
     assert main(["--root", str(host.root), "advise", "--since", "2001-01-01"]) == 0
     out = capsys.readouterr().out
     assert "downsize  A40-4Q" in out and "would admit 1 more A40-4Q VM(s)" in out
+
+
+def test_open_journal_entries_are_a_host_series(loaded, monkeypatch):
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops.exporter import host_series
+    assert "journal_open" not in host_series(host, store) or hasattr(StateStore, "journal_entries")
+    calls = []
+
+    def journal_entries(self, *, open_only=False, gpu=None):       # the intent journal's reader (issue 12)
+        calls.append(open_only)
+        return ["entry-1", "entry-2"]
+
+    monkeypatch.setattr(StateStore, "journal_entries", journal_entries, raising=False)
+    assert host_series(host, store)["journal_open"] == 2 and calls == [True]

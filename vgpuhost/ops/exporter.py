@@ -189,12 +189,12 @@ def host_series(host_root, store) -> Dict[str, object]:
                                         and r.owner not in running),
                "unrecorded": len(present - recorded)}
     out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
-    journal = getattr(store, "open_journal_entries", None)
+    journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
     if callable(journal):
         try:
-            out["journal_open"] = len(journal())
-        except Exception:
-            pass
+            out["journal_open"] = len(journal(open_only=True))
+        except Exception as e:
+            log.warning("reading the journal failed: %s", e)
     out.update(_quota(store, inv))
     return out
 
