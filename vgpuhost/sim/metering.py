@@ -88,8 +88,9 @@ def _value_at(x: Any, t: float, origin: float) -> float:
         return float(x)
     if "square" in x:
         sq = x["square"]
-        r = (t - origin) % float(sq["period_s"])
-        return float(sq["high"]) if r < float(sq["period_s"]) * float(sq.get("duty", 0.5)) else float(sq.get("low", 0.0))
+        period = float(sq["period_s"])
+        high = (t - origin) % period < period * float(sq.get("duty", 0.5))
+        return float(sq["high"]) if high else float(sq.get("low", 0.0))
     if "steps" in x:
         v = 0.0
         for at, val in sorted((float(a), float(b)) for a, b in x["steps"]):
