@@ -6,7 +6,9 @@
 # libvirt-daemon, libvirt-daemon-driver-qemu, libvirt-clients, qemu-system-x86:
 # the isolated libvirtd that the end-to-end tests and the demo start
 # (vgpuhost/sim/libvirtd.py).
-DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
+# prometheus: the real Prometheus and promtool the metering tests scrape with and
+# check the shipped rules with (tests/test_metering_prometheus.py).
+DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 prometheus
 
 PYTHON      ?= python3
 VENV        := .venv
@@ -73,6 +75,7 @@ bench: venv-check
 	$(VPY) bench/layout.py
 	$(VPY) bench/hook.py
 	$(VPY) bench/utilisation.py
+	$(VPY) bench/metering.py
 
 wheel: venv-check
 	$(VPY) -m build --wheel --outdir dist .

@@ -9,6 +9,8 @@ for the outside systems, else the real ones:
   :class:`vgpuhost.io.sysfs.Sysfs`;
 - :func:`backend_for`: the NVML backend (the simulator's, or pynvml's), and
   :func:`open_backend`, the one way commands get it (every failure: exit 2);
+- :func:`metering_nvml`: the read-only metering NVML door (the simulator's
+  load, or pynvml's per-vGPU reads);
 - :func:`bundled_specs`, :func:`load_host_spec`, :func:`build_host`: the
   simulator's host specs and builder, for ``vgpuhost sim ...``;
 - :func:`isolated_libvirtd`, :func:`libvirtd_available`,
@@ -73,6 +75,19 @@ def open_backend(host: HostRoot) -> NvmlBackend:
         raise HostEnvironmentError(
             f"NVML is not available on this host ({e.call}: {e.nvml_name})",
             hint="is the NVIDIA vGPU manager driver loaded? 'vgpuhost gpus' still works from sysfs") from None
+
+
+def metering_nvml(host: HostRoot):
+    """The metering NVML door (:class:`vgpuhost.io.nvml_metering.MeteringNvml`): the
+    simulator's load on a simulated root, else nvidia-ml-py's per-vGPU reads.
+
+    Raises HostEnvironmentError when NVML cannot be loaded (exit 2).
+    """
+    if host.is_simulated:
+        from ..sim.metering import SimMetering
+        return SimMetering(host)
+    from .nvml_metering import PynvmlMetering
+    return PynvmlMetering(open_backend(host))
 
 
 def bundled_specs() -> Dict[str, Path]:

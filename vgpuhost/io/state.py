@@ -34,6 +34,13 @@ kind, profile, framebuffer MiB, MIG slices, QoS class, burst flag),
 ``pools`` (GPU -> pool name, scheduler policy, QoS classes served) and
 ``settings`` (key -> value, e.g. ``openstack_tenants``).
 
+Version 6 adds metering (:mod:`vgpuhost.ops.metering`): ``usage_hourly``,
+one row per UTC hour, device and domain with allocation, SM/encoder/decoder
+busy seconds and framebuffer peak (the billing record); ``meter_cursor``,
+the last allocation and sample time (microseconds) per device, so a
+restarted sampler neither loses nor counts twice; ``meter_gaps``, spans
+with no utilisation samples; ``meter_state`` (``last_tick_us``).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -166,6 +173,47 @@ MIGRATIONS: Sequence[str] = (
         classes TEXT NOT NULL
     );
     CREATE TABLE settings (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
+    # 6: metering (issue 14): hourly usage rollups, the sampler's cursors, gaps
+    """
+    CREATE TABLE usage_hourly (
+        hour           TEXT NOT NULL,
+        device         TEXT NOT NULL,
+        domain_uuid    TEXT NOT NULL,
+        kind           TEXT NOT NULL,
+        gpu            TEXT NOT NULL,
+        profile        TEXT NOT NULL,
+        domain         TEXT NOT NULL,
+        tenant         TEXT NOT NULL,
+        qos            TEXT NOT NULL,
+        alloc_s        REAL NOT NULL DEFAULT 0,
+        sm_busy_s      REAL NOT NULL DEFAULT 0,
+        enc_busy_s     REAL NOT NULL DEFAULT 0,
+        dec_busy_s     REAL NOT NULL DEFAULT 0,
+        fb_peak_bytes  INTEGER NOT NULL DEFAULT 0,
+        fb_total_bytes INTEGER NOT NULL DEFAULT 0,
+        samples        INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (hour, device, domain_uuid)
+    );
+    CREATE INDEX usage_hourly_tenant ON usage_hourly(tenant, hour);
+    CREATE TABLE meter_cursor (
+        device      TEXT PRIMARY KEY,
+        domain_uuid TEXT NOT NULL,
+        alloc_us    INTEGER NOT NULL,
+        sample_us   INTEGER NOT NULL
+    );
+    CREATE TABLE meter_gaps (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        start    TEXT NOT NULL,
+        end      TEXT NOT NULL,
+        device   TEXT NOT NULL,
+        seconds  REAL NOT NULL,
+        reason   TEXT NOT NULL
+    );
+    CREATE TABLE meter_state (
         key   TEXT PRIMARY KEY,
         value TEXT NOT NULL
     );
@@ -533,3 +581,95 @@ def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
             if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
                 raise
             time.sleep(random.uniform(0.01, 0.05))
+
+
+# --- metering (version 6) ---------------------------------------------------------
+
+def _reader(source) -> sqlite3.Connection:
+    """A connection from a StateStore or a connection (metering's readers take either)."""
+    return source._conn() if isinstance(source, StateStore) else source
+
+
+USAGE_COLUMNS = ("hour", "device", "domain_uuid", "kind", "gpu", "profile", "domain", "tenant", "qos",
+                 "alloc_s", "sm_busy_s", "enc_busy_s", "dec_busy_s", "fb_peak_bytes", "fb_total_bytes",
+                 "samples")
+
+
+def add_usage(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
+    """Add ``rows`` (in :data:`USAGE_COLUMNS` order) to the hourly rollups: seconds and
+    samples add up, the framebuffer peak keeps the maximum, labels take the newest."""
+    conn.executemany(
+        "INSERT INTO usage_hourly VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (hour, device, domain_uuid) DO UPDATE SET "
+        "kind = excluded.kind, gpu = excluded.gpu, profile = excluded.profile, domain = excluded.domain, "
+        "tenant = excluded.tenant, qos = excluded.qos, "
+        "alloc_s = alloc_s + excluded.alloc_s, sm_busy_s = sm_busy_s + excluded.sm_busy_s, "
+        "enc_busy_s = enc_busy_s + excluded.enc_busy_s, dec_busy_s = dec_busy_s + excluded.dec_busy_s, "
+        "fb_peak_bytes = MAX(fb_peak_bytes, excluded.fb_peak_bytes), "
+        "fb_total_bytes = excluded.fb_total_bytes, samples = samples + excluded.samples", rows)
+
+
+def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = None, until: Optional[str] = None) -> List[tuple]:
+    """Hourly rollup rows (:data:`USAGE_COLUMNS`) with ``since <= hour < until`` (ISO hours), by hour."""
+    conn = _reader(conn)
+    sql = "SELECT " + ", ".join(USAGE_COLUMNS) + " FROM usage_hourly"
+    where, args = [], []
+    if since:
+        where.append("hour >= ?")
+        args.append(since)
+    if until:
+        where.append("hour < ?")
+        args.append(until)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return list(conn.execute(sql + " ORDER BY hour, device, domain_uuid", args))
+
+
+def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:
+    """Lifetime ``{(device, domain_uuid): (alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes)}``."""
+    return {(r[0], r[1]): tuple(r[2:]) for r in _reader(conn).execute(
+        "SELECT device, domain_uuid, SUM(alloc_s), SUM(sm_busy_s), SUM(enc_busy_s), SUM(dec_busy_s), "
+        "MAX(fb_peak_bytes) FROM usage_hourly GROUP BY device, domain_uuid")}
+
+
+def meter_cursors(conn: "StateStore | sqlite3.Connection") -> Dict[str, tuple]:
+    """``{device: (domain_uuid, alloc_us, sample_us)}``."""
+    return {r[0]: (r[1], r[2], r[3]) for r in _reader(conn).execute(
+        "SELECT device, domain_uuid, alloc_us, sample_us FROM meter_cursor")}
+
+
+def put_meter_cursors(conn: sqlite3.Connection, rows: Sequence[tuple], gone: Sequence[str] = ()) -> None:
+    """Upsert ``(device, domain_uuid, alloc_us, sample_us)`` rows; forget devices in ``gone``."""
+    conn.executemany("INSERT OR REPLACE INTO meter_cursor VALUES (?, ?, ?, ?)", rows)
+    conn.executemany("DELETE FROM meter_cursor WHERE device = ?", [(d,) for d in gone])
+
+
+def add_meter_gap(conn: sqlite3.Connection, start: str, end: str, device: str, seconds: float,
+                  reason: str) -> None:
+    conn.execute("INSERT INTO meter_gaps (start, end, device, seconds, reason) VALUES (?, ?, ?, ?, ?)",
+                 (start, end, device, float(seconds), reason))
+
+
+def meter_gaps(conn: "StateStore | sqlite3.Connection", since: Optional[str] = None, until: Optional[str] = None) -> List[tuple]:
+    """``(start, end, device, seconds, reason)`` of gaps overlapping ``[since, until)``."""
+    conn = _reader(conn)
+    sql, args = "SELECT start, end, device, seconds, reason FROM meter_gaps", []
+    where = []
+    if since:
+        where.append("end > ?")
+        args.append(since)
+    if until:
+        where.append("start < ?")
+        args.append(until)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return list(conn.execute(sql + " ORDER BY start, id", args))
+
+
+def meter_state(conn: "StateStore | sqlite3.Connection", key: str) -> Optional[str]:
+    row = _reader(conn).execute("SELECT value FROM meter_state WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def put_meter_state(conn: sqlite3.Connection, key: str, value: str) -> None:
+    conn.execute("INSERT OR REPLACE INTO meter_state VALUES (?, ?)", (key, value))

@@ -181,6 +181,9 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
     sim = root / SIM_MARKER
     sim.mkdir(exist_ok=True)
     (sim / "host.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    if spec.load:
+        from .metering import write_load
+        write_load(host, {k: json.loads(v) for k, v in spec.load})
     from .kernel import SimKernel
     kernel = SimKernel(host)
     for pf in gpus:

@@ -30,11 +30,15 @@ Format (``version: 1``)::
         mig: {mode: false}
     faults:                       # kernel failures to inject (tests, demos)
       - {op: bind, device: "0000:0a:00.2", errno: EIO, count: 1}
+    load:                         # simulated NVML load for metering (vgpuhost/sim/metering.py)
+      default: {sm: 30, fb_mib: 2048}
+      "type:A40-8Q": {sm: {square: {high: 90, low: 10, period_s: 60}}, license: unlicensed}
 """
 
 from __future__ import annotations
 
 import errno as _errno
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +103,10 @@ class HostSpec:
     devices: Tuple[DeviceSpec, ...]
     faults: Tuple[FaultSpec, ...] = ()
     source: str = "<spec>"
+    load: Tuple[Tuple[str, str], ...] = ()      # (trace key, trace as JSON): simulated NVML load
 
 
-_TOP = {"version", "name", "summary", "host", "devices", "faults"}
+_TOP = {"version", "name", "summary", "host", "devices", "faults", "load"}
 _HOST = {"cpu_vendor", "cmdline", "iommu", "interrupt_remapping", "kernel_release",
          "modules", "builtin_modules", "processes"}
 _DEVICE = {"bdf", "model", "upstream", "numa_node", "driver", "boot_vga", "boot_framebuffer",
@@ -298,6 +303,14 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
             raise loc.error(fp + ("errno",), "a fault with effect 'ignore' takes no errno")
         faults.append(FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1),
                                 effect))
+    load = []
+    for key, trace in r.get(top, (), "load", dict, {}).items():
+        from .metering import check_trace
+        why = check_trace(trace) if isinstance(key, str) else "a trace key is a string"
+        if why:
+            raise loc.error(("load", key), f"invalid load trace {key!r}: {why}",
+                            hint="keys: a device id, type:<vGPU type name> or default (vgpuhost/sim/metering.py)")
+        load.append((key, json.dumps(trace, sort_keys=True)))
     return HostSpec(
         name=name, summary=summary, cpu_vendor=cpu_vendor,
         cmdline=r.get(host, hp, "cmdline", str, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"),
@@ -307,7 +320,7 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
         modules=r.str_list(host, hp, "modules"),
         builtin_modules=r.str_list(host, hp, "builtin_modules"),
         processes=r.str_list(host, hp, "processes"),
-        devices=tuple(devices), faults=tuple(faults), source=source)
+        devices=tuple(devices), faults=tuple(faults), source=source, load=tuple(load))
 
 
 def spec_error(message: str) -> SimulatorError:

@@ -1,0 +1,558 @@
+"""Metering (issue 14): the NVML door's per-vGPU reads (real backend against a
+stand-in library), the simulated load, the sampler's integration and hourly
+rollups across restarts, the exporter's metrics page, usage and advise."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import threading
+import urllib.request
+
+import pytest
+
+from vgpuhost.cli.main import main
+from vgpuhost.io import state as st
+from vgpuhost.io.backends import metering_nvml
+from vgpuhost.io.state import StateStore
+from vgpuhost.ops.metering import Sampler, split_hours
+from vgpuhost.policy.usage import Offer, advise, aggregate
+from vgpuhost.sim.metering import integral
+
+DOM_A = "1e8927c3-0000-4000-8000-00000000000a"
+DOM_B = "1e8927c3-0000-4000-8000-00000000000b"
+MIB = 1024 * 1024
+
+
+def _create(host, profile, owner, capsys):
+    assert main(["--root", str(host.root), "--json", "vgpu", "create", "--profile", profile, "--owner", owner]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def loaded(make_host, capsys):
+    """An A40 host with two 8Q vGPUs (domains A, B) and known load starting 5 s from now."""
+    host = make_host("a40-mdev")
+    _create(host, "A40-8Q", DOM_A, capsys)
+    _create(host, "A40-8Q", DOM_B, capsys)
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze()
+    recs = {r.owner: r.id for r in store.vgpu_records()}
+    start = nv.clock_us() / 1e6 + 5
+    traces = {
+        recs[DOM_A]: {"sm": 50, "enc": 5, "fb_mib": 3000, "start": start},
+        recs[DOM_B]: {"sm": {"square": {"high": 100, "low": 10, "period_s": 7, "duty": 0.3}},
+                      "dec": {"steps": [[0, 0], [40, 20]]}, "fb_mib": 7000, "start": start,
+                      "license": "unlicensed"},
+    }
+    for k, v in traces.items():
+        nv.set_trace(k, v)
+    return host, store, nv, recs, traces
+
+
+def _expected(traces, device, key, t1):
+    return integral(traces[device], key, 0, t1) / 100
+
+
+def test_sampler_integrates_the_simulated_traces_exactly(loaded):
+    host, store, nv, recs, traces = loaded
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    for _ in range(12):
+        nv.advance(10)
+        snap = s.tick()
+    t1 = snap.time_us / 1e6
+    by = {d.device: d for d in snap.devices}
+    for dev in recs.values():
+        assert by[dev].sm_busy_s == pytest.approx(_expected(traces, dev, "sm", t1), rel=1e-7)
+        assert by[dev].enc_busy_s == pytest.approx(_expected(traces, dev, "enc", t1), rel=1e-7, abs=1e-9)
+        assert by[dev].dec_busy_s == pytest.approx(_expected(traces, dev, "dec", t1), rel=1e-7, abs=1e-9)
+        assert by[dev].alloc_s == pytest.approx(120, abs=1e-3)
+    a, b = by[recs[DOM_A]], by[recs[DOM_B]]
+    assert a.fb_used_bytes == 3000 * MIB and a.fb_peak_bytes == 3000 * MIB and a.fb_total_bytes == 8192 * MIB
+    assert a.license == "licensed" and b.license == "unlicensed"
+    assert a.owner.domain_uuid == DOM_A and a.kind == "vgpu" and a.profile == "A40-8Q"
+    # the rollups in the store hold the same totals
+    rows = st.usage_rows(store)
+    sm = {}
+    for r in rows:
+        sm[r[1]] = sm.get(r[1], 0) + r[10]
+    assert sm[recs[DOM_B]] == pytest.approx(_expected(traces, recs[DOM_B], "sm", t1), rel=1e-7)
+
+
+def test_restart_neither_loses_nor_double_counts(loaded):
+    host, store, nv, recs, traces = loaded
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    for _ in range(4):
+        nv.advance(10)
+        s.tick()
+    nv.advance(7)                                     # stopped mid-interval, down for 7 + 15 s
+    s.tick()
+    del s
+    nv.advance(15)
+    s2 = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    for _ in range(3):
+        snap = s2.tick()
+        nv.advance(10)
+    t1 = snap.time_us / 1e6
+    rows = st.usage_rows(store)
+    for dev in recs.values():
+        total_sm = sum(r[10] for r in rows if r[1] == dev)
+        total_alloc = sum(r[9] for r in rows if r[1] == dev)
+        assert total_sm == pytest.approx(_expected(traces, dev, "sm", t1), rel=1e-7)
+        assert total_alloc == pytest.approx(40 + 7 + 15 + 20, abs=1e-3)
+        assert [d.sm_busy_s for d in snap.devices if d.device == dev][0] == pytest.approx(total_sm, rel=1e-7)
+    assert st.meter_gaps(store) == []
+
+
+def test_a_long_outage_is_marked_as_a_gap(loaded):
+    host, store, nv, recs, traces = loaded
+    s = Sampler(nv, store, interval_s=10, max_hold_s=60)
+    s.tick()
+    nv.advance(10)
+    s.tick()
+    nv.advance(600)
+    Sampler(nv, StateStore(host.state_dir), interval_s=10, max_hold_s=60).tick()
+    gaps = st.meter_gaps(store)
+    assert {g[2] for g in gaps} == {"*", *recs.values()}
+    assert all(g[3] == pytest.approx(600 - 60, abs=1e-3) for g in gaps if g[2] != "*")
+    assert [g[4] for g in gaps if g[2] == "*"] == ["sampler not running"]
+    # allocation is still complete: the devices existed throughout
+    rows = st.usage_rows(store)
+    assert sum(r[9] for r in rows if r[1] == recs[DOM_A]) == pytest.approx(610, abs=1e-3)
+
+
+def test_hourly_rollups_split_at_the_hour():
+    h = 3_600_000_000
+    assert split_hours(10 * h - 1_000_000, 10 * h + 3_000_000) == [
+        (split_hours(10 * h - 1, 10 * h - 1)[0][0], 0.25), (split_hours(10 * h, 10 * h)[0][0], 0.75)]
+
+
+def test_rollups_cross_hours_and_usage_reports(loaded, capsys):
+    host, store, nv, recs, traces = loaded
+    s = Sampler(nv, store, interval_s=60)
+    s.tick()
+    for _ in range(150):                         # 2.5 simulated hours
+        nv.advance(60)
+        snap = s.tick()
+    t1 = snap.time_us / 1e6
+    hours = {r[0] for r in st.usage_rows(store)}
+    assert len(hours) >= 3
+    assert main(["--root", str(host.root), "--json", "usage", "--by", "domain"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = {r["domain"]: r for r in doc["rows"]}
+    for dom in (DOM_A, DOM_B):
+        assert got[dom]["sm_busy_seconds"] == pytest.approx(_expected(traces, recs[dom], "sm", t1), abs=1e-3)
+        assert got[dom]["alloc_seconds"] == pytest.approx(9000, abs=1e-2)
+    assert main(["--root", str(host.root), "usage", "--by", "profile", "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("profile,gpu_hours,") and lines[1].startswith("A40-8Q,5.0,")
+    assert main(["--root", str(host.root), "usage", "--since", "2001-01-01T00:00", "--until", "2001-01-02"]) == 0
+    assert "no usage recorded" in capsys.readouterr().out
+    assert main(["--root", str(host.root), "usage", "--by", "tenant", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["tenant"] == "(none)"
+    assert main(["--root", str(host.root), "usage", "--csv", "--json"]) == 2
+    assert "exclusive" in capsys.readouterr().err
+    assert main(["--root", str(host.root), "usage", "--since", "nonsense"]) == 2
+    assert capsys.readouterr().err.startswith("vgpuhost: error: invalid time")
+
+
+def test_advise_finds_smaller_profiles_and_idle_guaranteed_vgpus():
+    offers = [Offer("A40-4Q", 4096, 12), Offer("A40-8Q", 8192, 6), Offer("A40-2Q", 2048, 24)]
+    hour = "2026-12-01T10:00:00Z"
+    rows = [
+        # 3000 MiB peak, 3 % SM: fits 4Q (3000*1.25 <= 4096; 0.03 <= 1/12)
+        (hour, "dev-a", DOM_A, "vgpu", "0000:81:00.0", "A40-8Q", "vm-a", "t1", "burstable",
+         7200.0, 216.0, 0.0, 0.0, 3000 * MIB, 8192 * MIB, 720),
+        # 7000 MiB peak: keep
+        (hour, "dev-b", DOM_B, "vgpu", "0000:81:00.0", "A40-8Q", "vm-b", "t1", "burstable",
+         7200.0, 3600.0, 0.0, 0.0, 7000 * MIB, 8192 * MIB, 720),
+        # guaranteed and idle
+        (hour, "dev-c", "c" * 8 + DOM_A[8:], "vgpu", "0000:81:00.0", "A40-8Q", "vm-c", "t2", "guaranteed",
+         7200.0, 1.0, 0.0, 0.0, 100 * MIB, 8192 * MIB, 720),
+    ]
+    items, more = advise(rows, offers)
+    by = {a.device: a for a in items}
+    assert by["dev-a"].action == "downsize" and by["dev-a"].to == "A40-4Q"
+    assert by["dev-b"].action == "keep"
+    assert by["dev-c"].action == "idle"
+    assert more == {"A40-4Q": 1, "A40-8Q": 1}
+    totals = {t.key: t for t in aggregate(rows, "tenant")}
+    assert totals["t1"].alloc_s == 14400.0 and totals["t1"].devices == 2 and totals["t2"].sm_busy_s == 1.0
+
+
+def test_exporter_serves_the_snapshot(loaded):
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops.exporter import host_series, serve
+    s = Sampler(nv, store, interval_s=0.2, host_series=lambda: host_series(host, store))
+    stop = threading.Event()
+    port = {}
+    ready = threading.Event()
+
+    def on_ready(p):
+        port["p"] = p
+        ready.set()
+
+    t = threading.Thread(target=serve, args=(s,), kwargs=dict(port=0, stop=stop, ready=on_ready), daemon=True)
+    t.start()
+    try:
+        assert ready.wait(30)
+        while s.snapshot.time_us == 0:
+            stop.wait(0.05)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port['p']}/metrics", timeout=10).read().decode()
+    finally:
+        stop.set()
+        t.join(10)
+    assert "vgpuhost_up 1.0" in text
+    assert f'vgpuhost_device_sm_busy_seconds_total{{device="{recs[DOM_A]}"}}' in text
+    assert re.search(r'vgpuhost_device_info\{device="%s",domain="%s",domain_uuid="%s",gpu="0000:81:00.0",'
+                     r'gpu_instance="",kind="vgpu",profile="A40-8Q",qos="",tenant=""\} 1.0'
+                     % (recs[DOM_A], DOM_A, DOM_A), text)
+    assert f'vgpuhost_device_licensed{{device="{recs[DOM_B]}"}} 0.0' in text
+    assert 'vgpuhost_free_instances{pool="",profile="A40-8Q"} 4.0' in text
+    assert 'vgpuhost_orphaned_devices{reason="owner-not-running"} 2.0' in text
+    assert "pid" not in text.lower()
+    for line in text.splitlines():
+        if line.startswith("# TYPE") and line.endswith(" counter"):
+            assert line.split()[2].startswith("vgpuhost_")
+
+
+def test_exporter_once_on_the_cli(loaded, capsys):
+    host = loaded[0]
+    assert main(["--root", str(host.root), "exporter", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "vgpuhost_up 1.0" in out and "vgpuhost_device_allocated_seconds_total" in out
+
+
+def test_passthrough_is_metered_by_allocation_only(make_host, capsys):
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    with store.transaction() as conn:
+        store.put_passthrough(conn, st.PassthroughRecord("0000:81:00.0", 31, "0000:81:00.0", "nvidia", None, 0,
+                                                         st.utcnow(), False, DOM_A))
+    nv = metering_nvml(host)
+    nv.freeze()
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    nv.advance(30)
+    snap = s.tick()
+    (d,) = snap.devices
+    assert d.kind == "passthrough" and d.alloc_s == pytest.approx(30, abs=1e-3) and d.sm_busy_s == 0
+    assert d.owner.domain_uuid == DOM_A
+
+
+def test_mig_backed_vgpus_report_their_gpu_instance(make_host, capsys):
+    host = make_host("h200-mig-on")
+    out = _create_mig(host, capsys)
+    nv = metering_nvml(host)
+    nv.freeze()
+    nv.set_trace("default", {"sm": 40})
+    s = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    s.tick()
+    nv.advance(10)
+    snap = s.tick()
+    (d,) = snap.devices
+    assert d.kind == "mig-vgpu" and d.gi_id is not None and d.sm_busy_s == pytest.approx(4.0, rel=1e-7)
+    assert snap.gi_sm == ((d.gpu, d.gi_id, pytest.approx(40.0)),)
+    assert out
+
+
+def _create_mig(host, capsys):
+    rc = main(["--root", str(host.root), "vgpu", "create", "--profile", "H200X-1-18C", "--create-gi",
+               "--owner", DOM_A])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return out.out
+
+
+# --- the real backend, against a stand-in library ----------------------------------------------
+
+pynvml = pytest.importorskip("pynvml")
+
+
+class FakeMeteringLib:
+    """One A40 at 0000:81:00.0 with one active vGPU (instance 7) behind pynvml's names."""
+
+    def __init__(self):
+        self.handle = pynvml.c_nvmlDevice_t()
+        self.fb_usage = 5 * 1024 ** 3 + 123            # > 4 GiB: 64 bits needed
+        self.targets = []
+        self.last_seen = []
+
+    def install(self, monkeypatch):
+        from vgpuhost.io import nvml_pynvml
+        monkeypatch.setattr(nvml_pynvml, "_init_done", False)
+        for attr in dir(self):
+            if attr.startswith("nvml") or attr == "_nvmlGetFunctionPointer":
+                monkeypatch.setattr(pynvml, attr, getattr(self, attr))
+        return self
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        assert i == 0
+        return self.handle
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        assert bus_id == "00000000:81:00.0"
+        return self.handle
+
+    def nvmlDeviceGetPciInfo(self, h):
+        p = pynvml.nvmlPciInfo_t()
+        p.busId = b"00000000:81:00.0"
+        return p
+
+    def nvmlDeviceGetName(self, h):
+        return "NVIDIA A40"
+
+    def nvmlDeviceGetMigMode(self, h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetActiveVgpus(self, h):
+        assert h is self.handle
+        return [ctypes.c_uint(7)]
+
+    def nvmlVgpuInstanceGetMdevUUID(self, i):
+        assert int(getattr(i, "value", i)) == 7
+        return b"8f01eb9a-0000-4000-8000-000000000007"
+
+    def nvmlVgpuInstanceGetVmID(self, i):
+        return (DOM_A.encode(), pynvml.NVML_VGPU_VM_ID_UUID)
+
+    def nvmlVgpuInstanceGetType(self, i):
+        return 566
+
+    def nvmlVgpuTypeGetName(self, t):
+        assert t == 566
+        return "NVIDIA A40-8Q"
+
+    def nvmlVgpuTypeGetFramebufferSize(self, t):
+        return 8 * 1024 ** 3
+
+    def nvmlVgpuInstanceGetGpuInstanceId(self, i):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlVgpuInstanceGetLicenseInfo_v2(self, i):
+        info = pynvml.c_nvmlVgpuLicenseInfo_t()
+        info.isLicensed = 1
+        info.currentState = pynvml.NVML_GRID_LICENSE_STATE_LICENSED
+        return info
+
+    def nvmlDeviceGetVgpuInstancesUtilizationInfo(self, h, ts):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)      # an older driver
+
+    def nvmlDeviceGetVgpuUtilization(self, h, ts):
+        assert h is self.handle and isinstance(ts, int)
+        self.last_seen.append(ts)
+        s = pynvml.c_nvmlVgpuInstanceUtilizationSample_t()
+        s.vgpuInstance = 7
+        s.timeStamp = ts + 1_000_000
+        s.smUtil.uiVal, s.memUtil.uiVal, s.encUtil.uiVal, s.decUtil.uiVal = 42, 10, 3, 1
+        return [s]
+
+    def _nvmlGetFunctionPointer(self, name):
+        assert name == "nvmlVgpuInstanceGetFbUsage", name
+
+        def c_fn(instance, ref):
+            target = ref._obj
+            self.targets.append(type(target))
+            target.value = self.fb_usage          # the driver writes an unsigned long long
+            return pynvml.NVML_SUCCESS
+        return c_fn
+
+
+def test_real_backend_reads_vgpus_with_64bit_framebuffer(monkeypatch):
+    lib = FakeMeteringLib().install(monkeypatch)
+    from vgpuhost.io.nvml_metering import PynvmlMetering
+    from vgpuhost.io.nvml_pynvml import PynvmlBackend
+    # pynvml's own binding truncates above 4 GiB ...
+    assert pynvml.nvmlVgpuInstanceGetFbUsage(ctypes.c_uint(7)) == lib.fb_usage & 0xFFFFFFFF
+    m = PynvmlMetering(PynvmlBackend.open())
+    (g,) = m.read({"0000:81:00.0": 1_000_000})
+    # ... the door reads it with a 64-bit result
+    assert lib.targets[-1] is ctypes.c_ulonglong
+    (v,) = g.vgpus
+    assert (g.bdf, g.name, g.mig) == ("0000:81:00.0", "NVIDIA A40", False)
+    assert v.fb_used_bytes == lib.fb_usage > 2 ** 32
+    assert (v.device, v.vm_id, v.type_name, v.gi_id) == ("8f01eb9a-0000-4000-8000-000000000007", DOM_A, "A40-8Q",
+                                                         None)
+    assert v.license == "licensed" and v.fb_total_bytes == 8 * 1024 ** 3
+    assert (v.sample.timestamp_us, v.sample.sm, v.sample.enc, v.sample.dec) == (2_000_000, 42.0, 3.0, 1.0)
+    assert lib.last_seen == [1_000_000]
+
+
+def test_the_shipped_unit_runs_the_exporter_on_loopback():
+    from importlib import resources
+    text = resources.files("vgpuhost").joinpath("units", "vgpuhost-exporter.service").read_text()
+    exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start == ["ExecStart=/usr/bin/vgpuhost exporter --listen 127.0.0.1 --port 9842 --interval 10"]
+    assert "ReadWritePaths=/var/lib/vgpuhost" in text and "Restart=on-failure" in text
+    for name in ("rules.yml", "grafana-dashboard.json"):
+        assert resources.files("vgpuhost").joinpath("metering", name).is_file()
+    dash = json.loads(resources.files("vgpuhost").joinpath("metering", "grafana-dashboard.json").read_text())
+    assert all(t["expr"] for p in dash["panels"] for t in p["targets"])
+    assert "pid" not in json.dumps(dash).lower()
+
+
+def test_tenancy_feeds_labels_and_quota_series(loaded):
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.model.tenancy import Limits, Quota, Tenant
+    from vgpuhost.ops import tenancy
+    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import OwnerLabels
+    tenancy.add(store, Tenant("alpha", qos="guaranteed", quota=Quota(guaranteed=Limits(vgpus=2, framebuffer_mib=8192),
+                                                                     burst=Limits(vgpus=3))))
+    with store.transaction() as conn:        # what admission records when the hook starts the domain
+        store.put_allocation(conn, (recs[DOM_A], DOM_A, "alpha", "0000:81:00.0", "vgpu", "A40-8Q", 8192, 0,
+                                    "guaranteed", 0))
+    s = Sampler(nv, store, interval_s=10, labels=OwnerLabels(store),
+                host_series=lambda: host_series(host, store))
+    snap = s.tick()
+    by = {d.device: d.owner for d in snap.devices}
+    assert (by[recs[DOM_A]].tenant, by[recs[DOM_A]].qos) == ("alpha", "guaranteed")
+    assert (by[recs[DOM_B]].tenant, by[recs[DOM_B]].qos) == ("", "")
+    used, limit = snap.host["quota_used"], snap.host["quota_limit"]
+    assert used[("alpha", "vgpus")] == 1 and used[("alpha", "framebuffer_bytes")] == 8192 * MIB
+    assert limit[("alpha", "vgpus", "guaranteed")] == 2 and limit[("alpha", "vgpus", "burst")] == 3
+    assert limit[("alpha", "framebuffer_bytes", "guaranteed")] == 8192 * MIB
+    # rollups carry the tenant, so usage --by tenant bills it
+    nv.advance(10)
+    s.tick()
+    assert {r[7] for r in st.usage_rows(store) if r[1] == recs[DOM_A]} == {"alpha"}
+
+
+SPEC_WITH_LOAD = """
+version: 1
+name: a40-loaded
+host: {modules: [vfio_pci, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]}
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port, iommu_group: 30}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0", iommu_group: 31, vgpu: {backend: mdev}}
+load:
+  default: {sm: 25, fb_mib: 1024}
+  "type:A40-8Q": {sm: {square: {high: 80, low: 20, period_s: 20}}, enc: 4, license: unlicensed}
+"""
+
+
+def test_the_host_spec_sets_the_load(make_host, capsys):
+    host = make_host(yaml_text=SPEC_WITH_LOAD)
+    _create(host, "A40-8Q", DOM_A, capsys)
+    _create(host, "A40-8Q", DOM_B, capsys)
+    nv = metering_nvml(host)
+    nv.freeze(1_800_000_000.0)
+    s = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    s.tick()
+    nv.advance(40)
+    snap = s.tick()
+    for d in snap.devices:           # two full periods of the square wave: 40 s x 50 % average
+        assert d.sm_busy_s == pytest.approx(20.0, rel=1e-9) and d.enc_busy_s == pytest.approx(1.6, rel=1e-9)
+        assert d.license == "unlicensed" and d.fb_used_bytes == 0
+    nv.set_trace("type:A40-8Q", None)
+    nv.advance(10)
+    snap = s.tick()
+    assert all(d.fb_used_bytes == 1024 * MIB for d in snap.devices)       # the default now
+    with pytest.raises(Exception) as e:
+        nv.set_trace("default", {"sm": 120})
+    assert "outside 0..100" in str(e.value)
+
+
+@pytest.mark.parametrize("load, why", [
+    ("{default: {sm: 101}}", "outside 0..100"),
+    ("{default: {gpu: 3}}", "unknown trace key 'gpu'"),
+    ("{default: {sm: {square: {high: 50}}}}", "square takes high, period_s"),
+    ("{default: {license: maybe}}", "license is one of"),
+])
+def test_a_bad_load_in_the_spec_names_its_line(make_host, load, why):
+    from vgpuhost.model.errors import VgpuhostError
+    text = SPEC_WITH_LOAD.split("load:")[0] + f"load: {load}\n"
+    with pytest.raises(VgpuhostError) as e:
+        make_host(yaml_text=text)
+    assert why in str(e.value) and ":8" in e.value.one_line()
+
+
+class FakeGpmLib(FakeMeteringLib):
+    """The A40 stand-in as a MIG GPU with GPM: GI 3 runs at 37.5 % SM."""
+
+    def __init__(self):
+        super().__init__()
+        self.samples = []
+
+    def nvmlDeviceGetMigMode(self, h):
+        return [1, 1]
+
+    def nvmlVgpuInstanceGetGpuInstanceId(self, i):
+        return 3
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        s = pynvml.c_nvmlGpmSupport_t()
+        s.isSupportedDevice = 1
+        return s
+
+    def nvmlGpmSampleAlloc(self):
+        return pynvml.c_nvmlGpmSample_t()
+
+    def nvmlGpmSampleFree(self, s):
+        pass
+
+    def nvmlGpmMigSampleGet(self, h, gi, sample):
+        assert h is self.handle and gi == 3
+        self.samples.append(sample)
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg):
+        assert mg.version == pynvml.NVML_GPM_METRICS_GET_VERSION and mg.numMetrics == 1
+        assert mg.metrics[0].metricId == pynvml.NVML_GPM_METRIC_SM_UTIL
+        mg.metrics[0].value = 37.5
+        mg.metrics[0].nvmlReturn = 0
+        return mg
+
+
+def test_real_backend_reads_gpu_instance_utilisation_through_gpm(monkeypatch):
+    lib = FakeGpmLib().install(monkeypatch)
+    from vgpuhost.io.nvml_metering import PynvmlMetering
+    from vgpuhost.io.nvml_pynvml import PynvmlBackend
+    m = PynvmlMetering(PynvmlBackend.open())
+    (g,) = m.read({})
+    assert g.mig and g.vgpus[0].gi_id == 3 and (g.gi_sm, g.gpm) == ({}, "warming-up")    # GPM needs two samples
+    (g,) = m.read({})
+    assert (g.gi_sm, g.gpm) == ({3: 37.5}, "ok") and len(lib.samples) == 2
+
+
+def test_advise_on_the_cli_from_metered_history(loaded, capsys):
+    host, store, nv, recs, traces = loaded
+    nv.set_trace(recs[DOM_A], {"sm": 2, "fb_mib": 3000})
+    s = Sampler(nv, store, interval_s=60)
+    s.tick()
+    for _ in range(120):
+        nv.advance(60)
+        s.tick()
+    assert main(["--root", str(host.root), "advise", "--since", "2001-01-01", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {a["device"]: a for a in doc["advice"]}
+    assert by[recs[DOM_A]]["action"] == "downsize" and by[recs[DOM_A]]["to"] == "A40-4Q"
+    assert by[recs[DOM_B]]["action"] == "keep"
+    assert doc["more_vms"] == {"A40-4Q": 1}
+    assert main(["--root", str(host.root), "advise", "--since", "2001-01-01"]) == 0
+    out = capsys.readouterr().out
+    assert "downsize  A40-4Q" in out and "would admit 1 more A40-4Q VM(s)" in out
+
+
+def test_open_journal_entries_are_a_host_series(loaded, monkeypatch):
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops.exporter import host_series
+    assert "journal_open" not in host_series(host, store) or hasattr(StateStore, "journal_entries")
+    calls = []
+
+    def journal_entries(self, *, open_only=False, gpu=None):       # the intent journal's reader (issue 12)
+        calls.append(open_only)
+        return ["entry-1", "entry-2"]
+
+    monkeypatch.setattr(StateStore, "journal_entries", journal_entries, raising=False)
+    assert host_series(host, store)["journal_open"] == 2 and calls == [True]

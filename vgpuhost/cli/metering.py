@@ -1,0 +1,221 @@
+"""`vgpuhost` commands: exporter, usage, advise (metering, issue 14).
+
+Registered on the main group like the other command modules: every click
+command in ``COMMANDS`` becomes a top-level command.  Logic lives in
+:mod:`vgpuhost.ops.metering`, :mod:`vgpuhost.ops.exporter` and
+:mod:`vgpuhost.policy.usage`; this module parses options and prints.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from datetime import datetime, timezone
+from typing import Optional
+
+import click
+
+from ..model.errors import InputError
+from .common import current as _ctx, store as _store
+
+
+def _labels_uri(ctx) -> Optional[str]:
+    """libvirt for domain names/tenants: --connect, $LIBVIRT_DEFAULT_URI, else qemu:///system on a real host."""
+    import os
+    from ..io.virt import DEFAULT_URI, ENV_URI
+    if ctx.connect or os.environ.get(ENV_URI):
+        return ctx.connect or os.environ.get(ENV_URI)
+    return None if ctx.host.is_simulated else DEFAULT_URI
+
+
+def _sampler(ctx, interval: float, max_hold: Optional[float]):
+    from ..io.backends import metering_nvml
+    from ..ops.exporter import host_series
+    from ..ops.metering import OwnerLabels, Sampler
+    ctx.host.require_host()
+    store = _store(ctx, write=True)
+    nvml = metering_nvml(ctx.host)
+    return Sampler(nvml, store, interval_s=interval, max_hold_s=max_hold,
+                   labels=OwnerLabels(store, _labels_uri(ctx)),
+                   host_series=lambda: host_series(ctx.host, store), host_every_s=max(interval, 30.0))
+
+
+@click.command("exporter", short_help="Meter vGPUs and serve Prometheus metrics.")
+@click.option("--listen", default="127.0.0.1", show_default=True, metavar="ADDR",
+              help="Address to serve /metrics on (loopback unless you mean otherwise).")
+@click.option("--port", type=click.IntRange(0, 65535), default=9842, show_default=True,
+              help="TCP port (0: any free port, printed).")
+@click.option("--interval", type=click.FloatRange(0.05, 3600), default=10.0, show_default=True, metavar="S",
+              help="Seconds between NVML readings.")
+@click.option("--max-hold", type=click.FloatRange(0.05, 86400), default=None, metavar="S",
+              help="Longest span one utilisation sample covers (default 6 intervals); longer is a gap.")
+@click.option("--once", is_flag=True, help="Take one reading, print the metrics page and exit (no server).")
+def exporter(listen: str, port: int, interval: float, max_hold: Optional[float], once: bool) -> None:
+    """Run the metering sampler and serve its metrics to Prometheus.
+
+    Every INTERVAL it reads per-vGPU utilisation, framebuffer and licence
+    from NVML, adds allocation and busy seconds to the hourly rollups in the
+    state store (what 'vgpuhost usage' reports), and publishes a snapshot;
+    scrapes read that snapshot only.  Passed-through GPUs are metered by
+    allocation time only.  Stops cleanly on SIGTERM or Ctrl-C.
+    """
+    ctx = _ctx()
+    sampler = _sampler(ctx, interval, max_hold)
+    if once:
+        from prometheus_client import CollectorRegistry, generate_latest
+        from ..ops.exporter import SnapshotCollector
+        sampler.tick()
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(SnapshotCollector(lambda: sampler.snapshot, interval))
+        click.echo(generate_latest(reg).decode(), nl=False)
+        return
+    import threading
+    from ..ops.exporter import serve
+    stop = threading.Event()
+
+    def ready(bound: int) -> None:
+        click.echo(f"vgpuhost exporter: http://{listen}:{bound}/metrics (every {interval:g} s)", err=True)
+
+    try:
+        serve(sampler, address=listen, port=port, stop=stop, ready=ready)
+    except OSError as e:
+        raise InputError(f"cannot listen on {listen}:{port}: {e.strerror or e}",
+                         hint="pick another --port, or stop what holds it") from None
+    except KeyboardInterrupt:
+        stop.set()
+        click.echo("vgpuhost exporter: stopped", err=True)
+
+
+def _when(text: Optional[str], default: datetime) -> datetime:
+    if not text:
+        return default
+    from ..policy.usage import parse_when
+    when = parse_when(text, datetime.now(timezone.utc))
+    if when is None:
+        raise InputError(f"invalid time {text[:40]!r}",
+                         hint="give an ISO 8601 time (2026-11-29T10:00, UTC unless an offset is given) "
+                              "or an age like 30m, 2h, 7d")
+    return when
+
+
+def _hour(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:00:00Z")
+
+
+def _window(since: Optional[str], until: Optional[str]):
+    """``(first hour, end hour or None)``: --since rounds down; an --until inside an hour includes it."""
+    start = _when(since, datetime(1970, 1, 1, tzinfo=timezone.utc))
+    if not until:
+        return _hour(start), None
+    end = _when(until, datetime.now(timezone.utc))
+    if end <= start:
+        raise InputError("--until is not after --since", hint="give a window such as --since 7d")
+    floor = end.replace(minute=0, second=0, microsecond=0)
+    return _hour(start), _hour(floor + _one_hour() if floor < end else floor)
+
+
+def _one_hour():
+    from datetime import timedelta
+    return timedelta(hours=1)
+
+
+@click.command("usage", short_help="Chargeback: allocated and busy GPU time per tenant, domain or profile.")
+@click.option("--since", metavar="WHEN", help="ISO 8601 time or an age (30m, 2h, 7d); default: all history.")
+@click.option("--until", metavar="WHEN", help="ISO 8601 time or an age; default: no end.")
+@click.option("--by", "by", type=click.Choice(["tenant", "domain", "profile"]), default="tenant",
+              show_default=True)
+@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout (for billing systems).")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
+def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_json: bool) -> None:
+    """Allocated GPU hours and SM/encoder/decoder busy seconds from the hourly rollups.
+
+    Whole UTC hours: --since rounds down to its hour, an --until inside an
+    hour includes that hour.  Gaps (spans the sampler could not observe
+    utilisation) in the window are listed.
+    """
+    from ..io import state as st
+    from ..policy.usage import aggregate
+    from .output import dumps, table
+    ctx = _ctx()
+    lo, hi = _window(since, until)
+    store = _store(ctx, write=False)
+    conn = store
+    rows = st.usage_rows(conn, lo, hi)
+    gaps = st.meter_gaps(conn, lo, hi)
+    if as_csv and (as_json or ctx.json):
+        raise InputError("--csv and --json are exclusive", hint="pick one output format")
+    totals = aggregate(rows, by)
+    fields = [by, "gpu_hours", "alloc_seconds", "sm_busy_seconds", "encoder_busy_seconds",
+              "decoder_busy_seconds", "framebuffer_peak_bytes", "devices", "hours"]
+    recs = [[t.key, round(t.gpu_hours, 6), round(t.alloc_s, 3), round(t.sm_busy_s, 3), round(t.enc_busy_s, 3),
+             round(t.dec_busy_s, 3), t.fb_peak_bytes, t.devices, t.hours] for t in totals]
+    if ctx.json or as_json:
+        click.echo(dumps({"schema": "vgpuhost.usage/v1", "since": lo, "until": hi, "by": by,
+                          "rows": [dict(zip(fields, r)) for r in recs],
+                          "gaps": [{"start": g[0], "end": g[1], "device": g[2], "seconds": g[3], "reason": g[4]}
+                                   for g in gaps]}))
+        return
+    if as_csv:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(fields)
+        w.writerows(recs)
+        sys.stdout.write(buf.getvalue())
+        return
+    if not recs:
+        click.echo(f"no usage recorded from {lo}{' to ' + hi if hi else ''} (is 'vgpuhost exporter' running?)")
+    else:
+        click.echo(table([by.upper(), "GPU-HOURS", "SM-BUSY-S", "ENC-BUSY-S", "DEC-BUSY-S", "FB-PEAK-MIB",
+                          "DEVICES"],
+                         [[r[0], f"{r[1]:.3f}", f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.1f}",
+                           f"{r[6] / 1048576:.0f}", r[7]] for r in recs]))
+    for g in gaps:
+        click.echo(f"gap: {g[0][:19]} .. {g[1][:19]} {g[2]}: {g[3]:.0f} s, {g[4]}")
+
+
+@click.command("advise", short_help="Right-sizing advice from metered history.")
+@click.option("--since", metavar="WHEN", default="7d", show_default=True,
+              help="Start of the window (ISO 8601 or an age).")
+@click.option("--until", metavar="WHEN", help="End of the window; default: no end.")
+@click.option("--min-hours", type=click.FloatRange(0, None), default=1.0, show_default=True,
+              help="Only devices allocated at least this long in the window.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
+def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) -> None:
+    """VMs whose framebuffer peak and SM use fit a smaller profile, idle guaranteed vGPUs,
+    and how many more VMs those changes would admit."""
+    from ..io import state as st
+    from ..policy.usage import Offer, advise as plan_advice
+    from .output import dumps, table
+    ctx = _ctx()
+    lo, hi = _window(since, until)
+    store = _store(ctx, write=False)
+    rows = st.usage_rows(store, lo, hi)
+    offers = {}
+    try:
+        inv = ctx.inventory()
+        for t in inv.vgpu_types:
+            if t.framebuffer_mib:
+                offers.setdefault(t.name.upper(), Offer(t.name, int(t.framebuffer_mib), t.max_instances))
+    except Exception:           # advice still works from the names in the rows
+        pass
+    for _gpu, _tid, name, fb in store.seen_types():
+        if fb:
+            offers.setdefault(str(name).upper(), Offer(str(name), int(fb), None))
+    items, more = plan_advice(rows, list(offers.values()), min_alloc_s=min_hours * 3600)
+    if ctx.json or as_json:
+        click.echo(dumps({"schema": "vgpuhost.advise/v1", "since": lo, "until": hi,
+                          "advice": [a.__dict__ for a in items], "more_vms": more}))
+        return
+    act = [a for a in items if a.action != "keep"]
+    if not act:
+        click.echo(f"nothing to change: {len(items)} devices checked from {lo}{' to ' + hi if hi else ''}")
+    else:
+        click.echo(table(["DOMAIN", "TENANT", "DEVICE", "PROFILE", "ACTION", "TO", "REASON"],
+                         [[a.domain, a.tenant or "-", a.device, a.profile, a.action, a.to or "-", a.reason]
+                          for a in act]))
+    for name, n in sorted(more.items()):
+        click.echo(f"these changes would admit {n} more {name} VM(s)")
+
+
+COMMANDS = (exporter, usage, advise)

@@ -1,0 +1,312 @@
+"""The NVML door for metering: per-vGPU identity, utilisation, framebuffer, licence, GPM.
+
+Owns: the read-only :class:`MeteringNvml` interface the sampler
+(:mod:`vgpuhost.ops.metering`) uses, its real implementation
+:class:`PynvmlMetering` over nvidia-ml-py (through
+:class:`~vgpuhost.io.nvml_pynvml.PynvmlBackend`'s call wrapper, so
+``NVMLError_*`` become :class:`~vgpuhost.io.nvml.NvmlError` the same way),
+while the simulator's is :class:`vgpuhost.sim.metering.SimMetering`
+(:func:`vgpuhost.io.backends.metering_nvml` picks one).  Kept apart from
+:mod:`vgpuhost.io.nvml` so the device-changing door stays small.
+Must not: change anything on a GPU (every call here only reads), decide
+policy, or be imported by the hook path.
+
+Units: timestamps are NVML's CPU timestamps in microseconds since the epoch;
+utilisation is percent (0-100) of the sample period; framebuffer is bytes.
+
+NVML facts used (nvidia-ml-py 13.x ``pynvml.py`` and the NVML API reference,
+"vGPU Management" and "GPM" chapters):
+
+* ``nvmlDeviceGetActiveVgpus(dev)`` lists the vGPU instances a *running* VM
+  holds; an mdev that no VM has opened is not active and has no samples.
+* ``nvmlVgpuInstanceGetMdevUUID`` gives the mdev UUID (classic mdev);
+  ``nvmlVgpuInstanceGetVmID`` gives ``(id, type)``; on KVM the type is
+  ``NVML_VGPU_VM_ID_UUID`` and the id is the libvirt domain UUID.
+* ``nvmlDeviceGetVgpuInstancesUtilizationInfo`` (v1 struct, driver R550+)
+  and the older ``nvmlDeviceGetVgpuUtilization`` return one sample per
+  active vGPU newer than ``lastSeenTimeStamp``: SM, memory, encoder and
+  decoder utilisation in percent; we try the first and fall back to the
+  second on ``NVMLError_FunctionNotFound``/``NotSupported``.
+* ``nvmlVgpuInstanceGetFbUsage`` writes an ``unsigned long long``; pynvml
+  binds it as ``c_uint`` and keeps only the low 32 bits, so we use
+  :meth:`PynvmlBackend.vgpu_fb_usage`, which passes a ``c_ulonglong``.
+* ``nvmlVgpuInstanceGetLicenseInfo_v2`` (``isLicensed``, ``currentState``
+  ``NVML_GRID_LICENSE_STATE_*``).
+* GPM (Hopper and newer): ``nvmlGpmQueryDeviceSupport``, two
+  ``nvmlGpmMigSampleGet`` samples of a GPU instance, and
+  ``nvmlGpmMetricsGet`` with ``NVML_GPM_METRIC_SM_UTIL`` give the SM
+  utilisation of one GPU instance between the two samples.
+* A passed-through GPU is not visible to the host's NVML at all: it is
+  metered by allocation time only (the sampler reads vgpuhost's records).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Protocol, Tuple
+
+from .nvml import NvmlError
+
+#: licence states as vgpuhost names them (NVML_GRID_LICENSE_STATE_* 0..5)
+LICENSE_STATES = ("unknown", "uninitialized", "unlicensed-unrestricted", "unlicensed-restricted",
+                  "unlicensed", "licensed")
+
+
+@dataclass(frozen=True)
+class VgpuReading:
+    """One active vGPU as NVML reports it at one read.
+
+    ``instance``: NVML's vGPU instance id (valid while it runs); ``device``:
+    the mdev UUID, or ``""`` where NVML gives none (vendor VFIO);
+    ``vm_id``: the VM id (libvirt domain UUID on KVM) or ``""``;
+    ``type_name``: the vGPU type name (``A40-8Q``); ``gi_id``: the GPU
+    instance of a MIG-backed vGPU, else None; ``fb_used_bytes`` /
+    ``fb_total_bytes``: framebuffer in bytes; ``license``: one of
+    :data:`LICENSE_STATES`; ``sample``: the utilisation sample newer than
+    the read's ``last_seen_us``, or None.
+    """
+
+    instance: int
+    device: str
+    vm_id: str
+    type_name: str
+    gi_id: Optional[int]
+    fb_used_bytes: int
+    fb_total_bytes: int
+    license: str
+    sample: Optional["UtilSample"] = None
+
+
+@dataclass(frozen=True)
+class UtilSample:
+    """Utilisation of one vGPU: percent of the period ending at ``timestamp_us``."""
+
+    timestamp_us: int
+    sm: float
+    mem: float
+    enc: float
+    dec: float
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one read: ``bdf`` (``0000:41:00.0``), its name, MIG mode,
+    its active vGPUs, and the SM utilisation (percent) of each GPU instance
+    where GPM gives it (``gi_sm``: ``{gi_id: percent}``; empty when GPM is
+    not available, ``gpm`` says why)."""
+
+    bdf: str
+    name: str
+    mig: bool
+    vgpus: Tuple[VgpuReading, ...]
+    gi_sm: Dict[int, float] = field(default_factory=dict)
+    gpm: str = "unavailable"
+    error: Optional[str] = None
+
+
+class MeteringNvml(Protocol):
+    """What the sampler reads.  Nothing here changes a GPU."""
+
+    def clock_us(self) -> int:
+        """Now on NVML's clock (CPU time, microseconds since the epoch)."""
+
+    def read(self, last_seen_us: Dict[str, int]) -> List[GpuReading]:
+        """Every GPU NVML sees with a vGPU manager, with samples newer than
+        ``last_seen_us[bdf]`` (0: the latest).  A GPU whose reads fail is
+        returned with ``error`` set (the NVML error name) and no vGPUs."""
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode(errors="replace").rstrip("\x00").strip()
+    return str(v or "").strip()
+
+
+def _value(v: Any, value_type: int) -> float:
+    """A ``c_nvmlValue_t`` union read by its ``sampleValType``."""
+    field_by_type = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+    return float(getattr(v, field_by_type.get(int(value_type), "uiVal")))
+
+
+class PynvmlMetering:
+    """:class:`MeteringNvml` over nvidia-ml-py, using a PynvmlBackend's call wrapper and handles."""
+
+    def __init__(self, backend: Any):
+        self._be = backend
+        self._nv = backend._nv
+        self._gpm_prev: Dict[Tuple[str, int], Any] = {}
+
+    def clock_us(self) -> int:
+        return int(time.time() * 1_000_000)
+
+    # --- listing and identity ---------------------------------------------------
+    def bus_ids(self) -> List[str]:
+        """PCI bus ids (``0000:41:00.0``) of every GPU NVML sees (enumerated by index only to learn them)."""
+        from .nvml_pynvml import bdf_from_nvml
+        out = []
+        for i in range(int(self._be._fn("nvmlDeviceGetCount"))):
+            h = self._be._fn("nvmlDeviceGetHandleByIndex", i)
+            out.append(bdf_from_nvml(self._be._fn("nvmlDeviceGetPciInfo", h).busId))
+        return out
+
+    def active_instances(self, bdf: str) -> List[int]:
+        """vGPU instance ids active on GPU ``bdf`` (all GPU instances together)."""
+        return [int(getattr(i, "value", i)) for i in self._be._fn("nvmlDeviceGetActiveVgpus", self._be._handle(bdf))]
+
+    def instance_identity(self, instance: int) -> Tuple[str, str, str, Optional[int]]:
+        """``(mdev UUID or "", VM id or "", type name, GI id or None)`` of one vGPU instance."""
+        fn = self._be._fn
+        try:
+            mdev = _text(fn("nvmlVgpuInstanceGetMdevUUID", instance))
+        except NvmlError as e:
+            if e.nvml_name not in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound"):
+                raise
+            mdev = ""
+        try:
+            vm = fn("nvmlVgpuInstanceGetVmID", instance)
+            vm_id = _text(vm[0] if isinstance(vm, tuple) else vm)
+        except NvmlError:
+            vm_id = ""
+        type_id = int(fn("nvmlVgpuInstanceGetType", instance))
+        name = _text(fn("nvmlVgpuTypeGetName", type_id))
+        if name.upper().startswith("NVIDIA "):
+            name = name[7:]
+        try:
+            gi = int(fn("nvmlVgpuInstanceGetGpuInstanceId", instance))
+            gi_id = None if gi in (0xFFFFFFFF, -1) else gi
+        except NvmlError:
+            gi_id = None
+        return mdev, vm_id, name, gi_id
+
+    def fb_total(self, instance: int) -> int:
+        """Framebuffer bytes of the instance's vGPU type."""
+        t = int(self._be._fn("nvmlVgpuInstanceGetType", instance))
+        return int(self._be._fn("nvmlVgpuTypeGetFramebufferSize", t))
+
+    def fb_used(self, instance: int) -> int:
+        """Framebuffer bytes in use (64-bit: see :meth:`PynvmlBackend.vgpu_fb_usage`)."""
+        return self._be.vgpu_fb_usage(instance)
+
+    def license(self, instance: int) -> str:
+        """One of :data:`LICENSE_STATES`."""
+        try:
+            info = self._be._fn("nvmlVgpuInstanceGetLicenseInfo_v2", instance)
+        except NvmlError as e:
+            if e.nvml_name not in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported"):
+                raise
+            status = int(self._be._fn("nvmlVgpuInstanceGetLicenseStatus", instance))
+            return "licensed" if status else "unlicensed"
+        state = int(getattr(info, "currentState", 0))
+        if 0 <= state < len(LICENSE_STATES) and state:
+            return LICENSE_STATES[state]
+        return "licensed" if int(getattr(info, "isLicensed", 0)) else "unlicensed"
+
+    # --- utilisation ---------------------------------------------------------------
+    def utilization(self, bdf: str, last_seen_us: int) -> Dict[int, UtilSample]:
+        """``{instance: sample}`` newer than ``last_seen_us`` (the newest per instance)."""
+        h = self._be._handle(bdf)
+        try:
+            rows = self._be._fn("nvmlDeviceGetVgpuInstancesUtilizationInfo", h, int(last_seen_us))
+            value_type = 0
+            vt = getattr(rows, "sampleValType", None)
+            if vt is not None:        # the struct itself (some pynvml versions return it)
+                value_type = int(vt)
+                rows = [rows.vgpuUtilArray[i] for i in range(int(rows.vgpuInstanceCount))]
+            else:
+                value_type = self._value_type_v1
+        except NvmlError as e:
+            if e.nvml_name not in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported"):
+                raise
+            rows = self._be._fn("nvmlDeviceGetVgpuUtilization", h, int(last_seen_us))
+            value_type = 1       # the v0 call reports unsigned ints
+        out: Dict[int, UtilSample] = {}
+        for r in rows or []:
+            inst = int(getattr(r.vgpuInstance, "value", r.vgpuInstance))
+            s = UtilSample(int(r.timeStamp), _value(r.smUtil, value_type), _value(r.memUtil, value_type),
+                           _value(r.encUtil, value_type), _value(r.decUtil, value_type))
+            if inst not in out or s.timestamp_us > out[inst].timestamp_us:
+                out[inst] = s
+        return out
+
+    #: pynvml's v1 wrapper returns the sample array without the union type; the
+    #: driver reports these as unsigned ints (NVML_VALUE_TYPE_UNSIGNED_INT).
+    _value_type_v1 = 1
+
+    # --- GPM -----------------------------------------------------------------------
+    def gi_sm_utilization(self, bdf: str, gi_ids: List[int]) -> Tuple[Dict[int, float], str]:
+        """SM utilisation (percent) per GPU instance between this read and the previous one.
+
+        Returns ``({gi_id: percent}, status)``; status ``ok``, ``warming-up``
+        (first read: GPM needs two samples) or ``unavailable`` (not Hopper+,
+        or the driver lacks GPM).
+        """
+        nv, fn = self._nv, self._be._fn
+        h = self._be._handle(bdf)
+        try:
+            if not int(getattr(fn("nvmlGpmQueryDeviceSupport", h), "isSupportedDevice", 0)):
+                return {}, "unavailable"
+        except NvmlError:
+            return {}, "unavailable"
+        out: Dict[int, float] = {}
+        status = "ok"
+        for gi in gi_ids:
+            try:
+                cur = fn("nvmlGpmSampleAlloc")
+                fn("nvmlGpmMigSampleGet", h, gi, cur)
+            except NvmlError:
+                return {}, "unavailable"
+            prev = self._gpm_prev.get((bdf, gi))
+            self._gpm_prev[(bdf, gi)] = cur
+            if prev is None:
+                status = "warming-up"
+                continue
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = 1
+            mg.sample1, mg.sample2 = prev, cur
+            mg.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
+            try:
+                res = fn("nvmlGpmMetricsGet", mg)
+            except NvmlError:
+                continue
+            finally:
+                try:
+                    fn("nvmlGpmSampleFree", prev)
+                except NvmlError:
+                    pass
+            if int(res.metrics[0].nvmlReturn) == 0:
+                out[gi] = float(res.metrics[0].value)
+        return out, status
+
+    # --- one read --------------------------------------------------------------------
+    def read(self, last_seen_us: Dict[str, int]) -> List[GpuReading]:
+        out: List[GpuReading] = []
+        for bdf in self.bus_ids():
+            try:
+                name = _text(self._be.device_name(bdf))
+                mig = bool((self._be.mig_mode(bdf) or (False, False))[0])
+                try:
+                    instances = self.active_instances(bdf)
+                except NvmlError as e:
+                    if e.not_supported:          # no vGPU manager on this GPU
+                        continue
+                    raise
+                samples = self.utilization(bdf, last_seen_us.get(bdf, 0)) if instances else {}
+                vgpus = []
+                for inst in instances:
+                    mdev, vm_id, tname, gi = self.instance_identity(inst)
+                    vgpus.append(VgpuReading(inst, mdev, vm_id, tname, gi, self.fb_used(inst),
+                                             self.fb_total(inst), self.license(inst), samples.get(inst)))
+                gi_sm, gpm = ({}, "unavailable")
+                if mig:
+                    gis = sorted({v.gi_id for v in vgpus if v.gi_id is not None})
+                    gi_sm, gpm = self.gi_sm_utilization(bdf, gis)
+                out.append(GpuReading(bdf, name, mig, tuple(vgpus), gi_sm, gpm))
+            except NvmlError as e:
+                out.append(GpuReading(bdf, "", False, (), error=e.nvml_name))
+        return out
+
+
+__all__ = ["MeteringNvml", "GpuReading", "VgpuReading", "UtilSample", "LICENSE_STATES",
+           "PynvmlMetering"]

@@ -1,0 +1,272 @@
+"""The Prometheus exporter: the sampler's snapshot as metrics over HTTP.
+
+Owns: :class:`SnapshotCollector` (a prometheus-client collector that turns a
+:class:`~vgpuhost.ops.metering.Snapshot` into metric families),
+:func:`host_series` (host-level figures: free instances per profile and
+pool, quota use per tenant, orphaned devices, open journal entries) and
+:func:`serve` (the sampler thread plus prometheus-client's HTTP server,
+loopback by default).  A scrape only reads the last snapshot: it never waits
+on NVML, the state store or libvirt.  Must not: hold metering logic (that is
+:mod:`vgpuhost.ops.metering`), or put PIDs in labels.
+
+Conventions (Prometheus's "Writing exporters" and naming guides): one
+prefix ``vgpuhost_``, base units (seconds, bytes, ratios 0-1), ``_total``
+counters, one ``vgpuhost_device_info`` series per device carrying the
+domain, tenant and QoS labels (join on ``device``), ``vgpuhost_up``.
+The metric list is in docs/metering.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Dict, Iterator, Optional
+
+from .metering import Sampler, Snapshot
+
+log = logging.getLogger("vgpuhost.exporter")
+
+PREFIX = "vgpuhost_"
+DEFAULT_PORT = 9842
+DEFAULT_ADDRESS = "127.0.0.1"
+
+
+class SnapshotCollector:
+    """prometheus-client collector over ``get_snapshot()``; ``interval_s`` decides staleness
+    (``vgpuhost_up`` is 0 when the last good sample is older than 3 intervals)."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot], interval_s: float):
+        self.get_snapshot = get_snapshot
+        self.interval_s = interval_s
+        self._cache: "tuple[Optional[Snapshot], list]" = (None, [])
+
+    def describe(self):
+        return []          # unchecked collector: families vary with the host
+
+    def collect(self) -> Iterator[object]:
+        """``vgpuhost_up`` (judged now), then the snapshot's families, built once per snapshot."""
+        from prometheus_client.core import GaugeMetricFamily
+        snap = self.get_snapshot()
+        fresh = snap.ok and (time.time() - snap.wall) <= 3 * self.interval_s + 1
+        up = GaugeMetricFamily(PREFIX + "up", "1 when the sampler's last reading succeeded recently, else 0")
+        up.add_metric([], 1.0 if fresh else 0.0)
+        yield up
+        cached, families = self._cache
+        if cached is not snap:
+            families = list(self._families(snap))
+            self._cache = (snap, families)
+        yield from families
+
+    def _families(self, snap: Snapshot) -> Iterator[object]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        g = GaugeMetricFamily(PREFIX + "sampler_last_sample_timestamp_seconds",
+                              "NVML clock time of the last reading (seconds since the epoch)")
+        g.add_metric([], snap.time_us / 1e6)
+        yield g
+        g = GaugeMetricFamily(PREFIX + "sampler_duration_seconds", "How long the last reading took")
+        g.add_metric([], snap.duration_s)
+        yield g
+        c = CounterMetricFamily(PREFIX + "sampler_errors", "Readings or GPUs that failed")
+        c.add_metric([], float(snap.errors_total))
+        yield c
+        c = CounterMetricFamily(PREFIX + "metering_gap_seconds",
+                                "Seconds marked as gaps (no utilisation samples) since the exporter started")
+        c.add_metric([], snap.gap_s_total)
+        yield c
+
+        info = GaugeMetricFamily(PREFIX + "device_info", "One per metered device: who holds it",
+                                 labels=["device", "kind", "gpu", "profile", "gpu_instance", "domain",
+                                         "domain_uuid", "tenant", "qos"])
+        fams = {
+            "alloc": CounterMetricFamily(PREFIX + "device_allocated_seconds",
+                                         "Seconds the device was allocated to its domain", labels=["device"]),
+            "sm": CounterMetricFamily(PREFIX + "device_sm_busy_seconds",
+                                      "SM busy seconds (utilisation x time; 0 for passthrough)", labels=["device"]),
+            "enc": CounterMetricFamily(PREFIX + "device_encoder_busy_seconds", "Encoder busy seconds",
+                                       labels=["device"]),
+            "dec": CounterMetricFamily(PREFIX + "device_decoder_busy_seconds", "Decoder busy seconds",
+                                       labels=["device"]),
+            "fb": GaugeMetricFamily(PREFIX + "device_framebuffer_used_bytes", "Framebuffer in use",
+                                    labels=["device"]),
+            "peak": GaugeMetricFamily(PREFIX + "device_framebuffer_peak_bytes",
+                                      "Highest framebuffer use seen for this device and domain", labels=["device"]),
+            "size": GaugeMetricFamily(PREFIX + "device_framebuffer_size_bytes", "Framebuffer of the profile",
+                                      labels=["device"]),
+            "lic": GaugeMetricFamily(PREFIX + "device_licensed",
+                                     "1 when the vGPU holds a licence, else 0 (vGPUs only)", labels=["device"]),
+            "util": GaugeMetricFamily(PREFIX + "device_sm_utilization_ratio",
+                                      "SM utilisation of the last sample (0-1)", labels=["device"]),
+        }
+        for d in snap.devices:
+            o = d.owner
+            info.add_metric([d.device, d.kind, d.gpu, d.profile, "" if d.gi_id is None else str(d.gi_id),
+                             o.domain, o.domain_uuid, o.tenant, o.qos], 1.0)
+            lab = [d.device]
+            fams["alloc"].add_metric(lab, d.alloc_s)
+            if d.kind != "passthrough":
+                fams["sm"].add_metric(lab, d.sm_busy_s)
+                fams["enc"].add_metric(lab, d.enc_busy_s)
+                fams["dec"].add_metric(lab, d.dec_busy_s)
+                fams["fb"].add_metric(lab, float(d.fb_used_bytes))
+                fams["peak"].add_metric(lab, float(d.fb_peak_bytes))
+                fams["size"].add_metric(lab, float(d.fb_total_bytes))
+                fams["lic"].add_metric(lab, 1.0 if d.license == "licensed" else 0.0)
+                fams["util"].add_metric(lab, d.sm_percent / 100)
+        yield info
+        yield from fams.values()
+
+        gi = GaugeMetricFamily(PREFIX + "gpu_info", "One per GPU NVML sees", labels=["gpu", "name", "mig", "gpm"])
+        for bdf, name, mig, gpm in snap.gpus:
+            gi.add_metric([bdf, name, "1" if mig else "0", gpm], 1.0)
+        yield gi
+        u = GaugeMetricFamily(PREFIX + "gpu_instance_sm_utilization_ratio",
+                              "SM utilisation of a MIG GPU instance from GPM (0-1)", labels=["gpu", "gpu_instance"])
+        for bdf, gid, pct in snap.gi_sm:
+            u.add_metric([bdf, str(gid)], pct / 100)
+        yield u
+        yield from _host_families(snap.host)
+
+
+def _host_families(host: Dict[str, object]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+    if "free_instances" in host:
+        f = GaugeMetricFamily(PREFIX + "free_instances", "vGPUs of a profile that can still be created now",
+                              labels=["profile", "pool"])
+        for (profile, pool), n in sorted(host["free_instances"].items()):
+            f.add_metric([profile, pool], float(n))
+        yield f
+    if "orphaned_devices" in host:
+        f = GaugeMetricFamily(PREFIX + "orphaned_devices",
+                              "vGPUs with no running owner (owner-not-running) or no record (unrecorded)",
+                              labels=["reason"])
+        for reason, n in sorted(host["orphaned_devices"].items()):
+            f.add_metric([reason], float(n))
+        yield f
+    if "journal_open" in host:
+        f = GaugeMetricFamily(PREFIX + "journal_open_entries", "Operations journaled and not finished")
+        f.add_metric([], float(host["journal_open"]))
+        yield f
+    if "quota_used" in host:
+        used = GaugeMetricFamily(PREFIX + "tenant_quota_used", "A tenant's use of a quota resource",
+                                 labels=["tenant", "resource"])
+        lim = GaugeMetricFamily(PREFIX + "tenant_quota_limit", "A tenant's quota",
+                                labels=["tenant", "resource", "limit"])
+        for (tenant, resource), v in sorted(host["quota_used"].items()):
+            used.add_metric([tenant, resource], float(v))
+        for (tenant, resource, kind), v in sorted(host.get("quota_limit", {}).items()):
+            lim.add_metric([tenant, resource, kind], float(v))
+        yield used
+        yield lim
+
+
+def host_series(host_root, store) -> Dict[str, object]:
+    """Host-level figures for the snapshot (sysfs and the state store; no NVML).
+
+    ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
+    exist); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
+    ``quota_used``/``quota_limit`` only where the store has a journal or
+    tenant quotas.
+    """
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover, gpu_available
+    inv = discover(Sysfs(host_root), with_types=True)
+    pools = gpu_pools(store)
+    free: Dict[tuple, int] = {}
+    for g in inv.gpus:
+        seen = set()
+        for t in inv.vgpu_types:
+            if t.gpu != g.address or t.type_id in seen:
+                continue
+            seen.add(t.type_id)
+            key = (t.name, pools.get(str(g.address), ""))
+            free[key] = free.get(key, 0) + gpu_available(inv, g.address, t.type_id)
+    present = {m.uuid for m in inv.mdevs} | {str(v.vf) for v in inv.vf_vgpus if v.type_id}
+    records = store.vgpu_records()
+    running = set(store.active_domains())
+    recorded = {r.id for r in records}
+    orphans = {"owner-not-running": sum(1 for r in records if r.id in present and _uuid_like(r.owner)
+                                        and r.owner not in running),
+               "unrecorded": len(present - recorded)}
+    out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
+    journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
+    if callable(journal):
+        try:
+            out["journal_open"] = len(journal(open_only=True))
+        except Exception as e:
+            log.warning("reading the journal failed: %s", e)
+    out.update(_quota(store, inv))
+    return out
+
+
+def gpu_pools(store) -> Dict[str, str]:
+    """``{gpu BDF: pool}`` where the store knows GPU pools (issue 13), else ``{}``."""
+    from .metering import _tenancy
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        return {str(g): str(p.name) for p in ten.pools(store) for g in p.gpus}
+    except Exception as e:
+        log.warning("reading GPU pools failed: %s", e)
+        return {}
+
+
+#: tenancy's quota dimensions -> (resource label, factor to base units)
+_QUOTA_UNITS = {"vgpus": ("vgpus", 1), "framebuffer_mib": ("framebuffer_bytes", 1024 * 1024),
+                "mig_slices": ("mig_slices", 1), "passthrough_gpus": ("passthrough_gpus", 1)}
+
+
+def _quota(store, inv) -> Dict[str, object]:
+    """Quota use and limits per tenant where tenancy exists (issue 13); ``{}`` otherwise.
+
+    ``quota_used``: ``{(tenant, resource): value}``; ``quota_limit``:
+    ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes.
+    """
+    from .metering import _tenancy
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        used, limit = {}, {}
+        for row in ten.usage_report(store, inv):
+            if not row.get("tenant"):
+                continue
+            t = str(row["tenant"])
+            for dim, u in (row.get("usage") or {}).items():
+                res, k = _QUOTA_UNITS.get(dim, (dim, 1))
+                used[(t, res)] = float(u.get("used") or 0) * k
+                if u.get("guaranteed") is not None:
+                    limit[(t, res, "guaranteed")] = float(u["guaranteed"]) * k
+                if u.get("limit") is not None:
+                    limit[(t, res, "burst")] = float(u["limit"]) * k
+        return {"quota_used": used, "quota_limit": limit}
+    except Exception as e:
+        log.warning("reading quota use failed: %s", e)
+        return {}
+
+
+def _uuid_like(text: str) -> bool:
+    return len(text) == 36 and text.count("-") == 4
+
+
+def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT,
+          stop: Optional[threading.Event] = None, ready: Optional[Callable[[int], None]] = None) -> None:
+    """Run the sampler and serve ``/metrics`` on ``address:port`` until ``stop`` is set.
+
+    ``port`` 0 picks a free port; ``ready(port)`` is called once it listens.
+    Raises OSError when the address cannot be bound.
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
+    stop = stop or threading.Event()
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    try:
+        if ready is not None:
+            ready(server.server_address[1])
+        sampler.run(stop)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

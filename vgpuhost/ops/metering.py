@@ -1,0 +1,497 @@
+"""Metering: the sampler that turns NVML readings into billed usage.
+
+Owns: :class:`Sampler`, which every ``interval_s`` (default 10) reads the
+metering NVML door once (:class:`~vgpuhost.io.nvml_metering.MeteringNvml`),
+attributes each device to its domain, tenant, QoS class and profile, and
+
+- integrates per-device counters: allocation seconds and SM, encoder and
+  decoder busy seconds (``percent / 100 x seconds``);
+- keeps framebuffer used and peak gauges (bytes);
+- adds each interval's deltas to the hourly rollups in the state store
+  (``usage_hourly``), with its cursors, in one transaction: a crash loses at
+  most the interval in flight, and a restarted sampler continues from the
+  cursors without counting anything twice;
+- marks gaps (``meter_gaps``) where utilisation could not be observed;
+- publishes an immutable :class:`Snapshot` that the exporter serves, so a
+  scrape never waits on NVML.
+
+Must not: change a device, or talk to NVML, SQLite or libvirt except through
+the io/ doors.
+
+Integration rule: each utilisation sample covers the time since the
+previous sample of that device (or of its GPU, for a device first seen
+between reads), at most ``max_hold_s`` (default 6 intervals); the rest of a
+longer span is recorded as a gap.  NVML's per-vGPU samples are averages over
+the driver's sampling period, so on real GPUs busy seconds are as exact as
+that period allows; on the simulator they are exact.
+
+Passthrough: a GPU passed through to a VM is invisible to the host's NVML,
+so it is metered by allocation time only (from vgpuhost's passthrough
+records); its busy seconds stay 0 and its ``kind`` says ``passthrough``.
+
+Allocation after a restart: when a device's cursor names the same domain
+and vgpuhost's record says the device existed before the cursor, the device
+was allocated throughout, so the whole span since the cursor is credited.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..io import state as st
+from ..io.nvml_metering import GpuReading, MeteringNvml
+
+log = logging.getLogger("vgpuhost.metering")
+
+DEFAULT_INTERVAL_S = 10.0
+HOLD_INTERVALS = 6
+
+
+def iso_us(us: int) -> str:
+    """Microseconds since the epoch as ``2026-12-01T14:05:00.000000+00:00``."""
+    return datetime.fromtimestamp(us / 1_000_000, timezone.utc).isoformat(timespec="microseconds")
+
+
+def hour_of(us: int) -> str:
+    """The UTC hour holding ``us``, as ``2026-12-01T14:00:00Z`` (the rollup key)."""
+    return datetime.fromtimestamp(us / 1_000_000, timezone.utc).strftime("%Y-%m-%dT%H:00:00Z")
+
+
+def split_hours(t0_us: int, t1_us: int) -> List[Tuple[str, float]]:
+    """``[(hour, fraction)]`` of the span ``(t0, t1]`` falling in each UTC hour (fractions sum to 1)."""
+    if t1_us <= t0_us:
+        return [(hour_of(t1_us), 1.0)]
+    hour_us = 3_600_000_000
+    out = []
+    a = t0_us
+    while a < t1_us:
+        b = min(t1_us, (a // hour_us + 1) * hour_us)
+        out.append((hour_of(a), (b - a) / (t1_us - t0_us)))
+        a = b
+    return out
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a device is billed to.  Empty strings where unknown."""
+
+    domain_uuid: str = ""
+    domain: str = ""
+    tenant: str = ""
+    qos: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One metered device in a :class:`Snapshot`.
+
+    ``device``: mdev UUID, VF BDF or (passthrough) GPU BDF; ``kind``:
+    ``vgpu``, ``mig-vgpu`` or ``passthrough``; seconds are lifetime totals
+    for (device, domain); bytes are framebuffer; ``licensed``: None when not
+    known (passthrough).
+    """
+
+    device: str
+    kind: str
+    gpu: str
+    profile: str
+    owner: Owner
+    gi_id: Optional[int]
+    alloc_s: float
+    sm_busy_s: float
+    enc_busy_s: float
+    dec_busy_s: float
+    fb_used_bytes: int
+    fb_peak_bytes: int
+    fb_total_bytes: int
+    license: str
+    sm_percent: float = 0.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the sampler last saw; what scrapes read.  ``time_us``: the reading's NVML clock."""
+
+    time_us: int = 0
+    wall: float = 0.0
+    ok: bool = False
+    duration_s: float = 0.0
+    devices: Tuple[DeviceUsage, ...] = ()
+    gpus: Tuple[Tuple[str, str, bool, str], ...] = ()          # (bdf, name, mig, gpm status)
+    gi_sm: Tuple[Tuple[str, int, float], ...] = ()             # (gpu, gi_id, percent)
+    errors_total: int = 0
+    gap_s_total: float = 0.0
+    host: Dict[str, object] = field(default_factory=dict)       # host-level series (see host_series)
+
+
+class _Meter:
+    """Mutable per-device state inside the sampler."""
+
+    __slots__ = ("device", "kind", "gpu", "profile", "owner", "gi_id", "alloc_s", "sm_s", "enc_s", "dec_s",
+                 "fb_used", "fb_peak", "fb_total", "license", "alloc_us", "sample_us", "sm_pct")
+
+    def __init__(self, device: str, kind: str, gpu: str, profile: str, owner: Owner):
+        self.device, self.kind, self.gpu, self.profile, self.owner = device, kind, gpu, profile, owner
+        self.gi_id: Optional[int] = None
+        self.alloc_s = self.sm_s = self.enc_s = self.dec_s = 0.0
+        self.fb_used = self.fb_peak = self.fb_total = 0
+        self.license = "unknown"
+        self.alloc_us = 0
+        self.sample_us = 0
+        self.sm_pct = 0.0
+
+    def usage(self) -> DeviceUsage:
+        return DeviceUsage(self.device, self.kind, self.gpu, self.profile, self.owner, self.gi_id,
+                           self.alloc_s, self.sm_s, self.enc_s, self.dec_s, self.fb_used, self.fb_peak,
+                           self.fb_total, self.license, self.sm_pct)
+
+
+LabelFn = Callable[[str], Owner]
+
+
+class Sampler:
+    """Reads NVML every interval; integrates, rolls up, publishes a snapshot.
+
+    ``nvml``: a MeteringNvml; ``store``: a StateStore; ``labels(domain_uuid)``
+    gives the domain's name, tenant and QoS class (see :func:`owner_labels`);
+    ``host_series()``: optional host-level figures for the snapshot (free
+    instances, quota use, orphans, journal), read at most every
+    ``host_every_s``.
+    """
+
+    def __init__(self, nvml: MeteringNvml, store, *, interval_s: float = DEFAULT_INTERVAL_S,
+                 max_hold_s: Optional[float] = None, labels: Optional[LabelFn] = None,
+                 host_series: Optional[Callable[[], Dict[str, object]]] = None, host_every_s: float = 60.0):
+        self.nvml = nvml
+        self.store = store
+        self.interval_s = float(interval_s)
+        self.max_hold_us = int((max_hold_s if max_hold_s is not None else HOLD_INTERVALS * interval_s) * 1e6)
+        self.labels = labels or (lambda uuid: Owner(domain_uuid=uuid))
+        self.host_series = host_series
+        self.host_every_s = host_every_s
+        self._host_at = 0.0
+        self._host: Dict[str, object] = {}
+        self._meters: Dict[Tuple[str, str], _Meter] = {}
+        self._errors = 0
+        self._gap_s = 0.0
+        self._lock = threading.Lock()
+        self.snapshot = Snapshot()
+        conn = store
+        self._totals = st.usage_totals(conn)
+        self._cursors = st.meter_cursors(conn)
+        last = st.meter_state(conn, "last_tick_us")
+        self._last_tick_us = int(last) if last else 0
+        try:
+            seen = json.loads(st.meter_state(conn, "gpu_seen_us") or "{}")
+            self._gpu_seen = {str(k): int(v) for k, v in seen.items()}
+        except (ValueError, AttributeError):
+            self._gpu_seen = {}
+
+    # --- attribution ------------------------------------------------------------
+    def _records(self) -> Tuple[Dict[str, object], List[object], Dict[str, str]]:
+        vgpus = {r.id: r for r in self.store.vgpu_records()}
+        return vgpus, self.store.passthrough_records(), self.store.active_domains()
+
+    def _owner(self, domain_uuid: str, names: Dict[str, str]) -> Owner:
+        if not domain_uuid:
+            return Owner()
+        o = self.labels(domain_uuid)
+        name = o.domain or names.get(domain_uuid, "") or domain_uuid
+        return Owner(domain_uuid, name, o.tenant, o.qos)
+
+    # --- one tick ------------------------------------------------------------------
+    def tick(self) -> Snapshot:
+        """Read once, integrate, write the rollups, publish and return the snapshot."""
+        t_start = time.perf_counter()
+        with self._lock:
+            try:
+                snap = self._tick()
+            except Exception as e:        # NVML or the store failed: keep serving the last snapshot
+                self._errors += 1
+                log.warning("metering sample failed: %s", e)
+                snap = replace(self.snapshot, ok=False, errors_total=self._errors)
+            snap = replace(snap, duration_s=time.perf_counter() - t_start)
+            self.snapshot = snap
+            return snap
+
+    def _tick(self) -> Snapshot:
+        now_us = self.nvml.clock_us()
+        readings: List[GpuReading] = self.nvml.read(dict(self._gpu_seen))
+        newest_sample = max((v.sample.timestamp_us for g in readings for v in g.vgpus if v.sample is not None),
+                            default=0)
+        vgpu_recs, pt_recs, names = self._records()
+        rows: List[tuple] = []
+        cursor_rows: List[tuple] = []
+        gaps: List[tuple] = []
+        present: Dict[Tuple[str, str], _Meter] = {}
+        gi_sm: List[Tuple[str, int, float]] = []
+
+        if self._last_tick_us and now_us - self._last_tick_us > self.max_hold_us and not self._meters:
+            gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
+                         (now_us - self._last_tick_us) / 1e6, "sampler not running"))
+
+        def meter_for(device: str, kind: str, gpu: str, profile: str, owner: Owner) -> _Meter:
+            key = (device, owner.domain_uuid)
+            m = self._meters.get(key)
+            if m is None:
+                m = _Meter(device, kind, gpu, profile, owner)
+                tot = self._totals.get(key)
+                if tot:
+                    m.alloc_s, m.sm_s, m.enc_s, m.dec_s, m.fb_peak = (float(tot[0]), float(tot[1]),
+                                                                       float(tot[2]), float(tot[3]), int(tot[4]))
+                cur = self._cursors.get(device)
+                rec = vgpu_recs.get(device)
+                created_us = _us(rec.time) if rec is not None else 0
+                if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
+                    m.alloc_us, m.sample_us = int(cur[1]), int(cur[2])
+                else:
+                    m.alloc_us = now_us            # allocation counted from first sight
+            m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
+            present[key] = m
+            return m
+
+        def account(m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int, samples: int):
+            if alloc_dt_us <= 0 and not any(busy) and not samples:
+                rows.extend(_rows(m, [(hour_of(now_us), 1.0)], 0.0, (0.0, 0.0, 0.0), 0))
+                return
+            rows.extend(_rows(m, split_hours(t0_us, now_us), alloc_dt_us / 1e6, busy, samples))
+
+        for g in readings:
+            if g.error:
+                self._errors += 1
+                continue
+            for gi, pct in sorted(g.gi_sm.items()):
+                gi_sm.append((g.bdf, gi, pct))
+            seen = self._gpu_seen.get(g.bdf, 0)
+            newest = seen
+            for v in g.vgpus:
+                rec = vgpu_recs.get(v.device) if v.device else None
+                if rec is None and not v.device:
+                    rec = next((r for r in vgpu_recs.values()
+                                if r.gpu == g.bdf and r.owner == v.vm_id and r.type_name == v.type_name), None)
+                device = v.device or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
+                domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
+                kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
+                m = meter_for(device, kind, g.bdf, v.type_name, self._owner(domain, names))
+                m.gi_id = v.gi_id
+                m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
+                m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
+                alloc_dt = now_us - m.alloc_us if m.alloc_us else 0
+                busy = (0.0, 0.0, 0.0)
+                samples = 0
+                t0 = m.alloc_us or now_us
+                s = v.sample
+                if s is not None and s.timestamp_us > m.sample_us:
+                    prev = m.sample_us or seen
+                    if prev:
+                        dt = s.timestamp_us - prev
+                        held = min(dt, self.max_hold_us)
+                        if dt > held:
+                            gaps.append((iso_us(prev), iso_us(s.timestamp_us - held), device, (dt - held) / 1e6,
+                                         "no utilisation samples"))
+                        busy = (s.sm / 100 * held / 1e6, s.enc / 100 * held / 1e6, s.dec / 100 * held / 1e6)
+                        m.sm_s += busy[0]
+                        m.enc_s += busy[1]
+                        m.dec_s += busy[2]
+                        m.sm_pct = s.sm
+                        samples = 1
+                    m.sample_us = s.timestamp_us
+                    newest = max(newest, s.timestamp_us)
+                m.alloc_s += alloc_dt / 1e6
+                account(m, alloc_dt, busy, t0, samples)
+                m.alloc_us = now_us
+                cursor_rows.append((device, domain, m.alloc_us, m.sample_us))
+            self._gpu_seen[g.bdf] = max(newest, now_us if not g.vgpus else newest)
+
+        # passthrough: allocation time only (the host's NVML cannot see the GPU)
+        for gpu in sorted({r.gpu for r in pt_recs if r.bdf == r.gpu}):
+            owner_uuid = next((r.owner for r in pt_recs if r.bdf == gpu), "")
+            domain = owner_uuid if _is_uuid(owner_uuid) else ""
+            m = meter_for(gpu, "passthrough", gpu, "passthrough", self._owner(domain, names))
+            m.license = "n/a"
+            alloc_dt = now_us - m.alloc_us if m.alloc_us else 0
+            t0 = m.alloc_us or now_us
+            m.alloc_s += alloc_dt / 1e6
+            account(m, alloc_dt, (0.0, 0.0, 0.0), t0, 0)
+            m.alloc_us = now_us
+            cursor_rows.append((gpu, domain, m.alloc_us, 0))
+
+        kept = {k[0] for k in present}
+        gone = sorted(({d for d, _u in self._meters} | set(self._cursors)) - kept)
+        with self.store.transaction() as conn:
+            st.add_usage(conn, rows)
+            st.put_meter_cursors(conn, cursor_rows, gone)
+            for gap in gaps:
+                st.add_meter_gap(conn, *gap)
+            st.put_meter_state(conn, "last_tick_us", str(now_us))
+            st.put_meter_state(conn, "gpu_seen_us", json.dumps(self._gpu_seen, sort_keys=True))
+        for gap in gaps:
+            self._gap_s += gap[3]
+        self._meters = present
+        self._last_tick_us = now_us
+        self._cursors = {}
+        self._totals = {}
+
+        wall = time.time()
+        if self.host_series is not None and (not self._host or wall - self._host_at >= self.host_every_s):
+            try:
+                self._host = self.host_series()
+                self._host_at = wall
+            except Exception as e:
+                log.warning("host series failed: %s", e)
+                self._errors += 1
+        return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
+                        devices=tuple(m.usage() for _, m in sorted(present.items())),
+                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
+                        gi_sm=tuple(gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
+                        host=dict(self._host))
+
+    # --- running ---------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Tick every ``interval_s`` until ``stop`` is set (the first tick at once)."""
+        nxt = time.monotonic()
+        while not stop.is_set():
+            self.tick()
+            nxt += self.interval_s
+            delay = nxt - time.monotonic()
+            if delay < 0:                     # fell behind: skip, never burst
+                nxt = time.monotonic()
+                delay = 0
+            stop.wait(delay)
+
+
+def _rows(m: _Meter, hours: List[Tuple[str, float]], alloc_s: float, busy: Tuple[float, float, float],
+          samples: int) -> List[tuple]:
+    o = m.owner
+    out = []
+    for i, (hour, frac) in enumerate(hours):
+        out.append((hour, m.device, o.domain_uuid, m.kind, m.gpu, m.profile, o.domain, o.tenant, o.qos,
+                    alloc_s * frac, busy[0] * frac, busy[1] * frac, busy[2] * frac, m.fb_peak
+                    if i == len(hours) - 1 else 0, m.fb_total, samples if i == len(hours) - 1 else 0))
+    return out
+
+
+def _us(iso: str) -> int:
+    try:
+        return int(datetime.fromisoformat(iso).timestamp() * 1_000_000)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _is_uuid(text: str) -> bool:
+    from ..model.values import parse_uuid
+    try:
+        parse_uuid(text)
+        return True
+    except Exception:
+        return False
+
+
+# --- who owns a domain: name, tenant, QoS ----------------------------------------------
+
+def _tenancy():
+    """:mod:`vgpuhost.ops.tenancy` (issue 13) when this vgpuhost has it, else None."""
+    try:
+        from . import tenancy
+    except ImportError:
+        return None
+    return tenancy
+
+
+class OwnerLabels:
+    """``labels(domain_uuid) -> Owner``: the domain's name, tenant and QoS class.
+
+    Sources, first that knows wins: the tenancy allocations (the tenant and
+    QoS class admission recorded for the domain's devices) and tenants (a
+    tenant's default QoS class), where this vgpuhost has tenancy; then the
+    domain's vgpuhost metadata read through libvirt (``uri``).  Both are
+    refreshed every ``refresh_s``, and at once (at most every ``refresh_s /
+    6``) for a domain not seen before.  With neither, tenant and QoS stay
+    empty.  Failures are logged and the last answers kept.
+    """
+
+    def __init__(self, store, uri: Optional[str] = None, refresh_s: float = 60.0):
+        self.store = store
+        self.uri = uri
+        self.refresh_s = refresh_s
+        self._cache: Dict[str, Owner] = {}
+        self._admitted: Dict[str, Tuple[str, str]] = {}
+        self._at = -1e18
+        self._tenant_qos: Dict[str, str] = {}
+
+    def _refresh(self) -> None:
+        self._at = time.monotonic()
+        self._tenant_qos = tenant_default_qos(self.store)
+        self._admitted = admitted_owners(self.store)
+        if not self.uri:
+            return
+        from ..io.virt import open_connection
+        from ..libvirt.domxml import parse_domain
+        cache: Dict[str, Owner] = {}
+        try:
+            with open_connection(self.uri) as conn:
+                for d in conn.domains():
+                    try:
+                        view = parse_domain(d.inactive_xml())
+                    except Exception:
+                        continue
+                    meta = view.metadata
+                    tenant = (meta.tenant if meta is not None else None) or ""
+                    qos = (getattr(meta, "qos", None) if meta is not None else None) or ""
+                    cache[d.uuid.lower()] = Owner(d.uuid.lower(), d.name, tenant, qos)
+        except Exception as e:
+            log.warning("reading domain metadata from %s failed: %s", self.uri, e)
+            return
+        self._cache = cache
+
+    def __call__(self, domain_uuid: str) -> Owner:
+        key = domain_uuid.lower()
+        age = time.monotonic() - self._at
+        if age >= self.refresh_s or (key not in self._cache and key not in self._admitted
+                                     and age >= self.refresh_s / 6):
+            self._refresh()
+        o = self._cache.get(key) or Owner(domain_uuid=key)
+        tenant, qos = self._admitted.get(key, ("", ""))
+        if tenant or qos:
+            o = replace(o, tenant=tenant or o.tenant, qos=qos or o.qos)
+        if not o.qos and o.tenant in self._tenant_qos:
+            o = replace(o, qos=self._tenant_qos[o.tenant])
+        return o
+
+
+def tenant_default_qos(store) -> Dict[str, str]:
+    """``{tenant: default QoS class}`` from the tenancy tables (issue 13) when present, else ``{}``."""
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        return {str(n): str(t.qos) for n, t in ten.tenants(store).items() if getattr(t, "qos", None)}
+    except Exception as e:
+        log.warning("reading tenants failed: %s", e)
+        return {}
+
+
+def admitted_owners(store) -> Dict[str, Tuple[str, str]]:
+    """``{domain UUID: (tenant, QoS class)}`` from the allocations admission recorded, else ``{}``."""
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        out: Dict[str, Tuple[str, str]] = {}
+        for a in ten.allocations(store):
+            if a.tenant:
+                out[str(a.owner).lower()] = (str(a.tenant), str(a.qos or ""))
+        return out
+    except Exception as e:
+        log.warning("reading allocations failed: %s", e)
+        return {}
+
+
+__all__ = ["Sampler", "Snapshot", "DeviceUsage", "Owner", "OwnerLabels", "split_hours", "hour_of",
+           "DEFAULT_INTERVAL_S"]

@@ -1,0 +1,200 @@
+"""Usage reports and right-sizing advice from metering rollups (pure functions).
+
+Owns: :func:`aggregate` (chargeback totals per tenant, domain or profile
+over hourly rollup rows) and :func:`advise` (which VMs fit a smaller
+profile, which guaranteed vGPUs sit idle, and how many more VMs those
+changes would admit).  Must not: read the store, sysfs or NVML: callers pass
+rows (``io.state.USAGE_COLUMNS`` order) and the profiles a host offers.
+
+Units: seconds, bytes; ``sm_share`` is busy seconds / allocated seconds, the
+average fraction of a GPU's SM time the device used.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..model.values import VgpuProfile
+
+BY = ("tenant", "domain", "profile")
+#: advice keeps this much framebuffer headroom over the observed peak
+FB_HEADROOM = 1.25
+#: a guaranteed vGPU below this average SM share over the window is idle
+IDLE_SM_SHARE = 0.01
+MIB = 1024 * 1024
+
+
+def parse_when(text: str, now: datetime) -> Optional[datetime]:
+    """``2026-11-29T10:00`` (UTC unless an offset is given) or an age before ``now``
+    (``30m``, ``2h``, ``7d``, ``90s``) as an aware UTC datetime; None when it is neither."""
+    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", text)
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
+        try:
+            return now - timedelta(**{unit: int(m[1])})
+        except OverflowError:
+            return datetime(1970, 1, 1, tzinfo=timezone.utc)
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """One line of a usage report (seconds; ``gpu_hours`` = allocated seconds / 3600)."""
+
+    key: str
+    alloc_s: float
+    sm_busy_s: float
+    enc_busy_s: float
+    dec_busy_s: float
+    fb_peak_bytes: int
+    devices: int
+    hours: int
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.alloc_s / 3600.0
+
+
+def _row(r: Sequence) -> dict:
+    (hour, device, domain_uuid, kind, gpu, profile, domain, tenant, qos, alloc_s, sm, enc, dec, peak, total,
+     samples) = r
+    return dict(hour=hour, device=device, domain_uuid=domain_uuid, kind=kind, gpu=gpu, profile=profile,
+                domain=domain or domain_uuid, tenant=tenant, qos=qos, alloc_s=alloc_s, sm=sm, enc=enc, dec=dec,
+                peak=peak, total=total, samples=samples)
+
+
+def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
+    """Totals per ``by`` (``tenant``, ``domain`` or ``profile``), largest allocation first.
+
+    An empty tenant is reported as ``(none)``.  Raises ValueError for another ``by``.
+    """
+    if by not in BY:
+        raise ValueError(f"by must be one of {BY}")
+    acc: Dict[str, list] = {}
+    devs: Dict[str, set] = {}
+    hours: Dict[str, set] = {}
+    for raw in rows:
+        r = _row(raw)
+        key = r[by] or "(none)"
+        a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
+        a[0] += r["alloc_s"]
+        a[1] += r["sm"]
+        a[2] += r["enc"]
+        a[3] += r["dec"]
+        a[4] = max(a[4], int(r["peak"]))
+        devs.setdefault(key, set()).add((r["device"], r["domain_uuid"]))
+        hours.setdefault(key, set()).add(r["hour"])
+    out = [UsageTotal(k, a[0], a[1], a[2], a[3], a[4], len(devs[k]), len(hours[k])) for k, a in acc.items()]
+    return sorted(out, key=lambda t: (-t.alloc_s, t.key))
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A profile a host offers: name, framebuffer (MiB), max instances per GPU (None: unknown)."""
+
+    name: str
+    framebuffer_mib: int
+    max_instances: Optional[int]
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Right-sizing of one (device, domain) over the window.
+
+    ``action``: ``downsize`` (``to`` names the smaller profile), ``idle``
+    (a guaranteed vGPU that was not used) or ``keep``.
+    """
+
+    device: str
+    domain: str
+    tenant: str
+    gpu: str
+    profile: str
+    action: str
+    to: Optional[str]
+    fb_peak_bytes: int
+    fb_total_bytes: int
+    sm_share: float
+    reason: str
+
+
+def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: float = 3600.0
+           ) -> Tuple[List[Advice], Dict[str, int]]:
+    """Advice per (device, domain) allocated at least ``min_alloc_s`` in the rows.
+
+    A vGPU fits a smaller profile of the same board and series when its
+    framebuffer peak x :data:`FB_HEADROOM` fits the smaller framebuffer and
+    its average SM share is at most the smaller profile's equal share
+    (1 / max instances).  A ``guaranteed`` vGPU whose SM share is below
+    :data:`IDLE_SM_SHARE` is ``idle``.  Passthrough GPUs get no advice
+    (the host cannot see their use).
+
+    Returns ``(advice, more)``: ``more`` is ``{profile: n}``, how many more
+    VMs of that profile the framebuffer freed would hold, per GPU.
+    """
+    per: Dict[Tuple[str, str], dict] = {}
+    for raw in rows:
+        r = _row(raw)
+        if r["kind"] == "passthrough":
+            continue
+        d = per.setdefault((r["device"], r["domain_uuid"]), dict(r, alloc_s=0.0, sm=0.0, peak=0))
+        d["alloc_s"] += r["alloc_s"]
+        d["sm"] += r["sm"]
+        d["peak"] = max(d["peak"], int(r["peak"]))
+        d["total"] = r["total"] or d["total"]
+        d.update(domain=r["domain"], tenant=r["tenant"], qos=r["qos"], profile=r["profile"], gpu=r["gpu"])
+    by_name = {o.name.upper(): o for o in offers}
+    out: List[Advice] = []
+    freed: Dict[Tuple[str, str], int] = {}          # (gpu, profile to fill) -> MiB freed
+    for (device, _u), d in sorted(per.items()):
+        if d["alloc_s"] < min_alloc_s:
+            continue
+        share = d["sm"] / d["alloc_s"] if d["alloc_s"] else 0.0
+        prof = VgpuProfile.try_parse(d["profile"])
+        cur = by_name.get(d["profile"].upper())
+        cur_mib = cur.framebuffer_mib if cur else (d["total"] // MIB)
+        base = dict(device=device, domain=d["domain"], tenant=d["tenant"], gpu=d["gpu"], profile=d["profile"],
+                    fb_peak_bytes=d["peak"], fb_total_bytes=d["total"], sm_share=share)
+        if d["qos"] == "guaranteed" and share < IDLE_SM_SHARE:
+            out.append(Advice(**base, action="idle", to=None,
+                              reason=f"guaranteed vGPU used {share:.1%} of SM time over "
+                                     f"{d['alloc_s'] / 3600:.1f} h: release it or move it to best-effort"))
+            freed[(d["gpu"], d["profile"])] = freed.get((d["gpu"], d["profile"]), 0) + cur_mib
+            continue
+        best: Optional[Offer] = None
+        if prof is not None:
+            for o in offers:
+                p = VgpuProfile.try_parse(o.name)
+                if (p is None or p.board != prof.board or p.series != prof.series
+                        or p.gi_slices != prof.gi_slices or o.framebuffer_mib >= cur_mib):
+                    continue
+                if d["peak"] * FB_HEADROOM > o.framebuffer_mib * MIB:
+                    continue
+                if o.max_instances and share > 1.0 / o.max_instances:
+                    continue
+                if best is None or o.framebuffer_mib < best.framebuffer_mib:
+                    best = o
+        if best is None:
+            out.append(Advice(**base, action="keep", to=None, reason="no smaller profile fits its peak and SM use"))
+            continue
+        out.append(Advice(**base, action="downsize", to=best.name,
+                          reason=f"framebuffer peak {d['peak'] / MIB:.0f} MiB and SM share {share:.1%} fit "
+                                 f"{best.name} ({best.framebuffer_mib} MiB)"))
+        freed[(d["gpu"], best.name)] = freed.get((d["gpu"], best.name), 0) + cur_mib - best.framebuffer_mib
+    more: Dict[str, int] = {}
+    for (gpu, name), mib in freed.items():
+        o = by_name.get(name.upper())
+        if o and o.framebuffer_mib:
+            n = mib // o.framebuffer_mib
+            if n:
+                more[o.name] = more.get(o.name, 0) + n
+    return out, more
