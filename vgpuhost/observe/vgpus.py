@@ -10,6 +10,7 @@ reaches it through :mod:`vgpuhost.ops.vgpu`.
 
 from __future__ import annotations
 
+from ..model.kinds import VgpuState
 from ..model.values import record
 from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 #: a vGPU's state in :class:`VgpuEntry`: on the host and recorded with its type; recorded,
 #: not on the host; on the host, not created by vgpuhost; on the host with another type
-VGPU_STATES = ("active", "missing", "foreign", "mismatched")
+VGPU_STATES = (VgpuState.ACTIVE, VgpuState.MISSING, VgpuState.FOREIGN, VgpuState.MISMATCHED)
 
 
 @record(frozen=True)
@@ -59,22 +60,24 @@ def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]
         g = parent_gpu.get(m.parent)
         r = by_id.get(m.uuid)
         seen.add(m.uuid)
-        state = "foreign" if r is None else ("active" if r.type_id == m.type_id else "mismatched")
+        state = (VgpuState.FOREIGN if r is None else
+                 VgpuState.ACTIVE if r.type_id == m.type_id else VgpuState.MISMATCHED)
         out.append(VgpuEntry(m.uuid, str(g) if g else None, str(m.parent), m.type_id,
-                             r.type_name if state == "active" else names.get((g, m.type_id)), BACKEND_MDEV,
+                             r.type_name if state == VgpuState.ACTIVE else names.get((g, m.type_id)), BACKEND_MDEV,
                              r.owner if r else None, state))
     for v in inv.vf_vgpus:
         if not v.type_id:
             continue
         r = by_id.get(str(v.vf))
         seen.add(str(v.vf))
-        state = "foreign" if r is None else ("active" if r.type_id == v.type_id else "mismatched")
+        state = (VgpuState.FOREIGN if r is None else
+                 VgpuState.ACTIVE if r.type_id == v.type_id else VgpuState.MISMATCHED)
         out.append(VgpuEntry(str(v.vf), str(v.gpu), str(v.vf), v.type_id,
-                             r.type_name if state == "active" else names.get((v.gpu, v.type_id)),
+                             r.type_name if state == VgpuState.ACTIVE else names.get((v.gpu, v.type_id)),
                              BACKEND_VENDOR_VFIO, r.owner if r else None, state))
     for r in records:
         if r.id not in seen:
-            out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, "missing"))
+            out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, VgpuState.MISSING))
     return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
 
 
