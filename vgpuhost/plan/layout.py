@@ -687,7 +687,7 @@ class _Walker:
 
     # --- modes --------------------------------------------------------------------------
     def passthrough(self, g: Gpu, entry: Entry) -> None:
-        from ..ops.passthrough import group_endpoints, prepare_blockers
+        from ..policy.iommu import group_endpoints, prepare_blockers
         bdf = str(g.address)
         spec = entry.passthrough
         try:
