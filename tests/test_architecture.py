@@ -302,9 +302,6 @@ def violations() -> Set[Tuple[str, str, str]]:
 # known violations: (rule, module, detail) -> owner.  Delete a line when you fix it.
 
 KNOWN: Dict[Tuple[str, str, str], str] = {
-    ('file-access', 'vgpuhost.ops.mig', '.read_text()'): 'steps',
-    ('file-access', 'vgpuhost.ops.mig', 'os.listdir()'): 'steps',
-    ('file-access', 'vgpuhost.ops.passthrough', 'os.path.lexists()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', '.is_file()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', '.read_text()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', 'import shutil'): 'steps',
@@ -313,10 +310,7 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('file-access', 'vgpuhost.ops.vgpu', 'os.path.lexists()'): 'steps',
     # the layout planner still imports pure MIG/passthrough/scheduler/offers functions from ops/ until
     # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
-    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.mig'): 'hostview',
-    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.passthrough'): 'hostview',
     ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
-    ('layer', 'vgpuhost.policy.config', 'vgpuhost.ops.mig'): 'steps',
 }
 
 

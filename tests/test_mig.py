@@ -484,45 +484,6 @@ def test_cli_apply_json_and_dry_run_touch_nothing(make_host, capsys):
 
 
 # ---------------------------------------------------------------------------
-# the planner (pure)
-
-def test_planner_places_larger_profiles_first_and_returns_valid_placements(h200):
-    profiles = SimNvml(h200).gi_profiles(GPU)
-    by_name = {p.name: p for p in profiles}
-    plain = [p for p in profiles if not p.name.endswith("+me")]
-    # every count vector within the max counts: place() succeeds exactly when why_not is None,
-    # and what it returns is a valid placement
-    for counts in itertools.product(*(range(p.max_count + 1) for p in plain)):
-        wanted = {p.profile_id: n for p, n in zip(plain, counts) if n}
-        found = mig.place(profiles, wanted)
-        assert (found is not None) == (mig.why_not(profiles, wanted) is None)
-        if found is None:
-            continue
-        occ, comp = 0, 0
-        for p, start in found:
-            size = dict(p.placements)[start]
-            mask = ((1 << size) - 1) << start
-            assert not occ & mask
-            occ |= mask
-            comp += p.slices
-        assert comp <= 7 and Counter(p.profile_id for p, _ in found) == Counter(
-            {k: v for k, v in wanted.items()})
-    found = mig.place(profiles, {by_name["3g.71gb"].profile_id: 1, by_name["2g.35gb"].profile_id: 1,
-                                 by_name["1g.18gb"].profile_id: 2})
-    assert found[0][0].name == "3g.71gb"
-
-
-def test_planner_names_a_layout_with_no_placement():
-    from vgpuhost.io.nvml import GiProfile
-    odd = [GiProfile(1, "1g.2gb", 1, 2048, 2, ((1, 2),)), GiProfile(2, "2g.2gb", 2, 2048, 2, ((0, 2), (2, 2))),
-           GiProfile(3, "7g.16gb", 7, 16384, 1, ((0, 8),))]
-    assert mig.place(odd, {1: 1, 2: 1}) is None
-    assert "has no placement: 1g.2gb starts at 1, 2g.2gb starts at 0/2" in mig.why_not(odd, {1: 1, 2: 1})
-    with pytest.raises(RefusedError, match="has no placement"):
-        mig.plan_layout(odd, [], {1: 1, 2: 1})
-
-
-# ---------------------------------------------------------------------------
 # the rest of the simulated NVML: mixed-size mode and the scheduler
 
 def test_heterogeneous_mode_and_scheduler_state_live_in_host_json(make_host):

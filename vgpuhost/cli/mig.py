@@ -20,7 +20,7 @@ LAYOUT_HELP = "PROFILE=COUNT,... as the device names its profiles, e.g. 3g.71gb=
 
 
 def _outcome(ctx, out) -> None:
-    from ..ops.mig import layout_text
+    from ..policy.mig import layout_text
     if ctx.json:
         emit(ctx, out.as_dict(), "")
         return
@@ -100,7 +100,8 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
     LAYOUT: PROFILE=COUNT,... as the device names its profiles, e.g.
     3g.71gb=1,2g.35gb=1,1g.18gb=1; 'none' destroys every GPU instance.
     """
-    from ..ops.mig import apply, parse_layout
+    from ..ops.mig import apply
+    from ..policy.mig import parse_layout
     ctx = cctx.obj
     addr = _addr(gpu)
     parse_layout(layout)                       # a malformed layout fails before the host is read
@@ -114,7 +115,8 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
 def mig_assert(cctx: click.Context, gpu: str, layout: str) -> None:
     """Exit 0 when the GPU instances match LAYOUT, 1 on drift (with the difference)."""
     from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-    from ..ops.mig import assert_layout, layout_text, parse_layout
+    from ..ops.mig import assert_layout
+    from ..policy.mig import layout_text, parse_layout
     ctx = cctx.obj
     addr = _addr(gpu)
     parse_layout(layout)

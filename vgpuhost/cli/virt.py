@@ -70,7 +70,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         inv = ctx.inventory()
         if inv.gpu(addr) is None:
             raise InputError(f"no NVIDIA GPU at {addr}", hint="'vgpuhost gpus' lists them")
-        from ..ops.passthrough import group_endpoints
+        from ..policy.iommu import group_endpoints
         _, endpoints, _ = group_endpoints(inv, addr)
         if slot is None and len(endpoints) > 1:
             slot = FIRST_GUEST_SLOT

@@ -73,7 +73,7 @@ def passthrough_hostdevs(inv: Inventory, gpu: PciAddress, guest_slot: Optional[i
     :func:`vgpuhost.ops.passthrough.group_endpoints` does (not a GPU, a VF,
     IOMMU off, a group that is not viable).
     """
-    from .passthrough import group_endpoints
+    from ..policy.iommu import group_endpoints
     _, endpoints, _ = group_endpoints(inv, gpu)
     return render_passthrough(endpoints, guest_slot)
 
@@ -451,7 +451,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
 def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,
                         others: List[_Other], gpu: PciAddress, guest_slot: Optional[int],
                         out: AttachOutcome) -> Tuple[str, DeviceEntry]:
-    from .passthrough import group_endpoints
+    from ..policy.iommu import group_endpoints
     _, endpoints, _ = group_endpoints(inv, gpu)          # not viable / IOMMU off -> RefusedError
     funcs = [d.address for d in endpoints]
     g = inv.gpu(gpu)
@@ -643,7 +643,7 @@ def _passthrough_sources(host: HostRoot, doc: DomainDoc, meta: domxml.Metadata, 
     when this host knows them, else every PCI hostdev of the GPU's slot except the domain's VFs."""
     vfs = {str(r.vf) for r in meta.vgpus if r.vf is not None}
     try:
-        from .passthrough import group_endpoints
+        from ..policy.iommu import group_endpoints
         _, endpoints, _ = group_endpoints(discover(Sysfs(host)), gpu)
         return [str(d.address) for d in endpoints]
     except (VgpuhostError, OSError):

@@ -73,7 +73,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..io.state import StateStore
     from ..io.sysfs import Sysfs
     from ..policy.hookrequest import check_holders, check_request
-    from .passthrough import group_endpoints
+    from ..policy.iommu import group_endpoints
     inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
     store = StateStore(host.state_dir)

@@ -1,34 +1,26 @@
-"""MIG: mode, GPU-instance layouts, and their planner.
+"""MIG on a host: show, enable/disable, apply and assert GPU-instance layouts.
 
-Owns: parsing a wanted layout (``3g.71gb=1,2g.35gb=1,1g.18gb=1``), resolving
-its profile names against what the device reports (``1g.5gb`` on an A100-40GB
-is profile id 19, on an H200 that id is ``1g.18gb``: names are resolved per
-device, from the device, never from a table), checking that it fits and
-choosing placements (a pure backtracking search, larger profiles first), and
-the operations ``show``, ``enable``/``disable``, ``apply`` and ``assert``
-over an :class:`~vgpuhost.nvml.NvmlBackend`.  Plans are data (steps printed
-by ``--dry-run``); each NVML change writes an audit row
-(``path=nvml:<call>``) and the result is read back and verified.  Must not:
-call pynvml or spell kernel paths.
+Owns: the operations ``show``, ``enable``/``disable``, ``apply`` and
+``assert`` over an :class:`~vgpuhost.io.nvml.NvmlBackend`: observe the
+device, refuse what must not start, plan (:mod:`vgpuhost.plan.mig`) and run
+the steps through the one Executor (an audit row ``nvml:<call>`` each, undone
+on failure), then read the result back.  Layout parsing, names and placement
+are :mod:`vgpuhost.policy.mig`'s.  Must not: call pynvml, spell kernel paths
+or read files (the inventory reads ``/proc``).
 
-Facts (REFERENCE.md §3, §5): placements are ``(start, size)`` over the
-device's memory slices (8); compute slices are bounded by the largest
-profile's (7 on A100/H100/H200, 4 on A30).  Enabling MIG mode needs no
-processes and no vGPUs on the GPU and can stay *pending* until a GPU reset.
-On the vendor-specific VFIO path the order is MIG mode -> SR-IOV -> GPU
-instances -> mixed-size mode -> vGPUs (``sriov-manage -e`` destroys GPU
+Facts (the project's docs reference, sections 3 and 5): enabling MIG mode
+needs no processes and no vGPUs on the GPU and can stay *pending* until a GPU
+reset.  On the vendor-specific VFIO path the order is MIG mode -> SR-IOV ->
+GPU instances -> mixed-size mode -> vGPUs (``sriov-manage -e`` destroys GPU
 instances), so a MIG mode change is refused while VFs are enabled there.
 """
 
 from __future__ import annotations
 
-import difflib
-import os
-import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..model.errors import DeviceError, HostEnvironmentError, InputError, RefusedError
+from ..model.errors import DeviceError, InputError, RefusedError
 from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
@@ -36,231 +28,18 @@ from ..io.nvml import GiProfile, GpuInstance, NvmlBackend, NvmlError
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress
 from ..plan.executor import Executor
-from ..plan.steps import CreateGi, DestroyGi, SetMigMode, Step
+from ..plan.mig import LayoutPlan, plan_layout, plan_mode_change
+from ..plan.steps import Step
+from ..policy.mig import ORDER, counts, layout_text, name_key, names, parse_layout, profile_name, resolve_layout, why_not
 
 SCHEMA_SHOW = "vgpuhost.mig-show/v1"
 SCHEMA_OUTCOME = "vgpuhost.mig/v1"
 SCHEMA_ASSERT = "vgpuhost.mig-assert/v1"
-ORDER = "MIG mode -> SR-IOV -> GPU instances -> mixed-size mode -> vGPUs"
-MAX_COUNT = 64
 
 
 
 # ---------------------------------------------------------------------------
 # layouts (pure)
-
-_ENTRY_RE = re.compile(r"^\s*(?P<name>[0-9]+g\.[0-9]+gb(?:\+me)?)\s*(?:=\s*(?P<n>[0-9]{1,3})\s*)?$", re.I)
-
-
-def parse_layout(text: str) -> Dict[str, int]:
-    """``"3g.71gb=1,2g.35gb=1,1g.18gb"`` -> ``{"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 1}``.
-
-    ``none`` is the empty layout (no GPU instances); an empty or blank text
-    is refused (an unset shell variable must not destroy every instance).
-    A bare profile means count 1; entries with count 0 are dropped.  Raises
-    InputError for malformed text or a profile named twice.
-    """
-    text = (text or "").strip()
-    if not text:
-        raise InputError("empty MIG layout", hint="give PROFILE=COUNT pairs (3g.71gb=1,1g.18gb=2), "
-                                                   "or 'none' to remove every GPU instance")
-    if text.lower() == "none":
-        return {}
-    out: Dict[str, int] = {}
-    seen = set()
-    for part in text.split(","):
-        m = _ENTRY_RE.match(part)
-        if not m:
-            raise InputError(f"invalid MIG layout entry {part.strip()[:60]!r}",
-                             hint="give PROFILE=COUNT pairs separated by commas, e.g. 3g.71gb=1,1g.18gb=2")
-        name = m["name"].lower()
-        if name in seen:
-            raise InputError(f"MIG layout names {name} twice")
-        seen.add(name)
-        n = int(m["n"]) if m["n"] is not None else 1
-        if n > MAX_COUNT:
-            raise InputError(f"MIG layout asks for {n} {name}; at most {MAX_COUNT}")
-        if n:
-            out[name] = n
-    return out
-
-
-def layout_text(counts: Mapping[str, int]) -> str:
-    """``{"7g.141gb": 1, "1g.18gb": 7}`` -> ``7x1g.18gb + 1x7g.141gb`` (smaller first); ``none``."""
-    parts = [f"{n}x{name}" for name, n in sorted(counts.items(), key=lambda kv: _name_key(kv[0])) if n]
-    return " + ".join(parts) if parts else "none"
-
-
-def _name_key(name: str) -> tuple:
-    m = re.match(r"^(\d+)g\.(\d+)gb", name)
-    return (int(m[1]), int(m[2]), name) if m else (999, 999, name)
-
-
-def resolve_layout(profiles: Sequence[GiProfile], layout: Mapping[str, int], *,
-                   where: str = "this GPU") -> Dict[int, int]:
-    """Profile id -> count for ``layout`` (names as the device reports them, case-insensitive).
-
-    Raises InputError naming near matches and the device's profiles when a
-    name is not one of the device's.
-    """
-    by_name = {p.name.lower(): p for p in profiles}
-    out: Dict[int, int] = {}
-    for name, n in layout.items():
-        p = by_name.get(name.lower())
-        if p is None:
-            names = [q.name for q in profiles]
-            near = difflib.get_close_matches(name.lower(), names, n=4, cutoff=0.6)
-            hint = (f"near matches: {', '.join(near)}; " if near else "") + \
-                f"{where} offers: {', '.join(names) or 'no GPU-instance profiles'}"
-            raise InputError(f"unknown GPU-instance profile {name!r} on {where}", hint=hint)
-        out[p.profile_id] = out.get(p.profile_id, 0) + n
-    return out
-
-
-def memory_slices(profiles: Sequence[GiProfile]) -> int:
-    return max((s + z for p in profiles for s, z in p.placements), default=0)
-
-
-def compute_slices(profiles: Sequence[GiProfile]) -> int:
-    return max((p.slices for p in profiles), default=0)
-
-
-def _names(profiles: Sequence[GiProfile], wanted: Mapping[int, int]) -> Dict[str, int]:
-    by_id = {p.profile_id: p for p in profiles}
-    return {by_id[i].name if i in by_id else f"profile {i}": n for i, n in wanted.items() if n}
-
-
-def why_not(profiles: Sequence[GiProfile], wanted: Mapping[int, int]) -> Optional[str]:
-    """None when ``wanted`` (profile id -> count) fits an empty GPU, else the reason, e.g.
-    ``7x1g.18gb + 1x7g.141gb needs 15 of 8 memory slices``."""
-    by_id = {p.profile_id: p for p in profiles}
-    text = layout_text(_names(profiles, wanted))
-    for pid, n in sorted(wanted.items()):
-        p = by_id[pid]
-        if n > p.max_count:
-            return f"{text}: {n}x{p.name} exceeds the device's maximum of {p.max_count} {p.name}"
-    mem = sum(by_id[pid].placements[0][1] * n for pid, n in wanted.items() if by_id[pid].placements)
-    if mem > memory_slices(profiles):
-        return f"{text} needs {mem} of {memory_slices(profiles)} memory slices"
-    comp = sum(by_id[pid].slices * n for pid, n in wanted.items())
-    if comp > compute_slices(profiles):
-        return f"{text} needs {comp} of {compute_slices(profiles)} compute slices"
-    if place(profiles, wanted) is None:
-        return (f"{text} has no placement: " + ", ".join(
-            f"{p.name} starts at {'/'.join(str(s) for s, _ in p.placements)}"
-            for p in profiles if wanted.get(p.profile_id)))
-    return None
-
-
-def _order(p: GiProfile) -> tuple:
-    size = p.placements[0][1] if p.placements else 0
-    return (-size, -p.slices, len(p.placements), p.profile_id)
-
-
-def place(profiles: Sequence[GiProfile], wanted: Mapping[int, int],
-          occupied: Sequence[GpuInstance] = ()) -> Optional[List[Tuple[GiProfile, int]]]:
-    """Placements ``[(profile, start)]`` for ``wanted`` beside ``occupied``, or None.
-
-    Larger profiles first; a backtracking search over the device's placements
-    so that each choice leaves room for the rest; respects max counts
-    (counting ``occupied``) and the compute slices.
-    """
-    by_id = {p.profile_id: p for p in profiles}
-    occ = 0
-    used = 0
-    have: Dict[int, int] = {}
-    for g in occupied:
-        occ |= ((1 << g.size) - 1) << g.start
-        used += by_id[g.profile_id].slices if g.profile_id in by_id else 0
-        have[g.profile_id] = have.get(g.profile_id, 0) + 1
-    for pid, n in wanted.items():
-        if pid not in by_id or have.get(pid, 0) + n > by_id[pid].max_count:
-            return None
-    items = [by_id[pid] for pid in sorted(wanted, key=lambda i: _order(by_id[i])) for _ in range(wanted[pid])]
-    # try first the placements that overlap the fewest of the device's placements: a lone 3g
-    # goes to slices 4-7 and 1g from the top, leaving room for what comes later
-    every = [pl for p in profiles for pl in p.placements]
-
-    def blocks(start: int, size: int) -> int:
-        return sum(1 for s, z in every if start < s + z and s < start + size)
-
-    tries = {p.profile_id: sorted(p.placements, key=lambda pl: (blocks(*pl), pl[0])) for p in profiles}
-    left = compute_slices(profiles) - used
-    out: List[Tuple[GiProfile, int]] = []
-
-    def search(i: int, occ: int, left: int, prev: int) -> bool:
-        if i == len(items):
-            return True
-        p = items[i]
-        if p.slices > left:
-            return False
-        same = i > 0 and items[i - 1].profile_id == p.profile_id
-        for k, (start, size) in enumerate(tries[p.profile_id]):
-            if same and k <= prev:
-                continue                      # identical GPU instances: one order only
-            mask = ((1 << size) - 1) << start
-            if occ & mask:
-                continue
-            out.append((p, start))
-            if search(i + 1, occ | mask, left - p.slices, k):
-                return True
-            out.pop()
-        return False
-
-    return out if search(0, occ, left, -1) else None
-
-
-@dataclass
-class LayoutPlan:
-    """What apply will do: GPU instances to destroy, to keep and to create."""
-
-    keep: List[GpuInstance]
-    destroy: List[DestroyGi]
-    create: List[CreateGi]
-
-    @property
-    def steps(self) -> List[Step]:
-        return [*self.destroy, *self.create]
-
-
-def _profile_name(by_id: Mapping[int, GiProfile], pid: int) -> str:
-    return by_id[pid].name if pid in by_id else f"profile {pid}"
-
-
-def plan_layout(profiles: Sequence[GiProfile], current: Sequence[GpuInstance],
-                wanted: Mapping[int, int], gpu: Optional[PciAddress] = None) -> LayoutPlan:
-    """Destroy the GPU instances not wanted, create the missing ones on ``gpu`` (pure).
-
-    Keeps wanted instances where the rest still fits beside them; otherwise
-    rebuilds the whole layout.  Raises RefusedError when ``wanted`` cannot fit.
-    """
-    by_id = {p.profile_id: p for p in profiles}
-    wanted = {k: v for k, v in wanted.items() if v}
-    reason = why_not(profiles, wanted)
-    if reason:
-        raise RefusedError(f"MIG layout does not fit: {reason}", hint="nothing was changed")
-    have: Dict[int, int] = {}
-    for g in current:
-        have[g.profile_id] = have.get(g.profile_id, 0) + 1
-    if have == wanted:
-        return LayoutPlan(list(current), [], [])
-    keep: List[GpuInstance] = []
-    kept: Dict[int, int] = {}
-    for g in sorted(current, key=lambda g: (g.start, g.gi_id)):
-        if kept.get(g.profile_id, 0) < wanted.get(g.profile_id, 0):
-            keep.append(g)
-            kept[g.profile_id] = kept.get(g.profile_id, 0) + 1
-    missing = {pid: n - kept.get(pid, 0) for pid, n in wanted.items() if n - kept.get(pid, 0) > 0}
-    found = place(profiles, missing, keep)
-    if found is None:
-        keep, found = [], place(profiles, wanted)
-        assert found is not None      # why_not said it fits an empty GPU
-    kept_ids = {g.gi_id for g in keep}
-    destroy = [DestroyGi(gpu, g.gi_id, _profile_name(by_id, g.profile_id), g.start, g.size, g.profile_id)
-               for g in sorted(current, key=lambda g: g.gi_id) if g.gi_id not in kept_ids]
-    create = [CreateGi(gpu, p.profile_id, p.name, start, dict(p.placements)[start]) for p, start in found]
-    return LayoutPlan(keep, destroy, create)
-
 
 # ---------------------------------------------------------------------------
 # outcomes
@@ -307,6 +86,7 @@ class _Device:
         from ..io.sysfs import Sysfs
         self.host, self.backend, self.bdf = host, backend, bdf
         inv = inv if inv is not None else discover(Sysfs(host), with_types=False)
+        self.inv = inv
         g = inv.gpu(bdf)
         if g is None:
             known = ", ".join(str(x.address) for x in inv.gpus) or "none"
@@ -340,15 +120,6 @@ class _Device:
             if e.not_supported:
                 return 0
             raise
-
-
-def _counts(profiles: Sequence[GiProfile], gis: Sequence[GpuInstance]) -> Dict[str, int]:
-    by_id = {p.profile_id: p for p in profiles}
-    out: Dict[str, int] = {}
-    for g in gis:
-        n = _profile_name(by_id, g.profile_id)
-        out[n] = out.get(n, 0) + 1
-    return out
 
 
 def _mode_dict(mode: Optional[Tuple[bool, bool]]) -> Optional[Dict[str, bool]]:
@@ -416,9 +187,9 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend: Optional[
                                   "placements": [{"start": s, "size": z} for s, z in p.placements]}
                                  for p in profiles]
                 e["gpu_instances"] = [{"gi_id": x.gi_id, "profile_id": x.profile_id,
-                                       "profile": _profile_name(by_id, x.profile_id),
+                                       "profile": profile_name(by_id, x.profile_id),
                                        "start": x.start, "size": x.size} for x in gis]
-                e["layout"] = _counts(profiles, gis)
+                e["layout"] = counts(profiles, gis)
         except NvmlError as err:
             e["error"] = err.one_line()
         entries.append(e)
@@ -486,7 +257,7 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
                          mig_mode=_mode_dict(dev.mode))
         profiles = dev.profiles()
         gis = dev.instances() if cur else []
-        out.layout_before = _counts(profiles, gis)
+        out.layout_before = counts(profiles, gis)
         if pending == enabled:
             out.layout_after = dict(out.layout_before)
             if cur != enabled:
@@ -494,14 +265,10 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
                                  f"(nvidia-smi -r -i {bdf}) or reboot for it to take effect")
             return out, []
         _check_mode_change(dev, enabled)
-        steps: List[Step] = []
-        if not enabled:
-            steps += [DestroyGi(bdf, g.gi_id, _profile_name({p.profile_id: p for p in profiles}, g.profile_id),
-                                g.start, g.size, g.profile_id) for g in gis]
-        steps.append(SetMigMode(bdf, enabled))
+        steps = plan_mode_change(bdf, profiles, gis, enabled)
         out.steps = [s.describe() for s in steps]
         out.changed = True
-        if "nvidia-persistenced"[:15] in _processes(host):     # comm holds 15 characters
+        if dev.inv.host.running("nvidia-persistenced"):
             out.notes.append("nvidia-persistenced runs: it can block the GPU reset, leaving the change pending")
         return out, steps
 
@@ -519,7 +286,7 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
         if mode is None or mode[1] != enabled:
             raise DeviceError(f"MIG mode on {bdf} reads back {out.mig_mode} after {action}",
                               hint="check nvidia-smi -q and dmesg")
-        out.layout_after = _counts(dev.profiles(), backend.gpu_instances(bdf) if mode[0] else [])
+        out.layout_after = counts(dev.profiles(), backend.gpu_instances(bdf) if mode[0] else [])
         if mode[0] != enabled:
             out.notes.append(f"MIG mode {'on' if enabled else 'off'} is pending: reset the GPU "
                              f"(nvidia-smi -r -i {bdf}) or reboot for it to take effect")
@@ -532,20 +299,6 @@ def enable(host: HostRoot, store, bdf: PciAddress, **kw) -> MigOutcome:
 
 def disable(host: HostRoot, store, bdf: PciAddress, **kw) -> MigOutcome:
     return set_mode(host, store, bdf, False, **kw)
-
-
-def _processes(host: HostRoot) -> List[str]:
-    out = []
-    try:
-        for pid in os.listdir(host.path("proc")):
-            if pid.isdigit():
-                try:
-                    out.append(host.path("proc", pid, "comm").read_text().strip())
-                except OSError:
-                    pass
-    except OSError:
-        pass
-    return out
 
 
 def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, int]", *,
@@ -579,8 +332,8 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         gis = dev.instances()
         lp = plan_layout(profiles, gis, wanted, bdf)
         out = MigOutcome("apply", str(bdf), changed=bool(lp.steps), dry_run=dry_run, name=dev.name,
-                         mig_mode=_mode_dict(dev.mode), layout_before=_counts(profiles, gis),
-                         layout_after=_names(profiles, wanted), steps=[s.describe() for s in lp.steps])
+                         mig_mode=_mode_dict(dev.mode), layout_before=counts(profiles, gis),
+                         layout_after=names(profiles, wanted), steps=[s.describe() for s in lp.steps])
         if pending != cur:
             out.notes.append("MIG mode off is pending until a GPU reset: these GPU instances go with it")
         if lp.destroy:
@@ -603,16 +356,16 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         if not lp.steps:
             return out
         out.writes = _run(dev, store, lp.steps, actor=actor or actor_name(),
-                          operation=f"mig apply {bdf} {layout_text(_names(profiles, wanted))}")
+                          operation=f"mig apply {bdf} {layout_text(names(profiles, wanted))}")
         got = backend.gpu_instances(bdf)
         have: Dict[int, int] = {}
         for g in got:
             have[g.profile_id] = have.get(g.profile_id, 0) + 1
         if have != {k: v for k, v in wanted.items() if v}:
-            raise DeviceError(f"MIG layout on {bdf} reads back {layout_text(_counts(profiles, got))} after "
-                              f"apply, wanted {layout_text(_names(profiles, wanted))}",
+            raise DeviceError(f"MIG layout on {bdf} reads back {layout_text(counts(profiles, got))} after "
+                              f"apply, wanted {layout_text(names(profiles, wanted))}",
                               hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
-        out.layout_after = _counts(profiles, got)
+        out.layout_after = counts(profiles, got)
         return out
 
 
@@ -626,11 +379,11 @@ def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, i
     dev = _Device(host, backend, bdf)
     dev.require_mig()
     profiles = dev.profiles()
-    wanted = _names(profiles, resolve_layout(profiles, wanted_names, where=f"{bdf} ({dev.name})"))
+    wanted = names(profiles, resolve_layout(profiles, wanted_names, where=f"{bdf} ({dev.name})"))
     cur, pending = dev.mode
-    actual = _counts(profiles, dev.instances() if cur else [])
+    actual = counts(profiles, dev.instances() if cur else [])
     diff: List[Dict[str, object]] = []
-    for name in sorted(set(wanted) | set(actual), key=_name_key):
+    for name in sorted(set(wanted) | set(actual), key=name_key):
         if wanted.get(name, 0) != actual.get(name, 0):
             diff.append({"profile": name, "wanted": wanted.get(name, 0), "actual": actual.get(name, 0)})
     if wanted and (not cur or pending != cur):
@@ -639,6 +392,5 @@ def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, i
     return MigAssert(str(bdf), not diff, wanted, actual, _mode_dict(dev.mode), diff)
 
 
-__all__ = ["parse_layout", "layout_text", "resolve_layout", "why_not", "place", "plan_layout",
-           "LayoutPlan", "CreateGi", "DestroyGi", "SetMigMode", "MigOutcome", "MigAssert",
+__all__ = ["MigOutcome", "MigAssert",
            "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout"]

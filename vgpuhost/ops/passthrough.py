@@ -1,19 +1,18 @@
 """VFIO passthrough of a whole IOMMU group, and its safe release.
 
-Owns: deciding what must move with a GPU (every endpoint of its IOMMU
-group; bridges stay on pcieport), refusing before anything is touched, the
-bind/release plans as data, executing them under a per-group lock with
-rollback, the records of original drivers in the state store, and
-driverctl persistence.  Must not: write sysfs except through the
-:class:`~vgpuhost.steps.Executor`, or spell kernel paths.
+Owns: the operations ``prepare`` and ``release``: observe the group, refuse
+before anything is touched (:mod:`vgpuhost.policy.iommu`), plan
+(:mod:`vgpuhost.plan.passthrough`), run the steps through the one
+:class:`~vgpuhost.plan.executor.Executor` under a per-group lock with
+rollback, keep the records of original drivers in the state store, and
+driverctl persistence (:class:`~vgpuhost.plan.steps.WriteConfig` /
+:class:`~vgpuhost.plan.steps.RemoveConfig` steps).  Must not: write sysfs
+or files except through the Executor, or spell kernel paths.
 
-Facts (REFERENCE.md §1): the safe binding sequence (driver_override,
-unbind, drivers_probe, verify: drivers_probe succeeds even when nothing
-bound); group viability; release order (companions such as HD audio back to
-their host driver before the GPU goes back to nvidia); blockers to
-unbinding from nvidia (nvidia-persistenced, nvidia_drm, a boot
-framebuffer).  driverctl's persisted override format: one file
-``/etc/driverctl.d/pci-<BDF>`` holding the driver name.
+Facts (the project's docs reference, section 1): release order (companions
+such as HD audio back to their host driver before the GPU goes back to
+nvidia); a boot framebuffer holding BAR 0.  driverctl's persisted override
+format: one file ``/etc/driverctl.d/pci-<BDF>`` holding the driver name.
 
 Ownership: every recorded function carries the group's owner, a domain
 UUID (the qemu hook) or ``manual`` (the CLI); prepare refuses a group
@@ -26,10 +25,8 @@ Not detectable from sysfs and so not checked here: NVIDIA persistence mode
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 
-from ..policy.checks import VFIO_MODULES
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..io.hostroot import HostRoot
 from ..observe.inventory import Inventory, PciDevice, discover
@@ -37,7 +34,9 @@ from ..io.locks import file_lock
 from ..policy.placement import MANUAL, POOL_OWNERS, validate_owner
 from ..io.state import PassthroughRecord, StateStore, utcnow
 from ..plan.executor import Executor, describe
-from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Step, Unbind, VerifyDriver
+from ..plan.passthrough import FunctionPlan, plan_prepare, plan_release, rollback_steps
+from ..plan.steps import RemoveConfig, WriteConfig
+from ..policy.iommu import VFIO_PCI, group_endpoints, prepare_blockers
 from ..io.configfiles import config_equals
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
@@ -46,19 +45,6 @@ from ..model.values import PciAddress, field, record
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, List, Optional, Sequence, Tuple
-
-VFIO_PCI = "vfio-pci"
-
-
-@record(frozen=True)
-class FunctionPlan:
-    """The steps for one PCI function, with what it was bound to before."""
-
-    bdf: PciAddress
-    before_driver: Optional[str]
-    target_driver: Optional[str]   # vfio-pci on prepare; the original (or ANY_HOST_DRIVER) on release
-    steps: Tuple[Step, ...]
-
 
 @record
 class Outcome:
@@ -83,141 +69,6 @@ class Outcome:
 
 
 # ---------------------------------------------------------------------------
-# pure decisions
-
-def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevice], List[PciAddress]]:
-    """``(group number, endpoints that must move in bind order, bridges)`` for ``gpu``.
-
-    Raises RefusedError when the IOMMU is off, the GPU has no group, or the
-    group holds a foreign endpoint (anything but the GPU's own slot and bridges).
-    """
-    dev = inv.devices.get(gpu)
-    if dev is None:
-        raise InputError(f"no PCI device at {gpu}", hint="'vgpuhost gpus' lists the GPUs")
-    if not dev.is_display:
-        raise InputError(f"{gpu} is a {dev.class_name}, not a GPU",
-                         hint="name the GPU's function 0; its companions move with it")
-    if dev.is_vf:
-        raise InputError(f"{gpu} is an SR-IOV VF of {dev.physfn}",
-                         hint="VFs carry vGPUs; pass the physical GPU for passthrough")
-    if not inv.iommu_enabled:
-        raise RefusedError("the IOMMU is off (no IOMMU groups): nothing can be passed through",
-                           hint="add intel_iommu=on iommu=pt (Intel) or amd_iommu=on (AMD) to the kernel "
-                                "command line and reboot; 'vgpuhost host check' says more")
-    group = inv.group_of(gpu)
-    if group is None:
-        raise RefusedError(f"{gpu} has no IOMMU group", hint="check the IOMMU covers this PCI segment")
-    endpoints, bridges, foreign = [], [], []
-    for m in group.members:
-        d = inv.devices[m]
-        if d.is_bridge:
-            bridges.append(m)
-        elif m == gpu or m.slot_address == gpu.slot_address:
-            endpoints.append(d)
-        else:
-            foreign.append(d)
-    if foreign:
-        names = "; ".join(f"{d.address} ({d.class_name}, {d.driver or 'no driver'})" for d in foreign)
-        raise RefusedError(
-            f"IOMMU group {group.number} of {gpu} is not viable: it also holds {names}, which would "
-            "have to go to the same VM",
-            hint="move the GPU to a slot whose upstream port has ACS, or use vGPU instead")
-    endpoints.sort(key=lambda d: (d.address != gpu, d.address))   # the GPU first, then its functions
-    return group.number, endpoints, bridges
-
-
-def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDevice], *,
-                     allow_boot_vga: bool, boot_vga_fix: Optional[str] = None) -> List[str]:
-    """Why prepare must not start (one sentence each, with the fix); empty = go.
-
-    ``boot_vga_fix``: the fix to name for a boot VGA GPU (default: pass
-    --allow-boot-vga; the qemu hook, which takes no options, names another).
-    """
-    out: List[str] = []
-    dev = inv.devices[gpu]
-    moving = [d for d in endpoints if d.driver != VFIO_PCI]
-    if not moving:
-        return out
-    if dev.boot_vga and not allow_boot_vga and dev.driver != VFIO_PCI:
-        out.append(f"{gpu} drives the host console (boot_vga=1); "
-                   + (boot_vga_fix or "pass --allow-boot-vga if the host has another console (serial, BMC) "
-                                      "or none is needed"))
-    on_nvidia = any(d.driver == "nvidia" for d in moving)
-    if on_nvidia and inv.host.running("nvidia-persistenced"):
-        out.append("nvidia-persistenced is running and holds the GPU (unbind would hang): "
-                   "systemctl stop nvidia-persistenced")
-    if on_nvidia and "nvidia_drm" in inv.host.modules_loaded:
-        out.append("nvidia_drm is loaded and holds the GPU for display: modprobe -r nvidia_drm nvidia_modeset")
-    busy = [m.uuid for m in inv.mdevs if m.parent == gpu or inv.devices.get(m.parent, dev).physfn == gpu]
-    busy += [str(v.vf) for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
-    if busy:
-        out.append(f"{gpu} carries vGPUs ({', '.join(busy[:4])}{'...' if len(busy) > 4 else ''}): "
-                   "remove them first")
-    if not inv.host.module_present("vfio_pci"):
-        out.append("the vfio-pci driver is not loaded: modprobe vfio-pci")
-    return out
-
-
-def plan_prepare(endpoints: Sequence[PciDevice]) -> List[FunctionPlan]:
-    """Steps that bind each endpoint to vfio-pci; functions already there are skipped."""
-    plans = []
-    for d in endpoints:
-        if d.driver == VFIO_PCI and d.driver_override == VFIO_PCI:
-            continue
-        steps: List[Step] = []
-        if d.driver_override != VFIO_PCI:
-            steps.append(SetDriverOverride(d.address, VFIO_PCI))
-        if d.driver and d.driver != VFIO_PCI:
-            steps.append(Unbind(d.address, d.driver))
-        if d.driver != VFIO_PCI:
-            steps.append(Probe(d.address))
-        steps.append(VerifyDriver(d.address, VFIO_PCI))
-        plans.append(FunctionPlan(d.address, d.driver, VFIO_PCI, tuple(steps)))
-    return plans
-
-
-def plan_release(endpoints: Sequence[PciDevice], records: Dict[str, PassthroughRecord]) -> List[FunctionPlan]:
-    """Steps that give each endpoint back, companions first and the GPU last.
-
-    A recorded function goes back to its original driver; an unrecorded one
-    bound to vfio-pci (another tool's doing) to whatever host driver probes.
-    A stale ``driver_override`` is cleared either way.
-    """
-    plans = []
-    for d in reversed(list(endpoints)):
-        rec = records.get(str(d.address))
-        target = (rec.original_driver if rec and rec.original_driver != VFIO_PCI else
-                  (None if rec and rec.original_driver is None else ANY_HOST_DRIVER))
-        steps: List[Step] = []
-        if d.driver_override is not None:
-            steps.append(SetDriverOverride(d.address, None))
-        if d.driver == VFIO_PCI:
-            steps.append(Unbind(d.address, VFIO_PCI))
-            if target is not None:
-                steps.append(Probe(d.address))
-            steps.append(VerifyDriver(d.address, target))
-        elif d.driver is None and target is not None:
-            steps.append(Probe(d.address))
-            steps.append(VerifyDriver(d.address, target))
-        if steps:
-            plans.append(FunctionPlan(d.address, d.driver, target, tuple(steps)))
-    return plans
-
-
-def rollback_steps(fp: FunctionPlan, now: PciDevice) -> List[Step]:
-    """Steps that return a function to ``fp.before_driver`` from its state ``now``."""
-    steps: List[Step] = []
-    if now.driver_override is not None:
-        steps.append(SetDriverOverride(fp.bdf, None))
-    if now.driver is not None and now.driver != fp.before_driver:
-        steps.append(Unbind(fp.bdf, now.driver))
-    if fp.before_driver is not None and now.driver != fp.before_driver:
-        steps.append(Probe(fp.bdf))
-        steps.append(VerifyDriver(fp.bdf, fp.before_driver))
-    return steps
-
-
-# ---------------------------------------------------------------------------
 # execution
 
 def _locks(store: StateStore, group: int, gpu: PciAddress, dry_run: bool) -> ExitStack:
@@ -227,6 +78,10 @@ def _locks(store: StateStore, group: int, gpu: PciAddress, dry_run: bool) -> Exi
         stack.enter_context(file_lock(store.state_dir, f"group-{group}"))
         stack.enter_context(file_lock(store.state_dir, f"gpu-{gpu}"))
     return stack
+
+
+#: what a driverctl override file holds for vfio-pci
+DRIVERCTL_VFIO = "vfio-pci\n"
 
 
 def _driverctl_path(host: HostRoot, bdf: PciAddress):
@@ -252,7 +107,8 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
     inv = discover(Sysfs(host))
     group, endpoints, bridges = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
-        inv = discover(Sysfs(host))         # fresh, under the lock
+        fs = Sysfs(host)
+        inv = discover(fs)                  # fresh, under the lock
         group, endpoints, bridges = group_endpoints(inv, gpu)
         holder = group_holder(store, endpoints)
         if holder is not None and holder != owner:
@@ -277,15 +133,15 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         if not plans:
             out.notes.append(f"IOMMU group {group} is already bound to vfio-pci: nothing to do")
         persist_paths = [_driverctl_path(host, d.address) for d in endpoints] if persist else []
-        foreign = [p for p in persist_paths if os.path.lexists(p) and not config_equals(p, "vfio-pci\n")]
+        persist_steps = [WriteConfig(p, DRIVERCTL_VFIO) for p in persist_paths if not config_equals(p, DRIVERCTL_VFIO)]
+        foreign = [p for p in persist_paths if fs.exists(p) and not config_equals(p, DRIVERCTL_VFIO)]
         if foreign:
             raise RefusedError(f"{host.relative(foreign[0])} holds another driverctl override, not written "
                                "by vgpuhost", hint="remove it (driverctl unset-override) or drop --persist; "
                                                     "nothing was changed")
         if persist:
             out.persisted = [host.relative(p) for p in persist_paths]
-            out.steps += [f"write 'vfio-pci' to {host.relative(p)}" for p in persist_paths
-                          if not config_equals(p, "vfio-pci\n")]
+            out.steps += describe(host, persist_steps)
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough prepare {gpu}")
@@ -311,16 +167,10 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                     str(d.address), group, str(gpu), original,
                     old.original_override if old else d.driver_override, pos,
                     old.time if old else now, persist or bool(old and old.persisted), owner))
-        written = []
         try:
-            for p in persist_paths:
-                if not config_equals(p, "vfio-pci\n"):
-                    ex.fs.write_config(p, "vfio-pci\n")
-                    written.append(p)
-                    out.changed = True
+            ex.run(persist_steps)           # a failure removes the files it wrote
+            out.changed = out.changed or bool(persist_steps)
         except SysfsError as e:
-            for p in written:
-                ex.fs.remove_config(p)
             failed = _rollback(host, ex, done)
             with store.transaction() as conn:
                 store.delete_passthrough(conn, [str(fp.bdf) for fp in done])
@@ -385,10 +235,10 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         if not plans:
             out.notes.append(f"IOMMU group {group} is already on its host drivers: nothing to do")
         persisted = [_driverctl_path(host, d.address) for d in endpoints
-                     if config_equals(_driverctl_path(host, d.address), "vfio-pci\n")]
+                     if config_equals(_driverctl_path(host, d.address), DRIVERCTL_VFIO)]
         if persist:
             out.persisted = [host.relative(p) for p in persisted]
-            out.steps += [f"remove {host.relative(p)}" for p in persisted]
+            out.steps += describe(host, [RemoveConfig(p) for p in persisted])
         elif persisted:
             out.notes.append("driverctl overrides remain and rebind the group at boot: "
                              + ", ".join(host.relative(p) for p in persisted)
@@ -409,7 +259,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         if persist:
             for p in persisted:
                 try:
-                    ex.fs.remove_config(p)
+                    ex.run([RemoveConfig(p)])
                     out.changed = True
                 except SysfsError as e:
                     errors.append((PciAddress.parse(p.name[4:]), e))
@@ -513,5 +363,4 @@ def modprobe_config(inv: Inventory, gpu: PciAddress, fs: Sysfs,
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["prepare", "release", "modprobe_config", "plan_prepare", "plan_release", "group_endpoints",
-           "prepare_blockers", "Outcome", "VFIO_MODULES"]
+__all__ = ["prepare", "release", "modprobe_config", "group_holder", "describe_owner", "Outcome"]

@@ -482,6 +482,7 @@ def _create_gpu_instance(host: HostRoot, store: StateStore, inv: Inventory, want
                          gpu: Optional[PciAddress], actor: Optional[str]) -> None:
     """Add one GPU instance for ``wanted`` on the first GPU where MIG mode is on and it fits."""
     from . import mig
+    from ..policy.mig import resolve_layout, why_not
     reasons = []
     for g, backend, gi, mode in _mig_candidates(host, inv, wanted, gpu):
         if not mode or not mode[0]:
@@ -497,8 +498,8 @@ def _create_gpu_instance(host: HostRoot, store: StateStore, inv: Inventory, want
             n = by_id[inst.profile_id].name if inst.profile_id in by_id else str(inst.profile_id)
             counts[n] = counts.get(n, 0) + 1
         counts[gi.name] = counts.get(gi.name, 0) + 1
-        wanted_ids = mig.resolve_layout(profiles, counts, where=str(g.address))
-        why = mig.why_not(profiles, wanted_ids)
+        wanted_ids = resolve_layout(profiles, counts, where=str(g.address))
+        why = why_not(profiles, wanted_ids)
         if why:
             reasons.append(f"{g.address}: another {gi.name} does not fit ({why})")
             continue
@@ -535,7 +536,7 @@ def _refuse_mig_order(host: HostRoot, inv: Inventory, wanted: VgpuProfile, profi
 
 
 def _mig_order() -> str:
-    from .mig import ORDER
+    from ..policy.mig import ORDER
     return ORDER
 
 

@@ -687,7 +687,7 @@ class _Walker:
 
     # --- modes --------------------------------------------------------------------------
     def passthrough(self, g: Gpu, entry: Entry) -> None:
-        from ..ops.passthrough import group_endpoints, prepare_blockers
+        from ..policy.iommu import group_endpoints, prepare_blockers
         bdf = str(g.address)
         spec = entry.passthrough
         try:
@@ -748,7 +748,7 @@ class _Walker:
         """On vendor-specific VFIO, MIG mode changes only while the VFs are disabled
         (REFERENCE.md §3): an operator step, so the plan is blocked before anything is
         removed.  True when so."""
-        from ..ops.mig import ORDER
+        from ..policy.mig import ORDER
         if not (g.vgpu_backend == "vendor-vfio" and g.vfs):
             return False
         bdf = str(g.address)
@@ -1002,7 +1002,8 @@ class _Walker:
                                                      f"{k} here ({where})", profile=name, count=k))
 
     def mig(self, g: Gpu, entry: Entry) -> None:
-        from ..ops.mig import layout_text, plan_layout
+        from .mig import plan_layout
+        from ..policy.mig import layout_text
         spec: MigSpec = entry.mig
         bdf = str(g.address)
         where = str(entry.where)

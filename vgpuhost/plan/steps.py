@@ -166,6 +166,21 @@ def _config_line(text: str) -> Optional[str]:
     return body if "\n" not in body and len(body) <= 80 else None
 
 
+#: a config step's result when the old text could not be read (nothing to restore it from)
+_UNREADABLE = object()
+
+
+def _old_text(path: Path) -> object:
+    """The file's text before a change (None: absent; :data:`_UNREADABLE`: cannot be read, so the
+    change itself will report why)."""
+    from ..io.configfiles import read_config_text
+    from ..model.errors import HostEnvironmentError
+    try:
+        return read_config_text(path)
+    except HostEnvironmentError:
+        return _UNREADABLE
+
+
 @record(frozen=True)
 class WriteConfig(Step):
     """Write a configuration file atomically (temp file + rename), creating its directory.
@@ -185,9 +200,8 @@ class WriteConfig(Step):
             return f"write {line!r} to {host.relative(self.path)}"
         return f"write {host.relative(self.path)} ({len(self.text.splitlines())} lines)"
 
-    def run(self, ctx: StepContext) -> Optional[str]:
-        from ..io.configfiles import read_config_text
-        old = read_config_text(self.path)
+    def run(self, ctx: StepContext) -> object:
+        old = _old_text(self.path)
         ctx.fs.write_config(self.path, self.text)
         return old
 
@@ -198,6 +212,8 @@ class WriteConfig(Step):
                               hint="is another tool writing it at the same time?")
 
     def inverse(self, result: object) -> Optional[Step]:
+        if result is _UNREADABLE:
+            return None
         if result is None:
             return RemoveConfig(self.path)
         return WriteConfig(self.path, str(result))
@@ -215,9 +231,8 @@ class RemoveConfig(Step):
     def describe(self, host: HostRoot) -> str:
         return f"remove {host.relative(self.path)}"
 
-    def run(self, ctx: StepContext) -> Optional[str]:
-        from ..io.configfiles import read_config_text
-        old = read_config_text(self.path)
+    def run(self, ctx: StepContext) -> object:
+        old = _old_text(self.path)
         ctx.fs.remove_config(self.path)
         return old
 
@@ -227,7 +242,7 @@ class RemoveConfig(Step):
                               hint="is another tool writing it at the same time?")
 
     def inverse(self, result: object) -> Optional[Step]:
-        return None if result is None else WriteConfig(self.path, str(result))
+        return None if result is None or result is _UNREADABLE else WriteConfig(self.path, str(result))
 
 
 # =============================================================================

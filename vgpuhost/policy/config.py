@@ -845,7 +845,7 @@ def check_mig(mig: MigSpec, profiles: Sequence[GiProfile], label: str, *,
               vgpu_names: Optional[Iterable[str]] = None) -> Dict[int, int]:
     """GPU-instance names exist in ``profiles`` and the layout fits; vGPU names exist
     (when ``vgpu_names`` is given).  Returns profile id -> count.  InputError ``FILE:LINE:``."""
-    from ..ops.mig import why_not
+    from ..policy.mig import why_not
     by_name = {p.name.lower(): p for p in profiles}
     wanted: Dict[int, int] = {}
     for c in mig.instances:
