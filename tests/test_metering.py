@@ -578,3 +578,13 @@ def test_one_sampler_per_state_dir_and_the_agents_metrics(loaded, capsys):
         exporter.stop_agent_samplers()
     assert main(["--root", str(host.root), "exporter", "--once"]) == 0
     assert "vgpuhost_up 1.0" in capsys.readouterr().out
+
+
+def test_free_instances_per_profile_and_pool(loaded):
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops.exporter import host_series
+    assert host_series(host, store)["free_instances"][("A40-8Q", "")] == 4
+    with store.transaction() as conn:          # what a layout's pool: records (issue 13)
+        store.replace_pools(conn, [("0000:81:00.0", "interactive", "equal-share", "burstable")])
+    free = host_series(host, store)["free_instances"]
+    assert free[("A40-8Q", "interactive")] == 4 and ("A40-8Q", "") not in free
