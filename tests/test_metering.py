@@ -556,3 +556,35 @@ def test_open_journal_entries_are_a_host_series(loaded, monkeypatch):
 
     monkeypatch.setattr(StateStore, "journal_entries", journal_entries, raising=False)
     assert host_series(host, store)["journal_open"] == 2 and calls == [True]
+
+
+def test_one_sampler_per_state_dir_and_the_agents_metrics(loaded, capsys):
+    """The agent's /v1/metrics runs its own sampler; a second sampler on the same state dir is
+    refused (it would bill every interval twice)."""
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops import exporter
+    try:
+        ctype, body = exporter.render(host, store, interval_s=0.1)
+        assert ctype.startswith("text/plain")
+        deadline = [0]
+        while b"vgpuhost_up 1.0" not in body and deadline[0] < 600:
+            deadline[0] += 1
+            threading.Event().wait(0.05)
+            ctype, body = exporter.render(host, store)
+        assert b"vgpuhost_up 1.0" in body and recs[DOM_A].encode() in body
+        assert main(["--root", str(host.root), "exporter", "--once"]) == 2
+        assert "another metering sampler" in capsys.readouterr().err
+    finally:
+        exporter.stop_agent_samplers()
+    assert main(["--root", str(host.root), "exporter", "--once"]) == 0
+    assert "vgpuhost_up 1.0" in capsys.readouterr().out
+
+
+def test_free_instances_per_profile_and_pool(loaded):
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops.exporter import host_series
+    assert host_series(host, store)["free_instances"][("A40-8Q", "")] == 4
+    with store.transaction() as conn:          # what a layout's pool: records (issue 13)
+        store.replace_pools(conn, [("0000:81:00.0", "interactive", "equal-share", "burstable")])
+    free = host_series(host, store)["free_instances"]
+    assert free[("A40-8Q", "interactive")] == 4 and ("A40-8Q", "") not in free

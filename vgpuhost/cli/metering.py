@@ -64,8 +64,9 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
     sampler = _sampler(ctx, interval, max_hold)
     if once:
         from prometheus_client import CollectorRegistry, generate_latest
-        from ..ops.exporter import SnapshotCollector
-        sampler.tick()
+        from ..ops.exporter import SnapshotCollector, sampler_lock
+        with sampler_lock(sampler.store.state_dir):
+            sampler.tick()
         reg = CollectorRegistry(auto_describe=False)
         reg.register(SnapshotCollector(lambda: sampler.snapshot, interval))
         click.echo(generate_latest(reg).decode(), nl=False)
