@@ -39,6 +39,7 @@ class AgentRun:
         self.root = str(root)
         self.own_dir = sockdir is None
         self.dir = sockdir or socket_dir()
+        os.makedirs(self.dir, exist_ok=True)
         self.admin = os.path.join(self.dir, "agent.sock")
         self.ro = os.path.join(self.dir, "agent-ro.sock")
         self.log = Path(self.dir) / "agent.log"

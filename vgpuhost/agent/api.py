@@ -72,6 +72,13 @@ class Agent:
         self._inv = None
         self._key: Optional[tuple] = None
         self.scans = 0
+        self.served: Dict[str, int] = {}       # "METHOD /v1/template" -> answered calls (any status)
+        self._served_lock = threading.Lock()
+
+    def count(self, route: "Route") -> None:
+        with self._served_lock:
+            key = f"{route.method} {route.template}"
+            self.served[key] = self.served.get(key, 0) + 1
 
     # --- the warm snapshot ---------------------------------------------
     def _fingerprint(self, inv) -> tuple:
@@ -149,7 +156,7 @@ def _uuid(text: str) -> str:
 
 def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
     return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
-            "root": str(agent.host.root), "snapshot_scans": agent.scans}
+            "root": str(agent.host.root), "snapshot_scans": agent.scans, "served": dict(agent.served)}
 
 
 def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:

@@ -182,6 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         actor = f"agent uid={peer.uid} pid={peer.pid}"
         req = api.Request(params, query, body, actor, peer.pid)
+        srv.agent.count(route)
         try:
             if route.handler is api.get_agent:
                 return 200, api.get_agent(srv.agent, req, role)
