@@ -298,6 +298,36 @@ def test_reads_use_a_warm_snapshot_renewed_by_writes_and_by_changes(agent, a40):
 
 
 # ---------------------------------------------------------------------------
+# metrics: the metering sampler in the agent
+
+def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
+    import urllib.request
+    with AgentRun(a40.root, extra=["--metering-interval", "0.2", "--metrics-port", "0"]) as run:
+        st, out = run.call("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-8Q"})
+        assert st == 200
+        line = next(l for l in run.log.read_text().splitlines() if "metrics on http://" in l)
+        url = line.split("metrics on ")[1].strip()
+        assert url.startswith("http://127.0.0.1:")
+        for _ in range(200):
+            st, text = run.call("GET", "/v1/metrics", ro=True)
+            if st == 200 and f'device="{out["id"]}"' in text:
+                break
+            import time
+            time.sleep(0.05)
+        assert st == 200 and "vgpuhost_up 1.0" in text
+        info = [l for l in text.splitlines() if l.startswith("vgpuhost_device_info{")]
+        assert len(info) == 1 and f'domain_uuid="{DOM}"' in info[0] and 'profile="A40-8Q"' in info[0]
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            scraped = resp.read().decode()
+        assert f'device="{out["id"]}"' in scraped
+
+
+def test_metrics_off_is_503_saying_why(agent):
+    st, doc = agent.call("GET", "/v1/metrics", ro=True)
+    assert st == 503 and "metering is off" in doc["error"]["message"] and doc["error"]["exit_code"] == 2
+
+
+# ---------------------------------------------------------------------------
 # socket activation
 
 def test_socket_activation_uses_the_passed_sockets(a40):

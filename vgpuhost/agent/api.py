@@ -72,6 +72,8 @@ class Agent:
         self._inv = None
         self._key: Optional[tuple] = None
         self.scans = 0
+        self.metering = None                    # agent/metrics.AgentMetering when metering runs
+        self.metering_off = "metering is off (--metering-interval 0)"
         self.served: Dict[str, int] = {}       # "METHOD /v1/template" -> answered calls (any status)
         self._served_lock = threading.Lock()
 
@@ -243,16 +245,11 @@ def get_audit(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_metrics(agent: Agent, req: Request) -> Text:
-    """The metering exporter's registry in the Prometheus text format, when metering is installed."""
-    try:
-        from ..ops import exporter     # the metering issue's exporter (prometheus-client)
-    except ImportError:
-        exporter = None
-    render = getattr(exporter, "render", None) if exporter is not None else None
-    if render is None:
-        raise Unavailable("metrics are not available: this vgpuhost has no metering exporter",
-                          hint="install a vgpuhost with metering, or scrape 'vgpuhost exporter'")
-    content_type, body = render(agent.host, agent.store)
+    """The metering exporter's series in the Prometheus text format (the agent's sampler)."""
+    if agent.metering is None:
+        raise Unavailable(f"metrics are not available: {agent.metering_off}",
+                          hint="start the agent with --metering-interval S (S > 0) where NVML is available")
+    content_type, body = agent.metering.render()
     return Text(content_type, body)
 
 

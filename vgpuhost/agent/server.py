@@ -241,6 +241,8 @@ class AgentProcess:
             self.threads.append(t)
 
     def stop(self) -> None:
+        if self.agent.metering is not None:
+            self.agent.metering.close()
         for s in self.servers:
             s.shutdown()
             s.server_close()
@@ -249,7 +251,8 @@ class AgentProcess:
 
 
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
-               ro_group="vgpuhost-ro", env=None) -> AgentProcess:
+               ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
+               metrics_listen: Optional[Tuple[str, int]] = None) -> AgentProcess:
     """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
 
     Raises InputError for an unknown group and HostEnvironmentError when a
@@ -260,6 +263,10 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     ro_gid = unixsock.group_id(ro_group)
     host.require_host()
     agent = api.Agent(host)
+    if metering_interval_s > 0:
+        start_metering(agent, metering_interval_s, metrics_listen)
+    elif metrics_listen is not None:
+        raise InputError("--metrics-port needs metering on", hint="give --metering-interval S with S > 0")
     passed = unixsock.listen_fds(env)
     bound: List[str] = []
     socks: Dict[str, Any] = {}
@@ -282,10 +289,34 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     return AgentProcess(agent, servers, bound)
 
 
+def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional[Tuple[str, int]]) -> None:
+    """Run the metering sampler in the agent; without NVML the agent serves on and /v1/metrics says why (503).
+    A TCP listener that cannot be bound raises InputError."""
+    from .metrics import AgentMetering
+    try:
+        m = AgentMetering(agent.host, interval_s)
+    except VgpuhostError as e:
+        agent.metering_off = f"metering could not start: {e.one_line()}"
+        log.warning("%s", agent.metering_off)
+        if metrics_listen is not None:
+            raise
+        return
+    if metrics_listen is not None:
+        try:
+            m.metrics_port = m.listen_tcp(*metrics_listen)
+        except OSError as e:
+            raise InputError(f"cannot serve metrics on {metrics_listen[0]}:{metrics_listen[1]}: {e.strerror or e}",
+                             hint="pick another --metrics-port, or stop what holds it") from None
+    m.start()
+    agent.metering = m
+
+
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
-          ro_group="vgpuhost-ro", ready=None) -> int:
+          ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
+          metrics_listen: Optional[Tuple[str, int]] = None) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
-    proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group)
+    proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
+                      metering_interval_s=metering_interval_s, metrics_listen=metrics_listen)
     stop = threading.Event()
 
     def on_signal(signum, frame):
