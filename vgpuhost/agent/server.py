@@ -36,7 +36,7 @@ import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .. import __version__
 from ..io import unixsock
@@ -164,6 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         role = api.READ if api.READ in (who, srv.role) else api.ADMIN
         url = urlsplit(self.path)
         route, params, allowed = api.match(method, url.path)
+        params = {k: unquote(v) for k, v in params.items()}
         if route is None:
             if allowed:
                 return 405, error_doc(405, f"{method} is not allowed on {url.path}",
@@ -263,6 +264,7 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     ro_gid = unixsock.group_id(ro_group)
     host.require_host()
     agent = api.Agent(host)
+    agent.recovered = recover_at_start(agent)
     if metering_interval_s > 0:
         start_metering(agent, metering_interval_s, metrics_listen)
     elif metrics_listen is not None:
@@ -287,6 +289,33 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
             bound.append(path)
     servers = [_Server(s, role, agent, admin_gid, ro_gid) for role, ss in socks.items() for s in ss]
     return AgentProcess(agent, servers, bound)
+
+
+def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
+    """What a killed agent (or CLI, or hook) left half-done, finished or rolled back before serving.
+
+    The intent journal's open entries (issue 12) when this vgpuhost has it,
+    then reconcile: recorded vGPUs that are missing are made again; nothing
+    is removed.  Failures are logged and reported in ``GET /v1/agent``;
+    the agent serves on.
+    """
+    out: Dict[str, Any] = {"journal": None, "reconcile": None}
+    actor = "agent start"
+    try:
+        try:
+            from ..ops import recover           # the intent journal's recovery (issue 12)
+        except ImportError:
+            recover = None
+        if recover is not None:
+            done = recover.recover_all(agent.host, agent.store, actor=actor)
+            out["journal"] = [getattr(r, "line", lambda: str(r))() for r in done]
+        from ..ops.vgpu import reconcile
+        rep = reconcile(agent.host, agent.store, check=False, actor=actor)
+        out["reconcile"] = rep.as_dict()
+    except VgpuhostError as e:
+        log.warning("recovery at start failed: %s", e.one_line())
+        out["error"] = e.one_line()
+    return out
 
 
 def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional[Tuple[str, int]]) -> None:
