@@ -17,12 +17,19 @@ XML on stdin and libvirt's minimal environment (``PATH``, ``HOME``,
   python      PY -c pass        PY = the interpreter the hook runs (sys.executable), WITH site
   python -I -S  PY -I -S -c pass  (the hook's own flags: no site)
 
+With ``--agent up`` (or ``both``, the default) each host gets a twin with
+``vgpuhost agent`` running (listening on ``<root>/run/vgpuhost``, where the
+installed hook looks): its rows are labelled ``agent-up``, and there the
+hook hands prepare and release to the agent, which keeps a warm snapshot of
+the host.
+
 and prints medians (ms) and the ratios the qemu-hook targets are stated in:
 ``no-meta / python`` (target < 0.5) and ``(prepare + release) / python``
 (target < 3).  Nothing is asserted on time; a failed hook run (exit code, or
 the device not appearing / disappearing) aborts with exit 1.
 
     .venv/bin/python bench/hook.py [--runs 20] [--hosts a40-mdev,l40s-vendor-vfio,a100-sriov-mdev] [--tmpdir DIR]
+                                   [--agent both|up|down]
 """
 
 from __future__ import annotations
@@ -88,20 +95,27 @@ def _documents(spec: str) -> Tuple[bytes, bytes]:
 class Bench:
     """One simulated host with the hook installed."""
 
-    def __init__(self, spec: str, base: Path):
+    def __init__(self, spec: str, base: Path, agent: bool = False):
         from vgpuhost.io.hostroot import HostRoot
         from vgpuhost.sim.data import bundled_specs
         from vgpuhost.sim.build import materialise
         from vgpuhost.sim.spec import load_spec
         self.spec = spec
-        root = base / spec
+        self.label = f"{spec} agent-up" if agent else spec
+        root = base / (f"{spec}-agent" if agent else spec)
         materialise(load_spec(bundled_specs()[spec]), root)
         self.host = HostRoot(root)
-        hooks = base / f"{spec}-qemu.d"
+        hooks = base / f"{root.name}-qemu.d"
         run([sys.executable, "-m", "vgpuhost", "--root", str(root), "hook", "install", "--hooks-dir", str(hooks)])
+        self.agent = _start_agent(self.host) if agent else None
         self.hook = hooks / "vgpuhost"
         self.xml, self.plain = _documents(spec)
         self.vf = HOSTS[spec][1]
+
+    def close(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.terminate()
+            self.agent.wait(30)
 
     def _device_present(self) -> bool:
         from vgpuhost.io.sysfs import Sysfs
@@ -115,7 +129,7 @@ class Bench:
         proc = subprocess.run([str(self.hook), name, op, sub, "-"], input=xml, capture_output=True,
                               env=HOOK_ENV, timeout=120)
         if proc.returncode != 0 or proc.stderr:
-            raise SystemExit(f"bench: {self.spec}: hook {op} {sub} exited {proc.returncode}: "
+            raise SystemExit(f"bench: {self.label}: hook {op} {sub} exited {proc.returncode}: "
                              f"{proc.stderr.decode(errors='replace').strip()[:500]}")
 
     def prepare(self) -> None:
@@ -129,7 +143,7 @@ class Bench:
 
     def check(self, present: bool, after: str) -> None:
         if self._device_present() != present:
-            raise SystemExit(f"bench: {self.spec}: after {after} the vGPU is "
+            raise SystemExit(f"bench: {self.label}: after {after} the vGPU is "
                              f"{'missing' if present else 'still there'}")
 
 
@@ -141,6 +155,8 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--tmpdir", metavar="DIR",
                     help="where the simulated hosts and state stores go (default: the system temp dir; "
                          "a tmpfs such as /dev/shm takes the disk's journal out of the simulator's writes)")
+    ap.add_argument("--agent", choices=["both", "up", "down"], default="both",
+                    help="run each host with the agent down, up, or both (default both)")
     args = ap.parse_args(argv)
     if args.runs < 5:
         ap.error("--runs must be at least 5")
@@ -154,12 +170,13 @@ def main(argv: List[str] = None) -> int:
     tmp = tempfile.mkdtemp(prefix="vgpuhost-bench-hook-", dir=args.tmpdir)
     times: Dict[str, List[float]] = {}
     try:
-        benches = [Bench(s, Path(tmp)) for s in specs]
+        modes = {"both": (False, True), "up": (True,), "down": (False,)}[args.agent]
+        benches = [Bench(s, Path(tmp), agent) for s in specs for agent in modes]
         jobs: List[Tuple[str, Callable[[], None]]] = []
         for label, cmd in baselines.items():
             jobs.append((label, lambda cmd=cmd: _run_quiet(cmd)))
         for b in benches:
-            jobs.append((f"{b.spec} no-meta", b.no_meta))
+            jobs.append((f"{b.label} no-meta", b.no_meta))
             jobs.append((f"{b.spec} prepare+release", b))        # a pair: prepare, check, release, check
         # warm-up: page cache, and a first start/stop that proves each host works
         for label, job in jobs:
@@ -175,6 +192,8 @@ def main(argv: List[str] = None) -> int:
                 else:
                     times.setdefault(label, []).append(timed(job))
     finally:
+        for b in locals().get("benches", []):
+            b.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {n: statistics.median(t) for n, t in times.items()}
@@ -190,15 +209,15 @@ def main(argv: List[str] = None) -> int:
         print(f"{n:<40}{ms(med[n]):>10}{ms(min(t)):>10}{ms(max(t)):>10}{med[n] / base:>10.2f}")
     print()
     iso = med["python -I -S -c pass"]
-    width = max(len(b.spec) for b in benches)
+    width = max(len(b.label) for b in benches)
     print(f"{'HOST':<{width}}  {'RATIO':<38}{'/ python':>9}{'/ -I -S':>9}")
     for b in benches:
-        pair = med[f"{b.spec} prepare"] + med[f"{b.spec} release"]
-        nometa = med[f"{b.spec} no-meta"]
+        pair = med[f"{b.label} prepare"] + med[f"{b.label} release"]
+        nometa = med[f"{b.label} no-meta"]
         primary = b.spec == PRIMARY
-        print(f"{b.spec:<{width}}  {'(prepare + release) / baseline':<38}{pair / base:>9.2f}{pair / iso:>9.2f}"
+        print(f"{b.label:<{width}}  {'(prepare + release) / baseline':<38}{pair / base:>9.2f}{pair / iso:>9.2f}"
               + ("   target < 3 (/ python)" if primary else ""))
-        print(f"{b.spec:<{width}}  {'no-meta / baseline':<38}{nometa / base:>9.2f}{nometa / iso:>9.2f}"
+        print(f"{b.label:<{width}}  {'no-meta / baseline':<38}{nometa / base:>9.2f}{nometa / iso:>9.2f}"
               + ("   target < 0.5 (/ python)" if primary else ""))
     return 0
 
@@ -210,10 +229,32 @@ def _run_quiet(cmd: List[str]) -> None:
 def _pair(b: Bench, times: Dict[str, List[float]]) -> None:
     t = timed(b.prepare)
     b.check(True, "prepare begin")
-    times.setdefault(f"{b.spec} prepare", []).append(t)
+    times.setdefault(f"{b.label} prepare", []).append(t)
     t = timed(b.release)
     b.check(False, "release end")
-    times.setdefault(f"{b.spec} release", []).append(t)
+    times.setdefault(f"{b.label} release", []).append(t)
+
+
+def _start_agent(host) -> subprocess.Popen:
+    """``vgpuhost agent`` for ``host``, listening where the installed hook looks; waits until it answers."""
+    import time
+    from vgpuhost.io import agentclient
+    sockdir = host.path("run", "vgpuhost")
+    proc = subprocess.Popen([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "agent", "--socket-dir",
+                             str(sockdir), "--admin-group", "0", "--ro-group", "0", "--metering-interval", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(REPO))
+    path = str(sockdir / "agent.sock")
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: the agent exited {proc.returncode}: {proc.stderr.read().decode()[:500]}")
+        try:
+            if agentclient.call(path, "GET", "/v1/agent", timeout_s=5)[0] == 200:
+                return proc
+        except (agentclient.AgentDown, OSError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("bench: the agent did not answer")
 
 
 if __name__ == "__main__":

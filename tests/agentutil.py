@@ -35,15 +35,17 @@ class AgentRun:
     """``vgpuhost --root ROOT agent`` in its own process, until :meth:`stop` (SIGTERM) or :meth:`kill`."""
 
     def __init__(self, root, sockdir: Optional[str] = None, *, env: Optional[Dict[str, str]] = None,
-                 admin_group: int = ADMIN_GID, ro_group: int = RO_GID, passed: Sequence = ()):
+                 admin_group: int = ADMIN_GID, ro_group: int = RO_GID, passed: Sequence = (),
+                 extra: Sequence[str] = ("--metering-interval", "0")):
         self.root = str(root)
         self.own_dir = sockdir is None
         self.dir = sockdir or socket_dir()
+        os.makedirs(self.dir, exist_ok=True)
         self.admin = os.path.join(self.dir, "agent.sock")
         self.ro = os.path.join(self.dir, "agent-ro.sock")
         self.log = Path(self.dir) / "agent.log"
         cmd = [sys.executable, "-m", "vgpuhost", "--root", self.root, "agent", "--socket-dir", self.dir,
-               "--admin-group", str(admin_group), "--ro-group", str(ro_group)]
+               "--admin-group", str(admin_group), "--ro-group", str(ro_group), *extra]
         full_env = {**os.environ, **(env or {})}
         full_env.pop(agentclient.ENV_SOCKET, None)
         kw: Dict[str, Any] = {}

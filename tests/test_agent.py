@@ -30,6 +30,7 @@ from vgpuhost.observe.inventory import discover
 
 DOM = "11111111-2222-4333-8444-0000000000a1"
 MDEV = "aaaaaaaa-2222-4333-8444-0000000000a1"
+MANUAL = "aaaaaaaa-2222-4333-8444-0000000000c3"
 SPEC = REPO / "vgpuhost" / "agent" / "openapi.yaml"
 
 
@@ -152,7 +153,9 @@ def _requests(a40_config: str) -> List[tuple]:
         ("GET", "/v1/capacity", "/v1/capacity", None),
         ("POST", "/v1/domains/{uuid}/allocate", f"/v1/domains/{other}/allocate", {"profile": "A40-8Q"}),
         ("POST", "/v1/hook/prepare", "/v1/hook/prepare", {"xml": xml, "name": "doc-vm"}),
+        ("POST", "/v1/vgpus", "/v1/vgpus", {"profile": "A40-8Q", "vgpu_uuid": MANUAL}),
         ("GET", "/v1/vgpus", "/v1/vgpus", None),
+        ("POST", "/v1/vgpus/{id}/remove", f"/v1/vgpus/{MANUAL}/remove", {"owner": "manual"}),
         ("GET", "/v1/domains", "/v1/domains", None),
         ("GET", "/v1/tenants", "/v1/tenants", None),
         ("GET", "/v1/usage", "/v1/usage", None),
@@ -187,7 +190,7 @@ def test_responses_validate_against_the_documented_schemas(agent, a40):
     assert sorted(r.type_name for r in records(a40).values()) == ["A40-4Q"] * 4 + ["A40-8Q"] * 2
     assert set(mdevs(a40)) == set(records(a40))
     ops = {row.operation.split(" owner=")[0] for row in StateStore(a40.state_dir).audit_rows()}
-    assert {"vgpu create A40-8Q", "vgpu create A40-4Q", "vgpu remove " + MDEV} <= ops, ops
+    assert {"vgpu create A40-8Q", "vgpu create A40-4Q", "vgpu remove " + MDEV, "vgpu remove " + MANUAL} <= ops, ops
 
 
 @pytest.mark.parametrize("method,target,body,status,exit_code", [
@@ -295,6 +298,66 @@ def test_reads_use_a_warm_snapshot_renewed_by_writes_and_by_changes(agent, a40):
     from vgpuhost.cli.main import main as cli_main
     assert cli_main(["--root", str(a40.root), "vgpu", "create", "--profile", "A40-8Q"]) == 0
     assert len(agent.call("GET", "/v1/vgpus")[1]["vgpus"]) == 2
+
+
+# ---------------------------------------------------------------------------
+# CLI write commands through the agent
+
+def test_cli_writes_go_through_the_agent_when_it_answers(a40, capsys):
+    from vgpuhost.cli.main import main as cli_main
+    sock = a40.path("run", "vgpuhost")
+    base = ["--root", str(a40.root)]
+    with AgentRun(a40.root, str(sock)) as run:
+        assert cli_main(base + ["--json", "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM]) == 0
+        made = json.loads(capsys.readouterr().out)
+        assert made["owner"] == DOM and list(mdevs(a40)) == [made["id"]]
+        served = run.call("GET", "/v1/agent")[1]["served"]
+        assert served.get("POST /v1/vgpus") == 1
+        rows = StateStore(a40.state_dir).audit_rows()
+        assert any(r.path.endswith("/create") and r.actor.startswith("agent uid=0 pid=") for r in rows)
+        # a refusal through the agent: the CLI's one line and exit code
+        assert cli_main(base + ["vgpu", "remove", made["id"], "--owner", "manual"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vgpuhost: error: ") and err.count("\n") == 1
+        assert cli_main(base + ["vgpu", "remove", made["id"], "--owner", DOM]) == 0
+        assert "removed A40-8Q" in capsys.readouterr().out
+        assert cli_main(base + ["reconcile"]) == 0
+        assert run.call("GET", "/v1/agent")[1]["served"].get("POST /v1/reconcile") == 1
+        assert mdevs(a40) == {} and records(a40) == {}
+    # the agent down: the CLI does it itself
+    assert cli_main(base + ["vgpu", "create", "--profile", "A40-8Q"]) == 0
+    rows = StateStore(a40.state_dir).audit_rows()
+    assert rows[-1].actor.startswith("cli uid=0 pid=")
+
+
+# ---------------------------------------------------------------------------
+# metrics: the metering sampler in the agent
+
+def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
+    import urllib.request
+    with AgentRun(a40.root, extra=["--metering-interval", "0.2", "--metrics-port", "0"]) as run:
+        st, out = run.call("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-8Q"})
+        assert st == 200
+        line = next(l for l in run.log.read_text().splitlines() if "metrics on http://" in l)
+        url = line.split("metrics on ")[1].strip()
+        assert url.startswith("http://127.0.0.1:")
+        for _ in range(200):
+            st, text = run.call("GET", "/v1/metrics", ro=True)
+            if st == 200 and f'device="{out["id"]}"' in text:
+                break
+            import time
+            time.sleep(0.05)
+        assert st == 200 and "vgpuhost_up 1.0" in text
+        info = [l for l in text.splitlines() if l.startswith("vgpuhost_device_info{")]
+        assert len(info) == 1 and f'domain_uuid="{DOM}"' in info[0] and 'profile="A40-8Q"' in info[0]
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            scraped = resp.read().decode()
+        assert f'device="{out["id"]}"' in scraped
+
+
+def test_metrics_off_is_503_saying_why(agent):
+    st, doc = agent.call("GET", "/v1/metrics", ro=True)
+    assert st == 503 and "metering is off" in doc["error"]["message"] and doc["error"]["exit_code"] == 2
 
 
 # ---------------------------------------------------------------------------

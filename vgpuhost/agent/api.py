@@ -72,6 +72,16 @@ class Agent:
         self._inv = None
         self._key: Optional[tuple] = None
         self.scans = 0
+        self.recovered: Dict[str, Any] = {}     # what recovery at start did (server.recover_at_start)
+        self.metering = None                    # agent/metrics.AgentMetering when metering runs
+        self.metering_off = "metering is off (--metering-interval 0)"
+        self.served: Dict[str, int] = {}       # "METHOD /v1/template" -> answered calls (any status)
+        self._served_lock = threading.Lock()
+
+    def count(self, route: "Route") -> None:
+        with self._served_lock:
+            key = f"{route.method} {route.template}"
+            self.served[key] = self.served.get(key, 0) + 1
 
     # --- the warm snapshot ---------------------------------------------
     def _fingerprint(self, inv) -> tuple:
@@ -149,7 +159,8 @@ def _uuid(text: str) -> str:
 
 def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
     return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
-            "root": str(agent.host.root), "snapshot_scans": agent.scans}
+            "root": str(agent.host.root), "snapshot_scans": agent.scans, "served": dict(agent.served),
+            "state_dir": str(agent.host.state_dir), "recovered": agent.recovered}
 
 
 def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -236,16 +247,11 @@ def get_audit(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_metrics(agent: Agent, req: Request) -> Text:
-    """The metering exporter's registry in the Prometheus text format, when metering is installed."""
-    try:
-        from ..ops import exporter     # the metering issue's exporter (prometheus-client)
-    except ImportError:
-        exporter = None
-    render = getattr(exporter, "render", None) if exporter is not None else None
-    if render is None:
-        raise Unavailable("metrics are not available: this vgpuhost has no metering exporter",
-                          hint="install a vgpuhost with metering, or scrape 'vgpuhost exporter'")
-    content_type, body = render(agent.host, agent.store)
+    """The metering exporter's series in the Prometheus text format (the agent's sampler)."""
+    if agent.metering is None:
+        raise Unavailable(f"metrics are not available: {agent.metering_off}",
+                          hint="start the agent with --metering-interval S (S > 0) where NVML is available")
+    content_type, body = agent.metering.render()
     return Text(content_type, body)
 
 
@@ -269,6 +275,43 @@ def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
                            owner=owner, anti_affinity=anti, dry_run=dry, actor=req.actor)
     out = run() if dry else agent.write(run)
     return out.as_dict()
+
+
+def _int(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
+    value = (body or {}).get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1023:
+        raise InputError(f"{key!r} must be a whole number from 0 to 1023")
+    return value
+
+
+def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost vgpu create`` through the agent: every option of the command, ``owner`` default manual."""
+    from ..ops import vgpu
+    body = req.body or {}
+    profile = _text(body, "profile", required=True, limit=128)
+    kw = dict(gpu=_gpu(agent, _text(body, "gpu", limit=32)), uuid=_text(body, "vgpu_uuid", limit=64),
+              strategy=_text(body, "strategy", limit=32) or "first-fit", owner=_text(body, "owner", limit=64) or "manual",
+              params=_text(body, "params", limit=1024), numa_node=_int(body, "numa_node"),
+              anti_affinity=_text(body, "anti_affinity", limit=256), persist=_flag(body, "persist"),
+              create_gi=_flag(body, "create_gi"))
+    dry = _flag(body, "dry_run")
+
+    def run():
+        return vgpu.create(agent.host, agent.store, profile=profile, dry_run=dry, actor=req.actor, **kw)
+    return (run() if dry else agent.write(run)).as_dict()
+
+
+def post_vgpu_remove(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost vgpu remove ID [--owner UUID]`` through the agent."""
+    from ..ops import vgpu
+    owner = _text(req.body, "owner", limit=64)
+    dry = _flag(req.body, "dry_run")
+
+    def run():
+        return vgpu.remove(agent.host, agent.store, req.params["id"], owner=owner, dry_run=dry, actor=req.actor)
+    return (run() if dry else agent.write(run)).as_dict()
 
 
 def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -371,6 +414,8 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/usage", get_usage, READ),
     Route("GET", "/v1/audit", get_audit, READ),
     Route("GET", "/v1/metrics", get_metrics, READ),
+    Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN),
+    Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN),
     Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN),
     Route("POST", "/v1/domains/{uuid}/release", post_release, ADMIN),
     Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN),

@@ -36,7 +36,7 @@ import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .. import __version__
 from ..io import unixsock
@@ -164,6 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         role = api.READ if api.READ in (who, srv.role) else api.ADMIN
         url = urlsplit(self.path)
         route, params, allowed = api.match(method, url.path)
+        params = {k: unquote(v) for k, v in params.items()}
         if route is None:
             if allowed:
                 return 405, error_doc(405, f"{method} is not allowed on {url.path}",
@@ -182,6 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         actor = f"agent uid={peer.uid} pid={peer.pid}"
         req = api.Request(params, query, body, actor, peer.pid)
+        srv.agent.count(route)
         try:
             if route.handler is api.get_agent:
                 return 200, api.get_agent(srv.agent, req, role)
@@ -240,6 +242,8 @@ class AgentProcess:
             self.threads.append(t)
 
     def stop(self) -> None:
+        if self.agent.metering is not None:
+            self.agent.metering.close()
         for s in self.servers:
             s.shutdown()
             s.server_close()
@@ -248,7 +252,8 @@ class AgentProcess:
 
 
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
-               ro_group="vgpuhost-ro", env=None) -> AgentProcess:
+               ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
+               metrics_listen: Optional[Tuple[str, int]] = None) -> AgentProcess:
     """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
 
     Raises InputError for an unknown group and HostEnvironmentError when a
@@ -259,6 +264,11 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     ro_gid = unixsock.group_id(ro_group)
     host.require_host()
     agent = api.Agent(host)
+    agent.recovered = recover_at_start(agent)
+    if metering_interval_s > 0:
+        start_metering(agent, metering_interval_s, metrics_listen)
+    elif metrics_listen is not None:
+        raise InputError("--metrics-port needs metering on", hint="give --metering-interval S with S > 0")
     passed = unixsock.listen_fds(env)
     bound: List[str] = []
     socks: Dict[str, Any] = {}
@@ -281,10 +291,61 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     return AgentProcess(agent, servers, bound)
 
 
+def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
+    """What a killed agent (or CLI, or hook) left half-done, finished or rolled back before serving.
+
+    The intent journal's open entries (issue 12) when this vgpuhost has it,
+    then reconcile: recorded vGPUs that are missing are made again; nothing
+    is removed.  Failures are logged and reported in ``GET /v1/agent``;
+    the agent serves on.
+    """
+    out: Dict[str, Any] = {"journal": None, "reconcile": None}
+    actor = "agent start"
+    try:
+        try:
+            from ..ops import recover           # the intent journal's recovery (issue 12)
+        except ImportError:
+            recover = None
+        if recover is not None:
+            done = recover.recover_all(agent.host, agent.store, actor=actor)
+            out["journal"] = [getattr(r, "line", lambda: str(r))() for r in done]
+        from ..ops.vgpu import reconcile
+        rep = reconcile(agent.host, agent.store, check=False, actor=actor)
+        out["reconcile"] = rep.as_dict()
+    except VgpuhostError as e:
+        log.warning("recovery at start failed: %s", e.one_line())
+        out["error"] = e.one_line()
+    return out
+
+
+def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional[Tuple[str, int]]) -> None:
+    """Run the metering sampler in the agent; without NVML the agent serves on and /v1/metrics says why (503).
+    A TCP listener that cannot be bound raises InputError."""
+    from .metrics import AgentMetering
+    try:
+        m = AgentMetering(agent.host, interval_s)
+    except VgpuhostError as e:
+        agent.metering_off = f"metering could not start: {e.one_line()}"
+        log.warning("%s", agent.metering_off)
+        if metrics_listen is not None:
+            raise
+        return
+    if metrics_listen is not None:
+        try:
+            m.metrics_port = m.listen_tcp(*metrics_listen)
+        except OSError as e:
+            raise InputError(f"cannot serve metrics on {metrics_listen[0]}:{metrics_listen[1]}: {e.strerror or e}",
+                             hint="pick another --metrics-port, or stop what holds it") from None
+    m.start()
+    agent.metering = m
+
+
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
-          ro_group="vgpuhost-ro", ready=None) -> int:
+          ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
+          metrics_listen: Optional[Tuple[str, int]] = None) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
-    proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group)
+    proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
+                      metering_interval_s=metering_interval_s, metrics_listen=metrics_listen)
     stop = threading.Event()
 
     def on_signal(signum, frame):

@@ -19,7 +19,15 @@ import click
               help="Group (name or gid) of the admin socket; its members may change the host.")
 @click.option("--ro-group", default="vgpuhost-ro", show_default=True, metavar="GROUP",
               help="Group (name or gid) of the read-only socket; its members may read.")
-def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str) -> None:
+@click.option("--metering-interval", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+              metavar="S", help="Run the metering sampler every S seconds and serve it on /v1/metrics "
+                                "(0: off).  Run this or 'vgpuhost exporter' on a host, not both.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), metavar="PORT",
+              help="Also serve /metrics over TCP for Prometheus (0: any free port, printed).")
+@click.option("--metrics-listen", default="127.0.0.1", show_default=True, metavar="ADDR",
+              help="Address of the --metrics-port listener (loopback unless you mean otherwise).")
+def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, metering_interval: float,
+              metrics_port: Optional[int], metrics_listen: str) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
     Reads (inventory, types, capacity, vGPUs, domains, tenants, usage, audit,
@@ -35,9 +43,14 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str) -> Non
 
     def ready(proc) -> None:
         where = ", ".join(p for p in proc.bound) or "sockets passed by systemd"
+        m = proc.agent.metering
+        if m is not None and getattr(m, "metrics_port", None) is not None:
+            where += f"; metrics on http://{metrics_listen}:{m.metrics_port}/metrics"
         click.echo(f"vgpuhost agent: listening on {where}", err=True)
         sys.stderr.flush()
-    serve(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready)
+    serve(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,
+          metering_interval_s=metering_interval,
+          metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
 
 
 COMMANDS: List[click.Command] = [agent_cmd]

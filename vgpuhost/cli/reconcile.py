@@ -32,7 +32,12 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
             raise click.UsageError("--forget-domains changes the state; it does not go with --check")
         _forget_domains(ctx)
         return
-    rep = reconcile(ctx.host, store(ctx, write=not check), check=check)
+    rep = None
+    if not check:
+        from .agentcall import forward
+        rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
+    if rep is None:
+        rep = reconcile(ctx.host, store(ctx, write=not check), check=check)
     lines = []
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
                          ("type changed", rep.mismatched), ("foreign (left alone)", rep.orphans)):

@@ -59,6 +59,15 @@ def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_
     """Create a vGPU of PROFILE, placed by STRATEGY."""
     from ..model.values import PciAddress
     from ..ops.vgpu import create
+    if not dry_run:
+        from .agentcall import forward
+        out = forward(ctx, "POST", "/v1/vgpus", {
+            "profile": profile, "gpu": gpu, "vgpu_uuid": uuid, "strategy": strategy, "owner": owner,
+            "params": params, "numa_node": numa_node, "anti_affinity": anti_affinity, "persist": persist,
+            "create_gi": create_gi})
+        if out is not None:
+            _vgpu_outcome(ctx, out)
+            return
     _vgpu_outcome(ctx, create(ctx.host, store(ctx, write=not dry_run), profile=profile,
                               gpu=PciAddress.parse(gpu) if gpu else None, uuid=uuid, strategy=strategy,
                               owner=owner, params=params, numa_node=numa_node, anti_affinity=anti_affinity,
@@ -73,6 +82,13 @@ def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_
 def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool) -> None:
     """Remove a vGPU vgpuhost created (ID: mdev UUID, or the VF's BDF)."""
     from ..ops.vgpu import remove
+    if not dry_run:
+        from urllib.parse import quote
+        from .agentcall import forward
+        out = forward(ctx, "POST", f"/v1/vgpus/{quote(vgpu_id, safe='')}/remove", {"owner": owner})
+        if out is not None:
+            _vgpu_outcome(ctx, out)
+            return
     _vgpu_outcome(ctx, remove(ctx.host, store(ctx, write=not dry_run), vgpu_id, owner=owner, dry_run=dry_run))
 
 

@@ -1,0 +1,63 @@
+"""The agent's metering: the sampler of the metering exporter, run inside the agent, and its registry.
+
+Owns: starting :class:`vgpuhost.ops.metering.Sampler` in a thread of the
+agent (the same sampler, rollups and host series as ``vgpuhost exporter``),
+rendering its registry for ``GET /v1/metrics``, and an optional loopback
+TCP listener for Prometheus (which scrapes HTTP over TCP, not unix
+sockets).  Must not: hold metering logic (``ops/metering.py``,
+``ops/exporter.py``).  Run either the agent's metering or ``vgpuhost
+exporter`` on a host, not both: each integrates usage into the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Optional, Tuple
+
+log = logging.getLogger("vgpuhost.agent")
+
+
+class AgentMetering:
+    """The sampler thread and its prometheus-client registry (``interval_s`` seconds between readings)."""
+
+    def __init__(self, host, interval_s: float):
+        from prometheus_client import CollectorRegistry
+        from ..io.backends import metering_nvml
+        from ..io.state import StateStore
+        from ..ops.exporter import SnapshotCollector, host_series
+        from ..ops.metering import OwnerLabels, Sampler
+        store = StateStore(host.state_dir, create=True)
+        self.sampler = Sampler(metering_nvml(host), store, interval_s=interval_s,
+                               labels=OwnerLabels(store, None),
+                               host_series=lambda: host_series(host, store), host_every_s=max(interval_s, 30.0))
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(lambda: self.sampler.snapshot, interval_s))
+        self.stop = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        self._tcp = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.sampler.run, args=(self.stop,), name="agent-metering",
+                                       daemon=True)
+        self.thread.start()
+
+    def render(self) -> Tuple[str, bytes]:
+        """``(content type, body)`` of the Prometheus text exposition."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return CONTENT_TYPE_LATEST, generate_latest(self.registry)
+
+    def listen_tcp(self, address: str, port: int) -> int:
+        """Serve ``/metrics`` on ``address:port`` too (for Prometheus); the port bound."""
+        from prometheus_client import start_http_server
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        self._tcp = server
+        return server.server_address[1]
+
+    def close(self) -> None:
+        self.stop.set()
+        if self._tcp is not None:
+            self._tcp.shutdown()
+            self._tcp.server_close()
+        if self.thread is not None:
+            self.thread.join(timeout=10)

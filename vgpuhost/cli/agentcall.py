@@ -1,0 +1,64 @@
+"""CLI write commands through the agent: when its admin socket answers, the change is made there.
+
+Owns: :func:`forward` (is an agent for this host root and state dir up,
+and may this caller change the host through it? then send the request
+and return its document) and turning the agent's error document back into
+the CLI's one line and exit code (:class:`AgentError`).  With the agent
+up, concurrent users serialise in one place (the agent's write lock, on
+top of the file locks every path takes).  With it down, or with
+``VGPUHOST_AGENT=off``, the command does the work itself.
+Must not: decide anything; the agent runs the same ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from ..model.errors import DeviceError, VgpuhostError
+
+
+class AgentError(VgpuhostError):
+    """The agent refused or failed the request: its message, hint and exit code, as the CLI prints them."""
+
+    def __init__(self, error: Dict[str, Any]):
+        super().__init__(str(error.get("message") or "the agent failed the request"), hint=error.get("hint"))
+        code = error.get("exit_code")
+        self.exit_code = code if isinstance(code, int) else 4
+
+
+class Doc:
+    """An agent's answer with the attribute access the CLI's printers use (``out.id``) and ``as_dict()``."""
+
+    def __init__(self, doc: Dict[str, Any]):
+        self.__dict__.update(doc)
+        self._doc = doc
+
+    def as_dict(self) -> Dict[str, Any]:
+        return self._doc
+
+
+def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None) -> Optional[Doc]:
+    """The agent's answer to ``method target``, or None when no agent for ``ctx``'s host root and
+    state dir answers as admin for this caller (do the work here).  Raises AgentError for the
+    agent's refusals and failures, DeviceError when it went away before answering."""
+    from ..io import agentclient
+    path = agentclient.socket_path(ctx.host)
+    if path is None:
+        return None
+    try:
+        status, info = agentclient.call(path, "GET", "/v1/agent", timeout_s=5)
+    except (agentclient.AgentDown, OSError, ValueError):
+        return None
+    if status != 200 or not isinstance(info, dict) or info.get("role") != "admin" \
+            or info.get("root") != str(ctx.host.root) or info.get("state_dir") != str(ctx.host.state_dir):
+        return None
+    try:
+        status, doc = agentclient.call(path, method, target, body)
+    except agentclient.AgentDown as e:
+        raise DeviceError(f"the vgpuhost agent went away during the request ({e})",
+                          hint="it finishes or rolls back what it started when it starts again; check "
+                               "'vgpuhost vgpu list' and 'vgpuhost audit'") from None
+    if status == 200 and isinstance(doc, dict):
+        return Doc(doc)
+    error = doc.get("error") if isinstance(doc, dict) else None
+    raise AgentError(error if isinstance(error, dict) else {"message": f"the agent answered {status}"})
