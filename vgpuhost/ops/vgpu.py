@@ -22,7 +22,6 @@ MIG-backed vGPUs cannot persist that way and are re-created by
 from __future__ import annotations
 
 import errno
-import os
 import re
 
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
@@ -31,7 +30,9 @@ from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, di
 from ..io.locks import file_lock
 from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
 from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
-from ..plan.executor import Executor
+from ..plan.executor import Executor, describe
+from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
+                          current_vgpu_type)
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
@@ -211,10 +212,10 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                                           persist, utcnow()))
             if persist:
                 try:
-                    ex.fs.write_config(host.mdevctl_d / str(decision.parent) / vid,
-                                       _mdevctl_json(decision.type_id, params))
+                    ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
+                                        _mdevctl_json(decision.type_id, params))])
                 except SysfsError as e:
-                    _destroy(ex.fs, backend, decision.parent, vid)
+                    ex.run([RemoveVgpu(backend, decision.parent, vid)])
                     with store.transaction() as conn:
                         delete_vgpu(conn, vid)
                     raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
@@ -262,7 +263,7 @@ def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: st
     if rec.type_name.lower() != profile.strip().lower():
         raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
                            hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
-    if _current_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
+    if current_vgpu_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
         raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but no longer holds it",
                            hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
     out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
@@ -416,21 +417,17 @@ def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
     return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
 
 
-def _create_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vid: str):
-    if backend == BACKEND_MDEV:
-        return (host.mdev_bus / str(parent) / "mdev_supported_types" / type_id / "create",
-                host.mdev_devices / vid / "nvidia" / "vgpu_params")
-    nd = host.pci_device(parent) / "nvidia"
-    return nd / "current_vgpu_type", nd / "vgpu_params"
+def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str]) -> List[Step]:
+    """The sysfs steps that create one vGPU (and set its ``vgpu_params``)."""
+    steps: List[Step] = [CreateVgpu(backend, d.parent, d.type_id, vid, name)]
+    if params:
+        steps.append(SetVgpuParams(backend, d.parent, d.type_id, vid, params))
+    return steps
 
 
 def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: Optional[str],
                   persist: bool) -> List[str]:
-    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
-    value = vid if backend == BACKEND_MDEV else d.type_id
-    steps = [f"write '{value}' to {host.relative(write)}"]
-    if params:
-        steps.append(f"write '{params}' to {host.relative(ppath)}")
+    steps = describe(host, _create_plan(backend, d, vid, "", params))
     if persist:
         steps.append(f"write mdevctl definition {host.relative(host.mdevctl_d / str(d.parent) / vid)}")
     return steps
@@ -438,29 +435,15 @@ def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: O
 
 def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], backend: str, d: Decision,
                vid: str, name: str, params: Optional[str]) -> None:
-    host, fs = ex.host, ex.fs
-    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
+    """Create, read back (never report success for a device that does not exist), set params;
+    a failure after the create removes the vGPU again (the Executor's undo)."""
     try:
-        fs.write(write, vid if backend == BACKEND_MDEV else d.type_id)
+        ex.run(_create_plan(backend, d, vid, name, params))
     except SysfsError as e:
-        raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
-    # read back: never report success for a device that does not exist (REFERENCE.md §9)
-    if backend == BACKEND_MDEV:
-        got = fs.link_name(host.mdev_devices / vid / "mdev_type")
-        ok = got == d.type_id
-    else:
-        got = fs.read_optional(host.pci_device(d.parent) / "nvidia" / "current_vgpu_type")
-        ok = got == d.type_id
-    if not ok:
-        raise DeviceError(f"creating {name} on {d.parent} reported success but reads back {got!r}",
-                          hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
-    if params:
-        try:
-            fs.write(ppath, params)
-        except SysfsError as e:
-            _destroy(fs, backend, d.parent, vid)
-            raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
-                              "the vGPU was removed again", hint="check the parameter names") from e
+        if isinstance(ex.failed, CreateVgpu):
+            raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
+        raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
+                          "the vGPU was removed again", hint="check the parameter names") from e
 
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str) -> str:
@@ -478,14 +461,6 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
     if e.errno == errno.EEXIST:
         return f"an mdev with UUID {e.value} already exists (EEXIST)"
     return f"creating {name} on {d.parent} failed: {e.errno_name} writing {e.value!r} to {e.path}"
-
-
-def _destroy(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
-    host = fs.host
-    if backend == BACKEND_MDEV:
-        fs.write(host.mdev_devices / vid / "remove", "1")
-    else:
-        fs.write(host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0")
 
 
 # ---------------------------------------------------------------------------
@@ -521,36 +496,31 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
             return out
-        current = _current_type(fs, rec.backend, parent, vid)
+        current = current_vgpu_type(fs, rec.backend, parent, vid)
         if current is not None and current != rec.type_id:
             raise RefusedError(f"{vid} now holds type {current}, not the recorded {rec.type_id}: left alone",
                                hint="another tool reused the slot; 'vgpuhost reconcile --check' reports it")
         if current is None:
             out.notes.append(f"{vid} was already gone from the host; dropping the record")
         else:
-            write = (host.mdev_devices / vid / "remove" if rec.backend == BACKEND_MDEV else
-                     host.pci_device(parent) / "nvidia" / "current_vgpu_type")
-            out.steps.append(f"write '{'1' if rec.backend == BACKEND_MDEV else '0'}' to {host.relative(write)}")
+            out.steps.append(RemoveVgpu(rec.backend, parent, vid).describe(host))
         mdevctl = host.mdevctl_d / rec.parent / vid
-        if rec.persisted and os.path.lexists(mdevctl):
+        if rec.persisted and fs.exists(mdevctl):
             out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu remove {vid} owner={rec.owner}")
         if current is not None:
             try:
-                _destroy(ex.fs, rec.backend, parent, vid)
+                ex.run([RemoveVgpu(rec.backend, parent, vid)])    # verified: DeviceError when still there
             except SysfsError as e:
                 raise DeviceError(f"removing {vid} failed: {e.errno_name}"
                                   + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
                                   hint="stop the VM first") from e
-            if _current_type(ex.fs, rec.backend, parent, vid) is not None:
-                raise DeviceError(f"removing {vid} reported success but it is still there",
-                                  hint="check dmesg and the NVIDIA vGPU manager")
         with store.transaction() as conn:
             delete_vgpu(conn, vid, owner=rec.owner)
-        if rec.persisted and os.path.lexists(mdevctl):
-            ex.fs.remove_config(mdevctl)
+        if rec.persisted and fs.exists(mdevctl):
+            ex.run([RemoveConfig(mdevctl)])
         out.writes = ex.writes
         return out
 
@@ -576,13 +546,6 @@ def _device_exists(fs: Sysfs, vid: str) -> bool:
         cur = fs.read_optional(fs.host.pci_device(vid) / "nvidia" / "current_vgpu_type")
         return bool(cur and cur != "0")
     return fs.exists(fs.host.mdev_devices / vid)
-
-
-def _current_type(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> Optional[str]:
-    if backend == BACKEND_MDEV:
-        return fs.link_name(fs.host.mdev_devices / vid / "mdev_type")
-    cur = fs.read_optional(fs.host.pci_device(parent) / "nvidia" / "current_vgpu_type")
-    return cur if cur and cur != "0" else None
 
 
 # ---------------------------------------------------------------------------
@@ -627,13 +590,11 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
         with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
             ex = Executor(host, store, actor=actor or actor_name(), operation=f"reconcile {rec.id}")
             parent = PciAddress.parse(rec.parent)
-            write, ppath = _create_paths(host, rec.backend, parent, rec.type_id, rec.id)
+            steps: List[Step] = [CreateVgpu(rec.backend, parent, rec.type_id, rec.id, rec.type_name)]
+            if rec.params:
+                steps.append(SetVgpuParams(rec.backend, parent, rec.type_id, rec.id, rec.params))
             try:
-                ex.fs.write(write, rec.id if rec.backend == BACKEND_MDEV else rec.type_id)
-                if _current_type(ex.fs, rec.backend, parent, rec.id) != rec.type_id:
-                    raise DeviceError("reads back wrong")
-                if rec.params:
-                    ex.fs.write(ppath, rec.params)
+                ex.run(steps, undo=False)        # the record stays; a half-made vGPU is reported, not hidden
                 report.recreated.append(rec.id)
             except VgpuhostError as err:
                 report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
