@@ -307,10 +307,8 @@ KNOWN: Dict[Tuple[str, str, str], str] = {
     ('file-access', 'vgpuhost.ops.units', 'import shutil'): 'steps',
     ('file-access', 'vgpuhost.ops.units', 'os.access()'): 'steps',
     ('file-access', 'vgpuhost.ops.units', 'os.path.lexists()'): 'steps',
-    ('file-access', 'vgpuhost.ops.vgpu', 'os.path.lexists()'): 'steps',
     # the layout planner still imports pure MIG/passthrough/scheduler/offers functions from ops/ until
     # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
-    ('layer', 'vgpuhost.plan.layout', 'vgpuhost.ops.vgpu'): 'hostview',
 }
 
 

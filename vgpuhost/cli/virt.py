@@ -86,7 +86,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         from ..ops.attach import backend_of, gpus_offering
         from ..policy.placement import Request, place
         from ..io.state import StateStore
-        from ..ops.vgpu import offers, resolve_profile, seen_rows
+        from ..policy.offers import offers, resolve_profile, seen_rows
         pin = PciAddress.parse(gpu) if gpu else None
         inv = ctx.inventory()
         if pin is not None and inv.gpu(pin) is None:

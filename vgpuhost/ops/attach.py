@@ -327,7 +327,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
     live mdev could not be created or hot-plugged: rolled back).
     """
     from ..io import virt
-    from .vgpu import offers, resolve_profile, seen_rows
+    from ..policy.offers import offers, resolve_profile, seen_rows
 
     # --- input, before anything is read -----------------------------------------
     if (profile is None) == (passthrough is None):

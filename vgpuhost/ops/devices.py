@@ -125,14 +125,15 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
 
 def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Checked") -> None:
     """Every profile name must be one this host knows (on the pinned GPU / the VF's GPU) before any write."""
+    from ..policy.offers import resolve_profile, seen_rows
     records = store.vgpu_records()
-    seen = store.seen_types() + vgpu.seen_rows(inv)
+    seen = store.seen_types() + seen_rows(inv)
     for req in checked.vgpus:
         gpu = req.gpu
         if req.vf is not None:
             dev = inv.devices.get(req.vf)
             gpu = dev.physfn if dev is not None else None
-        vgpu.resolve_profile(inv, records, req.profile, gpu, seen)
+        resolve_profile(inv, records, req.profile, gpu, seen)
 
 
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,

@@ -277,7 +277,7 @@ def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
     from ..model.errors import SysfsError
     from ..io.locks import file_lock
     from ..plan.executor import Executor
-    from .vgpu import _create_paths, _current_type
+    from ..plan.steps import current_vgpu_type as _current_type, vgpu_paths as _create_paths
     rec = next((r for r in store.vgpu_records(owner=LAYOUT) if r.id == vid), None)
     if rec is None:
         raise DeviceError(f"vGPU {vid} is no longer recorded for the layout", hint="run apply again")

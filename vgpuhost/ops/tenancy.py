@@ -295,7 +295,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     Raises RefusedError with the first refusal's reason and what would free
     room; InputError when the domain's metadata names a QoS class not known.
     """
-    from . import vgpu as vgpu_ops
+    from ..policy import offers as vgpu_offers
     meta = view.metadata
     if meta is None or meta.empty:
         return []
@@ -305,7 +305,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     held = allocations(store, inv)
     mine = {a.device for a in held if a.owner == me}
     records = store.vgpu_records()
-    seen = store.seen_types() + vgpu_ops.seen_rows(inv)
+    seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     fbs = _type_fb(inv, store)
     memory = {str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib}
     names = store.active_domains()
@@ -323,8 +323,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if v.vf is not None:
             dev = inv.devices.get(v.vf)
             pin = dev.physfn if dev is not None else pin
-        name = vgpu_ops.resolve_profile(inv, records, v.profile, pin, seen)
-        offers = vgpu_ops.offers(inv, records, name, seen)
+        name = vgpu_offers.resolve_profile(inv, records, v.profile, pin, seen)
+        offers = vgpu_offers.offers(inv, records, name, seen)
         if allowed is not None:
             offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
                                                          "allow-list") for o in offers]
@@ -493,10 +493,10 @@ def capacity(store: StateStore, inv: Inventory) -> dict:
     many fragmentation (free framebuffer spread over GPUs, or a GPU held in
     equal-size mode by another size) keeps out.
     """
-    from . import vgpu as vgpu_ops
+    from ..policy import offers as vgpu_offers
     from ..policy.capacity import summarise
     records = store.vgpu_records()
-    seen = store.seen_types() + vgpu_ops.seen_rows(inv)
+    seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     held = allocations(store, inv)
     pl = pools(store)
     used: Dict[str, int] = {}
@@ -524,7 +524,7 @@ def capacity(store: StateStore, inv: Inventory) -> dict:
             max_of.setdefault(t.name.lower(), t.max_instances)
     per_type = []
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
-        offers = vgpu_ops.offers(inv, records, name, seen)
+        offers = vgpu_offers.offers(inv, records, name, seen)
         if all(o.type_id is None for o in offers):
             continue
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))

@@ -22,19 +22,21 @@ MIG-backed vGPUs cannot persist that way and are re-created by
 from __future__ import annotations
 
 import errno
-import os
 import re
 
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..io.hostroot import HostRoot
-from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, VgpuType, discover, gpu_available
+from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover
 from ..io.locks import file_lock
 from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
 from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
-from ..plan.executor import Executor
+from ..plan.executor import Executor, describe
+from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
+                          current_vgpu_type)
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
+from ..policy.offers import fitting_elsewhere, offers, resolve_profile, seen_rows
 from ..observe.vgpus import VgpuEntry, list_vgpus
 
 TYPE_CHECKING = False
@@ -42,138 +44,6 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import Collection, Dict, List, Optional, Sequence
 
 MAX_PLACEMENT_ATTEMPTS = 5
-
-
-# ---------------------------------------------------------------------------
-# names and offers (pure)
-
-def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
-    """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them."""
-    out: Dict[PciAddress, Dict[str, List[VgpuType]]] = {}
-    for t in inv.vgpu_types:
-        out.setdefault(t.gpu, {}).setdefault(t.name.lower(), []).append(t)
-    return out
-
-
-def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
-                    gpu: Optional[PciAddress] = None, seen: Sequence[tuple] = ()) -> str:
-    """The profile name as the devices spell it, matched case-insensitively and exactly.
-
-    Never strips suffixes: ``A100-1-5CME`` does not match ``A100-1-5C``.
-    Raises InputError naming near matches when no device offers the name,
-    and when one GPU reports the name under two type ids (ambiguous).
-    """
-    wanted = name.strip().lower()
-    by_gpu = types_by_gpu(inv)
-    scope = {gpu: by_gpu.get(gpu, {})} if gpu is not None else by_gpu
-    known = {t.name for names in scope.values() for ts in names.values() for t in ts}
-    known |= {r.type_name for r in records if gpu is None or r.gpu == str(gpu)}
-    known |= {row[2] for row in seen if gpu is None or row[0] == str(gpu)}
-    for g, names in scope.items():
-        ids = {t.type_id for t in names.get(wanted, [])}
-        if len(ids) > 1:
-            raise InputError(f"profile {name!r} is ambiguous on {g}: type ids {', '.join(sorted(ids))}",
-                             hint="report this GPU's 'vgpuhost types --gpu' output")
-    for n in sorted(known):
-        if n.lower() == wanted:
-            return n
-    import difflib      # only on this error path: the qemu hook keeps its imports lean
-    near = difflib.get_close_matches(name.upper(), sorted(known), n=5, cutoff=0.6)
-    where = f"GPU {gpu}" if gpu else "this host"
-    hint = ("near matches: " + ", ".join(near)) if near else "'vgpuhost types' lists the profiles"
-    if not known:
-        hint = "no GPU here offers vGPU types ('vgpuhost host check' says why)"
-    p = VgpuProfile.try_parse(name)
-    if p is not None and p.mig_backed:
-        hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
-    raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
-
-
-def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
-           seen: Sequence[tuple] = ()) -> List[GpuOffer]:
-    """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
-
-    ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
-    earlier reads; a GPU that offered the type before but lists it no more
-    (full, or another size present) gets an offer of 0 with the reason.
-    """
-    by_gpu = types_by_gpu(inv)
-    out = []
-    present = _present_by_gpu(inv)
-    for g in inv.gpus:
-        if not g.vgpu_backend:
-            continue
-        ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
-        mine = [row for row in seen if row[0] == str(g.address)]
-        fbs = {row[1]: row[3] for row in mine if row[3]}
-        recs = [r for r in records if r.gpu == str(g.address)]
-        owners = frozenset(r.owner for r in recs)
-        keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
-        parents = tuple(t.parent for t in ts if t.available_instances > 0)
-        available = gpu_available(inv, g.address, ts[0].type_id, fbs) if ts else 0
-        type_id, type_name, fb = ((ts[0].type_id, ts[0].name, ts[0].framebuffer_mib) if ts else
-                                  next(((row[1], row[2], row[3]) for row in mine
-                                        if row[2].lower() == profile.lower()), (None, None, None)))
-        note = ""
-        if g.pci.driver != "nvidia":
-            available, parents = 0, ()
-            note = (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
-                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
-        elif type_id is not None and not available:
-            sizes = sorted({f for f in _present_framebuffers(inv, g.address, fbs) if f})
-            if sizes and fb not in sizes:
-                note = (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only "
-                        "that size")
-            else:
-                note = f"no {type_name} instance free"
-        out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
-                            keys, present.get(g.address, 0), note))
-    return out
-
-
-def _present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
-    out: Dict[PciAddress, int] = {}
-    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
-    for m in inv.mdevs:
-        g = parent_gpu.get(m.parent)
-        if g is not None:
-            out[g] = out.get(g, 0) + 1
-    for v in inv.vf_vgpus:
-        if v.type_id:
-            out[v.gpu] = out.get(v.gpu, 0) + 1
-    return out
-
-
-def _present_framebuffers(inv: Inventory, gpu: PciAddress, fbs: Dict[str, int]) -> List[Optional[int]]:
-    """Framebuffer (MiB) of each time-sliced vGPU present on ``gpu`` (None: unknown type)."""
-    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
-    g = inv.gpu(gpu)
-    parents = set(g.mdev_parents) if g else set()
-    ids = [m.type_id for m in inv.mdevs if m.parent in parents]
-    ids += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
-    out: List[Optional[int]] = []
-    for i in ids:
-        t = by_id.get(i)
-        if t is not None and t.profile is not None and t.profile.mig_backed:
-            continue
-        out.append(t.framebuffer_mib if t is not None else fbs.get(i))
-    return out
-
-
-def seen_rows(inv: Inventory) -> List[tuple]:
-    """``(gpu, type_id, name, framebuffer_mib)`` for every type the inventory lists."""
-    return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
-
-
-def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
-    """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (ENOSPC advice)."""
-    agg: Dict[str, int] = {}
-    for t in inv.vgpu_types:
-        if t.gpu == gpu and t.name not in agg:
-            n = gpu_available(inv, gpu, t.type_id)
-            if n > 0:
-                agg[t.name] = n
-    return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
 # ---------------------------------------------------------------------------
@@ -342,10 +212,10 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                                           persist, utcnow()))
             if persist:
                 try:
-                    ex.fs.write_config(host.mdevctl_d / str(decision.parent) / vid,
-                                       _mdevctl_json(decision.type_id, params))
+                    ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
+                                        _mdevctl_json(decision.type_id, params))])
                 except SysfsError as e:
-                    _destroy(ex.fs, backend, decision.parent, vid)
+                    ex.run([RemoveVgpu(backend, decision.parent, vid)])
                     with store.transaction() as conn:
                         delete_vgpu(conn, vid)
                     raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
@@ -393,7 +263,7 @@ def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: st
     if rec.type_name.lower() != profile.strip().lower():
         raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
                            hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
-    if _current_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
+    if current_vgpu_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
         raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but no longer holds it",
                            hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
     out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
@@ -547,21 +417,17 @@ def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
     return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
 
 
-def _create_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vid: str):
-    if backend == BACKEND_MDEV:
-        return (host.mdev_bus / str(parent) / "mdev_supported_types" / type_id / "create",
-                host.mdev_devices / vid / "nvidia" / "vgpu_params")
-    nd = host.pci_device(parent) / "nvidia"
-    return nd / "current_vgpu_type", nd / "vgpu_params"
+def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str]) -> List[Step]:
+    """The sysfs steps that create one vGPU (and set its ``vgpu_params``)."""
+    steps: List[Step] = [CreateVgpu(backend, d.parent, d.type_id, vid, name)]
+    if params:
+        steps.append(SetVgpuParams(backend, d.parent, d.type_id, vid, params))
+    return steps
 
 
 def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: Optional[str],
                   persist: bool) -> List[str]:
-    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
-    value = vid if backend == BACKEND_MDEV else d.type_id
-    steps = [f"write '{value}' to {host.relative(write)}"]
-    if params:
-        steps.append(f"write '{params}' to {host.relative(ppath)}")
+    steps = describe(host, _create_plan(backend, d, vid, "", params))
     if persist:
         steps.append(f"write mdevctl definition {host.relative(host.mdevctl_d / str(d.parent) / vid)}")
     return steps
@@ -569,29 +435,15 @@ def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: O
 
 def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], backend: str, d: Decision,
                vid: str, name: str, params: Optional[str]) -> None:
-    host, fs = ex.host, ex.fs
-    write, ppath = _create_paths(host, backend, d.parent, d.type_id, vid)
+    """Create, read back (never report success for a device that does not exist), set params;
+    a failure after the create removes the vGPU again (the Executor's undo)."""
     try:
-        fs.write(write, vid if backend == BACKEND_MDEV else d.type_id)
+        ex.run(_create_plan(backend, d, vid, name, params))
     except SysfsError as e:
-        raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
-    # read back: never report success for a device that does not exist (REFERENCE.md §9)
-    if backend == BACKEND_MDEV:
-        got = fs.link_name(host.mdev_devices / vid / "mdev_type")
-        ok = got == d.type_id
-    else:
-        got = fs.read_optional(host.pci_device(d.parent) / "nvidia" / "current_vgpu_type")
-        ok = got == d.type_id
-    if not ok:
-        raise DeviceError(f"creating {name} on {d.parent} reported success but reads back {got!r}",
-                          hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
-    if params:
-        try:
-            fs.write(ppath, params)
-        except SysfsError as e:
-            _destroy(fs, backend, d.parent, vid)
-            raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
-                              "the vGPU was removed again", hint="check the parameter names") from e
+        if isinstance(ex.failed, CreateVgpu):
+            raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
+        raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
+                          "the vGPU was removed again", hint="check the parameter names") from e
 
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str) -> str:
@@ -609,14 +461,6 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
     if e.errno == errno.EEXIST:
         return f"an mdev with UUID {e.value} already exists (EEXIST)"
     return f"creating {name} on {d.parent} failed: {e.errno_name} writing {e.value!r} to {e.path}"
-
-
-def _destroy(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
-    host = fs.host
-    if backend == BACKEND_MDEV:
-        fs.write(host.mdev_devices / vid / "remove", "1")
-    else:
-        fs.write(host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0")
 
 
 # ---------------------------------------------------------------------------
@@ -652,36 +496,31 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
             return out
-        current = _current_type(fs, rec.backend, parent, vid)
+        current = current_vgpu_type(fs, rec.backend, parent, vid)
         if current is not None and current != rec.type_id:
             raise RefusedError(f"{vid} now holds type {current}, not the recorded {rec.type_id}: left alone",
                                hint="another tool reused the slot; 'vgpuhost reconcile --check' reports it")
         if current is None:
             out.notes.append(f"{vid} was already gone from the host; dropping the record")
         else:
-            write = (host.mdev_devices / vid / "remove" if rec.backend == BACKEND_MDEV else
-                     host.pci_device(parent) / "nvidia" / "current_vgpu_type")
-            out.steps.append(f"write '{'1' if rec.backend == BACKEND_MDEV else '0'}' to {host.relative(write)}")
+            out.steps.append(RemoveVgpu(rec.backend, parent, vid).describe(host))
         mdevctl = host.mdevctl_d / rec.parent / vid
-        if rec.persisted and os.path.lexists(mdevctl):
+        if rec.persisted and fs.exists(mdevctl):
             out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu remove {vid} owner={rec.owner}")
         if current is not None:
             try:
-                _destroy(ex.fs, rec.backend, parent, vid)
+                ex.run([RemoveVgpu(rec.backend, parent, vid)])    # verified: DeviceError when still there
             except SysfsError as e:
                 raise DeviceError(f"removing {vid} failed: {e.errno_name}"
                                   + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
                                   hint="stop the VM first") from e
-            if _current_type(ex.fs, rec.backend, parent, vid) is not None:
-                raise DeviceError(f"removing {vid} reported success but it is still there",
-                                  hint="check dmesg and the NVIDIA vGPU manager")
         with store.transaction() as conn:
             delete_vgpu(conn, vid, owner=rec.owner)
-        if rec.persisted and os.path.lexists(mdevctl):
-            ex.fs.remove_config(mdevctl)
+        if rec.persisted and fs.exists(mdevctl):
+            ex.run([RemoveConfig(mdevctl)])
         out.writes = ex.writes
         return out
 
@@ -707,13 +546,6 @@ def _device_exists(fs: Sysfs, vid: str) -> bool:
         cur = fs.read_optional(fs.host.pci_device(vid) / "nvidia" / "current_vgpu_type")
         return bool(cur and cur != "0")
     return fs.exists(fs.host.mdev_devices / vid)
-
-
-def _current_type(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> Optional[str]:
-    if backend == BACKEND_MDEV:
-        return fs.link_name(fs.host.mdev_devices / vid / "mdev_type")
-    cur = fs.read_optional(fs.host.pci_device(parent) / "nvidia" / "current_vgpu_type")
-    return cur if cur and cur != "0" else None
 
 
 # ---------------------------------------------------------------------------
@@ -758,13 +590,11 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
         with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
             ex = Executor(host, store, actor=actor or actor_name(), operation=f"reconcile {rec.id}")
             parent = PciAddress.parse(rec.parent)
-            write, ppath = _create_paths(host, rec.backend, parent, rec.type_id, rec.id)
+            steps: List[Step] = [CreateVgpu(rec.backend, parent, rec.type_id, rec.id, rec.type_name)]
+            if rec.params:
+                steps.append(SetVgpuParams(rec.backend, parent, rec.type_id, rec.id, rec.params))
             try:
-                ex.fs.write(write, rec.id if rec.backend == BACKEND_MDEV else rec.type_id)
-                if _current_type(ex.fs, rec.backend, parent, rec.id) != rec.type_id:
-                    raise DeviceError("reads back wrong")
-                if rec.params:
-                    ex.fs.write(ppath, rec.params)
+                ex.run(steps, undo=False)        # the record stays; a half-made vGPU is reported, not hidden
                 report.recreated.append(rec.id)
             except VgpuhostError as err:
                 report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")

@@ -920,7 +920,7 @@ class _Walker:
 
     def vgpu_total(self, entry: Entry, gpus: Sequence[Gpu]) -> None:
         """A vgpu entry with counts: total: place the missing vGPUs across ``gpus`` by the strategy."""
-        from ..ops.vgpu import offers
+        from ..policy.offers import offers
         spec: VgpuSpec = entry.vgpu
         where = str(entry.where)
         if not gpus:

@@ -26,6 +26,7 @@ import errno as _errno
 from pathlib import Path
 
 from ..model.errors import DeviceError
+from ..model.kinds import Backend
 from ..io.hostroot import HostRoot
 from ..model.values import PciAddress, record
 
@@ -155,6 +156,115 @@ class VerifyDriver(Step):
                 f"{self.bdf} is bound to {got or 'no driver'} after drivers_probe, expected {want}",
                 hint="drivers_probe reported success but bound nothing: is the driver's module loaded "
                      "(modprobe it) and does driver_override name it?")
+
+
+# --- vGPUs: classic mdev and NVIDIA's vendor-specific VFIO ------------------
+
+def vgpu_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vgpu_id: str):
+    """``(create path, vgpu_params path)`` of a vGPU: ``mdev_supported_types/<type>/create`` and the
+    mdev's ``nvidia/vgpu_params`` (mdev), or the VF's ``nvidia/current_vgpu_type`` and ``nvidia/vgpu_params``."""
+    if backend == Backend.MDEV:
+        return (host.mdev_bus / str(parent) / "mdev_supported_types" / type_id / "create",
+                host.mdev_devices / vgpu_id / "nvidia" / "vgpu_params")
+    nd = host.pci_device(parent) / "nvidia"
+    return nd / "current_vgpu_type", nd / "vgpu_params"
+
+
+def current_vgpu_type(fs, backend: str, parent: PciAddress, vgpu_id: str) -> Optional[str]:
+    """The type a vGPU holds now, read back (None: it does not exist / the VF holds none)."""
+    if backend == Backend.MDEV:
+        return fs.link_name(fs.host.mdev_devices / vgpu_id / "mdev_type")
+    cur = fs.read_optional(fs.host.pci_device(parent) / "nvidia" / "current_vgpu_type")
+    return cur if cur and cur != "0" else None
+
+
+@record(frozen=True)
+class CreateVgpu(Step):
+    """Create one vGPU of ``type_id`` on ``parent``.
+
+    ``backend`` ``mdev``: write the UUID ``vgpu_id`` to
+    ``<parent>/mdev_supported_types/<type>/create``; ``vendor-vfio``: write
+    the type id to the VF's ``nvidia/current_vgpu_type`` (``vgpu_id`` is the
+    VF).  Verified by reading the type back (never report a device that
+    does not exist); undone by :class:`RemoveVgpu`.  ``name`` (``A40-8Q``)
+    is for messages.
+    """
+
+    backend: str
+    parent: PciAddress
+    type_id: str
+    vgpu_id: str
+    name: str = ""
+
+    def _write(self, host: HostRoot):
+        path, _ = vgpu_paths(host, self.backend, self.parent, self.type_id, self.vgpu_id)
+        return path, (self.vgpu_id if self.backend == Backend.MDEV else self.type_id)
+
+    def describe(self, host: HostRoot) -> str:
+        path, value = self._write(host)
+        return f"write '{value}' to {host.relative(path)}"
+
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(*self._write(ctx.host))
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        got = current_vgpu_type(ctx.fs, self.backend, self.parent, self.vgpu_id)
+        if got != self.type_id:
+            raw = ctx.fs.read_optional(ctx.host.pci_device(self.parent) / "nvidia" / "current_vgpu_type") \
+                if self.backend != Backend.MDEV else got
+            raise DeviceError(f"creating {self.name or self.type_id} on {self.parent} reported success but "
+                              f"reads back {raw!r}",
+                              hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
+
+    def inverse(self, result: object) -> Optional[Step]:
+        return RemoveVgpu(self.backend, self.parent, self.vgpu_id)
+
+
+@record(frozen=True)
+class RemoveVgpu(Step):
+    """Remove one vGPU: write ``1`` to the mdev's ``remove`` (mdev) or ``0`` to the VF's
+    ``nvidia/current_vgpu_type`` (vendor VFIO).  Verified: the vGPU is gone."""
+
+    backend: str
+    parent: PciAddress
+    vgpu_id: str
+
+    def _write(self, host: HostRoot):
+        if self.backend == Backend.MDEV:
+            return host.mdev_devices / self.vgpu_id / "remove", "1"
+        return host.pci_device(self.parent) / "nvidia" / "current_vgpu_type", "0"
+
+    def describe(self, host: HostRoot) -> str:
+        path, value = self._write(host)
+        return f"write '{value}' to {host.relative(path)}"
+
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(*self._write(ctx.host))
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        if current_vgpu_type(ctx.fs, self.backend, self.parent, self.vgpu_id) is not None:
+            raise DeviceError(f"removing {self.vgpu_id} reported success but it is still there",
+                              hint="check dmesg and the NVIDIA vGPU manager")
+
+
+@record(frozen=True)
+class SetVgpuParams(Step):
+    """Write ``params`` (``frame_rate_limiter=0``) to a vGPU's ``nvidia/vgpu_params``; undone with the vGPU."""
+
+    backend: str
+    parent: PciAddress
+    type_id: str
+    vgpu_id: str
+    params: str
+
+    def _path(self, host: HostRoot):
+        return vgpu_paths(host, self.backend, self.parent, self.type_id, self.vgpu_id)[1]
+
+    def describe(self, host: HostRoot) -> str:
+        return f"write '{self.params}' to {host.relative(self._path(host))}"
+
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(self._path(ctx.host), self.params)
 
 
 # =============================================================================
@@ -441,5 +551,6 @@ class SetMixedSize(Step):
 
 
 __all__ = ["Step", "AUDIT_FS", "AUDIT_EXECUTOR", "AUDIT_NONE", "ANY_HOST_DRIVER",
-           "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "WriteConfig", "RemoveConfig",
+           "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "CreateVgpu", "RemoveVgpu", "SetVgpuParams",
+           "vgpu_paths", "current_vgpu_type", "WriteConfig", "RemoveConfig",
            "SetMigMode", "CreateGi", "DestroyGi", "SetScheduler", "SetMixedSize", "NVML_AUDIT_ERRNO"]

@@ -1,0 +1,161 @@
+"""vGPU types, named and offered: profile names as the devices spell them, and placement offers (pure).
+
+Owns: resolving a profile name per device (:func:`resolve_profile`:
+case-insensitive, exact, never stripping suffixes), one placement offer per
+vGPU-capable GPU (:func:`offers`, for :func:`vgpuhost.policy.placement.place`),
+what is present on a GPU, the types a GPU still fits (:func:`fitting_elsewhere`)
+and the seen-type rows (:func:`seen_rows`: ``(gpu, type_id, name,
+framebuffer_mib)``, the state store's ``seen_types`` row shape).  Inputs are
+an :class:`~vgpuhost.observe.inventory.Inventory` and records already read.
+Must not: read sysfs or the store, or change anything.  Lean: the qemu hook
+imports it.
+
+Facts (the project's docs reference, sections 2-4): a GPU in equal-size
+(time-sliced) mode admits only vGPUs of the size already present; a GPU
+bound to another driver than nvidia offers nothing.
+"""
+
+from __future__ import annotations
+
+from ..model.errors import InputError
+from ..model.values import PciAddress, VgpuProfile
+from ..observe.inventory import Inventory, VgpuType, gpu_available
+from .placement import GpuOffer
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, List, Optional, Sequence
+    from ..io.state import VgpuRecord
+
+
+def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
+    """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them."""
+    out: Dict[PciAddress, Dict[str, List[VgpuType]]] = {}
+    for t in inv.vgpu_types:
+        out.setdefault(t.gpu, {}).setdefault(t.name.lower(), []).append(t)
+    return out
+
+
+def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
+                    gpu: Optional[PciAddress] = None, seen: Sequence[tuple] = ()) -> str:
+    """The profile name as the devices spell it, matched case-insensitively and exactly.
+
+    Never strips suffixes: ``A100-1-5CME`` does not match ``A100-1-5C``.
+    Raises InputError naming near matches when no device offers the name,
+    and when one GPU reports the name under two type ids (ambiguous).
+    """
+    wanted = name.strip().lower()
+    by_gpu = types_by_gpu(inv)
+    scope = {gpu: by_gpu.get(gpu, {})} if gpu is not None else by_gpu
+    known = {t.name for names in scope.values() for ts in names.values() for t in ts}
+    known |= {r.type_name for r in records if gpu is None or r.gpu == str(gpu)}
+    known |= {row[2] for row in seen if gpu is None or row[0] == str(gpu)}
+    for g, names in scope.items():
+        ids = {t.type_id for t in names.get(wanted, [])}
+        if len(ids) > 1:
+            raise InputError(f"profile {name!r} is ambiguous on {g}: type ids {', '.join(sorted(ids))}",
+                             hint="report this GPU's 'vgpuhost types --gpu' output")
+    for n in sorted(known):
+        if n.lower() == wanted:
+            return n
+    import difflib      # only on this error path: the qemu hook keeps its imports lean
+    near = difflib.get_close_matches(name.upper(), sorted(known), n=5, cutoff=0.6)
+    where = f"GPU {gpu}" if gpu else "this host"
+    hint = ("near matches: " + ", ".join(near)) if near else "'vgpuhost types' lists the profiles"
+    if not known:
+        hint = "no GPU here offers vGPU types ('vgpuhost host check' says why)"
+    p = VgpuProfile.try_parse(name)
+    if p is not None and p.mig_backed:
+        hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
+    raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
+
+
+def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
+           seen: Sequence[tuple] = ()) -> List[GpuOffer]:
+    """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
+
+    ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
+    earlier reads; a GPU that offered the type before but lists it no more
+    (full, or another size present) gets an offer of 0 with the reason.
+    """
+    by_gpu = types_by_gpu(inv)
+    out = []
+    present = present_by_gpu(inv)
+    for g in inv.gpus:
+        if not g.vgpu_backend:
+            continue
+        ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
+        mine = [row for row in seen if row[0] == str(g.address)]
+        fbs = {row[1]: row[3] for row in mine if row[3]}
+        recs = [r for r in records if r.gpu == str(g.address)]
+        owners = frozenset(r.owner for r in recs)
+        keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
+        parents = tuple(t.parent for t in ts if t.available_instances > 0)
+        available = gpu_available(inv, g.address, ts[0].type_id, fbs) if ts else 0
+        type_id, type_name, fb = ((ts[0].type_id, ts[0].name, ts[0].framebuffer_mib) if ts else
+                                  next(((row[1], row[2], row[3]) for row in mine
+                                        if row[2].lower() == profile.lower()), (None, None, None)))
+        note = ""
+        if g.pci.driver != "nvidia":
+            available, parents = 0, ()
+            note = (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
+                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
+        elif type_id is not None and not available:
+            sizes = sorted({f for f in present_framebuffers(inv, g.address, fbs) if f})
+            if sizes and fb not in sizes:
+                note = (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only "
+                        "that size")
+            else:
+                note = f"no {type_name} instance free"
+        out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
+                            keys, present.get(g.address, 0), note))
+    return out
+
+
+def present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
+    out: Dict[PciAddress, int] = {}
+    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
+    for m in inv.mdevs:
+        g = parent_gpu.get(m.parent)
+        if g is not None:
+            out[g] = out.get(g, 0) + 1
+    for v in inv.vf_vgpus:
+        if v.type_id:
+            out[v.gpu] = out.get(v.gpu, 0) + 1
+    return out
+
+
+def present_framebuffers(inv: Inventory, gpu: PciAddress, fbs: Dict[str, int]) -> List[Optional[int]]:
+    """Framebuffer (MiB) of each time-sliced vGPU present on ``gpu`` (None: unknown type)."""
+    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
+    g = inv.gpu(gpu)
+    parents = set(g.mdev_parents) if g else set()
+    ids = [m.type_id for m in inv.mdevs if m.parent in parents]
+    ids += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
+    out: List[Optional[int]] = []
+    for i in ids:
+        t = by_id.get(i)
+        if t is not None and t.profile is not None and t.profile.mig_backed:
+            continue
+        out.append(t.framebuffer_mib if t is not None else fbs.get(i))
+    return out
+
+
+def seen_rows(inv: Inventory) -> List[tuple]:
+    """``(gpu, type_id, name, framebuffer_mib)`` for every type the inventory lists."""
+    return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
+
+
+def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
+    """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (ENOSPC advice)."""
+    agg: Dict[str, int] = {}
+    for t in inv.vgpu_types:
+        if t.gpu == gpu and t.name not in agg:
+            n = gpu_available(inv, gpu, t.type_id)
+            if n > 0:
+                agg[t.name] = n
+    return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
+
+
+__all__ = ["types_by_gpu", "resolve_profile", "offers", "present_by_gpu", "present_framebuffers", "seen_rows",
+           "fitting_elsewhere"]
