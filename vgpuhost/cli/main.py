@@ -97,8 +97,8 @@ def main(argv=None) -> int:
         click.echo("vgpuhost: interrupted (any half-done group was rolled back)", err=True)
         return 130
     except StoreError as e:    # the state store is damaged or unreachable
-        click.echo(f"vgpuhost: error: the state store is unusable ({printable(str(e))}); move state.db "
-                   "aside (vgpuhost starts a new one) or restore it from a backup", err=True)
+        from ..io.state import store_error
+        click.echo(f"vgpuhost: error: {printable(store_error('state.db', e).one_line())}", err=True)
         return EXIT_INPUT
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT

@@ -171,7 +171,7 @@ def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinit
     from ..io.state import StateStore
     ctx = current()
     slot = _slot(guest_slot)
-    store = StateStore(ctx.host.state_dir, create=not dry_run)
+    store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
     out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
                  strategy=strategy, anti_affinity=anti_affinity, gpu=gpu, display=display, ramfb=ramfb,
                  live=live, dry_run=dry_run, guest_slot=slot, qos=qos)
@@ -191,9 +191,14 @@ def detach_cmd(domain, device, all_, dry_run) -> None:
     if device is not None and all_:
         raise InputError("give a DEVICE or --all, not both")
     ctx = current()
-    store = StateStore(ctx.host.state_dir, create=not dry_run)
+    store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
     out = detach(ctx.host, store, ctx.connect, domain, device=device, all=all_, dry_run=dry_run)
     _emit_outcome(ctx, out)
 
 
 COMMANDS += [attach_cmd, detach_cmd]
+
+
+def _owned(host):
+    from ..observe.ownable import devices_vgpuhost_may_own
+    return devices_vgpuhost_may_own(host)

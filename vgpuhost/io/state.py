@@ -62,7 +62,7 @@ from ..model.values import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, Iterator, List, Optional, Sequence
+    from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 DB_NAME = "state.db"
 BUSY_TIMEOUT_MS = 60_000
@@ -258,26 +258,114 @@ class StateStore:
     database opened, and when the database is newer than this vgpuhost.
     """
 
-    def __init__(self, state_dir: "str | os.PathLike[str]", *, create: bool = True):
+    def __init__(self, state_dir: "str | os.PathLike[str]", *, create: bool = True,
+                 owned: "Optional[Callable[[], List[str]]]" = None):
         """Open (``create``: and create) the store.  ``create=False`` with no
         database yet gives an empty in-memory store, so read-only commands
-        never write to the host."""
+        never write to the host.
+
+        The store is never re-initialised behind the operator's back: a
+        ``state.db`` that is a symlink, not a regular file, or not an SQLite
+        database raises HostEnvironmentError naming a restore, and so does a
+        zero-length one while ``owned()`` (the devices on the host vgpuhost
+        may own: functions on vfio-pci, vGPUs) names any; with none, a
+        zero-length file (a creation a crash cut short) is initialised.  A
+        new store is built under a temporary name and linked into place, so
+        no process ever sees a half-created one.  A state dir that cannot
+        be written is reported as read-only.
+        """
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / DB_NAME
         self._local = threading.local()
         self._memory = False
-        if not create and not self.path.exists():
+        self._owned = owned
+        if not create and not os.path.lexists(self.path):
             self._memory = True
         else:
-            try:
-                self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as e:
-                raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
-                                           hint="pass --state-dir DIR to a writable directory") from None
-            if self.path.exists() and not self.path.is_file():
-                raise HostEnvironmentError(f"the state store {str(self.path)!r} is not a regular file",
-                                           hint="move it aside; vgpuhost starts a new one")
+            self._check_file(create)
+            if create and not os.path.lexists(self.path):
+                self._create()
         self._migrate()
+
+    def _check_file(self, create: bool) -> None:
+        """Refuse a state.db that is not plainly ours (see :meth:`__init__`)."""
+        import stat as _stat
+        where = str(self.path)
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise HostEnvironmentError(f"cannot read the state store {where!r}: {e.strerror}",
+                                       hint="run as root, or check the state dir's permissions") from None
+        if st is not None:
+            if _stat.S_ISLNK(st.st_mode):
+                raise HostEnvironmentError(
+                    f"the state store {where!r} is a symlink; vgpuhost refuses to follow it",
+                    hint=f"replace it with the database itself (restore it from a backup), or pass "
+                         f"--state-dir DIR naming the directory that holds it; {_KEEP}")
+            if not _stat.S_ISREG(st.st_mode):
+                raise HostEnvironmentError(f"the state store {where!r} is not a regular file",
+                                           hint=f"restore state.db from a backup; {_KEEP}")
+            if st.st_size == 0:
+                held = self._owned() if self._owned is not None else ["(unknown: not checked)"]
+                if held:
+                    raise HostEnvironmentError(
+                        f"the state store {where!r} is empty (zero length) while the host has devices "
+                        f"vgpuhost may own: {', '.join(held[:6])}{' ...' if len(held) > 6 else ''}",
+                        hint=f"restore state.db from a backup; {_KEEP}")
+                if create:
+                    self._check_writable()
+                    self._create(replace=True)
+        if create:
+            self._check_writable()
+
+    def _check_writable(self) -> None:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            if e.errno == _errno.EROFS:
+                raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is on a read-only file "
+                                           "system", hint="remount it read-write, or pass --state-dir DIR "
+                                                          "to a writable directory") from None
+            raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
+                                       hint="pass --state-dir DIR to a writable directory") from None
+        why = _read_only_reason(self.state_dir)
+        if why:
+            raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is read-only ({why})",
+                                       hint="vgpuhost records every device it changes there: make it writable "
+                                            "(remount read-write, fix its owner or mode) or run as root")
+
+    def _create(self, replace: bool = False) -> None:
+        """Build a new store under a temporary name, then link it into place (atomic)."""
+        tmp = self.state_dir / f".{DB_NAME}.{os.getpid()}.new"
+        try:
+            _unlink_quiet(tmp)
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for script in MIGRATIONS:
+                    for stmt in _statements(script):
+                        conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            if replace:
+                os.replace(tmp, self.path)
+            else:
+                try:
+                    os.link(tmp, self.path)     # fails when another process linked its store first
+                except FileExistsError:
+                    pass
+        except (OSError, sqlite3.Error) as e:
+            raise HostEnvironmentError(f"cannot create the state store {str(self.path)!r}: {e}",
+                                       hint="check the state dir's permissions and free space") from None
+        finally:
+            _unlink_quiet(tmp)
+            for suffix in ("-wal", "-shm"):
+                _unlink_quiet(Path(str(tmp) + suffix))
 
     # --- connection ------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -286,11 +374,7 @@ class StateStore:
             try:
                 conn = _retry_locked(self._open)
             except sqlite3.Error as e:
-                damaged = isinstance(e, sqlite3.DatabaseError) and "not a database" in str(e)
-                raise HostEnvironmentError(
-                    f"cannot open the state store {str(self.path)!r}: {e}",
-                    hint=("it is damaged: move it aside (vgpuhost starts a new one) or restore a backup"
-                          if damaged else "check the state dir's permissions and free space")) from None
+                raise store_error(self.path, e) from None
             self._local.conn = conn
         return conn
 
@@ -327,14 +411,17 @@ class StateStore:
             conn.execute("COMMIT")
 
     def _migrate(self) -> None:
-        current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
+        try:
+            current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as e:
+            raise store_error(self.path, e) from None
         if current == len(MIGRATIONS):
             return          # current (the common case: every hook call): no write lock taken
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version < 0:
                 raise HostEnvironmentError(f"the state store {str(self.path)!r} has an invalid schema "
-                                           f"version {version}", hint="move it aside; vgpuhost starts a new one")
+                                           f"version {version}", hint=f"restore state.db from a backup; {_KEEP}")
             if version > len(MIGRATIONS):
                 raise HostEnvironmentError(
                     f"the state store {str(self.path)!r} has schema version {version}, newer than this "
@@ -541,6 +628,45 @@ def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = N
     if owner is None:
         return conn.execute("DELETE FROM vgpus WHERE id = ?", (vgpu_id,)).rowcount
     return conn.execute("DELETE FROM vgpus WHERE id = ? AND owner = ?", (vgpu_id, owner)).rowcount
+
+
+#: the advice every damaged-store message carries (never "move it aside": that drops every record)
+_KEEP = ("keep this file: it records which devices vgpuhost changed and their original drivers, "
+         "and a new store would forget them")
+
+
+def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnvironmentError:
+    """The one-line error for an SQLite failure on the store at ``path`` (exit 2)."""
+    text = str(e)
+    low = text.lower()
+    if "readonly" in low or "read-only" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} is read-only ({text})",
+                                    hint="make the state dir and state.db writable (remount read-write, fix "
+                                         "owner or mode) or run as root")
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} is damaged ({text})",
+                                    hint=f"restore state.db from a backup; {_KEEP}")
+    return HostEnvironmentError(f"the state store {str(path)!r} is unusable ({text})",
+                                hint="check the state dir's permissions and free space")
+
+
+def _read_only_reason(directory: Path) -> "Optional[str]":
+    """Why ``directory`` cannot be written (read-only file system, no permission); None when it can."""
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"no write permission for uid {os.geteuid()}"
+    return None
+
+
+def _unlink_quiet(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 _AUDIT_INSERT = ("INSERT INTO audit (time, actor, operation, path, value, result, errno) "

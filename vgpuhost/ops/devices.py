@@ -76,7 +76,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..policy.iommu import group_endpoints
     inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
-    store = StateStore(host.state_dir)
+    store = StateStore(host.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
                   passthrough_records=store.passthrough_records() if checked.passthrough else (),
@@ -208,7 +208,7 @@ def release(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
     from ..io.state import DB_NAME, StateStore
     if not is_file(host.state_dir / DB_NAME):
         return []
-    return release_domain(host, StateStore(host.state_dir), view.uuid, actor=actor)
+    return release_domain(host, StateStore(host.state_dir, owned=lambda: _owned(host)), view.uuid, actor=actor)
 
 
 def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:
@@ -241,3 +241,9 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
                           hint="they stay recorded for this domain; fix the cause and run "
                                "'vgpuhost vgpu remove ID --owner UUID' / 'vgpuhost passthrough release BDF'")
     return done
+
+
+def _owned(host):
+    """Devices vgpuhost may own (read only when state.db is an empty file)."""
+    from ..observe.ownable import devices_vgpuhost_may_own
+    return devices_vgpuhost_may_own(host)
