@@ -41,6 +41,21 @@ the last allocation and sample time (microseconds) per device, so a
 restarted sampler neither loses nor counts twice; ``meter_gaps``, spans
 with no utilisation samples; ``meter_state`` (``last_tick_us``).
 
+Version 7 adds the intent journal and audit outcomes:
+- ``journal``: one row per device operation (passthrough prepare/release,
+  vGPU create/remove), written before its first write: kind, operation
+  text, owner, actor, GPU and IOMMU group, the devices as JSON (functions
+  with their original driver and ``driver_override``; a vGPU with its id,
+  parent and type, ``creating`` before its create write), the planned
+  steps as JSON, how many steps completed, state (``open`` until the
+  operation ends; then ``closed``, ``rolled-back`` or ``finished`` by
+  reconcile), the pid, open and close times and an outcome line.
+- ``audit_outcome``: a device write's audit row is inserted *before* the
+  write (result ``pending``) and its outcome (``ok`` or the errno name)
+  here after it, so a write cut off by kill -9 still has its row.
+  :meth:`StateStore.audit_rows` joins them; a row with no outcome reads
+  ``interrupted`` once no live process owns it.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -218,12 +233,48 @@ MIGRATIONS: Sequence[str] = (
         value TEXT NOT NULL
     );
     """,
+    # 7: the intent journal of device operations, and audit outcomes (audit rows are written as intent)
+    """
+    CREATE TABLE journal (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind        TEXT NOT NULL,
+        operation   TEXT NOT NULL,
+        owner       TEXT NOT NULL,
+        actor       TEXT NOT NULL,
+        gpu         TEXT NOT NULL,
+        iommu_group INTEGER,
+        devices     TEXT NOT NULL,
+        steps       TEXT NOT NULL,
+        done        INTEGER NOT NULL DEFAULT 0,
+        state       TEXT NOT NULL DEFAULT 'open',
+        pid         INTEGER NOT NULL,
+        opened      TEXT NOT NULL,
+        closed      TEXT,
+        outcome     TEXT
+    );
+    CREATE INDEX journal_state ON journal(state);
+    CREATE TABLE audit_outcome (
+        audit_id INTEGER PRIMARY KEY REFERENCES audit(id),
+        result   TEXT NOT NULL,
+        errno    INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TRIGGER audit_outcome_no_update BEFORE UPDATE ON audit_outcome
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER audit_outcome_no_delete BEFORE DELETE ON audit_outcome
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    """,
 )
 
 
 def utcnow() -> str:
     """Now as ``2026-11-29T23:40:01.123456+00:00``."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+#: the result of an audit row written before its write, until the outcome is recorded
+PENDING = "pending"
+#: the result shown for a write whose process died before recording the outcome
+INTERRUPTED = "interrupted"
 
 
 @record(frozen=True)
@@ -236,6 +287,43 @@ class AuditRow:
     value: str
     result: str
     errno: int
+
+    def _replace_result(self, result: str) -> "AuditRow":
+        return AuditRow(self.id, self.time, self.actor, self.operation, self.path, self.value, result, self.errno)
+
+
+@record(frozen=True)
+class JournalEntry:
+    """One intent-journal entry (see the module docstring, version 5)."""
+
+    id: int
+    kind: str
+    operation: str
+    owner: str
+    actor: str
+    gpu: str
+    iommu_group: Optional[int]
+    devices: list
+    steps: list
+    done: int
+    state: str
+    pid: int
+    opened: str
+    closed: Optional[str]
+    outcome: Optional[str]
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @record(frozen=True)
@@ -449,14 +537,83 @@ class StateStore:
             result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
         self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result, err))
 
+    def audit_intent(self, *, actor: str, operation: str, path: str, value: str) -> int:
+        """Append the audit row of a write about to happen (result ``pending``); its id.
+
+        Committed at once, before the write: a process killed during the
+        write still leaves its row.  :meth:`audit_outcome` completes it.
+        """
+        return self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value,
+                                                    PENDING, 0)).lastrowid
+
+    def audit_outcome(self, audit_id: int, err: int = 0) -> None:
+        """Record how the write of audit row ``audit_id`` ended (0 = ok, else its errno)."""
+        result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
+        self._conn().execute("INSERT OR IGNORE INTO audit_outcome VALUES (?, ?, ?)", (audit_id, result, err))
+
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
-        """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given."""
-        sql = "SELECT id, time, actor, operation, path, value, result, errno FROM audit"
+        """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given.
+
+        A row written as intent shows its outcome; one whose process died
+        before the outcome was written (no open journal entry of a live
+        process explains it) reads ``interrupted``.
+        """
+        sql = ("SELECT a.id, a.time, a.actor, a.operation, a.path, a.value, COALESCE(o.result, a.result), "
+               "COALESCE(o.errno, a.errno) FROM audit a LEFT JOIN audit_outcome o ON o.audit_id = a.id")
         args: tuple = ()
         if since:
-            sql += " WHERE time >= ?"
+            sql += " WHERE a.time >= ?"
             args = (since,)
-        return [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY id", args)]
+        rows = [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY a.id", args)]
+        if any(r.result == PENDING for r in rows):
+            live = {e.actor for e in self.journal_entries(open_only=True) if _pid_alive(e.pid)}
+            rows = [r._replace_result(INTERRUPTED) if r.result == PENDING and r.actor not in live else r
+                    for r in rows]
+        return rows
+
+    # --- the intent journal ------------------------------------------------------
+    def journal_open(self, *, kind: str, operation: str, owner: str, actor: str, gpu: str,
+                     group: Optional[int], devices: list, steps: Sequence[str]) -> int:
+        """Open a journal entry before an operation's first write; its id (committed at once)."""
+        import json
+        with self.transaction() as conn:
+            return conn.execute(
+                "INSERT INTO journal (kind, operation, owner, actor, gpu, iommu_group, devices, steps, pid, opened) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (kind, operation, owner, actor, gpu, group, json.dumps(devices, sort_keys=True),
+                 json.dumps(list(steps)), os.getpid(), utcnow())).lastrowid
+
+    def journal_update(self, entry_id: int, *, devices: Optional[list] = None, done: Optional[int] = None) -> None:
+        """Record progress: the devices as they now stand, and/or the number of completed steps."""
+        import json
+        if devices is not None:
+            self._conn().execute("UPDATE journal SET devices = ? WHERE id = ?",
+                                 (json.dumps(devices, sort_keys=True), entry_id))
+        if done is not None:
+            self._conn().execute("UPDATE journal SET done = ? WHERE id = ?", (done, entry_id))
+
+    def journal_close(self, entry_id: int, *, state: str = "closed", outcome: str = "ok",
+                      conn: Optional[sqlite3.Connection] = None) -> None:
+        """Close an entry (``closed``: the operation ended; ``finished`` / ``rolled-back``: by reconcile)."""
+        (conn or self._conn()).execute("UPDATE journal SET state = ?, closed = ?, outcome = ? WHERE id = ?",
+                                       (state, utcnow(), outcome[:500], entry_id))
+
+    def journal_entries(self, *, open_only: bool = False, gpu: Optional[str] = None) -> List[JournalEntry]:
+        """Journal entries, oldest first (``open_only``: those still open; ``gpu``: touching that GPU)."""
+        import json
+        sql = ("SELECT id, kind, operation, owner, actor, gpu, iommu_group, devices, steps, done, state, pid, "
+               "opened, closed, outcome FROM journal")
+        where, args = [], []
+        if open_only:
+            where.append("state = 'open'")
+        if gpu is not None:
+            where.append("gpu = ?")
+            args.append(gpu)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return [JournalEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]),
+                             r[9], r[10], r[11], r[12], r[13], r[14])
+                for r in self._conn().execute(sql + " ORDER BY id", args)]
 
     # --- passthrough records ------------------------------------------------
     def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,

@@ -31,6 +31,7 @@ from ..io.locks import file_lock
 from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
 from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
 from ..plan.executor import Executor, describe
+from ..plan.journal import Journal
 from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
                           current_vgpu_type)
 from ..io.sysfs import Sysfs
@@ -189,6 +190,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         if dry_run:
             return out
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
+            _recover_first(host, store, decision.gpu, actor)
             inv2 = discover(fs)
             records2 = store.vgpu_records()
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
@@ -205,25 +207,30 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                           operation=f"vgpu create {name} owner={owner}")
             # the decision goes in the audit log beside the writes it led to
             store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
-            _do_create(ex, inv2, records2, backend, decision, vid, name, params)
-            with store.transaction() as conn:
-                put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
-                                          decision.type_id, name, owner, anti_affinity, params,
-                                          persist, utcnow()))
-            if persist:
-                try:
-                    ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
-                                        _mdevctl_json(decision.type_id, params))])
-                except SysfsError as e:
-                    ex.run([RemoveVgpu(backend, decision.parent, vid)])
-                    with store.transaction() as conn:
-                        delete_vgpu(conn, vid)
-                    raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
-                                      f"the vGPU {vid} was removed again",
-                                      hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
-                                           "without --persist") from e
-            out.writes = ex.writes
-            return out
+            ex.journal = Journal.start(store, kind="vgpu-create", operation=ex.operation, owner=owner,
+                                       actor=ex.actor, gpu=str(decision.gpu), group=None, steps=out.steps,
+                                       devices=[_journal_device(vid, backend, decision.gpu, decision.parent,
+                                                                decision.type_id, name, persist, "creating")])
+            with ex.journal:
+                _do_create(ex, inv2, records2, backend, decision, vid, name, params)
+                with store.transaction() as conn:
+                    put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
+                                              decision.type_id, name, owner, anti_affinity, params,
+                                              persist, utcnow()))
+                if persist:
+                    try:
+                        ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
+                                            _mdevctl_json(decision.type_id, params))])
+                    except SysfsError as e:
+                        ex.run([RemoveVgpu(backend, decision.parent, vid)])
+                        with store.transaction() as conn:
+                            delete_vgpu(conn, vid)
+                        raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                                          f"the vGPU {vid} was removed again",
+                                          hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
+                                               "without --persist") from e
+                out.writes = ex.writes
+                return out
     raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
 
@@ -492,6 +499,8 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
     with file_lock(store.state_dir, f"gpu-{gpu}") if not dry_run else _nolock():
+        if not dry_run:
+            _recover_first(host, store, gpu, actor)
         if not any(r.id == vid and r.owner == rec.owner for r in store.vgpu_records()):
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
@@ -510,19 +519,36 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu remove {vid} owner={rec.owner}")
-        if current is not None:
-            try:
-                ex.run([RemoveVgpu(rec.backend, parent, vid)])    # verified: DeviceError when still there
-            except SysfsError as e:
-                raise DeviceError(f"removing {vid} failed: {e.errno_name}"
-                                  + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
-                                  hint="stop the VM first") from e
-        with store.transaction() as conn:
-            delete_vgpu(conn, vid, owner=rec.owner)
-        if rec.persisted and fs.exists(mdevctl):
-            ex.run([RemoveConfig(mdevctl)])
-        out.writes = ex.writes
-        return out
+        ex.journal = Journal.start(store, kind="vgpu-remove", operation=ex.operation, owner=rec.owner,
+                                   actor=ex.actor, gpu=rec.gpu, group=None, steps=out.steps,
+                                   devices=[_journal_device(vid, rec.backend, rec.gpu, rec.parent, rec.type_id,
+                                                            rec.type_name, rec.persisted, "removing")])
+        with ex.journal:
+            if current is not None:
+                try:
+                    ex.run([RemoveVgpu(rec.backend, parent, vid)])    # verified: DeviceError when still there
+                except SysfsError as e:
+                    raise DeviceError(f"removing {vid} failed: {e.errno_name}"
+                                      + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
+                                      hint="stop the VM first") from e
+            with store.transaction() as conn:
+                delete_vgpu(conn, vid, owner=rec.owner)
+            if rec.persisted and fs.exists(mdevctl):
+                ex.run([RemoveConfig(mdevctl)])
+            out.writes = ex.writes
+            return out
+
+
+def _journal_device(vid: str, backend: str, gpu, parent, type_id: str, name: str, persist: bool,
+                    state: str) -> dict:
+    return {"id": vid, "backend": backend, "gpu": str(gpu), "parent": str(parent), "type_id": type_id,
+            "type_name": name, "persisted": bool(persist), "state": state}
+
+
+def _recover_first(host: HostRoot, store: StateStore, gpu, actor: Optional[str]) -> None:
+    """Finish or roll back what an interrupted operation left on this GPU (its lock held)."""
+    from .recover import recover_locked
+    recover_locked(host, store, gpu=str(gpu), actor=actor or actor_name())
 
 
 def _nolock():

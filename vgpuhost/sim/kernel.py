@@ -55,7 +55,9 @@ at its Nth write through this kernel or the simulated NVML (counted per
 process from 1, refused writes included).  ``VGPUHOST_SIM_KILL_WHEN=before`` (the default) kills
 before the write lands, ``after`` once it has landed (or been refused), so
 every point between two writes, and between a write and its record, can be
-hit.  Unset, nothing changes.
+hit.  Unset, nothing changes.  ``VGPUHOST_SIM_WRITE_LOG=FILE`` appends one
+line per write that landed (``path<TAB>value``, as the audit log spells
+them), so a test can check that no completed write went unaudited.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ def _rmtree(path: Path) -> None:
 _writes_made = 0
 KILL_AT_ENV = "VGPUHOST_SIM_KILL_AT"
 KILL_WHEN_ENV = "VGPUHOST_SIM_KILL_WHEN"
+WRITE_LOG_ENV = "VGPUHOST_SIM_WRITE_LOG"
 
 
 def _kill_point() -> "tuple":
@@ -317,6 +320,10 @@ class SimKernel:
         """
         with crash_point():
             self._write(path, value)
+            log = os.environ.get(WRITE_LOG_ENV)
+            if log:         # the writes that landed, for the fault-injection tests' audit check
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
 
     def _write(self, path: Path, value: str) -> None:
         with self.locked():
