@@ -313,7 +313,7 @@ class JournalEntry:
     outcome: Optional[str]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (signal 0)."""
     if pid == os.getpid():
         return True
@@ -566,7 +566,7 @@ class StateStore:
             args = (since,)
         rows = [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY a.id", args)]
         if any(r.result == PENDING for r in rows):
-            live = {e.actor for e in self.journal_entries(open_only=True) if _pid_alive(e.pid)}
+            live = {e.actor for e in self.journal_entries(open_only=True) if pid_alive(e.pid)}
             rows = [r._replace_result(INTERRUPTED) if r.result == PENDING and r.actor not in live else r
                     for r in rows]
         return rows

@@ -27,12 +27,12 @@ from contextlib import ExitStack
 
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
-from ..io.state import JournalEntry, StateStore, delete_vgpu
+from ..io.state import JournalEntry, StateStore, delete_vgpu, pid_alive
 from ..io.sysfs import Sysfs
 from ..model.errors import SysfsError, VgpuhostError
 from ..model.values import PciAddress, field, record
 from ..plan.executor import Executor
-from ..plan.steps import ANY_HOST_DRIVER
+from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, VerifyDriver
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -70,7 +70,7 @@ def open_entries(store: StateStore) -> List[JournalEntry]:
 
 def describe_open(entry: JournalEntry) -> str:
     """One line for ``reconcile --check``."""
-    alive = _alive(entry.pid)
+    alive = pid_alive(entry.pid)
     devs = ", ".join(d.get("bdf") or d.get("id") or "?" for d in entry.devices)
     return (f"journal #{entry.id} open since {entry.opened}: {entry.operation} (owner {entry.owner}, "
             f"{entry.done}/{len(entry.steps)} steps done; devices {devs})"
@@ -114,16 +114,6 @@ def _locks(store: StateStore, entry: JournalEntry) -> ExitStack:
     return stack
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _recover(host: HostRoot, store: StateStore, entry: JournalEntry, actor: str) -> Recovered:
     ex = Executor(host, store, actor=actor, operation=f"reconcile journal #{entry.id} ({entry.operation})")
     rep = Recovered(entry.id, entry.operation, entry.owner, "failed")
@@ -155,8 +145,29 @@ def _read(host: HostRoot, bdf: str):
     return _read_device(Sysfs(host), PciAddress.parse(bdf))
 
 
+def _give_back(host: HostRoot, ex: Executor, bdf: str, target: Optional[str]) -> None:
+    """Return one function to ``target`` (a driver, ANY_HOST_DRIVER, or None: no driver), override cleared.
+
+    The safe sequence of REFERENCE.md §1: clear ``driver_override``, unbind
+    from the driver it is on now, ``drivers_probe``, read ``driver`` back.
+    """
+    cur = _read(host, bdf)
+    addr = PciAddress.parse(bdf)
+    steps: list = []
+    if cur.driver_override is not None:
+        steps.append(SetDriverOverride(addr, None))
+    on_target = (cur.driver is not None and cur.driver != VFIO_PCI if target == ANY_HOST_DRIVER
+                 else cur.driver == target)
+    if not on_target:
+        if cur.driver is not None:
+            steps.append(Unbind(addr, cur.driver))
+        if target is not None:
+            steps.append(Probe(addr))
+        steps.append(VerifyDriver(addr, target))
+    ex.run(steps)
+
+
 def _prepare(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
-    from .passthrough import FunctionPlan, rollback_steps
     records = {r.bdf: r for r in store.passthrough_records()}
     now = {d["bdf"]: _read(host, d["bdf"]) for d in entry.devices}
     rep.devices = [d["bdf"] for d in entry.devices]
@@ -166,11 +177,10 @@ def _prepare(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntr
         return
     # roll back, companions first and the GPU last (the reverse of the bind order)
     for d in reversed(entry.devices):
-        cur = _read(host, d["bdf"])
+        cur = now[d["bdf"]]
         if cur.driver == d["driver"] and cur.driver_override == d["override"]:
             continue                    # as it was before (never touched, or already on vfio-pci)
-        fp = FunctionPlan(PciAddress.parse(d["bdf"]), d["driver"], VFIO_PCI, ())
-        ex.run(rollback_steps(fp, cur))
+        _give_back(host, ex, d["bdf"], d["driver"])
     with store.transaction() as conn:
         store.delete_passthrough(conn, [d["bdf"] for d in entry.devices if not d.get("recorded")])
     rep.result = "rolled-back"
@@ -179,18 +189,12 @@ def _prepare(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntr
 
 
 def _release(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
-    from .passthrough import plan_release
-
-    class _Rec:
-        def __init__(self, driver):
-            self.original_driver = driver
-
     rep.devices = [d["bdf"] for d in entry.devices]
-    endpoints = [_read(host, d["bdf"]) for d in entry.devices]
-    recs = {d["bdf"]: _Rec(d["target"]) for d in entry.devices
-            if d.get("target") != ANY_HOST_DRIVER and d.get("target") != VFIO_PCI}
-    for fp in plan_release(endpoints, recs):
-        ex.run(fp.steps)
+    for d in reversed(entry.devices):           # companions first, the GPU last
+        target = d.get("target")
+        if target == VFIO_PCI:
+            continue                            # not part of the release (left as it was)
+        _give_back(host, ex, d["bdf"], target)
     with store.transaction() as conn:
         store.delete_passthrough(conn, [d["bdf"] for d in entry.devices])
     rep.result = "finished"
@@ -230,9 +234,7 @@ def _destroy(host: HostRoot, ex: Executor, dev: dict) -> bool:
 
 def _drop_definition(host: HostRoot, ex: Executor, dev: dict) -> None:
     if dev.get("persisted") and dev["backend"] == BACKEND_MDEV:
-        path = host.mdevctl_d / dev["parent"] / dev["id"]
-        if os.path.lexists(path):
-            ex.fs.remove_config(path)
+        ex.fs.remove_config(host.mdevctl_d / dev["parent"] / dev["id"])     # False when absent
 
 
 def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
