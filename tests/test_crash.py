@@ -32,7 +32,7 @@ from typing import Callable, Dict, List
 import pytest
 
 from vgpuhost.cli.main import main
-from vgpuhost.hook import handler as hook
+from vgpuhost.hook import runtime as hook
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
