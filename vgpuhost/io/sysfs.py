@@ -196,7 +196,7 @@ class Sysfs:
         """
         p = Path(path)
         err = 0
-        self._intend(p, _audit_value(text))
+        self._intend(p, audit_value(text))
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
