@@ -327,16 +327,20 @@ def _hook_cycle(xml, host_check):
     return cycle
 
 
-def _turing_started(make_host):
-    host = make_host(yaml_text=TURING)
-    assert hook_op(host, "prepare", "begin", PT_XML)() == 0
+def _started(host, xml):
+    """What the hook's prepare begin does, without its process runtime (alarm, signals): a setup step."""
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.ops.devices import prepare as devices_prepare
+    devices_prepare(host, parse_domain(xml), actor="test setup")
     return host
+
+
+def _turing_started(make_host):
+    return _started(make_host(yaml_text=TURING), PT_XML)
 
 
 def _a40_started(make_host):
-    host = make_host("a40-mdev")
-    assert hook_op(host, "prepare", "begin", VGPU_XML)() == 0
-    return host
+    return _started(make_host("a40-mdev"), VGPU_XML)
 
 
 def _pt_restored(host) -> List[str]:
