@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sqlite3
 from typing import Callable, Dict, List
 
@@ -216,6 +217,8 @@ def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_m
                 problems += cycle(host, log)
             if problems:
                 failures.append(f"kill {when} write {n}/{total}: " + "; ".join(problems))
+            else:
+                shutil.rmtree(host.root, ignore_errors=True)     # hundreds of trees: keep /tmp small
     assert not failures, "\n".join(failures)
 
 

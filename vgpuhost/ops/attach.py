@@ -160,7 +160,7 @@ def _gpu_functions(inv: Inventory, gpu: PciAddress) -> Set[PciAddress]:
     group = inv.group_of(gpu)
     for m in (group.members if group is not None else ()):
         d = inv.devices.get(m)
-        if d is not None and not d.is_vf and not d.is_bridge:
+        if d is not None and not d.is_vf and not d.stays_in_group:
             out.add(m)
     return out
 

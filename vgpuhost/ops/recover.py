@@ -40,8 +40,6 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 VFIO_PCI = "vfio-pci"
 BACKEND_MDEV = "mdev"
-#: how long a remove that meets EBUSY is retried (qemu can hold an mdev briefly after it exits)
-REMOVE_RETRY_S = 10.0
 
 
 @record
@@ -212,24 +210,40 @@ def _current_type(host: HostRoot, dev: dict) -> Optional[str]:
     return cur if cur and cur != "0" else None
 
 
-def _destroy(host: HostRoot, ex: Executor, dev: dict) -> bool:
-    """Remove the vGPU ``dev`` names; False when the kernel still says EBUSY after the retry window."""
+#: how long a vGPU removal that meets EBUSY is retried: qemu can hold an mdev for a moment after
+#: it exits (Proxmox VE waits up to 10 s for the same reason)
+REMOVE_RETRY_S = 10.0
+REMOVE_RETRY_INTERVAL_S = 0.25
+
+
+def destroy_retrying(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
+    """Remove vGPU ``vid`` (mdev ``remove`` <- 1; vendor VFIO ``current_vgpu_type`` <- 0), retried
+    on EBUSY within :data:`REMOVE_RETRY_S` seconds; raises the last SysfsError."""
     import time
-    if dev["backend"] == BACKEND_MDEV:
-        path, value = host.mdev_devices / dev["id"] / "remove", "1"
+    host = fs.host
+    if backend == BACKEND_MDEV:
+        path, value = host.mdev_devices / vid / "remove", "1"
     else:
-        path, value = host.pci_device(dev["parent"]) / "nvidia" / "current_vgpu_type", "0"
+        path, value = host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0"
     deadline = time.monotonic() + REMOVE_RETRY_S
     while True:
         try:
-            ex.fs.write(path, value)
-            return True
+            return fs.write(path, value)
         except SysfsError as e:
-            if e.errno != errno.EBUSY:
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
                 raise
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.5)
+            time.sleep(REMOVE_RETRY_INTERVAL_S)
+
+
+def _destroy(host: HostRoot, ex: Executor, dev: dict) -> bool:
+    """Remove the vGPU ``dev`` names; False when the kernel still says EBUSY after the retry window."""
+    try:
+        destroy_retrying(ex.fs, dev["backend"], PciAddress.parse(dev["parent"]), dev["id"])
+        return True
+    except SysfsError as e:
+        if e.errno != errno.EBUSY:
+            raise
+        return False
 
 
 def _drop_definition(host: HostRoot, ex: Executor, dev: dict) -> None:
@@ -271,4 +285,4 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "recover_locked", "open_entries", "describe_open", "REMOVE_RETRY_S"]
+__all__ = ["Recovered", "recover_all", "recover_locked", "open_entries", "describe_open", "destroy_retrying", "REMOVE_RETRY_S"]

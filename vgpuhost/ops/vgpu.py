@@ -34,6 +34,7 @@ from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
                           current_vgpu_type)
+from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
@@ -494,6 +495,12 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     if owner is not None and rec.owner != owner:
         raise RefusedError(f"vGPU {vid} now belongs to {rec.owner}, not {owner}: left alone",
                            hint="a late release for an earlier owner never removes the next owner's vGPU")
+    if owner is None:
+        running = store.active_domains()
+        if rec.owner in running:
+            raise RefusedError(f"vGPU {vid} is in use by running domain {running[rec.owner]} ({rec.owner}): "
+                               "left alone", hint="stop the domain first; its qemu hook removes the vGPU when "
+                                                  "it stops (or 'vgpuhost detach DOMAIN ID' takes it back)")
     gpu = PciAddress.parse(rec.gpu)
     parent = PciAddress.parse(rec.parent)
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
@@ -526,11 +533,18 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
         with ex.journal:
             if current is not None:
                 try:
-                    ex.run([RemoveVgpu(rec.backend, parent, vid)])    # verified: DeviceError when still there
+                    destroy_retrying(ex.fs, rec.backend, parent, vid)     # EBUSY retried for a while
                 except SysfsError as e:
-                    raise DeviceError(f"removing {vid} failed: {e.errno_name}"
-                                      + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
-                                      hint="stop the VM first") from e
+                    if e.errno == errno.EBUSY:
+                        ex.journal.keep_open()      # "remove pending": reconcile (and the next operation
+                        raise DeviceError(          # on this GPU) finishes it once the device is free
+                            f"removing {vid} failed: EBUSY for {REMOVE_RETRY_S:g} s (busy: a VM still uses it); "
+                            "the removal stays pending", hint="'vgpuhost reconcile' (or the next operation on "
+                                                              f"{rec.gpu}) finishes it once the device is free") from e
+                    raise DeviceError(f"removing {vid} failed: {e.errno_name}", hint="see 'vgpuhost audit'") from e
+                if current_vgpu_type(ex.fs, rec.backend, parent, vid) is not None:
+                    raise DeviceError(f"removing {vid} reported success but it is still there",
+                                      hint="check dmesg and the NVIDIA vGPU manager")
             with store.transaction() as conn:
                 delete_vgpu(conn, vid, owner=rec.owner)
             if rec.persisted and fs.exists(mdevctl):

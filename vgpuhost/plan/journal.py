@@ -45,6 +45,7 @@ class Journal:
         self.id = entry_id
         self.planned = steps
         self.done = 0
+        self._keep = False
 
     @classmethod
     def start(cls, store: StateStore, *, kind: str, operation: str, owner: str, actor: str, gpu: str,
@@ -73,10 +74,17 @@ class Journal:
     def close(self, outcome: str = "ok") -> None:
         self.store.journal_close(self.id, state="closed", outcome=outcome)
 
+    def keep_open(self) -> None:
+        """Leave the entry open when the block ends (work left pending for reconcile, e.g. an
+        mdev removal the kernel still refuses with EBUSY)."""
+        self._keep = True
+
     def __enter__(self) -> "Journal":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self._keep:
+            return
         if exc_type is None:
             self.close("ok")
         elif isinstance(exc, Exception):
