@@ -209,3 +209,103 @@ def test_e_vgpu_remove_refuses_a_running_domains_vgpu(make_host, capsys):
     store.domain_stopped(dom)                                # stopped: the operator may take it
     code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
     assert code == 0, err
+
+
+# ---------------------------------------------------------------------------
+# f. a layout's vGPUs are lent to domains (the pool model)
+
+POOL_LAYOUT = """
+version: 1
+layouts:
+  vdi:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu:
+          types: {A40-8Q: 6}
+"""
+DOM_F1 = "11111111-2222-4333-8444-0000000000f1"
+DOM_F2 = "11111111-2222-4333-8444-0000000000f2"
+UUID_F1 = "aaaaaaaa-2222-4333-8444-0000000000f1"
+
+
+def _hook(host, op, sub, xml):
+    import io
+    from vgpuhost.hook import runtime as handler
+    err = io.StringIO()
+    rc = handler.main(["vm", op, sub, "-"], io.BytesIO(xml.encode()), err, host=host)
+    return rc, err.getvalue()
+
+
+def _mdev_xml(dom, uuid, profile="A40-8Q"):
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    from test_hook import domain_xml, mdev_hostdev
+    return domain_xml("vm", dom, Metadata(vgpus=[VgpuRequest(profile, uuid=uuid)]), [mdev_hostdev(uuid)])
+
+
+def test_f_a_layouts_vgpus_are_lent_to_domains_and_given_back(make_host, tmp_path, capsys):
+    host = make_host("a40-mdev")
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text(POOL_LAYOUT)
+    assert cli(capsys, host, "apply", "-c", str(cfg))[0] == 0
+    store = StateStore(host.state_dir)
+    pool = sorted(r.id for r in store.vgpu_records(owner="layout"))
+    assert len(pool) == 6
+    # a domain attached with --profile (its own UUID): the GPU is full of the layout's vGPUs
+    xml = _mdev_xml(DOM_F1, UUID_F1)
+    rc, err = _hook(host, "prepare", "begin", xml)
+    assert rc == 0, err                                     # "no A40-8Q instance free" before
+    (mine,) = store.vgpu_records(owner=DOM_F1)
+    assert (mine.id, mine.pool) == (UUID_F1, "layout") and (host.mdev_devices / UUID_F1).exists()
+    assert len(list(host.mdev_devices.iterdir())) == 6      # a slot handed over, not a 7th vGPU
+    assert cli(capsys, host, "assert", "-c", str(cfg))[0] == 0     # the layout still counts 6
+    assert cli(capsys, host, "apply", "-c", str(cfg))[0] == 0
+    assert len(list(host.mdev_devices.iterdir())) == 6 and store.vgpu_records(owner=DOM_F1)
+    rc, err = _hook(host, "release", "end", xml)
+    assert rc == 0, err
+    assert store.vgpu_records(owner=DOM_F1) == [] and len(store.vgpu_records(owner="layout")) == 6
+    assert (host.mdev_devices / UUID_F1).exists()            # given back to the pool, not removed
+    assert cli(capsys, host, "assert", "-c", str(cfg))[0] == 0
+    # a domain naming one of the pool's vGPUs (attach --uuid) claims it with no write
+    named = sorted(r.id for r in store.vgpu_records(owner="layout") if r.id != UUID_F1)[0]
+    writes = len(store.audit_rows())
+    xml2 = _mdev_xml(DOM_F2, named)
+    rc, err = _hook(host, "prepare", "begin", xml2)
+    assert rc == 0, err
+    assert [r.id for r in store.vgpu_records(owner=DOM_F2)] == [named]
+    assert not [r for r in store.audit_rows()[writes:] if r.path.startswith("/sys")]
+    assert _hook(host, "release", "end", xml2)[0] == 0
+    assert len(store.vgpu_records(owner="layout")) == 6 and len(list(host.mdev_devices.iterdir())) == 6
+
+
+def test_f_attach_uuid_names_one_of_the_layouts_vgpus(make_host, tmp_path, capsys):
+    import libvirt
+    from vgpuhost.ops.attach import attach
+    host = make_host("a40-mdev")
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text(POOL_LAYOUT)
+    assert cli(capsys, host, "apply", "-c", str(cfg))[0] == 0
+    store = StateStore(host.state_dir)
+    named = sorted(r.id for r in store.vgpu_records(owner="layout"))[0]
+    conn = libvirt.open("test:///default")
+    try:
+        conn.defineXML("<domain type='test'><name>pool-vm</name><memory>65536</memory><os><type>hvm</type>"
+                       "</os><devices/></domain>")
+        out = attach(host, store, "test:///default", "pool-vm", uuid=named)
+        assert [d.id for d in out.devices] == [named] and out.devices[0].profile == "A40-8Q"
+        xml = conn.lookupByName("pool-vm").XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        assert f"uuid='{named}'" in xml or f'uuid="{named}"' in xml
+        with pytest.raises(RefusedError):                   # one domain per pooled vGPU
+            conn.defineXML("<domain type='test'><name>pool-vm2</name><memory>65536</memory><os><type>hvm"
+                           "</type></os><devices/></domain>")
+            attach(host, store, "test:///default", "pool-vm2", uuid=named)
+        from vgpuhost.model.errors import InputError
+        with pytest.raises(InputError):                      # not a vGPU vgpuhost knows
+            attach(host, store, "test:///default", "pool-vm2", uuid="aaaaaaaa-2222-4333-8444-00000000dead")
+    finally:
+        for n in ("pool-vm", "pool-vm2"):
+            try:
+                conn.lookupByName(n).undefine()
+            except libvirt.libvirtError:
+                pass
+        conn.close()

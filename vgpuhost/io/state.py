@@ -56,6 +56,10 @@ Version 7 adds the intent journal and audit outcomes:
   :meth:`StateStore.audit_rows` joins them; a row with no outcome reads
   ``interrupted`` once no live process owns it.
 
+Version 7 adds ``vgpus.pool``: for a vGPU a domain claimed from a pool of
+pre-created ones (a layout's, at the hook's ``prepare begin``), the pool
+owner it goes back to at ``release end`` (NULL: the domain's own vGPU).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -262,6 +266,10 @@ MIGRATIONS: Sequence[str] = (
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
     CREATE TRIGGER audit_outcome_no_delete BEFORE DELETE ON audit_outcome
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    """,
+    # 7: the pool a domain's vGPU was claimed from (given back, not removed, at release)
+    """
+    ALTER TABLE vgpus ADD COLUMN pool TEXT;
     """,
 )
 
@@ -751,11 +759,12 @@ class VgpuRecord:
     params: Optional[str]
     persisted: bool
     time: str
+    pool: Optional[str] = None      # claimed from this pool owner (``layout``); None: the owner's own
 
 
 def _vgpu_record(row) -> VgpuRecord:
     return VgpuRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
-                      bool(row[9]), row[10])
+                      bool(row[9]), row[10], row[11] if len(row) > 11 else None)
 
 
 def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
@@ -775,9 +784,26 @@ def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
 
 
 def put_vgpu(conn: sqlite3.Connection, rec: VgpuRecord) -> None:
-    conn.execute("INSERT INTO vgpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO vgpus (id, backend, gpu, parent, type_id, type_name, owner, anti_affinity, params, "
+                 "persisted, time, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  (rec.id, rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name, rec.owner,
-                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time))
+                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time, rec.pool))
+
+
+def claim_vgpu(conn: sqlite3.Connection, vgpu_id: str, *, pool: str, owner: str) -> bool:
+    """Give pool ``pool``'s vGPU ``vgpu_id`` to ``owner`` (a domain); False when the pool no longer holds it."""
+    return conn.execute("UPDATE vgpus SET owner = ?, pool = ? WHERE id = ? AND owner = ?",
+                        (owner, pool, vgpu_id, pool)).rowcount == 1
+
+
+def give_back_vgpu(conn: sqlite3.Connection, vgpu_id: str, *, owner: str) -> Optional[str]:
+    """Return ``owner``'s claimed vGPU ``vgpu_id`` to its pool; the pool owner, None when not claimed."""
+    row = conn.execute("SELECT pool FROM vgpus WHERE id = ? AND owner = ? AND pool IS NOT NULL",
+                       (vgpu_id, owner)).fetchone()
+    if row is None:
+        return None
+    conn.execute("UPDATE vgpus SET owner = pool, pool = NULL WHERE id = ? AND owner = ?", (vgpu_id, owner))
+    return row[0]
 
 
 def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = None) -> int:

@@ -28,8 +28,8 @@ from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, Vg
 from ..io.hostroot import HostRoot
 from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover
 from ..io.locks import file_lock
-from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
-from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
+from ..policy.placement import LAYOUT, MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
+from ..io.state import StateStore, VgpuRecord, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
@@ -639,3 +639,62 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             except VgpuhostError as err:
                 report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
     return report
+
+
+# ---------------------------------------------------------------------------
+# the pool model: vGPUs a layout pre-created, lent to domains
+
+def claim(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: str, profile: str,
+          pool: str = LAYOUT, actor: Optional[str] = None) -> Optional[VgpuOutcome]:
+    """Lend pool ``pool``'s vGPU ``vgpu_id`` (an mdev UUID or VF BDF a domain names) to ``owner``.
+
+    No write to the host: the record's owner becomes ``owner`` and its
+    ``pool`` column remembers where it goes back (:func:`give_back`).  None
+    when ``vgpu_id`` is not a free vGPU of that pool with the profile
+    ``profile`` (case-insensitive) and present on the host with its type.
+    """
+    vid = _normalise_id(vgpu_id)
+    rec = next((r for r in store.vgpu_records() if r.id == vid), None)
+    if rec is None or rec.owner != pool or rec.type_name.lower() != profile.lower():
+        return None
+    with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
+        fs = Sysfs(host)
+        if current_vgpu_type(fs, rec.backend, PciAddress.parse(rec.parent), vid) != rec.type_id:
+            return None
+        with store.transaction() as conn:
+            if not claim_vgpu(conn, vid, pool=pool, owner=owner):
+                return None
+            store.audit(actor=actor or actor_name(), operation=f"vgpu claim {vid} owner={owner}",
+                        path="(pool)", value=f"{rec.type_name} from {pool}")
+    return VgpuOutcome("claim", changed=True, dry_run=False, id=vid, gpu=rec.gpu, parent=rec.parent,
+                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=owner,
+                       reason=f"claimed from the {pool}'s pool")
+
+
+def pool_candidates(store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
+                    allowed: Optional[Collection[PciAddress]] = None, owner: Optional[str] = None,
+                    pool: str = LAYOUT) -> List[VgpuRecord]:
+    """The pool's free vGPUs of ``profile``, first-fit order (GPU, then id), respecting a GPU pin,
+    the allow-list and one vGPU per domain per GPU (``owner``'s own vGPUs)."""
+    recs = store.vgpu_records()
+    mine = {r.gpu for r in recs if owner is not None and r.owner == owner}
+    allow = {str(a) for a in allowed} if allowed is not None else None
+    out = [r for r in recs if r.owner == pool and r.type_name.lower() == profile.lower()
+           and (gpu is None or r.gpu == str(gpu)) and (allow is None or r.gpu in allow) and r.gpu not in mine]
+    return sorted(out, key=lambda r: (r.gpu, r.id))
+
+
+def give_back(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: str,
+              actor: Optional[str] = None) -> Optional[str]:
+    """Return ``owner``'s claimed vGPU to its pool (no write to the host); the pool, None when it
+    was not claimed (then the caller removes it as the owner's own)."""
+    rec = next((r for r in store.vgpu_records() if r.id == vgpu_id), None)
+    if rec is None or rec.pool is None or rec.owner != owner:
+        return None
+    with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
+        with store.transaction() as conn:
+            pool = give_back_vgpu(conn, vgpu_id, owner=owner)
+            if pool is not None:
+                store.audit(actor=actor or actor_name(), operation=f"vgpu give back {vgpu_id} owner={owner}",
+                            path="(pool)", value=f"{rec.type_name} to {pool}")
+    return pool

@@ -339,6 +339,8 @@ class _GpuVgpus:
     layout_missing: List[VgpuEntry]      # recorded for the layout, absent from the host
     layout_mismatched: List[VgpuEntry]
     others: List[VgpuEntry]              # present: manual, a domain's, or foreign
+    #: the layout's vGPUs a domain claimed (pool model): counted as the layout's, never removed by it
+    claimed: List[VgpuEntry] = field(default_factory=list)
 
 
 class _Walker:
@@ -451,11 +453,13 @@ class _Walker:
     def vgpus_of(self, g: Gpu) -> _GpuVgpus:
         bdf = str(g.address)
         mine = self._vgpus_of.get(bdf, [])
+        claimed = {r.id for r in self.view.records if getattr(r, "pool", None) == LAYOUT}
         return _GpuVgpus(
             [e for e in mine if e.owner == LAYOUT and e.state == "active"],
             [e for e in mine if e.owner == LAYOUT and e.state == "missing"],
             [e for e in mine if e.owner == LAYOUT and e.state == "mismatched"],
-            [e for e in mine if e.owner != LAYOUT and e.state != "missing"])
+            [e for e in mine if e.owner != LAYOUT and e.state != "missing"],
+            [e for e in mine if e.id in claimed and e.state == "active"])
 
     def _holder(self, e) -> str:
         if e.owner is None:
@@ -592,12 +596,16 @@ class _Walker:
         have: Dict[str, List[Any]] = {}
         for e in vg.layout_active:
             have.setdefault((e.type_name or e.type_id).lower(), []).append(e)
+        lent: Dict[str, int] = {}          # claimed by domains (pool model): the layout's, in use
+        for e in vg.claimed:
+            key = (e.type_name or e.type_id).lower()
+            lent[key] = lent.get(key, 0) + 1
         missing: Dict[str, List[Any]] = {}
         for e in vg.layout_missing:
             missing.setdefault((e.type_name or e.type_id).lower(), []).append(e)
         for key in sorted(set(want) | set(have)):
             name, n = want[key] if key in want else (self.spelled(g, have[key][0].type_name or key), 0)
-            h = len(have.get(key, []))
+            h = len(have.get(key, [])) + lent.get(key, 0)
             if h != n:
                 self.diff(f"{bdf} vgpu {name} x{n} (host has {h})")
         for key, es in sorted(missing.items()):
@@ -620,9 +628,10 @@ class _Walker:
                     self.spelled(g, _type_name(have.get(key, []) + missing.get(key, []), key)), 0)
                 present = sorted(have.get(key, []), key=lambda e: self._time(e.id))
                 gone = missing.get(key, [])
-                for e in present[n:][::-1]:
-                    removes.append((e, f"layout wants {n} {name}, host has {len(present)}"))
-                room = max(0, n - len(present))
+                free = max(0, n - lent.get(key, 0))      # claimed ones stay with their domains
+                for e in present[free:][::-1]:
+                    removes.append((e, f"layout wants {n} {name}, host has {len(present) + lent.get(key, 0)}"))
+                room = max(0, free - len(present))
                 for e in gone:
                     if room:
                         recreates.append(e)
