@@ -332,3 +332,30 @@ def test_c_a_pf_with_vfs_enabled_is_refused_with_the_fix(make_host, capsys):
     with pytest.raises(SysfsError) as ei:
         fs.write(host.pci_drivers / "vfio-pci" / "bind", gpu)
     assert ei.value.errno == 16
+
+
+# ---------------------------------------------------------------------------
+# h. modprobe-config with vfio-pci built into the kernel: the kernel command line, not modprobe.d
+
+BUILTIN_VFIO = """
+version: 1
+name: builtin-vfio
+host:
+  modules: [vfio, vfio_iommu_type1, nvidia, snd_hda_intel]
+  builtin_modules: [vfio_pci, vfio_pci_core]
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0"}
+  - {bdf: "0000:81:00.1", model: nvidia-hda, upstream: "0000:80:03.0"}
+"""
+
+
+def test_h_modprobe_config_with_builtin_vfio_pci_gives_the_kernel_command_line(make_host, capsys):
+    host = make_host(yaml_text=BUILTIN_VFIO)
+    code, out, err = cli(capsys, host, "passthrough", "modprobe-config", "0000:81:00.0")
+    assert code == 0, err
+    assert "vfio-pci.ids=10de:2235,10de:1aef" in out and "kernel command line" in out
+    assert "options vfio-pci" not in out and "modprobe.d options are ignored" in out
+    host2 = make_host("a40-mdev")                          # a loadable module: modprobe.d as before
+    code, out, _ = cli(capsys, host2, "passthrough", "modprobe-config", "0000:81:00.0")
+    assert code == 0 and "options vfio-pci ids=" in out

@@ -397,10 +397,20 @@ def modprobe_config(inv: Inventory, gpu: PciAddress, fs: Sysfs,
             mod = fs.link_name(fs.host.pci_driver(drv) / "module") or drv.replace("-", "_")
             if mod not in mods:
                 mods.append(mod)
-    lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
-             "# put in /etc/modprobe.d/vfio.conf, then update-initramfs -u (or dracut -f) and reboot"]
     others = [str(d.address) for d in inv.devices.values()
               if d.ids in ids and d.address not in {e.address for e in endpoints}]
+    if "vfio_pci" in inv.host.modules_builtin:
+        # a built-in vfio-pci never reads /etc/modprobe.d: its options come from the kernel command line
+        lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
+                 "# vfio-pci is built into this kernel, so /etc/modprobe.d options are ignored: add these to the",
+                 "# kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub) and reboot"]
+        if others:
+            lines.append("# WARNING: these ids also match " + ", ".join(sorted(others)) +
+                         ", which would be bound to vfio-pci too")
+        lines.append(f"vfio-pci.ids={','.join(ids)}")
+        return "\n".join(lines) + "\n"
+    lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
+             "# put in /etc/modprobe.d/vfio.conf, then update-initramfs -u (or dracut -f) and reboot"]
     if others:
         lines.append("# WARNING: these ids also match " + ", ".join(sorted(others)) +
                      ", which would be bound to vfio-pci too")
