@@ -56,7 +56,7 @@ Version 7 adds the intent journal and audit outcomes:
   :meth:`StateStore.audit_rows` joins them; a row with no outcome reads
   ``interrupted`` once no live process owns it.
 
-Version 7 adds ``vgpus.pool``: for a vGPU a domain claimed from a pool of
+Version 8 adds ``vgpus.pool``: for a vGPU a domain claimed from a pool of
 pre-created ones (a layout's, at the hook's ``prepare begin``), the pool
 owner it goes back to at ``release end`` (NULL: the domain's own vGPU).
 
@@ -267,7 +267,7 @@ MIGRATIONS: Sequence[str] = (
     CREATE TRIGGER audit_outcome_no_delete BEFORE DELETE ON audit_outcome
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
     """,
-    # 7: the pool a domain's vGPU was claimed from (given back, not removed, at release)
+    # 8: the pool a domain's vGPU was claimed from (given back, not removed, at release)
     """
     ALTER TABLE vgpus ADD COLUMN pool TEXT;
     """,
