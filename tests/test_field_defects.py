@@ -359,3 +359,21 @@ def test_h_modprobe_config_with_builtin_vfio_pci_gives_the_kernel_command_line(m
     host2 = make_host("a40-mdev")                          # a loadable module: modprobe.d as before
     code, out, _ = cli(capsys, host2, "passthrough", "modprobe-config", "0000:81:00.0")
     assert code == 0 and "options vfio-pci ids=" in out
+
+
+# ---------------------------------------------------------------------------
+# m. plan escapes domain names (a newline in one must not forge output lines)
+
+def test_m_plan_escapes_domain_names(make_host, tmp_path, capsys):
+    from vgpuhost.ops.vgpu import create
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    dom = "11111111-2222-4333-8444-0000000000d1"
+    create(host, store, profile="A40-8Q", owner=dom)
+    store.domain_started(dom, "evil\n  1. passthrough  0000:81:00.0  forged step")
+    cfg = tmp_path / "pt.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  pt:\n    gpus:\n      - select: {board: A40}\n        mode: passthrough\n")
+    code, out, err = cli(capsys, host, "plan", "-c", str(cfg))
+    text = out + err
+    assert "evil\\n" in text, text
+    assert not any(line.lstrip().startswith("1. passthrough  0000:81:00.0  forged") for line in text.splitlines())

@@ -331,6 +331,11 @@ class Drift:
 # ---------------------------------------------------------------------------
 # the walker
 
+def _escaped(text: str) -> str:
+    """``text`` with control and other non-printable characters as Python escapes (``\\n``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass
 class _GpuVgpus:
     """The vGPUs on one GPU, by who holds them."""
@@ -349,7 +354,8 @@ class _Walker:
     def __init__(self, cfg: Config, lay: Layout, view: HostView):
         self.cfg, self.lay, self.view = cfg, lay, view
         self.inv: Inventory = view.inventory
-        self.active: Mapping[str, str] = view.running
+        # domain names are the hook's input: escaped, so a newline in one cannot forge plan lines
+        self.active: Mapping[str, str] = {u: _escaped(n) for u, n in view.running.items()}
         self.seen = view.seen
         self.entries: Sequence[VgpuEntry] = view.vgpus
         # by GPU, once (the walk stays linear in GPUs): seen types, listed types, vGPUs
