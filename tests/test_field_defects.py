@@ -377,3 +377,15 @@ def test_m_plan_escapes_domain_names(make_host, tmp_path, capsys):
     text = out + err
     assert "evil\\n" in text, text
     assert not any(line.lstrip().startswith("1. passthrough  0000:81:00.0  forged") for line in text.splitlines())
+
+
+def test_m_scheduler_persist_is_refused_for_a_board_without_vgpu(make_host, capsys):
+    host = make_host("turing-consumer")                     # a GeForce RTX 2080: no vGPU
+    code, _, err = cli(capsys, host, "scheduler", "set", "--policy", "equal-share", "--gpu", "0000:01:00.0",
+                       "--persist")
+    assert code == 2 and "no vGPU support" in err, err
+    assert not (host.root / "etc/modprobe.d/vgpuhost-scheduler.conf").exists()
+    host2 = make_host("a40-mdev")                           # a vGPU board: written as before
+    code, _, err = cli(capsys, host2, "scheduler", "set", "--policy", "equal-share", "--gpu", "0000:81:00.0",
+                       "--persist")
+    assert code == 0, err
