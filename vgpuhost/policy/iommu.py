@@ -97,10 +97,6 @@ def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDev
                    "remove them first")
     if not inv.host.module_present("vfio_pci"):
         out.append("the vfio-pci driver is not loaded: modprobe vfio-pci")
-    if dev.sriov_numvfs and dev.driver != VFIO_PCI:
-        out.append(f"{gpu} has {dev.sriov_numvfs} SR-IOV VFs enabled, and vfio-pci does not bind a PF with VFs "
-                   f"(the kernel refuses it): disable them first (/usr/lib/nvidia/sriov-manage -d {gpu}, or "
-                   f"echo 0 > /sys/bus/pci/devices/{gpu}/sriov_numvfs)")
     return out
 
 
