@@ -85,7 +85,7 @@ def test_install_writes_both_units_with_paths_filled_in(tmp_path, capsys):
     assert layout["ConditionPathExists"] == ["/etc/vgpuhost/site.yaml"]
     assert layout["ExecStart"][0].endswith(f" vgpuhost-layout {EXE} apply -c /etc/vgpuhost/site.yaml training")
     assert reconcile["ExecStart"][0].endswith(f" vgpuhost-reconcile {EXE} reconcile")
-    assert ('VGPUHOST_RETRIES=6 VGPUHOST_RETRY_DELAY=10 "VGPUHOST_RETRY_EXITS=2 3"' in layout["Environment"])
+    assert ('VGPUHOST_RETRIES=6 VGPUHOST_RETRY_DELAY=10 "VGPUHOST_RETRY_EXITS=3 5"' in layout["Environment"])
     assert layout["ExecStartPre"] == [f"{EXE} config check -c /etc/vgpuhost/site.yaml",
                                       f"{EXE} reconcile --forget-domains"]
     assert reconcile["ExecStartPre"] == [f"{EXE} reconcile --forget-domains"]

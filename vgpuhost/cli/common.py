@@ -70,7 +70,8 @@ def emit(ctx: Context, doc, text: str, json_flag: bool = False) -> None:
 def store(ctx: Context, *, write: bool = True):
     """The state store; ``write=False`` (list, audit, checks, dry runs) never creates one."""
     from ..io.state import StateStore
-    return StateStore(ctx.host.state_dir, create=write)
+    from ..observe.ownable import devices_vgpuhost_may_own
+    return StateStore(ctx.host.state_dir, create=write, owned=lambda: devices_vgpuhost_may_own(ctx.host))
 
 
 def parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):

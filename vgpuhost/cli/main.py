@@ -20,7 +20,7 @@ import click
 
 from .. import __version__
 from ..io.state import StoreError
-from ..model.errors import EXIT_INPUT, EXIT_OK, VgpuhostError
+from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, VgpuhostError
 from . import (agent, audit, hook, host, layout, metering, mig, passthrough, reconcile, scheduler, sim, tenant, units,
                vgpu, virt)
 from .common import EXIT_INTERNAL, Context, printable  # noqa: F401 (Context: the root group's obj, for callers)
@@ -73,7 +73,11 @@ def main(argv=None) -> int:
         return e.exit_code
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.Abort:
+    except click.Abort as e:
+        # click turns KeyboardInterrupt (Ctrl-C, and SIGTERM through _sigterm) into Abort
+        if isinstance(e.__context__, KeyboardInterrupt) or isinstance(e.__cause__, KeyboardInterrupt):
+            click.echo("vgpuhost: interrupted (any half-done group was rolled back)", err=True)
+            return EXIT_INTERRUPTED
         click.echo("vgpuhost: aborted", err=True)
         return EXIT_INPUT
     except click.UsageError as e:
@@ -95,10 +99,10 @@ def main(argv=None) -> int:
         return EXIT_INPUT
     except KeyboardInterrupt:
         click.echo("vgpuhost: interrupted (any half-done group was rolled back)", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except StoreError as e:    # the state store is damaged or unreachable
-        click.echo(f"vgpuhost: error: the state store is unusable ({printable(str(e))}); move state.db "
-                   "aside (vgpuhost starts a new one) or restore it from a backup", err=True)
+        from ..io.state import store_error
+        click.echo(f"vgpuhost: error: {printable(store_error('state.db', e).one_line())}", err=True)
         return EXIT_INPUT
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT

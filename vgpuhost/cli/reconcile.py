@@ -1,8 +1,10 @@
 """`vgpuhost reconcile [--check] [--forget-domains]`: the host and the records agree again.
 
-Logic lives in :mod:`vgpuhost.ops.vgpu` (reconcile) and :mod:`vgpuhost.ops.devices`
-(``--forget-domains``: what the qemu hook's ``release end`` would have
-released); exits 1 when ``--check`` finds the two disagree.
+Logic lives in :mod:`vgpuhost.ops.recover` (the intent journal: operations
+an interruption cut short are finished or rolled back first), :mod:`vgpuhost.ops.vgpu`
+(reconcile) and :mod:`vgpuhost.ops.devices` (``--forget-domains``: what the
+qemu hook's ``release end`` would have released); exits 1 when ``--check``
+finds the two disagree or an open journal entry.
 """
 
 from __future__ import annotations
@@ -32,19 +34,38 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
             raise click.UsageError("--forget-domains changes the state; it does not go with --check")
         _forget_domains(ctx)
         return
+    from ..io.process import actor as actor_name
+    from ..ops.recover import describe_open, open_entries, recover_all
+    st = store(ctx, write=not check)
+    journal_lines, journal_doc, journal_ok = [], [], True
+    if check:                       # the intent journal: open entries are interrupted operations
+        for e in open_entries(st):
+            journal_lines.append("open: " + describe_open(e))
+            journal_doc.append({"entry": e.id, "operation": e.operation, "owner": e.owner, "opened": e.opened,
+                                "done": e.done, "steps": e.steps, "devices": e.devices, "result": "open"})
+            journal_ok = False
+    else:                           # finish or roll back each, then re-create missing vGPUs
+        for r in recover_all(ctx.host, st, actor=actor_name("reconcile")):
+            journal_lines.append(r.line())
+            journal_doc.append(r.as_dict())
+            journal_ok = journal_ok and r.result in ("finished", "rolled-back")
     rep = None
     if not check:
         from .agentcall import forward
         rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
     if rep is None:
-        rep = reconcile(ctx.host, store(ctx, write=not check), check=check)
-    lines = []
+        rep = reconcile(ctx.host, st, check=check)
+    lines = list(journal_lines)
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
                          ("type changed", rep.mismatched), ("foreign (left alone)", rep.orphans)):
         lines += [f"{label}: {i}" for i in items]
-    lines.append("in sync" if rep.in_sync else "NOT in sync")
-    emit(ctx, rep.as_dict(), "\n".join(lines))
-    sys.exit(EXIT_OK if rep.in_sync else EXIT_PROBLEMS)
+    in_sync = rep.in_sync and journal_ok
+    lines.append("in sync" if in_sync else "NOT in sync")
+    doc = rep.as_dict()
+    doc["journal"] = journal_doc
+    doc["in_sync"] = in_sync
+    emit(ctx, doc, "\n".join(lines))
+    sys.exit(EXIT_OK if in_sync else EXIT_PROBLEMS)
 
 
 def _forget_domains(ctx: Context) -> None:

@@ -50,7 +50,7 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     """
     from ..model.errors import InputError
     from ..io.nvml import SchedulerState
-    from ..ops.scheduler import persist as do_persist, resolve_gpus, set_runtime
+    from ..ops.scheduler import persist as do_persist, refuse_boards_without_vgpu, resolve_gpus, set_runtime
     from ..model.values import PciAddress
     ctx = current()
     if bool(gpus) == all_gpus:
@@ -73,6 +73,7 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
         validate(state)                       # a bad value fails before the host is read
         if addrs:
             addrs = resolve_gpus(ctx.host, addrs, False)
+            refuse_boards_without_vgpu(ctx.host, addrs)
         out = do_persist(ctx.host, store(ctx, write=not dry_run), state, addrs or None, dry_run=dry_run)
         if ctx.json:
             emit(ctx, out.as_dict(), "")

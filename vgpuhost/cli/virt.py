@@ -153,6 +153,8 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--profile", metavar="NAME", help="A vGPU of this type (A40-8Q, L40S-4Q, H200X-1-18C).")
 @click.option("--passthrough", metavar="BDF", help="The whole GPU at BDF (every function of its IOMMU group).")
 @click.option("--gpu", metavar="BDF", help="vGPU: pin it to this GPU.")
+@click.option("--uuid", metavar="UUID", help="Name one existing vGPU of the layout's pool (classic mdev); "
+                                             "the hook lends it to the domain at each start.")
 @click.option("--tenant", metavar="T", help="Tenant name recorded in the domain's metadata.")
 @click.option("--strategy", type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]),
               help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).")
@@ -164,17 +166,17 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10); refused when taken.")
 @click.option("--live", is_flag=True, help="Classic mdev only: create it now and hot-plug it into the running domain.")
 @click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
-def attach_cmd(domain, profile, passthrough, gpu, tenant, strategy, anti_affinity, qos, display, ramfb, guest_slot,
+def attach_cmd(domain, profile, passthrough, gpu, uuid, tenant, strategy, anti_affinity, qos, display, ramfb, guest_slot,
                live, dry_run) -> None:
     """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""
     from ..ops.attach import attach
     from ..io.state import StateStore
     ctx = current()
     slot = _slot(guest_slot)
-    store = StateStore(ctx.host.state_dir, create=not dry_run)
+    store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
     out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
                  strategy=strategy, anti_affinity=anti_affinity, gpu=gpu, display=display, ramfb=ramfb,
-                 live=live, dry_run=dry_run, guest_slot=slot, qos=qos)
+                 live=live, dry_run=dry_run, guest_slot=slot, qos=qos, uuid=uuid)
     _emit_outcome(ctx, out)
 
 
@@ -191,9 +193,14 @@ def detach_cmd(domain, device, all_, dry_run) -> None:
     if device is not None and all_:
         raise InputError("give a DEVICE or --all, not both")
     ctx = current()
-    store = StateStore(ctx.host.state_dir, create=not dry_run)
+    store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
     out = detach(ctx.host, store, ctx.connect, domain, device=device, all=all_, dry_run=dry_run)
     _emit_outcome(ctx, out)
 
 
 COMMANDS += [attach_cmd, detach_cmd]
+
+
+def _owned(host):
+    from ..observe.ownable import devices_vgpuhost_may_own
+    return devices_vgpuhost_may_own(host)

@@ -156,8 +156,8 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         return e.exit_code
     except Exception as e:      # sqlite3.Error, OSError, a bug: still one line
         if type(e).__module__ == "sqlite3":
-            _say(err, f"vgpuhost: error: domain {name!r}: the state store is unusable ({e}); move "
-                      "state.db aside (vgpuhost starts a new one) or restore it from a backup")
+            from ..io.state import store_error
+            _say(err, f"vgpuhost: error: domain {name!r}: {store_error('state.db', e).one_line()}")
             return EXIT_INPUT
         if isinstance(e, OSError):
             _say(err, f"vgpuhost: error: domain {name!r}: {e.strerror or e}"

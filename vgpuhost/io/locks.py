@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..model.errors import HostEnvironmentError
+from ..model.errors import HostEnvironmentError, TransientError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -48,7 +48,7 @@ def file_lock(state_dir: "str | os.PathLike[str]", name: str, *,
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
-                    raise HostEnvironmentError(
+                    raise TransientError(
                         f"another vgpuhost operation has held lock {name!r} for over {timeout_s:.0f} s",
                         hint="wait for it to finish, or find it with: fuser -v "
                              f"{ldir / (name + '.lock')}") from None

@@ -52,7 +52,7 @@ import re
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from ..model.errors import HostEnvironmentError, InputError
+from ..model.errors import HostEnvironmentError, InputError, TransientError
 from .nvml import (DeviceFacts, GiProfile, GpuInstance, NvmlError, SchedulerCaps,
                    SchedulerState)
 from ..model.values import PciAddress
@@ -189,8 +189,9 @@ class PynvmlBackend:
                 except nv.NVMLError as e:
                     name = type(e).__name__
                     if name in _UNAVAILABLE:
-                        raise HostEnvironmentError(f"NVML is not available: {_UNAVAILABLE[name]}",
-                                                   hint=NVML_HINT) from None
+                        # a driver that is not loaded yet (boot) can come up: transient, exit 5
+                        cls_ = TransientError if name == "NVMLError_DriverNotLoaded" else HostEnvironmentError
+                        raise cls_(f"NVML is not available: {_UNAVAILABLE[name]}", hint=NVML_HINT) from None
                     raise NvmlError("nvmlInit", name, hint=_ERROR_HINTS.get(name)) from None
                 except OSError as e:   # a broken library file, not a missing one
                     raise HostEnvironmentError(f"NVML is not available: loading libnvidia-ml failed: {e}",

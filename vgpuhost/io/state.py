@@ -41,6 +41,25 @@ the last allocation and sample time (microseconds) per device, so a
 restarted sampler neither loses nor counts twice; ``meter_gaps``, spans
 with no utilisation samples; ``meter_state`` (``last_tick_us``).
 
+Version 7 adds the intent journal and audit outcomes:
+- ``journal``: one row per device operation (passthrough prepare/release,
+  vGPU create/remove), written before its first write: kind, operation
+  text, owner, actor, GPU and IOMMU group, the devices as JSON (functions
+  with their original driver and ``driver_override``; a vGPU with its id,
+  parent and type, ``creating`` before its create write), the planned
+  steps as JSON, how many steps completed, state (``open`` until the
+  operation ends; then ``closed``, ``rolled-back`` or ``finished`` by
+  reconcile), the pid, open and close times and an outcome line.
+- ``audit_outcome``: a device write's audit row is inserted *before* the
+  write (result ``pending``) and its outcome (``ok`` or the errno name)
+  here after it, so a write cut off by kill -9 still has its row.
+  :meth:`StateStore.audit_rows` joins them; a row with no outcome reads
+  ``interrupted`` once no live process owns it.
+
+Version 8 adds ``vgpus.pool``: for a vGPU a domain claimed from a pool of
+pre-created ones (a layout's, at the hook's ``prepare begin``), the pool
+owner it goes back to at ``release end`` (NULL: the domain's own vGPU).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -62,7 +81,7 @@ from ..model.values import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, Iterator, List, Optional, Sequence
+    from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 DB_NAME = "state.db"
 BUSY_TIMEOUT_MS = 60_000
@@ -218,12 +237,52 @@ MIGRATIONS: Sequence[str] = (
         value TEXT NOT NULL
     );
     """,
+    # 7: the intent journal of device operations, and audit outcomes (audit rows are written as intent)
+    """
+    CREATE TABLE journal (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind        TEXT NOT NULL,
+        operation   TEXT NOT NULL,
+        owner       TEXT NOT NULL,
+        actor       TEXT NOT NULL,
+        gpu         TEXT NOT NULL,
+        iommu_group INTEGER,
+        devices     TEXT NOT NULL,
+        steps       TEXT NOT NULL,
+        done        INTEGER NOT NULL DEFAULT 0,
+        state       TEXT NOT NULL DEFAULT 'open',
+        pid         INTEGER NOT NULL,
+        opened      TEXT NOT NULL,
+        closed      TEXT,
+        outcome     TEXT
+    );
+    CREATE INDEX journal_state ON journal(state);
+    CREATE TABLE audit_outcome (
+        audit_id INTEGER PRIMARY KEY REFERENCES audit(id),
+        result   TEXT NOT NULL,
+        errno    INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TRIGGER audit_outcome_no_update BEFORE UPDATE ON audit_outcome
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER audit_outcome_no_delete BEFORE DELETE ON audit_outcome
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    """,
+    # 8: the pool a domain's vGPU was claimed from (given back, not removed, at release)
+    """
+    ALTER TABLE vgpus ADD COLUMN pool TEXT;
+    """,
 )
 
 
 def utcnow() -> str:
     """Now as ``2026-11-29T23:40:01.123456+00:00``."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+#: the result of an audit row written before its write, until the outcome is recorded
+PENDING = "pending"
+#: the result shown for a write whose process died before recording the outcome
+INTERRUPTED = "interrupted"
 
 
 @record(frozen=True)
@@ -236,6 +295,43 @@ class AuditRow:
     value: str
     result: str
     errno: int
+
+    def _replace_result(self, result: str) -> "AuditRow":
+        return AuditRow(self.id, self.time, self.actor, self.operation, self.path, self.value, result, self.errno)
+
+
+@record(frozen=True)
+class JournalEntry:
+    """One intent-journal entry (see the module docstring, version 5)."""
+
+    id: int
+    kind: str
+    operation: str
+    owner: str
+    actor: str
+    gpu: str
+    iommu_group: Optional[int]
+    devices: list
+    steps: list
+    done: int
+    state: str
+    pid: int
+    opened: str
+    closed: Optional[str]
+    outcome: Optional[str]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @record(frozen=True)
@@ -258,26 +354,114 @@ class StateStore:
     database opened, and when the database is newer than this vgpuhost.
     """
 
-    def __init__(self, state_dir: "str | os.PathLike[str]", *, create: bool = True):
+    def __init__(self, state_dir: "str | os.PathLike[str]", *, create: bool = True,
+                 owned: "Optional[Callable[[], List[str]]]" = None):
         """Open (``create``: and create) the store.  ``create=False`` with no
         database yet gives an empty in-memory store, so read-only commands
-        never write to the host."""
+        never write to the host.
+
+        The store is never re-initialised behind the operator's back: a
+        ``state.db`` that is a symlink, not a regular file, or not an SQLite
+        database raises HostEnvironmentError naming a restore, and so does a
+        zero-length one while ``owned()`` (the devices on the host vgpuhost
+        may own: functions on vfio-pci, vGPUs) names any; with none, a
+        zero-length file (a creation a crash cut short) is initialised.  A
+        new store is built under a temporary name and linked into place, so
+        no process ever sees a half-created one.  A state dir that cannot
+        be written is reported as read-only.
+        """
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / DB_NAME
         self._local = threading.local()
         self._memory = False
-        if not create and not self.path.exists():
+        self._owned = owned
+        if not create and not os.path.lexists(self.path):
             self._memory = True
         else:
-            try:
-                self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as e:
-                raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
-                                           hint="pass --state-dir DIR to a writable directory") from None
-            if self.path.exists() and not self.path.is_file():
-                raise HostEnvironmentError(f"the state store {str(self.path)!r} is not a regular file",
-                                           hint="move it aside; vgpuhost starts a new one")
+            self._check_file(create)
+            if create and not os.path.lexists(self.path):
+                self._create()
         self._migrate()
+
+    def _check_file(self, create: bool) -> None:
+        """Refuse a state.db that is not plainly ours (see :meth:`__init__`)."""
+        import stat as _stat
+        where = str(self.path)
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise HostEnvironmentError(f"cannot read the state store {where!r}: {e.strerror}",
+                                       hint="run as root, or check the state dir's permissions") from None
+        if st is not None:
+            if _stat.S_ISLNK(st.st_mode):
+                raise HostEnvironmentError(
+                    f"the state store {where!r} is a symlink; vgpuhost refuses to follow it",
+                    hint=f"replace it with the database itself (restore it from a backup), or pass "
+                         f"--state-dir DIR naming the directory that holds it; {_KEEP}")
+            if not _stat.S_ISREG(st.st_mode):
+                raise HostEnvironmentError(f"the state store {where!r} is not a regular file",
+                                           hint=f"restore state.db from a backup; {_KEEP}")
+            if st.st_size == 0:
+                held = self._owned() if self._owned is not None else ["(unknown: not checked)"]
+                if held:
+                    raise HostEnvironmentError(
+                        f"the state store {where!r} is empty (zero length) while the host has devices "
+                        f"vgpuhost may own: {', '.join(held[:6])}{' ...' if len(held) > 6 else ''}",
+                        hint=f"restore state.db from a backup; {_KEEP}")
+                if create:
+                    self._check_writable()
+                    self._create(replace=True)
+        if create:
+            self._check_writable()
+
+    def _check_writable(self) -> None:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            if e.errno == _errno.EROFS:
+                raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is on a read-only file "
+                                           "system", hint="remount it read-write, or pass --state-dir DIR "
+                                                          "to a writable directory") from None
+            raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
+                                       hint="pass --state-dir DIR to a writable directory") from None
+        why = _read_only_reason(self.state_dir)
+        if why:
+            raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is read-only ({why})",
+                                       hint="vgpuhost records every device it changes there: make it writable "
+                                            "(remount read-write, fix its owner or mode) or run as root")
+
+    def _create(self, replace: bool = False) -> None:
+        """Build a new store under a temporary name, then link it into place (atomic)."""
+        tmp = self.state_dir / f".{DB_NAME}.{os.getpid()}.new"
+        try:
+            _unlink_quiet(tmp)
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for script in MIGRATIONS:
+                    for stmt in _statements(script):
+                        conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            if replace:
+                os.replace(tmp, self.path)
+            else:
+                try:
+                    os.link(tmp, self.path)     # fails when another process linked its store first
+                except FileExistsError:
+                    pass
+        except (OSError, sqlite3.Error) as e:
+            raise HostEnvironmentError(f"cannot create the state store {str(self.path)!r}: {e}",
+                                       hint="check the state dir's permissions and free space") from None
+        finally:
+            _unlink_quiet(tmp)
+            for suffix in ("-wal", "-shm"):
+                _unlink_quiet(Path(str(tmp) + suffix))
 
     # --- connection ------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -286,11 +470,7 @@ class StateStore:
             try:
                 conn = _retry_locked(self._open)
             except sqlite3.Error as e:
-                damaged = isinstance(e, sqlite3.DatabaseError) and "not a database" in str(e)
-                raise HostEnvironmentError(
-                    f"cannot open the state store {str(self.path)!r}: {e}",
-                    hint=("it is damaged: move it aside (vgpuhost starts a new one) or restore a backup"
-                          if damaged else "check the state dir's permissions and free space")) from None
+                raise store_error(self.path, e) from None
             self._local.conn = conn
         return conn
 
@@ -327,14 +507,17 @@ class StateStore:
             conn.execute("COMMIT")
 
     def _migrate(self) -> None:
-        current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
+        try:
+            current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as e:
+            raise store_error(self.path, e) from None
         if current == len(MIGRATIONS):
             return          # current (the common case: every hook call): no write lock taken
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version < 0:
                 raise HostEnvironmentError(f"the state store {str(self.path)!r} has an invalid schema "
-                                           f"version {version}", hint="move it aside; vgpuhost starts a new one")
+                                           f"version {version}", hint=f"restore state.db from a backup; {_KEEP}")
             if version > len(MIGRATIONS):
                 raise HostEnvironmentError(
                     f"the state store {str(self.path)!r} has schema version {version}, newer than this "
@@ -362,14 +545,83 @@ class StateStore:
             result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
         self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result, err))
 
+    def audit_intent(self, *, actor: str, operation: str, path: str, value: str) -> int:
+        """Append the audit row of a write about to happen (result ``pending``); its id.
+
+        Committed at once, before the write: a process killed during the
+        write still leaves its row.  :meth:`audit_outcome` completes it.
+        """
+        return self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value,
+                                                    PENDING, 0)).lastrowid
+
+    def audit_outcome(self, audit_id: int, err: int = 0) -> None:
+        """Record how the write of audit row ``audit_id`` ended (0 = ok, else its errno)."""
+        result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
+        self._conn().execute("INSERT OR IGNORE INTO audit_outcome VALUES (?, ?, ?)", (audit_id, result, err))
+
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
-        """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given."""
-        sql = "SELECT id, time, actor, operation, path, value, result, errno FROM audit"
+        """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given.
+
+        A row written as intent shows its outcome; one whose process died
+        before the outcome was written (no open journal entry of a live
+        process explains it) reads ``interrupted``.
+        """
+        sql = ("SELECT a.id, a.time, a.actor, a.operation, a.path, a.value, COALESCE(o.result, a.result), "
+               "COALESCE(o.errno, a.errno) FROM audit a LEFT JOIN audit_outcome o ON o.audit_id = a.id")
         args: tuple = ()
         if since:
-            sql += " WHERE time >= ?"
+            sql += " WHERE a.time >= ?"
             args = (since,)
-        return [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY id", args)]
+        rows = [AuditRow(*r) for r in self._conn().execute(sql + " ORDER BY a.id", args)]
+        if any(r.result == PENDING for r in rows):
+            live = {e.actor for e in self.journal_entries(open_only=True) if pid_alive(e.pid)}
+            rows = [r._replace_result(INTERRUPTED) if r.result == PENDING and r.actor not in live else r
+                    for r in rows]
+        return rows
+
+    # --- the intent journal ------------------------------------------------------
+    def journal_open(self, *, kind: str, operation: str, owner: str, actor: str, gpu: str,
+                     group: Optional[int], devices: list, steps: Sequence[str]) -> int:
+        """Open a journal entry before an operation's first write; its id (committed at once)."""
+        import json
+        with self.transaction() as conn:
+            return conn.execute(
+                "INSERT INTO journal (kind, operation, owner, actor, gpu, iommu_group, devices, steps, pid, opened) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (kind, operation, owner, actor, gpu, group, json.dumps(devices, sort_keys=True),
+                 json.dumps(list(steps)), os.getpid(), utcnow())).lastrowid
+
+    def journal_update(self, entry_id: int, *, devices: Optional[list] = None, done: Optional[int] = None) -> None:
+        """Record progress: the devices as they now stand, and/or the number of completed steps."""
+        import json
+        if devices is not None:
+            self._conn().execute("UPDATE journal SET devices = ? WHERE id = ?",
+                                 (json.dumps(devices, sort_keys=True), entry_id))
+        if done is not None:
+            self._conn().execute("UPDATE journal SET done = ? WHERE id = ?", (done, entry_id))
+
+    def journal_close(self, entry_id: int, *, state: str = "closed", outcome: str = "ok",
+                      conn: Optional[sqlite3.Connection] = None) -> None:
+        """Close an entry (``closed``: the operation ended; ``finished`` / ``rolled-back``: by reconcile)."""
+        (conn or self._conn()).execute("UPDATE journal SET state = ?, closed = ?, outcome = ? WHERE id = ?",
+                                       (state, utcnow(), outcome[:500], entry_id))
+
+    def journal_entries(self, *, open_only: bool = False, gpu: Optional[str] = None) -> List[JournalEntry]:
+        """Journal entries, oldest first (``open_only``: those still open; ``gpu``: touching that GPU)."""
+        import json
+        sql = ("SELECT id, kind, operation, owner, actor, gpu, iommu_group, devices, steps, done, state, pid, "
+               "opened, closed, outcome FROM journal")
+        where, args = [], []
+        if open_only:
+            where.append("state = 'open'")
+        if gpu is not None:
+            where.append("gpu = ?")
+            args.append(gpu)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return [JournalEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]),
+                             r[9], r[10], r[11], r[12], r[13], r[14])
+                for r in self._conn().execute(sql + " ORDER BY id", args)]
 
     # --- passthrough records ------------------------------------------------
     def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,
@@ -507,11 +759,12 @@ class VgpuRecord:
     params: Optional[str]
     persisted: bool
     time: str
+    pool: Optional[str] = None      # claimed from this pool owner (``layout``); None: the owner's own
 
 
 def _vgpu_record(row) -> VgpuRecord:
     return VgpuRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
-                      bool(row[9]), row[10])
+                      bool(row[9]), row[10], row[11] if len(row) > 11 else None)
 
 
 def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
@@ -531,9 +784,26 @@ def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
 
 
 def put_vgpu(conn: sqlite3.Connection, rec: VgpuRecord) -> None:
-    conn.execute("INSERT INTO vgpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO vgpus (id, backend, gpu, parent, type_id, type_name, owner, anti_affinity, params, "
+                 "persisted, time, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  (rec.id, rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name, rec.owner,
-                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time))
+                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time, rec.pool))
+
+
+def claim_vgpu(conn: sqlite3.Connection, vgpu_id: str, *, pool: str, owner: str) -> bool:
+    """Give pool ``pool``'s vGPU ``vgpu_id`` to ``owner`` (a domain); False when the pool no longer holds it."""
+    return conn.execute("UPDATE vgpus SET owner = ?, pool = ? WHERE id = ? AND owner = ?",
+                        (owner, pool, vgpu_id, pool)).rowcount == 1
+
+
+def give_back_vgpu(conn: sqlite3.Connection, vgpu_id: str, *, owner: str) -> Optional[str]:
+    """Return ``owner``'s claimed vGPU ``vgpu_id`` to its pool; the pool owner, None when not claimed."""
+    row = conn.execute("SELECT pool FROM vgpus WHERE id = ? AND owner = ? AND pool IS NOT NULL",
+                       (vgpu_id, owner)).fetchone()
+    if row is None:
+        return None
+    conn.execute("UPDATE vgpus SET owner = pool, pool = NULL WHERE id = ? AND owner = ?", (vgpu_id, owner))
+    return row[0]
 
 
 def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = None) -> int:
@@ -541,6 +811,45 @@ def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = N
     if owner is None:
         return conn.execute("DELETE FROM vgpus WHERE id = ?", (vgpu_id,)).rowcount
     return conn.execute("DELETE FROM vgpus WHERE id = ? AND owner = ?", (vgpu_id, owner)).rowcount
+
+
+#: the advice every damaged-store message carries (never "move it aside": that drops every record)
+_KEEP = ("keep this file: it records which devices vgpuhost changed and their original drivers, "
+         "and a new store would forget them")
+
+
+def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnvironmentError:
+    """The one-line error for an SQLite failure on the store at ``path`` (exit 2)."""
+    text = str(e)
+    low = text.lower()
+    if "readonly" in low or "read-only" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} is read-only ({text})",
+                                    hint="make the state dir and state.db writable (remount read-write, fix "
+                                         "owner or mode) or run as root")
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} is damaged ({text})",
+                                    hint=f"restore state.db from a backup; {_KEEP}")
+    return HostEnvironmentError(f"the state store {str(path)!r} is unusable ({text})",
+                                hint="check the state dir's permissions and free space")
+
+
+def _read_only_reason(directory: Path) -> "Optional[str]":
+    """Why ``directory`` cannot be written (read-only file system, no permission); None when it can."""
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"no write permission for uid {os.geteuid()}"
+    return None
+
+
+def _unlink_quiet(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 _AUDIT_INSERT = ("INSERT INTO audit (time, actor, operation, path, value, result, errno) "

@@ -29,6 +29,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     PathArg = Union[str, Path]
     #: called after every write attempt: (path, value, errno or 0)
     WriteObserver = Callable[[Path, str, int], None]
+    #: called before every write attempt: (path, value)
+    IntentObserver = Callable[[Path, str], None]
 
 MAX_READ_BYTES = 1 << 20
 
@@ -41,9 +43,14 @@ class Sysfs:
     ``SysfsError`` with ``value`` set.
     """
 
-    def __init__(self, host: HostRoot, *, observers: Optional[List[WriteObserver]] = None):
+    def __init__(self, host: HostRoot, *, observers: Optional[List[WriteObserver]] = None,
+                 intents: Optional[List[IntentObserver]] = None):
+        """``observers`` hear of every write attempt after it (path, value, errno or 0);
+        ``intents`` before it (path, value), so an audit row exists even for a write
+        whose process is killed while it runs."""
         self.host = host
         self.observers: List[WriteObserver] = list(observers or [])
+        self.intents: List[IntentObserver] = list(intents or [])
         from .backends import sysfs_kernel
         self._kernel = sysfs_kernel(host)    # the simulator stands in for the kernel on a simulated root
 
@@ -149,6 +156,7 @@ class Sysfs:
         """
         p = Path(path)
         err = 0
+        self._intend(p, value)
         try:
             if self._kernel is not None:
                 self._kernel.write(p, value)
@@ -165,6 +173,11 @@ class Sysfs:
         finally:
             self._notify(p, value, err)
 
+
+    def _intend(self, path: Path, value: str) -> None:
+        """Tell every intent observer (the audit log, written before the write) about one write."""
+        for obs in self.intents:
+            obs(path, value)
 
     def _notify(self, path: Path, value: str, err: int) -> None:
         """Tell every observer (the audit log) about one write attempt."""
@@ -183,6 +196,7 @@ class Sysfs:
         """
         p = Path(path)
         err = 0
+        self._intend(p, audit_value(text))
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
@@ -198,9 +212,13 @@ class Sysfs:
     def remove_config(self, path: PathArg) -> bool:
         """Remove a configuration file; False when it was not there."""
         p = Path(path)
+        if not os.path.lexists(p):
+            return False
+        self._intend(p, "<remove>")
         try:
             os.unlink(p)
         except FileNotFoundError:
+            self._notify(p, "<remove>", 0)
             return False
         except OSError as e:
             self._notify(p, "<remove>", e.errno or errno.EIO)

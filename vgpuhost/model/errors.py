@@ -3,8 +3,12 @@
 Owns: the error types and the exit code each maps to.  Must not: print,
 exit, or format tracebacks; the CLI and the hook turn these into one line.
 
-Exit codes (DESIGN.md): 0 ok, 1 check found problems / drift, 2 usage,
-input or environment error, 3 a device operation failed (rolled back).
+Exit codes (DESIGN.md; the README's table): 0 ok, 1 check found problems /
+drift, 2 usage, input or environment error, or a permanent refusal (nothing
+changed; retrying cannot help), 3 a device operation failed (rolled back),
+4 a bug, 5 a transient condition (nothing changed; the same command can
+succeed later: a lock another operation holds, the NVIDIA driver not loaded
+yet; the boot units retry it), 130 interrupted (SIGINT, SIGTERM).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_INPUT = 2
 EXIT_DEVICE = 3
+EXIT_INTERNAL = 4
+EXIT_TRANSIENT = 5
+EXIT_INTERRUPTED = 130
 
 
 class VgpuhostError(Exception):
@@ -48,6 +55,14 @@ class InputError(VgpuhostError):
 
 class HostEnvironmentError(VgpuhostError):
     """The host lacks something vgpuhost needs (a root, a library, a module)."""
+
+
+class TransientError(HostEnvironmentError):
+    """Nothing was changed, and the condition can clear by itself (exit 5): another
+    operation holds a lock, the NVIDIA driver or vGPU manager is not up yet.  The boot
+    units retry exit 5; they do not retry exit 2 (a permanent refusal)."""
+
+    exit_code = EXIT_TRANSIENT
 
 
 class SysfsError(VgpuhostError):

@@ -77,6 +77,14 @@ class PciDevice:
         return self.subclass == 0x0604
 
     @property
+    def stays_in_group(self) -> bool:
+        """A function passthrough leaves where it is: a PCI bridge (on pcieport), or a host
+        bridge (class 0x0600) with no driver, such as AMD's "PCIe Dummy Host Bridge" on
+        EPYC/Threadripper.  The kernel's VFIO viability check accepts both: a driverless
+        device holds no DMA (REFERENCE.md §1)."""
+        return self.is_bridge or (self.subclass == 0x0600 and self.driver is None)
+
+    @property
     def is_display(self) -> bool:
         return self.base_class == 0x03
 

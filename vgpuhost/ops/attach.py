@@ -160,7 +160,7 @@ def _gpu_functions(inv: Inventory, gpu: PciAddress) -> Set[PciAddress]:
     group = inv.group_of(gpu)
     for m in (group.members if group is not None else ()):
         d = inv.devices.get(m)
-        if d is not None and not d.is_vf and not d.is_bridge:
+        if d is not None and not d.is_vf and not d.stays_in_group:
             out.add(m)
     return out
 
@@ -313,7 +313,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
            tenant: Optional[str] = None, strategy: Optional[str] = None, anti_affinity: Optional[str] = None,
            gpu: "Optional[PciAddress | str]" = None, display: bool = False, ramfb: bool = False,
            live: bool = False, dry_run: bool = False, guest_slot: Optional[int] = None,
-           actor: Optional[str] = None, qos: Optional[str] = None) -> AttachOutcome:
+           actor: Optional[str] = None, uuid: Optional[str] = None, qos: Optional[str] = None) -> AttachOutcome:
     """Give ``domain`` a vGPU of ``profile`` or the GPU at ``passthrough``; one define call.
 
     ``conn_uri``: libvirt URI (None: ``$LIBVIRT_DEFAULT_URI`` or qemu:///system).
@@ -330,6 +330,30 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
     from ..policy.offers import offers, resolve_profile, seen_rows
 
     # --- input, before anything is read -----------------------------------------
+    pooled = None
+    if uuid is not None:
+        # the pool model: name one existing vGPU a layout pre-created; the hook lends it to the
+        # domain at 'prepare begin' and gives it back at 'release end'
+        from ..model.values import parse_uuid
+        uuid = parse_uuid(uuid)
+        if passthrough is not None:
+            raise InputError("--uuid names a vGPU; it does not go with --passthrough")
+        if live:
+            raise InputError("--uuid names a vGPU the hook lends at the domain's start; it does not go with --live")
+        pooled = next((r for r in store.vgpu_records() if r.id == uuid), None)
+        if pooled is None or pooled.backend != BACKEND_MDEV:
+            raise InputError(f"no classic mdev vGPU {uuid} recorded by vgpuhost",
+                             hint="'vgpuhost vgpu list' shows the vGPUs; a layout's are owned by 'layout'")
+        if pooled.owner != "layout":
+            raise RefusedError(f"vGPU {uuid} is owned by {pooled.owner}, not by the layout's pool",
+                               hint="--uuid names a vGPU 'vgpuhost apply' pre-created (owner layout)")
+        if profile is not None and profile.lower() != pooled.type_name.lower():
+            raise InputError(f"vGPU {uuid} is a {pooled.type_name}, not a {profile}",
+                             hint=f"leave --profile out, or give --profile {pooled.type_name}")
+        profile = pooled.type_name
+        if gpu is not None and str(gpu) != pooled.gpu:
+            raise InputError(f"vGPU {uuid} is on {pooled.gpu}, not on {gpu}", hint="leave --gpu out")
+        gpu = pooled.gpu
     if (profile is None) == (passthrough is None):
         raise InputError("give exactly one of --profile NAME or --passthrough BDF")
     if strategy is not None and strategy not in STRATEGIES:
@@ -408,7 +432,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
                                                  guest_slot, out)
         elif kind == KIND_MDEV:
             snippet, entry = _attach_mdev(inv, records, seen, doc, dom.name, meta, others, name, gpu, display,
-                                          ramfb, guest_slot)
+                                          ramfb, guest_slot, uuid=uuid)
         else:
             snippet, entry = _attach_vf(inv, records, seen, doc, dom.name, dom.uuid, meta, others, name, gpu,
                                         guest_slot, out, offers)
@@ -518,7 +542,7 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
 
 def _attach_mdev(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,
                  others: List[_Other], name: str, gpu: Optional[PciAddress], display: bool, ramfb: bool,
-                 guest_slot: Optional[int]) -> Tuple[str, DeviceEntry]:
+                 guest_slot: Optional[int], uuid: Optional[str] = None) -> Tuple[str, DeviceEntry]:
     if display and doc.graphics_count() == 0:
         raise RefusedError(f"--display needs a graphics device in domain {dname} (libvirt: display='on' needs "
                            "<graphics>)", hint="add one (virsh edit: <graphics type='vnc'/>), or drop --display")
@@ -534,7 +558,14 @@ def _attach_mdev(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta
         if gpu in passed:
             raise RefusedError(f"{gpu} is passed through to domain {passed[gpu]}: it offers no vGPUs",
                                hint="pin another GPU, or leave --gpu out")
-    uuid = str(_uuid.uuid4())
+    if uuid is not None:                # a pooled vGPU (--uuid): no other domain may name it
+        for o in others:
+            if uuid in o.view.mdev_uuids:
+                raise RefusedError(f"vGPU {uuid} is attached to domain {o.name} already",
+                                   hint="each domain needs its own device: name another of the pool's vGPUs")
+        if uuid in doc.view.mdev_uuids:
+            raise RefusedError(f"vGPU {uuid} is attached to {dname} already")
+    uuid = uuid or str(_uuid.uuid4())
     req = domxml.VgpuRequest(name, uuid=uuid, gpu=gpu)
     check_one_per_gpu(inv, records, seen, dname, meta.vgpus, req, set(passed))
     if guest_slot is not None:

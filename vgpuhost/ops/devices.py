@@ -76,7 +76,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..policy.iommu import group_endpoints
     inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
-    store = StateStore(host.state_dir)
+    store = StateStore(host.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
                   passthrough_records=store.passthrough_records() if checked.passthrough else (),
@@ -109,7 +109,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
                 vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
                                  inv if not made else None, grant.narrowed_by(req.device, checked.allowed))
                 if vid is not None:
-                    made.append(("vgpu", vid))
+                    made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
     except BaseException as e:
         failed = _undo(host, store, me, made, actor)
         if not was_active:
@@ -139,13 +139,29 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
                inv: "Optional[Inventory]" = None,
                narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)") -> Optional[str]:
-    """Create one requested vGPU; its id when this call made it, None when the domain already held it.
+    """Create one requested vGPU; its id when this call made it (``claim:ID`` when it was lent
+    from the layout's pool), None when the domain already held it.
+
+    The pool model first: a vGPU the layout pre-created that the domain names (its mdev
+    UUID, ``attach --uuid``, or its VF) is claimed as it is, with no write; otherwise, when
+    the layout holds a free one of the wanted profile on a GPU the domain may use, its slot
+    is handed over (the pool's mdev is removed, the domain's UUID created there, and the
+    domain's vGPU counts as the layout's, given back at release).  Only then is a vGPU
+    created from free capacity.
 
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
     """
     from . import vgpu
     meta = view.metadata
     me = view.uuid
+    wanted_id = str(req.vf) if req.vf is not None else req.uuid
+    if wanted_id is not None and vgpu.claim(host, store, wanted_id, owner=me, profile=req.profile,
+                                            actor=actor) is not None:
+        return "claim:" + wanted_id
+    if req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records()):
+        swapped = _swap_from_pool(host, store, view, req, allowed, actor)
+        if swapped is not None:
+            return swapped
     if req.vf is not None:
         out = vgpu.create(host, store, profile=req.profile, vf=req.vf, owner=me, strategy=meta.strategy,
                           anti_affinity=meta.anti_affinity, actor=actor, inventory=inv)
@@ -172,6 +188,29 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     return out.id
 
 
+def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed,
+                    actor: str) -> Optional[str]:
+    """Hand a free pool vGPU's slot to the domain's mdev UUID; ``claim:UUID``, or None (no free one)."""
+    from . import vgpu
+    me = view.uuid
+    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=req.gpu, allowed=allowed, owner=me):
+        try:
+            vgpu.remove(host, store, rec.id, owner=rec.owner, actor=actor)
+        except VgpuhostError:
+            continue                    # taken or busy meanwhile: the next one
+        try:
+            vgpu.create(host, store, profile=rec.type_name, uuid=req.uuid, gpu=PciAddress.parse(rec.gpu),
+                        owner=rec.owner, actor=actor)
+        except VgpuhostError:
+            # give the pool its vGPU back where it was, then try the next one
+            vgpu.create(host, store, profile=rec.type_name, uuid=rec.id if rec.backend == "mdev" else None,
+                        gpu=PciAddress.parse(rec.gpu), owner=rec.owner, actor=actor)
+            continue
+        if vgpu.claim(host, store, req.uuid, owner=me, profile=req.profile, pool=rec.owner, actor=actor):
+            return "claim:" + req.uuid
+    return None
+
+
 def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, object]], actor: str) -> List[str]:
     """Remove what this prepare made, last first; the ids that could not be undone."""
     old = None
@@ -183,7 +222,10 @@ def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, ob
     try:
         for kind, dev in reversed(made):
             try:
-                if kind == "vgpu":
+                if kind == "claim":
+                    from . import vgpu
+                    vgpu.give_back(host, store, str(dev), owner=me, actor=actor)
+                elif kind == "vgpu":
                     from . import vgpu
                     vgpu.remove(host, store, str(dev), owner=me, actor=actor)
                 else:
@@ -208,7 +250,7 @@ def release(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
     from ..io.state import DB_NAME, StateStore
     if not is_file(host.state_dir / DB_NAME):
         return []
-    return release_domain(host, StateStore(host.state_dir), view.uuid, actor=actor)
+    return release_domain(host, StateStore(host.state_dir, owned=lambda: _owned(host)), view.uuid, actor=actor)
 
 
 def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:
@@ -220,6 +262,9 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
         from . import vgpu
         for r in reversed(recs):
             try:
+                if r.pool is not None and vgpu.give_back(host, store, r.id, owner=me, actor=actor):
+                    done.append(r.id)           # lent from the layout's pool: it goes back, not away
+                    continue
                 vgpu.remove(host, store, r.id, owner=me, actor=actor)
                 done.append(r.id)
             except VgpuhostError as e:
@@ -241,3 +286,9 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
                           hint="they stay recorded for this domain; fix the cause and run "
                                "'vgpuhost vgpu remove ID --owner UUID' / 'vgpuhost passthrough release BDF'")
     return done
+
+
+def _owned(host):
+    """Devices vgpuhost may own (read only when state.db is an empty file)."""
+    from ..observe.ownable import devices_vgpuhost_may_own
+    return devices_vgpuhost_may_own(host)

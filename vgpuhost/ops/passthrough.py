@@ -34,6 +34,7 @@ from ..io.locks import file_lock
 from ..policy.placement import MANUAL, POOL_OWNERS, validate_owner
 from ..io.state import PassthroughRecord, StateStore, utcnow
 from ..plan.executor import Executor, describe
+from ..plan.journal import Journal
 from ..plan.passthrough import FunctionPlan, plan_prepare, plan_release, rollback_steps
 from ..plan.steps import RemoveConfig, WriteConfig
 from ..policy.iommu import VFIO_PCI, group_endpoints, prepare_blockers
@@ -107,6 +108,8 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
     inv = discover(Sysfs(host))
     group, endpoints, bridges = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
+        if not dry_run:
+            _recover_first(host, store, gpu, group, actor)
         fs = Sysfs(host)
         inv = discover(fs)                  # fresh, under the lock
         group, endpoints, bridges = group_endpoints(inv, gpu)
@@ -145,6 +148,23 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough prepare {gpu}")
+        old_records = {r.bdf: r for r in store.passthrough_records()}
+        journal = Journal.start(store, kind="passthrough-prepare", operation=ex.operation, owner=owner,
+                                actor=ex.actor, gpu=str(gpu), group=group, steps=out.steps, devices=[
+                                    {"bdf": str(d.address), "driver": d.driver, "override": d.driver_override,
+                                     "target": VFIO_PCI, "recorded": str(d.address) in old_records}
+                                    for d in endpoints])
+        ex.journal = journal
+        with journal:
+            return _prepare_writes(host, store, ex, gpu, group, endpoints, plans, out, persist, persist_steps,
+                                   owner)
+
+
+def _prepare_writes(host: HostRoot, store: StateStore, ex: Executor, gpu: PciAddress, group: int,
+                    endpoints: Sequence[PciDevice], plans: List[FunctionPlan], out: Outcome, persist: bool,
+                    persist_steps: list, owner: str) -> Outcome:
+    """The writes and records of :func:`prepare` (under its locks and journal entry), with rollback."""
+    if True:
         done: List[FunctionPlan] = []
         for fp in plans:
             try:
@@ -202,6 +222,8 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
     inv = discover(Sysfs(host))
     group, endpoints, _ = group_endpoints(inv, gpu)
     with _locks(store, group, gpu, dry_run):
+        if not dry_run:
+            _recover_first(host, store, gpu, group, actor)
         inv = discover(Sysfs(host))
         group, endpoints, _ = group_endpoints(inv, gpu)
         records = {r.bdf: r for r in store.passthrough_records()}
@@ -246,6 +268,24 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough release {gpu}")
+        targets = {str(fp.bdf): fp.target_driver for fp in plans}
+        journal = Journal.start(store, kind="passthrough-release", operation=ex.operation,
+                                owner=group_holder(store, endpoints, records) or MANUAL, actor=ex.actor,
+                                gpu=str(gpu), group=group, steps=out.steps, devices=[
+                                    {"bdf": str(d.address), "driver": d.driver, "override": d.driver_override,
+                                     "target": (targets[str(d.address)] if str(d.address) in targets
+                                                else d.driver),
+                                     "recorded": str(d.address) in records}
+                                    for d in endpoints])
+        ex.journal = journal
+        with journal:
+            return _release_writes(host, store, ex, endpoints, plans, out, persist, persisted)
+
+
+def _release_writes(host: HostRoot, store: StateStore, ex: Executor, endpoints: Sequence[PciDevice],
+                    plans: List[FunctionPlan], out: Outcome, persist: bool, persisted: list) -> Outcome:
+    """The writes of :func:`release` (under its locks and journal entry)."""
+    if True:
         released, errors = [], []
         for fp in plans:
             try:
@@ -270,6 +310,12 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                               hint="fix the cause and run release again; 'vgpuhost audit' has every write")
         out.writes = ex.writes
         return out
+
+
+def _recover_first(host: HostRoot, store: StateStore, gpu: PciAddress, group: int, actor: Optional[str]) -> None:
+    """Finish or roll back what an interrupted operation left on this group or GPU (locks held)."""
+    from .recover import recover_locked
+    recover_locked(host, store, gpu=str(gpu), group=group, actor=actor or actor_name())
 
 
 def group_holder(store: StateStore, endpoints: Sequence[PciDevice],
@@ -351,10 +397,20 @@ def modprobe_config(inv: Inventory, gpu: PciAddress, fs: Sysfs,
             mod = fs.link_name(fs.host.pci_driver(drv) / "module") or drv.replace("-", "_")
             if mod not in mods:
                 mods.append(mod)
-    lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
-             "# put in /etc/modprobe.d/vfio.conf, then update-initramfs -u (or dracut -f) and reboot"]
     others = [str(d.address) for d in inv.devices.values()
               if d.ids in ids and d.address not in {e.address for e in endpoints}]
+    if "vfio_pci" in inv.host.modules_builtin:
+        # a built-in vfio-pci never reads /etc/modprobe.d: its options come from the kernel command line
+        lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
+                 "# vfio-pci is built into this kernel, so /etc/modprobe.d options are ignored: add these to the",
+                 "# kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub) and reboot"]
+        if others:
+            lines.append("# WARNING: these ids also match " + ", ".join(sorted(others)) +
+                         ", which would be bound to vfio-pci too")
+        lines.append(f"vfio-pci.ids={','.join(ids)}")
+        return "\n".join(lines) + "\n"
+    lines = [f"# vgpuhost: bind IOMMU group of {gpu} to vfio-pci at boot",
+             "# put in /etc/modprobe.d/vfio.conf, then update-initramfs -u (or dracut -f) and reboot"]
     if others:
         lines.append("# WARNING: these ids also match " + ", ".join(sorted(others)) +
                      ", which would be bound to vfio-pci too")

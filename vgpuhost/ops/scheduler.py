@@ -122,6 +122,24 @@ def host_gpus(host: HostRoot) -> List[PciAddress]:
     return [g.address for g in discover(Sysfs(host), with_types=False).gpus]
 
 
+def refuse_boards_without_vgpu(host: HostRoot, gpus: Sequence[PciAddress]) -> None:
+    """RefusedError (exit 2) for a GPU whose board has no vGPU support (a GeForce, say): the
+    vGPU scheduler setting would be written for a GPU that never runs the vGPU manager.
+
+    The board's vGPU types come from the catalog (``vgpuhost/sim/catalog.yaml``, REFERENCE.md §4);
+    a board the catalog does not list is given the benefit of the doubt."""
+    from ..io.catalog import load_catalog
+    from ..io.sysfs import Sysfs
+    fs = Sysfs(host)
+    models = {m.ids.device: m for m in load_catalog().gpus.values()}
+    for g in gpus:
+        dev = fs.read_int(host.pci_device(g) / "device", default=None)
+        m = models.get(dev) if dev is not None else None
+        if m is not None and not m.vgpu_types:
+            raise RefusedError(f"{g} is a {m.marketing_name}, which has no vGPU support: the vGPU scheduler does "
+                               "not apply to it", hint="name a GPU that runs vGPUs (vgpuhost types lists them)")
+
+
 def resolve_gpus(host: HostRoot, gpus: Sequence[PciAddress], all_gpus: bool) -> List[PciAddress]:
     known = host_gpus(host)
     if all_gpus:

@@ -325,6 +325,13 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             pin = dev.physfn if dev is not None else pin
         name = vgpu_offers.resolve_profile(inv, records, v.profile, pin, seen)
         offers = vgpu_offers.offers(inv, records, name, seen)
+        # the pool model: a layout's free vGPU of this profile is lent at the start (ops.devices)
+        lendable: Dict[str, int] = {}
+        for r in records:
+            if r.owner == "layout" and r.type_name.lower() == name.lower():
+                lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
+        offers = [replace(o, available=o.available + lendable[str(o.gpu)], note="",
+                          parents=o.parents or (o.gpu,)) if lendable.get(str(o.gpu)) else o for o in offers]
         if allowed is not None:
             offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
                                                          "allow-list") for o in offers]

@@ -18,9 +18,11 @@ SR-IOV, MIG mode and GPU instances that recorded vGPUs need).  The vGPU
 manager can come up late, so each unit retries its command
 ``VGPUHOST_RETRIES`` times, ``VGPUHOST_RETRY_DELAY`` seconds apart, inside
 one start job.  Only the exits that can go away are retried, as each
-unit lists them in ``VGPUHOST_RETRY_EXITS``: 2 (the environment is not
-ready: NVML or the vGPU manager not loaded yet) and 3 (a device operation
-failed), plus 1 for reconcile (a re-creation failed).  A bad config file
+unit lists them in ``VGPUHOST_RETRY_EXITS``: 5 (a transient condition:
+the NVIDIA driver not loaded yet, a lock another operation holds) and 3 (a
+device operation failed), plus 1 for reconcile (a re-creation failed).
+Exit 2 is a permanent refusal (a blocked plan, no capacity, bad input) and
+is not retried: it cannot clear by waiting.  A bad config file
 cannot pass on a later try, so the layout unit checks it first
 (``ExecStartPre=vgpuhost config check``), without retries; any other exit
 (4 a bug, 126/127 no executable) stops the loop at once: every try delays
@@ -60,8 +62,8 @@ START_TIMEOUT_SLACK = 600     # seconds on top of the retry delays: the commands
 
 SCHEMA = "vgpuhost.install-units/v1"
 
-RETRY_EXITS = {"vgpuhost-layout.service": "2 3",      # environment not ready yet; a device operation failed
-               "vgpuhost-reconcile.service": "1 2 3"}  # ... and a re-creation failed
+RETRY_EXITS = {"vgpuhost-layout.service": "3 5",      # a device operation failed; not ready yet (transient)
+               "vgpuhost-reconcile.service": "1 3 5"}  # ... and a re-creation failed
 
 # $0 names the unit in messages; "$@" is the command.  Non-numeric settings
 # fall back to one try / 10 s rather than looping forever.  Only the exits in

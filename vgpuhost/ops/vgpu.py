@@ -28,11 +28,13 @@ from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, Vg
 from ..io.hostroot import HostRoot
 from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover
 from ..io.locks import file_lock
-from ..policy.placement import MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
-from ..io.state import StateStore, VgpuRecord, delete_vgpu, put_vgpu, utcnow
+from ..policy.placement import LAYOUT, MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
+from ..io.state import StateStore, VgpuRecord, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
 from ..plan.executor import Executor, describe
+from ..plan.journal import Journal
 from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
                           current_vgpu_type)
+from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
@@ -189,6 +191,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         if dry_run:
             return out
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
+            _recover_first(host, store, decision.gpu, actor)
             inv2 = discover(fs)
             records2 = store.vgpu_records()
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
@@ -205,25 +208,30 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                           operation=f"vgpu create {name} owner={owner}")
             # the decision goes in the audit log beside the writes it led to
             store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
-            _do_create(ex, inv2, records2, backend, decision, vid, name, params)
-            with store.transaction() as conn:
-                put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
-                                          decision.type_id, name, owner, anti_affinity, params,
-                                          persist, utcnow()))
-            if persist:
-                try:
-                    ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
-                                        _mdevctl_json(decision.type_id, params))])
-                except SysfsError as e:
-                    ex.run([RemoveVgpu(backend, decision.parent, vid)])
-                    with store.transaction() as conn:
-                        delete_vgpu(conn, vid)
-                    raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
-                                      f"the vGPU {vid} was removed again",
-                                      hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
-                                           "without --persist") from e
-            out.writes = ex.writes
-            return out
+            ex.journal = Journal.start(store, kind="vgpu-create", operation=ex.operation, owner=owner,
+                                       actor=ex.actor, gpu=str(decision.gpu), group=None, steps=out.steps,
+                                       devices=[_journal_device(vid, backend, decision.gpu, decision.parent,
+                                                                decision.type_id, name, persist, "creating")])
+            with ex.journal:
+                _do_create(ex, inv2, records2, backend, decision, vid, name, params)
+                with store.transaction() as conn:
+                    put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
+                                              decision.type_id, name, owner, anti_affinity, params,
+                                              persist, utcnow()))
+                if persist:
+                    try:
+                        ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
+                                            _mdevctl_json(decision.type_id, params))])
+                    except SysfsError as e:
+                        ex.run([RemoveVgpu(backend, decision.parent, vid)])
+                        with store.transaction() as conn:
+                            delete_vgpu(conn, vid)
+                        raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                                          f"the vGPU {vid} was removed again",
+                                          hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
+                                               "without --persist") from e
+                out.writes = ex.writes
+                return out
     raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
 
@@ -487,11 +495,19 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     if owner is not None and rec.owner != owner:
         raise RefusedError(f"vGPU {vid} now belongs to {rec.owner}, not {owner}: left alone",
                            hint="a late release for an earlier owner never removes the next owner's vGPU")
+    if owner is None:
+        running = store.active_domains()
+        if rec.owner in running:
+            raise RefusedError(f"vGPU {vid} is in use by running domain {running[rec.owner]} ({rec.owner}): "
+                               "left alone", hint="stop the domain first; its qemu hook removes the vGPU when "
+                                                  "it stops (or 'vgpuhost detach DOMAIN ID' takes it back)")
     gpu = PciAddress.parse(rec.gpu)
     parent = PciAddress.parse(rec.parent)
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
     with file_lock(store.state_dir, f"gpu-{gpu}") if not dry_run else _nolock():
+        if not dry_run:
+            _recover_first(host, store, gpu, actor)
         if not any(r.id == vid and r.owner == rec.owner for r in store.vgpu_records()):
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
@@ -510,19 +526,43 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu remove {vid} owner={rec.owner}")
-        if current is not None:
-            try:
-                ex.run([RemoveVgpu(rec.backend, parent, vid)])    # verified: DeviceError when still there
-            except SysfsError as e:
-                raise DeviceError(f"removing {vid} failed: {e.errno_name}"
-                                  + (" (busy: a VM still uses it)" if e.errno == errno.EBUSY else ""),
-                                  hint="stop the VM first") from e
-        with store.transaction() as conn:
-            delete_vgpu(conn, vid, owner=rec.owner)
-        if rec.persisted and fs.exists(mdevctl):
-            ex.run([RemoveConfig(mdevctl)])
-        out.writes = ex.writes
-        return out
+        ex.journal = Journal.start(store, kind="vgpu-remove", operation=ex.operation, owner=rec.owner,
+                                   actor=ex.actor, gpu=rec.gpu, group=None, steps=out.steps,
+                                   devices=[_journal_device(vid, rec.backend, rec.gpu, rec.parent, rec.type_id,
+                                                            rec.type_name, rec.persisted, "removing")])
+        with ex.journal:
+            if current is not None:
+                try:
+                    destroy_retrying(ex.fs, rec.backend, parent, vid)     # EBUSY retried for a while
+                except SysfsError as e:
+                    if e.errno == errno.EBUSY:
+                        ex.journal.keep_open()      # "remove pending": reconcile (and the next operation
+                        raise DeviceError(          # on this GPU) finishes it once the device is free
+                            f"removing {vid} failed: EBUSY for {REMOVE_RETRY_S:g} s (busy: a VM still uses it); "
+                            "the removal stays pending", hint="'vgpuhost reconcile' (or the next operation on "
+                                                              f"{rec.gpu}) finishes it once the device is free") from e
+                    raise DeviceError(f"removing {vid} failed: {e.errno_name}", hint="see 'vgpuhost audit'") from e
+                if current_vgpu_type(ex.fs, rec.backend, parent, vid) is not None:
+                    raise DeviceError(f"removing {vid} reported success but it is still there",
+                                      hint="check dmesg and the NVIDIA vGPU manager")
+            with store.transaction() as conn:
+                delete_vgpu(conn, vid, owner=rec.owner)
+            if rec.persisted and fs.exists(mdevctl):
+                ex.run([RemoveConfig(mdevctl)])
+            out.writes = ex.writes
+            return out
+
+
+def _journal_device(vid: str, backend: str, gpu, parent, type_id: str, name: str, persist: bool,
+                    state: str) -> dict:
+    return {"id": vid, "backend": backend, "gpu": str(gpu), "parent": str(parent), "type_id": type_id,
+            "type_name": name, "persisted": bool(persist), "state": state}
+
+
+def _recover_first(host: HostRoot, store: StateStore, gpu, actor: Optional[str]) -> None:
+    """Finish or roll back what an interrupted operation left on this GPU (its lock held)."""
+    from .recover import recover_locked
+    recover_locked(host, store, gpu=str(gpu), actor=actor or actor_name())
 
 
 def _nolock():
@@ -599,3 +639,62 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             except VgpuhostError as err:
                 report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
     return report
+
+
+# ---------------------------------------------------------------------------
+# the pool model: vGPUs a layout pre-created, lent to domains
+
+def claim(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: str, profile: str,
+          pool: str = LAYOUT, actor: Optional[str] = None) -> Optional[VgpuOutcome]:
+    """Lend pool ``pool``'s vGPU ``vgpu_id`` (an mdev UUID or VF BDF a domain names) to ``owner``.
+
+    No write to the host: the record's owner becomes ``owner`` and its
+    ``pool`` column remembers where it goes back (:func:`give_back`).  None
+    when ``vgpu_id`` is not a free vGPU of that pool with the profile
+    ``profile`` (case-insensitive) and present on the host with its type.
+    """
+    vid = _normalise_id(vgpu_id)
+    rec = next((r for r in store.vgpu_records() if r.id == vid), None)
+    if rec is None or rec.owner != pool or rec.type_name.lower() != profile.lower():
+        return None
+    with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
+        fs = Sysfs(host)
+        if current_vgpu_type(fs, rec.backend, PciAddress.parse(rec.parent), vid) != rec.type_id:
+            return None
+        with store.transaction() as conn:
+            if not claim_vgpu(conn, vid, pool=pool, owner=owner):
+                return None
+            store.audit(actor=actor or actor_name(), operation=f"vgpu claim {vid} owner={owner}",
+                        path="(pool)", value=f"{rec.type_name} from {pool}")
+    return VgpuOutcome("claim", changed=True, dry_run=False, id=vid, gpu=rec.gpu, parent=rec.parent,
+                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=owner,
+                       reason=f"claimed from the {pool}'s pool")
+
+
+def pool_candidates(store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
+                    allowed: Optional[Collection[PciAddress]] = None, owner: Optional[str] = None,
+                    pool: str = LAYOUT) -> List[VgpuRecord]:
+    """The pool's free vGPUs of ``profile``, first-fit order (GPU, then id), respecting a GPU pin,
+    the allow-list and one vGPU per domain per GPU (``owner``'s own vGPUs)."""
+    recs = store.vgpu_records()
+    mine = {r.gpu for r in recs if owner is not None and r.owner == owner}
+    allow = {str(a) for a in allowed} if allowed is not None else None
+    out = [r for r in recs if r.owner == pool and r.type_name.lower() == profile.lower()
+           and (gpu is None or r.gpu == str(gpu)) and (allow is None or r.gpu in allow) and r.gpu not in mine]
+    return sorted(out, key=lambda r: (r.gpu, r.id))
+
+
+def give_back(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: str,
+              actor: Optional[str] = None) -> Optional[str]:
+    """Return ``owner``'s claimed vGPU to its pool (no write to the host); the pool, None when it
+    was not claimed (then the caller removes it as the owner's own)."""
+    rec = next((r for r in store.vgpu_records() if r.id == vgpu_id), None)
+    if rec is None or rec.pool is None or rec.owner != owner:
+        return None
+    with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
+        with store.transaction() as conn:
+            pool = give_back_vgpu(conn, vgpu_id, owner=owner)
+            if pool is not None:
+                store.audit(actor=actor or actor_name(), operation=f"vgpu give back {vgpu_id} owner={owner}",
+                            path="(pool)", value=f"{rec.type_name} to {pool}")
+    return pool

@@ -19,7 +19,14 @@ Journal seam (issue 12): ``Executor(journal=J)`` calls ``J.begin(executor,
 steps)`` before the first step of each :meth:`Executor.run`,
 ``J.step_done(executor, index, step)`` after each step ran and verified,
 and ``J.end(executor, error)`` when the run finishes (``error`` None on
-success, else the exception after the undo).  Nothing journals today.
+success, else the exception after the undo).  :class:`vgpuhost.plan.journal.Journal`
+is the one journal: an operation opens its entry before its first write and
+points its executors at it.
+
+Audit rows of Sysfs writes are written as intent, then outcome: the row is
+inserted before the write (``pending``) and its outcome recorded after it
+(:meth:`~vgpuhost.io.state.StateStore.audit_outcome`), so kill -9 during a
+write cannot lose the row.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ class StepContext:
         self.operation = operation
         self.writes = 0
         self._backend = backend
-        self.fs = Sysfs(host, observers=[self._audit_write])
+        self._pending: Optional[int] = None
+        self.fs = Sysfs(host, observers=[self._audit_write], intents=[self._intent_write])
 
     @property
     def backend(self) -> NvmlBackend:
@@ -86,7 +94,21 @@ class StepContext:
         if self.store is not None:
             self.store.audit(actor=self.actor, operation=self.operation, path=path, value=value, err=err)
 
+    def _intent_write(self, path, value: str) -> None:
+        """A write's audit row, inserted before the write (result ``pending``): a process killed
+        during the write still leaves its row (issue 12)."""
+        if self.store is not None:
+            self._pending = self.store.audit_intent(actor=self.actor, operation=self.operation,
+                                                    path=self.host.relative(path),
+                                                    value=value.rstrip("\n") or "\\n")
+
     def _audit_write(self, path, value: str, err: int) -> None:
+        """The write's outcome, completing the row :meth:`_intent_write` inserted."""
+        if self._pending is not None:
+            self.writes += 1
+            self.store.audit_outcome(self._pending, err)
+            self._pending = None
+            return
         self.audit(self.host.relative(path), value.rstrip("\n") or "\\n", err)
 
 

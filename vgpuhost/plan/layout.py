@@ -331,6 +331,11 @@ class Drift:
 # ---------------------------------------------------------------------------
 # the walker
 
+def _escaped(text: str) -> str:
+    """``text`` with control and other non-printable characters as Python escapes (``\\n``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass
 class _GpuVgpus:
     """The vGPUs on one GPU, by who holds them."""
@@ -339,6 +344,8 @@ class _GpuVgpus:
     layout_missing: List[VgpuEntry]      # recorded for the layout, absent from the host
     layout_mismatched: List[VgpuEntry]
     others: List[VgpuEntry]              # present: manual, a domain's, or foreign
+    #: the layout's vGPUs a domain claimed (pool model): counted as the layout's, never removed by it
+    claimed: List[VgpuEntry] = field(default_factory=list)
 
 
 class _Walker:
@@ -347,7 +354,8 @@ class _Walker:
     def __init__(self, cfg: Config, lay: Layout, view: HostView):
         self.cfg, self.lay, self.view = cfg, lay, view
         self.inv: Inventory = view.inventory
-        self.active: Mapping[str, str] = view.running
+        # domain names are the hook's input: escaped, so a newline in one cannot forge plan lines
+        self.active: Mapping[str, str] = {u: _escaped(n) for u, n in view.running.items()}
         self.seen = view.seen
         self.entries: Sequence[VgpuEntry] = view.vgpus
         # by GPU, once (the walk stays linear in GPUs): seen types, listed types, vGPUs
@@ -451,11 +459,13 @@ class _Walker:
     def vgpus_of(self, g: Gpu) -> _GpuVgpus:
         bdf = str(g.address)
         mine = self._vgpus_of.get(bdf, [])
+        claimed = {r.id for r in self.view.records if getattr(r, "pool", None) == LAYOUT}
         return _GpuVgpus(
             [e for e in mine if e.owner == LAYOUT and e.state == "active"],
             [e for e in mine if e.owner == LAYOUT and e.state == "missing"],
             [e for e in mine if e.owner == LAYOUT and e.state == "mismatched"],
-            [e for e in mine if e.owner != LAYOUT and e.state != "missing"])
+            [e for e in mine if e.owner != LAYOUT and e.state != "missing"],
+            [e for e in mine if e.id in claimed and e.state == "active"])
 
     def _holder(self, e) -> str:
         if e.owner is None:
@@ -592,12 +602,16 @@ class _Walker:
         have: Dict[str, List[Any]] = {}
         for e in vg.layout_active:
             have.setdefault((e.type_name or e.type_id).lower(), []).append(e)
+        lent: Dict[str, int] = {}          # claimed by domains (pool model): the layout's, in use
+        for e in vg.claimed:
+            key = (e.type_name or e.type_id).lower()
+            lent[key] = lent.get(key, 0) + 1
         missing: Dict[str, List[Any]] = {}
         for e in vg.layout_missing:
             missing.setdefault((e.type_name or e.type_id).lower(), []).append(e)
         for key in sorted(set(want) | set(have)):
             name, n = want[key] if key in want else (self.spelled(g, have[key][0].type_name or key), 0)
-            h = len(have.get(key, []))
+            h = len(have.get(key, [])) + lent.get(key, 0)
             if h != n:
                 self.diff(f"{bdf} vgpu {name} x{n} (host has {h})")
         for key, es in sorted(missing.items()):
@@ -620,9 +634,10 @@ class _Walker:
                     self.spelled(g, _type_name(have.get(key, []) + missing.get(key, []), key)), 0)
                 present = sorted(have.get(key, []), key=lambda e: self._time(e.id))
                 gone = missing.get(key, [])
-                for e in present[n:][::-1]:
-                    removes.append((e, f"layout wants {n} {name}, host has {len(present)}"))
-                room = max(0, n - len(present))
+                free = max(0, n - lent.get(key, 0))      # claimed ones stay with their domains
+                for e in present[free:][::-1]:
+                    removes.append((e, f"layout wants {n} {name}, host has {len(present) + lent.get(key, 0)}"))
+                room = max(0, free - len(present))
                 for e in gone:
                     if room:
                         recreates.append(e)

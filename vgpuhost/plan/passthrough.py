@@ -64,6 +64,19 @@ def plan_release(endpoints: Sequence[PciDevice], records: Dict[str, PassthroughR
     plans = []
     for d in reversed(list(endpoints)):
         rec = records.get(str(d.address))
+        if rec is not None and rec.original_driver == VFIO_PCI:
+            # bound to vfio-pci before vgpuhost came (vfio-pci.ids, early binding): it stays there;
+            # only an override vgpuhost set is cleared, and the record is dropped
+            steps = []
+            if d.driver_override != rec.original_override:
+                steps.append(SetDriverOverride(d.address, rec.original_override))
+            if d.driver != VFIO_PCI:
+                if d.driver is not None:
+                    steps.append(Unbind(d.address, d.driver))
+                steps += [Probe(d.address), VerifyDriver(d.address, VFIO_PCI)]
+            if steps:
+                plans.append(FunctionPlan(d.address, d.driver, VFIO_PCI, tuple(steps)))
+            continue
         target = (rec.original_driver if rec and rec.original_driver != VFIO_PCI else
                   (None if rec and rec.original_driver is None else ANY_HOST_DRIVER))
         steps: List[Step] = []

@@ -200,7 +200,7 @@ def _check_group(inv: Inventory, gpu: Gpu) -> List[Finding]:
     foreign, companions, bridges = [], [], []
     for m in others:
         d = inv.devices.get(m)
-        if d is not None and d.is_bridge:
+        if d is not None and d.stays_in_group:
             bridges.append(m)
         elif m.slot_address == gpu.address.slot_address:
             companions.append(m)
@@ -220,7 +220,11 @@ def _check_group(inv: Inventory, gpu: Gpu) -> List[Finding]:
         out.append(Finding("info", "GROUP_COMPANIONS", subject,
                            f"IOMMU group {group.number}: {names} must move with the GPU "
                            "(passthrough binds every function of the group to vfio-pci together)"))
-    bridge_note = f" (bridges {', '.join(map(str, bridges))} stay on pcieport)" if bridges else ""
+    pci_bridges = [m for m in bridges if inv.devices[m].is_bridge]
+    host_bridges = [m for m in bridges if not inv.devices[m].is_bridge]
+    bridge_note = f" (bridges {', '.join(map(str, pci_bridges))} stay on pcieport)" if pci_bridges else ""
+    if host_bridges:        # driverless host bridges (AMD's dummy host bridge): the kernel accepts them
+        bridge_note += f" (driverless host bridges {', '.join(map(str, host_bridges))} stay unbound)"
     out.append(Finding("ok", "GROUP_VIABLE", subject,
                        f"IOMMU group {group.number} is viable for passthrough{bridge_note}"))
     return out

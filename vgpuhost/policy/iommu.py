@@ -52,7 +52,7 @@ def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevic
     endpoints, bridges, foreign = [], [], []
     for m in group.members:
         d = inv.devices[m]
-        if d.is_bridge:
+        if d.stays_in_group:
             bridges.append(m)
         elif m == gpu or m.slot_address == gpu.slot_address:
             endpoints.append(d)

@@ -48,6 +48,16 @@ probe / remove / the vGPU manager's create), so nothing changes when one
 fires and a request refused anyway does not use one up; a probe fault fires
 for an existing, unbound device.  ``count`` > 0
 counts down and the fault is dropped when spent; 0 fires every time.
+
+Crash injection (the kill -9 fault-injection tests): with
+``VGPUHOST_SIM_KILL_AT=N`` in the environment, the process SIGKILLs itself
+at its Nth write through this kernel or the simulated NVML (counted per
+process from 1, refused writes included).  ``VGPUHOST_SIM_KILL_WHEN=before`` (the default) kills
+before the write lands, ``after`` once it has landed (or been refused), so
+every point between two writes, and between a write and its record, can be
+hit.  Unset, nothing changes.  ``VGPUHOST_SIM_WRITE_LOG=FILE`` appends one
+line per write that landed (``path<TAB>value``, as the audit log spells
+them), so a test can check that no completed write went unaudited.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -157,6 +168,43 @@ def _rmtree(path: Path) -> None:
         else:
             os.unlink(e.path)
     os.rmdir(path)
+
+
+#: writes made through any SimKernel in this process (the crash-injection counter)
+_writes_made = 0
+KILL_AT_ENV = "VGPUHOST_SIM_KILL_AT"
+KILL_WHEN_ENV = "VGPUHOST_SIM_KILL_WHEN"
+WRITE_LOG_ENV = "VGPUHOST_SIM_WRITE_LOG"
+
+
+def _kill_point() -> "tuple":
+    """``(N, when)`` from the environment (see the module docstring); ``(0, '')`` when unset."""
+    text = os.environ.get(KILL_AT_ENV, "")
+    if not text.isdigit() or int(text) <= 0:
+        return 0, ""
+    when = os.environ.get(KILL_WHEN_ENV, "before")
+    return int(text), ("after" if when == "after" else "before")
+
+
+def _die() -> None:
+    """SIGKILL this process: nothing after this line runs (no finally, no atexit, no rollback)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextmanager
+def crash_point() -> Iterator[None]:
+    """Count one mutating write (a sysfs write, an NVML change) and SIGKILL at the chosen one."""
+    global _writes_made
+    _writes_made += 1
+    kill_at, when = _kill_point()
+    killing = kill_at == _writes_made
+    if killing and when == "before":
+        _die()
+    try:
+        yield
+    finally:
+        if killing:
+            _die()
 
 
 class SimKernel:
@@ -270,6 +318,14 @@ class SimKernel:
 
         Raises OSError(errno) as the kernel would (see the module docstring).
         """
+        with crash_point():
+            self._write(path, value)
+            log = os.environ.get(WRITE_LOG_ENV)
+            if log:         # the writes that landed, for the fault-injection tests' audit check
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
+
+    def _write(self, path: Path, value: str) -> None:
         with self.locked():
             meta = self.meta()
             real = Path(os.path.realpath(path))

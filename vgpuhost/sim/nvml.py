@@ -45,7 +45,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..io.hostroot import HostRoot
 from ..io.nvml import GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState
 from ..model.values import MigProfile, PciAddress
-from .kernel import PERSISTENCED, SimKernel
+from .kernel import PERSISTENCED, SimKernel, crash_point
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
 
@@ -139,7 +139,7 @@ class SimNvml:
 
     def _change(self, bdf: PciAddress, call: str, fn: Callable[[dict, str, dict], object]):
         """Run ``fn(meta, pf, gpu)`` under the simulator lock; save and refresh sysfs when it returns."""
-        with self.kernel.locked():
+        with crash_point(), self.kernel.locked():
             meta = self.kernel.meta()
             pf, gpu = self._gpu(meta, bdf, call)
             out = fn(meta, pf, gpu)

@@ -1,0 +1,393 @@
+"""kill -9 at every write (issue 12): the simulated kernel SIGKILLs the process
+at its Nth write, before or after the write lands (``VGPUHOST_SIM_KILL_AT``,
+``VGPUHOST_SIM_KILL_WHEN``); then one ``vgpuhost reconcile`` runs, and the
+host must hold
+
+- 0 half-bound groups (every function of a GPU's group on vfio-pci, or every
+  one on its original driver with no ``driver_override`` left),
+- 0 unrecorded devices (each function on vfio-pci and each vGPU has its record),
+- 0 unaudited completed writes (each write that landed, as the simulated
+  kernel logs it, has its audit row),
+- 0 double allocations (one owner per group; each record names a device that
+  exists, each vGPU one record; no owner holds more than it asked for),
+
+with no open journal entry left (``reconcile --check`` exits 0), and the next
+prepare/release cycle must restore the original drivers.
+
+Each operation runs in a forked child of the test process (the CLI or the
+hook handler, in process, as the real commands run), so a kill costs a fork
+rather than an interpreter start.  The next cycle runs after every "after"
+kill point (and the first "before" one): "before write N+1" leaves the host
+as "after write N" does, differing only in the store, which the invariants
+and ``reconcile --check`` read at every point.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sqlite3
+from typing import Callable, Dict, List
+
+import pytest
+
+from vgpuhost.cli.main import main
+from vgpuhost.hook import runtime as hook
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+from vgpuhost.observe.inventory import discover
+from vgpuhost.sim import kernel as sim_kernel
+
+from test_hook import domain_xml, mdev_hostdev, pci_hostdev
+
+TURING = """
+version: 1
+name: turing-crash
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, snd_hda_intel, xhci_pci, i2c_nvidia_gpu]
+devices:
+  - {bdf: "0000:00:01.0", model: intel-root-port}
+  - {bdf: "0000:01:00.0", model: RTX2080-TU104, upstream: "0000:00:01.0"}
+  - {bdf: "0000:01:00.1", model: tu104-hda, upstream: "0000:00:01.0"}
+  - {bdf: "0000:01:00.2", model: tu104-xhci, upstream: "0000:00:01.0"}
+  - {bdf: "0000:01:00.3", model: tu104-ucsi, upstream: "0000:00:01.0"}
+"""
+GPU = "0000:01:00.0"
+FUNCS = ["0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"]
+ORIGINAL = {"0000:01:00.0": "nvidia", "0000:01:00.1": "snd_hda_intel",
+            "0000:01:00.2": "xhci_hcd", "0000:01:00.3": "nvidia-gpu"}
+A40_GPU = "0000:81:00.0"
+MDEV = "aaaaaaaa-2222-4333-8444-00000000c0de"
+DOM = "11111111-2222-4333-8444-00000000c0de"
+LAYOUT = """
+version: 1
+layouts:
+  desk:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu:
+          types: {A40-8Q: 2}
+"""
+
+
+# ---------------------------------------------------------------------------
+# running one operation in a child that may be killed
+
+def _child(fn: Callable[[], int], env: Dict[str, str]) -> int:
+    """Run ``fn`` in a forked child with ``env`` added; its exit code, or -signal."""
+    pid = os.fork()
+    if pid == 0:                                    # the child: never returns
+        code = 4
+        try:
+            os.environ.update(env)
+            sim_kernel._writes_made = 0
+            code = fn()
+        finally:
+            os._exit(code if isinstance(code, int) else 4)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def cli_op(host, *argv) -> Callable[[], int]:
+    return lambda: main(["--root", str(host.root), *argv])
+
+
+def hook_op(host, op: str, sub: str, xml: str) -> Callable[[], int]:
+    return lambda: hook.main(["crash-vm", op, sub, "-"], io.BytesIO(xml.encode()), io.StringIO(), host=host)
+
+
+def run(host, fn, log, *, kill_at: int = 0, when: str = "before") -> int:
+    env = {sim_kernel.WRITE_LOG_ENV: str(log)}
+    if kill_at:
+        env.update({sim_kernel.KILL_AT_ENV: str(kill_at), sim_kernel.KILL_WHEN_ENV: when})
+    return _child(fn, env)
+
+
+# ---------------------------------------------------------------------------
+# the invariants
+
+def _db(host):
+    conn = sqlite3.connect(host.state_dir / "state.db")
+    return conn
+
+
+def check_host(host, log, *, owners_max: Dict[str, int]) -> List[str]:
+    """The four invariants; the problems found (empty: none)."""
+    problems: List[str] = []
+    fs = Sysfs(host)
+    inv = discover(fs)
+    store = StateStore(host.state_dir, create=False)
+    try:
+        pt = {r.bdf: r for r in store.passthrough_records()}
+        vgpus = store.vgpu_records()
+        audit = {(r.path, r.value) for r in store.audit_rows()}
+        open_entries = store.journal_entries(open_only=True)
+    finally:
+        store.close()
+    # half-bound groups, leftover overrides, unrecorded vfio-pci functions
+    for g in inv.gpus:
+        group = inv.group_of(g.address)
+        members = [inv.devices[m] for m in group.members if not inv.devices[m].is_bridge] if group else []
+        on_vfio = [d for d in members if d.driver == "vfio-pci"]
+        if on_vfio and len(on_vfio) != len(members):
+            problems.append(f"half-bound group of {g.address}: "
+                            + ", ".join(f"{d.address}={d.driver}" for d in members))
+        for d in members:
+            if d.driver != "vfio-pci" and d.driver_override is not None:
+                problems.append(f"{d.address} keeps driver_override {d.driver_override} on {d.driver}")
+            if d.driver == "vfio-pci" and str(d.address) not in pt:
+                problems.append(f"{d.address} on vfio-pci with no record")
+            if d.driver is None:
+                problems.append(f"{d.address} on no driver")
+        owners = {pt[str(d.address)].owner for d in members if str(d.address) in pt}
+        if len(owners) > 1:
+            problems.append(f"group of {g.address} recorded for {sorted(owners)}")
+    for bdf, r in pt.items():
+        if Sysfs(host).link_name(host.pci_device(bdf) / "driver") != "vfio-pci":
+            problems.append(f"record for {bdf} ({r.owner}) but it is not on vfio-pci")
+    # vGPUs: present <-> recorded, one each
+    present = {m.uuid: m.type_id for m in inv.mdevs}
+    present.update({str(v.vf): v.type_id for v in inv.vf_vgpus if v.type_id})
+    recorded = {r.id: r for r in vgpus}
+    for vid in present:
+        if vid not in recorded:
+            problems.append(f"vGPU {vid} on the host with no record")
+    for vid, r in recorded.items():
+        if present.get(vid) != r.type_id:
+            problems.append(f"vGPU {vid} recorded for {r.owner} but {'absent' if vid not in present else 'another type'}")
+    per_owner: Dict[str, int] = {}
+    for r in vgpus:
+        per_owner[r.owner] = per_owner.get(r.owner, 0) + 1
+    for owner, n in per_owner.items():
+        if n > owners_max.get(owner, 0):
+            problems.append(f"{owner} holds {n} vGPUs, asked for {owners_max.get(owner, 0)}")
+    # every write that landed has its audit row
+    if os.path.exists(log):
+        for line in open(log, encoding="utf-8").read().splitlines():
+            path, _, value = line.partition("\t")
+            if (path, value) not in audit:
+                problems.append(f"write {value!r} to {path} landed with no audit row")
+    if open_entries:
+        problems.append("journal entries still open: " + ", ".join(e.operation for e in open_entries))
+    return problems
+
+
+def drivers(host) -> Dict[str, str]:
+    fs = Sysfs(host)
+    return {b: fs.link_name(host.pci_device(b) / "driver") for b in FUNCS}
+
+
+def count_writes(make_host, build, op, tmp_path) -> int:
+    """How many writes ``op`` makes on a fresh host when nothing kills it."""
+    host = build(make_host)
+    log = tmp_path / "count.log"
+    rc = run(host, op(host), log)
+    assert rc == 0, f"the operation itself fails (exit {rc})"
+    n = len(open(log).read().splitlines())
+    assert n > 0
+    return n
+
+
+def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_max, cycle):
+    """Kill ``op`` at every write, before and after it lands; reconcile; check; run the next cycle."""
+    total = count_writes(make_host, build, op, tmp_path)
+    failures = []
+    for when in ("before", "after"):
+        for n in range(1, total + 1):
+            host = build(make_host)
+            log = tmp_path / f"w-{when}-{n}.log"
+            if os.path.exists(log):
+                os.unlink(log)
+            rc = run(host, op(host), log, kill_at=n, when=when)
+            if rc != -9:
+                failures.append(f"{when} write {n}: not killed (exit {rc})")
+                continue
+            rc = run(host, cli_op(host, "reconcile"), log)
+            problems = check_host(host, log, owners_max=owners_max)
+            if rc not in (0, 1):
+                problems.append(f"reconcile exit {rc}")
+            rc = run(host, cli_op(host, "reconcile", "--check"), log)
+            if rc != 0:
+                problems.append(f"reconcile --check exit {rc} after reconcile")
+            problems += after_reconcile(host, log)
+            if when == "after" or n == 1:       # the host between two writes: checked once (see cost)
+                problems += cycle(host, log)
+            if problems:
+                failures.append(f"kill {when} write {n}/{total}: " + "; ".join(problems))
+            else:
+                shutil.rmtree(host.root, ignore_errors=True)     # hundreds of trees: keep /tmp small
+    assert not failures, "\n".join(failures)
+
+
+# ---------------------------------------------------------------------------
+# passthrough prepare / release (CLI)
+
+def _turing(make_host):
+    return make_host(yaml_text=TURING)
+
+
+def _turing_prepared(make_host):
+    host = make_host(yaml_text=TURING)
+    assert main(["--root", str(host.root), "passthrough", "prepare", GPU]) == 0
+    return host
+
+
+def _pt_cycle(host, log) -> List[str]:
+    """The next prepare / release cycle ends on the original drivers."""
+    out = []
+    if run(host, cli_op(host, "passthrough", "prepare", GPU), log) != 0:
+        out.append("the next prepare failed")
+    elif set(drivers(host).values()) != {"vfio-pci"}:
+        out.append(f"the next prepare left {drivers(host)}")
+    if run(host, cli_op(host, "passthrough", "release", GPU), log) != 0:
+        out.append("the next release failed")
+    if drivers(host) != ORIGINAL:
+        out.append(f"after the next cycle: {drivers(host)}")
+    return out + check_host(host, log, owners_max={})
+
+
+def _nothing(host, log) -> List[str]:
+    return []
+
+
+def test_kill_during_passthrough_prepare(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _turing, lambda h: cli_op(h, "passthrough", "prepare", GPU),
+                    _nothing, owners_max={}, cycle=_pt_cycle)
+
+
+def test_kill_during_passthrough_release(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _turing_prepared, lambda h: cli_op(h, "passthrough", "release", GPU),
+                    _nothing, owners_max={}, cycle=_pt_cycle)
+
+
+# ---------------------------------------------------------------------------
+# vgpu create / remove (CLI)
+
+def _a40(make_host):
+    return make_host("a40-mdev")
+
+
+def _a40_with_vgpu(make_host):
+    host = make_host("a40-mdev")
+    assert main(["--root", str(host.root), "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV]) == 0
+    return host
+
+
+def _vgpu_cycle(host, log) -> List[str]:
+    """The next create / remove cycle works and leaves no vGPU behind."""
+    out = []
+    store = StateStore(host.state_dir, create=False)
+    try:
+        held = [r.id for r in store.vgpu_records()]
+    finally:
+        store.close()
+    for vid in held:
+        if run(host, cli_op(host, "vgpu", "remove", vid), log) != 0:
+            out.append(f"removing the recorded {vid} failed")
+    if run(host, cli_op(host, "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV), log) != 0:
+        out.append("the next create failed")
+    if run(host, cli_op(host, "vgpu", "remove", MDEV), log) != 0:
+        out.append("the next remove failed")
+    if discover(Sysfs(host)).mdevs:
+        out.append("mdevs left after the next cycle")
+    return out + check_host(host, log, owners_max={})
+
+
+def test_kill_during_vgpu_create(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _a40,
+                    lambda h: cli_op(h, "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV),
+                    _nothing, owners_max={"manual": 1}, cycle=_vgpu_cycle)
+
+
+def test_kill_during_vgpu_remove(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _a40_with_vgpu, lambda h: cli_op(h, "vgpu", "remove", MDEV),
+                    _nothing, owners_max={"manual": 1}, cycle=_vgpu_cycle)
+
+
+# ---------------------------------------------------------------------------
+# the qemu hook: prepare begin / release end (a passthrough domain and a vGPU domain)
+
+PT_XML = domain_xml("crash-vm", DOM, Metadata(passthrough=[__import__("vgpuhost.model.values", fromlist=["x"])
+                                                          .PciAddress.parse(GPU)]),
+                    [pci_hostdev(f) for f in FUNCS])
+VGPU_XML = domain_xml("crash-vm", DOM, Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=MDEV)]), [mdev_hostdev(MDEV)])
+
+
+def _hook_cycle(xml, host_check):
+    def cycle(host, log) -> List[str]:
+        out = []
+        # libvirt runs release end after a failed start; then the next start and stop
+        run(host, hook_op(host, "release", "end", xml), log)
+        if run(host, hook_op(host, "prepare", "begin", xml), log) != 0:
+            out.append("the next prepare begin failed")
+        if run(host, hook_op(host, "release", "end", xml), log) != 0:
+            out.append("the next release end failed")
+        out += host_check(host)
+        return out + check_host(host, log, owners_max={})
+    return cycle
+
+
+def _started(host, xml):
+    """What the hook's prepare begin does, without its process runtime (alarm, signals): a setup step."""
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.ops.devices import prepare as devices_prepare
+    devices_prepare(host, parse_domain(xml), actor="test setup")
+    return host
+
+
+def _turing_started(make_host):
+    return _started(make_host(yaml_text=TURING), PT_XML)
+
+
+def _a40_started(make_host):
+    return _started(make_host("a40-mdev"), VGPU_XML)
+
+
+def _pt_restored(host) -> List[str]:
+    return [] if drivers(host) == ORIGINAL else [f"after the next start/stop: {drivers(host)}"]
+
+
+def _no_mdevs(host) -> List[str]:
+    return ["mdevs left after the next start/stop"] if discover(Sysfs(host)).mdevs else []
+
+
+def test_kill_during_hook_prepare_begin_passthrough(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _turing, lambda h: hook_op(h, "prepare", "begin", PT_XML),
+                    _nothing, owners_max={}, cycle=_hook_cycle(PT_XML, _pt_restored))
+
+
+def test_kill_during_hook_release_end_passthrough(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _turing_started, lambda h: hook_op(h, "release", "end", PT_XML),
+                    _nothing, owners_max={}, cycle=_hook_cycle(PT_XML, _pt_restored))
+
+
+def test_kill_during_hook_prepare_begin_vgpu(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _a40, lambda h: hook_op(h, "prepare", "begin", VGPU_XML),
+                    _nothing, owners_max={DOM: 1}, cycle=_hook_cycle(VGPU_XML, _no_mdevs))
+
+
+def test_kill_during_hook_release_end_vgpu(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _a40_started, lambda h: hook_op(h, "release", "end", VGPU_XML),
+                    _nothing, owners_max={DOM: 1}, cycle=_hook_cycle(VGPU_XML, _no_mdevs))
+
+
+# ---------------------------------------------------------------------------
+# apply (a layout of two vGPUs)
+
+def test_kill_during_apply(make_host, tmp_path):
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text(LAYOUT)
+
+    def cycle(host, log) -> List[str]:
+        out = []
+        if run(host, cli_op(host, "apply", "-c", str(cfg)), log) != 0:
+            out.append("the next apply failed")
+        if run(host, cli_op(host, "assert", "-c", str(cfg)), log) != 0:
+            out.append("the layout does not hold after the next apply")
+        return out + check_host(host, log, owners_max={"layout": 2})
+
+    kill_everywhere(make_host, tmp_path, _a40, lambda h: cli_op(h, "apply", "-c", str(cfg)),
+                    _nothing, owners_max={"layout": 2}, cycle=cycle)

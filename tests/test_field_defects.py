@@ -1,0 +1,368 @@
+"""Regression tests for the field defects of issue 12 (#4 a-m), each on a simulated
+tree, each failing before its fix.  Outcomes are read back from the simulated
+sysfs tree, the state store and the CLI's exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from vgpuhost.cli.main import main
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.errors import RefusedError
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.passthrough import prepare, release
+
+A = PciAddress.parse
+
+
+def cli(capsys, host, *argv):
+    code = main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def driver(host, bdf):
+    return Sysfs(host).link_name(host.pci_device(bdf) / "driver")
+
+
+def override(host, bdf):
+    return (host.pci_device(bdf) / "driver_override").read_text().strip()
+
+
+# ---------------------------------------------------------------------------
+# a. a GPU whose original driver is vfio-pci (vfio-pci.ids bound it at boot)
+
+EARLY_VFIO = """
+version: 1
+name: early-vfio
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, snd_hda_intel]
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0", driver: vfio-pci}
+  - {bdf: "0000:81:00.1", model: nvidia-hda, upstream: "0000:80:03.0", driver: vfio-pci}
+"""
+DOM_A = "11111111-2222-4333-8444-0000000000a1"
+DOM_B = "11111111-2222-4333-8444-0000000000b2"
+
+
+def test_a_gpu_early_bound_to_vfio_pci_is_released_and_the_next_domain_prepares(make_host):
+    host = make_host(yaml_text=EARLY_VFIO)
+    store = StateStore(host.state_dir)
+    gpu = A("0000:81:00.0")
+    prepare(host, store, gpu, owner=DOM_A)
+    assert driver(host, gpu) == "vfio-pci" and store.passthrough_records()
+    out = release(host, store, gpu, owner=DOM_A)          # raised DeviceError before: held forever
+    assert driver(host, gpu) == "vfio-pci" and driver(host, "0000:81:00.1") == "vfio-pci"
+    assert override(host, gpu) == "(null)"                # as it booted
+    assert store.passthrough_records() == [] and out.changed
+    prepare(host, store, gpu, owner=DOM_B)                # the next domain is not refused
+    assert {r.owner for r in store.passthrough_records()} == {DOM_B}
+
+
+# ---------------------------------------------------------------------------
+# b. a driverless host bridge (class 0x0600) in the GPU's IOMMU group
+
+HOST_BRIDGE = """
+version: 1
+name: epyc-dummy-host-bridge
+host:
+  cpu_vendor: AuthenticAMD
+  cmdline: "amd_iommu=on iommu=pt"
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, snd_hda_intel]
+devices:
+  - {bdf: "0000:40:01.0", model: amd-dummy-host-bridge, iommu_group: 31}
+  - {bdf: "0000:40:01.1", model: amd-root-port, iommu_group: 31}
+  - {bdf: "0000:41:00.0", model: A40, upstream: "0000:40:01.1", iommu_group: 31}
+  - {bdf: "0000:41:00.1", model: nvidia-hda, upstream: "0000:40:01.1", iommu_group: 31}
+"""
+
+
+def test_b_driverless_host_bridge_does_not_block_passthrough(make_host, capsys):
+    host = make_host(yaml_text=HOST_BRIDGE)
+    gpu = A("0000:41:00.0")
+    assert driver(host, "0000:40:01.0") is None
+    code, out, err = cli(capsys, host, "host", "check")
+    assert "GROUP_NOT_VIABLE" not in out and "GROUP_VIABLE" in out, out
+    store = StateStore(host.state_dir)
+    prepare(host, store, gpu)                             # refused as "not viable" before
+    assert driver(host, gpu) == "vfio-pci" and driver(host, "0000:41:00.1") == "vfio-pci"
+    assert driver(host, "0000:40:01.0") is None and driver(host, "0000:40:01.1") == "pcieport"
+    assert "0000:40:01.0" not in {r.bdf for r in store.passthrough_records()}
+    release(host, store, gpu)
+    assert driver(host, gpu) == "nvidia"
+
+
+# ---------------------------------------------------------------------------
+# k. exit codes: SIGINT and SIGTERM exit 130; transient conditions exit 5, permanent refusals 2
+
+def test_k_sigint_exits_130(make_host, capsys, monkeypatch):
+    host = make_host("a40-mdev")
+    import vgpuhost.ops.vgpu as vgpu
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(vgpu, "list_vgpus", interrupted)
+    code, _, err = cli(capsys, host, "vgpu", "list")
+    assert code == 130 and "interrupted" in err           # was 2 ("aborted")
+
+
+def test_k_sigterm_exits_130(make_host, capsys, monkeypatch):
+    host = make_host("a40-mdev")
+    import vgpuhost.ops.vgpu as vgpu
+
+    def terminated(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt")
+    monkeypatch.setattr(vgpu, "list_vgpus", terminated)
+    code, _, err = cli(capsys, host, "vgpu", "list")
+    assert code == 130 and "interrupted" in err
+
+
+def test_k_a_held_lock_is_transient_and_a_blocked_plan_is_permanent(make_host, capsys, monkeypatch):
+    from vgpuhost.io import locks
+    host = make_host("a40-mdev")
+    StateStore(host.state_dir).close()
+    monkeypatch.setattr(locks.file_lock, "__kwdefaults__", {"timeout_s": 0.05})
+    with locks.file_lock(host.state_dir, "gpu-0000:81:00.0", timeout_s=1):
+        code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
+    assert code == 5 and "lock" in err, err                # a lock held: retry later
+    assert not list((host.root / "sys/bus/mdev/devices").iterdir())
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-48Q")
+    assert code == 0
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
+    assert code == 2 and "cannot place" in err             # no capacity: permanent
+
+
+def test_k_boot_units_retry_transient_exits_not_permanent_ones():
+    from vgpuhost.ops import units
+    for name, codes in units.RETRY_EXITS.items():
+        assert "5" in codes.split() and "2" not in codes.split(), (name, codes)
+
+
+# ---------------------------------------------------------------------------
+# d. an EBUSY right after qemu exits: retried within a bounded window, else "remove pending"
+
+def _set_faults(host, faults=None, busy=None):
+    from vgpuhost.sim.kernel import SimKernel
+    k = SimKernel(host)
+    meta = k.meta()
+    if faults is not None:
+        meta["faults"] = faults
+    if busy is not None:
+        meta["busy_mdevs"] = busy
+    k.save_meta(meta)
+
+
+def test_d_a_transient_ebusy_on_remove_is_retried(make_host, capsys):
+    from vgpuhost.ops.vgpu import create
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="A40-8Q")
+    _set_faults(host, faults=[{"op": "remove", "errno": 16, "count": 2}])   # EBUSY twice, then free
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    assert code == 0, err                                   # leaked the vGPU before (exit 3)
+    assert not (host.mdev_devices / out.id).exists() and store.vgpu_records() == []
+    results = [r.result for r in store.audit_rows() if r.path.endswith("/remove")]
+    assert results == ["EBUSY", "EBUSY", "ok"]
+
+
+def test_d_a_lasting_ebusy_leaves_a_pending_removal_that_reconcile_finishes(make_host, capsys, monkeypatch):
+    from vgpuhost.ops import recover
+    from vgpuhost.ops.vgpu import create
+    monkeypatch.setattr(recover, "REMOVE_RETRY_S", 0.3)
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="A40-8Q")
+    _set_faults(host, busy=[out.id])
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    assert code == 3 and "pending" in err
+    code, text, _ = cli(capsys, host, "reconcile", "--check")
+    assert code == 1 and f"vgpu remove {out.id}" in text and "open" in text
+    code, text, _ = cli(capsys, host, "reconcile")          # still busy: stays pending
+    assert code == 1 and "pending" in text and (host.mdev_devices / out.id).exists()
+    _set_faults(host, busy=[])                              # qemu let go
+    code, text, _ = cli(capsys, host, "reconcile")
+    assert code == 0 and "finished" in text, text
+    assert not (host.mdev_devices / out.id).exists() and store.vgpu_records() == []
+    # in equal-size mode the leaked 8Q kept every other size off the GPU; now a 4Q fits
+    assert create(host, store, profile="A40-4Q").changed
+
+
+# ---------------------------------------------------------------------------
+# e. vgpu remove of a running domain's vGPU is refused, naming the domain
+
+def test_e_vgpu_remove_refuses_a_running_domains_vgpu(make_host, capsys):
+    from vgpuhost.ops.vgpu import create
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    dom = "11111111-2222-4333-8444-0000000000e5"
+    out = create(host, store, profile="A40-8Q", owner=dom)
+    store.domain_started(dom, "web-01")
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    assert code == 2 and "web-01" in err and dom in err and err.count("\n") == 1
+    assert (host.mdev_devices / out.id).exists() and len(store.vgpu_records()) == 1
+    store.domain_stopped(dom)                                # stopped: the operator may take it
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    assert code == 0, err
+
+
+# ---------------------------------------------------------------------------
+# f. a layout's vGPUs are lent to domains (the pool model)
+
+POOL_LAYOUT = """
+version: 1
+layouts:
+  vdi:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu:
+          types: {A40-8Q: 6}
+"""
+DOM_F1 = "11111111-2222-4333-8444-0000000000f1"
+DOM_F2 = "11111111-2222-4333-8444-0000000000f2"
+UUID_F1 = "aaaaaaaa-2222-4333-8444-0000000000f1"
+
+
+def _hook(host, op, sub, xml):
+    import io
+    from vgpuhost.hook import runtime as handler
+    err = io.StringIO()
+    rc = handler.main(["vm", op, sub, "-"], io.BytesIO(xml.encode()), err, host=host)
+    return rc, err.getvalue()
+
+
+def _mdev_xml(dom, uuid, profile="A40-8Q"):
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    from test_hook import domain_xml, mdev_hostdev
+    return domain_xml("vm", dom, Metadata(vgpus=[VgpuRequest(profile, uuid=uuid)]), [mdev_hostdev(uuid)])
+
+
+def test_f_a_layouts_vgpus_are_lent_to_domains_and_given_back(make_host, tmp_path, capsys):
+    host = make_host("a40-mdev")
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text(POOL_LAYOUT)
+    assert cli(capsys, host, "apply", "-c", str(cfg))[0] == 0
+    store = StateStore(host.state_dir)
+    pool = sorted(r.id for r in store.vgpu_records(owner="layout"))
+    assert len(pool) == 6
+    # a domain attached with --profile (its own UUID): the GPU is full of the layout's vGPUs
+    xml = _mdev_xml(DOM_F1, UUID_F1)
+    rc, err = _hook(host, "prepare", "begin", xml)
+    assert rc == 0, err                                     # "no A40-8Q instance free" before
+    (mine,) = store.vgpu_records(owner=DOM_F1)
+    assert (mine.id, mine.pool) == (UUID_F1, "layout") and (host.mdev_devices / UUID_F1).exists()
+    assert len(list(host.mdev_devices.iterdir())) == 6      # a slot handed over, not a 7th vGPU
+    assert cli(capsys, host, "assert", "-c", str(cfg))[0] == 0     # the layout still counts 6
+    assert cli(capsys, host, "apply", "-c", str(cfg))[0] == 0
+    assert len(list(host.mdev_devices.iterdir())) == 6 and store.vgpu_records(owner=DOM_F1)
+    rc, err = _hook(host, "release", "end", xml)
+    assert rc == 0, err
+    assert store.vgpu_records(owner=DOM_F1) == [] and len(store.vgpu_records(owner="layout")) == 6
+    assert (host.mdev_devices / UUID_F1).exists()            # given back to the pool, not removed
+    assert cli(capsys, host, "assert", "-c", str(cfg))[0] == 0
+    # a domain naming one of the pool's vGPUs (attach --uuid) claims it with no write
+    named = sorted(r.id for r in store.vgpu_records(owner="layout") if r.id != UUID_F1)[0]
+    writes = len(store.audit_rows())
+    xml2 = _mdev_xml(DOM_F2, named)
+    rc, err = _hook(host, "prepare", "begin", xml2)
+    assert rc == 0, err
+    assert [r.id for r in store.vgpu_records(owner=DOM_F2)] == [named]
+    assert not [r for r in store.audit_rows()[writes:] if r.path.startswith("/sys")]
+    assert _hook(host, "release", "end", xml2)[0] == 0
+    assert len(store.vgpu_records(owner="layout")) == 6 and len(list(host.mdev_devices.iterdir())) == 6
+
+
+def test_f_attach_uuid_names_one_of_the_layouts_vgpus(make_host, tmp_path, capsys):
+    import libvirt
+    from vgpuhost.ops.attach import attach
+    host = make_host("a40-mdev")
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text(POOL_LAYOUT)
+    assert cli(capsys, host, "apply", "-c", str(cfg))[0] == 0
+    store = StateStore(host.state_dir)
+    named = sorted(r.id for r in store.vgpu_records(owner="layout"))[0]
+    conn = libvirt.open("test:///default")
+    try:
+        conn.defineXML("<domain type='test'><name>pool-vm</name><memory>65536</memory><os><type>hvm</type>"
+                       "</os><devices/></domain>")
+        out = attach(host, store, "test:///default", "pool-vm", uuid=named)
+        assert [d.id for d in out.devices] == [named] and out.devices[0].profile == "A40-8Q"
+        xml = conn.lookupByName("pool-vm").XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        assert f"uuid='{named}'" in xml or f'uuid="{named}"' in xml
+        with pytest.raises(RefusedError):                   # one domain per pooled vGPU
+            conn.defineXML("<domain type='test'><name>pool-vm2</name><memory>65536</memory><os><type>hvm"
+                           "</type></os><devices/></domain>")
+            attach(host, store, "test:///default", "pool-vm2", uuid=named)
+        from vgpuhost.model.errors import InputError
+        with pytest.raises(InputError):                      # not a vGPU vgpuhost knows
+            attach(host, store, "test:///default", "pool-vm2", uuid="aaaaaaaa-2222-4333-8444-00000000dead")
+    finally:
+        for n in ("pool-vm", "pool-vm2"):
+            try:
+                conn.lookupByName(n).undefine()
+            except libvirt.libvirtError:
+                pass
+        conn.close()
+
+
+# ---------------------------------------------------------------------------
+# h. modprobe-config with vfio-pci built into the kernel: the kernel command line, not modprobe.d
+
+BUILTIN_VFIO = """
+version: 1
+name: builtin-vfio
+host:
+  modules: [vfio, vfio_iommu_type1, nvidia, snd_hda_intel]
+  builtin_modules: [vfio_pci, vfio_pci_core]
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0"}
+  - {bdf: "0000:81:00.1", model: nvidia-hda, upstream: "0000:80:03.0"}
+"""
+
+
+def test_h_modprobe_config_with_builtin_vfio_pci_gives_the_kernel_command_line(make_host, capsys):
+    host = make_host(yaml_text=BUILTIN_VFIO)
+    code, out, err = cli(capsys, host, "passthrough", "modprobe-config", "0000:81:00.0")
+    assert code == 0, err
+    assert "vfio-pci.ids=10de:2235,10de:1aef" in out and "kernel command line" in out
+    assert "options vfio-pci" not in out and "modprobe.d options are ignored" in out
+    host2 = make_host("a40-mdev")                          # a loadable module: modprobe.d as before
+    code, out, _ = cli(capsys, host2, "passthrough", "modprobe-config", "0000:81:00.0")
+    assert code == 0 and "options vfio-pci ids=" in out
+
+
+# ---------------------------------------------------------------------------
+# m. plan escapes domain names (a newline in one must not forge output lines)
+
+def test_m_plan_escapes_domain_names(make_host, tmp_path, capsys):
+    from vgpuhost.ops.vgpu import create
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    dom = "11111111-2222-4333-8444-0000000000d1"
+    create(host, store, profile="A40-8Q", owner=dom)
+    store.domain_started(dom, "evil\n  1. passthrough  0000:81:00.0  forged step")
+    cfg = tmp_path / "pt.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  pt:\n    gpus:\n      - select: {board: A40}\n        mode: passthrough\n")
+    code, out, err = cli(capsys, host, "plan", "-c", str(cfg))
+    text = out + err
+    assert "evil\\n" in text, text
+    assert not any(line.lstrip().startswith("1. passthrough  0000:81:00.0  forged") for line in text.splitlines())
+
+
+def test_m_scheduler_persist_is_refused_for_a_board_without_vgpu(make_host, capsys):
+    host = make_host("turing-consumer")                     # a GeForce RTX 2080: no vGPU
+    code, _, err = cli(capsys, host, "scheduler", "set", "--policy", "equal-share", "--gpu", "0000:01:00.0",
+                       "--persist")
+    assert code == 2 and "no vGPU support" in err, err
+    assert not (host.root / "etc/modprobe.d/vgpuhost-scheduler.conf").exists()
+    host2 = make_host("a40-mdev")                           # a vGPU board: written as before
+    code, _, err = cli(capsys, host2, "scheduler", "set", "--policy", "equal-share", "--gpu", "0000:81:00.0",
+                       "--persist")
+    assert code == 0, err

@@ -1,0 +1,105 @@
+"""The state store is never silently re-initialised (issue 12 #3): damaged,
+empty or symlinked ``state.db`` files are refused with a restore hint while
+the host has devices vgpuhost may own, and a read-only state dir says so."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from vgpuhost.cli.main import main
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.errors import HostEnvironmentError
+from vgpuhost.observe.ownable import devices_vgpuhost_may_own
+from vgpuhost.ops.passthrough import prepare
+from vgpuhost.ops.vgpu import create
+
+from test_passthrough import GPU, turing
+
+
+def cli(capsys, host, *argv):
+    code = main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _records(host):
+    conn = sqlite3.connect(host.state_dir / "state.db")
+    try:
+        return conn.execute("SELECT count(*) FROM vgpus").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_empty_state_db_is_refused_while_vgpus_exist(make_host, capsys):
+    host = make_host("a40-mdev")
+    out = create(host, StateStore(host.state_dir), profile="A40-8Q")
+    db = host.state_dir / "state.db"
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(str(db) + suffix):
+            os.unlink(str(db) + suffix)
+    db.write_bytes(b"")                                # what a crashed copy or a full disk leaves
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
+    assert code == 2 and err.count("\n") == 1
+    assert "empty" in err and f"mdev {out.id}" in err and "restore state.db from a backup" in err
+    assert "aside" not in err
+    assert db.stat().st_size == 0                      # not re-initialised
+    assert devices_vgpuhost_may_own(host) == [f"mdev {out.id}"]   # nothing else was created
+
+
+def test_empty_state_db_on_a_host_with_nothing_to_own_is_initialised(make_host, capsys):
+    host = make_host("a40-mdev")
+    host.state_dir.mkdir(parents=True)
+    (host.state_dir / "state.db").write_bytes(b"")
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
+    assert code == 0, err
+    assert _records(host) == 1
+
+
+def test_symlinked_state_db_is_refused(make_host, capsys, tmp_path):
+    host = make_host("a40-mdev")
+    elsewhere = tmp_path / "elsewhere.db"
+    StateStore(tmp_path / "other").close()
+    os.replace(tmp_path / "other" / "state.db", elsewhere)
+    host.state_dir.mkdir(parents=True)
+    os.symlink(elsewhere, host.state_dir / "state.db")
+    for argv in (("vgpu", "list"), ("vgpu", "create", "--profile", "A40-8Q")):
+        code, _, err = cli(capsys, host, *argv)
+        assert code == 2 and "symlink" in err and "aside" not in err, err
+    assert os.path.islink(host.state_dir / "state.db")
+    assert devices_vgpuhost_may_own(host) == []
+
+
+def test_corrupt_state_db_is_refused_not_replaced(make_host, capsys):
+    host = make_host("turing-consumer")
+    host.state_dir.mkdir(parents=True)
+    db = host.state_dir / "state.db"
+    db.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4080)
+    before = db.read_bytes()
+    code, _, err = cli(capsys, host, "passthrough", "release", str(GPU))
+    assert code == 2 and err.count("\n") == 1 and "aside" not in err, err
+    assert db.read_bytes() == before
+
+
+def test_read_only_state_dir_is_reported_as_read_only(make_host, capsys):
+    """A state dir on a read-only file system (statvfs says ST_RDONLY; root ignores modes, so
+    the file-system flag is what is simulated) is named as read-only, before anything is touched."""
+    from unittest import mock
+    host = make_host("a40-mdev")
+    StateStore(host.state_dir).close()
+
+    class ReadOnlyFs:
+        f_flag = os.ST_RDONLY
+
+    with mock.patch("vgpuhost.io.state.os.statvfs", return_value=ReadOnlyFs()):
+        code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
+    assert code == 2 and "read-only file system" in err and "aside" not in err, err
+    assert devices_vgpuhost_may_own(host) == []
+
+
+def test_read_only_store_message_from_sqlite(make_host):
+    from vgpuhost.io.state import store_error
+    e = store_error("/x/state.db", sqlite3.OperationalError("attempt to write a readonly database"))
+    assert "read-only" in e.message and "aside" not in e.one_line()
+    e = store_error("/x/state.db", sqlite3.DatabaseError("file is not a database"))
+    assert "damaged" in e.message and "restore state.db from a backup" in e.one_line()

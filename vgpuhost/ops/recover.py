@@ -1,0 +1,288 @@
+"""Finishing or rolling back device operations an interruption cut short.
+
+Owns: reading the intent journal's open entries (:mod:`vgpuhost.plan.journal`)
+and, for each, leaving the host consistent with the records: a half-done
+``passthrough prepare`` goes back to the drivers the functions had before
+(unless it had in fact completed: every function on vfio-pci and recorded,
+then it is closed as finished); a half-done ``passthrough release`` is
+finished (every function back to the original driver the journal kept, the
+records dropped); a ``vgpu create`` cut off before its record is rolled
+back (the vGPU it made is removed again, its mdevctl definition too); a
+``vgpu remove`` is finished (device removed, record dropped).  A removal the
+kernel refuses with EBUSY leaves the entry open ("remove pending") for the
+next reconcile.  Runs under the same group/GPU locks as the operations, so an
+entry whose process is still running is never touched.  Must not: decide
+placement, or touch devices the entry does not name.
+
+Entry points: :func:`recover_all` (``vgpuhost reconcile``, which the boot
+units run) and :func:`recover_locked` (the start of every passthrough or
+vGPU operation, for its own group and GPU).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import ExitStack
+
+from ..io.hostroot import HostRoot
+from ..io.locks import file_lock
+from ..io.state import JournalEntry, StateStore, delete_vgpu, pid_alive
+from ..io.sysfs import Sysfs
+from ..model.errors import SysfsError, VgpuhostError
+from ..model.values import PciAddress, field, record
+from ..plan.executor import Executor
+from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, VerifyDriver
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import List, Optional, Tuple
+
+VFIO_PCI = "vfio-pci"
+BACKEND_MDEV = "mdev"
+
+
+@record
+class Recovered:
+    """What reconcile did with one open entry."""
+
+    entry: int
+    operation: str
+    owner: str
+    result: str            # finished | rolled-back | pending (left open) | failed (left open)
+    detail: str = ""
+    devices: List[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def line(self) -> str:
+        return (f"journal #{self.entry} {self.operation} (owner {self.owner}): {self.result}"
+                + (f": {self.detail}" if self.detail else ""))
+
+
+def open_entries(store: StateStore) -> List[JournalEntry]:
+    """Open entries, oldest first."""
+    return store.journal_entries(open_only=True)
+
+
+def describe_open(entry: JournalEntry) -> str:
+    """One line for ``reconcile --check``."""
+    alive = pid_alive(entry.pid)
+    devs = ", ".join(d.get("bdf") or d.get("id") or "?" for d in entry.devices)
+    return (f"journal #{entry.id} open since {entry.opened}: {entry.operation} (owner {entry.owner}, "
+            f"{entry.done}/{len(entry.steps)} steps done; devices {devs})"
+            + (f" - pid {entry.pid} still running" if alive else " - interrupted"))
+
+
+def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recovered]:
+    """Finish or roll back every open entry, each under its group and GPU locks."""
+    out: List[Recovered] = []
+    for entry in open_entries(store):
+        with _locks(store, entry):
+            again = next((e for e in store.journal_entries(open_only=True) if e.id == entry.id), None)
+            if again is None:
+                continue            # its own process ended it while we waited for the lock
+            out.append(_recover(host, store, again, actor))
+    return out
+
+
+def recover_locked(host: HostRoot, store: StateStore, *, gpu: str, group: Optional[int] = None,
+                   actor: str) -> List[Recovered]:
+    """Recover the open entries on ``gpu`` (or IOMMU ``group``); the caller holds their locks.
+
+    Entries of this process are skipped (an outer operation of the same
+    process may still be running).
+    """
+    mine = os.getpid()
+    out = []
+    for entry in open_entries(store):
+        if entry.pid == mine:
+            continue
+        if entry.gpu == gpu or (group is not None and entry.iommu_group == group):
+            out.append(_recover(host, store, entry, actor))
+    return out
+
+
+def _locks(store: StateStore, entry: JournalEntry) -> ExitStack:
+    stack = ExitStack()
+    if entry.iommu_group is not None:
+        stack.enter_context(file_lock(store.state_dir, f"group-{entry.iommu_group}"))
+    stack.enter_context(file_lock(store.state_dir, f"gpu-{entry.gpu}"))
+    return stack
+
+
+def _recover(host: HostRoot, store: StateStore, entry: JournalEntry, actor: str) -> Recovered:
+    ex = Executor(host, store, actor=actor, operation=f"reconcile journal #{entry.id} ({entry.operation})")
+    rep = Recovered(entry.id, entry.operation, entry.owner, "failed")
+    try:
+        if entry.kind == "passthrough-prepare":
+            _prepare(host, store, ex, entry, rep)
+        elif entry.kind == "passthrough-release":
+            _release(host, store, ex, entry, rep)
+        elif entry.kind == "vgpu-create":
+            _vgpu_create(host, store, ex, entry, rep)
+        elif entry.kind == "vgpu-remove":
+            _vgpu_remove(host, store, ex, entry, rep)
+        else:
+            rep.detail = f"unknown kind {entry.kind!r} (a newer vgpuhost wrote it): left open"
+            return rep
+    except VgpuhostError as e:
+        rep.result = "failed"
+        rep.detail = e.message + "; the entry stays open for the next reconcile"
+        return rep
+    if rep.result in ("finished", "rolled-back"):
+        store.journal_close(entry.id, state=rep.result, outcome=rep.detail or rep.result)
+    return rep
+
+
+# --- passthrough -------------------------------------------------------------------
+
+def _read(host: HostRoot, bdf: str):
+    from ..observe.inventory import _read_device
+    return _read_device(Sysfs(host), PciAddress.parse(bdf))
+
+
+def _give_back(host: HostRoot, ex: Executor, bdf: str, target: Optional[str]) -> None:
+    """Return one function to ``target`` (a driver, ANY_HOST_DRIVER, or None: no driver), override cleared.
+
+    The safe sequence of REFERENCE.md §1: clear ``driver_override``, unbind
+    from the driver it is on now, ``drivers_probe``, read ``driver`` back.
+    """
+    cur = _read(host, bdf)
+    addr = PciAddress.parse(bdf)
+    steps: list = []
+    if cur.driver_override is not None:
+        steps.append(SetDriverOverride(addr, None))
+    on_target = (cur.driver is not None and cur.driver != VFIO_PCI if target == ANY_HOST_DRIVER
+                 else cur.driver == target)
+    if not on_target:
+        if cur.driver is not None:
+            steps.append(Unbind(addr, cur.driver))
+        if target is not None:
+            steps.append(Probe(addr))
+        steps.append(VerifyDriver(addr, target))
+    ex.run(steps)
+
+
+def _prepare(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
+    records = {r.bdf: r for r in store.passthrough_records()}
+    now = {d["bdf"]: _read(host, d["bdf"]) for d in entry.devices}
+    rep.devices = [d["bdf"] for d in entry.devices]
+    if all(now[b].driver == VFIO_PCI for b in now) and all(
+            b in records and records[b].owner == entry.owner for b in now):
+        rep.result, rep.detail = "finished", "the group was bound and recorded before the interruption"
+        return
+    # roll back, companions first and the GPU last (the reverse of the bind order)
+    for d in reversed(entry.devices):
+        cur = now[d["bdf"]]
+        if cur.driver == d["driver"] and cur.driver_override == d["override"]:
+            continue                    # as it was before (never touched, or already on vfio-pci)
+        _give_back(host, ex, d["bdf"], d["driver"])
+    with store.transaction() as conn:
+        store.delete_passthrough(conn, [d["bdf"] for d in entry.devices if not d.get("recorded")])
+    rep.result = "rolled-back"
+    rep.detail = "functions returned to " + ", ".join(f"{d['bdf']} {d['driver'] or 'no driver'}"
+                                                    for d in entry.devices)
+
+
+def _release(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
+    rep.devices = [d["bdf"] for d in entry.devices]
+    for d in reversed(entry.devices):           # companions first, the GPU last
+        target = d.get("target")
+        if target == VFIO_PCI:
+            continue                            # not part of the release (left as it was)
+        _give_back(host, ex, d["bdf"], target)
+    with store.transaction() as conn:
+        store.delete_passthrough(conn, [d["bdf"] for d in entry.devices])
+    rep.result = "finished"
+    rep.detail = "functions given back: " + ", ".join(
+        f"{d['bdf']} {d['target'] if d['target'] != ANY_HOST_DRIVER else 'host driver'}" for d in entry.devices)
+
+
+# --- vGPUs ------------------------------------------------------------------------------
+
+def _current_type(host: HostRoot, dev: dict) -> Optional[str]:
+    fs = Sysfs(host)
+    if dev["backend"] == BACKEND_MDEV:
+        return fs.link_name(host.mdev_devices / dev["id"] / "mdev_type")
+    cur = fs.read_optional(host.pci_device(dev["parent"]) / "nvidia" / "current_vgpu_type")
+    return cur if cur and cur != "0" else None
+
+
+#: how long a vGPU removal that meets EBUSY is retried: qemu can hold an mdev for a moment after
+#: it exits (Proxmox VE waits up to 10 s for the same reason)
+REMOVE_RETRY_S = 10.0
+REMOVE_RETRY_INTERVAL_S = 0.25
+
+
+def destroy_retrying(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
+    """Remove vGPU ``vid`` (mdev ``remove`` <- 1; vendor VFIO ``current_vgpu_type`` <- 0), retried
+    on EBUSY within :data:`REMOVE_RETRY_S` seconds; raises the last SysfsError."""
+    import time
+    host = fs.host
+    if backend == BACKEND_MDEV:
+        path, value = host.mdev_devices / vid / "remove", "1"
+    else:
+        path, value = host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0"
+    deadline = time.monotonic() + REMOVE_RETRY_S
+    while True:
+        try:
+            return fs.write(path, value)
+        except SysfsError as e:
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(REMOVE_RETRY_INTERVAL_S)
+
+
+def _destroy(host: HostRoot, ex: Executor, dev: dict) -> bool:
+    """Remove the vGPU ``dev`` names; False when the kernel still says EBUSY after the retry window."""
+    try:
+        destroy_retrying(ex.fs, dev["backend"], PciAddress.parse(dev["parent"]), dev["id"])
+        return True
+    except SysfsError as e:
+        if e.errno != errno.EBUSY:
+            raise
+        return False
+
+
+def _drop_definition(host: HostRoot, ex: Executor, dev: dict) -> None:
+    if dev.get("persisted") and dev["backend"] == BACKEND_MDEV:
+        ex.fs.remove_config(host.mdevctl_d / dev["parent"] / dev["id"])     # False when absent
+
+
+def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
+    dev = entry.devices[0]
+    rep.devices = [dev["id"]]
+    rec = next((r for r in store.vgpu_records() if r.id == dev["id"]), None)
+    present = _current_type(host, dev)
+    if rec is not None and rec.owner == entry.owner:
+        rep.result, rep.detail = "finished", f"vGPU {dev['id']} was created and recorded before the interruption"
+        return
+    if present is not None and present == dev["type_id"]:
+        if not _destroy(host, ex, dev):
+            rep.result = "pending"
+            rep.detail = f"vGPU {dev['id']} is busy (EBUSY); remove pending, the entry stays open"
+            return
+    _drop_definition(host, ex, dev)
+    rep.result = "rolled-back"
+    rep.detail = (f"vGPU {dev['id']} created but never recorded: removed again" if present == dev["type_id"]
+                  else f"vGPU {dev['id']} was never created")
+
+
+def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:
+    dev = entry.devices[0]
+    rep.devices = [dev["id"]]
+    present = _current_type(host, dev)
+    if present is not None and present == dev["type_id"]:
+        if not _destroy(host, ex, dev):
+            rep.result = "pending"
+            rep.detail = f"vGPU {dev['id']} is busy (EBUSY); remove pending, the entry stays open"
+            return
+    with store.transaction() as conn:
+        delete_vgpu(conn, dev["id"], owner=entry.owner)
+    _drop_definition(host, ex, dev)
+    rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
+
+
+__all__ = ["Recovered", "recover_all", "recover_locked", "open_entries", "describe_open", "destroy_retrying", "REMOVE_RETRY_S"]
