@@ -3,9 +3,10 @@
 Owns: the operations over the pure planner (:mod:`vgpuhost.plan.layout`) —
 :func:`plan` and :func:`check` (observe the host once, scoped to the GPUs the
 layout may select, then plan or list the drift) and :func:`apply` (observe ->
-plan -> execute exactly those steps -> observe again and assert) — and the
-binding of each layout step type to the operation that runs it
-(:func:`handlers`): :func:`vgpuhost.ops.vgpu.create` /
+plan -> run exactly those steps through the one
+:class:`~vgpuhost.plan.executor.Executor` -> observe again and assert) — and
+the binding, in the executor's context, of each layout step type to the
+operation that runs it (:func:`handlers`): :func:`vgpuhost.ops.vgpu.create` /
 :func:`~vgpuhost.ops.vgpu.remove`, :func:`vgpuhost.ops.mig.set_mode` /
 :func:`~vgpuhost.ops.mig.apply`, :func:`vgpuhost.ops.scheduler.mixed_size` /
 :func:`~vgpuhost.ops.scheduler.set_runtime`,

@@ -55,10 +55,15 @@ from .steps import AUDIT_NONE, Step
 from ..observe.hostview import HostView, MigMode, SeenType
 from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, VgpuType, gpu_available
 from ..observe.vgpus import VgpuEntry
-from ..policy.config import (Config, Entry, Layout, MigSpec, VgpuSpec, board_names, board_tables, check_mig,
+from ..policy.config import (Config, Entry, Layout, MigSpec, VgpuSpec, _near, board_names, board_tables, check_mig,
                              check_vgpu_types, gi_name_for)
 from ..policy.admission import Pool
 from ..policy.placement import LAYOUT, GpuOffer, Request, place
+from ..policy.iommu import group_endpoints, prepare_blockers
+from ..policy.mig import ORDER, layout_text
+from ..policy.offers import offers
+from ..policy.scheduler import check_caps, describe, encode, matches, parse_conf
+from .mig import plan_layout
 
 SCHEMA_PLAN = "vgpuhost.plan/v1"
 SCHEMA_ASSERT = "vgpuhost.assert/v1"
@@ -566,7 +571,6 @@ class _Walker:
 
     def check_types(self, g: Gpu, names: Sequence[Any], *, mig_profiles=None) -> None:
         """Each wanted vGPU type exists on ``g``: InputError ``FILE:LINE:`` naming near matches."""
-        from ..policy.config import _near
         offered = self.offered(g)
         table = board_tables().get(g.pci.device)
         label = f"{g.address} ({g.model})"
@@ -702,7 +706,6 @@ class _Walker:
 
     # --- modes --------------------------------------------------------------------------
     def passthrough(self, g: Gpu, entry: Entry) -> None:
-        from ..policy.iommu import group_endpoints, prepare_blockers
         bdf = str(g.address)
         spec = entry.passthrough
         try:
@@ -763,7 +766,6 @@ class _Walker:
         """On vendor-specific VFIO, MIG mode changes only while the VFs are disabled
         (REFERENCE.md §3): an operator step, so the plan is blocked before anything is
         removed.  True when so."""
-        from ..policy.mig import ORDER
         if not (g.vgpu_backend == "vendor-vfio" and g.vfs):
             return False
         bdf = str(g.address)
@@ -854,7 +856,6 @@ class _Walker:
                        f"(REFERENCE.md §6): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
                        f"at {where}")
         if entry.scheduler is not None:
-            from ..policy.scheduler import describe, matches
             want_state = entry.scheduler.state
             if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
                 self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (REFERENCE.md §6): "
@@ -896,7 +897,6 @@ class _Walker:
         driver's default time slice where the device has no ARR and no ARR parameter is given);
         InputError ``FILE:LINE:`` when the device cannot take it, so apply never removes vGPUs for
         a scheduler step that would then fail."""
-        from ..policy.scheduler import check_caps
         where = entry.scheduler.where
         facts = self.view.nvml(g.address)
         caps = facts.scheduler_caps
@@ -917,7 +917,6 @@ class _Walker:
         return bool(n)
 
     def persist_scheduler(self, g: Gpu, state: SchedulerState, entry: Entry) -> None:
-        from ..policy.scheduler import describe, encode, parse_conf
         bdf = str(g.address)
         conf = parse_conf(self.view.scheduler_conf or "")
         value = encode(state)
@@ -935,7 +934,6 @@ class _Walker:
 
     def vgpu_total(self, entry: Entry, gpus: Sequence[Gpu]) -> None:
         """A vgpu entry with counts: total: place the missing vGPUs across ``gpus`` by the strategy."""
-        from ..policy.offers import offers
         spec: VgpuSpec = entry.vgpu
         where = str(entry.where)
         if not gpus:
@@ -1017,8 +1015,6 @@ class _Walker:
                                                      f"{k} here ({where})", profile=name, count=k))
 
     def mig(self, g: Gpu, entry: Entry) -> None:
-        from .mig import plan_layout
-        from ..policy.mig import layout_text
         spec: MigSpec = entry.mig
         bdf = str(g.address)
         where = str(entry.where)
@@ -1242,7 +1238,7 @@ def scope(config: Config, layout: Optional[str]):
     return gpus, needs_nvml
 
 
-__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "RemoveVgpu", "CreateVgpus",
-           "RecreateVgpu", "ChangeMigMode", "MakeGpuInstances", "SetMixedSize", "SetScheduler",
+__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "RemoveVgpu",
+           "CreateVgpus", "RecreateVgpu", "ChangeMigMode", "MakeGpuInstances", "SetMixedSize", "SetScheduler",
            "PreparePassthrough", "ReleasePassthrough", "KINDS", "PHASES", "REBOOT_MARK", "RESET_MARK",
            "OPERATOR_MARK"]
