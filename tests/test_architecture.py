@@ -302,13 +302,6 @@ def violations() -> Set[Tuple[str, str, str]]:
 # known violations: (rule, module, detail) -> owner.  Delete a line when you fix it.
 
 KNOWN: Dict[Tuple[str, str, str], str] = {
-    ('file-access', 'vgpuhost.ops.units', '.is_file()'): 'steps',
-    ('file-access', 'vgpuhost.ops.units', '.read_text()'): 'steps',
-    ('file-access', 'vgpuhost.ops.units', 'import shutil'): 'steps',
-    ('file-access', 'vgpuhost.ops.units', 'os.access()'): 'steps',
-    ('file-access', 'vgpuhost.ops.units', 'os.path.lexists()'): 'steps',
-    # the layout planner still imports pure MIG/passthrough/scheduler/offers functions from ops/ until
-    # they move down to policy/ (issue 11, 'steps'); hostview switches the imports then
 }
 
 

@@ -2,7 +2,10 @@
 
 Owns: reading them (:func:`read_config_text`, :func:`config_equals`,
 :func:`list_config_files`) and what an audit row records of one
-(:func:`audit_value`).  Writing them (atomic: temp file + rename) and
+(:func:`audit_value`); and the few other host files vgpuhost looks at
+before it writes one: whether something exists (:func:`exists`), an
+executable a unit names (:func:`is_executable_file`, :func:`find_program`),
+and the templates shipped in the package (:func:`package_text`).  Writing them (atomic: temp file + rename) and
 removing them is :meth:`vgpuhost.io.sysfs.Sysfs.write_config` /
 :meth:`~vgpuhost.io.sysfs.Sysfs.remove_config`'s, the one module that opens
 files for writing, which add the audit row; product code changes these
@@ -68,6 +71,36 @@ def list_config_files(directory: PathArg, suffix: str = "") -> List[Tuple[str, s
     return out
 
 
+def exists(path: PathArg) -> bool:
+    """Something is at ``path`` (a dangling symlink counts: ``systemctl enable`` links)."""
+    return os.path.lexists(path)
+
+
+def is_file(path: PathArg) -> bool:
+    """``path`` is a regular file (following symlinks)."""
+    return os.path.isfile(path)
+
+
+def is_executable_file(path: PathArg) -> bool:
+    """``path`` is a regular file this process may execute (False on any error)."""
+    try:
+        return os.path.isfile(path) and os.access(path, os.X_OK)
+    except OSError:
+        return False
+
+
+def find_program(name: str) -> Optional[str]:
+    """``name`` on ``PATH`` (``shutil.which``), None when absent."""
+    import shutil
+    return shutil.which(name)
+
+
+def package_text(*parts: str) -> str:
+    """A text file shipped in the vgpuhost package (``package_text("units", NAME)``), UTF-8."""
+    from importlib import resources
+    return resources.files("vgpuhost").joinpath(*parts).read_text(encoding="utf-8")
+
+
 def audit_value(text: str, limit: int = 160) -> str:
     """What the audit log records for a configuration file's text: the text when it is one
     short line, else ``<N lines, B bytes: first non-comment line>``."""
@@ -79,4 +112,5 @@ def audit_value(text: str, limit: int = 160) -> str:
     return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"
 
 
-__all__ = ["read_config_text", "config_equals", "list_config_files", "audit_value"]
+__all__ = ["read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",
+           "package_text", "audit_value"]

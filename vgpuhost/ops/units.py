@@ -34,19 +34,17 @@ start between two tries.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..model.errors import HostEnvironmentError, InputError
 from ..io.hostroot import HostRoot
-from ..io.configfiles import read_config_text
+from ..io.configfiles import exists, find_program, is_executable_file, is_file, package_text, read_config_text
 from ..io.process import actor as actor_name
+from ..plan.steps import WriteConfig
 
 LAYOUT_UNIT = "vgpuhost-layout.service"
 RECONCILE_UNIT = "vgpuhost-reconcile.service"
@@ -115,12 +113,12 @@ def default_executable() -> str:
     exists (pass ``--exe``).
     """
     argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if argv0 is not None and argv0.name == "vgpuhost" and argv0.is_file():
+    if argv0 is not None and argv0.name == "vgpuhost" and is_file(argv0):
         return str(argv0.absolute())
     beside = Path(sys.executable).parent / "vgpuhost"
-    if beside.is_file() and os.access(beside, os.X_OK):
+    if is_executable_file(beside):
         return str(beside)
-    found = shutil.which("vgpuhost")
+    found = find_program("vgpuhost")
     if found:
         return str(Path(found).absolute())
     raise HostEnvironmentError("cannot find the vgpuhost executable to name in the units",
@@ -131,7 +129,7 @@ def template_text(name: str) -> str:
     """The shipped template of unit ``name`` (with ``@PLACEHOLDERS@``)."""
     if name not in UNIT_NAMES:
         raise InputError(f"no unit {name!r}", hint="units: " + ", ".join(UNIT_NAMES))
-    return resources.files("vgpuhost").joinpath("units", name).read_text(encoding="utf-8")
+    return package_text("units", name)
 
 
 def render(name: str, *, exe: str, config: str = DEFAULT_CONFIG, layout: Optional[str] = None,
@@ -223,18 +221,12 @@ def unit_dir_of(host: HostRoot) -> Path:
 
 def _executable_here(host: HostRoot, exe: str) -> bool:
     """Is ``exe`` an executable file on this machine, as given or under the host root?"""
-    for p in (Path(exe), host.root / exe.lstrip("/")):
-        try:
-            if p.is_file() and os.access(p, os.X_OK):
-                return True
-        except OSError:
-            pass
-    return False
+    return any(is_executable_file(p) for p in (Path(exe), host.root / exe.lstrip("/")))
 
 
 def _enabled(unit_dir: Path, name: str) -> bool:
     """Is ``name`` enabled, as ``systemctl enable`` leaves it (a link in ``multi-user.target.wants``)?"""
-    return os.path.lexists(unit_dir / f"{WANTED_BY}.wants" / name)
+    return exists(unit_dir / f"{WANTED_BY}.wants" / name)
 
 
 def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Optional[str] = None,
@@ -268,19 +260,20 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
         warnings.append(f"{exe} is not an executable file on this host: the units would fail at boot "
                         "(exit 127) until it is there; pass --exe with the vgpuhost the booted host runs")
     changes: List[UnitChange] = []
-    executor = None
+    writes = []
     for name, text in texts.items():
         path = target / name
         old = read_config_text(path)
         action = "create" if old is None else ("unchanged" if old == text else "update")
-        if action != "unchanged" and not dry_run:
-            if executor is None:
-                from ..io.state import StateStore
-                from ..plan.executor import Executor
-                executor = Executor(host, StateStore(host.state_dir), operation="install-units",
-                                    actor=actor or actor_name())
-            executor.fs.write_config(path, text)
+        if action != "unchanged":
+            writes.append(WriteConfig(path, text))
         changes.append(UnitChange(name, host.relative(path), action, _enabled(target, name)))
+    if writes and not dry_run:
+        # the store is created only when something is written; a failed write undoes the units written before it
+        from ..io.state import StateStore
+        from ..plan.executor import Executor
+        Executor(host, StateStore(host.state_dir), operation="install-units",
+                 actor=actor or actor_name()).run(writes)
     steps = []
     if any(c.action != "unchanged" for c in changes):
         steps.append("systemctl daemon-reload")
