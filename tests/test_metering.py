@@ -558,24 +558,28 @@ def test_open_journal_entries_are_a_host_series(loaded, monkeypatch):
     assert host_series(host, store)["journal_open"] == 2 and calls == [True]
 
 
-def test_one_sampler_per_state_dir_and_the_agents_metrics(loaded, capsys):
-    """The agent's /v1/metrics runs its own sampler; a second sampler on the same state dir is
-    refused (it would bill every interval twice)."""
+def test_one_sampler_per_state_dir(loaded, capsys):
+    """A running sampler (the agent's runs Sampler.run in a thread) holds the state dir's metering
+    lock: a second sampler is refused, since it would bill every interval twice."""
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops import exporter
+    first = Sampler(nv, store, interval_s=0.1)
+    stop = threading.Event()
+    t = threading.Thread(target=first.run, args=(stop,), daemon=True)
+    t.start()
     try:
-        ctype, body = exporter.render(host, store, interval_s=0.1)
-        assert ctype.startswith("text/plain")
-        deadline = [0]
-        while b"vgpuhost_up 1.0" not in body and deadline[0] < 600:
-            deadline[0] += 1
-            threading.Event().wait(0.05)
-            ctype, body = exporter.render(host, store)
-        assert b"vgpuhost_up 1.0" in body and recs[DOM_A].encode() in body
+        while first.snapshot.time_us == 0:
+            stop.wait(0.05)
         assert main(["--root", str(host.root), "exporter", "--once"]) == 2
         assert "another metering sampler" in capsys.readouterr().err
+        second = Sampler(nv, StateStore(host.state_dir), interval_s=0.1)
+        second.run(threading.Event())                  # returns at once, refused
+        assert second.refused is not None and not second.snapshot.ok
+        assert main(["--root", str(host.root), "exporter", "--port", "0", "--interval", "0.1"]) == 2
+        assert "another metering sampler" in capsys.readouterr().err
     finally:
-        exporter.stop_agent_samplers()
+        stop.set()
+        t.join(30)
+    assert first.refused is None
     assert main(["--root", str(host.root), "exporter", "--once"]) == 0
     assert "vgpuhost_up 1.0" in capsys.readouterr().out
 

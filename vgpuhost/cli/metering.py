@@ -64,7 +64,8 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
     sampler = _sampler(ctx, interval, max_hold)
     if once:
         from prometheus_client import CollectorRegistry, generate_latest
-        from ..ops.exporter import SnapshotCollector, sampler_lock
+        from ..ops.exporter import SnapshotCollector
+        from ..ops.metering import sampler_lock
         with sampler_lock(sampler.store.state_dir):
             sampler.tick()
         reg = CollectorRegistry(auto_describe=False)

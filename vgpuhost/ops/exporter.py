@@ -250,104 +250,26 @@ def _uuid_like(text: str) -> bool:
     return len(text) == 36 and text.count("-") == 4
 
 
-#: the lock one sampler per state dir holds for its life: two samplers would bill every interval twice
-SAMPLER_LOCK = "metering"
-
-
-def sampler_lock(state_dir):
-    """Hold :data:`SAMPLER_LOCK` in ``state_dir`` (a context manager); HostEnvironmentError at once
-    when another sampler (``vgpuhost exporter``, the agent, ``exporter --once``) holds it."""
-    from contextlib import contextmanager
-
-    from ..io.locks import file_lock
-    from ..model.errors import HostEnvironmentError
-
-    @contextmanager
-    def held():
-        try:
-            with file_lock(state_dir, SAMPLER_LOCK, timeout_s=0.5):
-                yield
-        except HostEnvironmentError as e:
-            if "held lock" not in e.message:
-                raise
-            raise HostEnvironmentError(
-                "another metering sampler (vgpuhost exporter or the agent) writes this state dir's usage",
-                hint="scrape that one; two samplers would count every interval twice") from None
-
-    return held()
-
-
 def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT,
           stop: Optional[threading.Event] = None, ready: Optional[Callable[[int], None]] = None) -> None:
     """Run the sampler and serve ``/metrics`` on ``address:port`` until ``stop`` is set.
 
     ``port`` 0 picks a free port; ``ready(port)`` is called once it listens.
     Raises OSError when the address cannot be bound, HostEnvironmentError when
-    another sampler already meters this state dir (:func:`sampler_lock`).
+    another sampler already meters this state dir (:func:`~vgpuhost.ops.metering.sampler_lock`).
     """
     from prometheus_client import CollectorRegistry, start_http_server
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
     stop = stop or threading.Event()
-    with sampler_lock(sampler.store.state_dir):
-        server, thread = start_http_server(port, addr=address, registry=registry)
-        try:
-            if ready is not None:
-                ready(server.server_address[1])
-            sampler.run(stop)
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
-
-
-# --- the agent's /v1/metrics ----------------------------------------------------------------
-
-_AGENT: Dict[str, tuple] = {}          # state dir -> (sampler, registry, stop event, thread, lock)
-_AGENT_LOCK = threading.Lock()
-
-
-def render(host_root, store, *, interval_s: float = 10.0) -> "tuple[str, bytes]":
-    """The metrics page for the agent's ``GET /v1/metrics``: ``(content type, body)``.
-
-    The first call starts a sampler thread in the agent for ``store``'s state
-    dir (holding :func:`sampler_lock` for the agent's life); every call reads
-    its last snapshot, so a request never waits on NVML (``vgpuhost_up`` is 0
-    until the first reading).  Raises HostEnvironmentError when another
-    sampler (a ``vgpuhost exporter`` service) already meters this state dir.
-    """
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-    from ..io.backends import metering_nvml
-    from .metering import OwnerLabels
-    key = str(store.state_dir)
-    with _AGENT_LOCK:
-        entry = _AGENT.get(key)
-        if entry is None:
-            lock = sampler_lock(store.state_dir)
-            lock.__enter__()
-            try:
-                uri = None if host_root.is_simulated else "qemu:///system"
-                sampler = Sampler(metering_nvml(host_root), store, interval_s=interval_s,
-                                  labels=OwnerLabels(store, uri),
-                                  host_series=lambda: host_series(host_root, store),
-                                  host_every_s=max(interval_s, 30.0))
-            except BaseException:
-                lock.__exit__(None, None, None)
-                raise
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(SnapshotCollector(lambda: sampler.snapshot, interval_s))
-            stop = threading.Event()
-            thread = threading.Thread(target=sampler.run, args=(stop,), name="vgpuhost-metering", daemon=True)
-            thread.start()
-            entry = _AGENT[key] = (sampler, registry, stop, thread, lock)
-    return CONTENT_TYPE_LATEST, generate_latest(entry[1])
-
-
-def stop_agent_samplers() -> None:
-    """Stop the agent's sampler threads and release their locks (agent shutdown, tests)."""
-    with _AGENT_LOCK:
-        for sampler, _reg, stop, thread, lock in _AGENT.values():
-            stop.set()
-            thread.join(timeout=30)
-            lock.__exit__(None, None, None)
-        _AGENT.clear()
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    try:
+        if ready is not None:
+            ready(server.server_address[1])
+        sampler.run(stop)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    if sampler.refused is not None:
+        raise sampler.refused

@@ -354,16 +354,58 @@ class Sampler:
 
     # --- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Tick every ``interval_s`` until ``stop`` is set (the first tick at once)."""
-        nxt = time.monotonic()
-        while not stop.is_set():
-            self.tick()
-            nxt += self.interval_s
-            delay = nxt - time.monotonic()
-            if delay < 0:                     # fell behind: skip, never burst
+        """Tick every ``interval_s`` until ``stop`` is set (the first tick at once), holding
+        :func:`sampler_lock` throughout.
+
+        When another sampler holds it, nothing is sampled: ``refused`` says
+        why (logged), the snapshot stays not ok (``vgpuhost_up`` 0), and run returns.
+        """
+        from ..model.errors import HostEnvironmentError
+        try:
+            with sampler_lock(self.store.state_dir):
                 nxt = time.monotonic()
-                delay = 0
-            stop.wait(delay)
+                while not stop.is_set():
+                    self.tick()
+                    nxt += self.interval_s
+                    delay = nxt - time.monotonic()
+                    if delay < 0:                     # fell behind: skip, never burst
+                        nxt = time.monotonic()
+                        delay = 0
+                    stop.wait(delay)
+        except HostEnvironmentError as e:
+            self.refused = e
+            log.error("metering not started: %s", e.one_line())
+
+    refused = None
+
+
+#: the lock one sampler per state dir holds while it runs: two samplers (``vgpuhost exporter``,
+#: the agent's, ``exporter --once``) would add every interval to the rollups twice
+SAMPLER_LOCK = "metering"
+
+
+def sampler_lock(state_dir):
+    """Hold :data:`SAMPLER_LOCK` in ``state_dir`` (a context manager); HostEnvironmentError
+    within half a second when another sampler holds it."""
+    from contextlib import contextmanager
+
+    from ..io.locks import file_lock
+    from ..model.errors import HostEnvironmentError
+
+    @contextmanager
+    def held():
+        try:
+            with file_lock(state_dir, SAMPLER_LOCK, timeout_s=0.5):
+                yield
+        except HostEnvironmentError as e:
+            if "held lock" not in e.message:
+                raise
+            raise HostEnvironmentError(
+                "another metering sampler (vgpuhost exporter, or the agent's) writes this state dir's usage",
+                hint="run one of them (the agent: --metering-interval 0 turns its sampler off); two would "
+                     "count every interval twice") from None
+
+    return held()
 
 
 def _rows(m: _Meter, hours: List[Tuple[str, float]], alloc_s: float, busy: Tuple[float, float, float],
