@@ -21,8 +21,8 @@ import click
 from .. import __version__
 from ..io.state import StoreError
 from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, VgpuhostError
-from . import (agent, audit, hook, host, layout, metering, mig, passthrough, reconcile, scheduler, sim, tenant, units,
-               vgpu, virt)
+from . import (agent, audit, fleet, hook, host, layout, metering, mig, passthrough, reconcile, scheduler, sim, tenant,
+               units, vgpu, virt)
 from .common import EXIT_INTERNAL, Context, printable  # noqa: F401 (Context: the root group's obj, for callers)
 
 log = logging.getLogger("vgpuhost")
@@ -45,7 +45,7 @@ def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose) -> None
 # --- the command families: each module's COMMANDS, registered the same way ----------
 
 FAMILIES = (host, passthrough, vgpu, mig, scheduler, virt, hook, layout, units, tenant, metering, reconcile, audit,
-            sim, agent)
+            sim, agent, fleet)
 
 for _family in FAMILIES:
     for _command in _family.COMMANDS:

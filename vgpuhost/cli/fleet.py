@@ -1,0 +1,64 @@
+"""`vgpuhost fleet capacity|place`: where does a vGPU fit in the fleet? (read from Prometheus)
+
+Logic lives in :mod:`vgpuhost.ops.fleet` (the series) and
+:mod:`vgpuhost.policy.fleet` (the ranking); this module parses options and
+prints.  ``place`` exits 1 when no host can take the request.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import click
+
+from .common import current, emit
+
+PROM_HELP = "Prometheus's base URL (http://HOST:9090) scraping every host's agent (--metrics-port)."
+
+
+@click.group("fleet")
+def fleet() -> None:
+    """The fleet's capacity and placement, from the agents' series in Prometheus."""
+
+
+@fleet.command("capacity")
+@click.option("--prometheus", "url", required=True, metavar="URL", help=PROM_HELP)
+@click.option("--profile", metavar="NAME", help="Only this vGPU profile.")
+@click.option("--job", metavar="JOB", help="Only scrape targets of this Prometheus job.")
+@click.option("--stale", type=click.FloatRange(1, 86400), default=120.0, show_default=True, metavar="S",
+              help="A host whose last sample is older than S seconds is skipped.")
+def fleet_capacity(url: str, profile: Optional[str], job: Optional[str], stale: float) -> None:
+    """Free instances per profile and host (healthy hosts only)."""
+    from ..ops.fleet import host_facts
+    from ..policy.fleet import capacity
+    from .output import table
+    doc = capacity(host_facts(url, job=job, stale_s=stale), profile)
+    rows = [[p["profile"], p["total"], " ".join(f"{h}={n}" for h, n in p["by_host"].items())] for p in doc["profiles"]]
+    text = table(["PROFILE", "FREE", "BY_HOST"], rows) if rows else "no free capacity"
+    text += "".join(f"\nskipped {s['instance']}: {s['why']}" for s in doc["skipped"])
+    emit(current(), doc, text)
+
+
+@fleet.command("place")
+@click.option("--prometheus", "url", required=True, metavar="URL", help=PROM_HELP)
+@click.option("--profile", required=True, metavar="NAME", help="The vGPU profile to place.")
+@click.option("--tenant", metavar="T", help="Skip hosts where this tenant's vGPU quota is used up.")
+@click.option("--strategy", default="first-fit", show_default=True,
+              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]))
+@click.option("--job", metavar="JOB", help="Only scrape targets of this Prometheus job.")
+@click.option("--stale", type=click.FloatRange(1, 86400), default=120.0, show_default=True, metavar="S",
+              help="A host whose last sample is older than S seconds is skipped.")
+def fleet_place(url: str, profile: str, tenant: Optional[str], strategy: str, job: Optional[str],
+                stale: float) -> None:
+    """Rank the hosts that can take one PROFILE vGPU now; the first is the choice.  Exit 1: none can."""
+    from ..ops.fleet import host_facts
+    from ..policy.fleet import rank
+    r = rank(host_facts(url, job=job, stale_s=stale), profile, strategy=strategy, tenant=tenant)
+    lines = [f"{i}. {h} ({n} free)" for i, (h, n) in enumerate(r.hosts, 1)] or [f"no host can take {profile}"]
+    lines += [f"skipped {h}: {why}" for h, why in r.skipped]
+    emit(current(), r.as_dict(), "\n".join(lines))
+    sys.exit(0 if r.hosts else 1)
+
+
+COMMANDS: List[click.Command] = [fleet]
