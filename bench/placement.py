@@ -4,8 +4,11 @@
 Replays one seeded trace of REQUESTS vGPU requests and their releases on a
 simulated host of GPUS A40 boards (48 GB, classic mdev, equal-size mode,
 half on NUMA node 0, half on node 1) and prints, per strategy (first-fit,
-best-fit, worst-fit), the share of requests admitted, next to an upper bound
-on the share *any* placement could admit on the same trace.
+best-fit, worst-fit, and ``reserve``: best-fit that keeps the last two empty
+GPUs from whole-GPU requests), the share of requests admitted, next to two
+upper bounds on the share *any* placement could admit on the same trace.
+With ``--seeds N`` it replays N traces (seeds SEED ... SEED+N-1) and prints
+each seed's row and the medians.
 
 Trace: requests arrive as a Poisson process; each holds its vGPU for an
 exponentially distributed time, then releases it (a refused request releases
@@ -43,17 +46,32 @@ flow on the time line: C = total framebuffer units flow from the first to
 the last instant, along "idle" arcs (capacity C, cost 0) or a request's arc
 (arrival -> release, capacity = its framebuffer units, cost -1/units).
 
-    .venv/bin/python bench/placement.py [--seed 1] [--requests 2000] [--gpus 16] [--load 1.0] [--validate 300]
+Class-aware bound (CB): in equal-size mode a GPU holds vGPUs of one
+framebuffer size only, at most max-instances of them (48 GB / size on the
+A40).  So at every arrival, the admitted requests then active need, per
+size class c, ceil(active_c / max_c) GPUs, and the sum over classes is at
+most GPUS.  The largest number of admissions subject to that is an integer
+program (binary x_r per request, integer GPUs per class and arrival); any
+placement, online or offline, with or without migration, satisfies it.  It
+is solved with scipy's HiGHS MILP under a time limit (``--bound-time``);
+the bench prints HiGHS's dual bound, which is a valid upper bound whether or
+not the solver proved optimality (the gap is printed too).  Without scipy
+(``pip install scipy``; not a dependency of vgpuhost) the row says so.
+
+    .venv/bin/python bench/placement.py [--seed 1] [--seeds 1] [--requests 2000] [--gpus 16] [--load 1.0]
+                                        [--validate 300] [--bound-time 60]
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import multiprocessing
 import os
 import random
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -71,7 +89,7 @@ from vgpuhost.sim.catalog import load_catalog  # noqa: E402
 from vgpuhost.model.values import PciAddress  # noqa: E402
 
 BOARD = "A40"
-STRATEGIES = ("first-fit", "best-fit", "worst-fit")
+STRATEGIES = ("first-fit", "best-fit", "worst-fit", "reserve")
 MIX: Sequence[Tuple[str, float]] = (("A40-4Q", 0.25), ("A40-8Q", 0.25), ("A40-8C", 0.10), ("A40-12Q", 0.10),
                                     ("A40-16Q", 0.15), ("A40-24Q", 0.10), ("A40-48Q", 0.05))
 SAME_VM = 0.15
@@ -260,6 +278,61 @@ def lp_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, Typ
     return -cost / scale
 
 
+def class_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, TypeInfo],
+                      time_limit: float) -> Optional[Tuple[float, Optional[float]]]:
+    """(dual bound, best admissions found) of the class-aware integer program, or None without scipy.
+
+    max sum x_r  s.t. at every arrival t, for each size class c:
+    sum_{r in c active at t} x_r <= max_c * y_{c,t};  sum_c y_{c,t} <= gpus;  x binary, y integer >= 0.
+    """
+    try:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+    except ImportError:
+        return None
+    sizes = sorted({types[r.profile].fb_mib for r in reqs})
+    cls = {sz: i for i, sz in enumerate(sizes)}
+    per_gpu = [fb_mib // sz for sz in sizes]
+    n_cls, n_req = len(sizes), len(reqs)
+    order = sorted(reqs, key=lambda r: r.arrive)
+    n_arr = len(order)
+    rows: List[int] = []
+    cols: List[int] = []
+    vals: List[int] = []
+    active: Dict[int, Req] = {}
+    departures: List[Tuple[float, int]] = []
+    row = 0
+    for k, a in enumerate(order):
+        while departures and departures[0][0] <= a.arrive:     # a release before an arrival at equal times
+            active.pop(heapq.heappop(departures)[1], None)
+        active[a.n] = a
+        heapq.heappush(departures, (a.depart, a.n))
+        for r in active.values():
+            rows.append(row + cls[types[r.profile].fb_mib])
+            cols.append(r.n)
+            vals.append(1)
+        for c in range(n_cls):
+            y = n_req + c * n_arr + k
+            rows += [row + c, row + n_cls]
+            cols += [y, y]
+            vals += [-per_gpu[c], 1]
+        row += n_cls + 1
+    matrix = coo_matrix((vals, (rows, cols)), shape=(row, n_req + n_cls * n_arr)).tocsr()
+    upper = np.zeros(row)
+    upper[n_cls::n_cls + 1] = gpus
+    cost = np.zeros(n_req + n_cls * n_arr)
+    cost[:n_req] = -1
+    res = milp(cost, constraints=LinearConstraint(matrix, -np.inf, upper),
+               integrality=np.ones(len(cost)),
+               bounds=Bounds(0, np.r_[np.ones(n_req), np.full(n_cls * n_arr, gpus)]),
+               options={"time_limit": time_limit, "disp": False})
+    dual = getattr(res, "mip_dual_bound", None)
+    if dual is None or not np.isfinite(dual):
+        return None
+    return -dual, (-res.fun if res.fun is not None else None)
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -304,20 +377,28 @@ def replay_real(args) -> Tuple[str, Dict[int, Decided], float]:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
+    ap.add_argument("--seeds", type=int, default=1, metavar="N",
+                    help="replay N traces, seeds SEED ... SEED+N-1, and print medians (default 1)")
     ap.add_argument("--requests", type=int, default=2000, help="vGPU requests in the trace (default 2000)")
     ap.add_argument("--gpus", type=int, default=16, help=f"A40 GPUs on the host (default 16, at most {MAX_GPUS})")
     ap.add_argument("--load", type=float, default=1.0,
                     help="offered load: mean framebuffer of active requests / the host's (default 1.0)")
     ap.add_argument("--validate", type=int, default=300, metavar="N",
-                    help="replay the first N events through the real create/remove too (default 300; 0: off)")
+                    help="replay the first N events through the real create/remove too (default 300; 0: off; "
+                         "first seed only)")
+    ap.add_argument("--bound-time", type=float, default=60.0, metavar="S",
+                    help="time limit per trace for the class-aware bound's MILP, seconds (default 60; 0: skip)")
     args = ap.parse_args(argv)
-    if not (1 <= args.gpus <= MAX_GPUS) or args.requests < 1 or args.load <= 0 or args.validate < 0:
-        ap.error(f"need 1 <= --gpus <= {MAX_GPUS}, --requests >= 1, --load > 0, --validate >= 0")
+    if (not (1 <= args.gpus <= MAX_GPUS) or args.requests < 1 or args.load <= 0 or args.validate < 0
+            or args.seeds < 1 or args.bound_time < 0):
+        ap.error(f"need 1 <= --gpus <= {MAX_GPUS}, --requests >= 1, --load > 0, --validate >= 0, --seeds >= 1, "
+                 "--bound-time >= 0")
     t0 = time.monotonic()
     cmd = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]) if sys.argv[0] else "bench/placement.py",
                                             *(sys.argv[1:] if argv is None else argv)])
     fb_mib, types, sim = board()
-    reqs, events, mean_life = make_trace(args.seed, args.requests, args.gpus, args.load, fb_mib, types)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    reqs, events, mean_life = make_trace(seeds[0], args.requests, args.gpus, args.load, fb_mib, types)
 
     pool = None
     if args.validate:
@@ -325,39 +406,87 @@ def main(argv: Optional[List[str]] = None) -> int:
         pool = ctx.Pool(len(STRATEGIES))
         pending = pool.map_async(replay_real, [(s, reqs, events, args.gpus, args.validate) for s in STRATEGIES])
 
-    results = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim) for s in STRATEGIES}
-    t_model = time.monotonic() - t0
-    t1 = time.monotonic()
-    ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
-    t_bound = time.monotonic() - t1
-
     n = len(reqs)
+    rows = []           # per seed: (seed, {strategy: results}, lp bound, class bound or None)
+    t_model = t_bound = t_class = 0.0
+    for seed in seeds:
+        if seed != seeds[0]:
+            reqs, events, _ = make_trace(seed, args.requests, args.gpus, args.load, fb_mib, types)
+        t1 = time.monotonic()
+        results = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim) for s in STRATEGIES}
+        t2 = time.monotonic()
+        ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
+        t3 = time.monotonic()
+        cb = class_upper_bound(reqs, args.gpus, fb_mib, types, args.bound_time) if args.bound_time else None
+        t_model, t_bound, t_class = t_model + t2 - t1, t_bound + t3 - t2, t_class + time.monotonic() - t3
+        rows.append((seed, results, ub, cb))
+
     mix = ", ".join(f"{p} {w:.0%}" for p, w in MIX)
     print(f"$ {cmd}")
-    print(f"seed {args.seed}; host: {args.gpus} x {BOARD} ({fb_mib // 1024} GB, classic mdev, equal-size mode); "
+    print(f"seed {args.seed}" + (f"..{seeds[-1]}" if len(seeds) > 1 else "")
+          + f"; host: {args.gpus} x {BOARD} ({fb_mib // 1024} GB, classic mdev, equal-size mode); "
           f"trace: {n} requests + their releases, Poisson arrivals, mean lifetime {mean_life:.1f} "
           f"inter-arrival times, offered load {args.load:.2f} x the host's framebuffer; "
           f"{SAME_VM:.0%} a further vGPU of the previous VM")
     print(f"mix: {mix}")
     print()
-    print(f"{'strategy':<12} {'admitted':>9} {'share':>7} {'refused':>8} {'of which fragmented':>20}")
-    for s in STRATEGIES:
-        r = results[s]
-        adm = sum(1 for d in r.values() if d.admitted)
-        frag = sum(1 for d in r.values() if not d.admitted and d.fragmented)
-        print(f"{s:<12} {adm:>9} {adm / n:>7.1%} {n - adm:>8} {frag:>20}")
-    print(f"{'upper bound':<12} {ub:>9.1f} {ub / n:>7.1%} {'':>8} {'':>20}")
+
+    def admitted(r: Dict[int, Decided]) -> int:
+        return sum(1 for d in r.values() if d.admitted)
+
+    def cb_text(cb) -> str:
+        return "n/a" if cb is None else f"{math.floor(cb[0] + 1e-6)}"
+
+    if len(seeds) == 1:
+        _, results, ub, cb = rows[0]
+        print(f"{'strategy':<18} {'admitted':>9} {'share':>7} {'refused':>8} {'of which fragmented':>20} "
+              f"{'of CB':>6}")
+        for s in STRATEGIES:
+            r = results[s]
+            adm = admitted(r)
+            frag = sum(1 for d in r.values() if not d.admitted and d.fragmented)
+            of_cb = "" if cb is None else f"{adm / math.floor(cb[0] + 1e-6):.1%}"
+            print(f"{s:<18} {adm:>9} {adm / n:>7.1%} {n - adm:>8} {frag:>20} {of_cb:>6}")
+        if cb is None:
+            print(f"{'class-aware bound':<18} {'n/a':>9}  (needs scipy, or --bound-time 0)")
+        else:
+            print(f"{'class-aware bound':<18} {cb_text(cb):>9} {math.floor(cb[0] + 1e-6) / n:>7.1%}"
+                  + ("" if cb[1] is None else f"   (MILP: best found {cb[1]:.0f}, "
+                                                 f"gap {cb[0] - cb[1]:.0f})"))
+        print(f"{'LP bound':<18} {ub:>9.1f} {ub / n:>7.1%}")
+    else:
+        print(f"{'seed':>5} " + " ".join(f"{s:>10}" for s in STRATEGIES) + f" {'class bnd':>10} {'LP bnd':>8}")
+        for seed, results, ub, cb in rows:
+            print(f"{seed:>5} " + " ".join(f"{admitted(results[s]):>10}" for s in STRATEGIES)
+                  + f" {cb_text(cb):>10} {ub:>8.1f}")
+        med = {s: statistics.median(admitted(r[1][s]) for r in rows) for s in STRATEGIES}
+        cbs = [math.floor(r[3][0] + 1e-6) for r in rows if r[3] is not None]
+        med_cb = statistics.median(cbs) if len(cbs) == len(rows) else None
+        print(f"{'median':>5} " + " ".join(f"{med[s]:>10.1f}" for s in STRATEGIES)
+              + f" {'n/a' if med_cb is None else f'{med_cb:.1f}':>10} "
+              f"{statistics.median(r[2] for r in rows):>8.1f}")
+        print(f"{'share':>5} " + " ".join(f"{med[s] / n:>10.1%}" for s in STRATEGIES)
+              + f" {'n/a' if med_cb is None else f'{med_cb / n:.1%}':>10} "
+              f"{statistics.median(r[2] for r in rows) / n:>8.1%}")
+        better = sum(1 for r in rows if admitted(r[1]["reserve"]) > admitted(r[1]["best-fit"]))
+        print()
+        print(f"reserve admits more than best-fit on {better} of {len(rows)} seeds")
+        if med_cb is not None:
+            best = max(STRATEGIES, key=lambda s: med[s])
+            print(f"best strategy by median: {best}, {med[best] / med_cb:.1%} of the class-aware bound's median")
     print()
     print("fragmented: refused although the host's free framebuffer, summed over GPUs, would have held it.")
-    print("upper bound: LP relaxation of 'admitted, active requests fit in the total framebuffer at every")
-    print("instant' (exact, as a min-cost flow); no placement — online or offline, with or without")
-    print("migration — admits more on this trace (see the module docstring).")
+    print("class-aware bound: at every arrival, sum over size classes of ceil(active / max per GPU) <= GPUs;")
+    print("the MILP's dual bound (valid even when the time limit stops the solver).  LP bound: the active")
+    print("framebuffer fits the host's (exact, as a min-cost flow).  No placement — online or offline, with or")
+    print("without migration — admits more than either on the trace (see the module docstring).")
 
     status = 0
     if pool is not None:
         real = pending.get(timeout=600)
         pool.close()
         pool.join()
+        reqs, events, _ = make_trace(seeds[0], args.requests, args.gpus, args.load, fb_mib, types)
         limited = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim, limit=args.validate)
                    for s in STRATEGIES}
         arrivals = sum(1 for _, kind, _ in events[:args.validate] if kind == 1)
@@ -372,11 +501,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                             f"real {got[diff[0]]}") + f" ({secs:.1f} s)")
             status = status or (1 if diff else 0)
         print()
-        print(f"validation: the first {args.validate} trace events through vgpuhost.vgpu.create/remove on a "
-              f"simulated {args.gpus}-GPU host, decision by decision (admitted?, which GPU):")
+        print(f"validation: the first {args.validate} events of seed {seeds[0]} through "
+              f"vgpuhost.vgpu.create/remove on a simulated {args.gpus}-GPU host, decision by decision "
+              "(admitted?, which GPU):")
         print("\n".join(lines))
     print()
-    print(f"time: model {t_model:.2f} s, bound {t_bound:.2f} s, total {time.monotonic() - t0:.1f} s")
+    print(f"time: model {t_model:.2f} s, LP bound {t_bound:.2f} s, class-aware bound {t_class:.1f} s, "
+          f"total {time.monotonic() - t0:.1f} s")
     return status
 
 

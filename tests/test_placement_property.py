@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from vgpuhost.model.errors import RefusedError
 from vgpuhost.observe.inventory import discover
-from vgpuhost.policy.placement import MANUAL, STRATEGIES, GpuOffer, Request, place
+from vgpuhost.policy.placement import MANUAL, RESERVE_EMPTY, RESERVING, STRATEGIES, GpuOffer, Request, place
 from vgpuhost.sim.build import materialise
 from vgpuhost.sim.capacity import gpu_available
 from vgpuhost.sim.catalog import load_catalog
@@ -368,3 +368,80 @@ def test_vendor_vfio_best_fit_ranks_by_free_instances(make_host):
     out = create(host, store, profile="L40S-8Q", strategy="best-fit")
     assert out.gpu == "0000:21:00.0", out.reason
     assert "3 L40S-8Q free" in out.reason, out.reason
+
+
+# --- the reserving strategy (opt-in: it may refuse what fits) ----------------------
+
+reserve_requests = st.builds(
+    Request,
+    profile=st.sampled_from(PURE_PROFILES + ["A40-48Q", "A40-48Q", "A40-24Q"]),
+    owner=st.sampled_from(OWNERS),
+    strategy=st.just("reserve"),
+    numa_node=st.sampled_from([None, None, 0, 1]),
+    anti_affinity=st.sampled_from(KEYS),
+    gpu=st.one_of(st.none(), st.none(), st.none(), st.sampled_from([A(b) for b, *_ in PURE_GPUS])),
+)
+_reserve_place = st.tuples(st.just("place"), reserve_requests)
+reserve_ops = st.lists(st.one_of(_reserve_place, _reserve_place, _reserve_place,
+                                 st.tuples(st.just("release"), st.integers(0, 10_000))),
+                       min_size=20, max_size=80)
+
+
+@settings(max_examples=400, deadline=None)
+@given(reserve_ops)
+def test_pure_place_reserve_keeps_the_rules_and_refuses_only_by_its_reservation(sequence):
+    """``reserve`` never breaks a placement rule; it decides as best-fit does, except that a
+    whole-GPU request not pinned to a GPU is refused when best-fit would give it one of the last
+    RESERVE_EMPTY empty GPUs, and the reason says so."""
+    assert "reserve" in RESERVING and "reserve" not in STRATEGIES
+    gpus = pure_host()
+    by_addr = {g.address: g for g in gpus}
+    for op, arg in sequence:
+        if op == "release":
+            held = [(g, i) for g in gpus for i in range(len(g.present))]
+            if held:
+                g, i = held[arg % len(held)]
+                g.present.pop(i)
+            continue
+        req: Request = arg
+        offers = [g.offer(req.profile) for g in gpus]
+        d = place(offers, req)
+        best = expected_choice(gpus, Request(req.profile, req.owner, "best-fit", req.numa_node,
+                                             req.anti_affinity, req.gpu))
+        pool = [g for g in gpus if req.gpu is None or g.address == req.gpu]
+        empty = sum(1 for g in pool if not g.present)
+        reserved = (best is not None and req.gpu is None and not by_addr[best].present
+                    and by_addr[best].available(req.profile) == 1 and empty <= RESERVE_EMPTY)
+        if reserved:
+            event("reserve: refused by the reservation")
+            assert not d.admitted and d.gpu is None and d.parent is None, d
+            assert "reserve" in d.reason and f"only {empty} of {len(pool)} GPUs are empty" in d.reason, d.reason
+            continue
+        assert d.gpu == best, f"reserve chose {d.gpu}, best-fit's rule names {best}: {d.reason}"
+        if not d.admitted:
+            assert best is None and len(d.rejected) == len(pool) and d.reason, d
+            event("reserve: refused, nothing fits")
+            continue
+        event("reserve: admitted")
+        assert d.parent == d.gpu and d.type_id == by_addr[d.gpu].types[req.profile].type_id
+        by_addr[d.gpu].present.append((req.profile, req.owner, req.anti_affinity))
+        bad = [v for g in gpus for v in g.violations()]
+        assert not bad, bad
+
+
+def test_pure_place_reserve_keeps_the_last_empty_gpus_from_a_whole_gpu_type():
+    """Four A40s, two holding a 4Q each: a 48Q is refused (two empty left), pinned it is placed;
+    with three empty the 48Q lands on one; a 4Q goes where best-fit puts it."""
+    a40s = [ModelGpu(A(f"0000:{i + 1:02x}:00.0"), 0, "A40", False, board_types("A40"),
+                     CATALOG.gpus["A40"].framebuffer_mib) for i in range(4)]
+    a40s[0].present.append(("A40-4Q", MANUAL, None))
+    a40s[1].present.append(("A40-4Q", MANUAL, None))
+    d = place([g.offer("A40-48Q") for g in a40s], Request("A40-48Q", strategy="reserve"))
+    assert not d.admitted and "only 2 of 4 GPUs are empty" in d.reason, d.reason
+    d = place([g.offer("A40-48Q") for g in a40s], Request("A40-48Q", strategy="reserve", gpu=a40s[3].address))
+    assert d.gpu == a40s[3].address, d.reason
+    d = place([g.offer("A40-4Q") for g in a40s], Request("A40-4Q", strategy="reserve"))
+    assert d.gpu == a40s[0].address, d.reason
+    a40s[1].present.clear()
+    d = place([g.offer("A40-48Q") for g in a40s], Request("A40-48Q", strategy="reserve"))
+    assert d.gpu == a40s[1].address, d.reason

@@ -28,7 +28,8 @@ from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, Vg
 from ..io.hostroot import HostRoot
 from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover
 from ..io.locks import file_lock
-from ..policy.placement import LAYOUT, MANUAL, STRATEGIES, Decision, GpuOffer, Request, place, validate_owner
+from ..policy.placement import (LAYOUT, MANUAL, RESERVING, STRATEGIES, Decision, GpuOffer, Request, place,
+                                validate_owner)
 from ..io.state import StateStore, VgpuRecord, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
@@ -125,8 +126,9 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     :func:`vgpuhost.mig.apply`, audited), otherwise the refusal names the
     step that is missing.
     """
-    if strategy not in STRATEGIES:
-        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
+    if strategy not in STRATEGIES and strategy not in RESERVING:
+        raise InputError(f"unknown placement strategy {strategy!r}",
+                         hint="one of " + ", ".join(STRATEGIES + RESERVING))
     owner = validate_owner(owner)
     if uuid is not None:
         uuid = parse_uuid(uuid)

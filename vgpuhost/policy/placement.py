@@ -20,6 +20,16 @@ Strategies: ``first-fit`` (lowest PCI address), ``best-fit`` (the GPU left
 with the fewest free instances that still fits: packs densely, keeps whole
 GPUs free for large types), ``worst-fit`` alias ``spread`` (the most free
 instances, then the fewest vGPUs present: balances load).
+
+``reserve`` (in :data:`RESERVING`, not in :data:`STRATEGIES`: it may refuse
+a request some GPU could hold, so callers opt in) is best-fit plus trunk
+reservation for whole-GPU types: a request whose type fits only once on an
+empty GPU (``available == 1`` on a GPU holding no vGPU, e.g. A40-48Q) is
+refused when it would take one of the last :data:`RESERVE_EMPTY` empty
+GPUs (a request pinned to a GPU is not refused for it).  When the object is the number of admitted requests, one whole-GPU
+vGPU displaces up to max-instances small ones for its lifetime; keeping two
+GPUs empty for them admits more on the mixed traces of
+``bench/placement.py`` (figures in the README's Performance section).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")
+RESERVING = ("reserve",)        # may refuse a request that fits: opt-in, see the module docstring
+RESERVE_EMPTY = 2               # empty GPUs a whole-GPU request may not take (``reserve``)
 MANUAL = Owner.MANUAL
 LAYOUT = Owner.LAYOUT      # vGPUs a declarative layout pre-creates (vgpuhost apply)
 POOL_OWNERS = Owner.POOL
@@ -114,7 +126,7 @@ def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
 
     Raises ValueError for an unknown strategy (callers validate first).
     """
-    if req.strategy not in STRATEGIES:
+    if req.strategy not in STRATEGIES and req.strategy not in RESERVING:
         raise ValueError(f"unknown strategy {req.strategy!r}")
     pool = [o for o in offers if req.gpu is None or o.gpu == req.gpu]
     fits: List[GpuOffer] = []
@@ -135,6 +147,20 @@ def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
     def numa(o: GpuOffer) -> int:
         return 0 if req.numa_node is None or o.numa_node == req.numa_node else 1
 
+    if req.strategy == "reserve":
+        chosen = min(fits, key=lambda o: (numa(o), o.available, o.gpu))
+        if req.gpu is None and chosen.present == 0 and chosen.available == 1:
+            empty = sum(1 for o in pool if o.present == 0)
+            if empty <= RESERVE_EMPTY:
+                why = (f"reserve: {req.profile} takes a whole GPU and only {empty} of {len(pool)} GPUs are "
+                       f"empty (the last {RESERVE_EMPTY} are kept for requests that share a GPU)")
+                return Decision(None, None, None, why, tuple(rejected))
+        reason = (f"reserve: {chosen.gpu} is the GPU with the fewest free instances that still fits "
+                  f"({chosen.available} {chosen.type_name} free; {len(fits)} of {len(pool)} GPUs fit)")
+        if req.numa_node is not None:
+            reason += (f"; NUMA node {req.numa_node} preferred" if numa(chosen) == 0 else
+                       f"; no GPU on NUMA node {req.numa_node} fits, took node {chosen.numa_node}")
+        return Decision(chosen.gpu, chosen.parents[0], chosen.type_id, reason, tuple(rejected))
     if req.strategy == "first-fit":
         key = lambda o: (numa(o), o.gpu)                                  # noqa: E731
         why = "the first GPU (by PCI address) that fits"
