@@ -413,7 +413,10 @@ def test_open_maps_unavailable_to_host_environment_error(monkeypatch, code, text
         PynvmlBackend.open()
     line = ei.value.one_line()
     assert "NVML is not available" in line and text in line and "vgpuhost gpus" in line
-    assert "\n" not in line and ei.value.exit_code == 2
+    # issue 12 #4k: a driver that is not loaded yet (boot) is transient (exit 5, the boot units retry);
+    # a missing library or no permission is not (exit 2)
+    want = 5 if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED else 2
+    assert "\n" not in line and ei.value.exit_code == want
     assert nvml_real._init_done is False
 
 
