@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # Wait for a dpkg/apt lock held by another apt-get instead of failing.
 APT_OPTS    := -o DPkg::Lock::Timeout=600
 
-.PHONY: dev deb-deps venv-check test demo bench wheel clean distclean
+.PHONY: dev deb-deps venv-check test demo bench wheel sdist docs docs-cli man completions clean distclean
 
 dev: deb-deps $(STAMP)
 
@@ -80,8 +80,25 @@ bench: venv-check
 wheel: venv-check
 	$(VPY) -m build --wheel --outdir dist .
 
+sdist: venv-check
+	$(VPY) -m build --sdist --outdir dist .
+
+# The documentation site (docs/ -> site/); warnings are errors (mkdocs.yml: strict).
+docs: venv-check
+	$(VENV)/bin/mkdocs build --strict
+
+# docs/reference/cli.md is generated from the click commands (tests/test_docs.py checks it).
+docs-cli: venv-check
+	$(VPY) tools/clidoc.py markdown
+
+man: venv-check
+	$(VPY) tools/clidoc.py man build/man
+
+completions: venv-check
+	$(VPY) tools/clidoc.py completions build/completions
+
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .hypothesis demo-host
+	rm -rf build dist site *.egg-info .pytest_cache .hypothesis demo-host
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
