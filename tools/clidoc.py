@@ -43,8 +43,9 @@ def root_group() -> click.Group:
 def walk(group: click.Group):
     """Yield (path words, command, click.Context) depth first, commands in name order."""
     def visit(cmd, words, parent):
-        ctx = click.Context(cmd, info_name=words[-1], parent=parent,
-                            terminal_width=WIDTH, max_content_width=WIDTH)
+        settings = dict(cmd.context_settings)
+        settings.update(terminal_width=WIDTH, max_content_width=WIDTH)
+        ctx = click.Context(cmd, info_name=words[-1], parent=parent, **settings)
         yield words, cmd, ctx
         if isinstance(cmd, click.Group):
             for name in sorted(cmd.list_commands(ctx)):
