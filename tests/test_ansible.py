@@ -303,3 +303,84 @@ def test_module_reports_bad_input_in_one_line(make_host, monkeypatch, tmp_path, 
     code, res = run_module(monkeypatch, config=str(config_file), root=str(host.root), layout="nosuch")
     assert code == 1 and "nosuch" in res["msg"]
     assert not host.state_dir.exists()
+
+
+# --- issue 16: defaults, string booleans, validate, check mode plans the new config -------
+
+def run_playbook(env, inventory: Path, *extra: str):
+    """ansible-playbook with an INI inventory; returns (returncode, output, recap or None)."""
+    argv = [tool("ansible-playbook"), "-i", str(inventory), *extra, str(DATA / "site.yml")]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    m = re.search(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
+    return proc.returncode, out, (dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+                                  if m else None)
+
+
+def test_role_defaults_ini_booleans_validate_and_check_mode_new_layout(make_host, ansible_env, tmp_path):
+    """The role on its own defaults (vgpuhost_install_package: true on a simulated root, which takes the
+    report whose join once bound to the second list only), with every switch given as the STRING an INI
+    inventory or ``-e key=value`` gives ("false", "true"); then ``--check`` with a changed config plans
+    the new layout (not the one on disk) and writes nothing; then a config vgpuhost refuses fails the copy
+    (``validate:``) and leaves the file on the host as it was."""
+    host = make_host("a100-sriov-mdev")
+    root = host.root
+    exe = BIN / "vgpuhost"
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        "[hypervisors]\n"
+        f"localhost ansible_connection=local ansible_python_interpreter={sys.executable} "
+        f"vgpuhost_root={root} vgpuhost_executable={exe} vgpuhost_python={sys.executable} "
+        "vgpuhost_manage_bootloader=false vgpuhost_manage_initramfs=no vgpuhost_systemd=false "
+        "vgpuhost_reboot=false\n")
+    for value in ("false", "no"):       # an INI host line gives strings, not booleans
+        assert f"={value} " in inventory.read_text() or f"={value}\n" in inventory.read_text()
+
+    def write_vars(config):
+        path = tmp_path / "vars.json"
+        path.write_text(json.dumps({"vgpuhost_config": config, "vgpuhost_test_gpus": [GPU]}))
+        return path
+
+    # 1. converge on the defaults, -e switches as strings
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(CONFIG)}",
+                                   "-e", "vgpuhost_facts=true", "-e", "vgpuhost_install_hook=yes")
+    assert rc == 0 and recap_ and recap_["failed"] == 0, out
+    assert ("not installed (vgpuhost_root is not /): vgpuhost (pip vgpuhost into /opt/vgpuhost)" in out), out
+    assert "bootloader not updated (vgpuhost_root is not /)" in out
+    assert [(t, o, s) for _, t, o, s in vgpus(host)] == [("A100-8C", "layout", "active")] * 2
+    config_path = root / "etc" / "vgpuhost" / "config.yaml"
+    written = config_path.read_text()
+
+    # 2. --check with a new config: the plan is the NEW layout's (one A100-8C goes), nothing is written
+    new = json.loads(json.dumps(CONFIG))
+    new["layouts"]["compute"]["gpus"][0]["vgpu"]["types"] = {"A100-8C": 1}
+    before, held = tree_state(host), vgpus(host)
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(new)}", "--check", "--diff")
+    assert rc == 0 and recap_ and recap_["failed"] == 0, out
+    assert f"- {GPU} vgpu A100-8C x1 (host has 2)" in out, out
+    assert re.search(r"1\. vgpu\s+" + re.escape(GPU) + r"\s+remove", out), out
+    assert config_path.read_text() == written
+    assert vgpus(host) == held and tree_state(host) == before
+
+    # 3. a config vgpuhost refuses: the copy's validate fails it; the file on the host stays as it was
+    bad = json.loads(json.dumps(CONFIG))
+    bad["layouts"]["compute"]["colour"] = "blue"
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(bad)}")
+    assert rc != 0 and recap_ and recap_["failed"] == 1, out
+    assert re.search(r"TASK \[vgpuhost\.vgpuhost\.vgpuhost : Write the layout config from vgpuhost_config\]"
+                     r"[^\n]*\n(?:(?!TASK).*\n)*?fatal:", out), out
+    assert "colour" in out                                  # vgpuhost's own message names the key
+    assert config_path.read_text() == written
+    assert [(t, o, s) for _, t, o, s in vgpus(host)] == [("A100-8C", "layout", "active")] * 2
+
+
+def test_module_plans_from_content(make_host, monkeypatch, config_file):
+    """``content`` is planned from instead of the file at ``config`` (the role's check mode)."""
+    host = make_host("a100-sriov-mdev")
+    new = json.loads(json.dumps(CONFIG))
+    new["layouts"]["compute"]["gpus"][0]["vgpu"]["types"] = {"A100-8C": 3}
+    code, res = run_module(monkeypatch, check_mode=True, config=str(config_file), root=str(host.root),
+                           content=yaml.safe_dump(new, sort_keys=False))
+    assert code == 0 and res["changed"] is True
+    assert any("create 3 x A100-8C" in s for s in res["steps"]), res["steps"]
+    assert yaml.safe_load(config_file.read_text()) == CONFIG and not host.state_dir.exists()

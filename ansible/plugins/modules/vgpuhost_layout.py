@@ -35,6 +35,13 @@ options:
     description: Path of the layout config file (vgpuhost config format, version 1) on the target.
     type: path
     required: true
+  content:
+    description:
+      - The config document as text, planned from instead of the file at O(config), which is then only
+        named in messages. The role passes it in check mode, so that C(--check) plans the config the run
+        would write rather than the one still on disk.
+    type: str
+    version_added: "0.2.0"
   layout:
     description: Layout name in the config; the config's default when omitted.
     type: str
@@ -177,7 +184,10 @@ def run(module):
     p = module.params
     host = HostRoot.from_env(p["root"], p["state_dir"])
     host.require_host()
-    cfg = vconfig.load(p["config"])
+    if p["content"] is not None:
+        cfg = vconfig.parse(p["content"], source=p["config"])
+    else:
+        cfg = vconfig.load(p["config"])
     cfg.layout(p["layout"])             # an unknown layout name fails before the state store is opened
     read_only = module.check_mode or p["state"] == "asserted"
     store = StateStore(host.state_dir, create=not read_only)
@@ -219,6 +229,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             config=dict(type="path", required=True),
+            content=dict(type="str"),
             layout=dict(type="str"),
             root=dict(type="path", default="/"),
             state_dir=dict(type="path"),
