@@ -62,7 +62,7 @@ options:
 requirements:
   - vgpuhost importable by the target's Python
 author:
-  - vgpuhost developers
+  - vgpuhost developers (!UNKNOWN)
 notes:
   - Supports check mode and diff mode.
 """
@@ -208,8 +208,8 @@ def run(module):
         if plan.blocked:
             module.fail_json(msg="layout %s cannot be applied: %s" % (plan.layout, "; ".join(plan.blocked)), **out)
     else:
-        actor = os.environ.get("VGPUHOST_ACTOR") or "ansible vgpuhost_layout uid=%d pid=%d" % (os.getuid(),
-                                                                                                os.getpid())
+        actor = (os.environ.get("VGPUHOST_ACTOR")
+                 or "ansible vgpuhost_layout uid=%d pid=%d" % (os.getuid(), os.getpid()))
         result = vlayout.apply(host, store, cfg, p["layout"], actor=actor)
         plan = result.plan
         out = _plan_fields(plan)
