@@ -351,6 +351,34 @@ def test_role_defaults_ini_booleans_validate_and_check_mode_new_layout(make_host
     config_path = root / "etc" / "vgpuhost" / "config.yaml"
     written = config_path.read_text()
 
+    # the facts carry version, hook state, drift and capacity, read back from the host
+    import vgpuhost
+    from vgpuhost.cli.main import main as cli_main
+    fact = root / "etc" / "ansible" / "facts.d" / "vgpuhost.fact"
+    doc = json.loads(subprocess.run([str(fact)], capture_output=True, text=True, timeout=300).stdout)
+    assert doc["schema"] == "vgpuhost.gpus/v1" and [g["address"] for g in doc["gpus"]] == [GPU]
+    assert doc["version"] == vgpuhost.__version__ and doc["errors"] == []
+    assert doc["hook"]["installed"] is True and doc["hook"]["current"] is True
+    assert doc["drift"] == {"layout": "compute", "in_sync": True, "diff": [], "reboot": []}
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli_main(["--root", str(root), "--json", "types"]) == 0
+    free = {}
+    for t in json.loads(buf.getvalue())["types"]:
+        free[t["name"]] = free.get(t["name"], 0) + (t["available_instances"] or 0)
+    assert doc["capacity"] == free and doc["capacity"]["A100-8C"] > 0
+
+    # the example fleet report, run from the collection, reads those facts
+    proc = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), "vgpuhost.vgpuhost.fleet_report",
+                           "-e", f"vgpuhost_fact_path={root}/etc/ansible/facts.d"],
+                          env=ansible_env, capture_output=True, text=True, timeout=300)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report
+    assert f"localhost: vgpuhost {vgpuhost.__version__}, 1 GPU(s), hook " in report, report
+    assert ", layout in sync" in report, report
+    assert "fleet: 1 host(s), 1 GPU(s)," in report and "0 host(s) drifted" in report, report
+    assert f"A100-8C={free['A100-8C']}" in report, report
+
     # 2. --check with a new config: the plan is the NEW layout's (one A100-8C goes), nothing is written
     new = json.loads(json.dumps(CONFIG))
     new["layouts"]["compute"]["gpus"][0]["vgpu"]["types"] = {"A100-8C": 1}
