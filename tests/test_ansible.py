@@ -345,7 +345,7 @@ def test_role_defaults_ini_booleans_validate_and_check_mode_new_layout(make_host
     rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(CONFIG)}",
                                    "-e", "vgpuhost_facts=true", "-e", "vgpuhost_install_hook=yes")
     assert rc == 0 and recap_ and recap_["failed"] == 0, out
-    assert ("not installed (vgpuhost_root is not /): vgpuhost (pip vgpuhost into /opt/vgpuhost)" in out), out
+    assert ("not installed (vgpuhost_root is not /): vgpuhost (pip vgpuhost[libvirt,nvml] into /opt/vgpuhost)" in out), out
     assert "bootloader not updated (vgpuhost_root is not /)" in out
     assert [(t, o, s) for _, t, o, s in vgpus(host)] == [("A100-8C", "layout", "active")] * 2
     config_path = root / "etc" / "vgpuhost" / "config.yaml"
