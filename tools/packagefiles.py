@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dest = args.destdir
 
+    import importlib
     import vgpuhost
-    from vgpuhost.hook import handler
     from vgpuhost.io.hostroot import HostRoot
     from vgpuhost.ops import units
 
@@ -55,7 +55,8 @@ def main(argv=None) -> int:
         write(f"usr/lib/systemd/system/{name}", units.render(name, exe="/usr/bin/vgpuhost"))
 
     staged = str(Path(vgpuhost.__file__).resolve().parent.parent)
-    hook = handler.render(HostRoot.from_env("/", None), python=args.python)
+    hook_install = importlib.import_module("vgpuhost.hook.install")     # what `vgpuhost hook install` writes
+    hook = hook_install.render(HostRoot.from_env("/", None), python=args.python)
     if staged != args.site:
         hook = hook.replace(repr(staged)[1:-1], args.site)
     assert "/debian/" not in hook and str(HERE.parent) not in hook, "the build tree leaked into the hook"
