@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 # Wait for a dpkg/apt lock held by another apt-get instead of failing.
 APT_OPTS    := -o DPkg::Lock::Timeout=600
 
-.PHONY: dev deb-deps venv-check test demo bench wheel sdist deb docs docs-cli man completions clean distclean
+.PHONY: dev deb-deps venv-check test demo bench wheel sdist deb docs docs-cli schemas man completions clean distclean
 
 dev: deb-deps $(STAMP)
 
@@ -102,6 +102,12 @@ docs: venv-check
 # docs/reference/cli.md is generated from the click commands (tests/test_docs.py checks it).
 docs-cli: venv-check
 	$(VPY) tools/clidoc.py markdown
+
+# docs/schemas/*.schema.json from every --json document the test suite prints (then review the diff).
+schemas: venv-check
+	rm -rf build/json-docs
+	VGPUHOST_JSON_RECORD=$(CURDIR)/build/json-docs $(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VPY) tools/jsonschemas.py infer build/json-docs
 
 man: venv-check
 	$(VPY) tools/clidoc.py man build/man
