@@ -114,3 +114,23 @@ def test_docs_pointers_in_code_resolve():
                 for anchor in re.findall(r"#([\w-]+)", m.group(2)):
                     assert anchor in _anchors(page), f"{path.relative_to(REPO)}: {m.group(0)}: no #{anchor}"
                 seen += 1
+    assert seen, "no docs/ pointers found at all"
+
+
+def test_no_citation_of_a_document_outside_the_repository():
+    """The hardware and libvirt facts live in docs/reference/; nothing cites the old
+    out-of-tree reference document any more."""
+    word = "REFERENCE" + ".md"
+    hits = []
+    for top in ("vgpuhost", "examples", "ansible", "bench", "tools", "tests", "docs", "debian"):
+        for path in sorted((REPO / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".deb"):
+                try:
+                    text = path.read_text()
+                except UnicodeDecodeError:
+                    continue
+                hits += [f"{path.relative_to(REPO)}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                         if word in line]
+    hits += [f"README.md:{n}" for n, line in enumerate((REPO / "README.md").read_text().splitlines(), 1)
+             if word in line]
+    assert not hits, hits

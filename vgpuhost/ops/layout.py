@@ -226,7 +226,7 @@ def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), pro
                 result.reboot.append(reboot_step("mig-mode", step.target, f"reset the GPU (nvidia-smi -r -i "
                                                  f"{step.target}) or reboot, then run apply again: the MIG mode "
                                                  "change is pending", "the driver keeps MIG mode changes pending "
-                                                 "until a GPU reset (REFERENCE.md §5)"))
+                                                 "until a GPU reset (docs/reference/hardware.md#mig-profiles)"))
             return note
         return run
 
