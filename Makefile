@@ -8,7 +8,10 @@
 # (vgpuhost/sim/libvirtd.py).
 # prometheus: the real Prometheus and promtool the metering tests scrape with and
 # check the shipped rules with (tests/test_metering_prometheus.py).
-DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 prometheus
+# debhelper ... python3-yaml: `make deb` (dpkg-buildpackage with dh-python);
+# tests/test_deb.py builds the package and installs it into a throwaway root.
+DEB_BUILD_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel python3-click python3-jinja2 python3-yaml
+DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 prometheus $(DEB_BUILD_PACKAGES)
 
 PYTHON      ?= python3
 VENV        := .venv
@@ -18,7 +21,7 @@ PYTEST_ARGS ?=
 # Wait for a dpkg/apt lock held by another apt-get instead of failing.
 APT_OPTS    := -o DPkg::Lock::Timeout=600
 
-.PHONY: dev deb-deps venv-check test demo bench wheel clean distclean
+.PHONY: dev deb-deps venv-check test demo bench wheel sdist deb docs docs-cli schemas man completions clean distclean
 
 dev: deb-deps $(STAMP)
 
@@ -80,8 +83,40 @@ bench: venv-check
 wheel: venv-check
 	$(VPY) -m build --wheel --outdir dist .
 
+sdist: venv-check
+	$(VPY) -m build --sdist --outdir dist .
+
+# The Debian package (debian/), built from a copy of the tree under build/deb
+# with the system Python and Debian's packages; the .deb lands in dist/.
+deb:
+	rm -rf build/deb && mkdir -p build/deb/vgpuhost dist
+	tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./site \
+	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' -cf - . | tar -C build/deb/vgpuhost -xf -
+	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b
+	cp build/deb/vgpuhost_*_all.deb dist/
+
+# The documentation site (docs/ -> site/); warnings are errors (mkdocs.yml: strict).
+docs: venv-check
+	$(VENV)/bin/mkdocs build --strict
+
+# docs/reference/cli.md is generated from the click commands (tests/test_docs.py checks it).
+docs-cli: venv-check
+	$(VPY) tools/clidoc.py markdown
+
+# docs/schemas/*.schema.json from every --json document the test suite prints (then review the diff).
+schemas: venv-check
+	rm -rf build/json-docs
+	VGPUHOST_JSON_RECORD=$(CURDIR)/build/json-docs $(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VPY) tools/jsonschemas.py infer build/json-docs
+
+man: venv-check
+	$(VPY) tools/clidoc.py man build/man
+
+completions: venv-check
+	$(VPY) tools/clidoc.py completions build/completions
+
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .hypothesis demo-host
+	rm -rf build dist site *.egg-info .pytest_cache .hypothesis demo-host
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

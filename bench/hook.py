@@ -50,7 +50,7 @@ from benchutil import run, timed
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: libvirt runs hooks with this environment (REFERENCE.md §8)
+#: libvirt runs hooks with this environment (docs/reference/libvirt.md)
 HOOK_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C"}
 DOMAIN_UUID = "11111111-2222-4333-8444-00000000b001"
 OTHER_UUID = "11111111-2222-4333-8444-00000000b002"

@@ -14,7 +14,9 @@ from vgpuhost.sim.build import materialise
 from vgpuhost.sim.spec import load_spec, parse_spec
 from vgpuhost.io.sysfs import Sysfs
 
-pytest_plugins = ["libvirtd_fixture"]   # the isolated libvirtd (tests/libvirtd_fixture.py)
+# the isolated libvirtd (tests/libvirtd_fixture.py); every --json document checked against docs/schemas/
+# (tests/jsonschema_plugin.py)
+pytest_plugins = ["libvirtd_fixture", "jsonschema_plugin"]
 
 DATA = Path(__file__).parent / "data"
 REGEN = os.environ.get("VGPUHOST_REGEN_GOLDENS") == "1"

@@ -303,3 +303,160 @@ def test_module_reports_bad_input_in_one_line(make_host, monkeypatch, tmp_path, 
     code, res = run_module(monkeypatch, config=str(config_file), root=str(host.root), layout="nosuch")
     assert code == 1 and "nosuch" in res["msg"]
     assert not host.state_dir.exists()
+
+
+# --- issue 16: defaults, string booleans, validate, check mode plans the new config -------
+
+def run_playbook(env, inventory: Path, *extra: str):
+    """ansible-playbook with an INI inventory; returns (returncode, output, recap or None)."""
+    argv = [tool("ansible-playbook"), "-i", str(inventory), *extra, str(DATA / "site.yml")]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    m = re.search(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
+    return proc.returncode, out, (dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+                                  if m else None)
+
+
+def test_role_defaults_ini_booleans_validate_and_check_mode_new_layout(make_host, ansible_env, tmp_path):
+    """The role on its own defaults (vgpuhost_install_package: true on a simulated root, which takes the
+    report whose join once bound to the second list only), with every switch given as the STRING an INI
+    inventory or ``-e key=value`` gives ("false", "true"); then ``--check`` with a changed config plans
+    the new layout (not the one on disk) and writes nothing; then a config vgpuhost refuses fails the copy
+    (``validate:``) and leaves the file on the host as it was."""
+    host = make_host("a100-sriov-mdev")
+    root = host.root
+    exe = BIN / "vgpuhost"
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        "[hypervisors]\n"
+        f"localhost ansible_connection=local ansible_python_interpreter={sys.executable} "
+        f"vgpuhost_root={root} vgpuhost_executable={exe} vgpuhost_python={sys.executable} "
+        "vgpuhost_manage_bootloader=false vgpuhost_manage_initramfs=no vgpuhost_systemd=false "
+        "vgpuhost_reboot=false\n")
+    for value in ("false", "no"):       # an INI host line gives strings, not booleans
+        assert f"={value} " in inventory.read_text() or f"={value}\n" in inventory.read_text()
+
+    def write_vars(config):
+        path = tmp_path / "vars.json"
+        path.write_text(json.dumps({"vgpuhost_config": config, "vgpuhost_test_gpus": [GPU]}))
+        return path
+
+    # 1. converge on the defaults, -e switches as strings
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(CONFIG)}",
+                                   "-e", "vgpuhost_facts=true", "-e", "vgpuhost_install_hook=yes")
+    assert rc == 0 and recap_ and recap_["failed"] == 0, out
+    assert ("not installed (vgpuhost_root is not /): vgpuhost (pip vgpuhost[libvirt,nvml] into /opt/vgpuhost)" in out), out
+    assert "bootloader not updated (vgpuhost_root is not /)" in out
+    assert [(t, o, s) for _, t, o, s in vgpus(host)] == [("A100-8C", "layout", "active")] * 2
+    config_path = root / "etc" / "vgpuhost" / "config.yaml"
+    written = config_path.read_text()
+
+    # the facts carry version, hook state, drift and capacity, read back from the host
+    import vgpuhost
+    from vgpuhost.cli.main import main as cli_main
+    fact = root / "etc" / "ansible" / "facts.d" / "vgpuhost.fact"
+    doc = json.loads(subprocess.run([str(fact)], capture_output=True, text=True, timeout=300).stdout)
+    assert doc["schema"] == "vgpuhost.gpus/v1" and [g["address"] for g in doc["gpus"]] == [GPU]
+    assert doc["version"] == vgpuhost.__version__ and doc["errors"] == []
+    assert doc["hook"]["installed"] is True and doc["hook"]["current"] is True
+    assert doc["drift"] == {"layout": "compute", "in_sync": True, "diff": [], "reboot": []}
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli_main(["--root", str(root), "--json", "types"]) == 0
+    free = {}
+    for t in json.loads(buf.getvalue())["types"]:
+        free[t["name"]] = free.get(t["name"], 0) + (t["available_instances"] or 0)
+    assert doc["capacity"] == free and doc["capacity"]["A100-8C"] > 0
+
+    # the example fleet report, run from the collection, reads those facts
+    proc = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), "vgpuhost.vgpuhost.fleet_report",
+                           "-e", f"vgpuhost_fact_path={root}/etc/ansible/facts.d"],
+                          env=ansible_env, capture_output=True, text=True, timeout=300)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report
+    assert f"localhost: vgpuhost {vgpuhost.__version__}, 1 GPU(s), hook " in report, report
+    assert ", layout in sync" in report, report
+    assert "fleet: 1 host(s), 1 GPU(s)," in report and "0 host(s) drifted" in report, report
+    assert f"A100-8C={free['A100-8C']}" in report, report
+
+    # 2. --check with a new config: the plan is the NEW layout's (one A100-8C goes), nothing is written
+    new = json.loads(json.dumps(CONFIG))
+    new["layouts"]["compute"]["gpus"][0]["vgpu"]["types"] = {"A100-8C": 1}
+    held = vgpus(host)
+
+    def files():            # SQLite's -wal/-shm come and go with readers; state.db itself is compared
+        return {k: v for k, v in tree_state(host).items() if not k.endswith(("-wal", "-shm"))}
+    before = files()
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(new)}", "--check", "--diff")
+    assert rc == 0 and recap_ and recap_["failed"] == 0, out
+    assert f"- {GPU} vgpu A100-8C x1 (host has 2)" in out, out
+    assert re.search(r"1\. vgpu\s+" + re.escape(GPU) + r"\s+remove", out), out
+    assert config_path.read_text() == written
+    assert files() == before and vgpus(host) == held
+
+    # 3. a config vgpuhost refuses: the copy's validate fails it; the file on the host stays as it was
+    bad = json.loads(json.dumps(CONFIG))
+    bad["layouts"]["compute"]["colour"] = "blue"
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(bad)}")
+    assert rc != 0 and recap_ and recap_["failed"] == 1, out
+    assert re.search(r"TASK \[vgpuhost\.vgpuhost\.vgpuhost : Write the layout config from vgpuhost_config\]"
+                     r"[^\n]*\n(?:(?!TASK).*\n)*?fatal:", out), out
+    assert "colour" in out                                  # vgpuhost's own message names the key
+    assert config_path.read_text() == written
+    assert [(t, o, s) for _, t, o, s in vgpus(host)] == [("A100-8C", "layout", "active")] * 2
+
+
+def test_module_plans_from_content(make_host, monkeypatch, config_file):
+    """``content`` is planned from instead of the file at ``config`` (the role's check mode)."""
+    host = make_host("a100-sriov-mdev")
+    new = json.loads(json.dumps(CONFIG))
+    new["layouts"]["compute"]["gpus"][0]["vgpu"]["types"] = {"A100-8C": 3}
+    code, res = run_module(monkeypatch, check_mode=True, config=str(config_file), root=str(host.root),
+                           content=yaml.safe_dump(new, sort_keys=False))
+    assert code == 0 and res["changed"] is True
+    assert any("create 3 x A100-8C" in s for s in res["steps"]), res["steps"]
+    assert yaml.safe_load(config_file.read_text()) == CONFIG and not host.state_dir.exists()
+
+
+# --- ansible-test sanity ------------------------------------------------------------
+
+GET_PIP_SHIM = """\
+# Offline stand-in for pip's get-pip.py bootstrap, written by tests/test_ansible.py:
+# ensurepip brings the interpreter's bundled pip, which then installs the version asked for.
+import subprocess, sys
+subprocess.check_call([sys.executable, "-m", "ensurepip", "--default-pip"])
+args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
+subprocess.check_call([sys.executable, "-m", "pip", "install", *args])
+"""
+
+
+def test_ansible_test_sanity_clean(ansible_env, tmp_path):
+    """``ansible-test sanity`` on the collection, laid out as ansible_collections/vgpuhost/vgpuhost,
+    passes every test. The one ignore entry (ansible/tests/sanity/ignore-*.txt) is the GPLv3 header
+    check: the collection is Apache-2.0, as vgpuhost is.
+
+    ansible-test builds a venv per sanity test and bootstraps pip in it with a script it downloads
+    from its own CI host; a stand-in that runs ensurepip takes its place, so only the package
+    index is needed. The venvs are cached in build/ansible-test-home (make clean removes it)."""
+    ansible_test = tool("ansible-test")
+    from ansible_test._internal.python_requirements import get_venv_packages
+
+    class Python:
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+    pip_version = get_venv_packages(Python())["pip"]
+    home = REPO / "build" / "ansible-test-home"
+    cache = home / ".ansible" / "test" / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / f"get_pip_{pip_version.replace('.', '_')}.py").write_text(GET_PIP_SHIM)
+
+    coll = tmp_path / "ansible_collections" / "vgpuhost" / "vgpuhost"
+    shutil.copytree(COLLECTION, coll, ignore=shutil.ignore_patterns(".ansible", "__pycache__", "*.pyc"))
+    env = dict(ansible_env, HOME=str(home))
+    proc = subprocess.run([ansible_test, "sanity", "--python", Python.version, "--local", "--color", "no"],
+                          cwd=coll, env=env, capture_output=True, text=True, timeout=1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    ran = re.findall(r'^Running sanity test "([\w-]+)"', out, re.M)
+    assert {"validate-modules", "pep8", "pylint", "yamllint", "import", "ansible-doc", "changelog"} <= set(ran), out
+    assert not re.search(r"^(ERROR|FATAL):", out, re.M), out

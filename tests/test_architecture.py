@@ -1,6 +1,6 @@
 """The house rules of the package layout, read from the source with :mod:`ast` (nothing is imported).
 
-Layers, lowest first (README, "Architecture")::
+Layers, lowest first (docs/development/architecture.md)::
 
     model < io < {libvirt, observe} < policy < plan < ops < hook < {cli, agent}
 

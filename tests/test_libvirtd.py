@@ -146,7 +146,7 @@ def test_failing_prepare_hook_aborts_the_start_and_reaches_virsh(libvirtd, hook,
         assert libvirtd.virsh("domstate", "lv-refused", check=True).stdout.strip() == "shut off"
     finally:
         libvirtd.virsh("undefine", "lv-refused")
-    # REFERENCE.md section 8: a start that fails in prepare still runs stopped and release.
+    # docs/reference/libvirt.md: a start that fails in prepare still runs stopped and release.
     assert log.read_text().splitlines() == ["lv-refused prepare begin", "lv-refused stopped end",
                                             "lv-refused release end"]
 

@@ -7,7 +7,7 @@ with functions that check argument order and types the way the C library
 would see them (bus-id spelling, profile *id* vs profile *index*, pointers
 vs structs) and answer with the real pynvml struct classes, so field names
 and the FB-usage 64-bit quirk are exercised.  Numbers are H200-like
-(REFERENCE.md §5); memory sizes are illustrative.
+(docs/reference/hardware.md#mig-profiles); memory sizes are illustrative.
 """
 
 from __future__ import annotations

@@ -125,3 +125,57 @@ def test_wheel_installs_package_data_and_console_script(tmp_path):
     doc = json.loads(_run([str(venv / "bin" / "vgpuhost"), "--root", str(host), "--json", "types"],
                           cwd=tmp_path))
     assert {t["name"] for t in doc["types"]} >= {"A40-8Q", "A40-1B", "A40-8C", "A40-8A"}
+
+
+# --- the source distribution --------------------------------------------------
+
+# Tracked paths that are not in the sdist, on purpose: the root symlinks into
+# the package (its files ship under vgpuhost/) and git's own files.
+SDIST_LEFT_OUT = {"hooks", "templates"}
+
+
+def _tracked_files():
+    """Every file git tracks, with symlinked directories expanded to their files."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: the sdist is compared with `git ls-files`")
+    out = _run(["git", "ls-files", "-z"], cwd=REPO)
+    files = set()
+    for rel in filter(None, out.split("\0")):
+        if rel in SDIST_LEFT_OUT or Path(rel).name == ".gitignore":
+            continue
+        path = REPO / rel
+        if path.is_symlink() and path.is_dir():
+            files.update(str(p.relative_to(REPO)) for p in path.rglob("*") if p.is_file())
+        elif path.exists():            # a file deleted in the work tree is not shipped
+            files.add(rel)
+    return files
+
+
+def test_sdist_holds_every_tracked_file(tmp_path):
+    """The sdist carries the licence, the tests with their data and conftest.py,
+    examples/, the Ansible collection, bench/, docs/, debian/ and .ci/: every file
+    git tracks (less the root symlinks into the package), and nothing built."""
+    import tarfile
+
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "build", "--sdist", "--no-isolation",
+          "--outdir", str(dist), str(REPO)], cwd=REPO)
+    sdists = list(dist.glob("vgpuhost-*.tar.gz"))
+    assert len(sdists) == 1, sdists
+    with tarfile.open(sdists[0]) as tf:
+        members = [m for m in tf.getmembers() if m.isfile()]
+        top = members[0].name.split("/", 1)[0]
+        names = {m.name.split("/", 1)[1] for m in members}
+        pkg_info = tf.extractfile(f"{top}/PKG-INFO").read().decode()
+    for must in ("LICENSE", "MANIFEST.in", "tests/conftest.py", "tests/data/ansible/site.yml",
+                 "examples/config/vgpu-a40.yaml", "examples/hosts/a40-mdev.yaml",
+                 "ansible/galaxy.yml", "bench/hook.py", "vgpuhost/hooks/qemu",
+                 "vgpuhost/sim/catalog.yaml", "mkdocs.yml", "docs/index.md"):
+        assert must in names, f"{must} missing from the sdist"
+    missing = sorted(_tracked_files() - names)
+    assert not missing, f"tracked files missing from the sdist (MANIFEST.in): {missing}"
+    junk = sorted(n for n in names if "__pycache__" in n or n.endswith(".pyc")
+                  or n.startswith(("docs/site/", "ansible/.ansible/")))
+    assert not junk, junk
+    assert "License: Apache-2.0" in pkg_info or "License-Expression: Apache-2.0" in pkg_info, pkg_info[:600]
+    assert "License-File: LICENSE" in pkg_info, pkg_info[:600]

@@ -8,7 +8,7 @@ the GPU its documented rule names.
 Two ways of checking:
 
 (a) the pure :func:`vgpuhost.placement.place` against a small capacity model
-    kept here, written from REFERENCE.md §4 (equal-size mode: one framebuffer
+    kept here, written from docs/reference/hardware.md#vgpu-types (equal-size mode: one framebuffer
     size per GPU, up to that type's max; mixed-size mode: each type up to its
     mixed-size max while framebuffer remains), on two A40s and two A100s, one
     A100 in mixed-size mode.  The model is also compared with the
@@ -81,7 +81,7 @@ class ModelGpu:
     present: List[Tuple[str, str, Optional[str]]] = field(default_factory=list)   # (type name, owner, key)
 
     def available(self, name: str) -> int:
-        """Free instances of ``name`` here by REFERENCE.md §4 (0 when not offered)."""
+        """Free instances of ``name`` here by docs/reference/hardware.md#vgpu-types (0 when not offered)."""
         t = self.types.get(name)
         if t is None:
             return 0

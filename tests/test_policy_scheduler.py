@@ -1,4 +1,4 @@
-"""The vGPU scheduler's pure part: the RmPVMRL encoder/decoder (REFERENCE.md §6) and validation.
+"""The vGPU scheduler's pure part: the RmPVMRL encoder/decoder (docs/reference/hardware.md#vgpu-scheduling) and validation.
 
 Moved from tests/test_scheduler.py with vgpuhost.policy.scheduler."""
 
@@ -18,7 +18,7 @@ S = SchedulerState
 # =============================================================================
 # encoder / decoder
 
-# every value REFERENCE.md §6 documents, with its documented meaning
+# every value docs/reference/hardware.md#vgpu-scheduling documents, with its documented meaning
 DOCUMENTED = [
     (0x00, S("best-effort")),
     (0x01, S("equal-share", arr=True)),

@@ -1,4 +1,4 @@
-"""vGPU scheduler: the RmPVMRL encoder/decoder (REFERENCE.md §6), its modprobe.d file, runtime NVML changes."""
+"""vGPU scheduler: the RmPVMRL encoder/decoder (docs/reference/hardware.md#vgpu-scheduling), its modprobe.d file, runtime NVML changes."""
 
 from __future__ import annotations
 

@@ -374,7 +374,7 @@ def test_mixed_size_off_keeps_one_size_on_keeps_both(make_host):
 
 
 def test_mixed_size_uses_mixed_max_instances(make_host):
-    # A100 8C: 5 per GPU in equal-size mode, 4 in mixed-size mode (REFERENCE.md §4)
+    # A100 8C: 5 per GPU in equal-size mode, 4 in mixed-size mode (docs/reference/hardware.md#vgpu-types)
     counts = {}
     for mixed in ("false", "true"):
         host = one_gpu(make_host, "A100-PCIE-40GB", numvfs=20, mixed=mixed)

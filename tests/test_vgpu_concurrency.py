@@ -2,7 +2,7 @@
 
 One host with both backends: an A100-40GB on the classic mdev path with 20
 SR-IOV VFs (each VF an mdev parent holding at most one vGPU) and an L40S on
-NVIDIA's vendor-specific VFIO interface with 16 VFs (REFERENCE.md §2-3).
+NVIDIA's vendor-specific VFIO interface with 16 VFs (docs/reference/hardware.md#mdev, #vendor-vfio).
 Workers create random profiles with random strategies, owners, anti-affinity
 keys, ``--persist`` (mdev only) and ``vgpu_params``, and remove random vGPUs
 they created themselves (sometimes first trying a late release under the
@@ -13,7 +13,7 @@ sample is one consistent state.
 Checked, from the tree (``discover()``: ``sys/bus/mdev/devices/*/mdev_type``
 links, the VFs' ``nvidia/current_vgpu_type``) and the state store, during
 the run and at the end: no VF holds two vGPUs, no type has more instances
-on a GPU than its max (catalog, REFERENCE.md §4), equal-size mode holds per
+on a GPU than its max (catalog, docs/reference/hardware.md#vgpu-types), equal-size mode holds per
 GPU, one vGPU per VM per GPU, no two vGPUs with one anti-affinity key on a
 GPU; at the end also that the records and the tree agree (``reconcile
 --check`` in process and through the CLI, exit 0), that the records are

@@ -2,7 +2,7 @@
 
 Whole GPUs by VFIO passthrough, time-sliced vGPUs (classic mdev and the
 vendor-specific VFIO interface of vGPU 17+) and MIG-backed vGPUs.  See
-README.md for the architecture; every kernel path is derived from
+docs/development/architecture.md for the architecture; every kernel path is derived from
 :class:`vgpuhost.hostroot.HostRoot`.
 """
 

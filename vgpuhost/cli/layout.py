@@ -79,7 +79,7 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     tries = 0
     while True:
         try:
-            result = apply(ctx.host, store(ctx, write=True), cfg, layout)
+            result = apply(ctx.host, store(ctx, write=True), cfg, layout, progress=_progress(ctx))
             break
         except VgpuhostError as e:        # the config was read above; the host may not be ready yet
             if tries >= retries:
@@ -89,6 +89,19 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
                        f"trying again in {retry_delay:g} s", err=True)
             time.sleep(retry_delay)
     emit(ctx, result.as_dict(), result.text())
+
+
+def _progress(ctx):
+    """One line per step on stderr while apply runs: on a terminal, or with -v (None otherwise)."""
+    if not (ctx.verbose or sys.stderr.isatty()):
+        return None
+
+    def line(i: int, n: int, step, state: str) -> None:
+        if state == "start":
+            click.echo(f"vgpuhost: [{i}/{n}] {step.kind} {step.target}: {step.action} ...", err=True)
+        else:
+            click.echo(f"vgpuhost: [{i}/{n}] {step.kind} {step.target}: {state}", err=True)
+    return line
 
 
 @click.command("assert")

@@ -61,6 +61,42 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt   # unwinds through the rollback paths like Ctrl-C
 
 
+def _json_mode(argv) -> bool:
+    """Whether ``--json`` is among the global options (before the command) of ``argv``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--json":
+            return True
+        if a in ("--root", "--state-dir", "--connect", "-c"):
+            i += 2
+            continue
+        if not a.startswith("-"):
+            return False
+        i += 1
+    return False
+
+
+def _error(argv, code: int, what: str, hint, kind: str, *, prefix: str = "vgpuhost: error: ",
+           hint_in_parens: bool = False) -> int:
+    """Report an error: one line on stderr, and under ``--json`` also the document
+    ``vgpuhost.error/v1`` on stdout (``error``, ``hint``, ``exit_code``, ``type``). Returns ``code``."""
+    if hint and hint_in_parens:
+        line = f"{what} ({hint})"
+    else:
+        line = f"{what}; {hint}" if hint else what
+    click.echo(f"{prefix}{printable(line)}", err=True)
+    if _json_mode(argv):
+        from .output import dumps
+        try:
+            click.echo(dumps({"schema": "vgpuhost.error/v1", "error": printable(what),
+                              "hint": printable(hint) if hint else None, "exit_code": code, "type": kind}))
+        except OSError:
+            pass
+    return code
+
+
 def main(argv=None) -> int:
     """Console entry point: run the CLI and map errors to one line + exit code."""
     if threading.current_thread() is threading.main_thread():
@@ -69,41 +105,35 @@ def main(argv=None) -> int:
         cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
         return EXIT_OK
     except VgpuhostError as e:
-        click.echo(f"vgpuhost: error: {printable(e.one_line())}", err=True)
-        return e.exit_code
+        return _error(argv, e.exit_code, e.message, e.hint, type(e).__name__)
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.Abort as e:
         # click turns KeyboardInterrupt (Ctrl-C, and SIGTERM through _sigterm) into Abort
         if isinstance(e.__context__, KeyboardInterrupt) or isinstance(e.__cause__, KeyboardInterrupt):
-            click.echo("vgpuhost: interrupted (any half-done group was rolled back)", err=True)
-            return EXIT_INTERRUPTED
-        click.echo("vgpuhost: aborted", err=True)
-        return EXIT_INPUT
+            return _error(argv, EXIT_INTERRUPTED, "interrupted (any half-done group was rolled back)", None,
+                          "KeyboardInterrupt", prefix="vgpuhost: ")
+        return _error(argv, EXIT_INPUT, "aborted", None, "Abort", prefix="vgpuhost: ")
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "vgpuhost"
         hint = f"see '{where} --help'"
         if isinstance(e, click.NoSuchOption) and e.option_name in GLOBAL_OPTIONS:
             hint = f"{e.option_name} is a global option: put it before the command (vgpuhost {e.option_name} ...)"
-        click.echo(f"vgpuhost: error: {printable(e.format_message().rstrip('.'))}; {hint}", err=True)
-        return EXIT_INPUT
+        return _error(argv, EXIT_INPUT, e.format_message().rstrip('.'), hint, "UsageError")
     except click.ClickException as e:
-        click.echo(f"vgpuhost: error: {printable(e.format_message())}", err=True)
-        return EXIT_INPUT
+        return _error(argv, EXIT_INPUT, e.format_message(), None, "UsageError")
     except OSError as e:   # the environment, not a bug: a file vgpuhost cannot reach
-        name = f": {printable(str(e.filename))}" if e.filename else ""
-        click.echo(f"vgpuhost: error: {e.strerror or e}{name}; check the path and its permissions", err=True)
-        return EXIT_INPUT
+        name = f": {str(e.filename)}" if e.filename else ""
+        return _error(argv, EXIT_INPUT, f"{e.strerror or e}{name}", "check the path and its permissions", "OSError")
     except RecursionError:
-        click.echo("vgpuhost: error: input nested too deeply", err=True)
-        return EXIT_INPUT
+        return _error(argv, EXIT_INPUT, "input nested too deeply", None, "RecursionError")
     except KeyboardInterrupt:
-        click.echo("vgpuhost: interrupted (any half-done group was rolled back)", err=True)
-        return EXIT_INTERRUPTED
+        return _error(argv, EXIT_INTERRUPTED, "interrupted (any half-done group was rolled back)", None,
+                      "KeyboardInterrupt", prefix="vgpuhost: ")
     except StoreError as e:    # the state store is damaged or unreachable
         from ..io.state import store_error
-        click.echo(f"vgpuhost: error: {printable(store_error('state.db', e).one_line())}", err=True)
-        return EXIT_INPUT
+        err = store_error('state.db', e)
+        return _error(argv, EXIT_INPUT, err.message, err.hint, "StoreError")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT
     except BrokenPipeError:
@@ -111,8 +141,8 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug: one line, traceback with -vv
         if "-vv" in (argv or sys.argv):
             traceback.print_exc()
-        click.echo(f"vgpuhost: internal error: {type(e).__name__}: {e} (rerun with -vv and report it)", err=True)
-        return EXIT_INTERNAL
+        return _error(argv, EXIT_INTERNAL, f"{type(e).__name__}: {e}", "rerun with -vv and report it", "InternalError",
+                      prefix="vgpuhost: internal error: ", hint_in_parens=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Rendering for the CLI: aligned tables and the stable JSON documents.
 
 Owns: turning inventory values and findings into human tables and into
-the documented ``--json`` shapes (README "JSON output").  Must not: read
+the documented ``--json`` shapes (docs/reference/json.md).  Must not: read
 the host or decide anything.
 """
 

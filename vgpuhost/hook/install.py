@@ -46,7 +46,7 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     """The dispatcher's text for ``host``: the template with the interpreter, sys.path, root and state dir.
 
     libvirt gives hooks a minimal environment (``PATH``, ``HOME``,
-    ``LC_ALL=C``, REFERENCE.md §8), so all of it is baked in.  Python runs
+    ``LC_ALL=C``, docs/reference/libvirt.md), so all of it is baked in.  Python runs
     with ``-I -S`` (no site: no ``.pth`` processing, no user site) and an
     explicit ``sys.path``: the directory holding the ``vgpuhost`` package
     first, this interpreter's site-packages last.

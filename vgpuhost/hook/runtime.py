@@ -9,11 +9,11 @@ may make vgpuhost touch, and the operator allow-list
 ``etc/vgpuhost/hook.allow``, in :mod:`vgpuhost.policy.hookrequest`; making
 and releasing the devices in :mod:`vgpuhost.ops.devices`.
 Must not: call libvirt (a hook that calls back into libvirtd deadlocks it,
-REFERENCE.md §8); import click, lxml, yaml, jinja2 or libvirt (the hook runs
+docs/reference/libvirt.md); import click, lxml, yaml, jinja2 or libvirt (the hook runs
 on every GPU domain start: ``python -X importtime`` keeps it lean); start a
 child process; print more than one line.
 
-libvirt facts (REFERENCE.md §8): argv is ``<domain name> <operation>
+libvirt facts (docs/reference/libvirt.md): argv is ``<domain name> <operation>
 <sub-operation> <extra>``, stdin the domain XML.  ``prepare begin`` runs
 before libvirt prepares hostdevs: the mdev must exist and the group be on
 vfio-pci by then.  A non-zero exit of ``prepare`` aborts the start and

@@ -105,7 +105,7 @@ class HostRoot:
 
     @property
     def pci_devices(self) -> Path:
-        """``sys/bus/pci/devices``: one symlink per BDF (REFERENCE.md §1)."""
+        """``sys/bus/pci/devices``: one symlink per BDF (docs/reference/hardware.md#pci-and-iommu)."""
         return self.path("sys", "bus", "pci", "devices")
 
     def pci_device(self, bdf: object) -> Path:
@@ -139,7 +139,7 @@ class HostRoot:
     # --- sysfs: mdev ---------------------------------------------------
     @property
     def mdev_bus(self) -> Path:
-        """``sys/class/mdev_bus``: one link per mdev parent (REFERENCE.md §2)."""
+        """``sys/class/mdev_bus``: one link per mdev parent (docs/reference/hardware.md#mdev)."""
         return self.path("sys", "class", "mdev_bus")
 
     @property

@@ -5,12 +5,12 @@ code use, its real implementation over nvidia-ml-py (``import pynvml``,
 lazily; :func:`vgpuhost.io.backends.backend_for` chooses between it and
 the simulator's, :class:`vgpuhost.sim.nvml.SimNvml`, whose state is in the
 simulated host's ``.vgpuhost-sim/host.json``).  Devices are selected by PCI bus id, never by
-index (REFERENCE.md §9).  ``NVMLError_*`` become :class:`NvmlError` keeping
+index (docs/reference/hardware.md#field-lessons).  ``NVMLError_*`` become :class:`NvmlError` keeping
 the NVML error name; a missing library or driver becomes
 :class:`HostEnvironmentError` (exit 2) while sysfs inventory still works.
 Must not: be imported by the hook path or by inventory.
 
-Names and semantics: REFERENCE.md §5-7.
+Names and semantics: docs/reference/hardware.md#mig-profiles, #vgpu-scheduling, #nvml.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class NvmlError(VgpuhostError):
 
 @dataclass(frozen=True)
 class GiProfile:
-    """A GPU-instance profile as the device reports it (REFERENCE.md §5).
+    """A GPU-instance profile as the device reports it (docs/reference/hardware.md#mig-profiles).
 
     ``profile_id`` is the nvidia-smi profile id (``nvmlDeviceGetGpuInstanceProfileInfo(...).id``);
     ``placements`` are ``(start, size)`` in memory slices out of 8.
@@ -106,7 +106,7 @@ class NvmlBackend(Protocol):
 
     def device_name(self, bdf: PciAddress) -> str: ...
     def device_uuid(self, bdf: PciAddress) -> str: ...
-    # MIG (REFERENCE.md §5)
+    # MIG (docs/reference/hardware.md#mig-profiles)
     def mig_mode(self, bdf: PciAddress) -> Optional[Tuple[bool, bool]]: ...
     def set_mig_mode(self, bdf: PciAddress, enabled: bool) -> Tuple[bool, bool]: ...
     def gi_profiles(self, bdf: PciAddress) -> List[GiProfile]: ...
@@ -114,7 +114,7 @@ class NvmlBackend(Protocol):
     def create_gpu_instance(self, bdf: PciAddress, profile_id: int, start: int) -> GpuInstance: ...
     def destroy_gpu_instance(self, bdf: PciAddress, gi_id: int) -> None: ...
     def compute_processes(self, bdf: PciAddress) -> int: ...
-    # vGPU (REFERENCE.md §4, §6, §7)
+    # vGPU (docs/reference/hardware.md#vgpu-types, #vgpu-scheduling, #nvml)
     def active_vgpus(self, bdf: PciAddress) -> int: ...
     def heterogeneous_mode(self, bdf: PciAddress) -> bool: ...
     def set_heterogeneous_mode(self, bdf: PciAddress, enabled: bool) -> None: ...

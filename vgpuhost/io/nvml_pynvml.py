@@ -10,7 +10,7 @@ learn PCI bus ids, then works by bus id like everything else), or decide
 policy (validation against capabilities is the scheduler/MIG code's job).
 
 Facts checked against nvidia-ml-py 13.x (``pynvml.py``) and the NVML API
-reference (REFERENCE.md §5-7):
+reference (docs/reference/hardware.md#mig-profiles, #vgpu-scheduling, #nvml):
 
 * ``nvmlDeviceGetHandleByPciBusId`` takes ``str`` or ``bytes`` (the
   ``convertStrBytes`` decorator encodes), parsed by NVML as ``%x:%x:%x.%x``;

@@ -7,7 +7,7 @@ writes go through the simulator's kernel (from :func:`vgpuhost.io.backends.sysfs
 the kernel would (ENOSPC on a full mdev type, EPERM on a taken VF...).
 Must not: decide anything; callers interpret what is read.
 
-Kernel file conventions (REFERENCE.md §1-3): values end in a newline;
+Kernel file conventions (docs/reference/hardware.md#pci-and-iommu, #mdev, #vendor-vfio): values end in a newline;
 ids read as ``0x10de``; ``driver_override`` reads ``(null)`` when unset;
 write-only files (``create``, ``remove``, ``unbind``) read empty.
 """

@@ -6,7 +6,7 @@ live XML, defining a new persistent definition, live device attach and
 live metadata, and listing every domain's persistent XML (VF reservations).
 Every ``libvirtError`` becomes one :class:`~vgpuhost.errors.VgpuhostError`
 line.  Must not: decide anything, or be imported by the qemu hook (a hook
-must never call back into libvirt: deadlock, REFERENCE.md §8).
+must never call back into libvirt: deadlock, docs/reference/libvirt.md).
 
 libvirt prints its errors to stderr by default; :func:`_libvirt` registers
 a handler that silences that (vgpuhost reports the error itself).

@@ -8,7 +8,7 @@ free guest PCI slot and refusing guest-address collisions.  Must not: talk
 to libvirt (that is :mod:`vgpuhost.virt`), touch the host, or define a
 second metadata format (:mod:`vgpuhost.domxml` owns it).
 
-Hostdev forms (REFERENCE.md §8):
+Hostdev forms (docs/reference/libvirt.md):
 
 - **PCI passthrough** of a whole GPU: one ``<hostdev type='pci'
   managed='no'>`` per endpoint of the GPU's IOMMU group (the GPU and its
@@ -29,7 +29,7 @@ Hostdev forms (REFERENCE.md §8):
   per domain: libvirt refuses a second).
 - **Vendor-specific VFIO** (vGPU 17+, MIG-backed vGPUs included): the VF is
   a plain ``<hostdev type='pci' managed='no'>``: it stays on NVIDIA's
-  driver, and ``managed='yes'`` fails with EINVAL (REFERENCE.md §3).
+  driver, and ``managed='yes'`` fails with EINVAL (docs/reference/hardware.md#vendor-vfio).
 
 Parsing uses lxml with a hardened parser (no entities resolved, no DTD, no
 network, no huge trees) after :func:`vgpuhost.domxml.parse_domain` has
@@ -137,7 +137,7 @@ def render_mdev(uuid: str, display: bool = False, ramfb: bool = False, guest_slo
 
 
 def render_vf(vf: PciAddress, guest_slot: Optional[int] = None) -> str:
-    """A vendor-VFIO VF (vGPU 17+) as ``<hostdev type='pci' managed='no'>`` (REFERENCE.md §3)."""
+    """A vendor-VFIO VF (vGPU 17+) as ``<hostdev type='pci' managed='no'>`` (docs/reference/hardware.md#vendor-vfio)."""
     return render_pci(vf, guest_slot=guest_slot)
 
 

@@ -1,7 +1,7 @@
 """vgpuhost's domain metadata, and a safe reader of libvirt domain XML.
 
 Owns: the metadata format vgpuhost keeps in a domain's ``<metadata>``
-(REFERENCE.md §8: one top-level element per application namespace), its
+(docs/reference/libvirt.md: one top-level element per application namespace), its
 strict validation, and reading what the qemu hook and ``attach`` need from a
 domain document: name, UUID, hostdevs, guest PCI addresses in use.  Must
 not: touch files or libvirt; import anything heavy (the qemu hook imports

@@ -12,7 +12,7 @@ listed here and takes its framebuffer from here.
 Must not: read files or import anything heavy (the qemu hook's inventory
 imports this module).
 
-Sources: PCI device ids and framebuffer sizes, REFERENCE.md §1 and §4
+Sources: PCI device ids and framebuffer sizes, docs/reference/hardware.md#pci-and-iommu, #vgpu-types
 (NVIDIA's vGPU user guide and the PCI ID repository).
 """
 

@@ -5,7 +5,7 @@ read by :func:`vgpuhost.io.catalog.load_catalog`) and :func:`parse_catalog`,
 which turns its parsed YAML into them.  Board identities (device id,
 product, framebuffer) are :mod:`vgpuhost.model.boards`'s; this adds what the
 simulator builds and the config schema checks against.  Facts and their
-sources are in the catalog file's comments (REFERENCE.md §1, §4, §5).
+sources are in the catalog file's comments (docs/reference/hardware.md#pci-and-iommu, #vgpu-types, #mig-profiles).
 Must not: read files; be used to resolve names on a real host (real hosts
 report their own types).
 """

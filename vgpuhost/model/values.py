@@ -217,7 +217,7 @@ _BDF_RE = re.compile(
 
 @record(frozen=True, order=True)
 class PciAddress:
-    """A PCI address (BDF) ``dddd:bb:ss.f`` (REFERENCE.md §1), e.g. ``0000:41:00.0``.
+    """A PCI address (BDF) ``dddd:bb:ss.f`` (docs/reference/hardware.md#pci-and-iommu), e.g. ``0000:41:00.0``.
 
     Only the full form with the domain is accepted: sysfs names devices that
     way, and a short ``41:00.0`` is refused so no device is guessed.
@@ -267,7 +267,7 @@ _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 
 
 def parse_uuid(text: str) -> str:
-    """A lower-case 8-4-4-4-12 UUID (the form mdev ``create`` takes, REFERENCE.md §2).
+    """A lower-case 8-4-4-4-12 UUID (the form mdev ``create`` takes, docs/reference/hardware.md#mdev).
 
     Checked with a regular expression, not :mod:`uuid` (whose import costs
     the qemu hook milliseconds); upper-case hex is accepted and lowered.
@@ -294,7 +294,7 @@ def parse_device_id(text: str, what: str = "device", hint: str = "an mdev UUID o
 
 
 # ---------------------------------------------------------------------------
-# vGPU type names (REFERENCE.md §4)
+# vGPU type names (docs/reference/hardware.md#vgpu-types)
 
 SERIES = {
     "Q": "virtual workstation (vWS)",
@@ -366,7 +366,7 @@ def strip_vendor_prefix(name: str) -> str:
 
 
 def parse_description(text: str) -> Dict[str, str]:
-    """An mdev type ``description`` as key=value pairs (REFERENCE.md §2).
+    """An mdev type ``description`` as key=value pairs (docs/reference/hardware.md#mdev).
 
     ``num_heads=4, frl_config=60, framebuffer=2048M`` ->
     ``{'num_heads': '4', 'frl_config': '60', 'framebuffer': '2048M'}``.
@@ -396,7 +396,7 @@ _MIG_PATTERN = r"^(?:(?P<ci>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<me>\+me)?$"
 
 @record(frozen=True)
 class MigProfile:
-    """A MIG GPU-instance profile name (REFERENCE.md §5): ``3g.40gb``, ``1g.10gb+me``."""
+    """A MIG GPU-instance profile name (docs/reference/hardware.md#mig-profiles): ``3g.40gb``, ``1g.10gb+me``."""
 
     slices: int
     memory_gb: int

@@ -15,7 +15,7 @@ planner given one does no I/O.  Must not: decide anything (planners in
 Scope: ``gpus`` limits the NVML probes and the driverctl reads to the GPUs an
 operation touches; the rest of the view covers the whole host (placement and
 ownership need it).  NVML answers NOT_SUPPORTED and NOT_FOUND as None (NVML
-sees only GPUs on the ``nvidia`` driver, REFERENCE.md §7); any other failure
+sees only GPUs on the ``nvidia`` driver, docs/reference/hardware.md#nvml); any other failure
 to read a GPU — NVML missing on the host included — is kept in that GPU's
 facts and raised by :meth:`HostView.nvml` when a planner asks for them, so an
 operation that never needs NVML (a passthrough-only layout) never fails for
@@ -59,7 +59,7 @@ class SeenType(NamedTuple):
 @dataclass(frozen=True)
 class MigMode:
     """A GPU's MIG mode: ``current`` and ``pending`` (what it is after the next GPU
-    reset, REFERENCE.md §5).  They differ while a change waits for that reset."""
+    reset, docs/reference/hardware.md#mig-profiles).  They differ while a change waits for that reset."""
 
     current: bool
     pending: bool
@@ -91,8 +91,7 @@ class NvmlFacts:
     only while MIG mode is on); ``compute_processes``: CUDA processes (blocks a MIG
     mode change; read when MIG-capable); read only while MIG mode is off:
     ``mixed_size`` (heterogeneous vGPU mode; None: the GPU has no such mode),
-    ``scheduler`` and ``scheduler_caps`` (device-level vGPU scheduler, REFERENCE.md
-    §6) and ``active_vgpus`` (vGPUs running).  ``error``: why the GPU could not be
+    ``scheduler`` and ``scheduler_caps`` (device-level vGPU scheduler, docs/reference/hardware.md#vgpu-scheduling) and ``active_vgpus`` (vGPUs running).  ``error``: why the GPU could not be
     read (raised by :meth:`HostView.nvml`).
     """
 

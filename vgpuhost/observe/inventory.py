@@ -6,9 +6,9 @@ mdev parents/types/instances, NVIDIA vendor-VFIO VFs and host facts
 the frozen records that hold them.  Must not: write anything, or decide what is
 good or bad (that is :mod:`vgpuhost.checks`).
 
-Sources: REFERENCE.md §1 (PCI/IOMMU files), §2 (mdev), §3 (vendor VFIO:
+Sources: docs/reference/hardware.md#pci-and-iommu (PCI/IOMMU files), #mdev (mdev), #vendor-vfio (vendor VFIO:
 ``nvidia/creatable_vgpu_types``, ``current_vgpu_type``; backend detection as
-vgpu-device-manager does it), §4 (type names).  MIG state comes from NVML in
+vgpu-device-manager does it), #vgpu-types (type names).  MIG state comes from NVML in
 a later issue: :class:`Gpu` has ``mig`` = None until a probe fills it.
 """
 
@@ -81,7 +81,7 @@ class PciDevice:
         """A function passthrough leaves where it is: a PCI bridge (on pcieport), or a host
         bridge (class 0x0600) with no driver, such as AMD's "PCIe Dummy Host Bridge" on
         EPYC/Threadripper.  The kernel's VFIO viability check accepts both: a driverless
-        device holds no DMA (REFERENCE.md §1)."""
+        device holds no DMA (docs/reference/hardware.md#pci-and-iommu)."""
         return self.is_bridge or (self.subclass == 0x0600 and self.driver is None)
 
     @property
@@ -253,7 +253,7 @@ def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
 
     The kernel's per-parent counts are summed.  On SR-IOV GPUs every free VF
     reports 1 for each type that fits now, so that sum counts free VFs and
-    is capped for time-sliced types (REFERENCE.md §4):
+    is capped for time-sliced types (docs/reference/hardware.md#vgpu-types):
     - mdev: by the type's max instances (``max_instance`` in the
       description) less the present vGPUs of the same framebuffer size;
     - vendor VFIO (no max in sysfs): by the board framebuffer left over
@@ -439,7 +439,7 @@ _CREATABLE_PATTERN = r"^\s*(\d+)\s*:\s*(.+?)\s*$"      # compiled on first use (
 
 
 def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
-    """``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (REFERENCE.md §3).
+    """``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
 
     The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.
     """

@@ -5,7 +5,7 @@ mdevs, and VFs holding a vGPU type (vendor-specific VFIO), for the state
 store's refusal to re-initialise itself (:class:`~vgpuhost.io.state.StateStore`).
 Must not: decide anything beyond listing them.
 
-Sysfs layout (REFERENCE.md §1-3): ``bus/pci/devices/<BDF>/driver`` links to
+Sysfs layout (docs/reference/hardware.md#pci-and-iommu, #mdev, #vendor-vfio): ``bus/pci/devices/<BDF>/driver`` links to
 the bound driver, ``bus/mdev/devices/<uuid>`` lists mdevs, and
 ``<VF>/nvidia/current_vgpu_type`` reads non-zero while a VF holds a vGPU.
 """

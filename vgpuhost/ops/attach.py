@@ -27,7 +27,7 @@ Refusals (RefusedError, exit 2) leave the definition byte-for-byte as it
 was: the same device twice; a GPU another domain holds (a vGPU is never
 placed on a GPU a defined domain passes through); two vGPUs on one
 physical GPU in one domain (pinned, or VFs of one PF), or more vGPUs than
-GPUs that offer them (one vGPU per VM per physical GPU, REFERENCE.md §9);
+GPUs that offer them (one vGPU per VM per physical GPU, docs/reference/hardware.md#field-lessons);
 a taken guest slot; a second ramfb; display without graphics; a running
 domain (``--live`` is supported for classic mdev only: the mdev is created
 now and hot-plugged; a passthrough group or a VF must be prepared before
@@ -248,7 +248,7 @@ def _matching(cands: List[Set[PciAddress]]) -> bool:
 def check_one_per_gpu(inv: Inventory, records, seen, domain: str, existing: Sequence[domxml.VgpuRequest],
                       new: domxml.VgpuRequest, excluded: "frozenset[PciAddress] | Set[PciAddress]" = frozenset()
                       ) -> None:
-    """Refuse when ``new`` cannot sit on a physical GPU of its own beside ``existing`` (REFERENCE.md §9).
+    """Refuse when ``new`` cannot sit on a physical GPU of its own beside ``existing`` (docs/reference/hardware.md#field-lessons).
 
     ``excluded``: GPUs that defined domains pass through (they offer no vGPUs
     once those start).  Raises RefusedError naming the GPUs.
@@ -650,7 +650,7 @@ def _hotplug_mdev(host: HostRoot, store: StateStore, dom, entry: DeviceEntry, sn
 
 
 def _verify(dom, entry: DeviceEntry, *, added: bool) -> None:
-    """Read the definition back: never report a change libvirt did not keep (REFERENCE.md §9)."""
+    """Read the definition back: never report a change libvirt did not keep (docs/reference/hardware.md#field-lessons)."""
     v = domxml.parse_domain(dom.inactive_xml())
     names = {str(s) for s in v.pci_sources} | set(v.mdev_uuids)
     meta = v.metadata or domxml.Metadata()

@@ -8,7 +8,7 @@ begin`` / ``release end``; ``vgpuhost reconcile --forget-domains`` runs
 :func:`release_domain` for domains a host crash left recorded as running.
 Reads the operator allow-list (:func:`load_allow`) through io/ and decides
 with :mod:`vgpuhost.policy.hookrequest`.
-Must not: call libvirt (the hook runs inside a libvirtd call, REFERENCE.md §8);
+Must not: call libvirt (the hook runs inside a libvirtd call, docs/reference/libvirt.md);
 import anything heavy at module level (the qemu hook imports this module on
 every GPU domain start: ops modules are imported where used).
 """

@@ -115,7 +115,7 @@ def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
 
 
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
-          actor: Optional[str] = None) -> ApplyResult:
+          actor: Optional[str] = None, progress=None) -> ApplyResult:
     """Run exactly the steps :func:`plan` gives, then read the host back.
 
     Raises RefusedError (exit 2) before any change when the plan is blocked
@@ -124,7 +124,9 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     fails (the steps before it stay done; each layer rolls back its own
     half-done operation) or the host does not match afterwards.  Reboot steps
     are reported in the result, never done.  Serialised per state dir by a
-    ``layout`` lock.
+    ``layout`` lock.  ``progress(i, n, step, state)``, when given, is called
+    as each step starts (state ``"start"``), ends (``"done"``, ``"failed"``)
+    or is skipped (``"skipped"``).
     """
     from ..io.locks import file_lock
     name = cfg.layout(layout).name
@@ -138,7 +140,7 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
         new_pools = _pools(store, cfg, layout, view)      # refused here, before any change
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
         ex = Executor(host, store, actor=who, operation=f"apply {name}",
-                      bindings=_recording(handlers(host, store, who), result))
+                      bindings=_recording(handlers(host, store, who), result, p.steps, progress))
         try:
             ex.run(p.steps)
         except VgpuhostError as e:
@@ -193,26 +195,38 @@ PENDING = "pending"
 Handler = Callable[[LayoutStep], Optional[str]]
 
 
-def _recording(bound: Mapping[type, Handler], result: ApplyResult) -> Dict[type, Handler]:
+def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), progress=None) -> Dict[type, Handler]:
     """``bound``, each handler wrapped to keep ``result`` (done, skipped, reboot) as the
     Executor runs the plan: once a MIG mode change on a GPU stays pending, the GPU's
     later steps are skipped (they need the mode the reset brings) and the reset is
-    reported."""
+    reported.  ``progress(i, n, step, state)`` hears of each step (see :func:`apply`)."""
     pending = set()
+    position = {id(s): i for i, s in enumerate(steps, 1)}
+
+    def tell(step, state: str) -> None:
+        if progress:
+            progress(position.get(id(step), 0), len(steps), step, state)
 
     def keep(handler: Handler) -> Handler:
         def run(step: LayoutStep) -> Optional[str]:
             if step.target in pending:
                 result.skipped.append(step)
+                tell(step, "skipped")
                 return None
-            note = handler(step)
+            tell(step, "start")
+            try:
+                note = handler(step)
+            except BaseException:
+                tell(step, "failed")
+                raise
             result.done.append(step)
+            tell(step, "done")
             if note == PENDING:
                 pending.add(step.target)
                 result.reboot.append(reboot_step("mig-mode", step.target, f"reset the GPU (nvidia-smi -r -i "
                                                  f"{step.target}) or reboot, then run apply again: the MIG mode "
                                                  "change is pending", "the driver keeps MIG mode changes pending "
-                                                 "until a GPU reset (REFERENCE.md §5)"))
+                                                 "until a GPU reset (docs/reference/hardware.md#mig-profiles)"))
             return note
         return run
 

@@ -146,7 +146,7 @@ def _read(host: HostRoot, bdf: str):
 def _give_back(host: HostRoot, ex: Executor, bdf: str, target: Optional[str]) -> None:
     """Return one function to ``target`` (a driver, ANY_HOST_DRIVER, or None: no driver), override cleared.
 
-    The safe sequence of REFERENCE.md §1: clear ``driver_override``, unbind
+    The safe sequence of docs/reference/hardware.md#pci-and-iommu: clear ``driver_override``, unbind
     from the driver it is on now, ``drivers_probe``, read ``driver`` back.
     """
     cur = _read(host, bdf)

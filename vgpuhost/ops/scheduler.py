@@ -126,7 +126,7 @@ def refuse_boards_without_vgpu(host: HostRoot, gpus: Sequence[PciAddress]) -> No
     """RefusedError (exit 2) for a GPU whose board has no vGPU support (a GeForce, say): the
     vGPU scheduler setting would be written for a GPU that never runs the vGPU manager.
 
-    The board's vGPU types come from the catalog (``vgpuhost/sim/catalog.yaml``, REFERENCE.md §4);
+    The board's vGPU types come from the catalog (``vgpuhost/sim/catalog.yaml``, docs/reference/hardware.md#vgpu-types);
     a board the catalog does not list is given the benefit of the doubt."""
     from ..io.catalog import load_catalog
     from ..io.sysfs import Sysfs

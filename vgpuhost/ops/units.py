@@ -9,7 +9,7 @@ idempotent, audited, and saying what changed.  Must not: run ``systemctl``
 :func:`install` says which are needed), or decide what the layout is
 (:mod:`vgpuhost.layout` does, through ``vgpuhost apply``).
 
-Boot order (REFERENCE.md §9, "boot order as units with retries"): both
+Boot order (docs/reference/hardware.md#field-lessons, "boot order as units with retries"): both
 units are ``Type=oneshot`` + ``RemainAfterExit=yes``, ordered
 ``After=nvidia-vgpu-mgr.service nvidia-persistenced.service
 systemd-modules-load.service`` and ``Before=libvirtd.service

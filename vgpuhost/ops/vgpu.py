@@ -8,13 +8,13 @@ never removes a device now owned by Y), mdevctl persistence and reconcile.
 Must not: spell kernel paths (HostRoot does) or choose GPUs itself
 (:mod:`vgpuhost.placement` does).
 
-Backends (REFERENCE.md §2-3): classic mdev — write a UUID to
+Backends (docs/reference/hardware.md#mdev, #vendor-vfio): classic mdev — write a UUID to
 ``<parent>/mdev_supported_types/<type>/create``, remove by writing ``1`` to
 ``<mdev>/remove``; the parent is the PF or, on SR-IOV GPUs, a VF holding at
 most one vGPU.  Vendor-specific VFIO (vGPU 17+) — write the type id to the
 VF's ``nvidia/current_vgpu_type``, ``0`` to destroy; EPERM when the VF is
 taken.  Persistence of classic mdevs is mdevctl's format
-(``/etc/mdevctl.d/<parent>/<uuid>``, REFERENCE.md §2); vendor-VFIO and
+(``/etc/mdevctl.d/<parent>/<uuid>``, docs/reference/hardware.md#mdev); vendor-VFIO and
 MIG-backed vGPUs cannot persist that way and are re-created by
 ``reconcile`` at boot.
 """
@@ -80,7 +80,7 @@ _PARAMS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,\s*[A-Za-z][A-Za-z
 
 
 def _validate_params(params: str) -> None:
-    """``vgpu_params``: comma-separated key=value pairs (REFERENCE.md §2), at most 1000 characters."""
+    """``vgpu_params``: comma-separated key=value pairs (docs/reference/hardware.md#mdev), at most 1000 characters."""
     if len(params) > 1000:
         raise InputError(f"--params is {len(params)} characters; at most 1000")
     if not re.match(_PARAMS_PATTERN, params):
@@ -103,7 +103,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
            inventory: Optional[Inventory] = None) -> VgpuOutcome:
     """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
 
-    ``vf`` (vendor-specific VFIO only, REFERENCE.md §3): set the type on
+    ``vf`` (vendor-specific VFIO only, docs/reference/hardware.md#vendor-vfio): set the type on
     exactly this VF (the qemu hook: the domain's hostdev names it).  Refused
     when the VF is not a VF of an NVIDIA GPU on vendor VFIO, holds a vGPU,
     or does not offer the type now; a no-op (``changed`` False) when the
@@ -142,7 +142,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     mig_wanted = wanted is not None and wanted.mig_backed
     if mig_wanted and persist:     # before anything, GPU instances included, is touched
         raise InputError(f"--persist cannot keep a MIG-backed vGPU ({profile}) across reboots: MIG-backed "
-                         "vGPUs do not survive a reboot (REFERENCE.md §2)",
+                         "vGPUs do not survive a reboot (docs/reference/hardware.md#mdev)",
                          hint="create it without --persist and enable the boot unit that runs "
                               "'vgpuhost reconcile'")
     gi_tried = False
@@ -326,7 +326,7 @@ def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> boo
 
 
 def _gi_profile_for(profiles, wanted: VgpuProfile):
-    """The device's GI profile a MIG-backed type sits on: same slices, GB and ME (REFERENCE.md §4-5)."""
+    """The device's GI profile a MIG-backed type sits on: same slices, GB and ME (docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
     from ..model.values import MigProfile
     for p in profiles:
         try:
@@ -421,7 +421,7 @@ def _mig_order() -> str:
 
 
 def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
-    """mdevctl's definition (REFERENCE.md §2); vgpu_params as an mdevctl attr so they come back too."""
+    """mdevctl's definition (docs/reference/hardware.md#mdev); vgpu_params as an mdevctl attr so they come back too."""
     import json
     attrs = [{"nvidia/vgpu_params": params}] if params else []
     return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"

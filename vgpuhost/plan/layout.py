@@ -10,13 +10,13 @@ Must not: read or write anything (no sysfs, NVML, store or file access: every
 fact comes from the view) or execute a step (:mod:`vgpuhost.ops.layout` binds
 each step type to the operation that runs it).
 
-Order (REFERENCE.md §3, §9): first what must go — layout vGPUs no longer
+Order (docs/reference/hardware.md#vendor-vfio, #field-lessons): first what must go — layout vGPUs no longer
 wanted or in the way, passed-through groups going back to the host — then
 SR-IOV (an operator step: vgpuhost never runs ``sriov-manage``) -> MIG mode
 -> GPU instances -> mixed-size mode -> scheduler -> vGPUs -> passthrough
 bindings; except that a scheduler change comes before the mixed-size step
 that turns mixed-size mode on (fixed share, which it may be leaving, is not
-allowed in mixed-size mode, REFERENCE.md §6).
+allowed in mixed-size mode, docs/reference/hardware.md#vgpu-scheduling).
 
 Preconditions are the plan's: what a step's layer would refuse (fixed share
 under mixed-size mode, a scheduler the device's capabilities do not allow,
@@ -25,10 +25,10 @@ or running domains in the way) blocks the plan or is a ``FILE:LINE:`` error
 before any step runs, so apply never removes vGPUs and then stops on a
 step that could not have worked.  With the VFs disabled, a MIG mode change
 is planned alone and enabling them is named as the operator's next step
-(``sriov-manage -e`` destroys GPU instances, REFERENCE.md §3).  Kernel
+(``sriov-manage -e`` destroys GPU instances, docs/reference/hardware.md#vendor-vfio).  Kernel
 parameters and module options take effect at boot: they are reported as
 reboot steps and never done.  A MIG mode change left *pending* until a GPU
-reset (REFERENCE.md §5) is reported the same way.
+reset (docs/reference/hardware.md#mig-profiles) is reported the same way.
 
 Ownership: vGPUs a layout creates have owner ``layout``
 (:data:`vgpuhost.policy.placement.LAYOUT`) and a layout only ever removes those.
@@ -70,7 +70,7 @@ SCHEMA_ASSERT = "vgpuhost.assert/v1"
 
 KINDS = ("kernel-param", "module", "sriov", "mig-mode", "gpu-instance", "mixed-size", "scheduler", "vgpu",
          "passthrough")
-#: the order steps run in; removals first, then the forward order of REFERENCE.md §3.  A scheduler
+#: the order steps run in; removals first, then the forward order of docs/reference/hardware.md#vendor-vfio.  A scheduler
 #: change a mixed-size step depends on (leaving fixed share, which mixed-size mode does not allow)
 #: runs before it ("scheduler-first"); any other scheduler change runs after it.
 PHASES = ("vgpu-remove", "passthrough-release", "mig-mode", "gpu-instance", "scheduler-first", "mixed-size",
@@ -674,7 +674,7 @@ class _Walker:
 
     def equal_size(self, g: Gpu, vg: _GpuVgpus, wanted: Sequence[Any]) -> None:
         """Block when vGPUs the layout does not own hold ``g`` at another framebuffer size
-        (equal-size mode: one size per GPU, REFERENCE.md §4)."""
+        (equal-size mode: one size per GPU, docs/reference/hardware.md#vgpu-types)."""
         fb = {t.type_id: t.framebuffer_mib for t in self._types_of.get(g.address, ())}
         fb.update({row.type_id: row.framebuffer_mib for row in self._seen_of.get(str(g.address), ())
                    if row.framebuffer_mib})
@@ -687,7 +687,7 @@ class _Walker:
             if size and sizes and size not in sizes:
                 self.block(f"vGPU {e.id} ({e.type_name or e.type_id}, {self._holder(e)}) holds {g.address} at "
                            f"{size} MiB vGPUs: in equal-size mode the layout's "
-                           + ", ".join(c.name for c in wanted if c.count) + " cannot join it (REFERENCE.md §4)")
+                           + ", ".join(c.name for c in wanted if c.count) + " cannot join it (docs/reference/hardware.md#vgpu-types)")
 
     def _time(self, vid: str) -> str:
         return self.view.record_time(vid)
@@ -764,7 +764,7 @@ class _Walker:
 
     def _vfs_block_mig(self, g: Gpu, entry: Entry, change: str) -> bool:
         """On vendor-specific VFIO, MIG mode changes only while the VFs are disabled
-        (REFERENCE.md §3): an operator step, so the plan is blocked before anything is
+        (docs/reference/hardware.md#vendor-vfio): an operator step, so the plan is blocked before anything is
         removed.  True when so."""
         if not (g.vgpu_backend == "vendor-vfio" and g.vfs):
             return False
@@ -781,7 +781,7 @@ class _Walker:
     def _vfs_after(self, g: Gpu, entry: Entry) -> None:
         """The VFs are off and this apply changes MIG mode (the moment for it): enabling them
         is the operator's next step, then apply again for GPU instances and vGPUs
-        (``sriov-manage -e`` destroys GPU instances, REFERENCE.md §3)."""
+        (``sriov-manage -e`` destroys GPU instances, docs/reference/hardware.md#vendor-vfio)."""
         bdf = str(g.address)
         self.plan.manual.append(operator_step(
             "sriov", bdf, f"after this apply: enable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -e {bdf}), then run "
@@ -853,12 +853,12 @@ class _Walker:
         if mixed_on_step and entry.scheduler is None and sched_now is not None \
                 and sched_now.policy == "fixed-share":
             self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
-                       f"(REFERENCE.md §6): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
+                       f"(docs/reference/hardware.md#vgpu-scheduling): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
                        f"at {where}")
         if entry.scheduler is not None:
             want_state = entry.scheduler.state
             if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
-                self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (REFERENCE.md §6): "
+                self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (docs/reference/hardware.md#vgpu-scheduling): "
                            f"add mixed_size: false to the entry at {where}, or use equal-share")
             if reads:
                 want_state = self._schedulable(g, entry, want_state)
@@ -869,7 +869,7 @@ class _Walker:
                     touches.append("changing the scheduler")
                     if self._running(g):
                         empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
-                # leaving fixed share for mixed-size mode: the scheduler first (REFERENCE.md §6)
+                # leaving fixed share for mixed-size mode: the scheduler first (docs/reference/hardware.md#vgpu-scheduling)
                 phase = "scheduler-first" if mixed_on_step else "scheduler"
                 self.step(phase, SetScheduler(bdf, f"set the vGPU scheduler: {describe(want_state)}",
                                               (f"host has {describe(cur)}" if cur is not None else
@@ -1036,7 +1036,7 @@ class _Walker:
         wanted_ids = check_mig(spec, profiles, label)
         if any(c.count for c in spec.vgpus) and self._vfs_off(g) and not mode.current:
             # VFs off: the moment to turn MIG mode on; GPU instances and vGPUs come after the
-            # VFs are enabled (REFERENCE.md §3)
+            # VFs are enabled (docs/reference/hardware.md#vendor-vfio)
             if mode.pending:
                 self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
                                                     "reboot: MIG mode on is pending", f"mode mig ({where})"))

@@ -9,7 +9,7 @@ the values it decides over (:class:`Demand`, :class:`Allocation`,
 anything; callers (``vgpuhost.ops.tenancy``) build the inputs from the
 records and an inventory, and record the outcome.
 
-Rules (README "Tenants, quotas and QoS classes"):
+Rules (docs/guide/tenancy.md):
 
 - **Quota.**  For each dimension (:data:`vgpuhost.model.tenancy.DIMENSIONS`)
   the tenant's use plus the demand may not pass the burst limit (or the

@@ -4,9 +4,9 @@ Owns: deciding whether a host is ready for GPU virtualisation, and saying
 why and how to fix each problem.  Must not: read files (it gets an
 :class:`~vgpuhost.inventory.Inventory`) or change the host.
 
-Facts behind each check: REFERENCE.md §1 (IOMMU, group viability, bridges,
+Facts behind each check: docs/reference/hardware.md#pci-and-iommu (IOMMU, group viability, bridges,
 companions, boot VGA, blockers: nvidia-persistenced, nvidia_drm, boot
-framebuffer, built-in vfio-pci), §2-3 (vGPU backends, SR-IOV).
+framebuffer, built-in vfio-pci), #mdev, #vendor-vfio (vGPU backends, SR-IOV).
 
 Severities: ``error`` (a GPU cannot be used as intended until fixed; the
 host is not ready: exit 1), ``warning`` (works with a caveat or after an
@@ -140,7 +140,7 @@ def _check_vfio_modules(inv: Inventory) -> List[Finding]:
 
 
 def _check_host_blockers(inv: Inventory) -> List[Finding]:
-    """Blockers to unbinding a GPU from nvidia (REFERENCE.md §1)."""
+    """Blockers to unbinding a GPU from nvidia (docs/reference/hardware.md#pci-and-iommu)."""
     h = inv.host
     nvidia_gpus = [g for g in inv.gpus if g.pci.driver == "nvidia"]
     out: List[Finding] = []

@@ -17,12 +17,12 @@ Board checks at load time: when an entry's selector pins the board
 (``board: A40`` or ``device_id: 0x2235``), vGPU type names, their maximum
 instances and framebuffer, GPU-instance profile names and MIG layout fit are
 checked against vgpuhost's own tables (the simulator catalog,
-``vgpuhost/sim/catalog.yaml``, which follows REFERENCE.md §4-5).  A board
+``vgpuhost/sim/catalog.yaml``, which follows docs/reference/hardware.md#vgpu-types, #mig-profiles).  A board
 name shared by products of different memory sizes (``A100``: 40 GB and
 80 GB) is not checked at load time, since their tables differ; ``plan``
 checks it on the host, against what the device reports.
 
-Format (README, "Declarative layouts"):
+Format (docs/reference/config.md):
 
 .. code-block:: yaml
 
@@ -175,7 +175,7 @@ class PassthroughSpec:
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """The tenancy pool a vgpu entry's GPUs join (README, "Tenants, quotas and QoS classes"): its
+    """The tenancy pool a vgpu entry's GPUs join (docs/guide/tenancy.md): its
     ``name``, the QoS classes it ``serves``; its scheduler policy is the entry's."""
 
     name: str
@@ -412,7 +412,7 @@ class _Parser:
             raise self.err(path, f"{what} has mode: {mode} but no {mode!r} block")
         if "scheduler" in m and mode != "vgpu":
             why = ("the device-level vGPU scheduler is not available in MIG mode (NVML returns NOT_SUPPORTED, "
-                   "REFERENCE.md §6)" if mode == "mig" else "a passed-through GPU has no vGPU scheduler")
+                   "docs/reference/hardware.md#vgpu-scheduling)" if mode == "mig" else "a passed-through GPU has no vGPU scheduler")
             raise self.err(path + ("scheduler",), f"scheduler in an entry with mode: {mode}: {why}")
         desc = self.get(m, path, "description", str, what, "")
         where = self.where(path)
@@ -568,7 +568,7 @@ class _Parser:
             raise self.err(path + ("types",),
                            f"vgpu.types holds {len(sizes)} framebuffer sizes "
                            f"({', '.join(f'{s} GB' for s in sizes)}): "
-                           "equal-size mode allows one size per GPU (REFERENCE.md §4)",
+                           "equal-size mode allows one size per GPU (docs/reference/hardware.md#vgpu-types)",
                            hint="add mixed_size: true (vGPU 17+), or keep one size")
         return VgpuSpec(tuple(types), counts, strategy, mixed, self.where(path))
 
@@ -662,13 +662,13 @@ def _check_duplicate(seen: Sequence[Count], name: str, where: Where, what: str, 
 
 def _check_fixed_mixed(sched: SchedulerSpec, vgpu: VgpuSpec, where: Where) -> None:
     if sched.state.policy == "fixed-share" and vgpu.mixed_size:
-        raise where.error("fixed share is not available in mixed-size mode (REFERENCE.md §4, §6)",
+        raise where.error("fixed share is not available in mixed-size mode (docs/reference/hardware.md#vgpu-types, #vgpu-scheduling)",
                           hint="use equal-share or best-effort, or mixed_size: false")
 
 
 def gi_name_for(profile: VgpuProfile) -> str:
     """The GPU-instance profile a MIG-backed type sits on: ``A100-3-20C`` -> ``3g.20gb``,
-    ``H200X-1-18CME`` -> ``1g.18gb+me`` (same slices, same GB, same ME; REFERENCE.md §4-5)."""
+    ``H200X-1-18CME`` -> ``1g.18gb+me`` (same slices, same GB, same ME; docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
     return f"{profile.gi_slices}g.{profile.framebuffer_gb}gb{'+me' if profile.media_extensions else ''}"
 
 
@@ -733,7 +733,7 @@ def _check_overlaps(entries: Sequence[Entry]) -> None:
 
 
 # ---------------------------------------------------------------------------
-# board tables (REFERENCE.md §4-5; the simulator catalog holds them)
+# board tables (docs/reference/hardware.md#vgpu-types, #mig-profiles; the simulator catalog holds them)
 
 @dataclass(frozen=True)
 class BoardTable:
@@ -818,7 +818,7 @@ def tables_for(selector: Selector) -> List[Tuple[str, BoardTable]]:
 def check_vgpu_types(vgpu: VgpuSpec, table: BoardTable, label: str, *, mixed: Optional[bool] = None) -> None:
     """Each type exists on the board and its count fits (per-gpu counts); InputError ``FILE:LINE:``.
 
-    Max instances (equal-size / mixed-size) and framebuffer: REFERENCE.md §4.
+    Max instances (equal-size / mixed-size) and framebuffer: docs/reference/hardware.md#vgpu-types.
     """
     mixed = vgpu.mixed_size if mixed is None else mixed
     used = 0
@@ -833,7 +833,7 @@ def check_vgpu_types(vgpu: VgpuSpec, table: BoardTable, label: str, *, mixed: Op
         limit = mxm if mixed else mx
         if t.count > limit:
             raise t.where.error(f"{t.count} x {name} exceed the {limit} a GPU holds in "
-                                f"{'mixed' if mixed else 'equal'}-size mode ({label}, REFERENCE.md §4)")
+                                f"{'mixed' if mixed else 'equal'}-size mode ({label}, docs/reference/hardware.md#vgpu-types)")
         used += t.count * fb
     if used > table.framebuffer_mib:
         last = [t for t in vgpu.types if t.count][-1]
@@ -860,7 +860,7 @@ def check_mig(mig: MigSpec, profiles: Sequence[GiProfile], label: str, *,
         where = mig.instances[-1].where if mig.instances else mig.where
         raise (where or Where("<config>", None)).error(
             f"MIG layout cannot fit {label}: {reason}",
-            hint="larger profiles first; 8 memory slices per GPU (REFERENCE.md §5)")
+            hint="larger profiles first; 8 memory slices per GPU (docs/reference/hardware.md#mig-profiles)")
     if vgpu_names is not None:
         names = {n.lower(): n for n in vgpu_names}
         for v in mig.vgpus:

@@ -9,9 +9,9 @@ Capacity is counted in instances of the requested type, as the kernel
 reports them (``available_instances`` on mdev, creatable VFs on vendor
 VFIO), so the vGPU manager's own rules — equal-size mode (a GPU holding 8Q
 vGPUs offers only 8 GB types), mixed-size mode where enabled, max instances
-(REFERENCE.md §4) — are honoured by construction.  On top of those:
+(docs/reference/hardware.md#vgpu-types) — are honoured by construction.  On top of those:
 
-- one vGPU per VM per physical GPU (REFERENCE.md §9): a GPU where the
+- one vGPU per VM per physical GPU (docs/reference/hardware.md#field-lessons): a GPU where the
   request's owner already holds a vGPU is skipped (owner ``manual`` exempt);
 - anti-affinity: no two vGPUs with the same key on one GPU;
 - NUMA preference: GPUs on the requested node first, others only if none fits.

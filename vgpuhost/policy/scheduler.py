@@ -43,7 +43,7 @@ from ..model.values import PciAddress
 POLICIES = ("best-effort", "equal-share", "fixed-share")
 POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
 
-# --- bit layout (nvrm_registry.h, REFERENCE.md §6) ----------------------------
+# --- bit layout (nvrm_registry.h, docs/reference/hardware.md#vgpu-scheduling) ----------------------------
 ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
 ARR_DISABLE_BIT = 1 << 1     # set = no adaptive round robin (time slice given instead)
 POLICY_SHIFT, POLICY_MASK = 4, 0xF          # bits 7:4

@@ -6,7 +6,7 @@ shared/examples/sysfs-layout-a40-mdev.txt), ``proc/``, ``lib/modules`` and
 ``<root>/.vgpuhost-sim/host.json``.  Must not: implement write semantics
 (that is :mod:`vgpuhost.sim.kernel`).
 
-IOMMU grouping when a device names no ``iommu_group`` (REFERENCE.md §1):
+IOMMU grouping when a device names no ``iommu_group`` (docs/reference/hardware.md#pci-and-iommu):
 functions of one slot share a group (no multifunction ACS); a bridge with
 ``acs: false`` pulls every device below it into its own group; SR-IOV VFs get
 a group each.

@@ -3,7 +3,7 @@
 Owns: the simulator's model of the NVIDIA vGPU manager's capacity rules,
 as pure functions over plain data.  Must not: read or write files.
 
-Rules (REFERENCE.md §2, §4):
+Rules (docs/reference/hardware.md#mdev, #vgpu-types):
 - equal-size mode (default): every time-sliced vGPU on a GPU has the same
   framebuffer size; once one exists only types of that size report free
   instances, up to that type's max instances minus those present;

@@ -1,7 +1,7 @@
 """The simulator's board catalog: the values of :mod:`vgpuhost.model.catalog`, loaded by :mod:`vgpuhost.io.catalog`.
 
-Facts and their sources are in catalog.yaml's comments (REFERENCE.md §1, §4,
-§5); board identities in :mod:`vgpuhost.model.boards`.  Must not: be used to
+Facts and their sources are in catalog.yaml's comments (docs/reference/hardware.md#pci-and-iommu, #vgpu-types,
+#mig-profiles); board identities in :mod:`vgpuhost.model.boards`.  Must not: be used to
 resolve names on a real host; real hosts report their own types.
 """
 

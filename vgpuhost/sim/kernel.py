@@ -5,7 +5,7 @@ mdev ``create``/``remove``, ``nvidia/current_vgpu_type``, ``driver_override``,
 driver ``bind``/``unbind`` and ``drivers_probe`` — by changing the tree on
 disk exactly as the kernel would lay it out, under a lock so separate
 processes see one host.  Failures raise ``OSError`` with the errno the
-kernel returns (REFERENCE.md §1-3); :mod:`vgpuhost.sysfs` wraps them.
+kernel returns (docs/reference/hardware.md#pci-and-iommu, #mdev, #vendor-vfio); :mod:`vgpuhost.sysfs` wraps them.
 Must not: be imported on a real host (``Sysfs`` only loads it when the root
 holds ``.vgpuhost-sim/host.json``).
 
@@ -22,7 +22,7 @@ on the device directory, as in sysfs):
   (UUID listed in meta ``busy_mdevs``: the seam for running VMs).
   Both create and ``current_vgpu_type`` give ENODEV while the parent / VF
   is not bound to ``nvidia`` (no vGPU manager behind it).
-- ``<VF>/nvidia/current_vgpu_type`` (decimal; REFERENCE.md §3): EINVAL
+- ``<VF>/nvidia/current_vgpu_type`` (decimal; docs/reference/hardware.md#vendor-vfio): EINVAL
   (not decimal, unknown type), EPERM (a vGPU exists and non-zero written, or
   none and ``0`` written), ENOSPC (type not creatable now).
 - ``nvidia/vgpu_params``: stored; a single space clears it.
@@ -35,7 +35,7 @@ on the device directory, as in sysfs):
   device's native driver (so vfio-pci only through the override, unless the
   spec booted the device on vfio-pci).  unbind: ENODEV (not bound there),
   EBUSY (vGPUs on the GPU/VF; ``nvidia-persistenced`` holding a GPU —
-  the real unbind hangs instead, REFERENCE.md §1).  bind: ENODEV (unknown
+  the real unbind hangs instead, docs/reference/hardware.md#pci-and-iommu).  bind: ENODEV (unknown
   device, no match), EBUSY (already bound).  drivers_probe succeeds even
   when nothing binds; ENODEV for an unknown device only.
 - read-only attributes: EACCES; write-only files (``reset``, ``new_id``...)
@@ -273,7 +273,7 @@ class SimKernel:
     def available(self, meta: dict, pf: str) -> Dict[str, Dict[str, int]]:
         """Free instances per parent and type id of GPU ``pf``: ``{parent: {type_id: n}}``.
 
-        On SR-IOV GPUs each VF holds one vGPU at most (REFERENCE.md §2-3):
+        On SR-IOV GPUs each VF holds one vGPU at most (docs/reference/hardware.md#mdev, #vendor-vfio):
         a VF reports 0 when it holds one, else at most 1.
         """
         gpu = meta["gpus"][pf]

@@ -31,7 +31,7 @@ seconds), forwards SIGHUP/SIGTERM to libvirtd, and when libvirtd exits (or
 its own parent dies: ``PR_SET_PDEATHSIG``) kills every process left in the
 network namespace.
 
-libvirt facts used (REFERENCE.md §8): ``qemu.conf`` needs ``user``/``group``
+libvirt facts used (docs/reference/libvirt.md): ``qemu.conf`` needs ``user``/``group``
 root, ``dynamic_ownership = 0``, ``security_driver = "none"``,
 ``stdio_handler = "file"`` (no virtlogd), ``cgroup_controllers = []``;
 the qemu driver looks up the users/groups ``libvirt-qemu`` and ``kvm`` at
@@ -103,7 +103,7 @@ log_outputs = "3:stderr"
 """
 
 QEMU_CONF = """\
-# Written by vgpuhost.sim.libvirtd (REFERENCE.md section 8).
+# Written by vgpuhost.sim.libvirtd (docs/reference/libvirt.md).
 user = "root"
 group = "root"
 dynamic_ownership = 0

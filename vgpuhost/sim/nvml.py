@@ -15,17 +15,17 @@ older host.json files without the keys get the same defaults on read):
 
 - ``name``, ``uuid``: what ``nvmlDeviceGetName`` / ``GetUUID`` report;
 - ``gi_profiles``: the board's MIG profile table from the catalog
-  (REFERENCE.md §5) with memory in MiB parsed from the name (``1g.18gb`` ->
+  (docs/reference/hardware.md#mig-profiles) with memory in MiB parsed from the name (``1g.18gb`` ->
   18432);
 - ``mig_mode`` (current), ``mig_pending``, ``mig_reset_required`` (a MIG mode
   change stays *pending* until :meth:`SimNvml.reset` when true, or while
-  ``nvidia-persistenced`` runs: it blocks the reset, REFERENCE.md §5);
+  ``nvidia-persistenced`` runs: it blocks the reset, docs/reference/hardware.md#mig-profiles);
 - ``gpu_instances``: ``[{gi_id, profile_id, profile, start, size}]``;
 - ``compute_processes``: CUDA processes on the GPU (blocks MIG mode changes);
-- ``scheduler`` / ``scheduler_caps`` (REFERENCE.md §6).
+- ``scheduler`` / ``scheduler_caps`` (docs/reference/hardware.md#vgpu-scheduling).
 
 Errors are :class:`~vgpuhost.nvml.NvmlError` with the NVML error name
-(REFERENCE.md §7): ``NVMLError_NotFound`` (no such GPU, or not on the
+(docs/reference/hardware.md#nvml): ``NVMLError_NotFound`` (no such GPU, or not on the
 ``nvidia`` driver: NVML sees only those), ``NVMLError_NotSupported`` (not
 MIG-capable, MIG mode off for GI calls, no vGPU manager for vGPU calls,
 device-level scheduler calls in MIG mode, fixed share in mixed-size mode),
@@ -217,7 +217,7 @@ class SimNvml:
 
     def reset(self, bdf: PciAddress) -> Tuple[bool, bool]:
         """Simulate a GPU reset (``nvidia-smi -r``): a pending MIG mode takes effect,
-        mixed-size mode is lost (REFERENCE.md §4).  Not part of NvmlBackend."""
+        mixed-size mode is lost (docs/reference/hardware.md#vgpu-types).  Not part of NvmlBackend."""
         call = "nvmlDeviceResetGpu"
 
         def fn(meta: dict, pf: str, gpu: dict) -> Tuple[bool, bool]:

@@ -128,7 +128,7 @@ class _Reader:
         if not isinstance(value, dict):
             raise self.loc.error(path, f"expected a mapping at {_dotted(path) or 'the top level'}, "
                                        f"found {type(value).__name__}",
-                                 hint="see the spec format in the README")
+                                 hint="see the spec format in docs/guide/simulator.md")
         for key in value:
             if key not in allowed:
                 raise self.loc.error(path + (key,), f"unknown key {key!r} in {_dotted(path) or 'spec'}",

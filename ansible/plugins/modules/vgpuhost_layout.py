@@ -35,6 +35,13 @@ options:
     description: Path of the layout config file (vgpuhost config format, version 1) on the target.
     type: path
     required: true
+  content:
+    description:
+      - The config document as text, planned from instead of the file at O(config), which is then only
+        named in messages. The role passes it in check mode, so that C(--check) plans the config the run
+        would write rather than the one still on disk.
+    type: str
+    version_added: "0.2.0"
   layout:
     description: Layout name in the config; the config's default when omitted.
     type: str
@@ -55,7 +62,7 @@ options:
 requirements:
   - vgpuhost importable by the target's Python
 author:
-  - vgpuhost developers
+  - vgpuhost developers (!UNKNOWN)
 notes:
   - Supports check mode and diff mode.
 """
@@ -177,7 +184,10 @@ def run(module):
     p = module.params
     host = HostRoot.from_env(p["root"], p["state_dir"])
     host.require_host()
-    cfg = vconfig.load(p["config"])
+    if p["content"] is not None:
+        cfg = vconfig.parse(p["content"], source=p["config"])
+    else:
+        cfg = vconfig.load(p["config"])
     cfg.layout(p["layout"])             # an unknown layout name fails before the state store is opened
     read_only = module.check_mode or p["state"] == "asserted"
     store = StateStore(host.state_dir, create=not read_only)
@@ -198,8 +208,8 @@ def run(module):
         if plan.blocked:
             module.fail_json(msg="layout %s cannot be applied: %s" % (plan.layout, "; ".join(plan.blocked)), **out)
     else:
-        actor = os.environ.get("VGPUHOST_ACTOR") or "ansible vgpuhost_layout uid=%d pid=%d" % (os.getuid(),
-                                                                                                os.getpid())
+        actor = (os.environ.get("VGPUHOST_ACTOR")
+                 or "ansible vgpuhost_layout uid=%d pid=%d" % (os.getuid(), os.getpid()))
         result = vlayout.apply(host, store, cfg, p["layout"], actor=actor)
         plan = result.plan
         out = _plan_fields(plan)
@@ -219,6 +229,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             config=dict(type="path", required=True),
+            content=dict(type="str"),
             layout=dict(type="str"),
             root=dict(type="path", default="/"),
             state_dir=dict(type="path"),
