@@ -203,3 +203,21 @@ def test_creatable_vgpu_types_parser():
     text = "ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n1414  : NVIDIA H200X-1-18C\n"
     assert parse_creatable_vgpu_types(text) == [("1145", "NVIDIA L40S-1B"), ("1414", "NVIDIA H200X-1-18C")]
     assert parse_creatable_vgpu_types("ID    : vGPU Name\n") == []   # a full GPU: header only
+
+
+def test_an_mdev_removed_while_discovery_reads_it_is_skipped(make_host, monkeypatch):
+    """A remove racing discovery (realpath's readlink meets a vanished link) drops that mdev, no crash."""
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops.vgpu import create
+    host = make_host("a40-mdev")
+    made = create(host, StateStore(host.state_dir), profile="A40-8Q")
+    assert [m.uuid for m in discover(Sysfs(host)).mdevs] == [made.id]
+    real_resolve = Sysfs.resolve
+
+    def racing(self, path):
+        if made.id in str(path):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_resolve(self, path)
+
+    monkeypatch.setattr(Sysfs, "resolve", racing)
+    assert discover(Sysfs(host)).mdevs == ()

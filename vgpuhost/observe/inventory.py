@@ -465,7 +465,10 @@ def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
     base = str(fs.host.mdev_devices)
     for name in fs.listdir(base):
         d = f"{base}/{name}"
-        real = fs.resolve(d)
+        try:
+            real = fs.resolve(d)
+        except FileNotFoundError:
+            continue  # removed while we read (realpath's readlink raced a remove): it is gone
         parent = os.path.basename(os.path.dirname(real))
         tid = fs.link_name(d + "/mdev_type")
         group = fs.link_name(d + "/iommu_group")
