@@ -922,3 +922,36 @@ devices:
   - {bdf: "0000:80:01.0", model: amd-root-port}
   - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:01.0", vgpu: {backend: mdev}}
 """
+
+
+def test_install_restores_a_hook_that_lost_its_execute_bit(make_host, capsys):
+    """Issue 12 #4g: libvirt skips a hook it cannot execute, so an identical text with mode 0644 is not 'up to date'."""
+    host = make_host("a40-mdev")
+    root = str(host.root)
+    assert cli_main(["--root", root, "hook", "install"]) == 0
+    path = host.libvirt_hooks / "qemu.d" / "vgpuhost"
+    path.chmod(0o644)
+    capsys.readouterr()
+    assert cli_main(["--root", root, "--json", "hook", "install"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["changed"] and any("not executable" in n for n in doc["notes"])
+    assert path.stat().st_mode & 0o777 == 0o755
+    assert cli_main(["--root", root, "--json", "hook", "install"]) == 0
+    assert not json.loads(capsys.readouterr().out)["changed"]
+
+
+def test_an_allow_list_that_is_a_fifo_is_refused_without_blocking(make_host, capsys):
+    """Issue 12 #4g: a FIFO as the allow-list hung 'hook status' and every VM start; only regular files are read."""
+    host = make_host("a40-mdev")
+    root = str(host.root)
+    assert cli_main(["--root", root, "hook", "install"]) == 0
+    allow = allow_path(host)
+    allow.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(allow)
+    capsys.readouterr()
+    proc = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", root, "--json", "hook", "status"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["allow"]["summary"] == "unreadable: the hook refuses every GPU domain"
+    assert "not a regular file" in doc["allow"]["error"]

@@ -131,8 +131,11 @@ def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s:
     if old is not None and not _ours(old):
         raise RefusedError(f"{path} exists and was not written by vgpuhost: left alone",
                            hint="move it aside, then run 'vgpuhost hook install' again")
-    out = HookOutcome("install", str(path), changed=old != text, dry_run=dry_run, new=old is None)
+    lost_mode = old == text and not files.is_executable_file(path)   # libvirt skips a hook it cannot execute
+    out = HookOutcome("install", str(path), changed=old != text or lost_mode, dry_run=dry_run, new=old is None)
     out.reload_needed = old is None
+    if lost_mode:
+        out.notes.append("the installed hook was not executable (libvirt skips it): written again with mode 0755")
     if not out.changed:
         out.notes.append("the installed hook is up to date: nothing to do")
     if dry_run:

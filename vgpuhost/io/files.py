@@ -31,13 +31,24 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def read_capped(path: PathArg, limit: int) -> Optional[bytes]:
     """Up to ``limit + 1`` bytes of the file (one more than ``limit`` says it is too big); None when absent.
 
-    Raises ``OSError`` when it exists but cannot be read.
+    Raises ``OSError`` when it exists but cannot be read, and ``OSError(EINVAL)``
+    when it is not a regular file: a FIFO or a device would block the reader
+    (the qemu hook holds up every VM start while it waits), so it is opened
+    non-blocking and refused without reading.
     """
+    import errno
+    import stat
     try:
-        with open(path, "rb") as f:
-            return f.read(limit + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
 
 
 def read_text_capped(path: PathArg, limit: int = 1 << 20) -> Optional[str]:
@@ -53,12 +64,19 @@ def read_text_capped(path: PathArg, limit: int = 1 << 20) -> Optional[str]:
 
 
 def can_open(path: PathArg) -> bool:
-    """The file exists and this process may open it for reading."""
+    """The file exists, is a regular file, and this process may open it for reading.
+
+    Opened non-blocking: a FIFO must not hold the caller up.
+    """
+    import stat
     try:
-        with open(path, "rb"):
-            return True
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -155,3 +173,13 @@ def which(program: str, path: str = "/usr/bin:/bin") -> Optional[str]:
     """The absolute path of ``program`` on ``path`` (not the caller's ``$PATH``), or None."""
     import shutil
     return shutil.which(program, path=path)
+
+
+def is_executable_file(path: PathArg) -> bool:
+    """A regular file with every execute bit set (mode 0755 as ``hook install`` writes it)."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) and mode & 0o111 == 0o111
