@@ -360,6 +360,116 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
                      mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=read_host_facts(fs))
 
 
+#: host facts of an inventory discovered with ``host_facts=False`` (nothing read: every field empty)
+UNREAD_HOST_FACTS = HostFacts(cmdline="", cpu_vendor=None, cpu_virt_flags=frozenset(), kernel_release=None,
+                              modules_loaded=frozenset(), modules_builtin=frozenset(),
+                              modules_available=frozenset(), interrupt_remapping=None, processes=frozenset(),
+                              boot_framebuffers={}, iommu_units=())
+
+
+def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True) -> Inventory:
+    """Read one GPU under ``fs.host`` into an :class:`Inventory` that holds only it.
+
+    What :func:`discover` reads about ``gpu`` and nothing about any other GPU:
+    ``devices`` holds the GPU's physical function, its SR-IOV VFs and the other
+    members of their IOMMU groups; ``groups`` those groups; ``gpus`` the one
+    :class:`Gpu` (empty when ``gpu`` is no NVIDIA display physical function);
+    ``vgpu_types``, ``mdevs`` and ``vf_vgpus`` the GPU's.  Each record equals
+    the one a whole-host :func:`discover` gives for this GPU.  The mdevs are
+    found as children of their parent device's directory (the kernel puts an
+    mdev's directory under its parent, docs/reference/hardware.md#mdev) instead of by
+    walking every mdev on the host.  ``host_facts``: False leaves the host
+    facts unread (:data:`UNREAD_HOST_FACTS`), for callers that never look at
+    them (a vGPU create).  Cost: proportional to the GPU's VFs and types, not
+    to the host.  For an operation on one GPU, under that GPU's lock.
+    Raises SysfsError when a file that must be readable is not.
+    """
+    host = fs.host
+    pci_devices = str(host.pci_devices)
+    devices: Dict[PciAddress, PciDevice] = {}
+    groups: Dict[int, IommuGroup] = {}
+    iommu_groups = str(host.iommu_groups)
+
+    def read(addr: PciAddress) -> Optional[PciDevice]:
+        if addr not in devices:
+            if not fs.exists(f"{pci_devices}/{addr}"):
+                return None
+            devices[addr] = _read_device(fs, addr)
+        return devices[addr]
+
+    def group(number: Optional[int]) -> None:
+        if number is None or number in groups:
+            return
+        if not fs.exists(f"{iommu_groups}/{number}"):
+            return
+        members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{number}/devices")
+                               if PciAddress.is_valid(m)))
+        groups[number] = IommuGroup(number, members)
+        for m in members:
+            read(m)
+
+    dev = read(gpu)
+    gpus: List[Gpu] = []
+    vgpu_types: List[VgpuType] = []
+    vf_vgpus: List[VfVgpu] = []
+    mdevs: List[MdevDevice] = []
+    if dev is not None and dev.vendor == NVIDIA_VENDOR and dev.is_display and not dev.is_vf:
+        vfs = tuple(v for v in dev.virtfns if read(v) is not None)
+        group(dev.iommu_group)
+        for v in vfs:
+            group(devices[v].iommu_group)
+        mdev_bus = str(host.mdev_bus)
+        parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
+        vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
+        backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
+        if with_types:
+            for p in parents:
+                vgpu_types.extend(_read_mdev_types(fs, gpu, p))
+            for vf in vendor_vfs:
+                vv, tt = _read_vendor_vf(fs, gpu, vf)
+                vf_vgpus.append(vv)
+                vgpu_types.extend(tt)
+        board = next((t.profile.board for t in vgpu_types if t.profile), None)
+        backends: List[str] = []
+        if dev.iommu_group is not None:
+            backends.append("passthrough")
+        if backend:
+            backends.append(backend)
+        g = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
+        companions = tuple(m for m in (g.members if g else ())
+                           if m != gpu and m.slot_address == gpu.slot_address)
+        gpus.append(Gpu(gpu, dev, board, backend, tuple(backends), vfs, parents, companions, None))
+        mdevs = _read_mdevs_of(fs, parents)
+    return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
+                     mdevs=tuple(mdevs), vf_vgpus=tuple(vf_vgpus),
+                     host=read_host_facts(fs) if host_facts else UNREAD_HOST_FACTS)
+
+
+def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
+    """The mdevs on ``parents``, read as :func:`_read_mdevs` reads them (sorted by UUID)."""
+    base = str(fs.host.mdev_devices)
+    found = []
+    for p in parents:
+        for name in fs.listdir(str(fs.host.pci_device(p))):
+            if len(name) == 36 and name.count("-") == 4 and fs.exists(f"{base}/{name}"):
+                found.append((name, p))
+    out = []
+    for name, p in sorted(found):
+        d = f"{base}/{name}"
+        try:
+            real = fs.resolve(d)
+        except FileNotFoundError:
+            continue  # removed while we read
+        parent = os.path.basename(os.path.dirname(real))
+        tid = fs.link_name(d + "/mdev_type")
+        group = fs.link_name(d + "/iommu_group")
+        if parent != str(p) or tid is None:
+            continue  # half-removed device, or a bus link that points elsewhere: as _read_mdevs does
+        out.append(MdevDevice(name, p, tid, int(group) if group and group.isdigit() else None,
+                              fs.link_name(d + "/driver")))
+    return out
+
+
 def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
     top = str(fs.host.pci_device(addr))
     d = top + "/"

@@ -26,7 +26,7 @@ import re
 
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..io.hostroot import HostRoot
-from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover
+from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover, discover_gpu
 from ..io.locks import file_lock
 from ..policy.placement import (LAYOUT, MANUAL, RESERVING, STRATEGIES, Decision, GpuOffer, Request, place,
                                 validate_owner)
@@ -113,7 +113,10 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     snapshot the caller has just read (``discover(Sysfs(host))``, the qemu
     hook's), used for the first, unlocked placement look instead of reading
     the host again; the choice is always re-checked under the GPU lock on a
-    fresh discovery.
+    fresh discovery of that GPU alone.  Cost: with ``gpu`` or ``vf`` only that
+    GPU's sysfs is read (:func:`vgpuhost.observe.inventory.discover_gpu`);
+    otherwise the first look reads the whole host (placement compares GPUs)
+    and the check under the lock the chosen GPU.
 
     Raises InputError (unknown profile/strategy/UUID, --persist where it
     cannot work), RefusedError (nothing fits: the reason names each GPU), or
@@ -146,8 +149,14 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                          hint="create it without --persist and enable the boot unit that runs "
                               "'vgpuhost reconcile'")
     gi_tried = False
+    scope = _physfn(fs, vf) if vf is not None else gpu      # the one GPU to read (None: the whole host)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        inv, inventory = (inventory if inventory is not None else discover(fs)), None
+        if inventory is not None:
+            inv, inventory = inventory, None
+        elif scope is not None:         # a pinned GPU: read that GPU alone, never the whole host
+            inv = discover_gpu(fs, scope, host_facts=False)
+        else:
+            inv = discover(fs)
         records = store.vgpu_records()
         if not dry_run:
             store.remember_types(seen_rows(inv))
@@ -194,7 +203,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             return out
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
             _recover_first(host, store, decision.gpu, actor)
-            inv2 = discover(fs)
+            inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
             records2 = store.vgpu_records()
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
                           Request(name, owner, strategy, numa_node, anti_affinity, decision.gpu))
@@ -241,6 +250,13 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
 def _new_uuid() -> str:
     import uuid       # lazily: the qemu hook always passes the domain's UUID
     return str(uuid.uuid4())
+
+
+def _physfn(fs: Sysfs, vf: PciAddress) -> Optional[PciAddress]:
+    """The physical function ``vf``'s ``physfn`` link names; None when it has none (not a VF: the
+    whole-host read then says why)."""
+    name = fs.link_name(fs.host.pci_device(vf) / "physfn")
+    return PciAddress.parse(name) if name and PciAddress.is_valid(name) else None
 
 
 def _vf_gpu(inv: Inventory, vf: PciAddress, gpu: Optional[PciAddress]) -> PciAddress:

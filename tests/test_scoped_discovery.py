@@ -1,0 +1,153 @@
+"""Scoped discovery (issue 17 #1): an operation on one GPU reads that GPU alone.
+
+``discover_gpu`` must give, for its GPU, exactly the records a whole-host
+``discover`` gives; a vGPU create pinned to GPU A (the layout's, the hook's
+with a VF) and the check under the lock of an unpinned create must never read
+GPU B's sysfs.  Reads are counted at the sysfs door (every read method of
+:class:`vgpuhost.io.sysfs.Sysfs`, which is the only code that reads the tree).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
+from vgpuhost.observe.inventory import UNREAD_HOST_FACTS, discover, discover_gpu
+from vgpuhost.ops.vgpu import create, remove
+from test_vgpu import TWO_A40, TWO_A100, TWO_L40S_MIXED
+
+A = PciAddress.parse
+LO, HI = A("0000:41:00.0"), A("0000:81:00.0")
+L40S_LO, L40S_HI = A("0000:21:00.0"), A("0000:a1:00.0")
+
+HOSTS = {
+    "a40-pf-mdev": (TWO_A40.format(mixed="false", faults=""), LO, HI, "A40-8Q"),
+    "a100-vf-mdev": (TWO_A100, LO, HI, "A100-4C"),
+    "l40s-vendor-vfio": (TWO_L40S_MIXED, L40S_LO, L40S_HI, "L40S-4Q"),
+}
+
+READS = ("read_optional", "link_name", "resolve", "listdir", "exists")
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every path passed to a Sysfs read method while the test runs (a list of str)."""
+    seen = []
+    for name in READS:
+        fn = getattr(Sysfs, name)
+
+        def spy(self, path, *a, _fn=fn, **kw):
+            seen.append(str(path))
+            return _fn(self, path, *a, **kw)
+        monkeypatch.setattr(Sysfs, name, spy)
+    return seen
+
+
+def _restricted(inv, gpu):
+    g = inv.gpu(gpu)
+    parents = set(g.mdev_parents)
+    return (g, tuple(t for t in inv.vgpu_types if t.gpu == gpu), tuple(m for m in inv.mdevs if m.parent in parents),
+            tuple(v for v in inv.vf_vgpus if v.gpu == gpu))
+
+
+def _populate(host, store, a, b, profile):
+    """Two vGPUs on ``a``, two on ``b``: ``{gpu: [ids]}``."""
+    made = {}
+    for g in (a, b):
+        made[g] = [create(host, store, profile=profile, gpu=g, actor="test").id for _ in range(2)]
+    return made
+
+
+def _names_of(host, inv, gpu, ids):
+    """Strings that only a read of ``gpu`` (its PF, VFs, their vGPUs) would put in a path."""
+    g = inv.gpu(gpu)
+    return {str(gpu), *map(str, g.vfs), *ids}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTS))
+def test_discover_gpu_equals_the_whole_host_read_restricted_to_that_gpu(make_host, case):
+    yaml_text, a, b, profile = HOSTS[case]
+    host = make_host(yaml_text=yaml_text)
+    store = StateStore(host.state_dir)
+    _populate(host, store, a, b, profile)
+    fs = Sysfs(host)
+    full = discover(fs)
+    assert full.mdevs or full.vf_vgpus
+    for gpu in (a, b):
+        one = discover_gpu(fs, gpu)
+        assert [g.address for g in one.gpus] == [gpu]
+        assert _restricted(one, gpu) == _restricted(full, gpu)
+        assert _restricted(one, gpu)[1], "the GPU's types were read"
+        # every device and group read is the whole host's record of it; the GPU's VFs and group are there
+        assert all(full.devices[d] == dev for d, dev in one.devices.items())
+        assert all(full.groups[n] == grp for n, grp in one.groups.items())
+        assert set(one.gpu(gpu).vfs) <= set(one.devices)
+        assert one.group_of(gpu) == full.group_of(gpu)
+        assert one.host == full.host
+        other = b if gpu == a else a
+        assert other not in one.devices and not any(t.gpu == other for t in one.vgpu_types)
+    assert discover_gpu(fs, a, host_facts=False).host == UNREAD_HOST_FACTS
+    assert discover_gpu(fs, a, with_types=False).vgpu_types == ()
+
+
+def test_discover_gpu_of_an_address_that_is_no_gpu_holds_no_gpu(make_host):
+    host = make_host(yaml_text=TWO_A40.format(mixed="false", faults=""))
+    fs = Sysfs(host)
+    assert discover_gpu(fs, A("0000:40:01.0")).gpus == ()          # the root port
+    assert discover_gpu(fs, A("0000:99:00.0")).gpus == ()          # nothing there
+    assert discover_gpu(fs, A("0000:99:00.0")).devices == {}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTS))
+def test_a_pinned_create_on_gpu_a_never_reads_gpu_b(make_host, reads, case):
+    yaml_text, a, b, profile = HOSTS[case]
+    host = make_host(yaml_text=yaml_text)
+    store = StateStore(host.state_dir)
+    made = _populate(host, store, a, b, profile)
+    inv = discover(Sysfs(host))
+    forbidden = _names_of(host, inv, b, made[b])
+    reads.clear()
+    out = create(host, store, profile=profile, gpu=a, actor="test")
+    assert out.gpu == str(a)
+    assert reads, "the spy saw the reads"
+    touched = [p for p in reads if any(f in p for f in forbidden)]
+    assert touched == [], f"a create on {a} read {b}: {touched[:5]}"
+    # and the vGPU is there, read back from the tree
+    assert out.id in {m.uuid for m in discover(Sysfs(host)).mdevs} | {str(v.vf) for v in
+                                                                       discover(Sysfs(host)).vf_vgpus if v.type_id}
+    reads.clear()
+    remove(host, store, out.id, actor="test")
+    assert [p for p in reads if any(f in p for f in forbidden)] == []
+
+
+def test_a_create_on_a_named_vf_reads_that_vfs_gpu_alone(make_host, reads):
+    host = make_host(yaml_text=TWO_L40S_MIXED)
+    store = StateStore(host.state_dir)
+    made = _populate(host, store, L40S_LO, L40S_HI, "L40S-4Q")
+    inv = discover(Sysfs(host))
+    vf = next(v.vf for v in inv.vf_vgpus if v.gpu == L40S_LO and v.type_id is None)
+    forbidden = _names_of(host, inv, L40S_HI, made[L40S_HI])
+    reads.clear()
+    out = create(host, store, profile="L40S-4Q", vf=vf, owner="6f1a0c2e-1111-4222-8333-944455556666",
+                 actor="test")
+    assert out.id == str(vf) and out.gpu == str(L40S_LO)
+    assert [p for p in reads if any(f in p for f in forbidden)] == []
+    held = {str(v.vf): v.type_id for v in discover(Sysfs(host)).vf_vgpus}
+    assert held[str(vf)] == out.type_id
+
+
+def test_an_unpinned_create_given_a_snapshot_rechecks_the_chosen_gpu_alone(make_host, reads):
+    """The hook's path: placement on the caller's snapshot, then under the lock only the chosen GPU is read."""
+    host = make_host(yaml_text=TWO_A40.format(mixed="false", faults=""))
+    store = StateStore(host.state_dir)
+    made = _populate(host, store, LO, HI, "A40-8Q")
+    inv = discover(Sysfs(host))
+    reads.clear()
+    out = create(host, store, profile="A40-8Q", strategy="first-fit", inventory=inv, actor="test")
+    chosen = A(out.gpu)
+    other = HI if chosen == LO else LO
+    forbidden = _names_of(host, inv, other, made[other])
+    assert [p for p in reads if any(f in p for f in forbidden)] == []
+    assert sum(1 for m in discover(Sysfs(host)).mdevs if m.parent == chosen) == 3
