@@ -202,49 +202,53 @@ def main(argv: List[str] = None) -> int:
                 shutil.copytree(pristine, dst, symlinks=True)
                 return HostRoot(dst)
 
+            def once(op: str) -> Tuple[Tuple[float, float], str]:
+                """One timed run of ``op`` on a host of ``n`` GPUs: ((wall s, sim s), note)."""
+                if op == "types":
+                    host = HostRoot(pristine)
+                    buf = io.StringIO()
+
+                    def call() -> None:
+                        with contextlib.redirect_stdout(buf):
+                            code = cli_main(["--root", str(host.root), "--json", "types"])
+                        if code != 0:
+                            raise SystemExit(f"bench: types exited {code}")
+                    return measure(clock, call), ""
+                if op == "plan":
+                    host = HostRoot(pristine)
+                    store = StateStore(host.state_dir)
+                    box = {}
+                    got = measure(clock, lambda: box.setdefault("p", ops_layout.plan(host, store, cfg)))
+                    store.close()
+                    return got, f"{len(box['p'].steps)} steps"
+                if op == "apply":
+                    host = fresh("apply")
+                    store = StateStore(host.state_dir)
+                    box = {}
+                    got = measure(clock, lambda: box.setdefault("r", ops_layout.apply(host, store, cfg,
+                                                                                      actor="bench")))
+                    made = len(store.vgpu_records())
+                    store.close()
+                    if made != n * args.per_gpu or box["r"].drift_after:
+                        raise SystemExit(f"bench: apply made {made} vGPUs, expected {n * args.per_gpu}")
+                    return got, f"{made} vGPUs"
+                host = fresh("hook")
+                err = io.StringIO()
+                got = measure(clock, lambda: _hook(hook_main, host, xml, "prepare", "begin", err))
+                made = (host.mdev_devices / MDEV_UUID).exists()
+                _hook(hook_main, host, xml, "release", "end", err)
+                if not made or (host.mdev_devices / MDEV_UUID).exists():
+                    raise SystemExit(f"bench: the hook did not make and remove the vGPU: {err.getvalue()}")
+                return got, "prepare begin, one vGPU"
+
             for op in ops:
+                if n == sizes[0]:
+                    once(op)            # warm-up, untimed: imports, caches, the page cache
                 samples: List[Tuple[float, float]] = []
                 note = ""
-                for r in range(args.runs):
-                    if op == "types":
-                        host = HostRoot(pristine)
-                        buf = io.StringIO()
-
-                        def call() -> None:
-                            with contextlib.redirect_stdout(buf):
-                                code = cli_main(["--root", str(host.root), "--json", "types"])
-                            if code != 0:
-                                raise SystemExit(f"bench: types exited {code}")
-                        samples.append(measure(clock, call))
-                    elif op == "plan":
-                        host = HostRoot(pristine)
-                        store = StateStore(host.state_dir)
-                        box = {}
-                        samples.append(measure(clock, lambda: box.setdefault("p", ops_layout.plan(
-                            host, store, cfg))))
-                        store.close()
-                        note = f"{len(box['p'].steps)} steps"
-                    elif op == "apply":
-                        host = fresh("apply")
-                        store = StateStore(host.state_dir)
-                        box = {}
-                        samples.append(measure(clock, lambda: box.setdefault("r", ops_layout.apply(
-                            host, store, cfg, actor="bench"))))
-                        made = len(store.vgpu_records())
-                        store.close()
-                        if made != n * args.per_gpu or box["r"].drift_after:
-                            raise SystemExit(f"bench: apply made {made} vGPUs, expected {n * args.per_gpu}")
-                        note = f"{made} vGPUs"
-                    elif op == "hook":
-                        host = fresh("hook")
-                        err = io.StringIO()
-                        samples.append(measure(clock, lambda: _hook(hook_main, host, xml, "prepare", "begin",
-                                                                    err)))
-                        made = (host.mdev_devices / MDEV_UUID).exists()
-                        _hook(hook_main, host, xml, "release", "end", err)
-                        if not made or (host.mdev_devices / MDEV_UUID).exists():
-                            raise SystemExit(f"bench: the hook did not make and remove the vGPU: {err.getvalue()}")
-                        note = "prepare begin, one vGPU"
+                for _ in range(args.runs):
+                    got, note = once(op)
+                    samples.append(got)
                 wall = statistics.median(s[0] for s in samples)
                 sim = statistics.median(s[1] for s in samples)
                 results[op][n] = (wall, sim)

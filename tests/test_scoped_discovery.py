@@ -151,3 +151,73 @@ def test_an_unpinned_create_given_a_snapshot_rechecks_the_chosen_gpu_alone(make_
     forbidden = _names_of(host, inv, other, made[other])
     assert [p for p in reads if any(f in p for f in forbidden)] == []
     assert sum(1 for m in discover(Sysfs(host)).mdevs if m.parent == chosen) == 3
+
+
+# ---------------------------------------------------------------------------
+# one view carried across apply's steps
+
+LAYOUT_TWO = """
+version: 1
+layouts:
+  main:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu:
+          types: {A40-8Q: %d}
+"""
+
+
+def _observe_all(host, store):
+    from vgpuhost.observe.hostview import observe
+    return observe(host, store)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTS))
+def test_a_view_refreshed_for_the_gpu_that_changed_equals_a_fresh_observe(make_host, case):
+    from vgpuhost.observe.hostview import gpu_part, refresh
+    yaml_text, a, b, profile = HOSTS[case]
+    host = make_host(yaml_text=yaml_text)
+    store = StateStore(host.state_dir)
+    made = _populate(host, store, a, b, profile)
+    view = _observe_all(host, store)
+    create(host, store, profile=profile, gpu=a, actor="test")
+    remove(host, store, made[a][0], actor="test")
+    stale = view
+    view = refresh(view, host, store, [a])
+    fresh = _observe_all(host, store)
+    assert view != stale
+    assert view == fresh
+    assert view.inventory == fresh.inventory and view.vgpus == fresh.vgpus
+    # the part of one GPU is what discover_gpu reads of it
+    for g in (a, b):
+        one = discover_gpu(Sysfs(host), g)
+        part = gpu_part(fresh.inventory, g)
+        assert (part.gpus, part.vgpu_types, part.mdevs, part.vf_vgpus) == (one.gpus, one.vgpu_types, one.mdevs,
+                                                                           one.vf_vgpus)
+        assert part.devices == one.devices and part.groups == one.groups
+
+
+def _whole_host_scans(reads, host):
+    """How many whole-host discoveries the recorded reads hold (each lists every PCI device once)."""
+    return sum(1 for p in reads if p == str(host.pci_devices))
+
+
+def test_apply_reads_the_whole_host_twice_whatever_the_number_of_steps(make_host, reads):
+    """Once to plan, once to assert after; every step reads only its own GPU."""
+    from vgpuhost.ops import layout as ops_layout
+    from vgpuhost.policy.config import parse
+    host = make_host(yaml_text=TWO_A40.format(mixed="false", faults=""))
+    store = StateStore(host.state_dir)
+    reads.clear()
+    result = ops_layout.apply(host, store, parse(LAYOUT_TWO % 3, "l.yaml"), actor="test")
+    assert len(result.done) == 2 and result.drift_after == []
+    assert _whole_host_scans(reads, host) == 2
+    assert len(store.vgpu_records()) == 6
+    # and again with removals and creates on both GPUs: three A40-8Q to one
+    reads.clear()
+    result = ops_layout.apply(host, store, parse(LAYOUT_TWO % 1, "l.yaml"), actor="test")
+    assert len(result.done) >= 2 and result.drift_after == []
+    assert _whole_host_scans(reads, host) == 2
+    inv = discover(Sysfs(host))
+    assert sorted(str(m.parent) for m in inv.mdevs) == [str(LO), str(HI)]

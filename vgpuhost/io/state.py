@@ -669,8 +669,10 @@ class StateStore:
         """All ``(gpu, type_id, name, framebuffer_mib)`` rows."""
         return list(self._conn().execute("SELECT gpu, type_id, name, framebuffer_mib FROM seen_types"))
 
-    def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[VgpuRecord]:
-        return vgpu_records(self._conn(), owner=owner, gpu=gpu)
+    def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None,
+                     vgpu_id: Optional[str] = None) -> List[VgpuRecord]:
+        """Recorded vGPUs, filtered by owner, GPU (BDF) and/or id, oldest first."""
+        return vgpu_records(self._conn(), owner=owner, gpu=gpu, vgpu_id=vgpu_id)
 
     # --- tenancy (version 5) -------------------------------------------------------
     def tenant_rows(self, name: Optional[str] = None) -> List[tuple]:
@@ -768,10 +770,13 @@ def _vgpu_record(row) -> VgpuRecord:
 
 
 def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
-                 gpu: Optional[str] = None) -> List[VgpuRecord]:
-    """Recorded vGPUs, filtered by owner and/or GPU, oldest first."""
+                 gpu: Optional[str] = None, vgpu_id: Optional[str] = None) -> List[VgpuRecord]:
+    """Recorded vGPUs, filtered by owner, GPU and/or id, oldest first."""
     sql = "SELECT * FROM vgpus"
     where, args = [], []
+    if vgpu_id is not None:
+        where.append("id = ?")
+        args.append(vgpu_id)
     if owner is not None:
         where.append("owner = ?")
         args.append(owner)

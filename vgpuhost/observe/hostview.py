@@ -35,7 +35,7 @@ from ..io.configfiles import read_config_text
 from ..io.sysfs import Sysfs
 from ..model.errors import HostEnvironmentError, VgpuhostError
 from ..model.values import PciAddress
-from .inventory import Inventory, discover
+from .inventory import Inventory, discover, discover_gpu
 from .vgpus import VgpuEntry, list_vgpus
 
 #: vgpuhost's modprobe.d file for the persistent vGPU scheduler (the file
@@ -212,6 +212,92 @@ def observe(host: HostRoot, store: StateStore, *, gpus: Scope = None, nvml: bool
                        scheduler_conf=read_config_text(host.modprobe_d / SCHEDULER_CONF))
 
 
+def refresh(view: HostView, host: HostRoot, store: StateStore, gpus: Iterable[PciAddress], *,
+            nvml: bool = True) -> HostView:
+    """``view`` with what ``gpus`` hold read again, each GPU alone; every other GPU as it was.
+
+    For an operation that changed those GPUs and carries one view across its
+    steps (apply): each GPU is read with
+    :func:`vgpuhost.observe.inventory.discover_gpu` (its PF, VFs, IOMMU groups,
+    types, vGPUs), its NVML facts probed again when ``nvml`` and it is on the
+    nvidia driver, its driverctl overrides read again; the store's records,
+    running domains and seen types are read again (one query each).  The
+    host facts are kept.  Where nothing else changed the host, the result
+    equals a fresh :func:`observe` with the same scope.  Cost: proportional to
+    the GPUs refreshed (sysfs, NVML) plus one pass over the view's records
+    and types.  Raises what :func:`observe` raises.
+    """
+    host.require_host()
+    fs = Sysfs(host)
+    inv = view.inventory
+    facts = dict(view.nvml_facts)
+    driverctl = dict(view.driverctl)
+    for gpu in sorted(set(gpus)):
+        part = discover_gpu(fs, gpu, host_facts=False)
+        old_group = inv.group_of(gpu)
+        inv = _merged(inv, part, gpu)
+        g = inv.gpu(gpu)
+        facts.pop(gpu, None)
+        if nvml and g is not None and g.pci.driver == "nvidia":
+            facts.update(_probe_all(host, [gpu]))
+        for m in (old_group.members if old_group is not None else (gpu,)):
+            driverctl.pop(str(m), None)
+        if g is not None:
+            driverctl.update(_driverctl(host, inv, [gpu]))
+    return HostView.of(inv, store.vgpu_records(), running=store.active_domains(),
+                       passthrough=store.passthrough_records(), seen=store.seen_types(), nvml=facts,
+                       driverctl=driverctl, scheduler_conf=view.scheduler_conf)
+
+
+def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
+    """The part of ``inv`` that one GPU holds, shaped as :func:`vgpuhost.observe.inventory.discover_gpu`
+    returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).
+    One pass over ``inv``'s records."""
+    g = inv.gpu(gpu)
+    if g is None:
+        return Inventory(devices={}, groups={}, gpus=(), vgpu_types=(), mdevs=(), vf_vgpus=(), host=inv.host)
+    parents = set(g.mdev_parents)
+    mdevs = tuple(m for m in inv.mdevs if m.parent in parents)
+    numbers = {inv.devices[a].iommu_group for a in (gpu,) + g.vfs if a in inv.devices}
+    numbers |= {m.iommu_group for m in mdevs}
+    groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
+    members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
+    return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
+                     vgpu_types=tuple(t for t in inv.vgpu_types if t.gpu == gpu), mdevs=mdevs,
+                     vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host)
+
+
+def _merged(inv: Inventory, part: Inventory, gpu: PciAddress) -> Inventory:
+    """``inv`` with GPU ``gpu``'s records replaced by ``part``'s (a :func:`discover_gpu` of it), in
+    the order :func:`discover` gives them (GPUs by address, mdevs by UUID)."""
+    old = inv.gpu(gpu)
+    new = part.gpu(gpu)
+    gone = set(old.vfs) - set(new.vfs if new is not None else ()) if old is not None else set()
+    devices = {a: d for a, d in inv.devices.items() if a not in gone}
+    devices.update(part.devices)
+    parents = set(old.mdev_parents if old is not None else ()) | set(new.mdev_parents if new is not None else ())
+    dropped = {m.iommu_group for m in inv.mdevs if m.parent in parents}      # the GPU's mdevs' own groups
+    groups = {n: grp for n, grp in inv.groups.items()
+              if n not in dropped and (not gone or not set(grp.members) <= gone)}
+    groups.update(part.groups)
+    gpus = tuple(sorted([g for g in inv.gpus if g.address != gpu] + ([new] if new is not None else []),
+                        key=lambda g: g.address))
+    types: Dict[PciAddress, List] = {}
+    for t in inv.vgpu_types:
+        if t.gpu != gpu:
+            types.setdefault(t.gpu, []).append(t)
+    types[gpu] = list(part.vgpu_types)
+    vfv: Dict[PciAddress, List] = {}
+    for v in inv.vf_vgpus:
+        if v.gpu != gpu:
+            vfv.setdefault(v.gpu, []).append(v)
+    vfv[gpu] = list(part.vf_vgpus)
+    mdevs = sorted([m for m in inv.mdevs if m.parent not in parents] + list(part.mdevs), key=lambda m: m.uuid)
+    return Inventory(devices=devices, groups=groups, gpus=gpus,
+                     vgpu_types=tuple(t for g in gpus for t in types.get(g.address, ())), mdevs=tuple(mdevs),
+                     vf_vgpus=tuple(v for g in gpus for v in vfv.get(g.address, ())), host=inv.host)
+
+
 def _driverctl(host: HostRoot, inv: Inventory, gpus: Sequence[PciAddress]) -> Dict[str, str]:
     """``{BDF: override text}`` for every function in the GPUs' IOMMU groups that has a file."""
     out: Dict[str, str] = {}
@@ -272,4 +358,5 @@ def probe(backend, bdf: PciAddress) -> NvmlFacts:
                      scheduler_caps=caps, active_vgpus=active)
 
 
-__all__ = ["HostView", "NvmlFacts", "MigMode", "SeenType", "observe", "probe", "listed_types", "SCHEDULER_CONF"]
+__all__ = ["HostView", "NvmlFacts", "MigMode", "SeenType", "observe", "refresh", "gpu_part", "probe", "listed_types",
+           "SCHEDULER_CONF"]

@@ -372,7 +372,8 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
 
     What :func:`discover` reads about ``gpu`` and nothing about any other GPU:
     ``devices`` holds the GPU's physical function, its SR-IOV VFs and the other
-    members of their IOMMU groups; ``groups`` those groups; ``gpus`` the one
+    members of their IOMMU groups; ``groups`` those groups and the groups of
+    the GPU's mdevs; ``gpus`` the one
     :class:`Gpu` (empty when ``gpu`` is no NVIDIA display physical function);
     ``vgpu_types``, ``mdevs`` and ``vf_vgpus`` the GPU's.  Each record equals
     the one a whole-host :func:`discover` gives for this GPU.  The mdevs are
@@ -440,6 +441,8 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
                            if m != gpu and m.slot_address == gpu.slot_address)
         gpus.append(Gpu(gpu, dev, board, backend, tuple(backends), vfs, parents, companions, None))
         mdevs = _read_mdevs_of(fs, parents)
+        for m in mdevs:
+            group(m.iommu_group)        # an mdev's own group (no PCI member), as discover lists it
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
                      mdevs=tuple(mdevs), vf_vgpus=tuple(vf_vgpus),
                      host=read_host_facts(fs) if host_facts else UNREAD_HOST_FACTS)

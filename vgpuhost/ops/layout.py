@@ -26,7 +26,7 @@ from ..io.process import actor as actor_name
 from ..io.state import StateStore
 from ..model.errors import DeviceError, RefusedError, VgpuhostError
 from ..model.values import PciAddress
-from ..observe.hostview import HostView, observe
+from ..observe.hostview import HostView, gpu_part, observe, refresh
 from ..observe.inventory import BACKEND_MDEV
 from ..plan import layout as planner
 from ..plan.executor import Executor
@@ -132,15 +132,17 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     name = cfg.layout(layout).name
     who = actor or f"{actor_name()} apply {name}"
     with file_lock(store.state_dir, "layout"):
-        view = view_for(host, store, cfg, layout)
+        gpus_in_scope, nvml = planner.scope(cfg, layout)
+        view = observe(host, store, gpus=gpus_in_scope, nvml=nvml)
         p = planner.plan(cfg, layout, view)
         if p.blocked:
             raise RefusedError(f"layout {name!r} cannot be applied: " + "; ".join(p.blocked),
                                hint="nothing was changed; 'vgpuhost plan -c FILE' shows the whole plan")
         new_pools = _pools(store, cfg, layout, view)      # refused here, before any change
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
+        carried = Carried(host, store, view, nvml=nvml)
         ex = Executor(host, store, actor=who, operation=f"apply {name}",
-                      bindings=_recording(handlers(host, store, who), result, p.steps, progress))
+                      bindings=_recording(handlers(host, store, who, carried), result, p.steps, progress))
         try:
             ex.run(p.steps)
         except VgpuhostError as e:
@@ -189,6 +191,35 @@ def _pools(store: StateStore, cfg: Config, layout: Optional[str], view: HostView
 # ---------------------------------------------------------------------------
 # executing: each step type bound to the operation that runs it
 
+class Carried:
+    """The one :class:`HostView` an apply carries across its steps (issue 17).
+
+    Taken once before planning; after each step, the step's GPU is marked
+    changed and read again (alone, :func:`vgpuhost.observe.hostview.refresh`)
+    only when a later step needs the view, so apply never re-observes the
+    host per step.  What the view serves: the first, unlocked placement look
+    of each vGPU create (:meth:`part`); every operation still re-reads its
+    GPU under the GPU's lock before it writes.
+    """
+
+    def __init__(self, host: HostRoot, store: StateStore, view: HostView, *, nvml: bool = True):
+        self.host, self.store, self.view, self.nvml = host, store, view, nvml
+        self.changed: set = set()
+        self.refreshes = 0
+
+    def part(self, gpu: PciAddress):
+        """The view's inventory of ``gpu`` alone (read again first when a step changed it)."""
+        if gpu in self.changed:
+            self.view = refresh(self.view, self.host, self.store, [gpu], nvml=self.nvml)
+            self.changed.discard(gpu)
+            self.refreshes += 1
+        return gpu_part(self.view.inventory, gpu)
+
+    def after(self, step: LayoutStep) -> None:
+        """Note that ``step`` ran (its GPU has changed)."""
+        self.changed.add(step.gpu)
+
+
 #: what a handler returns when a MIG mode change stays pending until a GPU reset
 PENDING = "pending"
 
@@ -233,23 +264,46 @@ def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), pro
     return {t: keep(h) for t, h in bound.items()}
 
 
-def handlers(host: HostRoot, store: StateStore, actor: str) -> Mapping[type, Handler]:
+def handlers(host: HostRoot, store: StateStore, actor: str,
+             carried: Optional[Carried] = None) -> Mapping[type, Handler]:
     """``{step type: run it}`` for every executable layout step type.
 
     Each handler runs its step through the layer that owns the operation (locks,
     audit rows, read-back, rollback of its own half-done work) and returns
     :data:`PENDING` when a MIG mode change waits for a GPU reset, else None.
+    ``carried``: the apply's one view (:class:`Carried`): vGPU creates take
+    their first look from it, and every step marks its GPU changed in it.
     Raises what that layer raises (a VgpuhostError).
     """
     from . import mig, passthrough, scheduler, vgpu
+    bound = _handlers(host, store, actor, carried, mig, passthrough, scheduler, vgpu)
+    if carried is None:
+        return bound
+
+    def noting(handler: Handler) -> Handler:
+        def run(step: LayoutStep) -> Optional[str]:
+            try:
+                return handler(step)
+            finally:
+                carried.after(step)      # even a failed step may have changed its GPU
+        return run
+
+    return {t: noting(h) for t, h in bound.items()}
+
+
+def _handlers(host: HostRoot, store: StateStore, actor: str, carried: Optional[Carried], mig, passthrough,
+              scheduler, vgpu) -> Dict[type, Handler]:
 
     def remove(s: RemoveVgpu) -> None:
         vgpu.remove(host, store, s.vgpu_id, owner=LAYOUT, actor=actor)
 
     def create(s: CreateVgpus) -> None:
+        # one look for the step: the vGPUs it has made since only make the GPU fuller, and each
+        # create places again on a fresh read of this GPU under its lock
+        seen = carried.part(s.gpu) if carried is not None else None
         for k in range(s.count):
             vgpu.create(host, store, profile=s.profile, gpu=s.gpu, owner=LAYOUT,
-                        uuid=s.uuids[k] if k < len(s.uuids) else None, actor=actor)
+                        uuid=s.uuids[k] if k < len(s.uuids) else None, actor=actor, inventory=seen)
 
     def recreate(s: RecreateVgpu) -> None:
         _recreate(host, store, s.vgpu_id, actor)

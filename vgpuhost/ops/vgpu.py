@@ -157,7 +157,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             inv = discover_gpu(fs, scope, host_facts=False)
         else:
             inv = discover(fs)
-        records = store.vgpu_records()
+        # the GPU's records when one GPU is read (what the checks below look at), else every record
+        records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
         if not dry_run:
             store.remember_types(seen_rows(inv))
         seen = store.seen_types() + seen_rows(inv)
@@ -204,16 +205,17 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
             _recover_first(host, store, decision.gpu, actor)
             inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
-            records2 = store.vgpu_records()
+            records2 = store.vgpu_records(gpu=str(decision.gpu))
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
                           Request(name, owner, strategy, numa_node, anti_affinity, decision.gpu))
             if not again.admitted:
                 continue            # someone took it between placement and the lock: place again
-            if uuid is not None and any(r.id == uuid for r in records2):
+            if uuid is not None and store.vgpu_records(vgpu_id=uuid):
                 raise InputError(f"vGPU {uuid} already exists", hint="'vgpuhost vgpu list'")
             decision = Decision(again.gpu, again.parent, again.type_id, decision.reason)
             if backend != BACKEND_MDEV:
                 vid = str(decision.parent)
+            out.steps = _create_steps(host, backend, decision, vid, params, persist)   # as re-placed
             out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
             ex = Executor(host, store, actor=actor or actor_name(),
                           operation=f"vgpu create {name} owner={owner}")
@@ -504,7 +506,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     if owner is not None:
         owner = validate_owner(owner)
     fs = Sysfs(host)
-    rec = next((r for r in store.vgpu_records() if r.id == vid), None)
+    rec = next(iter(store.vgpu_records(vgpu_id=vid)), None)
     if rec is None:
         if _device_exists(fs, vid):
             raise RefusedError(f"vGPU {vid} was not created by vgpuhost: left alone",
@@ -526,7 +528,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     with file_lock(store.state_dir, f"gpu-{gpu}") if not dry_run else _nolock():
         if not dry_run:
             _recover_first(host, store, gpu, actor)
-        if not any(r.id == vid and r.owner == rec.owner for r in store.vgpu_records()):
+        if not any(r.owner == rec.owner for r in store.vgpu_records(vgpu_id=vid)):
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
             return out

@@ -76,7 +76,7 @@ from .capacity import gpu_available
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, Iterable, Iterator, List, Optional
+    from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 #: the driver NVIDIA's vGPU manager binds every mdev to
 MDEV_DRIVER = "nvidia-vgpu-vfio"
@@ -207,6 +207,11 @@ def crash_point() -> Iterator[None]:
             _die()
 
 
+#: parsed host.json files shared by readers (:meth:`SimKernel.meta_view`): path -> (bytes, meta)
+_VIEWS: Dict[str, Tuple[bytes, dict]] = {}
+_VIEWS_KEPT = 4
+
+
 class SimKernel:
     """Kernel semantics for one simulated host root."""
 
@@ -219,11 +224,33 @@ class SimKernel:
 
     # --- metadata --------------------------------------------------------
     def meta(self) -> dict:
+        """host.json, parsed anew: the caller may change it (and :meth:`save_meta` it)."""
         return json.loads(self.meta_path.read_text())
+
+    def meta_view(self) -> dict:
+        """host.json parsed, shared by every reader of the same file: the caller must not change it.
+
+        Parsed again only when the file's bytes differ from those of the last parse (reading and
+        comparing the bytes costs a fraction of parsing them: NVML reads call this for every
+        query).  The last :data:`_VIEWS_KEPT` files are kept.
+        """
+        data = self.meta_path.read_bytes()
+        key = str(self.meta_path)
+        hit = _VIEWS.get(key)
+        if hit is not None and hit[0] == data:
+            return hit[1]
+        meta = json.loads(data)
+        _VIEWS.pop(key, None)
+        _VIEWS[key] = (data, meta)
+        while len(_VIEWS) > _VIEWS_KEPT:
+            del _VIEWS[next(iter(_VIEWS))]
+        return meta
 
     def save_meta(self, meta: dict) -> None:
         tmp = self.meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        # one line: json's C encoder serves only indent=None, and a host's file is rewritten on every
+        # vGPU create (with indent=1 this cost ~40 ms per write on a 16-GPU host)
+        tmp.write_text(json.dumps(meta, sort_keys=True))
         os.replace(tmp, self.meta_path)
 
     @contextmanager

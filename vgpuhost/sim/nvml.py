@@ -133,7 +133,7 @@ class SimNvml:
         return pf, gpu
 
     def _read(self, bdf: PciAddress, call: str) -> Tuple[dict, str, dict]:
-        meta = self.kernel.meta()
+        meta = self.kernel.meta_view()        # shared: the queries below only read it
         pf, gpu = self._gpu(meta, bdf, call)
         return meta, pf, gpu
 
