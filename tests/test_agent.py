@@ -140,7 +140,13 @@ def test_every_served_path_is_documented_and_every_documented_path_is_served():
     assert documented == served
 
 
-def _requests(a40_config: str) -> List[tuple]:
+#: a stopped domain in libvirt's test driver, read afresh by every connection (the agent's own)
+TEST_NODE = """<node><domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'>
+<name>doc-vm2</name><uuid>11111111-2222-4333-8444-0000000000d4</uuid><memory>65536</memory>
+<os><type>hvm</type></os><devices/><test:runstate>5</test:runstate></domain></node>"""
+
+
+def _requests(a40_config: str, uri: str) -> List[tuple]:
     """One request per documented (method, path), in an order that leaves something to release."""
     xml = vgpu_domain("doc-vm", DOM, MDEV)
     other = "11111111-2222-4333-8444-0000000000b2"
@@ -151,6 +157,13 @@ def _requests(a40_config: str) -> List[tuple]:
         ("GET", "/v1/inventory", "/v1/inventory", None),
         ("GET", "/v1/types", "/v1/types?available=true", None),
         ("GET", "/v1/capacity", "/v1/capacity", None),
+        ("POST", "/v1/passthrough/{bdf}/prepare", "/v1/passthrough/0000:81:00.0/prepare", {"persist": False}),
+        ("POST", "/v1/passthrough/{bdf}/release", "/v1/passthrough/0000:81:00.0/release", {}),
+        ("POST", "/v1/tenants", "/v1/tenants", {"name": "t1", "vgpus": "4:6", "labels": ["env=dev"]}),
+        ("POST", "/v1/tenants/{name}/set", "/v1/tenants/t1/set", {"qos": "guaranteed", "framebuffer": "32G"}),
+        ("POST", "/v1/tenants/{name}/remove", "/v1/tenants/t1/remove", None),
+        ("POST", "/v1/domains/{domain}/attach", "/v1/domains/doc-vm2/attach", {"profile": "A40-8Q", "uri": uri}),
+        ("POST", "/v1/domains/{domain}/detach", "/v1/domains/doc-vm2/detach", {"all": True, "uri": uri}),
         ("POST", "/v1/domains/{uuid}/allocate", f"/v1/domains/{other}/allocate", {"profile": "A40-8Q"}),
         ("POST", "/v1/hook/prepare", "/v1/hook/prepare", {"xml": xml, "name": "doc-vm"}),
         ("POST", "/v1/vgpus", "/v1/vgpus", {"profile": "A40-8Q", "vgpu_uuid": MANUAL}),
@@ -170,10 +183,12 @@ def _requests(a40_config: str) -> List[tuple]:
     ]
 
 
-def test_responses_validate_against_the_documented_schemas(agent, a40):
+def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path):
     spec = yaml.safe_load(SPEC.read_text())
     config = (REPO / "examples" / "config" / "vgpu-a40.yaml").read_text()
-    reqs = _requests(config)
+    node = tmp_path / "node.xml"
+    node.write_text(TEST_NODE)
+    reqs = _requests(config, f"test://{node}")
     assert {(m, t) for m, t, _, _ in reqs} == {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     statuses = {}
     for method, template, target, body in reqs:
@@ -328,6 +343,122 @@ def test_cli_writes_go_through_the_agent_when_it_answers(a40, capsys):
     assert cli_main(base + ["vgpu", "create", "--profile", "A40-8Q"]) == 0
     rows = StateStore(a40.state_dir).audit_rows()
     assert rows[-1].actor.startswith("cli uid=0 pid=")
+
+
+#: write commands in an order that exercises each, refusals included (rc 2: nothing changed)
+WRITES = [
+    ["passthrough", "prepare", "0000:81:00.0"],
+    ["passthrough", "prepare", "0000:81:00.0"],                 # idempotent: no change
+    ["passthrough", "release", "0000:81:00.0"],
+    ["tenant", "add", "t1", "--vgpus", "4:6", "--label", "env=dev"],
+    ["tenant", "add", "t1"],                                    # refused: exists
+    ["tenant", "set", "t1", "--qos", "guaranteed", "--framebuffer", "32G"],
+    ["tenant", "set", "nobody", "--qos", "guaranteed"],         # refused: unknown
+    ["tenant", "remove", "t1"],
+    ["apply", "-c", str(REPO / "examples" / "config" / "vgpu-a40.yaml"), "mixed"],
+    ["apply", "-c", str(REPO / "examples" / "config" / "vgpu-a40.yaml"), "mixed"],   # nothing to do
+    ["passthrough", "prepare", "0000:81:00.0"],                 # refused: vGPUs on it
+]
+
+
+def _run(cli_main, capsys, base, argv):
+    """(exit code, stdout, stderr) with the host root and fresh mdev UUIDs written alike."""
+    import re
+    rc = cli_main(base + argv)
+    out = capsys.readouterr()
+    same = [re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID",
+                   text.replace(base[1], "ROOT")) for text in (out.out, out.err)]
+    return (rc, *same)
+
+
+def test_every_write_command_gives_the_same_result_through_the_agent_as_locally(make_host, capsys):
+    """Two identical hosts, an agent on each: host A's CLI goes through its agent, host B's CLI
+    is told --local.  Each command's exit code, text, stderr line and --json document agree;
+    A's agent served every write and B's none; the audit names the agent on A and the CLI on B."""
+    from vgpuhost.cli.main import main as cli_main
+    a, b = make_host("a40-mdev"), make_host("a40-mdev")
+    with AgentRun(a.root, str(a.path("run", "vgpuhost"))) as run_a, \
+            AgentRun(b.root, str(b.path("run", "vgpuhost"))) as run_b:
+        for argv in WRITES:
+            ra = _run(cli_main, capsys, ["--root", str(a.root)], argv)
+            rb = _run(cli_main, capsys, ["--root", str(b.root), "--local"], argv)
+            assert ra == rb, argv
+            assert ra[2] == "" if ra[0] == 0 else ra[2].startswith("vgpuhost: error: ") and ra[2].count("\n") == 1
+        # --json: the same documents (the agent's "text" is not in the tenant's)
+        for argv in (["tenant", "add", "t2", "--series", "Q"], ["tenant", "remove", "t2"]):
+            ja = json.loads(_run(cli_main, capsys, ["--root", str(a.root), "--json"], argv)[1])
+            jb = json.loads(_run(cli_main, capsys, ["--root", str(b.root), "--local", "--json"], argv)[1])
+            assert ja == jb and "text" not in ja
+        served_a = run_a.call("GET", "/v1/agent")[1]["served"]
+        served_b = run_b.call("GET", "/v1/agent")[1]["served"]
+    assert served_a["POST /v1/passthrough/{bdf}/prepare"] == 3 and served_a["POST /v1/passthrough/{bdf}/release"] == 1
+    assert served_a["POST /v1/tenants"] == 3 and served_a["POST /v1/tenants/{name}/set"] == 2
+    assert served_a["POST /v1/tenants/{name}/remove"] == 2 and served_a["POST /v1/apply"] == 2
+    assert not {k: v for k, v in served_b.items() if k.startswith("POST")}
+    # the same host state both ways: vGPUs of the layout, no tenants
+    assert sorted(mdevs(a).values()) == sorted(mdevs(b).values()) and len(mdevs(a)) == 6
+    for host, who in ((a, "agent uid=0 pid="), (b, "cli uid=0 pid=")):
+        rows = StateStore(host.state_dir).audit_rows()
+        ops = {r.operation for r in rows if r.actor.startswith(who)}
+        assert {"tenant add t1", "tenant set t1", "tenant remove t1"} <= ops, ops
+        assert any(r.path.endswith("driver_override") or "bind" in r.path for r in rows if r.actor.startswith(who))
+
+
+@pytest.mark.root
+def test_attach_and_detach_go_through_the_agent_to_a_real_libvirtd(libvirtd, a40, capsys):
+    """attach/detach with the agent up: the agent defines the domain on the libvirt URI the CLI
+    names (here a real, isolated libvirtd), and audits it as itself."""
+    import libvirt
+    from vgpuhost.cli.main import main as cli_main
+    from vgpuhost.libvirt import domxml
+    from vgpuhost.sim.libvirtd import diskless_domain_xml
+    base = ["--root", str(a40.root), "--connect", libvirtd.uri]
+    conn = libvirt.open(libvirtd.uri)
+    try:
+        conn.defineXML(diskless_domain_xml("vgh-agent"))
+        with AgentRun(a40.root, str(a40.path("run", "vgpuhost"))) as run:
+            assert cli_main(base + ["--json", "attach", "vgh-agent", "--profile", "A40-8Q", "--tenant", "t1"]) == 0
+            doc = json.loads(capsys.readouterr().out)
+            assert doc["schema"] == "vgpuhost.attach/v1" and doc["uri"] == libvirtd.uri
+            view = domxml.parse_domain(libvirtd.virsh("dumpxml", "--inactive", "vgh-agent", check=True).stdout)
+            assert view.mdev_uuids == [doc["devices"][0]["id"]] and view.metadata.tenant == "t1"
+            # a refusal through the agent: one line, exit 2, the definition unchanged
+            before = libvirtd.virsh("dumpxml", "--inactive", "vgh-agent", check=True).stdout
+            assert cli_main(base + ["attach", "vgh-agent", "--profile", "A40-99Q"]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("vgpuhost: error: ") and err.count("\n") == 1
+            assert libvirtd.virsh("dumpxml", "--inactive", "vgh-agent", check=True).stdout == before
+            assert cli_main(base + ["detach", "vgh-agent", "--all"]) == 0
+            assert "detached A40-8Q vGPU" in capsys.readouterr().out
+            served = run.call("GET", "/v1/agent")[1]["served"]
+        assert served["POST /v1/domains/{domain}/attach"] == 2 and served["POST /v1/domains/{domain}/detach"] == 1
+        dumped = libvirtd.virsh("dumpxml", "--inactive", "vgh-agent", check=True).stdout
+        assert "<hostdev" not in dumped and domxml.NS not in dumped
+        rows = StateStore(a40.state_dir).audit_rows()
+        assert any(r.operation == "attach vgh-agent" and r.actor.startswith("agent uid=0 pid=") for r in rows)
+    finally:
+        try:
+            conn.lookupByName("vgh-agent").undefine()
+        except libvirt.libvirtError:
+            pass
+        conn.close()
+
+
+def test_write_commands_fall_back_to_local_when_the_agent_does_not_answer(a40, capsys):
+    """A stale socket file (the agent was killed) and VGPUHOST_AGENT=off: the CLI does the work."""
+    from vgpuhost.cli.main import main as cli_main
+    sock = a40.path("run", "vgpuhost")
+    run = AgentRun(a40.root, str(sock))
+    run.kill()                                  # SIGKILL: the socket file stays, nobody answers
+    assert (sock / "agent.sock").exists()
+    base = ["--root", str(a40.root)]
+    assert cli_main(base + ["tenant", "add", "t1"]) == 0
+    assert cli_main(base + ["passthrough", "prepare", "0000:81:00.0"]) == 0
+    assert cli_main(base + ["passthrough", "release", "0000:81:00.0"]) == 0
+    capsys.readouterr()
+    rows = StateStore(a40.state_dir).audit_rows()
+    assert rows and all(r.actor.startswith("cli uid=0 pid=") for r in rows)
+    run.close()
 
 
 # ---------------------------------------------------------------------------

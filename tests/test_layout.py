@@ -102,6 +102,9 @@ def test_apply_from_a_clean_host_reaches_the_layout_and_a_second_apply_changes_n
     assert not check(host, store, c).in_sync
     result = apply(host, store, c)
     assert result.changed and [s.kind for s in result.done] == ["scheduler", "vgpu"] and not result.drift_after
+    # the CLI prints an apply the agent made from its document, in the same words
+    from vgpuhost.cli.layout import apply_text
+    assert apply_text(result.as_dict()) == result.text()
     # read back: the tree, NVML, the records, the audit log
     assert sorted(mdevs(host).values()) == ["nvidia-566"] * 4
     assert backend_for(host).scheduler_state(A40) == SchedulerState("equal-share", arr=False, timeslice_ms=3)
@@ -113,6 +116,7 @@ def test_apply_from_a_clean_host_reaches_the_layout_and_a_second_apply_changes_n
     # a second apply changes nothing and writes nothing
     again = apply(host, store, c)
     assert not again.changed and again.done == []
+    assert apply_text(again.as_dict()) == again.text()
     assert len(store.audit_rows()) == len(rows)
     assert check(host, store, c).in_sync
 

@@ -387,6 +387,124 @@ def post_reconcile(agent: Agent, req: Request) -> Dict[str, Any]:
     return agent.write(lambda: reconcile(agent.host, agent.store, check=False, actor=req.actor)).as_dict()
 
 
+# --- the CLI's other write commands (each as the command does it; the CLI forwards here) -----------
+
+def _bdf(req: Request, key: str = "bdf"):
+    from ..model.values import PciAddress
+    return PciAddress.parse(req.params[key])
+
+
+def post_passthrough_prepare(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost passthrough prepare BDF [--allow-boot-vga] [--persist]`` through the agent."""
+    from ..ops.passthrough import prepare
+    addr = _bdf(req)
+    boot_vga, persist = _flag(req.body, "allow_boot_vga"), _flag(req.body, "persist")
+    return agent.write(lambda: prepare(agent.host, agent.store, addr, allow_boot_vga=boot_vga, persist=persist,
+                                       actor=req.actor)).as_dict()
+
+
+def post_passthrough_release(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost passthrough release BDF [--persist]`` through the agent."""
+    from ..ops.passthrough import release
+    addr = _bdf(req)
+    persist = _flag(req.body, "persist")
+    return agent.write(lambda: release(agent.host, agent.store, addr, persist=persist,
+                                       actor=req.actor)).as_dict()
+
+
+def _slot(body: Optional[Dict[str, Any]]) -> Optional[int]:
+    value = (body or {}).get("guest_slot")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError("'guest_slot' must be a whole number (a slot on guest bus 0)")
+    from ..libvirt.domain import check_guest_slot
+    return check_guest_slot(value)
+
+
+def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost attach DOMAIN ...`` through the agent; ``uri`` the libvirt URI the CLI would use."""
+    from ..ops.attach import attach
+    body = req.body or {}
+    domain = req.params["domain"]
+    kw = dict(profile=_text(body, "profile", limit=128), passthrough=_text(body, "passthrough", limit=32),
+              tenant=_text(body, "tenant", limit=128), strategy=_text(body, "strategy", limit=32),
+              anti_affinity=_text(body, "anti_affinity", limit=256), gpu=_text(body, "gpu", limit=32),
+              display=_flag(body, "display"), ramfb=_flag(body, "ramfb"), live=_flag(body, "live"),
+              guest_slot=_slot(body), qos=_text(body, "qos", limit=32), uuid=_text(body, "vgpu_uuid", limit=64))
+    uri = _text(body, "uri", limit=1024)
+    return agent.write(lambda: attach(agent.host, agent.store, uri, domain, actor=req.actor, **kw)).as_dict()
+
+
+def post_detach(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost detach DOMAIN [DEVICE | --all]`` through the agent."""
+    from ..ops.attach import detach
+    body = req.body or {}
+    domain = req.params["domain"]
+    device, every = _text(body, "device", limit=64), _flag(body, "all")
+    if device is not None and every:
+        raise InputError("give a DEVICE or --all, not both")
+    uri = _text(body, "uri", limit=1024)
+    return agent.write(lambda: detach(agent.host, agent.store, uri, domain, device=device, all=every,
+                                      actor=req.actor)).as_dict()
+
+
+#: tenant options as the CLI takes them (strings; the lists repeatable) -> the body's keys
+_TENANT_TEXT = ("qos", "isolation", "vgpus", "framebuffer", "mig_slices", "passthrough", "series")
+_TENANT_LISTS = ("labels", "avoid", "prefer")
+
+
+def _tenant_options(body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    opts: Dict[str, Any] = {k: _text(body, k, limit=256) for k in _TENANT_TEXT}
+    for k in _TENANT_LISTS:
+        value = (body or {}).get(k) or []
+        if not isinstance(value, list) or len(value) > 64 or not all(isinstance(v, str) and len(v) <= 256
+                                                                       for v in value):
+            raise InputError(f"{k!r} must be a list of at most 64 strings")
+        opts[k] = tuple(value)
+    return opts
+
+
+def _tenant_answer(action: str, t, text: str) -> Dict[str, Any]:
+    from ..cli.tenant import SCHEMA_TENANT, tenant_doc
+    return {"schema": SCHEMA_TENANT, "action": action, "tenant": tenant_doc(t), "text": text}
+
+
+def post_tenant_add(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost tenant add NAME [options]`` through the agent (options as the CLI's strings)."""
+    from ..cli.tenant import new_tenant
+    from ..ops import tenancy
+    name = _text(req.body, "name", required=True, limit=128)
+    opts = _tenant_options(req.body)
+
+    def run():
+        t = tenancy.add(agent.store, new_tenant(name, opts), actor=req.actor)
+        return _tenant_answer("add", t, f"added tenant {t.name}: {tenancy.describe(t)}")
+    return agent.write(run)
+
+
+def post_tenant_set(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost tenant set NAME [options]`` through the agent."""
+    from ..cli.tenant import changed_tenant
+    from ..ops import tenancy
+    opts = _tenant_options(req.body)
+
+    def run():
+        t = changed_tenant(agent.store, req.params["name"], opts, actor=req.actor)
+        return _tenant_answer("set", t, f"tenant {t.name}: {tenancy.describe(t)}")
+    return agent.write(run)
+
+
+def post_tenant_remove(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost tenant remove NAME`` through the agent."""
+    from ..ops import tenancy
+
+    def run():
+        t = tenancy.remove(agent.store, req.params["name"], actor=req.actor)
+        return _tenant_answer("remove", t, f"removed tenant {t.name}")
+    return agent.write(run)
+
+
 def get_openapi(agent: Agent, req: Request) -> Text:
     from .spec import document_bytes
     return Text("application/yaml", document_bytes())
@@ -424,6 +542,13 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/assert", post_assert, READ),
     Route("POST", "/v1/apply", post_apply, ADMIN),
     Route("POST", "/v1/reconcile", post_reconcile, ADMIN),
+    Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN),
+    Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN),
+    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN),
+    Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN),
+    Route("POST", "/v1/tenants", post_tenant_add, ADMIN),
+    Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN),
+    Route("POST", "/v1/tenants/{name}/remove", post_tenant_remove, ADMIN),
 )
 
 

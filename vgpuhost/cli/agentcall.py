@@ -5,8 +5,12 @@ and may this caller change the host through it? then send the request
 and return its document) and turning the agent's error document back into
 the CLI's one line and exit code (:class:`AgentError`).  With the agent
 up, concurrent users serialise in one place (the agent's write lock, on
-top of the file locks every path takes).  With it down, or with
-``VGPUHOST_AGENT=off``, the command does the work itself.
+top of the file locks every path takes).  With it down, with the global
+``--local`` option, or with ``VGPUHOST_AGENT=off``, the command does the
+work itself.  Commands that forward: vgpu create/remove, reconcile, apply,
+passthrough prepare/release, attach/detach, tenant add/set/remove (each
+has a ``/v1`` endpoint in ``vgpuhost/agent/openapi.yaml``); a dry run is
+always local (it changes nothing, so it needs no serialising).
 Must not: decide anything; the agent runs the same ops.
 """
 
@@ -27,20 +31,42 @@ class AgentError(VgpuhostError):
 
 
 class Doc:
-    """An agent's answer with the attribute access the CLI's printers use (``out.id``) and ``as_dict()``."""
+    """An agent's answer with the attribute access the CLI's printers use (``out.id``, nested:
+    ``out.devices[0].kind``) and ``as_dict()`` (the document as the agent sent it).  ``aliases``
+    maps an attribute the printer reads to the document's key (``group`` -> ``iommu_group``)."""
 
-    def __init__(self, doc: Dict[str, Any]):
-        self.__dict__.update(doc)
+    def __init__(self, doc: Dict[str, Any], aliases: Optional[Dict[str, str]] = None):
+        self.__dict__.update({k: _wrap(v) for k, v in doc.items()})
+        for attr, key in (aliases or {}).items():
+            self.__dict__[attr] = _wrap(doc.get(key))
         self._doc = doc
+
+    def __getitem__(self, key: str) -> Any:          # printers that read nested documents as dicts
+        return _wrap(self._doc[key])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _wrap(self._doc.get(key, default))
 
     def as_dict(self) -> Dict[str, Any]:
         return self._doc
 
 
-def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None) -> Optional[Doc]:
+def _wrap(value: Any) -> Any:
+    if isinstance(value, dict):
+        return Doc(value)
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None, *,
+            aliases: Optional[Dict[str, str]] = None) -> Optional[Doc]:
     """The agent's answer to ``method target``, or None when no agent for ``ctx``'s host root and
-    state dir answers as admin for this caller (do the work here).  Raises AgentError for the
-    agent's refusals and failures, DeviceError when it went away before answering."""
+    state dir answers as admin for this caller, or ``ctx.local`` (do the work here).  Raises
+    AgentError for the agent's refusals and failures, DeviceError when it went away before
+    answering."""
+    if getattr(ctx, "local", False):
+        return None
     from ..io import agentclient
     path = agentclient.socket_path(ctx.host)
     if path is None:
@@ -59,6 +85,8 @@ def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None
                           hint="it finishes or rolls back what it started when it starts again; check "
                                "'vgpuhost vgpu list' and 'vgpuhost audit'") from None
     if status == 200 and isinstance(doc, dict):
-        return Doc(doc)
+        return Doc(doc, aliases)
     error = doc.get("error") if isinstance(doc, dict) else None
+    if status == 404 and isinstance(error, dict) and str(error.get("message", "")).startswith("no endpoint "):
+        return None             # an older agent (mid-upgrade) without this endpoint: do it here
     raise AgentError(error if isinstance(error, dict) else {"message": f"the agent answered {status}"})

@@ -1,7 +1,7 @@
 """What every ``vgpuhost`` command family shares: the global options' Context and the output helpers.
 
 Owns: :class:`Context` (``--root``, ``--state-dir``, ``--connect``,
-``--json``, ``-v``), :func:`current` (the Context of the running command),
+``--json``, ``-v``, ``--local``), :func:`current` (the Context of the running command),
 :func:`emit` (``--json`` document or text), :func:`store` (the state
 store, never created by a read-only command), :func:`printable` (one safe
 line), :func:`actor` (who the audit log names) and the ``--gpu`` option's
@@ -29,8 +29,9 @@ class Context:
     """What the global options set: the host root and output mode."""
 
     def __init__(self, root: Optional[str], state_dir: Optional[str], connect: Optional[str],
-                 json_out: bool, verbose: int):
+                 json_out: bool, verbose: int, local: bool = False):
         self._root = root
+        self.local = local              # --local: write commands never go through the agent
         self._state_dir = state_dir
         self.connect = connect
         self.json = json_out

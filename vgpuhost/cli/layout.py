@@ -8,6 +8,8 @@ options, prints and chooses the exit code:
 - ``plan``: 0, or 2 when the plan is blocked (apply would refuse);
 - ``apply``: 0 done (or nothing to do), 2 refused before any change
   (blocked, bad config), 3 a step failed or the host does not match after;
+  through the agent when its admin socket answers (the config is read and
+  checked here, then its text is sent; no per-step progress lines then);
 - ``assert``: 0 in sync, 1 drift (the diff is printed);
 - ``config check``: 0 valid, 2 not.
 """
@@ -28,6 +30,14 @@ CONFIG_HELP = "The config file (YAML, version: 1)."
 def _load(path: str):
     from ..policy.config import load
     return load(path)
+
+
+def _load_text(path: str):
+    """(config, its text): the text goes to the agent, which parses it again."""
+    from ..io.yamlutil import read_text_file
+    from ..policy.config import parse
+    text = read_text_file(path, "config file")
+    return parse(text, source=str(path)), text
 
 
 def _plan_out(ctx, p) -> None:
@@ -71,7 +81,7 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     from ..model.errors import VgpuhostError
     from ..ops.layout import apply, plan
     ctx = current()
-    cfg = _load(config)
+    cfg, text = _load_text(config)
     cfg.layout(layout)                    # an unknown layout fails before the host is read
     if dry_run:
         _plan_out(ctx, plan(ctx.host, store(ctx, write=False), cfg, layout))
@@ -79,6 +89,11 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     tries = 0
     while True:
         try:
+            from .agentcall import forward
+            out = forward(ctx, "POST", "/v1/apply", {"config": text, "source": str(config), "layout": layout})
+            if out is not None:             # the agent applied it: print its document as apply does
+                emit(ctx, out.as_dict(), apply_text(out.as_dict()))
+                return
             result = apply(ctx.host, store(ctx, write=True), cfg, layout, progress=_progress(ctx))
             break
         except VgpuhostError as e:        # the config was read above; the host may not be ready yet
@@ -88,7 +103,28 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
             click.echo(f"vgpuhost: apply failed (try {tries} of {retries + 1}): {e.one_line()}; "
                        f"trying again in {retry_delay:g} s", err=True)
             time.sleep(retry_delay)
-    emit(ctx, result.as_dict(), result.text())
+    emit(ctx, result.as_dict(), apply_text(result.as_dict()))
+
+
+def apply_text(doc: dict) -> str:
+    """What ``apply`` prints for its ``vgpuhost.apply/v1`` document (as ApplyResult.text words it),
+    for an apply the agent made."""
+    head = f"layout {doc['layout']!r} ({doc['source']})"
+    done = doc["done"]
+    lines = [f"{head}: applied {len(done)} step{'s' if len(done) != 1 else ''}" if done
+             else f"{head}: the host matches; nothing to do"]
+    for i, s in enumerate(done, 1):
+        lines.append(f"  {i:>2}. {s['kind']:<12} {s['target']:<12}  {s['action']}")
+    for s in doc["skipped"]:
+        lines.append(f"  skipped: {s['kind']} {s['target']}: {s['action']}")
+    if doc["reboot"]:
+        lines.append("reported, never done by vgpuhost (take effect at boot or GPU reset):")
+        lines += [f"   - {s['kind']:<12} {s['target']:<12}  {s['action']}" for s in doc["reboot"]]
+    if doc["drift_after"]:
+        lines.append("still differs (until then):")
+        lines += [f"  {d}" for d in doc["drift_after"]]
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines)
 
 
 def _progress(ctx):

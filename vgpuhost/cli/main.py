@@ -34,12 +34,15 @@ log = logging.getLogger("vgpuhost")
 @click.option("--connect", "-c", "connect", metavar="URI", help="libvirt URI (attach/detach).")
 @click.option("--json", "json_out", is_flag=True, help="Machine-readable output (documented, stable).")
 @click.option("-v", "--verbose", count=True, help="More logging; -vv shows tracebacks.")
+@click.option("--local", is_flag=True,
+              help="Make changes in this process even when the agent's admin socket answers (write commands "
+                   "go through the agent by default when it is up; VGPUHOST_AGENT=off does the same).")
 @click.version_option(__version__, prog_name="vgpuhost")
 @click.pass_context
-def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose) -> None:
+def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose, local) -> None:
     """Share NVIDIA GPUs between libvirt/KVM VMs: passthrough, vGPU, MIG."""
     logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format="vgpuhost: %(message)s")
-    ctx.obj = Context(root, state_dir, connect, json_out, verbose)
+    ctx.obj = Context(root, state_dir, connect, json_out, verbose, local)
 
 
 # --- the command families: each module's COMMANDS, registered the same way ----------
@@ -54,7 +57,7 @@ for _family in FAMILIES:
 
 # --- entry point -----------------------------------------------------------
 
-GLOBAL_OPTIONS = ("--root", "--state-dir", "--connect", "-c", "--json", "-v", "--verbose")
+GLOBAL_OPTIONS = ("--root", "--state-dir", "--connect", "-c", "--json", "-v", "--verbose", "--local")
 
 
 def _sigterm(signum, frame):

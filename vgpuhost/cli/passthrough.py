@@ -1,6 +1,7 @@
 """`vgpuhost passthrough prepare|release|modprobe-config BDF`: whole GPUs to one VM.
 
 Logic lives in :mod:`vgpuhost.ops.passthrough`; this module parses options and prints.
+prepare and release go through the agent when its admin socket answers (:mod:`.agentcall`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from typing import List
 
 import click
 
+from .agentcall import forward
 from .common import Context, emit, pass_ctx
 from .common import store
+
+#: the agent's answer is the ``--json`` document; the printer reads ``group`` as the outcome names it
+ALIASES = {"group": "iommu_group"}
 
 
 @click.group()
@@ -45,6 +50,12 @@ def passthrough_prepare(ctx: Context, bdf: str, allow_boot_vga: bool, persist: b
     from ..ops.passthrough import prepare
     from ..model.values import PciAddress
     addr = PciAddress.parse(bdf)
+    if not dry_run:
+        out = forward(ctx, "POST", f"/v1/passthrough/{addr}/prepare",
+                      {"allow_boot_vga": allow_boot_vga, "persist": persist}, aliases=ALIASES)
+        if out is not None:
+            _outcome(ctx, out)
+            return
     _outcome(ctx, prepare(ctx.host, store(ctx, write=not dry_run), addr, allow_boot_vga=allow_boot_vga,
                           persist=persist, dry_run=dry_run))
 
@@ -59,6 +70,11 @@ def passthrough_release(ctx: Context, bdf: str, persist: bool, dry_run: bool) ->
     from ..ops.passthrough import release
     from ..model.values import PciAddress
     addr = PciAddress.parse(bdf)
+    if not dry_run:
+        out = forward(ctx, "POST", f"/v1/passthrough/{addr}/release", {"persist": persist}, aliases=ALIASES)
+        if out is not None:
+            _outcome(ctx, out)
+            return
     _outcome(ctx, release(ctx.host, store(ctx, write=not dry_run), addr, persist=persist, dry_run=dry_run))
 
 

@@ -106,16 +106,47 @@ def tenant() -> None:
     """Tenants: quotas, QoS classes, isolation (admission runs at attach and at domain start)."""
 
 
+def new_tenant(name: str, opts: Dict[str, object]):
+    """The Tenant ``tenant add NAME`` makes from the command's options (strings, as typed).
+    Raises InputError naming a bad option."""
+    from ..model.tenancy import Tenant, check_name
+    from ..model.values import replace
+    base = Tenant(check_name(name))
+    return replace(base, **_changes(base, replace_labels=True, **opts))
+
+
+def changed_tenant(store, name: str, opts: Dict[str, object], *, actor: Optional[str] = None):
+    """``tenant set NAME``: tenant NAME with the options given changed, stored; returns it."""
+    from ..ops import tenancy
+    old = tenancy.get(store, name)
+    return tenancy.update(store, name, actor=actor, **_changes(old, replace_labels=False, **opts))
+
+
+def _through_agent(target: str, body: Dict[str, object]) -> bool:
+    """Send a tenant write to the agent when it answers; print its answer as the command would."""
+    from .agentcall import forward
+    out = forward(_ctx(), "POST", target, body)
+    if out is None:
+        return False
+    doc = dict(out.as_dict())
+    text = doc.pop("text", "")
+    _emit(doc, text)
+    return True
+
+
+def _body(opts: Dict[str, object]) -> Dict[str, object]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()}
+
+
 @tenant.command("add")
 @click.argument("name")
 @_quota_options
 def tenant_add(name: str, **opts) -> None:
     """Add tenant NAME (defaults: qos burstable, isolation shared, no limits)."""
-    from ..model.tenancy import Tenant, check_name
-    from ..model.values import replace
     from ..ops import tenancy
-    base = Tenant(check_name(name))
-    t = replace(base, **_changes(base, replace_labels=True, **opts))
+    t = new_tenant(name, opts)          # bad options fail here, before the agent is asked
+    if _through_agent("/v1/tenants", {"name": name, **_body(opts)}):
+        return
     t = tenancy.add(_store(True), t)
     _emit({"schema": SCHEMA_TENANT, "action": "add", "tenant": tenant_doc(t)},
           f"added tenant {t.name}: {tenancy.describe(t)}")
@@ -126,10 +157,11 @@ def tenant_add(name: str, **opts) -> None:
 @_quota_options
 def tenant_set(name: str, **opts) -> None:
     """Change tenant NAME; only the options given change (labels add; '--label none' clears)."""
+    from urllib.parse import quote
     from ..ops import tenancy
-    store = _store(True)
-    old = tenancy.get(store, name)
-    t = tenancy.update(store, name, **_changes(old, replace_labels=False, **opts))
+    if _through_agent(f"/v1/tenants/{quote(name, safe='')}/set", _body(opts)):
+        return
+    t = changed_tenant(_store(True), name, opts)
     _emit({"schema": SCHEMA_TENANT, "action": "set", "tenant": tenant_doc(t)},
           f"tenant {t.name}: {tenancy.describe(t)}")
 
@@ -202,7 +234,10 @@ def tenant_show(name: str) -> None:
 @click.argument("name")
 def tenant_remove(name: str) -> None:
     """Remove tenant NAME (refused while its domains hold devices)."""
+    from urllib.parse import quote
     from ..ops import tenancy
+    if _through_agent(f"/v1/tenants/{quote(name, safe='')}/remove", {}):
+        return
     t = tenancy.remove(_store(True), name)
     _emit({"schema": SCHEMA_TENANT, "action": "remove", "tenant": tenant_doc(t)}, f"removed tenant {t.name}")
 

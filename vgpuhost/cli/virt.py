@@ -3,7 +3,8 @@
 Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  ``render`` needs only the host
 root; ``attach``/``detach`` talk to libvirt at ``--connect URI`` (default
-``$LIBVIRT_DEFAULT_URI``, then ``qemu:///system``).  ``--json`` documents:
+``$LIBVIRT_DEFAULT_URI``, then ``qemu:///system``), through the agent when
+its admin socket answers (:mod:`.agentcall`).  ``--json`` documents:
 ``vgpuhost.render/v1``, ``vgpuhost.attach/v1``, ``vgpuhost.detach/v1``.
 """
 
@@ -144,6 +145,19 @@ def _text(out) -> str:
     return "\n".join(lines)
 
 
+def _forward(ctx, action: str, domain: str, body: dict):
+    """attach/detach through the agent when it answers (None: do it here).  The agent connects to
+    the libvirt URI this command would use (``--connect``, else ``$LIBVIRT_DEFAULT_URI``, else
+    qemu:///system), so both ways reach the same libvirt."""
+    from urllib.parse import quote
+    from ..io.virt import default_uri
+    from .agentcall import forward
+    uri = default_uri(ctx.connect)
+    if uri.startswith("test:"):         # libvirt's test driver lives in each process: only here
+        return None
+    return forward(ctx, "POST", f"/v1/domains/{quote(domain, safe='')}/{action}", {**body, "uri": uri})
+
+
 def _emit_outcome(ctx, out) -> None:
     emit(ctx, out.as_dict(), _text(out))
 
@@ -173,6 +187,14 @@ def attach_cmd(domain, profile, passthrough, gpu, uuid, tenant, strategy, anti_a
     from ..io.state import StateStore
     ctx = current()
     slot = _slot(guest_slot)
+    if not dry_run:
+        out = _forward(ctx, "attach", domain, {
+            "profile": profile, "passthrough": passthrough, "gpu": gpu, "vgpu_uuid": uuid, "tenant": tenant,
+            "strategy": strategy, "anti_affinity": anti_affinity, "qos": qos, "display": display, "ramfb": ramfb,
+            "guest_slot": slot, "live": live})
+        if out is not None:
+            _emit_outcome(ctx, out)
+            return
     store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
     out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
                  strategy=strategy, anti_affinity=anti_affinity, gpu=gpu, display=display, ramfb=ramfb,
@@ -193,6 +215,11 @@ def detach_cmd(domain, device, all_, dry_run) -> None:
     if device is not None and all_:
         raise InputError("give a DEVICE or --all, not both")
     ctx = current()
+    if not dry_run:
+        out = _forward(ctx, "detach", domain, {"device": device, "all": all_})
+        if out is not None:
+            _emit_outcome(ctx, out)
+            return
     store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
     out = detach(ctx.host, store, ctx.connect, domain, device=device, all=all_, dry_run=dry_run)
     _emit_outcome(ctx, out)
