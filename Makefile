@@ -76,6 +76,7 @@ bench: venv-check
 	$(VPY) bench/inventory.py
 	$(VPY) bench/placement.py
 	$(VPY) bench/layout.py
+	$(VPY) bench/scale.py
 	$(VPY) bench/hook.py
 	$(VPY) bench/utilisation.py
 	$(VPY) bench/metering.py

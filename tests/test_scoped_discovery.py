@@ -175,7 +175,8 @@ def _observe_all(host, store):
 
 @pytest.mark.parametrize("case", sorted(HOSTS))
 def test_a_view_refreshed_for_the_gpu_that_changed_equals_a_fresh_observe(make_host, case):
-    from vgpuhost.observe.hostview import gpu_part, refresh
+    from vgpuhost.observe.hostview import refresh
+    from vgpuhost.observe.inventory import gpu_part
     yaml_text, a, b, profile = HOSTS[case]
     host = make_host(yaml_text=yaml_text)
     store = StateStore(host.state_dir)
@@ -221,3 +222,21 @@ def test_apply_reads_the_whole_host_twice_whatever_the_number_of_steps(make_host
     assert _whole_host_scans(reads, host) == 2
     inv = discover(Sysfs(host))
     assert sorted(str(m.parent) for m in inv.mdevs) == [str(LO), str(HI)]
+
+
+def test_apply_with_scheduler_steps_reads_the_whole_host_twice(make_host, reads):
+    """A scheduler change per GPU, then the vGPUs: each step reads its GPU alone."""
+    from vgpuhost.io.backends import open_backend
+    from vgpuhost.ops import layout as ops_layout
+    from vgpuhost.policy.config import parse
+    host = make_host(yaml_text=TWO_A40.format(mixed="false", faults=""))
+    store = StateStore(host.state_dir)
+    text = (LAYOUT_TWO % 2) + "        scheduler: {policy: equal-share, timeslice_ms: 3}\n"
+    reads.clear()
+    result = ops_layout.apply(host, store, parse(text, "l.yaml"), actor="test")
+    assert sorted(s.kind for s in result.done) == ["scheduler", "scheduler", "vgpu", "vgpu"]
+    assert result.drift_after == []
+    assert _whole_host_scans(reads, host) == 2
+    nvml = open_backend(host)
+    assert [nvml.scheduler_state(g).policy for g in (LO, HI)] == ["equal-share", "equal-share"]
+    assert len(store.vgpu_records()) == 4

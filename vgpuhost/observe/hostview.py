@@ -249,24 +249,6 @@ def refresh(view: HostView, host: HostRoot, store: StateStore, gpus: Iterable[Pc
                        driverctl=driverctl, scheduler_conf=view.scheduler_conf)
 
 
-def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
-    """The part of ``inv`` that one GPU holds, shaped as :func:`vgpuhost.observe.inventory.discover_gpu`
-    returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).
-    One pass over ``inv``'s records."""
-    g = inv.gpu(gpu)
-    if g is None:
-        return Inventory(devices={}, groups={}, gpus=(), vgpu_types=(), mdevs=(), vf_vgpus=(), host=inv.host)
-    parents = set(g.mdev_parents)
-    mdevs = tuple(m for m in inv.mdevs if m.parent in parents)
-    numbers = {inv.devices[a].iommu_group for a in (gpu,) + g.vfs if a in inv.devices}
-    numbers |= {m.iommu_group for m in mdevs}
-    groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
-    members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
-    return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
-                     vgpu_types=tuple(t for t in inv.vgpu_types if t.gpu == gpu), mdevs=mdevs,
-                     vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host)
-
-
 def _merged(inv: Inventory, part: Inventory, gpu: PciAddress) -> Inventory:
     """``inv`` with GPU ``gpu``'s records replaced by ``part``'s (a :func:`discover_gpu` of it), in
     the order :func:`discover` gives them (GPUs by address, mdevs by UUID)."""
@@ -358,5 +340,5 @@ def probe(backend, bdf: PciAddress) -> NvmlFacts:
                      scheduler_caps=caps, active_vgpus=active)
 
 
-__all__ = ["HostView", "NvmlFacts", "MigMode", "SeenType", "observe", "refresh", "gpu_part", "probe", "listed_types",
+__all__ = ["HostView", "NvmlFacts", "MigMode", "SeenType", "observe", "refresh", "probe", "listed_types",
            "SCHEDULER_CONF"]

@@ -448,6 +448,24 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
                      host=read_host_facts(fs) if host_facts else UNREAD_HOST_FACTS)
 
 
+def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
+    """The part of ``inv`` that one GPU holds, shaped as :func:`discover_gpu`
+    returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).
+    One pass over ``inv``'s records."""
+    g = inv.gpu(gpu)
+    if g is None:
+        return Inventory(devices={}, groups={}, gpus=(), vgpu_types=(), mdevs=(), vf_vgpus=(), host=inv.host)
+    parents = set(g.mdev_parents)
+    mdevs = tuple(m for m in inv.mdevs if m.parent in parents)
+    numbers = {inv.devices[a].iommu_group for a in (gpu,) + g.vfs if a in inv.devices}
+    numbers |= {m.iommu_group for m in mdevs}
+    groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
+    members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
+    return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
+                     vgpu_types=tuple(t for t in inv.vgpu_types if t.gpu == gpu), mdevs=mdevs,
+                     vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host)
+
+
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
     """The mdevs on ``parents``, read as :func:`_read_mdevs` reads them (sorted by UUID)."""
     base = str(fs.host.mdev_devices)

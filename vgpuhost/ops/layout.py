@@ -26,8 +26,8 @@ from ..io.process import actor as actor_name
 from ..io.state import StateStore
 from ..model.errors import DeviceError, RefusedError, VgpuhostError
 from ..model.values import PciAddress
-from ..observe.hostview import HostView, gpu_part, observe, refresh
-from ..observe.inventory import BACKEND_MDEV
+from ..observe.hostview import HostView, observe, refresh
+from ..observe.inventory import BACKEND_MDEV, gpu_part
 from ..plan import layout as planner
 from ..plan.executor import Executor
 from ..plan.layout import (KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, ChangeMigMode, CreateVgpus, Drift,

@@ -82,14 +82,15 @@ class _Device:
     """One GPU as NVML and sysfs see it (read at construction)."""
 
     def __init__(self, host: HostRoot, backend: NvmlBackend, bdf: PciAddress, inv=None):
-        from ..observe.inventory import discover
+        from ..observe.inventory import discover, discover_gpu
         from ..io.sysfs import Sysfs
         self.host, self.backend, self.bdf = host, backend, bdf
-        inv = inv if inv is not None else discover(Sysfs(host), with_types=False)
+        # this GPU alone (issue 17): a MIG step of a layout on N GPUs must not read all N each time
+        inv = inv if inv is not None else discover_gpu(Sysfs(host), bdf, with_types=False)
         self.inv = inv
         g = inv.gpu(bdf)
         if g is None:
-            known = ", ".join(str(x.address) for x in inv.gpus) or "none"
+            known = ", ".join(str(x.address) for x in discover(Sysfs(host), with_types=False).gpus) or "none"
             raise InputError(f"no NVIDIA GPU at {bdf}", hint=f"GPUs on this host: {known} ('vgpuhost gpus')")
         self.gpu = g
         try:

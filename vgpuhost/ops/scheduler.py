@@ -141,13 +141,20 @@ def refuse_boards_without_vgpu(host: HostRoot, gpus: Sequence[PciAddress]) -> No
 
 
 def resolve_gpus(host: HostRoot, gpus: Sequence[PciAddress], all_gpus: bool) -> List[PciAddress]:
-    known = host_gpus(host)
+    """Every NVIDIA GPU (``all_gpus``), or ``gpus`` checked to be NVIDIA GPUs, sorted; InputError
+    naming the host's GPUs for one that is not.  Named GPUs are read alone, not the whole host."""
     if all_gpus:
+        known = host_gpus(host)
         if not known:
             raise InputError("no NVIDIA GPU found on this host", hint="'vgpuhost gpus' lists them")
         return known
+    from ..observe.inventory import discover_gpu
+    from ..io.sysfs import Sysfs
+    host.require_host()
+    fs = Sysfs(host)
     for g in gpus:
-        if g not in known:
+        if not discover_gpu(fs, g, with_types=False, host_facts=False).gpus:
+            known = host_gpus(host)
             raise InputError(f"no NVIDIA GPU at {g}",
                              hint=f"GPUs on this host: {', '.join(map(str, known)) or 'none'} ('vgpuhost gpus')")
     return sorted(set(gpus), key=str)

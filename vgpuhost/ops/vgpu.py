@@ -26,7 +26,8 @@ import re
 
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..io.hostroot import HostRoot
-from ..observe.inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover, discover_gpu
+from ..observe.inventory import (BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover, discover_gpu,
+                                 gpu_part)
 from ..io.locks import file_lock
 from ..policy.placement import (LAYOUT, MANUAL, RESERVING, STRATEGIES, Decision, GpuOffer, Request, place,
                                 validate_owner)
@@ -151,17 +152,22 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
     gi_tried = False
     scope = _physfn(fs, vf) if vf is not None else gpu      # the one GPU to read (None: the whole host)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        if inventory is not None:
-            inv, inventory = inventory, None
+        if inventory is not None:       # the caller's look; of the pinned GPU alone when there is one
+            inv = gpu_part(inventory, scope) if scope is not None else inventory
+            inventory = None
         elif scope is not None:         # a pinned GPU: read that GPU alone, never the whole host
             inv = discover_gpu(fs, scope, host_facts=False)
         else:
             inv = discover(fs)
+        if vf is not None and inv.gpu(scope) is None:
+            inv = discover(fs)          # the VF's PF is no NVIDIA GPU: the whole host says what it is
         # the GPU's records when one GPU is read (what the checks below look at), else every record
         records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
         if not dry_run:
             store.remember_types(seen_rows(inv))
         seen = store.seen_types() + seen_rows(inv)
+        if scope is not None:         # the one GPU's rows: what resolve and offers look at
+            seen = [row for row in seen if row[0] == str(scope)]
         pin = gpu
         if vf is not None:
             pin = _vf_gpu(inv, vf, gpu)
