@@ -366,3 +366,26 @@ def test_m_scheduler_persist_is_refused_for_a_board_without_vgpu(make_host, caps
     code, _, err = cli(capsys, host2, "scheduler", "set", "--policy", "equal-share", "--gpu", "0000:81:00.0",
                        "--persist")
     assert code == 0, err
+
+
+# ---------------------------------------------------------------------------
+# c. a PF with SR-IOV VFs enabled cannot be passed through (vfio-pci refuses such a PF)
+
+def test_c_a_pf_with_vfs_enabled_is_refused_with_the_fix(make_host, capsys):
+    host = make_host("a100-sriov-mdev")
+    gpu = "0000:41:00.0"
+    assert int((host.pci_device(gpu) / "sriov_numvfs").read_text()) > 0
+    code, _, err = cli(capsys, host, "passthrough", "prepare", gpu)
+    assert code == 2 and "SR-IOV VFs enabled" in err and "sriov-manage -d" in err, err
+    assert driver(host, gpu) == "nvidia" and override(host, gpu) == "(null)"
+    # the simulator models the kernel: vfio-pci's probe refuses the PF, drivers_probe binds nothing
+    from vgpuhost.io.sysfs import Sysfs as Fs
+    from vgpuhost.model.errors import SysfsError
+    fs = Fs(host)
+    fs.write(host.pci_device(gpu) / "driver_override", "vfio-pci")
+    fs.write(host.pci_drivers / "nvidia" / "unbind", gpu)
+    fs.write(host.pci_drivers_probe, gpu)
+    assert driver(host, gpu) is None
+    with pytest.raises(SysfsError) as ei:
+        fs.write(host.pci_drivers / "vfio-pci" / "bind", gpu)
+    assert ei.value.errno == 16

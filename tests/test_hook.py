@@ -70,6 +70,14 @@ def mixed(make_host, faults: str = ""):
     return make_host(yaml_text=MIXED.format(faults=faults))
 
 
+def a100_vfs_off(make_host):
+    """a100-sriov-mdev after ``sriov-manage -d``: vfio-pci binds no PF with VFs enabled (issue 12 #4c),
+    so passthrough of the A100 needs its VFs off."""
+    from vgpuhost.sim.data import bundled_specs
+    text = open(bundled_specs()["a100-sriov-mdev"]).read()
+    return make_host(yaml_text=text.replace("sriov_numvfs: 20", "sriov_numvfs: 0"))
+
+
 # ---------------------------------------------------------------------------
 # domain documents
 
@@ -233,7 +241,7 @@ def test_vf_type_is_set_at_start_and_cleared_at_stop(make_host):
 
 
 def test_passthrough_group_with_its_audio_companion(make_host):
-    host = make_host("a100-sriov-mdev")
+    host = a100_vfs_off(make_host)
     xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
     assert start(host, "gpu-vm", xml) == (0, "")
     assert (driver(host, A100), driver(host, A100_AUDIO)) == ("vfio-pci", "vfio-pci")
@@ -346,7 +354,7 @@ def test_a_failing_second_device_undoes_the_first(make_host):
 
 
 def test_a_refusal_after_passthrough_undoes_the_group(make_host):
-    host = make_host("a100-sriov-mdev")
+    host = a100_vfs_off(make_host)
     before = tree(host)
     # the vGPU can only go on the A100, which this same start passes through
     meta = Metadata(vgpus=[VgpuRequest("A100-4C", uuid=MDEV1)], passthrough=[A100])
@@ -781,7 +789,7 @@ def test_a_group_the_operator_bound_is_used_as_it_is(make_host):
 def test_passthrough_owner_guards_prepare_and_release(make_host):
     from vgpuhost.model.errors import RefusedError
     from vgpuhost.ops.passthrough import prepare as pt_prepare, release as pt_release
-    host = make_host("a100-sriov-mdev")
+    host = a100_vfs_off(make_host)
     s = store(host)
     out = pt_release(host, s, A100, owner=DOM1)                  # nothing held: a no-op
     assert not out.changed and writes(host) == []

@@ -33,7 +33,9 @@ on the device directory, as in sysfs):
   member of the group is bound to vfio-pci.  A driver matches a device when
   ``driver_override`` names it, or, with no override, when it is the
   device's native driver (so vfio-pci only through the override, unless the
-  spec booted the device on vfio-pci).  unbind: ENODEV (not bound there),
+  spec booted the device on vfio-pci).  vfio-pci never binds a PF with SR-IOV
+  VFs enabled (``sriov_numvfs`` > 0): bind gives EBUSY, drivers_probe binds
+  nothing, as the kernel's vfio-pci probe refuses it.  unbind: ENODEV (not bound there),
   EBUSY (vGPUs on the GPU/VF; ``nvidia-persistenced`` holding a GPU —
   the real unbind hangs instead, docs/reference/hardware.md#pci-and-iommu).  bind: ENODEV (unknown
   device, no match), EBUSY (already bound).  drivers_probe succeeds even
@@ -483,12 +485,24 @@ class SimKernel:
             return any(i["parent"] == bdf for i in self.instances(meta, pf))
         return False
 
+    def _vfs_enabled(self, meta: dict, bdf: str) -> bool:
+        """Whether ``bdf`` is a PF with SR-IOV VFs enabled (``sriov_numvfs`` > 0).
+
+        vfio-pci refuses to bind such a PF ("Cannot bind to PF with SR-IOV
+        enabled", -EBUSY from its probe): the VFs may be in use by the host."""
+        try:
+            return int((self._rdir(meta, bdf) / "sriov_numvfs").read_text().strip() or 0) > 0
+        except (OSError, ValueError):
+            return False
+
     def _bind(self, meta: dict, path: Path, drv: str, value: str) -> None:
         bdf = value.strip()
         if bdf not in meta["devices"]:
             raise _fail(errno.ENODEV, path, f"no device {bdf!r}")
         if self._driver_of(meta, bdf) is not None:
             raise _fail(errno.EBUSY, path, f"{bdf} is already bound")
+        if drv == VFIO_PCI and self._matches(meta, bdf, drv) and self._vfs_enabled(meta, bdf):
+            raise _fail(errno.EBUSY, path, f"vfio-pci: cannot bind to PF {bdf} with SR-IOV enabled")
         if not self._matches(meta, bdf, drv):
             raise _fail(errno.ENODEV, path, f"{drv} does not match {bdf}")
         if self._fault(meta, "bind", [bdf], path):
@@ -520,6 +534,8 @@ class SimKernel:
             return
         ov = self._override(meta, bdf)
         drv = ov if ov is not None else meta["devices"][bdf].get("native_driver")
+        if drv == VFIO_PCI and self._vfs_enabled(meta, bdf):
+            return          # vfio-pci's probe fails (-EBUSY); drivers_probe still reports success
         if drv and self._driver_dir(drv).is_dir():
             self._attach(meta, bdf, drv)
 
