@@ -70,6 +70,14 @@ def mixed(make_host, faults: str = ""):
     return make_host(yaml_text=MIXED.format(faults=faults))
 
 
+def mixed_l40s_vfs_off(make_host, faults: str = ""):
+    """:data:`MIXED` after ``sriov-manage -d`` on the L40S (no VFs, so no vGPU there): the L40S can be
+    passed through (vfio-pci binds no PF with VFs enabled, issue 12 #4c)."""
+    text = MIXED.replace("vgpu: {{backend: vendor-vfio, sriov_numvfs: 8}}", "vgpu: {{backend: none}}")
+    assert text != MIXED
+    return make_host(yaml_text=text.format(faults=faults))
+
+
 def a100_vfs_off(make_host):
     """a100-sriov-mdev after ``sriov-manage -d``: vfio-pci binds no PF with VFs enabled (issue 12 #4c),
     so passthrough of the A100 needs its VFs off."""
@@ -338,7 +346,7 @@ def test_a_late_release_never_frees_the_next_owners_device(make_host):
 
 
 def test_a_failing_second_device_undoes_the_first(make_host):
-    host = mixed(make_host, faults=f'{{op: create, device: "{GPU_HI}", errno: EIO, count: 0}}')
+    host = mixed_l40s_vfs_off(make_host, faults=f'{{op: create, device: "{GPU_HI}", errno: EIO, count: 0}}')
     before = tree(host)
     meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=MDEV1, gpu=GPU_LO), VgpuRequest("A40-8Q", uuid=MDEV2, gpu=GPU_HI)],
                     passthrough=[L40S])
@@ -773,7 +781,7 @@ def test_cli_status_a_foreign_hook_file_is_not_installed(make_host, capsys):
 
 def test_a_group_the_operator_bound_is_used_as_it_is(make_host):
     from vgpuhost.ops.passthrough import prepare as pt_prepare
-    host = make_host("a100-sriov-mdev")
+    host = a100_vfs_off(make_host)
     pt_prepare(host, store(host), A100)                          # 'vgpuhost passthrough prepare' (owner manual)
     n = len(writes(host))
     xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
@@ -859,7 +867,7 @@ def test_boot_vga_refusal_names_a_fix_the_hook_can_take(make_host):
 def test_a_manual_release_never_frees_a_running_domains_group(make_host):
     from vgpuhost.model.errors import RefusedError
     from vgpuhost.ops.passthrough import release as pt_release
-    host = make_host("a100-sriov-mdev")
+    host = a100_vfs_off(make_host)
     xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
     assert start(host, "gpu-vm", xml) == (0, "")
     with pytest.raises(RefusedError, match="in use by running domain gpu-vm"):
@@ -896,7 +904,7 @@ def test_a_placement_refusal_names_the_allow_list_when_there_is_one(make_host):
 # after a host crash: the 'release end' that never came (reconcile --forget-domains, the boot units)
 
 def test_forget_domains_does_the_release_a_crash_skipped(make_host, capsys):
-    host = make_host("a100-sriov-mdev")
+    host = a100_vfs_off(make_host)
     xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
     assert start(host, "gpu-vm", xml) == (0, "")
     assert store(host).active_domains() == {DOM1: "gpu-vm"}

@@ -3,7 +3,8 @@
 Owns: :func:`group_endpoints` (the endpoints of a GPU's IOMMU group in bind
 order, its bridges, and the refusal when the group holds a foreign
 endpoint) and :func:`prepare_blockers` (why binding must not start: boot
-VGA, nvidia-persistenced, nvidia_drm, vGPUs on the GPU, vfio-pci missing).
+VGA, nvidia-persistenced, nvidia_drm, vGPUs on the GPU, SR-IOV VFs enabled,
+vfio-pci missing).
 Inputs are an :class:`~vgpuhost.observe.inventory.Inventory` already read.
 Must not: read sysfs, write anything or decide the binding steps
 (:mod:`vgpuhost.plan.passthrough` does).
@@ -11,7 +12,8 @@ Must not: read sysfs, write anything or decide the binding steps
 Facts (the project's docs reference, section 1): a group is viable when it
 holds only the GPU's own functions and bridges; bridges stay on pcieport;
 unbinding from nvidia hangs while nvidia-persistenced holds the GPU, and
-nvidia_drm holds it for display.
+nvidia_drm holds it for display; vfio-pci refuses to bind a PF whose SR-IOV VFs are
+enabled (its probe returns -EBUSY), so the VFs must be disabled first.
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDev
     if busy:
         out.append(f"{gpu} carries vGPUs ({', '.join(busy[:4])}{'...' if len(busy) > 4 else ''}): "
                    "remove them first")
+    for d in moving:
+        if d.sriov_numvfs:
+            # vfio-pci's probe refuses a PF with VFs enabled (-EBUSY): the VFs may be in use by the host
+            out.append(f"{d.address} has {d.sriov_numvfs} SR-IOV VFs enabled, and vfio-pci does not bind a PF "
+                       f"with SR-IOV VFs enabled: disable them first (/usr/lib/nvidia/sriov-manage -d {d.address}; "
+                       "vgpuhost does not run it)")
     if not inv.host.module_present("vfio_pci"):
         out.append("the vfio-pci driver is not loaded: modprobe vfio-pci")
     return out
