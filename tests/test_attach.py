@@ -64,9 +64,9 @@ def lv():
 
 @pytest.fixture
 def env(make_host, tmp_path):
-    """``env('a40-mdev')`` -> (host, store) with a state dir of its own."""
-    def build(spec):
-        h = make_host(spec)
+    """``env('a40-mdev')`` -> (host, store) with a state dir of its own (``yaml_text``: that spec instead)."""
+    def build(spec, yaml_text=None):
+        h = make_host(spec) if yaml_text is None else make_host(yaml_text=yaml_text)
         host = HostRoot(h.root, tmp_path / f"state-{spec}-{uuidlib.uuid4().hex[:6]}")
         return host, StateStore(host.state_dir)
     return build
@@ -463,8 +463,16 @@ def test_detach_releases_the_domains_vgpu(lv, env):
     assert hostdevs(dom) == [] and meta_of(dom) is None
 
 
+def a100_vfs_off() -> str:
+    """a100-sriov-mdev after ``sriov-manage -d``: vfio-pci binds no PF with VFs enabled (issue 12 #4c)."""
+    from vgpuhost.sim.data import bundled_specs
+    text = Path(bundled_specs()["a100-sriov-mdev"]).read_text()
+    assert "sriov_numvfs: 20" in text
+    return text.replace("sriov_numvfs: 20", "sriov_numvfs: 0")
+
+
 def test_detach_releases_the_domains_group(lv, env):
-    host, store = env("a100-sriov-mdev")
+    host, store = env("a100-sriov-mdev", yaml_text=a100_vfs_off())
     dom = lv.define("vgh-relpt")
     attach(host, store, URI, "vgh-relpt", passthrough="0000:41:00.0")
     passthrough.prepare(host, store, PciAddress.parse("0000:41:00.0"), owner=dom.UUIDString())

@@ -65,7 +65,7 @@ COMMANDS = [
     ("a40-mdev", ["vgpu", "create", "--profile", "A40-8Q", "--dry-run"]),
     ("a40-mdev", ["render", "--profile", "A40-8Q"]), ("a40-mdev", ["reconcile", "--check"]),
     ("a40-mdev", ["scheduler", "show"]), ("a40-mdev", ["scheduler", "decode", "0x3c3c0001"]),
-    ("a100-sriov-mdev", ["passthrough", "prepare", "0000:41:00.0", "--dry-run"]),
+    ("a40-mdev", ["passthrough", "prepare", "0000:81:00.0", "--dry-run"]),   # a PF without SR-IOV VFs enabled
     ("a100-sriov-mdev", ["passthrough", "modprobe-config", "0000:41:00.0"]),
     ("h200-mig", ["mig", "show"]), ("a40-mdev", ["hook", "install", "--dry-run"]),
     ("a40-mdev", ["install-units", "--dry-run"]), ("a40-mdev", ["capacity"]), ("a40-mdev", ["tenant", "list"]),

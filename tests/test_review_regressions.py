@@ -39,8 +39,19 @@ def test_passthrough_refuses_a_vendor_vfio_gpu_carrying_vgpus(make_host):
     assert Sysfs(host).link_name(host.pci_device(L40S) / "driver") == "nvidia"
 
 
+def l40s_first_vfs_off(make_host):
+    """l40s-vendor-vfio after ``sriov-manage -d 0000:21:00.0``: vfio-pci binds no PF with VFs enabled
+    (issue 12 #4c), so that L40S can be passed through; the other keeps its 16 VFs."""
+    from pathlib import Path
+    from vgpuhost.sim.data import bundled_specs
+    text = Path(bundled_specs()["l40s-vendor-vfio"]).read_text()
+    first = '    numa_node: 0\n    vgpu: {backend: vendor-vfio, sriov_numvfs: 16}\n'
+    assert first in text
+    return make_host(yaml_text=text.replace(first, '    numa_node: 0\n'))
+
+
 def test_vgpu_create_refuses_a_passed_through_gpu(make_host, capsys):
-    host = make_host("l40s-vendor-vfio")
+    host = l40s_first_vfs_off(make_host)
     prepare(host, StateStore(host.state_dir), L40S)
     rows = len(StateStore(host.state_dir).audit_rows())
     code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-8Q", "--gpu", str(L40S))

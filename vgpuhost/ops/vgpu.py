@@ -40,6 +40,7 @@ from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace
+from ..policy.iommu import VFIO_PCI
 from ..policy.offers import fitting_elsewhere, offers, resolve_profile, seen_rows
 from ..observe.vgpus import VgpuEntry, list_vgpus
 
@@ -182,6 +183,11 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                 _create_gpu_instance(host, store, inv, wanted, pin, actor)
                 continue
             _refuse_mig_order(host, inv, wanted, profile, pin, create_gi, dry_run)
+        if pin is not None and inv.gpu(pin).pci.driver == VFIO_PCI:
+            # passed through (its SR-IOV VFs are off then, so it lists no types): say that, not "unknown profile"
+            raise RefusedError(f"GPU {pin} is passed through (bound to vfio-pci): it carries no vGPUs",
+                               hint=f"release it first (vgpuhost passthrough release {pin}) or name another GPU; "
+                                    "nothing was changed")
         name = resolve_profile(inv, records, profile, pin, seen)
         req = Request(name, owner, strategy, numa_node, anti_affinity, pin)
         all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run)
