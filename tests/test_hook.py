@@ -971,3 +971,38 @@ def test_an_allow_list_that_is_a_fifo_is_refused_without_blocking(make_host, cap
     doc = json.loads(proc.stdout)
     assert doc["allow"]["summary"] == "unreadable: the hook refuses every GPU domain"
     assert "not a regular file" in doc["allow"]["error"]
+
+
+def test_status_exits_1_naming_an_allow_listed_gpu_the_host_lacks(make_host, capsys):
+    """Issue 12 #4g: 'hook status' exited 0 while the allow-list named a BDF the host does not have
+    (a GPU moved to another slot, a list copied from another host): the hook then refuses every domain
+    that wants it, and nothing said so."""
+    host = make_host("a40-mdev")
+    root = str(host.root)
+    assert cli_main(["--root", root, "hook", "install"]) == 0
+    allow = allow_path(host)
+    allow.parent.mkdir(parents=True, exist_ok=True)
+    allow.write_text(f"{A40}\n0000:41:00.0\n0000:00:1f.6\n")  # the A40; nothing at 41:00.0; 1f.6 is not here
+    capsys.readouterr()
+    assert cli_main(["--root", root, "--json", "hook", "status"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allow"]["missing"] == ["0000:00:1f.6", "0000:41:00.0"] and not doc["ok"]
+    assert doc["allow"]["gpus"] == sorted([str(A40), "0000:41:00.0", "0000:00:1f.6"])
+    assert cli_main(["--root", root, "hook", "status"]) == 1
+    out = capsys.readouterr().out
+    assert ("allow-list names GPUs this host does not have: 0000:00:1f.6, 0000:41:00.0 "
+            "(fix or remove those lines)") in out, out
+    allow.write_text(f"{A40}\n")                              # fixed: ok again
+    assert cli_main(["--root", root, "--json", "hook", "status"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allow"]["missing"] == [] and doc["ok"]
+    # a PCI device that is there but is no NVIDIA GPU counts as missing too
+    host2 = make_host("a100-sriov-mdev")
+    assert cli_main(["--root", str(host2.root), "hook", "install"]) == 0
+    allow2 = allow_path(host2)
+    allow2.parent.mkdir(parents=True, exist_ok=True)
+    allow2.write_text(f"{A100}\n{NIC}\n")
+    capsys.readouterr()
+    assert cli_main(["--root", str(host2.root), "--json", "hook", "status"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allow"]["missing"] == [str(NIC)]

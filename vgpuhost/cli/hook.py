@@ -4,7 +4,7 @@ Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  ``--json`` documents:
 ``vgpuhost.hook/v1`` (install, uninstall) and ``vgpuhost.hook-status/v1``.
 ``status`` exits 1 when the hook is missing, outdated, not executable or the
-allow-list is unreadable or malformed.  ``--hooks-dir`` must be absolute
+allow-list is unreadable, malformed or names a GPU the host does not have.  ``--hooks-dir`` must be absolute
 (libvirt runs hooks from an absolute directory); a relative one is refused
 with exit 2 before anything is read or written.
 """
@@ -93,7 +93,8 @@ def hook_uninstall(cctx: click.Context, hooks_dir: Optional[str], dry_run: bool)
 def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
     """Is the hook installed and current, does libvirt's directory exist, what does the allow-list allow?
 
-    Exit 0 when installed, current and executable; 1 otherwise.
+    Exit 0 when installed, current and executable, and the allow-list reads and names only GPUs of this
+    host; 1 otherwise.
     """
     ctx = cctx.obj
     doc = _status(ctx.host, hooks_dir)
@@ -112,6 +113,9 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
              f"allow-list:  {doc['allow']['path']}: {doc['allow']['summary']}"]
     if doc["allow"]["error"]:
         lines.append(f"             {doc['allow']['error']}")
+    if doc["allow"]["missing"]:
+        lines.append("             allow-list names GPUs this host does not have: "
+                     f"{', '.join(doc['allow']['missing'])} (fix or remove those lines)")
     if foreign:
         lines.append(f"not installed: {doc['path']} is someone else's: move it aside, then run '{install}' "
                      "and reload libvirtd (systemctl reload libvirtd)")

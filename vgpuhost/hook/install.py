@@ -198,7 +198,11 @@ def uninstall(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, store: "
 
 def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S,
            python: Optional[str] = None) -> dict:
-    """``vgpuhost.hook-status/v1``: is the hook installed, current, where libvirt looks; the allow-list."""
+    """``vgpuhost.hook-status/v1``: is the hook installed, current, where libvirt looks; the allow-list.
+
+    ``allow.missing``: the allow-listed GPUs this host does not have (or that
+    are no NVIDIA GPU here); any makes ``ok`` false.
+    """
     d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
     path = d / HOOK_NAME
     text = _read(path)
@@ -218,13 +222,30 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
                             "every NVIDIA GPU ('*')" if entries is None else
                             "no GPU (the file lists none)" if not entries else
                             ", ".join(allow["gpus"]))
+        allow["missing"] = _missing_gpus(host, entries)
     except VgpuhostError as e:
-        allow.update(present=True, gpus=[], error=e.one_line(), summary="unreadable: the hook refuses every GPU domain")
+        allow.update(present=True, gpus=[], error=e.one_line(), summary="unreadable: the hook refuses every GPU domain",
+                     missing=[])
     return {"schema": "vgpuhost.hook-status/v1", "path": str(path), "hooks_dir": str(d),
             "hooks_dir_exists": files.is_dir(d), "installed": installed, "written_by_vgpuhost": ours,
             "current": current, "executable": executable,
             "libvirt_hooks_dir": str(d.parent), "libvirt_hooks_dir_exists": files.is_dir(d.parent),
-            "allow": allow, "ok": bool(installed and ours and current and executable and not allow["error"])}
+            "allow": allow, "ok": bool(installed and ours and current and executable and not allow["error"]
+                                        and not allow["missing"])}
+
+
+def _missing_gpus(host: HostRoot, entries) -> List[str]:
+    """The allow-list's GPUs that are not NVIDIA GPUs (physical functions) of this host, sorted.
+
+    The hook refuses every domain that wants one of them, so ``hook status``
+    reports them (and exits 1).  ``entries``: :func:`load_allow`'s answer.
+    """
+    if not entries:
+        return []
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover
+    present = {g.address for g in discover(Sysfs(host)).gpus}
+    return sorted(str(g) for g in entries if g not in present)
 
 
 def _same_but_timeout(text: str, host: HostRoot, python: Optional[str]) -> bool:
