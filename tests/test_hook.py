@@ -1006,3 +1006,74 @@ def test_status_exits_1_naming_an_allow_listed_gpu_the_host_lacks(make_host, cap
     assert cli_main(["--root", str(host2.root), "--json", "hook", "status"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["allow"]["missing"] == [str(NIC)]
+
+
+# ---------------------------------------------------------------------------
+# issue 12 #2: release does not depend on the domain XML at release time
+
+def _without_metadata(xml: str) -> str:
+    """The same domain document with vgpuhost's metadata element gone (virsh metadata --remove --live)."""
+    out = re.sub(r"<vgpuhost:domain .*?</vgpuhost:domain>\n?", "", xml, flags=re.S)
+    assert "vgpuhost" not in out
+    return out
+
+
+def test_release_without_metadata_releases_what_the_store_says_through_the_dispatcher(make_host, tmp_path):
+    """The XML at 'release end' lost vgpuhost's metadata: the sh dispatcher used to exit 0 before any
+    Python ran, and the vGPU and the passed-through group stayed held for good."""
+    host = mixed_l40s_vfs_off(make_host)
+    path = install(host, tmp_path)
+    meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=MDEV1, gpu=GPU_LO)], passthrough=[L40S])
+    xml = domain_xml("both", DOM1, meta, [mdev_hostdev(MDEV1), pci_hostdev(L40S)])
+    proc = dispatch(path, ["both", "prepare", "begin", "-"], xml.encode())
+    assert proc.returncode == 0, proc.stderr
+    assert MDEV1 in mdevs(host) and driver(host, L40S) == "vfio-pci"
+    proc = dispatch(path, ["both", "release", "end", "-"], _without_metadata(xml).encode())
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert mdevs(host) == {} and driver(host, L40S) == "nvidia"
+    s = store(host)
+    assert s.vgpu_records() == [] and s.passthrough_records() == [] and s.active_domains() == {}
+
+
+def test_release_with_changed_or_invalid_metadata_releases_what_the_domain_holds(make_host, tmp_path):
+    """'virsh metadata --live' changed the element: it now names another vGPU, another GPU, or carries
+    something this vgpuhost refuses to parse.  Release still frees exactly what the store says the domain
+    holds, and nothing it names instead."""
+    host = mixed_l40s_vfs_off(make_host)
+    path = install(host, tmp_path)
+    xml = vgpu_domain("web", DOM1, MDEV1, gpu=GPU_LO)
+    other = vgpu_domain("other", DOM2, MDEV2, gpu=GPU_HI)
+    for x, name in ((xml, "web"), (other, "other")):
+        assert dispatch(path, [name, "prepare", "begin", "-"], x.encode()).returncode == 0
+    assert set(mdevs(host)) == {MDEV1, MDEV2}
+    # web's metadata now names other's vGPU and passes the L40S through: release must free only MDEV1
+    changed = domain_xml("web", DOM1, Metadata(vgpus=[VgpuRequest("A40-4Q", uuid=MDEV2)], passthrough=[L40S]),
+                         [mdev_hostdev(MDEV2)])
+    proc = dispatch(path, ["web", "release", "end", "-"], changed.encode())
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert set(mdevs(host)) == {MDEV2} and [r.owner for r in store(host).vgpu_records()] == [DOM2]
+    # other's metadata is now something vgpuhost cannot parse (an unknown attribute, a bad profile)
+    for raw in ('<vgpuhost:vgpu profile="A40-8Q" uuid="%s" colour="red"/>' % MDEV2,
+                '<vgpuhost:vgpu profile="no such thing!"/>'):
+        bad = domain_xml("other", DOM2, raw_meta=_meta_raw(raw), hostdevs=[mdev_hostdev(MDEV2)])
+        rc, err = stop(host, "other", bad)        # the handler in process: the same answer
+        assert (rc, err) == (0, ""), err
+    assert mdevs(host) == {} and store(host).vgpu_records() == [] and store(host).active_domains() == {}
+    # a prepare with such metadata is still refused, as before
+    bad = domain_xml("other", DOM2, raw_meta=_meta_raw('<vgpuhost:vgpu profile="A40-8Q" colour="red"/>'))
+    rc, err = start(host, "other", bad)
+    assert rc == 2 and "unknown attribute 'colour'" in err
+
+
+def test_release_of_a_domain_that_holds_nothing_stays_cheap_and_silent(make_host, tmp_path):
+    """A plain domain's 'release end' on a host where vgpuhost has a store: the handler runs (the
+    store is the record), finds nothing and writes nothing."""
+    host = make_host("a40-mdev")
+    path = install(host, tmp_path)
+    xml = vgpu_domain("web", DOM1, MDEV1)
+    assert dispatch(path, ["web", "prepare", "begin", "-"], xml.encode()).returncode == 0
+    n = len(audit(host))
+    plain = domain_xml("plain", DOM2, hostdevs=[])
+    proc = dispatch(path, ["plain", "release", "end", "-"], plain.encode())
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+    assert len(audit(host)) == n and set(mdevs(host)) == {MDEV1}

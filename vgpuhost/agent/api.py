@@ -324,9 +324,10 @@ def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     from ..ops import devices
-    from ..libvirt.domxml import MAX_XML_BYTES, parse_domain
+    from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
     xml = _text(req.body, "xml", required=True, limit=MAX_XML_BYTES)
-    view = parse_domain(xml.encode("utf-8"))
+    # release: what the store says the UUID holds, whatever the metadata says by now (issue 12 #2)
+    view = (parse_domain if act == "prepare" else parse_domain_identity)(xml.encode("utf-8"))
     name = view.name or _text(req.body, "name", limit=256) or "?"
     shown = "".join(c if c.isprintable() else "?" for c in name[:80])
     actor = f"hook {shown} pid={req.peer_pid}"

@@ -40,7 +40,11 @@ vgpuhost's element (:mod:`vgpuhost.domxml`):
 
 ``release end`` removes the vGPUs and releases the groups the domain's UUID
 owns (owner-guarded: a late release never frees the next owner's device)
-and forgets the domain; nothing recorded is a no-op.
+and forgets the domain; nothing recorded is a no-op.  It reads only the
+domain's name and UUID from the XML: the store, not the metadata, says what
+the domain holds, so metadata removed or changed while it ran (``virsh
+metadata --live``), even to something ``prepare`` would refuse, releases
+the same devices.
 
 With the agent up (``vgpuhost agent``: its admin socket, ``$VGPUHOST_AGENT_SOCKET``
 or ``<root>/run/vgpuhost/agent.sock``, answers), steps 2-5 are handed to it
@@ -65,7 +69,7 @@ import sys
 
 from ..io.hostroot import HostRoot
 from ..io.process import actor as actor_name
-from ..libvirt.domxml import MAX_XML_BYTES, parse_domain
+from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_OK, VgpuhostError
 from ..ops.devices import prepare, release
 
@@ -133,9 +137,10 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     try:
         host = host or HostRoot.from_env()
         data = stdin.read(MAX_XML_BYTES + 1)
-        view = parse_domain(data)
+        # release frees what the store says this UUID holds: the XML's metadata may be gone or changed by now
+        view = parse_domain(data) if act == "prepare" else parse_domain_identity(data)
         name = view.name or name
-        if view.metadata is not None and not view.metadata.empty:
+        if act == "release" or (view.metadata is not None and not view.metadata.empty):
             answered = _via_agent(host, act, name, data, err, timeout_s)
             if answered is not None:
                 armed["live"] = False

@@ -253,6 +253,25 @@ def parse_domain(data: "bytes | str") -> DomainView:
     return _Reader().run(data)
 
 
+def parse_domain_identity(data: "bytes | str") -> DomainView:
+    """The domain's ``name``, ``uuid`` and ``id`` only: what ``release end`` needs.
+
+    Release frees what the state store says the domain's UUID holds, so it
+    must not depend on the rest of the document (issue 12 #2): vgpuhost's
+    metadata may be gone or changed by then (``virsh metadata --live``), even
+    to something :func:`parse_domain` refuses.  Everything but the identity
+    is skipped unread; the same document-level refusals apply (size, DOCTYPE,
+    entities, malformed XML, nesting, root element, missing or invalid
+    ``<uuid>``).
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if len(data) > MAX_XML_BYTES:
+        raise InputError(f"domain XML is {len(data)} bytes; vgpuhost reads at most {MAX_XML_BYTES}",
+                         hint="a libvirt domain document is a few KiB: check what fed this input")
+    return _IdentityReader().run(data)
+
+
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -445,6 +464,22 @@ class _Reader:
         if "gpu" in attrs:
             req.gpu = PciAddress.parse(attrs["gpu"])
         self.meta.vgpus.append(req)
+
+
+class _IdentityReader(_Reader):
+    """A :class:`_Reader` that keeps only ``<domain id=>``, ``<name>`` and ``<uuid>``."""
+
+    def _start(self, name: str, attrs: Dict[str, str]) -> None:
+        depth = len(self.stack)
+        if depth >= MAX_DEPTH:
+            raise InputError(f"domain XML nests deeper than {MAX_DEPTH} elements")
+        if depth == 0 and name != "domain":
+            raise InputError(f"not a libvirt domain document (root element <{name.split(' ')[-1]}>)",
+                             hint="pass the output of 'virsh dumpxml NAME'")
+        self.stack.append(name)
+        self.text = []
+        if depth == 0:
+            self.view.id = attrs.get("id")
 
 
 def _known(element: str, attrs: Dict[str, str]) -> None:
