@@ -11,7 +11,7 @@ import json
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ..policy.checks import Finding, is_ready
-from ..observe.inventory import Gpu, Inventory, VgpuType, gpu_available
+from ..observe.inventory import Gpu, Inventory, VgpuType, free_instances
 
 SCHEMA_GPUS = "vgpuhost.gpus/v1"
 SCHEMA_TYPES = "vgpuhost.types/v1"
@@ -41,8 +41,8 @@ def dumps(doc: Dict[str, Any]) -> str:
 def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
     d = gpu.pci
     group = inv.group_of(gpu.address)
-    present = [m.uuid for m in inv.mdevs if m.parent in gpu.mdev_parents]
-    present += [str(v.vf) for v in inv.vf_vgpus if v.gpu == gpu.address and v.type_id]
+    ix = inv.on_gpu(gpu.address)
+    present = list(ix.vgpus) if ix is not None else []
     return {
         "address": str(gpu.address),
         "model": gpu.model,
@@ -88,8 +88,10 @@ def gpus_table(inv: Inventory) -> str:
 def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) -> List[Dict[str, Any]]:
     """One entry per (GPU, type id) with per-parent availability, in sysfs order.
 
-    With ``inv``, ``available_instances`` is capped as :func:`gpu_available` says
-    (on SR-IOV GPUs the per-VF ones sum to more than the GPU holds).
+    With ``inv``, ``available_instances`` is what
+    :func:`vgpuhost.observe.inventory.free_instances` counts (0 on a GPU not on
+    ``nvidia``; on SR-IOV GPUs the per-VF ones sum to more than the GPU holds);
+    the per-parent counts stay the kernel's.
     """
     out: Dict[tuple, Dict[str, Any]] = {}
     for t in types:
@@ -111,7 +113,7 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) 
         e["parents"].append({"parent": str(t.parent), "available_instances": t.available_instances})
     if inv is not None:
         for (gpu, tid), e in out.items():
-            e["available_instances"] = gpu_available(inv, gpu, tid)
+            e["available_instances"] = free_instances(inv, gpu, tid)[0]
     return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
 
 

@@ -27,6 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
     MigProbe = Callable[[PciAddress], Optional[Mapping[str, object]]]
+    GiProbe = Callable[[Sysfs, PciAddress], Optional[Dict[str, int]]]
 
 NVIDIA_VENDOR = 0x10de
 CLASS_NAMES = {
@@ -161,6 +162,10 @@ class Gpu:
     an IOMMU group), ``mdev`` (classic mdev, on the PF or on its SR-IOV VFs),
     ``vendor-vfio`` (vGPU 17+ VFs with ``nvidia/``).  ``mig`` is None until
     an NVML probe (later issue) reports MIG capability and mode.
+    ``gpu_instances``: GPU-instance profile name -> count (``{"1g.18gb": 2}``),
+    read from NVML only for an SR-IOV GPU whose VFs offer a MIG-backed type
+    now (the kernel's count of those is the free VFs, not the free GPU
+    instances); None when not read or NVML could not say.
     """
 
     address: PciAddress
@@ -172,6 +177,7 @@ class Gpu:
     mdev_parents: Tuple[PciAddress, ...]
     companions: Tuple[PciAddress, ...]
     mig: Optional[Mapping[str, object]] = None
+    gpu_instances: Optional[Mapping[str, int]] = None
 
     @property
     def model(self) -> str:
@@ -235,10 +241,16 @@ class Inventory:
         return bool(self.groups)
 
     def gpu(self, address: PciAddress) -> Optional[Gpu]:
-        for g in self.gpus:
-            if g.address == address:
-                return g
-        return None
+        ix = self.on_gpu(address)
+        return ix.gpu if ix is not None else None
+
+    def on_gpu(self, address: PciAddress) -> Optional[GpuIndex]:
+        """The :class:`GpuIndex` of the GPU at ``address`` (None: no such GPU), built once for all GPUs."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = _build_index(self)
+            object.__setattr__(self, "_index", index)   # a cache, not a field: equality and replace() ignore it
+        return index.get(address)
 
     def group_of(self, address: PciAddress) -> Optional[IommuGroup]:
         dev = self.devices.get(address)
@@ -247,36 +259,120 @@ class Inventory:
         return self.groups.get(dev.iommu_group)
 
 
+class GpuIndex:
+    """What one GPU holds, gathered once per :class:`Inventory` (:meth:`Inventory.on_gpu`).
+
+    ``types``: its :class:`VgpuType` rows in sysfs order (one per parent and
+    type); ``by_type``: type id -> those rows; ``framebuffer_of``: type id ->
+    framebuffer MiB (None: unknown) of each listed type; ``time_sliced``: the
+    listed type ids that are not MIG-backed; ``present``: the type id of every
+    vGPU on it (mdevs on its parents, then vendor-VFIO VFs holding a type);
+    ``vgpus``: the mdev UUIDs and VF addresses (str) of those vGPUs.
+    """
+
+    __slots__ = ("gpu", "types", "by_type", "framebuffer_of", "time_sliced", "present", "vgpus")
+
+    def __init__(self, gpu: Gpu):
+        self.gpu = gpu
+        self.types: List[VgpuType] = []
+        self.by_type: Dict[str, List[VgpuType]] = {}
+        self.framebuffer_of: Dict[str, Optional[int]] = {}
+        self.time_sliced: set = set()
+        self.present: List[str] = []
+        self.vgpus: List[str] = []
+
+
+def _build_index(inv: "Inventory") -> Dict[PciAddress, GpuIndex]:
+    """One pass over the inventory's types, mdevs and VFs: cost linear in devices."""
+    out = {g.address: GpuIndex(g) for g in inv.gpus}
+    for t in inv.vgpu_types:
+        ix = out.get(t.gpu)
+        if ix is not None:
+            ix.types.append(t)
+            rows = ix.by_type.get(t.type_id)
+            if rows is None:
+                rows = ix.by_type[t.type_id] = []
+                if not (t.profile and t.profile.mig_backed):
+                    ix.time_sliced.add(t.type_id)
+            rows.append(t)
+            ix.framebuffer_of[t.type_id] = t.framebuffer_mib
+    parent_gpu = {p: ix for ix in out.values() for p in ix.gpu.mdev_parents}
+    for m in inv.mdevs:
+        ix = parent_gpu.get(m.parent)
+        if ix is not None:
+            ix.present.append(m.type_id)
+            ix.vgpus.append(m.uuid)
+    for v in inv.vf_vgpus:
+        ix = out.get(v.gpu)
+        if ix is not None and v.type_id:
+            ix.present.append(v.type_id)
+            ix.vgpus.append(str(v.vf))
+    return out
+
+
 def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
                   framebuffers: Optional[Mapping[str, int]] = None) -> int:
-    """Free instances of ``type_id`` on one GPU, as close as sysfs allows.
+    """Free instances of ``type_id`` on one GPU: the count of :func:`free_instances`."""
+    return free_instances(inv, gpu, type_id, framebuffers)[0]
 
-    The kernel's per-parent counts are summed.  On SR-IOV GPUs every free VF
-    reports 1 for each type that fits now, so that sum counts free VFs and
-    is capped for time-sliced types (docs/reference/hardware.md#vgpu-types):
-    - mdev: by the type's max instances (``max_instance`` in the
-      description) less the present vGPUs of the same framebuffer size;
-    - vendor VFIO (no max in sysfs): by the board framebuffer left over
-      (board size from the device id, else the largest type) divided by the
-      type's framebuffer.
-    MIG-backed types are left to the kernel's count.  ``framebuffers`` maps
-    type ids not listed now (a full GPU hides them) to MiB.
+
+def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
+                   framebuffers: Optional[Mapping[str, int]] = None, *, name: Optional[str] = None) -> Tuple[int, str]:
+    """``(n, why)``: free instances of ``type_id`` on one GPU, and why there are none.
+
+    The one capacity rule: ``vgpuhost types``, placement offers and the
+    refusals' "types that still fit" all count with it.  ``why`` is "" when
+    ``n`` > 0, else one phrase (``bound to vfio-pci (passed through): release
+    it first``, ``holds 8192 MiB vGPUs; equal-size mode admits only that
+    size``, ``no A40-8Q instance free``).
+
+    - A GPU not on the ``nvidia`` driver offers nothing (the NVIDIA vGPU
+      manager serves vGPUs only from it).
+    - Otherwise the kernel's per-parent counts are summed.  On SR-IOV GPUs
+      every free VF reports 1 for each type that fits now, so that sum counts
+      free VFs, and it is capped (docs/reference/hardware.md#vgpu-types):
+      time-sliced mdev types by the type's max instances (``max_instance`` in
+      the description) less the present vGPUs of the same framebuffer size;
+      time-sliced vendor-VFIO types (no max in sysfs) by the board
+      framebuffer left over (board size from the device id, else the largest
+      type) divided by the type's framebuffer; MIG-backed types by the GPU
+      instances of the type's GPU-instance profile (``Gpu.gpu_instances``,
+      from NVML) less the MIG-backed vGPUs on them: each GPU instance holds
+      one (docs/reference/hardware.md#mig-profiles).  Where NVML gives no
+      count (not read, or no GPU instance of that profile listed) the
+      kernel's stands.
+    - ``framebuffers`` maps type ids not listed now (a full GPU hides them)
+      to MiB; ``name`` names such a type in ``why`` (default: the listed
+      name, else the type id).
     """
-    ts = [t for t in inv.vgpu_types if t.gpu == gpu and t.type_id == type_id]
+    ix = inv.on_gpu(gpu)
+    if ix is None:
+        return 0, f"no NVIDIA GPU at {gpu}"
+    g = ix.gpu
+    ts = ix.by_type.get(type_id, ())
+    name = ts[0].name if ts else (name or type_id)
+    if g.pci.driver != "nvidia":
+        return 0, (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
+                   else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
     total = sum(t.available_instances for t in ts)
-    g = inv.gpu(gpu)
-    if not ts or g is None or not g.vfs or (ts[0].profile and ts[0].profile.mig_backed):
-        return total
+    n = _capped(ix, ts, total, framebuffers) if ts and g.vfs else total
+    if n > 0:
+        return n, ""
+    fb = ts[0].framebuffer_mib if ts else (framebuffers or {}).get(type_id)
+    return 0, _why_none(ix, ts, name, fb, framebuffers)
+
+
+def _capped(ix: GpuIndex, ts: "List[VgpuType]", total: int, framebuffers: Optional[Mapping[str, int]]) -> int:
+    """The kernel's sum over the VFs of an SR-IOV GPU, capped as :func:`free_instances` says."""
+    g = ix.gpu
+    profile = ts[0].profile
+    if profile is not None and profile.mig_backed:
+        free = _free_gpu_instances(ix, profile) if g.gpu_instances is not None else None
+        return total if free is None else max(0, min(total, free))
     fb_of: Dict[str, Optional[int]] = dict(framebuffers or {})
-    sliced = set()
-    for t in inv.vgpu_types:
-        if t.gpu == gpu:
-            fb_of[t.type_id] = t.framebuffer_mib
-            if not (t.profile and t.profile.mig_backed):
-                sliced.add(t.type_id)
-    present = [m.type_id for m in inv.mdevs if m.parent in g.mdev_parents]
-    present += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
-    present = [p for p in present if p in sliced or p not in fb_of or p in (framebuffers or {})]
+    fb_of.update(ix.framebuffer_of)
+    sliced = ix.time_sliced
+    present = [p for p in ix.present if p in sliced or p not in fb_of or p in (framebuffers or {})]
     fb = ts[0].framebuffer_mib
     if ts[0].max_instances is not None:
         same = sum(1 for p in present if fb_of.get(p) == fb)
@@ -288,15 +384,74 @@ def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
     return max(0, min(total, (board - used) // fb))
 
 
+def _gi_key(slices: Optional[int], gb: int, me: bool) -> Tuple[Optional[int], int, bool]:
+    return (slices, gb, me)
+
+
+def _free_gpu_instances(ix: GpuIndex, profile: VgpuProfile) -> Optional[int]:
+    """GPU instances of ``profile``'s GPU-instance profile (same slices, GB and ME) not holding a vGPU;
+    None when NVML lists none of that profile although the kernel offers the type (NVML's view is
+    incomplete: the kernel's count stands)."""
+    from ..model.values import MigProfile
+    from ..model.errors import InputError
+    want = _gi_key(profile.gi_slices, profile.framebuffer_gb, profile.media_extensions)
+    have = 0
+    for gi_name, count in (ix.gpu.gpu_instances or {}).items():
+        try:
+            mp = MigProfile.parse(gi_name)
+        except InputError:
+            continue
+        if _gi_key(mp.slices, mp.memory_gb, mp.media_extensions) == want:
+            have += count
+    if not have:
+        return None
+    used = 0
+    for tid in ix.present:
+        rows = ix.by_type.get(tid)
+        p = rows[0].profile if rows else None
+        if p is not None and p.mig_backed and _gi_key(p.gi_slices, p.framebuffer_gb, p.media_extensions) == want:
+            used += 1
+    return have - used
+
+
+def _why_none(ix: GpuIndex, ts: "List[VgpuType]", name: str, fb: Optional[int],
+              framebuffers: Optional[Mapping[str, int]]) -> str:
+    """Why a GPU on nvidia has no free ``name`` (``fb`` MiB): equal-size mode, no free GPU instance, or full."""
+    profile = ts[0].profile if ts else VgpuProfile.try_parse(name)
+    if profile is not None and profile.mig_backed:
+        if ts and ix.gpu.gpu_instances:
+            return f"no free GPU instance for {name} (each holds one MIG-backed vGPU)"
+        return f"no {name} instance free"
+    sizes = sorted({f for f in present_framebuffers(ix, framebuffers or {}) if f})
+    if sizes and fb not in sizes:
+        return f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only that size"
+    return f"no {name} instance free"
+
+
+def present_framebuffers(ix: GpuIndex, fbs: Mapping[str, int]) -> List[Optional[int]]:
+    """Framebuffer (MiB) of each time-sliced vGPU present on the GPU of ``ix`` (None: unknown type)."""
+    out: List[Optional[int]] = []
+    for i in ix.present:
+        rows = ix.by_type.get(i)
+        if rows and rows[0].profile is not None and rows[0].profile.mig_backed:
+            continue
+        out.append(rows[0].framebuffer_mib if rows else fbs.get(i))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # discovery
 
 
 
-def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: bool = True) -> Inventory:
+def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: bool = True,
+             gi_probe: Optional[GiProbe] = None) -> Inventory:
     """Read the host under ``fs.host`` into an :class:`Inventory`.
 
     ``mig_probe`` (the NVML seam) returns MIG facts for a GPU or None.
+    ``gi_probe`` returns a GPU's GPU instances per profile name or None
+    (default :func:`nvml_gpu_instances`); it is asked only about SR-IOV GPUs
+    whose VFs offer a MIG-backed type now (:attr:`Gpu.gpu_instances`).
     Raises SysfsError when a file that must be readable is not.
     """
     host = fs.host
@@ -352,8 +507,12 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
         group = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
         companions = tuple(m for m in (group.members if group else ())
                            if m != addr and m.slot_address == addr.slot_address)
+        gis = None
+        if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
+                       for t in types_here):
+            gis = (gi_probe or nvml_gpu_instances)(fs, addr)
         gpus.append(Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions,
-                        mig_probe(addr) if mig_probe else None))
+                        mig_probe(addr) if mig_probe else None, gis))
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
@@ -439,7 +598,11 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         g = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
         companions = tuple(m for m in (g.members if g else ())
                            if m != gpu and m.slot_address == gpu.slot_address)
-        gpus.append(Gpu(gpu, dev, board, backend, tuple(backends), vfs, parents, companions, None))
+        gis = None
+        if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
+                       for t in vgpu_types):
+            gis = nvml_gpu_instances(fs, gpu)
+        gpus.append(Gpu(gpu, dev, board, backend, tuple(backends), vfs, parents, companions, None, gis))
         mdevs = _read_mdevs_of(fs, parents)
         for m in mdevs:
             group(m.iommu_group)        # an mdev's own group (no PCI member), as discover lists it
@@ -489,6 +652,25 @@ def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevic
         out.append(MdevDevice(name, p, tid, int(group) if group and group.isdigit() else None,
                               fs.link_name(d + "/driver")))
     return out
+
+
+def nvml_gpu_instances(fs: Sysfs, gpu: PciAddress) -> Optional[Dict[str, int]]:
+    """``{GPU-instance profile name: count}`` of ``gpu`` from NVML (the simulator's on a
+    simulated root); None when NVML cannot say (not loaded, MIG off, any NVML error)."""
+    from ..io.backends import open_backend
+    from ..model.errors import VgpuhostError
+    try:
+        backend = open_backend(fs.host)
+        names = {p.profile_id: p.name for p in backend.gi_profiles(gpu)}
+        out: Dict[str, int] = {}
+        for gi in backend.gpu_instances(gpu):
+            name = names.get(gi.profile_id)
+            if name is None:
+                return None
+            out[name] = out.get(name, 0) + 1
+        return out
+    except (VgpuhostError, OSError, ImportError):
+        return None
 
 
 def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:

@@ -169,18 +169,15 @@ def host_series(host_root, store) -> Dict[str, object]:
     tenant quotas.
     """
     from ..io.sysfs import Sysfs
-    from ..observe.inventory import discover, gpu_available
+    from ..observe.inventory import discover, free_instances
     inv = discover(Sysfs(host_root), with_types=True)
     pools = gpu_pools(store)
     free: Dict[tuple, int] = {}
     for g in inv.gpus:
-        seen = set()
-        for t in inv.vgpu_types:
-            if t.gpu != g.address or t.type_id in seen:
-                continue
-            seen.add(t.type_id)
-            key = (t.name, pools.get(str(g.address), ""))
-            free[key] = free.get(key, 0) + gpu_available(inv, g.address, t.type_id)
+        ix = inv.on_gpu(g.address)
+        for tid, ts in ix.by_type.items():
+            key = (ts[0].name, pools.get(str(g.address), ""))
+            free[key] = free.get(key, 0) + free_instances(inv, g.address, tid)[0]
     present = {m.uuid for m in inv.mdevs} | {str(v.vf) for v in inv.vf_vgpus if v.type_id}
     records = store.vgpu_records()
     running = set(store.active_domains())

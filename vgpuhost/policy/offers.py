@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ..model.errors import InputError
 from ..model.values import PciAddress, VgpuProfile
-from ..observe.inventory import Inventory, VgpuType, gpu_available
+from ..observe.inventory import Inventory, VgpuType, free_instances
+from ..observe.inventory import present_framebuffers as _present_framebuffers
 from .placement import GpuOffer
 
 TYPE_CHECKING = False
@@ -80,10 +81,10 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     """
     by_gpu = types_by_gpu(inv)
     out = []
-    present = present_by_gpu(inv)
     for g in inv.gpus:
         if not g.vgpu_backend:
             continue
+        ix = inv.on_gpu(g.address)
         ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
         mine = [row for row in seen if row[0] == str(g.address)]
         fbs = {row[1]: row[3] for row in mine if row[3]}
@@ -91,54 +92,33 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
         owners = frozenset(r.owner for r in recs)
         keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
         parents = tuple(t.parent for t in ts if t.available_instances > 0)
-        available = gpu_available(inv, g.address, ts[0].type_id, fbs) if ts else 0
         type_id, type_name, fb = ((ts[0].type_id, ts[0].name, ts[0].framebuffer_mib) if ts else
                                   next(((row[1], row[2], row[3]) for row in mine
                                         if row[2].lower() == profile.lower()), (None, None, None)))
-        note = ""
+        # a type the GPU listed before and hides now (full, or another size present) counts 0, with the reason
+        available, note = (free_instances(inv, g.address, type_id, fbs, name=type_name) if type_id is not None
+                           else free_instances(inv, g.address, "", fbs) if g.pci.driver != "nvidia" else (0, ""))
         if g.pci.driver != "nvidia":
-            available, parents = 0, ()
-            note = (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
-                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
-        elif type_id is not None and not available:
-            sizes = sorted({f for f in present_framebuffers(inv, g.address, fbs) if f})
-            if sizes and fb not in sizes:
-                note = (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only "
-                        "that size")
-            else:
-                note = f"no {type_name} instance free"
+            parents = ()
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
-                            keys, present.get(g.address, 0), note))
+                            keys, len(ix.vgpus) if ix is not None else 0, note))
     return out
 
 
 def present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
+    """``{gpu: vGPUs present}`` for the GPUs that hold any."""
     out: Dict[PciAddress, int] = {}
-    parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
-    for m in inv.mdevs:
-        g = parent_gpu.get(m.parent)
-        if g is not None:
-            out[g] = out.get(g, 0) + 1
-    for v in inv.vf_vgpus:
-        if v.type_id:
-            out[v.gpu] = out.get(v.gpu, 0) + 1
+    for g in inv.gpus:
+        ix = inv.on_gpu(g.address)
+        if ix is not None and ix.vgpus:
+            out[g.address] = len(ix.vgpus)
     return out
 
 
 def present_framebuffers(inv: Inventory, gpu: PciAddress, fbs: Dict[str, int]) -> List[Optional[int]]:
     """Framebuffer (MiB) of each time-sliced vGPU present on ``gpu`` (None: unknown type)."""
-    by_id = {t.type_id: t for t in inv.vgpu_types if t.gpu == gpu}
-    g = inv.gpu(gpu)
-    parents = set(g.mdev_parents) if g else set()
-    ids = [m.type_id for m in inv.mdevs if m.parent in parents]
-    ids += [v.type_id for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
-    out: List[Optional[int]] = []
-    for i in ids:
-        t = by_id.get(i)
-        if t is not None and t.profile is not None and t.profile.mig_backed:
-            continue
-        out.append(t.framebuffer_mib if t is not None else fbs.get(i))
-    return out
+    ix = inv.on_gpu(gpu)
+    return _present_framebuffers(ix, fbs) if ix is not None else []
 
 
 def seen_rows(inv: Inventory) -> List[tuple]:
@@ -146,14 +126,20 @@ def seen_rows(inv: Inventory) -> List[tuple]:
     return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
 
 
-def fitting_elsewhere(inv: Inventory, gpu: PciAddress) -> str:
-    """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (ENOSPC advice)."""
+def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = ()) -> str:
+    """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (refusal and ENOSPC advice),
+    counted by :func:`vgpuhost.observe.inventory.free_instances` as the offers are; ``seen`` as for
+    :func:`offers`."""
+    ix = inv.on_gpu(gpu)
+    if ix is None:
+        return "none"
+    fbs = {row[1]: row[3] for row in seen if row[0] == str(gpu) and row[3]}
     agg: Dict[str, int] = {}
-    for t in inv.vgpu_types:
-        if t.gpu == gpu and t.name not in agg:
-            n = gpu_available(inv, gpu, t.type_id)
+    for tid, ts in ix.by_type.items():
+        if ts[0].name not in agg:
+            n = free_instances(inv, gpu, tid, fbs)[0]
             if n > 0:
-                agg[t.name] = n
+                agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
