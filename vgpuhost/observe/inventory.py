@@ -444,29 +444,53 @@ def present_framebuffers(ix: GpuIndex, fbs: Mapping[str, int]) -> List[Optional[
 
 
 
+#: :func:`discover` scopes: the whole host, or only what vGPU types and capacity need
+SCOPE_HOST = "host"
+SCOPE_VGPU = "vgpu"
+
+
 def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: bool = True,
-             gi_probe: Optional[GiProbe] = None) -> Inventory:
+             gi_probe: Optional[GiProbe] = None, scope: str = SCOPE_HOST) -> Inventory:
     """Read the host under ``fs.host`` into an :class:`Inventory`.
 
     ``mig_probe`` (the NVML seam) returns MIG facts for a GPU or None.
     ``gi_probe`` returns a GPU's GPU instances per profile name or None
     (default :func:`nvml_gpu_instances`); it is asked only about SR-IOV GPUs
     whose VFs offer a MIG-backed type now (:attr:`Gpu.gpu_instances`).
+    ``scope`` :data:`SCOPE_VGPU` reads only what vGPU types and capacity
+    need (``vgpuhost types``): ``gpus``, ``vgpu_types``, ``mdevs`` and
+    ``vf_vgpus`` are what the whole-host scope reads, but ``devices`` holds
+    only the GPUs, ``groups`` only theirs, and ``host`` is empty (no /proc,
+    no modules); a device is skipped once its vendor is not NVIDIA, a VF is
+    known from its PF's ``virtfn`` links.
     Raises SysfsError when a file that must be readable is not.
     """
     host = fs.host
+    lean = scope == SCOPE_VGPU
+    if not lean and scope != SCOPE_HOST:
+        raise ValueError(f"unknown discovery scope {scope!r}")
     # paths as strings in the loops below: a pathlib join per attribute cost milliseconds per discovery
     pci_devices = str(host.pci_devices)
     devices: Dict[PciAddress, PciDevice] = {}
-    for name in fs.listdir(pci_devices):
+    names = fs.listdir(pci_devices)
+    present_names = set(names)
+    vf_names: set = set()
+    for name in names:
         if not PciAddress.is_valid(name):
             continue
+        if lean:
+            # a VF comes after its PF in address order (its routing id is the PF's plus an offset)
+            if name in vf_names or not _nvidia_display(fs, f"{pci_devices}/{name}/"):
+                continue
         dev = _read_device(fs, PciAddress.parse(name))
         devices[dev.address] = dev
+        if lean:
+            vf_names.update(str(v) for v in dev.virtfns)
 
     groups: Dict[int, IommuGroup] = {}
     iommu_groups = str(host.iommu_groups)
-    for name in fs.listdir(iommu_groups):
+    wanted_groups = {d.iommu_group for d in devices.values()} if lean else None
+    for name in fs.listdir(iommu_groups) if not lean else sorted(str(g) for g in wanted_groups if g is not None):
         if not name.isdigit():
             continue
         members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{name}/devices")
@@ -481,14 +505,15 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
         dev = devices[addr]
         if dev.vendor != NVIDIA_VENDOR or not dev.is_display or dev.is_vf:
             continue
-        vfs = tuple(v for v in dev.virtfns if v in devices)
+        vfs = tuple(v for v in dev.virtfns if (str(v) in present_names if lean else v in devices))
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
         vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
         backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
         types_here: List[VgpuType] = []
         if with_types:
+            consts: Dict[str, VgpuType] = {}      # a type's name, description, device_api: the same on every parent
             for p in parents:
-                types_here.extend(_read_mdev_types(fs, addr, p))
+                types_here.extend(_read_mdev_types(fs, addr, p, consts))
             for vf in vendor_vfs:
                 vv, tt = _read_vendor_vf(fs, addr, vf)
                 vf_vgpus.append(vv)
@@ -516,7 +541,14 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
-                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=read_host_facts(fs))
+                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=no_host_facts() if lean else read_host_facts(fs))
+
+
+def _nvidia_display(fs: Sysfs, d: str) -> bool:
+    """Whether the device at ``d`` (its sysfs directory, with a trailing slash) is an NVIDIA display function."""
+    if fs.read_int(d + "vendor", default=0) != NVIDIA_VENDOR:
+        return False
+    return ((fs.read_int(d + "class", default=0) or 0) >> 16) == 0x03
 
 
 #: host facts of an inventory discovered with ``host_facts=False`` (nothing read: every field empty)
@@ -735,16 +767,30 @@ def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, 
                     available_instances=available, device_api=device_api, description=description)
 
 
-def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress) -> List[VgpuType]:
-    tdir = os.path.join(fs.host.mdev_bus, str(parent), "mdev_supported_types")
-    read = fs.read_optional
+def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
+                     consts: Optional[Dict[str, VgpuType]] = None) -> List[VgpuType]:
+    """The types of one mdev parent.  ``consts`` (type id -> a row read before) is
+    shared by the parents of one GPU: ``name``, ``description`` and ``device_api``
+    are the type's, the same on every VF of the GPU, so only
+    ``available_instances`` is read per parent (docs/reference/hardware.md#mdev)."""
+    tdir = f"{fs.host.mdev_bus}/{parent}/mdev_supported_types/"
+    read = fs.read_attr
+    read_int = fs.read_attr_int
     out = []
     for tid in fs.listdir(tdir):
-        base = os.path.join(tdir, tid, "")
-        avail = max(0, fs.read_int(base + "available_instances", default=0) or 0)
-        desc = dict(_parse_desc(read(base + "description") or ""))
-        out.append(_make_type(gpu, parent, BACKEND_MDEV, tid, read(base + "name") or "",
-                              avail, desc, read(base + "device_api")))
+        base = f"{tdir}{tid}/"
+        avail = max(0, read_int(base + "available_instances", default=0) or 0)
+        known = consts.get(tid) if consts is not None else None
+        if known is None:
+            desc = dict(_parse_desc(read(base + "description") or ""))
+            t = _make_type(gpu, parent, BACKEND_MDEV, tid, read(base + "name") or "", avail, desc,
+                           read(base + "device_api"))
+            if consts is not None:
+                consts[tid] = t
+        else:
+            t = VgpuType(gpu, parent, BACKEND_MDEV, tid, known.raw_name, known.name, known.profile,
+                         known.framebuffer_mib, known.max_instances, avail, known.device_api, known.description)
+        out.append(t)
     return out
 
 
@@ -838,6 +884,13 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
                      modules_available=available, interrupt_remapping=ir, processes=frozenset(procs),
                      boot_framebuffers=_boot_framebuffers(fs.read_optional(host.path("proc", "iomem")) or ""),
                      iommu_units=tuple(fs.listdir(host.iommu_class)))
+
+
+def no_host_facts() -> HostFacts:
+    """The host facts of a :data:`SCOPE_VGPU` discovery: nothing read."""
+    return HostFacts(cmdline="", cpu_vendor=None, cpu_virt_flags=frozenset(), kernel_release=None,
+                     modules_loaded=frozenset(), modules_builtin=frozenset(), modules_available=frozenset(),
+                     interrupt_remapping=None, processes=frozenset(), boot_framebuffers={}, iommu_units=())
 
 
 def _module_name(path: str) -> str:

@@ -1,0 +1,179 @@
+"""The lean read path (issue 17 #2): `vgpuhost types` starts without click and the write paths,
+reads only what vGPU types need, and prints the same bytes as the click command.
+
+Outcomes: the printed text and exit codes of both paths, the modules a real
+`python -m vgpuhost ... types` process imported (-X importtime), the inventory
+values both discovery scopes return, and json.dumps's own text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from vgpuhost.cli import lean
+from vgpuhost.cli.main import COMMAND_FAMILY, FAMILIES, cli, load_all, main
+from vgpuhost.cli.output import dumps
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.observe.inventory import SCOPE_VGPU, discover
+from vgpuhost.sim.data import bundled_specs
+
+A40 = "0000:81:00.0"
+
+
+def run_both(capsys, argv):
+    """(exit code, stdout, stderr) of the lean path and of click's, for one command line."""
+    out = []
+    for use_lean in (True, False):
+        code = main(argv, lean=use_lean)
+        o, e = capsys.readouterr()
+        out.append((code, o, e))
+    return out
+
+
+@pytest.mark.parametrize("extra", [
+    ["types"], ["--json", "types"], ["types", "--available"], ["--json", "types", "--gpu", A40],
+    ["types", f"--gpu={A40}", "--available"], ["--json", "types", "--gpu", "0000:99:00.0"],
+    ["types", "--gpu", "81:00.0"], ["--json", "types", "--gpu", "nonsense"],
+])
+def test_lean_types_prints_what_click_prints(make_host, capsys, extra):
+    host = make_host("a40-mdev")
+    argv = ["--root", str(host.root), *extra]
+    assert lean.match(argv) is not None
+    fast, slow = run_both(capsys, argv)
+    assert fast == slow
+    assert fast[1] or fast[2]
+
+
+def test_lean_types_on_a_missing_root_reports_as_click_does(tmp_path, capsys):
+    argv = ["--root", str(tmp_path / "absent"), "--json", "types"]
+    fast, slow = run_both(capsys, argv)
+    assert fast == slow and fast[0] == 2 and "vgpuhost.error/v1" in fast[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["-v", "types"], ["types", "--help"], ["--help"], ["gpus"], ["types", "--bogus"], ["types", "extra"],
+    ["--root", "a", "--root", "b", "types"], ["types", "--gpu"], ["--root", "--json", "types"],
+    ["types", "--gpu", "x", "--gpu", "y"], ["--json", "--json", "types"], ["types", "--json"],
+    ["--connect", "qemu:///system", "types"], ["--root"], [],
+])
+def test_anything_else_goes_to_click(argv):
+    assert lean.match(argv) is None
+
+
+def _imported(argv, env=None):
+    """Module names a real `python -m vgpuhost ARGV` imported, and its stdout."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "vgpuhost", *argv], capture_output=True,
+                          text=True, env=env)
+    names = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return proc.returncode, names, proc.stdout
+
+
+def test_types_process_loads_no_click_no_store_no_simulator(make_host):
+    host = make_host("a100-sriov-mdev")
+    code, names, out = _imported(["--root", str(host.root), "--json", "types"])
+    assert code == 0 and json.loads(out)["types"]
+    assert "vgpuhost.observe.inventory" in names          # the probe sees imports at all
+    for heavy in ("click", "sqlite3", "vgpuhost.io.state", "vgpuhost.sim.kernel", "vgpuhost.policy.checks",
+                  "logging", "typing", "vgpuhost.ops.vgpu", "vgpuhost.plan.executor"):
+        assert heavy not in names, heavy
+
+
+def test_other_commands_still_go_through_click(make_host):
+    host = make_host("a40-mdev")
+    script = ("import sys\nfrom vgpuhost.cli.main import main\n"
+              f"code = main(['--root', {str(host.root)!r}, '--json', 'gpus'])\n"
+              "print(code, ' '.join(sorted(m for m in sys.modules if m.startswith(('click', 'vgpuhost.cli.')))))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    last = proc.stdout.splitlines()[-1].split()
+    assert last[0] == "0" and json.loads(proc.stdout[:proc.stdout.rindex("\n0 ")])["gpus"][0]["address"] == A40
+    names = set(last[1:])
+    assert "click" in names and "vgpuhost.cli.host" in names
+    assert "vgpuhost.cli.vgpu" not in names and "vgpuhost.cli.metering" not in names     # one family only
+
+
+def test_a_failing_lean_command_exits_as_documented(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(tmp_path / "no"), "types"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("vgpuhost: error: ") and proc.stdout == ""
+
+
+def test_the_family_map_names_every_command_of_every_family():
+    load_all()
+    import importlib
+    have = {}
+    for name in FAMILIES:
+        for command in importlib.import_module(f"vgpuhost.cli.{name}").COMMANDS:
+            have[command.name] = name
+    assert have == COMMAND_FAMILY
+    assert sorted(cli.list_commands(None)) == sorted(have)
+
+
+# ---------------------------------------------------------------------------
+# discovery scoped to vGPU types reads the same GPUs, types and vGPUs
+
+@pytest.mark.parametrize("name", sorted(bundled_specs()))
+def test_vgpu_scope_sees_what_the_host_scope_sees(make_host, name):
+    host = make_host(name)
+    full = discover(Sysfs(host))
+    lean_inv = discover(Sysfs(host), scope=SCOPE_VGPU)
+    assert lean_inv.gpus == full.gpus
+    assert lean_inv.vgpu_types == full.vgpu_types
+    assert lean_inv.mdevs == full.mdevs and lean_inv.vf_vgpus == full.vf_vgpus
+    assert set(lean_inv.devices) == {g.address for g in full.gpus}
+    assert lean_inv.host.processes == frozenset() and lean_inv.host.cmdline == ""
+
+
+def test_vgpu_scope_after_changes(make_host, capsys):
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops.vgpu import create
+    for name, profile in (("a100-sriov-mdev", "A100-4C"), ("l40s-vendor-vfio", "L40S-8Q"), ("a40-mdev", "A40-8Q")):
+        host = make_host(name)
+        create(host, StateStore(host.state_dir), profile=profile, owner="manual")
+        full = discover(Sysfs(host))
+        part = discover(Sysfs(host), scope=SCOPE_VGPU)
+        assert (part.gpus, part.vgpu_types, part.mdevs, part.vf_vgpus) == (
+            full.gpus, full.vgpu_types, full.mdevs, full.vf_vgpus)
+        assert part.mdevs or any(v.type_id for v in part.vf_vgpus)
+
+
+def test_an_unknown_scope_is_a_bug(make_host):
+    with pytest.raises(ValueError):
+        discover(Sysfs(make_host("a40-mdev")), scope="gpu")
+
+
+# ---------------------------------------------------------------------------
+# dumps: json.dumps(indent=2), byte for byte
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+                     st.text(max_size=8))
+_keys = st.one_of(st.text(max_size=6), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False))
+_docs = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.tuples(inner, inner),
+                                                         st.dictionaries(_keys, inner, max_size=4)), max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_docs)
+def test_dumps_is_json_dumps_indent_2(doc):
+    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=False)
+
+
+def test_dumps_refuses_what_json_refuses():
+    with pytest.raises(TypeError):
+        dumps({"a": {1, 2}})
+    with pytest.raises(TypeError):
+        dumps({(1, 2): 3})
+
+
+def test_dumps_of_a_types_document(make_host, capsys):
+    host = make_host("a100-sriov-mdev")
+    assert main(["--root", str(host.root), "--json", "types"]) == 0
+    text = capsys.readouterr().out
+    assert text == json.dumps(json.loads(text), indent=2) + "\n"
+    assert os.linesep == "\n"

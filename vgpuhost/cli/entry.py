@@ -1,0 +1,48 @@
+"""The console entry point (``vgpuhost``, ``python -m vgpuhost``): a lean start for read commands.
+
+Owns: :func:`run`.  A plain read command line (:func:`vgpuhost.cli.lean.match`)
+runs without loading click or the write paths, and the process ends with
+``os._exit`` once its output is flushed: nothing is left to tear down for a
+command that only read (the inventory's objects are not freed one by one).
+Every other command line goes to :func:`vgpuhost.cli.main.main` and exits
+normally.  Errors of either path are reported by
+:func:`vgpuhost.cli.main.report`.  Must not: import click at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .lean import match
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt   # unwinds like Ctrl-C (vgpuhost.cli.main does the same)
+
+
+def run() -> None:
+    """Run the command line in ``sys.argv``; exits with its code (0 ok, ... as documented)."""
+    argv = sys.argv[1:]
+    job = match(argv)
+    if job is None:
+        from .main import main
+        sys.exit(main(argv))
+    import signal
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        text = job()
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        code = 0
+    except BaseException as e:     # reported exactly as the click path reports it
+        from .main import report
+        code = report(argv, e)
+        try:
+            sys.stdout.flush()
+        except OSError:
+            pass
+    try:
+        sys.stderr.flush()
+    finally:
+        os._exit(code)

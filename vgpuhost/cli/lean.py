@@ -1,0 +1,90 @@
+"""The lean read commands: ``vgpuhost [--root DIR] [--json] types ...`` without click.
+
+Owns: :func:`match`, which recognises a plain read command line and gives
+the job that runs it without loading click or the write paths (the console
+entry point :func:`vgpuhost.cli.entry.run` and :func:`vgpuhost.cli.main.main`
+both use it), and the body of ``types`` (:func:`types_output`), which the
+click command calls too, so both paths print the same bytes
+(tests/test_cli_lean.py compares them).
+
+The fast path takes only what it parses exactly: the global options
+``--root``, ``--state-dir``, ``--json`` and ``--local``, then ``types`` with ``--gpu`` and
+``--available``, each at most once, values not starting with ``-``.  Anything
+else (``-v``, ``--help``, another command, a repeated option) is click's.
+Errors are reported by :func:`vgpuhost.cli.main.report`, as for any command.
+Must not: import click at module level.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from .context import Context
+
+_GLOBAL_VALUES = ("--root", "--state-dir")
+_TYPES_VALUES = ("--gpu",)
+
+
+def _options(args: List[str], valued: Tuple[str, ...], flags: Tuple[str, ...],
+             stop: Optional[str]) -> Optional[Tuple[Dict[str, Any], List[str]]]:
+    """``({option: value or True}, rest)`` from the front of ``args`` up to ``stop`` (or the end);
+    None when anything is not plainly one of ``valued`` / ``flags``, given once."""
+    got: Dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == stop:
+            return got, args[i:]
+        name, eq, value = a.partition("=")
+        if name in valued:
+            if not eq:
+                if i + 1 >= len(args):
+                    return None
+                value = args[i + 1]
+                i += 1
+            if not value or value.startswith("-") or name in got:
+                return None
+            got[name] = value
+        elif a in flags and a not in got:
+            got[a] = True
+        else:
+            return None
+        i += 1
+    return (got, []) if stop is None else None
+
+
+def match(argv: List[str]) -> Optional[Callable[[], str]]:
+    """The job for a plain ``types`` command line (it returns the text to print), else None."""
+    front = _options(argv, _GLOBAL_VALUES, ("--json",), "types")
+    if front is None:
+        return None
+    glob, rest = front
+    tail = _options(rest[1:], _TYPES_VALUES, ("--available",), None)
+    if tail is None:
+        return None
+    opts = tail[0]
+
+    def job() -> str:
+        from .context import Context
+        ctx = Context(glob.get("--root"), glob.get("--state-dir"), None, bool(glob.get("--json")), 0,
+                      bool(glob.get("--local")))
+        doc, text = types_output(ctx, opts.get("--gpu"), bool(opts.get("--available")))
+        if ctx.json:
+            from .output import dumps
+            return dumps(doc)
+        return text
+    return job
+
+
+def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dict, str]:
+    """``vgpuhost types``: the ``vgpuhost.types/v1`` document and the table (or "no vGPU types")."""
+    from .context import parse_gpu_option
+    from .output import aggregate_types, types_doc, types_table
+    parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
+    inv = ctx.inventory(scope="vgpu")         # GPUs, their types and vGPUs: no /proc, no other devices
+    addr = parse_gpu_option(ctx, inv, gpu)
+    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
+    if available:
+        entries = [e for e in entries if e["available_instances"] > 0]
+    return types_doc(entries), (types_table(entries) if entries else "no vGPU types")
