@@ -541,7 +541,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
-                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=no_host_facts() if lean else read_host_facts(fs))
+                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=UNREAD_HOST_FACTS if lean else read_host_facts(fs))
 
 
 def _nvidia_display(fs: Sysfs, d: str) -> bool:
@@ -615,8 +615,9 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
         backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
         if with_types:
+            consts: Dict[str, VgpuType] = {}      # a type's name, description, device_api: the same on every parent
             for p in parents:
-                vgpu_types.extend(_read_mdev_types(fs, gpu, p))
+                vgpu_types.extend(_read_mdev_types(fs, gpu, p, consts))
             for vf in vendor_vfs:
                 vv, tt = _read_vendor_vf(fs, gpu, vf)
                 vf_vgpus.append(vv)
@@ -884,13 +885,6 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
                      modules_available=available, interrupt_remapping=ir, processes=frozenset(procs),
                      boot_framebuffers=_boot_framebuffers(fs.read_optional(host.path("proc", "iomem")) or ""),
                      iommu_units=tuple(fs.listdir(host.iommu_class)))
-
-
-def no_host_facts() -> HostFacts:
-    """The host facts of a :data:`SCOPE_VGPU` discovery: nothing read."""
-    return HostFacts(cmdline="", cpu_vendor=None, cpu_virt_flags=frozenset(), kernel_release=None,
-                     modules_loaded=frozenset(), modules_builtin=frozenset(), modules_available=frozenset(),
-                     interrupt_remapping=None, processes=frozenset(), boot_framebuffers={}, iommu_units=())
 
 
 def _module_name(path: str) -> str:
