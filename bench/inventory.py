@@ -1,30 +1,47 @@
 #!/usr/bin/env python3
 """Benchmark: ``vgpuhost types --json`` against ``mdevctl types --dumpjson``.
 
-Builds a simulated host of GPUS x VFS mdev parents (L40S boards with SR-IOV
-on the classic mdev path, one GPU per bus behind its own root port), then
+Builds two simulated hosts of GPUS x VFS L40S boards (one GPU per bus
+behind its own root port): one with the VFs on the classic mdev path (each VF
+an mdev parent, what mdevctl reads), one on NVIDIA's vendor-specific VFIO
+interface (vGPU 17+, no mdev bus: mdevctl has nothing to read there).  Then
 times, interleaved and RUNS times each:
 
-  vgpuhost    ``python -m vgpuhost --root DIR --json types`` (a new interpreter each run)
-  mdevctl     ``mdevctl types --dumpjson`` inside ``unshare -m`` with DIR/sys bind-mounted
-              over the sysfs mount point (namespace-private; see tests/nsutil.py)
-  ns-wrapper  the same ``unshare ... sh -c`` wrapper, bind mounts included, running ``true``
-  in-process  ``discover()`` + ``aggregate_types()`` + JSON rendering in this process
-              (no interpreter start-up)
+  vgpuhost       ``vgpuhost --root DIR --json types``, the console script (a new
+                 interpreter each run), on the mdev host
+  vgpuhost-vfio  the same on the vendor-VFIO host
+  mdevctl        ``mdevctl types --dumpjson`` inside ``unshare -m`` with DIR/sys
+                 bind-mounted over the sysfs mount point (namespace-private; see
+                 tests/nsutil.py), on the mdev host: the yardstick for both
+  ns-wrapper     the same ``unshare ... sh -c`` wrapper, bind mounts included,
+                 running ``true``
+  python -I      ``python3 -I -c pass``: a clean interpreter start, outside the venv
+  in-process     the whole command in this process: ``vgpuhost.cli.main.main``
+                 with the same arguments (parsing, discovery, capacity, rendering;
+                 stdout captured), on the mdev host
 
-and prints medians, the namespace overhead and the ratios.  Needs root (the
-private mount namespace) and mdevctl; exits 2 otherwise.
+and prints medians, the namespace overhead and the ratios.  The simulator's
+own time is measured apart: inside the in-process row by wrapping the
+simulator's entry points (bench/scale.py's SimClock), and for the CLI by
+listing the ``vgpuhost.sim`` modules a run imports (a read of sysfs files goes
+to the files; only writes and NVML calls go through the simulator).  The
+package's bytecode is compiled first, as an installed package's is.  Needs
+root (the private mount namespace) and mdevctl; exits 2 otherwise.  Nothing
+is asserted on time.
 
-    sudo .venv/bin/python bench/inventory.py [--runs 7] [--gpus 8] [--vfs 32]
+    sudo .venv/bin/python bench/inventory.py [--runs 11] [--gpus 8] [--vfs 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,11 +57,11 @@ MAX_VFS = 32
 MAX_GPUS = 31         # one root port per slot of bus 00 (slots 01..1f)
 
 
-def spec_yaml(gpus: int, vfs: int) -> str:
+def spec_yaml(gpus: int, vfs: int, backend: str = "mdev") -> str:
     lines = [
         "version: 1",
-        f"name: bench-{gpus}x{vfs}",
-        f"summary: {gpus} {MODEL} GPUs x {vfs} SR-IOV VFs on the mdev path (benchmark)",
+        f"name: bench-{gpus}x{vfs}-{backend}",
+        f"summary: {gpus} {MODEL} GPUs x {vfs} SR-IOV VFs on the {backend} path (benchmark)",
         "host:",
         "  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt",
         "  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]",
@@ -56,13 +73,30 @@ def spec_yaml(gpus: int, vfs: int) -> str:
         numa = i * 2 // gpus
         lines.append(f'  - {{bdf: "{port}", model: intel-root-port, numa_node: {numa}}}')
         lines.append(f'  - {{bdf: "{gpu}", model: {MODEL}, upstream: "{port}", numa_node: {numa}, '
-                     f"vgpu: {{backend: mdev, sriov_numvfs: {vfs}}}}}")
+                     f"vgpu: {{backend: {backend}, sriov_numvfs: {vfs}}}}}")
     return "\n".join(lines) + "\n"
+
+
+def clean_python() -> str:
+    """The interpreter behind this venv (``sys.base_prefix``), for a start outside it."""
+    for name in (f"python{sys.version_info[0]}.{sys.version_info[1]}", "python3"):
+        path = Path(sys.base_prefix) / "bin" / name
+        if path.exists():
+            return str(path)
+    return sys.executable
+
+
+def sim_modules_imported(argv: List[str]) -> List[str]:
+    """The ``vgpuhost.sim`` modules a run of ``argv`` imports (``-X importtime``)."""
+    proc = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    return sorted({line.split("|")[-1].strip() for line in proc.stderr.splitlines()
+                   if line.startswith("import time:") and "vgpuhost.sim" in line})
 
 
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=7, help="timed runs of each command (default 7, at least 5)")
+    ap.add_argument("--runs", type=int, default=11, help="timed runs of each command (default 11, at least 5)")
     ap.add_argument("--gpus", type=int, default=8, help=f"GPUs (default 8, at most {MAX_GPUS})")
     ap.add_argument("--vfs", type=int, default=32,
                     help=f"VFs per GPU, each an mdev parent (default 32, at most {MAX_VFS})")
@@ -85,35 +119,51 @@ def main(argv: List[str] = None) -> int:
         print(f"bench/inventory.py cannot run mdevctl here: {reason}", file=sys.stderr)
         return 2
 
-    from vgpuhost.io.hostroot import HostRoot
-    from vgpuhost.observe.inventory import discover
-    from vgpuhost.cli.output import aggregate_types, dumps, types_doc
+    from scale import SimClock       # bench/scale.py: the simulator's own time
+    from vgpuhost.cli.main import main as vgpuhost_main
     from vgpuhost.sim.build import materialise
     from vgpuhost.sim.spec import parse_spec
-    from vgpuhost.io.sysfs import Sysfs
 
+    # bytecode as an installed package has it (PYTHONDONTWRITEBYTECODE would leave every run compiling)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "vgpuhost")], env=env,
+                   stdout=subprocess.DEVNULL, check=True)
+
+    script = Path(sys.executable).parent / "vgpuhost"
+    console = [str(script)] if script.exists() else [sys.executable, "-m", "vgpuhost"]
     tmp = tempfile.mkdtemp(prefix="vgpuhost-bench-")
     try:
         root = Path(tmp) / "host"
+        vfio = Path(tmp) / "host-vfio"
         t_build = timed(lambda: materialise(parse_spec(spec_yaml(args.gpus, args.vfs), source="<bench>"), root))
+        materialise(parse_spec(spec_yaml(args.gpus, args.vfs, "vendor-vfio"), source="<bench>"), vfio)
         nsutil.prepare_root(root)
         mdevctl = nsutil.mdevctl_path()
         true = shutil.which("true") or "/bin/true"
         cmds: Dict[str, List[str]] = {
-            "vgpuhost": [sys.executable, "-m", "vgpuhost", "--root", str(root), "--json", "types"],
+            "vgpuhost": console + ["--root", str(root), "--json", "types"],
+            "vgpuhost-vfio": console + ["--root", str(vfio), "--json", "types"],
             "mdevctl": nsutil.ns_argv(root, [mdevctl, "types", "--dumpjson"]),
             "ns-wrapper": nsutil.ns_argv(root, [true]),
+            "python -I": [clean_python(), "-I", "-c", "pass"],
         }
-        host = HostRoot(root)
+        clock = SimClock().install()
+        sim_in_process: List[float] = []
 
         def in_process() -> str:
-            inv = discover(Sysfs(host))
-            return dumps(types_doc(aggregate_types(inv.vgpu_types)))
+            buf = io.StringIO()
+            s0 = clock.seconds
+            with contextlib.redirect_stdout(buf):
+                code = vgpuhost_main(["--root", str(root), "--json", "types"])
+            sim_in_process.append(clock.seconds - s0)
+            if code != 0:
+                raise SystemExit(f"bench: in-process vgpuhost types exited {code}")
+            return buf.getvalue()
 
         jobs: Dict[str, Callable[[], object]] = {name: (lambda a=a: run(a)) for name, a in cmds.items()}
         jobs["in-process"] = in_process
 
-        # warm-up (page cache, .pyc) and a sanity check that both read the simulated tree
+        # warm-up (page cache) and a sanity check that both read the simulated tree
         import json
         ours = json.loads(run(cmds["vgpuhost"]))
         theirs = nsutil.parse_types(run(cmds["mdevctl"]))
@@ -123,8 +173,13 @@ def main(argv: List[str] = None) -> int:
         if len(theirs) != parents or our_pairs != their_pairs:
             raise SystemExit(f"bench: views differ: mdevctl {len(theirs)} parents / {their_pairs} "
                              f"(parent, type) pairs, vgpuhost {our_pairs} pairs, expected {parents} parents")
-        in_process()
+        vfio_doc = json.loads(run(cmds["vgpuhost-vfio"]))
+        vfio_pairs = sum(len(e["parents"]) for e in vfio_doc["types"])
+        if in_process() != run(cmds["vgpuhost"]):
+            raise SystemExit("bench: the in-process output differs from the CLI's")
         run(cmds["ns-wrapper"])
+        sim_cli = sim_modules_imported(cmds["vgpuhost"])
+        sim_in_process.clear()
 
         times: Dict[str, List[float]] = {name: [] for name in jobs}
         names = list(jobs)
@@ -132,6 +187,7 @@ def main(argv: List[str] = None) -> int:
             order = names[i % len(names):] + names[:i % len(names)]   # rotate: no fixed position bias
             for name in order:
                 times[name].append(timed(jobs[name]))
+        clock.uninstall()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -142,29 +198,36 @@ def main(argv: List[str] = None) -> int:
     print(f"command: {shlex.join([sys.executable] + sys.argv)}")
     print(f"host: {args.gpus} x {MODEL}, {args.vfs} VFs each = {parents} mdev parents, "
           f"{their_pairs} (parent, type) pairs; built in {t_build:.2f} s; {args.runs} interleaved runs each")
+    print(f"vendor-VFIO host: the same GPUs and VFs, {vfio_pairs} (VF, type) pairs; no mdev bus, so mdevctl "
+          "reads nothing there: its yardstick is mdevctl on the mdev host")
     print("measured:")
-    for n in ("vgpuhost", "mdevctl", "ns-wrapper"):
-        print(f"  {n:<11} {shlex.join(cmds[n])}")
-    print("  in-process  discover(Sysfs(HostRoot(DIR))) + aggregate_types() + dumps(types_doc())")
+    for n in ("vgpuhost", "vgpuhost-vfio", "mdevctl", "ns-wrapper", "python -I"):
+        print(f"  {n:<14} {shlex.join(cmds[n])}")
+    print("  in-process     vgpuhost.cli.main.main(['--root', DIR, '--json', 'types']) (stdout captured)")
     print()
-    print(f"{'WHAT':<34}{'MEDIAN ms':>10}{'MIN ms':>10}{'MAX ms':>10}")
+    print(f"{'WHAT':<38}{'MEDIAN ms':>10}{'MIN ms':>10}{'MAX ms':>10}")
     rows = [
-        ("vgpuhost CLI (python -m vgpuhost)", "vgpuhost"),
+        ("vgpuhost CLI (console script)", "vgpuhost"),
+        ("vgpuhost CLI, vendor-VFIO host", "vgpuhost-vfio"),
         ("mdevctl in ns wrapper", "mdevctl"),
         ("ns wrapper alone (true)", "ns-wrapper"),
-        ("vgpuhost in-process", "in-process"),
+        ("clean interpreter (python3 -I -c pass)", "python -I"),
+        ("vgpuhost in-process (main())", "in-process"),
     ]
     for label, n in rows:
-        print(f"{label:<34}{ms(med[n]):>10}{ms(min(times[n])):>10}{ms(max(times[n])):>10}")
-    print(f"{'mdevctl net (wrapper subtracted)':<34}{ms(mdev_net):>10}")
+        print(f"{label:<38}{ms(med[n]):>10}{ms(min(times[n])):>10}{ms(max(times[n])):>10}")
+    print(f"{'mdevctl net (wrapper subtracted)':<38}{ms(mdev_net):>10}")
+    print(f"{'  of in-process: inside vgpuhost.sim':<38}{ms(statistics.median(sim_in_process)):>10}")
+    print(f"simulator modules the CLI run imports: {', '.join(sim_cli) or 'none'} (sysfs reads go to the files)")
     print()
-    print(f"ratio vgpuhost CLI / mdevctl (both as run)       {med['vgpuhost'] / med['mdevctl']:6.2f}")
+    print(f"ratio vgpuhost CLI / mdevctl (both as run)           {med['vgpuhost'] / med['mdevctl']:6.2f}")
+    print(f"ratio vgpuhost CLI vendor-VFIO / mdevctl (as run)    {med['vgpuhost-vfio'] / med['mdevctl']:6.2f}")
     if mdev_net > 0:
-        print(f"ratio vgpuhost CLI / mdevctl net                 {med['vgpuhost'] / mdev_net:6.2f}")
-        print(f"ratio vgpuhost in-process / mdevctl net          {med['in-process'] / mdev_net:6.2f}")
+        print(f"ratio vgpuhost CLI / mdevctl net                     {med['vgpuhost'] / mdev_net:6.2f}")
+        print(f"ratio vgpuhost in-process / mdevctl net              {med['in-process'] / mdev_net:6.2f}")
     else:
         print("mdevctl net <= 0: the namespace overhead dominates; ratios against it are meaningless")
-    print(f"ratio vgpuhost in-process / mdevctl (as run)     {med['in-process'] / med['mdevctl']:6.2f}")
+    print(f"ratio vgpuhost CLI / clean interpreter start         {med['vgpuhost'] / med['python -I']:6.2f}")
     return 0
 
 
