@@ -241,8 +241,11 @@ class Inventory:
         return bool(self.groups)
 
     def gpu(self, address: PciAddress) -> Optional[Gpu]:
-        ix = self.on_gpu(address)
-        return ix.gpu if ix is not None else None
+        by_address = self.__dict__.get("_by_address")
+        if by_address is None:      # a cache, not a field (one pass over the GPUs, not their types)
+            by_address = {g.address: g for g in self.gpus}
+            object.__setattr__(self, "_by_address", by_address)
+        return by_address.get(address)
 
     def on_gpu(self, address: PciAddress) -> Optional[GpuIndex]:
         """The :class:`GpuIndex` of the GPU at ``address`` (None: no such GPU), built once for all GPUs."""

@@ -80,15 +80,21 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     (full, or another size present) gets an offer of 0 with the reason.
     """
     by_gpu = types_by_gpu(inv)
+    seen_of: Dict[str, List[tuple]] = {}
+    for row in seen:
+        seen_of.setdefault(row[0], []).append(row)
+    records_of: Dict[str, List[VgpuRecord]] = {}
+    for r in records:
+        records_of.setdefault(r.gpu, []).append(r)
     out = []
     for g in inv.gpus:
         if not g.vgpu_backend:
             continue
         ix = inv.on_gpu(g.address)
         ts = by_gpu.get(g.address, {}).get(profile.lower(), [])
-        mine = [row for row in seen if row[0] == str(g.address)]
+        mine = seen_of.get(str(g.address), [])
         fbs = {row[1]: row[3] for row in mine if row[3]}
-        recs = [r for r in records if r.gpu == str(g.address)]
+        recs = records_of.get(str(g.address), [])
         owners = frozenset(r.owner for r in recs)
         keys = frozenset(r.anti_affinity for r in recs if r.anti_affinity)
         parents = tuple(t.parent for t in ts if t.available_instances > 0)
