@@ -39,7 +39,7 @@ def run_both(capsys, argv):
 @pytest.mark.parametrize("extra", [
     ["types"], ["--json", "types"], ["types", "--available"], ["--json", "types", "--gpu", A40],
     ["types", f"--gpu={A40}", "--available"], ["--json", "types", "--gpu", "0000:99:00.0"],
-    ["types", "--gpu", "81:00.0"], ["--json", "types", "--gpu", "nonsense"],
+    ["types", "--gpu", "81:00.0"], ["--json", "types", "--gpu", "nonsense"], ["gpus"], ["--json", "gpus"],
 ])
 def test_lean_types_prints_what_click_prints(make_host, capsys, extra):
     host = make_host("a40-mdev")
@@ -57,7 +57,8 @@ def test_lean_types_on_a_missing_root_reports_as_click_does(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["-v", "types"], ["types", "--help"], ["--help"], ["gpus"], ["types", "--bogus"], ["types", "extra"],
+    ["-v", "types"], ["types", "--help"], ["--help"], ["gpus", "--gpu", "x"], ["types", "--bogus"],
+    ["types", "extra"], ["host", "check"], ["vgpu", "list"], ["gpus", "--json"],
     ["--root", "a", "--root", "b", "types"], ["types", "--gpu"], ["--root", "--json", "types"],
     ["types", "--gpu", "x", "--gpu", "y"], ["--json", "--json", "types"], ["types", "--json"],
     ["--connect", "qemu:///system", "types"], ["--root"], [],
@@ -87,7 +88,7 @@ def test_types_process_loads_no_click_no_store_no_simulator(make_host):
 def test_other_commands_still_go_through_click(make_host):
     host = make_host("a40-mdev")
     script = ("import sys\nfrom vgpuhost.cli.main import main\n"
-              f"code = main(['--root', {str(host.root)!r}, '--json', 'gpus'])\n"
+              f"code = main(['--root', {str(host.root)!r}, '--json', 'gpus'], lean=False)\n"
               "print(code, ' '.join(sorted(m for m in sys.modules if m.startswith(('click', 'vgpuhost.cli.')))))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     last = proc.stdout.splitlines()[-1].split()

@@ -36,9 +36,9 @@ def host_check(ctx: Context) -> None:
 @pass_ctx
 def gpus(ctx: Context) -> None:
     """List NVIDIA GPUs, their IOMMU groups and the backends each can serve."""
-    from .output import gpus_doc, gpus_table
-    inv = ctx.inventory()
-    emit(ctx, gpus_doc(inv), gpus_table(inv) if inv.gpus else "no NVIDIA GPU found")
+    from .lean import gpus_output        # the body the lean start runs too (same bytes either way)
+    doc, text = gpus_output(ctx)
+    emit(ctx, doc, text)
 
 
 @click.command("types")

@@ -1,4 +1,4 @@
-"""The lean read commands: ``vgpuhost [--root DIR] [--json] types ...`` without click.
+"""The lean read commands: ``vgpuhost [--root DIR] [--json] types|gpus ...`` without click.
 
 Owns: :func:`match`, which recognises a plain read command line and gives
 the job that runs it without loading click or the write paths (the console
@@ -9,7 +9,8 @@ click command calls too, so both paths print the same bytes
 
 The fast path takes only what it parses exactly: the global options
 ``--root``, ``--state-dir``, ``--json`` and ``--local``, then ``types`` with ``--gpu`` and
-``--available``, each at most once, values not starting with ``-``.  Anything
+``--available``, or ``gpus``; each option at most once, values not starting
+with ``-``.  Anything
 else (``-v``, ``--help``, another command, a repeated option) is click's.
 Errors are reported by :func:`vgpuhost.cli.main.report`, as for any command.
 Must not: import click at module level.
@@ -23,18 +24,19 @@ if TYPE_CHECKING:
     from .context import Context
 
 _GLOBAL_VALUES = ("--root", "--state-dir")
-_TYPES_VALUES = ("--gpu",)
+_GLOBAL_FLAGS = ("--json", "--local")
 
 
 def _options(args: List[str], valued: Tuple[str, ...], flags: Tuple[str, ...],
-             stop: Optional[str]) -> Optional[Tuple[Dict[str, Any], List[str]]]:
-    """``({option: value or True}, rest)`` from the front of ``args`` up to ``stop`` (or the end);
-    None when anything is not plainly one of ``valued`` / ``flags``, given once."""
+             to_command: bool) -> Optional[Tuple[Dict[str, Any], List[str]]]:
+    """``({option: value or True}, rest)`` from the front of ``args``, up to the first word that is
+    no option (``to_command``: it must come) or to the end; None when anything is not plainly one
+    of ``valued`` / ``flags``, given once, with a value not starting with ``-``."""
     got: Dict[str, Any] = {}
     i = 0
     while i < len(args):
         a = args[i]
-        if a == stop:
+        if to_command and not a.startswith("-"):
             return got, args[i:]
         name, eq, value = a.partition("=")
         if name in valued:
@@ -51,16 +53,23 @@ def _options(args: List[str], valued: Tuple[str, ...], flags: Tuple[str, ...],
         else:
             return None
         i += 1
-    return (got, []) if stop is None else None
+    return None if to_command else (got, [])
 
 
 def match(argv: List[str]) -> Optional[Callable[[], str]]:
-    """The job for a plain ``types`` command line (it returns the text to print), else None."""
-    front = _options(argv, _GLOBAL_VALUES, ("--json",), "types")
+    """The job for a plain read command line (it returns the text to print), else None.
+
+    Read commands: ``types [--gpu BDF] [--available]`` and ``gpus``.
+    """
+    front = _options(argv, _GLOBAL_VALUES, _GLOBAL_FLAGS, True)
     if front is None:
         return None
     glob, rest = front
-    tail = _options(rest[1:], _TYPES_VALUES, ("--available",), None)
+    command = _COMMANDS.get(rest[0])
+    if command is None:
+        return None
+    valued, flags, body = command
+    tail = _options(rest[1:], valued, flags, False)
     if tail is None:
         return None
     opts = tail[0]
@@ -69,7 +78,7 @@ def match(argv: List[str]) -> Optional[Callable[[], str]]:
         from .context import Context
         ctx = Context(glob.get("--root"), glob.get("--state-dir"), None, bool(glob.get("--json")), 0,
                       bool(glob.get("--local")))
-        doc, text = types_output(ctx, opts.get("--gpu"), bool(opts.get("--available")))
+        doc, text = body(ctx, opts)
         if ctx.json:
             from .output import dumps
             return dumps(doc)
@@ -88,3 +97,18 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
     return types_doc(entries), (types_table(entries) if entries else "no vGPU types")
+
+
+def gpus_output(ctx: Context) -> Tuple[dict, str]:
+    """``vgpuhost gpus``: the ``vgpuhost.gpus/v1`` document and the table (or "no NVIDIA GPU found")."""
+    from .output import gpus_doc, gpus_table
+    inv = ctx.inventory()
+    return gpus_doc(inv), (gpus_table(inv) if inv.gpus else "no NVIDIA GPU found")
+
+
+#: command -> (options with a value, flags, body(ctx, {option: value}) -> (document, text))
+_COMMANDS = {
+    "types": (("--gpu",), ("--available",),
+              lambda ctx, o: types_output(ctx, o.get("--gpu"), bool(o.get("--available")))),
+    "gpus": ((), (), lambda ctx, o: gpus_output(ctx)),
+}
