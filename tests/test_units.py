@@ -65,10 +65,13 @@ def test_install_writes_both_units_with_paths_filled_in(tmp_path, capsys):
     assert doc["schema"] == "vgpuhost.install-units/v1"
     assert doc["changed"] is True and doc["dry_run"] is False
     assert doc["unit_dir"] == "/etc/systemd/system"
-    assert [(u["name"], u["action"], u["enabled"]) for u in doc["units"]] == [
-        ("vgpuhost-layout.service", "create", False), ("vgpuhost-reconcile.service", "create", False)]
-    assert doc["next"] == ["systemctl daemon-reload",
-                           "systemctl enable vgpuhost-layout.service vgpuhost-reconcile.service"]
+    assert [(u["name"], u["action"], u["enabled"], u["enable"]) for u in doc["units"]] == [
+        ("vgpuhost-layout.service", "create", False, True), ("vgpuhost-reconcile.service", "create", False, True),
+        ("vgpuhost-agent.socket", "create", False, True), ("vgpuhost-agent-ro.socket", "create", False, True),
+        ("vgpuhost-agent.service", "create", False, True), ("vgpuhost-exporter.service", "create", False, False)]
+    assert doc["next"] == ["groupadd --system vgpuhost", "groupadd --system vgpuhost-ro", "systemctl daemon-reload",
+                           "systemctl enable vgpuhost-layout.service vgpuhost-reconcile.service "
+                           "vgpuhost-agent.socket vgpuhost-agent-ro.socket vgpuhost-agent.service"]
 
     unit_dir = tmp_path / "etc" / "systemd" / "system"
     layout = unit_lines((unit_dir / "vgpuhost-layout.service").read_text())
@@ -90,12 +93,13 @@ def test_install_writes_both_units_with_paths_filled_in(tmp_path, capsys):
                                       f"{EXE} reconcile --forget-domains"]
     assert reconcile["ExecStartPre"] == [f"{EXE} reconcile --forget-domains"]
     assert "VGPUHOST_ACTOR=systemd:vgpuhost-layout.service" in layout["Environment"]
+    for u in (layout, reconcile):       # at boot, before the agent: never wait for its socket
+        assert "VGPUHOST_AGENT=off" in u["Environment"]
 
     # every write is in the audit log
     rows = StateStore(tmp_path / "var" / "lib" / "vgpuhost", create=False).audit_rows(None)
-    assert sorted((r.operation, r.path, r.result) for r in rows) == [
-        ("install-units", "/etc/systemd/system/vgpuhost-layout.service", "ok"),
-        ("install-units", "/etc/systemd/system/vgpuhost-reconcile.service", "ok")]
+    assert sorted((r.operation, r.path, r.result) for r in rows) == sorted(
+        ("install-units", f"/etc/systemd/system/{name}", "ok") for name in units.UNIT_NAMES)
     for r in rows:      # a unit file is summarised in its audit row, not copied into it
         assert re.fullmatch(r"<\d+ lines, \d+ bytes: \[Unit\]>", r.value), r.value
 
@@ -107,28 +111,82 @@ def test_install_is_idempotent_and_says_what_changed(tmp_path, capsys):
 
     doc = install(capsys, tmp_path)
     assert doc["changed"] is False
-    assert [u["action"] for u in doc["units"]] == ["unchanged", "unchanged"]
-    assert doc["next"] == ["systemctl enable vgpuhost-layout.service vgpuhost-reconcile.service"]
+    assert [u["action"] for u in doc["units"]] == ["unchanged"] * 6
+    assert doc["next"] == ["groupadd --system vgpuhost", "groupadd --system vgpuhost-ro",
+                           "systemctl enable vgpuhost-layout.service vgpuhost-reconcile.service "
+                           "vgpuhost-agent.socket vgpuhost-agent-ro.socket vgpuhost-agent.service"]
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in unit_dir.iterdir()} == before
 
-    # enabled as `systemctl enable` leaves it: nothing left to do
-    wants = unit_dir / "multi-user.target.wants"
-    wants.mkdir()
-    for name in units.UNIT_NAMES:
+    # enabled as `systemctl enable` leaves it, the groups there: nothing left to do
+    for name in units.wanted():
+        wants = unit_dir / ("sockets.target.wants" if name.endswith(".socket") else "multi-user.target.wants")
+        wants.mkdir(exist_ok=True)
         (wants / name).symlink_to(unit_dir / name)
+    (tmp_path / "etc" / "group").write_text("root:x:0:\nvgpuhost:x:998:\nvgpuhost-ro:x:997:\n")
     code, out, _ = run(capsys, "--root", str(tmp_path), "install-units", "--exe", EXE)
     assert code == 0
-    assert out.splitlines() == ["/etc/systemd/system/vgpuhost-layout.service: unchanged",
-                                "/etc/systemd/system/vgpuhost-reconcile.service: unchanged",
-                                "units are installed, up to date and enabled"]
+    assert out.splitlines() == [f"/etc/systemd/system/{name}: unchanged" for name in units.UNIT_NAMES] + [
+        "units are installed, up to date and enabled"]
 
     # another config path changes the layout unit only
     doc = install(capsys, tmp_path, "--config", "/srv/vgpuhost.yaml")
-    assert [u["action"] for u in doc["units"]] == ["update", "unchanged"]
+    assert [u["action"] for u in doc["units"]] == ["update"] + ["unchanged"] * 5
     assert doc["next"] == ["systemctl daemon-reload"]
     assert "apply -c /srv/vgpuhost.yaml" in (unit_dir / "vgpuhost-layout.service").read_text()
     rows = StateStore(tmp_path / "var" / "lib" / "vgpuhost", create=False).audit_rows(None)
-    assert len(rows) == 3
+    assert len(rows) == len(units.UNIT_NAMES) + 1
+
+
+def test_agent_and_exporter_units_name_the_vgpuhost_given_and_one_sampler_meters(tmp_path, capsys):
+    """The agent's units and the exporter's carry --exe in ExecStart= (quoted for systemd); by
+    default the agent meters on the exporter's port and the exporter unit is written but not to be
+    enabled; an enabled exporter gets a disable step."""
+    exe = "/opt/vgpu host/bin/vgpuhost"
+    put = Path(tmp_path) / exe.lstrip("/")
+    put.parent.mkdir(parents=True)
+    put.write_text("#!/bin/sh\n")
+    put.chmod(0o755)
+    doc = install(capsys, tmp_path, "--exe", exe)
+    unit_dir = tmp_path / "etc" / "systemd" / "system"
+    agent = (unit_dir / units.AGENT_UNIT).read_text()
+    exporter = (unit_dir / units.EXPORTER_UNIT).read_text()
+    assert unit_lines(agent)["ExecStart"] == ['"/opt/vgpu host/bin/vgpuhost" agent --metrics-port 9842']
+    assert exec_start_argv(agent) == [exe, "agent", "--metrics-port", "9842"]
+    assert exec_start_argv(exporter)[:2] == [exe, "exporter"]
+    assert unit_lines(agent)["WantedBy"] == ["multi-user.target"]          # started at boot: it meters
+    assert not [line for line in (agent + exporter).splitlines()
+                if "/usr/bin/vgpuhost" in line and not line.startswith("#")]
+    for name in (units.AGENT_SOCKET, units.AGENT_RO_SOCKET):               # the sockets as shipped
+        assert (unit_dir / name).read_text() == units.template_text(name)
+    assert [u["name"] for u in doc["units"] if not u["enable"]] == [units.EXPORTER_UNIT]
+    wants = unit_dir / "multi-user.target.wants"
+    wants.mkdir()
+    (wants / units.EXPORTER_UNIT).symlink_to(unit_dir / units.EXPORTER_UNIT)
+    doc = install(capsys, tmp_path, "--exe", exe)
+    assert doc["next"][-1] == "systemctl disable --now vgpuhost-exporter.service"
+
+
+def test_metering_by_the_exporter_turns_the_agents_sampler_off(tmp_path, capsys):
+    doc = install(capsys, tmp_path, "--metering", "exporter")
+    unit_dir = tmp_path / "etc" / "systemd" / "system"
+    assert exec_start_argv((unit_dir / units.AGENT_UNIT).read_text()) == [EXE, "agent", "--metering-interval", "0"]
+    assert exec_start_argv((unit_dir / units.EXPORTER_UNIT).read_text())[:2] == [EXE, "exporter"]
+    assert all(u["enable"] for u in doc["units"])
+    assert doc["next"][-1].endswith("vgpuhost-agent.service vgpuhost-exporter.service")
+
+
+def test_no_agent_writes_the_boot_units_and_the_exporter_which_then_meters(tmp_path, capsys):
+    doc = install(capsys, tmp_path, "--no-agent")
+    assert [(u["name"], u["enable"]) for u in doc["units"]] == [
+        (units.LAYOUT_UNIT, True), (units.RECONCILE_UNIT, True), (units.EXPORTER_UNIT, True)]
+    assert doc["next"] == ["systemctl daemon-reload", "systemctl enable vgpuhost-layout.service "
+                           "vgpuhost-reconcile.service vgpuhost-exporter.service"]
+    (tmp_path / "x").mkdir()
+    code, out, err = run(capsys, "--root", str(tmp_path / "x"), "install-units", "--exe", EXE, "--no-agent",
+                         "--metering", "agent")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("vgpuhost: error: --metering agent needs the agent's units")
+    assert list((tmp_path / "x").iterdir()) == []
 
 
 def test_dry_run_writes_nothing(tmp_path, capsys):
@@ -210,7 +268,8 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path, capsys):
     install(capsys, tmp_path, "--config", "/etc/vgpu host/50%$HOME.yaml", "--layout", "prod",
             "--exe", str(Path(sys.executable).parent / "vgpuhost"))   # verify checks ExecStartPre's command
     unit_dir = tmp_path / "etc" / "systemd" / "system"
-    proc = subprocess.run(["systemd-analyze", "verify", *(str(unit_dir / n) for n in units.UNIT_NAMES)],
+    # --man=no: the exporter unit's Documentation=man:vgpuhost(1) is installed by the package, not here
+    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(unit_dir / n) for n in units.UNIT_NAMES)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "vgpuhost-" not in proc.stderr, proc.stderr      # no warning about our units

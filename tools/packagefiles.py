@@ -6,7 +6,9 @@
 writes under DESTDIR (debian/rules passes the package's staging directory):
 
 - ``usr/lib/systemd/system/vgpuhost-layout.service``, ``vgpuhost-reconcile.service``:
-  the boot units for ``/usr/bin/vgpuhost`` and ``/etc/vgpuhost/config.yaml``
+  the boot units for ``/usr/bin/vgpuhost`` and ``/etc/vgpuhost/config.yaml``;
+  ``vgpuhost-agent.socket``, ``vgpuhost-agent-ro.socket``, ``vgpuhost-agent.service``
+  (the agent meters) and ``vgpuhost-exporter.service``
   (``vgpuhost.ops.units.render``, the text ``install-units`` writes);
 - ``usr/lib/vgpuhost/qemu-hook``: libvirt's qemu hook for the host root ``/``,
   running ``--python`` (default ``/usr/bin/python3``) with the package at
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
         path.chmod(mode)
         print(path)
 
-    for name in ("vgpuhost-layout.service", "vgpuhost-reconcile.service"):
+    for name in units.UNIT_NAMES:
         write(f"usr/lib/systemd/system/{name}", units.render(name, exe="/usr/bin/vgpuhost"))
 
     staged = str(Path(vgpuhost.__file__).resolve().parent.parent)

@@ -32,9 +32,10 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
 
     Reads (inventory, types, capacity, vGPUs, domains, tenants, usage, audit,
     plan, assert, metrics) on both sockets; changes (allocate, release, the
-    hook's prepare/release, apply, reconcile) on the admin socket only, through
-    the same operations, locks and audit log as the CLI.  The API document:
-    GET /v1/openapi.
+    hook's prepare/release, vgpu create/remove, apply, reconcile, passthrough,
+    attach/detach, tenant writes) on the admin socket only, through the same
+    operations, locks and audit log as the CLI, whose write commands come here
+    when the agent answers.  The API document: GET /v1/openapi.
     """
     import sys
     from ..agent.server import serve

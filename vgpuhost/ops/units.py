@@ -1,10 +1,13 @@
-"""systemd units that apply the host's GPU layout at boot, and installing them.
+"""systemd units of vgpuhost (the boot units, the agent, the exporter), and installing them.
 
 Owns: the unit templates shipped in this package directory
-(``vgpuhost-layout.service``, ``vgpuhost-reconcile.service``), rendering
-them with the vgpuhost executable and config path filled in, and writing
-them under ``<root>/etc/systemd/system`` (or another unit directory):
-idempotent, audited, and saying what changed.  Must not: run ``systemctl``
+(``vgpuhost-layout.service``, ``vgpuhost-reconcile.service``; the agent's
+``vgpuhost-agent.socket``, ``vgpuhost-agent-ro.socket`` and
+``vgpuhost-agent.service``; ``vgpuhost-exporter.service``), rendering them
+with the vgpuhost executable (and for the boot units the config path) filled
+in, and writing them under ``<root>/etc/systemd/system`` (or another unit
+directory): idempotent, audited, and saying what changed and which units to
+enable.  Must not: run ``systemctl``
 (daemon-reload and enable are the operator's or the Ansible role's step;
 :func:`install` says which are needed), or decide what the layout is
 (:mod:`vgpuhost.layout` does, through ``vgpuhost apply``).
@@ -38,7 +41,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..model.errors import HostEnvironmentError, InputError
 from ..io.hostroot import HostRoot
@@ -48,8 +51,25 @@ from ..plan.steps import WriteConfig
 
 LAYOUT_UNIT = "vgpuhost-layout.service"
 RECONCILE_UNIT = "vgpuhost-reconcile.service"
-UNIT_NAMES = (LAYOUT_UNIT, RECONCILE_UNIT)
+BOOT_UNITS = (LAYOUT_UNIT, RECONCILE_UNIT)
+AGENT_SOCKET = "vgpuhost-agent.socket"
+AGENT_RO_SOCKET = "vgpuhost-agent-ro.socket"
+AGENT_UNIT = "vgpuhost-agent.service"
+AGENT_UNITS = (AGENT_SOCKET, AGENT_RO_SOCKET, AGENT_UNIT)
+EXPORTER_UNIT = "vgpuhost-exporter.service"
+UNIT_NAMES = BOOT_UNITS + AGENT_UNITS + (EXPORTER_UNIT,)
 WANTED_BY = "multi-user.target"
+SOCKETS_WANTED_BY = "sockets.target"
+
+#: who meters the host (one sampler per state dir, ``ops.metering.sampler_lock``): ``agent``
+#: (default: the agent's sampler, /metrics on the exporter's port; the exporter unit is written
+#: but not enabled) or ``exporter`` (vgpuhost-exporter.service; the agent runs with its sampler off)
+METERING = ("agent", "exporter")
+DEFAULT_METERING = "agent"
+#: the shipped agent and exporter units name this executable; ``render`` puts ``exe`` there
+SHIPPED_EXE = "/usr/bin/vgpuhost"
+AGENT_METERING_ARGS = " agent --metrics-port 9842"      # as shipped: the agent meters, on the exporter's port
+AGENT_NO_METERING_ARGS = " agent --metering-interval 0"
 
 DEFAULT_CONFIG = "/etc/vgpuhost/config.yaml"
 """The config file as the booted host names it (written into the layout unit)."""
@@ -132,17 +152,40 @@ def template_text(name: str) -> str:
     return package_text("units", name)
 
 
+def _render_shipped(name: str, exe: str, metering: str) -> str:
+    """An agent or exporter unit as shipped, with ``exe`` in its ``ExecStart=`` (and, for the
+    agent with ``metering`` ``exporter``, its sampler turned off)."""
+    if metering not in METERING:
+        raise InputError(f"unknown metering {metering!r}", hint="give " + " or ".join(METERING))
+    text = template_text(name)
+    if name.endswith(".socket"):            # no command: as shipped
+        return text
+    start = re.compile(r"^ExecStart=" + re.escape(SHIPPED_EXE) + r"(?= )", re.M)
+    assert len(start.findall(text)) == 1, f"{name}: no ExecStart={SHIPPED_EXE} to fill in"
+    text = start.sub(lambda m: "ExecStart=" + _systemd_word(exe), text)
+    if name == AGENT_UNIT and metering == "exporter":
+        line = re.compile(re.escape(AGENT_METERING_ARGS) + "$", re.M)
+        assert line.search(text), f"{name}: no '{AGENT_METERING_ARGS.strip()}' to change"
+        text = line.sub(AGENT_NO_METERING_ARGS, text)
+    return text
+
+
 def render(name: str, *, exe: str, config: str = DEFAULT_CONFIG, layout: Optional[str] = None,
-           retries: int = DEFAULT_RETRIES, retry_delay: int = DEFAULT_RETRY_DELAY) -> str:
+           retries: int = DEFAULT_RETRIES, retry_delay: int = DEFAULT_RETRY_DELAY,
+           metering: str = DEFAULT_METERING) -> str:
     """The text of unit ``name`` for this host.
 
     ``exe``: absolute path of the vgpuhost command; ``config``: absolute path
     of the layout config file; ``layout``: a layout name (None: the config's
-    default); ``retries`` >= 1 tries; ``retry_delay`` seconds between tries.
-    Raises InputError on a relative path, a control character, or a bad
-    layout name or count.
+    default); ``retries`` >= 1 tries; ``retry_delay`` seconds between tries
+    (those three: the boot units only); ``metering``: who meters the host
+    (:data:`METERING`; the agent unit only).  Raises InputError on a relative
+    path, a control character, or a bad layout name, count or metering.
     """
     _check_path("vgpuhost executable", exe, "--exe")
+    if name not in BOOT_UNITS:
+        template_text(name)                 # an unknown name: InputError
+        return _render_shipped(name, exe, metering)
     _check_path("config file", config, "--config")
     if layout is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", layout):
         raise InputError(f"layout name {layout!r} is not a plain name",
@@ -175,10 +218,11 @@ class UnitChange:
     path: str
     action: str
     enabled: bool
+    enable: bool = True         # should be enabled (the exporter only when it meters)
 
     def as_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "path": self.path, "action": self.action,
-                "changed": self.action != "unchanged", "enabled": self.enabled}
+                "changed": self.action != "unchanged", "enabled": self.enabled, "enable": self.enable}
 
 
 @dataclass
@@ -225,15 +269,41 @@ def _executable_here(host: HostRoot, exe: str) -> bool:
 
 
 def _enabled(unit_dir: Path, name: str) -> bool:
-    """Is ``name`` enabled, as ``systemctl enable`` leaves it (a link in ``multi-user.target.wants``)?"""
-    return exists(unit_dir / f"{WANTED_BY}.wants" / name)
+    """Is ``name`` enabled, as ``systemctl enable`` leaves it (a link in ``multi-user.target.wants``,
+    or ``sockets.target.wants`` for a socket)?"""
+    target = SOCKETS_WANTED_BY if name.endswith(".socket") else WANTED_BY
+    return exists(unit_dir / f"{target}.wants" / name)
+
+
+def _group_known(host: HostRoot, group: str) -> bool:
+    """Does ``<root>/etc/group`` name ``group``?"""
+    text = read_config_text(host.etc("group")) or ""
+    return any(line.split(":", 1)[0] == group for line in text.splitlines())
+
+
+def unit_names(*, agent: bool = True) -> Tuple[str, ...]:
+    """The units :func:`install` writes: the boot units, the agent's three with ``agent``, the exporter."""
+    return BOOT_UNITS + (AGENT_UNITS if agent else ()) + (EXPORTER_UNIT,)
+
+
+def wanted(*, agent: bool = True, metering: str = DEFAULT_METERING) -> Tuple[str, ...]:
+    """The units to enable: the boot units; the agent's with ``agent``; the exporter when it meters."""
+    return BOOT_UNITS + (AGENT_UNITS if agent else ()) + ((EXPORTER_UNIT,) if metering == "exporter" else ())
 
 
 def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Optional[str] = None,
             config: str = DEFAULT_CONFIG, layout: Optional[str] = None, retries: int = DEFAULT_RETRIES,
             retry_delay: int = DEFAULT_RETRY_DELAY, dry_run: bool = False,
-            actor: Optional[str] = None) -> InstallOutcome:
-    """Write both units to ``unit_dir`` (default ``<root>/etc/systemd/system``).
+            actor: Optional[str] = None, agent: bool = True,
+            metering: Optional[str] = None) -> InstallOutcome:
+    """Write the units (:func:`unit_names`) to ``unit_dir`` (default ``<root>/etc/systemd/system``).
+
+    ``agent``: also the agent's socket-activated units.  ``metering``: who
+    meters the host (:data:`METERING`; default ``agent`` with the agent,
+    ``exporter`` without it); the exporter unit is always written, and
+    enabled only when it meters.  An enabled exporter while the agent meters
+    gets a ``systemctl disable --now`` step; a missing agent group (in
+    ``<root>/etc/group``) a ``groupadd --system`` step.
 
     A unit whose file already holds the same text is not rewritten.  Each
     write is audited in the state store (created only when something is
@@ -246,9 +316,15 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
     is written), HostEnvironmentError (unreadable file), SysfsError (a
     write failed; exit 3).
     """
+    if metering is None:
+        metering = DEFAULT_METERING if agent else "exporter"
+    if metering not in METERING:
+        raise InputError(f"unknown metering {metering!r}", hint="give " + " or ".join(METERING))
+    if metering == "agent" and not agent:
+        raise InputError("--metering agent needs the agent's units", hint="drop --no-agent, or give --metering exporter")
     exe = exe or default_executable()
     texts = {name: render(name, exe=exe, config=config, layout=layout, retries=retries,
-                          retry_delay=retry_delay) for name in UNIT_NAMES}
+                          retry_delay=retry_delay, metering=metering) for name in unit_names(agent=agent)}
     if unit_dir is not None:
         # systemd reads units from absolute directories; a relative one would land under the cwd
         target = Path(_check_path("unit directory", str(unit_dir), "--unit-dir"))
@@ -267,7 +343,8 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
         action = "create" if old is None else ("unchanged" if old == text else "update")
         if action != "unchanged":
             writes.append(WriteConfig(path, text))
-        changes.append(UnitChange(name, host.relative(path), action, _enabled(target, name)))
+        changes.append(UnitChange(name, host.relative(path), action, _enabled(target, name),
+                                  name in wanted(agent=agent, metering=metering)))
     if writes and not dry_run:
         # the store is created only when something is written; a failed write undoes the units written before it
         from ..io.state import StateStore
@@ -275,14 +352,21 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
         Executor(host, StateStore(host.state_dir), operation="install-units",
                  actor=actor or actor_name()).run(writes)
     steps = []
+    for name in (AGENT_SOCKET, AGENT_RO_SOCKET) if agent else ():
+        group = re.search(r"^SocketGroup=(\S+)$", texts[name], re.M)
+        if group and not _group_known(host, group.group(1)):
+            steps.append(f"groupadd --system {group.group(1)}")
     if any(c.action != "unchanged" for c in changes):
         steps.append("systemctl daemon-reload")
-    not_enabled = [c.name for c in changes if not c.enabled]
+    not_enabled = [c.name for c in changes if c.enable and not c.enabled]
     if not_enabled:
         steps.append("systemctl enable " + " ".join(not_enabled))
+    if metering == "agent" and _enabled(target, EXPORTER_UNIT):
+        steps.append(f"systemctl disable --now {EXPORTER_UNIT}")
     return InstallOutcome(unit_dir=host.relative(target), units=changes, dry_run=dry_run, next_steps=steps,
                           warnings=warnings)
 
 
-__all__ = ["UNIT_NAMES", "LAYOUT_UNIT", "RECONCILE_UNIT", "DEFAULT_CONFIG", "render", "install",
-           "InstallOutcome", "UnitChange", "default_executable", "template_text", "unit_dir_of"]
+__all__ = ["UNIT_NAMES", "BOOT_UNITS", "AGENT_UNITS", "LAYOUT_UNIT", "RECONCILE_UNIT", "AGENT_UNIT", "AGENT_SOCKET",
+           "AGENT_RO_SOCKET", "EXPORTER_UNIT", "METERING", "DEFAULT_CONFIG", "render", "install", "unit_names",
+           "wanted", "InstallOutcome", "UnitChange", "default_executable", "template_text", "unit_dir_of"]
