@@ -4,8 +4,10 @@
 Replays one seeded trace of REQUESTS vGPU requests and their releases on a
 simulated host of GPUS A40 boards (48 GB, classic mdev, equal-size mode,
 half on NUMA node 0, half on node 1) and prints, per strategy (first-fit,
-best-fit, worst-fit, and ``reserve``: best-fit that keeps the last two empty
-GPUs from whole-GPU requests), the share of requests admitted, next to two
+best-fit, worst-fit, ``reserve``: best-fit that keeps the last two empty
+GPUs from whole-GPU requests, and ``headroom``: best-fit that refuses a
+whole- or half-GPU request opening an empty GPU above 70% / 85% of the
+framebuffer in use), the share of requests admitted, next to two
 upper bounds on the share *any* placement could admit on the same trace.
 With ``--seeds N`` it replays N traces (seeds SEED ... SEED+N-1) and prints
 each seed's row and the medians.
@@ -59,7 +61,7 @@ not the solver proved optimality (the gap is printed too).  Without scipy
 (``pip install scipy``; not a dependency of vgpuhost) the row says so.
 
     .venv/bin/python bench/placement.py [--seed 1] [--seeds 1] [--requests 2000] [--gpus 16] [--load 1.0]
-                                        [--validate 300] [--bound-time 60]
+                                        [--validate 300] [--bound-time 60] [--clairvoyant]
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ from vgpuhost.sim.catalog import load_catalog  # noqa: E402
 from vgpuhost.model.values import PciAddress  # noqa: E402
 
 BOARD = "A40"
-STRATEGIES = ("first-fit", "best-fit", "worst-fit", "reserve")
+STRATEGIES = ("first-fit", "best-fit", "worst-fit", "reserve", "headroom")
+RESERVING = ("reserve", "headroom")
 MIX: Sequence[Tuple[str, float]] = (("A40-4Q", 0.25), ("A40-8Q", 0.25), ("A40-8C", 0.10), ("A40-12Q", 0.10),
                                     ("A40-16Q", 0.15), ("A40-24Q", 0.10), ("A40-48Q", 0.05))
 SAME_VM = 0.15
@@ -195,7 +198,8 @@ def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
             held = present[g].values()
             avail = gpu_available(sim, [types[h.profile].type_id for h in held]).get(t.type_id, 0)
             offers.append(GpuOffer(g, numa, t.type_id, r.profile, avail, (g,) if avail > 0 else (),
-                                   frozenset(h.owner for h in held), frozenset(), len(present[g])))
+                                   frozenset(h.owner for h in held), frozenset(), len(present[g]),
+                                   framebuffer_mib=fb_mib, used_mib=sum(types[h.profile].fb_mib for h in held)))
         d = place(offers, Request(r.profile, r.owner, strategy))
         if d.admitted:
             present[d.gpu][n] = r
@@ -205,6 +209,47 @@ def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
             free = sum(gpus * [fb_mib]) - sum(types[h.profile].fb_mib for p in present.values() for h in p.values())
             out[n] = Decided(False, None, fragmented=free >= t.fb_mib)
     return out
+
+
+def replay_clairvoyant(reqs: List[Req], events, gpus: int, fb_mib: int, types: Dict[str, TypeInfo],
+                       sim: dict) -> int:
+    """Admissions of an experiment, not a strategy and not a bound: ``headroom``'s admission rule,
+    but placement that knows every request's departure time (no migration): among the GPUs that
+    fit, the one whose vGPUs' last departure comes soonest at or after the request's own (else the
+    latest), so GPUs empty together.  What knowing lifetimes would add to an online rule."""
+    from vgpuhost.policy.placement import HEADROOM
+    addrs = [g for g, _, _ in gpu_addresses(gpus)]
+    present: Dict[PciAddress, Dict[int, Req]] = {g: {} for g in addrs}
+    where: Dict[int, PciAddress] = {}
+    admitted = 0
+    for _, kind, n in events:
+        if kind == 0:
+            g = where.pop(n, None)
+            if g is not None:
+                del present[g][n]
+            continue
+        r = reqs[n]
+        t = types[r.profile]
+        avail = {g: gpu_available(sim, [types[h.profile].type_id for h in present[g].values()]).get(t.type_id, 0)
+                 for g in addrs}
+        fits = [g for g in addrs if avail[g] > 0 and all(h.owner != r.owner for h in present[g].values())]
+        shared = [g for g in fits if present[g]]
+        if shared:
+            later = [g for g in shared if max(h.depart for h in present[g].values()) >= r.depart]
+            last = lambda g: max(h.depart for h in present[g].values())      # noqa: E731
+            chosen = min(later, key=last) if later else max(shared, key=last)
+        elif fits:
+            chosen = fits[0]
+            share = HEADROOM.get(avail[chosen])
+            used = sum(types[h.profile].fb_mib for p in present.values() for h in p.values()) + fb_mib // avail[chosen]
+            if share is not None and used > share * gpus * fb_mib:
+                continue
+        else:
+            continue
+        present[chosen][n] = r
+        where[n] = chosen
+        admitted += 1
+    return admitted
 
 
 # --- the upper bound: LP relaxation as a min-cost flow -------------------------------------
@@ -386,6 +431,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--validate", type=int, default=300, metavar="N",
                     help="replay the first N events through the real create/remove too (default 300; 0: off; "
                          "first seed only)")
+    ap.add_argument("--clairvoyant", action="store_true",
+                    help="also replay an experiment that knows every request's departure (not a strategy, "
+                         "not a bound): what lifetimes known in advance would add to headroom")
     ap.add_argument("--bound-time", type=float, default=60.0, metavar="S",
                     help="time limit per trace for the class-aware bound's MILP, seconds (default 60; 0: skip)")
     args = ap.parse_args(argv)
@@ -408,12 +456,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     n = len(reqs)
     rows = []           # per seed: (seed, {strategy: results}, lp bound, class bound or None)
+    clair: Dict[int, int] = {}      # --clairvoyant: admissions per seed
     t_model = t_bound = t_class = 0.0
     for seed in seeds:
         if seed != seeds[0]:
             reqs, events, _ = make_trace(seed, args.requests, args.gpus, args.load, fb_mib, types)
         t1 = time.monotonic()
         results = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim) for s in STRATEGIES}
+        if args.clairvoyant:
+            clair[seed] = replay_clairvoyant(reqs, events, args.gpus, fb_mib, types, sim)
         t2 = time.monotonic()
         ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
         t3 = time.monotonic()
@@ -454,6 +505,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                   + ("" if cb[1] is None else f"   (MILP: best found {cb[1]:.0f}, "
                                                  f"gap {cb[0] - cb[1]:.0f})"))
         print(f"{'LP bound':<18} {ub:>9.1f} {ub / n:>7.1%}")
+        if clair:
+            print(f"{'clairvoyant (exp.)':<18} {clair[rows[0][0]]:>9} {clair[rows[0][0]] / n:>7.1%}"
+                  "   (knows departures: not a strategy, not a bound)")
     else:
         print(f"{'seed':>5} " + " ".join(f"{s:>10}" for s in STRATEGIES) + f" {'class bnd':>10} {'LP bnd':>8}")
         for seed, results, ub, cb in rows:
@@ -468,12 +522,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{'share':>5} " + " ".join(f"{med[s] / n:>10.1%}" for s in STRATEGIES)
               + f" {'n/a' if med_cb is None else f'{med_cb / n:.1%}':>10} "
               f"{statistics.median(r[2] for r in rows) / n:>8.1%}")
-        better = sum(1 for r in rows if admitted(r[1]["reserve"]) > admitted(r[1]["best-fit"]))
         print()
-        print(f"reserve admits more than best-fit on {better} of {len(rows)} seeds")
+        for s in RESERVING:
+            better = sum(1 for r in rows if admitted(r[1][s]) > admitted(r[1]["best-fit"]))
+            print(f"{s} admits more than best-fit on {better} of {len(rows)} seeds")
         if med_cb is not None:
             best = max(STRATEGIES, key=lambda s: med[s])
             print(f"best strategy by median: {best}, {med[best] / med_cb:.1%} of the class-aware bound's median")
+            for s in RESERVING:
+                if s != best:
+                    print(f"{s}: {med[s] / med_cb:.1%} of the class-aware bound's median")
+        if clair:
+            cm = statistics.median(clair.values())
+            print(f"clairvoyant experiment (knows departures; not a strategy): "
+                  + " ".join(str(clair[seed]) for seed, *_ in rows) + f", median {cm:.1f}"
+                  + ("" if med_cb is None else f", {cm / med_cb:.1%} of the class-aware bound's median"))
     print()
     print("fragmented: refused although the host's free framebuffer, summed over GPUs, would have held it.")
     print("class-aware bound: at every arrival, sum over size classes of ceil(active / max per GPU) <= GPUs;")

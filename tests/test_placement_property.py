@@ -23,6 +23,7 @@ Two ways of checking:
 from __future__ import annotations
 
 import collections
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -445,3 +446,111 @@ def test_pure_place_reserve_keeps_the_last_empty_gpus_from_a_whole_gpu_type():
     a40s[1].present.clear()
     d = place([g.offer("A40-48Q") for g in a40s], Request("A40-48Q", strategy="reserve"))
     assert d.gpu == a40s[1].address, d.reason
+
+
+# --- headroom: best-fit with admission control by the framebuffer in use (opt-in, offered) -----
+
+def fb_offer(g: ModelGpu, name: str) -> GpuOffer:
+    """``g.offer(name)`` with the framebuffer figures ``headroom`` reads (as policy.offers fills them)."""
+    from vgpuhost.model.values import replace
+    return replace(g.offer(name), framebuffer_mib=g.framebuffer,
+                   used_mib=sum(g.types[n].fb for n, _, _ in g.present))
+
+
+headroom_requests = st.builds(
+    Request,
+    profile=st.sampled_from(PURE_PROFILES + ["A40-48Q", "A40-48Q", "A40-24Q", "A40-24Q"]),
+    owner=st.sampled_from(OWNERS),
+    strategy=st.just("headroom"),
+    numa_node=st.sampled_from([None, None, 0, 1]),
+    anti_affinity=st.sampled_from(KEYS),
+    gpu=st.one_of(st.none(), st.none(), st.none(), st.sampled_from([A(b) for b, *_ in PURE_GPUS])),
+)
+_headroom_place = st.tuples(st.just("place"), headroom_requests)
+headroom_ops = st.lists(st.one_of(_headroom_place, _headroom_place, _headroom_place,
+                                  st.tuples(st.just("release"), st.integers(0, 10_000))),
+                        min_size=20, max_size=80)
+
+
+@settings(max_examples=400, deadline=None)
+@given(headroom_ops)
+def test_pure_place_headroom_keeps_the_rules_and_refuses_only_by_its_headroom(sequence):
+    """``headroom`` never breaks a placement rule (max instances, equal-size and mixed-size
+    capacity, one vGPU per VM per GPU, anti-affinity, the pinned GPU); it decides as best-fit
+    does, except that an unpinned request whose best-fit GPU is empty and holds the type once or
+    twice is refused when the framebuffer then in use passes HEADROOM of the pool's, and the
+    reason says it was refused although it fits."""
+    from vgpuhost.policy.placement import HEADROOM, OFFERED
+    assert "headroom" in RESERVING and "headroom" not in STRATEGIES and "headroom" in OFFERED
+    gpus = pure_host()
+    by_addr = {g.address: g for g in gpus}
+    for op, arg in sequence:
+        if op == "release":
+            held = [(g, i) for g in gpus for i in range(len(g.present))]
+            if held:
+                g, i = held[arg % len(held)]
+                g.present.pop(i)
+            continue
+        req: Request = arg
+        d = place([fb_offer(g, req.profile) for g in gpus], req)
+        best = expected_choice(gpus, Request(req.profile, req.owner, "best-fit", req.numa_node,
+                                             req.anti_affinity, req.gpu))
+        refused_by_rule = False
+        if best is not None and req.gpu is None and not by_addr[best].present:
+            m = by_addr[best].available(req.profile)
+            total = sum(g.framebuffer for g in gpus)
+            used = sum(g.types[n].fb for g in gpus for n, _, _ in g.present) + by_addr[best].framebuffer // m
+            refused_by_rule = m in HEADROOM and used > HEADROOM[m] * total
+        if refused_by_rule:
+            event("headroom: refused by its headroom")
+            assert not d.admitted and d.gpu is None and d.parent is None, d
+            assert d.reason.startswith(f"headroom: {req.profile} fits on the empty GPU {best}, but refused"), d.reason
+            assert f"over the {HEADROOM[m]:.0%} allowed" in d.reason, d.reason
+            continue
+        assert d.gpu == best, f"headroom chose {d.gpu}, best-fit's rule names {best}: {d.reason}"
+        if not d.admitted:
+            assert best is None and d.reason, d
+            event("headroom: refused, nothing fits")
+            continue
+        event("headroom: admitted")
+        assert d.parent == d.gpu and d.type_id == by_addr[d.gpu].types[req.profile].type_id
+        by_addr[d.gpu].present.append((req.profile, req.owner, req.anti_affinity))
+        bad = [v for g in gpus for v in g.violations()]
+        assert not bad, bad
+
+
+def test_pure_place_headroom_without_framebuffer_figures_is_best_fit():
+    """Offers without framebuffer figures (a board vgpuhost does not know): never refused by headroom."""
+    a40s = [ModelGpu(A(f"0000:{i + 1:02x}:00.0"), 0, "A40", False, board_types("A40"),
+                     CATALOG.gpus["A40"].framebuffer_mib) for i in range(2)]
+    a40s[0].present += [("A40-24Q", MANUAL, None), ("A40-24Q", MANUAL, None)]
+    with_fb = place([fb_offer(g, "A40-48Q") for g in a40s], Request("A40-48Q", strategy="headroom"))
+    assert not with_fb.admitted and "100% of the 2 GPUs' framebuffer" in with_fb.reason, with_fb.reason
+    without = place([g.offer("A40-48Q") for g in a40s], Request("A40-48Q", strategy="headroom"))
+    assert without.gpu == a40s[1].address, without.reason
+
+
+def test_real_create_headroom_refuses_a_whole_gpu_type_that_fits_and_says_so(make_host, capsys):
+    """Through the CLI on one A40: a 4Q (twelve share a GPU) is never refused; a 48Q would fill the
+    host (100% > 70%): exit 2, one line saying it fits and was refused, nothing created; pinned to
+    the GPU it is made."""
+    from vgpuhost.cli.main import main
+    host = make_host("a40-mdev")
+    base = ["--root", str(host.root), "--local", "--json"]
+
+    def mdevs():
+        return discover(Sysfs(host), with_types=False).mdevs
+
+    assert main(base + ["vgpu", "create", "--profile", "A40-4Q", "--strategy", "headroom"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["reason"].startswith("headroom: 0000:81:00.0 is the GPU with the fewest free instances")
+    assert main(base + ["vgpu", "remove", made["id"]]) == 0 and mdevs() == ()
+    capsys.readouterr()
+    assert main(base + ["vgpu", "create", "--profile", "A40-48Q", "--strategy", "headroom"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vgpuhost: error: ") and err.count("\n") == 1
+    assert "headroom: A40-48Q fits on the empty GPU 0000:81:00.0, but refused" in err, err
+    assert mdevs() == ()
+    assert main(base + ["vgpu", "create", "--profile", "A40-48Q", "--strategy", "headroom",
+                        "--gpu", "0000:81:00.0"]) == 0
+    assert json.loads(capsys.readouterr().out)["type_name"] == "A40-48Q" and len(mdevs()) == 1

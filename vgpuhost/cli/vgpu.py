@@ -45,7 +45,9 @@ def _vgpu_outcome(ctx: Context, out) -> None:
 @click.option("--gpu", metavar="BDF", help="Only on this GPU.")
 @click.option("--uuid", metavar="UUID", help="mdev UUID (default: a new one).")
 @click.option("--strategy", default="first-fit", show_default=True,
-              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]))
+              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread", "headroom"]),
+              help="How the GPU is chosen; headroom is best-fit that may refuse a whole- or half-GPU "
+                   "type that fits while the host is near full, and says so (docs/performance.md).")
 @click.option("--owner", default="manual", show_default=True, metavar="DOMAIN_UUID", help="Who holds it.")
 @click.option("--params", metavar="K=V,...", help="vgpu_params, e.g. frame_rate_limiter=0.")
 @click.option("--numa-node", type=click.IntRange(0, 1023), help="Prefer GPUs on this NUMA node.")

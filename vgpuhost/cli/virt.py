@@ -170,8 +170,9 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--uuid", metavar="UUID", help="Name one existing vGPU of the layout's pool (classic mdev); "
                                              "the hook lends it to the domain at each start.")
 @click.option("--tenant", metavar="T", help="Tenant name recorded in the domain's metadata.")
-@click.option("--strategy", type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]),
-              help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).")
+@click.option("--strategy", type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread", "headroom"]),
+              help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).  "
+                   "headroom may refuse a vGPU that fits, and says so (docs/performance.md).")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
 @click.option("--qos", type=click.Choice(["guaranteed", "burstable", "best-effort"]),
               help="The domain's QoS class (default: its tenant's).")

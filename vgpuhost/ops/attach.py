@@ -48,7 +48,7 @@ from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..io.hostroot import HostRoot
 from ..observe.inventory import BACKEND_MDEV, Inventory, discover
 from ..io.locks import file_lock
-from ..policy.placement import STRATEGIES, Request, place
+from ..policy.placement import OFFERED, Request, place
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
@@ -356,8 +356,8 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         gpu = pooled.gpu
     if (profile is None) == (passthrough is None):
         raise InputError("give exactly one of --profile NAME or --passthrough BDF")
-    if strategy is not None and strategy not in STRATEGIES:
-        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(STRATEGIES))
+    if strategy is not None and strategy not in OFFERED:
+        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(OFFERED))
     domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity, qos=qos).validate()
     if isinstance(passthrough, str):
         passthrough = PciAddress.parse(passthrough)

@@ -106,8 +106,11 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                            else free_instances(inv, g.address, "", fbs) if g.pci.driver != "nvidia" else (0, ""))
         if g.pci.driver != "nvidia":
             parents = ()
+        sizes = _present_framebuffers(ix, fbs) if ix is not None else []
+        used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
-                            keys, len(ix.vgpus) if ix is not None else 0, note))
+                            keys, len(ix.vgpus) if ix is not None else 0, note,
+                            framebuffer_mib=g.framebuffer_mib, used_mib=used))
     return out
 
 
