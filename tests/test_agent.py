@@ -164,6 +164,11 @@ def _requests(a40_config: str, uri: str) -> List[tuple]:
         ("POST", "/v1/tenants/{name}/remove", "/v1/tenants/t1/remove", None),
         ("POST", "/v1/domains/{domain}/attach", "/v1/domains/doc-vm2/attach", {"profile": "A40-8Q", "uri": uri}),
         ("POST", "/v1/domains/{domain}/detach", "/v1/domains/doc-vm2/detach", {"all": True, "uri": uri}),
+        ("POST", "/v1/gpus/{bdf}/mixed-size", "/v1/gpus/0000:81:00.0/mixed-size", {"mixed_size": True}),
+        ("POST", "/v1/scheduler", "/v1/scheduler", {"policy": "best-effort", "gpus": ["0000:81:00.0"]}),
+        ("POST", "/v1/mig/{bdf}/apply", "/v1/mig/0000:18:00.0/apply", {"layout": "1g.18gb=1"}),
+        ("POST", "/v1/mig/{bdf}/enable", "/v1/mig/0000:18:00.0/enable", None),
+        ("POST", "/v1/mig/{bdf}/disable", "/v1/mig/0000:18:00.0/disable", None),
         ("POST", "/v1/domains/{uuid}/allocate", f"/v1/domains/{other}/allocate", {"profile": "A40-8Q"}),
         ("POST", "/v1/hook/prepare", "/v1/hook/prepare", {"xml": xml, "name": "doc-vm"}),
         ("POST", "/v1/vgpus", "/v1/vgpus", {"profile": "A40-8Q", "vgpu_uuid": MANUAL}),
@@ -183,7 +188,13 @@ def _requests(a40_config: str, uri: str) -> List[tuple]:
     ]
 
 
-def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path):
+#: the MIG endpoints go to agents on H200 hosts (MIG mode on: a layout applies, enable is a no-op;
+#: off: disable is a no-op)
+MIG_HOSTS = {"/v1/mig/{bdf}/apply": "h200-mig-on", "/v1/mig/{bdf}/enable": "h200-mig-on",
+             "/v1/mig/{bdf}/disable": "h200-mig"}
+
+
+def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path, make_host):
     spec = yaml.safe_load(SPEC.read_text())
     config = (REPO / "examples" / "config" / "vgpu-a40.yaml").read_text()
     node = tmp_path / "node.xml"
@@ -191,8 +202,15 @@ def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path)
     reqs = _requests(config, f"test://{node}")
     assert {(m, t) for m, t, _, _ in reqs} == {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     statuses = {}
-    for method, template, target, body in reqs:
-        status, doc = agent.call(method, target, body)
+    others = {name: AgentRun(make_host(name).root) for name in sorted(set(MIG_HOSTS.values()))}
+    try:
+        answers = [(method, template, target, body,
+                    (others[MIG_HOSTS[template]] if template in MIG_HOSTS else agent).call(method, target, body))
+                   for method, template, target, body in reqs]
+    finally:
+        for run in others.values():
+            run.close()
+    for method, template, target, body, (status, doc) in answers:
         statuses[template] = status
         ctype, schema = _response_schema(spec, spec["paths"][template][method.lower()], status)
         if ctype == "application/json":
@@ -355,6 +373,9 @@ WRITES = [
     ["tenant", "set", "t1", "--qos", "guaranteed", "--framebuffer", "32G"],
     ["tenant", "set", "nobody", "--qos", "guaranteed"],         # refused: unknown
     ["tenant", "remove", "t1"],
+    ["vgpu", "mode", "--gpu", "0000:81:00.0", "--mixed-size", "on"],
+    ["scheduler", "set", "--policy", "equal-share", "--timeslice-ms", "4", "--gpu", "0000:81:00.0"],
+    ["scheduler", "set", "--policy", "fixed-share", "--timeslice-ms", "99", "--gpu", "0000:81:00.0"],   # refused
     ["apply", "-c", str(REPO / "examples" / "config" / "vgpu-a40.yaml"), "mixed"],
     ["apply", "-c", str(REPO / "examples" / "config" / "vgpu-a40.yaml"), "mixed"],   # nothing to do
     ["passthrough", "prepare", "0000:81:00.0"],                 # refused: vGPUs on it
@@ -394,6 +415,7 @@ def test_every_write_command_gives_the_same_result_through_the_agent_as_locally(
     assert served_a["POST /v1/passthrough/{bdf}/prepare"] == 3 and served_a["POST /v1/passthrough/{bdf}/release"] == 1
     assert served_a["POST /v1/tenants"] == 3 and served_a["POST /v1/tenants/{name}/set"] == 2
     assert served_a["POST /v1/tenants/{name}/remove"] == 2 and served_a["POST /v1/apply"] == 2
+    assert served_a["POST /v1/gpus/{bdf}/mixed-size"] == 1 and served_a["POST /v1/scheduler"] == 2
     assert not {k: v for k, v in served_b.items() if k.startswith("POST")}
     # the same host state both ways: vGPUs of the layout, no tenants
     assert sorted(mdevs(a).values()) == sorted(mdevs(b).values()) and len(mdevs(a)) == 6
@@ -442,6 +464,30 @@ def test_attach_and_detach_go_through_the_agent_to_a_real_libvirtd(libvirtd, a40
         except libvirt.libvirtError:
             pass
         conn.close()
+
+
+MIG_WRITES = [
+    ["mig", "apply", "--gpu", "0000:18:00.0", "1g.18gb=1,2g.35gb=1"],
+    ["mig", "apply", "--gpu", "0000:18:00.0", "1g.18gb=1,2g.35gb=1"],     # no change
+    ["mig", "apply", "--gpu", "0000:18:00.0", "7g.500gb=1"],              # refused: no such profile
+    ["mig", "enable", "--gpu", "0000:18:00.0"],                           # no change
+    ["mig", "disable", "--gpu", "0000:18:00.0"],                          # refused: VFs enabled
+]
+
+
+def test_mig_writes_give_the_same_result_through_the_agent_as_locally(make_host, capsys):
+    from vgpuhost.cli.main import main as cli_main
+    a, b = make_host("h200-mig-on"), make_host("h200-mig-on")
+    with AgentRun(a.root, str(a.path("run", "vgpuhost"))) as run_a:
+        for argv in MIG_WRITES:
+            ra = _run(cli_main, capsys, ["--root", str(a.root)], argv)
+            rb = _run(cli_main, capsys, ["--root", str(b.root)], argv)          # no agent for b
+            assert ra == rb, argv
+        served = run_a.call("GET", "/v1/agent")[1]["served"]
+    assert served["POST /v1/mig/{bdf}/apply"] == 3 and served["POST /v1/mig/{bdf}/enable"] == 1
+    assert served["POST /v1/mig/{bdf}/disable"] == 1
+    rows = StateStore(a.state_dir).audit_rows()
+    assert rows and any(r.actor.startswith("agent uid=0 pid=") for r in rows)
 
 
 def test_write_commands_fall_back_to_local_when_the_agent_does_not_answer(a40, capsys):

@@ -286,6 +286,16 @@ def _int(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
     return value
 
 
+def _whole(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
+    """A whole number as the CLI's ``type=int`` options take it (ranges are the operation's to check)."""
+    value = (body or {}).get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 1 << 31:
+        raise InputError(f"{key!r} must be a whole number")
+    return value
+
+
 def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost vgpu create`` through the agent: every option of the command, ``owner`` default manual."""
     from ..ops import vgpu
@@ -506,6 +516,62 @@ def post_tenant_remove(agent: Agent, req: Request) -> Dict[str, Any]:
     return agent.write(run)
 
 
+def _mig(agent: Agent, req: Request, action: str) -> Dict[str, Any]:
+    from ..ops import mig
+    addr = _bdf(req)
+    if action == "apply":
+        from ..policy.mig import parse_layout
+        layout = _text(req.body, "layout", required=True, limit=1024)
+        parse_layout(layout)                    # a malformed layout fails before the host is read
+        return agent.write(lambda: mig.apply(agent.host, agent.store, addr, layout, actor=req.actor)).as_dict()
+    fn = mig.enable if action == "enable" else mig.disable
+    return agent.write(lambda: fn(agent.host, agent.store, addr, actor=req.actor)).as_dict()
+
+
+def post_mig_enable(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost mig enable --gpu BDF`` through the agent."""
+    return _mig(agent, req, "enable")
+
+
+def post_mig_disable(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost mig disable --gpu BDF`` through the agent."""
+    return _mig(agent, req, "disable")
+
+
+def post_mig_apply(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost mig apply --gpu BDF LAYOUT`` through the agent (``{"layout": "3g.71gb=1,..."}``)."""
+    return _mig(agent, req, "apply")
+
+
+def post_scheduler(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost scheduler set`` (now, through NVML) through the agent: ``policy``, ``timeslice_ms`` or
+    ``frequency_hz`` + ``avg_factor``, and ``gpus`` (BDFs) or ``all``."""
+    from ..cli.scheduler import scheduler_state
+    from ..model.values import PciAddress
+    from ..ops.scheduler import set_runtime
+    body = req.body or {}
+    gpus = body.get("gpus") or []
+    if not isinstance(gpus, list) or len(gpus) > 64 or not all(isinstance(g, str) for g in gpus):
+        raise InputError("'gpus' must be a list of GPU addresses")
+    every = _flag(body, "all")
+    if bool(gpus) == every:
+        raise InputError("give 'gpus' (GPU addresses) or 'all', not both or neither")
+    state = scheduler_state(_text(body, "policy", required=True, limit=32), _whole(body, "timeslice_ms"),
+                            _whole(body, "frequency_hz"), _whole(body, "avg_factor"))
+    target = "all" if every else [PciAddress.parse(g) for g in gpus]
+    return agent.write(lambda: set_runtime(agent.host, agent.store, target, state, actor=req.actor)).as_dict()
+
+
+def post_vgpu_mode(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost vgpu mode --gpu BDF --mixed-size on|off`` through the agent (``{"mixed_size": bool}``)."""
+    from ..ops.scheduler import mixed_size
+    addr = _bdf(req)
+    if not isinstance((req.body or {}).get("mixed_size"), bool):
+        raise InputError("the request needs 'mixed_size': true or false")
+    on = req.body["mixed_size"]
+    return agent.write(lambda: mixed_size(agent.host, agent.store, addr, on, actor=req.actor)).as_dict()
+
+
 def get_openapi(agent: Agent, req: Request) -> Text:
     from .spec import document_bytes
     return Text("application/yaml", document_bytes())
@@ -550,6 +616,11 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/tenants", post_tenant_add, ADMIN),
     Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN),
     Route("POST", "/v1/tenants/{name}/remove", post_tenant_remove, ADMIN),
+    Route("POST", "/v1/mig/{bdf}/enable", post_mig_enable, ADMIN),
+    Route("POST", "/v1/mig/{bdf}/disable", post_mig_disable, ADMIN),
+    Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN),
+    Route("POST", "/v1/scheduler", post_scheduler, ADMIN),
+    Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN),
 )
 
 

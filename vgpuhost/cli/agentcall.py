@@ -9,7 +9,8 @@ top of the file locks every path takes).  With it down, with the global
 ``--local`` option, or with ``VGPUHOST_AGENT=off``, the command does the
 work itself.  Commands that forward: vgpu create/remove, reconcile, apply,
 passthrough prepare/release, attach/detach, tenant add/set/remove (each
-has a ``/v1`` endpoint in ``vgpuhost/agent/openapi.yaml``); a dry run is
+has a ``/v1`` endpoint in ``vgpuhost/agent/openapi.yaml``), and mig
+enable/disable/apply, scheduler set (not ``--persist``) and vgpu mode; a dry run is
 always local (it changes nothing, so it needs no serialising).
 Must not: decide anything; the agent runs the same ops.
 """
@@ -30,22 +31,24 @@ class AgentError(VgpuhostError):
         self.exit_code = code if isinstance(code, int) else 4
 
 
-class Doc:
-    """An agent's answer with the attribute access the CLI's printers use (``out.id``, nested:
-    ``out.devices[0].kind``) and ``as_dict()`` (the document as the agent sent it).  ``aliases``
-    maps an attribute the printer reads to the document's key (``group`` -> ``iommu_group``)."""
+class Doc(dict):
+    """An agent's answer as the CLI's printers read outcomes: attributes (``out.id``, nested:
+    ``out.devices[0].kind``), and a dict too (``g["gpu"]``, ``.get``, ``in``, ``.items()``);
+    ``as_dict()`` is the document as the agent sent it.  ``aliases`` maps an attribute the printer
+    reads to the document's key (``group`` -> ``iommu_group``)."""
 
     def __init__(self, doc: Dict[str, Any], aliases: Optional[Dict[str, str]] = None):
-        self.__dict__.update({k: _wrap(v) for k, v in doc.items()})
-        for attr, key in (aliases or {}).items():
-            self.__dict__[attr] = _wrap(doc.get(key))
+        super().__init__({k: _wrap(v) for k, v in doc.items()})
+        self._aliases = dict(aliases or {})
         self._doc = doc
 
-    def __getitem__(self, key: str) -> Any:          # printers that read nested documents as dicts
-        return _wrap(self._doc[key])
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return _wrap(self._doc.get(key, default))
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[self._aliases.get(name, name)]
+        except KeyError:
+            raise AttributeError(name) from None
 
     def as_dict(self) -> Dict[str, Any]:
         return self._doc

@@ -43,6 +43,18 @@ def _outcome(ctx, out) -> None:
     click.echo("\n".join(lines))
 
 
+def _through_agent(ctx, target: str, body: dict, dry_run: bool) -> bool:
+    """A MIG change through the agent when it answers (never a dry run); printed as here."""
+    if dry_run:
+        return False
+    from .agentcall import forward
+    out = forward(ctx, "POST", target, body)
+    if out is None:
+        return False
+    _outcome(ctx, out)
+    return True
+
+
 def _addr(text: str):
     from ..model.values import PciAddress
     return PciAddress.parse(text)
@@ -74,7 +86,8 @@ def mig_enable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
     from ..ops.mig import enable
     ctx = cctx.obj
     addr = _addr(gpu)
-    _outcome(ctx, enable(ctx.host, store(ctx, write=not dry_run), addr, dry_run=dry_run))
+    if not _through_agent(ctx, f"/v1/mig/{addr}/enable", {}, dry_run):
+        _outcome(ctx, enable(ctx.host, store(ctx, write=not dry_run), addr, dry_run=dry_run))
 
 
 @mig.command("disable")
@@ -86,7 +99,8 @@ def mig_disable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
     from ..ops.mig import disable
     ctx = cctx.obj
     addr = _addr(gpu)
-    _outcome(ctx, disable(ctx.host, store(ctx, write=not dry_run), addr, dry_run=dry_run))
+    if not _through_agent(ctx, f"/v1/mig/{addr}/disable", {}, dry_run):
+        _outcome(ctx, disable(ctx.host, store(ctx, write=not dry_run), addr, dry_run=dry_run))
 
 
 @mig.command("apply")
@@ -105,7 +119,8 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
     ctx = cctx.obj
     addr = _addr(gpu)
     parse_layout(layout)                       # a malformed layout fails before the host is read
-    _outcome(ctx, apply(ctx.host, store(ctx, write=not dry_run), addr, layout, dry_run=dry_run))
+    if not _through_agent(ctx, f"/v1/mig/{addr}/apply", {"layout": layout}, dry_run):
+        _outcome(ctx, apply(ctx.host, store(ctx, write=not dry_run), addr, layout, dry_run=dry_run))
 
 
 @mig.command("assert")

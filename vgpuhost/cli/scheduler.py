@@ -49,7 +49,6 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     480 Hz; > 8: 1 ms / 960 Hz).
     """
     from ..model.errors import InputError
-    from ..io.nvml import SchedulerState
     from ..ops.scheduler import persist as do_persist, refuse_boards_without_vgpu, resolve_gpus, set_runtime
     from ..model.values import PciAddress
     ctx = current()
@@ -62,12 +61,7 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     if policy == "best-effort" and (timeslice_ms is not None or frequency_hz is not None):
         raise InputError("best effort takes no time slice, frequency or averaging factor")
     addrs = [PciAddress.parse(g) for g in gpus]
-    if policy == "best-effort":
-        state = SchedulerState("best-effort")
-    elif timeslice_ms is not None:
-        state = SchedulerState(policy, arr=False, timeslice_ms=timeslice_ms)
-    else:
-        state = SchedulerState(policy, arr=True, frequency_hz=frequency_hz, avg_factor=avg_factor)
+    state = scheduler_state(policy, timeslice_ms, frequency_hz, avg_factor)
     if persist:
         from ..policy.scheduler import validate
         validate(state)                       # a bad value fails before the host is read
@@ -88,8 +82,37 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
         lines += [f"note: {n}" for n in out.notes]
         click.echo("\n".join(lines))
         return
+    if not dry_run:
+        from .agentcall import forward
+        out = forward(ctx, "POST", "/v1/scheduler", {
+            "policy": policy, "timeslice_ms": timeslice_ms, "frequency_hz": frequency_hz, "avg_factor": avg_factor,
+            "gpus": [str(a) for a in addrs], "all": all_gpus})
+        if out is not None:
+            runtime_outcome(ctx, out)
+            return
     out = set_runtime(ctx.host, store(ctx, write=not dry_run), "all" if all_gpus else addrs, state, dry_run=dry_run)
     runtime_outcome(ctx, out)
+
+
+def scheduler_state(policy: str, timeslice_ms: Optional[int], frequency_hz: Optional[int],
+                    avg_factor: Optional[int]):
+    """The SchedulerState ``scheduler set`` asks for.  Raises InputError for options that do not go
+    together (the command says so as usage errors first)."""
+    from ..io.nvml import SchedulerState
+    from ..model.errors import InputError
+    if policy not in ("best-effort", "equal-share", "fixed-share"):
+        raise InputError(f"unknown scheduler policy {policy!r}", hint="best-effort, equal-share or fixed-share")
+    if (frequency_hz is None) != (avg_factor is None):
+        raise InputError("--frequency-hz and --avg-factor go together")
+    if timeslice_ms is not None and frequency_hz is not None:
+        raise InputError("--timeslice-ms (no ARR) and --frequency-hz/--avg-factor (ARR) exclude each other")
+    if policy == "best-effort" and (timeslice_ms is not None or frequency_hz is not None):
+        raise InputError("best effort takes no time slice, frequency or averaging factor")
+    if policy == "best-effort":
+        return SchedulerState("best-effort")
+    if timeslice_ms is not None:
+        return SchedulerState(policy, arr=False, timeslice_ms=timeslice_ms)
+    return SchedulerState(policy, arr=True, frequency_hz=frequency_hz, avg_factor=avg_factor)
 
 
 def runtime_outcome(ctx, out) -> None:

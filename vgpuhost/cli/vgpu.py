@@ -119,6 +119,12 @@ def vgpu_mode(gpu: str, mixed: str, dry_run: bool) -> None:
     from ..model.values import PciAddress
     ctx = current()
     addr = PciAddress.parse(gpu)
+    if not dry_run:
+        from .agentcall import forward
+        out = forward(ctx, "POST", f"/v1/gpus/{addr}/mixed-size", {"mixed_size": mixed == "on"})
+        if out is not None:
+            runtime_outcome(ctx, out)
+            return
     runtime_outcome(ctx, mixed_size(ctx.host, store(ctx, write=not dry_run), addr, mixed == "on", dry_run=dry_run))
 
 COMMANDS: List[click.Command] = [vgpu]
