@@ -1,7 +1,7 @@
 """Materialise a host spec into a host root on disk.
 
 Owns: laying out ``sys/`` (real relative symlinks, as the kernel does; see
-shared/examples/sysfs-layout-a40-mdev.txt), ``proc/``, ``lib/modules`` and
+docs/reference/hardware.md#mdev), ``proc/``, ``lib/modules`` and
 ``dev/vfio`` for a :class:`HostSpec`, and the simulator's own metadata in
 ``<root>/.vgpuhost-sim/host.json``.  Must not: implement write semantics
 (that is :mod:`vgpuhost.sim.kernel`).

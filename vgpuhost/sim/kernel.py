@@ -14,7 +14,7 @@ write through ``bus/pci/devices/<BDF>`` or ``bus/mdev/devices/<uuid>`` lands
 on the device directory, as in sysfs):
 
 - ``<parent>/mdev_supported_types/<type>/create`` (a UUID): a new mdev laid
-  out as in the example layout (shared/examples, sysfs-layout-a40-mdev.txt),
+  out as mdev devices are in sysfs (docs/reference/hardware.md#mdev),
   with a new IOMMU group of its own, a ``driver`` link to ``nvidia-vgpu-vfio`` and its
   ``dev/vfio/<group>`` node.  EINVAL (bad UUID, unknown type), EEXIST (UUID
   in use), ENOSPC (no instance left, computed by :mod:`.capacity`).
