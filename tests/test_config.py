@@ -171,6 +171,7 @@ layouts:
     ("  - select: {board: A40, address: \"0000:41:00.0\"}\n    mode: passthrough\n", 5,
      "select needs exactly one of address, uuid, board, device_id"),
     ("  - select: {board: A40}\n    mode: vpgu\n", 6, "unknown mode 'vpgu'; did you mean 'vgpu'?"),
+    ("  - select: {all: true}\n    mode: passthrough\n", 5, "write select: all"),
     ("  - select: {board: A40}\n    mode: vgpu\n", 5, "has mode: vgpu but no 'vgpu' block"),
     ("  - select: {board: A40}\n    mode: vgpu\n    vgpu: {types: {A40-8Q: 1, L40S-8Q: 1}}\n", 7,
      "vgpu.types mixes boards (A40, L40S)"),

@@ -481,6 +481,9 @@ class _Parser:
                 raise self.err(path, f"select {_show(value)}: write 'all' or a mapping",
                                hint="e.g. select: {address: \"0000:41:00.0\"} or {board: A40}")
             return Selector("all", (), where)
+        if isinstance(value, dict) and "all" in value:
+            raise self.err(path, "select: 'all' is a word, not a key",
+                           hint="write select: all (every GPU), or one of " + ", ".join(SELECTOR_KEYS))
         m = self.mapping(value, path, set(SELECTOR_KEYS), "select")
         if len(m) != 1:
             raise self.err(path, f"select needs exactly one of {', '.join(SELECTOR_KEYS)} (found "
