@@ -4,7 +4,9 @@ Follows tests/test_hook_e2e.py (its fixtures: the isolated libvirtd, the
 simulated GPU host, the installed hook and the spy after it).  With the
 agent up (``vgpuhost agent`` listening on ``<root>/run/vgpuhost``, where the
 installed hook looks), the hook hands ``prepare begin`` and ``release end``
-to it; down, the hook does the work itself.  Each case's outcome (virsh's
+to it: through the sh dispatcher's thin client (curl, no Python start), or,
+on a host without curl, through the Python handler; down, the hook does the
+work itself.  Each case's outcome (virsh's
 exit and error lines, what the spy saw right after ``prepare begin``, the
 tree, the records and the audit rows, ids normalised) is compared with one
 expected value for both; with the agent up, the agent must have served the
@@ -58,13 +60,28 @@ def outcome(daemon, host, tmp_path, name: str) -> dict:
     }
 
 
-@pytest.fixture(params=["agent-down", "agent-up"])
-def agent_mode(request, gpu_host):
+@pytest.fixture(params=["agent-down", "agent-up", "agent-up-no-curl"])
+def agent_mode(request, gpu_host, hooked):
+    """None (agent down), or the running agent.  ``agent-up``: the installed dispatcher's thin client
+    (curl) hands the calls over and no Python starts; ``agent-up-no-curl``: a host without curl, where
+    the Python handler hands them over."""
     if request.param == "agent-down":
         yield None
         return
+    if request.param == "agent-up-no-curl":
+        hook = hooked.hooks_dir / "vgpuhost"
+        text = hook.read_text()
+        assert "\ncurl='/" in text
+        hook.write_text(re.sub(r"\ncurl='[^'\n]*'\n", "\ncurl=''\n", text))
     with AgentRun(gpu_host.root, str(gpu_host.path("run", "vgpuhost"))) as run:
+        run.thin = request.param == "agent-up"
         yield run
+
+
+def served_by(agent) -> tuple:
+    """(calls the agent served, of those through the thin client)."""
+    info = agent.call("GET", "/v1/agent")[1]
+    return info["served"], info["served_thin_client"]
 
 
 def test_hook_parity_vgpu_and_passthrough(agent_mode, hooked, gpu_host, tmp_path):
@@ -86,8 +103,9 @@ def test_hook_parity_vgpu_and_passthrough(agent_mode, hooked, gpu_host, tmp_path
     assert ("passthrough", "prepare", "drivers_probe", "ok") in audit_ops
     assert ("passthrough", "release", "drivers_probe", "ok") in audit_ops
     if agent_mode is not None:
-        served = agent_mode.call("GET", "/v1/agent")[1]["served"]
+        served, thin = served_by(agent_mode)
         assert served.get("POST /v1/hook/prepare") == 1 and served.get("POST /v1/hook/release") == 1
+        assert thin == ({"POST /v1/hook/prepare": 1, "POST /v1/hook/release": 1} if agent_mode.thin else {})
 
 
 def test_hook_parity_refusal(agent_mode, hooked, gpu_host, tmp_path):
@@ -108,4 +126,6 @@ def test_hook_parity_refusal(agent_mode, hooked, gpu_host, tmp_path):
                    "drivers after": ["nvidia", "snd_hda_intel"], "records": [[], [], {}], "audit": [],
                    "state": "shut off"}
     if agent_mode is not None:
-        assert agent_mode.call("GET", "/v1/agent")[1]["served"].get("POST /v1/hook/prepare") == 1
+        served, thin = served_by(agent_mode)
+        assert served.get("POST /v1/hook/prepare") == 1
+        assert thin.get("POST /v1/hook/prepare") == (1 if agent_mode.thin else None)

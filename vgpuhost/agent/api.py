@@ -38,6 +38,10 @@ class Unavailable(VgpuhostError):
     """A part of the API whose backing feature is not there (``/v1/metrics`` without the exporter)."""
 
 
+class Misdirected(VgpuhostError):
+    """A hook call meant for another host root or state dir than this agent's (421: the caller does it)."""
+
+
 class Request(NamedTuple):
     """One call: ``params`` from the path, ``query`` (first value of each key), ``body`` (parsed JSON
     object or None), ``actor`` (the audit actor naming the peer)."""
@@ -76,19 +80,23 @@ class Agent:
         self.metering = None                    # agent/metrics.AgentMetering when metering runs
         self.metering_off = "metering is off (--metering-interval 0)"
         self.served: Dict[str, int] = {}       # "METHOD /v1/template" -> answered calls (any status)
+        self.served_thin: Dict[str, int] = {}  # the same, for the hook's thin client (XML body, no Python)
+        self.snapshot_waits = 0                 # discoveries a request had to wait for (the snapshot was cold)
         self._served_lock = threading.Lock()
 
-    def count(self, route: "Route") -> None:
+    def count(self, route: "Route", thin: bool = False) -> None:
         with self._served_lock:
             key = f"{route.method} {route.template}"
             self.served[key] = self.served.get(key, 0) + 1
+            if thin:
+                self.served_thin[key] = self.served_thin.get(key, 0) + 1
 
     # --- the warm snapshot ---------------------------------------------
     def _fingerprint(self, inv) -> tuple:
         from ..io.changes import fingerprint
         return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())
 
-    def inventory(self):
+    def inventory(self, _waiting: bool = True):
         """The host's inventory, from the warm snapshot when nothing changed since it was read."""
         from ..io.sysfs import Sysfs
         from ..observe.inventory import discover
@@ -98,6 +106,7 @@ class Agent:
             self.host.require_host()
             inv = discover(Sysfs(self.host))
             self.scans += 1
+            self.snapshot_waits += _waiting
             self._inv, self._key = inv, self._fingerprint(inv)
             return inv
 
@@ -113,6 +122,18 @@ class Agent:
                 return fn()
             finally:
                 self.invalidate()
+
+    def warm_up(self) -> None:
+        """Read the host again when the snapshot was dropped (a write): the server calls this after
+        answering, so the next domain start finds a warm snapshot instead of rescanning the host
+        while libvirt waits.  Errors are left for the next request that needs the host to report."""
+        with self._snap_lock:
+            if self._inv is not None:
+                return
+        try:
+            self.inventory(_waiting=False)
+        except Exception:           # an unreadable host: the next request says why
+            pass
 
 
 # ---------------------------------------------------------------------------
@@ -159,7 +180,8 @@ def _uuid(text: str) -> str:
 
 def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
     return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
-            "root": str(agent.host.root), "snapshot_scans": agent.scans, "served": dict(agent.served),
+            "root": str(agent.host.root), "snapshot_scans": agent.scans, "snapshot_waits": agent.snapshot_waits,
+            "served": dict(agent.served), "served_thin_client": dict(agent.served_thin),
             "state_dir": str(agent.host.state_dir), "recovered": agent.recovered}
 
 
@@ -335,6 +357,11 @@ def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
 def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     from ..ops import devices
     from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
+    for key, mine in (("root", agent.host.root), ("state_dir", agent.host.state_dir)):
+        theirs = _text(req.body, key)
+        if theirs is not None and theirs != str(mine):
+            raise Misdirected(f"this agent serves {key} {mine}, not {theirs}",
+                              hint="the hook does the work itself")
     xml = _text(req.body, "xml", required=True, limit=MAX_XML_BYTES)
     # release: what the store says the UUID holds, whatever the metadata says by now (issue 12 #2)
     view = (parse_domain if act == "prepare" else parse_domain_identity)(xml.encode("utf-8"))
@@ -361,6 +388,10 @@ def post_hook_prepare(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_hook_release(agent: Agent, req: Request) -> Dict[str, Any]:
     return _hook(agent, req, "release")
+
+
+#: the endpoints the hook's thin client calls with the domain XML as the body (server.py)
+HOOK_HANDLERS = (post_hook_prepare, post_hook_release)
 
 
 def _config(req: Request):

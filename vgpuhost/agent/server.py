@@ -97,6 +97,8 @@ def error_doc(status: int, message: str, *, hint: Optional[str] = None, exit_cod
 def status_of(e: VgpuhostError) -> int:
     if isinstance(e, api.Unavailable):
         return 503
+    if isinstance(e, api.Misdirected):
+        return 421
     if isinstance(e, RefusedError):
         return 409
     if isinstance(e, HostEnvironmentError):
@@ -129,6 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
     # --- one request ------------------------------------------------------
     def _dispatch(self, method: str) -> None:
         self.close_connection = True
+        self._hook_xml = None
         try:
             status, doc = self._handle(method)
         except Exception as e:      # a bug: one error document, never a traceback on the socket
@@ -136,10 +139,14 @@ class _Handler(BaseHTTPRequestHandler):
             status, doc = 500, error_doc(500, f"internal error: {type(e).__name__}: {e}",
                                          hint="report it (the agent's journal has the traceback)",
                                          exit_code=EXIT_INTERNAL, kind="InternalError")
+        if self._hook_xml is not None and status != 421:
+            doc = hook_answer(status, doc, self._hook_xml)
         if isinstance(doc, api.Text):
             self._send(status, doc.content_type, doc.body)
         else:
             self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
+        if method == "POST":
+            self.server.agent.warm_up()     # answered: re-read the host now, not at the next VM start
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
         try:
@@ -177,13 +184,17 @@ class _Handler(BaseHTTPRequestHandler):
                                   kind="RefusedError")
         body = None
         if method == "POST":
-            body, problem = self._body()
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if ctype == "application/xml" and route.handler in api.HOOK_HANDLERS:
+                body, problem = self._xml_body()
+            else:
+                body, problem = self._body()
             if problem is not None:
                 return problem
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         actor = f"agent uid={peer.uid} pid={peer.pid}"
         req = api.Request(params, query, body, actor, peer.pid)
-        srv.agent.count(route)
+        srv.agent.count(route, thin=self._hook_xml is not None)
         try:
             if route.handler is api.get_agent:
                 return 200, api.get_agent(srv.agent, req, role)
@@ -200,6 +211,33 @@ class _Handler(BaseHTTPRequestHandler):
                 return 503, error_doc(503, f"the state store is unusable ({e})",
                                       hint="restore state.db from a backup", kind="StateError")
             raise
+
+    def _xml_body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
+        """The hook's thin client (the sh dispatcher's curl): the domain XML as the body, the domain
+        name, host root and state dir in ``X-Vgpuhost-*`` headers; answered as :func:`hook_answer`."""
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            return None, (411, error_doc(411, "a request body needs Content-Length"))
+        n = int(length)
+        if n > MAX_BODY:
+            return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
+        raw = self.rfile.read(n) if n else b""
+        try:
+            xml = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, (415, error_doc(415, "the domain XML is not UTF-8", hint="the hook does the work itself"))
+
+        def header(name: str) -> Optional[str]:
+            value = self.headers.get(name)
+            if value is None:
+                return None
+            return value.encode("latin-1", "replace").decode("utf-8", "replace")
+        body = {"xml": xml, "name": header("X-Vgpuhost-Domain") or "?"}
+        for key, name in (("root", "X-Vgpuhost-Root"), ("state_dir", "X-Vgpuhost-State-Dir")):
+            if header(name) is not None:
+                body[key] = header(name)
+        self._hook_xml = body
+        return body, None
 
     def _body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
         length = self.headers.get("Content-Length")
@@ -223,6 +261,36 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(doc, dict):
             return None, (400, error_doc(400, "the request body must be a JSON object"))
         return doc, None
+
+
+#: the first line of an answer to the hook's thin client, followed by the exit code
+HOOK_ANSWER = "vgpuhost-hook/1"
+
+
+def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
+    """The thin client's answer: ``vgpuhost-hook/1 EXIT``, then the one line the hook prints on stderr
+    (none on success), exactly as the hook would print it had it done the work itself."""
+    if status == 200:
+        return api.Text("text/plain; charset=utf-8", f"{HOOK_ANSWER} 0".encode())
+    from ..hook.runtime import agent_error_line
+    problem = doc.get("error") if isinstance(doc, dict) else None
+    code = problem.get("exit_code") if isinstance(problem, dict) else None
+    if not isinstance(code, int):
+        code, line = EXIT_INTERNAL, f"the agent answered {status}"
+    else:
+        line = problem.get("line")
+    name = _domain_name(body.get("xml") or "") or body.get("name") or "?"
+    return api.Text("text/plain; charset=utf-8",
+                    f"{HOOK_ANSWER} {code}\n{agent_error_line(name, code, line)}".encode())
+
+
+def _domain_name(xml: str) -> Optional[str]:
+    """The domain's ``<name>`` when the XML parses (the name the hook's own errors show)."""
+    from ..libvirt.domxml import parse_domain_identity
+    try:
+        return parse_domain_identity(xml.encode("utf-8")).name
+    except (VgpuhostError, ValueError):
+        return None
 
 
 class AgentProcess:

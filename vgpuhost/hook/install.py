@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from ..io.state import StateStore
 
 HOOK_NAME = "vgpuhost"                        # the file in qemu.d
+#: where ``hook install`` looks for curl, the dispatcher's thin client to the agent
+CURL_PATH = "/usr/bin:/bin:/usr/local/bin"
 MARKER = "# vgpuhost-hook: written by 'vgpuhost hook install'"
 
 
@@ -42,14 +44,18 @@ def _sh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEFAULT_TIMEOUT_S) -> str:
+def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEFAULT_TIMEOUT_S,
+           curl: "Optional[str] | bool" = True) -> str:
     """The dispatcher's text for ``host``: the template with the interpreter, sys.path, root and state dir.
 
     libvirt gives hooks a minimal environment (``PATH``, ``HOME``,
     ``LC_ALL=C``, docs/reference/libvirt.md), so all of it is baked in.  Python runs
     with ``-I -S`` (no site: no ``.pth`` processing, no user site) and an
     explicit ``sys.path``: the directory holding the ``vgpuhost`` package
-    first, this interpreter's site-packages last.
+    first, this interpreter's site-packages last.  ``curl``: the thin client
+    that hands the call to the agent without starting Python (True: found on
+    ``/usr/bin:/bin:/usr/local/bin``; a path; False or not found: none, the
+    handler talks to the agent itself).
     """
     import sysconfig
     from .. import __version__
@@ -67,6 +73,9 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
             "from vgpuhost.hook.runtime import run;run()")
     tbin = files.which("timeout", path="/usr/bin:/bin")
     backstop = (f"{_sh_quote(tbin)} -k {BACKSTOP_KILL_S} {timeout_s + BACKSTOP_EXTRA_S} " if tbin else "")
+    if curl is True:
+        curl = files.which("curl", path=CURL_PATH)
+    from ..io.agentclient import default_socket
     values = {
         "@VERSION@": __version__,
         "@MARKER@": MARKER,
@@ -76,6 +85,8 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
         "@BACKSTOP@": backstop,
         "@PYTHON@": _sh_quote(exe),
         "@BOOT@": _sh_quote(boot),
+        "@CURL@": _sh_quote(curl) if curl else "''",
+        "@AGENT_SOCKET@": _sh_quote(default_socket(str(host.root))),
     }
     text = _template()
     for key, value in values.items():
@@ -116,17 +127,18 @@ RELOAD_HINT = ("libvirtd reads the hooks present when it starts: restart it or s
 
 
 def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s: int = DEFAULT_TIMEOUT_S,
-            python: Optional[str] = None, store: "Optional[StateStore]" = None, actor: Optional[str] = None) -> HookOutcome:
+            python: Optional[str] = None, store: "Optional[StateStore]" = None, actor: Optional[str] = None,
+            curl: "Optional[str] | bool" = True) -> HookOutcome:
     """Write the dispatcher as ``<hooks_dir>/vgpuhost`` (mode 0755, atomically), byte-compile the package.
 
     Idempotent: an identical file is left alone.  Refuses (RefusedError) to
     overwrite a ``vgpuhost`` file it did not write.  Never signals libvirtd:
     the outcome says when it must be reloaded (a new file).  The write is
-    audited when ``store`` is given.
+    audited when ``store`` is given.  ``curl``: the agent's thin client (see :func:`render`).
     """
     d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
     path = d / HOOK_NAME
-    text = render(host, python=python, timeout_s=timeout_s)
+    text = render(host, python=python, timeout_s=timeout_s, curl=curl)
     old = _read(path)
     if old is not None and not _ours(old):
         raise RefusedError(f"{path} exists and was not written by vgpuhost: left alone",

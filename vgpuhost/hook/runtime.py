@@ -51,7 +51,11 @@ or ``<root>/run/vgpuhost/agent.sock``, answers), steps 2-5 are handed to it
 (``POST /v1/hook/prepare`` and ``/v1/hook/release``): the agent does them
 with the same code over its warm snapshot of the host, serialised with
 every other change it makes, and the hook prints the agent's error line
-and exits with its exit code.  When nobody answers on the socket (or
+(:func:`agent_error_line`) and exits with its exit code.  The installed sh
+dispatcher makes that call itself with curl, before any Python starts, and
+runs this handler only when it got no usable answer, with
+``$VGPUHOST_AGENT=off``; this handler calls the agent itself only where
+the dispatcher has no curl.  When nobody answers on the socket (or
 ``$VGPUHOST_AGENT`` is ``off``) the hook does the work itself: a domain
 start never depends on the agent.
 
@@ -187,22 +191,36 @@ def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, ti
     except UnicodeDecodeError:
         return None
     try:
-        status, doc = agentclient.call(path, "POST", f"/v1/hook/{act}", {"xml": xml, "name": name},
+        status, doc = agentclient.call(path, "POST", f"/v1/hook/{act}",
+                                       {"xml": xml, "name": name, "root": str(host.root),
+                                        "state_dir": str(host.state_dir)},
                                        timeout_s=timeout_s + 5)
     except (agentclient.AgentDown, OSError, ValueError):
         return None                 # down, not ours to use, or a garbled answer: the hook does it itself
     if status == 200:
         return EXIT_OK
-    if status in (403, 404, 405, 411, 413):
+    if status in FALLBACK_STATUSES:
         return None                 # an agent that may not or cannot take it: the hook does it itself
     problem = doc.get("error") if isinstance(doc, dict) else None
     if not isinstance(problem, dict) or not isinstance(problem.get("exit_code"), int):
         return None
-    if problem.get("exit_code") == EXIT_INTERNAL:
-        _say(err, f"vgpuhost: internal error in the vgpuhost agent (qemu hook): {problem.get('line')} (report it)")
-    else:
-        _say(err, f"vgpuhost: error: domain {name!r}: {problem.get('line')}")
+    _say(err, agent_error_line(name, problem["exit_code"], problem.get("line")))
     return int(problem["exit_code"])
+
+
+#: agent answers that mean "not this agent's to do" (role, path, method, body, another root): do it here
+FALLBACK_STATUSES = (403, 404, 405, 411, 413, 415, 421)
+
+
+def agent_error_line(name: str, exit_code: int, line: object) -> str:
+    """The one stderr line for an error the agent answered (exit code ``exit_code``, its ``line``):
+    what the hook prints when it did the work itself, the agent's internal errors named as such.
+    Control characters escaped, at most 2000 characters."""
+    if exit_code == EXIT_INTERNAL:
+        text = f"vgpuhost: internal error in the vgpuhost agent (qemu hook): {line} (report it)"
+    else:
+        text = f"vgpuhost: error: domain {name!r}: {line}"
+    return _printable(text, 2000)
 
 
 def _say(err: TextIO, line: str) -> None:

@@ -4,7 +4,7 @@ Owns: finding the agent's socket (:func:`socket_path`: ``$VGPUHOST_AGENT_SOCKET`
 else ``<root>/run/vgpuhost/agent.sock``), one request with a JSON body and
 a JSON (or text) answer (:func:`call`).  Must not: import anything heavy
 (the qemu hook imports it on every domain start: no :mod:`http.client`,
-a few hundred bytes of HTTP by hand).
+a few hundred bytes of HTTP by hand; json and the socket only in :func:`call`).
 
 :func:`call` raises :class:`AgentDown` when nobody answers on the socket
 (missing, refused, or the agent went away before it answered); callers
@@ -14,7 +14,6 @@ returned as ``(status, document)``.
 
 from __future__ import annotations
 
-import json
 import os
 
 TYPE_CHECKING = False
@@ -32,16 +31,25 @@ class AgentDown(Exception):
     """Nobody answered on the agent's socket (the caller does the work itself)."""
 
 
+def disabled() -> bool:
+    """``$VGPUHOST_AGENT`` is ``off`` (or ``0``, ``no``): never use the agent."""
+    return os.environ.get(ENV_USE, "").lower() in ("off", "0", "no")
+
+
+def default_socket(root: str) -> str:
+    """``<root>/run/vgpuhost/agent.sock``: where the agent listens by default."""
+    return os.path.join(root, "run", "vgpuhost", "agent.sock")
+
+
 def socket_path(host: "Optional[HostRoot]" = None, root: "Optional[str]" = None) -> "Optional[str]":
     """The admin socket to try: ``$VGPUHOST_AGENT_SOCKET``, else ``<root>/run/vgpuhost/agent.sock``;
     None when ``$VGPUHOST_AGENT`` is ``off``."""
-    if os.environ.get(ENV_USE, "").lower() in ("off", "0", "no"):
+    if disabled():
         return None
     given = os.environ.get(ENV_SOCKET)
     if given:
         return given
-    base = str(host.root) if host is not None else (root or "/")
-    return os.path.join(base, "run", "vgpuhost", "agent.sock")
+    return default_socket(str(host.root) if host is not None else (root or "/"))
 
 
 def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" = None, *,
@@ -52,6 +60,7 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
     connection closes before a full answer; OSError for other socket
     errors (EACCES: the caller may not use this socket).
     """
+    import json
     from .unixsock import connect
     data = b"" if body is None else json.dumps(body).encode("utf-8")
     head = (f"{method} {target} HTTP/1.1\r\nHost: vgpuhost-agent\r\nConnection: close\r\n"

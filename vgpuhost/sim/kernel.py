@@ -60,9 +60,20 @@ every point between two writes, and between a write and its record, can be
 hit.  Unset, nothing changes.  ``VGPUHOST_SIM_WRITE_LOG=FILE`` appends one
 line per write that landed (``path<TAB>value``, as the audit log spells
 them), so a test can check that no completed write went unaudited.
+
+Time accounting (the benchmarks' split between vgpuhost's own cost and the
+simulated kernel's, which a real kernel does not pay the same way): with
+``VGPUHOST_SIM_TIME_FILE=FILE`` in the environment, every process appends
+one line per charge to FILE, the seconds (decimal) spent importing this
+module (once, at the first :class:`SimKernel`) and inside each
+:meth:`SimKernel.write`.  Unset, nothing is measured or written.
 """
 
 from __future__ import annotations
+
+from time import perf_counter as _perf_counter
+
+_IMPORT_T0 = _perf_counter()
 
 import errno
 import fcntl
@@ -172,6 +183,23 @@ def _rmtree(path: Path) -> None:
     os.rmdir(path)
 
 
+TIME_FILE_ENV = "VGPUHOST_SIM_TIME_FILE"
+#: seconds this module's import took, charged once (at the first SimKernel)
+_import_s = None
+
+
+def charge(seconds: float) -> None:
+    """Add ``seconds`` of simulator time to ``$VGPUHOST_SIM_TIME_FILE`` (one line; nothing when unset)."""
+    path = os.environ.get(TIME_FILE_ENV)
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{seconds:.9f}\n".encode("ascii"))
+    finally:
+        os.close(fd)
+
+
 #: writes made through any SimKernel in this process (the crash-injection counter)
 _writes_made = 0
 KILL_AT_ENV = "VGPUHOST_SIM_KILL_AT"
@@ -218,11 +246,18 @@ class SimKernel:
     """Kernel semantics for one simulated host root."""
 
     def __init__(self, host: HostRoot):
+        t0 = _perf_counter()
         self.host = host
         self.meta_path = host.sim_dir / "host.json"
         self.lock_path = host.sim_dir / "lock"
         # the root with symlinks resolved: written paths are resolved too
         self.real_root = Path(os.path.realpath(host.root))
+        global _import_s
+        spent = _perf_counter() - t0
+        if _import_s is None:
+            _import_s = _IMPORT_DONE - _IMPORT_T0
+            spent += _import_s
+        charge(spent)
 
     # --- metadata --------------------------------------------------------
     def meta(self) -> dict:
@@ -347,12 +382,16 @@ class SimKernel:
 
         Raises OSError(errno) as the kernel would (see the module docstring).
         """
-        with crash_point():
-            self._write(path, value)
-            log = os.environ.get(WRITE_LOG_ENV)
-            if log:         # the writes that landed, for the fault-injection tests' audit check
-                with open(log, "a", encoding="utf-8") as f:
-                    f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
+        t0 = _perf_counter()
+        try:
+            with crash_point():
+                self._write(path, value)
+                log = os.environ.get(WRITE_LOG_ENV)
+                if log:         # the writes that landed, for the fault-injection tests' audit check
+                    with open(log, "a", encoding="utf-8") as f:
+                        f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
+        finally:
+            charge(_perf_counter() - t0)
 
     def _write(self, path: Path, value: str) -> None:
         with self.locked():
@@ -667,3 +706,6 @@ class SimKernel:
         if len(v) > _PARAMS_MAX:
             raise _fail(errno.EINVAL, path, "value too long")
         write_attr(real, ("" if v.strip() == "" else v) + "\n")
+
+
+_IMPORT_DONE = _perf_counter()
