@@ -71,8 +71,8 @@ def agent_mode(request, gpu_host, hooked):
     if request.param == "agent-up-no-curl":
         hook = hooked.hooks_dir / "vgpuhost"
         text = hook.read_text()
-        assert "\ncurl='/" in text
-        hook.write_text(re.sub(r"\ncurl='[^'\n]*'\n", "\ncurl=''\n", text))
+        assert "\tfor d in /usr/bin /bin /usr/local/bin; do\n" in text
+        hook.write_text(text.replace("\tfor d in /usr/bin /bin /usr/local/bin; do\n", "\tfor d in ; do\n"))
     with AgentRun(gpu_host.root, str(gpu_host.path("run", "vgpuhost"))) as run:
         run.thin = request.param == "agent-up"
         yield run

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from ..io.state import StateStore
 
 HOOK_NAME = "vgpuhost"                        # the file in qemu.d
-#: where ``hook install`` looks for curl, the dispatcher's thin client to the agent
-CURL_PATH = "/usr/bin:/bin:/usr/local/bin"
+#: where the dispatcher looks for curl, its thin client to the agent (no fork: ``[ -x ]`` in sh)
+CURL_DIRS = ("/usr/bin", "/bin", "/usr/local/bin")
 MARKER = "# vgpuhost-hook: written by 'vgpuhost hook install'"
 
 
@@ -45,7 +45,7 @@ def _sh_quote(text: str) -> str:
 
 
 def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEFAULT_TIMEOUT_S,
-           curl: "Optional[str] | bool" = True) -> str:
+           curl: bool = True) -> str:
     """The dispatcher's text for ``host``: the template with the interpreter, sys.path, root and state dir.
 
     libvirt gives hooks a minimal environment (``PATH``, ``HOME``,
@@ -53,9 +53,10 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     with ``-I -S`` (no site: no ``.pth`` processing, no user site) and an
     explicit ``sys.path``: the directory holding the ``vgpuhost`` package
     first, this interpreter's site-packages last.  ``curl``: the thin client
-    that hands the call to the agent without starting Python (True: found on
-    ``/usr/bin:/bin:/usr/local/bin``; a path; False or not found: none, the
-    handler talks to the agent itself).
+    that hands the call to the agent without starting Python, looked for in
+    :data:`CURL_DIRS` each time the hook runs (so the text does not depend on
+    whether curl is installed); False: none, the handler talks to the agent
+    itself.
     """
     import sysconfig
     from .. import __version__
@@ -73,8 +74,6 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
             "from vgpuhost.hook.runtime import run;run()")
     tbin = files.which("timeout", path="/usr/bin:/bin")
     backstop = (f"{_sh_quote(tbin)} -k {BACKSTOP_KILL_S} {timeout_s + BACKSTOP_EXTRA_S} " if tbin else "")
-    if curl is True:
-        curl = files.which("curl", path=CURL_PATH)
     from ..io.agentclient import default_socket
     values = {
         "@VERSION@": __version__,
@@ -85,7 +84,7 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
         "@BACKSTOP@": backstop,
         "@PYTHON@": _sh_quote(exe),
         "@BOOT@": _sh_quote(boot),
-        "@CURL@": _sh_quote(curl) if curl else "''",
+        "@CURL_DIRS@": " ".join(CURL_DIRS) if curl else "",
         "@AGENT_SOCKET@": _sh_quote(default_socket(str(host.root))),
     }
     text = _template()
@@ -128,7 +127,7 @@ RELOAD_HINT = ("libvirtd reads the hooks present when it starts: restart it or s
 
 def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s: int = DEFAULT_TIMEOUT_S,
             python: Optional[str] = None, store: "Optional[StateStore]" = None, actor: Optional[str] = None,
-            curl: "Optional[str] | bool" = True) -> HookOutcome:
+            curl: bool = True) -> HookOutcome:
     """Write the dispatcher as ``<hooks_dir>/vgpuhost`` (mode 0755, atomically), byte-compile the package.
 
     Idempotent: an identical file is left alone.  Refuses (RefusedError) to
