@@ -573,6 +573,43 @@ def test_hook_path_imports_stay_lean(make_host, tmp_path):
     assert proc.stdout.decode().strip() == "[]"
 
 
+#: modules a real host's hook path must not import (issue 17): each costs milliseconds per domain start
+LEAN_FORBIDDEN = {"pathlib", "enum", "re", "threading", "json", "typing", "dataclasses", "socket", "selectors",
+                  "random", "http", "email", "urllib"}
+#: ...of which the hook path still imports these (pathlib: HostRoot and the io doors hand out Path values;
+#: re, enum and urllib(.parse): pathlib imports them, and PCI address, UUID and XML parsing use re; json:
+#: the intent journal).  The test fails when one goes away too, so the list only shrinks: delete its name.
+LEAN_KNOWN = {"pathlib", "enum", "re", "json", "urllib"}
+
+
+def test_hook_path_imports_on_a_real_host(make_host):
+    """The handler as the dispatcher runs it on a real host (no simulator marker: no simulator imported),
+    in a fresh ``python -I -S``, with the agent tried already (``VGPUHOST_AGENT=off``): prepare (which
+    gets as far as the create write and its rollback: nothing makes the mdev appear in a plain tree)
+    and release, then the modules it imported."""
+    host = make_host("a40-mdev")
+    (host.sim_dir / "host.json").unlink()               # a plain tree: writes land in files, as on a real host
+    assert not host.is_simulated
+    code = ("import io,sys\n"
+            f"sys.path.insert(0, {str(Path(hook.__file__).parents[2])!r})\n"
+            "from vgpuhost.hook import runtime as hook\n"
+            "x=sys.stdin.buffer.read()\n"
+            "codes=[hook.main(['lean',op,sub,'-'], io.BytesIO(x), stderr=io.StringIO())\n"
+            "       for op, sub in (('prepare','begin'),('release','end'))]\n"
+            "print(codes)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('vgpuhost.sim')))\n"
+            f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(LEAN_FORBIDDEN)!r})))\n")
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "VGPUHOST_ROOT": str(host.root), "VGPUHOST_AGENT": "off"}
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=vgpu_domain("lean", DOM1, MDEV1).encode(),
+                          capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    codes, sim, imported = proc.stdout.decode().splitlines()
+    assert codes == "[3, 0]"        # the create write landed in a plain file, was found wanting and undone
+    assert sim == "[]"
+    top = {m.split(".")[0] for m in imported.split()}
+    assert top == LEAN_KNOWN, f"imported now: {sorted(top)}; listed as known: {sorted(LEAN_KNOWN)}"
+
+
 # ---------------------------------------------------------------------------
 # 16 domains start at once
 

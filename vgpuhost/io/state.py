@@ -71,7 +71,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import sqlite3
-import threading
+from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -372,7 +372,7 @@ class StateStore:
         """
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / DB_NAME
-        self._local = threading.local()
+        self._local = _thread_local()
         self._memory = False
         self._owned = owned
         if not create and not os.path.lexists(self.path):
@@ -884,7 +884,6 @@ def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
     starting together on a fresh host do exactly that, so the opening steps
     retry (10-50 ms apart, within the busy timeout) before giving up.
     """
-    import random
     import time
     deadline = time.monotonic() + budget_s
     while True:
@@ -894,6 +893,7 @@ def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
             text = str(e).lower()
             if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
                 raise
+            import random           # only when it has to wait (the hook's path stays lean)
             time.sleep(random.uniform(0.01, 0.05))
 
 
