@@ -583,20 +583,18 @@ class StateStore:
     def journal_open(self, *, kind: str, operation: str, owner: str, actor: str, gpu: str,
                      group: Optional[int], devices: list, steps: Sequence[str]) -> int:
         """Open a journal entry before an operation's first write; its id (committed at once)."""
-        import json
         with self.transaction() as conn:
             return conn.execute(
                 "INSERT INTO journal (kind, operation, owner, actor, gpu, iommu_group, devices, steps, pid, opened) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (kind, operation, owner, actor, gpu, group, json.dumps(devices, sort_keys=True),
-                 json.dumps(list(steps)), os.getpid(), utcnow())).lastrowid
+                (kind, operation, owner, actor, gpu, group, json_text(devices, sort_keys=True),
+                 json_text(list(steps)), os.getpid(), utcnow())).lastrowid
 
     def journal_update(self, entry_id: int, *, devices: Optional[list] = None, done: Optional[int] = None) -> None:
         """Record progress: the devices as they now stand, and/or the number of completed steps."""
-        import json
         if devices is not None:
             self._conn().execute("UPDATE journal SET devices = ? WHERE id = ?",
-                                 (json.dumps(devices, sort_keys=True), entry_id))
+                                 (json_text(devices, sort_keys=True), entry_id))
         if done is not None:
             self._conn().execute("UPDATE journal SET done = ? WHERE id = ?", (done, entry_id))
 
@@ -608,7 +606,6 @@ class StateStore:
 
     def journal_entries(self, *, open_only: bool = False, gpu: Optional[str] = None) -> List[JournalEntry]:
         """Journal entries, oldest first (``open_only``: those still open; ``gpu``: touching that GPU)."""
-        import json
         sql = ("SELECT id, kind, operation, owner, actor, gpu, iommu_group, devices, steps, done, state, pid, "
                "opened, closed, outcome FROM journal")
         where, args = [], []
@@ -619,9 +616,13 @@ class StateStore:
             args.append(gpu)
         if where:
             sql += " WHERE " + " AND ".join(where)
+        rows = self._conn().execute(sql + " ORDER BY id", args).fetchall()
+        if not rows:
+            return []           # the usual case on a device operation's path: json is not imported
+        import json
         return [JournalEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]),
                              r[9], r[10], r[11], r[12], r[13], r[14])
-                for r in self._conn().execute(sql + " ORDER BY id", args)]
+                for r in rows]
 
     # --- passthrough records ------------------------------------------------
     def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,
@@ -873,6 +874,77 @@ def _statements(script: str) -> List[str]:
     if "".join(buf).strip():
         out.append("\n".join(buf))
     return out
+
+
+_JSON_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def json_text(value, *, sort_keys: bool = False) -> str:
+    """``json.dumps(value, sort_keys=sort_keys)``, byte for byte, for the JSON-shaped values the
+    journal stores (dicts with string keys, lists, tuples, strings, ints, bools, None), without
+    importing :mod:`json` (and with it :mod:`re`) on every device operation's path; any other value
+    (floats included) goes to :func:`json.dumps` itself."""
+    parts: List[str] = []
+    if not _json_into(value, parts, sort_keys):
+        import json
+        return json.dumps(value, sort_keys=sort_keys)
+    return "".join(parts)
+
+
+def _json_into(value, out: List[str], sort_keys: bool) -> bool:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif type(value) is int:
+        out.append(int.__repr__(value))
+    elif type(value) is str:
+        out.append(_json_str(value))
+    elif type(value) in (list, tuple):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(", ")
+            if not _json_into(item, out, sort_keys):
+                return False
+        out.append("]")
+    elif type(value) is dict:
+        if not all(type(k) is str for k in value):
+            return False
+        out.append("{")
+        for i, k in enumerate(sorted(value) if sort_keys else value):
+            if i:
+                out.append(", ")
+            out.append(_json_str(k))
+            out.append(": ")
+            if not _json_into(value[k], out, sort_keys):
+                return False
+        out.append("}")
+    else:
+        return False
+    return True
+
+
+def _json_str(text: str) -> str:
+    """A JSON string as json.dumps writes it (ensure_ascii: everything outside space..~ escaped)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'
+    out = ['"']
+    for c in text:
+        n = ord(c)
+        if c in _JSON_ESCAPES:
+            out.append(_JSON_ESCAPES[c])
+        elif 0x20 <= n <= 0x7e:
+            out.append(c)
+        elif n > 0xFFFF:
+            n -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 | (n >> 10), 0xDC00 | (n & 0x3FF)))
+        else:
+            out.append("\\u%04x" % n)
+    out.append('"')
+    return "".join(out)
 
 
 def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
