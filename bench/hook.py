@@ -14,6 +14,9 @@ XML on stdin and libvirt's minimal environment (``PATH``, ``HOME``,
   prepare     DIR/vgpuhost NAME prepare begin -   (must exit 0 and make the vGPU)
   release     DIR/vgpuhost NAME release end -     (must exit 0 and remove it)
   no-meta     DIR/vgpuhost NAME prepare begin -   for the domain without metadata
+  no-meta release  DIR/vgpuhost NAME release end -   for it too (once vgpuhost's state store
+              exists, every release end reaches the handler or the agent: the store,
+              not the XML, says what a domain holds)
   clean python -I -c pass   the yardstick: the interpreter the hook runs, started
               clean (with ``site``) from an empty venv made with ``python -m venv
               --without-pip``: the editable install's ``.pth`` files and
@@ -165,6 +168,9 @@ class Bench:
     def no_meta(self) -> Tuple[float, float]:
         return self._dispatch("plain-vm", "prepare", "begin", self.plain)
 
+    def no_meta_release(self) -> Tuple[float, float]:
+        return self._dispatch("plain-vm", "release", "end", self.plain)
+
     def check(self, present: bool, after: str) -> None:
         if self._device_present() != present:
             raise SystemExit(f"bench: {self.label}: after {after} the vGPU is "
@@ -206,6 +212,7 @@ def main(argv: List[str] = None) -> int:
             jobs.append((label, lambda cmd=cmd: (timed(lambda: _run_quiet(cmd)), 0.0)))
         for b in benches:
             jobs.append((f"{b.label} no-meta", b.no_meta))
+            jobs.append((f"{b.label} no-meta release", b.no_meta_release))
             jobs.append((f"{b.label} prepare+release", b))        # a pair: prepare, check, release, check
         # warm-up: page cache, and a first start/stop that proves each host works
         for label, job in jobs:
@@ -251,6 +258,8 @@ def main(argv: List[str] = None) -> int:
         target = "<= 2.5" if b.agent is not None else "<= 5"
         print(f"{b.label:<{width}}  {'own (prepare + release) / clean start':<40}{pair / base:>8.2f}  {target}")
         print(f"{b.label:<{width}}  {'no-meta / clean start':<40}{nometa / base:>8.2f}  < 0.5")
+        print(f"{b.label:<{width}}  {'no-meta release / clean start':<40}"
+              f"{own[f'{b.label} no-meta release'] / base:>8.2f}")
     return 0
 
 
