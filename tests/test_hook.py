@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -1114,3 +1115,58 @@ def test_release_of_a_domain_that_holds_nothing_stays_cheap_and_silent(make_host
     proc = dispatch(path, ["plain", "release", "end", "-"], plain.encode())
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
     assert len(audit(host)) == n and set(mdevs(host)) == {MDEV1}
+
+
+NO_PYTHON = "/nonexistent/vgpuhost-test/python3"
+
+
+def test_release_of_a_domain_the_store_never_started_starts_no_python(make_host, tmp_path):
+    """The store keeps a marker per domain it records as started; a plain domain's 'release end'
+    finds none and the dispatcher exits 0 without starting Python (an installed interpreter that
+    does not exist proves it), while a started domain whose metadata is gone still reaches it."""
+    host = make_host("a40-mdev")
+    assert dispatch(install(host, tmp_path), ["web", "prepare", "begin", "-"],
+                    vgpu_domain("web", DOM1, MDEV1).encode()).returncode == 0
+    markers = Path(str(host.state_dir)) / "domains"
+    assert sorted(p.name for p in markers.iterdir()) == [DOM1]
+    path = install(host, tmp_path, python=NO_PYTHON)
+    plain = domain_xml("plain", DOM2, hostdevs=[])
+    proc = dispatch(path, ["plain", "release", "end", "-"], plain.encode())
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+    # web holds a vGPU and lost its metadata: the dispatcher must run the handler (here: fails to start it)
+    proc = dispatch(path, ["web", "release", "end", "-"], _without_metadata(vgpu_domain("web", DOM1, MDEV1)).encode())
+    assert proc.returncode != 0 and MDEV1 in mdevs(host)
+    # with a real interpreter it releases and the marker goes with the row
+    proc = dispatch(install(host, tmp_path), ["web", "release", "end", "-"],
+                    _without_metadata(vgpu_domain("web", DOM1, MDEV1)).encode())
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert mdevs(host) == {} and store(host).active_domains() == {} and list(markers.iterdir()) == []
+
+
+def test_a_store_from_before_the_markers_runs_the_handler_and_gets_its_markers(make_host, tmp_path):
+    """An upgraded host: domains started by a vgpuhost without markers are in the store but have no
+    marker; the dispatcher runs the handler for every release until the folder exists, and the next
+    change makes it with a marker for each recorded domain."""
+    host = make_host("a40-mdev")
+    path = install(host, tmp_path)
+    for name, dom, mdev in (("web", DOM1, MDEV1), ("db", DOM2, MDEV2)):
+        assert dispatch(path, [name, "prepare", "begin", "-"], vgpu_domain(name, dom, mdev).encode()).returncode == 0
+    markers = Path(str(host.state_dir)) / "domains"
+    shutil.rmtree(markers)
+    proc = dispatch(install(host, tmp_path, python=NO_PYTHON), ["web", "release", "end", "-"],
+                    _without_metadata(vgpu_domain("web", DOM1, MDEV1)).encode())
+    assert proc.returncode != 0                     # it tried the handler
+    proc = dispatch(path, ["web", "release", "end", "-"], _without_metadata(vgpu_domain("web", DOM1, MDEV1)).encode())
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert sorted(p.name for p in markers.iterdir()) == [DOM2] and set(mdevs(host)) == {MDEV2}
+
+
+def test_a_domain_xml_with_two_uuid_elements_goes_to_the_handler(make_host, tmp_path):
+    """The dispatcher reads the UUID with sh patterns only when there is one <uuid> element."""
+    host = make_host("a40-mdev")
+    assert dispatch(install(host, tmp_path), ["web", "prepare", "begin", "-"],
+                    vgpu_domain("web", DOM1, MDEV1).encode()).returncode == 0
+    plain = domain_xml("plain", DOM2, hostdevs=[])
+    odd = plain.replace("</domain>", "<metadata><x:a xmlns:x='urn:x'><uuid>%s</uuid></x:a></metadata></domain>" % DOM1)
+    proc = dispatch(install(host, tmp_path, python=NO_PYTHON), ["plain", "release", "end", "-"], odd.encode())
+    assert proc.returncode != 0                     # not decided by the first <uuid> it saw

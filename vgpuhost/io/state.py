@@ -347,6 +347,29 @@ class PassthroughRecord:
     owner: str = "manual"
 
 
+MARKER_DIR = "domains"
+_UUID_CHARS = frozenset("0123456789abcdef-")
+
+
+def _is_uuid(u: str) -> bool:
+    """A lower-case 8-4-4-4-12 UUID (safe as a file name), without importing ``re``."""
+    return (len(u) == 36 and set(u) <= _UUID_CHARS
+            and [len(p) for p in u.split("-")] == [8, 4, 4, 4, 12])
+
+
+def _touch(folder: str, uuid: str) -> None:
+    """Create the marker ``folder/uuid`` and make it durable (the folder is synced)."""
+    if not _is_uuid(uuid):
+        return
+    fd = os.open(os.path.join(folder, uuid), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class StateStore:
     """The SQLite state store in one state directory.
 
@@ -645,8 +668,41 @@ class StateStore:
                       rec.position, rec.time, int(rec.persisted), rec.owner))
 
     # --- domains the hook started ---------------------------------------------
+    # Each row of ``domains`` has a marker file ``<state dir>/domains/<uuid>``.
+    # The hook's sh dispatcher reads it at ``release end`` for a domain whose
+    # XML no longer names vgpuhost's metadata: no marker, nothing held, and no
+    # Python starts (docs/performance.md).  The marker is made before the row
+    # is committed and removed after the row is deleted, so a crash can leave
+    # a marker without a row (one Python start too many) but never the
+    # reverse.  A state dir without the marker folder (a store from before the
+    # markers) makes the dispatcher run the handler for every release; the
+    # folder is made, with a marker per recorded domain, at the next change.
+    def _markers(self) -> "Optional[str]":
+        if self._memory:
+            return None
+        d = os.path.join(str(self.state_dir), MARKER_DIR)
+        if not os.path.isdir(d):
+            tmp = d + f".{os.getpid()}.new"
+            try:
+                os.mkdir(tmp, 0o700)
+                for u in self.active_domains():
+                    _touch(tmp, u)
+                os.rename(tmp, d)              # the folder appears whole, or not at all
+            except FileExistsError:
+                pass                           # another process made it
+            except OSError:
+                return None                    # no markers: the dispatcher keeps running the handler
+        return d
+
     def domain_started(self, uuid: str, name: str) -> None:
         """Record that domain ``uuid`` is starting (the hook's ``prepare begin``); upsert."""
+        d = self._markers()
+        if d is not None:
+            try:
+                _touch(d, uuid)
+            except OSError as e:
+                raise HostEnvironmentError(f"cannot write the domain marker in {d!r}: {e.strerror}",
+                                           hint="free space or fix the state dir's owner and mode, then retry") from None
         with self.transaction() as conn:
             conn.execute("INSERT OR REPLACE INTO domains VALUES (?, ?, ?)", (uuid, name, utcnow()))
 
@@ -654,6 +710,12 @@ class StateStore:
         """Forget domain ``uuid`` (the hook's ``release end``); no-op when unknown."""
         with self.transaction() as conn:
             conn.execute("DELETE FROM domains WHERE uuid = ?", (uuid,))
+        d = self._markers()
+        if d is not None and _is_uuid(uuid):
+            try:
+                os.unlink(os.path.join(d, uuid))
+            except FileNotFoundError:
+                pass
 
     def active_domains(self) -> Dict[str, str]:
         """``{domain UUID: name}`` of domains started through the hook and not yet released."""
