@@ -1156,6 +1156,7 @@ def test_a_store_from_before_the_markers_runs_the_handler_and_gets_its_markers(m
     proc = dispatch(install(host, tmp_path, python=NO_PYTHON), ["web", "release", "end", "-"],
                     _without_metadata(vgpu_domain("web", DOM1, MDEV1)).encode())
     assert proc.returncode != 0                     # it tried the handler
+    path = install(host, tmp_path)                  # the real interpreter again
     proc = dispatch(path, ["web", "release", "end", "-"], _without_metadata(vgpu_domain("web", DOM1, MDEV1)).encode())
     assert (proc.returncode, proc.stderr) == (0, b"")
     assert sorted(p.name for p in markers.iterdir()) == [DOM2] and set(mdevs(host)) == {MDEV2}
