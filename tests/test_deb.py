@@ -179,7 +179,9 @@ def test_deb_installs_into_a_debian_root_and_runs(tmp_path):
     # the installed command, from Debian's Python: a simulated host's readiness, its GPUs and types
     check = inside("/usr/bin/vgpuhost", "--root", "/srv/host", "host", "check", check=False)
     assert check.returncode in (0, 1), check.stderr
-    assert "BOOT_VGA" in check.stdout and "host is ready" in check.stdout, check.stdout
+    # one GeForce whose passthrough is blocked, no vGPU, no MIG: not ready (issue 12 #4i), and says why
+    assert check.returncode == 1 and "BOOT_VGA" in check.stdout, check.stdout
+    assert "host is NOT ready: 0000:01:00.0 can serve no mode now" in check.stdout, check.stdout
     doc = json.loads(inside("/usr/bin/vgpuhost", "--root", "/srv/host", "--json", "gpus").stdout)
     assert [g["address"] for g in doc["gpus"]] == ["0000:01:00.0"], doc
     types = json.loads(inside("/usr/bin/vgpuhost", "--json", "types").stdout)

@@ -389,3 +389,80 @@ def test_c_a_pf_with_vfs_enabled_is_refused_with_the_fix(make_host, capsys):
     with pytest.raises(SysfsError) as ei:
         fs.write(host.pci_drivers / "vfio-pci" / "bind", gpu)
     assert ei.value.errno == 16
+
+
+# ---------------------------------------------------------------------------
+# i. host check: one verdict per mode, matching what the commands then do
+
+def _verdicts(capsys, host):
+    import json
+    code, out, err = cli(capsys, host, "--json", "host", "check")
+    doc = json.loads(out)
+    return code, doc, {(g["gpu"], m["mode"]): g for m in doc["modes"] for g in m["gpus"]}
+
+
+def _profile_for(host, gpu):
+    """A profile the GPU offers now (its first type with a free instance), else one its board has."""
+    from vgpuhost.io.catalog import load_catalog
+    from vgpuhost.observe.inventory import discover
+    inv = discover(Sysfs(host))
+    free = [t.name for t in inv.vgpu_types if t.gpu == A(gpu) and t.available_instances > 0]
+    if free:
+        return free[0]
+    dev = inv.gpu(A(gpu)).pci.device
+    model = next(m for m in load_catalog().gpus.values() if m.ids.device == dev)
+    timesliced = [t for t in model.vgpu_types if t.gi_profile is None]
+    return (timesliced or model.vgpu_types)[0].name if model.vgpu_types else "A40-8Q"
+
+
+@pytest.mark.parametrize("spec", ["a100-sriov-mdev", "a40-mdev", "h200-mig", "h200-mig-on", "iommu-off",
+                                  "l40s-vendor-vfio", "sata-shared-group", "turing-consumer"])
+def test_i_each_mode_verdict_is_what_the_command_then_does(make_host, capsys, spec):
+    """For every GPU: passthrough 'ready' iff 'passthrough prepare --dry-run' goes ahead; vGPU 'ready' iff
+    'vgpu create --gpu --dry-run' of a profile it offers goes ahead; MIG 'ready' iff MIG is on or
+    'mig enable --dry-run' goes ahead."""
+    host = make_host(spec)
+    code, doc, v = _verdicts(capsys, host)
+    gpus = sorted({g for g, _ in v})
+    assert gpus and {m["mode"] for m in doc["modes"]} == {"passthrough", "vgpu", "mig"}
+    for gpu in gpus:
+        rc, _, err = cli(capsys, host, "passthrough", "prepare", gpu, "--dry-run")
+        assert (rc == 0) == (v[gpu, "passthrough"]["verdict"] == "ready"), (gpu, rc, err, v[gpu, "passthrough"])
+        rc, _, err = cli(capsys, host, "vgpu", "create", "--gpu", gpu, "--profile", _profile_for(host, gpu),
+                         "--dry-run")
+        assert (rc == 0) == (v[gpu, "vgpu"]["verdict"] == "ready"), (gpu, rc, err, v[gpu, "vgpu"])
+        rc, out, err = cli(capsys, host, "mig", "show", "--gpu", gpu)
+        mig_on = rc == 0 and ": MIG on" in out
+        rc, _, err = cli(capsys, host, "mig", "enable", "--gpu", gpu, "--dry-run")
+        assert (rc == 0 or mig_on) == (v[gpu, "mig"]["verdict"] == "ready"), (gpu, rc, err, v[gpu, "mig"])
+        if v[gpu, "mig"]["verdict"] == "unsupported":
+            assert "not MIG-capable" in err
+    # the host is ready only when no finding is an error and every GPU serves some mode now
+    idle = [g for g in gpus if all(v[g, m]["verdict"] != "ready" for m in ("passthrough", "vgpu", "mig"))]
+    assert doc["ready"] == (doc["counts"]["error"] == 0 and not idle) and code == (0 if doc["ready"] else 1)
+    assert all(m["verdict"] == ("ready" if any(g["verdict"] == "ready" for g in m["gpus"]) else m["verdict"])
+               for m in doc["modes"])
+
+
+def test_i_no_vgpu_ready_with_zero_types_and_no_ready_host_with_its_only_gpu_blocked(make_host, capsys):
+    # the H200 in MIG mode with no GPU instance: its VFs offer no type, so no "ok VGPU_READY ... 0 types"
+    host = make_host("h200-mig-on")
+    code, out, _ = cli(capsys, host, "host", "check")
+    assert "VGPU_READY" not in out and "0 types" not in out, out
+    assert "VGPU_NO_TYPES" in out and "mig apply --gpu 0000:18:00.0" in out
+    _, _, v = _verdicts(capsys, host)
+    assert v["0000:18:00.0", "vgpu"]["verdict"] == "blocked" and v["0000:18:00.0", "mig"]["verdict"] == "ready"
+    # one GeForce, passthrough blocked (console, persistenced, nvidia_drm), no vGPU, no MIG: not ready
+    host = make_host("turing-consumer")
+    code, out, _ = cli(capsys, host, "host", "check")
+    assert code == 1 and "host is ready" not in out, out
+    assert "host is NOT ready: 0000:01:00.0 can serve no mode now (passthrough blocked" in out
+    code, doc, v = _verdicts(capsys, host)
+    assert code == 1 and doc["ready"] is False and doc["counts"]["error"] == 0
+    assert v["0000:01:00.0", "passthrough"]["verdict"] == "blocked"
+    assert "nvidia-persistenced" in v["0000:01:00.0", "passthrough"]["reason"]
+    # the A100 with its VFs on: passthrough is blocked (issue 12 #4c), vGPU is ready, so the host is
+    # ready and says for which modes
+    host = make_host("a100-sriov-mdev")
+    code, out, _ = cli(capsys, host, "host", "check")
+    assert code == 0 and "host is ready for vGPU, MIG (passthrough blocked)" in out, out

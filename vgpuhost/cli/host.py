@@ -24,12 +24,18 @@ def host() -> None:
 @host.command("check")
 @pass_ctx
 def host_check(ctx: Context) -> None:
-    """Is this host ready for GPU virtualisation?  Exit 0 ready, 1 problems found."""
-    from ..policy.checks import check_host, is_ready
+    """Is this host ready for GPU virtualisation, and for which modes?
+
+    Findings, then one verdict per GPU for passthrough, vGPU and MIG (what
+    those commands would do now).  Exit 0 ready (no error, and every GPU can
+    serve some mode), 1 otherwise.
+    """
+    from ..ops.readiness import check
+    from ..policy.checks import host_ready
     from .output import check_doc, check_text
-    findings = check_host(ctx.inventory())
-    emit(ctx, check_doc(findings), check_text(findings))
-    sys.exit(EXIT_OK if is_ready(findings) else EXIT_PROBLEMS)
+    findings, verdicts = check(ctx.host, ctx.inventory())
+    emit(ctx, check_doc(findings, verdicts), check_text(findings, verdicts))
+    sys.exit(EXIT_OK if host_ready(findings, verdicts) else EXIT_PROBLEMS)
 
 
 @click.command("gpus")

@@ -13,7 +13,7 @@ from ..observe.inventory import Gpu, Inventory, VgpuType, free_instances
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only: `vgpuhost types` does not import typing
     from typing import Any, Dict, Iterable, List, Optional, Sequence
-    from ..policy.checks import Finding
+    from ..policy.checks import Finding, ModeVerdict
 
 SCHEMA_GPUS = "vgpuhost.gpus/v1"
 SCHEMA_TYPES = "vgpuhost.types/v1"
@@ -244,14 +244,22 @@ def types_table(entries: List[Dict[str, Any]]) -> str:
 
 # --- host check ----------------------------------------------------------
 
-def check_doc(findings: List[Finding]) -> Dict[str, Any]:
-    from ..policy.checks import is_ready
+def check_doc(findings: List[Finding], verdicts: Sequence[ModeVerdict] = ()) -> Dict[str, Any]:
+    """``vgpuhost.host-check/v1``: ``ready`` (no error and every GPU can serve some mode now), the
+    counts, the findings, and ``modes``: per mode its host verdict and each GPU's."""
+    from ..policy.checks import MODES, host_ready, host_verdicts
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info", "ok")}
-    return {"schema": SCHEMA_HOST_CHECK, "ready": is_ready(findings), "counts": counts,
-            "findings": [f.as_dict() for f in findings]}
+    verdicts = list(verdicts)
+    per_host = host_verdicts(verdicts)
+    modes = [{"mode": m, "verdict": per_host[m],
+              "gpus": [{k: v for k, v in x.as_dict().items() if k != "mode"} for x in verdicts if x.mode == m]}
+             for m in MODES]
+    return {"schema": SCHEMA_HOST_CHECK, "ready": host_ready(findings, verdicts), "counts": counts,
+            "findings": [f.as_dict() for f in findings], "modes": modes}
 
 
-def check_text(findings: List[Finding], root: Optional[str] = None) -> str:
+def check_text(findings: List[Finding], verdicts: Sequence[ModeVerdict] = (), root: Optional[str] = None) -> str:
+    from ..policy.checks import MODE_NAMES, MODES, host_verdicts, idle_gpus, is_ready
     rows = [[f.severity, f.subject, f.code, f.message] for f in findings]
     lines = table(["SEVERITY", "SUBJECT", "CODE", "FINDING"], rows).splitlines()
     out = [lines[0]]
@@ -260,9 +268,29 @@ def check_text(findings: List[Finding], root: Optional[str] = None) -> str:
         out.append(line)
         if f.fix:
             out.append(" " * fix_col + "fix: " + f.fix)
-    doc = check_doc(findings)
+    verdicts = list(verdicts)
+    if verdicts:
+        out.append("")
+        rows = [[MODE_NAMES[v.mode], v.gpu, v.verdict, v.reason] for v in verdicts]
+        lines = table(["MODE", "GPU", "VERDICT", "WHY"], rows).splitlines()
+        out.append(lines[0])
+        fix_col = lines[0].index("WHY")
+        for v, line in zip(verdicts, lines[1:]):
+            out.append(line)
+            if v.fix and v.verdict != "ready":
+                out.append(" " * fix_col + "fix: " + v.fix)
+    doc = check_doc(findings, verdicts)
     c = doc["counts"]
-    verdict = "ready" if doc["ready"] else "NOT ready"
+    tally = f"{c['error']} errors, {c['warning']} warnings"
+    per_host = host_verdicts(verdicts)
+    ready = [MODE_NAMES[m] for m in MODES if per_host[m] == "ready"]
+    others = ", ".join(f"{MODE_NAMES[m]} {per_host[m]}" for m in MODES if per_host[m] != "ready")
     out.append("")
-    out.append(f"host is {verdict}: {c['error']} errors, {c['warning']} warnings")
+    if doc["ready"]:
+        what = f" for {', '.join(ready)}" if verdicts else ""
+        out.append(f"host is ready{what}{f' ({others})' if ready and others else ''}: {tally}")
+    else:
+        idle = idle_gpus(verdicts)
+        why = (f": {', '.join(idle)} can serve no mode now" if idle and is_ready(findings) else "")
+        out.append(f"host is NOT ready{why}{f' ({others})' if why and others else ''}: {tally}")
     return "\n".join(out)

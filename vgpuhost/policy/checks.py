@@ -11,6 +11,11 @@ framebuffer, built-in vfio-pci), #mdev, #vendor-vfio (vGPU backends, SR-IOV).
 Severities: ``error`` (a GPU cannot be used as intended until fixed; the
 host is not ready: exit 1), ``warning`` (works with a caveat or after an
 operator step), ``info`` and ``ok``.
+
+Beside the findings, :func:`mode_verdicts` gives one verdict per GPU and
+mode (passthrough, vGPU, MIG) that says what the command for that mode
+would do now; the host is ready only when no finding is an error and every
+GPU can serve some mode (:func:`host_ready`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from ..model.values import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional
+    from typing import Dict, List, Mapping, Optional
+    from ..model.values import PciAddress
 
 SEVERITIES = ("error", "warning", "info", "ok")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
@@ -242,8 +248,16 @@ def _check_vgpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
     if gpu.vgpu_backend:
         n_types = len({t.type_id for t in inv.vgpu_types if t.gpu == gpu.address})
         where = f"on {len(gpu.vfs)} SR-IOV VFs" if gpu.vfs else "on the physical function"
-        out = [Finding("ok", "VGPU_READY", subject,
-                       f"{gpu.model}: vGPU via {gpu.vgpu_backend} {where}, {n_types} types")]
+        if n_types:
+            out = [Finding("ok", "VGPU_READY", subject,
+                           f"{gpu.model}: vGPU via {gpu.vgpu_backend} {where}, {n_types} types")]
+        else:       # the backend is there, but nothing can be created on it now
+            out = [Finding("warning", "VGPU_NO_TYPES", subject,
+                           f"{gpu.model}: vGPU via {gpu.vgpu_backend} {where}, but "
+                           f"{'no VF offers' if gpu.vfs else 'it offers no'} vGPU type",
+                           "with MIG mode on, MIG-backed types appear once GPU instances exist "
+                           f"(vgpuhost mig apply --gpu {subject} LAYOUT); otherwise check the NVIDIA vGPU "
+                           "manager (nvidia-smi vgpu)")]
         if gpu.vfs:
             shared = [v for v in gpu.vfs if (g := inv.group_of(v)) is not None and len(g.members) > 1]
             if shared:
@@ -263,3 +277,185 @@ def _check_vgpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
     if dev.driver is None:
         return [Finding("info", "UNBOUND", subject, f"{gpu.model} is bound to no driver")]
     return []
+
+
+# --- one verdict per mode (issue 12 #4i) ------------------------------------------------------
+
+MODES = ("passthrough", "vgpu", "mig")
+MODE_NAMES = {"passthrough": "passthrough", "vgpu": "vGPU", "mig": "MIG"}
+VERDICTS = ("ready", "blocked", "unsupported", "unknown")
+
+
+@record(frozen=True)
+class GpuFacts:
+    """What ``host check`` knows of one GPU beyond sysfs (the caller reads them: this module reads nothing).
+
+    ``vgpu_board``: the board catalog lists vGPU types for the board (None:
+    a board the catalog does not know).  ``mig_capable``: NVML reports a
+    MIG mode, else the catalog's word (None: neither knows).  ``mig_on`` /
+    ``mig_pending``: NVML's current and pending MIG mode (None: not read).
+    ``gpu_instances``, ``active_vgpus``: NVML's counts (None: not read).
+    ``nvml_error``: why NVML gave no answer for this GPU ("" when it did).
+    """
+
+    vgpu_board: Optional[bool] = None
+    mig_capable: Optional[bool] = None
+    mig_on: Optional[bool] = None
+    mig_pending: Optional[bool] = None
+    gpu_instances: Optional[int] = None
+    active_vgpus: Optional[int] = None
+    nvml_error: str = ""
+
+
+@record(frozen=True)
+class ModeVerdict:
+    """Can ``gpu`` serve ``mode`` now, as the command for that mode would answer?
+
+    ``verdict``: ``ready`` (the command goes ahead), ``blocked`` (it refuses
+    until the ``fix`` is done), ``unsupported`` (the board or its software
+    cannot), ``unknown`` (NVML could not be asked).  ``reason``: one line,
+    what the command would say (for ``ready``, what the GPU offers).
+    """
+
+    gpu: str
+    mode: str
+    verdict: str
+    reason: str
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def mode_verdicts(inv: Inventory, facts: Optional[Mapping[PciAddress, GpuFacts]] = None) -> List[ModeVerdict]:
+    """Per GPU (BDF order), one :class:`ModeVerdict` for each of :data:`MODES`.
+
+    The passthrough verdict is the refusal ``passthrough prepare BDF``
+    gives before any write (:func:`vgpuhost.policy.iommu.group_endpoints`,
+    :func:`~vgpuhost.policy.iommu.prepare_blockers`, without
+    ``--allow-boot-vga``); the vGPU verdict is whether the GPU offers any vGPU
+    type now; the MIG verdict is whether ``mig enable``/``mig apply`` go ahead.
+    """
+    facts = facts or {}
+    out: List[ModeVerdict] = []
+    for gpu in inv.gpus:
+        f = facts.get(gpu.address, GpuFacts())
+        out.append(_passthrough_verdict(inv, gpu))
+        out.append(_vgpu_verdict(inv, gpu, f))
+        out.append(_mig_verdict(gpu, f))
+    return out
+
+
+def host_verdicts(verdicts: List[ModeVerdict]) -> Dict[str, str]:
+    """``{mode: verdict}`` for the host: ``ready`` when some GPU is ready for it, else ``blocked``
+    when some GPU is blocked, ``unknown`` when some is unknown, else ``unsupported``."""
+    out: Dict[str, str] = {}
+    for mode in MODES:
+        seen = {v.verdict for v in verdicts if v.mode == mode}
+        out[mode] = next((v for v in VERDICTS if v in seen), "unsupported")
+    return out
+
+
+def idle_gpus(verdicts: List[ModeVerdict]) -> List[str]:
+    """The GPUs that can serve no mode now (no verdict ``ready``), BDF order."""
+    gpus = list(dict.fromkeys(v.gpu for v in verdicts))
+    return [g for g in gpus if not any(v.gpu == g and v.verdict == "ready" for v in verdicts)]
+
+
+def host_ready(findings: List[Finding], verdicts: List[ModeVerdict]) -> bool:
+    """The host is ready when no finding is an error and every GPU can serve some mode now."""
+    return is_ready(findings) and not idle_gpus(verdicts)
+
+
+def _passthrough_verdict(inv: Inventory, gpu: Gpu) -> ModeVerdict:
+    from ..model.errors import VgpuhostError
+    from .iommu import VFIO_PCI, group_endpoints, prepare_blockers
+    subject = str(gpu.address)
+    try:
+        group, endpoints, _ = group_endpoints(inv, gpu.address)
+    except VgpuhostError as e:
+        fix = (e.hint or "").replace("; 'vgpuhost host check' says more", "")
+        return ModeVerdict(subject, "passthrough", "blocked", e.message, fix)
+    if all(d.driver == VFIO_PCI for d in endpoints):
+        return ModeVerdict(subject, "passthrough", "ready",
+                           f"IOMMU group {group} is bound to vfio-pci (passed through, or ready for a VM)")
+    blockers = prepare_blockers(inv, gpu.address, endpoints, allow_boot_vga=False)
+    if blockers:
+        return ModeVerdict(subject, "passthrough", "blocked", "; ".join(blockers),
+                           "each reason names its fix; then 'vgpuhost passthrough prepare " + subject + "'")
+    n = len(endpoints)
+    return ModeVerdict(subject, "passthrough", "ready",
+                       f"IOMMU group {group}: {n} function{'s' if n != 1 else ''} would move to vfio-pci")
+
+
+def _vgpu_verdict(inv: Inventory, gpu: Gpu, f: GpuFacts) -> ModeVerdict:
+    subject = str(gpu.address)
+    dev = gpu.pci
+
+    def v(verdict: str, reason: str, fix: str = "") -> ModeVerdict:
+        return ModeVerdict(subject, "vgpu", verdict, reason, fix)
+
+    if dev.driver == "vfio-pci":
+        return v("blocked", f"{gpu.model} is passed through (bound to vfio-pci): it carries no vGPUs",
+                 f"vgpuhost passthrough release {subject}")
+    if gpu.vgpu_backend:
+        if gpu.vfs and not inv.iommu_enabled:
+            return v("blocked", "vGPUs on SR-IOV VFs need the IOMMU, which is off", _iommu_param_fix(inv))
+        types = [t for t in inv.vgpu_types if t.gpu == gpu.address]
+        n_types = len({t.type_id for t in types})
+        where = f"on {len(gpu.vfs)} SR-IOV VFs" if gpu.vfs else "on the physical function"
+        if not n_types:
+            if f.mig_on:
+                return v("blocked", f"vGPU via {gpu.vgpu_backend} {where}, but no VF offers a vGPU type: MIG mode "
+                                    "is on and MIG-backed types appear only on GPU instances",
+                         f"create GPU instances: vgpuhost mig apply --gpu {subject} LAYOUT (or vgpu create "
+                         "--create-gi)")
+            return v("blocked", f"vGPU via {gpu.vgpu_backend} {where}, but "
+                                f"{'no VF offers' if gpu.vfs else 'it offers no'} vGPU type",
+                     "check the NVIDIA vGPU manager (nvidia-smi vgpu, its kernel log) and its licence of this board")
+        free = len({t.type_id for t in types if t.available_instances > 0})
+        return v("ready", f"vGPU via {gpu.vgpu_backend} {where}: {n_types} types, {free} with a free instance now")
+    if f.vgpu_board is False:
+        return v("unsupported", f"{gpu.model} has no vGPU support (passthrough only)")
+    if dev.sriov_totalvfs and not dev.sriov_numvfs and dev.driver == "nvidia":
+        return v("blocked", f"{gpu.model}: no SR-IOV VF is enabled, so no vGPU type is visible",
+                 f"with the NVIDIA vGPU manager installed: /usr/lib/nvidia/sriov-manage -e {subject}")
+    if dev.driver is None:
+        return v("blocked", f"{gpu.model} is bound to no driver", "bind it to nvidia (the vGPU manager's driver)")
+    if dev.driver != "nvidia":
+        return v("blocked", f"{gpu.model} is bound to {dev.driver}", "bind it to nvidia (the vGPU manager's driver)")
+    return v("blocked", f"{gpu.model} shows no vGPU types", "install the NVIDIA vGPU manager (nvidia_vgpu_vfio)")
+
+
+def _mig_verdict(gpu: Gpu, f: GpuFacts) -> ModeVerdict:
+    subject = str(gpu.address)
+
+    def v(verdict: str, reason: str, fix: str = "") -> ModeVerdict:
+        return ModeVerdict(subject, "mig", verdict, reason, fix)
+
+    if f.mig_capable is False:
+        return v("unsupported", f"{gpu.model} is not MIG-capable")
+    if gpu.pci.driver == "vfio-pci":
+        return v("blocked", f"{gpu.model} is passed through (bound to vfio-pci): NVML does not see it",
+                 f"vgpuhost passthrough release {subject}")
+    if f.mig_on is None:
+        if f.mig_capable is None:
+            return v("unknown" if f.nvml_error else "unsupported",
+                     f"NVML: {f.nvml_error}" if f.nvml_error else f"{gpu.model} reports no MIG mode")
+        return v("unknown", f"{gpu.model} is MIG-capable; NVML: {f.nvml_error or 'no answer'}",
+                 "is the NVIDIA driver loaded? ('vgpuhost mig show')")
+    if f.mig_pending is not None and f.mig_pending != f.mig_on:
+        return v("blocked", f"MIG mode {'on' if f.mig_pending else 'off'} is pending until the GPU is reset",
+                 "reset the GPU (nvidia-smi -r -i BDF) or reboot")
+    if f.mig_on:
+        n = f.gpu_instances or 0
+        return v("ready", f"MIG mode on, {n} GPU instance{'s' if n != 1 else ''}")
+    if gpu.vgpu_backend == "vendor-vfio" and gpu.vfs:
+        return v("blocked", f"MIG mode is off, and it can change only while the {len(gpu.vfs)} SR-IOV VFs are "
+                            "disabled",
+                 f"/usr/lib/nvidia/sriov-manage -d {subject}; vgpuhost mig enable --gpu {subject}; "
+                 f"/usr/lib/nvidia/sriov-manage -e {subject}")
+    if f.active_vgpus:
+        return v("blocked", f"MIG mode is off, and {f.active_vgpus} vGPU(s) exist: it cannot change while they do",
+                 "remove them first ('vgpuhost vgpu list')")
+    return v("ready", f"MIG mode off: 'vgpuhost mig enable --gpu {subject}' turns it on")

@@ -1,0 +1,64 @@
+"""``host check``: the findings and one verdict per mode (passthrough, vGPU, MIG) for each GPU.
+
+Owns: gathering what the pure checks (:mod:`vgpuhost.policy.checks`) need
+beyond the inventory: the board catalog's word on vGPU and MIG support, and
+NVML's MIG mode, GPU instances and active vGPUs.  NVML that cannot be had
+(no driver, no nvidia-ml-py) is reported per GPU, never raised: ``host
+check`` runs on hosts that are not ready.  Must not: change the host.
+"""
+
+from __future__ import annotations
+
+from ..io.hostroot import HostRoot
+from ..model.errors import VgpuhostError
+from ..policy.checks import GpuFacts, check_host, mode_verdicts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Tuple
+    from ..model.values import PciAddress
+    from ..observe.inventory import Inventory
+    from ..policy.checks import Finding, ModeVerdict
+
+
+def gpu_facts(host: HostRoot, inv: Inventory) -> Dict[PciAddress, GpuFacts]:
+    """:class:`GpuFacts` for every GPU of ``inv``: the catalog, then NVML (GPUs on nvidia only)."""
+    from ..io.backends import open_backend
+    from ..io.catalog import load_catalog
+    from ..io.nvml import NvmlError
+    models = {m.ids.device: m for m in load_catalog().gpus.values()}
+    try:
+        backend, nvml_error = open_backend(host), ""
+    except VgpuhostError as e:
+        backend, nvml_error = None, e.message
+    out: Dict[PciAddress, GpuFacts] = {}
+    for g in inv.gpus:
+        m = models.get(g.pci.device)
+        base = dict(vgpu_board=bool(m.vgpu_types) if m is not None else None,
+                    mig_capable=m.mig_capable if m is not None else None)
+        if backend is None or g.pci.driver != "nvidia":
+            reason = nvml_error or f"NVML sees only GPUs on the nvidia driver; {g.address} is on " \
+                                   f"{g.pci.driver or 'no driver'}"
+            out[g.address] = GpuFacts(**base, nvml_error=reason)
+            continue
+        try:
+            mode = backend.mig_mode(g.address)
+            gis = len(backend.gpu_instances(g.address)) if mode is not None and mode[0] else 0
+            try:
+                active = int(backend.active_vgpus(g.address))
+            except NvmlError as e:
+                if not e.not_supported:
+                    raise
+                active = 0
+        except NvmlError as e:
+            out[g.address] = GpuFacts(**base, nvml_error=e.one_line())
+            continue
+        base["mig_capable"] = mode is not None
+        out[g.address] = GpuFacts(**base, mig_on=mode[0] if mode else None, mig_pending=mode[1] if mode else None,
+                                  gpu_instances=gis, active_vgpus=active)
+    return out
+
+
+def check(host: HostRoot, inv: Inventory) -> Tuple[List[Finding], List[ModeVerdict]]:
+    """``host check``: the findings and the per-GPU mode verdicts."""
+    return check_host(inv), mode_verdicts(inv, gpu_facts(host, inv))
