@@ -1171,3 +1171,64 @@ def test_a_domain_xml_with_two_uuid_elements_goes_to_the_handler(make_host, tmp_
     odd = plain.replace("</domain>", "<metadata><x:a xmlns:x='urn:x'><uuid>%s</uuid></x:a></metadata></domain>" % DOM1)
     proc = dispatch(install(host, tmp_path, python=NO_PYTHON), ["plain", "release", "end", "-"], odd.encode())
     assert proc.returncode != 0                     # not decided by the first <uuid> it saw
+
+
+# ---------------------------------------------------------------------------
+# issue 12 #4l: an mdevctl definition (defined, not started) for the UUID a domain names
+
+def _define_in_mdevctl(host, parent: str, uuid: str, text: str) -> Path:
+    d = host.mdevctl_d / parent
+    d.mkdir(parents=True, exist_ok=True)
+    (d / uuid).write_text(text)
+    return d / uuid
+
+
+def test_an_mdevctl_definition_for_the_domains_uuid_is_respected_or_refused(make_host):
+    """The hook used to create the mdev with the domain's type on the first parent that fit, whatever
+    'mdevctl define' said for that UUID.  Now: the definition's parent and type, or a refusal naming it."""
+    host = make_host("a100-sriov-mdev")
+    vf = "0000:41:01.2"                                        # not the parent first-fit would pick
+    _define_in_mdevctl(host, vf, MDEV1, '{"mdev_type": "nvidia-468", "start": "manual", "attrs": []}\n')
+    xml = vgpu_domain("ml", DOM1, MDEV1, "A100-4C")            # nvidia-468 is A100-4C: they agree
+    assert start(host, "ml", xml) == (0, "")
+    (m,) = discover(Sysfs(host)).mdevs
+    assert (m.uuid, str(m.parent), m.type_id) == (MDEV1, vf, "nvidia-468")
+    rec = store(host).vgpu_records()[0]
+    assert rec.parent == vf and not rec.persisted
+    assert stop(host, "ml", xml) == (0, "") and mdevs(host) == {}
+    assert (host.mdevctl_d / vf / MDEV1).exists()             # the operator's definition is left alone
+    # the definition says A100-8C (nvidia-470), the domain asks for A100-4C: refused, naming both
+    (host.mdevctl_d / vf / MDEV1).write_text('{"mdev_type": "nvidia-470", "start": "manual", "attrs": []}\n')
+    n = len(writes(host))
+    rc, err = start(host, "ml", xml)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"mdevctl definition /etc/mdevctl.d/{vf}/{MDEV1} defines {MDEV1} as A100-8C (nvidia-470)" in err
+    assert "but A100-4C is asked for" in err and f"mdevctl undefine --uuid {MDEV1}" in err
+    assert mdevs(host) == {} and len(writes(host)) == n and store(host).vgpu_records() == []
+
+
+def test_an_mdevctl_definition_that_is_not_json_is_refused_by_position_only(make_host):
+    host = make_host("a40-mdev")
+    _define_in_mdevctl(host, str(A40), MDEV1, "root:$6$SECRETHASH$xyz:19000:0:99999:7:::\n")
+    rc, err = start(host, "web", vgpu_domain("web", DOM1, MDEV1))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"/etc/mdevctl.d/{A40}/{MDEV1} is not valid JSON (line 1, column 1)" in err
+    assert "SECRET" not in err and mdevs(host) == {} and writes(host) == []
+
+
+def test_the_dispatcher_refuses_xml_with_a_nul_byte_instead_of_dropping_it(make_host, tmp_path):
+    """Issue 12 #4m: '$(cat)' dropped NUL bytes, so the handler acted on a document libvirt never sent."""
+    host = make_host("a40-mdev")
+    path = install(host, tmp_path)
+    xml = vgpu_domain("web", DOM1, MDEV1).replace("<memory", "<!-- \0 --><memory").encode()
+    assert b"\0" in xml
+    proc = dispatch(path, ["web", "prepare", "begin", "-"], xml)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.count("\n") == 1 and "NUL byte" in err, err
+    assert mdevs(host) == {} and writes(host) == []
+    # the handler itself refuses one too (python -m vgpuhost.hook, or a dispatcher of an older version)
+    rc, err = start(host, "web", xml.decode())
+    assert rc == 2 and "domain XML holds a NUL byte (at offset" in err, err
+    # the same document without the NUL goes ahead
+    proc = dispatch(path, ["web", "prepare", "begin", "-"], xml.replace(b"\0", b""))
+    assert proc.returncode == 0, proc.stderr

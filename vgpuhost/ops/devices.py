@@ -158,7 +158,8 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     if wanted_id is not None and vgpu.claim(host, store, wanted_id, owner=me, profile=req.profile,
                                             actor=actor) is not None:
         return "claim:" + wanted_id
-    if req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records()):
+    if (req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records())
+            and not _defined_in_mdevctl(host, req.uuid)):
         swapped = _swap_from_pool(host, store, view, req, allowed, actor)
         if swapped is not None:
             return swapped
@@ -186,6 +187,14 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         listed = ", ".join(sorted(map(str, allowed))) or "none"
         raise RefusedError(e.message, hint=f"{narrowed_by} lets the hook place vGPUs only on: {listed}") from None
     return out.id
+
+
+def _defined_in_mdevctl(host: HostRoot, uuid: str) -> bool:
+    """An mdevctl definition names ``uuid``: the vGPU is created as it says (or refused), never
+    swapped in from the layout's pool."""
+    from ..io.sysfs import Sysfs
+    fs = Sysfs(host)
+    return any(fs.exists(host.mdevctl_d / p / uuid) for p in fs.listdir(host.mdevctl_d))
 
 
 def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed,

@@ -46,7 +46,7 @@ from ..observe.vgpus import VgpuEntry, list_vgpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Collection, Dict, List, Optional, Sequence
+    from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 MAX_PLACEMENT_ATTEMPTS = 5
 
@@ -189,8 +189,16 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                                hint=f"release it first (vgpuhost passthrough release {pin}) or name another GPU; "
                                     "nothing was changed")
         name = resolve_profile(inv, records, profile, pin, seen)
+        defined_parent = None
+        if uuid is not None and vf is None and not store.vgpu_records(vgpu_id=uuid):
+            # an mdevctl definition (defined, not started) for this UUID: create what it says, or refuse
+            defined = mdevctl_definition(host, fs, uuid)
+            if defined is not None:
+                pin = _respect_definition(inv, defined, uuid, name, pin)
+                defined_parent, persist = defined[0], False   # it is defined already: never overwritten
         req = Request(name, owner, strategy, numa_node, anti_affinity, pin)
-        all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run)
+        all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run,
+                             parent=defined_parent)
         decision = place(all_offers, req)
         if not decision.admitted:
             fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
@@ -218,7 +226,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             _recover_first(host, store, decision.gpu, actor)
             inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
             records2 = store.vgpu_records(gpu=str(decision.gpu))
-            again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf),
+            again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf,
+                                  parent=defined_parent),
                           Request(name, owner, strategy, numa_node, anti_affinity, decision.gpu))
             if not again.admitted:
                 continue            # someone took it between placement and the lock: place again
@@ -314,8 +323,9 @@ def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: st
 
 
 def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Optional[frozenset],
-            vf: Optional[PciAddress], *, strict: bool = True) -> List[GpuOffer]:
-    """Offers restricted to ``allowed`` GPUs, and with ``vf`` to that VF alone.
+            vf: Optional[PciAddress], *, strict: bool = True, parent: Optional[PciAddress] = None) -> List[GpuOffer]:
+    """Offers restricted to ``allowed`` GPUs, and with ``vf`` to that VF alone; with ``parent``
+    (an mdevctl definition's) to that mdev parent alone.
 
     ``strict`` (under the GPU lock, or a dry run): refuse a VF that is taken
     or does not list ``name`` as creatable now.  Not strict (the first look,
@@ -325,6 +335,11 @@ def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Opti
     """
     if allowed is not None:
         all_offers = [o for o in all_offers if o.gpu in allowed]
+    if parent is not None:
+        taken = f"its mdevctl definition names parent {parent}, which has no free instance"
+        all_offers = [replace(o, parents=(parent,)) if parent in o.parents else
+                      replace(o, available=0, parents=(), note=taken if o.type_id else o.note)
+                      for o in all_offers]
     if vf is None:
         return all_offers
     if not strict:
@@ -347,6 +362,65 @@ def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Opti
     return [replace(o, parents=(vf,)) if o.gpu == v.gpu else replace(o, available=0, parents=(),
                                                                       note=f"the request names VF {vf}")
             for o in all_offers]
+
+
+def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[PciAddress, str, str]]:
+    """``(parent, mdev type id, path under the root)`` of mdevctl's definition for ``uuid``
+    (``etc/mdevctl.d/<parent>/<uuid>``, docs/reference/hardware.md#mdev), or None when there is none.
+
+    Raises InputError when a definition is there but is not one mdevctl wrote (not JSON, no
+    ``mdev_type``, a parent directory that is not a PCI address); the message names the
+    file and the position, never its content.
+    """
+    import json
+    from ..io.files import read_text_capped
+    for parent_name in fs.listdir(host.mdevctl_d):
+        path = host.mdevctl_d / parent_name / uuid
+        if not fs.exists(path):
+            continue
+        where = host.relative(path)
+        if not PciAddress.is_valid(parent_name):
+            raise InputError(f"mdevctl definition {where}: its directory is not a parent device's PCI address",
+                             hint=f"remove it (mdevctl undefine --uuid {uuid}) or move it where it belongs")
+        try:
+            text = read_text_capped(path, 64 * 1024)
+            doc = json.loads(text or "")
+        except json.JSONDecodeError as e:
+            raise InputError(f"mdevctl definition {where} is not valid JSON (line {e.lineno}, column {e.colno})",
+                             hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}") from None
+        except (OSError, UnicodeDecodeError):
+            raise InputError(f"mdevctl definition {where} cannot be read as text",
+                             hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}") from None
+        type_id = doc.get("mdev_type") if isinstance(doc, dict) else None
+        if not isinstance(type_id, str) or not re.match(r"[A-Za-z0-9_.-]{1,64}\Z", type_id):
+            raise InputError(f"mdevctl definition {where} names no valid mdev_type",
+                             hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}")
+        return PciAddress.parse(parent_name), type_id, where
+    return None
+
+
+def _respect_definition(inv: Inventory, defined: Tuple[PciAddress, str, str], uuid: str, name: str,
+                        pin: Optional[PciAddress]) -> PciAddress:
+    """The GPU of an mdevctl definition that agrees with the request (``name`` on that parent);
+    RefusedError naming the definition and what disagrees otherwise (issue 12 #4l)."""
+    parent, type_id, where = defined
+    fix = (f"make the domain ask for what the definition says, or remove the definition "
+           f"(mdevctl undefine --uuid {uuid}); nothing was changed")
+    g = next((x for x in inv.gpus if parent in x.mdev_parents), None)
+    if g is None:
+        raise RefusedError(f"mdevctl definition {where} defines {uuid} on {parent}, which is not an mdev "
+                           "parent of an NVIDIA GPU on this host", hint=fix)
+    if pin is not None and pin != g.address:
+        raise RefusedError(f"mdevctl definition {where} defines {uuid} on {parent} (GPU {g.address}), but the "
+                           f"request pins GPU {pin}", hint=fix)
+    t = next((t for t in inv.vgpu_types if t.parent == parent and t.type_id == type_id), None)
+    if t is None:
+        raise RefusedError(f"mdevctl definition {where} defines {uuid} as type {type_id}, which {parent} "
+                           "does not offer", hint=fix)
+    if t.name.lower() != name.lower():
+        raise RefusedError(f"mdevctl definition {where} defines {uuid} as {t.name} ({type_id}) on {parent}, "
+                           f"but {name} is asked for", hint=fix)
+    return g.address
 
 
 def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> bool:
