@@ -325,6 +325,10 @@ class _Reader:
         self.nova_uuid: Optional[str] = None
 
     def run(self, data: bytes) -> DomainView:
+        nul = data.find(b"\0")
+        if nul >= 0:
+            raise InputError(f"domain XML holds a NUL byte (at offset {nul})",
+                             hint="libvirt never writes one; refusing the document")
         p = expat.ParserCreate(namespace_separator=" ")
         p.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
         p.StartDoctypeDeclHandler = self._doctype
