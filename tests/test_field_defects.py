@@ -466,3 +466,37 @@ def test_i_no_vgpu_ready_with_zero_types_and_no_ready_host_with_its_only_gpu_blo
     host = make_host("a100-sriov-mdev")
     code, out, _ = cli(capsys, host, "host", "check")
     assert code == 0 and "host is ready for vGPU, MIG (passthrough blocked)" in out, out
+
+
+# ---------------------------------------------------------------------------
+# m. parse errors never echo the content of the file that failed to parse
+
+SECRET_LINES = "root:$6$SECRETHASH$0123abcd:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n"
+
+
+@pytest.mark.parametrize("argv", [["config", "check", "-c", "{cfg}"], ["plan", "-c", "{cfg}"],
+                                  ["apply", "-c", "{cfg}", "--dry-run"], ["assert", "-c", "{cfg}"],
+                                  ["sim", "create", "{cfg}", "{tmp}/host2"]])
+def test_m_a_config_symlinked_to_a_secret_file_is_refused_by_position_only(make_host, tmp_path, capsys, argv):
+    host = make_host("a40-mdev")
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET_LINES)
+    cfg = tmp_path / "config.yaml"
+    cfg.symlink_to(secret)
+    code, out, err = cli(capsys, host, *[a.format(cfg=cfg, tmp=tmp_path) for a in argv])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{cfg}:1: not a vgpuhost" in err and "content is not shown" in err, err
+    assert "SECRET" not in out + err and "daemon" not in out + err and "$6$" not in out + err
+
+
+@pytest.mark.parametrize("text, where", [
+    ("version: 1\nlayouts:\n  a: {gpus: []}\n'root:$6$SECRET$x': 1\n", ":4: unknown key (not shown: "),
+    ("version: 1\nlayouts: 'SECRET$abc/def'\n", ":2: layouts must be a mapping, found a string (not shown: "),
+    ("version: 1\n'x$SECRET': 1\n'x$SECRET': 2\n", ":3: duplicate key (not shown: "),
+    ("version: 1\nlayouts: !SECRETTAG foo\n", ":2: "),
+])
+def test_m_values_that_are_not_plain_names_are_not_quoted(make_host, tmp_path, capsys, text, where):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    code, _, err = cli(capsys, make_host("a40-mdev"), "config", "check", "-c", str(cfg))
+    assert code == 2 and where in err and "SECRET" not in err, err

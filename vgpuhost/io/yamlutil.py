@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import os
+import re
 import stat
 from typing import Any, Dict, Iterable, Optional, Tuple
 
@@ -45,6 +46,36 @@ class Located:
 
 
 MAX_FILE_BYTES = 1 << 20
+_PLAIN = re.compile(r"[A-Za-z0-9_.:+-]{1,64}\Z")
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message may quote it: ``repr`` for a number, a boolean, an empty
+    container or a plain token (letters, digits and ``_.:+-``, at most 64), else only its kind
+    and size.  A file that is not what it should be (a config symlinked to /etc/shadow) never has
+    a line of it echoed."""
+    if value is None or isinstance(value, (bool, int, float)) or value in ({}, []):
+        return repr(value)
+    if isinstance(value, str) and _PLAIN.match(value):
+        return repr(value)
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(value)} entries" \
+        if isinstance(value, (dict, list)) else type(value).__name__
+    return f"(not shown: {size})"
+
+
+def require_versioned(loc: "Located", what: str) -> Dict[Any, Any]:
+    """The top level of ``loc``: a mapping holding a ``version`` key, else InputError naming the
+    position only.  Checked before any other message could quote the file: a document without
+    it is not a vgpuhost file at all (a symlink to another file, the wrong path)."""
+    data = loc.data
+    if data is None:
+        raise InputError(f"{loc.source}: the {what} is empty", hint="start with 'version: 1'")
+    if not isinstance(data, dict) or "version" not in data:
+        found = "a mapping without a 'version' key" if isinstance(data, dict) else \
+            {str: "a string", list: "a list"}.get(type(data), "a scalar")
+        raise InputError(f"{loc.source}:1: not a vgpuhost {what}: the top level is {found} (its content is not "
+                         "shown)", hint=f"a {what} is a mapping that starts with 'version: 1'; check the path")
+    return data
 MAX_DEPTH = 32
 
 
@@ -86,11 +117,7 @@ def load_located(text: str, source: str) -> Located:
     except RecursionError:
         raise InputError(f"{source}: nested too deeply", hint=f"at most {MAX_DEPTH} levels") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{source}{line}: malformed YAML: {problem}",
-                         hint="fix the syntax (indentation, quoting, colons)") from None
+        raise _malformed(e, source) from None
     out = Located(None, source)
     if node is None:
         return out
@@ -114,7 +141,7 @@ def load_located(text: str, source: str) -> Located:
                 if isinstance(key, (list, dict)):
                     raise InputError(f"{source}:{knode.start_mark.line + 1}: a mapping key must be a scalar")
                 if key in result:
-                    raise InputError(f"{source}:{knode.start_mark.line + 1}: duplicate key {key!r}",
+                    raise InputError(f"{source}:{knode.start_mark.line + 1}: duplicate key {shown(key)}",
                                      hint="each key may appear once")
                 out.lines[path + (key,)] = knode.start_mark.line + 1
                 result[key] = walk(vnode, path + (key,))
@@ -126,5 +153,19 @@ def load_located(text: str, source: str) -> Located:
     try:
         out.data = walk(node, ())
     except yaml.YAMLError as e:
-        raise InputError(f"{source}: malformed YAML: {e}") from None
+        raise _malformed(e, source) from None
     return out
+
+
+def _malformed(e: "yaml.YAMLError", source: str) -> InputError:
+    """``FILE:LINE: malformed YAML: <problem>``: never PyYAML's full text, which quotes the line.
+
+    PyYAML quotes what it found (``'%s'``): a character or an escape is kept,
+    anything longer (a tag, a token) only by :func:`shown`'s rule, so a file
+    that is not YAML never has a piece of it echoed.
+    """
+    mark = getattr(e, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    problem = re.sub(r"'([^']*)'", lambda m: m.group(0) if len(m.group(1)) <= 2 else shown(m.group(1)), problem)
+    return InputError(f"{source}{line}: malformed YAML: {problem}", hint="fix the syntax (indentation, quoting, colons)")

@@ -66,7 +66,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..model.errors import InputError
 from ..io.nvml import GiProfile, SchedulerState
 from ..model.values import MigProfile, PciAddress, VgpuProfile
-from ..io.yamlutil import Located, load_located, read_text_file
+from ..io.yamlutil import Located, load_located, read_text_file, require_versioned, shown
 
 VERSION = 1
 MODES = ("passthrough", "vgpu", "mig")
@@ -282,7 +282,7 @@ class _Parser:
         for key in value:
             if key not in allowed:
                 near = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
-                raise self.err(path + (key,), f"unknown key {key!r} in {what}",
+                raise self.err(path + (key,), f"unknown key {shown(key)} in {what}",
                                hint=(f"did you mean {near[0]!r}? " if near else "")
                                + "allowed: " + ", ".join(sorted(allowed)))
         return value
@@ -329,9 +329,7 @@ class _Parser:
 
     # --- the document --------------------------------------------------------
     def config(self) -> Config:
-        data = self.loc.data
-        if data is None:
-            raise InputError(f"{self.source}: the config file is empty", hint="start with 'version: 1'")
+        data = require_versioned(self.loc, "config file")       # before any message may quote the file
         top = self.mapping(data, (), _TOP, "the config file")
         version = self.get(top, (), "version", int, "the config file")
         if version != VERSION:
@@ -649,8 +647,8 @@ def _kind(v: Any) -> str:
 
 
 def _show(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A value from the file, as a message may show it (:func:`vgpuhost.io.yamlutil.shown`)."""
+    return shown(v)
 
 
 def _check_duplicate(seen: Sequence[Count], name: str, where: Where, what: str, noun: str = "type") -> None:

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..model.errors import InputError, SimulatorError
 from ..model.values import PciAddress
-from ..io.yamlutil import Located, load_located, read_text_file
+from ..io.yamlutil import Located, load_located, read_text_file, require_versioned, shown
 from .catalog import Catalog, load_catalog
 
 BACKENDS = ("mdev", "vendor-vfio", "none")
@@ -131,7 +131,7 @@ class _Reader:
                                  hint="see the spec format in docs/guide/simulator.md")
         for key in value:
             if key not in allowed:
-                raise self.loc.error(path + (key,), f"unknown key {key!r} in {_dotted(path) or 'spec'}",
+                raise self.loc.error(path + (key,), f"unknown key {shown(key)} in {_dotted(path) or 'spec'}",
                                      hint="allowed: " + ", ".join(sorted(allowed)))
         return value
 
@@ -210,7 +210,7 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
     cat = catalog or load_catalog()
     loc = load_located(text, source)
     r = _Reader(loc)
-    top = r.mapping(loc.data, (), _TOP)
+    top = r.mapping(require_versioned(loc, "spec"), (), _TOP)
     version = r.get(top, (), "version", int)
     if version != 1:
         raise loc.error(("version",), f"unsupported spec version {version}", hint="use version: 1")
