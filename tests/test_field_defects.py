@@ -500,3 +500,25 @@ def test_m_values_that_are_not_plain_names_are_not_quoted(make_host, tmp_path, c
     cfg.write_text(text)
     code, _, err = cli(capsys, make_host("a40-mdev"), "config", "check", "-c", str(cfg))
     assert code == 2 and where in err and "SECRET" not in err, err
+
+
+@pytest.mark.parametrize("key", ["web", "team-a.web:1+x", "a" * 64, "bad key", "a" * 65, "-lead", "web\n",
+                                 "x/y", "käse"])
+def test_m_anti_affinity_follows_the_metadata_parsers_rule(make_host, capsys, key):
+    """'vgpu create --anti-affinity' took values the domain metadata parser refuses, so a key given on the
+    command line could never match one from a domain."""
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest, parse_domain
+    from vgpuhost.model.errors import InputError
+    meta = Metadata(anti_affinity=key, vgpus=[VgpuRequest("A40-8Q", uuid="aaaaaaaa-2222-4333-8444-000000000001")])
+    try:
+        xml = (f"<domain><name>x</name><uuid>{DOM_A}</uuid><metadata>{meta.to_xml()}</metadata></domain>")
+        parse_domain(xml)
+        parser_accepts = True
+    except InputError:
+        parser_accepts = False
+    host = make_host("a40-mdev")
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--anti-affinity", key)
+    assert (code == 0) == parser_accepts, (key, code, err)
+    if not parser_accepts:
+        assert code == 2 and "--anti-affinity" in err and not list(host.mdev_devices.iterdir())
+    assert parser_accepts == (key in ("web", "team-a.web:1+x", "a" * 64))

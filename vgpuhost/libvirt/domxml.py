@@ -62,7 +62,7 @@ QOS_CLASSES = ("guaranteed", "burstable", "best-effort")       # vgpuhost.model.
 NOVA_NS = "http://openstack.org/xmlns/libvirt/nova/"          # + version (1.0, 1.1, 1.2)
 MAX_NOVA_TEXT = 255
 
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$"               # tenant, anti-affinity key (compiled on use)
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"               # tenant, anti-affinity key (compiled on use)
 _PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")          # a vGPU type name (A100-2Q)
 
 
@@ -275,6 +275,12 @@ def parse_domain_identity(data: "bytes | str") -> DomainView:
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def valid_key(value: object) -> bool:
+    """``value`` is a valid tenant or anti-affinity key: letters, digits and ``_.:+-``, starting with a
+    letter or digit, at most 64 characters (the rule ``anti-affinity=`` and ``tenant=`` follow)."""
+    return isinstance(value, str) and re.match(_NAME_PATTERN, value) is not None
 
 
 def _check_name(what: str, value: str) -> None:

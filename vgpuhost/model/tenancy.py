@@ -51,7 +51,7 @@ DEFAULT_ISOLATION = SHARED
 #: the class of a domain that names no tenant
 UNTENANTED_QOS = BEST_EFFORT
 
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$"     # as domain metadata's tenant= (libvirt/domxml)
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"     # as domain metadata's tenant= (libvirt/domxml)
 _LABEL_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,31}=[A-Za-z0-9_.:-]{1,63}$"
 
 

@@ -141,6 +141,12 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         raise InputError("give an mdev UUID or a VF, not both", hint="a VF names its vGPU on vendor VFIO")
     if params is not None:
         _validate_params(params)
+    if anti_affinity is not None:
+        from ..libvirt.domxml import valid_key
+        if not valid_key(anti_affinity):
+            raise InputError(f"--anti-affinity {anti_affinity[:64]!r} is not a valid key",
+                             hint="letters, digits and _.:+- only, starting with a letter or digit, at most 64 "
+                                  "characters (the rule of the domain metadata's anti-affinity=)")
     allowed = frozenset(allowed_gpus) if allowed_gpus is not None else None
     fs = Sysfs(host)
     wanted = VgpuProfile.try_parse(profile)

@@ -86,11 +86,11 @@ _MIG = {"instances", "vgpus"}
 _PASSTHROUGH = {"allow_boot_vga", "persist"}
 _SCHEDULER = {"policy", "arr", "timeslice_ms", "frequency_hz", "avg_factor", "persist"}
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
-_BOARD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.+-]{0,63}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
+_BOARD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.+-]{0,63}\Z")
 _GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
-_PARAM_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(=[A-Za-z0-9_.,:+/-]{0,200})?$")
-_MODULE_RE = re.compile(r"^[A-Za-z0-9_-]{1,56}$")
+_PARAM_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(=[A-Za-z0-9_.,:+/-]{0,200})?\Z")
+_MODULE_RE = re.compile(r"^[A-Za-z0-9_-]{1,56}\Z")
 _DEVICE_ID_RE = re.compile(r"^(?:(?:0x)?10de:)?(?:0x)?([0-9a-f]{4})$", re.I)
 
 
