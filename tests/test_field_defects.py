@@ -522,3 +522,20 @@ def test_m_anti_affinity_follows_the_metadata_parsers_rule(make_host, capsys, ke
     if not parser_accepts:
         assert code == 2 and "--anti-affinity" in err and not list(host.mdev_devices.iterdir())
     assert parser_accepts == (key in ("web", "team-a.web:1+x", "a" * 64))
+
+
+@pytest.mark.parametrize("argv", [["vgpu", "create", "--profile", "A40-8Q"],
+                                  ["vgpu", "remove", "aaaaaaaa-2222-4333-8444-000000000001"],
+                                  ["passthrough", "prepare", "0000:81:00.0"],
+                                  ["scheduler", "set", "--gpu", "0000:81:00.0", "--policy", "equal-share"],
+                                  ["mig", "enable", "--gpu", "0000:81:00.0"]])
+def test_m_write_commands_do_not_create_a_store_in_a_directory_that_is_not_a_host_root(tmp_path, capsys, argv):
+    """A mistyped --root left var/lib/vgpuhost (an empty store) in whatever directory it named."""
+    root = tmp_path / "not-a-host"
+    root.mkdir()
+    (root / "notes.txt").write_text("x\n")
+    code = main(["--root", str(root), *argv])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{root} is not a host root" in err and "--root" in err
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]

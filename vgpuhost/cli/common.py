@@ -39,7 +39,15 @@ def emit(ctx: Context, doc, text: str, json_flag: bool = False) -> None:
 
 
 def store(ctx: Context, *, write: bool = True):
-    """The state store; ``write=False`` (list, audit, checks, dry runs) never creates one."""
+    """The state store; ``write=False`` (list, audit, checks, dry runs) never creates one.
+
+    A write command creates the state dir (``var/lib/vgpuhost``) only under a
+    host root (HostEnvironmentError, exit 2, naming ``--root``, otherwise): a
+    mistyped ``--root`` must not leave a store in any directory.
+    """
+    from ..io import files
     from ..io.state import StateStore
     from ..observe.ownable import devices_vgpuhost_may_own
+    if write and not files.exists(ctx.host.state_dir):
+        ctx.host.require_host()
     return StateStore(ctx.host.state_dir, create=write, owned=lambda: devices_vgpuhost_may_own(ctx.host))
