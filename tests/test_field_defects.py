@@ -539,3 +539,26 @@ def test_m_write_commands_do_not_create_a_store_in_a_directory_that_is_not_a_hos
     assert code == 2 and err.count("\n") == 1, err
     assert f"{root} is not a host root" in err and "--root" in err
     assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("column, value", [("id", "../../../../../../tmp/evil"), ("parent", "0000:81:00.0/../.."),
+                                           ("type_id", "../nvidia-566"), ("gpu", "evil-gpu\n")])
+def test_m_ids_read_from_the_store_are_validated_before_they_become_sysfs_paths(make_host, capsys, column, value):
+    """A state.db changed outside vgpuhost: an id with '../' in it used to become part of the path of a
+    sysfs write (remove, create).  Now every id is checked as it is read, and nothing is written."""
+    import sqlite3
+    from vgpuhost.ops.vgpu import create
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="A40-8Q")
+    rows = len(store.audit_rows())
+    with sqlite3.connect(host.state_dir / "state.db") as conn:
+        conn.execute(f"UPDATE vgpus SET {column} = ?", (value,))
+    for argv in (["vgpu", "list"], ["vgpu", "remove", out.id], ["reconcile"]):
+        code, _, err = cli(capsys, host, *argv)
+        assert code == 2 and "evil" not in err and "../" not in err, (argv, err)
+        if argv[:2] != ["vgpu", "remove"] or column != "id":      # (removing by the old id finds no row: "left alone")
+            assert "state.db: a row of table vgpus holds a" in err, (argv, err)
+            assert "restore state.db from a backup" in err
+    assert len(StateStore(host.state_dir).audit_rows()) == rows
+    assert out.id in {p.name for p in host.mdev_devices.iterdir()}

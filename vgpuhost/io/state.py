@@ -643,9 +643,21 @@ class StateStore:
         if not rows:
             return []           # the usual case on a device operation's path: json is not imported
         import json
-        return [JournalEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]),
-                             r[9], r[10], r[11], r[12], r[13], r[14])
-                for r in rows]
+        out = [JournalEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]),
+                            r[9], r[10], r[11], r[12], r[13], r[14])
+               for r in rows]
+        for e in out:
+            for d in e.devices if isinstance(e.devices, list) else [None]:
+                if not isinstance(d, dict):
+                    _check_id("journal", "device", None)
+                for key, what in (("bdf", "PCI address"), ("gpu", "GPU"), ("parent", "parent")):
+                    if d.get(key) is not None:
+                        _check_id("journal", what, d[key])
+                if d.get("id") is not None:
+                    _check_id("journal", "vGPU id", d["id"], uuid=True)
+                if d.get("type_id") is not None:
+                    _check_id("journal", "type id", d["type_id"], token=True)
+        return out
 
     # --- passthrough records ------------------------------------------------
     def passthrough_records(self, conn: Optional[sqlite3.Connection] = None,
@@ -657,8 +669,12 @@ class StateStore:
         if gpu:
             sql += " WHERE gpu = ?"
             args = (gpu,)
-        return [PassthroughRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
-                for r in c.execute(sql + " ORDER BY gpu, position", args)]
+        out = [PassthroughRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
+               for r in c.execute(sql + " ORDER BY gpu, position", args)]
+        for rec in out:
+            _check_id("passthrough", "PCI address", rec.bdf)
+            _check_id("passthrough", "GPU", rec.gpu)
+        return out
 
     @staticmethod
     def put_passthrough(conn: sqlite3.Connection, rec: PassthroughRecord) -> None:
@@ -828,8 +844,40 @@ class VgpuRecord:
 
 
 def _vgpu_record(row) -> VgpuRecord:
-    return VgpuRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
-                      bool(row[9]), row[10], row[11] if len(row) > 11 else None)
+    rec = VgpuRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+                     bool(row[9]), row[10], row[11] if len(row) > 11 else None)
+    _check_id("vgpus", "vGPU id", rec.id, uuid=True)
+    _check_id("vgpus", "GPU", rec.gpu)
+    _check_id("vgpus", "parent", rec.parent)
+    _check_id("vgpus", "type id", rec.type_id, token=True)
+    return rec
+
+
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def _check_id(table: str, what: str, value: object, *, uuid: bool = False, token: bool = False) -> None:
+    """An id read from the store must be what vgpuhost writes before it becomes part of a sysfs path:
+    a PCI address, an mdev UUID (``uuid``) or a type id (``token``: letters, digits, ``_.-``).
+    HostEnvironmentError (exit 2) otherwise, never showing the value: the store was changed outside
+    vgpuhost, and ``../`` in an id would send a write anywhere."""
+    from ..model.values import PciAddress, parse_uuid
+    ok = False
+    if isinstance(value, str):
+        if token:
+            ok = 0 < len(value) <= 64 and set(value) <= _TOKEN_CHARS and value not in (".", "..")
+        else:
+            ok = PciAddress.is_valid(value)
+            if not ok and uuid:
+                try:
+                    ok = parse_uuid(value) == value
+                except Exception:
+                    ok = False
+    if not ok:
+        raise HostEnvironmentError(
+            f"state.db: a row of table {table} holds a {what} that vgpuhost never writes (not shown): it is not used "
+            "as a sysfs path", hint="the store was changed outside vgpuhost: restore state.db from a backup, or fix "
+                                    "that row with sqlite3; 'vgpuhost audit' shows what vgpuhost did")
 
 
 def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
