@@ -391,3 +391,48 @@ def test_kill_during_apply(make_host, tmp_path):
 
     kill_everywhere(make_host, tmp_path, _a40, lambda h: cli_op(h, "apply", "-c", str(cfg)),
                     _nothing, owners_max={"layout": 2}, cycle=cycle)
+
+
+# ---------------------------------------------------------------------------
+# vgpu create --persist: the mdevctl definition goes with the vGPU, or neither stays
+
+def _definitions(host) -> Dict[str, str]:
+    """``{uuid: parent}`` of every mdevctl definition under the root."""
+    d = host.mdevctl_d
+    if not d.is_dir():
+        return {}
+    return {u.name: p.name for p in d.iterdir() for u in p.iterdir()}
+
+
+def _persist_consistent(host, log) -> List[str]:
+    """Each persisted record has its definition, and each definition a persisted record (or none at all)."""
+    store = StateStore(host.state_dir, create=False)
+    try:
+        recs = {r.id: r for r in store.vgpu_records()}
+    finally:
+        store.close()
+    defs = _definitions(host)
+    out = [f"definition of {u} with no record" for u in defs if u not in recs]
+    out += [f"persisted {u} with no definition" for u, r in recs.items() if r.persisted and u not in defs]
+    out += [f"definition of {u} under {p}, vGPU on {recs[u].parent}" for u, p in defs.items()
+            if u in recs and recs[u].parent != p]
+    return out
+
+
+def _persist_cycle(host, log) -> List[str]:
+    out = _vgpu_cycle(host, log)
+    if run(host, cli_op(host, "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV, "--persist"), log) != 0:
+        out.append("the next create --persist failed")
+    elif _definitions(host) != {MDEV: A40_GPU}:
+        out.append(f"the next create --persist left definitions {_definitions(host)}")
+    if run(host, cli_op(host, "vgpu", "remove", MDEV), log) != 0:
+        out.append("the next remove failed")
+    if _definitions(host):
+        out.append(f"definitions left after the next remove: {_definitions(host)}")
+    return out + check_host(host, log, owners_max={})
+
+
+def test_kill_during_vgpu_create_persist(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _a40,
+                    lambda h: cli_op(h, "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV, "--persist"),
+                    _persist_consistent, owners_max={"manual": 1}, cycle=_persist_cycle)

@@ -229,12 +229,18 @@ class Sysfs:
         p = Path(path)
         err = 0
         self._intend(p, audit_value(text))
-        try:
+
+        def apply() -> None:
             p.parent.mkdir(parents=True, exist_ok=True)
             tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(tmp, p)
+        try:
+            if self._kernel is not None:
+                self._kernel.file_op(p, audit_value(text), apply)   # a crash point on a simulated root
+            else:
+                apply()
         except OSError as e:
             err = e.errno or errno.EIO
             raise SysfsError("write", str(p), err, value=text) from e
@@ -248,7 +254,10 @@ class Sysfs:
             return False
         self._intend(p, "<remove>")
         try:
-            os.unlink(p)
+            if self._kernel is not None:
+                self._kernel.file_op(p, "<remove>", lambda: os.unlink(p))     # a crash point on a simulated root
+            else:
+                os.unlink(p)
         except FileNotFoundError:
             self._notify(p, "<remove>", 0)
             return False

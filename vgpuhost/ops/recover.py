@@ -32,7 +32,7 @@ from ..io.sysfs import Sysfs
 from ..model.errors import SysfsError, VgpuhostError
 from ..model.values import PciAddress, field, record
 from ..plan.executor import Executor
-from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, VerifyDriver
+from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, VerifyDriver, WriteConfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -258,6 +258,12 @@ def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     present = _current_type(host, dev)
     if rec is not None and rec.owner == entry.owner:
         rep.result, rep.detail = "finished", f"vGPU {dev['id']} was created and recorded before the interruption"
+        definition = host.mdevctl_d / rec.parent / rec.id
+        if rec.persisted and rec.backend == BACKEND_MDEV and not ex.fs.exists(definition):
+            # killed between the record and --persist's mdevctl definition: write it now
+            from .vgpu import mdevctl_json
+            ex.run([WriteConfig(definition, mdevctl_json(rec.type_id, rec.params))])
+            rep.detail += "; its mdevctl definition written now"
         return
     if present is not None and present == dev["type_id"]:
         if not _destroy(host, ex, dev):

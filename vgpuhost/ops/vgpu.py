@@ -261,7 +261,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                 if persist:
                     try:
                         ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
-                                            _mdevctl_json(decision.type_id, params))])
+                                            mdevctl_json(decision.type_id, params))])
                     except SysfsError as e:
                         ex.run([RemoveVgpu(backend, decision.parent, vid)])
                         with store.transaction() as conn:
@@ -530,7 +530,7 @@ def _mig_order() -> str:
     return ORDER
 
 
-def _mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
+def mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
     """mdevctl's definition (docs/reference/hardware.md#mdev); vgpu_params as an mdevctl attr so they come back too."""
     import json
     attrs = [{"nvidia/vgpu_params": params}] if params else []

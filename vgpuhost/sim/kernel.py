@@ -89,7 +89,7 @@ from .capacity import gpu_available
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+    from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 #: the driver NVIDIA's vGPU manager binds every mdev to
 MDEV_DRIVER = "nvidia-vgpu-vfio"
@@ -392,6 +392,17 @@ class SimKernel:
                         f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
         finally:
             charge(_perf_counter() - t0)
+
+    def file_op(self, path: Path, logged: str, apply: Callable[[], None]) -> None:
+        """A configuration file written or removed under the root (``etc/``: mdevctl, driverctl,
+        modprobe.d): not the kernel's, but a crash point like a kernel write, so fault injection
+        covers it too; logged as ``logged`` (the audit value) when it lands."""
+        with crash_point():
+            apply()
+            log = os.environ.get(WRITE_LOG_ENV)
+            if log:
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write(f"{self.host.relative(path)}\t{logged}\n")
 
     def _write(self, path: Path, value: str) -> None:
         with self.locked():
