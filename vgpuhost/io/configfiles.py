@@ -112,5 +112,12 @@ def audit_value(text: str, limit: int = 160) -> str:
     return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"
 
 
-__all__ = ["read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",
+def mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
+    """mdevctl's definition (docs/reference/hardware.md#mdev); vgpu_params as an mdevctl attr so they come back too."""
+    import json
+    attrs = [{"nvidia/vgpu_params": params}] if params else []
+    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
+
+
+__all__ = ["mdevctl_json", "read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",
            "package_text", "audit_value"]

@@ -261,7 +261,7 @@ def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
         definition = host.mdevctl_d / rec.parent / rec.id
         if rec.persisted and rec.backend == BACKEND_MDEV and not ex.fs.exists(definition):
             # killed between the record and --persist's mdevctl definition: write it now
-            from .vgpu import mdevctl_json
+            from ..io.configfiles import mdevctl_json
             ex.run([WriteConfig(definition, mdevctl_json(rec.type_id, rec.params))])
             rep.detail += "; its mdevctl definition written now"
         return

@@ -25,6 +25,7 @@ import errno
 import re
 
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from ..io.configfiles import mdevctl_json
 from ..io.hostroot import HostRoot
 from ..observe.inventory import (BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory, discover, discover_gpu,
                                  gpu_part)
@@ -528,13 +529,6 @@ def _refuse_mig_order(host: HostRoot, inv: Inventory, wanted: VgpuProfile, profi
 def _mig_order() -> str:
     from ..policy.mig import ORDER
     return ORDER
-
-
-def mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
-    """mdevctl's definition (docs/reference/hardware.md#mdev); vgpu_params as an mdevctl attr so they come back too."""
-    import json
-    attrs = [{"nvidia/vgpu_params": params}] if params else []
-    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
 
 
 def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str]) -> List[Step]:
