@@ -379,12 +379,12 @@ def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[P
     ``mdev_type``, a parent directory that is not a PCI address); the message names the
     file and the position, never its content.
     """
-    import json
-    from ..io.files import read_text_capped
     for parent_name in fs.listdir(host.mdevctl_d):
         path = host.mdevctl_d / parent_name / uuid
         if not fs.exists(path):
             continue
+        import json         # only here: the hook's path imports no json when nothing is defined
+        from ..io.files import read_text_capped
         where = host.relative(path)
         if not PciAddress.is_valid(parent_name):
             raise InputError(f"mdevctl definition {where}: its directory is not a parent device's PCI address",
