@@ -917,14 +917,29 @@ def test_a_manual_release_never_frees_a_running_domains_group(make_host):
     assert driver(host, A100) == "nvidia" and store(host).passthrough_records() == []
 
 
-def test_allow_list_bytes_that_are_not_ascii_are_shown_escaped(make_host):
+def test_allow_list_bytes_that_are_not_ascii_are_not_shown(make_host):
     host = mixed(make_host)
     allow = allow_path(host)
     allow.parent.mkdir(parents=True)
     allow.write_bytes(b"\xff\xfe41:00.0\n")
     rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))
-    assert rc == 2 and "hook.allow:1: '\\\\xff\\\\xfe41:00.0' is not a GPU's PCI address" in err, err
-    assert "\ufffd" not in err
+    assert rc == 2 and "hook.allow:1: a line (not shown: 15 characters) is not a GPU's PCI address" in err, err
+    assert "\ufffd" not in err and "xfe" not in err
+
+
+def test_an_allow_list_symlinked_to_another_file_never_shows_its_lines(make_host, tmp_path, capsys):
+    """issue 12 #4m: hook.allow symlinked to a file of secrets; the error names the line, not its content."""
+    host = mixed(make_host)
+    secret = tmp_path / "creds.yaml"
+    secret.write_text("db_password: hunter2\n")
+    allow = allow_path(host)
+    allow.parent.mkdir(parents=True)
+    allow.symlink_to(secret)
+    rc, err = start(host, "w", vgpu_domain("w", DOM1, MDEV1))
+    assert rc == 2 and "hook.allow:1: a line (not shown: 20 characters)" in err, err
+    assert cli_main(["--root", str(host.root), "hook", "status"]) != 0
+    out = capsys.readouterr()
+    assert "hunter2" not in err + out.out + out.err and "db_password" not in err + out.out + out.err
 
 
 def test_a_placement_refusal_names_the_allow_list_when_there_is_one(make_host):

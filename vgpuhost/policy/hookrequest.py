@@ -26,12 +26,7 @@ if TYPE_CHECKING:   # only for annotations: never imported on the hook path
 #: the allow-list file, under ``<root>/etc``
 ALLOW_FILE = ("vgpuhost", "hook.allow")
 MAX_ALLOW_BYTES = 64 * 1024
-
-
-def _printable(text: str, limit: int) -> str:
-    """One line: control characters escaped, length capped (libvirt shows it to the user)."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
-    return out if len(out) <= limit else out[:limit] + "..."
+_BDF_CHARS = frozenset("0123456789abcdefABCDEF:.")
 
 
 # ---------------------------------------------------------------------------
@@ -62,7 +57,10 @@ def parse_allow(data: "Optional[bytes]", where: str) -> "Optional[FrozenSet[PciA
         if line == "*":
             return None
         if not PciAddress.is_valid(line):
-            raise InputError(f"{where}:{n}: {_printable(line, 60)!r} is not a GPU's PCI address",
+            # quoted only when it looks like an address: a symlink to another file never has a line shown
+            shown = repr(line) if len(line) <= 16 and not set(line) - _BDF_CHARS else \
+                f"a line (not shown: {len(line)} characters)"
+            raise InputError(f"{where}:{n}: {shown} is not a GPU's PCI address",
                              hint="one full BDF per line (0000:41:00.0), '*' for every NVIDIA GPU, '#' comments")
         out.add(PciAddress.parse(line))
     return frozenset(out)
