@@ -178,3 +178,42 @@ def test_dumps_of_a_types_document(make_host, capsys):
     text = capsys.readouterr().out
     assert text == json.dumps(json.loads(text), indent=2) + "\n"
     assert os.linesep == "\n"
+
+
+# ---------------------------------------------------------------------------
+# what `types` reads, and that the capacity index is built once
+
+def test_types_reads_only_the_gpus_their_types_and_vgpus(make_host, monkeypatch):
+    host = make_host("a100-sriov-mdev")          # 20 VFs x 12 types, an HD-audio companion, a NIC
+    reads = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kwargs):
+        reads.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    inv = discover(Sysfs(host), scope=SCOPE_VGPU)
+    monkeypatch.setattr(os, "open", real_open)
+    rel = [p[len(str(host.root)):] for p in reads]
+    assert not [p for p in rel if p.startswith("/proc") or "/lib/modules" in p]
+    # the NIC: its vendor only; the NVIDIA audio function: vendor and class (not a display function)
+    assert [p for p in rel if "0000:00:1f.6" in p] == ["/sys/bus/pci/devices/0000:00:1f.6/vendor"]
+    assert [p.rsplit("/", 1)[1] for p in rel if "0000:41:00.1/" in p] == ["vendor", "class"]
+    per_type = [p for p in rel if "/mdev_supported_types/" in p]
+    pairs = len(inv.vgpu_types)
+    assert pairs == 20 * 12
+    kinds = {p.rsplit("/", 1)[1] for p in per_type}
+    assert sum(p.endswith("/available_instances") for p in per_type) == pairs      # one per (VF, type)
+    assert len(per_type) == pairs + 3 * 12 and kinds == {"available_instances", "name", "description",
+                                                         "device_api"}            # the rest once per type
+
+
+def test_types_builds_the_gpu_index_once(make_host, monkeypatch, capsys):
+    from vgpuhost.observe import inventory
+    calls = []
+    real = inventory._build_index
+    monkeypatch.setattr(inventory, "_build_index", lambda inv: calls.append(1) or real(inv))
+    host = make_host("l40s-vendor-vfio")
+    assert main(["--root", str(host.root), "--json", "types"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["types"]) > 20 and calls == [1]
