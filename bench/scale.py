@@ -3,7 +3,9 @@
 
 Builds simulated hosts of 1, 2, 4, 8 and 16 (``--gpus``) A40 boards on the
 classic mdev path and a layout of ``--per-gpu`` (default 12) A40-4Q vGPUs on
-every GPU, then times, in this process and ``--runs`` times each (medians):
+every GPU, then times, in this process, ``--runs`` rounds interleaved (each
+round runs every operation on every size, so a busy machine weighs on all
+sizes alike; medians):
 
   types   ``vgpuhost --json types`` through the CLI's ``main`` (stdout captured)
   plan    :func:`vgpuhost.ops.layout.plan` of the layout on the empty host
@@ -184,79 +186,85 @@ def main(argv: List[str] = None) -> int:
     cfg = parse(layout_yaml(args.per_gpu), "bench.yaml")
     xml = domain_xml()
     clock = SimClock().install()
-    # {op: {size: (median wall s, median sim s)}}
-    results: Dict[str, Dict[int, Tuple[float, float]]] = {o: {} for o in ops}
     print(f"host: N x A40 (classic mdev); layout: {args.per_gpu} x {PROFILE} per GPU; {args.runs} run(s) each; "
           "times in ms (median); sim = inside vgpuhost.sim; own = total - sim")
-    print(f"{'GPUs':>4}  {'op':<6} {'total':>9} {'sim':>9} {'own':>9}  note")
     base = Path(tempfile.mkdtemp(prefix="vgpuhost-scale-", dir=args.tmpdir))
+    pristine = {n: base / f"h{n}" for n in sizes}
+    # {op: {size: [(wall s, sim s)]}}, and the note of each (op, size)
+    samples: Dict[str, Dict[int, List[Tuple[float, float]]]] = {o: {n: [] for n in sizes} for o in ops}
+    notes: Dict[Tuple[str, int], str] = {}
+
+    def fresh(n: int, tag: str) -> HostRoot:
+        dst = base / f"h{n}-{tag}"
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(pristine[n], dst, symlinks=True)
+        return HostRoot(dst)
+
+    def once(op: str, n: int) -> Tuple[Tuple[float, float], str]:
+        """One timed run of ``op`` on the host of ``n`` GPUs: ((wall s, sim s), note)."""
+        if op == "types":
+            host = HostRoot(pristine[n])
+            buf = io.StringIO()
+
+            def call() -> None:
+                with contextlib.redirect_stdout(buf):
+                    code = cli_main(["--root", str(host.root), "--json", "types"])
+                if code != 0:
+                    raise SystemExit(f"bench: types exited {code}")
+            return measure(clock, call), ""
+        if op == "plan":
+            host = HostRoot(pristine[n])
+            store = StateStore(host.state_dir)
+            box = {}
+            got = measure(clock, lambda: box.setdefault("p", ops_layout.plan(host, store, cfg)))
+            store.close()
+            return got, f"{len(box['p'].steps)} steps"
+        if op == "apply":
+            host = fresh(n, "apply")
+            store = StateStore(host.state_dir)
+            box = {}
+            got = measure(clock, lambda: box.setdefault("r", ops_layout.apply(host, store, cfg, actor="bench")))
+            made = len(store.vgpu_records())
+            store.close()
+            if made != n * args.per_gpu or box["r"].drift_after:
+                raise SystemExit(f"bench: apply made {made} vGPUs, expected {n * args.per_gpu}")
+            return got, f"{made} vGPUs"
+        host = fresh(n, "hook")
+        err = io.StringIO()
+        got = measure(clock, lambda: _hook(hook_main, host, xml, "prepare", "begin", err))
+        made = (host.mdev_devices / MDEV_UUID).exists()
+        _hook(hook_main, host, xml, "release", "end", err)
+        if not made or (host.mdev_devices / MDEV_UUID).exists():
+            raise SystemExit(f"bench: the hook did not make and remove the vGPU: {err.getvalue()}")
+        return got, "prepare begin, one vGPU"
+
     try:
         for n in sizes:
-            pristine = base / f"h{n}"
-            materialise(parse_spec(spec_yaml(n)), pristine)
-
-            def fresh(tag: str) -> HostRoot:
-                dst = base / f"h{n}-{tag}"
-                if dst.exists():
-                    shutil.rmtree(dst)
-                shutil.copytree(pristine, dst, symlinks=True)
-                return HostRoot(dst)
-
-            def once(op: str) -> Tuple[Tuple[float, float], str]:
-                """One timed run of ``op`` on a host of ``n`` GPUs: ((wall s, sim s), note)."""
-                if op == "types":
-                    host = HostRoot(pristine)
-                    buf = io.StringIO()
-
-                    def call() -> None:
-                        with contextlib.redirect_stdout(buf):
-                            code = cli_main(["--root", str(host.root), "--json", "types"])
-                        if code != 0:
-                            raise SystemExit(f"bench: types exited {code}")
-                    return measure(clock, call), ""
-                if op == "plan":
-                    host = HostRoot(pristine)
-                    store = StateStore(host.state_dir)
-                    box = {}
-                    got = measure(clock, lambda: box.setdefault("p", ops_layout.plan(host, store, cfg)))
-                    store.close()
-                    return got, f"{len(box['p'].steps)} steps"
-                if op == "apply":
-                    host = fresh("apply")
-                    store = StateStore(host.state_dir)
-                    box = {}
-                    got = measure(clock, lambda: box.setdefault("r", ops_layout.apply(host, store, cfg,
-                                                                                      actor="bench")))
-                    made = len(store.vgpu_records())
-                    store.close()
-                    if made != n * args.per_gpu or box["r"].drift_after:
-                        raise SystemExit(f"bench: apply made {made} vGPUs, expected {n * args.per_gpu}")
-                    return got, f"{made} vGPUs"
-                host = fresh("hook")
-                err = io.StringIO()
-                got = measure(clock, lambda: _hook(hook_main, host, xml, "prepare", "begin", err))
-                made = (host.mdev_devices / MDEV_UUID).exists()
-                _hook(hook_main, host, xml, "release", "end", err)
-                if not made or (host.mdev_devices / MDEV_UUID).exists():
-                    raise SystemExit(f"bench: the hook did not make and remove the vGPU: {err.getvalue()}")
-                return got, "prepare begin, one vGPU"
-
-            for op in ops:
-                if n == sizes[0]:
-                    once(op)            # warm-up, untimed: imports, caches, the page cache
-                samples: List[Tuple[float, float]] = []
-                note = ""
-                for _ in range(args.runs):
-                    got, note = once(op)
-                    samples.append(got)
-                wall = statistics.median(s[0] for s in samples)
-                sim = statistics.median(s[1] for s in samples)
-                results[op][n] = (wall, sim)
-                print(f"{n:>4}  {op:<6} {wall * 1e3:>9.1f} {sim * 1e3:>9.1f} {(wall - sim) * 1e3:>9.1f}  {note}",
-                      flush=True)
+            materialise(parse_spec(spec_yaml(n)), pristine[n])
+        for op in ops:
+            once(op, sizes[0])          # warm-up, untimed: imports, caches, the page cache
+        for r in range(args.runs):      # interleaved: every size and operation in each round
+            for n in sizes:
+                for op in ops:
+                    got, notes[(op, n)] = once(op, n)
+                    samples[op][n].append(got)
+            print(f"  round {r + 1} of {args.runs} done", file=sys.stderr, flush=True)
     finally:
         clock.uninstall()
         shutil.rmtree(base, ignore_errors=True)
+
+    # {op: {size: (median wall s, median sim s, median own s)}}
+    print(f"{'GPUs':>4}  {'op':<6} {'total':>9} {'sim':>9} {'own':>9}  note")
+    results: Dict[str, Dict[int, Tuple[float, float, float]]] = {o: {} for o in ops}
+    for n in sizes:
+        for op in ops:
+            got = samples[op][n]
+            wall = statistics.median(w for w, _ in got)
+            sim = statistics.median(x for _, x in got)
+            own = statistics.median(w - x for w, x in got)
+            results[op][n] = (wall, sim, own)
+            print(f"{n:>4}  {op:<6} {wall * 1e3:>9.1f} {sim * 1e3:>9.1f} {own * 1e3:>9.1f}  {notes[(op, n)]}")
 
     print()
     print(f"{'op':<6} {'k total':>8} {'k own':>8}   growth exponent: time ~ GPUs^k over {','.join(map(str, sizes))} "
@@ -266,12 +274,11 @@ def main(argv: List[str] = None) -> int:
         if len(got) < 2:
             continue
         tot = exponent(got, [results[op][n][0] for n in got])
-        own = exponent(got, [results[op][n][0] - results[op][n][1] for n in got])
+        own = exponent(got, [results[op][n][2] for n in got])
         print(f"{op:<6} {tot:>8.2f} {own:>8.2f}")
     if "apply" in ops and len(sizes) >= 2:
         lo, hi = min(sizes), max(sizes)
-        per = {n: tuple(x / (n * args.per_gpu) for x in (results["apply"][n][0],
-                                                         results["apply"][n][0] - results["apply"][n][1]))
+        per = {n: (results["apply"][n][0] / (n * args.per_gpu), results["apply"][n][2] / (n * args.per_gpu))
                for n in (lo, hi)}
         print()
         print(f"apply per vGPU: {lo} GPU(s) {per[lo][0] * 1e3:.1f} ms (own {per[lo][1] * 1e3:.1f}), "

@@ -744,9 +744,12 @@ class StateStore:
         with self.transaction() as conn:
             conn.executemany("INSERT OR REPLACE INTO seen_types VALUES (?, ?, ?, ?)", rows)
 
-    def seen_types(self) -> List[tuple]:
-        """All ``(gpu, type_id, name, framebuffer_mib)`` rows."""
-        return list(self._conn().execute("SELECT gpu, type_id, name, framebuffer_mib FROM seen_types"))
+    def seen_types(self, *, gpu: Optional[str] = None) -> List[tuple]:
+        """All ``(gpu, type_id, name, framebuffer_mib)`` rows, or those of one GPU (BDF)."""
+        sql = "SELECT gpu, type_id, name, framebuffer_mib FROM seen_types"
+        if gpu is not None:
+            return list(self._conn().execute(sql + " WHERE gpu = ?", (gpu,)))
+        return list(self._conn().execute(sql))
 
     def vgpu_records(self, *, owner: Optional[str] = None, gpu: Optional[str] = None,
                      vgpu_id: Optional[str] = None) -> List[VgpuRecord]:

@@ -173,9 +173,10 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
         if not dry_run:
             store.remember_types(seen_rows(inv))
-        seen = store.seen_types() + seen_rows(inv)
-        if scope is not None:         # the one GPU's rows: what resolve and offers look at
-            seen = [row for row in seen if row[0] == str(scope)]
+        if scope is None:
+            seen = store.seen_types() + seen_rows(inv)
+        else:                           # the one GPU's rows: what resolve and offers look at
+            seen = store.seen_types(gpu=str(scope)) + [row for row in seen_rows(inv) if row[0] == str(scope)]
         pin = gpu
         if vf is not None:
             pin = _vf_gpu(inv, vf, gpu)
