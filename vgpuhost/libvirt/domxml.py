@@ -369,13 +369,18 @@ class _Reader:
         raise _Refused("domain XML references an external entity")
 
     # --- elements -------------------------------------------------------------
-    def _start(self, name: str, attrs: Dict[str, str]) -> None:
+    def _depth_checked(self, name: str) -> int:
+        """The depth element ``name`` opens at; InputError past MAX_DEPTH or for a root that is not <domain>."""
         depth = len(self.stack)
         if depth >= MAX_DEPTH:
             raise InputError(f"domain XML nests deeper than {MAX_DEPTH} elements")
         if depth == 0 and name != "domain":
             raise InputError(f"not a libvirt domain document (root element <{name.split(' ')[-1]}>)",
                              hint="pass the output of 'virsh dumpxml NAME'")
+        return depth
+
+    def _start(self, name: str, attrs: Dict[str, str]) -> None:
+        depth = self._depth_checked(name)
         parent = self.stack[-1] if self.stack else ""
         self.stack.append(name)
         self.text = []
@@ -480,12 +485,7 @@ class _IdentityReader(_Reader):
     """A :class:`_Reader` that keeps only ``<domain id=>``, ``<name>`` and ``<uuid>``."""
 
     def _start(self, name: str, attrs: Dict[str, str]) -> None:
-        depth = len(self.stack)
-        if depth >= MAX_DEPTH:
-            raise InputError(f"domain XML nests deeper than {MAX_DEPTH} elements")
-        if depth == 0 and name != "domain":
-            raise InputError(f"not a libvirt domain document (root element <{name.split(' ')[-1]}>)",
-                             hint="pass the output of 'virsh dumpxml NAME'")
+        depth = self._depth_checked(name)
         self.stack.append(name)
         self.text = []
         if depth == 0:

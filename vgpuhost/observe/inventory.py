@@ -25,7 +25,7 @@ from ..model.values import PciAddress, VgpuProfile, field, parse_description, pa
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+    from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
     MigProbe = Callable[[PciAddress], Optional[Mapping[str, object]]]
     GiProbe = Callable[[Sysfs, PciAddress], Optional[Dict[str, int]]]
 
@@ -511,36 +511,8 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
         vfs = tuple(v for v in dev.virtfns if (str(v) in present_names if lean else v in devices))
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
         vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
-        backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
-        types_here: List[VgpuType] = []
-        if with_types:
-            consts: Dict[str, VgpuType] = {}      # a type's name, description, device_api: the same on every parent
-            for p in parents:
-                types_here.extend(_read_mdev_types(fs, addr, p, consts))
-            for vf in vendor_vfs:
-                vv, tt = _read_vendor_vf(fs, addr, vf)
-                vf_vgpus.append(vv)
-                types_here.extend(tt)
-        vgpu_types.extend(types_here)
-        board = None
-        for t in types_here:
-            if t.profile:
-                board = t.profile.board
-                break
-        backends: List[str] = []
-        if dev.iommu_group is not None:
-            backends.append("passthrough")
-        if backend:
-            backends.append(backend)
-        group = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
-        companions = tuple(m for m in (group.members if group else ())
-                           if m != addr and m.slot_address == addr.slot_address)
-        gis = None
-        if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
-                       for t in types_here):
-            gis = (gi_probe or nvml_gpu_instances)(fs, addr)
-        gpus.append(Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions,
-                        mig_probe(addr) if mig_probe else None, gis))
+        gpus.append(_gpu_value(fs, addr, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
+                               vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances))
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
@@ -559,6 +531,40 @@ UNREAD_HOST_FACTS = HostFacts(cmdline="", cpu_vendor=None, cpu_virt_flags=frozen
                               modules_loaded=frozenset(), modules_builtin=frozenset(),
                               modules_available=frozenset(), interrupt_remapping=None, processes=frozenset(),
                               boot_framebuffers={}, iommu_units=())
+
+
+def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddress, ...],
+               parents: Tuple[PciAddress, ...], vendor_vfs: Tuple[PciAddress, ...],
+               groups: Dict[int, IommuGroup], with_types: bool, vgpu_types: List[VgpuType],
+               vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any) -> Gpu:
+    """One GPU of an inventory, shared by :func:`discover` and :func:`discover_gpu`: reads its types
+    (appended to ``vgpu_types``; vendor-VFIO VFs to ``vf_vgpus``) and, where a MIG-backed type is
+    offered on VFs, its GPU instances through ``gi_probe``."""
+    backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
+    types_here: List[VgpuType] = []
+    if with_types:
+        consts: Dict[str, VgpuType] = {}      # a type's name, description, device_api: the same on every parent
+        for p in parents:
+            types_here.extend(_read_mdev_types(fs, addr, p, consts))
+        for vf in vendor_vfs:
+            vv, tt = _read_vendor_vf(fs, addr, vf)
+            vf_vgpus.append(vv)
+            types_here.extend(tt)
+    vgpu_types.extend(types_here)
+    board = next((t.profile.board for t in types_here if t.profile), None)
+    backends: List[str] = []
+    if dev.iommu_group is not None:
+        backends.append("passthrough")
+    if backend:
+        backends.append(backend)
+    g = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
+    companions = tuple(m for m in (g.members if g else ())
+                       if m != addr and m.slot_address == addr.slot_address)
+    gis = None
+    if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
+                   for t in types_here):
+        gis = gi_probe(fs, addr)
+    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis)
 
 
 def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True) -> Inventory:
@@ -616,29 +622,8 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         mdev_bus = str(host.mdev_bus)
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
         vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
-        backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
-        if with_types:
-            consts: Dict[str, VgpuType] = {}      # a type's name, description, device_api: the same on every parent
-            for p in parents:
-                vgpu_types.extend(_read_mdev_types(fs, gpu, p, consts))
-            for vf in vendor_vfs:
-                vv, tt = _read_vendor_vf(fs, gpu, vf)
-                vf_vgpus.append(vv)
-                vgpu_types.extend(tt)
-        board = next((t.profile.board for t in vgpu_types if t.profile), None)
-        backends: List[str] = []
-        if dev.iommu_group is not None:
-            backends.append("passthrough")
-        if backend:
-            backends.append(backend)
-        g = groups.get(dev.iommu_group) if dev.iommu_group is not None else None
-        companions = tuple(m for m in (g.members if g else ())
-                           if m != gpu and m.slot_address == gpu.slot_address)
-        gis = None
-        if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
-                       for t in vgpu_types):
-            gis = nvml_gpu_instances(fs, gpu)
-        gpus.append(Gpu(gpu, dev, board, backend, tuple(backends), vfs, parents, companions, None, gis))
+        gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
+                               vf_vgpus, None, nvml_gpu_instances))
         mdevs = _read_mdevs_of(fs, parents)
         for m in mdevs:
             group(m.iommu_group)        # an mdev's own group (no PCI member), as discover lists it
