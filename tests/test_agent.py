@@ -194,7 +194,7 @@ MIG_HOSTS = {"/v1/mig/{bdf}/apply": "h200-mig-on", "/v1/mig/{bdf}/enable": "h200
              "/v1/mig/{bdf}/disable": "h200-mig"}
 
 
-def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path, make_host):
+def test_responses_validate_against_the_documented_schemas(a40, tmp_path, make_host):
     spec = yaml.safe_load(SPEC.read_text())
     config = (REPO / "examples" / "config" / "vgpu-a40.yaml").read_text()
     node = tmp_path / "node.xml"
@@ -202,13 +202,15 @@ def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path,
     reqs = _requests(config, f"test://{node}")
     assert {(m, t) for m, t, _, _ in reqs} == {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     statuses = {}
+    # attach/detach name the agent's own libvirt URI (a caller may name no other: issue 15 #1)
+    agent = AgentRun(a40.root, extra=("--metering-interval", "0", "--libvirt-uri", f"test://{node}"))
     others = {name: AgentRun(make_host(name).root) for name in sorted(set(MIG_HOSTS.values()))}
     try:
         answers = [(method, template, target, body,
                     (others[MIG_HOSTS[template]] if template in MIG_HOSTS else agent).call(method, target, body))
                    for method, template, target, body in reqs]
     finally:
-        for run in others.values():
+        for run in [agent, *others.values()]:
             run.close()
     for method, template, target, body, (status, doc) in answers:
         statuses[template] = status
@@ -244,6 +246,51 @@ def test_bad_requests_are_one_error_document_and_change_nothing(agent, a40, meth
     _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
     assert "\n" not in doc["error"]["line"]
     assert records(a40) == {} and mdevs(a40) == {}
+
+
+@pytest.mark.parametrize("action,extra", [("attach", {"profile": "A40-8Q"}), ("detach", {"all": True})])
+def test_attach_and_detach_refuse_a_libvirt_uri_the_agent_was_not_started_with(agent, a40, tmp_path, action, extra):
+    """Issue 15 #1: the root agent never opens a caller's URI: no program run (qemu+ext, ?command=),
+    no file read (test:///FILE), and nothing of either in the answer."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    evil.chmod(0o755)
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET-FIRST-LINE\n")
+    secret.chmod(0o600)
+    spec = yaml.safe_load(SPEC.read_text())
+    for uri in (f"qemu+ext:///system?command={evil}", f"qemu:///system?command={evil}", f"test://{secret}",
+                "qemu:///session", "qemu+ssh://elsewhere/system", ""):
+        status, doc = agent.call("POST", f"/v1/domains/vm1/{action}", {**extra, "uri": uri})
+        assert (status, doc["error"]["exit_code"]) == (400, 2), (uri, doc)
+        _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
+        line = doc["error"]["line"]
+        assert "\n" not in line and "SECRET" not in json.dumps(doc) and "only at qemu:///system" in line, line
+    assert not marker.exists()
+    assert records(a40) == {} and mdevs(a40) == {}
+    assert agent.call("GET", "/v1/agent")[1]["libvirt_uris"] == ["qemu:///system", "qemu+unix:///system"]
+
+
+def test_the_cli_keeps_a_uri_the_agent_does_not_take_in_its_own_process(a40):
+    """attach --connect with a URI the agent refuses: the CLI does it itself (here: no such daemon),
+    the agent is not asked; an allowed URI goes to the agent.  The CLI runs as its own process (libvirt
+    is never loaded into pytest's, which later tests fork)."""
+    import subprocess
+    import sys
+
+    def cli(*args):
+        env = {k: v for k, v in os.environ.items() if k not in (agentclient.ENV_SOCKET, "VGPUHOST_AGENT")}
+        return subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(a40.root), *args], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    with AgentRun(a40.root, str(a40.path("run", "vgpuhost"))) as run:
+        done = cli("--connect", "qemu:///system?socket=/nonexistent/sock", "attach", "vm1", "--profile", "A40-8Q")
+        assert done.returncode != 0 and done.stderr.startswith("vgpuhost: error: "), done.stderr
+        assert "only at" not in done.stderr
+        served = run.call("GET", "/v1/agent")[1]["served"]
+        assert "POST /v1/domains/{domain}/attach" not in served
+        cli("--connect", "qemu:///system", "detach", "vm1", "--all")
+        assert run.call("GET", "/v1/agent")[1]["served"]["POST /v1/domains/{domain}/detach"] == 1
 
 
 def test_a_body_that_is_not_json_or_too_large_is_refused(agent):
@@ -438,7 +485,8 @@ def test_attach_and_detach_go_through_the_agent_to_a_real_libvirtd(libvirtd, a40
     conn = libvirt.open(libvirtd.uri)
     try:
         conn.defineXML(diskless_domain_xml("vgh-agent"))
-        with AgentRun(a40.root, str(a40.path("run", "vgpuhost"))) as run:
+        with AgentRun(a40.root, str(a40.path("run", "vgpuhost")),
+                      extra=("--metering-interval", "0", "--libvirt-uri", libvirtd.uri)) as run:
             assert cli_main(base + ["--json", "attach", "vgh-agent", "--profile", "A40-8Q", "--tenant", "t1"]) == 0
             doc = json.loads(capsys.readouterr().out)
             assert doc["schema"] == "vgpuhost.attach/v1" and doc["uri"] == libvirtd.uri

@@ -33,6 +33,12 @@ SCHEMA_ERROR = "vgpuhost.agent-error/v1"
 
 READ, ADMIN = "read", "admin"
 
+#: the libvirt URI the agent connects to unless started with another (``vgpuhost agent --libvirt-uri``)
+DEFAULT_LIBVIRT_URI = "qemu:///system"
+#: local qemu URIs without parameters a caller may also name; any other URI is refused (issue 15 #1:
+#: libvirt's ``qemu+ext://...?command=`` runs a program and ``test:///FILE`` reads a file, as root here)
+LOCAL_LIBVIRT_URIS = ("qemu:///system", "qemu+unix:///system")
+
 
 class Unavailable(VgpuhostError):
     """A part of the API whose backing feature is not there (``/v1/metrics`` without the exporter)."""
@@ -68,8 +74,9 @@ class Agent:
     wrote since; ``scans`` counts the discoveries made.
     """
 
-    def __init__(self, host: HostRoot):
+    def __init__(self, host: HostRoot, libvirt_uri: str = DEFAULT_LIBVIRT_URI):
         self.host = host
+        self.libvirt_uri = libvirt_uri
         self.store = StateStore(host.state_dir, create=True)
         self.write_lock = threading.Lock()
         self._snap_lock = threading.Lock()
@@ -182,7 +189,8 @@ def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
     return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
             "root": str(agent.host.root), "snapshot_scans": agent.scans, "snapshot_waits": agent.snapshot_waits,
             "served": dict(agent.served), "served_thin_client": dict(agent.served_thin),
-            "state_dir": str(agent.host.state_dir), "recovered": agent.recovered}
+            "state_dir": str(agent.host.state_dir), "recovered": agent.recovered,
+            "libvirt_uris": allowed_uris(agent)}
 
 
 def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -464,6 +472,29 @@ def _slot(body: Optional[Dict[str, Any]]) -> Optional[int]:
     return check_guest_slot(value)
 
 
+def allowed_uris(agent: Agent) -> List[str]:
+    """The libvirt URIs attach/detach may name: the agent's own (``--libvirt-uri``), then the local
+    qemu URIs without parameters (:data:`LOCAL_LIBVIRT_URIS`)."""
+    return list(dict.fromkeys((agent.libvirt_uri,) + LOCAL_LIBVIRT_URIS))
+
+
+def _libvirt_uri(agent: Agent, body: Optional[Dict[str, Any]]) -> str:
+    """The body's ``uri`` when the agent allows it, else InputError (400); no ``uri``: the agent's own.
+
+    The given URI is never opened, echoed or parsed: libvirt reaches programs
+    (``qemu+ext``, ``?command=``) and files (``test:///FILE``) through a URI,
+    and the agent runs as root."""
+    uri = _text(body, "uri", limit=1024)
+    if uri is None:
+        return agent.libvirt_uri
+    allowed = allowed_uris(agent)
+    if uri not in allowed:
+        raise InputError("the agent connects to libvirt only at " + ", ".join(allowed) + ", not at the URI given",
+                         hint="name one of those, or run the command in your own process "
+                              "('vgpuhost --local ... --connect URI')")
+    return uri
+
+
 def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost attach DOMAIN ...`` through the agent; ``uri`` the libvirt URI the CLI would use."""
     from ..ops.attach import attach
@@ -474,7 +505,7 @@ def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
               anti_affinity=_text(body, "anti_affinity", limit=256), gpu=_text(body, "gpu", limit=32),
               display=_flag(body, "display"), ramfb=_flag(body, "ramfb"), live=_flag(body, "live"),
               guest_slot=_slot(body), qos=_text(body, "qos", limit=32), uuid=_text(body, "vgpu_uuid", limit=64))
-    uri = _text(body, "uri", limit=1024)
+    uri = _libvirt_uri(agent, body)
     return agent.write(lambda: attach(agent.host, agent.store, uri, domain, actor=req.actor, **kw)).as_dict()
 
 
@@ -486,7 +517,7 @@ def post_detach(agent: Agent, req: Request) -> Dict[str, Any]:
     device, every = _text(body, "device", limit=64), _flag(body, "all")
     if device is not None and every:
         raise InputError("give a DEVICE or --all, not both")
-    uri = _text(body, "uri", limit=1024)
+    uri = _libvirt_uri(agent, body)
     return agent.write(lambda: detach(agent.host, agent.store, uri, domain, device=device, all=every,
                                       actor=req.actor)).as_dict()
 

@@ -321,17 +321,23 @@ class AgentProcess:
 
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
                ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
-               metrics_listen: Optional[Tuple[str, int]] = None) -> AgentProcess:
+               metrics_listen: Optional[Tuple[str, int]] = None,
+               libvirt_uri: str = api.DEFAULT_LIBVIRT_URI) -> AgentProcess:
     """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
 
-    Raises InputError for an unknown group and HostEnvironmentError when a
-    socket cannot be had (another agent listens, the directory is not
-    writable).
+    ``libvirt_uri``: the libvirt URI attach/detach connect to (callers may
+    name only it or a local qemu URI, :func:`api.allowed_uris`).  Raises
+    InputError for an unknown group or an unusable URI and
+    HostEnvironmentError when a socket cannot be had (another agent
+    listens, the directory is not writable).
     """
+    if not libvirt_uri or len(libvirt_uri) > 1024 or not libvirt_uri.isprintable():
+        raise InputError("--libvirt-uri must be a libvirt URI of at most 1024 printable characters",
+                         hint="e.g. qemu:///system (the default)")
     admin_gid = unixsock.group_id(admin_group)
     ro_gid = unixsock.group_id(ro_group)
     host.require_host()
-    agent = api.Agent(host)
+    agent = api.Agent(host, libvirt_uri)
     agent.recovered = recover_at_start(agent)
     if metering_interval_s > 0:
         start_metering(agent, metering_interval_s, metrics_listen)
@@ -410,10 +416,11 @@ def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional
 
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
-          metrics_listen: Optional[Tuple[str, int]] = None) -> int:
+          metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
     proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
-                      metering_interval_s=metering_interval_s, metrics_listen=metrics_listen)
+                      metering_interval_s=metering_interval_s, metrics_listen=metrics_listen,
+                      libvirt_uri=libvirt_uri)
     stop = threading.Event()
 
     def on_signal(signum, frame):
