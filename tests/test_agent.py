@@ -293,6 +293,62 @@ def test_the_cli_keeps_a_uri_the_agent_does_not_take_in_its_own_process(a40):
         assert run.call("GET", "/v1/agent")[1]["served"]["POST /v1/domains/{domain}/detach"] == 1
 
 
+def _request_schema(spec, op) -> Dict[str, Any]:
+    schema = ((op.get("requestBody") or {}).get("content") or {}).get("application/json", {}).get("schema", {})
+    if "$ref" in schema:
+        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def test_every_body_schema_is_closed_and_names_the_keys_the_agent_takes():
+    spec = yaml.safe_load(SPEC.read_text())
+    for route in api.ROUTES:
+        schema = _request_schema(spec, spec["paths"][route.template][route.method.lower()])
+        if route.method == "POST" and schema:
+            assert schema.get("additionalProperties") is False, route.template
+            assert set(schema["properties"]) == set(route.keys), route.template
+        else:
+            assert route.keys == (), route.template
+
+
+def test_an_unknown_body_key_is_refused_and_changes_nothing(agent, a40):
+    """Issue 15 #2: a misspelt dry_run (``dryrun``) made a real vGPU; now every endpoint names the key."""
+    spec = yaml.safe_load(SPEC.read_text())
+    status, doc = agent.call("POST", "/v1/vgpus", {"profile": "A40-8Q", "dryrun": True, "gpus": "0000:81:00.0"})
+    assert (status, doc["error"]["exit_code"]) == (400, 2), doc
+    assert doc["error"]["line"].startswith("unknown key 'dryrun' (and 1 more) in the body of POST /v1/vgpus; "), doc
+    assert "dry_run" in doc["error"]["hint"]
+    for route in api.ROUTES:
+        if route.method != "POST":
+            continue
+        target = route.template.format(uuid=DOM, id=MDEV, bdf="0000:81:00.0", domain="vm1", name="t1")
+        status, doc = agent.call("POST", target, {"no_such_key\x00": 1})
+        assert status == 400 and "unknown key 'no_such_key?'" in doc["error"]["line"], (target, doc)
+        _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
+    assert records(a40) == {} and mdevs(a40) == {}
+    assert StateStore(a40.state_dir).audit_rows() == []
+
+
+def test_refusals_name_the_groups_the_agent_was_started_with(agent):
+    """Issue 15 #3: the 403 hints name --admin-group/--ro-group as given, not the default names."""
+    for path in (agent.admin, agent.ro):
+        os.chmod(path, 0o666)
+    got = as_user(OTHER_UID, OTHER_GID, [], [(agent.ro, "GET", "/v1/inventory", None)], hints=True)
+    assert got == [[403, f"ask for membership of the {RO_GID} (read) or {ADMIN_GID} (admin) group"]]
+    got = as_user(RO_UID, RO_GID, [], [_allocate(agent.ro, DOM)], hints=True)
+    assert got == [[403, f"use the admin socket as root or a member of the {ADMIN_GID} group"]]
+
+
+def test_a_negative_content_length_is_bad_input(agent, a40):
+    s = unixsock.connect(agent.admin, 10)
+    s.sendall(b"POST /v1/reconcile HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+    head, _, body = s.recv(1 << 16).partition(b"\r\n\r\n")
+    s.close()
+    assert b" 400 " in head.split(b"\r\n", 1)[0]
+    assert json.loads(body)["error"]["line"].startswith("Content-Length is negative; ")
+    assert records(a40) == {} and mdevs(a40) == {}
+
+
 def test_a_body_that_is_not_json_or_too_large_is_refused(agent):
     s = unixsock.connect(agent.admin, 10)
     s.sendall(b"POST /v1/reconcile HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope")

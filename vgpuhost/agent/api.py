@@ -647,7 +647,30 @@ class Route(NamedTuple):
     template: str           # /v1/domains/{uuid}/allocate
     handler: Callable
     role: str               # the least role that may call it
+    keys: Tuple[str, ...] = ()      # the JSON body's keys it takes (openapi.yaml's requestBody properties)
 
+
+def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
+    """InputError (400) naming the first key of ``body`` that ``route`` does not take (issue 15 #2: a
+    misspelt ``dryrun`` must not make a real change)."""
+    unknown = sorted(set(body or ()) - set(route.keys))
+    if unknown:
+        shown = "".join(c if c.isprintable() else "?" for c in unknown[0][:64])
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        takes = ", ".join(route.keys) if route.keys else "no keys (send no body, or {})"
+        raise InputError(f"unknown key {shown!r}{more} in the body of {route.method} {route.template}",
+                         hint=f"it takes {takes}")
+
+
+_VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
+              "persist", "create_gi", "dry_run")
+_ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
+_HOOK_KEYS = ("xml", "name")
+_LAYOUT_KEYS = ("config", "source", "layout")
+_ATTACH_KEYS = ("profile", "passthrough", "gpu", "vgpu_uuid", "tenant", "strategy", "anti_affinity", "qos",
+                "display", "ramfb", "guest_slot", "live", "uri")
+_TENANT_KEYS = _TENANT_TEXT + _TENANT_LISTS
+_SCHEDULER_KEYS = ("policy", "timeslice_ms", "frequency_hz", "avg_factor", "gpus", "all")
 
 ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/agent", get_agent, READ),
@@ -661,28 +684,28 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/usage", get_usage, READ),
     Route("GET", "/v1/audit", get_audit, READ),
     Route("GET", "/v1/metrics", get_metrics, READ),
-    Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN),
-    Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN),
-    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN),
+    Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN, _VGPU_KEYS),
+    Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN, ("owner", "dry_run")),
+    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN, _ALLOCATE_KEYS),
     Route("POST", "/v1/domains/{uuid}/release", post_release, ADMIN),
-    Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN),
-    Route("POST", "/v1/hook/release", post_hook_release, ADMIN),
-    Route("POST", "/v1/plan", post_plan, READ),
-    Route("POST", "/v1/assert", post_assert, READ),
-    Route("POST", "/v1/apply", post_apply, ADMIN),
-    Route("POST", "/v1/reconcile", post_reconcile, ADMIN),
-    Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN),
-    Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN),
-    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN),
-    Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN),
-    Route("POST", "/v1/tenants", post_tenant_add, ADMIN),
-    Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN),
+    Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN, _HOOK_KEYS),
+    Route("POST", "/v1/hook/release", post_hook_release, ADMIN, _HOOK_KEYS),
+    Route("POST", "/v1/plan", post_plan, READ, _LAYOUT_KEYS),
+    Route("POST", "/v1/assert", post_assert, READ, _LAYOUT_KEYS),
+    Route("POST", "/v1/apply", post_apply, ADMIN, _LAYOUT_KEYS),
+    Route("POST", "/v1/reconcile", post_reconcile, ADMIN, ("check",)),
+    Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN, ("allow_boot_vga", "persist")),
+    Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN, ("persist",)),
+    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN, _ATTACH_KEYS),
+    Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN, ("device", "all", "uri")),
+    Route("POST", "/v1/tenants", post_tenant_add, ADMIN, ("name",) + _TENANT_KEYS),
+    Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN, _TENANT_KEYS),
     Route("POST", "/v1/tenants/{name}/remove", post_tenant_remove, ADMIN),
     Route("POST", "/v1/mig/{bdf}/enable", post_mig_enable, ADMIN),
     Route("POST", "/v1/mig/{bdf}/disable", post_mig_disable, ADMIN),
-    Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN),
-    Route("POST", "/v1/scheduler", post_scheduler, ADMIN),
-    Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN),
+    Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN, ("layout",)),
+    Route("POST", "/v1/scheduler", post_scheduler, ADMIN, _SCHEDULER_KEYS),
+    Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN, ("mixed_size",)),
 )
 
 
