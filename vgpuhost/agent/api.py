@@ -665,7 +665,7 @@ def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
 _VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
               "persist", "create_gi", "dry_run")
 _ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
-_HOOK_KEYS = ("xml", "name")
+_HOOK_KEYS = ("xml", "name", "root", "state_dir")
 _LAYOUT_KEYS = ("config", "source", "layout")
 _ATTACH_KEYS = ("profile", "passthrough", "gpu", "vgpu_uuid", "tenant", "strategy", "anti_affinity", "qos",
                 "display", "ramfb", "guest_slot", "live", "uri")
