@@ -116,7 +116,7 @@ class AgentRun:
 CLIENT = r"""
 import json, os, sys
 from vgpuhost.io import agentclient, unixsock  # imported as root: the ids drop below
-uid, gid, groups, calls = json.loads(sys.argv[1])
+uid, gid, groups, calls, hints = json.loads(sys.argv[1])
 os.setgroups(groups)
 os.setgid(gid)
 os.setuid(uid)
@@ -124,7 +124,8 @@ out = []
 for path, method, target, body in calls:
     try:
         status, doc = agentclient.call(path, method, target, body, timeout_s=60)
-        out.append(status)
+        error = doc.get("error") if isinstance(doc, dict) else None
+        out.append([status, error.get("hint")] if hints and isinstance(error, dict) else status)
     except PermissionError:
         out.append("EACCES")
     except agentclient.AgentDown as e:
@@ -133,12 +134,13 @@ print(json.dumps(out))
 """
 
 
-def as_user(uid: int, gid: int, groups: List[int], calls: List[tuple]) -> List[Any]:
+def as_user(uid: int, gid: int, groups: List[int], calls: List[tuple], *, hints: bool = False) -> List[Any]:
     """Run ``calls`` (``(socket, method, target, body)``) from a process with these ids; each
-    answer's HTTP status, or ``EACCES`` when the socket file refused the connection.  The client
-    imports vgpuhost as root and drops its ids before the first connection."""
+    answer's HTTP status (with ``hints``: ``[status, error hint]`` for an error), or ``EACCES`` when
+    the socket file refused the connection.  The client imports vgpuhost as root and drops its ids
+    before the first connection."""
     import json
-    proc = subprocess.run([sys.executable, "-c", CLIENT, json.dumps([uid, gid, groups, calls])],
+    proc = subprocess.run([sys.executable, "-c", CLIENT, json.dumps([uid, gid, groups, calls, hints])],
                           capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -194,7 +194,7 @@ MIG_HOSTS = {"/v1/mig/{bdf}/apply": "h200-mig-on", "/v1/mig/{bdf}/enable": "h200
              "/v1/mig/{bdf}/disable": "h200-mig"}
 
 
-def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path, make_host):
+def test_responses_validate_against_the_documented_schemas(a40, tmp_path, make_host):
     spec = yaml.safe_load(SPEC.read_text())
     config = (REPO / "examples" / "config" / "vgpu-a40.yaml").read_text()
     node = tmp_path / "node.xml"
@@ -202,13 +202,15 @@ def test_responses_validate_against_the_documented_schemas(agent, a40, tmp_path,
     reqs = _requests(config, f"test://{node}")
     assert {(m, t) for m, t, _, _ in reqs} == {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
     statuses = {}
+    # attach/detach name the agent's own libvirt URI (a caller may name no other: issue 15 #1)
+    agent = AgentRun(a40.root, extra=("--metering-interval", "0", "--libvirt-uri", f"test://{node}"))
     others = {name: AgentRun(make_host(name).root) for name in sorted(set(MIG_HOSTS.values()))}
     try:
         answers = [(method, template, target, body,
                     (others[MIG_HOSTS[template]] if template in MIG_HOSTS else agent).call(method, target, body))
                    for method, template, target, body in reqs]
     finally:
-        for run in others.values():
+        for run in [agent, *others.values()]:
             run.close()
     for method, template, target, body, (status, doc) in answers:
         statuses[template] = status
@@ -243,6 +245,113 @@ def test_bad_requests_are_one_error_document_and_change_nothing(agent, a40, meth
     assert (got, doc["error"]["exit_code"]) == (status, exit_code), doc
     _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
     assert "\n" not in doc["error"]["line"]
+    assert records(a40) == {} and mdevs(a40) == {}
+
+
+@pytest.mark.parametrize("action,extra", [("attach", {"profile": "A40-8Q"}), ("detach", {"all": True})])
+def test_attach_and_detach_refuse_a_libvirt_uri_the_agent_was_not_started_with(agent, a40, tmp_path, action, extra):
+    """Issue 15 #1: the root agent never opens a caller's URI: no program run (qemu+ext, ?command=),
+    no file read (test:///FILE), and nothing of either in the answer."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    evil.chmod(0o755)
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET-FIRST-LINE\n")
+    secret.chmod(0o600)
+    spec = yaml.safe_load(SPEC.read_text())
+    for uri in (f"qemu+ext:///system?command={evil}", f"qemu:///system?command={evil}", f"test://{secret}",
+                "qemu:///session", "qemu+ssh://elsewhere/system", ""):
+        status, doc = agent.call("POST", f"/v1/domains/vm1/{action}", {**extra, "uri": uri})
+        assert (status, doc["error"]["exit_code"]) == (400, 2), (uri, doc)
+        _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
+        line = doc["error"]["line"]
+        assert "\n" not in line and "SECRET" not in json.dumps(doc) and "only at qemu:///system" in line, line
+    assert not marker.exists()
+    assert records(a40) == {} and mdevs(a40) == {}
+    assert agent.call("GET", "/v1/agent")[1]["libvirt_uris"] == ["qemu:///system", "qemu+unix:///system"]
+
+
+def test_the_cli_keeps_a_uri_the_agent_does_not_take_in_its_own_process(a40):
+    """attach --connect with a URI the agent refuses: the CLI does it itself (here: no such daemon),
+    the agent is not asked; an allowed URI goes to the agent.  The CLI runs as its own process (libvirt
+    is never loaded into pytest's, which later tests fork)."""
+    import subprocess
+    import sys
+
+    def cli(*args):
+        env = {k: v for k, v in os.environ.items() if k not in (agentclient.ENV_SOCKET, "VGPUHOST_AGENT")}
+        return subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(a40.root), *args], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    with AgentRun(a40.root, str(a40.path("run", "vgpuhost"))) as run:
+        done = cli("--connect", "qemu:///system?socket=/nonexistent/sock", "attach", "vm1", "--profile", "A40-8Q")
+        assert done.returncode != 0 and done.stderr.startswith("vgpuhost: error: "), done.stderr
+        assert "only at" not in done.stderr
+        served = run.call("GET", "/v1/agent")[1]["served"]
+        assert "POST /v1/domains/{domain}/attach" not in served
+        cli("--connect", "qemu:///system", "detach", "vm1", "--all")
+        assert run.call("GET", "/v1/agent")[1]["served"]["POST /v1/domains/{domain}/detach"] == 1
+
+
+def _request_schema(spec, op) -> Dict[str, Any]:
+    schema = ((op.get("requestBody") or {}).get("content") or {}).get("application/json", {}).get("schema", {})
+    if "$ref" in schema:
+        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def test_every_body_schema_is_closed_and_names_the_keys_the_agent_takes():
+    spec = yaml.safe_load(SPEC.read_text())
+    for route in api.ROUTES:
+        schema = _request_schema(spec, spec["paths"][route.template][route.method.lower()])
+        if route.method == "POST" and schema:
+            assert schema.get("additionalProperties") is False, route.template
+            assert set(schema["properties"]) == set(route.keys), route.template
+        else:
+            assert route.keys == (), route.template
+
+
+def test_an_unknown_body_key_is_refused_and_changes_nothing(agent, a40):
+    """Issue 15 #2: a misspelt dry_run (``dryrun``) made a real vGPU; now every endpoint names the key."""
+    spec = yaml.safe_load(SPEC.read_text())
+    status, doc = agent.call("POST", "/v1/vgpus", {"profile": "A40-8Q", "dryrun": True, "gpus": "0000:81:00.0"})
+    assert (status, doc["error"]["exit_code"]) == (400, 2), doc
+    assert doc["error"]["line"].startswith("unknown key 'dryrun' (and 1 more) in the body of POST /v1/vgpus; "), doc
+    assert "dry_run" in doc["error"]["hint"]
+    for route in api.ROUTES:
+        if route.method != "POST":
+            continue
+        target = route.template.format(uuid=DOM, id=MDEV, bdf="0000:81:00.0", domain="vm1", name="t1")
+        status, doc = agent.call("POST", target, {"no_such_key\x00": 1})
+        assert status == 400 and "unknown key 'no_such_key?'" in doc["error"]["line"], (target, doc)
+        _validate(doc, spec, spec["components"]["schemas"]["AgentError"], doc)
+    assert records(a40) == {} and mdevs(a40) == {}
+    assert StateStore(a40.state_dir).audit_rows() == []
+
+
+def test_refusals_name_the_groups_the_agent_was_started_with(agent):
+    """Issue 15 #3: the 403 hints name --admin-group/--ro-group as given, not the default names."""
+    for path in (agent.admin, agent.ro):
+        os.chmod(path, 0o666)
+    got = as_user(OTHER_UID, OTHER_GID, [], [(agent.ro, "GET", "/v1/inventory", None)], hints=True)
+    assert got == [[403, f"ask for membership of the {RO_GID} (read) or {ADMIN_GID} (admin) group"]]
+    got = as_user(RO_UID, RO_GID, [], [_allocate(agent.ro, DOM)], hints=True)
+    assert got == [[403, f"use the admin socket as root or a member of the {ADMIN_GID} group"]]
+
+
+def test_a_negative_content_length_is_bad_input(agent, a40):
+    s = unixsock.connect(agent.admin, 10)
+    s.sendall(b"POST /v1/reconcile HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+    answer = b""
+    while True:                      # the agent closes the connection after each answer
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        answer += chunk
+    s.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b" 400 " in head.split(b"\r\n", 1)[0]
+    assert json.loads(body)["error"]["line"].startswith("Content-Length is negative; ")
     assert records(a40) == {} and mdevs(a40) == {}
 
 
@@ -438,7 +547,8 @@ def test_attach_and_detach_go_through_the_agent_to_a_real_libvirtd(libvirtd, a40
     conn = libvirt.open(libvirtd.uri)
     try:
         conn.defineXML(diskless_domain_xml("vgh-agent"))
-        with AgentRun(a40.root, str(a40.path("run", "vgpuhost"))) as run:
+        with AgentRun(a40.root, str(a40.path("run", "vgpuhost")),
+                      extra=("--metering-interval", "0", "--libvirt-uri", libvirtd.uri)) as run:
             assert cli_main(base + ["--json", "attach", "vgh-agent", "--profile", "A40-8Q", "--tenant", "t1"]) == 0
             doc = json.loads(capsys.readouterr().out)
             assert doc["schema"] == "vgpuhost.attach/v1" and doc["uri"] == libvirtd.uri

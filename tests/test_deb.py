@@ -38,9 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "build" / "deb-cache"
 BIN = Path(sys.executable).parent
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-# What the root gets from Debian: the package's dependencies less python3-libvirt, plus a shell.
+# What the root gets from Debian: the package's dependencies less python3-libvirt, plus a shell
+# (adduser: the postinst's addgroup).
 DEBIAN_PACKAGES = ["python3", "python3-click", "python3-jinja2", "python3-yaml", "python3-lxml",
-                   "dash", "coreutils", "libc-bin"]
+                   "dash", "coreutils", "libc-bin", "adduser"]
 DOMAIN_UUID = "6f1b1d4e-0000-4000-8000-00000000d0e6"
 MDEV = "2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a"
 
@@ -172,6 +173,32 @@ def test_deb_installs_into_a_debian_root_and_runs(tmp_path):
                     input=input, check=check)
 
     inside("/sbin/ldconfig")
+    # the postinst (as dpkg runs it at configure, twice: an upgrade) makes the sockets' groups once
+    control = tmp_path / "control"
+    _run(["dpkg-deb", "-e", str(deb), str(control)])
+    assert (control / "postinst").stat().st_mode & 0o111, "the postinst is not executable"
+    for name, text in (("passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("group", "root:x:0:\n"),
+                       ("shadow", "root:*:19000:0:99999:7:::\n"), ("gshadow", "root:*::\n")):
+        if not (root / "etc" / name).exists():
+            (root / "etc" / name).write_text(text)
+    (root / "run").mkdir(exist_ok=True)             # adduser's lock file
+    # debhelper's own sections (py3compile needs the package registered with dpkg, which dpkg -x skips)
+    ours = re.sub(r"# Automatically added by .*?# End automatically added section\n", "",
+                  (control / "postinst").read_text(), flags=re.S)
+    assert "addgroup --system" in ours and "getent group" in ours, ours
+    (root / "tmp" / "postinst").write_text(ours)
+    sockets = [(root / "usr" / "lib" / "systemd" / "system" / u).read_text()
+               for u in ("vgpuhost-agent.socket", "vgpuhost-agent-ro.socket")]
+    wanted = sorted(re.search(r"^SocketGroup=(\S+)$", t, re.M).group(1) for t in sockets)
+    assert wanted == ["vgpuhost", "vgpuhost-ro"], wanted
+    for _ in range(2):
+        done = inside("/bin/sh", "/tmp/postinst", "configure", "", check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        groups = {line.split(":")[0]: int(line.split(":")[2])
+                  for line in (root / "etc" / "group").read_text().splitlines() if line}
+        for g in wanted:
+            assert 0 < groups.get(g, 0) < 1000, (g, groups)          # a system group
+        assert len((root / "etc" / "group").read_text().splitlines()) == len(groups)
     # the heavy imports are really absent
     probe = inside("/usr/bin/python3", "-c", "import importlib.util as u; print([m for m in ('libvirt', 'pynvml') "
                                              "if u.find_spec(m)])").stdout

@@ -134,3 +134,14 @@ def test_no_citation_of_a_document_outside_the_repository():
     hits += [f"README.md:{n}" for n, line in enumerate((REPO / "README.md").read_text().splitlines(), 1)
              if word in line]
     assert not hits, hits
+
+
+def test_cli_guide_synopsis_lists_each_command_once_and_every_global_option():
+    """Issue 15 #4: exporter, usage and advise were listed twice; --local was missing."""
+    from vgpuhost.cli.main import GLOBAL_OPTIONS
+    text = (REPO / "docs" / "guide" / "cli.md").read_text()
+    block = text.split("```", 2)[1].strip("\n").splitlines()
+    entries = [line for line in block[1:] if line.startswith("  ") and not line.startswith("   ")]
+    assert len(entries) == len(set(entries)), sorted(e for e in entries if entries.count(e) > 1)
+    for opt in GLOBAL_OPTIONS:
+        assert opt in block[0] or opt == "--verbose", opt        # shown as -v|-vv

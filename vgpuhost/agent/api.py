@@ -33,6 +33,12 @@ SCHEMA_ERROR = "vgpuhost.agent-error/v1"
 
 READ, ADMIN = "read", "admin"
 
+#: the libvirt URI the agent connects to unless started with another (``vgpuhost agent --libvirt-uri``)
+DEFAULT_LIBVIRT_URI = "qemu:///system"
+#: local qemu URIs without parameters a caller may also name; any other URI is refused (issue 15 #1:
+#: libvirt's ``qemu+ext://...?command=`` runs a program and ``test:///FILE`` reads a file, as root here)
+LOCAL_LIBVIRT_URIS = ("qemu:///system", "qemu+unix:///system")
+
 
 class Unavailable(VgpuhostError):
     """A part of the API whose backing feature is not there (``/v1/metrics`` without the exporter)."""
@@ -68,8 +74,9 @@ class Agent:
     wrote since; ``scans`` counts the discoveries made.
     """
 
-    def __init__(self, host: HostRoot):
+    def __init__(self, host: HostRoot, libvirt_uri: str = DEFAULT_LIBVIRT_URI):
         self.host = host
+        self.libvirt_uri = libvirt_uri
         self.store = StateStore(host.state_dir, create=True)
         self.write_lock = threading.Lock()
         self._snap_lock = threading.Lock()
@@ -182,7 +189,8 @@ def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
     return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
             "root": str(agent.host.root), "snapshot_scans": agent.scans, "snapshot_waits": agent.snapshot_waits,
             "served": dict(agent.served), "served_thin_client": dict(agent.served_thin),
-            "state_dir": str(agent.host.state_dir), "recovered": agent.recovered}
+            "state_dir": str(agent.host.state_dir), "recovered": agent.recovered,
+            "libvirt_uris": allowed_uris(agent)}
 
 
 def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -464,6 +472,29 @@ def _slot(body: Optional[Dict[str, Any]]) -> Optional[int]:
     return check_guest_slot(value)
 
 
+def allowed_uris(agent: Agent) -> List[str]:
+    """The libvirt URIs attach/detach may name: the agent's own (``--libvirt-uri``), then the local
+    qemu URIs without parameters (:data:`LOCAL_LIBVIRT_URIS`)."""
+    return list(dict.fromkeys((agent.libvirt_uri,) + LOCAL_LIBVIRT_URIS))
+
+
+def _libvirt_uri(agent: Agent, body: Optional[Dict[str, Any]]) -> str:
+    """The body's ``uri`` when the agent allows it, else InputError (400); no ``uri``: the agent's own.
+
+    The given URI is never opened, echoed or parsed: libvirt reaches programs
+    (``qemu+ext``, ``?command=``) and files (``test:///FILE``) through a URI,
+    and the agent runs as root."""
+    uri = _text(body, "uri", limit=1024)
+    if uri is None:
+        return agent.libvirt_uri
+    allowed = allowed_uris(agent)
+    if uri not in allowed:
+        raise InputError("the agent connects to libvirt only at " + ", ".join(allowed) + ", not at the URI given",
+                         hint="name one of those, or run the command in your own process "
+                              "('vgpuhost --local ... --connect URI')")
+    return uri
+
+
 def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost attach DOMAIN ...`` through the agent; ``uri`` the libvirt URI the CLI would use."""
     from ..ops.attach import attach
@@ -474,7 +505,7 @@ def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
               anti_affinity=_text(body, "anti_affinity", limit=256), gpu=_text(body, "gpu", limit=32),
               display=_flag(body, "display"), ramfb=_flag(body, "ramfb"), live=_flag(body, "live"),
               guest_slot=_slot(body), qos=_text(body, "qos", limit=32), uuid=_text(body, "vgpu_uuid", limit=64))
-    uri = _text(body, "uri", limit=1024)
+    uri = _libvirt_uri(agent, body)
     return agent.write(lambda: attach(agent.host, agent.store, uri, domain, actor=req.actor, **kw)).as_dict()
 
 
@@ -486,7 +517,7 @@ def post_detach(agent: Agent, req: Request) -> Dict[str, Any]:
     device, every = _text(body, "device", limit=64), _flag(body, "all")
     if device is not None and every:
         raise InputError("give a DEVICE or --all, not both")
-    uri = _text(body, "uri", limit=1024)
+    uri = _libvirt_uri(agent, body)
     return agent.write(lambda: detach(agent.host, agent.store, uri, domain, device=device, all=every,
                                       actor=req.actor)).as_dict()
 
@@ -616,7 +647,30 @@ class Route(NamedTuple):
     template: str           # /v1/domains/{uuid}/allocate
     handler: Callable
     role: str               # the least role that may call it
+    keys: Tuple[str, ...] = ()      # the JSON body's keys it takes (openapi.yaml's requestBody properties)
 
+
+def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
+    """InputError (400) naming the first key of ``body`` that ``route`` does not take (issue 15 #2: a
+    misspelt ``dryrun`` must not make a real change)."""
+    unknown = sorted(set(body or ()) - set(route.keys))
+    if unknown:
+        shown = "".join(c if c.isprintable() else "?" for c in unknown[0][:64])
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        takes = ", ".join(route.keys) if route.keys else "no keys (send no body, or {})"
+        raise InputError(f"unknown key {shown!r}{more} in the body of {route.method} {route.template}",
+                         hint=f"it takes {takes}")
+
+
+_VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
+              "persist", "create_gi", "dry_run")
+_ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
+_HOOK_KEYS = ("xml", "name", "root", "state_dir")
+_LAYOUT_KEYS = ("config", "source", "layout")
+_ATTACH_KEYS = ("profile", "passthrough", "gpu", "vgpu_uuid", "tenant", "strategy", "anti_affinity", "qos",
+                "display", "ramfb", "guest_slot", "live", "uri")
+_TENANT_KEYS = _TENANT_TEXT + _TENANT_LISTS
+_SCHEDULER_KEYS = ("policy", "timeslice_ms", "frequency_hz", "avg_factor", "gpus", "all")
 
 ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/agent", get_agent, READ),
@@ -630,28 +684,28 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/usage", get_usage, READ),
     Route("GET", "/v1/audit", get_audit, READ),
     Route("GET", "/v1/metrics", get_metrics, READ),
-    Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN),
-    Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN),
-    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN),
+    Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN, _VGPU_KEYS),
+    Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN, ("owner", "dry_run")),
+    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN, _ALLOCATE_KEYS),
     Route("POST", "/v1/domains/{uuid}/release", post_release, ADMIN),
-    Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN),
-    Route("POST", "/v1/hook/release", post_hook_release, ADMIN),
-    Route("POST", "/v1/plan", post_plan, READ),
-    Route("POST", "/v1/assert", post_assert, READ),
-    Route("POST", "/v1/apply", post_apply, ADMIN),
-    Route("POST", "/v1/reconcile", post_reconcile, ADMIN),
-    Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN),
-    Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN),
-    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN),
-    Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN),
-    Route("POST", "/v1/tenants", post_tenant_add, ADMIN),
-    Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN),
+    Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN, _HOOK_KEYS),
+    Route("POST", "/v1/hook/release", post_hook_release, ADMIN, _HOOK_KEYS),
+    Route("POST", "/v1/plan", post_plan, READ, _LAYOUT_KEYS),
+    Route("POST", "/v1/assert", post_assert, READ, _LAYOUT_KEYS),
+    Route("POST", "/v1/apply", post_apply, ADMIN, _LAYOUT_KEYS),
+    Route("POST", "/v1/reconcile", post_reconcile, ADMIN, ("check",)),
+    Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN, ("allow_boot_vga", "persist")),
+    Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN, ("persist",)),
+    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN, _ATTACH_KEYS),
+    Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN, ("device", "all", "uri")),
+    Route("POST", "/v1/tenants", post_tenant_add, ADMIN, ("name",) + _TENANT_KEYS),
+    Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN, _TENANT_KEYS),
     Route("POST", "/v1/tenants/{name}/remove", post_tenant_remove, ADMIN),
     Route("POST", "/v1/mig/{bdf}/enable", post_mig_enable, ADMIN),
     Route("POST", "/v1/mig/{bdf}/disable", post_mig_disable, ADMIN),
-    Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN),
-    Route("POST", "/v1/scheduler", post_scheduler, ADMIN),
-    Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN),
+    Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN, ("layout",)),
+    Route("POST", "/v1/scheduler", post_scheduler, ADMIN, _SCHEDULER_KEYS),
+    Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN, ("mixed_size",)),
 )
 
 

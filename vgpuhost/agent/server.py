@@ -68,7 +68,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int):
+    def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int,
+                 admin_group: str = DEFAULT_ADMIN_GROUP, ro_group: str = DEFAULT_RO_GROUP):
         socketserver.BaseServer.__init__(self, "", _Handler)
         self.socket = sock
         self.server_address = unixsock.socket_path(sock)
@@ -76,6 +77,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.agent = agent
         self.admin_gid = admin_gid
         self.ro_gid = ro_gid
+        self.admin_group = admin_group      # as the operator named them (--admin-group, --ro-group)
+        self.ro_group = ro_group
 
 
 def peer_role(peer: unixsock.Peer, admin_gid: int, ro_gid: int) -> Optional[str]:
@@ -166,7 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
         who = peer_role(peer, srv.admin_gid, srv.ro_gid)
         if who is None:
             return 403, error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent",
-                                  hint="ask for membership of the vgpuhost-ro (read) or vgpuhost (admin) group",
+                                  hint=f"ask for membership of the {srv.ro_group} (read) or {srv.admin_group} "
+                                       "(admin) group",
                                   kind="RefusedError")
         role = api.READ if api.READ in (who, srv.role) else api.ADMIN
         url = urlsplit(self.path)
@@ -180,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
         if route.role == api.ADMIN and role != api.ADMIN:
             where = "the read-only socket" if srv.role == api.READ else "a member of the read-only group"
             return 403, error_doc(403, f"{method} {url.path} changes the host: not allowed for {where}",
-                                  hint="use the admin socket as root or a member of the vgpuhost group",
+                                  hint=f"use the admin socket as root or a member of the {srv.admin_group} group",
                                   kind="RefusedError")
         body = None
         if method == "POST":
@@ -196,6 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
         req = api.Request(params, query, body, actor, peer.pid)
         srv.agent.count(route, thin=self._hook_xml is not None)
         try:
+            api.check_keys(route, body)
             if route.handler is api.get_agent:
                 return 200, api.get_agent(srv.agent, req, role)
             return 200, route.handler(srv.agent, req)
@@ -249,7 +254,9 @@ class _Handler(BaseHTTPRequestHandler):
             n = int(length)
         except ValueError:
             return None, (400, error_doc(400, "Content-Length is not a number"))
-        if n < 0 or n > MAX_BODY:
+        if n < 0:
+            return None, (400, error_doc(400, "Content-Length is negative", hint="send the body's length in bytes"))
+        if n > MAX_BODY:
             return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
         raw = self.rfile.read(n) if n else b""
         if not raw.strip():
@@ -321,17 +328,23 @@ class AgentProcess:
 
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
                ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
-               metrics_listen: Optional[Tuple[str, int]] = None) -> AgentProcess:
+               metrics_listen: Optional[Tuple[str, int]] = None,
+               libvirt_uri: str = api.DEFAULT_LIBVIRT_URI) -> AgentProcess:
     """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
 
-    Raises InputError for an unknown group and HostEnvironmentError when a
-    socket cannot be had (another agent listens, the directory is not
-    writable).
+    ``libvirt_uri``: the libvirt URI attach/detach connect to (callers may
+    name only it or a local qemu URI, :func:`api.allowed_uris`).  Raises
+    InputError for an unknown group or an unusable URI and
+    HostEnvironmentError when a socket cannot be had (another agent
+    listens, the directory is not writable).
     """
+    if not libvirt_uri or len(libvirt_uri) > 1024 or not libvirt_uri.isprintable():
+        raise InputError("--libvirt-uri must be a libvirt URI of at most 1024 printable characters",
+                         hint="e.g. qemu:///system (the default)")
     admin_gid = unixsock.group_id(admin_group)
     ro_gid = unixsock.group_id(ro_group)
     host.require_host()
-    agent = api.Agent(host)
+    agent = api.Agent(host, libvirt_uri)
     agent.recovered = recover_at_start(agent)
     if metering_interval_s > 0:
         start_metering(agent, metering_interval_s, metrics_listen)
@@ -355,7 +368,8 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
                     unixsock.remove_socket(p)
                 raise
             bound.append(path)
-    servers = [_Server(s, role, agent, admin_gid, ro_gid) for role, ss in socks.items() for s in ss]
+    servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group))
+               for role, ss in socks.items() for s in ss]
     return AgentProcess(agent, servers, bound)
 
 
@@ -410,10 +424,11 @@ def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional
 
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
-          metrics_listen: Optional[Tuple[str, int]] = None) -> int:
+          metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
     proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
-                      metering_interval_s=metering_interval_s, metrics_listen=metrics_listen)
+                      metering_interval_s=metering_interval_s, metrics_listen=metrics_listen,
+                      libvirt_uri=libvirt_uri)
     stop = threading.Event()
 
     def on_signal(signum, frame):

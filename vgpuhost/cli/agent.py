@@ -26,8 +26,11 @@ import click
               help="Also serve /metrics over TCP for Prometheus (0: any free port, printed).")
 @click.option("--metrics-listen", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="Address of the --metrics-port listener (loopback unless you mean otherwise).")
+@click.option("--libvirt-uri", default="qemu:///system", show_default=True, metavar="URI",
+              help="The libvirt URI attach/detach connect to.  A caller may name only this URI or "
+                   "qemu:///system (no other URI, no parameters); the CLI does the others itself.")
 def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, metering_interval: float,
-              metrics_port: Optional[int], metrics_listen: str) -> None:
+              metrics_port: Optional[int], metrics_listen: str, libvirt_uri: str) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
     Reads (inventory, types, capacity, vGPUs, domains, tenants, usage, audit,
@@ -50,7 +53,7 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
         click.echo(f"vgpuhost agent: listening on {where}", err=True)
         sys.stderr.flush()
     serve(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,
-          metering_interval_s=metering_interval,
+          metering_interval_s=metering_interval, libvirt_uri=libvirt_uri,
           metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
 
 

@@ -17,7 +17,7 @@ Must not: decide anything; the agent runs the same ops.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ..model.errors import DeviceError, VgpuhostError
 
@@ -63,9 +63,11 @@ def _wrap(value: Any) -> Any:
 
 
 def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None, *,
-            aliases: Optional[Dict[str, str]] = None) -> Optional[Doc]:
+            aliases: Optional[Dict[str, str]] = None,
+            accept: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Optional[Doc]:
     """The agent's answer to ``method target``, or None when no agent for ``ctx``'s host root and
-    state dir answers as admin for this caller, or ``ctx.local`` (do the work here).  Raises
+    state dir answers as admin for this caller, when ``accept(GET /v1/agent document)`` is false,
+    or ``ctx.local`` (do the work here).  Raises
     AgentError for the agent's refusals and failures, DeviceError when it went away before
     answering."""
     if getattr(ctx, "local", False):
@@ -80,6 +82,8 @@ def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None
         return None
     if status != 200 or not isinstance(info, dict) or info.get("role") != "admin" \
             or info.get("root") != str(ctx.host.root) or info.get("state_dir") != str(ctx.host.state_dir):
+        return None
+    if accept is not None and not accept(info):
         return None
     try:
         status, doc = agentclient.call(path, method, target, body)

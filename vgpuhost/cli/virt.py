@@ -148,14 +148,17 @@ def _text(out) -> str:
 def _forward(ctx, action: str, domain: str, body: dict):
     """attach/detach through the agent when it answers (None: do it here).  The agent connects to
     the libvirt URI this command would use (``--connect``, else ``$LIBVIRT_DEFAULT_URI``, else
-    qemu:///system), so both ways reach the same libvirt."""
+    qemu:///system), so both ways reach the same libvirt; a URI the agent does not take (it names
+    them in ``GET /v1/agent``) is used here, in the caller's own process."""
     from urllib.parse import quote
     from ..io.virt import default_uri
     from .agentcall import forward
     uri = default_uri(ctx.connect)
     if uri.startswith("test:"):         # libvirt's test driver lives in each process: only here
         return None
-    return forward(ctx, "POST", f"/v1/domains/{quote(domain, safe='')}/{action}", {**body, "uri": uri})
+    # the agent connects only to its own URI and the local qemu ones; any other stays here, as the caller
+    return forward(ctx, "POST", f"/v1/domains/{quote(domain, safe='')}/{action}", {**body, "uri": uri},
+                   accept=lambda info: uri in (info.get("libvirt_uris") or ()))
 
 
 def _emit_outcome(ctx, out) -> None:
