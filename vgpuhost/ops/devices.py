@@ -74,9 +74,22 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..io.sysfs import Sysfs
     from ..policy.hookrequest import check_holders, check_request
     from ..policy.iommu import group_endpoints
+    from ..io.files import is_file
+    from ..io.state import DB_NAME
+    store = None
+    if is_file(host.state_dir / DB_NAME):
+        store = StateStore(host.state_dir, owned=lambda: _owned(host))
+        if store.journal_entries(open_only=True):
+            # an interrupted start (or other operation) on these devices: finish or roll it back first,
+            # as every CLI operation does under its GPU lock, so the retried start is not refused
+            from .recover import recover_devices
+            names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
+            if recover_devices(host, store, names, actor=actor):
+                inventory = None                    # the host changed
     inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
-    store = StateStore(host.state_dir, owned=lambda: _owned(host))
+    if store is None:
+        store = StateStore(host.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
                   passthrough_records=store.passthrough_records() if checked.passthrough else (),
