@@ -188,7 +188,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
             return None                         # a retried start: the domain already holds it
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
-        vgpu.remove(host, store, req.uuid, owner=me, actor=actor)
+        vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
         out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
@@ -249,7 +249,7 @@ def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, ob
                     vgpu.give_back(host, store, str(dev), owner=me, actor=actor)
                 elif kind == "vgpu":
                     from . import vgpu
-                    vgpu.remove(host, store, str(dev), owner=me, actor=actor)
+                    vgpu.remove(host, store, str(dev), owner=me, actor=actor, while_running=True)
                 else:
                     from . import passthrough
                     passthrough.release(host, store, dev, owner=me, actor=actor)
@@ -287,7 +287,7 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
                 if r.pool is not None and vgpu.give_back(host, store, r.id, owner=me, actor=actor):
                     done.append(r.id)           # lent from the layout's pool: it goes back, not away
                     continue
-                vgpu.remove(host, store, r.id, owner=me, actor=actor)
+                vgpu.remove(host, store, r.id, owner=me, actor=actor, while_running=True)
                 done.append(r.id)
             except VgpuhostError as e:
                 errors.append(f"{r.id}: {e.message}")

@@ -581,12 +581,15 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
 # remove
 
 def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[str] = None,
-           dry_run: bool = False, actor: Optional[str] = None) -> VgpuOutcome:
+           dry_run: bool = False, actor: Optional[str] = None, while_running: bool = False) -> VgpuOutcome:
     """Remove a vGPU vgpuhost created (``vgpu_id``: mdev UUID or VF BDF).
 
-    With ``owner``, only while that owner still holds it.  Raises
-    RefusedError for a device vgpuhost did not create or that another owner
-    holds now; InputError for an unknown id.
+    With ``owner``, only while that owner still holds it.  A vGPU of a
+    running domain (started through the hook, not yet released) is refused,
+    with or without ``owner``, unless ``while_running`` (the hook's release
+    and undo, and detach, which take it from the domain first).  Raises
+    RefusedError for a device vgpuhost did not create, that another owner
+    holds now, or that a running domain uses; InputError for an unknown id.
     """
     vid = _normalise_id(vgpu_id)
     if owner is not None:
@@ -601,7 +604,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     if owner is not None and rec.owner != owner:
         raise RefusedError(f"vGPU {vid} now belongs to {rec.owner}, not {owner}: left alone",
                            hint="a late release for an earlier owner never removes the next owner's vGPU")
-    if owner is None:
+    if not while_running:
         running = store.active_domains()
         if rec.owner in running:
             raise RefusedError(f"vGPU {vid} is in use by running domain {running[rec.owner]} ({rec.owner}): "
@@ -680,7 +683,8 @@ def release_owner(host: HostRoot, store: StateStore, owner: str, *,
                   actor: Optional[str] = None) -> List[VgpuOutcome]:
     """Remove every vGPU ``owner`` holds (the hook's release); tolerant of ones already gone."""
     owner = validate_owner(owner)
-    return [remove(host, store, r.id, owner=owner, actor=actor) for r in store.vgpu_records(owner=owner)]
+    return [remove(host, store, r.id, owner=owner, actor=actor, while_running=True)
+            for r in store.vgpu_records(owner=owner)]
 
 
 def _normalise_id(text: str) -> str:
