@@ -230,7 +230,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         if dry_run:
             return out
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
-            _recover_first(host, store, decision.gpu, actor)
+            if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
+                continue            # recovery changed the host: place again on what it left (the reason too)
             inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
             records2 = store.vgpu_records(gpu=str(decision.gpu))
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf,
@@ -668,10 +669,10 @@ def _journal_device(vid: str, backend: str, gpu, parent, type_id: str, name: str
             "type_name": name, "persisted": bool(persist), "state": state}
 
 
-def _recover_first(host: HostRoot, store: StateStore, gpu, actor: Optional[str]) -> None:
-    """Finish or roll back what an interrupted operation left on this GPU (its lock held)."""
+def _recover_first(host: HostRoot, store: StateStore, gpu, actor: Optional[str]) -> list:
+    """Finish or roll back what an interrupted operation left on this GPU (its lock held); what was done."""
     from .recover import recover_locked
-    recover_locked(host, store, gpu=str(gpu), actor=actor or actor_name())
+    return recover_locked(host, store, gpu=str(gpu), actor=actor or actor_name())
 
 
 def _nolock():
