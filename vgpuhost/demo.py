@@ -53,7 +53,7 @@ def _spec(base: Path, spec: str) -> str:
     if spec != VFS_OFF:
         return spec
     from .io import files
-    from .sim.data import bundled_specs
+    from .io.backends import bundled_specs
     text = files.read_text_capped(bundled_specs()["a100-sriov-mdev"]) or ""
     text = text.replace("name: a100-sriov-mdev", f"name: {VFS_OFF}").replace("sriov_numvfs: 20", "sriov_numvfs: 0")
     path = base / f"{VFS_OFF}.yaml"
