@@ -374,6 +374,39 @@ def test_kill_during_hook_release_end_vgpu(make_host, tmp_path):
                     _nothing, owners_max={DOM: 1}, cycle=_hook_cycle(VGPU_XML, _no_mdevs))
 
 
+def retry_without_reconcile(make_host, tmp_path, build, xml, host_check):
+    """Kill the hook's prepare begin at every write; the retried start (no reconcile between) must
+    succeed, and the stop after it leave the host as it was, with no journal entry open."""
+    total = count_writes(make_host, build, lambda h: hook_op(h, "prepare", "begin", xml), tmp_path)
+    failures = []
+    for when in ("before", "after"):
+        for n in range(1, total + 1):
+            host = build(make_host)
+            log = tmp_path / f"r-{when}-{n}.log"
+            if run(host, hook_op(host, "prepare", "begin", xml), log, kill_at=n, when=when) != -9:
+                failures.append(f"{when} write {n}: not killed")
+                continue
+            problems = []
+            if run(host, hook_op(host, "prepare", "begin", xml), log) != 0:
+                problems.append("the retried prepare begin failed")
+            if run(host, hook_op(host, "release", "end", xml), log) != 0:
+                problems.append("the release end after it failed")
+            problems += host_check(host) + check_host(host, log, owners_max={})
+            if problems:
+                failures.append(f"kill {when} write {n}/{total}: " + "; ".join(problems))
+            else:
+                shutil.rmtree(host.root, ignore_errors=True)
+    assert not failures, "\n".join(failures)
+
+
+def test_hook_prepare_begin_retried_without_reconcile_vgpu(make_host, tmp_path):
+    retry_without_reconcile(make_host, tmp_path, _a40, VGPU_XML, _no_mdevs)
+
+
+def test_hook_prepare_begin_retried_without_reconcile_passthrough(make_host, tmp_path):
+    retry_without_reconcile(make_host, tmp_path, _turing, PT_XML, _pt_restored)
+
+
 # ---------------------------------------------------------------------------
 # apply (a layout of two vGPUs)
 

@@ -917,6 +917,21 @@ def test_a_manual_release_never_frees_a_running_domains_group(make_host):
     assert driver(host, A100) == "nvidia" and store(host).passthrough_records() == []
 
 
+def test_a_manual_vgpu_remove_never_removes_a_running_domains_vgpu(make_host, capsys):
+    """Issue 12 (e): refused with --owner naming the running domain as without it; the mdev stays."""
+    host = make_host("a40-mdev")
+    xml = vgpu_domain("gpu-vm", DOM1, MDEV1)
+    assert start(host, "gpu-vm", xml) == (0, "")
+    for extra in ([], ["--owner", DOM1]):
+        capsys.readouterr()
+        assert cli_main(["--root", str(host.root), "vgpu", "remove", MDEV1, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "in use by running domain gpu-vm" in err and err.count("\n") == 1, err
+        assert MDEV1 in mdevs(host) and [r.id for r in store(host).vgpu_records()] == [MDEV1]
+    assert stop(host, "gpu-vm", xml) == (0, "")          # the hook's own release still removes it
+    assert mdevs(host) == {} and store(host).vgpu_records() == []
+
+
 def test_allow_list_bytes_that_are_not_ascii_are_not_shown(make_host):
     host = mixed(make_host)
     allow = allow_path(host)

@@ -37,6 +37,14 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     from ..io.process import actor as actor_name
     from ..ops.recover import describe_open, open_entries, recover_all
     st = store(ctx, write=not check)
+    if check and st.absent:
+        from ..observe.ownable import devices_vgpuhost_may_own
+        held = devices_vgpuhost_may_own(ctx.host)
+        if held:        # the records are not there to compare with: never "in sync" (as for a damaged store)
+            raise RefusedError(f"no state store in {str(ctx.host.state_dir)!r} while the host has devices "
+                               f"vgpuhost may own: {', '.join(held[:6])}{' ...' if len(held) > 6 else ''}",
+                               hint="pass --state-dir DIR naming vgpuhost's state dir (default "
+                                    "<root>/var/lib/vgpuhost), or restore state.db from a backup")
     journal_lines, journal_doc, journal_ok = [], [], True
     if check:                       # the intent journal: open entries are interrupted operations
         for e in open_entries(st):

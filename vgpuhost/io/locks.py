@@ -28,13 +28,22 @@ def file_lock(state_dir: "str | os.PathLike[str]", name: str, *,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
     """Hold the exclusive lock ``name`` (e.g. ``group-12``) for the block.
 
-    Raises HostEnvironmentError when it cannot be had within ``timeout_s``.
+    Raises HostEnvironmentError when it cannot be had within ``timeout_s``, or
+    when the lock file or the lock dir is a symlink (never followed).
     """
     ldir = Path(state_dir) / "locks"
+    path = ldir / f"{name}.lock"
     try:
+        if os.path.islink(ldir):
+            raise HostEnvironmentError(f"the lock dir {str(ldir)!r} is a symlink; vgpuhost refuses to follow it",
+                                       hint=f"remove the link (rm {ldir}); vgpuhost creates the directory anew")
         ldir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(ldir / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NOFOLLOW: a symlink planted as a lock file never makes vgpuhost create or open its target
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise HostEnvironmentError(f"the lock file {str(path)!r} is a symlink; vgpuhost refuses to follow it",
+                                       hint=f"remove the link (rm {path}); nothing was changed") from None
         raise HostEnvironmentError(f"cannot create lock {name!r} in {str(ldir)!r}: {e.strerror}",
                                    hint="pass --state-dir DIR to a writable directory") from None
     try:

@@ -398,6 +398,7 @@ class StateStore:
         self._local = _thread_local()
         self._memory = False
         self._owned = owned
+        self._check_dir()
         if not create and not os.path.lexists(self.path):
             self._memory = True
         else:
@@ -405,6 +406,27 @@ class StateStore:
             if create and not os.path.lexists(self.path):
                 self._create()
         self._migrate()
+
+    @property
+    def absent(self) -> bool:
+        """True when no ``state.db`` exists (a read-only open gave an empty in-memory store)."""
+        return self._memory
+
+    def _check_dir(self) -> None:
+        """Refuse a state dir that is not a directory (a regular file, or under one)."""
+        import stat as _stat
+        try:
+            st = os.stat(self.state_dir)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:
+            st = None
+        except OSError:
+            return                  # permissions and the like: the store's own checks say what
+        if st is None or not _stat.S_ISDIR(st.st_mode):
+            raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is not a directory",
+                                       hint="pass --state-dir DIR naming the directory that holds state.db "
+                                            "(default <root>/var/lib/vgpuhost)")
 
     def _check_file(self, create: bool) -> None:
         """Refuse a state.db that is not plainly ours (see :meth:`__init__`)."""

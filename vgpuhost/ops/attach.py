@@ -638,7 +638,7 @@ def _hotplug_mdev(host: HostRoot, store: StateStore, dom, entry: DeviceEntry, sn
         dom.attach_live(snippet, what=f"{entry.profile} vGPU {entry.id}")
     except VgpuhostError as e:
         try:
-            remove(host, store, entry.id, owner=dom.uuid, actor=actor)
+            remove(host, store, entry.id, owner=dom.uuid, actor=actor, while_running=True)
             undone = "the mdev was removed again"
         except VgpuhostError as e2:
             undone = f"removing the mdev again failed too: {e2.message}"
@@ -773,7 +773,7 @@ def _release(host: HostRoot, store: StateStore, owner: str, targets: List[Device
     for t in targets:
         try:
             if t.kind in (KIND_MDEV, KIND_VF) and t.id in recs:
-                remove(host, store, t.id, owner=owner, actor=actor)
+                remove(host, store, t.id, owner=owner, actor=actor, while_running=True)
                 out.released.append(t.id)
             elif t.kind == KIND_PASSTHROUGH and t.id in held:
                 from .passthrough import release

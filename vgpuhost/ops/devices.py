@@ -74,9 +74,22 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..io.sysfs import Sysfs
     from ..policy.hookrequest import check_holders, check_request
     from ..policy.iommu import group_endpoints
+    from ..io.files import is_file
+    from ..io.state import DB_NAME
+    store = None
+    if is_file(host.state_dir / DB_NAME):
+        store = StateStore(host.state_dir, owned=lambda: _owned(host))
+        if store.journal_entries(open_only=True):
+            # an interrupted start (or other operation) on these devices: finish or roll it back first,
+            # as every CLI operation does under its GPU lock, so the retried start is not refused
+            from .recover import recover_devices
+            names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
+            if recover_devices(host, store, names, actor=actor):
+                inventory = None                    # the host changed
     inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
-    store = StateStore(host.state_dir, owned=lambda: _owned(host))
+    if store is None:
+        store = StateStore(host.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
                   passthrough_records=store.passthrough_records() if checked.passthrough else (),
@@ -175,7 +188,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
             return None                         # a retried start: the domain already holds it
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
-        vgpu.remove(host, store, req.uuid, owner=me, actor=actor)
+        vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
         out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
@@ -236,7 +249,7 @@ def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, ob
                     vgpu.give_back(host, store, str(dev), owner=me, actor=actor)
                 elif kind == "vgpu":
                     from . import vgpu
-                    vgpu.remove(host, store, str(dev), owner=me, actor=actor)
+                    vgpu.remove(host, store, str(dev), owner=me, actor=actor, while_running=True)
                 else:
                     from . import passthrough
                     passthrough.release(host, store, dev, owner=me, actor=actor)
@@ -274,7 +287,7 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
                 if r.pool is not None and vgpu.give_back(host, store, r.id, owner=me, actor=actor):
                     done.append(r.id)           # lent from the layout's pool: it goes back, not away
                     continue
-                vgpu.remove(host, store, r.id, owner=me, actor=actor)
+                vgpu.remove(host, store, r.id, owner=me, actor=actor, while_running=True)
                 done.append(r.id)
             except VgpuhostError as e:
                 errors.append(f"{r.id}: {e.message}")

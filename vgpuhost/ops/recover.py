@@ -36,7 +36,7 @@ from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, Veri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional, Tuple
+    from typing import List, Optional, Set, Tuple
 
 VFIO_PCI = "vfio-pci"
 BACKEND_MDEV = "mdev"
@@ -101,6 +101,27 @@ def recover_locked(host: HostRoot, store: StateStore, *, gpu: str, group: Option
             continue
         if entry.gpu == gpu or (group is not None and entry.iommu_group == group):
             out.append(_recover(host, store, entry, actor))
+    return out
+
+
+def recover_devices(host: HostRoot, store: StateStore, names: "Set[str]", *, actor: str) -> List[Recovered]:
+    """Recover the open entries naming any of ``names`` (mdev UUIDs, VF or GPU BDFs), each under its locks.
+
+    For a caller that has not chosen a GPU yet (the qemu hook's ``prepare
+    begin`` retried after an interrupted start): what the interrupted
+    operation left is finished or rolled back before the request is checked
+    against the host.  An entry whose process still runs is ended by that
+    process while this call waits for its lock.
+    """
+    out: List[Recovered] = []
+    for entry in open_entries(store):
+        named = {entry.gpu} | {str(d.get("id") or d.get("bdf")) for d in entry.devices}
+        if not named & names:
+            continue
+        with _locks(store, entry):
+            again = next((e for e in store.journal_entries(open_only=True) if e.id == entry.id), None)
+            if again is not None:
+                out.append(_recover(host, store, again, actor))
     return out
 
 
@@ -291,4 +312,4 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "recover_locked", "open_entries", "describe_open", "destroy_retrying", "REMOVE_RETRY_S"]
+__all__ = ["Recovered", "recover_all", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy_retrying", "REMOVE_RETRY_S"]

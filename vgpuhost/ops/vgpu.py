@@ -231,7 +231,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         if dry_run:
             return out
         with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
-            _recover_first(host, store, decision.gpu, actor)
+            if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
+                continue            # recovery changed the host: place again on what it left (the reason too)
             inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
             records2 = store.vgpu_records(gpu=str(decision.gpu))
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf,
@@ -582,12 +583,15 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
 # remove
 
 def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[str] = None,
-           dry_run: bool = False, actor: Optional[str] = None) -> VgpuOutcome:
+           dry_run: bool = False, actor: Optional[str] = None, while_running: bool = False) -> VgpuOutcome:
     """Remove a vGPU vgpuhost created (``vgpu_id``: mdev UUID or VF BDF).
 
-    With ``owner``, only while that owner still holds it.  Raises
-    RefusedError for a device vgpuhost did not create or that another owner
-    holds now; InputError for an unknown id.
+    With ``owner``, only while that owner still holds it.  A vGPU of a
+    running domain (started through the hook, not yet released) is refused,
+    with or without ``owner``, unless ``while_running`` (the hook's release
+    and undo, and detach, which take it from the domain first).  Raises
+    RefusedError for a device vgpuhost did not create, that another owner
+    holds now, or that a running domain uses; InputError for an unknown id.
     """
     vid = _normalise_id(vgpu_id)
     if owner is not None:
@@ -602,7 +606,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     if owner is not None and rec.owner != owner:
         raise RefusedError(f"vGPU {vid} now belongs to {rec.owner}, not {owner}: left alone",
                            hint="a late release for an earlier owner never removes the next owner's vGPU")
-    if owner is None:
+    if not while_running:
         running = store.active_domains()
         if rec.owner in running:
             raise RefusedError(f"vGPU {vid} is in use by running domain {running[rec.owner]} ({rec.owner}): "
@@ -666,10 +670,10 @@ def _journal_device(vid: str, backend: str, gpu, parent, type_id: str, name: str
             "type_name": name, "persisted": bool(persist), "state": state}
 
 
-def _recover_first(host: HostRoot, store: StateStore, gpu, actor: Optional[str]) -> None:
-    """Finish or roll back what an interrupted operation left on this GPU (its lock held)."""
+def _recover_first(host: HostRoot, store: StateStore, gpu, actor: Optional[str]) -> list:
+    """Finish or roll back what an interrupted operation left on this GPU (its lock held); what was done."""
     from .recover import recover_locked
-    recover_locked(host, store, gpu=str(gpu), actor=actor or actor_name())
+    return recover_locked(host, store, gpu=str(gpu), actor=actor or actor_name())
 
 
 def _nolock():
@@ -681,7 +685,8 @@ def release_owner(host: HostRoot, store: StateStore, owner: str, *,
                   actor: Optional[str] = None) -> List[VgpuOutcome]:
     """Remove every vGPU ``owner`` holds (the hook's release); tolerant of ones already gone."""
     owner = validate_owner(owner)
-    return [remove(host, store, r.id, owner=owner, actor=actor) for r in store.vgpu_records(owner=owner)]
+    return [remove(host, store, r.id, owner=owner, actor=actor, while_running=True)
+            for r in store.vgpu_records(owner=owner)]
 
 
 def _normalise_id(text: str) -> str:
