@@ -103,3 +103,57 @@ def test_read_only_store_message_from_sqlite(make_host):
     assert "read-only" in e.message and "aside" not in e.one_line()
     e = store_error("/x/state.db", sqlite3.DatabaseError("file is not a database"))
     assert "damaged" in e.message and "restore state.db from a backup" in e.one_line()
+
+
+# --- connections and fork() --------------------------------------------------
+
+def _open_files(name: str):
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.basename(target).startswith(name):
+            out.append(target)
+    return out
+
+
+def test_a_dropped_store_closes_its_database_at_once(tmp_path):
+    """sqlite3 connections sit in a reference cycle; a store that is dropped must not leave its
+    connection open until a garbage collection (a fork() meanwhile carries it into the children,
+    and the parent's late close then deletes the WAL they commit to: lost rows)."""
+    import gc
+    gc.disable()
+    try:
+        store = StateStore(tmp_path)
+        store.audit(actor="t", operation="o", path="/p", value="v")
+        assert _open_files("state.db")
+        del store
+        assert _open_files("state.db") == []
+    finally:
+        gc.enable()
+
+
+def test_a_forked_child_opens_its_own_connection(tmp_path):
+    """A store used in a child of fork() never uses (nor closes) the parent's connection."""
+    store = StateStore(tmp_path)
+    parent_conn = store._conn()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child: never returns
+        ok = 0
+        try:
+            store.audit(actor="child", operation="o", path="/p", value="v")
+            ok = int(store._conn() is not parent_conn)
+            store.close()
+            del store
+        finally:
+            os.write(w, str(ok).encode())
+            os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(r, 8) == b"1" and status == 0
+    os.close(r)
+    store.audit(actor="parent", operation="o", path="/p", value="v")
+    assert [a.actor for a in StateStore(tmp_path).audit_rows()] == ["child", "parent"]

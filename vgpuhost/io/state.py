@@ -511,12 +511,16 @@ class StateStore:
     # --- connection ------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) != os.getpid():
+            _abandon(conn)          # opened before a fork(): the parent's, never used (nor closed) here
+            conn = None
         if conn is None:
             try:
                 conn = _retry_locked(self._open)
             except sqlite3.Error as e:
                 raise store_error(self.path, e) from None
             self._local.conn = conn
+            self._local.pid = os.getpid()
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -533,10 +537,27 @@ class StateStore:
         return conn
 
     def close(self) -> None:
+        """Close this thread's connection (one a fork() carried over is left alone, see :func:`_abandon`)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
-            conn.close()
             self._local.conn = None
+            if getattr(self._local, "pid", None) == os.getpid():
+                conn.close()
+            else:
+                _abandon(conn)
+
+    def __del__(self) -> None:
+        # Close the connection as soon as the store is dropped.  Python's sqlite3 connection sits in
+        # a reference cycle (its statement cache), so without this it stays open until a garbage
+        # collection pass: a process that forks meanwhile (multiprocessing, the crash tests) carries
+        # it into its children, and when the parent's collector finally closes it, SQLite there sees
+        # no other process holding the database (the children's locks sit on the carried-over
+        # connection's bookkeeping, not in the kernel), checkpoints and deletes the WAL the children
+        # are still committing to: their later writes (audit rows, passthrough records) are lost.
+        try:
+            self.close()
+        except Exception:       # interpreter shutdown, a half-built store: nothing to close
+            pass
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -1080,6 +1101,17 @@ def _json_str(text: str) -> str:
             out.append("\\u%04x" % n)
     out.append('"')
     return "".join(out)
+
+
+#: connections a fork() carried into this process: kept referenced so they are never closed here
+#: (closing one in the child can checkpoint and delete the WAL under the processes using it; see
+#: https://www.sqlite.org/howtocorrupt.html, "carrying an open database connection across a fork")
+_CARRIED: List[sqlite3.Connection] = []
+
+
+def _abandon(conn: sqlite3.Connection) -> None:
+    """Keep ``conn`` (opened by the process this one forked from) alive and unused for good."""
+    _CARRIED.append(conn)
 
 
 def _retry_locked(fn, budget_s: float = BUSY_TIMEOUT_MS / 1000):
