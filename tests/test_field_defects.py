@@ -127,7 +127,8 @@ def test_k_a_held_lock_is_transient_and_a_blocked_plan_is_permanent(make_host, c
     from vgpuhost.io import locks
     host = make_host("a40-mdev")
     StateStore(host.state_dir).close()
-    monkeypatch.setattr(locks.file_lock, "__kwdefaults__", {"timeout_s": 0.05})
+    # the wrapped function holds the default (the @contextmanager wrapper passes keywords through)
+    monkeypatch.setattr(locks.file_lock.__wrapped__, "__kwdefaults__", {"timeout_s": 0.05})
     with locks.file_lock(host.state_dir, "gpu-0000:81:00.0", timeout_s=1):
         code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
     assert code == 5 and "lock" in err, err                # a lock held: retry later
