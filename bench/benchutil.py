@@ -25,3 +25,16 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def a40_spec_yaml(gpus: int, name: str) -> str:
+    """A simulated host spec (YAML text) of ``gpus`` A40s on classic mdev, each behind its own root port."""
+    lines = ["version: 1", f"name: {name}-{gpus}", "host:",
+             "  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt",
+             "  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]",
+             "devices:"]
+    for i in range(gpus):
+        port, gpu = f"0000:00:{i + 1:02x}.0", f"0000:{0x41 + i:02x}:00.0"
+        lines.append(f'  - {{bdf: "{port}", model: intel-root-port, numa_node: 0}}')
+        lines.append(f'  - {{bdf: "{gpu}", model: A40, upstream: "{port}", numa_node: 0, vgpu: {{backend: mdev}}}}')
+    return "\n".join(lines) + "\n"

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
+from benchutil import a40_spec_yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -52,15 +54,7 @@ OPS = ("types", "plan", "apply", "hook")
 
 def spec_yaml(gpus: int) -> str:
     """A host of ``gpus`` A40s on classic mdev, each behind its own root port."""
-    lines = ["version: 1", f"name: bench-scale-{gpus}", "host:",
-             "  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt",
-             "  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]",
-             "devices:"]
-    for i in range(gpus):
-        port, gpu = f"0000:00:{i + 1:02x}.0", f"0000:{0x41 + i:02x}:00.0"
-        lines.append(f'  - {{bdf: "{port}", model: intel-root-port, numa_node: 0}}')
-        lines.append(f'  - {{bdf: "{gpu}", model: A40, upstream: "{port}", numa_node: 0, vgpu: {{backend: mdev}}}}')
-    return "\n".join(lines) + "\n"
+    return a40_spec_yaml(gpus, "bench-scale")
 
 
 def layout_yaml(per_gpu: int) -> str:

@@ -143,6 +143,18 @@ def _why_not(o: GpuOffer, req: Request) -> Optional[str]:
     return None
 
 
+def _tightest(req, chosen, n_fit: int, n_pool: int, off_node: int, rejected) -> "Decision":
+    """The Decision of a packing strategy (``headroom``, ``reserve``) that took ``chosen``, the GPU
+    with the fewest free instances that still fits; ``off_node`` is 1 when it is not on the
+    requested NUMA node."""
+    reason = (f"{req.strategy}: {chosen.gpu} is the GPU with the fewest free instances that still fits "
+              f"({chosen.available} {chosen.type_name} free; {n_fit} of {n_pool} GPUs fit)")
+    if req.numa_node is not None:
+        reason += (f"; NUMA node {req.numa_node} preferred" if off_node == 0 else
+                   f"; no GPU on NUMA node {req.numa_node} fits, took node {chosen.numa_node}")
+    return Decision(chosen.gpu, chosen.parents[0], chosen.type_id, reason, tuple(rejected))
+
+
 def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
     """Choose a GPU for ``req`` among ``offers``; never raises for a full host.
 
@@ -174,12 +186,7 @@ def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
         why = _headroom_refusal(pool, chosen, req)
         if why:
             return Decision(None, None, None, why, tuple(rejected))
-        reason = (f"headroom: {chosen.gpu} is the GPU with the fewest free instances that still fits "
-                  f"({chosen.available} {chosen.type_name} free; {len(fits)} of {len(pool)} GPUs fit)")
-        if req.numa_node is not None:
-            reason += (f"; NUMA node {req.numa_node} preferred" if numa(chosen) == 0 else
-                       f"; no GPU on NUMA node {req.numa_node} fits, took node {chosen.numa_node}")
-        return Decision(chosen.gpu, chosen.parents[0], chosen.type_id, reason, tuple(rejected))
+        return _tightest(req, chosen, len(fits), len(pool), numa(chosen), rejected)
     if req.strategy == "reserve":
         chosen = min(fits, key=lambda o: (numa(o), o.available, o.gpu))
         if req.gpu is None and chosen.present == 0 and chosen.available == 1:
@@ -188,12 +195,7 @@ def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
                 why = (f"reserve: {req.profile} takes a whole GPU and only {empty} of {len(pool)} GPUs are "
                        f"empty (the last {RESERVE_EMPTY} are kept for requests that share a GPU)")
                 return Decision(None, None, None, why, tuple(rejected))
-        reason = (f"reserve: {chosen.gpu} is the GPU with the fewest free instances that still fits "
-                  f"({chosen.available} {chosen.type_name} free; {len(fits)} of {len(pool)} GPUs fit)")
-        if req.numa_node is not None:
-            reason += (f"; NUMA node {req.numa_node} preferred" if numa(chosen) == 0 else
-                       f"; no GPU on NUMA node {req.numa_node} fits, took node {chosen.numa_node}")
-        return Decision(chosen.gpu, chosen.parents[0], chosen.type_id, reason, tuple(rejected))
+        return _tightest(req, chosen, len(fits), len(pool), numa(chosen), rejected)
     if req.strategy == "first-fit":
         key = lambda o: (numa(o), o.gpu)                                  # noqa: E731
         why = "the first GPU (by PCI address) that fits"
