@@ -18,12 +18,21 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.vgpuhost-installed
 PYTEST_ARGS ?=
+# The qemu hook's thin client to the agent (C, no dependencies but libc); `hook install`
+# finds it next to the package.  Without it the hook uses curl.
+CLIENT      := vgpuhost/hook/vgpuhost-hook-client
+CLIENT_CFLAGS ?= -O2 -Wall -Wextra -std=c99 -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 # Wait for a dpkg/apt lock held by another apt-get instead of failing.
 APT_OPTS    := -o DPkg::Lock::Timeout=600
 
-.PHONY: dev deb-deps venv-check test demo bench wheel sdist deb docs docs-cli schemas man completions clean distclean
+.PHONY: dev client deb-deps venv-check test demo bench wheel sdist deb docs docs-cli schemas man completions clean distclean
 
-dev: deb-deps $(STAMP)
+dev: deb-deps $(STAMP) $(CLIENT)
+
+client: $(CLIENT)
+
+$(CLIENT): vgpuhost/hook/client.c
+	$(CC) $(CLIENT_CFLAGS) -o $@ $<
 
 # Installs only what is missing; does nothing (no apt-get update) when all
 # packages are present.
@@ -117,7 +126,7 @@ completions: venv-check
 	$(VPY) tools/clidoc.py completions build/completions
 
 clean:
-	rm -rf build dist site *.egg-info .pytest_cache .hypothesis demo-host
+	rm -rf build dist site *.egg-info .pytest_cache .hypothesis demo-host $(CLIENT)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -27,8 +27,9 @@ XML on stdin and libvirt's minimal environment (``PATH``, ``HOME``,
 With ``--agent up`` (or ``both``, the default) each host gets a twin with
 ``vgpuhost agent`` running (listening on ``<root>/run/vgpuhost``, where the
 installed hook looks): its rows are labelled ``agent-up``, and there the
-hook's sh dispatcher hands prepare and release to the agent (curl over its
-unix socket, no Python start), which keeps a warm snapshot of the host.
+hook's sh dispatcher hands prepare and release to the agent (the compiled
+``vgpuhost-hook-client`` over its unix socket when ``make dev`` built it, else
+curl; no Python start), which keeps a warm snapshot of the host.
 
 The simulated kernel's own time is measured apart: every hook run (and the
 agent) has ``VGPUHOST_SIM_TIME_FILE`` set, the simulator appends the
@@ -241,7 +242,11 @@ def main(argv: List[str] = None) -> int:
     base = med[CLEAN]
     print(f"command: {shlex.join([sys.executable] + sys.argv)}")
     print(f"hook interpreter: {py}; yardstick: {clean} -I -c pass (clean start, with site)")
-    print(f"curl for the thin client: {shutil.which('curl') or 'none (the hook starts Python with the agent up too)'}")
+    from vgpuhost.hook.install import find_client
+    client = find_client()
+    print("thin client (agent up): " + (f"{client} (compiled, vgpuhost/hook/client.c)" if client else
+                                        f"curl {shutil.which('curl')} (no compiled client: make client)"
+                                        if shutil.which("curl") else "none (the hook starts Python with the agent up too)"))
     print(f"hook environment: {' '.join(f'{k}={v}' for k, v in HOOK_ENV.items())} {SIM_TIME_ENV}=FILE; "
           f"{args.runs} interleaved runs each; medians; hosts under {os.path.dirname(tmp)}")
     print()

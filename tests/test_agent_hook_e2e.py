@@ -4,8 +4,9 @@ Follows tests/test_hook_e2e.py (its fixtures: the isolated libvirtd, the
 simulated GPU host, the installed hook and the spy after it).  With the
 agent up (``vgpuhost agent`` listening on ``<root>/run/vgpuhost``, where the
 installed hook looks), the hook hands ``prepare begin`` and ``release end``
-to it: through the sh dispatcher's thin client (curl, no Python start), or,
-on a host without curl, through the Python handler; down, the hook does the
+to it: through the sh dispatcher's thin client (the compiled
+vgpuhost-hook-client, or curl; no Python start), or, on a host without
+either, through the Python handler; down, the hook does the
 work itself.  Each case's outcome (virsh's
 exit and error lines, what the spy saw right after ``prepare begin``, the
 tree, the records and the audit rows, ids normalised) is compared with one
@@ -60,21 +61,26 @@ def outcome(daemon, host, tmp_path, name: str) -> dict:
     }
 
 
-@pytest.fixture(params=["agent-down", "agent-up", "agent-up-no-curl"])
+@pytest.fixture(params=["agent-down", "agent-up", "agent-up-curl", "agent-up-no-curl"])
 def agent_mode(request, gpu_host, hooked):
     """None (agent down), or the running agent.  ``agent-up``: the installed dispatcher's thin client
-    (curl) hands the calls over and no Python starts; ``agent-up-no-curl``: a host without curl, where
-    the Python handler hands them over."""
+    (the compiled vgpuhost-hook-client when ``make dev`` built it, else curl) hands the calls over and
+    no Python starts; ``agent-up-curl``: the same through curl (no compiled client);
+    ``agent-up-no-curl``: a host with neither, where the Python handler hands them over."""
     if request.param == "agent-down":
         yield None
         return
+    hook = hooked.hooks_dir / "vgpuhost"
+    text = hook.read_text()
+    if request.param in ("agent-up-curl", "agent-up-no-curl"):
+        assert re.search(r"^client=", text, re.M)
+        text = re.sub(r"^client=.*$", "client=", text, flags=re.M)
     if request.param == "agent-up-no-curl":
-        hook = hooked.hooks_dir / "vgpuhost"
-        text = hook.read_text()
         assert "\tfor d in /usr/bin /bin /usr/local/bin; do\n" in text
-        hook.write_text(text.replace("\tfor d in /usr/bin /bin /usr/local/bin; do\n", "\tfor d in ; do\n"))
+        text = text.replace("\tfor d in /usr/bin /bin /usr/local/bin; do\n", "\tfor d in ; do\n")
+    hook.write_text(text)
     with AgentRun(gpu_host.root, str(gpu_host.path("run", "vgpuhost"))) as run:
-        run.thin = request.param == "agent-up"
+        run.thin = request.param in ("agent-up", "agent-up-curl")
         yield run
 
 

@@ -381,10 +381,10 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
             # the warm snapshot, checked against the host under the write lock: no rescan per start
             meta = view.metadata
             inv = agent.inventory() if meta is not None and not meta.empty else None
-            return devices.prepare(agent.host, view, actor=actor, inventory=inv)
+            return devices.prepare(agent.host, view, actor=actor, inventory=inv, store=agent.store)
     else:
         def run():
-            return devices.release(agent.host, view, actor=actor)
+            return devices.release(agent.host, view, actor=actor, store=agent.store)
     changed = agent.write(run)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name,
             "changed": [str(c) for c in changed]}

@@ -59,9 +59,14 @@ def _outcome(ctx, out) -> None:
 @click.option("--hooks-dir", metavar="DIR", callback=_absolute_dir, help=HOOKS_DIR_HELP)
 @click.option("--timeout", "timeout_s", type=click.IntRange(1, 3600), default=60, show_default=True,
               help="Seconds the hook may run before it undoes what it made and fails the start.")
+@click.option("--client", metavar="PATH",
+              help="The compiled thin client the hook hands calls to the agent with (absolute path), or 'none' "
+                   "for curl.  Default: vgpuhost-hook-client next to the package (make dev builds it), else "
+                   "/usr/lib/vgpuhost/vgpuhost-hook-client, else curl.")
 @click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
 @click.pass_context
-def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, dry_run: bool) -> None:
+def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, client: Optional[str],
+                 dry_run: bool) -> None:
     """Install the qemu hook (DIR/vgpuhost, mode 0755), baking in the root and state dir.
 
     Idempotent.  libvirtd must be restarted or sent SIGHUP to see a new hook;
@@ -72,7 +77,7 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
     ctx.host.require_host()
     st = None if dry_run else store(ctx)
     _outcome(ctx, hookmod.install(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, timeout_s=timeout_s,
-                                  store=st))
+                                  store=st, client=client))
 
 
 @hook.command("uninstall")

@@ -32,6 +32,10 @@ HOOK_NAME = "vgpuhost"                        # the file in qemu.d
 #: where the dispatcher looks for curl, its thin client to the agent (no fork: ``[ -x ]`` in sh)
 CURL_DIRS = ("/usr/bin", "/bin", "/usr/local/bin")
 MARKER = "# vgpuhost-hook: written by 'vgpuhost hook install'"
+#: the compiled thin client (vgpuhost/hook/client.c; ``make dev`` and the Debian package build it)
+CLIENT_NAME = "vgpuhost-hook-client"
+#: where a system package installs it; :func:`find_client` looks next to the package first
+CLIENT_SYSTEM_DIR = "/usr/lib/vgpuhost"
 
 
 def _template() -> str:
@@ -44,8 +48,33 @@ def _sh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
+def find_client() -> Optional[str]:
+    """The thin client's absolute path: ``vgpuhost/hook/vgpuhost-hook-client`` next to the package
+    (``make dev`` builds it there), else ``/usr/lib/vgpuhost/vgpuhost-hook-client`` (the Debian
+    package); None when neither is an executable file."""
+    here = os.path.join(files.package_parent(), "vgpuhost", "hook")
+    return files.which(CLIENT_NAME, path=f"{here}:{CLIENT_SYSTEM_DIR}")
+
+
+def client_path(client: "Optional[str]") -> str:
+    """``client`` as :func:`render` takes it: None finds it (:func:`find_client`; "" when there is none),
+    "" or "none" means none, anything else must be an absolute path to an executable file."""
+    if client is None:
+        return find_client() or ""
+    if client in ("", "none"):
+        return ""
+    if not os.path.isabs(client) or not client.isprintable():
+        raise InputError(f"--client {client[:200]!r} is not an absolute path",
+                         hint=f"give the path of {CLIENT_NAME} (make dev builds it), or 'none' for curl")
+    if not files.is_executable_file(client):
+        raise InputError(f"--client {client[:200]} is not an executable file",
+                         hint=f"build it ('make dev', or gcc -O2 -o {CLIENT_NAME} vgpuhost/hook/client.c), "
+                              "or give 'none' for curl")
+    return client
+
+
 def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEFAULT_TIMEOUT_S,
-           curl: bool = True) -> str:
+           curl: bool = True, client: Optional[str] = None) -> str:
     """The dispatcher's text for ``host``: the template with the interpreter, sys.path, root and state dir.
 
     libvirt gives hooks a minimal environment (``PATH``, ``HOME``,
@@ -55,13 +84,17 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     first, this interpreter's site-packages last.  ``curl``: the thin client
     that hands the call to the agent without starting Python, looked for in
     :data:`CURL_DIRS` each time the hook runs (so the text does not depend on
-    whether curl is installed); False: none, the handler talks to the agent
-    itself.
+    whether curl is installed); False: none, and no compiled client unless
+    ``client`` names one: the handler talks to the agent itself.
+    ``client``: the compiled thin client (:func:`client_path`: None finds
+    it), tried before curl; the dispatcher checks it is executable each time
+    it runs and uses curl when it is not.
     """
     import sysconfig
     from .. import __version__
     if not 1 <= timeout_s <= MAX_TIMEOUT_S:
         raise InputError(f"--timeout {timeout_s} is out of range", hint=f"1..{MAX_TIMEOUT_S} seconds")
+    client = client_path(client) if curl or client is not None else ""
     exe = python or sys.executable
     if not exe or not os.path.isabs(exe):
         raise InputError("cannot tell which Python runs vgpuhost (sys.executable is empty)",
@@ -85,6 +118,7 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
         "@PYTHON@": _sh_quote(exe),
         "@BOOT@": _sh_quote(boot),
         "@CURL_DIRS@": " ".join(CURL_DIRS) if curl else "",
+        "@CLIENT@": _sh_quote(client) if client else "",
         "@AGENT_SOCKET@": _sh_quote(default_socket(str(host.root))),
     }
     text = _template()
@@ -127,17 +161,17 @@ RELOAD_HINT = ("libvirtd reads the hooks present when it starts: restart it or s
 
 def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s: int = DEFAULT_TIMEOUT_S,
             python: Optional[str] = None, store: "Optional[StateStore]" = None, actor: Optional[str] = None,
-            curl: bool = True) -> HookOutcome:
+            curl: bool = True, client: Optional[str] = None) -> HookOutcome:
     """Write the dispatcher as ``<hooks_dir>/vgpuhost`` (mode 0755, atomically), byte-compile the package.
 
     Idempotent: an identical file is left alone.  Refuses (RefusedError) to
     overwrite a ``vgpuhost`` file it did not write.  Never signals libvirtd:
     the outcome says when it must be reloaded (a new file).  The write is
-    audited when ``store`` is given.  ``curl``: the agent's thin client (see :func:`render`).
+    audited when ``store`` is given.  ``curl``, ``client``: the agent's thin clients (see :func:`render`).
     """
     d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
     path = d / HOOK_NAME
-    text = render(host, python=python, timeout_s=timeout_s, curl=curl)
+    text = render(host, python=python, timeout_s=timeout_s, curl=curl, client=client)
     old = _read(path)
     if old is not None and not _ours(old):
         raise RefusedError(f"{path} exists and was not written by vgpuhost: left alone",
@@ -260,12 +294,23 @@ def _missing_gpus(host: HostRoot, entries) -> List[str]:
 
 
 def _same_but_timeout(text: str, host: HostRoot, python: Optional[str]) -> bool:
-    """An installed hook that differs only in its ``--timeout`` is current too."""
+    """An installed hook that differs only in its ``--timeout`` or ``--client`` is current too."""
+    t: Optional[int] = None
+    client: Optional[str] = None
     for line in text.splitlines():
-        if line.startswith("VGPUHOST_HOOK_TIMEOUT="):
+        if line.startswith("VGPUHOST_HOOK_TIMEOUT=") and t is None:
             try:
                 t = int(line.split("=", 1)[1].strip("'"))
             except ValueError:
                 return False
-            return 1 <= t <= MAX_TIMEOUT_S and text == render(host, python=python, timeout_s=t)
-    return False
+        elif line.startswith("client=") and client is None:
+            value = line.split("=", 1)[1]
+            if value and not (len(value) >= 2 and value[0] == value[-1] == "'"):
+                return False
+            client = value[1:-1].replace("'\\''", "'") if value else "none"
+    if t is None or not 1 <= t <= MAX_TIMEOUT_S:
+        return False
+    try:
+        return text == render(host, python=python, timeout_s=t, client=client)
+    except InputError:              # the client it names is gone: installing again writes another text
+        return False

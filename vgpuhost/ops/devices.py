@@ -56,7 +56,8 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
     return parse_allow(data, host.relative(path))
 
 
-def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optional[Inventory]" = None) -> List[str]:
+def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optional[Inventory]" = None,
+            store: "Optional[StateStore]" = None) -> List[str]:
     """Make every device the domain's metadata names exist; returns what this call changed.
 
     All or nothing: on any failure what this call made is removed again
@@ -64,7 +65,9 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     domain already holds (a retried start) are kept as they are.
     ``inventory``: a current discovery of the host (the agent's warm
     snapshot) instead of reading it again; every placement is still
-    re-checked under the GPU lock on a fresh read.
+    re-checked under the GPU lock on a fresh read.  ``store``: the state
+    store already open on ``host.state_dir`` (the agent's), instead of
+    opening it for this call.
     """
     meta = view.metadata
     if meta is None or meta.empty:
@@ -76,9 +79,9 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..policy.iommu import group_endpoints
     from ..io.files import is_file
     from ..io.state import DB_NAME
-    store = None
-    if is_file(host.state_dir / DB_NAME):
+    if store is None and is_file(host.state_dir / DB_NAME):
         store = StateStore(host.state_dir, owned=lambda: _owned(host))
+    if store is not None:
         if store.journal_entries(open_only=True):
             # an interrupted start (or other operation) on these devices: finish or roll it back first,
             # as every CLI operation does under its GPU lock, so the retried start is not refused
@@ -261,18 +264,22 @@ def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, ob
     return failed
 
 
-def release(host: HostRoot, view: "DomainView", *, actor: str) -> List[str]:
+def release(host: HostRoot, view: "DomainView", *, actor: str, store: "Optional[StateStore]" = None) -> List[str]:
     """Remove the vGPUs and release the groups the domain holds; forget the domain.
 
     A domain that holds nothing (a start that never happened, a second
     release) is a no-op; no state store is created for it.  Every device is
     tried; the first failure raises DeviceError naming how many failed.
+    ``store``: the state store already open on ``host.state_dir`` (the
+    agent's), instead of opening it for this call.
     """
-    from ..io.files import is_file
-    from ..io.state import DB_NAME, StateStore
-    if not is_file(host.state_dir / DB_NAME):
-        return []
-    return release_domain(host, StateStore(host.state_dir, owned=lambda: _owned(host)), view.uuid, actor=actor)
+    if store is None:
+        from ..io.files import is_file
+        from ..io.state import DB_NAME, StateStore
+        if not is_file(host.state_dir / DB_NAME):
+            return []
+        store = StateStore(host.state_dir, owned=lambda: _owned(host))
+    return release_domain(host, store, view.uuid, actor=actor)
 
 
 def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:

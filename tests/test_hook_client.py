@@ -1,0 +1,302 @@
+"""The qemu hook's compiled thin client (vgpuhost/hook/client.c -> vgpuhost-hook-client).
+
+The client is built with gcc for the session when ``make dev`` has not
+built it next to the package (no skip under CI=true).  Real processes
+throughout: the client run alone against scripted unix-socket servers (its
+request byte for byte, its exit codes for every failure), and the
+installed dispatcher run as libvirt runs it against a real ``vgpuhost
+agent``, with outcomes read back from the simulated tree, the state store
+and the agent's counters.  A hook installed with an interpreter that does
+not exist and without curl can only succeed through the client.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+from agentutil import AgentRun, socket_dir
+from nsutil import skip_or_fail
+from test_hook import DOM1, MDEV1, dispatch, mdevs, store, vgpu_domain
+from vgpuhost.hook import install as hook_install
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "vgpuhost" / "hook" / "client.c"
+NO_PYTHON = "/nonexistent/vgpuhost-test/python3"
+NS = "https://vgpuhost.dev/xmlns/domain/1"
+#: the client's own exit codes (client.c): the dispatcher falls back on 100 and up
+EX_USAGE, EX_CONNECT, EX_TIMEOUT, EX_IO, EX_ANSWER, EX_INPUT = 100, 101, 102, 103, 104, 105
+
+
+@pytest.fixture(scope="session")
+def client(tmp_path_factory) -> str:
+    """The client's path: the one ``make dev`` built next to the package when it is current, else one
+    built here with gcc (no gcc: skip, or fail under CI)."""
+    found = hook_install.find_client()
+    if found and os.path.getmtime(found) >= os.path.getmtime(SOURCE):
+        return found
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    skip_or_fail(None if gcc else "no gcc or cc to build vgpuhost-hook-client", "the hook client tests")
+    out = tmp_path_factory.mktemp("client") / hook_install.CLIENT_NAME
+    subprocess.run([gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=c99", "-D_FORTIFY_SOURCE=2",
+                    "-o", str(out), str(SOURCE)], check=True, timeout=120)
+    return str(out)
+
+
+class Scripted:
+    """A unix-socket server answering each connection with ``answer`` (bytes; None: never answers)
+    after reading the request's head and Content-Length body; the requests it read in ``requests``."""
+
+    def __init__(self, answer: Optional[bytes]):
+        self.dir = socket_dir()
+        self.path = os.path.join(self.dir, "agent.sock")
+        self.answer = answer
+        self.requests: List[bytes] = []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                self.requests.append(head + b"\r\n\r\n" + body)
+                if self.answer is None:
+                    self.stop.wait(30)
+                else:
+                    try:
+                        conn.sendall(self.answer)
+                    except OSError:          # the client stopped reading (an answer over its limit)
+                        pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "Scripted":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def http(body: bytes, status: str = "200 OK", ctype: str = "text/plain; charset=utf-8") -> bytes:
+    return (f"HTTP/1.1 {status}\r\nServer: scripted\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n").encode() + body
+
+
+def run_client(client: str, sock: str, data: bytes, *args: str, timeout_s: str = "10") -> subprocess.CompletedProcess:
+    argv = list(args) or ["prepare", "vm1", "/host/root", "/host/state"]
+    return subprocess.run([client, sock, *argv, timeout_s], input=data, capture_output=True, timeout=60)
+
+
+# ---------------------------------------------------------------------------
+# the client alone
+
+def test_the_request_is_the_one_curl_sends(client):
+    xml = f"<domain><name>vm1</name><metadata><v:vgpuhost xmlns:v='{NS}'/></metadata></domain>\n".encode()
+    with Scripted(http(b"vgpuhost-hook/1 0")) as srv:
+        proc = run_client(client, srv.path, xml)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+        if shutil.which("curl"):
+            subprocess.run(["curl", "-s", "--unix-socket", srv.path, "-H", "Content-Type: application/xml",
+                            "-H", "Expect:", "-H", "X-Vgpuhost-Domain: vm1", "-H", "X-Vgpuhost-Root: /host/root",
+                            "-H", "X-Vgpuhost-State-Dir: /host/state", "--data-binary", "@-",
+                            "http://vgpuhost-agent/v1/hook/prepare"], input=xml, capture_output=True, timeout=60)
+        requests = list(srv.requests)
+
+    def parts(raw: bytes):
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (h.split(b":", 1) for h in lines[1:])}
+        return lines[0], headers, body
+    line, headers, body = parts(requests[0])
+    assert line == b"POST /v1/hook/prepare HTTP/1.1" and body == xml
+    assert headers[b"content-type"] == b"application/xml" and headers[b"content-length"] == str(len(xml)).encode()
+    assert (headers[b"x-vgpuhost-domain"], headers[b"x-vgpuhost-root"], headers[b"x-vgpuhost-state-dir"]) == \
+        (b"vm1", b"/host/root", b"/host/state")
+    assert headers[b"host"] == b"vgpuhost-agent"
+    if len(requests) == 2:                          # curl's request: the same line, body and vgpuhost headers
+        cline, cheaders, cbody = parts(requests[1])
+        assert (cline, cbody) == (line, body)
+        ignore = {b"user-agent", b"accept", b"connection"}
+        assert {k: v for k, v in cheaders.items() if k not in ignore} == \
+            {k: v for k, v in headers.items() if k not in ignore}
+
+
+@pytest.mark.parametrize("answer, code, err", [
+    (http(b"vgpuhost-hook/1 0"), 0, b""),
+    (http(b"vgpuhost-hook/1 2\nvgpuhost: error: domain 'vm1': no such profile; pick one\n"), 2,
+     b"vgpuhost: error: domain 'vm1': no such profile; pick one\n"),
+    (http(b"vgpuhost-hook/1 3\nline one\n\n\n", status="500 Internal Server Error"), 3, b"line one\n"),
+    (http(b"vgpuhost-hook/1 5\n"), 5, b""),
+    # not the hook's answer: the dispatcher falls back, nothing printed
+    (http(b'{"schema": "vgpuhost.agent-error/v1"}', status="421 Misdirected Request", ctype="application/json"),
+     EX_ANSWER, b""),
+    (http(b"vgpuhost-hook/1 130"), EX_ANSWER, b""),            # over 99: not an exit code the agent gives
+    (http(b"vgpuhost-hook/1 x"), EX_ANSWER, b""),
+    (http(b"vgpuhost-hook/1 "), EX_ANSWER, b""),
+    (http(b"vgpuhost-hook/2 0"), EX_ANSWER, b""),
+    (http(b"vgpuhost-hook/1 0 trailing"), EX_ANSWER, b""),
+    (b"garbage\r\n\r\nvgpuhost-hook/1 0", EX_ANSWER, b""),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\nvgpuhost-hook/1 0", EX_ANSWER, b""),          # cut short
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n11\r\nvgpuhost-hook/1 0\r\n0\r\n\r\n", EX_ANSWER, b""),
+    (http(b"vgpuhost-hook/1 0\n" + b"x" * (70 * 1024)), EX_ANSWER, b""),                          # over 64 KiB
+    (b"", EX_ANSWER, b""),                                                                        # closed at once
+    (b"HTTP/1.1 200 OK\r\n\r\nvgpuhost-hook/1 4\nno length: read to the end", 4, b"no length: read to the end\n"),
+])
+def test_answers_and_their_exit_codes(client, answer, code, err):
+    with Scripted(answer) as srv:
+        proc = run_client(client, srv.path, b"<domain/>")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (code, b"", err)
+
+
+def test_failures_without_an_answer_have_their_own_exit_codes(client, tmp_path):
+    xml = b"<domain/>"
+    missing = run_client(client, str(tmp_path / "none.sock"), xml)
+    dead_path = str(tmp_path / "dead.sock")
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(dead_path)                             # a socket file nobody listens on (an agent killed with -9)
+    dead.close()
+    refused = run_client(client, dead_path, xml)
+    with Scripted(None) as srv:                      # reads the request, never answers
+        slow = run_client(client, srv.path, xml, timeout_s="1")
+        assert len(srv.requests) == 1
+    with Scripted(http(b"vgpuhost-hook/1 0")) as srv:
+        nul = run_client(client, srv.path, b"<domain>\0</domain>")
+        big = run_client(client, srv.path, b"<domain>" + b" " * (4 * 1024 * 1024) + b"</domain>")
+        usage = [
+            subprocess.run([client], capture_output=True, timeout=60),
+            run_client(client, srv.path, xml, "start", "vm1", "/r", "/s"),            # not prepare|release
+            run_client(client, srv.path, xml, "prepare", "vm\n1", "/r", "/s"),        # a header injection
+            run_client(client, srv.path, xml, "prepare", "vm1", "/r\r\nX-Evil: 1", "/s"),
+            run_client(client, srv.path, xml, timeout_s="0"),
+            run_client(client, srv.path, xml, timeout_s="ten"),
+            run_client(client, "/" + "s" * 200, xml),                                  # longer than sun_path
+        ]
+        served = len(srv.requests)
+    assert (missing.returncode, refused.returncode, slow.returncode) == (EX_CONNECT, EX_CONNECT, EX_TIMEOUT)
+    assert (nul.returncode, big.returncode) == (EX_INPUT, EX_INPUT)
+    assert [p.returncode for p in usage] == [EX_USAGE] * len(usage)
+    assert served == 0                               # none of them reached the server
+    for p in [missing, refused, slow, nul, big, *usage]:
+        assert (p.stdout, p.stderr) == (b"", b"")
+
+
+# ---------------------------------------------------------------------------
+# the installed dispatcher with the client, against a real agent
+
+def _install(host, where: Path, client: str, **kw) -> Path:
+    return Path(hook_install.install(host, hooks_dir=where / "qemu.d", client=client, **kw).path)
+
+
+def test_client_end_to_end_no_python_no_curl(make_host, tmp_path, client):
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, python=NO_PYTHON, curl=False)
+    text = hook.read_text()
+    assert f"client='{client}'" in text and "for d in ; do" in text
+    xml = vgpu_domain("thin1", DOM1, MDEV1).encode()
+    with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
+        proc = dispatch(hook, ["thin1", "prepare", "begin", "-"], xml)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b""), proc.stderr
+        assert mdevs(host) == {MDEV1: "nvidia-566"}
+        assert [r.owner for r in store(host).vgpu_records()] == [DOM1]
+        proc = dispatch(hook, ["thin1", "release", "end", "-"], xml)
+        assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {}
+        # refused by the agent: the hook's own line and exit code, through the client
+        bad = vgpu_domain("thin-bad", DOM1, MDEV1, "A40-7Q").encode()
+        refused = dispatch(hook, ["thin-bad", "prepare", "begin", "-"], bad)
+        info = agent.call("GET", "/v1/agent")[1]
+    assert info["served_thin_client"] == {"POST /v1/hook/prepare": 2, "POST /v1/hook/release": 1}
+    assert store(host).vgpu_records() == [] and store(host).active_domains() == {}
+    local = dispatch(_install(host, tmp_path / "local", "none"), ["thin-bad", "prepare", "begin", "-"], bad)
+    assert local.returncode == 2 and b"unknown vGPU profile 'A40-7Q'" in local.stderr
+    assert (refused.returncode, refused.stdout, refused.stderr) == (local.returncode, b"", local.stderr)
+    # agent down: the client cannot connect, the dispatcher starts the interpreter this install lacks
+    proc = dispatch(hook, ["thin1", "prepare", "begin", "-"], xml)
+    assert proc.returncode == 127 and mdevs(host) == {}
+
+
+def test_fallback_to_the_handler_when_the_agent_is_down_or_answers_garbage(make_host, tmp_path, client):
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, curl=False)
+    xml = vgpu_domain("fb", DOM1, MDEV1).encode()
+    sdir = host.path("run", "vgpuhost")
+
+    def start_stop() -> None:
+        proc = dispatch(hook, ["fb", "prepare", "begin", "-"], xml)
+        assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {MDEV1: "nvidia-566"}
+        proc = dispatch(hook, ["fb", "release", "end", "-"], xml)
+        assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {}
+    start_stop()                                     # no socket
+    sdir.mkdir(parents=True)
+    for answer in (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"not http at all\r\n\r\n"):
+        srv = Scripted(answer)
+        try:
+            os.symlink(srv.path, sdir / "agent.sock")
+            start_stop()
+            assert len(srv.requests) == 2            # the client asked; the handler then did the work
+        finally:
+            os.unlink(sdir / "agent.sock")
+            srv.close()
+    assert store(host).vgpu_records() == [] and store(host).active_domains() == {}
+
+
+def test_an_oversized_xml_is_the_handlers_to_refuse(make_host, tmp_path, client):
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, curl=False)
+    pad = b"<!-- " + b"x" * (4 * 1024 * 1024) + b" -->\n"
+    xml = vgpu_domain("big", DOM1, MDEV1).encode().replace(b"<devices>", pad + b"<devices>")
+    local = dispatch(hook, ["big", "prepare", "begin", "-"], xml)
+    with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
+        proc = dispatch(hook, ["big", "prepare", "begin", "-"], xml)
+        info = agent.call("GET", "/v1/agent")[1]
+    assert local.returncode == 2 and b"vgpuhost reads at most" in local.stderr
+    assert (proc.returncode, proc.stderr) == (local.returncode, local.stderr)
+    assert info["served_thin_client"] == {} and mdevs(host) == {}
+
+
+def test_install_finds_the_client_or_takes_one(make_host, tmp_path, client):
+    host = make_host("a40-mdev")
+    found = hook_install.find_client()
+    text = hook_install.render(host)
+    assert (f"client='{found}'" if found else "client=\n") in text
+    assert "client=\n" in hook_install.render(host, client="none")
+    assert f"client='{client}'" in hook_install.render(host, client=client)
+    from vgpuhost.model.errors import InputError
+    with pytest.raises(InputError):
+        hook_install.render(host, client="relative/vgpuhost-hook-client")
+    with pytest.raises(InputError):
+        hook_install.render(host, client=str(tmp_path / "missing"))
+    # installed with another client than the one found: still current (status renders it the same way)
+    hook = _install(host, tmp_path, "none")
+    st = hook_install.status(host, hooks_dir=hook.parent)
+    assert st["current"], st
