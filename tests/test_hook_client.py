@@ -222,7 +222,7 @@ def test_client_end_to_end_no_python_no_curl(make_host, tmp_path, client):
     host = make_host("a40-mdev")
     hook = _install(host, tmp_path, client, python=NO_PYTHON, curl=False)
     text = hook.read_text()
-    assert f"client='{client}'" in text and "for d in ; do" in text
+    assert f"\tfor c in '{client}'; do\n" in text and "\tfor d in ; do\n" in text
     xml = vgpu_domain("thin1", DOM1, MDEV1).encode()
     with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
         proc = dispatch(hook, ["thin1", "prepare", "begin", "-"], xml)
@@ -284,19 +284,24 @@ def test_an_oversized_xml_is_the_handlers_to_refuse(make_host, tmp_path, client)
     assert info["served_thin_client"] == {} and mdevs(host) == {}
 
 
-def test_install_finds_the_client_or_takes_one(make_host, tmp_path, client):
+def test_install_looks_for_the_client_where_make_dev_and_the_package_put_it(make_host, tmp_path, client):
     host = make_host("a40-mdev")
-    found = hook_install.find_client()
+    here = Path(hook_install.__file__).resolve().parent / hook_install.CLIENT_NAME
     text = hook_install.render(host)
-    assert (f"client='{found}'" if found else "client=\n") in text
-    assert "client=\n" in hook_install.render(host, client="none")
-    assert f"client='{client}'" in hook_install.render(host, client=client)
+    assert f"\tfor c in '{here}' '/usr/lib/vgpuhost/vgpuhost-hook-client'; do\n" in text
+    assert "\tfor c in ; do\n" in hook_install.render(host, client="none")
+    assert "\tfor c in ; do\n" in hook_install.render(host, curl=False)
+    assert f"\tfor c in '{client}'; do\n" in hook_install.render(host, client=client)
     from vgpuhost.model.errors import InputError
     with pytest.raises(InputError):
         hook_install.render(host, client="relative/vgpuhost-hook-client")
     with pytest.raises(InputError):
         hook_install.render(host, client=str(tmp_path / "missing"))
-    # installed with another client than the one found: still current (status renders it the same way)
-    hook = _install(host, tmp_path, "none")
-    st = hook_install.status(host, hooks_dir=hook.parent)
-    assert st["current"], st
+    # installed with --client PATH or none: still current (status reads the choice back)
+    for choice in (client, "none"):
+        hook = _install(host, tmp_path / choice.strip("/").replace("/", "-"), choice)
+        st = hook_install.status(host, hooks_dir=hook.parent)
+        assert st["current"], (choice, st)
+    # the default: the text does not change when the client is built later or removed
+    hook = _install(host, tmp_path / "default", None)
+    assert hook_install.status(host, hooks_dir=hook.parent)["current"]

@@ -60,9 +60,9 @@ def _outcome(ctx, out) -> None:
 @click.option("--timeout", "timeout_s", type=click.IntRange(1, 3600), default=60, show_default=True,
               help="Seconds the hook may run before it undoes what it made and fails the start.")
 @click.option("--client", metavar="PATH",
-              help="The compiled thin client the hook hands calls to the agent with (absolute path), or 'none' "
-                   "for curl.  Default: vgpuhost-hook-client next to the package (make dev builds it), else "
-                   "/usr/lib/vgpuhost/vgpuhost-hook-client, else curl.")
+              help="The compiled thin client the hook hands calls to the agent with (an absolute path), or "
+                   "'none' for curl.  Default: vgpuhost-hook-client, looked for each time the hook runs next to "
+                   "the package (make dev builds it there), then in /usr/lib/vgpuhost; curl when neither is there.")
 @click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
 @click.pass_context
 def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, client: Optional[str],

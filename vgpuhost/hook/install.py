@@ -48,29 +48,34 @@ def _sh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def find_client() -> Optional[str]:
-    """The thin client's absolute path: ``vgpuhost/hook/vgpuhost-hook-client`` next to the package
-    (``make dev`` builds it there), else ``/usr/lib/vgpuhost/vgpuhost-hook-client`` (the Debian
-    package); None when neither is an executable file."""
-    here = os.path.join(files.package_parent(), "vgpuhost", "hook")
-    return files.which(CLIENT_NAME, path=f"{here}:{CLIENT_SYSTEM_DIR}")
+def client_candidates(client: "Optional[str]" = None) -> List[str]:
+    """Where the dispatcher looks for the compiled thin client, in order, each time it runs.
 
-
-def client_path(client: "Optional[str]") -> str:
-    """``client`` as :func:`render` takes it: None finds it (:func:`find_client`; "" when there is none),
-    "" or "none" means none, anything else must be an absolute path to an executable file."""
+    ``client`` None: ``vgpuhost-hook-client`` next to the package (``make
+    dev`` builds it there), then ``/usr/lib/vgpuhost/vgpuhost-hook-client``
+    (the Debian package ``vgpuhost-hook-client``), so the hook's text does
+    not depend on whether it is built; "" or ``none``: nowhere (curl); any
+    other value: that one path, which must be absolute and an executable file
+    (InputError otherwise).
+    """
     if client is None:
-        return find_client() or ""
+        return [os.path.join(files.package_parent(), "vgpuhost", "hook", CLIENT_NAME),
+                os.path.join(CLIENT_SYSTEM_DIR, CLIENT_NAME)]
     if client in ("", "none"):
-        return ""
+        return []
     if not os.path.isabs(client) or not client.isprintable():
         raise InputError(f"--client {client[:200]!r} is not an absolute path",
                          hint=f"give the path of {CLIENT_NAME} (make dev builds it), or 'none' for curl")
     if not files.is_executable_file(client):
         raise InputError(f"--client {client[:200]} is not an executable file",
-                         hint=f"build it ('make dev', or gcc -O2 -o {CLIENT_NAME} vgpuhost/hook/client.c), "
+                         hint=f"build it ('make client', or gcc -O2 -o {CLIENT_NAME} vgpuhost/hook/client.c), "
                               "or give 'none' for curl")
-    return client
+    return [client]
+
+
+def find_client() -> Optional[str]:
+    """The client the dispatcher would use now (the first executable :func:`client_candidates`), or None."""
+    return next((c for c in client_candidates() if files.is_executable_file(c)), None)
 
 
 def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEFAULT_TIMEOUT_S,
@@ -86,15 +91,15 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     :data:`CURL_DIRS` each time the hook runs (so the text does not depend on
     whether curl is installed); False: none, and no compiled client unless
     ``client`` names one: the handler talks to the agent itself.
-    ``client``: the compiled thin client (:func:`client_path`: None finds
-    it), tried before curl; the dispatcher checks it is executable each time
-    it runs and uses curl when it is not.
+    ``client``: where the compiled thin client is looked for
+    (:func:`client_candidates`), tried before curl: the dispatcher uses the
+    first that is executable when it runs, and curl when none is.
     """
     import sysconfig
     from .. import __version__
     if not 1 <= timeout_s <= MAX_TIMEOUT_S:
         raise InputError(f"--timeout {timeout_s} is out of range", hint=f"1..{MAX_TIMEOUT_S} seconds")
-    client = client_path(client) if curl or client is not None else ""
+    clients = client_candidates(client if curl or client is not None else "none")
     exe = python or sys.executable
     if not exe or not os.path.isabs(exe):
         raise InputError("cannot tell which Python runs vgpuhost (sys.executable is empty)",
@@ -118,7 +123,7 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
         "@PYTHON@": _sh_quote(exe),
         "@BOOT@": _sh_quote(boot),
         "@CURL_DIRS@": " ".join(CURL_DIRS) if curl else "",
-        "@CLIENT@": _sh_quote(client) if client else "",
+        "@CLIENTS@": " ".join(_sh_quote(c) for c in clients),
         "@AGENT_SOCKET@": _sh_quote(default_socket(str(host.root))),
     }
     text = _template()
@@ -303,11 +308,12 @@ def _same_but_timeout(text: str, host: HostRoot, python: Optional[str]) -> bool:
                 t = int(line.split("=", 1)[1].strip("'"))
             except ValueError:
                 return False
-        elif line.startswith("client=") and client is None:
-            value = line.split("=", 1)[1]
-            if value and not (len(value) >= 2 and value[0] == value[-1] == "'"):
-                return False
-            client = value[1:-1].replace("'\\''", "'") if value else "none"
+        elif line.startswith("\tfor c in ") and line.endswith("; do") and client is None:
+            value = line[len("\tfor c in "):-len("; do")]
+            if not value:
+                client = "none"
+            elif value[0] == value[-1] == "'" and "' '" not in value:
+                client = value[1:-1].replace("'\\''", "'")       # one path: --client PATH
     if t is None or not 1 <= t <= MAX_TIMEOUT_S:
         return False
     try:
