@@ -577,10 +577,10 @@ def test_hook_path_imports_stay_lean(make_host, tmp_path):
 #: modules a real host's hook path must not import (issue 17): each costs milliseconds per domain start
 LEAN_FORBIDDEN = {"pathlib", "enum", "re", "threading", "json", "typing", "dataclasses", "socket", "selectors",
                   "random", "http", "email", "urllib"}
-#: ...of which the hook path still imports these (pathlib: HostRoot and the io doors hand out Path values;
-#: re, enum and urllib(.parse): pathlib imports them, and PCI address, UUID and XML parsing use re).
-#: The test fails when one goes away too, so the list only shrinks: delete its name here.
-LEAN_KNOWN = {"pathlib", "enum", "re", "urllib"}
+#: ...of which the hook path still imports these (none since the io doors it uses take string paths
+#: and PCI address, UUID and name parsing is hand-written).  The test fails when one goes away too,
+#: so the list only shrinks: delete its name here.
+LEAN_KNOWN: set = set()
 
 
 def test_hook_path_imports_on_a_real_host(make_host):

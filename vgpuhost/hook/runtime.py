@@ -67,8 +67,8 @@ invocation made was undone); 4 internal error.
 
 from __future__ import annotations
 
+import _signal as signal    # the C module: ``signal`` wraps it in enums (import enum: ~1 ms a start)
 import os
-import signal
 import sys
 
 from ..io.hostroot import HostRoot
@@ -192,8 +192,8 @@ def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, ti
         return None
     try:
         status, doc = agentclient.call(path, "POST", f"/v1/hook/{act}",
-                                       {"xml": xml, "name": name, "root": str(host.root),
-                                        "state_dir": str(host.state_dir)},
+                                       {"xml": xml, "name": name, "root": host.s.root,
+                                        "state_dir": host.s.state_dir},
                                        timeout_s=timeout_s + 5)
     except (agentclient.AgentDown, OSError, ValueError):
         return None                 # down, not ours to use, or a garbled answer: the hook does it itself

@@ -49,7 +49,7 @@ def socket_path(host: "Optional[HostRoot]" = None, root: "Optional[str]" = None)
     given = os.environ.get(ENV_SOCKET)
     if given:
         return given
-    return default_socket(str(host.root) if host is not None else (root or "/"))
+    return default_socket(host.s.root if host is not None else (root or "/"))
 
 
 def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" = None, *,

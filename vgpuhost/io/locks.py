@@ -11,33 +11,57 @@ import errno
 import fcntl
 import os
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 from ..model.errors import HostEnvironmentError, TransientError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Iterator
+from .hostroot import plain_path
 
 DEFAULT_TIMEOUT_S = 120.0
 
 
-@contextmanager
 def file_lock(state_dir: "str | os.PathLike[str]", name: str, *,
-              timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
-    """Hold the exclusive lock ``name`` (e.g. ``group-12``) for the block.
+              timeout_s: "float | None" = None) -> "_HeldLock":
+    """``with file_lock(state_dir, name):`` holds the exclusive lock ``name`` (e.g. ``group-12``)
+    for the block; ``timeout_s`` defaults to :data:`DEFAULT_TIMEOUT_S` (the default of
+    ``file_lock.__wrapped__``, the function that takes the lock).
 
-    Raises HostEnvironmentError when it cannot be had within ``timeout_s``, or
-    when the lock file or the lock dir is a symlink (never followed).
+    Raises HostEnvironmentError when the lock file or the lock dir is a symlink
+    (never followed) or cannot be made, TransientError when the lock cannot be
+    had within ``timeout_s``.  A class, not ``contextlib.contextmanager``: the
+    qemu hook takes locks and does not import contextlib.
     """
-    ldir = Path(state_dir) / "locks"
-    path = ldir / f"{name}.lock"
+    return _HeldLock(state_dir, name, timeout_s)
+
+
+class _HeldLock:
+    __slots__ = ("args", "fd")
+
+    def __init__(self, state_dir, name: str, timeout_s):
+        self.args = (state_dir, name, timeout_s)
+        self.fd = None
+
+    def __enter__(self) -> None:
+        state_dir, name, timeout_s = self.args
+        if timeout_s is None:
+            self.fd = file_lock.__wrapped__(state_dir, name)
+        else:
+            self.fd = file_lock.__wrapped__(state_dir, name, timeout_s=timeout_s)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+        return False
+
+
+def _take_lock(state_dir: "str | os.PathLike[str]", name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Open and ``flock`` the lock file; its descriptor (closing it releases the lock)."""
+    ldir = os.path.join(plain_path(state_dir), "locks")
+    path = os.path.join(ldir, f"{name}.lock")
     try:
         if os.path.islink(ldir):
             raise HostEnvironmentError(f"the lock dir {str(ldir)!r} is a symlink; vgpuhost refuses to follow it",
                                        hint=f"remove the link (rm {ldir}); vgpuhost creates the directory anew")
-        ldir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.makedirs(ldir, mode=0o700, exist_ok=True)
         # O_NOFOLLOW: a symlink planted as a lock file never makes vgpuhost create or open its target
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as e:
@@ -60,9 +84,13 @@ def file_lock(state_dir: "str | os.PathLike[str]", name: str, *,
                     raise TransientError(
                         f"another vgpuhost operation has held lock {name!r} for over {timeout_s:.0f} s",
                         hint="wait for it to finish, or find it with: fuser -v "
-                             f"{ldir / (name + '.lock')}") from None
+                             f"{path}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
-        yield
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+file_lock.__wrapped__ = _take_lock

@@ -71,16 +71,16 @@ from __future__ import annotations
 import errno as _errno
 import os
 import sqlite3
+import time as _time
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
-from contextlib import contextmanager
-from datetime import datetime, timezone
-from pathlib import Path
 
 from ..model.errors import HostEnvironmentError
 from ..model.values import record
+from .hostroot import plain_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from pathlib import Path
     from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 DB_NAME = "state.db"
@@ -275,8 +275,12 @@ MIGRATIONS: Sequence[str] = (
 
 
 def utcnow() -> str:
-    """Now as ``2026-11-29T23:40:01.123456+00:00``."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    """Now as ``2026-11-29T23:40:01.123456+00:00`` (UTC, microseconds; what
+    ``datetime.now(timezone.utc).isoformat(timespec="microseconds")`` gives, without importing
+    :mod:`datetime` on the qemu hook's path)."""
+    ns = _time.time_ns()
+    secs, rest = divmod(ns, 1_000_000_000)
+    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(secs)) + f".{rest // 1000:06d}+00:00"
 
 
 #: the result of an audit row written before its write, until the outcome is recorded
@@ -393,19 +397,32 @@ class StateStore:
         no process ever sees a half-created one.  A state dir that cannot
         be written is reported as read-only.
         """
-        self.state_dir = Path(state_dir)
-        self.path = self.state_dir / DB_NAME
+        #: the state dir and the database as strings (``state_dir`` and ``path`` are their ``Path``\ s)
+        self.dir = plain_path(state_dir)
+        self.db = os.path.join(self.dir, DB_NAME)
         self._local = _thread_local()
         self._memory = False
         self._owned = owned
         self._check_dir()
-        if not create and not os.path.lexists(self.path):
+        if not create and not os.path.lexists(self.db):
             self._memory = True
         else:
             self._check_file(create)
-            if create and not os.path.lexists(self.path):
+            if create and not os.path.lexists(self.db):
                 self._create()
         self._migrate()
+
+    @property
+    def state_dir(self) -> "Path":
+        """The state dir (``dir``: the same as a string)."""
+        from pathlib import Path
+        return Path(self.dir)
+
+    @property
+    def path(self) -> "Path":
+        """``<state dir>/state.db`` (``db``: the same as a string)."""
+        from pathlib import Path
+        return Path(self.db)
 
     @property
     def absent(self) -> bool:
@@ -416,7 +433,7 @@ class StateStore:
         """Refuse a state dir that is not a directory (a regular file, or under one)."""
         import stat as _stat
         try:
-            st = os.stat(self.state_dir)
+            st = os.stat(self.dir)
         except FileNotFoundError:
             return
         except NotADirectoryError:
@@ -424,16 +441,16 @@ class StateStore:
         except OSError:
             return                  # permissions and the like: the store's own checks say what
         if st is None or not _stat.S_ISDIR(st.st_mode):
-            raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is not a directory",
+            raise HostEnvironmentError(f"the state dir {self.dir!r} is not a directory",
                                        hint="pass --state-dir DIR naming the directory that holds state.db "
                                             "(default <root>/var/lib/vgpuhost)")
 
     def _check_file(self, create: bool) -> None:
         """Refuse a state.db that is not plainly ours (see :meth:`__init__`)."""
         import stat as _stat
-        where = str(self.path)
+        where = self.db
         try:
-            st = os.lstat(self.path)
+            st = os.lstat(self.db)
         except FileNotFoundError:
             st = None
         except OSError as e:
@@ -463,23 +480,23 @@ class StateStore:
 
     def _check_writable(self) -> None:
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
         except OSError as e:
             if e.errno == _errno.EROFS:
-                raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is on a read-only file "
+                raise HostEnvironmentError(f"the state dir {self.dir!r} is on a read-only file "
                                            "system", hint="remount it read-write, or pass --state-dir DIR "
                                                           "to a writable directory") from None
-            raise HostEnvironmentError(f"cannot create the state dir {str(self.state_dir)!r}: {e.strerror}",
+            raise HostEnvironmentError(f"cannot create the state dir {self.dir!r}: {e.strerror}",
                                        hint="pass --state-dir DIR to a writable directory") from None
-        why = _read_only_reason(self.state_dir)
+        why = _read_only_reason(self.dir)
         if why:
-            raise HostEnvironmentError(f"the state dir {str(self.state_dir)!r} is read-only ({why})",
+            raise HostEnvironmentError(f"the state dir {self.dir!r} is read-only ({why})",
                                        hint="vgpuhost records every device it changes there: make it writable "
                                             "(remount read-write, fix its owner or mode) or run as root")
 
     def _create(self, replace: bool = False) -> None:
         """Build a new store under a temporary name, then link it into place (atomic)."""
-        tmp = self.state_dir / f".{DB_NAME}.{os.getpid()}.new"
+        tmp = os.path.join(self.dir, f".{DB_NAME}.{os.getpid()}.new")
         try:
             _unlink_quiet(tmp)
             conn = sqlite3.connect(tmp, isolation_level=None)
@@ -494,19 +511,19 @@ class StateStore:
             finally:
                 conn.close()
             if replace:
-                os.replace(tmp, self.path)
+                os.replace(tmp, self.db)
             else:
                 try:
-                    os.link(tmp, self.path)     # fails when another process linked its store first
+                    os.link(tmp, self.db)     # fails when another process linked its store first
                 except FileExistsError:
                     pass
         except (OSError, sqlite3.Error) as e:
-            raise HostEnvironmentError(f"cannot create the state store {str(self.path)!r}: {e}",
+            raise HostEnvironmentError(f"cannot create the state store {self.db!r}: {e}",
                                        hint="check the state dir's permissions and free space") from None
         finally:
             _unlink_quiet(tmp)
             for suffix in ("-wal", "-shm"):
-                _unlink_quiet(Path(str(tmp) + suffix))
+                _unlink_quiet(tmp + suffix)
 
     # --- connection ------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -518,13 +535,13 @@ class StateStore:
             try:
                 conn = _retry_locked(self._open)
             except sqlite3.Error as e:
-                raise store_error(self.path, e) from None
+                raise store_error(self.db, e) from None
             self._local.conn = conn
             self._local.pid = os.getpid()
         return conn
 
     def _open(self) -> sqlite3.Connection:
-        target = ":memory:" if self._memory else self.path
+        target = ":memory:" if self._memory else self.db
         conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -559,34 +576,26 @@ class StateStore:
         except Exception:       # interpreter shutdown, a half-built store: nothing to close
             pass
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+    def transaction(self) -> "_Transaction":
+        """One write transaction: ``with store.transaction() as conn:`` (BEGIN IMMEDIATE ... COMMIT,
+        ROLLBACK on error)."""
+        return _Transaction(self._conn())
 
     def _migrate(self) -> None:
         try:
             current = _retry_locked(lambda: self._conn().execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.Error as e:
-            raise store_error(self.path, e) from None
+            raise store_error(self.db, e) from None
         if current == len(MIGRATIONS):
             return          # current (the common case: every hook call): no write lock taken
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version < 0:
-                raise HostEnvironmentError(f"the state store {str(self.path)!r} has an invalid schema "
+                raise HostEnvironmentError(f"the state store {self.db!r} has an invalid schema "
                                            f"version {version}", hint=f"restore state.db from a backup; {_KEEP}")
             if version > len(MIGRATIONS):
                 raise HostEnvironmentError(
-                    f"the state store {str(self.path)!r} has schema version {version}, newer than this "
+                    f"the state store {self.db!r} has schema version {version}, newer than this "
                     f"vgpuhost knows ({len(MIGRATIONS)})", hint="upgrade vgpuhost")
             for n in range(version, len(MIGRATIONS)):
                 for stmt in _statements(MIGRATIONS[n]):
@@ -739,7 +748,7 @@ class StateStore:
     def _markers(self) -> "Optional[str]":
         if self._memory:
             return None
-        d = os.path.join(str(self.state_dir), MARKER_DIR)
+        d = os.path.join(self.dir, MARKER_DIR)
         if not os.path.isdir(d):
             tmp = d + f".{os.getpid()}.new"
             try:
@@ -995,7 +1004,27 @@ def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnviron
                                 hint="check the state dir's permissions and free space")
 
 
-def _read_only_reason(directory: Path) -> "Optional[str]":
+class _Transaction:
+    """:meth:`StateStore.transaction`'s context manager (a class: no :mod:`contextlib` on the hook's path)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self.conn.execute("ROLLBACK")
+            return False
+        self.conn.execute("COMMIT")
+        return False
+
+
+def _read_only_reason(directory: str) -> "Optional[str]":
     """Why ``directory`` cannot be written (read-only file system, no permission); None when it can."""
     try:
         if os.statvfs(directory).f_flag & os.ST_RDONLY:
@@ -1007,7 +1036,7 @@ def _read_only_reason(directory: Path) -> "Optional[str]":
     return None
 
 
-def _unlink_quiet(path: Path) -> None:
+def _unlink_quiet(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

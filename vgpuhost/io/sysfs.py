@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 from ..model.errors import SysfsError
 from .configfiles import audit_value
@@ -24,13 +23,14 @@ from .hostroot import HostRoot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from pathlib import Path
     from typing import Callable, List, Optional, Union
 
     PathArg = Union[str, Path]
     #: called after every write attempt: (path, value, errno or 0)
-    WriteObserver = Callable[[Path, str, int], None]
+    WriteObserver = Callable[[str, str, int], None]
     #: called before every write attempt: (path, value)
-    IntentObserver = Callable[[Path, str], None]
+    IntentObserver = Callable[[str, str], None]
 
 MAX_READ_BYTES = 1 << 20
 ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
@@ -40,7 +40,9 @@ class Sysfs:
     """Reads and writes kernel files under one host root.
 
     All paths are absolute paths under ``host.root`` (derive them with
-    :class:`HostRoot`).  Reads raise ``SysfsError(op='read')``; writes raise
+    :class:`HostRoot`), as strings or path-likes; what the observers hear
+    is a string.  No :mod:`pathlib` here: the qemu hook's path uses this
+    class (see :mod:`vgpuhost.io.hostroot`).  Reads raise ``SysfsError(op='read')``; writes raise
     ``SysfsError`` with ``value`` set.
     """
 
@@ -164,9 +166,9 @@ class Sysfs:
                 return None
             raise SysfsError("read", str(path), e.errno or errno.EIO) from e
 
-    def resolve(self, path: PathArg) -> Path:
-        """The real path of ``path`` (symlinks resolved)."""
-        return Path(os.path.realpath(path))
+    def resolve(self, path: PathArg) -> str:
+        """The real path of ``path`` (symlinks resolved), a string."""
+        return os.path.realpath(path)
 
     def listdir(self, path: PathArg) -> List[str]:
         """Sorted entry names; an empty list when the directory is absent."""
@@ -186,12 +188,13 @@ class Sysfs:
 
         Raises SysfsError(errno, path, value) when the kernel refuses.
         """
-        p = Path(path)
+        p = os.fspath(path)
         err = 0
         self._intend(p, value)
         try:
             if self._kernel is not None:
-                self._kernel.write(p, value)
+                from pathlib import Path        # the simulator's kernel takes a Path
+                self._kernel.write(Path(p), value)
             else:
                 # one write(2), as `echo -n` does; O_NONBLOCK so a FIFO cannot hang us
                 fd = os.open(p, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -206,12 +209,12 @@ class Sysfs:
             self._notify(p, value, err)
 
 
-    def _intend(self, path: Path, value: str) -> None:
+    def _intend(self, path: str, value: str) -> None:
         """Tell every intent observer (the audit log, written before the write) about one write."""
         for obs in self.intents:
             obs(path, value)
 
-    def _notify(self, path: Path, value: str, err: int) -> None:
+    def _notify(self, path: str, value: str, err: int) -> None:
         """Tell every observer (the audit log) about one write attempt."""
         for obs in self.observers:
             obs(path, value, err)
@@ -226,19 +229,21 @@ class Sysfs:
         short line, else a summary (lines, bytes, first line): a unit file
         does not belong in one audit row.
         """
-        p = Path(path)
+        p = os.fspath(path)
         err = 0
         self._intend(p, audit_value(text))
 
         def apply() -> None:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(f".{p.name}.vgpuhost-tmp")
+            head, name = os.path.split(p)
+            os.makedirs(head, exist_ok=True)
+            tmp = os.path.join(head, f".{name}.vgpuhost-tmp")
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(tmp, p)
         try:
             if self._kernel is not None:
-                self._kernel.file_op(p, audit_value(text), apply)   # a crash point on a simulated root
+                from pathlib import Path        # the simulator's kernel takes a Path
+                self._kernel.file_op(Path(p), audit_value(text), apply)   # a crash point on a simulated root
             else:
                 apply()
         except OSError as e:
@@ -249,13 +254,14 @@ class Sysfs:
 
     def remove_config(self, path: PathArg) -> bool:
         """Remove a configuration file; False when it was not there."""
-        p = Path(path)
+        p = os.fspath(path)
         if not os.path.lexists(p):
             return False
         self._intend(p, "<remove>")
         try:
             if self._kernel is not None:
-                self._kernel.file_op(p, "<remove>", lambda: os.unlink(p))     # a crash point on a simulated root
+                from pathlib import Path        # the simulator's kernel takes a Path
+                self._kernel.file_op(Path(p), "<remove>", lambda: os.unlink(p))     # a crash point on a simulated root
             else:
                 os.unlink(p)
         except FileNotFoundError:

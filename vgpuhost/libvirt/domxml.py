@@ -38,11 +38,10 @@ writes one), and caps size and depth.
 
 from __future__ import annotations
 
-import re
 from xml.parsers import expat
 
 from ..model.errors import InputError
-from ..model.values import PciAddress, parse_uuid
+from ..model.values import PciAddress, is_name, parse_uuid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -62,8 +61,10 @@ QOS_CLASSES = ("guaranteed", "burstable", "best-effort")       # vgpuhost.model.
 NOVA_NS = "http://openstack.org/xmlns/libvirt/nova/"          # + version (1.0, 1.1, 1.2)
 MAX_NOVA_TEXT = 255
 
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"               # tenant, anti-affinity key (compiled on use)
-_PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")          # a vGPU type name (A100-2Q)
+# Names are checked by hand, not with ``re``: the qemu hook reads this module in a new process on every
+# domain start, and ``import re`` cost it about 2 ms (see vgpuhost.model.values).
+_KEY_CHARS = frozenset("_.:+-")        # tenant, anti-affinity key: ^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z
+_PROFILE_CHARS = frozenset("_.+-")     # a vGPU type name (A100-2Q): ^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$
 
 
 class VgpuRequest:
@@ -176,7 +177,7 @@ class Metadata:
 
 def check_profile(name: str) -> str:
     """A syntactically possible vGPU type name; raises InputError (the host decides if it exists)."""
-    if not isinstance(name, str) or not _PROFILE_RE.match(name):
+    if not isinstance(name, str) or not is_name(name[:-1] if name.endswith("\n") else name, _PROFILE_CHARS):
         raise InputError(f"invalid vGPU profile name {_show(name)}",
                          hint="a vGPU type name as 'vgpuhost types' lists it, e.g. A100-2Q")
     return name
@@ -280,11 +281,11 @@ def _show(value) -> str:
 def valid_key(value: object) -> bool:
     """``value`` is a valid tenant or anti-affinity key: letters, digits and ``_.:+-``, starting with a
     letter or digit, at most 64 characters (the rule ``anti-affinity=`` and ``tenant=`` follow)."""
-    return isinstance(value, str) and re.match(_NAME_PATTERN, value) is not None
+    return isinstance(value, str) and is_name(value, _KEY_CHARS)
 
 
 def _check_name(what: str, value: str) -> None:
-    if not re.match(_NAME_PATTERN, value):
+    if not is_name(value, _KEY_CHARS):
         raise InputError(f"vgpuhost metadata: invalid {what} {_show(value)}",
                          hint="letters, digits and _.:+- only, at most 64 characters")
 

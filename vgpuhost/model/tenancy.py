@@ -23,10 +23,9 @@ dimension with no burst limit allows no burst.
 
 from __future__ import annotations
 
-import re
 
 from .errors import InputError
-from .values import field, record
+from .values import field, is_name, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -52,6 +51,7 @@ DEFAULT_ISOLATION = SHARED
 UNTENANTED_QOS = BEST_EFFORT
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"     # as domain metadata's tenant= (libvirt/domxml)
+_NAME_EXTRA = frozenset("_.:+-")
 _LABEL_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,31}=[A-Za-z0-9_.:-]{1,63}$"
 
 
@@ -176,13 +176,14 @@ class Tenant:
 # parsing operator input
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not re.match(_NAME_PATTERN, name):
+    if not is_name(name, _NAME_EXTRA):         # _NAME_PATTERN, checked by hand (the qemu hook imports no re)
         raise InputError(f"invalid tenant name {str(name)[:80]!r}",
                          hint="letters, digits and _.:+- only, at most 64 characters")
     return name
 
 
 def check_label(label: str) -> str:
+    import re
     if not isinstance(label, str) or not re.match(_LABEL_PATTERN, label):
         raise InputError(f"invalid label {str(label)[:80]!r}",
                          hint="key=value: a lower-case key (a-z0-9_.-) and a value (A-Za-z0-9_.:-), e.g. env=prod")
@@ -200,6 +201,7 @@ def parse_count(text: str, what: str, *, mib: bool = False) -> int:
     raw = text.strip()
     scale = 1
     if mib:
+        import re
         m = re.match(r"^(\d+)\s*(G|GiB|GB|M|MiB|MB)?$", raw, re.IGNORECASE)
         if m:
             raw = m.group(1)
@@ -225,6 +227,7 @@ def parse_series(text: str) -> FrozenSet[str]:
     raw = text.strip()
     if raw.lower() in ("all", "any", "none", ""):
         return frozenset()
+    import re
     out = set()
     for part in re.split(r"[,\s]+", raw):
         if part:

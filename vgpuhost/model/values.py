@@ -8,7 +8,6 @@ modules on the qemu hook's path use.  Must not: touch files.
 
 from __future__ import annotations
 
-import re
 from operator import attrgetter
 
 from .errors import InputError
@@ -211,8 +210,40 @@ def _compile_init(cls, fields: dict):
     return fn
 
 
-_BDF_RE = re.compile(
-    r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<func>[0-7])$")
+# ---------------------------------------------------------------------------
+# Hand-written parsers, not regular expressions: the qemu hook parses PCI
+# addresses, UUIDs and vGPU type names in a new process on every domain start
+# and stop, and ``import re`` (with enum, functools, collections) was about
+# 2 ms of that start (``python -X importtime``, measured 2026-12-01).  Each
+# accepts exactly what the pattern in its comment accepts (tests/test_lean_parsers.py
+# checks them against it).
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _hex_run(text: str, start: int, n: int) -> bool:
+    return all(c in _HEX for c in text[start:start + n])
+
+
+def _bdf_fields(text: str):
+    r"""``(domain, bus, slot, function)`` of ``dddd:bb:ss.f``, else None.
+
+    Pattern: ``^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`` (``$``: a final newline allowed).
+    """
+    if text.endswith("\n"):
+        text = text[:-1]
+    if (len(text) != 12 or text[4] != ":" or text[7] != ":" or text[10] != "." or text[11] not in "01234567"
+            or not (_hex_run(text, 0, 4) and _hex_run(text, 5, 2) and _hex_run(text, 8, 2))):
+        return None
+    return int(text[0:4], 16), int(text[5:7], 16), int(text[8:10], 16), int(text[11])
+
+
+def _is_short_bdf(text: str) -> bool:
+    r"""``bb:ss.f`` without the domain (``^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$``)."""
+    if text.endswith("\n"):
+        text = text[:-1]
+    return (len(text) == 7 and text[2] == ":" and text[5] == "." and text[6] in "01234567"
+            and _hex_run(text, 0, 2) and _hex_run(text, 3, 2))
 
 
 @record(frozen=True, order=True)
@@ -231,18 +262,20 @@ class PciAddress:
     @classmethod
     def parse(cls, text: str) -> "PciAddress":
         """Parse ``dddd:bb:ss.f``; raises InputError naming the bad value."""
-        m = _BDF_RE.match(text.strip()) if isinstance(text, str) else None
-        if not m:
+        f = _bdf_fields(text.strip()) if isinstance(text, str) else None
+        if f is None:
             hint = "expected the full form dddd:bb:ss.f, e.g. 0000:41:00.0"
-            if isinstance(text, str) and re.match(r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$", text.strip()):
+            if isinstance(text, str) and _is_short_bdf(text.strip()):
                 hint += f" (did you mean 0000:{text.strip().lower()}?)"
             shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
             raise InputError(f"invalid PCI address {shown!r}", hint=hint)
-        return cls(int(m["domain"], 16), int(m["bus"], 16), int(m["slot"], 16), int(m["func"], 16))
+        return cls(*f)
 
     @classmethod
     def is_valid(cls, text: str) -> bool:
-        return bool(_BDF_RE.match(text))
+        if not isinstance(text, str):
+            raise TypeError(f"expected a string, got {type(text).__name__}")   # as re.match does
+        return _bdf_fields(text) is not None
 
     @property
     def devfn(self) -> int:
@@ -263,17 +296,34 @@ class PciAddress:
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
 
 
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_LOWER_HEX = frozenset("0123456789abcdef")
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def is_name(value: object, extra: frozenset, limit: int = 64) -> bool:
+    r"""``value`` is a string of 1 to ``limit`` characters, the first an ASCII letter or digit, the
+    others ASCII letters, digits or in ``extra``: ``^[A-Za-z0-9][A-Za-z0-9<extra>]{0,limit-1}\Z``
+    checked by hand (tenant names, anti-affinity keys, vGPU type names; see :func:`_bdf_fields`)."""
+    return (isinstance(value, str) and 0 < len(value) <= limit and value[0] in _ALNUM
+            and all(c in _ALNUM or c in extra for c in value))
+
+
+def _is_lower_uuid(t: str) -> bool:
+    """``^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`` (``$``: a final newline allowed)."""
+    if t.endswith("\n"):
+        t = t[:-1]
+    return (len(t) == 36 and t[8] == t[13] == t[18] == t[23] == "-"
+            and all(c in _LOWER_HEX for c in t[:8] + t[9:13] + t[14:18] + t[19:23] + t[24:]))
 
 
 def parse_uuid(text: str) -> str:
     """A lower-case 8-4-4-4-12 UUID (the form mdev ``create`` takes, docs/reference/hardware.md#mdev).
 
-    Checked with a regular expression, not :mod:`uuid` (whose import costs
+    Checked by hand, not with :mod:`uuid` or :mod:`re` (whose imports cost
     the qemu hook milliseconds); upper-case hex is accepted and lowered.
     """
     t = text.strip().lower() if isinstance(text, str) else None
-    if t is None or not _UUID_RE.match(t):
+    if t is None or not _is_lower_uuid(t):
         raise InputError(f"invalid UUID {text!r}",
                          hint="expected 8-4-4-4-12 hex digits with dashes, e.g. 2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a")
     return t
@@ -303,11 +353,61 @@ SERIES = {
     "C": "compute (vCS / AI Enterprise)",
 }
 
-_PROFILE_RE = re.compile(
-    r"^(?:(?:GRID|NVIDIA)\s+)?"
-    r"(?P<board>[A-Za-z0-9_]+?)-"
-    r"(?:(?P<slices>\d+)-)?"
-    r"(?P<fb>\d+)(?P<series>[QBACqbac])(?P<me>ME|me)?$")
+_BOARD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _profile_fields(text: str):
+    r"""``(board, slices or None, fb, series, me)`` of a vGPU type name, else None.
+
+    Pattern: ``^(?:(?:GRID|NVIDIA)\s+)?(?P<board>[A-Za-z0-9_]+?)-(?:(?P<slices>\d+)-)?(?P<fb>\d+)
+    (?P<series>[QBACqbac])(?P<me>ME|me)?$`` (``\d`` and ``\s`` as Python's ``re`` reads them in
+    a str pattern: Unicode decimal digits and whitespace).
+    """
+    if text.endswith("\n"):
+        text = text[:-1]
+    for prefix in ("GRID", "NVIDIA"):
+        if text.startswith(prefix):
+            rest = text[len(prefix):]
+            body = rest.lstrip()
+            # the prefix counts only when whitespace follows it and the rest still parses
+            if body != rest:
+                got = _profile_body(body)
+                if got is not None:
+                    return got
+    return _profile_body(text)
+
+
+def _profile_body(text: str):
+    board, dash, rest = text.partition("-")
+    if not dash or not board or not all(c in _BOARD_CHARS for c in board):
+        return None
+    me = False
+    if rest.endswith("ME") or rest.endswith("me"):
+        me, rest = True, rest[:-2]
+        got = _profile_tail(rest)
+        if got is None:     # "...ME" may be none: a series letter M does not exist, so no retry
+            return None
+    else:
+        got = _profile_tail(rest)
+        if got is None:
+            return None
+    slices, fb, series = got
+    return board, slices, fb, series, me
+
+
+def _profile_tail(rest: str):
+    """``[<slices>-]<fb><series>`` -> ``(slices or None, fb, series)``, else None."""
+    if len(rest) < 2 or rest[-1] not in "QBACqbac":
+        return None
+    series, nums = rest[-1], rest[:-1]
+    slices, dash, fb = nums.partition("-")
+    if not dash:
+        slices, fb = "", nums
+    elif not slices.isdecimal():
+        return None
+    if not fb.isdecimal():
+        return None
+    return (int(slices) if slices else None), int(fb), series
 
 
 @record(frozen=True)
@@ -338,15 +438,14 @@ class VgpuProfile:
 
     @classmethod
     def try_parse(cls, text: str) -> Optional["VgpuProfile"]:
-        m = _PROFILE_RE.match(text.strip()) if isinstance(text, str) else None
-        if not m:
+        f = _profile_fields(text.strip()) if isinstance(text, str) else None
+        if f is None:
             return None
-        slices = int(m["slices"]) if m["slices"] else None
-        me = bool(m["me"])
-        series = m["series"].upper()
+        board, slices, fb, series, me = f
+        series = series.upper()
         if (slices is not None or me) and series != "C":
             return None
-        return cls(m["board"].upper(), int(m["fb"]), series, slices, me)
+        return cls(board.upper(), fb, series, slices, me)
 
     @property
     def mig_backed(self) -> bool:
@@ -381,12 +480,27 @@ def parse_description(text: str) -> Dict[str, str]:
 
 
 def parse_size_mib(text: str) -> Optional[int]:
-    """``2048M`` -> 2048, ``4G`` -> 4096, ``1024`` -> 1024 (MiB); None if unparsable."""
-    m = re.match(r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$", text or "", re.IGNORECASE)
-    if not m:
+    r"""``2048M`` -> 2048, ``4G`` -> 4096, ``1024`` -> 1024 (MiB); None if unparsable.
+
+    Accepts ``^\s*(\d+)\s*([KMGT]?)i?B?\s*$`` (case-insensitive, ASCII units), parsed by hand:
+    the qemu hook reads every mdev type's framebuffer through here (see :func:`_bdf_fields`).
+    """
+    t = (text or "").strip()
+    i = 0
+    while i < len(t) and t[i].isdecimal():
+        i += 1
+    if i == 0:
         return None
-    n = int(m[1])
-    unit = m[2].upper()
+    n = int(t[:i])
+    rest = t[i:].lstrip().upper()
+    unit = rest[:1] if rest[:1] in ("K", "M", "G", "T") else ""
+    rest = rest[len(unit):]
+    if rest.startswith("I"):
+        rest = rest[1:]
+    if rest.startswith("B"):
+        rest = rest[1:]
+    if rest:
+        return None
     return {"K": n // 1024, "": n, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
 
 
@@ -404,6 +518,7 @@ class MigProfile:
 
     @classmethod
     def parse(cls, text: str) -> "MigProfile":
+        import re       # here: the qemu hook never parses MIG names
         m = re.match(_MIG_PATTERN, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
         if not m or m["ci"]:
             raise InputError(f"invalid MIG profile name {text!r}",

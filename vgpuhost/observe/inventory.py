@@ -15,8 +15,6 @@ a later issue: :class:`Gpu` has ``mig`` = None until a probe fills it.
 from __future__ import annotations
 
 import os
-import re
-from functools import lru_cache
 
 from ..io.sysfs import Sysfs
 from ..model.boards import board
@@ -473,7 +471,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
     if not lean and scope != SCOPE_HOST:
         raise ValueError(f"unknown discovery scope {scope!r}")
     # paths as strings in the loops below: a pathlib join per attribute cost milliseconds per discovery
-    pci_devices = str(host.pci_devices)
+    pci_devices = host.s.pci_devices
     devices: Dict[PciAddress, PciDevice] = {}
     names = fs.listdir(pci_devices)
     present_names = set(names)
@@ -491,7 +489,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             vf_names.update(str(v) for v in dev.virtfns)
 
     groups: Dict[int, IommuGroup] = {}
-    iommu_groups = str(host.iommu_groups)
+    iommu_groups = host.s.iommu_groups
     wanted_groups = {d.iommu_group for d in devices.values()} if lean else None
     for name in fs.listdir(iommu_groups) if not lean else sorted(str(g) for g in wanted_groups if g is not None):
         if not name.isdigit():
@@ -500,7 +498,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
                                if PciAddress.is_valid(m)))
         groups[int(name)] = IommuGroup(int(name), members)
 
-    mdev_parents = {PciAddress.parse(n) for n in fs.listdir(host.mdev_bus) if PciAddress.is_valid(n)}
+    mdev_parents = {PciAddress.parse(n) for n in fs.listdir(host.s.mdev_bus) if PciAddress.is_valid(n)}
     vgpu_types: List[VgpuType] = []
     vf_vgpus: List[VfVgpu] = []
     gpus: List[Gpu] = []
@@ -586,10 +584,10 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     Raises SysfsError when a file that must be readable is not.
     """
     host = fs.host
-    pci_devices = str(host.pci_devices)
+    pci_devices = host.s.pci_devices
     devices: Dict[PciAddress, PciDevice] = {}
     groups: Dict[int, IommuGroup] = {}
-    iommu_groups = str(host.iommu_groups)
+    iommu_groups = host.s.iommu_groups
 
     def read(addr: PciAddress) -> Optional[PciDevice]:
         if addr not in devices:
@@ -619,7 +617,7 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         group(dev.iommu_group)
         for v in vfs:
             group(devices[v].iommu_group)
-        mdev_bus = str(host.mdev_bus)
+        mdev_bus = host.s.mdev_bus
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
         vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
@@ -652,10 +650,10 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
 
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
     """The mdevs on ``parents``, read as :func:`_read_mdevs` reads them (sorted by UUID)."""
-    base = str(fs.host.mdev_devices)
+    base = fs.host.s.mdev_devices
     found = []
     for p in parents:
-        for name in fs.listdir(str(fs.host.pci_device(p))):
+        for name in fs.listdir(fs.host.s.pci_device(p)):
             if len(name) == 36 and name.count("-") == 4 and fs.exists(f"{base}/{name}"):
                 found.append((name, p))
     out = []
@@ -695,7 +693,7 @@ def nvml_gpu_instances(fs: Sysfs, gpu: PciAddress) -> Optional[Dict[str, int]]:
 
 
 def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
-    top = str(fs.host.pci_device(addr))
+    top = fs.host.s.pci_device(addr)
     d = top + "/"
 
     def num(name: str, default: int = 0) -> int:
@@ -732,15 +730,32 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         sriov_numvfs=fs.read_int(d + "sriov_numvfs"))
 
 
-@lru_cache(maxsize=4096)
+# memos of the two parsers below (a dict each, emptied when full: not functools.lru_cache, whose
+# import the qemu hook's start would pay for)
+_NAMES: Dict[str, Tuple[str, Optional[VgpuProfile]]] = {}
+_DESCS: Dict[str, Tuple[Tuple[str, str], ...]] = {}
+_MEMO_MAX = 4096
+
+
 def _parse_name(raw_name: str) -> Tuple[str, Optional[VgpuProfile]]:
-    name = strip_vendor_prefix(raw_name)
-    return name, VgpuProfile.try_parse(name)
+    got = _NAMES.get(raw_name)
+    if got is None:
+        name = strip_vendor_prefix(raw_name)
+        got = name, VgpuProfile.try_parse(name)
+        if len(_NAMES) >= _MEMO_MAX:
+            _NAMES.clear()
+        _NAMES[raw_name] = got
+    return got
 
 
-@lru_cache(maxsize=4096)
 def _parse_desc(text: str) -> Tuple[Tuple[str, str], ...]:
-    return tuple(parse_description(text).items())
+    got = _DESCS.get(text)
+    if got is None:
+        got = tuple(parse_description(text).items())
+        if len(_DESCS) >= _MEMO_MAX:
+            _DESCS.clear()
+        _DESCS[text] = got
+    return got
 
 
 def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, raw_name: str,
@@ -762,7 +777,7 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     shared by the parents of one GPU: ``name``, ``description`` and ``device_api``
     are the type's, the same on every VF of the GPU, so only
     ``available_instances`` is read per parent (docs/reference/hardware.md#mdev)."""
-    tdir = f"{fs.host.mdev_bus}/{parent}/mdev_supported_types/"
+    tdir = f"{fs.host.s.mdev_bus}/{parent}/mdev_supported_types/"
     read = fs.read_attr
     read_int = fs.read_attr_int
     out = []
@@ -783,24 +798,26 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     return out
 
 
-_CREATABLE_PATTERN = r"^\s*(\d+)\s*:\s*(.+?)\s*$"      # compiled on first use (vendor VFIO only)
-
-
 def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
-    """``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
+    r"""``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
 
-    The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.
+    The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.  Each line is
+    ``^\s*(\d+)\s*:\s*(.+?)\s*$``, parsed by hand (the qemu hook reads it on vendor VFIO and
+    imports no ``re``, see :mod:`vgpuhost.model.values`).
     """
     out = []
     for line in text.splitlines():
-        m = re.match(_CREATABLE_PATTERN, line)
-        if m:
-            out.append((m[1], m[2]))
+        left, colon, right = line.partition(":")
+        tid = left.strip()
+        if not colon or not tid.isdecimal() or not right or "\n" in right:
+            continue
+        name = right.strip()
+        out.append((tid, name or right[-1]))    # all blank: the pattern's .+? takes the last blank
     return out
 
 
 def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType]]:
-    ndir = f"{fs.host.pci_device(vf)}/nvidia/"
+    ndir = f"{fs.host.s.pci_device(vf)}/nvidia/"
     creatable = parse_creatable_vgpu_types(fs.read_optional(ndir + "creatable_vgpu_types") or "")
     current = fs.read_optional(ndir + "current_vgpu_type")
     cur = current if current and current != "0" else None
@@ -810,7 +827,7 @@ def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu,
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
     out = []
-    base = str(fs.host.mdev_devices)
+    base = fs.host.s.mdev_devices
     for name in fs.listdir(base):
         d = f"{base}/{name}"
         try:
@@ -832,8 +849,8 @@ _BOOTFB_NAMES = ("BOOTFB", "efifb", "simplefb", "simple-framebuffer", "vesafb")
 
 def read_host_facts(fs: Sysfs) -> HostFacts:
     host = fs.host
-    cmdline = fs.read_optional(host.proc_cmdline) or ""
-    cpuinfo = fs.read_optional(host.proc_cpuinfo) or ""
+    cmdline = fs.read_optional(host.s.proc_cmdline) or ""
+    cpuinfo = fs.read_optional(host.s.proc_cpuinfo) or ""
     vendor = None
     flags: set = set()
     for line in cpuinfo.splitlines():
@@ -843,18 +860,18 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
             vendor = v.strip()
         elif k == "flags" and not flags:
             flags = set(v.split())
-    release = fs.read_optional(host.path("proc", "sys", "kernel", "osrelease"))
-    loaded = frozenset(line.split()[0] for line in (fs.read_optional(host.proc_modules) or "").splitlines()
+    release = fs.read_optional(host.s.path("proc", "sys", "kernel", "osrelease"))
+    loaded = frozenset(line.split()[0] for line in (fs.read_optional(host.s.proc_modules) or "").splitlines()
                        if line.strip())
     builtin: FrozenSet[str] = frozenset()
     available: FrozenSet[str] = frozenset()
     if release:
-        mdir = host.lib_modules(release)
-        builtin = frozenset(_module_name(p) for p in (fs.read_optional(mdir / "modules.builtin") or "").split())
+        mdir = host.s.lib_modules(release)
+        builtin = frozenset(_module_name(p) for p in (fs.read_optional(os.path.join(mdir, "modules.builtin")) or "").split())
         available = frozenset(_module_name(line.split(":")[0])
-                              for line in (fs.read_optional(mdir / "modules.dep") or "").splitlines()
+                              for line in (fs.read_optional(os.path.join(mdir, "modules.dep")) or "").splitlines()
                               if line.strip())
-    interrupts = fs.read_optional(host.path("proc", "interrupts"))
+    interrupts = fs.read_optional(host.s.path("proc", "interrupts"))
     ir: Optional[bool] = None
     if interrupts is not None:
         if "IR-" in interrupts:
@@ -862,7 +879,7 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
         elif "MSI" in interrupts or "IO-APIC" in interrupts:
             ir = False
     procs = set()
-    proc = str(host.path("proc"))
+    proc = host.s.path("proc")
     for entry in fs.listdir(proc):
         if entry.isdigit():
             comm = fs.read_optional(f"{proc}/{entry}/comm")
@@ -871,8 +888,8 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
     return HostFacts(cmdline=cmdline, cpu_vendor=vendor, cpu_virt_flags=frozenset(flags & {"vmx", "svm"}),
                      kernel_release=release, modules_loaded=loaded, modules_builtin=builtin,
                      modules_available=available, interrupt_remapping=ir, processes=frozenset(procs),
-                     boot_framebuffers=_boot_framebuffers(fs.read_optional(host.path("proc", "iomem")) or ""),
-                     iommu_units=tuple(fs.listdir(host.iommu_class)))
+                     boot_framebuffers=_boot_framebuffers(fs.read_optional(host.s.path("proc", "iomem")) or ""),
+                     iommu_units=tuple(fs.listdir(host.s.iommu_class)))
 
 
 def _module_name(path: str) -> str:

@@ -15,7 +15,8 @@ every GPU domain start: ops modules are imported where used).
 
 from __future__ import annotations
 
-import signal
+import os
+import _signal as signal     # the C module: ``signal`` itself imports enum (the hook's start)
 
 from ..io.hostroot import HostRoot
 from ..model.errors import DeviceError, RefusedError, VgpuhostError
@@ -45,8 +46,8 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
     refuses (fails closed).
     """
     from ..io.files import read_capped
-    from ..policy.hookrequest import MAX_ALLOW_BYTES, parse_allow
-    path = allow_path(host)
+    from ..policy.hookrequest import ALLOW_FILE, MAX_ALLOW_BYTES, parse_allow
+    path = host.s.etc(*ALLOW_FILE)          # allow_path() as a string (no pathlib on the hook's path)
     try:
         data = read_capped(path, MAX_ALLOW_BYTES)
     except OSError as e:
@@ -79,8 +80,8 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     from ..policy.iommu import group_endpoints
     from ..io.files import is_file
     from ..io.state import DB_NAME
-    if store is None and is_file(host.state_dir / DB_NAME):
-        store = StateStore(host.state_dir, owned=lambda: _owned(host))
+    if store is None and is_file(os.path.join(host.s.state_dir, DB_NAME)):
+        store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     if store is not None:
         if store.journal_entries(open_only=True):
             # an interrupted start (or other operation) on these devices: finish or roll it back first,
@@ -92,7 +93,7 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     inv = inventory if inventory is not None else discover(Sysfs(host))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
     if store is None:
-        store = StateStore(host.state_dir, owned=lambda: _owned(host))
+        store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
                   passthrough_records=store.passthrough_records() if checked.passthrough else (),
@@ -187,7 +188,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     if rec is not None:
         from ..io.sysfs import Sysfs
         fs = Sysfs(host)
-        current = fs.link_name(host.mdev_devices / req.uuid / "mdev_type")
+        current = fs.link_name(os.path.join(host.s.mdev_devices, req.uuid, "mdev_type"))
         if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
             return None                         # a retried start: the domain already holds it
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
@@ -210,7 +211,7 @@ def _defined_in_mdevctl(host: HostRoot, uuid: str) -> bool:
     swapped in from the layout's pool."""
     from ..io.sysfs import Sysfs
     fs = Sysfs(host)
-    return any(fs.exists(host.mdevctl_d / p / uuid) for p in fs.listdir(host.mdevctl_d))
+    return any(fs.exists(os.path.join(host.s.mdevctl_d, p, uuid)) for p in fs.listdir(host.s.mdevctl_d))
 
 
 def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed,
@@ -276,9 +277,9 @@ def release(host: HostRoot, view: "DomainView", *, actor: str, store: "Optional[
     if store is None:
         from ..io.files import is_file
         from ..io.state import DB_NAME, StateStore
-        if not is_file(host.state_dir / DB_NAME):
+        if not is_file(os.path.join(host.s.state_dir, DB_NAME)):
             return []
-        store = StateStore(host.state_dir, owned=lambda: _owned(host))
+        store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     return release_domain(host, store, view.uuid, actor=actor)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import os
-from contextlib import ExitStack
 
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
@@ -125,12 +124,29 @@ def recover_devices(host: HostRoot, store: StateStore, names: "Set[str]", *, act
     return out
 
 
-def _locks(store: StateStore, entry: JournalEntry) -> ExitStack:
-    stack = ExitStack()
-    if entry.iommu_group is not None:
-        stack.enter_context(file_lock(store.state_dir, f"group-{entry.iommu_group}"))
-    stack.enter_context(file_lock(store.state_dir, f"gpu-{entry.gpu}"))
-    return stack
+class _locks:
+    """``with _locks(store, entry):`` holds the entry's group lock (if any), then its GPU lock;
+    a class, not ``contextlib.ExitStack``: the qemu hook recovers through here and imports no
+    contextlib."""
+
+    def __init__(self, store: StateStore, entry: JournalEntry):
+        names = ([f"group-{entry.iommu_group}"] if entry.iommu_group is not None else []) + [f"gpu-{entry.gpu}"]
+        self.locks = [file_lock(store.dir, n) for n in names]
+        self.held: list = []
+
+    def __enter__(self) -> None:
+        try:
+            for lock in self.locks:
+                lock.__enter__()
+                self.held.append(lock)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        while self.held:
+            self.held.pop().__exit__(None, None, None)
+        return False
 
 
 def _recover(host: HostRoot, store: StateStore, entry: JournalEntry, actor: str) -> Recovered:
@@ -226,8 +242,8 @@ def _release(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntr
 def _current_type(host: HostRoot, dev: dict) -> Optional[str]:
     fs = Sysfs(host)
     if dev["backend"] == BACKEND_MDEV:
-        return fs.link_name(host.mdev_devices / dev["id"] / "mdev_type")
-    cur = fs.read_optional(host.pci_device(dev["parent"]) / "nvidia" / "current_vgpu_type")
+        return fs.link_name(os.path.join(host.s.mdev_devices, dev["id"], "mdev_type"))
+    cur = fs.read_optional(os.path.join(host.s.pci_device(dev["parent"]), "nvidia", "current_vgpu_type"))
     return cur if cur and cur != "0" else None
 
 
@@ -243,9 +259,9 @@ def destroy_retrying(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> N
     import time
     host = fs.host
     if backend == BACKEND_MDEV:
-        path, value = host.mdev_devices / vid / "remove", "1"
+        path, value = os.path.join(host.s.mdev_devices, vid, "remove"), "1"
     else:
-        path, value = host.pci_device(parent) / "nvidia" / "current_vgpu_type", "0"
+        path, value = os.path.join(host.s.pci_device(parent), "nvidia", "current_vgpu_type"), "0"
     deadline = time.monotonic() + REMOVE_RETRY_S
     while True:
         try:
@@ -269,7 +285,7 @@ def _destroy(host: HostRoot, ex: Executor, dev: dict) -> bool:
 
 def _drop_definition(host: HostRoot, ex: Executor, dev: dict) -> None:
     if dev.get("persisted") and dev["backend"] == BACKEND_MDEV:
-        ex.fs.remove_config(host.mdevctl_d / dev["parent"] / dev["id"])     # False when absent
+        ex.fs.remove_config(os.path.join(host.s.mdevctl_d, dev["parent"], dev["id"]))     # False when absent
 
 
 def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntry, rep: Recovered) -> None:

@@ -16,8 +16,6 @@ sysfs, or stop a VM.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from ..io.locks import file_lock
 from ..io.state import StateStore
 from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
@@ -43,11 +41,10 @@ def _actor() -> str:
     return actor()
 
 
-@contextmanager
-def host_lock(store: StateStore) -> Iterator[None]:
-    """The host lock admission decides and records under (``<state dir>/locks/tenancy.lock``)."""
-    with file_lock(store.state_dir, LOCK):
-        yield
+def host_lock(store: StateStore):
+    """``with host_lock(store):`` holds the host lock admission decides and records under
+    (``<state dir>/locks/tenancy.lock``)."""
+    return file_lock(store.dir, LOCK)
 
 
 # ---------------------------------------------------------------------------
@@ -389,34 +386,60 @@ class Admitting:
             self.gpus[device] = gpu
 
 
-@contextmanager
 def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
-              allowed: Optional[frozenset] = None) -> Iterator[Admitting]:
+              allowed: Optional[frozenset] = None) -> "_AdmittingBlock":
     """The qemu hook's ``prepare begin``: admit the domain's devices with authority, under the host lock.
 
-    Yields an :class:`Admitting`; the caller creates the devices inside the
-    block (placing each on :meth:`Admitting.allowed_gpus`) and reports each
-    with :meth:`Admitting.made`.  When the block ends without an error the
+    ``with admitting(...) as box:`` gives an :class:`Admitting`; the caller
+    creates the devices inside the block (placing each on
+    :meth:`Admitting.allowed_gpus`) and reports each with
+    :meth:`Admitting.made`.  When the block ends without an error the
     allocations are recorded, still under the lock, so the next start
     counts them.  Raises RefusedError (nothing was made) when admission
     refuses.  With tenancy not in use (:func:`active`), no lock is taken and
     every device is admitted (its tenant name, if any, is still recorded).
     """
-    meta = view.metadata
-    if meta is None or meta.empty:
-        yield Admitting([])
-        return
-    if not active(store):
-        granted = _unenforced(store, view, inv)
-        box = Admitting(granted)
-        yield box
-        record_allocations(store, view.uuid, granted, box.gpus)
-        return
-    with host_lock(store):
-        granted = admit_domain(store, view, inv, actor=actor, allowed=allowed)
-        box = Admitting(granted)
-        yield box
-        record_allocations(store, view.uuid, granted, box.gpus)
+    return _AdmittingBlock(store, view, inv, actor, allowed)
+
+
+class _AdmittingBlock:
+    """:func:`admitting`'s context manager (a class: the hook's path imports no contextlib)."""
+
+    def __init__(self, store: StateStore, view: DomainView, inv: Inventory, actor: Optional[str],
+                 allowed: Optional[frozenset]):
+        self.store, self.view, self.inv, self.actor, self.allowed = store, view, inv, actor, allowed
+        self.granted: Optional[List[Granted]] = None
+        self.box: Optional[Admitting] = None
+        self.lock = None
+
+    def __enter__(self) -> Admitting:
+        store, view = self.store, self.view
+        meta = view.metadata
+        if meta is None or meta.empty:
+            return Admitting([])
+        if not active(store):
+            self.granted = _unenforced(store, view, self.inv)
+        else:
+            lock = host_lock(store)
+            lock.__enter__()
+            try:
+                self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed)
+            except BaseException:
+                lock.__exit__(None, None, None)
+                raise
+            self.lock = lock
+        self.box = Admitting(self.granted)
+        return self.box
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None and self.granted is not None:
+                record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
+        finally:
+            lock, self.lock = self.lock, None
+            if lock is not None:
+                lock.__exit__(None, None, None)
+        return False
 
 
 def _unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Granted]:

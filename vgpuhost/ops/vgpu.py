@@ -22,7 +22,7 @@ MIG-backed vGPUs cannot persist that way and are re-created by
 from __future__ import annotations
 
 import errno
-import re
+import os
 
 from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..io.configfiles import mdevctl_json
@@ -86,6 +86,7 @@ def _validate_params(params: str) -> None:
     """``vgpu_params``: comma-separated key=value pairs (docs/reference/hardware.md#mdev), at most 1000 characters."""
     if len(params) > 1000:
         raise InputError(f"--params is {len(params)} characters; at most 1000")
+    import re           # here: the qemu hook's path imports no re (most creates pass no parameters)
     if not re.match(_PARAMS_PATTERN, params):
         raise InputError(f"--params {params[:80]!r} is not a list of key=value pairs",
                          hint="e.g. frame_rate_limiter=0,disable_vnc=1")
@@ -230,7 +231,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         out.steps = _create_steps(host, backend, decision, vid, params, persist)
         if dry_run:
             return out
-        with file_lock(store.state_dir, f"gpu-{decision.gpu}"):
+        with file_lock(store.dir, f"gpu-{decision.gpu}"):
             if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
                 continue            # recovery changed the host: place again on what it left (the reason too)
             inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
@@ -287,7 +288,7 @@ def _new_uuid() -> str:
 def _physfn(fs: Sysfs, vf: PciAddress) -> Optional[PciAddress]:
     """The physical function ``vf``'s ``physfn`` link names; None when it has none (not a VF: the
     whole-host read then says why)."""
-    name = fs.link_name(fs.host.pci_device(vf) / "physfn")
+    name = fs.link_name(os.path.join(fs.host.s.pci_device(vf), "physfn"))
     return PciAddress.parse(name) if name and PciAddress.is_valid(name) else None
 
 
@@ -381,8 +382,8 @@ def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[P
     ``mdev_type``, a parent directory that is not a PCI address); the message names the
     file and the position, never its content.
     """
-    for parent_name in fs.listdir(host.mdevctl_d):
-        path = host.mdevctl_d / parent_name / uuid
+    for parent_name in fs.listdir(host.s.mdevctl_d):
+        path = os.path.join(host.s.mdevctl_d, parent_name, uuid)
         if not fs.exists(path):
             continue
         import json         # only here: the hook's path imports no json when nothing is defined
@@ -401,6 +402,7 @@ def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[P
             raise InputError(f"mdevctl definition {where} cannot be read as text",
                              hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}") from None
         type_id = doc.get("mdev_type") if isinstance(doc, dict) else None
+        import re       # here: only with an mdevctl definition to read
         if not isinstance(type_id, str) or not re.match(r"[A-Za-z0-9_.-]{1,64}\Z", type_id):
             raise InputError(f"mdevctl definition {where} names no valid mdev_type",
                              hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}")
@@ -616,7 +618,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     parent = PciAddress.parse(rec.parent)
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
-    with file_lock(store.state_dir, f"gpu-{gpu}") if not dry_run else _nolock():
+    with file_lock(store.dir, f"gpu-{gpu}") if not dry_run else _nolock():
         if not dry_run:
             _recover_first(host, store, gpu, actor)
         if not any(r.owner == rec.owner for r in store.vgpu_records(vgpu_id=vid)):
@@ -631,7 +633,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
             out.notes.append(f"{vid} was already gone from the host; dropping the record")
         else:
             out.steps.append(RemoveVgpu(rec.backend, parent, vid).describe(host))
-        mdevctl = host.mdevctl_d / rec.parent / vid
+        mdevctl = os.path.join(host.s.mdevctl_d, rec.parent, vid)
         if rec.persisted and fs.exists(mdevctl):
             out.steps.append(f"remove mdevctl definition {host.relative(mdevctl)}")
         if dry_run:
@@ -695,9 +697,9 @@ def _normalise_id(text: str) -> str:
 
 def _device_exists(fs: Sysfs, vid: str) -> bool:
     if PciAddress.is_valid(vid):
-        cur = fs.read_optional(fs.host.pci_device(vid) / "nvidia" / "current_vgpu_type")
+        cur = fs.read_optional(os.path.join(fs.host.s.pci_device(vid), "nvidia", "current_vgpu_type"))
         return bool(cur and cur != "0")
-    return fs.exists(fs.host.mdev_devices / vid)
+    return fs.exists(os.path.join(fs.host.s.mdev_devices, vid))
 
 
 # ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ mdev ``create``/``remove`` and the vendor VFIO ``current_vgpu_type`` write
 from __future__ import annotations
 
 import errno as _errno
-from pathlib import Path
+from os.path import join as _join
 
 from ..model.errors import DeviceError
 from ..model.kinds import Backend
@@ -31,7 +31,8 @@ from ..io.hostroot import HostRoot
 from ..model.values import PciAddress, record
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+if TYPE_CHECKING:       # annotations only (the qemu hook imports neither typing nor pathlib)
+    from pathlib import Path
     from typing import Optional, Tuple
     from ..io.nvml import SchedulerState
 
@@ -94,7 +95,7 @@ class SetDriverOverride(Step):
     driver: Optional[str]
 
     def _path(self, host: HostRoot):
-        return host.pci_device(self.bdf) / "driver_override"
+        return _join(host.s.pci_device(self.bdf), "driver_override")
 
     def describe(self, host: HostRoot) -> str:
         value = repr(self.driver) if self.driver else "'\\n' (clear)"
@@ -112,10 +113,10 @@ class Unbind(Step):
     driver: str
 
     def describe(self, host: HostRoot) -> str:
-        return f"write '{self.bdf}' to {host.relative(host.pci_driver(self.driver) / 'unbind')}"
+        return f"write '{self.bdf}' to {host.relative(_join(host.s.pci_driver(self.driver), 'unbind'))}"
 
     def run(self, ctx: StepContext) -> None:
-        ctx.fs.write(ctx.host.pci_driver(self.driver) / "unbind", str(self.bdf))
+        ctx.fs.write(_join(ctx.host.s.pci_driver(self.driver), "unbind"), str(self.bdf))
 
 
 @record(frozen=True)
@@ -125,10 +126,10 @@ class Probe(Step):
     bdf: PciAddress
 
     def describe(self, host: HostRoot) -> str:
-        return f"write '{self.bdf}' to {host.relative(host.pci_drivers_probe)}"
+        return f"write '{self.bdf}' to {host.relative(host.s.pci_drivers_probe)}"
 
     def run(self, ctx: StepContext) -> None:
-        ctx.fs.write(ctx.host.pci_drivers_probe, str(self.bdf))
+        ctx.fs.write(ctx.host.s.pci_drivers_probe, str(self.bdf))
 
 
 @record(frozen=True)
@@ -144,11 +145,11 @@ class VerifyDriver(Step):
 
     def describe(self, host: HostRoot) -> str:
         want = "no driver" if self.expected is None else self.expected
-        return f"check {host.relative(host.pci_device(self.bdf) / 'driver')} is {want}"
+        return f"check {host.relative(_join(host.s.pci_device(self.bdf), 'driver'))} is {want}"
 
     def run(self, ctx: StepContext) -> None:
         fs = ctx.fs
-        got = fs.link_name(fs.host.pci_device(self.bdf) / "driver")
+        got = fs.link_name(_join(fs.host.s.pci_device(self.bdf), "driver"))
         ok = (got is not None and got != "vfio-pci") if self.expected == ANY_HOST_DRIVER else got == self.expected
         if not ok:
             want = "no driver" if self.expected is None else self.expected
@@ -161,20 +162,20 @@ class VerifyDriver(Step):
 # --- vGPUs: classic mdev and NVIDIA's vendor-specific VFIO ------------------
 
 def vgpu_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vgpu_id: str):
-    """``(create path, vgpu_params path)`` of a vGPU: ``mdev_supported_types/<type>/create`` and the
+    """``(create path, vgpu_params path)`` (strings) of a vGPU: ``mdev_supported_types/<type>/create`` and the
     mdev's ``nvidia/vgpu_params`` (mdev), or the VF's ``nvidia/current_vgpu_type`` and ``nvidia/vgpu_params``."""
     if backend == Backend.MDEV:
-        return (host.mdev_bus / str(parent) / "mdev_supported_types" / type_id / "create",
-                host.mdev_devices / vgpu_id / "nvidia" / "vgpu_params")
-    nd = host.pci_device(parent) / "nvidia"
-    return nd / "current_vgpu_type", nd / "vgpu_params"
+        return (_join(host.s.mdev_bus, str(parent), "mdev_supported_types", type_id, "create"),
+                _join(host.s.mdev_devices, vgpu_id, "nvidia", "vgpu_params"))
+    nd = _join(host.s.pci_device(parent), "nvidia")
+    return _join(nd, "current_vgpu_type"), _join(nd, "vgpu_params")
 
 
 def current_vgpu_type(fs, backend: str, parent: PciAddress, vgpu_id: str) -> Optional[str]:
     """The type a vGPU holds now, read back (None: it does not exist / the VF holds none)."""
     if backend == Backend.MDEV:
-        return fs.link_name(fs.host.mdev_devices / vgpu_id / "mdev_type")
-    cur = fs.read_optional(fs.host.pci_device(parent) / "nvidia" / "current_vgpu_type")
+        return fs.link_name(_join(fs.host.s.mdev_devices, vgpu_id, "mdev_type"))
+    cur = fs.read_optional(_join(fs.host.s.pci_device(parent), "nvidia", "current_vgpu_type"))
     return cur if cur and cur != "0" else None
 
 
@@ -210,7 +211,7 @@ class CreateVgpu(Step):
     def verify(self, ctx: StepContext, result: object) -> None:
         got = current_vgpu_type(ctx.fs, self.backend, self.parent, self.vgpu_id)
         if got != self.type_id:
-            raw = ctx.fs.read_optional(ctx.host.pci_device(self.parent) / "nvidia" / "current_vgpu_type") \
+            raw = ctx.fs.read_optional(_join(ctx.host.s.pci_device(self.parent), "nvidia", "current_vgpu_type")) \
                 if self.backend != Backend.MDEV else got
             raise DeviceError(f"creating {self.name or self.type_id} on {self.parent} reported success but "
                               f"reads back {raw!r}",
@@ -231,8 +232,8 @@ class RemoveVgpu(Step):
 
     def _write(self, host: HostRoot):
         if self.backend == Backend.MDEV:
-            return host.mdev_devices / self.vgpu_id / "remove", "1"
-        return host.pci_device(self.parent) / "nvidia" / "current_vgpu_type", "0"
+            return _join(host.s.mdev_devices, self.vgpu_id, "remove"), "1"
+        return _join(host.s.pci_device(self.parent), "nvidia", "current_vgpu_type"), "0"
 
     def describe(self, host: HostRoot) -> str:
         path, value = self._write(host)

@@ -1,0 +1,151 @@
+"""The hand-written parsers of the qemu hook's path accept exactly what the regular expressions they replace
+accepted, and give the same values.
+
+The hook imports no ``re`` (its start-up: tests/test_hook.py::test_hook_path_imports_on_a_real_host), so
+PCI addresses, UUIDs, vGPU type names, sizes, key names and ``creatable_vgpu_types`` lines are parsed by
+hand (vgpuhost/model/values.py, libvirt/domxml.py, model/tenancy.py, observe/inventory.py).  Each is
+checked here against the pattern it replaced, on strings drawn from the characters that matter.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings, strategies as st
+
+from vgpuhost.libvirt import domxml
+from vgpuhost.model import tenancy
+from vgpuhost.model.errors import InputError
+from vgpuhost.model.values import PciAddress, VgpuProfile, parse_size_mib, parse_uuid
+from vgpuhost.observe.inventory import parse_creatable_vgpu_types
+
+BDF_RE = re.compile(
+    r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<func>[0-7])$")
+SHORT_BDF_RE = r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+PROFILE_RE = re.compile(
+    r"^(?:(?:GRID|NVIDIA)\s+)?"
+    r"(?P<board>[A-Za-z0-9_]+?)-"
+    r"(?:(?P<slices>\d+)-)?"
+    r"(?P<fb>\d+)(?P<series>[QBACqbac])(?P<me>ME|me)?$")
+SIZE_RE = r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$"
+KEY_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"
+PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+CREATABLE_RE = r"^\s*(\d+)\s*:\s*(.+?)\s*$"
+
+# a few characters of every kind each pattern cares about, plus ones it must refuse
+HEXISH = "0123456789abcdefABCDEFgG:.-_ \n\t" + "\u0661\u00e9"
+NAMEISH = "AaZz09_-.:+ GRIDNVIDIAQBACqbacMEme\n\t\u00a0\u0663"
+SIZEISH = "0123456789KMGTkmgtiIbB \n\t\u0662x"
+CREATISH = "0123456789: \tABab-\u0660"
+
+
+def bdf_texts():
+    exact = st.builds(lambda d, b, s, f: f"{d:04x}:{b:02x}:{s:02x}.{f}",
+                      st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
+    return st.one_of(exact, exact.map(str.upper), exact.map(lambda t: t + "\n"), exact.map(lambda t: t[5:]),
+                     st.text(HEXISH, max_size=14))
+
+
+@settings(max_examples=400, deadline=None)
+@given(bdf_texts())
+def test_pci_address_parse_and_is_valid_match_the_pattern(text):
+    m = BDF_RE.match(text)
+    assert PciAddress.is_valid(text) == bool(m)
+    stripped = BDF_RE.match(text.strip())
+    try:
+        got = PciAddress.parse(text)
+    except InputError as e:
+        assert not stripped
+        assert ("did you mean" in (e.hint or "")) == bool(re.match(SHORT_BDF_RE, text.strip()))
+    else:
+        assert stripped
+        assert (got.domain, got.bus, got.slot, got.function) == (
+            int(stripped["domain"], 16), int(stripped["bus"], 16), int(stripped["slot"], 16), int(stripped["func"]))
+
+
+def uuid_texts():
+    exact = st.uuids().map(str)
+    return st.one_of(exact, exact.map(str.upper), exact.map(lambda t: f" {t}\n"), exact.map(lambda t: t[:-1] + "g"),
+                     exact.map(lambda t: t.replace("-", "", 1) + "0"), st.text(HEXISH, max_size=38))
+
+
+@settings(max_examples=400, deadline=None)
+@given(uuid_texts())
+def test_parse_uuid_matches_the_pattern(text):
+    want = text.strip().lower()
+    try:
+        got = parse_uuid(text)
+    except InputError:
+        assert not UUID_RE.match(want)
+    else:
+        assert UUID_RE.match(want) and got == want
+
+
+def profile_texts():
+    made = st.builds(lambda pre, board, sl, fb, series, me: f"{pre}{board}-{sl}{fb}{series}{me}",
+                     st.sampled_from(["", "GRID ", "NVIDIA  ", "GRID", "NVIDIA\t"]),
+                     st.sampled_from(["A40", "A100", "H200X", "L40S", "a_1", "GRID", "", "A-1"]),
+                     st.sampled_from(["", "1-", "7-", "-", "1-2-", "\u0661-"]),
+                     st.sampled_from(["8", "48", "", "0", "\u0664"]),
+                     st.sampled_from(list("QBACqbacMx") + [""]),
+                     st.sampled_from(["", "ME", "me", "Me", "E"]))
+    return st.one_of(made, made.map(lambda t: t + "\n"), st.text(NAMEISH, max_size=16))
+
+
+@settings(max_examples=600, deadline=None)
+@given(profile_texts())
+def test_vgpu_profile_try_parse_matches_the_pattern(text):
+    m = PROFILE_RE.match(text.strip())
+    want = None
+    if m:
+        slices = int(m["slices"]) if m["slices"] else None
+        series = m["series"].upper()
+        if not ((slices is not None or m["me"]) and series != "C"):
+            want = VgpuProfile(m["board"].upper(), int(m["fb"]), series, slices, bool(m["me"]))
+    assert VgpuProfile.try_parse(text) == want
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(SIZEISH, max_size=10),
+                 st.builds(lambda n, u: f"{n}{u}", st.integers(0, 10**6),
+                           st.sampled_from(["", "M", "G", "K", "T", "MiB", "GB", "gib", " mb ", "iB", "X"]))))
+def test_parse_size_mib_matches_the_pattern(text):
+    m = re.match(SIZE_RE, text, re.IGNORECASE)
+    want = None
+    if m:
+        n = int(m[1])
+        want = {"K": n // 1024, "": n, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[m[2].upper()]
+    assert parse_size_mib(text) == want
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(NAMEISH, max_size=70), st.text("Aa0_.:+-", min_size=60, max_size=70)))
+def test_key_and_profile_names_match_the_patterns(text):
+    assert domxml.valid_key(text) == bool(re.match(KEY_RE, text))
+    try:
+        tenancy.check_name(text)
+        ok = True
+    except InputError:
+        ok = False
+    assert ok == bool(re.match(KEY_RE, text))
+    try:
+        domxml.check_profile(text)
+        ok = True
+    except InputError:
+        ok = False
+    assert ok == bool(PROFILE_NAME_RE.match(text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(CREATISH, max_size=12),
+                          st.builds(lambda i, n: f"{i} : {n}", st.integers(0, 999), st.sampled_from(
+                              ["NVIDIA A40-8Q", "A40-8Q  ", " ", "", "a:b"]))), max_size=5))
+def test_creatable_vgpu_types_lines_match_the_pattern(lines):
+    text = "ID    : vGPU Name\n" + "\n".join(lines)
+    want = []
+    for line in text.splitlines():
+        m = re.match(CREATABLE_RE, line)
+        if m:
+            want.append((m[1], m[2]))
+    assert parse_creatable_vgpu_types(text) == want
