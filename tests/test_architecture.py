@@ -60,7 +60,8 @@ PATH_FILE_METHODS = {
 #: receivers whose same-named methods are io/'s doors, not pathlib (``fs.exists(path)`` is a Sysfs call, ``files.exists(path)`` io/files.py)
 DOOR_RECEIVERS = {"fs", "sysfs", "_fs", "store", "files"}
 #: the only module allowed to import each outside binding
-DOORS = {"pynvml": "vgpuhost.io.nvml_pynvml", "libvirt": "vgpuhost.io.virt", "sqlite3": "vgpuhost.io.state"}
+DOORS = {"pynvml": "vgpuhost.io.nvml_pynvml", "libvirt": "vgpuhost.io.virt", "sqlite3": "vgpuhost.io.state",
+         "_sqlite3": "vgpuhost.io.state"}
 
 
 # ---------------------------------------------------------------------------
