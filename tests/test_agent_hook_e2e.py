@@ -73,8 +73,8 @@ def agent_mode(request, gpu_host, hooked):
     hook = hooked.hooks_dir / "vgpuhost"
     text = hook.read_text()
     if request.param in ("agent-up-curl", "agent-up-no-curl"):
-        assert re.search(r"^\tfor c in .+; do$", text, re.M)
-        text = re.sub(r"^\tfor c in .+; do$", "\tfor c in ; do", text, flags=re.M)
+        assert re.search(r"^\t+for c in .+; do$", text, re.M)
+        text = re.sub(r"^(\t+)for c in .+; do$", r"\1for c in ; do", text, flags=re.M)
     if request.param == "agent-up-no-curl":
         assert "\tfor d in /usr/bin /bin /usr/local/bin; do\n" in text
         text = text.replace("\tfor d in /usr/bin /bin /usr/local/bin; do\n", "\tfor d in ; do\n")

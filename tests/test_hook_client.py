@@ -24,7 +24,7 @@ import pytest
 
 from agentutil import AgentRun, socket_dir
 from nsutil import skip_or_fail
-from test_hook import DOM1, MDEV1, dispatch, mdevs, store, vgpu_domain
+from test_hook import DOM1, MDEV1, dispatch, domain_xml, mdevs, store, vgpu_domain
 from vgpuhost.hook import install as hook_install
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,7 +222,7 @@ def test_client_end_to_end_no_python_no_curl(make_host, tmp_path, client):
     host = make_host("a40-mdev")
     hook = _install(host, tmp_path, client, python=NO_PYTHON, curl=False)
     text = hook.read_text()
-    assert f"\tfor c in '{client}'; do\n" in text and "\tfor d in ; do\n" in text
+    assert f"for c in '{client}'; do\n" in text and "\tfor d in ; do\n" in text
     xml = vgpu_domain("thin1", DOM1, MDEV1).encode()
     with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
         proc = dispatch(hook, ["thin1", "prepare", "begin", "-"], xml)
@@ -284,14 +284,95 @@ def test_an_oversized_xml_is_the_handlers_to_refuse(make_host, tmp_path, client)
     assert info["served_thin_client"] == {} and mdevs(host) == {}
 
 
+def _served(agent) -> dict:
+    return agent.call("GET", "/v1/agent")[1]["served"]
+
+
+def test_hook_mode_makes_the_dispatchers_checks_on_the_xml(make_host, tmp_path, client):
+    """With the agent up the dispatcher execs the client before reading the XML: the client decides
+    what the sh would (vgpuhost's namespace, the store's domain marker, a NUL byte) and only the
+    calls the sh would hand over reach the agent."""
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, python=NO_PYTHON, curl=False)
+    sh = _install(host, tmp_path / "sh", "none")            # the same checks made by the sh itself
+    plain = domain_xml("plain", DOM1).encode()
+    two = domain_xml("two", DOM1).replace("</uuid>", "</uuid><uuid>" + DOM1 + "</uuid>", 1).encode()
+    xml = vgpu_domain("hm", DOM1, MDEV1).encode()
+    with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
+        for op, sub in (("prepare", "begin"), ("start", "begin"), ("stopped", "end")):
+            proc = dispatch(hook, ["plain", op, sub, "-"], plain)
+            assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+        assert _served(agent).get("POST /v1/hook/prepare") is None
+        # started through the hook: its release reaches the agent even with the metadata gone
+        assert dispatch(hook, ["hm", "prepare", "begin", "-"], xml).returncode == 0
+        assert mdevs(host) == {MDEV1: "nvidia-566"} and os.path.exists(host.state_dir / "domains" / DOM1)
+        proc = dispatch(hook, ["hm", "release", "end", "-"], plain)
+        assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {}
+        assert store(host).active_domains() == {}
+        # released: no marker for its UUID, the release ends in the client; two <uuid>s go on to the agent
+        assert dispatch(hook, ["plain", "release", "end", "-"], plain).returncode == 0
+        assert _served(agent).get("POST /v1/hook/release") == 1
+        assert dispatch(hook, ["two", "release", "end", "-"], two).returncode == 0
+        # a NUL byte: the dispatcher's own line and exit code, nothing handed over
+        nul = xml.replace(b"<devices>", b"<devices>\0")
+        got = dispatch(hook, ["hm", "prepare", "begin", "-"], nul)
+        served = _served(agent)
+    want = dispatch(sh, ["hm", "prepare", "begin", "-"], nul)
+    assert want.returncode == 2 and b"NUL byte" in want.stderr
+    assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
+    assert (served.get("POST /v1/hook/prepare"), served.get("POST /v1/hook/release")) == (1, 2)
+    assert mdevs(host) == {}
+
+
+def test_hook_mode_falls_back_on_a_timeout_a_large_xml_and_an_odd_name(make_host, tmp_path, client):
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, curl=False, timeout_s=1)
+    sdir = host.path("run", "vgpuhost")
+    sdir.mkdir(parents=True)
+    # over the pipe's 64 KiB: the handler gets the XML from a writer child
+    pad = b"<!-- " + b"x" * (200 * 1024) + b" -->\n"
+    big = vgpu_domain("to", DOM1, MDEV1).encode().replace(b"<devices>", pad + b"<devices>")
+    with Scripted(None) as srv:                      # takes the call, never answers: 1 + 5 s, then the handler
+        os.symlink(srv.path, sdir / "agent.sock")
+        try:
+            proc = dispatch(hook, ["to", "prepare", "begin", "-"], big)
+            assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {MDEV1: "nvidia-566"}
+            assert len(srv.requests) == 1 and srv.requests[0].endswith(big)
+        finally:
+            os.unlink(sdir / "agent.sock")
+    xml = vgpu_domain("odd", DOM1, MDEV1).encode()
+    with AgentRun(host.root, str(sdir)) as agent:
+        # a name that cannot travel in a header: the handler does the work itself
+        proc = dispatch(hook, ["odd\x7fname", "release", "end", "-"], xml)
+        assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {}
+        # over 4 MiB: handed back to the sh dispatcher whole, which hands it to the handler
+        huge_plain = domain_xml("huge", DOM1).encode().replace(b"<devices>", b"<!-- " + b"y" * (5 << 20) + b" -->")
+        assert dispatch(hook, ["huge", "prepare", "begin", "-"], huge_plain).returncode == 0
+        served = _served(agent)
+    assert "POST /v1/hook/prepare" not in served and "POST /v1/hook/release" not in served
+    assert store(host).active_domains() == {} and store(host).vgpu_records() == []
+
+
+def test_hook_mode_without_the_handlers_interpreter(make_host, tmp_path, client):
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, python=NO_PYTHON, curl=False)
+    sdir = host.path("run", "vgpuhost")
+    sdir.mkdir(parents=True)
+    with Scripted(http(b"not the hook's answer")) as srv:
+        os.symlink(srv.path, sdir / "agent.sock")
+        proc = dispatch(hook, ["gone", "prepare", "begin", "-"], vgpu_domain("gone", DOM1, MDEV1).encode())
+    assert proc.returncode == 127 and NO_PYTHON.encode() in proc.stderr and mdevs(host) == {}
+    assert len(srv.requests) == 1
+
+
 def test_install_looks_for_the_client_where_make_dev_and_the_package_put_it(make_host, tmp_path, client):
     host = make_host("a40-mdev")
     here = Path(hook_install.__file__).resolve().parent / hook_install.CLIENT_NAME
     text = hook_install.render(host)
-    assert f"\tfor c in '{here}' '/usr/lib/vgpuhost/vgpuhost-hook-client'; do\n" in text
-    assert "\tfor c in ; do\n" in hook_install.render(host, client="none")
-    assert "\tfor c in ; do\n" in hook_install.render(host, curl=False)
-    assert f"\tfor c in '{client}'; do\n" in hook_install.render(host, client=client)
+    assert f"for c in '{here}' '/usr/lib/vgpuhost/vgpuhost-hook-client'; do\n" in text
+    assert "for c in ; do\n" in hook_install.render(host, client="none")
+    assert "for c in ; do\n" in hook_install.render(host, curl=False)
+    assert f"for c in '{client}'; do\n" in hook_install.render(host, client=client)
     from vgpuhost.model.errors import InputError
     with pytest.raises(InputError):
         hook_install.render(host, client="relative/vgpuhost-hook-client")

@@ -308,8 +308,8 @@ def _same_but_timeout(text: str, host: HostRoot, python: Optional[str]) -> bool:
                 t = int(line.split("=", 1)[1].strip("'"))
             except ValueError:
                 return False
-        elif line.startswith("\tfor c in ") and line.endswith("; do") and client is None:
-            value = line[len("\tfor c in "):-len("; do")]
+        elif line.lstrip().startswith("for c in ") and line.endswith("; do") and client is None:
+            value = line.lstrip()[len("for c in "):-len("; do")]
             if not value:
                 client = "none"
             elif value[0] == value[-1] == "'" and "' '" not in value:
