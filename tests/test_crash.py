@@ -191,12 +191,20 @@ def count_writes(make_host, build, op, tmp_path) -> int:
     return n
 
 
-def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_max, cycle):
-    """Kill ``op`` at every write, before and after it lands; reconcile; check; run the next cycle."""
+def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_max, cycle, only=None):
+    """Kill ``op`` at every write, before and after it lands; reconcile; check; run the next cycle.
+
+    ``only(path)``: kill only at the writes whose logged path it accepts (an operation whose other
+    writes other tests cover), to keep the suite's time in check."""
     total = count_writes(make_host, build, op, tmp_path)
+    points = range(1, total + 1)
+    if only is not None:
+        lines = open(tmp_path / "count.log", encoding="utf-8").read().splitlines()
+        points = [n for n in points if only(lines[n - 1].partition("\t")[0])]
+        assert points, "no write to kill at"
     failures = []
     for when in ("before", "after"):
-        for n in range(1, total + 1):
+        for n in points:
             host = build(make_host)
             log = tmp_path / f"w-{when}-{n}.log"
             if os.path.exists(log):
@@ -213,7 +221,7 @@ def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_m
             if rc != 0:
                 problems.append(f"reconcile --check exit {rc} after reconcile")
             problems += after_reconcile(host, log)
-            if when == "after" or n == 1:       # the host between two writes: checked once (see cost)
+            if when == "after" or n == points[0]:   # the host between two writes: checked once (see cost)
                 problems += cycle(host, log)
             if problems:
                 failures.append(f"kill {when} write {n}/{total}: " + "; ".join(problems))
@@ -469,3 +477,187 @@ def test_kill_during_vgpu_create_persist(make_host, tmp_path):
     kill_everywhere(make_host, tmp_path, _a40,
                     lambda h: cli_op(h, "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV, "--persist"),
                     _persist_consistent, owners_max={"manual": 1}, cycle=_persist_cycle)
+
+
+# ---------------------------------------------------------------------------
+# NVML writes (issue 12, the MIG/scheduler part): mig enable/disable, mig apply, scheduler set,
+# mixed-size mode, and a layout apply that carries MIG and scheduler changes.  The simulated NVML
+# counts its changes in the same kill-at-Nth-write counter as the simulated kernel and logs them
+# to the same write log, so kill_everywhere covers every NVML call as it covers sysfs writes.
+
+A100 = "0000:41:00.0"
+A100_MIG = """
+version: 1
+name: a100-mig-crash
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+  - {bdf: "0000:40:01.0", model: intel-root-port, numa_node: 0}
+  - {bdf: "0000:41:00.0", model: A100-PCIE-40GB, upstream: "0000:40:01.0", numa_node: 0,
+     vgpu: {backend: mdev, sriov_numvfs: 0}, mig: {mode: MODE}}
+"""
+SEVERAL = "3g.20gb=1,2g.10gb=1,1g.5gb=2"
+ALL_1G = "1g.5gb=7"
+TWO_3G = "3g.20gb=2"
+
+
+def _nvml(host):
+    from vgpuhost.io.backends import backend_for
+    return backend_for(host)
+
+
+def mig_layout(host, gpu=A100) -> Dict[str, int]:
+    """The GPU's GPU instances as ``{profile name: count}`` (empty with MIG mode off)."""
+    from vgpuhost.policy.mig import counts
+    b = _nvml(host)
+    mode = b.mig_mode(gpu)
+    return counts(b.gi_profiles(gpu), b.gpu_instances(gpu)) if mode and mode[0] else {}
+
+
+def _layout(text: str) -> Dict[str, int]:
+    from vgpuhost.policy.mig import parse_layout
+    return parse_layout(text)
+
+
+def _a100(mig_on: bool, layout: str = ""):
+    def build(make_host):
+        host = make_host(yaml_text=A100_MIG.replace("MODE", "true" if mig_on else "false"))
+        if layout:
+            assert main(["--root", str(host.root), "mig", "apply", "--gpu", A100, layout]) == 0
+        return host
+    return build
+
+
+def _layout_is(*allowed: Dict[str, int], mode=None):
+    """After reconcile: the GPU holds one of ``allowed`` layouts whole (no half layout, no GPU
+    instance that neither the old nor the new layout has: none owned by no one)."""
+    def check(host, log) -> List[str]:
+        got = mig_layout(host)
+        out = [] if got in allowed else [f"half a MIG layout: {got} (allowed: {list(allowed)})"]
+        if mode is not None:
+            m = _nvml(host).mig_mode(A100)
+            if m[1] not in mode:
+                out.append(f"MIG mode {m}, wanted pending in {mode}")
+        return out
+    return check
+
+
+def _mig_cycle(argv, want: Dict[str, int], mode=True):
+    """The next run of the same command reaches the wanted state."""
+    def cycle(host, log) -> List[str]:
+        out = []
+        if run(host, cli_op(host, *argv), log) != 0:
+            out.append(f"the next {' '.join(argv[:2])} failed")
+        if mig_layout(host) != want:
+            out.append(f"after the next run: {mig_layout(host)}, wanted {want}")
+        if _nvml(host).mig_mode(A100) != (mode, mode):
+            out.append(f"after the next run: MIG mode {_nvml(host).mig_mode(A100)}")
+        return out + check_host(host, log, owners_max={})
+    return cycle
+
+
+def test_kill_during_mig_enable(make_host, tmp_path):
+    argv = ("mig", "enable", "--gpu", A100)
+    kill_everywhere(make_host, tmp_path, _a100(False), lambda h: cli_op(h, *argv),
+                    _layout_is({}, mode=(False, True)), owners_max={}, cycle=_mig_cycle(argv, {}))
+
+
+def test_kill_during_mig_disable(make_host, tmp_path):
+    argv = ("mig", "disable", "--gpu", A100)
+
+    def old_or_off(host, log) -> List[str]:
+        m, got = _nvml(host).mig_mode(A100), mig_layout(host)
+        if m == (False, False) and got == {}:
+            return []
+        if m == (True, True) and got == _layout(SEVERAL):
+            return []
+        return [f"MIG mode {m} with {got}: neither the old layout nor MIG off"]
+
+    kill_everywhere(make_host, tmp_path, _a100(True, SEVERAL), lambda h: cli_op(h, *argv), old_or_off,
+                    owners_max={}, cycle=_mig_cycle(argv, {}, mode=False))
+
+
+def test_kill_during_mig_apply_of_several_instances(make_host, tmp_path):
+    argv = ("mig", "apply", "--gpu", A100, SEVERAL)
+    kill_everywhere(make_host, tmp_path, _a100(True), lambda h: cli_op(h, *argv),
+                    _layout_is({}, _layout(SEVERAL)), owners_max={}, cycle=_mig_cycle(argv, _layout(SEVERAL)))
+
+
+def test_kill_during_mig_apply_from_one_layout_to_another(make_host, tmp_path):
+    argv = ("mig", "apply", "--gpu", A100, TWO_3G)
+    kill_everywhere(make_host, tmp_path, _a100(True, ALL_1G), lambda h: cli_op(h, *argv),
+                    _layout_is(_layout(ALL_1G), _layout(TWO_3G)), owners_max={},
+                    cycle=_mig_cycle(argv, _layout(TWO_3G)))
+
+
+def test_kill_during_scheduler_set(make_host, tmp_path):
+    from vgpuhost.io.nvml import SchedulerState
+    argv = ("scheduler", "set", "--gpu", A40_GPU, "--policy", "equal-share", "--timeslice-ms", "3")
+    want = SchedulerState("equal-share", arr=False, timeslice_ms=3)
+
+    def old_or_new(host, log) -> List[str]:
+        got = _nvml(host).scheduler_state(A40_GPU)
+        return [] if got.policy == "best-effort" or got == want else [f"scheduler {got}"]
+
+    def cycle(host, log) -> List[str]:
+        out = [] if run(host, cli_op(host, *argv), log) == 0 else ["the next scheduler set failed"]
+        if _nvml(host).scheduler_state(A40_GPU) != want:
+            out.append(f"after the next run: {_nvml(host).scheduler_state(A40_GPU)}")
+        return out + check_host(host, log, owners_max={})
+
+    kill_everywhere(make_host, tmp_path, _a40, lambda h: cli_op(h, *argv), old_or_new, owners_max={},
+                    cycle=cycle)
+
+
+def test_kill_during_mixed_size_mode(make_host, tmp_path):
+    argv = ("vgpu", "mode", "--gpu", A40_GPU, "--mixed-size", "on")
+
+    def cycle(host, log) -> List[str]:
+        out = [] if run(host, cli_op(host, *argv), log) == 0 else ["the next vgpu mode failed"]
+        if not _nvml(host).heterogeneous_mode(A40_GPU):
+            out.append("mixed-size mode off after the next run")
+        return out + check_host(host, log, owners_max={})
+
+    kill_everywhere(make_host, tmp_path, _a40, lambda h: cli_op(h, *argv), _nothing, owners_max={}, cycle=cycle)
+
+
+def test_kill_during_apply_with_mig_and_scheduler_changes(make_host, tmp_path):
+    """The example A100 config, from its 'mig' layout (MIG on, four GPU instances, a MIG-backed
+    vGPU on each) to its 'compute' layout: the vGPUs go, the GPU instances go, MIG mode goes off,
+    the scheduler changes, four time-sliced vGPUs come."""
+    from pathlib import Path
+    from vgpuhost.io.nvml import SchedulerState
+    cfg = str(Path(__file__).resolve().parents[1] / "examples" / "config" / "vgpu-a100.yaml")
+    gpu = A100                          # the a100-sriov-mdev spec's GPU
+    old = {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}
+    sched = SchedulerState("equal-share", arr=True, frequency_hz=480, avg_factor=33)
+
+    def build(make_host):
+        host = make_host("a100-sriov-mdev")
+        assert main(["--root", str(host.root), "apply", "-c", cfg, "mig"]) == 0
+        return host
+
+    def consistent(host, log) -> List[str]:
+        b = _nvml(host)
+        m, got = b.mig_mode(gpu), mig_layout(host, gpu)
+        out = []
+        if not ((m == (True, True) and got == old) or (m == (False, False) and got == {})):
+            out.append(f"MIG mode {m} with {got}: neither the old layout nor MIG off")
+        if m[0] is False and b.scheduler_state(gpu).policy not in ("best-effort", sched.policy):
+            out.append(f"scheduler {b.scheduler_state(gpu)}")
+        return out
+
+    def cycle(host, log) -> List[str]:
+        out = []
+        if run(host, cli_op(host, "apply", "-c", cfg, "compute"), log) != 0:
+            out.append("the next apply failed")
+        if run(host, cli_op(host, "assert", "-c", cfg, "compute"), log) != 0:
+            out.append("the layout does not hold after the next apply")
+        if _nvml(host).scheduler_state(gpu) != sched:
+            out.append(f"scheduler after the next apply: {_nvml(host).scheduler_state(gpu)}")
+        return out + check_host(host, log, owners_max={"layout": 4})
+
+    # every NVML write of the apply (GPU instances, MIG mode, scheduler), before and after it lands;
+    # the vGPU writes around them are covered by test_kill_during_apply and the vgpu tests
+    kill_everywhere(make_host, tmp_path, build, lambda h: cli_op(h, "apply", "-c", cfg, "compute"), consistent,
+                    owners_max={"layout": 4}, cycle=cycle, only=lambda path: path.startswith("nvml:"))

@@ -98,6 +98,56 @@ class DeviceFacts:
     gpu_instances: List[GpuInstance] = field(default_factory=list)
 
 
+# ---------------------------------------------------------------------------
+# the one spelling of an NVML write: the audit row the Executor writes for it
+# (:mod:`vgpuhost.plan.steps`) and the line the simulator's write log keeps for it
+# (:mod:`vgpuhost.sim.nvml`), so a fault-injection test can match the two
+
+#: scheduler policies in words
+POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
+
+
+def scheduler_text(state: SchedulerState) -> str:
+    """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
+    if state.policy == "best-effort":
+        return "best effort"
+    parts = [POLICY_TEXT.get(state.policy, state.policy)]
+    if state.arr:
+        parts.append("ARR on")
+        parts.append(f"frequency {state.frequency_hz} Hz" if state.frequency_hz else "default frequency")
+        parts.append(f"averaging factor {state.avg_factor}" if state.avg_factor else "default averaging factor")
+    else:
+        parts.append("ARR off")
+        parts.append(f"time slice {state.timeslice_ms} ms" if state.timeslice_ms else "default time slice")
+    return ", ".join(parts)
+
+
+def row_set_mig_mode(gpu: object, enabled: bool) -> Tuple[str, str]:
+    """``(path, value)`` of an ``nvmlDeviceSetMigMode`` write."""
+    return "nvml:nvmlDeviceSetMigMode", f"gpu={gpu} mode={int(bool(enabled))}"
+
+
+def row_create_gi(gpu: object, profile_id: int, profile: str, start: int, size: int) -> Tuple[str, str]:
+    """``(path, value)`` of an ``nvmlDeviceCreateGpuInstanceWithPlacement`` write (slices)."""
+    return ("nvml:nvmlDeviceCreateGpuInstanceWithPlacement",
+            f"gpu={gpu} profile={profile_id} ({profile}) start={start} size={size}")
+
+
+def row_destroy_gi(gpu: object, gi_id: int, profile: str, start: int) -> Tuple[str, str]:
+    """``(path, value)`` of an ``nvmlGpuInstanceDestroy`` write."""
+    return "nvml:nvmlGpuInstanceDestroy", f"gpu={gpu} gi={gi_id} ({profile}) start={start}"
+
+
+def row_set_scheduler(gpu: object, state: SchedulerState) -> Tuple[str, str]:
+    """``(path, value)`` of an ``nvmlDeviceSetVgpuSchedulerState`` write (the state in words)."""
+    return f"nvml:{gpu}/vgpu-scheduler", scheduler_text(state)
+
+
+def row_set_mixed_size(gpu: object, on: bool) -> Tuple[str, str]:
+    """``(path, value)`` of an ``nvmlDeviceSetVgpuHeterogeneousMode`` write."""
+    return f"nvml:{gpu}/vgpu-heterogeneous-mode", "on" if on else "off"
+
+
 class NvmlBackend(Protocol):
     """The device operations vgpuhost needs.  Every method takes a PCI address.
 

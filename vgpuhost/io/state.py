@@ -60,6 +60,9 @@ Version 8 adds ``vgpus.pool``: for a vGPU a domain claimed from a pool of
 pre-created ones (a layout's, at the hook's ``prepare begin``), the pool
 owner it goes back to at ``release end`` (NULL: the domain's own vGPU).
 
+Version 9 adds ``audit_outcome.detail``: what a failed write written as
+intent adds to its row's value (an NVML call's error name, `` -> NVMLError_InUse``).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -279,6 +282,10 @@ MIGRATIONS: Sequence[str] = (
     # 8: the pool a domain's vGPU was claimed from (given back, not removed, at release)
     """
     ALTER TABLE vgpus ADD COLUMN pool TEXT;
+    """,
+    # 9: what a failed write written as intent said (an NVML call's error name)
+    """
+    ALTER TABLE audit_outcome ADD COLUMN detail TEXT NOT NULL DEFAULT '';
     """,
 )
 
@@ -638,10 +645,12 @@ class StateStore:
         return self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value,
                                                     PENDING, 0)).lastrowid
 
-    def audit_outcome(self, audit_id: int, err: int = 0) -> None:
-        """Record how the write of audit row ``audit_id`` ended (0 = ok, else its errno)."""
+    def audit_outcome(self, audit_id: int, err: int = 0, detail: str = "") -> None:
+        """Record how the write of audit row ``audit_id`` ended (0 = ok, else its errno); ``detail``
+        (`` -> NVMLError_InUse``) is appended to the row's value as :meth:`audit_rows` shows it."""
         result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
-        self._conn().execute("INSERT OR IGNORE INTO audit_outcome VALUES (?, ?, ?)", (audit_id, result, err))
+        self._conn().execute("INSERT OR IGNORE INTO audit_outcome (audit_id, result, errno, detail) "
+                             "VALUES (?, ?, ?, ?)", (audit_id, result, err, detail))
 
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
         """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given.
@@ -650,7 +659,8 @@ class StateStore:
         before the outcome was written (no open journal entry of a live
         process explains it) reads ``interrupted``.
         """
-        sql = ("SELECT a.id, a.time, a.actor, a.operation, a.path, a.value, COALESCE(o.result, a.result), "
+        sql = ("SELECT a.id, a.time, a.actor, a.operation, a.path, a.value || COALESCE(o.detail, ''), "
+               "COALESCE(o.result, a.result), "
                "COALESCE(o.errno, a.errno) FROM audit a LEFT JOIN audit_outcome o ON o.audit_id = a.id")
         args: tuple = ()
         if since:

@@ -309,19 +309,19 @@ def _handlers(host: HostRoot, store: StateStore, actor: str, carried: Optional[C
         _recreate(host, store, s.vgpu_id, actor)
 
     def mig_mode(s: ChangeMigMode) -> Optional[str]:
-        out = mig.set_mode(host, store, s.gpu, s.enabled, actor=actor)
+        out = mig.set_mode(host, store, s.gpu, s.enabled, actor=actor, owner=LAYOUT)
         if out.mig_mode and out.mig_mode["current"] != s.enabled:
             return PENDING
         return None
 
     def gpu_instances(s: MakeGpuInstances) -> None:
-        mig.apply(host, store, s.gpu, s.counts, actor=actor)
+        mig.apply(host, store, s.gpu, s.counts, actor=actor, owner=LAYOUT)
 
     def mixed_size(s: SetMixedSize) -> None:
-        scheduler.mixed_size(host, store, s.gpu, s.on, actor=actor)
+        scheduler.mixed_size(host, store, s.gpu, s.on, actor=actor, owner=LAYOUT)
 
     def set_scheduler(s: SetScheduler) -> None:
-        scheduler.set_runtime(host, store, s.gpu, s.state, actor=actor)
+        scheduler.set_runtime(host, store, s.gpu, s.state, actor=actor, owner=LAYOUT)
 
     def prepare(s: PreparePassthrough) -> None:
         passthrough.prepare(host, store, s.gpu, allow_boot_vga=s.allow_boot_vga, persist=s.persist, actor=actor)

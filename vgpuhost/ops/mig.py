@@ -127,23 +127,40 @@ def _mode_dict(mode: Optional[Tuple[bool, bool]]) -> Optional[Dict[str, bool]]:
     return None if mode is None else {"current": bool(mode[0]), "pending": bool(mode[1])}
 
 
-def _run(dev: _Device, store, steps: Sequence[Step], *, actor: str, operation: str) -> int:
+def _run(dev: _Device, store, steps: Sequence[Step], *, actor: str, operation: str, kind: str, owner: str,
+         want: dict, check=None) -> int:
     """Run NVML steps through the Executor (audit row each, verify, undo on failure); the writes made.
 
-    An NVML failure becomes a DeviceError naming the step and whether the
-    earlier steps were undone.
+    A journal entry of ``kind`` (:mod:`vgpuhost.ops.nvmljournal`: the GPU's
+    state before, ``want``, the steps) is opened before the first call and
+    closed when the steps and ``check()`` (the read-back) end, so an
+    interrupted run is finished or rolled back by ``reconcile``.  An NVML
+    failure becomes a DeviceError naming the step and whether the earlier
+    steps were undone.
     """
+    from .nvmljournal import start
     ex = Executor(dev.host, store, actor=actor, operation=operation, backend=dev.backend)
-    try:
-        ex.run(steps)
-    except NvmlError as e:
-        what = ex.failed.describe(dev.host) if ex.failed is not None else e.call
-        raise DeviceError(f"{what} on {dev.bdf} failed: {e.nvml_name}"
-                          + (f" ({e.hint})" if e.hint else "")
-                          + ("; the earlier steps were undone" if ex.undo_ok else
-                             "; undoing the earlier steps failed too: check 'vgpuhost mig show'"),
-                          hint="see 'vgpuhost audit'") from e
+    ex.journal = start(store, dev.backend, dev.bdf, kind=kind, operation=operation, owner=owner, actor=actor,
+                       steps=[s.describe(dev.host) for s in steps], want=want)
+    with ex.journal:
+        try:
+            ex.run(steps)
+        except NvmlError as e:
+            what = ex.failed.describe(dev.host) if ex.failed is not None else e.call
+            raise DeviceError(f"{what} on {dev.bdf} failed: {e.nvml_name}"
+                              + (f" ({e.hint})" if e.hint else "")
+                              + ("; the earlier steps were undone" if ex.undo_ok else
+                                 "; undoing the earlier steps failed too: check 'vgpuhost mig show'"),
+                              hint="see 'vgpuhost audit'") from e
+        if check is not None:
+            check()
     return ex.writes
+
+
+def _recover_first(host: HostRoot, store, bdf: PciAddress, actor: Optional[str]) -> None:
+    """Finish or roll back what an interrupted operation left on ``bdf`` (its lock held)."""
+    from .recover import recover_locked
+    recover_locked(host, store, gpu=str(bdf), actor=actor or actor_name())
 
 
 # ---------------------------------------------------------------------------
@@ -240,10 +257,13 @@ def _check_mode_change(dev: _Device, want: bool) -> None:
 
 
 def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: bool = False,
-             backend: Optional[NvmlBackend] = None, actor: Optional[str] = None) -> MigOutcome:
+             backend: Optional[NvmlBackend] = None, actor: Optional[str] = None,
+             owner: str = "manual") -> MigOutcome:
     """Enable or disable MIG mode on ``bdf`` (idempotent).
 
-    Disabling destroys the GPU instances first (listed in the plan).  Refuses
+    Journaled (kind ``mig-mode``, ``owner``: ``manual`` or ``layout``) before
+    the first NVML call; an interrupted one left on the GPU is finished or
+    rolled back first.  Disabling destroys the GPU instances first (listed in the plan).  Refuses
     (RefusedError) while vGPUs, processes or, on the vendor-VFIO path, VFs
     block it; a change left pending until a GPU reset is reported in
     ``mig_mode`` and the notes.  DeviceError when NVML fails (undone).
@@ -277,16 +297,22 @@ def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: 
     if dry_run:
         return plan(dev)[0]
     with file_lock(store.state_dir, f"gpu-{bdf}"):
+        _recover_first(host, store, bdf, actor)
         dev = _Device(host, backend, bdf)
         out, steps = plan(dev)
         if not steps:
             return out
-        out.writes = _run(dev, store, steps, actor=actor or actor_name(), operation=f"mig {action} {bdf}")
+
+        def check() -> None:
+            mode = backend.mig_mode(bdf)
+            out.mig_mode = _mode_dict(mode)
+            if mode is None or mode[1] != enabled:
+                raise DeviceError(f"MIG mode on {bdf} reads back {out.mig_mode} after {action}",
+                                  hint="check nvidia-smi -q and dmesg")
+
+        out.writes = _run(dev, store, steps, actor=actor or actor_name(), operation=f"mig {action} {bdf}",
+                          kind="mig-mode", owner=owner, want={"mig_mode": bool(enabled)}, check=check)
         mode = backend.mig_mode(bdf)
-        out.mig_mode = _mode_dict(mode)
-        if mode is None or mode[1] != enabled:
-            raise DeviceError(f"MIG mode on {bdf} reads back {out.mig_mode} after {action}",
-                              hint="check nvidia-smi -q and dmesg")
         out.layout_after = counts(dev.profiles(), backend.gpu_instances(bdf) if mode[0] else [])
         if mode[0] != enabled:
             out.notes.append(f"MIG mode {'on' if enabled else 'off'} is pending: reset the GPU "
@@ -304,8 +330,12 @@ def disable(host: HostRoot, store, bdf: PciAddress, **kw) -> MigOutcome:
 
 def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, int]", *,
           dry_run: bool = False, backend: Optional[NvmlBackend] = None,
-          actor: Optional[str] = None) -> MigOutcome:
+          actor: Optional[str] = None, owner: str = "manual") -> MigOutcome:
     """Make ``bdf``'s GPU instances match ``layout`` (a no-op when they already do).
+
+    Journaled (kind ``mig-apply``, ``owner``) before the first NVML call: an
+    interruption leaves the old layout or the new one after ``reconcile``
+    (:mod:`vgpuhost.ops.nvmljournal`); one left on the GPU is ended first.
 
     Names resolve against the device's profiles (InputError with near
     matches otherwise).  A layout that cannot fit is refused (RefusedError)
@@ -348,24 +378,29 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         return out, lp, wanted, profiles
 
     dev = _Device(host, backend, bdf)
-    out, lp, _, _ = plan(dev)
-    if dry_run or not lp.steps:
-        return out
+    if dry_run:
+        return plan(dev)[0]
     with file_lock(store.state_dir, f"gpu-{bdf}"):
+        _recover_first(host, store, bdf, actor)
         dev = _Device(host, backend, bdf)
         out, lp, wanted, profiles = plan(dev)
         if not lp.steps:
             return out
+        got: List[GpuInstance] = []
+
+        def check() -> None:
+            got[:] = backend.gpu_instances(bdf)
+            have: Dict[int, int] = {}
+            for g in got:
+                have[g.profile_id] = have.get(g.profile_id, 0) + 1
+            if have != {k: v for k, v in wanted.items() if v}:
+                raise DeviceError(f"MIG layout on {bdf} reads back {layout_text(counts(profiles, got))} after "
+                                  f"apply, wanted {layout_text(names(profiles, wanted))}",
+                                  hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
+
         out.writes = _run(dev, store, lp.steps, actor=actor or actor_name(),
-                          operation=f"mig apply {bdf} {layout_text(names(profiles, wanted))}")
-        got = backend.gpu_instances(bdf)
-        have: Dict[int, int] = {}
-        for g in got:
-            have[g.profile_id] = have.get(g.profile_id, 0) + 1
-        if have != {k: v for k, v in wanted.items() if v}:
-            raise DeviceError(f"MIG layout on {bdf} reads back {layout_text(counts(profiles, got))} after "
-                              f"apply, wanted {layout_text(names(profiles, wanted))}",
-                              hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
+                          operation=f"mig apply {bdf} {layout_text(names(profiles, wanted))}", kind="mig-apply",
+                          owner=owner, want={"layout": {str(k): v for k, v in wanted.items() if v}}, check=check)
         out.layout_after = counts(profiles, got)
         return out
 

@@ -8,7 +8,10 @@ then it is closed as finished); a half-done ``passthrough release`` is
 finished (every function back to the original driver the journal kept, the
 records dropped); a ``vgpu create`` cut off before its record is rolled
 back (the vGPU it made is removed again, its mdevctl definition too); a
-``vgpu remove`` is finished (device removed, record dropped).  A removal the
+``vgpu remove`` is finished (device removed, record dropped); an NVML
+operation (MIG mode, MIG layout, vGPU scheduler, mixed-size mode) is
+finished when the GPU reads as wanted, else rolled back to the state its
+entry recorded (:mod:`vgpuhost.ops.nvmljournal`).  A removal the
 kernel refuses with EBUSY leaves the entry open ("remove pending") for the
 next reconcile.  Runs under the same group/GPU locks as the operations, so an
 entry whose process is still running is never touched.  Must not: decide
@@ -39,6 +42,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 VFIO_PCI = "vfio-pci"
 BACKEND_MDEV = "mdev"
+#: the kinds :mod:`vgpuhost.ops.nvmljournal` ends (kept here too: the hook path must not import it)
+NVML_KINDS = ("mig-mode", "mig-apply", "scheduler-set", "mixed-size")
 
 
 @record
@@ -68,7 +73,7 @@ def open_entries(store: StateStore) -> List[JournalEntry]:
 def describe_open(entry: JournalEntry) -> str:
     """One line for ``reconcile --check``."""
     alive = pid_alive(entry.pid)
-    devs = ", ".join(d.get("bdf") or d.get("id") or "?" for d in entry.devices)
+    devs = ", ".join(d.get("bdf") or d.get("id") or d.get("gpu") or "?" for d in entry.devices)
     return (f"journal #{entry.id} open since {entry.opened}: {entry.operation} (owner {entry.owner}, "
             f"{entry.done}/{len(entry.steps)} steps done; devices {devs})"
             + (f" - pid {entry.pid} still running" if alive else " - interrupted"))
@@ -161,6 +166,9 @@ def _recover(host: HostRoot, store: StateStore, entry: JournalEntry, actor: str)
             _vgpu_create(host, store, ex, entry, rep)
         elif entry.kind == "vgpu-remove":
             _vgpu_remove(host, store, ex, entry, rep)
+        elif entry.kind in NVML_KINDS:
+            from .nvmljournal import recover as recover_nvml     # NVML only when an NVML entry is open
+            recover_nvml(ex, entry, rep)
         else:
             rep.detail = f"unknown kind {entry.kind!r} (a newer vgpuhost wrote it): left open"
             return rep

@@ -205,18 +205,40 @@ class RuntimeOutcome:
                 "gpus": self.gpus, "notes": self.notes}
 
 
-def _gpu_locks(store, gpus: Sequence[PciAddress], dry_run: bool) -> ExitStack:
+def _gpu_locks(host: HostRoot, store, gpus: Sequence[PciAddress], dry_run: bool, actor: str) -> ExitStack:
+    """The GPUs' locks (none for a dry run), each GPU's interrupted operations ended first
+    (:mod:`vgpuhost.ops.recover`)."""
     from ..io.locks import file_lock
-    stack = ExitStack()
-    if not dry_run:
-        for g in sorted(gpus, key=str):     # one order everywhere: no deadlock between two --all runs
-            stack.enter_context(file_lock(store.state_dir, f"gpu-{g}"))
-    return stack
+    with ExitStack() as stack:
+        if not dry_run:
+            for g in sorted(gpus, key=str):     # one order everywhere: no deadlock between two --all runs
+                stack.enter_context(file_lock(store.state_dir, f"gpu-{g}"))
+            if store.journal_entries(open_only=True):
+                from .recover import recover_locked
+                for g in gpus:
+                    recover_locked(host, store, gpu=str(g), actor=actor)
+        return stack.pop_all()
+
+
+def _run(host: HostRoot, store, backend, bdf: PciAddress, step, *, kind: str, operation: str, owner: str,
+         actor: str, want: dict) -> None:
+    """Run one NVML ``step`` through the Executor under a journal entry of ``kind``
+    (:mod:`vgpuhost.ops.nvmljournal`), opened before the call and closed after its read-back."""
+    from .nvmljournal import start
+    ex = Executor(host, store, actor=actor, operation=operation, backend=backend)
+    ex.journal = start(store, backend, bdf, kind=kind, operation=operation, owner=owner, actor=actor,
+                       steps=[step.describe(host)], want=want)
+    with ex.journal:
+        ex.run([step])
 
 
 def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[PciAddress]], state: SchedulerState,
-                *, backend=None, dry_run: bool = False, actor: Optional[str] = None) -> RuntimeOutcome:
+                *, backend=None, dry_run: bool = False, actor: Optional[str] = None,
+                owner: str = "manual") -> RuntimeOutcome:
     """Set the vGPU scheduler through NVML on one GPU, several, or ``"all"``.
+
+    Each GPU's change is journaled (kind ``scheduler-set``, ``owner``) before
+    its NVML call; interrupted operations on the GPUs are ended first.
 
     Every GPU is checked before any is changed: not in MIG mode, no vGPU
     running, the policy and parameters within its capabilities, no fixed
@@ -235,7 +257,7 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
     backend = backend if backend is not None else open_backend(host)
     actor = actor or actor_name()
     out = RuntimeOutcome("scheduler-set", dry_run)
-    with _gpu_locks(store, gpus, dry_run):
+    with _gpu_locks(host, store, gpus, dry_run, actor):
         plan: List[Tuple[PciAddress, SchedulerState, SchedulerState]] = []
         for bdf in gpus:
             if _mig_on(backend, bdf):
@@ -264,8 +286,9 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
             entry: Dict[str, object] = {"gpu": str(bdf), "before": state_doc(before), "requested": state_doc(want),
                                         "changed": False, "after": state_doc(before)}
             if not matches(want, before) and not dry_run:
-                ex = Executor(host, store, actor=actor, operation=f"scheduler set {bdf}", backend=backend)
-                ex.run([SetScheduler(bdf, want, before)])
+                _run(host, store, backend, bdf, SetScheduler(bdf, want, before), kind="scheduler-set",
+                     operation=f"scheduler set {bdf}", owner=owner, actor=actor,
+                     want={"scheduler": asdict(want)})
                 entry.update(changed=True, after=state_doc(backend.scheduler_state(bdf)))
             elif not matches(want, before):
                 entry["changed"] = True       # would change
@@ -276,8 +299,11 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
 
 
 def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None, dry_run: bool = False,
-               actor: Optional[str] = None) -> RuntimeOutcome:
+               actor: Optional[str] = None, owner: str = "manual") -> RuntimeOutcome:
     """Turn a GPU's mixed-size (heterogeneous) vGPU mode on or off.
+
+    Journaled (kind ``mixed-size``, ``owner``) before the NVML call;
+    interrupted operations on the GPU are ended first.
 
     Refused while vGPUs exist on the GPU, and turning it on while the GPU's
     scheduler is fixed share.  Reads back and compares.
@@ -286,7 +312,7 @@ def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None
     backend = backend if backend is not None else open_backend(host)
     actor = actor or actor_name()
     out = RuntimeOutcome("vgpu-mode", dry_run)
-    with _gpu_locks(store, gpus, dry_run):
+    with _gpu_locks(host, store, gpus, dry_run, actor):
         before = bool(_supported(bdf, "mixed-size vGPU mode", lambda: backend.heterogeneous_mode(bdf)))
         entry: Dict[str, object] = {"gpu": str(bdf), "mixed_size_before": before, "mixed_size": before,
                                     "changed": False}
@@ -309,9 +335,9 @@ def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None
                                             f"--gpu {bdf} --policy equal-share')")
             entry["changed"] = True
             if not dry_run:
-                ex = Executor(host, store, actor=actor, backend=backend,
-                              operation=f"vgpu mode {bdf} --mixed-size {'on' if on else 'off'}")
-                ex.run([SetMixedSize(bdf, on)])
+                _run(host, store, backend, bdf, SetMixedSize(bdf, on), kind="mixed-size",
+                     operation=f"vgpu mode {bdf} --mixed-size {'on' if on else 'off'}", owner=owner, actor=actor,
+                     want={"mixed_size": bool(on)})
                 entry["mixed_size"] = on
             else:
                 entry["mixed_size"] = on

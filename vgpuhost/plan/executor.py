@@ -12,8 +12,9 @@ Audit rows: a step whose ``audit_by`` is ``"fs"`` is recorded by the
 audited Sysfs, one row per kernel or configuration-file write (path
 relative to the host root, value, errno) exactly as each write happens; a
 step whose ``audit_by`` is ``"executor"`` (NVML calls) gets one row from
-:meth:`Step.audit_row` written here, with the errno of a failure; a
-read-only check (``None``) writes none.
+:meth:`Step.audit_row` written here, as intent before the call and outcome
+after it (the errno and NVML error name of a failure); a read-only check
+(``None``) writes none.
 
 Journal seam (issue 12): ``Executor(journal=J)`` calls ``J.begin(executor,
 steps)`` before the first step of each :meth:`Executor.run`,
@@ -93,6 +94,19 @@ class StepContext:
         self.writes += 1
         if self.store is not None:
             self.store.audit(actor=self.actor, operation=self.operation, path=path, value=value, err=err)
+
+    def intent(self, path: str, value: str) -> Optional[int]:
+        """An executor-audited write's row, inserted before the write (result ``pending``); its id
+        (None without a store).  :meth:`outcome` completes it."""
+        if self.store is None:
+            return None
+        return self.store.audit_intent(actor=self.actor, operation=self.operation, path=path, value=value)
+
+    def outcome(self, row: Optional[int], err: int = 0, detail: str = "") -> None:
+        """How the write of :meth:`intent`'s row ``row`` ended (``detail`` is appended to its value)."""
+        self.writes += 1
+        if row is not None:
+            self.store.audit_outcome(row, err, detail)
 
     def _intent_write(self, path, value: str) -> None:
         """A write's audit row, inserted before the write (result ``pending``): a process killed
@@ -191,13 +205,14 @@ class Executor:
         if step.audit_by != "executor":
             return step.run(self.ctx)
         path, value = step.audit_row(self.ctx)
+        row = self.ctx.intent(path, value)          # before the call: kill -9 during it keeps the row
         try:
             result = step.run(self.ctx)
         except Exception as e:
             suffix, err = step.audit_failure(e)
-            self.ctx.audit(path, value + suffix, err)
+            self.ctx.outcome(row, err, suffix)
             raise
-        self.ctx.audit(path, value, 0)
+        self.ctx.outcome(row, 0)
         return result
 
     def _undo(self, done: List[Tuple[Step, object]]) -> None:

@@ -20,6 +20,9 @@ Kinds and their ``devices`` (JSON in the ``journal`` table):
   "parent", "type_id", "type_name", "persisted", "state"}``; ``state`` is
   ``creating`` before the create write of a new vGPU, ``removing`` before a
   remove write.
+- ``mig-mode`` / ``mig-apply`` / ``scheduler-set`` / ``mixed-size`` (NVML
+  writes): one dict, the GPU's NVML state before the first call and what
+  the operation wants (:mod:`vgpuhost.ops.nvmljournal` writes and ends them).
 """
 
 from __future__ import annotations

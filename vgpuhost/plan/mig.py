@@ -3,7 +3,8 @@
 Owns: :func:`plan_layout` (GPU instances to destroy, keep and create, as
 :class:`~vgpuhost.plan.steps.DestroyGi` / :class:`~vgpuhost.plan.steps.CreateGi`
 steps) and :func:`plan_mode_change` (destroy every GPU instance, then
-:class:`~vgpuhost.plan.steps.SetMigMode`).  Inputs are values the caller
+:class:`~vgpuhost.plan.steps.SetMigMode`) and :func:`plan_restore` (back to the
+instances a GPU had before an interrupted operation).  Inputs are values the caller
 observed (the device's profiles and instances); must not: call NVML, read
 files or run steps (:mod:`vgpuhost.ops.mig` does, through the Executor).
 """
@@ -80,4 +81,23 @@ def plan_mode_change(gpu: PciAddress, profiles: Sequence[GiProfile], current: Se
     return steps
 
 
-__all__ = ["LayoutPlan", "plan_layout", "plan_mode_change"]
+def plan_restore(profiles: Sequence[GiProfile], current: Sequence[GpuInstance],
+                 before: Sequence[GpuInstance], gpu: Optional[PciAddress] = None) -> List[Step]:
+    """The steps that bring ``gpu``'s GPU instances back to ``before`` (pure): destroy those
+    ``before`` did not have, then create those it had at their memory-slice placement.
+
+    Instances match by profile and placement start (a re-created instance gets a new id).
+    What :mod:`vgpuhost.ops.nvmljournal` runs to roll back an interrupted ``mig apply``
+    or ``mig disable``.
+    """
+    by_id = {p.profile_id: p for p in profiles}
+    old = {(g.profile_id, g.start) for g in before}
+    now = {(g.profile_id, g.start) for g in current}
+    steps: List[Step] = [DestroyGi(gpu, g.gi_id, profile_name(by_id, g.profile_id), g.start, g.size, g.profile_id)
+                         for g in sorted(current, key=lambda g: g.gi_id) if (g.profile_id, g.start) not in old]
+    steps += [CreateGi(gpu, g.profile_id, profile_name(by_id, g.profile_id), g.start, g.size)
+              for g in sorted(before, key=lambda g: g.start) if (g.profile_id, g.start) not in now]
+    return steps
+
+
+__all__ = ["LayoutPlan", "plan_layout", "plan_mode_change", "plan_restore"]

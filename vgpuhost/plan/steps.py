@@ -373,11 +373,13 @@ class _MigCall(Step):
     audit_by = AUDIT_EXECUTOR
     call = ""
 
-    def value(self) -> str:  # pragma: no cover - abstract
+    def row(self) -> Tuple[str, str]:  # pragma: no cover - abstract
+        """``(path, value)``: the NVML door's spelling of this write (:mod:`vgpuhost.io.nvml`), which
+        the simulator's write log uses too."""
         raise NotImplementedError
 
     def audit_row(self, ctx: StepContext) -> Tuple[str, str]:
-        return f"nvml:{self.call}", f"gpu={self.gpu} {self.value()}"      # type: ignore[attr-defined]
+        return self.row()
 
     def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
         name = getattr(exc, "nvml_name", None)
@@ -400,8 +402,9 @@ class SetMigMode(_MigCall):
     def describe(self, host: Optional[HostRoot] = None) -> str:
         return f"{self.call} {'enable' if self.enabled else 'disable'}"
 
-    def value(self) -> str:
-        return f"mode={int(self.enabled)}"
+    def row(self) -> Tuple[str, str]:
+        from ..io.nvml import row_set_mig_mode
+        return row_set_mig_mode(self.gpu, self.enabled)
 
     def run(self, ctx: StepContext) -> object:
         return ctx.backend.set_mig_mode(self.gpu, self.enabled)
@@ -432,8 +435,9 @@ class CreateGi(_MigCall):
         return (f"{self.call} {self.profile} (profile id {self.profile_id}) at memory slice "
                 f"{self.start} (size {self.size})")
 
-    def value(self) -> str:
-        return f"profile={self.profile_id} ({self.profile}) start={self.start} size={self.size}"
+    def row(self) -> Tuple[str, str]:
+        from ..io.nvml import row_create_gi
+        return row_create_gi(self.gpu, self.profile_id, self.profile, self.start, self.size)
 
     def run(self, ctx: StepContext) -> object:
         return ctx.backend.create_gpu_instance(self.gpu, self.profile_id, self.start)
@@ -464,8 +468,9 @@ class DestroyGi(_MigCall):
     def describe(self, host: Optional[HostRoot] = None) -> str:
         return f"{self.call} GPU instance {self.gi_id} ({self.profile} at memory slice {self.start})"
 
-    def value(self) -> str:
-        return f"gi={self.gi_id} ({self.profile}) start={self.start}"
+    def row(self) -> Tuple[str, str]:
+        from ..io.nvml import row_destroy_gi
+        return row_destroy_gi(self.gpu, self.gi_id, self.profile, self.start)
 
     def run(self, ctx: StepContext) -> object:
         return ctx.backend.destroy_gpu_instance(self.gpu, self.gi_id)
@@ -495,8 +500,8 @@ class SetScheduler(Step):
         return f"set the vGPU scheduler of {self.gpu} to {describe(self.state)}"
 
     def audit_row(self, ctx: StepContext) -> Tuple[str, str]:
-        from ..policy.scheduler import describe
-        return f"nvml:{self.gpu}/vgpu-scheduler", describe(self.state)
+        from ..io.nvml import row_set_scheduler
+        return row_set_scheduler(self.gpu, self.state)
 
     def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
         return "", _errno.EIO
@@ -533,7 +538,8 @@ class SetMixedSize(Step):
         return f"turn mixed-size vGPU mode {'on' if self.on else 'off'} on {self.gpu}"
 
     def audit_row(self, ctx: StepContext) -> Tuple[str, str]:
-        return f"nvml:{self.gpu}/vgpu-heterogeneous-mode", "on" if self.on else "off"
+        from ..io.nvml import row_set_mixed_size
+        return row_set_mixed_size(self.gpu, self.on)
 
     def audit_failure(self, exc: BaseException) -> Tuple[str, int]:
         return "", _errno.EIO

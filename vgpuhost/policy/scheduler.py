@@ -37,11 +37,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model.errors import InputError, RefusedError
-from ..io.nvml import SchedulerCaps, SchedulerState
+from ..io.nvml import POLICY_TEXT, SchedulerCaps, SchedulerState, scheduler_text
 from ..model.values import PciAddress
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
-POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
 
 # --- bit layout (nvrm_registry.h, docs/reference/hardware.md#vgpu-scheduling) ----------------------------
 ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
@@ -189,18 +188,9 @@ def decode(value: int) -> SchedulerState:
 
 
 def describe(state: SchedulerState) -> str:
-    """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
-    if state.policy == "best-effort":
-        return "best effort"
-    parts = [POLICY_TEXT.get(state.policy, state.policy)]
-    if state.arr:
-        parts.append("ARR on")
-        parts.append(f"frequency {state.frequency_hz} Hz" if state.frequency_hz else "default frequency")
-        parts.append(f"averaging factor {state.avg_factor}" if state.avg_factor else "default averaging factor")
-    else:
-        parts.append("ARR off")
-        parts.append(f"time slice {state.timeslice_ms} ms" if state.timeslice_ms else "default time slice")
-    return ", ".join(parts)
+    """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60`` (the NVML door's
+    spelling, :func:`vgpuhost.io.nvml.scheduler_text`, which audit rows use too)."""
+    return scheduler_text(state)
 
 
 def parse_value(text: str) -> int:

@@ -24,6 +24,13 @@ older host.json files without the keys get the same defaults on read):
 - ``compute_processes``: CUDA processes on the GPU (blocks MIG mode changes);
 - ``scheduler`` / ``scheduler_caps`` (docs/reference/hardware.md#vgpu-scheduling).
 
+Crash injection: every change (MIG mode, GPU instance create/destroy,
+mixed-size mode, scheduler; and :meth:`SimNvml.reset`) is one crash point of
+the simulated kernel's kill-at-Nth-write counter (``VGPUHOST_SIM_KILL_AT``,
+``_WHEN``, :mod:`.kernel`), and a change that landed is appended to
+``VGPUHOST_SIM_WRITE_LOG`` as its audit row spells it (the NVML door's
+``row_*`` functions), so the fault-injection tests cover NVML writes too.
+
 Errors are :class:`~vgpuhost.nvml.NvmlError` with the NVML error name
 (docs/reference/hardware.md#nvml): ``NVMLError_NotFound`` (no such GPU, or not on the
 ``nvidia`` driver: NVML sees only those), ``NVMLError_NotSupported`` (not
@@ -43,9 +50,10 @@ import uuid as _uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
-from ..io.nvml import GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState
+from ..io.nvml import (GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState, row_create_gi,
+                       row_destroy_gi, row_set_mig_mode, row_set_mixed_size, row_set_scheduler)
 from ..model.values import MigProfile, PciAddress
-from .kernel import PERSISTENCED, SimKernel, crash_point
+from .kernel import PERSISTENCED, WRITE_LOG_ENV, SimKernel, crash_point
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
 
@@ -137,14 +145,25 @@ class SimNvml:
         pf, gpu = self._gpu(meta, bdf, call)
         return meta, pf, gpu
 
-    def _change(self, bdf: PciAddress, call: str, fn: Callable[[dict, str, dict], object]):
-        """Run ``fn(meta, pf, gpu)`` under the simulator lock; save and refresh sysfs when it returns."""
-        with crash_point(), self.kernel.locked():
-            meta = self.kernel.meta()
-            pf, gpu = self._gpu(meta, bdf, call)
-            out = fn(meta, pf, gpu)
-            self.kernel.save_meta(meta)
-            self.kernel.refresh_gpu(pf, meta)
+    def _change(self, bdf: PciAddress, call: str, fn: Callable[[dict, str, dict], object],
+                logged: Optional[Callable[[str, object], Tuple[str, str]]] = None):
+        """Run ``fn(meta, pf, gpu)`` under the simulator lock; save and refresh sysfs when it returns.
+
+        One crash point (the kill-at-Nth-write counter the simulated kernel's writes share); a
+        change that landed is logged to the write log as ``logged(pf, fn's result)`` spells it
+        (the audit row's ``(path, value)``, :mod:`vgpuhost.io.nvml`)."""
+        with crash_point():
+            with self.kernel.locked():
+                meta = self.kernel.meta()
+                pf, gpu = self._gpu(meta, bdf, call)
+                out = fn(meta, pf, gpu)
+                self.kernel.save_meta(meta)
+                self.kernel.refresh_gpu(pf, meta)
+            log = os.environ.get(WRITE_LOG_ENV)
+            if log and logged is not None:
+                path, value = logged(pf, out)
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write(f"{path}\t{value}\n")
             return out
 
     def _vgpus(self, meta: dict, pf: str) -> List[dict]:
@@ -213,7 +232,7 @@ class SimNvml:
                 gpu["mig_mode"] = want
             return bool(gpu["mig_mode"]), want
 
-        return self._change(bdf, call, fn)
+        return self._change(bdf, call, fn, lambda pf, out: row_set_mig_mode(pf, enabled))
 
     def reset(self, bdf: PciAddress) -> Tuple[bool, bool]:
         """Simulate a GPU reset (``nvidia-smi -r``): a pending MIG mode takes effect,
@@ -276,9 +295,11 @@ class SimNvml:
             gi_id = next(i for i in range(1, 64) if i not in taken)
             gis.append({"gi_id": gi_id, "profile_id": prof.profile_id, "profile": prof.name,
                         "start": int(start), "size": size})
-            return GpuInstance(gi_id, prof.profile_id, int(start), size)
+            return GpuInstance(gi_id, prof.profile_id, int(start), size), prof.name
 
-        return self._change(bdf, call, fn)
+        gi, _ = self._change(bdf, call, fn,
+                             lambda pf, out: row_create_gi(pf, out[0].profile_id, out[1], out[0].start, out[0].size))
+        return gi
 
     def destroy_gpu_instance(self, bdf: PciAddress, gi_id: int) -> None:
         call = "nvmlGpuInstanceDestroy"
@@ -294,8 +315,9 @@ class SimNvml:
             if self._mig_vgpus(meta, pf, gpu).get(gi["profile"], 0) > same - 1:
                 raise NvmlError(call, IN_USE, hint=f"a vGPU runs on GPU instance {gi_id}")
             gpu["gpu_instances"] = [g for g in gis if g["gi_id"] != int(gi_id)]
+            return gi
 
-        self._change(bdf, call, fn)
+        self._change(bdf, call, fn, lambda pf, gi: row_destroy_gi(pf, gi["gi_id"], gi["profile"], gi["start"]))
 
     def compute_processes(self, bdf: PciAddress) -> int:
         return int(self._read(bdf, "nvmlDeviceGetComputeRunningProcesses")[2].get("compute_processes") or 0)
@@ -322,7 +344,7 @@ class SimNvml:
                 raise NvmlError(call, IN_USE, hint=f"vGPUs exist on {pf}")
             gpu["mixed_size"] = bool(enabled)
 
-        self._change(bdf, call, fn)
+        self._change(bdf, call, fn, lambda pf, out: row_set_mixed_size(pf, enabled))
 
     def scheduler_caps(self, bdf: PciAddress) -> SchedulerCaps:
         call = "nvmlDeviceGetVgpuSchedulerCapabilities"
@@ -367,7 +389,7 @@ class SimNvml:
                                 "timeslice_ms": state.timeslice_ms, "frequency_hz": state.frequency_hz,
                                 "avg_factor": state.avg_factor}
 
-        self._change(bdf, call, fn)
+        self._change(bdf, call, fn, lambda pf, out: row_set_scheduler(pf, state))
 
 
 __all__ = ["SimNvml", "nvml_seed", "POLICIES"]
