@@ -60,8 +60,19 @@ the bench prints HiGHS's dual bound, which is a valid upper bound whether or
 not the solver proved optimality (the gap is printed too).  Without scipy
 (``pip install scipy``; not a dependency of vgpuhost) the row says so.
 
+With ``--repack`` it also replays an experiment (not a strategy: vgpuhost
+does not migrate vGPUs): online admission, by best-fit's rule (admit what
+fits) and by ``headroom``'s, on a host that repacks every vGPU at every
+arrival, so a request fits when, with it, the sum over size classes of
+ceil(active / max per GPU) is at most GPUS (the class-aware bound's
+constraint, decided online; one vGPU per VM per GPU is not checked).  Every
+placement without migration keeps within that constraint, so the row says
+what the same admission rule admits once equal-size fragmentation is
+removed, and its gap to the class-aware bound what deciding online, without
+knowing the future, still costs.
+
     .venv/bin/python bench/placement.py [--seed 1] [--seeds 1] [--requests 2000] [--gpus 16] [--load 1.0]
-                                        [--validate 300] [--bound-time 60] [--clairvoyant]
+                                        [--validate 300] [--bound-time 60] [--clairvoyant] [--repack]
 """
 
 from __future__ import annotations
@@ -252,6 +263,45 @@ def replay_clairvoyant(reqs: List[Req], events, gpus: int, fb_mib: int, types: D
     return admitted
 
 
+REPACK_RULES = ("best-fit", "headroom")
+
+
+def replay_repacking(rule: str, reqs: List[Req], events, gpus: int, fb_mib: int,
+                     types: Dict[str, TypeInfo]) -> int:
+    """Admissions of an experiment, not a strategy and not a bound (``--repack``): ``rule``'s online
+    admission (``best-fit``: whatever fits; ``headroom``: also its refusal of a type an empty GPU
+    holds once or twice that would open a GPU above :data:`HEADROOM` of the framebuffer in use) on a
+    host that repacks every vGPU at every arrival: a request fits when, with it, the sum over size
+    classes of ceil(active / max per GPU) is at most ``gpus`` (one vGPU per VM per GPU unchecked)."""
+    from vgpuhost.policy.placement import HEADROOM
+    active: Dict[int, int] = {}          # framebuffer MiB of a size class -> admitted vGPUs active
+    alive = set()
+    in_use = opened = admitted = 0       # framebuffer MiB in use; GPUs the repacked host needs
+    for _, kind, n in events:
+        t = types[reqs[n].profile]
+        per_gpu = fb_mib // t.fb_mib
+        if kind == 0:
+            if n in alive:
+                alive.discard(n)
+                active[t.fb_mib] -= 1
+                in_use -= t.fb_mib
+                opened -= 1 if active[t.fb_mib] % per_gpu == 0 else 0
+            continue
+        opens = active.get(t.fb_mib, 0) % per_gpu == 0
+        if opens:
+            if opened + 1 > gpus:
+                continue
+            share = HEADROOM.get(per_gpu) if rule == "headroom" else None
+            if share is not None and in_use + t.fb_mib > share * gpus * fb_mib:
+                continue
+            opened += 1
+        active[t.fb_mib] = active.get(t.fb_mib, 0) + 1
+        in_use += t.fb_mib
+        alive.add(n)
+        admitted += 1
+    return admitted
+
+
 # --- the upper bound: LP relaxation as a min-cost flow -------------------------------------
 
 def lp_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, TypeInfo]) -> float:
@@ -434,6 +484,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--clairvoyant", action="store_true",
                     help="also replay an experiment that knows every request's departure (not a strategy, "
                          "not a bound): what lifetimes known in advance would add to headroom")
+    ap.add_argument("--repack", action="store_true",
+                    help="also replay an experiment on a host that repacks every vGPU at every arrival (not a "
+                         "strategy: vgpuhost does not migrate), admitting by best-fit's and headroom's rules: "
+                         "what equal-size fragmentation costs them")
     ap.add_argument("--bound-time", type=float, default=60.0, metavar="S",
                     help="time limit per trace for the class-aware bound's MILP, seconds (default 60; 0: skip)")
     args = ap.parse_args(argv)
@@ -457,6 +511,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     n = len(reqs)
     rows = []           # per seed: (seed, {strategy: results}, lp bound, class bound or None)
     clair: Dict[int, int] = {}      # --clairvoyant: admissions per seed
+    repack: Dict[str, Dict[int, int]] = {rule: {} for rule in REPACK_RULES}     # --repack: rule -> seed -> admissions
     t_model = t_bound = t_class = 0.0
     for seed in seeds:
         if seed != seeds[0]:
@@ -465,6 +520,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = {s: replay_model(s, reqs, events, args.gpus, fb_mib, types, sim) for s in STRATEGIES}
         if args.clairvoyant:
             clair[seed] = replay_clairvoyant(reqs, events, args.gpus, fb_mib, types, sim)
+        if args.repack:
+            for rule in REPACK_RULES:
+                repack[rule][seed] = replay_repacking(rule, reqs, events, args.gpus, fb_mib, types)
         t2 = time.monotonic()
         ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
         t3 = time.monotonic()
@@ -508,6 +566,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if clair:
             print(f"{'clairvoyant (exp.)':<18} {clair[rows[0][0]]:>9} {clair[rows[0][0]] / n:>7.1%}"
                   "   (knows departures: not a strategy, not a bound)")
+        if args.repack:
+            for rule in REPACK_RULES:
+                got = repack[rule][rows[0][0]]
+                of_cb = "" if cb is None else f"{got / math.floor(cb[0] + 1e-6):.1%}"
+                print(f"{rule + ' repacked':<18} {got:>9} {got / n:>7.1%} {n - got:>8} {'':>20} {of_cb:>6}"
+                      "   (exp.: repacks at every arrival; not a strategy)")
     else:
         print(f"{'seed':>5} " + " ".join(f"{s:>10}" for s in STRATEGIES) + f" {'class bnd':>10} {'LP bnd':>8}")
         for seed, results, ub, cb in rows:
@@ -532,6 +596,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             for s in RESERVING:
                 if s != best:
                     print(f"{s}: {med[s] / med_cb:.1%} of the class-aware bound's median")
+        if args.repack:
+            for rule in REPACK_RULES:
+                got = repack[rule]
+                rm = statistics.median(got.values())
+                print(f"{rule} on a host that repacks at every arrival (experiment; not a strategy): "
+                      + " ".join(str(got[seed]) for seed, *_ in rows) + f", median {rm:.1f}"
+                      + ("" if med_cb is None else f", {rm / med_cb:.1%} of the class-aware bound's median"))
         if clair:
             cm = statistics.median(clair.values())
             print(f"clairvoyant experiment (knows departures; not a strategy): "
