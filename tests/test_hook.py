@@ -386,6 +386,26 @@ def test_hook_timeout_undoes_and_fails(make_host, tmp_path):
     assert mdevs(host) == {} and store(host).active_domains() == {} and writes(host) == []
 
 
+def test_the_watchdog_ends_a_handler_stuck_where_no_signal_handler_runs():
+    """No ``timeout`` process runs in front of the handler: its own watchdog (a C thread) ends a process
+    that never returns to the interpreter (here: SIGALRM and SIGTERM blocked, then a long sleep) with
+    exit 1 once the timeout and both backstops have passed, with nothing on stderr."""
+    code = ("import signal, sys, time\n"
+            f"sys.path.insert(0, {str(Path(hook.__file__).parents[2])!r})\n"
+            "from vgpuhost.hook import runtime as hook\n"
+            "hook.BACKSTOP_EXTRA_S, hook.BACKSTOP_KILL_S = 0, 1\n"
+            "def stuck(argv, stdin):\n"
+            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGTERM})\n"
+            "    time.sleep(120)\n"
+            "    return 0\n"
+            "hook.main = stuck\n"
+            "hook.run()\n")
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "VGPUHOST_HOOK_TIMEOUT": "1"}
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, "vm", "prepare", "begin", "-"],
+                          capture_output=True, env=env, timeout=100)
+    assert proc.returncode == 1 and proc.stderr == b"", proc.stderr
+
+
 # ---------------------------------------------------------------------------
 # trust: the XML is hostile
 

@@ -21,7 +21,7 @@ from ..io.hostroot import HostRoot
 from ..io.process import actor as actor_name
 from ..model.errors import HostEnvironmentError, InputError, RefusedError, VgpuhostError
 from ..ops.devices import allow_path, load_allow
-from .runtime import BACKSTOP_EXTRA_S, BACKSTOP_KILL_S, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from .runtime import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,8 +110,6 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     extra = [purelib] if purelib and purelib != pkg_parent else []
     boot = (f"import sys;sys.path[:0]={paths!r};sys.path.extend({extra!r});"
             "from vgpuhost.hook.runtime import run;run()")
-    tbin = files.which("timeout", path="/usr/bin:/bin")
-    backstop = (f"{_sh_quote(tbin)} -k {BACKSTOP_KILL_S} {timeout_s + BACKSTOP_EXTRA_S} " if tbin else "")
     from ..io.agentclient import default_socket
     values = {
         "@VERSION@": __version__,
@@ -119,7 +117,6 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
         "@ROOT@": _sh_quote(str(host.root)),
         "@STATE_DIR@": _sh_quote(str(host.state_dir)),
         "@TIMEOUT_S@": str(int(timeout_s)),
-        "@BACKSTOP@": backstop,
         "@PYTHON@": _sh_quote(exe),
         "@BOOT@": _sh_quote(boot),
         "@CURL_DIRS@": " ".join(CURL_DIRS) if curl else "",

@@ -59,9 +59,21 @@ the dispatcher has no curl.  When nobody answers on the socket (or
 ``$VGPUHOST_AGENT`` is ``off``) the hook does the work itself: a domain
 start never depends on the agent.
 
-Exit codes: 0 done or nothing to do; 2 refused or bad input (nothing
-changed); 3 a device operation failed or the hook timed out (what this
-invocation made was undone); 4 internal error.
+Deadlines, all the handler's own (no ``timeout`` process in front of it:
+that exec and fork cost every domain start and stop about as much as 20% of
+an interpreter start): ``$VGPUHOST_HOOK_TIMEOUT`` seconds after it starts
+(``signal.alarm``) the work is interrupted and what this invocation made is
+undone; a rollback still running :data:`BACKSTOP_EXTRA_S` later is
+interrupted again; and :data:`BACKSTOP_KILL_S` after that a watchdog thread
+in C (:func:`vgpuhost.io.process.exit_after`) ends the
+process with ``_exit(1)`` even when it is stuck in C code that never
+returns to the interpreter (an SQLite busy wait), where a Python signal
+handler cannot run.
+
+Exit codes: 0 done or nothing to do; 1 the watchdog ended a handler stuck
+past every deadline; 2 refused or bad input (nothing changed); 3 a device
+operation failed or the hook timed out (what this invocation made was
+undone); 4 internal error.
 """
 
 
@@ -72,7 +84,7 @@ import os
 import sys
 
 from ..io.hostroot import HostRoot
-from ..io.process import actor as actor_name
+from ..io.process import actor as actor_name, exit_after
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_OK, VgpuhostError
 from ..ops.devices import prepare, release
@@ -85,7 +97,8 @@ EXIT_INTERNAL = 4
 ENV_TIMEOUT = "VGPUHOST_HOOK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60
 MAX_TIMEOUT_S = 3600
-#: the dispatcher's coreutils ``timeout`` backstop: TERM this long after the handler's own alarm, then KILL
+#: the backstops after the handler's own alarm: interrupted again this long after it, then ended
+#: (``_exit(1)``, by a watchdog thread in C) this long after that
 BACKSTOP_EXTRA_S = 30
 BACKSTOP_KILL_S = 5
 ACTS = {("prepare", "begin"): "prepare", ("release", "end"): "release"}
@@ -109,7 +122,9 @@ def run() -> None:
     the hook wrote is committed by then (SQLite transactions, kernel
     writes, renames), and skipping the interpreter's teardown (module and
     object finalisation) saves milliseconds on every domain start and stop.
+    Arms the watchdog first (module docstring: deadlines).
     """
+    exit_after(_timeout_s() + BACKSTOP_EXTRA_S + BACKSTOP_KILL_S)      # the watchdog (io/process.py)
     code = main(sys.argv[1:], sys.stdin.buffer)
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -248,9 +263,11 @@ def _timeout_s() -> int:
 
 def _arm(timeout_s: int, armed: dict):
     """SIGALRM after ``timeout_s`` and SIGTERM both raise :class:`HookTimeout` while ``armed['live']``;
-    returns what to restore."""
+    the alarm re-arms itself for :data:`BACKSTOP_EXTRA_S` more (a rollback that hangs is interrupted
+    too); returns what to restore."""
     def on_alarm(signum, frame):
         if armed["live"]:
+            signal.alarm(BACKSTOP_EXTRA_S)
             raise HookTimeout(f"the vgpuhost hook timed out after {timeout_s} s")
 
     def on_term(signum, frame):

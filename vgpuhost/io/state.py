@@ -93,7 +93,7 @@ from .hostroot import plain_path
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from pathlib import Path
-    from typing import Callable, Dict, Iterator, List, Optional, Sequence
+    from typing import Callable, Dict, List, Optional, Sequence
 
 DB_NAME = "state.db"
 BUSY_TIMEOUT_MS = 60_000
@@ -809,11 +809,21 @@ class StateStore:
         return dict(self._conn().execute("SELECT uuid, name FROM domains ORDER BY uuid"))
 
     def remember_types(self, rows: Sequence[tuple]) -> None:
-        """Record ``(gpu, type_id, name, framebuffer_mib)`` rows seen in sysfs (upsert)."""
+        """Record ``(gpu, type_id, name, framebuffer_mib)`` rows seen in sysfs (upsert).
+
+        Only rows the store does not hold as they are are written: every vGPU
+        create (each qemu hook ``prepare begin``) passes the whole host's types,
+        which are almost always known already, and a read costs less than a
+        write transaction.
+        """
         if not rows:
             return
+        known = set(self.seen_types())
+        new = [tuple(r) for r in rows if tuple(r) not in known]
+        if not new:
+            return
         with self.transaction() as conn:
-            conn.executemany("INSERT OR REPLACE INTO seen_types VALUES (?, ?, ?, ?)", rows)
+            conn.executemany("INSERT OR REPLACE INTO seen_types VALUES (?, ?, ?, ?)", new)
 
     def seen_types(self, *, gpu: Optional[str] = None) -> List[tuple]:
         """All ``(gpu, type_id, name, framebuffer_mib)`` rows, or those of one GPU (BDF)."""
@@ -875,6 +885,11 @@ class StateStore:
         for d in devices:
             n += conn.execute("DELETE FROM allocations WHERE device = ?", (d,)).rowcount
         return n
+
+    def forget_allocations(self, *, owner: Optional[str] = None, devices: Sequence[str] = ()) -> int:
+        """:meth:`delete_allocations` in a transaction of its own; rows deleted."""
+        with self.transaction() as conn:
+            return self.delete_allocations(conn, owner=owner, devices=devices)
 
     def pool_rows(self) -> List[tuple]:
         """``(gpu, pool, policy, classes)`` rows; ``classes`` comma-separated."""

@@ -329,6 +329,22 @@ def parse_uuid(text: str) -> str:
     return t
 
 
+def validate_owner(owner: str) -> str:
+    """An owner as vgpuhost records it: a domain UUID (lower case), ``manual`` or ``layout``
+    (:class:`vgpuhost.model.kinds.Owner`).
+
+    Raises InputError naming the bad value.
+    """
+    from .kinds import Owner
+    if owner in Owner.POOL:
+        return owner
+    try:
+        return parse_uuid(owner)
+    except InputError:
+        raise InputError(f"invalid owner {owner!r}",
+                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
+
+
 def parse_device_id(text: str, what: str = "device", hint: str = "an mdev UUID or a PCI address (dddd:bb:ss.f)") -> str:
     """A device as vgpuhost names it: a PCI address (``0000:21:00.4``) or an mdev UUID, normalised.
 

@@ -309,8 +309,8 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
             except VgpuhostError as e:
                 errors.append(f"{g}: {e.message}")
     store.domain_stopped(me)
-    from .tenancy import forget
-    forget(store, owner=me)
+    # ops.tenancy.forget, without importing admission (its module's) on the hook's release path
+    store.forget_allocations(owner=me)
     if errors:
         raise DeviceError(f"release left {len(errors)} device(s) held: " + "; ".join(errors),
                           hint="they stay recorded for this domain; fix the cause and run "

@@ -26,7 +26,7 @@ from ..policy import admission as adm
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
     from ..libvirt.domxml import DomainView
     from ..observe.inventory import Inventory
 
@@ -483,8 +483,7 @@ def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted]
 
 def forget(store: StateStore, owner: Optional[str] = None, devices: Sequence[str] = ()) -> int:
     """Drop allocation rows of ``owner`` (its ``release end``) or of ``devices``; rows dropped."""
-    with store.transaction() as conn:
-        return store.delete_allocations(conn, owner=owner, devices=devices)
+    return store.forget_allocations(owner=owner, devices=devices)
 
 
 # ---------------------------------------------------------------------------

@@ -47,9 +47,8 @@ best-fit) are never refused by it.  On the traces of ``bench/placement.py
 
 from __future__ import annotations
 
-from ..model.errors import InputError
 from ..model.kinds import Owner
-from ..model.values import PciAddress, field, parse_uuid, record
+from ..model.values import PciAddress, field, record, validate_owner  # noqa: F401 (validate_owner: re-exported)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -68,20 +67,6 @@ OFFERED = STRATEGIES + ("headroom",)
 MANUAL = Owner.MANUAL
 LAYOUT = Owner.LAYOUT      # vGPUs a declarative layout pre-creates (vgpuhost apply)
 POOL_OWNERS = Owner.POOL
-
-
-def validate_owner(owner: str) -> str:
-    """An owner as vgpuhost records it: a domain UUID (lower case), ``manual`` or ``layout``.
-
-    Raises InputError naming the bad value.
-    """
-    if owner in POOL_OWNERS:
-        return owner
-    try:
-        return parse_uuid(owner)
-    except InputError:
-        raise InputError(f"invalid owner {owner!r}",
-                         hint="give the domain UUID (virsh domuuid NAME), 'manual' or 'layout'") from None
 
 
 @record(frozen=True)
