@@ -451,7 +451,7 @@ SCOPE_VGPU = "vgpu"
 
 
 def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: bool = True,
-             gi_probe: Optional[GiProbe] = None, scope: str = SCOPE_HOST) -> Inventory:
+             gi_probe: Optional[GiProbe] = None, scope: str = SCOPE_HOST, host_facts: bool = True) -> Inventory:
     """Read the host under ``fs.host`` into an :class:`Inventory`.
 
     ``mig_probe`` (the NVML seam) returns MIG facts for a GPU or None.
@@ -464,6 +464,10 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
     only the GPUs, ``groups`` only theirs, and ``host`` is empty (no /proc,
     no modules); a device is skipped once its vendor is not NVIDIA, a VF is
     known from its PF's ``virtfn`` links.
+    ``host_facts``: False leaves ``host`` unread (:data:`UNREAD_HOST_FACTS`):
+    no ``/proc`` walk (a read of every process's ``comm``), cmdline,
+    cpuinfo or module lists, which only passthrough's checks use (the qemu
+    hook's vGPU starts skip them).
     Raises SysfsError when a file that must be readable is not.
     """
     host = fs.host
@@ -514,7 +518,8 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
-                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus), host=UNREAD_HOST_FACTS if lean else read_host_facts(fs))
+                     mdevs=mdevs, vf_vgpus=tuple(vf_vgpus),
+                     host=UNREAD_HOST_FACTS if lean or not host_facts else read_host_facts(fs))
 
 
 def _nvidia_display(fs: Sysfs, d: str) -> bool:

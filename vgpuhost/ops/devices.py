@@ -90,7 +90,9 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
             names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
             if recover_devices(host, store, names, actor=actor):
                 inventory = None                    # the host changed
-    inv = inventory if inventory is not None else discover(Sysfs(host))
+    # host facts (every process's comm, modules, cpuinfo) only for passthrough's checks: a host with
+    # hundreds of processes would pay a read of each on every vGPU domain start
+    inv = inventory if inventory is not None else discover(Sysfs(host), host_facts=bool(meta.passthrough))
     checked = check_request(inv, view, load_allow(host), group_endpoints)
     if store is None:
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
