@@ -132,11 +132,7 @@ def _make_record(cls, frozen: bool, order: bool):
     key = (lambda obj: ()) if not names else (
         (lambda obj, _get=attrgetter(names[0]): (_get(obj),)) if len(names) == 1 else attrgetter(*names))
 
-    def __init__(self, *args, **kwargs):
-        # first call: compile the real __init__ (in a process, only the records it makes pay for it)
-        real = _compile_init(cls, fields)
-        type.__setattr__(cls, "__init__", real)
-        real(self, *args, **kwargs)
+    __init__ = _interpreted_init(cls, fields)
 
     def __repr__(self):
         return f"{self.__class__.__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
@@ -188,22 +184,72 @@ def _make_record(cls, frozen: bool, order: bool):
     return cls
 
 
+#: instances a record class makes with the interpreted ``__init__`` before it compiles its own
+COMPILE_AFTER = 128
+
+
+def _interpreted_init(cls, fields: dict):
+    """A record's first ``__init__``: stores the fields by looping over them, and compiles the
+    class's real ``__init__`` (:func:`_compile_init`, which then replaces it) only once the class
+    has made :data:`COMPILE_AFTER` instances, or at once for a call it cannot bind (which the real
+    one then refuses with Python's own message).
+
+    Why: compiling costs about 180 us a class (measured 2026-12-01), and a qemu hook process makes
+    a handful of instances each of some 20 record classes; a long-running process compiles the
+    classes it uses often.
+    """
+    names = tuple(fields)
+    n = len(names)
+    spec = tuple((name, default, factory) for name, (default, factory) in fields.items())
+    made = [0]
+
+    def compiled(self, args, kwargs):
+        real = _compile_init(cls, fields)
+        type.__setattr__(cls, "__init__", real)
+        real(self, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        made[0] += 1
+        if made[0] > COMPILE_AFTER or len(args) > n:
+            return compiled(self, args, kwargs)
+        d = self.__dict__
+        used = 0
+        i = len(args)
+        for k, (name, default, factory) in enumerate(spec):
+            if k < i:
+                if kwargs and name in kwargs:
+                    return compiled(self, args, kwargs)      # given twice
+                d[name] = args[k]
+            elif kwargs and name in kwargs:
+                d[name] = kwargs[name]
+                used += 1
+            elif factory is not MISSING:
+                d[name] = factory()
+            elif default is not MISSING:
+                d[name] = default
+            else:
+                return compiled(self, args, kwargs)          # missing
+        if used != (len(kwargs) if kwargs else 0):
+            return compiled(self, args, kwargs)              # an unknown keyword
+    return __init__
+
+
 def _compile_init(cls, fields: dict):
     """``__init__(self, a, b=<default>, c=<factory>)`` storing each field in ``self.__dict__``, in order."""
     env: dict = {"MISSING": MISSING}
-    params, body = [], ["    d = self.__dict__"]
+    params, body = [], ["    __fields = self.__dict__"]      # not a field's name (a field may be called d)
     for n, (default, factory) in fields.items():
         if factory is not MISSING:
             env[f"_f_{n}"] = factory
             params.append(f"{n}=MISSING")
-            body.append(f"    d[{n!r}] = _f_{n}() if {n} is MISSING else {n}")
+            body.append(f"    __fields[{n!r}] = _f_{n}() if {n} is MISSING else {n}")
             continue
         if default is not MISSING:
             env[f"_d_{n}"] = default
             params.append(f"{n}=_d_{n}")
         else:
             params.append(n)
-        body.append(f"    d[{n!r}] = {n}")
+        body.append(f"    __fields[{n!r}] = {n}")
     exec("\n".join([f"def __init__(self, {', '.join(params)}):"] + body), env)    # noqa: S102 - field names only
     fn = env["__init__"]
     fn.__qualname__ = f"{cls.__qualname__}.__init__"
