@@ -97,13 +97,14 @@ sdist: venv-check
 	$(VPY) -m build --sdist --outdir dist .
 
 # The Debian package (debian/), built from a copy of the tree under build/deb
-# with the system Python and Debian's packages; the .deb lands in dist/.
+# with the system Python and Debian's packages; the .debs (vgpuhost, all architectures, and
+# vgpuhost-hook-client, the hook's compiled client) land in dist/.
 deb:
 	rm -rf build/deb && mkdir -p build/deb/vgpuhost dist
 	tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./site \
 	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' -cf - . | tar -C build/deb/vgpuhost -xf -
 	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b
-	cp build/deb/vgpuhost_*_all.deb dist/
+	cp build/deb/vgpuhost_*_all.deb build/deb/vgpuhost-hook-client_*.deb dist/
 
 # The documentation site (docs/ -> site/); warnings are errors (mkdocs.yml: strict).
 docs: venv-check
