@@ -149,3 +149,26 @@ def test_creatable_vgpu_types_lines_match_the_pattern(lines):
         if m:
             want.append((m[1], m[2]))
     assert parse_creatable_vgpu_types(text) == want
+
+
+# ---------------------------------------------------------------------------
+# HostRoot's two spellings of every path: pathlib for the package, strings for the hook's path
+
+def test_host_paths_spell_what_the_path_members_spell(tmp_path):
+    import pathlib
+
+    from vgpuhost.io.hostroot import HostPaths, HostRoot, plain_path
+    for host in (HostRoot(tmp_path), HostRoot(str(tmp_path) + "//./"), HostRoot("/"),
+                 HostRoot(tmp_path, tmp_path / "state"), HostRoot.from_env(str(tmp_path), "rel/state")):
+        members = [n for n, v in vars(HostPaths).items() if not n.startswith("_") and n != "root"]
+        assert len(members) > 20
+        for name in members:
+            as_str, as_path = getattr(host.s, name), getattr(host, name)
+            if callable(as_str):
+                args = ("0000:41:00.0",) if name in ("pci_device", "pci_driver", "lib_modules") else ("a", "b")
+                as_str, as_path = as_str(*args), as_path(*args)
+            assert isinstance(as_path, pathlib.Path) and as_str == str(as_path), (host, name)
+        assert host.s.root == str(host.root) and host == HostRoot(host.root, host.state_dir_override)
+        assert host.relative(host.s.pci_devices) == host.relative(host.pci_devices) == "/sys/bus/pci/devices"
+    for text in ["/", "//", "///", "/a//b/./c/", "a/../b", ".", "./a", "a/.", "/a/b/..", "//a", "x"]:
+        assert plain_path(text) == str(pathlib.Path(text)), text

@@ -353,6 +353,10 @@ class HostRoot:
 
     # --- proc, etc, dev --------------------------------------------------
     @property
+    def proc(self) -> "Path":
+        return _Path(self.s.proc)
+
+    @property
     def proc_cmdline(self) -> "Path":
         return _Path(self.s.proc_cmdline)
 
