@@ -136,7 +136,7 @@ def test_attach_mdev_writes_hostdev_and_metadata_in_one_definition(lv, env):
 
 
 def test_attach_passthrough_group_shares_a_slot_and_detach_removes_it(lv, env):
-    host, store = env("a100-sriov-mdev")
+    host, store = env("a100-sriov-mdev", yaml_text=a100_vfs_off())      # passthrough needs its VFs off
     dom = lv.define("vgh-pt")
     out = attach(host, store, URI, dom.UUIDString(), passthrough="0000:41:00.0")    # by UUID
     assert out.domain == "vgh-pt" and out.devices[0].functions == ["0000:41:00.0", "0000:41:00.1"]
@@ -206,7 +206,7 @@ def test_dry_run_changes_nothing_and_shows_the_diff(lv, env, tmp_path):
 # --- refusals: definition unchanged --------------------------------------------------------
 
 def test_duplicate_and_foreign_passthrough_are_refused(lv, env):
-    host, store = env("a100-sriov-mdev")
+    host, store = env("a100-sriov-mdev", yaml_text=a100_vfs_off())      # passthrough needs its VFs off
     one, two = lv.define("vgh-dup-1"), lv.define("vgh-dup-2")
     attach(host, store, URI, "vgh-dup-1", passthrough="0000:41:00.0")
     refused(RefusedError, lambda: attach(host, store, URI, "vgh-dup-1", passthrough="0000:41:00.0"), one,
@@ -278,7 +278,7 @@ def test_mdev_refuses_a_gpu_whose_group_function_another_domain_holds_by_hand(lv
 
 def test_passthrough_held_by_a_hand_written_hostdev_points_to_virsh(lv, env):
     """Review 1 item 3: vgpuhost detach cannot remove a hostdev it did not attach; the remedy is virsh."""
-    host, store = env("l40s-vendor-vfio")
+    host, store = env("l40s-vendor-vfio", yaml_text=l40s_second_vfs_off())   # a1:00.0 can be passed through
     lv.define("vgh-vm5", pci_hostdev("0000:21:00.0"))
     vm2 = lv.define("vgh-vm2")
     err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-vm2", passthrough="0000:21:00.0"), vm2,
@@ -461,6 +461,33 @@ def test_detach_releases_the_domains_vgpu(lv, env):
     out = detach(host, store, URI, "vgh-rel", device=u.upper())
     assert out.released == [u] and discover(Sysfs(host)).mdevs == () and store.vgpu_records() == []
     assert hostdevs(dom) == [] and meta_of(dom) is None
+
+
+def l40s_second_vfs_off() -> str:
+    """l40s-vendor-vfio with the SR-IOV VFs of its second GPU (0000:a1:00.0) disabled (so no vGPU backend
+    there: vendor VFIO needs them): it can be passed through."""
+    from vgpuhost.sim.data import bundled_specs
+    text = Path(bundled_specs()["l40s-vendor-vfio"]).read_text()
+    head, sep, tail = text.partition('bdf: "0000:a1:00.0"')
+    old = "vgpu: {backend: vendor-vfio, sriov_numvfs: 16}"
+    assert sep and old in tail
+    return head + sep + tail.replace(old, "vgpu: {backend: none}", 1)
+
+
+def test_attach_passthrough_refuses_a_pf_with_sriov_vfs_enabled_naming_the_fix(lv, env):
+    """Issue 12 #4c, the leftover: 'passthrough prepare' refused a PF with SR-IOV VFs enabled (vfio-pci does
+    not bind one) but 'attach --passthrough' accepted it, so the domain failed at every start."""
+    host, store = env("a100-sriov-mdev")
+    dom = lv.define("vgh-pt-vfs")
+    err = refused(RefusedError, lambda: attach(host, store, URI, "vgh-pt-vfs", passthrough="0000:41:00.0"), dom,
+                  "0000:41:00.0 cannot be passed through to vgh-pt-vfs: 0000:41:00.0 has 20 SR-IOV VFs enabled")
+    assert "sriov-manage -d 0000:41:00.0" in err.one_line()
+    with pytest.raises(RefusedError, match="has 20 SR-IOV VFs enabled"):          # prepare says the same
+        passthrough.prepare(host, store, PciAddress.parse("0000:41:00.0"))
+    # the same GPU after 'sriov-manage -d': attached
+    host, store = env("a100-sriov-mdev", yaml_text=a100_vfs_off())
+    attach(host, store, URI, "vgh-pt-vfs", passthrough="0000:41:00.0")
+    assert meta_of(dom).passthrough == [PciAddress.parse("0000:41:00.0")]
 
 
 def a100_vfs_off() -> str:

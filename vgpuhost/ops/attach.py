@@ -518,6 +518,11 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
         stuck = next((r for r, c in own if not c), own[0][0])
         raise RefusedError(f"passing {gpu} through would leave domain {dname}'s vGPU {stuck.device} "
                            f"({stuck.profile}) without a GPU of its own", hint=f"detach {stuck.device} first")
+    from ..policy.iommu import sriov_blockers
+    blocked = sriov_blockers([d for d in endpoints if d.driver != "vfio-pci"])
+    if blocked:     # the hook's prepare would refuse it at every start (issue 12 #4c): refuse it now
+        raise RefusedError(f"{gpu} cannot be passed through to {dname}: " + "; ".join(blocked),
+                           hint="then attach it again; the domain definition was not changed")
     busy = [m.uuid for m in inv.mdevs if m.parent == gpu or m.parent in vfs]
     busy += [str(v.vf) for v in inv.vf_vgpus if v.gpu == gpu and v.type_id]
     if busy:

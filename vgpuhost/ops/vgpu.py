@@ -225,6 +225,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
             defined = mdevctl_definition(host, fs, uuid)
             if defined is not None:
                 pin = _respect_definition(inv, defined, uuid, name, pin)
+                params = _definition_params(defined, uuid, params)    # its attrs: applied, or refused
                 defined_parent, persist = defined[0], False   # it is defined already: never overwritten
         req = Request(name, owner, strategy, numa_node, anti_affinity, pin)
         all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run,
@@ -395,13 +396,16 @@ def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Opti
             for o in all_offers]
 
 
-def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[PciAddress, str, str]]:
-    """``(parent, mdev type id, path under the root)`` of mdevctl's definition for ``uuid``
+def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[PciAddress, str, str, tuple]]:
+    """``(parent, mdev type id, path under the root, attrs)`` of mdevctl's definition for ``uuid``
     (``etc/mdevctl.d/<parent>/<uuid>``, docs/reference/hardware.md#mdev), or None when there is none.
+    ``attrs``: its ``attrs`` as ``((attribute, value), ...)`` in order (mdevctl writes each value to
+    the mdev's sysfs attribute of that relative path after creating it).
 
     Raises InputError when a definition is there but is not one mdevctl wrote (not JSON, no
-    ``mdev_type``, a parent directory that is not a PCI address); the message names the
-    file and the position, never its content.
+    ``mdev_type``, a parent directory that is not a PCI address, ``attrs`` that are not a list
+    of one-entry ``{attribute: value}`` objects); the message names the file and the position,
+    never its content.
     """
     for parent_name in fs.listdir(host.s.mdevctl_d):
         path = os.path.join(host.s.mdevctl_d, parent_name, uuid)
@@ -427,15 +431,59 @@ def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[P
         if not isinstance(type_id, str) or not re.match(r"[A-Za-z0-9_.-]{1,64}\Z", type_id):
             raise InputError(f"mdevctl definition {where} names no valid mdev_type",
                              hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}")
-        return PciAddress.parse(parent_name), type_id, where
+        attrs = doc.get("attrs") or []
+        bad = None if isinstance(attrs, list) else "its attrs are not a list"
+        for i, a in enumerate(attrs if bad is None else []):
+            if not (isinstance(a, dict) and len(a) == 1
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in a.items())):
+                bad = f"its attrs entry {i} is not one {{attribute: value}} pair of strings"
+                break
+        if bad is not None:
+            raise InputError(f"mdevctl definition {where}: {bad}",
+                             hint=f"fix it, or remove it: mdevctl undefine --uuid {uuid}")
+        return PciAddress.parse(parent_name), type_id, where, tuple(next(iter(a.items())) for a in attrs)
     return None
+
+
+#: the one mdevctl attribute vgpuhost applies (the vGPU's parameters, docs/reference/hardware.md#mdev)
+VGPU_PARAMS_ATTR = "nvidia/vgpu_params"
+
+
+def _definition_params(defined: tuple, uuid: str, params: Optional[str]) -> Optional[str]:
+    """The vgpu_params to create ``uuid`` with: those of its mdevctl definition's attrs (issue 12 #4l:
+    they were ignored), which must agree with ``params`` when both are given.
+
+    Raises RefusedError naming the definition and the attrs entry when an attribute is not
+    ``nvidia/vgpu_params`` (vgpuhost applies no other), its value is not ``key=value`` pairs, or
+    it disagrees with ``params``; nothing has been changed then.
+    """
+    where, attrs = defined[2], defined[3]
+    fix = (f"remove that entry from the definition (mdevctl modify --uuid {uuid} --delattr --index N) or "
+           f"the definition itself (mdevctl undefine --uuid {uuid}); nothing was changed")
+    out = params
+    for i, (attr, value) in enumerate(attrs):
+        if attr != VGPU_PARAMS_ATTR:
+            import re   # here: only with an mdevctl definition that sets another attribute
+            shown = f"{attr!r} " if re.match(r"[A-Za-z0-9_./-]{1,64}\Z", attr) else ""
+            raise RefusedError(f"mdevctl definition {where} sets the attribute {shown}(attrs entry {i}), which "
+                               f"vgpuhost does not apply: it applies {VGPU_PARAMS_ATTR} only", hint=fix)
+        try:
+            _validate_params(value)
+        except InputError:
+            raise RefusedError(f"mdevctl definition {where}: its {VGPU_PARAMS_ATTR} (attrs entry {i}) is not a "
+                               "list of key=value pairs", hint=fix) from None
+        if out is not None and out != value:
+            raise RefusedError(f"mdevctl definition {where} sets {VGPU_PARAMS_ATTR} to {value!r}, but "
+                               f"{out!r} is asked for", hint="make them agree, or " + fix)
+        out = value
+    return out
 
 
 def _respect_definition(inv: Inventory, defined: Tuple[PciAddress, str, str], uuid: str, name: str,
                         pin: Optional[PciAddress]) -> PciAddress:
     """The GPU of an mdevctl definition that agrees with the request (``name`` on that parent);
     RefusedError naming the definition and what disagrees otherwise (issue 12 #4l)."""
-    parent, type_id, where = defined
+    parent, type_id, where = defined[:3]
     fix = (f"make the domain ask for what the definition says, or remove the definition "
            f"(mdevctl undefine --uuid {uuid}); nothing was changed")
     g = next((x for x in inv.gpus if parent in x.mdev_parents), None)

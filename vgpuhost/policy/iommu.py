@@ -97,15 +97,20 @@ def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDev
     if busy:
         out.append(f"{gpu} carries vGPUs ({', '.join(busy[:4])}{'...' if len(busy) > 4 else ''}): "
                    "remove them first")
-    for d in moving:
-        if d.sriov_numvfs:
-            # vfio-pci's probe refuses a PF with VFs enabled (-EBUSY): the VFs may be in use by the host
-            out.append(f"{d.address} has {d.sriov_numvfs} SR-IOV VFs enabled, and vfio-pci does not bind a PF "
-                       f"with SR-IOV VFs enabled: disable them first (/usr/lib/nvidia/sriov-manage -d {d.address}; "
-                       "vgpuhost does not run it)")
+    out += sriov_blockers(moving)
     if not inv.host.module_present("vfio_pci"):
         out.append("the vfio-pci driver is not loaded: modprobe vfio-pci")
     return out
 
 
-__all__ = ["VFIO_PCI", "group_endpoints", "prepare_blockers"]
+def sriov_blockers(endpoints: Sequence[PciDevice]) -> List[str]:
+    """One sentence, with the fix, per function of ``endpoints`` that has SR-IOV VFs enabled:
+    vfio-pci's probe refuses a PF with VFs enabled (-EBUSY; the VFs may be in use by the host),
+    so passthrough cannot bind it (docs/reference/hardware.md#pci-and-iommu).  What
+    :func:`prepare_blockers` and ``attach --passthrough`` refuse alike."""
+    return [f"{d.address} has {d.sriov_numvfs} SR-IOV VFs enabled, and vfio-pci does not bind a PF "
+            f"with SR-IOV VFs enabled: disable them first (/usr/lib/nvidia/sriov-manage -d {d.address}; "
+            "vgpuhost does not run it)" for d in endpoints if d.sriov_numvfs]
+
+
+__all__ = ["VFIO_PCI", "group_endpoints", "prepare_blockers", "sriov_blockers"]
