@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -54,10 +55,11 @@ class Scripted:
     """A unix-socket server answering each connection with ``answer`` (bytes; None: never answers)
     after reading the request's head and Content-Length body; the requests it read in ``requests``."""
 
-    def __init__(self, answer: Optional[bytes]):
+    def __init__(self, answer: Optional[bytes], split: int = 0):
         self.dir = socket_dir()
         self.path = os.path.join(self.dir, "agent.sock")
         self.answer = answer
+        self.split = split                  # > 0: send that many bytes, wait 50 ms, then the rest
         self.requests: List[bytes] = []
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(self.path)
@@ -92,7 +94,12 @@ class Scripted:
                     self.stop.wait(30)
                 else:
                     try:
-                        conn.sendall(self.answer)
+                        if self.split:
+                            conn.sendall(self.answer[:self.split])
+                            self.stop.wait(0.05)
+                            conn.sendall(self.answer[self.split:])
+                        else:
+                            conn.sendall(self.answer)
                     except OSError:          # the client stopped reading (an answer over its limit)
                         pass
 
@@ -129,7 +136,8 @@ def test_the_request_is_the_one_curl_sends(client):
         if shutil.which("curl"):
             subprocess.run(["curl", "-s", "--unix-socket", srv.path, "-H", "Content-Type: application/xml",
                             "-H", "Expect:", "-H", "X-Vgpuhost-Domain: vm1", "-H", "X-Vgpuhost-Root: /host/root",
-                            "-H", "X-Vgpuhost-State-Dir: /host/state", "--data-binary", "@-",
+                            "-H", "X-Vgpuhost-State-Dir: /host/state", "-H", "X-Vgpuhost-Timeout: 10",
+                            "--data-binary", "@-",
                             "http://vgpuhost-agent/v1/hook/prepare"], input=xml, capture_output=True, timeout=60)
         requests = list(srv.requests)
 
@@ -143,7 +151,7 @@ def test_the_request_is_the_one_curl_sends(client):
     assert headers[b"content-type"] == b"application/xml" and headers[b"content-length"] == str(len(xml)).encode()
     assert (headers[b"x-vgpuhost-domain"], headers[b"x-vgpuhost-root"], headers[b"x-vgpuhost-state-dir"]) == \
         (b"vm1", b"/host/root", b"/host/state")
-    assert headers[b"host"] == b"vgpuhost-agent"
+    assert headers[b"host"] == b"vgpuhost-agent" and headers[b"x-vgpuhost-timeout"] == b"10"
     if len(requests) == 2:                          # curl's request: the same line, body and vgpuhost headers
         cline, cheaders, cbody = parts(requests[1])
         assert (cline, cbody) == (line, body)
@@ -209,6 +217,38 @@ def test_failures_without_an_answer_have_their_own_exit_codes(client, tmp_path):
     assert served == 0                               # none of them reached the server
     for p in [missing, refused, slow, nul, big, *usage]:
         assert (p.stdout, p.stderr) == (b"", b"")
+
+
+@pytest.mark.parametrize("split", [5, 10, 40])
+def test_an_answer_in_pieces_is_read_whole(client, split):
+    """An answer whose HTTP head arrives in more than one read is still the agent's answer (found by a
+    breaker's scripted agent: the client took a head cut short for garbage and the work ran twice)."""
+    with Scripted(http(b"vgpuhost-hook/1 2\nvgpuhost: error: no\n"), split=split) as srv:
+        proc = run_client(client, srv.path, b"<domain/>")
+    assert (proc.returncode, proc.stderr) == (2, b"vgpuhost: error: no\n")
+
+
+def test_version_and_the_longest_timeout_hook_install_takes(client, make_host, tmp_path):
+    assert subprocess.run([client, "--version"], capture_output=True, timeout=60).stdout == \
+        hook_install.CLIENT_VERSION
+    with Scripted(http(b"vgpuhost-hook/1 0")) as srv:
+        # hook install --timeout 3600: the dispatcher passes 3605 (its + 5 s)
+        assert run_client(client, srv.path, b"<domain/>", timeout_s="3605").returncode == 0
+        assert run_client(client, srv.path, b"<domain/>", timeout_s="3606").returncode == EX_USAGE
+    # a program that is not the client is refused at install (it would answer every start 'done')
+    from vgpuhost.model.errors import InputError
+    with pytest.raises(InputError, match="does not answer '--version'"):
+        hook_install.render(make_host("a40-mdev"), client="/bin/true")
+
+
+def test_hook_mode_failures_of_the_client_itself_say_so(client):
+    """In --hook mode the client's own failure is one line and an exit code of vgpuhost's table (4: the
+    dispatcher and client disagree; reinstall), never a silent 100..106 that fails the start."""
+    proc = subprocess.run([client, "--hook", "prepare", "/nonexistent.sock", "ten", "/bin/sh", "1", "vm1",
+                           "/bin/true"], input=b"<domain/>", capture_output=True, timeout=60)
+    assert proc.returncode == 4
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpuhost: error: the hook's client") and "hook install" in lines[0]
 
 
 # ---------------------------------------------------------------------------
@@ -386,3 +426,21 @@ def test_install_looks_for_the_client_where_make_dev_and_the_package_put_it(make
     # the default: the text does not change when the client is built later or removed
     hook = _install(host, tmp_path / "default", None)
     assert hook_install.status(host, hooks_dir=hook.parent)["current"]
+
+
+def test_the_agent_starts_no_work_after_the_client_stopped_waiting(make_host, tmp_path, client):
+    """The client tells the agent how long it waits (``X-Vgpuhost-Timeout``); the agent waits for locks
+    only until then and starts nothing after it.  Found by a breaker: with the GPU's lock held past the
+    hook's timeout, the agent made the mdev after the start had already failed."""
+    from vgpuhost.io.locks import file_lock
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, python=NO_PYTHON, curl=False, timeout_s=1)   # client waits 1 + 5 s
+    xml = vgpu_domain("late", DOM1, MDEV1).encode()
+    with AgentRun(host.root, str(host.path("run", "vgpuhost"))):
+        with file_lock(host.state_dir, "gpu-0000:81:00.0"):         # another operation holds the A40
+            proc = dispatch(hook, ["late", "prepare", "begin", "-"], xml)
+        err = proc.stderr.decode()
+        # the agent's answer (transient, one line), not the client's timeout and fallback (127: no Python)
+        assert proc.returncode == 5 and err.count("\n") == 1 and "held lock" in err, err
+        time.sleep(1.0)                                              # the lock is free now: still nothing
+        assert mdevs(host) == {} and store(host).active_domains() == {}

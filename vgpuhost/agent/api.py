@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import __version__
+from ..io import locks
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore
-from ..model.errors import InputError, VgpuhostError
+from ..model.errors import InputError, TransientError, VgpuhostError
 
 API = "v1"
 SCHEMA_AGENT = "vgpuhost.agent/v1"
@@ -371,6 +373,11 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
             raise Misdirected(f"this agent serves {key} {mine}, not {theirs}",
                               hint="the hook does the work itself")
     xml = _text(req.body, "xml", required=True, limit=MAX_XML_BYTES)
+    # the hook's client waits timeout_s seconds, then the start fails or its handler takes over: the
+    # agent starts no work after that, and waits for locks only until then (a stale prepare must not
+    # make devices for a start that has already failed)
+    waits = _text(req.body, "timeout_s", limit=8)
+    deadline = (time.monotonic() + max(1, int(waits)) - 1) if waits and waits.isdigit() else None
     # release: what the store says the UUID holds, whatever the metadata says by now (issue 12 #2)
     view = (parse_domain if act == "prepare" else parse_domain_identity)(xml.encode("utf-8"))
     name = view.name or _text(req.body, "name", limit=256) or "?"
@@ -385,7 +392,16 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     else:
         def run():
             return devices.release(agent.host, view, actor=actor, store=agent.store)
-    changed = agent.write(run)
+    def in_time():
+        if deadline is None:
+            return run()
+        if time.monotonic() >= deadline:
+            raise TransientError(f"the hook's client stopped waiting ({waits} s) before the agent could start "
+                                 f"the {act} of this domain: nothing was changed",
+                                 hint="see what held the agent (GET /v1/agent, the audit log); start it again")
+        with locks.deadline(deadline):
+            return run()
+    changed = agent.write(in_time)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name,
             "changed": [str(c) for c in changed]}
 
@@ -665,7 +681,7 @@ def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
 _VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
               "persist", "create_gi", "dry_run")
 _ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
-_HOOK_KEYS = ("xml", "name", "root", "state_dir")
+_HOOK_KEYS = ("xml", "name", "root", "state_dir", "timeout_s")
 _LAYOUT_KEYS = ("config", "source", "layout")
 _ATTACH_KEYS = ("profile", "passthrough", "gpu", "vgpu_uuid", "tenant", "strategy", "anti_affinity", "qos",
                 "display", "ramfb", "guest_slot", "live", "uri")

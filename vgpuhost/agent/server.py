@@ -238,7 +238,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             return value.encode("latin-1", "replace").decode("utf-8", "replace")
         body = {"xml": xml, "name": header("X-Vgpuhost-Domain") or "?"}
-        for key, name in (("root", "X-Vgpuhost-Root"), ("state_dir", "X-Vgpuhost-State-Dir")):
+        for key, name in (("root", "X-Vgpuhost-Root"), ("state_dir", "X-Vgpuhost-State-Dir"),
+                          ("timeout_s", "X-Vgpuhost-Timeout")):
             if header(name) is not None:
                 body[key] = header(name)
         self._hook_xml = body

@@ -13,6 +13,7 @@
  *   X-Vgpuhost-Domain: NAME
  *   X-Vgpuhost-Root: ROOT
  *   X-Vgpuhost-State-Dir: STATE_DIR
+ *   X-Vgpuhost-Timeout: TIMEOUT_S          (the agent starts no work once it has passed)
  *
  * with the XML as the body (the request the dispatcher's curl sends), and
  * reads the answer (at most MAX_ANSWER bytes).  An answer whose body is
@@ -35,6 +36,10 @@
  * with VGPUHOST_AGENT=off and the XML on stdin.  An XML over MAX_XML bytes
  * is handed back whole to DISPATCHER ARG1..ARGN with VGPUHOST_AGENT=off
  * (the sh checks then read it all).
+ *
+ * In --hook mode a failure of the client itself (100..106 below) ends the hook with one line on stderr
+ * and exit 4 (arguments that do not match: reinstall the hook) or 5 (I/O, memory: transient).
+ * `vgpuhost-hook-client --version` prints `vgpuhost-hook-client 1` (hook install checks it).
  *
  * No shell, no allocation beyond the fixed maximum sizes, and larger inputs
  * are refused rather than truncated.
@@ -66,7 +71,7 @@
 #define MAX_XML (4u * 1024u * 1024u + 1u)
 #define MAX_ANSWER (64u * 1024u)
 #define MAX_HEADER_VALUE 4096u
-#define MAX_TIMEOUT_S 3600L
+#define MAX_TIMEOUT_S (3600L + 5L)   /* hook install --timeout 3600, plus the 5 s the dispatcher adds */
 #define ANSWER_TAG "vgpuhost-hook/1 "
 #define NAMESPACE "https://vgpuhost.dev/xmlns/domain/1"
 #define NUL_LINE "vgpuhost: error: the domain XML on stdin holds a NUL byte (or a control character XML " \
@@ -158,7 +163,9 @@ static int http_body(const char *ans, size_t len, const char **body, size_t *bod
             break;
         }
     }
-    if (end == NULL || len < 12 || memcmp(ans, "HTTP/1.", 7) != 0)
+    if (end == NULL)
+        return complete ? -1 : 1;           /* the head is not all here yet: read on */
+    if (len < 12 || memcmp(ans, "HTTP/1.", 7) != 0)
         return -1;
     const char *start = end + 4;
     size_t avail = len - (size_t)(start - ans);
@@ -237,7 +244,7 @@ static int read_input(char *buf, size_t cap, size_t *len)
 /* The call: POST the XML, map the answer.  Returns the agent's EXIT (0..99, its line printed on
  * stderr) or one of the EX_ codes (nothing printed). */
 static int agent_call(const char *sock_path, const char *act, const char *name, const char *root,
-                      const char *state_dir, const char *xml, size_t xml_len)
+                      const char *state_dir, const char *xml, size_t xml_len, long timeout_s)
 {
     if (strcmp(act, "prepare") != 0 && strcmp(act, "release") != 0)
         return EX_USAGE_BAD;
@@ -261,6 +268,7 @@ static int agent_call(const char *sock_path, const char *act, const char *name, 
         || put(head, &hn, hcap, "X-Vgpuhost-Domain: ") || put(head, &hn, hcap, name)
         || put(head, &hn, hcap, "\r\nX-Vgpuhost-Root: ") || put(head, &hn, hcap, root)
         || put(head, &hn, hcap, "\r\nX-Vgpuhost-State-Dir: ") || put(head, &hn, hcap, state_dir)
+        || put(head, &hn, hcap, "\r\nX-Vgpuhost-Timeout: ") || put_size(head, &hn, hcap, (size_t)timeout_s)
         || put(head, &hn, hcap, "\r\nContent-Length: ") || put_size(head, &hn, hcap, xml_len)
         || put(head, &hn, hcap, "\r\n\r\n"))
         return EX_USAGE_BAD;
@@ -535,7 +543,7 @@ static int hook_mode(int argc, char **argv)
     if (printable && root != NULL && state_dir != NULL) {
         if (sigsetjmp(deadline, 1) == 0) {
             alarm((unsigned)timeout_s);
-            int code = agent_call(sock_path, act, name, root, state_dir, xml, x + 1);
+            int code = agent_call(sock_path, act, name, root, state_dir, xml, x + 1, timeout_s);
             alarm(0);
             if (code < 100)
                 return code;
@@ -547,10 +555,40 @@ static int hook_mode(int argc, char **argv)
     return run_instead(handler);
 }
 
+/* --hook: the client's own failure before the handler could take over ends the hook with one line
+ * (libvirt shows it) and an exit code of vgpuhost's table, never a bare 100..106 */
+static int hook_failed(int code)
+{
+    static const char head[] = "vgpuhost: error: the hook's client (vgpuhost-hook-client) failed before the domain's "
+                               "devices were touched: ";
+    const char *what, *hint;
+    int exit_code;
+    if (code == EX_USAGE_BAD) {
+        what = "the dispatcher and the client do not agree on their arguments";
+        hint = "; run 'vgpuhost hook install' again with this vgpuhost's client";
+        exit_code = 4;
+    } else {
+        what = code == EX_NOMEM ? "out of memory" : "an I/O error";
+        hint = "; nothing was changed, starting the domain again may succeed";
+        exit_code = 5;
+    }
+    (void)write_all(STDERR_FILENO, head, sizeof head - 1);
+    (void)write_all(STDERR_FILENO, what, strlen(what));
+    (void)write_all(STDERR_FILENO, hint, strlen(hint));
+    (void)write_all(STDERR_FILENO, "\n", 1);
+    return exit_code;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && strcmp(argv[1], "--hook") == 0)
-        return hook_mode(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        static const char v[] = "vgpuhost-hook-client 1\n";   /* hook install checks this answer */
+        return write_all(STDOUT_FILENO, v, sizeof v - 1) == 0 ? 0 : EX_IO;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--hook") == 0) {
+        int code = hook_mode(argc, argv);
+        return code >= EX_USAGE_BAD && code <= EX_NOMEM ? hook_failed(code) : code;
+    }
     if (argc != 7)
         return EX_USAGE_BAD;
     long timeout_s = parse_timeout(argv[6]);
@@ -568,5 +606,5 @@ int main(int argc, char **argv)
         return EX_INPUT;
     if (memchr(xml, '\0', xml_len) != NULL)
         return EX_INPUT;
-    return agent_call(argv[1], argv[2], argv[3], argv[4], argv[5], xml, xml_len);
+    return agent_call(argv[1], argv[2], argv[3], argv[4], argv[5], xml, xml_len, timeout_s);
 }

@@ -70,7 +70,25 @@ def client_candidates(client: "Optional[str]" = None) -> List[str]:
         raise InputError(f"--client {client[:200]} is not an executable file",
                          hint=f"build it ('make client', or gcc -O2 -o {CLIENT_NAME} vgpuhost/hook/client.c), "
                               "or give 'none' for curl")
+    if not _answers_as_client(client):
+        raise InputError(f"--client {client[:200]} does not answer '--version' as {CLIENT_NAME} does",
+                         hint=f"give the path of vgpuhost's {CLIENT_NAME} (make dev builds it), or 'none' for curl")
     return [client]
+
+
+#: what ``vgpuhost-hook-client --version`` prints (vgpuhost/hook/client.c)
+CLIENT_VERSION = b"vgpuhost-hook-client 1\n"
+
+
+def _answers_as_client(path: str) -> bool:
+    """Whether ``path --version`` prints :data:`CLIENT_VERSION` and exits 0 within 10 s: a program
+    that is not the client (``/bin/true``) would otherwise answer every start with 'done'."""
+    from ..io.process import run_program
+    try:
+        proc = run_program([path, "--version"], timeout=10)
+    except Exception:
+        return False
+    return proc.returncode == 0 and proc.stdout == CLIENT_VERSION
 
 
 def find_client() -> Optional[str]:

@@ -208,7 +208,7 @@ def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, ti
     try:
         status, doc = agentclient.call(path, "POST", f"/v1/hook/{act}",
                                        {"xml": xml, "name": name, "root": host.s.root,
-                                        "state_dir": host.s.state_dir},
+                                        "state_dir": host.s.state_dir, "timeout_s": str(timeout_s + 5)},
                                        timeout_s=timeout_s + 5)
     except (agentclient.AgentDown, OSError, ValueError):
         return None                 # down, not ours to use, or a garbled answer: the hook does it itself

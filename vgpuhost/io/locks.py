@@ -7,6 +7,7 @@ a crash never leaves a stale lock).  Must not: know what is being locked.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
 import os
@@ -16,6 +17,29 @@ from ..model.errors import HostEnvironmentError, TransientError
 from .hostroot import plain_path
 
 DEFAULT_TIMEOUT_S = 120.0
+
+#: this thread's deadline (``time.monotonic()``) for every lock it waits for, set by :func:`deadline`
+#: (``_thread._local``: the hook's path imports no threading)
+_local = _thread._local()
+
+
+class deadline:
+    """``with deadline(t):`` no lock this thread waits for in the block waits past ``t``
+    (``time.monotonic()`` seconds): the agent's hook calls end when the hook's client stops waiting."""
+
+    __slots__ = ("t", "before")
+
+    def __init__(self, t: float):
+        self.t = t
+        self.before = None
+
+    def __enter__(self) -> None:
+        self.before = getattr(_local, "deadline", None)
+        _local.deadline = self.t
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _local.deadline = self.before
+        return False
 
 
 def file_lock(state_dir: "str | os.PathLike[str]", name: str, *,
@@ -71,7 +95,11 @@ def _take_lock(state_dir: "str | os.PathLike[str]", name: str, *, timeout_s: flo
         raise HostEnvironmentError(f"cannot create lock {name!r} in {str(ldir)!r}: {e.strerror}",
                                    hint="pass --state-dir DIR to a writable directory") from None
     try:
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        until = start + timeout_s
+        bound = getattr(_local, "deadline", None)
+        if bound is not None and bound < until:
+            until = bound
         delay = 0.001
         while True:
             try:
@@ -80,9 +108,10 @@ def _take_lock(state_dir: "str | os.PathLike[str]", name: str, *, timeout_s: flo
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= until:
                     raise TransientError(
-                        f"another vgpuhost operation has held lock {name!r} for over {timeout_s:.0f} s",
+                        f"another vgpuhost operation has held lock {name!r} for over "
+                        f"{time.monotonic() - start:.0f} s",
                         hint="wait for it to finish, or find it with: fuser -v "
                              f"{path}") from None
                 time.sleep(delay)
