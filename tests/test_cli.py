@@ -198,10 +198,11 @@ def test_control_characters_from_files_are_escaped(make_host, capsys):
 
 
 @pytest.mark.parametrize("argv", [["no-such-command"], ["types", "--bogus"], ["types", "--gpu"],
-                                  ["passthrough", "prepare"]])
+                                  ["passthrough", "prepare"], ["scheduler", "set"]])
 def test_usage_errors_are_one_line(capsys, argv, make_host):
     code, out, err = run(capsys, "--root", str(make_host("a40-mdev").root), *argv)
     assert code == 2 and err.startswith("vgpuhost: error: ") and err.count("\n") == 1 and "--help" in err
+    assert "\\n" not in err and "\\t" not in err      # click's multi-line choices, not escaped layout
 
 
 def test_overlong_root_and_bdf(capsys, make_host):

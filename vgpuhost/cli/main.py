@@ -176,7 +176,8 @@ def report(argv, exc: BaseException) -> int:
         hint = f"see '{where} --help'"
         if isinstance(e, click.NoSuchOption) and e.option_name in GLOBAL_OPTIONS:
             hint = f"{e.option_name} is a global option: put it before the command (vgpuhost {e.option_name} ...)"
-        return _error(argv, EXIT_INPUT, e.format_message().rstrip('.'), hint, "UsageError")
+        # click lays some messages out over lines ("Choose from:\n\tbest-effort,\n\t..."): one line here
+        return _error(argv, EXIT_INPUT, " ".join(e.format_message().split()).rstrip('.'), hint, "UsageError")
     except click.ClickException as e:
         return _error(argv, EXIT_INPUT, e.format_message(), None, "UsageError")
     except OSError as e:   # the environment, not a bug: a file vgpuhost cannot reach
