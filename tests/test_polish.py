@@ -1,0 +1,75 @@
+"""Small defects an operator found trying vgpuhost (the polish list): each test failed before its fix.
+
+Outcomes are read back from the simulated tree, the state store and the CLI's documents.
+"""
+
+from __future__ import annotations
+
+import json
+
+from vgpuhost.cli.main import main as cli_main
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.tenancy import NO_TENANT, usage_text
+from vgpuhost.ops import tenancy
+
+from test_hook import mixed, start
+from test_tenancy import tdom, uid
+
+
+def run(capsys, host, *argv):
+    code = cli_main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------
+# 1, 2: tenant usage: the no-tenant row, quota 0 and burst
+
+def test_tenant_usage_labels_no_tenant_and_shows_quota_zero_and_burst(make_host, capsys):
+    host = mixed(make_host)
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("team", quota=tenancy.Quota(tenancy.Limits(vgpus=1), tenancy.Limits(vgpus=2))))
+    for i in range(2):
+        assert start(host, f"vm{i}", tdom(f"vm{i}", uid("33333333", i), uid("cccccccc", i), tenant="team")) == (0, "")
+    assert run(capsys, host, "vgpu", "create", "--profile", "A40-8Q")[0] == 0       # manual: no tenant, no domain
+    code, out, _ = run(capsys, host, "tenant", "usage")
+    assert code == 0 and "(none)" not in out
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["team", "2", "2/1:2"] and "(1 burst)" in lines[1]
+    assert "8192 burst" not in lines[1]                 # framebuffer has no limit: nothing to burst above
+    assert lines[2].startswith(NO_TENANT + "  ") and lines[2][len(NO_TENANT):].split()[:3] == ["0", "1", "8192"]
+    code, out, _ = run(capsys, host, "--json", "tenant", "usage")
+    docs = json.loads(out)["tenants"]
+    assert [d["tenant"] for d in docs] == ["team", None] and [d["domains"] for d in docs] == [2, 0]
+    # the quota lowered to 0 under two running domains: over quota, never "2/0 (1 burst)"
+    assert run(capsys, host, "tenant", "set", "team", "--vgpus", "0")[0] == 0
+    code, out, _ = run(capsys, host, "tenant", "usage")
+    assert "2/0 (1 burst, 2 over quota)" in out.splitlines()[1]
+    code, out, _ = run(capsys, host, "tenant", "show", "team")
+    assert "2/0 (1 burst, 2 over quota)" in out and NO_TENANT not in out
+
+
+def test_usage_text_cases():
+    assert usage_text(0, 0, 0, 0) == "0/0"
+    assert usage_text(2, 0, 0, 0) == "2/0 (2 over quota)"
+    assert usage_text(2, 1, 1, 2) == "2/1:2 (1 burst)"
+    assert usage_text(3, 0, 4, 4) == "3/4"
+    assert usage_text(5, 2, None, None) == "5"
+
+
+def test_metering_tables_label_no_tenant(make_host, capsys):
+    from vgpuhost.io.backends import metering_nvml
+    from vgpuhost.ops.metering import Sampler
+    host = make_host("a40-mdev")
+    assert run(capsys, host, "vgpu", "create", "--profile", "A40-8Q")[0] == 0
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze()
+    s = Sampler(nv, store, interval_s=60)
+    s.tick()
+    nv.advance(60)
+    s.tick()
+    code, out, _ = run(capsys, host, "usage", "--by", "tenant")
+    assert code == 0 and out.splitlines()[1].startswith(NO_TENANT + "  ")
+    code, out, _ = run(capsys, host, "--json", "usage", "--by", "tenant")
+    assert [r["tenant"] for r in json.loads(out)["rows"]] == ["(none)"]        # as first published
