@@ -73,3 +73,26 @@ def test_metering_tables_label_no_tenant(make_host, capsys):
     assert code == 0 and out.splitlines()[1].startswith(NO_TENANT + "  ")
     code, out, _ = run(capsys, host, "--json", "usage", "--by", "tenant")
     assert [r["tenant"] for r in json.loads(out)["rows"]] == ["(none)"]        # as first published
+
+
+# ---------------------------------------------------------------------------
+# 3: scheduler set --persist prints only the notes that apply to the GPUs in scope
+
+MIG_NOTE = "the driver ignores it on a GPU in MIG mode"
+MIXED_NOTE = "fixed share is not available while a GPU is in mixed-size mode"
+
+
+def test_persist_notes_apply_to_the_board(make_host, capsys):
+    a40 = make_host("a40-mdev")                         # Ampere, no MIG
+    code, out, _ = run(capsys, a40, "scheduler", "set", "--policy", "equal-share", "--all", "--persist")
+    assert code == 0 and MIG_NOTE not in out and MIXED_NOTE not in out
+    assert 'RmPVMRL=0x01"' in (a40.root / "etc/modprobe.d/vgpuhost-scheduler.conf").read_text()
+    code, out, _ = run(capsys, a40, "--json", "scheduler", "set", "--policy", "fixed-share", "--gpu", "0000:81:00.0",
+                       "--persist")
+    notes = json.loads(out)["notes"]
+    assert code == 0 and not any(MIG_NOTE in n for n in notes) and any(MIXED_NOTE in n for n in notes)
+    a100 = make_host("a100-sriov-mdev")                 # MIG-capable: the note applies
+    code, out, _ = run(capsys, a100, "scheduler", "set", "--policy", "equal-share", "--all", "--persist")
+    assert code == 0 and MIG_NOTE in out
+    code, out, _ = run(capsys, a100, "scheduler", "set", "--policy", "best-effort", "--all", "--persist")
+    assert code == 0 and MIG_NOTE not in out            # best effort is what MIG mode leaves anyway
