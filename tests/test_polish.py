@@ -96,3 +96,23 @@ def test_persist_notes_apply_to_the_board(make_host, capsys):
     assert code == 0 and MIG_NOTE in out
     code, out, _ = run(capsys, a100, "scheduler", "set", "--policy", "best-effort", "--all", "--persist")
     assert code == 0 and MIG_NOTE not in out            # best effort is what MIG mode leaves anyway
+
+
+# ---------------------------------------------------------------------------
+# 4: a simulated root reads as a real / does (0755), made fresh or replaced
+
+def test_sim_create_root_is_world_readable(tmp_path, capsys):
+    import os
+    import stat
+    old = os.umask(0o022)
+    try:
+        dest = tmp_path / "host"
+        assert cli_main(["sim", "create", "a40-mdev", str(dest)]) == 0
+        assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+        (dest / "sys").chmod(0o700)                          # replaced with --force: a fresh tree, 0755 again
+        assert cli_main(["sim", "create", "--force", "a40-mdev", str(dest)]) == 0
+        assert stat.S_IMODE(dest.stat().st_mode) == 0o755 and stat.S_IMODE((dest / "sys").stat().st_mode) == 0o755
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host"]     # no staging folder left
+    capsys.readouterr()
