@@ -116,3 +116,47 @@ def test_sim_create_root_is_world_readable(tmp_path, capsys):
         os.umask(old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["host"]     # no staging folder left
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------
+# 5: a GPU off nvidia (on vfio-pci) offers no mdev type in the simulator, as the kernel shows it
+
+def test_sim_gpu_on_vfio_pci_has_no_mdev_types(make_host, capsys):
+    from vgpuhost.io.sysfs import Sysfs
+    from vgpuhost.observe.inventory import discover
+    host = make_host("a40-mdev")
+    gpu = "0000:81:00.0"
+    pdir = host.root / "sys/bus/pci/devices" / gpu
+    assert (pdir / "mdev_supported_types/nvidia-566/create").exists()
+    assert run(capsys, host, "passthrough", "prepare", gpu)[0] == 0
+    assert (pdir / "driver").resolve().name == "vfio-pci"
+    assert not (pdir / "mdev_supported_types").exists()
+    assert not (host.root / "sys/class/mdev_bus" / gpu).exists()
+    assert [t for t in discover(Sysfs(host)).vgpu_types if str(t.gpu) == gpu] == []
+    code, out, _ = run(capsys, host, "--json", "types")
+    assert code == 0 and json.loads(out)["types"] == []
+    assert run(capsys, host, "passthrough", "release", gpu)[0] == 0
+    assert (pdir / "driver").resolve().name == "nvidia"
+    assert (pdir / "mdev_supported_types/nvidia-566/available_instances").read_text() == "6\n"
+    assert (host.root / "sys/class/mdev_bus" / gpu).resolve() == pdir.resolve()
+    assert run(capsys, host, "vgpu", "create", "--profile", "A40-8Q")[0] == 0
+    assert (pdir / "mdev_supported_types/nvidia-566/available_instances").read_text() == "5\n"
+
+
+A40_ON_VFIO = """
+version: 1
+name: a40-early-vfio
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0", driver: vfio-pci, vgpu: {backend: mdev}}
+"""
+
+
+def test_sim_gpu_booted_on_vfio_pci_has_no_mdev_types(make_host):
+    host = make_host(yaml_text=A40_ON_VFIO)
+    pdir = host.root / "sys/bus/pci/devices/0000:81:00.0"
+    assert (pdir / "driver").resolve().name == "vfio-pci"
+    assert not (pdir / "mdev_supported_types").exists()
+    assert not (host.root / "sys/class/mdev_bus/0000:81:00.0").exists()

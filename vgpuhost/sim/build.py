@@ -192,8 +192,11 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
         write_load(host, {k: json.loads(v) for k, v in spec.load})
     from .kernel import SimKernel
     kernel = SimKernel(host)
-    for pf in gpus:
-        kernel.refresh_gpu(pf)
+    meta = kernel.meta()
+    for pf, gpu in gpus.items():
+        kernel.refresh_gpu(pf, meta)
+        for parent in gpu["parents"]:       # a parent booted off nvidia offers no mdev type
+            kernel.sync_mdev_parent(meta, parent)
 
 
 def _expand(spec: HostSpec, cat: Catalog) -> Dict[PciAddress, _Dev]:
