@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from vgpuhost.cli.main import main as cli_main
 from vgpuhost.io.state import StateStore
 from vgpuhost.model.tenancy import NO_TENANT, usage_text
@@ -160,3 +162,42 @@ def test_sim_gpu_booted_on_vfio_pci_has_no_mdev_types(make_host):
     assert (pdir / "driver").resolve().name == "vfio-pci"
     assert not (pdir / "mdev_supported_types").exists()
     assert not (host.root / "sys/class/mdev_bus/0000:81:00.0").exists()
+
+
+# ---------------------------------------------------------------------------
+# 6: the agent refuses a query parameter an endpoint does not take (400 naming it), as it does body keys
+
+def test_agent_query_parameters_match_the_api_document():
+    import yaml
+    from vgpuhost.agent import api
+    from test_agent import SPEC
+    spec = yaml.safe_load(SPEC.read_text())
+    for route in api.ROUTES:
+        params = spec["paths"][route.template][route.method.lower()].get("parameters", [])
+        assert {p["name"] for p in params if p["in"] == "query"} == set(route.query), route.template
+
+
+@pytest.fixture
+def agent(make_host):
+    from agentutil import AgentRun
+    with AgentRun(make_host("a40-mdev").root) as run:
+        yield run
+
+
+def test_agent_refuses_unknown_query_parameters(agent):
+    from vgpuhost.agent import api
+    status, doc = agent.call("GET", "/v1/types?availble=1")
+    assert (status, doc["error"]["exit_code"]) == (400, 2), doc
+    assert doc["error"]["line"].startswith("unknown query parameter 'availble' in GET /v1/types"), doc
+    assert "gpu, available" in doc["error"]["hint"]
+    status, doc = agent.call("GET", "/v1/types?available=1")
+    assert status == 200 and all(t["available_instances"] > 0 for t in doc["types"])
+    for route in api.ROUTES:
+        if route.method != "GET":
+            continue
+        status, doc = agent.call("GET", route.template + "?no_such%00=1&x=2")
+        assert status == 400 and "unknown query parameter 'no_such?' (and 1 more)" in doc["error"]["line"], doc
+    status, doc = agent.call("POST", "/v1/reconcile?check=1", {"check": True})
+    assert status == 400 and "unknown query parameter 'check'" in doc["error"]["line"]
+    status, _ = agent.call("GET", "/v1/audit?since=1h")
+    assert status == 200
