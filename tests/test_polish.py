@@ -201,3 +201,16 @@ def test_agent_refuses_unknown_query_parameters(agent):
     assert status == 400 and "unknown query parameter 'check'" in doc["error"]["line"]
     status, _ = agent.call("GET", "/v1/audit?since=1h")
     assert status == 200
+
+
+# ---------------------------------------------------------------------------
+# 7: the install guide's table names every unit the package ships and install-units writes
+
+def test_install_guide_lists_every_unit():
+    import re
+    from pathlib import Path
+    from vgpuhost.ops import units
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "install.md").read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `/usr/lib/systemd/system/")]
+    listed = {n for ln in rows for n in re.findall(r"(vgpuhost-[a-z-]+\.(?:service|socket))", ln.split(" | ")[0])}
+    assert listed == set(units.UNIT_NAMES) == set(units.unit_names())
