@@ -214,3 +214,21 @@ def test_install_guide_lists_every_unit():
     rows = [ln for ln in text.splitlines() if ln.startswith("| `/usr/lib/systemd/system/")]
     listed = {n for ln in rows for n in re.findall(r"(vgpuhost-[a-z-]+\.(?:service|socket))", ln.split(" | ")[0])}
     assert listed == set(units.UNIT_NAMES) == set(units.unit_names())
+
+
+# ---------------------------------------------------------------------------
+# 8: ops.passthrough.release(owner=...) refuses a running owner's group itself (every caller gets it)
+
+def test_release_with_owner_refuses_while_the_domain_runs(make_host):
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops.passthrough import release as pt_release
+    from test_hook import A100, A100_AUDIO, DOM1, a100_vfs_off, driver, pt_domain, stop
+    host = a100_vfs_off(make_host)
+    s = StateStore(host.state_dir)
+    xml = pt_domain("gpu-vm", DOM1, A100, [A100, A100_AUDIO])
+    assert start(host, "gpu-vm", xml) == (0, "")
+    with pytest.raises(RefusedError, match="in use by running domain gpu-vm"):
+        pt_release(host, s, A100, owner=DOM1)
+    assert driver(host, A100) == "vfio-pci" and {r.owner for r in s.passthrough_records()} == {DOM1}
+    assert stop(host, "gpu-vm", xml) == (0, "")          # the hook's own release still gives it back
+    assert driver(host, A100) == "nvidia" and s.passthrough_records() == []
