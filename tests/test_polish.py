@@ -232,3 +232,49 @@ def test_release_with_owner_refuses_while_the_domain_runs(make_host):
     assert driver(host, A100) == "vfio-pci" and {r.owner for r in s.passthrough_records()} == {DOM1}
     assert stop(host, "gpu-vm", xml) == (0, "")          # the hook's own release still gives it back
     assert driver(host, A100) == "nvidia" and s.passthrough_records() == []
+
+
+# ---------------------------------------------------------------------------
+# 9: bench/hook.py byte-compiles the package (without PYTHONDONTWRITEBYTECODE) before it builds or times anything
+
+def _bench_module(name: str):
+    import importlib
+    import sys
+    from pathlib import Path
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module(name)
+
+
+def test_bench_precompile_writes_bytecode_despite_the_environment(tmp_path, monkeypatch):
+    benchutil = _bench_module("benchutil")
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "mod.py").write_text("X = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    benchutil.precompile(pkg)
+    assert list((pkg / "sub" / "__pycache__").glob("mod.*.pyc")) and list((pkg / "__pycache__").glob("*.pyc"))
+
+
+def test_bench_hook_compiles_before_it_builds_hosts(monkeypatch):
+    hook = _bench_module("hook")
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def precompile(path):
+        calls.append(("precompile", str(path)))
+        raise Stop()
+
+    def no_host(*a, **kw):
+        calls.append(("host",))
+        raise Stop()
+    monkeypatch.setattr(hook, "precompile", precompile, raising=False)
+    monkeypatch.setattr(hook, "Bench", no_host)
+    monkeypatch.setattr(hook, "_clean_interpreter", lambda where: no_host())
+    with pytest.raises(Stop):
+        hook.main(["--runs", "5", "--hosts", "a40-mdev", "--agent", "down"])
+    assert calls and calls[0][0] == "precompile" and calls[0][1].endswith("/vgpuhost")
