@@ -237,18 +237,19 @@ def test_release_with_owner_refuses_while_the_domain_runs(make_host):
 # ---------------------------------------------------------------------------
 # 9: bench/hook.py byte-compiles the package (without PYTHONDONTWRITEBYTECODE) before it builds or times anything
 
-def _bench_module(name: str):
+def _bench_module(name: str, monkeypatch):
+    """``bench/NAME.py`` imported as the scripts run (bench/ on sys.path, for this test only)."""
     import importlib
     import sys
     from pathlib import Path
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    for mod in (name, "benchutil"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
     return importlib.import_module(name)
 
 
 def test_bench_precompile_writes_bytecode_despite_the_environment(tmp_path, monkeypatch):
-    benchutil = _bench_module("benchutil")
+    benchutil = _bench_module("benchutil", monkeypatch)
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -259,7 +260,7 @@ def test_bench_precompile_writes_bytecode_despite_the_environment(tmp_path, monk
 
 
 def test_bench_hook_compiles_before_it_builds_hosts(monkeypatch):
-    hook = _bench_module("hook")
+    hook = _bench_module("hook", monkeypatch)
     calls = []
 
     class Stop(Exception):
