@@ -149,6 +149,10 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
             out.steps += describe(host, persist_steps)
         if dry_run:
             return out
+        # the types the GPU lists now: bound to vfio-pci it lists none (the vGPU manager unregisters it), and
+        # a vGPU asked of it later is then refused as passed through, not as an unknown profile
+        from ..policy.offers import seen_rows
+        store.remember_types([row for row in seen_rows(inv) if row[0] == str(gpu)])
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough prepare {gpu}")
         old_records = {r.bdf: r for r in store.passthrough_records()}
         journal = Journal.start(store, kind="passthrough-prepare", operation=ex.operation, owner=owner,
