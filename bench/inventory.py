@@ -47,7 +47,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from benchutil import run, timed
+from benchutil import precompile, run, timed
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))   # nsutil: the namespace wrapper the parity test uses
@@ -125,9 +125,7 @@ def main(argv: List[str] = None) -> int:
     from vgpuhost.sim.spec import parse_spec
 
     # bytecode as an installed package has it (PYTHONDONTWRITEBYTECODE would leave every run compiling)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "vgpuhost")], env=env,
-                   stdout=subprocess.DEVNULL, check=True)
+    precompile(REPO / "vgpuhost")
 
     script = Path(sys.executable).parent / "vgpuhost"
     console = [str(script)] if script.exists() else [sys.executable, "-m", "vgpuhost"]

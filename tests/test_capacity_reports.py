@@ -65,9 +65,8 @@ def test_types_shows_no_availability_on_a_gpu_passed_through(make_host, capsys):
     host = make_host("a40-mdev")
     code, _, err = cli(capsys, host, "passthrough", "prepare", A40)
     assert code == 0, err
-    t = types_json(capsys, host)
-    assert t and all(e["available_instances"] == 0 for e in t.values())          # 32 x A40-1B before
-    assert t["A40-8Q"]["max_instances"] == 6                                      # still listed, as sysfs lists it
+    # off nvidia the vGPU manager has unregistered the GPU: sysfs lists no type, so neither does vgpuhost
+    assert types_json(capsys, host) == {}                                          # 32 x A40-1B before
     assert types_json(capsys, host, "--available") == {}
     code, out, _ = cli(capsys, host, "types", "--available")
     assert code == 0 and out.strip() == "no vGPU types"

@@ -238,10 +238,12 @@ def test_remove_busy_mdev_ebusy(a40):
     assert os.path.isdir(host.mdev_devices / u)
 
 
-def test_create_on_unbound_gpu_enodev(a40):
+def test_create_on_unbound_gpu_enoent(a40):
+    # off nvidia the vGPU manager has unregistered the mdev parent: no mdev_supported_types, no create file
     host, sysfs = a40
     sysfs.write(host.pci_driver("nvidia") / "unbind", A40)
-    assert write_err(sysfs, mtype(host, A40, A40_8Q) / "create", new_uuid()) == errno.ENODEV
+    assert write_err(sysfs, mtype(host, A40, A40_8Q) / "create", new_uuid()) == errno.ENOENT
+    assert not (host.pci_device(A40) / "mdev_supported_types").exists()
 
 
 def test_unbind_gpu_with_vgpus_ebusy(a40):

@@ -664,6 +664,7 @@ class Route(NamedTuple):
     handler: Callable
     role: str               # the least role that may call it
     keys: Tuple[str, ...] = ()      # the JSON body's keys it takes (openapi.yaml's requestBody properties)
+    query: Tuple[str, ...] = ()     # the query parameters it takes (openapi.yaml's ``in: query`` parameters)
 
 
 def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
@@ -675,6 +676,18 @@ def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         takes = ", ".join(route.keys) if route.keys else "no keys (send no body, or {})"
         raise InputError(f"unknown key {shown!r}{more} in the body of {route.method} {route.template}",
+                         hint=f"it takes {takes}")
+
+
+def check_query(route: Route, query: Optional[Dict[str, str]]) -> None:
+    """InputError (400) naming the first query parameter ``route`` does not take: a misspelt
+    ``?availble=1`` must not quietly answer with every type, as an unknown body key is refused."""
+    unknown = sorted(set(query or ()) - set(route.query))
+    if unknown:
+        shown = "".join(c if c.isprintable() else "?" for c in unknown[0][:64])
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        takes = ", ".join(route.query) if route.query else "no query parameters"
+        raise InputError(f"unknown query parameter {shown!r}{more} in {route.method} {route.template}",
                          hint=f"it takes {takes}")
 
 
@@ -692,13 +705,13 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/agent", get_agent, READ),
     Route("GET", "/v1/openapi", get_openapi, READ),
     Route("GET", "/v1/inventory", get_inventory, READ),
-    Route("GET", "/v1/types", get_types, READ),
-    Route("GET", "/v1/capacity", get_capacity, READ),
+    Route("GET", "/v1/types", get_types, READ, query=("gpu", "available")),
+    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile",)),
     Route("GET", "/v1/vgpus", get_vgpus, READ),
     Route("GET", "/v1/domains", get_domains, READ),
     Route("GET", "/v1/tenants", get_tenants, READ),
     Route("GET", "/v1/usage", get_usage, READ),
-    Route("GET", "/v1/audit", get_audit, READ),
+    Route("GET", "/v1/audit", get_audit, READ, query=("since",)),
     Route("GET", "/v1/metrics", get_metrics, READ),
     Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN, _VGPU_KEYS),
     Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN, ("owner", "dry_run")),

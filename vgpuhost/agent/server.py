@@ -201,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         srv.agent.count(route, thin=self._hook_xml is not None)
         try:
             api.check_keys(route, body)
+            api.check_query(route, query)
             if route.handler is api.get_agent:
                 return 200, api.get_agent(srv.agent, req, role)
             return 200, route.handler(srv.agent, req)

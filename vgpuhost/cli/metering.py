@@ -168,9 +168,11 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
     if not recs:
         click.echo(f"no usage recorded from {lo}{' to ' + hi if hi else ''} (is 'vgpuhost exporter' running?)")
     else:
+        from ..model.tenancy import NO_TENANT
+        from ..policy.usage import NONE_KEY
         click.echo(table([by.upper(), "GPU-HOURS", "SM-BUSY-S", "ENC-BUSY-S", "DEC-BUSY-S", "FB-PEAK-MIB",
                           "DEVICES"],
-                         [[r[0], f"{r[1]:.3f}", f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.1f}",
+                         [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.1f}",
                            f"{r[6] / 1048576:.0f}", r[7]] for r in recs]))
     for g in gaps:
         click.echo(f"gap: {g[0][:19]} .. {g[1][:19]} {g[2]}: {g[3]:.0f} s, {g[4]}")
@@ -213,8 +215,9 @@ def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) ->
     if not act:
         click.echo(f"nothing to change: {len(items)} devices checked from {lo}{' to ' + hi if hi else ''}")
     else:
+        from ..model.tenancy import NO_TENANT
         click.echo(table(["DOMAIN", "TENANT", "DEVICE", "PROFILE", "ACTION", "TO", "REASON"],
-                         [[a.domain, a.tenant or "-", a.device, a.profile, a.action, a.to or "-", a.reason]
+                         [[a.domain, a.tenant or NO_TENANT, a.device, a.profile, a.action, a.to or "-", a.reason]
                           for a in act]))
     for name, n in sorted(more.items()):
         click.echo(f"these changes would admit {n} more {name} VM(s)")

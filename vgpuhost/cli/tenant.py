@@ -196,18 +196,13 @@ def _usage(name: Optional[str]) -> List[dict]:
 
 
 def _usage_rows(docs: List[dict]) -> List[list]:
-    from ..model.tenancy import DIMENSIONS
+    """Table rows of ``tenant usage`` documents (:func:`vgpuhost.model.tenancy.usage_text` per dimension)."""
+    from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
     rows = []
     for d in docs:
-        cells = []
-        for dim in DIMENSIONS:
-            u = d["usage"][dim]
-            lim = u["limit"]
-            text = f"{u['used']}/{lim}" if lim is not None else str(u["used"])
-            if u["burst"]:
-                text += f" ({u['burst']} burst)"
-            cells.append(text)
-        rows.append([d["tenant"] or "(none)", d["domains"], *cells])
+        cells = [usage_text(u["used"], u["burst"], u["guaranteed"], u["limit"])
+                 for u in (d["usage"][dim] for dim in DIMENSIONS)]
+        rows.append([d["tenant"] or NO_TENANT, d["domains"], *cells])
     return rows
 
 
@@ -245,7 +240,8 @@ def tenant_remove(name: str) -> None:
 @tenant.command("usage")
 @click.argument("name", required=False)
 def tenant_usage(name: Optional[str]) -> None:
-    """Allocations against quota, per tenant (USED/LIMIT, burst part in brackets)."""
+    """Allocations against quota, per tenant: USED/QUOTA (guaranteed:burst), the burst part
+    and any use over the quota in brackets; '(no tenant)' is what no tenant holds."""
     from .output import table
     docs = _usage(name)
     _emit({"schema": SCHEMA_USAGE, "tenants": docs},

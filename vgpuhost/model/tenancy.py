@@ -49,6 +49,10 @@ DEFAULT_QOS = BURSTABLE
 DEFAULT_ISOLATION = SHARED
 #: the class of a domain that names no tenant
 UNTENANTED_QOS = BEST_EFFORT
+#: how text tables name the use of devices with no tenant (manual and layout vGPUs, domains naming none);
+#: it cannot be a tenant name.  JSON documents carry null there (``vgpuhost.usage/v1`` keeps ``(none)``),
+#: Prometheus labels ``tenant=""``.
+NO_TENANT = "(no tenant)"
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"     # as domain metadata's tenant= (libvirt/domxml)
 _NAME_EXTRA = frozenset("_.:+-")
@@ -113,10 +117,37 @@ class Quota:
 
     def text(self, dim: str) -> str:
         """``4``, ``4:6`` (guaranteed:burst) or ``-`` (no limit)."""
-        g, b = self.guaranteed.get(dim), self.burst.get(dim)
-        if g is None:
-            return "-"
-        return f"{g}:{b}" if b is not None and b != g else str(g)
+        return limit_text(self.guaranteed.get(dim), self.burst.get(dim))
+
+
+def limit_text(guaranteed: Optional[int], burst: Optional[int]) -> str:
+    """A quota dimension as operators type it: ``4``, ``4:6`` (guaranteed:burst), ``0``, or ``-`` (no limit)."""
+    if guaranteed is None:
+        return "-"
+    return f"{guaranteed}:{burst}" if burst is not None and burst != guaranteed else str(guaranteed)
+
+
+def usage_text(used: int, burst: int, guaranteed: Optional[int], limit: Optional[int]) -> str:
+    """One dimension of ``tenant usage``: ``USED/QUOTA`` with notes in brackets.
+
+    ``used``: what the tenant holds; ``burst``: the part of it admitted as
+    burst; ``guaranteed``/``limit``: the guaranteed limit and the ceiling
+    (burst limit, else the guaranteed one), None for no limit.  QUOTA is
+    written as in ``tenant list`` (``1:2``, ``0``).  Without a limit there is
+    nothing to burst above or exceed, so only ``used`` is written.  With one,
+    the notes are the burst part (``1 burst``) and, where use passes the
+    ceiling (a quota lowered below what running domains hold; vgpuhost never
+    stops a VM), ``N over quota``: ``2/1:2 (1 burst)``, ``2/0 (2 over quota)``.
+    """
+    if guaranteed is None or limit is None:
+        return str(used)
+    notes = []
+    if burst:
+        notes.append(f"{burst} burst")
+    if used > limit:
+        notes.append(f"{used - limit} over quota")
+    text = f"{used}/{limit_text(guaranteed, limit)}"
+    return text + (f" ({', '.join(notes)})" if notes else "")
 
 
 @record(frozen=True)

@@ -782,7 +782,7 @@ def _release(host: HostRoot, store: StateStore, owner: str, targets: List[Device
                 out.released.append(t.id)
             elif t.kind == KIND_PASSTHROUGH and t.id in held:
                 from .passthrough import release
-                release(host, store, PciAddress.parse(t.id), owner=owner, actor=actor)
+                release(host, store, PciAddress.parse(t.id), owner=owner, actor=actor, while_running=True)
                 out.released.append(t.id)
         except VgpuhostError as e:
             failures.append(f"{t.id} ({e.message})")

@@ -146,7 +146,11 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
     """Every profile name must be one this host knows (on the pinned GPU / the VF's GPU) before any write."""
     from ..policy.offers import resolve_profile, seen_rows
     records = store.vgpu_records()
-    seen = store.seen_types() + seen_rows(inv)
+    rows = seen_rows(inv)
+    # remembered before this start changes the host: a GPU it passes through lists no types afterwards,
+    # and a vGPU asked of that GPU is then refused as not placeable, not as an unknown profile
+    store.remember_types(rows)
+    seen = store.seen_types() + rows
     for req in checked.vgpus:
         gpu = req.gpu
         if req.vf is not None:
@@ -258,7 +262,7 @@ def _undo(host: HostRoot, store: "StateStore", me: str, made: List[Tuple[str, ob
                     vgpu.remove(host, store, str(dev), owner=me, actor=actor, while_running=True)
                 else:
                     from . import passthrough
-                    passthrough.release(host, store, dev, owner=me, actor=actor)
+                    passthrough.release(host, store, dev, owner=me, actor=actor, while_running=True)
             except Exception as e:
                 failed.append(f"{dev} ({e})")
     finally:
@@ -306,7 +310,7 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
         from . import passthrough
         for g in gpus:
             try:
-                passthrough.release(host, store, PciAddress.parse(g), owner=me, actor=actor)
+                passthrough.release(host, store, PciAddress.parse(g), owner=me, actor=actor, while_running=True)
                 done.append(g)
             except VgpuhostError as e:
                 errors.append(f"{g}: {e.message}")

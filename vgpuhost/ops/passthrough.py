@@ -17,7 +17,9 @@ format: one file ``/etc/driverctl.d/pci-<BDF>`` holding the driver name.
 Ownership: every recorded function carries the group's owner, a domain
 UUID (the qemu hook) or ``manual`` (the CLI); prepare refuses a group
 another owner holds, and ``release(owner=...)`` releases only a group that
-owner holds (a late release never frees the next owner's group).
+owner holds (a late release never frees the next owner's group).  No
+release frees a group of a running domain unless the caller takes it from
+the domain itself (``while_running``: the hook's release, detach).
 
 Not detectable from sysfs and so not checked here: NVIDIA persistence mode
 (NVML, a later issue) and open users of a companion's driver.
@@ -147,6 +149,10 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
             out.steps += describe(host, persist_steps)
         if dry_run:
             return out
+        # the types the GPU lists now: bound to vfio-pci it lists none (the vGPU manager unregisters it), and
+        # a vGPU asked of it later is then refused as passed through, not as an unknown profile
+        from ..policy.offers import seen_rows
+        store.remember_types([row for row in seen_rows(inv) if row[0] == str(gpu)])
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough prepare {gpu}")
         old_records = {r.bdf: r for r in store.passthrough_records()}
         journal = Journal.start(store, kind="passthrough-prepare", operation=ex.operation, owner=owner,
@@ -203,19 +209,22 @@ def _prepare_writes(host: HostRoot, store: StateStore, ex: Executor, gpu: PciAdd
 
 
 def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool = False,
-            dry_run: bool = False, actor: Optional[str] = None, owner: Optional[str] = None) -> Outcome:
+            dry_run: bool = False, actor: Optional[str] = None, owner: Optional[str] = None,
+            while_running: bool = False) -> Outcome:
     """Give every function of ``gpu``'s group back, companions first, the GPU last.
 
     Idempotent.  A function that fails to go back is named in a DeviceError
-    after the others were released; its record stays for a retry.  Without
-    ``owner`` (the operator's release) a group a running domain holds (one
-    the qemu hook started and has not released: ``store.active_domains()``)
-    raises RefusedError; a group recorded for a domain that is not running
-    (a host crash skipped its ``release end``) is released.  With
-    ``owner`` (the qemu hook's release: a domain UUID) only a group that
-    owner holds is released: a group with no records is a no-op (already
-    released, or never prepared), one another owner holds raises
-    RefusedError and is left alone.
+    after the others were released; its record stays for a retry.  A group
+    a running domain holds (one the qemu hook started and has not released:
+    ``store.active_domains()``) raises RefusedError, with or without
+    ``owner``, unless ``while_running`` (the hook's release and undo, and
+    detach, which take the GPU from the domain first: as
+    :func:`vgpuhost.ops.vgpu.remove`); a group recorded for a domain that
+    is not running (a host crash skipped its ``release end``) is released.
+    With ``owner`` (a domain UUID) only a group that owner holds is
+    released: a group with no records is a no-op (already released, or
+    never prepared), one another owner holds raises RefusedError and is
+    left alone.
     """
     if owner is not None:
         owner = validate_owner(owner)
@@ -239,6 +248,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                                    hint="a late release for an earlier owner never frees the next owner's group")
         else:
             holder = group_holder(store, endpoints, records)
+        if not while_running:
             running = store.active_domains()
             if holder in running:
                 raise RefusedError(f"IOMMU group {group} of {gpu} is in use by running domain "

@@ -99,7 +99,7 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
         notes.append("takes effect after the nvidia module is reloaded (no VM may use the GPU) or the host reboots")
     else:
         notes.append(f"{host.relative(path)} already holds this value")
-    if state.policy != "best-effort":
+    if state.policy != "best-effort" and _any_mig_capable(host, gpus):
         notes.append("the driver ignores it on a GPU in MIG mode (no software scheduler there)")
     if state.policy == "fixed-share":
         notes.append("fixed share is not available while a GPU is in mixed-size mode")
@@ -122,19 +122,39 @@ def host_gpus(host: HostRoot) -> List[PciAddress]:
     return [g.address for g in discover(Sysfs(host), with_types=False).gpus]
 
 
+def _boards(host: HostRoot, gpus: Sequence[PciAddress]) -> List[Tuple[PciAddress, Optional[object]]]:
+    """Each GPU with its catalog board (:class:`vgpuhost.model.catalog.GpuModel`, by PCI device id),
+    None for a board the catalog does not list or a GPU sysfs does not show."""
+    from ..io.catalog import load_catalog
+    from ..io.sysfs import Sysfs
+    fs = Sysfs(host)
+    models = {m.ids.device: m for m in load_catalog().gpus.values()}
+    out = []
+    for g in gpus:
+        dev = fs.read_int(host.pci_device(g) / "device", default=None)
+        out.append((g, models.get(dev) if dev is not None else None))
+    return out
+
+
+def _any_mig_capable(host: HostRoot, gpus: Sequence[PciAddress]) -> bool:
+    """Whether the MIG note of ``scheduler set --persist`` applies: some GPU in scope (``gpus``, or every
+    NVIDIA GPU when empty) is MIG-capable by the catalog (docs/reference/hardware.md), or of a board the
+    catalog does not list, or the host's GPUs cannot be read (then the note is kept)."""
+    try:
+        scope = list(gpus) or host_gpus(host)
+    except Exception:               # a note only: unreadable GPUs keep it
+        return True
+    boards = _boards(host, scope)
+    return not boards or any(m is None or m.mig_capable for _g, m in boards)
+
+
 def refuse_boards_without_vgpu(host: HostRoot, gpus: Sequence[PciAddress]) -> None:
     """RefusedError (exit 2) for a GPU whose board has no vGPU support (a GeForce, say): the
     vGPU scheduler setting would be written for a GPU that never runs the vGPU manager.
 
     The board's vGPU types come from the catalog (``vgpuhost/sim/catalog.yaml``, docs/reference/hardware.md#vgpu-types);
     a board the catalog does not list is given the benefit of the doubt."""
-    from ..io.catalog import load_catalog
-    from ..io.sysfs import Sysfs
-    fs = Sysfs(host)
-    models = {m.ids.device: m for m in load_catalog().gpus.values()}
-    for g in gpus:
-        dev = fs.read_int(host.pci_device(g) / "device", default=None)
-        m = models.get(dev) if dev is not None else None
+    for g, m in _boards(host, gpus):
         if m is not None and not m.vgpu_types:
             raise RefusedError(f"{g} is a {m.marketing_name}, which has no vGPU support: the vGPU scheduler does "
                                "not apply to it", hint="name a GPU that runs vGPUs (vgpuhost types lists them)")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..io.locks import file_lock
 from ..io.state import StateStore
 from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
+from ..model.kinds import Owner
 from ..model.tenancy import (DIMENSIONS, UNTENANTED_QOS, Limits, Quota, Tenant, check_name, labels_text,
                              parse_labels)
 from ..model.values import record, replace
@@ -490,7 +491,9 @@ def forget(store: StateStore, owner: Optional[str] = None, devices: Sequence[str
 # reports
 
 def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dict]:
-    """Per tenant (and ``(none)`` for devices with no tenant): each dimension's use, burst part and limits."""
+    """Per tenant, then one entry with ``"tenant": None`` for devices with no tenant (manual and layout
+    vGPUs, domains naming none) when there are any: each dimension's use, burst part and limits, and
+    ``domains``, how many libvirt domains hold them (owners ``manual`` and ``layout`` are not domains)."""
     held = allocations(store, inv)
     ts = tenants(store)
     out = []
@@ -508,7 +511,7 @@ def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dic
                        "limit": t.quota.ceiling(d) if t else None}
         out.append({"tenant": n, "known": t is not None, "qos": t.qos if t else None,
                     "isolation": t.isolation if t else None,
-                    "domains": len({a.owner for a in held if a.tenant == n}),
+                    "domains": len({a.owner for a in held if a.tenant == n and Owner.is_domain(a.owner)}),
                     "usage": dims})
     return out
 

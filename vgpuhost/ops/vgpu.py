@@ -232,10 +232,16 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                              parent=defined_parent)
         decision = place(all_offers, req)
         if not decision.admitted:
-            fit = "; ".join(f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
-                            if pin is None or o.gpu == pin)
-            raise RefusedError(f"cannot place {name}: {decision.reason}",
-                               hint=f"types that still fit: {fit or 'none'}")
+            # a GPU passed through lists no types (the vGPU manager unregistered it), so it makes no offer:
+            # name it rather than leave "no vGPU-capable GPU" unexplained
+            offered = {o.gpu for o in all_offers}
+            passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
+                      and (pin is None or g.address == pin)]
+            fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
+                             if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
+            why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
+                                     + ", ".join(map(str, passed)) if passed else "")
+            raise RefusedError(f"cannot place {name}: {why}", hint=f"types that still fit: {fit or 'none'}")
         g = inv.gpu(decision.gpu)
         backend = g.vgpu_backend
         mig_backed = bool((VgpuProfile.try_parse(name) or VgpuProfile("x", 0, "C")).mig_backed)

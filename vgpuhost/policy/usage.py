@@ -25,6 +25,9 @@ FB_HEADROOM = 1.25
 #: a guaranteed vGPU below this average SM share over the window is idle
 IDLE_SM_SHARE = 0.01
 MIB = 1024 * 1024
+#: the key of rows with no tenant in ``--by tenant`` totals (``vgpuhost.usage/v1`` JSON and CSV carry it;
+#: tables print :data:`vgpuhost.model.tenancy.NO_TENANT`); it cannot be a tenant name
+NONE_KEY = "(none)"
 
 
 def parse_when(text: str, now: datetime) -> Optional[datetime]:
@@ -75,7 +78,7 @@ def _row(r: Sequence) -> dict:
 def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     """Totals per ``by`` (``tenant``, ``domain`` or ``profile``), largest allocation first.
 
-    An empty tenant is reported as ``(none)``.  Raises ValueError for another ``by``.
+    An empty tenant is reported as :data:`NONE_KEY`.  Raises ValueError for another ``by``.
     """
     if by not in BY:
         raise ValueError(f"by must be one of {BY}")
@@ -84,7 +87,7 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     hours: Dict[str, set] = {}
     for raw in rows:
         r = _row(raw)
-        key = r[by] or "(none)"
+        key = r[by] or NONE_KEY
         a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
         a[0] += r["alloc_s"]
         a[1] += r["sm"]

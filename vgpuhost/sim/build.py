@@ -109,22 +109,28 @@ def _materialise(spec: HostSpec, root: Path, cat: Catalog, force: bool) -> HostR
             raise SimulatorError(f"{root} is not a simulated host root; refusing to replace it")
         replace_old = True
     root.parent.mkdir(parents=True, exist_ok=True)
-    # build beside the target and rename it into place: a failure leaves nothing half-built
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    # build beside the target and rename it into place: a failure leaves nothing half-built.  The
+    # private staging folder (0700, mkdtemp's) holds the new root, made as mkdir makes any folder
+    # (0755 under the usual umask 022), so the root reads as a real / does: mdevctl, driverctl and
+    # non-root readers can walk it.
+    stage = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    tmp = stage / "root"
     try:
+        tmp.mkdir()
         _build(spec, HostRoot(tmp), cat)
         if replace_old:
-            trash = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
-            os.rename(root, trash / "old")
-            os.rename(tmp, root)
-            shutil.rmtree(trash, ignore_errors=True)
+            os.rename(root, stage / "old")
+            try:
+                os.rename(tmp, root)
+            except BaseException:
+                os.rename(stage / "old", root)         # the old host stays as it was
+                raise
         else:
             if root.is_dir():
                 root.rmdir()
             os.rename(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return HostRoot(root)
 
 
@@ -186,8 +192,11 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
         write_load(host, {k: json.loads(v) for k, v in spec.load})
     from .kernel import SimKernel
     kernel = SimKernel(host)
-    for pf in gpus:
-        kernel.refresh_gpu(pf)
+    meta = kernel.meta()
+    for pf, gpu in gpus.items():
+        kernel.refresh_gpu(pf, meta)
+        for parent in gpu["parents"]:       # a parent booted off nvidia offers no mdev type
+            kernel.sync_mdev_parent(meta, parent)
 
 
 def _expand(spec: HostSpec, cat: Catalog) -> Dict[PciAddress, _Dev]:

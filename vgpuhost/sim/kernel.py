@@ -21,7 +21,10 @@ on the device directory, as in sysfs):
 - ``<mdev>/remove`` (``1``): undoes create.  EINVAL (other value), EBUSY
   (UUID listed in meta ``busy_mdevs``: the seam for running VMs).
   Both create and ``current_vgpu_type`` give ENODEV while the parent / VF
-  is not bound to ``nvidia`` (no vGPU manager behind it).
+  is not bound to ``nvidia`` (no vGPU manager behind it); an mdev parent
+  off ``nvidia`` shows no ``mdev_supported_types`` and no ``class/mdev_bus``
+  link at all (:meth:`SimKernel.sync_mdev_parent`), so its ``create`` files
+  are missing (ENOENT).
 - ``<VF>/nvidia/current_vgpu_type`` (decimal; docs/reference/hardware.md#vendor-vfio): EINVAL
   (not decimal, unknown type), EPERM (a vGPU exists and non-zero written, or
   none and ``0`` written), ENOSPC (type not creatable now).
@@ -93,6 +96,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 #: the driver NVIDIA's vGPU manager binds every mdev to
 MDEV_DRIVER = "nvidia-vgpu-vfio"
+#: the GPU driver (the vGPU manager registers mdev parents while it is bound)
+NVIDIA = "nvidia"
 VFIO_PCI = "vfio-pci"
 PERSISTENCED = "nvidia-persistenced"
 
@@ -367,8 +372,12 @@ class SimKernel:
             pdir = self.dev_dir(meta, parent)
             if gpu["backend"] == "mdev":
                 types_dir = f"{pdir}/mdev_supported_types/"
-                for tid in gpu["types"]:
-                    write_attr(f"{types_dir}{tid}/available_instances", f"{avail.get(tid, 0)}\n", if_changed=True)
+                try:
+                    for tid in gpu["types"]:
+                        write_attr(f"{types_dir}{tid}/available_instances", f"{avail.get(tid, 0)}\n",
+                                   if_changed=True)
+                except FileNotFoundError:       # not registered: not bound to nvidia (sync_mdev_parent)
+                    continue
             else:
                 lines = ["ID    : vGPU Name"]
                 for tid in sorted(gpu["types"], key=int):
@@ -506,11 +515,39 @@ class SimKernel:
         _link(ddir / "driver", self._driver_dir(drv))
         _link(self._driver_dir(drv) / bdf, ddir)
         self._sync_vfio_group(meta, meta["devices"][bdf].get("iommu_group"))
+        if drv == NVIDIA:
+            self.sync_mdev_parent(meta, bdf)
 
     def _detach(self, meta: dict, bdf: str, drv: str) -> None:
         _unlink(self._rdir(meta, bdf) / "driver")
         _unlink(self._driver_dir(drv) / bdf)
         self._sync_vfio_group(meta, meta["devices"][bdf].get("iommu_group"))
+        if drv == NVIDIA:
+            self.sync_mdev_parent(meta, bdf)
+
+    def sync_mdev_parent(self, meta: dict, bdf: str) -> None:
+        """Show or hide mdev parent ``bdf``'s ``mdev_supported_types`` and its ``class/mdev_bus`` link
+        as it is bound to ``nvidia`` or not: the vGPU manager registers the parent when it binds and
+        unregisters it when it unbinds (docs/reference/hardware.md#mdev), so a GPU on vfio-pci or on
+        no driver offers no mdev type.  Hidden types wait under ``.vgpuhost-sim/mdev-unregistered/``.
+        Nothing for a device that is no mdev parent."""
+        pf = bdf if bdf in meta["gpus"] else meta["devices"][bdf].get("pf")
+        gpu = meta["gpus"].get(pf) if pf else None
+        if gpu is None or gpu["backend"] != "mdev" or bdf not in gpu["parents"]:
+            return
+        types = self._rdir(meta, bdf) / "mdev_supported_types"
+        hidden = self._rpath(self.host.sim_dir) / "mdev-unregistered" / bdf
+        link = self._rpath(self.host.mdev_bus) / bdf
+        if self._driver_of(meta, bdf) == NVIDIA:
+            if hidden.is_dir() and not os.path.lexists(types):
+                os.rename(hidden, types)
+            _link(link, self._rdir(meta, bdf))
+            self.refresh_gpu(pf, meta)
+        else:
+            if types.is_dir():
+                hidden.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(types, hidden)
+            _unlink(link)
 
     def _sync_vfio_group(self, meta: dict, group: Optional[int]) -> None:
         """``dev/vfio/<group>`` exists while a member of the group is bound to vfio-pci."""
