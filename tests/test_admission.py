@@ -42,6 +42,8 @@ def test_no_tenants_admits_and_places():
 def test_unknown_tenant_refused_when_tenants_exist():
     d = adm.admit(vreq(tenant="ghost"), tenants={"a": tenant("a")}, allocations=[], offers=offers(1, 1, 1))
     assert not d.admitted and d.code == "unknown-tenant" and "ghost" in d.reason
+    # an unknown tenant is added, not freed: the remedy does not say "to free room" (a breaker's finding)
+    assert d.one_line().endswith("; to be admitted: add it ('vgpuhost tenant add ghost') or fix the domain's tenant")
 
 
 def test_quota_guaranteed_then_burst_then_refused_naming_use():

@@ -119,3 +119,30 @@ def test_an_interrupted_mig_disable_gets_its_instances_back(make_host, tmp_path)
     assert backend_for(host).mig_mode(A100) == (True, True)
     entries, _ = _entries(host)
     assert entries[-1].kind == "mig-mode" and entries[-1].state == "rolled-back"
+
+
+def test_a_refused_start_says_what_it_ended_first(make_host, monkeypatch):
+    """A domain start first ends interrupted operations on its devices (as every command does); when
+    the start is then refused, its refusal says what was ended (a breaker's finding: a start that
+    rolled back an interrupted 'mig apply' and then refused said nothing of it).  The recovery itself
+    is tested above; here an open entry, a recovery and a refusal are stood in for."""
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops import devices
+    from test_hook import DOM1, MDEV1, vgpu_domain
+    host = make_host("a40-mdev")
+    StateStore(host.state_dir).close()
+    monkeypatch.setattr(StateStore, "journal_entries", lambda self, open_only=False: ["open"])
+    monkeypatch.setattr(recover, "recover_devices", lambda *a, **k: [recover.Recovered(
+        7, "mig apply --gpu 0000:81:00.0", "manual", "rolled-back", "3 GPU instances restored")])
+
+    def refuse(*a, **k):
+        raise RefusedError("no 1g.18gb GPU instance free", hint="create one")
+    monkeypatch.setattr(devices, "_prepare", refuse)
+    view = parse_domain(vgpu_domain("late", DOM1, MDEV1).encode())
+    try:
+        devices.prepare(host, view, actor="test")
+    except RefusedError as e:
+        hint = e.hint
+    assert hint == ("create one; before this start, vgpuhost ended journal #7 "
+                    "mig apply --gpu 0000:81:00.0 (owner manual): rolled-back: 3 GPU instances restored")

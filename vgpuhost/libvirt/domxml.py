@@ -249,7 +249,7 @@ def parse_domain(data: "bytes | str") -> DomainView:
     if isinstance(data, str):
         data = data.encode("utf-8")
     if len(data) > MAX_XML_BYTES:
-        raise InputError(f"domain XML is {len(data)} bytes; vgpuhost reads at most {MAX_XML_BYTES}",
+        raise InputError(f"domain XML is over {MAX_XML_BYTES} bytes; vgpuhost reads at most {MAX_XML_BYTES}",
                          hint="a libvirt domain document is a few KiB: check what fed this input")
     return _Reader().run(data)
 
@@ -268,7 +268,7 @@ def parse_domain_identity(data: "bytes | str") -> DomainView:
     if isinstance(data, str):
         data = data.encode("utf-8")
     if len(data) > MAX_XML_BYTES:
-        raise InputError(f"domain XML is {len(data)} bytes; vgpuhost reads at most {MAX_XML_BYTES}",
+        raise InputError(f"domain XML is over {MAX_XML_BYTES} bytes; vgpuhost reads at most {MAX_XML_BYTES}",
                          hint="a libvirt domain document is a few KiB: check what fed this input")
     return _IdentityReader().run(data)
 

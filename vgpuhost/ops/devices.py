@@ -73,23 +73,40 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
     meta = view.metadata
     if meta is None or meta.empty:
         return []
-    from ..observe.inventory import discover
-    from ..io.state import StateStore
-    from ..io.sysfs import Sysfs
-    from ..policy.hookrequest import check_holders, check_request
-    from ..policy.iommu import group_endpoints
     from ..io.files import is_file
-    from ..io.state import DB_NAME
+    from ..io.state import DB_NAME, StateStore
     if store is None and is_file(os.path.join(host.s.state_dir, DB_NAME)):
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
+    recovered = []
     if store is not None:
         if store.journal_entries(open_only=True):
             # an interrupted start (or other operation) on these devices: finish or roll it back first,
             # as every CLI operation does under its GPU lock, so the retried start is not refused
             from .recover import recover_devices
             names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
-            if recover_devices(host, store, names, actor=actor):
+            recovered = recover_devices(host, store, names, actor=actor)
+            if recovered:
                 inventory = None                    # the host changed
+    try:
+        return _prepare(host, view, actor, inventory, store)
+    except VgpuhostError as e:
+        if recovered:
+            # what the start undid of another operation first belongs in its refusal (a breaker's finding:
+            # a start that rolled back an interrupted 'mig apply' and then refused said nothing of it)
+            note = "before this start, vgpuhost ended " + "; ".join(r.line() for r in recovered)
+            e.hint = f"{e.hint}; {note}" if e.hint else note
+        raise
+
+
+def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optional[Inventory]",
+             store: "Optional[StateStore]") -> List[str]:
+    """:func:`prepare` once interrupted operations on the domain's devices are ended."""
+    from ..observe.inventory import discover
+    from ..io.state import StateStore
+    from ..io.sysfs import Sysfs
+    from ..policy.hookrequest import check_holders, check_request
+    from ..policy.iommu import group_endpoints
+    meta = view.metadata
     # host facts (every process's comm, modules, cpuinfo) only for passthrough's checks: a host with
     # hundreds of processes would pay a read of each on every vGPU domain start
     inv = inventory if inventory is not None else discover(Sysfs(host), host_facts=bool(meta.passthrough))

@@ -343,7 +343,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                         path="(admission)", value=d.one_line(), result="admitted" if d.admitted else "refused")
         if not d.admitted:
             raise RefusedError(f"admission: {d.reason}",
-                               hint=("to free room: " + "; ".join(d.frees)) if d.frees else None)
+                               hint=d.remedy())
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
     return out

@@ -245,10 +245,21 @@ class Admission:
     pool: Optional[str] = None
     frees: Tuple[str, ...] = field(default=())
 
-    def one_line(self) -> str:
+    def remedy(self) -> Optional[str]:
+        """What to do, or None: ``to free room: ...`` where room is what is short (quota, capacity,
+        burst), ``to be admitted: ...`` for the other rules (an unknown tenant is added, not freed)."""
         if self.admitted or not self.frees:
-            return self.reason
-        return f"{self.reason}; to free room: " + "; ".join(self.frees)
+            return None
+        lead = "to free room" if self.code in ROOM_CODES else "to be admitted"
+        return f"{lead}: " + "; ".join(self.frees)
+
+    def one_line(self) -> str:
+        remedy = self.remedy()
+        return self.reason if remedy is None else f"{self.reason}; {remedy}"
+
+
+#: the rules that refuse for want of room: their remedies free some
+ROOM_CODES = frozenset({"quota", "capacity", "burst"})
 
 
 # ---------------------------------------------------------------------------
