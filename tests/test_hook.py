@@ -596,7 +596,7 @@ def test_hook_path_imports_stay_lean(make_host, tmp_path):
 
 #: modules a real host's hook path must not import (issue 17): each costs milliseconds per domain start
 LEAN_FORBIDDEN = {"pathlib", "enum", "re", "threading", "json", "typing", "dataclasses", "socket", "selectors",
-                  "random", "http", "email", "urllib"}
+                  "random", "http", "email", "urllib", "functools", "collections"}
 #: ...of which the hook path still imports these (none since the io doors it uses take string paths
 #: and PCI address, UUID and name parsing is hand-written).  The test fails when one goes away too,
 #: so the list only shrinks: delete its name here.
@@ -1282,3 +1282,22 @@ def test_the_dispatcher_refuses_xml_with_a_nul_byte_instead_of_dropping_it(make_
     # the same document without the NUL goes ahead
     proc = dispatch(path, ["web", "prepare", "begin", "-"], xml.replace(b"\0", b""))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_agent_call_without_a_socket_is_agent_down_before_json(tmp_path):
+    """The handler's own try of the agent (a hook installed without curl, no agent running): a missing
+    path or one that is no socket is AgentDown at once, and json (with re) is not imported for it."""
+    (tmp_path / "plain").write_text("")
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(Path(hook.__file__).parents[2])!r})\n"
+            "from vgpuhost.io import agentclient\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n"
+            "        agentclient.call(p, 'POST', '/v1/hook/prepare', {'xml': ''}, timeout_s=5)\n"
+            "    except agentclient.AgentDown as e:\n"
+            "        print('down', 'no agent on' in str(e))\n"
+            "print(sorted(m for m in ('json', 're', 'socket') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path / "missing" / "agent.sock"),
+                           str(tmp_path / "plain")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["down True", "down True", "[]"]

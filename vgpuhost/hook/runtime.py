@@ -197,6 +197,8 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
 
 def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, timeout_s: int) -> "Optional[int]":
     """Hand the call to the agent: its exit code, or None when no agent answers (do it here)."""
+    if os.environ.get("VGPUHOST_AGENT", "").lower() in ("off", "0", "no"):
+        return None                 # io.agentclient.disabled(), before importing it: the dispatcher's fallback
     from ..io import agentclient
     path = agentclient.socket_path(host)
     if path is None:

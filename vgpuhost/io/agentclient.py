@@ -60,7 +60,13 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
     connection closes before a full answer; OSError for other socket
     errors (EACCES: the caller may not use this socket).
     """
-    import json
+    import stat
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise AgentDown(f"no agent on {path} (not a socket)")
+    except (FileNotFoundError, NotADirectoryError):
+        raise AgentDown(f"no agent on {path} (no such file)") from None
+    import json     # only now: the qemu hook with no agent running imports no json (and re) for nothing
     from .unixsock import connect
     data = b"" if body is None else json.dumps(body).encode("utf-8")
     head = (f"{method} {target} HTTP/1.1\r\nHost: vgpuhost-agent\r\nConnection: close\r\n"

@@ -75,15 +75,63 @@ import errno as _errno
 import os
 import time as _time
 
-try:
-    # The C module the ``sqlite3`` package wraps, itself: the package adds only the DB-API date
-    # constructors and datetime adapters (this store writes times as text) and imports datetime and
-    # collections for them, 1.5 ms of every qemu hook process's start (measured 2026-12-01: ``python
-    # -I -S -c 'import sqlite3'`` 11.3 ms, ``import _sqlite3`` 9.8 ms, ``pass`` 6.5 ms).  Same classes,
-    # exceptions and functions; a process that imports ``sqlite3`` too shares them.
-    import _sqlite3 as sqlite3
-except ImportError:         # an interpreter without the split: the package
-    import sqlite3
+
+
+def _import_sqlite3():
+    """The C module the ``sqlite3`` package wraps, itself (or the package where there is no split).
+
+    The package adds only the DB-API date constructors and datetime adapters (this store writes
+    times as text) and imports datetime and collections for them, 1.5 ms of every qemu hook
+    process's start (measured 2026-12-01: ``python -I -S -c 'import sqlite3'`` 11.3 ms, ``import
+    _sqlite3`` 9.8 ms, ``pass`` 6.5 ms).  Same classes, exceptions and functions; a process that
+    imports ``sqlite3`` too shares them.
+
+    From Python 3.11 the C module's initialisation imports :mod:`functools` for one function,
+    ``lru_cache`` (each connection's statement cache), and with it collections, keyword,
+    operator, reprlib and types: about 2 ms of every qemu hook process (``python -X importtime``,
+    the minimum over 10 hook runs, 2026-12-01).  Where nothing has imported functools yet (the
+    hook; any process that imported :mod:`threading` has, so no other Python thread can be
+    importing meanwhile), a stand-in module that holds only ``lru_cache``, built on the same C
+    cache (``_functools._lru_cache_wrapper``, what ``functools.lru_cache`` returns), is in
+    ``sys.modules`` while the C module initialises, and is taken out at once: a later ``import
+    functools`` gets the real one.  Any failure with the stand-in imports the module plainly.
+    """
+    import sys
+    if "functools" in sys.modules or "_sqlite3" in sys.modules:
+        try:
+            import _sqlite3
+        except ImportError:         # an interpreter without the split: the package
+            import sqlite3 as _sqlite3
+        return _sqlite3
+    import _functools
+
+    def lru_cache(maxsize=128, typed=False):
+        def decorate(function):
+            return _functools._lru_cache_wrapper(function, maxsize, typed, tuple)
+        return decorate
+
+    stand_in = type(sys)("functools", "vgpuhost's stand-in while _sqlite3 initialises (io/state.py)")
+    stand_in.lru_cache = lru_cache
+    sys.modules["functools"] = stand_in
+    try:
+        import _sqlite3
+    except ImportError:             # no split (the package imports more than lru_cache): plainly
+        _sqlite3 = None
+    except Exception:               # a C module that wants more of functools: plainly
+        sys.modules.pop("_sqlite3", None)
+        _sqlite3 = None
+    finally:
+        if sys.modules.get("functools") is stand_in:
+            del sys.modules["functools"]
+    if _sqlite3 is None:
+        try:
+            import _sqlite3
+        except ImportError:
+            import sqlite3 as _sqlite3
+    return _sqlite3
+
+
+sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 
 from ..model.errors import HostEnvironmentError
@@ -793,10 +841,14 @@ class StateStore:
         with self.transaction() as conn:
             conn.execute("INSERT OR REPLACE INTO domains VALUES (?, ?, ?)", (uuid, name, utcnow()))
 
-    def domain_stopped(self, uuid: str) -> None:
-        """Forget domain ``uuid`` (the hook's ``release end``); no-op when unknown."""
+    def domain_stopped(self, uuid: str, *, allocations: bool = False) -> None:
+        """Forget domain ``uuid`` (the hook's ``release end``); no-op when unknown.  ``allocations``:
+        its allocation rows go too, in the same transaction (one write transaction per release, not two);
+        the marker last."""
         with self.transaction() as conn:
             conn.execute("DELETE FROM domains WHERE uuid = ?", (uuid,))
+            if allocations:
+                self.delete_allocations(conn, owner=uuid)
         d = self._markers()
         if d is not None and _is_uuid(uuid):
             try:

@@ -331,9 +331,9 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
                 done.append(g)
             except VgpuhostError as e:
                 errors.append(f"{g}: {e.message}")
-    store.domain_stopped(me)
-    # ops.tenancy.forget, without importing admission (its module's) on the hook's release path
-    store.forget_allocations(owner=me)
+    # and its allocations (ops.tenancy.forget, without importing admission, its module's, on the hook's
+    # release path), in the same transaction
+    store.domain_stopped(me, allocations=True)
     if errors:
         raise DeviceError(f"release left {len(errors)} device(s) held: " + "; ".join(errors),
                           hint="they stay recorded for this domain; fix the cause and run "

@@ -1,0 +1,64 @@
+"""The state store's lean open for the qemu hook (issue 17): what importing it costs a fresh process,
+and the hook's one write transaction to forget a domain."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from vgpuhost.io.state import StateStore
+
+SRC = str(Path(__file__).resolve().parents[1])
+
+
+def test_a_fresh_process_imports_the_store_without_functools_and_still_caches_statements(tmp_path):
+    """From Python 3.11 ``_sqlite3`` imports functools (and collections) for ``lru_cache``: the store
+    hands it a stand-in that holds only that, so the hook imports neither; the statement cache works
+    (the same statement many times, more distinct ones than the cache holds), and a later ``import
+    functools`` gets the real module."""
+    code = ("import sys\n"
+            f"sys.path.insert(0, {SRC!r})\n"
+            "from vgpuhost.io.state import StateStore, sqlite3\n"
+            "print(sorted(m for m in ('functools', 'collections', 'keyword', 'reprlib') if m in sys.modules))\n"
+            "s = StateStore(sys.argv[1])\n"
+            "conn = s._conn()\n"
+            "for i in range(300):\n"
+            "    assert conn.execute('SELECT %d' % (i % 150)).fetchone() == (i % 150,)\n"
+            "with s.transaction() as c:\n"
+            "    c.execute(\"INSERT OR REPLACE INTO domains VALUES ('u', 'n', 't')\")\n"
+            "print(s.active_domains())\n"
+            "import functools\n"
+            "print(hasattr(functools, 'partial') and hasattr(functools, 'wraps'))\n")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path / "state")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "{'u': 'n'}", "True"]
+
+
+def test_a_process_with_functools_already_imported_uses_it(tmp_path):
+    code = ("import sys, functools\n"
+            f"sys.path.insert(0, {SRC!r})\n"
+            "from vgpuhost.io.state import StateStore\n"
+            "print(sys.modules['functools'] is functools, StateStore(sys.argv[1]).active_domains())\n")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path / "state")],
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "True {}\n"), proc.stderr
+
+
+def test_domain_stopped_with_allocations_forgets_both_and_the_marker(tmp_path):
+    store = StateStore(tmp_path)
+    me, other = "11111111-2222-4333-8444-000000000001", "11111111-2222-4333-8444-000000000002"
+    for u in (me, other):
+        store.domain_started(u, "vm")
+        with store.transaction() as conn:
+            StateStore.put_allocation(conn, (f"dev-{u}", u, None, "0000:81:00.0", "vgpu", "A40-8Q", 8192, 0,
+                                             "best-effort", 0))
+    assert (tmp_path / "domains" / me).exists()
+    store.domain_stopped(me, allocations=True)
+    assert store.active_domains() == {other: "vm"}
+    assert [r[1] for r in store.allocation_rows()] == [other]
+    assert not (tmp_path / "domains" / me).exists() and (tmp_path / "domains" / other).exists()
+    store.domain_stopped(other)                 # without: its allocations stay (another caller's business)
+    assert [r[1] for r in store.allocation_rows()] == [other]
