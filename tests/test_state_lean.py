@@ -62,3 +62,30 @@ def test_domain_stopped_with_allocations_forgets_both_and_the_marker(tmp_path):
     assert not (tmp_path / "domains" / me).exists() and (tmp_path / "domains" / other).exists()
     store.domain_stopped(other)                 # without: its allocations stay (another caller's business)
     assert [r[1] for r in store.allocation_rows()] == [other]
+
+
+def test_the_write_ahead_log_stays_bounded_under_one_shot_processes(tmp_path):
+    """Processes that open the store alone, commit, and exit without closing (as every qemu hook
+    does): the log is checkpointed and started over, not grown on every call (it was: past
+    wal_autocheckpoint each later commit checkpointed all of it, and each open read all of it)."""
+    from vgpuhost.io.state import WAL_RESET_BYTES
+    StateStore(tmp_path).close()
+    code = ("import os, sys\n"
+            f"sys.path.insert(0, {SRC!r})\n"
+            "from vgpuhost.io.state import StateStore\n"
+            "store = StateStore(sys.argv[1])\n"
+            "conn = store._conn()\n"
+            "for i in range(400):\n"
+            "    conn.execute(\"INSERT INTO audit (time, actor, operation, path, value, result, errno) \"\n"
+            "                 \"VALUES ('t', 'test', 'op', 'p', ?, 'ok', 0)\", ('x' * 200,))\n"
+            "sys.stdout.flush()\n"
+            "os._exit(0)\n")
+    sizes = []
+    for _ in range(14):                         # about 5600 frames in all: 22 MB of log if never restarted
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path)], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        sizes.append(os.path.getsize(tmp_path / "state.db-wal"))
+    assert max(sizes) < 3 * WAL_RESET_BYTES, sizes
+    store = StateStore(tmp_path)
+    assert store._conn().execute("SELECT count(*) FROM audit").fetchone() == (14 * 400,)
