@@ -89,3 +89,24 @@ def test_the_write_ahead_log_stays_bounded_under_one_shot_processes(tmp_path):
     assert max(sizes) < 3 * WAL_RESET_BYTES, sizes
     store = StateStore(tmp_path)
     assert store._conn().execute("SELECT count(*) FROM audit").fetchone() == (14 * 400,)
+
+
+def test_the_checkpoint_at_open_is_skipped_where_the_store_can_only_be_read(tmp_path):
+    """The checkpoint at open is an optimisation: on a connection that may only read it fails
+    (SQLite: disk I/O error), and the open goes on reading."""
+    import sqlite3
+    import vgpuhost.io.state as state
+    store = StateStore(tmp_path)
+    store.domain_started("11111111-2222-4333-8444-000000000001", "vm")
+    conn = store._conn()
+    for _ in range(300):
+        conn.execute("INSERT INTO audit (time, actor, operation, path, value, result, errno) "
+                     "VALUES ('t', 'test', 'op', 'p', ?, 'ok', 0)", ("x" * 4000,))
+    assert os.path.getsize(tmp_path / "state.db-wal") > state.WAL_RESET_BYTES
+    reader = sqlite3.connect(f"file:{store.db}?mode=ro", uri=True, isolation_level=None)
+    try:
+        store._bound_wal(reader)
+        assert reader.execute("SELECT uuid FROM domains").fetchall() == [("11111111-2222-4333-8444-000000000001",)]
+    finally:
+        reader.close()
+        store.close()

@@ -643,7 +643,10 @@ class StateStore:
             return
         conn.execute(f"PRAGMA journal_size_limit = {WAL_RESET_BYTES}")
         if size > WAL_RESET_BYTES:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error:
+                pass            # a store this process may only read (it raises there): its readers pay, as before
 
     def close(self) -> None:
         """Close this thread's connection (one a fork() carried over is left alone, see :func:`_abandon`)."""
