@@ -670,25 +670,24 @@ class Route(NamedTuple):
 def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
     """InputError (400) naming the first key of ``body`` that ``route`` does not take (issue 15 #2: a
     misspelt ``dryrun`` must not make a real change)."""
-    unknown = sorted(set(body or ()) - set(route.keys))
-    if unknown:
-        shown = "".join(c if c.isprintable() else "?" for c in unknown[0][:64])
-        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        takes = ", ".join(route.keys) if route.keys else "no keys (send no body, or {})"
-        raise InputError(f"unknown key {shown!r}{more} in the body of {route.method} {route.template}",
-                         hint=f"it takes {takes}")
+    _refuse_unknown(body, route.keys, "key", f"in the body of {route.method} {route.template}",
+                    "no keys (send no body, or {})")
 
 
 def check_query(route: Route, query: Optional[Dict[str, str]]) -> None:
     """InputError (400) naming the first query parameter ``route`` does not take: a misspelt
     ``?availble=1`` must not quietly answer with every type, as an unknown body key is refused."""
-    unknown = sorted(set(query or ()) - set(route.query))
+    _refuse_unknown(query, route.query, "query parameter", f"in {route.method} {route.template}",
+                    "no query parameters")
+
+
+def _refuse_unknown(given, allowed, what: str, where: str, none_text: str) -> None:
+    unknown = sorted(set(given or ()) - set(allowed))
     if unknown:
         shown = "".join(c if c.isprintable() else "?" for c in unknown[0][:64])
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        takes = ", ".join(route.query) if route.query else "no query parameters"
-        raise InputError(f"unknown query parameter {shown!r}{more} in {route.method} {route.template}",
-                         hint=f"it takes {takes}")
+        raise InputError(f"unknown {what} {shown!r}{more} {where}",
+                         hint=f"it takes {', '.join(allowed) if allowed else none_text}")
 
 
 _VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
