@@ -188,6 +188,18 @@ class Decided:
     fragmented: bool = False      # refused although the host's free framebuffer would hold it
 
 
+def _depart(where: Dict[int, PciAddress], present: Dict[PciAddress, Dict[int, Req]], n: int) -> None:
+    """Request ``n`` leaves (a refused one was never placed)."""
+    g = where.pop(n, None)
+    if g is not None:
+        del present[g][n]
+
+
+def _available(sim: dict, types: Dict[str, TypeInfo], held, type_id) -> int:
+    """How many more of ``type_id`` fit on a GPU holding the requests ``held`` (the simulator's rules)."""
+    return gpu_available(sim, [types[h.profile].type_id for h in held]).get(type_id, 0)
+
+
 def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
                  types: Dict[str, TypeInfo], sim: dict, limit: Optional[int] = None) -> Dict[int, Decided]:
     addrs = gpu_addresses(gpus)
@@ -198,16 +210,14 @@ def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
         if limit is not None and k >= limit:
             break
         if kind == 0:
-            g = where.pop(n, None)
-            if g is not None:
-                del present[g][n]
+            _depart(where, present, n)
             continue
         r = reqs[n]
         t = types[r.profile]
         offers = []
         for g, _, numa in addrs:
             held = present[g].values()
-            avail = gpu_available(sim, [types[h.profile].type_id for h in held]).get(t.type_id, 0)
+            avail = _available(sim, types, held, t.type_id)
             offers.append(GpuOffer(g, numa, t.type_id, r.profile, avail, (g,) if avail > 0 else (),
                                    frozenset(h.owner for h in held), frozenset(), len(present[g]),
                                    framebuffer_mib=fb_mib, used_mib=sum(types[h.profile].fb_mib for h in held)))
@@ -235,14 +245,11 @@ def replay_clairvoyant(reqs: List[Req], events, gpus: int, fb_mib: int, types: D
     admitted = 0
     for _, kind, n in events:
         if kind == 0:
-            g = where.pop(n, None)
-            if g is not None:
-                del present[g][n]
+            _depart(where, present, n)
             continue
         r = reqs[n]
         t = types[r.profile]
-        avail = {g: gpu_available(sim, [types[h.profile].type_id for h in present[g].values()]).get(t.type_id, 0)
-                 for g in addrs}
+        avail = {g: _available(sim, types, present[g].values(), t.type_id) for g in addrs}
         fits = [g for g in addrs if avail[g] > 0 and all(h.owner != r.owner for h in present[g].values())]
         shared = [g for g in fits if present[g]]
         if shared:
