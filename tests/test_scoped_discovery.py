@@ -13,7 +13,7 @@ import pytest
 
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
-from vgpuhost.model.values import PciAddress
+from vgpuhost.model.values import PciAddress, replace
 from vgpuhost.observe.inventory import UNREAD_HOST_FACTS, discover, discover_gpu
 from vgpuhost.ops.vgpu import create, remove
 from test_vgpu import TWO_A40, TWO_A100, TWO_L40S_MIXED
@@ -151,6 +151,36 @@ def test_an_unpinned_create_given_a_snapshot_rechecks_the_chosen_gpu_alone(make_
     forbidden = _names_of(host, inv, other, made[other])
     assert [p for p in reads if any(f in p for f in forbidden)] == []
     assert sum(1 for m in discover(Sysfs(host)).mdevs if m.parent == chosen) == 3
+
+
+def test_the_check_under_the_lock_reads_no_type_constant_the_snapshot_holds(make_host, monkeypatch):
+    """Given the caller's snapshot, the re-read under the GPU lock reads each type's free instances and the
+    vGPUs present again, never a type's name, description or device_api (fixed for a type id): and a type
+    the snapshot lacks is read whole."""
+    host = make_host(yaml_text=TWO_A40.format(mixed="false", faults=""))
+    store = StateStore(host.state_dir)
+    opened = []
+    real = Sysfs.read_attr
+
+    def spy(self, path, *a, **kw):
+        opened.append(str(path))
+        return real(self, path, *a, **kw)
+    monkeypatch.setattr(Sysfs, "read_attr", spy)
+    inv = discover(Sysfs(host))
+    n_types = sum(1 for t in inv.vgpu_types if t.gpu == LO)
+    constants = ("/name", "/description", "/device_api")
+    opened.clear()
+    out = create(host, store, profile="A40-8Q", gpu=LO, inventory=inv, actor="test")
+    assert A(out.gpu) == LO
+    assert [p for p in opened if p.endswith(constants)] == []
+    assert sum(1 for p in opened if p.endswith("/available_instances")) >= n_types
+    # a snapshot that lacks a type: that type's constants are read
+    partial = replace(inv, vgpu_types=tuple(t for t in inv.vgpu_types if t.name != "A40-2Q"))
+    opened.clear()
+    out = create(host, store, profile="A40-8Q", gpu=LO, inventory=partial, actor="test")
+    assert len([p for p in opened if p.endswith(constants)]) == 3
+    # what was made is what a fresh read shows
+    assert sum(1 for m in discover(Sysfs(host)).mdevs if m.parent == LO) == 2
 
 
 # ---------------------------------------------------------------------------

@@ -539,14 +539,16 @@ UNREAD_HOST_FACTS = HostFacts(cmdline="", cpu_vendor=None, cpu_virt_flags=frozen
 def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddress, ...],
                parents: Tuple[PciAddress, ...], vendor_vfs: Tuple[PciAddress, ...],
                groups: Dict[int, IommuGroup], with_types: bool, vgpu_types: List[VgpuType],
-               vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any) -> Gpu:
+               vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any,
+               known: Optional[Dict[str, VgpuType]] = None) -> Gpu:
     """One GPU of an inventory, shared by :func:`discover` and :func:`discover_gpu`: reads its types
     (appended to ``vgpu_types``; vendor-VFIO VFs to ``vf_vgpus``) and, where a MIG-backed type is
-    offered on VFs, its GPU instances through ``gi_probe``."""
+    offered on VFs, its GPU instances through ``gi_probe``.  ``known``: mdev type id -> a row of this
+    GPU read before, whose constants (name, description, device_api) are not read again."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
     if with_types:
-        consts: Dict[str, VgpuType] = {}      # a type's name, description, device_api: the same on every parent
+        consts: Dict[str, VgpuType] = dict(known or {})   # a type's name, description, device_api: the same on every parent
         for p in parents:
             types_here.extend(_read_mdev_types(fs, addr, p, consts))
         for vf in vendor_vfs:
@@ -570,7 +572,8 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis)
 
 
-def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True) -> Inventory:
+def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True,
+                 known: Optional[Inventory] = None) -> Inventory:
     """Read one GPU under ``fs.host`` into an :class:`Inventory` that holds only it.
 
     What :func:`discover` reads about ``gpu`` and nothing about any other GPU:
@@ -584,7 +587,12 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     mdev's directory under its parent, docs/reference/hardware.md#mdev) instead of by
     walking every mdev on the host.  ``host_facts``: False leaves the host
     facts unread (:data:`UNREAD_HOST_FACTS`), for callers that never look at
-    them (a vGPU create).  Cost: proportional to the GPU's VFs and types, not
+    them (a vGPU create).  ``known``: an inventory read a moment before (the
+    look a re-check under the GPU's lock checks): the constants of this GPU's
+    mdev types in it (name, description, device_api: fixed by the driver for
+    a type id) are taken from it, and only each type's ``available_instances``
+    and the vGPUs present are read again; a type it does not hold is read whole.
+    Cost: proportional to the GPU's VFs and types, not
     to the host.  For an operation on one GPU, under that GPU's lock.
     Raises SysfsError when a file that must be readable is not.
     """
@@ -625,8 +633,10 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         mdev_bus = host.s.mdev_bus
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
         vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
+        seed = ({t.type_id: t for t in known.vgpu_types if t.gpu == gpu and t.backend == BACKEND_MDEV}
+                if known is not None else None)
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
-                               vf_vgpus, None, nvml_gpu_instances))
+                               vf_vgpus, None, nvml_gpu_instances, seed))
         mdevs = _read_mdevs_of(fs, parents)
         for m in mdevs:
             group(m.iommu_group)        # an mdev's own group (no PCI member), as discover lists it

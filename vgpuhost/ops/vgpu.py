@@ -262,7 +262,8 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
         with file_lock(store.dir, f"gpu-{decision.gpu}"):
             if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
                 continue            # recovery changed the host: place again on what it left (the reason too)
-            inv2 = discover_gpu(fs, decision.gpu, host_facts=False)     # this GPU alone, under its lock
+            # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
+            inv2 = discover_gpu(fs, decision.gpu, host_facts=False, known=inv)
             records2 = store.vgpu_records(gpu=str(decision.gpu))
             again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf,
                                   parent=defined_parent),
