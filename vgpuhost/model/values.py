@@ -8,7 +8,7 @@ modules on the qemu hook's path use.  Must not: touch files.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from _operator import attrgetter     # the C module itself: operator.py adds 0.2 ms to each hook start
 
 from .errors import InputError
 
