@@ -129,7 +129,10 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     # gc.disable(): the handler is a process of tens of milliseconds that ends with os._exit, and its
     # imports alone ran 17 cyclic collections (measured 2026-12-01, a vGPU's prepare begin: 1.7 ms of
     # CPU of 23 ms for its imports); reference counting still frees everything not in a cycle
+    # then the module bundle hook install writes (io/modbundle.py: one file instead of ~40 module lookups)
+    from ..io.modbundle import bundle_path
     boot = (f"import gc;gc.disable();import sys;sys.path[:0]={paths!r};sys.path.extend({extra!r});"
+            f"from vgpuhost.io.modbundle import use;use({bundle_path(str(host.root))!r});"
             "from vgpuhost.hook.runtime import run;run()")
     from ..io.agentclient import default_socket
     values = {
@@ -210,10 +213,23 @@ def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s:
         return out
     if out.changed:
         _write_atomic(path, text, store=store, actor=actor, host=host)
-    out.compiled = files.compile_package()
+    out.compiled = files.compile_package() and _bundle(host, out)
     if out.reload_needed:
         out.notes.append(RELOAD_HINT)
     return out
+
+
+def _bundle(host: HostRoot, out: HookOutcome) -> bool:
+    """Write the handler's module bundle (:mod:`vgpuhost.io.modbundle`); False, with a note, when it cannot."""
+    from ..io.modbundle import build, bundle_path
+    path = bundle_path(str(host.root))
+    try:
+        build(path)
+    except (OSError, SyntaxError) as e:
+        out.notes.append(f"could not write the hook's module bundle {host.relative(path)} "
+                         f"({getattr(e, 'strerror', None) or e}): the hook loads its modules one by one")
+        return False
+    return True
 
 
 def _write_atomic(path, text: str, *, store, actor: Optional[str], host: HostRoot) -> None:

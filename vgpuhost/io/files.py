@@ -79,8 +79,9 @@ def can_open(path: PathArg) -> bool:
         os.close(fd)
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` (UTF-8) to ``path`` with ``mode``: a temporary file beside it, fsync, rename.
+def write_atomic(path: Path, text: "str | bytes", mode: int = 0o644) -> None:
+    """Write ``text`` (str: as UTF-8; bytes: as they are) to ``path`` with ``mode``: a temporary file
+    beside it, fsync, rename.
 
     Creates missing parent directories; never follows a symlink at the
     temporary name.  Raises ``OSError`` (the temporary file is removed).
@@ -90,7 +91,9 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
-            os.write(fd, text.encode("utf-8"))
+            data = memoryview(text if isinstance(text, bytes) else text.encode("utf-8"))
+            while data:
+                data = data[os.write(fd, data):]
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:

@@ -1,0 +1,167 @@
+"""The qemu hook's module bundle (issue 17 #3, io/modbundle.py): one file instead of ~40 module lookups.
+
+What is asserted: ``hook install`` writes it and the dispatcher uses it; the
+handler's prepare and release import every vgpuhost module they need from it
+(so :data:`MODULES` is complete); a module whose source changed loads from its
+file; a bundle others could have written, a truncated one, or one for another
+Python is ignored, and the hook still works.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vgpuhost.io import modbundle
+from vgpuhost.io.files import package_parent
+
+from test_hook import (A100, A100_AUDIO, DOM1, MDEV1, a100_vfs_off, install, pt_domain, vf_domain,
+                       vgpu_domain)
+
+HOOK_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LC_ALL": "C"}
+SERVED = "_Finder"
+
+
+def _run_handler(host, bundle: str, xml: str, tail: str = "") -> subprocess.CompletedProcess:
+    """prepare begin then release end in one fresh ``python -I -S`` with the bundle in use, as the boot
+    line starts it; prints the exit codes, how many modules the bundle holds, then each vgpuhost module
+    (but the simulator's) with the loader that loaded it."""
+    code = textwrap.dedent(f"""\
+        import io, sys
+        sys.path[:0] = [{package_parent()!r}]
+        from vgpuhost.io.modbundle import use
+        n = use({bundle!r})
+        from vgpuhost.hook import runtime
+        x = sys.stdin.buffer.read()
+        codes = [runtime.main(['vm', op, sub, '-'], io.BytesIO(x), stderr=sys.stderr)
+                 for op, sub in (('prepare', 'begin'), ('release', 'end'))]
+        print(codes, n)
+        for name, m in sorted(sys.modules.items()):
+            if name.startswith('vgpuhost') and not name.startswith('vgpuhost.sim'):
+                print(name, type(m.__spec__.loader).__name__)
+        """) + tail
+    env = dict(HOOK_ENV, VGPUHOST_ROOT=str(host.root), VGPUHOST_AGENT="off")
+    return subprocess.run([sys.executable, "-I", "-S", "-c", code], input=xml.encode(), capture_output=True,
+                          env=env, timeout=120)
+
+
+def test_hook_install_writes_the_bundle_and_the_dispatcher_uses_it(make_host, tmp_path):
+    host = make_host("a40-mdev")
+    hook = install(host, tmp_path)
+    bundle = modbundle.bundle_path(str(host.root))
+    st = os.stat(bundle)
+    assert st.st_mode & 0o777 == 0o644 and st.st_uid == os.geteuid()
+    fmt, tag, entries = marshal.loads(Path(bundle).read_bytes())
+    assert fmt == modbundle.FORMAT and tag == sys.implementation.cache_tag
+    assert set(entries) == set(modbundle.MODULES)
+    assert f"use({bundle!r})" in hook.read_text().replace("'\\''", "'")
+    # the installed dispatcher, as libvirt runs it: the vGPU appears and goes
+    xml = vgpu_domain("vm1", DOM1, MDEV1).encode()
+    for op, sub in (("prepare", "begin"), ("release", "end")):
+        proc = subprocess.run([str(hook), "vm1", op, sub, "-"], input=xml, capture_output=True, env=HOOK_ENV,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert (host.mdev_devices / MDEV1).exists() == (op == "prepare")
+
+
+@pytest.mark.parametrize("case", ["mdev", "vendor-vfio", "passthrough"])
+def test_prepare_and_release_import_every_vgpuhost_module_from_the_bundle(make_host, tmp_path, case):
+    """MODULES is complete: after use(), nothing of vgpuhost (simulator aside) loads from its own file."""
+    if case == "mdev":
+        host = make_host("a40-mdev")
+        xml = vgpu_domain("vm", DOM1, MDEV1)
+    elif case == "vendor-vfio":
+        host = make_host("l40s-vendor-vfio")
+        xml = vf_domain("vm", DOM1, "0000:21:00.4", "L40S-4Q")
+    else:
+        host = a100_vfs_off(make_host)
+        xml = pt_domain("vm", DOM1, A100, [A100, A100_AUDIO])
+    install(host, tmp_path)
+    proc = _run_handler(host, modbundle.bundle_path(str(host.root)), xml)
+    assert proc.returncode == 0, proc.stderr
+    first, *rows = proc.stdout.decode().splitlines()
+    assert first == f"[0, 0] {len(modbundle.MODULES)}"
+    loaders = dict(row.split() for row in rows)
+    before = {"vgpuhost", "vgpuhost.io", "vgpuhost.io.modbundle"}      # imported to call use()
+    assert {n for n, loader in loaders.items() if loader != SERVED} == before
+    assert set(loaders) - before <= set(modbundle.MODULES)
+
+
+def _package(tmp_path: Path, body: str) -> Path:
+    pkg = tmp_path / "bundled_pkg"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text('"""A package for the bundle tests."""\n')
+    (pkg / "mod.py").write_text(body)
+    return pkg
+
+
+def _load(tmp_path: Path, bundle: Path) -> str:
+    code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
+            "from vgpuhost.io.modbundle import use\n"
+            f"n = use({str(bundle)!r})\n"
+            "import bundled_pkg.mod as m\n"
+            "print(n, m.VALUE, type(m.__spec__.loader).__name__, m.__file__ == m.__spec__.origin)\n")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.decode().strip()
+
+
+def _build(tmp_path: Path, bundle: Path) -> int:
+    code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
+            "from vgpuhost.io.modbundle import build\n"
+            f"print(build({str(bundle)!r}, ['bundled_pkg', 'bundled_pkg.mod', 'bundled_pkg.absent']))\n")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout)
+
+
+def test_a_module_whose_source_changed_loads_from_its_file(tmp_path):
+    _package(tmp_path, "VALUE = 1\n")
+    bundle = tmp_path / "cache" / "b.bundle"
+    assert _build(tmp_path, bundle) == 2                      # a module that does not exist is left out
+    assert _load(tmp_path, bundle) == f"2 1 {SERVED} True"
+    _package(tmp_path, "VALUE = 22  # changed\n")            # another size: the bundle's code is stale
+    assert _load(tmp_path, bundle) == "2 22 SourceFileLoader True"
+
+
+@pytest.mark.parametrize("spoil", ["group-writable", "world-writable", "truncated", "other-python", "garbage",
+                                   "symlink", "absent"])
+def test_a_bundle_that_cannot_be_trusted_is_ignored(tmp_path, spoil):
+    _package(tmp_path, "VALUE = 1\n")
+    bundle = tmp_path / "cache" / "b.bundle"
+    _build(tmp_path, bundle)
+    data = bundle.read_bytes()
+    if spoil == "group-writable":
+        bundle.chmod(0o664)
+    elif spoil == "world-writable":
+        bundle.chmod(0o646)
+    elif spoil == "truncated":
+        bundle.write_bytes(data[: len(data) // 2])
+    elif spoil == "other-python":
+        fmt, _, entries = marshal.loads(data)
+        bundle.write_bytes(marshal.dumps((fmt, "cpython-10", entries)))
+    elif spoil == "garbage":
+        bundle.write_bytes(b"\x00not a bundle")
+    elif spoil == "symlink":
+        real = tmp_path / "cache" / "real.bundle"
+        bundle.rename(real)
+        bundle.symlink_to(real)
+    else:
+        bundle.unlink()
+    assert _load(tmp_path, bundle) == "0 1 SourceFileLoader True"
+
+
+def test_a_bundle_owned_by_another_user_is_ignored(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("runs as root (CI does): it gives the bundle to another user")
+    _package(tmp_path, "VALUE = 1\n")
+    bundle = tmp_path / "cache" / "b.bundle"
+    _build(tmp_path, bundle)
+    os.chown(bundle, 65534, 65534)
+    assert _load(tmp_path, bundle) == "0 1 SourceFileLoader True"
