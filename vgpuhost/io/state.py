@@ -428,16 +428,19 @@ def _is_uuid(u: str) -> bool:
 
 
 def _touch(folder: str, uuid: str) -> None:
-    """Create the marker ``folder/uuid`` and make it durable (the folder is synced)."""
+    """Create the marker ``folder/uuid``.
+
+    Not synced, as durable as the row it goes with: the store commits with ``synchronous = NORMAL``
+    (write-ahead log, no sync per commit), so both survive the process being killed; after a power
+    loss no domain runs, and the boot unit's ``reconcile --forget-domains`` releases what the
+    domains recorded as running held and forgets them, markers too (a marker without its row only
+    makes that domain's next ``release end`` start Python for nothing).  A sync of the folder cost
+    each domain start 0.4-1 ms of waiting on the disk (measured 2026-12-01).
+    """
     if not _is_uuid(uuid):
         return
     fd = os.open(os.path.join(folder, uuid), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.close(fd)
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class StateStore:
