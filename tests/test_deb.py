@@ -199,6 +199,10 @@ def test_deb_installs_into_a_debian_root_and_runs(tmp_path):
         for g in wanted:
             assert 0 < groups.get(g, 0) < 1000, (g, groups)          # a system group
         assert len((root / "etc" / "group").read_text().splitlines()) == len(groups)
+    # ... and the qemu hook's module bundle, for the installed files (the packaged hook uses it)
+    bundle = root / "var" / "cache" / "vgpuhost" / "hook-modules.bundle"
+    assert bundle.is_file() and bundle.stat().st_mode & 0o777 == 0o644, sorted(os.listdir(root / "var" / "cache"))
+    assert "hook-modules.bundle" in (root / "usr" / "lib" / "vgpuhost" / "qemu-hook").read_text()
     # the heavy imports are really absent
     probe = inside("/usr/bin/python3", "-c", "import importlib.util as u; print([m for m in ('libvirt', 'pynvml') "
                                              "if u.find_spec(m)])").stdout

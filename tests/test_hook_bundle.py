@@ -68,6 +68,10 @@ def test_hook_install_writes_the_bundle_and_the_dispatcher_uses_it(make_host, tm
                               timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert (host.mdev_devices / MDEV1).exists() == (op == "prepare")
+    # uninstall takes the bundle away with the dispatcher
+    from vgpuhost.hook.install import uninstall
+    uninstall(host, hooks_dir=hook.parent)
+    assert not hook.exists() and not os.path.exists(bundle)
 
 
 @pytest.mark.parametrize("case", ["mdev", "vendor-vfio", "passthrough"])

@@ -276,6 +276,11 @@ def uninstall(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, store: "
         if store is not None:
             store.audit(actor=actor or actor_name(), operation="hook uninstall", path=host.relative(path),
                         value="<remove>", err=err)
+    from ..io.modbundle import bundle_path
+    try:
+        files.remove(bundle_path(str(host.root)))       # the handler's module bundle: a cache of the hook's
+    except OSError:
+        pass                                            # (left behind, it is never run without the hook)
     out.notes.append("domains starting from now on get no vgpuhost devices made for them")
     return out
 
