@@ -435,6 +435,205 @@ def class_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, 
     return -dual, (-res.fun if res.fun is not None else None)
 
 
+# --- the tight class-aware bound: a stronger formulation, cutting planes, a certificate -------------
+
+@dataclass(frozen=True)
+class TightBound:
+    """A proven upper bound on the class-aware integer program's optimum, and a schedule that
+    reaches ``best`` (so the optimum lies in ``best`` .. ``bound``).
+
+    ``bound``: min(``lp``, ``bnb``) rounded down (admissions are whole).  ``lp``: the LP relaxation
+    of the strengthened model after the cutting-plane rounds, as certified by its dual (see
+    :func:`dual_certificate`; exact arithmetic up to float rounding, margin 1e-6).  ``bnb``: the
+    branch-and-bound dual bound of HiGHS on the same model after the time limit (None: skipped or
+    none); valid up to the solver's tolerances, like the plain row's.  ``optimal``: HiGHS closed the
+    gap.  ``best``: admissions of the best schedule HiGHS found (0: none), checked with
+    :func:`class_fits`.  ``cuts``: cutting planes added; ``rounds``: LP solves."""
+    bound: int
+    lp: float
+    bnb: Optional[float]
+    optimal: bool
+    best: int
+    cuts: int
+    rounds: int
+
+
+def class_fits(reqs: Sequence[Req], admitted, gpus: int, fb_mib: int, types: Dict[str, TypeInfo]) -> bool:
+    """Whether the requests numbered in ``admitted`` keep the class-aware constraint: at every arrival
+    (releases first at equal times), the sum over size classes of ceil(active / max per GPU) is at
+    most ``gpus``.  Independent of the bound's model: it checks the schedules the bound reports."""
+    admitted = set(admitted)
+    size_of = {r.n: types[r.profile].fb_mib for r in reqs}
+    active: Dict[int, int] = {}
+    events = sorted([(r.arrive, 1, r.n) for r in reqs if r.n in admitted]
+                    + [(r.depart, 0, r.n) for r in reqs if r.n in admitted])
+    for _, kind, n in events:
+        size = size_of[n]
+        active[size] = active.get(size, 0) + (1 if kind else -1)
+        if kind and sum(-(-k // (fb_mib // s)) for s, k in active.items()) > gpus:
+            return False
+    return True
+
+
+def dual_certificate(matrix, upper, var_upper, objective, duals) -> float:
+    """Weak duality: for max c.x s.t. A x <= b, 0 <= x <= u, every w >= 0 gives
+    c.x = w.(A x) + (c - A^T w).x <= w.b + sum_j max(0, (c - A^T w)_j) u_j.  Returns that bound
+    for ``duals`` (negative entries are taken as 0), so the bound does not rest on the LP solver
+    having converged: any w, however found, is a certificate that can be checked by this sum."""
+    import numpy as np
+    w = np.maximum(np.asarray(duals, dtype=float), 0.0)
+    reduced = np.asarray(objective, dtype=float) - matrix.T @ w
+    return float(np.dot(w, upper) + np.dot(np.maximum(reduced, 0.0), var_upper))
+
+
+def tight_class_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, TypeInfo],
+                      time_limit: float, max_rounds: int = 60) -> Optional[TightBound]:
+    """A tighter proven bound on the class-aware integer program of :func:`class_upper_bound`
+    (same optimum), or None without scipy.  ``time_limit``: seconds for branch and bound (0: the
+    cutting-plane LP only); the cutting-plane rounds take a few seconds on the bench's trace.
+
+    The model, each step keeping the optimum:
+
+    - y per size class and *set of requests that could be active* (a class's requests that have
+      arrived and not left), not per arrival: arrivals with the same set need the same GPUs, so one
+      variable serves them all; y <= ceil(|set| / max_c).  A class without requests needs no y.
+    - a class with one vGPU per GPU (A40-48Q) needs exactly as many GPUs as it has active vGPUs:
+      its y is replaced by the sum of its x in the coupling rows.
+    - duplicate coupling rows (the same classes' sets) are dropped.
+
+    Cutting planes (residual capacity inequalities of the single-row set
+    {x in {0,1}^T, y integer: sum_T x <= m y}): for a class row with m = max_c, a subset T of its
+    set with |T| = q and k = ceil(q / m) - 1, r = q - k m (so 0 < r <= m):
+
+        sum_T x <= k m + r (y - k)
+
+    Valid for every integer y: at y >= k + 1 the right side is >= q >= sum_T x; at y = k it is
+    k m >= m y; at y = k - j (j >= 1) it is k m - r j >= m (k - j) as r <= m, and m y >= sum x.
+    A round solves the LP (HiGHS) and adds, per class row whose y is fractional (k = floor(y)),
+    the most violated such cut: T = the largest x values, at least k m + 1 and at most (k + 1) m of
+    them, extended while x > y - k.  Rounds stop when none is violated.  The last LP's duals give
+    the certified bound (:func:`dual_certificate`).  Then HiGHS's branch and bound runs on the model
+    with its cuts, under ``time_limit``; its dual bound and its best schedule are reported.
+    """
+    try:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+        from scipy.sparse import csr_matrix
+    except ImportError:
+        return None
+    sizes = sorted({types[r.profile].fb_mib for r in reqs})
+    cls = {sz: i for i, sz in enumerate(sizes)}
+    per_gpu = [fb_mib // sz for sz in sizes]
+    n_req = len(reqs)
+    of = {r.n: cls[types[r.profile].fb_mib] for r in reqs}
+    index = {r.n: i for i, r in enumerate(reqs)}       # column of x_r
+    # sets of possibly active requests per class, one per change; coupling rows as tuples of sets
+    sets: List[Tuple[int, Tuple[int, ...]]] = []        # (class, columns)
+    current: List[Optional[int]] = [None] * len(sizes)  # set id per class now (None: empty)
+    active: List[set] = [set() for _ in sizes]
+    departures: List[Tuple[float, int]] = []
+    couplings = set()
+    for a in sorted(reqs, key=lambda r: r.arrive):
+        changed = {of[a.n]}
+        while departures and departures[0][0] <= a.arrive:     # a release before an arrival at equal times
+            gone = heapq.heappop(departures)[1]
+            active[of[gone]].discard(index[gone])
+            changed.add(of[gone])
+        active[of[a.n]].add(index[a.n])
+        heapq.heappush(departures, (a.depart, a.n))
+        for c in changed:
+            current[c] = None
+            if active[c]:
+                current[c] = len(sets)
+                sets.append((c, tuple(sorted(active[c]))))
+        couplings.add(tuple(s for s in current if s is not None))
+    y_col: Dict[int, int] = {}
+    n_var = n_req
+    for s, (c, members) in enumerate(sets):
+        if per_gpu[c] > 1:
+            y_col[s] = n_var
+            n_var += 1
+    var_upper = np.ones(n_var)
+    rows: List[Tuple[List[int], List[float], float]] = []
+    class_rows: List[Tuple[int, int]] = []              # (set, y column)
+    for s, col in y_col.items():
+        c, members = sets[s]
+        var_upper[col] = -(-len(members) // per_gpu[c])
+        rows.append((list(members) + [col], [1.0] * len(members) + [-float(per_gpu[c])], 0.0))
+        class_rows.append((s, col))
+    for tup in sorted(couplings):
+        coef: Dict[int, float] = {}
+        for s in tup:
+            if s in y_col:
+                coef[y_col[s]] = 1.0
+            else:
+                for j in sets[s][1]:
+                    coef[j] = coef.get(j, 0.0) + 1.0
+        rows.append((list(coef), list(coef.values()), float(gpus)))
+    objective = np.zeros(n_var)
+    objective[:n_req] = 1.0
+
+    def assemble():
+        r_idx = [k for k, (cols, _, _) in enumerate(rows) for _ in cols]
+        c_idx = [j for cols, _, _ in rows for j in cols]
+        vals = [v for _, vs, _ in rows for v in vs]
+        return (csr_matrix((vals, (r_idx, c_idx)), shape=(len(rows), n_var)),
+                np.array([b for _, _, b in rows]))
+
+    cuts = rounds = 0
+    certified = math.inf
+    while rounds < max_rounds:
+        matrix, upper = assemble()
+        res = linprog(-objective, A_ub=matrix, b_ub=upper, bounds=np.c_[np.zeros(n_var), var_upper],
+                      method="highs")
+        rounds += 1
+        if res.status != 0:
+            return None
+        certified = min(certified, dual_certificate(matrix, upper, var_upper, objective, -res.ineqlin.marginals))
+        x = res.x
+        added = 0
+        for s, col in class_rows:
+            c, members = sets[s]
+            m = per_gpu[c]
+            k = math.floor(x[col] + 1e-9)
+            f = x[col] - k
+            if f < 1e-6:
+                continue
+            chosen: List[int] = []
+            violation = -k * m * (1 - f)
+            for j in sorted(members, key=lambda j: -x[j]):
+                if len(chosen) >= (k + 1) * m or (len(chosen) > k * m and x[j] <= f):
+                    break
+                chosen.append(j)
+                violation += x[j] - f
+            if len(chosen) <= k * m or violation <= 1e-6:
+                continue
+            r = len(chosen) - k * m
+            rows.append((chosen + [col], [1.0] * len(chosen) + [-float(r)], float(k * (m - r))))
+            added += 1
+        cuts += added
+        if not added:
+            break
+    bnb: Optional[float] = None
+    optimal = False
+    best = 0
+    if time_limit > 0:
+        matrix, upper = assemble()
+        res = milp(-objective, constraints=LinearConstraint(matrix, -np.inf, upper),
+                   integrality=np.ones(n_var), bounds=Bounds(0, var_upper),
+                   options={"time_limit": time_limit, "disp": False})
+        dual = getattr(res, "mip_dual_bound", None)
+        if dual is not None and np.isfinite(dual):
+            bnb = -dual
+        if res.x is not None:
+            chosen_reqs = [reqs[i].n for i in range(n_req) if res.x[i] > 0.5]
+            if class_fits(reqs, chosen_reqs, gpus, fb_mib, types):
+                best = len(chosen_reqs)
+                optimal = res.status == 0
+    bound = math.floor(min(certified, math.inf if bnb is None else bnb) + 1e-6)
+    return TightBound(bound, certified, bnb, optimal and bound == best, best, cuts, rounds)
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
