@@ -715,10 +715,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         pending = pool.map_async(replay_real, [(s, reqs, events, args.gpus, args.validate) for s in STRATEGIES])
 
     n = len(reqs)
-    rows = []           # per seed: (seed, {strategy: results}, lp bound, class bound or None)
+    rows = []           # per seed: (seed, {strategy: results}, lp bound, class bound or None, TightBound or None)
     clair: Dict[int, int] = {}      # --clairvoyant: admissions per seed
     repack: Dict[str, Dict[int, int]] = {rule: {} for rule in REPACK_RULES}     # --repack: rule -> seed -> admissions
-    t_model = t_bound = t_class = 0.0
+    t_model = t_bound = t_class = t_tight = 0.0
     for seed in seeds:
         if seed != seeds[0]:
             reqs, events, _ = make_trace(seed, args.requests, args.gpus, args.load, fb_mib, types)
@@ -733,8 +733,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
         t3 = time.monotonic()
         cb = class_upper_bound(reqs, args.gpus, fb_mib, types, args.bound_time) if args.bound_time else None
-        t_model, t_bound, t_class = t_model + t2 - t1, t_bound + t3 - t2, t_class + time.monotonic() - t3
-        rows.append((seed, results, ub, cb))
+        t4 = time.monotonic()
+        tb = tight_class_bound(reqs, args.gpus, fb_mib, types, args.bound_time) if args.bound_time else None
+        t_model, t_bound, t_class = t_model + t2 - t1, t_bound + t3 - t2, t_class + t4 - t3
+        t_tight += time.monotonic() - t4
+        rows.append((seed, results, ub, cb, tb))
 
     mix = ", ".join(f"{p} {w:.0%}" for p, w in MIX)
     print(f"$ {cmd}")
@@ -752,22 +755,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     def cb_text(cb) -> str:
         return "n/a" if cb is None else f"{math.floor(cb[0] + 1e-6)}"
 
+    def proven(cb, tb) -> Optional[int]:
+        """The tightest proven class-aware bound of a seed: the smaller of the two rows."""
+        got = ([] if cb is None else [math.floor(cb[0] + 1e-6)]) + ([] if tb is None else [tb.bound])
+        return min(got) if got else None
+
+    def tight_note(tb) -> str:
+        how = (f"cut LP {tb.lp:.1f} (certified)" + ("" if tb.bnb is None else f", B&B {tb.bnb:.1f}")
+               + f"; {tb.cuts} cuts")
+        if tb.optimal:
+            return f"   (the optimum: {how}; a schedule of {tb.best} found, checked)"
+        return f"   ({how}; best schedule found {tb.best}, checked: the optimum lies in {tb.best}..{tb.bound})"
+
     if len(seeds) == 1:
-        _, results, ub, cb = rows[0]
+        _, results, ub, cb, tb = rows[0]
+        bound = proven(cb, tb)
         print(f"{'strategy':<18} {'admitted':>9} {'share':>7} {'refused':>8} {'of which fragmented':>20} "
               f"{'of CB':>6}")
         for s in STRATEGIES:
             r = results[s]
             adm = admitted(r)
             frag = sum(1 for d in r.values() if not d.admitted and d.fragmented)
-            of_cb = "" if cb is None else f"{adm / math.floor(cb[0] + 1e-6):.1%}"
+            of_cb = "" if bound is None else f"{adm / bound:.1%}"
             print(f"{s:<18} {adm:>9} {adm / n:>7.1%} {n - adm:>8} {frag:>20} {of_cb:>6}")
         if cb is None:
             print(f"{'class-aware bound':<18} {'n/a':>9}  (needs scipy, or --bound-time 0)")
         else:
             print(f"{'class-aware bound':<18} {cb_text(cb):>9} {math.floor(cb[0] + 1e-6) / n:>7.1%}"
-                  + ("" if cb[1] is None else f"   (MILP: best found {cb[1]:.0f}, "
+                  + ("" if cb[1] is None else f"   (plain MILP: best found {cb[1]:.0f}, "
                                                  f"gap {cb[0] - cb[1]:.0f})"))
+        if tb is None:
+            print(f"{'tight class bound':<18} {'n/a':>9}  (needs scipy, or --bound-time 0)")
+        else:
+            print(f"{'tight class bound':<18} {tb.bound:>9} {tb.bound / n:>7.1%}" + tight_note(tb))
         print(f"{'LP bound':<18} {ub:>9.1f} {ub / n:>7.1%}")
         if clair:
             print(f"{'clairvoyant (exp.)':<18} {clair[rows[0][0]]:>9} {clair[rows[0][0]] / n:>7.1%}"
@@ -775,51 +795,78 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.repack:
             for rule in REPACK_RULES:
                 got = repack[rule][rows[0][0]]
-                of_cb = "" if cb is None else f"{got / math.floor(cb[0] + 1e-6):.1%}"
+                of_cb = "" if bound is None else f"{got / bound:.1%}"
                 print(f"{rule + ' repacked':<18} {got:>9} {got / n:>7.1%} {n - got:>8} {'':>20} {of_cb:>6}"
                       "   (exp.: repacks at every arrival; not a strategy)")
     else:
-        print(f"{'seed':>5} " + " ".join(f"{s:>10}" for s in STRATEGIES) + f" {'class bnd':>10} {'LP bnd':>8}")
-        for seed, results, ub, cb in rows:
+        print(f"{'seed':>5} " + " ".join(f"{s:>10}" for s in STRATEGIES)
+              + f" {'class bnd':>10} {'tight bnd':>10} {'schedule':>9} {'LP bnd':>8}")
+        for seed, results, ub, cb, tb in rows:
             print(f"{seed:>5} " + " ".join(f"{admitted(results[s]):>10}" for s in STRATEGIES)
-                  + f" {cb_text(cb):>10} {ub:>8.1f}")
+                  + f" {cb_text(cb):>10} {'n/a' if tb is None else tb.bound:>10} "
+                  f"{'n/a' if tb is None else tb.best:>9} {ub:>8.1f}")
         med = {s: statistics.median(admitted(r[1][s]) for r in rows) for s in STRATEGIES}
-        cbs = [math.floor(r[3][0] + 1e-6) for r in rows if r[3] is not None]
-        med_cb = statistics.median(cbs) if len(cbs) == len(rows) else None
+
+        def median_of(values) -> Optional[float]:
+            return statistics.median(values) if values and None not in values else None
+
+        med_plain = median_of([None if r[3] is None else math.floor(r[3][0] + 1e-6) for r in rows])
+        med_tight = median_of([None if r[4] is None else r[4].bound for r in rows])
+        med_sched = median_of([None if r[4] is None else r[4].best for r in rows])
+        med_cb = median_of([proven(r[3], r[4]) for r in rows])
+        which = ("the tight bound's" if med_tight is not None and med_cb == med_tight else "the class-aware bound's")
+
+        def cell(v, w: int, share: bool = False) -> str:
+            return f"{'n/a':>{w}}" if v is None else (f"{v / n:>{w}.1%}" if share else f"{v:>{w}.1f}")
+
         print(f"{'median':>5} " + " ".join(f"{med[s]:>10.1f}" for s in STRATEGIES)
-              + f" {'n/a' if med_cb is None else f'{med_cb:.1f}':>10} "
+              + f" {cell(med_plain, 10)} {cell(med_tight, 10)} {cell(med_sched, 9)} "
               f"{statistics.median(r[2] for r in rows):>8.1f}")
         print(f"{'share':>5} " + " ".join(f"{med[s] / n:>10.1%}" for s in STRATEGIES)
-              + f" {'n/a' if med_cb is None else f'{med_cb / n:.1%}':>10} "
+              + f" {cell(med_plain, 10, True)} {cell(med_tight, 10, True)} {cell(med_sched, 9, True)} "
               f"{statistics.median(r[2] for r in rows) / n:>8.1%}")
         print()
+        if any(r[4] is not None for r in rows):
+            print("tight bound per seed: " + "; ".join(
+                f"{r[0]}: " + ("n/a" if r[4] is None else
+                               (f"optimum {r[4].best}" if r[4].optimal else f"{r[4].best}..{r[4].bound}")
+                               + f" (cut LP {r[4].lp:.1f}" + ("" if r[4].bnb is None else f", B&B {r[4].bnb:.1f}")
+                               + ")") for r in rows))
         for s in RESERVING:
             better = sum(1 for r in rows if admitted(r[1][s]) > admitted(r[1]["best-fit"]))
             print(f"{s} admits more than best-fit on {better} of {len(rows)} seeds")
         if med_cb is not None:
             best = max(STRATEGIES, key=lambda s: med[s])
-            print(f"best strategy by median: {best}, {med[best] / med_cb:.1%} of the class-aware bound's median")
+            print(f"best strategy by median: {best}, {med[best] / med_cb:.1%} of {which} median ({med_cb:.1f}, "
+                  "the tightest proven class-aware bound)")
             for s in RESERVING:
                 if s != best:
-                    print(f"{s}: {med[s] / med_cb:.1%} of the class-aware bound's median")
+                    print(f"{s}: {med[s] / med_cb:.1%} of {which} median")
+            if med_sched is not None and med_sched:
+                print(f"against the best schedules found (the integer program's optimum is at least these): "
+                      f"{best} {med[best] / med_sched:.1%} of their median ({med_sched:.1f})")
         if args.repack:
             for rule in REPACK_RULES:
                 got = repack[rule]
                 rm = statistics.median(got.values())
                 print(f"{rule} on a host that repacks at every arrival (experiment; not a strategy): "
                       + " ".join(str(got[seed]) for seed, *_ in rows) + f", median {rm:.1f}"
-                      + ("" if med_cb is None else f", {rm / med_cb:.1%} of the class-aware bound's median"))
+                      + ("" if med_cb is None else f", {rm / med_cb:.1%} of {which} median"))
         if clair:
             cm = statistics.median(clair.values())
             print(f"clairvoyant experiment (knows departures; not a strategy): "
                   + " ".join(str(clair[seed]) for seed, *_ in rows) + f", median {cm:.1f}"
-                  + ("" if med_cb is None else f", {cm / med_cb:.1%} of the class-aware bound's median"))
+                  + ("" if med_cb is None else f", {cm / med_cb:.1%} of {which} median"))
     print()
     print("fragmented: refused although the host's free framebuffer, summed over GPUs, would have held it.")
     print("class-aware bound: at every arrival, sum over size classes of ceil(active / max per GPU) <= GPUs;")
-    print("the MILP's dual bound (valid even when the time limit stops the solver).  LP bound: the active")
-    print("framebuffer fits the host's (exact, as a min-cost flow).  No placement — online or offline, with or")
-    print("without migration — admits more than either on the trace (see the module docstring).")
+    print("the plain MILP's dual bound (valid even when the time limit stops the solver).  tight class bound:")
+    print("the same integer program, a stronger model with cutting planes; its LP bound is certified by a dual")
+    print("solution, then branch and bound lowers it; 'schedule': the most admissions of a schedule found that")
+    print("keeps the constraint (checked), so the optimum lies between it and the tight bound.  'of CB': of the")
+    print("tightest proven bound.  LP bound: the active framebuffer fits the host's (exact, as a min-cost")
+    print("flow).  No placement — online or offline, with or without migration — admits more than any of the")
+    print("bounds on the trace (see the module docstring).")
 
     status = 0
     if pool is not None:
@@ -847,6 +894,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("\n".join(lines))
     print()
     print(f"time: model {t_model:.2f} s, LP bound {t_bound:.2f} s, class-aware bound {t_class:.1f} s, "
+          f"tight class bound {t_tight:.1f} s, "
           f"total {time.monotonic() - t0:.1f} s")
     return status
 
