@@ -95,6 +95,8 @@ def test_prepare_and_release_import_every_vgpuhost_module_from_the_bundle(make_h
     before = {"vgpuhost", "vgpuhost.io", "vgpuhost.io.modbundle"}      # imported to call use()
     assert {n for n, loader in loaders.items() if loader != SERVED} == before
     assert set(loaders) - before <= set(modbundle.MODULES)
+    # no tenant on this host: the admission rules and the tenant store code are not imported at all
+    assert not {"vgpuhost.ops.tenancy", "vgpuhost.policy.admission"} & set(loaders), sorted(loaders)
 
 
 def _package(tmp_path: Path, body: str) -> Path:

@@ -39,7 +39,7 @@ BUNDLE_PARTS = ("var", "cache", "vgpuhost", "hook-modules.bundle")
 MAX_BUNDLE_BYTES = 16 << 20
 
 #: the modules the hook's ``prepare begin`` and ``release end`` import on a real host (vGPUs on mdev
-#: and vendor VFIO, passthrough), but ``vgpuhost``, ``vgpuhost.io`` and this module (imported before
+#: and vendor VFIO, passthrough; tenancy's where it is in use), but ``vgpuhost``, ``vgpuhost.io`` and this module (imported before
 #: the bundle is used).  tests/test_hook_bundle.py checks that the hook imports nothing of vgpuhost outside it.
 MODULES = (
     "vgpuhost.hook", "vgpuhost.hook.runtime",
@@ -50,11 +50,12 @@ MODULES = (
     "vgpuhost.model", "vgpuhost.model.boards", "vgpuhost.model.errors", "vgpuhost.model.kinds",
     "vgpuhost.model.tenancy", "vgpuhost.model.values",
     "vgpuhost.observe", "vgpuhost.observe.inventory",
-    "vgpuhost.ops", "vgpuhost.ops.devices", "vgpuhost.ops.passthrough", "vgpuhost.ops.recover",
-    "vgpuhost.ops.tenancy", "vgpuhost.ops.vgpu",
+    "vgpuhost.ops", "vgpuhost.ops.admitting", "vgpuhost.ops.devices", "vgpuhost.ops.passthrough",
+    "vgpuhost.ops.recover", "vgpuhost.ops.tenancy", "vgpuhost.ops.vgpu",
     "vgpuhost.plan", "vgpuhost.plan.executor", "vgpuhost.plan.journal", "vgpuhost.plan.passthrough",
     "vgpuhost.plan.steps",
-    "vgpuhost.policy", "vgpuhost.policy.admission", "vgpuhost.policy.hookrequest", "vgpuhost.policy.iommu",
+    "vgpuhost.policy", "vgpuhost.policy.admission", "vgpuhost.policy.demand", "vgpuhost.policy.hookrequest",
+    "vgpuhost.policy.iommu",
     "vgpuhost.policy.offers", "vgpuhost.policy.placement",
 )
 

@@ -124,10 +124,15 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
     was_active = me in active
     store.domain_started(me, view.name or me)
     made: List[Tuple[str, object]] = []
-    from . import tenancy
-    try:
+    from .admitting import active as tenancy_in_use, unenforced_admitting
+    if tenancy_in_use(store):
         # admission (issue 13): quota, isolation, QoS class, pool, under the host lock until recorded
-        with tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed) as grant:
+        from . import tenancy
+        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed)
+    else:
+        admitting = unenforced_admitting(store, view, inv)     # nothing to enforce: no admission code imported
+    try:
+        with admitting as grant:
             if checked.passthrough:
                 from . import passthrough
                 for gpu, _ in checked.passthrough:

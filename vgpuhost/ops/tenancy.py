@@ -5,8 +5,10 @@ Owns: ``tenant add|set|list|show|remove`` (:func:`add`, :func:`update`,
 (:func:`allocations`: the store's ``allocations`` rows, plus every vGPU or
 passthrough group vgpuhost holds that has none, counted as having no
 tenant), the admission of a domain's devices (:func:`admit_domain`,
-audited, one row per decision with its reason) and its record
-(:func:`record_allocations`, :func:`forget`), the host lock admission runs under
+audited, one row per decision with its reason; :func:`admitting`, the hook's
+block) and its record (:func:`forget`; :func:`record_allocations` and the
+grants where tenancy is not in use live in :mod:`vgpuhost.ops.admitting`,
+re-exported here), the host lock admission runs under
 (:func:`host_lock`), pools (:func:`set_pools`, :func:`pools`), the
 ``tenant usage`` and ``capacity`` reports (:func:`usage_report`,
 :func:`capacity`), and the OpenStack tenant mapping setting.
@@ -20,10 +22,11 @@ from ..io.locks import file_lock
 from ..io.state import StateStore
 from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
 from ..model.kinds import Owner
-from ..model.tenancy import (DIMENSIONS, UNTENANTED_QOS, Limits, Quota, Tenant, check_name, labels_text,
-                             parse_labels)
-from ..model.values import record, replace
+from ..model.tenancy import DIMENSIONS, Limits, Quota, Tenant, check_name, labels_text, parse_labels
+from ..model.values import replace
 from ..policy import admission as adm
+from .admitting import (OPENSTACK, Admitting, Granted, active, record_allocations, tenant_of,  # noqa: F401
+                        type_framebuffers as _type_fb, unenforced as _unenforced)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -32,8 +35,6 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from ..observe.inventory import Inventory
 
 LOCK = "tenancy"
-#: settings key: map OpenStack projects to tenants (``project-name`` / ``project-uuid``; absent = off)
-OPENSTACK = "openstack_tenants"
 OPENSTACK_MODES = ("project-name", "project-uuid")
 
 
@@ -146,19 +147,6 @@ def _alloc(row: Sequence) -> adm.Allocation:
     return adm.Allocation(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], bool(row[9]))
 
 
-def _type_fb(inv: Optional[Inventory], store: StateStore) -> Dict[str, int]:
-    """``{type name (lower case): framebuffer MiB}`` from the inventory and the types seen before."""
-    out: Dict[str, int] = {}
-    for row in store.seen_types():
-        if row[3]:
-            out[row[2].lower()] = row[3]
-    if inv is not None:
-        for t in inv.vgpu_types:
-            if t.framebuffer_mib:
-                out[t.name.lower()] = t.framebuffer_mib
-    return out
-
-
 def allocations(store: StateStore, inv: Optional[Inventory] = None) -> List[adm.Allocation]:
     """What admission counts as held now.
 
@@ -250,15 +238,6 @@ def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[
 # ---------------------------------------------------------------------------
 # admission for a domain
 
-@record(frozen=True)
-class Granted:
-    """One device of a domain and the admission decision for it (``device``: mdev UUID, VF BDF or GPU)."""
-
-    device: str
-    demand: adm.Demand
-    decision: adm.Admission
-
-
 def set_openstack(store: StateStore, mode: Optional[str], *, actor: Optional[str] = None) -> Optional[str]:
     """Turn the OpenStack tenant mapping on (``project-name`` / ``project-uuid``) or off (None); audited."""
     if mode is not None and mode not in OPENSTACK_MODES:
@@ -266,20 +245,6 @@ def set_openstack(store: StateStore, mode: Optional[str], *, actor: Optional[str
     store.set_setting(OPENSTACK, mode)
     store.audit(actor=actor or _actor(), operation="tenant openstack", path="(settings)", value=mode or "off")
     return mode
-
-
-def tenant_of(store: StateStore, view: DomainView) -> Optional[str]:
-    """The domain's tenant: its vgpuhost metadata's ``tenant``, else (when the operator enabled the
-    OpenStack mapping) its Nova project; None without either."""
-    meta = view.metadata
-    if meta is not None and meta.tenant:
-        return meta.tenant
-    mode = store.setting(OPENSTACK)
-    nova = getattr(view, "nova_project", None)
-    if mode and nova:
-        name, uuid = nova
-        return (uuid if mode == "project-uuid" else name) or None
-    return None
 
 
 def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
@@ -349,44 +314,6 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     return out
 
 
-def active(store: StateStore) -> bool:
-    """Is tenancy in use on this host (a tenant or a pool declared)?  Without it admission has nothing to
-    enforce and the hook takes no host lock."""
-    return bool(store.tenant_rows() or store.pool_rows())
-
-
-class Admitting:
-    """What :func:`admitting` yields: the grants, the GPUs each device may go to, and what was made."""
-
-    def __init__(self, granted: List[Granted]):
-        self.granted = {g.device: g for g in granted}
-        self.gpus: Dict[str, str] = {}
-
-    def allowed_gpus(self, device: str, allowed: Optional[frozenset]) -> Optional[frozenset]:
-        """The GPUs placement may use for ``device``: its admission candidates, narrowed by ``allowed``."""
-        from ..model.values import PciAddress
-        g = self.granted.get(device)
-        if g is None or not g.decision.candidates:
-            return allowed
-        cands = frozenset(PciAddress.parse(c) for c in g.decision.candidates)
-        return cands if allowed is None else cands & frozenset(allowed)
-
-    def narrowed_by(self, device: str, allowed: Optional[frozenset]) -> str:
-        """What narrowed :meth:`allowed_gpus` for ``device``, for a placement refusal's hint."""
-        allow = "the hook allow-list (etc/vgpuhost/hook.allow)"
-        g = self.granted.get(device)
-        if g is None or not g.decision.candidates:
-            return allow
-        tenant = f"admission (tenant {g.decision.tenant!r}: isolation and pool)" if g.decision.tenant else \
-            "admission (isolation and pool)"
-        return tenant if allowed is None else f"{allow} with {tenant}"
-
-    def made(self, device: str, gpu: Optional[str]) -> None:
-        """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""
-        if gpu:
-            self.gpus[device] = gpu
-
-
 def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
               allowed: Optional[frozenset] = None) -> "_AdmittingBlock":
     """The qemu hook's ``prepare begin``: admit the domain's devices with authority, under the host lock.
@@ -441,45 +368,6 @@ class _AdmittingBlock:
             if lock is not None:
                 lock.__exit__(None, None, None)
         return False
-
-
-def _unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Granted]:
-    """Grants without a decision to make (tenancy not in use): each device's demand, the tenant's name."""
-    meta = view.metadata
-    tname = tenant_of(store, view)
-    qos = getattr(meta, "qos", None) or UNTENANTED_QOS
-    mine = {r[0] for r in store.allocation_rows(owner=view.uuid)}
-    fbs = None
-    out = []
-    for g in meta.passthrough:
-        if str(g) not in mine:
-            d = adm.Admission(True, "tenancy not in use", tname, qos, gpu=str(g))
-            out.append(Granted(str(g), adm.passthrough_demand(), d))
-    for v in meta.vgpus:
-        if v.device in mine:
-            continue
-        if fbs is None:
-            fbs = _type_fb(inv, store)
-        d = adm.Admission(True, "tenancy not in use", tname, qos)
-        out.append(Granted(v.device, adm.vgpu_demand(v.profile, fbs.get(v.profile.lower())), d))
-    return out
-
-
-def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted], gpus: Mapping[str, str]) -> None:
-    """Record the allocations of devices ``owner`` now holds (``gpus``: device -> the GPU it went to; a vGPU
-    not named there is looked up in the records)."""
-    if not granted:
-        return
-    gpus = dict(gpus)
-    if any(gr.device not in gpus for gr in granted):
-        for r in store.vgpu_records(owner=owner):
-            gpus.setdefault(r.id, r.gpu)
-    with store.transaction() as conn:
-        for gr in granted:
-            a = adm.allocation(gr.device, owner, gpus.get(gr.device) or gr.decision.gpu or "", gr.demand,
-                               gr.decision)
-            store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
-                                        a.mig_slices, a.qos, int(a.burst)))
 
 
 def forget(store: StateStore, owner: Optional[str] = None, devices: Sequence[str] = ()) -> int:

@@ -3,9 +3,10 @@
 Owns: :func:`admit`, the one decision the qemu hook (with authority, at
 ``prepare begin`` under the host lock) and ``attach`` (early feedback) ask,
 in a fixed order: quota -> isolation -> QoS class -> pool -> placement;
-the values it decides over (:class:`Demand`, :class:`Allocation`,
-:class:`Pool`, :class:`AdmissionRequest`, :class:`Admission`); quota use
-(:func:`usage`).  Must not: read the host or the state store, or change
+the values it decides over (:class:`Pool`, :class:`AdmissionRequest`;
+:class:`Demand`, :class:`Allocation` and :class:`Admission` live in
+:mod:`vgpuhost.policy.demand`, which the hook's path imports without these
+rules, and are re-exported here); quota use (:func:`usage`).  Must not: read the host or the state store, or change
 anything; callers (``vgpuhost.ops.tenancy``) build the inputs from the
 records and an inventory, and record the outcome.
 
@@ -44,89 +45,20 @@ from __future__ import annotations
 
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
                              HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Tenant)
-from ..model.values import VgpuProfile, field, record, replace
+from ..model.values import record, replace
+from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
+                     allocation, passthrough_demand, vgpu_demand)
 from .placement import GpuOffer, Request, place
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-VGPU, PASSTHROUGH = "vgpu", "passthrough"
 DEFAULT_POOL = "default"
 #: the classes each scheduler policy may serve (a policy never serves a class stronger than its own)
 POLICY_SERVES = {"fixed-share": (GUARANTEED, BURSTABLE, BEST_EFFORT), "equal-share": (BURSTABLE, BEST_EFFORT),
                  "best-effort": (BEST_EFFORT,)}
 DEFAULT_POOL_SERVES = (BURSTABLE, BEST_EFFORT)
-
-
-@record(frozen=True)
-class Demand:
-    """What one device asks for.  ``framebuffer_mib``: the vGPU's framebuffer (MiB); ``mig_slices``:
-    GPU-instance compute slices of a MIG-backed vGPU (0: time-sliced or passthrough)."""
-
-    kind: str
-    profile: str = ""
-    series: str = ""
-    framebuffer_mib: int = 0
-    mig_slices: int = 0
-
-    @property
-    def mig_backed(self) -> bool:
-        return self.kind == VGPU and self.mig_slices > 0
-
-    @property
-    def hardware(self) -> bool:
-        """A hardware partition: passthrough or a MIG-backed vGPU."""
-        return self.kind == PASSTHROUGH or self.mig_backed
-
-    def amount(self, dim: str) -> int:
-        if dim == "vgpus":
-            return 1 if self.kind == VGPU else 0
-        if dim == "passthrough_gpus":
-            return 1 if self.kind == PASSTHROUGH else 0
-        return getattr(self, dim)
-
-    def text(self) -> str:
-        return f"vGPU {self.profile}" if self.kind == VGPU else "a passthrough GPU"
-
-
-def vgpu_demand(profile: str, framebuffer_mib: Optional[int] = None) -> Demand:
-    """The demand of one vGPU of ``profile`` (framebuffer from the type when known, else from the name)."""
-    p = VgpuProfile.try_parse(profile)
-    fb = framebuffer_mib if framebuffer_mib is not None else (p.framebuffer_gb * 1024 if p else 0)
-    return Demand(VGPU, profile, p.series if p else "", fb, (p.gi_slices or 0) if p else 0)
-
-
-def passthrough_demand() -> Demand:
-    return Demand(PASSTHROUGH)
-
-
-@record(frozen=True)
-class Allocation:
-    """A device a domain holds, as admission counts it.  ``tenant`` None: no tenant; ``burst``: admitted
-    above the tenant's guaranteed limit."""
-
-    device: str
-    owner: str
-    tenant: Optional[str]
-    gpu: str
-    kind: str
-    profile: str = ""
-    framebuffer_mib: int = 0
-    mig_slices: int = 0
-    qos: str = BEST_EFFORT
-    burst: bool = False
-
-    @property
-    def demand(self) -> Demand:
-        p = VgpuProfile.try_parse(self.profile) if self.profile else None
-        return Demand(self.kind, self.profile, p.series if p else "", self.framebuffer_mib, self.mig_slices)
-
-
-def allocation(device: str, owner: str, gpu: str, demand: Demand, decision: "Admission") -> Allocation:
-    """The allocation an admitted ``decision`` makes for ``device`` on ``gpu``."""
-    return Allocation(device, owner, decision.tenant, gpu, demand.kind, demand.profile, demand.framebuffer_mib,
-                      demand.mig_slices, decision.qos, decision.burst)
 
 
 @record(frozen=True)
@@ -221,45 +153,6 @@ class AdmissionRequest:
     strategy: str = "first-fit"
     anti_affinity: Optional[str] = None
     numa_node: Optional[int] = None
-
-
-@record(frozen=True)
-class Admission:
-    """The decision.  ``code``: ``ok`` or the rule that refused (``unknown-tenant``, ``series``,
-    ``quota``, ``isolation``, ``qos``, ``pool``, ``capacity``, ``burst``); ``quota``: the dimension that
-    refused; ``gpu``/``parent``/``type_id``: the placement (vGPU) or the GPU (passthrough);
-    ``candidates``: every GPU the request may use under the rules (placement may take any that fits);
-    ``frees``: what would free room."""
-
-    admitted: bool
-    reason: str
-    tenant: Optional[str]
-    qos: str
-    burst: bool = False
-    code: str = "ok"
-    quota: str = ""
-    gpu: Optional[str] = None
-    parent: Optional[str] = None
-    type_id: Optional[str] = None
-    candidates: Tuple[str, ...] = ()
-    pool: Optional[str] = None
-    frees: Tuple[str, ...] = field(default=())
-
-    def remedy(self) -> Optional[str]:
-        """What to do, or None: ``to free room: ...`` where room is what is short (quota, capacity,
-        burst), ``to be admitted: ...`` for the other rules (an unknown tenant is added, not freed)."""
-        if self.admitted or not self.frees:
-            return None
-        lead = "to free room" if self.code in ROOM_CODES else "to be admitted"
-        return f"{lead}: " + "; ".join(self.frees)
-
-    def one_line(self) -> str:
-        remedy = self.remedy()
-        return self.reason if remedy is None else f"{self.reason}; {remedy}"
-
-
-#: the rules that refuse for want of room: their remedies free some
-ROOM_CODES = frozenset({"quota", "capacity", "burst"})
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""The part of admission a domain start needs on a host without tenants: grants and their records.
+
+Owns: :class:`Granted` (a device and its decision), :class:`Admitting` (what
+the hook's admission block yields), :func:`active` (is tenancy in use),
+:func:`tenant_of` (a domain's tenant), :func:`unenforced` (the grants where
+there is nothing to enforce), :func:`record_allocations` and
+:func:`type_framebuffers`.  :mod:`vgpuhost.ops.tenancy` decides where tenancy
+is in use and re-exports these; they are apart so that the qemu hook's
+``prepare begin`` on a host without tenants imports neither the admission
+rules nor the tenant store code (about 0.9 ms of each such start, measured
+2026-12-01).  Must not: import :mod:`vgpuhost.policy.admission` or
+:mod:`vgpuhost.ops.tenancy`.
+"""
+
+from __future__ import annotations
+
+from ..model.tenancy import UNTENANTED_QOS
+from ..model.values import record
+from ..policy import demand as adm
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Dict, List, Mapping, Optional, Sequence
+    from ..io.state import StateStore
+    from ..libvirt.domxml import DomainView
+    from ..observe.inventory import Inventory
+
+#: settings key: map OpenStack projects to tenants (``project-name`` / ``project-uuid``; absent = off)
+OPENSTACK = "openstack_tenants"
+
+
+@record(frozen=True)
+class Granted:
+    """One device of a domain and the admission decision for it (``device``: mdev UUID, VF BDF or GPU)."""
+
+    device: str
+    demand: adm.Demand
+    decision: adm.Admission
+
+
+def active(store: StateStore) -> bool:
+    """Is tenancy in use on this host (a tenant or a pool declared)?  Without it admission has nothing to
+    enforce and the hook takes no host lock."""
+    return bool(store.tenant_rows() or store.pool_rows())
+
+
+def tenant_of(store: StateStore, view: DomainView) -> Optional[str]:
+    """The domain's tenant: its vgpuhost metadata's ``tenant``, else (when the operator enabled the
+    OpenStack mapping) its Nova project; None without either."""
+    meta = view.metadata
+    if meta is not None and meta.tenant:
+        return meta.tenant
+    mode = store.setting(OPENSTACK)
+    nova = getattr(view, "nova_project", None)
+    if mode and nova:
+        name, uuid = nova
+        return (uuid if mode == "project-uuid" else name) or None
+    return None
+
+
+def type_framebuffers(inv: Optional[Inventory], store: StateStore) -> Dict[str, int]:
+    """``{type name (lower case): framebuffer MiB}`` from the inventory and the types seen before."""
+    out: Dict[str, int] = {}
+    for row in store.seen_types():
+        if row[3]:
+            out[row[2].lower()] = row[3]
+    if inv is not None:
+        for t in inv.vgpu_types:
+            if t.framebuffer_mib:
+                out[t.name.lower()] = t.framebuffer_mib
+    return out
+
+
+class Admitting:
+    """What :func:`admitting` yields: the grants, the GPUs each device may go to, and what was made."""
+
+    def __init__(self, granted: List[Granted]):
+        self.granted = {g.device: g for g in granted}
+        self.gpus: Dict[str, str] = {}
+
+    def allowed_gpus(self, device: str, allowed: Optional[frozenset]) -> Optional[frozenset]:
+        """The GPUs placement may use for ``device``: its admission candidates, narrowed by ``allowed``."""
+        from ..model.values import PciAddress
+        g = self.granted.get(device)
+        if g is None or not g.decision.candidates:
+            return allowed
+        cands = frozenset(PciAddress.parse(c) for c in g.decision.candidates)
+        return cands if allowed is None else cands & frozenset(allowed)
+
+    def narrowed_by(self, device: str, allowed: Optional[frozenset]) -> str:
+        """What narrowed :meth:`allowed_gpus` for ``device``, for a placement refusal's hint."""
+        allow = "the hook allow-list (etc/vgpuhost/hook.allow)"
+        g = self.granted.get(device)
+        if g is None or not g.decision.candidates:
+            return allow
+        tenant = f"admission (tenant {g.decision.tenant!r}: isolation and pool)" if g.decision.tenant else \
+            "admission (isolation and pool)"
+        return tenant if allowed is None else f"{allow} with {tenant}"
+
+    def made(self, device: str, gpu: Optional[str]) -> None:
+        """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""
+        if gpu:
+            self.gpus[device] = gpu
+
+
+def unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Granted]:
+    """Grants without a decision to make (tenancy not in use): each device's demand, the tenant's name."""
+    meta = view.metadata
+    tname = tenant_of(store, view)
+    qos = getattr(meta, "qos", None) or UNTENANTED_QOS
+    mine = {r[0] for r in store.allocation_rows(owner=view.uuid)}
+    fbs = None
+    out = []
+    for g in meta.passthrough:
+        if str(g) not in mine:
+            d = adm.Admission(True, "tenancy not in use", tname, qos, gpu=str(g))
+            out.append(Granted(str(g), adm.passthrough_demand(), d))
+    for v in meta.vgpus:
+        if v.device in mine:
+            continue
+        if fbs is None:
+            fbs = type_framebuffers(inv, store)
+        d = adm.Admission(True, "tenancy not in use", tname, qos)
+        out.append(Granted(v.device, adm.vgpu_demand(v.profile, fbs.get(v.profile.lower())), d))
+    return out
+
+
+def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted], gpus: Mapping[str, str]) -> None:
+    """Record the allocations of devices ``owner`` now holds (``gpus``: device -> the GPU it went to; a vGPU
+    not named there is looked up in the records)."""
+    if not granted:
+        return
+    gpus = dict(gpus)
+    if any(gr.device not in gpus for gr in granted):
+        for r in store.vgpu_records(owner=owner):
+            gpus.setdefault(r.id, r.gpu)
+    with store.transaction() as conn:
+        for gr in granted:
+            a = adm.allocation(gr.device, owner, gpus.get(gr.device) or gr.decision.gpu or "", gr.demand,
+                               gr.decision)
+            store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
+                                        a.mig_slices, a.qos, int(a.burst)))
+
+
+def unenforced_admitting(store: StateStore, view: DomainView, inv: Inventory) -> "_Unenforced":
+    """:func:`vgpuhost.ops.tenancy.admitting` where tenancy is not in use (:func:`active` False), without
+    importing it: ``with unenforced_admitting(...) as box:`` admits every device the domain does not hold
+    yet (its tenant name, if any, recorded), takes no lock, and records the allocations when the block
+    ends without an error."""
+    return _Unenforced(store, view, inv)
+
+
+class _Unenforced:
+    """:func:`unenforced_admitting`'s context manager (a class: the hook's path imports no contextlib)."""
+
+    def __init__(self, store: StateStore, view: DomainView, inv: Inventory):
+        self.store, self.view, self.inv = store, view, inv
+        self.granted: Optional[List[Granted]] = None
+        self.box: Optional[Admitting] = None
+
+    def __enter__(self) -> Admitting:
+        meta = self.view.metadata
+        if meta is None or meta.empty:
+            return Admitting([])
+        self.granted = unenforced(self.store, self.view, self.inv)
+        self.box = Admitting(self.granted)
+        return self.box
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None and self.granted is not None:
+            record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
+        return False
+
