@@ -26,12 +26,12 @@
  *
  *   vgpuhost-hook-client --hook ACT SOCKET TIMEOUT_S DISPATCHER N ARG1..ARGN HANDLER...  < domain.xml
  *
- * (what the sh dispatcher, vgpuhost/hooks/qemu, execs when the agent's socket
- * exists) does the rest of the dispatcher's work, so no shell reads the XML:
+ * (what the sh dispatcher, vgpuhost/hooks/qemu, execs, agent or not) does the
+ * rest of the dispatcher's work, so no shell reads the XML:
  * the dispatcher's checks on the XML (vgpuhost's namespace; for 'release end'
  * the state store's domain marker; a NUL byte refused), then the call above
  * with NAME = ARG1, ROOT and STATE_DIR from $VGPUHOST_ROOT and
- * $VGPUHOST_STATE_DIR, then, when the agent did not answer, the fallback
+ * $VGPUHOST_STATE_DIR when SOCKET is a socket, then, when the agent did not answer, the fallback
  * the dispatcher makes: exec HANDLER... (the Python handler's command line)
  * with VGPUHOST_AGENT=off and the XML on stdin.  An XML over MAX_XML bytes
  * is handed back whole to DISPATCHER ARG1..ARGN with VGPUHOST_AGENT=off
@@ -540,7 +540,9 @@ static int hook_mode(int argc, char **argv)
     for (const char *c = name; *c; c++)
         if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
             printable = 0;
-    if (printable && root != NULL && state_dir != NULL) {
+    struct stat sock_st;                    /* no socket: the agent is not running, the handler does the work */
+    int agent_up = stat(sock_path, &sock_st) == 0 && S_ISSOCK(sock_st.st_mode);
+    if (agent_up && printable && root != NULL && state_dir != NULL) {
         if (sigsetjmp(deadline, 1) == 0) {
             alarm((unsigned)timeout_s);
             int code = agent_call(sock_path, act, name, root, state_dir, xml, x + 1, timeout_s);
