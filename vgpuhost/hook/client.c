@@ -389,6 +389,32 @@ static int stat_is(const char *dir, const char *name, mode_t type)
     return type == 0 || (st.st_mode & S_IFMT) == type;
 }
 
+/* The text of the XML's one <uuid> element, as the dispatcher's sh patterns find it: 36 characters of
+ * 0-9, a-f and '-' (the handler checks the form).  0 when there is none or more than one (the handler
+ * then reads the XML properly). */
+static int one_uuid(const char *x, size_t n, char uuid[37])
+{
+    const char *open_tag = memmem(x, n, "<uuid>", 6);
+    if (open_tag == NULL)
+        return 0;
+    const char *u = open_tag + 6;
+    size_t rest = n - (size_t)(u - x);
+    if (memmem(u, rest, "<uuid>", 6) != NULL)
+        return 0;
+    const char *close_tag = memmem(u, rest, "</uuid>", 7);
+    size_t ulen = close_tag != NULL ? (size_t)(close_tag - u) : rest;
+    if (ulen != 36)
+        return 0;
+    for (size_t i = 0; i < 36; i++) {
+        char c = u[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'))
+            return 0;
+        uuid[i] = c;
+    }
+    uuid[36] = '\0';
+    return 1;
+}
+
 /* The dispatcher's sh checks on the XML (x: the XML less its trailing newlines, as $(...) reads it):
  * 1 = nothing to do (exit 0), 0 = go on. */
 static int nothing_to_do(const char *act, const char *x, size_t n, const char *state_dir)
@@ -400,25 +426,9 @@ static int nothing_to_do(const char *act, const char *x, size_t n, const char *s
     /* the store's marker domains/<uuid>: none for the one <uuid> in the XML, nothing to release */
     if (stat_is(state_dir, "domains", S_IFDIR) != 1)
         return 0;
-    const char *open_tag = memmem(x, n, "<uuid>", 6);
-    if (open_tag == NULL)
-        return 0;
-    const char *u = open_tag + 6;
-    size_t rest = n - (size_t)(u - x);
-    if (memmem(u, rest, "<uuid>", 6) != NULL)
-        return 0;                           /* more than one: the handler reads it properly */
-    const char *close_tag = memmem(u, rest, "</uuid>", 7);
-    size_t ulen = close_tag != NULL ? (size_t)(close_tag - u) : rest;
-    if (ulen != 36)
-        return 0;
     char uuid[37];
-    for (size_t i = 0; i < 36; i++) {
-        char c = u[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'))
-            return 0;
-        uuid[i] = c;
-    }
-    uuid[36] = '\0';
+    if (!one_uuid(x, n, uuid))
+        return 0;
     char markers[MAX_PATH];
     size_t sd = strlen(state_dir);
     if (sd + sizeof "/domains" > sizeof markers)
@@ -505,7 +515,7 @@ static int hook_mode(int argc, char **argv)
     char **handler = args + nargs;          /* at least one word */
     const char *name = args[0];
     const char *root = getenv("VGPUHOST_ROOT"), *state_dir = getenv("VGPUHOST_STATE_DIR");
-    if (catch_alarm() != 0)
+    if (catch_alarm() != 0 || unsetenv("VGPUHOST_DOMAIN_UUID") != 0)   /* only ever this XML's (below) */
         return EX_IO;
 
     /* read as the dispatcher's sh reads it: with no deadline (libvirt writes it at once) */
@@ -554,6 +564,11 @@ static int hook_mode(int argc, char **argv)
     }
     if (refeed_stdin(xml, x + 1, 0) != 0)
         return EX_IO;
+    /* release end: the domain's UUID for the handler (it then parses no XML); set empty otherwise, so
+     * a value in the environment the hook was started with is never taken for this domain's */
+    char uuid[37];
+    if (setenv("VGPUHOST_DOMAIN_UUID", strcmp(act, "release") == 0 && one_uuid(xml, x, uuid) ? uuid : "", 1) != 0)
+        return EX_NOMEM;
     return run_instead(handler);
 }
 
