@@ -136,3 +136,19 @@ def test_dual_certificate_bounds_the_lp_for_any_multipliers(seed):
     for _ in range(5):
         w = rng.uniform(-1, 3, size=rows)
         assert bp.dual_certificate(matrix, b, u, c, w) >= -res.fun - 1e-9
+
+
+def test_every_strategy_keeps_the_constraint_and_stays_under_the_bounds():
+    """The constraint holds for real placements: each strategy's admissions on a bench trace (4 GPUs,
+    300 requests) keep it, and none admits more than the tight bound or the plain one; nor does the
+    tight bound's own schedule beat the plain bound."""
+    reqs, events, _ = bp.make_trace(7, 300, 4, 1.0, FB, TYPES)
+    tight = bp.tight_class_bound(reqs, 4, FB, TYPES, time_limit=20)
+    plain = bp.class_upper_bound(reqs, 4, FB, TYPES, time_limit=20)
+    assert tight is not None and plain is not None
+    assert 0 < tight.best <= math.floor(plain[0] + 1e-6)      # a schedule never beats a valid bound
+    for strategy in bp.STRATEGIES:
+        decided = bp.replay_model(strategy, reqs, events, 4, FB, TYPES, _SIM)
+        admitted = [n for n, d in decided.items() if d.admitted]
+        assert bp.class_fits(reqs, admitted, 4, FB, TYPES), strategy
+        assert len(admitted) <= min(tight.bound, math.floor(plain[0] + 1e-6)), strategy
