@@ -393,6 +393,12 @@ def lp_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, Typ
     return -cost / scale
 
 
+def _size_classes(reqs: List[Req], fb_mib: int, types: Dict[str, TypeInfo]) -> Tuple[List[int], Dict[int, int], List[int]]:
+    """The trace's size classes: (framebuffer sizes ascending, size -> class index, max per GPU of each)."""
+    sizes = sorted({types[r.profile].fb_mib for r in reqs})
+    return sizes, {sz: i for i, sz in enumerate(sizes)}, [fb_mib // sz for sz in sizes]
+
+
 def class_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, TypeInfo],
                       time_limit: float) -> Optional[Tuple[float, Optional[float]]]:
     """(dual bound, best admissions found) of the class-aware integer program, or None without scipy.
@@ -406,9 +412,7 @@ def class_upper_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, 
         from scipy.sparse import coo_matrix
     except ImportError:
         return None
-    sizes = sorted({types[r.profile].fb_mib for r in reqs})
-    cls = {sz: i for i, sz in enumerate(sizes)}
-    per_gpu = [fb_mib // sz for sz in sizes]
+    sizes, cls, per_gpu = _size_classes(reqs, fb_mib, types)
     n_cls, n_req = len(sizes), len(reqs)
     order = sorted(reqs, key=lambda r: r.arrive)
     n_arr = len(order)
@@ -534,9 +538,7 @@ def tight_class_bound(reqs: List[Req], gpus: int, fb_mib: int, types: Dict[str, 
         from scipy.sparse import csr_matrix
     except ImportError:
         return None
-    sizes = sorted({types[r.profile].fb_mib for r in reqs})
-    cls = {sz: i for i, sz in enumerate(sizes)}
-    per_gpu = [fb_mib // sz for sz in sizes]
+    sizes, cls, per_gpu = _size_classes(reqs, fb_mib, types)
     n_req = len(reqs)
     of = {r.n: cls[types[r.profile].fb_mib] for r in reqs}
     index = {r.n: i for i, r in enumerate(reqs)}       # column of x_r
