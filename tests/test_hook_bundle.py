@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -110,7 +111,7 @@ def _package(tmp_path: Path, body: str) -> Path:
 def _load(tmp_path: Path, bundle: Path) -> str:
     code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
             "from vgpuhost.io.modbundle import use\n"
-            f"n = use({str(bundle)!r})\n"
+            f"n = use({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r})\n"
             "import bundled_pkg.mod as m\n"
             "print(n, m.VALUE, type(m.__spec__.loader).__name__, m.__file__ == m.__spec__.origin)\n")
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=60)
@@ -171,3 +172,69 @@ def test_a_bundle_owned_by_another_user_is_ignored(tmp_path):
     _build(tmp_path, bundle)
     os.chown(bundle, 65534, 65534)
     assert _load(tmp_path, bundle) == "0 1 SourceFileLoader True"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char-device", "open-folder", "folder-symlink"])
+def test_a_bundle_path_that_could_hang_or_was_planted_is_ignored_at_once(tmp_path, kind):
+    """A FIFO or a device at the bundle's path never blocks or floods the hook (it runs before its
+    watchdog); a folder others may write to, or a symlinked one, is not trusted."""
+    _package(tmp_path, "VALUE = 1\n")
+    cache = tmp_path / "cache"
+    bundle = cache / "b.bundle"
+    _build(tmp_path, bundle)
+    if kind == "fifo":
+        bundle.unlink()
+        os.mkfifo(bundle, 0o644)
+    elif kind == "char-device":
+        if os.geteuid() != 0:
+            pytest.fail("runs as root (CI does): it makes a device node")
+        bundle.unlink()
+        os.mknod(bundle, 0o644 | stat.S_IFCHR, os.makedev(1, 5))          # /dev/zero's numbers
+    elif kind == "open-folder":
+        cache.chmod(0o777)
+    else:
+        real = tmp_path / "real-cache"
+        cache.rename(real)
+        cache.symlink_to(real)
+    assert _load(tmp_path, bundle) == "0 1 SourceFileLoader True"       # _load's own timeout: 60 s
+
+
+def test_another_installations_modules_and_a_bad_entry_load_from_their_files(tmp_path):
+    """Entries whose source lies outside the package the process imported (another installation's
+    bundle) and an entry that is not one are skipped, module by module; the rest is served."""
+    _package(tmp_path, "VALUE = 1\n")
+    (tmp_path / "bundled_pkg" / "other.py").write_text("VALUE = 2\n")
+    bundle = tmp_path / "cache" / "b.bundle"
+    code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
+            "from vgpuhost.io.modbundle import build\n"
+            f"build({str(bundle)!r}, ['bundled_pkg', 'bundled_pkg.mod', 'bundled_pkg.other'])\n")
+    subprocess.run([sys.executable, "-I", "-S", "-c", code], check=True, timeout=60)
+    fmt, tag, entries = marshal.loads(bundle.read_bytes())
+    elsewhere = tmp_path / "elsewhere" / "mod.py"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("VALUE = 99\n")
+    st = elsewhere.stat()
+    entries["bundled_pkg.mod"] = (str(elsewhere), st.st_size, st.st_mtime_ns, False,
+                                  marshal.dumps(compile("VALUE = 99\n", str(elsewhere), "exec")))
+    entries["bundled_pkg.other"] = ("x",)
+    bundle.write_bytes(marshal.dumps((fmt, tag, entries)))
+    load = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
+            "from vgpuhost.io.modbundle import use\n"
+            f"use({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r})\n"
+            "import bundled_pkg, bundled_pkg.mod as m, bundled_pkg.other as o\n"
+            "print(m.VALUE, o.VALUE, *(type(x.__spec__.loader).__name__ for x in (bundled_pkg, m, o)))\n")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", load], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().split() == ["1", "2", SERVED, "SourceFileLoader", "SourceFileLoader"]
+
+
+def test_a_failed_bundle_write_takes_the_old_bundle_away(make_host, tmp_path):
+    host = make_host("a40-mdev")
+    install(host, tmp_path)
+    bundle = modbundle.bundle_path(str(host.root))
+    assert os.path.isfile(bundle)
+    os.mkdir(os.path.join(os.path.dirname(bundle), ".hook-modules.bundle.vgpuhost-tmp"))   # the write fails
+    from vgpuhost.hook.install import install as hook_install
+    out = hook_install(host, hooks_dir=tmp_path / "qemu.d")
+    assert not os.path.exists(bundle)
+    assert any("module bundle" in n for n in out.notes), out.notes

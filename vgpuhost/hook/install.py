@@ -226,6 +226,10 @@ def _bundle(host: HostRoot, out: HookOutcome) -> bool:
     try:
         build(path)
     except (OSError, SyntaxError) as e:
+        try:
+            files.remove(path)              # an older bundle never stands in for this installation's
+        except OSError:
+            pass
         out.notes.append(f"could not write the hook's module bundle {host.relative(path)} "
                          f"({getattr(e, 'strerror', None) or e}): the hook loads its modules one by one")
         return False

@@ -31,7 +31,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # annotations only (the qemu hook imports no typing)
-    from typing import Dict, Iterable, Optional, Tuple
+    from typing import Dict, Iterable, Tuple
 
 FORMAT = "vgpuhost-hook-bundle/1"
 #: where ``hook install`` writes it, under the host root (FHS: a cache the program can rebuild)
@@ -71,8 +71,8 @@ def build(path: str, modules: "Iterable[str]" = MODULES) -> int:
     Compiles each module's source as the import system would (its own
     ``from __future__`` lines, no optimisation), writes the file with mode 0644
     atomically (a temporary file renamed over it), and creates its directory
-    (0755).  Returns how many modules it holds.  Raises OSError when the file
-    cannot be written.
+    (0755; one writable by others is made 0755).  Returns how many modules it
+    holds.  Raises OSError when the file cannot be written.
     """
     from importlib.util import find_spec
     entries: "Dict[str, Tuple[str, int, int, bool, bytes]]" = {}
@@ -81,7 +81,7 @@ def build(path: str, modules: "Iterable[str]" = MODULES) -> int:
             spec = find_spec(name)
         except (ImportError, ValueError):
             continue
-        origin = spec.origin if spec is not None else None
+        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else None
         if not origin or not origin.endswith(".py"):
             continue
         with open(origin, "rb") as f:
@@ -93,30 +93,41 @@ def build(path: str, modules: "Iterable[str]" = MODULES) -> int:
     data = marshal.dumps((FORMAT, sys.implementation.cache_tag, entries))
     from pathlib import Path
     from .files import write_atomic
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    if os.stat(folder).st_mode & 0o022:
+        os.chmod(folder, 0o755)             # writable by others: :func:`use` would not trust it
     write_atomic(Path(path), data, 0o644)
     return len(entries)
 
 
 class _Finder:
-    """A ``sys.meta_path`` finder and loader serving the bundle's modules whose source is unchanged."""
+    """A ``sys.meta_path`` finder and loader serving the bundle's modules whose source is unchanged and
+    lies in ``package`` (the directory of the ``vgpuhost`` package this process imported)."""
 
-    def __init__(self, entries: dict):
+    def __init__(self, entries: dict, package: str):
         self.entries = entries
+        self.package = package
+        self.code: dict = {}
 
     def find_spec(self, name, path=None, target=None):
-        entry = self.entries.get(name)
+        entry = self.entries.pop(name, None)
         if entry is None:
             return None
-        origin, size, mtime_ns, package, _ = entry
         try:
+            origin, size, mtime_ns, package, blob = entry
+            if not (type(origin) is str and origin.startswith(self.package) and type(blob) is bytes):
+                return None                 # another installation's module, or not an entry: the file's own import
             st = os.stat(origin)
-        except OSError:
-            st = None
-        if st is None or st.st_size != size or st.st_mtime_ns != mtime_ns:
-            del self.entries[name]          # changed since the bundle was written: the file's own import
+            if st.st_size != size or st.st_mtime_ns != mtime_ns:
+                return None                 # changed since the bundle was written
+            code = marshal.loads(blob)
+        except Exception:                   # a malformed entry: the file's own import
             return None
-        spec = _ModuleSpec(name, self, origin=origin, is_package=package)
+        if type(code) is not _CodeType:
+            return None
+        self.code[name] = code
+        spec = _ModuleSpec(name, self, origin=origin, is_package=bool(package))
         if package:
             spec.submodule_search_locations = [os.path.dirname(origin)]
         spec.has_location = True
@@ -126,29 +137,55 @@ class _Finder:
         return None                         # the default module object
 
     def exec_module(self, module) -> None:
-        code = marshal.loads(self.entries.pop(module.__spec__.name)[4])
-        exec(code, module.__dict__)         # noqa: S102 - the package's own code, compiled by build()
+        exec(self.code.pop(module.__spec__.name), module.__dict__)   # noqa: S102 - the package's own code
 
 
 _ModuleSpec = type(sys.modules[__name__].__spec__)   # importlib.machinery.ModuleSpec, without importing importlib
+_CodeType = type(_ModuleSpec.__init__.__code__)
 
 
-def use(path: str) -> int:
-    """Serve the modules of the bundle at ``path`` from now on; how many it holds (0: not used)."""
+def _trusted_dir(path: str) -> bool:
+    """The bundle's directory: a real directory (not a symlink) owned by this user, writable by no one else."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        st = os.lstat(os.path.dirname(path) or ".")
+    except OSError:
+        return False
+    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def use(path: str, package_dir: "str | None" = None) -> int:
+    """Serve the modules of the bundle at ``path`` from now on; how many it holds (0: not used).
+
+    Used only when it is a regular file (opened without blocking: a FIFO planted there cannot hang a
+    domain start) of at most :data:`MAX_BUNDLE_BYTES` bytes, owned by this user and writable by no
+    one else, in a directory that is the same, and only for modules under ``package_dir`` (default:
+    the directory of the ``vgpuhost`` package this process imported, so another installation's bundle
+    is not run).
+    """
+    if package_dir is None:
+        pkg = getattr(sys.modules.get("vgpuhost"), "__path__", None)
+        package_dir = list(pkg)[0] if pkg else None
+    if not package_dir or not _trusted_dir(path):
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return 0
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > MAX_BUNDLE_BYTES:
+        if ((st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_size > MAX_BUNDLE_BYTES):
             return 0                        # code others could have written: never run it as root
         chunks = []
-        while True:
-            data = os.read(fd, 1 << 20)
+        left = MAX_BUNDLE_BYTES + 1
+        while left > 0:
+            data = os.read(fd, min(left, 1 << 20))
             if not data:
                 break
             chunks.append(data)
+            left -= len(data)
+        if left <= 0:
+            return 0                        # grew past the limit while read
         fmt, tag, entries = marshal.loads(b"".join(chunks))
         if fmt != FORMAT or tag != sys.implementation.cache_tag or type(entries) is not dict:
             return 0
@@ -156,5 +193,5 @@ def use(path: str) -> int:
         return 0
     finally:
         os.close(fd)
-    sys.meta_path.insert(0, _Finder(entries))
+    sys.meta_path.insert(0, _Finder(entries, os.path.join(os.path.realpath(package_dir), "")))
     return len(entries)
