@@ -38,14 +38,14 @@ def _two_domains(make_host):
     return host
 
 
-def _handler(host, xml: str, env: dict) -> subprocess.CompletedProcess:
+def _handler(host, xml: str, env: dict, name: str = "a") -> subprocess.CompletedProcess:
     """``release end`` in a fresh ``python -I -S``, as the dispatcher starts the handler; prints whether
     the XML parser was imported."""
     code = textwrap.dedent(f"""\
         import sys
         sys.path[:0] = [{package_parent()!r}]
         from vgpuhost.hook import runtime
-        rc = runtime.main(['vm', 'release', 'end', '-'], sys.stdin.buffer)
+        rc = runtime.main([{name!r}, 'release', 'end', '-'], sys.stdin.buffer)
         print(rc, 'vgpuhost.libvirt.domxml' in sys.modules, 'pyexpat' in sys.modules)
         """)
     return subprocess.run([sys.executable, "-I", "-S", "-c", code], input=xml.encode(), capture_output=True,
@@ -63,6 +63,36 @@ def test_release_from_the_dispatchers_uuid_parses_no_xml(make_host):
     assert proc.stdout.decode().split() == ["0", "False", "False"]
     assert _owners(host) == {DOM2}
     assert not (host.mdev_devices / MDEV1).exists() and (host.mdev_devices / MDEV2).exists()
+
+
+def test_a_uuid_the_store_records_under_another_name_is_not_taken(make_host):
+    """Stopping ``a`` with ``b``'s UUID handed in (a crafted document, or a caller's environment): the store
+    recorded that UUID as ``b``, not as libvirt's ``a``, so the handler reads the XML and releases ``a``."""
+    host = _two_domains(make_host)
+    proc = _handler(host, vgpu_domain("a", DOM1, MDEV1), {"VGPUHOST_DOMAIN_UUID": DOM2, "VGPUHOST_AGENT": "off"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().split() == ["0", "True", "True"]
+    assert _owners(host) == {DOM2}
+    assert (host.mdev_devices / MDEV2).exists() and not (host.mdev_devices / MDEV1).exists()
+
+
+@pytest.mark.parametrize("xml_of", ["comment", "cdata", "foreign-element", "processing-instruction"])
+@pytest.mark.parametrize("client", ["compiled", "none"])
+def test_a_uuid_outside_the_domains_own_element_never_names_a_domain(make_host, tmp_path, client, xml_of):
+    """The breaker's documents: ``b``'s UUID as the only ``<uuid>`` text (in a comment, CDATA, a foreign
+    element or a processing instruction) and ``a``'s own written ``<uuid >``: stopping ``a`` releases ``a``."""
+    host = _two_domains(make_host)
+    hook = install(host, tmp_path, **({} if client == "compiled" else {"client": "none"}))
+    wrap = {"comment": "<!-- <uuid>{}</uuid> -->", "cdata": "<![CDATA[<uuid>{}</uuid>]]>",
+            "foreign-element": "<x:i xmlns:x='urn:x' xmlns='urn:y'><uuid>{}</uuid></x:i>",
+            "processing-instruction": "<?note <uuid>{}</uuid>?>"}[xml_of].format(DOM2)
+    xml = vgpu_domain("a", DOM1, MDEV1).replace(f"<uuid>{DOM1}</uuid>", f"{wrap}<uuid >{DOM1}</uuid >")
+    assert xml.count("<uuid>") == 1
+    proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=xml.encode(), capture_output=True,
+                          env=LIBVIRT_ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert _owners(host) == {DOM2}
+    assert (host.mdev_devices / MDEV2).exists() and not (host.mdev_devices / MDEV1).exists()
 
 
 @pytest.mark.parametrize("env", [{"VGPUHOST_DOMAIN_UUID": "not-a-uuid", "VGPUHOST_AGENT": "off"},
@@ -109,3 +139,21 @@ def test_a_document_with_two_uuid_elements_is_read_by_the_handler(make_host, tmp
     assert proc.returncode == 0, proc.stderr
     assert _owners(host) == {DOM2}
     assert os.path.exists(host.mdev_devices / MDEV2)
+
+
+@pytest.mark.parametrize("client", ["compiled", "none"])
+def test_a_uuid_in_a_comment_does_not_skip_the_release_of_a_domain_without_metadata(make_host, tmp_path, client):
+    """A domain whose vgpuhost metadata is gone by its stop (the store says what it holds), and a comment
+    naming a UUID the store never started before its own ``<uuid >``: the dispatcher does not take the
+    comment's for the domain's (no marker, nothing to release) but hands the document to the handler."""
+    host = _two_domains(make_host)
+    hook = install(host, tmp_path, **({} if client == "compiled" else {"client": "none"}))
+    stranger = "99999999-2222-4333-8444-000000000009"
+    xml = domain_xml("a", DOM1).replace(f"<uuid>{DOM1}</uuid>", f"<!-- <uuid>{stranger}</uuid> --><uuid >{DOM1}</uuid >")
+    assert "vgpuhost.dev" not in xml and xml.count("<uuid>") == 1
+    proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=xml.encode(), capture_output=True,
+                          env=LIBVIRT_ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert _owners(host) == {DOM2}
+    assert not (host.mdev_devices / MDEV1).exists()
+

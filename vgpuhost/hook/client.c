@@ -390,17 +390,20 @@ static int stat_is(const char *dir, const char *name, mode_t type)
 }
 
 /* The text of the XML's one <uuid> element, as the dispatcher's sh patterns find it: 36 characters of
- * 0-9, a-f and '-' (the handler checks the form).  0 when there is none or more than one (the handler
- * then reads the XML properly). */
+ * 0-9, a-f and '-' (the handler checks the form).  0 (the handler then reads the XML properly) when
+ * "<uuid" occurs more than once, or the document holds markup a text scan cannot place: "<!"
+ * (comments, CDATA, declarations) or "<?" (processing instructions); libvirt writes none of them. */
 static int one_uuid(const char *x, size_t n, char uuid[37])
 {
-    const char *open_tag = memmem(x, n, "<uuid>", 6);
-    if (open_tag == NULL)
+    if (memmem(x, n, "<!", 2) != NULL || memmem(x, n, "<?", 2) != NULL)
         return 0;
-    const char *u = open_tag + 6;
+    const char *first = memmem(x, n, "<uuid", 5);
+    if (first == NULL || memmem(first + 5, n - (size_t)(first + 5 - x), "<uuid", 5) != NULL)
+        return 0;
+    if ((size_t)(first - x) + 5 >= n || first[5] != '>')
+        return 0;
+    const char *u = first + 6;
     size_t rest = n - (size_t)(u - x);
-    if (memmem(u, rest, "<uuid>", 6) != NULL)
-        return 0;
     const char *close_tag = memmem(u, rest, "</uuid>", 7);
     size_t ulen = close_tag != NULL ? (size_t)(close_tag - u) : rest;
     if (ulen != 36)

@@ -86,11 +86,12 @@ import sys
 from ..io.hostroot import HostRoot
 from ..io.process import actor as actor_name, exit_after
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_OK, VgpuhostError
-from ..ops.devices import prepare, release
+from ..ops.devices import open_store, prepare, release
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # only for annotations: never imported on the hook path
-    from typing import BinaryIO, List, Optional, TextIO
+    from typing import BinaryIO, List, Optional, TextIO, Tuple
+    from ..io.state import StateStore
 
 EXIT_INTERNAL = 4
 ENV_TIMEOUT = "VGPUHOST_HOOK_TIMEOUT"
@@ -156,7 +157,7 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     old = _arm(timeout_s, armed)
     try:
         host = host or HostRoot.from_env()
-        view = _released_domain(stdin) if act == "release" else None
+        view, store = _released_domain(host, stdin, name) if act == "release" else (None, None)
         data = None                         # the agent was tried already where the dispatcher read the UUID
         if view is None:
             from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
@@ -173,7 +174,7 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         if act == "prepare":
             prepare(host, view, actor=actor)
         else:
-            release(host, view, actor=actor)
+            release(host, view, actor=actor, store=store)
         armed["live"] = False               # done: a signal arriving now changes nothing
         return EXIT_OK
     except HookTimeout as e:
@@ -216,22 +217,28 @@ class _Released:
         self.uuid = uuid
 
 
-def _released_domain(stdin: BinaryIO) -> "Optional[_Released]":
+def _released_domain(host: HostRoot, stdin: BinaryIO, name: str) -> "Tuple[Optional[_Released], Optional[StateStore]]":
     """``release end`` after the dispatcher tried the agent (``VGPUHOST_AGENT=off``, which it sets for the
     handler) and read the domain's UUID for it (:data:`ENV_DOMAIN_UUID`): the domain, without parsing the
-    XML (no expat, no domxml: about 0.9 ms of each stop, measured 2026-12-01); the XML is read to its end
-    and dropped.  None otherwise: the handler parses the XML itself."""
+    XML (no expat, no domxml: about 0.9 ms of each stop, measured 2026-12-01), when the store recorded
+    that UUID as started under the name libvirt gives the hook (``name``, not the XML's: a document
+    crafted to show another domain's UUID outside its own ``<uuid>`` element never names that domain);
+    the XML is then read to its end and dropped.  Also the store, when one was opened (for the release).
+    ``(None, ...)`` otherwise: the handler parses the XML itself."""
     raw = os.environ.get(ENV_DOMAIN_UUID)
     if not raw or os.environ.get("VGPUHOST_AGENT", "").lower() not in ("off", "0", "no"):
-        return None
+        return None, None
     from ..model.values import parse_uuid
     try:
         uuid = parse_uuid(raw)
     except VgpuhostError:
-        return None
+        return None, None
+    store = open_store(host)
+    if store is None or store.active_domains().get(uuid) != name:
+        return None, store
     while stdin.read(1 << 16):
         pass
-    return _Released(uuid)
+    return _Released(uuid), store
 
 
 def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, timeout_s: int) -> "Optional[int]":

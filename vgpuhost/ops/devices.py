@@ -303,12 +303,20 @@ def release(host: HostRoot, view: "DomainView", *, actor: str, store: "Optional[
     agent's), instead of opening it for this call.
     """
     if store is None:
-        from ..io.files import is_file
-        from ..io.state import DB_NAME, StateStore
-        if not is_file(os.path.join(host.s.state_dir, DB_NAME)):
+        store = open_store(host)
+        if store is None:
             return []
-        store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     return release_domain(host, store, view.uuid, actor=actor)
+
+
+def open_store(host: HostRoot) -> "Optional[StateStore]":
+    """The state store on ``host.state_dir`` when there is one (``state.db`` exists), else None: a domain
+    with nothing recorded needs no store created for it."""
+    from ..io.files import is_file
+    from ..io.state import DB_NAME, StateStore
+    if not is_file(os.path.join(host.s.state_dir, DB_NAME)):
+        return None
+    return StateStore(host.s.state_dir, owned=lambda: _owned(host))
 
 
 def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:
