@@ -157,3 +157,38 @@ def test_a_uuid_in_a_comment_does_not_skip_the_release_of_a_domain_without_metad
     assert _owners(host) == {DOM2}
     assert not (host.mdev_devices / MDEV1).exists()
 
+
+
+def test_the_read_limit_is_the_parsers():
+    from vgpuhost.hook.runtime import READ_LIMIT
+    from vgpuhost.libvirt.domxml import MAX_XML_BYTES
+    assert READ_LIMIT == MAX_XML_BYTES + 1
+
+
+@pytest.mark.parametrize("client", ["compiled", "none"])
+def test_a_cut_document_is_refused_as_the_agent_refuses_it(make_host, tmp_path, client):
+    """The breaker's finding: the first 400 bytes of ``a``'s document (its name and UUID in them) were
+    released without the agent and refused with it; now refused both ways, nothing released."""
+    host = _two_domains(make_host)
+    hook = install(host, tmp_path, **({} if client == "compiled" else {"client": "none"}))
+    cut = vgpu_domain("a", DOM1, MDEV1)[:400]
+    assert f"<uuid>{DOM1}</uuid>" in cut and not cut.rstrip().endswith("</domain>")
+    proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=cut.encode(), capture_output=True,
+                          env=LIBVIRT_ENV, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "not well-formed" in proc.stderr.decode() or "XML" in proc.stderr.decode(), proc.stderr
+    assert _owners(host) == {DOM1, DOM2}
+
+
+@pytest.mark.parametrize("client", ["compiled", "none"])
+def test_a_hook_started_without_stdin_acts_as_on_an_empty_document(make_host, tmp_path, client):
+    """The breaker's finding: ``prepare begin`` with stdin closed gave a traceback through the client; both
+    ways it is now an empty document: nothing of vgpuhost's in it, nothing to do, exit 0."""
+    host = _two_domains(make_host)
+    hook = install(host, tmp_path, **({} if client == "compiled" else {"client": "none"}))
+    proc = subprocess.run([str(hook), "c", "prepare", "begin", "-"], stdin=subprocess.DEVNULL, capture_output=True,
+                          env=LIBVIRT_ENV, timeout=120, preexec_fn=lambda: os.close(0))
+    assert proc.returncode == 0, proc.stderr
+    if client == "compiled":
+        assert proc.stderr == b""           # (the sh's tr says its read failed)
+    assert _owners(host) == {DOM1, DOM2}

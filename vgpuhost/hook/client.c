@@ -231,6 +231,8 @@ static int read_input(char *buf, size_t cap, size_t *len)
         if (r < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EBADF && n == 0)
+                break;                      /* no stdin at all: an empty document, as the sh's $(tr) reads it */
             return -1;
         }
         if (r == 0)

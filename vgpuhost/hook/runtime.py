@@ -125,7 +125,12 @@ def run() -> None:
     Arms the watchdog first (module docstring: deadlines).
     """
     exit_after(_timeout_s() + BACKSTOP_EXTRA_S + BACKSTOP_KILL_S)      # the watchdog (io/process.py)
-    code = main(sys.argv[1:], sys.stdin.buffer)
+    if sys.stdin is None:               # started with no stdin at all: an empty document
+        import io
+        stdin = io.BytesIO()
+    else:
+        stdin = sys.stdin.buffer
+    code = main(sys.argv[1:], stdin)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -139,9 +144,7 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     """Handle one hook call: ``argv`` = ``[domain name, operation, sub-operation, extra]``.
 
     Only ``prepare begin`` and ``release end`` act (and read ``stdin``, at
-    most :data:`vgpuhost.libvirt.domxml.MAX_XML_BYTES` + 1 bytes, or all of
-    it, dropped, for a ``release end`` whose UUID the dispatcher read:
-    :data:`ENV_DOMAIN_UUID`); every other call returns 0 at
+    most :data:`READ_LIMIT` bytes); every other call returns 0 at
     once.  Failures print one line on ``stderr`` (default ``sys.stderr``)
     and return the exit code (module docstring); nothing raises.
     """
@@ -157,15 +160,15 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     old = _arm(timeout_s, armed)
     try:
         host = host or HostRoot.from_env()
-        view, store = _released_domain(host, stdin, name) if act == "release" else (None, None)
-        data = None                         # the agent was tried already where the dispatcher read the UUID
+        data = stdin.read(READ_LIMIT)
+        view, store = _released_domain(host, data, name) if act == "release" else (None, None)
+        tried = view is not None            # the agent was tried already where the dispatcher read the UUID
         if view is None:
-            from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
-            data = stdin.read(MAX_XML_BYTES + 1)
+            from ..libvirt.domxml import parse_domain, parse_domain_identity
             # release frees what the store says this UUID holds: the XML's metadata may be gone or changed by now
             view = parse_domain(data) if act == "prepare" else parse_domain_identity(data)
         name = view.name or name
-        if data is not None and (act == "release" or (view.metadata is not None and not view.metadata.empty)):
+        if not tried and (act == "release" or (view.metadata is not None and not view.metadata.empty)):
             answered = _via_agent(host, act, name, data, err, timeout_s)
             if answered is not None:
                 armed["live"] = False
@@ -201,6 +204,9 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         _disarm(old)
 
 
+#: bytes of the domain XML read: one more than libvirt/domxml.py's MAX_XML_BYTES (4 MiB), which refuses a
+#: larger document (a copy: the hook's stop imports no domxml; tests/test_hook_release_uuid.py checks it)
+READ_LIMIT = 4 * 1024 * 1024 + 1
 #: the domain's UUID, as the dispatcher (or its compiled client) read it from the XML for ``release end``:
 #: the one ``<uuid>`` element of the document; empty when it found none or more than one
 ENV_DOMAIN_UUID = "VGPUHOST_DOMAIN_UUID"
@@ -217,16 +223,18 @@ class _Released:
         self.uuid = uuid
 
 
-def _released_domain(host: HostRoot, stdin: BinaryIO, name: str) -> "Tuple[Optional[_Released], Optional[StateStore]]":
+def _released_domain(host: HostRoot, data: bytes, name: str) -> "Tuple[Optional[_Released], Optional[StateStore]]":
     """``release end`` after the dispatcher tried the agent (``VGPUHOST_AGENT=off``, which it sets for the
     handler) and read the domain's UUID for it (:data:`ENV_DOMAIN_UUID`): the domain, without parsing the
-    XML (no expat, no domxml: about 0.9 ms of each stop, measured 2026-12-01), when the store recorded
-    that UUID as started under the name libvirt gives the hook (``name``, not the XML's: a document
-    crafted to show another domain's UUID outside its own ``<uuid>`` element never names that domain);
-    the XML is then read to its end and dropped.  Also the store, when one was opened (for the release).
-    ``(None, ...)`` otherwise: the handler parses the XML itself."""
+    XML ``data`` (no expat, no domxml: about 0.9 ms of each stop, measured 2026-12-01), when the store
+    recorded that UUID as started under the name libvirt gives the hook (``name``, not the XML's: a
+    document crafted to show another domain's UUID outside its own ``<uuid>`` element never names that
+    domain) and the document is whole (within the size limit, ending with ``</domain>``: a cut one is
+    refused by the parser, as the agent refuses it).  Also the store, when one was opened (for the
+    release).  ``(None, ...)`` otherwise: the handler parses the XML itself."""
     raw = os.environ.get(ENV_DOMAIN_UUID)
-    if not raw or os.environ.get("VGPUHOST_AGENT", "").lower() not in ("off", "0", "no"):
+    if (not raw or os.environ.get("VGPUHOST_AGENT", "").lower() not in ("off", "0", "no")
+            or len(data) >= READ_LIMIT or not data.rstrip().endswith(b"</domain>")):
         return None, None
     from ..model.values import parse_uuid
     try:
@@ -236,8 +244,6 @@ def _released_domain(host: HostRoot, stdin: BinaryIO, name: str) -> "Tuple[Optio
     store = open_store(host)
     if store is None or store.active_domains().get(uuid) != name:
         return None, store
-    while stdin.read(1 << 16):
-        pass
     return _Released(uuid), store
 
 
