@@ -320,9 +320,18 @@ def open_store(host: HostRoot) -> "Optional[StateStore]":
 
 
 def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) -> List[str]:
-    """``release end`` for the domain with UUID ``me``: see :func:`release`; the ids released."""
+    """``release end`` for the domain with UUID ``me``: see :func:`release`; the ids released.
+
+    An operation of this domain's that was interrupted (its ``prepare begin`` killed half-way) is
+    finished or rolled back first, under its locks, so what it made is released too, not left behind
+    unowned until a ``reconcile``."""
     done: List[str] = []
     errors: List[str] = []
+    mine = [e for e in store.journal_entries(open_only=True) if e.owner == me]
+    if mine:
+        from .recover import recover_devices
+        recover_devices(host, store, {str(d.get("id") or d.get("bdf")) for e in mine for d in e.devices}
+                        or {e.gpu for e in mine}, actor=actor)
     recs = store.vgpu_records(owner=me)
     if recs:
         from . import vgpu
