@@ -238,3 +238,41 @@ def test_a_failed_bundle_write_takes_the_old_bundle_away(make_host, tmp_path):
     out = hook_install(host, hooks_dir=tmp_path / "qemu.d")
     assert not os.path.exists(bundle)
     assert any("module bundle" in n for n in out.notes), out.notes
+
+
+def test_hook_status_reports_the_bundle(make_host, tmp_path, capsys):
+    """``hook status`` says whether the bundle is current, missing or not trusted; only speed depends on it,
+    so it leaves the exit code alone."""
+    import json as _json
+    from vgpuhost.cli.main import main as cli_main
+    host = make_host("a40-mdev")
+    hooks = str(tmp_path / "qemu.d")
+
+    def status():
+        capsys.readouterr()
+        code = cli_main(["--root", str(host.root), "--json", "hook", "status", "--hooks-dir", hooks])
+        return code, _json.loads(capsys.readouterr().out)["bundle"]
+
+    code, b = status()
+    assert b["state"] == "missing" and b["modules"] == 0
+    install(host, tmp_path)
+    code, b = status()
+    assert (code, b["state"], b["modules"], b["stale"]) == (0, "current", len(modbundle.MODULES), [])
+    assert b["path"] == modbundle.bundle_path(str(host.root))
+    os.chmod(b["path"], 0o666)
+    code, b = status()
+    assert (code, b["state"]) == (0, "untrusted")
+
+
+def test_check_names_the_stale_modules(tmp_path):
+    _package(tmp_path, "VALUE = 1\n")
+    bundle = tmp_path / "cache" / "b.bundle"
+    _build(tmp_path, bundle)
+    code = (f"import sys; sys.path[:0] = [{package_parent()!r}]\n"
+            "from vgpuhost.io.modbundle import check\n"
+            f"print(check({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r}))\n")
+    run = lambda: subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=60,
+                                 check=True).stdout.decode().strip()
+    assert run() == "{'state': 'current', 'modules': 2, 'stale': []}"
+    _package(tmp_path, "VALUE = 22  # changed\n")
+    assert run() == "{'state': 'stale', 'modules': 2, 'stale': ['bundled_pkg', 'bundled_pkg.mod']}"

@@ -115,7 +115,8 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
                                                       f" (run '{install}' to update it)"),
              f"executable:  {yes[doc['executable']]}",
              f"hooks dir:   {doc['hooks_dir']} ({'exists' if doc['hooks_dir_exists'] else 'missing'})",
-             f"allow-list:  {doc['allow']['path']}: {doc['allow']['summary']}"]
+             f"allow-list:  {doc['allow']['path']}: {doc['allow']['summary']}",
+             f"bundle:      {doc['bundle']['path']}: {_bundle_line(doc['bundle'], install)}"]
     if doc["allow"]["error"]:
         lines.append(f"             {doc['allow']['error']}")
     if doc["allow"]["missing"]:
@@ -128,6 +129,18 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
         lines.append(f"not installed: run '{install}', then reload libvirtd (systemctl reload libvirtd)")
     emit(ctx, doc, "\n".join(lines))
     sys.exit(0 if doc["ok"] else 1)
+
+
+def _bundle_line(b: dict, install: str) -> str:
+    """``hook status``'s line on the handler's module bundle (io/modbundle.py): only speed depends on it."""
+    if b["state"] == "current":
+        return f"current ({b['modules']} modules)"
+    why = {"stale": f"{len(b['stale'])} of its {b['modules']} modules changed since (the hook loads those",
+           "missing": "missing (the hook loads its modules",
+           "untrusted": "not used, not a regular file of root's that only root may write (the hook loads its modules",
+           "unreadable": "not used, not a bundle for this Python (the hook loads its modules"}.get(
+               b["state"], f"{b['state']} (the hook loads its modules")
+    return f"{why} from their files, a little slower; '{install}' writes it anew)"
 
 
 def _status(host, hooks_dir: Optional[str]) -> dict:

@@ -294,7 +294,10 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
     """``vgpuhost.hook-status/v1``: is the hook installed, current, where libvirt looks; the allow-list.
 
     ``allow.missing``: the allow-listed GPUs this host does not have (or that
-    are no NVIDIA GPU here); any makes ``ok`` false.
+    are no NVIDIA GPU here); any makes ``ok`` false.  ``bundle``: the handler's
+    module bundle (:func:`vgpuhost.io.modbundle.check`: ``path``, ``state``,
+    ``modules``, ``stale``); a bundle that is not current only costs speed, so
+    it leaves ``ok`` alone.
     """
     d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)
     path = d / HOOK_NAME
@@ -319,12 +322,14 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
     except VgpuhostError as e:
         allow.update(present=True, gpus=[], error=e.one_line(), summary="unreadable: the hook refuses every GPU domain",
                      missing=[])
+    from ..io.modbundle import bundle_path, check
+    bundle = dict(path=bundle_path(str(host.root)), **check(bundle_path(str(host.root))))
     return {"schema": "vgpuhost.hook-status/v1", "path": str(path), "hooks_dir": str(d),
             "hooks_dir_exists": files.is_dir(d), "installed": installed, "written_by_vgpuhost": ours,
             "current": current, "executable": executable,
             "libvirt_hooks_dir": str(d.parent), "libvirt_hooks_dir_exists": files.is_dir(d.parent),
-            "allow": allow, "ok": bool(installed and ours and current and executable and not allow["error"]
-                                        and not allow["missing"])}
+            "allow": allow, "bundle": bundle,
+            "ok": bool(installed and ours and current and executable and not allow["error"] and not allow["missing"])}
 
 
 def _missing_gpus(host: HostRoot, entries) -> List[str]:

@@ -153,29 +153,30 @@ def _trusted_dir(path: str) -> bool:
     return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-def use(path: str, package_dir: "str | None" = None) -> int:
-    """Serve the modules of the bundle at ``path`` from now on; how many it holds (0: not used).
-
-    Used only when it is a regular file (opened without blocking: a FIFO planted there cannot hang a
-    domain start) of at most :data:`MAX_BUNDLE_BYTES` bytes, owned by this user and writable by no
-    one else, in a directory that is the same, and only for modules under ``package_dir`` (default:
-    the directory of the ``vgpuhost`` package this process imported, so another installation's bundle
-    is not run).
-    """
+def _package(package_dir: "str | None") -> "str | None":
+    """``package_dir``, or the directory of the ``vgpuhost`` package this process imported; with a slash."""
     if package_dir is None:
         pkg = getattr(sys.modules.get("vgpuhost"), "__path__", None)
         package_dir = list(pkg)[0] if pkg else None
-    if not package_dir or not _trusted_dir(path):
-        return 0
+    return os.path.join(os.path.realpath(package_dir), "") if package_dir else None
+
+
+def _read(path: str) -> "Tuple[str, dict | None]":
+    """``(state, entries)`` of the bundle at ``path``: ``ok`` and its entries, or why it is not used
+    (``missing``, ``untrusted``, ``unreadable``) and None.  Never raises."""
+    if not _trusted_dir(path):
+        return ("missing" if not os.path.lexists(os.path.dirname(path) or ".") else "untrusted"), None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "missing", None
     except OSError:
-        return 0
+        return "untrusted", None            # a symlink (ELOOP), or unreadable
     try:
         st = os.fstat(fd)
         if ((st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o022
                 or st.st_size > MAX_BUNDLE_BYTES):
-            return 0                        # code others could have written: never run it as root
+            return "untrusted", None        # code others could have written: never run it as root
         chunks = []
         left = MAX_BUNDLE_BYTES + 1
         while left > 0:
@@ -185,13 +186,52 @@ def use(path: str, package_dir: "str | None" = None) -> int:
             chunks.append(data)
             left -= len(data)
         if left <= 0:
-            return 0                        # grew past the limit while read
+            return "untrusted", None        # grew past the limit while read
         fmt, tag, entries = marshal.loads(b"".join(chunks))
         if fmt != FORMAT or tag != sys.implementation.cache_tag or type(entries) is not dict:
-            return 0
-    except Exception:       # a truncated or foreign file: the modules load from their files
-        return 0
+            return "unreadable", None
+    except Exception:       # a truncated or foreign file
+        return "unreadable", None
     finally:
         os.close(fd)
-    sys.meta_path.insert(0, _Finder(entries, os.path.join(os.path.realpath(package_dir), "")))
+    return "ok", entries
+
+
+def use(path: str, package_dir: "str | None" = None) -> int:
+    """Serve the modules of the bundle at ``path`` from now on; how many it holds (0: not used).
+
+    Used only when it is a regular file (opened without blocking: a FIFO planted there cannot hang a
+    domain start) of at most :data:`MAX_BUNDLE_BYTES` bytes, owned by this user and writable by no
+    one else, in a directory that is the same, and only for modules under ``package_dir`` (default:
+    the directory of the ``vgpuhost`` package this process imported, so another installation's bundle
+    is not run).
+    """
+    package = _package(package_dir)
+    state, entries = _read(path) if package else ("missing", None)
+    if entries is None:
+        return 0
+    sys.meta_path.insert(0, _Finder(entries, package))
     return len(entries)
+
+
+def check(path: str, package_dir: "str | None" = None) -> dict:
+    """What the hook would make of the bundle at ``path`` (``hook status``): ``state`` is ``current``
+    (every module served), ``stale`` (``stale`` lists the modules whose source changed since, or that
+    lie outside the package: they load from their files; ``hook install`` writes it anew), ``missing``,
+    ``untrusted`` (not a regular file of this user's that no one else may write, in such a folder) or
+    ``unreadable`` (not a bundle for this Python); ``modules``: how many it holds."""
+    package = _package(package_dir)
+    state, entries = _read(path)
+    if entries is None:
+        return {"state": state, "modules": 0, "stale": []}
+    stale = []
+    for name, entry in sorted(entries.items()):
+        try:
+            origin, size, mtime_ns = entry[0], entry[1], entry[2]
+            st = os.stat(origin)
+            fresh = bool(package) and origin.startswith(package) and (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
+        except Exception:
+            fresh = False
+        if not fresh:
+            stale.append(str(name))
+    return {"state": "stale" if stale else "current", "modules": len(entries), "stale": stale}
