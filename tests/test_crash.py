@@ -382,9 +382,11 @@ def test_kill_during_hook_release_end_vgpu(make_host, tmp_path):
                     _nothing, owners_max={DOM: 1}, cycle=_hook_cycle(VGPU_XML, _no_mdevs))
 
 
-def retry_without_reconcile(make_host, tmp_path, build, xml, host_check):
+def retry_without_reconcile(make_host, tmp_path, build, xml, host_check, *, retry: bool = True):
     """Kill the hook's prepare begin at every write; the retried start (no reconcile between) must
-    succeed, and the stop after it leave the host as it was, with no journal entry open."""
+    succeed, and the stop after it leave the host as it was, with no journal entry open.  ``retry``
+    False: the domain is stopped at once, and that stop finishes or rolls back what the killed start
+    left (the breaker's finding: the vGPU stayed, foreign, until a reconcile)."""
     total = count_writes(make_host, build, lambda h: hook_op(h, "prepare", "begin", xml), tmp_path)
     failures = []
     for when in ("before", "after"):
@@ -395,7 +397,7 @@ def retry_without_reconcile(make_host, tmp_path, build, xml, host_check):
                 failures.append(f"{when} write {n}: not killed")
                 continue
             problems = []
-            if run(host, hook_op(host, "prepare", "begin", xml), log) != 0:
+            if retry and run(host, hook_op(host, "prepare", "begin", xml), log) != 0:
                 problems.append("the retried prepare begin failed")
             if run(host, hook_op(host, "release", "end", xml), log) != 0:
                 problems.append("the release end after it failed")
@@ -407,36 +409,12 @@ def retry_without_reconcile(make_host, tmp_path, build, xml, host_check):
     assert not failures, "\n".join(failures)
 
 
-def stopped_without_reconcile(make_host, tmp_path, build, xml, host_check):
-    """Kill the hook's prepare begin at every write, then stop the domain (no retry, no reconcile): the
-    release end finishes or rolls back what the killed start left, and the host is as it was, with no
-    journal entry open (the breaker's finding: the vGPU stayed, foreign, until a reconcile)."""
-    total = count_writes(make_host, build, lambda h: hook_op(h, "prepare", "begin", xml), tmp_path)
-    failures = []
-    for when in ("before", "after"):
-        for n in range(1, total + 1):
-            host = build(make_host)
-            log = tmp_path / f"s-{when}-{n}.log"
-            if run(host, hook_op(host, "prepare", "begin", xml), log, kill_at=n, when=when) != -9:
-                failures.append(f"{when} write {n}: not killed")
-                continue
-            problems = []
-            if run(host, hook_op(host, "release", "end", xml), log) != 0:
-                problems.append("the release end failed")
-            problems += host_check(host) + check_host(host, log, owners_max={})
-            if problems:
-                failures.append(f"kill {when} write {n}/{total}: " + "; ".join(problems))
-            else:
-                shutil.rmtree(host.root, ignore_errors=True)
-    assert not failures, "\n".join(failures)
-
-
 def test_hook_prepare_begin_killed_then_stopped_vgpu(make_host, tmp_path):
-    stopped_without_reconcile(make_host, tmp_path, _a40, VGPU_XML, _no_mdevs)
+    retry_without_reconcile(make_host, tmp_path, _a40, VGPU_XML, _no_mdevs, retry=False)
 
 
 def test_hook_prepare_begin_killed_then_stopped_passthrough(make_host, tmp_path):
-    stopped_without_reconcile(make_host, tmp_path, _turing, PT_XML, _pt_restored)
+    retry_without_reconcile(make_host, tmp_path, _turing, PT_XML, _pt_restored, retry=False)
 
 
 def test_hook_prepare_begin_retried_without_reconcile_vgpu(make_host, tmp_path):

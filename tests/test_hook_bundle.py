@@ -108,12 +108,13 @@ def _package(tmp_path: Path, body: str) -> Path:
     return pkg
 
 
-def _load(tmp_path: Path, bundle: Path) -> str:
+def _load(tmp_path: Path, bundle: Path,
+          then: str = "import bundled_pkg.mod as m\n"
+                      "print(n, m.VALUE, type(m.__spec__.loader).__name__, m.__file__ == m.__spec__.origin)\n") -> str:
+    """``use()`` the bundle for the test package in a fresh ``python -I -S``, then run ``then``; its output."""
     code = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
             "from vgpuhost.io.modbundle import use\n"
-            f"n = use({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r})\n"
-            "import bundled_pkg.mod as m\n"
-            "print(n, m.VALUE, type(m.__spec__.loader).__name__, m.__file__ == m.__spec__.origin)\n")
+            f"n = use({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r})\n" + then)
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.decode().strip()
@@ -218,14 +219,10 @@ def test_another_installations_modules_and_a_bad_entry_load_from_their_files(tmp
                                   marshal.dumps(compile("VALUE = 99\n", str(elsewhere), "exec")))
     entries["bundled_pkg.other"] = ("x",)
     bundle.write_bytes(marshal.dumps((fmt, tag, entries)))
-    load = (f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {package_parent()!r}]\n"
-            "from vgpuhost.io.modbundle import use\n"
-            f"use({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r})\n"
-            "import bundled_pkg, bundled_pkg.mod as m, bundled_pkg.other as o\n"
-            "print(m.VALUE, o.VALUE, *(type(x.__spec__.loader).__name__ for x in (bundled_pkg, m, o)))\n")
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", load], capture_output=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode().split() == ["1", "2", SERVED, "SourceFileLoader", "SourceFileLoader"]
+    out = _load(tmp_path, bundle, "import bundled_pkg, bundled_pkg.mod as m, bundled_pkg.other as o\n"
+                                  "print(m.VALUE, o.VALUE, *(type(x.__spec__.loader).__name__ "
+                                  "for x in (bundled_pkg, m, o)))\n")
+    assert out.split() == ["1", "2", SERVED, "SourceFileLoader", "SourceFileLoader"]
 
 
 def test_a_failed_bundle_write_takes_the_old_bundle_away(make_host, tmp_path):
