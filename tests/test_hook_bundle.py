@@ -202,7 +202,8 @@ def test_a_bundle_path_that_could_hang_or_was_planted_is_ignored_at_once(tmp_pat
 
 def test_another_installations_modules_and_a_bad_entry_load_from_their_files(tmp_path):
     """Entries whose source lies outside the package the process imported (another installation's
-    bundle) and an entry that is not one are skipped, module by module; the rest is served."""
+    bundle, or a path that climbs out with '..') and an entry that is not one are skipped, module by
+    module: each loads from its own file."""
     _package(tmp_path, "VALUE = 1\n")
     (tmp_path / "bundled_pkg" / "other.py").write_text("VALUE = 2\n")
     bundle = tmp_path / "cache" / "b.bundle"
@@ -218,11 +219,13 @@ def test_another_installations_modules_and_a_bad_entry_load_from_their_files(tmp
     entries["bundled_pkg.mod"] = (str(elsewhere), st.st_size, st.st_mtime_ns, False,
                                   marshal.dumps(compile("VALUE = 99\n", str(elsewhere), "exec")))
     entries["bundled_pkg.other"] = ("x",)
+    climbing = str(tmp_path / "bundled_pkg" / ".." / "elsewhere" / "mod.py")      # the breaker's '..' origin
+    entries["bundled_pkg"] = (climbing, st.st_size, st.st_mtime_ns, True, entries["bundled_pkg.mod"][4])
     bundle.write_bytes(marshal.dumps((fmt, tag, entries)))
     out = _load(tmp_path, bundle, "import bundled_pkg, bundled_pkg.mod as m, bundled_pkg.other as o\n"
                                   "print(m.VALUE, o.VALUE, *(type(x.__spec__.loader).__name__ "
                                   "for x in (bundled_pkg, m, o)))\n")
-    assert out.split() == ["1", "2", SERVED, "SourceFileLoader", "SourceFileLoader"]
+    assert out.split() == ["1", "2", "SourceFileLoader", "SourceFileLoader", "SourceFileLoader"]
 
 
 def test_a_failed_bundle_write_takes_the_old_bundle_away(make_host, tmp_path):

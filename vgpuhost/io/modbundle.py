@@ -116,7 +116,7 @@ class _Finder:
             return None
         try:
             origin, size, mtime_ns, package, blob = entry
-            if not (type(origin) is str and origin.startswith(self.package) and type(blob) is bytes):
+            if not (type(blob) is bytes and _inside(origin, self.package)):
                 return None                 # another installation's module, or not an entry: the file's own import
             st = os.stat(origin)
             if st.st_size != size or st.st_mtime_ns != mtime_ns:
@@ -142,6 +142,13 @@ class _Finder:
 
 _ModuleSpec = type(sys.modules[__name__].__spec__)   # importlib.machinery.ModuleSpec, without importing importlib
 _CodeType = type(_ModuleSpec.__init__.__code__)
+
+
+def _inside(origin: object, package: "str | None") -> bool:
+    """``origin`` is a normalised path under ``package`` (no ``..`` climbing out of it; a string test,
+    not a ``realpath``, which would cost each hook start a few hundred lstat calls)."""
+    return (type(origin) is str and bool(package) and origin.startswith(package)
+            and os.path.normpath(origin) == origin)
 
 
 def _trusted_dir(path: str) -> bool:
@@ -229,7 +236,7 @@ def check(path: str, package_dir: "str | None" = None) -> dict:
         try:
             origin, size, mtime_ns = entry[0], entry[1], entry[2]
             st = os.stat(origin)
-            fresh = bool(package) and origin.startswith(package) and (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
+            fresh = _inside(origin, package) and (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
         except Exception:
             fresh = False
         if not fresh:
