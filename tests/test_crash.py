@@ -671,3 +671,32 @@ def test_kill_during_apply_with_mig_and_scheduler_changes(make_host, tmp_path):
     # the vGPU writes around them are covered by test_kill_during_apply and the vgpu tests
     kill_everywhere(make_host, tmp_path, build, lambda h: cli_op(h, "apply", "-c", cfg, "compute"), consistent,
                     owners_max={"layout": 4}, cycle=cycle, only=lambda path: path.startswith("nvml:"))
+
+
+def test_a_stop_that_cannot_end_its_killed_start_says_so_and_keeps_the_domain(make_host, tmp_path):
+    """The second breaker's finding: the killed start's vGPU cannot be removed (EBUSY): the stop exits 3
+    with one line naming the interrupted operation, and the domain stays recorded (its marker too), so
+    the next stop tries again; once the fault is gone it releases the vGPU."""
+    from vgpuhost.sim.kernel import SimKernel
+    host = _a40(make_host)
+    log = tmp_path / "w.log"
+    total = count_writes(make_host, _a40, lambda h: hook_op(h, "prepare", "begin", VGPU_XML), tmp_path)
+    kill_at = next(n for n in range(1, total + 1)
+                   if run(h := _a40(make_host), hook_op(h, "prepare", "begin", VGPU_XML), log, kill_at=n,
+                          when="after") == -9 and discover(Sysfs(h)).mdevs)
+    assert run(host, hook_op(host, "prepare", "begin", VGPU_XML), log, kill_at=kill_at, when="after") == -9
+    assert discover(Sysfs(host)).mdevs
+    k = SimKernel(host)
+    meta = k.meta()
+    meta["faults"] = [{"op": "remove", "errno": 16}]
+    k.save_meta(meta)
+    err = io.StringIO()
+    assert hook.main(["crash-vm", "release", "end", "-"], io.BytesIO(VGPU_XML.encode()), err, host=host) == 3
+    line = err.getvalue()
+    assert line.count("\n") == 1 and "interrupted operation" in line and "reconcile" in line, line
+    assert DOM in StateStore(host.state_dir).active_domains()
+    assert (host.state_dir / "domains" / DOM).exists()
+    meta["faults"] = []
+    k.save_meta(meta)
+    assert hook.main(["crash-vm", "release", "end", "-"], io.BytesIO(VGPU_XML.encode()), io.StringIO(), host=host) == 0
+    assert not discover(Sysfs(host)).mdevs and DOM not in StateStore(host.state_dir).active_domains()

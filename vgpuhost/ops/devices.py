@@ -330,8 +330,16 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
     mine = [e for e in store.journal_entries(open_only=True) if e.owner == me]
     if mine:
         from .recover import recover_devices
-        recover_devices(host, store, {str(d.get("id") or d.get("bdf")) for e in mine for d in e.devices}
-                        or {e.gpu for e in mine}, actor=actor)
+        ended = recover_devices(host, store, {str(d.get("id") or d.get("bdf")) for e in mine for d in e.devices}
+                                or {e.gpu for e in mine}, actor=actor)
+        left = [r for r in ended if r.owner == me and r.result not in ("finished", "rolled-back")]
+        if left:
+            # what the interrupted start made is still on the host and this domain's: keep the domain
+            # recorded (its marker too), so the next stop or 'reconcile' tries again
+            raise DeviceError("release could not end this domain's interrupted operation: "
+                              + "; ".join(r.line() for r in left),
+                              hint="its devices stay held and the domain recorded; fix the cause (the audit log "
+                                   "names the failed write), then run 'vgpuhost reconcile'")
     recs = store.vgpu_records(owner=me)
     if recs:
         from . import vgpu
