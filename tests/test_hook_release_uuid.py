@@ -1,14 +1,14 @@
-"""``release end`` from the dispatcher's UUID (issue 17 #3): the handler parses no XML, and only ever
-this XML's UUID is taken.
+"""``release end`` without parsing the XML (issue 17 #3), and only ever for the domain libvirt names.
 
-The dispatcher (sh) and its compiled client read the domain's one ``<uuid>``
-element and hand it to the handler as ``VGPUHOST_DOMAIN_UUID``; the handler,
-after the agent was tried (``VGPUHOST_AGENT=off``), releases that domain
-without importing the XML parser.  Asserted: the vGPU goes and domxml is not
-imported; a value left in the hook's environment for another domain is never
-used (the other domain keeps its vGPU), through the client and through the sh
-alone; a document with two ``<uuid>`` elements, a malformed value, or an agent
-not tried yet make the handler read the XML itself.
+The handler (and the agent, which decides the same way) takes the UUID of a
+whole document's one ``<uuid>`` element, in a document without comments,
+CDATA, declarations or processing instructions, when the store recorded that
+UUID as started under the name libvirt gives the hook; otherwise it parses the
+XML.  Asserted: the vGPU goes and domxml is not imported; documents crafted to
+show another domain's UUID never release that domain, through the client and
+through the sh alone; a cut document is refused, and a whole but malformed
+one released, the same with the agent up and down; a stop without stdin acts
+on an empty document.
 """
 
 from __future__ import annotations
@@ -56,24 +56,13 @@ def _owners(host):
     return {r.owner for r in store(host).vgpu_records()}
 
 
-def test_release_from_the_dispatchers_uuid_parses_no_xml(make_host):
+def test_release_of_a_whole_document_parses_no_xml(make_host):
     host = _two_domains(make_host)
-    proc = _handler(host, vgpu_domain("a", DOM1, MDEV1), {"VGPUHOST_DOMAIN_UUID": DOM1, "VGPUHOST_AGENT": "off"})
+    proc = _handler(host, vgpu_domain("a", DOM1, MDEV1), {"VGPUHOST_AGENT": "off"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.decode().split() == ["0", "False", "False"]
     assert _owners(host) == {DOM2}
     assert not (host.mdev_devices / MDEV1).exists() and (host.mdev_devices / MDEV2).exists()
-
-
-def test_a_uuid_the_store_records_under_another_name_is_not_taken(make_host):
-    """Stopping ``a`` with ``b``'s UUID handed in (a crafted document, or a caller's environment): the store
-    recorded that UUID as ``b``, not as libvirt's ``a``, so the handler reads the XML and releases ``a``."""
-    host = _two_domains(make_host)
-    proc = _handler(host, vgpu_domain("a", DOM1, MDEV1), {"VGPUHOST_DOMAIN_UUID": DOM2, "VGPUHOST_AGENT": "off"})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode().split() == ["0", "True", "True"]
-    assert _owners(host) == {DOM2}
-    assert (host.mdev_devices / MDEV2).exists() and not (host.mdev_devices / MDEV1).exists()
 
 
 @pytest.mark.parametrize("xml_of", ["comment", "cdata", "foreign-element", "processing-instruction"])
@@ -95,39 +84,10 @@ def test_a_uuid_outside_the_domains_own_element_never_names_a_domain(make_host, 
     assert (host.mdev_devices / MDEV2).exists() and not (host.mdev_devices / MDEV1).exists()
 
 
-@pytest.mark.parametrize("env", [{"VGPUHOST_DOMAIN_UUID": "not-a-uuid", "VGPUHOST_AGENT": "off"},
-                                 {"VGPUHOST_DOMAIN_UUID": "", "VGPUHOST_AGENT": "off"},
-                                 {"VGPUHOST_DOMAIN_UUID": DOM1}],          # the agent not tried yet
-                         ids=["malformed", "empty", "agent-not-tried"])
-def test_without_a_usable_uuid_the_handler_reads_the_xml(make_host, env):
-    host = _two_domains(make_host)
-    proc = _handler(host, vgpu_domain("a", DOM1, MDEV1), dict(env, VGPUHOST_AGENT_SOCKET="/nonexistent/sock"))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode().split() == ["0", "True", "True"]
-    assert _owners(host) == {DOM2}
-
-
-@pytest.mark.parametrize("client", ["compiled", "none"])
-def test_a_uuid_left_in_the_environment_is_never_taken_for_this_domains(make_host, tmp_path, client):
-    """libvirt's environment carrying another domain's UUID: the dispatcher sets its own (the client, or
-    the sh alone with curl and no agent), so stopping ``a`` releases ``a``'s vGPU, never ``b``'s."""
-    host = _two_domains(make_host)
-    hook = install(host, tmp_path, **({} if client == "compiled" else {"client": "none"}))
-    if client == "compiled":
-        assert "vgpuhost-hook-client" in hook.read_text()
-    env = dict(LIBVIRT_ENV, VGPUHOST_DOMAIN_UUID=DOM2)
-    proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=vgpu_domain("a", DOM1, MDEV1).encode(),
-                          capture_output=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert _owners(host) == {DOM2}
-    assert (host.mdev_devices / MDEV2).exists() and not (host.mdev_devices / MDEV1).exists()
-
-
 @pytest.mark.parametrize("client", ["compiled", "none"])
 def test_a_document_with_two_uuid_elements_is_read_by_the_handler(make_host, tmp_path, client):
-    """Another namespace's ``<uuid>`` in the metadata (``b``'s UUID), and ``b``'s UUID left in the
-    environment too: the dispatcher hands no UUID on (it clears that one), and the handler's parser
-    finds the domain's own."""
+    """Another namespace's ``<uuid>`` in the metadata (``b``'s UUID): no shortcut, and the handler's
+    parser finds the domain's own."""
     host = _two_domains(make_host)
     hook = install(host, tmp_path, **({} if client == "compiled" else {"client": "none"}))
     meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=MDEV1)]).to_xml()
@@ -135,7 +95,7 @@ def test_a_document_with_two_uuid_elements_is_read_by_the_handler(make_host, tmp
     xml = domain_xml("a", DOM1, raw_meta=foreign + meta, hostdevs=[mdev_hostdev(MDEV1)])
     assert xml.count("<uuid>") == 2
     proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=xml.encode(), capture_output=True,
-                          env=dict(LIBVIRT_ENV, VGPUHOST_DOMAIN_UUID=DOM2), timeout=120)
+                          env=LIBVIRT_ENV, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert _owners(host) == {DOM2}
     assert os.path.exists(host.mdev_devices / MDEV2)
@@ -192,3 +152,40 @@ def test_a_hook_started_without_stdin_acts_as_on_an_empty_document(make_host, tm
     if client == "compiled":
         assert proc.stderr == b""           # (the sh's tr says its read failed)
     assert _owners(host) == {DOM1, DOM2}
+
+
+def test_a_uuid_the_store_records_under_another_name_is_not_taken(make_host):
+    """``released_domain`` takes a UUID only where the store started it under libvirt's name for the domain."""
+    from vgpuhost.hook.runtime import released_domain
+    host = _two_domains(make_host)
+    a_doc, b_doc = vgpu_domain("a", DOM1, MDEV1).encode(), vgpu_domain("b", DOM2, MDEV2).encode()
+    st = store(host)
+    assert released_domain(a_doc, "a", st).uuid == DOM1
+    assert released_domain(b_doc, "a", st) is None            # b's UUID, stopping a: parse instead
+    assert released_domain(a_doc, "", st) is None
+    assert released_domain(a_doc.replace(b"</domain>", b"</domain>\n<!-- x -->"), "a", st) is None
+
+
+@pytest.mark.parametrize("spoil", ["mismatched-tag", "undefined-entity", "second-root"])
+def test_a_whole_but_malformed_document_is_released_the_same_with_the_agent_up_or_down(make_host, tmp_path,
+                                                                                      spoil):
+    """The second breaker's finding: a document that ends with ``</domain>`` but is not well-formed was
+    released without the agent and refused with it.  Both decide with ``released_domain`` now: released."""
+    from agentutil import AgentRun
+    doc = vgpu_domain("a", DOM1, MDEV1)
+    doc = {"mismatched-tag": doc.replace("</os>", "</oss>"),
+           "undefined-entity": doc.replace("<memory", "<description>&bogus;</description><memory"),
+           "second-root": doc + "<domain></domain>\n"}[spoil]
+    for agent_up in (False, True):
+        host = _two_domains(make_host)
+        hook = install(host, tmp_path / str(agent_up))
+        if agent_up:
+            with AgentRun(host.root, str(host.path("run", "vgpuhost"))):
+                proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=doc.encode(),
+                                      capture_output=True, env=LIBVIRT_ENV, timeout=120)
+        else:
+            proc = subprocess.run([str(hook), "a", "release", "end", "-"], input=doc.encode(), capture_output=True,
+                                  env=LIBVIRT_ENV, timeout=120)
+        assert (proc.returncode, proc.stderr) == (0, b""), (agent_up, proc.stderr)
+        assert _owners(host) == {DOM2}, agent_up
+

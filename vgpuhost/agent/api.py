@@ -378,9 +378,18 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     # make devices for a start that has already failed)
     waits = _text(req.body, "timeout_s", limit=8)
     deadline = (time.monotonic() + max(1, int(waits)) - 1) if waits and waits.isdigit() else None
-    # release: what the store says the UUID holds, whatever the metadata says by now (issue 12 #2)
-    view = (parse_domain if act == "prepare" else parse_domain_identity)(xml.encode("utf-8"))
-    name = view.name or _text(req.body, "name", limit=256) or "?"
+    # release: what the store says the UUID holds, whatever the metadata says by now (issue 12 #2); decided
+    # as the hook's handler decides it (hook.runtime.released_domain), so a document is released or refused
+    # the same with the agent up or down
+    data = xml.encode("utf-8")
+    libvirt_name = _text(req.body, "name", limit=256)
+    view = None
+    if act == "release" and libvirt_name:
+        from ..hook.runtime import released_domain
+        view = released_domain(data, libvirt_name, agent.store)
+    if view is None:
+        view = (parse_domain if act == "prepare" else parse_domain_identity)(data)
+    name = view.name or libvirt_name or "?"
     shown = "".join(c if c.isprintable() else "?" for c in name[:80])
     actor = f"hook {shown} pid={req.peer_pid}"
     if act == "prepare":
@@ -402,7 +411,7 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
         with locks.deadline(deadline):
             return run()
     changed = agent.write(in_time)
-    return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name,
+    return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name or libvirt_name,
             "changed": [str(c) for c in changed]}
 
 

@@ -520,7 +520,7 @@ static int hook_mode(int argc, char **argv)
     char **handler = args + nargs;          /* at least one word */
     const char *name = args[0];
     const char *root = getenv("VGPUHOST_ROOT"), *state_dir = getenv("VGPUHOST_STATE_DIR");
-    if (catch_alarm() != 0 || unsetenv("VGPUHOST_DOMAIN_UUID") != 0)   /* only ever this XML's (below) */
+    if (catch_alarm() != 0)
         return EX_IO;
 
     /* read as the dispatcher's sh reads it: with no deadline (libvirt writes it at once) */
@@ -569,11 +569,6 @@ static int hook_mode(int argc, char **argv)
     }
     if (refeed_stdin(xml, x + 1, 0) != 0)
         return EX_IO;
-    /* release end: the domain's UUID for the handler (it then parses no XML); set empty otherwise, so
-     * a value in the environment the hook was started with is never taken for this domain's */
-    char uuid[37];
-    if (setenv("VGPUHOST_DOMAIN_UUID", strcmp(act, "release") == 0 && one_uuid(xml, x, uuid) ? uuid : "", 1) != 0)
-        return EX_NOMEM;
     return run_instead(handler);
 }
 

@@ -90,7 +90,7 @@ from ..ops.devices import open_store, prepare, release
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # only for annotations: never imported on the hook path
-    from typing import BinaryIO, List, Optional, TextIO, Tuple
+    from typing import BinaryIO, List, Optional, TextIO
     from ..io.state import StateStore
 
 EXIT_INTERNAL = 4
@@ -161,18 +161,27 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     try:
         host = host or HostRoot.from_env()
         data = stdin.read(READ_LIMIT)
-        view, store = _released_domain(host, data, name) if act == "release" else (None, None)
-        tried = view is not None            # the agent was tried already where the dispatcher read the UUID
-        if view is None:
-            from ..libvirt.domxml import parse_domain, parse_domain_identity
-            # release frees what the store says this UUID holds: the XML's metadata may be gone or changed by now
-            view = parse_domain(data) if act == "prepare" else parse_domain_identity(data)
-        name = view.name or name
-        if not tried and (act == "release" or (view.metadata is not None and not view.metadata.empty)):
+        store = None
+        if act == "prepare":
+            from ..libvirt.domxml import parse_domain
+            view = parse_domain(data)
+            name = view.name or name
+            ask = view.metadata is not None and not view.metadata.empty
+        else:
+            view, ask = None, True          # the store, not the XML, says what a domain holds: always ask
+        if ask:
             answered = _via_agent(host, act, name, data, err, timeout_s)
             if answered is not None:
                 armed["live"] = False
                 return answered
+        if view is None:
+            # release frees what the store says this UUID holds: the XML's metadata may be gone or changed by now
+            store = open_store(host)
+            view = released_domain(data, name, store) if store is not None else None
+            if view is None:
+                from ..libvirt.domxml import parse_domain_identity
+                view = parse_domain_identity(data)
+            name = view.name or name
         actor = actor_name(f"hook {_printable(name, 80)}", with_uid=False)
         if act == "prepare":
             prepare(host, view, actor=actor)
@@ -207,14 +216,11 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
 #: bytes of the domain XML read: one more than libvirt/domxml.py's MAX_XML_BYTES (4 MiB), which refuses a
 #: larger document (a copy: the hook's stop imports no domxml; tests/test_hook_release_uuid.py checks it)
 READ_LIMIT = 4 * 1024 * 1024 + 1
-#: the domain's UUID, as the dispatcher (or its compiled client) read it from the XML for ``release end``:
-#: the one ``<uuid>`` element of the document; empty when it found none or more than one
-ENV_DOMAIN_UUID = "VGPUHOST_DOMAIN_UUID"
 
 
 class _Released:
-    """The domain ``release end`` names, from the dispatcher's UUID: all :func:`~vgpuhost.ops.devices.release`
-    reads of a DomainView (the store, not the XML, says what it holds)."""
+    """The domain ``release end`` names, found by :func:`released_domain`: all
+    :func:`~vgpuhost.ops.devices.release` reads of a DomainView (the store, not the XML, says what it holds)."""
 
     name = None             # libvirt's argument names it
     metadata = None
@@ -223,28 +229,36 @@ class _Released:
         self.uuid = uuid
 
 
-def _released_domain(host: HostRoot, data: bytes, name: str) -> "Tuple[Optional[_Released], Optional[StateStore]]":
-    """``release end`` after the dispatcher tried the agent (``VGPUHOST_AGENT=off``, which it sets for the
-    handler) and read the domain's UUID for it (:data:`ENV_DOMAIN_UUID`): the domain, without parsing the
-    XML ``data`` (no expat, no domxml: about 0.9 ms of each stop, measured 2026-12-01), when the store
-    recorded that UUID as started under the name libvirt gives the hook (``name``, not the XML's: a
-    document crafted to show another domain's UUID outside its own ``<uuid>`` element never names that
-    domain) and the document is whole (within the size limit, ending with ``</domain>``: a cut one is
-    refused by the parser, as the agent refuses it).  Also the store, when one was opened (for the
-    release).  ``(None, ...)`` otherwise: the handler parses the XML itself."""
-    raw = os.environ.get(ENV_DOMAIN_UUID)
-    if (not raw or os.environ.get("VGPUHOST_AGENT", "").lower() not in ("off", "0", "no")
-            or len(data) >= READ_LIMIT or not data.rstrip().endswith(b"</domain>")):
-        return None, None
+def released_domain(data: bytes, name: str, store: "StateStore") -> "Optional[_Released]":
+    """The domain a ``release end`` names, without parsing the XML ``data`` (no expat, no domxml: about
+    0.9 ms of each stop, measured 2026-12-01), or None (then parse it).
+
+    Taken only when a text scan can place the domain's UUID: the document is whole (within the size
+    limit, ending with ``</domain>``: a cut one is left to the parser, which refuses it), holds no markup
+    a scan cannot place (``<!``: comments, CDATA, declarations; ``<?``: processing instructions; libvirt
+    writes none) and ``<uuid`` once, as ``<uuid>``; and the store recorded that UUID as started under
+    ``name``, the name libvirt gives the hook (a document crafted to show another domain's UUID never
+    names that domain).  The hook's handler and the agent both decide this way, so a document decides
+    the same with the agent up or down.
+    """
+    if not name or len(data) >= READ_LIMIT or b"<!" in data or b"<?" in data:
+        return None
+    if not data.rstrip().endswith(b"</domain>"):
+        return None
+    at = data.find(b"<uuid")
+    if at < 0 or data.find(b"<uuid", at + 5) >= 0 or data[at + 5:at + 6] != b">":
+        return None
+    end = data.find(b"</uuid>", at + 6)
+    if end < 0:
+        return None
     from ..model.values import parse_uuid
     try:
-        uuid = parse_uuid(raw)
-    except VgpuhostError:
-        return None, None
-    store = open_store(host)
-    if store is None or store.active_domains().get(uuid) != name:
-        return None, store
-    return _Released(uuid), store
+        uuid = parse_uuid(data[at + 6:end].decode("ascii"))
+    except (UnicodeDecodeError, VgpuhostError):
+        return None
+    if store.active_domains().get(uuid) != name:
+        return None
+    return _Released(uuid)
 
 
 def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, timeout_s: int) -> "Optional[int]":
