@@ -118,8 +118,8 @@ def new_tenant(name: str, opts: Dict[str, object]):
 def changed_tenant(store, name: str, opts: Dict[str, object], *, actor: Optional[str] = None):
     """``tenant set NAME``: tenant NAME with the options given changed, stored; returns it."""
     from ..ops import tenancy
-    old = tenancy.get(store, name)
-    return tenancy.update(store, name, actor=actor, **_changes(old, replace_labels=False, **opts))
+    # computed from the tenant as stored under the host lock (labels add to the stored ones)
+    return tenancy.update_with(store, name, lambda old: _changes(old, replace_labels=False, **opts), actor=actor)
 
 
 def _through_agent(target: str, body: Dict[str, object]) -> bool:

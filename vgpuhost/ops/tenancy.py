@@ -30,7 +30,7 @@ from .admitting import (OPENSTACK, Admitting, Granted, active, record_allocation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
     from ..libvirt.domxml import DomainView
     from ..observe.inventory import Inventory
 
@@ -102,9 +102,10 @@ def describe(t: Tenant) -> str:
 
 
 def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Tenant:
-    """Add ``tenant``; raises InputError when it is invalid or the name is taken."""
+    """Add ``tenant``; raises InputError when it is invalid or the name is taken.  Under
+    :func:`host_lock`, as admission decides (TransientError when it cannot be had)."""
     tenant.validate()
-    with store.transaction() as conn:
+    with host_lock(store), store.transaction() as conn:
         if store.tenant_rows(tenant.name):
             raise InputError(f"tenant {tenant.name!r} exists",
                              hint=f"change it with 'vgpuhost tenant set {tenant.name} ...'")
@@ -119,22 +120,36 @@ def update(store: StateStore, name: str, *, actor: Optional[str] = None, **chang
     A lower quota is allowed while use exceeds it: running domains keep
     their devices (vgpuhost never stops a VM), new admissions are refused.
     """
-    with store.transaction() as conn:
+    return update_with(store, name, lambda old: changes, actor=actor)
+
+
+def update_with(store: StateStore, name: str, change: Callable[[Tenant], Mapping[str, object]], *,
+                actor: Optional[str] = None) -> Tenant:
+    """:func:`update` with the changes computed from the tenant as stored (``change(old)``: field ->
+    value), read and written under :func:`host_lock`, so that no admission decides in between."""
+    with host_lock(store), store.transaction() as conn:
         old = get(store, name)
-        new = replace(old, **changes).validate()
+        new = replace(old, **change(old)).validate()
         store.put_tenant(conn, _row(new))
     _audit(store, actor, f"tenant set {old.name}", describe(new))
     return new
 
 
 def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tenant:
-    """Remove tenant ``name``; refused (RefusedError) while its domains hold devices."""
-    with store.transaction() as conn:
+    """Remove tenant ``name``; RefusedError (naming the domains and devices) while its domains hold
+    devices.  Under :func:`host_lock`: a start admitted for the tenant records its allocation first."""
+    with host_lock(store), store.transaction() as conn:
         t = get(store, name)
-        held = [r for r in store.allocation_rows(conn) if r[2] == t.name]
+        held = [_alloc(r) for r in store.allocation_rows(conn) if r[2] == t.name]
         if held:
-            raise RefusedError(f"tenant {t.name!r} holds {len(held)} device(s) ({', '.join(r[0] for r in held[:4])})",
-                               hint="stop its domains first; vgpuhost never stops a VM itself")
+            names = store.active_domains()
+            owners = sorted({a.owner for a in held}, key=lambda o: (names.get(o) or o))
+            shown = "; ".join(f"{adm.who(a, names)} ({adm.held_text(a)})"
+                              for o in owners[:4] for a in held if a.owner == o)
+            more = f"; and {len(owners) - 4} more domain(s)" if len(owners) > 4 else ""
+            raise RefusedError(f"tenant {t.name!r} holds {len(held)} device(s): {shown}{more}",
+                               hint="stop those domains first (vgpuhost never stops a VM itself), then remove "
+                                    "the tenant; nothing was changed")
         store.delete_tenant(conn, t.name)
     _audit(store, actor, f"tenant remove {t.name}", describe(t))
     return t
@@ -266,7 +281,13 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     ts = tenants(store)
     tname = tenant_of(store, view)
     held = allocations(store, inv)
-    mine = {a.device for a in held if a.owner == me}
+    admitted = {r[0] for r in store.allocation_rows(owner=me)}
+    mine = {a.device for a in held if a.owner == me and a.device in admitted}
+    # devices the domain holds with no admitted allocation (made for it in advance: ``vgpu create
+    # --owner``, the agent's allocate endpoint) are admitted now like any other, where they are; until
+    # then they count as no one's, so they leave the use admission weighs (else counted twice)
+    premade = {a.device: a for a in held if a.owner == me and a.device not in admitted}
+    held = [a for a in held if a.device not in premade]
     records = store.vgpu_records()
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     fbs = _type_fb(inv, store)
@@ -298,6 +319,11 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if allowed is not None:
             offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
                                                          "allow-list") for o in offers]
+        pre = premade.get(v.device)
+        rec = next((r for r in records if r.id == v.device), None) if pre is not None else None
+        if rec is not None and rec.type_name.lower() == name.lower():
+            pin = rec.gpu                       # it exists there: admitted in place, no new instance placed
+            offers = _held_offers(offers, rec, me, inv)
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))
         reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
                                                     meta.strategy, meta.anti_affinity), offers))
@@ -311,6 +337,29 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                                hint=d.remedy())
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
+    return out
+
+
+def _held_offers(offers: Sequence, rec, me: str, inv: Inventory) -> list:
+    """``offers`` for admitting vGPU record ``rec``, made for domain ``me`` in advance, where it is: its
+    GPU offers the instance it holds (placement's one-vGPU-per-VM rule does not count it against
+    itself); the request is pinned there, so the other GPUs do not matter."""
+    from ..model.values import PciAddress
+    from ..policy.placement import GpuOffer
+    gpu = PciAddress.parse(rec.gpu)
+    parent = PciAddress.parse(rec.parent) if PciAddress.is_valid(rec.parent) else gpu
+    out, found = [], False
+    for o in offers:
+        if o.gpu == gpu:
+            found = True
+            o = replace(o, type_id=o.type_id or rec.type_id, type_name=o.type_name or rec.type_name,
+                        available=max(0, o.available) + 1, parents=o.parents or (parent,),
+                        owners=o.owners - {me}, note="")
+        out.append(o)
+    if not found:
+        g = inv.gpu(gpu)
+        out.append(GpuOffer(gpu, g.pci.numa_node if g is not None else 0, rec.type_id, rec.type_name, 1,
+                            (parent,)))
     return out
 
 

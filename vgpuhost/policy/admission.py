@@ -172,12 +172,15 @@ def usage(tenant: str, allocations: Sequence[Allocation]) -> Dict[str, Tuple[int
     return out
 
 
-def _who(a: Allocation, names: Mapping[str, str]) -> str:
+def who(a: Allocation, names: Mapping[str, str]) -> str:
+    """Who holds ``a``, for messages: ``domain 'vm1'`` (``names``: domain names by UUID), ``domain UUID``,
+    or the owner ``manual`` / ``layout``."""
     n = names.get(a.owner)
     return f"domain {n!r}" if n else (f"domain {a.owner}" if a.owner not in ("manual", "layout") else a.owner)
 
 
-def _held(a: Allocation) -> str:
+def held_text(a: Allocation) -> str:
+    """What ``a`` is, for messages: ``vGPU A40-8Q UUID on BDF`` or ``passthrough GPU BDF``."""
     return (f"vGPU {a.profile} {a.device} on {a.gpu}" if a.kind == VGPU else f"passthrough GPU {a.gpu}")
 
 
@@ -239,7 +242,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
             if ceiling is not None and total + n > ceiling:
                 mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)),
                               key=lambda a: (-a.demand.amount(d), a.device))
-                frees = [f"stop or detach {_who(a, names)} ({_held(a)})" for a in mine[:3]]
+                frees = [f"stop or detach {who(a, names)} ({held_text(a)})" for a in mine[:3]]
                 frees.append(f"or raise the quota ('vgpuhost tenant set {tenant.name} "
                              f"--{d.replace('_mib', '').replace('_', '-')} ...')")
                 kind = "burst" if q.burst.get(d) is not None else "guaranteed"
@@ -328,7 +331,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         if not burst:
             for a in sorted((a for a in allocations if a.burst and a.tenant != tname and a.gpu in candidates),
                             key=lambda a: (a.gpu, a.device)):
-                frees.append(f"tenant {a.tenant!r} holds {_held(a)} as burst ({_who(a, names)})")
+                frees.append(f"tenant {a.tenant!r} holds {held_text(a)} as burst ({who(a, names)})")
         frees.append("'vgpuhost capacity' shows what fits where")
         return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
                       candidates=candidates, burst=burst)
@@ -387,10 +390,10 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
             and not (a.kind == PASSTHROUGH and a.owner in ("manual", "layout"))]   # bound by the operator for guests
     if held:
         a = held[0]
-        frees = [f"stop or detach {_who(a, names)} ({_held(a)})"]
+        frees = [f"stop or detach {who(a, names)} ({held_text(a)})"]
         if a.burst and a.tenant != tname and not burst:
             frees.insert(0, f"tenant {a.tenant!r} holds it as burst")
-        return Admission(False, f"no room for passthrough GPU {gpu}: it holds {_held(a)} of {_who(a, names)}",
+        return Admission(False, f"no room for passthrough GPU {gpu}: it holds {held_text(a)} of {who(a, names)}",
                          tname, qos, burst, "capacity", frees=tuple(frees))
     if burst and tenant is not None:
         busy = {a.gpu for a in allocations}
