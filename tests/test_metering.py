@@ -592,3 +592,97 @@ def test_free_instances_per_profile_and_pool(loaded):
         store.replace_pools(conn, [("0000:81:00.0", "interactive", "equal-share", "burstable")])
     free = host_series(host, store)["free_instances"]
     assert free[("A40-8Q", "interactive")] == 4 and ("A40-8Q", "") not in free
+
+
+def _scrape_counters(sampler) -> dict:
+    """The exporter's counters for the sampler's snapshot, as Prometheus would scrape them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vgpuhost.ops.exporter import SnapshotCollector
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
+    out = {}
+    for line in generate_latest(reg).decode().splitlines():
+        if line.startswith("vgpuhost_") and "_total" in line.split(" ")[0]:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_wall_clock_steps_neither_bill_nor_lose_time_nor_make_counters_fall(loaded):
+    """Breaker finding: a wall-clock step (NTP, operator) made a counter negative and billed
+    the step as allocation; elapsed time now comes from the monotonic clock."""
+    host, store, nv, recs, traces = loaded
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    seen = [_scrape_counters(s)]
+    for step in (0, -600, 0, +600, +3600, 0, -3600):
+        nv.step_wall(step)
+        nv.advance(10)
+        s.tick()
+        seen.append(_scrape_counters(s))
+    for before, after in zip(seen, seen[1:]):
+        for name, value in after.items():
+            assert value >= before.get(name, 0.0), (name, before.get(name), value)
+    real_s = 70
+    rows = st.usage_rows(store)
+    for dev in recs.values():
+        assert sum(r[9] for r in rows if r[1] == dev) == pytest.approx(real_s, abs=1e-3)
+        assert seen[-1][f'vgpuhost_device_allocated_seconds_total{{device="{dev}"}}'] == pytest.approx(real_s,
+                                                                                                       abs=1e-3)
+    # busy seconds: SM 50% from 5 s in, for the 65 s of real time the trace ran
+    assert sum(r[10] for r in rows if r[1] == recs[DOM_A]) == pytest.approx(0.5 * (real_s - 5), rel=1e-6)
+    assert st.meter_gaps(store) == []
+    assert seen[-1]["vgpuhost_metering_gap_seconds_total"] == 0
+    # a restarted sampler compares the saved monotonic reading too: a step while it was down bills nothing
+    del s
+    nv.step_wall(+7200)
+    nv.advance(5)
+    s2 = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    s2.tick()
+    rows = st.usage_rows(store)
+    assert sum(r[9] for r in rows if r[1] == recs[DOM_A]) == pytest.approx(real_s + 5, abs=1e-3)
+    assert st.meter_gaps(store) == []
+
+
+def test_a_wall_clock_back_step_without_a_monotonic_reading_counts_as_no_time(loaded):
+    host, store, nv, recs, traces = loaded
+
+    class WallOnly:                      # a MeteringNvml with no monotonic clock (a stand-in)
+        def clock_us(self):
+            return nv.clock_us()
+
+        def read(self, seen):
+            return nv.read(seen)
+
+    s = Sampler(WallOnly(), store, interval_s=10)
+    s.tick()
+    allocated = []
+    for step, advance in ((0, 10), (-600, 0), (0, 10)):
+        nv.step_wall(step)
+        nv.advance(advance)
+        allocated.append(_scrape_counters(s)[f'vgpuhost_device_allocated_seconds_total{{device="{recs[DOM_A]}"}}'])
+        s.tick()
+    allocated.append(_scrape_counters(s)[f'vgpuhost_device_allocated_seconds_total{{device="{recs[DOM_A]}"}}'])
+    assert allocated == sorted(allocated) and allocated[-1] == pytest.approx(20, abs=1e-3)
+    rows = st.usage_rows(store)
+    assert sum(r[9] for r in rows if r[1] == recs[DOM_A]) == pytest.approx(20, abs=1e-3)
+    assert all(r[9] >= 0 for r in rows)
+
+
+def test_a_device_counter_never_falls_when_its_domain_changes_in_one_process(loaded):
+    host, store, nv, recs, traces = loaded
+    dev = recs[DOM_A]
+    name = f'vgpuhost_device_allocated_seconds_total{{device="{dev}"}}'
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    seen = []
+    for vm in ("", "", DOM_B.replace("b", "c"), DOM_B.replace("b", "c"), "", ""):
+        nv.set_trace(dev, dict(traces[dev], vm=vm) if vm else traces[dev])
+        nv.advance(10)
+        s.tick()
+        seen.append(_scrape_counters(s)[name])
+    assert seen == sorted(seen), seen
+    assert seen[-1] == pytest.approx(40, abs=1e-3)          # a domain change counts from its first sight
+    rows = st.usage_rows(store)
+    assert sum(r[9] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(30, abs=1e-3)

@@ -109,12 +109,31 @@ class MeteringNvml(Protocol):
     """What the sampler reads.  Nothing here changes a GPU."""
 
     def clock_us(self) -> int:
-        """Now on NVML's clock (CPU time, microseconds since the epoch)."""
+        """Now on NVML's clock (CPU time, microseconds since the epoch): the wall clock, which
+        NTP or an operator may step; only timestamps and hour buckets come from it."""
+
+    def monotonic_us(self) -> int:
+        """Now on a clock that never steps (microseconds, CLOCK_MONOTONIC: since boot, the same
+        for every process): elapsed time comes from it.  Optional: without it the sampler uses
+        its own process's ``time.monotonic``."""
+
+    def boot_id(self) -> str:
+        """What tells one boot from the next, so a restarted sampler knows whether a
+        :meth:`monotonic_us` it saved is still comparable ('' when unknown).  Optional."""
 
     def read(self, last_seen_us: Dict[str, int]) -> List[GpuReading]:
         """Every GPU NVML sees with a vGPU manager, with samples newer than
         ``last_seen_us[bdf]`` (0: the latest).  A GPU whose reads fail is
         returned with ``error`` set (the NVML error name) and no vGPUs."""
+
+
+def read_boot_id() -> str:
+    """The kernel's ``/proc/sys/kernel/random/boot_id`` (a new UUID every boot), '' when unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _text(v: Any) -> str:
@@ -139,6 +158,12 @@ class PynvmlMetering:
 
     def clock_us(self) -> int:
         return int(time.time() * 1_000_000)
+
+    def monotonic_us(self) -> int:
+        return time.monotonic_ns() // 1000
+
+    def boot_id(self) -> str:
+        return read_boot_id()
 
     # --- listing and identity ---------------------------------------------------
     def bus_ids(self) -> List[str]:

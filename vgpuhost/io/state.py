@@ -473,7 +473,7 @@ class StateStore:
         self._memory = False
         self._owned = owned
         self._check_dir()
-        if not create and not os.path.lexists(self.db):
+        if not create and not self._exists():
             self._memory = True
         else:
             self._check_file(create)
@@ -497,6 +497,17 @@ class StateStore:
     def absent(self) -> bool:
         """True when no ``state.db`` exists (a read-only open gave an empty in-memory store)."""
         return self._memory
+
+    def _exists(self) -> bool:
+        """Whether ``state.db`` exists; HostEnvironmentError (naming the state dir) when this process
+        may not look: a store it cannot read must never read as an empty one."""
+        try:
+            os.lstat(self.db)
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as e:
+            raise unreadable(self.dir, e, "state dir") from None
 
     def _check_dir(self) -> None:
         """Refuse a state dir that is not a directory (a regular file, or under one)."""
@@ -523,8 +534,13 @@ class StateStore:
         except FileNotFoundError:
             st = None
         except OSError as e:
-            raise HostEnvironmentError(f"cannot read the state store {where!r}: {e.strerror}",
-                                       hint="run as root, or check the state dir's permissions") from None
+            raise unreadable(self.dir, e, "state dir") from None
+        if st is not None and _stat.S_ISREG(st.st_mode):
+            try:
+                os.close(os.open(self.db, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+            except OSError as e:
+                if e.errno in (_errno.EACCES, _errno.EPERM):
+                    raise unreadable(self.db, e, "state store") from None
         if st is not None:
             if _stat.S_ISLNK(st.st_mode):
                 raise HostEnvironmentError(
@@ -1107,6 +1123,15 @@ def delete_vgpu(conn: sqlite3.Connection, vgpu_id: str, owner: Optional[str] = N
 #: the advice every damaged-store message carries (never "move it aside": that drops every record)
 _KEEP = ("keep this file: it records which devices vgpuhost changed and their original drivers, "
          "and a new store would forget them")
+
+
+def unreadable(path: str, e: OSError, what: str) -> HostEnvironmentError:
+    """The one-line error (exit 2) for a state dir or ``state.db`` this process may not read
+    (EACCES, EPERM): never an empty store, which would make a bill or a check look clean."""
+    return HostEnvironmentError(
+        f"cannot read the {what} {path!r}: {e.strerror or e}",
+        hint="run it as root (the state dir is root's, mode 0700); members of the vgpuhost-ro group can "
+             "read usage, tenants, vGPUs and the audit log through the agent's read-only socket (docs/agent.md)")
 
 
 def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnvironmentError:

@@ -103,11 +103,12 @@ class SnapshotCollector:
             info.add_metric([d.device, d.kind, d.gpu, d.profile, "" if d.gi_id is None else str(d.gi_id),
                              o.domain, o.domain_uuid, o.tenant, o.qos], 1.0)
             lab = [d.device]
-            fams["alloc"].add_metric(lab, d.alloc_s)
+            e = d.earlier                 # other domains' seconds on this device in this process
+            fams["alloc"].add_metric(lab, d.alloc_s + e[0])
             if d.kind != "passthrough":
-                fams["sm"].add_metric(lab, d.sm_busy_s)
-                fams["enc"].add_metric(lab, d.enc_busy_s)
-                fams["dec"].add_metric(lab, d.dec_busy_s)
+                fams["sm"].add_metric(lab, d.sm_busy_s + e[1])
+                fams["enc"].add_metric(lab, d.enc_busy_s + e[2])
+                fams["dec"].add_metric(lab, d.dec_busy_s + e[3])
                 fams["fb"].add_metric(lab, float(d.fb_used_bytes))
                 fams["peak"].add_metric(lab, float(d.fb_peak_bytes))
                 fams["size"].add_metric(lab, float(d.fb_total_bytes))

@@ -32,6 +32,17 @@ records); its busy seconds stay 0 and its ``kind`` says ``passthrough``.
 Allocation after a restart: when a device's cursor names the same domain
 and vgpuhost's record says the device existed before the cursor, the device
 was allocated throughout, so the whole span since the cursor is credited.
+
+Clocks: elapsed time comes from a clock that never steps
+(``MeteringNvml.monotonic_us``, CLOCK_MONOTONIC on a real host, saved with
+the boot id so a restarted sampler can use it too).  The wall clock
+(``clock_us``) gives only timestamps and hour buckets: when it moves more
+than :data:`STEP_TOLERANCE_US` away from the monotonic clock between two
+readings (an NTP or operator step), every cursor is moved by the step, so a
+step neither bills nor loses time, nor marks a gap.  Without a comparable
+monotonic reading (first run, or a reboot in between) a wall clock that went
+back counts as no time at all.  So allocation and busy seconds never
+decrease, and a Prometheus counter restarts only with the process.
 """
 
 from __future__ import annotations
@@ -51,6 +62,9 @@ log = logging.getLogger("vgpuhost.metering")
 
 DEFAULT_INTERVAL_S = 10.0
 HOLD_INTERVALS = 6
+#: how far (microseconds) the wall clock may drift from the monotonic clock between two
+#: readings before the sampler treats it as a step
+STEP_TOLERANCE_US = 1_000_000
 
 
 def iso_us(us: int) -> str:
@@ -112,6 +126,9 @@ class DeviceUsage:
     fb_total_bytes: int
     license: str
     sm_percent: float = 0.0
+    #: (alloc, sm, enc, dec) seconds the device gave other domains earlier in this process:
+    #: the exporter adds them, so a device's counters never decrease while the process runs
+    earlier: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -146,10 +163,10 @@ class _Meter:
         self.sample_us = 0
         self.sm_pct = 0.0
 
-    def usage(self) -> DeviceUsage:
+    def usage(self, earlier: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> DeviceUsage:
         return DeviceUsage(self.device, self.kind, self.gpu, self.profile, self.owner, self.gi_id,
                            self.alloc_s, self.sm_s, self.enc_s, self.dec_s, self.fb_used, self.fb_peak,
-                           self.fb_total, self.license, self.sm_pct)
+                           self.fb_total, self.license, self.sm_pct, earlier)
 
 
 LabelFn = Callable[[str], Owner]
@@ -178,6 +195,9 @@ class Sampler:
         self._host_at = 0.0
         self._host: Dict[str, object] = {}
         self._meters: Dict[Tuple[str, str], _Meter] = {}
+        self._retired: Dict[Tuple[str, str], _Meter] = {}   # meters of this process no longer present
+        self._earlier_s: Dict[str, List[float]] = {}         # device -> its retired meters' seconds
+        self._mono_live = False          # _last_mono_us was read by this process
         self._errors = 0
         self._gap_s = 0.0
         self._lock = threading.Lock()
@@ -187,6 +207,9 @@ class Sampler:
         self._cursors = st.meter_cursors(conn)
         last = st.meter_state(conn, "last_tick_us")
         self._last_tick_us = int(last) if last else 0
+        mono = st.meter_state(conn, "last_tick_mono_us")
+        self._last_mono_us: Optional[int] = int(mono) if mono else None
+        self._boot = st.meter_state(conn, "boot_id") or ""
         try:
             seen = json.loads(st.meter_state(conn, "gpu_seen_us") or "{}")
             self._gpu_seen = {str(k): int(v) for k, v in seen.items()}
@@ -220,8 +243,44 @@ class Sampler:
             self.snapshot = snap
             return snap
 
-    def _tick(self) -> Snapshot:
+    def _clocks(self) -> Tuple[int, int, str]:
+        """(wall µs, monotonic µs, boot id) now."""
         now_us = self.nvml.clock_us()
+        mono = getattr(self.nvml, "monotonic_us", None)
+        boot = getattr(self.nvml, "boot_id", None)
+        if mono is None:                        # a stand-in with one clock: only a step back is seen
+            return now_us, now_us, ""
+        return now_us, int(mono()), str(boot() if boot is not None else "")
+
+    def _unstep(self, now_us: int, mono_us: int, boot: str) -> None:
+        """Move every wall-clock cursor by the wall clock's step since the last reading (see
+        the module doc), so spans measured on the wall clock equal the monotonic time."""
+        if not self._last_tick_us:
+            return
+        wall_dt = now_us - self._last_tick_us
+        comparable = self._mono_live or (boot and boot == self._boot)
+        if self._last_mono_us is not None and comparable and mono_us >= self._last_mono_us:
+            step = wall_dt - (mono_us - self._last_mono_us)
+        elif wall_dt < 0:
+            step = wall_dt                      # no comparable monotonic reading: back counts as no time
+        else:
+            return
+        if abs(step) <= STEP_TOLERANCE_US:
+            return
+        log.warning("the wall clock stepped %+.3f s; metering measures elapsed time on the monotonic clock",
+                    step / 1e6)
+
+        def mv(us: int) -> int:
+            return us + step if us else us
+        self._last_tick_us = mv(self._last_tick_us)
+        for m in list(self._meters.values()) + list(self._retired.values()):
+            m.alloc_us, m.sample_us = mv(m.alloc_us), mv(m.sample_us)
+        self._cursors = {d: (c[0], mv(int(c[1])), mv(int(c[2]))) for d, c in self._cursors.items()}
+        self._gpu_seen = {g: mv(v) for g, v in self._gpu_seen.items()}
+
+    def _tick(self) -> Snapshot:
+        now_us, mono_us, boot = self._clocks()
+        self._unstep(now_us, mono_us, boot)
         readings: List[GpuReading] = self.nvml.read(dict(self._gpu_seen))
         newest_sample = max((v.sample.timestamp_us for g in readings for v in g.vgpus if v.sample is not None),
                             default=0)
@@ -239,6 +298,12 @@ class Sampler:
         def meter_for(device: str, kind: str, gpu: str, profile: str, owner: Owner) -> _Meter:
             key = (device, owner.domain_uuid)
             m = self._meters.get(key)
+            if m is None and key in self._retired:
+                m = self._retired.pop(key)         # back after an absence: counted again from now
+                m.alloc_us = now_us
+                e = self._earlier_s[device]
+                for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
+                    e[i] -= v
             if m is None:
                 m = _Meter(device, kind, gpu, profile, owner)
                 tot = self._totals.get(key)
@@ -265,6 +330,10 @@ class Sampler:
         for g in readings:
             if g.error:
                 self._errors += 1
+                for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
+                    if m.gpu == g.bdf and m.kind != "passthrough":
+                        present[key] = m
+                        cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
                 continue
             for gi, pct in sorted(g.gi_sm.items()):
                 gi_sm.append((g.bdf, gi, pct))
@@ -282,7 +351,7 @@ class Sampler:
                 m.gi_id = v.gi_id
                 m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
                 m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
-                alloc_dt = now_us - m.alloc_us if m.alloc_us else 0
+                alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
                 busy = (0.0, 0.0, 0.0)
                 samples = 0
                 t0 = m.alloc_us or now_us
@@ -315,7 +384,7 @@ class Sampler:
             domain = owner_uuid if _is_uuid(owner_uuid) else ""
             m = meter_for(gpu, "passthrough", gpu, "passthrough", self._owner(domain, names))
             m.license = "n/a"
-            alloc_dt = now_us - m.alloc_us if m.alloc_us else 0
+            alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
             t0 = m.alloc_us or now_us
             m.alloc_s += alloc_dt / 1e6
             account(m, alloc_dt, (0.0, 0.0, 0.0), t0, 0)
@@ -330,11 +399,20 @@ class Sampler:
             for gap in gaps:
                 st.add_meter_gap(conn, *gap)
             st.put_meter_state(conn, "last_tick_us", str(now_us))
+            st.put_meter_state(conn, "last_tick_mono_us", str(mono_us))
+            st.put_meter_state(conn, "boot_id", boot)
             st.put_meter_state(conn, "gpu_seen_us", json.dumps(self._gpu_seen, sort_keys=True))
         for gap in gaps:
             self._gap_s += gap[3]
+        for key, m in self._meters.items():
+            if key not in present:
+                self._retired[key] = m
+                e = self._earlier_s.setdefault(m.device, [0.0, 0.0, 0.0, 0.0])
+                for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
+                    e[i] += v
         self._meters = present
-        self._last_tick_us = now_us
+        self._last_tick_us, self._last_mono_us, self._boot = now_us, mono_us, boot
+        self._mono_live = True
         self._cursors = {}
         self._totals = {}
 
@@ -347,10 +425,15 @@ class Sampler:
                 log.warning("host series failed: %s", e)
                 self._errors += 1
         return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
-                        devices=tuple(m.usage() for _, m in sorted(present.items())),
+                        devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(present.items())),
                         gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
                         gi_sm=tuple(gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
                         host=dict(self._host))
+
+    def _earlier(self, m: _Meter) -> Tuple[float, float, float, float]:
+        """Seconds ``m``'s device gave other domains earlier in this process (DeviceUsage.earlier)."""
+        e = self._earlier_s.get(m.device)
+        return (max(0.0, e[0]), max(0.0, e[1]), max(0.0, e[2]), max(0.0, e[3])) if e else (0.0, 0.0, 0.0, 0.0)
 
     # --- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -16,6 +16,8 @@ A host spec sets the initial traces with a top-level ``load:`` mapping (the
 
     {"clock_offset_s": 0.0,                 # simulated clock = wall clock + offset
      "clock_frozen_s": null,                # set: the clock stands here (+ offset) instead
+     "clock_step_s": 0.0,                   # a step of the simulated wall clock alone (NTP's):
+                                            # the simulated monotonic clock does not see it
      "traces": {                            # by device id, then "type:<name>", then "default"
         "<mdev UUID | VF BDF | type:A40-8Q | default>": {
             "sm": X, "mem": X, "enc": X, "dec": X,   # percent, X below
@@ -31,7 +33,9 @@ on).  The simulator reports the VF's BDF as the device of a vendor-VFIO
 vGPU, where a real driver gives no mdev UUID (the sampler then matches by
 VM id and type).  Every reading is exact: a utilisation sample is the *mean* of the trace
 over ``(last_seen, now]`` (1 s back when ``last_seen`` is 0), so the busy
-seconds a sampler integrates equal :func:`integral` of the trace.
+seconds a sampler integrates equal :func:`integral` of the trace.  Traces run on
+the simulated true time (the monotonic clock); sample timestamps are on the
+simulated wall clock, which :meth:`SimMetering.step_wall` steps.
 """
 
 from __future__ import annotations
@@ -211,9 +215,26 @@ class SimMetering:
             self._save(doc)
             return doc["clock_offset_s"]
 
+    def step_wall(self, seconds: float) -> float:
+        """Step the simulated wall clock by ``seconds`` (either sign), as NTP or an operator
+        would, leaving the simulated monotonic clock alone; returns the total step (seconds)."""
+        with self.kernel.locked():
+            doc = self.load()
+            doc["clock_step_s"] = float(doc.get("clock_step_s") or 0.0) + float(seconds)
+            self._save(doc)
+            return doc["clock_step_s"]
+
     # --- MeteringNvml ----------------------------------------------------------
     def clock_us(self) -> int:
         return self._now_us(self.load())
+
+    def monotonic_us(self) -> int:
+        """The simulated monotonic clock: the wall clock without :meth:`step_wall`'s steps."""
+        doc = self.load()
+        return self._now_us(doc) - int(round(float(doc.get("clock_step_s") or 0.0) * 1_000_000))
+
+    def boot_id(self) -> str:
+        return "sim"
 
     def freeze(self, at: Optional[float] = None) -> None:
         """Stop the simulated clock at ``at`` (seconds; default now): from then on only
@@ -227,7 +248,8 @@ class SimMetering:
     def _now_us(doc: dict) -> int:
         base = doc.get("clock_frozen_s")
         base = float(base) if base is not None else time.time()
-        return int(round((base + float(doc.get("clock_offset_s") or 0.0)) * 1_000_000))
+        return int(round((base + float(doc.get("clock_offset_s") or 0.0) + float(doc.get("clock_step_s") or 0.0))
+                         * 1_000_000))
 
     @staticmethod
     def _trace(traces: dict, device: str, type_name: str) -> dict:
@@ -237,7 +259,8 @@ class SimMetering:
         meta = self.kernel.meta()
         doc = self.load()
         now_us = self._now_us(doc)
-        now = now_us / 1_000_000              # the sample's own timestamp: integrals match it exactly
+        step = float(doc.get("clock_step_s") or 0.0)
+        now = now_us / 1_000_000 - step       # the load runs on true time: a wall-clock step does not move it
         traces = doc.get("traces") or {}
         out: List[GpuReading] = []
         for pf in sorted(meta.get("gpus") or {}):
@@ -251,7 +274,7 @@ class SimMetering:
             if drv != "nvidia":
                 continue                      # NVML sees only GPUs on nvidia (passed through: invisible)
             seen = int(last_seen_us.get(pf, 0))
-            t0 = seen / 1_000_000 if seen else now - 1.0
+            t0 = seen / 1_000_000 - step if seen else now - 1.0
             mig = bool(gpu.get("mig_mode"))
             gis_by_profile: Dict[str, List[int]] = {}
             for g in sorted(gpu.get("gpu_instances") or [], key=lambda g: g["gi_id"]):
