@@ -686,3 +686,60 @@ def test_a_device_counter_never_falls_when_its_domain_changes_in_one_process(loa
     assert seen[-1] == pytest.approx(40, abs=1e-3)          # a domain change counts from its first sight
     rows = st.usage_rows(store)
     assert sum(r[9] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(30, abs=1e-3)
+
+
+def test_a_domain_that_passes_to_another_tenant_leaves_the_first_tenants_usage_billed(loaded):
+    """Breaker finding: the rollup key lacked the tenant, so a domain started again for tenant
+    beta within the hour moved alpha's usage to beta; and the label cache kept alpha for a minute."""
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.model.tenancy import Tenant
+    from vgpuhost.ops import tenancy
+    from vgpuhost.ops.metering import OwnerLabels
+    tenancy.add(store, Tenant("alpha"))
+    tenancy.add(store, Tenant("beta"))
+
+    def start(tenant):                    # what the hook records at prepare begin
+        store.domain_started(DOM_A, "vm-a")
+        with store.transaction() as conn:
+            store.put_allocation(conn, (recs[DOM_A], DOM_A, tenant, "0000:81:00.0", "vgpu", "A40-8Q", 8192, 0,
+                                        "", 0))
+
+    start("alpha")
+    s = Sampler(nv, store, interval_s=10, labels=OwnerLabels(store, refresh_s=3600))
+    s.tick()
+    nv.advance(10)
+    s.tick()
+    store.domain_stopped(DOM_A, allocations=True)          # released, then started for beta
+    start("beta")
+    for _ in range(3):
+        nv.advance(10)
+        snap = s.tick()
+    assert {d.device: d.owner.tenant for d in snap.devices}[recs[DOM_A]] == "beta"
+    billed = {}
+    for r in st.usage_rows(store):
+        if r[1] == recs[DOM_A]:
+            billed[r[7]] = billed.get(r[7], 0.0) + r[9]
+    assert billed == {"alpha": pytest.approx(10, abs=1e-3), "beta": pytest.approx(30, abs=1e-3)}
+    assert main(["--root", str(host.root), "--json", "usage", "--by", "tenant"]) == 0
+
+
+def test_a_version_9_store_keeps_its_rollups_and_keys_them_by_tenant(tmp_path):
+    import sqlite3
+    from vgpuhost.io.state import MIGRATIONS, _statements
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db)
+    for script in MIGRATIONS[:9]:
+        for stmt in _statements(script):
+            conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 9")
+    conn.execute("INSERT INTO usage_hourly VALUES ('2026-12-01T10:00:00Z', 'dev', 'dom', 'vgpu', 'g', 'A40-8Q', "
+                 "'vm', 'alpha', '', 60, 30, 0, 0, 5, 10, 6)")
+    conn.commit()
+    conn.close()
+    store = StateStore(tmp_path)
+    assert store.schema_version == len(MIGRATIONS) == 10
+    with store.transaction() as c:
+        st.add_usage(c, [("2026-12-01T10:00:00Z", "dev", "dom", "vgpu", "g", "A40-8Q", "vm", "beta", "", 10, 1, 0, 0,
+                          7, 10, 1)])
+    rows = st.usage_rows(store)
+    assert [(r[7], r[9], r[13]) for r in rows] == [("alpha", 60, 5), ("beta", 10, 7)]

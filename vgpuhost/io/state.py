@@ -63,6 +63,11 @@ owner it goes back to at ``release end`` (NULL: the domain's own vGPU).
 Version 9 adds ``audit_outcome.detail``: what a failed write written as
 intent adds to its row's value (an NVML call's error name, `` -> NVMLError_InUse``).
 
+Version 10 puts the tenant in the key of ``usage_hourly`` (hour, device,
+domain, tenant): a domain that passes to another tenant within an hour
+leaves the first tenant's usage billed to it.  Rows a version-9 store holds
+keep their tenant.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -336,6 +341,33 @@ MIGRATIONS: Sequence[str] = (
     # 9: what a failed write written as intent said (an NVML call's error name)
     """
     ALTER TABLE audit_outcome ADD COLUMN detail TEXT NOT NULL DEFAULT '';
+    """,
+    # 10: the hourly rollups keep each tenant's usage apart (the tenant joins the key)
+    """
+    CREATE TABLE usage_hourly_v10 (
+        hour           TEXT NOT NULL,
+        device         TEXT NOT NULL,
+        domain_uuid    TEXT NOT NULL,
+        kind           TEXT NOT NULL,
+        gpu            TEXT NOT NULL,
+        profile        TEXT NOT NULL,
+        domain         TEXT NOT NULL,
+        tenant         TEXT NOT NULL,
+        qos            TEXT NOT NULL,
+        alloc_s        REAL NOT NULL DEFAULT 0,
+        sm_busy_s      REAL NOT NULL DEFAULT 0,
+        enc_busy_s     REAL NOT NULL DEFAULT 0,
+        dec_busy_s     REAL NOT NULL DEFAULT 0,
+        fb_peak_bytes  INTEGER NOT NULL DEFAULT 0,
+        fb_total_bytes INTEGER NOT NULL DEFAULT 0,
+        samples        INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (hour, device, domain_uuid, tenant)
+    );
+    INSERT INTO usage_hourly_v10 SELECT hour, device, domain_uuid, kind, gpu, profile, domain, tenant, qos,
+        alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes, fb_total_bytes, samples FROM usage_hourly;
+    DROP TABLE usage_hourly;
+    ALTER TABLE usage_hourly_v10 RENAME TO usage_hourly;
+    CREATE INDEX usage_hourly_tenant ON usage_hourly(tenant, hour);
     """,
 )
 
@@ -910,6 +942,11 @@ class StateStore:
         """``{domain UUID: name}`` of domains started through the hook and not yet released."""
         return dict(self._conn().execute("SELECT uuid, name FROM domains ORDER BY uuid"))
 
+    def domain_starts(self) -> Dict[str, str]:
+        """``{domain UUID: since}`` (UTC ISO) of the domains :meth:`active_domains` lists: a new
+        ``since`` is a new start."""
+        return dict(self._conn().execute("SELECT uuid, since FROM domains ORDER BY uuid"))
+
     def remember_types(self, rows: Sequence[tuple]) -> None:
         """Record ``(gpu, type_id, name, framebuffer_mib)`` rows seen in sysfs (upsert).
 
@@ -1323,13 +1360,14 @@ USAGE_COLUMNS = ("hour", "device", "domain_uuid", "kind", "gpu", "profile", "dom
 
 
 def add_usage(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
-    """Add ``rows`` (in :data:`USAGE_COLUMNS` order) to the hourly rollups: seconds and
-    samples add up, the framebuffer peak keeps the maximum, labels take the newest."""
+    """Add ``rows`` (in :data:`USAGE_COLUMNS` order) to the hourly rollups, one per (hour, device,
+    domain, tenant): seconds and samples add up, the framebuffer peak keeps the maximum, the other
+    labels take the newest."""
     conn.executemany(
         "INSERT INTO usage_hourly VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (hour, device, domain_uuid) DO UPDATE SET "
+        "ON CONFLICT (hour, device, domain_uuid, tenant) DO UPDATE SET "
         "kind = excluded.kind, gpu = excluded.gpu, profile = excluded.profile, domain = excluded.domain, "
-        "tenant = excluded.tenant, qos = excluded.qos, "
+        "qos = excluded.qos, "
         "alloc_s = alloc_s + excluded.alloc_s, sm_busy_s = sm_busy_s + excluded.sm_busy_s, "
         "enc_busy_s = enc_busy_s + excluded.enc_busy_s, dec_busy_s = dec_busy_s + excluded.dec_busy_s, "
         "fb_peak_bytes = MAX(fb_peak_bytes, excluded.fb_peak_bytes), "
@@ -1349,7 +1387,7 @@ def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = N
         args.append(until)
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return list(conn.execute(sql + " ORDER BY hour, device, domain_uuid", args))
+    return list(conn.execute(sql + " ORDER BY hour, device, domain_uuid, tenant", args))
 
 
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:

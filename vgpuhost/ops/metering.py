@@ -281,6 +281,9 @@ class Sampler:
     def _tick(self) -> Snapshot:
         now_us, mono_us, boot = self._clocks()
         self._unstep(now_us, mono_us, boot)
+        begin = getattr(self.labels, "begin_tick", None)
+        if begin is not None:
+            begin()
         readings: List[GpuReading] = self.nvml.read(dict(self._gpu_seen))
         newest_sample = max((v.sample.timestamp_us for g in readings for v in g.vgpus if v.sample is not None),
                             default=0)
@@ -537,8 +540,12 @@ class OwnerLabels:
     tenant's default QoS class), where this vgpuhost has tenancy; then the
     domain's vgpuhost metadata read through libvirt (``uri``).  Both are
     refreshed every ``refresh_s``, and at once (at most every ``refresh_s /
-    6``) for a domain not seen before.  With neither, tenant and QoS stay
-    empty.  Failures are logged and the last answers kept.
+    6``) for a domain not seen before.  The allocations are read again on
+    every sampler tick (:meth:`begin_tick`), and a domain that started
+    again since the last tick (a new ``since`` in the state store) has its
+    metadata read again at once, so a domain released and started for
+    another tenant is never billed to the earlier one.  With neither, tenant
+    and QoS stay empty.  Failures are logged and the last answers kept.
     """
 
     def __init__(self, store, uri: Optional[str] = None, refresh_s: float = 60.0):
@@ -549,6 +556,23 @@ class OwnerLabels:
         self._admitted: Dict[str, Tuple[str, str]] = {}
         self._at = -1e18
         self._tenant_qos: Dict[str, str] = {}
+        self._starts: Optional[Dict[str, str]] = None
+
+    def begin_tick(self) -> None:
+        """Called by the sampler before each reading: the allocations again, and everything at
+        once when a domain started (or started again) since the last tick."""
+        try:
+            starts = self.store.domain_starts()
+        except Exception as e:
+            log.warning("reading the running domains failed: %s", e)
+            starts = self._starts
+        restarted = self._starts is not None and starts is not None and any(
+            since != self._starts.get(uuid) for uuid, since in starts.items())
+        self._starts = starts
+        if restarted:
+            self._at = -1e18                   # the next call refreshes all
+        elif time.monotonic() - self._at < self.refresh_s:
+            self._admitted = admitted_owners(self.store)
 
     def _refresh(self) -> None:
         self._at = time.monotonic()
