@@ -568,11 +568,12 @@ class StateStore:
         except OSError as e:
             raise unreadable(self.dir, e, "state dir") from None
         if st is not None and _stat.S_ISREG(st.st_mode):
-            try:
-                os.close(os.open(self.db, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
-            except OSError as e:
-                if e.errno in (_errno.EACCES, _errno.EPERM):
-                    raise unreadable(self.db, e, "state store") from None
+            # asked, never opened: closing any descriptor of the file would drop the POSIX locks that
+            # SQLite connections of this process hold on it
+            eff = os.access in os.supports_effective_ids
+            if not os.access(self.db, os.R_OK, effective_ids=eff):
+                raise unreadable(self.db, PermissionError(_errno.EACCES, os.strerror(_errno.EACCES)),
+                                 "state store") from None
         if st is not None:
             if _stat.S_ISLNK(st.st_mode):
                 raise HostEnvironmentError(
