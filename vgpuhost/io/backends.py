@@ -86,8 +86,9 @@ def metering_nvml(host: HostRoot):
     if host.is_simulated:
         from ..sim.metering import SimMetering
         return SimMetering(host)
+    import os
     from .nvml_metering import PynvmlMetering
-    return PynvmlMetering(open_backend(host))
+    return PynvmlMetering(open_backend(host), os.path.join(host.s.proc, "sys", "kernel", "random", "boot_id"))
 
 
 def bundled_specs() -> Dict[str, Path]:

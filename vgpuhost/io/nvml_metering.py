@@ -127,10 +127,13 @@ class MeteringNvml(Protocol):
         returned with ``error`` set (the NVML error name) and no vGPUs."""
 
 
-def read_boot_id() -> str:
-    """The kernel's ``/proc/sys/kernel/random/boot_id`` (a new UUID every boot), '' when unreadable."""
+def read_boot_id(path: Optional[str]) -> str:
+    """The kernel's boot id (``<proc>/sys/kernel/random/boot_id``: a new UUID every boot) read from
+    ``path``, '' when there is none or it is unreadable."""
+    if not path:
+        return ""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
+        with open(path) as f:
             return f.read().strip()
     except OSError:
         return ""
@@ -151,8 +154,10 @@ def _value(v: Any, value_type: int) -> float:
 class PynvmlMetering:
     """:class:`MeteringNvml` over nvidia-ml-py, using a PynvmlBackend's call wrapper and handles."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, boot_id_path: Optional[str] = None):
+        """``boot_id_path``: the host's ``<proc>/sys/kernel/random/boot_id`` (see :meth:`boot_id`)."""
         self._be = backend
+        self._boot_id_path = boot_id_path
         self._nv = backend._nv
         self._gpm_prev: Dict[Tuple[str, int], Any] = {}
 
@@ -163,7 +168,7 @@ class PynvmlMetering:
         return time.monotonic_ns() // 1000
 
     def boot_id(self) -> str:
-        return read_boot_id()
+        return read_boot_id(self._boot_id_path)
 
     # --- listing and identity ---------------------------------------------------
     def bus_ids(self) -> List[str]:
