@@ -743,3 +743,43 @@ def test_a_version_9_store_keeps_its_rollups_and_keys_them_by_tenant(tmp_path):
                           7, 10, 1)])
     rows = st.usage_rows(store)
     assert [(r[7], r[9], r[13]) for r in rows] == [("alpha", 60, 5), ("beta", 10, 7)]
+
+
+def test_a_refused_exporter_says_so_once_and_never_that_it_listens(loaded):
+    """Breaker finding 11c: it printed its listening line, then the refusal twice."""
+    import subprocess
+    import sys
+    host, store, nv, recs, traces = loaded
+    from vgpuhost.ops.metering import sampler_lock
+    with sampler_lock(host.state_dir):
+        r = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "exporter", "--port", "0"],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpuhost: error: another metering sampler"), lines
+
+
+def test_usage_csv_keeps_to_billing_rows_and_names_the_gaps_on_stderr(loaded, capsys):
+    host, store, nv, recs, traces = loaded
+    s = Sampler(nv, store, interval_s=10, max_hold_s=60)
+    s.tick()
+    nv.advance(10)
+    s.tick()
+    nv.advance(600)
+    Sampler(nv, StateStore(host.state_dir), interval_s=10, max_hold_s=60).tick()
+    assert len(st.meter_gaps(store)) == 3
+    assert main(["--root", str(host.root), "usage", "--by", "domain", "--csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("domain,gpu_hours,alloc_seconds,")
+    assert len(out.splitlines()) == 3 and "gap" not in out
+    gaps = err.splitlines()
+    assert len(gaps) == 3 and all(g.startswith("vgpuhost: gap: ") for g in gaps)
+    assert sum("sampler not running" in g for g in gaps) == 1
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_advise_refuses_a_min_hours_that_is_not_a_finite_count(loaded, capsys, value):
+    host = loaded[0]
+    assert main(["--root", str(host.root), "advise", "--min-hours", value]) == 2
+    err = capsys.readouterr().err
+    assert "--min-hours" in err and len(err.splitlines()) == 1, err

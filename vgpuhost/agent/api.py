@@ -377,7 +377,10 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     # agent starts no work after that, and waits for locks only until then (a stale prepare must not
     # make devices for a start that has already failed)
     waits = _text(req.body, "timeout_s", limit=8)
-    deadline = (time.monotonic() + max(1, int(waits)) - 1) if waits and waits.isdigit() else None
+    if waits is not None and not (waits.isascii() and waits.isdigit()):
+        raise InputError(f"timeout_s (X-Vgpuhost-Timeout) must be whole seconds in ASCII digits, not {waits!r}",
+                         hint="the hook sends VGPUHOST_HOOK_TIMEOUT + 5")
+    deadline = (time.monotonic() + max(1, int(waits)) - 1) if waits else None
     # release: what the store says the UUID holds, whatever the metadata says by now (issue 12 #2); decided
     # as the hook's handler decides it (hook.runtime.released_domain), so a document is released or refused
     # the same with the agent up or down

@@ -22,8 +22,15 @@ a socket whose mode was loosened still refuses them (403).
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
-400 input, 403 role, 404 path, 405 method, 409 refused, 411/413 body, 500
-device failed (``exit_code`` 3) or internal (4), 503 unavailable.
+400 input (a malformed request line or header too), 403 role, 404 path,
+405 method, 408 a body that stopped arriving, 409 refused, 411/413 body,
+429 too many connections, 500 device failed (``exit_code`` 3) or internal
+(4), 503 unavailable.
+
+Connections: each socket serves at most ``max_connections`` (default
+:data:`MAX_CONNECTIONS`) at once, one thread each; one more is answered 429
+at once and closed.  A connection that sends nothing for ``read_timeout_s``
+(default :data:`READ_TIMEOUT_S`) while its request is read is closed.
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ SOCKET_MODE = 0o660
 #: the largest request body (a domain XML of 4 MiB, JSON-escaped)
 MAX_BODY = 12 * 1024 * 1024
 EXIT_INTERNAL = 4
+#: connections one socket serves at once (one thread each); more are answered 429 and closed
+MAX_CONNECTIONS = 64
+#: seconds a connection may send nothing while its request (line, headers, body) is read
+READ_TIMEOUT_S = 10.0
 
 
 def default_socket_dir(host: HostRoot):
@@ -69,8 +80,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     block_on_close = False
 
     def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int,
-                 admin_group: str = DEFAULT_ADMIN_GROUP, ro_group: str = DEFAULT_RO_GROUP):
+                 admin_group: str = DEFAULT_ADMIN_GROUP, ro_group: str = DEFAULT_RO_GROUP, *,
+                 max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S):
         socketserver.BaseServer.__init__(self, "", _Handler)
+        self.max_connections = max_connections
+        self.read_timeout_s = read_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
         self.socket = sock
         self.server_address = unixsock.socket_path(sock)
         self.role = role
@@ -79,6 +94,43 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.ro_gid = ro_gid
         self.admin_group = admin_group      # as the operator named them (--admin-group, --ro-group)
         self.ro_group = ro_group
+
+    def process_request(self, request, client_address) -> None:
+        """A thread for the connection while fewer than ``max_connections`` are open; else 429, closed."""
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request) -> None:
+        log.warning("refused a connection on %s: %d connections open (the most it serves)",
+                    self.server_address, self.max_connections)
+        doc = error_doc(429, f"the agent serves at most {self.max_connections} connections at once on this "
+                             "socket, all open", hint="retry shortly; close connections you hold open",
+                        exit_code=5, kind="TransientError")
+        body = (json.dumps(doc, indent=2) + "\n").encode()
+        head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
+        try:
+            request.settimeout(1.0)
+            request.sendall(head + body)
+            request.setblocking(False)
+            for _ in range(16):         # what the client already sent: a close with unread data
+                if not request.recv(1 << 16):   # would reset the connection before it reads the answer
+                    break
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
 
 def peer_role(peer: unixsock.Peer, admin_gid: int, ro_gid: int) -> Optional[str]:
@@ -118,6 +170,33 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, fmt: str, *args) -> None:        # the base class writes to stderr
         log.debug("%s %s", getattr(self, "_peer", None), fmt % args)
+
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout_s       # StreamRequestHandler sets it on the socket
+        super().setup()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if ok and self.request_version == "HTTP/0.9":
+            self.send_error(400, "a request line without an HTTP version (HTTP/0.9) is not served")
+            return False
+        return ok
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        """What http.server answers itself (a malformed request line or header, an unknown method):
+        the agent's error document, with a status line even for an HTTP/0.9 request."""
+        if self.request_version == "HTTP/0.9" or not self.request_version:
+            self.request_version = "HTTP/1.0"
+        self.close_connection = True
+        text = message or self.responses.get(code, ("error",))[0]
+        text = "".join(c if c.isprintable() else "?" for c in str(text))[:200]
+        status = code if code in (400, 405, 408, 413, 414, 431) else 400
+        if code == 501:
+            status, text = 405, f"{text}: the agent serves GET and POST"
+        log.info("refused a request: %d %s", code, text)
+        doc = error_doc(status, f"malformed request: {text}", hint="send an HTTP/1.1 request (GET /v1/openapi "
+                                                                  "lists the endpoints)")
+        self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -218,16 +297,49 @@ class _Handler(BaseHTTPRequestHandler):
                                       hint="restore state.db from a backup", kind="StateError")
             raise
 
+    def _length(self, *, garbled: int = 400) -> Tuple[Optional[int], Optional[Tuple[int, Dict[str, Any]]]]:
+        """The body's length from the one ``Content-Length`` header (ASCII digits), or the answer:
+        411 without one (or with ``Transfer-Encoding``), 400 for two, ``garbled`` for a value that is
+        not a length, 413 above :data:`MAX_BODY`."""
+        values = self.headers.get_all("Content-Length") or []
+        if len(values) > 1:
+            return None, (400, error_doc(400, "the request has more than one Content-Length header",
+                                         hint="send one"))
+        if not values or self.headers.get("Transfer-Encoding"):
+            return None, (411, error_doc(411, "a POST needs Content-Length (0 for no body)",
+                                         hint="send the body's length in bytes; chunked bodies are not read"))
+        value = values[0].strip()
+        if value.startswith("-") and value[1:].isascii() and value[1:].isdigit():
+            return None, (garbled, error_doc(garbled, "Content-Length is negative",
+                                             hint="send the body's length in bytes"))
+        if not (value.isascii() and value.isdigit()) or len(value) > 20:
+            return None, (garbled, error_doc(garbled, "Content-Length is not a number",
+                                             hint="send the body's length in bytes (ASCII digits)"))
+        n = int(value)
+        if n > MAX_BODY:
+            return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
+        return n, None
+
+    def _read(self, n: int) -> Tuple[bytes, Optional[Tuple[int, Dict[str, Any]]]]:
+        try:
+            raw = self.rfile.read(n) if n else b""
+        except TimeoutError:
+            raw = None
+        if raw is None or len(raw) < n:
+            return b"", (408, error_doc(408, f"the request body did not arrive ({n} bytes announced; a "
+                                             f"connection may pause at most {self.server.read_timeout_s:g} s)",
+                                        hint="send the whole body with the request"))
+        return raw, None
+
     def _xml_body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
         """The hook's thin client (the sh dispatcher's curl): the domain XML as the body, the domain
         name, host root and state dir in ``X-Vgpuhost-*`` headers; answered as :func:`hook_answer`."""
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            return None, (411, error_doc(411, "a request body needs Content-Length"))
-        n = int(length)
-        if n > MAX_BODY:
-            return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
-        raw = self.rfile.read(n) if n else b""
+        n, problem = self._length(garbled=411)
+        if problem is not None:
+            return None, problem
+        raw, problem = self._read(n)
+        if problem is not None:
+            return None, problem
         try:
             xml = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -247,29 +359,41 @@ class _Handler(BaseHTTPRequestHandler):
         return body, None
 
     def _body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            if self.headers.get("Transfer-Encoding"):
-                return None, (411, error_doc(411, "a request body needs Content-Length"))
-            return None, None
-        try:
-            n = int(length)
-        except ValueError:
-            return None, (400, error_doc(400, "Content-Length is not a number"))
-        if n < 0:
-            return None, (400, error_doc(400, "Content-Length is negative", hint="send the body's length in bytes"))
-        if n > MAX_BODY:
-            return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
-        raw = self.rfile.read(n) if n else b""
+        n, problem = self._length()
+        if problem is not None:
+            return None, problem
+        raw, problem = self._read(n)
+        if problem is not None:
+            return None, problem
         if not raw.strip():
             return None, None
         try:
-            doc = json.loads(raw)
+            doc = json.loads(raw, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            return None, (400, error_doc(400, f"the request body has the key {e.key!r} more than once",
+                                         hint="send each key once"))
         except (ValueError, RecursionError):
             return None, (400, error_doc(400, "the request body is not JSON", hint="send a JSON object"))
         if not isinstance(doc, dict):
             return None, (400, error_doc(400, "the request body must be a JSON object"))
         return doc, None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = "".join(c if c.isprintable() else "?" for c in key[:64])
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """``json.loads``'s object hook: an object that names a key twice is refused (last-wins would let
+    ``{"dry_run": true, "dry_run": false}`` read as a dry run to one reader and not to another)."""
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 #: the first line of an answer to the hook's thin client, followed by the exit code
@@ -331,7 +455,8 @@ class AgentProcess:
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
                ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
                metrics_listen: Optional[Tuple[str, int]] = None,
-               libvirt_uri: str = api.DEFAULT_LIBVIRT_URI) -> AgentProcess:
+               libvirt_uri: str = api.DEFAULT_LIBVIRT_URI, max_connections: int = MAX_CONNECTIONS,
+               read_timeout_s: float = READ_TIMEOUT_S) -> AgentProcess:
     """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
 
     ``libvirt_uri``: the libvirt URI attach/detach connect to (callers may
@@ -370,7 +495,8 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
                     unixsock.remove_socket(p)
                 raise
             bound.append(path)
-    servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group))
+    servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group),
+                       max_connections=max_connections, read_timeout_s=read_timeout_s)
                for role, ss in socks.items() for s in ss]
     return AgentProcess(agent, servers, bound)
 
@@ -426,11 +552,12 @@ def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional
 
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
-          metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI) -> int:
+          metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI,
+          max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
     proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
                       metering_interval_s=metering_interval_s, metrics_listen=metrics_listen,
-                      libvirt_uri=libvirt_uri)
+                      libvirt_uri=libvirt_uri, max_connections=max_connections, read_timeout_s=read_timeout_s)
     stop = threading.Event()
 
     def on_signal(signum, frame):

@@ -29,8 +29,14 @@ import click
 @click.option("--libvirt-uri", default="qemu:///system", show_default=True, metavar="URI",
               help="The libvirt URI attach/detach connect to.  A caller may name only this URI or "
                    "qemu:///system (no other URI, no parameters); the CLI does the others itself.")
+@click.option("--max-connections", type=click.IntRange(1, 4096), default=64, show_default=True, metavar="N",
+              help="Connections each socket serves at once (a thread each); one more is answered 429 and "
+                   "closed (the qemu hook then does the work itself).")
+@click.option("--read-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True, metavar="S",
+              help="Close a connection that sends nothing for S seconds while its request is read.")
 def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, metering_interval: float,
-              metrics_port: Optional[int], metrics_listen: str, libvirt_uri: str) -> None:
+              metrics_port: Optional[int], metrics_listen: str, libvirt_uri: str, max_connections: int,
+              read_timeout: float) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
     Reads (inventory, types, capacity, vGPUs, domains, tenants, usage, audit,
@@ -53,7 +59,8 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
         click.echo(f"vgpuhost agent: listening on {where}", err=True)
         sys.stderr.flush()
     serve(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,
-          metering_interval_s=metering_interval, libvirt_uri=libvirt_uri,
+          metering_interval_s=metering_interval, libvirt_uri=libvirt_uri, max_connections=max_connections,
+          read_timeout_s=read_timeout,
           metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
 
 

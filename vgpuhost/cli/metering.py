@@ -89,6 +89,14 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
         click.echo("vgpuhost exporter: stopped", err=True)
 
 
+def _finite(name: str, value: float) -> float:
+    """A float option's value, refused (exit 2) when it is not a number (nan) or infinite."""
+    import math
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", param_hint=name)
+    return value
+
+
 def _when(text: Optional[str], default: datetime) -> datetime:
     if not text:
         return default
@@ -164,6 +172,8 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
         w.writerow(fields)
         w.writerows(recs)
         sys.stdout.write(buf.getvalue())
+        for g in gaps:              # not billing rows: on stderr, so a billing job's log shows them
+            click.echo(f"vgpuhost: gap: {g[0][:19]} .. {g[1][:19]} {g[2]}: {g[3]:.0f} s, {g[4]}", err=True)
         return
     if not recs:
         click.echo(f"no usage recorded from {lo}{' to ' + hi if hi else ''} (is 'vgpuhost exporter' running?)")
@@ -183,6 +193,7 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
               help="Start of the window (ISO 8601 or an age).")
 @click.option("--until", metavar="WHEN", help="End of the window; default: no end.")
 @click.option("--min-hours", type=click.FloatRange(0, None), default=1.0, show_default=True,
+              callback=lambda _c, _p, v: _finite("--min-hours", v),
               help="Only devices allocated at least this long in the window.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
 def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) -> None:

@@ -292,7 +292,7 @@ def _via_agent(host: HostRoot, act: str, name: str, data: bytes, err: TextIO, ti
 
 
 #: agent answers that mean "not this agent's to do" (role, path, method, body, another root): do it here
-FALLBACK_STATUSES = (403, 404, 405, 411, 413, 415, 421)
+FALLBACK_STATUSES = (403, 404, 405, 411, 413, 415, 421, 429)
 
 
 def agent_error_line(name: str, exit_code: int, line: object) -> str:
@@ -300,7 +300,9 @@ def agent_error_line(name: str, exit_code: int, line: object) -> str:
     what the hook prints when it did the work itself, the agent's internal errors named as such.
     Control characters escaped, at most 2000 characters."""
     if exit_code == EXIT_INTERNAL:
-        text = f"vgpuhost: internal error in the vgpuhost agent (qemu hook): {line} (report it)"
+        text = f"vgpuhost: internal error in the vgpuhost agent (qemu hook): {line}"
+        if "report it" not in str(line):
+            text += " (report it)"
     else:
         text = f"vgpuhost: error: domain {name!r}: {line}"
     return _printable(text, 2000)

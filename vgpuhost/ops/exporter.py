@@ -257,17 +257,18 @@ def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAU
     another sampler already meters this state dir (:func:`~vgpuhost.ops.metering.sampler_lock`).
     """
     from prometheus_client import CollectorRegistry, start_http_server
+
+    from .metering import sampler_lock
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
     stop = stop or threading.Event()
-    server, thread = start_http_server(port, addr=address, registry=registry)
-    try:
-        if ready is not None:
-            ready(server.server_address[1])
-        sampler.run(stop)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-    if sampler.refused is not None:
-        raise sampler.refused
+    with sampler_lock(sampler.store.state_dir):     # refused before it listens or says it does
+        server, thread = start_http_server(port, addr=address, registry=registry)
+        try:
+            if ready is not None:
+                ready(server.server_address[1])
+            sampler.run(stop, locked=True)
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)

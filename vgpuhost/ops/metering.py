@@ -439,28 +439,34 @@ class Sampler:
         return (max(0.0, e[0]), max(0.0, e[1]), max(0.0, e[2]), max(0.0, e[3])) if e else (0.0, 0.0, 0.0, 0.0)
 
     # --- running ---------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, *, locked: bool = False) -> None:
         """Tick every ``interval_s`` until ``stop`` is set (the first tick at once), holding
-        :func:`sampler_lock` throughout.
+        :func:`sampler_lock` throughout (``locked``: the caller holds it).
 
         When another sampler holds it, nothing is sampled: ``refused`` says
         why (logged), the snapshot stays not ok (``vgpuhost_up`` 0), and run returns.
         """
         from ..model.errors import HostEnvironmentError
+        if locked:
+            self._loop(stop)
+            return
         try:
             with sampler_lock(self.store.state_dir):
-                nxt = time.monotonic()
-                while not stop.is_set():
-                    self.tick()
-                    nxt += self.interval_s
-                    delay = nxt - time.monotonic()
-                    if delay < 0:                     # fell behind: skip, never burst
-                        nxt = time.monotonic()
-                        delay = 0
-                    stop.wait(delay)
+                self._loop(stop)
         except HostEnvironmentError as e:
             self.refused = e
             log.error("metering not started: %s", e.one_line())
+
+    def _loop(self, stop: threading.Event) -> None:
+        nxt = time.monotonic()
+        while not stop.is_set():
+            self.tick()
+            nxt += self.interval_s
+            delay = nxt - time.monotonic()
+            if delay < 0:                     # fell behind: skip, never burst
+                nxt = time.monotonic()
+                delay = 0
+            stop.wait(delay)
 
     refused = None
 

@@ -1,0 +1,164 @@
+"""The agent's HTTP edge (breaker findings 7, 8, 9, 11d, 11e): duplicate JSON keys, the
+per-connection read timeout and connection cap, Content-Length, malformed request lines and a
+non-ASCII X-Vgpuhost-Timeout are each one agent error document, and change nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from agentutil import AgentRun
+
+from vgpuhost.io import unixsock
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.observe.inventory import discover
+
+
+@pytest.fixture
+def a40(make_host):
+    return make_host("a40-mdev")
+
+
+@pytest.fixture
+def agent(a40):
+    with AgentRun(a40.root, extra=("--metering-interval", "0", "--max-connections", "3")) as run:
+        yield run
+
+
+def _raw(path: str, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection; everything the agent answers until it closes."""
+    s = unixsock.connect(path, 30)
+    try:
+        s.sendall(data)
+        answer = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                return answer
+            answer += chunk
+    finally:
+        s.close()
+
+
+def _answer(raw: bytes):
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b"\r\n", 1)[0].split()[1])
+    return status, json.loads(body)
+
+
+def _nothing_changed(a40) -> None:
+    assert discover(Sysfs(a40), with_types=False).mdevs == ()
+    store = StateStore(a40.state_dir, create=False)
+    assert store.vgpu_records() == [] and store.audit_rows() == []
+
+
+def test_a_duplicate_json_key_is_refused_naming_it(agent, a40):
+    body = b'{"profile":"A40-8Q","dry_run":true,"dry_run":false}'
+    status, doc = _answer(_raw(agent.admin, b"POST /v1/vgpus HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)))
+    assert status == 400 and doc["schema"] == "vgpuhost.agent-error/v1"
+    assert doc["error"]["line"] == "the request body has the key 'dry_run' more than once; send each key once"
+    nested = b'{"profile":"A40-8Q","dry_run":true,"x":{"a":1,"a":2}}'
+    status, doc = _answer(_raw(agent.admin, b"POST /v1/vgpus HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                                            % (len(nested), nested)))
+    assert status == 400 and "the key 'a' more than once" in doc["error"]["line"]
+    _nothing_changed(a40)
+
+
+@pytest.mark.parametrize("headers, status, line", [
+    (b"", 411, "a POST needs Content-Length (0 for no body); "),
+    (b"Content-Length: 2\r\nContent-Length: 2\r\n", 400, "the request has more than one Content-Length header; "),
+    (b"Content-Length: \xd9\xa3\r\n", 400, "Content-Length is not a number; "),
+    (b"Content-Length: 1_0\r\n", 400, "Content-Length is not a number; "),
+])
+def test_content_length_must_be_one_ascii_number(agent, a40, headers, status, line):
+    got, doc = _answer(_raw(agent.admin, b"POST /v1/reconcile HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n{}"))
+    assert got == status and doc["error"]["line"].startswith(line), doc
+    _nothing_changed(a40)
+
+
+@pytest.mark.parametrize("line", [b"GARBAGE\r\n", b"GET /v1/agent\r\n", b"GET /v1/agent HTTP/9\r\n",
+                                  b"POST /v1/reconcile\r\n"])
+def test_a_malformed_request_line_gets_the_agent_error_document(agent, a40, line):
+    raw = _raw(agent.admin, line + b"\r\n")
+    assert raw.startswith(b"HTTP/1.")                      # a status line, even for an HTTP/0.9 request
+    status, doc = _answer(raw)
+    assert status == 400 and doc["schema"] == "vgpuhost.agent-error/v1"
+    assert doc["error"]["line"].startswith("malformed request: ") and doc["error"]["exit_code"] == 2
+    _nothing_changed(a40)
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1\u0663"])
+def test_a_hook_timeout_header_that_is_not_ascii_digits_is_bad_input(agent, a40, value):
+    xml = b"<domain type='kvm'><name>vm1</name><uuid>11111111-2222-4333-8444-0000000000a1</uuid></domain>"
+    raw = _raw(agent.admin, b"POST /v1/hook/prepare HTTP/1.1\r\nContent-Type: application/xml\r\n"
+                            b"X-Vgpuhost-Domain: vm1\r\nX-Vgpuhost-Timeout: " + value.encode("utf-8") +
+                            b"\r\nContent-Length: %d\r\n\r\n%s" % (len(xml), xml))
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b" 400 " in head.split(b"\r\n", 1)[0], raw
+    code, line = body.decode().split("\n", 1)
+    assert code == "vgpuhost-hook/1 2"
+    assert "must be whole seconds in ASCII digits" in line and "internal error" not in line
+    _nothing_changed(a40)
+
+
+def test_more_connections_than_the_cap_are_refused(agent, a40):
+    idle = [unixsock.connect(agent.admin, 30) for _ in range(3)]       # the cap: 3 connections at once
+    try:
+        extra = unixsock.connect(agent.admin, 30)        # one more: answered at once, unasked, and closed
+        try:
+            raw = b""
+            while True:
+                chunk = extra.recv(1 << 16)
+                if not chunk:
+                    break
+                raw += chunk
+        finally:
+            extra.close()
+        status, doc = _answer(raw)
+        assert status == 429 and doc["error"]["exit_code"] == 5
+        assert doc["error"]["line"].startswith("the agent serves at most 3 connections at once on this socket")
+    finally:
+        for s in idle:
+            s.close()
+    for _ in range(600):                       # the slots come back as the agent sees the closes
+        status, _doc = agent.call("GET", "/v1/agent")
+        if status != 429:
+            break
+        time.sleep(0.1)
+    assert status == 200
+    _nothing_changed(a40)
+
+
+def test_a_connection_that_stops_sending_is_closed(a40):
+    with AgentRun(a40.root, extra=("--metering-interval", "0", "--read-timeout", "1")) as run:
+        idle = unixsock.connect(run.admin, 60)
+        try:
+            idle.sendall(b"GET /v1/agent HTTP/1.1\r\n")                 # a partial request, then silence
+            assert idle.recv(1 << 16) == b""                           # closed, unanswered
+        finally:
+            idle.close()
+        partial = unixsock.connect(run.admin, 60)
+        try:
+            partial.sendall(b"POST /v1/reconcile HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")
+            answer = b""
+            while True:
+                chunk = partial.recv(1 << 16)
+                if not chunk:
+                    break
+                answer += chunk
+        finally:
+            partial.close()
+        status, doc = _answer(answer)
+        assert status == 408 and doc["error"]["line"].startswith("the request body did not arrive")
+        assert "Traceback" not in run.log.read_text()
+    _nothing_changed(a40)
+
+
+def test_an_agent_internal_error_says_report_it_once():
+    from vgpuhost.hook.runtime import agent_error_line
+    line = agent_error_line("vm1", 4, "internal error: KeyError: 'x'; report it (the agent's journal has the traceback)")
+    assert line.count("report it") == 1 and line.startswith("vgpuhost: internal error in the vgpuhost agent")
+    assert agent_error_line("vm1", 4, "the agent answered 500").endswith(" (report it)")
