@@ -214,3 +214,43 @@ def test_tenant_remove_during_a_start_waits_and_is_then_refused_naming_the_domai
     assert set(tenancy.tenants(s)) == {"r"}
     assert stop(host, "r1", x) == (0, "")
     assert run(capsys, host, "tenant", "remove", "r")[0] == 0 and tenancy.tenants(s) == {}
+
+
+# ---------------------------------------------------------------------------
+# 9. counts are ASCII digits: '²' (int() refuses it) and '٣' (int() reads 3) are input errors
+
+def test_quota_counts_take_ascii_digits_only(make_host, capsys):
+    host = mixed(make_host)
+    for argv in (("tenant", "add", "t", "--vgpus", "²"), ("tenant", "add", "t", "--vgpus", "٣"),
+                 ("tenant", "add", "t", "--framebuffer", "٣G"), ("tenant", "add", "t", "--mig-slices", "1:²")):
+        code, _, err = run(capsys, host, *argv)
+        assert code == 2 and err.count("\n") == 1, (argv, code, err)
+        assert err.startswith(f"vgpuhost: error: --{argv[3][2:]}: ") and "is not a count" in err, err
+    assert tenancy.tenants(store_of(host)) == {}
+    assert run(capsys, host, "tenant", "add", "t", "--vgpus", "3")[0] == 0
+    code, _, err = run(capsys, host, "tenant", "set", "t", "--vgpus", "²")
+    assert code == 2 and "'²' is not a count" in err
+    assert tenancy.get(store_of(host), "t").quota.guaranteed.vgpus == 3
+
+
+def test_other_number_parsers_take_ascii_digits_only():
+    import pytest
+
+    from datetime import datetime, timezone
+    from vgpuhost.cli.output import _type_sort
+    from vgpuhost.io.unixsock import group_id
+    from vgpuhost.model.errors import InputError
+    from vgpuhost.model.values import MigProfile, is_digits
+    from vgpuhost.policy.usage import parse_when
+    from vgpuhost.policy.when import parse_since
+    assert is_digits("0123") and not any(is_digits(t) for t in ("", "²", "٣", "1²", " 1", "-1", None))
+    for bad in ("²", "٣"):
+        with pytest.raises(InputError):
+            group_id(bad)
+        with pytest.raises(InputError):
+            parse_since(bad + "h")
+        assert parse_when(bad + "h", datetime.now(timezone.utc)) is None
+        with pytest.raises(InputError):
+            MigProfile.parse(bad + "g.10gb")
+    assert group_id("0") == 0 and MigProfile.parse("1g.10gb").slices == 1
+    assert sorted(["nvidia-²", "nvidia-10", "nvidia-9"], key=_type_sort) == ["nvidia-9", "nvidia-10", "nvidia-²"]

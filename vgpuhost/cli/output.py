@@ -229,7 +229,8 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) 
 
 def _type_sort(type_id: str) -> tuple:
     tail = type_id.rsplit("-", 1)[-1]
-    return (0, int(tail), type_id) if tail.isdigit() else (1, 0, type_id)
+    from ..model.values import is_digits
+    return (0, int(tail), type_id) if is_digits(tail) else (1, 0, type_id)
 
 
 def types_doc(entries: List[Dict[str, Any]]) -> Dict[str, Any]:

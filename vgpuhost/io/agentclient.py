@@ -91,13 +91,14 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
         raise AgentDown(f"the agent on {path} went away ({e.strerror})") from None
     finally:
         sock.close()
+    from ..model.values import is_digits
     raw = b"".join(chunks)
     head_end = raw.find(b"\r\n\r\n")
     if head_end < 0:
         raise AgentDown(f"the agent on {path} closed the connection before answering")
     lines = raw[:head_end].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
+    if len(parts) < 2 or not is_digits(parts[1]):
         raise AgentDown(f"the agent on {path} gave no HTTP status line")
     status = int(parts[1])
     headers = {}
@@ -106,7 +107,7 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
         headers[k.strip().lower()] = v.strip()
     payload = raw[head_end + 4:]
     n = headers.get("content-length")
-    if n is not None and n.isdigit() and len(payload) < int(n):
+    if is_digits(n) and len(payload) < int(n):
         raise AgentDown(f"the agent on {path} went away in the middle of its answer")
     if headers.get("content-type", "").startswith("application/json"):
         return status, json.loads(payload)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook imports this module)
     from typing import Dict, FrozenSet, Mapping, Optional, Union
 
 from ..model.errors import HostEnvironmentError, InputError
+from ..model.values import is_digits
 
 #: the first descriptor systemd passes (``SD_LISTEN_FDS_START``)
 LISTEN_FDS_START = 3
@@ -50,7 +51,7 @@ def group_id(group: "Union[str, int]") -> int:
     if isinstance(group, int):
         return group
     text = str(group).strip()
-    if text.isdigit():
+    if is_digits(text):
         return int(text)
     import grp
     try:

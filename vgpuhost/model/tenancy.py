@@ -25,7 +25,7 @@ from __future__ import annotations
 
 
 from .errors import InputError
-from .values import field, is_name, record
+from .values import field, is_digits, is_name, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -233,11 +233,11 @@ def parse_count(text: str, what: str, *, mib: bool = False) -> int:
     scale = 1
     if mib:
         import re
-        m = re.match(r"^(\d+)\s*(G|GiB|GB|M|MiB|MB)?$", raw, re.IGNORECASE)
+        m = re.match(r"^([0-9]+)\s*(G|GiB|GB|M|MiB|MB)?$", raw, re.IGNORECASE | re.ASCII)
         if m:
             raw = m.group(1)
             scale = 1024 if (m.group(2) or "M").upper().startswith("G") else 1
-    if not raw.isdigit() or len(raw) > 9:
+    if not is_digits(raw) or len(raw) > 9:          # ASCII digits only: not ² (int refuses it), not ٣
         unit = " (MiB, or with a G/M suffix)" if mib else ""
         raise InputError(f"{what}: {text[:40]!r} is not a count{unit}",
                          hint="GUARANTEED or GUARANTEED:BURST, e.g. 4 or 4:6; 'none' for no limit")

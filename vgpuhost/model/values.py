@@ -382,6 +382,16 @@ _LOWER_HEX = frozenset("0123456789abcdef")
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 
+_DIGITS = frozenset("0123456789")
+
+
+def is_digits(text: object) -> bool:
+    """``text`` is one or more ASCII digits ``0-9``, nothing else.  ``str.isdigit`` also takes ``²``
+    (which ``int`` refuses: a crash) and ``str.isdecimal`` takes ``٣`` (which ``int`` reads as 3): input
+    parsed as a number checks this first."""
+    return isinstance(text, str) and text != "" and all(c in _DIGITS for c in text)
+
+
 def is_name(value: object, extra: frozenset, limit: int = 64) -> bool:
     r"""``value`` is a string of 1 to ``limit`` characters, the first an ASCII letter or digit, the
     others ASCII letters, digits or in ``extra``: ``^[A-Za-z0-9][A-Za-z0-9<extra>]{0,limit-1}\Z``
@@ -603,7 +613,7 @@ def parse_size_mib(text: str) -> Optional[int]:
 
 
 #: compiled on first use (re caches it): the qemu hook never parses MIG names
-_MIG_PATTERN = r"^(?:(?P<ci>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<me>\+me)?$"
+_MIG_PATTERN = r"^(?:(?P<ci>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<mem>[0-9]+)gb(?P<me>\+me)?$"
 
 
 @record(frozen=True)

@@ -19,7 +19,7 @@ import os
 from ..io.sysfs import Sysfs
 from ..model.boards import board
 from ..model.kinds import Backend
-from ..model.values import PciAddress, VgpuProfile, field, parse_description, parse_size_mib, record, strip_vendor_prefix
+from ..model.values import PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, strip_vendor_prefix
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -496,7 +496,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
     iommu_groups = host.s.iommu_groups
     wanted_groups = {d.iommu_group for d in devices.values()} if lean else None
     for name in fs.listdir(iommu_groups) if not lean else sorted(str(g) for g in wanted_groups if g is not None):
-        if not name.isdigit():
+        if not is_digits(name):
             continue
         members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{name}/devices")
                                if PciAddress.is_valid(m)))
@@ -683,7 +683,7 @@ def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevic
         group = fs.link_name(d + "/iommu_group")
         if parent != str(p) or tid is None:
             continue  # half-removed device, or a bus link that points elsewhere: as _read_mdevs does
-        out.append(MdevDevice(name, p, tid, int(group) if group and group.isdigit() else None,
+        out.append(MdevDevice(name, p, tid, int(group) if is_digits(group) else None,
                               fs.link_name(d + "/driver")))
     return out
 
@@ -723,7 +723,7 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
     physfn = fs.link_name(d + "physfn")
     virtfns = []
     for entry in fs.listdir(top):
-        if entry.startswith("virtfn") and entry[6:].isdigit():
+        if entry.startswith("virtfn") and is_digits(entry[6:]):
             target = fs.link_name(d + entry)
             if target and PciAddress.is_valid(target):
                 virtfns.append((int(entry[6:]), PciAddress.parse(target)))
@@ -737,7 +737,7 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         numa_node=num("numa_node", -1),
         boot_vga=None if boot_vga_v is None else boot_vga_v == "1",
         reset_methods=tuple(reset.split()),
-        iommu_group=int(group) if group and group.isdigit() else None,
+        iommu_group=int(group) if is_digits(group) else None,
         upstream=upstream,
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
         virtfns=tuple(v for _, v in sorted(virtfns)),
@@ -782,7 +782,7 @@ def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, 
     mx = description.get("max_instance")
     return VgpuType(gpu=gpu, parent=parent, backend=backend, type_id=type_id, raw_name=raw_name,
                     name=name, profile=profile, framebuffer_mib=fb,
-                    max_instances=int(mx) if mx and mx.isdigit() else None,
+                    max_instances=int(mx) if is_digits(mx) else None,
                     available_instances=available, device_api=device_api, description=description)
 
 
@@ -855,7 +855,7 @@ def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
         if not PciAddress.is_valid(parent) or tid is None:
             continue  # half-removed device: skip rather than guess
         out.append(MdevDevice(name, PciAddress.parse(parent), tid,
-                              int(group) if group and group.isdigit() else None, fs.link_name(d + "/driver")))
+                              int(group) if is_digits(group) else None, fs.link_name(d + "/driver")))
     return out
 
 
@@ -896,7 +896,7 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
     procs = set()
     proc = host.s.path("proc")
     for entry in fs.listdir(proc):
-        if entry.isdigit():
+        if is_digits(entry):
             comm = fs.read_optional(f"{proc}/{entry}/comm")
             if comm:
                 procs.add(comm)

@@ -33,7 +33,7 @@ NONE_KEY = "(none)"
 def parse_when(text: str, now: datetime) -> Optional[datetime]:
     """``2026-11-29T10:00`` (UTC unless an offset is given) or an age before ``now``
     (``30m``, ``2h``, ``7d``, ``90s``) as an aware UTC datetime; None when it is neither."""
-    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", text)
+    m = re.fullmatch(r"\s*([0-9]{1,9})\s*([smhd])\s*", text)
     if m:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
         try:

@@ -18,7 +18,7 @@ def parse_since(text: str) -> str:
     An age (``30m``, ``2h``, ``7d``, ``45s``) counts back from now; a time
     without an offset is UTC.  Raises InputError for anything else.
     """
-    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", text)
+    m = re.fullmatch(r"\s*([0-9]{1,9})\s*([smhd])\s*", text)
     if m:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
         try:

@@ -88,6 +88,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..io.hostroot import HostRoot
+from ..model.values import is_digits
 from .capacity import gpu_available
 
 TYPE_CHECKING = False
@@ -215,7 +216,7 @@ WRITE_LOG_ENV = "VGPUHOST_SIM_WRITE_LOG"
 def _kill_point() -> "tuple":
     """``(N, when)`` from the environment (see the module docstring); ``(0, '')`` when unset."""
     text = os.environ.get(KILL_AT_ENV, "")
-    if not text.isdigit() or int(text) <= 0:
+    if not is_digits(text) or int(text) <= 0:
         return 0, ""
     when = os.environ.get(KILL_WHEN_ENV, "before")
     return int(text), ("after" if when == "after" else "before")

@@ -66,6 +66,7 @@ from urllib.parse import quote
 from xml.sax.saxutils import escape
 
 from ..model.errors import HostEnvironmentError
+from ..model.values import is_digits
 from ..io.hostroot import HostRoot
 
 #: The machine this daemon runs on (its real root, never a simulated host).
@@ -355,7 +356,7 @@ class IsolatedLibvirtd:
         gids = {}
         group_text = MACHINE.etc("group").read_text()
         used = {int(line.split(":")[2]) for line in group_text.splitlines() if line.count(":") >= 3
-                and line.split(":")[2].isdigit()}
+                and is_digits(line.split(":")[2])}
         lines = []
         for g in need_groups:
             gid = next(n for n in range(64055, 65000) if n not in used)
@@ -368,7 +369,7 @@ class IsolatedLibvirtd:
         if need_user:
             passwd_text = MACHINE.etc("passwd").read_text()
             uids = {int(line.split(":")[2]) for line in passwd_text.splitlines() if line.count(":") >= 6
-                    and line.split(":")[2].isdigit()}
+                    and is_digits(line.split(":")[2])}
             uid = next(n for n in range(64055, 65000) if n not in uids)
             gid = gids.get(QEMU_USER) or grp.getgrnam(QEMU_USER).gr_gid
             (self.workdir / "passwd").write_text(
@@ -386,7 +387,7 @@ class IsolatedLibvirtd:
                     hint=f"see {self.log_path}")
             if self.pid is None and self.pid_file.exists():
                 text = self.pid_file.read_text().strip()
-                self.pid = int(text) if text.isdigit() else None
+                self.pid = int(text) if is_digits(text) else None
             if self.pid is not None and self.socket_path.exists():
                 proc = self.virsh("uri", timeout=max(1.0, deadline - time.monotonic()))
                 if proc.returncode == 0:
@@ -520,7 +521,7 @@ def _netns_of(pid: int) -> Optional[str]:
 def _pids_in_netns(netns: str, exclude: Sequence[int]) -> List[int]:
     out = []
     for entry in os.scandir(MACHINE.path("proc")):
-        if entry.name.isdigit():
+        if is_digits(entry.name):
             pid = int(entry.name)
             if pid not in exclude and _netns_of(pid) == netns:
                 out.append(pid)
