@@ -254,3 +254,107 @@ def test_other_number_parsers_take_ascii_digits_only():
             MigProfile.parse(bad + "g.10gb")
     assert group_id("0") == 0 and MigProfile.parse("1g.10gb").slices == 1
     assert sorted(["nvidia-²", "nvidia-10", "nvidia-9"], key=_type_sort) == ["nvidia-9", "nvidia-10", "nvidia-²"]
+
+
+# ---------------------------------------------------------------------------
+# 2. use no guarantee covers (bursts, domains with no tenant) leaves room for unused guarantees
+
+from vgpuhost.policy import admission as adm                                # noqa: E402
+from test_admission import G1, G2, OWNER_A, OWNER_B, held, offers, tenant, vreq   # noqa: E402
+
+
+def test_bursts_leave_room_for_another_tenants_unused_vgpu_count(make_host):
+    host = make_host("a40-mdev")              # one A40: six A40-8Q
+    s = store_of(host)
+    tenancy.add(s, T("a", quota=quota(vgpus=2)))
+    tenancy.add(s, T("b", quota=tenancy.Quota(L(vgpus=0), L(vgpus=6))))
+    rcs = [start(host, f"b{i}", tdom(f"b{i}", uid("37373737", i), uid("c7c7c7c7", i), tenant="b"))
+           for i in range(6)]
+    assert [rc for rc, _ in rcs] == [0, 0, 0, 0, 2, 2]
+    err = rcs[4][1]
+    assert err.count("\n") == 1 and "admission: burst for tenant 'b' refused: 16384 MiB free" in err
+    assert "16384 MiB held for other tenants' unused guarantees (tenant 'a': 2 vGPU(s) of 8192 MiB)" in err
+    assert "to free room: wait for free capacity" in err
+    for i in (0, 1):                           # a's guarantee is there when it asks
+        assert start(host, f"a{i}", tdom(f"a{i}", uid("38383838", i), uid("c8c8c8c8", i), tenant="a")) == (0, "")
+    tenants_of = sorted(r[2] for r in s.allocation_rows())
+    assert tenants_of == ["a", "a", "b", "b", "b", "b"] and len(mdevs(host)) == 6
+
+
+def test_domains_without_a_tenant_leave_room_for_guarantees():
+    ts = {"a": tenant("a", g={"framebuffer_mib": 32768})}
+    mem = {G1: 49152}
+    h = [held(f"n{i}", f"0000000{i}-1111-1111-1111-111111111111", None, G1) for i in range(2)]
+    d = adm.admit(vreq(owner=OWNER_B), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(4, gpus=(G1,)))
+    assert not d.admitted and d.code == "burst"
+    assert d.reason.startswith("vGPU A40-8Q for a domain without a tenant refused: 32768 MiB free")
+    assert "(tenant 'a': 32768 MiB framebuffer)" in d.reason
+    assert "give the domain a tenant whose guarantee covers it" in d.one_line()
+    # a tenant's use that no guarantee covers (no limit on what it asks) is treated alike
+    ts["c"] = tenant("c")
+    d = adm.admit(vreq(owner=OWNER_B, tenant="c"), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(4, gpus=(G1,)))
+    assert not d.admitted and "for tenant 'c' (no guarantee covers it) refused" in d.reason
+    # with room left over, they are admitted
+    d = adm.admit(vreq(owner=OWNER_B), tenants=ts, allocations=h[:1], gpu_memory=mem, offers=offers(5, gpus=(G1,)))
+    assert d.admitted
+
+
+def test_a_guaranteed_request_refused_for_room_names_domains_without_a_tenant():
+    ts = {"a": tenant("a", g={"framebuffer_mib": 32768})}
+    h = [held("n1", OWNER_A, None, G1), held("m1", "manual", None, G1)]
+    d = adm.admit(vreq(owner=OWNER_B, tenant="a"), tenants=ts, allocations=h, gpu_memory={G1: 49152},
+                  offers=offers(0, gpus=(G1,)), names={OWNER_A: "n1vm"})
+    assert not d.admitted and d.code == "capacity"
+    line = d.one_line()
+    assert "stop or detach domain 'n1vm' (vGPU A40-8Q n1 on 0000:41:00.0, no tenant)" in line
+    assert "remove the vGPU A40-8Q m1 on 0000:41:00.0 made by hand ('vgpuhost vgpu remove m1')" in line
+
+
+def test_passthrough_bursts_leave_room_for_framebuffer_and_vgpus_bursts_keep_gpus_for_passthrough():
+    # (b) a burst passthrough of the only GPU would take tenant other's unused 8 GiB
+    ts = {"p": tenant("p", g={"passthrough_gpus": 0}, b={"passthrough_gpus": 1}),
+          "other": tenant("other", g={"framebuffer_mib": 8192})}
+    d = adm.admit(adm.AdmissionRequest(OWNER_A, adm.passthrough_demand(), "p", gpu=G1), tenants=ts,
+                  allocations=[], gpu_memory={G1: 49152})
+    assert not d.admitted and d.code == "burst" and d.reason.startswith("burst passthrough for tenant 'p' refused")
+    assert "(tenant 'other': 8192 MiB framebuffer)" in d.reason
+    # a vGPU burst is placed off the last empty GPU a passthrough guarantee needs, or refused naming it
+    ts = {"hw": tenant("hw", g={"passthrough_gpus": 1}), "b": tenant("b", g={"vgpus": 0}, b={"vgpus": 4})}
+    mem = {G1: 49152, G2: 49152}
+    h = [held("m1", OWNER_A, "b", G2, burst=True)]
+    d = adm.admit(vreq(owner=OWNER_B, tenant="b"), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(5, 5, gpus=(G1, G2)))
+    assert d.admitted and d.gpu == G2 and d.candidates == (G2,)
+    d = adm.admit(vreq(owner=OWNER_B, tenant="b"), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(5, 0, gpus=(G1, G2)))
+    assert not d.admitted and "kept free for the guaranteed passthrough of tenant 'hw'" in d.reason
+
+
+def test_mig_backed_bursts_leave_unused_guaranteed_slices():
+    ts = {"m": tenant("m", g={"mig_slices": 4}, isolation="hardware"),
+          "b": tenant("b", g={"mig_slices": 0}, b={"mig_slices": 7})}
+    kw = dict(tenants=ts, gpu_memory={G1: 144384}, gpu_slices={G1: 7})
+    d = adm.admit(vreq(tenant="b", profile="H200X-4-71C"), allocations=[],
+                  offers=offers(1, profile="H200X-4-71C", gpus=(G1,)), **kw)
+    assert not d.admitted and d.code == "burst"
+    assert "7 MIG compute slice(s) free, 4 held for tenant 'm' (4) (guaranteed slices, unused), 4 asked" in d.reason
+    d = adm.admit(vreq(tenant="b", profile="H200X-3-71C"), allocations=[],
+                  offers=offers(1, profile="H200X-3-71C", gpus=(G1,)), **kw)
+    assert d.admitted and d.burst
+    # a passthrough burst of the MIG GPU would take them all
+    ts["b"] = tenant("b", g={"passthrough_gpus": 0}, b={"passthrough_gpus": 1})
+    d = adm.admit(adm.AdmissionRequest(OWNER_A, adm.passthrough_demand(), "b", gpu=G1), allocations=[], **kw)
+    assert not d.admitted and "held for tenant 'm' (4)" in d.reason
+
+
+def test_a_vgpu_refused_because_the_gpus_are_passed_through_says_so_naming_the_burst():
+    ts = {"p": tenant("p", g={"passthrough_gpus": 0}, b={"passthrough_gpus": 1}),
+          "other": tenant("other", g={"framebuffer_mib": 8192})}
+    h = [held(G1, OWNER_A, "p", G1, kind=adm.PASSTHROUGH, burst=True)]
+    d = adm.admit(vreq(owner=OWNER_B, tenant="other"), tenants=ts, allocations=h, offers=[],
+                  names={OWNER_A: "pt1"})
+    assert not d.admitted and d.code == "capacity" and "no GPU offers vGPUs now" in d.reason
+    assert "pool" not in d.one_line()
+    assert f"tenant 'p' holds passthrough GPU {G1} as burst (domain 'pt1')" in d.one_line()

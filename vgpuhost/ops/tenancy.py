@@ -292,6 +292,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     fbs = _type_fb(inv, store)
     memory = {str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib}
+    slices = _gpu_slices(inv, seen)
     names = store.active_domains()
     pl = pools(store)
     qos = getattr(meta, "qos", None)
@@ -328,7 +329,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
                                                     meta.strategy, meta.anti_affinity), offers))
     for device, req, offers in reqs:
-        d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names)
+        d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names,
+                      gpu_slices=slices)
         if audit:
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
                         path="(admission)", value=d.one_line(), result="admitted" if d.admitted else "refused")
@@ -337,6 +339,19 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                                hint=d.remedy())
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
+    return out
+
+
+def _gpu_slices(inv: Inventory, seen: Sequence[tuple]) -> Dict[str, int]:
+    """Compute slices per GPU where its MIG-backed vGPU types are known (listed now, or seen before):
+    the most slices a type of it takes (``H200X-7-141C``: 7) is the whole GPU."""
+    from ..model.values import VgpuProfile
+    out: Dict[str, int] = {}
+    named = [(str(t.gpu), t.profile) for t in inv.vgpu_types]
+    named += [(row[0], VgpuProfile.try_parse(row[2])) for row in seen]
+    for gpu, p in named:
+        if p is not None and p.gi_slices:
+            out[gpu] = max(out.get(gpu, 0), p.gi_slices)
     return out
 
 

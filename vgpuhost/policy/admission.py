@@ -15,10 +15,16 @@ Rules (docs/guide/tenancy.md):
 - **Quota.**  For each dimension (:data:`vgpuhost.model.tenancy.DIMENSIONS`)
   the tenant's use plus the demand may not pass the burst limit (or the
   guaranteed limit where no burst is set).  Use above the guaranteed limit
-  marks the allocation *burst*; a burst is admitted only from free
-  capacity: after it, the free framebuffer on the GPUs it may use (or the
-  GPUs free for passthrough) must still cover the other tenants' unused
-  guarantees.  The allowed series (``C`` only, ...) is checked first.
+  marks the allocation *burst*.  The allowed series (``C`` only, ...) is
+  checked first.
+- **Reserve.**  Use no guarantee covers (a burst; a domain with no tenant,
+  or a tenant's device in dimensions without a guaranteed limit, once any
+  tenant has a guarantee) is admitted only from room the other tenants'
+  unused guarantees leave: free framebuffer on the GPUs it may use for
+  their framebuffer and (sized as asked) vGPU-count guarantees, free MIG
+  compute slices for their slice guarantees, empty GPUs for their
+  passthrough guarantees (a time-sliced vGPU is placed off them).  The
+  refusal (code ``burst``) names the tenants holding the room.
 - **Isolation.**  ``hardware``: MIG-backed vGPUs and passthrough only.
   ``exclusive``: a time-sliced GPU holds only this tenant's vGPUs (and no
   other tenant's vGPU joins it).  ``shared``: anything not excluded by an
@@ -189,7 +195,8 @@ def held_text(a: Allocation) -> str:
 
 def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
           pools: Sequence[Pool] = (), offers: Sequence[GpuOffer] = (),
-          gpu_memory: Optional[Mapping[str, int]] = None, names: Optional[Mapping[str, str]] = None) -> Admission:
+          gpu_memory: Optional[Mapping[str, int]] = None, names: Optional[Mapping[str, str]] = None,
+          gpu_slices: Optional[Mapping[str, int]] = None) -> Admission:
     """Decide ``req``: quota -> isolation -> QoS class -> pool -> placement (module docstring).
 
     ``tenants``: every tenant by name (empty: tenancy is not in use, and a
@@ -198,8 +205,10 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     (:func:`pool_problems` must find nothing); ``offers``: for a vGPU, one
     :class:`GpuOffer` per vGPU-capable GPU for the profile (as
     :func:`vgpuhost.ops.vgpu.offers` builds them); ``gpu_memory``: total
-    framebuffer per GPU (MiB, by BDF) for the burst reserve (unknown GPUs are
-    left out of it); ``names``: domain names by UUID, for messages.
+    framebuffer per GPU (MiB, by BDF) for the reserve of unused guarantees
+    (unknown GPUs are left out of it); ``gpu_slices``: compute slices per
+    GPU in MIG mode (the same reserve, for MIG slices); ``names``: domain
+    names by UUID, for messages.
     Never raises for a refusal: it is the returned decision.
     """
     names = names or {}
@@ -273,7 +282,8 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
 
     # 4. pool + isolation per GPU --------------------------------------------------
     if dem.kind == PASSTHROUGH:
-        return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names)
+        return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names,
+                            gpu_slices)
     by_gpu: Dict[str, List[Allocation]] = {}
     for a in allocations:
         by_gpu.setdefault(a.gpu, []).append(a)
@@ -298,6 +308,11 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
             narrowed.append(o)
         else:
             narrowed.append(replace(o, available=0, parents=(), note=why))
+    if not dem.hardware and not offers and any(a.kind == PASSTHROUGH for a in allocations):
+        # every vGPU-capable GPU is passed through (a GPU bound to vfio-pci offers no vGPU types)
+        frees = _holders([a for a in allocations if a.kind == PASSTHROUGH], tname, names)
+        return refuse("capacity", f"no room for {dem.text()}: no GPU offers vGPUs now (the GPUs are passed "
+                                  "through)", frees=frees + ["'vgpuhost capacity' shows what fits where"])
     if not dem.hardware and not served_any:
         serving = [p.name for p in pools if p.serves(qos)]
         return refuse("pool", f"no pool serves QoS class {qos} on this host"
@@ -310,6 +325,16 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                                    f"{('tenant ' + repr(tname)) if tname else 'a domain without a tenant'} "
                                    f"under its isolation: {rej}",
                       frees=("wait for a GPU to empty, or change the tenant's isolation or labels",))
+
+    # use no guarantee covers leaves room for the other tenants' unused guarantees (module docstring)
+    reserved = _reserved(tname, tenants, allocations)
+    unguaranteed = bool(reserved) and (tenant is None or burst or not _covered(tenant, dem))
+    if unguaranteed and not dem.hardware:
+        keep = _kept_free(reserved, allocations, gpu_memory)
+        if keep:
+            narrowed = [replace(o, available=0, parents=(), note=keep) if str(o.gpu) in _empty(allocations,
+                        gpu_memory) else o for o in narrowed]
+            candidates = [g for g in candidates if g not in _empty(allocations, gpu_memory)]
 
     # 5. placement -----------------------------------------------------------------
     preq = Request(dem.profile, req.owner, req.strategy, req.numa_node, req.anti_affinity,
@@ -328,21 +353,20 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         decision = place(narrowed, preq)
     if not decision.admitted:
         frees = []
-        if not burst:
-            for a in sorted((a for a in allocations if a.burst and a.tenant != tname and a.gpu in candidates),
-                            key=lambda a: (a.gpu, a.device)):
-                frees.append(f"tenant {a.tenant!r} holds {held_text(a)} as burst ({who(a, names)})")
+        if not unguaranteed and tenant is not None:
+            # room a guarantee may claim back: other tenants' bursts, then domains with no tenant
+            frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names)
         frees.append("'vgpuhost capacity' shows what fits where")
         return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
                       candidates=candidates, burst=burst)
     gpu = str(decision.gpu)
 
-    # 6. burst only from free capacity --------------------------------------------
-    if burst and tenant is not None:
-        short = _burst_short(tenant, dem, candidates, tenants, allocations, gpu_memory)
+    # 6. burst (and other use no guarantee covers) only from capacity no guarantee reserves ------------
+    if unguaranteed:
+        short = _reserve_short(dem, candidates, reserved, allocations, gpu_memory, gpu_slices)
         if short:
-            return refuse("burst", short, burst=True, candidates=candidates,
-                          frees=("wait for free capacity, or raise the tenant's guaranteed limit",))
+            return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {short}",
+                          burst=burst, candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
     pool = None if dem.hardware else pool_of(pools, gpu).name
     parts = [f"admitted {dem.text()} for " + (f"tenant {tname!r}" if tname else "a domain without a tenant"),
              f"class {qos}" + (" (burst)" if burst else "")]
@@ -384,7 +408,8 @@ def _isolation_conflict(me: Optional[Tenant], my_name: Optional[str], held: Sequ
 
 def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optional[str], qos: str, burst: bool,
                  quota_note: str, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
-                 gpu_memory: Optional[Mapping[str, int]], names: Mapping[str, str]) -> Admission:
+                 gpu_memory: Optional[Mapping[str, int]], names: Mapping[str, str],
+                 gpu_slices: Optional[Mapping[str, int]] = None) -> Admission:
     gpu = req.gpu or ""
     held = [a for a in allocations if a.gpu == gpu and a.owner != req.owner
             and not (a.kind == PASSTHROUGH and a.owner in ("manual", "layout"))]   # bound by the operator for guests
@@ -395,22 +420,14 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
             frees.insert(0, f"tenant {a.tenant!r} holds it as burst")
         return Admission(False, f"no room for passthrough GPU {gpu}: it holds {held_text(a)} of {who(a, names)}",
                          tname, qos, burst, "capacity", frees=tuple(frees))
-    if burst and tenant is not None:
-        busy = {a.gpu for a in allocations}
-        free = [g for g in (gpu_memory or {}) if g not in busy and g != gpu]
-        need = 0
-        for t in tenants.values():
-            if t.name == tenant.name:
-                continue
-            g = t.quota.guaranteed.get("passthrough_gpus")
-            if g:
-                total, b = usage(t.name, allocations)["passthrough_gpus"]
-                need += max(0, g - (total - b))
-        if gpu_memory and len(free) < need:
-            return Admission(False, f"burst passthrough for tenant {tenant.name!r} refused: {len(free)} other "
-                                    f"GPUs stay free, {need} are held for other tenants' guaranteed passthrough",
-                             tname, qos, True, "burst", frees=("wait for free capacity, or raise the tenant's "
-                                                               "guaranteed limit",))
+    dem = req.demand
+    reserved = _reserved(tname, tenants, allocations)
+    if reserved and (tenant is None or burst or not _covered(tenant, dem)):
+        short = _reserve_short(dem, (gpu,), reserved, allocations, gpu_memory, gpu_slices)
+        if short:
+            return Admission(False, f"{_asker(dem, tenant, tname, burst)} refused: {short}", tname, qos, burst,
+                             "burst", frees=tuple(_reserve_frees(tenant, dem, burst,
+                                                                                          reserved)))
     parts = ["admitted passthrough GPU " + gpu + " for " + (f"tenant {tname!r}" if tname else
                                                              "a domain without a tenant"),
              f"class {qos}" + (" (burst)" if burst else "")]
@@ -419,25 +436,151 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
     return Admission(True, "; ".join(parts), tname, qos, burst, "ok", gpu=gpu, candidates=(gpu,) if gpu else ())
 
 
-def _burst_short(tenant: Tenant, dem: Demand, candidates: Sequence[str], tenants: Mapping[str, Tenant],
-                 allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> Optional[str]:
-    """Why a burst of ``dem`` would eat into other tenants' unused guarantees (None: it would not)."""
-    if not gpu_memory or not dem.framebuffer_mib:
-        return None
-    held: Dict[str, int] = {}
-    for a in allocations:
-        held[a.gpu] = held.get(a.gpu, 0) + (a.framebuffer_mib if a.kind == VGPU else gpu_memory.get(a.gpu, 0))
-    free = sum(max(0, gpu_memory[g] - held.get(g, 0)) for g in candidates if g in gpu_memory)
-    reserve = 0
-    for t in tenants.values():
-        if t.name == tenant.name:
+# ---------------------------------------------------------------------------
+# the reserve of unused guarantees
+
+#: an unused guaranteed vGPU count reserves, against a passthrough request, this much framebuffer per vGPU
+#: (the smallest vGPU types are 1 GiB: A40-1Q, L40S-1Q; docs/reference/hardware.md#vgpu-types)
+MIN_VGPU_MIB = 1024
+
+
+def _covered(tenant: Tenant, dem: Demand) -> bool:
+    """Does a guarantee of ``tenant`` cover ``dem`` (a dimension it uses has a guaranteed limit)?  Called
+    when it is not a burst: a covered request is within every guarantee it touches."""
+    return any(tenant.quota.guaranteed.get(d) is not None and dem.amount(d) for d in DIMENSIONS)
+
+
+def _reserved(me: Optional[str], tenants: Mapping[str, Tenant],
+              allocations: Sequence[Allocation]) -> List[Tuple[str, Dict[str, int]]]:
+    """The other tenants' unused guarantees: ``[(tenant, {dimension: unused})]``, by name, none empty.
+    Unused = guaranteed limit - the use admitted within it (burst use does not fill a guarantee)."""
+    out = []
+    for name in sorted(tenants):
+        if name == me:
             continue
-        g = t.quota.guaranteed.get("framebuffer_mib")
-        if g:
-            total, b = usage(t.name, allocations)["framebuffer_mib"]
-            reserve += max(0, g - (total - b))
-    if free - dem.framebuffer_mib < reserve:
-        return (f"burst for tenant {tenant.name!r} refused: {free} MiB free on the GPUs it may use, "
-                f"{reserve} MiB held for other tenants' unused guarantees, {dem.framebuffer_mib} MiB asked")
+        t = tenants[name]
+        u = None
+        left: Dict[str, int] = {}
+        for d in DIMENSIONS:
+            g = t.quota.guaranteed.get(d)
+            if not g:
+                continue
+            if u is None:
+                u = usage(name, allocations)
+            total, b = u[d]
+            if g - (total - b) > 0:
+                left[d] = g - (total - b)
+        if left:
+            out.append((name, left))
+    return out
+
+
+def _empty(allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> List[str]:
+    """The GPUs (of ``gpu_memory``'s) that hold nothing: the ones a passthrough guarantee can use."""
+    busy = {a.gpu for a in allocations}
+    return [g for g in sorted(gpu_memory or {}) if g not in busy]
+
+
+def _kept_free(reserved, allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> str:
+    """Why the empty GPUs are kept free for unused guaranteed passthrough ('' when they need not be)."""
+    need = sum(left.get("passthrough_gpus", 0) for _, left in reserved)
+    if not need or not gpu_memory or len(_empty(allocations, gpu_memory)) > need:
+        return ""
+    who_ = ", ".join(f"tenant {n!r}" for n, left in reserved if left.get("passthrough_gpus"))
+    return f"kept free for the guaranteed passthrough of {who_} ({need} GPU(s) unused)"
+
+
+def _reserve_short(dem: Demand, candidates: Sequence[str], reserved, allocations: Sequence[Allocation],
+                   gpu_memory: Optional[Mapping[str, int]], gpu_slices: Optional[Mapping[str, int]]) -> Optional[str]:
+    """Why ``dem`` (use no guarantee covers) would take room the ``reserved`` guarantees hold (None: it would
+    not).  Room is counted per kind: empty GPUs (passthrough guarantees), framebuffer on the GPUs the
+    request may use (a passthrough request: every other GPU) for framebuffer guarantees and, per unused
+    guaranteed vGPU, one vGPU of the size asked (:data:`MIN_VGPU_MIB` for passthrough), and MIG compute
+    slices for slice guarantees."""
+    takes_gpu = dem.kind == PASSTHROUGH
+    # passthrough guarantees: GPUs that stay empty
+    need_pt = sum(left.get("passthrough_gpus", 0) for _, left in reserved)
+    if need_pt and takes_gpu and gpu_memory:
+        empty = [g for g in _empty(allocations, gpu_memory) if g not in candidates]
+        if len(empty) < need_pt:
+            return (f"{len(empty)} other GPU(s) stay free, {need_pt} are held for {_named(reserved, 'passthrough_gpus')}"
+                    " (guaranteed passthrough, unused)")
+    # framebuffer (and vGPU counts, sized as asked)
+    unit = dem.framebuffer_mib if dem.kind == VGPU else MIN_VGPU_MIB
+    need_fb, parts = 0, []
+    for n, left in reserved:
+        fb, cnt = left.get("framebuffer_mib", 0), left.get("vgpus", 0) * unit
+        if fb or cnt:
+            need_fb += max(fb, cnt)
+            parts.append(f"tenant {n!r}: " + (f"{fb} MiB framebuffer" if fb >= cnt else
+                                              f"{left['vgpus']} vGPU(s) of {unit} MiB"))
+    if need_fb and gpu_memory:
+        held: Dict[str, int] = {}
+        for a in allocations:
+            held[a.gpu] = held.get(a.gpu, 0) + (a.framebuffer_mib if a.kind == VGPU else gpu_memory.get(a.gpu, 0))
+        pool = [g for g in gpu_memory if g not in candidates] if takes_gpu else [g for g in candidates
+                                                                                 if g in gpu_memory]
+        free = sum(max(0, gpu_memory[g] - held.get(g, 0)) for g in pool)
+        after = free - (dem.framebuffer_mib if dem.kind == VGPU else 0)
+        if after < need_fb:
+            where = "on the other GPUs" if takes_gpu else "on the GPUs it may use"
+            return (f"{free} MiB free {where}, {need_fb} MiB held for other tenants' unused guarantees "
+                    f"({'; '.join(parts)})" + (f", {dem.framebuffer_mib} MiB asked" if dem.kind == VGPU else ""))
+    # MIG compute slices
+    need_sl = sum(left.get("mig_slices", 0) for _, left in reserved)
+    asks = dem.mig_slices if dem.mig_backed else 0
+    if need_sl and gpu_slices and (asks or (takes_gpu and any(g in gpu_slices for g in candidates))):
+        used: Dict[str, int] = {}
+        for a in allocations:
+            used[a.gpu] = used.get(a.gpu, 0) + a.mig_slices
+        pool = [g for g in gpu_slices if g not in candidates] if takes_gpu else [g for g in candidates
+                                                                                 if g in gpu_slices]
+        free = sum(max(0, gpu_slices[g] - used.get(g, 0)) for g in pool)
+        if free - asks < need_sl:
+            return (f"{free} MIG compute slice(s) free, {need_sl} held for {_named(reserved, 'mig_slices')} "
+                    f"(guaranteed slices, unused)" + (f", {asks} asked" if asks else ""))
     return None
 
+
+def _named(reserved, dim: str) -> str:
+    return ", ".join(f"tenant {n!r} ({left[dim]})" for n, left in reserved if left.get(dim))
+
+
+def _asker(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], burst: bool) -> str:
+    what = "burst passthrough" if dem.kind == PASSTHROUGH and burst else ("burst" if burst else dem.text())
+    if tenant is None:
+        return f"{what} for a domain without a tenant"
+    return f"{what} for tenant {tname!r}" + ("" if burst else " (no guarantee covers it)")
+
+
+def _reserve_frees(tenant: Optional[Tenant], dem: Demand, burst: bool, reserved) -> List[str]:
+    """What would let a request refused for the reserve in."""
+    out = ["wait for free capacity"]
+    if tenant is None:
+        out.append("give the domain a tenant whose guarantee covers it ('vgpuhost attach --tenant T')")
+    else:
+        dims = [d for d in DIMENSIONS if dem.amount(d)]
+        opt = dims[0].replace("_mib", "").replace("_gpus", "").replace("_", "-") if dims else "vgpus"
+        out.append(f"raise the guaranteed limit of tenant {tenant.name!r} ('vgpuhost tenant set "
+                   f"{tenant.name} --{opt} G[:B]')")
+    out.append("or lower the guarantees held (" + ", ".join(f"'vgpuhost tenant set {n} ...'" for n, _ in reserved[:3])
+               + ")")
+    return out
+
+
+def _holders(allocations: Sequence[Allocation], me: Optional[str], names: Mapping[str, str]) -> List[str]:
+    """Remedies naming what holds room a guarantee may claim back: other tenants' bursts first, then
+    domains and vGPUs with no tenant (at most 4, then how many more)."""
+    out = []
+    bursts = sorted((a for a in allocations if a.burst and a.tenant and a.tenant != me), key=lambda a: (a.gpu, a.device))
+    loose = sorted((a for a in allocations if a.tenant is None and a.owner != "layout"),
+                   key=lambda a: (a.gpu, a.device))
+    for a in bursts:
+        out.append(f"tenant {a.tenant!r} holds {held_text(a)} as burst ({who(a, names)})")
+    for a in loose:
+        out.append(f"stop or detach {who(a, names)} ({held_text(a)}, no tenant)" if a.owner != "manual" else
+                   f"remove the {held_text(a)} made by hand ('vgpuhost vgpu remove {a.device}')"
+                   if a.kind == VGPU else f"release {held_text(a)} ('vgpuhost passthrough release {a.gpu}')")
+    if len(out) > 4:
+        out = out[:4] + [f"and {len(out) - 4} more ('vgpuhost tenant usage')"]
+    return out

@@ -93,7 +93,8 @@ def allocation(device: str, owner: str, gpu: str, demand: Demand, decision: "Adm
 @record(frozen=True)
 class Admission:
     """The decision.  ``code``: ``ok`` or the rule that refused (``unknown-tenant``, ``series``,
-    ``quota``, ``isolation``, ``qos``, ``pool``, ``capacity``, ``burst``); ``quota``: the dimension that
+    ``quota``, ``isolation``, ``qos``, ``pool``, ``capacity``, ``burst``: use no guarantee covers, a
+    burst or not, would take room other tenants' unused guarantees hold); ``quota``: the dimension that
     refused; ``gpu``/``parent``/``type_id``: the placement (vGPU) or the GPU (passthrough);
     ``candidates``: every GPU the request may use under the rules (placement may take any that fits);
     ``frees``: what would free room."""
