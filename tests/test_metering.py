@@ -686,6 +686,12 @@ def test_a_device_counter_never_falls_when_its_domain_changes_in_one_process(loa
     assert seen[-1] == pytest.approx(40, abs=1e-3)          # a domain change counts from its first sight
     rows = st.usage_rows(store)
     assert sum(r[9] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(30, abs=1e-3)
+    # busy seconds: each tick's sample once, to the domain that held the device (SM 50% from 5 s in);
+    # back with domain A, its first sample covers the last interval, not the time the other held it
+    other = DOM_B.replace("b", "c")
+    assert sum(r[10] for r in rows if r[1] == dev and r[2] == other) == pytest.approx(0.5 * 20, rel=1e-6)
+    assert sum(r[10] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(0.5 * (20 - 5 + 20),
+                                                                                      rel=1e-6)
 
 
 def test_a_domain_that_passes_to_another_tenant_leaves_the_first_tenants_usage_billed(loaded):

@@ -302,8 +302,9 @@ class Sampler:
             key = (device, owner.domain_uuid)
             m = self._meters.get(key)
             if m is None and key in self._retired:
-                m = self._retired.pop(key)         # back after an absence: counted again from now
-                m.alloc_us = now_us
+                m = self._retired.pop(key)         # back after an absence: counted again from now,
+                m.alloc_us = now_us                # its next sample from the GPU's last reading
+                m.sample_us = 0
                 e = self._earlier_s[device]
                 for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
                     e[i] -= v
