@@ -358,3 +358,64 @@ def test_a_vgpu_refused_because_the_gpus_are_passed_through_says_so_naming_the_b
     assert not d.admitted and d.code == "capacity" and "no GPU offers vGPUs now" in d.reason
     assert "pool" not in d.one_line()
     assert f"tenant 'p' holds passthrough GPU {G1} as burst (domain 'pt1')" in d.one_line()
+
+
+# ---------------------------------------------------------------------------
+# 10, 11. tenant names in any case; hints that work; remedies and values as typed
+
+def test_a_domain_naming_its_tenant_in_another_case_is_admitted_as_that_tenant(make_host, capsys):
+    host = mixed(make_host)
+    s = store_of(host)
+    code, _, err = run(capsys, host, "tenant", "add", "team", "--vgpus", "1")
+    assert code == 0
+    code, _, err = run(capsys, host, "tenant", "add", "TEAM")
+    assert code == 2 and "tenant 'team' exists" in err
+    x = tdom("t0", uid("39393939", 0), uid("c9c9c9c9", 0), tenant="TEAM")
+    assert start(host, "t0", x) == (0, "")
+    assert [(r[0], r[2]) for r in s.allocation_rows()] == [(uid("c9c9c9c9", 0), "team")]
+    rc, err = start(host, "t1", tdom("t1", uid("39393939", 1), uid("c9c9c9c9", 1), tenant="Team"))
+    assert rc == 2 and "quota vGPUs of tenant 'team': 1 in use + 1 asked > 1" in err
+    [u] = tenancy.usage_report(s)
+    assert u["tenant"] == "team" and u["usage"]["vgpus"]["used"] == 1
+    code, _, err = run(capsys, host, "tenant", "remove", "Team")
+    assert code == 2 and "tenant 'team' holds 1 device(s)" in err
+
+
+def test_a_name_recorded_in_another_case_while_tenancy_was_off_counts_for_the_tenant(make_host):
+    host = mixed(make_host)
+    s = store_of(host)
+    assert start(host, "t0", tdom("t0", uid("3a3a3a3a", 0), uid("cacacaca", 0), tenant="Ops")) == (0, "")
+    tenancy.add(s, T("ops", quota=quota(vgpus=1)))
+    [u] = tenancy.usage_report(s)
+    assert u["tenant"] == "ops" and u["usage"]["vgpus"]["used"] == 1
+    with __import__("pytest").raises(tenancy.RefusedError, match="tenant 'ops' holds 1 device"):
+        tenancy.remove(s, "ops")
+
+
+def test_the_unknown_tenant_hint_is_a_command_that_works_or_says_why_there_is_none():
+    import shlex
+    ts = {"a": tenant("a")}
+    d = adm.admit(vreq(tenant="x+y"), tenants=ts, allocations=[], offers=offers(1, 1, 1))
+    assert "add it ('vgpuhost tenant add x+y')" in d.one_line()
+    d = adm.admit(vreq(tenant="Prod Team ü"), tenants=ts, allocations=[], offers=offers(1, 1, 1))
+    line = d.one_line()
+    assert not d.admitted and "tenant add" not in line and "no tenant can be called 'Prod Team ü'" in line
+    assert "--map project-uuid" in line
+    assert shlex.split("vgpuhost tenant add x+y") == ["vgpuhost", "tenant", "add", "x+y"]
+
+
+def test_a_quota_refusal_with_nothing_to_stop_reads_raise_the_quota():
+    ts = {"u": tenant("u", g={"vgpus": 0})}
+    d = adm.admit(vreq(tenant="u"), tenants=ts, allocations=[], offers=offers(1, 1, 1))
+    assert d.one_line().endswith("; to free room: raise the quota ('vgpuhost tenant set u --vgpus ...')")
+    ts = {"p": tenant("p", g={"passthrough_gpus": 0})}
+    d = adm.admit(adm.AdmissionRequest(OWNER_A, adm.passthrough_demand(), "p", gpu=G1), tenants=ts, allocations=[])
+    assert "'vgpuhost tenant set p --passthrough ...'" in d.one_line()      # the option the CLI has
+
+
+def test_a_limit_with_two_colons_is_refused_quoting_it_whole(make_host, capsys):
+    host = mixed(make_host)
+    code, _, err = run(capsys, host, "tenant", "add", "t", "--vgpus", "1:2:3")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("vgpuhost: error: --vgpus: '1:2:3' is not a limit; GUARANTEED or GUARANTEED:BURST")
+    assert tenancy.tenants(store_of(host)) == {}

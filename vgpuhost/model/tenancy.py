@@ -250,6 +250,9 @@ def parse_limit(text: str, what: str, *, mib: bool = False) -> Tuple[Optional[in
     if raw.lower() in ("none", "-", ""):
         return None, None
     g, sep, b = raw.partition(":")
+    if ":" in b:
+        raise InputError(f"{what}: {text[:40]!r} is not a limit",
+                         hint="GUARANTEED or GUARANTEED:BURST, e.g. 4 or 4:6; 'none' for no limit")
     return parse_count(g, what, mib=mib), (parse_count(b, what, mib=mib) if sep else None)
 
 

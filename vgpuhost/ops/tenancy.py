@@ -106,9 +106,11 @@ def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Te
     :func:`host_lock`, as admission decides (TransientError when it cannot be had)."""
     tenant.validate()
     with host_lock(store), store.transaction() as conn:
-        if store.tenant_rows(tenant.name):
-            raise InputError(f"tenant {tenant.name!r} exists",
-                             hint=f"change it with 'vgpuhost tenant set {tenant.name} ...'")
+        taken = store.tenant_rows(tenant.name)          # names match case-insensitively
+        if taken:
+            raise InputError(f"tenant {taken[0][0]!r} exists" + (f" (names match in any case: {tenant.name!r})"
+                                                                if taken[0][0] != tenant.name else ""),
+                             hint=f"change it with 'vgpuhost tenant set {taken[0][0]} ...'")
         store.put_tenant(conn, _row(tenant))
     _audit(store, actor, f"tenant add {tenant.name}", describe(tenant))
     return tenant
@@ -140,7 +142,7 @@ def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tena
     devices.  Under :func:`host_lock`: a start admitted for the tenant records its allocation first."""
     with host_lock(store), store.transaction() as conn:
         t = get(store, name)
-        held = [_alloc(r) for r in store.allocation_rows(conn) if r[2] == t.name]
+        held = [_alloc(r) for r in store.allocation_rows(conn) if (r[2] or "").lower() == t.name.lower()]
         if held:
             names = store.active_domains()
             owners = sorted({a.owner for a in held}, key=lambda o: (names.get(o) or o))
@@ -171,6 +173,8 @@ def allocations(store: StateStore, inv: Optional[Inventory] = None) -> List[adm.
     before tenancy).
     """
     vrecs = store.vgpu_records()
+    # a tenant named in another case (recorded while tenancy was off) is the tenant as stored
+    canon = {r[0].lower(): r[0] for r in store.tenant_rows()}
     pt_gpus: Dict[str, str] = {}
     for r in store.passthrough_records():
         pt_gpus.setdefault(r.gpu, r.owner)
@@ -179,6 +183,8 @@ def allocations(store: StateStore, inv: Optional[Inventory] = None) -> List[adm.
     seen = set()
     for row in store.allocation_rows():
         a = _alloc(row)
+        if a.tenant and canon.get(a.tenant.lower(), a.tenant) != a.tenant:
+            a = replace(a, tenant=canon[a.tenant.lower()])
         if (a.kind == adm.VGPU and a.device in ids) or (a.kind == adm.PASSTHROUGH and a.gpu in pt_gpus):
             out.append(a)
             seen.add(a.device)

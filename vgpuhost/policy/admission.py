@@ -215,12 +215,11 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     dem = req.demand
     tenant: Optional[Tenant] = None
     if req.tenant is not None:
-        tenant = tenants.get(req.tenant)
+        tenant = tenant_named(tenants, req.tenant)
         if tenant is None and tenants:
             known = ", ".join(sorted(tenants)[:8])
             return Admission(False, f"unknown tenant {req.tenant!r} (tenants: {known})", req.tenant,
-                             req.qos or UNTENANTED_QOS, code="unknown-tenant",
-                             frees=(f"add it ('vgpuhost tenant add {req.tenant}') or fix the domain's tenant",))
+                             req.qos or UNTENANTED_QOS, code="unknown-tenant", frees=(_add_hint(req.tenant),))
     tname = tenant.name if tenant is not None else req.tenant
     qos = req.qos or (tenant.qos if tenant is not None else UNTENANTED_QOS)
 
@@ -252,8 +251,8 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                 mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)),
                               key=lambda a: (-a.demand.amount(d), a.device))
                 frees = [f"stop or detach {who(a, names)} ({held_text(a)})" for a in mine[:3]]
-                frees.append(f"or raise the quota ('vgpuhost tenant set {tenant.name} "
-                             f"--{d.replace('_mib', '').replace('_', '-')} ...')")
+                frees.append(("or raise" if frees else "raise") + f" the quota ('vgpuhost tenant set {tenant.name} "
+                             f"--{d.replace('_mib', '').replace('_gpus', '').replace('_', '-')} ...')")
                 kind = "burst" if q.burst.get(d) is not None else "guaranteed"
                 return refuse("quota", f"quota {DIMENSION_TEXT[d]} of tenant {tenant.name!r}: {total} in use + "
                                        f"{n} asked > {ceiling} ({kind} limit)", quota=d, frees=frees)
@@ -342,7 +341,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     decision = None
     if tenant is not None and tenant.prefer:
         liked = {g for g, held in by_gpu.items()
-                 if any((tenants.get(a.tenant) is not None and tenants[a.tenant].labels & tenant.prefer)
+                 if any((tenant_named(tenants, a.tenant) is not None and tenant_named(tenants, a.tenant).labels & tenant.prefer)
                         for a in held if a.tenant)}
         if liked:
             first = place([o for o in narrowed if str(o.gpu) in liked], preq)
@@ -379,6 +378,33 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                      type_id=decision.type_id, candidates=tuple(candidates), pool=pool)
 
 
+def tenant_named(tenants: Mapping[str, Tenant], name: Optional[str]) -> Optional[Tenant]:
+    """The tenant called ``name``; names match case-insensitively, as the state store matches them
+    (tenant names are ASCII)."""
+    if name is None:
+        return None
+    t = tenants.get(name)
+    if t is None:
+        low = name.lower()
+        t = next((v for k, v in tenants.items() if k.lower() == low), None)
+    return t
+
+
+def _add_hint(name: str) -> str:
+    """How to admit a domain naming the unknown tenant ``name``: a command that works (quoted for a shell),
+    or, for a name no tenant can have (an OpenStack project name with spaces), what to do instead."""
+    from ..model.errors import InputError
+    from ..model.tenancy import check_name
+    try:
+        check_name(name)
+    except InputError:
+        return (f"no tenant can be called {name[:64]!r} (letters, digits and _.:+- only): map OpenStack projects "
+                "by UUID ('vgpuhost tenant openstack --map project-uuid') or name a tenant in the domain "
+                "('vgpuhost attach --tenant T')")
+    import shlex
+    return f"add it ('vgpuhost tenant add {shlex.quote(name)}') or fix the domain's tenant"
+
+
 def _addr(text: str):
     from ..model.values import PciAddress
     return PciAddress.parse(text)
@@ -390,9 +416,9 @@ def _isolation_conflict(me: Optional[Tenant], my_name: Optional[str], held: Sequ
     for a in held:
         if a.demand.hardware:
             continue                            # a MIG partition or passthrough: no shared time slices
-        if a.tenant is not None and a.tenant == my_name:
+        if a.tenant is not None and my_name is not None and a.tenant.lower() == my_name.lower():
             continue
-        other = tenants.get(a.tenant) if a.tenant else None
+        other = tenant_named(tenants, a.tenant) if a.tenant else None
         if a.tenant and other is None:
             other = Tenant(a.tenant)            # a tenant since removed, or named while tenancy was off
         if me is not None:
