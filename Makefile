@@ -84,6 +84,7 @@ demo: venv-check
 bench: venv-check
 	$(VPY) bench/inventory.py
 	$(VPY) bench/placement.py
+	$(VPY) bench/placement_mdp.py
 	$(VPY) bench/layout.py
 	$(VPY) bench/scale.py
 	$(VPY) bench/hook.py
