@@ -43,13 +43,22 @@ and, under its stationary distribution (power iteration), the share of each
 class's arrivals it refuses although they fit, and of those the share that
 would have opened an empty GPU.
 
-Not included: replaying the optimal policy on ``bench/placement.py``'s
-traces (owners honoured by falling back to the next-best feasible action);
-docs/performance.md quotes such a replay from a scratch study.  Run time
-grows about 7x per GPU (2 cores): G=4 ~20 s, G=5 ~3 min, G=6 ~18 min
-and 2 GB of memory.
+With ``--traces`` it also replays, for each G, ``bench/placement.py``'s
+traces of seeds 1..``--seeds`` (``--requests`` requests, the same G): best-fit
+and ``headroom`` through the bench's own model of the real ``place()``, and
+the optimal policy with owners honoured (when its best action would put two
+vGPUs of one VM on a GPU, it takes the next-best action by its Q values that
+is feasible, or refuses when refusing is worth more), and prints each as a
+share of the trace's tight class-aware bound (``tight_class_bound``, needs
+scipy; ``--bound-time`` seconds of branch and bound), with the medians.  The
+optimum of the stochastic model is not a bound on one trace: a trace can
+favour another policy, and the replay honours owners the model ignores.
 
-    .venv/bin/python bench/placement_mdp.py [--gpus 2,3,4] [--load 1.0] [--tol 1e-7]
+Run time grows about 7x per GPU (2 cores): G=4 ~20 s, G=5 ~3 min, G=6 ~18 min
+and 2 GB of memory; ``--traces`` adds about half a minute to 4 minutes per G.
+
+    .venv/bin/python bench/placement_mdp.py [--gpus 2,3,4] [--load 1.0] [--tol 1e-7] [--no-structure]
+                                            [--traces [--seeds 6] [--requests 2000] [--bound-time 20]]
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ import itertools
 import math
 import os
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -128,7 +138,7 @@ class HostMdp:
         self.t_cls, self.t_cnt = np.array(cls), np.array(cnt)
         n_types = len(cls)
         index = {(cls[t], cnt[t]): t for t in range(1, n_types)}
-        up = np.array([-1] + [index.get((cls[t], cnt[t] + 1), -1) for t in range(1, n_types)])
+        up = self.t_up = np.array([-1] + [index.get((cls[t], cnt[t] + 1), -1) for t in range(1, n_types)])
         down = np.array([0] + [index.get((cls[t], cnt[t] - 1), 0) for t in range(1, n_types)])
         self.t_fb = np.array([0] + [sizes[cls[t]] * cnt[t] for t in range(1, n_types)], dtype=np.int64)
         self.open_type = np.array([index[(c, 1)] for c in range(n_cls)])
@@ -289,6 +299,72 @@ def bench_model(gpus: int, load: float = 1.0) -> Tuple[HostMdp, List[str]]:
     return HostMdp(sizes, [by_size[s] for s in sizes], gpus, mean_life, fb_mib, maxes=maxes), labels
 
 
+def replay_trace(m: HostMdp, h: np.ndarray, reqs, events, class_of: Mapping[str, int]) -> int:
+    """Admissions of the policy read off ``h`` on one trace of ``bench/placement.py`` (its
+    ``make_trace`` requests and events), owners honoured: the admitting actions are ranked by
+    1 + h[successor]; the first that beats refusing (h[state]) and has a GPU not holding a vGPU
+    of the request's owner is taken; else the request is refused."""
+    gtype = [0] * m.gpus                        # GPU type index per GPU
+    owners: List[Dict[str, int]] = [dict() for _ in range(m.gpus)]
+    where: Dict[int, int] = {}
+    admitted = 0
+    for _, kind, n in events:
+        r = reqs[n]
+        if kind == 0:
+            g = where.pop(n, None)
+            if g is not None:
+                owners[g][r.owner] -= 1
+                if not owners[g][r.owner]:
+                    del owners[g][r.owner]
+                gtype[g] = 0 if m.t_cnt[gtype[g]] == 1 else gtype[g] - 1
+            continue
+        c = class_of[r.profile]
+        options: Dict[int, List[int]] = {}     # successor GPU type -> GPUs that reach it
+        for g, t in enumerate(gtype):
+            nt = int(m.open_type[c]) if t == 0 else (int(m.t_up[t]) if m.t_cls[t] == c else -1)
+            if nt >= 0:
+                options.setdefault(nt, []).append(g)
+        here = float(h[m.index(np.array([sorted(gtype)]))[0]])
+        ranked = []
+        for nt, gs in options.items():
+            after = list(gtype)
+            after[gs[0]] = nt
+            ranked.append((1.0 + float(h[m.index(np.array([sorted(after)]))[0]]), nt, gs))
+        chosen = None
+        for q, nt, gs in sorted(ranked, key=lambda x: -x[0]):
+            if q <= here + 1e-12:
+                break
+            ok = [g for g in gs if r.owner not in owners[g]]
+            if ok:
+                chosen = (ok[0], nt)
+                break
+        if chosen is None:
+            continue
+        g, nt = chosen
+        gtype[g] = nt
+        owners[g][r.owner] = owners[g].get(r.owner, 0) + 1
+        where[n] = g
+        admitted += 1
+    return admitted
+
+
+def trace_rows(m: HostMdp, h: np.ndarray, seeds: Sequence[int], requests: int, load: float,
+               bound_time: float) -> List[Tuple[int, int, int, int, Optional[int]]]:
+    """Per seed: (seed, best-fit, headroom, optimal replayed, tight class-aware bound or None)."""
+    bp = _bench_placement()
+    fb_mib, types, sim = bp.board()
+    class_of = {p: m.sizes.index(types[p].fb_mib) for p, _ in bp.MIX}
+    out = []
+    for seed in seeds:
+        reqs, events, _ = bp.make_trace(seed, requests, m.gpus, load, fb_mib, types)
+        got = [sum(d.admitted for d in bp.replay_model(s, reqs, events, m.gpus, fb_mib, types, sim).values())
+               for s in ("best-fit", "headroom")]
+        opt = replay_trace(m, h, reqs, events, class_of)
+        tb = bp.tight_class_bound(reqs, m.gpus, fb_mib, types, bound_time)
+        out.append((seed, got[0], got[1], opt, None if tb is None else tb.bound))
+    return out
+
+
 def structure(m: HostMdp, h: np.ndarray, policy: Policy, labels: Sequence[str]) -> List[str]:
     """Lines on the optimal policy: where it places, and what it refuses (stationary shares)."""
     bf = m.best_fit()
@@ -318,6 +394,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="offered load: mean framebuffer of active requests / the host's (default 1.0)")
     ap.add_argument("--tol", type=float, default=1e-7,
                     help="stop when the bracket on the admitted fraction is narrower (default 1e-7)")
+    ap.add_argument("--traces", action="store_true",
+                    help="also replay bench/placement.py's traces (seeds 1..--seeds) on G GPUs: best-fit, headroom "
+                         "and the optimal policy (owners honoured), as shares of each trace's tight class-aware bound")
+    ap.add_argument("--seeds", type=int, default=6, help="--traces: seeds 1..N (default 6)")
+    ap.add_argument("--requests", type=int, default=2000, help="--traces: requests per trace (default 2000)")
+    ap.add_argument("--bound-time", type=float, default=20.0, metavar="S",
+                    help="--traces: branch-and-bound seconds per tight class-aware bound (default 20)")
     ap.add_argument("--no-structure", action="store_true",
                     help="skip the optimal policy's stationary refusal shares (a power iteration)")
     args = ap.parse_args(argv)
@@ -325,8 +408,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         gpu_counts = [int(g) for g in args.gpus.split(",")]
     except ValueError:
         ap.error("--gpus takes comma-separated integers, e.g. 2,3,4")
-    if any(not 1 <= g <= 8 for g in gpu_counts) or args.load <= 0 or args.tol <= 0:
-        ap.error("need 1 <= each of --gpus <= 8, --load > 0, --tol > 0")
+    if (any(not 1 <= g <= 8 for g in gpu_counts) or args.load <= 0 or args.tol <= 0 or args.seeds < 1
+            or args.requests < 1 or args.bound_time < 0):
+        ap.error("need 1 <= each of --gpus <= 8, --load > 0, --tol > 0, --seeds >= 1, --requests >= 1, "
+                 "--bound-time >= 0")
     cmd = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]) if sys.argv[0] else "bench/placement_mdp.py",
                                             *(sys.argv[1:] if argv is None else argv)])
     print(f"$ {cmd}")
@@ -336,6 +421,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     t_all = time.monotonic()
     rows = []
+    traced: Dict[int, List[float]] = {}
     for g in gpu_counts:
         t0 = time.monotonic()
         m, labels = bench_model(g, args.load)
@@ -356,14 +442,32 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.no_structure:
             print("\n".join(structure(m, h, m.greedy(h), labels)))
         print(f"  ({time.monotonic() - t0:.1f} s)", flush=True)
+        if args.traces:
+            t1 = time.monotonic()
+            per_seed = trace_rows(m, h, range(1, args.seeds + 1), args.requests, args.load, args.bound_time)
+            print(f"  traces of bench/placement.py (seed: best-fit, headroom, optimal replayed / tight bound):")
+            print("    " + "; ".join(f"{s}: {b} {r} {o} / {'n/a' if tb is None else tb}"
+                                     for s, b, r, o, tb in per_seed))
+            if all(row[4] for row in per_seed):
+                med = [statistics.median(row[k] / row[4] for row in per_seed) for k in (1, 2, 3)]
+                print(f"    median share of the bound: best-fit {med[0]:.2%}, headroom {med[1]:.2%}, "
+                      f"optimal replayed {med[2]:.2%}")
+                traced[g] = med
+            else:
+                print("    no tight bound (needs scipy)")
+            print(f"  (traces {time.monotonic() - t1:.1f} s)", flush=True)
         rows.append((g, m.n, opt, bf, hr))
     print()
     print(f"{'G':>3} {'states':>10} {'optimal':>9} {'best-fit':>9} {'headroom':>9} {'edge over headroom':>19}")
     for g, n, opt, bf, hr in rows:
-        print(f"{g:>3} {n:>10,} {opt:>9.3%} {bf:>9.3%} {hr:>9.3%} {opt / hr - 1:>19.2%}")
+        print(f"{g:>3} {n:>10,} {opt:>9.3%} {bf:>9.3%} {hr:>9.3%} {opt / hr - 1:>19.2%}"
+              + ("" if g not in traced else "   traces: " + " ".join(f"{v:.2%}" for v in traced[g])))
     print()
     print("optimal: the long-run admitted fraction no online policy without migration exceeds on this model")
     print("(owners ignored); best-fit and headroom evaluated exactly; brackets from relative value iteration.")
+    if traced:
+        print("traces: medians over the seeds of best-fit, headroom and the optimal policy replayed (owners honoured),")
+        print("as shares of each trace's tight class-aware bound (a replay, not a bound).")
     print(f"time: {time.monotonic() - t_all:.1f} s")
     return 0
 

@@ -4,7 +4,9 @@ Checks against results that do not come from the script: Erlang's loss formula f
 (one GPU of m vGPUs, and G GPUs of a whole-GPU class), the classical fact that admission control
 cannot help a one-class loss system, the state count of a multiset, and bench/placement.py's own
 lifetime rule.  On the bench's mix at G = 2 and 3, the optimum must be at least best-fit and
-``headroom`` (evaluated exactly), and the policy read off the optimal values must reproduce it."""
+``headroom`` (evaluated exactly), and the policy read off the optimal values must reproduce it.
+The trace replay (``--traces``) must admit as the loss system does for one whole-GPU size, and
+honour one vGPU per VM per GPU."""
 
 from __future__ import annotations
 
@@ -108,3 +110,35 @@ def test_bench_mix_optimum_dominates_and_is_reproduced(gpus):
     # it never places elsewhere than best-fit; it only refuses
     bf = m.best_fit()
     assert all(np.all((greedy[c] < 0) | (greedy[c] == bf[c])) for c in range(m.n_cls))
+
+
+def test_trace_replay_of_one_whole_gpu_class_is_the_loss_system():
+    """One whole-GPU size, every request its own VM: the optimal policy admits whatever fits, so the
+    replay admits a request exactly when fewer than G are active (counted here on the events)."""
+    bp = mdp._bench_placement()
+    m = mdp.HostMdp([48 * 1024], [1.0], gpus=2, mean_life=2.0, fb_mib=48 * 1024, maxes=[1], headroom={})
+    h, _, _, _ = m.solve(tol=TOL)
+    rng = np.random.default_rng(7)
+    arrive = np.cumsum(rng.exponential(1.0, 300))
+    reqs = [bp.Req(i, "A40-48Q", f"vm{i}", float(a), float(a + rng.exponential(2.0))) for i, a in enumerate(arrive)]
+    events = sorted([(r.arrive, 1, r.n) for r in reqs] + [(r.depart, 0, r.n) for r in reqs])
+    active, want = set(), 0
+    for _, kind, n in events:
+        if kind == 0:
+            active.discard(n)
+        elif len(active) < 2:
+            active.add(n)
+            want += 1
+    assert 0 < want < len(reqs)
+    assert mdp.replay_trace(m, h, reqs, events, {"A40-48Q": 0}) == want
+
+
+def test_trace_replay_honours_owners():
+    """Two vGPUs of one VM never share a GPU: with one GPU, a VM's second concurrent request is refused."""
+    bp = mdp._bench_placement()
+    m = mdp.HostMdp([4 * 1024], [1.0], gpus=1, mean_life=5.0, fb_mib=48 * 1024, maxes=[12], headroom={})
+    h, _, _, _ = m.solve(tol=TOL)
+    reqs = [bp.Req(0, "A40-4Q", "a", 1.0, 10.0), bp.Req(1, "A40-4Q", "a", 2.0, 11.0),
+            bp.Req(2, "A40-4Q", "b", 3.0, 12.0), bp.Req(3, "A40-4Q", "a", 10.5, 13.0)]
+    events = sorted([(r.arrive, 1, r.n) for r in reqs] + [(r.depart, 0, r.n) for r in reqs])
+    assert mdp.replay_trace(m, h, reqs, events, {"A40-4Q": 0}) == 3
