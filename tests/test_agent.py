@@ -670,11 +670,21 @@ def test_socket_activation_uses_the_passed_sockets(a40):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_second_agent_on_the_same_sockets_is_refused(agent, a40):
+def test_a_second_agent_on_the_same_sockets_is_refused(agent, a40, monkeypatch):
+    """Refused on its sockets before it recovers anything or starts its metering thread: a refused agent
+    left a sampler thread running in the process (a fork from it could then deadlock on SQLite)."""
+    import threading
+
+    from vgpuhost.agent import server
     from vgpuhost.cli.main import main as cli_main
+    recovered = []
+    monkeypatch.setattr(server, "recover_at_start", lambda agent: recovered.append(agent) or {})
+    before = set(threading.enumerate())
     rc = cli_main(["--root", str(a40.root), "agent", "--socket-dir", agent.dir, "--admin-group", str(ADMIN_GID),
-                   "--ro-group", str(RO_GID)])
+                   "--ro-group", str(RO_GID), "--metering-interval", "1"])
     assert rc == 2
+    assert recovered == []
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
     assert agent.call("GET", "/v1/agent")[0] == 200      # the first one still serves
 
 

@@ -78,6 +78,9 @@ layouts:
 
 def _child(fn: Callable[[], int], env: Dict[str, str]) -> int:
     """Run ``fn`` in a forked child with ``env`` added; its exit code, or -signal."""
+    import threading
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    assert not others, f"threads {others} run in the test process: a fork copies the locks they hold (a hang)"
     pid = os.fork()
     if pid == 0:                                    # the child: never returns
         code = 4

@@ -471,33 +471,41 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     admin_gid = unixsock.group_id(admin_group)
     ro_gid = unixsock.group_id(ro_group)
     host.require_host()
-    agent = api.Agent(host, libvirt_uri)
-    agent.recovered = recover_at_start(agent)
-    if metering_interval_s > 0:
-        start_metering(agent, metering_interval_s, metrics_listen)
-    elif metrics_listen is not None:
+    if metering_interval_s <= 0 and metrics_listen is not None:
         raise InputError("--metrics-port needs metering on", hint="give --metering-interval S with S > 0")
+    agent = api.Agent(host, libvirt_uri)
+    # the sockets first: a second agent (its socket is in use) is refused before it recovers anything or
+    # starts a metering thread; whatever fails after them closes them (and the sampler) again
     passed = unixsock.listen_fds(env)
     bound: List[str] = []
     socks: Dict[str, Any] = {}
-    if passed:
-        for name, sock in passed.items():
-            role = api.READ if name in ("ro", "read", "vgpuhost-agent-ro.socket") else api.ADMIN
-            socks.setdefault(role, []).append(sock)
-    else:
-        d = str(socket_dir) if socket_dir else str(default_socket_dir(host))
-        for role, fname, gid in ((api.ADMIN, ADMIN_SOCKET, admin_gid), (api.READ, RO_SOCKET, ro_gid)):
-            path = os.path.join(d, fname)
-            try:
+    try:
+        if passed:
+            for name, sock in passed.items():
+                role = api.READ if name in ("ro", "read", "vgpuhost-agent-ro.socket") else api.ADMIN
+                socks.setdefault(role, []).append(sock)
+        else:
+            d = str(socket_dir) if socket_dir else str(default_socket_dir(host))
+            for role, fname, gid in ((api.ADMIN, ADMIN_SOCKET, admin_gid), (api.READ, RO_SOCKET, ro_gid)):
+                path = os.path.join(d, fname)
                 socks.setdefault(role, []).append(unixsock.bind(path, mode=SOCKET_MODE, gid=gid))
-            except BaseException:
-                for p in bound:
-                    unixsock.remove_socket(p)
-                raise
-            bound.append(path)
-    servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group),
-                       max_connections=max_connections, read_timeout_s=read_timeout_s)
-               for role, ss in socks.items() for s in ss]
+                bound.append(path)
+        agent.recovered = recover_at_start(agent)
+        if metering_interval_s > 0:
+            start_metering(agent, metering_interval_s, metrics_listen)
+        servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group),
+                           max_connections=max_connections, read_timeout_s=read_timeout_s)
+                   for role, ss in socks.items() for s in ss]
+    except BaseException:
+        if agent.metering is not None:
+            agent.metering.close()
+        if not passed:                  # systemd's sockets stay systemd's
+            for ss in socks.values():
+                for sock in ss:
+                    sock.close()
+        for p in bound:
+            unixsock.remove_socket(p)
+        raise
     return AgentProcess(agent, servers, bound)
 
 
