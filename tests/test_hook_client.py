@@ -105,7 +105,12 @@ class Scripted:
 
     def close(self) -> None:
         self.stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)    # wakes the accept() (a close alone does not on Linux)
+        except OSError:
+            pass
         self.sock.close()
+        self.thread.join(10)                        # no thread outlives its test (tests that fork follow)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "Scripted":
