@@ -687,10 +687,13 @@ def test_a_device_counter_never_falls_when_its_domain_changes_in_one_process(loa
     rows = st.usage_rows(store)
     assert sum(r[9] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(30, abs=1e-3)
     # busy seconds: each tick's sample once, to the domain that held the device (SM 50% from 5 s in);
-    # back with domain A, its first sample covers the last interval, not the time the other held it
+    # a domain's first sighting only sets its cursors, so busy and allocated seconds cover the same
+    # span: the other domain 10 s allocated, 5 s busy; back with domain A, its first sample covers
+    # neither the time the other held it nor the interval before A's allocation counts again
     other = DOM_B.replace("b", "c")
-    assert sum(r[10] for r in rows if r[1] == dev and r[2] == other) == pytest.approx(0.5 * 20, rel=1e-6)
-    assert sum(r[10] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(0.5 * (20 - 5 + 20),
+    assert sum(r[9] for r in rows if r[1] == dev and r[2] == other) == pytest.approx(10, abs=1e-3)
+    assert sum(r[10] for r in rows if r[1] == dev and r[2] == other) == pytest.approx(0.5 * 10, rel=1e-6)
+    assert sum(r[10] for r in rows if r[1] == dev and r[2] == DOM_A) == pytest.approx(0.5 * (20 - 5 + 10),
                                                                                       rel=1e-6)
 
 
@@ -789,3 +792,48 @@ def test_advise_refuses_a_min_hours_that_is_not_a_finite_count(loaded, capsys, v
     assert main(["--root", str(host.root), "advise", "--min-hours", value]) == 2
     err = capsys.readouterr().err
     assert "--min-hours" in err and len(err.splitlines()) == 1, err
+
+
+def test_busy_seconds_never_exceed_allocated_seconds_when_a_device_appears_or_comes_back(make_host, capsys):
+    """Breaker finding: a device's first sample averaged a window (1 s back, or since the GPU's
+    last reading) for which no allocation was counted, so a 100% busy vGPU that started, stopped
+    and started again had more SM busy seconds than allocated seconds."""
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze()
+    nv.set_trace("default", {"sm": 100, "fb_mib": 1024})
+    mdev = "1d1d1d1d-0000-4000-8000-000000000001"
+
+    def start():
+        assert main(["--root", str(host.root), "--json", "vgpu", "create", "--profile", "A40-8Q",
+                     "--uuid", mdev, "--owner", DOM_A]) == 0
+        capsys.readouterr()
+
+    def stop():
+        assert main(["--root", str(host.root), "vgpu", "remove", mdev]) == 0
+        capsys.readouterr()
+
+    def totals():
+        rows = [r for r in st.usage_rows(store) if r[1] == mdev]
+        return sum(r[9] for r in rows), sum(r[10] for r in rows)
+
+    start()                                       # there when the GPU is first read (1 s back)
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    checked = []
+    for action in (None, None, stop, None, start, None, None, stop, None, start, None):
+        nv.advance(10)
+        if action is not None:
+            action()
+        s.tick()
+        alloc, busy = totals()
+        scraped = _scrape_counters(s)
+        counters = (scraped.get(f'vgpuhost_device_allocated_seconds_total{{device="{mdev}"}}', 0.0),
+                    scraped.get(f'vgpuhost_device_sm_busy_seconds_total{{device="{mdev}"}}', 0.0))
+        checked.append((alloc, busy, counters))
+        assert busy <= alloc + 1e-6, checked
+        assert counters[1] <= counters[0] + 1e-6, checked
+    # 100% busy: busy and allocated seconds cover the same span, counted from each first sighting
+    assert alloc == pytest.approx(20 + 20 + 10, abs=1e-3)
+    assert busy == pytest.approx(alloc, abs=1e-3)

@@ -19,11 +19,16 @@ Must not: change a device, or talk to NVML, SQLite or libvirt except through
 the io/ doors.
 
 Integration rule: each utilisation sample covers the time since the
-previous sample of that device (or of its GPU, for a device first seen
-between reads), at most ``max_hold_s`` (default 6 intervals); the rest of a
-longer span is recorded as a gap.  NVML's per-vGPU samples are averages over
-the driver's sampling period, so on real GPUs busy seconds are as exact as
-that period allows; on the simulator they are exact.
+previous sample of that device, at most ``max_hold_s`` (default 6
+intervals); the rest of a longer span is recorded as a gap.  A device's
+first sighting (new, back after an absence, or with another domain) only
+sets its cursors: allocation and busy seconds both count from that reading,
+so they cover the same span (its first sample averages a window, 1 s back or
+since the GPU's last reading, for which no allocation is counted); and a
+sample counts no time past the reading's clock, where its allocation ends.
+NVML's per-vGPU samples are averages over the driver's sampling period, so
+on real GPUs busy seconds are as exact as that period allows; on the
+simulator they are exact.
 
 Passthrough: a GPU passed through to a VM is invisible to the host's NVML,
 so it is metered by allocation time only (from vgpuhost's passthrough
@@ -298,13 +303,16 @@ class Sampler:
             gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
                          (now_us - self._last_tick_us) / 1e6, "sampler not running"))
 
+        first: set = set()                 # devices first sighted in this tick: cursors only
+
         def meter_for(device: str, kind: str, gpu: str, profile: str, owner: Owner) -> _Meter:
             key = (device, owner.domain_uuid)
             m = self._meters.get(key)
             if m is None and key in self._retired:
                 m = self._retired.pop(key)         # back after an absence: counted again from now,
-                m.alloc_us = now_us                # its next sample from the GPU's last reading
+                m.alloc_us = now_us                # allocation and busy alike
                 m.sample_us = 0
+                first.add(key)
                 e = self._earlier_s[device]
                 for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
                     e[i] -= v
@@ -318,9 +326,10 @@ class Sampler:
                 rec = vgpu_recs.get(device)
                 created_us = _us(rec.time) if rec is not None else 0
                 if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
-                    m.alloc_us, m.sample_us = int(cur[1]), int(cur[2])
+                    m.alloc_us, m.sample_us = int(cur[1]), int(cur[2]) or int(cur[1])
                 else:
-                    m.alloc_us = now_us            # allocation counted from first sight
+                    m.alloc_us = now_us            # allocation and busy counted from first sight
+                    first.add(key)
             m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
             present[key] = m
             return m
@@ -360,13 +369,19 @@ class Sampler:
                 samples = 0
                 t0 = m.alloc_us or now_us
                 s = v.sample
+                if (m.device, m.owner.domain_uuid) in first:   # its sample averages a span with no allocation
+                    m.sample_us = now_us
+                    if s is not None:
+                        newest = max(newest, s.timestamp_us)
+                    s = None
                 if s is not None and s.timestamp_us > m.sample_us:
                     prev = m.sample_us or seen
-                    if prev:
-                        dt = s.timestamp_us - prev
+                    end = min(s.timestamp_us, now_us)        # never past the reading that ends the allocation
+                    if prev and end > prev:
+                        dt = end - prev
                         held = min(dt, self.max_hold_us)
                         if dt > held:
-                            gaps.append((iso_us(prev), iso_us(s.timestamp_us - held), device, (dt - held) / 1e6,
+                            gaps.append((iso_us(prev), iso_us(end - held), device, (dt - held) / 1e6,
                                          "no utilisation samples"))
                         busy = (s.sm / 100 * held / 1e6, s.enc / 100 * held / 1e6, s.dec / 100 * held / 1e6)
                         m.sm_s += busy[0]
@@ -374,7 +389,7 @@ class Sampler:
                         m.dec_s += busy[2]
                         m.sm_pct = s.sm
                         samples = 1
-                    m.sample_us = s.timestamp_us
+                    m.sample_us = max(m.sample_us, end)
                     newest = max(newest, s.timestamp_us)
                 m.alloc_s += alloc_dt / 1e6
                 account(m, alloc_dt, busy, t0, samples)
