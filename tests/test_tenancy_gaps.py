@@ -419,3 +419,44 @@ def test_a_limit_with_two_colons_is_refused_quoting_it_whole(make_host, capsys):
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("vgpuhost: error: --vgpus: '1:2:3' is not a limit; GUARANTEED or GUARANTEED:BURST")
     assert tenancy.tenants(store_of(host)) == {}
+
+
+# ---------------------------------------------------------------------------
+# breaker round 2: the burst part is use against the quota now, not the label given at admission
+
+def test_a_raised_guarantee_or_a_stopped_guaranteed_domain_ends_a_burst(make_host, capsys):
+    host = make_host("a40-mdev")              # one A40: six A40-8Q
+    s = store_of(host)
+    assert run(capsys, host, "tenant", "add", "a", "--vgpus", "1:3")[0] == 0
+    assert run(capsys, host, "tenant", "add", "c", "--vgpus", "0:6")[0] == 0
+    a = {i: tdom(f"a{i}", uid("39393939", i), uid("c9c9c9c9", i), tenant="a") for i in (1, 2, 3)}
+    assert start(host, "a1", a[1]) == (0, "") and start(host, "a2", a[2]) == (0, "")
+    assert sorted(r[-1] for r in s.allocation_rows()) == [0, 1]          # a2 was admitted as burst
+    assert run(capsys, host, "tenant", "set", "a", "--vgpus", "3")[0] == 0
+    code, out, _ = run(capsys, host, "tenant", "usage", "a")
+    assert code == 0 and " 2/3 " in out + " " and "burst" not in out   # a holds 2 of its 3 guaranteed
+    # a's unused guarantee is 1 vGPU: c's bursts may take 3 of the 4 free slots, not 2
+    rcs = [start(host, f"c{i}", tdom(f"c{i}", uid("3a3a3a3a", i), uid("cacacaca", i), tenant="c"))
+           for i in range(4)]
+    assert [rc for rc, _ in rcs] == [0, 0, 0, 2]
+    assert "(tenant 'a': 1 vGPU(s) of 8192 MiB)" in rcs[3][1]
+    assert start(host, "a3", a[3]) == (0, "")                             # the slot held for a is there
+    assert sorted(r[2] for r in s.allocation_rows()) == ["a"] * 3 + ["c"] * 3 and len(mdevs(host)) == 6
+
+
+def test_a_burst_left_running_after_the_guaranteed_domain_stops_fills_the_guarantee():
+    ts = {"a": tenant("a", g={"vgpus": 1}, b={"vgpus": 3}), "c": tenant("c", g={"vgpus": 0}, b={"vgpus": 6})}
+    h = [held("m2", OWNER_A, "a", G1, burst=True)]                          # a1 stopped, a2 (burst) runs on
+    assert adm.usage("a", h, ts["a"].quota)["vgpus"] == (1, 0)
+    assert adm.usage("a", h)["vgpus"] == (1, 1)                             # the label, as admitted
+    d = adm.admit(vreq(owner=OWNER_B, tenant="c"), tenants=ts, allocations=h, gpu_memory={G1: 16384},
+                  offers=offers(1, gpus=(G1,)))
+    assert d.admitted and d.burst
+    # a refusal's hints name only what is burst now
+    ts["c"] = tenant("c", g={"vgpus": 1})
+    d = adm.admit(vreq(owner=OWNER_B, tenant="c"), tenants=ts, allocations=h, gpu_memory={G1: 8192},
+                  offers=offers(0, gpus=(G1,)))
+    assert not d.admitted and "as burst" not in d.one_line()
+    d = adm.admit(vreq(owner=OWNER_B, tenant="c"), tenants=ts, allocations=h + [held("m1", OWNER_A, "a", G1)],
+                  gpu_memory={G1: 16384}, offers=offers(0, gpus=(G1,)))
+    assert not d.admitted and "tenant 'a' holds vGPU A40-8Q m2 on 0000:41:00.0 as burst" in d.one_line()

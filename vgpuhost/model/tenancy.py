@@ -130,8 +130,8 @@ def limit_text(guaranteed: Optional[int], burst: Optional[int]) -> str:
 def usage_text(used: int, burst: int, guaranteed: Optional[int], limit: Optional[int]) -> str:
     """One dimension of ``tenant usage``: ``USED/QUOTA`` with notes in brackets.
 
-    ``used``: what the tenant holds; ``burst``: the part of it admitted as
-    burst; ``guaranteed``/``limit``: the guaranteed limit and the ceiling
+    ``used``: what the tenant holds; ``burst``: the part of it above the
+    guaranteed limit now (:func:`vgpuhost.policy.admission.usage` with the quota); ``guaranteed``/``limit``: the guaranteed limit and the ceiling
     (burst limit, else the guaranteed one), None for no limit.  QUOTA is
     written as in ``tenant list`` (``1:2``, ``0``).  Without a limit there is
     nothing to burst above or exceed, so only ``used`` is written.  With one,

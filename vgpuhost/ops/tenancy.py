@@ -457,8 +457,8 @@ def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dic
     out = []
     names = sorted(ts) + sorted({a.tenant for a in held if a.tenant and a.tenant not in ts})
     for n in names + [None]:
-        u = adm.usage(n, held)
         t = ts.get(n) if n else None
+        u = adm.usage(n, held, t.quota if t else None)
         if n is None and not any(a.tenant is None for a in held):
             continue
         dims = {}

@@ -50,7 +50,7 @@ allocations on the GPUs it could use.  vgpuhost never stops a VM itself.
 from __future__ import annotations
 
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
-                             HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Tenant)
+                             HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant)
 from ..model.values import record, replace
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
                      allocation, passthrough_demand, vgpu_demand)
@@ -164,8 +164,16 @@ class AdmissionRequest:
 # ---------------------------------------------------------------------------
 # use
 
-def usage(tenant: str, allocations: Sequence[Allocation]) -> Dict[str, Tuple[int, int]]:
-    """``{dimension: (total use, burst use)}`` of ``tenant``'s allocations."""
+def usage(tenant: str, allocations: Sequence[Allocation],
+          quota: Optional[Quota] = None) -> Dict[str, Tuple[int, int]]:
+    """``{dimension: (total use, burst use)}`` of ``tenant``'s allocations.
+
+    With ``quota`` (the tenant's quota now), the burst part is the use above
+    the guaranteed limit, up to the ceiling (0 in a dimension with no
+    guarantee): use against the quota as it is now, whatever each device was
+    labelled when it was admitted (a guarantee raised since, or a guaranteed
+    domain stopped, leaves fewer bursts).  Without it, the part labelled burst
+    at admission."""
     out = {d: (0, 0) for d in DIMENSIONS}
     for a in allocations:
         if a.tenant != tenant:
@@ -175,6 +183,26 @@ def usage(tenant: str, allocations: Sequence[Allocation]) -> Dict[str, Tuple[int
             n = dem.amount(d)
             t, b = out[d]
             out[d] = (t + n, b + (n if a.burst else 0))
+    if quota is not None:
+        for d, (t, _) in out.items():
+            g, top = quota.guaranteed.get(d), quota.ceiling(d)
+            out[d] = (t, 0 if g is None else max(0, min(t, top if top is not None else t) - g))
+    return out
+
+
+def bursting(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation]) -> List[Allocation]:
+    """The allocations held as burst now: those admitted as burst whose tenant's use still passes a
+    guaranteed limit it has now (a guarantee raised since, or a guaranteed domain stopped, ends a burst)."""
+    over: Dict[str, bool] = {}
+    out = []
+    for a in allocations:
+        if not (a.burst and a.tenant):
+            continue
+        if a.tenant not in over:
+            t = tenant_named(tenants, a.tenant)
+            over[a.tenant] = t is None or any(b for _, b in usage(a.tenant, allocations, t.quota).values())
+        if over[a.tenant]:
+            out.append(a)
     return out
 
 
@@ -309,7 +337,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
             narrowed.append(replace(o, available=0, parents=(), note=why))
     if not dem.hardware and not offers and any(a.kind == PASSTHROUGH for a in allocations):
         # every vGPU-capable GPU is passed through (a GPU bound to vfio-pci offers no vGPU types)
-        frees = _holders([a for a in allocations if a.kind == PASSTHROUGH], tname, names)
+        frees = _holders([a for a in allocations if a.kind == PASSTHROUGH], tname, names, tenants, allocations)
         return refuse("capacity", f"no room for {dem.text()}: no GPU offers vGPUs now (the GPUs are passed "
                                   "through)", frees=frees + ["'vgpuhost capacity' shows what fits where"])
     if not dem.hardware and not served_any:
@@ -354,7 +382,8 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         frees = []
         if not unguaranteed and tenant is not None:
             # room a guarantee may claim back: other tenants' bursts, then domains with no tenant
-            frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names)
+            frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names,
+                             tenants, allocations)
         frees.append("'vgpuhost capacity' shows what fits where")
         return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
                       candidates=candidates, burst=burst)
@@ -442,7 +471,7 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
     if held:
         a = held[0]
         frees = [f"stop or detach {who(a, names)} ({held_text(a)})"]
-        if a.burst and a.tenant != tname and not burst:
+        if a.tenant != tname and not burst and a in bursting(tenants, allocations):
             frees.insert(0, f"tenant {a.tenant!r} holds it as burst")
         return Admission(False, f"no room for passthrough GPU {gpu}: it holds {held_text(a)} of {who(a, names)}",
                          tname, qos, burst, "capacity", frees=tuple(frees))
@@ -479,7 +508,9 @@ def _covered(tenant: Tenant, dem: Demand) -> bool:
 def _reserved(me: Optional[str], tenants: Mapping[str, Tenant],
               allocations: Sequence[Allocation]) -> List[Tuple[str, Dict[str, int]]]:
     """The other tenants' unused guarantees: ``[(tenant, {dimension: unused})]``, by name, none empty.
-    Unused = guaranteed limit - the use admitted within it (burst use does not fill a guarantee)."""
+    Unused = guaranteed limit - the tenant's use now (what it holds fills its guarantee first, whatever
+    each device was labelled at admission: a burst left running after a guaranteed domain stopped, or
+    under a guarantee raised since, is guaranteed use now)."""
     out = []
     for name in sorted(tenants):
         if name == me:
@@ -493,9 +524,9 @@ def _reserved(me: Optional[str], tenants: Mapping[str, Tenant],
                 continue
             if u is None:
                 u = usage(name, allocations)
-            total, b = u[d]
-            if g - (total - b) > 0:
-                left[d] = g - (total - b)
+            total, _ = u[d]
+            if g - total > 0:
+                left[d] = g - total
         if left:
             out.append((name, left))
     return out
@@ -594,11 +625,14 @@ def _reserve_frees(tenant: Optional[Tenant], dem: Demand, burst: bool, reserved)
     return out
 
 
-def _holders(allocations: Sequence[Allocation], me: Optional[str], names: Mapping[str, str]) -> List[str]:
-    """Remedies naming what holds room a guarantee may claim back: other tenants' bursts first, then
-    domains and vGPUs with no tenant (at most 4, then how many more)."""
+def _holders(allocations: Sequence[Allocation], me: Optional[str], names: Mapping[str, str],
+             tenants: Mapping[str, Tenant], every: Sequence[Allocation]) -> List[str]:
+    """Remedies naming what holds room a guarantee may claim back: other tenants' bursts first (as
+    :func:`bursting` finds them over ``every`` allocation), then domains and vGPUs with no tenant (at
+    most 4, then how many more)."""
     out = []
-    bursts = sorted((a for a in allocations if a.burst and a.tenant and a.tenant != me), key=lambda a: (a.gpu, a.device))
+    now = bursting(tenants, every)
+    bursts = sorted((a for a in allocations if a in now and a.tenant != me), key=lambda a: (a.gpu, a.device))
     loose = sorted((a for a in allocations if a.tenant is None and a.owner != "layout"),
                    key=lambda a: (a.gpu, a.device))
     for a in bursts:
