@@ -268,15 +268,19 @@ def test_bursts_leave_room_for_another_tenants_unused_vgpu_count(make_host):
     s = store_of(host)
     tenancy.add(s, T("a", quota=quota(vgpus=2)))
     tenancy.add(s, T("b", quota=tenancy.Quota(L(vgpus=0), L(vgpus=6))))
+    # (breaker round 2) while the GPU is empty, b's burst may not fix its vGPU size before a's guarantee is used
+    rc, err = start(host, "b0", tdom("b0", uid("37373737", 0), uid("c7c7c7c7", 0), tenant="b"))
+    assert rc == 2 and "would fix its vGPU size (equal-size mode)" in err and "tenant 'a'" in err
+    assert start(host, "a0", tdom("a0", uid("38383838", 0), uid("c8c8c8c8", 0), tenant="a")) == (0, "")
     rcs = [start(host, f"b{i}", tdom(f"b{i}", uid("37373737", i), uid("c7c7c7c7", i), tenant="b"))
-           for i in range(6)]
-    assert [rc for rc, _ in rcs] == [0, 0, 0, 0, 2, 2]
+           for i in range(5)]
+    assert [rc for rc, _ in rcs] == [0, 0, 0, 0, 2]
     err = rcs[4][1]
-    assert err.count("\n") == 1 and "admission: burst for tenant 'b' refused: 16384 MiB free" in err
-    assert "16384 MiB held for other tenants' unused guarantees (tenant 'a': 2 vGPU(s) of 8192 MiB)" in err
+    assert err.count("\n") == 1 and "admission: burst for tenant 'b' refused: 8192 MiB free" in err
+    assert "8192 MiB held for other tenants' unused guarantees (tenant 'a': 1 vGPU(s) of 8192 MiB)" in err
     assert "to free room: wait for free capacity" in err
-    for i in (0, 1):                           # a's guarantee is there when it asks
-        assert start(host, f"a{i}", tdom(f"a{i}", uid("38383838", i), uid("c8c8c8c8", i), tenant="a")) == (0, "")
+    # a's guarantee is there when it asks
+    assert start(host, "a1", tdom("a1", uid("38383838", 1), uid("c8c8c8c8", 1), tenant="a")) == (0, "")
     tenants_of = sorted(r[2] for r in s.allocation_rows())
     assert tenants_of == ["a", "a", "b", "b", "b", "b"] and len(mdevs(host)) == 6
 
@@ -460,3 +464,44 @@ def test_a_burst_left_running_after_the_guaranteed_domain_stops_fills_the_guaran
     d = adm.admit(vreq(owner=OWNER_B, tenant="c"), tenants=ts, allocations=h + [held("m1", OWNER_A, "a", G1)],
                   gpu_memory={G1: 16384}, offers=offers(0, gpus=(G1,)))
     assert not d.admitted and "tenant 'a' holds vGPU A40-8Q m2 on 0000:41:00.0 as burst" in d.one_line()
+
+
+def test_a_small_vgpu_no_guarantee_covers_may_not_fix_the_size_of_the_gpu_a_guarantee_needs(make_host):
+    host = make_host("a40-mdev")              # one A40
+    s = store_of(host)
+    tenancy.add(s, T("a", quota=quota(vgpus=2)))
+    tenancy.add(s, T("b", quota=tenancy.Quota(L(vgpus=0), L(vgpus=1))))
+    for who, name in (("b", "b1"), (None, "n1")):          # a burst, and a domain with no tenant
+        rc, err = start(host, name, tdom(name, uid("3b3b3b3b", len(name) + (who is None)), uid("cbcb0000", 0),
+                                         tenant=who, profile="A40-1Q"))
+        assert rc == 2 and err.count("\n") == 1 and "refused: a first 1024 MiB vGPU on 0000:" in err
+        assert "would fix its vGPU size (equal-size mode)" in err and "tenant 'a'" in err
+        assert not mdevs(host) and not s.allocation_rows()
+    for i in (0, 1):                           # a's guarantee is there when it asks, at the size it asks
+        assert start(host, f"a{i}", tdom(f"a{i}", uid("3c3c3c3c", i), uid("cccc0000", i), tenant="a")) == (0, "")
+    assert sorted(r[2] for r in s.allocation_rows()) == ["a", "a"]
+
+
+def test_the_first_vgpu_of_a_size_goes_where_the_guarantees_keep_room():
+    ts = {"a": tenant("a", g={"framebuffer_mib": 16384}), "b": tenant("b", g={"vgpus": 0}, b={"vgpus": 4})}
+    mem = {G1: 49152, G2: 49152}
+    # two empty GPUs: one may take the small size, the other stays empty for a
+    d = adm.admit(vreq(owner=OWNER_B, tenant="b", profile="A40-1Q"), tenants=ts, allocations=[], gpu_memory=mem,
+                  offers=offers(48, 48, profile="A40-1Q", gpus=(G1, G2)))
+    assert d.admitted and d.burst and d.gpu == G1
+    # G2 holds a's 8Q: a's other 8 GiB fits beside it, so G1 may still take the small size
+    h = [held("a1", OWNER_A, "a", G2)]
+    d = adm.admit(vreq(owner=OWNER_B, tenant="b", profile="A40-1Q"), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(48, 0, profile="A40-1Q", gpus=(G1, G2)))
+    assert d.admitted and d.gpu == G1
+    # G2 holds another size (no tenant's): a could only use the empty G1, so the small burst is refused
+    h = [held("n1", OWNER_A, None, G2, profile="A40-2Q")]
+    d = adm.admit(vreq(owner=OWNER_B, tenant="b", profile="A40-1Q"), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(48, 0, profile="A40-1Q", gpus=(G1, G2)))
+    assert not d.admitted and d.code == "burst" and "tenant 'a'" in d.one_line()
+    assert d.one_line().count("\n") == 0 and "(tenant 'a': 16384 MiB framebuffer)" in d.reason
+    # a guaranteed request is not held back by it
+    ts["b"] = tenant("b", g={"vgpus": 4})
+    d = adm.admit(vreq(owner=OWNER_B, tenant="b", profile="A40-1Q"), tenants=ts, allocations=h, gpu_memory=mem,
+                  offers=offers(48, 0, profile="A40-1Q", gpus=(G1, G2)))
+    assert d.admitted and not d.burst

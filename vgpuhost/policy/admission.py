@@ -23,8 +23,11 @@ Rules (docs/guide/tenancy.md):
   unused guarantees leave: free framebuffer on the GPUs it may use for
   their framebuffer and (sized as asked) vGPU-count guarantees, free MIG
   compute slices for their slice guarantees, empty GPUs for their
-  passthrough guarantees (a time-sliced vGPU is placed off them).  The
-  refusal (code ``burst``) names the tenants holding the room.
+  passthrough guarantees (a time-sliced vGPU is placed off them).  It may
+  be the first time-sliced vGPU on an empty GPU (which fixes that GPU's
+  vGPU size) only while the GPUs left empty and those holding vGPUs of the
+  tenants with framebuffer or vGPU guarantees still hold those guarantees.
+  The refusal (code ``burst``) names the tenants holding the room.
 - **Isolation.**  ``hardware``: MIG-backed vGPUs and passthrough only.
   ``exclusive``: a time-sliced GPU holds only this tenant's vGPUs (and no
   other tenant's vGPU joins it).  ``shared``: anything not excluded by an
@@ -356,12 +359,19 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     # use no guarantee covers leaves room for the other tenants' unused guarantees (module docstring)
     reserved = _reserved(tname, tenants, allocations)
     unguaranteed = bool(reserved) and (tenant is None or burst or not _covered(tenant, dem))
+    kept: List[str] = []
+    size_note = ""
     if unguaranteed and not dem.hardware:
         keep = _kept_free(reserved, allocations, gpu_memory)
         if keep:
             narrowed = [replace(o, available=0, parents=(), note=keep) if str(o.gpu) in _empty(allocations,
                         gpu_memory) else o for o in narrowed]
             candidates = [g for g in candidates if g not in _empty(allocations, gpu_memory)]
+        # nor be the first vGPU on an empty GPU when that would leave the guarantees no GPU of a size they can use
+        kept, size_note = _size_kept(dem, candidates, reserved, allocations, gpu_memory)
+        if kept:
+            narrowed = [replace(o, available=0, parents=(), note=size_note) if str(o.gpu) in kept else o
+                        for o in narrowed]
 
     # 5. placement -----------------------------------------------------------------
     preq = Request(dem.profile, req.owner, req.strategy, req.numa_node, req.anti_affinity,
@@ -378,6 +388,9 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                                                                 f"{', '.join(sorted(tenant.prefer))}")
     if decision is None:
         decision = place(narrowed, preq)
+    if not decision.admitted and kept:
+        return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
+                      candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
     if not decision.admitted:
         frees = []
         if not unguaranteed and tenant is not None:
@@ -547,6 +560,58 @@ def _kept_free(reserved, allocations: Sequence[Allocation], gpu_memory: Optional
     return f"kept free for the guaranteed passthrough of {who_} ({need} GPU(s) unused)"
 
 
+def _fb_need(dem: Demand, reserved) -> Tuple[int, List[str]]:
+    """Framebuffer (MiB) the ``reserved`` framebuffer and vGPU-count guarantees hold against ``dem`` (each
+    unused guaranteed vGPU sized as ``dem``, :data:`MIN_VGPU_MIB` against passthrough), and per tenant what."""
+    unit = dem.framebuffer_mib if dem.kind == VGPU else MIN_VGPU_MIB
+    need_fb, parts = 0, []
+    for n, left in reserved:
+        fb, cnt = left.get("framebuffer_mib", 0), left.get("vgpus", 0) * unit
+        if fb or cnt:
+            need_fb += max(fb, cnt)
+            parts.append(f"tenant {n!r}: " + (f"{fb} MiB framebuffer" if fb >= cnt else
+                                              f"{left['vgpus']} vGPU(s) of {unit} MiB"))
+    return need_fb, parts
+
+
+def _size_kept(dem: Demand, candidates: Sequence[str], reserved, allocations: Sequence[Allocation],
+               gpu_memory: Optional[Mapping[str, int]]) -> Tuple[List[str], str]:
+    """The empty GPUs of ``candidates`` a time-sliced vGPU no guarantee covers may not be the first vGPU on,
+    and why ('' when none).  The first vGPU on a GPU fixes the size it takes (equal-size mode), so the
+    room left for the ``reserved`` framebuffer and vGPU-count guarantees is counted only on the GPUs
+    that stay empty (less those the unused passthrough guarantees need, the largest first) and the free
+    framebuffer of GPUs already holding a vGPU of a tenant with such a guarantee (a size it uses).
+    Every GPU is treated as in equal-size mode (mixed-size mode is not seen here)."""
+    need_fb, parts = _fb_need(dem, reserved)
+    if dem.kind != VGPU or dem.hardware or not need_fb or not gpu_memory:
+        return [], ""
+    holders = {n.lower() for n, left in reserved if left.get("framebuffer_mib") or left.get("vgpus")}
+    busy = {a.gpu for a in allocations}
+    empty = [g for g in sorted(gpu_memory) if g not in busy]
+    held: Dict[str, int] = {}
+    sized = set()
+    for a in allocations:
+        held[a.gpu] = held.get(a.gpu, 0) + (a.framebuffer_mib if a.kind == VGPU else gpu_memory.get(a.gpu, 0))
+        if a.kind == VGPU and not a.mig_slices and a.tenant and a.tenant.lower() in holders:
+            sized.add(a.gpu)
+    free_sized = sum(max(0, gpu_memory[g] - held.get(g, 0)) for g in sized if g in gpu_memory)
+    need_pt = sum(left.get("passthrough_gpus", 0) for _, left in reserved)
+    kept = []
+    for g in candidates:
+        if g not in empty:
+            continue
+        rest = sorted((gpu_memory[x] for x in empty if x != g), reverse=True)[need_pt:]
+        if sum(rest) + free_sized < need_fb:
+            kept.append(g)
+    if not kept:
+        return [], ""
+    who_ = ", ".join(f"tenant {n!r}" for n, _ in reserved if n.lower() in holders)
+    left = sum(sorted((gpu_memory[x] for x in empty if x not in kept), reverse=True)[need_pt:]) + free_sized
+    return kept, (f"a first {dem.framebuffer_mib} MiB vGPU on {', '.join(kept)} would fix its vGPU size (equal-size "
+                  f"mode), leaving {left} MiB on GPUs empty or holding vGPUs of {who_} for the {need_fb} MiB held "
+                  f"for their unused guarantees ({'; '.join(parts)})")
+
+
 def _reserve_short(dem: Demand, candidates: Sequence[str], reserved, allocations: Sequence[Allocation],
                    gpu_memory: Optional[Mapping[str, int]], gpu_slices: Optional[Mapping[str, int]]) -> Optional[str]:
     """Why ``dem`` (use no guarantee covers) would take room the ``reserved`` guarantees hold (None: it would
@@ -563,14 +628,7 @@ def _reserve_short(dem: Demand, candidates: Sequence[str], reserved, allocations
             return (f"{len(empty)} other GPU(s) stay free, {need_pt} are held for {_named(reserved, 'passthrough_gpus')}"
                     " (guaranteed passthrough, unused)")
     # framebuffer (and vGPU counts, sized as asked)
-    unit = dem.framebuffer_mib if dem.kind == VGPU else MIN_VGPU_MIB
-    need_fb, parts = 0, []
-    for n, left in reserved:
-        fb, cnt = left.get("framebuffer_mib", 0), left.get("vgpus", 0) * unit
-        if fb or cnt:
-            need_fb += max(fb, cnt)
-            parts.append(f"tenant {n!r}: " + (f"{fb} MiB framebuffer" if fb >= cnt else
-                                              f"{left['vgpus']} vGPU(s) of {unit} MiB"))
+    need_fb, parts = _fb_need(dem, reserved)
     if need_fb and gpu_memory:
         held: Dict[str, int] = {}
         for a in allocations:
