@@ -89,6 +89,10 @@ def test_reconcile_check_lists_an_open_nvml_entry(make_host, tmp_path, capsys):
     assert j["result"] == "open" and j["operation"] == f"scheduler set {A40_GPU}"
     assert j["devices"][0]["scheduler"]["policy"] == "best-effort"
     assert j["devices"][0]["want"]["scheduler"]["policy"] == "equal-share"
+    assert main(["--root", str(host.root), "reconcile", "--check"]) == 1      # the text names the fix
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("open: ") and out[-2:] == [
+        "NOT in sync", "fix: run 'vgpuhost reconcile' to finish or roll back the interrupted operations"]
     assert main(["--root", str(host.root), "reconcile"]) == 0
     assert "the scheduler was never changed" in capsys.readouterr().out
     entries, _ = _entries(host)

@@ -69,6 +69,8 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         lines += [f"{label}: {i}" for i in items]
     in_sync = rep.in_sync and journal_ok
     lines.append("in sync" if in_sync else "NOT in sync")
+    if check and not journal_ok:
+        lines.append("fix: run 'vgpuhost reconcile' to finish or roll back the interrupted operations")
     doc = rep.as_dict()
     doc["journal"] = journal_doc
     doc["in_sync"] = in_sync
