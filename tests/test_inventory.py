@@ -13,7 +13,7 @@ import pytest
 
 from vgpuhost.policy.checks import check_host, is_ready
 from vgpuhost.observe.inventory import discover, parse_creatable_vgpu_types
-from vgpuhost.cli.output import aggregate_types, gpus_doc
+from vgpuhost.present.inventory import aggregate_types, gpus_doc
 from vgpuhost.sim.data import bundled_specs
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.model.values import PciAddress

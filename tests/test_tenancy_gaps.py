@@ -237,7 +237,7 @@ def test_other_number_parsers_take_ascii_digits_only():
     import pytest
 
     from datetime import datetime, timezone
-    from vgpuhost.cli.output import _type_sort
+    from vgpuhost.present.inventory import _type_sort
     from vgpuhost.io.unixsock import group_id
     from vgpuhost.model.errors import InputError
     from vgpuhost.model.values import MigProfile, is_digits

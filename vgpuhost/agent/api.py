@@ -196,12 +196,12 @@ def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
 
 
 def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..cli.output import gpus_doc
+    from ..present.inventory import gpus_doc
     return gpus_doc(agent.inventory())
 
 
 def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..cli.output import aggregate_types, types_doc
+    from ..present.inventory import aggregate_types, types_doc
     inv = agent.inventory()
     addr = _gpu(agent, req.query.get("gpu"), inv)
     entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
@@ -211,7 +211,7 @@ def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..cli.tenant import SCHEMA_CAPACITY
+    from ..present.tenancy import SCHEMA_CAPACITY
     from ..ops import tenancy
     doc = tenancy.capacity(agent.store, agent.inventory())
     profile = req.query.get("profile")
@@ -255,13 +255,13 @@ def get_domains(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_tenants(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..cli.tenant import SCHEMA_TENANTS, tenant_doc
+    from ..present.tenancy import SCHEMA_TENANTS, tenant_doc
     from ..ops import tenancy
     return {"schema": SCHEMA_TENANTS, "tenants": [tenant_doc(t) for t in tenancy.tenants(agent.store).values()]}
 
 
 def get_usage(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..cli.tenant import SCHEMA_USAGE
+    from ..present.tenancy import SCHEMA_USAGE
     from ..ops import tenancy
     try:
         inv = agent.inventory()
@@ -567,13 +567,13 @@ def _tenant_options(body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _tenant_answer(action: str, t, text: str) -> Dict[str, Any]:
-    from ..cli.tenant import SCHEMA_TENANT, tenant_doc
+    from ..present.tenancy import SCHEMA_TENANT, tenant_doc
     return {"schema": SCHEMA_TENANT, "action": action, "tenant": tenant_doc(t), "text": text}
 
 
 def post_tenant_add(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant add NAME [options]`` through the agent (options as the CLI's strings)."""
-    from ..cli.tenant import new_tenant
+    from ..present.tenancy import new_tenant
     from ..ops import tenancy
     name = _text(req.body, "name", required=True, limit=128)
     opts = _tenant_options(req.body)
@@ -586,7 +586,7 @@ def post_tenant_add(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_tenant_set(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant set NAME [options]`` through the agent."""
-    from ..cli.tenant import changed_tenant
+    from ..present.tenancy import changed_tenant
     from ..ops import tenancy
     opts = _tenant_options(req.body)
 
@@ -636,7 +636,7 @@ def post_mig_apply(agent: Agent, req: Request) -> Dict[str, Any]:
 def post_scheduler(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost scheduler set`` (now, through NVML) through the agent: ``policy``, ``timeslice_ms`` or
     ``frequency_hz`` + ``avg_factor``, and ``gpus`` (BDFs) or ``all``."""
-    from ..cli.scheduler import scheduler_state
+    from ..present.scheduler import scheduler_state
     from ..model.values import PciAddress
     from ..ops.scheduler import set_runtime
     body = req.body or {}

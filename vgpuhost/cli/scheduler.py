@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 
 import click
 
+from ..present.scheduler import scheduler_state
 from .common import current, emit, store
 
 
@@ -92,27 +93,6 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
             return
     out = set_runtime(ctx.host, store(ctx, write=not dry_run), "all" if all_gpus else addrs, state, dry_run=dry_run)
     runtime_outcome(ctx, out)
-
-
-def scheduler_state(policy: str, timeslice_ms: Optional[int], frequency_hz: Optional[int],
-                    avg_factor: Optional[int]):
-    """The SchedulerState ``scheduler set`` asks for.  Raises InputError for options that do not go
-    together (the command says so as usage errors first)."""
-    from ..io.nvml import SchedulerState
-    from ..model.errors import InputError
-    if policy not in ("best-effort", "equal-share", "fixed-share"):
-        raise InputError(f"unknown scheduler policy {policy!r}", hint="best-effort, equal-share or fixed-share")
-    if (frequency_hz is None) != (avg_factor is None):
-        raise InputError("--frequency-hz and --avg-factor go together")
-    if timeslice_ms is not None and frequency_hz is not None:
-        raise InputError("--timeslice-ms (no ARR) and --frequency-hz/--avg-factor (ARR) exclude each other")
-    if policy == "best-effort" and (timeslice_ms is not None or frequency_hz is not None):
-        raise InputError("best effort takes no time slice, frequency or averaging factor")
-    if policy == "best-effort":
-        return SchedulerState("best-effort")
-    if timeslice_ms is not None:
-        return SchedulerState(policy, arr=False, timeslice_ms=timeslice_ms)
-    return SchedulerState(policy, arr=True, frequency_hz=frequency_hz, avg_factor=avg_factor)
 
 
 def runtime_outcome(ctx, out) -> None:

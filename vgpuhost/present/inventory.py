@@ -1,0 +1,94 @@
+"""The inventory documents the CLI and the agent both serve: ``vgpuhost.gpus/v1`` and ``vgpuhost.types/v1``.
+
+Owns: turning inventory values into the documented JSON shapes
+(docs/reference/json.md).  Must not: read the host, decide anything, or
+render text (the CLI's tables stay in :mod:`vgpuhost.cli.output`).
+"""
+
+from __future__ import annotations
+
+from ..observe.inventory import Gpu, Inventory, VgpuType, free_instances
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only: `vgpuhost types` does not import typing
+    from typing import Any, Dict, Iterable, List, Optional
+
+SCHEMA_GPUS = "vgpuhost.gpus/v1"
+SCHEMA_TYPES = "vgpuhost.types/v1"
+
+
+def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
+    d = gpu.pci
+    group = inv.group_of(gpu.address)
+    ix = inv.on_gpu(gpu.address)
+    present = list(ix.vgpus) if ix is not None else []
+    return {
+        "address": str(gpu.address),
+        "model": gpu.model,
+        "board": gpu.board,
+        "vendor_id": f"{d.vendor:04x}",
+        "device_id": f"{d.device:04x}",
+        "subsystem_id": f"{d.subsystem_vendor:04x}:{d.subsystem_device:04x}",
+        "class": f"0x{d.pci_class:06x}",
+        "driver": d.driver,
+        "driver_override": d.driver_override,
+        "numa_node": d.numa_node,
+        "boot_vga": d.boot_vga,
+        "reset_methods": list(d.reset_methods),
+        "iommu_group": d.iommu_group,
+        "group_members": [str(m) for m in group.members] if group else [],
+        "companions": [str(c) for c in gpu.companions],
+        "backends": list(gpu.backends),
+        "vgpu_backend": gpu.vgpu_backend,
+        "sriov": {"totalvfs": d.sriov_totalvfs, "numvfs": d.sriov_numvfs, "vfs": [str(v) for v in gpu.vfs]},
+        "mdev_parents": [str(p) for p in gpu.mdev_parents],
+        "vgpus": sorted(present),
+        "mig": dict(gpu.mig) if gpu.mig is not None else None,
+    }
+
+
+def gpus_doc(inv: Inventory) -> Dict[str, Any]:
+    return {"schema": SCHEMA_GPUS, "iommu_enabled": inv.iommu_enabled,
+            "gpus": [gpu_doc(inv, g) for g in inv.gpus]}
+
+
+def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) -> List[Dict[str, Any]]:
+    """One entry per (GPU, type id) with per-parent availability, in sysfs order.
+
+    With ``inv``, ``available_instances`` is what
+    :func:`vgpuhost.observe.inventory.free_instances` counts (0 on a GPU not on
+    ``nvidia``; on SR-IOV GPUs the per-VF ones sum to more than the GPU holds);
+    the per-parent counts stay the kernel's.
+    """
+    out: Dict[tuple, Dict[str, Any]] = {}
+    for t in types:
+        key = (t.gpu, t.type_id)
+        e = out.get(key)
+        if e is None:
+            p = t.profile
+            e = out[key] = {
+                "gpu": str(t.gpu), "backend": t.backend, "type_id": t.type_id, "name": t.name,
+                "raw_name": t.raw_name,
+                "series": p.series if p else None, "board": p.board if p else None,
+                "framebuffer_mib": t.framebuffer_mib,
+                "gi_slices": p.gi_slices if p else None,
+                "media_extensions": p.media_extensions if p else False,
+                "max_instances": t.max_instances, "available_instances": 0,
+                "device_api": t.device_api, "description": dict(t.description), "parents": [],
+            }
+        e["available_instances"] += t.available_instances
+        e["parents"].append({"parent": str(t.parent), "available_instances": t.available_instances})
+    if inv is not None:
+        for (gpu, tid), e in out.items():
+            e["available_instances"] = free_instances(inv, gpu, tid)[0]
+    return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
+
+
+def _type_sort(type_id: str) -> tuple:
+    tail = type_id.rsplit("-", 1)[-1]
+    from ..model.values import is_digits
+    return (0, int(tail), type_id) if is_digits(tail) else (1, 0, type_id)
+
+
+def types_doc(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"schema": SCHEMA_TYPES, "types": entries}

@@ -1,0 +1,76 @@
+"""The tenant documents the CLI and the agent both serve, and the tenant request parsing they share.
+
+Schema ids: ``vgpuhost.tenant/v1`` (add, set, show, remove), ``vgpuhost.tenants/v1``
+(list), ``vgpuhost.tenant-usage/v1``, ``vgpuhost.capacity/v1``,
+``vgpuhost.tenant-openstack/v1``.  :func:`new_tenant` and :func:`changed_tenant`
+take the options of ``tenant add|set`` as strings, as typed on the command line or
+sent in an agent request body; they raise InputError naming a bad option.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+SCHEMA_TENANT = "vgpuhost.tenant/v1"
+SCHEMA_TENANTS = "vgpuhost.tenants/v1"
+SCHEMA_USAGE = "vgpuhost.tenant-usage/v1"
+SCHEMA_CAPACITY = "vgpuhost.capacity/v1"
+SCHEMA_OPENSTACK = "vgpuhost.tenant-openstack/v1"
+
+#: option name -> (quota dimension, counts MiB?)
+LIMIT_OPTIONS = {"vgpus": ("vgpus", False), "framebuffer": ("framebuffer_mib", True),
+                 "mig_slices": ("mig_slices", False), "passthrough": ("passthrough_gpus", False)}
+
+
+def tenant_doc(t) -> dict:
+    from ..model.tenancy import DIMENSIONS
+    q = t.quota
+    return {"name": t.name, "qos": t.qos, "isolation": t.isolation,
+            "quota": {d: {"guaranteed": q.guaranteed.get(d), "burst": q.burst.get(d)} for d in DIMENSIONS},
+            "series": sorted(q.series), "labels": sorted(t.labels), "avoid": sorted(t.avoid),
+            "prefer": sorted(t.prefer)}
+
+
+def _changes(old, *, qos, isolation, vgpus, framebuffer, mig_slices, passthrough, series, labels, avoid,
+             prefer, replace_labels: bool) -> Dict[str, object]:
+    from ..model.tenancy import check_label, parse_limit, parse_series, with_limits
+    out: Dict[str, object] = {}
+    if qos:
+        out["qos"] = qos
+    if isolation:
+        out["isolation"] = isolation
+    limits: Dict[str, Tuple[Optional[int], Optional[int]]] = {}
+    for opt, value in (("vgpus", vgpus), ("framebuffer", framebuffer), ("mig_slices", mig_slices),
+                       ("passthrough", passthrough)):
+        if value is not None:
+            dim, mib = LIMIT_OPTIONS[opt]
+            limits[dim] = parse_limit(value, "--" + opt.replace("_", "-"), mib=mib)
+    quota = old.quota
+    if limits:
+        quota = with_limits(quota, limits)
+    if series is not None:
+        from ..model.values import replace
+        quota = replace(quota, series=parse_series(series))
+    if quota != old.quota:
+        out["quota"] = quota
+    for name, given in (("labels", labels), ("avoid", avoid), ("prefer", prefer)):
+        if given:
+            vals = frozenset(check_label(x) for x in given if x != "none")
+            out[name] = vals if replace_labels or "none" in given else getattr(old, name) | vals
+    return out
+
+
+def new_tenant(name: str, opts: Dict[str, object]):
+    """The Tenant ``tenant add NAME`` makes from the command's options (strings, as typed).
+    Raises InputError naming a bad option."""
+    from ..model.tenancy import Tenant, check_name
+    from ..model.values import replace
+    base = Tenant(check_name(name))
+    return replace(base, **_changes(base, replace_labels=True, **opts))
+
+
+def changed_tenant(store, name: str, opts: Dict[str, object], *, actor: Optional[str] = None):
+    """``tenant set NAME``: tenant NAME with the options given changed, stored; returns it."""
+    from ..ops import tenancy
+    # computed from the tenant as stored under the host lock (labels add to the stored ones)
+    return tenancy.update_with(store, name, lambda old: _changes(old, replace_labels=False, **opts), actor=actor)
