@@ -17,7 +17,8 @@ happens only in ``io/`` (and in ``sim/``, which *is* the simulated outside);
 ``pynvml`` only in ``io/nvml_pynvml.py``, the ``libvirt`` binding only in
 ``io/virt.py``, ``sqlite3`` only in ``io/state.py``.
 
-Also: no import cycle between modules (module-level and function-level imports
+Also: no cycle in the graph of packages (the lazy ``io/backends`` -> ``sim`` factory
+edge aside), no import cycle between modules (module-level and function-level imports
 alike), package ``__init__.py`` files hold a docstring only (the top-level one may
 also hold ``__version__``, which setup.cfg reads), and no ``cli`` module imports a
 private name (``_x``) from another module.
@@ -303,9 +304,42 @@ def side_by_side() -> Iterator[Tuple[str, str, str]]:
                 yield "side-by-side", module, dest
 
 
+def package_cycles() -> Iterator[Tuple[str, str, str]]:
+    """No cycle in the graph of packages (``io``, ``sim``, ...).  The one edge left out is
+    ``io/backends`` -> ``sim``: the factories that pick a simulated backend import the simulator
+    lazily, inside the factory, and that is the single way product code reaches it."""
+    edges: Dict[str, Set[str]] = {}
+    for module, targets in graph().items():
+        src = _layer(module)
+        if src is None:
+            continue
+        for dest in targets:
+            dst = _layer(dest)
+            if dst is None or dst == src or (module == BACKENDS and dst == "sim"):
+                continue
+            edges.setdefault(src, set()).add(dst)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            v = todo.pop()
+            if v == goal:
+                return True
+            if v not in seen:
+                seen.add(v)
+                todo.extend(edges.get(v, ()))
+        return False
+
+    for src in sorted(edges):
+        for dst in sorted(edges[src]):
+            if reaches(dst, src):
+                yield "package-cycle", src, dst
+
+
 def violations() -> Set[Tuple[str, str, str]]:
     out: Set[Tuple[str, str, str]] = set()
-    for rule in (layer_violations, cycles, door_violations, init_violations, private_imports, side_by_side):
+    for rule in (layer_violations, cycles, door_violations, init_violations, private_imports, side_by_side,
+                 package_cycles):
         out.update(rule())
     return out
 
