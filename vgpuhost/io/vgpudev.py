@@ -1,0 +1,216 @@
+"""The one door to the vGPU kernel interfaces: classic mdev and NVIDIA's vendor-specific VFIO.
+
+Owns: one :class:`VgpuDevices` interface and its two implementations
+(:class:`MdevDevices`, :class:`VendorVfioDevices`), chosen by :func:`for_backend`
+from a :class:`~vgpuhost.model.concepts.Backend`: the sysfs paths of a vGPU
+(create, ``vgpu_params``, remove), the value written to create and remove it,
+reading back the type it holds, whether it exists, and the offers (per-type
+listings) a parent makes.  In the pattern of a mode manager with one
+implementation per kernel interface: callers hold a backend object, not a
+string to branch on.
+
+Must not: import anything heavy at module level (the qemu hook imports this
+module through :mod:`vgpuhost.plan.steps`: no typing, no pathlib, no re).
+
+Sources: docs/reference/hardware.md#mdev (``mdev_supported_types``,
+``create``, ``remove``, ``mdev_type``) and #vendor-vfio (``nvidia/
+creatable_vgpu_types``, ``nvidia/current_vgpu_type``, ``nvidia/vgpu_params``).
+"""
+
+from __future__ import annotations
+
+from os.path import join as _join
+
+from ..model.concepts import Backend
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only
+    from typing import List, Optional, Tuple
+    from .hostroot import HostRoot
+    from .sysfs import Sysfs
+
+MDEV_TYPE_ATTR = "mdev_type"
+CURRENT_TYPE_ATTR = "current_vgpu_type"
+CREATABLE_ATTR = "creatable_vgpu_types"
+SUPPORTED_TYPES_DIR = "mdev_supported_types"
+AVAILABLE_ATTR = "available_instances"
+PARAMS_ATTR = "vgpu_params"
+CREATE_FILE = "create"
+REMOVE_FILE = "remove"
+
+
+class VgpuDevices:
+    """The interface: what vgpuhost does to the vGPUs of one backend.
+
+    ``parent`` is the PCI address (a :class:`~vgpuhost.model.values.PciAddress`
+    or its string) of the mdev parent or the VF; ``vgpu_id`` the mdev UUID or,
+    on vendor VFIO, the VF's address.  Paths are strings.
+    """
+
+    backend = None      # the Backend member
+
+    def create_path(self, host: HostRoot, parent, type_id: str, vgpu_id: str) -> str:
+        raise NotImplementedError
+
+    def create_value(self, type_id: str, vgpu_id: str) -> str:
+        raise NotImplementedError
+
+    def params_path(self, host: HostRoot, parent, vgpu_id: str) -> str:
+        raise NotImplementedError
+
+    def remove_write(self, host: HostRoot, parent, vgpu_id: str) -> Tuple[str, str]:
+        """``(path, value)`` whose write removes the vGPU."""
+        raise NotImplementedError
+
+    def current_type(self, fs: Sysfs, parent, vgpu_id: str) -> Optional[str]:
+        """The type id the vGPU holds now, read back; None: it does not exist / the VF holds none."""
+        raise NotImplementedError
+
+    def raw_current(self, fs: Sysfs, parent, vgpu_id: str) -> Optional[str]:
+        """What the kernel shows as the vGPU's type, unfiltered (for messages)."""
+        return self.current_type(fs, parent, vgpu_id)
+
+    def paths(self, host: HostRoot, parent, type_id: str, vgpu_id: str) -> Tuple[str, str]:
+        """``(create path, vgpu_params path)``."""
+        return self.create_path(host, parent, type_id, vgpu_id), self.params_path(host, parent, vgpu_id)
+
+    def create(self, fs: Sysfs, parent, type_id: str, vgpu_id: str) -> None:
+        """Write the create file; raises :class:`~vgpuhost.model.errors.SysfsError` as the kernel refuses."""
+        fs.write(self.create_path(fs.host, parent, type_id, vgpu_id), self.create_value(type_id, vgpu_id))
+
+    def remove(self, fs: Sysfs, parent, vgpu_id: str) -> None:
+        """Write the remove file; raises SysfsError (EBUSY while qemu holds it)."""
+        fs.write(*self.remove_write(fs.host, parent, vgpu_id))
+
+
+class MdevDevices(VgpuDevices):
+    """Classic mdev (docs/reference/hardware.md#mdev): create by writing the UUID to
+    ``<mdev_bus>/<parent>/mdev_supported_types/<type>/create``; the device is
+    ``<mdev_devices>/<uuid>`` with ``mdev_type`` (a link named by the type id),
+    ``nvidia/vgpu_params`` and ``remove`` (write ``1``)."""
+
+    backend = Backend.MDEV
+
+    def create_path(self, host, parent, type_id, vgpu_id):
+        return _join(host.s.mdev_bus, str(parent), SUPPORTED_TYPES_DIR, type_id, CREATE_FILE)
+
+    def create_value(self, type_id, vgpu_id):
+        return vgpu_id
+
+    def params_path(self, host, parent, vgpu_id):
+        return _join(host.s.mdev_devices, vgpu_id, "nvidia", PARAMS_ATTR)
+
+    def remove_write(self, host, parent, vgpu_id):
+        return _join(host.s.mdev_devices, vgpu_id, REMOVE_FILE), "1"
+
+    def current_type(self, fs, parent, vgpu_id):
+        return fs.link_name(_join(fs.host.s.mdev_devices, vgpu_id, MDEV_TYPE_ATTR))
+
+
+class VendorVfioDevices(VgpuDevices):
+    """NVIDIA vendor-specific VFIO (docs/reference/hardware.md#vendor-vfio): a VF per
+    vGPU; write the type id to ``<pci_devices>/<VF>/nvidia/current_vgpu_type`` to
+    create, ``0`` to remove (reads ``0`` while empty; EPERM while the VF is taken);
+    ``nvidia/vgpu_params`` beside it."""
+
+    backend = Backend.VENDOR_VFIO
+
+    def _nvidia(self, host, vf):
+        return _join(host.s.pci_device(vf), "nvidia")
+
+    def create_path(self, host, parent, type_id, vgpu_id):
+        return _join(self._nvidia(host, parent), CURRENT_TYPE_ATTR)
+
+    def create_value(self, type_id, vgpu_id):
+        return type_id
+
+    def params_path(self, host, parent, vgpu_id):
+        return _join(self._nvidia(host, parent), PARAMS_ATTR)
+
+    def remove_write(self, host, parent, vgpu_id):
+        return _join(self._nvidia(host, parent), CURRENT_TYPE_ATTR), "0"
+
+    def raw_current(self, fs, parent, vgpu_id):
+        return fs.read_optional(_join(self._nvidia(fs.host, parent), CURRENT_TYPE_ATTR))
+
+    def current_type(self, fs, parent, vgpu_id):
+        cur = self.raw_current(fs, parent, vgpu_id)
+        return cur if cur and cur != "0" else None
+
+
+_MDEV = MdevDevices()
+_VENDOR = VendorVfioDevices()
+
+
+def for_backend(backend) -> VgpuDevices:
+    """The door of ``backend`` (a Backend member or its spelling); ValueError on an unknown one."""
+    b = Backend(backend)
+    return _MDEV if b is Backend.MDEV else _VENDOR
+
+
+def vf_current_type(fs: Sysfs, vf) -> Optional[str]:
+    """The type a vendor-VFIO VF holds (``nvidia/current_vgpu_type``, None for ``0`` or absent)."""
+    return _VENDOR.current_type(fs, vf, str(vf))
+
+
+def vf_has_vendor_vgpu(fs: Sysfs, vf) -> bool:
+    """Whether ``<VF>/nvidia/current_vgpu_type`` exists: the VF serves vendor-VFIO vGPUs."""
+    return fs.exists(_join(fs.host.s.pci_device(vf), "nvidia", CURRENT_TYPE_ATTR))
+
+
+def vgpu_exists(fs: Sysfs, vid: str) -> bool:
+    """Whether vGPU ``vid`` exists: a VF address holding a type, or ``<mdev_devices>/<uuid>``."""
+    from ..model.values import PciAddress
+    if PciAddress.is_valid(vid):
+        return vf_current_type(fs, vid) is not None
+    return fs.exists(_join(fs.host.s.mdev_devices, vid))
+
+
+def mdev_type_of(fs: Sysfs, mdev_dir: str) -> Optional[str]:
+    """The type id of the mdev at ``mdev_dir`` (its ``mdev_type`` link's name)."""
+    return fs.link_name(mdev_dir + "/" + MDEV_TYPE_ATTR)
+
+
+def supported_types_dir(host: HostRoot, parent) -> str:
+    """``<mdev_bus>/<parent>/mdev_supported_types/`` (with the trailing slash)."""
+    return f"{host.s.mdev_bus}/{parent}/{SUPPORTED_TYPES_DIR}/"
+
+
+def mdev_offer(fs: Sysfs, tdir: str, tid: str) -> dict:
+    """One type's listing under ``supported_types_dir``: ``name``, ``description``, ``device_api``
+    (str or None) and ``available_instances`` (int >= 0, 0 when unreadable)."""
+    base = f"{tdir}{tid}/"
+    return {"available": max(0, fs.read_attr_int(base + AVAILABLE_ATTR, default=0) or 0),
+            "name": fs.read_attr(base + "name"), "description": fs.read_attr(base + "description"),
+            "device_api": fs.read_attr(base + "device_api")}
+
+
+def mdev_available(fs: Sysfs, tdir: str, tid: str) -> int:
+    """``available_instances`` of one type (0 when unreadable)."""
+    return max(0, fs.read_attr_int(f"{tdir}{tid}/{AVAILABLE_ATTR}", default=0) or 0)
+
+
+def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
+    """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF."""
+    ndir = f"{fs.host.s.pci_device(vf)}/nvidia/"
+    creatable = parse_creatable_vgpu_types(fs.read_optional(ndir + CREATABLE_ATTR) or "")
+    current = fs.read_optional(ndir + CURRENT_TYPE_ATTR)
+    return creatable, (current if current and current != "0" else None)
+
+
+def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
+    r"""``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
+
+    The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.  Each line is
+    ``^\s*(\d+)\s*:\s*(.+?)\s*$``, parsed by hand (the qemu hook reads it on vendor VFIO and
+    imports no ``re``, see :mod:`vgpuhost.model.values`).
+    """
+    out = []
+    for line in text.splitlines():
+        left, colon, right = line.partition(":")
+        tid = left.strip()
+        if not colon or not tid.isdecimal() or not right or "\n" in right:
+            continue
+        name = right.strip()
+        out.append((tid, name or right[-1]))    # all blank: the pattern's .+? takes the last blank
+    return out
