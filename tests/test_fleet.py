@@ -19,7 +19,7 @@ import pytest
 from agentutil import AgentRun
 from test_metering_prometheus import _free_port, _get, _tool, _wait
 from vgpuhost.cli.main import main as cli_main
-from vgpuhost.io.prometheus import query
+from vgpuhost.io.promquery import query
 
 
 def _place(capsys, url: str, *args: str) -> dict:

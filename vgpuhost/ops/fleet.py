@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..io.prometheus import query
+from ..io.promquery import query
 from ..policy.fleet import HostFacts
 
 DEFAULT_STALE_S = 120.0

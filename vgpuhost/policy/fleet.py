@@ -4,7 +4,7 @@ Owns: ranking hosts for a request (profile, optional tenant) from per-host
 figures read from Prometheus (:class:`HostFacts`), by the placement
 strategies of :mod:`vgpuhost.policy.placement` taken at host granularity,
 and saying why each host was skipped.  Must not: query anything (the
-Prometheus door is :mod:`vgpuhost.io.prometheus`).
+Prometheus door is :mod:`vgpuhost.io.promquery`).
 
 Per host: ``free`` instances of the profile now (``vgpuhost_free_instances``,
 summed over pools), whether its scrape is healthy (``up`` and
