@@ -27,6 +27,7 @@ from os.path import join as _join
 
 from ..model.errors import DeviceError
 from ..model.kinds import Backend
+from ..io import vgpudev
 from ..io.hostroot import HostRoot
 from ..model.values import PciAddress, record
 
@@ -162,21 +163,15 @@ class VerifyDriver(Step):
 # --- vGPUs: classic mdev and NVIDIA's vendor-specific VFIO ------------------
 
 def vgpu_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vgpu_id: str):
-    """``(create path, vgpu_params path)`` (strings) of a vGPU: ``mdev_supported_types/<type>/create`` and the
-    mdev's ``nvidia/vgpu_params`` (mdev), or the VF's ``nvidia/current_vgpu_type`` and ``nvidia/vgpu_params``."""
-    if backend == Backend.MDEV:
-        return (_join(host.s.mdev_bus, str(parent), "mdev_supported_types", type_id, "create"),
-                _join(host.s.mdev_devices, vgpu_id, "nvidia", "vgpu_params"))
-    nd = _join(host.s.pci_device(parent), "nvidia")
-    return _join(nd, "current_vgpu_type"), _join(nd, "vgpu_params")
+    """``(create path, vgpu_params path)`` (strings) of a vGPU, from the backend's door
+    (:meth:`vgpuhost.io.vgpudev.VgpuDevices.paths`)."""
+    return vgpudev.for_backend(backend).paths(host, parent, type_id, vgpu_id)
 
 
 def current_vgpu_type(fs, backend: str, parent: PciAddress, vgpu_id: str) -> Optional[str]:
-    """The type a vGPU holds now, read back (None: it does not exist / the VF holds none)."""
-    if backend == Backend.MDEV:
-        return fs.link_name(_join(fs.host.s.mdev_devices, vgpu_id, "mdev_type"))
-    cur = fs.read_optional(_join(fs.host.s.pci_device(parent), "nvidia", "current_vgpu_type"))
-    return cur if cur and cur != "0" else None
+    """The type a vGPU holds now, read back (None: it does not exist / the VF holds none);
+    :meth:`vgpuhost.io.vgpudev.VgpuDevices.current_type`."""
+    return vgpudev.for_backend(backend).current_type(fs, parent, vgpu_id)
 
 
 @record(frozen=True)
