@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from os.path import join as _join
 
-from ..model.concepts import Backend
+from ..model.kinds import Backend    # the plain constants: the enum module costs the hook ~1 ms to import
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only
@@ -144,8 +144,11 @@ _VENDOR = VendorVfioDevices()
 
 def for_backend(backend) -> VgpuDevices:
     """The door of ``backend`` (a Backend member or its spelling); ValueError on an unknown one."""
-    b = Backend(backend)
-    return _MDEV if b is Backend.MDEV else _VENDOR
+    if backend == Backend.MDEV:
+        return _MDEV
+    if backend == Backend.VENDOR_VFIO:
+        return _VENDOR
+    raise ValueError(f"unknown vGPU backend {str(backend)[:40]!r}")
 
 
 def vf_current_type(fs: Sysfs, vf) -> Optional[str]:
