@@ -72,7 +72,7 @@ class PlacementStrategy(StrEnum):
 class SchedulerPolicy(StrEnum):
     """The vGPU time-slice scheduler policy, as ``vgpuhost scheduler set --policy`` spells it.
 
-    Source: NVIDIA vGPU user guide, "Scheduling policies" (docs/reference/hardware.md#scheduler).
+    Source: NVIDIA vGPU user guide, "Scheduling policies" (docs/reference/hardware.md#vgpu-scheduling).
     """
 
     BEST_EFFORT = "best-effort"
