@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from ..io.sysfs import Sysfs
+from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
 from ..model.kinds import Backend
 from ..model.values import PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, strip_vendor_prefix
@@ -810,24 +811,6 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
             t = VgpuType(gpu, parent, BACKEND_MDEV, tid, known.raw_name, known.name, known.profile,
                          known.framebuffer_mib, known.max_instances, avail, known.device_api, known.description)
         out.append(t)
-    return out
-
-
-def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
-    r"""``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
-
-    The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.  Each line is
-    ``^\s*(\d+)\s*:\s*(.+?)\s*$``, parsed by hand (the qemu hook reads it on vendor VFIO and
-    imports no ``re``, see :mod:`vgpuhost.model.values`).
-    """
-    out = []
-    for line in text.splitlines():
-        left, colon, right = line.partition(":")
-        tid = left.strip()
-        if not colon or not tid.isdecimal() or not right or "\n" in right:
-            continue
-        name = right.strip()
-        out.append((tid, name or right[-1]))    # all blank: the pattern's .+? takes the last blank
     return out
 
 
