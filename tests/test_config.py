@@ -11,7 +11,7 @@ from vgpuhost.cli.main import main
 from vgpuhost.policy.config import load, parse
 from vgpuhost.model.errors import InputError
 from vgpuhost.ops.layout import plan
-from vgpuhost.io.nvml import SchedulerState
+from vgpuhost.model.nvml import SchedulerState
 from vgpuhost.io.state import StateStore
 from vgpuhost.model.values import PciAddress
 

@@ -604,7 +604,7 @@ def test_kill_during_mig_apply_from_one_layout_to_another(make_host, tmp_path):
 
 
 def test_kill_during_scheduler_set(make_host, tmp_path):
-    from vgpuhost.io.nvml import SchedulerState
+    from vgpuhost.model.nvml import SchedulerState
     argv = ("scheduler", "set", "--gpu", A40_GPU, "--policy", "equal-share", "--timeslice-ms", "3")
     want = SchedulerState("equal-share", arr=False, timeslice_ms=3)
 
@@ -639,7 +639,7 @@ def test_kill_during_apply_with_mig_and_scheduler_changes(make_host, tmp_path):
     vGPU on each) to its 'compute' layout: the vGPUs go, the GPU instances go, MIG mode goes off,
     the scheduler changes, four time-sliced vGPUs come."""
     from pathlib import Path
-    from vgpuhost.io.nvml import SchedulerState
+    from vgpuhost.model.nvml import SchedulerState
     cfg = str(Path(__file__).resolve().parents[1] / "examples" / "config" / "vgpu-a100.yaml")
     gpu = A100                          # the a100-sriov-mdev spec's GPU
     old = {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}

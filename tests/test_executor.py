@@ -10,7 +10,8 @@ import errno
 
 import pytest
 
-from vgpuhost.io.nvml import GpuInstance, NvmlError, SchedulerState
+from vgpuhost.io.nvml import NvmlError
+from vgpuhost.model.nvml import GpuInstance, SchedulerState
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.model.errors import DeviceError, SysfsError

@@ -13,7 +13,7 @@ import pytest
 
 import vgpuhost.io.backends as nvml_door
 import vgpuhost.observe.hostview as hostview
-from vgpuhost.io.nvml import SchedulerState
+from vgpuhost.model.nvml import SchedulerState
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.model.errors import HostEnvironmentError

@@ -18,7 +18,7 @@ from vgpuhost.policy.config import load, parse
 from vgpuhost.model.errors import DeviceError, InputError, RefusedError
 from vgpuhost.ops.layout import REBOOT_MARK, RESET_MARK, apply, check, plan
 from vgpuhost.io.backends import backend_for
-from vgpuhost.io.nvml import SchedulerState
+from vgpuhost.model.nvml import SchedulerState
 from vgpuhost.sim.nvml import SimNvml
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs

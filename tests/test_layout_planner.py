@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from vgpuhost.io.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
-from vgpuhost.io.state import PassthroughRecord, VgpuRecord
+from vgpuhost.model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
+from vgpuhost.model.records import PassthroughRecord, VgpuRecord
 from vgpuhost.model.errors import HostEnvironmentError, InputError
 from vgpuhost.model.values import PciAddress, VgpuProfile
 from vgpuhost.observe.hostview import HostView, MigMode, NvmlFacts, SeenType

@@ -20,7 +20,8 @@ from vgpuhost.cli.main import main
 from vgpuhost.model.errors import DeviceError, InputError, RefusedError
 from vgpuhost.io.hostroot import HostRoot
 from vgpuhost.io.backends import backend_for
-from vgpuhost.io.nvml import NvmlError, SchedulerState
+from vgpuhost.io.nvml import NvmlError
+from vgpuhost.model.nvml import SchedulerState
 from vgpuhost.sim.kernel import SimKernel
 from vgpuhost.sim.nvml import SimNvml
 from vgpuhost.io.state import StateStore
@@ -446,7 +447,7 @@ class LyingNvml(SimNvml):
     """Reports success for a creation that never happened."""
 
     def create_gpu_instance(self, bdf, profile_id, start):
-        from vgpuhost.io.nvml import GpuInstance
+        from vgpuhost.model.nvml import GpuInstance
         return GpuInstance(99, profile_id, start, 1)
 
 

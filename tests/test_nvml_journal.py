@@ -12,7 +12,7 @@ import json
 
 from vgpuhost.cli.main import main
 from vgpuhost.io.backends import backend_for
-from vgpuhost.io.nvml import SchedulerState
+from vgpuhost.model.nvml import SchedulerState
 from vgpuhost.io.state import StateStore
 from vgpuhost.ops import nvmljournal, recover
 from vgpuhost.policy.mig import counts

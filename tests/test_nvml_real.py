@@ -26,7 +26,8 @@ pynvml = pytest.importorskip("pynvml")
 
 from vgpuhost.io import nvml_pynvml as nvml_real  # noqa: E402
 from vgpuhost.model.errors import HostEnvironmentError, InputError  # noqa: E402
-from vgpuhost.io.nvml import GpuInstance, NvmlError, SchedulerState  # noqa: E402
+from vgpuhost.io.nvml import NvmlError  # noqa: E402
+from vgpuhost.model.nvml import GpuInstance, SchedulerState  # noqa: E402
 from vgpuhost.io.nvml_pynvml import PynvmlBackend, is_mutating, profile_name  # noqa: E402
 from vgpuhost.model.values import PciAddress  # noqa: E402
 

@@ -43,7 +43,7 @@ def test_planner_places_larger_profiles_first_and_returns_valid_placements(h200)
 
 
 def test_planner_names_a_layout_with_no_placement():
-    from vgpuhost.io.nvml import GiProfile
+    from vgpuhost.model.nvml import GiProfile
     odd = [GiProfile(1, "1g.2gb", 1, 2048, 2, ((1, 2),)), GiProfile(2, "2g.2gb", 2, 2048, 2, ((0, 2), (2, 2))),
            GiProfile(3, "7g.16gb", 7, 16384, 1, ((0, 8),))]
     assert mig.place(odd, {1: 1, 2: 1}) is None
@@ -55,7 +55,7 @@ def test_planner_names_a_layout_with_no_placement():
 # ---------------------------------------------------------------------------
 # hand-built values (no simulated tree)
 
-from vgpuhost.io.nvml import GiProfile, GpuInstance                     # noqa: E402
+from vgpuhost.model.nvml import GiProfile, GpuInstance                  # noqa: E402
 from vgpuhost.model.values import PciAddress                             # noqa: E402
 from vgpuhost.plan.steps import CreateGi, DestroyGi, SetMigMode          # noqa: E402
 

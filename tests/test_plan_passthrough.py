@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuhost.io.state import PassthroughRecord
+from vgpuhost.model.records import PassthroughRecord
 from vgpuhost.model.errors import InputError, RefusedError
 from vgpuhost.model.values import PciAddress
 from vgpuhost.observe.inventory import HostFacts, Inventory, IommuGroup, PciDevice

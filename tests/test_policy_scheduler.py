@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from vgpuhost.policy import scheduler as sch
 from vgpuhost.model.errors import InputError
-from vgpuhost.io.nvml import SchedulerState
+from vgpuhost.model.nvml import SchedulerState
 
 S = SchedulerState
 

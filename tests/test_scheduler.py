@@ -9,7 +9,8 @@ import pytest
 from vgpuhost.ops import scheduler as sch
 from vgpuhost.cli.main import main
 from vgpuhost.model.errors import DeviceError, HostEnvironmentError, InputError, RefusedError
-from vgpuhost.io.nvml import NvmlError, SchedulerCaps, SchedulerState
+from vgpuhost.io.nvml import NvmlError
+from vgpuhost.model.nvml import SchedulerCaps, SchedulerState
 from vgpuhost.io.state import StateStore
 from vgpuhost.model.values import PciAddress
 

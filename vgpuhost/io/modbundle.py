@@ -48,7 +48,7 @@ MODULES = (
     "vgpuhost.io.sysfs", "vgpuhost.io.nvml", "vgpuhost.io.vgpudev",
     "vgpuhost.libvirt", "vgpuhost.libvirt.domxml",
     "vgpuhost.model", "vgpuhost.model.boards", "vgpuhost.model.errors", "vgpuhost.model.kinds",
-    "vgpuhost.model.tenancy", "vgpuhost.model.values",
+    "vgpuhost.model.records", "vgpuhost.model.tenancy", "vgpuhost.model.values",
     "vgpuhost.observe", "vgpuhost.observe.inventory",
     "vgpuhost.ops", "vgpuhost.ops.admitting", "vgpuhost.ops.devices", "vgpuhost.ops.passthrough",
     "vgpuhost.ops.recover", "vgpuhost.ops.tenancy", "vgpuhost.ops.vgpu",

@@ -8,6 +8,9 @@ simulated host's ``.vgpuhost-sim/host.json``).  Devices are selected by PCI bus 
 index (docs/reference/hardware.md#field-lessons).  ``NVMLError_*`` become :class:`NvmlError` keeping
 the NVML error name; a missing library or driver becomes
 :class:`HostEnvironmentError` (exit 2) while sysfs inventory still works.
+Its value types (:class:`~vgpuhost.model.nvml.GiProfile`, ``GpuInstance``,
+``SchedulerState``, ...) live in :mod:`vgpuhost.model.nvml`, so code that only
+reasons about them need not import the door.
 Must not: be imported by the hook path or by inventory.
 
 Names and semantics: docs/reference/hardware.md#mig-profiles, #vgpu-scheduling, #nvml.
@@ -15,10 +18,10 @@ Names and semantics: docs/reference/hardware.md#mig-profiles, #vgpu-scheduling, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import List, Optional, Protocol, Tuple
 
 from ..model.errors import VgpuhostError
+from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState, scheduler_text
 from ..model.values import PciAddress
 
 
@@ -37,90 +40,10 @@ class NvmlError(VgpuhostError):
         return self.nvml_name == "NVMLError_NotSupported"
 
 
-@dataclass(frozen=True)
-class GiProfile:
-    """A GPU-instance profile as the device reports it (docs/reference/hardware.md#mig-profiles).
-
-    ``profile_id`` is the nvidia-smi profile id (``nvmlDeviceGetGpuInstanceProfileInfo(...).id``);
-    ``placements`` are ``(start, size)`` in memory slices out of 8.
-    """
-
-    profile_id: int
-    name: str            # "1g.18gb", "1g.18gb+me"
-    slices: int          # compute slices (the "1g")
-    memory_mib: int
-    max_count: int
-    placements: Tuple[Tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class GpuInstance:
-    gi_id: int
-    profile_id: int
-    start: int
-    size: int
-
-
-@dataclass(frozen=True)
-class SchedulerState:
-    """The vGPU scheduler of one GPU (or GPU instance): policy
-    ``best-effort|equal-share|fixed-share``, ARR on/off, and either
-    ``timeslice_ms`` (no ARR) or ``frequency_hz`` + ``avg_factor`` (ARR)."""
-
-    policy: str
-    arr: bool = False
-    timeslice_ms: Optional[int] = None
-    frequency_hz: Optional[int] = None
-    avg_factor: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class SchedulerCaps:
-    policies: Tuple[str, ...]
-    arr_supported: bool
-    min_timeslice_ms: int = 1
-    max_timeslice_ms: int = 30
-    min_frequency_hz: int = 63
-    max_frequency_hz: int = 960
-    min_avg_factor: int = 1
-    max_avg_factor: int = 60
-
-
-@dataclass
-class DeviceFacts:
-    """What a read-only probe reports about one GPU."""
-
-    bdf: str
-    name: str
-    uuid: str
-    mig_mode: Optional[Tuple[bool, bool]] = None           # (current, pending); None: not MIG-capable
-    gi_profiles: List[GiProfile] = field(default_factory=list)
-    gpu_instances: List[GpuInstance] = field(default_factory=list)
-
-
 # ---------------------------------------------------------------------------
 # the one spelling of an NVML write: the audit row the Executor writes for it
 # (:mod:`vgpuhost.plan.steps`) and the line the simulator's write log keeps for it
 # (:mod:`vgpuhost.sim.nvml`), so a fault-injection test can match the two
-
-#: scheduler policies in words
-POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
-
-
-def scheduler_text(state: SchedulerState) -> str:
-    """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
-    if state.policy == "best-effort":
-        return "best effort"
-    parts = [POLICY_TEXT.get(state.policy, state.policy)]
-    if state.arr:
-        parts.append("ARR on")
-        parts.append(f"frequency {state.frequency_hz} Hz" if state.frequency_hz else "default frequency")
-        parts.append(f"averaging factor {state.avg_factor}" if state.avg_factor else "default averaging factor")
-    else:
-        parts.append("ARR off")
-        parts.append(f"time slice {state.timeslice_ms} ms" if state.timeslice_ms else "default time slice")
-    return ", ".join(parts)
-
 
 def row_set_mig_mode(gpu: object, enabled: bool) -> Tuple[str, str]:
     """``(path, value)`` of an ``nvmlDeviceSetMigMode`` write."""

@@ -53,8 +53,8 @@ import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..model.errors import HostEnvironmentError, InputError, TransientError
-from .nvml import (DeviceFacts, GiProfile, GpuInstance, NvmlError, SchedulerCaps,
-                   SchedulerState)
+from ..model.nvml import DeviceFacts, GiProfile, GpuInstance, SchedulerCaps, SchedulerState
+from .nvml import NvmlError
 from ..model.values import PciAddress
 
 log = logging.getLogger("vgpuhost.nvml")

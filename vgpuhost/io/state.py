@@ -140,7 +140,7 @@ sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 
 from ..model.errors import HostEnvironmentError
-from ..model.values import record
+from ..model.records import AuditRow, JournalEntry, PassthroughRecord, VgpuRecord
 from .hostroot import plain_path
 
 TYPE_CHECKING = False
@@ -387,42 +387,6 @@ PENDING = "pending"
 INTERRUPTED = "interrupted"
 
 
-@record(frozen=True)
-class AuditRow:
-    id: int
-    time: str
-    actor: str
-    operation: str
-    path: str
-    value: str
-    result: str
-    errno: int
-
-    def _replace_result(self, result: str) -> "AuditRow":
-        return AuditRow(self.id, self.time, self.actor, self.operation, self.path, self.value, result, self.errno)
-
-
-@record(frozen=True)
-class JournalEntry:
-    """One intent-journal entry (see the module docstring, version 5)."""
-
-    id: int
-    kind: str
-    operation: str
-    owner: str
-    actor: str
-    gpu: str
-    iommu_group: Optional[int]
-    devices: list
-    steps: list
-    done: int
-    state: str
-    pid: int
-    opened: str
-    closed: Optional[str]
-    outcome: Optional[str]
-
-
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (signal 0)."""
     if pid == os.getpid():
@@ -434,19 +398,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-@record(frozen=True)
-class PassthroughRecord:
-    bdf: str
-    iommu_group: Optional[int]
-    gpu: str
-    original_driver: Optional[str]
-    original_override: Optional[str]
-    position: int
-    time: str
-    persisted: bool
-    owner: str = "manual"
 
 
 MARKER_DIR = "domains"
@@ -1054,22 +1005,6 @@ class StateStore:
     @staticmethod
     def delete_passthrough(conn: sqlite3.Connection, bdfs: Sequence[str]) -> None:
         conn.executemany("DELETE FROM passthrough WHERE bdf = ?", [(b,) for b in bdfs])
-
-
-@record(frozen=True)
-class VgpuRecord:
-    id: str
-    backend: str
-    gpu: str
-    parent: str
-    type_id: str
-    type_name: str
-    owner: str
-    anti_affinity: Optional[str]
-    params: Optional[str]
-    persisted: bool
-    time: str
-    pool: Optional[str] = None      # claimed from this pool owner (``layout``); None: the owner's own
 
 
 def _vgpu_record(row) -> VgpuRecord:

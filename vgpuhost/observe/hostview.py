@@ -29,11 +29,13 @@ from types import MappingProxyType
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, NamedTuple
 
 from ..io.hostroot import HostRoot
-from ..io.nvml import GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState
-from ..io.state import PassthroughRecord, StateStore, VgpuRecord
+from ..io.nvml import NvmlError
+from ..io.state import StateStore
 from ..io.configfiles import read_config_text
 from ..io.sysfs import Sysfs
 from ..model.errors import HostEnvironmentError, VgpuhostError
+from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
+from ..model.records import PassthroughRecord, VgpuRecord
 from ..model.values import PciAddress
 from .inventory import Inventory, discover, discover_gpu
 from .vgpus import VgpuEntry, list_vgpus

@@ -17,7 +17,7 @@ from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import List, Optional, Sequence
-    from ..io.state import VgpuRecord
+    from ..model.records import VgpuRecord
     from .inventory import Inventory
 
 #: a vGPU's state in :class:`VgpuEntry`: on the host and recorded with its type; recorded,

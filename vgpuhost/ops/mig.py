@@ -24,7 +24,8 @@ from ..model.errors import DeviceError, InputError, RefusedError
 from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
-from ..io.nvml import GiProfile, GpuInstance, NvmlBackend, NvmlError
+from ..io.nvml import NvmlBackend, NvmlError
+from ..model.nvml import GiProfile, GpuInstance
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress
 from ..plan.executor import Executor

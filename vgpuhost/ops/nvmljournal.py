@@ -48,8 +48,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
-from ..io.nvml import GpuInstance, NvmlBackend, NvmlError, SchedulerState
-from ..io.state import JournalEntry, StateStore
+from ..io.nvml import NvmlBackend, NvmlError
+from ..io.state import StateStore
+from ..model.nvml import GpuInstance, SchedulerState
+from ..model.records import JournalEntry
 from ..model.errors import DeviceError
 from ..model.values import PciAddress
 from ..plan.journal import Journal

@@ -34,7 +34,8 @@ from ..io.hostroot import HostRoot
 from ..observe.inventory import Inventory, PciDevice, discover
 from ..io.locks import file_lock
 from ..policy.placement import MANUAL, POOL_OWNERS, validate_owner
-from ..io.state import PassthroughRecord, StateStore, utcnow
+from ..io.state import StateStore, utcnow
+from ..model.records import PassthroughRecord
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.passthrough import FunctionPlan, plan_prepare, plan_release, rollback_steps

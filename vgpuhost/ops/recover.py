@@ -29,7 +29,8 @@ import os
 
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
-from ..io.state import JournalEntry, StateStore, delete_vgpu, pid_alive
+from ..io.state import StateStore, delete_vgpu, pid_alive
+from ..model.records import JournalEntry
 from ..io.sysfs import Sysfs
 from ..model.errors import SysfsError, VgpuhostError
 from ..model.values import PciAddress, field, record

@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from ..io.configfiles import list_config_files, read_config_text
 from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
-from ..io.nvml import NvmlError, SchedulerState
+from ..io.nvml import NvmlError
+from ..model.nvml import SchedulerState
 from ..model.errors import InputError, RefusedError
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress

@@ -28,7 +28,8 @@ from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, Vg
 from ..io.configfiles import mdevctl_json
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
-from ..io.state import StateStore, VgpuRecord, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
+from ..model.records import VgpuRecord
+from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
 from ..model.kinds import Backend, Owner
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal

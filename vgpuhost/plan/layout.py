@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..io.nvml import SchedulerState
+from ..model.nvml import SchedulerState
 from ..model.errors import VgpuhostError
 from ..model.values import PciAddress, VgpuProfile
 from .executor import StepContext

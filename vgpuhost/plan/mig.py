@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from ..io.nvml import GiProfile, GpuInstance
+from ..model.nvml import GiProfile, GpuInstance
 from ..model.errors import RefusedError
 from ..model.values import PciAddress
 from ..policy.mig import place, profile_name, why_not

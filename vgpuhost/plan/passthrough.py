@@ -22,7 +22,7 @@ from .steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Step, Unbind, Veri
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, List, Optional, Sequence, Tuple
-    from ..io.state import PassthroughRecord
+    from ..model.records import PassthroughRecord
     from ..observe.inventory import PciDevice
 
 

@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook imports neither typing nor pathlib)
     from pathlib import Path
     from typing import Optional, Tuple
-    from ..io.nvml import SchedulerState
+    from ..model.nvml import SchedulerState
 
 ANY_HOST_DRIVER = "<any host driver>"
 
@@ -414,7 +414,7 @@ class CreateGi(_MigCall):
 
     ``profile_id``: the device's GI profile id; ``profile``: its name
     (``1g.18gb``); ``start``/``size``: memory slices.  Result: the
-    :class:`~vgpuhost.io.nvml.GpuInstance`; undone by destroying it.  Not
+    :class:`~vgpuhost.model.nvml.GpuInstance`; undone by destroying it.  Not
     verified one by one: the planner's caller reads the whole layout back
     after the last step (a layout is what NVML reports all together).
     """

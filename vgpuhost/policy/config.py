@@ -64,9 +64,10 @@ from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..model.errors import InputError
-from ..io.nvml import GiProfile, SchedulerState
+from ..model.nvml import GiProfile, SchedulerState
 from ..model.values import MigProfile, PciAddress, VgpuProfile
-from ..io.yamlutil import Located, load_located, read_text_file, require_versioned, shown
+from ..model.yamldoc import Located, load_located, require_versioned, shown
+from ..io.yamlutil import read_text_file
 
 VERSION = 1
 MODES = ("passthrough", "vgpu", "mig")
@@ -647,7 +648,7 @@ def _kind(v: Any) -> str:
 
 
 def _show(v: Any) -> str:
-    """A value from the file, as a message may show it (:func:`vgpuhost.io.yamlutil.shown`)."""
+    """A value from the file, as a message may show it (:func:`vgpuhost.model.yamldoc.shown`)."""
     return shown(v)
 
 

@@ -22,7 +22,7 @@ import difflib
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..io.nvml import GiProfile, GpuInstance
+from ..model.nvml import GiProfile, GpuInstance
 from ..model.errors import InputError
 
 ORDER = "MIG mode -> SR-IOV -> GPU instances -> mixed-size mode -> vGPUs"

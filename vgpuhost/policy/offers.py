@@ -26,7 +26,7 @@ from .placement import GpuOffer
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, List, Optional, Sequence
-    from ..io.state import VgpuRecord
+    from ..model.records import VgpuRecord
 
 
 def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:

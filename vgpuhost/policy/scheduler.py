@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model.errors import InputError, RefusedError
-from ..io.nvml import POLICY_TEXT, SchedulerCaps, SchedulerState, scheduler_text
+from ..model.nvml import POLICY_TEXT, SchedulerCaps, SchedulerState, scheduler_text
 from ..model.values import PciAddress
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
@@ -189,7 +189,7 @@ def decode(value: int) -> SchedulerState:
 
 def describe(state: SchedulerState) -> str:
     """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60`` (the NVML door's
-    spelling, :func:`vgpuhost.io.nvml.scheduler_text`, which audit rows use too)."""
+    spelling, :func:`vgpuhost.model.nvml.scheduler_text`, which audit rows use too)."""
     return scheduler_text(state)
 
 

@@ -14,7 +14,7 @@ def scheduler_state(policy: str, timeslice_ms: Optional[int], frequency_hz: Opti
                     avg_factor: Optional[int]):
     """The SchedulerState ``scheduler set`` asks for.  Raises InputError for options that do not go
     together (the command says so as usage errors first)."""
-    from ..io.nvml import SchedulerState
+    from ..model.nvml import SchedulerState
     from ..model.errors import InputError
     if policy not in ("best-effort", "equal-share", "fixed-share"):
         raise InputError(f"unknown scheduler policy {policy!r}", hint="best-effort, equal-share or fixed-share")

@@ -50,8 +50,9 @@ import uuid as _uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
-from ..io.nvml import (GiProfile, GpuInstance, NvmlError, SchedulerCaps, SchedulerState, row_create_gi,
-                       row_destroy_gi, row_set_mig_mode, row_set_mixed_size, row_set_scheduler)
+from ..io.nvml import (NvmlError, row_create_gi, row_destroy_gi, row_set_mig_mode, row_set_mixed_size,
+                       row_set_scheduler)
+from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
 from ..model.values import MigProfile, PciAddress
 from .kernel import PERSISTENCED, WRITE_LOG_ENV, SimKernel, crash_point
 

@@ -46,7 +46,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..model.errors import InputError, SimulatorError
 from ..model.values import PciAddress
-from ..io.yamlutil import Located, load_located, read_text_file, require_versioned, shown
+from ..io.yamlutil import read_text_file
+from ..model.yamldoc import Located, load_located, require_versioned, shown
 from .catalog import Catalog, load_catalog
 
 BACKENDS = ("mdev", "vendor-vfio", "none")
