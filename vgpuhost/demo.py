@@ -6,7 +6,7 @@ qemu hook installed (the hook creates the mdev; the audit log shows it), the
 stop (the hook releases it), and what was created and released.  As root,
 with Debian's libvirtd and qemu present, this runs against a real libvirtd
 started in a private mount and network namespace
-(:mod:`vgpuhost.sim.libvirtd`, from :mod:`vgpuhost.io.backends`); otherwise on libvirt's ``test:///default``
+(:mod:`vgpuhost.sim.libvirtd`); otherwise on libvirt's ``test:///default``
 driver, feeding the installed hook the domain XML as libvirt would, and it
 says which parts it skipped.
 
@@ -53,7 +53,7 @@ def _spec(base: Path, spec: str) -> str:
     if spec != VFS_OFF:
         return spec
     from .io import files
-    from .io.backends import bundled_specs
+    from .sim.data import bundled_specs
     text = files.read_text_capped(bundled_specs()["a100-sriov-mdev"]) or ""
     text = text.replace("name: a100-sriov-mdev", f"name: {VFS_OFF}").replace("sriov_numvfs: 20", "sriov_numvfs: 0")
     path = base / f"{VFS_OFF}.yaml"
@@ -98,12 +98,12 @@ def _hostdev_lines(xml: str) -> str:
 
 
 def _libvirt_part(base: Path) -> int:
-    from .io.backends import diskless_domain_xml, isolated_libvirtd, libvirtd_available
+    from .sim.libvirtd import IsolatedLibvirtd, available, diskless_domain_xml
 
     root = base / "libvirt-host"
     if run(["sim", "create", "--force", "a40-mdev", str(root)]) != 0:
         return 2
-    ok, why = libvirtd_available()
+    ok, why = available()
     from .model.errors import VgpuhostError
     from .io.virt import _libvirt
     try:
@@ -113,7 +113,7 @@ def _libvirt_part(base: Path) -> int:
         return 2
     g = ["--root", str(root)]
     if ok:
-        return _real_daemon(base, root, g, isolated_libvirtd, diskless_domain_xml)
+        return _real_daemon(base, root, g, IsolatedLibvirtd, diskless_domain_xml)
     say(f"No isolated libvirtd here ({why}): running the same flow on libvirt's test:///default driver.")
     say("Skipped: the real daemon running the hook. Instead the installed hook is fed the domain XML "
         "as libvirt would feed it.")

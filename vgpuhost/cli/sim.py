@@ -1,6 +1,7 @@
 """`vgpuhost sim specs|create`: simulated hosts, to try vgpuhost without a GPU.
 
-The simulator is reached through :mod:`vgpuhost.io.backends`.
+The commands of the simulator itself: they use :mod:`vgpuhost.sim` directly (its
+specs and builder), as no other command does.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def sim() -> None:
 def sim_specs(ctx: Context) -> None:
     """List the host specs shipped with vgpuhost."""
     from .output import table
-    from ..io.backends import bundled_specs, load_host_spec
+    from ..sim.data import bundled_specs
+    from ..sim.spec import load_spec
     rows = []
     for name, path in bundled_specs().items():
-        rows.append([name, load_host_spec(path).summary])
+        rows.append([name, load_spec(path).summary])
     emit(ctx, {"schema": "vgpuhost.sim-specs/v1", "specs": [{"name": r[0], "summary": r[1]} for r in rows]},
           table(["NAME", "SUMMARY"], rows))
 
@@ -40,7 +42,9 @@ def sim_specs(ctx: Context) -> None:
 @pass_ctx
 def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
     """Build a simulated host from SPEC (a file or a shipped name) at DIRECTORY."""
-    from ..io.backends import build_host, bundled_specs, load_host_spec
+    from ..sim.build import materialise
+    from ..sim.data import bundled_specs
+    from ..sim.spec import load_spec
     specs = bundled_specs()
     if "/" not in spec and not spec.endswith((".yaml", ".yml")):
         if spec not in specs:       # a bare name is a shipped spec; a file is named by a path
@@ -49,8 +53,8 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
         path = specs[spec]
     else:
         path = Path(spec)
-    hs = load_host_spec(path)
-    host_root = build_host(hs, directory, force=force)
+    hs = load_spec(path)
+    host_root = materialise(hs, directory, force=force)
     doc = {"schema": "vgpuhost.sim-create/v1", "name": hs.name, "root": str(host_root.root)}
     emit(ctx, doc, f"simulated host {hs.name!r} at {host_root.root}\n"
                     f"use: vgpuhost --root {host_root.root} host check   (or export VGPUHOST_ROOT=...)")

@@ -1,4 +1,4 @@
-"""The factories that choose between the real outside and the simulator: the only door to :mod:`vgpuhost.sim`.
+"""The factories that choose between the real outside and the simulator's stand-ins for it.
 
 Owns: on a simulated host root (made by ``vgpuhost sim create``, marked by
 :data:`vgpuhost.io.hostroot.SIM_MARKER`), handing out the simulator's stand-ins
@@ -10,33 +10,54 @@ for the outside systems, else the real ones:
 - :func:`backend_for`: the NVML backend (the simulator's, or pynvml's), and
   :func:`open_backend`, the one way commands get it (every failure: exit 2);
 - :func:`metering_nvml`: the read-only metering NVML door (the simulator's
-  load, or pynvml's per-vGPU reads);
-- :func:`bundled_specs`, :func:`load_host_spec`, :func:`build_host`: the
-  simulator's host specs and builder, for ``vgpuhost sim ...``;
-- :func:`isolated_libvirtd`, :func:`libvirtd_available`,
-  :func:`diskless_domain_xml`: a private libvirtd for the demo.
+  load, or pynvml's per-vGPU reads).
 
-Must not: import the simulator at module level (every import is where it is
-used, so a real host never loads it, and the qemu hook stays lean).
+How the simulator is found: :mod:`vgpuhost.sim` builds on ``io`` (host roots,
+the NVML door's write rows, file reads), so ``io`` never imports it -- that
+arrow would run back up and make the two packages a cycle.  Instead
+:data:`SIMULATED` names each stand-in as ``"module:attribute"`` (the form of
+a packaging entry point), and :func:`_simulated` loads the one asked for, on
+a simulated root only.  The contract: each named attribute is a class that
+takes the :class:`~vgpuhost.io.hostroot.HostRoot` and serves the interface
+the factory returns (``.write(path, value)`` for the kernel,
+:class:`~vgpuhost.io.nvml.NvmlBackend`, :class:`~vgpuhost.io.nvml_metering.MeteringNvml`);
+tests/test_architecture.py checks that each name exists.  The simulator's
+own conveniences (specs, the builder, the demo's libvirtd) are in
+:mod:`vgpuhost.sim`, imported by ``vgpuhost sim`` and the demo directly.
+
+Must not: import the simulator (a real host never loads it, and the qemu
+hook stays lean: one stand-in's module is loaded where it is used).
 """
 
 from __future__ import annotations
 
+import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from pathlib import Path
-    from typing import Dict, Optional, Tuple, Union
-
     from .hostroot import HostRoot
     from .nvml import NvmlBackend
+
+#: the simulator's stand-in for each outside system, ``"module:attribute"`` (see the module docstring)
+SIMULATED = {
+    "kernel": "vgpuhost.sim.kernel:SimKernel",
+    "nvml": "vgpuhost.sim.nvml:SimNvml",
+    "metering": "vgpuhost.sim.metering:SimMetering",
+}
+
+
+def _simulated(what: str, host: HostRoot):
+    """The simulator's stand-in ``what`` (a key of :data:`SIMULATED`) for the simulated ``host``."""
+    module, _, attribute = SIMULATED[what].partition(":")
+    __import__(module)
+    return getattr(sys.modules[module], attribute)(host)
 
 
 def sysfs_kernel(host: HostRoot):
     """The simulator's kernel for a simulated ``host`` (``.write(path, value)``), None for a real one."""
     if not host.is_simulated:
         return None
-    from ..sim.kernel import SimKernel  # the simulator stands in for the kernel
-    return SimKernel(host)
+    return _simulated("kernel", host)     # the simulator stands in for the kernel
 
 
 def backend_for(host: HostRoot) -> NvmlBackend:
@@ -46,8 +67,7 @@ def backend_for(host: HostRoot) -> NvmlBackend:
     nvidia-ml-py missing): commands that need NVML exit 2 saying so.
     """
     if host.is_simulated:
-        from ..sim.nvml import SimNvml
-        return SimNvml(host)
+        return _simulated("nvml", host)
     from .nvml_pynvml import PynvmlBackend
     return PynvmlBackend.open()
 
@@ -84,44 +104,7 @@ def metering_nvml(host: HostRoot):
     Raises HostEnvironmentError when NVML cannot be loaded (exit 2).
     """
     if host.is_simulated:
-        from ..sim.metering import SimMetering
-        return SimMetering(host)
+        return _simulated("metering", host)
     import os
     from .nvml_metering import PynvmlMetering
     return PynvmlMetering(open_backend(host), os.path.join(host.s.proc, "sys", "kernel", "random", "boot_id"))
-
-
-def bundled_specs() -> Dict[str, Path]:
-    """Example host specs shipped with vgpuhost: ``{name: path}``."""
-    from ..sim.data import bundled_specs as specs
-    return specs()
-
-
-def load_host_spec(path: Union[str, Path]):
-    """A host spec file as a :class:`vgpuhost.sim.spec.HostSpec`; InputError / SimulatorError when invalid."""
-    from ..sim.spec import load_spec
-    return load_spec(path)
-
-
-def build_host(spec, directory: Union[str, Path], *, force: bool = False) -> HostRoot:
-    """Build the simulated host ``spec`` at ``directory``; its HostRoot (see :func:`vgpuhost.sim.build.materialise`)."""
-    from ..sim.build import materialise
-    return materialise(spec, directory, force=force)
-
-
-def libvirtd_available() -> Tuple[bool, str]:
-    """Can a private libvirtd run here: ``(yes, why not)`` (root, Debian's libvirtd and qemu)."""
-    from ..sim.libvirtd import available
-    return available()
-
-
-def isolated_libvirtd(workdir: Union[str, Path]):
-    """A private libvirtd in its own mount and network namespace, under ``workdir`` (a context manager)."""
-    from ..sim.libvirtd import IsolatedLibvirtd
-    return IsolatedLibvirtd(workdir)
-
-
-def diskless_domain_xml(name: str, uuid: Optional[str] = None, memory_mib: int = 64) -> str:
-    """A minimal domain document (no disk) that libvirt can define and start."""
-    from ..sim.libvirtd import diskless_domain_xml as xml
-    return xml(name, uuid, memory_mib)

@@ -7,6 +7,11 @@ stands in for the kernel when vgpuhost writes to that tree (see
 processes (CLI, hook, mdevctl) see one host.
 
 Public entry points: :func:`vgpuhost.sim.spec.load_spec`,
-:func:`vgpuhost.sim.build.materialise`, :func:`vgpuhost.sim.data.bundled_specs`.
-Product code reaches the simulator only through :mod:`vgpuhost.io.backends`.
+:func:`vgpuhost.sim.build.materialise`, :func:`vgpuhost.sim.data.bundled_specs`
+(``vgpuhost sim ...``), and :mod:`vgpuhost.sim.libvirtd` (the demo's private
+libvirtd).  The stand-ins for the outside (:class:`~vgpuhost.sim.kernel.SimKernel`,
+:class:`~vgpuhost.sim.nvml.SimNvml`, :class:`~vgpuhost.sim.metering.SimMetering`)
+are loaded by name, on a simulated root only, by :mod:`vgpuhost.io.backends`
+(its ``SIMULATED`` table), which never imports this package: the simulator
+builds on ``io``, not ``io`` on it.
 """

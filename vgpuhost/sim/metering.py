@@ -6,7 +6,7 @@ the simulated host's ``host.json`` (so separate processes, the sampler and a
 test, see one load), and the answers the sampler's reads get
 (:class:`vgpuhost.io.nvml_metering.MeteringNvml`).  Must not: change the
 simulated kernel or host.json, or be imported on a real host
-(:func:`vgpuhost.io.nvml_metering.metering_backend_for` loads it only for a
+(:func:`vgpuhost.io.backends.metering_nvml` loads it, by name, only for a
 simulated root).
 
 A host spec sets the initial traces with a top-level ``load:`` mapping (the

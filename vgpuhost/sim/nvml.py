@@ -8,7 +8,7 @@ simulated sysfs tree, so separate processes see one host.  Every change takes
 rewrites the GPU's sysfs availability (:meth:`SimKernel.refresh_gpu`): MIG-backed
 vGPU types become creatable once GPU instances of their profile exist.
 Must not: be imported on a real host (:func:`vgpuhost.io.backends.backend_for` only
-loads it for a simulated root).
+loads it, by name, for a simulated root).
 
 Seeded per GPU by :func:`nvml_seed` (called by :mod:`vgpuhost.sim.build`;
 older host.json files without the keys get the same defaults on read):
