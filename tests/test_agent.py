@@ -676,7 +676,7 @@ def test_a_second_agent_on_the_same_sockets_is_refused(agent, a40, monkeypatch):
     import threading
 
     from vgpuhost.agent import server
-    from vgpuhost.cli.main import main as cli_main
+    from vgpuhost.__main__ import main as cli_main
     recovered = []
     monkeypatch.setattr(server, "recover_at_start", lambda agent: recovered.append(agent) or {})
     before = set(threading.enumerate())
@@ -689,7 +689,7 @@ def test_a_second_agent_on_the_same_sockets_is_refused(agent, a40, monkeypatch):
 
 
 def test_an_unknown_group_is_one_line_exit_2(a40, capsys):
-    from vgpuhost.cli.main import main as cli_main
+    from vgpuhost.__main__ import main as cli_main
     rc = cli_main(["--root", str(a40.root), "agent", "--socket-dir", "/tmp/vgh-never", "--admin-group",
                    "no-such-group-vgh"])
     err = capsys.readouterr().err

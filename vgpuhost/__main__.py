@@ -1,3 +1,42 @@
-from .cli.entry import run
+"""The program's entry point: the ``vgpuhost`` console script and ``python -m vgpuhost``.
 
-run()
+Owns: putting the two top layers together.  ``cli/`` and ``agent/`` sit
+side by side and never import each other (tests/test_architecture.py), so
+the ``vgpuhost agent`` command, which the CLI parses
+(:mod:`vgpuhost.cli.agent`), starts the server this module hands it:
+:func:`serve_agent`, which loads :mod:`vgpuhost.agent.server` only when the
+agent starts.  Everything else about a command line is
+:func:`vgpuhost.cli.entry.run`'s (the lean start of read commands
+included).  Must not: hold command logic.
+"""
+
+from __future__ import annotations
+
+from .cli.entry import run as run_cli
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (a read command's lean start imports no typing)
+    from typing import List, Optional
+
+    from .io.hostroot import HostRoot
+
+
+def serve_agent(host: HostRoot, **options) -> int:
+    """Run the agent (:func:`vgpuhost.agent.server.serve`, the same keyword options) until SIGTERM; 0."""
+    from .agent.server import serve
+    return serve(host, **options)
+
+
+def run() -> None:
+    """Run the command line in ``sys.argv``; exits with its code (:func:`vgpuhost.cli.entry.run`)."""
+    run_cli(serve_agent=serve_agent)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line ``argv`` in this process (:func:`vgpuhost.cli.main.main`); its exit code."""
+    from .cli.main import main as cli_main
+    return cli_main(argv, serve_agent=serve_agent)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,7 +1,9 @@
 """`vgpuhost agent`: run the resident agent (the local API on unix sockets).
 
 Registered on the main group by cli/main.py (``COMMANDS``).  Logic lives in
-:mod:`vgpuhost.agent.server`; this module parses options.
+:mod:`vgpuhost.agent.server`; this module parses options and starts the
+server the program's entry point handed over (:func:`vgpuhost.__main__.serve_agent`,
+in the Context): cli and agent sit side by side, so it never imports it.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
     when the agent answers.  The API document: GET /v1/openapi.
     """
     import sys
-    from ..agent.server import serve
     from .common import current
     ctx = current()
+    if ctx.serve_agent is None:     # cli.main.main called without the entry point's server: a bug
+        raise RuntimeError("vgpuhost agent runs only from the program's entry point (vgpuhost.__main__)")
 
     def ready(proc) -> None:
         where = ", ".join(p for p in proc.bound) or "sockets passed by systemd"
@@ -58,10 +61,10 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
             where += f"; metrics on http://{metrics_listen}:{m.metrics_port}/metrics"
         click.echo(f"vgpuhost agent: listening on {where}", err=True)
         sys.stderr.flush()
-    serve(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,
-          metering_interval_s=metering_interval, libvirt_uri=libvirt_uri, max_connections=max_connections,
-          read_timeout_s=read_timeout,
-          metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
+    ctx.serve_agent(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,
+                    metering_interval_s=metering_interval, libvirt_uri=libvirt_uri,
+                    max_connections=max_connections, read_timeout_s=read_timeout,
+                    metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
 
 
 COMMANDS: List[click.Command] = [agent_cmd]

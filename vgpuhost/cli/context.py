@@ -23,8 +23,9 @@ class Context:
     """What the global options set: the host root and output mode."""
 
     def __init__(self, root: Optional[str], state_dir: Optional[str], connect: Optional[str],
-                 json_out: bool, verbose: int, local: bool = False):
+                 json_out: bool, verbose: int, local: bool = False, serve_agent=None):
         self._root = root
+        self.serve_agent = serve_agent  # what `vgpuhost agent` starts (vgpuhost.__main__.serve_agent), or None
         self.local = local              # --local: write commands never go through the agent
         self._state_dir = state_dir
         self.connect = connect

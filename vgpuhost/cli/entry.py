@@ -1,4 +1,4 @@
-"""The console entry point (``vgpuhost``, ``python -m vgpuhost``): a lean start for read commands.
+"""The command line's start (for :mod:`vgpuhost.__main__`, the program's entry point): a lean start for read commands.
 
 Owns: :func:`run`.  A plain read command line (:func:`vgpuhost.cli.lean.match`)
 runs without loading click or the write paths, and the process ends with
@@ -21,13 +21,16 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt   # unwinds like Ctrl-C (vgpuhost.cli.main does the same)
 
 
-def run() -> None:
-    """Run the command line in ``sys.argv``; exits with its code (0 ok, ... as documented)."""
+def run(*, serve_agent=None) -> None:
+    """Run the command line in ``sys.argv``; exits with its code (0 ok, ... as documented).
+
+    ``serve_agent``: what ``vgpuhost agent`` starts (see :func:`vgpuhost.cli.main.main`).
+    """
     argv = sys.argv[1:]
     job = match(argv)
     if job is None:
         from .main import main
-        sys.exit(main(argv))
+        sys.exit(main(argv, serve_agent=serve_agent))
     import signal
     signal.signal(signal.SIGTERM, _sigterm)
     try:

@@ -85,7 +85,7 @@ def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose, local) 
     if verbose or "logging" in sys.modules or COMMAND_FAMILY.get(ctx.invoked_subcommand or "") != "host":
         import logging
         logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format="vgpuhost: %(message)s")
-    ctx.obj = Context(root, state_dir, connect, json_out, verbose, local)
+    ctx.obj = Context(root, state_dir, connect, json_out, verbose, local, serve_agent=ctx.obj)
 
 
 # --- entry point -----------------------------------------------------------
@@ -133,12 +133,15 @@ def _error(argv, code: int, what: str, hint, kind: str, *, prefix: str = "vgpuho
     return code
 
 
-def main(argv=None, *, lean: bool = True) -> int:
+def main(argv=None, *, lean: bool = True, serve_agent=None) -> int:
     """Run the CLI and map errors to one line + exit code (:func:`report`).
 
     A plain read command line (:func:`vgpuhost.cli.lean.match`) runs without
     click's parsing unless ``lean`` is False; the console entry point is
-    :func:`vgpuhost.cli.entry.run`, which also starts without loading click.
+    :func:`vgpuhost.__main__.run`, which also starts without loading click.
+    ``serve_agent``: what ``vgpuhost agent`` starts, ``(host, **options)``
+    (:func:`vgpuhost.__main__.serve_agent`; cli never imports the agent);
+    None: that command refuses to run.
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm)
@@ -150,7 +153,7 @@ def main(argv=None, *, lean: bool = True) -> int:
         if job is not None:
             click.echo(job())
         else:
-            cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False)
+            cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False, obj=serve_agent)
         return EXIT_OK
     except BaseException as e:
         return report(argv, e)
