@@ -148,6 +148,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from pathlib import Path
     from typing import Callable, Dict, List, Optional, Sequence
 
+    from ..model.usage import UsageRow
+
 DB_NAME = "state.db"
 BUSY_TIMEOUT_MS = 60_000
 #: the write-ahead log's size (bytes) above which an open checkpoints it first (see :meth:`StateStore._open`)
@@ -1290,15 +1292,10 @@ def _reader(source) -> sqlite3.Connection:
     return source._conn() if isinstance(source, StateStore) else source
 
 
-USAGE_COLUMNS = ("hour", "device", "domain_uuid", "kind", "gpu", "profile", "domain", "tenant", "qos",
-                 "alloc_s", "sm_busy_s", "enc_busy_s", "dec_busy_s", "fb_peak_bytes", "fb_total_bytes",
-                 "samples")
-
-
-def add_usage(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
-    """Add ``rows`` (in :data:`USAGE_COLUMNS` order) to the hourly rollups, one per (hour, device,
-    domain, tenant): seconds and samples add up, the framebuffer peak keeps the maximum, the other
-    labels take the newest."""
+def add_usage(conn: sqlite3.Connection, rows: Sequence[UsageRow]) -> None:
+    """Add ``rows`` (:class:`~vgpuhost.model.usage.UsageRow`, or tuples in its field order) to the
+    hourly rollups, one per (hour, device, domain, tenant): seconds and samples add up, the
+    framebuffer peak keeps the maximum, the other labels take the newest."""
     conn.executemany(
         "INSERT INTO usage_hourly VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (hour, device, domain_uuid, tenant) DO UPDATE SET "
@@ -1310,8 +1307,10 @@ def add_usage(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
         "fb_total_bytes = excluded.fb_total_bytes, samples = samples + excluded.samples", rows)
 
 
-def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = None, until: Optional[str] = None) -> List[tuple]:
-    """Hourly rollup rows (:data:`USAGE_COLUMNS`) with ``since <= hour < until`` (ISO hours), by hour."""
+def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = None,
+               until: Optional[str] = None) -> List[UsageRow]:
+    """Hourly rollup rows with ``since <= hour < until`` (ISO hours), by hour."""
+    from ..model.usage import USAGE_COLUMNS, UsageRow  # typing: not at module level (the qemu hook imports this)
     conn = _reader(conn)
     sql = "SELECT " + ", ".join(USAGE_COLUMNS) + " FROM usage_hourly"
     where, args = [], []
@@ -1323,7 +1322,7 @@ def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = N
         args.append(until)
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return list(conn.execute(sql + " ORDER BY hour, device, domain_uuid, tenant", args))
+    return [UsageRow._make(r) for r in conn.execute(sql + " ORDER BY hour, device, domain_uuid, tenant", args)]
 
 
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:

@@ -4,7 +4,8 @@ Owns: :func:`aggregate` (chargeback totals per tenant, domain or profile
 over hourly rollup rows) and :func:`advise` (which VMs fit a smaller
 profile, which guaranteed vGPUs sit idle, and how many more VMs those
 changes would admit).  Must not: read the store, sysfs or NVML: callers pass
-rows (``io.state.USAGE_COLUMNS`` order) and the profiles a host offers.
+rows (:class:`~vgpuhost.model.usage.UsageRow`, or tuples in its field order)
+and the profiles a host offers.
 
 Units: seconds, bytes; ``sm_share`` is busy seconds / allocated seconds, the
 average fraction of a GPU's SM time the device used.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
 
 BY = ("tenant", "domain", "profile")
@@ -67,12 +69,9 @@ class UsageTotal:
         return self.alloc_s / 3600.0
 
 
-def _row(r: Sequence) -> dict:
-    (hour, device, domain_uuid, kind, gpu, profile, domain, tenant, qos, alloc_s, sm, enc, dec, peak, total,
-     samples) = r
-    return dict(hour=hour, device=device, domain_uuid=domain_uuid, kind=kind, gpu=gpu, profile=profile,
-                domain=domain or domain_uuid, tenant=tenant, qos=qos, alloc_s=alloc_s, sm=sm, enc=enc, dec=dec,
-                peak=peak, total=total, samples=samples)
+def _domain(row: UsageRow) -> str:
+    """The domain a report names: its name, or its UUID when the row has no name."""
+    return row.domain or row.domain_uuid
 
 
 def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
@@ -86,16 +85,16 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     devs: Dict[str, set] = {}
     hours: Dict[str, set] = {}
     for raw in rows:
-        r = _row(raw)
-        key = r[by] or NONE_KEY
+        r = UsageRow._make(raw)
+        key = {"tenant": r.tenant, "domain": _domain(r), "profile": r.profile}[by] or NONE_KEY
         a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
-        a[0] += r["alloc_s"]
-        a[1] += r["sm"]
-        a[2] += r["enc"]
-        a[3] += r["dec"]
-        a[4] = max(a[4], int(r["peak"]))
-        devs.setdefault(key, set()).add((r["device"], r["domain_uuid"]))
-        hours.setdefault(key, set()).add(r["hour"])
+        a[0] += r.alloc_s
+        a[1] += r.sm_busy_s
+        a[2] += r.enc_busy_s
+        a[3] += r.dec_busy_s
+        a[4] = max(a[4], int(r.fb_peak_bytes))
+        devs.setdefault(key, set()).add((r.device, r.domain_uuid))
+        hours.setdefault(key, set()).add(r.hour)
     out = [UsageTotal(k, a[0], a[1], a[2], a[3], a[4], len(devs[k]), len(hours[k])) for k, a in acc.items()]
     return sorted(out, key=lambda t: (-t.alloc_s, t.key))
 
@@ -107,6 +106,25 @@ class Offer:
     name: str
     framebuffer_mib: int
     max_instances: Optional[int]
+
+
+@dataclass
+class _Use:
+    """One (device, domain)'s use over the window: the labels of its newest row, seconds summed,
+    the framebuffer peak (bytes) and its newest known framebuffer size (bytes)."""
+
+    newest: UsageRow
+    alloc_s: float = 0.0
+    sm_busy_s: float = 0.0
+    fb_peak_bytes: int = 0
+    fb_total_bytes: int = 0
+
+    def add(self, row: UsageRow) -> None:
+        self.newest = row
+        self.alloc_s += row.alloc_s
+        self.sm_busy_s += row.sm_busy_s
+        self.fb_peak_bytes = max(self.fb_peak_bytes, int(row.fb_peak_bytes))
+        self.fb_total_bytes = row.fb_total_bytes or self.fb_total_bytes
 
 
 @dataclass(frozen=True)
@@ -144,34 +162,30 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
     Returns ``(advice, more)``: ``more`` is ``{profile: n}``, how many more
     VMs of that profile the framebuffer freed would hold, per GPU.
     """
-    per: Dict[Tuple[str, str], dict] = {}
+    per: Dict[Tuple[str, str], _Use] = {}
     for raw in rows:
-        r = _row(raw)
-        if r["kind"] == "passthrough":
+        r = UsageRow._make(raw)
+        if r.kind == "passthrough":
             continue
-        d = per.setdefault((r["device"], r["domain_uuid"]), dict(r, alloc_s=0.0, sm=0.0, peak=0))
-        d["alloc_s"] += r["alloc_s"]
-        d["sm"] += r["sm"]
-        d["peak"] = max(d["peak"], int(r["peak"]))
-        d["total"] = r["total"] or d["total"]
-        d.update(domain=r["domain"], tenant=r["tenant"], qos=r["qos"], profile=r["profile"], gpu=r["gpu"])
+        per.setdefault((r.device, r.domain_uuid), _Use(r, fb_total_bytes=r.fb_total_bytes)).add(r)
     by_name = {o.name.upper(): o for o in offers}
     out: List[Advice] = []
     freed: Dict[Tuple[str, str], int] = {}          # (gpu, profile to fill) -> MiB freed
-    for (device, _u), d in sorted(per.items()):
-        if d["alloc_s"] < min_alloc_s:
+    for (device, _u), use in sorted(per.items(), key=lambda item: item[0]):
+        if use.alloc_s < min_alloc_s:
             continue
-        share = d["sm"] / d["alloc_s"] if d["alloc_s"] else 0.0
-        prof = VgpuProfile.try_parse(d["profile"])
-        cur = by_name.get(d["profile"].upper())
-        cur_mib = cur.framebuffer_mib if cur else (d["total"] // MIB)
-        base = dict(device=device, domain=d["domain"], tenant=d["tenant"], gpu=d["gpu"], profile=d["profile"],
-                    fb_peak_bytes=d["peak"], fb_total_bytes=d["total"], sm_share=share)
-        if d["qos"] == "guaranteed" and share < IDLE_SM_SHARE:
+        last = use.newest
+        share = use.sm_busy_s / use.alloc_s if use.alloc_s else 0.0
+        prof = VgpuProfile.try_parse(last.profile)
+        cur = by_name.get(last.profile.upper())
+        cur_mib = cur.framebuffer_mib if cur else (use.fb_total_bytes // MIB)
+        base = dict(device=device, domain=_domain(last), tenant=last.tenant, gpu=last.gpu, profile=last.profile,
+                    fb_peak_bytes=use.fb_peak_bytes, fb_total_bytes=use.fb_total_bytes, sm_share=share)
+        if last.qos == "guaranteed" and share < IDLE_SM_SHARE:
             out.append(Advice(**base, action="idle", to=None,
                               reason=f"guaranteed vGPU used {share:.1%} of SM time over "
-                                     f"{d['alloc_s'] / 3600:.1f} h: release it or move it to best-effort"))
-            freed[(d["gpu"], d["profile"])] = freed.get((d["gpu"], d["profile"]), 0) + cur_mib
+                                     f"{use.alloc_s / 3600:.1f} h: release it or move it to best-effort"))
+            freed[(last.gpu, last.profile)] = freed.get((last.gpu, last.profile), 0) + cur_mib
             continue
         best: Optional[Offer] = None
         if prof is not None:
@@ -180,7 +194,7 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
                 if (p is None or p.board != prof.board or p.series != prof.series
                         or p.gi_slices != prof.gi_slices or o.framebuffer_mib >= cur_mib):
                     continue
-                if d["peak"] * FB_HEADROOM > o.framebuffer_mib * MIB:
+                if use.fb_peak_bytes * FB_HEADROOM > o.framebuffer_mib * MIB:
                     continue
                 if o.max_instances and share > 1.0 / o.max_instances:
                     continue
@@ -190,9 +204,9 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
             out.append(Advice(**base, action="keep", to=None, reason="no smaller profile fits its peak and SM use"))
             continue
         out.append(Advice(**base, action="downsize", to=best.name,
-                          reason=f"framebuffer peak {d['peak'] / MIB:.0f} MiB and SM share {share:.1%} fit "
+                          reason=f"framebuffer peak {use.fb_peak_bytes / MIB:.0f} MiB and SM share {share:.1%} fit "
                                  f"{best.name} ({best.framebuffer_mib} MiB)"))
-        freed[(d["gpu"], best.name)] = freed.get((d["gpu"], best.name), 0) + cur_mib - best.framebuffer_mib
+        freed[(last.gpu, best.name)] = freed.get((last.gpu, best.name), 0) + cur_mib - best.framebuffer_mib
     more: Dict[str, int] = {}
     for (gpu, name), mib in freed.items():
         o = by_name.get(name.upper())
