@@ -628,14 +628,17 @@ def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
         line = next(l for l in run.log.read_text().splitlines() if "metrics on http://" in l)
         url = line.split("metrics on ")[1].strip()
         assert url.startswith("http://127.0.0.1:")
-        for _ in range(200):
+        # a sample taken while the allocation was being recorded shows the device without its owner;
+        # wait (up to a minute, for a busy machine) for one taken after it
+        import time
+        deadline = time.monotonic() + 60
+        while True:
             st, text = run.call("GET", "/v1/metrics", ro=True)
-            if st == 200 and f'device="{out["id"]}"' in text:
+            info = [l for l in text.splitlines() if l.startswith("vgpuhost_device_info{")] if st == 200 else []
+            if (info and f'domain_uuid="{DOM}"' in info[0]) or time.monotonic() > deadline:
                 break
-            import time
             time.sleep(0.05)
         assert st == 200 and "vgpuhost_up 1.0" in text
-        info = [l for l in text.splitlines() if l.startswith("vgpuhost_device_info{")]
         assert len(info) == 1 and f'domain_uuid="{DOM}"' in info[0] and 'profile="A40-8Q"' in info[0]
         with urllib.request.urlopen(url, timeout=30) as resp:
             scraped = resp.read().decode()
