@@ -25,12 +25,15 @@ from __future__ import annotations
 
 
 from .errors import InputError
+from .kinds import SchedulerPolicy
 from .values import field, is_digits, is_name, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
+# The plain copies of vgpuhost.model.concepts.QosClass and Isolation, for the qemu hook (which does not
+# import enum); tests/test_concepts.py asserts they equal the enums' values.
 #: QoS classes, strongest first
 GUARANTEED, BURSTABLE, BEST_EFFORT = "guaranteed", "burstable", "best-effort"
 QOS_CLASSES = (GUARANTEED, BURSTABLE, BEST_EFFORT)
@@ -38,7 +41,8 @@ QOS_CLASSES = (GUARANTEED, BURSTABLE, BEST_EFFORT)
 SHARED, EXCLUSIVE, HARDWARE = "shared", "exclusive", "hardware"
 ISOLATIONS = (SHARED, EXCLUSIVE, HARDWARE)
 #: scheduler policies (as ``vgpuhost scheduler set --policy`` spells them) and the QoS class each serves best
-POLICY_CLASS = {"fixed-share": GUARANTEED, "equal-share": BURSTABLE, "best-effort": BEST_EFFORT}
+POLICY_CLASS = {SchedulerPolicy.FIXED_SHARE: GUARANTEED, SchedulerPolicy.EQUAL_SHARE: BURSTABLE,
+                SchedulerPolicy.BEST_EFFORT: BEST_EFFORT}
 
 DIMENSIONS = ("vgpus", "framebuffer_mib", "mig_slices", "passthrough_gpus")
 DIMENSION_TEXT = {"vgpus": "vGPUs", "framebuffer_mib": "framebuffer MiB", "mig_slices": "MIG compute slices",
