@@ -51,6 +51,8 @@ def test_kinds_copies_equal_the_enums():
     assert kinds.PlacementStrategy.ALL == concepts.PlacementStrategy.values()
     assert kinds.SchedulerPolicy.ALL == concepts.SchedulerPolicy.values()
     assert (kinds.Owner.DOMAIN,) + kinds.Owner.POOL == concepts.OwnerKind.values()
+    assert kinds.QosClass.ALL == concepts.QosClass.values()
+    assert kinds.Isolation.ALL == concepts.Isolation.values()
     assert set(kinds.PlacementStrategy.FITTING) | set(kinds.PlacementStrategy.RESERVING) \
         == set(kinds.PlacementStrategy.ALL)
     assert set(kinds.PlacementStrategy.OFFERED) <= set(kinds.PlacementStrategy.ALL)
@@ -67,13 +69,36 @@ def test_tenancy_copies_equal_the_enums():
     assert tenancy.DEFAULT_ISOLATION in concepts.Isolation.values()
 
 
-def test_the_hook_does_not_import_enum():
-    """The reason kinds and tenancy keep plain copies: the hook's import closure stays without ``enum``."""
+def test_the_hook_runtime_does_not_import_enum():
+    """The reason kinds and tenancy keep plain copies: the hook's entry module imports no ``enum``."""
     out = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", "-c", "import vgpuhost.hook.runtime"],
                          capture_output=True, text=True, cwd=REPO)
     names = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "vgpuhost.hook.runtime" in names, out.stderr[-2000:]
     assert "enum" not in names and "vgpuhost.model.concepts" not in names
+
+
+@pytest.mark.parametrize("case", ["mdev", "vendor-vfio", "passthrough"])
+def test_the_hook_does_not_import_the_concepts(make_host, tmp_path, case):
+    """A hook's ``prepare begin`` and ``release end`` (vGPUs on both backends, passthrough) compare with the
+    plain copies: the concepts module is not imported (``enum`` itself may come with ``re`` or ``json``)."""
+    from test_hook import A100, A100_AUDIO, DOM1, MDEV1, a100_vfs_off, install, pt_domain, vf_domain, vgpu_domain
+    from test_hook_bundle import _run_handler
+    from vgpuhost.io import modbundle
+    if case == "mdev":
+        host, xml = make_host("a40-mdev"), vgpu_domain("vm", DOM1, MDEV1)
+    elif case == "vendor-vfio":
+        host, xml = make_host("l40s-vendor-vfio"), vf_domain("vm", DOM1, "0000:21:00.4", "L40S-4Q")
+    else:
+        host = a100_vfs_off(make_host)
+        xml = pt_domain("vm", DOM1, A100, [A100, A100_AUDIO])
+    install(host, tmp_path)
+    proc = _run_handler(host, modbundle.bundle_path(str(host.root)), xml,
+                        tail="print('vgpuhost.model.concepts' in sys.modules)\n")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0].startswith("[0, 0]"), proc.stdout
+    assert lines[-1] == "False", proc.stdout
 
 
 # ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Protocol, Tuple
 
 from ..model.errors import VgpuhostError
+from ..model.kinds import SchedulerPolicy
 from ..model.values import PciAddress
 
 
@@ -104,12 +105,13 @@ class DeviceFacts:
 # (:mod:`vgpuhost.sim.nvml`), so a fault-injection test can match the two
 
 #: scheduler policies in words
-POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
+POLICY_TEXT = {SchedulerPolicy.BEST_EFFORT: "best effort", SchedulerPolicy.EQUAL_SHARE: "equal share",
+               SchedulerPolicy.FIXED_SHARE: "fixed share"}
 
 
 def scheduler_text(state: SchedulerState) -> str:
     """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
-    if state.policy == "best-effort":
+    if state.policy == SchedulerPolicy.BEST_EFFORT:
         return "best effort"
     parts = [POLICY_TEXT.get(state.policy, state.policy)]
     if state.arr:

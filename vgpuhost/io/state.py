@@ -140,6 +140,7 @@ sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 
 from ..model.errors import HostEnvironmentError
+from ..model.kinds import Owner
 from ..model.values import record
 from .hostroot import plain_path
 
@@ -446,7 +447,7 @@ class PassthroughRecord:
     position: int
     time: str
     persisted: bool
-    owner: str = "manual"
+    owner: str = Owner.MANUAL
 
 
 MARKER_DIR = "domains"

@@ -2,7 +2,7 @@
 
 Owns: the plain-``str`` copies of the concepts of :mod:`vgpuhost.model.concepts`
 (who owns a device, which vGPU backend, placement strategy, scheduler
-policy) and a vGPU's state, as the state store records them and every
+policy, QoS class, isolation level) and a vGPU's state, as the state store records them and every
 output (tables, ``--json``, audit rows, domain metadata) prints them.
 The enums are the definition; these copies exist because the hook's
 modules (:data:`vgpuhost.io.modbundle.MODULES`) must not pay for importing
@@ -80,6 +80,28 @@ class SchedulerPolicy:
     EQUAL_SHARE = "equal-share"
     FIXED_SHARE = "fixed-share"
     ALL = (BEST_EFFORT, EQUAL_SHARE, FIXED_SHARE)
+
+
+class QosClass:
+    """A tenant's or domain's QoS class, strongest first (:class:`vgpuhost.model.concepts.QosClass`).
+
+    Here, not only in :mod:`vgpuhost.model.tenancy`, because domain metadata (libvirt/domxml.py) checks
+    it on every hook start, where tenancy is imported only on a host with tenants.
+    """
+
+    GUARANTEED = "guaranteed"
+    BURSTABLE = "burstable"
+    BEST_EFFORT = "best-effort"
+    ALL = (GUARANTEED, BURSTABLE, BEST_EFFORT)
+
+
+class Isolation:
+    """A tenant's isolation level, weakest first (:class:`vgpuhost.model.concepts.Isolation`)."""
+
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+    HARDWARE = "hardware"
+    ALL = (SHARED, EXCLUSIVE, HARDWARE)
 
 
 class VgpuState:

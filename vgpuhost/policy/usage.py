@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..model.concepts import DeviceKind, QosClass
 from ..model.values import VgpuProfile
 
 BY = ("tenant", "domain", "profile")
@@ -147,7 +148,7 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
     per: Dict[Tuple[str, str], dict] = {}
     for raw in rows:
         r = _row(raw)
-        if r["kind"] == "passthrough":
+        if r["kind"] == DeviceKind.PASSTHROUGH:
             continue
         d = per.setdefault((r["device"], r["domain_uuid"]), dict(r, alloc_s=0.0, sm=0.0, peak=0))
         d["alloc_s"] += r["alloc_s"]
@@ -167,7 +168,7 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
         cur_mib = cur.framebuffer_mib if cur else (d["total"] // MIB)
         base = dict(device=device, domain=d["domain"], tenant=d["tenant"], gpu=d["gpu"], profile=d["profile"],
                     fb_peak_bytes=d["peak"], fb_total_bytes=d["total"], sm_share=share)
-        if d["qos"] == "guaranteed" and share < IDLE_SM_SHARE:
+        if d["qos"] == QosClass.GUARANTEED and share < IDLE_SM_SHARE:
             out.append(Advice(**base, action="idle", to=None,
                               reason=f"guaranteed vGPU used {share:.1%} of SM time over "
                                      f"{d['alloc_s'] / 3600:.1f} h: release it or move it to best-effort"))
