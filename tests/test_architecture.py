@@ -21,6 +21,10 @@ happens only in ``io/`` (and in ``sim/``, which *is* the simulated outside);
 ``pynvml`` only in ``io/nvml_pynvml.py``, the ``libvirt`` binding only in
 ``io/virt.py``, ``sqlite3`` only in ``io/state.py``.
 
+Concepts: a concept's spelling (vgpuhost/model/concepts.py: ``"first-fit"``, ``"guaranteed"``, ...)
+is written only in ``model/`` (and ``sim/``) where it is used as the concept; elsewhere code names the
+enum member, or in the hook's modules model/kinds' plain copy (:func:`concept_literals`).
+
 Also: no cycle in the graph of packages, no import cycle between modules (module-level and function-level imports
 alike), package ``__init__.py`` files hold a docstring only (the top-level one may
 also hold ``__version__``, which setup.cfg reads), and no ``cli`` module imports a
@@ -309,6 +313,160 @@ def side_by_side() -> Iterator[Tuple[str, str, str]]:
                 yield "side-by-side", module, dest
 
 
+def _concept_values() -> Dict[str, Tuple[str, ...]]:
+    """The concept vocabularies of vgpuhost/model/concepts.py, read from its source: enum name -> spellings."""
+    out: Dict[str, Tuple[str, ...]] = {}
+    for node in TREES["vgpuhost.model.concepts"].body:
+        if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == "StrEnum" for b in node.bases):
+            out[node.name] = tuple(s.value.value for s in node.body if isinstance(s, ast.Assign)
+                                   and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))
+    return out
+
+
+CONCEPTS = _concept_values()
+#: spelling -> the concepts it belongs to
+CONCEPT_OF: Dict[str, Set[str]] = {}
+for _name, _values in CONCEPTS.items():
+    for _v in _values:
+        CONCEPT_OF.setdefault(_v, set()).add(_name)
+#: words that are also plain English, YAML keys, CLI families or another vocabulary's values -> the names
+#: beside which they are the concept (``owner == "manual"``, ``rec.backend != "mdev"``); never alone.
+#: ``mdev`` is also libvirt's ``<hostdev type='mdev'>`` (beside ``pci``), ``vgpu`` and ``scheduler`` also a
+#: made-device tag, a YAML key and a CLI family.
+AMBIGUOUS: Dict[str, Tuple[str, ...]] = {
+    "mdev": ("backend",), "passthrough": ("kind",), "vgpu": (), "module": (), "scheduler": (), "sriov": (),
+    "layout": ("owner",), "manual": ("owner",), "domain": ("owner",),
+    "shared": ("isolation",), "exclusive": ("isolation",), "hardware": ("isolation",),
+    "guaranteed": ("qos",), "spread": ("strategy",), "reserve": ("strategy",),
+}
+#: concepts whose ambiguous words alone, two or more in one tuple or dict, are still that concept
+#: (``("manual", "layout")``); ``("vgpu", "passthrough")`` may be a family, a mode or a key list
+COLLECTED_AMBIGUOUS = {"OwnerKind", "Isolation"}
+
+
+def _hint(node: ast.expr) -> str:
+    """The name an expression goes by: ``strategy`` for ``req.strategy``, ``kind`` for ``r["kind"]`` and
+    ``h.get("kind")``, ``owner`` for ``"--owner"``; "" when it has none."""
+    if isinstance(node, ast.Name):
+        return node.id.lower()
+    if isinstance(node, ast.Attribute):
+        return node.attr.lower()
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str):
+        return node.slice.value.lower()
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        return node.args[0].value.lower()
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.lstrip("-").replace("-", "_").lower()
+    return ""
+
+
+def _named(value: str, hint: str) -> bool:
+    """A concept value used as a concept: unambiguous, or ambiguous beside a name of one of its concepts."""
+    if value not in CONCEPT_OF:
+        return False
+    if value not in AMBIGUOUS:
+        return True
+    return any(hint.endswith(h) for h in AMBIGUOUS[value])
+
+
+def _strings(node: ast.expr) -> List[str]:
+    """The string constants of a constant or of a tuple/list/set of them ([] for anything else)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def _vocabulary(values: List[str]) -> List[str]:
+    """The values of a collection (two or more) that all belong to one concept, as its copy; else []."""
+    if len(values) < 2 or not all(v in CONCEPT_OF for v in values):
+        return []
+    common = set.intersection(*(CONCEPT_OF[v] for v in values))
+    if not common or (all(v in AMBIGUOUS for v in values) and not common & COLLECTED_AMBIGUOUS):
+        return []
+    return values
+
+
+def _concept_uses(tree: ast.Module) -> Iterator[Tuple[int, str, str]]:
+    """``(line, value, context)`` for each concept literal used as a concept in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for i, op in enumerate(node.ops):
+                if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
+                    continue
+                left, right = sides[i], sides[i + 1]
+                for mine, other in ((left, right), (right, left)):
+                    for v in _strings(mine):
+                        if _named(v, _hint(other)):
+                            yield node.lineno, v, "comparison"
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            if name == "Choice":
+                for arg in node.args:
+                    values = _strings(arg)
+                    for v in values:
+                        if v in CONCEPT_OF and (v not in AMBIGUOUS or _vocabulary(values)):
+                            yield node.lineno, v, "click.Choice"
+            option = next((_hint(a) for a in node.args if isinstance(a, ast.Constant)
+                           and isinstance(a.value, str) and a.value.startswith("--")), "")
+            for kw in node.keywords:
+                if kw.arg == "default":
+                    for v in _strings(kw.value):
+                        if _named(v, option):
+                            yield node.lineno, v, "default="
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            positional = a.posonlyargs + a.args
+            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            pairs += [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            for arg, default in pairs:
+                for v in _strings(default):
+                    if _named(v, arg.arg.lower()):
+                        yield default.lineno, v, f"default of {arg.arg}"
+        elif isinstance(node, ast.AnnAssign) and node.value is not None and isinstance(node.target, ast.Name):
+            for v in _strings(node.value):
+                if _named(v, node.target.id.lower()):
+                    yield node.lineno, v, f"default of {node.target.id}"
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            for v in _strings(node.values[-1]):
+                if v in CONCEPT_OF and v not in AMBIGUOUS:
+                    yield node.lineno, v, "fallback (or)"
+        elif isinstance(node, ast.Dict):
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            for v in _vocabulary(keys if len(keys) == len(node.keys) else []):
+                yield node.lineno, v, "dict key"
+            values = [x.value for x in node.values if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+            for v in _vocabulary(values if len(values) == len(node.values) else []):
+                yield node.lineno, v, "dict value"
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            values = _strings(node)
+            for v in _vocabulary(values if len(values) == len(node.elts) else []):
+                yield node.lineno, v, "vocabulary copy"
+
+
+def concept_literals() -> Iterator[Tuple[str, str, str]]:
+    """A concept's spelling (vgpuhost/model/concepts.py) is written only in ``model/``: elsewhere code names
+    the enum member (or, in the hook's modules, model/kinds' and model/tenancy's plain copies).
+
+    Rejected where the literal is used as the concept: an operand of ``==``/``!=``/``in``/``not in``
+    (with the constants of a tuple, list or set on the other side), an argument of ``click.Choice``, a
+    ``default=`` of a concept's option, a parameter's or field's default, an ``x or "first-fit"``
+    fallback, the keys or values of a dict, or the members of a tuple, list or set, that are all one
+    concept's.  Not rejected: docstrings, command and family names, file names, messages.  Ambiguous
+    words (:data:`AMBIGUOUS`) count only beside a name of their concept.
+    The simulator (``sim/``) models the outside and spells what the kernel and NVML spell."""
+    for module, tree in TREES.items():
+        if _layer(module) in ("model", "sim"):
+            continue
+        for line, value, context in sorted(set(_concept_uses(tree))):
+            yield "concept-literal", module, f"line {line}: {value!r} ({context})"
+
+
 def package_cycles() -> Iterator[Tuple[str, str, str]]:
     """No cycle in the graph of packages (``io``, ``sim``, ...), every edge counted."""
     edges: Dict[str, Set[str]] = {}
@@ -342,7 +500,7 @@ def package_cycles() -> Iterator[Tuple[str, str, str]]:
 def violations() -> Set[Tuple[str, str, str]]:
     out: Set[Tuple[str, str, str]] = set()
     for rule in (layer_violations, cycles, door_violations, init_violations, private_imports, side_by_side,
-                 package_cycles):
+                 concept_literals, package_cycles):
         out.update(rule())
     return out
 
@@ -388,6 +546,33 @@ def test_the_simulated_stand_ins_exist():
         module, _, cls = name.partition(":")
         assert _layer(module) == "sim" and module in TREES, name
         assert any(isinstance(n, ast.ClassDef) and n.name == cls for n in TREES[module].body), name
+
+
+def test_concept_literals_bite():
+    """The concept-literal rule finds a planted literal in each context, and leaves the look-alikes alone."""
+    planted = """
+import click
+@click.option("--strategy", default="first-fit", type=click.Choice(["first-fit", "best-fit"]))
+@click.option("--owner", default="manual")
+def f(strategy="best-fit", qos=None):
+    if qos == "guaranteed" or rec.backend != "mdev" or a.owner in ("manual", "layout"):
+        pass
+    text = {"equal-share": "equal share", "fixed-share": "fixed share"}
+    return policy or "best-effort"
+"""
+    found = {(value, context) for _, value, context in _concept_uses(ast.parse(planted))}
+    assert {("first-fit", "default="), ("first-fit", "click.Choice"), ("manual", "default="),
+            ("best-fit", "default of strategy"), ("guaranteed", "comparison"), ("mdev", "comparison"),
+            ("layout", "comparison"), ("equal-share", "dict key"), ("best-effort", "fallback (or)")} <= found
+    alike = """
+@scheduler.command("scheduler")
+def g(name="domain"):
+    \"\"\"best-effort, first-fit: a docstring.\"\"\"
+    if h.get("type") == "mdev" or kind == "vgpu" or "scheduler" in m or mode == "passthrough":
+        log("first-fit chose " + x)
+    return {"vgpus": [], "passthrough": []}, ("vgpu", "mig", "passthrough")
+"""
+    assert not list(_concept_uses(ast.parse(alike)))
 
 
 def test_known_violations_name_an_owner():

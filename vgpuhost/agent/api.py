@@ -24,6 +24,7 @@ from .. import __version__
 from ..io import locks
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore
+from ..model.concepts import OwnerKind, PlacementStrategy
 from ..model.errors import InputError, TransientError, VgpuhostError
 
 API = "v1"
@@ -296,7 +297,7 @@ def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     owner = _uuid(req.params["uuid"])
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
-    strategy = _text(body, "strategy", limit=32) or "first-fit"
+    strategy = _text(body, "strategy", limit=32) or PlacementStrategy.FIRST_FIT
     gpu = _gpu(agent, _text(body, "gpu", limit=32))
     vid = _text(body, "vgpu_uuid", limit=64)
     anti = _text(body, "anti_affinity", limit=256)
@@ -334,7 +335,8 @@ def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
     kw = dict(gpu=_gpu(agent, _text(body, "gpu", limit=32)), uuid=_text(body, "vgpu_uuid", limit=64),
-              strategy=_text(body, "strategy", limit=32) or "first-fit", owner=_text(body, "owner", limit=64) or "manual",
+              strategy=_text(body, "strategy", limit=32) or PlacementStrategy.FIRST_FIT,
+              owner=_text(body, "owner", limit=64) or OwnerKind.MANUAL,
               params=_text(body, "params", limit=1024), numa_node=_int(body, "numa_node"),
               anti_affinity=_text(body, "anti_affinity", limit=256), persist=_flag(body, "persist"),
               create_gi=_flag(body, "create_gi"))

@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import click
 
+from ..model.kinds import PlacementStrategy
 from .common import current, emit
 
 PROM_HELP = "Prometheus's base URL (http://HOST:9090) scraping every host's agent (--metrics-port)."
@@ -44,8 +45,8 @@ def fleet_capacity(url: str, profile: Optional[str], job: Optional[str], stale: 
 @click.option("--prometheus", "url", required=True, metavar="URL", help=PROM_HELP)
 @click.option("--profile", required=True, metavar="NAME", help="The vGPU profile to place.")
 @click.option("--tenant", metavar="T", help="Skip hosts where this tenant's vGPU quota is used up.")
-@click.option("--strategy", default="first-fit", show_default=True,
-              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread"]))
+@click.option("--strategy", default=PlacementStrategy.DEFAULT, show_default=True,
+              type=click.Choice(PlacementStrategy.FITTING))
 @click.option("--job", metavar="JOB", help="Only scrape targets of this Prometheus job.")
 @click.option("--stale", type=click.FloatRange(1, 86400), default=120.0, show_default=True, metavar="S",
               help="A host whose last sample is older than S seconds is skipped.")

@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 
 import click
 
+from ..model.concepts import SchedulerPolicy
 from ..present.scheduler import scheduler_state
 from .common import current, emit, store
 
@@ -33,7 +34,7 @@ def scheduler_show(gpu: Optional[str]) -> None:
 
 
 @scheduler.command("set")
-@click.option("--policy", required=True, type=click.Choice(["best-effort", "equal-share", "fixed-share"]))
+@click.option("--policy", required=True, type=click.Choice(SchedulerPolicy.values()))
 @click.option("--timeslice-ms", type=int, metavar="N", help="Time slice without adaptive round robin (1..30).")
 @click.option("--frequency-hz", type=int, metavar="N", help="ARR scheduling frequency (63..960); with --avg-factor.")
 @click.option("--avg-factor", type=int, metavar="N", help="ARR averaging factor (1..60); with --frequency-hz.")
@@ -59,7 +60,7 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
         raise click.UsageError("--frequency-hz and --avg-factor go together")
     if timeslice_ms is not None and frequency_hz is not None:
         raise click.UsageError("--timeslice-ms (no ARR) and --frequency-hz/--avg-factor (ARR) exclude each other")
-    if policy == "best-effort" and (timeslice_ms is not None or frequency_hz is not None):
+    if policy == SchedulerPolicy.BEST_EFFORT and (timeslice_ms is not None or frequency_hz is not None):
         raise InputError("best effort takes no time slice, frequency or averaging factor")
     addrs = [PciAddress.parse(g) for g in gpus]
     state = scheduler_state(policy, timeslice_ms, frequency_hz, avg_factor)

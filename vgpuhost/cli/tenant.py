@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import click
 
+from ..model.concepts import Isolation, QosClass
 from ..present.tenancy import (LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK,  # noqa: F401 (the CLI's names)
                                SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, changed_tenant, new_tenant, tenant_doc)
 from .common import current, emit, store
@@ -34,9 +35,9 @@ def _emit(doc: dict, text: str) -> None:
 
 def _quota_options(fn):
     opts = [
-        click.option("--qos", type=click.Choice(["guaranteed", "burstable", "best-effort"]),
+        click.option("--qos", type=click.Choice(QosClass.values()),
                      help="Default QoS class of the tenant's domains (a domain's metadata may override it)."),
-        click.option("--isolation", type=click.Choice(["shared", "exclusive", "hardware"]),
+        click.option("--isolation", type=click.Choice(Isolation.values()),
                      help="shared: time-sliced GPUs with other tenants; exclusive: time-sliced GPUs of its own; "
                           "hardware: MIG-backed vGPUs and passthrough only."),
         click.option("--vgpus", metavar="G[:B]", help="vGPUs: guaranteed[:burst] ('none': no limit)."),

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import click
 
+from ..model.kinds import Owner, PlacementStrategy
 from .common import Context, current, emit, pass_ctx
 from .common import store
 from .scheduler import runtime_outcome
@@ -44,11 +45,11 @@ def _vgpu_outcome(ctx: Context, out) -> None:
 @click.option("--profile", required=True, metavar="NAME", help="vGPU type name as the device reports it (A40-8Q).")
 @click.option("--gpu", metavar="BDF", help="Only on this GPU.")
 @click.option("--uuid", metavar="UUID", help="mdev UUID (default: a new one).")
-@click.option("--strategy", default="first-fit", show_default=True,
-              type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread", "headroom"]),
+@click.option("--strategy", default=PlacementStrategy.DEFAULT, show_default=True,
+              type=click.Choice(PlacementStrategy.OFFERED),
               help="How the GPU is chosen; headroom is best-fit that may refuse a whole- or half-GPU "
                    "type that fits while the host is near full, and says so (docs/performance.md).")
-@click.option("--owner", default="manual", show_default=True, metavar="DOMAIN_UUID", help="Who holds it.")
+@click.option("--owner", default=Owner.MANUAL, show_default=True, metavar="DOMAIN_UUID", help="Who holds it.")
 @click.option("--params", metavar="K=V,...", help="vgpu_params, e.g. frame_rate_limiter=0.")
 @click.option("--numa-node", type=click.IntRange(0, 1023), help="Prefer GPUs on this NUMA node.")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")

@@ -14,6 +14,8 @@ from typing import List, Optional
 
 import click
 
+from ..model.concepts import DeviceKind, QosClass
+from ..model.kinds import PlacementStrategy
 from .common import current, emit
 
 COMMANDS: List[click.Command] = []
@@ -76,7 +78,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         if slot is None and len(endpoints) > 1:
             slot = FIRST_GUEST_SLOT
         xml = render_passthrough(endpoints, slot)
-        doc.update(kind="passthrough", device=str(addr), gpu=str(addr),
+        doc.update(kind=DeviceKind.PASSTHROUGH, device=str(addr), gpu=str(addr),
                    functions=[str(d.address) for d in endpoints], xml=xml)
     else:
         if uuid is not None:
@@ -103,7 +105,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         if backend == BACKEND_MDEV:
             u = uuid or str(_uuid.uuid4())
             xml = render_mdev(u, display=display, ramfb=ramfb, guest_slot=slot)
-            doc.update(kind="mdev", profile=name, device=u, gpu=str(pin) if pin else None, xml=xml)
+            doc.update(kind=DeviceKind.MDEV, profile=name, device=u, gpu=str(pin) if pin else None, xml=xml)
         else:
             if display or ramfb or uuid:
                 raise InputError(f"--display, --ramfb and --uuid apply to classic mdev vGPUs; {name} is a "
@@ -112,7 +114,7 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
             if not decision.admitted:
                 raise RefusedError(f"no free VF for {name}: {decision.reason}")
             xml = render_vf(decision.parent, slot)
-            doc.update(kind="vendor-vfio", profile=name, device=str(decision.parent), gpu=str(decision.gpu),
+            doc.update(kind=DeviceKind.VENDOR_VFIO, profile=name, device=str(decision.parent), gpu=str(decision.gpu),
                        functions=[str(decision.parent)], reason=decision.reason, xml=xml)
     emit(ctx, doc, doc["xml"].rstrip("\n"))
 
@@ -126,10 +128,10 @@ def _text(out) -> str:
     lines = []
     verb = {"attach": ("would attach", "attached", "to"), "detach": ("would detach", "detached", "from")}[out.action]
     for d in out.devices:
-        what = {"passthrough": f"GPU {d.id} (passthrough, {len(d.functions)} function"
+        what = {DeviceKind.PASSTHROUGH: f"GPU {d.id} (passthrough, {len(d.functions)} function"
                                f"{'s' if len(d.functions) != 1 else ''})",
-                "mdev": f"{d.profile} vGPU (classic mdev {d.id})",
-                "vendor-vfio": f"{d.profile} vGPU (vendor-VFIO VF {d.id})"}[d.kind]
+                DeviceKind.MDEV: f"{d.profile} vGPU (classic mdev {d.id})",
+                DeviceKind.VENDOR_VFIO: f"{d.profile} vGPU (vendor-VFIO VF {d.id})"}[d.kind]
         head = verb[0] if out.dry_run else verb[1]
         lines.append(f"{head} {what} {verb[2]} {out.domain} ({out.uuid})" + (" live" if out.live else ""))
     if not out.devices:
@@ -173,11 +175,11 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--uuid", metavar="UUID", help="Name one existing vGPU of the layout's pool (classic mdev); "
                                              "the hook lends it to the domain at each start.")
 @click.option("--tenant", metavar="T", help="Tenant name recorded in the domain's metadata.")
-@click.option("--strategy", type=click.Choice(["first-fit", "best-fit", "worst-fit", "spread", "headroom"]),
+@click.option("--strategy", type=click.Choice(PlacementStrategy.OFFERED),
               help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).  "
                    "headroom may refuse a vGPU that fits, and says so (docs/performance.md).")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
-@click.option("--qos", type=click.Choice(["guaranteed", "burstable", "best-effort"]),
+@click.option("--qos", type=click.Choice(QosClass.values()),
               help="The domain's QoS class (default: its tenant's).")
 @click.option("--display", is_flag=True, help="Classic mdev: display='on' (the domain needs <graphics>).")
 @click.option("--ramfb", is_flag=True, help="Classic mdev: ramfb='on' (needs --display; one per domain).")

@@ -52,6 +52,7 @@ import re
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
+from ..model.concepts import SchedulerPolicy
 from ..model.errors import HostEnvironmentError, InputError, TransientError
 from ..model.nvml import DeviceFacts, GiProfile, GpuInstance, SchedulerCaps, SchedulerState
 from .nvml import NvmlError
@@ -79,7 +80,7 @@ _ERROR_HINTS = {
     "NVMLError_ResetRequired": "the change needs a GPU reset or reboot",
 }
 
-POLICY_NAMES = {1: "best-effort", 2: "equal-share", 3: "fixed-share"}
+POLICY_NAMES = {1: SchedulerPolicy.BEST_EFFORT, 2: SchedulerPolicy.EQUAL_SHARE, 3: SchedulerPolicy.FIXED_SHARE}
 POLICY_CODES = {v: k for k, v in POLICY_NAMES.items()}
 
 # NVML_GPU_INSTANCE_PROFILE_* index name suffix -> nvidia-smi profile name suffix
@@ -447,7 +448,7 @@ class PynvmlBackend:
         nv = self._nv
         s = self._raw_scheduler_state(bdf, gi_id)
         policy = POLICY_NAMES.get(int(s.schedulerPolicy), "unknown")
-        if policy in ("best-effort", "unknown"):
+        if policy in (SchedulerPolicy.BEST_EFFORT, "unknown"):
             return SchedulerState(policy=policy)
         scale = self._timeslice_scale(bdf)
         with_arr = s.schedulerParams.vgpuSchedDataWithARR
@@ -478,7 +479,7 @@ class PynvmlBackend:
             st.version = nv.nvmlVgpuSchedulerState_v1
             st.engineId = nv.NVML_VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
         st.schedulerPolicy = POLICY_CODES[state.policy]
-        if state.policy == "best-effort":
+        if state.policy == SchedulerPolicy.BEST_EFFORT:
             st.enableARRMode = nv.NVML_VGPU_SCHEDULER_ARR_DEFAULT
             sent = "no parameters"
         elif state.arr:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import pyexpat as expat     # the C module xml.parsers.expat re-exports (its three package modules: 0.15 ms a hook start)
 
 from ..model.errors import InputError
+from ..model.kinds import PlacementStrategy, QosClass
 from ..model.values import PciAddress, is_name, parse_uuid
 
 TYPE_CHECKING = False
@@ -55,9 +56,9 @@ MAX_XML_BYTES = 4 * 1024 * 1024      # libvirt domain XML is KiB; 4 MiB is gener
 MAX_DEPTH = 64
 MAX_VGPUS = 16
 MAX_PASSTHROUGH = 8
-STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread", "headroom")   # vgpuhost.policy.placement.OFFERED
-DEFAULT_STRATEGY = "first-fit"
-QOS_CLASSES = ("guaranteed", "burstable", "best-effort")       # vgpuhost.model.tenancy.QOS_CLASSES
+STRATEGIES = PlacementStrategy.OFFERED
+DEFAULT_STRATEGY = PlacementStrategy.DEFAULT
+QOS_CLASSES = QosClass.ALL
 NOVA_NS = "http://openstack.org/xmlns/libvirt/nova/"          # + version (1.0, 1.1, 1.2)
 MAX_NOVA_TEXT = 255
 

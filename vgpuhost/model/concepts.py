@@ -14,6 +14,14 @@ from these enums or tested against them (tests/test_concepts.py); the
 architecture test rejects their literals anywhere outside ``model/``
 (tests/test_architecture.py).
 
+Copies: the qemu hook's modules (:data:`vgpuhost.io.modbundle.MODULES`) do
+not import ``enum``, so they compare with plain-``str`` copies of these
+vocabularies: :mod:`vgpuhost.model.kinds` (``Backend``, ``Owner``,
+``PlacementStrategy``, ``SchedulerPolicy``, ``QosClass``, ``Isolation``),
+which :mod:`vgpuhost.model.tenancy` re-exports (``QOS_CLASSES``,
+``ISOLATIONS``; ``POLICY_CLASS`` maps each policy to a class).  tests/test_concepts.py asserts each equals its enum, so
+a new member is added here and in its copy, and nowhere else.
+
 Must not: import anything but the standard library and ``model.errors`` (the
 qemu hook imports it).
 """

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from .kinds import SchedulerPolicy
+
 
 @dataclass(frozen=True)
 class GiProfile:
@@ -76,12 +78,13 @@ class DeviceFacts:
 
 
 #: scheduler policies in words
-POLICY_TEXT = {"best-effort": "best effort", "equal-share": "equal share", "fixed-share": "fixed share"}
+POLICY_TEXT = {SchedulerPolicy.BEST_EFFORT: "best effort", SchedulerPolicy.EQUAL_SHARE: "equal share",
+               SchedulerPolicy.FIXED_SHARE: "fixed share"}
 
 
 def scheduler_text(state: SchedulerState) -> str:
     """One line: ``equal share, ARR on, frequency 960 Hz, averaging factor 60``."""
-    if state.policy == "best-effort":
+    if state.policy == SchedulerPolicy.BEST_EFFORT:
         return "best effort"
     parts = [POLICY_TEXT.get(state.policy, state.policy)]
     if state.arr:

@@ -12,6 +12,7 @@ Tables and columns: :mod:`vgpuhost.io.state`'s schema (its module docstring).
 
 from __future__ import annotations
 
+from .kinds import Owner
 from .values import record
 
 TYPE_CHECKING = False
@@ -65,7 +66,7 @@ class PassthroughRecord:
     position: int
     time: str
     persisted: bool
-    owner: str = "manual"
+    owner: str = Owner.MANUAL
 
 
 @record(frozen=True)

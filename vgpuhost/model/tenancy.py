@@ -25,20 +25,24 @@ from __future__ import annotations
 
 
 from .errors import InputError
+from .kinds import Isolation, QosClass, SchedulerPolicy
 from .values import field, is_digits, is_name, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
+# model/kinds' plain copies of vgpuhost.model.concepts.QosClass and Isolation (the qemu hook does not
+# import enum); tests/test_concepts.py asserts they equal the enums' values.
 #: QoS classes, strongest first
-GUARANTEED, BURSTABLE, BEST_EFFORT = "guaranteed", "burstable", "best-effort"
-QOS_CLASSES = (GUARANTEED, BURSTABLE, BEST_EFFORT)
+GUARANTEED, BURSTABLE, BEST_EFFORT = QosClass.GUARANTEED, QosClass.BURSTABLE, QosClass.BEST_EFFORT
+QOS_CLASSES = QosClass.ALL
 #: isolation levels, weakest first
-SHARED, EXCLUSIVE, HARDWARE = "shared", "exclusive", "hardware"
-ISOLATIONS = (SHARED, EXCLUSIVE, HARDWARE)
+SHARED, EXCLUSIVE, HARDWARE = Isolation.SHARED, Isolation.EXCLUSIVE, Isolation.HARDWARE
+ISOLATIONS = Isolation.ALL
 #: scheduler policies (as ``vgpuhost scheduler set --policy`` spells them) and the QoS class each serves best
-POLICY_CLASS = {"fixed-share": GUARANTEED, "equal-share": BURSTABLE, "best-effort": BEST_EFFORT}
+POLICY_CLASS = {SchedulerPolicy.FIXED_SHARE: GUARANTEED, SchedulerPolicy.EQUAL_SHARE: BURSTABLE,
+                SchedulerPolicy.BEST_EFFORT: BEST_EFFORT}
 
 DIMENSIONS = ("vgpus", "framebuffer_mib", "mig_slices", "passthrough_gpus")
 DIMENSION_TEXT = {"vgpus": "vGPUs", "framebuffer_mib": "framebuffer MiB", "mig_slices": "MIG compute slices",

@@ -52,7 +52,7 @@ from ..policy.placement import OFFERED, Request, place
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
-from ..model.kinds import Backend
+from ..model.kinds import Backend, Owner
 from ..model.values import PciAddress, parse_device_id
 
 KIND_PASSTHROUGH = "passthrough"
@@ -344,7 +344,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         if pooled is None or pooled.backend != BACKEND_MDEV:
             raise InputError(f"no classic mdev vGPU {uuid} recorded by vgpuhost",
                              hint="'vgpuhost vgpu list' shows the vGPUs; a layout's are owned by 'layout'")
-        if pooled.owner != "layout":
+        if pooled.owner != Owner.LAYOUT:
             raise RefusedError(f"vGPU {uuid} is owned by {pooled.owner}, not by the layout's pool",
                                hint="--uuid names a vGPU 'vgpuhost apply' pre-created (owner layout)")
         if profile is not None and profile.lower() != pooled.type_name.lower():

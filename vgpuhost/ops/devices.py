@@ -20,6 +20,7 @@ import _signal as signal     # the C module: ``signal`` itself imports enum (the
 
 from ..io.hostroot import HostRoot
 from ..model.errors import DeviceError, RefusedError, VgpuhostError
+from ..model.kinds import Backend
 from ..model.values import PciAddress
 
 TYPE_CHECKING = False
@@ -257,7 +258,7 @@ def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req
                         owner=rec.owner, actor=actor)
         except VgpuhostError:
             # give the pool its vGPU back where it was, then try the next one
-            vgpu.create(host, store, profile=rec.type_name, uuid=rec.id if rec.backend == "mdev" else None,
+            vgpu.create(host, store, profile=rec.type_name, uuid=rec.id if rec.backend == Backend.MDEV else None,
                         gpu=PciAddress.parse(rec.gpu), owner=rec.owner, actor=actor)
             continue
         if vgpu.claim(host, store, req.uuid, owner=me, profile=req.profile, pool=rec.owner, actor=actor):

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, Optional
 
+from ..model.concepts import DeviceKind
 from .metering import Sampler, Snapshot
 
 log = logging.getLogger("vgpuhost.exporter")
@@ -105,7 +106,7 @@ class SnapshotCollector:
             lab = [d.device]
             e = d.earlier                 # other domains' seconds on this device in this process
             fams["alloc"].add_metric(lab, d.alloc_s + e[0])
-            if d.kind != "passthrough":
+            if d.kind != DeviceKind.PASSTHROUGH:
                 fams["sm"].add_metric(lab, d.sm_busy_s + e[1])
                 fams["enc"].add_metric(lab, d.enc_busy_s + e[2])
                 fams["dec"].add_metric(lab, d.dec_busy_s + e[3])

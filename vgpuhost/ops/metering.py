@@ -61,6 +61,7 @@ from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io import state as st
+from ..model.concepts import DeviceKind
 from ..io.nvml_metering import GpuReading, MeteringNvml
 
 log = logging.getLogger("vgpuhost.metering")
@@ -344,7 +345,7 @@ class Sampler:
             if g.error:
                 self._errors += 1
                 for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
-                    if m.gpu == g.bdf and m.kind != "passthrough":
+                    if m.gpu == g.bdf and m.kind != DeviceKind.PASSTHROUGH:
                         present[key] = m
                         cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
                 continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..model.concepts import Backend, OwnerKind
 from ..model.errors import DeviceError, InputError, RefusedError
 from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
@@ -250,7 +251,7 @@ def _check_mode_change(dev: _Device, want: bool) -> None:
     if procs:
         raise RefusedError(f"cannot change MIG mode on {bdf}: {procs} process(es) use the GPU",
                            hint="stop them (nvidia-smi lists them) and retry")
-    if dev.gpu.vgpu_backend == "vendor-vfio" and dev.gpu.vfs:
+    if dev.gpu.vgpu_backend == Backend.VENDOR_VFIO and dev.gpu.vfs:
         raise RefusedError(
             f"cannot change MIG mode on {bdf}: {len(dev.gpu.vfs)} SR-IOV VFs are enabled; the order is {ORDER}",
             hint=f"disable them (/usr/lib/nvidia/sriov-manage -d {bdf}), change MIG mode, then enable them "
@@ -259,7 +260,7 @@ def _check_mode_change(dev: _Device, want: bool) -> None:
 
 def set_mode(host: HostRoot, store, bdf: PciAddress, enabled: bool, *, dry_run: bool = False,
              backend: Optional[NvmlBackend] = None, actor: Optional[str] = None,
-             owner: str = "manual") -> MigOutcome:
+             owner: str = OwnerKind.MANUAL) -> MigOutcome:
     """Enable or disable MIG mode on ``bdf`` (idempotent).
 
     Journaled (kind ``mig-mode``, ``owner``: ``manual`` or ``layout``) before
@@ -331,7 +332,7 @@ def disable(host: HostRoot, store, bdf: PciAddress, **kw) -> MigOutcome:
 
 def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, int]", *,
           dry_run: bool = False, backend: Optional[NvmlBackend] = None,
-          actor: Optional[str] = None, owner: str = "manual") -> MigOutcome:
+          actor: Optional[str] = None, owner: str = OwnerKind.MANUAL) -> MigOutcome:
     """Make ``bdf``'s GPU instances match ``layout`` (a no-op when they already do).
 
     Journaled (kind ``mig-apply``, ``owner``) before the first NVML call: an

@@ -60,7 +60,8 @@ from ..plan.steps import SetMixedSize, SetScheduler
 from ..policy.mig import counts, layout_text, profile_name
 from ..policy.scheduler import describe, matches
 
-KINDS = ("mig-mode", "mig-apply", "scheduler-set", "mixed-size")
+#: the kinds of an NVML journal entry (the write it records); not plan line kinds, though two share a spelling
+MIG_MODE, MIG_APPLY, SCHEDULER_SET, MIXED_SIZE = KINDS = ("mig-mode", "mig-apply", "scheduler-set", "mixed-size")
 
 
 def snapshot(backend: NvmlBackend, bdf: PciAddress) -> dict:
@@ -123,13 +124,13 @@ def recover(ex, entry: JournalEntry, rep) -> None:
     bdf = PciAddress.parse(entry.gpu)
     want = dev.get("want") or {}
     rep.devices = [entry.gpu]
-    if entry.kind == "mig-mode":
+    if entry.kind == MIG_MODE:
         _mig_mode(ex, bdf, dev, bool(want.get("mig_mode")), rep)
-    elif entry.kind == "mig-apply":
+    elif entry.kind == MIG_APPLY:
         _mig_apply(ex, bdf, dev, {int(k): int(v) for k, v in (want.get("layout") or {}).items() if v}, rep)
-    elif entry.kind == "scheduler-set":
+    elif entry.kind == SCHEDULER_SET:
         _scheduler(ex, bdf, dev, _state(want.get("scheduler")), rep)
-    elif entry.kind == "mixed-size":
+    elif entry.kind == MIXED_SIZE:
         _mixed_size(ex, bdf, dev, bool(want.get("mixed_size")), rep)
 
 

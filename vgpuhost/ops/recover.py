@@ -33,6 +33,7 @@ from ..io.state import StateStore, delete_vgpu, pid_alive
 from ..model.records import JournalEntry
 from ..io.sysfs import Sysfs
 from ..model.errors import SysfsError, VgpuhostError
+from ..model.kinds import Backend
 from ..model.values import PciAddress, field, record
 from ..plan.executor import Executor
 from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, VerifyDriver, WriteConfig
@@ -42,7 +43,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import List, Optional, Set, Tuple
 
 VFIO_PCI = "vfio-pci"
-BACKEND_MDEV = "mdev"
+BACKEND_MDEV = Backend.MDEV
 #: the kinds :mod:`vgpuhost.ops.nvmljournal` ends (kept here too: the hook path must not import it)
 NVML_KINDS = ("mig-mode", "mig-apply", "scheduler-set", "mixed-size")
 

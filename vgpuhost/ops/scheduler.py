@@ -29,6 +29,7 @@ from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
 from ..io.nvml import NvmlError
 from ..model.nvml import SchedulerState
+from ..model.concepts import OwnerKind, SchedulerPolicy
 from ..model.errors import InputError, RefusedError
 from ..io.process import actor as actor_name
 from ..model.values import PciAddress
@@ -100,9 +101,9 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
         notes.append("takes effect after the nvidia module is reloaded (no VM may use the GPU) or the host reboots")
     else:
         notes.append(f"{host.relative(path)} already holds this value")
-    if state.policy != "best-effort" and _any_mig_capable(host, gpus):
+    if state.policy != SchedulerPolicy.BEST_EFFORT and _any_mig_capable(host, gpus):
         notes.append("the driver ignores it on a GPU in MIG mode (no software scheduler there)")
-    if state.policy == "fixed-share":
+    if state.policy == SchedulerPolicy.FIXED_SHARE:
         notes.append("fixed share is not available while a GPU is in mixed-size mode")
     others = _other_registry_files(host)
     if others:
@@ -255,7 +256,7 @@ def _run(host: HostRoot, store, backend, bdf: PciAddress, step, *, kind: str, op
 
 def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[PciAddress]], state: SchedulerState,
                 *, backend=None, dry_run: bool = False, actor: Optional[str] = None,
-                owner: str = "manual") -> RuntimeOutcome:
+                owner: str = OwnerKind.MANUAL) -> RuntimeOutcome:
     """Set the vGPU scheduler through NVML on one GPU, several, or ``"all"``.
 
     Each GPU's change is journaled (kind ``scheduler-set``, ``owner``) before
@@ -286,11 +287,11 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
             want = state
             caps = _supported(bdf, "the vGPU scheduler", lambda: backend.scheduler_caps(bdf))
             if (want.arr and not caps.arr_supported and want.frequency_hz is None and want.avg_factor is None
-                    and want.policy != "best-effort"):
+                    and want.policy != SchedulerPolicy.BEST_EFFORT):
                 want = replace(want, arr=False)
                 out.notes.append(f"{bdf}: no adaptive round robin on this device; using the default time slice")
             check_caps(bdf, want, caps)
-            if want.policy == "fixed-share" and backend.heterogeneous_mode(bdf):
+            if want.policy == SchedulerPolicy.FIXED_SHARE and backend.heterogeneous_mode(bdf):
                 raise RefusedError(f"GPU {bdf} is in mixed-size mode: fixed share is not available there",
                                    hint=f"turn it off first ('vgpuhost vgpu mode --gpu {bdf} --mixed-size off', "
                                         "with no vGPU on the GPU) or use equal-share")
@@ -320,7 +321,7 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
 
 
 def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None, dry_run: bool = False,
-               actor: Optional[str] = None, owner: str = "manual") -> RuntimeOutcome:
+               actor: Optional[str] = None, owner: str = OwnerKind.MANUAL) -> RuntimeOutcome:
     """Turn a GPU's mixed-size (heterogeneous) vGPU mode on or off.
 
     Journaled (kind ``mixed-size``, ``owner``) before the NVML call;
@@ -349,7 +350,7 @@ def mixed_size(host: HostRoot, store, bdf: PciAddress, on: bool, *, backend=None
                     if not e.not_supported:
                         raise
                     sched = None
-                if sched is not None and sched.policy == "fixed-share":
+                if sched is not None and sched.policy == SchedulerPolicy.FIXED_SHARE:
                     raise RefusedError(f"GPU {bdf} uses the fixed-share scheduler, which mixed-size mode does "
                                        "not allow",
                                        hint=f"switch to equal-share or best-effort first ('vgpuhost scheduler set "

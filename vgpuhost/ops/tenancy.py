@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..io.locks import file_lock
 from ..io.state import StateStore
 from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
-from ..model.kinds import Owner
+from ..model.kinds import Backend, Owner
 from ..model.tenancy import DIMENSIONS, Limits, Quota, Tenant, check_name, labels_text, parse_labels
 from ..model.values import replace
 from ..policy import admission as adm
@@ -226,7 +226,7 @@ def check_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optiona
     problems = adm.pool_problems(new)
     if problems:
         raise InputError("pools: " + "; ".join(problems), hint="one GPU belongs to one pool")
-    held = [a for a in allocations(store) if a.owner not in ("manual", "layout")]
+    held = [a for a in allocations(store) if not Owner.is_pool(a.owner)]
     why = adm.pool_change_refusal(pools(store), new, held, policies)
     if why:
         raise RefusedError(why, hint="stop the domains on it first, or leave it in its pool")
@@ -319,7 +319,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         # the pool model: a layout's free vGPU of this profile is lent at the start (ops.devices)
         lendable: Dict[str, int] = {}
         for r in records:
-            if r.owner == "layout" and r.type_name.lower() == name.lower():
+            if r.owner == Owner.LAYOUT and r.type_name.lower() == name.lower():
                 lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
         offers = [replace(o, available=o.available + lendable[str(o.gpu)], note="",
                           parents=o.parents or (o.gpu,)) if lendable.get(str(o.gpu)) else o for o in offers]
@@ -523,7 +523,7 @@ def capacity(store: StateStore, inv: Inventory) -> dict:
             if o.type_id is None:
                 continue
             g = inv.gpu(o.gpu)
-            if g is not None and g.vfs and g.vgpu_backend != "mdev":     # vendor VFIO: one vGPU per free VF
+            if g is not None and g.vfs and g.vgpu_backend != Backend.MDEV:     # vendor VFIO: one vGPU per free VF
                 cap: Optional[int] = len(g.vfs) - sum(1 for v in inv.vf_vgpus if v.gpu == o.gpu and v.type_id)
             else:
                 m = max_of.get(name.lower())

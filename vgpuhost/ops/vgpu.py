@@ -30,7 +30,7 @@ from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..model.records import VgpuRecord
 from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
-from ..model.kinds import Backend, Owner
+from ..model.kinds import Backend, Owner, PlacementStrategy
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
@@ -117,7 +117,7 @@ def _validate_params(params: str) -> None:
 # create
 
 def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
-           uuid: Optional[str] = None, strategy: str = "first-fit", owner: str = MANUAL,
+           uuid: Optional[str] = None, strategy: str = PlacementStrategy.DEFAULT, owner: str = MANUAL,
            params: Optional[str] = None, numa_node: Optional[int] = None,
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
            create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..model.nvml import SchedulerState
+from ..model.concepts import Backend, OwnerKind, PlanKind, SchedulerPolicy
 from ..model.errors import VgpuhostError
 from ..model.values import PciAddress, VgpuProfile
 from .executor import StepContext
@@ -68,8 +69,7 @@ from .mig import plan_layout
 SCHEMA_PLAN = "vgpuhost.plan/v1"
 SCHEMA_ASSERT = "vgpuhost.assert/v1"
 
-KINDS = ("kernel-param", "module", "sriov", "mig-mode", "gpu-instance", "mixed-size", "scheduler", "vgpu",
-         "passthrough")
+KINDS = PlanKind.values()
 #: the order steps run in; removals first, then the forward order of docs/reference/hardware.md#vendor-vfio.  A scheduler
 #: change a mixed-size step depends on (leaving fixed share, which mixed-size mode does not allow)
 #: runs before it ("scheduler-first"); any other scheduler change runs after it.
@@ -151,7 +151,7 @@ class Report(PlanLine):
 class RemoveVgpu(LayoutStep):
     """Remove the layout's vGPU ``vgpu_id`` (or drop the record of a missing one)."""
 
-    kind: ClassVar[str] = "vgpu"
+    kind: ClassVar[str] = PlanKind.VGPU
     vgpu_id: str
 
 
@@ -160,7 +160,7 @@ class CreateVgpus(LayoutStep):
     """Create ``count`` vGPUs of type ``profile`` on the target GPU, owner layout;
     ``uuids``: mdev UUIDs to reuse, in order (the rest are new)."""
 
-    kind: ClassVar[str] = "vgpu"
+    kind: ClassVar[str] = PlanKind.VGPU
     profile: str
     count: int
     uuids: Tuple[str, ...] = ()
@@ -170,7 +170,7 @@ class CreateVgpus(LayoutStep):
 class RecreateVgpu(LayoutStep):
     """Re-create the recorded, missing layout vGPU ``vgpu_id`` with its own id and type."""
 
-    kind: ClassVar[str] = "vgpu"
+    kind: ClassVar[str] = PlanKind.VGPU
     vgpu_id: str
 
 
@@ -178,7 +178,7 @@ class RecreateVgpu(LayoutStep):
 class ChangeMigMode(LayoutStep):
     """Turn the target GPU's MIG mode on or off (may stay pending until a GPU reset)."""
 
-    kind: ClassVar[str] = "mig-mode"
+    kind: ClassVar[str] = PlanKind.MIG_MODE
     enabled: bool
 
 
@@ -186,7 +186,7 @@ class ChangeMigMode(LayoutStep):
 class MakeGpuInstances(LayoutStep):
     """Make the target GPU's GPU instances ``{profile name: count}``."""
 
-    kind: ClassVar[str] = "gpu-instance"
+    kind: ClassVar[str] = PlanKind.GPU_INSTANCE
     layout: Tuple[Tuple[str, int], ...]
 
     @property
@@ -198,7 +198,7 @@ class MakeGpuInstances(LayoutStep):
 class SetMixedSize(LayoutStep):
     """Turn the target GPU's mixed-size (heterogeneous) vGPU mode on or off."""
 
-    kind: ClassVar[str] = "mixed-size"
+    kind: ClassVar[str] = PlanKind.MIXED_SIZE
     on: bool
 
 
@@ -206,7 +206,7 @@ class SetMixedSize(LayoutStep):
 class SetScheduler(LayoutStep):
     """Set the target GPU's runtime vGPU scheduler."""
 
-    kind: ClassVar[str] = "scheduler"
+    kind: ClassVar[str] = PlanKind.SCHEDULER
     state: SchedulerState
 
 
@@ -214,7 +214,7 @@ class SetScheduler(LayoutStep):
 class PreparePassthrough(LayoutStep):
     """Bind the target GPU's IOMMU group to vfio-pci (and write driverctl overrides)."""
 
-    kind: ClassVar[str] = "passthrough"
+    kind: ClassVar[str] = PlanKind.PASSTHROUGH
     allow_boot_vga: bool = False
     persist: bool = False
 
@@ -223,7 +223,7 @@ class PreparePassthrough(LayoutStep):
 class ReleasePassthrough(LayoutStep):
     """Give the target GPU's IOMMU group back to its host drivers (overrides removed)."""
 
-    kind: ClassVar[str] = "passthrough"
+    kind: ClassVar[str] = PlanKind.PASSTHROUGH
 
 
 def reboot_step(kind: str, target: str, action: str, why: str) -> Report:
@@ -413,7 +413,7 @@ class _Walker:
                 f"has {key}" if key in args else "lacks it")
             action = (f"change {key}={args[key]} to {param} on the kernel command line" if key in args
                       else f"add {param} to the kernel command line")
-            self.plan.reboot.append(reboot_step("kernel-param", "host", action + " (GRUB_CMDLINE_LINUX, "
+            self.plan.reboot.append(reboot_step(PlanKind.KERNEL_PARAM, "host", action + " (GRUB_CMDLINE_LINUX, "
                                                 "update-grub), then reboot", f"wanted by {where}; /proc/cmdline {now}"))
             self.diff(f"host kernel-param {param} (cmdline {now})", REBOOT_MARK)
         for mod, where in self.cfg.host.vfio_modules:
@@ -423,7 +423,7 @@ class _Walker:
             why = f"wanted by {where}; {mod} is not loaded nor built in" + (
                 "" if avail or not h.modules_available else
                 f", and kernel {h.kernel_release} has no such module: install it")
-            self.plan.reboot.append(reboot_step("module", "host", f"load {mod} at boot (a line in "
+            self.plan.reboot.append(reboot_step(PlanKind.MODULE, "host", f"load {mod} at boot (a line in "
                                                 "/etc/modules-load.d/vfio.conf; vgpuhost never loads modules)", why))
             self.diff(f"host module {mod} (not loaded)", REBOOT_MARK)
 
@@ -477,7 +477,7 @@ class _Walker:
             return "not created by vgpuhost"
         if e.owner in self.active:
             return f"held by running domain {self.active[e.owner]} ({e.owner})"
-        if e.owner == "manual":
+        if e.owner == OwnerKind.MANUAL:
             return "owner manual"
         return f"owner domain {e.owner} (not running)"
 
@@ -745,7 +745,7 @@ class _Walker:
         bdf = str(g.address)
         dev = g.pci
         if dev.sriov_totalvfs and not dev.sriov_numvfs:
-            self.plan.manual.append(operator_step("sriov", bdf, "enable SR-IOV VFs: /usr/lib/nvidia/sriov-manage "
+            self.plan.manual.append(operator_step(PlanKind.SRIOV, bdf, "enable SR-IOV VFs: /usr/lib/nvidia/sriov-manage "
                                                   f"-e {bdf}", f"{entry.mode} mode needs the VFs that carry vGPUs "
                                                   f"({entry.where})"))
             self.block(f"{bdf}: SR-IOV VFs are not enabled: run /usr/lib/nvidia/sriov-manage -e {bdf} first "
@@ -766,11 +766,11 @@ class _Walker:
         """On vendor-specific VFIO, MIG mode changes only while the VFs are disabled
         (docs/reference/hardware.md#vendor-vfio): an operator step, so the plan is blocked before anything is
         removed.  True when so."""
-        if not (g.vgpu_backend == "vendor-vfio" and g.vfs):
+        if not (g.vgpu_backend == Backend.VENDOR_VFIO and g.vfs):
             return False
         bdf = str(g.address)
         self.plan.manual.append(operator_step(
-            "sriov", bdf, f"disable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -d {bdf}), run vgpuhost apply, "
+            PlanKind.SRIOV, bdf, f"disable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -d {bdf}), run vgpuhost apply, "
             f"then enable them (sriov-manage -e {bdf}) and run apply again",
             f"MIG mode can change only while VFs are disabled on vendor-specific VFIO (order: {ORDER}; "
             f"{entry.where})"))
@@ -784,7 +784,7 @@ class _Walker:
         (``sriov-manage -e`` destroys GPU instances, docs/reference/hardware.md#vendor-vfio)."""
         bdf = str(g.address)
         self.plan.manual.append(operator_step(
-            "sriov", bdf, f"after this apply: enable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -e {bdf}), then run "
+            PlanKind.SRIOV, bdf, f"after this apply: enable SR-IOV VFs (/usr/lib/nvidia/sriov-manage -e {bdf}), then run "
             "apply again", f"{entry.mode} mode needs the VFs that carry vGPUs; "
             + ("GPU instances and vGPUs come after them, since enabling them destroys GPU instances"
                if entry.mode == "mig" else "the vGPUs come after them") + f" ({entry.where})"))
@@ -851,13 +851,13 @@ class _Walker:
                                                       "its state is unknown until the steps before run")
                                                      + f" ({where})", on=spec.mixed_size))
         if mixed_on_step and entry.scheduler is None and sched_now is not None \
-                and sched_now.policy == "fixed-share":
+                and sched_now.policy == SchedulerPolicy.FIXED_SHARE:
             self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
                        f"(docs/reference/hardware.md#vgpu-scheduling): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
                        f"at {where}")
         if entry.scheduler is not None:
             want_state = entry.scheduler.state
-            if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
+            if want_state.policy == SchedulerPolicy.FIXED_SHARE and spec.mixed_size is None and mixed_now:
                 self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (docs/reference/hardware.md#vgpu-scheduling): "
                            f"add mixed_size: false to the entry at {where}, or use equal-share")
             if reads:
@@ -876,7 +876,7 @@ class _Walker:
                                                "its state is unknown until the steps before run")
                                               + f" ({entry.scheduler.where})"
                                               + ("; before mixed-size mode, which fixed share does not allow"
-                                                 if mixed_on_step and cur is not None and cur.policy == "fixed-share"
+                                                 if mixed_on_step and cur is not None and cur.policy == SchedulerPolicy.FIXED_SHARE
                                                  else ""), state=want_state))
             if entry.scheduler.persist:
                 self.persist_scheduler(g, entry.scheduler.state, entry)
@@ -904,7 +904,7 @@ class _Walker:
             raise where.error(f"{g.address} ({g.model}) has no device-level vGPU scheduler (NVML: not supported)",
                               hint="remove the scheduler key from this entry (and from the layout's default)")
         if (state.arr and not caps.arr_supported and state.frequency_hz is None and state.avg_factor is None
-                and state.policy != "best-effort"):
+                and state.policy != SchedulerPolicy.BEST_EFFORT):
             state = replace(state, arr=False)
         try:
             check_caps(g.address, state, caps)
@@ -1038,7 +1038,7 @@ class _Walker:
             # VFs off: the moment to turn MIG mode on; GPU instances and vGPUs come after the
             # VFs are enabled (docs/reference/hardware.md#vendor-vfio)
             if mode.pending:
-                self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
+                self.plan.reboot.append(reboot_step(PlanKind.MIG_MODE, bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
                                                     "reboot: MIG mode on is pending", f"mode mig ({where})"))
                 self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
             else:
@@ -1060,7 +1060,7 @@ class _Walker:
         gis = []
         if not cur:
             if pending:
-                self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
+                self.plan.reboot.append(reboot_step(PlanKind.MIG_MODE, bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
                                                     "reboot: MIG mode on is pending", f"mode mig ({where}); GPU "
                                                     "instances come after the reset"))
                 self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
@@ -1155,7 +1155,7 @@ def _taken(o: GpuOffer) -> GpuOffer:
 
 
 def _sched_flags(state: SchedulerState) -> str:
-    if state.policy == "best-effort":
+    if state.policy == SchedulerPolicy.BEST_EFFORT:
         return ""
     if not state.arr:
         return f" --timeslice-ms {state.timeslice_ms}" if state.timeslice_ms else ""

@@ -52,6 +52,7 @@ allocations on the GPUs it could use.  vgpuhost never stops a VM itself.
 
 from __future__ import annotations
 
+from ..model.kinds import Owner, PlacementStrategy, SchedulerPolicy
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
                              HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant)
 from ..model.values import record, replace
@@ -65,8 +66,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 DEFAULT_POOL = "default"
 #: the classes each scheduler policy may serve (a policy never serves a class stronger than its own)
-POLICY_SERVES = {"fixed-share": (GUARANTEED, BURSTABLE, BEST_EFFORT), "equal-share": (BURSTABLE, BEST_EFFORT),
-                 "best-effort": (BEST_EFFORT,)}
+POLICY_SERVES = {SchedulerPolicy.FIXED_SHARE: (GUARANTEED, BURSTABLE, BEST_EFFORT),
+                 SchedulerPolicy.EQUAL_SHARE: (BURSTABLE, BEST_EFFORT), SchedulerPolicy.BEST_EFFORT: (BEST_EFFORT,)}
 DEFAULT_POOL_SERVES = (BURSTABLE, BEST_EFFORT)
 
 
@@ -159,7 +160,7 @@ class AdmissionRequest:
     tenant: Optional[str] = None
     qos: Optional[str] = None
     gpu: Optional[str] = None
-    strategy: str = "first-fit"
+    strategy: str = PlacementStrategy.DEFAULT
     anti_affinity: Optional[str] = None
     numa_node: Optional[int] = None
 
@@ -213,7 +214,7 @@ def who(a: Allocation, names: Mapping[str, str]) -> str:
     """Who holds ``a``, for messages: ``domain 'vm1'`` (``names``: domain names by UUID), ``domain UUID``,
     or the owner ``manual`` / ``layout``."""
     n = names.get(a.owner)
-    return f"domain {n!r}" if n else (f"domain {a.owner}" if a.owner not in ("manual", "layout") else a.owner)
+    return f"domain {n!r}" if n else (f"domain {a.owner}" if a.owner not in Owner.POOL else a.owner)
 
 
 def held_text(a: Allocation) -> str:
@@ -302,7 +303,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     # 3. QoS class ---------------------------------------------------------------
     if qos not in QOS_CLASSES:
         return refuse("qos", f"unknown QoS class {qos!r}", frees=("one of " + ", ".join(QOS_CLASSES),))
-    if qos == GUARANTEED and not dem.hardware and not any(p.policy == "fixed-share" and p.serves(GUARANTEED)
+    if qos == GUARANTEED and not dem.hardware and not any(p.policy == SchedulerPolicy.FIXED_SHARE and p.serves(GUARANTEED)
                                                             for p in pools):
         return refuse("qos", f"QoS class guaranteed needs a hardware partition (a MIG-backed vGPU or "
                              f"passthrough) or a GPU in a fixed-share pool; {dem.profile} is time-sliced and no "
@@ -480,7 +481,7 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
                  gpu_slices: Optional[Mapping[str, int]] = None) -> Admission:
     gpu = req.gpu or ""
     held = [a for a in allocations if a.gpu == gpu and a.owner != req.owner
-            and not (a.kind == PASSTHROUGH and a.owner in ("manual", "layout"))]   # bound by the operator for guests
+            and not (a.kind == PASSTHROUGH and a.owner in Owner.POOL)]   # bound by the operator for guests
     if held:
         a = held[0]
         frees = [f"stop or detach {who(a, names)} ({held_text(a)})"]
@@ -691,12 +692,12 @@ def _holders(allocations: Sequence[Allocation], me: Optional[str], names: Mappin
     out = []
     now = bursting(tenants, every)
     bursts = sorted((a for a in allocations if a in now and a.tenant != me), key=lambda a: (a.gpu, a.device))
-    loose = sorted((a for a in allocations if a.tenant is None and a.owner != "layout"),
+    loose = sorted((a for a in allocations if a.tenant is None and a.owner != Owner.LAYOUT),
                    key=lambda a: (a.gpu, a.device))
     for a in bursts:
         out.append(f"tenant {a.tenant!r} holds {held_text(a)} as burst ({who(a, names)})")
     for a in loose:
-        out.append(f"stop or detach {who(a, names)} ({held_text(a)}, no tenant)" if a.owner != "manual" else
+        out.append(f"stop or detach {who(a, names)} ({held_text(a)}, no tenant)" if a.owner != Owner.MANUAL else
                    f"remove the {held_text(a)} made by hand ('vgpuhost vgpu remove {a.device}')"
                    if a.kind == VGPU else f"release {held_text(a)} ('vgpuhost passthrough release {a.gpu}')")
     if len(out) > 4:

@@ -20,6 +20,7 @@ GPU can serve some mode (:func:`host_ready`).
 
 from __future__ import annotations
 
+from ..model.concepts import Backend
 from ..observe.inventory import Gpu, Inventory, PciDevice
 from ..model.values import record
 
@@ -450,7 +451,7 @@ def _mig_verdict(gpu: Gpu, f: GpuFacts) -> ModeVerdict:
     if f.mig_on:
         n = f.gpu_instances or 0
         return v("ready", f"MIG mode on, {n} GPU instance{'s' if n != 1 else ''}")
-    if gpu.vgpu_backend == "vendor-vfio" and gpu.vfs:
+    if gpu.vgpu_backend == Backend.VENDOR_VFIO and gpu.vfs:
         return v("blocked", f"MIG mode is off, and it can change only while the {len(gpu.vfs)} SR-IOV VFs are "
                             "disabled",
                  f"/usr/lib/nvidia/sriov-manage -d {subject}; vgpuhost mig enable --gpu {subject}; "

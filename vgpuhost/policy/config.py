@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
 from ..model.nvml import GiProfile, SchedulerState
 from ..model.values import MigProfile, PciAddress, VgpuProfile
@@ -156,7 +157,7 @@ class SchedulerSpec:
 class VgpuSpec:
     types: Tuple[Count, ...]
     counts: str = "per-gpu"                 # per-gpu | total
-    strategy: str = "first-fit"
+    strategy: str = PlacementStrategy.FIRST_FIT
     mixed_size: Optional[bool] = None       # None: left as it is
     where: Optional[Where] = None
 
@@ -540,7 +541,7 @@ class _Parser:
                            hint="per-gpu counts put each type on every selected GPU; total counts are "
                                 "placed across the selected GPUs by the strategy")
         from .placement import STRATEGIES
-        strategy = self.get(m, path, "strategy", str, "vgpu", "first-fit")
+        strategy = self.get(m, path, "strategy", str, "vgpu", PlacementStrategy.FIRST_FIT)
         if strategy not in STRATEGIES:
             raise self.err(path + ("strategy",), f"unknown placement strategy {strategy!r}",
                            hint="one of " + ", ".join(STRATEGIES))
@@ -619,7 +620,7 @@ class _Parser:
         if (nums["frequency_hz"] is None) != (nums["avg_factor"] is None):
             key = "frequency_hz" if nums["frequency_hz"] is not None else "avg_factor"
             raise self.err(path + (key,), "scheduler.frequency_hz and scheduler.avg_factor go together")
-        arr_default = policy != "best-effort" and nums["timeslice_ms"] is None
+        arr_default = policy != SchedulerPolicy.BEST_EFFORT and nums["timeslice_ms"] is None
         arr = self.get(m, path, "arr", bool, "scheduler", arr_default)
         state = SchedulerState(policy, arr=arr, **nums)
         try:
@@ -663,7 +664,7 @@ def _check_duplicate(seen: Sequence[Count], name: str, where: Where, what: str, 
 
 
 def _check_fixed_mixed(sched: SchedulerSpec, vgpu: VgpuSpec, where: Where) -> None:
-    if sched.state.policy == "fixed-share" and vgpu.mixed_size:
+    if sched.state.policy == SchedulerPolicy.FIXED_SHARE and vgpu.mixed_size:
         raise where.error("fixed share is not available in mixed-size mode (docs/reference/hardware.md#vgpu-types, #vgpu-scheduling)",
                           hint="use equal-share or best-effort, or mixed_size: false")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..model.concepts import PlacementStrategy
 from ..model.errors import InputError
 from ..model.values import record
 from .placement import STRATEGIES
@@ -55,7 +56,7 @@ class Ranked:
                 "skipped": [{"instance": i, "why": w} for i, w in self.skipped]}
 
 
-def rank(facts: Sequence[HostFacts], profile: str, *, strategy: str = "first-fit",
+def rank(facts: Sequence[HostFacts], profile: str, *, strategy: str = PlacementStrategy.FIRST_FIT,
          tenant: Optional[str] = None) -> Ranked:
     """Hosts that can take one ``profile`` vGPU now, best first.  Raises InputError for an unknown strategy."""
     if strategy not in STRATEGIES:
@@ -78,9 +79,9 @@ def rank(facts: Sequence[HostFacts], profile: str, *, strategy: str = "first-fit
                 skipped.append((h.instance, f"tenant {tenant} holds {used:g} of {limit:g} vGPUs allowed there"))
                 continue
         fits.append((h.instance, free))
-    if strategy == "best-fit":
+    if strategy == PlacementStrategy.BEST_FIT:
         fits.sort(key=lambda x: (x[1], x[0]))
-    elif strategy in ("worst-fit", "spread"):
+    elif strategy in (PlacementStrategy.WORST_FIT, PlacementStrategy.SPREAD):
         fits.sort(key=lambda x: (-x[1], x[0]))
     return Ranked(profile, strategy, tenant, fits, skipped)
 

@@ -47,15 +47,15 @@ best-fit) are never refused by it.  On the traces of ``bench/placement.py
 
 from __future__ import annotations
 
-from ..model.kinds import Owner
+from ..model.kinds import Owner, PlacementStrategy
 from ..model.values import PciAddress, field, record, validate_owner  # noqa: F401 (validate_owner: re-exported)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import FrozenSet, List, Optional, Sequence, Tuple
 
-STRATEGIES = ("first-fit", "best-fit", "worst-fit", "spread")
-RESERVING = ("reserve", "headroom")     # may refuse a request that fits: opt-in, see the module docstring
+STRATEGIES = PlacementStrategy.FITTING
+RESERVING = PlacementStrategy.RESERVING     # may refuse a request that fits: opt-in, see the module docstring
 RESERVE_EMPTY = 2               # empty GPUs a whole-GPU request may not take (``reserve``)
 #: ``headroom``: instances of the type an empty GPU holds -> the share of the pool's framebuffer in
 #: use above which such a request may not take an empty GPU (types that share a GPU three or more
@@ -63,7 +63,7 @@ RESERVE_EMPTY = 2               # empty GPUs a whole-GPU request may not take (`
 HEADROOM = {1: 0.70, 2: 0.85}
 #: what the CLI's --strategy and the domain metadata offer: the strategies, and ``headroom``, whose
 #: refusal of a request that fits says so (``reserve`` stays API-only: see docs/performance.md)
-OFFERED = STRATEGIES + ("headroom",)
+OFFERED = PlacementStrategy.OFFERED
 MANUAL = Owner.MANUAL
 LAYOUT = Owner.LAYOUT      # vGPUs a declarative layout pre-creates (vgpuhost apply)
 POOL_OWNERS = Owner.POOL
@@ -95,7 +95,7 @@ class GpuOffer:
 class Request:
     profile: str
     owner: str = MANUAL
-    strategy: str = "first-fit"
+    strategy: str = PlacementStrategy.DEFAULT
     numa_node: Optional[int] = None
     anti_affinity: Optional[str] = None
     gpu: Optional[PciAddress] = None
@@ -166,13 +166,13 @@ def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
     def numa(o: GpuOffer) -> int:
         return 0 if req.numa_node is None or o.numa_node == req.numa_node else 1
 
-    if req.strategy == "headroom":
+    if req.strategy == PlacementStrategy.HEADROOM:
         chosen = min(fits, key=lambda o: (numa(o), o.available, o.gpu))
         why = _headroom_refusal(pool, chosen, req)
         if why:
             return Decision(None, None, None, why, tuple(rejected))
         return _tightest(req, chosen, len(fits), len(pool), numa(chosen), rejected)
-    if req.strategy == "reserve":
+    if req.strategy == PlacementStrategy.RESERVE:
         chosen = min(fits, key=lambda o: (numa(o), o.available, o.gpu))
         if req.gpu is None and chosen.present == 0 and chosen.available == 1:
             empty = sum(1 for o in pool if o.present == 0)
@@ -181,10 +181,10 @@ def place(offers: Sequence[GpuOffer], req: Request) -> Decision:
                        f"empty (the last {RESERVE_EMPTY} are kept for requests that share a GPU)")
                 return Decision(None, None, None, why, tuple(rejected))
         return _tightest(req, chosen, len(fits), len(pool), numa(chosen), rejected)
-    if req.strategy == "first-fit":
+    if req.strategy == PlacementStrategy.FIRST_FIT:
         key = lambda o: (numa(o), o.gpu)                                  # noqa: E731
         why = "the first GPU (by PCI address) that fits"
-    elif req.strategy == "best-fit":
+    elif req.strategy == PlacementStrategy.BEST_FIT:
         key = lambda o: (numa(o), o.available, o.gpu)                     # noqa: E731
         why = "the GPU with the fewest free instances that still fits"
     else:

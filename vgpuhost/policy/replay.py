@@ -14,6 +14,7 @@ GPU; a GPU passed through holds nothing else.  MIG is not modelled.
 
 from __future__ import annotations
 
+from ..model.concepts import PlacementStrategy, QosClass, SchedulerPolicy
 from ..model.tenancy import EXCLUSIVE, GUARANTEED, HARDWARE, Tenant
 from ..model.values import PciAddress, VgpuProfile, record
 from .admission import (PASSTHROUGH, VGPU, Admission, AdmissionRequest, Allocation, Demand, Pool, admit,
@@ -85,7 +86,7 @@ class HostModel:
 
     # --- events ---------------------------------------------------------------------
     def arrive(self, owner: str, demand: Demand, tenants: Mapping[str, Tenant], *, tenant: Optional[str] = None,
-               qos: Optional[str] = None, strategy: str = "best-fit", gpu: Optional[str] = None,
+               qos: Optional[str] = None, strategy: str = PlacementStrategy.BEST_FIT, gpu: Optional[str] = None,
                fail: bool = False) -> Admission:
         """Admit one device for domain ``owner`` and, unless ``fail`` (the device could not be made after
         admission: nothing is recorded), hold it.  Returns the decision."""
@@ -93,7 +94,7 @@ class HostModel:
         if demand.kind == PASSTHROUGH and gpu is None:
             gpu = self.free_gpu()
             if gpu is None:
-                return Admission(False, "no GPU is free for passthrough", tenant, qos or "best-effort",
+                return Admission(False, "no GPU is free for passthrough", tenant, qos or QosClass.BEST_EFFORT,
                                  code="capacity")
         d = admit(AdmissionRequest(owner, demand, tenant, qos, gpu, strategy), tenants=tenants,
                   allocations=self.allocations, pools=self.pools, offers=offers, gpu_memory=self.memory())
@@ -160,7 +161,7 @@ def violations(model: HostModel, tenants: Mapping[str, Tenant], *, check_quota: 
             out.append(f"isolation: hardware tenant {t.name} holds time-sliced {a.device}")
         if not hw:
             pool = pool_of(model.pools, a.gpu)
-            if a.qos == GUARANTEED and pool.policy != "fixed-share":
+            if a.qos == GUARANTEED and pool.policy != SchedulerPolicy.FIXED_SHARE:
                 out.append(f"qos: guaranteed {a.device} on {a.gpu} in {pool.name} ({pool.policy or 'no policy'})")
             if not pool.serves(a.qos):
                 out.append(f"qos: {a.qos} {a.device} in pool {pool.name}, which does not serve it")

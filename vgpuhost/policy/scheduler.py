@@ -36,11 +36,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..model.concepts import SchedulerPolicy
 from ..model.errors import InputError, RefusedError
 from ..model.nvml import POLICY_TEXT, SchedulerCaps, SchedulerState, scheduler_text
 from ..model.values import PciAddress
 
-POLICIES = ("best-effort", "equal-share", "fixed-share")
+POLICIES = SchedulerPolicy.values()
 
 # --- bit layout (nvrm_registry.h, docs/reference/hardware.md#vgpu-scheduling) ----------------------------
 ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
@@ -49,7 +50,7 @@ POLICY_SHIFT, POLICY_MASK = 4, 0xF          # bits 7:4
 FREQ_SHIFT, FREQ_MASK = 12, 0x3FF           # bits 21:12 (with ARR)
 TIMESLICE_SHIFT, TIMESLICE_MASK = 16, 0xFF  # bits 23:16 (without ARR)
 AVG_SHIFT, AVG_MASK = 24, 0xFF              # bits 31:24 (with ARR)
-POLICY_CODES = {"equal-share": 0, "fixed-share": 1}
+POLICY_CODES = {SchedulerPolicy.EQUAL_SHARE: 0, SchedulerPolicy.FIXED_SHARE: 1}
 
 TIMESLICE_RANGE = (1, 30)      # ms
 FREQUENCY_RANGE = (63, 960)    # Hz
@@ -82,7 +83,7 @@ def validate(state: SchedulerState) -> SchedulerState:
     """
     if state.policy not in POLICIES:
         raise InputError(f"unknown scheduler policy {state.policy!r}", hint="one of: " + ", ".join(POLICIES))
-    if state.policy == "best-effort":
+    if state.policy == SchedulerPolicy.BEST_EFFORT:
         extra = [n for n, v in (("timeslice", state.timeslice_ms), ("frequency", state.frequency_hz),
                                 ("averaging factor", state.avg_factor)) if v is not None]
         if extra or state.arr:
@@ -106,7 +107,7 @@ def validate(state: SchedulerState) -> SchedulerState:
 def encode(state: SchedulerState) -> int:
     """The ``RmPVMRL`` dword for ``state`` (validated; best effort -> 0)."""
     validate(state)
-    if state.policy == "best-effort":
+    if state.policy == SchedulerPolicy.BEST_EFFORT:
         return 0
     value = ENABLE_BIT | (POLICY_CODES[state.policy] << POLICY_SHIFT)
     if state.arr:
@@ -180,8 +181,8 @@ def decode(value: int) -> SchedulerState:
                          hint="'vgpuhost scheduler decode VALUE' explains each field")
     f = _fields(value)
     if not f["enable"]:
-        return SchedulerState("best-effort")
-    policy = "equal-share" if f["policy"] == 0 else "fixed-share"
+        return SchedulerState(SchedulerPolicy.BEST_EFFORT)
+    policy = SchedulerPolicy.EQUAL_SHARE if f["policy"] == 0 else SchedulerPolicy.FIXED_SHARE
     if f["arr_disable"]:
         return SchedulerState(policy, arr=False, timeslice_ms=f["timeslice"] or None)
     return SchedulerState(policy, arr=True, frequency_hz=f["frequency"] or None, avg_factor=f["avg"] or None)
@@ -350,7 +351,7 @@ def check_caps(bdf: PciAddress, state: SchedulerState, caps: SchedulerCaps) -> N
     if state.policy not in caps.policies:
         raise RefusedError(f"GPU {bdf} does not support the {state.policy} scheduler",
                            hint="it supports: " + (", ".join(caps.policies) or "none"))
-    if state.policy == "best-effort":
+    if state.policy == SchedulerPolicy.BEST_EFFORT:
         return
     if state.arr and not caps.arr_supported:
         raise RefusedError(f"GPU {bdf} does not support adaptive round robin (ARR)",
@@ -364,7 +365,7 @@ def matches(want: SchedulerState, got: SchedulerState) -> bool:
     """``got`` satisfies ``want``: same policy and ARR; parameters equal where ``want`` names them."""
     if want.policy != got.policy:
         return False
-    if want.policy == "best-effort":
+    if want.policy == SchedulerPolicy.BEST_EFFORT:
         return True
     if want.arr != got.arr:
         return False

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..model.concepts import DeviceKind, QosClass
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
 
@@ -165,7 +166,7 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
     per: Dict[Tuple[str, str], _Use] = {}
     for raw in rows:
         r = UsageRow._make(raw)
-        if r.kind == "passthrough":
+        if r.kind == DeviceKind.PASSTHROUGH:
             continue
         per.setdefault((r.device, r.domain_uuid), _Use(r, fb_total_bytes=r.fb_total_bytes)).add(r)
     by_name = {o.name.upper(): o for o in offers}
@@ -181,7 +182,7 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
         cur_mib = cur.framebuffer_mib if cur else (use.fb_total_bytes // MIB)
         base = dict(device=device, domain=_domain(last), tenant=last.tenant, gpu=last.gpu, profile=last.profile,
                     fb_peak_bytes=use.fb_peak_bytes, fb_total_bytes=use.fb_total_bytes, sm_share=share)
-        if last.qos == "guaranteed" and share < IDLE_SM_SHARE:
+        if last.qos == QosClass.GUARANTEED and share < IDLE_SM_SHARE:
             out.append(Advice(**base, action="idle", to=None,
                               reason=f"guaranteed vGPU used {share:.1%} of SM time over "
                                      f"{use.alloc_s / 3600:.1f} h: release it or move it to best-effort"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..model.concepts import SchedulerPolicy
+
 
 def scheduler_state(policy: str, timeslice_ms: Optional[int], frequency_hz: Optional[int],
                     avg_factor: Optional[int]):
@@ -16,16 +18,17 @@ def scheduler_state(policy: str, timeslice_ms: Optional[int], frequency_hz: Opti
     together (the command says so as usage errors first)."""
     from ..model.nvml import SchedulerState
     from ..model.errors import InputError
-    if policy not in ("best-effort", "equal-share", "fixed-share"):
-        raise InputError(f"unknown scheduler policy {policy!r}", hint="best-effort, equal-share or fixed-share")
+    if policy not in SchedulerPolicy.values():
+        *first, last = SchedulerPolicy.values()
+        raise InputError(f"unknown scheduler policy {policy!r}", hint=f"{', '.join(first)} or {last}")
     if (frequency_hz is None) != (avg_factor is None):
         raise InputError("--frequency-hz and --avg-factor go together")
     if timeslice_ms is not None and frequency_hz is not None:
         raise InputError("--timeslice-ms (no ARR) and --frequency-hz/--avg-factor (ARR) exclude each other")
-    if policy == "best-effort" and (timeslice_ms is not None or frequency_hz is not None):
+    if policy == SchedulerPolicy.BEST_EFFORT and (timeslice_ms is not None or frequency_hz is not None):
         raise InputError("best effort takes no time slice, frequency or averaging factor")
-    if policy == "best-effort":
-        return SchedulerState("best-effort")
+    if policy == SchedulerPolicy.BEST_EFFORT:
+        return SchedulerState(SchedulerPolicy.BEST_EFFORT)
     if timeslice_ms is not None:
         return SchedulerState(policy, arr=False, timeslice_ms=timeslice_ms)
     return SchedulerState(policy, arr=True, frequency_hz=frequency_hz, avg_factor=avg_factor)
