@@ -53,7 +53,7 @@ from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.kinds import Backend
-from ..model.values import PciAddress, parse_device_id, parse_uuid
+from ..model.values import PciAddress, VgpuProfile, parse_device_id, parse_uuid
 from ..policy.offers import offers, resolve_profile, seen_rows
 
 KIND_PASSTHROUGH = "passthrough"
@@ -296,12 +296,12 @@ class AttachRequest:
     """What ``vgpuhost attach`` asks for, checked: exactly one of a vGPU (``profile``, or a pooled
     vGPU's ``uuid``) or a whole GPU (``passthrough``).
 
-    ``gpu``/``passthrough`` are parsed BDFs, ``uuid`` a lower-case mdev UUID, ``guest_slot`` a slot
+    ``profile`` is the parsed vGPU type name, ``gpu``/``passthrough`` parsed BDFs, ``uuid`` a lower-case mdev UUID, ``guest_slot`` a slot
     on guest bus 0 (1..0x1f).  Built only by :meth:`parse` (keywords), :meth:`from_options` (click's
     strings) and :meth:`from_json` (the agent's body), which raise InputError with one line.
     """
 
-    profile: Optional[str] = None
+    profile: Optional[VgpuProfile] = None
     passthrough: Optional[PciAddress] = None
     gpu: Optional[PciAddress] = None
     uuid: Optional[str] = None
@@ -318,12 +318,13 @@ class AttachRequest:
     JSON_KEYS = tuple(k for k, _, _, _ in _JSON_FIELDS)
 
     @classmethod
-    def parse(cls, *, profile: Optional[str] = None, passthrough: "Optional[PciAddress | str]" = None,
+    def parse(cls, *, profile: "Optional[VgpuProfile | str]" = None, passthrough: "Optional[PciAddress | str]" = None,
               gpu: "Optional[PciAddress | str]" = None, uuid: Optional[str] = None, tenant: Optional[str] = None,
               strategy: Optional[str] = None, anti_affinity: Optional[str] = None, qos: Optional[str] = None,
               display: bool = False, ramfb: bool = False, guest_slot: Optional[int] = None,
               live: bool = False) -> "AttachRequest":
-        """The request from Python values (BDFs as text or parsed); raises InputError on the first bad one."""
+        """The request from Python values (names and BDFs as text or parsed); raises InputError on the first
+        bad one."""
         if uuid is not None:
             # the pool model: name one existing vGPU a layout pre-created; the hook lends it to the
             # domain at 'prepare begin' and gives it back at 'release end'
@@ -348,8 +349,8 @@ class AttachRequest:
                 raise InputError("--display and --ramfb apply to classic mdev vGPUs, not to a passed-through GPU")
             if gpu is not None:
                 raise InputError("--gpu pins a vGPU; for passthrough name the GPU in --passthrough")
-        elif profile is not None:
-            domxml.check_profile(profile)
+        elif isinstance(profile, str):
+            profile = VgpuProfile.parse(profile)
         if ramfb and not display:
             raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
                              hint="add --display, or drop --ramfb")
@@ -385,7 +386,7 @@ class AttachRequest:
         out: Dict[str, object] = {}
         for key, name, kind, _ in _JSON_FIELDS:
             value = getattr(self, name)
-            out[key] = str(value) if isinstance(value, PciAddress) else value
+            out[key] = str(value) if isinstance(value, (PciAddress, VgpuProfile)) else value
         return out
 
 
@@ -515,12 +516,13 @@ def _with_pooled(store: StateStore, req: AttachRequest) -> AttachRequest:
     if pooled.owner != "layout":
         raise RefusedError(f"vGPU {uuid} is owned by {pooled.owner}, not by the layout's pool",
                            hint="--uuid names a vGPU 'vgpuhost apply' pre-created (owner layout)")
-    if req.profile is not None and req.profile.lower() != pooled.type_name.lower():
+    profile = VgpuProfile.parse(pooled.type_name)
+    if req.profile is not None and req.profile != profile:
         raise InputError(f"vGPU {uuid} is a {pooled.type_name}, not a {req.profile}",
                          hint=f"leave --profile out, or give --profile {pooled.type_name}")
     if req.gpu is not None and str(req.gpu) != pooled.gpu:
         raise InputError(f"vGPU {uuid} is on {pooled.gpu}, not on {req.gpu}", hint="leave --gpu out")
-    return replace(req, profile=pooled.type_name, gpu=PciAddress.parse(pooled.gpu))
+    return replace(req, profile=profile, gpu=PciAddress.parse(pooled.gpu))
 
 
 def _device_kind(inv: Inventory, records, seen, req: AttachRequest) -> Tuple[str, Optional[str]]:
@@ -532,7 +534,7 @@ def _device_kind(inv: Inventory, records, seen, req: AttachRequest) -> Tuple[str
         if inv.gpu(req.passthrough) is None:
             raise InputError(f"no NVIDIA GPU at {req.passthrough}", hint="'vgpuhost gpus' lists them")
         return KIND_PASSTHROUGH, None
-    name = resolve_profile(inv, records, req.profile, req.gpu, seen)
+    name = resolve_profile(inv, records, str(req.profile), req.gpu, seen)
     offering = gpus_offering(inv, records, seen, name)
     if req.gpu is not None:
         offering &= {req.gpu}
