@@ -148,7 +148,8 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
             for req in checked.vgpus:
                 # the inventory read above still describes the host while this call has changed nothing
                 vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
-                                 inv if not made else None, grant.narrowed_by(req.device, checked.allowed))
+                                 inv if not made else None, grant.narrowed_by(req.device, checked.allowed),
+                                 decided=grant.placed_gpu(req.device))
                 if vid is not None:
                     made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
     except BaseException as e:
@@ -183,7 +184,8 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
 
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
                inv: "Optional[Inventory]" = None,
-               narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)") -> Optional[str]:
+               narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)",
+               decided: "Optional[PciAddress]" = None) -> Optional[str]:
     """Create one requested vGPU; its id when this call made it (``claim:ID`` when it was lent
     from the layout's pool), None when the domain already held it.
 
@@ -195,6 +197,8 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     created from free capacity.
 
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
+    ``decided``: the GPU admission placed the vGPU on: the pool's vGPU is taken and the vGPU made
+    there, the placement only re-checked under the GPU lock (None: placed here, once).
     """
     from . import vgpu
     meta = view.metadata
@@ -205,7 +209,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         return "claim:" + wanted_id
     if (req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records())
             and not _defined_in_mdevctl(host, req.uuid)):
-        swapped = _swap_from_pool(host, store, view, req, allowed, actor)
+        swapped = _swap_from_pool(host, store, view, req, req.gpu or decided, allowed, actor)
         if swapped is not None:
             return swapped
     if req.vf is not None:
@@ -223,7 +227,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
-        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
+        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
                           strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
                           actor=actor, inventory=inv)
     except RefusedError as e:
@@ -242,12 +246,13 @@ def _defined_in_mdevctl(host: HostRoot, uuid: str) -> bool:
     return any(fs.exists(os.path.join(host.s.mdevctl_d, p, uuid)) for p in fs.listdir(host.s.mdevctl_d))
 
 
-def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed,
-                    actor: str) -> Optional[str]:
-    """Hand a free pool vGPU's slot to the domain's mdev UUID; ``claim:UUID``, or None (no free one)."""
+def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, gpu: "Optional[PciAddress]",
+                    allowed, actor: str) -> Optional[str]:
+    """Hand a free pool vGPU's slot (on ``gpu``, None: any allowed) to the domain's mdev UUID;
+    ``claim:UUID``, or None (no free one)."""
     from . import vgpu
     me = view.uuid
-    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=req.gpu, allowed=allowed, owner=me):
+    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=gpu, allowed=allowed, owner=me):
         try:
             vgpu.remove(host, store, rec.id, owner=rec.owner, actor=actor)
         except VgpuhostError:
