@@ -289,12 +289,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
                       candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
     if not decision.admitted:
-        frees = []
-        if not unguaranteed and tenant is not None:
-            # room a guarantee may claim back: other tenants' bursts, then domains with no tenant
-            frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names,
-                             tenants, allocations)
-        frees.append("'vgpuhost capacity' shows what fits where")
+        frees = _claimable(tenant, tname, unguaranteed, candidates, tenants, allocations, names)
         return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
                       candidates=candidates, burst=burst)
     gpu = str(decision.gpu)
@@ -306,6 +301,18 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                           burst=burst, candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
     return _admitted(dem, tname, qos, burst, quota_note, None if dem.hardware else pool_of(pools, gpu).name,
                      decision, candidates)
+
+
+def _claimable(tenant: Optional[Tenant], tname: Optional[str], unguaranteed: bool, candidates: Sequence[str],
+               tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], names: Mapping[str, str]) -> List[str]:
+    """What would make room on ``candidates`` for a demand placement refused: for a guarantee, the
+    room it may claim back (other tenants' bursts, then domains with no tenant); then the capacity hint."""
+    frees = []
+    if not unguaranteed and tenant is not None:
+        frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names,
+                         tenants, allocations)
+    frees.append("'vgpuhost capacity' shows what fits where")
+    return frees
 
 
 def _admitted(dem: Demand, tname: Optional[str], qos: str, burst: bool, quota_note: str, pool: Optional[str],
