@@ -197,8 +197,9 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     created from free capacity.
 
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
-    ``decided``: the GPU admission placed the vGPU on: the pool's vGPU is taken and the vGPU made
-    there, the placement only re-checked under the GPU lock (None: placed here, once).
+    ``decided``: the GPU admission placed the vGPU on: a vGPU made from free capacity is made there,
+    the placement only re-checked under the GPU lock (None: placed here, once).  A pool's vGPU is
+    lent from any GPU admission allows (``allowed``): lending takes no new capacity.
     """
     from . import vgpu
     meta = view.metadata
@@ -209,7 +210,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         return "claim:" + wanted_id
     if (req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records())
             and not _defined_in_mdevctl(host, req.uuid)):
-        swapped = _swap_from_pool(host, store, view, req, req.gpu or decided, allowed, actor)
+        swapped = _swap_from_pool(host, store, view, req, allowed, actor)
         if swapped is not None:
             return swapped
     if req.vf is not None:
@@ -246,13 +247,12 @@ def _defined_in_mdevctl(host: HostRoot, uuid: str) -> bool:
     return any(fs.exists(os.path.join(host.s.mdevctl_d, p, uuid)) for p in fs.listdir(host.s.mdevctl_d))
 
 
-def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, gpu: "Optional[PciAddress]",
-                    allowed, actor: str) -> Optional[str]:
-    """Hand a free pool vGPU's slot (on ``gpu``, None: any allowed) to the domain's mdev UUID;
-    ``claim:UUID``, or None (no free one)."""
+def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed,
+                    actor: str) -> Optional[str]:
+    """Hand a free pool vGPU's slot to the domain's mdev UUID; ``claim:UUID``, or None (no free one)."""
     from . import vgpu
     me = view.uuid
-    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=gpu, allowed=allowed, owner=me):
+    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=req.gpu, allowed=allowed, owner=me):
         try:
             vgpu.remove(host, store, rec.id, owner=rec.owner, actor=actor)
         except VgpuhostError:
