@@ -137,6 +137,29 @@ def test_hook_exclusive_tenant_gets_a_gpu_of_its_own(make_host):
     assert rc == 2 and "unknown tenant 'nobody'" in err
 
 
+def test_hook_makes_the_vgpu_where_admission_placed_it(make_host):
+    """Admission's placement is the one executed (issue 24): a tenant preferring another's GPU gets
+    that GPU, which first-fit over admission's candidates alone would not choose; create only
+    re-checks the choice under the GPU lock."""
+    host = mixed(make_host)
+    s = store_of(host)
+    tenancy.add(s, tenancy.Tenant("other"))
+    tenancy.add(s, tenancy.Tenant("crowd", labels=frozenset({"env=a"})))
+    tenancy.add(s, tenancy.Tenant("fan", prefer=frozenset({"env=a"})))
+    assert start(host, "o0", tdom("o0", uid("55555555", 0), uid("eeeeeeee", 0), tenant="other")) == (0, "")
+    assert mdev_gpu(host, uid("eeeeeeee", 0)) == GPU_LO
+    assert start(host, "c0", tdom("c0", uid("55555555", 1), uid("eeeeeeee", 1), tenant="crowd",
+                                  strategy="spread")) == (0, "")
+    assert mdev_gpu(host, uid("eeeeeeee", 1)) == GPU_HI
+    # first-fit alone would pick GPU_LO; the preference for env=a's GPU decides GPU_HI, and that is where it goes
+    assert start(host, "f0", tdom("f0", uid("55555555", 2), uid("eeeeeeee", 2), tenant="fan")) == (0, "")
+    assert mdev_gpu(host, uid("eeeeeeee", 2)) == GPU_HI
+    [row] = [r for r in s.audit_rows() if r.path == "(admission)" and r.operation.endswith(uid("eeeeeeee", 2))]
+    assert "preferred: GPUs holding env=a" in row.value
+    rows = {r[0]: r for r in s.allocation_rows()}
+    assert rows[uid("eeeeeeee", 2)][3] == str(GPU_HI)
+
+
 def test_hook_without_tenants_records_the_name_only(make_host):
     host = mixed(make_host)
     assert start(host, "d", tdom("d", uid("55555555", 0), uid("eeeeeeee", 0), tenant="demo")) == (0, "")

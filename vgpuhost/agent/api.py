@@ -26,6 +26,7 @@ from ..io.hostroot import HostRoot
 from ..io.state import StateStore
 from ..model.concepts import OwnerKind, PlacementStrategy
 from ..model.errors import InputError, TransientError, VgpuhostError
+from ..ops.attach import AttachRequest
 
 API = "v1"
 SCHEMA_AGENT = "vgpuhost.agent/v1"
@@ -492,16 +493,6 @@ def post_passthrough_release(agent: Agent, req: Request) -> Dict[str, Any]:
                                        actor=req.actor)).as_dict()
 
 
-def _slot(body: Optional[Dict[str, Any]]) -> Optional[int]:
-    value = (body or {}).get("guest_slot")
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InputError("'guest_slot' must be a whole number (a slot on guest bus 0)")
-    from ..libvirt.domain import check_guest_slot
-    return check_guest_slot(value)
-
-
 def allowed_uris(agent: Agent) -> List[str]:
     """The libvirt URIs attach/detach may name: the agent's own (``--libvirt-uri``), then the local
     qemu URIs without parameters (:data:`LOCAL_LIBVIRT_URIS`)."""
@@ -528,15 +519,10 @@ def _libvirt_uri(agent: Agent, body: Optional[Dict[str, Any]]) -> str:
 def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost attach DOMAIN ...`` through the agent; ``uri`` the libvirt URI the CLI would use."""
     from ..ops.attach import attach
-    body = req.body or {}
-    domain = req.params["domain"]
-    kw = dict(profile=_text(body, "profile", limit=128), passthrough=_text(body, "passthrough", limit=32),
-              tenant=_text(body, "tenant", limit=128), strategy=_text(body, "strategy", limit=32),
-              anti_affinity=_text(body, "anti_affinity", limit=256), gpu=_text(body, "gpu", limit=32),
-              display=_flag(body, "display"), ramfb=_flag(body, "ramfb"), live=_flag(body, "live"),
-              guest_slot=_slot(body), qos=_text(body, "qos", limit=32), uuid=_text(body, "vgpu_uuid", limit=64))
-    uri = _libvirt_uri(agent, body)
-    return agent.write(lambda: attach(agent.host, agent.store, uri, domain, actor=req.actor, **kw)).as_dict()
+    request = AttachRequest.from_json(req.body)
+    uri = _libvirt_uri(agent, req.body)
+    return agent.write(lambda: attach(agent.host, agent.store, uri, req.params["domain"], request,
+                                      actor=req.actor)).as_dict()
 
 
 def post_detach(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -709,8 +695,6 @@ _VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "num
 _ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
 _HOOK_KEYS = ("xml", "name", "root", "state_dir", "timeout_s")
 _LAYOUT_KEYS = ("config", "source", "layout")
-_ATTACH_KEYS = ("profile", "passthrough", "gpu", "vgpu_uuid", "tenant", "strategy", "anti_affinity", "qos",
-                "display", "ramfb", "guest_slot", "live", "uri")
 _TENANT_KEYS = _TENANT_TEXT + _TENANT_LISTS
 _SCHEDULER_KEYS = ("policy", "timeslice_ms", "frequency_hz", "avg_factor", "gpus", "all")
 
@@ -738,7 +722,7 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/reconcile", post_reconcile, ADMIN, ("check",)),
     Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN, ("allow_boot_vga", "persist")),
     Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN, ("persist",)),
-    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN, _ATTACH_KEYS),
+    Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN, AttachRequest.JSON_KEYS + ("uri",)),
     Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN, ("device", "all", "uri")),
     Route("POST", "/v1/tenants", post_tenant_add, ADMIN, ("name",) + _TENANT_KEYS),
     Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN, _TENANT_KEYS),

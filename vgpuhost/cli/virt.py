@@ -23,18 +23,6 @@ COMMANDS: List[click.Command] = []
 SCHEMA_RENDER = "vgpuhost.render/v1"
 
 
-def _slot(text: Optional[str]) -> Optional[int]:
-    if text is None:
-        return None
-    from ..libvirt.domain import check_guest_slot
-    from ..model.errors import InputError
-    try:
-        value = int(text, 16)
-    except ValueError:
-        raise InputError(f"invalid --guest-slot {text[:32]!r}", hint="a hex slot on guest bus 0, e.g. 0x10") from None
-    return check_guest_slot(value)
-
-
 # --- render ------------------------------------------------------------------
 
 @click.command("render")
@@ -59,11 +47,12 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
     from ..model.errors import InputError, RefusedError
     from ..observe.inventory import BACKEND_MDEV
     from ..model.values import PciAddress, parse_uuid
+    from ..ops.attach import parse_guest_slot
 
     ctx = current()
     if (profile is None) == (passthrough is None):
         raise InputError("give exactly one of --profile NAME or --passthrough BDF")
-    slot = _slot(guest_slot)
+    slot = parse_guest_slot(guest_slot)
     doc = {"schema": SCHEMA_RENDER, "kind": None, "profile": None, "device": None, "gpu": None,
            "functions": [], "reason": "", "xml": ""}
     if passthrough is not None:
@@ -186,25 +175,19 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10); refused when taken.")
 @click.option("--live", is_flag=True, help="Classic mdev only: create it now and hot-plug it into the running domain.")
 @click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
-def attach_cmd(domain, profile, passthrough, gpu, uuid, tenant, strategy, anti_affinity, qos, display, ramfb, guest_slot,
-               live, dry_run) -> None:
+def attach_cmd(domain, dry_run, **options) -> None:
     """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""
-    from ..ops.attach import attach
+    from ..ops.attach import AttachRequest, attach
     from ..io.state import StateStore
     ctx = current()
-    slot = _slot(guest_slot)
+    req = AttachRequest.from_options(**options)
     if not dry_run:
-        out = _forward(ctx, "attach", domain, {
-            "profile": profile, "passthrough": passthrough, "gpu": gpu, "vgpu_uuid": uuid, "tenant": tenant,
-            "strategy": strategy, "anti_affinity": anti_affinity, "qos": qos, "display": display, "ramfb": ramfb,
-            "guest_slot": slot, "live": live})
+        out = _forward(ctx, "attach", domain, req.to_json())
         if out is not None:
             _emit_outcome(ctx, out)
             return
     store = StateStore(ctx.host.state_dir, create=not dry_run, owned=lambda: _owned(ctx.host))
-    out = attach(ctx.host, store, ctx.connect, domain, profile=profile, passthrough=passthrough, tenant=tenant,
-                 strategy=strategy, anti_affinity=anti_affinity, gpu=gpu, display=display, ramfb=ramfb,
-                 live=live, dry_run=dry_run, guest_slot=slot, qos=qos, uuid=uuid)
+    out = attach(ctx.host, store, ctx.connect, domain, req, dry_run=dry_run)
     _emit_outcome(ctx, out)
 
 

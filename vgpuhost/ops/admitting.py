@@ -15,7 +15,7 @@ rules nor the tenant store code (about 0.9 ms of each such start, measured
 from __future__ import annotations
 
 from ..model.tenancy import UNTENANTED_QOS
-from ..model.values import record
+from ..model.values import PciAddress, record
 from ..policy import demand as adm
 
 TYPE_CHECKING = False
@@ -80,12 +80,20 @@ class Admitting:
 
     def allowed_gpus(self, device: str, allowed: Optional[frozenset]) -> Optional[frozenset]:
         """The GPUs placement may use for ``device``: its admission candidates, narrowed by ``allowed``."""
-        from ..model.values import PciAddress
         g = self.granted.get(device)
         if g is None or not g.decision.candidates:
             return allowed
         cands = frozenset(PciAddress.parse(c) for c in g.decision.candidates)
         return cands if allowed is None else cands & frozenset(allowed)
+
+    def placed_gpu(self, device: str):
+        """The GPU admission placed ``device`` on (a PciAddress), None where it decided no placement (tenancy
+        not in use, passthrough): creating the device there re-checks that decision under the GPU lock
+        instead of placing it a second time."""
+        g = self.granted.get(device)
+        if g is None or not g.decision.gpu or g.demand.kind != adm.VGPU:
+            return None
+        return PciAddress.parse(g.decision.gpu)
 
     def narrowed_by(self, device: str, allowed: Optional[frozenset]) -> str:
         """What narrowed :meth:`allowed_gpus` for ``device``, for a placement refusal's hint."""

@@ -53,7 +53,8 @@ from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..io.process import actor as actor_name
 from ..model.kinds import Backend, Owner
-from ..model.values import PciAddress, parse_device_id
+from ..model.values import PciAddress, VgpuProfile, parse_device_id, parse_uuid
+from ..policy.offers import offers, resolve_profile, seen_rows
 
 KIND_PASSTHROUGH = "passthrough"
 KIND_MDEV = Backend.MDEV
@@ -278,6 +279,137 @@ def check_one_per_gpu(inv: Inventory, records, seen, domain: str, existing: Sequ
 
 
 # ---------------------------------------------------------------------------
+# the request: parsed once, shared by click, the agent's JSON and attach()
+
+#: the JSON body's keys (``POST /v1/domains/{domain}/attach``, openapi.yaml) -> (field, kind, limit):
+#: kind ``text`` (a string of at most ``limit`` characters), ``flag`` (true/false) or ``slot`` (a number)
+_JSON_FIELDS: Tuple[Tuple[str, str, str, int], ...] = (
+    ("profile", "profile", "text", 128), ("passthrough", "passthrough", "text", 32),
+    ("gpu", "gpu", "text", 32), ("vgpu_uuid", "uuid", "text", 64), ("tenant", "tenant", "text", 128),
+    ("strategy", "strategy", "text", 32), ("anti_affinity", "anti_affinity", "text", 256),
+    ("qos", "qos", "text", 32), ("display", "display", "flag", 0), ("ramfb", "ramfb", "flag", 0),
+    ("guest_slot", "guest_slot", "slot", 0), ("live", "live", "flag", 0))
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    """What ``vgpuhost attach`` asks for, checked: exactly one of a vGPU (``profile``, or a pooled
+    vGPU's ``uuid``) or a whole GPU (``passthrough``).
+
+    ``profile`` is the parsed vGPU type name, ``gpu``/``passthrough`` parsed BDFs, ``uuid`` a lower-case mdev UUID, ``guest_slot`` a slot
+    on guest bus 0 (1..0x1f).  Built only by :meth:`parse` (keywords), :meth:`from_options` (click's
+    strings) and :meth:`from_json` (the agent's body), which raise InputError with one line.
+    """
+
+    profile: Optional[VgpuProfile] = None
+    passthrough: Optional[PciAddress] = None
+    gpu: Optional[PciAddress] = None
+    uuid: Optional[str] = None
+    tenant: Optional[str] = None
+    strategy: Optional[str] = None
+    anti_affinity: Optional[str] = None
+    qos: Optional[str] = None
+    display: bool = False
+    ramfb: bool = False
+    guest_slot: Optional[int] = None
+    live: bool = False
+
+    #: the JSON body's keys, in openapi.yaml's order
+    JSON_KEYS = tuple(k for k, _, _, _ in _JSON_FIELDS)
+
+    @classmethod
+    def parse(cls, *, profile: "Optional[VgpuProfile | str]" = None, passthrough: "Optional[PciAddress | str]" = None,
+              gpu: "Optional[PciAddress | str]" = None, uuid: Optional[str] = None, tenant: Optional[str] = None,
+              strategy: Optional[str] = None, anti_affinity: Optional[str] = None, qos: Optional[str] = None,
+              display: bool = False, ramfb: bool = False, guest_slot: Optional[int] = None,
+              live: bool = False) -> "AttachRequest":
+        """The request from Python values (names and BDFs as text or parsed); raises InputError on the first
+        bad one."""
+        if uuid is not None:
+            # the pool model: name one existing vGPU a layout pre-created; the hook lends it to the
+            # domain at 'prepare begin' and gives it back at 'release end'
+            uuid = parse_uuid(uuid)
+            if passthrough is not None:
+                raise InputError("--uuid names a vGPU; it does not go with --passthrough")
+            if live:
+                raise InputError("--uuid names a vGPU the hook lends at the domain's start; it does not go with --live")
+        elif (profile is None) == (passthrough is None):
+            raise InputError("give exactly one of --profile NAME or --passthrough BDF")
+        if strategy is not None and strategy not in OFFERED:
+            raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(OFFERED))
+        domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity, qos=qos).validate()
+        if isinstance(passthrough, str):
+            passthrough = PciAddress.parse(passthrough)
+        if isinstance(gpu, str):
+            gpu = PciAddress.parse(gpu)
+        if guest_slot is not None:
+            check_guest_slot(guest_slot)
+        if passthrough is not None:
+            if display or ramfb:
+                raise InputError("--display and --ramfb apply to classic mdev vGPUs, not to a passed-through GPU")
+            if gpu is not None:
+                raise InputError("--gpu pins a vGPU; for passthrough name the GPU in --passthrough")
+        elif isinstance(profile, str):
+            profile = VgpuProfile.parse(profile)
+        if ramfb and not display:
+            raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
+                             hint="add --display, or drop --ramfb")
+        return cls(profile, passthrough, gpu, uuid, tenant, strategy, anti_affinity, qos, bool(display),
+                   bool(ramfb), guest_slot, bool(live))
+
+    @classmethod
+    def from_options(cls, *, guest_slot: Optional[str] = None, **options) -> "AttachRequest":
+        """The request from click's options (``guest_slot`` hex text, ``0x10``; the others as :meth:`parse`)."""
+        return cls.parse(guest_slot=parse_guest_slot(guest_slot), **options)
+
+    @classmethod
+    def from_json(cls, body: Optional[Dict[str, object]]) -> "AttachRequest":
+        """The request from the agent's JSON body (:data:`JSON_KEYS`; other keys are the route's business).
+
+        Raises InputError naming the first key of the wrong type, then as :meth:`parse`."""
+        body = body or {}
+        values: Dict[str, object] = {}
+        for key, name, kind, limit in _JSON_FIELDS:
+            if kind == "flag":
+                value = _json_flag(key, body.get(key, False))
+            elif (value := body.get(key)) is None:
+                continue
+            elif kind == "slot" and (not isinstance(value, int) or isinstance(value, bool)):
+                raise InputError(f"{key!r} must be a whole number (a slot on guest bus 0)")
+            elif kind == "text" and (not isinstance(value, str) or len(value) > limit):
+                raise InputError(f"{key!r} must be a string of at most {limit} characters")
+            values[name] = value
+        return cls.parse(**values)
+
+    def to_json(self) -> Dict[str, object]:
+        """The JSON body :meth:`from_json` reads back as this request (the CLI forwards it to the agent)."""
+        out: Dict[str, object] = {}
+        for key, name, kind, _ in _JSON_FIELDS:
+            value = getattr(self, name)
+            out[key] = str(value) if isinstance(value, (PciAddress, VgpuProfile)) else value
+        return out
+
+
+def parse_guest_slot(text: Optional[str]) -> Optional[int]:
+    """``--guest-slot`` as click gives it (hex text, ``0x10``) -> the slot (1..0x1f), None for None.
+
+    Raises InputError naming the option."""
+    if text is None:
+        return None
+    try:
+        value = int(text, 16)
+    except ValueError:
+        raise InputError(f"invalid --guest-slot {text[:32]!r}", hint="a hex slot on guest bus 0, e.g. 0x10") from None
+    return check_guest_slot(value)
+
+
+def _json_flag(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no", ""):
+        return value.lower() in ("1", "true", "yes")
+    raise InputError(f"{key!r} must be true or false")
+# ---------------------------------------------------------------------------
 # attach
 
 def backend_of(inv: Inventory, gpus: Set[PciAddress], name: str) -> str:
@@ -308,134 +440,54 @@ def _metadata_with(meta: Optional[domxml.Metadata], *, strategy, tenant, anti_af
     return m
 
 
-def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: str, *,
-           profile: Optional[str] = None, passthrough: "Optional[PciAddress | str]" = None,
-           tenant: Optional[str] = None, strategy: Optional[str] = None, anti_affinity: Optional[str] = None,
-           gpu: "Optional[PciAddress | str]" = None, display: bool = False, ramfb: bool = False,
-           live: bool = False, dry_run: bool = False, guest_slot: Optional[int] = None,
-           actor: Optional[str] = None, uuid: Optional[str] = None, qos: Optional[str] = None) -> AttachOutcome:
-    """Give ``domain`` a vGPU of ``profile`` or the GPU at ``passthrough``; one define call.
+def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: str,
+           request: Optional[AttachRequest] = None, *, dry_run: bool = False, actor: Optional[str] = None,
+           **options) -> AttachOutcome:
+    """Give ``domain`` the vGPU or the GPU ``request`` asks for; one define call.
 
     ``conn_uri``: libvirt URI (None: ``$LIBVIRT_DEFAULT_URI`` or qemu:///system).
-    ``guest_slot``: guest PCI slot on bus 0 (1..0x1f).  ``qos``: the domain's
-    QoS class, overriding its tenant's.  Admission (issue 13) is asked
-    whether the domain, with the new device, would start now: a refusal
-    raises RefusedError before anything changes.  Raises InputError
-    (bad or unknown input: an unknown profile is refused before anything is
-    read from libvirt), RefusedError (see the module docstring; nothing
-    changed), HostEnvironmentError (libvirt unreachable), DeviceError (a
-    live mdev could not be created or hot-plugged: rolled back).
+    ``options``: instead of ``request``, its fields as keywords (:meth:`AttachRequest.parse`).
+    Admission (issue 13) is asked whether the domain, with the new device,
+    would start now: a refusal raises RefusedError before anything changes.
+    Raises InputError (bad or unknown input: an unknown profile is refused
+    before anything is read from libvirt), RefusedError (see the module
+    docstring; nothing changed), HostEnvironmentError (libvirt unreachable),
+    DeviceError (a live mdev could not be created or hot-plugged: rolled back).
     """
     from ..io import virt
-    from ..policy.offers import offers, resolve_profile, seen_rows
+    if request is None:
+        request = AttachRequest.parse(**options)
+    elif options:
+        raise TypeError(f"attach() takes a request or its fields, not both ({sorted(options)[0]!r})")
+    req = _with_pooled(store, request)
 
-    # --- input, before anything is read -----------------------------------------
-    pooled = None
-    if uuid is not None:
-        # the pool model: name one existing vGPU a layout pre-created; the hook lends it to the
-        # domain at 'prepare begin' and gives it back at 'release end'
-        from ..model.values import parse_uuid
-        uuid = parse_uuid(uuid)
-        if passthrough is not None:
-            raise InputError("--uuid names a vGPU; it does not go with --passthrough")
-        if live:
-            raise InputError("--uuid names a vGPU the hook lends at the domain's start; it does not go with --live")
-        pooled = next((r for r in store.vgpu_records() if r.id == uuid), None)
-        if pooled is None or pooled.backend != BACKEND_MDEV:
-            raise InputError(f"no classic mdev vGPU {uuid} recorded by vgpuhost",
-                             hint="'vgpuhost vgpu list' shows the vGPUs; a layout's are owned by 'layout'")
-        if pooled.owner != Owner.LAYOUT:
-            raise RefusedError(f"vGPU {uuid} is owned by {pooled.owner}, not by the layout's pool",
-                               hint="--uuid names a vGPU 'vgpuhost apply' pre-created (owner layout)")
-        if profile is not None and profile.lower() != pooled.type_name.lower():
-            raise InputError(f"vGPU {uuid} is a {pooled.type_name}, not a {profile}",
-                             hint=f"leave --profile out, or give --profile {pooled.type_name}")
-        profile = pooled.type_name
-        if gpu is not None and str(gpu) != pooled.gpu:
-            raise InputError(f"vGPU {uuid} is on {pooled.gpu}, not on {gpu}", hint="leave --gpu out")
-        gpu = pooled.gpu
-    if (profile is None) == (passthrough is None):
-        raise InputError("give exactly one of --profile NAME or --passthrough BDF")
-    if strategy is not None and strategy not in OFFERED:
-        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(OFFERED))
-    domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity, qos=qos).validate()
-    if isinstance(passthrough, str):
-        passthrough = PciAddress.parse(passthrough)
-    if isinstance(gpu, str):
-        gpu = PciAddress.parse(gpu)
-    if guest_slot is not None:
-        check_guest_slot(guest_slot)
-    if passthrough is not None:
-        if display or ramfb:
-            raise InputError("--display and --ramfb apply to classic mdev vGPUs, not to a passed-through GPU")
-        if gpu is not None:
-            raise InputError("--gpu pins a vGPU; for passthrough name the GPU in --passthrough")
-    else:
-        domxml.check_profile(profile)
-    if ramfb and not display:
-        raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
-                         hint="add --display, or drop --ramfb")
-
-    # --- this host ------------------------------------------------------------------
     host.require_host()
     inv = discover(Sysfs(host))
     records = store.vgpu_records()
     seen = list(store.seen_types()) + seen_rows(inv)
-    kind, name, backend = KIND_PASSTHROUGH, None, None
-    if gpu is not None and inv.gpu(gpu) is None:
-        raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
-    if passthrough is not None:
-        if inv.gpu(passthrough) is None:
-            raise InputError(f"no NVIDIA GPU at {passthrough}", hint="'vgpuhost gpus' lists them")
-    else:
-        name = resolve_profile(inv, records, profile, gpu, seen)
-        offering = gpus_offering(inv, records, seen, name)
-        if gpu is not None:
-            offering &= {gpu}
-        backend = backend_of(inv, offering, name)
-        kind = KIND_MDEV if backend == BACKEND_MDEV else KIND_VF
-        if kind == KIND_VF and (display or ramfb):
-            raise InputError(f"--display and --ramfb apply to classic mdev vGPUs; {name} is a vendor-VFIO "
-                             "vGPU (a PCI VF), whose display NVIDIA's guest driver provides")
+    kind, name = _device_kind(inv, records, seen, req)
 
     uri = virt.default_uri(conn_uri)
     lock = nullcontext() if dry_run else file_lock(store.state_dir, LOCK)
     with virt.open_connection(uri) as conn, lock:
         dom = conn.lookup(domain)
-        if not dom.is_persistent():
-            raise RefusedError(f"domain {dom.name} is transient: attach changes the persistent definition",
-                               hint="define it first (virsh define), then attach")
-        active = dom.is_active()
         out = AttachOutcome("attach", dom.name, dom.uuid, uri, changed=True, dry_run=dry_run)
-        if active and not live:
-            raise RefusedError(f"domain {dom.name} is running: vgpuhost changes the definition of a stopped "
-                               "domain", hint="stop it first (virsh shutdown), or pass --live for a classic "
-                                              "mdev vGPU")
-        if live and kind != KIND_MDEV:
-            what = "a passed-through GPU" if kind == KIND_PASSTHROUGH else f"a vendor-VFIO vGPU ({name})"
-            raise RefusedError(f"--live is supported for classic mdev vGPUs only, not {what}: its device "
-                               "must be prepared before qemu starts", hint="stop the domain first")
-        if live and not active:
-            out.notes.append(f"{dom.name} is not running: --live has nothing to hot-plug; the definition changes")
-            live = False
-        out.live = live
+        out.live = _live_or_not(dom, req, kind, name, out)
 
         before = dom.inactive_xml()
         doc = DomainDoc.parse(before)
-        view = doc.view
-        meta = _metadata_with(view.metadata, strategy=strategy, tenant=tenant, anti_affinity=anti_affinity,
-                              notes=out.notes, qos=qos)
+        meta = _metadata_with(doc.view.metadata, strategy=req.strategy, tenant=req.tenant,
+                              anti_affinity=req.anti_affinity, notes=out.notes, qos=req.qos)
         others = _others(conn, dom.uuid)
-
         if kind == KIND_PASSTHROUGH:
-            snippet, entry = _attach_passthrough(inv, records, seen, doc, dom.name, meta, others, passthrough,
-                                                 guest_slot, out)
+            snippet, entry = _attach_passthrough(inv, records, seen, doc, dom.name, meta, others, req.passthrough,
+                                                 req.guest_slot, out)
         elif kind == KIND_MDEV:
-            snippet, entry = _attach_mdev(inv, records, seen, doc, dom.name, meta, others, name, gpu, display,
-                                          ramfb, guest_slot, uuid=uuid)
+            snippet, entry = _attach_mdev(inv, records, seen, doc, dom.name, meta, others, name, req.gpu,
+                                          req.display, req.ramfb, req.guest_slot, uuid=req.uuid)
         else:
-            snippet, entry = _attach_vf(inv, records, seen, doc, dom.name, dom.uuid, meta, others, name, gpu,
-                                        guest_slot, out, offers)
+            snippet, entry = _attach_vf(inv, records, seen, doc, dom.name, dom.uuid, meta, others, name, req.gpu,
+                                        req.guest_slot, out, offers)
         out.devices.append(entry)
         out.hostdevs = snippet
         doc.add_hostdevs(snippet)
@@ -446,30 +498,96 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
         from .tenancy import admit_domain
         admit_domain(store, domxml.parse_domain(after), inv, audit=False)
-        if dry_run:
-            return out
-
-        act = actor or actor_name()
-        if live:
-            _hotplug_mdev(host, store, dom, entry, snippet, meta, act)
-        try:
-            conn.define(after)
-        except VgpuhostError as e:
-            if not live:
-                raise
-            raise DeviceError(f"{entry.profile} {entry.id} is plugged into the running {dom.name}, but defining "
-                              f"it failed: {e.message}", hint="the vGPU goes when the domain stops (the hook "
-                              "releases it by owner); attach it again while the domain is stopped") from e
-        _verify(dom, entry, added=True)
-        if live:
-            try:
-                dom.set_live_metadata(metadata_for_api(meta), domxml.PREFIX, domxml.NS)
-            except VgpuhostError as e:
-                out.notes.append(f"the running domain's metadata was not updated ({e.message}); the hook "
-                                 "still releases the vGPU by owner at stop")
-        store.audit(actor=act, operation=f"attach {dom.name}", path="libvirt:defineXML",
-                    value=f"{dom.uuid} +{entry.kind} {entry.id}" + (f" ({entry.profile})" if entry.profile else ""))
+        if not dry_run:
+            _define(host, store, dom, conn, after, entry, snippet, meta, out, actor or actor_name())
         return out
+
+
+def _with_pooled(store: StateStore, req: AttachRequest) -> AttachRequest:
+    """``req`` with the profile and GPU of the pooled vGPU it names (``--uuid``), checked against the
+    state store's record; ``req`` itself when it names none.  Raises InputError, RefusedError."""
+    if req.uuid is None:
+        return req
+    uuid = req.uuid
+    pooled = next((r for r in store.vgpu_records() if r.id == uuid), None)
+    if pooled is None or pooled.backend != BACKEND_MDEV:
+        raise InputError(f"no classic mdev vGPU {uuid} recorded by vgpuhost",
+                         hint="'vgpuhost vgpu list' shows the vGPUs; a layout's are owned by 'layout'")
+    if pooled.owner != Owner.LAYOUT:
+        raise RefusedError(f"vGPU {uuid} is owned by {pooled.owner}, not by the layout's pool",
+                           hint="--uuid names a vGPU 'vgpuhost apply' pre-created (owner layout)")
+    profile = VgpuProfile.parse(pooled.type_name)
+    if req.profile is not None and req.profile != profile:
+        raise InputError(f"vGPU {uuid} is a {pooled.type_name}, not a {req.profile}",
+                         hint=f"leave --profile out, or give --profile {pooled.type_name}")
+    if req.gpu is not None and str(req.gpu) != pooled.gpu:
+        raise InputError(f"vGPU {uuid} is on {pooled.gpu}, not on {req.gpu}", hint="leave --gpu out")
+    return replace(req, profile=profile, gpu=PciAddress.parse(pooled.gpu))
+
+
+def _device_kind(inv: Inventory, records, seen, req: AttachRequest) -> Tuple[str, Optional[str]]:
+    """``(kind, vGPU type name as the devices spell it)`` of what ``req`` asks for on this host
+    (name None for passthrough).  Raises InputError (no such GPU or profile), RefusedError."""
+    if req.gpu is not None and inv.gpu(req.gpu) is None:
+        raise InputError(f"no NVIDIA GPU at {req.gpu}", hint="'vgpuhost gpus' lists them")
+    if req.passthrough is not None:
+        if inv.gpu(req.passthrough) is None:
+            raise InputError(f"no NVIDIA GPU at {req.passthrough}", hint="'vgpuhost gpus' lists them")
+        return KIND_PASSTHROUGH, None
+    name = resolve_profile(inv, records, str(req.profile), req.gpu, seen)
+    offering = gpus_offering(inv, records, seen, name)
+    if req.gpu is not None:
+        offering &= {req.gpu}
+    kind = KIND_MDEV if backend_of(inv, offering, name) == BACKEND_MDEV else KIND_VF
+    if kind == KIND_VF and (req.display or req.ramfb):
+        raise InputError(f"--display and --ramfb apply to classic mdev vGPUs; {name} is a vendor-VFIO "
+                         "vGPU (a PCI VF), whose display NVIDIA's guest driver provides")
+    return kind, name
+
+
+def _live_or_not(dom, req: AttachRequest, kind: str, name: Optional[str], out: AttachOutcome) -> bool:
+    """Whether the device is hot-plugged too: ``req.live`` on a running domain.  Raises RefusedError
+    for a transient domain, a running one without ``--live``, and ``--live`` for anything but an mdev."""
+    if not dom.is_persistent():
+        raise RefusedError(f"domain {dom.name} is transient: attach changes the persistent definition",
+                           hint="define it first (virsh define), then attach")
+    active = dom.is_active()
+    if active and not req.live:
+        raise RefusedError(f"domain {dom.name} is running: vgpuhost changes the definition of a stopped "
+                           "domain", hint="stop it first (virsh shutdown), or pass --live for a classic "
+                                          "mdev vGPU")
+    if req.live and kind != KIND_MDEV:
+        what = "a passed-through GPU" if kind == KIND_PASSTHROUGH else f"a vendor-VFIO vGPU ({name})"
+        raise RefusedError(f"--live is supported for classic mdev vGPUs only, not {what}: its device "
+                           "must be prepared before qemu starts", hint="stop the domain first")
+    if req.live and not active:
+        out.notes.append(f"{dom.name} is not running: --live has nothing to hot-plug; the definition changes")
+        return False
+    return req.live
+
+
+def _define(host: HostRoot, store: StateStore, dom, conn, after: str, entry: DeviceEntry, snippet: str,
+            meta: domxml.Metadata, out: AttachOutcome, act: str) -> None:
+    """Hot-plug (``out.live``), define ``after``, read it back, audit.  Raises DeviceError."""
+    if out.live:
+        _hotplug_mdev(host, store, dom, entry, snippet, meta, act)
+    try:
+        conn.define(after)
+    except VgpuhostError as e:
+        if not out.live:
+            raise
+        raise DeviceError(f"{entry.profile} {entry.id} is plugged into the running {dom.name}, but defining "
+                          f"it failed: {e.message}", hint="the vGPU goes when the domain stops (the hook "
+                          "releases it by owner); attach it again while the domain is stopped") from e
+    _verify(dom, entry, added=True)
+    if out.live:
+        try:
+            dom.set_live_metadata(metadata_for_api(meta), domxml.PREFIX, domxml.NS)
+        except VgpuhostError as e:
+            out.notes.append(f"the running domain's metadata was not updated ({e.message}); the hook "
+                             "still releases the vGPU by owner at stop")
+    store.audit(actor=act, operation=f"attach {dom.name}", path="libvirt:defineXML",
+                value=f"{dom.uuid} +{entry.kind} {entry.id}" + (f" ({entry.profile})" if entry.profile else ""))
 
 
 def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,

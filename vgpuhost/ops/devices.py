@@ -149,7 +149,8 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
             for req in checked.vgpus:
                 # the inventory read above still describes the host while this call has changed nothing
                 vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
-                                 inv if not made else None, grant.narrowed_by(req.device, checked.allowed))
+                                 inv if not made else None, grant.narrowed_by(req.device, checked.allowed),
+                                 decided=grant.placed_gpu(req.device))
                 if vid is not None:
                     made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
     except BaseException as e:
@@ -184,7 +185,8 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
 
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
                inv: "Optional[Inventory]" = None,
-               narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)") -> Optional[str]:
+               narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)",
+               decided: "Optional[PciAddress]" = None) -> Optional[str]:
     """Create one requested vGPU; its id when this call made it (``claim:ID`` when it was lent
     from the layout's pool), None when the domain already held it.
 
@@ -196,6 +198,9 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     created from free capacity.
 
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
+    ``decided``: the GPU admission placed the vGPU on: a vGPU made from free capacity is made there,
+    the placement only re-checked under the GPU lock (None: placed here, once).  A pool's vGPU is
+    lent from any GPU admission allows (``allowed``): lending takes no new capacity.
     """
     from . import vgpu
     meta = view.metadata
@@ -224,7 +229,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
-        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu, owner=me,
+        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
                           strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
                           actor=actor, inventory=inv)
     except RefusedError as e:

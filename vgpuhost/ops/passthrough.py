@@ -237,45 +237,14 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         inv = discover(Sysfs(host))
         group, endpoints, _ = group_endpoints(inv, gpu)
         records = {r.bdf: r for r in store.passthrough_records()}
-        if owner is not None:
-            holder = group_holder(store, endpoints, records)
-            if holder is None:
-                out = Outcome("release", gpu, group, changed=False, dry_run=dry_run)
-                out.notes.append(f"IOMMU group {group} is not held by {owner}: nothing to do")
-                return out
-            if holder != owner:
-                raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}, "
-                                   f"not {owner}: left alone",
-                                   hint="a late release for an earlier owner never frees the next owner's group")
-        else:
-            holder = group_holder(store, endpoints, records)
-        if not while_running:
-            running = store.active_domains()
-            if holder in running:
-                raise RefusedError(f"IOMMU group {group} of {gpu} is in use by running domain "
-                                   f"{running[holder]} ({holder}): left alone",
-                                   hint="stop the domain first; its qemu hook releases the group when it stops")
+        holder = group_holder(store, endpoints, records)
+        if owner is not None and holder is None:
+            out = Outcome("release", gpu, group, changed=False, dry_run=dry_run)
+            out.notes.append(f"IOMMU group {group} is not held by {owner}: nothing to do")
+            return out
+        _check_release_holder(store, gpu, group, holder, owner, while_running)
         plans = plan_release(endpoints, records)
-        out = Outcome("release", gpu, group, changed=bool(plans), dry_run=dry_run)
-        out.functions = [{"bdf": str(fp.bdf), "from": fp.before_driver, "to": fp.target_driver}
-                         for fp in plans]
-        out.steps = [s for fp in plans for s in describe(host, fp.steps)]
-        unrecorded = [str(d.address) for d in endpoints if d.driver == VFIO_PCI
-                      and str(d.address) not in records]
-        if unrecorded:
-            out.notes.append("not bound by vgpuhost (no record), released to the host driver that "
-                             "probes: " + ", ".join(unrecorded))
-        if not plans:
-            out.notes.append(f"IOMMU group {group} is already on its host drivers: nothing to do")
-        persisted = [_driverctl_path(host, d.address) for d in endpoints
-                     if config_equals(_driverctl_path(host, d.address), DRIVERCTL_VFIO)]
-        if persist:
-            out.persisted = [host.relative(p) for p in persisted]
-            out.steps += describe(host, [RemoveConfig(p) for p in persisted])
-        elif persisted:
-            out.notes.append("driverctl overrides remain and rebind the group at boot: "
-                             + ", ".join(host.relative(p) for p in persisted)
-                             + " (release with --persist removes them)")
+        out, persisted = _release_outcome(host, gpu, group, endpoints, records, plans, persist, dry_run)
         if dry_run:
             return out
         ex = Executor(host, store, actor=actor or actor_name(), operation=f"passthrough release {gpu}")
@@ -291,6 +260,49 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
         ex.journal = journal
         with journal:
             return _release_writes(host, store, ex, endpoints, plans, out, persist, persisted)
+
+
+def _check_release_holder(store: StateStore, gpu: PciAddress, group: int, holder: Optional[str],
+                          owner: Optional[str], while_running: bool) -> None:
+    """Refuse (RefusedError) a release for ``owner`` of a group another owner holds, and, unless
+    ``while_running``, of a group a running domain holds."""
+    if owner is not None and holder != owner:
+        raise RefusedError(f"IOMMU group {group} of {gpu} is held by {describe_owner(holder)}, "
+                           f"not {owner}: left alone",
+                           hint="a late release for an earlier owner never frees the next owner's group")
+    if not while_running:
+        running = store.active_domains()
+        if holder in running:
+            raise RefusedError(f"IOMMU group {group} of {gpu} is in use by running domain "
+                               f"{running[holder]} ({holder}): left alone",
+                               hint="stop the domain first; its qemu hook releases the group when it stops")
+
+
+def _release_outcome(host: HostRoot, gpu: PciAddress, group: int, endpoints: Sequence[PciDevice], records: dict,
+                     plans: List[FunctionPlan], persist: bool, dry_run: bool) -> Tuple[Outcome, list]:
+    """What :func:`release` will do, before it writes: ``(outcome with functions, steps and notes,
+    the driverctl override files that bind the group at boot)``."""
+    out = Outcome("release", gpu, group, changed=bool(plans), dry_run=dry_run)
+    out.functions = [{"bdf": str(fp.bdf), "from": fp.before_driver, "to": fp.target_driver}
+                     for fp in plans]
+    out.steps = [s for fp in plans for s in describe(host, fp.steps)]
+    unrecorded = [str(d.address) for d in endpoints if d.driver == VFIO_PCI
+                  and str(d.address) not in records]
+    if unrecorded:
+        out.notes.append("not bound by vgpuhost (no record), released to the host driver that "
+                         "probes: " + ", ".join(unrecorded))
+    if not plans:
+        out.notes.append(f"IOMMU group {group} is already on its host drivers: nothing to do")
+    persisted = [_driverctl_path(host, d.address) for d in endpoints
+                 if config_equals(_driverctl_path(host, d.address), DRIVERCTL_VFIO)]
+    if persist:
+        out.persisted = [host.relative(p) for p in persisted]
+        out.steps += describe(host, [RemoveConfig(p) for p in persisted])
+    elif persisted:
+        out.notes.append("driverctl overrides remain and rebind the group at boot: "
+                         + ", ".join(host.relative(p) for p in persisted)
+                         + " (release with --persist removes them)")
+    return out, persisted
 
 
 def _release_writes(host: HostRoot, store: StateStore, ex: Executor, endpoints: Sequence[PciDevice],

@@ -260,47 +260,120 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         return Admission(False, reason, tname, qos, burst, code, quota, candidates=tuple(candidates),
                          frees=tuple(frees))
 
-    # 1. quota -------------------------------------------------------------------
-    burst = False
-    used = usage(tenant.name, allocations) if tenant is not None else {}
-    quota_note = ""
+    # 1. quota, 2. isolation, 3. QoS class
+    burst, quota_note, refusal = False, "", None
     if tenant is not None:
-        q = tenant.quota
-        if q.series and dem.kind == VGPU and dem.series not in q.series:
-            return refuse("series", f"tenant {tenant.name!r} may use vGPU series {', '.join(sorted(q.series))} "
-                                    f"only; {dem.profile} is series {dem.series or '?'}", quota="series",
-                          frees=(f"use a {'/'.join(sorted(q.series))} profile, or widen the quota "
-                                 f"('vgpuhost tenant set {tenant.name} --series ...')",))
-        notes = []
-        for d in DIMENSIONS:
-            n = dem.amount(d)
-            if not n:
-                continue
-            total, _ = used[d]
-            ceiling = q.ceiling(d)
-            g = q.guaranteed.get(d)
-            if ceiling is not None and total + n > ceiling:
-                mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)),
-                              key=lambda a: (-a.demand.amount(d), a.device))
-                frees = [f"stop or detach {who(a, names)} ({held_text(a)})" for a in mine[:3]]
-                frees.append(("or raise" if frees else "raise") + f" the quota ('vgpuhost tenant set {tenant.name} "
-                             f"--{d.replace('_mib', '').replace('_gpus', '').replace('_', '-')} ...')")
-                kind = "burst" if q.burst.get(d) is not None else "guaranteed"
-                return refuse("quota", f"quota {DIMENSION_TEXT[d]} of tenant {tenant.name!r}: {total} in use + "
-                                       f"{n} asked > {ceiling} ({kind} limit)", quota=d, frees=frees)
-            if g is not None and total + n > g:
-                burst = True
-            if g is not None:
-                notes.append(f"{DIMENSION_TEXT[d]} {total + n}/{q.text(d)}")
-        quota_note = "quota " + (", ".join(notes) if notes else "unlimited")
+        burst, quota_note, refusal = _quota(dem, tenant, allocations, names, refuse)
+    if refusal is None:
+        refusal = _class_refusal(dem, tenant, qos, pools, refuse)
+    if refusal is not None:
+        return refusal
+    # 4. pool + isolation per GPU
+    if dem.kind == PASSTHROUGH:
+        return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names,
+                            gpu_slices)
+    narrowed, candidates, refusal = _narrow(dem, tenant, tname, qos, pools, offers, tenants, allocations, names,
+                                            refuse)
+    if refusal is not None:
+        return refusal
+    # use no guarantee covers leaves room for the other tenants' unused guarantees (module docstring)
+    reserved = _reserved(tname, tenants, allocations)
+    unguaranteed = bool(reserved) and (tenant is None or burst or not _covered(tenant, dem))
+    kept: List[str] = []
+    size_note = ""
+    if unguaranteed and not dem.hardware:
+        narrowed, candidates, kept, size_note = _keep_reserve(dem, narrowed, candidates, reserved, allocations,
+                                                               gpu_memory)
+    # 5. placement
+    decision = _place_preferred(dem, req, tenant, tenants, allocations, narrowed)
+    if not decision.admitted and kept:
+        return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
+                      candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
+    if not decision.admitted:
+        frees = _claimable(tenant, tname, unguaranteed, candidates, tenants, allocations, names)
+        return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
+                      candidates=candidates, burst=burst)
+    gpu = str(decision.gpu)
+    # 6. burst (and other use no guarantee covers) only from capacity no guarantee reserves
+    if unguaranteed:
+        short = _reserve_short(dem, candidates, reserved, allocations, gpu_memory, gpu_slices)
+        if short:
+            return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {short}",
+                          burst=burst, candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
+    return _admitted(dem, tname, qos, burst, quota_note, None if dem.hardware else pool_of(pools, gpu).name,
+                     decision, candidates)
 
-    # 2. isolation ---------------------------------------------------------------
+
+def _claimable(tenant: Optional[Tenant], tname: Optional[str], unguaranteed: bool, candidates: Sequence[str],
+               tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], names: Mapping[str, str]) -> List[str]:
+    """What would make room on ``candidates`` for a demand placement refused: for a guarantee, the
+    room it may claim back (other tenants' bursts, then domains with no tenant); then the capacity hint."""
+    frees = []
+    if not unguaranteed and tenant is not None:
+        frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names,
+                         tenants, allocations)
+    frees.append("'vgpuhost capacity' shows what fits where")
+    return frees
+
+
+def _admitted(dem: Demand, tname: Optional[str], qos: str, burst: bool, quota_note: str, pool: Optional[str],
+              decision, candidates: Sequence[str]) -> Admission:
+    """The admission of a placed vGPU, its reason naming tenant, class, quota, pool and placement."""
+    parts = [f"admitted {dem.text()} for " + (f"tenant {tname!r}" if tname else "a domain without a tenant"),
+             f"class {qos}" + (" (burst)" if burst else "")]
+    if quota_note:
+        parts.append(quota_note)
+    if pool:
+        parts.append(f"pool {pool}")
+    parts.append(decision.reason)
+    return Admission(True, "; ".join(parts), tname, qos, burst, "ok", gpu=str(decision.gpu),
+                     parent=str(decision.parent), type_id=decision.type_id, candidates=tuple(candidates), pool=pool)
+
+
+def _quota(dem: Demand, tenant: Tenant, allocations: Sequence[Allocation], names: Mapping[str, str],
+           refuse) -> Tuple[bool, str, Optional[Admission]]:
+    """Step 1, the tenant's quota: ``(burst, note for the reason, refusal or None)``; ``burst`` when the
+    demand passes a guaranteed limit (within the ceiling).  ``refuse`` builds the refusal."""
+    q = tenant.quota
+    if q.series and dem.kind == VGPU and dem.series not in q.series:
+        return False, "", refuse("series", f"tenant {tenant.name!r} may use vGPU series "
+                                           f"{', '.join(sorted(q.series))} only; {dem.profile} is series "
+                                           f"{dem.series or '?'}", quota="series",
+                                 frees=(f"use a {'/'.join(sorted(q.series))} profile, or widen the quota "
+                                        f"('vgpuhost tenant set {tenant.name} --series ...')",))
+    used = usage(tenant.name, allocations)
+    burst = False
+    notes = []
+    for d in DIMENSIONS:
+        n = dem.amount(d)
+        if not n:
+            continue
+        total, _ = used[d]
+        ceiling = q.ceiling(d)
+        g = q.guaranteed.get(d)
+        if ceiling is not None and total + n > ceiling:
+            mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)),
+                          key=lambda a: (-a.demand.amount(d), a.device))
+            frees = [f"stop or detach {who(a, names)} ({held_text(a)})" for a in mine[:3]]
+            frees.append(("or raise" if frees else "raise") + f" the quota ('vgpuhost tenant set {tenant.name} "
+                         f"--{d.replace('_mib', '').replace('_gpus', '').replace('_', '-')} ...')")
+            kind = "burst" if q.burst.get(d) is not None else "guaranteed"
+            return False, "", refuse("quota", f"quota {DIMENSION_TEXT[d]} of tenant {tenant.name!r}: {total} in "
+                                              f"use + {n} asked > {ceiling} ({kind} limit)", quota=d, frees=frees)
+        if g is not None and total + n > g:
+            burst = True
+        if g is not None:
+            notes.append(f"{DIMENSION_TEXT[d]} {total + n}/{q.text(d)}")
+    return burst, "quota " + (", ".join(notes) if notes else "unlimited"), None
+
+
+def _class_refusal(dem: Demand, tenant: Optional[Tenant], qos: str, pools: Sequence[Pool],
+                   refuse) -> Optional[Admission]:
+    """Steps 2 and 3: the tenant's isolation level and the QoS class, refused or None."""
     if tenant is not None and tenant.isolation == HARDWARE and not dem.hardware:
         return refuse("isolation", f"tenant {tenant.name!r} has isolation 'hardware': MIG-backed vGPUs and "
                                    f"passthrough only, not the time-sliced {dem.profile}",
                       frees=("ask for a MIG-backed profile (e.g. <board>-1-<GB>C) or a passthrough GPU",))
-
-    # 3. QoS class ---------------------------------------------------------------
     if qos not in QOS_CLASSES:
         return refuse("qos", f"unknown QoS class {qos!r}", frees=("one of " + ", ".join(QOS_CLASSES),))
     if qos == GUARANTEED and not dem.hardware and not any(p.policy == SchedulerPolicy.FIXED_SHARE and p.serves(GUARANTEED)
@@ -310,17 +383,17 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                              "fixed-share pool serves guaranteed",
                       frees=("declare a fixed-share pool in the layout, ask for a MIG-backed profile, or set the "
                              "domain's qos to burstable",))
+    return None
 
-    # 4. pool + isolation per GPU --------------------------------------------------
-    if dem.kind == PASSTHROUGH:
-        return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names,
-                            gpu_slices)
-    by_gpu: Dict[str, List[Allocation]] = {}
-    for a in allocations:
-        by_gpu.setdefault(a.gpu, []).append(a)
+
+def _narrow(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], qos: str, pools: Sequence[Pool],
+            offers: Sequence[GpuOffer], tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+            names: Mapping[str, str], refuse) -> Tuple[List[GpuOffer], List[str], Optional[Admission]]:
+    """Step 4 for a vGPU, the pools and isolation per GPU: ``(offers, each closed with its reason when
+    the GPU may not take the demand; the BDFs that may; refusal or None)``."""
+    by_gpu = _by_gpu(allocations)
     narrowed: List[GpuOffer] = []
     candidates: List[str] = []
-    pool_names = set()
     served_any = False
     for o in offers:
         g = str(o.gpu)
@@ -332,8 +405,6 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
             else:
                 served_any = True
                 why = _isolation_conflict(tenant, tname, by_gpu.get(g, ()), tenants)
-                if why is None:
-                    pool_names.add(pool.name)
         if why is None:
             candidates.append(g)
             narrowed.append(o)
@@ -342,83 +413,69 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     if not dem.hardware and not offers and any(a.kind == PASSTHROUGH for a in allocations):
         # every vGPU-capable GPU is passed through (a GPU bound to vfio-pci offers no vGPU types)
         frees = _holders([a for a in allocations if a.kind == PASSTHROUGH], tname, names, tenants, allocations)
-        return refuse("capacity", f"no room for {dem.text()}: no GPU offers vGPUs now (the GPUs are passed "
-                                  "through)", frees=frees + ["'vgpuhost capacity' shows what fits where"])
+        return narrowed, candidates, refuse(
+            "capacity", f"no room for {dem.text()}: no GPU offers vGPUs now (the GPUs are passed through)",
+            frees=frees + ["'vgpuhost capacity' shows what fits where"])
     if not dem.hardware and not served_any:
         serving = [p.name for p in pools if p.serves(qos)]
-        return refuse("pool", f"no pool serves QoS class {qos} on this host"
-                              + (f" (pools serving it: {', '.join(serving)}, none with a GPU offering "
-                                 f"{dem.profile})" if serving else ""),
-                      frees=("declare a pool serving it in the layout, or change the domain's qos",))
+        return narrowed, candidates, refuse(
+            "pool", f"no pool serves QoS class {qos} on this host"
+                    + (f" (pools serving it: {', '.join(serving)}, none with a GPU offering {dem.profile})"
+                       if serving else ""),
+            frees=("declare a pool serving it in the layout, or change the domain's qos",))
     if not candidates:
         rej = "; ".join(f"{o.gpu}: {o.note}" for o in narrowed if o.note) or "no vGPU-capable GPU"
-        return refuse("isolation", f"no GPU may take {dem.text()} of "
-                                   f"{('tenant ' + repr(tname)) if tname else 'a domain without a tenant'} "
-                                   f"under its isolation: {rej}",
-                      frees=("wait for a GPU to empty, or change the tenant's isolation or labels",))
+        return narrowed, candidates, refuse(
+            "isolation", f"no GPU may take {dem.text()} of "
+                         f"{('tenant ' + repr(tname)) if tname else 'a domain without a tenant'} "
+                         f"under its isolation: {rej}",
+            frees=("wait for a GPU to empty, or change the tenant's isolation or labels",))
+    return narrowed, candidates, None
 
-    # use no guarantee covers leaves room for the other tenants' unused guarantees (module docstring)
-    reserved = _reserved(tname, tenants, allocations)
-    unguaranteed = bool(reserved) and (tenant is None or burst or not _covered(tenant, dem))
-    kept: List[str] = []
-    size_note = ""
-    if unguaranteed and not dem.hardware:
-        keep = _kept_free(reserved, allocations, gpu_memory)
-        if keep:
-            narrowed = [replace(o, available=0, parents=(), note=keep) if str(o.gpu) in _empty(allocations,
-                        gpu_memory) else o for o in narrowed]
-            candidates = [g for g in candidates if g not in _empty(allocations, gpu_memory)]
-        # nor be the first vGPU on an empty GPU when that would leave the guarantees no GPU of a size they can use
-        kept, size_note = _size_kept(dem, candidates, reserved, allocations, gpu_memory)
-        if kept:
-            narrowed = [replace(o, available=0, parents=(), note=size_note) if str(o.gpu) in kept else o
-                        for o in narrowed]
 
-    # 5. placement -----------------------------------------------------------------
+def _by_gpu(allocations: Sequence[Allocation]) -> Dict[str, List[Allocation]]:
+    by_gpu: Dict[str, List[Allocation]] = {}
+    for a in allocations:
+        by_gpu.setdefault(a.gpu, []).append(a)
+    return by_gpu
+
+
+def _keep_reserve(dem: Demand, narrowed: List[GpuOffer], candidates: List[str], reserved,
+                  allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]
+                  ) -> Tuple[List[GpuOffer], List[str], List[str], str]:
+    """Close the GPUs a vGPU no guarantee covers must leave to the unused guarantees:
+    ``(offers, candidates, GPUs kept for their size, why)``."""
+    keep = _kept_free(reserved, allocations, gpu_memory)
+    if keep:
+        empty = _empty(allocations, gpu_memory)
+        narrowed = [replace(o, available=0, parents=(), note=keep) if str(o.gpu) in empty else o for o in narrowed]
+        candidates = [g for g in candidates if g not in empty]
+    # nor be the first vGPU on an empty GPU when that would leave the guarantees no GPU of a size they can use
+    kept, size_note = _size_kept(dem, candidates, reserved, allocations, gpu_memory)
+    if kept:
+        narrowed = [replace(o, available=0, parents=(), note=size_note) if str(o.gpu) in kept else o
+                    for o in narrowed]
+    return narrowed, candidates, kept, size_note
+
+
+def _place_preferred(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant], tenants: Mapping[str, Tenant],
+                     allocations: Sequence[Allocation], narrowed: Sequence[GpuOffer]):
+    """Step 5: placement over ``narrowed``, first on the GPUs holding a tenant the requester prefers."""
     preq = Request(dem.profile, req.owner, req.strategy, req.numa_node, req.anti_affinity,
                    _addr(req.gpu) if req.gpu else None)
-    decision = None
     if tenant is not None and tenant.prefer:
-        liked = {g for g, held in by_gpu.items()
-                 if any((tenant_named(tenants, a.tenant) is not None and tenant_named(tenants, a.tenant).labels & tenant.prefer)
-                        for a in held if a.tenant)}
+        liked = set()
+        for g, held in _by_gpu(allocations).items():
+            for a in held:
+                other = tenant_named(tenants, a.tenant) if a.tenant else None
+                if other is not None and other.labels & tenant.prefer:
+                    liked.add(g)
         if liked:
             first = place([o for o in narrowed if str(o.gpu) in liked], preq)
             if first.admitted:
-                decision = replace(first, reason=first.reason + f"; preferred: GPUs holding "
-                                                                f"{', '.join(sorted(tenant.prefer))}")
-    if decision is None:
-        decision = place(narrowed, preq)
-    if not decision.admitted and kept:
-        return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
-                      candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
-    if not decision.admitted:
-        frees = []
-        if not unguaranteed and tenant is not None:
-            # room a guarantee may claim back: other tenants' bursts, then domains with no tenant
-            frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names,
-                             tenants, allocations)
-        frees.append("'vgpuhost capacity' shows what fits where")
-        return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
-                      candidates=candidates, burst=burst)
-    gpu = str(decision.gpu)
-
-    # 6. burst (and other use no guarantee covers) only from capacity no guarantee reserves ------------
-    if unguaranteed:
-        short = _reserve_short(dem, candidates, reserved, allocations, gpu_memory, gpu_slices)
-        if short:
-            return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {short}",
-                          burst=burst, candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
-    pool = None if dem.hardware else pool_of(pools, gpu).name
-    parts = [f"admitted {dem.text()} for " + (f"tenant {tname!r}" if tname else "a domain without a tenant"),
-             f"class {qos}" + (" (burst)" if burst else "")]
-    if quota_note:
-        parts.append(quota_note)
-    if pool:
-        parts.append(f"pool {pool}")
-    parts.append(decision.reason)
-    return Admission(True, "; ".join(parts), tname, qos, burst, "ok", gpu=gpu, parent=str(decision.parent),
-                     type_id=decision.type_id, candidates=tuple(candidates), pool=pool)
+                return replace(first, reason=first.reason + f"; preferred: GPUs holding "
+                                                            f"{', '.join(sorted(tenant.prefer))}")
+    return place(narrowed, preq)
 
 
 def tenant_named(tenants: Mapping[str, Tenant], name: Optional[str]) -> Optional[Tenant]:

@@ -107,77 +107,92 @@ def check_request(inv: "Inventory", view: "DomainView", allow: "Optional[FrozenS
         if h.kind == "pci" and h.source is not None:
             pci[h.source] = h
     mdevs = set(view.mdev_uuids)
-
-    def allowed(gpu: PciAddress, what: str) -> None:
-        if allow is not None and gpu not in allow:
-            raise RefusedError(f"{what}: GPU {gpu} is not in the hook allow-list (etc/vgpuhost/hook.allow)",
-                               hint=f"add {gpu} to that file if guests may use it, or change the domain")
-
-    def need_unmanaged(bdf: PciAddress, what: str, vf: bool = False) -> None:
-        h = pci.get(bdf)
-        if h is None:
-            raise RefusedError(f"{what}: the domain has no <hostdev type='pci' managed='no'> for {bdf}",
-                               hint="attach the device with 'vgpuhost attach', which writes hostdev and "
-                                    "metadata together")
-        if h.managed:
-            why = ("a vGPU VF stays on NVIDIA's driver, and managed='yes' would have libvirt rebind it"
-                   if vf else "vgpuhost binds the whole IOMMU group itself (never both)")
-            raise RefusedError(f"{what}: the hostdev for {bdf} is managed='yes', but {why}",
-                               hint="set managed='no' on it ('vgpuhost attach' does)")
-
-    def nvidia_gpu(bdf: PciAddress, what: str):
-        g = inv.gpu(bdf)
-        if g is not None:
-            return g
-        dev = inv.devices.get(bdf)
-        if dev is None:
-            raise InputError(f"{what}: no PCI device at {bdf} on this host",
-                             hint="'vgpuhost gpus' lists the GPUs; fix the domain's metadata")
-        raise RefusedError(f"{what}: {bdf} is a {dev.class_name} ({dev.ids}), not an NVIDIA GPU: vgpuhost "
-                           "gives guests NVIDIA GPUs only", hint="remove it from the domain's vgpuhost metadata")
-
     whole = set()
     for gpu in meta.passthrough:
         what = f"passthrough {gpu}"
-        nvidia_gpu(gpu, what)
-        allowed(gpu, what)
+        _nvidia_gpu(inv, gpu, what)
+        _allowed(allow, gpu, what)
         _, endpoints, _ = group_endpoints(inv, gpu)       # refuses a group with a foreign endpoint
         for d in endpoints:
-            need_unmanaged(d.address, what)
+            _need_unmanaged(pci, d.address, what)
         whole.add(gpu)
         out.passthrough.append((gpu, [d.address for d in endpoints]))
     for req in meta.vgpus:
         if req.uuid is not None:
-            what = f"vGPU {req.uuid}"
-            if req.uuid not in mdevs:
-                raise RefusedError(f"{what}: the domain has no <hostdev type='mdev'> with that UUID",
-                                   hint="attach vGPUs with 'vgpuhost attach', which writes hostdev and "
-                                        "metadata together")
-            if req.gpu is not None:
-                nvidia_gpu(req.gpu, what)
-                allowed(req.gpu, what)
-                if req.gpu in whole:
-                    raise RefusedError(f"{what}: GPU {req.gpu} is also passed through to this domain",
-                                       hint="a passed-through GPU carries no vGPUs")
+            _check_mdev(inv, req, mdevs, allow, whole)
         else:
-            what = f"vGPU on VF {req.vf}"
-            dev = inv.devices.get(req.vf)
-            if dev is None:
-                raise InputError(f"{what}: no PCI device at {req.vf} on this host",
-                                 hint="'vgpuhost gpus' lists the GPUs and their VFs; fix the domain's metadata")
-            parent = inv.gpu(dev.physfn) if dev.physfn is not None else None
-            if parent is None:
-                raise RefusedError(f"{what}: {req.vf} is a {dev.class_name} ({dev.ids}), not a VF of an "
-                                   "NVIDIA GPU", hint="remove it from the domain's vgpuhost metadata")
-            allowed(parent.address, what)
-            if parent.address in whole:
-                raise RefusedError(f"{what}: its GPU {parent.address} is also passed through to this domain",
-                                   hint="a passed-through GPU carries no vGPUs")
-            if req.gpu is not None and req.gpu != parent.address:
-                raise InputError(f"{what}: the VF belongs to {parent.address}, the metadata says gpu={req.gpu}")
-            need_unmanaged(req.vf, what, vf=True)
+            _check_vf(inv, req, pci, allow, whole)
         out.vgpus.append(req)
     return out
+
+
+def _check_mdev(inv: "Inventory", req, mdevs: set, allow: "Optional[FrozenSet[PciAddress]]", whole: set) -> None:
+    """A classic mdev vGPU request (``domxml.VgpuRequest`` with a UUID): its hostdev, its pinned GPU."""
+    what = f"vGPU {req.uuid}"
+    if req.uuid not in mdevs:
+        raise RefusedError(f"{what}: the domain has no <hostdev type='mdev'> with that UUID",
+                           hint="attach vGPUs with 'vgpuhost attach', which writes hostdev and "
+                                "metadata together")
+    if req.gpu is not None:
+        _nvidia_gpu(inv, req.gpu, what)
+        _allowed(allow, req.gpu, what)
+        if req.gpu in whole:
+            raise RefusedError(f"{what}: GPU {req.gpu} is also passed through to this domain",
+                               hint="a passed-through GPU carries no vGPUs")
+
+
+def _check_vf(inv: "Inventory", req, pci: dict, allow: "Optional[FrozenSet[PciAddress]]", whole: set) -> None:
+    """A vendor-VFIO vGPU request (``domxml.VgpuRequest`` with a VF): a VF of an allowed NVIDIA GPU
+    not passed through here, named by a ``managed='no'`` hostdev."""
+    what = f"vGPU on VF {req.vf}"
+    dev = inv.devices.get(req.vf)
+    if dev is None:
+        raise InputError(f"{what}: no PCI device at {req.vf} on this host",
+                         hint="'vgpuhost gpus' lists the GPUs and their VFs; fix the domain's metadata")
+    parent = inv.gpu(dev.physfn) if dev.physfn is not None else None
+    if parent is None:
+        raise RefusedError(f"{what}: {req.vf} is a {dev.class_name} ({dev.ids}), not a VF of an "
+                           "NVIDIA GPU", hint="remove it from the domain's vgpuhost metadata")
+    _allowed(allow, parent.address, what)
+    if parent.address in whole:
+        raise RefusedError(f"{what}: its GPU {parent.address} is also passed through to this domain",
+                           hint="a passed-through GPU carries no vGPUs")
+    if req.gpu is not None and req.gpu != parent.address:
+        raise InputError(f"{what}: the VF belongs to {parent.address}, the metadata says gpu={req.gpu}")
+    _need_unmanaged(pci, req.vf, what, vf=True)
+
+
+def _allowed(allow: "Optional[FrozenSet[PciAddress]]", gpu: PciAddress, what: str) -> None:
+    if allow is not None and gpu not in allow:
+        raise RefusedError(f"{what}: GPU {gpu} is not in the hook allow-list (etc/vgpuhost/hook.allow)",
+                           hint=f"add {gpu} to that file if guests may use it, or change the domain")
+
+
+def _need_unmanaged(pci: dict, bdf: PciAddress, what: str, vf: bool = False) -> None:
+    """``pci``: the domain's PCI hostdevs by source BDF; refuses a missing or ``managed='yes'`` one."""
+    h = pci.get(bdf)
+    if h is None:
+        raise RefusedError(f"{what}: the domain has no <hostdev type='pci' managed='no'> for {bdf}",
+                           hint="attach the device with 'vgpuhost attach', which writes hostdev and "
+                                "metadata together")
+    if h.managed:
+        why = ("a vGPU VF stays on NVIDIA's driver, and managed='yes' would have libvirt rebind it"
+               if vf else "vgpuhost binds the whole IOMMU group itself (never both)")
+        raise RefusedError(f"{what}: the hostdev for {bdf} is managed='yes', but {why}",
+                           hint="set managed='no' on it ('vgpuhost attach' does)")
+
+
+def _nvidia_gpu(inv: "Inventory", bdf: PciAddress, what: str):
+    """The NVIDIA GPU at ``bdf``; InputError when nothing is there, RefusedError for another device."""
+    g = inv.gpu(bdf)
+    if g is not None:
+        return g
+    dev = inv.devices.get(bdf)
+    if dev is None:
+        raise InputError(f"{what}: no PCI device at {bdf} on this host",
+                         hint="'vgpuhost gpus' lists the GPUs; fix the domain's metadata")
+    raise RefusedError(f"{what}: {bdf} is a {dev.class_name} ({dev.ids}), not an NVIDIA GPU: vgpuhost "
+                       "gives guests NVIDIA GPUs only", hint="remove it from the domain's vgpuhost metadata")
 
 
 def holder_text(owner: str, active_domains: "Mapping[str, str]") -> str:
