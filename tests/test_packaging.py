@@ -91,7 +91,7 @@ def test_wheel_installs_package_data_and_console_script(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert not any(n.startswith(("tests/", "bench/", "ansible/")) for n in names), names
-    for shipped in ("vgpuhost/hooks/qemu", "vgpuhost/units/vgpuhost-layout.service",
+    for shipped in ("vgpuhost/hook/qemu.sh", "vgpuhost/units/vgpuhost-layout.service",
                     "vgpuhost/units/vgpuhost-reconcile.service"):
         assert shipped in names, f"{shipped} missing from the wheel"
 
@@ -170,7 +170,7 @@ def test_sdist_holds_every_tracked_file(tmp_path):
         pkg_info = tf.extractfile(f"{top}/PKG-INFO").read().decode()
     for must in ("LICENSE", "MANIFEST.in", "tests/conftest.py", "tests/data/ansible/site.yml",
                  "examples/config/vgpu-a40.yaml", "examples/hosts/a40-mdev.yaml",
-                 "ansible/galaxy.yml", "bench/hook.py", "vgpuhost/hooks/qemu",
+                 "ansible/galaxy.yml", "bench/hook.py", "vgpuhost/hook/qemu.sh",
                  "vgpuhost/sim/catalog.yaml", "mkdocs.yml", "docs/index.md"):
         assert must in names, f"{must} missing from the sdist"
     missing = sorted(_tracked_files() - names)

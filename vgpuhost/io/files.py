@@ -155,7 +155,7 @@ def package_parent() -> str:
 
 
 def package_text(*parts: str) -> str:
-    """A text file shipped in the package: ``package_text("hooks", "qemu")`` is ``vgpuhost/hooks/qemu``."""
+    """A text file shipped in the package: ``package_text("hook", "qemu.sh")`` is ``vgpuhost/hook/qemu.sh``."""
     with open(os.path.join(PACKAGE_DIR, *parts), encoding="utf-8") as f:
         return f.read()
 
