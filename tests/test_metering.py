@@ -9,12 +9,14 @@ import json
 import re
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from vgpuhost.cli.main import main
 from vgpuhost.io import state as st
 from vgpuhost.io.backends import metering_nvml
+from vgpuhost.io.files import data_path
 from vgpuhost.io.state import StateStore
 from vgpuhost.ops.metering import Sampler, split_hours
 from vgpuhost.policy.usage import Offer, advise, aggregate
@@ -389,14 +391,13 @@ def test_real_backend_reads_vgpus_with_64bit_framebuffer(monkeypatch):
 
 
 def test_the_shipped_unit_runs_the_exporter_on_loopback():
-    from importlib import resources
-    text = resources.files("vgpuhost").joinpath("units", "vgpuhost-exporter.service").read_text()
+    text = Path(data_path("units", "vgpuhost-exporter.service")).read_text()
     exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert exec_start == ["ExecStart=/usr/bin/vgpuhost exporter --listen 127.0.0.1 --port 9842 --interval 10"]
     assert "ReadWritePaths=/var/lib/vgpuhost" in text and "Restart=on-failure" in text
     for name in ("rules.yml", "grafana-dashboard.json"):
-        assert resources.files("vgpuhost").joinpath("metering", name).is_file()
-    dash = json.loads(resources.files("vgpuhost").joinpath("metering", "grafana-dashboard.json").read_text())
+        assert Path(data_path("metering", name)).is_file()
+    dash = json.loads(Path(data_path("metering", "grafana-dashboard.json")).read_text())
     assert all(t["expr"] for p in dash["panels"] for t in p["targets"])
     assert "pid" not in json.dumps(dash).lower()
 
