@@ -5,7 +5,9 @@ and one :class:`~vgpuhost.observe.hostview.HostView` that returns the ordered,
 typed steps that bring the host there, the drift lines (:func:`drift`: the same
 walk), what is reported and never done (reboot and operator steps) and the
 reasons apply must not start; the step types (:class:`LayoutStep` and its
-subclasses); and :func:`nvml_scope`, the GPUs whose NVML facts a plan may read.
+subclasses, each named ``Layout...`` so none is mistaken for the single-write
+steps of :mod:`vgpuhost.plan.steps` it is made of); and :func:`nvml_scope`,
+the GPUs whose NVML facts a plan may read.
 Must not: read or write anything (no sysfs, NVML, store or file access: every
 fact comes from the view) or execute a step (:mod:`vgpuhost.ops.layout` binds
 each step type to the operation that runs it).
@@ -148,7 +150,7 @@ class Report(PlanLine):
 
 
 @dataclass(frozen=True)
-class RemoveVgpu(LayoutStep):
+class LayoutRemoveVgpu(LayoutStep):
     """Remove the layout's vGPU ``vgpu_id`` (or drop the record of a missing one)."""
 
     kind: ClassVar[str] = "vgpu"
@@ -156,7 +158,7 @@ class RemoveVgpu(LayoutStep):
 
 
 @dataclass(frozen=True)
-class CreateVgpus(LayoutStep):
+class LayoutCreateVgpus(LayoutStep):
     """Create ``count`` vGPUs of type ``profile`` on the target GPU, owner layout;
     ``uuids``: mdev UUIDs to reuse, in order (the rest are new)."""
 
@@ -167,7 +169,7 @@ class CreateVgpus(LayoutStep):
 
 
 @dataclass(frozen=True)
-class RecreateVgpu(LayoutStep):
+class LayoutRecreateVgpu(LayoutStep):
     """Re-create the recorded, missing layout vGPU ``vgpu_id`` with its own id and type."""
 
     kind: ClassVar[str] = "vgpu"
@@ -175,7 +177,7 @@ class RecreateVgpu(LayoutStep):
 
 
 @dataclass(frozen=True)
-class ChangeMigMode(LayoutStep):
+class LayoutChangeMigMode(LayoutStep):
     """Turn the target GPU's MIG mode on or off (may stay pending until a GPU reset)."""
 
     kind: ClassVar[str] = "mig-mode"
@@ -183,7 +185,7 @@ class ChangeMigMode(LayoutStep):
 
 
 @dataclass(frozen=True)
-class MakeGpuInstances(LayoutStep):
+class LayoutMakeGpuInstances(LayoutStep):
     """Make the target GPU's GPU instances ``{profile name: count}``."""
 
     kind: ClassVar[str] = "gpu-instance"
@@ -195,7 +197,7 @@ class MakeGpuInstances(LayoutStep):
 
 
 @dataclass(frozen=True)
-class SetMixedSize(LayoutStep):
+class LayoutSetMixedSize(LayoutStep):
     """Turn the target GPU's mixed-size (heterogeneous) vGPU mode on or off."""
 
     kind: ClassVar[str] = "mixed-size"
@@ -203,7 +205,7 @@ class SetMixedSize(LayoutStep):
 
 
 @dataclass(frozen=True)
-class SetScheduler(LayoutStep):
+class LayoutSetScheduler(LayoutStep):
     """Set the target GPU's runtime vGPU scheduler."""
 
     kind: ClassVar[str] = "scheduler"
@@ -211,7 +213,7 @@ class SetScheduler(LayoutStep):
 
 
 @dataclass(frozen=True)
-class PreparePassthrough(LayoutStep):
+class LayoutPreparePassthrough(LayoutStep):
     """Bind the target GPU's IOMMU group to vfio-pci (and write driverctl overrides)."""
 
     kind: ClassVar[str] = "passthrough"
@@ -220,7 +222,7 @@ class PreparePassthrough(LayoutStep):
 
 
 @dataclass(frozen=True)
-class ReleasePassthrough(LayoutStep):
+class LayoutReleasePassthrough(LayoutStep):
     """Give the target GPU's IOMMU group back to its host drivers (overrides removed)."""
 
     kind: ClassVar[str] = "passthrough"
@@ -525,7 +527,7 @@ class _Walker:
                          else f"; the layout creates a {e.type_name} again after")
             else:
                 after = "; the layout does not want it back"
-            self.step("vgpu-remove", RemoveVgpu(
+            self.step("vgpu-remove", LayoutRemoveVgpu(
                 str(g.address), f"{'drop the record of missing' if gone else 'remove'} {e.type_name} {e.id}",
                 f"{text}{after} ({why})", vgpu_id=e.id))
             if not gone:
@@ -542,7 +544,7 @@ class _Walker:
             self.block(f"{bdf} is passed through to running domain {self.active[rec.owner]} ({rec.owner}): "
                        f"{entry.mode} mode would take it back")
         self.diff(f"{bdf} driver nvidia (host has {g.pci.driver or 'no driver'})")
-        self.step("passthrough-release", ReleasePassthrough(
+        self.step("passthrough-release", LayoutReleasePassthrough(
             bdf, "give the IOMMU group back to its host drivers (release; driverctl overrides removed)",
             f"{entry.mode} mode needs the GPU on nvidia ({entry.where})"))
         return True
@@ -652,17 +654,17 @@ class _Walker:
                     creates.append((want[key][0], room, ()))
         for e, why in removes:
             verb = "drop the record of missing" if e.state == "missing" else "remove"
-            self.step("vgpu-remove", RemoveVgpu(bdf, f"{verb} {e.type_name} {e.id}", f"{why} ({where})",
-                                                vgpu_id=e.id))
+            self.step("vgpu-remove", LayoutRemoveVgpu(bdf, f"{verb} {e.type_name} {e.id}", f"{why} ({where})",
+                                                      vgpu_id=e.id))
         for e in recreates:
-            self.step("vgpu-create", RecreateVgpu(bdf, f"re-create {e.type_name} {e.id}",
-                                                  f"recorded for the layout, missing on the host ({where})",
-                                                  vgpu_id=e.id))
+            self.step("vgpu-create", LayoutRecreateVgpu(bdf, f"re-create {e.type_name} {e.id}",
+                                                        f"recorded for the layout, missing on the host ({where})",
+                                                        vgpu_id=e.id))
         for name, n, uuids in creates:
-            self.step("vgpu-create", CreateVgpus(bdf, f"create {n} x {name}",
-                                                 f"layout wants {want[name.lower()][1]}, host has "
-                                                 f"{len(have.get(name.lower(), [])) if removed is None else 0} "
-                                                 f"({where})", profile=name, count=n, uuids=uuids))
+            self.step("vgpu-create", LayoutCreateVgpus(bdf, f"create {n} x {name}",
+                                                       f"layout wants {want[name.lower()][1]}, host has "
+                                                       f"{len(have.get(name.lower(), [])) if removed is None else 0} "
+                                                       f"({where})", profile=name, count=n, uuids=uuids))
         if capacity_check and removed is None and not removes and g.pci.driver == "nvidia":
             needs: Dict[str, Tuple[str, int]] = {}
             for name, n, _ in creates:
@@ -734,9 +736,9 @@ class _Walker:
         action = f"bind IOMMU group {group} ({n} function{'s' if n != 1 else ''}) to vfio-pci"
         if spec.persist:
             action += " and write driverctl overrides"
-        self.step("passthrough-prepare", PreparePassthrough(bdf, action, f"mode passthrough ({entry.where})",
-                                                            allow_boot_vga=spec.allow_boot_vga,
-                                                            persist=spec.persist))
+        self.step("passthrough-prepare", LayoutPreparePassthrough(bdf, action, f"mode passthrough ({entry.where})",
+                                                                  allow_boot_vga=spec.allow_boot_vga,
+                                                                  persist=spec.persist))
 
     def no_backend(self, g: Gpu, entry: Entry) -> bool:
         """A GPU with no vGPU backend: SR-IOV off (operator step) or no vGPU manager; True when so."""
@@ -801,8 +803,8 @@ class _Walker:
             mode = self.mig_mode(g)
             if mode is not None and mode.pending:       # VFs off: the moment to turn MIG mode off
                 self.diff(f"{bdf} mig-mode off (host has {'on' if mode.current else 'off, on pending'})")
-                self.step("mig-mode", ChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
-                                                    f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
+                self.step("mig-mode", LayoutChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
+                                                          f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
                 self._vfs_after(g, entry)
                 return None
         if not released and self.no_backend(g, entry):
@@ -817,8 +819,8 @@ class _Walker:
             self.diff(f"{bdf} mig-mode off (host has {mode.text()})", OPERATOR_MARK if vfs else None)
             empty_for.append("MIG mode can change only while the GPU has no vGPUs")
             touches.append("turning MIG mode off")
-            self.step("mig-mode", ChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
-                                                f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
+            self.step("mig-mode", LayoutChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
+                                                      f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
         # NVML answers for this GPU's device-level vGPU settings now (not while it is passed
         # through or in MIG mode; then the state is unknown until the steps before run)
         reads = not released and not (mode is not None and mode.current)
@@ -846,10 +848,10 @@ class _Walker:
                     touches.append("changing mixed-size mode")
                     if self._running(g):
                         empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
-                self.step("mixed-size", SetMixedSize(bdf, f"turn mixed-size mode {want}",
-                                                     (f"host has {'on' if cur else 'off'}" if cur is not None else
-                                                      "its state is unknown until the steps before run")
-                                                     + f" ({where})", on=spec.mixed_size))
+                self.step("mixed-size", LayoutSetMixedSize(bdf, f"turn mixed-size mode {want}",
+                                                           (f"host has {'on' if cur else 'off'}" if cur is not None else
+                                                            "its state is unknown until the steps before run")
+                                                           + f" ({where})", on=spec.mixed_size))
         if mixed_on_step and entry.scheduler is None and sched_now is not None \
                 and sched_now.policy == "fixed-share":
             self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
@@ -871,13 +873,13 @@ class _Walker:
                         empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
                 # leaving fixed share for mixed-size mode: the scheduler first (docs/reference/hardware.md#vgpu-scheduling)
                 phase = "scheduler-first" if mixed_on_step else "scheduler"
-                self.step(phase, SetScheduler(bdf, f"set the vGPU scheduler: {describe(want_state)}",
-                                              (f"host has {describe(cur)}" if cur is not None else
-                                               "its state is unknown until the steps before run")
-                                              + f" ({entry.scheduler.where})"
-                                              + ("; before mixed-size mode, which fixed share does not allow"
-                                                 if mixed_on_step and cur is not None and cur.policy == "fixed-share"
-                                                 else ""), state=want_state))
+                self.step(phase, LayoutSetScheduler(bdf, f"set the vGPU scheduler: {describe(want_state)}",
+                                                    (f"host has {describe(cur)}" if cur is not None else
+                                                     "its state is unknown until the steps before run")
+                                                    + f" ({entry.scheduler.where})"
+                                                    + ("; before mixed-size mode, which fixed share does not allow"
+                                                       if mixed_on_step and cur is not None and cur.policy == "fixed-share"
+                                                       else ""), state=want_state))
             if entry.scheduler.persist:
                 self.persist_scheduler(g, entry.scheduler.state, entry)
         keep = {c.name.lower(): c.count for c in spec.types if c.count}
@@ -971,27 +973,27 @@ class _Walker:
                 mine = [e for gg, e in kept if gg.address == g.address]
                 if mine:
                     uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
-                    self.step("vgpu-create", CreateVgpus(str(g.address), f"create {len(mine)} x {name}",
-                                                         f"back where it was before the GPU was emptied ({where})",
-                                                         profile=name, count=len(mine), uuids=uuids))
+                    self.step("vgpu-create", LayoutCreateVgpus(str(g.address), f"create {len(mine)} x {name}",
+                                                               f"back where it was before the GPU was emptied ({where})",
+                                                               profile=name, count=len(mine), uuids=uuids))
             stay = [(g, e) for g, e in have.get(key, []) if removed_by_gpu.get(g.address) is None]
             stay.sort(key=lambda ge: self._time(ge[1].id))
             room = max(0, n - len(kept))
             for g, e in stay[room:][::-1]:
-                self.step("vgpu-remove", RemoveVgpu(str(g.address), f"remove {e.type_name} {e.id}",
-                                                    f"layout wants {n} {name} in total, host has "
-                                                    f"{len(have.get(key, []))} ({where})", vgpu_id=e.id))
+                self.step("vgpu-remove", LayoutRemoveVgpu(str(g.address), f"remove {e.type_name} {e.id}",
+                                                          f"layout wants {n} {name} in total, host has "
+                                                          f"{len(have.get(key, []))} ({where})", vgpu_id=e.id))
             room = max(0, room - len(stay))
             for g, e in missing.get(key, []):
                 if room:
                     room -= 1
-                    self.step("vgpu-create", RecreateVgpu(str(g.address), f"re-create {e.type_name} {e.id}",
-                                                          f"recorded for the layout, missing on the host ({where})",
-                                                          vgpu_id=e.id))
+                    self.step("vgpu-create", LayoutRecreateVgpu(str(g.address), f"re-create {e.type_name} {e.id}",
+                                                                f"recorded for the layout, missing on the host ({where})",
+                                                                vgpu_id=e.id))
                 else:
-                    self.step("vgpu-remove", RemoveVgpu(str(g.address), f"drop the record of missing "
-                                                        f"{e.type_name} {e.id}", f"not wanted any more ({where})",
-                                                        vgpu_id=e.id))
+                    self.step("vgpu-remove", LayoutRemoveVgpu(str(g.address), f"drop the record of missing "
+                                                              f"{e.type_name} {e.id}", f"not wanted any more ({where})",
+                                                              vgpu_id=e.id))
             if not room:
                 continue
             pool = [g for g in gpus if g.pci.driver == "nvidia"]
@@ -1010,9 +1012,9 @@ class _Walker:
                 placed[d.gpu] = placed.get(d.gpu, 0) + 1
                 offs = [_taken(o) if o.gpu == d.gpu else o for o in offs]
             for gpu, k in sorted(placed.items()):
-                self.step("vgpu-create", CreateVgpus(str(gpu), f"create {k} x {name}",
-                                                     f"layout wants {n} {name} in total, {spec.strategy} places "
-                                                     f"{k} here ({where})", profile=name, count=k))
+                self.step("vgpu-create", LayoutCreateVgpus(str(gpu), f"create {k} x {name}",
+                                                           f"layout wants {n} {name} in total, {spec.strategy} places "
+                                                           f"{k} here ({where})", profile=name, count=k))
 
     def mig(self, g: Gpu, entry: Entry) -> None:
         spec: MigSpec = entry.mig
@@ -1021,10 +1023,10 @@ class _Walker:
         released = self.release_if_passed_through(g, entry)
         layout = {c.name: c.count for c in spec.instances if c.count}
         if released:
-            self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode", "mode mig; the state is unknown while "
-                                                f"the GPU is passed through ({where})", enabled=True))
-            self.step("gpu-instance", MakeGpuInstances(bdf, f"make GPU instances {layout_text(layout)}",
-                                                       f"mode mig ({where})", layout=tuple(layout.items())))
+            self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode", "mode mig; the state is unknown while "
+                                                      f"the GPU is passed through ({where})", enabled=True))
+            self.step("gpu-instance", LayoutMakeGpuInstances(bdf, f"make GPU instances {layout_text(layout)}",
+                                                             f"mode mig ({where})", layout=tuple(layout.items())))
             self.count_vgpus(g, self.vgpus_of(g), spec.vgpus, [], where, capacity_check=False)
             return
         mode = self.mig_mode(g)
@@ -1046,8 +1048,8 @@ class _Walker:
                 procs = self.view.nvml(g.address).compute_processes
                 if procs:
                     self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-                self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                                    enabled=True))
+                self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
+                                                          enabled=True))
             self._vfs_after(g, entry)
             return
         if any(c.count for c in spec.vgpus) and self.no_backend(g, entry):
@@ -1072,16 +1074,16 @@ class _Walker:
                 self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
             empty_for.append("MIG mode can change only while the GPU has no vGPUs")
             touches.append("enabling MIG mode")
-            self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                                enabled=True))
+            self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
+                                                      enabled=True))
         else:
             gis = list(self.view.nvml(g.address).gpu_instances)
             if not pending:                   # on now, but off after the next GPU reset
                 vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
                 self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
                 touches.append("enabling MIG mode")
-                self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode (cancels the pending disable)",
-                                                    f"mode mig, host has MIG off pending ({where})", enabled=True))
+                self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode (cancels the pending disable)",
+                                                          f"mode mig, host has MIG off pending ({where})", enabled=True))
         by_id = {p.profile_id: p for p in profiles}
         have_counts: Dict[str, int] = {}
         for x in gis:
@@ -1098,10 +1100,10 @@ class _Walker:
             if lp.create:
                 parts.append("create " + ", ".join(c.profile for c in lp.create))
             touches.append("changing GPU instances")
-            self.step("gpu-instance", MakeGpuInstances(bdf, f"make GPU instances {layout_text(want_counts)}"
-                                                       + (f": {'; '.join(parts)}" if parts else ""),
-                                                       f"host has {layout_text(have_counts)} ({where})",
-                                                       layout=tuple(layout.items())))
+            self.step("gpu-instance", LayoutMakeGpuInstances(bdf, f"make GPU instances {layout_text(want_counts)}"
+                                                             + (f": {'; '.join(parts)}" if parts else ""),
+                                                             f"host has {layout_text(have_counts)} ({where})",
+                                                             layout=tuple(layout.items())))
         keep = {c.name.lower(): c.count for c in spec.vgpus if c.count}
         removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
@@ -1119,9 +1121,9 @@ class _Walker:
             gone = e.state == "missing"
             self.diff(f"{e.gpu} vgpu {e.type_name} {e.id} (owner layout, not in layout {self.lay.name!r})")
             verb = "drop the record of missing" if gone else "remove"
-            self.step("vgpu-remove", RemoveVgpu(e.gpu or e.parent, f"{verb} {e.type_name} {e.id}",
-                                                f"owner layout, but no entry of layout {self.lay.name!r} selects "
-                                                "its GPU", vgpu_id=e.id))
+            self.step("vgpu-remove", LayoutRemoveVgpu(e.gpu or e.parent, f"{verb} {e.type_name} {e.id}",
+                                                      f"owner layout, but no entry of layout {self.lay.name!r} selects "
+                                                      "its GPU", vgpu_id=e.id))
 
     def walk(self) -> Plan:
         self.host_settings()
@@ -1238,7 +1240,7 @@ def scope(config: Config, layout: Optional[str]):
     return gpus, needs_nvml
 
 
-__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "RemoveVgpu",
-           "CreateVgpus", "RecreateVgpu", "ChangeMigMode", "MakeGpuInstances", "SetMixedSize", "SetScheduler",
-           "PreparePassthrough", "ReleasePassthrough", "KINDS", "PHASES", "REBOOT_MARK", "RESET_MARK",
-           "OPERATOR_MARK"]
+__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "LayoutRemoveVgpu",
+           "LayoutCreateVgpus", "LayoutRecreateVgpu", "LayoutChangeMigMode", "LayoutMakeGpuInstances",
+           "LayoutSetMixedSize", "LayoutSetScheduler", "LayoutPreparePassthrough", "LayoutReleasePassthrough", "KINDS",
+           "PHASES", "REBOOT_MARK", "RESET_MARK", "OPERATOR_MARK"]
