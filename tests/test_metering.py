@@ -188,7 +188,8 @@ def test_advise_finds_smaller_profiles_and_idle_guaranteed_vgpus():
 
 def test_exporter_serves_the_snapshot(loaded):
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops.exporter import host_series, serve
+    from vgpuhost.ops.exporter import serve
+    from vgpuhost.ops.metering import host_series
     s = Sampler(nv, store, interval_s=0.2, host_series=lambda: host_series(host, store))
     stop = threading.Event()
     port = {}
@@ -406,7 +407,7 @@ def test_tenancy_feeds_labels_and_quota_series(loaded):
     host, store, nv, recs, traces = loaded
     from vgpuhost.model.tenancy import Limits, Quota, Tenant
     from vgpuhost.ops import tenancy
-    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import host_series
     from vgpuhost.ops.metering import OwnerLabels
     tenancy.add(store, Tenant("alpha", qos="guaranteed", quota=Quota(guaranteed=Limits(vgpus=2, framebuffer_mib=8192),
                                                                      burst=Limits(vgpus=3))))
@@ -547,7 +548,7 @@ def test_advise_on_the_cli_from_metered_history(loaded, capsys):
 
 def test_open_journal_entries_are_a_host_series(loaded, monkeypatch):
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import host_series
     assert "journal_open" not in host_series(host, store) or hasattr(StateStore, "journal_entries")
     calls = []
 
@@ -587,7 +588,7 @@ def test_one_sampler_per_state_dir(loaded, capsys):
 
 def test_free_instances_per_profile_and_pool(loaded):
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import host_series
     assert host_series(host, store)["free_instances"][("A40-8Q", "")] == 4
     with store.transaction() as conn:          # what a layout's pool: records (issue 13)
         store.replace_pools(conn, [("0000:81:00.0", "interactive", "equal-share", "burstable")])

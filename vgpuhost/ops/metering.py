@@ -13,7 +13,12 @@ attributes each device to its domain, tenant, QoS class and profile, and
   cursors without counting anything twice;
 - marks gaps (``meter_gaps``) where utilisation could not be observed;
 - publishes an immutable :class:`Snapshot` that the exporter serves, so a
-  scrape never waits on NVML.
+  scrape never waits on NVML, with the host-level figures of
+  :func:`host_series` (free instances per profile and pool, quota use per
+  tenant, orphaned devices, open journal entries).
+
+:func:`host_sampler` sets up the sampler of one host, the one set-up that
+``vgpuhost exporter`` and the agent both run.
 
 Must not: change a device, or talk to NVML, SQLite or libvirt except through
 the io/ doors.
@@ -61,6 +66,7 @@ from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io import state as st
+from ..io.backends import metering_nvml
 from ..io.nvml_metering import GpuReading, MeteringNvml
 
 log = logging.getLogger("vgpuhost.metering")
@@ -97,7 +103,7 @@ def split_hours(t0_us: int, t1_us: int) -> List[Tuple[str, float]]:
 
 
 @dataclass(frozen=True)
-class Owner:
+class MeteredOwner:
     """Who a device is billed to.  Empty strings where unknown."""
 
     domain_uuid: str = ""
@@ -120,7 +126,7 @@ class DeviceUsage:
     kind: str
     gpu: str
     profile: str
-    owner: Owner
+    owner: MeteredOwner
     gi_id: Optional[int]
     alloc_s: float
     sm_busy_s: float
@@ -158,7 +164,7 @@ class _Meter:
     __slots__ = ("device", "kind", "gpu", "profile", "owner", "gi_id", "alloc_s", "sm_s", "enc_s", "dec_s",
                  "fb_used", "fb_peak", "fb_total", "license", "alloc_us", "sample_us", "sm_pct")
 
-    def __init__(self, device: str, kind: str, gpu: str, profile: str, owner: Owner):
+    def __init__(self, device: str, kind: str, gpu: str, profile: str, owner: MeteredOwner):
         self.device, self.kind, self.gpu, self.profile, self.owner = device, kind, gpu, profile, owner
         self.gi_id: Optional[int] = None
         self.alloc_s = self.sm_s = self.enc_s = self.dec_s = 0.0
@@ -174,7 +180,7 @@ class _Meter:
                            self.fb_total, self.license, self.sm_pct, earlier)
 
 
-LabelFn = Callable[[str], Owner]
+LabelFn = Callable[[str], MeteredOwner]
 
 
 class Sampler:
@@ -194,7 +200,7 @@ class Sampler:
         self.store = store
         self.interval_s = float(interval_s)
         self.max_hold_us = int((max_hold_s if max_hold_s is not None else HOLD_INTERVALS * interval_s) * 1e6)
-        self.labels = labels or (lambda uuid: Owner(domain_uuid=uuid))
+        self.labels = labels or (lambda uuid: MeteredOwner(domain_uuid=uuid))
         self.host_series = host_series
         self.host_every_s = host_every_s
         self._host_at = 0.0
@@ -226,12 +232,12 @@ class Sampler:
         vgpus = {r.id: r for r in self.store.vgpu_records()}
         return vgpus, self.store.passthrough_records(), self.store.active_domains()
 
-    def _owner(self, domain_uuid: str, names: Dict[str, str]) -> Owner:
+    def _owner(self, domain_uuid: str, names: Dict[str, str]) -> MeteredOwner:
         if not domain_uuid:
-            return Owner()
+            return MeteredOwner()
         o = self.labels(domain_uuid)
         name = o.domain or names.get(domain_uuid, "") or domain_uuid
-        return Owner(domain_uuid, name, o.tenant, o.qos)
+        return MeteredOwner(domain_uuid, name, o.tenant, o.qos)
 
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> Snapshot:
@@ -305,7 +311,7 @@ class Sampler:
 
         first: set = set()                 # devices first sighted in this tick: cursors only
 
-        def meter_for(device: str, kind: str, gpu: str, profile: str, owner: Owner) -> _Meter:
+        def meter_for(device: str, kind: str, gpu: str, profile: str, owner: MeteredOwner) -> _Meter:
             key = (device, owner.domain_uuid)
             m = self._meters.get(key)
             if m is None and key in self._retired:
@@ -555,7 +561,7 @@ def _tenancy():
 
 
 class OwnerLabels:
-    """``labels(domain_uuid) -> Owner``: the domain's name, tenant and QoS class.
+    """``labels(domain_uuid) -> MeteredOwner``: the domain's name, tenant and QoS class.
 
     Sources, first that knows wins: the tenancy allocations (the tenant and
     QoS class admission recorded for the domain's devices) and tenants (a
@@ -574,7 +580,7 @@ class OwnerLabels:
         self.store = store
         self.uri = uri
         self.refresh_s = refresh_s
-        self._cache: Dict[str, Owner] = {}
+        self._cache: Dict[str, MeteredOwner] = {}
         self._admitted: Dict[str, Tuple[str, str]] = {}
         self._at = -1e18
         self._tenant_qos: Dict[str, str] = {}
@@ -604,7 +610,7 @@ class OwnerLabels:
             return
         from ..io.virt import open_connection
         from ..libvirt.domxml import parse_domain
-        cache: Dict[str, Owner] = {}
+        cache: Dict[str, MeteredOwner] = {}
         try:
             with open_connection(self.uri) as conn:
                 for d in conn.domains():
@@ -615,19 +621,19 @@ class OwnerLabels:
                     meta = view.metadata
                     tenant = (meta.tenant if meta is not None else None) or ""
                     qos = (getattr(meta, "qos", None) if meta is not None else None) or ""
-                    cache[d.uuid.lower()] = Owner(d.uuid.lower(), d.name, tenant, qos)
+                    cache[d.uuid.lower()] = MeteredOwner(d.uuid.lower(), d.name, tenant, qos)
         except Exception as e:
             log.warning("reading domain metadata from %s failed: %s", self.uri, e)
             return
         self._cache = cache
 
-    def __call__(self, domain_uuid: str) -> Owner:
+    def __call__(self, domain_uuid: str) -> MeteredOwner:
         key = domain_uuid.lower()
         age = time.monotonic() - self._at
         if age >= self.refresh_s or (key not in self._cache and key not in self._admitted
                                      and age >= self.refresh_s / 6):
             self._refresh()
-        o = self._cache.get(key) or Owner(domain_uuid=key)
+        o = self._cache.get(key) or MeteredOwner(domain_uuid=key)
         tenant, qos = self._admitted.get(key, ("", ""))
         if tenant or qos:
             o = replace(o, tenant=tenant or o.tenant, qos=qos or o.qos)
@@ -664,5 +670,108 @@ def admitted_owners(store) -> Dict[str, Tuple[str, str]]:
         return {}
 
 
-__all__ = ["Sampler", "Snapshot", "DeviceUsage", "Owner", "OwnerLabels", "split_hours", "hour_of",
-           "DEFAULT_INTERVAL_S"]
+# --- the host-level figures and the sampler of one host ------------------------------
+
+def host_series(host_root, store) -> Dict[str, object]:
+    """Host-level figures for the snapshot (sysfs and the state store; no NVML).
+
+    ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
+    exist); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
+    ``quota_used``/``quota_limit`` only where the store has a journal or
+    tenant quotas.
+    """
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover, free_instances
+    inv = discover(Sysfs(host_root), with_types=True)
+    pools = gpu_pools(store)
+    free: Dict[tuple, int] = {}
+    for g in inv.gpus:
+        ix = inv.on_gpu(g.address)
+        for tid, ts in ix.by_type.items():
+            key = (ts[0].name, pools.get(str(g.address), ""))
+            free[key] = free.get(key, 0) + free_instances(inv, g.address, tid)[0]
+    present = {m.uuid for m in inv.mdevs} | {str(v.vf) for v in inv.vf_vgpus if v.type_id}
+    records = store.vgpu_records()
+    running = set(store.active_domains())
+    recorded = {r.id for r in records}
+    orphans = {"owner-not-running": sum(1 for r in records if r.id in present and _uuid_like(r.owner)
+                                        and r.owner not in running),
+               "unrecorded": len(present - recorded)}
+    out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
+    journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
+    if callable(journal):
+        try:
+            out["journal_open"] = len(journal(open_only=True))
+        except Exception as e:
+            log.warning("reading the journal failed: %s", e)
+    out.update(_quota(store, inv))
+    return out
+
+
+def gpu_pools(store) -> Dict[str, str]:
+    """``{gpu BDF: pool}`` where the store knows GPU pools (issue 13), else ``{}``."""
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        return {str(g): str(p.name) for p in ten.pools(store) for g in p.gpus}
+    except Exception as e:
+        log.warning("reading GPU pools failed: %s", e)
+        return {}
+
+
+#: tenancy's quota dimensions -> (resource label, factor to base units)
+_QUOTA_UNITS = {"vgpus": ("vgpus", 1), "framebuffer_mib": ("framebuffer_bytes", 1024 * 1024),
+                "mig_slices": ("mig_slices", 1), "passthrough_gpus": ("passthrough_gpus", 1)}
+
+
+def _quota(store, inv) -> Dict[str, object]:
+    """Quota use and limits per tenant where tenancy exists (issue 13); ``{}`` otherwise.
+
+    ``quota_used``: ``{(tenant, resource): value}``; ``quota_limit``:
+    ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes.
+    """
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        used, limit = {}, {}
+        for row in ten.usage_report(store, inv):
+            if not row.get("tenant"):
+                continue
+            t = str(row["tenant"])
+            for dim, u in (row.get("usage") or {}).items():
+                res, k = _QUOTA_UNITS.get(dim, (dim, 1))
+                used[(t, res)] = float(u.get("used") or 0) * k
+                if u.get("guaranteed") is not None:
+                    limit[(t, res, "guaranteed")] = float(u["guaranteed"]) * k
+                if u.get("limit") is not None:
+                    limit[(t, res, "burst")] = float(u["limit"]) * k
+        return {"quota_used": used, "quota_limit": limit}
+    except Exception as e:
+        log.warning("reading quota use failed: %s", e)
+        return {}
+
+
+def _uuid_like(text: str) -> bool:
+    return len(text) == 36 and text.count("-") == 4
+
+
+def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[float] = None,
+                 libvirt_uri: Optional[str] = None) -> Sampler:
+    """The sampler of one host, set up as ``vgpuhost exporter`` and the agent run it.
+
+    Readings come from the host's metering NVML door (real or simulated,
+    :func:`vgpuhost.io.backends.metering_nvml`); ``store``: a writable
+    StateStore; owners are labelled from the store's records and, with
+    ``libvirt_uri``, libvirt's domains (:class:`OwnerLabels`); the host-level
+    figures (:func:`host_series`) are read every ``max(interval_s, 30)``
+    seconds.  ``interval_s`` and ``max_hold_s``: as :class:`Sampler` takes them.
+    """
+    return Sampler(metering_nvml(host_root), store, interval_s=interval_s, max_hold_s=max_hold_s,
+                   labels=OwnerLabels(store, libvirt_uri),
+                   host_series=lambda: host_series(host_root, store), host_every_s=max(interval_s, 30.0))
+
+
+__all__ = ["Sampler", "Snapshot", "DeviceUsage", "MeteredOwner", "OwnerLabels", "host_sampler", "host_series",
+           "gpu_pools", "split_hours", "hour_of", "DEFAULT_INTERVAL_S"]
