@@ -63,7 +63,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..io import state as st
 from ..io.backends import metering_nvml
@@ -178,6 +178,23 @@ class _Meter:
         return DeviceUsage(self.device, self.kind, self.gpu, self.profile, self.owner, self.gi_id,
                            self.alloc_s, self.sm_s, self.enc_s, self.dec_s, self.fb_used, self.fb_peak,
                            self.fb_total, self.license, self.sm_pct, earlier)
+
+
+@dataclass
+class _Tick:
+    """What one tick gathers before it commits: the reading's wall clock ``now_us``, the
+    store's vGPU records and domain names, and the rows, cursors, gaps, present meters,
+    GPU-instance SM use and first sightings it adds up."""
+
+    now_us: int
+    vgpu_recs: Dict[str, object]
+    names: Dict[str, str]
+    rows: List[tuple] = field(default_factory=list)
+    cursor_rows: List[tuple] = field(default_factory=list)
+    gaps: List[tuple] = field(default_factory=list)
+    present: Dict[Tuple[str, str], _Meter] = field(default_factory=dict)
+    gi_sm: List[Tuple[str, int, float]] = field(default_factory=list)
+    first: Set[Tuple[str, str]] = field(default_factory=set)     # first sighted in this tick: cursors only
 
 
 LabelFn = Callable[[str], MeteredOwner]
@@ -299,149 +316,183 @@ class Sampler:
         newest_sample = max((v.sample.timestamp_us for g in readings for v in g.vgpus if v.sample is not None),
                             default=0)
         vgpu_recs, pt_recs, names = self._records()
-        rows: List[tuple] = []
-        cursor_rows: List[tuple] = []
-        gaps: List[tuple] = []
-        present: Dict[Tuple[str, str], _Meter] = {}
-        gi_sm: List[Tuple[str, int, float]] = []
-
+        t = _Tick(now_us, vgpu_recs, names)
         if self._last_tick_us and now_us - self._last_tick_us > self.max_hold_us and not self._meters:
-            gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
-                         (now_us - self._last_tick_us) / 1e6, "sampler not running"))
-
-        first: set = set()                 # devices first sighted in this tick: cursors only
-
-        def meter_for(device: str, kind: str, gpu: str, profile: str, owner: MeteredOwner) -> _Meter:
-            key = (device, owner.domain_uuid)
-            m = self._meters.get(key)
-            if m is None and key in self._retired:
-                m = self._retired.pop(key)         # back after an absence: counted again from now,
-                m.alloc_us = now_us                # allocation and busy alike
-                m.sample_us = 0
-                first.add(key)
-                e = self._earlier_s[device]
-                for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
-                    e[i] -= v
-            if m is None:
-                m = _Meter(device, kind, gpu, profile, owner)
-                tot = self._totals.get(key)
-                if tot:
-                    m.alloc_s, m.sm_s, m.enc_s, m.dec_s, m.fb_peak = (float(tot[0]), float(tot[1]),
-                                                                       float(tot[2]), float(tot[3]), int(tot[4]))
-                cur = self._cursors.get(device)
-                rec = vgpu_recs.get(device)
-                created_us = _us(rec.time) if rec is not None else 0
-                if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
-                    m.alloc_us, m.sample_us = int(cur[1]), int(cur[2]) or int(cur[1])
-                else:
-                    m.alloc_us = now_us            # allocation and busy counted from first sight
-                    first.add(key)
-            m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
-            present[key] = m
-            return m
-
-        def account(m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int, samples: int):
-            if alloc_dt_us <= 0 and not any(busy) and not samples:
-                rows.extend(_rows(m, [(hour_of(now_us), 1.0)], 0.0, (0.0, 0.0, 0.0), 0))
-                return
-            rows.extend(_rows(m, split_hours(t0_us, now_us), alloc_dt_us / 1e6, busy, samples))
-
+            t.gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
+                           (now_us - self._last_tick_us) / 1e6, "sampler not running"))
         for g in readings:
-            if g.error:
-                self._errors += 1
-                for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
-                    if m.gpu == g.bdf and m.kind != "passthrough":
-                        present[key] = m
-                        cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
-                continue
-            for gi, pct in sorted(g.gi_sm.items()):
-                gi_sm.append((g.bdf, gi, pct))
-            seen = self._gpu_seen.get(g.bdf, 0)
-            newest = seen
-            for v in g.vgpus:
-                rec = vgpu_recs.get(v.device) if v.device else None
-                if rec is None and not v.device:
-                    rec = next((r for r in vgpu_recs.values()
-                                if r.gpu == g.bdf and r.owner == v.vm_id and r.type_name == v.type_name), None)
-                device = v.device or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
-                domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
-                kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
-                m = meter_for(device, kind, g.bdf, v.type_name, self._owner(domain, names))
-                m.gi_id = v.gi_id
-                m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
-                m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
-                alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
-                busy = (0.0, 0.0, 0.0)
-                samples = 0
-                t0 = m.alloc_us or now_us
-                s = v.sample
-                if (m.device, m.owner.domain_uuid) in first:   # its sample averages a span with no allocation
-                    m.sample_us = now_us
-                    if s is not None:
-                        newest = max(newest, s.timestamp_us)
-                    s = None
-                if s is not None and s.timestamp_us > m.sample_us:
-                    prev = m.sample_us or seen
-                    end = min(s.timestamp_us, now_us)        # never past the reading that ends the allocation
-                    if prev and end > prev:
-                        dt = end - prev
-                        held = min(dt, self.max_hold_us)
-                        if dt > held:
-                            gaps.append((iso_us(prev), iso_us(end - held), device, (dt - held) / 1e6,
-                                         "no utilisation samples"))
-                        busy = (s.sm / 100 * held / 1e6, s.enc / 100 * held / 1e6, s.dec / 100 * held / 1e6)
-                        m.sm_s += busy[0]
-                        m.enc_s += busy[1]
-                        m.dec_s += busy[2]
-                        m.sm_pct = s.sm
-                        samples = 1
-                    m.sample_us = max(m.sample_us, end)
-                    newest = max(newest, s.timestamp_us)
-                m.alloc_s += alloc_dt / 1e6
-                account(m, alloc_dt, busy, t0, samples)
-                m.alloc_us = now_us
-                cursor_rows.append((device, domain, m.alloc_us, m.sample_us))
-            self._gpu_seen[g.bdf] = max(newest, now_us if not g.vgpus else newest)
+            self._meter_gpu(t, g)
+        self._meter_passthrough(t, pt_recs)
+        self._commit(t, mono_us, boot)
+        wall = time.time()
+        self._read_host_series(wall)
+        return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
+                        devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(t.present.items())),
+                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
+                        gi_sm=tuple(t.gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
+                        host=dict(self._host))
 
-        # passthrough: allocation time only (the host's NVML cannot see the GPU)
+    def _meter_for(self, t: _Tick, device: str, kind: str, gpu: str, profile: str,
+                   owner: MeteredOwner) -> _Meter:
+        """The meter of ``device`` for ``owner`` in this tick: the running one, a retired one
+        back after an absence (counted again from now), or a new one that continues from the
+        store's totals and cursor when the same domain held the device since (see the module
+        doc), else counts from this first sighting (``t.first``)."""
+        now_us = t.now_us
+        key = (device, owner.domain_uuid)
+        m = self._meters.get(key)
+        if m is None and key in self._retired:
+            m = self._retired.pop(key)         # back after an absence: counted again from now,
+            m.alloc_us = now_us                # allocation and busy alike
+            m.sample_us = 0
+            t.first.add(key)
+            e = self._earlier_s[device]
+            for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
+                e[i] -= v
+        if m is None:
+            m = _Meter(device, kind, gpu, profile, owner)
+            tot = self._totals.get(key)
+            if tot:
+                m.alloc_s, m.sm_s, m.enc_s, m.dec_s, m.fb_peak = (float(tot[0]), float(tot[1]),
+                                                                   float(tot[2]), float(tot[3]), int(tot[4]))
+            cur = self._cursors.get(device)
+            rec = t.vgpu_recs.get(device)
+            created_us = _us(rec.time) if rec is not None else 0
+            if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
+                m.alloc_us, m.sample_us = int(cur[1]), int(cur[2]) or int(cur[1])
+            else:
+                m.alloc_us = now_us            # allocation and busy counted from first sight
+                t.first.add(key)
+        m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
+        t.present[key] = m
+        return m
+
+    @staticmethod
+    def _account(t: _Tick, m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int,
+                 samples: int) -> None:
+        """Add ``m``'s rollup rows for ``alloc_dt_us`` µs allocated since ``t0_us`` and ``busy``
+        (SM, encoder, decoder seconds) to the tick, split over the hours they fall in; a
+        device with nothing to add still gets its row for this hour."""
+        if alloc_dt_us <= 0 and not any(busy) and not samples:
+            t.rows.extend(_rows(m, [(hour_of(t.now_us), 1.0)], 0.0, (0.0, 0.0, 0.0), 0))
+            return
+        t.rows.extend(_rows(m, split_hours(t0_us, t.now_us), alloc_dt_us / 1e6, busy, samples))
+
+    def _meter_gpu(self, t: _Tick, g: GpuReading) -> None:
+        """Meter one GPU's reading: its GPU instances' SM use and each of its vGPUs.  A failed
+        read keeps the GPU's devices present, unbilled, with their cursors unchanged."""
+        if g.error:
+            self._errors += 1
+            for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
+                if m.gpu == g.bdf and m.kind != "passthrough":
+                    t.present[key] = m
+                    t.cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
+            return
+        for gi, pct in sorted(g.gi_sm.items()):
+            t.gi_sm.append((g.bdf, gi, pct))
+        seen = self._gpu_seen.get(g.bdf, 0)
+        newest = seen
+        for v in g.vgpus:
+            newest = max(newest, self._meter_vgpu(t, g, v, seen))
+        self._gpu_seen[g.bdf] = max(newest, t.now_us if not g.vgpus else newest)
+
+    def _meter_vgpu(self, t: _Tick, g: GpuReading, v, seen: int) -> int:
+        """Meter vGPU reading ``v`` of GPU reading ``g`` (``seen``: the GPU's last reading, µs):
+        attribute it, integrate its utilisation sample (the integration rule of the module doc)
+        and its allocation.  Returns the newest sample time it used, µs (0: none)."""
+        now_us = t.now_us
+        rec = t.vgpu_recs.get(v.device) if v.device else None
+        if rec is None and not v.device:
+            rec = next((r for r in t.vgpu_recs.values()
+                        if r.gpu == g.bdf and r.owner == v.vm_id and r.type_name == v.type_name), None)
+        device = v.device or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
+        domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
+        kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
+        m = self._meter_for(t, device, kind, g.bdf, v.type_name, self._owner(domain, t.names))
+        m.gi_id = v.gi_id
+        m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
+        m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
+        alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
+        busy = (0.0, 0.0, 0.0)
+        samples = 0
+        newest = 0
+        t0 = m.alloc_us or now_us
+        s = v.sample
+        if (m.device, m.owner.domain_uuid) in t.first:   # its sample averages a span with no allocation
+            m.sample_us = now_us
+            if s is not None:
+                newest = s.timestamp_us
+            s = None
+        if s is not None and s.timestamp_us > m.sample_us:
+            prev = m.sample_us or seen
+            end = min(s.timestamp_us, now_us)        # never past the reading that ends the allocation
+            if prev and end > prev:
+                dt = end - prev
+                held = min(dt, self.max_hold_us)
+                if dt > held:
+                    t.gaps.append((iso_us(prev), iso_us(end - held), device, (dt - held) / 1e6,
+                                   "no utilisation samples"))
+                busy = (s.sm / 100 * held / 1e6, s.enc / 100 * held / 1e6, s.dec / 100 * held / 1e6)
+                m.sm_s += busy[0]
+                m.enc_s += busy[1]
+                m.dec_s += busy[2]
+                m.sm_pct = s.sm
+                samples = 1
+            m.sample_us = max(m.sample_us, end)
+            newest = s.timestamp_us
+        m.alloc_s += alloc_dt / 1e6
+        self._account(t, m, alloc_dt, busy, t0, samples)
+        m.alloc_us = now_us
+        t.cursor_rows.append((device, domain, m.alloc_us, m.sample_us))
+        return newest
+
+    def _meter_passthrough(self, t: _Tick, pt_recs: List[object]) -> None:
+        """Meter the passed-through GPUs by allocation time only (the host's NVML cannot see them)."""
+        now_us = t.now_us
         for gpu in sorted({r.gpu for r in pt_recs if r.bdf == r.gpu}):
             owner_uuid = next((r.owner for r in pt_recs if r.bdf == gpu), "")
             domain = owner_uuid if _is_uuid(owner_uuid) else ""
-            m = meter_for(gpu, "passthrough", gpu, "passthrough", self._owner(domain, names))
+            m = self._meter_for(t, gpu, "passthrough", gpu, "passthrough", self._owner(domain, t.names))
             m.license = "n/a"
             alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
             t0 = m.alloc_us or now_us
             m.alloc_s += alloc_dt / 1e6
-            account(m, alloc_dt, (0.0, 0.0, 0.0), t0, 0)
+            self._account(t, m, alloc_dt, (0.0, 0.0, 0.0), t0, 0)
             m.alloc_us = now_us
-            cursor_rows.append((gpu, domain, m.alloc_us, 0))
+            t.cursor_rows.append((gpu, domain, m.alloc_us, 0))
 
-        kept = {k[0] for k in present}
+    def _commit(self, t: _Tick, mono_us: int, boot: str) -> None:
+        """Write the tick's rollups, cursors, gaps and clocks in one transaction, then retire
+        the meters of devices no longer present (their seconds kept for DeviceUsage.earlier)."""
+        now_us = t.now_us
+        kept = {k[0] for k in t.present}
         gone = sorted(({d for d, _u in self._meters} | set(self._cursors)) - kept)
         with self.store.transaction() as conn:
-            st.add_usage(conn, rows)
-            st.put_meter_cursors(conn, cursor_rows, gone)
-            for gap in gaps:
+            st.add_usage(conn, t.rows)
+            st.put_meter_cursors(conn, t.cursor_rows, gone)
+            for gap in t.gaps:
                 st.add_meter_gap(conn, *gap)
             st.put_meter_state(conn, "last_tick_us", str(now_us))
             st.put_meter_state(conn, "last_tick_mono_us", str(mono_us))
             st.put_meter_state(conn, "boot_id", boot)
             st.put_meter_state(conn, "gpu_seen_us", json.dumps(self._gpu_seen, sort_keys=True))
-        for gap in gaps:
+        for gap in t.gaps:
             self._gap_s += gap[3]
         for key, m in self._meters.items():
-            if key not in present:
+            if key not in t.present:
                 self._retired[key] = m
                 e = self._earlier_s.setdefault(m.device, [0.0, 0.0, 0.0, 0.0])
                 for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
                     e[i] += v
-        self._meters = present
+        self._meters = t.present
         self._last_tick_us, self._last_mono_us, self._boot = now_us, mono_us, boot
         self._mono_live = True
         self._cursors = {}
         self._totals = {}
 
-        wall = time.time()
+    def _read_host_series(self, wall: float) -> None:
+        """Read the host-level figures when they are ``host_every_s`` old (or never read); a
+        failure keeps the last ones and counts an error."""
         if self.host_series is not None and (not self._host or wall - self._host_at >= self.host_every_s):
             try:
                 self._host = self.host_series()
@@ -449,11 +500,6 @@ class Sampler:
             except Exception as e:
                 log.warning("host series failed: %s", e)
                 self._errors += 1
-        return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
-                        devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(present.items())),
-                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
-                        gi_sm=tuple(gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
-                        host=dict(self._host))
 
     def _earlier(self, m: _Meter) -> Tuple[float, float, float, float]:
         """Seconds ``m``'s device gave other domains earlier in this process (DeviceUsage.earlier)."""
