@@ -803,8 +803,9 @@ class _Walker:
             mode = self.mig_mode(g)
             if mode is not None and mode.pending:       # VFs off: the moment to turn MIG mode off
                 self.diff(f"{bdf} mig-mode off (host has {'on' if mode.current else 'off, on pending'})")
-                self.step("mig-mode", LayoutChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
-                                                          f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
+                self.step("mig-mode", LayoutChangeMigMode(
+                    bdf, "disable MIG mode (its GPU instances go first)",
+                    f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
                 self._vfs_after(g, entry)
                 return None
         if not released and self.no_backend(g, entry):
@@ -813,14 +814,7 @@ class _Walker:
         vg = self.vgpus_of(g)
         empty_for: List[str] = []
         touches: List[str] = []
-        mode = None if released else self.mig_mode(g)
-        if mode is not None and mode.on_or_pending:
-            vfs = mode.pending and self._vfs_block_mig(g, entry, "turning MIG mode off")
-            self.diff(f"{bdf} mig-mode off (host has {mode.text()})", OPERATOR_MARK if vfs else None)
-            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
-            touches.append("turning MIG mode off")
-            self.step("mig-mode", LayoutChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
-                                                      f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
+        mode = None if released else self._vgpu_mig_off(g, entry, empty_for, touches)
         # NVML answers for this GPU's device-level vGPU settings now (not while it is passed
         # through or in MIG mode; then the state is unknown until the steps before run)
         reads = not released and not (mode is not None and mode.current)
@@ -830,58 +824,8 @@ class _Walker:
         if table is not None:             # the same counts check as the lint, for any selector
             check_vgpu_types(spec, table, f"{bdf} ({g.model})",
                              mixed=bool(spec.mixed_size if spec.mixed_size is not None else mixed_now))
-        mixed_on_step = False             # a step turns mixed-size mode on
-        if spec.mixed_size is not None:
-            cur = mixed_now
-            if cur is None and reads:
-                if spec.mixed_size:
-                    raise (spec.where or entry.where).error(
-                        f"mixed_size: true, but {bdf} ({g.model}) has no mixed-size vGPU mode (NVML: not "
-                        "supported)", hint="mixed-size mode needs vGPU 17+ on a board that offers it; use one "
-                                           "framebuffer size and mixed_size: false")
-                # off where the GPU has no such mode: nothing to do
-            elif cur is None or bool(cur) != spec.mixed_size:
-                want = "on" if spec.mixed_size else "off"
-                mixed_on_step = spec.mixed_size
-                if cur is not None:
-                    self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
-                    touches.append("changing mixed-size mode")
-                    if self._running(g):
-                        empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
-                self.step("mixed-size", LayoutSetMixedSize(bdf, f"turn mixed-size mode {want}",
-                                                           (f"host has {'on' if cur else 'off'}" if cur is not None else
-                                                            "its state is unknown until the steps before run")
-                                                           + f" ({where})", on=spec.mixed_size))
-        if mixed_on_step and entry.scheduler is None and sched_now is not None \
-                and sched_now.policy == "fixed-share":
-            self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
-                       f"(docs/reference/hardware.md#vgpu-scheduling): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
-                       f"at {where}")
-        if entry.scheduler is not None:
-            want_state = entry.scheduler.state
-            if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
-                self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (docs/reference/hardware.md#vgpu-scheduling): "
-                           f"add mixed_size: false to the entry at {where}, or use equal-share")
-            if reads:
-                want_state = self._schedulable(g, entry, want_state)
-            cur = sched_now
-            if cur is None or not matches(want_state, cur):
-                if cur is not None:
-                    self.diff(f"{bdf} scheduler {describe(want_state)} (host has {describe(cur)})")
-                    touches.append("changing the scheduler")
-                    if self._running(g):
-                        empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
-                # leaving fixed share for mixed-size mode: the scheduler first (docs/reference/hardware.md#vgpu-scheduling)
-                phase = "scheduler-first" if mixed_on_step else "scheduler"
-                self.step(phase, LayoutSetScheduler(bdf, f"set the vGPU scheduler: {describe(want_state)}",
-                                                    (f"host has {describe(cur)}" if cur is not None else
-                                                     "its state is unknown until the steps before run")
-                                                    + f" ({entry.scheduler.where})"
-                                                    + ("; before mixed-size mode, which fixed share does not allow"
-                                                       if mixed_on_step and cur is not None and cur.policy == "fixed-share"
-                                                       else ""), state=want_state))
-            if entry.scheduler.persist:
-                self.persist_scheduler(g, entry.scheduler.state, entry)
+        mixed_on_step = self._vgpu_mixed_size(g, entry, reads, mixed_now, empty_for, touches)
+        self._vgpu_scheduler(g, entry, reads, mixed_now, sched_now, mixed_on_step, empty_for, touches)
         keep = {c.name.lower(): c.count for c in spec.types if c.count}
         removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
@@ -893,6 +837,96 @@ class _Walker:
             if not mixed and not released:
                 self.equal_size(g, vg, spec.types)
         return removed
+
+    def _vgpu_mig_off(self, g: Gpu, entry: Entry, empty_for: List[str], touches: List[str]) -> Optional[MigMode]:
+        """Time-sliced vGPUs on a GPU in MIG mode (or with it pending): the step that turns it
+        off, which needs the GPU empty (added to ``empty_for`` and ``touches``).  Returns the
+        GPU's MIG mode (None where the view has none)."""
+        mode = self.mig_mode(g)
+        if mode is not None and mode.on_or_pending:
+            bdf = str(g.address)
+            vfs = mode.pending and self._vfs_block_mig(g, entry, "turning MIG mode off")
+            self.diff(f"{bdf} mig-mode off (host has {mode.text()})", OPERATOR_MARK if vfs else None)
+            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
+            touches.append("turning MIG mode off")
+            self.step("mig-mode", LayoutChangeMigMode(
+                bdf, "disable MIG mode (its GPU instances go first)",
+                f"time-sliced vGPUs need MIG mode off ({entry.where})", enabled=False))
+        return mode
+
+    def _vgpu_mixed_size(self, g: Gpu, entry: Entry, reads: bool, mixed_now: Optional[bool],
+                         empty_for: List[str], touches: List[str]) -> bool:
+        """The entry's ``mixed_size`` on one GPU (``mixed_now``: NVML's answer, None where it has
+        no such mode or cannot be read now, ``reads`` False): the step that changes it, which
+        needs the GPU without vGPUs while one runs.  InputError ``FILE:LINE:`` for
+        ``mixed_size: true`` on a GPU that has no such mode.  Returns whether a step turns it on."""
+        spec: VgpuSpec = entry.vgpu
+        if spec.mixed_size is None:
+            return False
+        bdf = str(g.address)
+        cur = mixed_now
+        if cur is None and reads:
+            if spec.mixed_size:
+                raise (spec.where or entry.where).error(
+                    f"mixed_size: true, but {bdf} ({g.model}) has no mixed-size vGPU mode (NVML: not "
+                    "supported)", hint="mixed-size mode needs vGPU 17+ on a board that offers it; use one "
+                                       "framebuffer size and mixed_size: false")
+            return False                  # off where the GPU has no such mode: nothing to do
+        if cur is not None and bool(cur) == spec.mixed_size:
+            return False
+        want = "on" if spec.mixed_size else "off"
+        if cur is not None:
+            self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
+            touches.append("changing mixed-size mode")
+            if self._running(g):
+                empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
+        self.step("mixed-size", LayoutSetMixedSize(
+            bdf, f"turn mixed-size mode {want}",
+            (f"host has {'on' if cur else 'off'}" if cur is not None else
+             "its state is unknown until the steps before run") + f" ({entry.where})", on=spec.mixed_size))
+        return spec.mixed_size
+
+    def _vgpu_scheduler(self, g: Gpu, entry: Entry, reads: bool, mixed_now: Optional[bool],
+                        sched_now: Optional[SchedulerState], mixed_on_step: bool, empty_for: List[str],
+                        touches: List[str]) -> None:
+        """The entry's scheduler on one GPU (``sched_now``: NVML's, None when it cannot be read
+        now): blocks fixed share under mixed-size mode, and plans the change (before the
+        mixed-size step when that leaves fixed share), which needs the GPU without running
+        vGPUs; and the persistent setting."""
+        spec: VgpuSpec = entry.vgpu
+        bdf = str(g.address)
+        where = str(entry.where)
+        if mixed_on_step and entry.scheduler is None and sched_now is not None \
+                and sched_now.policy == "fixed-share":
+            self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
+                       f"(docs/reference/hardware.md#vgpu-scheduling): add scheduler: {{policy: equal-share}} "
+                       f"(or best-effort) to the entry at {where}")
+        if entry.scheduler is None:
+            return
+        want_state = entry.scheduler.state
+        if want_state.policy == "fixed-share" and spec.mixed_size is None and mixed_now:
+            self.block(f"{bdf} is in mixed-size mode, where fixed share is not available "
+                       f"(docs/reference/hardware.md#vgpu-scheduling): "
+                       f"add mixed_size: false to the entry at {where}, or use equal-share")
+        if reads:
+            want_state = self._schedulable(g, entry, want_state)
+        cur = sched_now
+        if cur is None or not matches(want_state, cur):
+            if cur is not None:
+                self.diff(f"{bdf} scheduler {describe(want_state)} (host has {describe(cur)})")
+                touches.append("changing the scheduler")
+                if self._running(g):
+                    empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
+            # leaving fixed share for mixed-size mode: the scheduler first (docs/reference/hardware.md#vgpu-scheduling)
+            phase = "scheduler-first" if mixed_on_step else "scheduler"
+            first = mixed_on_step and cur is not None and cur.policy == "fixed-share"
+            self.step(phase, LayoutSetScheduler(
+                bdf, f"set the vGPU scheduler: {describe(want_state)}",
+                (f"host has {describe(cur)}" if cur is not None else "its state is unknown until the steps before run")
+                + f" ({entry.scheduler.where})"
+                + ("; before mixed-size mode, which fixed share does not allow" if first else ""), state=want_state))
+        if entry.scheduler.persist:
+            self.persist_scheduler(g, entry.scheduler.state, entry)
 
     def _schedulable(self, g: Gpu, entry: Entry, state: SchedulerState) -> SchedulerState:
         """The state :func:`vgpuhost.scheduler.set_runtime` would set on ``g`` for ``state`` (the
