@@ -355,6 +355,22 @@ class _GpuVgpus:
     claimed: List[VgpuEntry] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Totals:
+    """A vgpu entry with total counts, across its GPUs: ``gpus`` and their ``label`` (the
+    BDFs joined by commas); per lower-cased type name, the layout's vGPUs present
+    (``have``) and recorded but missing (``missing``), as ``(GPU, entry)``; ``want``:
+    ``{lower-cased name: (name as the GPU spells it, count)}``; ``removed``: per GPU, the
+    layout's vGPUs removed to empty it (None: not emptied)."""
+
+    gpus: Sequence[Gpu]
+    label: str
+    have: Dict[str, List[Tuple[Gpu, Any]]]
+    missing: Dict[str, List[Tuple[Gpu, Any]]]
+    want: Dict[str, Tuple[str, int]]
+    removed: Dict[PciAddress, Optional[List[Any]]]
+
+
 class _Walker:
     """One walk of a layout over a view: fills a :class:`Plan` (steps by phase)."""
 
@@ -971,13 +987,11 @@ class _Walker:
     def vgpu_total(self, entry: Entry, gpus: Sequence[Gpu]) -> None:
         """A vgpu entry with counts: total: place the missing vGPUs across ``gpus`` by the strategy."""
         spec: VgpuSpec = entry.vgpu
-        where = str(entry.where)
         if not gpus:
             return
         removed_by_gpu: Dict[PciAddress, Optional[List[Any]]] = {}
         for g in gpus:
             removed_by_gpu[g.address] = self.vgpu(g, entry, total=True)
-        label = ",".join(str(g.address) for g in gpus)
         have: Dict[str, List[Tuple[Gpu, Any]]] = {}
         missing: Dict[str, List[Tuple[Gpu, Any]]] = {}
         for g in gpus:
@@ -987,81 +1001,94 @@ class _Walker:
             for e in vg.layout_missing:
                 missing.setdefault(e.type_name.lower(), []).append((g, e))
         want = {c.name.lower(): (self.spelled(gpus[0], c.name), c.count) for c in spec.types}
+        tot = _Totals(gpus, ",".join(str(g.address) for g in gpus), have, missing, want, removed_by_gpu)
         for key in sorted(set(want) | set(have)):
             name, n = want[key] if key in want else (self.spelled(gpus[0], have[key][0][1].type_name or key), 0)
             if len(have.get(key, [])) != n:
-                self.diff(f"{label} vgpu {name} x{n} total (host has {len(have.get(key, []))})")
+                self.diff(f"{tot.label} vgpu {name} x{n} total (host has {len(have.get(key, []))})")
         for key, pairs in sorted(missing.items()):
             for g, e in pairs:
                 self.diff(f"{g.address} vgpu {e.type_name} {e.id} (recorded for the layout, missing on the host)")
         for key in sorted(set(want) | set(have) | set(missing)):
-            name, n = want[key] if key in want else (self.spelled(gpus[0], _type_name(
-                [e for _, e in have.get(key, []) + missing.get(key, [])], key)), 0)
-            # vGPUs on emptied GPUs come back where they were
-            kept: List[Tuple[Gpu, Any]] = []
-            for g, e in have.get(key, []):
-                if removed_by_gpu.get(g.address) is not None:
-                    kept.append((g, e))
-            kept = kept[:n]
-            for g in gpus:
-                mine = [e for gg, e in kept if gg.address == g.address]
-                if mine:
-                    uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
-                    self.step("vgpu-create", LayoutCreateVgpus(str(g.address), f"create {len(mine)} x {name}",
-                                                               f"back where it was before the GPU was emptied ({where})",
-                                                               profile=name, count=len(mine), uuids=uuids))
-            stay = [(g, e) for g, e in have.get(key, []) if removed_by_gpu.get(g.address) is None]
-            stay.sort(key=lambda ge: self._time(ge[1].id))
-            room = max(0, n - len(kept))
-            for g, e in stay[room:][::-1]:
-                self.step("vgpu-remove", LayoutRemoveVgpu(str(g.address), f"remove {e.type_name} {e.id}",
-                                                          f"layout wants {n} {name} in total, host has "
-                                                          f"{len(have.get(key, []))} ({where})", vgpu_id=e.id))
-            room = max(0, room - len(stay))
-            for g, e in missing.get(key, []):
-                if room:
-                    room -= 1
-                    self.step("vgpu-create", LayoutRecreateVgpu(str(g.address), f"re-create {e.type_name} {e.id}",
-                                                                f"recorded for the layout, missing on the host ({where})",
-                                                                vgpu_id=e.id))
-                else:
-                    self.step("vgpu-remove", LayoutRemoveVgpu(str(g.address), f"drop the record of missing "
-                                                              f"{e.type_name} {e.id}", f"not wanted any more ({where})",
-                                                              vgpu_id=e.id))
-            if not room:
-                continue
-            pool = [g for g in gpus if g.pci.driver == "nvidia"]
-            offs = [o for o in offers(self.inv, self.view.records, name, self.seen)
-                    if o.gpu in {g.address for g in pool}]
-            placed: Dict[PciAddress, int] = {}
-            for _ in range(room):
-                d = place(offs, Request(name, LAYOUT, spec.strategy))
-                if not d.admitted:
-                    changing = [g for g in gpus if str(g.address) in self.changing]
-                    if changing:
-                        placed[changing[0].address] = placed.get(changing[0].address, 0) + 1
-                        continue
-                    self.block(f"cannot place {room} x {name} on {label} ({entry.where}): {d.reason}")
-                    break
-                placed[d.gpu] = placed.get(d.gpu, 0) + 1
-                offs = [_taken(o) if o.gpu == d.gpu else o for o in offs]
-            for gpu, k in sorted(placed.items()):
-                self.step("vgpu-create", LayoutCreateVgpus(str(gpu), f"create {k} x {name}",
-                                                           f"layout wants {n} {name} in total, {spec.strategy} places "
-                                                           f"{k} here ({where})", profile=name, count=k))
+            self._vgpu_total_type(entry, tot, key)
+
+    def _vgpu_total_type(self, entry: Entry, tot: _Totals, key: str) -> None:
+        """One type (lower-cased name ``key``) of a total-count entry: its vGPUs on emptied GPUs
+        come back where they were, the oldest of the rest stay and the newest beyond the
+        count go, recorded missing ones are re-created while there is room (their records
+        dropped otherwise), and what is still missing is placed by the strategy."""
+        where = str(entry.where)
+        have, missing = tot.have.get(key, []), tot.missing.get(key, [])
+        name, n = tot.want[key] if key in tot.want else (self.spelled(tot.gpus[0], _type_name(
+            [e for _, e in have + missing], key)), 0)
+        # vGPUs on emptied GPUs come back where they were
+        kept: List[Tuple[Gpu, Any]] = []
+        for g, e in have:
+            if tot.removed.get(g.address) is not None:
+                kept.append((g, e))
+        kept = kept[:n]
+        for g in tot.gpus:
+            mine = [e for gg, e in kept if gg.address == g.address]
+            if mine:
+                uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
+                self.step("vgpu-create", LayoutCreateVgpus(
+                    str(g.address), f"create {len(mine)} x {name}",
+                    f"back where it was before the GPU was emptied ({where})",
+                    profile=name, count=len(mine), uuids=uuids))
+        stay = [(g, e) for g, e in have if tot.removed.get(g.address) is None]
+        stay.sort(key=lambda ge: self._time(ge[1].id))
+        room = max(0, n - len(kept))
+        for g, e in stay[room:][::-1]:
+            self.step("vgpu-remove", LayoutRemoveVgpu(
+                str(g.address), f"remove {e.type_name} {e.id}",
+                f"layout wants {n} {name} in total, host has {len(have)} ({where})", vgpu_id=e.id))
+        room = max(0, room - len(stay))
+        for g, e in missing:
+            if room:
+                room -= 1
+                self.step("vgpu-create", LayoutRecreateVgpu(
+                    str(g.address), f"re-create {e.type_name} {e.id}",
+                    f"recorded for the layout, missing on the host ({where})", vgpu_id=e.id))
+            else:
+                self.step("vgpu-remove", LayoutRemoveVgpu(
+                    str(g.address), f"drop the record of missing {e.type_name} {e.id}",
+                    f"not wanted any more ({where})", vgpu_id=e.id))
+        if room:
+            self._place_total(entry, tot, name, n, room)
+
+    def _place_total(self, entry: Entry, tot: _Totals, name: str, n: int, room: int) -> None:
+        """Place ``room`` more vGPUs of type ``name`` (``n`` wanted in total) on the entry's GPUs
+        bound to nvidia, by the entry's strategy; a GPU whose settings a step changes takes
+        what cannot be placed now; otherwise the plan is blocked."""
+        spec: VgpuSpec = entry.vgpu
+        pool = [g for g in tot.gpus if g.pci.driver == "nvidia"]
+        offs = [o for o in offers(self.inv, self.view.records, name, self.seen)
+                if o.gpu in {g.address for g in pool}]
+        placed: Dict[PciAddress, int] = {}
+        for _ in range(room):
+            d = place(offs, Request(name, LAYOUT, spec.strategy))
+            if not d.admitted:
+                changing = [g for g in tot.gpus if str(g.address) in self.changing]
+                if changing:
+                    placed[changing[0].address] = placed.get(changing[0].address, 0) + 1
+                    continue
+                self.block(f"cannot place {room} x {name} on {tot.label} ({entry.where}): {d.reason}")
+                break
+            placed[d.gpu] = placed.get(d.gpu, 0) + 1
+            offs = [_taken(o) if o.gpu == d.gpu else o for o in offs]
+        for gpu, k in sorted(placed.items()):
+            self.step("vgpu-create", LayoutCreateVgpus(
+                str(gpu), f"create {k} x {name}",
+                f"layout wants {n} {name} in total, {spec.strategy} places {k} here ({entry.where})",
+                profile=name, count=k))
 
     def mig(self, g: Gpu, entry: Entry) -> None:
+        """A mig entry on one GPU: MIG mode on, its GPU instances, then its vGPUs (counted)."""
         spec: MigSpec = entry.mig
         bdf = str(g.address)
         where = str(entry.where)
-        released = self.release_if_passed_through(g, entry)
-        layout = {c.name: c.count for c in spec.instances if c.count}
-        if released:
-            self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode", "mode mig; the state is unknown while "
-                                                      f"the GPU is passed through ({where})", enabled=True))
-            self.step("gpu-instance", LayoutMakeGpuInstances(bdf, f"make GPU instances {layout_text(layout)}",
-                                                             f"mode mig ({where})", layout=tuple(layout.items())))
-            self.count_vgpus(g, self.vgpus_of(g), spec.vgpus, [], where, capacity_check=False)
+        if self.release_if_passed_through(g, entry):
+            self._mig_after_release(g, entry)
             return
         mode = self.mig_mode(g)
         if mode is None:
@@ -1071,73 +1098,18 @@ class _Walker:
         label = f"{bdf} ({self.view.nvml(g.address).name or g.model})"
         wanted_ids = check_mig(spec, profiles, label)
         if any(c.count for c in spec.vgpus) and self._vfs_off(g) and not mode.current:
-            # VFs off: the moment to turn MIG mode on; GPU instances and vGPUs come after the
-            # VFs are enabled (docs/reference/hardware.md#vendor-vfio)
-            if mode.pending:
-                self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
-                                                    "reboot: MIG mode on is pending", f"mode mig ({where})"))
-                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
-            else:
-                self.diff(f"{bdf} mig-mode on (host has off)")
-                procs = self.view.nvml(g.address).compute_processes
-                if procs:
-                    self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-                self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                                          enabled=True))
-            self._vfs_after(g, entry)
+            self._mig_on_with_vfs_off(g, entry, mode)
             return
         if any(c.count for c in spec.vgpus) and self.no_backend(g, entry):
             return
         self.check_types(g, spec.vgpus, mig_profiles=profiles)
         vg = self.vgpus_of(g)
-        cur, pending = mode.current, mode.pending
         empty_for: List[str] = []
         touches: List[str] = []
-        gis = []
-        if not cur:
-            if pending:
-                self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
-                                                    "reboot: MIG mode on is pending", f"mode mig ({where}); GPU "
-                                                    "instances come after the reset"))
-                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
-                return
-            vfs = self._vfs_block_mig(g, entry, "enabling MIG mode")
-            self.diff(f"{bdf} mig-mode on (host has off)", OPERATOR_MARK if vfs else None)
-            procs = self.view.nvml(g.address).compute_processes
-            if procs:
-                self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
-            touches.append("enabling MIG mode")
-            self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                                      enabled=True))
-        else:
-            gis = list(self.view.nvml(g.address).gpu_instances)
-            if not pending:                   # on now, but off after the next GPU reset
-                vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
-                self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
-                touches.append("enabling MIG mode")
-                self.step("mig-mode", LayoutChangeMigMode(bdf, "enable MIG mode (cancels the pending disable)",
-                                                          f"mode mig, host has MIG off pending ({where})", enabled=True))
-        by_id = {p.profile_id: p for p in profiles}
-        have_counts: Dict[str, int] = {}
-        for x in gis:
-            n = by_id[x.profile_id].name if x.profile_id in by_id else f"profile {x.profile_id}"
-            have_counts[n] = have_counts.get(n, 0) + 1
-        want_counts = {by_id[i].name: n for i, n in wanted_ids.items()}
-        if have_counts != want_counts:
-            self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
-            lp = plan_layout(profiles, gis, wanted_ids)
-            parts = []
-            if lp.destroy:
-                parts.append("destroy " + ", ".join(f"{d.profile} (GI {d.gi_id})" for d in lp.destroy))
-                empty_for.append("GPU instances can be destroyed only while the GPU has no vGPUs")
-            if lp.create:
-                parts.append("create " + ", ".join(c.profile for c in lp.create))
-            touches.append("changing GPU instances")
-            self.step("gpu-instance", LayoutMakeGpuInstances(bdf, f"make GPU instances {layout_text(want_counts)}"
-                                                             + (f": {'; '.join(parts)}" if parts else ""),
-                                                             f"host has {layout_text(have_counts)} ({where})",
-                                                             layout=tuple(layout.items())))
+        gis = self._mig_mode_on(g, entry, mode, empty_for, touches)
+        if gis is None:
+            return
+        self._mig_instances(g, entry, profiles, gis, wanted_ids, empty_for, touches)
         keep = {c.name.lower(): c.count for c in spec.vgpus if c.count}
         removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
@@ -1145,6 +1117,99 @@ class _Walker:
                 self.guard_in_use(g, vg, what)
         gi_step = any(s.target == bdf for s in self.phases["gpu-instance"])
         self.count_vgpus(g, vg, spec.vgpus, removed, where, capacity_check=not empty_for and not gi_step)
+
+    def _mig_after_release(self, g: Gpu, entry: Entry) -> None:
+        """A mig entry on a GPU that comes back from passthrough: its MIG state is unknown until
+        then, so MIG mode on and the whole GPU-instance layout are planned, and the vGPUs counted."""
+        spec: MigSpec = entry.mig
+        bdf = str(g.address)
+        where = str(entry.where)
+        layout = {c.name: c.count for c in spec.instances if c.count}
+        self.step("mig-mode", LayoutChangeMigMode(
+            bdf, "enable MIG mode", f"mode mig; the state is unknown while the GPU is passed through ({where})",
+            enabled=True))
+        self.step("gpu-instance", LayoutMakeGpuInstances(
+            bdf, f"make GPU instances {layout_text(layout)}", f"mode mig ({where})", layout=tuple(layout.items())))
+        self.count_vgpus(g, self.vgpus_of(g), spec.vgpus, [], where, capacity_check=False)
+
+    def _mig_on_with_vfs_off(self, g: Gpu, entry: Entry, mode: MigMode) -> None:
+        """VFs off: the moment to turn MIG mode on (or to reset the GPU where it is pending); GPU
+        instances and vGPUs come after the VFs are enabled (docs/reference/hardware.md#vendor-vfio)."""
+        bdf = str(g.address)
+        where = str(entry.where)
+        if mode.pending:
+            self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
+                                                "reboot: MIG mode on is pending", f"mode mig ({where})"))
+            self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
+        else:
+            self.diff(f"{bdf} mig-mode on (host has off)")
+            procs = self.view.nvml(g.address).compute_processes
+            if procs:
+                self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
+            self.step("mig-mode", LayoutChangeMigMode(
+                bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})", enabled=True))
+        self._vfs_after(g, entry)
+
+    def _mig_mode_on(self, g: Gpu, entry: Entry, mode: MigMode, empty_for: List[str],
+                     touches: List[str]) -> Optional[List[Any]]:
+        """MIG mode on for a mig entry: the step that turns it on (the GPU empty first) or
+        cancels a pending disable.  Returns the GPU's GPU instances now ([] while MIG mode is
+        off), or None when MIG mode on waits for a GPU reset (reported; nothing more to plan)."""
+        bdf = str(g.address)
+        where = str(entry.where)
+        if mode.current:
+            if not mode.pending:                   # on now, but off after the next GPU reset
+                vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
+                self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
+                touches.append("enabling MIG mode")
+                self.step("mig-mode", LayoutChangeMigMode(
+                    bdf, "enable MIG mode (cancels the pending disable)",
+                    f"mode mig, host has MIG off pending ({where})", enabled=True))
+            return list(self.view.nvml(g.address).gpu_instances)
+        if mode.pending:
+            self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
+                                                "reboot: MIG mode on is pending", f"mode mig ({where}); GPU "
+                                                "instances come after the reset"))
+            self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
+            return None
+        vfs = self._vfs_block_mig(g, entry, "enabling MIG mode")
+        self.diff(f"{bdf} mig-mode on (host has off)", OPERATOR_MARK if vfs else None)
+        procs = self.view.nvml(g.address).compute_processes
+        if procs:
+            self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
+        empty_for.append("MIG mode can change only while the GPU has no vGPUs")
+        touches.append("enabling MIG mode")
+        self.step("mig-mode", LayoutChangeMigMode(
+            bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})", enabled=True))
+        return []
+
+    def _mig_instances(self, g: Gpu, entry: Entry, profiles: Sequence[Any], gis: List[Any],
+                       wanted_ids: Dict[int, int], empty_for: List[str], touches: List[str]) -> None:
+        """The entry's GPU instances against the GPU's (``profiles``: its GiProfile values;
+        ``gis``: its GpuInstance values; ``wanted_ids``: ``{profile id: count}``): the step
+        that makes them, which needs the GPU empty when one is destroyed."""
+        bdf = str(g.address)
+        layout = {c.name: c.count for c in entry.mig.instances if c.count}
+        by_id = {p.profile_id: p for p in profiles}
+        have_counts: Dict[str, int] = {}
+        for x in gis:
+            n = by_id[x.profile_id].name if x.profile_id in by_id else f"profile {x.profile_id}"
+            have_counts[n] = have_counts.get(n, 0) + 1
+        want_counts = {by_id[i].name: n for i, n in wanted_ids.items()}
+        if have_counts == want_counts:
+            return
+        self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
+        lp = plan_layout(profiles, gis, wanted_ids)
+        parts = []
+        if lp.destroy:
+            parts.append("destroy " + ", ".join(f"{d.profile} (GI {d.gi_id})" for d in lp.destroy))
+            empty_for.append("GPU instances can be destroyed only while the GPU has no vGPUs")
+        if lp.create:
+            parts.append("create " + ", ".join(c.profile for c in lp.create))
+        touches.append("changing GPU instances")
+        self.step("gpu-instance", LayoutMakeGpuInstances(
+            bdf, f"make GPU instances {layout_text(want_counts)}" + (f": {'; '.join(parts)}" if parts else ""),
+            f"host has {layout_text(have_counts)} ({entry.where})", layout=tuple(layout.items())))
 
     def orphans(self, selection: Dict[PciAddress, Entry]) -> None:
         """Layout vGPUs on GPUs this layout does not select: removed."""
