@@ -24,6 +24,7 @@ from agentutil import (ADMIN_GID, ADMIN_UID, OTHER_GID, OTHER_UID, RO_GID, RO_UI
 from test_hook import vgpu_domain
 from vgpuhost.agent import api
 from vgpuhost.io import agentclient, unixsock
+from vgpuhost.io.files import data_path
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.observe.inventory import discover
@@ -701,7 +702,7 @@ def test_an_unknown_group_is_one_line_exit_2(a40, capsys):
 
 
 def test_units_ship_and_name_their_sockets():
-    units = REPO / "vgpuhost" / "units"
+    units = Path(data_path("units"))
     admin = (units / "vgpuhost-agent.socket").read_text()
     ro = (units / "vgpuhost-agent-ro.socket").read_text()
     service = (units / "vgpuhost-agent.service").read_text()
@@ -714,7 +715,7 @@ def test_units_ship_and_name_their_sockets():
 @pytest.mark.skipif(not os.path.exists("/usr/bin/systemd-analyze"), reason="systemd-analyze not installed")
 def test_systemd_analyze_verify_accepts_the_agent_units(tmp_path):
     import subprocess
-    units = REPO / "vgpuhost" / "units"
+    units = Path(data_path("units"))
     names = ["vgpuhost-agent.socket", "vgpuhost-agent-ro.socket", "vgpuhost-agent.service"]
     for n in names:
         (tmp_path / n).write_text((units / n).read_text())

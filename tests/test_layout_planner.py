@@ -20,9 +20,10 @@ from vgpuhost.model.values import PciAddress, VgpuProfile
 from vgpuhost.observe.hostview import HostView, MigMode, NvmlFacts, SeenType
 from vgpuhost.observe.inventory import (BACKEND_MDEV, Gpu, HostFacts, Inventory, IommuGroup, MdevDevice, PciDevice,
                                         VgpuType)
-from vgpuhost.plan.layout import (OPERATOR_MARK, REBOOT_MARK, RESET_MARK, ChangeMigMode, CreateVgpus, LayoutStep,
-                                  MakeGpuInstances, PreparePassthrough, RecreateVgpu, ReleasePassthrough, RemoveVgpu,
-                                  Report, SetMixedSize, SetScheduler, drift, plan, scope)
+from vgpuhost.plan.layout import (OPERATOR_MARK, REBOOT_MARK, RESET_MARK, LayoutChangeMigMode, LayoutCreateVgpus,
+                                  LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu,
+                                  LayoutReleasePassthrough, LayoutRemoveVgpu, LayoutSetMixedSize, LayoutSetScheduler,
+                                  LayoutStep, Report, drift, plan, scope)
 from vgpuhost.policy.config import board_tables, parse
 
 A40 = PciAddress.parse("0000:81:00.0")
@@ -150,7 +151,7 @@ def steps(p):
 def test_an_empty_a40_gets_its_vgpus_and_the_scheduler_as_typed_steps():
     c = cfg(vgpu_entry("{A40-8Q: 4}", extra="        scheduler: {policy: equal-share, timeslice_ms: 3}\n"))
     p = plan(c, None, Host().a40().view())
-    assert [type(s) for s in p.steps] == [SetScheduler, CreateVgpus]
+    assert [type(s) for s in p.steps] == [LayoutSetScheduler, LayoutCreateVgpus]
     sched, create = p.steps
     assert sched.state == SchedulerState("equal-share", arr=False, timeslice_ms=3) and sched.gpu == A40
     assert (create.profile, create.count, create.uuids, create.kind) == ("A40-8Q", 4, (), "vgpu")
@@ -178,7 +179,7 @@ def test_fewer_wanted_removes_the_newest_layout_vgpus_first():
     new = h.vgpu(A40, "A40-8Q", time="2026-03-01T00:00:00Z")
     mid = h.vgpu(A40, "A40-8Q", time="2026-02-01T00:00:00Z")
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}")), None, h.view())
-    assert [type(s) for s in p.steps] == [RemoveVgpu, RemoveVgpu]
+    assert [type(s) for s in p.steps] == [LayoutRemoveVgpu, LayoutRemoveVgpu]
     assert [s.vgpu_id for s in p.steps] == [new, mid] and old not in {s.vgpu_id for s in p.steps}
     assert p.diff == ["- 0000:81:00.0 vgpu A40-8Q x1 (host has 3)"]
 
@@ -187,8 +188,8 @@ def test_a_type_change_removes_the_old_type_and_creates_the_new():
     h = Host().a40()
     gone = h.vgpu(A40, "A40-8Q")
     p = plan(cfg(vgpu_entry("{A40-4Q: 2}")), None, h.view())
-    assert steps(p) == [("RemoveVgpu", "0000:81:00.0", f"remove A40-8Q {gone}"),
-                        ("CreateVgpus", "0000:81:00.0", "create 2 x A40-4Q")]
+    assert steps(p) == [("LayoutRemoveVgpu", "0000:81:00.0", f"remove A40-8Q {gone}"),
+                        ("LayoutCreateVgpus", "0000:81:00.0", "create 2 x A40-4Q")]
 
 
 def test_a_recorded_vgpu_missing_from_the_host_is_re_created_with_its_id():
@@ -197,11 +198,11 @@ def test_a_recorded_vgpu_missing_from_the_host_is_re_created_with_its_id():
     lost = h.vgpu(A40, "A40-8Q", present=False)
     c = cfg(vgpu_entry("{A40-8Q: 2}"))
     p = plan(c, None, h.view())
-    assert [type(s) for s in p.steps] == [RecreateVgpu] and p.steps[0].vgpu_id == lost
+    assert [type(s) for s in p.steps] == [LayoutRecreateVgpu] and p.steps[0].vgpu_id == lost
     assert f"- 0000:81:00.0 vgpu A40-8Q {lost} (recorded for the layout, missing on the host)" in p.diff
     # not wanted any more: its record is dropped instead
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}")), None, h.view())
-    assert [(type(s), s.action) for s in p.steps] == [(RemoveVgpu, f"drop the record of missing A40-8Q {lost}")]
+    assert [(type(s), s.action) for s in p.steps] == [(LayoutRemoveVgpu, f"drop the record of missing A40-8Q {lost}")]
 
 
 def test_too_many_vgpus_for_the_free_capacity_block_the_plan():
@@ -221,7 +222,7 @@ def test_a_type_the_gpu_does_not_offer_is_a_config_error_naming_near_ones():
 
 def test_type_names_are_spelled_as_the_gpu_spells_them():
     p = plan(cfg(vgpu_entry("{a40-8q: 1}")), None, Host().a40().view())
-    assert steps(p) == [("CreateVgpus", "0000:81:00.0", "create 1 x A40-8Q")]
+    assert steps(p) == [("LayoutCreateVgpus", "0000:81:00.0", "create 1 x A40-8Q")]
 
 
 def test_a_type_seen_before_but_not_listed_now_still_resolves():
@@ -229,7 +230,7 @@ def test_a_type_seen_before_but_not_listed_now_still_resolves():
     h.types = [t for t in h.types if t.name != "A40-16Q"]          # full: the driver hides it
     h.seen = [("0000:81:00.0", "nvidia-568", "A40-16Q", 16384)]
     p = plan(cfg(vgpu_entry("{a40-16q: 0, A40-8Q: 1}")), None, h.view())
-    assert steps(p) == [("CreateVgpus", "0000:81:00.0", "create 1 x A40-8Q")]
+    assert steps(p) == [("LayoutCreateVgpus", "0000:81:00.0", "create 1 x A40-8Q")]
     assert all(isinstance(s, SeenType) for s in h.view().seen)
 
 
@@ -241,7 +242,7 @@ def test_vgpus_of_other_owners_are_never_removed_and_block_a_change_that_needs_t
     manual = h.vgpu(A40, "A40-8Q", owner="manual")
     foreign = h.vgpu(A40, "A40-8Q", owner=None)
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}", extra="          mixed_size: true\n")), None, h.view())
-    assert not any(isinstance(s, RemoveVgpu) for s in p.steps)
+    assert not any(isinstance(s, LayoutRemoveVgpu) for s in p.steps)
     assert p.blocked == [
         f"vGPU {manual} (A40-8Q) on 0000:81:00.0 (owner manual) would have to be removed (mixed-size mode can "
         "change only while the GPU has no vGPUs): a layout removes only the vGPUs it created; remove it first "
@@ -267,7 +268,7 @@ def test_layout_vgpus_on_a_gpu_no_entry_selects_are_orphans_and_go():
     h = Host().a40().a40(A40B, group=32)
     orphan = h.vgpu(A40B, "A40-8Q")
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}", select="{address: '0000:81:00.0'}")), None, h.view())
-    assert (RemoveVgpu, "0000:82:00.0", orphan) in [(type(s), s.target, getattr(s, "vgpu_id", None))
+    assert (LayoutRemoveVgpu, "0000:82:00.0", orphan) in [(type(s), s.target, getattr(s, "vgpu_id", None))
                                                    for s in p.steps]
     assert f"- 0000:82:00.0 vgpu A40-8Q {orphan} (owner layout, not in layout 'main')" in p.diff
 
@@ -295,7 +296,7 @@ def test_leaving_fixed_share_for_mixed_size_orders_the_scheduler_first():
     c = cfg(vgpu_entry("{A40-8Q: 1}", extra="          mixed_size: true\n"
                                            "        scheduler: {policy: equal-share}\n"))
     p = plan(c, None, h.view())
-    assert [type(s) for s in p.steps] == [SetScheduler, SetMixedSize, CreateVgpus]
+    assert [type(s) for s in p.steps] == [LayoutSetScheduler, LayoutSetMixedSize, LayoutCreateVgpus]
     assert p.steps[1].on is True and p.steps[0].why.endswith("before mixed-size mode, which fixed share does "
                                                               "not allow")
 
@@ -345,7 +346,7 @@ PT = "      - select: {address: '0000:81:00.0'}\n        mode: passthrough\n"
 
 def test_passthrough_binds_the_whole_group():
     p = plan(cfg(PT), None, Host().a40(audio=True).view())
-    assert [type(s) for s in p.steps] == [PreparePassthrough]
+    assert [type(s) for s in p.steps] == [LayoutPreparePassthrough]
     s = p.steps[0]
     assert s.action == "bind IOMMU group 31 (2 functions) to vfio-pci" and not s.persist
     assert p.diff == ["- 0000:81:00.0 passthrough vfio-pci (host has 0000:81:00.0 on nvidia, 0000:81:00.1 on "
@@ -357,7 +358,7 @@ def test_passthrough_done_and_persisted_is_in_sync_and_persist_compares_driverct
     c = cfg(PT + "        passthrough: {persist: true}\n")
     p = plan(c, None, h.view())
     assert p.diff == ["- 0000:81:00.0 passthrough driverctl overrides (host has none for some functions)"]
-    assert [(type(s), s.persist) for s in p.steps] == [(PreparePassthrough, True)]
+    assert [(type(s), s.persist) for s in p.steps] == [(LayoutPreparePassthrough, True)]
     h.driverctl = {"0000:81:00.0": "vfio-pci\n"}
     assert plan(c, None, h.view()).diff == []
     h.driverctl = {"0000:81:00.0": "nouveau\n"}
@@ -368,7 +369,7 @@ def test_passthrough_empties_the_gpu_of_layout_vgpus_and_blocks_on_others():
     h = Host().a40()
     mine = h.vgpu(A40, "A40-8Q")
     p = plan(cfg(PT), None, h.view())
-    assert [type(s) for s in p.steps] == [RemoveVgpu, PreparePassthrough]
+    assert [type(s) for s in p.steps] == [LayoutRemoveVgpu, LayoutPreparePassthrough]
     assert p.steps[0].vgpu_id == mine and "not re-created: the GPU is passed through" in p.steps[0].why
     h.vgpu(A40, "A40-8Q", owner="manual")
     assert any("a layout removes only the vGPUs it created" in b for b in plan(cfg(PT), None, h.view()).blocked)
@@ -379,7 +380,7 @@ def test_a_gpu_passed_through_to_a_running_domain_is_not_taken_back():
     h.passthrough = [PassthroughRecord("0000:81:00.0", 31, "0000:81:00.0", "nvidia", None, 0, "t", True, DOMAIN)]
     h.running = {DOMAIN: "vm1"}
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}")), None, h.view())
-    assert [type(s) for s in p.steps] == [ReleasePassthrough, CreateVgpus]
+    assert [type(s) for s in p.steps] == [LayoutReleasePassthrough, LayoutCreateVgpus]
     assert p.blocked == [f"0000:81:00.0 is passed through to running domain vm1 ({DOMAIN}): vgpu mode would take "
                          "it back"]
 
@@ -388,7 +389,7 @@ def test_a_passthrough_only_layout_needs_no_nvml_even_when_nvml_is_missing():
     h = Host().a40()
     h.nvml = {A40: NvmlFacts(error=HostEnvironmentError("NVML is not available on this host"))}
     p = plan(cfg(PT), None, h.view())
-    assert [type(s) for s in p.steps] == [PreparePassthrough]
+    assert [type(s) for s in p.steps] == [LayoutPreparePassthrough]
     with pytest.raises(HostEnvironmentError, match="NVML is not available"):
         plan(cfg(vgpu_entry("{A40-8Q: 1}")), None, h.view())
     gpus, nvml = scope(cfg(PT), None)
@@ -403,7 +404,7 @@ MIG = ("      - select: {board: A100}\n        mode: mig\n        mig:\n        
 
 def test_mig_off_plans_mode_then_instances():
     p = plan(cfg(MIG), None, Host().a100().view())
-    assert [type(s) for s in p.steps] == [ChangeMigMode, MakeGpuInstances]
+    assert [type(s) for s in p.steps] == [LayoutChangeMigMode, LayoutMakeGpuInstances]
     mode, gis = p.steps
     assert mode.enabled is True and gis.counts == {"3g.20gb": 2}
     assert "- 0000:41:00.0 mig-mode on (host has off)" in p.diff
@@ -419,7 +420,7 @@ def test_mig_on_with_other_instances_destroys_and_creates():
     inst = (GpuInstance(1, 0, 0, 8),)
     p = plan(cfg(MIG), None, Host().a100(mig=MigMode(True, True), instances=inst).view())
     assert [(type(s), s.action) for s in p.steps] == [
-        (MakeGpuInstances, "make GPU instances 2x3g.20gb: destroy 7g.40gb (GI 1); create 3g.20gb, 3g.20gb")]
+        (LayoutMakeGpuInstances, "make GPU instances 2x3g.20gb: destroy 7g.40gb (GI 1); create 3g.20gb, 3g.20gb")]
     assert p.diff == ["- 0000:41:00.0 gpu-instances 2x3g.20gb (host has 1x7g.40gb)"]
 
 
@@ -452,7 +453,7 @@ def test_time_sliced_mode_on_a_mig_gpu_turns_mig_off_first():
     h = Host().a40()
     h.nvml[A40] = NvmlFacts(mig_mode=MigMode(True, True), gi_profiles=A100_PROFILES)
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}")), None, h.view())
-    assert [(type(s), getattr(s, "enabled", None)) for s in p.steps][0] == (ChangeMigMode, False)
+    assert [(type(s), getattr(s, "enabled", None)) for s in p.steps][0] == (LayoutChangeMigMode, False)
     assert "- 0000:81:00.0 mig-mode off (host has on)" in p.diff
 
 
@@ -479,7 +480,7 @@ def test_a_uuid_selector_reads_the_uuid_from_the_view():
     h = Host().a40().a40(A40B, group=32)
     uuid = h.nvml[A40B].uuid
     p = plan(cfg(vgpu_entry("{A40-8Q: 1}", select="{uuid: " + uuid + "}")), None, h.view())
-    assert steps(p) == [("CreateVgpus", "0000:82:00.0", "create 1 x A40-8Q")]
+    assert steps(p) == [("LayoutCreateVgpus", "0000:82:00.0", "create 1 x A40-8Q")]
     gpus, nvml = scope(cfg(vgpu_entry("{A40-8Q: 1}", select="{uuid: " + uuid + "}")), None)
     assert nvml and gpus(h.view().inventory) == [A40, A40B]
 
@@ -496,7 +497,7 @@ def test_total_counts_are_spread_by_the_strategy():
             "          strategy: spread\n          types: {A40-8Q: 4}\n")
     p = plan(c, None, h.view())
     assert sorted((s.target, s.count) for s in p.steps) == [("0000:81:00.0", 2), ("0000:82:00.0", 2)]
-    assert all(isinstance(s, CreateVgpus) for s in p.steps)
+    assert all(isinstance(s, LayoutCreateVgpus) for s in p.steps)
 
 
 def test_the_scope_of_a_layout_is_the_gpus_its_entries_may_select():
@@ -536,11 +537,11 @@ def test_layout_steps_run_through_the_executor_by_the_binding_of_their_type(tmp_
              Host().a40().view())
     ran = []
     ex = Executor(HostRoot.from_env(tmp_path), None, actor="test", operation="apply main",
-                  bindings={CreateVgpus: lambda s: ran.append(("create", s.profile, s.count)) or "made",
-                            SetScheduler: lambda s: ran.append(("scheduler", s.state.policy))})
+                  bindings={LayoutCreateVgpus: lambda s: ran.append(("create", s.profile, s.count)) or "made",
+                            LayoutSetScheduler: lambda s: ran.append(("scheduler", s.state.policy))})
     assert ex.run(p.steps) == [None, "made"]
     assert ran == [("scheduler", "equal-share"), ("create", "A40-8Q", 2)] and ex.writes == 0
     unbound = Executor(HostRoot.from_env(tmp_path), None, actor="test", operation="apply main")
-    with pytest.raises(VgpuhostError, match="step SetScheduler has no binding"):
+    with pytest.raises(VgpuhostError, match="step LayoutSetScheduler has no binding"):
         unbound.run(p.steps)
     assert unbound.failed is p.steps[0]

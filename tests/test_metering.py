@@ -9,12 +9,14 @@ import json
 import re
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from vgpuhost.cli.main import main
 from vgpuhost.io import state as st
 from vgpuhost.io.backends import metering_nvml
+from vgpuhost.io.files import data_path
 from vgpuhost.io.state import StateStore
 from vgpuhost.ops.metering import Sampler, split_hours
 from vgpuhost.policy.usage import Offer, advise, aggregate
@@ -186,7 +188,8 @@ def test_advise_finds_smaller_profiles_and_idle_guaranteed_vgpus():
 
 def test_exporter_serves_the_snapshot(loaded):
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops.exporter import host_series, serve
+    from vgpuhost.ops.exporter import serve
+    from vgpuhost.ops.metering import host_series
     s = Sampler(nv, store, interval_s=0.2, host_series=lambda: host_series(host, store))
     stop = threading.Event()
     port = {}
@@ -389,14 +392,13 @@ def test_real_backend_reads_vgpus_with_64bit_framebuffer(monkeypatch):
 
 
 def test_the_shipped_unit_runs_the_exporter_on_loopback():
-    from importlib import resources
-    text = resources.files("vgpuhost").joinpath("units", "vgpuhost-exporter.service").read_text()
+    text = Path(data_path("units", "vgpuhost-exporter.service")).read_text()
     exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert exec_start == ["ExecStart=/usr/bin/vgpuhost exporter --listen 127.0.0.1 --port 9842 --interval 10"]
     assert "ReadWritePaths=/var/lib/vgpuhost" in text and "Restart=on-failure" in text
     for name in ("rules.yml", "grafana-dashboard.json"):
-        assert resources.files("vgpuhost").joinpath("metering", name).is_file()
-    dash = json.loads(resources.files("vgpuhost").joinpath("metering", "grafana-dashboard.json").read_text())
+        assert Path(data_path("metering", name)).is_file()
+    dash = json.loads(Path(data_path("metering", "grafana-dashboard.json")).read_text())
     assert all(t["expr"] for p in dash["panels"] for t in p["targets"])
     assert "pid" not in json.dumps(dash).lower()
 
@@ -405,7 +407,7 @@ def test_tenancy_feeds_labels_and_quota_series(loaded):
     host, store, nv, recs, traces = loaded
     from vgpuhost.model.tenancy import Limits, Quota, Tenant
     from vgpuhost.ops import tenancy
-    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import host_series
     from vgpuhost.ops.metering import OwnerLabels
     tenancy.add(store, Tenant("alpha", qos="guaranteed", quota=Quota(guaranteed=Limits(vgpus=2, framebuffer_mib=8192),
                                                                      burst=Limits(vgpus=3))))
@@ -546,7 +548,7 @@ def test_advise_on_the_cli_from_metered_history(loaded, capsys):
 
 def test_open_journal_entries_are_a_host_series(loaded, monkeypatch):
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import host_series
     assert "journal_open" not in host_series(host, store) or hasattr(StateStore, "journal_entries")
     calls = []
 
@@ -586,7 +588,7 @@ def test_one_sampler_per_state_dir(loaded, capsys):
 
 def test_free_instances_per_profile_and_pool(loaded):
     host, store, nv, recs, traces = loaded
-    from vgpuhost.ops.exporter import host_series
+    from vgpuhost.ops.metering import host_series
     assert host_series(host, store)["free_instances"][("A40-8Q", "")] == 4
     with store.transaction() as conn:          # what a layout's pool: records (issue 13)
         store.replace_pools(conn, [("0000:81:00.0", "interactive", "equal-share", "burstable")])

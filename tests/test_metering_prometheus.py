@@ -32,12 +32,13 @@ import pytest
 from nsutil import skip_or_fail
 from vgpuhost.io import state as st
 from vgpuhost.io.backends import metering_nvml
+from vgpuhost.io.files import data_path
 from vgpuhost.io.state import StateStore
 from vgpuhost.sim.metering import integral
 
 REPO = Path(__file__).resolve().parents[1]
-RULES = REPO / "vgpuhost" / "metering" / "rules.yml"
-DASHBOARD = REPO / "vgpuhost" / "metering" / "grafana-dashboard.json"
+RULES = Path(data_path("metering", "rules.yml"))
+DASHBOARD = Path(data_path("metering", "grafana-dashboard.json"))
 RULES_TEST = REPO / "tests" / "data" / "metering" / "rules_test.yml"
 DOMAINS = {  # name: (uuid, tenant)
     "alpha-1": ("a1a1a1a1-0000-4000-8000-000000000001", "alpha"),

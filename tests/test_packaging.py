@@ -69,9 +69,9 @@ import vgpuhost
 root = importlib.resources.files("vgpuhost")
 print(json.dumps({
     "file": vgpuhost.__file__,
-    "catalog": (root / "sim" / "catalog.yaml").is_file(),
+    "catalog": (root / "data" / "catalog.yaml").is_file(),
     "hosts": sorted(p.name for p in Path(str(root / "sim" / "hosts")).glob("*.yaml")),
-    "templates": sorted(p.name for p in Path(str(root / "templates")).glob("*.j2")),
+    "templates": sorted(p.name for p in Path(str(root / "data" / "templates")).glob("*.j2")),
     "rendered": __import__("vgpuhost.libvirt.templating", fromlist=["render"]).render(
         "hostdev-mdev.xml.j2", uuid="2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a", display=False, ramfb=False),
     "path": sys.path,
@@ -91,8 +91,8 @@ def test_wheel_installs_package_data_and_console_script(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert not any(n.startswith(("tests/", "bench/", "ansible/")) for n in names), names
-    for shipped in ("vgpuhost/hooks/qemu", "vgpuhost/units/vgpuhost-layout.service",
-                    "vgpuhost/units/vgpuhost-reconcile.service"):
+    for shipped in ("vgpuhost/hook/qemu.sh", "vgpuhost/data/units/vgpuhost-layout.service",
+                    "vgpuhost/data/units/vgpuhost-reconcile.service"):
         assert shipped in names, f"{shipped} missing from the wheel"
 
     venv = tmp_path / "venv"
@@ -112,9 +112,9 @@ def test_wheel_installs_package_data_and_console_script(tmp_path):
     info = json.loads(_run([str(vpy), "-I", "-c", CHECK], cwd=tmp_path))
     pkg = Path(info["file"]).resolve()
     assert pkg.is_relative_to(site.resolve()), (pkg, info["path"])
-    assert info["catalog"], "vgpuhost/sim/catalog.yaml missing from the wheel"
+    assert info["catalog"], "vgpuhost/data/catalog.yaml missing from the wheel"
     assert len(info["hosts"]) >= 7, info["hosts"]
-    assert info["templates"], "no vgpuhost/templates/*.j2 in the wheel"
+    assert info["templates"], "no vgpuhost/data/templates/*.j2 in the wheel"
     assert 'uuid="2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a"' in info["rendered"]
 
     out = _run([str(venv / "bin" / "vgpuhost"), "--help"], cwd=tmp_path)
@@ -170,8 +170,8 @@ def test_sdist_holds_every_tracked_file(tmp_path):
         pkg_info = tf.extractfile(f"{top}/PKG-INFO").read().decode()
     for must in ("LICENSE", "MANIFEST.in", "tests/conftest.py", "tests/data/ansible/site.yml",
                  "examples/config/vgpu-a40.yaml", "examples/hosts/a40-mdev.yaml",
-                 "ansible/galaxy.yml", "bench/hook.py", "vgpuhost/hooks/qemu",
-                 "vgpuhost/sim/catalog.yaml", "mkdocs.yml", "docs/index.md"):
+                 "ansible/galaxy.yml", "bench/hook.py", "vgpuhost/hook/qemu.sh",
+                 "vgpuhost/data/catalog.yaml", "mkdocs.yml", "docs/index.md"):
         assert must in names, f"{must} missing from the sdist"
     missing = sorted(_tracked_files() - names)
     assert not missing, f"tracked files missing from the sdist (MANIFEST.in): {missing}"

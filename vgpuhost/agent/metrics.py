@@ -1,7 +1,8 @@
 """The agent's metering: the sampler of the metering exporter, run inside the agent, and its registry.
 
 Owns: starting :class:`vgpuhost.ops.metering.Sampler` in a thread of the
-agent (the same sampler, rollups and host series as ``vgpuhost exporter``),
+agent (the same sampler, rollups and host series as ``vgpuhost exporter``:
+both set it up with :func:`vgpuhost.ops.metering.host_sampler`),
 rendering its registry for ``GET /v1/metrics``, and an optional loopback
 TCP listener for Prometheus (which scrapes HTTP over TCP, not unix
 sockets).  Must not: hold metering logic (``ops/metering.py``,
@@ -23,14 +24,10 @@ class AgentMetering:
 
     def __init__(self, host, interval_s: float):
         from prometheus_client import CollectorRegistry
-        from ..io.backends import metering_nvml
         from ..io.state import StateStore
-        from ..ops.exporter import SnapshotCollector, host_series
-        from ..ops.metering import OwnerLabels, Sampler
-        store = StateStore(host.state_dir, create=True)
-        self.sampler = Sampler(metering_nvml(host), store, interval_s=interval_s,
-                               labels=OwnerLabels(store, None),
-                               host_series=lambda: host_series(host, store), host_every_s=max(interval_s, 30.0))
+        from ..ops.exporter import SnapshotCollector
+        from ..ops.metering import host_sampler
+        self.sampler = host_sampler(host, StateStore(host.state_dir, create=True), interval_s=interval_s)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(lambda: self.sampler.snapshot, interval_s))
         self.stop = threading.Event()

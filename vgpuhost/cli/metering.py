@@ -30,15 +30,10 @@ def _labels_uri(ctx) -> Optional[str]:
 
 
 def _sampler(ctx, interval: float, max_hold: Optional[float]):
-    from ..io.backends import metering_nvml
-    from ..ops.exporter import host_series
-    from ..ops.metering import OwnerLabels, Sampler
+    from ..ops.metering import host_sampler
     ctx.host.require_host()
-    store = _store(ctx, write=True)
-    nvml = metering_nvml(ctx.host)
-    return Sampler(nvml, store, interval_s=interval, max_hold_s=max_hold,
-                   labels=OwnerLabels(store, _labels_uri(ctx)),
-                   host_series=lambda: host_series(ctx.host, store), host_every_s=max(interval, 30.0))
+    return host_sampler(ctx.host, _store(ctx, write=True), interval_s=interval, max_hold_s=max_hold,
+                        libvirt_uri=_labels_uri(ctx))
 
 
 @click.command("exporter", short_help="Meter vGPUs and serve Prometheus metrics.")

@@ -26,7 +26,7 @@
  *
  *   vgpuhost-hook-client --hook ACT SOCKET TIMEOUT_S DISPATCHER N ARG1..ARGN HANDLER...  < domain.xml
  *
- * (what the sh dispatcher, vgpuhost/hooks/qemu, execs, agent or not) does the
+ * (what the sh dispatcher, vgpuhost/hook/qemu.sh, execs, agent or not) does the
  * rest of the dispatcher's work, so no shell reads the XML:
  * the dispatcher's checks on the XML (vgpuhost's namespace; for 'release end'
  * the state store's domain marker; a NUL byte refused), then the call above

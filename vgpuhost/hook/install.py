@@ -1,6 +1,6 @@
 """Installing libvirt's qemu hook: ``vgpuhost hook install|uninstall|status``.
 
-Owns: rendering the dispatcher (the ``hooks/qemu`` template with the
+Owns: rendering the dispatcher (the ``hook/qemu.sh`` template with the
 interpreter, ``sys.path``, host root, state dir and timeout baked in),
 writing it atomically as ``<hooks dir>/vgpuhost`` (only over a file it
 wrote: the marker line), removing it, and reporting whether it is installed
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from ..io.state import StateStore
 
 HOOK_NAME = "vgpuhost"                        # the file in qemu.d
+#: the sh dispatcher's template, beside this module (``vgpuhost/hook/qemu.sh``)
+DISPATCHER = "qemu.sh"
 #: where the dispatcher looks for curl, its thin client to the agent (no fork: ``[ -x ]`` in sh)
 CURL_DIRS = ("/usr/bin", "/bin", "/usr/local/bin")
 MARKER = "# vgpuhost-hook: written by 'vgpuhost hook install'"
@@ -39,7 +41,7 @@ CLIENT_SYSTEM_DIR = "/usr/lib/vgpuhost"
 
 
 def _template() -> str:
-    return files.package_text("hooks", "qemu")
+    return files.package_text("hook", DISPATCHER)
 
 
 def _sh_quote(text: str) -> str:

@@ -1,8 +1,9 @@
 """Reading the board catalog file shipped in the package.
 
-Owns: :func:`load_catalog`, the catalog file (``vgpuhost/sim/catalog.yaml``
-by default, where packagers and simulator users find it) read and parsed
-into :class:`vgpuhost.model.catalog.Catalog` values, once per process.
+Owns: :func:`load_catalog`, the catalog file (the data file
+``vgpuhost/data/catalog.yaml`` by default, which real hosts and the
+simulator both read) read and parsed into
+:class:`vgpuhost.model.catalog.Catalog` values, once per process.
 Must not: be imported on the qemu hook's path (YAML).
 """
 
@@ -14,15 +15,15 @@ from typing import Optional
 from ..model.catalog import Catalog, parse_catalog
 from . import files
 
-#: the shipped catalog file, under the package directory
-CATALOG_FILE = ("sim", "catalog.yaml")
+#: the shipped catalog file, in the package's data folder (:func:`vgpuhost.io.files.data_path`)
+CATALOG_FILE = "catalog.yaml"
 
 
 @lru_cache(maxsize=4)
 def load_catalog(path: Optional[str] = None) -> Catalog:
     """Load the catalog (the shipped one by default); raises OSError / yaml.YAMLError / KeyError when it is broken."""
     import yaml
-    text = files.read_text_capped(path, 1 << 22) if path else files.package_text(*CATALOG_FILE)
+    text = files.read_text_capped(path, 1 << 22) if path else files.data_text(CATALOG_FILE)
     if text is None:
         raise FileNotFoundError(2, "no such catalog file", path)
     return parse_catalog(yaml.safe_load(text))

@@ -4,8 +4,8 @@ Owns: reading them (:func:`read_config_text`, :func:`config_equals`,
 :func:`list_config_files`) and what an audit row records of one
 (:func:`audit_value`); and the few other host files vgpuhost looks at
 before it writes one: whether something exists (:func:`exists`), an
-executable a unit names (:func:`is_executable_file`, :func:`find_program`),
-and the templates shipped in the package (:func:`package_text`).  Writing them (atomic: temp file + rename) and
+executable a unit names (:func:`is_executable_file`, :func:`find_program`).
+Writing them (atomic: temp file + rename) and
 removing them is :meth:`vgpuhost.io.sysfs.Sysfs.write_config` /
 :meth:`~vgpuhost.io.sysfs.Sysfs.remove_config`'s, the one module that opens
 files for writing, which add the audit row; product code changes these
@@ -95,12 +95,6 @@ def find_program(name: str) -> Optional[str]:
     return shutil.which(name)
 
 
-def package_text(*parts: str) -> str:
-    """A text file shipped in the vgpuhost package (``package_text("units", NAME)``), UTF-8."""
-    from importlib import resources
-    return resources.files("vgpuhost").joinpath(*parts).read_text(encoding="utf-8")
-
-
 def audit_value(text: str, limit: int = 160) -> str:
     """What the audit log records for a configuration file's text: the text when it is one
     short line, else ``<N lines, B bytes: first non-comment line>``."""
@@ -120,4 +114,4 @@ def mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
 
 
 __all__ = ["mdevctl_json", "read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",
-           "package_text", "audit_value"]
+           "audit_value"]

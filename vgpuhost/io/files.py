@@ -3,8 +3,9 @@
 Owns: reading a small operator file with a size cap (the qemu hook's
 allow-list), writing an executable file atomically (the installed qemu hook
 dispatcher), removing it, asking what is at a path, reading files shipped
-inside the ``vgpuhost`` package (``hooks/qemu``), byte-compiling the
-package, and finding a system program on a fixed ``PATH``.
+inside the ``vgpuhost`` package (``hook/qemu.sh``), where its data files lie
+(:func:`data_path`: ``vgpuhost/data/``), byte-compiling the package, and
+finding a system program on a fixed ``PATH``.
 Must not: decide anything or word errors for users: it raises ``OSError``
 as the system gives it, and callers (ops/, hook/) turn it into one line.
 Kernel attributes under ``sys/`` and ``proc/`` are :mod:`vgpuhost.io.sysfs`'s.
@@ -26,6 +27,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 #: the directory holding the ``vgpuhost`` package's subpackages (``.../vgpuhost``)
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the package's data folder: hostdev templates, systemd units, metering rules and dashboard, the board catalog
+DATA_DIR = os.path.join(PACKAGE_DIR, "data")
 
 
 def read_capped(path: PathArg, limit: int) -> Optional[bytes]:
@@ -155,9 +158,20 @@ def package_parent() -> str:
 
 
 def package_text(*parts: str) -> str:
-    """A text file shipped in the package: ``package_text("hooks", "qemu")`` is ``vgpuhost/hooks/qemu``."""
+    """A text file shipped in the package: ``package_text("hook", "qemu.sh")`` is ``vgpuhost/hook/qemu.sh``."""
     with open(os.path.join(PACKAGE_DIR, *parts), encoding="utf-8") as f:
         return f.read()
+
+
+def data_path(*parts: str) -> str:
+    """Where a data file shipped in the package lies: ``data_path("units", NAME)`` is
+    ``<package>/data/units/NAME`` (``data_path()``: the data folder).  Nothing is read."""
+    return os.path.join(DATA_DIR, *parts)
+
+
+def data_text(*parts: str) -> str:
+    """A data file's text, UTF-8: ``data_text("catalog.yaml")``; OSError when it cannot be read."""
+    return package_text("data", *parts)
 
 
 def compile_package() -> bool:

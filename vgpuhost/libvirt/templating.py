@@ -1,4 +1,4 @@
-"""Jinja2 templates shipped in ``vgpuhost/templates`` (``templates/`` in the repo).
+"""Jinja2 templates shipped in ``vgpuhost/data/templates`` (``templates/`` in the repo).
 
 Owns: loading and rendering the package's templates (libvirt XML snippets)
 so they are found from a source checkout and from an installed wheel alike.
@@ -13,12 +13,14 @@ from typing import Any, List
 
 import jinja2
 
+from ..io import files
+
 
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The package's template environment: strict undefined, XML autoescaped."""
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("vgpuhost", "templates"),
+        loader=jinja2.FileSystemLoader(files.data_path("templates")),
         autoescape=jinja2.select_autoescape(["xml", "xml.j2"], default_for_string=True),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,

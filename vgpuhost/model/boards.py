@@ -6,7 +6,7 @@ by the inventory (a GPU's name and framebuffer), the config schema
 (``board:`` selectors) and the simulator.  The detailed tables of the boards
 vgpuhost simulates and checks layouts against (vGPU types with max
 instances, MIG GPU-instance profiles, SR-IOV) are the catalog file
-``vgpuhost/sim/catalog.yaml``, parsed by :mod:`vgpuhost.model.catalog` and
+``vgpuhost/data/catalog.yaml``, parsed by :mod:`vgpuhost.model.catalog` and
 read by :mod:`vgpuhost.io.catalog`; each of its boards names a device id
 listed here and takes its framebuffer from here.
 Must not: read files or import anything heavy (the qemu hook's inventory

@@ -1,6 +1,6 @@
 """The detailed board catalog as values: vGPU types, MIG GPU-instance profiles, SR-IOV, other PCI functions.
 
-Owns: the value types of the catalog file (``vgpuhost/sim/catalog.yaml``,
+Owns: the value types of the catalog file (``vgpuhost/data/catalog.yaml``,
 read by :func:`vgpuhost.io.catalog.load_catalog`) and :func:`parse_catalog`,
 which turns its parsed YAML into them.  Board identities (device id,
 product, framebuffer) are :mod:`vgpuhost.model.boards`'s; this adds what the

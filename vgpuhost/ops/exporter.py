@@ -1,11 +1,9 @@
 """The Prometheus exporter: the sampler's snapshot as metrics over HTTP.
 
 Owns: :class:`SnapshotCollector` (a prometheus-client collector that turns a
-:class:`~vgpuhost.ops.metering.Snapshot` into metric families),
-:func:`host_series` (host-level figures: free instances per profile and
-pool, quota use per tenant, orphaned devices, open journal entries) and
-:func:`serve` (the sampler thread plus prometheus-client's HTTP server,
-loopback by default).  A scrape only reads the last snapshot: it never waits
+:class:`~vgpuhost.ops.metering.Snapshot`, its host-level figures included,
+into metric families) and :func:`serve` (the sampler thread plus
+prometheus-client's HTTP server, loopback by default).  A scrape only reads the last snapshot: it never waits
 on NVML, the state store or libvirt.  Must not: hold metering logic (that is
 :mod:`vgpuhost.ops.metering`), or put PIDs in labels.
 
@@ -18,15 +16,12 @@ The metric list is in docs/metering.md.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Callable, Dict, Iterator, Optional
 
 from ..model.concepts import DeviceKind
 from .metering import Sampler, Snapshot
-
-log = logging.getLogger("vgpuhost.exporter")
 
 PREFIX = "vgpuhost_"
 DEFAULT_PORT = 9842
@@ -160,93 +155,6 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
             lim.add_metric([tenant, resource, kind], float(v))
         yield used
         yield lim
-
-
-def host_series(host_root, store) -> Dict[str, object]:
-    """Host-level figures for the snapshot (sysfs and the state store; no NVML).
-
-    ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
-    exist); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
-    ``quota_used``/``quota_limit`` only where the store has a journal or
-    tenant quotas.
-    """
-    from ..io.sysfs import Sysfs
-    from ..observe.inventory import discover, free_instances
-    inv = discover(Sysfs(host_root), with_types=True)
-    pools = gpu_pools(store)
-    free: Dict[tuple, int] = {}
-    for g in inv.gpus:
-        ix = inv.on_gpu(g.address)
-        for tid, ts in ix.by_type.items():
-            key = (ts[0].name, pools.get(str(g.address), ""))
-            free[key] = free.get(key, 0) + free_instances(inv, g.address, tid)[0]
-    present = {m.uuid for m in inv.mdevs} | {str(v.vf) for v in inv.vf_vgpus if v.type_id}
-    records = store.vgpu_records()
-    running = set(store.active_domains())
-    recorded = {r.id for r in records}
-    orphans = {"owner-not-running": sum(1 for r in records if r.id in present and _uuid_like(r.owner)
-                                        and r.owner not in running),
-               "unrecorded": len(present - recorded)}
-    out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
-    journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
-    if callable(journal):
-        try:
-            out["journal_open"] = len(journal(open_only=True))
-        except Exception as e:
-            log.warning("reading the journal failed: %s", e)
-    out.update(_quota(store, inv))
-    return out
-
-
-def gpu_pools(store) -> Dict[str, str]:
-    """``{gpu BDF: pool}`` where the store knows GPU pools (issue 13), else ``{}``."""
-    from .metering import _tenancy
-    ten = _tenancy()
-    if ten is None:
-        return {}
-    try:
-        return {str(g): str(p.name) for p in ten.pools(store) for g in p.gpus}
-    except Exception as e:
-        log.warning("reading GPU pools failed: %s", e)
-        return {}
-
-
-#: tenancy's quota dimensions -> (resource label, factor to base units)
-_QUOTA_UNITS = {"vgpus": ("vgpus", 1), "framebuffer_mib": ("framebuffer_bytes", 1024 * 1024),
-                "mig_slices": ("mig_slices", 1), "passthrough_gpus": ("passthrough_gpus", 1)}
-
-
-def _quota(store, inv) -> Dict[str, object]:
-    """Quota use and limits per tenant where tenancy exists (issue 13); ``{}`` otherwise.
-
-    ``quota_used``: ``{(tenant, resource): value}``; ``quota_limit``:
-    ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes.
-    """
-    from .metering import _tenancy
-    ten = _tenancy()
-    if ten is None:
-        return {}
-    try:
-        used, limit = {}, {}
-        for row in ten.usage_report(store, inv):
-            if not row.get("tenant"):
-                continue
-            t = str(row["tenant"])
-            for dim, u in (row.get("usage") or {}).items():
-                res, k = _QUOTA_UNITS.get(dim, (dim, 1))
-                used[(t, res)] = float(u.get("used") or 0) * k
-                if u.get("guaranteed") is not None:
-                    limit[(t, res, "guaranteed")] = float(u["guaranteed"]) * k
-                if u.get("limit") is not None:
-                    limit[(t, res, "burst")] = float(u["limit"]) * k
-        return {"quota_used": used, "quota_limit": limit}
-    except Exception as e:
-        log.warning("reading quota use failed: %s", e)
-        return {}
-
-
-def _uuid_like(text: str) -> bool:
-    return len(text) == 36 and text.count("-") == 4
 
 
 def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT,

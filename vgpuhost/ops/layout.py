@@ -30,9 +30,10 @@ from ..observe.hostview import HostView, observe, refresh
 from ..observe.inventory import BACKEND_MDEV, gpu_part
 from ..plan import layout as planner
 from ..plan.executor import Executor
-from ..plan.layout import (KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, ChangeMigMode, CreateVgpus, Drift,
-                           LayoutStep, MakeGpuInstances, Plan, PreparePassthrough, RecreateVgpu, ReleasePassthrough,
-                           RemoveVgpu, Report, SetMixedSize, SetScheduler, reboot_step)
+from ..plan.layout import (KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, Drift, LayoutChangeMigMode,
+                           LayoutCreateVgpus, LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu,
+                           LayoutReleasePassthrough, LayoutRemoveVgpu, LayoutSetMixedSize, LayoutSetScheduler,
+                           LayoutStep, Plan, Report, reboot_step)
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
 
@@ -294,10 +295,10 @@ def handlers(host: HostRoot, store: StateStore, actor: str,
 def _handlers(host: HostRoot, store: StateStore, actor: str, carried: Optional[Carried], mig, passthrough,
               scheduler, vgpu) -> Dict[type, Handler]:
 
-    def remove(s: RemoveVgpu) -> None:
+    def remove(s: LayoutRemoveVgpu) -> None:
         vgpu.remove(host, store, s.vgpu_id, owner=LAYOUT, actor=actor)
 
-    def create(s: CreateVgpus) -> None:
+    def create(s: LayoutCreateVgpus) -> None:
         # one look for the step: the vGPUs it has made since only make the GPU fuller, and each
         # create places again on a fresh read of this GPU under its lock
         seen = carried.part(s.gpu) if carried is not None else None
@@ -305,33 +306,33 @@ def _handlers(host: HostRoot, store: StateStore, actor: str, carried: Optional[C
             vgpu.create(host, store, profile=s.profile, gpu=s.gpu, owner=LAYOUT,
                         uuid=s.uuids[k] if k < len(s.uuids) else None, actor=actor, inventory=seen)
 
-    def recreate(s: RecreateVgpu) -> None:
+    def recreate(s: LayoutRecreateVgpu) -> None:
         _recreate(host, store, s.vgpu_id, actor)
 
-    def mig_mode(s: ChangeMigMode) -> Optional[str]:
+    def mig_mode(s: LayoutChangeMigMode) -> Optional[str]:
         out = mig.set_mode(host, store, s.gpu, s.enabled, actor=actor, owner=LAYOUT)
         if out.mig_mode and out.mig_mode["current"] != s.enabled:
             return PENDING
         return None
 
-    def gpu_instances(s: MakeGpuInstances) -> None:
+    def gpu_instances(s: LayoutMakeGpuInstances) -> None:
         mig.apply(host, store, s.gpu, s.counts, actor=actor, owner=LAYOUT)
 
-    def mixed_size(s: SetMixedSize) -> None:
+    def mixed_size(s: LayoutSetMixedSize) -> None:
         scheduler.mixed_size(host, store, s.gpu, s.on, actor=actor, owner=LAYOUT)
 
-    def set_scheduler(s: SetScheduler) -> None:
+    def set_scheduler(s: LayoutSetScheduler) -> None:
         scheduler.set_runtime(host, store, s.gpu, s.state, actor=actor, owner=LAYOUT)
 
-    def prepare(s: PreparePassthrough) -> None:
+    def prepare(s: LayoutPreparePassthrough) -> None:
         passthrough.prepare(host, store, s.gpu, allow_boot_vga=s.allow_boot_vga, persist=s.persist, actor=actor)
 
-    def release(s: ReleasePassthrough) -> None:
+    def release(s: LayoutReleasePassthrough) -> None:
         passthrough.release(host, store, s.gpu, persist=True, actor=actor)
 
-    return {RemoveVgpu: remove, CreateVgpus: create, RecreateVgpu: recreate, ChangeMigMode: mig_mode,
-            MakeGpuInstances: gpu_instances, SetMixedSize: mixed_size, SetScheduler: set_scheduler,
-            PreparePassthrough: prepare, ReleasePassthrough: release}
+    return {LayoutRemoveVgpu: remove, LayoutCreateVgpus: create, LayoutRecreateVgpu: recreate,
+            LayoutChangeMigMode: mig_mode, LayoutMakeGpuInstances: gpu_instances, LayoutSetMixedSize: mixed_size,
+            LayoutSetScheduler: set_scheduler, LayoutPreparePassthrough: prepare, LayoutReleasePassthrough: release}
 
 
 def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:

@@ -13,7 +13,12 @@ attributes each device to its domain, tenant, QoS class and profile, and
   cursors without counting anything twice;
 - marks gaps (``meter_gaps``) where utilisation could not be observed;
 - publishes an immutable :class:`Snapshot` that the exporter serves, so a
-  scrape never waits on NVML.
+  scrape never waits on NVML, with the host-level figures of
+  :func:`host_series` (free instances per profile and pool, quota use per
+  tenant, orphaned devices, open journal entries).
+
+:func:`host_sampler` sets up the sampler of one host, the one set-up that
+``vgpuhost exporter`` and the agent both run.
 
 Must not: change a device, or talk to NVML, SQLite or libvirt except through
 the io/ doors.
@@ -58,9 +63,10 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..io import state as st
+from ..io.backends import metering_nvml
 from ..model.concepts import DeviceKind
 from ..io.nvml_metering import GpuReading, MeteringNvml
 
@@ -98,7 +104,7 @@ def split_hours(t0_us: int, t1_us: int) -> List[Tuple[str, float]]:
 
 
 @dataclass(frozen=True)
-class Owner:
+class MeteredOwner:
     """Who a device is billed to.  Empty strings where unknown."""
 
     domain_uuid: str = ""
@@ -121,7 +127,7 @@ class DeviceUsage:
     kind: str
     gpu: str
     profile: str
-    owner: Owner
+    owner: MeteredOwner
     gi_id: Optional[int]
     alloc_s: float
     sm_busy_s: float
@@ -159,7 +165,7 @@ class _Meter:
     __slots__ = ("device", "kind", "gpu", "profile", "owner", "gi_id", "alloc_s", "sm_s", "enc_s", "dec_s",
                  "fb_used", "fb_peak", "fb_total", "license", "alloc_us", "sample_us", "sm_pct")
 
-    def __init__(self, device: str, kind: str, gpu: str, profile: str, owner: Owner):
+    def __init__(self, device: str, kind: str, gpu: str, profile: str, owner: MeteredOwner):
         self.device, self.kind, self.gpu, self.profile, self.owner = device, kind, gpu, profile, owner
         self.gi_id: Optional[int] = None
         self.alloc_s = self.sm_s = self.enc_s = self.dec_s = 0.0
@@ -175,7 +181,24 @@ class _Meter:
                            self.fb_total, self.license, self.sm_pct, earlier)
 
 
-LabelFn = Callable[[str], Owner]
+@dataclass
+class _Tick:
+    """What one tick gathers before it commits: the reading's wall clock ``now_us``, the
+    store's vGPU records and domain names, and the rows, cursors, gaps, present meters,
+    GPU-instance SM use and first sightings it adds up."""
+
+    now_us: int
+    vgpu_recs: Dict[str, object]
+    names: Dict[str, str]
+    rows: List[tuple] = field(default_factory=list)
+    cursor_rows: List[tuple] = field(default_factory=list)
+    gaps: List[tuple] = field(default_factory=list)
+    present: Dict[Tuple[str, str], _Meter] = field(default_factory=dict)
+    gi_sm: List[Tuple[str, int, float]] = field(default_factory=list)
+    first: Set[Tuple[str, str]] = field(default_factory=set)     # first sighted in this tick: cursors only
+
+
+LabelFn = Callable[[str], MeteredOwner]
 
 
 class Sampler:
@@ -195,7 +218,7 @@ class Sampler:
         self.store = store
         self.interval_s = float(interval_s)
         self.max_hold_us = int((max_hold_s if max_hold_s is not None else HOLD_INTERVALS * interval_s) * 1e6)
-        self.labels = labels or (lambda uuid: Owner(domain_uuid=uuid))
+        self.labels = labels or (lambda uuid: MeteredOwner(domain_uuid=uuid))
         self.host_series = host_series
         self.host_every_s = host_every_s
         self._host_at = 0.0
@@ -227,12 +250,12 @@ class Sampler:
         vgpus = {r.id: r for r in self.store.vgpu_records()}
         return vgpus, self.store.passthrough_records(), self.store.active_domains()
 
-    def _owner(self, domain_uuid: str, names: Dict[str, str]) -> Owner:
+    def _owner(self, domain_uuid: str, names: Dict[str, str]) -> MeteredOwner:
         if not domain_uuid:
-            return Owner()
+            return MeteredOwner()
         o = self.labels(domain_uuid)
         name = o.domain or names.get(domain_uuid, "") or domain_uuid
-        return Owner(domain_uuid, name, o.tenant, o.qos)
+        return MeteredOwner(domain_uuid, name, o.tenant, o.qos)
 
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> Snapshot:
@@ -294,149 +317,183 @@ class Sampler:
         newest_sample = max((v.sample.timestamp_us for g in readings for v in g.vgpus if v.sample is not None),
                             default=0)
         vgpu_recs, pt_recs, names = self._records()
-        rows: List[tuple] = []
-        cursor_rows: List[tuple] = []
-        gaps: List[tuple] = []
-        present: Dict[Tuple[str, str], _Meter] = {}
-        gi_sm: List[Tuple[str, int, float]] = []
-
+        t = _Tick(now_us, vgpu_recs, names)
         if self._last_tick_us and now_us - self._last_tick_us > self.max_hold_us and not self._meters:
-            gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
-                         (now_us - self._last_tick_us) / 1e6, "sampler not running"))
-
-        first: set = set()                 # devices first sighted in this tick: cursors only
-
-        def meter_for(device: str, kind: str, gpu: str, profile: str, owner: Owner) -> _Meter:
-            key = (device, owner.domain_uuid)
-            m = self._meters.get(key)
-            if m is None and key in self._retired:
-                m = self._retired.pop(key)         # back after an absence: counted again from now,
-                m.alloc_us = now_us                # allocation and busy alike
-                m.sample_us = 0
-                first.add(key)
-                e = self._earlier_s[device]
-                for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
-                    e[i] -= v
-            if m is None:
-                m = _Meter(device, kind, gpu, profile, owner)
-                tot = self._totals.get(key)
-                if tot:
-                    m.alloc_s, m.sm_s, m.enc_s, m.dec_s, m.fb_peak = (float(tot[0]), float(tot[1]),
-                                                                       float(tot[2]), float(tot[3]), int(tot[4]))
-                cur = self._cursors.get(device)
-                rec = vgpu_recs.get(device)
-                created_us = _us(rec.time) if rec is not None else 0
-                if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
-                    m.alloc_us, m.sample_us = int(cur[1]), int(cur[2]) or int(cur[1])
-                else:
-                    m.alloc_us = now_us            # allocation and busy counted from first sight
-                    first.add(key)
-            m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
-            present[key] = m
-            return m
-
-        def account(m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int, samples: int):
-            if alloc_dt_us <= 0 and not any(busy) and not samples:
-                rows.extend(_rows(m, [(hour_of(now_us), 1.0)], 0.0, (0.0, 0.0, 0.0), 0))
-                return
-            rows.extend(_rows(m, split_hours(t0_us, now_us), alloc_dt_us / 1e6, busy, samples))
-
+            t.gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
+                           (now_us - self._last_tick_us) / 1e6, "sampler not running"))
         for g in readings:
-            if g.error:
-                self._errors += 1
-                for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
-                    if m.gpu == g.bdf and m.kind != DeviceKind.PASSTHROUGH:
-                        present[key] = m
-                        cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
-                continue
-            for gi, pct in sorted(g.gi_sm.items()):
-                gi_sm.append((g.bdf, gi, pct))
-            seen = self._gpu_seen.get(g.bdf, 0)
-            newest = seen
-            for v in g.vgpus:
-                rec = vgpu_recs.get(v.device) if v.device else None
-                if rec is None and not v.device:
-                    rec = next((r for r in vgpu_recs.values()
-                                if r.gpu == g.bdf and r.owner == v.vm_id and r.type_name == v.type_name), None)
-                device = v.device or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
-                domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
-                kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
-                m = meter_for(device, kind, g.bdf, v.type_name, self._owner(domain, names))
-                m.gi_id = v.gi_id
-                m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
-                m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
-                alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
-                busy = (0.0, 0.0, 0.0)
-                samples = 0
-                t0 = m.alloc_us or now_us
-                s = v.sample
-                if (m.device, m.owner.domain_uuid) in first:   # its sample averages a span with no allocation
-                    m.sample_us = now_us
-                    if s is not None:
-                        newest = max(newest, s.timestamp_us)
-                    s = None
-                if s is not None and s.timestamp_us > m.sample_us:
-                    prev = m.sample_us or seen
-                    end = min(s.timestamp_us, now_us)        # never past the reading that ends the allocation
-                    if prev and end > prev:
-                        dt = end - prev
-                        held = min(dt, self.max_hold_us)
-                        if dt > held:
-                            gaps.append((iso_us(prev), iso_us(end - held), device, (dt - held) / 1e6,
-                                         "no utilisation samples"))
-                        busy = (s.sm / 100 * held / 1e6, s.enc / 100 * held / 1e6, s.dec / 100 * held / 1e6)
-                        m.sm_s += busy[0]
-                        m.enc_s += busy[1]
-                        m.dec_s += busy[2]
-                        m.sm_pct = s.sm
-                        samples = 1
-                    m.sample_us = max(m.sample_us, end)
-                    newest = max(newest, s.timestamp_us)
-                m.alloc_s += alloc_dt / 1e6
-                account(m, alloc_dt, busy, t0, samples)
-                m.alloc_us = now_us
-                cursor_rows.append((device, domain, m.alloc_us, m.sample_us))
-            self._gpu_seen[g.bdf] = max(newest, now_us if not g.vgpus else newest)
+            self._meter_gpu(t, g)
+        self._meter_passthrough(t, pt_recs)
+        self._commit(t, mono_us, boot)
+        wall = time.time()
+        self._read_host_series(wall)
+        return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
+                        devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(t.present.items())),
+                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
+                        gi_sm=tuple(t.gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
+                        host=dict(self._host))
 
-        # passthrough: allocation time only (the host's NVML cannot see the GPU)
+    def _meter_for(self, t: _Tick, device: str, kind: str, gpu: str, profile: str,
+                   owner: MeteredOwner) -> _Meter:
+        """The meter of ``device`` for ``owner`` in this tick: the running one, a retired one
+        back after an absence (counted again from now), or a new one that continues from the
+        store's totals and cursor when the same domain held the device since (see the module
+        doc), else counts from this first sighting (``t.first``)."""
+        now_us = t.now_us
+        key = (device, owner.domain_uuid)
+        m = self._meters.get(key)
+        if m is None and key in self._retired:
+            m = self._retired.pop(key)         # back after an absence: counted again from now,
+            m.alloc_us = now_us                # allocation and busy alike
+            m.sample_us = 0
+            t.first.add(key)
+            e = self._earlier_s[device]
+            for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
+                e[i] -= v
+        if m is None:
+            m = _Meter(device, kind, gpu, profile, owner)
+            tot = self._totals.get(key)
+            if tot:
+                m.alloc_s, m.sm_s, m.enc_s, m.dec_s, m.fb_peak = (float(tot[0]), float(tot[1]),
+                                                                   float(tot[2]), float(tot[3]), int(tot[4]))
+            cur = self._cursors.get(device)
+            rec = t.vgpu_recs.get(device)
+            created_us = _us(rec.time) if rec is not None else 0
+            if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
+                m.alloc_us, m.sample_us = int(cur[1]), int(cur[2]) or int(cur[1])
+            else:
+                m.alloc_us = now_us            # allocation and busy counted from first sight
+                t.first.add(key)
+        m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
+        t.present[key] = m
+        return m
+
+    @staticmethod
+    def _account(t: _Tick, m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int,
+                 samples: int) -> None:
+        """Add ``m``'s rollup rows for ``alloc_dt_us`` µs allocated since ``t0_us`` and ``busy``
+        (SM, encoder, decoder seconds) to the tick, split over the hours they fall in; a
+        device with nothing to add still gets its row for this hour."""
+        if alloc_dt_us <= 0 and not any(busy) and not samples:
+            t.rows.extend(_rows(m, [(hour_of(t.now_us), 1.0)], 0.0, (0.0, 0.0, 0.0), 0))
+            return
+        t.rows.extend(_rows(m, split_hours(t0_us, t.now_us), alloc_dt_us / 1e6, busy, samples))
+
+    def _meter_gpu(self, t: _Tick, g: GpuReading) -> None:
+        """Meter one GPU's reading: its GPU instances' SM use and each of its vGPUs.  A failed
+        read keeps the GPU's devices present, unbilled, with their cursors unchanged."""
+        if g.error:
+            self._errors += 1
+            for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
+                if m.gpu == g.bdf and m.kind != DeviceKind.PASSTHROUGH:
+                    t.present[key] = m
+                    t.cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
+            return
+        for gi, pct in sorted(g.gi_sm.items()):
+            t.gi_sm.append((g.bdf, gi, pct))
+        seen = self._gpu_seen.get(g.bdf, 0)
+        newest = seen
+        for v in g.vgpus:
+            newest = max(newest, self._meter_vgpu(t, g, v, seen))
+        self._gpu_seen[g.bdf] = max(newest, t.now_us if not g.vgpus else newest)
+
+    def _meter_vgpu(self, t: _Tick, g: GpuReading, v, seen: int) -> int:
+        """Meter vGPU reading ``v`` of GPU reading ``g`` (``seen``: the GPU's last reading, µs):
+        attribute it, integrate its utilisation sample (the integration rule of the module doc)
+        and its allocation.  Returns the newest sample time it used, µs (0: none)."""
+        now_us = t.now_us
+        rec = t.vgpu_recs.get(v.device) if v.device else None
+        if rec is None and not v.device:
+            rec = next((r for r in t.vgpu_recs.values()
+                        if r.gpu == g.bdf and r.owner == v.vm_id and r.type_name == v.type_name), None)
+        device = v.device or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
+        domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
+        kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
+        m = self._meter_for(t, device, kind, g.bdf, v.type_name, self._owner(domain, t.names))
+        m.gi_id = v.gi_id
+        m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
+        m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
+        alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
+        busy = (0.0, 0.0, 0.0)
+        samples = 0
+        newest = 0
+        t0 = m.alloc_us or now_us
+        s = v.sample
+        if (m.device, m.owner.domain_uuid) in t.first:   # its sample averages a span with no allocation
+            m.sample_us = now_us
+            if s is not None:
+                newest = s.timestamp_us
+            s = None
+        if s is not None and s.timestamp_us > m.sample_us:
+            prev = m.sample_us or seen
+            end = min(s.timestamp_us, now_us)        # never past the reading that ends the allocation
+            if prev and end > prev:
+                dt = end - prev
+                held = min(dt, self.max_hold_us)
+                if dt > held:
+                    t.gaps.append((iso_us(prev), iso_us(end - held), device, (dt - held) / 1e6,
+                                   "no utilisation samples"))
+                busy = (s.sm / 100 * held / 1e6, s.enc / 100 * held / 1e6, s.dec / 100 * held / 1e6)
+                m.sm_s += busy[0]
+                m.enc_s += busy[1]
+                m.dec_s += busy[2]
+                m.sm_pct = s.sm
+                samples = 1
+            m.sample_us = max(m.sample_us, end)
+            newest = s.timestamp_us
+        m.alloc_s += alloc_dt / 1e6
+        self._account(t, m, alloc_dt, busy, t0, samples)
+        m.alloc_us = now_us
+        t.cursor_rows.append((device, domain, m.alloc_us, m.sample_us))
+        return newest
+
+    def _meter_passthrough(self, t: _Tick, pt_recs: List[object]) -> None:
+        """Meter the passed-through GPUs by allocation time only (the host's NVML cannot see them)."""
+        now_us = t.now_us
         for gpu in sorted({r.gpu for r in pt_recs if r.bdf == r.gpu}):
             owner_uuid = next((r.owner for r in pt_recs if r.bdf == gpu), "")
             domain = owner_uuid if _is_uuid(owner_uuid) else ""
-            m = meter_for(gpu, "passthrough", gpu, "passthrough", self._owner(domain, names))
+            m = self._meter_for(t, gpu, "passthrough", gpu, "passthrough", self._owner(domain, t.names))
             m.license = "n/a"
             alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
             t0 = m.alloc_us or now_us
             m.alloc_s += alloc_dt / 1e6
-            account(m, alloc_dt, (0.0, 0.0, 0.0), t0, 0)
+            self._account(t, m, alloc_dt, (0.0, 0.0, 0.0), t0, 0)
             m.alloc_us = now_us
-            cursor_rows.append((gpu, domain, m.alloc_us, 0))
+            t.cursor_rows.append((gpu, domain, m.alloc_us, 0))
 
-        kept = {k[0] for k in present}
+    def _commit(self, t: _Tick, mono_us: int, boot: str) -> None:
+        """Write the tick's rollups, cursors, gaps and clocks in one transaction, then retire
+        the meters of devices no longer present (their seconds kept for DeviceUsage.earlier)."""
+        now_us = t.now_us
+        kept = {k[0] for k in t.present}
         gone = sorted(({d for d, _u in self._meters} | set(self._cursors)) - kept)
         with self.store.transaction() as conn:
-            st.add_usage(conn, rows)
-            st.put_meter_cursors(conn, cursor_rows, gone)
-            for gap in gaps:
+            st.add_usage(conn, t.rows)
+            st.put_meter_cursors(conn, t.cursor_rows, gone)
+            for gap in t.gaps:
                 st.add_meter_gap(conn, *gap)
             st.put_meter_state(conn, "last_tick_us", str(now_us))
             st.put_meter_state(conn, "last_tick_mono_us", str(mono_us))
             st.put_meter_state(conn, "boot_id", boot)
             st.put_meter_state(conn, "gpu_seen_us", json.dumps(self._gpu_seen, sort_keys=True))
-        for gap in gaps:
+        for gap in t.gaps:
             self._gap_s += gap[3]
         for key, m in self._meters.items():
-            if key not in present:
+            if key not in t.present:
                 self._retired[key] = m
                 e = self._earlier_s.setdefault(m.device, [0.0, 0.0, 0.0, 0.0])
                 for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
                     e[i] += v
-        self._meters = present
+        self._meters = t.present
         self._last_tick_us, self._last_mono_us, self._boot = now_us, mono_us, boot
         self._mono_live = True
         self._cursors = {}
         self._totals = {}
 
-        wall = time.time()
+    def _read_host_series(self, wall: float) -> None:
+        """Read the host-level figures when they are ``host_every_s`` old (or never read); a
+        failure keeps the last ones and counts an error."""
         if self.host_series is not None and (not self._host or wall - self._host_at >= self.host_every_s):
             try:
                 self._host = self.host_series()
@@ -444,11 +501,6 @@ class Sampler:
             except Exception as e:
                 log.warning("host series failed: %s", e)
                 self._errors += 1
-        return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
-                        devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(present.items())),
-                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
-                        gi_sm=tuple(gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
-                        host=dict(self._host))
 
     def _earlier(self, m: _Meter) -> Tuple[float, float, float, float]:
         """Seconds ``m``'s device gave other domains earlier in this process (DeviceUsage.earlier)."""
@@ -556,7 +608,7 @@ def _tenancy():
 
 
 class OwnerLabels:
-    """``labels(domain_uuid) -> Owner``: the domain's name, tenant and QoS class.
+    """``labels(domain_uuid) -> MeteredOwner``: the domain's name, tenant and QoS class.
 
     Sources, first that knows wins: the tenancy allocations (the tenant and
     QoS class admission recorded for the domain's devices) and tenants (a
@@ -575,7 +627,7 @@ class OwnerLabels:
         self.store = store
         self.uri = uri
         self.refresh_s = refresh_s
-        self._cache: Dict[str, Owner] = {}
+        self._cache: Dict[str, MeteredOwner] = {}
         self._admitted: Dict[str, Tuple[str, str]] = {}
         self._at = -1e18
         self._tenant_qos: Dict[str, str] = {}
@@ -605,7 +657,7 @@ class OwnerLabels:
             return
         from ..io.virt import open_connection
         from ..libvirt.domxml import parse_domain
-        cache: Dict[str, Owner] = {}
+        cache: Dict[str, MeteredOwner] = {}
         try:
             with open_connection(self.uri) as conn:
                 for d in conn.domains():
@@ -616,19 +668,19 @@ class OwnerLabels:
                     meta = view.metadata
                     tenant = (meta.tenant if meta is not None else None) or ""
                     qos = (getattr(meta, "qos", None) if meta is not None else None) or ""
-                    cache[d.uuid.lower()] = Owner(d.uuid.lower(), d.name, tenant, qos)
+                    cache[d.uuid.lower()] = MeteredOwner(d.uuid.lower(), d.name, tenant, qos)
         except Exception as e:
             log.warning("reading domain metadata from %s failed: %s", self.uri, e)
             return
         self._cache = cache
 
-    def __call__(self, domain_uuid: str) -> Owner:
+    def __call__(self, domain_uuid: str) -> MeteredOwner:
         key = domain_uuid.lower()
         age = time.monotonic() - self._at
         if age >= self.refresh_s or (key not in self._cache and key not in self._admitted
                                      and age >= self.refresh_s / 6):
             self._refresh()
-        o = self._cache.get(key) or Owner(domain_uuid=key)
+        o = self._cache.get(key) or MeteredOwner(domain_uuid=key)
         tenant, qos = self._admitted.get(key, ("", ""))
         if tenant or qos:
             o = replace(o, tenant=tenant or o.tenant, qos=qos or o.qos)
@@ -665,5 +717,108 @@ def admitted_owners(store) -> Dict[str, Tuple[str, str]]:
         return {}
 
 
-__all__ = ["Sampler", "Snapshot", "DeviceUsage", "Owner", "OwnerLabels", "split_hours", "hour_of",
-           "DEFAULT_INTERVAL_S"]
+# --- the host-level figures and the sampler of one host ------------------------------
+
+def host_series(host_root, store) -> Dict[str, object]:
+    """Host-level figures for the snapshot (sysfs and the state store; no NVML).
+
+    ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
+    exist); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
+    ``quota_used``/``quota_limit`` only where the store has a journal or
+    tenant quotas.
+    """
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover, free_instances
+    inv = discover(Sysfs(host_root), with_types=True)
+    pools = gpu_pools(store)
+    free: Dict[tuple, int] = {}
+    for g in inv.gpus:
+        ix = inv.on_gpu(g.address)
+        for tid, ts in ix.by_type.items():
+            key = (ts[0].name, pools.get(str(g.address), ""))
+            free[key] = free.get(key, 0) + free_instances(inv, g.address, tid)[0]
+    present = {m.uuid for m in inv.mdevs} | {str(v.vf) for v in inv.vf_vgpus if v.type_id}
+    records = store.vgpu_records()
+    running = set(store.active_domains())
+    recorded = {r.id for r in records}
+    orphans = {"owner-not-running": sum(1 for r in records if r.id in present and _uuid_like(r.owner)
+                                        and r.owner not in running),
+               "unrecorded": len(present - recorded)}
+    out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
+    journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
+    if callable(journal):
+        try:
+            out["journal_open"] = len(journal(open_only=True))
+        except Exception as e:
+            log.warning("reading the journal failed: %s", e)
+    out.update(_quota(store, inv))
+    return out
+
+
+def gpu_pools(store) -> Dict[str, str]:
+    """``{gpu BDF: pool}`` where the store knows GPU pools (issue 13), else ``{}``."""
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        return {str(g): str(p.name) for p in ten.pools(store) for g in p.gpus}
+    except Exception as e:
+        log.warning("reading GPU pools failed: %s", e)
+        return {}
+
+
+#: tenancy's quota dimensions -> (resource label, factor to base units)
+_QUOTA_UNITS = {"vgpus": ("vgpus", 1), "framebuffer_mib": ("framebuffer_bytes", 1024 * 1024),
+                "mig_slices": ("mig_slices", 1), "passthrough_gpus": ("passthrough_gpus", 1)}
+
+
+def _quota(store, inv) -> Dict[str, object]:
+    """Quota use and limits per tenant where tenancy exists (issue 13); ``{}`` otherwise.
+
+    ``quota_used``: ``{(tenant, resource): value}``; ``quota_limit``:
+    ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes.
+    """
+    ten = _tenancy()
+    if ten is None:
+        return {}
+    try:
+        used, limit = {}, {}
+        for row in ten.usage_report(store, inv):
+            if not row.get("tenant"):
+                continue
+            t = str(row["tenant"])
+            for dim, u in (row.get("usage") or {}).items():
+                res, k = _QUOTA_UNITS.get(dim, (dim, 1))
+                used[(t, res)] = float(u.get("used") or 0) * k
+                if u.get("guaranteed") is not None:
+                    limit[(t, res, "guaranteed")] = float(u["guaranteed"]) * k
+                if u.get("limit") is not None:
+                    limit[(t, res, "burst")] = float(u["limit"]) * k
+        return {"quota_used": used, "quota_limit": limit}
+    except Exception as e:
+        log.warning("reading quota use failed: %s", e)
+        return {}
+
+
+def _uuid_like(text: str) -> bool:
+    return len(text) == 36 and text.count("-") == 4
+
+
+def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[float] = None,
+                 libvirt_uri: Optional[str] = None) -> Sampler:
+    """The sampler of one host, set up as ``vgpuhost exporter`` and the agent run it.
+
+    Readings come from the host's metering NVML door (real or simulated,
+    :func:`vgpuhost.io.backends.metering_nvml`); ``store``: a writable
+    StateStore; owners are labelled from the store's records and, with
+    ``libvirt_uri``, libvirt's domains (:class:`OwnerLabels`); the host-level
+    figures (:func:`host_series`) are read every ``max(interval_s, 30)``
+    seconds.  ``interval_s`` and ``max_hold_s``: as :class:`Sampler` takes them.
+    """
+    return Sampler(metering_nvml(host_root), store, interval_s=interval_s, max_hold_s=max_hold_s,
+                   labels=OwnerLabels(store, libvirt_uri),
+                   host_series=lambda: host_series(host_root, store), host_every_s=max(interval_s, 30.0))
+
+
+__all__ = ["Sampler", "Snapshot", "DeviceUsage", "MeteredOwner", "OwnerLabels", "host_sampler", "host_series",
+           "gpu_pools", "split_hours", "hour_of", "DEFAULT_INTERVAL_S"]

@@ -154,7 +154,7 @@ def refuse_boards_without_vgpu(host: HostRoot, gpus: Sequence[PciAddress]) -> No
     """RefusedError (exit 2) for a GPU whose board has no vGPU support (a GeForce, say): the
     vGPU scheduler setting would be written for a GPU that never runs the vGPU manager.
 
-    The board's vGPU types come from the catalog (``vgpuhost/sim/catalog.yaml``, docs/reference/hardware.md#vgpu-types);
+    The board's vGPU types come from the catalog (``vgpuhost/data/catalog.yaml``, docs/reference/hardware.md#vgpu-types);
     a board the catalog does not list is given the benefit of the doubt."""
     for g, m in _boards(host, gpus):
         if m is not None and not m.vgpu_types:

@@ -45,7 +45,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..model.errors import HostEnvironmentError, InputError
 from ..io.hostroot import HostRoot
-from ..io.configfiles import exists, find_program, is_executable_file, is_file, package_text, read_config_text
+from ..io.configfiles import exists, find_program, is_executable_file, is_file, read_config_text
+from ..io.files import data_text
 from ..io.process import actor as actor_name
 from ..plan.steps import WriteConfig
 
@@ -149,7 +150,7 @@ def template_text(name: str) -> str:
     """The shipped template of unit ``name`` (with ``@PLACEHOLDERS@``)."""
     if name not in UNIT_NAMES:
         raise InputError(f"no unit {name!r}", hint="units: " + ", ".join(UNIT_NAMES))
-    return package_text("units", name)
+    return data_text("units", name)
 
 
 def _render_shipped(name: str, exe: str, metering: str) -> str:

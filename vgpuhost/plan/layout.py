@@ -5,7 +5,9 @@ and one :class:`~vgpuhost.observe.hostview.HostView` that returns the ordered,
 typed steps that bring the host there, the drift lines (:func:`drift`: the same
 walk), what is reported and never done (reboot and operator steps) and the
 reasons apply must not start; the step types (:class:`LayoutStep` and its
-subclasses); and :func:`nvml_scope`, the GPUs whose NVML facts a plan may read.
+subclasses, each named ``Layout...`` so none is mistaken for the single-write
+steps of :mod:`vgpuhost.plan.steps` it is made of); and :func:`nvml_scope`,
+the GPUs whose NVML facts a plan may read.
 Must not: read or write anything (no sysfs, NVML, store or file access: every
 fact comes from the view) or execute a step (:mod:`vgpuhost.ops.layout` binds
 each step type to the operation that runs it).
@@ -148,7 +150,7 @@ class Report(PlanLine):
 
 
 @dataclass(frozen=True)
-class RemoveVgpu(LayoutStep):
+class LayoutRemoveVgpu(LayoutStep):
     """Remove the layout's vGPU ``vgpu_id`` (or drop the record of a missing one)."""
 
     kind: ClassVar[str] = PlanKind.VGPU
@@ -156,7 +158,7 @@ class RemoveVgpu(LayoutStep):
 
 
 @dataclass(frozen=True)
-class CreateVgpus(LayoutStep):
+class LayoutCreateVgpus(LayoutStep):
     """Create ``count`` vGPUs of type ``profile`` on the target GPU, owner layout;
     ``uuids``: mdev UUIDs to reuse, in order (the rest are new)."""
 
@@ -167,7 +169,7 @@ class CreateVgpus(LayoutStep):
 
 
 @dataclass(frozen=True)
-class RecreateVgpu(LayoutStep):
+class LayoutRecreateVgpu(LayoutStep):
     """Re-create the recorded, missing layout vGPU ``vgpu_id`` with its own id and type."""
 
     kind: ClassVar[str] = PlanKind.VGPU
@@ -175,7 +177,7 @@ class RecreateVgpu(LayoutStep):
 
 
 @dataclass(frozen=True)
-class ChangeMigMode(LayoutStep):
+class LayoutChangeMigMode(LayoutStep):
     """Turn the target GPU's MIG mode on or off (may stay pending until a GPU reset)."""
 
     kind: ClassVar[str] = PlanKind.MIG_MODE
@@ -183,7 +185,7 @@ class ChangeMigMode(LayoutStep):
 
 
 @dataclass(frozen=True)
-class MakeGpuInstances(LayoutStep):
+class LayoutMakeGpuInstances(LayoutStep):
     """Make the target GPU's GPU instances ``{profile name: count}``."""
 
     kind: ClassVar[str] = PlanKind.GPU_INSTANCE
@@ -195,7 +197,7 @@ class MakeGpuInstances(LayoutStep):
 
 
 @dataclass(frozen=True)
-class SetMixedSize(LayoutStep):
+class LayoutSetMixedSize(LayoutStep):
     """Turn the target GPU's mixed-size (heterogeneous) vGPU mode on or off."""
 
     kind: ClassVar[str] = PlanKind.MIXED_SIZE
@@ -203,7 +205,7 @@ class SetMixedSize(LayoutStep):
 
 
 @dataclass(frozen=True)
-class SetScheduler(LayoutStep):
+class LayoutSetScheduler(LayoutStep):
     """Set the target GPU's runtime vGPU scheduler."""
 
     kind: ClassVar[str] = PlanKind.SCHEDULER
@@ -211,7 +213,7 @@ class SetScheduler(LayoutStep):
 
 
 @dataclass(frozen=True)
-class PreparePassthrough(LayoutStep):
+class LayoutPreparePassthrough(LayoutStep):
     """Bind the target GPU's IOMMU group to vfio-pci (and write driverctl overrides)."""
 
     kind: ClassVar[str] = PlanKind.PASSTHROUGH
@@ -220,7 +222,7 @@ class PreparePassthrough(LayoutStep):
 
 
 @dataclass(frozen=True)
-class ReleasePassthrough(LayoutStep):
+class LayoutReleasePassthrough(LayoutStep):
     """Give the target GPU's IOMMU group back to its host drivers (overrides removed)."""
 
     kind: ClassVar[str] = PlanKind.PASSTHROUGH
@@ -351,6 +353,22 @@ class _GpuVgpus:
     others: List[VgpuEntry]              # present: manual, a domain's, or foreign
     #: the layout's vGPUs a domain claimed (pool model): counted as the layout's, never removed by it
     claimed: List[VgpuEntry] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """A vgpu entry with total counts, across its GPUs: ``gpus`` and their ``label`` (the
+    BDFs joined by commas); per lower-cased type name, the layout's vGPUs present
+    (``have``) and recorded but missing (``missing``), as ``(GPU, entry)``; ``want``:
+    ``{lower-cased name: (name as the GPU spells it, count)}``; ``removed``: per GPU, the
+    layout's vGPUs removed to empty it (None: not emptied)."""
+
+    gpus: Sequence[Gpu]
+    label: str
+    have: Dict[str, List[Tuple[Gpu, Any]]]
+    missing: Dict[str, List[Tuple[Gpu, Any]]]
+    want: Dict[str, Tuple[str, int]]
+    removed: Dict[PciAddress, Optional[List[Any]]]
 
 
 class _Walker:
@@ -525,7 +543,7 @@ class _Walker:
                          else f"; the layout creates a {e.type_name} again after")
             else:
                 after = "; the layout does not want it back"
-            self.step("vgpu-remove", RemoveVgpu(
+            self.step("vgpu-remove", LayoutRemoveVgpu(
                 str(g.address), f"{'drop the record of missing' if gone else 'remove'} {e.type_name} {e.id}",
                 f"{text}{after} ({why})", vgpu_id=e.id))
             if not gone:
@@ -542,7 +560,7 @@ class _Walker:
             self.block(f"{bdf} is passed through to running domain {self.active[rec.owner]} ({rec.owner}): "
                        f"{entry.mode} mode would take it back")
         self.diff(f"{bdf} driver nvidia (host has {g.pci.driver or 'no driver'})")
-        self.step("passthrough-release", ReleasePassthrough(
+        self.step("passthrough-release", LayoutReleasePassthrough(
             bdf, "give the IOMMU group back to its host drivers (release; driverctl overrides removed)",
             f"{entry.mode} mode needs the GPU on nvidia ({entry.where})"))
         return True
@@ -652,17 +670,17 @@ class _Walker:
                     creates.append((want[key][0], room, ()))
         for e, why in removes:
             verb = "drop the record of missing" if e.state == "missing" else "remove"
-            self.step("vgpu-remove", RemoveVgpu(bdf, f"{verb} {e.type_name} {e.id}", f"{why} ({where})",
-                                                vgpu_id=e.id))
+            self.step("vgpu-remove", LayoutRemoveVgpu(bdf, f"{verb} {e.type_name} {e.id}", f"{why} ({where})",
+                                                      vgpu_id=e.id))
         for e in recreates:
-            self.step("vgpu-create", RecreateVgpu(bdf, f"re-create {e.type_name} {e.id}",
-                                                  f"recorded for the layout, missing on the host ({where})",
-                                                  vgpu_id=e.id))
+            self.step("vgpu-create", LayoutRecreateVgpu(bdf, f"re-create {e.type_name} {e.id}",
+                                                        f"recorded for the layout, missing on the host ({where})",
+                                                        vgpu_id=e.id))
         for name, n, uuids in creates:
-            self.step("vgpu-create", CreateVgpus(bdf, f"create {n} x {name}",
-                                                 f"layout wants {want[name.lower()][1]}, host has "
-                                                 f"{len(have.get(name.lower(), [])) if removed is None else 0} "
-                                                 f"({where})", profile=name, count=n, uuids=uuids))
+            self.step("vgpu-create", LayoutCreateVgpus(bdf, f"create {n} x {name}",
+                                                       f"layout wants {want[name.lower()][1]}, host has "
+                                                       f"{len(have.get(name.lower(), [])) if removed is None else 0} "
+                                                       f"({where})", profile=name, count=n, uuids=uuids))
         if capacity_check and removed is None and not removes and g.pci.driver == "nvidia":
             needs: Dict[str, Tuple[str, int]] = {}
             for name, n, _ in creates:
@@ -734,9 +752,9 @@ class _Walker:
         action = f"bind IOMMU group {group} ({n} function{'s' if n != 1 else ''}) to vfio-pci"
         if spec.persist:
             action += " and write driverctl overrides"
-        self.step("passthrough-prepare", PreparePassthrough(bdf, action, f"mode passthrough ({entry.where})",
-                                                            allow_boot_vga=spec.allow_boot_vga,
-                                                            persist=spec.persist))
+        self.step("passthrough-prepare", LayoutPreparePassthrough(bdf, action, f"mode passthrough ({entry.where})",
+                                                                  allow_boot_vga=spec.allow_boot_vga,
+                                                                  persist=spec.persist))
 
     def no_backend(self, g: Gpu, entry: Entry) -> bool:
         """A GPU with no vGPU backend: SR-IOV off (operator step) or no vGPU manager; True when so."""
@@ -801,8 +819,9 @@ class _Walker:
             mode = self.mig_mode(g)
             if mode is not None and mode.pending:       # VFs off: the moment to turn MIG mode off
                 self.diff(f"{bdf} mig-mode off (host has {'on' if mode.current else 'off, on pending'})")
-                self.step("mig-mode", ChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
-                                                    f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
+                self.step("mig-mode", LayoutChangeMigMode(
+                    bdf, "disable MIG mode (its GPU instances go first)",
+                    f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
                 self._vfs_after(g, entry)
                 return None
         if not released and self.no_backend(g, entry):
@@ -811,14 +830,7 @@ class _Walker:
         vg = self.vgpus_of(g)
         empty_for: List[str] = []
         touches: List[str] = []
-        mode = None if released else self.mig_mode(g)
-        if mode is not None and mode.on_or_pending:
-            vfs = mode.pending and self._vfs_block_mig(g, entry, "turning MIG mode off")
-            self.diff(f"{bdf} mig-mode off (host has {mode.text()})", OPERATOR_MARK if vfs else None)
-            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
-            touches.append("turning MIG mode off")
-            self.step("mig-mode", ChangeMigMode(bdf, "disable MIG mode (its GPU instances go first)",
-                                                f"time-sliced vGPUs need MIG mode off ({where})", enabled=False))
+        mode = None if released else self._vgpu_mig_off(g, entry, empty_for, touches)
         # NVML answers for this GPU's device-level vGPU settings now (not while it is passed
         # through or in MIG mode; then the state is unknown until the steps before run)
         reads = not released and not (mode is not None and mode.current)
@@ -828,58 +840,8 @@ class _Walker:
         if table is not None:             # the same counts check as the lint, for any selector
             check_vgpu_types(spec, table, f"{bdf} ({g.model})",
                              mixed=bool(spec.mixed_size if spec.mixed_size is not None else mixed_now))
-        mixed_on_step = False             # a step turns mixed-size mode on
-        if spec.mixed_size is not None:
-            cur = mixed_now
-            if cur is None and reads:
-                if spec.mixed_size:
-                    raise (spec.where or entry.where).error(
-                        f"mixed_size: true, but {bdf} ({g.model}) has no mixed-size vGPU mode (NVML: not "
-                        "supported)", hint="mixed-size mode needs vGPU 17+ on a board that offers it; use one "
-                                           "framebuffer size and mixed_size: false")
-                # off where the GPU has no such mode: nothing to do
-            elif cur is None or bool(cur) != spec.mixed_size:
-                want = "on" if spec.mixed_size else "off"
-                mixed_on_step = spec.mixed_size
-                if cur is not None:
-                    self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
-                    touches.append("changing mixed-size mode")
-                    if self._running(g):
-                        empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
-                self.step("mixed-size", SetMixedSize(bdf, f"turn mixed-size mode {want}",
-                                                     (f"host has {'on' if cur else 'off'}" if cur is not None else
-                                                      "its state is unknown until the steps before run")
-                                                     + f" ({where})", on=spec.mixed_size))
-        if mixed_on_step and entry.scheduler is None and sched_now is not None \
-                and sched_now.policy == SchedulerPolicy.FIXED_SHARE:
-            self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
-                       f"(docs/reference/hardware.md#vgpu-scheduling): add scheduler: {{policy: equal-share}} (or best-effort) to the entry "
-                       f"at {where}")
-        if entry.scheduler is not None:
-            want_state = entry.scheduler.state
-            if want_state.policy == SchedulerPolicy.FIXED_SHARE and spec.mixed_size is None and mixed_now:
-                self.block(f"{bdf} is in mixed-size mode, where fixed share is not available (docs/reference/hardware.md#vgpu-scheduling): "
-                           f"add mixed_size: false to the entry at {where}, or use equal-share")
-            if reads:
-                want_state = self._schedulable(g, entry, want_state)
-            cur = sched_now
-            if cur is None or not matches(want_state, cur):
-                if cur is not None:
-                    self.diff(f"{bdf} scheduler {describe(want_state)} (host has {describe(cur)})")
-                    touches.append("changing the scheduler")
-                    if self._running(g):
-                        empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
-                # leaving fixed share for mixed-size mode: the scheduler first (docs/reference/hardware.md#vgpu-scheduling)
-                phase = "scheduler-first" if mixed_on_step else "scheduler"
-                self.step(phase, SetScheduler(bdf, f"set the vGPU scheduler: {describe(want_state)}",
-                                              (f"host has {describe(cur)}" if cur is not None else
-                                               "its state is unknown until the steps before run")
-                                              + f" ({entry.scheduler.where})"
-                                              + ("; before mixed-size mode, which fixed share does not allow"
-                                                 if mixed_on_step and cur is not None and cur.policy == SchedulerPolicy.FIXED_SHARE
-                                                 else ""), state=want_state))
-            if entry.scheduler.persist:
-                self.persist_scheduler(g, entry.scheduler.state, entry)
+        mixed_on_step = self._vgpu_mixed_size(g, entry, reads, mixed_now, empty_for, touches)
+        self._vgpu_scheduler(g, entry, reads, mixed_now, sched_now, mixed_on_step, empty_for, touches)
         keep = {c.name.lower(): c.count for c in spec.types if c.count}
         removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
@@ -891,6 +853,96 @@ class _Walker:
             if not mixed and not released:
                 self.equal_size(g, vg, spec.types)
         return removed
+
+    def _vgpu_mig_off(self, g: Gpu, entry: Entry, empty_for: List[str], touches: List[str]) -> Optional[MigMode]:
+        """Time-sliced vGPUs on a GPU in MIG mode (or with it pending): the step that turns it
+        off, which needs the GPU empty (added to ``empty_for`` and ``touches``).  Returns the
+        GPU's MIG mode (None where the view has none)."""
+        mode = self.mig_mode(g)
+        if mode is not None and mode.on_or_pending:
+            bdf = str(g.address)
+            vfs = mode.pending and self._vfs_block_mig(g, entry, "turning MIG mode off")
+            self.diff(f"{bdf} mig-mode off (host has {mode.text()})", OPERATOR_MARK if vfs else None)
+            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
+            touches.append("turning MIG mode off")
+            self.step("mig-mode", LayoutChangeMigMode(
+                bdf, "disable MIG mode (its GPU instances go first)",
+                f"time-sliced vGPUs need MIG mode off ({entry.where})", enabled=False))
+        return mode
+
+    def _vgpu_mixed_size(self, g: Gpu, entry: Entry, reads: bool, mixed_now: Optional[bool],
+                         empty_for: List[str], touches: List[str]) -> bool:
+        """The entry's ``mixed_size`` on one GPU (``mixed_now``: NVML's answer, None where it has
+        no such mode or cannot be read now, ``reads`` False): the step that changes it, which
+        needs the GPU without vGPUs while one runs.  InputError ``FILE:LINE:`` for
+        ``mixed_size: true`` on a GPU that has no such mode.  Returns whether a step turns it on."""
+        spec: VgpuSpec = entry.vgpu
+        if spec.mixed_size is None:
+            return False
+        bdf = str(g.address)
+        cur = mixed_now
+        if cur is None and reads:
+            if spec.mixed_size:
+                raise (spec.where or entry.where).error(
+                    f"mixed_size: true, but {bdf} ({g.model}) has no mixed-size vGPU mode (NVML: not "
+                    "supported)", hint="mixed-size mode needs vGPU 17+ on a board that offers it; use one "
+                                       "framebuffer size and mixed_size: false")
+            return False                  # off where the GPU has no such mode: nothing to do
+        if cur is not None and bool(cur) == spec.mixed_size:
+            return False
+        want = "on" if spec.mixed_size else "off"
+        if cur is not None:
+            self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
+            touches.append("changing mixed-size mode")
+            if self._running(g):
+                empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
+        self.step("mixed-size", LayoutSetMixedSize(
+            bdf, f"turn mixed-size mode {want}",
+            (f"host has {'on' if cur else 'off'}" if cur is not None else
+             "its state is unknown until the steps before run") + f" ({entry.where})", on=spec.mixed_size))
+        return spec.mixed_size
+
+    def _vgpu_scheduler(self, g: Gpu, entry: Entry, reads: bool, mixed_now: Optional[bool],
+                        sched_now: Optional[SchedulerState], mixed_on_step: bool, empty_for: List[str],
+                        touches: List[str]) -> None:
+        """The entry's scheduler on one GPU (``sched_now``: NVML's, None when it cannot be read
+        now): blocks fixed share under mixed-size mode, and plans the change (before the
+        mixed-size step when that leaves fixed share), which needs the GPU without running
+        vGPUs; and the persistent setting."""
+        spec: VgpuSpec = entry.vgpu
+        bdf = str(g.address)
+        where = str(entry.where)
+        if mixed_on_step and entry.scheduler is None and sched_now is not None \
+                and sched_now.policy == SchedulerPolicy.FIXED_SHARE:
+            self.block(f"{bdf} uses the fixed-share scheduler, which mixed-size mode does not allow "
+                       f"(docs/reference/hardware.md#vgpu-scheduling): add scheduler: {{policy: equal-share}} "
+                       f"(or best-effort) to the entry at {where}")
+        if entry.scheduler is None:
+            return
+        want_state = entry.scheduler.state
+        if want_state.policy == SchedulerPolicy.FIXED_SHARE and spec.mixed_size is None and mixed_now:
+            self.block(f"{bdf} is in mixed-size mode, where fixed share is not available "
+                       f"(docs/reference/hardware.md#vgpu-scheduling): "
+                       f"add mixed_size: false to the entry at {where}, or use equal-share")
+        if reads:
+            want_state = self._schedulable(g, entry, want_state)
+        cur = sched_now
+        if cur is None or not matches(want_state, cur):
+            if cur is not None:
+                self.diff(f"{bdf} scheduler {describe(want_state)} (host has {describe(cur)})")
+                touches.append("changing the scheduler")
+                if self._running(g):
+                    empty_for.append("the scheduler can change only while no vGPU runs on the GPU")
+            # leaving fixed share for mixed-size mode: the scheduler first (docs/reference/hardware.md#vgpu-scheduling)
+            phase = "scheduler-first" if mixed_on_step else "scheduler"
+            first = mixed_on_step and cur is not None and cur.policy == SchedulerPolicy.FIXED_SHARE
+            self.step(phase, LayoutSetScheduler(
+                bdf, f"set the vGPU scheduler: {describe(want_state)}",
+                (f"host has {describe(cur)}" if cur is not None else "its state is unknown until the steps before run")
+                + f" ({entry.scheduler.where})"
+                + ("; before mixed-size mode, which fixed share does not allow" if first else ""), state=want_state))
+        if entry.scheduler.persist:
+            self.persist_scheduler(g, entry.scheduler.state, entry)
 
     def _schedulable(self, g: Gpu, entry: Entry, state: SchedulerState) -> SchedulerState:
         """The state :func:`vgpuhost.scheduler.set_runtime` would set on ``g`` for ``state`` (the
@@ -935,13 +987,11 @@ class _Walker:
     def vgpu_total(self, entry: Entry, gpus: Sequence[Gpu]) -> None:
         """A vgpu entry with counts: total: place the missing vGPUs across ``gpus`` by the strategy."""
         spec: VgpuSpec = entry.vgpu
-        where = str(entry.where)
         if not gpus:
             return
         removed_by_gpu: Dict[PciAddress, Optional[List[Any]]] = {}
         for g in gpus:
             removed_by_gpu[g.address] = self.vgpu(g, entry, total=True)
-        label = ",".join(str(g.address) for g in gpus)
         have: Dict[str, List[Tuple[Gpu, Any]]] = {}
         missing: Dict[str, List[Tuple[Gpu, Any]]] = {}
         for g in gpus:
@@ -951,81 +1001,94 @@ class _Walker:
             for e in vg.layout_missing:
                 missing.setdefault(e.type_name.lower(), []).append((g, e))
         want = {c.name.lower(): (self.spelled(gpus[0], c.name), c.count) for c in spec.types}
+        tot = _Totals(gpus, ",".join(str(g.address) for g in gpus), have, missing, want, removed_by_gpu)
         for key in sorted(set(want) | set(have)):
             name, n = want[key] if key in want else (self.spelled(gpus[0], have[key][0][1].type_name or key), 0)
             if len(have.get(key, [])) != n:
-                self.diff(f"{label} vgpu {name} x{n} total (host has {len(have.get(key, []))})")
+                self.diff(f"{tot.label} vgpu {name} x{n} total (host has {len(have.get(key, []))})")
         for key, pairs in sorted(missing.items()):
             for g, e in pairs:
                 self.diff(f"{g.address} vgpu {e.type_name} {e.id} (recorded for the layout, missing on the host)")
         for key in sorted(set(want) | set(have) | set(missing)):
-            name, n = want[key] if key in want else (self.spelled(gpus[0], _type_name(
-                [e for _, e in have.get(key, []) + missing.get(key, [])], key)), 0)
-            # vGPUs on emptied GPUs come back where they were
-            kept: List[Tuple[Gpu, Any]] = []
-            for g, e in have.get(key, []):
-                if removed_by_gpu.get(g.address) is not None:
-                    kept.append((g, e))
-            kept = kept[:n]
-            for g in gpus:
-                mine = [e for gg, e in kept if gg.address == g.address]
-                if mine:
-                    uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
-                    self.step("vgpu-create", CreateVgpus(str(g.address), f"create {len(mine)} x {name}",
-                                                         f"back where it was before the GPU was emptied ({where})",
-                                                         profile=name, count=len(mine), uuids=uuids))
-            stay = [(g, e) for g, e in have.get(key, []) if removed_by_gpu.get(g.address) is None]
-            stay.sort(key=lambda ge: self._time(ge[1].id))
-            room = max(0, n - len(kept))
-            for g, e in stay[room:][::-1]:
-                self.step("vgpu-remove", RemoveVgpu(str(g.address), f"remove {e.type_name} {e.id}",
-                                                    f"layout wants {n} {name} in total, host has "
-                                                    f"{len(have.get(key, []))} ({where})", vgpu_id=e.id))
-            room = max(0, room - len(stay))
-            for g, e in missing.get(key, []):
-                if room:
-                    room -= 1
-                    self.step("vgpu-create", RecreateVgpu(str(g.address), f"re-create {e.type_name} {e.id}",
-                                                          f"recorded for the layout, missing on the host ({where})",
-                                                          vgpu_id=e.id))
-                else:
-                    self.step("vgpu-remove", RemoveVgpu(str(g.address), f"drop the record of missing "
-                                                        f"{e.type_name} {e.id}", f"not wanted any more ({where})",
-                                                        vgpu_id=e.id))
-            if not room:
-                continue
-            pool = [g for g in gpus if g.pci.driver == "nvidia"]
-            offs = [o for o in offers(self.inv, self.view.records, name, self.seen)
-                    if o.gpu in {g.address for g in pool}]
-            placed: Dict[PciAddress, int] = {}
-            for _ in range(room):
-                d = place(offs, Request(name, LAYOUT, spec.strategy))
-                if not d.admitted:
-                    changing = [g for g in gpus if str(g.address) in self.changing]
-                    if changing:
-                        placed[changing[0].address] = placed.get(changing[0].address, 0) + 1
-                        continue
-                    self.block(f"cannot place {room} x {name} on {label} ({entry.where}): {d.reason}")
-                    break
-                placed[d.gpu] = placed.get(d.gpu, 0) + 1
-                offs = [_taken(o) if o.gpu == d.gpu else o for o in offs]
-            for gpu, k in sorted(placed.items()):
-                self.step("vgpu-create", CreateVgpus(str(gpu), f"create {k} x {name}",
-                                                     f"layout wants {n} {name} in total, {spec.strategy} places "
-                                                     f"{k} here ({where})", profile=name, count=k))
+            self._vgpu_total_type(entry, tot, key)
+
+    def _vgpu_total_type(self, entry: Entry, tot: _Totals, key: str) -> None:
+        """One type (lower-cased name ``key``) of a total-count entry: its vGPUs on emptied GPUs
+        come back where they were, the oldest of the rest stay and the newest beyond the
+        count go, recorded missing ones are re-created while there is room (their records
+        dropped otherwise), and what is still missing is placed by the strategy."""
+        where = str(entry.where)
+        have, missing = tot.have.get(key, []), tot.missing.get(key, [])
+        name, n = tot.want[key] if key in tot.want else (self.spelled(tot.gpus[0], _type_name(
+            [e for _, e in have + missing], key)), 0)
+        # vGPUs on emptied GPUs come back where they were
+        kept: List[Tuple[Gpu, Any]] = []
+        for g, e in have:
+            if tot.removed.get(g.address) is not None:
+                kept.append((g, e))
+        kept = kept[:n]
+        for g in tot.gpus:
+            mine = [e for gg, e in kept if gg.address == g.address]
+            if mine:
+                uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
+                self.step("vgpu-create", LayoutCreateVgpus(
+                    str(g.address), f"create {len(mine)} x {name}",
+                    f"back where it was before the GPU was emptied ({where})",
+                    profile=name, count=len(mine), uuids=uuids))
+        stay = [(g, e) for g, e in have if tot.removed.get(g.address) is None]
+        stay.sort(key=lambda ge: self._time(ge[1].id))
+        room = max(0, n - len(kept))
+        for g, e in stay[room:][::-1]:
+            self.step("vgpu-remove", LayoutRemoveVgpu(
+                str(g.address), f"remove {e.type_name} {e.id}",
+                f"layout wants {n} {name} in total, host has {len(have)} ({where})", vgpu_id=e.id))
+        room = max(0, room - len(stay))
+        for g, e in missing:
+            if room:
+                room -= 1
+                self.step("vgpu-create", LayoutRecreateVgpu(
+                    str(g.address), f"re-create {e.type_name} {e.id}",
+                    f"recorded for the layout, missing on the host ({where})", vgpu_id=e.id))
+            else:
+                self.step("vgpu-remove", LayoutRemoveVgpu(
+                    str(g.address), f"drop the record of missing {e.type_name} {e.id}",
+                    f"not wanted any more ({where})", vgpu_id=e.id))
+        if room:
+            self._place_total(entry, tot, name, n, room)
+
+    def _place_total(self, entry: Entry, tot: _Totals, name: str, n: int, room: int) -> None:
+        """Place ``room`` more vGPUs of type ``name`` (``n`` wanted in total) on the entry's GPUs
+        bound to nvidia, by the entry's strategy; a GPU whose settings a step changes takes
+        what cannot be placed now; otherwise the plan is blocked."""
+        spec: VgpuSpec = entry.vgpu
+        pool = [g for g in tot.gpus if g.pci.driver == "nvidia"]
+        offs = [o for o in offers(self.inv, self.view.records, name, self.seen)
+                if o.gpu in {g.address for g in pool}]
+        placed: Dict[PciAddress, int] = {}
+        for _ in range(room):
+            d = place(offs, Request(name, LAYOUT, spec.strategy))
+            if not d.admitted:
+                changing = [g for g in tot.gpus if str(g.address) in self.changing]
+                if changing:
+                    placed[changing[0].address] = placed.get(changing[0].address, 0) + 1
+                    continue
+                self.block(f"cannot place {room} x {name} on {tot.label} ({entry.where}): {d.reason}")
+                break
+            placed[d.gpu] = placed.get(d.gpu, 0) + 1
+            offs = [_taken(o) if o.gpu == d.gpu else o for o in offs]
+        for gpu, k in sorted(placed.items()):
+            self.step("vgpu-create", LayoutCreateVgpus(
+                str(gpu), f"create {k} x {name}",
+                f"layout wants {n} {name} in total, {spec.strategy} places {k} here ({entry.where})",
+                profile=name, count=k))
 
     def mig(self, g: Gpu, entry: Entry) -> None:
+        """A mig entry on one GPU: MIG mode on, its GPU instances, then its vGPUs (counted)."""
         spec: MigSpec = entry.mig
         bdf = str(g.address)
         where = str(entry.where)
-        released = self.release_if_passed_through(g, entry)
-        layout = {c.name: c.count for c in spec.instances if c.count}
-        if released:
-            self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode", "mode mig; the state is unknown while "
-                                                f"the GPU is passed through ({where})", enabled=True))
-            self.step("gpu-instance", MakeGpuInstances(bdf, f"make GPU instances {layout_text(layout)}",
-                                                       f"mode mig ({where})", layout=tuple(layout.items())))
-            self.count_vgpus(g, self.vgpus_of(g), spec.vgpus, [], where, capacity_check=False)
+        if self.release_if_passed_through(g, entry):
+            self._mig_after_release(g, entry)
             return
         mode = self.mig_mode(g)
         if mode is None:
@@ -1035,73 +1098,18 @@ class _Walker:
         label = f"{bdf} ({self.view.nvml(g.address).name or g.model})"
         wanted_ids = check_mig(spec, profiles, label)
         if any(c.count for c in spec.vgpus) and self._vfs_off(g) and not mode.current:
-            # VFs off: the moment to turn MIG mode on; GPU instances and vGPUs come after the
-            # VFs are enabled (docs/reference/hardware.md#vendor-vfio)
-            if mode.pending:
-                self.plan.reboot.append(reboot_step(PlanKind.MIG_MODE, bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
-                                                    "reboot: MIG mode on is pending", f"mode mig ({where})"))
-                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
-            else:
-                self.diff(f"{bdf} mig-mode on (host has off)")
-                procs = self.view.nvml(g.address).compute_processes
-                if procs:
-                    self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-                self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                                    enabled=True))
-            self._vfs_after(g, entry)
+            self._mig_on_with_vfs_off(g, entry, mode)
             return
         if any(c.count for c in spec.vgpus) and self.no_backend(g, entry):
             return
         self.check_types(g, spec.vgpus, mig_profiles=profiles)
         vg = self.vgpus_of(g)
-        cur, pending = mode.current, mode.pending
         empty_for: List[str] = []
         touches: List[str] = []
-        gis = []
-        if not cur:
-            if pending:
-                self.plan.reboot.append(reboot_step(PlanKind.MIG_MODE, bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
-                                                    "reboot: MIG mode on is pending", f"mode mig ({where}); GPU "
-                                                    "instances come after the reset"))
-                self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
-                return
-            vfs = self._vfs_block_mig(g, entry, "enabling MIG mode")
-            self.diff(f"{bdf} mig-mode on (host has off)", OPERATOR_MARK if vfs else None)
-            procs = self.view.nvml(g.address).compute_processes
-            if procs:
-                self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
-            empty_for.append("MIG mode can change only while the GPU has no vGPUs")
-            touches.append("enabling MIG mode")
-            self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})",
-                                                enabled=True))
-        else:
-            gis = list(self.view.nvml(g.address).gpu_instances)
-            if not pending:                   # on now, but off after the next GPU reset
-                vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
-                self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
-                touches.append("enabling MIG mode")
-                self.step("mig-mode", ChangeMigMode(bdf, "enable MIG mode (cancels the pending disable)",
-                                                    f"mode mig, host has MIG off pending ({where})", enabled=True))
-        by_id = {p.profile_id: p for p in profiles}
-        have_counts: Dict[str, int] = {}
-        for x in gis:
-            n = by_id[x.profile_id].name if x.profile_id in by_id else f"profile {x.profile_id}"
-            have_counts[n] = have_counts.get(n, 0) + 1
-        want_counts = {by_id[i].name: n for i, n in wanted_ids.items()}
-        if have_counts != want_counts:
-            self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
-            lp = plan_layout(profiles, gis, wanted_ids)
-            parts = []
-            if lp.destroy:
-                parts.append("destroy " + ", ".join(f"{d.profile} (GI {d.gi_id})" for d in lp.destroy))
-                empty_for.append("GPU instances can be destroyed only while the GPU has no vGPUs")
-            if lp.create:
-                parts.append("create " + ", ".join(c.profile for c in lp.create))
-            touches.append("changing GPU instances")
-            self.step("gpu-instance", MakeGpuInstances(bdf, f"make GPU instances {layout_text(want_counts)}"
-                                                       + (f": {'; '.join(parts)}" if parts else ""),
-                                                       f"host has {layout_text(have_counts)} ({where})",
-                                                       layout=tuple(layout.items())))
+        gis = self._mig_mode_on(g, entry, mode, empty_for, touches)
+        if gis is None:
+            return
+        self._mig_instances(g, entry, profiles, gis, wanted_ids, empty_for, touches)
         keep = {c.name.lower(): c.count for c in spec.vgpus if c.count}
         removed = self.empty(g, vg, empty_for, where, keep) if empty_for else None
         if not empty_for:
@@ -1109,6 +1117,99 @@ class _Walker:
                 self.guard_in_use(g, vg, what)
         gi_step = any(s.target == bdf for s in self.phases["gpu-instance"])
         self.count_vgpus(g, vg, spec.vgpus, removed, where, capacity_check=not empty_for and not gi_step)
+
+    def _mig_after_release(self, g: Gpu, entry: Entry) -> None:
+        """A mig entry on a GPU that comes back from passthrough: its MIG state is unknown until
+        then, so MIG mode on and the whole GPU-instance layout are planned, and the vGPUs counted."""
+        spec: MigSpec = entry.mig
+        bdf = str(g.address)
+        where = str(entry.where)
+        layout = {c.name: c.count for c in spec.instances if c.count}
+        self.step("mig-mode", LayoutChangeMigMode(
+            bdf, "enable MIG mode", f"mode mig; the state is unknown while the GPU is passed through ({where})",
+            enabled=True))
+        self.step("gpu-instance", LayoutMakeGpuInstances(
+            bdf, f"make GPU instances {layout_text(layout)}", f"mode mig ({where})", layout=tuple(layout.items())))
+        self.count_vgpus(g, self.vgpus_of(g), spec.vgpus, [], where, capacity_check=False)
+
+    def _mig_on_with_vfs_off(self, g: Gpu, entry: Entry, mode: MigMode) -> None:
+        """VFs off: the moment to turn MIG mode on (or to reset the GPU where it is pending); GPU
+        instances and vGPUs come after the VFs are enabled (docs/reference/hardware.md#vendor-vfio)."""
+        bdf = str(g.address)
+        where = str(entry.where)
+        if mode.pending:
+            self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
+                                                "reboot: MIG mode on is pending", f"mode mig ({where})"))
+            self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
+        else:
+            self.diff(f"{bdf} mig-mode on (host has off)")
+            procs = self.view.nvml(g.address).compute_processes
+            if procs:
+                self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
+            self.step("mig-mode", LayoutChangeMigMode(
+                bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})", enabled=True))
+        self._vfs_after(g, entry)
+
+    def _mig_mode_on(self, g: Gpu, entry: Entry, mode: MigMode, empty_for: List[str],
+                     touches: List[str]) -> Optional[List[Any]]:
+        """MIG mode on for a mig entry: the step that turns it on (the GPU empty first) or
+        cancels a pending disable.  Returns the GPU's GPU instances now ([] while MIG mode is
+        off), or None when MIG mode on waits for a GPU reset (reported; nothing more to plan)."""
+        bdf = str(g.address)
+        where = str(entry.where)
+        if mode.current:
+            if not mode.pending:                   # on now, but off after the next GPU reset
+                vfs = self._vfs_block_mig(g, entry, "cancelling the pending MIG disable")
+                self.diff(f"{bdf} mig-mode on (host has on, off pending)", OPERATOR_MARK if vfs else None)
+                touches.append("enabling MIG mode")
+                self.step("mig-mode", LayoutChangeMigMode(
+                    bdf, "enable MIG mode (cancels the pending disable)",
+                    f"mode mig, host has MIG off pending ({where})", enabled=True))
+            return list(self.view.nvml(g.address).gpu_instances)
+        if mode.pending:
+            self.plan.reboot.append(reboot_step("mig-mode", bdf, f"reset the GPU (nvidia-smi -r -i {bdf}) or "
+                                                "reboot: MIG mode on is pending", f"mode mig ({where}); GPU "
+                                                "instances come after the reset"))
+            self.diff(f"{bdf} mig-mode on (host has off, on pending)", RESET_MARK)
+            return None
+        vfs = self._vfs_block_mig(g, entry, "enabling MIG mode")
+        self.diff(f"{bdf} mig-mode on (host has off)", OPERATOR_MARK if vfs else None)
+        procs = self.view.nvml(g.address).compute_processes
+        if procs:
+            self.block(f"{bdf}: {procs} process(es) use the GPU: MIG mode cannot change (stop them)")
+        empty_for.append("MIG mode can change only while the GPU has no vGPUs")
+        touches.append("enabling MIG mode")
+        self.step("mig-mode", LayoutChangeMigMode(
+            bdf, "enable MIG mode", f"mode mig, host has MIG off ({where})", enabled=True))
+        return []
+
+    def _mig_instances(self, g: Gpu, entry: Entry, profiles: Sequence[Any], gis: List[Any],
+                       wanted_ids: Dict[int, int], empty_for: List[str], touches: List[str]) -> None:
+        """The entry's GPU instances against the GPU's (``profiles``: its GiProfile values;
+        ``gis``: its GpuInstance values; ``wanted_ids``: ``{profile id: count}``): the step
+        that makes them, which needs the GPU empty when one is destroyed."""
+        bdf = str(g.address)
+        layout = {c.name: c.count for c in entry.mig.instances if c.count}
+        by_id = {p.profile_id: p for p in profiles}
+        have_counts: Dict[str, int] = {}
+        for x in gis:
+            n = by_id[x.profile_id].name if x.profile_id in by_id else f"profile {x.profile_id}"
+            have_counts[n] = have_counts.get(n, 0) + 1
+        want_counts = {by_id[i].name: n for i, n in wanted_ids.items()}
+        if have_counts == want_counts:
+            return
+        self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
+        lp = plan_layout(profiles, gis, wanted_ids)
+        parts = []
+        if lp.destroy:
+            parts.append("destroy " + ", ".join(f"{d.profile} (GI {d.gi_id})" for d in lp.destroy))
+            empty_for.append("GPU instances can be destroyed only while the GPU has no vGPUs")
+        if lp.create:
+            parts.append("create " + ", ".join(c.profile for c in lp.create))
+        touches.append("changing GPU instances")
+        self.step("gpu-instance", LayoutMakeGpuInstances(
+            bdf, f"make GPU instances {layout_text(want_counts)}" + (f": {'; '.join(parts)}" if parts else ""),
+            f"host has {layout_text(have_counts)} ({entry.where})", layout=tuple(layout.items())))
 
     def orphans(self, selection: Dict[PciAddress, Entry]) -> None:
         """Layout vGPUs on GPUs this layout does not select: removed."""
@@ -1119,9 +1220,9 @@ class _Walker:
             gone = e.state == "missing"
             self.diff(f"{e.gpu} vgpu {e.type_name} {e.id} (owner layout, not in layout {self.lay.name!r})")
             verb = "drop the record of missing" if gone else "remove"
-            self.step("vgpu-remove", RemoveVgpu(e.gpu or e.parent, f"{verb} {e.type_name} {e.id}",
-                                                f"owner layout, but no entry of layout {self.lay.name!r} selects "
-                                                "its GPU", vgpu_id=e.id))
+            self.step("vgpu-remove", LayoutRemoveVgpu(e.gpu or e.parent, f"{verb} {e.type_name} {e.id}",
+                                                      f"owner layout, but no entry of layout {self.lay.name!r} selects "
+                                                      "its GPU", vgpu_id=e.id))
 
     def walk(self) -> Plan:
         self.host_settings()
@@ -1238,7 +1339,7 @@ def scope(config: Config, layout: Optional[str]):
     return gpus, needs_nvml
 
 
-__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "RemoveVgpu",
-           "CreateVgpus", "RecreateVgpu", "ChangeMigMode", "MakeGpuInstances", "SetMixedSize", "SetScheduler",
-           "PreparePassthrough", "ReleasePassthrough", "KINDS", "PHASES", "REBOOT_MARK", "RESET_MARK",
-           "OPERATOR_MARK"]
+__all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "LayoutRemoveVgpu",
+           "LayoutCreateVgpus", "LayoutRecreateVgpu", "LayoutChangeMigMode", "LayoutMakeGpuInstances",
+           "LayoutSetMixedSize", "LayoutSetScheduler", "LayoutPreparePassthrough", "LayoutReleasePassthrough", "KINDS",
+           "PHASES", "REBOOT_MARK", "RESET_MARK", "OPERATOR_MARK"]

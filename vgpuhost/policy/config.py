@@ -17,7 +17,7 @@ Board checks at load time: when an entry's selector pins the board
 (``board: A40`` or ``device_id: 0x2235``), vGPU type names, their maximum
 instances and framebuffer, GPU-instance profile names and MIG layout fit are
 checked against vgpuhost's own tables (the simulator catalog,
-``vgpuhost/sim/catalog.yaml``, which follows docs/reference/hardware.md#vgpu-types, #mig-profiles).  A board
+``vgpuhost/data/catalog.yaml``, which follows docs/reference/hardware.md#vgpu-types, #mig-profiles).  A board
 name shared by products of different memory sizes (``A100``: 40 GB and
 80 GB) is not checked at load time, since their tables differ; ``plan``
 checks it on the host, against what the device reports.

@@ -222,96 +222,13 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
     cpu_vendor = r.get(host, hp, "cpu_vendor", str, "GenuineIntel")
     if cpu_vendor not in ("GenuineIntel", "AuthenticAMD"):
         raise loc.error(hp + ("cpu_vendor",), f"cpu_vendor must be GenuineIntel or AuthenticAMD, found {cpu_vendor!r}")
-    devices_raw = r.get(top, (), "devices", list)
     devices: List[DeviceSpec] = []
     seen: Dict[PciAddress, int] = {}
-    for i, raw in enumerate(devices_raw):
-        dp = ("devices", i)
-        d = r.mapping(raw, dp, _DEVICE)
-        bdf = r.bdf(d["bdf"] if "bdf" in d else r.get(d, dp, "bdf", str), dp + ("bdf",))
-        if bdf in seen:
-            raise loc.error(dp + ("bdf",), f"device {bdf} is listed twice (first at devices[{seen[bdf]}])")
-        model = r.get(d, dp, "model", str)
-        if model in cat.gpus:
-            is_gpu = True
-            default_driver: Optional[str] = cat.gpus[model].driver
-        elif model in cat.devices:
-            is_gpu = False
-            default_driver = cat.devices[model].driver
-        else:
-            raise loc.error(dp + ("model",), f"unknown model {model!r}",
-                            hint="known models: " + ", ".join(cat.model_names()))
-        upstream = None
-        if "upstream" in d:
-            upstream = r.bdf(d["upstream"], dp + ("upstream",))
-            if upstream not in seen:
-                raise loc.error(dp + ("upstream",), f"upstream {upstream} must be listed before {bdf}")
-        seen[bdf] = i
-        driver = d["driver"] if "driver" in d else default_driver
-        if driver is not None and not isinstance(driver, str):
-            raise loc.error(dp + ("driver",), f"devices[{i}].driver must be a driver name or null")
-        if driver is not None:
-            r.name(driver, dp + ("driver",))
-        vg = r.mapping(r.get(d, dp, "vgpu", dict, {}), dp + ("vgpu",), _VGPU)
-        vp = dp + ("vgpu",)
-        backend = r.get(vg, vp, "backend", str, "none")
-        if backend not in BACKENDS:
-            raise loc.error(vp + ("backend",), f"vgpu.backend must be one of {', '.join(BACKENDS)}, found {backend!r}")
-        numvfs = r.get(vg, vp, "sriov_numvfs", int, 0)
-        if backend != "none" and not is_gpu:
-            raise loc.error(vp, f"vgpu settings apply to GPUs only; {model} is not a GPU")
-        if numvfs:
-            total = cat.gpus[model].sriov_totalvfs if is_gpu else 0
-            if not 0 < numvfs <= total:
-                raise loc.error(vp + ("sriov_numvfs",),
-                                f"sriov_numvfs {numvfs} out of range for {model} (sriov_totalvfs {total})")
-        if backend == "vendor-vfio" and not numvfs:
-            raise loc.error(vp, "the vendor-vfio backend needs SR-IOV VFs: set sriov_numvfs")
-        if is_gpu and backend != "none" and not cat.gpus[model].vgpu_types:
-            raise loc.error(vp + ("backend",), f"{model} supports no vGPU types")
-        mig = r.mapping(r.get(d, dp, "mig", dict, {}), dp + ("mig",), _MIG)
-        mig_mode = r.get(mig, dp + ("mig",), "mode", bool, False)
-        if mig_mode and not (is_gpu and cat.gpus[model].mig_capable):
-            raise loc.error(dp + ("mig", "mode"), f"{model} is not MIG-capable")
-        devices.append(DeviceSpec(
-            bdf=bdf, model=model, is_gpu=is_gpu, upstream=upstream,
-            numa_node=r.int_range(d, dp, "numa_node", -1, 1023, -1), driver=driver,
-            boot_vga=r.get(d, dp, "boot_vga", bool, False),
-            boot_framebuffer=r.get(d, dp, "boot_framebuffer", bool, False),
-            iommu_group=r.int_range(d, dp, "iommu_group", 0, 1_000_000, None),
-            vgpu=VgpuSpec(backend, numvfs, r.get(vg, vp, "mixed_size", bool, False)),
-            mig_mode=mig_mode))
-    faults = []
-    for i, raw in enumerate(r.get(top, (), "faults", list, [])):
-        fp = ("faults", i)
-        f = r.mapping(raw, fp, _FAULT)
-        op = r.get(f, fp, "op", str)
-        if op not in FAULT_OPS:
-            raise loc.error(fp + ("op",), f"fault op must be one of {', '.join(FAULT_OPS)}, found {op!r}")
-        err_name = r.get(f, fp, "errno", str, "EIO")
-        if not hasattr(_errno, err_name):
-            raise loc.error(fp + ("errno",), f"unknown errno name {err_name!r}", hint="e.g. EIO, EBUSY, ENODEV")
-        dev = r.get(f, fp, "device", str, None)
-        if dev is not None:
-            dev_addr = r.bdf(dev, fp + ("device",))
-            if dev_addr not in seen and not any(dev_addr == vf for vf in _vfs_of(devices, cat)):
-                raise loc.error(fp + ("device",), f"fault device {dev_addr} is not in the spec")
-            dev = str(dev_addr)
-        effect = r.get(f, fp, "effect", str, "error")
-        if effect not in ("error", "ignore"):
-            raise loc.error(fp + ("effect",), "fault effect must be 'error' or 'ignore'")
-        if effect == "ignore" and "errno" in f:
-            raise loc.error(fp + ("errno",), "a fault with effect 'ignore' takes no errno")
-        faults.append(FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1),
-                                effect))
-    load = []
-    for key, trace in r.get(top, (), "load", dict, {}).items():
-        from .metering import check_trace
-        why = check_trace(trace) if isinstance(key, str) else "a trace key is a string"
-        if why:
-            raise loc.error(("load", key), f"invalid load trace {key!r}: {why}",
-                            hint="keys: a device id, type:<vGPU type name> or default (vgpuhost/sim/metering.py)")
-        load.append((key, json.dumps(trace, sort_keys=True)))
+    for i, raw in enumerate(r.get(top, (), "devices", list)):
+        devices.append(_parse_device(r, cat, i, raw, seen))
+    faults = [_parse_fault(r, cat, i, raw, devices, seen)
+              for i, raw in enumerate(r.get(top, (), "faults", list, []))]
+    load = _parse_load(r, top)
     return HostSpec(
         name=name, summary=summary, cpu_vendor=cpu_vendor,
         cmdline=r.get(host, hp, "cmdline", str, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"),
@@ -322,6 +239,118 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
         builtin_modules=r.str_list(host, hp, "builtin_modules"),
         processes=r.str_list(host, hp, "processes"),
         devices=tuple(devices), faults=tuple(faults), source=source, load=tuple(load))
+
+
+def _parse_device(r: _Reader, cat: Catalog, i: int, raw: Any, seen: Dict[PciAddress, int]) -> DeviceSpec:
+    """``devices[i]``: a catalog model at a BDF not listed before (``seen``: BDF -> index, which
+    this adds to), its upstream bridge listed before it, its driver, vGPU and MIG settings
+    as the model allows.  Raises the spec's ``FILE:LINE:`` error otherwise."""
+    loc = r.loc
+    dp = ("devices", i)
+    d = r.mapping(raw, dp, _DEVICE)
+    bdf = r.bdf(d["bdf"] if "bdf" in d else r.get(d, dp, "bdf", str), dp + ("bdf",))
+    if bdf in seen:
+        raise loc.error(dp + ("bdf",), f"device {bdf} is listed twice (first at devices[{seen[bdf]}])")
+    model = r.get(d, dp, "model", str)
+    if model in cat.gpus:
+        is_gpu = True
+        default_driver: Optional[str] = cat.gpus[model].driver
+    elif model in cat.devices:
+        is_gpu = False
+        default_driver = cat.devices[model].driver
+    else:
+        raise loc.error(dp + ("model",), f"unknown model {model!r}",
+                        hint="known models: " + ", ".join(cat.model_names()))
+    upstream = None
+    if "upstream" in d:
+        upstream = r.bdf(d["upstream"], dp + ("upstream",))
+        if upstream not in seen:
+            raise loc.error(dp + ("upstream",), f"upstream {upstream} must be listed before {bdf}")
+    seen[bdf] = i
+    driver = d["driver"] if "driver" in d else default_driver
+    if driver is not None and not isinstance(driver, str):
+        raise loc.error(dp + ("driver",), f"devices[{i}].driver must be a driver name or null")
+    if driver is not None:
+        r.name(driver, dp + ("driver",))
+    vg = r.mapping(r.get(d, dp, "vgpu", dict, {}), dp + ("vgpu",), _VGPU)
+    vp = dp + ("vgpu",)
+    backend, numvfs = _parse_vgpu_backend(r, cat, vg, vp, model, is_gpu)
+    mig = r.mapping(r.get(d, dp, "mig", dict, {}), dp + ("mig",), _MIG)
+    mig_mode = r.get(mig, dp + ("mig",), "mode", bool, False)
+    if mig_mode and not (is_gpu and cat.gpus[model].mig_capable):
+        raise loc.error(dp + ("mig", "mode"), f"{model} is not MIG-capable")
+    return DeviceSpec(
+        bdf=bdf, model=model, is_gpu=is_gpu, upstream=upstream,
+        numa_node=r.int_range(d, dp, "numa_node", -1, 1023, -1), driver=driver,
+        boot_vga=r.get(d, dp, "boot_vga", bool, False),
+        boot_framebuffer=r.get(d, dp, "boot_framebuffer", bool, False),
+        iommu_group=r.int_range(d, dp, "iommu_group", 0, 1_000_000, None),
+        vgpu=VgpuSpec(backend, numvfs, r.get(vg, vp, "mixed_size", bool, False)),
+        mig_mode=mig_mode)
+
+
+def _parse_vgpu_backend(r: _Reader, cat: Catalog, vg: Dict[str, Any], vp: Tuple[Any, ...], model: str,
+                        is_gpu: bool) -> Tuple[str, int]:
+    """A device's ``vgpu`` mapping (at path ``vp``): ``(backend, sriov_numvfs)``, a backend for
+    GPUs with vGPU types only, VFs within the model's ``sriov_totalvfs`` and required by
+    vendor-vfio.  Raises the spec's ``FILE:LINE:`` error otherwise."""
+    loc = r.loc
+    backend = r.get(vg, vp, "backend", str, "none")
+    if backend not in BACKENDS:
+        raise loc.error(vp + ("backend",), f"vgpu.backend must be one of {', '.join(BACKENDS)}, found {backend!r}")
+    numvfs = r.get(vg, vp, "sriov_numvfs", int, 0)
+    if backend != "none" and not is_gpu:
+        raise loc.error(vp, f"vgpu settings apply to GPUs only; {model} is not a GPU")
+    if numvfs:
+        total = cat.gpus[model].sriov_totalvfs if is_gpu else 0
+        if not 0 < numvfs <= total:
+            raise loc.error(vp + ("sriov_numvfs",),
+                            f"sriov_numvfs {numvfs} out of range for {model} (sriov_totalvfs {total})")
+    if backend == "vendor-vfio" and not numvfs:
+        raise loc.error(vp, "the vendor-vfio backend needs SR-IOV VFs: set sriov_numvfs")
+    if is_gpu and backend != "none" and not cat.gpus[model].vgpu_types:
+        raise loc.error(vp + ("backend",), f"{model} supports no vGPU types")
+    return backend, numvfs
+
+
+def _parse_fault(r: _Reader, cat: Catalog, i: int, raw: Any, devices: List[DeviceSpec],
+                 seen: Dict[PciAddress, int]) -> FaultSpec:
+    """``faults[i]``: an operation to fail (with an errno name) or ignore, on a device of the
+    spec or one of its VFs (``devices``, ``seen``: BDF -> index), a number of times."""
+    loc = r.loc
+    fp = ("faults", i)
+    f = r.mapping(raw, fp, _FAULT)
+    op = r.get(f, fp, "op", str)
+    if op not in FAULT_OPS:
+        raise loc.error(fp + ("op",), f"fault op must be one of {', '.join(FAULT_OPS)}, found {op!r}")
+    err_name = r.get(f, fp, "errno", str, "EIO")
+    if not hasattr(_errno, err_name):
+        raise loc.error(fp + ("errno",), f"unknown errno name {err_name!r}", hint="e.g. EIO, EBUSY, ENODEV")
+    dev = r.get(f, fp, "device", str, None)
+    if dev is not None:
+        dev_addr = r.bdf(dev, fp + ("device",))
+        if dev_addr not in seen and not any(dev_addr == vf for vf in _vfs_of(devices, cat)):
+            raise loc.error(fp + ("device",), f"fault device {dev_addr} is not in the spec")
+        dev = str(dev_addr)
+    effect = r.get(f, fp, "effect", str, "error")
+    if effect not in ("error", "ignore"):
+        raise loc.error(fp + ("effect",), "fault effect must be 'error' or 'ignore'")
+    if effect == "ignore" and "errno" in f:
+        raise loc.error(fp + ("errno",), "a fault with effect 'ignore' takes no errno")
+    return FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1), effect)
+
+
+def _parse_load(r: _Reader, top: Dict[str, Any]) -> List[Tuple[Any, str]]:
+    """The spec's ``load`` traces, checked: ``[(key, trace as sorted JSON)]``."""
+    load = []
+    for key, trace in r.get(top, (), "load", dict, {}).items():
+        from .metering import check_trace
+        why = check_trace(trace) if isinstance(key, str) else "a trace key is a string"
+        if why:
+            raise r.loc.error(("load", key), f"invalid load trace {key!r}: {why}",
+                              hint="keys: a device id, type:<vGPU type name> or default (vgpuhost/sim/metering.py)")
+        load.append((key, json.dumps(trace, sort_keys=True)))
+    return load
 
 
 def spec_error(message: str) -> SimulatorError:
