@@ -36,6 +36,7 @@ from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, S
                           current_vgpu_type)
 from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
+from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, mdevctl_attrs, vgpu_exists
 from ..io.process import actor as actor_name
 from ..model.values import (PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace,
                             validate_owner)
@@ -294,7 +295,7 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
                 if persist:
                     try:
                         ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
-                                            mdevctl_json(decision.type_id, params))])
+                                            mdevctl_json(decision.type_id, mdevctl_attrs(params)))])
                     except SysfsError as e:
                         ex.run([RemoveVgpu(backend, decision.parent, vid)])
                         with store.transaction() as conn:
@@ -452,10 +453,6 @@ def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[P
     return None
 
 
-#: the one mdevctl attribute vgpuhost applies (the vGPU's parameters, docs/reference/hardware.md#mdev)
-VGPU_PARAMS_ATTR = "nvidia/vgpu_params"
-
-
 def _definition_params(defined: tuple, uuid: str, params: Optional[str]) -> Optional[str]:
     """The vgpu_params to create ``uuid`` with: those of its mdevctl definition's attrs (issue 12 #4l:
     they were ignored), which must agree with ``params`` when both are given.
@@ -469,18 +466,18 @@ def _definition_params(defined: tuple, uuid: str, params: Optional[str]) -> Opti
            f"the definition itself (mdevctl undefine --uuid {uuid}); nothing was changed")
     out = params
     for i, (attr, value) in enumerate(attrs):
-        if attr != VGPU_PARAMS_ATTR:
+        if attr != MDEVCTL_PARAMS_ATTR:
             import re   # here: only with an mdevctl definition that sets another attribute
             shown = f"{attr!r} " if re.match(r"[A-Za-z0-9_./-]{1,64}\Z", attr) else ""
             raise RefusedError(f"mdevctl definition {where} sets the attribute {shown}(attrs entry {i}), which "
-                               f"vgpuhost does not apply: it applies {VGPU_PARAMS_ATTR} only", hint=fix)
+                               f"vgpuhost does not apply: it applies {MDEVCTL_PARAMS_ATTR} only", hint=fix)
         try:
             _validate_params(value)
         except InputError:
-            raise RefusedError(f"mdevctl definition {where}: its {VGPU_PARAMS_ATTR} (attrs entry {i}) is not a "
+            raise RefusedError(f"mdevctl definition {where}: its {MDEVCTL_PARAMS_ATTR} (attrs entry {i}) is not a "
                                "list of key=value pairs", hint=fix) from None
         if out is not None and out != value:
-            raise RefusedError(f"mdevctl definition {where} sets {VGPU_PARAMS_ATTR} to {value!r}, but "
+            raise RefusedError(f"mdevctl definition {where} sets {MDEVCTL_PARAMS_ATTR} to {value!r}, but "
                                f"{out!r} is asked for", hint="make them agree, or " + fix)
         out = value
     return out
@@ -678,7 +675,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     fs = Sysfs(host)
     rec = next(iter(store.vgpu_records(vgpu_id=vid)), None)
     if rec is None:
-        if _device_exists(fs, vid):
+        if vgpu_exists(fs, vid):
             raise RefusedError(f"vGPU {vid} was not created by vgpuhost: left alone",
                                hint="remove it with the tool that made it (mdevctl stop, or echo 1 > remove)")
         raise InputError(f"no vGPU {vid}", hint="'vgpuhost vgpu list' shows the vGPUs")
@@ -770,13 +767,6 @@ def release_owner(host: HostRoot, store: StateStore, owner: str, *,
 
 def _normalise_id(text: str) -> str:
     return parse_device_id(text, "vGPU id", "an mdev UUID or, on vendor VFIO, the VF's PCI address (0000:21:00.4)")
-
-
-def _device_exists(fs: Sysfs, vid: str) -> bool:
-    if PciAddress.is_valid(vid):
-        cur = fs.read_optional(os.path.join(fs.host.s.pci_device(vid), "nvidia", "current_vgpu_type"))
-        return bool(cur and cur != "0")
-    return fs.exists(os.path.join(fs.host.s.mdev_devices, vid))
 
 
 # ---------------------------------------------------------------------------
