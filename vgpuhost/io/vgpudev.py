@@ -4,10 +4,12 @@ Owns: one :class:`VgpuDevices` interface and its two implementations
 (:class:`MdevDevices`, :class:`VendorVfioDevices`), chosen by :func:`for_backend`
 from a :class:`~vgpuhost.model.concepts.Backend`: the sysfs paths of a vGPU
 (create, ``vgpu_params``, remove), the value written to create and remove it,
-reading back the type it holds, whether it exists, and the offers (per-type
-listings) a parent makes.  In the pattern of a mode manager with one
-implementation per kernel interface: callers hold a backend object, not a
-string to branch on.
+reading back the type it holds, whether it exists, the offers (per-type
+listings) a parent makes, and the ``nvidia/vgpu_params`` attribute that
+mdevctl definitions carry.  Nothing else builds paths with these names
+(``tests/test_architecture.py``'s kernel_attrs rule).  In the pattern of a
+mode manager with one implementation per kernel interface: callers hold a
+backend object, not a string to branch on.
 
 Must not: import anything heavy at module level (the qemu hook imports this
 module through :mod:`vgpuhost.plan.steps`: no typing, no pathlib, no re).
