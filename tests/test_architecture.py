@@ -497,10 +497,94 @@ def package_cycles() -> Iterator[Tuple[str, str, str]]:
                 yield "package-cycle", src, dst
 
 
+#: the vGPU kernel interface's attribute and directory names (docs/reference/hardware.md#mdev, #vendor-vfio)
+KERNEL_ATTRS = {"mdev_type", "current_vgpu_type", "creatable_vgpu_types", "mdev_supported_types",
+                "available_instances", "vgpu_params"}
+#: names of that interface that are plain words too (a driver, a CLI verb): kernel paths only as path components
+KERNEL_WORDS = {"nvidia", "create", "remove"}
+#: the one module that spells the vGPU kernel interface (``sim/``, the simulated kernel, does too)
+VGPU_DOOR = "vgpuhost.io.vgpudev"
+
+
+def _is_path_join(fn: ast.expr) -> bool:
+    """``os.path.join``, ``path.join``, a bare ``join``/``_join`` (never ``", ".join``) and ``.joinpath``."""
+    if isinstance(fn, ast.Name):
+        return fn.id in ("join", "_join")
+    if isinstance(fn, ast.Attribute):
+        return fn.attr == "joinpath" or (fn.attr == "join" and _receiver(fn.value) == "path")
+    return False
+
+
+def _docstrings(tree: ast.AST) -> Set[int]:
+    """ids of the string constants that stand alone as statements (docstrings and their like)."""
+    return {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+
+
+def _kernel_components(text: str) -> Set[str]:
+    """The vGPU kernel attribute names a path-spelled string holds as components (``nvidia/vgpu_params``)."""
+    return set(text.split("/")) & KERNEL_ATTRS if "/" in text else set()
+
+
+def _kernel_attr_uses(tree: ast.AST) -> Iterator[str]:
+    """The spellings of the vGPU kernel interface a module's code (not its docstrings) builds paths with."""
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):      # an f-string: its text, each {...} a component boundary
+            skip.update(id(v) for v in node.values)
+            text = "".join(v.value if isinstance(v, ast.Constant) else "/" for v in node.values)
+            for name in sorted(_kernel_components(text)):
+                yield f"f-string {name!r}"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            for name in sorted(_kernel_components(node.value)):
+                yield f"path {node.value!r}"
+        operands: List[ast.expr] = []
+        words = KERNEL_ATTRS | KERNEL_WORDS
+        if isinstance(node, ast.Call) and (_is_path_join(node.func) or (
+                isinstance(node.func, ast.Attribute) and _receiver(node.func.value) in DOOR_RECEIVERS)):
+            operands = list(node.args) + [k.value for k in node.keywords]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            operands = [node.left, node.right]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            operands, words = [node.left, node.right], KERNEL_ATTRS
+        for op in operands:
+            if isinstance(op, ast.Constant) and isinstance(op.value, str) and op.value in words:
+                yield f"component {op.value!r}"
+
+
+def kernel_attrs() -> Iterator[Tuple[str, str, str]]:
+    """The vGPU kernel interface (classic mdev and vendor VFIO: ``mdev_type``, ``current_vgpu_type``,
+    ``creatable_vgpu_types``, ``mdev_supported_types``, ``available_instances``, ``vgpu_params``, the
+    ``nvidia/`` directory and the ``create``/``remove`` files) is spelled only in its door,
+    ``io/vgpudev.py``, and in ``sim/``, which simulates that kernel.
+
+    What counts is a path built with those names: a string constant or f-string spelled as a path
+    whose ``/``-separated components include an attribute name (``"nvidia/vgpu_params"``,
+    ``f"{d}/mdev_type"``), and a bare name or word as an operand of a path operation (an
+    ``os.path.join`` argument, a ``/`` operand, an argument of a ``fs.``/``sysfs.`` door call; a
+    ``+`` operand for the attribute names).  Docstrings and comments name them freely, and so
+    does data that merely shares a name: the ``available_instances`` field of the JSON documents
+    (``present/``, the agent, the CLI's tables), NVML's probe keys, mdevctl's own JSON key
+    ``mdev_type`` and a function named ``current_vgpu_type`` in ``__all__``.  Those are the
+    document's or the tool's vocabulary, not the kernel's paths, and routing them through the
+    kernel door would tie every document to it.  mdevctl's ``attrs`` entry
+    ``nvidia/vgpu_params`` *is* a sysfs path (relative to the mdev), so it comes from the door
+    (``vgpudev.mdevctl_attrs``).  ``"nvidia"`` in a message (``/usr/lib/nvidia/sriov-manage``) or
+    as a driver name is no vGPU attribute and passes."""
+    for module in MODULES:
+        if module == VGPU_DOOR or _layer(module) == "sim":
+            continue
+        seen: Set[str] = set()
+        for what in _kernel_attr_uses(TREES[module]):
+            if what not in seen:
+                seen.add(what)
+                yield "kernel-attr", module, what
+
+
 def violations() -> Set[Tuple[str, str, str]]:
     out: Set[Tuple[str, str, str]] = set()
     for rule in (layer_violations, cycles, door_violations, init_violations, private_imports, side_by_side,
-                 concept_literals, package_cycles):
+                 concept_literals, package_cycles, kernel_attrs):
         out.update(rule())
     return out
 
@@ -573,6 +657,34 @@ def g(name="domain"):
     return {"vgpus": [], "passthrough": []}, ("vgpu", "mig", "passthrough")
 """
     assert not list(_concept_uses(ast.parse(alike)))
+
+
+def test_kernel_attrs_catches_a_hand_joined_path():
+    """The kernel_attrs rule sees each way a vGPU kernel path is built by hand, and lets data and prose pass."""
+    planted = ast.parse(
+        'import os\n'
+        'def f(fs, host, d, base, uuid, doc, g):\n'
+        '    """Reads <uuid>/mdev_type (a docstring may name it)."""\n'
+        '    fs.link_name(os.path.join(host.s.mdev_devices, uuid, "mdev_type"))\n'
+        '    fs.read_optional(d / "nvidia" / "current_vgpu_type")\n'
+        '    fs.read_attr_int(base + "available_instances")\n'
+        '    fs.read_optional(f"{d}/nvidia/creatable_vgpu_types")\n'
+        '    fs.write(f"{base}{uuid}/mdev_supported_types/x/create", uuid)\n'
+        '    attrs = [{"nvidia/vgpu_params": "frame_rate_limiter=0"}]\n'
+        '    os.path.join(d, "remove")\n')
+    assert set(_kernel_attr_uses(planted)) == {
+        "component 'mdev_type'", "component 'nvidia'", "component 'current_vgpu_type'",
+        "component 'available_instances'", "f-string 'creatable_vgpu_types'", "f-string 'mdev_supported_types'",
+        "path 'nvidia/vgpu_params'", "component 'remove'"}
+    innocent = ast.parse(
+        'def f(doc, e, g, bdf):\n'
+        '    """nvidia/current_vgpu_type, written by hand in prose."""\n'
+        '    e["available_instances"] += 1\n'
+        '    doc.get("mdev_type")\n'
+        '    ok = g.pci.driver == "nvidia"\n'
+        '    hint = f"/usr/lib/nvidia/sriov-manage -d {bdf}; vgpuhost vgpu remove"\n'
+        '    __all__ = ["current_vgpu_type"]\n')
+    assert not list(_kernel_attr_uses(innocent))
 
 
 def test_known_violations_name_an_owner():

@@ -342,9 +342,10 @@ def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
               anti_affinity=_text(body, "anti_affinity", limit=256), persist=_flag(body, "persist"),
               create_gi=_flag(body, "create_gi"))
     dry = _flag(body, "dry_run")
+    request = vgpu.VgpuCreateRequest.parse(profile, **kw)
 
     def run():
-        return vgpu.create(agent.host, agent.store, profile=profile, dry_run=dry, actor=req.actor, **kw)
+        return vgpu.create_vgpu(agent.host, agent.store, request, dry_run=dry, actor=req.actor)
     return (run() if dry else agent.write(run)).as_dict()
 
 

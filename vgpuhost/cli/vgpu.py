@@ -60,21 +60,17 @@ def _vgpu_outcome(ctx: Context, out) -> None:
 def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_node, anti_affinity,
                 persist, create_gi, dry_run) -> None:
     """Create a vGPU of PROFILE, placed by STRATEGY."""
-    from ..model.values import PciAddress
-    from ..ops.vgpu import create
+    from ..ops.vgpu import VgpuCreateRequest, create_vgpu
+    request = VgpuCreateRequest.parse(profile, gpu=gpu or None, uuid=uuid, strategy=strategy, owner=owner,
+                                      params=params, numa_node=numa_node, anti_affinity=anti_affinity,
+                                      persist=persist, create_gi=create_gi)
     if not dry_run:
         from .agentcall import forward
-        out = forward(ctx, "POST", "/v1/vgpus", {
-            "profile": profile, "gpu": gpu, "vgpu_uuid": uuid, "strategy": strategy, "owner": owner,
-            "params": params, "numa_node": numa_node, "anti_affinity": anti_affinity, "persist": persist,
-            "create_gi": create_gi})
+        out = forward(ctx, "POST", "/v1/vgpus", request.body())
         if out is not None:
             _vgpu_outcome(ctx, out)
             return
-    _vgpu_outcome(ctx, create(ctx.host, store(ctx, write=not dry_run), profile=profile,
-                              gpu=PciAddress.parse(gpu) if gpu else None, uuid=uuid, strategy=strategy,
-                              owner=owner, params=params, numa_node=numa_node, anti_affinity=anti_affinity,
-                              persist=persist, create_gi=create_gi, dry_run=dry_run))
+    _vgpu_outcome(ctx, create_vgpu(ctx.host, store(ctx, write=not dry_run), request, dry_run=dry_run))
 
 
 @vgpu.command("remove")

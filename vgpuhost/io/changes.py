@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from .vgpudev import vf_type_path
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable, Tuple
@@ -59,6 +61,6 @@ def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:
         _listing(host.mdev_devices),
         _listing(host.pci_driver("vfio-pci")),
         _listing(host.pci_driver("nvidia")),
-        tuple(_read(host.pci_device(vf) / "nvidia" / "current_vgpu_type") for vf in vfs),
+        tuple(_read(vf_type_path(host, vf)) for vf in vfs),
         tuple(_stat(host.state_dir / name) for name in STATE_FILES),
     )

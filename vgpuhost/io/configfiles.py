@@ -22,7 +22,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional, Tuple, Union
+    from typing import List, Optional, Sequence, Tuple, Union
     PathArg = Union[str, "os.PathLike[str]"]
 
 
@@ -106,11 +106,15 @@ def audit_value(text: str, limit: int = 160) -> str:
     return f"<{len(lines)} lines, {len(text.encode('utf-8'))} bytes: {first[:80]}>"
 
 
-def mdevctl_json(type_id: str, params: Optional[str] = None) -> str:
-    """mdevctl's definition (docs/reference/hardware.md#mdev); vgpu_params as an mdevctl attr so they come back too."""
+def mdevctl_json(type_id: str, attrs: Sequence[Tuple[str, str]] = ()) -> str:
+    """mdevctl's definition of an mdev of ``type_id``, started automatically (docs/reference/hardware.md#mdev).
+
+    ``attrs``: ``(attribute, value)`` pairs mdevctl writes to the mdev's sysfs after creating it,
+    in order (:func:`vgpuhost.io.vgpudev.mdevctl_attrs` gives the vGPU parameters', so they come back too).
+    """
     import json
-    attrs = [{"nvidia/vgpu_params": params}] if params else []
-    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": attrs}, indent=2) + "\n"
+    return json.dumps({"mdev_type": type_id, "start": "auto", "attrs": [{k: v} for k, v in attrs]},
+                      indent=2) + "\n"
 
 
 __all__ = ["mdevctl_json", "read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",

@@ -632,13 +632,25 @@ def probe(backend: PynvmlBackend, bdfs: Optional[Iterable[Union[PciAddress, str]
 
 
 def _probe_device(r: _Reader, bdf: str) -> dict:
-    nv = r.nv
+    """One GPU's read-only facts (:func:`probe`): its identity and modes, MIG GPU-instance
+    profiles, vGPU scheduler, vGPU types and running vGPUs, in that order, each failing call
+    recorded in place.  Only ``bdf``, ``nvml_bus_id`` and ``handle`` when no handle is had."""
     dev: Dict[str, Any] = {"bdf": bdf, "nvml_bus_id": nvml_bus_id(bdf)}
     h = r.attempt(lambda: r.get("nvmlDeviceGetHandleByPciBusId", nvml_bus_id(bdf)))
     if isinstance(h, dict) and "error" in h:
         dev["handle"] = h
         return dev
-    a = r.attempt
+    dev.update(_probe_modes(r, h))
+    dev["gi_profiles"] = [e for e in (_probe_gi_profile(r, h, name, index) for name, index in profile_indices(r.nv))
+                          if e is not None]
+    dev.update(_probe_vgpus(r, h))
+    return dev
+
+
+def _probe_modes(r: _Reader, h) -> Dict[str, Any]:
+    """``name``, ``uuid``, ``pci`` and the MIG, host vGPU, virtualization and heterogeneous modes of handle ``h``."""
+    nv, a = r.nv, r.attempt
+    dev: Dict[str, Any] = {}
     dev["name"] = a(lambda: _text(r.get("nvmlDeviceGetName", h)))
     dev["uuid"] = a(lambda: _text(r.get("nvmlDeviceGetUUID", h)))
 
@@ -667,60 +679,66 @@ def _probe_device(r: _Reader, bdf: str) -> dict:
         v = int(r.get("nvmlDeviceGetVgpuHeterogeneousMode", h))
         return {"value": v, "heterogeneous": v == nv.NVML_VGPU_PGPU_HETEROGENEOUS_MODE}
     dev["heterogeneous_mode"] = a(het)
+    return dev
 
-    # MIG profiles, placements and existing GPU instances
-    profiles = []
-    for index_name, index in profile_indices(nv):
-        entry: Dict[str, Any] = {"index": index, "index_name": index_name}
-        info = a(lambda index=index: r.get("nvmlDeviceGetGpuInstanceProfileInfo", h, index))
-        if isinstance(info, dict):
-            if info.get("error") in ("NVMLError_NotSupported", "NVMLError_InvalidArgument", "NVMLError_NotFound"):
-                continue
-            entry.update(info)
-            profiles.append(entry)
-            continue
-        raw = _struct(info)
-        entry.update(raw)
-        entry["profile_name"] = profile_name(index_name, int(info.sliceCount), int(info.memorySizeMB),
-                                             getattr(info, "name", None))
 
-        def placements(pid=int(info.id)):
-            count = ctypes.c_uint(0)
-            try:
-                r.get("nvmlDeviceGetGpuInstancePossiblePlacements", h, pid, None, ctypes.byref(count))
-            except NvmlError as e:
-                if e.nvml_name != "NVMLError_InsufficientSize":
-                    raise
-            arr = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
-            if count.value:
-                r.get("nvmlDeviceGetGpuInstancePossiblePlacements", h, pid, arr, ctypes.byref(count))
-            return [[arr[i].start, arr[i].size] for i in range(count.value)]
-        entry["placements"] = a(placements)
-        entry["remaining_capacity"] = a(
-            lambda pid=int(info.id): r.get("nvmlDeviceGetGpuInstanceRemainingCapacity", h, pid))
+def _probe_gi_profile(r: _Reader, h, index_name: str, index: int) -> Optional[Dict[str, Any]]:
+    """One MIG GPU-instance profile of handle ``h``: its info, name, possible placements, remaining
+    capacity and GPU instances (each with its vGPU scheduler state); None when the device does not
+    have it (NotSupported, InvalidArgument, NotFound), the error in place for any other failure."""
+    nv, a = r.nv, r.attempt
+    entry: Dict[str, Any] = {"index": index, "index_name": index_name}
+    info = a(lambda: r.get("nvmlDeviceGetGpuInstanceProfileInfo", h, index))
+    if isinstance(info, dict):
+        if info.get("error") in ("NVMLError_NotSupported", "NVMLError_InvalidArgument", "NVMLError_NotFound"):
+            return None
+        entry.update(info)
+        return entry
+    entry.update(_struct(info))
+    entry["profile_name"] = profile_name(index_name, int(info.sliceCount), int(info.memorySizeMB),
+                                         getattr(info, "name", None))
+    pid = int(info.id)
 
-        def instances(pid=int(info.id), n=max(int(info.instanceCount), 1)):
-            arr = (nv.c_nvmlGpuInstance_t * n)()
-            count = ctypes.c_uint(0)
-            r.get("nvmlDeviceGetGpuInstances", h, pid, arr, ctypes.byref(count))
-            gis = []
-            for i in range(count.value):
-                gi = arr[i]
-                gii = r.get("nvmlGpuInstanceGetInfo", gi)
-                g = {"id": int(gii.id), "profileId": int(gii.profileId),
-                     "placement": [int(gii.placement.start), int(gii.placement.size)]}
-                g["scheduler_state"] = a(lambda gi=gi: _gi_sched_state(r, gi))
-                gis.append(g)
-            return gis
-        entry["gpu_instances"] = a(instances)
-        profiles.append(entry)
-    dev["gi_profiles"] = profiles
+    def placements():
+        count = ctypes.c_uint(0)
+        try:
+            r.get("nvmlDeviceGetGpuInstancePossiblePlacements", h, pid, None, ctypes.byref(count))
+        except NvmlError as e:
+            if e.nvml_name != "NVMLError_InsufficientSize":
+                raise
+        arr = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        if count.value:
+            r.get("nvmlDeviceGetGpuInstancePossiblePlacements", h, pid, arr, ctypes.byref(count))
+        return [[arr[i].start, arr[i].size] for i in range(count.value)]
+    entry["placements"] = a(placements)
+    entry["remaining_capacity"] = a(lambda: r.get("nvmlDeviceGetGpuInstanceRemainingCapacity", h, pid))
 
-    # vGPU scheduler
+    def instances(n=max(int(info.instanceCount), 1)):
+        arr = (nv.c_nvmlGpuInstance_t * n)()
+        count = ctypes.c_uint(0)
+        r.get("nvmlDeviceGetGpuInstances", h, pid, arr, ctypes.byref(count))
+        gis = []
+        for i in range(count.value):
+            gi = arr[i]
+            gii = r.get("nvmlGpuInstanceGetInfo", gi)
+            g = {"id": int(gii.id), "profileId": int(gii.profileId),
+                 "placement": [int(gii.placement.start), int(gii.placement.size)]}
+            g["scheduler_state"] = a(lambda gi=gi: _gi_sched_state(r, gi))
+            gis.append(g)
+        return gis
+    entry["gpu_instances"] = a(instances)
+    return entry
+
+
+def _probe_vgpus(r: _Reader, h) -> Dict[str, Any]:
+    """The vGPU side of handle ``h``: scheduler capabilities and state, supported and creatable vGPU
+    types (name, class, framebuffer in bytes, max instances, GI profile id) and the running vGPUs
+    (UUID, type, framebuffer used in bytes)."""
+    a = r.attempt
+    dev: Dict[str, Any] = {}
     dev["scheduler_capabilities"] = a(lambda: _struct(r.get("nvmlDeviceGetVgpuSchedulerCapabilities", h)))
     dev["scheduler_state"] = a(lambda: _struct(r.get("nvmlDeviceGetVgpuSchedulerState", h)))
 
-    # vGPU types and running vGPUs
     def vgpu_types(call):
         types = []
         for tid in r.get(call, h):

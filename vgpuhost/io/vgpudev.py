@@ -4,10 +4,12 @@ Owns: one :class:`VgpuDevices` interface and its two implementations
 (:class:`MdevDevices`, :class:`VendorVfioDevices`), chosen by :func:`for_backend`
 from a :class:`~vgpuhost.model.concepts.Backend`: the sysfs paths of a vGPU
 (create, ``vgpu_params``, remove), the value written to create and remove it,
-reading back the type it holds, whether it exists, and the offers (per-type
-listings) a parent makes.  In the pattern of a mode manager with one
-implementation per kernel interface: callers hold a backend object, not a
-string to branch on.
+reading back the type it holds, whether it exists, the offers (per-type
+listings) a parent makes, and the ``nvidia/vgpu_params`` attribute that
+mdevctl definitions carry.  Nothing else builds paths with these names
+(``tests/test_architecture.py``'s kernel_attrs rule).  In the pattern of a
+mode manager with one implementation per kernel interface: callers hold a
+backend object, not a string to branch on.
 
 Must not: import anything heavy at module level (the qemu hook imports this
 module through :mod:`vgpuhost.plan.steps`: no typing, no pathlib, no re).
@@ -37,6 +39,11 @@ AVAILABLE_ATTR = "available_instances"
 PARAMS_ATTR = "vgpu_params"
 CREATE_FILE = "create"
 REMOVE_FILE = "remove"
+#: the NVIDIA driver's directory of vGPU attributes, under a VF (vendor VFIO) or an mdev
+NVIDIA_DIR = "nvidia"
+#: ``nvidia/vgpu_params`` relative to the mdev: the attribute as mdevctl's ``attrs`` name it
+#: (mdevctl writes each value to that path under the mdev, docs/reference/hardware.md#mdev)
+MDEVCTL_PARAMS_ATTR = NVIDIA_DIR + "/" + PARAMS_ATTR
 
 
 class VgpuDevices:
@@ -98,13 +105,18 @@ class MdevDevices(VgpuDevices):
         return vgpu_id
 
     def params_path(self, host, parent, vgpu_id):
-        return _join(host.s.mdev_devices, vgpu_id, "nvidia", PARAMS_ATTR)
+        return _join(host.s.mdev_devices, vgpu_id, NVIDIA_DIR, PARAMS_ATTR)
 
     def remove_write(self, host, parent, vgpu_id):
         return _join(host.s.mdev_devices, vgpu_id, REMOVE_FILE), "1"
 
     def current_type(self, fs, parent, vgpu_id):
-        return fs.link_name(_join(fs.host.s.mdev_devices, vgpu_id, MDEV_TYPE_ATTR))
+        return mdev_type_of(fs, _join(fs.host.s.mdev_devices, vgpu_id))
+
+
+def _nvidia_dir(host: HostRoot, vf) -> str:
+    """``<pci_devices>/<VF>/nvidia``: the vendor-VFIO attributes of a VF."""
+    return _join(host.s.pci_device(vf), NVIDIA_DIR)
 
 
 class VendorVfioDevices(VgpuDevices):
@@ -115,23 +127,20 @@ class VendorVfioDevices(VgpuDevices):
 
     backend = Backend.VENDOR_VFIO
 
-    def _nvidia(self, host, vf):
-        return _join(host.s.pci_device(vf), "nvidia")
-
     def create_path(self, host, parent, type_id, vgpu_id):
-        return _join(self._nvidia(host, parent), CURRENT_TYPE_ATTR)
+        return vf_type_path(host, parent)
 
     def create_value(self, type_id, vgpu_id):
         return type_id
 
     def params_path(self, host, parent, vgpu_id):
-        return _join(self._nvidia(host, parent), PARAMS_ATTR)
+        return _join(_nvidia_dir(host, parent), PARAMS_ATTR)
 
     def remove_write(self, host, parent, vgpu_id):
-        return _join(self._nvidia(host, parent), CURRENT_TYPE_ATTR), "0"
+        return vf_type_path(host, parent), "0"
 
     def raw_current(self, fs, parent, vgpu_id):
-        return fs.read_optional(_join(self._nvidia(fs.host, parent), CURRENT_TYPE_ATTR))
+        return fs.read_optional(vf_type_path(fs.host, parent))
 
     def current_type(self, fs, parent, vgpu_id):
         cur = self.raw_current(fs, parent, vgpu_id)
@@ -151,14 +160,31 @@ def for_backend(backend) -> VgpuDevices:
     raise ValueError(f"unknown vGPU backend {str(backend)[:40]!r}")
 
 
+def mdevctl_attrs(params: Optional[str]) -> List[Tuple[str, str]]:
+    """The mdevctl ``attrs`` that give an mdev its vGPU parameters: ``[("nvidia/vgpu_params", params)]``,
+    [] without ``params`` (docs/reference/hardware.md#mdev)."""
+    return [(MDEVCTL_PARAMS_ATTR, params)] if params else []
+
+
 def vf_current_type(fs: Sysfs, vf) -> Optional[str]:
     """The type a vendor-VFIO VF holds (``nvidia/current_vgpu_type``, None for ``0`` or absent)."""
     return _VENDOR.current_type(fs, vf, str(vf))
 
 
+def vf_type_path(host: HostRoot, vf) -> str:
+    """``<pci_devices>/<VF>/nvidia/current_vgpu_type`` (docs/reference/hardware.md#vendor-vfio):
+    the file that shows the type a vendor-VFIO VF holds (``0``: none)."""
+    return _join(_nvidia_dir(host, vf), CURRENT_TYPE_ATTR)
+
+
 def vf_has_vendor_vgpu(fs: Sysfs, vf) -> bool:
     """Whether ``<VF>/nvidia/current_vgpu_type`` exists: the VF serves vendor-VFIO vGPUs."""
-    return fs.exists(_join(fs.host.s.pci_device(vf), "nvidia", CURRENT_TYPE_ATTR))
+    return fs.exists(vf_type_path(fs.host, vf))
+
+
+def mdev_current_type(fs: Sysfs, uuid: str) -> Optional[str]:
+    """The type id mdev ``uuid`` holds (its ``mdev_type`` link's name); None when it does not exist."""
+    return _MDEV.current_type(fs, None, uuid)
 
 
 def vgpu_exists(fs: Sysfs, vid: str) -> bool:
@@ -179,26 +205,25 @@ def supported_types_dir(host: HostRoot, parent) -> str:
     return f"{host.s.mdev_bus}/{parent}/{SUPPORTED_TYPES_DIR}/"
 
 
-def mdev_offer(fs: Sysfs, tdir: str, tid: str) -> dict:
-    """One type's listing under ``supported_types_dir``: ``name``, ``description``, ``device_api``
-    (str or None) and ``available_instances`` (int >= 0, 0 when unreadable)."""
+def mdev_type_constants(fs: Sysfs, tdir: str, tid: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """``(description, name, device_api)`` of type ``tid`` under ``tdir`` (a :func:`supported_types_dir`),
+    each the attribute's text or None when unreadable (docs/reference/hardware.md#mdev).  They are
+    the driver's, fixed for a type id: a caller may read them once per GPU."""
     base = f"{tdir}{tid}/"
-    return {"available": max(0, fs.read_attr_int(base + AVAILABLE_ATTR, default=0) or 0),
-            "name": fs.read_attr(base + "name"), "description": fs.read_attr(base + "description"),
-            "device_api": fs.read_attr(base + "device_api")}
+    return fs.read_attr(base + "description"), fs.read_attr(base + "name"), fs.read_attr(base + "device_api")
 
 
 def mdev_available(fs: Sysfs, tdir: str, tid: str) -> int:
-    """``available_instances`` of one type (0 when unreadable)."""
+    """``available_instances`` of type ``tid`` under ``tdir`` (a :func:`supported_types_dir`): how many
+    more the parent can create now (int >= 0, 0 when unreadable; docs/reference/hardware.md#mdev)."""
     return max(0, fs.read_attr_int(f"{tdir}{tid}/{AVAILABLE_ATTR}", default=0) or 0)
 
 
 def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
-    """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF."""
-    ndir = f"{fs.host.s.pci_device(vf)}/nvidia/"
-    creatable = parse_creatable_vgpu_types(fs.read_optional(ndir + CREATABLE_ATTR) or "")
-    current = fs.read_optional(ndir + CURRENT_TYPE_ATTR)
-    return creatable, (current if current and current != "0" else None)
+    """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF
+    (``nvidia/creatable_vgpu_types``, then ``nvidia/current_vgpu_type``; docs/reference/hardware.md#vendor-vfio)."""
+    creatable = parse_creatable_vgpu_types(fs.read_optional(_join(_nvidia_dir(fs.host, vf), CREATABLE_ATTR)) or "")
+    return creatable, vf_current_type(fs, vf)
 
 
 def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:

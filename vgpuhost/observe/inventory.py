@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 
 from ..io.sysfs import Sysfs
+from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_has_vendor_vgpu,
+                          vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
 from ..model.kinds import Backend
@@ -513,7 +515,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             continue
         vfs = tuple(v for v in dev.virtfns if (str(v) in present_names if lean else v in devices))
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
-        vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
+        vendor_vfs = tuple(v for v in vfs if vf_has_vendor_vgpu(fs, v))
         gpus.append(_gpu_value(fs, addr, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
                                vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances))
 
@@ -633,7 +635,7 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
             group(devices[v].iommu_group)
         mdev_bus = host.s.mdev_bus
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
-        vendor_vfs = tuple(v for v in vfs if fs.exists(f"{pci_devices}/{v}/nvidia/current_vgpu_type"))
+        vendor_vfs = tuple(v for v in vfs if vf_has_vendor_vgpu(fs, v))
         seed = ({t.type_id: t for t in known.vgpu_types if t.gpu == gpu and t.backend == BACKEND_MDEV}
                 if known is not None else None)
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
@@ -680,7 +682,7 @@ def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevic
         except FileNotFoundError:
             continue  # removed while we read
         parent = os.path.basename(os.path.dirname(real))
-        tid = fs.link_name(d + "/mdev_type")
+        tid = mdev_type_of(fs, d)
         group = fs.link_name(d + "/iommu_group")
         if parent != str(p) or tid is None:
             continue  # half-removed device, or a bus link that points elsewhere: as _read_mdevs does
@@ -793,18 +795,15 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     shared by the parents of one GPU: ``name``, ``description`` and ``device_api``
     are the type's, the same on every VF of the GPU, so only
     ``available_instances`` is read per parent (docs/reference/hardware.md#mdev)."""
-    tdir = f"{fs.host.s.mdev_bus}/{parent}/mdev_supported_types/"
-    read = fs.read_attr
-    read_int = fs.read_attr_int
+    tdir = supported_types_dir(fs.host, parent)
     out = []
     for tid in fs.listdir(tdir):
-        base = f"{tdir}{tid}/"
-        avail = max(0, read_int(base + "available_instances", default=0) or 0)
+        avail = mdev_available(fs, tdir, tid)
         known = consts.get(tid) if consts is not None else None
         if known is None:
-            desc = dict(_parse_desc(read(base + "description") or ""))
-            t = _make_type(gpu, parent, BACKEND_MDEV, tid, read(base + "name") or "", avail, desc,
-                           read(base + "device_api"))
+            description, name, device_api = mdev_type_constants(fs, tdir, tid)
+            t = _make_type(gpu, parent, BACKEND_MDEV, tid, name or "", avail, dict(_parse_desc(description or "")),
+                           device_api)
             if consts is not None:
                 consts[tid] = t
         else:
@@ -815,10 +814,7 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
 
 
 def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType]]:
-    ndir = f"{fs.host.s.pci_device(vf)}/nvidia/"
-    creatable = parse_creatable_vgpu_types(fs.read_optional(ndir + "creatable_vgpu_types") or "")
-    current = fs.read_optional(ndir + "current_vgpu_type")
-    cur = current if current and current != "0" else None
+    creatable, cur = vf_offers(fs, vf)
     types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
     return VfVgpu(vf, gpu, cur, tuple(creatable)), types
 
@@ -833,7 +829,7 @@ def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
         except FileNotFoundError:
             continue  # removed while we read (realpath's readlink raced a remove): it is gone
         parent = os.path.basename(os.path.dirname(real))
-        tid = fs.link_name(d + "/mdev_type")
+        tid = mdev_type_of(fs, d)
         group = fs.link_name(d + "/iommu_group")
         if not PciAddress.is_valid(parent) or tid is None:
             continue  # half-removed device: skip rather than guess

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..io.hostroot import HostRoot
 from ..io.sysfs import Sysfs
+from ..io.vgpudev import vf_current_type
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -34,8 +35,8 @@ def devices_vgpuhost_may_own(host: HostRoot) -> List[str]:
             d = host.pci_devices / bdf
             if fs.link_name(d / "driver") == "vfio-pci":
                 out.append(f"{bdf} (vfio-pci)")
-            cur = fs.read_optional(d / "nvidia" / "current_vgpu_type")
-            if cur and cur != "0":
+            cur = vf_current_type(fs, bdf)
+            if cur is not None:
                 out.append(f"VF {bdf} (vGPU type {cur})")
         out += [f"mdev {u}" for u in fs.listdir(host.mdev_devices)]
     except Exception:    # noqa: BLE001 - a read error here must not mask the store's own error

@@ -221,8 +221,8 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     rec = next((r for r in store.vgpu_records(owner=me) if r.id == req.uuid), None)
     if rec is not None:
         from ..io.sysfs import Sysfs
-        fs = Sysfs(host)
-        current = fs.link_name(os.path.join(host.s.mdev_devices, req.uuid, "mdev_type"))
+        from ..io.vgpudev import mdev_current_type
+        current = mdev_current_type(Sysfs(host), req.uuid)
         if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
             return None                         # a retried start: the domain already holds it
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew

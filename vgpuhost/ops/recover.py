@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 
+from ..io import vgpudev
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.state import StateStore, delete_vgpu, pid_alive
@@ -250,11 +251,8 @@ def _release(host: HostRoot, store: StateStore, ex: Executor, entry: JournalEntr
 # --- vGPUs ------------------------------------------------------------------------------
 
 def _current_type(host: HostRoot, dev: dict) -> Optional[str]:
-    fs = Sysfs(host)
-    if dev["backend"] == BACKEND_MDEV:
-        return fs.link_name(os.path.join(host.s.mdev_devices, dev["id"], "mdev_type"))
-    cur = fs.read_optional(os.path.join(host.s.pci_device(dev["parent"]), "nvidia", "current_vgpu_type"))
-    return cur if cur and cur != "0" else None
+    """The type the journalled vGPU ``dev`` holds now (None: gone), read through the vGPU door."""
+    return vgpudev.for_backend(dev["backend"]).current_type(Sysfs(host), dev["parent"], dev["id"])
 
 
 #: how long a vGPU removal that meets EBUSY is retried: qemu can hold an mdev for a moment after
@@ -267,11 +265,7 @@ def destroy_retrying(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> N
     """Remove vGPU ``vid`` (mdev ``remove`` <- 1; vendor VFIO ``current_vgpu_type`` <- 0), retried
     on EBUSY within :data:`REMOVE_RETRY_S` seconds; raises the last SysfsError."""
     import time
-    host = fs.host
-    if backend == BACKEND_MDEV:
-        path, value = os.path.join(host.s.mdev_devices, vid, "remove"), "1"
-    else:
-        path, value = os.path.join(host.s.pci_device(parent), "nvidia", "current_vgpu_type"), "0"
+    path, value = vgpudev.for_backend(backend).remove_write(fs.host, parent, vid)
     deadline = time.monotonic() + REMOVE_RETRY_S
     while True:
         try:
@@ -309,7 +303,7 @@ def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
         if rec.persisted and rec.backend == BACKEND_MDEV and not ex.fs.exists(definition):
             # killed between the record and --persist's mdevctl definition: write it now
             from ..io.configfiles import mdevctl_json
-            ex.run([WriteConfig(definition, mdevctl_json(rec.type_id, rec.params))])
+            ex.run([WriteConfig(definition, mdevctl_json(rec.type_id, vgpudev.mdevctl_attrs(rec.params)))])
             rep.detail += "; its mdevctl definition written now"
         return
     if present is not None and present == dev["type_id"]:

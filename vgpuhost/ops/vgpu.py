@@ -37,6 +37,7 @@ from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, S
                           current_vgpu_type)
 from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
+from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, mdevctl_attrs, vgpu_exists
 from ..io.process import actor as actor_name
 from ..model.values import (PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace,
                             validate_owner)
@@ -51,7 +52,7 @@ LAYOUT = Owner.LAYOUT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Collection, Dict, List, Optional, Sequence, Tuple
+    from typing import Collection, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
     from ..observe.inventory import Inventory
     from ..policy.placement import Decision, GpuOffer
 
@@ -116,6 +117,82 @@ def _validate_params(params: str) -> None:
 # ---------------------------------------------------------------------------
 # create
 
+@record(frozen=True)
+class VgpuCreateRequest:
+    """What one ``vgpu create`` asks for, parsed once (:meth:`parse`) where it enters (the click
+    command, the agent's ``POST /v1/vgpus``, the keyword form :func:`create`) and carried as a
+    value to :func:`create_vgpu`.
+
+    ``profile``: the vGPU type name as asked (``A40-8Q``, any case).  ``gpu``: the GPU it must
+    go on, or None.  ``uuid``: the mdev UUID (normalised), None for a new one.  ``vf`` (vendor
+    VFIO only): exactly this VF (the qemu hook's hostdev names it).  ``strategy``: the placement
+    strategy's name.  ``owner``: a domain UUID, ``manual`` or ``layout``.  ``params``: the
+    ``vgpu_params`` (``key=value,...``) or None.  ``numa_node``: the NUMA node to prefer, or
+    None.  ``anti_affinity``: a key no two vGPUs on one GPU share, or None.  ``persist``: define
+    it in mdevctl.  ``create_gi``: for a MIG-backed profile, create the GPU instance it needs.
+    ``allowed_gpus``: the GPUs placement may use (the hook's operator allow-list), None: all.
+    """
+
+    profile: str
+    gpu: Optional[PciAddress] = None
+    uuid: Optional[str] = None
+    vf: Optional[PciAddress] = None
+    strategy: str = PlacementStrategy.FIRST_FIT
+    owner: str = MANUAL
+    params: Optional[str] = None
+    numa_node: Optional[int] = None
+    anti_affinity: Optional[str] = None
+    persist: bool = False
+    create_gi: bool = False
+    allowed_gpus: Optional[FrozenSet[PciAddress]] = None
+
+    @classmethod
+    def parse(cls, profile: str, *, gpu: Union[PciAddress, str, None] = None, uuid: Optional[str] = None,
+              vf: Union[PciAddress, str, None] = None, strategy: str = PlacementStrategy.FIRST_FIT, owner: str = MANUAL,
+              params: Optional[str] = None, numa_node: Optional[int] = None, anti_affinity: Optional[str] = None,
+              persist: bool = False, create_gi: bool = False,
+              allowed_gpus: Optional[Collection[PciAddress]] = None) -> VgpuCreateRequest:
+        """The request, checked before anything is read or changed (``gpu``, ``vf``: a PciAddress
+        or its text).  Raises InputError for a GPU or VF address, owner, UUID or anti-affinity key
+        that is not valid, an unknown strategy, a UUID and a VF both, ``params`` that are not
+        ``key=value`` pairs, and ``persist`` with a MIG-backed profile."""
+        from ..policy.placement import RESERVING, STRATEGIES
+        gpu = PciAddress.parse(gpu) if isinstance(gpu, str) else gpu
+        vf = PciAddress.parse(vf) if isinstance(vf, str) else vf
+        if strategy not in STRATEGIES and strategy not in RESERVING:
+            raise InputError(f"unknown placement strategy {strategy!r}",
+                             hint="one of " + ", ".join(STRATEGIES + RESERVING))
+        owner = validate_owner(owner)
+        if uuid is not None:
+            uuid = parse_uuid(uuid)
+        if vf is not None and uuid is not None:
+            raise InputError("give an mdev UUID or a VF, not both", hint="a VF names its vGPU on vendor VFIO")
+        if params is not None:
+            _validate_params(params)
+        if anti_affinity is not None:
+            from ..libvirt.domxml import valid_key
+            if not valid_key(anti_affinity):
+                raise InputError(f"--anti-affinity {anti_affinity[:64]!r} is not a valid key",
+                                 hint="letters, digits and _.:+- only, starting with a letter or digit, at most 64 "
+                                      "characters (the rule of the domain metadata's anti-affinity=)")
+        wanted = VgpuProfile.try_parse(profile)
+        if persist and wanted is not None and wanted.mig_backed:    # before a GPU instance is touched
+            raise InputError(f"--persist cannot keep a MIG-backed vGPU ({profile}) across reboots: MIG-backed "
+                             "vGPUs do not survive a reboot (docs/reference/hardware.md#mdev)",
+                             hint="create it without --persist and enable the boot unit that runs "
+                                  "'vgpuhost reconcile'")
+        return cls(profile, gpu, uuid, vf, strategy, owner, params, numa_node, anti_affinity, persist, create_gi,
+                   frozenset(allowed_gpus) if allowed_gpus is not None else None)
+
+    def body(self) -> Dict[str, object]:
+        """The agent's ``POST /v1/vgpus`` body that asks for this request (what ``vgpuhost vgpu create``
+        forwards; ``allowed_gpus`` and ``vf`` are the hook's and have no key there)."""
+        return {"profile": self.profile, "gpu": str(self.gpu) if self.gpu is not None else None,
+                "vgpu_uuid": self.uuid, "strategy": self.strategy, "owner": self.owner, "params": self.params,
+                "numa_node": self.numa_node, "anti_affinity": self.anti_affinity, "persist": self.persist,
+                "create_gi": self.create_gi}
+
+
 def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
            uuid: Optional[str] = None, strategy: str = PlacementStrategy.DEFAULT, owner: str = MANUAL,
            params: Optional[str] = None, numa_node: Optional[int] = None,
@@ -123,191 +200,253 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
            create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
            allowed_gpus: Optional[Collection[PciAddress]] = None,
            inventory: Optional[Inventory] = None) -> VgpuOutcome:
-    """Create one vGPU of ``profile`` on a GPU chosen by ``strategy`` (or on ``gpu``).
+    """:func:`create_vgpu` of the :class:`VgpuCreateRequest` these keywords spell (its fields, the
+    same names): the form the qemu hook's devices, attach, layout apply and the tests call."""
+    request = VgpuCreateRequest.parse(profile, gpu=gpu, uuid=uuid, vf=vf, strategy=strategy, owner=owner,
+                                      params=params, numa_node=numa_node, anti_affinity=anti_affinity,
+                                      persist=persist, create_gi=create_gi, allowed_gpus=allowed_gpus)
+    return create_vgpu(host, store, request, dry_run=dry_run, actor=actor, inventory=inventory)
 
-    ``vf`` (vendor-specific VFIO only, docs/reference/hardware.md#vendor-vfio): set the type on
-    exactly this VF (the qemu hook: the domain's hostdev names it).  Refused
-    when the VF is not a VF of an NVIDIA GPU on vendor VFIO, holds a vGPU,
-    or does not offer the type now; a no-op (``changed`` False) when the
-    record already says ``owner`` holds this VF with this type and the VF
-    reads it back.  ``allowed_gpus``: placement considers only these GPUs
-    (the hook's operator allow-list); None = every GPU.  ``inventory``: a
-    snapshot the caller has just read (``discover(Sysfs(host))``, the qemu
-    hook's), used for the first, unlocked placement look instead of reading
-    the host again; the choice is always re-checked under the GPU lock on a
-    fresh discovery of that GPU alone.  Cost: with ``gpu`` or ``vf`` only that
-    GPU's sysfs is read (:func:`vgpuhost.observe.inventory.discover_gpu`);
-    otherwise the first look reads the whole host (placement compares GPUs)
-    and the check under the lock the chosen GPU.
 
-    Raises InputError (unknown profile/strategy/UUID, --persist where it
-    cannot work), RefusedError (nothing fits: the reason names each GPU), or
-    DeviceError when the kernel refuses (errno in operator language; a
-    half-created vGPU is removed again).
+def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *, dry_run: bool = False,
+                actor: Optional[str] = None, inventory: Optional[Inventory] = None) -> VgpuOutcome:
+    """Create one vGPU as ``request`` asks, on a GPU chosen by its strategy (or the one it pins).
 
-    MIG-backed profiles (``H200X-1-18C``) need, in order, SR-IOV VFs, MIG
-    mode and a free GPU instance of the profile's GI profile; with
-    ``create_gi`` a missing GPU instance is created first (through
-    :func:`vgpuhost.mig.apply`, audited), otherwise the refusal names the
-    step that is missing.
+    With ``request.vf`` (vendor-specific VFIO only, docs/reference/hardware.md#vendor-vfio): set
+    the type on exactly this VF.  Refused when the VF is not a VF of an NVIDIA GPU on vendor
+    VFIO, holds a vGPU, or does not offer the type now; a no-op (``changed`` False) when the
+    record already says the owner holds this VF with this type and the VF reads it back.
+    ``inventory``: a snapshot the caller has just read (``discover(Sysfs(host))``, the qemu
+    hook's), used for the first, unlocked placement look instead of reading the host again; the
+    choice is always re-checked under the GPU lock on a fresh discovery of that GPU alone.
+    Cost: with a pinned GPU or VF only that GPU's sysfs is read
+    (:func:`vgpuhost.observe.inventory.discover_gpu`); otherwise the first look reads the whole
+    host (placement compares GPUs) and the check under the lock the chosen GPU.
+
+    Raises InputError (unknown profile, --persist or --uuid where it cannot work), RefusedError
+    (nothing fits: the reason names each GPU), or DeviceError when the kernel refuses (errno in
+    operator language; a half-created vGPU is removed again).
+
+    MIG-backed profiles (``H200X-1-18C``) need, in order, SR-IOV VFs, MIG mode and a free GPU
+    instance of the profile's GI profile; with ``create_gi`` a missing GPU instance is created
+    first (through :func:`vgpuhost.mig.apply`, audited), otherwise the refusal names the step
+    that is missing.
     """
-    from ..observe.inventory import discover, discover_gpu, gpu_part
-    from ..policy.iommu import VFIO_PCI
-    from ..policy.offers import fitting_elsewhere, offers, seen_rows
-    from ..policy.placement import RESERVING, STRATEGIES, Decision, Request, place
-    if strategy not in STRATEGIES and strategy not in RESERVING:
-        raise InputError(f"unknown placement strategy {strategy!r}",
-                         hint="one of " + ", ".join(STRATEGIES + RESERVING))
-    owner = validate_owner(owner)
-    if uuid is not None:
-        uuid = parse_uuid(uuid)
-    if vf is not None and uuid is not None:
-        raise InputError("give an mdev UUID or a VF, not both", hint="a VF names its vGPU on vendor VFIO")
-    if params is not None:
-        _validate_params(params)
-    if anti_affinity is not None:
-        from ..libvirt.domxml import valid_key
-        if not valid_key(anti_affinity):
-            raise InputError(f"--anti-affinity {anti_affinity[:64]!r} is not a valid key",
-                             hint="letters, digits and _.:+- only, starting with a letter or digit, at most 64 "
-                                  "characters (the rule of the domain metadata's anti-affinity=)")
-    allowed = frozenset(allowed_gpus) if allowed_gpus is not None else None
     fs = Sysfs(host)
-    wanted = VgpuProfile.try_parse(profile)
-    mig_wanted = wanted is not None and wanted.mig_backed
-    if mig_wanted and persist:     # before anything, GPU instances included, is touched
-        raise InputError(f"--persist cannot keep a MIG-backed vGPU ({profile}) across reboots: MIG-backed "
-                         "vGPUs do not survive a reboot (docs/reference/hardware.md#mdev)",
-                         hint="create it without --persist and enable the boot unit that runs "
-                              "'vgpuhost reconcile'")
+    req = request
     gi_tried = False
-    scope = _physfn(fs, vf) if vf is not None else gpu      # the one GPU to read (None: the whole host)
+    scope = _physfn(fs, req.vf) if req.vf is not None else req.gpu     # the one GPU to read (None: the whole host)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        if inventory is not None:       # the caller's look; of the pinned GPU alone when there is one
-            inv = gpu_part(inventory, scope) if scope is not None else inventory
-            inventory = None
-        elif scope is not None:         # a pinned GPU: read that GPU alone, never the whole host
-            inv = discover_gpu(fs, scope, host_facts=False)
-        else:
-            inv = discover(fs)
-        if vf is not None and inv.gpu(scope) is None:
-            inv = discover(fs)          # the VF's PF is no NVIDIA GPU: the whole host says what it is
-        # the GPU's records when one GPU is read (what the checks below look at), else every record
-        records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
-        if not dry_run:
-            store.remember_types(seen_rows(inv))
-        if scope is None:
-            seen = store.seen_types() + seen_rows(inv)
-        else:                           # the one GPU's rows: what resolve and offers look at
-            seen = store.seen_types(gpu=str(scope)) + [row for row in seen_rows(inv) if row[0] == str(scope)]
-        pin = gpu
-        if vf is not None:
-            pin = _vf_gpu(inv, vf, gpu)
-            done = _vf_held(fs, records, vf, owner, profile, dry_run)
+        inv, records, seen = _look(fs, store, inventory, scope, req.vf, dry_run)
+        inventory = None                # the caller's look serves the first attempt only
+        pin = req.gpu
+        if req.vf is not None:
+            pin = _vf_gpu(inv, req.vf, req.gpu)
+            done = _vf_held(fs, records, req.vf, req.owner, req.profile, dry_run)
             if done is not None:
                 return done
-        if pin is not None and inv.gpu(pin) is None:
-            raise InputError(f"no NVIDIA GPU at {pin}", hint="'vgpuhost gpus' lists them")
-        if mig_wanted and not _offered_now(inv, profile, pin):
-            if create_gi and not gi_tried and not dry_run:
-                gi_tried = True
-                _create_gpu_instance(host, store, inv, wanted, pin, actor)
-                continue
-            _refuse_mig_order(host, inv, wanted, profile, pin, create_gi, dry_run)
-        if pin is not None and inv.gpu(pin).pci.driver == VFIO_PCI:
-            # passed through (its SR-IOV VFs are off then, so it lists no types): say that, not "unknown profile"
-            raise RefusedError(f"GPU {pin} is passed through (bound to vfio-pci): it carries no vGPUs",
-                               hint=f"release it first (vgpuhost passthrough release {pin}) or name another GPU; "
-                                    "nothing was changed")
-        name = resolve_profile(inv, records, profile, pin, seen)
-        defined_parent = None
-        if uuid is not None and vf is None and not store.vgpu_records(vgpu_id=uuid):
-            # an mdevctl definition (defined, not started) for this UUID: create what it says, or refuse
-            defined = mdevctl_definition(host, fs, uuid)
-            if defined is not None:
-                pin = _respect_definition(inv, defined, uuid, name, pin)
-                params = _definition_params(defined, uuid, params)    # its attrs: applied, or refused
-                defined_parent, persist = defined[0], False   # it is defined already: never overwritten
-        req = Request(name, owner, strategy, numa_node, anti_affinity, pin)
-        all_offers = _narrow(inv, offers(inv, records, name, seen), name, allowed, vf, strict=dry_run,
-                             parent=defined_parent)
-        decision = place(all_offers, req)
-        if not decision.admitted:
-            # a GPU passed through lists no types (the vGPU manager unregistered it), so it makes no offer:
-            # name it rather than leave "no vGPU-capable GPU" unexplained
-            offered = {o.gpu for o in all_offers}
-            passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
-                      and (pin is None or g.address == pin)]
-            fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
-                             if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
-            why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
-                                     + ", ".join(map(str, passed)) if passed else "")
-            raise RefusedError(f"cannot place {name}: {why}", hint=f"types that still fit: {fit or 'none'}")
-        g = inv.gpu(decision.gpu)
-        backend = g.vgpu_backend
-        mig_backed = bool((VgpuProfile.try_parse(name) or VgpuProfile("x", 0, "C")).mig_backed)
-        if persist and (backend != BACKEND_MDEV or mig_backed):
-            raise InputError(
-                f"--persist cannot keep a {'MIG-backed' if mig_backed else 'vendor-VFIO'} vGPU across "
-                "reboots (mdevctl only defines classic mdevs)",
-                hint="create it without --persist and enable the boot unit that runs 'vgpuhost reconcile'")
-        if uuid is not None and backend != BACKEND_MDEV:
-            raise InputError("--uuid applies to mdev vGPUs; on vendor VFIO the vGPU is named by its VF")
-        vid = (uuid or _new_uuid()) if backend == BACKEND_MDEV else str(decision.parent)
-        out = VgpuOutcome("create", changed=True, dry_run=dry_run, id=vid, gpu=str(decision.gpu),
-                          parent=str(decision.parent), type_id=decision.type_id, type_name=name,
-                          backend=backend, owner=owner, reason=decision.reason)
-        out.steps = _create_steps(host, backend, decision, vid, params, persist)
+        if _check_pin(host, store, inv, req, pin, gi_tried=gi_tried, dry_run=dry_run, actor=actor):
+            gi_tried = True
+            continue                    # a GPU instance was made for the MIG-backed profile: look again
+        name = resolve_profile(inv, records, req.profile, pin, seen)
+        req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
+        decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run)
+        out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
             return out
-        with file_lock(store.dir, f"gpu-{decision.gpu}"):
-            if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
-                continue            # recovery changed the host: place again on what it left (the reason too)
-            # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
-            inv2 = discover_gpu(fs, decision.gpu, host_facts=False, known=inv)
-            records2 = store.vgpu_records(gpu=str(decision.gpu))
-            again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, allowed, vf,
-                                  parent=defined_parent),
-                          Request(name, owner, strategy, numa_node, anti_affinity, decision.gpu))
-            if not again.admitted:
-                continue            # someone took it between placement and the lock: place again
-            if uuid is not None and store.vgpu_records(vgpu_id=uuid):
-                raise InputError(f"vGPU {uuid} already exists", hint="'vgpuhost vgpu list'")
-            decision = Decision(again.gpu, again.parent, again.type_id, decision.reason)
-            if backend != BACKEND_MDEV:
-                vid = str(decision.parent)
-            out.steps = _create_steps(host, backend, decision, vid, params, persist)   # as re-placed
-            out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
-            ex = Executor(host, store, actor=actor or actor_name(),
-                          operation=f"vgpu create {name} owner={owner}")
-            # the decision goes in the audit log beside the writes it led to
-            store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
-            ex.journal = Journal.start(store, kind="vgpu-create", operation=ex.operation, owner=owner,
-                                       actor=ex.actor, gpu=str(decision.gpu), group=None, steps=out.steps,
-                                       devices=[_journal_device(vid, backend, decision.gpu, decision.parent,
-                                                                decision.type_id, name, persist, "creating")])
-            with ex.journal:
-                _do_create(ex, inv2, records2, backend, decision, vid, name, params)
-                with store.transaction() as conn:
-                    put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent),
-                                              decision.type_id, name, owner, anti_affinity, params,
-                                              persist, utcnow()))
-                if persist:
-                    try:
-                        ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
-                                            mdevctl_json(decision.type_id, params))])
-                    except SysfsError as e:
-                        ex.run([RemoveVgpu(backend, decision.parent, vid)])
-                        with store.transaction() as conn:
-                            delete_vgpu(conn, vid)
-                        raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
-                                          f"the vGPU {vid} was removed again",
-                                          hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
-                                               "without --persist") from e
-                out.writes = ex.writes
-                return out
-    raise RefusedError(f"cannot place {profile}: the host kept changing under placement "
+        done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor)
+        if done is not None:
+            return done
+    raise RefusedError(f"cannot place {req.profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
+
+
+def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: Optional[PciAddress],
+          vf: Optional[PciAddress], dry_run: bool) -> Tuple[Inventory, List[VgpuRecord], list]:
+    """``(inventory, records, seen type rows)`` of one placement look: of the GPU ``scope`` alone
+    when there is one (never the whole host), else of every GPU.  ``inventory``: the caller's
+    look, taken instead of a read.  Remembers the types seen (not on a dry run)."""
+    from ..observe.inventory import discover, discover_gpu, gpu_part
+    from ..policy.offers import seen_rows
+    if inventory is not None:
+        inv = gpu_part(inventory, scope) if scope is not None else inventory
+    elif scope is not None:
+        inv = discover_gpu(fs, scope, host_facts=False)
+    else:
+        inv = discover(fs)
+    if vf is not None and inv.gpu(scope) is None:
+        inv = discover(fs)              # the VF's PF is no NVIDIA GPU: the whole host says what it is
+    # the GPU's records when one GPU is read (what the checks look at), else every record
+    records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
+    if not dry_run:
+        store.remember_types(seen_rows(inv))
+    if scope is None:
+        seen = store.seen_types() + seen_rows(inv)
+    else:                               # the one GPU's rows: what resolve and offers look at
+        seen = store.seen_types(gpu=str(scope)) + [row for row in seen_rows(inv) if row[0] == str(scope)]
+    return inv, records, seen
+
+
+def _check_pin(host: HostRoot, store: StateStore, inv: Inventory, req: VgpuCreateRequest,
+               pin: Optional[PciAddress], *, gi_tried: bool, dry_run: bool, actor: Optional[str]) -> bool:
+    """Refuse what the pinned GPU (or, for a MIG-backed profile, the host) cannot take in any case:
+    no such GPU (InputError), a MIG-backed profile nothing offers now (RefusedError naming the
+    missing step), a GPU passed through.  True when a GPU instance was just created for the
+    profile (``create_gi``, once, not on a dry run): look again."""
+    from ..policy.iommu import VFIO_PCI
+    if pin is not None and inv.gpu(pin) is None:
+        raise InputError(f"no NVIDIA GPU at {pin}", hint="'vgpuhost gpus' lists them")
+    wanted = VgpuProfile.try_parse(req.profile)
+    if wanted is not None and wanted.mig_backed and not _offered_now(inv, req.profile, pin):
+        if req.create_gi and not gi_tried and not dry_run:
+            _create_gpu_instance(host, store, inv, wanted, pin, actor)
+            return True
+        _refuse_mig_order(host, inv, wanted, req.profile, pin, req.create_gi, dry_run)
+    if pin is not None and inv.gpu(pin).pci.driver == VFIO_PCI:
+        # passed through (its SR-IOV VFs are off then, so it lists no types): say that, not "unknown profile"
+        raise RefusedError(f"GPU {pin} is passed through (bound to vfio-pci): it carries no vGPUs",
+                           hint=f"release it first (vgpuhost passthrough release {pin}) or name another GPU; "
+                                "nothing was changed")
+    return False
+
+
+def _follow_definition(host: HostRoot, fs: Sysfs, store: StateStore, inv: Inventory, req: VgpuCreateRequest,
+                       name: str, pin: Optional[PciAddress]
+                       ) -> Tuple[VgpuCreateRequest, Optional[PciAddress], Optional[PciAddress]]:
+    """``(request, pin, parent)`` as an mdevctl definition (defined, not started) of the request's
+    UUID makes them: its GPU pinned, its parent the only one, its attrs' params taken and nothing
+    persisted again (it is defined already); unchanged, parent None, without one.  Raises
+    RefusedError when the definition disagrees with the request (:func:`_respect_definition`)."""
+    if req.uuid is None or req.vf is not None or store.vgpu_records(vgpu_id=req.uuid):
+        return req, pin, None
+    defined = mdevctl_definition(host, fs, req.uuid)
+    if defined is None:
+        return req, pin, None
+    pin = _respect_definition(inv, defined, req.uuid, name, pin)
+    params = _definition_params(defined, req.uuid, req.params)      # its attrs: applied, or refused
+    return replace(req, params=params, persist=False), pin, defined[0]
+
+
+def _placement(req: VgpuCreateRequest, name: str, pin: Optional[PciAddress]):
+    """The placement request (:class:`vgpuhost.policy.placement.Request`) for ``name`` pinned to ``pin``."""
+    from ..policy.placement import Request
+    return Request(name, req.owner, req.strategy, req.numa_node, req.anti_affinity, pin)
+
+
+def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: VgpuCreateRequest, name: str,
+            pin: Optional[PciAddress], parent: Optional[PciAddress], *, strict: bool) -> Decision:
+    """Where ``name`` goes on this look; RefusedError when nowhere: the reason, each GPU's types
+    that still fit, and the GPUs passed through (which list no types, so make no offer)."""
+    from ..policy.iommu import VFIO_PCI
+    from ..policy.offers import fitting_elsewhere, offers
+    from ..policy.placement import place
+    all_offers = _narrow(inv, offers(inv, records, name, seen), name, req.allowed_gpus, req.vf, strict=strict,
+                         parent=parent)
+    decision = place(all_offers, _placement(req, name, pin))
+    if decision.admitted:
+        return decision
+    # a GPU passed through lists no types (the vGPU manager unregistered it), so it makes no offer:
+    # name it rather than leave "no vGPU-capable GPU" unexplained
+    offered = {o.gpu for o in all_offers}
+    passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
+              and (pin is None or g.address == pin)]
+    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
+                     if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
+    why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
+                             + ", ".join(map(str, passed)) if passed else "")
+    raise RefusedError(f"cannot place {name}: {why}", hint=f"types that still fit: {fit or 'none'}")
+
+
+def _planned(host: HostRoot, req: VgpuCreateRequest, backend: str, decision: Decision, name: str,
+             dry_run: bool) -> VgpuOutcome:
+    """The outcome of creating ``name`` where ``decision`` puts it on ``backend``, its steps
+    described (what a dry run shows).  Raises InputError for what that backend cannot do:
+    --persist of a vendor-VFIO or MIG-backed vGPU, --uuid on vendor VFIO."""
+    mig_backed = bool((VgpuProfile.try_parse(name) or VgpuProfile("x", 0, "C")).mig_backed)
+    if req.persist and (backend != BACKEND_MDEV or mig_backed):
+        raise InputError(
+            f"--persist cannot keep a {'MIG-backed' if mig_backed else 'vendor-VFIO'} vGPU across "
+            "reboots (mdevctl only defines classic mdevs)",
+            hint="create it without --persist and enable the boot unit that runs 'vgpuhost reconcile'")
+    if req.uuid is not None and backend != BACKEND_MDEV:
+        raise InputError("--uuid applies to mdev vGPUs; on vendor VFIO the vGPU is named by its VF")
+    vid = (req.uuid or _new_uuid()) if backend == BACKEND_MDEV else str(decision.parent)
+    out = VgpuOutcome("create", changed=True, dry_run=dry_run, id=vid, gpu=str(decision.gpu),
+                      parent=str(decision.parent), type_id=decision.type_id, type_name=name,
+                      backend=backend, owner=req.owner, reason=decision.reason)
+    out.steps = _create_steps(host, backend, decision, vid, req.params, req.persist)
+    return out
+
+
+def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req: VgpuCreateRequest,
+                   out: VgpuOutcome, decision: Decision, parent: Optional[PciAddress],
+                   actor: Optional[str]) -> Optional[VgpuOutcome]:
+    """Under the GPU's lock: finish what an interrupted operation left, re-check the placement on a
+    fresh read of that GPU alone, and create the vGPU as re-placed (``out`` updated and returned).
+    None when recovery changed the host or the choice no longer fits: place again."""
+    from ..observe.inventory import discover_gpu
+    from ..policy.offers import offers
+    from ..policy.placement import Decision, place
+    host, name = fs.host, out.type_name
+    with file_lock(store.dir, f"gpu-{decision.gpu}"):
+        if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
+            return None         # recovery changed the host: place again on what it left (the reason too)
+        # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
+        inv2 = discover_gpu(fs, decision.gpu, host_facts=False, known=inv)
+        records2 = store.vgpu_records(gpu=str(decision.gpu))
+        again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, req.allowed_gpus, req.vf,
+                              parent=parent), _placement(req, name, decision.gpu))
+        if not again.admitted:
+            return None         # someone took it between placement and the lock: place again
+        if req.uuid is not None and store.vgpu_records(vgpu_id=req.uuid):
+            raise InputError(f"vGPU {req.uuid} already exists", hint="'vgpuhost vgpu list'")
+        decision = Decision(again.gpu, again.parent, again.type_id, decision.reason)
+        vid = out.id if out.backend == BACKEND_MDEV else str(decision.parent)
+        out.steps = _create_steps(host, out.backend, decision, vid, req.params, req.persist)   # as re-placed
+        out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
+        _execute_create(host, store, inv2, records2, req, out, decision, actor)
+        return out
+
+
+def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: Sequence[VgpuRecord],
+                    req: VgpuCreateRequest, out: VgpuOutcome, decision: Decision, actor: Optional[str]) -> None:
+    """Create vGPU ``out`` as ``decision`` places it (its GPU's lock held): the decision audited,
+    the writes journalled, then the record written and, with ``persist``, the mdevctl definition;
+    ``out.writes`` counts the writes.  Raises DeviceError when the kernel or the definition's
+    write fails (the vGPU removed again)."""
+    backend, vid, name = out.backend, out.id, out.type_name
+    ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu create {name} owner={req.owner}")
+    # the decision goes in the audit log beside the writes it led to
+    store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
+    ex.journal = Journal.start(store, kind="vgpu-create", operation=ex.operation, owner=req.owner,
+                               actor=ex.actor, gpu=str(decision.gpu), group=None, steps=out.steps,
+                               devices=[_journal_device(vid, backend, decision.gpu, decision.parent,
+                                                        decision.type_id, name, req.persist, "creating")])
+    with ex.journal:
+        _do_create(ex, inv, records, backend, decision, vid, name, req.params)
+        with store.transaction() as conn:
+            put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id,
+                                      name, req.owner, req.anti_affinity, req.params, req.persist, utcnow()))
+        if req.persist:
+            _persist(host, store, ex, backend, decision, vid, req.params)
+        out.writes = ex.writes
+
+
+def _persist(host: HostRoot, store: StateStore, ex: Executor, backend: str, decision: Decision, vid: str,
+             params: Optional[str]) -> None:
+    """Write mdevctl's definition of the new mdev ``vid``; when that fails, remove the vGPU and its
+    record again and raise DeviceError naming the file."""
+    try:
+        ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
+                            mdevctl_json(decision.type_id, mdevctl_attrs(params)))])
+    except SysfsError as e:
+        ex.run([RemoveVgpu(backend, decision.parent, vid)])
+        with store.transaction() as conn:
+            delete_vgpu(conn, vid)
+        raise DeviceError(f"--persist could not write {host.relative(e.path)}: {e.errno_name}; "
+                          f"the vGPU {vid} was removed again",
+                          hint=f"make {host.relative(host.mdevctl_d)} writable, or create "
+                               "without --persist") from e
 
 
 def _new_uuid() -> str:
@@ -453,10 +592,6 @@ def mdevctl_definition(host: HostRoot, fs: Sysfs, uuid: str) -> Optional[Tuple[P
     return None
 
 
-#: the one mdevctl attribute vgpuhost applies (the vGPU's parameters, docs/reference/hardware.md#mdev)
-VGPU_PARAMS_ATTR = "nvidia/vgpu_params"
-
-
 def _definition_params(defined: tuple, uuid: str, params: Optional[str]) -> Optional[str]:
     """The vgpu_params to create ``uuid`` with: those of its mdevctl definition's attrs (issue 12 #4l:
     they were ignored), which must agree with ``params`` when both are given.
@@ -470,18 +605,18 @@ def _definition_params(defined: tuple, uuid: str, params: Optional[str]) -> Opti
            f"the definition itself (mdevctl undefine --uuid {uuid}); nothing was changed")
     out = params
     for i, (attr, value) in enumerate(attrs):
-        if attr != VGPU_PARAMS_ATTR:
+        if attr != MDEVCTL_PARAMS_ATTR:
             import re   # here: only with an mdevctl definition that sets another attribute
             shown = f"{attr!r} " if re.match(r"[A-Za-z0-9_./-]{1,64}\Z", attr) else ""
             raise RefusedError(f"mdevctl definition {where} sets the attribute {shown}(attrs entry {i}), which "
-                               f"vgpuhost does not apply: it applies {VGPU_PARAMS_ATTR} only", hint=fix)
+                               f"vgpuhost does not apply: it applies {MDEVCTL_PARAMS_ATTR} only", hint=fix)
         try:
             _validate_params(value)
         except InputError:
-            raise RefusedError(f"mdevctl definition {where}: its {VGPU_PARAMS_ATTR} (attrs entry {i}) is not a "
+            raise RefusedError(f"mdevctl definition {where}: its {MDEVCTL_PARAMS_ATTR} (attrs entry {i}) is not a "
                                "list of key=value pairs", hint=fix) from None
         if out is not None and out != value:
-            raise RefusedError(f"mdevctl definition {where} sets {VGPU_PARAMS_ATTR} to {value!r}, but "
+            raise RefusedError(f"mdevctl definition {where} sets {MDEVCTL_PARAMS_ATTR} to {value!r}, but "
                                f"{out!r} is asked for", hint="make them agree, or " + fix)
         out = value
     return out
@@ -679,7 +814,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     fs = Sysfs(host)
     rec = next(iter(store.vgpu_records(vgpu_id=vid)), None)
     if rec is None:
-        if _device_exists(fs, vid):
+        if vgpu_exists(fs, vid):
             raise RefusedError(f"vGPU {vid} was not created by vgpuhost: left alone",
                                hint="remove it with the tool that made it (mdevctl stop, or echo 1 > remove)")
         raise InputError(f"no vGPU {vid}", hint="'vgpuhost vgpu list' shows the vGPUs")
@@ -771,13 +906,6 @@ def release_owner(host: HostRoot, store: StateStore, owner: str, *,
 
 def _normalise_id(text: str) -> str:
     return parse_device_id(text, "vGPU id", "an mdev UUID or, on vendor VFIO, the VF's PCI address (0000:21:00.4)")
-
-
-def _device_exists(fs: Sysfs, vid: str) -> bool:
-    if PciAddress.is_valid(vid):
-        cur = fs.read_optional(os.path.join(fs.host.s.pci_device(vid), "nvidia", "current_vgpu_type"))
-        return bool(cur and cur != "0")
-    return fs.exists(os.path.join(fs.host.s.mdev_devices, vid))
 
 
 # ---------------------------------------------------------------------------

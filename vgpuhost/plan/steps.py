@@ -26,7 +26,6 @@ import errno as _errno
 from os.path import join as _join
 
 from ..model.errors import DeviceError
-from ..model.kinds import Backend
 from ..io import vgpudev
 from ..io.hostroot import HostRoot
 from ..model.values import PciAddress, record
@@ -193,8 +192,9 @@ class CreateVgpu(Step):
     name: str = ""
 
     def _write(self, host: HostRoot):
-        path, _ = vgpu_paths(host, self.backend, self.parent, self.type_id, self.vgpu_id)
-        return path, (self.vgpu_id if self.backend == Backend.MDEV else self.type_id)
+        door = vgpudev.for_backend(self.backend)
+        return (door.create_path(host, self.parent, self.type_id, self.vgpu_id),
+                door.create_value(self.type_id, self.vgpu_id))
 
     def describe(self, host: HostRoot) -> str:
         path, value = self._write(host)
@@ -206,8 +206,7 @@ class CreateVgpu(Step):
     def verify(self, ctx: StepContext, result: object) -> None:
         got = current_vgpu_type(ctx.fs, self.backend, self.parent, self.vgpu_id)
         if got != self.type_id:
-            raw = ctx.fs.read_optional(_join(ctx.host.s.pci_device(self.parent), "nvidia", "current_vgpu_type")) \
-                if self.backend != Backend.MDEV else got
+            raw = vgpudev.for_backend(self.backend).raw_current(ctx.fs, self.parent, self.vgpu_id)
             raise DeviceError(f"creating {self.name or self.type_id} on {self.parent} reported success but "
                               f"reads back {raw!r}",
                               hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
@@ -226,9 +225,7 @@ class RemoveVgpu(Step):
     vgpu_id: str
 
     def _write(self, host: HostRoot):
-        if self.backend == Backend.MDEV:
-            return _join(host.s.mdev_devices, self.vgpu_id, "remove"), "1"
-        return _join(host.s.pci_device(self.parent), "nvidia", "current_vgpu_type"), "0"
+        return vgpudev.for_backend(self.backend).remove_write(host, self.parent, self.vgpu_id)
 
     def describe(self, host: HostRoot) -> str:
         path, value = self._write(host)
@@ -254,7 +251,7 @@ class SetVgpuParams(Step):
     params: str
 
     def _path(self, host: HostRoot):
-        return vgpu_paths(host, self.backend, self.parent, self.type_id, self.vgpu_id)[1]
+        return vgpudev.for_backend(self.backend).params_path(host, self.parent, self.vgpu_id)
 
     def describe(self, host: HostRoot) -> str:
         return f"write '{self.params}' to {host.relative(self._path(host))}"

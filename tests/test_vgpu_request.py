@@ -1,0 +1,46 @@
+"""The vGPU create request value (:class:`vgpuhost.ops.vgpu.VgpuCreateRequest`): parsed once, shared
+by the click command, the agent's ``POST /v1/vgpus`` and ops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vgpuhost.agent.api import _VGPU_KEYS
+from vgpuhost.model.errors import InputError
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops.vgpu import VgpuCreateRequest
+
+UUID = "8f01c7a2-5b1e-4c3d-9a7f-0123456789ab"
+
+
+def test_parse_normalises_and_the_value_is_frozen():
+    gpu = PciAddress.parse("0000:81:00.0")
+    req = VgpuCreateRequest.parse("A40-8Q", gpu="0000:81:00.0", uuid=UUID.upper(), allowed_gpus=[gpu])
+    assert req.gpu == gpu and req.uuid == UUID and req.allowed_gpus == frozenset({gpu})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.profile = "A40-4Q"
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"strategy": "random"}, "unknown placement strategy"),
+    ({"uuid": UUID, "vf": "0000:81:00.4"}, "not both"),
+    ({"params": "not pairs"}, "key=value"),
+    ({"anti_affinity": "-bad key"}, "not a valid key"),
+])
+def test_parse_refuses_what_no_host_could_take(fields, message):
+    with pytest.raises(InputError, match=message):
+        VgpuCreateRequest.parse("A40-8Q", **fields)
+
+
+def test_persist_of_a_mig_backed_profile_is_refused_before_anything_is_read():
+    with pytest.raises(InputError, match="MIG-backed"):
+        VgpuCreateRequest.parse("H200X-1-18C", persist=True)
+
+
+def test_the_cli_body_is_what_the_agent_route_reads():
+    """The CLI forwards ``body()``; its keys are the route's (``dry_run`` is the call's, not the request's)."""
+    body = VgpuCreateRequest.parse("A40-8Q", gpu="0000:81:00.0", numa_node=1, persist=True).body()
+    assert set(body) == set(_VGPU_KEYS) - {"dry_run"}
+    assert body["gpu"] == "0000:81:00.0" and body["numa_node"] == 1 and body["persist"] is True
