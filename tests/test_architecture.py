@@ -25,6 +25,11 @@ Concepts: a concept's spelling (vgpuhost/model/concepts.py: ``"first-fit"``, ``"
 is written only in ``model/`` (and ``sim/``) where it is used as the concept; elsewhere code names the
 enum member, or in the hook's modules model/kinds' plain copy (:func:`concept_literals`).
 
+Imports sit at the top of a module, where the module-level graph shows them, except in the
+modules a new process runs at start-up (the qemu hook's closure and the lean read commands:
+:func:`local_imports`, with the hook's cost as the reason) and for an optional third-party
+module inside its door; no ``TYPE_CHECKING`` shims elsewhere.
+
 Also: no cycle in the graph of packages, no import cycle between modules (module-level and function-level imports
 alike), package ``__init__.py`` files hold a docstring only (the top-level one may
 also hold ``__version__``, which setup.cfg reads), and no ``cli`` module imports a
@@ -302,6 +307,49 @@ def private_imports() -> Iterator[Tuple[str, str, str]]:
             for name in names:
                 if name.startswith("_") and not name.startswith("__"):
                     yield "private", module, f"{dest}.{name}"
+
+
+#: Modules that import where a path needs a module, not at the top: what a new Python process runs on
+#: every domain start and stop (the qemu hook's import closure, :data:`vgpuhost.io.modbundle.MODULES`, which
+#: tests/test_hook_bundle.py holds to what the hook really imports) and on a lean read command
+#: (``vgpuhost types|gpus``, tests/test_cli_lean.py).  The reason is their start-up cost: the hook's
+#: ``prepare begin`` pays for every module it loads (bench/hook.py).  Everywhere else imports sit at the
+#: top, so the module-level graph is the real one.
+LEAN_READ = {"vgpuhost.__main__", "vgpuhost.cli", "vgpuhost.cli.context", "vgpuhost.cli.entry", "vgpuhost.cli.lean",
+             "vgpuhost.cli.output", "vgpuhost.present", "vgpuhost.present.inventory"}
+#: third-party modules a host may lack, imported at first use behind ``except ImportError`` in their door
+OPTIONAL = {"pynvml": "vgpuhost.io.nvml_pynvml", "libvirt": "vgpuhost.io.virt"}
+
+
+def hook_closure() -> Set[str]:
+    """The names in io/modbundle.py's ``MODULES`` tuple, plus what imports before the bundle is used."""
+    tree = TREES["vgpuhost.io.modbundle"]
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MODULES" for t in node.targets):
+            return {e.value for e in node.value.elts} | {"vgpuhost", "vgpuhost.io", "vgpuhost.io.modbundle"}
+    raise AssertionError("io/modbundle.py has no MODULES tuple")
+
+
+def start_up_modules() -> Set[str]:
+    return hook_closure() | LEAN_READ
+
+
+def local_imports() -> Iterator[Tuple[str, str, str]]:
+    """Imports below the top of a module (in a function, a class or an ``if TYPE_CHECKING:`` block)
+    and ``TYPE_CHECKING`` shims, outside the start-up modules; an optional third-party module in its door aside."""
+    start_up = start_up_modules()
+    for module, tree in TREES.items():
+        if module in start_up:
+            continue
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
+                if all(OPTIONAL.get(n) == module for n in names):
+                    continue
+                yield "local-import", module, f"line {node.lineno}"
+            elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                yield "type-checking-shim", module, f"line {node.lineno}"
 
 
 def side_by_side() -> Iterator[Tuple[str, str, str]]:
@@ -584,7 +632,7 @@ def kernel_attrs() -> Iterator[Tuple[str, str, str]]:
 def violations() -> Set[Tuple[str, str, str]]:
     out: Set[Tuple[str, str, str]] = set()
     for rule in (layer_violations, cycles, door_violations, init_violations, private_imports, side_by_side,
-                 concept_literals, package_cycles, kernel_attrs):
+                 concept_literals, package_cycles, kernel_attrs, local_imports):
         out.update(rule())
     return out
 
@@ -685,6 +733,21 @@ def test_kernel_attrs_catches_a_hand_joined_path():
         '    hint = f"/usr/lib/nvidia/sriov-manage -d {bdf}; vgpuhost vgpu remove"\n'
         '    __all__ = ["current_vgpu_type"]\n')
     assert not list(_kernel_attr_uses(innocent))
+
+
+def test_the_start_up_modules_are_real_modules():
+    """A renamed module in the hook's bundle list or :data:`LEAN_READ` would silently exempt nothing."""
+    assert start_up_modules() <= set(MODULES), sorted(start_up_modules() - set(MODULES))
+    assert "vgpuhost.hook.runtime" in hook_closure()
+
+
+def test_a_local_import_outside_the_start_up_modules_is_seen():
+    TREES["vgpuhost.fake"] = ast.parse("def f():\n    import json\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n    import os\n")
+    try:
+        found = {(rule, module) for rule, module, _ in local_imports()}
+    finally:
+        del TREES["vgpuhost.fake"]
+    assert {("local-import", "vgpuhost.fake"), ("type-checking-shim", "vgpuhost.fake")} <= found
 
 
 def test_known_violations_name_an_owner():

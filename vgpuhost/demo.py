@@ -24,6 +24,12 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from .cli.main import main as vgpuhost
+from .io import files
+from .io.process import run_program
+from .io.virt import _libvirt, open_connection
+from .model.errors import VgpuhostError
+from .sim.data import bundled_specs
+from .sim.libvirtd import IsolatedLibvirtd, available, diskless_domain_xml
 
 DOMAIN = "demo-vm"
 PROFILE = "A40-8Q"
@@ -52,8 +58,6 @@ def _spec(base: Path, spec: str) -> str:
     """A bundled spec's name, or for :data:`VFS_OFF` a spec file written under ``base``."""
     if spec != VFS_OFF:
         return spec
-    from .io import files
-    from .sim.data import bundled_specs
     text = files.read_text_capped(bundled_specs()["a100-sriov-mdev"]) or ""
     text = text.replace("name: a100-sriov-mdev", f"name: {VFS_OFF}").replace("sriov_numvfs: 20", "sriov_numvfs: 0")
     path = base / f"{VFS_OFF}.yaml"
@@ -98,14 +102,11 @@ def _hostdev_lines(xml: str) -> str:
 
 
 def _libvirt_part(base: Path) -> int:
-    from .sim.libvirtd import IsolatedLibvirtd, available, diskless_domain_xml
 
     root = base / "libvirt-host"
     if run(["sim", "create", "--force", "a40-mdev", str(root)]) != 0:
         return 2
     ok, why = available()
-    from .model.errors import VgpuhostError
-    from .io.virt import _libvirt
     try:
         _libvirt()              # libvirt-python, installed by make dev
     except VgpuhostError as e:
@@ -121,8 +122,6 @@ def _libvirt_part(base: Path) -> int:
 
 
 def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -> int:
-    from .io import files
-    from .io.virt import open_connection
     workdir = base / "libvirtd"
     files.remove_tree(workdir)
     files.make_dirs(workdir)
@@ -154,9 +153,6 @@ def _real_daemon(base: Path, root: Path, g: List[str], daemon_cls, domain_xml) -
 
 
 def _test_driver(base: Path, root: Path, g: List[str], domain_xml) -> int:
-    from .io import files
-    from .io.process import run_program
-    from .io.virt import open_connection
     hooks = base / "hooks"
     files.remove_tree(hooks)
     run(g + ["hook", "install", "--hooks-dir", str(hooks)])

@@ -21,12 +21,34 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import __version__
+from ..hook.runtime import released_domain
 from ..io import locks
+from ..io.changes import fingerprint
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore
+from ..io.sysfs import Sysfs
+from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import OwnerKind, PlacementStrategy
 from ..model.errors import InputError, TransientError, VgpuhostError
-from ..ops.attach import AttachRequest
+from ..model.values import PciAddress, parse_uuid
+from ..observe.inventory import discover
+from ..observe.vgpus import list_vgpus
+from ..ops import devices, mig, tenancy, vgpu
+from ..ops.attach import AttachRequest, attach, detach
+from ..ops.devices import release_domain
+from ..ops.layout import apply, check, plan
+from ..ops.passthrough import prepare, release
+from ..ops.scheduler import mixed_size, set_runtime
+from ..ops.vgpu import reconcile
+from ..policy.config import parse
+from ..policy.mig import parse_layout
+from ..policy.when import parse_since
+from ..present.inventory import aggregate_types, gpus_doc, types_doc
+from ..present.scheduler import scheduler_state
+from ..present.tenancy import (
+    SCHEMA_CAPACITY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, changed_tenant, new_tenant, tenant_doc
+)
+from .spec import document_bytes
 
 API = "v1"
 SCHEMA_AGENT = "vgpuhost.agent/v1"
@@ -104,13 +126,10 @@ class Agent:
 
     # --- the warm snapshot ---------------------------------------------
     def _fingerprint(self, inv) -> tuple:
-        from ..io.changes import fingerprint
         return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())
 
     def inventory(self, _waiting: bool = True):
         """The host's inventory, from the warm snapshot when nothing changed since it was read."""
-        from ..io.sysfs import Sysfs
-        from ..observe.inventory import discover
         with self._snap_lock:
             if self._inv is not None and self._fingerprint(self._inv) == self._key:
                 return self._inv
@@ -173,7 +192,6 @@ def _flag(body_or_query: Optional[Dict[str, Any]], key: str) -> bool:
 def _gpu(agent: Agent, text: Optional[str], inv=None):
     if text is None:
         return None
-    from ..model.values import PciAddress
     addr = PciAddress.parse(text)
     if inv is not None and inv.gpu(addr) is None:
         known = ", ".join(str(g.address) for g in inv.gpus) or "none"
@@ -182,7 +200,6 @@ def _gpu(agent: Agent, text: Optional[str], inv=None):
 
 
 def _uuid(text: str) -> str:
-    from ..model.values import parse_uuid
     return parse_uuid(text)
 
 
@@ -198,12 +215,10 @@ def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
 
 
 def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..present.inventory import gpus_doc
     return gpus_doc(agent.inventory())
 
 
 def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..present.inventory import aggregate_types, types_doc
     inv = agent.inventory()
     addr = _gpu(agent, req.query.get("gpu"), inv)
     entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
@@ -213,8 +228,6 @@ def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..present.tenancy import SCHEMA_CAPACITY
-    from ..ops import tenancy
     doc = tenancy.capacity(agent.store, agent.inventory())
     profile = req.query.get("profile")
     if profile:
@@ -223,7 +236,6 @@ def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_vgpus(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..observe.vgpus import list_vgpus
     entries = list_vgpus(agent.inventory(), agent.store.vgpu_records())
     return {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]}
 
@@ -257,14 +269,10 @@ def get_domains(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_tenants(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..present.tenancy import SCHEMA_TENANTS, tenant_doc
-    from ..ops import tenancy
     return {"schema": SCHEMA_TENANTS, "tenants": [tenant_doc(t) for t in tenancy.tenants(agent.store).values()]}
 
 
 def get_usage(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..present.tenancy import SCHEMA_USAGE
-    from ..ops import tenancy
     try:
         inv = agent.inventory()
     except VgpuhostError:           # usage is the store's view; an unreadable host only loses type sizes
@@ -273,7 +281,6 @@ def get_usage(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_audit(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..policy.when import parse_since
     since = req.query.get("since")
     start = parse_since(since) if since else None
     rows = agent.store.audit_rows(start)
@@ -294,7 +301,6 @@ def get_metrics(agent: Agent, req: Request) -> Text:
 
 def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     """A vGPU of ``profile`` for domain ``uuid`` (the owner), placed by ``strategy`` (or on ``gpu``)."""
-    from ..ops import vgpu
     owner = _uuid(req.params["uuid"])
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
@@ -332,7 +338,6 @@ def _whole(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
 
 def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost vgpu create`` through the agent: every option of the command, ``owner`` default manual."""
-    from ..ops import vgpu
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
     kw = dict(gpu=_gpu(agent, _text(body, "gpu", limit=32)), uuid=_text(body, "vgpu_uuid", limit=64),
@@ -351,7 +356,6 @@ def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_vgpu_remove(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost vgpu remove ID [--owner UUID]`` through the agent."""
-    from ..ops import vgpu
     owner = _text(req.body, "owner", limit=64)
     dry = _flag(req.body, "dry_run")
 
@@ -362,15 +366,12 @@ def post_vgpu_remove(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
     """Every vGPU and GPU domain ``uuid`` holds, released (the hook's ``release end``); the domain forgotten."""
-    from ..ops.devices import release_domain
     owner = _uuid(req.params["uuid"])
     released = agent.write(lambda: release_domain(agent.host, agent.store, owner, actor=req.actor))
     return {"schema": SCHEMA_RELEASE, "domain": owner, "released": released}
 
 
 def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
-    from ..ops import devices
-    from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
     for key, mine in (("root", agent.host.root), ("state_dir", agent.host.state_dir)):
         theirs = _text(req.body, key)
         if theirs is not None and theirs != str(mine):
@@ -392,7 +393,6 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     libvirt_name = _text(req.body, "name", limit=256)
     view = None
     if act == "release" and libvirt_name:
-        from ..hook.runtime import released_domain
         view = released_domain(data, libvirt_name, agent.store)
     if view is None:
         view = (parse_domain if act == "prepare" else parse_domain_identity)(data)
@@ -435,33 +435,28 @@ HOOK_HANDLERS = (post_hook_prepare, post_hook_release)
 
 
 def _config(req: Request):
-    from ..policy.config import parse
     text = _text(req.body, "config", required=True, limit=1 << 20)
     source = _text(req.body, "source", limit=256) or "<agent request>"
     return parse(text, source), _text(req.body, "layout", limit=256)
 
 
 def post_plan(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..ops.layout import plan
     cfg, layout = _config(req)
     return plan(agent.host, agent.store, cfg, layout).as_dict()
 
 
 def post_assert(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..ops.layout import check
     cfg, layout = _config(req)
     return check(agent.host, agent.store, cfg, layout).as_dict()
 
 
 def post_apply(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..ops.layout import apply
     cfg, layout = _config(req)
     cfg.layout(layout)                  # an unknown layout fails before the host is read
     return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor)).as_dict()
 
 
 def post_reconcile(agent: Agent, req: Request) -> Dict[str, Any]:
-    from ..ops.vgpu import reconcile
     check = _flag(req.body, "check")
     agent.host.require_host()
     if check:
@@ -472,13 +467,11 @@ def post_reconcile(agent: Agent, req: Request) -> Dict[str, Any]:
 # --- the CLI's other write commands (each as the command does it; the CLI forwards here) -----------
 
 def _bdf(req: Request, key: str = "bdf"):
-    from ..model.values import PciAddress
     return PciAddress.parse(req.params[key])
 
 
 def post_passthrough_prepare(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost passthrough prepare BDF [--allow-boot-vga] [--persist]`` through the agent."""
-    from ..ops.passthrough import prepare
     addr = _bdf(req)
     boot_vga, persist = _flag(req.body, "allow_boot_vga"), _flag(req.body, "persist")
     return agent.write(lambda: prepare(agent.host, agent.store, addr, allow_boot_vga=boot_vga, persist=persist,
@@ -487,7 +480,6 @@ def post_passthrough_prepare(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_passthrough_release(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost passthrough release BDF [--persist]`` through the agent."""
-    from ..ops.passthrough import release
     addr = _bdf(req)
     persist = _flag(req.body, "persist")
     return agent.write(lambda: release(agent.host, agent.store, addr, persist=persist,
@@ -519,7 +511,6 @@ def _libvirt_uri(agent: Agent, body: Optional[Dict[str, Any]]) -> str:
 
 def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost attach DOMAIN ...`` through the agent; ``uri`` the libvirt URI the CLI would use."""
-    from ..ops.attach import attach
     request = AttachRequest.from_json(req.body)
     uri = _libvirt_uri(agent, req.body)
     return agent.write(lambda: attach(agent.host, agent.store, uri, req.params["domain"], request,
@@ -528,7 +519,6 @@ def post_attach(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_detach(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost detach DOMAIN [DEVICE | --all]`` through the agent."""
-    from ..ops.attach import detach
     body = req.body or {}
     domain = req.params["domain"]
     device, every = _text(body, "device", limit=64), _flag(body, "all")
@@ -556,14 +546,11 @@ def _tenant_options(body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _tenant_answer(action: str, t, text: str) -> Dict[str, Any]:
-    from ..present.tenancy import SCHEMA_TENANT, tenant_doc
     return {"schema": SCHEMA_TENANT, "action": action, "tenant": tenant_doc(t), "text": text}
 
 
 def post_tenant_add(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant add NAME [options]`` through the agent (options as the CLI's strings)."""
-    from ..present.tenancy import new_tenant
-    from ..ops import tenancy
     name = _text(req.body, "name", required=True, limit=128)
     opts = _tenant_options(req.body)
 
@@ -575,8 +562,6 @@ def post_tenant_add(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_tenant_set(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant set NAME [options]`` through the agent."""
-    from ..present.tenancy import changed_tenant
-    from ..ops import tenancy
     opts = _tenant_options(req.body)
 
     def run():
@@ -587,7 +572,6 @@ def post_tenant_set(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_tenant_remove(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant remove NAME`` through the agent."""
-    from ..ops import tenancy
 
     def run():
         t = tenancy.remove(agent.store, req.params["name"], actor=req.actor)
@@ -596,10 +580,8 @@ def post_tenant_remove(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def _mig(agent: Agent, req: Request, action: str) -> Dict[str, Any]:
-    from ..ops import mig
     addr = _bdf(req)
     if action == "apply":
-        from ..policy.mig import parse_layout
         layout = _text(req.body, "layout", required=True, limit=1024)
         parse_layout(layout)                    # a malformed layout fails before the host is read
         return agent.write(lambda: mig.apply(agent.host, agent.store, addr, layout, actor=req.actor)).as_dict()
@@ -625,9 +607,6 @@ def post_mig_apply(agent: Agent, req: Request) -> Dict[str, Any]:
 def post_scheduler(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost scheduler set`` (now, through NVML) through the agent: ``policy``, ``timeslice_ms`` or
     ``frequency_hz`` + ``avg_factor``, and ``gpus`` (BDFs) or ``all``."""
-    from ..present.scheduler import scheduler_state
-    from ..model.values import PciAddress
-    from ..ops.scheduler import set_runtime
     body = req.body or {}
     gpus = body.get("gpus") or []
     if not isinstance(gpus, list) or len(gpus) > 64 or not all(isinstance(g, str) for g in gpus):
@@ -643,7 +622,6 @@ def post_scheduler(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_vgpu_mode(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost vgpu mode --gpu BDF --mixed-size on|off`` through the agent (``{"mixed_size": bool}``)."""
-    from ..ops.scheduler import mixed_size
     addr = _bdf(req)
     if not isinstance((req.body or {}).get("mixed_size"), bool):
         raise InputError("the request needs 'mixed_size': true or false")
@@ -652,7 +630,6 @@ def post_vgpu_mode(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_openapi(agent: Agent, req: Request) -> Text:
-    from .spec import document_bytes
     return Text("application/yaml", document_bytes())
 
 

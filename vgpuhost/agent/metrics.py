@@ -16,6 +16,12 @@ import logging
 import threading
 from typing import Optional, Tuple
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
+
+from ..io.state import StateStore
+from ..ops.exporter import SnapshotCollector
+from ..ops.metering import host_sampler
+
 log = logging.getLogger("vgpuhost.agent")
 
 
@@ -23,10 +29,6 @@ class AgentMetering:
     """The sampler thread and its prometheus-client registry (``interval_s`` seconds between readings)."""
 
     def __init__(self, host, interval_s: float):
-        from prometheus_client import CollectorRegistry
-        from ..io.state import StateStore
-        from ..ops.exporter import SnapshotCollector
-        from ..ops.metering import host_sampler
         self.sampler = host_sampler(host, StateStore(host.state_dir, create=True), interval_s=interval_s)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(lambda: self.sampler.snapshot, interval_s))
@@ -41,12 +43,10 @@ class AgentMetering:
 
     def render(self) -> Tuple[str, bytes]:
         """``(content type, body)`` of the Prometheus text exposition."""
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         return CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
     def listen_tcp(self, address: str, port: int) -> int:
         """Serve ``/metrics`` on ``address:port`` too (for Prometheus); the port bound."""
-        from prometheus_client import start_http_server
         server, _thread = start_http_server(port, addr=address, registry=self.registry)
         self._tcp = server
         return server.server_address[1]

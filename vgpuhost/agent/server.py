@@ -46,11 +46,15 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .. import __version__
+from ..hook.runtime import agent_error_line
 from ..io import unixsock
 from ..io.hostroot import HostRoot
-from ..model.errors import (EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError,
-                            VgpuhostError)
+from ..libvirt.domxml import parse_domain_identity
+from ..model.errors import EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, VgpuhostError
+from ..ops import recover
+from ..ops.vgpu import reconcile
 from . import api
+from .metrics import AgentMetering
 
 log = logging.getLogger("vgpuhost.agent")
 
@@ -405,7 +409,6 @@ def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
     (none on success), exactly as the hook would print it had it done the work itself."""
     if status == 200:
         return api.Text("text/plain; charset=utf-8", f"{HOOK_ANSWER} 0".encode())
-    from ..hook.runtime import agent_error_line
     problem = doc.get("error") if isinstance(doc, dict) else None
     code = problem.get("exit_code") if isinstance(problem, dict) else None
     if not isinstance(code, int):
@@ -419,7 +422,6 @@ def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
 
 def _domain_name(xml: str) -> Optional[str]:
     """The domain's ``<name>`` when the XML parses (the name the hook's own errors show)."""
-    from ..libvirt.domxml import parse_domain_identity
     try:
         return parse_domain_identity(xml.encode("utf-8")).name
     except (VgpuhostError, ValueError):
@@ -520,14 +522,8 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
     out: Dict[str, Any] = {"journal": None, "reconcile": None}
     actor = "agent start"
     try:
-        try:
-            from ..ops import recover           # the intent journal's recovery (issue 12)
-        except ImportError:
-            recover = None
-        if recover is not None:
-            done = recover.recover_all(agent.host, agent.store, actor=actor)
-            out["journal"] = [getattr(r, "line", lambda: str(r))() for r in done]
-        from ..ops.vgpu import reconcile
+        done = recover.recover_all(agent.host, agent.store, actor=actor)
+        out["journal"] = [getattr(r, "line", lambda: str(r))() for r in done]
         rep = reconcile(agent.host, agent.store, check=False, actor=actor)
         out["reconcile"] = rep.as_dict()
     except VgpuhostError as e:
@@ -539,7 +535,6 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
 def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional[Tuple[str, int]]) -> None:
     """Run the metering sampler in the agent; without NVML the agent serves on and /v1/metrics says why (503).
     A TCP listener that cannot be bound raises InputError."""
-    from .metrics import AgentMetering
     try:
         m = AgentMetering(agent.host, interval_s)
     except VgpuhostError as e:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pkgutil
 
+from ..model.errors import HostEnvironmentError
+
 DOCUMENT = "openapi.yaml"
 
 
@@ -15,7 +17,6 @@ def document_bytes() -> bytes:
     """The OpenAPI document's bytes (YAML).  Raises HostEnvironmentError when the package lacks it."""
     data = pkgutil.get_data("vgpuhost.agent", DOCUMENT)
     if data is None:
-        from ..model.errors import HostEnvironmentError
         raise HostEnvironmentError("the agent's API document is missing from the installed package",
                                    hint="reinstall vgpuhost")
     return data

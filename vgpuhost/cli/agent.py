@@ -8,9 +8,12 @@ in the Context): cli and agent sit side by side, so it never imports it.
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 import click
+
+from .common import current
 
 
 @click.command("agent")
@@ -48,8 +51,6 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
     operations, locks and audit log as the CLI, whose write commands come here
     when the agent answers.  The API document: GET /v1/openapi.
     """
-    import sys
-    from .common import current
     ctx = current()
     if ctx.serve_agent is None:     # cli.main.main called without the entry point's server: a bug
         raise RuntimeError("vgpuhost agent runs only from the program's entry point (vgpuhost.__main__)")

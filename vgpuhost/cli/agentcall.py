@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional
 
+from ..io import agentclient
 from ..model.errors import DeviceError, VgpuhostError
 
 
@@ -72,7 +73,6 @@ def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None
     answering."""
     if getattr(ctx, "local", False):
         return None
-    from ..io import agentclient
     path = agentclient.socket_path(ctx.host)
     if path is None:
         return None

@@ -9,8 +9,10 @@ from typing import List, Optional
 
 import click
 
-from .common import Context, emit, pass_ctx
-from .common import store
+from ..model.values import PciAddress
+from ..policy.when import parse_since
+from .common import Context, emit, pass_ctx, store
+from .output import table
 
 
 @click.command("audit")
@@ -24,10 +26,8 @@ from .common import store
 def audit(ctx: Context, since: Optional[str], domain: Optional[str], gpu: Optional[str], actor: Optional[str],
           limit: Optional[int]) -> None:
     """Print the audit log: every write vgpuhost made to the host."""
-    from .output import table
     start = _parse_since(since) if since else None
     if gpu is not None:
-        from ..model.values import PciAddress
         gpu = str(PciAddress.parse(gpu))
     rows = filter_rows(store(ctx, write=False).audit_rows(start), domain=domain, gpu=gpu, actor=actor, limit=limit)
     doc = {"schema": "vgpuhost.audit/v1", "since": start,
@@ -64,7 +64,6 @@ def filter_rows(rows, *, domain: Optional[str] = None, gpu: Optional[str] = None
 
 
 def _parse_since(text: str) -> str:
-    from ..policy.when import parse_since
     return parse_since(text)
 
 

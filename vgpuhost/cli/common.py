@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import click
 
+from ..io import files
 from ..io.process import actor
+from ..io.state import StateStore
+from ..observe.ownable import devices_vgpuhost_may_own
 from .context import Context, parse_gpu_option, printable
+from .output import dumps
 
 EXIT_INTERNAL = 4
 
@@ -34,7 +38,6 @@ def current() -> Context:
 
 def emit(ctx: Context, doc, text: str, json_flag: bool = False) -> None:
     """Print ``doc`` as the documented JSON (``--json`` or ``json_flag``), else ``text``."""
-    from .output import dumps
     click.echo(dumps(doc) if (ctx.json or json_flag) else text)
 
 
@@ -45,9 +48,6 @@ def store(ctx: Context, *, write: bool = True):
     host root (HostEnvironmentError, exit 2, naming ``--root``, otherwise): a
     mistyped ``--root`` must not leave a store in any directory.
     """
-    from ..io import files
-    from ..io.state import StateStore
-    from ..observe.ownable import devices_vgpuhost_may_own
     if write and not files.exists(ctx.host.state_dir):
         ctx.host.require_host()
     return StateStore(ctx.host.state_dir, create=write, owned=lambda: devices_vgpuhost_may_own(ctx.host))

@@ -13,7 +13,10 @@ from typing import List, Optional
 import click
 
 from ..model.kinds import PlacementStrategy
+from ..ops.fleet import host_facts
+from ..policy.fleet import capacity, rank
 from .common import current, emit
+from .output import table
 
 PROM_HELP = "Prometheus's base URL (http://HOST:9090) scraping every host's agent (--metrics-port)."
 
@@ -31,9 +34,6 @@ def fleet() -> None:
               help="A host whose last sample is older than S seconds is skipped.")
 def fleet_capacity(url: str, profile: Optional[str], job: Optional[str], stale: float) -> None:
     """Free instances per profile and host (healthy hosts only)."""
-    from ..ops.fleet import host_facts
-    from ..policy.fleet import capacity
-    from .output import table
     doc = capacity(host_facts(url, job=job, stale_s=stale), profile)
     rows = [[p["profile"], p["total"], " ".join(f"{h}={n}" for h, n in p["by_host"].items())] for p in doc["profiles"]]
     text = table(["PROFILE", "FREE", "BY_HOST"], rows) if rows else "no free capacity"
@@ -53,8 +53,6 @@ def fleet_capacity(url: str, profile: Optional[str], job: Optional[str], stale: 
 def fleet_place(url: str, profile: str, tenant: Optional[str], strategy: str, job: Optional[str],
                 stale: float) -> None:
     """Rank the hosts that can take one PROFILE vGPU now; the first is the choice.  Exit 1: none can."""
-    from ..ops.fleet import host_facts
-    from ..policy.fleet import rank
     r = rank(host_facts(url, job=job, stale_s=stale), profile, strategy=strategy, tenant=tenant)
     lines = [f"{i}. {h} ({n} free)" for i, (h, n) in enumerate(r.hosts, 1)] or [f"no host can take {profile}"]
     lines += [f"skipped {h}: {why}" for h, why in r.skipped]

@@ -17,9 +17,10 @@ from typing import List, Optional
 
 import click
 
-from .common import emit, store
-
+from ..hook import install as hookmod
 from ..io import files
+from ..model.errors import InputError
+from .common import emit, store
 
 HOOKS_DIR_HELP = "Where libvirt looks for qemu hooks, an absolute path (default <root>/etc/libvirt/hooks/qemu.d)."
 
@@ -29,7 +30,6 @@ def _absolute_dir(_cctx: click.Context, _param: click.Parameter, value: Optional
     if value is None:
         return None
     if not value.startswith("/") or not value.isprintable():
-        from ..model.errors import InputError
         raise InputError(f"--hooks-dir {value[:200]!r} is not an absolute path",
                          hint="libvirt runs hooks from an absolute directory: give one, "
                               "e.g. /etc/libvirt/hooks/qemu.d")
@@ -72,7 +72,6 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
     Idempotent.  libvirtd must be restarted or sent SIGHUP to see a new hook;
     this command never does that itself.
     """
-    from ..hook import install as hookmod
     ctx = cctx.obj
     ctx.host.require_host()
     st = None if dry_run else store(ctx)
@@ -86,7 +85,6 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
 @click.pass_context
 def hook_uninstall(cctx: click.Context, hooks_dir: Optional[str], dry_run: bool) -> None:
     """Remove the qemu hook, only if vgpuhost wrote it."""
-    from ..hook import install as hookmod
     ctx = cctx.obj
     st = None if dry_run else store(ctx)
     _outcome(ctx, hookmod.uninstall(ctx.host, hooks_dir=hooks_dir, dry_run=dry_run, store=st))
@@ -154,7 +152,6 @@ def _status(host, hooks_dir: Optional[str]) -> dict:
     - ``allow.summary``: "unreadable" only when the file cannot be read;
       a file that reads but does not parse is "malformed".
     """
-    from ..hook import install as hookmod
     doc = hookmod.status(host, hooks_dir=hooks_dir)
     doc["installed"] = bool(doc["installed"] and doc["written_by_vgpuhost"])
     doc["ok"] = bool(doc["ok"] and doc["installed"])

@@ -12,8 +12,12 @@ from typing import List, Optional
 
 import click
 
-from .common import Context, emit, pass_ctx
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+from ..ops.readiness import check
+from ..policy.checks import host_ready
+from .common import Context, emit, pass_ctx
+from .lean import gpus_output, types_output
+from .output import check_doc, check_text
 
 
 @click.group()
@@ -30,9 +34,6 @@ def host_check(ctx: Context) -> None:
     those commands would do now).  Exit 0 ready (no error, and every GPU can
     serve some mode), 1 otherwise.
     """
-    from ..ops.readiness import check
-    from ..policy.checks import host_ready
-    from .output import check_doc, check_text
     findings, verdicts = check(ctx.host, ctx.inventory())
     emit(ctx, check_doc(findings, verdicts), check_text(findings, verdicts))
     sys.exit(EXIT_OK if host_ready(findings, verdicts) else EXIT_PROBLEMS)
@@ -42,7 +43,6 @@ def host_check(ctx: Context) -> None:
 @pass_ctx
 def gpus(ctx: Context) -> None:
     """List NVIDIA GPUs, their IOMMU groups and the backends each can serve."""
-    from .lean import gpus_output        # the body the lean start runs too (same bytes either way)
     doc, text = gpus_output(ctx)
     emit(ctx, doc, text)
 
@@ -53,7 +53,6 @@ def gpus(ctx: Context) -> None:
 @pass_ctx
 def types(ctx: Context, gpu: Optional[str], available: bool) -> None:
     """List vGPU types per GPU with max and available instances."""
-    from .lean import types_output       # the body the lean start runs too (same bytes either way)
     doc, text = types_output(ctx, gpu, available)
     emit(ctx, doc, text)
 

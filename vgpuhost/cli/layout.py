@@ -22,20 +22,22 @@ from typing import List, Optional
 
 import click
 
+from ..io.yamlutil import read_text_file
+from ..model.errors import EXIT_OK, EXIT_PROBLEMS, VgpuhostError
+from ..ops.layout import apply, check, plan
+from ..policy.config import load, parse
+from .agentcall import forward
 from .common import current, emit, printable, store
 
 CONFIG_HELP = "The config file (YAML, version: 1)."
 
 
 def _load(path: str):
-    from ..policy.config import load
     return load(path)
 
 
 def _load_text(path: str):
     """(config, its text): the text goes to the agent, which parses it again."""
-    from ..io.yamlutil import read_text_file
-    from ..policy.config import parse
     text = read_text_file(path, "config file")
     return parse(text, source=str(path)), text
 
@@ -56,7 +58,6 @@ def plan_cmd(config: str, layout: Optional[str]) -> None:
 
     Changes nothing.  Exit 0, or 2 when the plan is blocked (apply would refuse).
     """
-    from ..ops.layout import plan
     ctx = current()
     cfg = _load(config)
     _plan_out(ctx, plan(ctx.host, store(ctx, write=False), cfg, layout))
@@ -78,8 +79,6 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     the way) are refused before any change (exit 2).  Steps that need a
     reboot are reported, never done.
     """
-    from ..model.errors import VgpuhostError
-    from ..ops.layout import apply, plan
     ctx = current()
     cfg, text = _load_text(config)
     cfg.layout(layout)                    # an unknown layout fails before the host is read
@@ -89,7 +88,6 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     tries = 0
     while True:
         try:
-            from .agentcall import forward
             out = forward(ctx, "POST", "/v1/apply", {"config": text, "source": str(config), "layout": layout})
             if out is not None:             # the agent applied it: print its document as apply does
                 emit(ctx, out.as_dict(), apply_text(out.as_dict()))
@@ -145,8 +143,6 @@ def _progress(ctx):
 @click.argument("layout", required=False)
 def assert_cmd(config: str, layout: Optional[str]) -> None:
     """Compare this host with LAYOUT: exit 0 in sync, 1 on drift (the diff is printed)."""
-    from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-    from ..ops.layout import check
     ctx = current()
     cfg = _load(config)
     drift = check(ctx.host, store(ctx, write=False), cfg, layout)

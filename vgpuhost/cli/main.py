@@ -10,15 +10,20 @@ actor) are in :mod:`vgpuhost.cli.common`.  Must not: hold command logic.
 
 from __future__ import annotations
 
+import importlib
+import logging
 import signal
 import sys
 import threading
+import traceback
 
 import click
 
 from .. import __version__
 from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, VgpuhostError
 from .common import EXIT_INTERNAL, Context, printable  # noqa: F401 (Context: the root group's obj, for callers)
+from .lean import match
+from .output import dumps
 
 # --- the command families: each module's COMMANDS, registered the same way ----------
 
@@ -54,7 +59,6 @@ class LazyGroup(click.Group):
 
 def load_family(name: str):
     """Import ``vgpuhost.cli.<name>`` and add its ``COMMANDS`` to the root group; the module."""
-    import importlib
     module = importlib.import_module(f"{__package__}.{name}")
     for command in module.COMMANDS:
         if command.name not in cli.commands:
@@ -83,7 +87,6 @@ def cli(ctx: click.Context, root, state_dir, connect, json_out, verbose, local) 
     """Share NVIDIA GPUs between libvirt/KVM VMs: passthrough, vGPU, MIG."""
     # the read commands of the host family (nothing on their path logs) without -v never load logging
     if verbose or "logging" in sys.modules or COMMAND_FAMILY.get(ctx.invoked_subcommand or "") != "host":
-        import logging
         logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format="vgpuhost: %(message)s")
     ctx.obj = Context(root, state_dir, connect, json_out, verbose, local, serve_agent=ctx.obj)
 
@@ -124,7 +127,6 @@ def _error(argv, code: int, what: str, hint, kind: str, *, prefix: str = "vgpuho
         line = f"{what}; {hint}" if hint else what
     click.echo(f"{prefix}{printable(line)}", err=True)
     if _json_mode(argv):
-        from .output import dumps
         try:
             click.echo(dumps({"schema": "vgpuhost.error/v1", "error": printable(what),
                               "hint": printable(hint) if hint else None, "exit_code": code, "type": kind}))
@@ -148,7 +150,6 @@ def main(argv=None, *, lean: bool = True, serve_agent=None) -> int:
     try:
         job = None
         if lean:
-            from .lean import match
             job = match(list(sys.argv[1:] if argv is None else argv))
         if job is not None:
             click.echo(job())
@@ -201,7 +202,6 @@ def report(argv, exc: BaseException) -> int:
             err = state.store_error('state.db', e)
             return _error(argv, EXIT_INPUT, err.message, err.hint, "StoreError")
         if "-vv" in (argv or sys.argv):
-            import traceback
             traceback.print_exc()
         return _error(argv, EXIT_INTERNAL, f"{type(e).__name__}: {e}", "rerun with -vv and report it", "InternalError",
                       prefix="vgpuhost: internal error: ", hint_in_parens=True)

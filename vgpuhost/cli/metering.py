@@ -10,27 +10,35 @@ from __future__ import annotations
 
 import csv
 import io
+import math
+import os
 import sys
-from datetime import datetime, timezone
+import threading
+from datetime import datetime, timedelta, timezone
 from typing import Optional
 
 import click
+from prometheus_client import CollectorRegistry, generate_latest
 
+from ..io import state as st
+from ..io.virt import DEFAULT_URI, ENV_URI
 from ..model.errors import InputError
+from ..model.tenancy import NO_TENANT
+from ..ops.exporter import SnapshotCollector, serve
+from ..ops.metering import host_sampler, sampler_lock
+from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
 from .common import current as _ctx, store as _store
+from .output import dumps, table
 
 
 def _labels_uri(ctx) -> Optional[str]:
     """libvirt for domain names/tenants: --connect, $LIBVIRT_DEFAULT_URI, else qemu:///system on a real host."""
-    import os
-    from ..io.virt import DEFAULT_URI, ENV_URI
     if ctx.connect or os.environ.get(ENV_URI):
         return ctx.connect or os.environ.get(ENV_URI)
     return None if ctx.host.is_simulated else DEFAULT_URI
 
 
 def _sampler(ctx, interval: float, max_hold: Optional[float]):
-    from ..ops.metering import host_sampler
     ctx.host.require_host()
     return host_sampler(ctx.host, _store(ctx, write=True), interval_s=interval, max_hold_s=max_hold,
                         libvirt_uri=_labels_uri(ctx))
@@ -58,17 +66,12 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
     ctx = _ctx()
     sampler = _sampler(ctx, interval, max_hold)
     if once:
-        from prometheus_client import CollectorRegistry, generate_latest
-        from ..ops.exporter import SnapshotCollector
-        from ..ops.metering import sampler_lock
         with sampler_lock(sampler.store.state_dir):
             sampler.tick()
         reg = CollectorRegistry(auto_describe=False)
         reg.register(SnapshotCollector(lambda: sampler.snapshot, interval))
         click.echo(generate_latest(reg).decode(), nl=False)
         return
-    import threading
-    from ..ops.exporter import serve
     stop = threading.Event()
 
     def ready(bound: int) -> None:
@@ -86,7 +89,6 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
 
 def _finite(name: str, value: float) -> float:
     """A float option's value, refused (exit 2) when it is not a number (nan) or infinite."""
-    import math
     if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number", param_hint=name)
     return value
@@ -95,7 +97,6 @@ def _finite(name: str, value: float) -> float:
 def _when(text: Optional[str], default: datetime) -> datetime:
     if not text:
         return default
-    from ..policy.usage import parse_when
     when = parse_when(text, datetime.now(timezone.utc))
     if when is None:
         raise InputError(f"invalid time {text[:40]!r}",
@@ -121,7 +122,6 @@ def _window(since: Optional[str], until: Optional[str]):
 
 
 def _one_hour():
-    from datetime import timedelta
     return timedelta(hours=1)
 
 
@@ -139,9 +139,6 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
     hour includes that hour.  Gaps (spans the sampler could not observe
     utilisation) in the window are listed.
     """
-    from ..io import state as st
-    from ..policy.usage import aggregate
-    from .output import dumps, table
     ctx = _ctx()
     lo, hi = _window(since, until)
     store = _store(ctx, write=False)
@@ -173,8 +170,6 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
     if not recs:
         click.echo(f"no usage recorded from {lo}{' to ' + hi if hi else ''} (is 'vgpuhost exporter' running?)")
     else:
-        from ..model.tenancy import NO_TENANT
-        from ..policy.usage import NONE_KEY
         click.echo(table([by.upper(), "GPU-HOURS", "SM-BUSY-S", "ENC-BUSY-S", "DEC-BUSY-S", "FB-PEAK-MIB",
                           "DEVICES"],
                          [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.1f}",
@@ -194,9 +189,6 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
 def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) -> None:
     """VMs whose framebuffer peak and SM use fit a smaller profile, idle guaranteed vGPUs,
     and how many more VMs those changes would admit."""
-    from ..io import state as st
-    from ..policy.usage import Offer, advise as plan_advice
-    from .output import dumps, table
     ctx = _ctx()
     lo, hi = _window(since, until)
     store = _store(ctx, write=False)
@@ -221,7 +213,6 @@ def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) ->
     if not act:
         click.echo(f"nothing to change: {len(items)} devices checked from {lo}{' to ' + hi if hi else ''}")
     else:
-        from ..model.tenancy import NO_TENANT
         click.echo(table(["DOMAIN", "TENANT", "DEVICE", "PROFILE", "ACTION", "TO", "REASON"],
                          [[a.domain, a.tenant or NO_TENANT, a.device, a.profile, a.action, a.to or "-", a.reason]
                           for a in act]))

@@ -14,13 +14,17 @@ from typing import List, Optional
 
 import click
 
+from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+from ..model.values import PciAddress
+from ..ops.mig import apply, assert_layout, disable, enable, show, show_text
+from ..policy.mig import layout_text, parse_layout
+from .agentcall import forward
 from .common import emit, store
 
 LAYOUT_HELP = "PROFILE=COUNT,... as the device names its profiles, e.g. 3g.71gb=1,2g.35gb=1,1g.18gb=1"
 
 
 def _outcome(ctx, out) -> None:
-    from ..policy.mig import layout_text
     if ctx.json:
         emit(ctx, out.as_dict(), "")
         return
@@ -47,7 +51,6 @@ def _through_agent(ctx, target: str, body: dict, dry_run: bool) -> bool:
     """A MIG change through the agent when it answers (never a dry run); printed as here."""
     if dry_run:
         return False
-    from .agentcall import forward
     out = forward(ctx, "POST", target, body)
     if out is None:
         return False
@@ -56,7 +59,6 @@ def _through_agent(ctx, target: str, body: dict, dry_run: bool) -> bool:
 
 
 def _addr(text: str):
-    from ..model.values import PciAddress
     return PciAddress.parse(text)
 
 
@@ -70,7 +72,6 @@ def mig() -> None:
 @click.pass_context
 def mig_show(cctx: click.Context, gpu: Optional[str]) -> None:
     """MIG mode (current, pending), GPU instances and profiles per GPU."""
-    from ..ops.mig import show, show_text
     ctx = cctx.obj
     addr = _addr(gpu) if gpu else None
     doc = show(ctx.host, addr)
@@ -83,7 +84,6 @@ def mig_show(cctx: click.Context, gpu: Optional[str]) -> None:
 @click.pass_context
 def mig_enable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
     """Enable MIG mode (refused while vGPUs, processes or VFs block it)."""
-    from ..ops.mig import enable
     ctx = cctx.obj
     addr = _addr(gpu)
     if not _through_agent(ctx, f"/v1/mig/{addr}/enable", {}, dry_run):
@@ -96,7 +96,6 @@ def mig_enable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
 @click.pass_context
 def mig_disable(cctx: click.Context, gpu: str, dry_run: bool) -> None:
     """Disable MIG mode, destroying the GPU instances first."""
-    from ..ops.mig import disable
     ctx = cctx.obj
     addr = _addr(gpu)
     if not _through_agent(ctx, f"/v1/mig/{addr}/disable", {}, dry_run):
@@ -114,8 +113,6 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
     LAYOUT: PROFILE=COUNT,... as the device names its profiles, e.g.
     3g.71gb=1,2g.35gb=1,1g.18gb=1; 'none' destroys every GPU instance.
     """
-    from ..ops.mig import apply
-    from ..policy.mig import parse_layout
     ctx = cctx.obj
     addr = _addr(gpu)
     parse_layout(layout)                       # a malformed layout fails before the host is read
@@ -129,9 +126,6 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
 @click.pass_context
 def mig_assert(cctx: click.Context, gpu: str, layout: str) -> None:
     """Exit 0 when the GPU instances match LAYOUT, 1 on drift (with the difference)."""
-    from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-    from ..ops.mig import assert_layout
-    from ..policy.mig import layout_text, parse_layout
     ctx = cctx.obj
     addr = _addr(gpu)
     parse_layout(layout)

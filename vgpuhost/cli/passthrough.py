@@ -10,9 +10,11 @@ from typing import List
 
 import click
 
+from ..model.values import PciAddress
+from ..observe.inventory import discover
+from ..ops.passthrough import modprobe_config, prepare, release
 from .agentcall import forward
-from .common import Context, emit, pass_ctx
-from .common import store
+from .common import Context, emit, pass_ctx, store
 
 #: the agent's answer is the ``--json`` document; the printer reads ``group`` as the outcome names it
 ALIASES = {"group": "iommu_group"}
@@ -47,8 +49,6 @@ def _outcome(ctx: Context, out) -> None:
 @pass_ctx
 def passthrough_prepare(ctx: Context, bdf: str, allow_boot_vga: bool, persist: bool, dry_run: bool) -> None:
     """Bind every function of BDF's IOMMU group to vfio-pci (idempotent)."""
-    from ..ops.passthrough import prepare
-    from ..model.values import PciAddress
     addr = PciAddress.parse(bdf)
     if not dry_run:
         out = forward(ctx, "POST", f"/v1/passthrough/{addr}/prepare",
@@ -67,8 +67,6 @@ def passthrough_prepare(ctx: Context, bdf: str, allow_boot_vga: bool, persist: b
 @pass_ctx
 def passthrough_release(ctx: Context, bdf: str, persist: bool, dry_run: bool) -> None:
     """Give BDF's group back to its original drivers, companions first (idempotent)."""
-    from ..ops.passthrough import release
-    from ..model.values import PciAddress
     addr = PciAddress.parse(bdf)
     if not dry_run:
         out = forward(ctx, "POST", f"/v1/passthrough/{addr}/release", {"persist": persist}, aliases=ALIASES)
@@ -83,11 +81,8 @@ def passthrough_release(ctx: Context, bdf: str, persist: bool, dry_run: bool) ->
 @pass_ctx
 def passthrough_modprobe_config(ctx: Context, bdf: str) -> None:
     """Print vfio-pci ids= and softdep lines for binding BDF's group at boot."""
-    from ..ops.passthrough import modprobe_config
-    from ..model.values import PciAddress
     addr = PciAddress.parse(bdf)
     fs = ctx.sysfs()
-    from ..observe.inventory import discover
     records = {r.bdf: r for r in store(ctx, write=False).passthrough_records()}
     text = modprobe_config(discover(fs, with_types=False), addr, fs, records)
     emit(ctx, {"schema": "vgpuhost.modprobe-config/v1", "gpu": str(addr), "text": text}, text.rstrip("\n"))

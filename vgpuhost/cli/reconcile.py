@@ -14,9 +14,16 @@ from typing import List
 
 import click
 
-from .common import Context, emit, pass_ctx
+from ..io.process import actor as actor_name
+from ..io.sysfs import Sysfs
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS, RefusedError
-from .common import store
+from ..observe.inventory import discover
+from ..observe.ownable import devices_vgpuhost_may_own
+from ..ops.devices import release_domain
+from ..ops.recover import describe_open, open_entries, recover_all
+from ..ops.vgpu import reconcile
+from .agentcall import forward
+from .common import Context, emit, pass_ctx, store
 
 
 @click.command("reconcile")
@@ -27,18 +34,14 @@ from .common import store
 @pass_ctx
 def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     """Re-create recorded vGPUs that are missing (boot); report foreign ones; remove nothing."""
-    from ..ops.vgpu import reconcile
     ctx.host.require_host()
     if forget_domains:
         if check:
             raise click.UsageError("--forget-domains changes the state; it does not go with --check")
         _forget_domains(ctx)
         return
-    from ..io.process import actor as actor_name
-    from ..ops.recover import describe_open, open_entries, recover_all
     st = store(ctx, write=not check)
     if check and st.absent:
-        from ..observe.ownable import devices_vgpuhost_may_own
         held = devices_vgpuhost_may_own(ctx.host)
         if held:        # the records are not there to compare with: never "in sync" (as for a damaged store)
             raise RefusedError(f"no state store in {str(ctx.host.state_dir)!r} while the host has devices "
@@ -59,7 +62,6 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
             journal_ok = journal_ok and r.result in ("finished", "rolled-back")
     rep = None
     if not check:
-        from .agentcall import forward
         rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
     if rep is None:
         rep = reconcile(ctx.host, st, check=check)
@@ -81,9 +83,6 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
 def _forget_domains(ctx: Context) -> None:
     """``reconcile --forget-domains``: the ``release end`` a host crash skipped, for every domain
     the hook recorded as running.  Refused while any qemu process runs (then domains may run)."""
-    from ..ops.devices import release_domain
-    from ..observe.inventory import discover
-    from ..io.sysfs import Sysfs
     st = store(ctx, write=False)
     running = st.active_domains()
     if running:

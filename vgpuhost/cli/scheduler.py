@@ -7,12 +7,20 @@ prints.  :func:`runtime_outcome` also prints ``vgpuhost vgpu mode``
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional, Tuple
 
 import click
 
 from ..model.concepts import SchedulerPolicy
+from ..model.errors import EXIT_OK, EXIT_PROBLEMS, InputError
+from ..model.values import PciAddress
+from ..ops.scheduler import (
+    persist as do_persist, refuse_boards_without_vgpu, resolve_gpus, set_runtime, show, show_text
+)
+from ..policy.scheduler import explain, explain_doc, parse_value, validate
 from ..present.scheduler import scheduler_state
+from .agentcall import forward
 from .common import current, emit, store
 
 
@@ -25,8 +33,6 @@ def scheduler() -> None:
 @click.option("--gpu", metavar="BDF", help="Only this GPU (dddd:bb:ss.f).")
 def scheduler_show(gpu: Optional[str]) -> None:
     """Each GPU's scheduler state, capabilities and the persistent RmPVMRL value."""
-    from ..ops.scheduler import show, show_text
-    from ..model.values import PciAddress
     ctx = current()
     addr = PciAddress.parse(gpu) if gpu else None
     doc = show(ctx.host, addr)
@@ -50,9 +56,6 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     use adaptive round robin with the driver's defaults (<= 8 vGPUs: 2 ms /
     480 Hz; > 8: 1 ms / 960 Hz).
     """
-    from ..model.errors import InputError
-    from ..ops.scheduler import persist as do_persist, refuse_boards_without_vgpu, resolve_gpus, set_runtime
-    from ..model.values import PciAddress
     ctx = current()
     if bool(gpus) == all_gpus:
         raise click.UsageError("give --gpu BDF (repeatable) or --all")
@@ -65,7 +68,6 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
     addrs = [PciAddress.parse(g) for g in gpus]
     state = scheduler_state(policy, timeslice_ms, frequency_hz, avg_factor)
     if persist:
-        from ..policy.scheduler import validate
         validate(state)                       # a bad value fails before the host is read
         if addrs:
             addrs = resolve_gpus(ctx.host, addrs, False)
@@ -85,7 +87,6 @@ def scheduler_set(policy: str, timeslice_ms: Optional[int], frequency_hz: Option
         click.echo("\n".join(lines))
         return
     if not dry_run:
-        from .agentcall import forward
         out = forward(ctx, "POST", "/v1/scheduler", {
             "policy": policy, "timeslice_ms": timeslice_ms, "frequency_hz": frequency_hz, "avg_factor": avg_factor,
             "gpus": [str(a) for a in addrs], "all": all_gpus})
@@ -130,9 +131,6 @@ def scheduler_decode(value: str, json_flag: bool) -> None:
 
     Exit 0 for a valid scheduler value, 1 when it is not one (each problem is named).
     """
-    import sys
-    from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-    from ..policy.scheduler import explain, explain_doc, parse_value
     ctx = current()
     v = parse_value(value)
     doc = explain_doc(v)

@@ -6,14 +6,17 @@ specs and builder), as no other command does.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List
 
 import click
 
-from .common import Context, emit, pass_ctx
-from pathlib import Path
-
 from ..model.errors import InputError
+from ..sim.build import materialise
+from ..sim.data import bundled_specs
+from ..sim.spec import load_spec
+from .common import Context, emit, pass_ctx
+from .output import table
 
 
 @click.group()
@@ -25,9 +28,6 @@ def sim() -> None:
 @pass_ctx
 def sim_specs(ctx: Context) -> None:
     """List the host specs shipped with vgpuhost."""
-    from .output import table
-    from ..sim.data import bundled_specs
-    from ..sim.spec import load_spec
     rows = []
     for name, path in bundled_specs().items():
         rows.append([name, load_spec(path).summary])
@@ -42,9 +42,6 @@ def sim_specs(ctx: Context) -> None:
 @pass_ctx
 def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
     """Build a simulated host from SPEC (a file or a shipped name) at DIRECTORY."""
-    from ..sim.build import materialise
-    from ..sim.data import bundled_specs
-    from ..sim.spec import load_spec
     specs = bundled_specs()
     if "/" not in spec and not spec.endswith((".yaml", ".yml")):
         if spec not in specs:       # a bare name is a shipped spec; a file is named by a path

@@ -11,13 +11,21 @@ Registered on the main group by cli/main.py: every click command in
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
+from urllib.parse import quote
 
 import click
 
 from ..model.concepts import Isolation, QosClass
-from ..present.tenancy import (LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK,  # noqa: F401 (the CLI's names)
-                               SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, changed_tenant, new_tenant, tenant_doc)
+from ..model.errors import InputError
+from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
+from ..ops import tenancy
+from ..present.tenancy import (  # noqa: F401 (the CLI's names)
+    LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, changed_tenant,
+    new_tenant, tenant_doc
+)
+from .agentcall import forward
 from .common import current, emit, store
+from .output import table
 
 
 def _ctx():
@@ -63,7 +71,6 @@ def tenant() -> None:
 
 def _through_agent(target: str, body: Dict[str, object]) -> bool:
     """Send a tenant write to the agent when it answers; print its answer as the command would."""
-    from .agentcall import forward
     out = forward(_ctx(), "POST", target, body)
     if out is None:
         return False
@@ -82,7 +89,6 @@ def _body(opts: Dict[str, object]) -> Dict[str, object]:
 @_quota_options
 def tenant_add(name: str, **opts) -> None:
     """Add tenant NAME (defaults: qos burstable, isolation shared, no limits)."""
-    from ..ops import tenancy
     t = new_tenant(name, opts)          # bad options fail here, before the agent is asked
     if _through_agent("/v1/tenants", {"name": name, **_body(opts)}):
         return
@@ -96,8 +102,6 @@ def tenant_add(name: str, **opts) -> None:
 @_quota_options
 def tenant_set(name: str, **opts) -> None:
     """Change tenant NAME; only the options given change (labels add; '--label none' clears)."""
-    from urllib.parse import quote
-    from ..ops import tenancy
     if _through_agent(f"/v1/tenants/{quote(name, safe='')}/set", _body(opts)):
         return
     t = changed_tenant(_store(True), name, opts)
@@ -108,9 +112,6 @@ def tenant_set(name: str, **opts) -> None:
 @tenant.command("list")
 def tenant_list() -> None:
     """Every tenant with its class, isolation and quota (guaranteed:burst)."""
-    from ..model.tenancy import DIMENSIONS
-    from ..ops import tenancy
-    from .output import table
     ts = tenancy.tenants(_store(False))
     rows = [[t.name, t.qos, t.isolation, *[t.quota.text(d) for d in DIMENSIONS],
              ",".join(sorted(t.quota.series)) or "all", ",".join(sorted(t.labels)) or "-"] for t in ts.values()]
@@ -120,7 +121,6 @@ def tenant_list() -> None:
 
 
 def _usage(name: Optional[str]) -> List[dict]:
-    from ..ops import tenancy
     store = _store(False)
     inv = None
     try:
@@ -136,7 +136,6 @@ def _usage(name: Optional[str]) -> List[dict]:
 
 def _usage_rows(docs: List[dict]) -> List[list]:
     """Table rows of ``tenant usage`` documents (:func:`vgpuhost.model.tenancy.usage_text` per dimension)."""
-    from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
     rows = []
     for d in docs:
         cells = [usage_text(u["used"], u["burst"], u["guaranteed"], u["limit"])
@@ -152,8 +151,6 @@ USAGE_HEADERS = ["TENANT", "DOMAINS", "VGPUS", "FB_MIB", "MIG_SLICES", "PASSTHRO
 @click.argument("name")
 def tenant_show(name: str) -> None:
     """One tenant: its terms and its use now."""
-    from ..ops import tenancy
-    from .output import table
     t = tenancy.get(_store(False), name)
     docs = _usage(t.name)
     doc = {"schema": SCHEMA_TENANT, "action": "show", "tenant": tenant_doc(t),
@@ -168,8 +165,6 @@ def tenant_show(name: str) -> None:
 @click.argument("name")
 def tenant_remove(name: str) -> None:
     """Remove tenant NAME (refused while its domains hold devices)."""
-    from urllib.parse import quote
-    from ..ops import tenancy
     if _through_agent(f"/v1/tenants/{quote(name, safe='')}/remove", {}):
         return
     t = tenancy.remove(_store(True), name)
@@ -181,7 +176,6 @@ def tenant_remove(name: str) -> None:
 def tenant_usage(name: Optional[str]) -> None:
     """Allocations against quota, per tenant: USED/QUOTA (guaranteed:burst), the burst part
     and any use over the quota in brackets; '(no tenant)' is what no tenant holds."""
-    from .output import table
     docs = _usage(name)
     _emit({"schema": SCHEMA_USAGE, "tenants": docs},
           table(USAGE_HEADERS, _usage_rows(docs)) if docs else "no tenants and nothing held")
@@ -197,7 +191,6 @@ def tenant_openstack(mode: Optional[str]) -> None:
     Nova metadata carries nova:owner/nova:project counts as that project's
     tenant.
     """
-    from ..ops import tenancy
     store = _store(mode is not None)
     if mode is not None:
         tenancy.set_openstack(store, None if mode == "off" else mode)
@@ -209,14 +202,11 @@ def tenant_openstack(mode: Optional[str]) -> None:
 @click.option("--profile", metavar="NAME", help="Only this vGPU profile.")
 def capacity(profile: Optional[str]) -> None:
     """What more fits now, per profile, pool and GPU; where fragmentation blocks a profile."""
-    from ..ops import tenancy
-    from .output import table
     ctx = _ctx()
     doc = tenancy.capacity(_store(False), ctx.inventory())
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
         if not doc["profiles"]:
-            from ..model.errors import InputError
             raise InputError(f"no GPU here offers {profile!r}", hint="'vgpuhost types' lists the profiles")
     rows = []
     for p in doc["profiles"]:

@@ -11,7 +11,9 @@ from typing import List, Optional
 
 import click
 
+from ..ops import units
 from .common import current
+from .output import dumps
 
 
 @click.command("install-units", short_help="Install vgpuhost's systemd units (boot, agent, exporter).")
@@ -43,8 +45,6 @@ def install_units(unit_dir: Optional[str], config: Optional[str], layout: Option
     vgpuhost-exporter.service meters instead with --metering exporter.  Never
     runs systemctl or groupadd: prints the commands still needed.
     """
-    from ..ops import units
-    from .output import dumps
     ctx = current()
     out = units.install(ctx.host, unit_dir=unit_dir, exe=exe,
                         config=config or units.DEFAULT_CONFIG, layout=layout,

@@ -7,12 +7,17 @@ this module parses options and prints.
 from __future__ import annotations
 
 from typing import List, Optional
+from urllib.parse import quote
 
 import click
 
 from ..model.kinds import Owner, PlacementStrategy
-from .common import Context, current, emit, pass_ctx
-from .common import store
+from ..model.values import PciAddress
+from ..ops.scheduler import mixed_size
+from ..ops.vgpu import VgpuCreateRequest, create_vgpu, list_vgpus, remove
+from .agentcall import forward
+from .common import Context, current, emit, pass_ctx, store
+from .output import table
 from .scheduler import runtime_outcome
 
 
@@ -60,12 +65,10 @@ def _vgpu_outcome(ctx: Context, out) -> None:
 def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_node, anti_affinity,
                 persist, create_gi, dry_run) -> None:
     """Create a vGPU of PROFILE, placed by STRATEGY."""
-    from ..ops.vgpu import VgpuCreateRequest, create_vgpu
     request = VgpuCreateRequest.parse(profile, gpu=gpu or None, uuid=uuid, strategy=strategy, owner=owner,
                                       params=params, numa_node=numa_node, anti_affinity=anti_affinity,
                                       persist=persist, create_gi=create_gi)
     if not dry_run:
-        from .agentcall import forward
         out = forward(ctx, "POST", "/v1/vgpus", request.body())
         if out is not None:
             _vgpu_outcome(ctx, out)
@@ -80,10 +83,7 @@ def vgpu_create(ctx: Context, profile, gpu, uuid, strategy, owner, params, numa_
 @pass_ctx
 def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool) -> None:
     """Remove a vGPU vgpuhost created (ID: mdev UUID, or the VF's BDF)."""
-    from ..ops.vgpu import remove
     if not dry_run:
-        from urllib.parse import quote
-        from .agentcall import forward
         out = forward(ctx, "POST", f"/v1/vgpus/{quote(vgpu_id, safe='')}/remove", {"owner": owner})
         if out is not None:
             _vgpu_outcome(ctx, out)
@@ -95,8 +95,6 @@ def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool)
 @pass_ctx
 def vgpu_list(ctx: Context) -> None:
     """vGPUs on the host, with owners; 'foreign' = not created by vgpuhost."""
-    from .output import table
-    from ..ops.vgpu import list_vgpus
     entries = list_vgpus(ctx.inventory(), store(ctx, write=False).vgpu_records())
     emit(ctx, {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]},
           table(["ID", "GPU", "PARENT", "TYPE", "NAME", "OWNER", "STATE"],
@@ -112,12 +110,9 @@ def vgpu_list(ctx: Context) -> None:
 @click.option("--dry-run", is_flag=True, help="Check and show what would change; change nothing.")
 def vgpu_mode(gpu: str, mixed: str, dry_run: bool) -> None:
     """Turn a GPU's mixed-size vGPU mode on or off (lost on reboot or module reload)."""
-    from ..ops.scheduler import mixed_size
-    from ..model.values import PciAddress
     ctx = current()
     addr = PciAddress.parse(gpu)
     if not dry_run:
-        from .agentcall import forward
         out = forward(ctx, "POST", f"/v1/gpus/{addr}/mixed-size", {"mixed_size": mixed == "on"})
         if out is not None:
             runtime_outcome(ctx, out)

@@ -10,12 +10,26 @@ its admin socket answers (:mod:`.agentcall`).  ``--json`` documents:
 
 from __future__ import annotations
 
+import uuid as _uuid
 from typing import List, Optional
+from urllib.parse import quote
 
 import click
 
+from ..io.state import StateStore
+from ..io.virt import default_uri
+from ..libvirt.domain import FIRST_GUEST_SLOT, render_mdev, render_passthrough, render_vf
 from ..model.concepts import DeviceKind, QosClass
+from ..model.errors import InputError, RefusedError
 from ..model.kinds import PlacementStrategy
+from ..model.values import PciAddress, parse_uuid
+from ..observe.inventory import BACKEND_MDEV
+from ..observe.ownable import devices_vgpuhost_may_own
+from ..ops.attach import AttachRequest, attach, backend_of, detach, gpus_offering, parse_guest_slot
+from ..policy.iommu import group_endpoints
+from ..policy.offers import offers, resolve_profile, seen_rows
+from ..policy.placement import Request, place
+from .agentcall import forward
 from .common import current, emit
 
 COMMANDS: List[click.Command] = []
@@ -42,12 +56,6 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
     VFIO: the first free VF by placement (attach also skips VFs other domains
     reserve).
     """
-    import uuid as _uuid
-    from ..libvirt.domain import FIRST_GUEST_SLOT, render_mdev, render_passthrough, render_vf
-    from ..model.errors import InputError, RefusedError
-    from ..observe.inventory import BACKEND_MDEV
-    from ..model.values import PciAddress, parse_uuid
-    from ..ops.attach import parse_guest_slot
 
     ctx = current()
     if (profile is None) == (passthrough is None):
@@ -62,7 +70,6 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         inv = ctx.inventory()
         if inv.gpu(addr) is None:
             raise InputError(f"no NVIDIA GPU at {addr}", hint="'vgpuhost gpus' lists them")
-        from ..policy.iommu import group_endpoints
         _, endpoints, _ = group_endpoints(inv, addr)
         if slot is None and len(endpoints) > 1:
             slot = FIRST_GUEST_SLOT
@@ -75,10 +82,6 @@ def render_cmd(profile, passthrough, gpu, uuid, display, ramfb, guest_slot) -> N
         if ramfb and not display:
             raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
                              hint="add --display, or drop --ramfb")
-        from ..ops.attach import backend_of, gpus_offering
-        from ..policy.placement import Request, place
-        from ..io.state import StateStore
-        from ..policy.offers import offers, resolve_profile, seen_rows
         pin = PciAddress.parse(gpu) if gpu else None
         inv = ctx.inventory()
         if pin is not None and inv.gpu(pin) is None:
@@ -141,9 +144,6 @@ def _forward(ctx, action: str, domain: str, body: dict):
     the libvirt URI this command would use (``--connect``, else ``$LIBVIRT_DEFAULT_URI``, else
     qemu:///system), so both ways reach the same libvirt; a URI the agent does not take (it names
     them in ``GET /v1/agent``) is used here, in the caller's own process."""
-    from urllib.parse import quote
-    from ..io.virt import default_uri
-    from .agentcall import forward
     uri = default_uri(ctx.connect)
     if uri.startswith("test:"):         # libvirt's test driver lives in each process: only here
         return None
@@ -177,8 +177,6 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
 def attach_cmd(domain, dry_run, **options) -> None:
     """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""
-    from ..ops.attach import AttachRequest, attach
-    from ..io.state import StateStore
     ctx = current()
     req = AttachRequest.from_options(**options)
     if not dry_run:
@@ -198,9 +196,6 @@ def attach_cmd(domain, dry_run, **options) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
 def detach_cmd(domain, device, all_, dry_run) -> None:
     """Take DEVICE (mdev UUID, VF BDF or GPU BDF), or --all, from stopped DOMAIN and release it."""
-    from ..ops.attach import detach
-    from ..model.errors import InputError
-    from ..io.state import StateStore
     if device is not None and all_:
         raise InputError("give a DEVICE or --all, not both")
     ctx = current()
@@ -218,5 +213,4 @@ COMMANDS += [attach_cmd, detach_cmd]
 
 
 def _owned(host):
-    from ..observe.ownable import devices_vgpuhost_may_own
     return devices_vgpuhost_may_own(host)

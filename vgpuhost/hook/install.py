@@ -12,21 +12,25 @@ Must not: signal or call libvirtd (the outcome says when it must be reloaded).
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import sys
+import sysconfig
 from pathlib import Path
+from typing import Dict, List, Optional
 
+from .. import __version__
 from ..io import files
+from ..io.agentclient import default_socket
 from ..io.hostroot import HostRoot
-from ..io.process import actor as actor_name
+from ..io.modbundle import build, bundle_path, check
+from ..io.process import actor as actor_name, run_program
+from ..io.state import StateStore
+from ..io.sysfs import Sysfs
 from ..model.errors import HostEnvironmentError, InputError, RefusedError, VgpuhostError
+from ..observe.inventory import discover
 from ..ops.devices import allow_path, load_allow
 from .runtime import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Optional
-    from ..io.state import StateStore
 
 HOOK_NAME = "vgpuhost"                        # the file in qemu.d
 #: the sh dispatcher's template, beside this module (``vgpuhost/hook/qemu.sh``)
@@ -85,7 +89,6 @@ CLIENT_VERSION = b"vgpuhost-hook-client 1\n"
 def _answers_as_client(path: str) -> bool:
     """Whether ``path --version`` prints :data:`CLIENT_VERSION` and exits 0 within 10 s: a program
     that is not the client (``/bin/true``) would otherwise answer every start with 'done'."""
-    from ..io.process import run_program
     try:
         proc = run_program([path, "--version"], timeout=10)
     except Exception:
@@ -115,8 +118,6 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     (:func:`client_candidates`), tried before curl: the dispatcher uses the
     first that is executable when it runs, and curl when none is.
     """
-    import sysconfig
-    from .. import __version__
     if not 1 <= timeout_s <= MAX_TIMEOUT_S:
         raise InputError(f"--timeout {timeout_s} is out of range", hint=f"1..{MAX_TIMEOUT_S} seconds")
     clients = client_candidates(client if curl or client is not None else "none")
@@ -132,11 +133,9 @@ def render(host: HostRoot, *, python: Optional[str] = None, timeout_s: int = DEF
     # imports alone ran 17 cyclic collections (measured 2026-12-01, a vGPU's prepare begin: 1.7 ms of
     # CPU of 23 ms for its imports); reference counting still frees everything not in a cycle
     # then the module bundle hook install writes (io/modbundle.py: one file instead of ~40 module lookups)
-    from ..io.modbundle import bundle_path
     boot = (f"import gc;gc.disable();import sys;sys.path[:0]={paths!r};sys.path.extend({extra!r});"
             f"from vgpuhost.io.modbundle import use;use({bundle_path(str(host.root))!r});"
             "from vgpuhost.hook.runtime import run;run()")
-    from ..io.agentclient import default_socket
     values = {
         "@VERSION@": __version__,
         "@MARKER@": MARKER,
@@ -223,7 +222,6 @@ def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s:
 
 def _bundle(host: HostRoot, out: HookOutcome) -> bool:
     """Write the handler's module bundle (:mod:`vgpuhost.io.modbundle`); False, with a note, when it cannot."""
-    from ..io.modbundle import build, bundle_path
     path = bundle_path(str(host.root))
     try:
         build(path)
@@ -239,7 +237,6 @@ def _bundle(host: HostRoot, out: HookOutcome) -> bool:
 
 
 def _write_atomic(path, text: str, *, store, actor: Optional[str], host: HostRoot) -> None:
-    import errno as _errno
     err = 0
     try:
         files.write_atomic(path, text, 0o755)
@@ -282,7 +279,6 @@ def uninstall(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, store: "
         if store is not None:
             store.audit(actor=actor or actor_name(), operation="hook uninstall", path=host.relative(path),
                         value="<remove>", err=err)
-    from ..io.modbundle import bundle_path
     try:
         files.remove(bundle_path(str(host.root)))       # the handler's module bundle: a cache of the hook's
     except OSError:
@@ -324,7 +320,6 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
     except VgpuhostError as e:
         allow.update(present=True, gpus=[], error=e.one_line(), summary="unreadable: the hook refuses every GPU domain",
                      missing=[])
-    from ..io.modbundle import bundle_path, check
     bundle = dict(path=bundle_path(str(host.root)), **check(bundle_path(str(host.root))))
     return {"schema": "vgpuhost.hook-status/v1", "path": str(path), "hooks_dir": str(d),
             "hooks_dir_exists": files.is_dir(d), "installed": installed, "written_by_vgpuhost": ours,
@@ -342,8 +337,6 @@ def _missing_gpus(host: HostRoot, entries) -> List[str]:
     """
     if not entries:
         return []
-    from ..io.sysfs import Sysfs
-    from ..observe.inventory import discover
     present = {g.address for g in discover(Sysfs(host)).gpus}
     return sorted(str(g) for g in entries if g not in present)
 

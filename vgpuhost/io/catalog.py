@@ -12,6 +12,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional
 
+import yaml
+
 from ..model.catalog import Catalog, parse_catalog
 from . import files
 
@@ -22,7 +24,6 @@ CATALOG_FILE = "catalog.yaml"
 @lru_cache(maxsize=4)
 def load_catalog(path: Optional[str] = None) -> Catalog:
     """Load the catalog (the shipped one by default); raises OSError / yaml.YAMLError / KeyError when it is broken."""
-    import yaml
     text = files.read_text_capped(path, 1 << 22) if path else files.data_text(CATALOG_FILE)
     if text is None:
         raise FileNotFoundError(2, "no such catalog file", path)

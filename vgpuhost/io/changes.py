@@ -16,13 +16,10 @@ example).  The agent also drops its snapshot after each of its own writes.
 from __future__ import annotations
 
 import os
+from typing import Iterable, Tuple
 
+from .hostroot import HostRoot
 from .vgpudev import vf_type_path
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterable, Tuple
-    from .hostroot import HostRoot
 
 #: state store files whose (size, mtime) say the records changed
 STATE_FILES = ("state.db", "state.db-wal")

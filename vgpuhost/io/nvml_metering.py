@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from .nvml import NvmlError
+from .nvml_pynvml import bdf_from_nvml
 
 #: licence states as vgpuhost names them (NVML_GRID_LICENSE_STATE_* 0..5)
 LICENSE_STATES = ("unknown", "uninitialized", "unlicensed-unrestricted", "unlicensed-restricted",
@@ -173,7 +174,6 @@ class PynvmlMetering:
     # --- listing and identity ---------------------------------------------------
     def bus_ids(self) -> List[str]:
         """PCI bus ids (``0000:41:00.0``) of every GPU NVML sees (enumerated by index only to learn them)."""
-        from .nvml_pynvml import bdf_from_nvml
         out = []
         for i in range(int(self._be._fn("nvmlDeviceGetCount"))):
             h = self._be._fn("nvmlDeviceGetHandleByIndex", i)

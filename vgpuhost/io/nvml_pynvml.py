@@ -50,13 +50,14 @@ import logging
 import math
 import re
 import threading
+from importlib.metadata import version
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import HostEnvironmentError, InputError, TransientError
 from ..model.nvml import DeviceFacts, GiProfile, GpuInstance, SchedulerCaps, SchedulerState
-from .nvml import NvmlError
 from ..model.values import PciAddress
+from .nvml import NvmlError
 
 log = logging.getLogger("vgpuhost.nvml")
 
@@ -584,7 +585,6 @@ def _struct(obj) -> dict:
 
 def _dist_version(dist: str) -> Optional[str]:
     try:
-        from importlib.metadata import version
         return version(dist)
     except Exception:   # not installed as a distribution (vendored pynvml.py)
         return None

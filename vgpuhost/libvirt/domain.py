@@ -38,15 +38,16 @@ refused DOCTYPEs, oversize and over-deep documents.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from lxml import etree
 
-from . import domxml
 from ..model.errors import InputError, RefusedError
-from .templating import render as render_template
 from ..model.values import PciAddress, parse_uuid
+from . import domxml
+from .templating import render as render_template
 
 FIRST_GUEST_SLOT = 0x10        # where vgpuhost starts looking for a free slot on guest bus 0
 LAST_GUEST_SLOT = 0x1F
@@ -304,7 +305,6 @@ def normalise(doc: "etree._Element | str | bytes") -> str:
     if not isinstance(doc, etree._Element):
         data = doc.encode("utf-8") if isinstance(doc, str) else doc
         doc = etree.fromstring(data, _parser())
-    import copy
     root = copy.deepcopy(doc)
     etree.indent(root, space="  ")
     return etree.tostring(root, encoding="unicode") + "\n"

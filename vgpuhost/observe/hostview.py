@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, NamedTuple
+from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+from ..io.backends import open_backend
+from ..io.configfiles import read_config_text
 from ..io.hostroot import HostRoot
 from ..io.nvml import NvmlError
 from ..io.state import StateStore
-from ..io.configfiles import read_config_text
 from ..io.sysfs import Sysfs
 from ..model.errors import HostEnvironmentError, VgpuhostError
 from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
@@ -299,7 +300,6 @@ def _driverctl(host: HostRoot, inv: Inventory, gpus: Sequence[PciAddress]) -> Di
 
 
 def _probe_all(host: HostRoot, gpus: Sequence[PciAddress]) -> Dict[PciAddress, NvmlFacts]:
-    from ..io.backends import open_backend
     try:
         backend = open_backend(host)
     except VgpuhostError as e:

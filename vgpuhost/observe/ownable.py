@@ -12,13 +12,11 @@ the bound driver, ``bus/mdev/devices/<uuid>`` lists mdevs, and
 
 from __future__ import annotations
 
+from typing import List
+
 from ..io.hostroot import HostRoot
 from ..io.sysfs import Sysfs
 from ..io.vgpudev import vf_current_type
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List
 
 
 def devices_vgpuhost_may_own(host: HostRoot) -> List[str]:

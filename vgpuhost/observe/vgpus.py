@@ -10,15 +10,12 @@ reaches it through :mod:`vgpuhost.ops.vgpu`.
 
 from __future__ import annotations
 
-from ..model.kinds import VgpuState
-from ..model.values import record
-from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO
+from typing import List, Optional, Sequence
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional, Sequence
-    from ..model.records import VgpuRecord
-    from .inventory import Inventory
+from ..model.kinds import VgpuState
+from ..model.records import VgpuRecord
+from ..model.values import record
+from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory
 
 #: a vGPU's state in :class:`VgpuEntry`: on the host and recorded with its type; recorded,
 #: not on the host; on the host, not created by vgpuhost; on the host with another type

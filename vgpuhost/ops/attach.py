@@ -41,20 +41,28 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from ..libvirt import domxml
-from ..libvirt.domain import (DomainDoc, check_guest_slot, diff, matches_any, metadata_for_api, render_mdev,
-                     render_passthrough, render_vf)
-from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
+from lxml import etree
+
+from ..io import virt
 from ..io.hostroot import HostRoot
-from ..observe.inventory import BACKEND_MDEV, Inventory, discover
 from ..io.locks import file_lock
-from ..policy.placement import OFFERED, Request, place
+from ..io.process import actor as actor_name
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
-from ..io.process import actor as actor_name
+from ..libvirt import domxml
+from ..libvirt.domain import (
+    DomainDoc, check_guest_slot, diff, matches_any, metadata_for_api, render_mdev, render_passthrough, render_vf
+)
+from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..model.kinds import Backend, Owner
 from ..model.values import PciAddress, VgpuProfile, parse_device_id, parse_uuid
+from ..observe.inventory import BACKEND_MDEV, Inventory, discover
+from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
+from ..policy.placement import OFFERED, Request, place
+from .passthrough import release
+from .tenancy import admit_domain
+from .vgpu import create, remove
 
 KIND_PASSTHROUGH = "passthrough"
 KIND_MDEV = Backend.MDEV
@@ -74,7 +82,6 @@ def passthrough_hostdevs(inv: Inventory, gpu: PciAddress, guest_slot: Optional[i
     :func:`vgpuhost.ops.passthrough.group_endpoints` does (not a GPU, a VF,
     IOMMU off, a group that is not viable).
     """
-    from ..policy.iommu import group_endpoints
     _, endpoints, _ = group_endpoints(inv, gpu)
     return render_passthrough(endpoints, guest_slot)
 
@@ -454,7 +461,6 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
     docstring; nothing changed), HostEnvironmentError (libvirt unreachable),
     DeviceError (a live mdev could not be created or hot-plugged: rolled back).
     """
-    from ..io import virt
     if request is None:
         request = AttachRequest.parse(**options)
     elif options:
@@ -496,7 +502,6 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         out.metadata = meta.to_xml()
         out.diff = diff(before, after, dom.name)
         # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
-        from .tenancy import admit_domain
         admit_domain(store, domxml.parse_domain(after), inv, audit=False)
         if not dry_run:
             _define(host, store, dom, conn, after, entry, snippet, meta, out, actor or actor_name())
@@ -593,7 +598,6 @@ def _define(host: HostRoot, store: StateStore, dom, conn, after: str, entry: Dev
 def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,
                         others: List[_Other], gpu: PciAddress, guest_slot: Optional[int],
                         out: AttachOutcome) -> Tuple[str, DeviceEntry]:
-    from ..policy.iommu import group_endpoints
     _, endpoints, _ = group_endpoints(inv, gpu)          # not viable / IOMMU off -> RefusedError
     funcs = [d.address for d in endpoints]
     g = inv.gpu(gpu)
@@ -636,7 +640,6 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
         stuck = next((r for r, c in own if not c), own[0][0])
         raise RefusedError(f"passing {gpu} through would leave domain {dname}'s vGPU {stuck.device} "
                            f"({stuck.profile}) without a GPU of its own", hint=f"detach {stuck.device} first")
-    from ..policy.iommu import sriov_blockers
     blocked = sriov_blockers([d for d in endpoints if d.driver != "vfio-pci"])
     if blocked:     # the hook's prepare would refuse it at every start (issue 12 #4c): refuse it now
         raise RefusedError(f"{gpu} cannot be passed through to {dname}: " + "; ".join(blocked),
@@ -752,7 +755,6 @@ def _attach_vf(inv: Inventory, records, seen, doc: DomainDoc, dname: str, duuid:
 def _hotplug_mdev(host: HostRoot, store: StateStore, dom, entry: DeviceEntry, snippet: str,
                   meta: domxml.Metadata, actor: str) -> None:
     """Create the mdev now (owner: the domain) and hot-plug it; on failure remove it again."""
-    from .vgpu import create, remove
     made = create(host, store, profile=entry.profile, gpu=PciAddress.parse(entry.gpu) if entry.gpu else None,
                   uuid=entry.id, strategy=meta.strategy, owner=dom.uuid, anti_affinity=meta.anti_affinity,
                   actor=actor)
@@ -797,7 +799,6 @@ def _passthrough_sources(host: HostRoot, doc: DomainDoc, meta: domxml.Metadata, 
     when this host knows them, else every PCI hostdev of the GPU's slot except the domain's VFs."""
     vfs = {str(r.vf) for r in meta.vgpus if r.vf is not None}
     try:
-        from ..policy.iommu import group_endpoints
         _, endpoints, _ = group_endpoints(discover(Sysfs(host)), gpu)
         return [str(d.address) for d in endpoints]
     except (VgpuhostError, OSError):
@@ -816,7 +817,6 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
     Raises DeviceError (exit 3) when the definition changed but a release
     failed, naming what is still held.
     """
-    from ..io import virt
 
     if (device is None) == (not all):
         raise InputError("give a DEVICE (mdev UUID, VF or GPU BDF) or --all")
@@ -862,7 +862,6 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
                              "vgpuhost attached nothing to it")
         sources = [f for t in targets for f in t.functions]
         removed_xml = [h for h in doc.hostdevs() if matches_any(sources)(h)]
-        from lxml import etree
         out.hostdevs = "".join(etree.tostring(h, encoding="unicode") for h in removed_xml)
         doc.remove_hostdevs(matches_any(sources))
         doc.set_metadata(meta)
@@ -889,7 +888,6 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
 def _release(host: HostRoot, store: StateStore, owner: str, targets: List[DeviceEntry], out: AttachOutcome,
              actor: str) -> List[str]:
     """Release what vgpuhost still holds for ``owner`` on this host; failures as text."""
-    from .vgpu import remove
     failures = []
     recs = {r.id: r for r in store.vgpu_records(owner=owner)}
     held = {r.gpu for r in store.passthrough_records() if getattr(r, "owner", None) == owner}
@@ -899,7 +897,6 @@ def _release(host: HostRoot, store: StateStore, owner: str, targets: List[Device
                 remove(host, store, t.id, owner=owner, actor=actor, while_running=True)
                 out.released.append(t.id)
             elif t.kind == KIND_PASSTHROUGH and t.id in held:
-                from .passthrough import release
                 release(host, store, PciAddress.parse(t.id), owner=owner, actor=actor, while_running=True)
                 out.released.append(t.id)
         except VgpuhostError as e:

@@ -20,8 +20,11 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, Optional
 
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from ..model.concepts import DeviceKind
-from .metering import Sampler, Snapshot
+from .metering import Sampler, Snapshot, sampler_lock
 
 PREFIX = "vgpuhost_"
 DEFAULT_PORT = 9842
@@ -42,7 +45,6 @@ class SnapshotCollector:
 
     def collect(self) -> Iterator[object]:
         """``vgpuhost_up`` (judged now), then the snapshot's families, built once per snapshot."""
-        from prometheus_client.core import GaugeMetricFamily
         snap = self.get_snapshot()
         fresh = snap.ok and (time.time() - snap.wall) <= 3 * self.interval_s + 1
         up = GaugeMetricFamily(PREFIX + "up", "1 when the sampler's last reading succeeded recently, else 0")
@@ -55,7 +57,6 @@ class SnapshotCollector:
         yield from families
 
     def _families(self, snap: Snapshot) -> Iterator[object]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         g = GaugeMetricFamily(PREFIX + "sampler_last_sample_timestamp_seconds",
                               "NVML clock time of the last reading (seconds since the epoch)")
         g.add_metric([], snap.time_us / 1e6)
@@ -126,7 +127,6 @@ class SnapshotCollector:
 
 
 def _host_families(host: Dict[str, object]) -> Iterator[object]:
-    from prometheus_client.core import GaugeMetricFamily
     if "free_instances" in host:
         f = GaugeMetricFamily(PREFIX + "free_instances", "vGPUs of a profile that can still be created now",
                               labels=["profile", "pool"])
@@ -165,9 +165,7 @@ def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAU
     Raises OSError when the address cannot be bound, HostEnvironmentError when
     another sampler already meters this state dir (:func:`~vgpuhost.ops.metering.sampler_lock`).
     """
-    from prometheus_client import CollectorRegistry, start_http_server
 
-    from .metering import sampler_lock
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
     stop = stop or threading.Event()

@@ -22,20 +22,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..io.hostroot import HostRoot
+from ..io.locks import file_lock
 from ..io.process import actor as actor_name
 from ..io.state import StateStore
-from ..model.errors import DeviceError, RefusedError, VgpuhostError
+from ..model.errors import DeviceError, RefusedError, SysfsError, VgpuhostError
 from ..model.values import PciAddress
 from ..observe.hostview import HostView, observe, refresh
 from ..observe.inventory import BACKEND_MDEV, gpu_part
 from ..plan import layout as planner
 from ..plan.executor import Executor
-from ..plan.layout import (KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, Drift, LayoutChangeMigMode,
-                           LayoutCreateVgpus, LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu,
-                           LayoutReleasePassthrough, LayoutRemoveVgpu, LayoutSetMixedSize, LayoutSetScheduler,
-                           LayoutStep, Plan, Report, reboot_step)
+from ..plan.layout import (
+    KINDS, OPERATOR_MARK, PHASES, REBOOT_MARK, RESET_MARK, Drift, LayoutChangeMigMode, LayoutCreateVgpus,
+    LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu, LayoutReleasePassthrough, LayoutRemoveVgpu,
+    LayoutSetMixedSize, LayoutSetScheduler, LayoutStep, Plan, Report, reboot_step
+)
+from ..plan.steps import current_vgpu_type as _current_type, vgpu_paths as _create_paths
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
+from . import mig, passthrough, scheduler, tenancy, vgpu
 
 SCHEMA_APPLY = "vgpuhost.apply/v1"
 
@@ -129,7 +133,6 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     as each step starts (state ``"start"``), ends (``"done"``, ``"failed"``)
     or is skipped (``"skipped"``).
     """
-    from ..io.locks import file_lock
     name = cfg.layout(layout).name
     who = actor or f"{actor_name()} apply {name}"
     with file_lock(store.state_dir, "layout"):
@@ -161,7 +164,6 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                               + "; ".join(d[2:] for d in drift.runtime),
                               hint="'vgpuhost audit' shows every write; 'vgpuhost assert -c FILE' the difference")
         if new_pools is not None:
-            from . import tenancy
             result.notes += tenancy.set_pools(store, new_pools, actor=who, check=False)
         return result
 
@@ -174,7 +176,6 @@ def _pools(store: StateStore, cfg: Config, layout: Optional[str], view: HostView
     pool that does not serve its QoS class (NVML changes a GPU's policy only
     while it holds no vGPUs; the plan's own steps empty the GPUs the layout
     itself filled)."""
-    from . import tenancy
     new = planner.pools(cfg, layout, view)
     if not new and not store.pool_rows():
         return None
@@ -276,7 +277,6 @@ def handlers(host: HostRoot, store: StateStore, actor: str,
     their first look from it, and every step marks its GPU changed in it.
     Raises what that layer raises (a VgpuhostError).
     """
-    from . import mig, passthrough, scheduler, vgpu
     bound = _handlers(host, store, actor, carried, mig, passthrough, scheduler, vgpu)
     if carried is None:
         return bound
@@ -344,10 +344,6 @@ def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
     losing the id.  Adapter until vgpu.py offers this as a function.
     Raises DeviceError when the kernel refuses or the device does not read back.
     """
-    from ..model.errors import SysfsError
-    from ..io.locks import file_lock
-    from ..plan.executor import Executor
-    from ..plan.steps import current_vgpu_type as _current_type, vgpu_paths as _create_paths
     rec = next((r for r in store.vgpu_records(owner=LAYOUT) if r.id == vid), None)
     if rec is None:
         raise DeviceError(f"vGPU {vid} is no longer recorded for the layout", hint="run apply again")

@@ -61,14 +61,23 @@ import json
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..io import state as st
 from ..io.backends import metering_nvml
-from ..model.concepts import DeviceKind
+from ..io.locks import file_lock
 from ..io.nvml_metering import GpuReading, MeteringNvml
+from ..io.sysfs import Sysfs
+from ..io.virt import open_connection
+from ..libvirt.domxml import parse_domain
+from ..model.concepts import DeviceKind
+from ..model.errors import HostEnvironmentError
+from ..model.values import parse_uuid
+from ..observe.inventory import discover, free_instances
+from . import tenancy
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -515,7 +524,6 @@ class Sampler:
         When another sampler holds it, nothing is sampled: ``refused`` says
         why (logged), the snapshot stays not ok (``vgpuhost_up`` 0), and run returns.
         """
-        from ..model.errors import HostEnvironmentError
         if locked:
             self._loop(stop)
             return
@@ -548,10 +556,7 @@ SAMPLER_LOCK = "metering"
 def sampler_lock(state_dir):
     """Hold :data:`SAMPLER_LOCK` in ``state_dir`` (a context manager); HostEnvironmentError
     within half a second when another sampler holds it."""
-    from contextlib import contextmanager
 
-    from ..io.locks import file_lock
-    from ..model.errors import HostEnvironmentError
 
     @contextmanager
     def held():
@@ -588,7 +593,6 @@ def _us(iso: str) -> int:
 
 
 def _is_uuid(text: str) -> bool:
-    from ..model.values import parse_uuid
     try:
         parse_uuid(text)
         return True
@@ -597,15 +601,6 @@ def _is_uuid(text: str) -> bool:
 
 
 # --- who owns a domain: name, tenant, QoS ----------------------------------------------
-
-def _tenancy():
-    """:mod:`vgpuhost.ops.tenancy` (issue 13) when this vgpuhost has it, else None."""
-    try:
-        from . import tenancy
-    except ImportError:
-        return None
-    return tenancy
-
 
 class OwnerLabels:
     """``labels(domain_uuid) -> MeteredOwner``: the domain's name, tenant and QoS class.
@@ -655,8 +650,6 @@ class OwnerLabels:
         self._admitted = admitted_owners(self.store)
         if not self.uri:
             return
-        from ..io.virt import open_connection
-        from ..libvirt.domxml import parse_domain
         cache: Dict[str, MeteredOwner] = {}
         try:
             with open_connection(self.uri) as conn:
@@ -691,11 +684,8 @@ class OwnerLabels:
 
 def tenant_default_qos(store) -> Dict[str, str]:
     """``{tenant: default QoS class}`` from the tenancy tables (issue 13) when present, else ``{}``."""
-    ten = _tenancy()
-    if ten is None:
-        return {}
     try:
-        return {str(n): str(t.qos) for n, t in ten.tenants(store).items() if getattr(t, "qos", None)}
+        return {str(n): str(t.qos) for n, t in tenancy.tenants(store).items() if getattr(t, "qos", None)}
     except Exception as e:
         log.warning("reading tenants failed: %s", e)
         return {}
@@ -703,12 +693,9 @@ def tenant_default_qos(store) -> Dict[str, str]:
 
 def admitted_owners(store) -> Dict[str, Tuple[str, str]]:
     """``{domain UUID: (tenant, QoS class)}`` from the allocations admission recorded, else ``{}``."""
-    ten = _tenancy()
-    if ten is None:
-        return {}
     try:
         out: Dict[str, Tuple[str, str]] = {}
-        for a in ten.allocations(store):
+        for a in tenancy.allocations(store):
             if a.tenant:
                 out[str(a.owner).lower()] = (str(a.tenant), str(a.qos or ""))
         return out
@@ -727,8 +714,6 @@ def host_series(host_root, store) -> Dict[str, object]:
     ``quota_used``/``quota_limit`` only where the store has a journal or
     tenant quotas.
     """
-    from ..io.sysfs import Sysfs
-    from ..observe.inventory import discover, free_instances
     inv = discover(Sysfs(host_root), with_types=True)
     pools = gpu_pools(store)
     free: Dict[tuple, int] = {}
@@ -757,11 +742,8 @@ def host_series(host_root, store) -> Dict[str, object]:
 
 def gpu_pools(store) -> Dict[str, str]:
     """``{gpu BDF: pool}`` where the store knows GPU pools (issue 13), else ``{}``."""
-    ten = _tenancy()
-    if ten is None:
-        return {}
     try:
-        return {str(g): str(p.name) for p in ten.pools(store) for g in p.gpus}
+        return {str(g): str(p.name) for p in tenancy.pools(store) for g in p.gpus}
     except Exception as e:
         log.warning("reading GPU pools failed: %s", e)
         return {}
@@ -778,12 +760,9 @@ def _quota(store, inv) -> Dict[str, object]:
     ``quota_used``: ``{(tenant, resource): value}``; ``quota_limit``:
     ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes.
     """
-    ten = _tenancy()
-    if ten is None:
-        return {}
     try:
         used, limit = {}, {}
-        for row in ten.usage_report(store, inv):
+        for row in tenancy.usage_report(store, inv):
             if not row.get("tenant"):
                 continue
             t = str(row["tenant"])

@@ -20,19 +20,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..model.concepts import Backend, OwnerKind
-from ..model.errors import DeviceError, InputError, RefusedError
 from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.nvml import NvmlBackend, NvmlError
-from ..model.nvml import GiProfile, GpuInstance
 from ..io.process import actor as actor_name
+from ..io.sysfs import Sysfs
+from ..model.concepts import Backend, OwnerKind
+from ..model.errors import DeviceError, InputError, RefusedError
+from ..model.nvml import GiProfile, GpuInstance
 from ..model.values import PciAddress
+from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
 from ..plan.mig import LayoutPlan, plan_layout, plan_mode_change
 from ..plan.steps import Step
-from ..policy.mig import ORDER, counts, layout_text, name_key, names, parse_layout, profile_name, resolve_layout, why_not
+from ..policy.mig import (
+    ORDER, counts, layout_text, name_key, names, parse_layout, profile_name, resolve_layout, why_not
+)
+from .nvmljournal import start
+from .recover import recover_locked
 
 SCHEMA_SHOW = "vgpuhost.mig-show/v1"
 SCHEMA_OUTCOME = "vgpuhost.mig/v1"
@@ -84,8 +90,6 @@ class _Device:
     """One GPU as NVML and sysfs see it (read at construction)."""
 
     def __init__(self, host: HostRoot, backend: NvmlBackend, bdf: PciAddress, inv=None):
-        from ..observe.inventory import discover, discover_gpu
-        from ..io.sysfs import Sysfs
         self.host, self.backend, self.bdf = host, backend, bdf
         # this GPU alone (issue 17): a MIG step of a layout on N GPUs must not read all N each time
         inv = inv if inv is not None else discover_gpu(Sysfs(host), bdf, with_types=False)
@@ -140,7 +144,6 @@ def _run(dev: _Device, store, steps: Sequence[Step], *, actor: str, operation: s
     failure becomes a DeviceError naming the step and whether the earlier
     steps were undone.
     """
-    from .nvmljournal import start
     ex = Executor(dev.host, store, actor=actor, operation=operation, backend=dev.backend)
     ex.journal = start(store, dev.backend, dev.bdf, kind=kind, operation=operation, owner=owner, actor=actor,
                        steps=[s.describe(dev.host) for s in steps], want=want)
@@ -161,7 +164,6 @@ def _run(dev: _Device, store, steps: Sequence[Step], *, actor: str, operation: s
 
 def _recover_first(host: HostRoot, store, bdf: PciAddress, actor: Optional[str]) -> None:
     """Finish or roll back what an interrupted operation left on ``bdf`` (its lock held)."""
-    from .recover import recover_locked
     recover_locked(host, store, gpu=str(bdf), actor=actor or actor_name())
 
 
@@ -177,8 +179,6 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend: Optional[
     ({gi_id, profile_id, profile, start, size}), ``layout`` ({name: count}),
     ``error`` (NVML could not answer for this GPU) or None.
     """
-    from ..observe.inventory import discover
-    from ..io.sysfs import Sysfs
     backend = backend or open_backend(host)
     host.require_host()
     inv = discover(Sysfs(host), with_types=False)

@@ -9,23 +9,20 @@ check`` runs on hosts that are not ready.  Must not: change the host.
 
 from __future__ import annotations
 
-from ..io.hostroot import HostRoot
-from ..model.errors import VgpuhostError
-from ..policy.checks import GpuFacts, check_host, mode_verdicts
+from typing import Dict, List, Tuple
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Tuple
-    from ..model.values import PciAddress
-    from ..observe.inventory import Inventory
-    from ..policy.checks import Finding, ModeVerdict
+from ..io.backends import open_backend
+from ..io.catalog import load_catalog
+from ..io.hostroot import HostRoot
+from ..io.nvml import NvmlError
+from ..model.errors import VgpuhostError
+from ..model.values import PciAddress
+from ..observe.inventory import Inventory
+from ..policy.checks import Finding, GpuFacts, ModeVerdict, check_host, mode_verdicts
 
 
 def gpu_facts(host: HostRoot, inv: Inventory) -> Dict[PciAddress, GpuFacts]:
     """:class:`GpuFacts` for every GPU of ``inv``: the catalog, then NVML (GPUs on nvidia only)."""
-    from ..io.backends import open_backend
-    from ..io.catalog import load_catalog
-    from ..io.nvml import NvmlError
     models = {m.ids.device: m for m in load_catalog().gpus.values()}
     try:
         backend, nvml_error = open_backend(host), ""

@@ -24,20 +24,27 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ..io.configfiles import list_config_files, read_config_text
 from ..io.backends import open_backend
+from ..io.catalog import load_catalog
+from ..io.configfiles import list_config_files, read_config_text
 from ..io.hostroot import HostRoot
+from ..io.locks import file_lock
 from ..io.nvml import NvmlError
-from ..model.nvml import SchedulerState
+from ..io.process import actor as actor_name
+from ..io.sysfs import Sysfs
 from ..model.concepts import OwnerKind, SchedulerPolicy
 from ..model.errors import InputError, RefusedError
-from ..io.process import actor as actor_name
+from ..model.nvml import SchedulerState
 from ..model.values import PciAddress
+from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
 from ..plan.steps import SetMixedSize, SetScheduler, WriteConfig
-from ..policy.scheduler import (CONF_NAME, SchedulerConf, check_caps, decode, describe, encode, matches,
-                                parse_conf, problems, render_conf, set_value, sets_registry_dwords, state_doc,
-                                validate)
+from ..policy.scheduler import (
+    CONF_NAME, SchedulerConf, check_caps, decode, describe, encode, matches, parse_conf, problems, render_conf,
+    set_value, sets_registry_dwords, state_doc, validate
+)
+from .nvmljournal import start
+from .recover import recover_locked
 
 # =============================================================================
 # persistent form: <root>/etc/modprobe.d/vgpuhost-scheduler.conf
@@ -81,7 +88,6 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
     entry in ``NVreg_RegistryDwordsPerDevice``.  Other keys in the file are
     kept.  No write when the text would not change (idempotent).
     """
-    from ..io.locks import file_lock
 
     value = encode(state)
     gpus: List[PciAddress] = [] if gpu is None else ([gpu] if isinstance(gpu, PciAddress) else list(gpu))
@@ -118,8 +124,6 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
 
 def host_gpus(host: HostRoot) -> List[PciAddress]:
     """The NVIDIA GPUs sysfs shows (physical functions)."""
-    from ..observe.inventory import discover
-    from ..io.sysfs import Sysfs
     host.require_host()
     return [g.address for g in discover(Sysfs(host), with_types=False).gpus]
 
@@ -127,8 +131,6 @@ def host_gpus(host: HostRoot) -> List[PciAddress]:
 def _boards(host: HostRoot, gpus: Sequence[PciAddress]) -> List[Tuple[PciAddress, Optional[object]]]:
     """Each GPU with its catalog board (:class:`vgpuhost.model.catalog.GpuModel`, by PCI device id),
     None for a board the catalog does not list or a GPU sysfs does not show."""
-    from ..io.catalog import load_catalog
-    from ..io.sysfs import Sysfs
     fs = Sysfs(host)
     models = {m.ids.device: m for m in load_catalog().gpus.values()}
     out = []
@@ -170,8 +172,6 @@ def resolve_gpus(host: HostRoot, gpus: Sequence[PciAddress], all_gpus: bool) -> 
         if not known:
             raise InputError("no NVIDIA GPU found on this host", hint="'vgpuhost gpus' lists them")
         return known
-    from ..observe.inventory import discover_gpu
-    from ..io.sysfs import Sysfs
     host.require_host()
     fs = Sysfs(host)
     for g in gpus:
@@ -230,13 +230,11 @@ class RuntimeOutcome:
 def _gpu_locks(host: HostRoot, store, gpus: Sequence[PciAddress], dry_run: bool, actor: str) -> ExitStack:
     """The GPUs' locks (none for a dry run), each GPU's interrupted operations ended first
     (:mod:`vgpuhost.ops.recover`)."""
-    from ..io.locks import file_lock
     with ExitStack() as stack:
         if not dry_run:
             for g in sorted(gpus, key=str):     # one order everywhere: no deadlock between two --all runs
                 stack.enter_context(file_lock(store.state_dir, f"gpu-{g}"))
             if store.journal_entries(open_only=True):
-                from .recover import recover_locked
                 for g in gpus:
                     recover_locked(host, store, gpu=str(g), actor=actor)
         return stack.pop_all()
@@ -246,7 +244,6 @@ def _run(host: HostRoot, store, backend, bdf: PciAddress, step, *, kind: str, op
          actor: str, want: dict) -> None:
     """Run one NVML ``step`` through the Executor under a journal entry of ``kind``
     (:mod:`vgpuhost.ops.nvmljournal`), opened before the call and closed after its read-back."""
-    from .nvmljournal import start
     ex = Executor(host, store, actor=actor, operation=operation, backend=backend)
     ex.journal = start(store, backend, bdf, kind=kind, operation=operation, owner=owner, actor=actor,
                        steps=[step.describe(host)], want=want)

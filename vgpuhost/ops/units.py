@@ -43,11 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..model.errors import HostEnvironmentError, InputError
-from ..io.hostroot import HostRoot
 from ..io.configfiles import exists, find_program, is_executable_file, is_file, read_config_text
 from ..io.files import data_text
+from ..io.hostroot import HostRoot
 from ..io.process import actor as actor_name
+from ..io.state import StateStore
+from ..model.errors import HostEnvironmentError, InputError
+from ..plan.executor import Executor
 from ..plan.steps import WriteConfig
 
 LAYOUT_UNIT = "vgpuhost-layout.service"
@@ -348,8 +350,6 @@ def install(host: HostRoot, *, unit_dir: "Optional[Path | str]" = None, exe: Opt
                                   name in wanted(agent=agent, metering=metering)))
     if writes and not dry_run:
         # the store is created only when something is written; a failed write undoes the units written before it
-        from ..io.state import StateStore
-        from ..plan.executor import Executor
         Executor(host, StateStore(host.state_dir), operation="install-units",
                  actor=actor or actor_name()).run(writes)
     steps = []

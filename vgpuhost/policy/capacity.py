@@ -16,9 +16,7 @@ the kernel offers them (free GPU instances), without a framebuffer sum.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only
-    from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 
 def summarise(gpus: Sequence[dict],

@@ -20,14 +20,13 @@ GPU can serve some mode (:func:`host_ready`).
 
 from __future__ import annotations
 
-from ..model.concepts import Backend
-from ..observe.inventory import Gpu, Inventory, PciDevice
-from ..model.values import record
+from typing import Dict, List, Mapping, Optional
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, List, Mapping, Optional
-    from ..model.values import PciAddress
+from ..model.concepts import Backend
+from ..model.errors import VgpuhostError
+from ..model.values import PciAddress, record
+from ..observe.inventory import Gpu, Inventory, PciDevice
+from .iommu import VFIO_PCI, group_endpoints, prepare_blockers
 
 SEVERITIES = ("error", "warning", "info", "ok")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
@@ -369,8 +368,6 @@ def host_ready(findings: List[Finding], verdicts: List[ModeVerdict]) -> bool:
 
 
 def _passthrough_verdict(inv: Inventory, gpu: Gpu) -> ModeVerdict:
-    from ..model.errors import VgpuhostError
-    from .iommu import VFIO_PCI, group_endpoints, prepare_blockers
     subject = str(gpu.address)
     try:
         group, endpoints, _ = group_endpoints(inv, gpu.address)

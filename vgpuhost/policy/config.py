@@ -63,12 +63,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..io.catalog import load_catalog
+from ..io.yamlutil import read_text_file
+from ..model.boards import BOARDS
 from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
 from ..model.nvml import GiProfile, SchedulerState
 from ..model.values import MigProfile, PciAddress, VgpuProfile
 from ..model.yamldoc import Located, load_located, require_versioned, shown
-from ..io.yamlutil import read_text_file
+from ..policy.mig import why_not
+from ..policy.scheduler import POLICIES, validate
+from .admission import DEFAULT_POOL, POLICY_SERVES
+from .placement import STRATEGIES
 
 VERSION = 1
 MODES = ("passthrough", "vgpu", "mig")
@@ -443,7 +449,6 @@ class _Parser:
         return entry
 
     def pool(self, value: Any, path: tuple, sched: Optional[SchedulerSpec]) -> PoolSpec:
-        from .admission import DEFAULT_POOL, POLICY_SERVES
         if sched is None:
             raise self.err(path, "a pool needs a scheduler policy (one policy per pool)",
                            hint="add scheduler: {policy: fixed-share|equal-share|best-effort} to the entry or "
@@ -540,7 +545,6 @@ class _Parser:
             raise self.err(path + ("strategy",), "vgpu.strategy applies only with counts: total",
                            hint="per-gpu counts put each type on every selected GPU; total counts are "
                                 "placed across the selected GPUs by the strategy")
-        from .placement import STRATEGIES
         strategy = self.get(m, path, "strategy", str, "vgpu", PlacementStrategy.FIRST_FIT)
         if strategy not in STRATEGIES:
             raise self.err(path + ("strategy",), f"unknown placement strategy {strategy!r}",
@@ -608,7 +612,6 @@ class _Parser:
                                self.get(m, path, "persist", bool, "passthrough", False))
 
     def scheduler(self, value: Any, path: tuple, vgpu: Optional[VgpuSpec]) -> SchedulerSpec:
-        from ..policy.scheduler import POLICIES, validate
         m = self.mapping(value, path, _SCHEDULER, "scheduler")
         policy = self.get(m, path, "policy", str, "scheduler")
         if policy not in POLICIES:
@@ -754,7 +757,6 @@ class BoardTable:
 @lru_cache(maxsize=1)
 def board_tables() -> Dict[int, BoardTable]:
     """PCI device id -> :class:`BoardTable` for the boards vgpuhost's catalog describes."""
-    from ..io.catalog import load_catalog
     out: Dict[int, BoardTable] = {}
     for model in load_catalog().gpus.values():
         types = {t.name.lower(): (t.name, t.max_instances, t.max_instances_mixed, t.framebuffer_mib)
@@ -775,7 +777,6 @@ def board_names(device_id: int, vgpu_board: Optional[str] = None) -> List[str]:
     """Lower-case names a ``board:`` selector matches for a GPU of PCI ``device_id``:
     the product name (``A100-PCIE-40GB``), its family (``A100``) and the vGPU
     board name the types carry (``H200X``)."""
-    from ..model.boards import BOARDS
     names = set()
     if device_id in BOARDS:
         product = BOARDS[device_id].product
@@ -797,7 +798,6 @@ def tables_for(selector: Selector) -> List[Tuple[str, BoardTable]]:
     A board name matching products of different framebuffer sizes (``A100``:
     40 GB and 80 GB, whose vGPU types and MIG tables differ) pins nothing.
     """
-    from ..model.boards import BOARDS
     tables = board_tables()
     out: List[Tuple[str, BoardTable]] = []
     if selector.kind == "device_id":
@@ -848,7 +848,6 @@ def check_mig(mig: MigSpec, profiles: Sequence[GiProfile], label: str, *,
               vgpu_names: Optional[Iterable[str]] = None) -> Dict[int, int]:
     """GPU-instance names exist in ``profiles`` and the layout fits; vGPU names exist
     (when ``vgpu_names`` is given).  Returns profile id -> count.  InputError ``FILE:LINE:``."""
-    from ..policy.mig import why_not
     by_name = {p.name.lower(): p for p in profiles}
     wanted: Dict[int, int] = {}
     for c in mig.instances:

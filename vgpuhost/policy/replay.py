@@ -14,16 +14,16 @@ GPU; a GPU passed through holds nothing else.  MIG is not modelled.
 
 from __future__ import annotations
 
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
 from ..model.concepts import PlacementStrategy, QosClass, SchedulerPolicy
 from ..model.tenancy import EXCLUSIVE, GUARANTEED, HARDWARE, Tenant
 from ..model.values import PciAddress, VgpuProfile, record
-from .admission import (PASSTHROUGH, VGPU, Admission, AdmissionRequest, Allocation, Demand, Pool, admit,
-                        allocation, pool_change_refusal, pool_of, pool_problems, usage)
+from .admission import (
+    PASSTHROUGH, VGPU, Admission, AdmissionRequest, Allocation, Demand, Pool, admit, allocation, pool_change_refusal,
+    pool_of, pool_problems, usage
+)
 from .placement import GpuOffer
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 @record(frozen=True)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Optional
 
 from ..model.concepts import SchedulerPolicy
+from ..model.errors import InputError
+from ..model.nvml import SchedulerState
 
 
 def scheduler_state(policy: str, timeslice_ms: Optional[int], frequency_hz: Optional[int],
                     avg_factor: Optional[int]):
     """The SchedulerState ``scheduler set`` asks for.  Raises InputError for options that do not go
     together (the command says so as usage errors first)."""
-    from ..model.nvml import SchedulerState
-    from ..model.errors import InputError
     if policy not in SchedulerPolicy.values():
         *first, last = SchedulerPolicy.values()
         raise InputError(f"unknown scheduler policy {policy!r}", hint=f"{', '.join(first)} or {last}")

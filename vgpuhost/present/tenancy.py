@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
+from ..model.tenancy import DIMENSIONS, Tenant, check_label, check_name, parse_limit, parse_series, with_limits
+from ..model.values import replace
+from ..ops import tenancy
+
 SCHEMA_TENANT = "vgpuhost.tenant/v1"
 SCHEMA_TENANTS = "vgpuhost.tenants/v1"
 SCHEMA_USAGE = "vgpuhost.tenant-usage/v1"
@@ -23,7 +27,6 @@ LIMIT_OPTIONS = {"vgpus": ("vgpus", False), "framebuffer": ("framebuffer_mib", T
 
 
 def tenant_doc(t) -> dict:
-    from ..model.tenancy import DIMENSIONS
     q = t.quota
     return {"name": t.name, "qos": t.qos, "isolation": t.isolation,
             "quota": {d: {"guaranteed": q.guaranteed.get(d), "burst": q.burst.get(d)} for d in DIMENSIONS},
@@ -33,7 +36,6 @@ def tenant_doc(t) -> dict:
 
 def _changes(old, *, qos, isolation, vgpus, framebuffer, mig_slices, passthrough, series, labels, avoid,
              prefer, replace_labels: bool) -> Dict[str, object]:
-    from ..model.tenancy import check_label, parse_limit, parse_series, with_limits
     out: Dict[str, object] = {}
     if qos:
         out["qos"] = qos
@@ -49,7 +51,6 @@ def _changes(old, *, qos, isolation, vgpus, framebuffer, mig_slices, passthrough
     if limits:
         quota = with_limits(quota, limits)
     if series is not None:
-        from ..model.values import replace
         quota = replace(quota, series=parse_series(series))
     if quota != old.quota:
         out["quota"] = quota
@@ -63,14 +64,11 @@ def _changes(old, *, qos, isolation, vgpus, framebuffer, mig_slices, passthrough
 def new_tenant(name: str, opts: Dict[str, object]):
     """The Tenant ``tenant add NAME`` makes from the command's options (strings, as typed).
     Raises InputError naming a bad option."""
-    from ..model.tenancy import Tenant, check_name
-    from ..model.values import replace
     base = Tenant(check_name(name))
     return replace(base, **_changes(base, replace_labels=True, **opts))
 
 
 def changed_tenant(store, name: str, opts: Dict[str, object], *, actor: Optional[str] = None):
     """``tenant set NAME``: tenant NAME with the options given changed, stored; returns it."""
-    from ..ops import tenancy
     # computed from the tenant as stored under the host lock (labels add to the stored ones)
     return tenancy.update_with(store, name, lambda old: _changes(old, replace_labels=False, **opts), actor=actor)

@@ -21,10 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..model.errors import SimulatorError
 from ..io.hostroot import SIM_MARKER, HostRoot
+from ..model.errors import SimulatorError
 from ..model.values import PciAddress
 from .catalog import Catalog, GpuModel, load_catalog
+from .kernel import SimKernel
+from .metering import write_load
+from .nvml import nvml_seed
 from .spec import DeviceSpec, HostSpec
 
 # driver name -> kernel module name (sys/bus/pci/drivers/<d>/module)
@@ -188,9 +191,7 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
     sim.mkdir(exist_ok=True)
     (sim / "host.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     if spec.load:
-        from .metering import write_load
         write_load(host, {k: json.loads(v) for k, v in spec.load})
-    from .kernel import SimKernel
     kernel = SimKernel(host)
     meta = kernel.meta()
     for pf, gpu in gpus.items():
@@ -373,7 +374,6 @@ def _gpu_entry(host: HostRoot, ds: DeviceSpec, g: GpuModel, devs: Dict[PciAddres
         "free_gpu_instances": {}, "gpu_instances": [],
     }
     # the simulated NVML's state (MIG profiles, pending mode, scheduler): vgpuhost.sim.nvml
-    from .nvml import nvml_seed
     entry.update({k: v for k, v in nvml_seed(g, ds.mig_mode, str(ds.bdf)).items() if k not in entry})
     return entry
 

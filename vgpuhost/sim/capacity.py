@@ -19,9 +19,7 @@ Rules (docs/reference/hardware.md#mdev, #vgpu-types):
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, Iterable, List, Mapping
+from typing import Dict, Iterable, List, Mapping
 
 
 def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:

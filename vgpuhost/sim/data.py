@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict
+from typing import Dict
 
 PACKAGE = __name__.rsplit(".", 1)[0]
 
 
 def data_path(name: str) -> Path:
     """A file shipped in the ``vgpuhost.sim`` package (works from a wheel)."""
-    from importlib import resources     # here: the qemu hook imports this package (sim.kernel) on simulated roots
     return Path(str(resources.files(PACKAGE).joinpath(name)))
 
 

@@ -86,14 +86,11 @@ import re
 import signal
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
 from ..model.values import is_digits
 from .capacity import gpu_available
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 #: the driver NVIDIA's vGPU manager binds every mdev to
 MDEV_DRIVER = "nvidia-vgpu-vfio"

@@ -51,8 +51,10 @@ and Debian's ``libvirt-daemon``, ``libvirt-daemon-driver-qemu``,
 from __future__ import annotations
 
 import ctypes
+import grp
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -65,9 +67,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
+from ..io.hostroot import HostRoot
 from ..model.errors import HostEnvironmentError
 from ..model.values import is_digits
-from ..io.hostroot import HostRoot
 
 #: The machine this daemon runs on (its real root, never a simulated host).
 MACHINE = HostRoot(Path("/"))
@@ -337,8 +339,6 @@ class IsolatedLibvirtd:
 
     def _account_mounts(self) -> List[List[str]]:
         """Private /etc/passwd and /etc/group adding the qemu user/groups when the machine lacks them."""
-        import grp
-        import pwd
         need_groups = []
         for g in QEMU_GROUPS:
             try:

@@ -50,10 +50,10 @@ import uuid as _uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
-from ..io.nvml import (NvmlError, row_create_gi, row_destroy_gi, row_set_mig_mode, row_set_mixed_size,
-                       row_set_scheduler)
+from ..io.nvml import NvmlError, row_create_gi, row_destroy_gi, row_set_mig_mode, row_set_mixed_size, row_set_scheduler
 from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
 from ..model.values import MigProfile, PciAddress
+from .catalog import load_catalog
 from .kernel import PERSISTENCED, WRITE_LOG_ENV, SimKernel, crash_point
 
 POLICIES = ("best-effort", "equal-share", "fixed-share")
@@ -107,7 +107,6 @@ def _fill_defaults(gpu: dict, pf: str) -> None:
     """Give a host.json GPU entry written before NVML was simulated the seeded keys."""
     if "gi_profiles" in gpu and "scheduler" in gpu:
         return
-    from .catalog import load_catalog
     model = load_catalog().gpus.get(gpu.get("board", ""))
     if model is None:
         return

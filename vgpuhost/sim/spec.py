@@ -44,11 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..io.yamlutil import read_text_file
 from ..model.errors import InputError, SimulatorError
 from ..model.values import PciAddress
-from ..io.yamlutil import read_text_file
 from ..model.yamldoc import Located, load_located, require_versioned, shown
 from .catalog import Catalog, load_catalog
+from .metering import check_trace
 
 BACKENDS = ("mdev", "vendor-vfio", "none")
 FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override")
@@ -344,7 +345,6 @@ def _parse_load(r: _Reader, top: Dict[str, Any]) -> List[Tuple[Any, str]]:
     """The spec's ``load`` traces, checked: ``[(key, trace as sorted JSON)]``."""
     load = []
     for key, trace in r.get(top, (), "load", dict, {}).items():
-        from .metering import check_trace
         why = check_trace(trace) if isinstance(key, str) else "a trace key is a string"
         if why:
             raise r.loc.error(("load", key), f"invalid load trace {key!r}: {why}",
