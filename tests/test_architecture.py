@@ -315,6 +315,10 @@ def private_imports() -> Iterator[Tuple[str, str, str]]:
 #: (``vgpuhost types|gpus``, tests/test_cli_lean.py).  The reason is their start-up cost: the hook's
 #: ``prepare begin`` pays for every module it loads (bench/hook.py).  Everywhere else imports sit at the
 #: top, so the module-level graph is the real one.
+#: what the hook's handler imports when it tries the agent itself (a hook installed without the thin
+#: client or curl, hook/runtime.py): part of the hook's start-up, held by tests/test_hook.py to import no
+#: json, re or socket before it knows an agent is there
+HOOK_AGENT_CALL = {"vgpuhost.io.agentclient", "vgpuhost.io.unixsock"}
 LEAN_READ = {"vgpuhost.__main__", "vgpuhost.cli", "vgpuhost.cli.context", "vgpuhost.cli.entry", "vgpuhost.cli.lean",
              "vgpuhost.cli.output", "vgpuhost.present", "vgpuhost.present.inventory"}
 #: third-party modules a host may lack, imported at first use behind ``except ImportError`` in their door
@@ -331,7 +335,7 @@ def hook_closure() -> Set[str]:
 
 
 def start_up_modules() -> Set[str]:
-    return hook_closure() | LEAN_READ
+    return hook_closure() | HOOK_AGENT_CALL | LEAN_READ
 
 
 def local_imports() -> Iterator[Tuple[str, str, str]]:

@@ -102,7 +102,7 @@ def test_b_driverless_host_bridge_does_not_block_passthrough(make_host, capsys):
 
 def test_k_sigint_exits_130(make_host, capsys, monkeypatch):
     host = make_host("a40-mdev")
-    import vgpuhost.ops.vgpu as vgpu
+    import vgpuhost.cli.vgpu as vgpu          # the command's own name for it (imported at its top)
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -113,7 +113,7 @@ def test_k_sigint_exits_130(make_host, capsys, monkeypatch):
 
 def test_k_sigterm_exits_130(make_host, capsys, monkeypatch):
     host = make_host("a40-mdev")
-    import vgpuhost.ops.vgpu as vgpu
+    import vgpuhost.cli.vgpu as vgpu          # the command's own name for it (imported at its top)
 
     def terminated(*a, **k):
         os.kill(os.getpid(), signal.SIGTERM)

@@ -14,14 +14,12 @@ returned as ``(status, document)``.
 
 from __future__ import annotations
 
-import json
 import os
-import stat
-from typing import Any, Dict, Optional, Tuple
 
-from ..model.values import is_digits
-from .hostroot import HostRoot
-from .unixsock import connect
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
+    from .hostroot import HostRoot
 
 ENV_SOCKET = "VGPUHOST_AGENT_SOCKET"
 #: ``off``: never use the agent (the hook and CLI do the work themselves)
@@ -62,11 +60,14 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
     connection closes before a full answer; OSError for other socket
     errors (EACCES: the caller may not use this socket).
     """
+    import stat
     try:
         if not stat.S_ISSOCK(os.stat(path).st_mode):
             raise AgentDown(f"no agent on {path} (not a socket)")
     except (FileNotFoundError, NotADirectoryError):
         raise AgentDown(f"no agent on {path} (no such file)") from None
+    import json     # only now: the qemu hook with no agent running imports no json (and re) for nothing
+    from .unixsock import connect
     data = b"" if body is None else json.dumps(body).encode("utf-8")
     head = (f"{method} {target} HTTP/1.1\r\nHost: vgpuhost-agent\r\nConnection: close\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode("ascii")
@@ -90,6 +91,7 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
         raise AgentDown(f"the agent on {path} went away ({e.strerror})") from None
     finally:
         sock.close()
+    from ..model.values import is_digits
     raw = b"".join(chunks)
     head_end = raw.find(b"\r\n\r\n")
     if head_end < 0:

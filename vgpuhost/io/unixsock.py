@@ -16,16 +16,17 @@ the credentials at ``connect()`` time), so they are read from the real
 
 from __future__ import annotations
 
-import grp
 import os
 import socket
 import stat
 import struct
-from typing import Dict, FrozenSet, Mapping, Optional, Union
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook imports this module)
+    from typing import Dict, FrozenSet, Mapping, Optional, Union
 
 from ..model.errors import HostEnvironmentError, InputError
 from ..model.values import is_digits
-from .hostroot import running_kernel_proc_status
 
 #: the first descriptor systemd passes (``SD_LISTEN_FDS_START``)
 LISTEN_FDS_START = 3
@@ -52,6 +53,7 @@ def group_id(group: "Union[str, int]") -> int:
     text = str(group).strip()
     if is_digits(text):
         return int(text)
+    import grp
     try:
         return grp.getgrnam(text).gr_gid
     except KeyError:
@@ -189,6 +191,7 @@ def peer(conn: socket.socket) -> Peer:
 
 def _groups(pid: int) -> "FrozenSet[int]":
     """The supplementary groups of ``pid`` from ``/proc/<pid>/status`` (empty when unreadable)."""
+    from .hostroot import running_kernel_proc_status
     try:
         with open(running_kernel_proc_status(pid), "rb") as f:
             for line in f:
