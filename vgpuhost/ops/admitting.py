@@ -129,7 +129,7 @@ def unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Gran
         if fbs is None:
             fbs = type_framebuffers(inv, store)
         d = adm.Admission(True, "tenancy not in use", tname, qos)
-        out.append(Granted(v.device, adm.vgpu_demand(v.profile, fbs.get(v.profile.lower())), d))
+        out.append(Granted(v.device, adm.vgpu_demand(str(v.profile), fbs.get(str(v.profile).lower())), d))
     return out
 
 

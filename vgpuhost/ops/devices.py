@@ -180,7 +180,7 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
         if req.vf is not None:
             dev = inv.devices.get(req.vf)
             gpu = dev.physfn if dev is not None else None
-        resolve_profile(inv, records, req.profile, gpu, seen)
+        resolve_profile(inv, records, str(req.profile), gpu, seen)
 
 
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
@@ -205,8 +205,9 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     from . import vgpu
     meta = view.metadata
     me = view.uuid
+    profile = str(req.profile)
     wanted_id = str(req.vf) if req.vf is not None else req.uuid
-    if wanted_id is not None and vgpu.claim(host, store, wanted_id, owner=me, profile=req.profile,
+    if wanted_id is not None and vgpu.claim(host, store, wanted_id, owner=me, profile=profile,
                                             actor=actor) is not None:
         return "claim:" + wanted_id
     if (req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records())
@@ -215,7 +216,7 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         if swapped is not None:
             return swapped
     if req.vf is not None:
-        out = vgpu.create(host, store, profile=req.profile, vf=req.vf, owner=me, strategy=meta.strategy,
+        out = vgpu.create(host, store, profile=profile, vf=req.vf, owner=me, strategy=meta.strategy,
                           anti_affinity=meta.anti_affinity, actor=actor, inventory=inv)
         return out.id if out.changed else None
     rec = next((r for r in store.vgpu_records(owner=me) if r.id == req.uuid), None)
@@ -223,13 +224,13 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
         from ..io.sysfs import Sysfs
         from ..io.vgpudev import mdev_current_type
         current = mdev_current_type(Sysfs(host), req.uuid)
-        if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
+        if current == rec.type_id and rec.type_name.lower() == profile.lower():
             return None                         # a retried start: the domain already holds it
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
         vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
-        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
+        out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
                           strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
                           actor=actor, inventory=inv)
     except RefusedError as e:
@@ -253,7 +254,8 @@ def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req
     """Hand a free pool vGPU's slot to the domain's mdev UUID; ``claim:UUID``, or None (no free one)."""
     from . import vgpu
     me = view.uuid
-    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=req.gpu, allowed=allowed, owner=me):
+    profile = str(req.profile)
+    for rec in vgpu.pool_candidates(store, profile=profile, gpu=req.gpu, allowed=allowed, owner=me):
         try:
             vgpu.remove(host, store, rec.id, owner=rec.owner, actor=actor)
         except VgpuhostError:
@@ -266,7 +268,7 @@ def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req
             vgpu.create(host, store, profile=rec.type_name, uuid=rec.id if rec.backend == Backend.MDEV else None,
                         gpu=PciAddress.parse(rec.gpu), owner=rec.owner, actor=actor)
             continue
-        if vgpu.claim(host, store, req.uuid, owner=me, profile=req.profile, pool=rec.owner, actor=actor):
+        if vgpu.claim(host, store, req.uuid, owner=me, profile=profile, pool=rec.owner, actor=actor):
             return "claim:" + req.uuid
     return None
 

@@ -314,7 +314,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if v.vf is not None:
             dev = inv.devices.get(v.vf)
             pin = dev.physfn if dev is not None else pin
-        name = vgpu_offers.resolve_profile(inv, records, v.profile, pin, seen)
+        name = vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
         offers = vgpu_offers.offers(inv, records, name, seen)
         # the pool model: a layout's free vGPU of this profile is lent at the start (ops.devices)
         lendable: Dict[str, int] = {}
