@@ -131,6 +131,8 @@ class VgpuCreateRequest:
     None.  ``anti_affinity``: a key no two vGPUs on one GPU share, or None.  ``persist``: define
     it in mdevctl.  ``create_gi``: for a MIG-backed profile, create the GPU instance it needs.
     ``allowed_gpus``: the GPUs placement may use (the hook's operator allow-list), None: all.
+    ``resolved``: ``profile`` is already the type name as this host's devices spell it (the qemu
+    hook's ``prepare`` resolved it once, before admission): it is created as it is, not resolved again.
     """
 
     profile: str
@@ -145,13 +147,14 @@ class VgpuCreateRequest:
     persist: bool = False
     create_gi: bool = False
     allowed_gpus: Optional[FrozenSet[PciAddress]] = None
+    resolved: bool = False
 
     @classmethod
     def parse(cls, profile: str, *, gpu: Union[PciAddress, str, None] = None, uuid: Optional[str] = None,
               vf: Union[PciAddress, str, None] = None, strategy: str = PlacementStrategy.FIRST_FIT, owner: str = MANUAL,
               params: Optional[str] = None, numa_node: Optional[int] = None, anti_affinity: Optional[str] = None,
               persist: bool = False, create_gi: bool = False,
-              allowed_gpus: Optional[Collection[PciAddress]] = None) -> VgpuCreateRequest:
+              allowed_gpus: Optional[Collection[PciAddress]] = None, resolved: bool = False) -> VgpuCreateRequest:
         """The request, checked before anything is read or changed (``gpu``, ``vf``: a PciAddress
         or its text).  Raises InputError for a GPU or VF address, owner, UUID or anti-affinity key
         that is not valid, an unknown strategy, a UUID and a VF both, ``params`` that are not
@@ -182,11 +185,11 @@ class VgpuCreateRequest:
                              hint="create it without --persist and enable the boot unit that runs "
                                   "'vgpuhost reconcile'")
         return cls(profile, gpu, uuid, vf, strategy, owner, params, numa_node, anti_affinity, persist, create_gi,
-                   frozenset(allowed_gpus) if allowed_gpus is not None else None)
+                   frozenset(allowed_gpus) if allowed_gpus is not None else None, resolved)
 
     def body(self) -> Dict[str, object]:
         """The agent's ``POST /v1/vgpus`` body that asks for this request (what ``vgpuhost vgpu create``
-        forwards; ``allowed_gpus`` and ``vf`` are the hook's and have no key there)."""
+        forwards; ``allowed_gpus``, ``vf`` and ``resolved`` are the hook's and have no key there)."""
         return {"profile": self.profile, "gpu": str(self.gpu) if self.gpu is not None else None,
                 "vgpu_uuid": self.uuid, "strategy": self.strategy, "owner": self.owner, "params": self.params,
                 "numa_node": self.numa_node, "anti_affinity": self.anti_affinity, "persist": self.persist,
@@ -199,12 +202,13 @@ def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[Pci
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
            create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
            allowed_gpus: Optional[Collection[PciAddress]] = None,
-           inventory: Optional[Inventory] = None) -> VgpuOutcome:
+           inventory: Optional[Inventory] = None, resolved: bool = False) -> VgpuOutcome:
     """:func:`create_vgpu` of the :class:`VgpuCreateRequest` these keywords spell (its fields, the
     same names): the form the qemu hook's devices, attach, layout apply and the tests call."""
     request = VgpuCreateRequest.parse(profile, gpu=gpu, uuid=uuid, vf=vf, strategy=strategy, owner=owner,
                                       params=params, numa_node=numa_node, anti_affinity=anti_affinity,
-                                      persist=persist, create_gi=create_gi, allowed_gpus=allowed_gpus)
+                                      persist=persist, create_gi=create_gi, allowed_gpus=allowed_gpus,
+                                      resolved=resolved)
     return create_vgpu(host, store, request, dry_run=dry_run, actor=actor, inventory=inventory)
 
 
@@ -248,7 +252,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
         if _check_pin(host, store, inv, req, pin, gi_tried=gi_tried, dry_run=dry_run, actor=actor):
             gi_tried = True
             continue                    # a GPU instance was made for the MIG-backed profile: look again
-        name = resolve_profile(inv, records, req.profile, pin, seen)
+        name = req.profile if req.resolved else resolve_profile(inv, records, req.profile, pin, seen)
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
         decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
