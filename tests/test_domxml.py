@@ -18,7 +18,7 @@ from lxml import etree
 from vgpuhost.libvirt import domain, domxml
 from vgpuhost.libvirt.domxml import NS, Metadata, VgpuRequest, parse_domain
 from vgpuhost.model.errors import InputError, RefusedError
-from vgpuhost.model.values import PciAddress
+from vgpuhost.model.values import PciAddress, VgpuProfile
 
 DOM_UUID = "6695eb01-f6a4-8304-79aa-97f2502e193f"
 U1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"
@@ -68,7 +68,10 @@ def test_set_metadata_creates_metadata_after_uuid():
 
 
 _name = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.:+-]{0,20}\Z")
-_profile = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.+-]{0,20}\Z")
+_board = st.from_regex(r"\A[A-Z0-9_]{1,12}\Z")      # as VgpuProfile.parse spells a board: upper case
+_profile = (st.builds(VgpuProfile, _board, st.integers(0, 192), st.sampled_from("QBAC"))    # time-sliced
+            | st.builds(VgpuProfile, _board, st.integers(0, 192), st.just("C"), st.none() | st.integers(1, 8),
+                        st.booleans()))                                                      # C: MIG-backed, ME
 _bdf = st.builds(PciAddress, st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F),
                  st.integers(0, 7))
 _uuid = st.uuids().map(str)
@@ -145,7 +148,7 @@ HOSTILE = {
     "traversal-vf": (doc(meta_xml('<vgpuhost:vgpu profile="L40S-4Q" vf="../0000:21:00.4"/>')), "invalid PCI address"),
     "traversal-gpu": (doc(meta_xml('<vgpuhost:passthrough gpu="0000:41:00.0/../../x"/>')), "invalid PCI address"),
     "traversal-profile": (doc(meta_xml('<vgpuhost:vgpu profile="../../A40" uuid="' + U1 + '"/>')),
-                          "invalid vGPU profile name"),
+                          "profile= is not a vGPU type name"),
     "vgpu-both-ids": (doc(meta_xml(f'<vgpuhost:vgpu profile="A40-8Q" uuid="{U1}" vf="0000:21:00.4"/>')),
                       "exactly one of uuid= or vf="),
     "vgpu-no-id": (doc(meta_xml('<vgpuhost:vgpu profile="A40-8Q"/>')), "exactly one of uuid= or vf="),
@@ -170,6 +173,29 @@ def test_hostile_documents_are_refused_in_one_line(case):
         line = err.value.one_line()
         assert text in line, line
         assert "\n" not in line and len(line) < 400 and "root:" not in line
+
+
+@pytest.mark.parametrize("name", ["custom.profile", "A40-8X", "A40-1-8Q", "A40-8Q\n<x>", "a" * 300, ""])
+def test_a_profile_that_is_no_vgpu_type_name_is_refused_in_one_line_naming_the_domain(name):
+    """The metadata's ``profile=`` is parsed once into a VgpuProfile where the XML is read: a name
+    VgpuProfile refuses is refused there, in one line naming the domain and what to do, the text not echoed."""
+    from xml.sax.saxutils import quoteattr
+    data = doc(meta_xml(f'<vgpuhost:vgpu profile={quoteattr(name)} uuid="{U1}"/>'))
+    for reader in (parse_domain, domain.DomainDoc.parse):
+        with pytest.raises(InputError) as err:
+            reader(data)
+        line = err.value.one_line()
+        assert "domain 'vm1'" in line and "vgpuhost types" in line, line
+        assert "\n" not in line and (not name or name not in line)
+    with pytest.raises(InputError):
+        VgpuRequest(name, uuid=U1)
+
+
+def test_parsed_metadata_carries_the_profile_as_a_value():
+    view = parse_domain(doc(meta_xml(f'<vgpuhost:vgpu profile="a100-1-5cme" uuid="{U1}"/>')))
+    (v,) = view.metadata.vgpus
+    assert v.profile == VgpuProfile("A100", 5, "C", 1, True) and str(v.profile) == "A100-1-5CME"
+    assert 'profile="A100-1-5CME"' in view.metadata.to_xml()
 
 
 def test_lxml_parser_never_resolves_entities_or_fetches():

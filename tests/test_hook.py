@@ -511,7 +511,7 @@ def bad_inputs() -> List[Tuple[str, bytes, str]]:
         ("dotdot-vf", domain_xml("bad", DOM1, raw_meta=_meta_raw('<vgpuhost:vgpu profile="A40-8Q" vf="../../sys/bus/pci"/>')).encode(),
          "invalid PCI address '../../sys/bus/pci'"),
         ("dotdot-profile", domain_xml("bad", DOM1, raw_meta=_meta_raw(f'<vgpuhost:vgpu profile="../A40-8Q" uuid="{MDEV1}"/>')).encode(),
-         "invalid vGPU profile name '../A40-8Q'"),
+         "vgpuhost metadata of domain 'bad': a <vgpu> profile= is not a vGPU type name"),
         ("missing-bdf", pt_domain("bad", DOM1, "0000:99:00.0", ["0000:99:00.0"]).encode(), "no PCI device at 0000:99:00.0"),
         ("missing-vf", vf_domain("bad", DOM1, "0000:99:00.4").encode(), "no PCI device at 0000:99:00.4"),
         ("unknown-profile", vgpu_domain("bad", DOM1, MDEV1, "A40-7Q").encode(), "unknown vGPU profile 'A40-7Q'"),

@@ -160,6 +160,22 @@ def test_hook_makes_the_vgpu_where_admission_placed_it(make_host):
     assert rows[uid("eeeeeeee", 2)][3] == str(GPU_HI)
 
 
+@pytest.mark.parametrize("tenants", [True, False])
+def test_hook_resolves_each_profile_once_and_admission_and_create_take_it(make_host, monkeypatch, tenants):
+    """The hook's prepare begin resolves a vGPU's profile to the type the host offers once (issue 24):
+    admission (tenancy in use or not) and create take that name; create only re-checks its placement."""
+    from vgpuhost.policy import offers
+    host = mixed(make_host)
+    if tenants:
+        tenancy.add(store_of(host), tenancy.Tenant("team"))
+    asked = []
+    resolve = offers.resolve_profile
+    monkeypatch.setattr(offers, "resolve_profile", lambda *a, **k: asked.append(a[2]) or resolve(*a, **k))
+    assert start(host, "r0", tdom("r0", uid("55555555", 0), uid("eeeeeeee", 0), tenant="team")) == (0, "")
+    assert asked == ["A40-8Q"] and mdev_gpu(host, uid("eeeeeeee", 0)) in (GPU_LO, GPU_HI)
+    assert [(r[0], r[5]) for r in store_of(host).allocation_rows()] == [(uid("eeeeeeee", 0), "A40-8Q")]
+
+
 def test_hook_without_tenants_records_the_name_only(make_host):
     host = mixed(make_host)
     assert start(host, "d", tdom("d", uid("55555555", 0), uid("eeeeeeee", 0), tenant="demo")) == (0, "")

@@ -9,7 +9,7 @@ import pytest
 
 from vgpuhost.agent.api import _VGPU_KEYS
 from vgpuhost.model.errors import InputError
-from vgpuhost.model.values import PciAddress
+from vgpuhost.model.values import PciAddress, VgpuProfile
 from vgpuhost.ops.vgpu import VgpuCreateRequest
 
 UUID = "8f01c7a2-5b1e-4c3d-9a7f-0123456789ab"
@@ -32,6 +32,14 @@ def test_parse_normalises_and_the_value_is_frozen():
 def test_parse_refuses_what_no_host_could_take(fields, message):
     with pytest.raises(InputError, match=message):
         VgpuCreateRequest.parse("A40-8Q", **fields)
+
+
+def test_the_profile_is_parsed_once_into_a_value():
+    req = VgpuCreateRequest.parse(" a100-1-5cme")
+    assert req.profile == VgpuProfile("A100", 5, "C", 1, True) and req.body()["profile"] == "A100-1-5CME"
+    assert VgpuCreateRequest.parse(req.profile) == req
+    with pytest.raises(InputError, match="invalid vGPU profile name"):
+        VgpuCreateRequest.parse("no such thing!")
 
 
 def test_persist_of_a_mig_backed_profile_is_refused_before_anything_is_read():

@@ -42,7 +42,7 @@ import pyexpat as expat     # the C module xml.parsers.expat re-exports (its thr
 
 from ..model.errors import InputError
 from ..model.kinds import PlacementStrategy, QosClass
-from ..model.values import PciAddress, is_name, parse_uuid
+from ..model.values import PciAddress, VgpuProfile, is_name, parse_uuid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -65,17 +65,21 @@ MAX_NOVA_TEXT = 255
 # Names are checked by hand, not with ``re``: the qemu hook reads this module in a new process on every
 # domain start, and ``import re`` cost it about 2 ms (see vgpuhost.model.values).
 _KEY_CHARS = frozenset("_.:+-")        # tenant, anti-affinity key: ^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z
-_PROFILE_CHARS = frozenset("_.+-")     # a vGPU type name (A100-2Q): ^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$
 
 
 class VgpuRequest:
-    """One ``<vgpuhost:vgpu>``: ``profile`` and exactly one of ``uuid`` (mdev) or ``vf`` (VF BDF)."""
+    """One ``<vgpuhost:vgpu>``: ``profile`` and exactly one of ``uuid`` (mdev) or ``vf`` (VF BDF).
+
+    ``profile``: a :class:`VgpuProfile`; given as its name (``"A40-8Q"``, as code that builds metadata
+    by hand writes it) it is parsed here (InputError when it is not a vGPU type name).
+    """
 
     __slots__ = ("profile", "uuid", "vf", "gpu")
 
-    def __init__(self, profile: str, uuid: Optional[str] = None, vf: Optional[PciAddress] = None,
+    def __init__(self, profile: "VgpuProfile | str", uuid: Optional[str] = None, vf: Optional[PciAddress] = None,
                  gpu: Optional[PciAddress] = None):
-        self.profile, self.uuid, self.vf, self.gpu = profile, uuid, vf, gpu
+        self.profile: VgpuProfile = VgpuProfile.parse(profile) if isinstance(profile, str) else profile
+        self.uuid, self.vf, self.gpu = uuid, vf, gpu
 
     def __eq__(self, other) -> bool:
         return isinstance(other, VgpuRequest) and self._key() == other._key()
@@ -84,7 +88,7 @@ class VgpuRequest:
         return (self.profile, self.uuid, self.vf, self.gpu)
 
     def __repr__(self) -> str:
-        return f"VgpuRequest(profile={self.profile!r}, uuid={self.uuid!r}, vf={self.vf}, gpu={self.gpu})"
+        return f"VgpuRequest(profile={str(self.profile)!r}, uuid={self.uuid!r}, vf={self.vf}, gpu={self.gpu})"
 
     @property
     def device(self) -> str:
@@ -137,7 +141,7 @@ class Metadata:
             attrs += f" qos={quoteattr(self.qos)}"
         lines = [f'<{PREFIX}:domain xmlns:{PREFIX}="{NS}"{attrs}>']
         for v in self.vgpus:
-            a = f"profile={quoteattr(v.profile)}"
+            a = f"profile={quoteattr(str(v.profile))}"
             a += f' uuid="{v.uuid}"' if v.uuid else f' vf="{v.vf}"'
             if v.gpu is not None:
                 a += f' gpu="{v.gpu}"'
@@ -163,7 +167,6 @@ class Metadata:
                              f"at most {MAX_PASSTHROUGH}")
         seen = set()
         for v in self.vgpus:
-            check_profile(v.profile)
             if (v.uuid is None) == (v.vf is None):
                 raise InputError(f"vgpuhost metadata: vGPU {v.profile} needs exactly one of uuid= or vf=")
             if v.device in seen:
@@ -174,14 +177,6 @@ class Metadata:
                 raise InputError(f"vgpuhost metadata names {g} twice")
             seen.add(str(g))
         return self
-
-
-def check_profile(name: str) -> str:
-    """A syntactically possible vGPU type name; raises InputError (the host decides if it exists)."""
-    if not isinstance(name, str) or not is_name(name[:-1] if name.endswith("\n") else name, _PROFILE_CHARS):
-        raise InputError(f"invalid vGPU profile name {_show(name)}",
-                         hint="a vGPU type name as 'vgpuhost types' lists it, e.g. A100-2Q")
-    return name
 
 
 class Hostdev:
@@ -473,7 +468,7 @@ class _Reader:
             return
         if "profile" not in attrs:
             raise InputError("vgpuhost metadata: <vgpu> without profile=")
-        req = VgpuRequest(check_profile(attrs["profile"]))
+        req = VgpuRequest(_profile(attrs["profile"], self.view.name))
         if "uuid" in attrs:
             req.uuid = _mdev_uuid(attrs["uuid"])
         if "vf" in attrs:
@@ -499,6 +494,17 @@ def _known(element: str, attrs: Dict[str, str]) -> None:
     if unknown:
         raise InputError(f"vgpuhost metadata: unknown attribute {unknown[0]!r} on <{element.split(' ', 1)[1]}>",
                          hint="allowed: " + ", ".join(sorted(_META_ATTRS[element])))
+
+
+def _profile(text: str, domain: Optional[str]) -> VgpuProfile:
+    """``profile=`` of a ``<vgpuhost:vgpu>`` parsed once, here; InputError in one line naming the domain
+    (when its ``<name>`` came first), never the text: whoever may define a domain wrote it."""
+    p = VgpuProfile.try_parse(text)
+    if p is None:
+        whose = f"domain {_show(domain)}" if domain else "the domain"
+        raise InputError(f"vgpuhost metadata of {whose}: a <vgpu> profile= is not a vGPU type name",
+                         hint="set it to a type 'vgpuhost types' lists (e.g. A40-8Q): 'vgpuhost attach' writes it")
+    return p
 
 
 def _mdev_uuid(text: str) -> str:

@@ -111,8 +111,12 @@ class Admitting:
             self.gpus[device] = gpu
 
 
-def unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Granted]:
-    """Grants without a decision to make (tenancy not in use): each device's demand, the tenant's name."""
+def unenforced(store: StateStore, view: DomainView, inv: Inventory,
+               types: Optional[Mapping[str, str]] = None) -> List[Granted]:
+    """Grants without a decision to make (tenancy not in use): each device's demand, the tenant's name.
+
+    ``types``: ``{device: type name as the host's devices spell it}`` (the hook's prepare resolved them
+    once); a vGPU not named there is asked for as its metadata's profile names it."""
     meta = view.metadata
     tname = tenant_of(store, view)
     qos = getattr(meta, "qos", None) or UNTENANTED_QOS
@@ -129,7 +133,8 @@ def unenforced(store: StateStore, view: DomainView, inv: Inventory) -> List[Gran
         if fbs is None:
             fbs = type_framebuffers(inv, store)
         d = adm.Admission(True, "tenancy not in use", tname, qos)
-        out.append(Granted(v.device, adm.vgpu_demand(v.profile, fbs.get(v.profile.lower())), d))
+        name = types[v.device] if types and v.device in types else str(v.profile)
+        out.append(Granted(v.device, adm.vgpu_demand(name, fbs.get(name.lower())), d))
     return out
 
 
@@ -150,19 +155,20 @@ def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted]
                                         a.mig_slices, a.qos, int(a.burst)))
 
 
-def unenforced_admitting(store: StateStore, view: DomainView, inv: Inventory) -> "_Unenforced":
+def unenforced_admitting(store: StateStore, view: DomainView, inv: Inventory,
+                         types: Optional[Mapping[str, str]] = None) -> "_Unenforced":
     """:func:`vgpuhost.ops.tenancy.admitting` where tenancy is not in use (:func:`active` False), without
     importing it: ``with unenforced_admitting(...) as box:`` admits every device the domain does not hold
     yet (its tenant name, if any, recorded), takes no lock, and records the allocations when the block
-    ends without an error."""
-    return _Unenforced(store, view, inv)
+    ends without an error.  ``types``: as :func:`unenforced` takes them."""
+    return _Unenforced(store, view, inv, types)
 
 
 class _Unenforced:
     """:func:`unenforced_admitting`'s context manager (a class: the hook's path imports no contextlib)."""
 
-    def __init__(self, store: StateStore, view: DomainView, inv: Inventory):
-        self.store, self.view, self.inv = store, view, inv
+    def __init__(self, store: StateStore, view: DomainView, inv: Inventory, types: Optional[Mapping[str, str]]):
+        self.store, self.view, self.inv, self.types = store, view, inv, types
         self.granted: Optional[List[Granted]] = None
         self.box: Optional[Admitting] = None
 
@@ -170,7 +176,7 @@ class _Unenforced:
         meta = self.view.metadata
         if meta is None or meta.empty:
             return Admitting([])
-        self.granted = unenforced(self.store, self.view, self.inv)
+        self.granted = unenforced(self.store, self.view, self.inv, self.types)
         self.box = Admitting(self.granted)
         return self.box
 

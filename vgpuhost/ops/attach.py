@@ -233,7 +233,7 @@ def _candidates(inv: Inventory, records, seen, req: domxml.VgpuRequest,
         return {g} if g is not None else set()
     if req.gpu is not None:
         return {req.gpu}
-    return gpus_offering(inv, records, seen, req.profile) - set(excluded)
+    return gpus_offering(inv, records, seen, str(req.profile)) - set(excluded)
 
 
 def _matching(cands: List[Set[PciAddress]]) -> bool:
@@ -839,7 +839,7 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         targets: List[DeviceEntry] = []
         for r in list(meta.vgpus):
             if all or r.device == dev_id:
-                targets.append(DeviceEntry(KIND_MDEV if r.uuid else KIND_VF, r.device, profile=r.profile,
+                targets.append(DeviceEntry(KIND_MDEV if r.uuid else KIND_VF, r.device, profile=str(r.profile),
                                            gpu=str(r.gpu) if r.gpu else None, functions=[r.device]))
                 meta.vgpus.remove(r)
         for g in list(meta.passthrough):

@@ -25,7 +25,7 @@ from ..model.values import PciAddress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # only for annotations: never imported on the hook path
-    from typing import FrozenSet, List, Optional, Tuple
+    from typing import Dict, FrozenSet, List, Optional, Tuple
     from ..io.state import StateStore
     from ..libvirt.domxml import DomainView
     from ..observe.inventory import Inventory
@@ -118,9 +118,7 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
     check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
                   passthrough_records=store.passthrough_records() if checked.passthrough else (),
                   active_domains=active)
-    if checked.vgpus:
-        from . import vgpu
-        _resolve_profiles(vgpu, inv, store, checked)
+    types = _resolve_profiles(inv, store, checked) if checked.vgpus else {}
     me = view.uuid
     was_active = me in active
     store.domain_started(me, view.name or me)
@@ -129,9 +127,9 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
     if tenancy_in_use(store):
         # admission (issue 13): quota, isolation, QoS class, pool, under the host lock until recorded
         from . import tenancy
-        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed)
+        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types)
     else:
-        admitting = unenforced_admitting(store, view, inv)     # nothing to enforce: no admission code imported
+        admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
     try:
         with admitting as grant:
             if checked.passthrough:
@@ -148,7 +146,8 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
                         made.append(("passthrough", gpu))
             for req in checked.vgpus:
                 # the inventory read above still describes the host while this call has changed nothing
-                vid = _make_vgpu(host, store, view, req, grant.allowed_gpus(req.device, checked.allowed), actor,
+                vid = _make_vgpu(host, store, view, req, types[req.device],
+                                 grant.allowed_gpus(req.device, checked.allowed), actor,
                                  inv if not made else None, grant.narrowed_by(req.device, checked.allowed),
                                  decided=grant.placed_gpu(req.device))
                 if vid is not None:
@@ -166,8 +165,11 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
     return [str(d) for _, d in made]
 
 
-def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Checked") -> None:
-    """Every profile name must be one this host knows (on the pinned GPU / the VF's GPU) before any write."""
+def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked") -> Dict[str, str]:
+    """``{device: vGPU type name as this host's devices spell it}`` for each vGPU ``checked`` asks for:
+    its profile resolved once, before any write, on its pinned GPU / its VF's GPU (else the host).
+    Admission and create take these names and do not resolve again.  Raises InputError for a
+    profile this host does not know there."""
     from ..policy.offers import resolve_profile, seen_rows
     records = store.vgpu_records()
     rows = seen_rows(inv)
@@ -175,15 +177,17 @@ def _resolve_profiles(vgpu, inv: "Inventory", store: "StateStore", checked: "Che
     # and a vGPU asked of that GPU is then refused as not placeable, not as an unknown profile
     store.remember_types(rows)
     seen = store.seen_types() + rows
+    out: Dict[str, str] = {}
     for req in checked.vgpus:
         gpu = req.gpu
         if req.vf is not None:
             dev = inv.devices.get(req.vf)
             gpu = dev.physfn if dev is not None else None
-        resolve_profile(inv, records, req.profile, gpu, seen)
+        out[req.device] = resolve_profile(inv, records, str(req.profile), gpu, seen)
+    return out
 
 
-def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed, actor: str,
+def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, profile: str, allowed, actor: str,
                inv: "Optional[Inventory]" = None,
                narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)",
                decided: "Optional[PciAddress]" = None) -> Optional[str]:
@@ -197,6 +201,8 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     domain's vGPU counts as the layout's, given back at release).  Only then is a vGPU
     created from free capacity.
 
+    ``profile``: the request's type name as the host's devices spell it (:func:`_resolve_profiles`):
+    created as it is, not resolved again.
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
     ``decided``: the GPU admission placed the vGPU on: a vGPU made from free capacity is made there,
     the placement only re-checked under the GPU lock (None: placed here, once).  A pool's vGPU is
@@ -206,32 +212,32 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, all
     meta = view.metadata
     me = view.uuid
     wanted_id = str(req.vf) if req.vf is not None else req.uuid
-    if wanted_id is not None and vgpu.claim(host, store, wanted_id, owner=me, profile=req.profile,
+    if wanted_id is not None and vgpu.claim(host, store, wanted_id, owner=me, profile=profile,
                                             actor=actor) is not None:
         return "claim:" + wanted_id
     if (req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records())
             and not _defined_in_mdevctl(host, req.uuid)):
-        swapped = _swap_from_pool(host, store, view, req, allowed, actor)
+        swapped = _swap_from_pool(host, store, view, req, profile, allowed, actor)
         if swapped is not None:
             return swapped
     if req.vf is not None:
-        out = vgpu.create(host, store, profile=req.profile, vf=req.vf, owner=me, strategy=meta.strategy,
-                          anti_affinity=meta.anti_affinity, actor=actor, inventory=inv)
+        out = vgpu.create(host, store, profile=profile, vf=req.vf, owner=me, strategy=meta.strategy,
+                          anti_affinity=meta.anti_affinity, actor=actor, inventory=inv, resolved=True)
         return out.id if out.changed else None
     rec = next((r for r in store.vgpu_records(owner=me) if r.id == req.uuid), None)
     if rec is not None:
         from ..io.sysfs import Sysfs
         from ..io.vgpudev import mdev_current_type
         current = mdev_current_type(Sysfs(host), req.uuid)
-        if current == rec.type_id and rec.type_name.lower() == req.profile.lower():
+        if current == rec.type_id and rec.type_name.lower() == profile.lower():
             return None                         # a retried start: the domain already holds it
         # stale (gone since, e.g. a host reboot) or the profile changed while stopped: make it anew
         vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
-        out = vgpu.create(host, store, profile=req.profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
+        out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
                           strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
-                          actor=actor, inventory=inv)
+                          actor=actor, inventory=inv, resolved=True)
     except RefusedError as e:
         if allowed is None:
             raise
@@ -248,12 +254,13 @@ def _defined_in_mdevctl(host: HostRoot, uuid: str) -> bool:
     return any(fs.exists(os.path.join(host.s.mdevctl_d, p, uuid)) for p in fs.listdir(host.s.mdevctl_d))
 
 
-def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, allowed,
+def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req, profile: str, allowed,
                     actor: str) -> Optional[str]:
-    """Hand a free pool vGPU's slot to the domain's mdev UUID; ``claim:UUID``, or None (no free one)."""
+    """Hand a free pool vGPU of type ``profile`` (as resolved) a slot for the domain's mdev UUID;
+    ``claim:UUID``, or None (no free one)."""
     from . import vgpu
     me = view.uuid
-    for rec in vgpu.pool_candidates(store, profile=req.profile, gpu=req.gpu, allowed=allowed, owner=me):
+    for rec in vgpu.pool_candidates(store, profile=profile, gpu=req.gpu, allowed=allowed, owner=me):
         try:
             vgpu.remove(host, store, rec.id, owner=rec.owner, actor=actor)
         except VgpuhostError:
@@ -266,7 +273,7 @@ def _swap_from_pool(host: HostRoot, store: "StateStore", view: "DomainView", req
             vgpu.create(host, store, profile=rec.type_name, uuid=rec.id if rec.backend == Backend.MDEV else None,
                         gpu=PciAddress.parse(rec.gpu), owner=rec.owner, actor=actor)
             continue
-        if vgpu.claim(host, store, req.uuid, owner=me, profile=req.profile, pool=rec.owner, actor=actor):
+        if vgpu.claim(host, store, req.uuid, owner=me, profile=profile, pool=rec.owner, actor=actor):
             return "claim:" + req.uuid
     return None
 

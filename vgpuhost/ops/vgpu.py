@@ -123,7 +123,7 @@ class VgpuCreateRequest:
     command, the agent's ``POST /v1/vgpus``, the keyword form :func:`create`) and carried as a
     value to :func:`create_vgpu`.
 
-    ``profile``: the vGPU type name as asked (``A40-8Q``, any case).  ``gpu``: the GPU it must
+    ``profile``: the vGPU type asked for, parsed (``A40-8Q``: asked in any case).  ``gpu``: the GPU it must
     go on, or None.  ``uuid``: the mdev UUID (normalised), None for a new one.  ``vf`` (vendor
     VFIO only): exactly this VF (the qemu hook's hostdev names it).  ``strategy``: the placement
     strategy's name.  ``owner``: a domain UUID, ``manual`` or ``layout``.  ``params``: the
@@ -131,9 +131,11 @@ class VgpuCreateRequest:
     None.  ``anti_affinity``: a key no two vGPUs on one GPU share, or None.  ``persist``: define
     it in mdevctl.  ``create_gi``: for a MIG-backed profile, create the GPU instance it needs.
     ``allowed_gpus``: the GPUs placement may use (the hook's operator allow-list), None: all.
+    ``resolved``: ``str(profile)`` is already the type name as this host's devices spell it (the qemu
+    hook's ``prepare`` resolved it once, before admission): it is created as it is, not resolved again.
     """
 
-    profile: str
+    profile: VgpuProfile
     gpu: Optional[PciAddress] = None
     uuid: Optional[str] = None
     vf: Optional[PciAddress] = None
@@ -145,18 +147,20 @@ class VgpuCreateRequest:
     persist: bool = False
     create_gi: bool = False
     allowed_gpus: Optional[FrozenSet[PciAddress]] = None
+    resolved: bool = False
 
     @classmethod
-    def parse(cls, profile: str, *, gpu: Union[PciAddress, str, None] = None, uuid: Optional[str] = None,
+    def parse(cls, profile: Union[VgpuProfile, str], *, gpu: Union[PciAddress, str, None] = None, uuid: Optional[str] = None,
               vf: Union[PciAddress, str, None] = None, strategy: str = PlacementStrategy.FIRST_FIT, owner: str = MANUAL,
               params: Optional[str] = None, numa_node: Optional[int] = None, anti_affinity: Optional[str] = None,
               persist: bool = False, create_gi: bool = False,
-              allowed_gpus: Optional[Collection[PciAddress]] = None) -> VgpuCreateRequest:
-        """The request, checked before anything is read or changed (``gpu``, ``vf``: a PciAddress
-        or its text).  Raises InputError for a GPU or VF address, owner, UUID or anti-affinity key
-        that is not valid, an unknown strategy, a UUID and a VF both, ``params`` that are not
+              allowed_gpus: Optional[Collection[PciAddress]] = None, resolved: bool = False) -> VgpuCreateRequest:
+        """The request, checked before anything is read or changed (``profile``: a VgpuProfile or its
+        name; ``gpu``, ``vf``: a PciAddress or its text).  Raises InputError for a profile that is no
+        vGPU type name, a GPU or VF address, owner, UUID or anti-affinity key that is not valid, an unknown strategy, a UUID and a VF both, ``params`` that are not
         ``key=value`` pairs, and ``persist`` with a MIG-backed profile."""
         from ..policy.placement import RESERVING, STRATEGIES
+        profile = VgpuProfile.parse(profile) if isinstance(profile, str) else profile
         gpu = PciAddress.parse(gpu) if isinstance(gpu, str) else gpu
         vf = PciAddress.parse(vf) if isinstance(vf, str) else vf
         if strategy not in STRATEGIES and strategy not in RESERVING:
@@ -175,36 +179,36 @@ class VgpuCreateRequest:
                 raise InputError(f"--anti-affinity {anti_affinity[:64]!r} is not a valid key",
                                  hint="letters, digits and _.:+- only, starting with a letter or digit, at most 64 "
                                       "characters (the rule of the domain metadata's anti-affinity=)")
-        wanted = VgpuProfile.try_parse(profile)
-        if persist and wanted is not None and wanted.mig_backed:    # before a GPU instance is touched
+        if persist and profile.mig_backed:    # before a GPU instance is touched
             raise InputError(f"--persist cannot keep a MIG-backed vGPU ({profile}) across reboots: MIG-backed "
                              "vGPUs do not survive a reboot (docs/reference/hardware.md#mdev)",
                              hint="create it without --persist and enable the boot unit that runs "
                                   "'vgpuhost reconcile'")
         return cls(profile, gpu, uuid, vf, strategy, owner, params, numa_node, anti_affinity, persist, create_gi,
-                   frozenset(allowed_gpus) if allowed_gpus is not None else None)
+                   frozenset(allowed_gpus) if allowed_gpus is not None else None, resolved)
 
     def body(self) -> Dict[str, object]:
         """The agent's ``POST /v1/vgpus`` body that asks for this request (what ``vgpuhost vgpu create``
-        forwards; ``allowed_gpus`` and ``vf`` are the hook's and have no key there)."""
-        return {"profile": self.profile, "gpu": str(self.gpu) if self.gpu is not None else None,
+        forwards; ``allowed_gpus``, ``vf`` and ``resolved`` are the hook's and have no key there)."""
+        return {"profile": str(self.profile), "gpu": str(self.gpu) if self.gpu is not None else None,
                 "vgpu_uuid": self.uuid, "strategy": self.strategy, "owner": self.owner, "params": self.params,
                 "numa_node": self.numa_node, "anti_affinity": self.anti_affinity, "persist": self.persist,
                 "create_gi": self.create_gi}
 
 
-def create(host: HostRoot, store: StateStore, *, profile: str, gpu: Optional[PciAddress] = None,
+def create(host: HostRoot, store: StateStore, *, profile: Union[VgpuProfile, str], gpu: Optional[PciAddress] = None,
            uuid: Optional[str] = None, strategy: str = PlacementStrategy.DEFAULT, owner: str = MANUAL,
            params: Optional[str] = None, numa_node: Optional[int] = None,
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
            create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
            allowed_gpus: Optional[Collection[PciAddress]] = None,
-           inventory: Optional[Inventory] = None) -> VgpuOutcome:
+           inventory: Optional[Inventory] = None, resolved: bool = False) -> VgpuOutcome:
     """:func:`create_vgpu` of the :class:`VgpuCreateRequest` these keywords spell (its fields, the
     same names): the form the qemu hook's devices, attach, layout apply and the tests call."""
     request = VgpuCreateRequest.parse(profile, gpu=gpu, uuid=uuid, vf=vf, strategy=strategy, owner=owner,
                                       params=params, numa_node=numa_node, anti_affinity=anti_affinity,
-                                      persist=persist, create_gi=create_gi, allowed_gpus=allowed_gpus)
+                                      persist=persist, create_gi=create_gi, allowed_gpus=allowed_gpus,
+                                      resolved=resolved)
     return create_vgpu(host, store, request, dry_run=dry_run, actor=actor, inventory=inventory)
 
 
@@ -242,13 +246,13 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
         pin = req.gpu
         if req.vf is not None:
             pin = _vf_gpu(inv, req.vf, req.gpu)
-            done = _vf_held(fs, records, req.vf, req.owner, req.profile, dry_run)
+            done = _vf_held(fs, records, req.vf, req.owner, str(req.profile), dry_run)
             if done is not None:
                 return done
         if _check_pin(host, store, inv, req, pin, gi_tried=gi_tried, dry_run=dry_run, actor=actor):
             gi_tried = True
             continue                    # a GPU instance was made for the MIG-backed profile: look again
-        name = resolve_profile(inv, records, req.profile, pin, seen)
+        name = str(req.profile) if req.resolved else resolve_profile(inv, records, str(req.profile), pin, seen)
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
         decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
@@ -296,12 +300,12 @@ def _check_pin(host: HostRoot, store: StateStore, inv: Inventory, req: VgpuCreat
     from ..policy.iommu import VFIO_PCI
     if pin is not None and inv.gpu(pin) is None:
         raise InputError(f"no NVIDIA GPU at {pin}", hint="'vgpuhost gpus' lists them")
-    wanted = VgpuProfile.try_parse(req.profile)
-    if wanted is not None and wanted.mig_backed and not _offered_now(inv, req.profile, pin):
+    wanted = req.profile
+    if wanted.mig_backed and not _offered_now(inv, str(wanted), pin):
         if req.create_gi and not gi_tried and not dry_run:
             _create_gpu_instance(host, store, inv, wanted, pin, actor)
             return True
-        _refuse_mig_order(host, inv, wanted, req.profile, pin, req.create_gi, dry_run)
+        _refuse_mig_order(host, inv, wanted, str(wanted), pin, req.create_gi, dry_run)
     if pin is not None and inv.gpu(pin).pci.driver == VFIO_PCI:
         # passed through (its SR-IOV VFs are off then, so it lists no types): say that, not "unknown profile"
         raise RefusedError(f"GPU {pin} is passed through (bound to vfio-pci): it carries no vGPUs",

@@ -224,7 +224,7 @@ def check_holders(inv: "Inventory", view: "DomainView", checked: Checked, *, vgp
     for req in checked.vgpus:
         dev = req.device
         rec = records.get(dev)
-        if rec is not None and rec.owner == Owner.LAYOUT and rec.type_name.lower() == req.profile.lower():
+        if rec is not None and rec.owner == Owner.LAYOUT and rec.type_name.lower() == str(req.profile).lower():
             continue                        # the layout's pool: claimed at prepare (pool model)
         if rec is not None and rec.owner != me:
             raise RefusedError(f"vGPU {dev} is held by {holder_text(rec.owner, active_domains)}",
