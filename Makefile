@@ -10,7 +10,7 @@
 # check the shipped rules with (tests/test_metering_prometheus.py).
 # debhelper ... python3-yaml: `make deb` (dpkg-buildpackage with dh-python);
 # tests/test_deb.py builds the package and installs it into a throwaway root.
-DEB_BUILD_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel python3-click python3-jinja2 python3-yaml python3-prometheus-client
+DEB_BUILD_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel python3-click python3-jinja2 python3-yaml python3-lxml python3-prometheus-client
 DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 prometheus $(DEB_BUILD_PACKAGES)
 
 PYTHON      ?= python3
