@@ -725,3 +725,21 @@ def test_systemd_analyze_verify_accepts_the_agent_units(tmp_path):
            if "vgpuhost-agent" in line and "Command /usr/bin/vgpuhost" not in line
            and "group" not in line.lower()]
     assert not bad, proc.stderr
+
+
+@pytest.mark.parametrize("body", [{"dry_run": "false"}, {"dry_run": "no"}, {"dry_run": 0}, {"persist": "true"},
+                                  {"strategy": "reserve"}])
+def test_a_body_value_of_the_wrong_kind_is_refused_and_changes_nothing(agent, a40, body):
+    """A JSON boolean is true or false: "false" read as true once made a real vGPU from a dry run; and
+    the agent offers the strategies its OpenAPI enum lists (``reserve`` is Python-API-only)."""
+    status, doc = agent.call("POST", "/v1/vgpus", {"profile": "A40-8Q", **body})
+    assert (status, doc["error"]["exit_code"]) == (400, 2), doc
+    key = next(iter(body))
+    assert f"'{key}'" in doc["error"]["line"] or repr(body[key]) in doc["error"]["line"], doc
+    assert records(a40) == {} and mdevs(a40) == {}
+
+
+def test_a_query_flag_takes_its_text_forms(agent):
+    assert agent.call("GET", "/v1/types?available=1", ro=True)[0] == 200
+    status, doc = agent.call("GET", "/v1/types?available=maybe", ro=True)
+    assert status == 400 and "'available'" in doc["error"]["line"]

@@ -30,7 +30,7 @@ from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import OwnerKind, PlacementStrategy
 from ..model.errors import InputError, TransientError, VgpuhostError
-from ..model.values import PciAddress, parse_uuid
+from ..model.values import PciAddress, json_flag, parse_uuid
 from ..observe.inventory import discover
 from ..observe.vgpus import list_vgpus
 from ..ops import devices, mig, tenancy, vgpu
@@ -42,6 +42,7 @@ from ..ops.scheduler import mixed_size, set_runtime
 from ..ops.vgpu import reconcile
 from ..policy.config import parse
 from ..policy.mig import parse_layout
+from ..policy.placement import OFFERED
 from ..policy.when import parse_since
 from ..present.inventory import aggregate_types, gpus_doc, types_doc
 from ..present.scheduler import scheduler_state
@@ -180,13 +181,26 @@ def _text(body: Optional[Dict[str, Any]], key: str, *, required: bool = False, l
     return value
 
 
-def _flag(body_or_query: Optional[Dict[str, Any]], key: str) -> bool:
-    value = (body_or_query or {}).get(key, False)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no", ""):
-        return value.lower() in ("1", "true", "yes")
-    raise InputError(f"{key!r} must be true or false")
+def _flag(body: Optional[Dict[str, Any]], key: str) -> bool:
+    """A JSON body's boolean (absent: false); :func:`json_flag` refuses anything else."""
+    return json_flag(key, (body or {}).get(key, False))
+
+
+def _query_flag(query: Optional[Dict[str, str]], key: str) -> bool:
+    """A query parameter's flag: ``1``/``true``/``yes`` or ``0``/``false``/``no``/empty (a query has only text)."""
+    value = (query or {}).get(key, "").lower()
+    if value in ("1", "true", "yes", "0", "false", "no", ""):
+        return value in ("1", "true", "yes")
+    raise InputError(f"query parameter {key!r} must be 1 or 0 (true or false)")
+
+
+def _strategy(body: Optional[Dict[str, Any]]) -> str:
+    """The body's placement strategy (absent: first-fit), one of those the agent offers
+    (agent/openapi.yaml's enum); ``reserve`` stays Python-API-only (docs/performance.md)."""
+    strategy = _text(body, "strategy", limit=32) or PlacementStrategy.FIRST_FIT
+    if strategy not in OFFERED:
+        raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(OFFERED))
+    return strategy
 
 
 def _gpu(agent: Agent, text: Optional[str], inv=None):
@@ -222,7 +236,7 @@ def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
     inv = agent.inventory()
     addr = _gpu(agent, req.query.get("gpu"), inv)
     entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
-    if _flag(req.query, "available"):
+    if _query_flag(req.query, "available"):
         entries = [e for e in entries if e["available_instances"] > 0]
     return types_doc(entries)
 
@@ -304,7 +318,7 @@ def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     owner = _uuid(req.params["uuid"])
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
-    strategy = _text(body, "strategy", limit=32) or PlacementStrategy.FIRST_FIT
+    strategy = _strategy(body)
     gpu = _gpu(agent, _text(body, "gpu", limit=32))
     vid = _text(body, "vgpu_uuid", limit=64)
     anti = _text(body, "anti_affinity", limit=256)
@@ -341,7 +355,7 @@ def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
     kw = dict(gpu=_gpu(agent, _text(body, "gpu", limit=32)), uuid=_text(body, "vgpu_uuid", limit=64),
-              strategy=_text(body, "strategy", limit=32) or PlacementStrategy.FIRST_FIT,
+              strategy=_strategy(body),
               owner=_text(body, "owner", limit=64) or OwnerKind.MANUAL,
               params=_text(body, "params", limit=1024), numa_node=_int(body, "numa_node"),
               anti_affinity=_text(body, "anti_affinity", limit=256), persist=_flag(body, "persist"),

@@ -392,6 +392,16 @@ def is_digits(text: object) -> bool:
     return isinstance(text, str) and text != "" and all(c in _DIGITS for c in text)
 
 
+def json_flag(key: str, value: object) -> bool:
+    """A JSON body's boolean ``key``: ``true`` or ``false`` only (agent/openapi.yaml types them
+    ``boolean``).  A string is refused, not read: ``"false"`` taken as true, or ``"no"`` taken as
+    false by a client that meant something else, would turn a dry run into a real change.
+    Raises InputError naming the key."""
+    if isinstance(value, bool):
+        return value
+    raise InputError(f"{key!r} must be true or false (a JSON boolean, not a string or a number)")
+
+
 def is_name(value: object, extra: frozenset, limit: int = 64) -> bool:
     r"""``value`` is a string of 1 to ``limit`` characters, the first an ASCII letter or digit, the
     others ASCII letters, digits or in ``extra``: ``^[A-Za-z0-9][A-Za-z0-9<extra>]{0,limit-1}\Z``

@@ -55,7 +55,7 @@ from ..libvirt.domain import (
 )
 from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..model.kinds import Backend, Owner
-from ..model.values import PciAddress, VgpuProfile, parse_device_id, parse_uuid
+from ..model.values import PciAddress, VgpuProfile, json_flag, parse_device_id, parse_uuid
 from ..observe.inventory import BACKEND_MDEV, Inventory, discover
 from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
@@ -378,7 +378,7 @@ class AttachRequest:
         values: Dict[str, object] = {}
         for key, name, kind, limit in _JSON_FIELDS:
             if kind == "flag":
-                value = _json_flag(key, body.get(key, False))
+                value = json_flag(key, body.get(key, False))
             elif (value := body.get(key)) is None:
                 continue
             elif kind == "slot" and (not isinstance(value, int) or isinstance(value, bool)):
@@ -410,12 +410,6 @@ def parse_guest_slot(text: Optional[str]) -> Optional[int]:
     return check_guest_slot(value)
 
 
-def _json_flag(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no", ""):
-        return value.lower() in ("1", "true", "yes")
-    raise InputError(f"{key!r} must be true or false")
 # ---------------------------------------------------------------------------
 # attach
 
