@@ -75,6 +75,7 @@ from ..io.virt import open_connection
 from ..libvirt.domxml import parse_domain
 from ..model.concepts import DeviceKind
 from ..model.errors import HostEnvironmentError
+from ..model.usage import UsageRow
 from ..model.values import parse_uuid
 from ..observe.inventory import discover, free_instances
 from . import tenancy
@@ -199,7 +200,7 @@ class _Tick:
     now_us: int
     vgpu_recs: Dict[str, object]
     names: Dict[str, str]
-    rows: List[tuple] = field(default_factory=list)
+    rows: List[UsageRow] = field(default_factory=list)
     cursor_rows: List[tuple] = field(default_factory=list)
     gaps: List[tuple] = field(default_factory=list)
     present: Dict[Tuple[str, str], _Meter] = field(default_factory=dict)
@@ -575,13 +576,18 @@ def sampler_lock(state_dir):
 
 
 def _rows(m: _Meter, hours: List[Tuple[str, float]], alloc_s: float, busy: Tuple[float, float, float],
-          samples: int) -> List[tuple]:
+          samples: int) -> List[UsageRow]:
+    """The usage rows of one device's span, split over the UTC ``hours`` it touches (``(hour, fraction)``);
+    the framebuffer peak and the sample count go to the last hour only."""
     o = m.owner
     out = []
     for i, (hour, frac) in enumerate(hours):
-        out.append((hour, m.device, o.domain_uuid, m.kind, m.gpu, m.profile, o.domain, o.tenant, o.qos,
-                    alloc_s * frac, busy[0] * frac, busy[1] * frac, busy[2] * frac, m.fb_peak
-                    if i == len(hours) - 1 else 0, m.fb_total, samples if i == len(hours) - 1 else 0))
+        last = i == len(hours) - 1
+        out.append(UsageRow(hour=hour, device=m.device, domain_uuid=o.domain_uuid, kind=m.kind, gpu=m.gpu,
+                            profile=m.profile, domain=o.domain, tenant=o.tenant, qos=o.qos, alloc_s=alloc_s * frac,
+                            sm_busy_s=busy[0] * frac, enc_busy_s=busy[1] * frac, dec_busy_s=busy[2] * frac,
+                            fb_peak_bytes=m.fb_peak if last else 0, fb_total_bytes=m.fb_total,
+                            samples=samples if last else 0))
     return out
 
 
