@@ -243,3 +243,18 @@ def test_hostdev_sources_and_ramfb_are_read():
     assert d.view.mdev_uuids == [U1] and d.view.pci_sources == [PciAddress.parse("0000:41:00.1")]
     assert d.remove_hostdevs(domain.matches_any([U1.upper()])) == 1
     assert domain.describe_hostdevs(d) == ["pci 0000:41:00.1"]
+
+
+@pytest.mark.parametrize("twice", ["<uuid>11111111-2222-4333-8444-0000000000a2</uuid>", "<name>other</name>"])
+def test_a_second_name_or_uuid_is_refused_at_start_and_read_at_release(twice):
+    """libvirt reads the first <uuid> and never writes two: a document with a second one is hand-made to
+    have vgpuhost record another owner than libvirt's domain, so prepare refuses it; release, which
+    frees what the store says, still reads the identity."""
+    xml = ("<domain type='kvm'><name>vm1</name><uuid>11111111-2222-4333-8444-0000000000a1</uuid>"
+           f"{twice}<devices/></domain>")
+    with pytest.raises(InputError) as e:
+        parse_domain(xml)
+    element = "uuid" if "uuid" in twice else "name"
+    assert e.value.one_line().startswith(f"domain XML has more than one <{element}>")
+    assert "0000000000a2" not in e.value.one_line() and "other" not in e.value.one_line()
+    assert domxml.parse_domain_identity(xml).uuid is not None

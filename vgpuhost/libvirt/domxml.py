@@ -239,7 +239,7 @@ def parse_domain(data: "bytes | str") -> DomainView:
     Raises InputError with one line for: more than :data:`MAX_XML_BYTES`,
     a DOCTYPE or entity declaration, malformed or truncated XML, nesting
     deeper than :data:`MAX_DEPTH`, a root other than ``<domain>``, a missing
-    or invalid ``<uuid>``, and invalid vgpuhost metadata (unknown element or
+    or invalid ``<uuid>``, a second ``<name>`` or ``<uuid>``, and invalid vgpuhost metadata (unknown element or
     attribute, bad profile/UUID/BDF/strategy, duplicates, over the limits).
     """
     if isinstance(data, str):
@@ -316,6 +316,10 @@ _META_ATTRS = {_META_ROOT: {"version", "strategy", "tenant", "anti-affinity", "q
 
 class _Reader:
     """One pass of expat over the document; collects a DomainView."""
+
+    #: refuse a second ``<name>`` or ``<uuid>``: libvirt reads the first and never writes two, so a
+    #: document with two was written by hand to make vgpuhost record another owner than libvirt's domain
+    ONE_IDENTITY = True
 
     def __init__(self):
         self.view = DomainView()
@@ -412,6 +416,9 @@ class _Reader:
         depth = len(self.stack) - 1
         if depth == 1 and name in ("name", "uuid"):
             text = "".join(self.text).strip()
+            if self.ONE_IDENTITY and getattr(self.view, name) is not None:
+                raise InputError(f"domain XML has more than one <{name}>",
+                                 hint="libvirt writes one; pass the document 'virsh dumpxml NAME' prints")
             if name == "name":
                 self.view.name = text
             else:
@@ -479,7 +486,10 @@ class _Reader:
 
 
 class _IdentityReader(_Reader):
-    """A :class:`_Reader` that keeps only ``<domain id=>``, ``<name>`` and ``<uuid>``."""
+    """A :class:`_Reader` that keeps only ``<domain id=>``, ``<name>`` and ``<uuid>``.  A repeated one
+    is not refused (the last is kept): release must free what the store says, whatever the document."""
+
+    ONE_IDENTITY = False
 
     def _start(self, name: str, attrs: Dict[str, str]) -> None:
         depth = self._depth_checked(name)
