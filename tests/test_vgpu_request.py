@@ -52,3 +52,25 @@ def test_the_cli_body_is_what_the_agent_route_reads():
     body = VgpuCreateRequest.parse("A40-8Q", gpu="0000:81:00.0", numa_node=1, persist=True).body()
     assert set(body) == set(_VGPU_KEYS) - {"dry_run"}
     assert body["gpu"] == "0000:81:00.0" and body["numa_node"] == 1 and body["persist"] is True
+
+
+def test_the_agent_reads_back_the_body_the_cli_forwards():
+    """``from_json(body())`` is the same request: one parse for click's options and the agent's JSON."""
+    req = VgpuCreateRequest.parse("a100-1-5cme", gpu="0000:81:00.0", uuid=UUID, strategy="best-fit", numa_node=1,
+                                  anti_affinity="db", params="frame_rate_limiter=0", create_gi=True)
+    assert VgpuCreateRequest.from_json(req.body()) == req
+    assert tuple(req.body()) == VgpuCreateRequest.JSON_KEYS
+
+
+@pytest.mark.parametrize("body, line", [
+    ({}, "the request needs 'profile'"),
+    ({"profile": 8}, "'profile' must be a string"),
+    ({"profile": "A40-8Q", "numa_node": True}, "'numa_node' must be a whole number"),
+    ({"profile": "A40-8Q", "persist": "true"}, "'persist' must be true or false"),
+    ({"profile": "A40-8Q", "gpu": "x" * 33}, "'gpu' must be a string of at most 32"),
+    ({"profile": "A40-8Q", "owner": "nobody"}, "invalid owner"),
+])
+def test_a_bad_json_body_is_one_line_naming_the_key(body, line):
+    with pytest.raises(InputError) as e:
+        VgpuCreateRequest.from_json(body)
+    assert e.value.one_line().startswith(line), e.value.one_line()

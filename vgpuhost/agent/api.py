@@ -28,9 +28,9 @@ from ..io.hostroot import HostRoot
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
-from ..model.concepts import OwnerKind, PlacementStrategy
+from ..model.concepts import PlacementStrategy
 from ..model.errors import InputError, TransientError, VgpuhostError
-from ..model.values import PciAddress, json_flag, parse_uuid
+from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover
 from ..observe.vgpus import list_vgpus
 from ..ops import devices, mig, tenancy, vgpu
@@ -171,14 +171,7 @@ class Agent:
 # helpers
 
 def _text(body: Optional[Dict[str, Any]], key: str, *, required: bool = False, limit: int = 4096) -> Optional[str]:
-    value = (body or {}).get(key)
-    if value is None:
-        if required:
-            raise InputError(f"the request needs {key!r}", hint="see the API document (GET /v1/openapi)")
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise InputError(f"{key!r} must be a string of at most {limit} characters")
-    return value
+    return json_text(body, key, limit, required)
 
 
 def _flag(body: Optional[Dict[str, Any]], key: str) -> bool:
@@ -332,12 +325,7 @@ def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def _int(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
-    value = (body or {}).get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1023:
-        raise InputError(f"{key!r} must be a whole number from 0 to 1023")
-    return value
+    return json_small_int(body, key)
 
 
 def _whole(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
@@ -353,15 +341,9 @@ def _whole(body: Optional[Dict[str, Any]], key: str) -> Optional[int]:
 def post_vgpu_create(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost vgpu create`` through the agent: every option of the command, ``owner`` default manual."""
     body = req.body or {}
-    profile = _text(body, "profile", required=True, limit=128)
-    kw = dict(gpu=_gpu(agent, _text(body, "gpu", limit=32)), uuid=_text(body, "vgpu_uuid", limit=64),
-              strategy=_strategy(body),
-              owner=_text(body, "owner", limit=64) or OwnerKind.MANUAL,
-              params=_text(body, "params", limit=1024), numa_node=_int(body, "numa_node"),
-              anti_affinity=_text(body, "anti_affinity", limit=256), persist=_flag(body, "persist"),
-              create_gi=_flag(body, "create_gi"))
+    _strategy(body)
+    request = vgpu.VgpuCreateRequest.from_json(body)
     dry = _flag(body, "dry_run")
-    request = vgpu.VgpuCreateRequest.parse(profile, **kw)
 
     def run():
         return vgpu.create_vgpu(agent.host, agent.store, request, dry_run=dry, actor=req.actor)
@@ -682,8 +664,7 @@ def _refuse_unknown(given, allowed, what: str, where: str, none_text: str) -> No
                          hint=f"it takes {', '.join(allowed) if allowed else none_text}")
 
 
-_VGPU_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
-              "persist", "create_gi", "dry_run")
+_VGPU_KEYS = vgpu.VgpuCreateRequest.JSON_KEYS + ("dry_run",)
 _ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
 _HOOK_KEYS = ("xml", "name", "root", "state_dir", "timeout_s")
 _LAYOUT_KEYS = ("config", "source", "layout")

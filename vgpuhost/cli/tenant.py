@@ -10,7 +10,7 @@ Registered on the main group by cli/main.py: every click command in
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 from urllib.parse import quote
 
 import click

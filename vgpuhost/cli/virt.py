@@ -11,7 +11,7 @@ its admin socket answers (:mod:`.agentcall`).  ``--json`` documents:
 from __future__ import annotations
 
 import uuid as _uuid
-from typing import List, Optional
+from typing import List
 from urllib.parse import quote
 
 import click

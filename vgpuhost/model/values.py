@@ -402,6 +402,30 @@ def json_flag(key: str, value: object) -> bool:
     raise InputError(f"{key!r} must be true or false (a JSON boolean, not a string or a number)")
 
 
+def json_text(body: "Optional[Dict[str, object]]", key: str, limit: int, required: bool = False) -> Optional[str]:
+    """A JSON body's string ``key`` of at most ``limit`` characters; None when absent (InputError when
+    ``required``).  Raises InputError naming the key for any other type."""
+    value = (body or {}).get(key)
+    if value is None:
+        if required:
+            raise InputError(f"the request needs {key!r}", hint="see the API document (GET /v1/openapi)")
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise InputError(f"{key!r} must be a string of at most {limit} characters")
+    return value
+
+
+def json_small_int(body: "Optional[Dict[str, object]]", key: str) -> Optional[int]:
+    """A JSON body's whole number ``key`` from 0 to 1023 (a NUMA node, a slot); None when absent.
+    ``true`` is no number here.  Raises InputError naming the key."""
+    value = (body or {}).get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1023:
+        raise InputError(f"{key!r} must be a whole number from 0 to 1023")
+    return value
+
+
 def is_name(value: object, extra: frozenset, limit: int = 64) -> bool:
     r"""``value`` is a string of 1 to ``limit`` characters, the first an ASCII letter or digit, the
     others ASCII letters, digits or in ``extra``: ``^[A-Za-z0-9][A-Za-z0-9<extra>]{0,limit-1}\Z``

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from ..model.errors import DeviceError, RefusedError, SysfsError, VgpuhostError
 from ..io.hostroot import HostRoot
 from ..observe.inventory import Inventory, PciDevice, discover
 from ..io.locks import file_lock

@@ -41,7 +41,7 @@ from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, Veri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional, Set, Tuple
+    from typing import List, Optional, Set
 
 VFIO_PCI = "vfio-pci"
 BACKEND_MDEV = Backend.MDEV

@@ -39,8 +39,8 @@ from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
 from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, mdevctl_attrs, vgpu_exists
 from ..io.process import actor as actor_name
-from ..model.values import (PciAddress, VgpuProfile, field, parse_device_id, parse_uuid, record, replace,
-                            validate_owner)
+from ..model.values import (PciAddress, VgpuProfile, field, json_flag, json_small_int, json_text, parse_device_id,
+                            parse_uuid, record, replace, validate_owner)
 
 # What only a create (or a listing) needs, the inventory, placement and the offers, is imported
 # where it is used: the qemu hook's ``release end`` removes through this module in a process of its
@@ -186,6 +186,24 @@ class VgpuCreateRequest:
                                   "'vgpuhost reconcile'")
         return cls(profile, gpu, uuid, vf, strategy, owner, params, numa_node, anti_affinity, persist, create_gi,
                    frozenset(allowed_gpus) if allowed_gpus is not None else None, resolved)
+
+    #: the agent's ``POST /v1/vgpus`` body keys of a request (:meth:`from_json`, :meth:`body`; agent/openapi.yaml)
+    JSON_KEYS = ("profile", "gpu", "vgpu_uuid", "strategy", "owner", "params", "numa_node", "anti_affinity",
+                 "persist", "create_gi")
+
+    @classmethod
+    def from_json(cls, body: Optional[Dict[str, object]]) -> VgpuCreateRequest:
+        """The request from the agent's JSON body (:data:`JSON_KEYS`; other keys are the route's).  Raises
+        InputError naming the first key of the wrong type or length, then as :meth:`parse`."""
+        body = body or {}
+        return cls.parse(json_text(body, "profile", 128, required=True), gpu=json_text(body, "gpu", 32),
+                         uuid=json_text(body, "vgpu_uuid", 64),
+                         strategy=json_text(body, "strategy", 32) or PlacementStrategy.FIRST_FIT,
+                         owner=json_text(body, "owner", 64) or MANUAL, params=json_text(body, "params", 1024),
+                         numa_node=json_small_int(body, "numa_node"),
+                         anti_affinity=json_text(body, "anti_affinity", 256),
+                         persist=json_flag("persist", body.get("persist", False)),
+                         create_gi=json_flag("create_gi", body.get("create_gi", False)))
 
     def body(self) -> Dict[str, object]:
         """The agent's ``POST /v1/vgpus`` body that asks for this request (what ``vgpuhost vgpu create``

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import InputError, RefusedError
-from ..model.nvml import POLICY_TEXT, SchedulerCaps, SchedulerState, scheduler_text
+from ..model.nvml import SchedulerCaps, SchedulerState, scheduler_text
 from ..model.values import PciAddress
 
 POLICIES = SchedulerPolicy.values()
