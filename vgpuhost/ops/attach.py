@@ -55,7 +55,7 @@ from ..libvirt.domain import (
 )
 from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..model.kinds import Backend, Owner
-from ..model.values import PciAddress, VgpuProfile, json_flag, parse_device_id, parse_uuid
+from ..model.values import PciAddress, VgpuProfile, json_flag, json_text, parse_device_id, parse_uuid
 from ..observe.inventory import BACKEND_MDEV, Inventory, discover
 from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
@@ -383,8 +383,8 @@ class AttachRequest:
                 continue
             elif kind == "slot" and (not isinstance(value, int) or isinstance(value, bool)):
                 raise InputError(f"{key!r} must be a whole number (a slot on guest bus 0)")
-            elif kind == "text" and (not isinstance(value, str) or len(value) > limit):
-                raise InputError(f"{key!r} must be a string of at most {limit} characters")
+            elif kind == "text":
+                value = json_text(body, key, limit)
             values[name] = value
         return cls.parse(**values)
 
