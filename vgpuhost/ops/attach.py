@@ -478,16 +478,13 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         doc = DomainDoc.parse(before)
         meta = _metadata_with(doc.view.metadata, strategy=req.strategy, tenant=req.tenant,
                               anti_affinity=req.anti_affinity, notes=out.notes, qos=req.qos)
-        others = _others(conn, dom.uuid)
+        scene = _Scene(inv, records, seen, doc, dom.name, dom.uuid, meta, _others(conn, dom.uuid))
         if kind == KIND_PASSTHROUGH:
-            snippet, entry = _attach_passthrough(inv, records, seen, doc, dom.name, meta, others, req.passthrough,
-                                                 req.guest_slot, out)
+            snippet, entry = _attach_passthrough(scene, req, out)
         elif kind == KIND_MDEV:
-            snippet, entry = _attach_mdev(inv, records, seen, doc, dom.name, meta, others, name, req.gpu,
-                                          req.display, req.ramfb, req.guest_slot, uuid=req.uuid)
+            snippet, entry = _attach_mdev(scene, req, name)
         else:
-            snippet, entry = _attach_vf(inv, records, seen, doc, dom.name, dom.uuid, meta, others, name, req.gpu,
-                                        req.guest_slot, out, offers)
+            snippet, entry = _attach_vf(scene, req, name, out, offers)
         out.devices.append(entry)
         out.hostdevs = snippet
         doc.add_hostdevs(snippet)
@@ -589,9 +586,28 @@ def _define(host: HostRoot, store: StateStore, dom, conn, after: str, entry: Dev
                 value=f"{dom.uuid} +{entry.kind} {entry.id}" + (f" ({entry.profile})" if entry.profile else ""))
 
 
-def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,
-                        others: List[_Other], gpu: PciAddress, guest_slot: Optional[int],
-                        out: AttachOutcome) -> Tuple[str, DeviceEntry]:
+@dataclass(frozen=True)
+class _Scene:
+    """What one attach has read before it picks the device: the inventory, vgpuhost's vGPU records and the
+    types seen (as placement takes them), the domain's document, name and UUID, its metadata (which the
+    attach extends), and the other defined domains."""
+
+    inv: Inventory
+    records: list
+    seen: object
+    doc: DomainDoc
+    dname: str
+    duuid: str
+    meta: domxml.Metadata
+    others: List[_Other]
+
+
+def _attach_passthrough(scene: _Scene, req: AttachRequest, out: AttachOutcome) -> Tuple[str, DeviceEntry]:
+    """Pass ``req.passthrough`` (a whole GPU and its IOMMU group) through; RefusedError when another domain,
+    a vGPU or a blocker holds it."""
+    inv, records, seen, doc, dname, meta, others = (scene.inv, scene.records, scene.seen, scene.doc, scene.dname,
+                                                    scene.meta, scene.others)
+    gpu, guest_slot = req.passthrough, req.guest_slot
     _, endpoints, _ = group_endpoints(inv, gpu)          # not viable / IOMMU off -> RefusedError
     funcs = [d.address for d in endpoints]
     g = inv.gpu(gpu)
@@ -660,9 +676,12 @@ def _attach_passthrough(inv: Inventory, records, seen, doc: DomainDoc, dname: st
             DeviceEntry(KIND_PASSTHROUGH, str(gpu), gpu=str(gpu), functions=[str(a) for a in funcs]))
 
 
-def _attach_mdev(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta: domxml.Metadata,
-                 others: List[_Other], name: str, gpu: Optional[PciAddress], display: bool, ramfb: bool,
-                 guest_slot: Optional[int], uuid: Optional[str] = None) -> Tuple[str, DeviceEntry]:
+def _attach_mdev(scene: _Scene, req: AttachRequest, name: str) -> Tuple[str, DeviceEntry]:
+    """A classic mdev vGPU of type ``name`` (a new UUID, or the pool's ``req.uuid``); RefusedError when the
+    domain's display, ramfb or GPUs do not allow it."""
+    inv, records, seen, doc, dname, meta, others = (scene.inv, scene.records, scene.seen, scene.doc, scene.dname,
+                                                    scene.meta, scene.others)
+    gpu, display, ramfb, guest_slot, uuid = req.gpu, req.display, req.ramfb, req.guest_slot, req.uuid
     if display and doc.graphics_count() == 0:
         raise RefusedError(f"--display needs a graphics device in domain {dname} (libvirt: display='on' needs "
                            "<graphics>)", hint="add one (virsh edit: <graphics type='vnc'/>), or drop --display")
@@ -686,18 +705,22 @@ def _attach_mdev(inv: Inventory, records, seen, doc: DomainDoc, dname: str, meta
         if uuid in doc.view.mdev_uuids:
             raise RefusedError(f"vGPU {uuid} is attached to {dname} already")
     uuid = uuid or str(_uuid.uuid4())
-    req = domxml.VgpuRequest(name, uuid=uuid, gpu=gpu)
-    check_one_per_gpu(inv, records, seen, dname, meta.vgpus, req, set(passed))
+    vgpu = domxml.VgpuRequest(name, uuid=uuid, gpu=gpu)
+    check_one_per_gpu(inv, records, seen, dname, meta.vgpus, vgpu, set(passed))
     if guest_slot is not None:
         doc.require_free_slot(guest_slot)
-    meta.vgpus.append(req)
+    meta.vgpus.append(vgpu)
     return (render_mdev(uuid, display=display, ramfb=ramfb, guest_slot=guest_slot),
             DeviceEntry(KIND_MDEV, uuid, profile=name, gpu=str(gpu) if gpu else None))
 
 
-def _attach_vf(inv: Inventory, records, seen, doc: DomainDoc, dname: str, duuid: str, meta: domxml.Metadata,
-               others: List[_Other], name: str, gpu: Optional[PciAddress], guest_slot: Optional[int],
-               out: AttachOutcome, offers_fn) -> Tuple[str, DeviceEntry]:
+def _attach_vf(scene: _Scene, req: AttachRequest, name: str, out: AttachOutcome,
+               offers_fn) -> Tuple[str, DeviceEntry]:
+    """A VF of type ``name`` reserved for the domain (vendor VFIO: the hook sets its type at start), placed
+    by the metadata's strategy among the VFs no defined domain reserves; RefusedError when none fits."""
+    inv, records, seen, doc, dname, duuid, meta, others = (scene.inv, scene.records, scene.seen, scene.doc,
+                                                           scene.dname, scene.duuid, scene.meta, scene.others)
+    gpu, guest_slot = req.gpu, req.guest_slot
     views = [(dname, doc.view)] + [(o.name, o.view) for o in others]
     reserved = _reserved_vfs(views)
     passed = passed_through(inv, views)         # by vgpuhost or by a hand-written hostdev
@@ -736,11 +759,11 @@ def _attach_vf(inv: Inventory, records, seen, doc: DomainDoc, dname: str, duuid:
                            hint="'vgpuhost types --available' shows what fits; detach a vGPU from a stopped "
                                 "domain to free its VF")
     vf = decision.parent
-    req = domxml.VgpuRequest(name, vf=vf)
-    check_one_per_gpu(inv, records, seen, dname, meta.vgpus, req, set(passed))
+    vgpu = domxml.VgpuRequest(name, vf=vf)
+    check_one_per_gpu(inv, records, seen, dname, meta.vgpus, vgpu, set(passed))
     if guest_slot is not None:
         doc.require_free_slot(guest_slot)
-    meta.vgpus.append(req)
+    meta.vgpus.append(vgpu)
     out.reason = decision.reason
     out.notes.append(f"VF {vf} of {decision.gpu} is reserved for {dname}; the qemu hook sets its vGPU type at start")
     return render_vf(vf, guest_slot), DeviceEntry(KIND_VF, str(vf), profile=name, gpu=str(decision.gpu))
