@@ -605,3 +605,18 @@ def test_the_shipped_test_node_file_takes_an_attach_from_the_cli(make_host, caps
     doc = json.loads(out.out)
     assert doc["domain"] == "demo-vm" and doc["dry_run"] and doc["devices"][0]["profile"] == "A40-8Q"
     assert "+      <vgpuhost:vgpu profile=\"A40-8Q\"" in doc["diff"]
+
+
+def test_a_test_driver_file_that_is_no_node_description_is_one_line_without_its_content(tmp_path, env):
+    """libvirt's test driver quotes the file it cannot parse; the refusal names the URI, never the content
+    (and a file that is not UTF-8, which the binding fails on with SystemError, is the same refusal)."""
+    host, store = env("a40-mdev")
+    secret, binary = tmp_path / "secret", tmp_path / "binary.xml"
+    secret.write_text("root:s3cr3t-hash:20228:0:99999:7:::\n")
+    binary.write_bytes(b"<node>\xff</node>")
+    for path in (secret, binary):
+        with pytest.raises(HostEnvironmentError) as e:
+            attach(host, store, f"test://{path}", "vm1", profile="A40-8Q")
+        line = e.value.one_line()
+        assert line.startswith(f"cannot connect to libvirt at test://{path}: not a test driver node description")
+        assert "s3cr3t" not in line and "node>" not in line

@@ -189,6 +189,9 @@ class Connection:
             raise _mapped(e, "defining the domain") from None
 
 
+_TEST_FILE_HINT = "test:///PATH names a libvirt node description (XML) file: check the path and the file"
+
+
 def open_connection(uri: Optional[str] = None) -> Connection:
     """Connect to ``uri`` (default: :func:`default_uri`).
 
@@ -201,7 +204,14 @@ def open_connection(uri: Optional[str] = None) -> Connection:
         raise InputError(f"invalid libvirt URI {uri[:64]!r}", hint="e.g. qemu:///system or test:///default")
     try:
         conn = lv.open(uri)
+    except SystemError:     # the binding's own failure: libvirt's test driver on a file that is not UTF-8
+        raise HostEnvironmentError(f"cannot connect to libvirt at {uri}: not a test driver node description",
+                                   hint=_TEST_FILE_HINT) from None
     except lv.libvirtError as e:
+        test_file = uri.startswith("test:///") and uri != "test:///default"
+        if test_file:       # libvirt's message quotes the file it failed to parse: never echo its content
+            raise HostEnvironmentError(f"cannot connect to libvirt at {uri}: not a test driver node description",
+                                       hint=_TEST_FILE_HINT) from None
         msg = _message(e)
         code = e.get_error_code()
         if code in (lv.VIR_ERR_INVALID_ARG, lv.VIR_ERR_NO_CONNECT) and "://" not in uri:
