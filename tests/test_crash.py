@@ -703,3 +703,18 @@ def test_a_stop_that_cannot_end_its_killed_start_says_so_and_keeps_the_domain(ma
     k.save_meta(meta)
     assert hook.main(["crash-vm", "release", "end", "-"], io.BytesIO(VGPU_XML.encode()), io.StringIO(), host=host) == 0
     assert not discover(Sysfs(host)).mdevs and DOM not in StateStore(host.state_dir).active_domains()
+
+
+def test_a_vgpu_half_made_by_a_kill_is_reported_as_interrupted_not_foreign(make_host, tmp_path, capsys):
+    """Killed right after the mdev's create landed: ``reconcile --check`` names the device under the open
+    entry that will remove it, not as a foreign vGPU left alone (which ``reconcile`` then removes)."""
+    host = make_host("a40-mdev")
+    assert run(host, cli_op(host, "vgpu", "create", "--profile", "A40-8Q"), tmp_path / "w.log",
+               kill_at=1, when="after") == -9
+    made = [m.uuid for m in discover(Sysfs(host)).mdevs]
+    assert len(made) == 1
+    capsys.readouterr()
+    assert main(["--root", str(host.root), "--local", "reconcile", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"interrupted (its open journal entry finishes or removes it): {made[0]}" in out
+    assert "foreign" not in out

@@ -49,8 +49,10 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
                                hint="pass --state-dir DIR naming vgpuhost's state dir (default "
                                     "<root>/var/lib/vgpuhost), or restore state.db from a backup")
     journal_lines, journal_doc, journal_ok = [], [], True
+    interrupted: set = set()        # devices an open entry names: the journal's to finish or roll back
     if check:                       # the intent journal: open entries are interrupted operations
         for e in open_entries(st):
+            interrupted |= {str(d.get("id") or d.get("bdf")) for d in e.devices}
             journal_lines.append("open: " + describe_open(e))
             journal_doc.append({"entry": e.id, "operation": e.operation, "owner": e.owner, "opened": e.opened,
                                 "done": e.done, "steps": e.steps, "devices": e.devices, "result": "open"})
@@ -66,8 +68,12 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     if rep is None:
         rep = reconcile(ctx.host, st, check=check)
     lines = list(journal_lines)
+    half_made = [o for o in rep.orphans if o.split(" ", 1)[0] in interrupted]
+    foreign = [o for o in rep.orphans if o not in half_made]
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
-                         ("type changed", rep.mismatched), ("foreign (left alone)", rep.orphans)):
+                         ("type changed", rep.mismatched),
+                         ("interrupted (its open journal entry finishes or removes it)", half_made),
+                         ("foreign (left alone)", foreign)):
         lines += [f"{label}: {i}" for i in items]
     in_sync = rep.in_sync and journal_ok
     lines.append("in sync" if in_sync else "NOT in sync")

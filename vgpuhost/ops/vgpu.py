@@ -30,7 +30,7 @@ from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..model.records import VgpuRecord
 from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
-from ..model.kinds import Backend, Owner, PlacementStrategy
+from ..model.kinds import Backend, Owner, PlacementStrategy, VgpuState
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
@@ -960,12 +960,12 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     report = ReconcileReport()
     inv = discover(fs)
     entries = list_vgpus(inv, store.vgpu_records())
-    report.orphans = [f"{e.id} ({e.type_name or e.type_id} on {e.parent})" for e in entries if e.state == "foreign"]
+    report.orphans = [f"{e.id} ({e.type_name or e.type_id} on {e.parent})" for e in entries if e.state == VgpuState.FOREIGN]
     by_id = {r.id: r for r in store.vgpu_records()}
     for e in entries:
-        if e.state == "mismatched":
+        if e.state == VgpuState.MISMATCHED:
             report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {by_id[e.id].type_id}")
-    for e in [e for e in entries if e.state == "missing"]:
+    for e in [e for e in entries if e.state == VgpuState.MISSING]:
         rec = by_id[e.id]
         if check:
             report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner})")
