@@ -2,7 +2,7 @@
 
 Owns: the hook's process runtime (:func:`main`, :func:`run`): argv, stdin,
 the timeout and signals, one line on stderr and the exit code.  It is run
-by the dispatcher ``hooks/qemu`` that ``vgpuhost hook install``
+by the dispatcher ``hook/qemu.sh`` that ``vgpuhost hook install``
 (:mod:`vgpuhost.hook.install`) places in ``/etc/libvirt/hooks/qemu.d/``.
 The work is elsewhere: which devices a domain document nobody vouches for
 may make vgpuhost touch, and the operator allow-list
