@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -563,3 +564,22 @@ def test_m_ids_read_from_the_store_are_validated_before_they_become_sysfs_paths(
             assert "restore state.db from a backup" in err
     assert len(StateStore(host.state_dir).audit_rows()) == rows
     assert out.id in {p.name for p in host.mdev_devices.iterdir()}
+
+
+def test_k_a_sigterm_while_the_command_loads_exits_130(monkeypatch, capsys):
+    """The entry point takes SIGTERM from its first line: one that lands while the command's modules load
+    (here: while the command line is matched) is exit 130 and one line, not Python's 143."""
+    from vgpuhost.cli import entry
+
+    def terminated(argv):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt")
+    monkeypatch.setattr(entry, "match", terminated)
+    monkeypatch.setattr(sys, "argv", ["vgpuhost", "vgpu", "list"])
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            entry.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert e.value.code == 130 and capsys.readouterr().err == "vgpuhost: interrupted\n"

@@ -26,13 +26,18 @@ def run(*, serve_agent=None) -> None:
 
     ``serve_agent``: what ``vgpuhost agent`` starts (see :func:`vgpuhost.cli.main.main`).
     """
-    argv = sys.argv[1:]
-    job = match(argv)
-    if job is None:
-        from .main import main
-        sys.exit(main(argv, serve_agent=serve_agent))
     import signal
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, _sigterm)     # from here on a SIGTERM exits 130, as documented, not 143
+    argv = sys.argv[1:]
+    try:
+        job = match(argv)
+        if job is None:
+            from .main import main
+    except KeyboardInterrupt:       # while the command loads: nothing has run yet
+        sys.stderr.write("vgpuhost: interrupted\n")
+        sys.exit(130)
+    if job is None:
+        sys.exit(main(argv, serve_agent=serve_agent))
     try:
         text = job()
         sys.stdout.write(text + "\n")
