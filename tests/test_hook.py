@@ -784,6 +784,14 @@ def test_cli_relative_hooks_dir_is_refused(make_host, capsys, tmp_path, monkeypa
     assert list(cwd.iterdir()) == [] and sorted(p.relative_to(host.root) for p in host.root.rglob("*")) == before
 
 
+def test_cli_hooks_dir_with_a_newline_is_named_for_it(make_host, capsys):
+    """An absolute --hooks-dir holding a newline is refused for the newline, not called relative."""
+    host = make_host("a40-mdev")
+    rc = cli_main(["--root", str(host.root), "hook", "install", "--hooks-dir", "/tmp/x/a\nb"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "holds a control character" in err and "absolute" not in err
+
+
 def test_cli_status_names_the_allow_list_it_read_and_tells_malformed_from_unreadable(make_host, capsys):
     """Review 1 item 10: the allow-list path is the file read (under --root); a bad line is
     "malformed", not "unreadable"."""

@@ -29,7 +29,10 @@ def _absolute_dir(_cctx: click.Context, _param: click.Parameter, value: Optional
     """``--hooks-dir``: None (the default) or an absolute path; InputError (exit 2) otherwise."""
     if value is None:
         return None
-    if not value.startswith("/") or not value.isprintable():
+    if not value.isprintable():
+        raise InputError(f"--hooks-dir {value[:200]!r} holds a control character (a newline, a tab...)",
+                         hint="the dispatcher names its own path in sh: give a directory whose path is plain text")
+    if not value.startswith("/"):
         raise InputError(f"--hooks-dir {value[:200]!r} is not an absolute path",
                          hint="libvirt runs hooks from an absolute directory: give one, "
                               "e.g. /etc/libvirt/hooks/qemu.d")
