@@ -25,6 +25,7 @@ from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.process import actor as actor_name
 from ..io.state import StateStore
+from ..io.vgpudev import for_backend
 from ..model.errors import DeviceError, RefusedError, SysfsError, VgpuhostError
 from ..model.values import PciAddress
 from ..observe.hostview import HostView, observe, refresh
@@ -36,7 +37,6 @@ from ..plan.layout import (
     LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu, LayoutReleasePassthrough, LayoutRemoveVgpu,
     LayoutSetMixedSize, LayoutSetScheduler, LayoutStep, Plan, Report, reboot_step
 )
-from ..plan.steps import current_vgpu_type as _current_type, vgpu_paths as _create_paths
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
 from . import mig, passthrough, scheduler, tenancy, vgpu
@@ -350,15 +350,15 @@ def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
     parent = PciAddress.parse(rec.parent)
     with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
         ex = Executor(host, store, actor=actor, operation=f"apply re-create {rec.type_name} {rec.id} owner=layout")
-        if _current_type(ex.fs, rec.backend, parent, rec.id) == rec.type_id:
+        if for_backend(rec.backend).current_type(ex.fs, parent, rec.id) == rec.type_id:
             return                                        # came back meanwhile (reconcile at boot)
-        write, params_path = _create_paths(host, rec.backend, parent, rec.type_id, rec.id)
+        write, params_path = for_backend(rec.backend).paths(host, parent, rec.type_id, rec.id)
         try:
             ex.fs.write(write, rec.id if rec.backend == BACKEND_MDEV else rec.type_id)
         except SysfsError as e:
             raise DeviceError(f"re-creating {rec.type_name} {rec.id} on {rec.parent} failed: {e.errno_name}",
                               hint="the record stays: the next apply (or 'vgpuhost reconcile') tries again") from e
-        got = _current_type(ex.fs, rec.backend, parent, rec.id)
+        got = for_backend(rec.backend).current_type(ex.fs, parent, rec.id)
         if got != rec.type_id:
             raise DeviceError(f"re-creating {rec.type_name} {rec.id} reported success but reads back {got!r}",
                               hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")

@@ -33,11 +33,10 @@ from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_
 from ..model.kinds import Backend, Owner, PlacementStrategy, VgpuState
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
-from ..plan.steps import (CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig,
-                          current_vgpu_type)
+from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig
 from .recover import REMOVE_RETRY_S, destroy_retrying
 from ..io.sysfs import Sysfs
-from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, mdevctl_attrs, vgpu_exists
+from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, for_backend, mdevctl_attrs, vgpu_exists
 from ..io.process import actor as actor_name
 from ..model.values import (PciAddress, VgpuProfile, field, json_flag, json_small_int, json_text, parse_device_id,
                             parse_uuid, record, replace, validate_owner)
@@ -513,7 +512,7 @@ def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: st
     if rec.type_name.lower() != profile.strip().lower():
         raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
                            hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
-    if current_vgpu_type(fs, rec.backend, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
+    if for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
         raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but no longer holds it",
                            hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
     out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
@@ -860,7 +859,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
             return out
-        current = current_vgpu_type(fs, rec.backend, parent, vid)
+        current = for_backend(rec.backend).current_type(fs, parent, vid)
         if current is not None and current != rec.type_id:
             raise RefusedError(f"{vid} now holds type {current}, not the recorded {rec.type_id}: left alone",
                                hint="another tool reused the slot; 'vgpuhost reconcile --check' reports it")
@@ -890,7 +889,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                             "the removal stays pending", hint="'vgpuhost reconcile' (or the next operation on "
                                                               f"{rec.gpu}) finishes it once the device is free") from e
                     raise DeviceError(f"removing {vid} failed: {e.errno_name}", hint="see 'vgpuhost audit'") from e
-                if current_vgpu_type(ex.fs, rec.backend, parent, vid) is not None:
+                if for_backend(rec.backend).current_type(ex.fs, parent, vid) is not None:
                     raise DeviceError(f"removing {vid} reported success but it is still there",
                                       hint="check dmesg and the NVIDIA vGPU manager")
             with store.transaction() as conn:
@@ -1002,7 +1001,7 @@ def claim(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: str, profil
         return None
     with file_lock(store.dir, f"gpu-{rec.gpu}"):
         fs = Sysfs(host)
-        if current_vgpu_type(fs, rec.backend, PciAddress.parse(rec.parent), vid) != rec.type_id:
+        if for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), vid) != rec.type_id:
             return None
         with store.transaction() as conn:
             if not claim_vgpu(conn, vid, pool=pool, owner=owner):

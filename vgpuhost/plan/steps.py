@@ -161,18 +161,6 @@ class VerifyDriver(Step):
 
 # --- vGPUs: classic mdev and NVIDIA's vendor-specific VFIO ------------------
 
-def vgpu_paths(host: HostRoot, backend: str, parent: PciAddress, type_id: str, vgpu_id: str):
-    """``(create path, vgpu_params path)`` (strings) of a vGPU, from the backend's door
-    (:meth:`vgpuhost.io.vgpudev.VgpuDevices.paths`)."""
-    return vgpudev.for_backend(backend).paths(host, parent, type_id, vgpu_id)
-
-
-def current_vgpu_type(fs, backend: str, parent: PciAddress, vgpu_id: str) -> Optional[str]:
-    """The type a vGPU holds now, read back (None: it does not exist / the VF holds none);
-    :meth:`vgpuhost.io.vgpudev.VgpuDevices.current_type`."""
-    return vgpudev.for_backend(backend).current_type(fs, parent, vgpu_id)
-
-
 @record(frozen=True)
 class CreateVgpu(Step):
     """Create one vGPU of ``type_id`` on ``parent``.
@@ -204,7 +192,7 @@ class CreateVgpu(Step):
         ctx.fs.write(*self._write(ctx.host))
 
     def verify(self, ctx: StepContext, result: object) -> None:
-        got = current_vgpu_type(ctx.fs, self.backend, self.parent, self.vgpu_id)
+        got = vgpudev.for_backend(self.backend).current_type(ctx.fs, self.parent, self.vgpu_id)
         if got != self.type_id:
             raw = vgpudev.for_backend(self.backend).raw_current(ctx.fs, self.parent, self.vgpu_id)
             raise DeviceError(f"creating {self.name or self.type_id} on {self.parent} reported success but "
@@ -235,7 +223,7 @@ class RemoveVgpu(Step):
         ctx.fs.write(*self._write(ctx.host))
 
     def verify(self, ctx: StepContext, result: object) -> None:
-        if current_vgpu_type(ctx.fs, self.backend, self.parent, self.vgpu_id) is not None:
+        if vgpudev.for_backend(self.backend).current_type(ctx.fs, self.parent, self.vgpu_id) is not None:
             raise DeviceError(f"removing {self.vgpu_id} reported success but it is still there",
                               hint="check dmesg and the NVIDIA vGPU manager")
 
@@ -551,5 +539,5 @@ class SetMixedSize(Step):
 
 __all__ = ["Step", "AUDIT_FS", "AUDIT_EXECUTOR", "AUDIT_NONE", "ANY_HOST_DRIVER",
            "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "CreateVgpu", "RemoveVgpu", "SetVgpuParams",
-           "vgpu_paths", "current_vgpu_type", "WriteConfig", "RemoveConfig",
+           "WriteConfig", "RemoveConfig",
            "SetMigMode", "CreateGi", "DestroyGi", "SetScheduler", "SetMixedSize", "NVML_AUDIT_ERRNO"]
