@@ -287,18 +287,7 @@ class PynvmlBackend:
         return out
 
     def _placements(self, handle, profile_id: int) -> Tuple[Tuple[int, int], ...]:
-        nv = self._nv
-        count = ctypes.c_uint(0)
-        try:
-            self._fn("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, None, ctypes.byref(count))
-        except NvmlError as e:
-            if e.nvml_name != "NVMLError_InsufficientSize":
-                raise
-        if count.value == 0:
-            return ()
-        arr = (nv.c_nvmlGpuInstancePlacement_t * count.value)()
-        self._fn("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, arr, ctypes.byref(count))
-        return tuple(sorted((arr[i].start, arr[i].size) for i in range(count.value)))
+        return tuple(sorted(possible_placements(self._fn, self._nv, handle, profile_id)))
 
     def gi_profiles(self, bdf: PciAddress) -> List[GiProfile]:
         h = self._handle(bdf)
@@ -583,6 +572,24 @@ def _struct(obj) -> dict:
     return out
 
 
+def possible_placements(call: Callable[..., Any], nv, handle, profile_id: int) -> List[Tuple[int, int]]:
+    """``[(start, size)]`` of a GPU instance profile's possible placements, in NVML's order (slices).
+
+    ``nvmlDeviceGetGpuInstancePossiblePlacements`` is asked twice: first with no array, for the
+    count (NVMLError_InsufficientSize when there are some), then with an array of that size (nvml.h).
+    ``call(name, *args)``: the caller's NVML call (its error mapping); ``nv``: the pynvml module."""
+    count = ctypes.c_uint(0)
+    try:
+        call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, None, ctypes.byref(count))
+    except NvmlError as e:
+        if e.nvml_name != "NVMLError_InsufficientSize":
+            raise
+    if count.value == 0:
+        return []
+    arr = (nv.c_nvmlGpuInstancePlacement_t * count.value)()
+    call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, arr, ctypes.byref(count))
+    return [(int(arr[i].start), int(arr[i].size)) for i in range(count.value)]
+
 def _dist_version(dist: str) -> Optional[str]:
     try:
         return version(dist)
@@ -699,18 +706,7 @@ def _probe_gi_profile(r: _Reader, h, index_name: str, index: int) -> Optional[Di
                                          getattr(info, "name", None))
     pid = int(info.id)
 
-    def placements():
-        count = ctypes.c_uint(0)
-        try:
-            r.get("nvmlDeviceGetGpuInstancePossiblePlacements", h, pid, None, ctypes.byref(count))
-        except NvmlError as e:
-            if e.nvml_name != "NVMLError_InsufficientSize":
-                raise
-        arr = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
-        if count.value:
-            r.get("nvmlDeviceGetGpuInstancePossiblePlacements", h, pid, arr, ctypes.byref(count))
-        return [[arr[i].start, arr[i].size] for i in range(count.value)]
-    entry["placements"] = a(placements)
+    entry["placements"] = a(lambda: [list(p) for p in possible_placements(r.get, nv, h, pid)])
     entry["remaining_capacity"] = a(lambda: r.get("nvmlDeviceGetGpuInstanceRemainingCapacity", h, pid))
 
     def instances(n=max(int(info.instanceCount), 1)):
