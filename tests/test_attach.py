@@ -377,6 +377,20 @@ def test_live_mdev_creates_hotplugs_and_defines(lv, env, monkeypatch):
         ["libvirt:attachDeviceFlags", "libvirt:defineXML"]
 
 
+def test_live_ramfb_refused_before_anything_changes(lv, env, monkeypatch):
+    """Issue 25 item 11: a ramfb vGPU is QEMU's vfio-pci-nohotplug, so --live --ramfb is refused, nothing made."""
+    from vgpuhost.io import virt
+    plugged = []
+    monkeypatch.setattr(virt.Domain, "attach_live", lambda self, xml, **kw: plugged.append(xml))
+    host, store = env("a40-mdev")
+    dom = lv.define("vgh-live-ramfb", graphics=True)
+    dom.create()
+    err = refused(InputError, lambda: attach(host, store, URI, "vgh-live-ramfb", profile="A40-8Q", display=True,
+                                             ramfb=True, live=True), dom, "vfio-pci-nohotplug")
+    assert "--ramfb cannot go with --live" in err.message
+    assert plugged == [] and discover(Sysfs(host)).mdevs == () and store.vgpu_records() == []
+
+
 def test_live_vendor_vf_refused(lv, env):
     host, store = env("l40s-vendor-vfio")
     dom = lv.define("vgh-run-vf")

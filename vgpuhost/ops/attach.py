@@ -361,6 +361,11 @@ class AttachRequest:
         if ramfb and not display:
             raise InputError("--ramfb needs --display (QEMU's vfio-pci shows a ramfb only with display=on)",
                              hint="add --display, or drop --ramfb")
+        if ramfb and live:
+            # QEMU makes a ramfb vGPU a 'vfio-pci-nohotplug' device (docs/reference/libvirt.md#display)
+            raise InputError("--ramfb cannot go with --live: QEMU's ramfb vGPU is a vfio-pci-nohotplug device, "
+                             "which exists only from the domain's start", hint="drop --live and attach it while the "
+                                                                              "domain is stopped, or drop --ramfb")
         return cls(profile, passthrough, gpu, uuid, tenant, strategy, anti_affinity, qos, bool(display),
                    bool(ramfb), guest_slot, bool(live))
 
