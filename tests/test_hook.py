@@ -152,8 +152,9 @@ def install(host, tmp_path, **kw) -> Path:
 
 
 def dispatch(path: Path, argv: Sequence[str], data: bytes, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the installed dispatcher as libvirt does: minimal environment, XML on stdin."""
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C"}
+    """Run the installed dispatcher as libvirt (>= 10.5) does: minimal environment, XML on stdin."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C",
+           "USER": "root", "LOGNAME": "root"}
     return subprocess.run([str(path), *argv], input=data, capture_output=True, env=env, timeout=timeout)
 
 

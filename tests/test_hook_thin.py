@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,22 @@ def test_no_agent_a_dead_socket_or_another_roots_agent_fall_back_to_the_handler(
     assert info["served_thin_client"] == {"POST /v1/hook/prepare": 1, "POST /v1/hook/release": 1}
     assert mdevs(other) == {} and store(other).vgpu_records() == [] and store(other).active_domains() == {}
     assert store(host).vgpu_records() == [] and store(host).active_domains() == {}
+
+
+@pytest.mark.parametrize("reason", ["failed", "shutdown", "crashed"])
+def test_release_end_takes_the_shutoff_reason_as_its_extra_argument(make_host, tmp_path, reason):
+    """Since libvirt 10.5 'release end' gets the shutoff reason, not '-', as its extra argument
+    (docs/reference/libvirt.md#hooks): the release is the same, through the handler and the agent."""
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path)
+    xml = vgpu_domain("why", DOM1, MDEV1).encode()
+    for agent_up in (False, True):
+        with AgentRun(host.root, _sock_dir(host)) if agent_up else nullcontext():
+            proc = dispatch(hook, ["why", "prepare", "begin", "-"], xml)
+            assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {MDEV1: "nvidia-566"}
+            proc = dispatch(hook, ["why", "release", "end", reason], xml)
+            assert (proc.returncode, proc.stderr) == (0, b""), proc.stderr
+            assert mdevs(host) == {} and store(host).vgpu_records() == [] and store(host).active_domains() == {}
 
 
 def test_warm_snapshot_a_domain_start_waits_for_no_host_scan(make_host, tmp_path):
