@@ -122,6 +122,17 @@ def test_cli_decode_documented_value(capsys):
     assert code == 2 and err.count("\n") == 1
 
 
+def test_cli_decode_weighted_scheduler_bit_is_valid(capsys):
+    """0x09: equal share with the weighted scheduler off (bit 3, R590/R595's nvrm_registry.h): exit 0, not a
+    reserved-bit problem (main refused it with "reserved bits 3:2 are set", exit 1)."""
+    code, out, _ = run(capsys, "scheduler", "decode", "0x09")
+    assert code == 0, out
+    assert "weighted scheduler off (bit 3, R590 and R595)" in out.splitlines()[0] and "problem" not in out
+    code, out, _ = run(capsys, "scheduler", "decode", "--json", "9")
+    doc = json.loads(out)
+    assert code == 0 and doc["valid"] and doc["fields"]["weighted_disable"] == 1 and doc["problems"] == []
+
+
 # =============================================================================
 # runtime form, against a fake NVML backend
 

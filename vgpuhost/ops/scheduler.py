@@ -40,8 +40,8 @@ from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
 from ..plan.steps import SetMixedSize, SetScheduler, WriteConfig
 from ..policy.scheduler import (
-    CONF_NAME, SchedulerConf, check_caps, decode, describe, encode, matches, parse_conf, problems, render_conf,
-    set_value, sets_registry_dwords, state_doc, validate
+    CONF_NAME, SchedulerConf, check_caps, decode, describe, describe_value, encode, matches, parse_conf, problems,
+    render_conf, set_value, sets_registry_dwords, state_doc, validate
 )
 from .nvmljournal import start
 from .recover import recover_locked
@@ -395,7 +395,7 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend=None) -> D
         pv = per if per is not None else glob
         e["persistent"] = None if pv is None else {
             "value": f"0x{pv:08x}", "scope": "this GPU" if per is not None else "all GPUs",
-            "text": describe(decode(pv)) if not problems(pv) else "invalid"}
+            "text": describe_value(pv) if not problems(pv) else "invalid"}
         entries.append(e)
     return {"schema": "vgpuhost.scheduler-show/v1", "conf": host.relative(conf_path(host)), "gpus": entries}
 

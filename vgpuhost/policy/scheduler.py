@@ -12,8 +12,10 @@ does the I/O).
 Sources (the project's docs reference, sections 4, 6, 7):
 
 * ``RmPVMRL`` layout, open-gpu-kernel-modules ``src/nvidia/interface/nvrm_registry.h``:
-  bit 0 enable equal/fixed share; bit 1 ARR disable; bits 7:4 policy
-  (0 equal, 1 fixed); with ARR: bits 21:12 frequency (Hz, 63..960) and
+  bit 0 enable equal/fixed share; bit 1 ARR disable; bit 3 weighted
+  scheduler disable (0 = weighted, the default; 1 = the regular time-sliced
+  scheduler; defined from release R590 on, tags 590.44.01 .. 595.45.04, and
+  absent from R580 and older); bits 7:4 policy (0 equal, 1 fixed); with ARR: bits 21:12 frequency (Hz, 63..960) and
   bits 31:24 averaging factor (1..60); without ARR: bits 23:16 time slice
   (ms, 1..30).  The frequency and time-slice fields overlap (21:16); bit 1
   says which one the value holds.  A field left 0 means "driver default",
@@ -46,6 +48,8 @@ POLICIES = SchedulerPolicy.values()
 # --- bit layout (nvrm_registry.h, docs/reference/hardware.md#vgpu-scheduling) ----------------------------
 ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
 ARR_DISABLE_BIT = 1 << 1     # set = no adaptive round robin (time slice given instead)
+WEIGHTED_DISABLE_BIT = 1 << 3  # set = regular time-sliced scheduler instead of the weighted one (R590+)
+WEIGHTED_RELEASES = "R590 and R595"   # the open-gpu-kernel-modules releases whose nvrm_registry.h defines bit 3
 POLICY_SHIFT, POLICY_MASK = 4, 0xF          # bits 7:4
 FREQ_SHIFT, FREQ_MASK = 12, 0x3FF           # bits 21:12 (with ARR)
 TIMESLICE_SHIFT, TIMESLICE_MASK = 16, 0xFF  # bits 23:16 (without ARR)
@@ -123,6 +127,7 @@ def _fields(value: int) -> Dict[str, int]:
     return {
         "enable": value & ENABLE_BIT,
         "arr_disable": (value & ARR_DISABLE_BIT) >> 1,
+        "weighted_disable": (value & WEIGHTED_DISABLE_BIT) >> 3,
         "policy": (value >> POLICY_SHIFT) & POLICY_MASK,
         "frequency": (value >> FREQ_SHIFT) & FREQ_MASK,
         "timeslice": (value >> TIMESLICE_SHIFT) & TIMESLICE_MASK,
@@ -138,8 +143,8 @@ def problems(value: int) -> List[str]:
         if value:
             out.append(f"bit 0 is clear (best effort) but other bits are set (0x{value:08x}); the driver ignores them")
         return out
-    if value & 0b1100:
-        out.append("reserved bits 3:2 are set")
+    if value & 0b100:
+        out.append("reserved bit 2 is set")
     if value & 0xF00:
         out.append("reserved bits 11:8 are set")
     if f["policy"] not in POLICY_CODES.values():
@@ -194,6 +199,23 @@ def describe(state: SchedulerState) -> str:
     return scheduler_text(state)
 
 
+def weighted_disabled(value: int) -> bool:
+    """Bit 3 of an enabled (bit 0 set) ``RmPVMRL`` dword: the weighted scheduler is off, the regular
+    time-sliced one runs (``NV_REG_STR_RM_PVMRL_WEIGHTED``, defined by the R590 and R595 drivers'
+    ``nvrm_registry.h``, docs/reference/hardware.md#vgpu-scheduling)."""
+    return bool(value & ENABLE_BIT and value & WEIGHTED_DISABLE_BIT)
+
+
+def describe_value(value: int) -> str:
+    """One line for a valid ``RmPVMRL`` dword: :func:`describe` of :func:`decode`, plus the weighted-scheduler
+    bit when it is set (``equal share, ARR on; weighted scheduler off (bit 3, R590 and R595)``).
+    InputError as :func:`decode`."""
+    text = describe(decode(value))
+    if weighted_disabled(value):
+        text += f"; weighted scheduler off (bit 3, {WEIGHTED_RELEASES})"
+    return text
+
+
 def parse_value(text: str) -> int:
     """``0x3c3c0001`` or ``1010565121`` -> int (32-bit unsigned); InputError otherwise."""
     t = str(text).strip()
@@ -217,13 +239,17 @@ def explain(value: int) -> str:
     if found:
         head = "not a valid scheduler value"
     else:
-        head = describe(decode(value))
+        head = describe_value(value)
     lines.append(f"RmPVMRL=0x{value:08x}: {head}")
     lines.append(f"  bit 0      = {f['enable']:<6} " + ("equal/fixed share enabled" if f["enable"]
                                                        else "best effort (default scheduler)"))
     if f["enable"]:
         lines.append(f"  bit 1      = {f['arr_disable']:<6} adaptive round robin (ARR) "
                      + ("disabled" if f["arr_disable"] else "enabled"))
+        lines.append(f"  bit 3      = {f['weighted_disable']:<6} "
+                     + ("weighted scheduler off: the regular time-sliced scheduler runs" if f["weighted_disable"]
+                        else "weighted scheduler (the default)")
+                     + f" (defined by {WEIGHTED_RELEASES}; older drivers do not define it)")
         pol = {0: "equal share", 1: "fixed share"}.get(f["policy"], "invalid")
         lines.append(f"  bits 7:4   = {f['policy']:<6} policy: {pol}")
         if f["arr_disable"]:
@@ -249,16 +275,17 @@ def explain_doc(value: int) -> Dict[str, object]:
     state = None if found else asdict(decode(value))
     f = _fields(value)
     # the frequency (21:12) and time-slice (23:16) fields overlap: bit 1 says which one the value holds
-    fields: Dict[str, object] = {"enable": f["enable"], "arr_disable": None, "policy": None,
+    fields: Dict[str, object] = {"enable": f["enable"], "arr_disable": None, "weighted_disable": None,
+                                 "policy": None,
                                  "frequency_hz": None, "avg_factor": None, "timeslice_ms": None}
     if f["enable"]:
-        fields.update(arr_disable=f["arr_disable"], policy=f["policy"])
+        fields.update(arr_disable=f["arr_disable"], weighted_disable=f["weighted_disable"], policy=f["policy"])
         if f["arr_disable"]:
             fields["timeslice_ms"] = f["timeslice"]
         else:
             fields.update(frequency_hz=f["frequency"], avg_factor=f["avg"])
     return {"schema": "vgpuhost.scheduler-decode/v1", "value": f"0x{value:08x}", "valid": not found,
-            "state": state, "text": None if found else describe(decode(value)),
+            "state": state, "text": None if found else describe_value(value),
             "fields": fields,
             "problems": found}
 
@@ -413,5 +440,6 @@ def sets_registry_dwords(text: str) -> bool:
 
 
 __all__ = ["POLICIES", "DEFAULTS_NOTE", "CONF_NAME", "REG_KEY", "validate", "encode", "decode", "describe",
+           "describe_value", "weighted_disabled", "WEIGHTED_RELEASES",
            "parse_value", "explain", "explain_doc", "problems", "SchedulerConf", "parse_conf", "render_conf",
-           "set_value", "sets_registry_dwords", "check_caps", "matches", "state_doc"]
+           "set_value", "sets_registry_dwords", "check_caps", "matches", "state_doc", "WEIGHTED_DISABLE_BIT"]
