@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import InputError, RefusedError
@@ -431,6 +431,128 @@ def set_value(conf: SchedulerConf, value: int, gpus: Sequence[PciAddress]) -> Sc
     return out
 
 
+# =============================================================================
+# what modprobe hands the nvidia module: the effective NVreg_RegistryDwords[PerDevice]
+
+GLOBAL_OPTION = "NVreg_RegistryDwords"
+PER_DEVICE_OPTION = "NVreg_RegistryDwordsPerDevice"
+
+
+def _logical_lines(text: str) -> List[str]:
+    """modprobe.d(5) lines: a trailing backslash joins the next line; ``#`` lines and blank lines go."""
+    out: List[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        if raw.endswith("\\"):
+            pending += raw[:-1]
+            continue
+        line, pending = pending + raw, ""
+        if line.strip() and not line.lstrip().startswith("#"):
+            out.append(line)
+    if pending.strip() and not pending.lstrip().startswith("#"):
+        out.append(pending)
+    return out
+
+
+def _params(text: str) -> List[Tuple[str, str]]:
+    """``name=value`` words of a module options string, split as the kernel's ``next_arg()``
+    (``lib/cmdline``/``kernel/params.c``) does: spaces split words except inside double quotes, and
+    quotes around the value or the whole word are dropped."""
+    out: List[Tuple[str, str]] = []
+    for word in re.findall(r'(?:[^\s"]|"[^"]*"?)+', text):
+        name, eq, value = word.replace('"', "").partition("=")
+        if name:
+            out.append((name, value if eq else ""))
+    return out
+
+
+@dataclass(frozen=True)
+class ModuleOption:
+    """One ``NVreg_RegistryDwords[PerDevice]`` setting for the nvidia module: the ``option``, its
+    ``value`` (the registry string) and the ``source`` (a modprobe.d path, or ``/proc/cmdline``)."""
+
+    option: str
+    value: str
+    source: str
+
+
+def registry_options(files: Sequence[Tuple[str, str]], cmdline: Optional[str] = None) -> List[ModuleOption]:
+    """Every ``NVreg_RegistryDwords`` and ``NVreg_RegistryDwordsPerDevice`` given to the nvidia module,
+    in the order the module sees them.
+
+    ``files``: ``[(path, text)]`` in modprobe's reading order
+    (:func:`vgpuhost.io.configfiles.modprobe_conf_files`); ``cmdline``: the kernel command line, whose
+    ``nvidia.<option>=`` words kmod appends after the files' options (``kmod_config_parse_kcmdline``,
+    run after the files in ``kmod_config_new``).  kmod joins the options of every matching
+    ``options nvidia ...`` line (``-`` and ``_`` alike in the module name) into one string, and the
+    kernel sets each parameter once per occurrence, so the last one of each option is the one that
+    counts (:func:`effective_options`).
+    """
+    out: List[ModuleOption] = []
+    for path, text in files:
+        for line in _logical_lines(text):
+            words = line.split(None, 2)
+            if len(words) < 3 or words[0] != "options" or words[1].replace("-", "_") != "nvidia":
+                continue
+            out += [ModuleOption(n, v, path) for n, v in _params(words[2]) if n in (GLOBAL_OPTION, PER_DEVICE_OPTION)]
+    for name, value in _params(cmdline or ""):
+        module, dot, option = name.partition(".")
+        if dot and module.replace("-", "_") == "nvidia" and option in (GLOBAL_OPTION, PER_DEVICE_OPTION):
+            out.append(ModuleOption(option, value, "/proc/cmdline"))
+    return out
+
+
+def effective_options(options: Sequence[ModuleOption]) -> Dict[str, ModuleOption]:
+    """The last of each option (``{option: ModuleOption}``): what the nvidia module gets."""
+    return {o.option: o for o in options}
+
+
+def _value_in(pairs: Sequence[Tuple[str, str]]) -> Optional[int]:
+    for k, v in pairs:
+        if k == REG_KEY:
+            try:
+                return int(v, 0)
+            except ValueError:
+                return None
+    return None
+
+
+@dataclass(frozen=True)
+class EffectiveValue:
+    """The ``RmPVMRL`` one GPU gets at the next module load: ``value`` (None: none, best effort),
+    ``scope`` (``"this GPU"`` / ``"all GPUs"`` / None) and the ``source`` file of the option that holds it
+    (None when no option names it)."""
+
+    value: Optional[int]
+    scope: Optional[str]
+    source: Optional[str]
+
+
+def effective_value(options: Mapping[str, ModuleOption], bdf: str) -> EffectiveValue:
+    """The ``RmPVMRL`` GPU ``bdf`` gets from the effective options (:func:`effective_options`): its
+    entry in the last ``NVreg_RegistryDwordsPerDevice`` when it has one, else the last
+    ``NVreg_RegistryDwords``'s (format of ``nv-reg.h``)."""
+    per = options.get(PER_DEVICE_OPTION)
+    if per is not None:
+        conf = parse_conf(f'options nvidia {PER_DEVICE_OPTION}="{per.value}"')
+        value = _value_in(conf.per_device.get(bdf.lower(), []))
+        if value is not None:
+            return EffectiveValue(value, "this GPU", per.source)
+    glob = options.get(GLOBAL_OPTION)
+    if glob is not None:
+        value = _value_in(_pairs(glob.value))
+        if value is not None:
+            return EffectiveValue(value, "all GPUs", glob.source)
+    return EffectiveValue(None, None, None)
+
+
+def overriding_sources(options: Sequence[ModuleOption], own: str) -> List[str]:
+    """The sources whose option comes after the last one of file ``own`` (vgpuhost's), so it wins."""
+    last = effective_options(options)
+    mine = {o.option for o in options if o.source == own}
+    return sorted({last[o].source for o in mine if last[o].source != own})
+
+
 _REGISTRY_RE = re.compile(r"NVreg_RegistryDwords(PerDevice)?\s*=")
 
 
@@ -442,4 +564,5 @@ def sets_registry_dwords(text: str) -> bool:
 __all__ = ["POLICIES", "DEFAULTS_NOTE", "CONF_NAME", "REG_KEY", "validate", "encode", "decode", "describe",
            "describe_value", "weighted_disabled", "WEIGHTED_RELEASES",
            "parse_value", "explain", "explain_doc", "problems", "SchedulerConf", "parse_conf", "render_conf",
-           "set_value", "sets_registry_dwords", "check_caps", "matches", "state_doc", "WEIGHTED_DISABLE_BIT"]
+           "set_value", "sets_registry_dwords", "ModuleOption", "registry_options", "effective_options",
+           "EffectiveValue", "effective_value", "overriding_sources", "GLOBAL_OPTION", "PER_DEVICE_OPTION", "check_caps", "matches", "state_doc", "WEIGHTED_DISABLE_BIT"]
