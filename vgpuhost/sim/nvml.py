@@ -36,7 +36,8 @@ Errors are :class:`~vgpuhost.nvml.NvmlError` with the NVML error name
 ``nvidia`` driver: NVML sees only those), ``NVMLError_NotSupported`` (not
 MIG-capable, MIG mode off for GI calls, no vGPU manager for vGPU calls,
 device-level scheduler calls in MIG mode, fixed share in mixed-size mode),
-``NVMLError_InUse`` (vGPUs or processes present, GPU instances present when
+``NVMLError_InUse`` (vGPUs or processes present -- but a scheduler set answers
+NOT_SUPPORTED then, as the driver does -- GPU instances present when
 disabling MIG, a GPU instance backing a vGPU), ``NVMLError_InvalidArgument``
 (unknown profile id or placement start, scheduler values out of range),
 ``NVMLError_InsufficientResources`` (max count reached, placement overlaps,
@@ -383,8 +384,9 @@ class SimNvml:
                     lo, hi = caps[f"min_{key}"], caps[f"max_{key}"]
                     if value is not None and not (lo <= value <= hi):
                         raise NvmlError(call, INVALID, hint=f"{key} {value} outside {lo}..{hi}")
-            if self._vgpus(meta, pf):
-                raise NvmlError(call, IN_USE, hint=f"vGPUs run on {pf}")
+            if self._vgpus(meta, pf):        # the driver answers NOT_SUPPORTED here, not IN_USE
+                raise NvmlError(call, NOT_SUPPORTED, hint=f"a vGPU instance exists on {pf}: the scheduler changes "
+                                                          "only while the GPU has none")
             gpu["scheduler"] = {"policy": state.policy, "arr": bool(state.arr),
                                 "timeslice_ms": state.timeslice_ms, "frequency_hz": state.frequency_hz,
                                 "avg_factor": state.avg_factor}
