@@ -214,7 +214,7 @@ def test_runtime_refusals_change_nothing(l40s):
     sch.set_runtime(host, store, gpus[0], S("equal-share", arr=True), backend=nv)    # equal share is fine
 
     nv = FakeNvml(gpus, mig=True)
-    with pytest.raises(RefusedError, match="MIG mode.*NOT_SUPPORTED"):
+    with pytest.raises(RefusedError, match="MIG mode.*Software Scheduler is not supported in MIG mode"):
         sch.set_runtime(host, store, gpus[0], S("equal-share", arr=True), backend=nv)
 
     caps = SchedulerCaps(policies=("best-effort", "equal-share"), arr_supported=False, max_timeslice_ms=20)
@@ -377,7 +377,7 @@ def test_sim_mig_and_plain_driver_refused_in_one_line(make_host, capsys):
     gpu = sch.host_gpus(host)[0]
     backend_for(host).set_mig_mode(gpu, True)
     code, _, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all")
-    assert code == 2 and err.count("\n") == 1 and "MIG mode" in err and "NOT_SUPPORTED" in err
+    assert code == 2 and err.count("\n") == 1 and "Software Scheduler is not supported in MIG mode" in err
     host = make_host("turing-consumer")
     code, _, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all")
     assert code == 2 and err.count("\n") == 1 and "NVMLError_NotSupported" in err

@@ -9,12 +9,16 @@ import json
 import pytest
 
 from vgpuhost.cli.main import main
+from vgpuhost.io.backends import backend_for
 from vgpuhost.io.configfiles import modprobe_conf_files
 from vgpuhost.io.nvml import NvmlError
 from vgpuhost.io.state import StateStore
+from vgpuhost.model.boards import ARCHITECTURES, BOARDS, MIG_NO_SCHEDULER, Board, board, mig_scheduler_on
+from vgpuhost.model.errors import InputError, RefusedError
 from vgpuhost.model.nvml import SchedulerState
 from vgpuhost.ops import scheduler as ops
 from vgpuhost.policy import scheduler as pol
+from vgpuhost.policy.config import parse as parse_config
 
 S = SchedulerState
 OWN = "/etc/modprobe.d/vgpuhost-scheduler.conf"
@@ -69,7 +73,8 @@ def test_last_option_wins_across_files_and_the_kernel_command_line():
     eff = pol.effective_value(pol.effective_options(opts), "0000:41:00.0")
     assert (eff.value, eff.scope, eff.source) == (0x01, "all GPUs", "/etc/modprobe.d/b.conf")
     # kmod appends nvidia.<option>= words of the kernel command line after the files' options
-    opts = pol.registry_options(files, 'BOOT_IMAGE=/vmlinuz nvidia.NVreg_RegistryDwords="RmPVMRL=0x3c3c0001" quiet')
+    opts = pol.registry_options(files, 'BOOT_IMAGE=/vmlinuz nvidia.NVreg_RegistryDwords="RmPVMRL=0x3c3c0001" quiet',
+                                "/proc/cmdline")
     eff = pol.effective_value(pol.effective_options(opts), "0000:41:00.0")
     assert (eff.value, eff.source) == (0x3C3C0001, "/proc/cmdline")
 
@@ -144,3 +149,44 @@ class _NoNvml:
         def fail(*a, **k):
             raise NvmlError(name, "NVMLError_NotSupported")
         return fail
+
+
+# ----------------------------------------------------------------- item 3: no vGPU scheduler in MIG mode before Blackwell
+
+def test_board_table_knows_which_architectures_schedule_in_mig_mode():
+    assert {b.architecture for b in BOARDS.values()} <= set(ARCHITECTURES)
+    for dev in (0x20F1, 0x20B5, 0x2330, 0x2331, 0x2335, 0x233B):          # A100, H100, H200
+        assert board(dev).architecture in ("Ampere", "Hopper") and not board(dev).mig_scheduler
+    # no GB20x board is in the catalogue yet: the "allowed" branch, by a board entry of that architecture
+    gb = Board(0xFFFF, "RTX-PRO-6000-BLACKWELL-TEST", 98304, "Blackwell")
+    assert gb.mig_scheduler and mig_scheduler_on("Blackwell") and not mig_scheduler_on("Volta")
+    ok = pol.mig_scheduler_refusal("0000:41:00.0", gb.product, gb.architecture)
+    assert "per GPU instance" in ok.message and MIG_NO_SCHEDULER not in ok.message
+    no = pol.mig_scheduler_refusal("0000:41:00.0", "H200-SXM-141GB", "Hopper")
+    assert no.message == ("GPU 0000:41:00.0 (H200-SXM-141GB, Hopper) is in MIG mode: no vGPU scheduler there "
+                          "(Software Scheduler is not supported in MIG mode before Blackwell)")
+
+
+def test_sim_answers_not_supported_with_the_driver_reason_in_mig_mode(make_host):
+    host = make_host("h200-mig")
+    gpu = ops.host_gpus(host)[0]
+    nv = backend_for(host)
+    nv.set_mig_mode(gpu, True)
+    for call, args in (("scheduler_state", ()), ("set_scheduler_state", (S("equal-share", arr=True),))):
+        with pytest.raises(NvmlError) as ei:
+            getattr(nv, call)(gpu, *args)
+        assert ei.value.not_supported and MIG_NO_SCHEDULER in ei.value.hint
+    # and scheduler set refuses it with that reason, changing nothing
+    with pytest.raises(RefusedError) as ei:
+        ops.set_runtime(host, StateStore(host.state_dir), gpu, S("equal-share", arr=True), backend=nv)
+    assert MIG_NO_SCHEDULER in ei.value.message and "H200-SXM-141GB, Hopper" in ei.value.message
+    assert StateStore(host.state_dir).audit_rows() == []
+
+
+def test_layout_refuses_a_scheduler_on_a_mig_entry_with_the_reason():
+    text = ("version: 1\nlayouts:\n  m:\n    gpus:\n      - select: {board: H200-SXM-141GB}\n        mode: mig\n"
+            "        mig: {instances: {1g.18gb: 1}}\n        scheduler: {policy: equal-share}\n")
+    with pytest.raises(InputError) as ei:
+        parse_config(text, source="layout.yaml")
+    assert ei.value.message.startswith("layout.yaml:8:")
+    assert MIG_NO_SCHEDULER in ei.value.message and "before Blackwell" in ei.value.message

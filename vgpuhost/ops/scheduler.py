@@ -32,6 +32,7 @@ from ..io.locks import file_lock
 from ..io.nvml import NvmlError
 from ..io.process import actor as actor_name
 from ..io.sysfs import Sysfs
+from ..model.boards import board
 from ..model.concepts import OwnerKind, SchedulerPolicy
 from ..model.errors import InputError, RefusedError
 from ..model.nvml import SchedulerState
@@ -42,7 +43,7 @@ from ..plan.steps import SetMixedSize, SetScheduler, WriteConfig
 from ..policy.scheduler import (
     CONF_NAME, SchedulerConf, check_caps, decode, describe, describe_value, encode, matches, parse_conf, problems,
     render_conf, set_value, sets_registry_dwords, state_doc, validate, ModuleOption, effective_options,
-    effective_value, overriding_sources, registry_options
+    effective_value, mig_scheduler_refusal, overriding_sources, registry_options
 )
 from .nvmljournal import start
 from .recover import recover_locked
@@ -68,7 +69,8 @@ def module_options(host: HostRoot) -> List[ModuleOption]:
     """Every ``NVreg_RegistryDwords[PerDevice]`` the nvidia module gets at its next load, in order: the
     modprobe.d files as modprobe reads them (:func:`vgpuhost.io.configfiles.modprobe_conf_files`), then
     the kernel command line (:func:`vgpuhost.policy.scheduler.registry_options`)."""
-    return registry_options(modprobe_conf_files(host), read_config_text(host.proc_cmdline))
+    return registry_options(modprobe_conf_files(host), read_config_text(host.proc_cmdline),
+                            host.relative(host.proc_cmdline))
 
 
 def persistent_drift(host: HostRoot, conf: SchedulerConf, options: Sequence[ModuleOption],
@@ -144,7 +146,8 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
     mine = host.relative(path)
     files = [(p, t) for p, t in modprobe_conf_files(host) if p.rsplit("/", 1)[-1] != CONF_NAME] + [(mine, text)]
     files.sort(key=lambda pt: pt[0].rsplit("/", 1)[-1])         # modprobe's order: by file name
-    winners = overriding_sources(registry_options(files, read_config_text(host.proc_cmdline)), mine)
+    winners = overriding_sources(registry_options(files, read_config_text(host.proc_cmdline),
+                                                  host.relative(host.proc_cmdline)), mine)
     if winners:
         notes.append(", ".join(winners) + " sets NVreg_RegistryDwords* after vgpuhost's file, so it overrides this "
                      "value (modprobe passes every options line; the last one counts): merge it there or remove it")
@@ -229,11 +232,12 @@ def _mig_on(backend, bdf: PciAddress) -> bool:
     return bool(mode and mode[0])
 
 
-def _refuse_mig(bdf: PciAddress, what: str) -> RefusedError:
-    return RefusedError(f"GPU {bdf} is in MIG mode: {what} is not available at device level there "
-                        "(NVML returns NOT_SUPPORTED)",
-                        hint="per-GPU-instance scheduling is not supported by vgpuhost yet; "
-                             "disable MIG ('vgpuhost mig disable') to use the device-level scheduler")
+def _refuse_mig(host: HostRoot, bdf: PciAddress) -> RefusedError:
+    """The refusal of the scheduler on ``bdf`` in MIG mode, by its board's architecture
+    (:func:`vgpuhost.policy.scheduler.mig_scheduler_refusal`)."""
+    dev = Sysfs(host).read_int(host.pci_device(bdf) / "device", default=None)
+    b = board(dev) if dev is not None else None
+    return mig_scheduler_refusal(bdf, b.product if b else None, b.architecture if b else None)
 
 
 def _supported(bdf: PciAddress, what: str, fn):
@@ -317,7 +321,7 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
         plan: List[Tuple[PciAddress, SchedulerState, SchedulerState]] = []
         for bdf in gpus:
             if _mig_on(backend, bdf):
-                raise _refuse_mig(bdf, "the vGPU scheduler")
+                raise _refuse_mig(host, bdf)
             want = state
             caps = _supported(bdf, "the vGPU scheduler", lambda: backend.scheduler_caps(bdf))
             if (want.arr and not caps.arr_supported and want.frequency_hz is None and want.avg_factor is None
@@ -455,7 +459,8 @@ def show_text(doc: Dict[str, object]) -> str:
         else:
             lines.append(f"  scheduler:  unavailable ({errs.get('state', 'unknown')})")
         if e.get("mig") and e["mig"]["current"]:
-            lines.append("  MIG mode on: device-level scheduling is not available (per GPU instance only)")
+            lines.append("  MIG mode on: no device-level vGPU scheduler (before Blackwell none at all: "
+                         "Software Scheduler is not supported in MIG mode)")
         caps = e.get("caps")
         if caps:
             lines.append(f"  supports:   {', '.join(caps['policies']) or 'none'}; ARR "

@@ -38,6 +38,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..model.boards import MIG_NO_SCHEDULER, mig_scheduler_on
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import InputError, RefusedError
 from ..model.nvml import SchedulerCaps, SchedulerState, scheduler_text
@@ -388,6 +389,27 @@ def check_caps(bdf: PciAddress, state: SchedulerState, caps: SchedulerCaps) -> N
     _check_range("averaging factor", state.avg_factor, (caps.min_avg_factor, caps.max_avg_factor))
 
 
+def mig_scheduler_refusal(bdf: object, product: Optional[str], architecture: Optional[str]) -> RefusedError:
+    """The refusal of a vGPU scheduler on GPU ``bdf`` in MIG mode (``product``/``architecture``: its board,
+    None when the board is unknown).
+
+    Before Blackwell (A100, H100, H200) there is no vGPU scheduler in MIG mode at all (the driver:
+    "Software Scheduler is not supported in MIG mode"); from Blackwell GB20x on it exists per GPU instance
+    (``nvmlGpuInstanceSetVgpuSchedulerState``), which vgpuhost does not drive yet
+    (docs/reference/hardware.md#vgpu-scheduling).
+    """
+    board = f" ({product}, {architecture})" if product and architecture else ""
+    if architecture and mig_scheduler_on(architecture):
+        return RefusedError(f"GPU {bdf}{board} is in MIG mode: its vGPU scheduler is per GPU instance there, "
+                            "which vgpuhost does not set yet",
+                            hint="disable MIG mode ('vgpuhost mig disable') to use the device-level scheduler")
+    why = (f"{MIG_NO_SCHEDULER} before Blackwell" if architecture else
+           f"{MIG_NO_SCHEDULER} on GPUs before Blackwell, and vgpuhost does not know this board")
+    return RefusedError(f"GPU {bdf}{board} is in MIG mode: no vGPU scheduler there ({why})",
+                        hint="MIG-backed vGPUs are hardware partitions and need none; disable MIG mode "
+                             "('vgpuhost mig disable') to schedule time-sliced vGPUs")
+
+
 def matches(want: SchedulerState, got: SchedulerState) -> bool:
     """``got`` satisfies ``want``: same policy and ARR; parameters equal where ``want`` names them."""
     if want.policy != got.policy:
@@ -469,20 +491,21 @@ def _params(text: str) -> List[Tuple[str, str]]:
 @dataclass(frozen=True)
 class ModuleOption:
     """One ``NVreg_RegistryDwords[PerDevice]`` setting for the nvidia module: the ``option``, its
-    ``value`` (the registry string) and the ``source`` (a modprobe.d path, or ``/proc/cmdline``)."""
+    ``value`` (the registry string) and the ``source`` (a modprobe.d path, or the kernel command line)."""
 
     option: str
     value: str
     source: str
 
 
-def registry_options(files: Sequence[Tuple[str, str]], cmdline: Optional[str] = None) -> List[ModuleOption]:
+def registry_options(files: Sequence[Tuple[str, str]], cmdline: Optional[str] = None,
+                     cmdline_source: str = "the kernel command line") -> List[ModuleOption]:
     """Every ``NVreg_RegistryDwords`` and ``NVreg_RegistryDwordsPerDevice`` given to the nvidia module,
     in the order the module sees them.
 
     ``files``: ``[(path, text)]`` in modprobe's reading order
     (:func:`vgpuhost.io.configfiles.modprobe_conf_files`); ``cmdline``: the kernel command line, whose
-    ``nvidia.<option>=`` words kmod appends after the files' options (``kmod_config_parse_kcmdline``,
+    ``nvidia.<option>=`` words (their source named ``cmdline_source``) kmod appends after the files' options (``kmod_config_parse_kcmdline``,
     run after the files in ``kmod_config_new``).  kmod joins the options of every matching
     ``options nvidia ...`` line (``-`` and ``_`` alike in the module name) into one string, and the
     kernel sets each parameter once per occurrence, so the last one of each option is the one that
@@ -498,7 +521,7 @@ def registry_options(files: Sequence[Tuple[str, str]], cmdline: Optional[str] = 
     for name, value in _params(cmdline or ""):
         module, dot, option = name.partition(".")
         if dot and module.replace("-", "_") == "nvidia" and option in (GLOBAL_OPTION, PER_DEVICE_OPTION):
-            out.append(ModuleOption(option, value, "/proc/cmdline"))
+            out.append(ModuleOption(option, value, cmdline_source))
     return out
 
 
@@ -565,4 +588,4 @@ __all__ = ["POLICIES", "DEFAULTS_NOTE", "CONF_NAME", "REG_KEY", "validate", "enc
            "describe_value", "weighted_disabled", "WEIGHTED_RELEASES",
            "parse_value", "explain", "explain_doc", "problems", "SchedulerConf", "parse_conf", "render_conf",
            "set_value", "sets_registry_dwords", "ModuleOption", "registry_options", "effective_options",
-           "EffectiveValue", "effective_value", "overriding_sources", "GLOBAL_OPTION", "PER_DEVICE_OPTION", "check_caps", "matches", "state_doc", "WEIGHTED_DISABLE_BIT"]
+           "EffectiveValue", "effective_value", "MIG_NO_SCHEDULER", "mig_scheduler_refusal", "overriding_sources", "GLOBAL_OPTION", "PER_DEVICE_OPTION", "check_caps", "matches", "state_doc", "WEIGHTED_DISABLE_BIT"]

@@ -52,6 +52,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
 from ..io.nvml import NvmlError, row_create_gi, row_destroy_gi, row_set_mig_mode, row_set_mixed_size, row_set_scheduler
+from ..model.boards import MIG_NO_SCHEDULER, board
 from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
 from ..model.values import MigProfile, PciAddress
 from .catalog import load_catalog
@@ -189,6 +190,17 @@ class SimNvml:
     def _instances(gpu: dict) -> List[GpuInstance]:
         return [GpuInstance(g["gi_id"], g["profile_id"], g["start"], g["size"])
                 for g in sorted(gpu.get("gpu_instances") or [], key=lambda g: g["gi_id"])]
+
+    @staticmethod
+    def _mig_scheduler(gpu: dict, pf: str, call: str) -> NvmlError:
+        """NOT_SUPPORTED for a device-level scheduler call in MIG mode, with the driver's reason: before
+        Blackwell there is no vGPU scheduler in MIG mode at all ("Software Scheduler is not supported in
+        MIG mode"); from Blackwell on it is per GPU instance (docs/reference/hardware.md#vgpu-scheduling)."""
+        model = load_catalog().gpus.get(gpu.get("board", ""))
+        b = board(model.ids.device) if model is not None else None
+        if b is not None and b.mig_scheduler:
+            return NvmlError(call, NOT_SUPPORTED, hint=f"{pf} is in MIG mode: the scheduler is per GPU instance")
+        return NvmlError(call, NOT_SUPPORTED, hint=f"{pf} is in MIG mode: {MIG_NO_SCHEDULER}")
 
     @staticmethod
     def _need_vgpu_manager(gpu: dict, call: str) -> None:
@@ -359,7 +371,7 @@ class SimNvml:
         _, pf, gpu = self._read(bdf, call)
         self._need_vgpu_manager(gpu, call)
         if gpu.get("mig_mode"):
-            raise NvmlError(call, NOT_SUPPORTED, hint=f"{pf} is in MIG mode: the scheduler is per GPU instance")
+            raise self._mig_scheduler(gpu, pf, call)
         return SchedulerState(**gpu["scheduler"])
 
     def set_scheduler_state(self, bdf: PciAddress, state: SchedulerState) -> None:
@@ -368,8 +380,7 @@ class SimNvml:
         def fn(meta: dict, pf: str, gpu: dict) -> None:
             self._need_vgpu_manager(gpu, call)
             if gpu.get("mig_mode"):
-                raise NvmlError(call, NOT_SUPPORTED,
-                                hint=f"{pf} is in MIG mode: the scheduler is per GPU instance")
+                raise self._mig_scheduler(gpu, pf, call)
             caps = gpu["scheduler_caps"]
             if state.policy not in caps["policies"]:
                 raise NvmlError(call, INVALID, hint=f"policy {state.policy!r} not in {caps['policies']}")
