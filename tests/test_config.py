@@ -166,7 +166,7 @@ layouts:
      "A100-1-5C is a MIG-backed vGPU type: it belongs in mode: mig"),
     ("  - select: {board: A100}\n    mode: mig\n    mig: {instances: {1g.5gb: 1}}\n"
      "    scheduler: {policy: equal-share}\n",
-     8, "the device-level vGPU scheduler is not available in MIG mode"),
+     8, "no vGPU scheduler before Blackwell (Software Scheduler is not supported in MIG mode"),
     ("  - select: {address: \"41:00.0\"}\n    mode: passthrough\n", 5, "did you mean 0000:41:00.0?"),
     ("  - select: {board: A40, address: \"0000:41:00.0\"}\n    mode: passthrough\n", 5,
      "select needs exactly one of address, uuid, board, device_id"),

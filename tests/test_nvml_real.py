@@ -32,6 +32,7 @@ from vgpuhost.io.nvml_pynvml import PynvmlBackend, is_mutating, profile_name  # 
 from vgpuhost.model.values import PciAddress  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+S = SchedulerState
 BDF = PciAddress.parse("0000:41:00.0")
 BUS_ID = "00000000:41:00.0"
 
@@ -47,7 +48,8 @@ H200 = {
 }
 MUTATING_FAKES = ("nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy",
                   "nvmlDeviceSetVgpuHeterogeneousMode", "nvmlDeviceSetVgpuSchedulerState",
-                  "nvmlGpuInstanceSetVgpuSchedulerState")
+                  "nvmlGpuInstanceSetVgpuSchedulerState", "nvmlDeviceSetVgpuSchedulerState_v2",
+                  "nvmlGpuInstanceSetVgpuSchedulerState_v2")
 
 
 def nvml_error(code):
@@ -64,7 +66,7 @@ def _target(ref, ctype):
 class FakeNvml:
     """One H200 at 0000:41:00.0 behind pynvml's function names."""
 
-    def __init__(self, *, name_field=True, sched_caps_ns=True):
+    def __init__(self, *, name_field=True, sched_caps_ns=True, sched_v2=False):
         self.handle = pynvml.c_nvmlDevice_t()
         self.mig = [1, 1]
         self.name_field = name_field
@@ -75,6 +77,7 @@ class FakeNvml:
         self.sched.schedulerPolicy = pynvml.NVML_VGPU_SCHEDULER_POLICY_BEST_EFFORT
         self.gi_sched = {}
         self.sched_caps_ns = sched_caps_ns
+        self.sched_v2 = sched_v2     # the driver has the NVML 13 _v2 scheduler calls (else FUNCTION_NOT_FOUND)
         self.calls = []
         self.vgpus = [ctypes.c_uint(7)]
         self.fb_usage = 5 * 1024 ** 3 + 123          # > 4 GiB: needs 64 bits
@@ -355,6 +358,62 @@ class FakeNvml:
         self._apply(self.sched, st)
         return pynvml.NVML_SUCCESS
 
+    def _need_v2(self):
+        if not self.sched_v2:                       # a driver before R580: no such entry point
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def _fill_v2(self, info, src):
+        assert isinstance(info, pynvml.c_nvmlVgpuSchedulerStateInfo_v2_t), type(info)
+        assert info.engineId == pynvml.NVML_VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
+        info.schedulerPolicy = src.schedulerPolicy if src is not None else pynvml.NVML_VGPU_SCHEDULER_POLICY_BEST_EFFORT
+        if src is None:
+            return info
+        if src.arrMode == pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE:
+            info.avgFactor = src.schedulerParams.vgpuSchedDataWithARR.avgFactor
+            info.timeslice = src.schedulerParams.vgpuSchedDataWithARR.timeslice
+        else:
+            info.avgFactor, info.timeslice = 0, src.schedulerParams.vgpuSchedData.timeslice
+        return info
+
+    def _apply_v2(self, target, st):
+        assert isinstance(st, pynvml.c_nvmlVgpuSchedulerState_v2_t), type(st)
+        assert st.engineId == pynvml.NVML_VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
+        target.schedulerPolicy = st.schedulerPolicy
+        target.arrMode = pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE          # v2 cannot turn ARR off
+        target.schedulerParams.vgpuSchedDataWithARR.avgFactor = st.avgFactor
+        target.schedulerParams.vgpuSchedDataWithARR.timeslice = round(1e9 / st.frequency) if st.frequency else 0
+
+    def nvmlDeviceGetVgpuSchedulerState_v2(self, h, info):
+        self._need_v2()
+        self._dev(h)
+        if self.mig[0]:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self.calls.append("get-v2")
+        return self._fill_v2(info, self.sched)
+
+    def nvmlDeviceSetVgpuSchedulerState_v2(self, h, st):
+        self._need_v2()
+        self._dev(h)
+        if self.mig[0] or self.vgpus:               # NOT_SUPPORTED also while a vGPU instance exists
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self.calls.append(("sched-v2", st.schedulerPolicy, st.avgFactor, st.frequency))
+        self.sched = pynvml.c_nvmlVgpuSchedulerGetState_t()
+        self._apply_v2(self.sched, st)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceGetVgpuSchedulerState_v2(self, gi, info):
+        self._need_v2()
+        return self._fill_v2(info, self.gi_sched.get(self._gi(gi)))
+
+    def nvmlGpuInstanceSetVgpuSchedulerState_v2(self, gi, st):
+        self._need_v2()
+        gid = self._gi(gi)
+        self.calls.append(("gi-sched-v2", gid, st.schedulerPolicy, st.avgFactor, st.frequency))
+        target = pynvml.c_nvmlVgpuSchedulerStateInfo_v1_t()
+        self._apply_v2(target, st)
+        self.gi_sched[gid] = target
+        return pynvml.NVML_SUCCESS
+
     def nvmlGpuInstanceGetVgpuSchedulerState(self, gi, info):
         gid = self._gi(gi)
         assert isinstance(info, pynvml.c_nvmlVgpuSchedulerStateInfo_v1_t)
@@ -623,6 +682,72 @@ def test_scheduler_per_gpu_instance_in_mig_mode(fake, be):
     assert fake.calls[-1] == ("gi-sched", gi.gi_id, 2, pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE)
     assert be.scheduler_state(BDF, gi_id=gi.gi_id) == SchedulerState("equal-share", arr=True, frequency_hz=480,
                                                                       avg_factor=33)
+
+
+def test_scheduler_v2_calls_first_where_the_driver_has_them(monkeypatch):
+    """NVML 13 deprecates the v1 scheduler calls: the _v2 ones go first (main used v1 only)."""
+    fake = FakeNvml(sched_v2=True).install(monkeypatch)
+    fake.mig, fake.vgpus = [0, 0], []
+    be = PynvmlBackend.open()
+    want = S("fixed-share", arr=True, frequency_hz=960, avg_factor=60)
+    be.set_scheduler_state(BDF, want)
+    assert fake.calls[-1] == ("sched-v2", pynvml.NVML_VGPU_SCHEDULER_POLICY_FIXED_SHARE, 60, 960)
+    assert be.scheduler_state(BDF) == want and fake.calls[-1] == "get-v2"
+    assert not any(isinstance(c, tuple) and c[0] == "sched" for c in fake.calls)      # no v1 set
+    # v2 cannot turn ARR off ("support for disabling ARR mode removed"): that state goes through v1
+    be.set_scheduler_state(BDF, S("equal-share", arr=False, timeslice_ms=3))
+    assert fake.calls[-1][:3] == ("sched", pynvml.NVML_VGPU_SCHEDULER_POLICY_EQUAL_SHARE,
+                                  pynvml.NVML_VGPU_SCHEDULER_ARR_DISABLE)
+    assert be.scheduler_state(BDF) == S("equal-share", arr=False, timeslice_ms=3)
+    be.set_scheduler_state(BDF, S("best-effort"))
+    assert fake.calls[-1] == ("sched-v2", pynvml.NVML_VGPU_SCHEDULER_POLICY_BEST_EFFORT, 0, 0)
+    assert be.scheduler_state(BDF) == S("best-effort")
+
+
+def test_scheduler_v1_fallback_on_function_not_found_is_remembered(fake, be, monkeypatch):
+    fake.mig, fake.vgpus = [0, 0], []
+    tried = []
+    real = fake.nvmlDeviceGetVgpuSchedulerState_v2
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetVgpuSchedulerState_v2", lambda *a: tried.append(1) or real(*a))
+    want = S("equal-share", arr=True, frequency_hz=480, avg_factor=33)
+    be.set_scheduler_state(BDF, want)                          # a pre-R580 driver: v1
+    assert fake.calls[-1][:5] == ("sched", 2, pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE, 33, 480)
+    assert be.scheduler_state(BDF) == want and be.scheduler_state(BDF) == want
+    assert tried == [1]                                        # FUNCTION_NOT_FOUND asked once, then v1 only
+
+
+def test_scheduler_v1_when_pynvml_has_no_v2(fake, be, monkeypatch):
+    """An older nvidia-ml-py (before 13) has neither the _v2 functions nor their structs."""
+    fake.mig, fake.vgpus = [0, 0], []
+    fake.sched_v2 = True
+    for name in ("nvmlDeviceGetVgpuSchedulerState_v2", "nvmlDeviceSetVgpuSchedulerState_v2",
+                 "c_nvmlVgpuSchedulerStateInfo_v2_t", "c_nvmlVgpuSchedulerState_v2_t"):
+        monkeypatch.delattr(pynvml, name)
+    be.set_scheduler_state(BDF, S("fixed-share", arr=True, frequency_hz=960, avg_factor=60))
+    assert fake.calls[-1][0] == "sched"
+    assert be.scheduler_state(BDF) == S("fixed-share", arr=True, frequency_hz=960, avg_factor=60)
+    assert "get-v2" not in fake.calls
+
+
+def test_scheduler_set_not_supported_hint_names_an_existing_vgpu(monkeypatch):
+    """NOT_SUPPORTED on a scheduler set also means a vGPU instance exists on the GPU: the hint says so."""
+    fake = FakeNvml(sched_v2=True).install(monkeypatch)
+    fake.mig = [0, 0]                                          # one vGPU instance (fake.vgpus)
+    with pytest.raises(NvmlError) as ei:
+        PynvmlBackend.open().set_scheduler_state(BDF, S("equal-share", arr=True))
+    assert ei.value.not_supported and ei.value.call == "nvmlDeviceSetVgpuSchedulerState_v2"
+    assert "while a vGPU instance exists on the GPU" in ei.value.hint
+
+
+def test_scheduler_v2_per_gpu_instance(monkeypatch):
+    fake = FakeNvml(sched_v2=True).install(monkeypatch)
+    be = PynvmlBackend.open()
+    gi = be.create_gpu_instance(BDF, 19, 0)
+    assert be.scheduler_state(BDF, gi_id=gi.gi_id) == S("best-effort")
+    want = S("equal-share", arr=True, frequency_hz=480, avg_factor=33)
+    be.set_scheduler_state(BDF, want, gi_id=gi.gi_id)
+    assert fake.calls[-1] == ("gi-sched-v2", gi.gi_id, 2, 33, 480)
+    assert be.scheduler_state(BDF, gi_id=gi.gi_id) == want
 
 
 # --------------------------------------------------------------------- probe

@@ -85,7 +85,7 @@ def test_inconsistent_states_refused(state):
     (0x3D000001, "averaging factor 61 out of range 1..60"),
     (0x01030003, "averaging factor (bits 31:24) is set but applies only with ARR"),
     (0x00C00001, "reserved bits 23:22"),
-    (0x00000005, "reserved bits 3:2"),
+    (0x00000005, "reserved bit 2"),
 ])
 def test_invalid_values_refused_by_decode_and_named_by_explain(value, problem):
     with pytest.raises(InputError) as ei:
@@ -133,7 +133,27 @@ def test_every_dword_decodes_or_is_refused_and_decoded_values_round_trip(value):
     except InputError:
         assert "problem:" in sch.explain(value)
         return
-    assert sch.encode(state) == value
+    # bit 3 (weighted scheduler off, R590/R595) is not part of the state: encode never sets it
+    assert sch.encode(state) | (value & sch.WEIGHTED_DISABLE_BIT) == value
+
+
+def test_weighted_scheduler_bit_3_decodes_and_is_not_reserved():
+    """nvrm_registry.h of R590/R595 defines bit 3 as NV_REG_STR_RM_PVMRL_WEIGHTED (0 on, 1 off): 0x09 is
+    equal share with ARR and the weighted scheduler off, not a reserved bit."""
+    assert sch.problems(0x09) == []
+    assert sch.decode(0x09) == S("equal-share", arr=True)
+    assert sch.weighted_disabled(0x09) and not sch.weighted_disabled(0x01)
+    assert sch.describe_value(0x09) == (sch.describe(S("equal-share", arr=True))
+                                        + "; weighted scheduler off (bit 3, R590 and R595)")
+    text = sch.explain(0x09)
+    assert text.startswith(f"RmPVMRL=0x00000009: {sch.describe_value(0x09)}")
+    assert "bit 3      = 1      weighted scheduler off" in text and "R590 and R595" in text
+    assert "problem" not in text
+    doc = sch.explain_doc(0x09)
+    assert doc["valid"] and doc["fields"]["weighted_disable"] == 1 and doc["state"]["policy"] == "equal-share"
+    assert sch.explain_doc(0x01)["fields"]["weighted_disable"] == 0
+    assert sch.explain_doc(0x00)["fields"]["weighted_disable"] is None     # best effort: bit 3 means nothing
+    assert sch.decode(0x3C3C0009) == S("equal-share", arr=True, frequency_hz=960, avg_factor=60)
 
 
 # =============================================================================

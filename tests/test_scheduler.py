@@ -122,6 +122,17 @@ def test_cli_decode_documented_value(capsys):
     assert code == 2 and err.count("\n") == 1
 
 
+def test_cli_decode_weighted_scheduler_bit_is_valid(capsys):
+    """0x09: equal share with the weighted scheduler off (bit 3, R590/R595's nvrm_registry.h): exit 0, not a
+    reserved-bit problem (main refused it with "reserved bits 3:2 are set", exit 1)."""
+    code, out, _ = run(capsys, "scheduler", "decode", "0x09")
+    assert code == 0, out
+    assert "weighted scheduler off (bit 3, R590 and R595)" in out.splitlines()[0] and "problem" not in out
+    code, out, _ = run(capsys, "scheduler", "decode", "--json", "9")
+    doc = json.loads(out)
+    assert code == 0 and doc["valid"] and doc["fields"]["weighted_disable"] == 1 and doc["problems"] == []
+
+
 # =============================================================================
 # runtime form, against a fake NVML backend
 
@@ -203,7 +214,7 @@ def test_runtime_refusals_change_nothing(l40s):
     sch.set_runtime(host, store, gpus[0], S("equal-share", arr=True), backend=nv)    # equal share is fine
 
     nv = FakeNvml(gpus, mig=True)
-    with pytest.raises(RefusedError, match="MIG mode.*NOT_SUPPORTED"):
+    with pytest.raises(RefusedError, match="MIG mode.*Software Scheduler is not supported in MIG mode"):
         sch.set_runtime(host, store, gpus[0], S("equal-share", arr=True), backend=nv)
 
     caps = SchedulerCaps(policies=("best-effort", "equal-share"), arr_supported=False, max_timeslice_ms=20)
@@ -366,7 +377,7 @@ def test_sim_mig_and_plain_driver_refused_in_one_line(make_host, capsys):
     gpu = sch.host_gpus(host)[0]
     backend_for(host).set_mig_mode(gpu, True)
     code, _, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all")
-    assert code == 2 and err.count("\n") == 1 and "MIG mode" in err and "NOT_SUPPORTED" in err
+    assert code == 2 and err.count("\n") == 1 and "Software Scheduler is not supported in MIG mode" in err
     host = make_host("turing-consumer")
     code, _, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all")
     assert code == 2 and err.count("\n") == 1 and "NVMLError_NotSupported" in err

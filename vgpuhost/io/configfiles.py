@@ -71,6 +71,43 @@ def list_config_files(directory: PathArg, suffix: str = "") -> List[Tuple[str, s
     return out
 
 
+#: The directories modprobe reads ``*.conf`` files from, highest precedence first, under the host root
+#: (kmod's ``default_config_paths`` in ``libkmod/libkmod.c`` with SYSCONFDIR ``/etc`` and DISTCONFDIR
+#: ``/usr/lib``; modprobe.d(5), docs/reference/hardware.md#vgpu-scheduling).
+MODPROBE_DIRS = (("etc", "modprobe.d"), ("run", "modprobe.d"), ("usr", "local", "lib", "modprobe.d"),
+                 ("usr", "lib", "modprobe.d"), ("lib", "modprobe.d"))
+
+
+def modprobe_conf_files(host) -> List[Tuple[str, str]]:
+    """``[(path, text)]`` of the modprobe.d files modprobe reads, in the order it reads them.
+
+    As kmod does (``conf_files_list`` / ``conf_files_insert_sorted`` in ``libkmod/libkmod-config.c``):
+    every ``*.conf`` regular file of :data:`MODPROBE_DIRS`, sorted by file name whatever its directory;
+    a name already found in a directory of higher precedence hides the same name further down.
+    ``path`` is the host's own spelling (``/etc/modprobe.d/zz-local.conf``, :meth:`HostRoot.relative`);
+    ``host`` a :class:`~vgpuhost.io.hostroot.HostRoot`.  A directory that is missing or cannot be
+    listed is skipped; a file that cannot be read raises HostEnvironmentError (exit 2).
+    """
+    chosen = {}
+    for parts in MODPROBE_DIRS:
+        directory = host.path(*parts)
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(directory, name)
+            if len(name) < 6 or not name.endswith(".conf") or name in chosen or os.path.isdir(full):
+                continue
+            chosen[name] = full
+    out = []
+    for name in sorted(chosen):
+        text = read_config_text(chosen[name])
+        if text is not None:
+            out.append((host.relative(chosen[name]), text))
+    return out
+
+
 def exists(path: PathArg) -> bool:
     """Something is at ``path`` (a dangling symlink counts: ``systemctl enable`` links)."""
     return os.path.lexists(path)
@@ -117,5 +154,5 @@ def mdevctl_json(type_id: str, attrs: Sequence[Tuple[str, str]] = ()) -> str:
                       indent=2) + "\n"
 
 
-__all__ = ["mdevctl_json", "read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",
+__all__ = ["MODPROBE_DIRS", "modprobe_conf_files", "mdevctl_json", "read_config_text", "config_equals", "list_config_files", "exists", "is_file", "is_executable_file", "find_program",
            "audit_value"]

@@ -81,6 +81,11 @@ _ERROR_HINTS = {
     "NVMLError_ResetRequired": "the change needs a GPU reset or reboot",
 }
 
+#: what NVMLError_NotSupported from a scheduler set means (docs/reference/hardware.md#vgpu-scheduling)
+SET_NOT_SUPPORTED_HINT = ("NVML refuses a vGPU scheduler change with NOT_SUPPORTED while a vGPU instance exists on "
+                          "the GPU (remove its vGPUs first), and also in MIG mode before Blackwell and without the "
+                          "vGPU manager driver")
+
 POLICY_NAMES = {1: SchedulerPolicy.BEST_EFFORT, 2: SchedulerPolicy.EQUAL_SHARE, 3: SchedulerPolicy.FIXED_SHARE}
 POLICY_CODES = {v: k for k, v in POLICY_NAMES.items()}
 
@@ -172,6 +177,7 @@ class PynvmlBackend:
         self._handles: Dict[str, Any] = {}
         self._scale: Dict[str, int] = {}
         self._profile_info_version = 2
+        self._sched_v2: Dict[str, bool] = {}      # scheduler call -> its _v2 entry point answers here
 
     # ---------------------------------------------------------------- plumbing
 
@@ -428,14 +434,60 @@ class PynvmlBackend:
         info.engineId = nv.NVML_VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
         return self._fn("nvmlGpuInstanceGetVgpuSchedulerState", self._gi_handle(bdf, gi_id), info)
 
-    def scheduler_state(self, bdf: PciAddress, gi_id: Optional[int] = None) -> SchedulerState:
-        """The scheduler of the GPU, or of GPU instance ``gi_id`` (MIG mode).
+    def _v2(self, name: str, *args):
+        """``pynvml.<name>_v2(*args)``, or None where pynvml or the driver lacks it (the v1 call is the
+        fallback: a pynvml older than 13 has no such attribute, a driver older than R580 answers
+        NVMLError_FunctionNotFound, remembered per call)."""
+        v2 = name + "_v2"
+        if self._sched_v2.get(v2) is False or not hasattr(self._nv, v2):
+            return None
+        try:
+            out = self._fn(v2, *args)
+        except NvmlError as e:
+            if e.nvml_name != "NVMLError_FunctionNotFound":
+                raise
+            self._sched_v2[v2] = False
+            log.debug("%s: not in this driver; using %s", v2, name)
+            return None
+        self._sched_v2[v2] = True
+        return out if out is not None else True
 
-        ``policy`` is ``"unknown"`` when NVML reports policy 0.  ARR counts as
-        on when NVML says ENABLE, or says DEFAULT for equal/fixed share with a
-        non-zero averaging factor (ARR is the default there since vGPU 15).
+    def _scheduler_state_v2(self, bdf, gi_id: Optional[int]) -> Optional[SchedulerState]:
+        """The state through ``nvml{Device,GpuInstance}GetVgpuSchedulerState_v2`` (NVML 13; struct
+        ``{engineId, schedulerPolicy, avgFactor, timeslice}``, no ARR mode); None when unavailable.
+        ARR counts as on when the averaging factor is non-zero (``timeslice`` is then the ARR period)."""
+        nv = self._nv
+        if not hasattr(nv, "c_nvmlVgpuSchedulerStateInfo_v2_t"):
+            return None
+        info = nv.c_nvmlVgpuSchedulerStateInfo_v2_t()
+        info.engineId = nv.NVML_VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
+        if gi_id is None:
+            got = self._v2("nvmlDeviceGetVgpuSchedulerState", self._handle(bdf), info)
+        else:
+            got = self._v2("nvmlGpuInstanceGetVgpuSchedulerState", self._gi_handle(bdf, gi_id), info)
+        if got is None:
+            return None
+        policy = POLICY_NAMES.get(int(info.schedulerPolicy), "unknown")
+        if policy in (SchedulerPolicy.BEST_EFFORT, "unknown"):
+            return SchedulerState(policy=policy)
+        scale, ts, avg = self._timeslice_scale(bdf), int(info.timeslice), int(info.avgFactor)
+        if avg:
+            return SchedulerState(policy=policy, arr=True, frequency_hz=round(scale * 1000 / ts) if ts else None,
+                                  avg_factor=avg)
+        return SchedulerState(policy=policy, arr=False, timeslice_ms=round(ts / scale) if ts else None)
+
+    def scheduler_state(self, bdf: PciAddress, gi_id: Optional[int] = None) -> SchedulerState:
+        """The scheduler of the GPU, or of GPU instance ``gi_id`` (MIG mode, Blackwell and newer).
+
+        The ``_v2`` call first (the v1 calls are deprecated in NVML 13), v1 where the driver or
+        pynvml lacks it (docs/reference/hardware.md#nvml).  ``policy`` is ``"unknown"`` when NVML
+        reports policy 0.  v1: ARR counts as on when NVML says ENABLE, or says DEFAULT for equal/fixed
+        share with a non-zero averaging factor (ARR is the default there since vGPU 15).
         """
         nv = self._nv
+        v2 = self._scheduler_state_v2(bdf, gi_id)
+        if v2 is not None:
+            return v2
         s = self._raw_scheduler_state(bdf, gi_id)
         policy = POLICY_NAMES.get(int(s.schedulerPolicy), "unknown")
         if policy in (SchedulerPolicy.BEST_EFFORT, "unknown"):
@@ -453,15 +505,47 @@ class PynvmlBackend:
         ts = int(s.schedulerParams.vgpuSchedData.timeslice)
         return SchedulerState(policy=policy, arr=False, timeslice_ms=round(ts / scale) if ts else None)
 
-    def set_scheduler_state(self, bdf: PciAddress, state: SchedulerState, gi_id: Optional[int] = None) -> None:
-        """Send ``state`` (device-level, or GPU instance ``gi_id`` in MIG mode).
-
-        Missing parameters are sent as 0, which NVML takes as "default".
-        """
+    def _set_scheduler_v2(self, bdf, state: SchedulerState, gi_id: Optional[int]) -> bool:
+        """Send ``state`` through ``nvml{Device,GpuInstance}SetVgpuSchedulerState_v2`` (struct
+        ``{engineId, schedulerPolicy, avgFactor, frequency}``: it cannot turn ARR off, so a state
+        without ARR goes through v1).  False when the ``_v2`` call is not available here."""
         nv = self._nv
+        if (state.policy != SchedulerPolicy.BEST_EFFORT and not state.arr) \
+                or not hasattr(nv, "c_nvmlVgpuSchedulerState_v2_t"):
+            return False
+        st = nv.c_nvmlVgpuSchedulerState_v2_t()
+        st.engineId = nv.NVML_VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
+        st.schedulerPolicy = POLICY_CODES[state.policy]
+        st.avgFactor = int(state.avg_factor or 0)
+        st.frequency = int(state.frequency_hz or 0)
+        where = f"{bdf}" if gi_id is None else f"{bdf} gi {gi_id}"
+        log.info("vGPU scheduler set (v2) on %s: policy=%d (%s) avgFactor=%d frequency=%d Hz",
+                 where, st.schedulerPolicy, state.policy, st.avgFactor, st.frequency)
+        if gi_id is None:
+            return self._v2("nvmlDeviceSetVgpuSchedulerState", self._handle(bdf), st) is not None
+        return self._v2("nvmlGpuInstanceSetVgpuSchedulerState", self._gi_handle(bdf, gi_id), st) is not None
+
+    def set_scheduler_state(self, bdf: PciAddress, state: SchedulerState, gi_id: Optional[int] = None) -> None:
+        """Send ``state`` (device-level, or GPU instance ``gi_id`` in MIG mode on Blackwell and newer).
+
+        The ``_v2`` call where the driver and pynvml have it and the state has ARR or is best effort;
+        else v1 (docs/reference/hardware.md#nvml).  Missing parameters are sent as 0, which NVML takes
+        as "default".  NVMLError_NotSupported keeps its name, with a hint that it also means a vGPU
+        instance exists on the GPU (docs/reference/hardware.md#vgpu-scheduling).
+        """
         if state.policy not in POLICY_CODES:
             raise InputError(f"unknown scheduler policy {state.policy!r}",
                              hint="one of " + ", ".join(POLICY_CODES))
+        try:
+            if not self._set_scheduler_v2(bdf, state, gi_id):
+                self._set_scheduler_v1(bdf, state, gi_id)
+        except NvmlError as e:
+            if not e.not_supported:
+                raise
+            raise NvmlError(e.call, e.nvml_name, hint=SET_NOT_SUPPORTED_HINT) from None
+
+    def _set_scheduler_v1(self, bdf, state: SchedulerState, gi_id: Optional[int]) -> None:
+        nv = self._nv
         if gi_id is None:
             st = nv.c_nvmlVgpuSchedulerSetState_t()
         else:

@@ -26,12 +26,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ..io.backends import open_backend
 from ..io.catalog import load_catalog
-from ..io.configfiles import list_config_files, read_config_text
+from ..io.configfiles import list_config_files, modprobe_conf_files, read_config_text
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.nvml import NvmlError
 from ..io.process import actor as actor_name
 from ..io.sysfs import Sysfs
+from ..model.boards import board
 from ..model.concepts import OwnerKind, SchedulerPolicy
 from ..model.errors import InputError, RefusedError
 from ..model.nvml import SchedulerState
@@ -40,8 +41,9 @@ from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
 from ..plan.steps import SetMixedSize, SetScheduler, WriteConfig
 from ..policy.scheduler import (
-    CONF_NAME, SchedulerConf, check_caps, decode, describe, encode, matches, parse_conf, problems, render_conf,
-    set_value, sets_registry_dwords, state_doc, validate
+    CONF_NAME, SchedulerConf, check_caps, decode, describe, describe_value, encode, matches, parse_conf, problems,
+    render_conf, set_value, sets_registry_dwords, state_doc, validate, ModuleOption, effective_options,
+    effective_value, mig_scheduler_refusal, overriding_sources, registry_options
 )
 from .nvmljournal import start
 from .recover import recover_locked
@@ -61,6 +63,36 @@ def _other_registry_files(host: HostRoot) -> List[str]:
     """Other modprobe.d files setting the same module options (the last one read wins)."""
     return [host.relative(host.modprobe_d / name) for name, text in list_config_files(host.modprobe_d, ".conf")
             if name != CONF_NAME and sets_registry_dwords(text)]
+
+
+def module_options(host: HostRoot) -> List[ModuleOption]:
+    """Every ``NVreg_RegistryDwords[PerDevice]`` the nvidia module gets at its next load, in order: the
+    modprobe.d files as modprobe reads them (:func:`vgpuhost.io.configfiles.modprobe_conf_files`), then
+    the kernel command line (:func:`vgpuhost.policy.scheduler.registry_options`)."""
+    return registry_options(modprobe_conf_files(host), read_config_text(host.proc_cmdline),
+                            host.relative(host.proc_cmdline))
+
+
+def persistent_drift(host: HostRoot, conf: SchedulerConf, options: Sequence[ModuleOption],
+                     bdf: PciAddress) -> Tuple[Optional[Dict[str, object]], Optional[str]]:
+    """``(effective, drift)`` for one GPU: the ``RmPVMRL`` it gets at the next module load (the last
+    option wins, docs/reference/hardware.md#vgpu-scheduling; None when none names it) and, when vgpuhost's
+    file sets a value for it that is not the one it gets, one line naming the file that overrides it
+    (only the parsed values are shown, never a file's text)."""
+    eff = effective_value(effective_options(options), str(bdf))
+    effective = None if eff.value is None else {
+        "value": f"0x{eff.value:08x}", "scope": eff.scope, "source": eff.source,
+        "text": describe_value(eff.value) if not problems(eff.value) else "invalid"}
+    per, glob = conf.value_for(str(bdf)), conf.value_for(None)
+    own = per if per is not None else glob
+    if own is None or own == eff.value:
+        return effective, None
+    mine = host.relative(conf_path(host))
+    others = [eff.source] if eff.source and eff.source != mine else overriding_sources(options, mine)
+    gets = "no RmPVMRL (best effort)" if eff.value is None else f"RmPVMRL=0x{eff.value:08x} ({eff.scope})"
+    by = ", ".join(o for o in others if o) or "a later option"
+    return effective, (f"{bdf}: {by} overrides {mine}: the nvidia module gets {gets} at its next load, "
+                       f"not vgpuhost's RmPVMRL=0x{own:08x}")
 
 
 @dataclass
@@ -111,6 +143,14 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
         notes.append("the driver ignores it on a GPU in MIG mode (no software scheduler there)")
     if state.policy == SchedulerPolicy.FIXED_SHARE:
         notes.append("fixed share is not available while a GPU is in mixed-size mode")
+    mine = host.relative(path)
+    files = [(p, t) for p, t in modprobe_conf_files(host) if p.rsplit("/", 1)[-1] != CONF_NAME] + [(mine, text)]
+    files.sort(key=lambda pt: pt[0].rsplit("/", 1)[-1])         # modprobe's order: by file name
+    winners = overriding_sources(registry_options(files, read_config_text(host.proc_cmdline),
+                                                  host.relative(host.proc_cmdline)), mine)
+    if winners:
+        notes.append(", ".join(winners) + " sets NVreg_RegistryDwords* after vgpuhost's file, so it overrides this "
+                     "value (modprobe passes every options line; the last one counts): merge it there or remove it")
     others = _other_registry_files(host)
     if others:
         notes.append("other modprobe.d files also set NVreg_RegistryDwords*: " + ", ".join(others)
@@ -192,11 +232,12 @@ def _mig_on(backend, bdf: PciAddress) -> bool:
     return bool(mode and mode[0])
 
 
-def _refuse_mig(bdf: PciAddress, what: str) -> RefusedError:
-    return RefusedError(f"GPU {bdf} is in MIG mode: {what} is not available at device level there "
-                        "(NVML returns NOT_SUPPORTED)",
-                        hint="per-GPU-instance scheduling is not supported by vgpuhost yet; "
-                             "disable MIG ('vgpuhost mig disable') to use the device-level scheduler")
+def _refuse_mig(host: HostRoot, bdf: PciAddress) -> RefusedError:
+    """The refusal of the scheduler on ``bdf`` in MIG mode, by its board's architecture
+    (:func:`vgpuhost.policy.scheduler.mig_scheduler_refusal`)."""
+    dev = Sysfs(host).read_int(host.pci_device(bdf) / "device", default=None)
+    b = board(dev) if dev is not None else None
+    return mig_scheduler_refusal(bdf, b.product if b else None, b.architecture if b else None)
 
 
 def _supported(bdf: PciAddress, what: str, fn):
@@ -280,7 +321,7 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
         plan: List[Tuple[PciAddress, SchedulerState, SchedulerState]] = []
         for bdf in gpus:
             if _mig_on(backend, bdf):
-                raise _refuse_mig(bdf, "the vGPU scheduler")
+                raise _refuse_mig(host, bdf)
             want = state
             caps = _supported(bdf, "the vGPU scheduler", lambda: backend.scheduler_caps(bdf))
             if (want.arr and not caps.arr_supported and want.frequency_hz is None and want.avg_factor is None
@@ -371,7 +412,9 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend=None) -> D
     gpus = resolve_gpus(host, [gpu], False) if gpu is not None else host_gpus(host)
     backend = backend if backend is not None else open_backend(host)
     conf = read_conf(host)
+    options = module_options(host)
     entries = []
+    drift: List[str] = []
     for bdf in gpus:
         e: Dict[str, object] = {"gpu": str(bdf)}
 
@@ -395,9 +438,14 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend=None) -> D
         pv = per if per is not None else glob
         e["persistent"] = None if pv is None else {
             "value": f"0x{pv:08x}", "scope": "this GPU" if per is not None else "all GPUs",
-            "text": describe(decode(pv)) if not problems(pv) else "invalid"}
+            "text": describe_value(pv) if not problems(pv) else "invalid"}
+        e["effective"], line = persistent_drift(host, conf, options, bdf)
+        e["drift"] = line
+        if line:
+            drift.append(line)
         entries.append(e)
-    return {"schema": "vgpuhost.scheduler-show/v1", "conf": host.relative(conf_path(host)), "gpus": entries}
+    return {"schema": "vgpuhost.scheduler-show/v1", "conf": host.relative(conf_path(host)), "gpus": entries,
+            "drift": drift}
 
 
 def show_text(doc: Dict[str, object]) -> str:
@@ -411,7 +459,8 @@ def show_text(doc: Dict[str, object]) -> str:
         else:
             lines.append(f"  scheduler:  unavailable ({errs.get('state', 'unknown')})")
         if e.get("mig") and e["mig"]["current"]:
-            lines.append("  MIG mode on: device-level scheduling is not available (per GPU instance only)")
+            lines.append("  MIG mode on: no device-level vGPU scheduler (before Blackwell none at all: "
+                         "Software Scheduler is not supported in MIG mode)")
         caps = e.get("caps")
         if caps:
             lines.append(f"  supports:   {', '.join(caps['policies']) or 'none'}; ARR "
@@ -425,6 +474,12 @@ def show_text(doc: Dict[str, object]) -> str:
         p = e.get("persistent")
         lines.append(f"  persistent: {p['text']} (RmPVMRL={p['value']}, {p['scope']}) in {doc['conf']}" if p
                      else "  persistent: none set by vgpuhost (driver default: best effort)")
+        eff = e.get("effective")
+        if e.get("drift") or (eff and not p):
+            lines.append(f"  effective:  {eff['text']} (RmPVMRL={eff['value']}, {eff['scope']}) from {eff['source']}"
+                         if eff else "  effective:  none (best effort: no option that counts names RmPVMRL)")
+        if e.get("drift"):
+            lines.append(f"  drift:      {e['drift']}")
     return "\n".join(lines) if lines else "no NVIDIA GPU found"
 
 

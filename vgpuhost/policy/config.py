@@ -65,7 +65,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io.catalog import load_catalog
 from ..io.yamlutil import read_text_file
-from ..model.boards import BOARDS
+from ..model.boards import BOARDS, MIG_NO_SCHEDULER
 from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
 from ..model.nvml import GiProfile, SchedulerState
@@ -417,8 +417,10 @@ class _Parser:
         if mode in ("vgpu", "mig") and mode not in m:
             raise self.err(path, f"{what} has mode: {mode} but no {mode!r} block")
         if "scheduler" in m and mode != "vgpu":
-            why = ("the device-level vGPU scheduler is not available in MIG mode (NVML returns NOT_SUPPORTED, "
-                   "docs/reference/hardware.md#vgpu-scheduling)" if mode == "mig" else "a passed-through GPU has no vGPU scheduler")
+            why = (f"a GPU in MIG mode has no vGPU scheduler before Blackwell ({MIG_NO_SCHEDULER}: A100, "
+                   "H100, H200), and from Blackwell on it is per GPU instance, which vgpuhost does not set "
+                   "(docs/reference/hardware.md#vgpu-scheduling)" if mode == "mig"
+                   else "a passed-through GPU has no vGPU scheduler")
             raise self.err(path + ("scheduler",), f"scheduler in an entry with mode: {mode}: {why}")
         desc = self.get(m, path, "description", str, what, "")
         where = self.where(path)

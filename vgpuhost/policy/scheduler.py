@@ -12,8 +12,10 @@ does the I/O).
 Sources (the project's docs reference, sections 4, 6, 7):
 
 * ``RmPVMRL`` layout, open-gpu-kernel-modules ``src/nvidia/interface/nvrm_registry.h``:
-  bit 0 enable equal/fixed share; bit 1 ARR disable; bits 7:4 policy
-  (0 equal, 1 fixed); with ARR: bits 21:12 frequency (Hz, 63..960) and
+  bit 0 enable equal/fixed share; bit 1 ARR disable; bit 3 weighted
+  scheduler disable (0 = weighted, the default; 1 = the regular time-sliced
+  scheduler; defined from release R590 on, tags 590.44.01 .. 595.45.04, and
+  absent from R580 and older); bits 7:4 policy (0 equal, 1 fixed); with ARR: bits 21:12 frequency (Hz, 63..960) and
   bits 31:24 averaging factor (1..60); without ARR: bits 23:16 time slice
   (ms, 1..30).  The frequency and time-slice fields overlap (21:16); bit 1
   says which one the value holds.  A field left 0 means "driver default",
@@ -34,8 +36,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..model.boards import MIG_NO_SCHEDULER, mig_scheduler_on
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import InputError, RefusedError
 from ..model.nvml import SchedulerCaps, SchedulerState, scheduler_text
@@ -46,6 +49,8 @@ POLICIES = SchedulerPolicy.values()
 # --- bit layout (nvrm_registry.h, docs/reference/hardware.md#vgpu-scheduling) ----------------------------
 ENABLE_BIT = 1 << 0          # equal/fixed share on; clear = best effort
 ARR_DISABLE_BIT = 1 << 1     # set = no adaptive round robin (time slice given instead)
+WEIGHTED_DISABLE_BIT = 1 << 3  # set = regular time-sliced scheduler instead of the weighted one (R590+)
+WEIGHTED_RELEASES = "R590 and R595"   # the open-gpu-kernel-modules releases whose nvrm_registry.h defines bit 3
 POLICY_SHIFT, POLICY_MASK = 4, 0xF          # bits 7:4
 FREQ_SHIFT, FREQ_MASK = 12, 0x3FF           # bits 21:12 (with ARR)
 TIMESLICE_SHIFT, TIMESLICE_MASK = 16, 0xFF  # bits 23:16 (without ARR)
@@ -123,6 +128,7 @@ def _fields(value: int) -> Dict[str, int]:
     return {
         "enable": value & ENABLE_BIT,
         "arr_disable": (value & ARR_DISABLE_BIT) >> 1,
+        "weighted_disable": (value & WEIGHTED_DISABLE_BIT) >> 3,
         "policy": (value >> POLICY_SHIFT) & POLICY_MASK,
         "frequency": (value >> FREQ_SHIFT) & FREQ_MASK,
         "timeslice": (value >> TIMESLICE_SHIFT) & TIMESLICE_MASK,
@@ -138,8 +144,8 @@ def problems(value: int) -> List[str]:
         if value:
             out.append(f"bit 0 is clear (best effort) but other bits are set (0x{value:08x}); the driver ignores them")
         return out
-    if value & 0b1100:
-        out.append("reserved bits 3:2 are set")
+    if value & 0b100:
+        out.append("reserved bit 2 is set")
     if value & 0xF00:
         out.append("reserved bits 11:8 are set")
     if f["policy"] not in POLICY_CODES.values():
@@ -194,6 +200,23 @@ def describe(state: SchedulerState) -> str:
     return scheduler_text(state)
 
 
+def weighted_disabled(value: int) -> bool:
+    """Bit 3 of an enabled (bit 0 set) ``RmPVMRL`` dword: the weighted scheduler is off, the regular
+    time-sliced one runs (``NV_REG_STR_RM_PVMRL_WEIGHTED``, defined by the R590 and R595 drivers'
+    ``nvrm_registry.h``, docs/reference/hardware.md#vgpu-scheduling)."""
+    return bool(value & ENABLE_BIT and value & WEIGHTED_DISABLE_BIT)
+
+
+def describe_value(value: int) -> str:
+    """One line for a valid ``RmPVMRL`` dword: :func:`describe` of :func:`decode`, plus the weighted-scheduler
+    bit when it is set (``equal share, ARR on; weighted scheduler off (bit 3, R590 and R595)``).
+    InputError as :func:`decode`."""
+    text = describe(decode(value))
+    if weighted_disabled(value):
+        text += f"; weighted scheduler off (bit 3, {WEIGHTED_RELEASES})"
+    return text
+
+
 def parse_value(text: str) -> int:
     """``0x3c3c0001`` or ``1010565121`` -> int (32-bit unsigned); InputError otherwise."""
     t = str(text).strip()
@@ -217,13 +240,17 @@ def explain(value: int) -> str:
     if found:
         head = "not a valid scheduler value"
     else:
-        head = describe(decode(value))
+        head = describe_value(value)
     lines.append(f"RmPVMRL=0x{value:08x}: {head}")
     lines.append(f"  bit 0      = {f['enable']:<6} " + ("equal/fixed share enabled" if f["enable"]
                                                        else "best effort (default scheduler)"))
     if f["enable"]:
         lines.append(f"  bit 1      = {f['arr_disable']:<6} adaptive round robin (ARR) "
                      + ("disabled" if f["arr_disable"] else "enabled"))
+        lines.append(f"  bit 3      = {f['weighted_disable']:<6} "
+                     + ("weighted scheduler off: the regular time-sliced scheduler runs" if f["weighted_disable"]
+                        else "weighted scheduler (the default)")
+                     + f" (defined by {WEIGHTED_RELEASES}; older drivers do not define it)")
         pol = {0: "equal share", 1: "fixed share"}.get(f["policy"], "invalid")
         lines.append(f"  bits 7:4   = {f['policy']:<6} policy: {pol}")
         if f["arr_disable"]:
@@ -249,16 +276,17 @@ def explain_doc(value: int) -> Dict[str, object]:
     state = None if found else asdict(decode(value))
     f = _fields(value)
     # the frequency (21:12) and time-slice (23:16) fields overlap: bit 1 says which one the value holds
-    fields: Dict[str, object] = {"enable": f["enable"], "arr_disable": None, "policy": None,
+    fields: Dict[str, object] = {"enable": f["enable"], "arr_disable": None, "weighted_disable": None,
+                                 "policy": None,
                                  "frequency_hz": None, "avg_factor": None, "timeslice_ms": None}
     if f["enable"]:
-        fields.update(arr_disable=f["arr_disable"], policy=f["policy"])
+        fields.update(arr_disable=f["arr_disable"], weighted_disable=f["weighted_disable"], policy=f["policy"])
         if f["arr_disable"]:
             fields["timeslice_ms"] = f["timeslice"]
         else:
             fields.update(frequency_hz=f["frequency"], avg_factor=f["avg"])
     return {"schema": "vgpuhost.scheduler-decode/v1", "value": f"0x{value:08x}", "valid": not found,
-            "state": state, "text": None if found else describe(decode(value)),
+            "state": state, "text": None if found else describe_value(value),
             "fields": fields,
             "problems": found}
 
@@ -361,6 +389,27 @@ def check_caps(bdf: PciAddress, state: SchedulerState, caps: SchedulerCaps) -> N
     _check_range("averaging factor", state.avg_factor, (caps.min_avg_factor, caps.max_avg_factor))
 
 
+def mig_scheduler_refusal(bdf: object, product: Optional[str], architecture: Optional[str]) -> RefusedError:
+    """The refusal of a vGPU scheduler on GPU ``bdf`` in MIG mode (``product``/``architecture``: its board,
+    None when the board is unknown).
+
+    Before Blackwell (A100, H100, H200) there is no vGPU scheduler in MIG mode at all (the driver:
+    "Software Scheduler is not supported in MIG mode"); from Blackwell GB20x on it exists per GPU instance
+    (``nvmlGpuInstanceSetVgpuSchedulerState``), which vgpuhost does not drive yet
+    (docs/reference/hardware.md#vgpu-scheduling).
+    """
+    board = f" ({product}, {architecture})" if product and architecture else ""
+    if architecture and mig_scheduler_on(architecture):
+        return RefusedError(f"GPU {bdf}{board} is in MIG mode: its vGPU scheduler is per GPU instance there, "
+                            "which vgpuhost does not set yet",
+                            hint="disable MIG mode ('vgpuhost mig disable') to use the device-level scheduler")
+    why = (f"{MIG_NO_SCHEDULER} before Blackwell" if architecture else
+           f"{MIG_NO_SCHEDULER} on GPUs before Blackwell, and vgpuhost does not know this board")
+    return RefusedError(f"GPU {bdf}{board} is in MIG mode: no vGPU scheduler there ({why})",
+                        hint="MIG-backed vGPUs are hardware partitions and need none; disable MIG mode "
+                             "('vgpuhost mig disable') to schedule time-sliced vGPUs")
+
+
 def matches(want: SchedulerState, got: SchedulerState) -> bool:
     """``got`` satisfies ``want``: same policy and ARR; parameters equal where ``want`` names them."""
     if want.policy != got.policy:
@@ -404,6 +453,129 @@ def set_value(conf: SchedulerConf, value: int, gpus: Sequence[PciAddress]) -> Sc
     return out
 
 
+# =============================================================================
+# what modprobe hands the nvidia module: the effective NVreg_RegistryDwords[PerDevice]
+
+GLOBAL_OPTION = "NVreg_RegistryDwords"
+PER_DEVICE_OPTION = "NVreg_RegistryDwordsPerDevice"
+
+
+def _logical_lines(text: str) -> List[str]:
+    """modprobe.d(5) lines: a trailing backslash joins the next line; ``#`` lines and blank lines go."""
+    out: List[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        if raw.endswith("\\"):
+            pending += raw[:-1]
+            continue
+        line, pending = pending + raw, ""
+        if line.strip() and not line.lstrip().startswith("#"):
+            out.append(line)
+    if pending.strip() and not pending.lstrip().startswith("#"):
+        out.append(pending)
+    return out
+
+
+def _params(text: str) -> List[Tuple[str, str]]:
+    """``name=value`` words of a module options string, split as the kernel's ``next_arg()``
+    (``lib/cmdline``/``kernel/params.c``) does: spaces split words except inside double quotes, and
+    quotes around the value or the whole word are dropped."""
+    out: List[Tuple[str, str]] = []
+    for word in re.findall(r'(?:[^\s"]|"[^"]*"?)+', text):
+        name, eq, value = word.replace('"', "").partition("=")
+        if name:
+            out.append((name, value if eq else ""))
+    return out
+
+
+@dataclass(frozen=True)
+class ModuleOption:
+    """One ``NVreg_RegistryDwords[PerDevice]`` setting for the nvidia module: the ``option``, its
+    ``value`` (the registry string) and the ``source`` (a modprobe.d path, or the kernel command line)."""
+
+    option: str
+    value: str
+    source: str
+
+
+def registry_options(files: Sequence[Tuple[str, str]], cmdline: Optional[str] = None,
+                     cmdline_source: str = "the kernel command line") -> List[ModuleOption]:
+    """Every ``NVreg_RegistryDwords`` and ``NVreg_RegistryDwordsPerDevice`` given to the nvidia module,
+    in the order the module sees them.
+
+    ``files``: ``[(path, text)]`` in modprobe's reading order
+    (:func:`vgpuhost.io.configfiles.modprobe_conf_files`); ``cmdline``: the kernel command line, whose
+    ``nvidia.<option>=`` words (their source named ``cmdline_source``) kmod appends after the files' options (``kmod_config_parse_kcmdline``,
+    run after the files in ``kmod_config_new``).  kmod joins the options of every matching
+    ``options nvidia ...`` line (``-`` and ``_`` alike in the module name) into one string, and the
+    kernel sets each parameter once per occurrence, so the last one of each option is the one that
+    counts (:func:`effective_options`).
+    """
+    out: List[ModuleOption] = []
+    for path, text in files:
+        for line in _logical_lines(text):
+            words = line.split(None, 2)
+            if len(words) < 3 or words[0] != "options" or words[1].replace("-", "_") != "nvidia":
+                continue
+            out += [ModuleOption(n, v, path) for n, v in _params(words[2]) if n in (GLOBAL_OPTION, PER_DEVICE_OPTION)]
+    for name, value in _params(cmdline or ""):
+        module, dot, option = name.partition(".")
+        if dot and module.replace("-", "_") == "nvidia" and option in (GLOBAL_OPTION, PER_DEVICE_OPTION):
+            out.append(ModuleOption(option, value, cmdline_source))
+    return out
+
+
+def effective_options(options: Sequence[ModuleOption]) -> Dict[str, ModuleOption]:
+    """The last of each option (``{option: ModuleOption}``): what the nvidia module gets."""
+    return {o.option: o for o in options}
+
+
+def _value_in(pairs: Sequence[Tuple[str, str]]) -> Optional[int]:
+    for k, v in pairs:
+        if k == REG_KEY:
+            try:
+                return int(v, 0)
+            except ValueError:
+                return None
+    return None
+
+
+@dataclass(frozen=True)
+class EffectiveValue:
+    """The ``RmPVMRL`` one GPU gets at the next module load: ``value`` (None: none, best effort),
+    ``scope`` (``"this GPU"`` / ``"all GPUs"`` / None) and the ``source`` file of the option that holds it
+    (None when no option names it)."""
+
+    value: Optional[int]
+    scope: Optional[str]
+    source: Optional[str]
+
+
+def effective_value(options: Mapping[str, ModuleOption], bdf: str) -> EffectiveValue:
+    """The ``RmPVMRL`` GPU ``bdf`` gets from the effective options (:func:`effective_options`): its
+    entry in the last ``NVreg_RegistryDwordsPerDevice`` when it has one, else the last
+    ``NVreg_RegistryDwords``'s (format of ``nv-reg.h``)."""
+    per = options.get(PER_DEVICE_OPTION)
+    if per is not None:
+        conf = parse_conf(f'options nvidia {PER_DEVICE_OPTION}="{per.value}"')
+        value = _value_in(conf.per_device.get(bdf.lower(), []))
+        if value is not None:
+            return EffectiveValue(value, "this GPU", per.source)
+    glob = options.get(GLOBAL_OPTION)
+    if glob is not None:
+        value = _value_in(_pairs(glob.value))
+        if value is not None:
+            return EffectiveValue(value, "all GPUs", glob.source)
+    return EffectiveValue(None, None, None)
+
+
+def overriding_sources(options: Sequence[ModuleOption], own: str) -> List[str]:
+    """The sources whose option comes after the last one of file ``own`` (vgpuhost's), so it wins."""
+    last = effective_options(options)
+    mine = {o.option for o in options if o.source == own}
+    return sorted({last[o].source for o in mine if last[o].source != own})
+
+
 _REGISTRY_RE = re.compile(r"NVreg_RegistryDwords(PerDevice)?\s*=")
 
 
@@ -413,5 +585,7 @@ def sets_registry_dwords(text: str) -> bool:
 
 
 __all__ = ["POLICIES", "DEFAULTS_NOTE", "CONF_NAME", "REG_KEY", "validate", "encode", "decode", "describe",
+           "describe_value", "weighted_disabled", "WEIGHTED_RELEASES",
            "parse_value", "explain", "explain_doc", "problems", "SchedulerConf", "parse_conf", "render_conf",
-           "set_value", "sets_registry_dwords", "check_caps", "matches", "state_doc"]
+           "set_value", "sets_registry_dwords", "ModuleOption", "registry_options", "effective_options",
+           "EffectiveValue", "effective_value", "MIG_NO_SCHEDULER", "mig_scheduler_refusal", "overriding_sources", "GLOBAL_OPTION", "PER_DEVICE_OPTION", "check_caps", "matches", "state_doc", "WEIGHTED_DISABLE_BIT"]

@@ -36,7 +36,8 @@ Errors are :class:`~vgpuhost.nvml.NvmlError` with the NVML error name
 ``nvidia`` driver: NVML sees only those), ``NVMLError_NotSupported`` (not
 MIG-capable, MIG mode off for GI calls, no vGPU manager for vGPU calls,
 device-level scheduler calls in MIG mode, fixed share in mixed-size mode),
-``NVMLError_InUse`` (vGPUs or processes present, GPU instances present when
+``NVMLError_InUse`` (vGPUs or processes present -- but a scheduler set answers
+NOT_SUPPORTED then, as the driver does -- GPU instances present when
 disabling MIG, a GPU instance backing a vGPU), ``NVMLError_InvalidArgument``
 (unknown profile id or placement start, scheduler values out of range),
 ``NVMLError_InsufficientResources`` (max count reached, placement overlaps,
@@ -51,6 +52,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
 from ..io.nvml import NvmlError, row_create_gi, row_destroy_gi, row_set_mig_mode, row_set_mixed_size, row_set_scheduler
+from ..model.boards import MIG_NO_SCHEDULER, board
 from ..model.nvml import GiProfile, GpuInstance, SchedulerCaps, SchedulerState
 from ..model.values import MigProfile, PciAddress
 from .catalog import load_catalog
@@ -188,6 +190,17 @@ class SimNvml:
     def _instances(gpu: dict) -> List[GpuInstance]:
         return [GpuInstance(g["gi_id"], g["profile_id"], g["start"], g["size"])
                 for g in sorted(gpu.get("gpu_instances") or [], key=lambda g: g["gi_id"])]
+
+    @staticmethod
+    def _mig_scheduler(gpu: dict, pf: str, call: str) -> NvmlError:
+        """NOT_SUPPORTED for a device-level scheduler call in MIG mode, with the driver's reason: before
+        Blackwell there is no vGPU scheduler in MIG mode at all ("Software Scheduler is not supported in
+        MIG mode"); from Blackwell on it is per GPU instance (docs/reference/hardware.md#vgpu-scheduling)."""
+        model = load_catalog().gpus.get(gpu.get("board", ""))
+        b = board(model.ids.device) if model is not None else None
+        if b is not None and b.mig_scheduler:
+            return NvmlError(call, NOT_SUPPORTED, hint=f"{pf} is in MIG mode: the scheduler is per GPU instance")
+        return NvmlError(call, NOT_SUPPORTED, hint=f"{pf} is in MIG mode: {MIG_NO_SCHEDULER}")
 
     @staticmethod
     def _need_vgpu_manager(gpu: dict, call: str) -> None:
@@ -358,7 +371,7 @@ class SimNvml:
         _, pf, gpu = self._read(bdf, call)
         self._need_vgpu_manager(gpu, call)
         if gpu.get("mig_mode"):
-            raise NvmlError(call, NOT_SUPPORTED, hint=f"{pf} is in MIG mode: the scheduler is per GPU instance")
+            raise self._mig_scheduler(gpu, pf, call)
         return SchedulerState(**gpu["scheduler"])
 
     def set_scheduler_state(self, bdf: PciAddress, state: SchedulerState) -> None:
@@ -367,8 +380,7 @@ class SimNvml:
         def fn(meta: dict, pf: str, gpu: dict) -> None:
             self._need_vgpu_manager(gpu, call)
             if gpu.get("mig_mode"):
-                raise NvmlError(call, NOT_SUPPORTED,
-                                hint=f"{pf} is in MIG mode: the scheduler is per GPU instance")
+                raise self._mig_scheduler(gpu, pf, call)
             caps = gpu["scheduler_caps"]
             if state.policy not in caps["policies"]:
                 raise NvmlError(call, INVALID, hint=f"policy {state.policy!r} not in {caps['policies']}")
@@ -383,8 +395,9 @@ class SimNvml:
                     lo, hi = caps[f"min_{key}"], caps[f"max_{key}"]
                     if value is not None and not (lo <= value <= hi):
                         raise NvmlError(call, INVALID, hint=f"{key} {value} outside {lo}..{hi}")
-            if self._vgpus(meta, pf):
-                raise NvmlError(call, IN_USE, hint=f"vGPUs run on {pf}")
+            if self._vgpus(meta, pf):        # the driver answers NOT_SUPPORTED here, not IN_USE
+                raise NvmlError(call, NOT_SUPPORTED, hint=f"a vGPU instance exists on {pf}: the scheduler changes "
+                                                          "only while the GPU has none")
             gpu["scheduler"] = {"policy": state.policy, "arr": bool(state.arr),
                                 "timeslice_ms": state.timeslice_ms, "frequency_hz": state.frequency_hz,
                                 "avg_factor": state.avg_factor}
