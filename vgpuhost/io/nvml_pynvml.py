@@ -381,6 +381,30 @@ class PynvmlBackend:
         self._call("nvmlVgpuInstanceGetFbUsage", call)
         return int(usage.value)
 
+    def vgpu_utilization(self, bdf: Union[PciAddress, str], last_seen_us: int) -> Tuple[int, List[Any], str]:
+        """The per-vGPU utilisation samples of GPU ``bdf`` newer than ``last_seen_us`` (NVML's CPU
+        timestamp, microseconds; 0: the driver's whole buffer), with the ``nvmlValueType_t`` the
+        driver filled them in: ``(value_type, samples, call)``.
+
+        pynvml's wrappers drop ``sampleValType``, so the C functions are called here, count first
+        (no array: NVML_SUCCESS means no sample, NVMLError_InsufficientSize gives the count), then
+        with an array of that size (nvml.h, nvidia-ml-py 13.x):
+        ``nvmlDeviceGetVgpuInstancesUtilizationInfo(dev, *nvmlVgpuInstancesUtilizationInfo_v1_t)``
+        (R550+; the struct carries ``sampleValType``), else, on NVMLError_FunctionNotFound or
+        NotSupported, ``nvmlDeviceGetVgpuUtilization(dev, lastSeen, *sampleValType, *count,
+        *samples)``.  ``call`` names the one that answered.  Raises NvmlError.
+        """
+        nv, h = self._nv, self._handle(bdf)
+        try:
+            vt, rows = self._call("nvmlDeviceGetVgpuInstancesUtilizationInfo",
+                                  lambda: _utilization_info_v1(nv, h, int(last_seen_us)))
+            return vt, rows, "nvmlDeviceGetVgpuInstancesUtilizationInfo"
+        except NvmlError as e:
+            if e.nvml_name not in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported"):
+                raise
+        vt, rows = self._call("nvmlDeviceGetVgpuUtilization", lambda: _utilization_v0(nv, h, int(last_seen_us)))
+        return vt, rows, "nvmlDeviceGetVgpuUtilization"
+
     # --------------------------------------------------------------- scheduler
 
     def _raw_scheduler_caps(self, bdf):
@@ -784,3 +808,42 @@ def _fb_usage(r: _Reader, instance: int) -> int:
     except nv.NVMLError as e:
         raise NvmlError("nvmlVgpuInstanceGetFbUsage", type(e).__name__) from None
     return int(usage.value)
+
+
+# ------------------------------------------------------- utilisation, by the C calls
+#
+# pynvml's nvmlDeviceGetVgpuUtilization and nvmlDeviceGetVgpuInstancesUtilizationInfo fill the
+# driver's nvmlValueType_t and drop it; these two keep it (PynvmlBackend.vgpu_utilization).
+
+def _utilization_info_v1(nv, handle, last_seen_us: int) -> Tuple[int, List[Any]]:
+    """``(sampleValType, samples)`` of ``nvmlDeviceGetVgpuInstancesUtilizationInfo`` (v1 struct)."""
+    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetVgpuInstancesUtilizationInfo")
+    info = nv.c_nvmlVgpuInstancesUtilizationInfo_v1_t()
+    info.version = nv.VgpuInstancesUtilizationInfo_v1
+    info.lastSeenTimeStamp = last_seen_us
+    info.vgpuInstanceCount = 0
+    ret = fn(handle, ctypes.byref(info))
+    if ret == nv.NVML_SUCCESS:
+        return int(info.sampleValType), []
+    if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    arr = (nv.c_nvmlVgpuInstanceUtilizationInfo_v1_t * int(info.vgpuInstanceCount))()
+    info.vgpuUtilArray = arr
+    nv._nvmlCheckReturn(fn(handle, ctypes.byref(info)))
+    return int(info.sampleValType), list(arr[:int(info.vgpuInstanceCount)])
+
+
+def _utilization_v0(nv, handle, last_seen_us: int) -> Tuple[int, List[Any]]:
+    """``(sampleValType, samples)`` of ``nvmlDeviceGetVgpuUtilization``."""
+    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetVgpuUtilization")
+    value_type = ctypes.c_uint(0)
+    count = ctypes.c_uint(0)
+    stamp = ctypes.c_ulonglong(last_seen_us)
+    ret = fn(handle, stamp, ctypes.byref(value_type), ctypes.byref(count), None)
+    if ret == nv.NVML_SUCCESS:
+        return int(value_type.value), []
+    if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    arr = (nv.c_nvmlVgpuInstanceUtilizationSample_t * count.value)()
+    nv._nvmlCheckReturn(fn(handle, stamp, ctypes.byref(value_type), ctypes.byref(count), arr))
+    return int(value_type.value), list(arr[:count.value])
