@@ -566,6 +566,16 @@ class _Reader:
         except self.nv.NVMLError as e:
             raise NvmlError(name, type(e).__name__) from None
 
+    def c_call(self, name: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, a read that calls NVML's C function ``name`` itself (as
+        :func:`_utilization_v0` does); refused like :meth:`get` when ``name`` mutates."""
+        if is_mutating(name):
+            raise AssertionError(f"probe must not call {name}")
+        try:
+            return fn()
+        except self.nv.NVMLError as e:
+            raise NvmlError(name, type(e).__name__) from None
+
     def attempt(self, fn: Callable[[], Any]) -> Any:
         """``fn()``, or ``{"error": "NVMLError_..."}`` when it fails."""
         try:
@@ -665,7 +675,9 @@ def probe(backend: PynvmlBackend, bdfs: Optional[Iterable[Union[PciAddress, str]
 def _probe_device(r: _Reader, bdf: str) -> dict:
     """One GPU's read-only facts (:func:`probe`): its identity and modes, MIG GPU-instance
     profiles, vGPU scheduler, vGPU types and running vGPUs, in that order, each failing call
-    recorded in place.  Only ``bdf``, ``nvml_bus_id`` and ``handle`` when no handle is had."""
+    recorded in place, then ``gi_profile_ids`` (``{profile name: id}``, from
+    nvmlDeviceGetGpuInstanceProfileInfo(V) per profile index) and ``metering``
+    (:func:`_probe_metering`).  Only ``bdf``, ``nvml_bus_id`` and ``handle`` when no handle is had."""
     dev: Dict[str, Any] = {"bdf": bdf, "nvml_bus_id": nvml_bus_id(bdf)}
     h = r.attempt(lambda: r.get("nvmlDeviceGetHandleByPciBusId", nvml_bus_id(bdf)))
     if isinstance(h, dict) and "error" in h:
@@ -674,8 +686,27 @@ def _probe_device(r: _Reader, bdf: str) -> dict:
     dev.update(_probe_modes(r, h))
     dev["gi_profiles"] = [e for e in (_probe_gi_profile(r, h, name, index) for name, index in profile_indices(r.nv))
                           if e is not None]
+    dev["gi_profile_ids"] = {p["profile_name"]: p["id"] for p in dev["gi_profiles"] if "profile_name" in p}
     dev.update(_probe_vgpus(r, h))
+    dev["metering"] = _probe_metering(r, h)
     return dev
+
+
+def _probe_metering(r: _Reader, h) -> Dict[str, Any]:
+    """The metering calls on handle ``h``, read only: the ``nvmlValueType_t`` each utilisation
+    call reports (with the count of samples since lastSeen 0) and whether GPM is supported."""
+    nv, a = r.nv, r.attempt
+
+    def util(name: str, fn: Callable[..., Tuple[int, List[Any]]]):
+        vt, rows = r.c_call(name, lambda: fn(nv, h, 0))
+        return {"sample_value_type": vt, "name": _enum_name(nv, "NVML_VALUE_TYPE_", vt), "samples": len(rows)}
+    return {
+        "nvmlDeviceGetVgpuInstancesUtilizationInfo": a(lambda: util("nvmlDeviceGetVgpuInstancesUtilizationInfo",
+                                                                    _utilization_info_v1)),
+        "nvmlDeviceGetVgpuUtilization": a(lambda: util("nvmlDeviceGetVgpuUtilization", _utilization_v0)),
+        "nvmlGpmQueryDeviceSupport": a(lambda: {"isSupportedDevice": int(
+            r.get("nvmlGpmQueryDeviceSupport", h).isSupportedDevice)}),
+    }
 
 
 def _probe_modes(r: _Reader, h) -> Dict[str, Any]:
