@@ -100,7 +100,7 @@ def scheduler_text(state: SchedulerState) -> str:
 
 
 # ---------------------------------------------------------------------------
-# metering values (docs/reference/hardware.md#per-vgpu-metering-through-nvml)
+# metering values (docs/reference/hardware.md#metering)
 
 #: ``nvmlValueType_t`` -> the ``nvmlValue_t`` union member it names (nvml.h; nvidia-ml-py 13.x
 #: ``NVML_VALUE_TYPE_DOUBLE = 0`` ... ``NVML_VALUE_TYPE_UNSIGNED_SHORT = 6``)
