@@ -348,19 +348,26 @@ class FakeMeteringLib:
         info.currentState = pynvml.NVML_GRID_LICENSE_STATE_LICENSED
         return info
 
-    def nvmlDeviceGetVgpuInstancesUtilizationInfo(self, h, ts):
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)      # an older driver
-
-    def nvmlDeviceGetVgpuUtilization(self, h, ts):
-        assert h is self.handle and isinstance(ts, int)
-        self.last_seen.append(ts)
-        s = pynvml.c_nvmlVgpuInstanceUtilizationSample_t()
+    def _vgpu_utilization(self, h, stamp, value_type_ref, count_ref, samples):
+        """nvmlDeviceGetVgpuUtilization at the C level: count first, then the samples, with
+        the sample type the driver reports (the door reads it: pynvml's wrapper drops it)."""
+        assert h is self.handle and isinstance(stamp, ctypes.c_ulonglong)
+        value_type_ref._obj.value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        if samples is None:
+            self.last_seen.append(stamp.value)
+            count_ref._obj.value = 1
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        s = samples[0]
         s.vgpuInstance = 7
-        s.timeStamp = ts + 1_000_000
+        s.timeStamp = stamp.value + 1_000_000
         s.smUtil.uiVal, s.memUtil.uiVal, s.encUtil.uiVal, s.decUtil.uiVal = 42, 10, 3, 1
-        return [s]
+        return pynvml.NVML_SUCCESS
 
     def _nvmlGetFunctionPointer(self, name):
+        if name == "nvmlDeviceGetVgpuInstancesUtilizationInfo":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)      # an older driver
+        if name == "nvmlDeviceGetVgpuUtilization":
+            return self._vgpu_utilization
         assert name == "nvmlVgpuInstanceGetFbUsage", name
 
         def c_fn(instance, ref):
@@ -480,7 +487,8 @@ def test_a_bad_load_in_the_spec_names_its_line(make_host, load, why):
 
 
 class FakeGpmLib(FakeMeteringLib):
-    """The A40 stand-in as a MIG GPU with GPM: GI 3 runs at 37.5 % SM."""
+    """The stand-in as a MIG GPU with GPM: one H100-1-10C vGPU owns GI 3 (1g.10gb), which runs
+    at 37.5 % SM."""
 
     def __init__(self):
         super().__init__()
@@ -491,6 +499,26 @@ class FakeGpmLib(FakeMeteringLib):
 
     def nvmlVgpuInstanceGetGpuInstanceId(self, i):
         return 3
+
+    def nvmlVgpuTypeGetName(self, t):
+        return "NVIDIA H100-1-10C"
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h, index, version=2):
+        if index != pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount, info.memorySizeMB, info.name = 19, 1, 9856, b"MIG 1g.10gb"
+        return info
+
+    def nvmlDeviceGetGpuInstanceById(self, h, gi):
+        assert gi == 3
+        return "gi-3"
+
+    def nvmlGpuInstanceGetInfo(self, gi):
+        assert gi == "gi-3"
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id, info.profileId = 3, 19
+        return info
 
     def nvmlGpmQueryDeviceSupport(self, h):
         s = pynvml.c_nvmlGpmSupport_t()

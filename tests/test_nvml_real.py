@@ -301,8 +301,10 @@ class FakeNvml:
     def _nvmlGetFunctionPointer(self, name):
         """The C entry points called directly (FB usage): writes a 64-bit value
         through the pointer it gets, as the driver does (a c_uint target keeps
-        only the low 32 bits here instead of overflowing)."""
-        assert name == "nvmlVgpuInstanceGetFbUsage", name
+        only the low 32 bits here instead of overflowing).  Any other symbol is one this
+        driver lacks: pynvml raises NVMLError_FunctionNotFound for it."""
+        if name != "nvmlVgpuInstanceGetFbUsage":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
         def c_fn(instance, usage_ref):
             assert int(getattr(instance, "value", instance)) == 7
@@ -816,7 +818,8 @@ def test_probe_script_and_probe_code_name_no_mutating_nvml_call():
     script = (REPO / "bench" / "nvml_probe.py").read_text()
     assert not FORBIDDEN.search(script), FORBIDDEN.search(script).group(0)
     for fn in (nvml_real.probe, nvml_real._probe_device, nvml_real._gi_sched_state, nvml_real._fb_usage,
-               nvml_real.system_facts, nvml_real._Reader):
+               nvml_real.system_facts, nvml_real._Reader, nvml_real._probe_metering, nvml_real._utilization_v0,
+               nvml_real._utilization_info_v1):
         src = inspect.getsource(fn)
         hit = FORBIDDEN.search(src)
         assert not hit, f"{fn.__name__}: {hit.group(0)}"

@@ -42,14 +42,18 @@ NVML facts used (nvidia-ml-py 13.x ``pynvml.py`` and the NVML API reference,
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
+from ..model.nvml import GPM_UNKNOWN_SHARE, VALUE_TYPE_FIELDS, gpm_not_metered, no_mdev_uuid
 from .nvml import NvmlError
-from .nvml_pynvml import bdf_from_nvml
+from .nvml_pynvml import bdf_from_nvml, profile_name
 
 #: licence states as vgpuhost names them (NVML_GRID_LICENSE_STATE_* 0..5)
+log = logging.getLogger("vgpuhost.metering")
+
 LICENSE_STATES = ("unknown", "uninitialized", "unlicensed-unrestricted", "unlicensed-restricted",
                   "unlicensed", "licensed")
 
@@ -95,7 +99,8 @@ class GpuReading:
     """One GPU at one read: ``bdf`` (``0000:41:00.0``), its name, MIG mode,
     its active vGPUs, and the SM utilisation (percent) of each GPU instance
     where GPM gives it (``gi_sm``: ``{gi_id: percent}``; empty when GPM is
-    not available, ``gpm`` says why)."""
+    not available, ``gpm`` says why; ``gi_not_metered``: the GPU instances whose vGPUs GPM
+    does not meter, with the reason)."""
 
     bdf: str
     name: str
@@ -104,6 +109,9 @@ class GpuReading:
     gi_sm: Dict[int, float] = field(default_factory=dict)
     gpm: str = "unavailable"
     error: Optional[str] = None
+    #: ``{gi_id: reason}`` for the GPU instances GPM does not meter although they hold
+    #: MIG-backed vGPUs (:data:`~vgpuhost.model.nvml.GPM_REASONS`)
+    gi_not_metered: Dict[int, str] = field(default_factory=dict)
 
 
 class MeteringNvml(Protocol):
@@ -147,9 +155,13 @@ def _text(v: Any) -> str:
 
 
 def _value(v: Any, value_type: int) -> float:
-    """A ``c_nvmlValue_t`` union read by its ``sampleValType``."""
-    field_by_type = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-    return float(getattr(v, field_by_type.get(int(value_type), "uiVal")))
+    """A ``c_nvmlValue_t`` union read by the ``nvmlValueType_t`` the driver gave
+    (:data:`~vgpuhost.model.nvml.VALUE_TYPE_FIELDS`).  Raises ValueError for a type NVML does
+    not define: such a sample is not guessed at."""
+    name = VALUE_TYPE_FIELDS.get(int(value_type))
+    if name is None:
+        raise ValueError(f"unknown nvmlValueType_t {value_type}")
+    return float(getattr(v, name))
 
 
 class PynvmlMetering:
@@ -160,7 +172,8 @@ class PynvmlMetering:
         self._be = backend
         self._boot_id_path = boot_id_path
         self._nv = backend._nv
-        self._gpm_prev: Dict[Tuple[str, int], Any] = {}
+        self._gpm_prev: Dict[Tuple[str, int], Any] = {}       # (bdf, gi) -> the last GPM sample
+        self._gi_names: Dict[str, Dict[int, str]] = {}         # bdf -> {GI profile id: name}
 
     def clock_us(self) -> int:
         return int(time.time() * 1_000_000)
@@ -185,7 +198,11 @@ class PynvmlMetering:
         return [int(getattr(i, "value", i)) for i in self._be._fn("nvmlDeviceGetActiveVgpus", self._be._handle(bdf))]
 
     def instance_identity(self, instance: int) -> Tuple[str, str, str, Optional[int]]:
-        """``(mdev UUID or "", VM id or "", type name, GI id or None)`` of one vGPU instance."""
+        """``(mdev UUID or "", VM id or "", type name, GI id or None)`` of one vGPU instance.
+
+        An empty or all-zero mdev UUID is none (a vendor-specific VFIO vGPU has no mdev: a real
+        ``nvidia-smi vgpu -q`` of driver 580 prints no MDEV UUID line, and the libvirt domain
+        UUID as VM UUID; tests/data/real/nvidia-smi/README.md); a VM UUID is lower-cased."""
         fn = self._be._fn
         try:
             mdev = _text(fn("nvmlVgpuInstanceGetMdevUUID", instance))
@@ -193,11 +210,15 @@ class PynvmlMetering:
             if e.nvml_name not in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound"):
                 raise
             mdev = ""
+        if no_mdev_uuid(mdev):          # vendor VFIO: no mdev (empty, or all zeros)
+            mdev = ""
         try:
             vm = fn("nvmlVgpuInstanceGetVmID", instance)
-            vm_id = _text(vm[0] if isinstance(vm, tuple) else vm)
+            vm_id = _text(vm[0] if isinstance(vm, (tuple, list)) else vm)
         except NvmlError:
             vm_id = ""
+        if len(vm_id) == 36 and vm_id.count("-") == 4:
+            vm_id = vm_id.lower()       # a domain UUID, spelled as libvirt spells it
         type_id = int(fn("nvmlVgpuInstanceGetType", instance))
         name = _text(fn("nvmlVgpuTypeGetName", type_id))
         if name.upper().startswith("NVIDIA "):
@@ -234,57 +255,76 @@ class PynvmlMetering:
 
     # --- utilisation ---------------------------------------------------------------
     def utilization(self, bdf: str, last_seen_us: int) -> Dict[int, UtilSample]:
-        """``{instance: sample}`` newer than ``last_seen_us`` (the newest per instance)."""
-        h = self._be._handle(bdf)
-        try:
-            rows = self._be._fn("nvmlDeviceGetVgpuInstancesUtilizationInfo", h, int(last_seen_us))
-            value_type = 0
-            vt = getattr(rows, "sampleValType", None)
-            if vt is not None:        # the struct itself (some pynvml versions return it)
-                value_type = int(vt)
-                rows = [rows.vgpuUtilArray[i] for i in range(int(rows.vgpuInstanceCount))]
-            else:
-                value_type = self._value_type_v1
-        except NvmlError as e:
-            if e.nvml_name not in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported"):
-                raise
-            rows = self._be._fn("nvmlDeviceGetVgpuUtilization", h, int(last_seen_us))
-            value_type = 1       # the v0 call reports unsigned ints
+        """``{instance: sample}`` newer than ``last_seen_us`` (the newest per instance).
+
+        Each value is read by the ``sampleValType`` the driver reported with the samples
+        (:meth:`PynvmlBackend.vgpu_utilization` calls the C functions, since pynvml drops it);
+        a type NVML does not define gives no samples (logged), never a guess."""
+        value_type, rows, call = self._be.vgpu_utilization(bdf, int(last_seen_us))
         out: Dict[int, UtilSample] = {}
         for r in rows or []:
             inst = int(getattr(r.vgpuInstance, "value", r.vgpuInstance))
-            s = UtilSample(int(r.timeStamp), _value(r.smUtil, value_type), _value(r.memUtil, value_type),
-                           _value(r.encUtil, value_type), _value(r.decUtil, value_type))
+            try:
+                s = UtilSample(int(r.timeStamp), _value(r.smUtil, value_type), _value(r.memUtil, value_type),
+                               _value(r.encUtil, value_type), _value(r.decUtil, value_type))
+            except ValueError as e:
+                log.warning("%s on %s: %s; its samples are skipped", call, bdf, e)
+                return {}
             if inst not in out or s.timestamp_us > out[inst].timestamp_us:
                 out[inst] = s
         return out
 
-    #: pynvml's v1 wrapper returns the sample array without the union type; the
-    #: driver reports these as unsigned ints (NVML_VALUE_TYPE_UNSIGNED_INT).
-    _value_type_v1 = 1
-
     # --- GPM -----------------------------------------------------------------------
+    def _free_sample(self, sample: Any) -> None:
+        """``nvmlGpmSampleFree`` of a sample ``nvmlGpmSampleAlloc`` gave (a failure is logged)."""
+        try:
+            self._be._fn("nvmlGpmSampleFree", sample)
+        except NvmlError as e:
+            log.warning("nvmlGpmSampleFree failed: %s", e.nvml_name)
+
+    def _drop_samples(self, bdf: str, keep: Tuple[int, ...] = ()) -> None:
+        """Free the kept GPM samples of GPU ``bdf`` but those of the GPU instances in ``keep``."""
+        for key in [k for k in self._gpm_prev if k[0] == bdf and k[1] not in keep]:
+            self._free_sample(self._gpm_prev.pop(key))
+
+    def close(self) -> None:
+        """Free every GPM sample this door still holds."""
+        for key in list(self._gpm_prev):
+            self._free_sample(self._gpm_prev.pop(key))
+
     def gi_sm_utilization(self, bdf: str, gi_ids: List[int]) -> Tuple[Dict[int, float], str]:
         """SM utilisation (percent) per GPU instance between this read and the previous one.
 
         Returns ``({gi_id: percent}, status)``; status ``ok``, ``warming-up``
         (first read: GPM needs two samples) or ``unavailable`` (not Hopper+,
-        or the driver lacks GPM).
+        or the driver lacks GPM).  Every sample ``nvmlGpmSampleAlloc`` gives is freed with
+        ``nvmlGpmSampleFree`` on every path (NVML API reference, GPM functions): a failed
+        ``nvmlGpmMigSampleGet`` frees the new one, and a GPU instance no longer asked for
+        frees its kept one.
         """
         nv, fn = self._nv, self._be._fn
         h = self._be._handle(bdf)
+        self._drop_samples(bdf, keep=tuple(gi_ids))
         try:
             if not int(getattr(fn("nvmlGpmQueryDeviceSupport", h), "isSupportedDevice", 0)):
+                self._drop_samples(bdf)
                 return {}, "unavailable"
         except NvmlError:
+            self._drop_samples(bdf)
             return {}, "unavailable"
         out: Dict[int, float] = {}
         status = "ok"
         for gi in gi_ids:
             try:
                 cur = fn("nvmlGpmSampleAlloc")
+            except NvmlError:
+                self._drop_samples(bdf)
+                return {}, "unavailable"
+            try:
                 fn("nvmlGpmMigSampleGet", h, gi, cur)
             except NvmlError:
+                self._free_sample(cur)
+                self._drop_samples(bdf)
                 return {}, "unavailable"
             prev = self._gpm_prev.get((bdf, gi))
             self._gpm_prev[(bdf, gi)] = cur
@@ -301,41 +341,76 @@ class PynvmlMetering:
             except NvmlError:
                 continue
             finally:
-                try:
-                    fn("nvmlGpmSampleFree", prev)
-                except NvmlError:
-                    pass
+                self._free_sample(prev)
             if int(res.metrics[0].nvmlReturn) == 0:
                 out[gi] = float(res.metrics[0].value)
         return out, status
+
+    def _gi_profile_name(self, bdf: str, gi_id: int) -> Optional[str]:
+        """The profile name (``1g.18gb``) of GPU instance ``gi_id`` of GPU ``bdf``, or None
+        when NVML does not say (the device's profile names are read once per GPU)."""
+        try:
+            names = self._gi_names.get(bdf)
+            if names is None:
+                names = {int(info.id): profile_name(index_name, int(info.sliceCount), int(info.memorySizeMB),
+                                                    getattr(info, "name", None))
+                         for index_name, _i, info in self._be._raw_profiles(self._be._handle(bdf))}
+                self._gi_names[bdf] = names
+            gi = self._be._gi_handle(bdf, gi_id)
+            return names.get(int(self._be._fn("nvmlGpuInstanceGetInfo", gi).profileId))
+        except NvmlError:
+            return None
+
+    def gpm_reasons(self, bdf: str, vgpus: List[VgpuReading]) -> Dict[int, Optional[str]]:
+        """``{gi_id: why GPM does not meter it, or None}`` for each GPU instance holding MIG-backed
+        vGPUs of ``vgpus`` (:func:`~vgpuhost.model.nvml.gpm_not_metered`: only vGPUs allocated
+        the whole instance's framebuffer are metered)."""
+        by_gi: Dict[int, List[str]] = {}
+        for v in vgpus:
+            if v.gi_id is not None:
+                by_gi.setdefault(v.gi_id, []).append(v.type_name)
+        out: Dict[int, Optional[str]] = {}
+        for gi, names in sorted(by_gi.items()):
+            prof = self._gi_profile_name(bdf, gi)
+            out[gi] = gpm_not_metered(names, prof) if prof else GPM_UNKNOWN_SHARE
+        return out
 
     # --- one read --------------------------------------------------------------------
     def read(self, last_seen_us: Dict[str, int]) -> List[GpuReading]:
         out: List[GpuReading] = []
         for bdf in self.bus_ids():
             try:
-                name = _text(self._be.device_name(bdf))
-                mig = bool((self._be.mig_mode(bdf) or (False, False))[0])
-                try:
-                    instances = self.active_instances(bdf)
-                except NvmlError as e:
-                    if e.not_supported:          # no vGPU manager on this GPU
-                        continue
-                    raise
-                samples = self.utilization(bdf, last_seen_us.get(bdf, 0)) if instances else {}
-                vgpus = []
-                for inst in instances:
-                    mdev, vm_id, tname, gi = self.instance_identity(inst)
-                    vgpus.append(VgpuReading(inst, mdev, vm_id, tname, gi, self.fb_used(inst),
-                                             self.fb_total(inst), self.license(inst), samples.get(inst)))
-                gi_sm, gpm = ({}, "unavailable")
-                if mig:
-                    gis = sorted({v.gi_id for v in vgpus if v.gi_id is not None})
-                    gi_sm, gpm = self.gi_sm_utilization(bdf, gis)
-                out.append(GpuReading(bdf, name, mig, tuple(vgpus), gi_sm, gpm))
+                out.extend(self._read_gpu(bdf, last_seen_us.get(bdf, 0)))
             except NvmlError as e:
                 out.append(GpuReading(bdf, "", False, (), error=e.nvml_name))
         return out
+
+    def _read_gpu(self, bdf: str, last_seen_us: int) -> List[GpuReading]:
+        """GPU ``bdf``'s reading (none when it has no vGPU manager); raises NvmlError."""
+        name = _text(self._be.device_name(bdf))
+        mig = bool((self._be.mig_mode(bdf) or (False, False))[0])
+        try:
+            instances = self.active_instances(bdf)
+        except NvmlError as e:
+            if e.not_supported:          # no vGPU manager on this GPU
+                return []
+            raise
+        samples = self.utilization(bdf, last_seen_us) if instances else {}
+        vgpus = []
+        for inst in instances:
+            mdev, vm_id, tname, gi = self.instance_identity(inst)
+            vgpus.append(VgpuReading(inst, mdev, vm_id, tname, gi, self.fb_used(inst),
+                                     self.fb_total(inst), self.license(inst), samples.get(inst)))
+        gi_sm: Dict[int, float] = {}
+        gpm = "unavailable"
+        reasons: Dict[int, Optional[str]] = {}
+        if mig:
+            reasons = self.gpm_reasons(bdf, vgpus)
+            gi_sm, gpm = self.gi_sm_utilization(bdf, [g for g, why in reasons.items() if why is None])
+        else:
+            self._drop_samples(bdf)
+        not_metered = {g: why for g, why in reasons.items() if why is not None}
+        return [GpuReading(bdf, name, mig, tuple(vgpus), gi_sm, gpm, gi_not_metered=not_metered)]
 
 
 __all__ = ["MeteringNvml", "GpuReading", "VgpuReading", "UtilSample", "LICENSE_STATES",

@@ -387,6 +387,30 @@ class PynvmlBackend:
         self._call("nvmlVgpuInstanceGetFbUsage", call)
         return int(usage.value)
 
+    def vgpu_utilization(self, bdf: Union[PciAddress, str], last_seen_us: int) -> Tuple[int, List[Any], str]:
+        """The per-vGPU utilisation samples of GPU ``bdf`` newer than ``last_seen_us`` (NVML's CPU
+        timestamp, microseconds; 0: the driver's whole buffer), with the ``nvmlValueType_t`` the
+        driver filled them in: ``(value_type, samples, call)``.
+
+        pynvml's wrappers drop ``sampleValType``, so the C functions are called here, count first
+        (no array: NVML_SUCCESS means no sample, NVMLError_InsufficientSize gives the count), then
+        with an array of that size (nvml.h, nvidia-ml-py 13.x):
+        ``nvmlDeviceGetVgpuInstancesUtilizationInfo(dev, *nvmlVgpuInstancesUtilizationInfo_v1_t)``
+        (R550+; the struct carries ``sampleValType``), else, on NVMLError_FunctionNotFound or
+        NotSupported, ``nvmlDeviceGetVgpuUtilization(dev, lastSeen, *sampleValType, *count,
+        *samples)``.  ``call`` names the one that answered.  Raises NvmlError.
+        """
+        nv, h = self._nv, self._handle(bdf)
+        try:
+            vt, rows = self._call("nvmlDeviceGetVgpuInstancesUtilizationInfo",
+                                  lambda: _utilization_info_v1(nv, h, int(last_seen_us)))
+            return vt, rows, "nvmlDeviceGetVgpuInstancesUtilizationInfo"
+        except NvmlError as e:
+            if e.nvml_name not in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported"):
+                raise
+        vt, rows = self._call("nvmlDeviceGetVgpuUtilization", lambda: _utilization_v0(nv, h, int(last_seen_us)))
+        return vt, rows, "nvmlDeviceGetVgpuUtilization"
+
     # --------------------------------------------------------------- scheduler
 
     def _raw_scheduler_caps(self, bdf):
@@ -626,6 +650,16 @@ class _Reader:
         except self.nv.NVMLError as e:
             raise NvmlError(name, type(e).__name__) from None
 
+    def c_call(self, name: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, a read that calls NVML's C function ``name`` itself (as
+        :func:`_utilization_v0` does); refused like :meth:`get` when ``name`` mutates."""
+        if is_mutating(name):
+            raise AssertionError(f"probe must not call {name}")
+        try:
+            return fn()
+        except self.nv.NVMLError as e:
+            raise NvmlError(name, type(e).__name__) from None
+
     def attempt(self, fn: Callable[[], Any]) -> Any:
         """``fn()``, or ``{"error": "NVMLError_..."}`` when it fails."""
         try:
@@ -725,7 +759,9 @@ def probe(backend: PynvmlBackend, bdfs: Optional[Iterable[Union[PciAddress, str]
 def _probe_device(r: _Reader, bdf: str) -> dict:
     """One GPU's read-only facts (:func:`probe`): its identity and modes, MIG GPU-instance
     profiles, vGPU scheduler, vGPU types and running vGPUs, in that order, each failing call
-    recorded in place.  Only ``bdf``, ``nvml_bus_id`` and ``handle`` when no handle is had."""
+    recorded in place, then ``gi_profile_ids`` (``{profile name: id}``, from
+    nvmlDeviceGetGpuInstanceProfileInfo(V) per profile index) and ``metering``
+    (:func:`_probe_metering`).  Only ``bdf``, ``nvml_bus_id`` and ``handle`` when no handle is had."""
     dev: Dict[str, Any] = {"bdf": bdf, "nvml_bus_id": nvml_bus_id(bdf)}
     h = r.attempt(lambda: r.get("nvmlDeviceGetHandleByPciBusId", nvml_bus_id(bdf)))
     if isinstance(h, dict) and "error" in h:
@@ -734,8 +770,27 @@ def _probe_device(r: _Reader, bdf: str) -> dict:
     dev.update(_probe_modes(r, h))
     dev["gi_profiles"] = [e for e in (_probe_gi_profile(r, h, name, index) for name, index in profile_indices(r.nv))
                           if e is not None]
+    dev["gi_profile_ids"] = {p["profile_name"]: p["id"] for p in dev["gi_profiles"] if "profile_name" in p}
     dev.update(_probe_vgpus(r, h))
+    dev["metering"] = _probe_metering(r, h)
     return dev
+
+
+def _probe_metering(r: _Reader, h) -> Dict[str, Any]:
+    """The metering calls on handle ``h``, read only: the ``nvmlValueType_t`` each utilisation
+    call reports (with the count of samples since lastSeen 0) and whether GPM is supported."""
+    nv, a = r.nv, r.attempt
+
+    def util(name: str, fn: Callable[..., Tuple[int, List[Any]]]):
+        vt, rows = r.c_call(name, lambda: fn(nv, h, 0))
+        return {"sample_value_type": vt, "name": _enum_name(nv, "NVML_VALUE_TYPE_", vt), "samples": len(rows)}
+    return {
+        "nvmlDeviceGetVgpuInstancesUtilizationInfo": a(lambda: util("nvmlDeviceGetVgpuInstancesUtilizationInfo",
+                                                                    _utilization_info_v1)),
+        "nvmlDeviceGetVgpuUtilization": a(lambda: util("nvmlDeviceGetVgpuUtilization", _utilization_v0)),
+        "nvmlGpmQueryDeviceSupport": a(lambda: {"isSupportedDevice": int(
+            r.get("nvmlGpmQueryDeviceSupport", h).isSupportedDevice)}),
+    }
 
 
 def _probe_modes(r: _Reader, h) -> Dict[str, Any]:
@@ -868,3 +923,42 @@ def _fb_usage(r: _Reader, instance: int) -> int:
     except nv.NVMLError as e:
         raise NvmlError("nvmlVgpuInstanceGetFbUsage", type(e).__name__) from None
     return int(usage.value)
+
+
+# ------------------------------------------------------- utilisation, by the C calls
+#
+# pynvml's nvmlDeviceGetVgpuUtilization and nvmlDeviceGetVgpuInstancesUtilizationInfo fill the
+# driver's nvmlValueType_t and drop it; these two keep it (PynvmlBackend.vgpu_utilization).
+
+def _utilization_info_v1(nv, handle, last_seen_us: int) -> Tuple[int, List[Any]]:
+    """``(sampleValType, samples)`` of ``nvmlDeviceGetVgpuInstancesUtilizationInfo`` (v1 struct)."""
+    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetVgpuInstancesUtilizationInfo")
+    info = nv.c_nvmlVgpuInstancesUtilizationInfo_v1_t()
+    info.version = nv.VgpuInstancesUtilizationInfo_v1
+    info.lastSeenTimeStamp = last_seen_us
+    info.vgpuInstanceCount = 0
+    ret = fn(handle, ctypes.byref(info))
+    if ret == nv.NVML_SUCCESS:
+        return int(info.sampleValType), []
+    if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    arr = (nv.c_nvmlVgpuInstanceUtilizationInfo_v1_t * int(info.vgpuInstanceCount))()
+    info.vgpuUtilArray = arr
+    nv._nvmlCheckReturn(fn(handle, ctypes.byref(info)))
+    return int(info.sampleValType), list(arr[:int(info.vgpuInstanceCount)])
+
+
+def _utilization_v0(nv, handle, last_seen_us: int) -> Tuple[int, List[Any]]:
+    """``(sampleValType, samples)`` of ``nvmlDeviceGetVgpuUtilization``."""
+    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetVgpuUtilization")
+    value_type = ctypes.c_uint(0)
+    count = ctypes.c_uint(0)
+    stamp = ctypes.c_ulonglong(last_seen_us)
+    ret = fn(handle, stamp, ctypes.byref(value_type), ctypes.byref(count), None)
+    if ret == nv.NVML_SUCCESS:
+        return int(value_type.value), []
+    if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    arr = (nv.c_nvmlVgpuInstanceUtilizationSample_t * count.value)()
+    nv._nvmlCheckReturn(fn(handle, stamp, ctypes.byref(value_type), ctypes.byref(count), arr))
+    return int(value_type.value), list(arr[:count.value])

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from .errors import InputError
 from .kinds import SchedulerPolicy
+from .values import MigProfile, VgpuProfile
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,55 @@ def scheduler_text(state: SchedulerState) -> str:
         parts.append("ARR off")
         parts.append(f"time slice {state.timeslice_ms} ms" if state.timeslice_ms else "default time slice")
     return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# metering values (docs/reference/hardware.md#metering)
+
+#: ``nvmlValueType_t`` -> the ``nvmlValue_t`` union member it names (nvml.h; nvidia-ml-py 13.x
+#: ``NVML_VALUE_TYPE_DOUBLE = 0`` ... ``NVML_VALUE_TYPE_UNSIGNED_SHORT = 6``)
+VALUE_TYPE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+#: why a MIG GPU instance's SM use is not metered through GPM (a ``gpm`` reason in the metering
+#: output): the NVML API reference's "NVML GPM" chapter says that in NVIDIA vGPU software GPM is
+#: supported only on MIG-backed vGPU profiles that are allocated all of the instance's framebuffer
+GPM_NOT_WHOLE_INSTANCE = "vgpu-not-whole-instance"
+#: the GPU instance's vGPU type could not be told to own the whole instance (a name vgpuhost
+#: cannot parse): not metered rather than guessed
+GPM_UNKNOWN_SHARE = "vgpu-share-unknown"
+GPM_REASONS = (GPM_NOT_WHOLE_INSTANCE, GPM_UNKNOWN_SHARE)
+
+
+def no_mdev_uuid(text: Optional[str]) -> bool:
+    """True when an mdev UUID NVML reports is none: empty, or all zeros
+    (``00000000-0000-0000-0000-000000000000``).  A vendor-specific VFIO vGPU has no mdev: a
+    real ``nvidia-smi vgpu -q`` on such a host (driver 580) prints no ``MDEV UUID`` line
+    (tests/data/real/nvidia-smi/README.md)."""
+    t = (text or "").strip().strip("\x00")
+    return not t.replace("-", "").strip("0")
+
+
+def gpm_not_metered(type_names: List[str], gi_profile_name: Optional[str]) -> Optional[str]:
+    """Why GPM does not meter a GPU instance holding vGPUs of ``type_names`` (one name per vGPU
+    in it, ``H200X-1-18C``) on a GI of profile ``gi_profile_name`` (``1g.18gb``), or None when
+    it does.
+
+    Source: NVML API reference, "NVML GPM" (docs.nvidia.com/deploy/nvml-api/group__GPM.html):
+    for NVIDIA vGPU software, GPM is supported only on MIG-backed vGPU profiles allocated all of
+    the instance's framebuffer.  So: one vGPU in the instance, MIG-backed, whose framebuffer
+    (GB, as the type name spells it) is the instance's (GB, as the profile name spells it);
+    :data:`GPM_NOT_WHOLE_INSTANCE` when it is smaller or shared, :data:`GPM_UNKNOWN_SHARE` when a
+    name does not parse.
+    """
+    if len(type_names) != 1:
+        return GPM_NOT_WHOLE_INSTANCE if type_names else GPM_UNKNOWN_SHARE
+    prof = VgpuProfile.try_parse(type_names[0])
+    try:
+        gi: Optional[MigProfile] = MigProfile.parse(gi_profile_name or "")
+    except InputError:
+        gi = None
+    if prof is None or gi is None:
+        return GPM_UNKNOWN_SHARE
+    if not prof.mig_backed or prof.framebuffer_gb < gi.memory_gb:
+        return GPM_NOT_WHOLE_INSTANCE
+    return None

@@ -78,4 +78,36 @@ def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]
     return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
 
 
-__all__ = ["VgpuEntry", "list_vgpus", "VGPU_STATES"]
+def _type_key(name: Optional[str]) -> str:
+    """A vGPU type name as compared: without the ``NVIDIA ``/``GRID `` prefix, case-folded."""
+    t = (name or "").strip()
+    for prefix in ("NVIDIA ", "GRID "):
+        if t.upper().startswith(prefix):
+            t = t[len(prefix):]
+    return t.casefold()
+
+
+def match_vgpu_record(records: Sequence[VgpuRecord], *, gpu: str, device: str, vm_id: str,
+                      type_name: str) -> Optional[VgpuRecord]:
+    """The record of a vGPU NVML reports as active, or None.
+
+    ``device``: the mdev UUID NVML gives ('' for none: a caller passes '' for an empty or all-zero
+    one, :func:`vgpuhost.model.nvml.no_mdev_uuid`); ``gpu``: its GPU's BDF (``0000:41:00.0``);
+    ``vm_id``: NVML's VM id; ``type_name``: its type (``L40S-24Q``, with or without ``NVIDIA``).
+    With an mdev UUID the record is the one of that id.  Without one (a vendor-specific VFIO
+    vGPU: a real ``nvidia-smi vgpu -q`` of driver 580 shows the libvirt domain UUID as VM UUID and
+    no MDEV UUID, tests/data/real/nvidia-smi/README.md) it is the one record on that GPU, of that
+    type, owned by that domain (NVIDIA allows one vGPU per VM per GPU); none when no record or more
+    than one fits.
+    """
+    if device:
+        return next((r for r in records if r.id == device), None)
+    vm = (vm_id or "").strip().lower()
+    if not vm:
+        return None
+    want = _type_key(type_name)
+    fits = [r for r in records if str(r.gpu) == gpu and (r.owner or "").lower() == vm and _type_key(r.type_name) == want]
+    return fits[0] if len(fits) == 1 else None
+
+
+__all__ = ["VgpuEntry", "list_vgpus", "VGPU_STATES", "match_vgpu_record"]

@@ -123,6 +123,12 @@ class SnapshotCollector:
         for bdf, gid, pct in snap.gi_sm:
             u.add_metric([bdf, str(gid)], pct / 100)
         yield u
+        n = GaugeMetricFamily(PREFIX + "gpu_instance_not_metered",
+                              "1 per MIG GPU instance holding vGPUs whose SM use GPM does not meter, with why",
+                              labels=["gpu", "gpu_instance", "reason"])
+        for bdf, gid, why in snap.gi_not_metered:
+            n.add_metric([bdf, str(gid), why], 1.0)
+        yield n
         yield from _host_families(snap.host)
 
 

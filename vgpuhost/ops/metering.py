@@ -75,9 +75,11 @@ from ..io.virt import open_connection
 from ..libvirt.domxml import parse_domain
 from ..model.concepts import DeviceKind
 from ..model.errors import HostEnvironmentError
+from ..model.nvml import no_mdev_uuid
 from ..model.usage import UsageRow
 from ..model.values import parse_uuid
 from ..observe.inventory import discover, free_instances
+from ..observe.vgpus import match_vgpu_record
 from . import tenancy
 
 log = logging.getLogger("vgpuhost.metering")
@@ -164,6 +166,8 @@ class Snapshot:
     devices: Tuple[DeviceUsage, ...] = ()
     gpus: Tuple[Tuple[str, str, bool, str], ...] = ()          # (bdf, name, mig, gpm status)
     gi_sm: Tuple[Tuple[str, int, float], ...] = ()             # (gpu, gi_id, percent)
+    #: (gpu, gi_id, reason): GPU instances holding vGPUs that GPM does not meter (model/nvml.GPM_REASONS)
+    gi_not_metered: Tuple[Tuple[str, int, str], ...] = ()
     errors_total: int = 0
     gap_s_total: float = 0.0
     host: Dict[str, object] = field(default_factory=dict)       # host-level series (see host_series)
@@ -340,7 +344,10 @@ class Sampler:
         return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
                         devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(t.present.items())),
                         gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
-                        gi_sm=tuple(t.gi_sm), errors_total=self._errors, gap_s_total=self._gap_s,
+                        gi_sm=tuple(t.gi_sm),
+                        gi_not_metered=tuple((g.bdf, gi, why) for g in readings if not g.error
+                                             for gi, why in sorted(g.gi_not_metered.items())),
+                        errors_total=self._errors, gap_s_total=self._gap_s,
                         host=dict(self._host))
 
     def _meter_for(self, t: _Tick, device: str, kind: str, gpu: str, profile: str,
@@ -409,14 +416,14 @@ class Sampler:
 
     def _meter_vgpu(self, t: _Tick, g: GpuReading, v, seen: int) -> int:
         """Meter vGPU reading ``v`` of GPU reading ``g`` (``seen``: the GPU's last reading, µs):
-        attribute it, integrate its utilisation sample (the integration rule of the module doc)
+        attribute it (by mdev UUID, or without one by GPU, VM UUID and type:
+        :func:`~vgpuhost.observe.vgpus.match_vgpu_record`), integrate its utilisation sample (the integration rule of the module doc)
         and its allocation.  Returns the newest sample time it used, µs (0: none)."""
         now_us = t.now_us
-        rec = t.vgpu_recs.get(v.device) if v.device else None
-        if rec is None and not v.device:
-            rec = next((r for r in t.vgpu_recs.values()
-                        if r.gpu == g.bdf and r.owner == v.vm_id and r.type_name == v.type_name), None)
-        device = v.device or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
+        mdev = "" if no_mdev_uuid(v.device) else v.device
+        rec = match_vgpu_record(list(t.vgpu_recs.values()), gpu=g.bdf, device=mdev, vm_id=v.vm_id,
+                                type_name=v.type_name)
+        device = mdev or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
         domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
         kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
         m = self._meter_for(t, device, kind, g.bdf, v.type_name, self._owner(domain, t.names))

@@ -29,9 +29,12 @@ A host spec sets the initial traces with a top-level ``load:`` mapping (the
 A value ``X`` is a number (constant), ``{"square": {"high": H, "low": L,
 "period_s": P, "duty": 0.5}}`` (H for the first ``duty`` of each period
 from ``start``), or ``{"steps": [[t_s, v], ...]}`` (v from ``start + t_s``
-on).  The simulator reports the VF's BDF as the device of a vendor-VFIO
-vGPU, where a real driver gives no mdev UUID (the sampler then matches by
-VM id and type).  Every reading is exact: a utilisation sample is the *mean* of the trace
+on).  A vendor-VFIO vGPU is reported as the driver reports it: no mdev UUID
+(``device`` is ''), and the trace's ``vm`` (the libvirt domain UUID QEMU gives the
+driver) as its VM id, so the sampler matches it by GPU, VM UUID and type (a real
+``nvidia-smi vgpu -q`` of driver 580, tests/data/real/nvidia-smi/); its trace is still
+keyed by the VF's BDF.  GPM meters a GPU instance only when its one vGPU is MIG-backed
+and owns the instance's whole framebuffer (:func:`_gpm_reasons`).  Every reading is exact: a utilisation sample is the *mean* of the trace
 over ``(last_seen, now]`` (1 s back when ``last_seen`` is 0), so the busy
 seconds a sampler integrates equal :func:`integral` of the trace.  Traces run on
 the simulated true time (the monotonic clock); sample timestamps are on the
@@ -49,6 +52,7 @@ from typing import Any, Dict, List, Optional
 from ..io.hostroot import HostRoot
 from ..model.errors import InputError
 from ..io.nvml_metering import LICENSE_STATES, GpuReading, UtilSample, VgpuReading
+from ..model.nvml import gpm_not_metered
 from .kernel import SimKernel
 
 LOAD_FILE = "load.json"
@@ -170,6 +174,18 @@ def write_load(host: HostRoot, traces: Dict[str, dict]) -> None:
     (host.sim_dir / LOAD_FILE).write_text(json.dumps({"traces": traces}, indent=1, sort_keys=True))
 
 
+def _gpm_reasons(vgpus: List[VgpuReading], gpu_instances: List[dict]) -> Dict[int, Optional[str]]:
+    """``{gi_id: why GPM does not meter it, or None}`` for each simulated GPU instance holding
+    vGPUs: as the driver does, only a MIG-backed vGPU allocated the whole instance's framebuffer
+    is metered (:func:`vgpuhost.model.nvml.gpm_not_metered`, NVML API reference "NVML GPM")."""
+    profile = {int(g["gi_id"]): g.get("profile") for g in gpu_instances}
+    by_gi: Dict[int, List[str]] = {}
+    for v in vgpus:
+        if v.gi_id is not None:
+            by_gi.setdefault(v.gi_id, []).append(v.type_name)
+    return {gi: gpm_not_metered(names, profile.get(gi)) for gi, names in sorted(by_gi.items())}
+
+
 class SimMetering:
     """:class:`~vgpuhost.io.nvml_metering.MeteringNvml` over a simulated host."""
 
@@ -276,6 +292,7 @@ class SimMetering:
             seen = int(last_seen_us.get(pf, 0))
             t0 = seen / 1_000_000 - step if seen else now - 1.0
             mig = bool(gpu.get("mig_mode"))
+            vendor_vfio = gpu.get("backend") == "vendor-vfio"
             gis_by_profile: Dict[str, List[int]] = {}
             for g in sorted(gpu.get("gpu_instances") or [], key=lambda g: g["gi_id"]):
                 gis_by_profile.setdefault(g["profile"], []).append(g["gi_id"])
@@ -306,8 +323,8 @@ class SimMetering:
                 lic = trace.get("license", "licensed")
                 vgpus.append(VgpuReading(
                     instance=n + 1,
-                    device=inst["id"],            # the simulator names VFs too (see the module doc)
-                    vm_id=str(trace.get("vm") or ""),
+                    device="" if vendor_vfio else inst["id"],     # a VF has no mdev UUID (module doc)
+                    vm_id=str(trace.get("vm") or "").lower(),
                     type_name=name, gi_id=gi_id,
                     fb_used_bytes=int(round(fb_mib * MIB)),
                     fb_total_bytes=int(t.get("fb_mib") or 0) * MIB,
@@ -315,8 +332,10 @@ class SimMetering:
                     sample=sample))
             board = str(gpu.get("board") or "")
             gpm = "ok" if mig and board.upper().startswith(_GPM_BOARDS) else "unavailable"
-            out.append(GpuReading(pf, gpu.get("name") or "NVIDIA GPU", mig, tuple(vgpus),
-                                  gi_sm if gpm == "ok" else {}, gpm))
+            why = _gpm_reasons(vgpus, gpu.get("gpu_instances") or []) if mig else {}
+            gi_sm = {gi: pct for gi, pct in gi_sm.items() if gpm == "ok" and why.get(gi) is None}
+            out.append(GpuReading(pf, gpu.get("name") or "NVIDIA GPU", mig, tuple(vgpus), gi_sm, gpm,
+                                  gi_not_metered={gi: r for gi, r in why.items() if r is not None}))
         return out
 
 
