@@ -1,0 +1,83 @@
+"""Discovery that tells the truth (issue 25 items 10, 12, 13), on simulated trees.
+
+- 10: a vGPU attribute whose read fails (the driver's query failed: EINVAL)
+  marks that VF or mdev parent unreadable, with the reason; discovery goes on.
+- 12: PCI domains of more than four hex digits (Intel VMD's 10000:) parse,
+  such GPUs are listed, and what vgpuhost does not support behind VMD is
+  refused with the reason.
+- 13: messages name the real cause (the missing type, not the board; a
+  nameless type; an unknown device id; a driverless function).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vgpuhost.cli.main import main
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.errors import InputError
+from vgpuhost.model.values import PciAddress
+from vgpuhost.observe.inventory import discover
+from vgpuhost.ops.passthrough import prepare
+
+A = PciAddress.parse
+
+
+def cli(capsys, host, *argv):
+    code = main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------
+# 12. PCI domains beyond four hex digits
+
+@pytest.mark.parametrize("text, want", [
+    ("10000:01:00.0", (0x10000, 0x01, 0x00, 0)),
+    ("10001:80:05.0", (0x10001, 0x80, 0x05, 0)),          # jaypipes/ghw#372's lspci
+    ("5d0505:00:00.0", (0x5d0505, 0, 0, 0)),
+    ("ffffffff:ff:1f.7", (0xffffffff, 0xff, 0x1f, 7)),
+    ("0000:41:00.0", (0, 0x41, 0, 0)),
+])
+def test_pci_address_takes_any_domain_the_kernel_prints(text, want):
+    a = A(text)
+    assert (a.domain, a.bus, a.slot, a.function) == want
+    assert str(a) == text and PciAddress.is_valid(text)
+
+
+@pytest.mark.parametrize("text", ["000:41:00.0", "100000000:01:00.0", "10000:1:00.0", "10000:01:00.8",
+                                  "1000g:01:00.0", "10000:01:00"])
+def test_pci_address_still_refuses_what_the_kernel_never_prints(text):
+    assert not PciAddress.is_valid(text)
+    with pytest.raises(InputError):
+        A(text)
+
+
+# ---------------------------------------------------------------------------
+# 13. a driverless function in the group is not "on pcieport"
+
+HOST_BRIDGE = """
+version: 1
+name: epyc-dummy-host-bridge
+host:
+  cpu_vendor: AuthenticAMD
+  cmdline: "amd_iommu=on iommu=pt"
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, snd_hda_intel]
+devices:
+  - {bdf: "0000:40:01.0", model: amd-dummy-host-bridge, iommu_group: 31}
+  - {bdf: "0000:40:01.1", model: amd-root-port, iommu_group: 31}
+  - {bdf: "0000:41:00.0", model: A40, upstream: "0000:40:01.1", iommu_group: 31}
+  - {bdf: "0000:41:00.1", model: nvidia-hda, upstream: "0000:40:01.1", iommu_group: 31}
+"""
+
+
+def test_driverless_group_member_is_said_to_have_no_driver(make_host):
+    host = make_host(yaml_text=HOST_BRIDGE)
+    out = prepare(host, StateStore(host.state_dir), A("0000:41:00.0"), dry_run=True)
+    assert "bridges stay on pcieport: 0000:40:01.1" in out.notes
+    assert ("0000:40:01.0 (host bridge) has no driver and stays on the host (a function with no driver "
+            "does no DMA)") in out.notes
+    assert not any("pcieport" in n and "0000:40:01.0" in n for n in out.notes), out.notes
