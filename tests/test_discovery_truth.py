@@ -81,3 +81,47 @@ def test_driverless_group_member_is_said_to_have_no_driver(make_host):
     assert ("0000:40:01.0 (host bridge) has no driver and stays on the host (a function with no driver "
             "does no DMA)") in out.notes
     assert not any("pcieport" in n and "0000:40:01.0" in n for n in out.notes), out.notes
+
+
+# ---------------------------------------------------------------------------
+# 13. the type is missing, not the board
+
+A100_MIG = """
+version: 1
+name: a100-mig
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+  - {bdf: "0000:40:01.1", model: intel-root-port}
+  - bdf: "0000:41:00.0"
+    model: A100-PCIE-40GB
+    upstream: "0000:40:01.1"
+    vgpu: {backend: mdev, sriov_numvfs: 4}
+    mig: {mode: true}
+"""
+
+
+def _drop_type(host, type_id):
+    """The tree of a driver release without ``type_id``: no parent lists it under mdev_supported_types."""
+    import shutil
+    gone = [p for p in host.root.joinpath("sys", "devices").rglob(type_id) if p.parent.name == "mdev_supported_types"]
+    assert gone
+    for p in gone:
+        shutil.rmtree(p)
+
+
+@pytest.mark.parametrize("extra", [[], ["--create-gi"]])
+def test_missing_me_type_on_an_a100_names_the_type_not_the_board(make_host, capsys, extra):
+    host = make_host(yaml_text=A100_MIG)
+    _drop_type(host, "nvidia-479")                  # A100-1-5CME
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A100-1-5CME", *extra)
+    assert code == 2, err
+    assert ("GPU 0000:41:00.0 has board A100 but its driver offers no A100-1-5CME type" in err), err
+    assert "no GPU of that board" not in err and "create a 1g.5gb+me GPU instance" not in err
+    assert not list(host.root.joinpath("sys", "bus", "mdev", "devices").iterdir())     # nothing created
+
+
+def test_no_gpu_of_the_board_names_the_boards_there(make_host, capsys):
+    host = make_host("a40-mdev")
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A100-1-5CME", "--dry-run")
+    assert code == 2 and "no GPU of board A100 (0000:81:00.0 is A40" in err, err
