@@ -125,3 +125,35 @@ def test_no_gpu_of_the_board_names_the_boards_there(make_host, capsys):
     host = make_host("a40-mdev")
     code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A100-1-5CME", "--dry-run")
     assert code == 2 and "no GPU of board A100 (0000:81:00.0 is A40" in err, err
+
+
+# ---------------------------------------------------------------------------
+# 13. a vendor-VFIO type listed without a name
+
+def _creatable_files(host):
+    return sorted(p for p in host.root.joinpath("sys", "devices").rglob("creatable_vgpu_types"))
+
+
+def test_nameless_vendor_vfio_type_shows_its_id_and_no_name(make_host, capsys):
+    host = make_host("l40s-vendor-vfio")
+    for f in _creatable_files(host):            # the driver lists 1145 with a blank name ("%-5d : %s")
+        f.write_text(f.read_text().replace("NVIDIA L40S-1B", ""))
+    code, out, err = cli(capsys, host, "types")
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.startswith("0000:21:00.0  1145 ")]
+    assert rows and rows[0][2:5] == ["(no", "name)", "-"], out
+    assert ("(no name): the driver lists type 1145 without a name, so its board, series and framebuffer "
+            "are unknown") in out
+    code, out, err = cli(capsys, host, "--json", "types")
+    e = next(e for e in json.loads(out)["types"] if e["gpu"] == "0000:21:00.0" and e["type_id"] == "1145")
+    assert e["name"] == "" and e["series"] is None
+
+
+def test_a_type_one_vf_names_takes_that_name(make_host, capsys):
+    host = make_host("l40s-vendor-vfio")
+    first = _creatable_files(host)[0]           # one VF of 0000:21:00.0 lists 1145 without its name
+    first.write_text(first.read_text().replace("NVIDIA L40S-1B", ""))
+    code, out, err = cli(capsys, host, "--json", "types")
+    e = next(e for e in json.loads(out)["types"] if e["gpu"] == "0000:21:00.0" and e["type_id"] == "1145")
+    assert (e["name"], e["series"], e["framebuffer_mib"]) == ("L40S-1B", "B", 1024)
+    assert len(e["parents"]) == 16

@@ -159,10 +159,21 @@ def gpus_table(inv: Inventory) -> str:
 
 # --- types ---------------------------------------------------------------
 
+#: the NAME of a type the driver lists without one (a blank after ``1145  :`` in ``creatable_vgpu_types``)
+NO_NAME = "(no name)"
+
+
 def types_table(entries: List[Dict[str, Any]]) -> str:
-    rows = [[e["gpu"], e["type_id"], e["name"], e["series"], e["framebuffer_mib"],
+    """The ``types`` table; a type listed without a name shows :data:`NO_NAME`, explained below the table."""
+    rows = [[e["gpu"], e["type_id"], e["name"] or NO_NAME, e["series"], e["framebuffer_mib"],
              e["max_instances"], e["available_instances"], e["backend"]] for e in entries]
-    return table(["GPU", "TYPE", "NAME", "SERIES", "FB_MIB", "MAX", "AVAIL", "BACKEND"], rows)
+    text = table(["GPU", "TYPE", "NAME", "SERIES", "FB_MIB", "MAX", "AVAIL", "BACKEND"], rows)
+    nameless = sorted({e["type_id"] for e in entries if not e["name"]}, key=lambda t: (len(t), t))
+    if nameless:
+        text += (f"\n{NO_NAME}: the driver lists type {', '.join(nameless)} without a name, so its board, series "
+                 "and framebuffer are unknown and no profile name selects it "
+                 "('nvidia-smi vgpu -s' lists the types the driver supports)")
+    return text
 
 
 # --- host check ----------------------------------------------------------
