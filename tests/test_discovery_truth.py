@@ -157,3 +157,22 @@ def test_a_type_one_vf_names_takes_that_name(make_host, capsys):
     e = next(e for e in json.loads(out)["types"] if e["gpu"] == "0000:21:00.0" and e["type_id"] == "1145")
     assert (e["name"], e["series"], e["framebuffer_mib"]) == ("L40S-1B", "B", 1024)
     assert len(e["parents"]) == 16
+
+
+# ---------------------------------------------------------------------------
+# 13. a GPU of an unknown device id is marked unknown
+
+def test_gpu_of_unknown_device_id_is_marked_unknown(make_host, capsys):
+    host = make_host("a40-mdev")
+    (host.pci_device("0000:81:00.0") / "device").write_text("0x2bb5\n")     # an id not in model/boards.py
+    code, out, err = cli(capsys, host, "gpus")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("0000:81:00.0"))
+    assert "10de:2bb5 (unknown device id)" in row, out
+    code, out, err = cli(capsys, host, "--json", "gpus")
+    doc = json.loads(out)
+    assert [(g["address"], g["model"], g["model_known"]) for g in doc["gpus"]] == [
+        ("0000:81:00.0", "10de:2bb5", False)]
+    host2 = make_host("a40-mdev")
+    code, out, err = cli(capsys, host2, "--json", "gpus")
+    assert [(g["model"], g["model_known"]) for g in json.loads(out)["gpus"]] == [("A40", True)]

@@ -148,10 +148,12 @@ def _encode(o: Any, out: List[str], nl: str) -> None:
 # --- gpus ----------------------------------------------------------------
 
 def gpus_table(inv: Inventory) -> str:
+    """The ``gpus`` table; a GPU whose PCI device id vgpuhost does not know is marked so in MODEL."""
     rows = []
     for g in inv.gpus:
         doc = gpu_doc(inv, g)
-        rows.append([g.address, g.model, g.pci.driver, g.pci.numa_node, g.pci.iommu_group,
+        model = g.model if g.model_known else f"{g.model} (unknown device id)"
+        rows.append([g.address, model, g.pci.driver, g.pci.numa_node, g.pci.iommu_group,
                      ",".join(g.backends) or None, len(g.vfs) or None, len(doc["vgpus"]),
                      ",".join(str(c) for c in g.companions) or None])
     return table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)

@@ -187,6 +187,12 @@ class Gpu:
         return known.product if known else self.pci.ids
 
     @property
+    def model_known(self) -> bool:
+        """Whether vgpuhost knows the PCI device id (:mod:`vgpuhost.model.boards`): an unknown one has
+        no product name, framebuffer or capacity figures of its own."""
+        return board(self.pci.device) is not None
+
+    @property
     def framebuffer_mib(self) -> Optional[int]:
         """The board's framebuffer (MiB) when the device id is known, else None."""
         known = board(self.pci.device)

@@ -25,6 +25,7 @@ def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
     return {
         "address": str(gpu.address),
         "model": gpu.model,
+        "model_known": gpu.model_known,
         "board": gpu.board,
         "vendor_id": f"{d.vendor:04x}",
         "device_id": f"{d.device:04x}",
