@@ -176,3 +176,101 @@ def test_gpu_of_unknown_device_id_is_marked_unknown(make_host, capsys):
     host2 = make_host("a40-mdev")
     code, out, err = cli(capsys, host2, "--json", "gpus")
     assert [(g["model"], g["model_known"]) for g in json.loads(out)["gpus"]] == [("A40", True)]
+
+
+# ---------------------------------------------------------------------------
+# 10. discovery survives a failing attribute
+
+L40S_FAULT = """
+version: 1
+name: l40s-read-fault
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia]
+devices:
+  - {{bdf: "0000:20:01.1", model: intel-root-port}}
+  - bdf: "0000:21:00.0"
+    model: L40S
+    upstream: "0000:20:01.1"
+    vgpu: {{backend: vendor-vfio, sriov_numvfs: 4}}
+faults:
+  - {{op: read, attr: creatable_vgpu_types, device: "{device}", errno: EINVAL, count: {count}}}
+"""
+
+
+def test_creatable_read_einval_marks_the_vf_unreadable_and_discovery_goes_on(make_host, capsys):
+    host = make_host(yaml_text=L40S_FAULT.format(device="0000:21:00.5", count=0))
+    inv = discover(Sysfs(host))                 # raised SysfsError(EINVAL) before
+    (g,) = inv.gpus
+    assert [(str(u.device), u.attribute, u.errno_name) for u in g.unreadable] == [
+        ("0000:21:00.5", "creatable_vgpu_types", "EINVAL")]
+    parents = {str(t.parent) for t in inv.vgpu_types}
+    assert parents == {"0000:21:00.4", "0000:21:00.6", "0000:21:00.7"}      # the other VFs are read
+    code, out, err = cli(capsys, host, "gpus")
+    assert code == 0, err
+    assert ("0000:21:00.0: unreadable 0000:21:00.5: reading creatable_vgpu_types failed with EINVAL "
+            "(the driver's query of the GPU failed") in out
+    code, out, err = cli(capsys, host, "--json", "gpus")
+    assert json.loads(out)["gpus"][0]["unreadable"] == [{
+        "device": "0000:21:00.5", "attribute": "creatable_vgpu_types", "errno": "EINVAL",
+        "reason": "the driver's query of the GPU failed; it offers no vGPU type until a read succeeds"}]
+    code, out, err = cli(capsys, host, "--json", "host", "check")
+    f = [f for f in json.loads(out)["findings"] if f["code"] == "VGPU_UNREADABLE"]
+    assert [(x["severity"], x["subject"]) for x in f] == [("warning", "0000:21:00.0")]
+    code, out, err = cli(capsys, host, "types")
+    assert code == 0 and "L40S-1B" in out, err
+
+
+def test_a_vgpu_on_an_unreadable_vf_stays_known(make_host, capsys):
+    host = make_host(yaml_text=L40S_FAULT.format(device="0000:21:00.4", count=0))
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-4Q", "--gpu", "0000:21:00.0")
+    assert code == 0, err
+    inv = discover(Sysfs(host))
+    held = [(str(v.vf), v.type_id) for v in inv.vf_vgpus if v.type_id]
+    assert len(held) == 1 and held[0][0] != "0000:21:00.4"          # placed on a VF that reads
+    (host.pci_device("0000:21:00.4") / "nvidia" / "current_vgpu_type").write_text("1150\n")
+    inv = discover(Sysfs(host))                 # a vGPU there (made before the fault): still listed
+    assert ("0000:21:00.4", "1150") in [(str(v.vf), v.type_id) for v in inv.vf_vgpus]
+
+
+def test_a_counted_read_fault_clears(make_host):
+    host = make_host(yaml_text=L40S_FAULT.format(device="0000:21:00.0", count=1))     # the PF: any of its VFs
+    first = discover(Sysfs(host)).gpus[0].unreadable
+    assert [str(u.device) for u in first] == ["0000:21:00.4"]
+    assert discover(Sysfs(host)).gpus[0].unreadable == ()
+
+
+MDEV_FAULT = """
+version: 1
+name: a100-read-fault
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+  - {bdf: "0000:40:01.1", model: intel-root-port}
+  - bdf: "0000:41:00.0"
+    model: A100-PCIE-40GB
+    upstream: "0000:40:01.1"
+    vgpu: {backend: mdev, sriov_numvfs: 4}
+faults:
+  - {op: read, attr: available_instances, device: "0000:41:00.6", errno: EIO, count: 0}
+"""
+
+
+def test_an_mdev_parent_whose_type_reads_fail_is_unreadable(make_host):
+    host = make_host(yaml_text=MDEV_FAULT)
+    (g,) = discover(Sysfs(host)).gpus
+    assert [(str(u.device), u.attribute, u.errno_name) for u in g.unreadable] == [
+        ("0000:41:00.6", "available_instances", "EIO")]
+    assert "0000:41:00.6" not in {str(t.parent) for t in discover(Sysfs(host)).vgpu_types}
+
+
+@pytest.mark.parametrize("fault, why", [
+    ("{op: read, device: \"0000:21:00.5\"}", "a read fault needs attr"),
+    ("{op: read, attr: vendor}", "a read fault needs attr, one of creatable_vgpu_types"),
+    ("{op: create, attr: creatable_vgpu_types}", "attr is for read faults"),
+    ("{op: read, attr: creatable_vgpu_types, effect: ignore}", "effect 'ignore' is for writes"),
+])
+def test_read_fault_spec_errors(fault, why):
+    from vgpuhost.sim.spec import parse_spec
+    text = L40S_FAULT.format(device="0000:21:00.5", count=0).split("faults:")[0] + f"faults:\n  - {fault}\n"
+    with pytest.raises(InputError, match=why):
+        parse_spec(text)

@@ -156,7 +156,9 @@ def gpus_table(inv: Inventory) -> str:
         rows.append([g.address, model, g.pci.driver, g.pci.numa_node, g.pci.iommu_group,
                      ",".join(g.backends) or None, len(g.vfs) or None, len(doc["vgpus"]),
                      ",".join(str(c) for c in g.companions) or None])
-    return table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)
+    text = table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)
+    notes = [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus for u in g.unreadable]
+    return "\n".join([text] + notes)
 
 
 # --- types ---------------------------------------------------------------

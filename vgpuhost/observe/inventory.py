@@ -14,13 +14,15 @@ a later issue: :class:`Gpu` has ``mig`` = None until a probe fills it.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ..io.sysfs import Sysfs
-from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_has_vendor_vgpu,
-                          vf_offers)
+from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_current_type,
+                          vf_has_vendor_vgpu, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
+from ..model.errors import SysfsError
 from ..model.kinds import Backend
 from ..model.values import PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, strip_vendor_prefix
 
@@ -156,6 +158,32 @@ class VfVgpu:
 
 
 @record(frozen=True)
+class Unreadable:
+    """A vGPU parent (a VF, or an mdev parent) whose attribute could not be read, so it offers nothing.
+
+    ``device``: the VF or mdev parent; ``attribute``: the file's name (``creatable_vgpu_types``);
+    ``errno_name``: ``EINVAL``...; ``reason``: one phrase.  A read of ``creatable_vgpu_types`` fails
+    with EINVAL when the driver's query of the GPU fails (docs/reference/hardware.md#vendor-vfio):
+    discovery records it here and goes on.
+    """
+
+    device: PciAddress
+    attribute: str
+    errno_name: str
+    reason: str
+
+    def describe(self) -> str:
+        """``0000:41:00.5: reading creatable_vgpu_types failed with EINVAL (...)`` in one line."""
+        return f"{self.device}: reading {self.attribute} failed with {self.errno_name} ({self.reason})"
+
+
+def _unreadable(device: PciAddress, e: SysfsError) -> Unreadable:
+    why = ("the driver's query of the GPU failed; it offers no vGPU type until a read succeeds"
+           if e.errno == errno.EINVAL else os.strerror(e.errno).lower())
+    return Unreadable(device, os.path.basename(e.path), e.errno_name, why)
+
+
+@record(frozen=True)
 class Gpu:
     """An NVIDIA GPU (physical function) and what it can serve.
 
@@ -167,6 +195,8 @@ class Gpu:
     read from NVML only for an SR-IOV GPU whose VFs offer a MIG-backed type
     now (the kernel's count of those is the free VFs, not the free GPU
     instances); None when not read or NVML could not say.
+    ``unreadable``: its VFs and mdev parents whose vGPU attributes could not be
+    read (:class:`Unreadable`); they offer nothing, the rest of the GPU is read.
     """
 
     address: PciAddress
@@ -179,6 +209,7 @@ class Gpu:
     companions: Tuple[PciAddress, ...]
     mig: Optional[Mapping[str, object]] = None
     gpu_instances: Optional[Mapping[str, int]] = None
+    unreadable: Tuple[Unreadable, ...] = ()
 
     @property
     def model(self) -> str:
@@ -556,14 +587,20 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     GPU read before, whose constants (name, description, device_api) are not read again."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
+    unreadable: List[Unreadable] = []
     if with_types:
         consts: Dict[str, VgpuType] = dict(known or {})   # a type's name, description, device_api: the same on every parent
         for p in parents:
-            types_here.extend(_read_mdev_types(fs, addr, p, consts))
+            try:
+                types_here.extend(_read_mdev_types(fs, addr, p, consts))
+            except SysfsError as e:         # that parent offers nothing; the others are read
+                unreadable.append(_unreadable(p, e))
         for vf in vendor_vfs:
-            vv, tt = _read_vendor_vf(fs, addr, vf)
+            vv, tt, bad = _read_vendor_vf(fs, addr, vf)
             vf_vgpus.append(vv)
             types_here.extend(tt)
+            if bad is not None:
+                unreadable.append(bad)
     vgpu_types.extend(types_here)
     board = next((t.profile.board for t in types_here if t.profile), None)
     backends: List[str] = []
@@ -578,7 +615,7 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
                    for t in types_here):
         gis = gi_probe(fs, addr)
-    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis)
+    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis, tuple(unreadable))
 
 
 def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True,
@@ -819,10 +856,21 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     return out
 
 
-def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType]]:
-    creatable, cur = vf_offers(fs, vf)
+def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType], Optional[Unreadable]]:
+    """A vendor-VFIO VF: its record, the types it lists, and what could not be read of it (None: all
+    was).  A VF whose ``creatable_vgpu_types`` read fails lists nothing; the type it holds is still
+    read (a vGPU on it stays known)."""
+    try:
+        creatable, cur = vf_offers(fs, vf)
+    except SysfsError as e:
+        bad = _unreadable(vf, e)
+        try:
+            cur = vf_current_type(fs, vf)
+        except SysfsError:
+            cur = None
+        return VfVgpu(vf, gpu, cur, ()), [], bad
     types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
-    return VfVgpu(vf, gpu, cur, tuple(creatable)), types
+    return VfVgpu(vf, gpu, cur, tuple(creatable)), types, None
 
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:

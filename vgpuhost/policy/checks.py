@@ -186,6 +186,10 @@ def check_gpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
                            "\"BAR 0: can't reserve\"",
                            "add 'initcall_blacklist=sysfb_init' to the kernel command line and reboot"))
     out += _check_vgpu(inv, gpu)
+    for u in gpu.unreadable:            # discovery went on without it (docs/reference/hardware.md#vendor-vfio)
+        out.append(Finding("warning", "VGPU_UNREADABLE", subject, f"unreadable {u.describe()}",
+                           "read it again later ('vgpuhost gpus'); if it stays, see the driver's messages "
+                           "(dmesg)"))
     return out
 
 

@@ -25,7 +25,7 @@ from ..io.hostroot import SIM_MARKER, HostRoot
 from ..model.errors import SimulatorError
 from ..model.values import PciAddress
 from .catalog import Catalog, GpuModel, load_catalog
-from .kernel import SimKernel
+from .kernel import READ_FAULTS_FILE, SimKernel
 from .metering import write_load
 from .nvml import nvml_seed
 from .spec import DeviceSpec, HostSpec
@@ -184,12 +184,16 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
         "gpus": gpus,
         "processes": list(spec.processes),
         "next_iommu_group": (max(groups.values()) + 1) if groups else FIRST_GROUP,
-        "faults": [dict(op=f.op, device=f.device, errno=f.errno, count=f.count, effect=f.effect)
+        "faults": [dict(op=f.op, device=f.device, errno=f.errno, count=f.count, effect=f.effect,
+                        **({"attr": f.attr} if f.attr else {}))
                    for f in spec.faults],
     }
     sim = root / SIM_MARKER
     sim.mkdir(exist_ok=True)
     (sim / "host.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    read_faults = sorted({f.attr for f in spec.faults if f.op == "read" and f.attr})
+    if read_faults:         # what Sysfs checks on a simulated root before it asks the kernel (kernel.read)
+        (sim / READ_FAULTS_FILE).write_text("".join(a + "\n" for a in read_faults))
     if spec.load:
         write_load(host, {k: json.loads(v) for k, v in spec.load})
     kernel = SimKernel(host)
