@@ -274,3 +274,104 @@ def test_read_fault_spec_errors(fault, why):
     text = L40S_FAULT.format(device="0000:21:00.5", count=0).split("faults:")[0] + f"faults:\n  - {fault}\n"
     with pytest.raises(InputError, match=why):
         parse_spec(text)
+
+
+# ---------------------------------------------------------------------------
+# 12. a GPU behind Intel VMD: listed, and what VMD prevents refused with the reason
+
+VMD = """
+version: 1
+name: vmd-a40
+summary: an A40 in Intel VMD's PCI domain 10000 beside one outside it
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, snd_hda_intel]
+devices:
+  - {bdf: "0000:5d:05.5", model: intel-vmd}
+  - {bdf: "10000:00:02.0", model: intel-vmd-root-port, upstream: "0000:5d:05.5"}
+  - {bdf: "10000:01:00.0", model: A40, upstream: "10000:00:02.0", vgpu: {backend: mdev}}
+  - {bdf: "10000:01:00.1", model: nvidia-hda, upstream: "10000:00:02.0"}
+  - {bdf: "0000:00:1c.0", model: intel-root-port}
+  - {bdf: "0000:03:00.0", model: A40, upstream: "0000:00:1c.0"}
+  - {bdf: "0000:03:00.1", model: nvidia-hda, upstream: "0000:00:1c.0"}
+"""
+VMD_GPU = "10000:01:00.0"
+
+VMD_L40S = """
+version: 1
+name: vmd-l40s
+host:
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia]
+devices:
+  - {bdf: "0000:5d:05.5", model: intel-vmd}
+  - {bdf: "10000:00:02.0", model: intel-vmd-root-port, upstream: "0000:5d:05.5"}
+  - {bdf: "10000:01:00.0", model: L40S, upstream: "10000:00:02.0", vgpu: {backend: vendor-vfio, sriov_numvfs: 4}}
+"""
+
+
+def test_simulator_lays_out_a_vmd_domain_as_the_kernel_does(make_host):
+    import os
+    host = make_host(yaml_text=VMD)
+    real = os.path.realpath(host.pci_device(VMD_GPU))
+    assert real.endswith("/sys/devices/pci0000:5d/0000:5d:05.5/pci10000:00/10000:00:02.0/10000:01:00.0")
+    fs = Sysfs(host)
+    assert fs.read(host.pci_device("0000:5d:05.5") / "device") == "0x28c0"
+    assert fs.link_name(host.pci_device("0000:5d:05.5") / "driver") == "vmd"
+    inv = discover(fs)
+    group = inv.group_of(A(VMD_GPU))                # the VMD endpoint's group holds its whole domain
+    assert [str(m) for m in group.members] == ["0000:5d:05.5", "10000:00:02.0", "10000:01:00.0", "10000:01:00.1"]
+    assert inv.devices[A(VMD_GPU)].domain_host == A("0000:5d:05.5")
+    assert inv.devices[A("0000:03:00.0")].domain_host is None
+
+
+def test_gpu_behind_vmd_is_listed_and_marked(make_host, capsys):
+    host = make_host(yaml_text=VMD)
+    code, out, err = cli(capsys, host, "gpus")
+    assert code == 0, err
+    assert any(line.startswith(VMD_GPU + "  A40") for line in out.splitlines()), out      # missing before
+    assert (f"{VMD_GPU}: behind Intel VMD 0000:5d:05.5: passthrough and vendor-VFIO vGPUs are refused") in out
+    code, out, err = cli(capsys, host, "--json", "gpus")
+    got = {g["address"]: g["vmd"] for g in json.loads(out)["gpus"]}
+    assert got == {"0000:03:00.0": None, VMD_GPU: "0000:5d:05.5"}
+
+
+def test_passthrough_behind_vmd_is_refused_with_the_reason(make_host, capsys):
+    host = make_host(yaml_text=VMD)
+    code, out, err = cli(capsys, host, "passthrough", "prepare", VMD_GPU, "--dry-run")
+    assert code == 2, err
+    assert "expected the full form" not in err                 # what main said
+    assert (f"{VMD_GPU} cannot be passed through: it is behind Intel VMD 0000:5d:05.5 (PCI domain 10000), "
+            "whose devices all share the VMD's IOMMU group") in err
+    code, out, err = cli(capsys, host, "passthrough", "prepare", VMD_GPU)
+    assert code == 2
+    assert Sysfs(host).link_name(host.pci_device(VMD_GPU) / "driver") == "nvidia"            # nothing moved
+    assert Sysfs(host).link_name(host.pci_device("0000:5d:05.5") / "driver") == "vmd"
+    code, out, err = cli(capsys, host, "--json", "host", "check")
+    doc = json.loads(out)
+    assert {f["code"] for f in doc["findings"] if f["subject"] == VMD_GPU} >= {"BEHIND_VMD"}
+    assert "GROUP_NOT_VIABLE" not in {f["code"] for f in doc["findings"]}          # no ACS advice for VMD
+    verdicts = {(g["gpu"], m["mode"]): g["verdict"] for m in doc["modes"] for g in m["gpus"]}
+    assert verdicts[(VMD_GPU, "passthrough")] == "blocked" and verdicts[("0000:03:00.0", "passthrough")] == "ready"
+    assert verdicts[(VMD_GPU, "vgpu")] == "ready"               # classic mdev is not refused behind VMD
+
+
+def test_classic_mdev_vgpu_behind_vmd_is_created(make_host, capsys):
+    host = make_host(yaml_text=VMD)
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", VMD_GPU)
+    assert code == 0, err
+    (m,) = discover(Sysfs(host)).mdevs
+    assert str(m.parent) == VMD_GPU and m.type_id == "nvidia-566"
+
+
+def test_vendor_vfio_behind_vmd_is_refused_with_the_reason(make_host, capsys):
+    host = make_host(yaml_text=VMD_L40S)
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-4Q")
+    assert code == 2
+    assert "behind Intel VMD 0000:5d:05.5: its VFs share the VMD's IOMMU group, so none can be given to a VM" in err
+    assert discover(Sysfs(host)).vf_vgpus and not any(v.type_id for v in discover(Sysfs(host)).vf_vgpus)
+    code, out, err = cli(capsys, host, "--json", "types")
+    assert {e["available_instances"] for e in json.loads(out)["types"]} == {0}
+    code, out, err = cli(capsys, host, "--json", "host", "check")
+    doc = json.loads(out)
+    verdicts = {(g["gpu"], m["mode"]): g["verdict"] for m in doc["modes"] for g in m["gpus"]}
+    assert verdicts[(VMD_GPU, "vgpu")] == "blocked"
+    assert "VF_GROUP_SHARED" not in {f["code"] for f in doc["findings"]}

@@ -157,7 +157,9 @@ def gpus_table(inv: Inventory) -> str:
                      ",".join(g.backends) or None, len(g.vfs) or None, len(doc["vgpus"]),
                      ",".join(str(c) for c in g.companions) or None])
     text = table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)
-    notes = [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus for u in g.unreadable]
+    notes = [f"{g.address}: behind Intel VMD {g.vmd}: passthrough and vendor-VFIO vGPUs are refused "
+             "('vgpuhost host check' says why)" for g in inv.gpus if g.vmd is not None]
+    notes += [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus for u in g.unreadable]
     return "\n".join([text] + notes)
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     GiProbe = Callable[[Sysfs, PciAddress], Optional[Dict[str, int]]]
 
 NVIDIA_VENDOR = 0x10de
+INTEL_VENDOR = 0x8086
 CLASS_NAMES = {
     0x0300: "VGA controller", 0x0302: "3D controller", 0x0380: "display controller",
     0x0403: "HD audio", 0x0c03: "USB controller", 0x0c80: "serial bus controller (UCSI)",
@@ -66,6 +67,10 @@ class PciDevice:
     virtfns: Tuple[PciAddress, ...] = ()
     sriov_totalvfs: Optional[int] = None
     sriov_numvfs: Optional[int] = None
+    #: the PCI device that hosts this device's PCI domain (Intel VMD's endpoint: the device directory
+    #: above ``pci10000:00`` in the device's sysfs path); None for a domain of the platform's own host
+    #: bridge (docs/reference/hardware.md#intel-vmd)
+    domain_host: Optional[PciAddress] = None
 
     @property
     def base_class(self) -> int:
@@ -197,6 +202,9 @@ class Gpu:
     instances); None when not read or NVML could not say.
     ``unreadable``: its VFs and mdev parents whose vGPU attributes could not be
     read (:class:`Unreadable`); they offer nothing, the rest of the GPU is read.
+    ``vmd``: the Intel VMD endpoint whose PCI domain holds the GPU (its
+    ``domain_host`` when that is an Intel device), else None: such a GPU
+    shares the VMD's IOMMU group (docs/reference/hardware.md#intel-vmd).
     """
 
     address: PciAddress
@@ -210,6 +218,7 @@ class Gpu:
     mig: Optional[Mapping[str, object]] = None
     gpu_instances: Optional[Mapping[str, int]] = None
     unreadable: Tuple[Unreadable, ...] = ()
+    vmd: Optional[PciAddress] = None
 
     @property
     def model(self) -> str:
@@ -368,7 +377,8 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     size``, ``no A40-8Q instance free``).
 
     - A GPU not on the ``nvidia`` driver offers nothing (the NVIDIA vGPU
-      manager serves vGPUs only from it).
+      manager serves vGPUs only from it), nor does a vendor-VFIO GPU behind
+      Intel VMD (its VFs cannot be assigned: docs/reference/hardware.md#intel-vmd).
     - Otherwise the kernel's per-parent counts are summed.  On SR-IOV GPUs
       every free VF reports 1 for each type that fits now, so that sum counts
       free VFs, and it is capped (docs/reference/hardware.md#vgpu-types):
@@ -395,6 +405,9 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     if g.pci.driver != "nvidia":
         return 0, (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
+    if g.vmd is not None and g.vgpu_backend == BACKEND_VENDOR_VFIO:
+        return 0, (f"behind Intel VMD {g.vmd}: its VFs share the VMD's IOMMU group, so none can be given "
+                   "to a VM (docs/reference/hardware.md#intel-vmd)")
     total = sum(t.available_instances for t in ts)
     n = _capped(ix, ts, total, framebuffers) if ts and g.vfs else total
     if n > 0:
@@ -615,7 +628,10 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
                    for t in types_here):
         gis = gi_probe(fs, addr)
-    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis, tuple(unreadable))
+    vmd = dev.domain_host if dev.domain_host is not None and fs.read_int(
+        fs.host.s.pci_device(dev.domain_host) + "/vendor", default=0) == INTEL_VENDOR else None
+    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis, tuple(unreadable),
+               vmd)
 
 
 def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True,
@@ -773,7 +789,8 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
             target = fs.link_name(d + entry)
             if target and PciAddress.is_valid(target):
                 virtfns.append((int(entry[6:]), PciAddress.parse(target)))
-    real_parent = os.path.basename(os.path.dirname(fs.resolve(top)))
+    real = fs.resolve(top)
+    real_parent = os.path.basename(os.path.dirname(real))
     upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
     reset = fs.read_optional(d + "reset_method") or ""
     return PciDevice(
@@ -788,7 +805,19 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
         virtfns=tuple(v for _, v in sorted(virtfns)),
         sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
-        sriov_numvfs=fs.read_int(d + "sriov_numvfs"))
+        sriov_numvfs=fs.read_int(d + "sriov_numvfs"),
+        domain_host=_domain_host(real, addr))
+
+
+def _domain_host(real: str, addr: PciAddress) -> Optional[PciAddress]:
+    """The device directory right above the root bus of ``addr``'s domain (``pci10000:00``) in its
+    resolved sysfs path ``real``: the device that hosts the domain (Intel VMD), else None."""
+    parts = real.split("/")
+    root_bus = f"pci{addr.domain:04x}:"
+    for i in range(1, len(parts)):
+        if parts[i].startswith(root_bus):
+            return PciAddress.parse(parts[i - 1]) if PciAddress.is_valid(parts[i - 1]) else None
+    return None
 
 
 # memos of the two parsers below (a dict each, emptied when full: not functools.lru_cache, whose

@@ -45,6 +45,7 @@ def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
         "mdev_parents": [str(p) for p in gpu.mdev_parents],
         "vgpus": sorted(present),
         "mig": dict(gpu.mig) if gpu.mig is not None else None,
+        "vmd": str(gpu.vmd) if gpu.vmd is not None else None,
         "unreadable": [{"device": str(u.device), "attribute": u.attribute, "errno": u.errno_name,
                         "reason": u.reason} for u in gpu.unreadable],
     }

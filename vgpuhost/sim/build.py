@@ -9,7 +9,10 @@ docs/reference/hardware.md#mdev), ``proc/``, ``lib/modules`` and
 IOMMU grouping when a device names no ``iommu_group`` (docs/reference/hardware.md#pci-and-iommu):
 functions of one slot share a group (no multifunction ACS); a bridge with
 ``acs: false`` pulls every device below it into its own group; SR-IOV VFs get
-a group each.
+a group each.  A device whose ``upstream`` is in another PCI domain sits in a
+domain that upstream device hosts (Intel VMD: ``.../0000:5d:05.5/pci10000:00/
+10000:00:02.0``) and is in that device's group, as since Linux 5.6
+(docs/reference/hardware.md#intel-vmd).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .spec import DeviceSpec, HostSpec
 DRIVER_MODULES = {
     "vfio-pci": "vfio_pci", "nvidia": "nvidia", "snd_hda_intel": "snd_hda_intel",
     "xhci_hcd": "xhci_pci", "nvidia-gpu": "i2c_nvidia_gpu", "pcieport": "pcieport",
-    "ahci": "ahci", "igb": "igb", "i915": "i915", "ast": "ast",
+    "ahci": "ahci", "igb": "igb", "i915": "i915", "ast": "ast", "vmd": "vmd",
 }
 FIRST_GROUP = 10
 WRITE_ONLY = ("config", "remove", "reset", "rescan")
@@ -242,6 +245,8 @@ def _assign_paths(devs: Dict[PciAddress, _Dev]) -> None:
             return d.relpath
         if d.upstream is None:
             d.relpath = f"sys/devices/pci{d.bdf.domain:04x}:{d.bdf.bus:02x}/{d.bdf}"
+        elif d.upstream.domain != d.bdf.domain:     # the upstream device hosts this domain (Intel VMD)
+            d.relpath = f"{path(devs[d.upstream])}/pci{d.bdf.domain:04x}:{d.bdf.bus:02x}/{d.bdf}"
         else:
             d.relpath = f"{path(devs[d.upstream])}/{d.bdf}"
         return d.relpath
@@ -253,6 +258,13 @@ def _assign_paths(devs: Dict[PciAddress, _Dev]) -> None:
 def _assign_groups(devs: Dict[PciAddress, _Dev]) -> Dict[PciAddress, int]:
     """IOMMU group number per device (see the module docstring)."""
     def group_key(d: _Dev) -> Tuple:
+        # a device in a PCI domain that another device hosts (behind Intel VMD) DMAs with that
+        # device's requester id: it is in that device's group (docs/reference/hardware.md#intel-vmd)
+        below, up = d, d.upstream
+        while up is not None:
+            if up.domain != below.bdf.domain:
+                return group_key(devs[up])
+            below, up = devs[up], devs[up].upstream
         # the highest non-ACS bridge above d (or d itself if it is one) owns the group
         owner: Optional[_Dev] = None
         up = d.upstream
