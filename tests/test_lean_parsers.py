@@ -20,7 +20,7 @@ from vgpuhost.model.values import PciAddress, VgpuProfile, parse_size_mib, parse
 from vgpuhost.observe.inventory import parse_creatable_vgpu_types
 
 BDF_RE = re.compile(
-    r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<func>[0-7])$")
+    r"^(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<func>[0-7])$")
 SHORT_BDF_RE = r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 PROFILE_RE = re.compile(
@@ -41,9 +41,9 @@ CREATISH = "0123456789: \tABab-\u0660"
 
 def bdf_texts():
     exact = st.builds(lambda d, b, s, f: f"{d:04x}:{b:02x}:{s:02x}.{f}",
-                      st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
+                      st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
     return st.one_of(exact, exact.map(str.upper), exact.map(lambda t: t + "\n"), exact.map(lambda t: t[5:]),
-                     st.text(HEXISH, max_size=14))
+                     st.text(HEXISH, max_size=18))
 
 
 @settings(max_examples=400, deadline=None)

@@ -148,21 +148,38 @@ def _encode(o: Any, out: List[str], nl: str) -> None:
 # --- gpus ----------------------------------------------------------------
 
 def gpus_table(inv: Inventory) -> str:
+    """The ``gpus`` table; a GPU whose PCI device id vgpuhost does not know is marked so in MODEL."""
     rows = []
     for g in inv.gpus:
         doc = gpu_doc(inv, g)
-        rows.append([g.address, g.model, g.pci.driver, g.pci.numa_node, g.pci.iommu_group,
+        model = g.model if g.model_known else f"{g.model} (unknown device id)"
+        rows.append([g.address, model, g.pci.driver, g.pci.numa_node, g.pci.iommu_group,
                      ",".join(g.backends) or None, len(g.vfs) or None, len(doc["vgpus"]),
                      ",".join(str(c) for c in g.companions) or None])
-    return table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)
+    text = table(["BDF", "MODEL", "DRIVER", "NUMA", "GROUP", "BACKENDS", "VFS", "VGPUS", "COMPANIONS"], rows)
+    notes = [f"{g.address}: behind Intel VMD {g.vmd}: passthrough and vendor-VFIO vGPUs are refused "
+             "('vgpuhost host check' says why)" for g in inv.gpus if g.vmd is not None]
+    notes += [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus for u in g.unreadable]
+    return "\n".join([text] + notes)
 
 
 # --- types ---------------------------------------------------------------
 
+#: the NAME of a type the driver lists without one (a blank after ``1145  :`` in ``creatable_vgpu_types``)
+NO_NAME = "(no name)"
+
+
 def types_table(entries: List[Dict[str, Any]]) -> str:
-    rows = [[e["gpu"], e["type_id"], e["name"], e["series"], e["framebuffer_mib"],
+    """The ``types`` table; a type listed without a name shows :data:`NO_NAME`, explained below the table."""
+    rows = [[e["gpu"], e["type_id"], e["name"] or NO_NAME, e["series"], e["framebuffer_mib"],
              e["max_instances"], e["available_instances"], e["backend"]] for e in entries]
-    return table(["GPU", "TYPE", "NAME", "SERIES", "FB_MIB", "MAX", "AVAIL", "BACKEND"], rows)
+    text = table(["GPU", "TYPE", "NAME", "SERIES", "FB_MIB", "MAX", "AVAIL", "BACKEND"], rows)
+    nameless = sorted({e["type_id"] for e in entries if not e["name"]}, key=lambda t: (len(t), t))
+    if nameless:
+        text += (f"\n{NO_NAME}: the driver lists type {', '.join(nameless)} without a name, so its board, series "
+                 "and framebuffer are unknown and no profile name selects it "
+                 "('nvidia-smi vgpu -s' lists the types the driver supports)")
+    return text
 
 
 # --- host check ----------------------------------------------------------

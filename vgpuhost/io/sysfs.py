@@ -33,6 +33,9 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     IntentObserver = Callable[[str, str], None]
 
 MAX_READ_BYTES = 1 << 20
+#: in a simulated root's metadata directory: the attribute names the simulator fails reads of (one a
+#: line, :meth:`vgpuhost.sim.kernel.SimKernel.read`); absent when none
+SIM_READ_FAULTS = "read-faults"
 ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
 
 
@@ -56,6 +59,7 @@ class Sysfs:
         self.intents: List[IntentObserver] = list(intents or [])
         self._simulated = host.is_simulated
         self._sim_kernel = None
+        self._sim_read_faults: Optional[frozenset] = None     # read at the first read on a simulated root
 
     @property
     def simulated(self) -> bool:
@@ -85,6 +89,9 @@ class Sysfs:
         at most a page; bytes that are not UTF-8 are replaced.
         """
         try:
+            if self._simulated and self._sim_faulted(path):
+                from pathlib import Path        # the simulator's kernel takes a Path
+                self._kernel.read(Path(path))   # an injected read fault raises OSError
             # O_NONBLOCK: a FIFO planted in the tree must not hang a read
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -123,6 +130,8 @@ class Sysfs:
         buffer falls back to :meth:`read_optional`.  Not for /proc files (they
         come a page per read).
         """
+        if self._simulated and self._sim_faulted(path):
+            return self.read_optional(path)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -140,6 +149,19 @@ class Sysfs:
         if data is None or len(data) >= ATTR_READ_BYTES:
             return self.read_optional(path)
         return data.decode("utf-8", "replace").strip()
+
+    def _sim_faulted(self, path: PathArg) -> bool:
+        """On a simulated root: whether reads of a file of this name may fail by an injected read
+        fault (:data:`SIM_READ_FAULTS`, read once per instance), so the simulator's kernel decides."""
+        names = self._sim_read_faults
+        if names is None:
+            try:
+                with open(os.path.join(self.host.s.sim_dir, SIM_READ_FAULTS), encoding="utf-8") as f:
+                    names = frozenset(f.read().split())
+            except OSError:
+                names = frozenset()
+            self._sim_read_faults = names
+        return bool(names) and os.path.basename(os.fspath(path)) in names
 
     def read_int(self, path: PathArg, *, default: Optional[int] = None) -> Optional[int]:
         """An integer file (``0x10de`` or ``-1`` style); ``default`` when absent.

@@ -310,14 +310,18 @@ def _hex_run(text: str, start: int, n: int) -> bool:
 def _bdf_fields(text: str):
     r"""``(domain, bus, slot, function)`` of ``dddd:bb:ss.f``, else None.
 
-    Pattern: ``^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`` (``$``: a final newline allowed).
+    Pattern: ``^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`` (``$``: a final newline allowed).
+    The domain is 4 to 8 hex digits: the kernel names a device ``"%04x:%02x:%02x.%d"`` with the
+    domain an ``int``, so a domain that a host bridge driver allocates past 0xffff (Intel VMD's
+    start at 0x10000) prints as 5 or more digits (docs/reference/hardware.md#pci-and-iommu).
     """
     if text.endswith("\n"):
         text = text[:-1]
-    if (len(text) != 12 or text[4] != ":" or text[7] != ":" or text[10] != "." or text[11] not in "01234567"
-            or not (_hex_run(text, 0, 4) and _hex_run(text, 5, 2) and _hex_run(text, 8, 2))):
+    d = len(text) - 8           # the domain's digits: the rest is ":bb:ss.f"
+    if (not 4 <= d <= 8 or text[d] != ":" or text[d + 3] != ":" or text[d + 6] != "." or text[d + 7] not in "01234567"
+            or not (_hex_run(text, 0, d) and _hex_run(text, d + 1, 2) and _hex_run(text, d + 4, 2))):
         return None
-    return int(text[0:4], 16), int(text[5:7], 16), int(text[8:10], 16), int(text[11])
+    return int(text[0:d], 16), int(text[d + 1:d + 3], 16), int(text[d + 4:d + 6], 16), int(text[d + 7])
 
 
 def _is_short_bdf(text: str) -> bool:
@@ -333,7 +337,9 @@ class PciAddress:
     """A PCI address (BDF) ``dddd:bb:ss.f`` (docs/reference/hardware.md#pci-and-iommu), e.g. ``0000:41:00.0``.
 
     Only the full form with the domain is accepted: sysfs names devices that
-    way, and a short ``41:00.0`` is refused so no device is guessed.
+    way, and a short ``41:00.0`` is refused so no device is guessed.  The
+    domain has 4 to 8 hex digits, as the kernel prints it: ``10000:01:00.0``
+    is a device behind Intel VMD (docs/reference/hardware.md#intel-vmd).
     """
 
     domain: int

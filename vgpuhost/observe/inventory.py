@@ -14,13 +14,15 @@ a later issue: :class:`Gpu` has ``mig`` = None until a probe fills it.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ..io.sysfs import Sysfs
-from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_has_vendor_vgpu,
-                          vf_offers)
+from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_current_type,
+                          vf_has_vendor_vgpu, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
+from ..model.errors import SysfsError
 from ..model.kinds import Backend
 from ..model.values import PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, strip_vendor_prefix
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     GiProbe = Callable[[Sysfs, PciAddress], Optional[Dict[str, int]]]
 
 NVIDIA_VENDOR = 0x10de
+INTEL_VENDOR = 0x8086
 CLASS_NAMES = {
     0x0300: "VGA controller", 0x0302: "3D controller", 0x0380: "display controller",
     0x0403: "HD audio", 0x0c03: "USB controller", 0x0c80: "serial bus controller (UCSI)",
@@ -64,6 +67,10 @@ class PciDevice:
     virtfns: Tuple[PciAddress, ...] = ()
     sriov_totalvfs: Optional[int] = None
     sriov_numvfs: Optional[int] = None
+    #: the PCI device that hosts this device's PCI domain (Intel VMD's endpoint: the device directory
+    #: above ``pci10000:00`` in the device's sysfs path); None for a domain of the platform's own host
+    #: bridge (docs/reference/hardware.md#intel-vmd)
+    domain_host: Optional[PciAddress] = None
 
     @property
     def base_class(self) -> int:
@@ -156,6 +163,32 @@ class VfVgpu:
 
 
 @record(frozen=True)
+class Unreadable:
+    """A vGPU parent (a VF, or an mdev parent) whose attribute could not be read, so it offers nothing.
+
+    ``device``: the VF or mdev parent; ``attribute``: the file's name (``creatable_vgpu_types``);
+    ``errno_name``: ``EINVAL``...; ``reason``: one phrase.  A read of ``creatable_vgpu_types`` fails
+    with EINVAL when the driver's query of the GPU fails (docs/reference/hardware.md#vendor-vfio):
+    discovery records it here and goes on.
+    """
+
+    device: PciAddress
+    attribute: str
+    errno_name: str
+    reason: str
+
+    def describe(self) -> str:
+        """``0000:41:00.5: reading creatable_vgpu_types failed with EINVAL (...)`` in one line."""
+        return f"{self.device}: reading {self.attribute} failed with {self.errno_name} ({self.reason})"
+
+
+def _unreadable(device: PciAddress, e: SysfsError) -> Unreadable:
+    why = ("the driver's query of the GPU failed; it offers no vGPU type until a read succeeds"
+           if e.errno == errno.EINVAL else os.strerror(e.errno).lower())
+    return Unreadable(device, os.path.basename(e.path), e.errno_name, why)
+
+
+@record(frozen=True)
 class Gpu:
     """An NVIDIA GPU (physical function) and what it can serve.
 
@@ -167,6 +200,11 @@ class Gpu:
     read from NVML only for an SR-IOV GPU whose VFs offer a MIG-backed type
     now (the kernel's count of those is the free VFs, not the free GPU
     instances); None when not read or NVML could not say.
+    ``unreadable``: its VFs and mdev parents whose vGPU attributes could not be
+    read (:class:`Unreadable`); they offer nothing, the rest of the GPU is read.
+    ``vmd``: the Intel VMD endpoint whose PCI domain holds the GPU (its
+    ``domain_host`` when that is an Intel device), else None: such a GPU
+    shares the VMD's IOMMU group (docs/reference/hardware.md#intel-vmd).
     """
 
     address: PciAddress
@@ -179,12 +217,20 @@ class Gpu:
     companions: Tuple[PciAddress, ...]
     mig: Optional[Mapping[str, object]] = None
     gpu_instances: Optional[Mapping[str, int]] = None
+    unreadable: Tuple[Unreadable, ...] = ()
+    vmd: Optional[PciAddress] = None
 
     @property
     def model(self) -> str:
         """Product name from the PCI device id, else ``10de:xxxx``."""
         known = board(self.pci.device)
         return known.product if known else self.pci.ids
+
+    @property
+    def model_known(self) -> bool:
+        """Whether vgpuhost knows the PCI device id (:mod:`vgpuhost.model.boards`): an unknown one has
+        no product name, framebuffer or capacity figures of its own."""
+        return board(self.pci.device) is not None
 
     @property
     def framebuffer_mib(self) -> Optional[int]:
@@ -331,7 +377,8 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     size``, ``no A40-8Q instance free``).
 
     - A GPU not on the ``nvidia`` driver offers nothing (the NVIDIA vGPU
-      manager serves vGPUs only from it).
+      manager serves vGPUs only from it), nor does a vendor-VFIO GPU behind
+      Intel VMD (its VFs cannot be assigned: docs/reference/hardware.md#intel-vmd).
     - Otherwise the kernel's per-parent counts are summed.  On SR-IOV GPUs
       every free VF reports 1 for each type that fits now, so that sum counts
       free VFs, and it is capped (docs/reference/hardware.md#vgpu-types):
@@ -358,6 +405,9 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     if g.pci.driver != "nvidia":
         return 0, (f"bound to {g.pci.driver} (passed through): release it first" if g.pci.driver
                    else "bound to no driver (the NVIDIA vGPU manager needs nvidia)")
+    if g.vmd is not None and g.vgpu_backend == BACKEND_VENDOR_VFIO:
+        return 0, (f"behind Intel VMD {g.vmd}: its VFs share the VMD's IOMMU group, so none can be given "
+                   "to a VM (docs/reference/hardware.md#intel-vmd)")
     total = sum(t.available_instances for t in ts)
     n = _capped(ix, ts, total, framebuffers) if ts and g.vfs else total
     if n > 0:
@@ -550,14 +600,20 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     GPU read before, whose constants (name, description, device_api) are not read again."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
+    unreadable: List[Unreadable] = []
     if with_types:
         consts: Dict[str, VgpuType] = dict(known or {})   # a type's name, description, device_api: the same on every parent
         for p in parents:
-            types_here.extend(_read_mdev_types(fs, addr, p, consts))
+            try:
+                types_here.extend(_read_mdev_types(fs, addr, p, consts))
+            except SysfsError as e:         # that parent offers nothing; the others are read
+                unreadable.append(_unreadable(p, e))
         for vf in vendor_vfs:
-            vv, tt = _read_vendor_vf(fs, addr, vf)
+            vv, tt, bad = _read_vendor_vf(fs, addr, vf)
             vf_vgpus.append(vv)
             types_here.extend(tt)
+            if bad is not None:
+                unreadable.append(bad)
     vgpu_types.extend(types_here)
     board = next((t.profile.board for t in types_here if t.profile), None)
     backends: List[str] = []
@@ -572,7 +628,10 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
                    for t in types_here):
         gis = gi_probe(fs, addr)
-    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis)
+    vmd = dev.domain_host if dev.domain_host is not None and fs.read_int(
+        fs.host.s.pci_device(dev.domain_host) + "/vendor", default=0) == INTEL_VENDOR else None
+    return Gpu(addr, dev, board, backend, tuple(backends), vfs, parents, companions, mig, gis, tuple(unreadable),
+               vmd)
 
 
 def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True,
@@ -730,7 +789,8 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
             target = fs.link_name(d + entry)
             if target and PciAddress.is_valid(target):
                 virtfns.append((int(entry[6:]), PciAddress.parse(target)))
-    real_parent = os.path.basename(os.path.dirname(fs.resolve(top)))
+    real = fs.resolve(top)
+    real_parent = os.path.basename(os.path.dirname(real))
     upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
     reset = fs.read_optional(d + "reset_method") or ""
     return PciDevice(
@@ -745,7 +805,19 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
         virtfns=tuple(v for _, v in sorted(virtfns)),
         sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
-        sriov_numvfs=fs.read_int(d + "sriov_numvfs"))
+        sriov_numvfs=fs.read_int(d + "sriov_numvfs"),
+        domain_host=_domain_host(real, addr))
+
+
+def _domain_host(real: str, addr: PciAddress) -> Optional[PciAddress]:
+    """The device directory right above the root bus of ``addr``'s domain (``pci10000:00``) in its
+    resolved sysfs path ``real``: the device that hosts the domain (Intel VMD), else None."""
+    parts = real.split("/")
+    root_bus = f"pci{addr.domain:04x}:"
+    for i in range(1, len(parts)):
+        if parts[i].startswith(root_bus):
+            return PciAddress.parse(parts[i - 1]) if PciAddress.is_valid(parts[i - 1]) else None
+    return None
 
 
 # memos of the two parsers below (a dict each, emptied when full: not functools.lru_cache, whose
@@ -813,10 +885,21 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     return out
 
 
-def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType]]:
-    creatable, cur = vf_offers(fs, vf)
+def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType], Optional[Unreadable]]:
+    """A vendor-VFIO VF: its record, the types it lists, and what could not be read of it (None: all
+    was).  A VF whose ``creatable_vgpu_types`` read fails lists nothing; the type it holds is still
+    read (a vGPU on it stays known)."""
+    try:
+        creatable, cur = vf_offers(fs, vf)
+    except SysfsError as e:
+        bad = _unreadable(vf, e)
+        try:
+            cur = vf_current_type(fs, vf)
+        except SysfsError:
+            cur = None
+        return VfVgpu(vf, gpu, cur, ()), [], bad
     types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
-    return VfVgpu(vf, gpu, cur, tuple(creatable)), types
+    return VfVgpu(vf, gpu, cur, tuple(creatable)), types, None
 
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:

@@ -92,6 +92,27 @@ def _driverctl_path(host: HostRoot, bdf: PciAddress):
     return host.driverctl_d / f"pci-{bdf}"
 
 
+def staying_notes(inv: Inventory, staying: Sequence[PciAddress]) -> List[str]:
+    """What a prepare says of the group members that stay on the host (:attr:`PciDevice.stays_in_group`):
+    ``bridges stay on pcieport: ...`` per driver they are on, and those with no driver said to have
+    none (a driverless function does no DMA, docs/reference/hardware.md#pci-and-iommu), never "on
+    pcieport"."""
+    by_driver: Dict[str, List[str]] = {}
+    driverless: List[str] = []
+    for a in staying:
+        d = inv.devices.get(a)
+        if d is not None and d.driver is None:
+            driverless.append(f"{a} ({d.class_name})")
+        else:
+            by_driver.setdefault(d.driver if d is not None and d.driver else "pcieport", []).append(str(a))
+    out = [f"bridges stay on {drv}: " + ", ".join(addrs) for drv, addrs in sorted(by_driver.items())]
+    if driverless:
+        out.append(", ".join(driverless) + (" has no driver and stays" if len(driverless) == 1 else
+                                            " have no driver and stay")
+                   + " on the host (a function with no driver does no DMA)")
+    return out
+
+
 def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vga: bool = False,
             persist: bool = False, dry_run: bool = False, actor: Optional[str] = None,
             owner: str = MANUAL, boot_vga_fix: Optional[str] = None) -> Outcome:
@@ -130,8 +151,7 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
         out = Outcome("prepare", gpu, group, changed=bool(plans), dry_run=dry_run)
         out.functions = [{"bdf": str(d.address), "from": d.driver, "to": VFIO_PCI} for d in endpoints]
         out.steps = [s for fp in plans for s in describe(host, fp.steps)]
-        if bridges:
-            out.notes.append("bridges stay on pcieport: " + ", ".join(map(str, bridges)))
+        out.notes += staying_notes(inv, bridges)
         fbs = inv.host.boot_framebuffers.get(str(gpu))
         if fbs:
             out.notes.append(f"a boot framebuffer ({', '.join(fbs)}) holds BAR 0: the VM may fail to start "

@@ -713,6 +713,10 @@ def _create_gpu_instance(host: HostRoot, store: StateStore, inv: Inventory, want
     from ..policy.mig import resolve_layout, why_not
     reasons = []
     for g, backend, gi, mode in _mig_candidates(host, inv, wanted, gpu):
+        lacking = _type_missing(inv, g, wanted)
+        if lacking:
+            reasons.append(lacking)
+            continue
         if not mode or not mode[0]:
             reasons.append(f"{g.address}: MIG mode is off")
             continue
@@ -733,7 +737,7 @@ def _create_gpu_instance(host: HostRoot, store: StateStore, inv: Inventory, want
             continue
         mig.apply(host, store, g.address, counts, backend=backend, actor=actor)
         return
-    raise RefusedError(f"cannot create a GPU instance for {wanted}: " + ("; ".join(reasons) or "no GPU of that board"),
+    raise RefusedError(f"cannot create a GPU instance for {wanted}: " + ("; ".join(reasons) or _no_board(inv, wanted, gpu)),
                        hint=f"order: {_mig_order()}")
 
 
@@ -746,7 +750,10 @@ def _refuse_mig_order(host: HostRoot, inv: Inventory, wanted: VgpuProfile, profi
     except VgpuhostError:
         cands = []
     for g, backend, gi, mode in cands:
-        if g.vfs == () and g.vgpu_backend is None:
+        lacking = _type_missing(inv, g, wanted)
+        if lacking:
+            steps.append(lacking)
+        elif g.vfs == () and g.vgpu_backend is None:
             steps.append(f"{g.address}: no vGPU backend (enable SR-IOV VFs: sriov-manage -e {g.address})")
         elif not mode or not mode[0]:
             steps.append(f"{g.address}: enable MIG mode (vgpuhost mig enable --gpu {g.address})"
@@ -759,8 +766,34 @@ def _refuse_mig_order(host: HostRoot, inv: Inventory, wanted: VgpuProfile, profi
     if dry_run and create_gi:
         steps.append("a dry run does not create GPU instances")
     raise RefusedError(f"no GPU offers a free {profile} (MIG-backed) now: " + ("; ".join(steps) or
-                       "no GPU of that board"),
+                       _no_board(inv, wanted, gpu)),
                        hint=f"order: {_mig_order()}")
+
+
+def _type_missing(inv: Inventory, g, wanted: VgpuProfile) -> Optional[str]:
+    """Why GPU ``g`` of ``wanted``'s board will never offer ``wanted``: on the classic mdev path the
+    driver lists every type it has under ``mdev_supported_types`` (0 available when none fits,
+    docs/reference/hardware.md#mdev), so a GPU that lists types but none of this name has a driver
+    without it.  None when it lists it, lists nothing (vendor VFIO lists only what is creatable
+    now), or is of another board."""
+    ix = inv.on_gpu(g.address)
+    if ix is None or g.vgpu_backend != Backend.MDEV or not ix.types:
+        return None
+    want = str(wanted).lower()
+    if any(t.name.lower() == want for t in ix.types):
+        return None
+    return (f"GPU {g.address} has board {g.board or wanted.board} but its driver offers no {wanted} type "
+            "(its mdev types list none of that name: this driver release does not have it; "
+            f"'vgpuhost types' lists what it offers)")
+
+
+def _no_board(inv: Inventory, wanted: VgpuProfile, gpu: Optional[PciAddress]) -> str:
+    """The reason when no GPU is a candidate for ``wanted``: no GPU there, or none of its board."""
+    others = [g for g in inv.gpus if gpu is None or g.address == gpu]
+    if not others:
+        return f"no NVIDIA GPU at {gpu}" if gpu is not None else "no NVIDIA GPU on this host"
+    return f"no GPU of board {wanted.board} (" + ", ".join(f"{g.address} is {g.board or g.model}"
+                                                          for g in others[:4]) + ")"
 
 
 def _mig_order() -> str:

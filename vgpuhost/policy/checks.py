@@ -26,7 +26,7 @@ from ..model.concepts import Backend
 from ..model.errors import VgpuhostError
 from ..model.values import PciAddress, record
 from ..observe.inventory import Gpu, Inventory, PciDevice
-from .iommu import VFIO_PCI, group_endpoints, prepare_blockers
+from .iommu import VFIO_PCI, group_endpoints, prepare_blockers, vmd_refusal
 
 SEVERITIES = ("error", "warning", "info", "ok")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
@@ -186,6 +186,10 @@ def check_gpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
                            "\"BAR 0: can't reserve\"",
                            "add 'initcall_blacklist=sysfb_init' to the kernel command line and reboot"))
     out += _check_vgpu(inv, gpu)
+    for u in gpu.unreadable:            # discovery went on without it (docs/reference/hardware.md#vendor-vfio)
+        out.append(Finding("warning", "VGPU_UNREADABLE", subject, f"unreadable {u.describe()}",
+                           "read it again later ('vgpuhost gpus'); if it stays, see the driver's messages "
+                           "(dmesg)"))
     return out
 
 
@@ -198,6 +202,11 @@ def _describe(dev: Optional[PciDevice], addr: object) -> str:
 
 def _check_group(inv: Inventory, gpu: Gpu) -> List[Finding]:
     subject = str(gpu.address)
+    if gpu.vmd is not None:             # its group is the VMD's: no ACS advice helps (#intel-vmd)
+        return [Finding("warning", "BEHIND_VMD", subject, "passthrough and vendor-VFIO vGPUs are refused: "
+                        + vmd_refusal(inv, gpu.address),
+                        "put the GPU in a slot outside VMD, or turn VMD off for its ports in the firmware "
+                        "setup; classic mdev vGPUs are not refused behind VMD (not verified on hardware)")]
     group = inv.group_of(gpu.address)
     if group is None:
         return [Finding("error", "NO_IOMMU_GROUP", subject, "the GPU has no IOMMU group",
@@ -245,6 +254,8 @@ def _check_vgpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
         return [Finding("error", "VF_NEEDS_IOMMU", subject,
                         f"{gpu.model}: vGPUs on SR-IOV VFs need the IOMMU, which is off",
                         _iommu_param_fix(inv))]
+    if gpu.vmd is not None and gpu.vgpu_backend == Backend.VENDOR_VFIO and inv.iommu_enabled:
+        return []                       # BEHIND_VMD (_check_group) says why its VFs serve no VM
     if gpu.vgpu_backend:
         n_types = len({t.type_id for t in inv.vgpu_types if t.gpu == gpu.address})
         where = f"on {len(gpu.vfs)} SR-IOV VFs" if gpu.vfs else "on the physical function"
@@ -399,6 +410,9 @@ def _vgpu_verdict(inv: Inventory, gpu: Gpu, f: GpuFacts) -> ModeVerdict:
     if gpu.vgpu_backend:
         if gpu.vfs and not inv.iommu_enabled:
             return v("blocked", "vGPUs on SR-IOV VFs need the IOMMU, which is off", _iommu_param_fix(inv))
+        if gpu.vmd is not None and gpu.vgpu_backend == Backend.VENDOR_VFIO:
+            return v("blocked", "vendor-VFIO vGPUs are refused: " + (vmd_refusal(inv, gpu.address) or ""),
+                     "put the GPU in a slot outside VMD, or turn VMD off for its ports in the firmware setup")
         types = [t for t in inv.vgpu_types if t.gpu == gpu.address]
         n_types = len({t.type_id for t in types})
         where = f"on {len(gpu.vfs)} SR-IOV VFs" if gpu.vfs else "on the physical function"

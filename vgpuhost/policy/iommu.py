@@ -11,6 +11,7 @@ Must not: read sysfs, write anything or decide the binding steps
 
 Facts (the project's docs reference, section 1): a group is viable when it
 holds only the GPU's own functions and bridges; bridges stay on pcieport;
+nothing behind Intel VMD can be passed through (#intel-vmd);
 unbinding from nvidia hangs while nvidia-persistenced holds the GPU, and
 nvidia_drm holds it for display; vfio-pci refuses to bind a PF whose SR-IOV VFs are
 enabled (its probe returns -EBUSY), so the VFs must be disabled first.
@@ -44,6 +45,11 @@ def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevic
     if dev.is_vf:
         raise InputError(f"{gpu} is an SR-IOV VF of {dev.physfn}",
                          hint="VFs carry vGPUs; pass the physical GPU for passthrough")
+    behind = vmd_refusal(inv, gpu)
+    if behind:
+        raise RefusedError(f"{gpu} cannot be passed through: {behind}",
+                           hint="put the GPU in a slot outside VMD, or turn VMD off for its ports in the firmware "
+                                "setup; classic mdev vGPUs are not refused behind VMD; nothing was changed")
     if not inv.iommu_enabled:
         raise RefusedError("the IOMMU is off (no IOMMU groups): nothing can be passed through",
                            hint="add intel_iommu=on iommu=pt (Intel) or amd_iommu=on (AMD) to the kernel "
@@ -68,6 +74,22 @@ def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevic
             hint="move the GPU to a slot whose upstream port has ACS, or use vGPU instead")
     endpoints.sort(key=lambda d: (d.address != gpu, d.address))   # the GPU first, then its functions
     return group.number, endpoints, bridges
+
+
+def vmd_refusal(inv: Inventory, gpu: PciAddress) -> Optional[str]:
+    """Why a device behind Intel VMD cannot be given to a VM whole (one phrase), None when ``gpu``
+    is not behind one (docs/reference/hardware.md#intel-vmd): DMA from the VMD's PCI domain carries
+    the VMD endpoint's requester id, so the kernel puts the endpoint and everything behind it in
+    one IOMMU group (Linux >= 5.6), and the endpoint must stay on the vmd driver (unbinding it
+    removes the domain).  VFIO can then hand out neither a GPU nor its SR-IOV VFs."""
+    g = inv.gpu(gpu)
+    dev = inv.devices.get(gpu)
+    host = g.vmd if g is not None else (dev.domain_host if dev is not None else None)
+    if host is None:
+        return None
+    return (f"it is behind Intel VMD {host} (PCI domain {gpu.domain:04x}), whose devices all share the VMD's "
+            "IOMMU group and DMA requester id; VFIO cannot give one of them to a VM, and unbinding the VMD "
+            "would remove the whole domain (the GPU and any disk behind it)")
 
 
 def prepare_blockers(inv: Inventory, gpu: PciAddress, endpoints: Sequence[PciDevice], *,
@@ -113,4 +135,4 @@ def sriov_blockers(endpoints: Sequence[PciDevice]) -> List[str]:
             "vgpuhost does not run it)" for d in endpoints if d.sriov_numvfs]
 
 
-__all__ = ["VFIO_PCI", "group_endpoints", "prepare_blockers", "sriov_blockers"]
+__all__ = ["VFIO_PCI", "group_endpoints", "prepare_blockers", "sriov_blockers", "vmd_refusal"]

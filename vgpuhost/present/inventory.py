@@ -25,6 +25,7 @@ def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
     return {
         "address": str(gpu.address),
         "model": gpu.model,
+        "model_known": gpu.model_known,
         "board": gpu.board,
         "vendor_id": f"{d.vendor:04x}",
         "device_id": f"{d.device:04x}",
@@ -44,6 +45,9 @@ def gpu_doc(inv: Inventory, gpu: Gpu) -> Dict[str, Any]:
         "mdev_parents": [str(p) for p in gpu.mdev_parents],
         "vgpus": sorted(present),
         "mig": dict(gpu.mig) if gpu.mig is not None else None,
+        "vmd": str(gpu.vmd) if gpu.vmd is not None else None,
+        "unreadable": [{"device": str(u.device), "attribute": u.attribute, "errno": u.errno_name,
+                        "reason": u.reason} for u in gpu.unreadable],
     }
 
 
@@ -65,23 +69,28 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) 
         key = (t.gpu, t.type_id)
         e = out.get(key)
         if e is None:
-            p = t.profile
-            e = out[key] = {
-                "gpu": str(t.gpu), "backend": t.backend, "type_id": t.type_id, "name": t.name,
-                "raw_name": t.raw_name,
-                "series": p.series if p else None, "board": p.board if p else None,
-                "framebuffer_mib": t.framebuffer_mib,
-                "gi_slices": p.gi_slices if p else None,
-                "media_extensions": p.media_extensions if p else False,
-                "max_instances": t.max_instances, "available_instances": 0,
-                "device_api": t.device_api, "description": dict(t.description), "parents": [],
-            }
+            e = out[key] = _type_fields(t)
+        elif not e["name"] and t.name:      # a VF that names a type another VF left nameless
+            e.update({k: v for k, v in _type_fields(t).items() if k not in ("available_instances", "parents")})
         e["available_instances"] += t.available_instances
         e["parents"].append({"parent": str(t.parent), "available_instances": t.available_instances})
     if inv is not None:
         for (gpu, tid), e in out.items():
             e["available_instances"] = free_instances(inv, gpu, tid)[0]
     return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
+
+
+def _type_fields(t: VgpuType) -> Dict[str, Any]:
+    """A new ``types`` entry for ``t``: the fields the type gives, its counts at zero."""
+    p = t.profile
+    return {"gpu": str(t.gpu), "backend": t.backend, "type_id": t.type_id, "name": t.name,
+            "raw_name": t.raw_name,
+            "series": p.series if p else None, "board": p.board if p else None,
+            "framebuffer_mib": t.framebuffer_mib,
+            "gi_slices": p.gi_slices if p else None,
+            "media_extensions": p.media_extensions if p else False,
+            "max_instances": t.max_instances, "available_instances": 0,
+            "device_api": t.device_api, "description": dict(t.description), "parents": []}
 
 
 def _type_sort(type_id: str) -> tuple:

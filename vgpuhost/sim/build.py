@@ -9,7 +9,10 @@ docs/reference/hardware.md#mdev), ``proc/``, ``lib/modules`` and
 IOMMU grouping when a device names no ``iommu_group`` (docs/reference/hardware.md#pci-and-iommu):
 functions of one slot share a group (no multifunction ACS); a bridge with
 ``acs: false`` pulls every device below it into its own group; SR-IOV VFs get
-a group each.
+a group each.  A device whose ``upstream`` is in another PCI domain sits in a
+domain that upstream device hosts (Intel VMD: ``.../0000:5d:05.5/pci10000:00/
+10000:00:02.0``) and is in that device's group, as since Linux 5.6
+(docs/reference/hardware.md#intel-vmd).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..io.hostroot import SIM_MARKER, HostRoot
 from ..model.errors import SimulatorError
 from ..model.values import PciAddress
 from .catalog import Catalog, GpuModel, load_catalog
-from .kernel import SimKernel
+from .kernel import READ_FAULTS_FILE, SimKernel
 from .metering import write_load
 from .nvml import nvml_seed
 from .spec import DeviceSpec, HostSpec
@@ -34,7 +37,7 @@ from .spec import DeviceSpec, HostSpec
 DRIVER_MODULES = {
     "vfio-pci": "vfio_pci", "nvidia": "nvidia", "snd_hda_intel": "snd_hda_intel",
     "xhci_hcd": "xhci_pci", "nvidia-gpu": "i2c_nvidia_gpu", "pcieport": "pcieport",
-    "ahci": "ahci", "igb": "igb", "i915": "i915", "ast": "ast",
+    "ahci": "ahci", "igb": "igb", "i915": "i915", "ast": "ast", "vmd": "vmd",
 }
 FIRST_GROUP = 10
 WRITE_ONLY = ("config", "remove", "reset", "rescan")
@@ -184,12 +187,16 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
         "gpus": gpus,
         "processes": list(spec.processes),
         "next_iommu_group": (max(groups.values()) + 1) if groups else FIRST_GROUP,
-        "faults": [dict(op=f.op, device=f.device, errno=f.errno, count=f.count, effect=f.effect)
+        "faults": [dict(op=f.op, device=f.device, errno=f.errno, count=f.count, effect=f.effect,
+                        **({"attr": f.attr} if f.attr else {}))
                    for f in spec.faults],
     }
     sim = root / SIM_MARKER
     sim.mkdir(exist_ok=True)
     (sim / "host.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    read_faults = sorted({f.attr for f in spec.faults if f.op == "read" and f.attr})
+    if read_faults:         # what Sysfs checks on a simulated root before it asks the kernel (kernel.read)
+        (sim / READ_FAULTS_FILE).write_text("".join(a + "\n" for a in read_faults))
     if spec.load:
         write_load(host, {k: json.loads(v) for k, v in spec.load})
     kernel = SimKernel(host)
@@ -238,6 +245,8 @@ def _assign_paths(devs: Dict[PciAddress, _Dev]) -> None:
             return d.relpath
         if d.upstream is None:
             d.relpath = f"sys/devices/pci{d.bdf.domain:04x}:{d.bdf.bus:02x}/{d.bdf}"
+        elif d.upstream.domain != d.bdf.domain:     # the upstream device hosts this domain (Intel VMD)
+            d.relpath = f"{path(devs[d.upstream])}/pci{d.bdf.domain:04x}:{d.bdf.bus:02x}/{d.bdf}"
         else:
             d.relpath = f"{path(devs[d.upstream])}/{d.bdf}"
         return d.relpath
@@ -249,6 +258,13 @@ def _assign_paths(devs: Dict[PciAddress, _Dev]) -> None:
 def _assign_groups(devs: Dict[PciAddress, _Dev]) -> Dict[PciAddress, int]:
     """IOMMU group number per device (see the module docstring)."""
     def group_key(d: _Dev) -> Tuple:
+        # a device in a PCI domain that another device hosts (behind Intel VMD) DMAs with that
+        # device's requester id: it is in that device's group (docs/reference/hardware.md#intel-vmd)
+        below, up = d, d.upstream
+        while up is not None:
+            if up.domain != below.bdf.domain:
+                return group_key(devs[up])
+            below, up = devs[up], devs[up].upstream
         # the highest non-ACS bridge above d (or d itself if it is one) owns the group
         owner: Optional[_Dev] = None
         up = d.upstream

@@ -52,7 +52,10 @@ passed every check above and the operation is about to happen (the driver's
 probe / remove / the vGPU manager's create), so nothing changes when one
 fires and a request refused anyway does not use one up; a probe fault fires
 for an existing, unbound device.  ``count`` > 0
-counts down and the fault is dropped when spent; 0 fires every time.
+counts down and the fault is dropped when spent; 0 fires every time.  A
+``read`` fault (``attr``: the attribute's name) fails the read(2) of that
+attribute of its device (of a VF, or of its PF's VFs too) with its errno,
+as a driver's show function that fails does (:meth:`SimKernel.read`).
 
 Crash injection (the kill -9 fault-injection tests): with
 ``VGPUHOST_SIM_KILL_AT=N`` in the environment, the process SIGKILLs itself
@@ -89,6 +92,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
+from ..io.sysfs import SIM_READ_FAULTS
 from ..model.values import is_digits
 from .capacity import gpu_available
 
@@ -98,6 +102,10 @@ MDEV_DRIVER = "nvidia-vgpu-vfio"
 NVIDIA = "nvidia"
 VFIO_PCI = "vfio-pci"
 PERSISTENCED = "nvidia-persistenced"
+#: beside host.json: the attribute names a ``read`` fault is injected for, one a line (written when
+#: the host is built); :class:`vgpuhost.io.sysfs.Sysfs` asks :meth:`SimKernel.read` only about files of
+#: those names, so other reads never load the simulator
+READ_FAULTS_FILE = SIM_READ_FAULTS
 
 #: compiled on first use (re caches them)
 _UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -411,6 +419,27 @@ class SimKernel:
                 with open(log, "a", encoding="utf-8") as f:
                     f.write(f"{self.host.relative(path)}\t{logged}\n")
 
+    def read(self, path: Path) -> None:
+        """A read of ``path``, an attribute named in :data:`READ_FAULTS_FILE`: raises OSError with the
+        errno of the first matching ``read`` fault (its ``attr`` the file's name, its device the
+        attribute's device or that device's PF), as a driver's show function that fails makes the
+        read(2) fail (EINVAL when the driver's query failed: docs/guide/simulator.md); returns when
+        none matches, and the caller reads the file."""
+        with self.locked():
+            meta = self.meta()
+            real = Path(os.path.realpath(path))
+            try:
+                rel = real.relative_to(self.real_root)
+            except ValueError:
+                return
+            by_path = {d["path"]: bdf for bdf, d in meta["devices"].items()}
+            owner = rel.parent
+            while str(owner) not in by_path and owner != owner.parent:
+                owner = owner.parent        # mdev_supported_types/<type>/, nvidia/: the device above
+            bdf = by_path.get(str(owner))
+            devices = [bdf, meta["devices"][bdf].get("pf")] if bdf else []
+            self._fault(meta, "read", devices, path, attr=real.name)
+
     def _write(self, path: Path, value: str) -> None:
         with self.locked():
             meta = self.meta()
@@ -460,8 +489,9 @@ class SimKernel:
         write_attr(real, value)
 
     # --- faults ------------------------------------------------------------
-    def _fault(self, meta: dict, op: str, devices: Iterable[Optional[str]], path: Path) -> bool:
-        """Fire the first matching injected fault.
+    def _fault(self, meta: dict, op: str, devices: Iterable[Optional[str]], path: Path,
+               attr: Optional[str] = None) -> bool:
+        """Fire the first matching injected fault (a ``read`` fault: of attribute ``attr``).
 
         Raises OSError for effect ``error``; True for ``ignore`` (the caller
         returns success without acting); False when none matches.
@@ -472,6 +502,8 @@ class SimKernel:
             if f.get("op") != op:
                 continue
             if f.get("device") and f["device"].lower() not in devs:
+                continue
+            if f.get("attr") and f["attr"] != attr:
                 continue
             count = int(f.get("count") or 0)
             if count > 0:

@@ -30,6 +30,7 @@ Format (``version: 1``)::
         mig: {mode: false}
     faults:                       # kernel failures to inject (tests, demos)
       - {op: bind, device: "0000:0a:00.2", errno: EIO, count: 1}
+      - {op: read, attr: creatable_vgpu_types, device: "0000:41:00.4", errno: EINVAL, count: 0}
     load:                         # simulated NVML load for metering (vgpuhost/sim/metering.py)
       default: {sm: 30, fb_mib: 2048}
       "type:A40-8Q": {sm: {square: {high: 90, low: 10, period_s: 60}}, license: unlicensed}
@@ -52,7 +53,11 @@ from .catalog import Catalog, load_catalog
 from .metering import check_trace
 
 BACKENDS = ("mdev", "vendor-vfio", "none")
-FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override")
+FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override", "read")
+#: attributes a ``read`` fault can fail: the driver's, whose show function queries the GPU and returns
+#: that query's error (EINVAL from creatable_vgpu_types when the query failed, docs/guide/simulator.md)
+READ_FAULT_ATTRS = ("creatable_vgpu_types", "current_vgpu_type", "vgpu_params", "available_instances",
+                    "description", "name", "device_api")
 _UNSET = object()
 #: kernel driver, module and release names: no '/', no '..', short (they become path names)
 _NAME_RE = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.+-]{1,64}$")
@@ -88,6 +93,7 @@ class FaultSpec:
     errno: int = _errno.EIO
     count: int = 1           # times it fires; 0 = every time
     effect: str = "error"    # "error" or "ignore" (the write succeeds and does nothing)
+    attr: Optional[str] = None   # op "read": the attribute whose read(2) fails
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ _DEVICE = {"bdf", "model", "upstream", "numa_node", "driver", "boot_vga", "boot_
            "iommu_group", "vgpu", "mig"}
 _VGPU = {"backend", "sriov_numvfs", "mixed_size"}
 _MIG = {"mode"}
-_FAULT = {"op", "device", "errno", "count", "effect"}
+_FAULT = {"op", "device", "errno", "count", "effect", "attr"}
 
 
 class _Reader:
@@ -338,7 +344,17 @@ def _parse_fault(r: _Reader, cat: Catalog, i: int, raw: Any, devices: List[Devic
         raise loc.error(fp + ("effect",), "fault effect must be 'error' or 'ignore'")
     if effect == "ignore" and "errno" in f:
         raise loc.error(fp + ("errno",), "a fault with effect 'ignore' takes no errno")
-    return FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1), effect)
+    attr = r.get(f, fp, "attr", str, None)
+    if op == "read":
+        if attr not in READ_FAULT_ATTRS:
+            raise loc.error(fp + ("attr",), f"a read fault needs attr, one of {', '.join(READ_FAULT_ATTRS)}"
+                            + (f"; found {shown(attr)}" if attr is not None else ""))
+        if effect != "error":
+            raise loc.error(fp + ("effect",), "a read fault fails the read: effect 'ignore' is for writes")
+    elif attr is not None:
+        raise loc.error(fp + ("attr",), "attr is for read faults (op: read)")
+    return FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1), effect,
+                     attr)
 
 
 def _parse_load(r: _Reader, top: Dict[str, Any]) -> List[Tuple[Any, str]]:
