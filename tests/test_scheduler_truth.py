@@ -190,3 +190,32 @@ def test_layout_refuses_a_scheduler_on_a_mig_entry_with_the_reason():
         parse_config(text, source="layout.yaml")
     assert ei.value.message.startswith("layout.yaml:8:")
     assert MIG_NO_SCHEDULER in ei.value.message and "before Blackwell" in ei.value.message
+
+
+def test_assert_and_plan_see_a_file_that_overrides_the_persisted_scheduler(make_host, capsys):
+    """Item 9 for layouts: 'assert' compares what the nvidia module will get, not vgpuhost's own file, and
+    a plan names the overriding file as an operator step (vgpuhost changes only its own file)."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "config" / "vgpu-a40.yaml"
+    host = make_host("a40-mdev")
+    gpu = "0000:81:00.0"
+    assert run(capsys, "--root", str(host.root), "apply", "-c", str(path))[0] == 0
+    assert run(capsys, "--root", str(host.root), "scheduler", "set", "--gpu", gpu, "--policy", "fixed-share",
+               "--persist")[0] == 0
+    assert run(capsys, "--root", str(host.root), "assert", "-c", str(path))[0] == 0
+    # a local file read after vgpuhost's (by name) takes the last word for this GPU
+    _write(host, "etc/modprobe.d/zz-local.conf",
+           f'options nvidia NVreg_RegistryDwordsPerDevice="pci={gpu};RmPVMRL=0x00"\n')
+    code, out, _ = run(capsys, "--root", str(host.root), "assert", "-c", str(path))
+    assert code == 1
+    [line] = out.splitlines()[1:]
+    assert line.startswith(f"- {gpu} scheduler-persist overridden ({gpu}: /etc/modprobe.d/zz-local.conf overrides "
+                           f"{OWN}: the nvidia module gets RmPVMRL=0x00000000 (this GPU) at its next load")
+    assert line.endswith("(needs an operator step)")
+    code, out, _ = run(capsys, "--root", str(host.root), "--json", "plan", "-c", str(path))
+    manual = json.loads(out)["manual"]
+    assert [(m["kind"], m["target"]) for m in manual] == [("scheduler", gpu)]
+    assert "zz-local.conf overrides" in manual[0]["why"] and f"pci={gpu};RmPVMRL=0x00" not in out   # values, not file text
+    # the local file gone: in agreement again
+    (host.root / "etc/modprobe.d/zz-local.conf").unlink()
+    assert run(capsys, "--root", str(host.root), "assert", "-c", str(path))[0] == 0

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..io.backends import open_backend
-from ..io.configfiles import read_config_text
+from ..io.configfiles import modprobe_conf_files, read_config_text
 from ..io.hostroot import HostRoot
 from ..io.nvml import NvmlError
 from ..io.state import StateStore
@@ -133,7 +133,9 @@ class HostView:
     GPU, for the GPUs in scope on the nvidia driver (:meth:`nvml`); ``driverctl``:
     ``{BDF: override file text}`` for every function in the IOMMU groups of the GPUs
     in scope (absent: no file); ``scheduler_conf``: the text of vgpuhost's modprobe.d
-    scheduler file (None: no file).
+    scheduler file (None: no file); ``modprobe_files``: ``[(path, text)]`` of every modprobe.d file in
+    modprobe's reading order (:func:`vgpuhost.io.configfiles.modprobe_conf_files`; empty: not read) and
+    ``cmdline``: the kernel command line (None: not read), so a plan sees what the nvidia module gets.
     """
 
     inventory: Inventory
@@ -145,12 +147,15 @@ class HostView:
     nvml_facts: Mapping[PciAddress, NvmlFacts] = field(default_factory=dict)
     driverctl: Mapping[str, str] = field(default_factory=dict)
     scheduler_conf: Optional[str] = None
+    modprobe_files: Tuple[Tuple[str, str], ...] = ()
+    cmdline: Optional[str] = None
 
     @classmethod
     def of(cls, inventory: Inventory, records: Sequence[VgpuRecord] = (), *, running: Mapping[str, str] = None,
            passthrough: Sequence[PassthroughRecord] = (), seen: Sequence[Tuple] = (),
            nvml: Mapping[PciAddress, NvmlFacts] = None, driverctl: Mapping[str, str] = None,
-           scheduler_conf: Optional[str] = None) -> "HostView":
+           scheduler_conf: Optional[str] = None, modprobe_files: Sequence[Tuple[str, str]] = (),
+           cmdline: Optional[str] = None) -> "HostView":
         """A view from parts (what :func:`observe` builds, and what tests build by hand):
         derives ``vgpus`` and appends the inventory's types to ``seen`` (store rows)."""
         records = tuple(records)
@@ -161,7 +166,7 @@ class HostView:
                    vgpus=tuple(list_vgpus(inventory, records)),
                    nvml_facts=MappingProxyType(dict(nvml or {})),
                    driverctl=MappingProxyType(dict(driverctl or {})),
-                   scheduler_conf=scheduler_conf)
+                   scheduler_conf=scheduler_conf, modprobe_files=tuple(modprobe_files), cmdline=cmdline)
 
     def nvml(self, gpu: PciAddress) -> NvmlFacts:
         """NVML's facts about ``gpu`` (all None when NVML does not see it or it was not in
@@ -212,7 +217,8 @@ def observe(host: HostRoot, store: StateStore, *, gpus: Scope = None, nvml: bool
     return HostView.of(inv, store.vgpu_records(), running=store.active_domains(),
                        passthrough=store.passthrough_records(), seen=store.seen_types(), nvml=facts,
                        driverctl=_driverctl(host, inv, wanted),
-                       scheduler_conf=read_config_text(host.modprobe_d / SCHEDULER_CONF))
+                       scheduler_conf=read_config_text(host.modprobe_d / SCHEDULER_CONF),
+                       modprobe_files=modprobe_conf_files(host), cmdline=read_config_text(host.proc_cmdline))
 
 
 def refresh(view: HostView, host: HostRoot, store: StateStore, gpus: Iterable[PciAddress], *,
@@ -249,7 +255,8 @@ def refresh(view: HostView, host: HostRoot, store: StateStore, gpus: Iterable[Pc
             driverctl.update(_driverctl(host, inv, [gpu]))
     return HostView.of(inv, store.vgpu_records(), running=store.active_domains(),
                        passthrough=store.passthrough_records(), seen=store.seen_types(), nvml=facts,
-                       driverctl=driverctl, scheduler_conf=view.scheduler_conf)
+                       driverctl=driverctl, scheduler_conf=view.scheduler_conf, modprobe_files=view.modprobe_files,
+                       cmdline=view.cmdline)
 
 
 def _merged(inv: Inventory, part: Inventory, gpu: PciAddress) -> Inventory:

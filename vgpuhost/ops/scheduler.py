@@ -43,7 +43,7 @@ from ..plan.steps import SetMixedSize, SetScheduler, WriteConfig
 from ..policy.scheduler import (
     CONF_NAME, SchedulerConf, check_caps, decode, describe, describe_value, encode, matches, parse_conf, problems,
     render_conf, set_value, sets_registry_dwords, state_doc, validate, ModuleOption, effective_options,
-    effective_value, mig_scheduler_refusal, overriding_sources, registry_options
+    effective_value, mig_scheduler_refusal, override_line, overriding_sources, registry_options, with_own_file
 )
 from .nvmljournal import start
 from .recover import recover_locked
@@ -85,14 +85,7 @@ def persistent_drift(host: HostRoot, conf: SchedulerConf, options: Sequence[Modu
         "text": describe_value(eff.value) if not problems(eff.value) else "invalid"}
     per, glob = conf.value_for(str(bdf)), conf.value_for(None)
     own = per if per is not None else glob
-    if own is None or own == eff.value:
-        return effective, None
-    mine = host.relative(conf_path(host))
-    others = [eff.source] if eff.source and eff.source != mine else overriding_sources(options, mine)
-    gets = "no RmPVMRL (best effort)" if eff.value is None else f"RmPVMRL=0x{eff.value:08x} ({eff.scope})"
-    by = ", ".join(o for o in others if o) or "a later option"
-    return effective, (f"{bdf}: {by} overrides {mine}: the nvidia module gets {gets} at its next load, "
-                       f"not vgpuhost's RmPVMRL=0x{own:08x}")
+    return effective, override_line(own, options, str(bdf), host.relative(conf_path(host)))
 
 
 @dataclass
@@ -144,8 +137,7 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
     if state.policy == SchedulerPolicy.FIXED_SHARE:
         notes.append("fixed share is not available while a GPU is in mixed-size mode")
     mine = host.relative(path)
-    files = [(p, t) for p, t in modprobe_conf_files(host) if p.rsplit("/", 1)[-1] != CONF_NAME] + [(mine, text)]
-    files.sort(key=lambda pt: pt[0].rsplit("/", 1)[-1])         # modprobe's order: by file name
+    files = with_own_file(modprobe_conf_files(host), mine, text)
     winners = overriding_sources(registry_options(files, read_config_text(host.proc_cmdline),
                                                   host.relative(host.proc_cmdline)), mine)
     if winners:

@@ -65,7 +65,8 @@ from ..policy.placement import LAYOUT, GpuOffer, Request, place
 from ..policy.iommu import group_endpoints, prepare_blockers
 from ..policy.mig import ORDER, layout_text
 from ..policy.offers import offers
-from ..policy.scheduler import check_caps, describe, encode, matches, parse_conf
+from ..policy.scheduler import (CONF_NAME, SchedulerConf, check_caps, describe, encode, matches, override_line,
+                                parse_conf, registry_options, render_conf, set_value, with_own_file)
 from .mig import plan_layout
 
 SCHEMA_PLAN = "vgpuhost.plan/v1"
@@ -975,6 +976,7 @@ class _Walker:
         have = conf.value_for(bdf)
         if have is None:
             have = conf.value_for(None)
+        self.scheduler_override(g, conf, value)
         if have == value:
             return
         shown = "none" if have is None else f"0x{have:08x}"
@@ -983,6 +985,21 @@ class _Walker:
             f"{bdf} --policy {state.policy}{_sched_flags(state)} --persist', then reload the nvidia module or reboot",
             f"scheduler.persist ({entry.scheduler.where}); vgpuhost's modprobe.d file has {shown}"))
         self.diff(f"{bdf} scheduler-persist RmPVMRL=0x{value:08x} (modprobe.d has {shown})", REBOOT_MARK)
+
+    def scheduler_override(self, g: Gpu, conf: SchedulerConf, value: int) -> None:
+        """Another modprobe.d file, or the kernel command line, that gives GPU ``g`` another ``RmPVMRL``
+        than vgpuhost's file will (the last option wins, docs/reference/hardware.md#vgpu-scheduling): an
+        operator step, since vgpuhost changes only its own file.  Nothing when the view read no files."""
+        if not self.view.modprobe_files and self.view.cmdline is None:
+            return
+        mine = next((p for p, _ in self.view.modprobe_files if p.rsplit("/", 1)[-1] == CONF_NAME),
+                    f"/etc/modprobe.d/{CONF_NAME}")
+        files = with_own_file(self.view.modprobe_files, mine, render_conf(set_value(conf, value, [g.address])))
+        line = override_line(value, registry_options(files, self.view.cmdline), str(g.address), mine)
+        if line:
+            self.plan.manual.append(operator_step(PlanKind.SCHEDULER, str(g.address), "merge or remove the "
+                                                  "overriding NVreg_RegistryDwords* option", line))
+            self.diff(f"{g.address} scheduler-persist overridden ({line})", OPERATOR_MARK)
 
     def vgpu_total(self, entry: Entry, gpus: Sequence[Gpu]) -> None:
         """A vgpu entry with counts: total: place the missing vGPUs across ``gpus`` by the strategy."""

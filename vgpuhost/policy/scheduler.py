@@ -576,6 +576,29 @@ def overriding_sources(options: Sequence[ModuleOption], own: str) -> List[str]:
     return sorted({last[o].source for o in mine if last[o].source != own})
 
 
+def with_own_file(files: Sequence[Tuple[str, str]], mine: str, text: str) -> List[Tuple[str, str]]:
+    """``files`` (``[(path, text)]`` in modprobe's reading order) with vgpuhost's file ``mine`` holding
+    ``text``, as modprobe would read them once it is written: ordered by file name (kmod's order)."""
+    name = mine.rsplit("/", 1)[-1]
+    out = [(p, t) for p, t in files if p.rsplit("/", 1)[-1] != name] + [(mine, text)]
+    out.sort(key=lambda pt: pt[0].rsplit("/", 1)[-1])
+    return out
+
+
+def override_line(own: Optional[int], options: Sequence[ModuleOption], bdf: str, mine: str) -> Optional[str]:
+    """When vgpuhost's file ``mine`` sets ``own`` for GPU ``bdf`` but the nvidia module gets another
+    ``RmPVMRL`` at its next load (a later option wins, docs/reference/hardware.md#vgpu-scheduling): one
+    line naming the file that overrides it, with the parsed values only (never a file's text); else None."""
+    eff = effective_value(effective_options(options), bdf)
+    if own is None or own == eff.value:
+        return None
+    others = [eff.source] if eff.source and eff.source != mine else overriding_sources(options, mine)
+    gets = "no RmPVMRL (best effort)" if eff.value is None else f"RmPVMRL=0x{eff.value:08x} ({eff.scope})"
+    by = ", ".join(o for o in others if o) or "a later option"
+    return (f"{bdf}: {by} overrides {mine}: the nvidia module gets {gets} at its next load, "
+            f"not vgpuhost's RmPVMRL=0x{own:08x}")
+
+
 _REGISTRY_RE = re.compile(r"NVreg_RegistryDwords(PerDevice)?\s*=")
 
 
