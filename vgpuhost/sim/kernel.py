@@ -275,6 +275,11 @@ def crash_point() -> Iterator[None]:
             _die()
 
 
+@contextmanager
+def _uncounted() -> Iterator[None]:
+    yield
+
+
 #: parsed host.json files shared by readers (:meth:`SimKernel.meta_view`): path -> (bytes, meta)
 _VIEWS: Dict[str, Tuple[bytes, dict]] = {}
 _VIEWS_KEPT = 4
@@ -419,14 +424,21 @@ class SimKernel:
                 write_attr(pdir / "nvidia" / "creatable_vgpu_types", "\n".join(lines) + "\n", if_changed=True)
 
     # --- writes ------------------------------------------------------------
-    def write(self, path: Path, value: str) -> None:
+    def crash_point(self):
+        """:func:`crash_point` (a context manager): for a writer that counts a write itself and
+        makes it elsewhere (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`'s detached process)."""
+        return crash_point()
+
+    def write(self, path: Path, value: str, *, counted: bool = True) -> None:
         """Apply a write of ``value`` to ``path`` (absolute, under the root).
 
-        Raises OSError(errno) as the kernel would (see the module docstring).
+        Raises OSError(errno) as the kernel would (see the module docstring); a remove of an
+        open mdev blocks until it is closed.  ``counted`` False: the crash-injection count was
+        taken by the process that asked for the write.
         """
         t0 = _perf_counter()
         try:
-            with crash_point():
+            with (crash_point() if counted else _uncounted()):
                 while True:
                     try:
                         self._write(path, value)
