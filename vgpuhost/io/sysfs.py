@@ -318,6 +318,13 @@ def _write_once(kernel, path: str, value: str) -> None:
         os.close(fd)
 
 
+def _max_fd() -> int:
+    try:
+        return max(1024, os.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        return 65536
+
+
 def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional[int]:
     """Run :func:`_write_once` in a detached grandchild; its errno (0: written), None: not done
     within ``timeout_s`` seconds (see :meth:`Sysfs.write_bounded`)."""
@@ -331,6 +338,10 @@ def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
+                # no other fd: a lock (flock is per open file) or a pipe to libvirt held here would
+                # outlive this process's parent
+                os.closerange(3, w)
+                os.closerange(w + 1, _max_fd())
                 err = 0
                 try:
                     _write_once(kernel, path, value)

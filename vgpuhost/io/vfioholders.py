@@ -145,6 +145,10 @@ class VgpuInUse(RefusedError):
                          hint=hint or "stop the domain that uses it (or detach the vGPU from it) first")
 
 
+def _who(holder_list: List[Holder]) -> str:
+    return describe(holder_list) or "a process vgpuhost cannot see (a device fd without its group)"
+
+
 class RemoveTimedOut(DeviceError):
     """A remove write that did not return within ``timeout_s``: the device is still open (the
     write goes on in a detached process and completes when the holder closes it).  Exit 3."""
@@ -153,10 +157,24 @@ class RemoveTimedOut(DeviceError):
         self.vgpu_id = vgpu_id
         self.timeout_s = timeout_s
         self.holders = list(holder_list)
-        who = describe(self.holders) or "a process vgpuhost cannot see (a device fd without its group)"
-        super().__init__(f"remove of {vgpu_id} did not finish within {timeout_s:g} s: the device is still "
-                         f"open (held by {who})", hint=hint)
+        super().__init__(self._text(), hint=hint)
+
+    def _text(self) -> str:
+        return (f"remove of {self.vgpu_id} did not finish within {self.timeout_s:g} s: the device is still "
+                f"open (held by {_who(self.holders)})")
 
 
-__all__ = ["Holder", "holders", "device_nodes", "describe", "remove_timeout_s", "VgpuInUse", "RemoveTimedOut",
+class RemoveInProgress(RemoveTimedOut):
+    """An earlier remove write of ``vgpu_id`` still waits for the device to be closed (an mdev whose
+    ``remove`` file is gone: ``remove_store()`` removes itself as it starts).  Exit 3."""
+
+    def __init__(self, vgpu_id: str, holder_list: List[Holder], *, hint: Optional[str] = None):
+        super().__init__(vgpu_id, 0.0, holder_list, hint=hint)
+
+    def _text(self) -> str:
+        return (f"remove of {self.vgpu_id} is already in progress (its remove file is gone) and waits: the "
+                f"device is still open (held by {_who(self.holders)})")
+
+
+__all__ = ["RemoveInProgress", "Holder", "holders", "device_nodes", "describe", "remove_timeout_s", "VgpuInUse", "RemoveTimedOut",
            "REMOVE_TIMEOUT_ENV", "DEFAULT_REMOVE_TIMEOUT_S"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from os.path import join as _join
 
 from ..model.kinds import Backend    # the plain constants: the enum module costs the hook ~1 ms to import
-from .vfioholders import RemoveTimedOut, VgpuInUse, holders, remove_timeout_s
+from .vfioholders import RemoveInProgress, RemoveTimedOut, VgpuInUse, holders, remove_timeout_s
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only
@@ -103,14 +103,21 @@ class VgpuDevices:
         fails with EPERM (docs/reference/hardware.md#mdev, #vendor-vfio).  Raises
         :class:`~vgpuhost.io.vfioholders.VgpuInUse` (nothing written) when a holder is seen,
         :class:`~vgpuhost.io.vfioholders.RemoveTimedOut` when the write did not return in time
-        (it completes by itself once the device is closed), SysfsError when the kernel refuses.
+        (it completes by itself once the device is closed) or an earlier one still waits
+        (:class:`~vgpuhost.io.vfioholders.RemoveInProgress`), SysfsError when the kernel refuses.
         """
         seen = self.holders(fs, parent, vgpu_id)
         if seen:
             raise VgpuInUse(str(vgpu_id), seen)
+        if self.remove_in_progress(fs, parent, vgpu_id):
+            raise RemoveInProgress(str(vgpu_id), seen)
         limit = remove_timeout_s() if timeout_s is None else timeout_s
         if not fs.write_bounded(*self.remove_write(fs.host, parent, vgpu_id), timeout_s=limit):
             raise RemoveTimedOut(str(vgpu_id), limit, self.holders(fs, parent, vgpu_id))
+
+    def remove_in_progress(self, fs: Sysfs, parent, vgpu_id: str) -> bool:
+        """Whether an earlier remove write of this vGPU is still waiting for it to be closed."""
+        return False
 
     def params_supported(self, fs: Sysfs, parent, vgpu_id: str) -> bool:
         """Whether the vGPU's ``nvidia/vgpu_params`` exists (a vendor-VFIO VF may have none:
@@ -147,6 +154,12 @@ class MdevDevices(VgpuDevices):
 
     def device_dir(self, host, parent, vgpu_id):
         return _join(host.s.mdev_devices, vgpu_id)
+
+    def remove_in_progress(self, fs, parent, vgpu_id):
+        # the mdev is there and its remove file is not: remove_store() removed itself, the
+        # unregister waits for the release (docs/reference/hardware.md#mdev)
+        ddir = self.device_dir(fs.host, parent, vgpu_id)
+        return fs.exists(ddir) and not fs.exists(_join(ddir, REMOVE_FILE))
 
     def current_type(self, fs, parent, vgpu_id):
         return mdev_type_of(fs, _join(fs.host.s.mdev_devices, vgpu_id))

@@ -25,7 +25,9 @@ on the device directory, as in sysfs):
   Linux 5.8 (``mdev_device_remove()`` returns only 0, ENODEV or EAGAIN;
   ``vfio_unregister_group_dev()`` waits for the device's release and sends the
   driver's ``request`` to the holder meanwhile, counted in the holder's
-  ``requests``; docs/reference/hardware.md#mdev).  Nothing returns EBUSY.
+  ``requests``; docs/reference/hardware.md#mdev).  Nothing returns EBUSY.  The
+  ``remove`` file goes as the write starts (``remove_store()`` removes itself):
+  a second writer while the first waits gets ENOENT.
   Both create and ``current_vgpu_type`` give ENODEV while the parent / VF
   is not bound to ``nvidia`` (no vGPU manager behind it); an mdev parent
   off ``nvidia`` shows no ``mdev_supported_types`` and no ``class/mdev_bus``
@@ -202,11 +204,13 @@ def write_attr(path: "str | Path", text: str, *, if_changed: bool = False) -> No
 
 
 class _MustWait(Exception):
-    """A write the kernel blocks until device ``vid`` is closed (raised before anything changed)."""
+    """A write the kernel blocks until device ``vid`` is closed; ``resume(meta)`` (under the lock)
+    finishes it then."""
 
-    def __init__(self, vid: str):
+    def __init__(self, vid: str, resume: Callable[[dict], None]):
         super().__init__(vid)
         self.vid = vid
+        self.resume = resume
 
 
 def _rmtree(path: Path) -> None:
@@ -439,14 +443,14 @@ class SimKernel:
         t0 = _perf_counter()
         try:
             with (crash_point() if counted else _uncounted()):
-                while True:
-                    try:
-                        self._write(path, value)
-                        break
-                    except _MustWait as w:      # blocked, the lock released: wait for the close, then again
-                        waited = _perf_counter()
-                        self._wait_closed(path, w.vid)
-                        t0 += _perf_counter() - waited      # waiting is not the simulator's cost
+                try:
+                    self._write(path, value)
+                except _MustWait as w:      # blocked, the lock released: wait for the close, then finish
+                    waited = _perf_counter()
+                    self._wait_closed(path, w.vid)
+                    t0 += _perf_counter() - waited      # waiting is not the simulator's cost
+                    with self.locked():
+                        w.resume(self.meta())
                 log = os.environ.get(WRITE_LOG_ENV)
                 if log:         # the writes that landed, for the fault-injection tests' audit check
                     with open(log, "a", encoding="utf-8") as f:
@@ -832,8 +836,16 @@ class SimKernel:
         if self._fault(meta, "remove", [parent, pf], path):
             return
         if self.holders(uuid, meta):
+            # remove_store() removes its own file first (device_remove_file_self): a second writer
+            # meanwhile finds no remove file; then the unregister waits for the release
+            _unlink(mdir / "remove")
             self._request_release(meta, uuid)
-            raise _MustWait(uuid)       # the writer waits for the release (outside the lock)
+            raise _MustWait(uuid, lambda m: self._mdev_unregister(m, mdir, pf))
+        self._mdev_unregister(meta, mdir, pf)
+
+    def _mdev_unregister(self, meta: dict, mdir: Path, pf: Optional[str]) -> None:
+        """The mdev at ``mdir`` goes: its links, its IOMMU group and node, its directory."""
+        uuid = mdir.name
         tid = os.path.basename(os.readlink(mdir / "mdev_type"))
         gdir = Path(os.path.realpath(mdir / "iommu_group")) if os.path.islink(mdir / "iommu_group") else None
         _unlink(mdir.parent / "mdev_supported_types" / tid / "devices" / uuid)
