@@ -30,11 +30,7 @@ import os
 from os.path import join as _join
 
 from ..model.errors import DeviceError, RefusedError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional
-    from .sysfs import Sysfs
+from .sysfs import Sysfs
 
 #: the environment variable that sets how long a remove write may take, in seconds (a float)
 REMOVE_TIMEOUT_ENV = "VGPUHOST_REMOVE_TIMEOUT_S"
@@ -79,12 +75,12 @@ class Holder:
         return f"{self.comm} (pid {self.pid}, {self.node} open)"
 
 
-def describe(holders: "List[Holder]") -> str:
+def describe(holders: "list[Holder]") -> str:
     """``qemu-system-x86 (pid 4000, /dev/vfio/12 open)``, comma-joined; '' for none."""
     return ", ".join(h.describe() for h in holders)
 
 
-def device_nodes(fs: Sysfs, device_dir: str) -> List[str]:
+def device_nodes(fs: Sysfs, device_dir: str) -> list[str]:
     """The VFIO nodes of the device at ``device_dir`` as a process's fd table shows them:
     ``/dev/vfio/<group>`` (from its ``iommu_group`` link) and ``/dev/vfio/devices/vfioN`` (one per
     ``vfio-dev/vfioN``); [] when it has neither (gone, or not bound to a VFIO driver)."""
@@ -97,7 +93,7 @@ def device_nodes(fs: Sysfs, device_dir: str) -> List[str]:
     return nodes
 
 
-def holders(fs: Sysfs, device_dir: str) -> List[Holder]:
+def holders(fs: Sysfs, device_dir: str) -> list[Holder]:
     """The processes that hold the device at ``device_dir`` open, by pid: every ``proc/<pid>/fd/*``
     link under the host root that points at one of its :func:`device_nodes`.  Unreadable fd
     tables (another user's, a process that just exited) are skipped."""
@@ -137,7 +133,7 @@ class VgpuInUse(RefusedError):
     """A remove refused before any write: ``holders`` (a list of :class:`Holder`) have the vGPU
     ``vgpu_id`` open.  Exit 2: nothing changed."""
 
-    def __init__(self, vgpu_id: str, holder_list: List[Holder], *, hint: Optional[str] = None):
+    def __init__(self, vgpu_id: str, holder_list: list[Holder], *, hint: str | None = None):
         self.vgpu_id = vgpu_id
         self.holders = list(holder_list)
         super().__init__(f"vGPU {vgpu_id} is open, held by {describe(self.holders)}: not removed (a remove "
@@ -145,7 +141,7 @@ class VgpuInUse(RefusedError):
                          hint=hint or "stop the domain that uses it (or detach the vGPU from it) first")
 
 
-def _who(holder_list: List[Holder]) -> str:
+def _who(holder_list: list[Holder]) -> str:
     return describe(holder_list) or "a process vgpuhost cannot see (a device fd without its group)"
 
 
@@ -153,7 +149,7 @@ class RemoveTimedOut(DeviceError):
     """A remove write that did not return within ``timeout_s``: the device is still open (the
     write goes on in a detached process and completes when the holder closes it).  Exit 3."""
 
-    def __init__(self, vgpu_id: str, timeout_s: float, holder_list: List[Holder], *, hint: Optional[str] = None):
+    def __init__(self, vgpu_id: str, timeout_s: float, holder_list: list[Holder], *, hint: str | None = None):
         self.vgpu_id = vgpu_id
         self.timeout_s = timeout_s
         self.holders = list(holder_list)
@@ -168,7 +164,7 @@ class RemoveInProgress(RemoveTimedOut):
     """An earlier remove write of ``vgpu_id`` still waits for the device to be closed (an mdev whose
     ``remove`` file is gone: ``remove_store()`` removes itself as it starts).  Exit 3."""
 
-    def __init__(self, vgpu_id: str, holder_list: List[Holder], *, hint: Optional[str] = None):
+    def __init__(self, vgpu_id: str, holder_list: list[Holder], *, hint: str | None = None):
         super().__init__(vgpu_id, 0.0, holder_list, hint=hint)
 
     def _text(self) -> str:

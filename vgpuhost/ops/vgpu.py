@@ -893,9 +893,11 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                 try:
                     destroy(ex.fs, rec.backend, parent, vid)     # refused while open; the write bounded
                 except RemoveTimedOut as e:
-                    ex.journal.keep_open()      # "remove pending": reconcile (and the next operation on this
-                    e.hint = (f"the removal stays pending: 'vgpuhost reconcile' (or the next operation on "   # GPU)
-                              f"{rec.gpu}) finishes it once the device is closed")                           # ends it
+                    # "remove pending": the write completes by itself once the device is closed, and
+                    # reconcile (or the next operation on this GPU) then ends the entry
+                    ex.journal.keep_open()
+                    e.hint = (f"the removal stays pending: 'vgpuhost reconcile' (or the next operation on "
+                              f"{rec.gpu}) finishes it once the device is closed")
                     raise
                 except VgpuInUse:
                     raise                       # a holder that came since the check: nothing was written

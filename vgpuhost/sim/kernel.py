@@ -105,6 +105,7 @@ import json
 import os
 import re
 import signal
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -529,7 +530,6 @@ class SimKernel:
     def _wait_closed(self, path: Path, vid: str) -> None:
         """Block until nobody holds ``vid`` (no timeout: the kernel's wait after a signal is
         uninterruptible).  The host root vanishing ends it with ENODEV (a test's tree removed)."""
-        import time
         while True:
             try:
                 if not self.holders(vid):
