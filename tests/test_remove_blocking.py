@@ -157,12 +157,12 @@ def test_a_remove_that_blocks_times_out_stays_pending_and_reconcile_finishes_it(
     """A holder vgpuhost cannot see (a device fd without its group fd): the write blocks; the
     command ends after the bound with one line, the journal entry stays open, and reconcile
     finishes it once the device is closed (the detached write completes by itself)."""
-    monkeypatch.setenv(REMOVE_TIMEOUT_ENV, "0.3")
     host = make_host("a40-mdev")
     store = StateStore(host.state_dir)
     out = create(host, store, profile="A40-8Q")
     kernel = SimKernel(host)
     pid = kernel.open_vgpu(out.id, via="device")
+    monkeypatch.setenv(REMOVE_TIMEOUT_ENV, "0.3")     # every remove write after this one blocks or is not made
     t0 = time.monotonic()
     code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
     assert time.monotonic() - t0 < DEADLINE_S                                  # it came back
@@ -219,13 +219,14 @@ def _hook(host: HostRoot, op: str, sub: str, xml: str):
 def test_the_hooks_release_end_refuses_or_times_out_and_never_hangs(make_host, monkeypatch, via):
     """``release end`` after a qemu that still holds its vGPU (seen: refused; unseen: the bounded
     write times out): one line, the vGPU and its record kept; once closed, the next release ends it."""
-    monkeypatch.setenv(REMOVE_TIMEOUT_ENV, "0.3")
     host = make_host("a40-mdev")
     xml = _domain("web")
     assert _hook(host, "prepare", "begin", xml) == (0, "")
     kernel = SimKernel(host)
     pid = kernel.open_vgpu(MDEV, via=via)
+    monkeypatch.setenv(REMOVE_TIMEOUT_ENV, "0.3")     # only for the write that blocks: others keep 20 s
     rc, err = _hook(host, "release", "end", xml)
+    monkeypatch.delenv(REMOVE_TIMEOUT_ENV)
     assert rc != 0 and err.count("\n") == 1, err
     if via == "group":
         assert f"vGPU {MDEV} is open, held by qemu-system-x86 (pid {pid}" in err, err
@@ -269,3 +270,30 @@ def test_layout_apply_refuses_to_remove_an_open_vgpu(make_host, tmp_path, capsys
     SimKernel(host).close_vgpu(pid)
     assert cli(capsys, host, "apply", "-c", str(path), "none")[0] == 0
     assert store.vgpu_records() == [] and not os.listdir(host.mdev_devices)
+
+
+# ---------------------------------------------------------------------------
+# the pieces: the bound, and the detached write on a real (unsimulated) root
+
+@pytest.mark.parametrize("raw,want", [("", 20.0), ("0.5", 0.5), ("0", 0.05), ("9999", 600.0), ("soon", 20.0),
+                                      ("nan", 20.0)])
+def test_the_remove_bound_comes_from_the_environment(monkeypatch, raw, want):
+    from vgpuhost.io.vfioholders import remove_timeout_s
+    monkeypatch.setenv(REMOVE_TIMEOUT_ENV, raw)
+    assert remove_timeout_s() == want
+
+
+def test_a_bounded_write_on_a_real_root_writes_once_and_reports_the_errno(tmp_path):
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "proc").mkdir()
+    attr = tmp_path / "sys" / "attr"
+    attr.write_text("")
+    heard = []
+    fs = Sysfs(HostRoot(tmp_path), observers=[lambda p, v, e: heard.append((p, v, e))])
+    assert not fs.simulated
+    assert fs.write_bounded(attr, "1", timeout_s=DEADLINE_S) is True
+    assert attr.read_text() == "1"
+    with pytest.raises(SysfsError) as e:
+        fs.write_bounded(tmp_path / "sys", "1", timeout_s=DEADLINE_S)      # a directory: EISDIR
+    assert e.value.errno == errno.EISDIR
+    assert heard == [(str(attr), "1", 0), (str(tmp_path / "sys"), "1", errno.EISDIR)]
