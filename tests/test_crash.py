@@ -677,7 +677,7 @@ def test_kill_during_apply_with_mig_and_scheduler_changes(make_host, tmp_path):
 
 
 def test_a_stop_that_cannot_end_its_killed_start_says_so_and_keeps_the_domain(make_host, tmp_path):
-    """The second breaker's finding: the killed start's vGPU cannot be removed (EBUSY): the stop exits 3
+    """The second breaker's finding: the killed start's vGPU cannot be removed (an injected remove fault): the stop exits 3
     with one line naming the interrupted operation, and the domain stays recorded (its marker too), so
     the next stop tries again; once the fault is gone it releases the vGPU."""
     from vgpuhost.sim.kernel import SimKernel

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 
 from ..model.errors import SysfsError
 from .configfiles import audit_value
@@ -230,6 +231,36 @@ class Sysfs:
         finally:
             self._notify(p, value, err)
 
+    def write_bounded(self, path: PathArg, value: str, timeout_s: float) -> bool:
+        """Write ``value`` to ``path`` as :meth:`write` does, but give up waiting after ``timeout_s``
+        seconds: True when the write returned in time, False when it is still blocked.
+
+        For a write the kernel may block without end (an mdev ``remove`` while the device is
+        open: docs/reference/hardware.md#mdev).  A writer blocked there cannot be interrupted, not
+        even by SIGKILL once a signal has come, and a thread of ours blocked so would keep this
+        process from exiting; so the write(2) runs in a detached grandchild (its own session,
+        stdin/stdout/stderr on /dev/null, no other fd: the qemu hook's pipes to libvirt close
+        when this process ends).  On a timeout the grandchild is left to finish the write when the
+        device is closed; this process goes on.  The audit observers hear the write here, with
+        ETIMEDOUT on a timeout.  Raises SysfsError when the kernel refuses in time.
+        """
+        p = os.fspath(path)
+        self._intend(p, value)
+        kernel = self._kernel       # made here: the grandchild only writes
+        crash = kernel.crash_point() if kernel is not None else None
+        if crash is not None:
+            crash.__enter__()       # a simulated crash point is this process's, as for any write
+        try:
+            err = _write_detached(kernel, p, value, timeout_s)
+        finally:
+            if crash is not None:
+                crash.__exit__(None, None, None)
+        self._notify(p, value, err if err is not None else errno.ETIMEDOUT)
+        if err is None:
+            return False
+        if err:
+            raise SysfsError("write", str(p), err, value=value)
+        return True
 
     def _intend(self, path: str, value: str) -> None:
         """Tell every intent observer (the audit log, written before the write) about one write."""
@@ -294,6 +325,66 @@ class Sysfs:
             raise SysfsError("remove", str(p), e.errno or errno.EIO) from e
         self._notify(p, "<remove>", 0)
         return True
+
+
+def _write_once(kernel, path: str, value: str) -> None:
+    """One write of ``value`` (through the simulator's ``kernel`` when there is one, uncounted)."""
+    if kernel is not None:
+        from pathlib import Path        # the simulator's kernel takes a Path
+        kernel.write(Path(path), value, counted=False)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        os.write(fd, value.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def _max_fd() -> int:
+    try:
+        return max(1024, os.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        return 65536
+
+
+def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional[int]:
+    """Run :func:`_write_once` in a detached grandchild; its errno (0: written), None: not done
+    within ``timeout_s`` seconds (see :meth:`Sysfs.write_bounded`)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child: fork the writer and go
+        try:
+            os.close(r)
+            if os.fork() == 0:
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                # no other fd: a lock (flock is per open file) or a pipe to libvirt held here would
+                # outlive this process's parent
+                os.closerange(3, w)
+                os.closerange(w + 1, _max_fd())
+                err = 0
+                try:
+                    _write_once(kernel, path, value)
+                except OSError as e:
+                    err = e.errno or errno.EIO
+                except BaseException:
+                    err = errno.EIO
+                os.write(w, str(err).encode("ascii"))
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        os.waitpid(pid, 0)                          # the child exits at once; the grandchild is init's
+        ready, _, _ = select.select([r], [], [], max(0.0, timeout_s))
+        if not ready:
+            return None
+        data = os.read(r, 32)
+    finally:
+        os.close(r)
+    text = data.decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else errno.EIO
 
 
 def _to_int(text: Optional[str], path: PathArg, default: Optional[int]) -> Optional[int]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from os.path import join as _join
 
 from ..model.kinds import Backend    # the plain constants: the enum module costs the hook ~1 ms to import
+from .vfioholders import RemoveInProgress, RemoveTimedOut, VgpuInUse, holders, remove_timeout_s
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only
@@ -85,9 +86,50 @@ class VgpuDevices:
         """Write the create file; raises :class:`~vgpuhost.model.errors.SysfsError` as the kernel refuses."""
         fs.write(self.create_path(fs.host, parent, type_id, vgpu_id), self.create_value(type_id, vgpu_id))
 
-    def remove(self, fs: Sysfs, parent, vgpu_id: str) -> None:
-        """Write the remove file; raises SysfsError (EBUSY while qemu holds it)."""
-        fs.write(*self.remove_write(fs.host, parent, vgpu_id))
+    def device_dir(self, host: HostRoot, parent, vgpu_id: str) -> str:
+        """The vGPU's device directory (where its ``iommu_group`` link is)."""
+        raise NotImplementedError
+
+    def holders(self, fs: Sysfs, parent, vgpu_id: str) -> list:
+        """The processes holding the vGPU open (:func:`vgpuhost.io.vfioholders.holders`)."""
+        return holders(fs, self.device_dir(fs.host, parent, vgpu_id))
+
+    def remove(self, fs: Sysfs, parent, vgpu_id: str, *, timeout_s: Optional[float] = None) -> None:
+        """Remove the vGPU: refuse while a process holds it open, then write the remove file,
+        waiting at most ``timeout_s`` seconds (default :func:`~vgpuhost.io.vfioholders.remove_timeout_s`).
+
+        Never writes ``remove`` for an open device: an mdev remove would block until it is
+        closed and ask qemu to unplug it from the guest; a vendor-VFIO destroy of an open VF
+        fails with EPERM (docs/reference/hardware.md#mdev, #vendor-vfio).  Raises
+        :class:`~vgpuhost.io.vfioholders.VgpuInUse` (nothing written) when a holder is seen,
+        :class:`~vgpuhost.io.vfioholders.RemoveTimedOut` when the write did not return in time
+        (it completes by itself once the device is closed) or an earlier one still waits
+        (:class:`~vgpuhost.io.vfioholders.RemoveInProgress`), SysfsError when the kernel refuses.
+        """
+        seen = self.holders(fs, parent, vgpu_id)
+        if seen:
+            raise VgpuInUse(str(vgpu_id), seen)
+        if self.remove_in_progress(fs, parent, vgpu_id):
+            raise RemoveInProgress(str(vgpu_id), seen)
+        limit = remove_timeout_s() if timeout_s is None else timeout_s
+        if not fs.write_bounded(*self.remove_write(fs.host, parent, vgpu_id), timeout_s=limit):
+            raise RemoveTimedOut(str(vgpu_id), limit, self.holders(fs, parent, vgpu_id))
+
+    def remove_in_progress(self, fs: Sysfs, parent, vgpu_id: str) -> bool:
+        """Whether an earlier remove write of this vGPU is still waiting for it to be closed."""
+        return False
+
+    def params_supported(self, fs: Sysfs, parent, vgpu_id: str) -> bool:
+        """Whether the vGPU's ``nvidia/vgpu_params`` exists (a vendor-VFIO VF may have none:
+        docs/reference/hardware.md#vendor-vfio).  For an mdev that does not exist yet: True."""
+        return True
+
+
+def params_value(params: str) -> str:
+    """What to write to ``nvidia/vgpu_params`` for ``params`` (``frame_rate_limiter=0``): the value and a
+    newline, since the driver keeps ``count - 1`` bytes (it expects ``echo``'s newline;
+    docs/reference/hardware.md#mdev)."""
+    return params + "\n"
 
 
 class MdevDevices(VgpuDevices):
@@ -110,6 +152,15 @@ class MdevDevices(VgpuDevices):
     def remove_write(self, host, parent, vgpu_id):
         return _join(host.s.mdev_devices, vgpu_id, REMOVE_FILE), "1"
 
+    def device_dir(self, host, parent, vgpu_id):
+        return _join(host.s.mdev_devices, vgpu_id)
+
+    def remove_in_progress(self, fs, parent, vgpu_id):
+        # the mdev is there and its remove file is not: remove_store() removed itself, the
+        # unregister waits for the release (docs/reference/hardware.md#mdev)
+        ddir = self.device_dir(fs.host, parent, vgpu_id)
+        return fs.exists(ddir) and not fs.exists(_join(ddir, REMOVE_FILE))
+
     def current_type(self, fs, parent, vgpu_id):
         return mdev_type_of(fs, _join(fs.host.s.mdev_devices, vgpu_id))
 
@@ -122,8 +173,8 @@ def _nvidia_dir(host: HostRoot, vf) -> str:
 class VendorVfioDevices(VgpuDevices):
     """NVIDIA vendor-specific VFIO (docs/reference/hardware.md#vendor-vfio): a VF per
     vGPU; write the type id to ``<pci_devices>/<VF>/nvidia/current_vgpu_type`` to
-    create, ``0`` to remove (reads ``0`` while empty; EPERM while the VF is taken);
-    ``nvidia/vgpu_params`` beside it."""
+    create, ``0`` to remove (reads ``0`` while empty; EPERM while the VF is taken, and on a
+    ``0`` while the VF is open); ``nvidia/vgpu_params`` beside it where the driver has one."""
 
     backend = Backend.VENDOR_VFIO
 
@@ -138,6 +189,12 @@ class VendorVfioDevices(VgpuDevices):
 
     def remove_write(self, host, parent, vgpu_id):
         return vf_type_path(host, parent), "0"
+
+    def device_dir(self, host, parent, vgpu_id):
+        return host.s.pci_device(parent)
+
+    def params_supported(self, fs, parent, vgpu_id):
+        return fs.exists(self.params_path(fs.host, parent, vgpu_id))
 
     def raw_current(self, fs, parent, vgpu_id):
         return fs.read_optional(vf_type_path(fs.host, parent))

@@ -11,9 +11,11 @@ back (the vGPU it made is removed again, its mdevctl definition too); a
 ``vgpu remove`` is finished (device removed, record dropped); an NVML
 operation (MIG mode, MIG layout, vGPU scheduler, mixed-size mode) is
 finished when the GPU reads as wanted, else rolled back to the state its
-entry recorded (:mod:`vgpuhost.ops.nvmljournal`).  A removal the
-kernel refuses with EBUSY leaves the entry open ("remove pending") for the
-next reconcile.  Runs under the same group/GPU locks as the operations, so an
+entry recorded (:mod:`vgpuhost.ops.nvmljournal`).  A vGPU that a process
+still holds open is not removed (a remove write of an open mdev blocks until
+it is closed, docs/reference/hardware.md#mdev): the entry stays open ("remove
+pending") for the next reconcile, as it does when a remove write does not
+return within its bound (it finishes by itself once the device is closed).  Runs under the same group/GPU locks as the operations, so an
 entry whose process is still running is never touched.  Must not: decide
 placement, or touch devices the entry does not name.
 
@@ -24,7 +26,6 @@ vGPU operation, for its own group and GPU).
 
 from __future__ import annotations
 
-import errno
 import os
 
 from ..io import vgpudev
@@ -33,7 +34,8 @@ from ..io.locks import file_lock
 from ..io.state import StateStore, delete_vgpu, pid_alive
 from ..model.records import JournalEntry
 from ..io.sysfs import Sysfs
-from ..model.errors import SysfsError, VgpuhostError
+from ..io.vfioholders import RemoveTimedOut, VgpuInUse
+from ..model.errors import VgpuhostError
 from ..model.kinds import Backend
 from ..model.values import PciAddress, field, record
 from ..plan.executor import Executor
@@ -255,36 +257,21 @@ def _current_type(host: HostRoot, dev: dict) -> Optional[str]:
     return vgpudev.for_backend(dev["backend"]).current_type(Sysfs(host), dev["parent"], dev["id"])
 
 
-#: how long a vGPU removal that meets EBUSY is retried: qemu can hold an mdev for a moment after
-#: it exits (Proxmox VE waits up to 10 s for the same reason)
-REMOVE_RETRY_S = 10.0
-REMOVE_RETRY_INTERVAL_S = 0.25
+def destroy(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
+    """Remove vGPU ``vid`` (mdev ``remove`` <- 1; vendor VFIO ``current_vgpu_type`` <- 0) through the
+    vGPU door: refused while a process holds it open, the write bounded in time.  Raises
+    VgpuInUse, RemoveTimedOut (:mod:`vgpuhost.io.vfioholders`) or SysfsError."""
+    vgpudev.for_backend(backend).remove(fs, parent, vid)
 
 
-def destroy_retrying(fs: Sysfs, backend: str, parent: PciAddress, vid: str) -> None:
-    """Remove vGPU ``vid`` (mdev ``remove`` <- 1; vendor VFIO ``current_vgpu_type`` <- 0), retried
-    on EBUSY within :data:`REMOVE_RETRY_S` seconds; raises the last SysfsError."""
-    import time
-    path, value = vgpudev.for_backend(backend).remove_write(fs.host, parent, vid)
-    deadline = time.monotonic() + REMOVE_RETRY_S
-    while True:
-        try:
-            return fs.write(path, value)
-        except SysfsError as e:
-            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
-                raise
-            time.sleep(REMOVE_RETRY_INTERVAL_S)
-
-
-def _destroy(host: HostRoot, ex: Executor, dev: dict) -> bool:
-    """Remove the vGPU ``dev`` names; False when the kernel still says EBUSY after the retry window."""
+def _destroy(host: HostRoot, ex: Executor, dev: dict) -> Optional[str]:
+    """Remove the vGPU ``dev`` names; None when done, else why it is pending (held open, or the
+    write did not return in time)."""
     try:
-        destroy_retrying(ex.fs, dev["backend"], PciAddress.parse(dev["parent"]), dev["id"])
-        return True
-    except SysfsError as e:
-        if e.errno != errno.EBUSY:
-            raise
-        return False
+        destroy(ex.fs, dev["backend"], PciAddress.parse(dev["parent"]), dev["id"])
+        return None
+    except (VgpuInUse, RemoveTimedOut) as e:
+        return e.message + "; remove pending, the entry stays open"
 
 
 def _drop_definition(host: HostRoot, ex: Executor, dev: dict) -> None:
@@ -307,9 +294,9 @@ def _vgpu_create(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
             rep.detail += "; its mdevctl definition written now"
         return
     if present is not None and present == dev["type_id"]:
-        if not _destroy(host, ex, dev):
-            rep.result = "pending"
-            rep.detail = f"vGPU {dev['id']} is busy (EBUSY); remove pending, the entry stays open"
+        pending = _destroy(host, ex, dev)
+        if pending is not None:
+            rep.result, rep.detail = "pending", pending
             return
     _drop_definition(host, ex, dev)
     rep.result = "rolled-back"
@@ -322,9 +309,9 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.devices = [dev["id"]]
     present = _current_type(host, dev)
     if present is not None and present == dev["type_id"]:
-        if not _destroy(host, ex, dev):
-            rep.result = "pending"
-            rep.detail = f"vGPU {dev['id']} is busy (EBUSY); remove pending, the entry stays open"
+        pending = _destroy(host, ex, dev)
+        if pending is not None:
+            rep.result, rep.detail = "pending", pending
             return
     with store.transaction() as conn:
         delete_vgpu(conn, dev["id"], owner=entry.owner)
@@ -332,4 +319,4 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy_retrying", "REMOVE_RETRY_S"]
+__all__ = ["Recovered", "recover_all", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]

@@ -34,8 +34,9 @@ from ..model.kinds import Backend, Owner, PlacementStrategy, VgpuState
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig
-from .recover import REMOVE_RETRY_S, destroy_retrying
+from .recover import destroy
 from ..io.sysfs import Sysfs
+from ..io.vfioholders import RemoveTimedOut, VgpuInUse
 from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, for_backend, mdevctl_attrs, vgpu_exists
 from ..io.process import actor as actor_name
 from ..model.values import (PciAddress, VgpuProfile, field, json_flag, json_small_int, json_text, parse_device_id,
@@ -429,6 +430,14 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
         return out
 
 
+def _refuse_unsupported_params(fs: Sysfs, backend: str, parent, vid: str, params: Optional[str]) -> None:
+    """RefusedError (nothing changed) when ``params`` are asked for and the device has no
+    ``nvidia/vgpu_params``: a vendor-VFIO VF's ``nvidia/`` may lack it (docs/reference/hardware.md#vendor-vfio)."""
+    if params and not for_backend(backend).params_supported(fs, parent, vid):
+        raise RefusedError(f"vgpu_params are not supported here: VF {parent} has no nvidia/vgpu_params "
+                           "(NVIDIA's vendor-specific VFIO driver defines none)", hint="create it without --params")
+
+
 def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: Sequence[VgpuRecord],
                     req: VgpuCreateRequest, out: VgpuOutcome, decision: Decision, actor: Optional[str]) -> None:
     """Create vGPU ``out`` as ``decision`` places it (its GPU's lock held): the decision audited,
@@ -436,6 +445,7 @@ def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: 
     ``out.writes`` counts the writes.  Raises DeviceError when the kernel or the definition's
     write fails (the vGPU removed again)."""
     backend, vid, name = out.backend, out.id, out.type_name
+    _refuse_unsupported_params(Sysfs(host), backend, decision.parent, vid, req.params)
     ex = Executor(host, store, actor=actor or actor_name(), operation=f"vgpu create {name} owner={req.owner}")
     # the decision goes in the audit log beside the writes it led to
     store.audit(actor=ex.actor, operation=ex.operation, path="(placement)", value=decision.reason)
@@ -899,6 +909,7 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
         if current is None:
             out.notes.append(f"{vid} was already gone from the host; dropping the record")
         else:
+            _refuse_if_open(fs, rec, parent, vid)    # before the journal: nothing changes
             out.steps.append(RemoveVgpu(rec.backend, parent, vid).describe(host))
         mdevctl = os.path.join(host.s.mdevctl_d, rec.parent, vid)
         if rec.persisted and fs.exists(mdevctl):
@@ -913,14 +924,17 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
         with ex.journal:
             if current is not None:
                 try:
-                    destroy_retrying(ex.fs, rec.backend, parent, vid)     # EBUSY retried for a while
+                    destroy(ex.fs, rec.backend, parent, vid)     # refused while open; the write bounded
+                except RemoveTimedOut as e:
+                    # "remove pending": the write completes by itself once the device is closed, and
+                    # reconcile (or the next operation on this GPU) then ends the entry
+                    ex.journal.keep_open()
+                    e.hint = (f"the removal stays pending: 'vgpuhost reconcile' (or the next operation on "
+                              f"{rec.gpu}) finishes it once the device is closed")
+                    raise
+                except VgpuInUse:
+                    raise                       # a holder that came since the check: nothing was written
                 except SysfsError as e:
-                    if e.errno == errno.EBUSY:
-                        ex.journal.keep_open()      # "remove pending": reconcile (and the next operation
-                        raise DeviceError(          # on this GPU) finishes it once the device is free
-                            f"removing {vid} failed: EBUSY for {REMOVE_RETRY_S:g} s (busy: a VM still uses it); "
-                            "the removal stays pending", hint="'vgpuhost reconcile' (or the next operation on "
-                                                              f"{rec.gpu}) finishes it once the device is free") from e
                     raise DeviceError(f"removing {vid} failed: {e.errno_name}", hint="see 'vgpuhost audit'") from e
                 if for_backend(rec.backend).current_type(ex.fs, parent, vid) is not None:
                     raise DeviceError(f"removing {vid} reported success but it is still there",
@@ -931,6 +945,15 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                 ex.run([RemoveConfig(mdevctl)])
             out.writes = ex.writes
             return out
+
+
+def _refuse_if_open(fs: Sysfs, rec: VgpuRecord, parent: PciAddress, vid: str) -> None:
+    """Raise VgpuInUse (exit 2, nothing changed) when a process holds vGPU ``vid`` open: a remove write
+    would block until it is closed and ask qemu to unplug it (docs/reference/hardware.md#mdev)."""
+    seen = for_backend(rec.backend).holders(fs, parent, vid)
+    if seen:
+        raise VgpuInUse(vid, seen, hint=f"stop the domain that uses it (owner {rec.owner}) or detach the vGPU "
+                                         "from it first; then remove it")
 
 
 def _journal_device(vid: str, backend: str, gpu, parent, type_id: str, name: str, persist: bool,
@@ -1006,8 +1029,9 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             ex = Executor(host, store, actor=actor or actor_name(), operation=f"reconcile {rec.id}")
             parent = PciAddress.parse(rec.parent)
             steps: List[Step] = [CreateVgpu(rec.backend, parent, rec.type_id, rec.id, rec.type_name)]
-            if rec.params:
+            if rec.params and for_backend(rec.backend).params_supported(fs, parent, rec.id):
                 steps.append(SetVgpuParams(rec.backend, parent, rec.type_id, rec.id, rec.params))
+            # (no vgpu_params on this VF: not supported here, the vGPU is re-created without them)
             try:
                 ex.run(steps, undo=False)        # the record stays; a half-made vGPU is reported, not hidden
                 report.recreated.append(rec.id)

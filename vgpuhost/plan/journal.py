@@ -79,7 +79,7 @@ class Journal:
 
     def keep_open(self) -> None:
         """Leave the entry open when the block ends (work left pending for reconcile, e.g. an
-        mdev removal the kernel still refuses with EBUSY)."""
+        removal of a vGPU still open, or a remove write that did not return in time)."""
         self._keep = True
 
     def __enter__(self) -> "Journal":

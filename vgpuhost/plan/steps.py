@@ -206,7 +206,9 @@ class CreateVgpu(Step):
 @record(frozen=True)
 class RemoveVgpu(Step):
     """Remove one vGPU: write ``1`` to the mdev's ``remove`` (mdev) or ``0`` to the VF's
-    ``nvidia/current_vgpu_type`` (vendor VFIO).  Verified: the vGPU is gone."""
+    ``nvidia/current_vgpu_type`` (vendor VFIO), never while a process holds it open, and
+    bounded in time (:meth:`vgpuhost.io.vgpudev.VgpuDevices.remove`: raises ``VgpuInUse``
+    before any write, ``RemoveTimedOut`` when the write blocks).  Verified: the vGPU is gone."""
 
     backend: str
     parent: PciAddress
@@ -220,7 +222,7 @@ class RemoveVgpu(Step):
         return f"write '{value}' to {host.relative(path)}"
 
     def run(self, ctx: StepContext) -> None:
-        ctx.fs.write(*self._write(ctx.host))
+        vgpudev.for_backend(self.backend).remove(ctx.fs, self.parent, self.vgpu_id)
 
     def verify(self, ctx: StepContext, result: object) -> None:
         if vgpudev.for_backend(self.backend).current_type(ctx.fs, self.parent, self.vgpu_id) is not None:
@@ -230,7 +232,9 @@ class RemoveVgpu(Step):
 
 @record(frozen=True)
 class SetVgpuParams(Step):
-    """Write ``params`` (``frame_rate_limiter=0``) to a vGPU's ``nvidia/vgpu_params``; undone with the vGPU."""
+    """Write ``params`` (``frame_rate_limiter=0``) and a newline to a vGPU's ``nvidia/vgpu_params``
+    (the driver keeps all but the last byte written: docs/reference/hardware.md#mdev); undone
+    with the vGPU."""
 
     backend: str
     parent: PciAddress
@@ -245,7 +249,7 @@ class SetVgpuParams(Step):
         return f"write '{self.params}' to {host.relative(self._path(host))}"
 
     def run(self, ctx: StepContext) -> None:
-        ctx.fs.write(self._path(ctx.host), self.params)
+        ctx.fs.write(self._path(ctx.host), vgpudev.params_value(self.params))
 
 
 # =============================================================================

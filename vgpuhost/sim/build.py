@@ -382,7 +382,8 @@ def _gpu_entry(host: HostRoot, ds: DeviceSpec, g: GpuModel, devs: Dict[PciAddres
             ndir = host.root / devs[PciAddress.parse(p)].relpath / "nvidia"
             _w(ndir / "creatable_vgpu_types", "ID    : vGPU Name\n")
             _w(ndir / "current_vgpu_type", "0\n")
-            _w(ndir / "vgpu_params", "\n")
+            # no vgpu_params: NVIDIA's vendor-VFIO driver defines only the two above in the VF's
+            # nvidia/ group (docs/reference/hardware.md#vendor-vfio)
     entry = {
         "board": g.key, "backend": backend, "vfs": vfs, "parents": parents,
         "framebuffer_mib": g.framebuffer_mib, "types": types,

@@ -18,8 +18,16 @@ on the device directory, as in sysfs):
   with a new IOMMU group of its own, a ``driver`` link to ``nvidia-vgpu-vfio`` and its
   ``dev/vfio/<group>`` node.  EINVAL (bad UUID, unknown type), EEXIST (UUID
   in use), ENOSPC (no instance left, computed by :mod:`.capacity`).
-- ``<mdev>/remove`` (``1``): undoes create.  EINVAL (other value), EBUSY
-  (UUID listed in meta ``busy_mdevs``: the seam for running VMs).
+- ``<mdev>/remove`` (``1``): undoes create.  EINVAL (other value).  While
+  the mdev is open (:meth:`SimKernel.open_vgpu`: a qemu holding it) the write
+  does not fail: it blocks until the last holder closes it
+  (:meth:`SimKernel.close_vgpu`), then removes it, as the kernel does since
+  Linux 5.8 (``mdev_device_remove()`` returns only 0, ENODEV or EAGAIN;
+  ``vfio_unregister_group_dev()`` waits for the device's release and sends the
+  driver's ``request`` to the holder meanwhile, counted in the holder's
+  ``requests``; docs/reference/hardware.md#mdev).  Nothing returns EBUSY.  The
+  ``remove`` file goes as the write starts (``remove_store()`` removes itself):
+  a second writer while the first waits gets ENOENT.
   Both create and ``current_vgpu_type`` give ENODEV while the parent / VF
   is not bound to ``nvidia`` (no vGPU manager behind it); an mdev parent
   off ``nvidia`` shows no ``mdev_supported_types`` and no ``class/mdev_bus``
@@ -27,8 +35,13 @@ on the device directory, as in sysfs):
   are missing (ENOENT).
 - ``<VF>/nvidia/current_vgpu_type`` (decimal; docs/reference/hardware.md#vendor-vfio): EINVAL
   (not decimal, unknown type), EPERM (a vGPU exists and non-zero written, or
-  none and ``0`` written), ENOSPC (type not creatable now).
-- ``nvidia/vgpu_params``: stored; a single space clears it.
+  none and ``0`` written, or ``0`` written while the VF is open: the driver's
+  usage count is not zero), ENOSPC (type not creatable now).  Never blocks.
+- ``<mdev>/nvidia/vgpu_params``: the driver keeps ``count - 1`` bytes of the
+  write (it expects ``echo``'s newline, whatever the last byte is) and shows
+  them with a newline; E2BIG when the write is over 1024 bytes, EPERM while
+  the mdev is open (docs/reference/hardware.md#mdev).  A VF's ``nvidia/`` has
+  no ``vgpu_params`` (ENOENT, #vendor-vfio).
 - ``driver_override``: stored; an empty value (or a lone newline) clears it
   to ``(null)``.
 - ``bus/pci/drivers/<drv>/bind|unbind`` and ``bus/pci/drivers_probe`` (a
@@ -46,6 +59,14 @@ on the device directory, as in sysfs):
 - read-only attributes: EACCES; write-only files (``reset``, ``new_id``...)
   accept a write and stay empty; any other existing file takes the value;
   a missing path gives ENOENT (nothing is created); a directory EISDIR.
+
+Open devices (what a running qemu holds): :meth:`SimKernel.open_vgpu` records
+a holder in meta ``opened`` (``{pid: {vgpu, comm, via, requests}}``) and lays
+out what a real host shows of it: ``proc/<pid>/comm`` and ``proc/<pid>/fd/``
+links, one to ``anon_inode:[vfio-device]`` (the device fd) and, when ``via``
+is ``group``, one to ``/dev/vfio/<group>`` (the group fd qemu keeps open);
+``via`` ``device`` models a holder that closed its group fd, which only the
+kernel still sees.  :meth:`SimKernel.close_vgpu` closes it again.
 
 Injected faults (meta ``faults``, see :mod:`.spec`) fire when a request
 passed every check above and the operation is about to happen (the driver's
@@ -87,6 +108,7 @@ import json
 import os
 import re
 import signal
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -122,7 +144,15 @@ WRITE_ONLY = frozenset({
     "bind", "unbind", "new_id", "remove_id", "create", "remove", "reset", "rescan",
     "config", "drivers_probe",
 })
+#: VGPU_CONFIG_PARAMS_MAX_LENGTH of NVIDIA's nvidia-vgpu-vfio: a longer vgpu_params write is E2BIG
 _PARAMS_MAX = 1024
+#: how often a blocked remove looks whether its device was closed (seconds)
+_CLOSE_POLL_S = 0.02
+#: what /proc/<pid>/fd/<n> shows for a VFIO device fd, and for the group fd (``{}``: the group)
+DEVICE_FD_LINK = "anon_inode:[vfio-device]"
+GROUP_FD_LINK = "/dev/vfio/{}"
+#: the first pid the simulator gives a holder (below it: the spec's processes)
+_FIRST_HOLDER_PID = 4000
 _OVERRIDE_MAX = 4095  # PAGE_SIZE - 1
 
 
@@ -180,6 +210,16 @@ def write_attr(path: "str | Path", text: str, *, if_changed: bool = False) -> No
     except OSError:
         _unlink(Path(tmp))
         raise
+
+
+class _MustWait(Exception):
+    """A write the kernel blocks until device ``vid`` is closed; ``resume(meta)`` (under the lock)
+    finishes it then."""
+
+    def __init__(self, vid: str, resume: Callable[[dict], None]):
+        super().__init__(vid)
+        self.vid = vid
+        self.resume = resume
 
 
 def _rmtree(path: Path) -> None:
@@ -246,6 +286,11 @@ def crash_point() -> Iterator[None]:
     finally:
         if killing:
             _die()
+
+
+@contextmanager
+def _uncounted() -> Iterator[None]:
+    yield
 
 
 #: parsed host.json files shared by readers (:meth:`SimKernel.meta_view`): path -> (bytes, meta)
@@ -392,21 +437,114 @@ class SimKernel:
                 write_attr(pdir / "nvidia" / "creatable_vgpu_types", "\n".join(lines) + "\n", if_changed=True)
 
     # --- writes ------------------------------------------------------------
-    def write(self, path: Path, value: str) -> None:
+    def crash_point(self):
+        """:func:`crash_point` (a context manager): for a writer that counts a write itself and
+        makes it elsewhere (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`'s detached process)."""
+        return crash_point()
+
+    def write(self, path: Path, value: str, *, counted: bool = True) -> None:
         """Apply a write of ``value`` to ``path`` (absolute, under the root).
 
-        Raises OSError(errno) as the kernel would (see the module docstring).
+        Raises OSError(errno) as the kernel would (see the module docstring); a remove of an
+        open mdev blocks until it is closed.  ``counted`` False: the crash-injection count was
+        taken by the process that asked for the write.
         """
         t0 = _perf_counter()
         try:
-            with crash_point():
-                self._write(path, value)
+            with (crash_point() if counted else _uncounted()):
+                try:
+                    self._write(path, value)
+                except _MustWait as w:      # blocked, the lock released: wait for the close, then finish
+                    waited = _perf_counter()
+                    self._wait_closed(path, w.vid)
+                    t0 += _perf_counter() - waited      # waiting is not the simulator's cost
+                    with self.locked():
+                        w.resume(self.meta())
                 log = os.environ.get(WRITE_LOG_ENV)
                 if log:         # the writes that landed, for the fault-injection tests' audit check
                     with open(log, "a", encoding="utf-8") as f:
                         f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
         finally:
             charge(_perf_counter() - t0)
+
+    # --- open devices (a qemu holding a vGPU) --------------------------------------
+    def _vgpu_dir(self, meta: dict, vid: str) -> Optional[Path]:
+        """The resolved device directory of vGPU ``vid`` (an mdev UUID or a VF address), None if unknown."""
+        if vid in meta["devices"]:
+            return self._rdir(meta, vid)
+        link = self.host.mdev_devices / vid
+        return Path(os.path.realpath(link)) if os.path.lexists(link) else None
+
+    def holders(self, vid: str, meta: Optional[dict] = None) -> List[int]:
+        """The pids holding vGPU ``vid`` open (meta ``opened``), sorted."""
+        meta = meta if meta is not None else self.meta_view()
+        return sorted(int(p) for p, h in (meta.get("opened") or {}).items() if h.get("vgpu") == vid)
+
+    def open_vgpu(self, vid: str, *, comm: str = "qemu-system-x86", via: str = "group") -> int:
+        """Open vGPU ``vid`` (an mdev UUID or a vendor-VFIO VF's address) as a qemu would; its pid.
+
+        ``via`` ``group``: the holder keeps the group fd too (``/dev/vfio/<group>`` in its fd
+        table, what a real qemu shows); ``device``: only the device fd.  Raises OSError ENODEV
+        for a vGPU that does not exist (a VF holding no vGPU cannot be opened: the driver's
+        open_device fails).
+        """
+        if via not in ("group", "device"):
+            raise ValueError(f"via must be 'group' or 'device', not {via!r}")
+        with self.locked():
+            meta = self.meta()
+            ddir = self._vgpu_dir(meta, vid)
+            if ddir is None or (vid in meta["devices"] and not self._vf_holds_vgpu(ddir)):
+                raise _fail(errno.ENODEV, vid, "no such vGPU to open")
+            group = os.path.basename(os.readlink(ddir / "iommu_group")) if os.path.islink(
+                ddir / "iommu_group") else None
+            opened = meta.setdefault("opened", {})
+            pid = _FIRST_HOLDER_PID
+            while str(pid) in opened or os.path.lexists(self._rpath(self.host.proc) / str(pid)):
+                pid += 1
+            pdir = self._rpath(self.host.proc) / str(pid)
+            (pdir / "fd").mkdir(parents=True)
+            (pdir / "comm").write_text(comm[:15] + "\n")
+            os.symlink(DEVICE_FD_LINK, pdir / "fd" / "21")
+            if via == "group" and group is not None:
+                os.symlink(GROUP_FD_LINK.format(group), pdir / "fd" / "20")
+            opened[str(pid)] = {"vgpu": vid, "comm": comm, "via": via, "requests": 0}
+            self.save_meta(meta)
+            return pid
+
+    def close_vgpu(self, pid: int) -> None:
+        """The holder ``pid`` closes its vGPU (and exits): its ``proc/<pid>`` goes; a blocked remove goes on."""
+        with self.locked():
+            meta = self.meta()
+            (meta.get("opened") or {}).pop(str(pid), None)
+            self.save_meta(meta)
+            pdir = self._rpath(self.host.proc) / str(int(pid))
+            if pdir.is_dir():
+                _rmtree(pdir)
+
+    @staticmethod
+    def _vf_holds_vgpu(vf_dir: Path) -> bool:
+        try:
+            return (vf_dir / "nvidia" / "current_vgpu_type").read_text().strip() not in ("", "0")
+        except OSError:
+            return False
+
+    def _request_release(self, meta: dict, vid: str) -> None:
+        """The driver's ``request`` op, sent to each holder while an unregister waits (counted)."""
+        for h in (meta.get("opened") or {}).values():
+            if h.get("vgpu") == vid:
+                h["requests"] = int(h.get("requests") or 0) + 1
+        self.save_meta(meta)
+
+    def _wait_closed(self, path: Path, vid: str) -> None:
+        """Block until nobody holds ``vid`` (no timeout: the kernel's wait after a signal is
+        uninterruptible).  The host root vanishing ends it with ENODEV (a test's tree removed)."""
+        while True:
+            try:
+                if not self.holders(vid):
+                    return
+            except FileNotFoundError:
+                raise _fail(errno.ENODEV, path, "the simulated host is gone") from None
+            time.sleep(_CLOSE_POLL_S)
 
     def file_op(self, path: Path, logged: str, apply: Callable[[], None]) -> None:
         """A configuration file written or removed under the root (``etc/``: mdevctl, driverctl,
@@ -481,7 +619,7 @@ class SimKernel:
             if name == "current_vgpu_type" and owner in by_path:
                 return self._set_type(meta, path, by_path[owner], real, value)
             if name == "vgpu_params":
-                return self._vgpu_params(path, real, value)
+                return self._vgpu_params(meta, path, real, value)
         if name in READ_ONLY:
             raise _fail(errno.EACCES, path, "read-only attribute")
         if name in WRITE_ONLY:
@@ -727,10 +865,19 @@ class SimKernel:
         pf = self._pf_of_parent(meta, parent) if parent else None
         if value.strip() != "1":
             raise _fail(errno.EINVAL, path, "write 1 to remove")
-        if uuid in (meta.get("busy_mdevs") or []):
-            raise _fail(errno.EBUSY, path, f"mdev {uuid} is in use")
         if self._fault(meta, "remove", [parent, pf], path):
             return
+        if self.holders(uuid, meta):
+            # remove_store() removes its own file first (device_remove_file_self): a second writer
+            # meanwhile finds no remove file; then the unregister waits for the release
+            _unlink(mdir / "remove")
+            self._request_release(meta, uuid)
+            raise _MustWait(uuid, lambda m: self._mdev_unregister(m, mdir, pf))
+        self._mdev_unregister(meta, mdir, pf)
+
+    def _mdev_unregister(self, meta: dict, mdir: Path, pf: Optional[str]) -> None:
+        """The mdev at ``mdir`` goes: its links, its IOMMU group and node, its directory."""
+        uuid = mdir.name
         tid = os.path.basename(os.readlink(mdir / "mdev_type"))
         gdir = Path(os.path.realpath(mdir / "iommu_group")) if os.path.islink(mdir / "iommu_group") else None
         _unlink(mdir.parent / "mdev_supported_types" / tid / "devices" / uuid)
@@ -763,6 +910,8 @@ class SimKernel:
         if new == 0:
             if cur == 0:
                 raise _fail(errno.EPERM, path, f"{vf} holds no vGPU")
+            if self.holders(vf, meta):
+                raise _fail(errno.EPERM, path, f"{vf} is open (usage count not zero)")
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
             write_attr(real, "0\n")
@@ -779,11 +928,16 @@ class SimKernel:
             write_attr(real, f"{new}\n")
         self.refresh_gpu(pf, meta)
 
-    def _vgpu_params(self, path: Path, real: Path, value: str) -> None:
-        v = value[:-1] if value.endswith("\n") else value
-        if len(v) > _PARAMS_MAX:
-            raise _fail(errno.EINVAL, path, "value too long")
-        write_attr(real, ("" if v.strip() == "" else v) + "\n")
+    def _vgpu_params(self, meta: dict, path: Path, real: Path, value: str) -> None:
+        """nvidia-vgpu-vfio's ``vgpu_params_store``: E2BIG over 1024 bytes, EPERM while the mdev is
+        open, else ``count - 1`` bytes kept (snprintf with size ``count``), shown with a newline."""
+        data = value.encode("utf-8")
+        if len(data) > _PARAMS_MAX:
+            raise _fail(errno.E2BIG, path, f"{len(data)} bytes; at most {_PARAMS_MAX}")
+        if self.holders(real.parent.parent.name, meta):
+            raise _fail(errno.EPERM, path, "the vGPU is open")
+        kept = data[:-1].decode("utf-8", "replace")
+        write_attr(real, kept + "\n")
 
 
 _IMPORT_DONE = _perf_counter()
