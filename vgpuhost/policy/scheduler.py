@@ -306,14 +306,8 @@ class SchedulerConf:
     per_device: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)
 
     def value_for(self, bdf: Optional[str]) -> Optional[int]:
-        keys = self.per_device.get(bdf, []) if bdf else self.all_gpus
-        for k, v in keys:
-            if k == REG_KEY:
-                try:
-                    return int(v, 0)
-                except ValueError:
-                    return None
-        return None
+        """The ``RmPVMRL`` this file sets for GPU ``bdf`` (None: for all GPUs); None when it sets none."""
+        return _value_in(self.per_device.get(bdf, []) if bdf else self.all_gpus)
 
 
 def _pairs(text: str) -> List[Tuple[str, str]]:

@@ -565,10 +565,8 @@ class SimKernel:
         none matches, and the caller reads the file."""
         with self.locked():
             meta = self.meta()
-            real = Path(os.path.realpath(path))
-            try:
-                rel = real.relative_to(self.real_root)
-            except ValueError:
+            real, rel = self._resolved(path)
+            if rel is None:
                 return
             by_path = {d["path"]: bdf for bdf, d in meta["devices"].items()}
             owner = rel.parent
@@ -578,14 +576,20 @@ class SimKernel:
             devices = [bdf, meta["devices"][bdf].get("pf")] if bdf else []
             self._fault(meta, "read", devices, path, attr=real.name)
 
+    def _resolved(self, path: Path) -> Tuple[Path, Optional[Path]]:
+        """``(real path, its path below the simulated root)``; the second None when it is outside."""
+        real = Path(os.path.realpath(path))
+        try:
+            return real, real.relative_to(self.real_root)
+        except ValueError:
+            return real, None
+
     def _write(self, path: Path, value: str) -> None:
         with self.locked():
             meta = self.meta()
-            real = Path(os.path.realpath(path))
-            try:
-                rel = real.relative_to(self.real_root)
-            except ValueError:
-                raise _fail(errno.EACCES, path, "outside the simulated host root") from None
+            real, rel = self._resolved(path)
+            if rel is None:
+                raise _fail(errno.EACCES, path, "outside the simulated host root")
             if not os.path.lexists(real):
                 raise _fail(errno.ENOENT, path)
             if real.is_dir():
