@@ -45,7 +45,7 @@ MODULES = (
     "vgpuhost.hook", "vgpuhost.hook.runtime",
     "vgpuhost.io.backends", "vgpuhost.io.configfiles", "vgpuhost.io.files",
     "vgpuhost.io.hostroot", "vgpuhost.io.locks", "vgpuhost.io.process", "vgpuhost.io.state",
-    "vgpuhost.io.sysfs", "vgpuhost.io.nvml", "vgpuhost.io.vgpudev",
+    "vgpuhost.io.sysfs", "vgpuhost.io.nvml", "vgpuhost.io.vfioholders", "vgpuhost.io.vgpudev",
     "vgpuhost.libvirt", "vgpuhost.libvirt.domxml",
     "vgpuhost.model", "vgpuhost.model.boards", "vgpuhost.model.errors", "vgpuhost.model.kinds",
     "vgpuhost.model.nvml", "vgpuhost.model.records", "vgpuhost.model.tenancy",
