@@ -139,10 +139,9 @@ def parse_catalog(raw: dict) -> Catalog:
 
 
 def _gi_profile_for(prof: VgpuProfile, table: Tuple[MigProfileDef, ...]) -> Optional[str]:
-    """The GPU-instance profile a MIG-backed type sits on: same slices, same GB, same ME."""
+    """The GPU-instance profile a MIG-backed type sits on: same slices, same GB, the suffix's (ME: +me)."""
     for row in table:
         mp = row.profile
-        if (mp.slices == prof.gi_slices and mp.memory_gb == prof.framebuffer_gb
-                and mp.media_extensions == prof.media_extensions):
+        if mp.slices == prof.gi_slices and mp.memory_gb == prof.framebuffer_gb and mp.suffix == prof.gi_suffix:
             return row.name
     return None

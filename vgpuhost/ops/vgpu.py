@@ -674,15 +674,14 @@ def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> boo
 
 
 def _gi_profile_for(profiles, wanted: VgpuProfile):
-    """The device's GI profile a MIG-backed type sits on: same slices, GB and ME (docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
+    """The device's GI profile a MIG-backed type sits on: same slices, GB and suffix (docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
     from ..model.values import MigProfile
     for p in profiles:
         try:
             mp = MigProfile.parse(p.name)
         except InputError:
             continue
-        if (mp.slices == wanted.gi_slices and mp.memory_gb == wanted.framebuffer_gb
-                and mp.media_extensions == wanted.media_extensions):
+        if mp.slices == wanted.gi_slices and mp.memory_gb == wanted.framebuffer_gb and mp.suffix == wanted.gi_suffix:
             return p
     return None
 

@@ -674,8 +674,9 @@ def _check_fixed_mixed(sched: SchedulerSpec, vgpu: VgpuSpec, where: Where) -> No
 
 def gi_name_for(profile: VgpuProfile) -> str:
     """The GPU-instance profile a MIG-backed type sits on: ``A100-3-20C`` -> ``3g.20gb``,
-    ``H200X-1-18CME`` -> ``1g.18gb+me`` (same slices, same GB, same ME; docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
-    return f"{profile.gi_slices}g.{profile.framebuffer_gb}gb{'+me' if profile.media_extensions else ''}"
+    ``H200X-1-18CME`` -> ``1g.18gb+me``, ``DC-1-24CGFX`` -> ``1g.24gb+gfx`` (same slices, same GB, the suffix's
+    GPU-instance suffix; docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
+    return f"{profile.gi_slices}g.{profile.framebuffer_gb}gb{profile.gi_suffix}"
 
 
 def _check_mig_vgpus(spec: MigSpec) -> None:
