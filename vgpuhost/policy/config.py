@@ -763,7 +763,7 @@ def board_tables() -> Dict[int, BoardTable]:
         types = {t.name.lower(): (t.name, t.max_instances, t.max_instances_mixed, t.framebuffer_mib)
                  for t in model.vgpu_types}
         gis = tuple(GiProfile(p.profile_id, p.name, MigProfile.parse(p.name).slices,
-                              MigProfile.parse(p.name).memory_gb * 1024, p.max_count,
+                              p.memory_mib or MigProfile.parse(p.name).memory_gb * 1024, p.max_count,
                               tuple((s, p.size) for s in p.placement_starts))
                     for p in model.mig_profiles)
         out[model.ids.device] = BoardTable(model.key, model.vgpu_board, model.framebuffer_mib, types, gis)
