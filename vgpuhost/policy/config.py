@@ -770,6 +770,34 @@ def board_tables() -> Dict[int, BoardTable]:
     return out
 
 
+def type_max(device_id: int, name: str, mixed: bool) -> Optional[int]:
+    """The catalog's max instances of vGPU type ``name`` on a GPU of PCI ``device_id`` in mixed-size
+    (``mixed``) or equal-size mode; None when the catalog does not describe that board or type.
+
+    Mixed-size maxima are often lower (A40 and L40S 4C: 12 equal-size, 8 mixed-size; NVIDIA AI
+    Enterprise 5.0 user guide appendix A); the time-sliced H200X types keep theirs (7C 20, 14C 10,
+    28C 5).  docs/reference/hardware.md#vgpu-types.
+    """
+    table = board_tables().get(device_id)
+    row = table.types.get(name.lower()) if table is not None else None
+    if row is None:
+        return None
+    return row[2] if mixed else row[1]
+
+
+def mode_limits(inv, name: str, mixed_size: Mapping[PciAddress, bool]) -> Dict[PciAddress, int]:
+    """``{gpu: max instances of ``name`` in its current mode}`` for the GPUs of ``inv`` whose mode is
+    known (``mixed_size``: GPU -> heterogeneous mode on, as NVML's ``heterogeneous_mode`` says) and
+    whose board the catalog describes, for :func:`vgpuhost.policy.offers.offers`' ``limits``."""
+    out: Dict[PciAddress, int] = {}
+    for g in inv.gpus:
+        if g.address in mixed_size:
+            m = type_max(g.pci.device, name, bool(mixed_size[g.address]))
+            if m is not None:
+                out[g.address] = m
+    return out
+
+
 def _family(product: str) -> str:
     return product.split("-", 1)[0]
 
