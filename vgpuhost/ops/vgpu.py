@@ -357,11 +357,13 @@ def _placement(req: VgpuCreateRequest, name: str, pin: Optional[PciAddress]):
 
 def _mode_limits(host: HostRoot, inv: Inventory, name: str) -> dict:
     """``{gpu: max instances of name in its vGPU mode}`` for vendor-VFIO GPUs, whose VFs list a type
-    on every free VF (mdev parents count the mode's max themselves); NVML is asked only then."""
-    from .tenancy import mixed_size_of
-    from ..policy.config import mode_limits
-    if not any(g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV for g in inv.gpus):
+    on every free VF (mdev parents count the mode's max themselves); NVML and the catalog are asked
+    only when such a GPU lists ``name``."""
+    vfio = {g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV}
+    if not any(t.gpu in vfio and t.name.lower() == name.lower() for t in inv.vgpu_types):
         return {}
+    from .tenancy import mixed_size_of          # here: the catalog (yaml) and NVML, never on the hook's mdev path
+    from ..policy.config import mode_limits
     return mode_limits(inv, name, mixed_size_of(host, inv))
 
 
