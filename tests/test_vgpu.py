@@ -363,14 +363,15 @@ def test_mixed_size_off_keeps_one_size_on_keeps_both(make_host):
     # both sizes live on the same parent now
     assert mdev_parent(on, small.id) == mdev_parent(on, big.id) == str(GPU_LO)
     assert sorted(types_on(on, GPU_LO).values()) == ["nvidia-572", "nvidia-574"]
-    # capacity: 48 GB - 4 GB = 44 GB: five 8C (40 GB) fit, a sixth does not; 4 GB are left
-    for _ in range(4):
+    # capacity: A40-8C's mixed-size max is 4 (6 in equal-size mode; NVIDIA AI Enterprise 5.0,
+    # appendix A), so a fifth 8C does not fit though 12 GB are left: three 4C
+    for _ in range(3):
         create(on, store, profile="A40-8C")
     with pytest.raises(RefusedError) as ei:
         create(on, store, profile="A40-8C")
-    assert "A40-4C (1)" in ei.value.hint
-    assert available(on, GPU_LO, "nvidia-572") == 1 and available(on, GPU_LO, "nvidia-574") == 0
-    assert sorted(types_on(on, GPU_LO).values()).count("nvidia-574") == 5
+    assert "A40-4C (3)" in ei.value.hint
+    assert available(on, GPU_LO, "nvidia-572") == 3 and available(on, GPU_LO, "nvidia-574") == 0
+    assert sorted(types_on(on, GPU_LO).values()).count("nvidia-574") == 4
 
 
 def test_mixed_size_uses_mixed_max_instances(make_host):
