@@ -25,9 +25,9 @@ SHORT_BDF_RE = r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 PROFILE_RE = re.compile(
     r"^(?:(?:GRID|NVIDIA)\s+)?"
-    r"(?P<board>[A-Za-z0-9_]+?)-"
-    r"(?:(?P<slices>\d+)-)?"
-    r"(?P<fb>\d+)(?P<series>[QBACqbac])(?P<me>ME|me)?$")
+    r"(?P<board>[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[A-Za-z]+)*)-"
+    r"(?:(?P<slices>[1-9])-)?"
+    r"(?P<fb>0|[1-9][0-9]*)(?P<series>[QBACqbac])(?P<attr>MEALL|NOME|GFX|ME|meall|nome|gfx|me)?$")
 SIZE_RE = r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$"
 KEY_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}\Z"
 CREATABLE_RE = r"^\s*(\d+)\s*:\s*(.+?)\s*$"
@@ -84,11 +84,12 @@ def test_parse_uuid_matches_the_pattern(text):
 def profile_texts():
     made = st.builds(lambda pre, board, sl, fb, series, me: f"{pre}{board}-{sl}{fb}{series}{me}",
                      st.sampled_from(["", "GRID ", "NVIDIA  ", "GRID", "NVIDIA\t"]),
-                     st.sampled_from(["A40", "A100", "H200X", "L40S", "a_1", "GRID", "", "A-1"]),
-                     st.sampled_from(["", "1-", "7-", "-", "1-2-", "\u0661-"]),
-                     st.sampled_from(["8", "48", "", "0", "\u0664"]),
+                     st.sampled_from(["A40", "A100", "H200X", "L40S", "a_1", "GRID", "", "A-1", "RTX6000-Ada",
+                                      "RTX Pro 6000 Blackwell DC", "DC", "A  B", "A-", "a-b-C", "A -b"]),
+                     st.sampled_from(["", "1-", "7-", "-", "1-2-", "\u0661-", "0-", "12-"]),
+                     st.sampled_from(["8", "48", "", "0", "\u0664", "08"]),
                      st.sampled_from(list("QBACqbacMx") + [""]),
-                     st.sampled_from(["", "ME", "me", "Me", "E"]))
+                     st.sampled_from(["", "ME", "me", "Me", "E", "NOME", "MEALL", "GFX", "gfx", "ALL"]))
     return st.one_of(made, made.map(lambda t: t + "\n"), st.text(NAMEISH, max_size=16))
 
 
@@ -97,11 +98,12 @@ def profile_texts():
 def test_vgpu_profile_try_parse_matches_the_pattern(text):
     m = PROFILE_RE.match(text.strip())
     want = None
-    if m:
+    if m and (m["slices"] or not m["attr"]) and not (m["slices"] and "-" in m["board"]):
         slices = int(m["slices"]) if m["slices"] else None
-        series = m["series"].upper()
-        if not ((slices is not None or m["me"]) and series != "C"):
-            want = VgpuProfile(m["board"].upper(), int(m["fb"]), series, slices, bool(m["me"]))
+        board = m["board"] if (" " in m["board"] or "-" in m["board"]) else m["board"].upper()
+        attr = (m["attr"] or "").upper()
+        want = VgpuProfile(board, int(m["fb"]), m["series"].upper(), slices, attr == "ME",
+                           "" if attr == "ME" else attr)
     assert VgpuProfile.try_parse(text) == want
 
 

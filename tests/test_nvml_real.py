@@ -7,7 +7,7 @@ with functions that check argument order and types the way the C library
 would see them (bus-id spelling, profile *id* vs profile *index*, pointers
 vs structs) and answer with the real pynvml struct classes, so field names
 and the FB-usage 64-bit quirk are exercised.  Numbers are H200-like
-(docs/reference/hardware.md#mig-profiles); memory sizes are illustrative.
+(docs/reference/hardware.md#mig-profiles); memory sizes as a real H200 reports them (NVIDIA/mig-parted issue 120).
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ BUS_ID = "00000000:41:00.0"
 
 # index -> (id, sliceCount, instanceCount, memorySizeMB, driver name, placements)
 H200 = {
-    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: (19, 1, 7, 17920, "MIG 1g.18gb", [(s, 1) for s in range(7)]),
-    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: (20, 1, 1, 17920, "MIG 1g.18gb+me", [(s, 1) for s in range(7)]),
-    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: (15, 1, 4, 35840, "MIG 1g.35gb", [(s, 2) for s in (0, 2, 4, 6)]),
-    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: (14, 2, 3, 35840, "MIG 2g.35gb", [(s, 2) for s in (0, 2, 4)]),
-    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: (9, 3, 2, 71936, "MIG 3g.71gb", [(0, 4), (4, 4)]),
-    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: (5, 4, 1, 71936, "MIG 4g.71gb", [(0, 4)]),
-    pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: (0, 7, 1, 143872, "MIG 7g.141gb", [(0, 8)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: (19, 1, 7, 16384, "MIG 1g.18gb", [(s, 1) for s in range(7)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: (20, 1, 1, 16384, "MIG 1g.18gb+me", [(s, 1) for s in range(7)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: (15, 1, 4, 33024, "MIG 1g.35gb", [(s, 2) for s in (0, 2, 4, 6)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: (14, 2, 3, 33024, "MIG 2g.35gb", [(s, 2) for s in (0, 2, 4)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: (9, 3, 2, 71168, "MIG 3g.71gb", [(0, 4), (4, 4)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: (5, 4, 1, 71168, "MIG 4g.71gb", [(0, 4)]),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: (0, 7, 1, 143104, "MIG 7g.141gb", [(0, 8)]),
 }
+#: a real H200's memory.total (MiB), the device memory NVIDIA names its MIG profiles from
+H200_MEMORY_MIB = 143771
 MUTATING_FAKES = ("nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy",
                   "nvmlDeviceSetVgpuHeterogeneousMode", "nvmlDeviceSetVgpuSchedulerState",
                   "nvmlGpuInstanceSetVgpuSchedulerState", "nvmlDeviceSetVgpuSchedulerState_v2",
@@ -165,6 +167,12 @@ class FakeNvml:
         self.calls.append(("nvmlDeviceSetMigMode", mode))
         self.mig[1] = mode            # pending until a reset
         return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self._dev(h)
+        info = pynvml.c_nvmlMemory_t()
+        info.total = H200_MEMORY_MIB * 1024 * 1024
+        return info
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h, index, version=2):
         self._dev(h)
@@ -557,7 +565,7 @@ def test_gi_profiles_use_ids_names_and_placements(fake, be):
     assert profs["1g.18gb"].profile_id == 19 and profs["1g.18gb"].max_count == 7
     assert profs["1g.18gb+me"].profile_id == 20
     assert profs["1g.35gb"].placements == ((0, 2), (2, 2), (4, 2), (6, 2))
-    assert profs["3g.71gb"].placements == ((0, 4), (4, 4)) and profs["3g.71gb"].memory_mib == 71936
+    assert profs["3g.71gb"].placements == ((0, 4), (4, 4)) and profs["3g.71gb"].memory_mib == 71168
     assert profs["7g.141gb"].profile_id == 0 and profs["7g.141gb"].slices == 7
 
 

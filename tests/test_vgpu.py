@@ -363,14 +363,15 @@ def test_mixed_size_off_keeps_one_size_on_keeps_both(make_host):
     # both sizes live on the same parent now
     assert mdev_parent(on, small.id) == mdev_parent(on, big.id) == str(GPU_LO)
     assert sorted(types_on(on, GPU_LO).values()) == ["nvidia-572", "nvidia-574"]
-    # capacity: 48 GB - 4 GB = 44 GB: five 8C (40 GB) fit, a sixth does not; 4 GB are left
-    for _ in range(4):
+    # capacity: A40-8C's mixed-size max is 4 (6 in equal-size mode; NVIDIA AI Enterprise 5.0,
+    # appendix A), so a fifth 8C does not fit though 12 GB are left: three 4C
+    for _ in range(3):
         create(on, store, profile="A40-8C")
     with pytest.raises(RefusedError) as ei:
         create(on, store, profile="A40-8C")
-    assert "A40-4C (1)" in ei.value.hint
-    assert available(on, GPU_LO, "nvidia-572") == 1 and available(on, GPU_LO, "nvidia-574") == 0
-    assert sorted(types_on(on, GPU_LO).values()).count("nvidia-574") == 5
+    assert "A40-4C (3)" in ei.value.hint
+    assert available(on, GPU_LO, "nvidia-572") == 3 and available(on, GPU_LO, "nvidia-574") == 0
+    assert sorted(types_on(on, GPU_LO).values()).count("nvidia-574") == 4
 
 
 def test_mixed_size_uses_mixed_max_instances(make_host):
@@ -409,7 +410,7 @@ def test_vendor_vfio_writes_type_id_reads_back_and_remove_writes_zero(make_host)
     assert creatable(host, vf) == HEADER_ONLY                    # the VF holds its one vGPU
     # equal-size: the other VFs of that GPU offer only 8 GB types now; the other GPU everything
     other_vf = vfs_of(host, L40S_0)[1]
-    assert creatable_ids(host, other_vf) == {"1152", "1160", "1169"}       # 8Q, 8A, 8C
+    assert creatable_ids(host, other_vf) == {"1152", "1162", "1169"}       # 8Q, 8A, 8C
     assert "1156" in creatable_ids(host, vfs_of(host, L40S_1)[0])
     rec = records_by_id(store)[vf]
     assert (rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name) == \

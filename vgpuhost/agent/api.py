@@ -235,7 +235,8 @@ def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
-    doc = tenancy.capacity(agent.store, agent.inventory())
+    inv = agent.inventory()
+    doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv))
     profile = req.query.get("profile")
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]

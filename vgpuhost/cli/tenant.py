@@ -203,7 +203,8 @@ def tenant_openstack(mode: Optional[str]) -> None:
 def capacity(profile: Optional[str]) -> None:
     """What more fits now, per profile, pool and GPU; where fragmentation blocks a profile."""
     ctx = _ctx()
-    doc = tenancy.capacity(_store(False), ctx.inventory())
+    inv = ctx.inventory()
+    doc = tenancy.capacity(_store(False), inv, tenancy.mixed_size_of(ctx.host, inv))
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
         if not doc["profiles"]:

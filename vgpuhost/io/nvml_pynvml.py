@@ -20,11 +20,13 @@ reference (docs/reference/hardware.md#mig-profiles, #vgpu-scheduling, #nvml):
   nvidia-smi profile id, and every other MIG call (placements, create, list)
   takes that id.  The v2 struct carries the driver's own ``name``
   (``"MIG 1g.18gb"``); when it is empty (v1 fallback) the name is built as
-  ``{sliceCount}g.{ceil(memorySizeMB / 1024)}gb`` plus a suffix from the
-  profile index (``_REV1`` = ``+me``, ``_GFX`` = ``+gfx``, ``_NO_ME`` =
-  ``-me``, ``_ALL_ME`` = ``+me.all``).  Rounding *up* MiB to GiB reproduces
-  the published names: A100-40GB 1g 4864 MiB -> 5gb, 3g 19968 -> 20gb;
-  H200 3g ~71,8xx MiB -> 71gb (rounding to nearest would say 70gb).
+  ``{sliceCount}g.{GB}gb`` plus a suffix from the profile index (``_REV1`` =
+  ``+me``, ``_GFX`` = ``+gfx``, ``_NO_ME`` = ``-me``, ``_ALL_ME`` = ``+me.all``),
+  ``GB`` being the board's memory (``nvmlDeviceGetMemoryInfo``) times the
+  instance's share in eighths, rounded up (NVIDIA/go-nvlib
+  ``getMigMemorySizeGB``): a real H200 (143771 MiB) gives 16384 MiB ->
+  1g.18gb, 33024 -> 1g.35gb, 71168 -> 3g.71gb (mig-parted issue 120), where
+  rounding the instance's own MiB up to GiB said 16, 33 and 70.
 * ``nvmlDeviceCreateGpuInstanceWithPlacement(dev, id, placement)`` passes
   ``placement`` to C unchanged and the C side wants a *pointer*, so we pass
   ``byref(c_nvmlGpuInstancePlacement_t)``.
@@ -56,7 +58,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import HostEnvironmentError, InputError, TransientError
 from ..model.nvml import DeviceFacts, GiProfile, GpuInstance, SchedulerCaps, SchedulerState
-from ..model.values import PciAddress
+from ..model.values import PciAddress, mig_memory_gb
 from .nvml import NvmlError
 
 log = logging.getLogger("vgpuhost.nvml")
@@ -136,10 +138,16 @@ def bdf_from_nvml(bus_id: Union[str, bytes]) -> str:
     return f"{d:04x}:{b:02x}:{s:02x}.{f}"
 
 
-def profile_name(index_name: str, slices: int, memory_mib: int, reported: Union[str, bytes, None] = None) -> str:
+def profile_name(index_name: str, slices: int, memory_mib: int, reported: Union[str, bytes, None] = None,
+                 device_memory_mib: Optional[int] = None) -> str:
     """The nvidia-smi MIG profile name: the driver's own when it gave one, else built.
 
-    Built: ``{slices}g.{ceil(memory_mib/1024)}gb`` + suffix from the profile index name.
+    Built: ``{slices}g.{GB}gb`` + suffix from the profile index name, where ``GB`` is NVIDIA's:
+    the board's memory (``device_memory_mib``, ``nvmlDeviceGetMemoryInfo`` total) times the
+    instance's share rounded up to an eighth (:func:`vgpuhost.model.values.mig_memory_gb`, after
+    NVIDIA/go-nvlib ``getMigMemorySizeGB``).  A GPU instance has less memory than its name says (a
+    real H200: 1g.18gb = 16.00 GiB, 1g.35gb = 32.25 GiB, 3g.71gb = 69.50 GiB, NVIDIA/mig-parted
+    issue 120), so ``ceil(memory_mib / 1024)`` is used only when the device memory is unknown.
     """
     if isinstance(reported, bytes):
         reported = reported.decode(errors="replace")
@@ -154,7 +162,9 @@ def profile_name(index_name: str, slices: int, memory_mib: int, reported: Union[
         if index_name.endswith(tail):
             suffix = sfx
             break
-    return f"{slices}g.{math.ceil(memory_mib / 1024)}gb{suffix}"
+    gb = (mig_memory_gb(memory_mib, device_memory_mib) if device_memory_mib and device_memory_mib > 0
+          else math.ceil(memory_mib / 1024))
+    return f"{slices}g.{gb}gb{suffix}"
 
 
 def timeslice_scale(max_timeslice_raw: int) -> int:
@@ -298,17 +308,28 @@ class PynvmlBackend:
     def gi_profiles(self, bdf: PciAddress) -> List[GiProfile]:
         h = self._handle(bdf)
         out = []
-        for index_name, _index, info in self._raw_profiles(h):
+        raw = self._raw_profiles(h)
+        # the board's memory names a profile the driver left unnamed (v1 struct); asked only then
+        total = (self._device_memory_mib(h) if any(not getattr(info, "name", None) for _n, _i, info in raw)
+                 else None)
+        for index_name, _index, info in raw:
             out.append(GiProfile(
                 profile_id=int(info.id),
                 name=profile_name(index_name, int(info.sliceCount), int(info.memorySizeMB),
-                                  getattr(info, "name", None)),
+                                  getattr(info, "name", None), total),
                 slices=int(info.sliceCount),
                 memory_mib=int(info.memorySizeMB),
                 max_count=int(info.instanceCount),
                 placements=self._placements(h, int(info.id)),
             ))
         return sorted(out, key=lambda p: (-p.slices, -p.memory_mib, p.profile_id))
+
+    def _device_memory_mib(self, handle) -> Optional[int]:
+        """``nvmlDeviceGetMemoryInfo`` total in MiB, None when NVML does not say."""
+        try:
+            return int(self._fn("nvmlDeviceGetMemoryInfo", handle).total) // (1024 * 1024)
+        except (NvmlError, AttributeError, TypeError, ValueError):     # no such call, or no number
+            return None
 
     def _gi_from_handle(self, gi) -> GpuInstance:
         info = self._fn("nvmlGpuInstanceGetInfo", gi)

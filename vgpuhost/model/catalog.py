@@ -29,13 +29,20 @@ class PciIds:
 
 @dataclass(frozen=True)
 class MigProfileDef:
-    """One GPU-instance profile of a board: id, name, max count, placements."""
+    """One GPU-instance profile of a board: id, name, max count, placements, memory.
+
+    ``memory_mib``: the memory a GPU instance of it has, as the driver reports it (``nvidia-smi mig
+    -lgip``, ``memorySizeMB``): below the name's GB (a real H200's 1g.18gb has 16384 MiB,
+    NVIDIA/mig-parted issue 120; docs/reference/hardware.md#mig-profiles); None where the catalog
+    has no real figure.
+    """
 
     profile_id: int
     name: str
     max_count: int
     placement_starts: Tuple[int, ...]
-    size: int  # memory slices out of 8
+    size: int  # memory slices out of 8 (the A30: out of 4)
+    memory_mib: Optional[int] = None
 
     @property
     def profile(self) -> MigProfile:
@@ -111,7 +118,7 @@ def parse_catalog(raw: dict) -> Catalog:
     """
     cat = Catalog(series_description=raw.get("series_description", {}))
     tables = {
-        name: tuple(MigProfileDef(r[0], r[1], r[2], tuple(r[3]), r[4]) for r in rows)
+        name: tuple(MigProfileDef(r[0], r[1], r[2], tuple(r[3]), r[4], r[5] if len(r) > 5 else None) for r in rows)
         for name, rows in raw.get("mig_tables", {}).items()
     }
     for key, g in raw.get("gpus", {}).items():
@@ -139,10 +146,9 @@ def parse_catalog(raw: dict) -> Catalog:
 
 
 def _gi_profile_for(prof: VgpuProfile, table: Tuple[MigProfileDef, ...]) -> Optional[str]:
-    """The GPU-instance profile a MIG-backed type sits on: same slices, same GB, same ME."""
+    """The GPU-instance profile a MIG-backed type sits on: same slices, same GB, the suffix's (ME: +me)."""
     for row in table:
         mp = row.profile
-        if (mp.slices == prof.gi_slices and mp.memory_gb == prof.framebuffer_gb
-                and mp.media_extensions == prof.media_extensions):
+        if mp.slices == prof.gi_slices and mp.memory_gb == prof.framebuffer_gb and mp.suffix == prof.gi_suffix:
             return row.name
     return None

@@ -501,15 +501,33 @@ SERIES = {
     "C": "compute (vCS / AI Enterprise)",
 }
 
-_BOARD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_ASCII_DIGITS = frozenset("0123456789")
+
+#: the suffixes of a MIG-backed type name (NVIDIA/vgpu-device-manager ``pkg/types/vgpu_type.go``:
+#: ``ME`` the GPU-instance profile with media engines, ``NOME`` without them, ``MEALL`` with all of
+#: them, ``GFX`` with graphics), longest first, and the GPU-instance profile suffix each names
+#: (``nvidia-smi mig -lgip`` on an RTX PRO 6000 Blackwell: ``1g.24gb-me``, ``2g.48gb+me.all``,
+#: ``2g.48gb+gfx``; docs/reference/hardware.md#vgpu-types)
+TYPE_ATTRIBUTES = ("MEALL", "NOME", "GFX", "ME")
+GI_SUFFIX = {"ME": "+me", "NOME": "-me", "MEALL": "+me.all", "GFX": "+gfx", "": ""}
 
 
 def _profile_fields(text: str):
-    r"""``(board, slices or None, fb, series, me)`` of a vGPU type name, else None.
+    r"""``(board, slices or None, fb, series, attribute)`` of a vGPU type name, else None.
 
-    Pattern: ``^(?:(?:GRID|NVIDIA)\s+)?(?P<board>[A-Za-z0-9_]+?)-(?:(?P<slices>\d+)-)?(?P<fb>\d+)
-    (?P<series>[QBACqbac])(?P<me>ME|me)?$`` (``\d`` and ``\s`` as Python's ``re`` reads them in
-    a str pattern: Unicode decimal digits and whitespace).
+    Pattern (NVIDIA/vgpu-device-manager's two, widened to boards with spaces such as
+    ``RTX Pro 6000 Blackwell DC``, and to lower-case series and suffixes)::
+
+        ^(?:(?:GRID|NVIDIA)\s+)?
+         (?P<board>[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[A-Za-z]+)*)-
+         (?:(?P<slices>[1-9])-)?
+         (?P<fb>0|[1-9][0-9]*)(?P<series>[QBACqbac])
+         (?P<attr>MEALL|NOME|GFX|ME|meall|nome|gfx|me)?$
+
+    where a suffix needs ``slices`` and a MIG-backed board has no ``-<letters>`` part (``\s`` as
+    Python's ``re`` reads it in a str pattern).
     """
     if text.endswith("\n"):
         text = text[:-1]
@@ -526,46 +544,54 @@ def _profile_fields(text: str):
 
 
 def _profile_body(text: str):
-    board, dash, rest = text.partition("-")
-    if not dash or not board or not all(c in _BOARD_CHARS for c in board):
-        return None
-    me = False
-    if rest.endswith("ME") or rest.endswith("me"):
-        me, rest = True, rest[:-2]
-        got = _profile_tail(rest)
-        if got is None:     # "...ME" may be none: a series letter M does not exist, so no retry
-            return None
-    else:
-        got = _profile_tail(rest)
-        if got is None:
-            return None
-    slices, fb, series = got
-    return board, slices, fb, series, me
+    for attr in TYPE_ATTRIBUTES:
+        for spelt in (attr, attr.lower()):
+            if text.endswith(spelt):
+                got = _profile_core(text[:-len(spelt)])
+                if got is not None and got[1] is not None:
+                    return got[0], got[1], got[2], got[3], attr
+    got = _profile_core(text)
+    return None if got is None else (got[0], got[1], got[2], got[3], "")
 
 
-def _profile_tail(rest: str):
-    """``[<slices>-]<fb><series>`` -> ``(slices or None, fb, series)``, else None."""
-    if len(rest) < 2 or rest[-1] not in "QBACqbac":
+def _profile_core(text: str):
+    """``<board>-[<slices>-]<fb><series>`` -> ``(board, slices or None, fb, series)``, else None."""
+    if len(text) < 4 or text[-1] not in "QBACqbac":
         return None
-    series, nums = rest[-1], rest[:-1]
-    slices, dash, fb = nums.partition("-")
-    if not dash:
-        slices, fb = "", nums
-    elif not slices.isdecimal():
+    series = text[-1]
+    i = len(text) - 1
+    while i > 0 and text[i - 1] in _ASCII_DIGITS:
+        i -= 1
+    fb = text[i:-1]
+    if not fb or (fb[0] == "0" and len(fb) > 1) or i < 2 or text[i - 1] != "-":
         return None
-    if not fb.isdecimal():
-        return None
-    return (int(slices) if slices else None), int(fb), series
+    head = text[:i - 1]
+    if len(head) >= 3 and head[-2] == "-" and head[-1] in "123456789":
+        board = head[:-2]       # "-<digit>" can only be slices: a board's dash parts are letters
+        return (board, int(head[-1]), int(fb), series) if _is_board(board, dashes=False) else None
+    return (head, None, int(fb), series) if _is_board(head, dashes=True) else None
+
+
+def _is_board(board: str, *, dashes: bool) -> bool:
+    """Words of ASCII letters and digits joined by single spaces, then (time-sliced) ``-<letters>`` parts."""
+    parts = board.split("-") if dashes else [board]
+    words = parts[0].split(" ")
+    return (all(w and all(c in _WORD_CHARS for c in w) for w in words)
+            and all(p and all(c in _LETTERS for c in p) for p in parts[1:]))
 
 
 @record(frozen=True)
 class VgpuProfile:
-    """A vGPU type name parsed: ``A40-8Q``, ``A100-1-5CME``, ``H200X-1-18C``.
+    """A vGPU type name parsed: ``A40-8Q``, ``A100-1-5CME``, ``RTX6000-Ada-1Q``, ``DC-1-24CGFX``.
 
-    ``framebuffer_gb`` is in GB as the name spells it; ``gi_slices`` is the
-    GPU-instance slice count of a MIG-backed type (None when time-sliced);
-    ``media_extensions`` is the ``ME`` suffix.  ``vendor_prefix`` keeps
-    ``GRID``/``NVIDIA`` from the raw sysfs/NVML name.
+    ``board`` as NVIDIA spells it (``A40``, ``RTX6000-Ada``, ``RTX Pro 6000 Blackwell DC``; a board
+    of one word is upper-cased, so ``a40-8q`` names ``A40-8Q``); ``framebuffer_gb`` is in GB as the
+    name spells it; ``gi_slices`` is the GPU-instance slice count of a MIG-backed type (None when
+    time-sliced; any series may be MIG-backed); ``media_extensions`` is the ``ME`` suffix;
+    ``attribute`` holds the other suffixes, ``NOME``, ``MEALL`` or ``GFX`` ("" for none).  The
+    grammar is NVIDIA/vgpu-device-manager's (``pkg/types/vgpu_type.go``) widened to boards with
+    spaces; docs/reference/hardware.md#vgpu-types.  ``vendor_prefix`` ``GRID``/``NVIDIA`` of a raw
+    sysfs/NVML name is dropped.
     """
 
     board: str
@@ -573,15 +599,19 @@ class VgpuProfile:
     series: str
     gi_slices: Optional[int] = None
     media_extensions: bool = False
+    attribute: str = ""
 
     @classmethod
     def parse(cls, text: str) -> "VgpuProfile":
-        """Parse a name; raises InputError when it is not a vGPU type name."""
+        """Parse a name; raises InputError (exit 3) when it is not a vGPU type name (the text is
+        shown cut to 64 characters)."""
         p = cls.try_parse(text)
         if p is None:
-            raise InputError(f"invalid vGPU profile name {text!r}",
-                             hint="expected <board>-<GB><Q|B|A|C> or <board>-<slices>-<GB>C[ME], "
-                                  "e.g. A40-8Q or A100-1-5C; 'vgpuhost types' lists them")
+            shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
+            raise InputError(f"invalid vGPU profile name {shown!r}",
+                             hint="expected <board>-<GB><Q|B|A|C> or <board>-<slices>-<GB><series>"
+                                  "[ME|NOME|MEALL|GFX], e.g. A40-8Q, RTX6000-Ada-1Q or A100-1-5C; "
+                                  "'vgpuhost types' lists them")
         return p
 
     @classmethod
@@ -589,19 +619,24 @@ class VgpuProfile:
         f = _profile_fields(text.strip()) if isinstance(text, str) else None
         if f is None:
             return None
-        board, slices, fb, series, me = f
-        series = series.upper()
-        if (slices is not None or me) and series != "C":
-            return None
-        return cls(board.upper(), fb, series, slices, me)
+        board, slices, fb, series, attr = f
+        if " " not in board and "-" not in board:
+            board = board.upper()
+        return cls(board, fb, series.upper(), slices, attr == "ME", "" if attr == "ME" else attr)
 
     @property
     def mig_backed(self) -> bool:
         return self.gi_slices is not None
 
+    @property
+    def gi_suffix(self) -> str:
+        """The GPU-instance profile suffix this type's suffix names: ``+me``, ``-me``, ``+me.all``, ``+gfx`` or ""."""
+        return GI_SUFFIX["ME" if self.media_extensions else self.attribute]
+
     def __str__(self) -> str:
         mid = f"{self.gi_slices}-" if self.gi_slices is not None else ""
-        return f"{self.board}-{mid}{self.framebuffer_gb}{self.series}{'ME' if self.media_extensions else ''}"
+        return (f"{self.board}-{mid}{self.framebuffer_gb}{self.series}"
+                f"{'ME' if self.media_extensions else ''}{self.attribute}")
 
 
 def strip_vendor_prefix(name: str) -> str:
@@ -653,25 +688,58 @@ def parse_size_mib(text: str) -> Optional[int]:
 
 
 #: compiled on first use (re caches it): the qemu hook never parses MIG names
-_MIG_PATTERN = r"^(?:(?P<ci>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<mem>[0-9]+)gb(?P<me>\+me)?$"
+_MIG_PATTERN = r"^(?:(?P<ci>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<mem>[0-9]+)gb(?P<attr>\+me\.all|\+me|-me|\+gfx)?$"
 
 
 @record(frozen=True)
 class MigProfile:
-    """A MIG GPU-instance profile name (docs/reference/hardware.md#mig-profiles): ``3g.40gb``, ``1g.10gb+me``."""
+    """A MIG GPU-instance profile name (docs/reference/hardware.md#mig-profiles): ``3g.40gb``, ``1g.10gb+me``.
+
+    ``media_extensions`` is the ``+me`` suffix; ``attribute`` the others a Blackwell board reports
+    (``-me`` without media engines, ``+me.all`` with all of them, ``+gfx`` with graphics;
+    ``nvidia-smi mig -lgip`` on an RTX PRO 6000 Blackwell, bigstack-oss/cubecos issue 312), "" for none.
+    """
 
     slices: int
     memory_gb: int
     media_extensions: bool = False
+    attribute: str = ""
 
     @classmethod
     def parse(cls, text: str) -> "MigProfile":
+        """Parse a name; raises InputError (exit 3) when it is not a GPU-instance profile name."""
         import re       # here: the qemu hook never parses MIG names
         m = re.match(_MIG_PATTERN, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
         if not m or m["ci"]:
-            raise InputError(f"invalid MIG profile name {text!r}",
-                             hint="expected <N>g.<GB>gb[+me], e.g. 1g.10gb or 3g.40gb")
-        return cls(int(m["g"]), int(m["mem"]), bool(m["me"]))
+            shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
+            raise InputError(f"invalid MIG profile name {shown!r}",
+                             hint="expected <N>g.<GB>gb[+me|-me|+me.all|+gfx], e.g. 1g.10gb or 3g.40gb")
+        attr = (m["attr"] or "").lower()
+        return cls(int(m["g"]), int(m["mem"]), attr == "+me", "" if attr == "+me" else attr)
+
+    @property
+    def suffix(self) -> str:
+        """``+me``, ``-me``, ``+me.all``, ``+gfx`` or ""."""
+        return "+me" if self.media_extensions else self.attribute
 
     def __str__(self) -> str:
-        return f"{self.slices}g.{self.memory_gb}gb{'+me' if self.media_extensions else ''}"
+        return f"{self.slices}g.{self.memory_gb}gb{self.suffix}"
+
+
+def mig_memory_gb(memory_mib: int, device_memory_mib: int) -> int:
+    """The ``<GB>`` of a GPU-instance profile's name from its memory and the whole GPU's (both MiB).
+
+    NVIDIA names a profile by the board's memory times its share in eighths, not by the memory the
+    instance gets: the share is ``memory_mib / device_memory_mib`` rounded up to an eighth, times
+    the device memory in GiB rounded up, rounded half away from zero (NVIDIA/go-nvlib
+    ``pkg/nvlib/device/mig_profile.go`` ``getMigMemorySizeGB``, which NVIDIA's device plugin and
+    mig-parted use).  A real H200 (143771 MiB) reports 1g.18gb as 16.00 GiB, 1g.35gb as 32.25 GiB,
+    3g.71gb as 69.50 GiB (NVIDIA/mig-parted issue 120): ``ceil(memory_mib / 1024)`` would say 16,
+    33, 70.  Raises ValueError when ``device_memory_mib`` is not positive.
+    """
+    if device_memory_mib <= 0:
+        raise ValueError(f"device memory must be positive, not {device_memory_mib} MiB")
+    eighths = -(-memory_mib * 8 // device_memory_mib)        # ceil, in integers: no float drift
+    total_gib = -(-device_memory_mib // 1024)
+    # eighths * total_gib / 8, rounded half up (the values are positive)
+    return (eighths * total_gib * 2 + 8) // 16

@@ -438,24 +438,24 @@ def _capped(ix: GpuIndex, ts: "List[VgpuType]", total: int, framebuffers: Option
     return max(0, min(total, (board - used) // fb))
 
 
-def _gi_key(slices: Optional[int], gb: int, me: bool) -> Tuple[Optional[int], int, bool]:
-    return (slices, gb, me)
+def _gi_key(slices: Optional[int], gb: int, suffix: str) -> Tuple[Optional[int], int, str]:
+    return (slices, gb, suffix)
 
 
 def _free_gpu_instances(ix: GpuIndex, profile: VgpuProfile) -> Optional[int]:
-    """GPU instances of ``profile``'s GPU-instance profile (same slices, GB and ME) not holding a vGPU;
+    """GPU instances of ``profile``'s GPU-instance profile (same slices, GB and suffix) not holding a vGPU;
     None when NVML lists none of that profile although the kernel offers the type (NVML's view is
     incomplete: the kernel's count stands)."""
     from ..model.values import MigProfile
     from ..model.errors import InputError
-    want = _gi_key(profile.gi_slices, profile.framebuffer_gb, profile.media_extensions)
+    want = _gi_key(profile.gi_slices, profile.framebuffer_gb, profile.gi_suffix)
     have = 0
     for gi_name, count in (ix.gpu.gpu_instances or {}).items():
         try:
             mp = MigProfile.parse(gi_name)
         except InputError:
             continue
-        if _gi_key(mp.slices, mp.memory_gb, mp.media_extensions) == want:
+        if _gi_key(mp.slices, mp.memory_gb, mp.suffix) == want:
             have += count
     if not have:
         return None
@@ -463,7 +463,7 @@ def _free_gpu_instances(ix: GpuIndex, profile: VgpuProfile) -> Optional[int]:
     for tid in ix.present:
         rows = ix.by_type.get(tid)
         p = rows[0].profile if rows else None
-        if p is not None and p.mig_backed and _gi_key(p.gi_slices, p.framebuffer_gb, p.media_extensions) == want:
+        if p is not None and p.mig_backed and _gi_key(p.gi_slices, p.framebuffer_gb, p.gi_suffix) == want:
             used += 1
     return have - used
 

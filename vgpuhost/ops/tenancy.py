@@ -481,17 +481,40 @@ def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dic
     return out
 
 
-def capacity(store: StateStore, inv: Inventory) -> dict:
+def mixed_size_of(host, inv: Inventory) -> Dict[object, bool]:
+    """``{gpu: mixed-size (heterogeneous) mode on}`` for the vGPU-capable GPUs NVML answers for
+    (``heterogeneous_mode``; docs/reference/hardware.md#vgpu-types); empty when NVML cannot be had:
+    callers then count equal-size maxima, as before."""
+    from ..io.backends import open_backend
+    from ..model.errors import VgpuhostError
+    try:
+        backend = open_backend(host)
+    except (VgpuhostError, OSError, ImportError):
+        return {}
+    out: Dict[object, bool] = {}
+    for g in inv.gpus:
+        if g.vgpu_backend and g.pci.driver == "nvidia":
+            try:
+                out[g.address] = bool(backend.heterogeneous_mode(g.address))
+            except (VgpuhostError, OSError):
+                continue
+    return out
+
+
+def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None) -> dict:
     """What more fits now, per profile, pool and GPU, and where fragmentation blocks a profile.
 
     Per vGPU type name: instances free per GPU (as placement counts them),
     the GPU's pool, the total; and, for time-sliced types, how many the
     free framebuffer summed over GPUs would allow, so ``blocked`` says how
     many fragmentation (free framebuffer spread over GPUs, or a GPU held in
-    equal-size mode by another size) keeps out.
+    equal-size mode by another size) keeps out.  ``mixed_size``
+    (:func:`mixed_size_of`): GPU -> mixed-size mode; a GPU in it counts the
+    type's mixed-size max, often lower (docs/reference/hardware.md#vgpu-types).
     """
     from ..policy import offers as vgpu_offers
     from ..policy.capacity import summarise
+    from ..policy.config import mode_limits
     records = store.vgpu_records()
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     held = allocations(store, inv)
@@ -521,7 +544,8 @@ def capacity(store: StateStore, inv: Inventory) -> dict:
             max_of.setdefault(t.name.lower(), t.max_instances)
     per_type = []
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
-        offers = vgpu_offers.offers(inv, records, name, seen)
+        limits = mode_limits(inv, name, mixed_size) if mixed_size else {}
+        offers = vgpu_offers.offers(inv, records, name, seen, limits)
         if all(o.type_id is None for o in offers):
             continue
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))
@@ -535,6 +559,10 @@ def capacity(store: StateStore, inv: Inventory) -> dict:
             else:
                 m = max_of.get(name.lower())
                 cap = None if m is None else max(0, m - present.get(str(o.gpu), 0))
+            if o.gpu in limits:         # the type's max in the GPU's mode (mixed-size: often lower)
+                same = sum(1 for r in records if r.gpu == str(o.gpu) and r.type_name.lower() == name.lower())
+                left = max(0, limits[o.gpu] - same)
+                cap = left if cap is None else min(cap, left)
             rows.append((str(o.gpu), o.available, cap))
         per_type.append((name, dem.framebuffer_mib, dem.mig_backed, rows))
     return summarise(gpus, per_type)

@@ -272,7 +272,8 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             continue                    # a GPU instance was made for the MIG-backed profile: look again
         name = str(req.profile) if req.resolved else resolve_profile(inv, records, str(req.profile), pin, seen)
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
-        decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run)
+        limits = {} if req.vf is not None else _mode_limits(host, inv, name)    # a chosen VF: the driver decides
+        decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
             return out
@@ -355,14 +356,27 @@ def _placement(req: VgpuCreateRequest, name: str, pin: Optional[PciAddress]):
     return Request(name, req.owner, req.strategy, req.numa_node, req.anti_affinity, pin)
 
 
+def _mode_limits(host: HostRoot, inv: Inventory, name: str) -> dict:
+    """``{gpu: max instances of name in its vGPU mode}`` for vendor-VFIO GPUs, whose VFs list a type
+    on every free VF (mdev parents count the mode's max themselves); NVML and the catalog are asked
+    only when such a GPU lists ``name``."""
+    vfio = {g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV}
+    if not any(t.gpu in vfio and t.name.lower() == name.lower() for t in inv.vgpu_types):
+        return {}
+    from .tenancy import mixed_size_of          # here: the catalog (yaml) and NVML, never on the hook's mdev path
+    from ..policy.config import mode_limits
+    return mode_limits(inv, name, mixed_size_of(host, inv))
+
+
 def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: VgpuCreateRequest, name: str,
-            pin: Optional[PciAddress], parent: Optional[PciAddress], *, strict: bool) -> Decision:
+            pin: Optional[PciAddress], parent: Optional[PciAddress], *, strict: bool,
+            limits: Optional[dict] = None) -> Decision:
     """Where ``name`` goes on this look; RefusedError when nowhere: the reason, each GPU's types
     that still fit, and the GPUs passed through (which list no types, so make no offer)."""
     from ..policy.iommu import VFIO_PCI
     from ..policy.offers import fitting_elsewhere, offers
     from ..policy.placement import place
-    all_offers = _narrow(inv, offers(inv, records, name, seen), name, req.allowed_gpus, req.vf, strict=strict,
+    all_offers = _narrow(inv, offers(inv, records, name, seen, limits), name, req.allowed_gpus, req.vf, strict=strict,
                          parent=parent)
     decision = place(all_offers, _placement(req, name, pin))
     if decision.admitted:
@@ -684,15 +698,14 @@ def _offered_now(inv: Inventory, profile: str, gpu: Optional[PciAddress]) -> boo
 
 
 def _gi_profile_for(profiles, wanted: VgpuProfile):
-    """The device's GI profile a MIG-backed type sits on: same slices, GB and ME (docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
+    """The device's GI profile a MIG-backed type sits on: same slices, GB and suffix (docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
     from ..model.values import MigProfile
     for p in profiles:
         try:
             mp = MigProfile.parse(p.name)
         except InputError:
             continue
-        if (mp.slices == wanted.gi_slices and mp.memory_gb == wanted.framebuffer_gb
-                and mp.media_extensions == wanted.media_extensions):
+        if mp.slices == wanted.gi_slices and mp.memory_gb == wanted.framebuffer_gb and mp.suffix == wanted.gi_suffix:
             return p
     return None
 

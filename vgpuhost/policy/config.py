@@ -676,8 +676,9 @@ def _check_fixed_mixed(sched: SchedulerSpec, vgpu: VgpuSpec, where: Where) -> No
 
 def gi_name_for(profile: VgpuProfile) -> str:
     """The GPU-instance profile a MIG-backed type sits on: ``A100-3-20C`` -> ``3g.20gb``,
-    ``H200X-1-18CME`` -> ``1g.18gb+me`` (same slices, same GB, same ME; docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
-    return f"{profile.gi_slices}g.{profile.framebuffer_gb}gb{'+me' if profile.media_extensions else ''}"
+    ``H200X-1-18CME`` -> ``1g.18gb+me``, ``DC-1-24CGFX`` -> ``1g.24gb+gfx`` (same slices, same GB, the suffix's
+    GPU-instance suffix; docs/reference/hardware.md#vgpu-types, #mig-profiles)."""
+    return f"{profile.gi_slices}g.{profile.framebuffer_gb}gb{profile.gi_suffix}"
 
 
 def _check_mig_vgpus(spec: MigSpec) -> None:
@@ -764,10 +765,38 @@ def board_tables() -> Dict[int, BoardTable]:
         types = {t.name.lower(): (t.name, t.max_instances, t.max_instances_mixed, t.framebuffer_mib)
                  for t in model.vgpu_types}
         gis = tuple(GiProfile(p.profile_id, p.name, MigProfile.parse(p.name).slices,
-                              MigProfile.parse(p.name).memory_gb * 1024, p.max_count,
+                              p.memory_mib or MigProfile.parse(p.name).memory_gb * 1024, p.max_count,
                               tuple((s, p.size) for s in p.placement_starts))
                     for p in model.mig_profiles)
         out[model.ids.device] = BoardTable(model.key, model.vgpu_board, model.framebuffer_mib, types, gis)
+    return out
+
+
+def type_max(device_id: int, name: str, mixed: bool) -> Optional[int]:
+    """The catalog's max instances of vGPU type ``name`` on a GPU of PCI ``device_id`` in mixed-size
+    (``mixed``) or equal-size mode; None when the catalog does not describe that board or type.
+
+    Mixed-size maxima are often lower (A40 and L40S 4C: 12 equal-size, 8 mixed-size; NVIDIA AI
+    Enterprise 5.0 user guide appendix A); the time-sliced H200X types keep theirs (7C 20, 14C 10,
+    28C 5).  docs/reference/hardware.md#vgpu-types.
+    """
+    table = board_tables().get(device_id)
+    row = table.types.get(name.lower()) if table is not None else None
+    if row is None:
+        return None
+    return row[2] if mixed else row[1]
+
+
+def mode_limits(inv, name: str, mixed_size: Mapping[PciAddress, bool]) -> Dict[PciAddress, int]:
+    """``{gpu: max instances of ``name`` in its current mode}`` for the GPUs of ``inv`` whose mode is
+    known (``mixed_size``: GPU -> heterogeneous mode on, as NVML's ``heterogeneous_mode`` says) and
+    whose board the catalog describes, for :func:`vgpuhost.policy.offers.offers`' ``limits``."""
+    out: Dict[PciAddress, int] = {}
+    for g in inv.gpus:
+        if g.address in mixed_size:
+            m = type_max(g.pci.device, name, bool(mixed_size[g.address]))
+            if m is not None:
+                out[g.address] = m
     return out
 
 

@@ -25,7 +25,7 @@ from .placement import GpuOffer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, List, Optional, Sequence
+    from typing import Dict, List, Mapping, Optional, Sequence
     from ..model.records import VgpuRecord
 
 
@@ -72,12 +72,18 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
 
 
 def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
-           seen: Sequence[tuple] = ()) -> List[GpuOffer]:
+           seen: Sequence[tuple] = (), limits: Optional[Mapping[PciAddress, int]] = None) -> List[GpuOffer]:
     """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
 
     ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
     earlier reads; a GPU that offered the type before but lists it no more
     (full, or another size present) gets an offer of 0 with the reason.
+    ``limits``: ``{gpu: max instances of the profile in the GPU's current mode}``
+    (:func:`vgpuhost.policy.config.mode_limits`; mixed-size maxima are often
+    lower than equal-size ones, docs/reference/hardware.md#vgpu-types): an
+    offer is capped at that max less the vGPUs of the profile on the GPU.
+    A vendor-VFIO GPU lists a type on every free VF, so without a limit its
+    offer is what the framebuffer or the equal-size max allows.
     """
     by_gpu = types_by_gpu(inv)
     seen_of: Dict[str, List[tuple]] = {}
@@ -108,6 +114,13 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
             parents = ()
         sizes = _present_framebuffers(ix, fbs) if ix is not None else []
         used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
+        limit = limits.get(g.address) if limits else None
+        if limit is not None and ix is not None:
+            same = sum(1 for t in ix.present if t == type_id)
+            if available > max(0, limit - same):
+                available = max(0, limit - same)
+                if not available:
+                    note = note or f"{same} of {limit} present, the most this GPU's vGPU mode allows"
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
                             keys, len(ix.vgpus) if ix is not None else 0, note,
                             framebuffer_mib=g.framebuffer_mib, used_mib=used))

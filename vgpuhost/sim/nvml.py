@@ -15,8 +15,8 @@ older host.json files without the keys get the same defaults on read):
 
 - ``name``, ``uuid``: what ``nvmlDeviceGetName`` / ``GetUUID`` report;
 - ``gi_profiles``: the board's MIG profile table from the catalog
-  (docs/reference/hardware.md#mig-profiles) with memory in MiB parsed from the name (``1g.18gb`` ->
-  18432);
+  (docs/reference/hardware.md#mig-profiles) with memory in MiB as a real GPU reports it where the
+  catalog has the figure (a real H200's ``1g.18gb``: 16384, below the name), else the name's GB x 1024;
 - ``mig_mode`` (current), ``mig_pending``, ``mig_reset_required`` (a MIG mode
   change stays *pending* until :meth:`SimNvml.reset` when true, or while
   ``nvidia-persistenced`` runs: it blocks the reset, docs/reference/hardware.md#mig-profiles);
@@ -67,9 +67,12 @@ INVALID = "NVMLError_InvalidArgument"
 INSUFFICIENT = "NVMLError_InsufficientResources"
 
 
-def _memory_mib(name: str) -> int:
+def _memory_mib(p) -> int:
+    """A catalog MigProfileDef's memory in MiB: the driver's figure where known, else the name's."""
+    if p.memory_mib is not None:
+        return int(p.memory_mib)
     try:
-        return MigProfile.parse(name).memory_gb * 1024
+        return MigProfile.parse(p.name).memory_gb * 1024
     except Exception:  # a catalog name that does not parse: no memory figure
         return 0
 
@@ -84,7 +87,7 @@ def _slices(name: str) -> int:
 def nvml_seed(model, mig_mode: bool, bdf: str) -> dict:
     """The NVML side of one GPU's host.json entry (``model``: a catalog GpuModel)."""
     profiles = [{"profile_id": p.profile_id, "name": p.name, "slices": _slices(p.name),
-                 "memory_mib": _memory_mib(p.name), "max_count": p.max_count,
+                 "memory_mib": _memory_mib(p), "max_count": p.max_count,
                  "placements": [[s, p.size] for s in p.placement_starts]}
                 for p in model.mig_profiles]
     return {
