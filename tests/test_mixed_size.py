@@ -96,3 +96,19 @@ def test_equal_size_gpu_keeps_the_equal_size_max(build):
     inv = discover(Sysfs(host))
     limits = mode_limits(inv, "L40S-4C", tenancy.mixed_size_of(host, inv))
     assert limits == {GPU: 12} and [o.available for o in offers(inv, [], "L40S-4C", (), limits)] == [12]
+
+
+def test_admission_counts_the_mixed_size_max_the_device_layer_counts(build):
+    """The hook's admission weighs the GPU's room with the max of its mode: a mixed-size L40S offers 8
+    L40S-4C, not the 12 its framebuffer alone would allow (read back from the admission audit row)."""
+    from test_hook import domain_xml, pci_hostdev, start
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    tenancy.add(store, tenancy.Tenant("team"))
+    vf = PciAddress.parse("0000:21:00.4")
+    meta = Metadata(tenant="team", vgpus=[VgpuRequest("L40S-4C", vf=vf)])
+    assert start(host, "mx0", domain_xml("mx0", "6695eb01-f6a4-8304-79aa-97f2502e1900", meta,
+                                         [pci_hostdev(vf)])) == (0, "")
+    [row] = [r for r in store.audit_rows() if r.path == "(admission)"]
+    assert row.result == "admitted" and "(8 L40S-4C free;" in row.value, row.value

@@ -127,7 +127,9 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
     if tenancy_in_use(store):
         # admission (issue 13): quota, isolation, QoS class, pool, under the host lock until recorded
         from . import tenancy
-        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types)
+        from . import vgpu
+        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types,
+                                      limits_for=lambda name: vgpu.mode_limits(host, inv, name))
     else:
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
     try:

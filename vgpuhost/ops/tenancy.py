@@ -270,14 +270,16 @@ def set_openstack(store: StateStore, mode: Optional[str], *, actor: Optional[str
 
 def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
                  allowed: Optional[frozenset] = None, audit: bool = True,
-                 types: Optional[Mapping[str, str]] = None) -> List[Granted]:
+                 types: Optional[Mapping[str, str]] = None,
+                 limits_for: "Optional[Callable[[str], Mapping]]" = None) -> List[Granted]:
     """Admit every device ``view``'s metadata names that the domain does not hold yet, all or none.
 
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
     calls it without, for early feedback (``audit`` False: nothing written).
     ``allowed``: the hook allow-list (None = every GPU).  ``types``: ``{device: type name as the
     host's devices spell it}``, resolved once by the caller (the hook's prepare); a vGPU not named
-    there has its profile resolved here (``attach``'s early look).  Each decision is
+    there has its profile resolved here (``attach``'s early look).  ``limits_for``: as
+    :func:`admitting`'s (None: equal-size maxima, as the driver's listing shows).  Each decision is
     audited (operation ``admission``, result ``admitted`` or ``refused``).
     Raises RefusedError with the first refusal's reason and what would free
     room; InputError when the domain's metadata names a QoS class not known.
@@ -319,7 +321,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             pin = dev.physfn if dev is not None else pin
         name = types[v.device] if types and v.device in types else \
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
-        offers = vgpu_offers.offers(inv, records, name, seen)
+        offers = vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None)
         # the pool model: a layout's free vGPU of this profile is lent at the start (ops.devices)
         lendable: Dict[str, int] = {}
         for r in records:
@@ -389,7 +391,8 @@ def _held_offers(offers: Sequence, rec, me: str, inv: Inventory) -> list:
 
 
 def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
-              allowed: Optional[frozenset] = None, types: Optional[Mapping[str, str]] = None) -> "_AdmittingBlock":
+              allowed: Optional[frozenset] = None, types: Optional[Mapping[str, str]] = None,
+              limits_for: "Optional[Callable[[str], Mapping]]" = None) -> "_AdmittingBlock":
     """The qemu hook's ``prepare begin``: admit the domain's devices with authority, under the host lock.
 
     ``with admitting(...) as box:`` gives an :class:`Admitting`; the caller
@@ -400,18 +403,21 @@ def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Opt
     counts them.  Raises RefusedError (nothing was made) when admission
     refuses.  With tenancy not in use (:func:`active`), no lock is taken and
     every device is admitted (its tenant name, if any, is still recorded).
-    ``types``: the vGPUs' type names as resolved once (:func:`admit_domain`).
+    ``types``: the vGPUs' type names as resolved once (:func:`admit_domain`); ``limits_for``:
+    a type name -> ``{gpu: its max in the GPU's vGPU mode}`` (:func:`vgpuhost.ops.vgpu.mode_limits`),
+    so admission counts what the device layer will (mixed-size maxima are often lower).
     """
-    return _AdmittingBlock(store, view, inv, actor, allowed, types)
+    return _AdmittingBlock(store, view, inv, actor, allowed, types, limits_for)
 
 
 class _AdmittingBlock:
     """:func:`admitting`'s context manager (a class: the hook's path imports no contextlib)."""
 
     def __init__(self, store: StateStore, view: DomainView, inv: Inventory, actor: Optional[str],
-                 allowed: Optional[frozenset], types: Optional[Mapping[str, str]]):
+                 allowed: Optional[frozenset], types: Optional[Mapping[str, str]],
+                 limits_for: "Optional[Callable[[str], Mapping]]" = None):
         self.store, self.view, self.inv, self.actor, self.allowed = store, view, inv, actor, allowed
-        self.types = types
+        self.types, self.limits_for = types, limits_for
         self.granted: Optional[List[Granted]] = None
         self.box: Optional[Admitting] = None
         self.lock = None
@@ -428,7 +434,7 @@ class _AdmittingBlock:
             lock.__enter__()
             try:
                 self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
-                                            types=self.types)
+                                            types=self.types, limits_for=self.limits_for)
             except BaseException:
                 lock.__exit__(None, None, None)
                 raise

@@ -272,7 +272,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             continue                    # a GPU instance was made for the MIG-backed profile: look again
         name = str(req.profile) if req.resolved else resolve_profile(inv, records, str(req.profile), pin, seen)
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
-        limits = {} if req.vf is not None else _mode_limits(host, inv, name)    # a chosen VF: the driver decides
+        limits = {} if req.vf is not None else mode_limits(host, inv, name)    # a chosen VF: the driver decides
         decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
@@ -356,10 +356,11 @@ def _placement(req: VgpuCreateRequest, name: str, pin: Optional[PciAddress]):
     return Request(name, req.owner, req.strategy, req.numa_node, req.anti_affinity, pin)
 
 
-def _mode_limits(host: HostRoot, inv: Inventory, name: str) -> dict:
+def mode_limits(host: HostRoot, inv: Inventory, name: str) -> dict:
     """``{gpu: max instances of name in its vGPU mode}`` for vendor-VFIO GPUs, whose VFs list a type
     on every free VF (mdev parents count the mode's max themselves); NVML and the catalog are asked
-    only when such a GPU lists ``name``."""
+    only when such a GPU lists ``name``.  What placement here, the re-check under the GPU's lock and
+    admission (:func:`vgpuhost.ops.tenancy.admitting`'s ``limits_for``) count."""
     vfio = {g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV}
     if not any(t.gpu in vfio and t.name.lower() == name.lower() for t in inv.vgpu_types):
         return {}
@@ -430,7 +431,8 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
         # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
         inv2 = discover_gpu(fs, decision.gpu, host_facts=False, known=inv)
         records2 = store.vgpu_records(gpu=str(decision.gpu))
-        again = place(_narrow(inv2, offers(inv2, records2, name, seen), name, req.allowed_gpus, req.vf,
+        limits = {} if req.vf is not None else mode_limits(host, inv2, name)
+        again = place(_narrow(inv2, offers(inv2, records2, name, seen, limits), name, req.allowed_gpus, req.vf,
                               parent=parent), _placement(req, name, decision.gpu))
         if not again.admitted:
             return None         # someone took it between placement and the lock: place again
