@@ -80,6 +80,12 @@ def describe(holders: "list[Holder]") -> str:
     return ", ".join(h.describe() for h in holders)
 
 
+def group_node(group: str) -> str:
+    """``/dev/vfio/<group>``: IOMMU group ``group``'s node as a process's fd link shows it (a path
+    inside the holder's own view, not below the host root)."""
+    return _join(os.sep, "dev", "vfio", group)
+
+
 def device_nodes(fs: Sysfs, device_dir: str) -> list[str]:
     """The VFIO nodes of the device at ``device_dir`` as a process's fd table shows them:
     ``/dev/vfio/<group>`` (from its ``iommu_group`` link) and ``/dev/vfio/devices/vfioN`` (one per
@@ -87,7 +93,7 @@ def device_nodes(fs: Sysfs, device_dir: str) -> list[str]:
     nodes = []
     group = fs.link_name(_join(device_dir, IOMMU_GROUP_LINK))
     if group is not None:
-        nodes.append(_join(os.sep, "dev", "vfio", group))
+        nodes.append(group_node(group))
     for name in fs.listdir(_join(device_dir, VFIO_DEV_DIR)):
         nodes.append(_join(os.sep, "dev", "vfio", "devices", name))
     return nodes

@@ -115,6 +115,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
 from ..io.sysfs import SIM_READ_FAULTS
+from ..io.vfioholders import group_node
 from ..model.values import is_digits
 from .capacity import gpu_available
 
@@ -148,9 +149,8 @@ WRITE_ONLY = frozenset({
 _PARAMS_MAX = 1024
 #: how often a blocked remove looks whether its device was closed (seconds)
 _CLOSE_POLL_S = 0.02
-#: what /proc/<pid>/fd/<n> shows for a VFIO device fd, and for the group fd (``{}``: the group)
+#: what /proc/<pid>/fd/<n> shows for a VFIO device fd (a group fd shows vfioholders.group_node)
 DEVICE_FD_LINK = "anon_inode:[vfio-device]"
-GROUP_FD_LINK = "/dev/vfio/{}"
 #: the first pid the simulator gives a holder (below it: the spec's processes)
 _FIRST_HOLDER_PID = 4000
 _OVERRIDE_MAX = 4095  # PAGE_SIZE - 1
@@ -506,7 +506,7 @@ class SimKernel:
             (pdir / "comm").write_text(comm[:15] + "\n")
             os.symlink(DEVICE_FD_LINK, pdir / "fd" / "21")
             if via == "group" and group is not None:
-                os.symlink(GROUP_FD_LINK.format(group), pdir / "fd" / "20")
+                os.symlink(group_node(group), pdir / "fd" / "20")
             opened[str(pid)] = {"vgpu": vid, "comm": comm, "via": via, "requests": 0}
             self.save_meta(meta)
             return pid
