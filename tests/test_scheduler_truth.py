@@ -219,3 +219,15 @@ def test_assert_and_plan_see_a_file_that_overrides_the_persisted_scheduler(make_
     # the local file gone: in agreement again
     (host.root / "etc/modprobe.d/zz-local.conf").unlink()
     assert run(capsys, "--root", str(host.root), "assert", "-c", str(path))[0] == 0
+
+
+def test_a_fifo_named_conf_in_modprobe_d_hangs_nothing(l40s, capsys):
+    """Tester finding F1: a FIFO planted as zz-fifo.conf blocked 'scheduler show' forever; it is not a config file."""
+    import os
+    host, _ = l40s
+    d = host.root / "etc/modprobe.d"
+    d.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(d / "zz-fifo.conf")
+    assert [p for p, _ in modprobe_conf_files(host)] == []
+    code, _, err = run(capsys, "--root", str(host.root), "scheduler", "show")
+    assert code == 0, err

@@ -19,6 +19,7 @@ that failed to parse.
 from __future__ import annotations
 
 import os
+import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -32,14 +33,25 @@ def read_config_text(path: PathArg) -> Optional[str]:
     Raises HostEnvironmentError (exit 2) when it exists but cannot be read.
     """
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        # O_NONBLOCK: a FIFO planted under a config name must not hang the reader; only a regular file is read
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as e:
         from ..model.errors import HostEnvironmentError
         raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
                                    hint="run as root, or check the file's permissions") from None
+    with open(fd, encoding="utf-8", errors="replace") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            from ..model.errors import HostEnvironmentError
+            raise HostEnvironmentError(f"cannot read {path}: not a regular file",
+                                       hint="remove it or replace it with a regular file")
+        try:
+            return f.read()
+        except OSError as e:
+            from ..model.errors import HostEnvironmentError
+            raise HostEnvironmentError(f"cannot read {path}: {e.strerror}",
+                                       hint="run as root, or check the file's permissions") from None
 
 
 def config_equals(path: PathArg, text: str) -> bool:
@@ -97,8 +109,8 @@ def modprobe_conf_files(host) -> List[Tuple[str, str]]:
             continue
         for name in names:
             full = os.path.join(directory, name)
-            if len(name) < 6 or not name.endswith(".conf") or name in chosen or os.path.isdir(full):
-                continue
+            if len(name) < 6 or not name.endswith(".conf") or name in chosen or not os.path.isfile(full):
+                continue            # a directory, FIFO or device named *.conf is not a config file
             chosen[name] = full
     out = []
     for name in sorted(chosen):
