@@ -163,7 +163,8 @@ def test_audit_since_a_huge_age(make_host, capsys):
     assert code == 2 and "invalid --since" in err
 
 
-@pytest.mark.parametrize("params", ["foo", "=1", "a=1,a=2", "../../x=1", "a=" + "x" * 2000])
+@pytest.mark.parametrize("params", ["foo", "=1", "a=1,a=2", "../../x=1", "a=" + "x" * 2000,
+                                    "a=1\n", "a=1,\nb=2", "a=1\nb=2", "a=1,\tb=2"])
 def test_bad_params_refused(make_host, capsys, params):
     host = make_host("a40-mdev")
     code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--params", params)

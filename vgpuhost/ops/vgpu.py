@@ -98,7 +98,9 @@ class VgpuOutcome:
 
 
 #: compiled on first use (re caches it): most creates pass no parameters
-_PARAMS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,\s*[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*)*$"
+#: matched whole (``fullmatch``): ``$`` would let a trailing newline through, ``\s`` embedded ones,
+#: and the driver splits the written string on newlines (tester finding F3)
+_PARAMS_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*(,[ ]*[A-Za-z][A-Za-z0-9_-]*=[A-Za-z0-9_.:-]*)*"
 
 
 def _validate_params(params: str) -> None:
@@ -106,7 +108,7 @@ def _validate_params(params: str) -> None:
     if len(params) > 1000:
         raise InputError(f"--params is {len(params)} characters; at most 1000")
     import re           # here: the qemu hook's path imports no re (most creates pass no parameters)
-    if not re.match(_PARAMS_PATTERN, params):
+    if not re.fullmatch(_PARAMS_PATTERN, params):
         raise InputError(f"--params {params[:80]!r} is not a list of key=value pairs",
                          hint="e.g. frame_rate_limiter=0,disable_vnc=1")
     keys = [kv.split("=", 1)[0].strip() for kv in params.split(",")]
