@@ -297,3 +297,65 @@ def test_a_bounded_write_on_a_real_root_writes_once_and_reports_the_errno(tmp_pa
         fs.write_bounded(tmp_path / "sys", "1", timeout_s=DEADLINE_S)      # a directory: EISDIR
     assert e.value.errno == errno.EISDIR
     assert heard == [(str(attr), "1", 0), (str(tmp_path / "sys"), "1", errno.EISDIR)]
+
+
+def test_the_hooks_release_ends_a_blocked_remove_before_its_own_timeout_and_keeps_it_pending(make_host, capsys,
+                                                                                           monkeypatch):
+    """Tester finding F2: the hook's alarm used to cut a blocked remove short, close its journal entry
+    as failed, and a later ``reconcile`` re-created the vGPU for the stopped domain.  Now the remove's
+    bound ends before the hook's timeout: the entry stays open (pending), the domain is forgotten, and
+    once qemu closes the device ``reconcile`` finishes the removal instead of re-creating the vGPU."""
+    host = make_host("a40-mdev")
+    xml = _domain("web")
+    assert _hook(host, "prepare", "begin", xml) == (0, "")
+    kernel = SimKernel(host)
+    pid = kernel.open_vgpu(MDEV, via="device")        # a holder vgpuhost cannot see: the write blocks
+    monkeypatch.delenv(REMOVE_TIMEOUT_ENV, raising=False)        # the default 20 s bound, over the hook's 4 s
+    monkeypatch.setenv(hook.ENV_TIMEOUT, "4")
+    rc, err = _hook(host, "release", "end", xml)
+    assert rc == 3 and err.count("\n") == 1, err
+    assert f"remove of {MDEV} did not finish within" in err and "timed out" not in err, err
+    store = StateStore(host.state_dir)
+    assert store.active_domains() == {}                                        # the domain is forgotten
+    assert [e.kind for e in store.journal_entries(open_only=True)] == ["vgpu-remove"]     # pending, not failed
+    kernel.close_vgpu(pid)
+    until(lambda: not os.path.lexists(host.mdev_devices / MDEV))               # the detached write completed
+    code, text, _ = cli(capsys, host, "reconcile")
+    assert code == 0 and "finished" in text and "re-created" not in text, text
+    assert not os.path.lexists(host.mdev_devices / MDEV) and store.vgpu_records() == []
+
+
+def test_a_remove_interrupted_mid_write_stays_pending_and_is_never_re_created(make_host, capsys, monkeypatch):
+    """An interruption while the remove write may be in flight (the hook's alarm, SIGTERM) leaves the
+    journal entry open, not closed as failed; ``reconcile`` then finishes the removal."""
+    from vgpuhost.ops import vgpu as vgpu_ops
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="A40-8Q")
+
+    def alarm(*_args, **_kw):
+        raise hook.HookTimeout("the vgpuhost hook timed out after 1 s")
+    monkeypatch.setattr(vgpu_ops, "destroy", alarm)
+    with pytest.raises(hook.HookTimeout):
+        vgpu_ops.remove(host, store, out.id, while_running=True)
+    assert [e.kind for e in store.journal_entries(open_only=True)] == ["vgpu-remove"]
+    monkeypatch.undo()
+    code, text, _ = cli(capsys, host, "reconcile")
+    assert code == 0 and "finished" in text and "re-created" not in text, text
+    assert not os.path.lexists(host.mdev_devices / out.id) and store.vgpu_records() == []
+
+
+def test_reconcile_never_re_creates_a_vgpu_whose_removal_is_pending(make_host, capsys):
+    """A missing vGPU named by an open remove entry is the journal's to finish, not re-created."""
+    from vgpuhost.ops.vgpu import _journal_device, reconcile
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="A40-8Q")
+    store.journal_open(kind="vgpu-remove", operation=f"vgpu remove {out.id}", owner=out.owner, actor="test",
+                       gpu=out.gpu, group=None, steps=["remove"],
+                       devices=[_journal_device(out.id, out.backend, out.gpu, out.parent, out.type_id,
+                                                out.type_name, False, "removing")])
+    Sysfs(host).write(host.mdev_devices / out.id / "remove", "1")           # the write completed meanwhile
+    rep = reconcile(host, store)
+    assert rep.recreated == [] and "removal is pending" in rep.missing[0]
+    assert not os.path.lexists(host.mdev_devices / out.id)

@@ -82,8 +82,10 @@ from __future__ import annotations
 import _signal as signal    # the C module: ``signal`` wraps it in enums (import enum: ~1 ms a start)
 import os
 import sys
+from time import monotonic
 
 from ..io.hostroot import HostRoot
+from ..io.locks import deadline
 from ..io.process import actor as actor_name, exit_after
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_OK, VgpuhostError
 from ..ops.devices import open_store, prepare, release
@@ -156,6 +158,7 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
     if act is None:
         return EXIT_OK
     timeout_s = _timeout_s()
+    started = monotonic()
     armed = {"live": True}
     old = _arm(timeout_s, armed)
     try:
@@ -186,11 +189,17 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         if act == "prepare":
             prepare(host, view, actor=actor)
         else:
-            release(host, view, actor=actor, store=store)
+            # a remove write a holder blocks ends before the alarm (io/vfioholders.remove_timeout_s), so
+            # its journal entry is kept pending and the domain forgotten, never cut short mid-record
+            with deadline(started + timeout_s - 1):
+                release(host, view, actor=actor, store=store)
         armed["live"] = False               # done: a signal arriving now changes nothing
         return EXIT_OK
     except HookTimeout as e:
-        _say(err, f"vgpuhost: error: domain {name!r}: {e}; what this start had made was undone; "
+        done = ("what this start had made was undone" if act == "prepare" else
+                "a vGPU removal it began stays pending ('vgpuhost reconcile' finishes it once the device "
+                "is closed)")
+        _say(err, f"vgpuhost: error: domain {name!r}: {e}; {done}; "
                   "check 'vgpuhost audit' and whether another vgpuhost operation holds a lock")
         return EXIT_DEVICE
     except VgpuhostError as e:

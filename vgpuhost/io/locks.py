@@ -42,6 +42,14 @@ class deadline:
         return False
 
 
+def time_left() -> "float | None":
+    """Seconds until this thread's :class:`deadline` (may be negative), None when no deadline is set:
+    other bounded waits (a vGPU remove write, :func:`vgpuhost.io.vfioholders.remove_timeout_s`) end
+    before it too."""
+    bound = getattr(_local, "deadline", None)
+    return None if bound is None else bound - time.monotonic()
+
+
 def file_lock(state_dir: "str | os.PathLike[str]", name: str, *,
               timeout_s: "float | None" = None) -> "_HeldLock":
     """``with file_lock(state_dir, name):`` holds the exclusive lock ``name`` (e.g. ``group-12``)

@@ -30,6 +30,7 @@ import os
 from os.path import join as _join
 
 from ..model.errors import DeviceError, RefusedError
+from .locks import time_left
 from .sysfs import Sysfs
 
 #: the environment variable that sets how long a remove write may take, in seconds (a float)
@@ -38,6 +39,9 @@ REMOVE_TIMEOUT_ENV = "VGPUHOST_REMOVE_TIMEOUT_S"
 DEFAULT_REMOVE_TIMEOUT_S = 20.0
 _MIN_TIMEOUT_S = 0.05
 _MAX_TIMEOUT_S = 600.0
+#: seconds kept, before the caller's deadline (:func:`vgpuhost.io.locks.deadline`: the qemu hook's own
+#: timeout, the agent's hook client), to record a remove that did not finish as pending
+DEADLINE_MARGIN_S = 2.0
 
 #: the device directory's entry that names its VFIO cdev (``vfio-dev/vfioN``, Linux >= 6.1)
 VFIO_DEV_DIR = "vfio-dev"
@@ -45,7 +49,9 @@ IOMMU_GROUP_LINK = "iommu_group"
 
 
 def remove_timeout_s() -> float:
-    """Seconds a remove write may take (``$VGPUHOST_REMOVE_TIMEOUT_S``, default 20, clamped to 0.05..600)."""
+    """Seconds a remove write may take (``$VGPUHOST_REMOVE_TIMEOUT_S``, default 20, clamped to 0.05..600),
+    and never past this thread's deadline less :data:`DEADLINE_MARGIN_S` (the qemu hook's timeout: a
+    remove still blocked then is reported pending, not cut short by the hook's alarm)."""
     raw = os.environ.get(REMOVE_TIMEOUT_ENV, "")
     try:
         value = float(raw) if raw else DEFAULT_REMOVE_TIMEOUT_S
@@ -53,6 +59,9 @@ def remove_timeout_s() -> float:
         value = DEFAULT_REMOVE_TIMEOUT_S
     if value != value:          # NaN
         value = DEFAULT_REMOVE_TIMEOUT_S
+    left = time_left()
+    if left is not None:
+        value = min(value, left - DEADLINE_MARGIN_S)
     return min(max(value, _MIN_TIMEOUT_S), _MAX_TIMEOUT_S)
 
 

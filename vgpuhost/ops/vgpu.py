@@ -953,6 +953,12 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                     raise                       # a holder that came since the check: nothing was written
                 except SysfsError as e:
                     raise DeviceError(f"removing {vid} failed: {e.errno_name}", hint="see 'vgpuhost audit'") from e
+                except BaseException:
+                    # interrupted while the write may be in flight (the hook's alarm, SIGTERM, ^C): the
+                    # detached write still completes once the device is closed, so the entry stays open
+                    # and reconcile finishes it; closed as failed, reconcile would re-create the vGPU
+                    ex.journal.keep_open()
+                    raise
                 if for_backend(rec.backend).current_type(ex.fs, parent, vid) is not None:
                     raise DeviceError(f"removing {vid} reported success but it is still there",
                                       hint="check dmesg and the NVIDIA vGPU manager")
@@ -1037,8 +1043,16 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     for e in entries:
         if e.state == VgpuState.MISMATCHED:
             report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {by_id[e.id].type_id}")
+    # a removal left pending (its write blocked by a holder, its caller timed out) is the journal's to
+    # finish: the vGPU it removed is not re-created, even for a domain still recorded
+    removing = {str(d.get("id")) for j in store.journal_entries(open_only=True) if j.kind == "vgpu-remove"
+                for d in j.devices}
     for e in [e for e in entries if e.state == VgpuState.MISSING]:
         rec = by_id[e.id]
+        if rec.id in removing:
+            report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner}): its removal "
+                                  "is pending (an open journal entry); not re-created")
+            continue
         if check:
             report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner})")
             continue
