@@ -112,3 +112,37 @@ def test_admission_counts_the_mixed_size_max_the_device_layer_counts(build):
                                          [pci_hostdev(vf)])) == (0, "")
     [row] = [r for r in store.audit_rows() if r.path == "(admission)"]
     assert row.result == "admitted" and "(8 L40S-4C free;" in row.value, row.value
+
+
+def _fill(host, store, n):
+    for i in range(n):
+        create(host, store, profile="L40S-4C", owner=f"6695eb01-f6a4-8304-79aa-97f2502e17{i:02d}")
+
+
+def test_types_avail_counts_the_mixed_size_max(build, capsys):
+    """`vgpuhost types` AVAIL is what placement will place: 8 L40S-4C on a mixed-size L40S, then 3 after 5,
+    not the 12 and 7 the framebuffer alone allows (tester finding F4)."""
+    import json
+    from vgpuhost.cli.main import main
+    host = build("L40S", "vendor-vfio", True)
+
+    def avail():
+        assert main(["--root", str(host.root), "--json", "types", "--gpu", str(GPU)]) == 0
+        return {e["name"]: e["available_instances"] for e in json.loads(capsys.readouterr().out)["types"]}
+    assert avail()["L40S-4C"] == 8
+    _fill(host, StateStore(host.state_dir), 5)
+    assert avail()["L40S-4C"] == 3
+    equal = build("L40S", "vendor-vfio", False)
+    assert main(["--root", str(equal.root), "--json", "types"]) == 0
+    assert {e["name"]: e["available_instances"] for e in json.loads(capsys.readouterr().out)["types"]}["L40S-4C"] == 12
+
+
+def test_refusal_hint_names_no_type_the_mode_keeps_out(build):
+    """Full at 8 L40S-4C: the refusal's "types that still fit" does not offer L40S-4C again (F4)."""
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    _fill(host, store, 8)
+    with pytest.raises(RefusedError) as e:
+        create(host, store, profile="L40S-4C", owner="6695eb01-f6a4-8304-79aa-97f2502e1999")
+    assert "L40S-4C" not in (e.value.hint or ""), e.value.hint
+    assert "L40S-8C (2)" in (e.value.hint or ""), e.value.hint          # 16 GiB left: 2 of 4 mixed-size 8C

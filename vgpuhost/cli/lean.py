@@ -93,7 +93,14 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
     inv = ctx.inventory(scope="vgpu")         # GPUs, their types and vGPUs: no /proc, no other devices
     addr = parse_gpu_option(ctx, inv, gpu)
-    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
+    limits_of = None
+    from ..observe.inventory import BACKEND_VENDOR_VFIO
+    if any(g.vfs and g.vgpu_backend == BACKEND_VENDOR_VFIO for g in inv.gpus):
+        # vendor VFIO lists a type on every free VF: the max in the GPU's mode (mixed-size: often lower)
+        # caps AVAIL, as placement counts it; NVML and the catalog only on such a host
+        from ..ops.vgpu import limits_lookup
+        limits_of = limits_lookup(ctx.host, inv)
+    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv, limits_of)
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
     return types_doc(entries), (types_table(entries) if entries else "no vGPU types")

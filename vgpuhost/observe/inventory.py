@@ -367,7 +367,8 @@ def gpu_available(inv: "Inventory", gpu: PciAddress, type_id: str,
 
 
 def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
-                   framebuffers: Optional[Mapping[str, int]] = None, *, name: Optional[str] = None) -> Tuple[int, str]:
+                   framebuffers: Optional[Mapping[str, int]] = None, *, name: Optional[str] = None,
+                   limit: Optional[int] = None) -> Tuple[int, str]:
     """``(n, why)``: free instances of ``type_id`` on one GPU, and why there are none.
 
     The one capacity rule: ``vgpuhost types``, placement offers and the
@@ -395,6 +396,10 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     - ``framebuffers`` maps type ids not listed now (a full GPU hides them)
       to MiB; ``name`` names such a type in ``why`` (default: the listed
       name, else the type id).
+    - ``limit``: the type's max in the GPU's vGPU mode
+      (:func:`vgpuhost.policy.config.mode_limits`; mixed-size maxima are
+      often lower than equal-size ones, docs/reference/hardware.md#vgpu-types):
+      ``n`` is at most that max less the vGPUs of the type present.
     """
     ix = inv.on_gpu(gpu)
     if ix is None:
@@ -410,6 +415,11 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
                    "to a VM (docs/reference/hardware.md#intel-vmd)")
     total = sum(t.available_instances for t in ts)
     n = _capped(ix, ts, total, framebuffers) if ts and g.vfs else total
+    if n > 0 and limit is not None:
+        same = sum(1 for t in ix.present if t == type_id)
+        n = min(n, max(0, limit - same))
+        if not n:
+            return 0, f"{same} of {limit} {name} present, the most this GPU's vGPU mode allows"
     if n > 0:
         return n, ""
     fb = ts[0].framebuffer_mib if ts else (framebuffers or {}).get(type_id)

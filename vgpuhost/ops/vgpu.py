@@ -274,8 +274,10 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             continue                    # a GPU instance was made for the MIG-backed profile: look again
         name = str(req.profile) if req.resolved else resolve_profile(inv, records, str(req.profile), pin, seen)
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
-        limits = {} if req.vf is not None else mode_limits(host, inv, name)    # a chosen VF: the driver decides
-        decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits)
+        limits_of = limits_lookup(host, inv)
+        limits = {} if req.vf is not None else limits_of(name)    # a chosen VF: the driver decides
+        decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits,
+                           limits_of=limits_of)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
             return out
@@ -363,17 +365,35 @@ def mode_limits(host: HostRoot, inv: Inventory, name: str) -> dict:
     on every free VF (mdev parents count the mode's max themselves); NVML and the catalog are asked
     only when such a GPU lists ``name``.  What placement here, the re-check under the GPU's lock and
     admission (:func:`vgpuhost.ops.tenancy.admitting`'s ``limits_for``) count."""
+    return limits_lookup(host, inv)(name)
+
+
+def limits_lookup(host: HostRoot, inv: Inventory):
+    """``name -> {gpu: max}`` as :func:`mode_limits` gives it, for many names on one look (``types``,
+    a refusal's "types that still fit"): NVML is asked for the GPUs' modes once, at the first name a
+    vendor-VFIO GPU lists, and never on a host without one."""
     vfio = {g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV}
-    if not any(t.gpu in vfio and t.name.lower() == name.lower() for t in inv.vgpu_types):
-        return {}
-    from .tenancy import mixed_size_of          # here: the catalog (yaml) and NVML, never on the hook's mdev path
-    from ..policy.config import mode_limits
-    return mode_limits(inv, name, mixed_size_of(host, inv))
+    listed = {t.name.lower() for t in inv.vgpu_types if t.gpu in vfio and t.name}
+    mixed: List[dict] = []
+    cache: Dict[str, dict] = {}
+
+    def of(name: str) -> dict:
+        key = name.lower()
+        if key not in listed:
+            return {}
+        if key not in cache:
+            if not mixed:
+                from .tenancy import mixed_size_of      # here: the catalog (yaml) and NVML, never on the hook's mdev path
+                mixed.append(mixed_size_of(host, inv))
+            from ..policy.config import mode_limits as limits_in_mode
+            cache[key] = limits_in_mode(inv, name, mixed[0])
+        return cache[key]
+    return of
 
 
 def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: VgpuCreateRequest, name: str,
             pin: Optional[PciAddress], parent: Optional[PciAddress], *, strict: bool,
-            limits: Optional[dict] = None) -> Decision:
+            limits: Optional[dict] = None, limits_of=None) -> Decision:
     """Where ``name`` goes on this look; RefusedError when nowhere: the reason, each GPU's types
     that still fit, and the GPUs passed through (which list no types, so make no offer)."""
     from ..policy.iommu import VFIO_PCI
@@ -389,7 +409,7 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     offered = {o.gpu for o in all_offers}
     passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
               and (pin is None or g.address == pin)]
-    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu)}" for o in all_offers
+    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of)}" for o in all_offers
                      if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
     why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
                              + ", ".join(map(str, passed)) if passed else "")
@@ -472,7 +492,7 @@ def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: 
                                devices=[_journal_device(vid, backend, decision.gpu, decision.parent,
                                                         decision.type_id, name, req.persist, "creating")])
     with ex.journal:
-        _do_create(ex, inv, records, backend, decision, vid, name, req.params)
+        _do_create(ex, inv, records, backend, decision, vid, name, req.params, limits_lookup(host, inv))
         with store.transaction() as conn:
             put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id,
                                       name, req.owner, req.anti_affinity, req.params, req.persist, utcnow()))
@@ -845,23 +865,24 @@ def _create_steps(host: HostRoot, backend: str, d: Decision, vid: str, params: O
 
 
 def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], backend: str, d: Decision,
-               vid: str, name: str, params: Optional[str]) -> None:
+               vid: str, name: str, params: Optional[str], limits_of=None) -> None:
     """Create, read back (never report success for a device that does not exist), set params;
     a failure after the create removes the vGPU again (the Executor's undo)."""
     try:
         ex.run(_create_plan(backend, d, vid, name, params))
     except SysfsError as e:
         if isinstance(ex.failed, CreateVgpu):
-            raise DeviceError(_explain(e, inv, records, d, name), hint="see 'vgpuhost audit'") from e
+            raise DeviceError(_explain(e, inv, records, d, name, limits_of), hint="see 'vgpuhost audit'") from e
         raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
                           "the vGPU was removed again", hint="check the parameter names") from e
 
 
-def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str) -> str:
+def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,
+             limits_of=None) -> str:
     from ..policy.offers import fitting_elsewhere
     if e.errno == errno.ENOSPC:
         return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
-                f"{fitting_elsewhere(inv, d.gpu)}")
+                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of)}")
     if e.errno == errno.EPERM:
         rec = next((r for r in records if r.parent == str(d.parent)), None)
         held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)

@@ -25,7 +25,7 @@ from .placement import GpuOffer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, List, Mapping, Optional, Sequence
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence
     from ..model.records import VgpuRecord
 
 
@@ -108,19 +108,14 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                                   next(((row[1], row[2], row[3]) for row in mine
                                         if row[2].lower() == profile.lower()), (None, None, None)))
         # a type the GPU listed before and hides now (full, or another size present) counts 0, with the reason
-        available, note = (free_instances(inv, g.address, type_id, fbs, name=type_name) if type_id is not None
+        limit = limits.get(g.address) if limits else None
+        available, note = (free_instances(inv, g.address, type_id, fbs, name=type_name, limit=limit)
+                           if type_id is not None
                            else free_instances(inv, g.address, "", fbs) if g.pci.driver != "nvidia" else (0, ""))
         if g.pci.driver != "nvidia":
             parents = ()
         sizes = _present_framebuffers(ix, fbs) if ix is not None else []
         used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
-        limit = limits.get(g.address) if limits else None
-        if limit is not None and ix is not None:
-            same = sum(1 for t in ix.present if t == type_id)
-            if available > max(0, limit - same):
-                available = max(0, limit - same)
-                if not available:
-                    note = note or f"{same} of {limit} present, the most this GPU's vGPU mode allows"
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
                             keys, len(ix.vgpus) if ix is not None else 0, note,
                             framebuffer_mib=g.framebuffer_mib, used_mib=used))
@@ -148,10 +143,12 @@ def seen_rows(inv: Inventory) -> List[tuple]:
     return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
 
 
-def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = ()) -> str:
+def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
+                      limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None) -> str:
     """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (refusal and ENOSPC advice),
     counted by :func:`vgpuhost.observe.inventory.free_instances` as the offers are; ``seen`` as for
-    :func:`offers`."""
+    :func:`offers`; ``limits_of``: a type name -> its ``limits`` for :func:`offers` (the max in each
+    GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`)."""
     ix = inv.on_gpu(gpu)
     if ix is None:
         return "none"
@@ -159,7 +156,8 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
     agg: Dict[str, int] = {}
     for tid, ts in ix.by_type.items():
         if ts[0].name not in agg:
-            n = free_instances(inv, gpu, tid, fbs)[0]
+            limit = limits_of(ts[0].name).get(gpu) if limits_of is not None and ts[0].name else None
+            n = free_instances(inv, gpu, tid, fbs, limit=limit)[0]
             if n > 0:
                 agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"

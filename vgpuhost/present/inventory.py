@@ -11,7 +11,7 @@ from ..observe.inventory import Gpu, Inventory, VgpuType, free_instances
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only: `vgpuhost types` does not import typing
-    from typing import Any, Dict, Iterable, List, Optional
+    from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 SCHEMA_GPUS = "vgpuhost.gpus/v1"
 SCHEMA_TYPES = "vgpuhost.types/v1"
@@ -56,13 +56,16 @@ def gpus_doc(inv: Inventory) -> Dict[str, Any]:
             "gpus": [gpu_doc(inv, g) for g in inv.gpus]}
 
 
-def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) -> List[Dict[str, Any]]:
+def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None,
+                    limits_of: Optional[Callable[[str], Mapping[Any, int]]] = None) -> List[Dict[str, Any]]:
     """One entry per (GPU, type id) with per-parent availability, in sysfs order.
 
     With ``inv``, ``available_instances`` is what
     :func:`vgpuhost.observe.inventory.free_instances` counts (0 on a GPU not on
-    ``nvidia``; on SR-IOV GPUs the per-VF ones sum to more than the GPU holds);
-    the per-parent counts stay the kernel's.
+    ``nvidia``; on SR-IOV GPUs the per-VF ones sum to more than the GPU holds),
+    capped by ``limits_of(name)``'s max for the GPU's vGPU mode where given
+    (:func:`vgpuhost.ops.vgpu.limits_lookup`: mixed-size maxima, as placement
+    counts them); the per-parent counts stay the kernel's.
     """
     out: Dict[tuple, Dict[str, Any]] = {}
     for t in types:
@@ -76,7 +79,8 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None) 
         e["parents"].append({"parent": str(t.parent), "available_instances": t.available_instances})
     if inv is not None:
         for (gpu, tid), e in out.items():
-            e["available_instances"] = free_instances(inv, gpu, tid)[0]
+            limit = limits_of(e["name"]).get(gpu) if limits_of is not None and e["name"] else None
+            e["available_instances"] = free_instances(inv, gpu, tid, limit=limit)[0]
     return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
 
 
