@@ -249,6 +249,29 @@ def test_a_counted_read_fault_clears(make_host):
     assert discover(Sysfs(host)).gpus[0].unreadable == ()
 
 
+def test_a_gpu_whose_vfs_all_fail_to_read_is_not_called_full(make_host, capsys):
+    """Every VF's creatable_vgpu_types fails (EINVAL): no command calls the GPU full or typeless; each
+    says its types could not be read (tester finding F5)."""
+    host = make_host(yaml_text=L40S_FAULT.format(device="0000:21:00.0", count=0))
+    assert len(discover(Sysfs(host)).gpus[0].unreadable) == 4
+    code, out, err = cli(capsys, host, "--json", "host", "check")
+    [f] = [f for f in json.loads(out)["findings"] if f["code"] == "VGPU_NO_TYPES"]
+    assert ("but 4 of its 4 VFs could not be read (creatable_vgpu_types: EINVAL), so its vGPU types are unknown"
+            in f["message"]), f
+    [m] = [m for m in json.loads(out)["modes"] if m["mode"] == "vgpu"]
+    assert m["gpus"][0]["verdict"] == "blocked" and "so its vGPU types are unknown" in m["gpus"][0]["reason"], m
+    code, out, err = cli(capsys, host, "types")
+    assert code == 0 and out.startswith("no vGPU types\n0000:21:00.0: unreadable 0000:21:00.4: reading "
+                                        "creatable_vgpu_types failed with EINVAL"), out
+    code, out, err = cli(capsys, host, "capacity")
+    assert "0000:21:00.0: 4 vGPU parents could not be read" in out, out
+    code, out, err = cli(capsys, host, "--json", "capacity")
+    assert json.loads(out)["gpus"][0]["unreadable"] == ["0000:21:00.4", "0000:21:00.5", "0000:21:00.6",
+                                                        "0000:21:00.7"]
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-4Q", "--gpu", "0000:21:00.0")
+    assert code != 0 and "could not be read" in err and "instance free" not in err.split(";")[-1], err
+
+
 MDEV_FAULT = """
 version: 1
 name: a100-read-fault
@@ -385,3 +408,14 @@ def test_vendor_vfio_behind_vmd_is_refused_with_the_reason(make_host, capsys):
     verdicts = {(g["gpu"], m["mode"]): g["verdict"] for m in doc["modes"] for g in m["gpus"]}
     assert verdicts[(VMD_GPU, "vgpu")] == "blocked"
     assert "VF_GROUP_SHARED" not in {f["code"] for f in doc["findings"]}
+
+
+def test_a_refusal_on_a_gpu_with_an_unreadable_vf_says_so(make_host, capsys):
+    """Three VFs hold vGPUs, the fourth cannot be read: the refusal does not say "full" alone (F5)."""
+    host = make_host(yaml_text=L40S_FAULT.format(device="0000:21:00.5", count=0))
+    for _ in range(3):
+        code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-1Q", "--gpu", "0000:21:00.0")
+        assert code == 0, err
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-1Q", "--gpu", "0000:21:00.0")
+    assert code != 0 and "1 of its 4 VFs could not be read (creatable_vgpu_types: EINVAL)" in err, err
+    assert len([v for v in discover(Sysfs(host)).vf_vgpus if v.type_id]) == 3

@@ -103,7 +103,10 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv, limits_of)
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
-    return types_doc(entries), (types_table(entries) if entries else "no vGPU types")
+    text = types_table(entries) if entries else "no vGPU types"
+    notes = [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus if addr is None or g.address == addr
+             for u in g.unreadable]        # its types are unknown, not absent
+    return types_doc(entries), "\n".join([text] + notes)
 
 
 def gpus_output(ctx: Context) -> Tuple[dict, str]:

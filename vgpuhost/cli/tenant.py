@@ -216,6 +216,8 @@ def capacity(profile: Optional[str]) -> None:
         rows.append([p["profile"], p["fits"], per_pool, per_gpu, p["blocked"] or "-"])
     text = table(["PROFILE", "FITS", "BY_POOL", "BY_GPU", "BLOCKED"], rows)
     notes = [f"{p['profile']}: {p['note']}" for p in doc["profiles"] if p["note"]]
+    notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "
+              "what they offer is not counted ('vgpuhost host check' says why)" for g in doc["gpus"] if g["unreadable"]]
     if notes:
         text += "\n" + "\n".join(notes)
     _emit({"schema": SCHEMA_CAPACITY, **doc}, text)

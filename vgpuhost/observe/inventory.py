@@ -480,16 +480,33 @@ def _free_gpu_instances(ix: GpuIndex, profile: VgpuProfile) -> Optional[int]:
 
 def _why_none(ix: GpuIndex, ts: "List[VgpuType]", name: str, fb: Optional[int],
               framebuffers: Optional[Mapping[str, int]]) -> str:
-    """Why a GPU on nvidia has no free ``name`` (``fb`` MiB): equal-size mode, no free GPU instance, or full."""
+    """Why a GPU on nvidia has no free ``name`` (``fb`` MiB): equal-size mode, no free GPU instance, or
+    full; with :func:`unread_note` when some of its VFs or mdev parents could not be read (what they
+    offer is unknown, so "full" would mislead)."""
     profile = ts[0].profile if ts else VgpuProfile.try_parse(name)
     if profile is not None and profile.mig_backed:
         if ts and ix.gpu.gpu_instances:
             return f"no free GPU instance for {name} (each holds one MIG-backed vGPU)"
-        return f"no {name} instance free"
+        return f"no {name} instance free" + unread_note(ix.gpu)
     sizes = sorted({f for f in present_framebuffers(ix, framebuffers or {}) if f})
     if sizes and fb not in sizes:
         return f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only that size"
-    return f"no {name} instance free"
+    return f"no {name} instance free" + unread_note(ix.gpu)
+
+
+def unread_note(gpu: "Gpu") -> str:
+    """``"; 4 of its 4 VFs could not be read (creatable_vgpu_types: EINVAL), so ..."`` when discovery
+    went on without some of ``gpu``'s VFs or mdev parents (docs/reference/hardware.md#vendor-vfio), else ""."""
+    if not gpu.unreadable:
+        return ""
+    return f"; {unread_count(gpu)}, so what they offer is unknown: read again later ('vgpuhost host check' says more)"
+
+
+def unread_count(gpu: "Gpu") -> str:
+    """``4 of its 4 VFs could not be read (creatable_vgpu_types: EINVAL)`` (``gpu.unreadable`` not empty)."""
+    u = gpu.unreadable[0]
+    whose = f"of its {len(gpu.vfs)} VFs" if gpu.vfs else "of its mdev parents"
+    return f"{len(gpu.unreadable)} {whose} could not be read ({u.attribute}: {u.errno_name})"
 
 
 def present_framebuffers(ix: GpuIndex, fbs: Mapping[str, int]) -> List[Optional[int]]:

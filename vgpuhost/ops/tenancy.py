@@ -537,7 +537,7 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         addr = str(g.address)
         mem = g.framebuffer_mib
         gpus.append({"gpu": addr, "pool": adm.pool_of(pl, addr).name,
-                     "framebuffer_mib": mem,
+                     "framebuffer_mib": mem, "unreadable": [str(u.device) for u in g.unreadable],
                      "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
                      (max(0, mem - used.get(addr, 0)) if mem else None)})
     fbs = _type_fb(inv, store)

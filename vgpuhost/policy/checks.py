@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Optional
 from ..model.concepts import Backend
 from ..model.errors import VgpuhostError
 from ..model.values import PciAddress, record
-from ..observe.inventory import Gpu, Inventory, PciDevice
+from ..observe.inventory import Gpu, Inventory, PciDevice, unread_count
 from .iommu import VFIO_PCI, group_endpoints, prepare_blockers, vmd_refusal
 
 SEVERITIES = ("error", "warning", "info", "ok")
@@ -262,6 +262,12 @@ def _check_vgpu(inv: Inventory, gpu: Gpu) -> List[Finding]:
         if n_types:
             out = [Finding("ok", "VGPU_READY", subject,
                            f"{gpu.model}: vGPU via {gpu.vgpu_backend} {where}, {n_types} types")]
+        elif gpu.unreadable:        # not "none offered": the driver's answer was not read (VGPU_UNREADABLE)
+            out = [Finding("warning", "VGPU_NO_TYPES", subject,
+                           f"{gpu.model}: vGPU via {gpu.vgpu_backend} {where}, but {unread_count(gpu)}, "
+                           "so its vGPU types are unknown (VGPU_UNREADABLE)",
+                           "read it again later ('vgpuhost host check'); if it stays, see the driver's "
+                           "messages (dmesg)")]
         else:       # the backend is there, but nothing can be created on it now
             out = [Finding("warning", "VGPU_NO_TYPES", subject,
                            f"{gpu.model}: vGPU via {gpu.vgpu_backend} {where}, but "
@@ -417,6 +423,10 @@ def _vgpu_verdict(inv: Inventory, gpu: Gpu, f: GpuFacts) -> ModeVerdict:
         n_types = len({t.type_id for t in types})
         where = f"on {len(gpu.vfs)} SR-IOV VFs" if gpu.vfs else "on the physical function"
         if not n_types:
+            if gpu.unreadable:
+                return v("blocked", f"vGPU via {gpu.vgpu_backend} {where}, but {unread_count(gpu)}, "
+                                    "so its vGPU types are unknown",
+                         "read it again later ('vgpuhost host check'); if it stays, see the driver's messages (dmesg)")
             if f.mig_on:
                 return v("blocked", f"vGPU via {gpu.vgpu_backend} {where}, but no VF offers a vGPU type: MIG mode "
                                     "is on and MIG-backed types appear only on GPU instances",

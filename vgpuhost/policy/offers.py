@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..model.errors import InputError
 from ..model.values import PciAddress, VgpuProfile
-from ..observe.inventory import Inventory, VgpuType, free_instances
+from ..observe.inventory import Inventory, VgpuType, free_instances, unread_note
 from ..observe.inventory import present_framebuffers as _present_framebuffers
 from .placement import GpuOffer
 
@@ -64,10 +64,13 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     where = f"GPU {gpu}" if gpu else "this host"
     hint = ("near matches: " + ", ".join(near)) if near else "'vgpuhost types' lists the profiles"
     if not known:
-        hint = "no GPU here offers vGPU types ('vgpuhost host check' says why)"
+        hint = ("no vGPU type could be read here" if any(g.unreadable for g in inv.gpus) else
+                "no GPU here offers vGPU types ('vgpuhost host check' says why)")
     p = VgpuProfile.try_parse(name)
     if p is not None and p.mig_backed:
         hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
+    hint += "".join(f"; {g.address}:" + unread_note(g)[1:] for g in inv.gpus
+                    if g.unreadable and (gpu is None or g.address == gpu))      # its types are unknown, not absent
     raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
 
 
