@@ -359,3 +359,22 @@ def test_reconcile_never_re_creates_a_vgpu_whose_removal_is_pending(make_host, c
     rep = reconcile(host, store)
     assert rep.recreated == [] and "removal is pending" in rep.missing[0]
     assert not os.path.lexists(host.mdev_devices / out.id)
+
+
+def test_remove_of_a_vf_held_by_an_unseen_process_says_so_in_plain_words(make_host, capsys):
+    """The driver's EPERM for a VF whose holder vgpuhost cannot see reads as plain language, exit 2,
+    the vGPU and its record kept (tester finding F6)."""
+    host = make_host("l40s-vendor-vfio")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="L40S-8Q")
+    kernel = SimKernel(host)
+    pid = kernel.open_vgpu(out.id, via="device")          # no group fd: invisible to the holder check
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    assert code == 2 and err.count("\n") == 1, err
+    assert (f"vGPU {out.id} is still open, held by a process vgpuhost cannot see" in err
+            and "stop the domain or process that uses it" in err), err
+    assert Sysfs(host).read(host.pci_device(out.id) / "nvidia" / "current_vgpu_type") == out.type_id
+    assert len(store.vgpu_records()) == 1
+    assert cli(capsys, host, "reconcile", "--check")[0] == 0          # nothing left half-done
+    kernel.close_vgpu(pid)
+    assert cli(capsys, host, "vgpu", "remove", out.id)[0] == 0 and store.vgpu_records() == []

@@ -973,6 +973,13 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                 except VgpuInUse:
                     raise                       # a holder that came since the check: nothing was written
                 except SysfsError as e:
+                    if e.errno == errno.EPERM and rec.backend != BACKEND_MDEV:
+                        # NVIDIA's vendor-VFIO driver: a VF's usage count is not zero, and no holder was
+                        # seen before the write (docs/reference/hardware.md#vendor-vfio): nothing changed
+                        raise RefusedError(f"vGPU {vid} is still open, held by a process vgpuhost cannot see "
+                                           "(another PID namespace, or a device fd without its group): not "
+                                           "removed (the driver refused: EPERM)",
+                                           hint="stop the domain or process that uses it, then remove it") from e
                     raise DeviceError(f"removing {vid} failed: {e.errno_name}", hint="see 'vgpuhost audit'") from e
                 except BaseException:
                     # interrupted while the write may be in flight (the hook's alarm, SIGTERM, ^C): the
