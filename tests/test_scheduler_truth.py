@@ -231,3 +231,23 @@ def test_a_fifo_named_conf_in_modprobe_d_hangs_nothing(l40s, capsys):
     assert [p for p, _ in modprobe_conf_files(host)] == []
     code, _, err = run(capsys, "--root", str(host.root), "scheduler", "show")
     assert code == 0, err
+
+
+def test_persist_and_show_in_mig_mode_offer_no_scheduler(make_host, capsys):
+    """`scheduler set --persist` for a GPU in MIG mode is refused with the driver's reason, nothing written;
+    `scheduler show` lists no policy there: device-level calls answer NOT_SUPPORTED (tester finding F7)."""
+    host = make_host("h200-mig")
+    gpu = ops.host_gpus(host)[0]
+    backend_for(host).set_mig_mode(gpu, True)
+    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--gpu", str(gpu), "--persist")
+    assert code == 2 and MIG_NO_SCHEDULER in err and err.count("\n") == 1, err
+    assert not ops.conf_path(host).exists() and StateStore(host.state_dir).audit_rows() == []
+    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all", "--persist")
+    assert code == 0 and f"the driver ignores it on {gpu}: in MIG mode" in out, out
+    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "best-effort", "--gpu", str(gpu), "--persist")
+    assert code == 0, err
+    code, out, err = run(capsys, "--root", str(host.root), "--json", "scheduler", "show", "--gpu", str(gpu))
+    [e] = json.loads(out)["gpus"]
+    assert e["mig"]["current"] and e["caps"] is None and e["errors"]["caps"] == "NVMLError_NotSupported", e
+    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "show", "--gpu", str(gpu))
+    assert "supports:" not in out and "Software Scheduler is not supported in MIG mode" in out, out

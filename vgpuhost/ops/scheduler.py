@@ -32,9 +32,9 @@ from ..io.locks import file_lock
 from ..io.nvml import NvmlError
 from ..io.process import actor as actor_name
 from ..io.sysfs import Sysfs
-from ..model.boards import board
+from ..model.boards import MIG_NO_SCHEDULER, board
 from ..model.concepts import OwnerKind, SchedulerPolicy
-from ..model.errors import InputError, RefusedError
+from ..model.errors import InputError, RefusedError, VgpuhostError
 from ..model.nvml import SchedulerState
 from ..model.values import PciAddress
 from ..observe.inventory import discover, discover_gpu
@@ -105,17 +105,25 @@ class PersistOutcome:
 
 
 def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAddress, Sequence[PciAddress]] = None,
-            *, dry_run: bool = False, actor: Optional[str] = None) -> PersistOutcome:
+            *, dry_run: bool = False, actor: Optional[str] = None, backend=None) -> PersistOutcome:
     """Write ``RmPVMRL`` for all GPUs (``gpu=None``) or per GPU to vgpuhost's modprobe.d file.
 
     All GPUs: sets ``NVreg_RegistryDwords`` and drops per-GPU ``RmPVMRL``
     entries so every GPU gets the value.  Per GPU: adds/replaces that GPU's
     entry in ``NVreg_RegistryDwordsPerDevice``.  Other keys in the file are
     kept.  No write when the text would not change (idempotent).
+
+    A policy other than best effort for a GPU named that is in MIG mode, now or after the next reset
+    (NVML ``mig_mode``), is refused with the driver's reason (RefusedError, nothing written:
+    docs/reference/hardware.md#vgpu-scheduling); for all GPUs, the notes name those in MIG mode.
+    Otherwise a MIG-capable board in scope gets the general MIG note.
     """
 
     value = encode(state)
     gpus: List[PciAddress] = [] if gpu is None else ([gpu] if isinstance(gpu, PciAddress) else list(gpu))
+    in_mig = _in_mig_mode(host, gpus, backend) if state.policy != SchedulerPolicy.BEST_EFFORT else []
+    if in_mig and gpus:
+        raise _refuse_mig(host, in_mig[0])
     path = conf_path(host)
     with ExitStack() as stack:
         if not dry_run:
@@ -132,7 +140,10 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
         notes.append("takes effect after the nvidia module is reloaded (no VM may use the GPU) or the host reboots")
     else:
         notes.append(f"{host.relative(path)} already holds this value")
-    if state.policy != SchedulerPolicy.BEST_EFFORT and _any_mig_capable(host, gpus):
+    if in_mig:
+        notes.append(f"the driver ignores it on {', '.join(map(str, in_mig))}: in MIG mode ({MIG_NO_SCHEDULER} "
+                     "before Blackwell)")
+    elif state.policy != SchedulerPolicy.BEST_EFFORT and _any_mig_capable(host, gpus):
         notes.append("the driver ignores it on a GPU in MIG mode (no software scheduler there)")
     if state.policy == SchedulerPolicy.FIXED_SHARE:
         notes.append("fixed share is not available while a GPU is in mixed-size mode")
@@ -170,6 +181,26 @@ def _boards(host: HostRoot, gpus: Sequence[PciAddress]) -> List[Tuple[PciAddress
         dev = fs.read_int(host.pci_device(g) / "device", default=None)
         out.append((g, models.get(dev) if dev is not None else None))
     return out
+
+
+def _in_mig_mode(host: HostRoot, gpus: Sequence[PciAddress], backend=None) -> Optional[List[PciAddress]]:
+    """The GPUs in scope (``gpus``, or every NVIDIA GPU when empty) in MIG mode now or after their next
+    reset, by NVML; None when NVML cannot be asked (no driver, no pynvml: the MIG note stays general)."""
+    try:
+        backend = backend if backend is not None else open_backend(host)
+        out = []
+        for g in list(gpus) or host_gpus(host):
+            try:
+                mode = backend.mig_mode(g)
+            except NvmlError as e:
+                if e.not_supported:
+                    continue            # not MIG-capable
+                raise
+            if mode and (mode[0] or mode[1]):
+                out.append(g)
+        return out
+    except (VgpuhostError, OSError, ImportError):
+        return None
 
 
 def _any_mig_capable(host: HostRoot, gpus: Sequence[PciAddress]) -> bool:

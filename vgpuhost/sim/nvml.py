@@ -364,8 +364,10 @@ class SimNvml:
 
     def scheduler_caps(self, bdf: PciAddress) -> SchedulerCaps:
         call = "nvmlDeviceGetVgpuSchedulerCapabilities"
-        _, _, gpu = self._read(bdf, call)
+        _, pf, gpu = self._read(bdf, call)
         self._need_vgpu_manager(gpu, call)
+        if gpu.get("mig_mode"):         # device-level scheduler calls: NOT_SUPPORTED in MIG mode on every board
+            raise self._mig_scheduler(gpu, pf, call)
         c = dict(gpu["scheduler_caps"])
         return SchedulerCaps(policies=tuple(c.pop("policies")), **c)
 
