@@ -239,15 +239,41 @@ def test_persist_and_show_in_mig_mode_offer_no_scheduler(make_host, capsys):
     host = make_host("h200-mig")
     gpu = ops.host_gpus(host)[0]
     backend_for(host).set_mig_mode(gpu, True)
-    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--gpu", str(gpu), "--persist")
+    root = ("--root", str(host.root))
+    code, out, err = run(capsys, *root, "scheduler", "set", "--policy", "equal-share", "--gpu", str(gpu),
+                         "--persist")
     assert code == 2 and MIG_NO_SCHEDULER in err and err.count("\n") == 1, err
     assert not ops.conf_path(host).exists() and StateStore(host.state_dir).audit_rows() == []
-    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "equal-share", "--all", "--persist")
+    code, out, err = run(capsys, *root, "scheduler", "set", "--policy", "equal-share", "--all", "--persist")
     assert code == 0 and f"the driver ignores it on {gpu}: in MIG mode" in out, out
-    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "set", "--policy", "best-effort", "--gpu", str(gpu), "--persist")
+    code, out, err = run(capsys, *root, "scheduler", "set", "--policy", "best-effort", "--gpu", str(gpu),
+                         "--persist")
     assert code == 0, err
-    code, out, err = run(capsys, "--root", str(host.root), "--json", "scheduler", "show", "--gpu", str(gpu))
+    code, out, err = run(capsys, *root, "--json", "scheduler", "show", "--gpu", str(gpu))
     [e] = json.loads(out)["gpus"]
     assert e["mig"]["current"] and e["caps"] is None and e["errors"]["caps"] == "NVMLError_NotSupported", e
-    code, out, err = run(capsys, "--root", str(host.root), "scheduler", "show", "--gpu", str(gpu))
+    code, out, err = run(capsys, *root, "scheduler", "show", "--gpu", str(gpu))
     assert "supports:" not in out and "Software Scheduler is not supported in MIG mode" in out, out
+
+
+def test_modprobe_links_resolve_inside_the_host_root(l40s, tmp_path, capsys):
+    """A modprobe.d link read under --root follows its target inside the root, as modprobe on that host
+    would: an absolute target names the host's file, never the machine running vgpuhost, and '..' never
+    climbs out (tester finding F8)."""
+    import os
+    host, _ = l40s
+    d = host.root / "etc/modprobe.d"
+    d.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside.conf"                 # a file of "this machine", outside the host root
+    outside.write_text('options nvidia NVreg_RegistryDwords="RmPVMRL=0x11"\n')
+    os.symlink(str(outside), d / "zz-abs.conf")          # absolute: resolves to <root>/<that path>: absent
+    os.symlink("../../../../../../../../../../.." + str(outside), d / "zz-up.conf")    # '..' stops at the root
+    (host.root / "usr/lib/modprobe.d").mkdir(parents=True, exist_ok=True)
+    (host.root / "usr/lib/modprobe.d/vendor.conf").write_text('options nvidia NVreg_RegistryDwords="RmPVMRL=0x01"\n')
+    os.symlink("/usr/lib/modprobe.d/vendor.conf", d / "aa-vendor.conf")     # absolute, inside the host
+    os.symlink("loop.conf", d / "loop.conf")
+    files = modprobe_conf_files(host)
+    assert [p for p, _ in files] == ["/etc/modprobe.d/aa-vendor.conf", "/usr/lib/modprobe.d/vendor.conf"]
+    assert all("0x11" not in text for _, text in files)
+    code, out, err = run(capsys, "--root", str(host.root), "--json", "scheduler", "show")
+    assert code == 0 and "0x00000011" not in out, err

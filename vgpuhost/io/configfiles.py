@@ -63,11 +63,55 @@ def config_equals(path: PathArg, text: str) -> bool:
         return False
 
 
-def list_config_files(directory: PathArg, suffix: str = "") -> List[Tuple[str, str]]:
+#: symbolic links followed in one path before it counts as a loop (the kernel's MAXSYMLINKS, path_resolution(7))
+MAX_SYMLINKS = 40
+
+
+def resolve_in_root(root: PathArg, path: PathArg) -> Optional[str]:
+    """``path`` (under ``root``) with every symbolic link followed as if ``root`` were ``/``: an
+    absolute target (``/etc/modprobe.d/real.conf``) resolves under ``root``, a ``..`` never climbs
+    above it, so a host tree read with ``--root`` never reads a file of the machine running vgpuhost.
+    None for a loop (more than :data:`MAX_SYMLINKS` links) or a link that cannot be read.  ``path``
+    itself when ``root`` is ``/``: the kernel then follows the links."""
+    root = os.path.abspath(os.fspath(root))
+    path = os.path.abspath(os.fspath(path))
+    if root == "/":
+        return path
+    rel = os.path.relpath(path, root)
+    if rel == ".." or rel.startswith("../"):
+        return None
+    todo = [c for c in rel.split("/") if c not in ("", ".")]
+    todo.reverse()
+    current, hops = root, 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            current = os.path.dirname(current) if current != root else root
+            continue
+        nxt = os.path.join(current, part)
+        if not os.path.islink(nxt):
+            current = nxt
+            continue
+        hops += 1
+        try:
+            target = os.readlink(nxt)
+        except OSError:
+            return None
+        if hops > MAX_SYMLINKS:
+            return None
+        if target.startswith("/"):
+            current = root
+        todo.extend(reversed([c for c in target.split("/") if c not in ("", ".")]))
+    return current
+
+
+def list_config_files(directory: PathArg, suffix: str = "", root: Optional[PathArg] = None) -> List[Tuple[str, str]]:
     """``[(name, text)]`` of the files in ``directory`` whose names end in ``suffix``, sorted by name.
 
     Empty when the directory does not exist or cannot be listed; a file that
     cannot be read raises HostEnvironmentError (exit 2, see :func:`read_config_text`).
+    ``root``: the host root ``directory`` lies under; links are followed inside it
+    (:func:`resolve_in_root`), a loop or dangling link is skipped.
     """
     try:
         names = sorted(os.listdir(directory))
@@ -77,7 +121,12 @@ def list_config_files(directory: PathArg, suffix: str = "") -> List[Tuple[str, s
     for name in names:
         if not name.endswith(suffix):
             continue
-        text = read_config_text(os.path.join(directory, name))
+        full = os.path.join(directory, name)
+        if root is not None:
+            full = resolve_in_root(root, full)
+            if full is None:
+                continue
+        text = read_config_text(full)
         if text is not None:
             out.append((name, text))
     return out
@@ -94,7 +143,8 @@ def modprobe_conf_files(host) -> List[Tuple[str, str]]:
     """``[(path, text)]`` of the modprobe.d files modprobe reads, in the order it reads them.
 
     As kmod does (``conf_files_list`` / ``conf_files_insert_sorted`` in ``libkmod/libkmod-config.c``):
-    every ``*.conf`` regular file of :data:`MODPROBE_DIRS`, sorted by file name whatever its directory;
+    every ``*.conf`` regular file of :data:`MODPROBE_DIRS` (a link followed inside the host root,
+    :func:`resolve_in_root`), sorted by file name whatever its directory;
     a name already found in a directory of higher precedence hides the same name further down.
     ``path`` is the host's own spelling (``/etc/modprobe.d/zz-local.conf``, :meth:`HostRoot.relative`);
     ``host`` a :class:`~vgpuhost.io.hostroot.HostRoot`.  A directory that is missing or cannot be
@@ -108,15 +158,19 @@ def modprobe_conf_files(host) -> List[Tuple[str, str]]:
         except OSError:
             continue
         for name in names:
-            full = os.path.join(directory, name)
-            if len(name) < 6 or not name.endswith(".conf") or name in chosen or not os.path.isfile(full):
-                continue            # a directory, FIFO or device named *.conf is not a config file
-            chosen[name] = full
+            if len(name) < 6 or not name.endswith(".conf") or name in chosen:
+                continue
+            # a link is followed inside the host root: an absolute target names the host's file, not ours
+            full = resolve_in_root(host.root, os.path.join(directory, name))
+            if full is None or not os.path.isfile(full):
+                continue            # a directory, FIFO, device, loop or dangling link named *.conf is no config file
+            chosen[name] = (os.path.join(directory, name), full)
     out = []
     for name in sorted(chosen):
-        text = read_config_text(chosen[name])
+        listed, full = chosen[name]
+        text = read_config_text(full)
         if text is not None:
-            out.append((host.relative(chosen[name]), text))
+            out.append((host.relative(listed), text))
     return out
 
 

@@ -61,7 +61,8 @@ def read_conf(host: HostRoot) -> SchedulerConf:
 
 def _other_registry_files(host: HostRoot) -> List[str]:
     """Other modprobe.d files setting the same module options (the last one read wins)."""
-    return [host.relative(host.modprobe_d / name) for name, text in list_config_files(host.modprobe_d, ".conf")
+    return [host.relative(host.modprobe_d / name)
+            for name, text in list_config_files(host.modprobe_d, ".conf", root=host.root)
             if name != CONF_NAME and sets_registry_dwords(text)]
 
 
