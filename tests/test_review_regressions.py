@@ -182,3 +182,30 @@ def test_bare_spec_name_is_the_shipped_one_even_with_a_same_named_dir(tmp_path, 
     (tmp_path / "a40-mdev").mkdir()
     code = main(["sim", "create", "a40-mdev", str(tmp_path / "root")])
     assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["nvidia a40-8q", "NVIDIA A40-8Q", "Grid A40-8Q", " a40-8q "])
+def test_a_vendor_prefix_in_any_case_names_the_type(make_host, capsys, given):
+    """`--profile 'nvidia a40-8q'` is A40-8Q (tester finding F9), read back from the simulated tree."""
+    host = make_host("a40-mdev")
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", given)
+    assert code == 0, err
+    [m] = os.listdir(host.mdev_devices)
+    assert os.path.basename(os.readlink(host.mdev_devices / m / "mdev_type")) == "nvidia-566"     # A40-8Q
+
+
+def test_an_unknown_long_profile_name_is_shown_cut(make_host, capsys):
+    host = make_host("a40-mdev")
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-" + "9" * 2000 + "Q")
+    assert code == 2 and err.count("\n") == 1 and len(err) < 300 and "9" * 65 not in err, err
+
+
+def test_an_open_vgpu_made_by_hand_is_not_called_a_domain(make_host, capsys):
+    """The refusal's hint for a manual vGPU held open names no 'domain (owner manual)' (F9)."""
+    from vgpuhost.sim.kernel import SimKernel
+    host = make_host("a40-mdev")
+    out = create(host, StateStore(host.state_dir), profile="A40-8Q")
+    SimKernel(host).open_vgpu(out.id)
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    assert code == 2 and "owned by manual, not by a domain" in err and "domain that uses it" not in err, err
+    assert os.path.isdir(host.mdev_devices / out.id)

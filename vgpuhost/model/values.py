@@ -355,7 +355,7 @@ class PciAddress:
             hint = "expected the full form dddd:bb:ss.f, e.g. 0000:41:00.0"
             if isinstance(text, str) and _is_short_bdf(text.strip()):
                 hint += f" (did you mean 0000:{text.strip().lower()}?)"
-            shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
+            shown = clipped(text)
             raise InputError(f"invalid PCI address {shown!r}", hint=hint)
         return cls(*f)
 
@@ -607,7 +607,7 @@ class VgpuProfile:
         shown cut to 64 characters)."""
         p = cls.try_parse(text)
         if p is None:
-            shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
+            shown = clipped(text)
             raise InputError(f"invalid vGPU profile name {shown!r}",
                              hint="expected <board>-<GB><Q|B|A|C> or <board>-<slices>-<GB><series>"
                                   "[ME|NOME|MEALL|GFX], e.g. A40-8Q, RTX6000-Ada-1Q or A100-1-5C; "
@@ -640,11 +640,21 @@ class VgpuProfile:
 
 
 def strip_vendor_prefix(name: str) -> str:
-    """``GRID A100-4C`` / ``NVIDIA A40-8Q`` -> ``A100-4C`` / ``A40-8Q``."""
+    """``GRID A100-4C`` / ``NVIDIA A40-8Q`` / ``nvidia a40-8q`` -> ``A100-4C`` / ``A40-8Q`` / ``a40-8q``
+    (the prefix in any case)."""
     for prefix in ("GRID ", "NVIDIA "):
-        if name.startswith(prefix):
+        if name[:len(prefix)].upper() == prefix:
             return name[len(prefix):].strip()
     return name.strip()
+
+
+#: the most characters of a rejected input an error line shows (then ``...``)
+SHOWN_MAX = 64
+
+
+def clipped(text: object) -> object:
+    """``text`` cut to :data:`SHOWN_MAX` characters plus ``...`` for an error line (a non-string as it is)."""
+    return text if not isinstance(text, str) or len(text) <= SHOWN_MAX else text[:SHOWN_MAX] + "..."
 
 
 def parse_description(text: str) -> Dict[str, str]:
@@ -711,7 +721,7 @@ class MigProfile:
         import re       # here: the qemu hook never parses MIG names
         m = re.match(_MIG_PATTERN, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
         if not m or m["ci"]:
-            shown = text if not isinstance(text, str) or len(text) <= 64 else text[:64] + "..."
+            shown = clipped(text)
             raise InputError(f"invalid MIG profile name {shown!r}",
                              hint="expected <N>g.<GB>gb[+me|-me|+me.all|+gfx], e.g. 1g.10gb or 3g.40gb")
         attr = (m["attr"] or "").lower()

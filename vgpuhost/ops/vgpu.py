@@ -1003,8 +1003,11 @@ def _refuse_if_open(fs: Sysfs, rec: VgpuRecord, parent: PciAddress, vid: str) ->
     would block until it is closed and ask qemu to unplug it (docs/reference/hardware.md#mdev)."""
     seen = for_backend(rec.backend).holders(fs, parent, vid)
     if seen:
-        raise VgpuInUse(vid, seen, hint=f"stop the domain that uses it (owner {rec.owner}) or detach the vGPU "
-                                         "from it first; then remove it")
+        hint = (f"stop the domain that uses it (domain {rec.owner}) or detach the vGPU from it first; then remove it"
+                if Owner.is_domain(rec.owner) else
+                f"it is owned by {rec.owner}, not by a domain: stop the VM or process that opened it "
+                "(named above), then remove it")
+        raise VgpuInUse(vid, seen, hint=hint)
 
 
 def _journal_device(vid: str, backend: str, gpu, parent, type_id: str, name: str, persist: bool,

@@ -18,7 +18,7 @@ bound to another driver than nvidia offers nothing.
 from __future__ import annotations
 
 from ..model.errors import InputError
-from ..model.values import PciAddress, VgpuProfile
+from ..model.values import PciAddress, VgpuProfile, clipped, strip_vendor_prefix
 from ..observe.inventory import Inventory, VgpuType, free_instances, unread_note
 from ..observe.inventory import present_framebuffers as _present_framebuffers
 from .placement import GpuOffer
@@ -45,7 +45,7 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     Raises InputError naming near matches when no device offers the name,
     and when one GPU reports the name under two type ids (ambiguous).
     """
-    wanted = name.strip().lower()
+    wanted = strip_vendor_prefix(name).lower()       # "NVIDIA A40-8Q", in any case, is A40-8Q
     by_gpu = types_by_gpu(inv)
     scope = {gpu: by_gpu.get(gpu, {})} if gpu is not None else by_gpu
     known = {t.name for names in scope.values() for ts in names.values() for t in ts}
@@ -54,7 +54,7 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     for g, names in scope.items():
         ids = {t.type_id for t in names.get(wanted, [])}
         if len(ids) > 1:
-            raise InputError(f"profile {name!r} is ambiguous on {g}: type ids {', '.join(sorted(ids))}",
+            raise InputError(f"profile {clipped(name)!r} is ambiguous on {g}: type ids {', '.join(sorted(ids))}",
                              hint="report this GPU's 'vgpuhost types --gpu' output")
     for n in sorted(known):
         if n.lower() == wanted:
@@ -71,7 +71,7 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
         hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
     hint += "".join(f"; {g.address}:" + unread_note(g)[1:] for g in inv.gpus
                     if g.unreadable and (gpu is None or g.address == gpu))      # its types are unknown, not absent
-    raise InputError(f"unknown vGPU profile {name!r} on {where}", hint=hint)
+    raise InputError(f"unknown vGPU profile {clipped(name)!r} on {where}", hint=hint)
 
 
 def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
