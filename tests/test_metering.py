@@ -867,3 +867,27 @@ def test_busy_seconds_never_exceed_allocated_seconds_when_a_device_appears_or_co
     # 100% busy: busy and allocated seconds cover the same span, counted from each first sighting
     assert alloc == pytest.approx(20 + 20 + 10, abs=1e-3)
     assert busy == pytest.approx(alloc, abs=1e-3)
+
+
+def test_a_vgpu_whose_record_is_not_committed_yet_is_published_with_its_owner(loaded):
+    """Issue 26, item 8: between a create's device write and its record, NVML already reports the vGPU.
+    A create killed at that point leaves the host exactly there (the device made, its journal entry
+    open, no record): the sampler names the vGPU's owner from the entry, never an empty domain."""
+    import os
+    import subprocess
+    import sys
+    host, store, nv, recs, traces = loaded
+    dom_c = "1e8927c3-0000-4000-8000-00000000000c"
+    env = dict(os.environ, VGPUHOST_SIM_KILL_AT="1", VGPUHOST_SIM_KILL_WHEN="after")
+    killed = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "vgpu", "create",
+                             "--profile", "A40-8Q", "--owner", dom_c], env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    pending = [e for e in store.journal_entries(open_only=True) if e.kind == "vgpu-create"]
+    assert len(pending) == 1 and pending[0].owner == dom_c
+    new = str(pending[0].devices[0]["id"])
+    assert new not in {r.id for r in store.vgpu_records()}          # not recorded: the window of the race
+    snap = Sampler(nv, store, interval_s=10).tick()
+    by = {d.device: d for d in snap.devices}
+    assert new in by, sorted(by)                                    # NVML reports it
+    assert by[new].owner.domain_uuid == dom_c and by[new].profile == "A40-8Q"
+    assert all(d.owner.domain_uuid for d in snap.devices)

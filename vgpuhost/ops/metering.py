@@ -76,6 +76,7 @@ from ..libvirt.domxml import parse_domain
 from ..model.concepts import DeviceKind
 from ..model.errors import HostEnvironmentError
 from ..model.nvml import no_mdev_uuid
+from ..model.records import VgpuRecord
 from ..model.usage import UsageRow
 from ..model.values import parse_uuid
 from ..observe.inventory import discover, free_instances
@@ -261,7 +262,23 @@ class Sampler:
 
     # --- attribution ------------------------------------------------------------
     def _records(self) -> Tuple[Dict[str, object], List[object], Dict[str, str]]:
+        """``(vGPU records by id, passthrough records, active domains)`` as of this reading.
+
+        A vGPU being made (its device written, its record not committed yet) is named with its
+        owner by its create's open journal entry, opened before the first write and closed after the
+        record (ops/vgpu._execute_create).  The journal is read first: an entry closed since then has
+        its record committed before the records are read, so NVML's newest vGPUs always have an owner
+        here (issue 26, item 8: a device published with no domain right after an allocate)."""
+        creating = [e for e in self.store.journal_entries(open_only=True) if e.kind == "vgpu-create"]
         vgpus = {r.id: r for r in self.store.vgpu_records()}
+        for e in creating:
+            for d in e.devices:
+                vid = str(d.get("id") or "")
+                if vid and vid not in vgpus and d.get("gpu") and d.get("type_name"):
+                    vgpus[vid] = VgpuRecord(vid, str(d.get("backend") or ""), str(d["gpu"]),
+                                            str(d.get("parent") or d["gpu"]), str(d.get("type_id") or ""),
+                                            str(d["type_name"]), e.owner, None, None,
+                                            bool(d.get("persisted")), e.opened or "")
         return vgpus, self.store.passthrough_records(), self.store.active_domains()
 
     def _owner(self, domain_uuid: str, names: Dict[str, str]) -> MeteredOwner:
