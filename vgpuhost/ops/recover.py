@@ -66,8 +66,8 @@ class Recovered:
         return dict(self.__dict__)
 
     def line(self) -> str:
-        return (f"journal #{self.entry} {self.operation} (owner {self.owner}): {self.result}"
-                + (f": {self.detail}" if self.detail else ""))
+        head = f"journal #{self.entry} {self.operation}" if self.entry else self.operation
+        return f"{head} (owner {self.owner}): {self.result}" + (f": {self.detail}" if self.detail else "")
 
 
 def open_entries(store: StateStore) -> List[JournalEntry]:
@@ -85,7 +85,8 @@ def describe_open(entry: JournalEntry) -> str:
 
 
 def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recovered]:
-    """Finish or roll back every open entry, each under its group and GPU locks."""
+    """Finish or roll back every open entry, each under its group and GPU locks; then drop the
+    allocations of devices an interrupted start never made (:func:`settle_allocations`)."""
     out: List[Recovered] = []
     for entry in open_entries(store):
         with _locks(store, entry):
@@ -93,6 +94,49 @@ def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recove
             if again is None:
                 continue            # its own process ended it while we waited for the lock
             out.append(_recover(host, store, again, actor))
+    return out + settle_allocations(store, actor=actor)
+
+
+def _unmade(store: StateStore) -> List[tuple]:
+    """Allocation rows whose device vgpuhost does not hold (no vGPU record of that id; no passthrough
+    record of that GPU): written by admission before the device's first write, by a start killed before
+    the device was made (or whose make reconcile rolled back)."""
+    rows = store.allocation_rows()
+    if not rows:
+        return []
+    ids = {r.id for r in store.vgpu_records()}
+    gpus = {r.gpu for r in store.passthrough_records()}
+    return [r for r in rows if not ((r[4] == "vgpu" and r[0] in ids) or (r[4] == "passthrough" and r[3] in gpus))]
+
+
+def settle_allocations(store: StateStore, *, actor: str) -> List[Recovered]:
+    """Drop the allocation rows of devices never made (:func:`_unmade`), one report per domain, under
+    the host lock (a start still running holds it until its devices are made: its rows are never
+    taken for a killed one's).  Each dropped device's admission audit row gets its outcome, result
+    ``interrupted``, in the same transaction; the devices the start did make keep their rows (they
+    count against the tenant's quota until the domain's ``release end``)."""
+    if not _unmade(store):
+        return []
+    from .admitting import HOST_LOCK
+    out: List[Recovered] = []
+    with file_lock(store.dir, HOST_LOCK):
+        rows = _unmade(store)
+        if not rows:
+            return []
+        with store.transaction() as conn:
+            store.delete_allocations(conn, devices=[r[0] for r in rows])
+            for r in rows:
+                aid = store.admission_row(r[0], conn)
+                if aid is not None:
+                    store.audit_outcome(aid, detail=" -> interrupted before the device was made; its allocation "
+                                                    "dropped by reconcile", result="interrupted", conn=conn)
+            owners = sorted({r[1] for r in rows})
+            for o in owners:
+                devs = [r[0] for r in rows if r[1] == o]
+                detail = "allocation of " + ", ".join(devs) + " dropped: never made (an interrupted start)"
+                store.audit(actor=actor, operation=f"reconcile allocations of {o}", path="(allocations)",
+                            value=detail, conn=conn)
+                out.append(Recovered(0, "admitted start", o, "rolled-back", detail, devs))
     return out
 
 
@@ -319,4 +363,4 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]
+__all__ = ["Recovered", "recover_all", "settle_allocations", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]
