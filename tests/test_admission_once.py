@@ -27,7 +27,7 @@ from vgpuhost.policy import admission as adm
 from vgpuhost.model.tenancy import Limits as L
 
 from test_admission import G1, OWNER_A, OWNER_B, held, offers, tenant, vreq
-from test_crash import check_host, cli_op, hook_op, kill_everywhere
+from test_crash import check_host, hook_op, kill_everywhere, retry_without_reconcile
 from test_hook import GPU_HI, GPU_LO, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start, stop
 from test_tenancy import tdom, uid
 
@@ -276,6 +276,20 @@ def _cycle(host, log) -> List[str]:
 def test_kill_during_hook_prepare_begin_with_a_tenant_leaves_allocations_matching_devices(make_host, tmp_path):
     kill_everywhere(make_host, tmp_path, _tenanted, lambda h: hook_op(h, "prepare", "begin", KILL_XML),
                     _allocations_match, owners_max={DOM: 2}, cycle=_cycle)
+
+
+def _one_admitted_row_per_device(host) -> List[str]:
+    """After the killed start, its retry and the stop: each device admitted once (the killed start's
+    row of a device it never made reads interrupted), and no allocation left."""
+    s = store_of(host)
+    rows = admission_rows(s)
+    out = [f"{d}: {[r.result for r in rows if r.operation.endswith(d)]}" for d in DEVS
+           if [r.result for r in rows if r.operation.endswith(d)].count("admitted") != 1]
+    return out + ([f"allocations left: {s.allocation_rows()}"] if s.allocation_rows() else [])
+
+
+def test_a_killed_start_with_a_tenant_retried_without_reconcile_is_admitted_once(make_host, tmp_path):
+    retry_without_reconcile(make_host, tmp_path, _tenanted, KILL_XML, _one_admitted_row_per_device)
 
 
 # ---------------------------------------------------------------------------

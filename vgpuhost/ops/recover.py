@@ -97,11 +97,11 @@ def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recove
     return out + settle_allocations(store, actor=actor)
 
 
-def _unmade(store: StateStore) -> List[tuple]:
-    """Allocation rows whose device vgpuhost does not hold (no vGPU record of that id; no passthrough
-    record of that GPU): written by admission before the device's first write, by a start killed before
-    the device was made (or whose make reconcile rolled back)."""
-    rows = store.allocation_rows()
+def _unmade(store: StateStore, owner: Optional[str] = None) -> List[tuple]:
+    """Allocation rows (``owner``'s, else every one) whose device vgpuhost does not hold (no vGPU record
+    of that id; no passthrough record of that GPU): written by admission before the device's first write,
+    by a start killed before the device was made (or whose make reconcile rolled back)."""
+    rows = store.allocation_rows(owner=owner)
     if not rows:
         return []
     ids = {r.id for r in store.vgpu_records()}
@@ -109,32 +109,39 @@ def _unmade(store: StateStore) -> List[tuple]:
     return [r for r in rows if not ((r[4] == "vgpu" and r[0] in ids) or (r[4] == "passthrough" and r[3] in gpus))]
 
 
-def settle_allocations(store: StateStore, *, actor: str) -> List[Recovered]:
-    """Drop the allocation rows of devices never made (:func:`_unmade`), one report per domain, under
-    the host lock (a start still running holds it until its devices are made: its rows are never
-    taken for a killed one's).  Each dropped device's admission audit row gets its outcome, result
-    ``interrupted``, in the same transaction; the devices the start did make keep their rows (they
-    count against the tenant's quota until the domain's ``release end``)."""
-    if not _unmade(store):
+def settle_allocations(store: StateStore, *, actor: str, owner: Optional[str] = None,
+                       locked: bool = False) -> List[Recovered]:
+    """Drop the allocation rows of devices never made (:func:`_unmade`; ``owner``'s only, when given),
+    one report per domain, under the host lock (a start still running holds it until its devices are
+    made: its rows are never taken for a killed one's; ``locked``: the caller holds it, as a retried
+    start does before it is admitted again).  Each dropped device's admission audit row gets its
+    outcome, result ``interrupted``, in the same transaction; the devices the start did make keep their
+    rows (they count against the tenant's quota until the domain's ``release end``)."""
+    if not _unmade(store, owner):
         return []
+    if locked:
+        return _settle(store, actor, owner)
     from .admitting import HOST_LOCK
-    out: List[Recovered] = []
     with file_lock(store.dir, HOST_LOCK):
-        rows = _unmade(store)
-        if not rows:
-            return []
+        return _settle(store, actor, owner)
+
+
+def _settle(store: StateStore, actor: str, owner: Optional[str]) -> List[Recovered]:
+    out: List[Recovered] = []
+    rows = _unmade(store, owner)
+    if rows:
         with store.transaction() as conn:
             store.delete_allocations(conn, devices=[r[0] for r in rows])
             for r in rows:
                 aid = store.admission_row(r[0], conn)
                 if aid is not None:
                     store.audit_outcome(aid, detail=" -> interrupted before the device was made; its allocation "
-                                                    "dropped by reconcile", result="interrupted", conn=conn)
+                                                    f"dropped ({actor})", result="interrupted", conn=conn)
             owners = sorted({r[1] for r in rows})
             for o in owners:
                 devs = [r[0] for r in rows if r[1] == o]
                 detail = "allocation of " + ", ".join(devs) + " dropped: never made (an interrupted start)"
-                store.audit(actor=actor, operation=f"reconcile allocations of {o}", path="(allocations)",
+                store.audit(actor=actor, operation=f"allocations of {o}", path="(allocations)",
                             value=detail, conn=conn)
                 out.append(Recovered(0, "admitted start", o, "rolled-back", detail, devs))
     return out

@@ -519,6 +519,10 @@ class _AdmittingBlock:
             self.granted = _unenforced(store, view, self.inv, self.types)
             self.box = Admitting(self.granted)
             return self.box
+        # a start of this domain killed before it made every device it was admitted for (retried with no
+        # reconcile between): those allocations go first, so the devices are admitted anew, once each
+        from .recover import settle_allocations
+        settle_allocations(store, actor=self.actor or _actor(), owner=view.uuid, locked=True)
         self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
                                     types=self.types, limits_for=self.limits_for)
         self.before = frozenset(_held_by(store, view.uuid))
@@ -532,7 +536,10 @@ class _AdmittingBlock:
         if exc_type is None:
             record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
         elif self.rows:
-            void_admitted(self.store, self.view.uuid, self.rows, exc, self.before)
+            try:
+                void_admitted(self.store, self.view.uuid, self.rows, exc, self.before)
+            except Exception:
+                pass    # the start's own error is the one to report; 'vgpuhost reconcile' drops the rows left
         return False
 
 
