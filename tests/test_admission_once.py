@@ -27,7 +27,7 @@ from vgpuhost.policy import admission as adm
 from vgpuhost.model.tenancy import Limits as L
 
 from test_admission import G1, OWNER_A, OWNER_B, held, offers, tenant, vreq
-from test_crash import check_host, hook_op, kill_everywhere, retry_without_reconcile
+from test_crash import check_host, cli_op, hook_op, kill_everywhere, retry_without_reconcile, run
 from test_hook import GPU_HI, GPU_LO, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start, stop
 from test_tenancy import tdom, uid
 
@@ -276,6 +276,23 @@ def _cycle(host, log) -> List[str]:
 def test_kill_during_hook_prepare_begin_with_a_tenant_leaves_allocations_matching_devices(make_host, tmp_path):
     kill_everywhere(make_host, tmp_path, _tenanted, lambda h: hook_op(h, "prepare", "begin", KILL_XML),
                     _allocations_match, owners_max={DOM: 2}, cycle=_cycle)
+
+
+def test_reconcile_check_names_the_allocations_of_a_start_killed_before_its_first_write(make_host, tmp_path,
+                                                                                        capfd):
+    host = _tenanted(make_host)
+    log = tmp_path / "w.log"
+    assert run(host, hook_op(host, "prepare", "begin", KILL_XML), log, kill_at=1, when="before") == -9
+    s = store_of(host)
+    assert {r[0] for r in s.allocation_rows()} == set(DEVS) and not mdevs(host)
+    capfd.readouterr()
+    assert run(host, cli_op(host, "reconcile", "--check"), log) == 1
+    out = capfd.readouterr().out
+    assert f"allocation of {DEVS[0]} (vgpu, domain {DOM}, tenant team) for a device never made" in out
+    assert run(host, cli_op(host, "reconcile"), log) == 0
+    assert not s.allocation_rows()
+    assert [r.result for r in admission_rows(s)] == ["interrupted", "interrupted"]
+    assert run(host, cli_op(host, "reconcile", "--check"), log) == 0
 
 
 def _one_admitted_row_per_device(host) -> List[str]:

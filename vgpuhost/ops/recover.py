@@ -109,6 +109,12 @@ def _unmade(store: StateStore, owner: Optional[str] = None) -> List[tuple]:
     return [r for r in rows if not ((r[4] == "vgpu" and r[0] in ids) or (r[4] == "passthrough" and r[3] in gpus))]
 
 
+def unmade_allocations(store: StateStore) -> List[str]:
+    """One line per allocation row of a device never made (:func:`_unmade`), for ``reconcile --check``."""
+    return [f"allocation of {r[0]} ({r[4]}, domain {r[1]}, tenant {r[2] or 'none'}) for a device never made "
+            "(an interrupted start; 'vgpuhost reconcile' drops it)" for r in _unmade(store)]
+
+
 def settle_allocations(store: StateStore, *, actor: str, owner: Optional[str] = None,
                        locked: bool = False) -> List[Recovered]:
     """Drop the allocation rows of devices never made (:func:`_unmade`; ``owner``'s only, when given),
@@ -370,4 +376,4 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "settle_allocations", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]
+__all__ = ["Recovered", "recover_all", "settle_allocations", "unmade_allocations", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]
