@@ -19,6 +19,8 @@ import os
 import signal
 from typing import Dict, List
 
+import pytest
+
 from vgpuhost.hook import runtime as hook
 from vgpuhost.io.state import StateStore
 from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
@@ -351,3 +353,57 @@ def test_tenant_changes_and_their_audit_rows_commit_together(make_host):
     tenancy.update(s, "team", quota=tenancy.Quota(L(vgpus=3)))
     assert tenancy.get(s, "team").quota.guaranteed.get("vgpus") == 3
     assert [r.operation for r in s.audit_rows() if r.path == "(tenants)"][-1] == "tenant set team"
+
+
+# ---------------------------------------------------------------------------
+# 1. with the agent up: its warm snapshot is read under the host lock
+
+def _host_lock_held(host) -> bool:
+    import fcntl
+    path = host.state_dir / "locks" / "tenancy.lock"
+    if not path.exists():
+        return False                                # never taken: not held (and not created here)
+    fd = os.open(str(path), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_the_agents_snapshot_is_taken_under_the_host_lock_where_tenancy_is_in_use(make_host):
+    """The agent hands prepare its snapshot as a callable (``Agent.inventory``): under tenancy it is called
+    with the host lock held, so what admission decides on is checked against the host under the lock;
+    a plain snapshot handed in is read again there; without tenancy no lock is taken."""
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.observe.inventory import discover
+    from vgpuhost.io.sysfs import Sysfs
+    from vgpuhost.ops import devices
+    host = mixed(make_host)
+    s = store_of(host)
+    seen = []
+
+    def snapshot():
+        seen.append(_host_lock_held(host))
+        return discover(Sysfs(host))
+
+    devices.prepare(host, parse_domain(tdom("a", uid("a5a5a5a5", 0), uid("b5b5b5b5", 0))), actor="t",
+                    inventory=snapshot, store=s)
+    assert seen == [False]                          # no tenancy: no lock
+    tenancy.add(s, tenancy.Tenant("team"))
+    devices.prepare(host, parse_domain(tdom("b", uid("a5a5a5a5", 1), uid("b5b5b5b5", 1), tenant="team")),
+                    actor="t", inventory=snapshot, store=s)
+    assert seen == [False, True]
+    # a plain snapshot from before another start's vGPU is not trusted under tenancy: the host is read again
+    stale = discover(Sysfs(host))                   # GPU_HI empty here
+    devices.prepare(host, parse_domain(tdom("c", uid("a5a5a5a5", 2), uid("b5b5b5b5", 2), tenant="team",
+                                            profile="A40-4Q")), actor="t", store=s)
+    assert mdev_gpu(host, uid("b5b5b5b5", 2)) == GPU_HI
+    with pytest.raises(tenancy.RefusedError) as e:  # the stale view would admit a 2Q onto GPU_HI
+        devices.prepare(host, parse_domain(tdom("d", uid("a5a5a5a5", 3), uid("b5b5b5b5", 3), tenant="team",
+                                                profile="A40-2Q")), actor="t", inventory=stale, store=s)
+    assert e.value.message.startswith("admission: no room for vGPU A40-2Q of tenant 'team'"), e.value.message
+    assert [r.result for r in admission_rows(s)] == ["admitted", "admitted", "refused"]
+    assert len(s.allocation_rows()) == 3 and len(mdevs(host)) == 3
