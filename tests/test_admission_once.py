@@ -148,7 +148,8 @@ def test_a_recheck_refusal_names_the_tenant_and_leaves_one_refused_row(make_host
     assert "no longer takes it" in err and "holds 2048 MiB vGPUs" in err
     [row] = admission_rows(s)
     assert row.result == "refused" and row.operation.endswith(dev)
-    assert row.value.startswith("admitted vGPU A40-8Q for tenant 'team'") and "-> not made, the start refused" in row.value
+    assert row.value.startswith("admitted vGPU A40-8Q for tenant 'team'")
+    assert "-> not made, the start refused" in row.value
     assert not s.allocation_rows() and dev not in mdevs(host)
 
 

@@ -376,4 +376,5 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "settle_allocations", "unmade_allocations", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]
+__all__ = ["Recovered", "recover_all", "settle_allocations", "unmade_allocations", "recover_devices", "recover_locked",
+           "open_entries", "describe_open", "destroy"]

@@ -231,7 +231,8 @@ def standing(tenant: Optional[Tenant], tname: Optional[str], allocations: Sequen
     used = usage(tname, allocations)
     if tenant is None:
         return f"tenant {tname!r}"
-    parts = [f"{DIMENSION_TEXT[d]} {tenant.quota.text(d)}, {used[d][0]} in use" for d in DIMENSIONS if tenant.quota.guaranteed.get(d) is not None]
+    parts = [f"{DIMENSION_TEXT[d]} {tenant.quota.text(d)}, {used[d][0]} in use" for d in DIMENSIONS
+             if tenant.quota.guaranteed.get(d) is not None]
     if parts:
         return f"tenant {tenant.name!r} (quota " + "; ".join(parts) + ")"
     return f"tenant {tenant.name!r} (no quota limit; {used['vgpus'][0]} vGPU(s), " \
