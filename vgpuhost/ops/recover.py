@@ -19,6 +19,9 @@ return within its bound (it finishes by itself once the device is closed).  Runs
 entry whose process is still running is never touched.  Must not: decide
 placement, or touch devices the entry does not name.
 
+Also drops the allocation rows admission wrote for devices a killed start
+never made (:func:`settle_allocations`, under the host lock).
+
 Entry points: :func:`recover_all` (``vgpuhost reconcile``, which the boot
 units run) and :func:`recover_locked` (the start of every passthrough or
 vGPU operation, for its own group and GPU).

@@ -6,7 +6,9 @@ Owns: ``tenant add|set|list|show|remove`` (:func:`add`, :func:`update`,
 passthrough group vgpuhost holds that has none, counted as having no
 tenant), the admission of a domain's devices (:func:`admit_domain`,
 audited, one row per decision with its reason; :func:`admitting`, the hook's
-block) and its record (:func:`forget`; :func:`record_allocations` and the
+block, with :func:`record_admitted` writing the allocations and ``admitted``
+rows before the first device write and :func:`void_admitted` giving them
+their outcome when the start fails) and its record (:func:`forget`; :func:`record_allocations` and the
 grants where tenancy is not in use live in :mod:`vgpuhost.ops.admitting`,
 re-exported here), the host lock admission runs under
 (:func:`host_lock`), pools (:func:`set_pools`, :func:`pools`), the
