@@ -398,10 +398,9 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     actor = f"hook {shown} pid={req.peer_pid}"
     if act == "prepare":
         def run():
-            # the warm snapshot, checked against the host under the write lock: no rescan per start
-            meta = view.metadata
-            inv = agent.inventory() if meta is not None and not meta.empty else None
-            return devices.prepare(agent.host, view, actor=actor, inventory=inv, store=agent.store)
+            # the warm snapshot, checked against the host when prepare asks for it (under the host lock
+            # where tenancy is in use, so admission decides on facts read under it): no rescan per start
+            return devices.prepare(agent.host, view, actor=actor, inventory=agent.inventory, store=agent.store)
     else:
         def run():
             return devices.release(agent.host, view, actor=actor, store=agent.store)

@@ -20,7 +20,7 @@ from ..model.errors import EXIT_OK, EXIT_PROBLEMS, RefusedError
 from ..observe.inventory import discover
 from ..observe.ownable import devices_vgpuhost_may_own
 from ..ops.devices import release_domain
-from ..ops.recover import describe_open, open_entries, recover_all
+from ..ops.recover import describe_open, open_entries, recover_all, unmade_allocations
 from ..ops.vgpu import reconcile
 from .agentcall import forward
 from .common import Context, emit, pass_ctx, store
@@ -49,6 +49,7 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
                                hint="pass --state-dir DIR naming vgpuhost's state dir (default "
                                     "<root>/var/lib/vgpuhost), or restore state.db from a backup")
     journal_lines, journal_doc, journal_ok = [], [], True
+    unmade: List[str] = []          # allocation rows of devices a killed start never made
     interrupted: set = set()        # devices an open entry names: the journal's to finish or roll back
     if check:                       # the intent journal: open entries are interrupted operations
         for e in open_entries(st):
@@ -57,6 +58,9 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
             journal_doc.append({"entry": e.id, "operation": e.operation, "owner": e.owner, "opened": e.opened,
                                 "done": e.done, "steps": e.steps, "devices": e.devices, "result": "open"})
             journal_ok = False
+        unmade = [] if st.absent else unmade_allocations(st)
+        journal_lines += ["open: " + line for line in unmade]
+        journal_ok = journal_ok and not unmade
     else:                           # finish or roll back each, then re-create missing vGPUs
         for r in recover_all(ctx.host, st, actor=actor_name("reconcile")):
             journal_lines.append(r.line())
@@ -81,6 +85,8 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         lines.append("fix: run 'vgpuhost reconcile' to finish or roll back the interrupted operations")
     doc = rep.as_dict()
     doc["journal"] = journal_doc
+    if check:
+        doc["unmade_allocations"] = unmade
     doc["in_sync"] = in_sync
     emit(ctx, doc, "\n".join(lines))
     sys.exit(EXIT_OK if in_sync else EXIT_PROBLEMS)

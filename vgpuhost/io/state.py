@@ -708,17 +708,20 @@ class StateStore:
 
     # --- audit -------------------------------------------------------------
     def audit(self, *, actor: str, operation: str, path: str, value: str, err: int = 0,
-              result: Optional[str] = None) -> None:
-        """Append one audit row.
+              result: Optional[str] = None, conn: Optional[sqlite3.Connection] = None) -> int:
+        """Append one audit row; its id.
 
         Device writes happen outside store transactions (under a per-group or
         per-GPU file lock instead), so each row commits at once and a write
         that happened is never lost with a failed operation.  Inside a
-        transaction the row joins it.
+        transaction (``conn``: the one :meth:`transaction` gave; the row joins it
+        without it too, on this thread's connection) the row commits or is lost
+        with the change it records.
         """
         if result is None:      # a decision (admission) names its own result: admitted / refused
             result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
-        self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result, err))
+        return (conn or self._conn()).execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value, result,
+                                                              err)).lastrowid
 
     def audit_intent(self, *, actor: str, operation: str, path: str, value: str) -> int:
         """Append the audit row of a write about to happen (result ``pending``); its id.
@@ -729,12 +732,26 @@ class StateStore:
         return self._conn().execute(_AUDIT_INSERT, (utcnow(), actor, operation, path, value,
                                                     PENDING, 0)).lastrowid
 
-    def audit_outcome(self, audit_id: int, err: int = 0, detail: str = "") -> None:
+    def audit_outcome(self, audit_id: int, err: int = 0, detail: str = "", *, result: Optional[str] = None,
+                      conn: Optional[sqlite3.Connection] = None) -> None:
         """Record how the write of audit row ``audit_id`` ended (0 = ok, else its errno); ``detail``
-        (`` -> NVMLError_InUse``) is appended to the row's value as :meth:`audit_rows` shows it."""
-        result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
-        self._conn().execute("INSERT OR IGNORE INTO audit_outcome (audit_id, result, errno, detail) "
-                             "VALUES (?, ?, ?, ?)", (audit_id, result, err, detail))
+        (`` -> NVMLError_InUse``) is appended to the row's value as :meth:`audit_rows` shows it.
+        ``result``: the outcome's result instead of the errno's (an admission made void by the
+        start it admitted failing: ``refused`` / ``failed`` / ``interrupted``)."""
+        if result is None:
+            result = "ok" if err == 0 else _errno.errorcode.get(err, str(err))
+        (conn or self._conn()).execute("INSERT OR IGNORE INTO audit_outcome (audit_id, result, errno, detail) "
+                                       "VALUES (?, ?, ?, ?)", (audit_id, result, err, detail))
+
+    def admission_row(self, device: str, conn: Optional[sqlite3.Connection] = None) -> Optional[int]:
+        """The id of the newest audit row that admitted ``device`` (path ``(admission)``, result
+        ``admitted``, operation ``admission NAME DEVICE``) and has no outcome yet; None without one."""
+        tail = " " + device
+        row = (conn or self._conn()).execute(
+            "SELECT a.id FROM audit a LEFT JOIN audit_outcome o ON o.audit_id = a.id WHERE a.path = '(admission)' "
+            "AND a.result = 'admitted' AND o.audit_id IS NULL AND substr(a.operation, -?) = ? "
+            "ORDER BY a.id DESC LIMIT 1", (len(tail), tail)).fetchone()
+        return row[0] if row else None
 
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
         """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given.

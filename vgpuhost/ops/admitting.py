@@ -25,6 +25,10 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from ..libvirt.domxml import DomainView
     from ..observe.inventory import Inventory
 
+#: the host lock admission decides and records under: ``<state dir>/locks/tenancy.lock``
+#: (:func:`vgpuhost.ops.tenancy.host_lock`; named here for the hook's path and reconcile, which import no admission)
+HOST_LOCK = "tenancy"
+
 #: settings key: map OpenStack projects to tenants (``project-name`` / ``project-uuid``; absent = off)
 OPENSTACK = "openstack_tenants"
 
@@ -104,6 +108,12 @@ class Admitting:
         tenant = f"admission (tenant {g.decision.tenant!r}: isolation and pool)" if g.decision.tenant else \
             "admission (isolation and pool)"
         return tenant if allowed is None else f"{allow} with {tenant}"
+
+    def refused(self, device: str, error: Exception) -> Exception:
+        """The error to raise when the device layer refuses ``device`` where admission placed it (its
+        re-check under the GPU lock): here ``error`` itself; under tenancy a refusal in admission's terms
+        (:class:`vgpuhost.ops.tenancy._Enforced`)."""
+        return error
 
     def made(self, device: str, gpu: Optional[str]) -> None:
         """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""

@@ -58,16 +58,19 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
     return parse_allow(data, host.relative(path))
 
 
-def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optional[Inventory]" = None,
+def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
             store: "Optional[StateStore]" = None) -> List[str]:
     """Make every device the domain's metadata names exist; returns what this call changed.
 
     All or nothing: on any failure what this call made is removed again
     (owner-guarded) before the error propagates.  Idempotent: devices the
     domain already holds (a retried start) are kept as they are.
-    ``inventory``: a current discovery of the host (the agent's warm
-    snapshot) instead of reading it again; every placement is still
-    re-checked under the GPU lock on a fresh read.  ``store``: the state
+    ``inventory``: a current discovery of the host instead of reading it
+    again, or a callable returning one (the agent's warm snapshot, checked
+    against the host when called); every placement is still re-checked under
+    the GPU lock on a fresh read.  Where tenancy is in use only the callable
+    serves, called under the host lock (a snapshot taken before it may miss
+    another start's devices); a plain one is read again there.  ``store``: the state
     store already open on ``host.state_dir`` (the agent's), instead of
     opening it for this call.
     """
@@ -99,9 +102,27 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory: "Optio
         raise
 
 
-def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optional[Inventory]",
-             store: "Optional[StateStore]") -> List[str]:
-    """:func:`prepare` once interrupted operations on the domain's devices are ended."""
+def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory, store: "Optional[StateStore]") -> List[str]:
+    """:func:`prepare` once interrupted operations on the domain's devices are ended.
+
+    Where tenancy is in use the host lock (:func:`vgpuhost.ops.tenancy.host_lock`) is taken first and
+    held until the devices are made and their allocations recorded: the host is read, the request
+    checked, its profiles resolved and its devices admitted on facts read under it (issue 26), so two
+    starts never decide on the same view.  Without tenancy no lock is taken (nothing to enforce)."""
+    from .admitting import HOST_LOCK, active as tenancy_in_use
+    if store is not None and tenancy_in_use(store):
+        from ..io.locks import file_lock
+        with file_lock(store.dir, HOST_LOCK):
+            # the caller's inventory serves only when it can say it is current now (the agent's snapshot,
+            # checked against the host when called); a plain snapshot may predate another start's devices
+            inv = inventory() if callable(inventory) else None
+            return _prepare_locked(host, view, actor, inv, store, True)
+    return _prepare_locked(host, view, actor, inventory() if callable(inventory) else inventory, store, False)
+
+
+def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "Optional[Inventory]",
+                    store: "Optional[StateStore]", enforced: bool) -> List[str]:
+    """:func:`_prepare` with the host lock held where ``enforced`` (tenancy in use)."""
     from ..observe.inventory import discover
     from ..io.state import StateStore
     from ..io.sysfs import Sysfs
@@ -123,46 +144,56 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory: "Optiona
     was_active = me in active
     store.domain_started(me, view.name or me)
     made: List[Tuple[str, object]] = []
-    from .admitting import active as tenancy_in_use, unenforced_admitting
-    if tenancy_in_use(store):
-        # admission (issue 13): quota, isolation, QoS class, pool, under the host lock until recorded
+    if enforced:
+        # admission (issues 13, 26): quota, isolation, QoS class, pool, decided once under the host lock
         from . import tenancy
         from . import vgpu
         admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types,
                                       limits_for=lambda name: vgpu.mode_limits(host, inv, name))
     else:
+        from .admitting import unenforced_admitting
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
     try:
         with admitting as grant:
-            if checked.passthrough:
-                from . import passthrough
-                for gpu, _ in checked.passthrough:
-                    grant.made(str(gpu), str(gpu))
-                    if gpu in checked.pooled:
-                        continue                    # bound by the operator for guests: used as it is
-                    out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
-                                              boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
-                                                           f"{gpu}' if the host has another console, then start "
-                                                           "the domain (the hook uses a group bound that way)")
-                    if out.changed:
-                        made.append(("passthrough", gpu))
-            for req in checked.vgpus:
-                # the inventory read above still describes the host while this call has changed nothing
-                vid = _make_vgpu(host, store, view, req, types[req.device],
-                                 grant.allowed_gpus(req.device, checked.allowed), actor,
-                                 inv if not made else None, grant.narrowed_by(req.device, checked.allowed),
-                                 decided=grant.placed_gpu(req.device))
-                if vid is not None:
-                    made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
-    except BaseException as e:
-        failed = _undo(host, store, me, made, actor)
+            try:
+                if checked.passthrough:
+                    from . import passthrough
+                    for gpu, _ in checked.passthrough:
+                        grant.made(str(gpu), str(gpu))
+                        if gpu in checked.pooled:
+                            continue                    # bound by the operator for guests: used as it is
+                        out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
+                                                  boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
+                                                               f"{gpu}' if the host has another console, then start "
+                                                               "the domain (the hook uses a group bound that way)")
+                        if out.changed:
+                            made.append(("passthrough", gpu))
+                for req in checked.vgpus:
+                    # the inventory read above still describes the host while this call has changed nothing
+                    decided = grant.placed_gpu(req.device)
+                    try:
+                        vid = _make_vgpu(host, store, view, req, types[req.device],
+                                         grant.allowed_gpus(req.device, checked.allowed), actor,
+                                         inv if not made else None, grant.narrowed_by(req.device, checked.allowed),
+                                         decided=decided)
+                    except RefusedError as e:
+                        # admission placed it: the device layer only re-checks, and its refusal is admission's
+                        raise grant.refused(req.device, e) from None
+                    if vid is not None:
+                        made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
+            except BaseException as e:
+                # undone inside the block: admission's record of the start (its allocation rows) goes only
+                # once what was made is gone, so a kill during the undo leaves no device outside its quota
+                failed = _undo(host, store, me, made, actor)
+                if failed and isinstance(e, VgpuhostError):
+                    e.message += "; UNDO FAILED for " + ", ".join(failed)
+                raise
+    except BaseException:
         if not was_active:
             try:
                 store.domain_stopped(me)
             except Exception:
                 pass
-        if failed and isinstance(e, VgpuhostError):
-            e.message += "; UNDO FAILED for " + ", ".join(failed)
         raise
     return [str(d) for _, d in made]
 

@@ -19,6 +19,9 @@ return within its bound (it finishes by itself once the device is closed).  Runs
 entry whose process is still running is never touched.  Must not: decide
 placement, or touch devices the entry does not name.
 
+Also drops the allocation rows admission wrote for devices a killed start
+never made (:func:`settle_allocations`, under the host lock).
+
 Entry points: :func:`recover_all` (``vgpuhost reconcile``, which the boot
 units run) and :func:`recover_locked` (the start of every passthrough or
 vGPU operation, for its own group and GPU).
@@ -66,8 +69,8 @@ class Recovered:
         return dict(self.__dict__)
 
     def line(self) -> str:
-        return (f"journal #{self.entry} {self.operation} (owner {self.owner}): {self.result}"
-                + (f": {self.detail}" if self.detail else ""))
+        head = f"journal #{self.entry} {self.operation}" if self.entry else self.operation
+        return f"{head} (owner {self.owner}): {self.result}" + (f": {self.detail}" if self.detail else "")
 
 
 def open_entries(store: StateStore) -> List[JournalEntry]:
@@ -85,7 +88,8 @@ def describe_open(entry: JournalEntry) -> str:
 
 
 def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recovered]:
-    """Finish or roll back every open entry, each under its group and GPU locks."""
+    """Finish or roll back every open entry, each under its group and GPU locks; then drop the
+    allocations of devices an interrupted start never made (:func:`settle_allocations`)."""
     out: List[Recovered] = []
     for entry in open_entries(store):
         with _locks(store, entry):
@@ -93,6 +97,62 @@ def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recove
             if again is None:
                 continue            # its own process ended it while we waited for the lock
             out.append(_recover(host, store, again, actor))
+    return out + settle_allocations(store, actor=actor)
+
+
+def _unmade(store: StateStore, owner: Optional[str] = None) -> List[tuple]:
+    """Allocation rows (``owner``'s, else every one) whose device vgpuhost does not hold (no vGPU record
+    of that id; no passthrough record of that GPU): written by admission before the device's first write,
+    by a start killed before the device was made (or whose make reconcile rolled back)."""
+    rows = store.allocation_rows(owner=owner)
+    if not rows:
+        return []
+    ids = {r.id for r in store.vgpu_records()}
+    gpus = {r.gpu for r in store.passthrough_records()}
+    return [r for r in rows if not ((r[4] == "vgpu" and r[0] in ids) or (r[4] == "passthrough" and r[3] in gpus))]
+
+
+def unmade_allocations(store: StateStore) -> List[str]:
+    """One line per allocation row of a device never made (:func:`_unmade`), for ``reconcile --check``."""
+    return [f"allocation of {r[0]} ({r[4]}, domain {r[1]}, tenant {r[2] or 'none'}) for a device never made "
+            "(an interrupted start; 'vgpuhost reconcile' drops it)" for r in _unmade(store)]
+
+
+def settle_allocations(store: StateStore, *, actor: str, owner: Optional[str] = None,
+                       locked: bool = False) -> List[Recovered]:
+    """Drop the allocation rows of devices never made (:func:`_unmade`; ``owner``'s only, when given),
+    one report per domain, under the host lock (a start still running holds it until its devices are
+    made: its rows are never taken for a killed one's; ``locked``: the caller holds it, as a retried
+    start does before it is admitted again).  Each dropped device's admission audit row gets its
+    outcome, result ``interrupted``, in the same transaction; the devices the start did make keep their
+    rows (they count against the tenant's quota until the domain's ``release end``)."""
+    if not _unmade(store, owner):
+        return []
+    if locked:
+        return _settle(store, actor, owner)
+    from .admitting import HOST_LOCK
+    with file_lock(store.dir, HOST_LOCK):
+        return _settle(store, actor, owner)
+
+
+def _settle(store: StateStore, actor: str, owner: Optional[str]) -> List[Recovered]:
+    out: List[Recovered] = []
+    rows = _unmade(store, owner)
+    if rows:
+        with store.transaction() as conn:
+            store.delete_allocations(conn, devices=[r[0] for r in rows])
+            for r in rows:
+                aid = store.admission_row(r[0], conn)
+                if aid is not None:
+                    store.audit_outcome(aid, detail=" -> interrupted before the device was made; its allocation "
+                                                    f"dropped ({actor})", result="interrupted", conn=conn)
+            owners = sorted({r[1] for r in rows})
+            for o in owners:
+                devs = [r[0] for r in rows if r[1] == o]
+                detail = "allocation of " + ", ".join(devs) + " dropped: never made (an interrupted start)"
+                store.audit(actor=actor, operation=f"allocations of {o}", path="(allocations)",
+                            value=detail, conn=conn)
+                out.append(Recovered(0, "admitted start", o, "rolled-back", detail, devs))
     return out
 
 
@@ -319,4 +379,5 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "recover_devices", "recover_locked", "open_entries", "describe_open", "destroy"]
+__all__ = ["Recovered", "recover_all", "settle_allocations", "unmade_allocations", "recover_devices", "recover_locked",
+           "open_entries", "describe_open", "destroy"]

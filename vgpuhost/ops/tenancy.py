@@ -6,7 +6,9 @@ Owns: ``tenant add|set|list|show|remove`` (:func:`add`, :func:`update`,
 passthrough group vgpuhost holds that has none, counted as having no
 tenant), the admission of a domain's devices (:func:`admit_domain`,
 audited, one row per decision with its reason; :func:`admitting`, the hook's
-block) and its record (:func:`forget`; :func:`record_allocations` and the
+block, with :func:`record_admitted` writing the allocations and ``admitted``
+rows before the first device write and :func:`void_admitted` giving them
+their outcome when the start fails) and its record (:func:`forget`; :func:`record_allocations` and the
 grants where tenancy is not in use live in :mod:`vgpuhost.ops.admitting`,
 re-exported here), the host lock admission runs under
 (:func:`host_lock`), pools (:func:`set_pools`, :func:`pools`), the
@@ -25,7 +27,7 @@ from ..model.kinds import Backend, Owner
 from ..model.tenancy import DIMENSIONS, Limits, Quota, Tenant, check_name, labels_text, parse_labels
 from ..model.values import replace
 from ..policy import admission as adm
-from .admitting import (OPENSTACK, Admitting, Granted, active, record_allocations, tenant_of,  # noqa: F401
+from .admitting import (HOST_LOCK, OPENSTACK, Admitting, Granted, active, record_allocations, tenant_of,  # noqa: F401
                         type_framebuffers as _type_fb, unenforced as _unenforced)
 
 TYPE_CHECKING = False
@@ -34,7 +36,7 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from ..libvirt.domxml import DomainView
     from ..observe.inventory import Inventory
 
-LOCK = "tenancy"
+LOCK = HOST_LOCK
 OPENSTACK_MODES = ("project-name", "project-uuid")
 
 
@@ -85,8 +87,9 @@ def get(store: StateStore, name: str) -> Tenant:
     return _tenant(rows[0])
 
 
-def _audit(store: StateStore, actor: Optional[str], operation: str, value: str) -> None:
-    store.audit(actor=actor or _actor(), operation=operation, path="(tenants)", value=value)
+def _audit(store: StateStore, actor: Optional[str], operation: str, value: str, conn) -> None:
+    """The change's audit row, in the change's transaction ``conn``: both commit, or neither."""
+    store.audit(actor=actor or _actor(), operation=operation, path="(tenants)", value=value, conn=conn)
 
 
 def describe(t: Tenant) -> str:
@@ -112,7 +115,7 @@ def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Te
                                                                 if taken[0][0] != tenant.name else ""),
                              hint=f"change it with 'vgpuhost tenant set {taken[0][0]} ...'")
         store.put_tenant(conn, _row(tenant))
-    _audit(store, actor, f"tenant add {tenant.name}", describe(tenant))
+        _audit(store, actor, f"tenant add {tenant.name}", describe(tenant), conn)
     return tenant
 
 
@@ -133,7 +136,7 @@ def update_with(store: StateStore, name: str, change: Callable[[Tenant], Mapping
         old = get(store, name)
         new = replace(old, **change(old)).validate()
         store.put_tenant(conn, _row(new))
-    _audit(store, actor, f"tenant set {old.name}", describe(new))
+        _audit(store, actor, f"tenant set {old.name}", describe(new), conn)
     return new
 
 
@@ -153,7 +156,7 @@ def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tena
                                hint="stop those domains first (vgpuhost never stops a VM itself), then remove "
                                     "the tenant; nothing was changed")
         store.delete_tenant(conn, t.name)
-    _audit(store, actor, f"tenant remove {t.name}", describe(t))
+        _audit(store, actor, f"tenant remove {t.name}", describe(t), conn)
     return t
 
 
@@ -276,11 +279,13 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
 
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
     calls it without, for early feedback (``audit`` False: nothing written).
+    ``audit``: a refusal is written as the start's one admission row; the
+    admitted decisions are not written here but by :func:`record_admitted`,
+    with their allocations, before the devices are made.
     ``allowed``: the hook allow-list (None = every GPU).  ``types``: ``{device: type name as the
     host's devices spell it}``, resolved once by the caller (the hook's prepare); a vGPU not named
     there has its profile resolved here (``attach``'s early look).  ``limits_for``: as
-    :func:`admitting`'s (None: equal-size maxima, as the driver's listing shows).  Each decision is
-    audited (operation ``admission``, result ``admitted`` or ``refused``).
+    :func:`admitting`'s (None: equal-size maxima, as the driver's listing shows).
     Raises RefusedError with the first refusal's reason and what would free
     room; InputError when the domain's metadata names a QoS class not known.
     """
@@ -343,9 +348,10 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     for device, req, offers in reqs:
         d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names,
                       gpu_slices=slices)
-        if audit:
+        if audit and not d.admitted:
+            # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
-                        path="(admission)", value=d.one_line(), result="admitted" if d.admitted else "refused")
+                        path="(admission)", value=d.one_line(), result="refused")
         if not d.admitted:
             raise RefusedError(f"admission: {d.reason}",
                                hint=d.remedy())
@@ -393,21 +399,104 @@ def _held_offers(offers: Sequence, rec, me: str, inv: Inventory) -> list:
 def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
               allowed: Optional[frozenset] = None, types: Optional[Mapping[str, str]] = None,
               limits_for: "Optional[Callable[[str], Mapping]]" = None) -> "_AdmittingBlock":
-    """The qemu hook's ``prepare begin``: admit the domain's devices with authority, under the host lock.
+    """The qemu hook's ``prepare begin``: admit the domain's devices with authority.
 
-    ``with admitting(...) as box:`` gives an :class:`Admitting`; the caller
-    creates the devices inside the block (placing each on
-    :meth:`Admitting.allowed_gpus`) and reports each with
-    :meth:`Admitting.made`.  When the block ends without an error the
-    allocations are recorded, still under the lock, so the next start
-    counts them.  Raises RefusedError (nothing was made) when admission
-    refuses.  With tenancy not in use (:func:`active`), no lock is taken and
-    every device is admitted (its tenant name, if any, is still recorded).
+    Call it under :func:`host_lock`, taken before ``inv`` and the store were
+    read and held until the block ends (:func:`vgpuhost.ops.devices.prepare`
+    does): one decision per start, on facts read under the lock.
+    ``with admitting(...) as box:`` gives an :class:`Admitting`; entering it
+    decides (RefusedError, one ``refused`` audit row, nothing written else,
+    when admission refuses) and, before any device write, records the
+    decision in one transaction: an allocation row per device (the GPU
+    admission placed it on) and one ``admitted`` audit row each, so a start
+    killed half-way leaves no device outside its tenant's quota.  The caller
+    creates the devices inside the block where :meth:`Admitting.placed_gpu`
+    says (a re-check only; :meth:`Admitting.refused` rewords its refusal in
+    admission's terms) and reports each with :meth:`Admitting.made`.  When
+    the block ends without an error the allocation rows take the GPUs the
+    devices went to; when it ends by an error (the caller has undone what it
+    made) the rows of devices no longer held go, and each admission row gets
+    its outcome (result ``refused`` or ``failed``, `` -> not made: ...``) in
+    the same transaction, so the audit shows one decision per device whose
+    result matches the start's exit.  With tenancy not in use (:func:`active`)
+    every device is admitted with nothing audited (its tenant name, if any,
+    is still recorded at the end).
     ``types``: the vGPUs' type names as resolved once (:func:`admit_domain`); ``limits_for``:
     a type name -> ``{gpu: its max in the GPU's vGPU mode}`` (:func:`vgpuhost.ops.vgpu.mode_limits`),
     so admission counts what the device layer will (mixed-size maxima are often lower).
     """
     return _AdmittingBlock(store, view, inv, actor, allowed, types, limits_for)
+
+
+def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Granted], *,
+                    actor: Optional[str] = None) -> Dict[str, int]:
+    """Record admitted ``granted`` before their devices are made, in one transaction: each device's
+    allocation row (on the GPU admission decided; a passthrough GPU's own) and its ``admitted`` audit
+    row.  Returns ``{device: audit row id}`` for :func:`void_admitted`."""
+    me = view.uuid
+    rows: Dict[str, int] = {}
+    who = actor or _actor()
+    with store.transaction() as conn:
+        for gr in granted:
+            a = adm.allocation(gr.device, me, gr.decision.gpu or "", gr.demand, gr.decision)
+            store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
+                                        a.mig_slices, a.qos, int(a.burst)))
+            rows[gr.device] = store.audit(actor=who, operation=f"admission {view.name or me} {gr.device}",
+                                          path="(admission)", value=gr.decision.one_line(), result="admitted",
+                                          conn=conn)
+    return rows
+
+
+def _held_by(store: StateStore, owner: str) -> set:
+    """The devices (vGPU ids, passthrough GPUs) ``owner`` holds by the records now."""
+    return {r.id for r in store.vgpu_records(owner=owner)} | \
+        {r.gpu for r in store.passthrough_records() if r.owner == owner}
+
+
+def void_admitted(store: StateStore, owner: str, rows: Mapping[str, int], error: BaseException,
+                  before: "frozenset" = frozenset()) -> None:
+    """A start admitted as ``rows`` (:func:`record_admitted`) failed and its devices were undone: in one
+    transaction, drop the allocation rows of the devices ``owner`` no longer holds, or held before the
+    start (``before``: made for it in advance, left as they were, unadmitted), and give each admission
+    row its outcome (``refused`` for a refusal, else ``failed``; the line says why)."""
+    from ..model.errors import VgpuhostError
+    held = _held_by(store, owner)
+    gone = [d for d in rows if d not in held or d in before]
+    result = "refused" if isinstance(error, RefusedError) else "failed"
+    why = error.message if isinstance(error, VgpuhostError) else (type(error).__name__ + (f": {error}" if str(error)
+                                                                                          else ""))
+    with store.transaction() as conn:
+        store.delete_allocations(conn, devices=gone)
+        for device, row in rows.items():
+            left = "" if device in gone else " (the device is still held: the undo failed)"
+            store.audit_outcome(row, detail=f" -> not made, the start {result}: {why[:300]}{left}", result=result,
+                                conn=conn)
+
+
+class _Enforced(Admitting):
+    """:class:`Admitting` under tenancy: a refusal of the device layer's re-check is said in admission's terms."""
+
+    def __init__(self, granted: List[Granted], store: StateStore, inv: Inventory):
+        super().__init__(granted)
+        self.store, self.inv = store, inv
+
+    def refused(self, device: str, error):
+        g = self.granted.get(device)
+        if g is None or not g.decision.gpu or not isinstance(error, RefusedError):
+            return error
+        d = g.decision
+        t = tenant_named_in(self.store, d.tenant)
+        who = adm.standing(t, d.tenant, allocations(self.store))
+        return RefusedError(f"admission: {g.demand.text()} of {who} was admitted onto GPU {d.gpu}, but the "
+                            f"GPU no longer takes it: {error.message}",
+                            hint="the GPU changed outside admission (a vGPU made by hand, 'vgpu create', or a "
+                                 "layout: 'vgpuhost vgpu list'); start the domain again to be admitted anew, "
+                                 "or remove what took the room; nothing was changed")
+
+
+def tenant_named_in(store: StateStore, name: Optional[str]) -> Optional[Tenant]:
+    """Tenant ``name`` as stored (names match in any case), None for none or an unknown one."""
+    return adm.tenant_named(tenants(store), name) if name else None
 
 
 class _AdmittingBlock:
@@ -420,7 +509,8 @@ class _AdmittingBlock:
         self.types, self.limits_for = types, limits_for
         self.granted: Optional[List[Granted]] = None
         self.box: Optional[Admitting] = None
-        self.lock = None
+        self.rows: Dict[str, int] = {}
+        self.before: frozenset = frozenset()
 
     def __enter__(self) -> Admitting:
         store, view = self.store, self.view
@@ -429,27 +519,29 @@ class _AdmittingBlock:
             return Admitting([])
         if not active(store):
             self.granted = _unenforced(store, view, self.inv, self.types)
-        else:
-            lock = host_lock(store)
-            lock.__enter__()
-            try:
-                self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
-                                            types=self.types, limits_for=self.limits_for)
-            except BaseException:
-                lock.__exit__(None, None, None)
-                raise
-            self.lock = lock
-        self.box = Admitting(self.granted)
+            self.box = Admitting(self.granted)
+            return self.box
+        # a start of this domain killed before it made every device it was admitted for (retried with no
+        # reconcile between): those allocations go first, so the devices are admitted anew, once each
+        from .recover import settle_allocations
+        settle_allocations(store, actor=self.actor or _actor(), owner=view.uuid, locked=True)
+        self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
+                                    types=self.types, limits_for=self.limits_for)
+        self.before = frozenset(_held_by(store, view.uuid))
+        self.rows = record_admitted(store, view, self.granted, actor=self.actor)
+        self.box = _Enforced(self.granted, store, self.inv)
         return self.box
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if exc_type is None and self.granted is not None:
-                record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
-        finally:
-            lock, self.lock = self.lock, None
-            if lock is not None:
-                lock.__exit__(None, None, None)
+        if self.granted is None:
+            return False
+        if exc_type is None:
+            record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
+        elif self.rows:
+            try:
+                void_admitted(self.store, self.view.uuid, self.rows, exc, self.before)
+            except Exception:
+                pass    # the start's own error is the one to report; 'vgpuhost reconcile' drops the rows left
         return False
 
 

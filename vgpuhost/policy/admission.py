@@ -222,6 +222,23 @@ def held_text(a: Allocation) -> str:
     return (f"vGPU {a.profile} {a.device} on {a.gpu}" if a.kind == VGPU else f"passthrough GPU {a.gpu}")
 
 
+def standing(tenant: Optional[Tenant], tname: Optional[str], allocations: Sequence[Allocation]) -> str:
+    """Who asks, with its quota and its use now, for refusals: ``tenant 'team' (quota vGPUs 1:2, 1 in
+    use; framebuffer MiB 16384, 8192 in use)``, ``tenant 'team' (no quota limit; 1 vGPU in use)``,
+    or ``a domain without a tenant``."""
+    if tname is None:
+        return "a domain without a tenant"
+    used = usage(tname, allocations)
+    if tenant is None:
+        return f"tenant {tname!r}"
+    parts = [f"{DIMENSION_TEXT[d]} {tenant.quota.text(d)}, {used[d][0]} in use" for d in DIMENSIONS
+             if tenant.quota.guaranteed.get(d) is not None]
+    if parts:
+        return f"tenant {tenant.name!r} (quota " + "; ".join(parts) + ")"
+    return f"tenant {tenant.name!r} (no quota limit; {used['vgpus'][0]} vGPU(s), " \
+           f"{used['passthrough_gpus'][0]} passthrough GPU(s) in use)"
+
+
 # ---------------------------------------------------------------------------
 # the decision
 
@@ -263,7 +280,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     # 1. quota, 2. isolation, 3. QoS class
     burst, quota_note, refusal = False, "", None
     if tenant is not None:
-        burst, quota_note, refusal = _quota(dem, tenant, allocations, names, refuse)
+        burst, quota_note, refusal = _quota(dem, tenant, allocations, names, refuse, req.owner)
     if refusal is None:
         refusal = _class_refusal(dem, tenant, qos, pools, refuse)
     if refusal is not None:
@@ -290,9 +307,9 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
                       candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
     if not decision.admitted:
-        frees = _claimable(tenant, tname, unguaranteed, candidates, tenants, allocations, names)
-        return refuse("capacity", f"no room for {dem.text()}: {decision.reason}", frees=frees,
-                      candidates=candidates, burst=burst)
+        frees = _claimable(dem, tenant, tname, unguaranteed, candidates, tenants, allocations, names, gpu_memory)
+        return refuse("capacity", f"no room for {dem.text()} of {standing(tenant, tname, allocations)}: "
+                                  f"{decision.reason}", frees=frees, candidates=candidates, burst=burst)
     gpu = str(decision.gpu)
     # 6. burst (and other use no guarantee covers) only from capacity no guarantee reserves
     if unguaranteed:
@@ -304,16 +321,63 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
                      decision, candidates)
 
 
-def _claimable(tenant: Optional[Tenant], tname: Optional[str], unguaranteed: bool, candidates: Sequence[str],
-               tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], names: Mapping[str, str]) -> List[str]:
+def _claimable(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], unguaranteed: bool,
+               candidates: Sequence[str], tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+               names: Mapping[str, str], gpu_memory: Optional[Mapping[str, int]] = None) -> List[str]:
     """What would make room on ``candidates`` for a demand placement refused: for a guarantee, the
-    room it may claim back (other tenants' bursts, then domains with no tenant); then the capacity hint."""
+    room it may claim back (other tenants' bursts, then domains with no tenant) on the one candidate
+    GPU where freeing them would admit it (:func:`_freeing`); then the capacity hint."""
     frees = []
     if not unguaranteed and tenant is not None:
-        frees = _holders([a for a in allocations if a.gpu in candidates and a.tenant != tname], tname, names,
+        frees = _holders(_freeing(dem, tname, candidates, tenants, allocations, gpu_memory), tname, names,
                          tenants, allocations)
     frees.append("'vgpuhost capacity' shows what fits where")
     return frees
+
+
+def _freeing(dem: Demand, tname: Optional[str], candidates: Sequence[str], tenants: Mapping[str, Tenant],
+             allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> List[Allocation]:
+    """The fewest allocations a guarantee may claim back (other tenants' bursts, devices with no tenant
+    but the layout's) whose end would let ``dem`` onto one of ``candidates``; empty when no such set
+    exists on any of them.  A time-sliced vGPU needs every vGPU of another size gone from the GPU
+    (equal-size mode) and its framebuffer free (``gpu_memory``: MiB per GPU; a GPU not named there
+    counts the claimable ones on it as the set); a MIG-backed vGPU or a passthrough GPU the whole
+    set on the GPU (its slices or the GPU are not counted here)."""
+    now = set(id(a) for a in bursting(tenants, allocations))
+    best: List[Allocation] = []
+    for gpu in candidates:
+        on = [a for a in allocations if a.gpu == gpu]
+        claim = [a for a in on if a.tenant != tname and (id(a) in now or (a.tenant is None and
+                                                                             a.owner != Owner.LAYOUT))]
+        if not claim:
+            continue
+        keep = [a for a in on if all(a is not c for c in claim)]
+        if dem.kind != VGPU or dem.mig_slices or not dem.framebuffer_mib:
+            if keep:
+                continue        # a GPU or its slices others keep: not freed by these alone
+            chosen = claim
+        else:
+            if any(a.framebuffer_mib != dem.framebuffer_mib or a.kind != VGPU for a in keep):
+                continue        # another size (or a passthrough) stays: equal-size mode refuses it still
+            chosen = [a for a in claim if a.framebuffer_mib != dem.framebuffer_mib or a.kind != VGPU]
+            mem = (gpu_memory or {}).get(gpu)
+            if mem is None:
+                chosen = claim
+            else:
+                free = mem - sum(a.framebuffer_mib for a in on if all(a is not c for c in chosen))
+                for a in sorted((c for c in claim if all(c is not x for x in chosen)), key=lambda a: a.device):
+                    if free >= dem.framebuffer_mib:
+                        break
+                    chosen.append(a)
+                    free += a.framebuffer_mib
+                if free < dem.framebuffer_mib:
+                    continue
+            rest = [c for c in claim if all(c is not x for x in chosen)]
+            if not chosen and rest:
+                chosen = rest[:1]   # the framebuffer fits, yet placement found no instance free: free one
+        if chosen and (not best or len(chosen) < len(best)):
+            best = chosen
+    return best
 
 
 def _admitted(dem: Demand, tname: Optional[str], qos: str, burst: bool, quota_note: str, pool: Optional[str],
@@ -331,9 +395,11 @@ def _admitted(dem: Demand, tname: Optional[str], qos: str, burst: bool, quota_no
 
 
 def _quota(dem: Demand, tenant: Tenant, allocations: Sequence[Allocation], names: Mapping[str, str],
-           refuse) -> Tuple[bool, str, Optional[Admission]]:
+           refuse, owner: str = "") -> Tuple[bool, str, Optional[Admission]]:
     """Step 1, the tenant's quota: ``(burst, note for the reason, refusal or None)``; ``burst`` when the
-    demand passes a guaranteed limit (within the ceiling).  ``refuse`` builds the refusal."""
+    demand passes a guaranteed limit (within the ceiling).  ``refuse`` builds the refusal, whose remedies
+    name the tenant's other domains, never ``owner`` (the domain asking: stopping it frees nothing for
+    its own start; its devices admitted first count, and asking for fewer is the remedy)."""
     q = tenant.quota
     if q.series and dem.kind == VGPU and dem.series not in q.series:
         return False, "", refuse("series", f"tenant {tenant.name!r} may use vGPU series "
@@ -352,9 +418,12 @@ def _quota(dem: Demand, tenant: Tenant, allocations: Sequence[Allocation], names
         ceiling = q.ceiling(d)
         g = q.guaranteed.get(d)
         if ceiling is not None and total + n > ceiling:
-            mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)),
-                          key=lambda a: (-a.demand.amount(d), a.device))
+            mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)
+                           and a.owner != owner), key=lambda a: (-a.demand.amount(d), a.device))
             frees = [f"stop or detach {who(a, names)} ({held_text(a)})" for a in mine[:3]]
+            own = sum(a.demand.amount(d) for a in allocations if a.tenant == tenant.name and a.owner == owner)
+            if own:
+                frees.append(f"ask for fewer devices in this domain (its other devices take {own} of it)")
             frees.append(("or raise" if frees else "raise") + f" the quota ('vgpuhost tenant set {tenant.name} "
                          f"--{d.replace('_mib', '').replace('_gpus', '').replace('_', '-')} ...')")
             kind = "burst" if q.burst.get(d) is not None else "guaranteed"
