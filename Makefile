@@ -99,15 +99,16 @@ sdist: venv-check
 	$(VPY) -m build --sdist --outdir dist .
 
 # The Debian package (debian/), built from a copy of the tree under build/deb
-# (without the locally built hook client) with the system Python and Debian's packages;
-# the .debs (vgpuhost, all architectures, and vgpuhost-hook-client, the hook's compiled
-# client) land in dist/, checked by lintian at --pedantic (debian/*.lintian-overrides).
+# (without the locally built hook client) with the system Python and Debian's packages:
+# the source package and the .debs (vgpuhost, all architectures, and vgpuhost-hook-client,
+# the hook's compiled client), checked by lintian at --pedantic (debian/*.lintian-overrides);
+# the .debs land in dist/.
 deb:
 	rm -rf build/deb && mkdir -p build/deb/vgpuhost dist
 	tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./site \
 	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' --exclude=./ansible/.ansible \
 	    --exclude=./$(CLIENT) -cf - . | tar -C build/deb/vgpuhost -xf -
-	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b
+	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc
 	cp build/deb/vgpuhost_*_all.deb build/deb/vgpuhost-hook-client_*.deb dist/
 	env PATH=/usr/sbin:/usr/bin:/sbin:/bin lintian --pedantic --fail-on warning,pedantic build/deb/vgpuhost_*.changes
 

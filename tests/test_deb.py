@@ -92,7 +92,7 @@ def _build_deb(tmp_path) -> Path:
     unpack = subprocess.run(["tar", "-C", str(src), "-xf", "-"], stdin=pack.stdout, capture_output=True)
     pack.wait()
     assert pack.returncode == 0 and unpack.returncode == 0, unpack.stderr
-    _run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src, env=_system_env(), timeout=900)
+    _run(["dpkg-buildpackage", "-us", "-uc"], cwd=src, env=_system_env(), timeout=900)
     debs = sorted((tmp_path / "src").glob("vgpuhost_*_all.deb"))
     assert len(debs) == 1, debs
     return debs[0]
@@ -241,13 +241,16 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
         assert shipped in files, f"{shipped} not in the package:\n{files}"
     assert "etc/libvirt/hooks" not in files and "usr/lib/systemd/system" not in files and "man1" not in files
 
-    # lintian at --pedantic: nothing but overridden tags, each with its reason in debian/*.lintian-overrides
+    # lintian at --pedantic, on the source package and the .debs: nothing but overridden tags, each with its
+    # reason in debian/*.lintian-overrides
     changes = sorted((tmp_path / "src").glob("vgpuhost_*.changes"))
     assert len(changes) == 1, changes
     lint = _run(["lintian", "--pedantic", "--fail-on", "error,warning,info,pedantic", str(changes[0])],
                 env=_system_env(), check=False)
     tags = [line for line in lint.stdout.splitlines() if re.match(r"[EWIPX]: ", line)]
     assert lint.returncode == 0 and tags == [], lint.stdout + lint.stderr
+    source = next((tmp_path / "src").glob("vgpuhost_*.tar.xz"))      # the checkout's built client stays out
+    assert "/vgpuhost/hook/vgpuhost-hook-client\n" not in _run(["tar", "-tJf", str(source)]).stdout
 
     root = _make_root(tmp_path)
     old = _repack(deb, tmp_path / "vgpuhost_0.0.9_all.deb", "0.0.9", link_hook=True)
