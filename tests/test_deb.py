@@ -286,6 +286,10 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     assert not (root / "var" / "lib" / "vgpuhost" / ".hook-linked-by-package").exists()
     status = _dpkg(root, "-s", "vgpuhost").stdout
     assert "Status: install ok installed" in status and "Version: 0.1.0" in status, status
+    # the postinst's step: the qemu hook's module bundle, for the installed files (the packaged hook uses it)
+    bundle = root / "var" / "cache" / "vgpuhost" / "hook-modules.bundle"
+    assert bundle.is_file() and bundle.stat().st_mode & 0o777 == 0o644, up.stdout + up.stderr
+    assert "hook-modules.bundle" in (root / "usr" / "lib" / "vgpuhost" / "qemu-hook").read_text()
 
     # the installed command, from Debian's Python: the heavy imports are really absent
     probe = inside("/usr/bin/python3", "-c", "import importlib.util as u; print([m for m in ('libvirt', 'pynvml') "
@@ -336,6 +340,7 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     assert not (root / "usr" / "bin" / "vgpuhost").exists()
     assert not (root / "lib" / "systemd" / "system" / "vgpuhost-agent.service").exists()
     assert (root / "var" / "lib" / "vgpuhost" / "state.db").exists()          # kept until purge
+    assert not bundle.exists()                                                  # a cache of the package's files
     # purge: the state directory and deb-systemd-helper's records of the units go
     _dpkg(root, "--purge", "vgpuhost")
     assert not (root / "var" / "lib" / "vgpuhost").exists()
