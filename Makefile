@@ -8,9 +8,10 @@
 # (vgpuhost/sim/libvirtd.py).
 # prometheus: the real Prometheus and promtool the metering tests scrape with and
 # check the shipped rules with (tests/test_metering_prometheus.py).
-# debhelper ... python3-yaml: `make deb` (dpkg-buildpackage with dh-python);
-# tests/test_deb.py builds the package and installs it into a throwaway root.
-DEB_BUILD_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel python3-click python3-jinja2 python3-yaml python3-lxml python3-prometheus-client
+# debhelper ... python3-prometheus-client: `make deb` (dpkg-buildpackage with dh-python,
+# lintian); tests/test_deb.py builds the package, checks it with lintian and installs it
+# into a throwaway root.
+DEB_BUILD_PACKAGES := debhelper dh-python lintian pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel python3-click python3-jinja2 python3-yaml python3-lxml python3-prometheus-client
 DEB_PACKAGES := libvirt-dev pkg-config gcc mdevctl driverctl libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 prometheus $(DEB_BUILD_PACKAGES)
 
 PYTHON      ?= python3
@@ -98,14 +99,18 @@ sdist: venv-check
 	$(VPY) -m build --sdist --outdir dist .
 
 # The Debian package (debian/), built from a copy of the tree under build/deb
-# with the system Python and Debian's packages; the .debs (vgpuhost, all architectures, and
-# vgpuhost-hook-client, the hook's compiled client) land in dist/.
+# (without the locally built hook client) with the system Python and Debian's packages:
+# the source package and the .debs (vgpuhost, all architectures, and vgpuhost-hook-client,
+# the hook's compiled client), checked by lintian at --pedantic (debian/*.lintian-overrides);
+# the .debs land in dist/.
 deb:
 	rm -rf build/deb && mkdir -p build/deb/vgpuhost dist
 	tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./site \
-	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' -cf - . | tar -C build/deb/vgpuhost -xf -
-	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b
+	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' --exclude=./ansible/.ansible \
+	    --exclude=./$(CLIENT) -cf - . | tar -C build/deb/vgpuhost -xf -
+	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc
 	cp build/deb/vgpuhost_*_all.deb build/deb/vgpuhost-hook-client_*.deb dist/
+	env PATH=/usr/sbin:/usr/bin:/sbin:/bin lintian --pedantic --fail-on warning,pedantic build/deb/vgpuhost_*.changes
 
 # The documentation site (docs/ -> site/); warnings are errors (mkdocs.yml: strict).
 docs: venv-check

@@ -1,20 +1,28 @@
-"""The Debian package (`make deb`): built with dpkg-buildpackage and dh-python, installed into a
-throwaway root made of Debian's own packages, then run from inside it.
+"""The Debian package (`make deb`): built with dpkg-buildpackage and dh-python, checked with lintian,
+then installed, upgraded, removed and purged by dpkg in a throwaway root made of Debian's own packages.
 
 The root is a simulated host first (``vgpuhost sim create a40-mdev ROOT``); Debian's python3,
-python3-click, python3-jinja2, python3-yaml, python3-lxml, dash and coreutils, with the packages
-they depend on, are then unpacked into it (``apt-get download`` + ``dpkg -x``), and the built
-``.deb`` on top. python3-libvirt and nvidia-ml-py are left out on purpose: the read commands and
-the qemu hook must work without them. Inside ``chroot ROOT``:
+python3-click, python3-jinja2, python3-yaml, python3-lxml, dash, coreutils, dpkg, perl-base and
+init-system-helpers, with the packages they depend on, are then unpacked into it (``apt-get download``
++ ``dpkg -x``). python3-libvirt and nvidia-ml-py are left out on purpose: the read commands and the
+qemu hook must work without them. ``/run/systemd/system`` exists in the root and its ``systemctl`` is a
+stand-in that records each call, so the maintainer scripts' systemd steps run (``deb-systemd-invoke``,
+``deb-systemd-helper``) and can be read back; nothing touches this machine's systemd, libvirt or /etc.
 
-- ``vgpuhost --root /srv/host host check`` on a second simulated host, ``gpus`` and ``types``;
-- ``vgpuhost hook status``: the hook the package installs (``/etc/libvirt/hooks/qemu.d/vgpuhost``
-  -> ``/usr/lib/vgpuhost/qemu-hook``) is vgpuhost's and current;
-- that hook, run as libvirt runs it (argv, the domain XML on stdin, libvirt's minimal
-  environment), for ``prepare begin`` then ``release end`` of a domain with an A40-8Q vGPU: the
-  mdev appears in the root's simulated sysfs, then goes, and the audit log has both.
+``dpkg --root ROOT`` (maintainer scripts chrooted into ROOT) then:
 
-Needs root (chroot), dpkg-buildpackage with debhelper and dh-python, and apt with its lists
+- installs the previous build (this build repacked at a lower version, with the
+  ``/etc/libvirt/hooks/qemu.d/vgpuhost`` link the packages before the opt-in hook shipped);
+- upgrades to this build: the agent and the exporter are try-restarted, the sockets and boot units
+  are not; the hook the old package linked stays linked, now the operator's;
+- runs the read commands, the autopkgtest (debian/tests/sim-and-hook) and the linked hook as libvirt
+  runs it, from inside the root;
+- removes it: every unit is stopped and no hook is left linked; purges it: the state directory and
+  deb-systemd-helper's records go.
+
+A fresh install (no older package) links no hook and says how to enable it.
+
+Needs root (chroot), dpkg-buildpackage with debhelper and dh-python, lintian, and apt with its lists
 (``make dev`` installs the packages). The downloaded packages are cached in build/deb-cache.
 """
 
@@ -41,13 +49,15 @@ SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # What the root gets from Debian: the package's dependencies less python3-libvirt, plus a shell
 # (adduser: the postinst's addgroup).
 DEBIAN_PACKAGES = ["python3", "python3-click", "python3-jinja2", "python3-yaml", "python3-lxml",
-                   "dash", "coreutils", "libc-bin", "adduser"]
+                   "dash", "coreutils", "libc-bin", "adduser", "dpkg", "perl-base", "init-system-helpers",
+                   "grep", "sed", "findutils", "diffutils", "tar"]
 DOMAIN_UUID = "6f1b1d4e-0000-4000-8000-00000000d0e6"
 MDEV = "2b9a4c1e-5d3f-4e7a-8c6b-0f1e2d3c4b5a"
 
 
 def _need():
-    missing = [tool for tool in ("dpkg-buildpackage", "dh_python3", "apt-get", "apt-cache", "dpkg", "chroot")
+    missing = [tool for tool in ("dpkg-buildpackage", "dh_python3", "apt-get", "apt-cache", "dpkg", "chroot",
+                                 "lintian")
                if not shutil.which(tool, path=SYSTEM_PATH)]
     if missing:
         return f"{', '.join(missing)} not found (make dev installs the Debian build packages)"
@@ -77,15 +87,29 @@ def _build_deb(tmp_path) -> Path:
     src.mkdir(parents=True)
     excludes = ["--exclude=./.git", "--exclude=./.venv", "--exclude=./build", "--exclude=./dist",
                 "--exclude=./site", "--exclude=./demo-host", "--exclude=__pycache__", "--exclude=*.egg-info",
-                "--exclude=./ansible/.ansible"]
+                "--exclude=./ansible/.ansible", "--exclude=./vgpuhost/hook/vgpuhost-hook-client"]
     pack = subprocess.Popen(["tar", *excludes, "-cf", "-", "."], cwd=REPO, stdout=subprocess.PIPE)
     unpack = subprocess.run(["tar", "-C", str(src), "-xf", "-"], stdin=pack.stdout, capture_output=True)
     pack.wait()
     assert pack.returncode == 0 and unpack.returncode == 0, unpack.stderr
-    _run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src, env=_system_env(), timeout=900)
+    _run(["dpkg-buildpackage", "-us", "-uc"], cwd=src, env=_system_env(), timeout=900)
     debs = sorted((tmp_path / "src").glob("vgpuhost_*_all.deb"))
     assert len(debs) == 1, debs
     return debs[0]
+
+
+def _repack(deb: Path, out: Path, version: str, *, link_hook: bool) -> Path:
+    """``deb`` as another version (the previous build), with the hook link older packages shipped."""
+    tree = out.parent / f"repack-{version}"
+    _run(["dpkg-deb", "-R", str(deb), str(tree)])
+    control = tree / "DEBIAN" / "control"
+    control.write_text(re.sub(r"^Version: .*$", f"Version: {version}", control.read_text(), flags=re.M))
+    if link_hook:
+        link = tree / "etc" / "libvirt" / "hooks" / "qemu.d" / "vgpuhost"
+        link.parent.mkdir(parents=True)
+        link.symlink_to("/usr/lib/vgpuhost/qemu-hook")
+    _run(["dpkg-deb", "--root-owner-group", "-b", str(tree), str(out)])
+    return out
 
 
 def _closure() -> list:
@@ -138,112 +162,198 @@ def _domain_xml() -> str:
             f"<address uuid='{MDEV}'/></source></hostdev>\n  </devices>\n</domain>\n")
 
 
-def test_deb_installs_into_a_debian_root_and_runs(tmp_path):
+
+
+SYSTEMCTL = """#!/bin/sh
+# stand-in for systemctl: records each call; nothing is enabled, everything is active
+echo "$*" >> /var/log/systemctl.calls
+case "$1" in
+    is-enabled) echo disabled; exit 1 ;;
+    --version) echo "systemd 252 (252)"; exit 0 ;;
+esac
+exit 0
+"""
+
+
+def _make_root(tmp_path) -> Path:
+    """A simulated host with Debian's packages unpacked in it, a dpkg database and a recording systemctl."""
+    root = tmp_path / "root"
+    _vgpuhost("sim", "create", "a40-mdev", str(root))
+    for pkg in _download(_closure()):
+        _run(["dpkg", "-x", str(pkg), str(root)], env=_system_env())
+    for name, text in (("passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("group", "root:x:0:\n"),
+                       ("shadow", "root:*:19000:0:99999:7:::\n"), ("gshadow", "root:*::\n")):
+        if not (root / "etc" / name).exists():
+            (root / "etc" / name).write_text(text)
+    admin = root / "var" / "lib" / "dpkg"
+    for d in ("info", "updates", "triggers"):
+        (admin / d).mkdir(parents=True, exist_ok=True)
+    for f in ("status", "available"):
+        (admin / f).touch()
+    for d in ("tmp", "run/systemd/system", "var/log", "etc/libvirt/hooks/qemu.d"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    stand_in = root / "usr" / "local" / "bin" / "systemctl"      # before /usr/bin and /bin in dpkg's PATH
+    stand_in.parent.mkdir(parents=True, exist_ok=True)
+    stand_in.write_text(SYSTEMCTL)
+    stand_in.chmod(0o755)
+    _run(["chroot", str(root), "/sbin/ldconfig"], env=_system_env())
+    return root
+
+
+def _dpkg(root: Path, *args, check=True):
+    """dpkg on the throwaway root (maintainer scripts run chrooted into it); dependencies are unpacked,
+    not registered, hence --force-depends."""
+    env = dict(_system_env(), PATH="/usr/local/sbin:/usr/local/bin:" + SYSTEM_PATH)
+    return _run(["dpkg", f"--root={root}", "--force-depends", "--force-unsafe-io", *args], env=env, check=check)
+
+
+def _calls(root: Path) -> list:
+    """The stand-in systemctl's calls since the last look (and forget them)."""
+    log = root / "var" / "log" / "systemctl.calls"
+    lines = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return lines
+
+
+def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path):
     skip_or_fail(_need(), "the Debian package test")
     deb = _build_deb(tmp_path)
     info = _run(["dpkg-deb", "-f", str(deb), "Depends"]).stdout
-    for dep in ("python3-libvirt", "python3-click", "python3-jinja2", "python3-lxml", "python3-yaml"):
+    for dep in ("python3-libvirt", "python3-click (>= 8.0)", "python3-jinja2 (>= 3.0)", "python3-lxml (>= 4.6)",
+                "python3-yaml (>= 5.4)", "python3-prometheus-client"):
         assert dep in info, info
-    assert "nvidia-ml-py" not in info and "python3-pynvml" not in info
+    assert "nvidia-ml-py" not in info and "python3-pynvml" not in info and "coreutils" not in info, info
     files = _run(["dpkg-deb", "-c", str(deb)]).stdout
     for shipped in ("./usr/bin/vgpuhost", "./usr/lib/vgpuhost/qemu-hook",
-                    "./usr/lib/systemd/system/vgpuhost-layout.service",
-                    "./usr/lib/systemd/system/vgpuhost-reconcile.service",
-                    "./usr/lib/systemd/system/vgpuhost-agent.socket",
-                    "./usr/lib/systemd/system/vgpuhost-agent-ro.socket",
-                    "./usr/lib/systemd/system/vgpuhost-agent.service",
-                    "./usr/lib/systemd/system/vgpuhost-exporter.service",
-                    "./usr/lib/tmpfiles.d/vgpuhost.conf", "./usr/share/man/man1/vgpuhost.1.gz",
+                    "./lib/systemd/system/vgpuhost-layout.service",
+                    "./lib/systemd/system/vgpuhost-reconcile.service",
+                    "./lib/systemd/system/vgpuhost-agent.socket",
+                    "./lib/systemd/system/vgpuhost-agent-ro.socket",
+                    "./lib/systemd/system/vgpuhost-agent.service",
+                    "./lib/systemd/system/vgpuhost-exporter.service",
+                    "./usr/lib/tmpfiles.d/vgpuhost.conf", "./usr/share/man/man8/vgpuhost.8.gz",
                     "./usr/share/bash-completion/completions/vgpuhost",
                     "./usr/share/zsh/vendor-completions/_vgpuhost",
                     "./usr/share/fish/vendor_completions.d/vgpuhost.fish",
-                    "./etc/libvirt/hooks/qemu.d/vgpuhost -> /usr/lib/vgpuhost/qemu-hook"):
+                    "./usr/share/doc/vgpuhost/README.Debian", "./usr/share/doc/vgpuhost/examples/vgpu-a40.yaml",
+                    "./usr/share/vgpuhost/prometheus/vgpuhost-rules.yml",
+                    "./usr/share/vgpuhost/grafana/vgpuhost-dashboard.json", "./usr/share/vgpuhost/openapi.yaml"):
         assert shipped in files, f"{shipped} not in the package:\n{files}"
+    assert "etc/libvirt/hooks" not in files and "usr/lib/systemd/system" not in files and "man1" not in files
 
-    # the root: a simulated host, then Debian's packages, then vgpuhost's
-    root = tmp_path / "root"
-    _vgpuhost("sim", "create", "a40-mdev", str(root))
-    for pkg in _download(_closure()) + [deb]:
-        _run(["dpkg", "-x", str(pkg), str(root)], env=_system_env())
-    _vgpuhost("sim", "create", "turing-consumer", str(root / "srv" / "host"))
-    (root / "tmp").mkdir(exist_ok=True)
+    # lintian at --pedantic, on the source package and the .debs: nothing but overridden tags, each with its
+    # reason in debian/*.lintian-overrides
+    changes = sorted((tmp_path / "src").glob("vgpuhost_*.changes"))
+    assert len(changes) == 1, changes
+    lint = _run(["lintian", "--pedantic", "--fail-on", "error,warning,info,pedantic", str(changes[0])],
+                env=_system_env(), check=False)
+    tags = [line for line in lint.stdout.splitlines() if re.match(r"[EWIPX]: ", line)]
+    assert lint.returncode == 0 and tags == [], lint.stdout + lint.stderr
+    source = next((tmp_path / "src").glob("vgpuhost_*.tar.xz"))      # the checkout's built client stays out
+    assert "/vgpuhost/hook/vgpuhost-hook-client\n" not in _run(["tar", "-tJf", str(source)]).stdout
+
+    root = _make_root(tmp_path)
+    old = _repack(deb, tmp_path / "vgpuhost_0.0.9_all.deb", "0.0.9", link_hook=True)
+    hook = root / "etc" / "libvirt" / "hooks" / "qemu.d" / "vgpuhost"
 
     def inside(*argv, input=None, env=None, check=True):
         return _run(["chroot", str(root), *argv], env=env or {"PATH": SYSTEM_PATH, "LC_ALL": "C", "HOME": "/"},
                     input=input, check=check)
 
-    inside("/sbin/ldconfig")
-    # the postinst (as dpkg runs it at configure, twice: an upgrade) makes the sockets' groups once
-    control = tmp_path / "control"
-    _run(["dpkg-deb", "-e", str(deb), str(control)])
-    assert (control / "postinst").stat().st_mode & 0o111, "the postinst is not executable"
-    for name, text in (("passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("group", "root:x:0:\n"),
-                       ("shadow", "root:*:19000:0:99999:7:::\n"), ("gshadow", "root:*::\n")):
-        if not (root / "etc" / name).exists():
-            (root / "etc" / name).write_text(text)
-    (root / "run").mkdir(exist_ok=True)             # adduser's lock file
-    # debhelper's own sections (py3compile needs the package registered with dpkg, which dpkg -x skips)
-    ours = re.sub(r"# Automatically added by .*?# End automatically added section\n", "",
-                  (control / "postinst").read_text(), flags=re.S)
-    assert "addgroup --system" in ours and "getent group" in ours, ours
-    (root / "tmp" / "postinst").write_text(ours)
-    sockets = [(root / "usr" / "lib" / "systemd" / "system" / u).read_text()
-               for u in ("vgpuhost-agent.socket", "vgpuhost-agent-ro.socket")]
-    wanted = sorted(re.search(r"^SocketGroup=(\S+)$", t, re.M).group(1) for t in sockets)
-    assert wanted == ["vgpuhost", "vgpuhost-ro"], wanted
-    for _ in range(2):
-        done = inside("/bin/sh", "/tmp/postinst", "configure", "", check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        groups = {line.split(":")[0]: int(line.split(":")[2])
-                  for line in (root / "etc" / "group").read_text().splitlines() if line}
-        for g in wanted:
-            assert 0 < groups.get(g, 0) < 1000, (g, groups)          # a system group
-        assert len((root / "etc" / "group").read_text().splitlines()) == len(groups)
-    # ... and the qemu hook's module bundle, for the installed files (the packaged hook uses it)
+    # the previous build: installed, configured (groups made once), nothing started or enabled
+    _dpkg(root, "-i", str(old))
+    assert hook.is_symlink() and os.readlink(hook) == "/usr/lib/vgpuhost/qemu-hook"
+    groups = {line.split(":")[0]: int(line.split(":")[2])
+              for line in (root / "etc" / "group").read_text().splitlines() if line}
+    for g in ("vgpuhost", "vgpuhost-ro"):
+        assert 0 < groups.get(g, 0) < 1000, (g, groups)          # system groups
+    calls = _calls(root)
+    assert not [c for c in calls if c.split()[:1] in (["start"], ["restart"], ["try-restart"], ["enable"])], calls
+    states = root / "var" / "lib" / "systemd" / "deb-systemd-helper-enabled"
+    assert (states / "vgpuhost-agent.service.dsh-also").is_file(), sorted(os.listdir(root / "var" / "lib" / "systemd"))
+
+    # the upgrade: the agent and the exporter are try-restarted (they run the new code), nothing else is
+    up = _dpkg(root, "-i", str(deb))
+    calls = _calls(root)
+    assert "try-restart vgpuhost-agent.service vgpuhost-exporter.service" in calls, calls
+    assert not [c for c in calls if "socket" in c or "layout" in c or "reconcile" in c], calls
+    assert not [c for c in calls if c.split()[:1] in (["stop"], ["start"], ["enable"])], calls
+    # the hook the old package linked is still linked (the preinst's note, the postinst's link), now no package's
+    assert hook.is_symlink() and os.readlink(hook) == "/usr/lib/vgpuhost/qemu-hook", up.stdout
+    owner = _dpkg(root, "-S", "/etc/libvirt/hooks/qemu.d/vgpuhost", check=False)
+    assert owner.returncode != 0, owner.stdout
+    assert "not enabled" not in up.stdout
+    assert not (root / "var" / "lib" / "vgpuhost" / ".hook-linked-by-package").exists()
+    status = _dpkg(root, "-s", "vgpuhost").stdout
+    assert "Status: install ok installed" in status and "Version: 0.1.0" in status, status
+    # the postinst's step: the qemu hook's module bundle, for the installed files (the packaged hook uses it)
     bundle = root / "var" / "cache" / "vgpuhost" / "hook-modules.bundle"
-    assert bundle.is_file() and bundle.stat().st_mode & 0o777 == 0o644, sorted(os.listdir(root / "var" / "cache"))
+    assert bundle.is_file() and bundle.stat().st_mode & 0o777 == 0o644, up.stdout + up.stderr
     assert "hook-modules.bundle" in (root / "usr" / "lib" / "vgpuhost" / "qemu-hook").read_text()
-    # the heavy imports are really absent
+
+    # the installed command, from Debian's Python: the heavy imports are really absent
     probe = inside("/usr/bin/python3", "-c", "import importlib.util as u; print([m for m in ('libvirt', 'pynvml') "
                                              "if u.find_spec(m)])").stdout
     assert probe.strip() == "[]", probe
-    # the installed command, from Debian's Python: a simulated host's readiness, its GPUs and types
-    check = inside("/usr/bin/vgpuhost", "--root", "/srv/host", "host", "check", check=False)
-    assert check.returncode in (0, 1), check.stderr
-    # one GeForce whose passthrough is blocked, no vGPU, no MIG: not ready (issue 12 #4i), and says why
-    assert check.returncode == 1 and "BOOT_VGA" in check.stdout, check.stdout
-    assert "host is NOT ready: 0000:01:00.0 can serve no mode now" in check.stdout, check.stdout
-    doc = json.loads(inside("/usr/bin/vgpuhost", "--root", "/srv/host", "--json", "gpus").stdout)
-    assert [g["address"] for g in doc["gpus"]] == ["0000:01:00.0"], doc
-    types = json.loads(inside("/usr/bin/vgpuhost", "--json", "types").stdout)
-    assert "A40-8Q" in {t["name"] for t in types["types"]}
-    assert "vgpuhost" in inside("/usr/bin/vgpuhost", "--version").stdout
     import vgpuhost
     assert vgpuhost.__version__ in inside("/usr/bin/vgpuhost", "--version").stdout
+    _vgpuhost("sim", "create", "turing-consumer", str(root / "srv" / "host"))
+    check = inside("/usr/bin/vgpuhost", "--root", "/srv/host", "host", "check", check=False)
+    # one GeForce whose passthrough is blocked, no vGPU, no MIG: not ready (issue 12 #4i), and says why
+    assert check.returncode == 1 and "BOOT_VGA" in check.stdout, check.stdout + check.stderr
+    doc = json.loads(inside("/usr/bin/vgpuhost", "--root", "/srv/host", "--json", "gpus").stdout)
+    assert [g["address"] for g in doc["gpus"]] == ["0000:01:00.0"], doc
+    # the packaged man page is section 8
+    assert (root / "usr" / "share" / "man" / "man8" / "vgpuhost.8.gz").is_file()
+    # the autopkgtest, as autopkgtest runs it on an installed system
+    shutil.copy(REPO / "debian" / "tests" / "sim-and-hook", root / "tmp" / "sim-and-hook")
+    (root / "tmp" / "apt").mkdir()
+    done = inside("/bin/sh", "/tmp/sim-and-hook", env={"PATH": SYSTEM_PATH, "LC_ALL": "C", "HOME": "/",
+                                                        "AUTOPKGTEST_TMP": "/tmp/apt"}, check=False)
+    assert done.returncode == 0 and "ok: simulator, read commands and the qemu hook" in done.stdout, \
+        done.stdout + done.stderr
 
-    # the packaged hook: vgpuhost's, current, pointing at the installed package (not a checkout)
-    status = json.loads(inside("/usr/bin/vgpuhost", "--json", "hook", "status", check=False).stdout)
-    assert status["installed"] and status["written_by_vgpuhost"] and status["current"], status
-    installed = json.loads(inside("/usr/bin/vgpuhost", "--json", "hook", "install").stdout)
-    assert installed["changed"] is False, installed             # the package's hook is left as it is
-    assert (root / "etc" / "libvirt" / "hooks" / "qemu.d" / "vgpuhost").is_symlink()
-    hook_text = (root / "usr" / "lib" / "vgpuhost" / "qemu-hook").read_text()
-    assert "/usr/lib/python3/dist-packages" in hook_text and str(REPO) not in hook_text
-    assert str(tmp_path) not in hook_text
-
-    # ... run as libvirt runs it: prepare begin makes the mdev, release end removes it
+    # the linked hook (current: the packaged one), run as libvirt runs it on the root, a simulated host
+    status_doc = json.loads(inside("/usr/bin/vgpuhost", "--json", "hook", "status", check=False).stdout)
+    assert status_doc["installed"] and status_doc["current"], status_doc
     libvirt_env = {"PATH": SYSTEM_PATH, "HOME": "/", "LC_ALL": "C"}
-    hook = "/etc/libvirt/hooks/qemu.d/vgpuhost"
     mdev = root / "sys" / "bus" / "mdev" / "devices" / MDEV
-    done = inside(hook, "deb-vm", "prepare", "begin", "-", input=_domain_xml(), env=libvirt_env, check=False)
-    assert done.returncode == 0, done.stderr
-    assert mdev.exists(), "prepare begin made no mdev"
-    done = inside(hook, "deb-vm", "release", "end", "-", input=_domain_xml(), env=libvirt_env, check=False)
-    assert done.returncode == 0, done.stderr
-    assert not mdev.exists(), "release end left the mdev"
+    hook_path = "/etc/libvirt/hooks/qemu.d/vgpuhost"
+    done = inside(hook_path, "deb-vm", "prepare", "begin", "-", input=_domain_xml(), env=libvirt_env, check=False)
+    assert done.returncode == 0 and mdev.exists(), done.stderr
+    done = inside(hook_path, "deb-vm", "release", "end", "-", input=_domain_xml(), env=libvirt_env, check=False)
+    assert done.returncode == 0 and not mdev.exists(), done.stderr
     audit = json.loads(inside("/usr/bin/vgpuhost", "--json", "audit").stdout)
     ops = [r["operation"] for r in audit["rows"] if r["actor"].startswith("hook deb-vm")]
     assert any(o.startswith("vgpu create A40-8Q") for o in ops) and any(o.startswith("vgpu remove") for o in ops), ops
-    # a domain without vgpuhost's metadata: the sh dispatcher exits 0 before Python starts
-    plain = _domain_xml().replace("https://vgpuhost.dev/xmlns/domain/1", "urn:other")
-    assert inside(hook, "other-vm", "prepare", "begin", "-", input=plain, env=libvirt_env).returncode == 0
+    _calls(root)
+
+    # remove: every unit stopped, the hook taken out (it would fail without the package)
+    gone = _dpkg(root, "--remove", "vgpuhost")
+    calls = _calls(root)
+    stops = [c for c in calls if c.startswith("stop ")]
+    assert len(stops) == 1 and set(stops[0].split()[1:]) == {
+        "vgpuhost-agent.service", "vgpuhost-exporter.service", "vgpuhost-agent.socket", "vgpuhost-agent-ro.socket",
+        "vgpuhost-layout.service", "vgpuhost-reconcile.service"}, calls
+    assert not hook.exists() and not hook.is_symlink(), sorted(os.listdir(hook.parent))
+    assert "removed libvirt's qemu hook" in gone.stdout and "reload libvirtd" in gone.stdout, gone.stdout
+    assert not (root / "usr" / "bin" / "vgpuhost").exists()
+    assert not (root / "lib" / "systemd" / "system" / "vgpuhost-agent.service").exists()
+    assert (root / "var" / "lib" / "vgpuhost" / "state.db").exists()          # kept until purge
+    assert not bundle.exists()                                                  # a cache of the package's files
+    # purge: the state directory and deb-systemd-helper's records of the units go
+    _dpkg(root, "--purge", "vgpuhost")
+    assert not (root / "var" / "lib" / "vgpuhost").exists()
+    assert sorted(p.name for p in states.glob("vgpuhost*")) == []
+    status = _dpkg(root, "-s", "vgpuhost", check=False)
+    assert status.returncode == 1 and "not installed" in status.stderr, status.stdout + status.stderr
+
+    # a fresh install (no older package): no hook linked, and the postinst says how to enable it
+    fresh = _dpkg(root, "-i", str(deb))
+    assert not hook.exists() and not hook.is_symlink()
+    assert "run 'vgpuhost hook install'" in fresh.stdout and "reload libvirtd" in fresh.stdout, fresh.stdout
+    assert not [c for c in _calls(root) if c.split()[:1] in (["start"], ["restart"], ["try-restart"])]
+    installed = inside("/usr/bin/vgpuhost", "hook", "install").stdout      # the operator enables it
+    assert installed.startswith("installed /etc/libvirt/hooks/qemu.d/vgpuhost") and "reload libvirtd" in installed
+    _dpkg(root, "--purge", "vgpuhost")
+    assert not hook.exists(), "purge left the hook that 'vgpuhost hook install' wrote"

@@ -60,13 +60,25 @@ def test_cli_reference_is_current():
 def test_man_page_and_completions_generate(tmp_path):
     clidoc = _clidoc()
     assert clidoc.main(["man", str(tmp_path / "man")]) == 0
-    page = (tmp_path / "man" / "vgpuhost.1").read_text()
-    assert page.startswith(".TH VGPUHOST 1 ")
-    for section in (".SH NAME", ".SH SYNOPSIS", ".SH COMMANDS", ".SH EXIT STATUS", ".SS vgpuhost host check"):
+    page = (tmp_path / "man" / "vgpuhost.8").read_text()
+    assert page.startswith(".TH VGPUHOST 8 ")         # section 8, as mdevctl, driverctl and libvirtd
+    for section in (".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH COMMANDS", ".SH EXIT STATUS", ".SH ENVIRONMENT",
+                    ".SS vgpuhost host check"):
         assert section in page, section
+    # every exit code of the code's table, and nothing else
+    from vgpuhost.model import errors
+    status = page.split(".SH EXIT STATUS\n", 1)[1].split(".SH ", 1)[0]
+    listed = [int(x) for x in re.findall(r"^\.TP\n(\d+)\n", status, re.M)]
+    assert listed == sorted(v for k, v in vars(errors).items() if k.startswith("EXIT_")), listed
+    # the environment the code reads, the global options (--local among them)
+    env = page.split(".SH ENVIRONMENT\n", 1)[1].split(".SH ", 1)[0]
+    for name in ("VGPUHOST_ROOT", "VGPUHOST_STATE_DIR", "VGPUHOST_AGENT", "VGPUHOST_AGENT_SOCKET", "VGPUHOST_ACTOR",
+                 "VGPUHOST_RETRY_EXITS", "LIBVIRT_DEFAULT_URI"):
+        assert f"\\fB{name}\\fR" in env, name
+    assert "\\fB\\-\\-local\\fR" in page.split(".SH OPTIONS\n", 1)[1].split(".SH ", 1)[0]
     groff = shutil.which("groff")
     if groff:
-        proc = subprocess.run([groff, "-man", "-Tutf8", "-ww", "-z", str(tmp_path / "man" / "vgpuhost.1")],
+        proc = subprocess.run([groff, "-man", "-Tutf8", "-ww", "-z", str(tmp_path / "man" / "vgpuhost.8")],
                               capture_output=True, text=True)
         assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
     assert clidoc.main(["completions", str(tmp_path / "comp")]) == 0
@@ -74,6 +86,19 @@ def test_man_page_and_completions_generate(tmp_path):
                          ("_vgpuhost", "#compdef vgpuhost"),
                          ("vgpuhost.fish", "_VGPUHOST_COMPLETE=fish_complete")):
         assert marker in (tmp_path / "comp" / name).read_text(), name
+
+
+def test_man_page_environment_and_exit_codes_follow_the_code(monkeypatch):
+    """A VGPUHOST_* variable the code reads, or an EXIT_* code, without a line in clidoc's tables
+    stops the man page from generating."""
+    clidoc = _clidoc()
+    assert {"VGPUHOST_AGENT", "VGPUHOST_AGENT_SOCKET", "VGPUHOST_ACTOR"} <= clidoc.code_environment()
+    monkeypatch.delitem(clidoc.ENVIRONMENT, "VGPUHOST_ACTOR")
+    with pytest.raises(SystemExit, match="no line for VGPUHOST_ACTOR"):
+        clidoc.environment()
+    monkeypatch.delitem(clidoc.EXIT_MEANINGS, "EXIT_TRANSIENT")
+    with pytest.raises(SystemExit, match="no line for EXIT_TRANSIENT"):
+        clidoc.exit_codes()
 
 
 def _anchors(page: Path):

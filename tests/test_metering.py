@@ -402,7 +402,8 @@ def test_the_shipped_unit_runs_the_exporter_on_loopback():
     text = Path(data_path("units", "vgpuhost-exporter.service")).read_text()
     exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert exec_start == ["ExecStart=/usr/bin/vgpuhost exporter --listen 127.0.0.1 --port 9842 --interval 10"]
-    assert "ReadWritePaths=/var/lib/vgpuhost" in text and "Restart=on-failure" in text
+    # the state store is its only writable path (docs/guide/boot-units.md#sandboxing)
+    assert "StateDirectory=vgpuhost" in text and "ProtectSystem=strict" in text and "Restart=on-failure" in text
     for name in ("rules.yml", "grafana-dashboard.json"):
         assert Path(data_path("metering", name)).is_file()
     dash = json.loads(Path(data_path("metering", "grafana-dashboard.json")).read_text())

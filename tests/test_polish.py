@@ -212,7 +212,7 @@ def test_install_guide_lists_every_unit():
     from pathlib import Path
     from vgpuhost.ops import units
     text = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "install.md").read_text()
-    rows = [ln for ln in text.splitlines() if ln.startswith("| `/usr/lib/systemd/system/")]
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `/lib/systemd/system/")]     # bookworm's unit dir
     listed = {n for ln in rows for n in re.findall(r"(vgpuhost-[a-z-]+\.(?:service|socket))", ln.split(" | ")[0])}
     assert listed == set(units.UNIT_NAMES) == set(units.unit_names())
 

@@ -268,7 +268,7 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path, capsys):
     install(capsys, tmp_path, "--config", "/etc/vgpu host/50%$HOME.yaml", "--layout", "prod",
             "--exe", str(Path(sys.executable).parent / "vgpuhost"))   # verify checks ExecStartPre's command
     unit_dir = tmp_path / "etc" / "systemd" / "system"
-    # --man=no: the exporter unit's Documentation=man:vgpuhost(1) is installed by the package, not here
+    # --man=no: the units' Documentation=man:vgpuhost(8) is installed by the package, not here
     proc = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(unit_dir / n) for n in units.UNIT_NAMES)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -458,3 +458,105 @@ def test_boot_sequence_restores_the_layout_and_recorded_vgpus(tmp_path, capsys, 
     actors = {r.actor.split(" ")[0] for r in store.audit_rows(None)}      # the layout adds "apply compute"
     assert {"systemd:vgpuhost-layout.service", "systemd:vgpuhost-reconcile.service"} <= actors
     assert after == [(i, o, "active") for i, o, _ in before]          # the same ids, all back
+
+
+# --- hardening (docs/guide/boot-units.md#sandboxing) and readiness ---------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "guide" / "boot-units.md"
+
+
+def documented_exposure():
+    """``{unit: figure}`` from the sandboxing table of docs/guide/boot-units.md."""
+    section = DOCS.read_text().split("## Sandboxing", 1)[1]
+    rows = re.findall(r"^\| `(vgpuhost-[a-z-]+\.service)` \| (\d+\.\d) \|$", section, re.M)
+    return {name: float(value) for name, value in rows}
+
+
+def test_systemd_analyze_security_is_at_most_the_documented_exposure(tmp_path):
+    """Each service as the package ships it (exe /usr/bin/vgpuhost), rated by `systemd-analyze security
+    --offline`: no unit may rise above the figure the docs give it, and every service has one."""
+    from nsutil import skip_or_fail
+    skip_or_fail(None if shutil.which("systemd-analyze") else "systemd-analyze not installed",
+                 "systemd-analyze security")
+    documented = documented_exposure()
+    services = [n for n in units.UNIT_NAMES if n.endswith(".service")]
+    assert sorted(documented) == sorted(services), documented
+    measured = {}
+    for name in services:
+        path = tmp_path / name
+        path.write_text(units.render(name, exe=units.SHIPPED_EXE))
+        proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
+                              capture_output=True, text=True, timeout=60)
+        m = re.search(rf"Overall exposure level for {re.escape(name)}: (\d+\.\d)", proc.stdout + proc.stderr)
+        assert m, proc.stdout + proc.stderr
+        measured[name] = float(m.group(1))
+    assert all(measured[n] <= documented[n] for n in services), (measured, documented)
+    assert measured[units.EXPORTER_UNIT] <= 3.0, measured        # issue 29: the exporter about 3 or better
+
+
+def test_units_document_themselves_and_the_agent_notifies_readiness():
+    for name in units.UNIT_NAMES:
+        u = unit_lines(units.render(name, exe=units.SHIPPED_EXE))
+        assert u["Documentation"] == ["man:vgpuhost(8)"], name
+        if name.endswith(".service"):
+            assert u["StateDirectory"] == ["vgpuhost"] and u["NoNewPrivileges"] == ["yes"], name
+    agent = unit_lines(units.template_text(units.AGENT_UNIT))
+    assert agent["Type"] == ["notify"] and agent["NotifyAccess"] == ["main"]
+
+
+def test_boot_unit_comments_name_the_exits_they_retry():
+    """The comments say what VGPUHOST_RETRY_EXITS retries, and that 2 (a permanent refusal) is not."""
+    for name in units.BOOT_UNITS:
+        comment = " ".join(line[1:].strip() for line in units.template_text(name).splitlines()
+                           if line.startswith("#"))
+        retried = [int(x) for x in re.findall(r"(\d) \(", comment.split("are retried:")[1].split(".")[0])]
+        assert sorted(retried) == sorted(int(x) for x in units.RETRY_EXITS[name].split()), (name, comment)
+        assert "Exit 2 is a permanent refusal" in comment
+
+
+def test_sd_notify_sends_one_datagram_to_the_notify_socket(tmp_path):
+    import socket as socketmod
+    from vgpuhost.io import unixsock
+    path = str(tmp_path / "notify")
+    with socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_DGRAM) as s:
+        s.bind(path)
+        assert unixsock.sd_notify("READY=1", env={"NOTIFY_SOCKET": path}) is True
+        assert s.recv(64) == b"READY=1"
+    abstract = f"@vgpuhost-test-{os.getpid()}"
+    with socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_DGRAM) as s:
+        s.bind("\0" + abstract[1:])
+        assert unixsock.sd_notify("READY=1", env={"NOTIFY_SOCKET": abstract}) is True
+        assert s.recv(64) == b"READY=1"
+    assert unixsock.sd_notify("READY=1", env={}) is False
+    assert unixsock.sd_notify("READY=1", env={"NOTIFY_SOCKET": str(tmp_path / "nobody")}) is False
+
+
+def test_agent_says_ready_once_it_answers(tmp_path):
+    """`vgpuhost agent` under Type=notify: READY=1 arrives, and then the admin socket answers at once."""
+    import socket as socketmod
+    from agentutil import ADMIN_GID, RO_GID, socket_dir
+    from vgpuhost.io import agentclient
+    from vgpuhost.sim.build import materialise
+    from vgpuhost.sim.data import bundled_specs
+    from vgpuhost.sim.spec import parse_spec
+    root = tmp_path / "host"
+    materialise(parse_spec(bundled_specs()["a40-mdev"].read_text()), root)
+    sockdir = socket_dir()
+    notify = str(tmp_path / "notify")
+    with socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_DGRAM) as s:
+        s.bind(notify)
+        s.settimeout(60)            # a guard against a hang, not a measured figure
+        env = {k: v for k, v in os.environ.items() if k != agentclient.ENV_SOCKET}
+        env["NOTIFY_SOCKET"] = notify
+        proc = subprocess.Popen([sys.executable, "-m", "vgpuhost", "--root", str(root), "agent", "--socket-dir",
+                                 sockdir, "--admin-group", str(ADMIN_GID), "--ro-group", str(RO_GID),
+                                 "--metering-interval", "0"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        try:
+            assert s.recv(64) == b"READY=1"
+            status, _ = agentclient.call(os.path.join(sockdir, "agent.sock"), "GET", "/v1/agent", timeout_s=10)
+            assert status == 200
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            shutil.rmtree(sockdir, ignore_errors=True)

@@ -3,13 +3,13 @@
 
 The click command tree is the one source: ``docs/reference/cli.md`` (checked
 into the repository; ``tests/test_docs.py`` fails when it is stale), the man
-page ``vgpuhost.1`` and the bash, zsh and fish completion files (both built
+page ``vgpuhost.8`` and the bash, zsh and fish completion files (both built
 at package time: ``make man``, ``make completions``, ``make deb``).
 
 Usage::
 
     python tools/clidoc.py markdown [FILE]   # default docs/reference/cli.md
-    python tools/clidoc.py man DIR           # DIR/vgpuhost.1
+    python tools/clidoc.py man DIR           # DIR/vgpuhost.8
     python tools/clidoc.py completions DIR   # DIR/vgpuhost.bash, DIR/_vgpuhost (zsh), DIR/vgpuhost.fish
 
 Output is deterministic: help is formatted at a fixed width of 80 columns.
@@ -92,49 +92,140 @@ def _roff(text: str) -> str:
     return "\n".join(lines)
 
 
+#: the man page's section: a system administration command, as mdevctl(8), driverctl(8), libvirtd(8)
+MAN_SECTION = "8"
+
+#: what each exit code of vgpuhost.model.errors means (every ``EXIT_*`` there must have a line:
+#: :func:`exit_codes` fails otherwise)
+EXIT_MEANINGS = {
+    "EXIT_OK": "ok, or nothing to do",
+    "EXIT_PROBLEMS": "a check found problems, warnings or drift (host check, assert, reconcile \\-\\-check, "
+                     "hook status), or an interrupted operation cannot be ended yet",
+    "EXIT_INPUT": "usage, input or environment error, or a permanent refusal: nothing changed, and the same "
+                  "command cannot pass by waiting",
+    "EXIT_DEVICE": "a device operation failed (rolled back where the command says so)",
+    "EXIT_INTERNAL": "internal error (a bug); rerun with \\-vv for the traceback",
+    "EXIT_TRANSIENT": "a transient condition: nothing changed, and the same command can pass later (a lock "
+                      "another operation holds, the NVIDIA driver not loaded yet); the boot units retry it",
+    "EXIT_INTERRUPTED": "interrupted (SIGINT, SIGTERM)",
+}
+
+#: the environment variables vgpuhost reads, as the code names them (``VGPUHOST_*`` in vgpuhost/;
+#: :func:`environment` fails on one the code reads that is in neither table)
+ENVIRONMENT = {
+    "VGPUHOST_ROOT": "host root when \\-\\-root is not given (default /)",
+    "VGPUHOST_STATE_DIR": "state directory when \\-\\-state\\-dir is not given (default <root>/var/lib/vgpuhost)",
+    "VGPUHOST_AGENT": "off (or 0, no): never use the agent; the CLI and the hook do the work in their own "
+                      "process (as \\-\\-local does for one command)",
+    "VGPUHOST_AGENT_SOCKET": "the agent's admin socket (default <root>/run/vgpuhost/agent.sock)",
+    "VGPUHOST_ACTOR": "the actor the audit log names for this process's changes (default cli uid=UID "
+                      "pid=PID); the units set systemd:UNIT",
+    "VGPUHOST_RETRIES": "the boot units: tries of their command (set in the unit; change it with a drop-in)",
+    "VGPUHOST_RETRY_DELAY": "the boot units: seconds between tries",
+    "VGPUHOST_RETRY_EXITS": "the boot units: the exit codes that are retried (layout 3 5, reconcile 1 3 5)",
+    "VGPUHOST_REMOVE_TIMEOUT_S": "seconds a vGPU remove write may take before the remove is reported "
+                                 "pending (default 20, clamped to 0.05..600)",
+    "LIBVIRT_DEFAULT_URI": "libvirt URI for attach and detach when \\-\\-connect is not given",
+}
+#: ``VGPUHOST_*`` names in the code that are not the operator's to set, and why
+ENVIRONMENT_INTERNAL = {
+    "VGPUHOST_HOOK_TIMEOUT": "baked into the installed hook by hook install --timeout",
+    "VGPUHOST_XML_END": "a here-document delimiter in the hook",
+    "VGPUHOST_SIM_WRITE_LOG": "the simulator's test instruments",
+    "VGPUHOST_SIM_TIME_FILE": "the simulator's test instruments",
+    "VGPUHOST_SIM_KILL_AT": "the simulator's test instruments",
+    "VGPUHOST_SIM_KILL_WHEN": "the simulator's test instruments",
+}
+
+
+def exit_codes():
+    """``[(code, meaning)]`` from vgpuhost.model.errors' ``EXIT_*`` constants, in code order."""
+    errors = importlib.import_module("vgpuhost.model.errors")
+    names = sorted((n for n in vars(errors) if n.startswith("EXIT_") and isinstance(getattr(errors, n), int)),
+                   key=lambda n: getattr(errors, n))
+    missing = [n for n in names if n not in EXIT_MEANINGS]
+    if missing:
+        raise SystemExit(f"tools/clidoc.py: EXIT_MEANINGS has no line for {', '.join(missing)}")
+    return [(getattr(errors, n), EXIT_MEANINGS[n]) for n in names]
+
+
+def code_environment():
+    """Every ``VGPUHOST_*`` name the package's code, hook and client mention."""
+    import re
+    names = set()
+    for path in (REPO / "vgpuhost").rglob("*"):
+        if path.suffix in (".py", ".sh", ".c") and "__pycache__" not in path.parts:
+            names.update(re.findall(r"\bVGPUHOST_[A-Z_]*[A-Z]\b", path.read_text(errors="replace")))
+    return names
+
+
+def environment():
+    """``[(name, meaning)]`` for the man page; fails on a name in the code that neither table has."""
+    undocumented = sorted(code_environment() - set(ENVIRONMENT) - set(ENVIRONMENT_INTERNAL))
+    if undocumented:
+        raise SystemExit(f"tools/clidoc.py: ENVIRONMENT has no line for {', '.join(undocumented)}")
+    return sorted(ENVIRONMENT.items())
+
+
+def _global_options(group: click.Group):
+    """``[(option words, help)]`` of the root group's options."""
+    ctx = click.Context(group, info_name=PROG, terminal_width=WIDTH, max_content_width=WIDTH)
+    out = []
+    for param in group.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record:
+            out.append(record)
+    return out
+
+
 def man(version: str) -> str:
-    """The man page vgpuhost.1: synopsis, every command's help, exit codes, files."""
+    """The man page vgpuhost.8: synopsis, global options, every command's help, exit codes (from
+    vgpuhost.model.errors), environment (from the code), files."""
     group = root_group()
     date = os.environ.get("SOURCE_DATE_EPOCH")
     day = (datetime.datetime.fromtimestamp(int(date), datetime.timezone.utc) if date
            else datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)).strftime("%Y-%m-%d")
-    out = [f'.TH VGPUHOST 1 "{day}" "vgpuhost {version}" "User Commands"',
+    out = [f'.TH VGPUHOST {MAN_SECTION} "{day}" "vgpuhost {version}" "System Administration"',
            ".SH NAME", "vgpuhost \\- share NVIDIA GPUs between libvirt/KVM virtual machines",
            ".SH SYNOPSIS",
            ".B vgpuhost",
            "[\\fB\\-\\-root\\fR \\fIDIR\\fR] [\\fB\\-\\-state\\-dir\\fR \\fIDIR\\fR] "
-           "[\\fB\\-c\\fR \\fIURI\\fR] [\\fB\\-\\-json\\fR] [\\fB\\-v\\fR|\\fB\\-vv\\fR] "
+           "[\\fB\\-c\\fR \\fIURI\\fR] [\\fB\\-\\-json\\fR] [\\fB\\-v\\fR|\\fB\\-vv\\fR] [\\fB\\-\\-local\\fR] "
            "\\fICOMMAND\\fR [\\fIARGS\\fR]...",
            ".SH DESCRIPTION",
            _roff(group.help or ""),
            "Whole GPUs by VFIO passthrough, time-sliced vGPUs (classic mdev and NVIDIA's",
            "vendor-specific VFIO) and MIG-backed vGPUs, given to libvirt domains, made and",
            "released from libvirt's qemu hook, and kept on a declarative layout.",
-           ".SH COMMANDS"]
+           ".SH OPTIONS"]
+    for words, text in _global_options(group):
+        out += [".TP", "\\fB" + _roff(words) + "\\fR", _roff(text)]
+    out.append(".SH COMMANDS")
     for words, cmd, ctx in list(walk(group))[1:]:
         if isinstance(cmd, click.Group):
             continue
         out += [".SS " + _roff(" ".join(words)), ".nf", _roff(_help(cmd, ctx).rstrip()), ".fi"]
-    out += [".SH EXIT STATUS",
-            ".TP", "0", "ok, or nothing to do",
-            ".TP", "1", "a check found problems or drift",
-            ".TP", "2", "usage, input or environment error, or a refusal before anything changed",
-            ".TP", "3", "a device operation failed (rolled back where the command says so)",
-            ".TP", "4", "internal error (a bug); rerun with \\-vv for the traceback",
-            ".TP", "130", "interrupted",
-            ".SH ENVIRONMENT",
-            ".TP", "VGPUHOST_ROOT", "host root when \\-\\-root is not given (default /)",
-            ".TP", "VGPUHOST_STATE_DIR", "state directory (default <root>/var/lib/vgpuhost)",
-            ".TP", "LIBVIRT_DEFAULT_URI", "libvirt URI for attach and detach when \\-\\-connect is not given",
-            ".SH FILES",
+    out.append(".SH EXIT STATUS")
+    for code, meaning in exit_codes():
+        out += [".TP", str(code), meaning]
+    out.append(".SH ENVIRONMENT")
+    for name, meaning in environment():
+        out += [".TP", "\\fB" + name + "\\fR", meaning]
+    out += [".SH FILES",
+            ".TP", "/etc/vgpuhost/config.yaml", "the layout the boot units apply",
             ".TP", "/var/lib/vgpuhost/state.db", "the state store and audit log",
             ".TP", "/etc/vgpuhost/hook.allow", "GPUs the qemu hook may give to guests",
-            ".TP", "/etc/libvirt/hooks/qemu.d/vgpuhost", "libvirt's qemu hook",
+            ".TP", "/usr/lib/vgpuhost/qemu-hook", "libvirt's qemu hook as packaged",
+            ".TP", "/etc/libvirt/hooks/qemu.d/vgpuhost",
+            "libvirt's qemu hook, once enabled with \\fBvgpuhost hook install\\fR",
+            ".TP", "/run/vgpuhost/agent.sock, /run/vgpuhost/agent\\-ro.sock", "the agent's admin and read-only sockets",
             ".SH SEE ALSO",
             "The documentation in /usr/share/doc/vgpuhost and the project's docs/ tree;",
             ".BR virsh (1),",
             ".BR mdevctl (8),",
-            ".BR driverctl (8)."]
+            ".BR driverctl (8),",
+            ".BR libvirtd (8),",
+            ".BR systemd.exec (5)."]
     return "\n".join(out) + "\n"
 
 
@@ -161,8 +252,8 @@ def main(argv=None) -> int:
     elif what == "man":
         from vgpuhost import __version__
         d = Path(rest[0]); d.mkdir(parents=True, exist_ok=True)
-        (d / "vgpuhost.1").write_text(man(__version__))
-        print(d / "vgpuhost.1")
+        (d / f"vgpuhost.{MAN_SECTION}").write_text(man(__version__))
+        print(d / f"vgpuhost.{MAN_SECTION}")
     else:
         d = Path(rest[0]); d.mkdir(parents=True, exist_ok=True)
         for shell, name in COMPLETION_FILES.items():

@@ -5,7 +5,7 @@
 
 writes under DESTDIR (debian/rules passes the package's staging directory):
 
-- ``usr/lib/systemd/system/vgpuhost-layout.service``, ``vgpuhost-reconcile.service``:
+- ``lib/systemd/system/vgpuhost-layout.service``, ``vgpuhost-reconcile.service``:
   the boot units for ``/usr/bin/vgpuhost`` and ``/etc/vgpuhost/config.yaml``;
   ``vgpuhost-agent.socket``, ``vgpuhost-agent-ro.socket``, ``vgpuhost-agent.service``
   (the agent meters) and ``vgpuhost-exporter.service``
@@ -13,9 +13,10 @@ writes under DESTDIR (debian/rules passes the package's staging directory):
 - ``usr/lib/vgpuhost/qemu-hook``: libvirt's qemu hook for the host root ``/``,
   running ``--python`` (default ``/usr/bin/python3``) with the package at
   ``--site`` (default ``/usr/lib/python3/dist-packages``), the text ``hook
-  install`` writes, so ``hook status`` calls it current. The package links
-  ``/etc/libvirt/hooks/qemu.d/vgpuhost`` to it;
-- ``usr/share/man/man1/vgpuhost.1`` and the bash, zsh and fish completions
+  install`` writes, so ``hook status`` calls it current. The package does not
+  link it into ``/etc/libvirt/hooks/qemu.d``: ``vgpuhost hook install`` does,
+  when the operator chooses to;
+- ``usr/share/man/man8/vgpuhost.8`` and the bash, zsh and fish completions
   (``tools/clidoc.py``).
 
 vgpuhost is imported from ``sys.path`` (debian/rules points PYTHONPATH at the
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
         print(path)
 
     for name in units.UNIT_NAMES:
-        write(f"usr/lib/systemd/system/{name}", units.render(name, exe="/usr/bin/vgpuhost"))
+        write(f"lib/systemd/system/{name}", units.render(name, exe="/usr/bin/vgpuhost"))
 
     staged = str(Path(vgpuhost.__file__).resolve().parent.parent)
     hook_install = importlib.import_module("vgpuhost.hook.install")     # what `vgpuhost hook install` writes
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     spec = importlib.util.spec_from_file_location("clidoc", HERE / "clidoc.py")
     clidoc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(clidoc)
-    write("usr/share/man/man1/vgpuhost.1", clidoc.man(vgpuhost.__version__))
+    write("usr/share/man/man8/vgpuhost.8", clidoc.man(vgpuhost.__version__))
     for shell, rel in (("bash", "usr/share/bash-completion/completions/vgpuhost"),
                        ("zsh", "usr/share/zsh/vendor-completions/_vgpuhost"),
                        ("fish", "usr/share/fish/vendor_completions.d/vgpuhost.fish")):

@@ -568,6 +568,7 @@ def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpu
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         proc.start()
+        unixsock.sd_notify("READY=1")       # Type=notify (vgpuhost-agent.service): listening now
         if ready is not None:
             ready(proc)
         while not stop.wait(3600):

@@ -72,8 +72,9 @@ def hook_install(cctx: click.Context, hooks_dir: Optional[str], timeout_s: int, 
                  dry_run: bool) -> None:
     """Install the qemu hook (DIR/vgpuhost, mode 0755), baking in the root and state dir.
 
-    Idempotent.  libvirtd must be restarted or sent SIGHUP to see a new hook;
-    this command never does that itself.
+    Idempotent.  Then reload libvirtd (systemctl reload libvirtd): it reads its hooks when it
+    starts or gets SIGHUP, and this command never signals it.  The Debian package installs the
+    hook but leaves this step (enabling it) to the operator.
     """
     ctx = cctx.obj
     ctx.host.require_host()

@@ -182,8 +182,8 @@ def _ours(text: Optional[str]) -> bool:
     return text is not None and any(line.startswith(MARKER) for line in text.splitlines()[:4])
 
 
-RELOAD_HINT = ("libvirtd reads the hooks present when it starts: restart it or send it SIGHUP "
-               "('systemctl reload libvirtd', or kill -HUP $(pidof libvirtd)) so it runs the new hook")
+RELOAD_HINT = ("reload libvirtd so it runs the new hook ('systemctl reload libvirtd', or kill -HUP "
+               "$(pidof libvirtd)): libvirtd reads the hooks present when it starts or gets SIGHUP")
 
 
 def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s: int = DEFAULT_TIMEOUT_S,

@@ -6,7 +6,9 @@ Owns: creating a listening socket file with its mode and group
 ``LISTEN_FDS``, ``LISTEN_FDNAMES``, descriptors from 3), reading who is on
 the other end (:func:`peer`: ``SO_PEERCRED``'s pid, uid and gid, plus the
 supplementary groups from the real ``/proc/<pid>/status``), naming groups
-(:func:`group_id`) and connecting as a client (:func:`connect`).
+(:func:`group_id`), connecting as a client (:func:`connect`) and telling
+systemd the service is ready (:func:`sd_notify`, the ``sd_notify(3)``
+protocol: one datagram to ``$NOTIFY_SOCKET``).
 Must not: parse HTTP or decide roles; it reports facts about sockets.
 
 The peer's credentials are the kernel's (``socket(7)``, ``SO_PEERCRED``:
@@ -144,6 +146,29 @@ def listen_fds(env: "Optional[Mapping[str, str]]" = None, *, unset: bool = True)
         name = names[i] if i < len(names) and names[i] else f"fd{fd}"
         out[name] = sock
     return out
+
+
+def sd_notify(state: str, env: "Optional[Mapping[str, str]]" = None) -> bool:
+    """Send ``state`` (e.g. ``"READY=1"``) to systemd's ``$NOTIFY_SOCKET`` (``sd_notify(3)``).
+
+    For ``Type=notify`` units: a path, or an abstract address written with a
+    leading ``@``.  Returns False, sending nothing, when the variable is unset
+    (not started by systemd, or not ``Type=notify``); raises nothing: a
+    failed send is False too (systemd then times the start out and says so).
+    """
+    env = os.environ if env is None else env
+    address = env.get("NOTIFY_SOCKET", "")
+    if not address or not (address.startswith("/") or address.startswith("@")):
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError:
+        return False
+    return True
 
 
 def socket_path(sock: socket.socket) -> str:
