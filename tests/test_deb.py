@@ -220,7 +220,7 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     deb = _build_deb(tmp_path)
     info = _run(["dpkg-deb", "-f", str(deb), "Depends"]).stdout
     for dep in ("python3-libvirt", "python3-click (>= 8.0)", "python3-jinja2 (>= 3.0)", "python3-lxml (>= 4.6)",
-                "python3-yaml (>= 5.4)", "python3-prometheus-client"):
+                "python3-yaml (>= 5.4)", "python3-prometheus-client (>= 0.16)"):
         assert dep in info, info
     assert "nvidia-ml-py" not in info and "python3-pynvml" not in info and "coreutils" not in info, info
     files = _run(["dpkg-deb", "-c", str(deb)]).stdout

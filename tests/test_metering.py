@@ -892,3 +892,29 @@ def test_a_vgpu_whose_record_is_not_committed_yet_is_published_with_its_owner(lo
     assert new in by, sorted(by)                                    # NVML reports it
     assert by[new].owner.domain_uuid == dom_c and by[new].profile == "A40-8Q"
     assert all(d.owner.domain_uuid for d in snap.devices)
+
+
+def test_metrics_are_served_with_bookworms_prometheus_client():
+    """The Debian package runs on bookworm's python3-prometheus-client 0.16, whose start_http_server
+    returns nothing to stop or ask for the port: ops/exporter.listen serves /metrics with Debian's own
+    /usr/bin/python3 and that package (make dev installs it), on IPv4 and IPv6 loopback."""
+    import subprocess
+    from pathlib import Path
+    script = (
+        "import urllib.request, prometheus_client\n"
+        "from prometheus_client import CollectorRegistry, Gauge\n"
+        "from vgpuhost.ops.exporter import listen\n"
+        "r = CollectorRegistry(); Gauge('probe_up', 'probe', registry=r).set(1)\n"
+        "for addr in ('127.0.0.1', '::1'):\n"
+        "    server, thread = listen(addr, 0, r)\n"
+        "    host = '[%s]' % addr if ':' in addr else addr\n"
+        "    url = 'http://%s:%d/metrics' % (host, server.server_address[1])\n"
+        "    print(urllib.request.urlopen(url, timeout=30).read().decode().count('probe_up 1.0'))\n"
+        "    server.shutdown(); server.server_close(); thread.join(5)\n"
+        "print(prometheus_client.__file__)\n")
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["/usr/bin/python3", "-c", script], cwd=str(repo), capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split()
+    assert lines[:2] == ["1", "1"] and lines[2].startswith("/usr/lib/python3/dist-packages/"), out.stdout

@@ -16,10 +16,10 @@ import logging
 import threading
 from typing import Optional, Tuple
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..io.state import StateStore
-from ..ops.exporter import SnapshotCollector
+from ..ops.exporter import SnapshotCollector, listen
 from ..ops.metering import host_sampler
 
 log = logging.getLogger("vgpuhost.agent")
@@ -47,7 +47,7 @@ class AgentMetering:
 
     def listen_tcp(self, address: str, port: int) -> int:
         """Serve ``/metrics`` on ``address:port`` too (for Prometheus); the port bound."""
-        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        server, _thread = listen(address, port, self.registry)
         self._tcp = server
         return server.server_address[1]
 

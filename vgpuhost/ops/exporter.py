@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..model.concepts import DeviceKind
@@ -176,7 +176,7 @@ def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAU
     registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
     stop = stop or threading.Event()
     with sampler_lock(sampler.store.state_dir):     # refused before it listens or says it does
-        server, thread = start_http_server(port, addr=address, registry=registry)
+        server, thread = listen(address, port, registry)
         try:
             if ready is not None:
                 ready(server.server_address[1])
@@ -185,3 +185,30 @@ def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAU
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+
+
+def listen(address: str, port: int, registry: CollectorRegistry) -> Tuple[object, threading.Thread]:
+    """Serve ``registry`` as ``/metrics`` on ``address:port`` (an IPv4 or IPv6 address; ``port`` 0 picks a
+    free one) from a daemon thread: ``(server, thread)``; ``server.server_address[1]`` is the port bound,
+    and ``server.shutdown()`` then ``server.server_close()`` stop it.  Raises OSError when it cannot bind.
+
+    prometheus-client's own WSGI app on the standard library's threading WSGI server: what its
+    ``start_http_server`` does from 0.17 on, but bookworm ships 0.16 (python3-prometheus-client
+    0.16.0-0.1), whose ``start_http_server`` returns nothing to stop or to ask for the port.
+    """
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format, *args):     # noqa: A002 (the stdlib's name): no line per scrape
+            pass
+
+    server = make_server(address, port, make_wsgi_app(registry), Server, handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return server, thread
