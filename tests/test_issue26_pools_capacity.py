@@ -12,7 +12,9 @@ import json
 
 from vgpuhost.cli.main import main as cli_main
 from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.model.nvml import SchedulerState
+from vgpuhost.observe.inventory import discover
 from vgpuhost.ops import tenancy
 from vgpuhost.sim.nvml import SimNvml
 
@@ -93,7 +95,7 @@ def test_a_gpu_in_drift_admits_no_class_until_apply_sets_its_pools_policy(make_h
     before = mdevs(host)
     rc, err = start(host, "g0", x)
     assert rc == 2 and err.count("\n") == 1, err
-    assert (f"GPU {GPU_HI} runs the best-effort scheduler, not pool 'gold''s fixed-share: in drift" in err), err
+    assert (f"GPU {GPU_HI} runs the best-effort scheduler, not the fixed-share of its pool 'gold': in drift" in err), err
     assert "vgpuhost apply" in err
     assert mdevs(host) == before and not s.allocation_rows()
     [row] = [r for r in s.audit_rows() if r.path == "(admission)"]
@@ -168,3 +170,107 @@ def test_capacity_refuses_an_unknown_tenant(make_host, capsys):
     code, out, err = run(capsys, host, "capacity", "--tenant", "nosuch")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "no tenant 'nosuch'" in err and "tenants: solo, web" in err
+
+
+def test_exporter_free_instances_leave_out_exclusive_gpus_and_say_what_each_tenant_may_start(make_host):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vgpuhost.ops.exporter import _host_families
+    from vgpuhost.ops.metering import host_series
+    host, s = exclusive_host(make_host)
+    series = host_series(host, s)
+    # 12 A40-4Q fit on the empty GPU_HI; none on solo's GPU for anyone else
+    assert series["free_instances"][("A40-4Q", "")] == 12
+    tf = series["tenant_free_instances"]
+    assert tf[("web", "A40-4Q")] == 2 and tf[("solo", "A40-4Q")] == 23
+    # the same answers as 'capacity --tenant'
+    web = tenancy.capacity(s, discover(Sysfs(host)), tenant="web")
+    assert all(tf[("web", p["profile"])] == p["fits"] for p in web["profiles"])
+    assert {p["profile"] for p in web["profiles"]} == {pr for t, pr in tf if t == "web"}
+
+    class Families:
+        def collect(self):
+            return list(_host_families(series))
+    reg = CollectorRegistry()
+    reg.register(Families())
+    text = generate_latest(reg).decode()
+    assert 'vgpuhost_tenant_free_instances{profile="A40-4Q",tenant="web"} 2.0' in text
+    assert 'vgpuhost_free_instances{pool="",profile="A40-4Q"} 12.0' in text
+
+
+def _facts(instance, series):
+    """A host's :class:`HostFacts` as Prometheus would give them from its exporter's ``series``."""
+    from vgpuhost.policy.fleet import HostFacts
+    free = {}
+    for (profile, _pool), n in series["free_instances"].items():
+        free[profile] = free.get(profile, 0) + n
+    return HostFacts(instance, True, "", free, dict(series.get("quota_used", {})),
+                     {(t, r): v for (t, r, k), v in series.get("quota_limit", {}).items() if k == "burst"},
+                     series.get("tenant_free_instances"))
+
+
+def test_fleet_place_never_chooses_a_host_whose_admission_refuses_the_tenant(make_host, capsys):
+    from vgpuhost.model.errors import InputError
+    from vgpuhost.ops.metering import host_series
+    from vgpuhost.policy.fleet import capacity as fleet_capacity, rank
+    # h1: both A40s in a fixed-share pool that serves guaranteed only; web is burstable
+    h1, s1 = gold_host(make_host, capsys)
+    tenancy.set_pools(s1, [tenancy.adm.Pool("gold", "fixed-share", ("guaranteed",), (str(GPU_HI), str(GPU_LO)))],
+                      check=False)
+    SimNvml(h1).set_scheduler_state(GPU_LO, SchedulerState(policy="fixed-share"))     # the pool's policy
+    tenancy.add(s1, tenancy.Tenant("web"))
+    tenancy.add(s1, tenancy.Tenant("g", qos="guaranteed"))
+    # h2: one A40-8Q already held, no tenants at all
+    h2 = mixed(make_host)
+    assert run(capsys, h2, "vgpu", "create", "--profile", "A40-8Q")[0] == 0
+    facts = [_facts("h1", host_series(h1, s1)), _facts("h2", host_series(h2, StateStore(h2.state_dir)))]
+    assert facts[0].free["A40-8Q"] > facts[1].free["A40-8Q"] > 0
+    r = rank(facts, "A40-8Q", tenant="web")
+    assert r.hosts and r.hosts[0][0] == "h2" and [h for h, _ in r.hosts] == ["h2"]
+    assert r.skipped == [("h1", "its admission admits no A40-8Q for tenant web now ('vgpuhost capacity --tenant web "
+                                "--profile A40-8Q' there says why)")]
+    # admission on h1 agrees: the pool serves guaranteed only
+    doc = tenancy.capacity(s1, discover(Sysfs(h1)), tenant="web")
+    assert a40(doc, "A40-8Q")["fits"] == 0 and "does not serve burstable" in a40(doc, "A40-8Q")["why_not"]
+    # the guaranteed tenant may start there: h1 (first by name) is its choice
+    assert rank(facts, "A40-8Q", tenant="G").hosts[0] == ("h1", 12)
+    cap = fleet_capacity(facts, "A40-8Q", "web")
+    assert cap["tenant"] == "web" and cap["profiles"][0]["by_host"] == {"h1": 0, "h2": 11}
+    # a tenant no host knows is refused, naming the known ones
+    for call in (lambda: rank(facts, "A40-8Q", tenant="nosuch"), lambda: fleet_capacity(facts, None, "nosuch")):
+        try:
+            call()
+        except InputError as e:
+            assert "no tenant 'nosuch'" in e.message and e.hint == "tenants: g, web"
+        else:
+            raise AssertionError("an unknown tenant was accepted")
+
+
+def test_advise_counts_the_more_vms_admission_would_admit(make_host, capsys):
+    from vgpuhost.io import state as st
+    from vgpuhost.model.usage import UsageRow
+    host = mixed(make_host)
+    s = StateStore(host.state_dir)
+    # solo (exclusive, at most 2 vGPUs) holds an A40-4Q on GPU_LO; web is another tenant
+    tenancy.add(s, tenancy.Tenant("solo", isolation="exclusive",
+                                  quota=tenancy.Quota(tenancy.Limits(vgpus=2), tenancy.Limits())))
+    tenancy.add(s, tenancy.Tenant("web"))
+    dom, dev = uid("90909090", 0), uid("a0a0a0a0", 0)
+    assert start(host, "s0", tdom("s0", dom, dev, tenant="solo", profile="A40-4Q")) == (0, "")
+    assert mdev_gpu(host, dev) == GPU_LO
+    # two hours at a 500 MiB peak and 1 % SM: it fits an A40-1Q, freeing 3 GiB on solo's GPU
+    mib = 1024 * 1024
+    with s.transaction() as conn:
+        st.add_usage(conn, [UsageRow(f"2026-12-01T{h:02d}:00:00Z", dev, dom, "vgpu", str(GPU_LO), "A40-4Q", "s0",
+                                     "solo", "burstable", 3600.0, 36.0, 0.0, 0.0, 500 * mib, 4096 * mib, 60)
+                            for h in (10, 11)])
+    code, out, _ = run(capsys, host, "--json", "advise", "--since", "2026-11-30")
+    doc = json.loads(out)
+    assert code == 0 and doc["advice"][0]["action"] == "downsize" and doc["advice"][0]["to"] == "A40-1Q"
+    # the freed 3 GiB would hold 3 A40-1Q, but only solo may use that GPU, and its quota leaves room for 1
+    assert doc["more_vms"] == {"A40-1Q": 1} and doc["tenant"] is None
+    # web may not join solo's GPU at all
+    code, out, _ = run(capsys, host, "advise", "--since", "2026-11-30", "--tenant", "web")
+    assert code == 0 and "would admit no more VMs of tenant web" in out and "more A40-1Q" not in out
+    code, _, err = run(capsys, host, "advise", "--since", "2026-11-30", "--tenant", "nosuch")
+    assert code == 2 and "no tenant 'nosuch'" in err and "tenants: solo, web" in err

@@ -251,7 +251,7 @@ def resolve_gpus(host: HostRoot, gpus: Sequence[PciAddress], all_gpus: bool) -> 
 
 def refuse_off_pool(store, gpus: Sequence[PciAddress], policy: str, *, every: bool = False) -> None:
     """RefusedError (exit 2, nothing changed) when ``policy`` is not the scheduler policy of the declared
-    pool (docs/guide/tenancy.md#pools) of a GPU of ``gpus`` (``every``: of any pooled GPU, for ``--all``).
+    pool (docs/guide/tenancy.md, "Pools") of a GPU of ``gpus`` (``every``: of any pooled GPU, for ``--all``).
 
     A pool is one policy by definition, and admission closes a GPU whose policy differs from its pool's
     (in drift); a pool's policy is changed in the layout (``vgpuhost apply``), on empty GPUs.  GPUs in no

@@ -552,7 +552,7 @@ def mixed_size_of(host, inv: Inventory) -> Dict[object, bool]:
 
 def exclusive_holders(tenants_: Mapping[str, Tenant], held: Sequence[adm.Allocation]) -> Dict[str, str]:
     """``{GPU BDF: tenant}`` for the GPUs holding time-sliced vGPUs of an exclusive tenant: no other
-    tenant's vGPU (nor a domain with no tenant) may join them (docs/guide/tenancy.md#isolation)."""
+    tenant's vGPU (nor a domain with no tenant) may join them (docs/guide/tenancy.md, "QoS classes and isolation")."""
     out: Dict[str, str] = {}
     for a in held:
         if a.kind != adm.VGPU or a.mig_slices or not a.tenant:
@@ -588,6 +588,50 @@ def admissible(req: adm.AdmissionRequest, *, tenants_: Mapping[str, Tenant], hel
                   for o in offers]
         if limit is not None and n >= limit:
             return n, by, d
+
+
+def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Optional[str]], tenant: Optional[str],
+                     profile: str, gpu: str, n: int, *,
+                     policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> Tuple[int, str]:
+    """How many ``profile`` vGPUs admission would admit on ``gpu`` (BDF) for a domain of ``tenant`` (None:
+    a domain naming no tenant) once ``changes`` are made, at most ``n`` (what the freed framebuffer
+    holds): ``(count, admission's reason for one more, '' when all n)``.  ``changes``: ``{device: the
+    vGPU type it is resized to, or None: given back}``, as ``advise`` proposes.  Asks
+    :func:`vgpuhost.policy.admission.admit` itself (:func:`admissible`): quota, isolation, QoS class,
+    pools, reserves, with the GPU offering ``n`` instances (a tenant not known: refused, 0)."""
+    from ..model.values import PciAddress
+    from ..policy import offers as vgpu_offers
+    from ..policy.placement import GpuOffer
+    ts = tenants(store)
+    fbs = _type_fb(inv, store)
+    held = []
+    for a in allocations(store, inv):
+        if a.device in changes:
+            to = changes[a.device]
+            if to is None:
+                continue
+            d = adm.vgpu_demand(to, fbs.get(to.lower()))
+            a = replace(a, profile=to, framebuffer_mib=d.framebuffer_mib, mig_slices=d.mig_slices)
+        held.append(a)
+    records = store.vgpu_records()
+    seen = store.seen_types() + vgpu_offers.seen_rows(inv)
+    offer = next((o for o in vgpu_offers.offers(inv, records, profile, seen) if str(o.gpu) == gpu), None)
+    addr = PciAddress.parse(gpu)
+    if offer is None:
+        g = inv.gpu(addr)
+        offer = GpuOffer(addr, g.pci.numa_node if g is not None else 0, profile, profile, n, (addr,))
+    offer = replace(offer, type_id=offer.type_id or profile, type_name=offer.type_name or profile, available=n,
+                    parents=offer.parents or (addr,), note="")
+    pl = pools(store)
+    pooled = sorted({g for p in pl if p.policy for g in p.gpus} & {gpu})
+    got, _, last = admissible(adm.AdmissionRequest("(advise)", adm.vgpu_demand(profile, fbs.get(profile.lower())),
+                                                   tenant, gpu=gpu),
+                              tenants_=ts, held=held, offers=[offer], limit=n, pools=pl,
+                              names=store.active_domains(),
+                              gpu_memory={str(x.address): x.framebuffer_mib for x in inv.gpus if x.framebuffer_mib},
+                              gpu_slices=_gpu_slices(inv, seen),
+                              policies=policies(pooled) if policies is not None and pooled else None)
+    return got, ("" if last.admitted else last.reason)
 
 
 def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None, *,

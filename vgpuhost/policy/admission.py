@@ -41,7 +41,9 @@ Rules (docs/guide/tenancy.md):
 - **Pools.**  Time-sliced vGPUs go only to GPUs whose pool serves the
   class.  GPUs in no declared pool form the implicit pool ``default``,
   which serves ``burstable`` and ``best-effort`` (its scheduler policy is
-  whatever the GPU runs).  Hardware partitions ignore pools.
+  whatever the GPU runs).  A GPU of a declared pool running another policy
+  than its pool's (``policies``, read under the host lock) is in drift and
+  serves no class.  Hardware partitions ignore pools.
 - **Placement.**  :func:`vgpuhost.policy.placement.place` over the GPUs
   left, with the tenant's ``prefer`` labels tried first (affinity).
 
@@ -459,8 +461,8 @@ def drift_note(pool: Pool, gpu: str, policies: Optional[Mapping[str, str]]) -> s
     now = (policies or {}).get(gpu)
     if not now or not pool.policy or now == pool.policy:
         return ""
-    return (f"GPU {gpu} runs the {now} scheduler, not pool {pool.name!r}'s {pool.policy}: in drift, it serves no "
-            f"class until 'vgpuhost apply' sets the pool's policy again")
+    return (f"GPU {gpu} runs the {now} scheduler, not the {pool.policy} of its pool {pool.name!r}: in drift, it "
+            f"serves no class until 'vgpuhost apply' sets the pool's policy again")
 
 
 def _by_gpu(allocations: Sequence[Allocation]) -> Dict[str, List[Allocation]]:
