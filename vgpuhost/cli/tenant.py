@@ -227,8 +227,11 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     notes = [f"{p['profile']}: {p['note']}" for p in doc["profiles"] if p["note"]]
     if doc["tenant"] is not None:
         text = f"tenant {doc['tenant']} (what admission would admit now)\n" + text
-        notes += [f"{p['profile']}: no more for tenant {doc['tenant']}: {p['why_not']}" for p in doc["profiles"]
-                  if p["why_not"] and (profile or p["fits"] == 0) and p["by_gpu"]]
+        why: Dict[str, List[str]] = {}
+        for p in doc["profiles"]:
+            if p["why_not"] and (profile or p["fits"] == 0) and p["by_gpu"]:
+                why.setdefault(p["why_not"], []).append(p["profile"])
+        notes += [f"{', '.join(names)}: no more for tenant {doc['tenant']}: {reason}" for reason, names in why.items()]
     notes += [f"{g['gpu']}: held by exclusive tenant {g['exclusive']}: no one else's vGPU may join it"
               for g in doc["gpus"] if g.get("exclusive")]
     notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "

@@ -780,7 +780,7 @@ def _tenant_free(host_root, store, inv) -> Dict[str, object]:
             return {}
         out: Dict[tuple, int] = {}
         for name in sorted(ts):
-            doc = tenancy.capacity(store, inv, tenant=name,
+            doc = tenancy.capacity(store, inv, tenant=name, per_gpu=False,
                                    policies=lambda gpus: tenancy.scheduler_policies(host_root, gpus))
             for p in doc["profiles"]:
                 out[(name, p["profile"])] = int(p["fits"])

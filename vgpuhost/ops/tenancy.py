@@ -636,7 +636,7 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
 
 def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None, *,
              tenant: Optional[str] = None,
-             policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> dict:
+             policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None, per_gpu: bool = True) -> dict:
     """What more fits now, per profile, pool and GPU, and where fragmentation blocks a profile.
 
     Per vGPU type name: instances free per GPU (as placement counts them),
@@ -656,7 +656,9 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     isolation, QoS class, pools, reserves and placement together), and
     ``why_not`` admission's reason for one more.  ``policies``: as
     :func:`admit_domain`'s (the scheduler policy each pooled GPU runs; a GPU
-    in drift admits nothing).
+    in drift admits nothing); ``per_gpu`` False (the exporter, which needs
+    ``fits`` only): ``by_gpu`` is where the ``fits`` would go one after
+    another, not what each GPU alone could take (half the admission calls).
     """
     from ..policy import offers as vgpu_offers
     from ..policy.capacity import summarise
@@ -727,14 +729,14 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         if me is not None:
             lent = _lent(offers, records, name)
             req = adm.AdmissionRequest("(capacity)", dem, me.name)
-            n, _, last = admissible(req, tenants_=ts, held=held, offers=lent, **facts)
-            per_gpu = {}
-            for o in lent:
+            n, placed, last = admissible(req, tenants_=ts, held=held, offers=lent, **facts)
+            alone = dict(placed)
+            for o in lent if per_gpu else ():
                 if o.type_id is not None:
-                    per_gpu[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=held,
-                                                     offers=lent, limit=max(0, o.available), **facts)[0] \
+                    alone[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=held,
+                                                   offers=lent, limit=max(0, o.available), **facts)[0] \
                         if o.available > 0 else 0
-            rows = [(g, per_gpu.get(g, 0), cap) for g, _, cap in rows]
+            rows = [(g, alone.get(g, 0), cap) for g, _, cap in rows]
             admitted[name] = (n, "" if last.admitted else last.reason, "ok" if last.admitted else last.code)
         per_type.append((name, dem.framebuffer_mib, dem.mig_backed, rows))
     doc = summarise(gpus, per_type, admitted if me is not None else None)

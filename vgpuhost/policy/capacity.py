@@ -30,7 +30,8 @@ def summarise(gpus: Sequence[dict],
     else's); ``per_type``: ``(profile,
     framebuffer MiB, MIG-backed?, [(gpu, instances free now, instances the GPU could still hold or
     None)])``; ``admitted`` (a tenant's capacity): per profile ``(how many admission would admit
-    in all, why not one more, the refusal's code)``, which is then ``fits`` and ``why_not``
+    in all, why not one more, the refusal's code)``, which is then ``fits`` and ``why_not``, ``by_gpu``
+    what each GPU alone would take and ``by_pool`` its sum per pool, at most ``fits``
     (fragmentation is named only where placement, not another rule, refused).  Returns
     ``{"gpus": [...], "profiles": [{"profile", "framebuffer_mib",
     "mig_backed", "fits", "by_gpu": {gpu: n}, "by_pool": {pool: n},
@@ -50,6 +51,7 @@ def summarise(gpus: Sequence[dict],
         why_not = code = None
         if admitted is not None:
             fits, why_not, code = admitted.get(name, (0, "", "capacity"))
+            by_pool = {p: min(n, fits) for p, n in by_pool.items()}     # each GPU's count is what it alone takes
         # the free framebuffer of a GPU no one may join (an exclusive tenant's, when it takes nothing
         # here) is no room for this request
         frees_of = {g: (0 if n == 0 and ex.get(g) else free_of.get(g)) for g, n, _ in offers}
