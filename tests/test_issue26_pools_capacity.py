@@ -234,6 +234,10 @@ def test_fleet_place_never_chooses_a_host_whose_admission_refuses_the_tenant(mak
     assert a40(doc, "A40-8Q")["fits"] == 0 and "does not serve burstable" in a40(doc, "A40-8Q")["why_not"]
     # the guaranteed tenant may start there: h1 (first by name) is its choice
     assert rank(facts, "A40-8Q", tenant="G").hosts[0] == ("h1", 12)
+    # a domain naming no tenant is best-effort, which h1's pool does not serve either
+    assert facts[0].tenant_free[("", "A40-8Q")] == 0
+    r = rank(facts, "A40-8Q")
+    assert [h for h, _ in r.hosts] == ["h2"] and r.skipped[0][0] == "h1" and "naming no tenant" in r.skipped[0][1]
     cap = fleet_capacity(facts, "A40-8Q", "web")
     assert cap["tenant"] == "web" and cap["profiles"][0]["by_host"] == {"h1": 0, "h2": 11}
     # a tenant no host knows is refused, naming the known ones

@@ -142,7 +142,8 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
     if "tenant_free_instances" in host:
         f = GaugeMetricFamily(PREFIX + "tenant_free_instances",
                               "vGPUs of a profile admission would admit for the tenant's domains now (quota, "
-                              "isolation, QoS class, pools, reserves, placement)", labels=["tenant", "profile"])
+                              "isolation, QoS class, pools, reserves, placement; tenant \"\": a domain naming none)",
+                              labels=["tenant", "profile"])
         for (tenant, profile), n in sorted(host["tenant_free_instances"].items()):
             f.add_metric([tenant, profile], float(n))
         yield f

@@ -728,8 +728,8 @@ def host_series(host_root, store) -> Dict[str, object]:
     ``quota_used``/``quota_limit`` only where the store has a journal or
     tenant quotas; ``tenant_free_instances``: ``{(tenant, profile): n}``,
     what admission would admit of each profile for each tenant now
-    (:func:`vgpuhost.ops.tenancy.capacity` with the tenant), only where
-    tenants exist.
+    (:func:`vgpuhost.ops.tenancy.capacity` with the tenant; tenant ``""``:
+    for a domain naming no tenant), only where tenants exist.
     """
     inv = discover(Sysfs(host_root), with_types=True)
     pools = gpu_pools(store)
@@ -772,15 +772,16 @@ def _exclusive_gpus(store, inv) -> Dict[str, str]:
 
 
 def _tenant_free(host_root, store, inv) -> Dict[str, object]:
-    """``{"tenant_free_instances": {(tenant, profile): n}}``: for each tenant and profile, how many
-    admission would admit now (:func:`vgpuhost.ops.tenancy.capacity`, dry); ``{}`` without tenants."""
+    """``{"tenant_free_instances": {(tenant, profile): n}}``: for each tenant (and ``""``, a domain naming
+    no tenant) and profile, how many admission would admit now (:func:`vgpuhost.ops.tenancy.capacity`,
+    dry); ``{}`` without tenants."""
     try:
         ts = tenancy.tenants(store)
         if not ts:
             return {}
         out: Dict[tuple, int] = {}
-        for name in sorted(ts):
-            doc = tenancy.capacity(store, inv, tenant=name, per_gpu=False,
+        for name in [""] + sorted(ts):          # "": a domain naming no tenant
+            doc = tenancy.capacity(store, inv, tenant=name or None, untenanted=not name, per_gpu=False,
                                    policies=lambda gpus: tenancy.scheduler_policies(host_root, gpus))
             for p in doc["profiles"]:
                 out[(name, p["profile"])] = int(p["fits"])

@@ -636,7 +636,8 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
 
 def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None, *,
              tenant: Optional[str] = None,
-             policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None, per_gpu: bool = True) -> dict:
+             policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None, per_gpu: bool = True,
+             untenanted: bool = False) -> dict:
     """What more fits now, per profile, pool and GPU, and where fragmentation blocks a profile.
 
     Per vGPU type name: instances free per GPU (as placement counts them),
@@ -658,7 +659,9 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     :func:`admit_domain`'s (the scheduler policy each pooled GPU runs; a GPU
     in drift admits nothing); ``per_gpu`` False (the exporter, which needs
     ``fits`` only): ``by_gpu`` is where the ``fits`` would go one after
-    another, not what each GPU alone could take (half the admission calls).
+    another, not what each GPU alone could take (half the admission calls);
+    ``untenanted`` (no ``tenant``): admission's answer for a domain naming
+    no tenant (best-effort, no quota), as with a tenant.
     """
     from ..policy import offers as vgpu_offers
     from ..policy.capacity import summarise
@@ -687,8 +690,9 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                      (max(0, mem - used.get(addr, 0)) if mem else None),
                      "exclusive": excl.get(addr)})
     closed = {g for g, t in excl.items() if me is None or t.lower() != me.name.lower()}
+    ask = me is not None or untenanted
     facts: Dict[str, object] = {}
-    if me is not None:
+    if ask:
         pooled = sorted({g for p in pl if p.policy for g in p.gpus})
         facts = dict(pools=pl, names=store.active_domains(),
                      gpu_memory={str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib},
@@ -726,9 +730,9 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                 cap = left if cap is None else min(cap, left)
             free = 0 if str(o.gpu) in closed and not dem.mig_backed else o.available
             rows.append((str(o.gpu), free, cap))
-        if me is not None:
+        if ask:
             lent = _lent(offers, records, name)
-            req = adm.AdmissionRequest("(capacity)", dem, me.name)
+            req = adm.AdmissionRequest("(capacity)", dem, me.name if me is not None else None)
             n, placed, last = admissible(req, tenants_=ts, held=held, offers=lent, **facts)
             alone = dict(placed)
             for o in lent if per_gpu else ():
@@ -739,6 +743,6 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
             rows = [(g, alone.get(g, 0), cap) for g, _, cap in rows]
             admitted[name] = (n, "" if last.admitted else last.reason, "ok" if last.admitted else last.code)
         per_type.append((name, dem.framebuffer_mib, dem.mig_backed, rows))
-    doc = summarise(gpus, per_type, admitted if me is not None else None)
+    doc = summarise(gpus, per_type, admitted if ask else None)
     doc["tenant"] = me.name if me is not None else None
     return doc

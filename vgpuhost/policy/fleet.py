@@ -13,6 +13,8 @@ quota use and burst limit for vGPUs (``vgpuhost_tenant_quota_used`` /
 ``_limit``), and what admission would admit of each profile for each
 tenant now (``vgpuhost_tenant_free_instances``).
 
+A request with no tenant counts, on a host that knows tenants, what its
+admission would admit for a domain naming no tenant (series tenant ``""``).
 A tenant's request counts, on a host that knows tenants, only what that
 host's admission would admit for the tenant (its quota, isolation, QoS
 class, pools, reserves and placement, as ``vgpuhost capacity --tenant``
@@ -51,14 +53,15 @@ class HostFacts:
 
     def tenants(self) -> Dict[str, str]:
         """The tenants this host knows, ``{lower-case name: name}`` (from its quota and per-tenant series)."""
-        out = {t.lower(): t for t, _ in self.quota_used}
-        out.update({t.lower(): t for t, _ in (self.tenant_free or {})})
+        out = {t.lower(): t for t, _ in self.quota_used if t}
+        out.update({t.lower(): t for t, _ in (self.tenant_free or {}) if t})
         return out
 
     def admits(self, tenant: str, profile: str) -> Optional[int]:
-        """How many ``profile`` vGPUs this host's admission would admit for ``tenant`` now; None when the
-        host publishes no per-tenant series (an older agent: only the quota is known)."""
-        if self.tenant_free is None:
+        """How many ``profile`` vGPUs this host's admission would admit for ``tenant`` (``""``: a domain
+        naming no tenant) now; None when the host publishes no such series (no tenants there, or an
+        older agent: only the quota is known)."""
+        if self.tenant_free is None or not any(a.lower() == tenant.lower() for a, _ in self.tenant_free):
             return None
         t, p = tenant.lower(), profile.lower()
         return int(sum(n for (a, b), n in self.tenant_free.items() if a.lower() == t and b.lower() == p))
@@ -106,6 +109,12 @@ def rank(facts: Sequence[HostFacts], profile: str, *, strategy: str = PlacementS
                 continue
             n = h.admits(tenant, profile)
             free = free if n is None else n
+        elif tenant is None and h.admits("", profile) is not None:
+            free = h.admits("", profile) or 0
+            if free <= 0:
+                skipped.append((h.instance, f"its admission admits no {profile} for a domain naming no tenant now "
+                                            "(name the tenant: --tenant T)"))
+                continue
         if tenant is not None:
             limit = h.quota_limit.get((tenant, "vgpus"))
             used = h.quota_used.get((tenant, "vgpus"), 0.0)
