@@ -98,6 +98,11 @@ def test_a_gpu_in_drift_admits_no_class_until_apply_sets_its_pools_policy(make_h
     assert (f"GPU {GPU_HI} runs the best-effort scheduler, not the fixed-share of its pool 'gold': in drift" in err), err
     assert "vgpuhost apply" in err
     assert mdevs(host) == before and not s.allocation_rows()
+    # capacity counts nothing free there and says why
+    code, out, _ = run(capsys, host, "--json", "capacity", "--profile", "A40-8Q")
+    doc = json.loads(out)
+    assert a40(doc, "A40-8Q")["by_gpu"][str(GPU_HI)] == 0
+    assert "in drift" in {g["gpu"]: g for g in doc["gpus"]}[str(GPU_HI)]["drift"]
     [row] = [r for r in s.audit_rows() if r.path == "(admission)"]
     assert row.result == "refused" and "in drift" in row.value
     # apply sets the pool's policy again; the start is admitted onto the gold GPU
@@ -278,3 +283,25 @@ def test_advise_counts_the_more_vms_admission_would_admit(make_host, capsys):
     assert code == 0 and "would admit no more VMs of tenant web" in out and "more A40-1Q" not in out
     code, _, err = run(capsys, host, "advise", "--since", "2026-11-30", "--tenant", "nosuch")
     assert code == 2 and "no tenant 'nosuch'" in err and "tenants: solo, web" in err
+
+
+def test_admit_closes_a_pooled_gpu_whose_running_policy_is_not_its_pools():
+    """The pure rule: ``policies`` (the policy each GPU runs) closes a declared pool's GPU running another
+    policy; the implicit pool, a GPU not read, and hardware partitions are not checked."""
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.policy import admission as adm
+    from vgpuhost.policy.placement import GpuOffer
+    g1, g2 = "0000:41:00.0", "0000:81:00.0"
+    offers = [GpuOffer(PciAddress.parse(g), 0, "nvidia-566", "A40-8Q", 2, (PciAddress.parse(g),)) for g in (g1, g2)]
+    pools = [adm.Pool("gold", "fixed-share", ("guaranteed", "burstable"), (g1,))]
+    ts = {"t": tenancy.Tenant("t", qos="guaranteed")}
+
+    def decide(policies, qos=None, profile="A40-8Q"):
+        return adm.admit(adm.AdmissionRequest("o", adm.vgpu_demand(profile), "t", qos), tenants=ts, allocations=[],
+                         pools=pools, offers=offers, policies=policies)
+    assert decide(None).gpu == g1 and decide({}).gpu == g1 and decide({g1: "fixed-share"}).gpu == g1
+    d = decide({g1: "best-effort", g2: "best-effort"})
+    assert not d.admitted and d.code == "pool" and "in drift" in d.reason and "vgpuhost apply" in d.remedy()
+    # a burstable request goes to the default pool's GPU instead (its policy is whatever it runs)
+    d = decide({g1: "equal-share", g2: "best-effort"}, qos="burstable")
+    assert d.admitted and d.gpu == g2 and d.candidates == (g2,)

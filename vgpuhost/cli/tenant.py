@@ -234,6 +234,7 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
         notes += [f"{', '.join(names)}: no more for tenant {doc['tenant']}: {reason}" for reason, names in why.items()]
     notes += [f"{g['gpu']}: held by exclusive tenant {g['exclusive']}: no one else's vGPU may join it"
               for g in doc["gpus"] if g.get("exclusive")]
+    notes += [f"{g['gpu']}: {g['drift']}" for g in doc["gpus"] if g.get("drift")]
     notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "
               "what they offer is not counted ('vgpuhost host check' says why)" for g in doc["gpus"] if g["unreadable"]]
     if notes:

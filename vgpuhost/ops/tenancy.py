@@ -650,7 +650,8 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
 
     A GPU holding time-sliced vGPUs of an exclusive tenant is marked
     (``"exclusive": tenant``) and counts no free instance (no one else may
-    join it).  With ``tenant`` (a tenant's name; InputError naming the known
+    join it); so does a pooled GPU in drift (``"drift"``: why, when
+    ``policies`` is given: its running scheduler policy is not its pool's).  With ``tenant`` (a tenant's name; InputError naming the known
     tenants for an unknown one) each count is admission's answer for a
     domain of that tenant (:func:`admissible`): ``by_gpu`` what it could
     start on each GPU, ``fits`` how many it could start in all (quota,
@@ -673,6 +674,9 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     ts = tenants(store)
     me = get(store, tenant) if tenant is not None else None
     excl = exclusive_holders(ts, held)
+    pooled = sorted({g for p in pl if p.policy for g in p.gpus})
+    running = policies(pooled) if policies is not None and pooled else None
+    drift = {g: adm.drift_note(adm.pool_of(pl, g), g, running) for g in pooled}
     used: Dict[str, int] = {}
     for a in held:
         if a.kind == adm.VGPU and not a.mig_slices:
@@ -688,16 +692,15 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                      "framebuffer_mib": mem, "unreadable": [str(u.device) for u in g.unreadable],
                      "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
                      (max(0, mem - used.get(addr, 0)) if mem else None),
-                     "exclusive": excl.get(addr)})
+                     "exclusive": excl.get(addr), "drift": drift.get(addr) or None})
     closed = {g for g, t in excl.items() if me is None or t.lower() != me.name.lower()}
+    closed |= {g for g, why in drift.items() if why}
     ask = me is not None or untenanted
     facts: Dict[str, object] = {}
     if ask:
-        pooled = sorted({g for p in pl if p.policy for g in p.gpus})
         facts = dict(pools=pl, names=store.active_domains(),
                      gpu_memory={str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib},
-                     gpu_slices=_gpu_slices(inv, seen),
-                     policies=(policies(pooled) if policies is not None and pooled else None))
+                     gpu_slices=_gpu_slices(inv, seen), policies=running)
     fbs = _type_fb(inv, store)
     present: Dict[str, int] = {}
     for r in records:

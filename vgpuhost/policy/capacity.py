@@ -39,6 +39,7 @@ def summarise(gpus: Sequence[dict],
     """
     pool_of = {g["gpu"]: g["pool"] for g in gpus}
     ex = {g["gpu"]: g.get("exclusive") for g in gpus}
+    dr = {g["gpu"]: g.get("drift") for g in gpus}
     free_of: Dict[str, Optional[int]] = {g["gpu"]: g["free_mib"] for g in gpus}
     profiles: List[dict] = []
     for name, fb, mig, offers in per_type:
@@ -54,7 +55,7 @@ def summarise(gpus: Sequence[dict],
             by_pool = {p: min(n, fits) for p, n in by_pool.items()}     # each GPU's count is what it alone takes
         # the free framebuffer of a GPU no one may join (an exclusive tenant's, when it takes nothing
         # here) is no room for this request
-        frees_of = {g: (0 if n == 0 and ex.get(g) else free_of.get(g)) for g, n, _ in offers}
+        frees_of = {g: (0 if n == 0 and (ex.get(g) or dr.get(g)) else free_of.get(g)) for g, n, _ in offers}
         would: Optional[int] = None
         blocked = 0
         note = ""
