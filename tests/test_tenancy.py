@@ -189,6 +189,10 @@ def test_pools_refuse_a_policy_change_on_a_gpu_with_vgpus(make_host):
     host = mixed(make_host)
     s = store_of(host)
     lo, hi = str(GPU_LO), str(GPU_HI)
+    from vgpuhost.model.nvml import SchedulerState
+    from vgpuhost.sim.nvml import SimNvml
+    for gpu, policy in ((GPU_HI, "fixed-share"), (GPU_LO, "equal-share")):    # the pools' policies (no drift)
+        SimNvml(host).set_scheduler_state(gpu, SchedulerState(policy=policy))
     tenancy.set_pools(s, [adm.Pool("gold", "fixed-share", ("guaranteed",), (hi,)),
                           adm.Pool("std", "equal-share", ("burstable", "best-effort"), (lo,))])
     tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))

@@ -236,7 +236,8 @@ def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
     inv = agent.inventory()
-    doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv))
+    doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=req.query.get("tenant"),
+                           policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus))
     profile = req.query.get("profile")
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
@@ -676,7 +677,7 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/openapi", get_openapi, READ),
     Route("GET", "/v1/inventory", get_inventory, READ),
     Route("GET", "/v1/types", get_types, READ, query=("gpu", "available")),
-    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile",)),
+    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile", "tenant")),
     Route("GET", "/v1/vgpus", get_vgpus, READ),
     Route("GET", "/v1/domains", get_domains, READ),
     Route("GET", "/v1/tenants", get_tenants, READ),

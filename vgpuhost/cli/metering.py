@@ -24,6 +24,7 @@ from ..io import state as st
 from ..io.virt import DEFAULT_URI, ENV_URI
 from ..model.errors import InputError
 from ..model.tenancy import NO_TENANT
+from ..ops import tenancy
 from ..ops.exporter import SnapshotCollector, serve
 from ..ops.metering import host_sampler, sampler_lock
 from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
@@ -185,15 +186,23 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
 @click.option("--min-hours", type=click.FloatRange(0, None), default=1.0, show_default=True,
               callback=lambda _c, _p, v: _finite("--min-hours", v),
               help="Only devices allocated at least this long in the window.")
+@click.option("--tenant", metavar="T", help="Count the more VMs this tenant's domains would be admitted to.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
-def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) -> None:
+def advise(since: str, until: Optional[str], min_hours: float, tenant: Optional[str], as_json: bool) -> None:
     """VMs whose framebuffer peak and SM use fit a smaller profile, idle guaranteed vGPUs,
-    and how many more VMs those changes would admit."""
+    and how many more VMs those changes would admit.
+
+    Where tenants exist, the more VMs are what admission would admit once the
+    changes are made (quota, isolation, QoS class, pools, reserves): for
+    the tenant whose devices freed the room, or with --tenant T for T (an
+    unknown tenant is refused, exit 2).
+    """
     ctx = _ctx()
     lo, hi = _window(since, until)
     store = _store(ctx, write=False)
     rows = st.usage_rows(store, lo, hi)
     offers = {}
+    inv = None
     try:
         inv = ctx.inventory()
         for t in inv.vgpu_types:
@@ -204,9 +213,19 @@ def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) ->
     for _gpu, _tid, name, fb in store.seen_types():
         if fb:
             offers.setdefault(str(name).upper(), Offer(str(name), int(fb), None))
-    items, more = plan_advice(rows, list(offers.values()), min_alloc_s=min_hours * 3600)
+    if tenant is not None:
+        tenant = tenancy.get(store, tenant).name          # InputError naming the known tenants
+    changes: dict = {}
+    admits = None
+    if inv is not None and tenancy.active(store):
+        def admits(gpu, profile, n, whose):
+            return tenancy.admissible_after(store, inv, changes, tenant if tenant is not None else whose, profile,
+                                            gpu, n, policies=lambda g: tenancy.scheduler_policies(ctx.host, g))[0]
+        items, _ = plan_advice(rows, list(offers.values()), min_alloc_s=min_hours * 3600)
+        changes.update({a.device: (a.to if a.action == "downsize" else None) for a in items if a.action != "keep"})
+    items, more = plan_advice(rows, list(offers.values()), min_alloc_s=min_hours * 3600, admits=admits)
     if ctx.json or as_json:
-        click.echo(dumps({"schema": "vgpuhost.advise/v1", "since": lo, "until": hi,
+        click.echo(dumps({"schema": "vgpuhost.advise/v1", "since": lo, "until": hi, "tenant": tenant,
                           "advice": [a.__dict__ for a in items], "more_vms": more}))
         return
     act = [a for a in items if a.action != "keep"]
@@ -217,7 +236,10 @@ def advise(since: str, until: Optional[str], min_hours: float, as_json: bool) ->
                          [[a.domain, a.tenant or NO_TENANT, a.device, a.profile, a.action, a.to or "-", a.reason]
                           for a in act]))
     for name, n in sorted(more.items()):
-        click.echo(f"these changes would admit {n} more {name} VM(s)")
+        click.echo(f"these changes would admit {n} more {name} VM(s)" + (f" of tenant {tenant}" if tenant else ""))
+    if tenant and act and not more:
+        click.echo(f"these changes would admit no more VMs of tenant {tenant} ('vgpuhost capacity --tenant {tenant}' "
+                   "says what it may start now)")
 
 
 COMMANDS = (exporter, usage, advise)

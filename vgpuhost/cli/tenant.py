@@ -200,11 +200,20 @@ def tenant_openstack(mode: Optional[str]) -> None:
 
 @click.command("capacity")
 @click.option("--profile", metavar="NAME", help="Only this vGPU profile.")
-def capacity(profile: Optional[str]) -> None:
-    """What more fits now, per profile, pool and GPU; where fragmentation blocks a profile."""
+@click.option("--tenant", metavar="T", help="What this tenant's domains would be admitted to now, and why not more "
+                                            "(quota, isolation, QoS class, pools, reserves, placement).")
+def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
+    """What more fits now, per profile, pool and GPU; where fragmentation blocks a profile.
+
+    A GPU holding an exclusive tenant's vGPUs counts nothing free (no one else
+    may join it).  With --tenant T each count is admission's answer for a
+    domain of T; an unknown tenant is refused (exit 2).
+    """
     ctx = _ctx()
     inv = ctx.inventory()
-    doc = tenancy.capacity(_store(False), inv, tenancy.mixed_size_of(ctx.host, inv))
+    store = _store(False)
+    doc = tenancy.capacity(store, inv, tenancy.mixed_size_of(ctx.host, inv), tenant=tenant,
+                           policies=lambda gpus: tenancy.scheduler_policies(ctx.host, gpus))
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
         if not doc["profiles"]:
@@ -216,6 +225,16 @@ def capacity(profile: Optional[str]) -> None:
         rows.append([p["profile"], p["fits"], per_pool, per_gpu, p["blocked"] or "-"])
     text = table(["PROFILE", "FITS", "BY_POOL", "BY_GPU", "BLOCKED"], rows)
     notes = [f"{p['profile']}: {p['note']}" for p in doc["profiles"] if p["note"]]
+    if doc["tenant"] is not None:
+        text = f"tenant {doc['tenant']} (what admission would admit now)\n" + text
+        why: Dict[str, List[str]] = {}
+        for p in doc["profiles"]:
+            if p["why_not"] and (profile or p["fits"] == 0) and p["by_gpu"]:
+                why.setdefault(p["why_not"], []).append(p["profile"])
+        notes += [f"{', '.join(names)}: no more for tenant {doc['tenant']}: {reason}" for reason, names in why.items()]
+    notes += [f"{g['gpu']}: held by exclusive tenant {g['exclusive']}: no one else's vGPU may join it"
+              for g in doc["gpus"] if g.get("exclusive")]
+    notes += [f"{g['gpu']}: {g['drift']}" for g in doc["gpus"] if g.get("drift")]
     notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "
               "what they offer is not counted ('vgpuhost host check' says why)" for g in doc["gpus"] if g["unreadable"]]
     if notes:

@@ -61,7 +61,7 @@ from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
 from ..policy.placement import OFFERED, Request, place
 from .passthrough import release
-from .tenancy import admit_domain
+from .tenancy import admit_domain, scheduler_policies
 from .vgpu import create, remove
 
 KIND_PASSTHROUGH = "passthrough"
@@ -498,7 +498,8 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         out.metadata = meta.to_xml()
         out.diff = diff(before, after, dom.name)
         # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
-        admit_domain(store, domxml.parse_domain(after), inv, audit=False)
+        admit_domain(store, domxml.parse_domain(after), inv, audit=False,
+                     policies=lambda gpus: scheduler_policies(host, gpus))
         if not dry_run:
             _define(host, store, dom, conn, after, entry, snippet, meta, out, actor or actor_name())
         return out

@@ -149,7 +149,8 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         from . import tenancy
         from . import vgpu
         admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types,
-                                      limits_for=lambda name: vgpu.mode_limits(host, inv, name))
+                                      limits_for=lambda name: vgpu.mode_limits(host, inv, name),
+                                      policies=lambda gpus: tenancy.scheduler_policies(host, gpus))
     else:
         from .admitting import unenforced_admitting
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported

@@ -139,6 +139,14 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
         for (profile, pool), n in sorted(host["free_instances"].items()):
             f.add_metric([profile, pool], float(n))
         yield f
+    if "tenant_free_instances" in host:
+        f = GaugeMetricFamily(PREFIX + "tenant_free_instances",
+                              "vGPUs of a profile admission would admit for the tenant's domains now (quota, "
+                              "isolation, QoS class, pools, reserves, placement; tenant \"\": a domain naming none)",
+                              labels=["tenant", "profile"])
+        for (tenant, profile), n in sorted(host["tenant_free_instances"].items()):
+            f.add_metric([tenant, profile], float(n))
+        yield f
     if "orphaned_devices" in host:
         f = GaugeMetricFamily(PREFIX + "orphaned_devices",
                               "vGPUs with no running owner (owner-not-running) or no record (unrecorded)",

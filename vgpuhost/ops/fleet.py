@@ -1,6 +1,7 @@
 """The fleet view: every host's agent series from Prometheus, as :class:`~vgpuhost.policy.fleet.HostFacts`.
 
-Owns: the PromQL that reads capacity, quota use and health per scrape
+Owns: the PromQL that reads capacity (per tenant too:
+``vgpuhost_tenant_free_instances``), quota use and health per scrape
 target, and joining the answers per ``instance``.  Must not: rank (that is
 :mod:`vgpuhost.policy.fleet`) or change anything.
 
@@ -38,6 +39,11 @@ def host_facts(url: str, *, job: Optional[str] = None, stale_s: float = DEFAULT_
     limit: Dict[str, Dict[Tuple[str, str], float]] = {}
     for m, v in query(url, f'vgpuhost_tenant_quota_limit{{limit="burst"{"," + sel[1:-1] if sel else ""}}}'):
         limit.setdefault(m.get("instance", ""), {})[(m.get("tenant", ""), m.get("resource", ""))] = v
+    tfree: Dict[str, Dict[Tuple[str, str], float]] = {}
+    for m, v in query(url, f"vgpuhost_tenant_free_instances{sel}"):
+        d2 = tfree.setdefault(m.get("instance", ""), {})
+        key = (m.get("tenant", ""), m.get("profile", ""))
+        d2[key] = d2.get(key, 0.0) + v
     out = []
     for inst in sorted(up):
         why = ""
@@ -47,5 +53,6 @@ def host_facts(url: str, *, job: Optional[str] = None, stale_s: float = DEFAULT_
             why = "its sampler is not up (vgpuhost_up != 1)" if inst in vup else "it publishes no vgpuhost series"
         elif inst not in age or age[inst] > stale_s:
             why = f"its last sample is stale (over {stale_s:g} s old)"
-        out.append(HostFacts(inst, not why, why, free.get(inst, {}), used.get(inst, {}), limit.get(inst, {})))
+        out.append(HostFacts(inst, not why, why, free.get(inst, {}), used.get(inst, {}), limit.get(inst, {}),
+                             tfree.get(inst)))
     return out

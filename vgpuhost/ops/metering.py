@@ -740,14 +740,21 @@ def host_series(host_root, store) -> Dict[str, object]:
     """Host-level figures for the snapshot (sysfs and the state store; no NVML).
 
     ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
-    exist); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
+    exist; a GPU an exclusive tenant's vGPUs hold counts none: no one else
+    may join it); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
     ``quota_used``/``quota_limit`` only where the store has a journal or
-    tenant quotas.
+    tenant quotas; ``tenant_free_instances``: ``{(tenant, profile): n}``,
+    what admission would admit of each profile for each tenant now
+    (:func:`vgpuhost.ops.tenancy.capacity` with the tenant; tenant ``""``:
+    for a domain naming no tenant), only where tenants exist.
     """
     inv = discover(Sysfs(host_root), with_types=True)
     pools = gpu_pools(store)
+    closed = _exclusive_gpus(store, inv)
     free: Dict[tuple, int] = {}
     for g in inv.gpus:
+        if str(g.address) in closed:
+            continue
         ix = inv.on_gpu(g.address)
         for tid, ts in ix.by_type.items():
             key = (ts[0].name, pools.get(str(g.address), ""))
@@ -767,7 +774,38 @@ def host_series(host_root, store) -> Dict[str, object]:
         except Exception as e:
             log.warning("reading the journal failed: %s", e)
     out.update(_quota(store, inv))
+    out.update(_tenant_free(host_root, store, inv))
     return out
+
+
+def _exclusive_gpus(store, inv) -> Dict[str, str]:
+    """``{GPU BDF: exclusive tenant}`` for the GPUs an exclusive tenant's vGPUs hold (issue 26), else ``{}``."""
+    try:
+        ts = tenancy.tenants(store)
+        return tenancy.exclusive_holders(ts, tenancy.allocations(store, inv)) if ts else {}
+    except Exception as e:
+        log.warning("reading exclusive tenants failed: %s", e)
+        return {}
+
+
+def _tenant_free(host_root, store, inv) -> Dict[str, object]:
+    """``{"tenant_free_instances": {(tenant, profile): n}}``: for each tenant (and ``""``, a domain naming
+    no tenant) and profile, how many admission would admit now (:func:`vgpuhost.ops.tenancy.capacity`,
+    dry); ``{}`` without tenants."""
+    try:
+        ts = tenancy.tenants(store)
+        if not ts:
+            return {}
+        out: Dict[tuple, int] = {}
+        for name in [""] + sorted(ts):          # "": a domain naming no tenant
+            doc = tenancy.capacity(store, inv, tenant=name or None, untenanted=not name, per_gpu=False,
+                                   policies=lambda gpus: tenancy.scheduler_policies(host_root, gpus))
+            for p in doc["profiles"]:
+                out[(name, p["profile"])] = int(p["fits"])
+        return {"tenant_free_instances": out}
+    except Exception as e:
+        log.warning("reading tenants' capacity failed: %s", e)
+        return {}
 
 
 def gpu_pools(store) -> Dict[str, str]:

@@ -47,6 +47,7 @@ from ..policy.scheduler import (
 )
 from .nvmljournal import start
 from .recover import recover_locked
+from .tenancy import pools as declared_pools
 
 # =============================================================================
 # persistent form: <root>/etc/modprobe.d/vgpuhost-scheduler.conf
@@ -118,10 +119,12 @@ def persist(host: HostRoot, store, state: SchedulerState, gpu: Union[None, PciAd
     (NVML ``mig_mode``), is refused with the driver's reason (RefusedError, nothing written:
     docs/reference/hardware.md#vgpu-scheduling); for all GPUs, the notes name those in MIG mode.
     Otherwise a MIG-capable board in scope gets the general MIG note.
+    A policy other than a pooled GPU's pool's is refused as :func:`set_runtime` refuses it.
     """
 
     value = encode(state)
     gpus: List[PciAddress] = [] if gpu is None else ([gpu] if isinstance(gpu, PciAddress) else list(gpu))
+    refuse_off_pool(store, gpus, state.policy, every=not gpus)
     in_mig = _in_mig_mode(host, gpus, backend) if state.policy != SchedulerPolicy.BEST_EFFORT else []
     if in_mig and gpus:
         raise _refuse_mig(host, in_mig[0])
@@ -246,6 +249,29 @@ def resolve_gpus(host: HostRoot, gpus: Sequence[PciAddress], all_gpus: bool) -> 
     return sorted(set(gpus), key=str)
 
 
+def refuse_off_pool(store, gpus: Sequence[PciAddress], policy: str, *, every: bool = False) -> None:
+    """RefusedError (exit 2, nothing changed) when ``policy`` is not the scheduler policy of the declared
+    pool (docs/guide/tenancy.md, "Pools") of a GPU of ``gpus`` (``every``: of any pooled GPU, for ``--all``).
+
+    A pool is one policy by definition, and admission closes a GPU whose policy differs from its pool's
+    (in drift); a pool's policy is changed in the layout (``vgpuhost apply``), on empty GPUs.  GPUs in no
+    declared pool (the implicit pool ``default``) take any policy."""
+    if store is None:
+        return
+    pl = declared_pools(store)
+    if not pl:
+        return
+    wanted = {str(g) for g in gpus}
+    for p in pl:
+        for g in p.gpus:
+            if (every or g in wanted) and p.policy and p.policy != policy:
+                raise RefusedError(f"GPU {g} is in pool {p.name!r}, whose scheduler policy is {p.policy}, not "
+                                   f"{policy}: a pool's GPUs run its policy (admission serves no class on a GPU "
+                                   "in drift)",
+                                   hint="change the pool's policy in the layout and run 'vgpuhost apply', or take "
+                                        "the GPU out of the pool there; nothing was changed")
+
+
 def _mig_on(backend, bdf: PciAddress) -> bool:
     try:
         mode = backend.mig_mode(bdf)
@@ -330,6 +356,10 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
     on mismatch).  A GPU already in the requested state is left alone.
     When ARR is asked for without parameters and the device cannot do ARR,
     the driver's default time slice is used instead.
+
+    Unless the layout sets it (``owner`` ``layout``, as its pools say), a
+    policy other than a pooled GPU's pool's is refused
+    (:func:`refuse_off_pool`, RefusedError, nothing changed).
     """
     validate(state)
     if target == "all":
@@ -338,6 +368,8 @@ def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[P
         gpus = resolve_gpus(host, [target], False)
     else:
         gpus = resolve_gpus(host, list(target), False)
+    if owner != OwnerKind.LAYOUT:
+        refuse_off_pool(store, gpus, state.policy, every=target == "all")
     backend = backend if backend is not None else open_backend(host)
     actor = actor or actor_name()
     out = RuntimeOutcome("scheduler-set", dry_run)
@@ -507,5 +539,5 @@ def show_text(doc: Dict[str, object]) -> str:
     return "\n".join(lines) if lines else "no NVIDIA GPU found"
 
 
-__all__ = ["persist", "set_runtime", "mixed_size", "show", "show_text", "conf_path", "read_conf", "host_gpus",
+__all__ = ["persist", "set_runtime", "refuse_off_pool", "mixed_size", "show", "show_text", "conf_path", "read_conf", "host_gpus",
            "resolve_gpus"]

@@ -24,7 +24,8 @@ from ..io.locks import file_lock
 from ..io.state import StateStore
 from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
 from ..model.kinds import Backend, Owner
-from ..model.tenancy import DIMENSIONS, Limits, Quota, Tenant, check_name, labels_text, parse_labels
+from ..model.tenancy import (DIMENSIONS, EXCLUSIVE, Limits, Quota, Tenant, check_name, labels_text,
+                             parse_labels)
 from ..model.values import replace
 from ..policy import admission as adm
 from .admitting import (HOST_LOCK, OPENSTACK, Admitting, Granted, active, record_allocations, tenant_of,  # noqa: F401
@@ -274,7 +275,8 @@ def set_openstack(store: StateStore, mode: Optional[str], *, actor: Optional[str
 def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
                  allowed: Optional[frozenset] = None, audit: bool = True,
                  types: Optional[Mapping[str, str]] = None,
-                 limits_for: "Optional[Callable[[str], Mapping]]" = None) -> List[Granted]:
+                 limits_for: "Optional[Callable[[str], Mapping]]" = None,
+                 policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> List[Granted]:
     """Admit every device ``view``'s metadata names that the domain does not hold yet, all or none.
 
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
@@ -285,7 +287,10 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     ``allowed``: the hook allow-list (None = every GPU).  ``types``: ``{device: type name as the
     host's devices spell it}``, resolved once by the caller (the hook's prepare); a vGPU not named
     there has its profile resolved here (``attach``'s early look).  ``limits_for``: as
-    :func:`admitting`'s (None: equal-size maxima, as the driver's listing shows).
+    :func:`admitting`'s (None: equal-size maxima, as the driver's listing shows).  ``policies``:
+    GPU BDFs -> ``{BDF: scheduler policy it runs now}`` (:func:`scheduler_policies`), asked once, only
+    for the GPUs of declared pools that offer a time-sliced vGPU asked for (None: not checked); a GPU
+    running another policy than its pool's is in drift and admits nothing.
     Raises RefusedError with the first refusal's reason and what would free
     room; InputError when the domain's metadata names a QoS class not known.
     """
@@ -326,14 +331,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             pin = dev.physfn if dev is not None else pin
         name = types[v.device] if types and v.device in types else \
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
-        offers = vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None)
-        # the pool model: a layout's free vGPU of this profile is lent at the start (ops.devices)
-        lendable: Dict[str, int] = {}
-        for r in records:
-            if r.owner == Owner.LAYOUT and r.type_name.lower() == name.lower():
-                lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
-        offers = [replace(o, available=o.available + lendable[str(o.gpu)], note="",
-                          parents=o.parents or (o.gpu,)) if lendable.get(str(o.gpu)) else o for o in offers]
+        offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None),
+                       records, name)
         if allowed is not None:
             offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
                                                          "allow-list") for o in offers]
@@ -345,9 +344,15 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))
         reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
                                                     meta.strategy, meta.anti_affinity), offers))
+    running: Optional[Mapping[str, str]] = None
+    if policies is not None and pl:
+        pooled = {g for p in pl if p.policy for g in p.gpus}
+        asked = sorted({str(o.gpu) for _, r, offers in reqs if not r.demand.hardware for o in offers
+                        if o.type_id is not None and str(o.gpu) in pooled})
+        running = policies(asked) if asked else None
     for device, req, offers in reqs:
         d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names,
-                      gpu_slices=slices)
+                      gpu_slices=slices, policies=running)
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
@@ -358,6 +363,17 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
     return out
+
+
+def _lent(offers: Sequence, records: Sequence, name: str) -> list:
+    """``offers`` of vGPU type ``name`` as admission counts them: the pool model lends a layout's free
+    vGPU of the type at the start (:mod:`vgpuhost.ops.devices`), so each is one more instance there."""
+    lendable: Dict[str, int] = {}
+    for r in records:
+        if r.owner == Owner.LAYOUT and r.type_name.lower() == name.lower():
+            lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
+    return [replace(o, available=o.available + lendable[str(o.gpu)], note="",
+                    parents=o.parents or (o.gpu,)) if lendable.get(str(o.gpu)) else o for o in offers]
 
 
 def _gpu_slices(inv: Inventory, seen: Sequence[tuple]) -> Dict[str, int]:
@@ -398,7 +414,8 @@ def _held_offers(offers: Sequence, rec, me: str, inv: Inventory) -> list:
 
 def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
               allowed: Optional[frozenset] = None, types: Optional[Mapping[str, str]] = None,
-              limits_for: "Optional[Callable[[str], Mapping]]" = None) -> "_AdmittingBlock":
+              limits_for: "Optional[Callable[[str], Mapping]]" = None,
+              policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> "_AdmittingBlock":
     """The qemu hook's ``prepare begin``: admit the domain's devices with authority.
 
     Call it under :func:`host_lock`, taken before ``inv`` and the store were
@@ -423,9 +440,10 @@ def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Opt
     is still recorded at the end).
     ``types``: the vGPUs' type names as resolved once (:func:`admit_domain`); ``limits_for``:
     a type name -> ``{gpu: its max in the GPU's vGPU mode}`` (:func:`vgpuhost.ops.vgpu.mode_limits`),
-    so admission counts what the device layer will (mixed-size maxima are often lower).
+    so admission counts what the device layer will (mixed-size maxima are often lower); ``policies``:
+    as :func:`admit_domain`'s, called under the lock (the scheduler policy each pooled GPU runs).
     """
-    return _AdmittingBlock(store, view, inv, actor, allowed, types, limits_for)
+    return _AdmittingBlock(store, view, inv, actor, allowed, types, limits_for, policies)
 
 
 def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Granted], *,
@@ -504,9 +522,9 @@ class _AdmittingBlock:
 
     def __init__(self, store: StateStore, view: DomainView, inv: Inventory, actor: Optional[str],
                  allowed: Optional[frozenset], types: Optional[Mapping[str, str]],
-                 limits_for: "Optional[Callable[[str], Mapping]]" = None):
+                 limits_for: "Optional[Callable[[str], Mapping]]" = None, policies=None):
         self.store, self.view, self.inv, self.actor, self.allowed = store, view, inv, actor, allowed
-        self.types, self.limits_for = types, limits_for
+        self.types, self.limits_for, self.policies = types, limits_for, policies
         self.granted: Optional[List[Granted]] = None
         self.box: Optional[Admitting] = None
         self.rows: Dict[str, int] = {}
@@ -526,7 +544,7 @@ class _AdmittingBlock:
         from .recover import settle_allocations
         settle_allocations(store, actor=self.actor or _actor(), owner=view.uuid, locked=True)
         self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
-                                    types=self.types, limits_for=self.limits_for)
+                                    types=self.types, limits_for=self.limits_for, policies=self.policies)
         self.before = frozenset(_held_by(store, view.uuid))
         self.rows = record_admitted(store, view, self.granted, actor=self.actor)
         self.box = _Enforced(self.granted, store, self.inv)
@@ -579,6 +597,30 @@ def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dic
     return out
 
 
+def scheduler_policies(host, gpus: Sequence[str]) -> Dict[str, str]:
+    """``{BDF: the vGPU scheduler policy the GPU runs now}`` (``best-effort`` / ``equal-share`` /
+    ``fixed-share``), one NVML read per GPU of ``gpus`` (BDF strings); a GPU NVML cannot answer for
+    (MIG mode, no vGPU manager, an unknown policy) is left out, and the whole mapping is empty when NVML
+    cannot be had: admission then does not check the policy there."""
+    from ..io.backends import open_backend
+    from ..model.errors import VgpuhostError
+    from ..model.kinds import SchedulerPolicy
+    from ..model.values import PciAddress
+    try:
+        backend = open_backend(host)
+    except (VgpuhostError, OSError, ImportError):
+        return {}
+    out: Dict[str, str] = {}
+    for g in gpus:
+        try:
+            policy = str(backend.scheduler_state(PciAddress.parse(g)).policy)
+        except (VgpuhostError, OSError, ValueError):
+            continue
+        if policy in SchedulerPolicy.ALL:
+            out[g] = policy
+    return out
+
+
 def mixed_size_of(host, inv: Inventory) -> Dict[object, bool]:
     """``{gpu: mixed-size (heterogeneous) mode on}`` for the vGPU-capable GPUs NVML answers for
     (``heterogeneous_mode``; docs/reference/hardware.md#vgpu-types); empty when NVML cannot be had:
@@ -599,7 +641,94 @@ def mixed_size_of(host, inv: Inventory) -> Dict[object, bool]:
     return out
 
 
-def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None) -> dict:
+def exclusive_holders(tenants_: Mapping[str, Tenant], held: Sequence[adm.Allocation]) -> Dict[str, str]:
+    """``{GPU BDF: tenant}`` for the GPUs holding time-sliced vGPUs of an exclusive tenant: no other
+    tenant's vGPU (nor a domain with no tenant) may join them (docs/guide/tenancy.md, "QoS classes and isolation")."""
+    out: Dict[str, str] = {}
+    for a in held:
+        if a.kind != adm.VGPU or a.mig_slices or not a.tenant:
+            continue
+        t = adm.tenant_named(tenants_, a.tenant)
+        if t is not None and t.isolation == EXCLUSIVE:
+            out.setdefault(a.gpu, t.name)
+    return out
+
+
+def admissible(req: adm.AdmissionRequest, *, tenants_: Mapping[str, Tenant], held: Sequence[adm.Allocation],
+               offers: Sequence, limit: Optional[int] = None, **facts) -> Tuple[int, Dict[str, int], adm.Admission]:
+    """How many devices like ``req`` admission would admit now, one after another, asking
+    :func:`vgpuhost.policy.admission.admit` itself (dry: nothing recorded, no audit row): each admitted
+    one is added to the allocations and takes one instance off its GPU's offer, until admission refuses
+    (or ``limit`` are admitted).  ``facts``: admit's other keywords (pools, gpu_memory, gpu_slices,
+    names, policies).  Returns ``(n, {GPU BDF: n placed there}, the last decision: the refusal saying
+    why not one more, or the last admission when ``limit`` stopped it)``."""
+    held = list(held)
+    offers = list(offers)
+    by: Dict[str, int] = {}
+    n = 0
+    while True:
+        owner = f"(capacity {n})"
+        d = adm.admit(replace(req, owner=owner), tenants=tenants_, allocations=held, offers=offers, **facts)
+        if not d.admitted:
+            return n, by, d
+        n += 1
+        g = d.gpu or ""
+        by[g] = by.get(g, 0) + 1
+        held.append(adm.allocation(owner, owner, g, req.demand, d))
+        offers = [replace(o, available=o.available - 1, present=o.present + 1) if str(o.gpu) == g else o
+                  for o in offers]
+        if limit is not None and n >= limit:
+            return n, by, d
+
+
+def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Optional[str]], tenant: Optional[str],
+                     profile: str, gpu: str, n: int, *,
+                     policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> Tuple[int, str]:
+    """How many ``profile`` vGPUs admission would admit on ``gpu`` (BDF) for a domain of ``tenant`` (None:
+    a domain naming no tenant) once ``changes`` are made, at most ``n`` (what the freed framebuffer
+    holds): ``(count, admission's reason for one more, '' when all n)``.  ``changes``: ``{device: the
+    vGPU type it is resized to, or None: given back}``, as ``advise`` proposes.  Asks
+    :func:`vgpuhost.policy.admission.admit` itself (:func:`admissible`): quota, isolation, QoS class,
+    pools, reserves, with the GPU offering ``n`` instances (a tenant not known: refused, 0)."""
+    from ..model.values import PciAddress
+    from ..policy import offers as vgpu_offers
+    from ..policy.placement import GpuOffer
+    ts = tenants(store)
+    fbs = _type_fb(inv, store)
+    held = []
+    for a in allocations(store, inv):
+        if a.device in changes:
+            to = changes[a.device]
+            if to is None:
+                continue
+            d = adm.vgpu_demand(to, fbs.get(to.lower()))
+            a = replace(a, profile=to, framebuffer_mib=d.framebuffer_mib, mig_slices=d.mig_slices)
+        held.append(a)
+    records = store.vgpu_records()
+    seen = store.seen_types() + vgpu_offers.seen_rows(inv)
+    offer = next((o for o in vgpu_offers.offers(inv, records, profile, seen) if str(o.gpu) == gpu), None)
+    addr = PciAddress.parse(gpu)
+    if offer is None:
+        g = inv.gpu(addr)
+        offer = GpuOffer(addr, g.pci.numa_node if g is not None else 0, profile, profile, n, (addr,))
+    offer = replace(offer, type_id=offer.type_id or profile, type_name=offer.type_name or profile, available=n,
+                    parents=offer.parents or (addr,), note="")
+    pl = pools(store)
+    pooled = sorted({g for p in pl if p.policy for g in p.gpus} & {gpu})
+    got, _, last = admissible(adm.AdmissionRequest("(advise)", adm.vgpu_demand(profile, fbs.get(profile.lower())),
+                                                   tenant, gpu=gpu),
+                              tenants_=ts, held=held, offers=[offer], limit=n, pools=pl,
+                              names=store.active_domains(),
+                              gpu_memory={str(x.address): x.framebuffer_mib for x in inv.gpus if x.framebuffer_mib},
+                              gpu_slices=_gpu_slices(inv, seen),
+                              policies=policies(pooled) if policies is not None and pooled else None)
+    return got, ("" if last.admitted else last.reason)
+
+
+def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None, *,
+             tenant: Optional[str] = None,
+             policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None, per_gpu: bool = True,
+             untenanted: bool = False) -> dict:
     """What more fits now, per profile, pool and GPU, and where fragmentation blocks a profile.
 
     Per vGPU type name: instances free per GPU (as placement counts them),
@@ -609,6 +738,22 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     equal-size mode by another size) keeps out.  ``mixed_size``
     (:func:`mixed_size_of`): GPU -> mixed-size mode; a GPU in it counts the
     type's mixed-size max, often lower (docs/reference/hardware.md#vgpu-types).
+
+    A GPU holding time-sliced vGPUs of an exclusive tenant is marked
+    (``"exclusive": tenant``) and counts no free instance (no one else may
+    join it); so does a pooled GPU in drift (``"drift"``: why, when
+    ``policies`` is given: its running scheduler policy is not its pool's).  With ``tenant`` (a tenant's name; InputError naming the known
+    tenants for an unknown one) each count is admission's answer for a
+    domain of that tenant (:func:`admissible`): ``by_gpu`` what it could
+    start on each GPU, ``fits`` how many it could start in all (quota,
+    isolation, QoS class, pools, reserves and placement together), and
+    ``why_not`` admission's reason for one more.  ``policies``: as
+    :func:`admit_domain`'s (the scheduler policy each pooled GPU runs; a GPU
+    in drift admits nothing); ``per_gpu`` False (the exporter, which needs
+    ``fits`` only): ``by_gpu`` is where the ``fits`` would go one after
+    another, not what each GPU alone could take (half the admission calls);
+    ``untenanted`` (no ``tenant``): admission's answer for a domain naming
+    no tenant (best-effort, no quota), as with a tenant.
     """
     from ..policy import offers as vgpu_offers
     from ..policy.capacity import summarise
@@ -617,6 +762,12 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     held = allocations(store, inv)
     pl = pools(store)
+    ts = tenants(store)
+    me = get(store, tenant) if tenant is not None else None
+    excl = exclusive_holders(ts, held)
+    pooled = sorted({g for p in pl if p.policy for g in p.gpus})
+    running = policies(pooled) if policies is not None and pooled else None
+    drift = {g: adm.drift_note(adm.pool_of(pl, g), g, running) for g in pooled}
     used: Dict[str, int] = {}
     for a in held:
         if a.kind == adm.VGPU and not a.mig_slices:
@@ -631,7 +782,16 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         gpus.append({"gpu": addr, "pool": adm.pool_of(pl, addr).name,
                      "framebuffer_mib": mem, "unreadable": [str(u.device) for u in g.unreadable],
                      "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
-                     (max(0, mem - used.get(addr, 0)) if mem else None)})
+                     (max(0, mem - used.get(addr, 0)) if mem else None),
+                     "exclusive": excl.get(addr), "drift": drift.get(addr) or None})
+    closed = {g for g, t in excl.items() if me is None or t.lower() != me.name.lower()}
+    closed |= {g for g, why in drift.items() if why}
+    ask = me is not None or untenanted
+    facts: Dict[str, object] = {}
+    if ask:
+        facts = dict(pools=pl, names=store.active_domains(),
+                     gpu_memory={str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib},
+                     gpu_slices=_gpu_slices(inv, seen), policies=running)
     fbs = _type_fb(inv, store)
     present: Dict[str, int] = {}
     for r in records:
@@ -641,6 +801,7 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         if t.max_instances:
             max_of.setdefault(t.name.lower(), t.max_instances)
     per_type = []
+    admitted: Dict[str, Tuple[int, str, str]] = {}
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
         limits = mode_limits(inv, name, mixed_size) if mixed_size else {}
         offers = vgpu_offers.offers(inv, records, name, seen, limits)
@@ -661,6 +822,21 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                 same = sum(1 for r in records if r.gpu == str(o.gpu) and r.type_name.lower() == name.lower())
                 left = max(0, limits[o.gpu] - same)
                 cap = left if cap is None else min(cap, left)
-            rows.append((str(o.gpu), o.available, cap))
+            free = 0 if str(o.gpu) in closed and not dem.mig_backed else o.available
+            rows.append((str(o.gpu), free, cap))
+        if ask:
+            lent = _lent(offers, records, name)
+            req = adm.AdmissionRequest("(capacity)", dem, me.name if me is not None else None)
+            n, placed, last = admissible(req, tenants_=ts, held=held, offers=lent, **facts)
+            alone = dict(placed)
+            for o in lent if per_gpu else ():
+                if o.type_id is not None:
+                    alone[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=held,
+                                                   offers=lent, limit=max(0, o.available), **facts)[0] \
+                        if o.available > 0 else 0
+            rows = [(g, alone.get(g, 0), cap) for g, _, cap in rows]
+            admitted[name] = (n, "" if last.admitted else last.reason, "ok" if last.admitted else last.code)
         per_type.append((name, dem.framebuffer_mib, dem.mig_backed, rows))
-    return summarise(gpus, per_type)
+    doc = summarise(gpus, per_type, admitted if ask else None)
+    doc["tenant"] = me.name if me is not None else None
+    return doc

@@ -41,7 +41,9 @@ Rules (docs/guide/tenancy.md):
 - **Pools.**  Time-sliced vGPUs go only to GPUs whose pool serves the
   class.  GPUs in no declared pool form the implicit pool ``default``,
   which serves ``burstable`` and ``best-effort`` (its scheduler policy is
-  whatever the GPU runs).  Hardware partitions ignore pools.
+  whatever the GPU runs).  A GPU of a declared pool running another policy
+  than its pool's (``policies``, read under the host lock) is in drift and
+  serves no class.  Hardware partitions ignore pools.
 - **Placement.**  :func:`vgpuhost.policy.placement.place` over the GPUs
   left, with the tenant's ``prefer`` labels tried first (affinity).
 
@@ -245,7 +247,8 @@ def standing(tenant: Optional[Tenant], tname: Optional[str], allocations: Sequen
 def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
           pools: Sequence[Pool] = (), offers: Sequence[GpuOffer] = (),
           gpu_memory: Optional[Mapping[str, int]] = None, names: Optional[Mapping[str, str]] = None,
-          gpu_slices: Optional[Mapping[str, int]] = None) -> Admission:
+          gpu_slices: Optional[Mapping[str, int]] = None,
+          policies: Optional[Mapping[str, str]] = None) -> Admission:
     """Decide ``req``: quota -> isolation -> QoS class -> pool -> placement (module docstring).
 
     ``tenants``: every tenant by name (empty: tenancy is not in use, and a
@@ -257,7 +260,11 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     framebuffer per GPU (MiB, by BDF) for the reserve of unused guarantees
     (unknown GPUs are left out of it); ``gpu_slices``: compute slices per
     GPU in MIG mode (the same reserve, for MIG slices); ``names``: domain
-    names by UUID, for messages.
+    names by UUID, for messages; ``policies``: the scheduler policy each GPU
+    runs now (by BDF, as NVML reads it under the host lock; None, or a GPU
+    left out: not known, not checked): a GPU of a declared pool running
+    another policy than its pool's is *in drift* and takes no time-sliced
+    vGPU of any class until ``vgpuhost apply`` sets its pool's policy again.
     Never raises for a refusal: it is the returned decision.
     """
     names = names or {}
@@ -290,7 +297,7 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names,
                             gpu_slices)
     narrowed, candidates, refusal = _narrow(dem, tenant, tname, qos, pools, offers, tenants, allocations, names,
-                                            refuse)
+                                            refuse, policies)
     if refusal is not None:
         return refusal
     # use no guarantee covers leaves room for the other tenants' unused guarantees (module docstring)
@@ -457,13 +464,16 @@ def _class_refusal(dem: Demand, tenant: Optional[Tenant], qos: str, pools: Seque
 
 def _narrow(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], qos: str, pools: Sequence[Pool],
             offers: Sequence[GpuOffer], tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
-            names: Mapping[str, str], refuse) -> Tuple[List[GpuOffer], List[str], Optional[Admission]]:
+            names: Mapping[str, str], refuse, policies: Optional[Mapping[str, str]] = None
+            ) -> Tuple[List[GpuOffer], List[str], Optional[Admission]]:
     """Step 4 for a vGPU, the pools and isolation per GPU: ``(offers, each closed with its reason when
-    the GPU may not take the demand; the BDFs that may; refusal or None)``."""
+    the GPU may not take the demand; the BDFs that may; refusal or None)``.  A GPU whose running
+    scheduler policy (``policies``) is not its declared pool's is closed as in drift."""
     by_gpu = _by_gpu(allocations)
     narrowed: List[GpuOffer] = []
     candidates: List[str] = []
     served_any = False
+    drifted: List[str] = []
     for o in offers:
         g = str(o.gpu)
         why = None
@@ -471,6 +481,10 @@ def _narrow(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], qos: st
             pool = pool_of(pools, g)
             if not pool.serves(qos):
                 why = f"pool {pool.name!r} does not serve {qos}"
+            elif drift_note(pool, g, policies):
+                served_any = True
+                drifted.append(g)
+                why = drift_note(pool, g, policies)
             else:
                 served_any = True
                 why = _isolation_conflict(tenant, tname, by_gpu.get(g, ()), tenants)
@@ -492,6 +506,13 @@ def _narrow(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], qos: st
                     + (f" (pools serving it: {', '.join(serving)}, none with a GPU offering {dem.profile})"
                        if serving else ""),
             frees=("declare a pool serving it in the layout, or change the domain's qos",))
+    if not candidates and drifted:
+        rej = "; ".join(f"{o.gpu}: {o.note}" for o in narrowed if o.note)
+        return narrowed, candidates, refuse(
+            "pool", f"no GPU may take {dem.text()} of "
+                    f"{('tenant ' + repr(tname)) if tname else 'a domain without a tenant'}: {rej}",
+            frees=("run 'vgpuhost apply' with the host's layout to set each pool's scheduler policy again (on a "
+                   "GPU with no vGPUs)",))
     if not candidates:
         rej = "; ".join(f"{o.gpu}: {o.note}" for o in narrowed if o.note) or "no vGPU-capable GPU"
         return narrowed, candidates, refuse(
@@ -500,6 +521,17 @@ def _narrow(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], qos: st
                          f"under its isolation: {rej}",
             frees=("wait for a GPU to empty, or change the tenant's isolation or labels",))
     return narrowed, candidates, None
+
+
+def drift_note(pool: Pool, gpu: str, policies: Optional[Mapping[str, str]]) -> str:
+    """Why ``gpu`` of ``pool`` serves no class now: it runs another scheduler policy than its pool's
+    (``policies``: the policy each GPU runs, by BDF); '' when it does not, or that is not known (no
+    policy read, or the implicit pool, whose policy is whatever the GPU runs)."""
+    now = (policies or {}).get(gpu)
+    if not now or not pool.policy or now == pool.policy:
+        return ""
+    return (f"GPU {gpu} runs the {now} scheduler, not the {pool.policy} of its pool {pool.name!r}: in drift, it "
+            f"serves no class until 'vgpuhost apply' sets the pool's policy again")
 
 
 def _by_gpu(allocations: Sequence[Allocation]) -> Dict[str, List[Allocation]]:

@@ -80,8 +80,20 @@ class Allocation:
 
     @property
     def demand(self) -> Demand:
-        p = VgpuProfile.try_parse(self.profile) if self.profile else None
-        return Demand(self.kind, self.profile, p.series if p else "", self.framebuffer_mib, self.mig_slices)
+        return Demand(self.kind, self.profile, _series(self.profile), self.framebuffer_mib, self.mig_slices)
+
+
+#: profile name -> its series, parsed once per process (admission asks for every allocation's demand
+#: on every decision; ``capacity --tenant`` makes thousands of decisions)
+_SERIES: dict = {}
+
+
+def _series(profile: str) -> str:
+    s = _SERIES.get(profile)
+    if s is None:
+        p = VgpuProfile.try_parse(profile) if profile else None
+        s = _SERIES[profile] = p.series if p else ""
+    return s
 
 
 def allocation(device: str, owner: str, gpu: str, demand: Demand, decision: "Admission") -> Allocation:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..model.concepts import DeviceKind, QosClass
 from ..model.usage import UsageRow
@@ -149,7 +149,8 @@ class Advice:
     reason: str
 
 
-def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: float = 3600.0
+def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: float = 3600.0,
+           admits: Optional[Callable[[str, str, int, Optional[str]], int]] = None
            ) -> Tuple[List[Advice], Dict[str, int]]:
     """Advice per (device, domain) allocated at least ``min_alloc_s`` in the rows.
 
@@ -161,7 +162,11 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
     (the host cannot see their use).
 
     Returns ``(advice, more)``: ``more`` is ``{profile: n}``, how many more
-    VMs of that profile the framebuffer freed would hold, per GPU.
+    VMs of that profile the framebuffer freed would hold, per GPU; with
+    ``admits`` (tenancy in use), per GPU only as many as
+    ``admits(gpu, profile, n, tenant)`` says admission would admit there
+    once the advice is followed (``tenant``: whose devices freed the room,
+    None for none; the caller may ask for another tenant instead).
     """
     per: Dict[Tuple[str, str], _Use] = {}
     for raw in rows:
@@ -171,7 +176,7 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
         per.setdefault((r.device, r.domain_uuid), _Use(r, fb_total_bytes=r.fb_total_bytes)).add(r)
     by_name = {o.name.upper(): o for o in offers}
     out: List[Advice] = []
-    freed: Dict[Tuple[str, str], int] = {}          # (gpu, profile to fill) -> MiB freed
+    freed: Dict[Tuple[str, str, str], int] = {}     # (gpu, profile to fill, tenant) -> MiB freed
     for (device, _u), use in sorted(per.items(), key=lambda item: item[0]):
         if use.alloc_s < min_alloc_s:
             continue
@@ -186,7 +191,8 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
             out.append(Advice(**base, action="idle", to=None,
                               reason=f"guaranteed vGPU used {share:.1%} of SM time over "
                                      f"{use.alloc_s / 3600:.1f} h: release it or move it to best-effort"))
-            freed[(last.gpu, last.profile)] = freed.get((last.gpu, last.profile), 0) + cur_mib
+            key = (last.gpu, last.profile, last.tenant or "")
+            freed[key] = freed.get(key, 0) + cur_mib
             continue
         best: Optional[Offer] = None
         if prof is not None:
@@ -207,12 +213,15 @@ def advise(rows: Iterable[Sequence], offers: Sequence[Offer], *, min_alloc_s: fl
         out.append(Advice(**base, action="downsize", to=best.name,
                           reason=f"framebuffer peak {use.fb_peak_bytes / MIB:.0f} MiB and SM share {share:.1%} fit "
                                  f"{best.name} ({best.framebuffer_mib} MiB)"))
-        freed[(last.gpu, best.name)] = freed.get((last.gpu, best.name), 0) + cur_mib - best.framebuffer_mib
+        key = (last.gpu, best.name, last.tenant or "")
+        freed[key] = freed.get(key, 0) + cur_mib - best.framebuffer_mib
     more: Dict[str, int] = {}
-    for (gpu, name), mib in freed.items():
+    for (gpu, name, tenant), mib in sorted(freed.items()):
         o = by_name.get(name.upper())
         if o and o.framebuffer_mib:
             n = mib // o.framebuffer_mib
+            if n and admits is not None:
+                n = min(n, admits(gpu, o.name, n, tenant or None))
             if n:
                 more[o.name] = more.get(o.name, 0) + n
     return out, more
