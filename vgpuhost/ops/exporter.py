@@ -16,9 +16,12 @@ The metric list is in docs/metering.md.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+from socketserver import ThreadingMixIn
 from typing import Callable, Dict, Iterator, Optional, Tuple
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -204,10 +207,6 @@ def listen(address: str, port: int, registry: CollectorRegistry) -> Tuple[object
     ``start_http_server`` does from 0.17 on, but bookworm ships 0.16 (python3-prometheus-client
     0.16.0-0.1), whose ``start_http_server`` returns nothing to stop or to ask for the port.
     """
-    import socket
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
         address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
