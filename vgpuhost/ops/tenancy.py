@@ -304,6 +304,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     fbs = _type_fb(inv, store)
     memory = {str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib}
     slices = _gpu_slices(inv, seen)
+    facts = host_gpus(inv, seen, fbs, slices)
     names = store.active_domains()
     pl = pools(store)
     qos = getattr(meta, "qos", None)
@@ -342,7 +343,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                                                     meta.strategy, meta.anti_affinity), offers))
     for device, req, offers in reqs:
         d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names,
-                      gpu_slices=slices)
+                      gpu_slices=slices, gpus=facts)
         if audit:
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
                         path="(admission)", value=d.one_line(), result="admitted" if d.admitted else "refused")
@@ -351,6 +352,33 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                                hint=d.remedy())
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
+    return out
+
+
+def host_gpus(inv: Inventory, seen: Sequence[tuple], fbs: Mapping[str, int],
+              slices: Mapping[str, int]) -> List[adm.HostGpu]:
+    """Every GPU of ``inv`` with a known framebuffer as the guarantees see it (:class:`HostGpu`): the vGPU
+    types it offers (listed now or seen before, ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows;
+    ``fbs``: framebuffer MiB by type name, lower case) and its compute slices in MIG mode (``slices``,
+    :func:`_gpu_slices`).  A GPU listing no type (driver not loaded, passed through) offers any size."""
+    from ..model.values import VgpuProfile
+    types: Dict[str, set] = {}
+    for t in inv.vgpu_types:
+        types.setdefault(str(t.gpu), set()).add(t.name)
+    for row in seen:
+        types.setdefault(row[0], set()).add(row[2])
+    out = []
+    for g in inv.gpus:
+        addr = str(g.address)
+        if not g.framebuffer_mib:
+            continue
+        named = []
+        for name in sorted(types.get(addr, ())):
+            p = VgpuProfile.try_parse(name)
+            fb = fbs.get(name.lower()) or (p.framebuffer_gb * 1024 if p else 0)
+            if fb:
+                named.append((name, fb, (p.gi_slices or 0) if p else 0))
+        out.append(adm.HostGpu(addr, g.framebuffer_mib, tuple(named) or None, slices.get(addr, 0)))
     return out
 
 

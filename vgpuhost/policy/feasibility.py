@@ -1,0 +1,413 @@
+"""Can every tenant's unused guarantee be served together on this host?  A pure, bounded exact search.
+
+Owns: the per-GPU facts the question needs (:class:`HostGpu`), a tenant's
+unused guarantee (:class:`Need`, :func:`needs`), the search
+(:func:`search`), the set of tenants whose guarantees cannot all be kept
+(:func:`at_risk`), and the reserve check admission asks for use no
+guarantee covers (:class:`Reserve`).  Must not: read the host or the state
+store; callers (:mod:`vgpuhost.ops.tenancy`, :mod:`vgpuhost.policy.admission`)
+build the inputs.
+
+The rule (docs/guide/tenancy.md, "Guarantees reserve room"): a tenant's
+unused guarantee (guaranteed limit less its use now, per dimension) can be
+served when a way exists to give every such tenant, at once and on top of
+what is held now:
+
+- its unused passthrough GPUs: GPUs holding nothing;
+- its unused vGPUs and framebuffer: time-sliced vGPUs on GPUs that offer a
+  type of its series, whose pool serves its QoS class, that its isolation
+  allows (``hardware``: none; ``exclusive``: a GPU holding no other
+  tenant's vGPU, and no other tenant joins it; ``avoid`` labels, both ways)
+  and that hold one vGPU size (equal-size mode): a GPU holding vGPUs takes
+  only their size, an empty GPU takes the size of the first vGPU given to
+  it; or MIG-backed vGPUs on GPUs in MIG mode (pools and neighbours do not
+  matter there).  A tenant holding time-sliced vGPUs is served in the types
+  it holds (the sizes it uses); one holding none may use any type of its
+  series.  Each vGPU counts 1 vGPU and its framebuffer;
+- its unused MIG compute slices: MIG-backed vGPUs, slices counted per GPU.
+
+Two readings of a tenant holding no vGPU yet: ``any_size`` (it may join a
+GPU already holding another tenant's size) and, with ``any_size`` False, the
+guarantee is held at the size it will ask, so it needs a GPU it sizes
+itself (an empty one).  Admission's reserve keeps both; ``tenant add|set``
+checks the first (a promise that some choice of sizes keeps).
+
+The search assigns, GPU by GPU, what each GPU gives to whom (memoised on
+the demand left, each GPU's capacity given out fully to the tenants it
+serves); it stops after :data:`NODE_LIMIT` steps and answers "unknown"
+(``Verdict.ok`` None) rather than take longer: host scale is up to ~16 GPUs
+and a handful of guaranteed tenants.
+"""
+
+from __future__ import annotations
+
+from ..model.tenancy import DIMENSIONS, EXCLUSIVE, HARDWARE, Tenant
+from ..model.values import VgpuProfile, record
+from .demand import PASSTHROUGH, VGPU, Allocation
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
+    from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+
+#: a GPU whose vGPU types are not known serves a tenant holding no vGPU in vGPUs of this size (MiB): the
+#: smallest vGPU types are 1 GiB (A40-1Q, L40S-1Q; docs/reference/hardware.md#vgpu-types)
+MIN_VGPU_MIB = 1024
+#: search steps before the answer is "unknown"
+NODE_LIMIT = 60000
+
+
+@record(frozen=True)
+class HostGpu:
+    """One GPU as the guarantees see it.  ``framebuffer_mib``: its framebuffer (MiB); ``types``: the vGPU
+    types it offers, ``(type name, framebuffer MiB, GPU-instance compute slices (0: time-sliced))``, None
+    when not known (then any size fits); ``mig_slices``: compute slices in MIG mode (0: not in MIG mode)."""
+
+    gpu: str
+    framebuffer_mib: int
+    types: Optional[Tuple[Tuple[str, int, int], ...]] = None
+    mig_slices: int = 0
+
+
+@record(frozen=True)
+class Need:
+    """A tenant's unused guarantee: guaranteed limit less use now, per dimension (0: nothing unused)."""
+
+    tenant: str
+    vgpus: int = 0
+    framebuffer_mib: int = 0
+    mig_slices: int = 0
+    passthrough_gpus: int = 0
+
+    def text(self) -> str:
+        """``tenant 'a': 2 vGPU(s) of 8192 MiB, 1 passthrough GPU(s)`` (sizes: ``sizes`` below)."""
+        return f"tenant {self.tenant!r}: " + self.what()
+
+    def what(self, size: Optional[int] = None) -> str:
+        parts = []
+        if self.vgpus:
+            parts.append(f"{self.vgpus} vGPU(s)" + (f" of {size} MiB" if size else ""))
+        if self.framebuffer_mib and not (size and self.vgpus and self.vgpus * size >= self.framebuffer_mib):
+            parts.append(f"{self.framebuffer_mib} MiB framebuffer")
+        if self.mig_slices:
+            parts.append(f"{self.mig_slices} MIG compute slice(s)")
+        if self.passthrough_gpus:
+            parts.append(f"{self.passthrough_gpus} passthrough GPU(s)")
+        return ", ".join(parts)
+
+
+@record(frozen=True)
+class Verdict:
+    """``ok``: True (served together), False (not), None (unknown: the search hit :data:`NODE_LIMIT`)."""
+
+    ok: Optional[bool]
+    reason: str = ""
+
+
+def _named(tenants: Mapping[str, Tenant], name: Optional[str]) -> Optional[Tenant]:
+    if name is None:
+        return None
+    t = tenants.get(name)
+    if t is None:
+        low = name.lower()
+        t = next((v for k, v in tenants.items() if k.lower() == low), None)
+    return t
+
+
+def needs(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+          exclude: Optional[str] = None) -> List[Need]:
+    """Every tenant's unused guarantee (those with one), by name; ``exclude``: a tenant left out."""
+    out = []
+    for name in sorted(tenants):
+        if exclude is not None and name.lower() == exclude.lower():
+            continue
+        q = tenants[name].quota
+        used = {d: 0 for d in DIMENSIONS}
+        for a in allocations:
+            if a.tenant is not None and a.tenant.lower() == name.lower():
+                for d in DIMENSIONS:
+                    used[d] += a.demand.amount(d)
+        left = {d: max(0, (q.guaranteed.get(d) or 0) - used[d]) for d in DIMENSIONS}
+        if any(left.values()):
+            out.append(Need(name, **left))
+    return out
+
+
+class _Unknown(Exception):
+    pass
+
+
+class _Tenant:
+    """A tenant's static facts for the search."""
+
+    def __init__(self, t: Tenant, allocations: Sequence[Allocation]):
+        self.t = t
+        low = t.name.lower()
+        mine = [a for a in allocations if a.tenant is not None and a.tenant.lower() == low and a.kind == VGPU]
+        self.sliced = {a.profile.lower(): a.framebuffer_mib for a in mine if not a.mig_slices}
+        self.mig = {a.profile.lower(): (a.framebuffer_mib, a.mig_slices) for a in mine if a.mig_slices}
+
+    def allows(self, name: str) -> bool:
+        series = self.t.quota.series
+        if not series:
+            return True
+        p = VgpuProfile.try_parse(name)
+        return p is None or p.series in series
+
+    def sliced_sizes(self, g: HostGpu, own: bool) -> Set[int]:
+        """Sizes (MiB) of the time-sliced types it may use on ``g``; ``own``: only those it holds."""
+        if self.t.isolation == HARDWARE:
+            return set()
+        if g.types is None:
+            return set(self.sliced.values()) or {MIN_VGPU_MIB}
+        out = set()
+        for name, fb, sl in g.types:
+            if sl or not fb or not self.allows(name):
+                continue
+            if self.sliced and name.lower() not in self.sliced:
+                continue
+            out.add(fb)
+        return out
+
+    def mig_units(self, g: HostGpu) -> List[Tuple[int, int]]:
+        """``(framebuffer MiB, slices)`` of the MIG-backed types it may use on ``g``, fewest slices first."""
+        if g.types is None:
+            return sorted(set(self.mig.values())) or [(g.framebuffer_mib // max(1, g.mig_slices), 1)]
+        out = set()
+        for name, fb, sl in g.types:
+            if not sl or not self.allows(name):
+                continue
+            if self.mig and name.lower() not in self.mig:
+                continue
+            out.add((fb, sl))
+        return sorted(out, key=lambda u: (u[1], -u[0]))
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b) if b else 0
+
+
+def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+           gpus: Sequence[HostGpu], serves: Callable[[str, str], bool], any_size: bool = True,
+           limit: int = NODE_LIMIT) -> Verdict:
+    """Can every :class:`Need` of ``wanted`` be served at once on top of ``allocations``?
+
+    ``gpus``: the host's GPUs (:class:`HostGpu`); ``serves(gpu, qos)``: whether the pool of ``gpu``
+    serves QoS class ``qos`` (time-sliced vGPUs only); ``any_size``: module docstring.  The reason of a
+    False verdict names the guarantees.  Never raises.
+    """
+    wanted = [n for n in wanted if n.vgpus or n.framebuffer_mib or n.mig_slices or n.passthrough_gpus]
+    if not wanted:
+        return Verdict(True)
+    ts = [_Tenant(_named(tenants, n.tenant) or Tenant(n.tenant), allocations) for n in wanted]
+    # each GPU now
+    state: List[Tuple[HostGpu, bool, int, Optional[int], int, Tuple[Optional[str], ...]]] = []
+    for g in sorted(gpus, key=lambda x: x.gpu):
+        here = [a for a in allocations if a.gpu == g.gpu]
+        dead = any(a.kind == PASSTHROUGH for a in here)
+        sliced = [a for a in here if a.kind == VGPU and not a.mig_slices]
+        used = sum(a.framebuffer_mib for a in sliced)
+        size = sliced[0].framebuffer_mib if sliced else None
+        slices = sum(a.mig_slices for a in here)
+        present = tuple(sorted({a.tenant for a in sliced}, key=lambda x: (x is None, x or "")))
+        free = 0 if dead else (g.mig_slices - slices if g.mig_slices else max(0, g.framebuffer_mib - used))
+        state.append((g, not here, free, size, slices, present))
+    start = tuple((n.vgpus, n.framebuffer_mib, n.mig_slices) for n in wanted)
+    pt = sum(n.passthrough_gpus for n in wanted)
+    steps = [0]
+    failed: Set[tuple] = set()
+
+    def conflict(t: _Tenant, present: Sequence[Optional[str]], joined: Sequence[int]) -> bool:
+        for name in present:
+            if name is not None and name.lower() == t.t.name.lower():
+                continue
+            other = _named(tenants, name) if name else None
+            if name and other is None:
+                other = Tenant(name)
+            if t.t.conflicts(other) or (other is not None and other.conflicts(t.t)):
+                return True
+        for j in joined:
+            if ts[j] is not t and (t.t.conflicts(ts[j].t) or ts[j].t.conflicts(t.t)):
+                return True
+        return False
+
+    def options(i: int, rem: tuple, p: int):
+        g, empty, free, size, _, present = state[i]
+        out = []
+        if empty and p:
+            out.append((rem, p - 1))
+        if free <= 0:
+            return out
+        if g.mig_slices:
+            def mig(k: int, left: int, r: list):
+                if k == len(ts):
+                    out.append((tuple(r), p))
+                    return
+                n, f, s = r[k]
+                units = ts[k].mig_units(g) if (n or f or s) else []
+                for fb, sl in units:
+                    need = max(n, _ceil(f, fb), _ceil(s, sl))
+                    most = min(need, left // sl)
+                    if most > 0:
+                        r2 = list(r)
+                        r2[k] = (max(0, n - most), max(0, f - most * fb), max(0, s - most * sl))
+                        mig(k + 1, left - most * sl, r2)
+                mig(k + 1, left, r)
+            mig(0, free, list(rem))
+            return out
+        sizes: Dict[int, List[int]] = {}
+        for k, t in enumerate(ts):
+            n, f, _ = rem[k]
+            if not (n or f) or not serves(g.gpu, t.t.qos):
+                continue
+            fresh = not t.sliced and not any_size
+            for s in t.sliced_sizes(g, False):
+                if size is not None and (s != size or fresh):
+                    continue
+                sizes.setdefault(s, []).append(k)
+
+        for s, who in sorted(sizes.items(), key=lambda kv: kv[0]):
+            cap = free // s
+
+            def give(idx: int, left: int, r: list, joined: List[int]):
+                if idx == len(who):
+                    if joined:
+                        out.append((tuple(r), p))
+                    return
+                k = who[idx]
+                t = ts[k]
+                n, f, _ = r[k]
+                need = max(n, _ceil(f, s))
+                opens = not t.sliced and not any_size
+                if left and need and not (opens and (joined or size is not None)) \
+                        and not conflict(t, present, joined):
+                    take = min(need, left)
+                    # the rest of the GPU goes to the tenants after it: every split that gives it all it can
+                    low = take if idx == len(who) - 1 else 1
+                    for m in range(take, low - 1, -1):
+                        r2 = list(r)
+                        r2[k] = (max(0, n - m), max(0, f - m * s), r[k][2])
+                        give(idx + 1, left - m, r2, joined + [k])
+                give(idx + 1, left, r, joined)
+            give(0, cap, list(rem), [])
+        return out
+
+    def go(i: int, rem: tuple, p: int) -> bool:
+        if p == 0 and all(not any(x) for x in rem):
+            return True
+        if i == len(state):
+            return False
+        key = (i, rem, p)
+        if key in failed:
+            return False
+        steps[0] += 1
+        if steps[0] > limit:
+            raise _Unknown()
+        if p > sum(1 for s in state[i:] if s[1]):
+            failed.add(key)
+            return False
+        seen = set()
+        for r2, p2 in options(i, rem, p) + [(rem, p)]:
+            if (r2, p2) in seen:
+                continue
+            seen.add((r2, p2))
+            if go(i + 1, r2, p2):
+                return True
+        failed.add(key)
+        return False
+
+    try:
+        ok = go(0, start, pt)
+    except _Unknown:
+        return Verdict(None, f"could not be decided within {limit} search steps")
+    if ok:
+        return Verdict(True)
+    return Verdict(False, "; ".join(_need_text(n, t) for n, t in zip(wanted, ts)))
+
+
+def _need_text(n: Need, t: _Tenant) -> str:
+    sizes = sorted(set(t.sliced.values()))
+    return n.text() if len(sizes) != 1 else f"tenant {n.tenant!r}: " + n.what(sizes[0])
+
+
+def need_text(n: Need, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation]) -> str:
+    """``tenant 'a': 1 vGPU(s) of 8192 MiB`` (the size it uses, where it uses one)."""
+    return _need_text(n, _Tenant(_named(tenants, n.tenant) or Tenant(n.tenant), allocations))
+
+
+def at_risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gpus: Sequence[HostGpu],
+            serves: Callable[[str, str], bool], order: Sequence[str] = ()) -> Tuple[List[str], bool]:
+    """``(tenants whose unused guarantee cannot be served beside the others', decided)``.
+
+    Tenants are taken in ``order`` (names; the rest by name after them): each joins the set kept when
+    the set and it can still be served together (:func:`search`, ``any_size``), else it is at risk.
+    ``decided`` False when a search could not decide (its tenant is not called at risk).
+    """
+    every = needs(tenants, allocations)
+    rank = {n.lower(): i for i, n in enumerate(order)}
+    every.sort(key=lambda n: (rank.get(n.tenant.lower(), len(rank)), n.tenant))
+    kept: List[Need] = []
+    out: List[str] = []
+    decided = True
+    for n in every:
+        v = search(kept + [n], tenants=tenants, allocations=allocations, gpus=gpus, serves=serves)
+        if v.ok is False:
+            out.append(n.tenant)
+        else:
+            decided = decided and v.ok is not None
+            kept.append(n)
+    return out, decided
+
+
+class Reserve:
+    """The room other tenants' unused guarantees hold, for use no guarantee covers (admission's reserve).
+
+    ``Reserve(me, ...)``: every tenant's but ``me``'s unused guarantee, as
+    :func:`needs` finds it.  :meth:`breaks` says which of them one more
+    device would leave unservable.  Both readings of an unknown size are
+    kept (module docstring); where the guarantees cannot all be served now
+    (oversubscribed), each tenant's that can be served alone must stay so.
+    """
+
+    def __init__(self, me: Optional[str], *, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+                 gpus: Sequence[HostGpu], serves: Callable[[str, str], bool]):
+        self.tenants, self.allocations, self.gpus, self.serves = tenants, list(allocations), list(gpus), serves
+        self.wanted = needs(tenants, allocations, exclude=me)
+        self._before: Dict[bool, Tuple[bool, List[Need]]] = {}
+
+    def _run(self, wanted: Sequence[Need], allocations: Sequence[Allocation], any_size: bool) -> Verdict:
+        return search(wanted, tenants=self.tenants, allocations=allocations, gpus=self.gpus, serves=self.serves,
+                      any_size=any_size)
+
+    def _kept(self, any_size: bool) -> Tuple[bool, List[Need]]:
+        """``(all together, the needs to keep servable)`` before the request."""
+        if any_size not in self._before:
+            v = self._run(self.wanted, self.allocations, any_size)
+            if v.ok is not False:
+                self._before[any_size] = (True, self.wanted if v.ok else [])
+            else:
+                self._before[any_size] = (False, [n for n in self.wanted
+                                                  if self._run([n], self.allocations, any_size).ok is True])
+        return self._before[any_size]
+
+    def breaks(self, extra: Allocation) -> Tuple[List[Need], bool]:
+        """``(the needs ``extra`` would leave unservable, only at the size a tenant holding no vGPU asks)``;
+        empty when it leaves them all as servable as before (an undecided search does not refuse)."""
+        if not self.wanted:
+            return [], False
+        after = [*self.allocations, extra]
+        for any_size in (True, False):
+            together, kept = self._kept(any_size)
+            if not kept:
+                continue
+            if together:
+                if self._run(kept, after, any_size).ok is False:
+                    bad = [n for n in kept if self._run([n], after, any_size).ok is False] or kept
+                    return bad, not any_size
+            else:
+                bad = [n for n in kept if self._run([n], after, any_size).ok is False]
+                if bad:
+                    return bad, not any_size
+        return [], False
+
+    def text(self, bad: Sequence[Need]) -> str:
+        return "; ".join(need_text(n, self.tenants, self.allocations) for n in bad)
