@@ -636,7 +636,8 @@ def _keep_reserve(dem: Demand, req: AdmissionRequest, tname: Optional[str], narr
             bad, sized = res.breaks(_asked(req, tname, g, dem))
             if bad:
                 kept.append(g)
-                sized = sized and not any(a.gpu == g for a in allocations)
+                sized = not any(a.gpu == g for a in allocations) and (
+                    sized or all(res.other_size(n, dem.framebuffer_mib) for n in bad))
                 why.setdefault((sized, res.text(bad)), []).append(g)
                 o = replace(o, available=0, parents=(), note=_held_note(dem, [g], sized, res.text(bad)))
         out.append(o)

@@ -409,5 +409,11 @@ class Reserve:
                     return bad, not any_size
         return [], False
 
+    def other_size(self, n: Need, framebuffer_mib: int) -> bool:
+        """Does ``n``'s tenant use time-sliced vGPUs, none of ``framebuffer_mib`` MiB, and share GPUs
+        (not ``exclusive``)?  Then a first vGPU of that size on an empty GPU keeps it out by its size."""
+        t = _Tenant(_named(self.tenants, n.tenant) or Tenant(n.tenant), self.allocations)
+        return bool(t.sliced) and framebuffer_mib not in t.sliced.values() and t.t.isolation != EXCLUSIVE
+
     def text(self, bad: Sequence[Need]) -> str:
         return "; ".join(need_text(n, self.tenants, self.allocations) for n in bad)
