@@ -101,9 +101,11 @@ def describe(t: Tenant) -> str:
     return " ".join(parts)
 
 
-def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Tenant:
+def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None,
+        promise: Optional[Promise] = None) -> Tenant:
     """Add ``tenant``; raises InputError when it is invalid or the name is taken.  Under
-    :func:`host_lock`, as admission decides (TransientError when it cannot be had)."""
+    :func:`host_lock`, as admission decides (TransientError when it cannot be had).  ``promise``:
+    check that every guarantee can still be kept (:func:`keep_promise`; RefusedError, nothing changed)."""
     tenant.validate()
     with host_lock(store), store.transaction() as conn:
         taken = store.tenant_rows(tenant.name)          # names match case-insensitively
@@ -111,27 +113,31 @@ def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Te
             raise InputError(f"tenant {taken[0][0]!r} exists" + (f" (names match in any case: {tenant.name!r})"
                                                                 if taken[0][0] != tenant.name else ""),
                              hint=f"change it with 'vgpuhost tenant set {taken[0][0]} ...'")
+        keep_promise(store, conn, tenant, None, promise, actor)
         store.put_tenant(conn, _row(tenant))
     _audit(store, actor, f"tenant add {tenant.name}", describe(tenant))
     return tenant
 
 
-def update(store: StateStore, name: str, *, actor: Optional[str] = None, **changes) -> Tenant:
+def update(store: StateStore, name: str, *, actor: Optional[str] = None, promise: Optional[Promise] = None,
+           **changes) -> Tenant:
     """Change fields of tenant ``name`` (:class:`Tenant` field names); returns the new value.
 
     A lower quota is allowed while use exceeds it: running domains keep
     their devices (vgpuhost never stops a VM), new admissions are refused.
     """
-    return update_with(store, name, lambda old: changes, actor=actor)
+    return update_with(store, name, lambda old: changes, actor=actor, promise=promise)
 
 
 def update_with(store: StateStore, name: str, change: Callable[[Tenant], Mapping[str, object]], *,
-                actor: Optional[str] = None) -> Tenant:
+                actor: Optional[str] = None, promise: Optional[Promise] = None) -> Tenant:
     """:func:`update` with the changes computed from the tenant as stored (``change(old)``: field ->
-    value), read and written under :func:`host_lock`, so that no admission decides in between."""
+    value), read and written under :func:`host_lock`, so that no admission decides in between.
+    ``promise``: as :func:`add`'s."""
     with host_lock(store), store.transaction() as conn:
         old = get(store, name)
         new = replace(old, **change(old)).validate()
+        keep_promise(store, conn, new, old, promise, actor)
         store.put_tenant(conn, _row(new))
     _audit(store, actor, f"tenant set {old.name}", describe(new))
     return new
@@ -155,6 +161,124 @@ def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tena
         store.delete_tenant(conn, t.name)
     _audit(store, actor, f"tenant remove {t.name}", describe(t))
     return t
+
+
+# ---------------------------------------------------------------------------
+# promises: every guarantee can be kept together (issue 26 #3)
+
+#: the setting naming the tenants whose guarantees were recorded at risk (``--allow-oversubscribe``), comma-separated
+OVERSUBSCRIBED = "tenants.oversubscribed"
+
+
+class Promise:
+    """How ``tenant add|set`` check their guarantees (:func:`keep_promise`).
+
+    ``inventory``: the host's :class:`Inventory`, or a callable giving it
+    (None, or a callable raising VgpuhostError/OSError: the host cannot be
+    read, so nothing is checked and :attr:`warning` says so); ``allow``:
+    ``--allow-oversubscribe``, record guarantees that cannot all be kept
+    instead of refusing them.  After the change, :attr:`warning` holds the
+    line to show ('' when every guarantee can be kept).
+    """
+
+    def __init__(self, inventory, allow: bool = False):
+        self.inventory, self.allow = inventory, allow
+        self.warning = ""
+
+    def read(self) -> Optional[Inventory]:
+        from ..model.errors import VgpuhostError
+        try:
+            return self.inventory() if callable(self.inventory) else self.inventory
+        except (VgpuhostError, OSError):
+            return None
+
+
+def oversubscribed(store: StateStore) -> List[str]:
+    """The tenants whose guarantees were recorded at risk with ``--allow-oversubscribe``, in order."""
+    return [n for n in (store.setting(OVERSUBSCRIBED) or "").split(",") if n]
+
+
+def _guarantee_facts(store: StateStore, inv: Inventory) -> Tuple[List[adm.Allocation], List[adm.HostGpu], object]:
+    from ..policy import offers as vgpu_offers
+    seen = store.seen_types() + vgpu_offers.seen_rows(inv)
+    facts = host_gpus(inv, seen, _type_fb(inv, store), _gpu_slices(inv, seen))
+    return allocations(store, inv), facts, adm.serves_of(pools(store))
+
+
+def _risk(store: StateStore, inv: Inventory, ts: Mapping[str, Tenant], last: Optional[str] = None):
+    """:func:`vgpuhost.policy.feasibility.risk` of tenants ``ts`` on this host: the tenants whose
+    guarantees were checked first, then those recorded at risk, then ``last``."""
+    from ..policy.feasibility import risk
+    held, facts, serves = _guarantee_facts(store, inv)
+    late = [n.lower() for n in oversubscribed(store)] + ([last.lower()] if last else [])
+    order = sorted(ts, key=lambda n: (n.lower() in late, late.index(n.lower()) if n.lower() in late else 0, n))
+    return risk(ts, held, facts, serves, order)
+
+
+def keep_promise(store: StateStore, conn, new: Tenant, old: Optional[Tenant], promise: Optional[Promise],
+                 actor: Optional[str]) -> None:
+    """Refuse (RefusedError, nothing changed) a tenant change after which the guarantees of all
+    tenants cannot be served together on this host (:mod:`vgpuhost.policy.feasibility`: pools, QoS
+    classes, isolation, boards and types, equal-size mode, vGPU counts, framebuffer, MIG slices,
+    passthrough GPUs), unless ``promise.allow``: then the tenant is recorded at risk (setting
+    :data:`OVERSUBSCRIBED`, in ``conn``'s transaction, with an audit row) and ``promise.warning`` says
+    so.  Guarantees already at risk before the change do not refuse it.  ``promise`` None: no check."""
+    if promise is None:
+        return
+    inv = promise.read()
+    if inv is None:
+        promise.warning = "guarantees not checked: the host's GPUs could not be read"
+        return
+    before = tenants(store)
+    after = {n: t for n, t in before.items() if n.lower() != new.name.lower()}
+    after[new.name] = new
+    now = _risk(store, inv, after, new.name)
+    was = {n.lower() for n in _risk(store, inv, before, new.name).tenants} if now.tenants else set()
+    fresh = [n for n in now.tenants if n.lower() not in was]
+    if not fresh:
+        if not now.decided:
+            promise.warning = "guarantees not fully checked: the search was left undecided (too many choices)"
+        elif now.tenants:
+            promise.warning = f"guarantee at risk (as before): {now.text}"
+        return
+    if not promise.allow:
+        raise RefusedError(f"tenant {new.name!r}: the guarantees cannot all be kept on this host: {now.text}",
+                           hint="lower a guarantee, change the isolation, pools or series, or give "
+                                "--allow-oversubscribe to record them as at risk; nothing was changed")
+    names = oversubscribed(store)
+    names += [n for n in fresh if n.lower() not in {x.lower() for x in names}]
+    store.put_setting(conn, OVERSUBSCRIBED, ",".join(names))
+    store.audit(actor=actor or _actor(), operation=f"tenant oversubscribe {new.name}", path="(tenants)",
+                value=f"guarantee at risk: {now.text}")
+    promise.warning = f"guarantee at risk (--allow-oversubscribe): {now.text}"
+
+
+def guarantees_at_risk(store: StateStore, inv: Optional[Inventory]) -> Optional[dict]:
+    """``{"tenants": [names], "reasons": {tenant: its unused guarantee}, "text": line, "decided": bool}``:
+    whose guarantees cannot be served beside the others' now; None without an inventory or tenants."""
+    ts = tenants(store)
+    if inv is None or not ts:
+        return None
+    r = _risk(store, inv, ts)
+    return {"tenants": list(r.tenants), "reasons": dict(r.reasons), "text": r.text, "decided": r.decided}
+
+
+def guarantee_findings(store: StateStore, inv: Inventory) -> list:
+    """``host check`` findings (:class:`vgpuhost.policy.checks.Finding`, code ``GUARANTEE_AT_RISK``,
+    a warning) for each tenant whose guarantee cannot be served beside the others' now."""
+    from ..policy.checks import Finding
+    risk = guarantees_at_risk(store, inv)
+    if not risk:
+        return []
+    out = [Finding("warning", "GUARANTEE_AT_RISK", f"tenant {n}",
+                   f"the guarantee of tenant {n!r} cannot be served beside the other tenants' on this host: "
+                   f"{risk['text']}",
+                   f"lower a guarantee ('vgpuhost tenant set {n} ...'), change isolation or pools, or add GPUs; "
+                   "'vgpuhost tenant usage' shows it") for n in risk["tenants"]]
+    if not risk["decided"]:
+        out.append(Finding("info", "GUARANTEES_UNCHECKED", "tenants",
+                           "whether every guarantee can be served together was left undecided (too many choices)"))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -492,9 +616,13 @@ def forget(store: StateStore, owner: Optional[str] = None, devices: Sequence[str
 def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dict]:
     """Per tenant, then one entry with ``"tenant": None`` for devices with no tenant (manual and layout
     vGPUs, domains naming none) when there are any: each dimension's use, burst part and limits, and
-    ``domains``, how many libvirt domains hold them (owners ``manual`` and ``layout`` are not domains)."""
+    ``domains``, how many libvirt domains hold them (owners ``manual`` and ``layout`` are not domains);
+    ``at_risk``: its guarantee cannot be served beside the others' now (:func:`guarantees_at_risk`, with
+    ``inv`` only) and ``risk``, its unused guarantee as text then (else None)."""
     held = allocations(store, inv)
     ts = tenants(store)
+    risk = guarantees_at_risk(store, inv) if inv is not None and ts else None
+    risky = {n.lower() for n in (risk or {}).get("tenants", ())}
     out = []
     names = sorted(ts) + sorted({a.tenant for a in held if a.tenant and a.tenant not in ts})
     for n in names + [None]:
@@ -511,7 +639,8 @@ def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dic
         out.append({"tenant": n, "known": t is not None, "qos": t.qos if t else None,
                     "isolation": t.isolation if t else None,
                     "domains": len({a.owner for a in held if a.tenant == n and Owner.is_domain(a.owner)}),
-                    "usage": dims})
+                    "usage": dims, "at_risk": bool(n and n.lower() in risky),
+                    "risk": (risk or {}).get("reasons", {}).get(n) if n else None})
     return out
 
 

@@ -41,7 +41,9 @@ and a handful of guaranteed tenants.
 
 from __future__ import annotations
 
-from ..model.tenancy import DIMENSIONS, EXCLUSIVE, HARDWARE, Tenant
+import itertools
+
+from ..model.tenancy import DIMENSIONS, EXCLUSIVE, HARDWARE, SHARED, Tenant
 from ..model.values import VgpuProfile, record
 from .demand import PASSTHROUGH, VGPU, Allocation
 
@@ -52,8 +54,8 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 #: a GPU whose vGPU types are not known serves a tenant holding no vGPU in vGPUs of this size (MiB): the
 #: smallest vGPU types are 1 GiB (A40-1Q, L40S-1Q; docs/reference/hardware.md#vgpu-types)
 MIN_VGPU_MIB = 1024
-#: search steps before the answer is "unknown"
-NODE_LIMIT = 60000
+#: search steps (GPUs tried and shares of a GPU weighed) before the answer is "unknown": about 0.1 s
+NODE_LIMIT = 20000
 
 
 @record(frozen=True)
@@ -199,97 +201,130 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
     if not wanted:
         return Verdict(True)
     ts = [_Tenant(_named(tenants, n.tenant) or Tenant(n.tenant), allocations) for n in wanted]
-    # each GPU now
-    state: List[Tuple[HostGpu, bool, int, Optional[int], int, Tuple[Optional[str], ...]]] = []
+    nt = len(ts)
+
+    def clash(a: Tenant, b: Optional[Tenant]) -> bool:
+        return bool(a.conflicts(b) or (b is not None and b.conflicts(a)))
+    pair = [[j != k and clash(ts[k].t, ts[j].t) for j in range(nt)] for k in range(nt)]
+    # each GPU now, and what each tenant may have of it: (GPU, empty, free MiB or slices, size, MIG, per
+    # tenant: time-sliced sizes (MiB) or MIG units ((MiB, slices), fewest slices first))
+    state = []
     for g in sorted(gpus, key=lambda x: x.gpu):
         here = [a for a in allocations if a.gpu == g.gpu]
         dead = any(a.kind == PASSTHROUGH for a in here)
         sliced = [a for a in here if a.kind == VGPU and not a.mig_slices]
-        used = sum(a.framebuffer_mib for a in sliced)
         size = sliced[0].framebuffer_mib if sliced else None
-        slices = sum(a.mig_slices for a in here)
-        present = tuple(sorted({a.tenant for a in sliced}, key=lambda x: (x is None, x or "")))
-        free = 0 if dead else (g.mig_slices - slices if g.mig_slices else max(0, g.framebuffer_mib - used))
-        state.append((g, not here, free, size, slices, present))
+        present = {a.tenant for a in sliced}
+        others = [(_named(tenants, n) or Tenant(n)) if n else None for n in present]
+        if g.mig_slices:
+            free = 0 if dead else g.mig_slices - sum(a.mig_slices for a in here)
+            per = [t.mig_units(g) for t in ts]
+        else:
+            free = 0 if dead else max(0, g.framebuffer_mib - sum(a.framebuffer_mib for a in sliced))
+            per = []
+            for k, t in enumerate(ts):
+                if not serves(g.gpu, t.t.qos) or any(
+                        not (o is not None and o.name.lower() == t.t.name.lower()) and clash(t.t, o) for o in others):
+                    per.append(set())
+                    continue
+                sizes = t.sliced_sizes(g, False)
+                if size is not None:
+                    sizes = sizes & {size} if (t.sliced or any_size) else set()
+                per.append(sizes)
+            if size is None:
+                # a tenant holding no vGPU opens an empty GPU at its smallest size (as many MiB fit, and more
+                # vGPUs), or joins a size a tenant holding vGPUs gives it
+                known = {sz for k, t in enumerate(ts) if t.sliced for sz in per[k]}
+                per = [sizes if t.sliced or not sizes else {min(sizes)} | (sizes & known if any_size else set())
+                       for t, sizes in zip(ts, per)]
+        state.append((g, not here, free, size, bool(g.mig_slices), per))
     start = tuple((n.vgpus, n.framebuffer_mib, n.mig_slices) for n in wanted)
     pt = sum(n.passthrough_gpus for n in wanted)
     steps = [0]
     failed: Set[tuple] = set()
 
-    def conflict(t: _Tenant, present: Sequence[Optional[str]], joined: Sequence[int]) -> bool:
-        for name in present:
-            if name is not None and name.lower() == t.t.name.lower():
-                continue
-            other = _named(tenants, name) if name else None
-            if name and other is None:
-                other = Tenant(name)
-            if t.t.conflicts(other) or (other is not None and other.conflicts(t.t)):
-                return True
-        for j in joined:
-            if ts[j] is not t and (t.t.conflicts(ts[j].t) or ts[j].t.conflicts(t.t)):
-                return True
-        return False
+    def tick() -> None:
+        steps[0] += 1
+        if steps[0] > limit:
+            raise _Unknown()
 
     def options(i: int, rem: tuple, p: int):
-        g, empty, free, size, _, present = state[i]
-        out = []
+        """What GPU ``i`` may give, lazily, the most first: ``(demand left, passthrough left)``."""
+        g, empty, free, size, mig, per = state[i]
         if empty and p:
-            out.append((rem, p - 1))
+            yield rem, p - 1
         if free <= 0:
-            return out
-        if g.mig_slices:
-            def mig(k: int, left: int, r: list):
-                if k == len(ts):
-                    out.append((tuple(r), p))
+            return
+        if mig:
+            def share(k: int, left: int, r: list):
+                tick()
+                if k == nt:
+                    yield tuple(r), p
                     return
-                n, f, s = r[k]
-                units = ts[k].mig_units(g) if (n or f or s) else []
-                for fb, sl in units:
-                    need = max(n, _ceil(f, fb), _ceil(s, sl))
-                    most = min(need, left // sl)
+                n, f, sl_need = r[k]
+                for fb, sl in (per[k] if (n or f or sl_need) else ()):
+                    most = min(max(n, _ceil(f, fb), _ceil(sl_need, sl)), left // sl)
                     if most > 0:
                         r2 = list(r)
-                        r2[k] = (max(0, n - most), max(0, f - most * fb), max(0, s - most * sl))
-                        mig(k + 1, left - most * sl, r2)
-                mig(k + 1, left, r)
-            mig(0, free, list(rem))
-            return out
+                        r2[k] = (max(0, n - most), max(0, f - most * fb), max(0, sl_need - most * sl))
+                        yield from share(k + 1, left - most * sl, r2)
+                yield from share(k + 1, left, r)
+            yield from share(0, free, list(rem))
+            return
         sizes: Dict[int, List[int]] = {}
-        for k, t in enumerate(ts):
-            n, f, _ = rem[k]
-            if not (n or f) or not serves(g.gpu, t.t.qos):
-                continue
-            fresh = not t.sliced and not any_size
-            for s in t.sliced_sizes(g, False):
-                if size is not None and (s != size or fresh):
-                    continue
-                sizes.setdefault(s, []).append(k)
-
-        for s, who in sorted(sizes.items(), key=lambda kv: kv[0]):
-            cap = free // s
+        for k in range(nt):
+            if rem[k][0] or rem[k][1]:
+                for sz in per[k]:
+                    sizes.setdefault(sz, []).append(k)
+        for sz, who in sorted(sizes.items()):
 
             def give(idx: int, left: int, r: list, joined: List[int]):
+                tick()
                 if idx == len(who):
                     if joined:
-                        out.append((tuple(r), p))
+                        yield tuple(r), p
                     return
                 k = who[idx]
-                t = ts[k]
                 n, f, _ = r[k]
-                need = max(n, _ceil(f, s))
-                opens = not t.sliced and not any_size
+                need = max(n, _ceil(f, sz))
+                opens = not ts[k].sliced and not any_size
                 if left and need and not (opens and (joined or size is not None)) \
-                        and not conflict(t, present, joined):
+                        and not any(pair[k][j] for j in joined):
                     take = min(need, left)
-                    # the rest of the GPU goes to the tenants after it: every split that gives it all it can
+                    # every split that gives it all it can after the tenants before it (the rest: those after)
                     low = take if idx == len(who) - 1 else 1
                     for m in range(take, low - 1, -1):
                         r2 = list(r)
-                        r2[k] = (max(0, n - m), max(0, f - m * s), r[k][2])
-                        give(idx + 1, left - m, r2, joined + [k])
-                give(idx + 1, left, r, joined)
-            give(0, cap, list(rem), [])
-        return out
+                        r2[k] = (max(0, n - m), max(0, f - m * sz), r[k][2])
+                        yield from give(idx + 1, left - m, r2, joined + [k])
+                yield from give(idx + 1, left, r, joined)
+            yield from give(0, free // sz, list(rem), [])
+
+    # bounds: what the GPUs from i on could give each tenant at most (vGPUs, MiB, slices), and empty GPUs
+    most = [[(0, 0, 0)] * nt for _ in range(len(state) + 1)]
+    empties = [0] * (len(state) + 1)
+    mib = [0] * (len(state) + 1)                    # MiB any tenant could have
+    settled = [[False] * nt for _ in range(len(state) + 1)]   # a GPU from i on, not empty, serves it
+    alone = [ts[k].t.isolation == EXCLUSIVE for k in range(nt)]
+    for i in range(len(state) - 1, -1, -1):
+        g, empty, free, size, mig, per = state[i]
+        empties[i] = empties[i + 1] + empty
+        mib[i] = mib[i + 1] + (max([max((free // x[1]) * x[0] for x in pk) for pk in per if pk] or [0]) if mig
+                               else (free if any(per) else 0))
+        settled[i] = [settled[i + 1][k] or (not empty and free > 0 and bool(per[k])) for k in range(nt)]
+        row = []
+        for k in range(nt):
+            u, m, sl = most[i + 1][k]
+            if free > 0 and per[k]:
+                if mig:
+                    u += max(free // x[1] for x in per[k])
+                    m += max((free // x[1]) * x[0] for x in per[k])
+                    sl += free
+                else:
+                    u += free // min(per[k])
+                    m += free
+            row.append((u, m, sl))
+        most[i] = row
 
     def go(i: int, rem: tuple, p: int) -> bool:
         if p == 0 and all(not any(x) for x in rem):
@@ -299,14 +334,15 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
         key = (i, rem, p)
         if key in failed:
             return False
-        steps[0] += 1
-        if steps[0] > limit:
-            raise _Unknown()
-        if p > sum(1 for s in state[i:] if s[1]):
+        tick()
+        # exclusive tenants with no GPU of their own left take an empty GPU each, as passthrough does
+        fresh = sum(1 for k in range(nt) if alone[k] and (rem[k][0] or rem[k][1]) and not settled[i][k])
+        if p + fresh > empties[i] or sum(r[1] for r in rem) > mib[i] \
+                or any(n > u or f > m or sl > c for (n, f, sl), (u, m, c) in zip(rem, most[i])):
             failed.add(key)
             return False
         seen = set()
-        for r2, p2 in options(i, rem, p) + [(rem, p)]:
+        for r2, p2 in itertools.chain(options(i, rem, p), [(rem, p)]):
             if (r2, p2) in seen:
                 continue
             seen.add((r2, p2))
@@ -356,6 +392,36 @@ def at_risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gp
             decided = decided and v.ok is not None
             kept.append(n)
     return out, decided
+
+
+@record(frozen=True)
+class Risk:
+    """The guarantees that cannot all be kept: ``tenants`` at risk (names), ``decided`` False where a
+    search was left undecided, ``text``: one line naming what cannot be served beside what."""
+
+    tenants: Tuple[str, ...] = ()
+    decided: bool = True
+    text: str = ""
+    reasons: Tuple[Tuple[str, str], ...] = ()       # (tenant, its unused guarantee as text)
+
+
+def risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gpus: Sequence[HostGpu],
+         serves: Callable[[str, str], bool], order: Sequence[str] = ()) -> Risk:
+    """:func:`at_risk` with the words: ``tenant 'p': 1 passthrough GPU(s) cannot be served beside the
+    unused guarantees of tenant 'x' (exclusive)`` (``cannot be served on this host`` when alone)."""
+    names, decided = at_risk(tenants, allocations, gpus, serves, order)
+    if not names:
+        return Risk((), decided)
+    every = {n.tenant: n for n in needs(tenants, allocations)}
+    low = {n.lower() for n in names}
+    kept = [t for t in every if t.lower() not in low]
+    reasons = tuple((n, need_text(every[n], tenants, allocations)) for n in names)
+
+    def who(name: str) -> str:
+        t = _named(tenants, name)
+        return f"tenant {name!r}" + (f" ({t.isolation})" if t is not None and t.isolation != SHARED else "")
+    where = (f"beside the unused guarantees of {', '.join(who(k) for k in kept)}" if kept else "on this host")
+    return Risk(tuple(names), decided, "; ".join(r for _, r in reasons) + f" cannot be served {where}", reasons)
 
 
 class Reserve:
