@@ -484,11 +484,18 @@ def host_gpus(inv: Inventory, seen: Sequence[tuple], fbs: Mapping[str, int],
     """Every GPU of ``inv`` with a known framebuffer as the guarantees see it (:class:`HostGpu`): the vGPU
     types it offers (listed now or seen before, ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows;
     ``fbs``: framebuffer MiB by type name, lower case) and its compute slices in MIG mode (``slices``,
-    :func:`_gpu_slices`).  A GPU listing no type (driver not loaded, passed through) offers any size."""
+    :func:`_gpu_slices`), and the most vGPUs of each time-sliced size mdev on the GPU itself lists
+    (on VFs each VF lists its own).  A GPU listing no type (driver not loaded, passed through) offers
+    any size."""
     from ..model.values import VgpuProfile
     types: Dict[str, set] = {}
+    most: Dict[str, Dict[int, int]] = {}
     for t in inv.vgpu_types:
         types.setdefault(str(t.gpu), set()).add(t.name)
+        if t.max_instances and t.framebuffer_mib and not (t.profile and t.profile.gi_slices) \
+                and t.backend == Backend.MDEV and t.parent == t.gpu:      # per GPU, not per VF
+            m = most.setdefault(str(t.gpu), {})
+            m[t.framebuffer_mib] = max(m.get(t.framebuffer_mib, 0), t.max_instances)
     for row in seen:
         types.setdefault(row[0], set()).add(row[2])
     out = []
@@ -502,7 +509,8 @@ def host_gpus(inv: Inventory, seen: Sequence[tuple], fbs: Mapping[str, int],
             fb = fbs.get(name.lower()) or (p.framebuffer_gb * 1024 if p else 0)
             if fb:
                 named.append((name, fb, (p.gi_slices or 0) if p else 0))
-        out.append(adm.HostGpu(addr, g.framebuffer_mib, tuple(named) or None, slices.get(addr, 0)))
+        out.append(adm.HostGpu(addr, g.framebuffer_mib, tuple(named) or None, slices.get(addr, 0),
+                               tuple(sorted(most.get(addr, {}).items()))))
     return out
 
 

@@ -62,12 +62,19 @@ NODE_LIMIT = 20000
 class HostGpu:
     """One GPU as the guarantees see it.  ``framebuffer_mib``: its framebuffer (MiB); ``types``: the vGPU
     types it offers, ``(type name, framebuffer MiB, GPU-instance compute slices (0: time-sliced))``, None
-    when not known (then any size fits); ``mig_slices``: compute slices in MIG mode (0: not in MIG mode)."""
+    when not known (then any size fits); ``mig_slices``: compute slices in MIG mode (0: not in MIG mode);
+    ``max_instances``: the driver's most vGPUs of a size (``A40-1Q``: 32, fewer than 48 GiB / 1 GiB)."""
 
     gpu: str
     framebuffer_mib: int
     types: Optional[Tuple[Tuple[str, int, int], ...]] = None
     mig_slices: int = 0
+    max_instances: Tuple[Tuple[int, int], ...] = ()      # (time-sliced size MiB, most vGPUs of it), where known
+
+    def most(self, size: int) -> Optional[int]:
+        """The most time-sliced vGPUs of ``size`` MiB it holds (equal-size mode; None: not known)."""
+        found = [n for s, n in self.max_instances if s == size and n]
+        return max(found) if found else None
 
 
 @record(frozen=True)
@@ -237,7 +244,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
                 known = {sz for k, t in enumerate(ts) if t.sliced for sz in per[k]}
                 per = [sizes if t.sliced or not sizes else {min(sizes)} | (sizes & known if any_size else set())
                        for t, sizes in zip(ts, per)]
-        state.append((g, not here, free, size, bool(g.mig_slices), per))
+        state.append((g, not here, free, size, bool(g.mig_slices), per, len(sliced)))
     start = tuple((n.vgpus, n.framebuffer_mib, n.mig_slices) for n in wanted)
     pt = sum(n.passthrough_gpus for n in wanted)
     steps = [0]
@@ -250,7 +257,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
 
     def options(i: int, rem: tuple, p: int):
         """What GPU ``i`` may give, lazily, the most first: ``(demand left, passthrough left)``."""
-        g, empty, free, size, mig, per = state[i]
+        g, empty, free, size, mig, per, count = state[i]
         if empty and p:
             yield rem, p - 1
         if free <= 0:
@@ -298,7 +305,8 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
                         r2[k] = (max(0, n - m), max(0, f - m * sz), r[k][2])
                         yield from give(idx + 1, left - m, r2, joined + [k])
                 yield from give(idx + 1, left, r, joined)
-            yield from give(0, free // sz, list(rem), [])
+            top = g.most(sz)
+            yield from give(0, free // sz if top is None else max(0, min(free // sz, top - count)), list(rem), [])
 
     # bounds: what the GPUs from i on could give each tenant at most (vGPUs, MiB, slices), and empty GPUs
     most = [[(0, 0, 0)] * nt for _ in range(len(state) + 1)]
@@ -307,7 +315,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
     settled = [[False] * nt for _ in range(len(state) + 1)]   # a GPU from i on, not empty, serves it
     alone = [ts[k].t.isolation == EXCLUSIVE for k in range(nt)]
     for i in range(len(state) - 1, -1, -1):
-        g, empty, free, size, mig, per = state[i]
+        g, empty, free, size, mig, per, _ = state[i]
         empties[i] = empties[i + 1] + empty
         mib[i] = mib[i + 1] + (max([max((free // x[1]) * x[0] for x in pk) for pk in per if pk] or [0]) if mig
                                else (free if any(per) else 0))
