@@ -170,3 +170,17 @@ def test_a_burst_is_refused_the_last_a40_a_guarantee_needs_though_the_l40s_is_em
     # a's guarantee is there when it asks
     assert start(host, "a1", tdom("a1", uid("40404040", 1), uid("c0c0c0c0", 1), tenant="a")) == (0, "")
     assert [r[3] for r in s.allocation_rows() if r[0] == uid("c0c0c0c0", 1)] == [str(GPU_HI)]
+
+
+def test_a_guaranteed_vgpu_goes_where_the_other_guarantees_stay_servable():
+    # x (exclusive) needs an empty GPU; s's guaranteed vGPU goes beside a domain with no tenant on G1, not on
+    # the empty G2 that placement (first-fit) would pick first
+    ts = {"x": tenant("x", isolation="exclusive", g={"vgpus": 1}), "s": tenant("s", g={"vgpus": 2})}
+    h = untenanted(1, G1)
+    d = adm.admit(vreq(owner=OWNER_B, tenant="s"), tenants=ts, allocations=h,
+                  offers=offers(5, 6, gpus=(G2, G1)), gpus=[gpu(G1), gpu(G2)])
+    assert d.admitted and not d.burst and d.gpu == G1
+    # where only the empty GPU fits, the guarantee is still admitted there
+    d = adm.admit(vreq(owner=OWNER_B, tenant="s"), tenants=ts, allocations=h,
+                  offers=offers(0, 6, gpus=(G1, G2)), gpus=[gpu(G1), gpu(G2)])
+    assert d.admitted and d.gpu == G2

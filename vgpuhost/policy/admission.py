@@ -19,15 +19,15 @@ Rules (docs/guide/tenancy.md):
   checked first.
 - **Reserve.**  Use no guarantee covers (a burst; a domain with no tenant,
   or a tenant's device in dimensions without a guaranteed limit, once any
-  tenant has a guarantee) is admitted only from room the other tenants'
-  unused guarantees leave: free framebuffer on the GPUs it may use for
-  their framebuffer and (sized as asked) vGPU-count guarantees, free MIG
-  compute slices for their slice guarantees, empty GPUs for their
-  passthrough guarantees (a time-sliced vGPU is placed off them).  It may
-  be the first time-sliced vGPU on an empty GPU (which fixes that GPU's
-  vGPU size) only while the GPUs left empty and those holding vGPUs of the
-  tenants with framebuffer or vGPU guarantees still hold those guarantees.
-  The refusal (code ``burst``) names the tenants holding the room.
+  tenant has a guarantee) is admitted on a GPU only where, with it there,
+  every other tenant's unused guarantee can still be served together on the
+  GPUs that tenant can use (its types and sizes, its pool's class, its
+  isolation and avoid rules, equal-size mode, MIG slices, empty GPUs for
+  passthrough): :class:`vgpuhost.policy.feasibility.Reserve`, over
+  per-GPU facts (``gpus``, :class:`HostGpu`).  The refusal (code
+  ``burst``) names the tenants holding the room.  An isolation refusal of a
+  guaranteed request names the bursts and untenanted use on the GPUs its
+  isolation closed.
 - **Isolation.**  ``hardware``: MIG-backed vGPUs and passthrough only.
   ``exclusive``: a time-sliced GPU holds only this tenant's vGPUs (and no
   other tenant's vGPU joins it).  ``shared``: anything not excluded by an
@@ -289,8 +289,9 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         narrowed, candidates, kept, size_note = _keep_reserve(
             dem, req, tname, narrowed, candidates, tenants, allocations, pools,
             host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations))
-    # 5. placement
-    decision = _place_preferred(dem, req, tenant, tenants, allocations, narrowed)
+    # 5. placement (a guaranteed request first where the other guarantees stay servable)
+    decision = _place_keeping(dem, req, tname, tenant, tenants, allocations, narrowed, pools, reserved and not
+                              unguaranteed and host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations))
     if not decision.admitted and kept:
         return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
                       candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
@@ -437,6 +438,22 @@ def _by_gpu(allocations: Sequence[Allocation]) -> Dict[str, List[Allocation]]:
     for a in allocations:
         by_gpu.setdefault(a.gpu, []).append(a)
     return by_gpu
+
+
+def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], tenant: Optional[Tenant],
+                   tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], narrowed: List[GpuOffer],
+                   pools: Sequence[Pool], gpus):
+    """Step 5 for a request a guarantee covers: placement first over the GPUs where the other tenants'
+    unused guarantees stay servable (``gpus``: the facts, falsy: no such preference), then over all."""
+    if gpus:
+        _, _, kept, _ = _keep_reserve(dem, req, tname, narrowed, [str(o.gpu) for o in narrowed], tenants,
+                                      allocations, pools, gpus)
+        if kept:
+            first = _place_preferred(dem, req, tenant, tenants, allocations,
+                                     [o for o in narrowed if str(o.gpu) not in kept])
+            if first.admitted:
+                return first
+    return _place_preferred(dem, req, tenant, tenants, allocations, narrowed)
 
 
 def _place_preferred(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant], tenants: Mapping[str, Tenant],
