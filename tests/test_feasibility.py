@@ -174,3 +174,11 @@ def test_pools_refuse_a_guarantee_no_gpu_can_serve(make_host, capsys):
     t = Tenant("c", quota=Quota(Limits(vgpus=1)))
     promise = tenancy.Promise(None)
     assert tenancy.add(s, t, promise=promise) == t and promise.warning.startswith("guarantees not checked")
+
+
+def test_exclusive_tenants_share_a_mig_gpu():
+    # MIG-backed vGPUs are hardware partitions: two exclusive tenants may both have one on one MIG GPU
+    ts = {"x": tenant("x", isolation="exclusive", g={"vgpus": 1}), "y": tenant("y", isolation="exclusive",
+                                                                                g={"vgpus": 1})}
+    assert verdict(ts, gpus=[gpu(G1, H200_MIG, 144384, 7)]).ok is True
+    assert verdict(ts, gpus=[gpu(G1)]).ok is False

@@ -313,7 +313,8 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
     empties = [0] * (len(state) + 1)
     mib = [0] * (len(state) + 1)                    # MiB any tenant could have
     settled = [[False] * nt for _ in range(len(state) + 1)]   # a GPU from i on, not empty, serves it
-    alone = [ts[k].t.isolation == EXCLUSIVE for k in range(nt)]
+    # exclusive tenants no MIG GPU serves (MIG-backed vGPUs share a GPU with anyone)
+    alone = [ts[k].t.isolation == EXCLUSIVE and not any(st[4] and st[5][k] for st in state) for k in range(nt)]
     for i in range(len(state) - 1, -1, -1):
         g, empty, free, size, mig, per, _ = state[i]
         empties[i] = empties[i + 1] + empty
