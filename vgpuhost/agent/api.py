@@ -546,11 +546,9 @@ def _tenant_options(body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _warned(answer: Dict[str, Any], promise) -> Dict[str, Any]:
-    """The answer with the guarantee check's warning (``warning``; the CLI prints it as the text's
-    last line)."""
+    """The answer with the guarantee check's warning (``warning``; the CLI prints it on stderr)."""
     if promise.warning:
         answer["warning"] = promise.warning
-        answer["text"] += f"\nwarning: {promise.warning}"
     return answer
 
 

@@ -76,6 +76,8 @@ def _through_agent(target: str, body: Dict[str, object]) -> bool:
         return False
     doc = dict(out.as_dict())
     text = doc.pop("text", "")
+    if doc.get("warning"):                  # tenant add|set: guarantees at risk, as the command warns locally
+        click.echo(f"vgpuhost: warning: {doc['warning']}", err=True)
     _emit(doc, text)
     return True
 
