@@ -134,14 +134,15 @@ def test_tenant_add_refuses_guarantees_that_cannot_all_be_kept_unless_allowed(ma
     assert "cannot be served beside the unused guarantees of tenant 'x'" in row.value
     # shown as at risk: tenant usage (text and JSON), capacity, host check, the exporter
     code, out, _ = run(capsys, host, "tenant", "usage")
-    assert code == 0 and "tenant 'p': guarantee at risk (tenant 'p': 1 passthrough GPU(s))" in out
+    assert code == 0 and "tenant 'p': guarantee at risk: its unused 1 passthrough GPU(s) cannot be served beside the other " \
+        "tenants' guarantees" in out
     assert "tenant 'x': guarantee at risk" not in out
     code, out, _ = run(capsys, host, "--json", "tenant", "usage")
     by = {t["tenant"]: t for t in json.loads(out)["tenants"]}
     assert by["p"]["at_risk"] is True and by["x"]["at_risk"] is False
     code, out, _ = run(capsys, host, "--json", "capacity")
     assert code == 0 and json.loads(out)["guarantees_at_risk"] == [
-        {"tenant": "p", "guarantee": "tenant 'p': 1 passthrough GPU(s)"}]
+        {"tenant": "p", "guarantee": "1 passthrough GPU(s)"}]
     code, out, _ = run(capsys, host, "capacity")
     assert "guarantee at risk: tenant 'p': 1 passthrough GPU(s) cannot be served" in out
     code, out, _ = run(capsys, host, "--json", "host", "check")

@@ -164,9 +164,10 @@ def _usage(name: Optional[str]) -> List[dict]:
 
 
 def risk_lines(docs: List[dict]) -> List[str]:
-    """``tenant 'p': guarantee at risk (1 passthrough GPU(s) cannot be served ...)`` per tenant at risk."""
-    return [f"tenant {d['tenant']!r}: guarantee at risk ({d.get('risk') or 'cannot be served beside the others'})"
-            for d in docs if d.get("at_risk")]
+    """``tenant 'p': guarantee at risk: its unused 1 passthrough GPU(s) cannot be served beside the other
+    tenants' guarantees`` per tenant at risk."""
+    return [f"tenant {d['tenant']!r}: guarantee at risk: its unused {d.get('risk') or 'guarantee'} cannot be "
+            "served beside the other tenants' guarantees" for d in docs if d.get("at_risk")]
 
 
 def _usage_rows(docs: List[dict]) -> List[list]:

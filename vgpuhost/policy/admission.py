@@ -290,8 +290,8 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
             dem, req, tname, narrowed, candidates, tenants, allocations, pools,
             host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations))
     # 5. placement (a guaranteed request first where the other guarantees stay servable)
-    decision = _place_keeping(dem, req, tname, tenant, tenants, allocations, narrowed, pools, reserved and not
-                              unguaranteed and host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations))
+    keep = host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations) if reserved and not unguaranteed else []
+    decision = _place_keeping(dem, req, tname, tenant, tenants, allocations, narrowed, pools, keep)
     if not decision.admitted and kept:
         return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
                       candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
@@ -442,9 +442,9 @@ def _by_gpu(allocations: Sequence[Allocation]) -> Dict[str, List[Allocation]]:
 
 def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], tenant: Optional[Tenant],
                    tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], narrowed: List[GpuOffer],
-                   pools: Sequence[Pool], gpus):
+                   pools: Sequence[Pool], gpus: Sequence[HostGpu]):
     """Step 5 for a request a guarantee covers: placement first over the GPUs where the other tenants'
-    unused guarantees stay servable (``gpus``: the facts, falsy: no such preference), then over all."""
+    unused guarantees stay servable (``gpus``: the facts; empty: no such preference), then over all."""
     if gpus:
         _, _, kept, _ = _keep_reserve(dem, req, tname, narrowed, [str(o.gpu) for o in narrowed], tenants,
                                       allocations, pools, gpus)

@@ -411,7 +411,7 @@ class Risk:
     tenants: Tuple[str, ...] = ()
     decided: bool = True
     text: str = ""
-    reasons: Tuple[Tuple[str, str], ...] = ()       # (tenant, its unused guarantee as text)
+    reasons: Tuple[Tuple[str, str], ...] = ()       # (tenant, its unused guarantee: "1 passthrough GPU(s)")
 
 
 def risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gpus: Sequence[HostGpu],
@@ -424,13 +424,14 @@ def risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gpus:
     every = {n.tenant: n for n in needs(tenants, allocations)}
     low = {n.lower() for n in names}
     kept = [t for t in every if t.lower() not in low]
-    reasons = tuple((n, need_text(every[n], tenants, allocations)) for n in names)
+    texts = {n: need_text(every[n], tenants, allocations) for n in names}
+    reasons = tuple((n, texts[n].split(": ", 1)[1]) for n in names)
 
     def who(name: str) -> str:
         t = _named(tenants, name)
         return f"tenant {name!r}" + (f" ({t.isolation})" if t is not None and t.isolation != SHARED else "")
     where = (f"beside the unused guarantees of {', '.join(who(k) for k in kept)}" if kept else "on this host")
-    return Risk(tuple(names), decided, "; ".join(r for _, r in reasons) + f" cannot be served {where}", reasons)
+    return Risk(tuple(names), decided, "; ".join(texts[n] for n in names) + f" cannot be served {where}", reasons)
 
 
 class Reserve:
