@@ -183,3 +183,83 @@ def test_exclusive_tenants_share_a_mig_gpu():
                                                                                 g={"vgpus": 1})}
     assert verdict(ts, gpus=[gpu(G1, H200_MIG, 144384, 7)]).ok is True
     assert verdict(ts, gpus=[gpu(G1)]).ok is False
+
+
+# ---------------------------------------------------------------------------
+# the search against a brute force over every way small hosts can be given out
+
+def _brute(ts, allocations, gpus):
+    """Every GPU: nothing, passthrough (if empty), or one size with any vGPU counts per tenant (shared
+    tenants together, exclusive alone, beside what it holds): can every unused guarantee be met?"""
+    import itertools
+    needs = feas.needs(ts, allocations)
+    names = [n.tenant for n in needs]
+    held = {k: {a.profile for a in allocations if a.tenant == k} for k in names}
+    per_gpu = []
+    for g in gpus:
+        here = [a for a in allocations if a.gpu == g.gpu]
+        size = here[0].framebuffer_mib if here else None
+        free = g.framebuffer_mib - sum(a.framebuffer_mib for a in here)
+        present = {a.tenant for a in here}
+        opts = [{}]
+        if not here:
+            opts.append({"pt": 1})
+        for name, fb, _ in g.types:
+            if size is not None and fb != size:
+                continue
+            ok = [k for k in names if (not held[k] or name in held[k]) and not any(
+                p != k and (ts[k].conflicts(ts.get(p) if p else None) or (p and ts[p].conflicts(ts[k])))
+                for p in present)]
+            for counts in itertools.product(range(free // fb + 1), repeat=len(ok)):
+                if sum(counts) > free // fb:
+                    continue
+                used = [k for k, c in zip(ok, counts) if c]
+                if any(ts[a].conflicts(ts[b]) for a in used for b in used if a != b):
+                    continue
+                opts.append({k: (c, c * fb) for k, c in zip(ok, counts) if c})
+        per_gpu.append(opts)
+    for combo in itertools.product(*per_gpu):
+        pt = sum(o.get("pt", 0) for o in combo)
+        got = {k: [0, 0] for k in names}
+        for o in combo:
+            for k, v in o.items():
+                if k != "pt":
+                    got[k][0] += v[0]
+                    got[k][1] += v[1]
+        if pt >= sum(n.passthrough_gpus for n in needs) and all(
+                got[n.tenant][0] >= n.vgpus and got[n.tenant][1] >= n.framebuffer_mib for n in needs):
+            return True
+    return False
+
+
+def test_the_search_agrees_with_a_brute_force_on_small_hosts():
+    import random
+    rnd = random.Random(26)
+    types = (("A40-8Q", 8192, 0), ("A40-16Q", 16384, 0), ("A40-24Q", 24576, 0))
+    other = (("L40S-8Q", 8192, 0), ("L40S-16Q", 16384, 0))
+    checked = {True: 0, False: 0}
+    for case in range(160):
+        small = [HostGpu(G1, 49152, types), HostGpu(G2, 49152, types if case % 2 else other)]   # A40, A40|L40S
+        ts = {}
+        for name in ("a", "b", "c")[:rnd.randint(1, 3)]:
+            g = {}
+            if rnd.random() < 0.7:
+                g["vgpus"] = rnd.randint(1, 6)
+            if rnd.random() < 0.4:
+                g["framebuffer_mib"] = rnd.choice((8192, 16384, 40960, 65536))
+            if rnd.random() < 0.2:
+                g["passthrough_gpus"] = 1
+            ts[name] = tenant(name, g=g, isolation=rnd.choice(("shared", "shared", "exclusive")),
+                              labels=frozenset({f"id={name}"}),
+                              avoid=frozenset({"id=a"}) if name == "c" and rnd.random() < 0.5 else frozenset())
+        allocations = []
+        for i, g in enumerate((G1, G2)):
+            if rnd.random() < 0.4:
+                who = rnd.choice([None, *ts])
+                profile = rnd.choice(small[i].types)[0]
+                allocations += [held(f"d{i}{j}", OWNER_A, who, g, profile) for j in range(rnd.randint(1, 2))]
+        expect = _brute(ts, allocations, small)
+        got = verdict(ts, allocations, small)
+        assert got.ok is expect, (case, ts, allocations)
+        checked[expect] += 1
+    assert checked[True] > 20 and checked[False] > 20
