@@ -184,3 +184,26 @@ def test_a_guaranteed_vgpu_goes_where_the_other_guarantees_stay_servable():
     d = adm.admit(vreq(owner=OWNER_B, tenant="s"), tenants=ts, allocations=h,
                   offers=offers(0, 6, gpus=(G1, G2)), gpus=[gpu(G1), gpu(G2)])
     assert d.admitted and d.gpu == G2
+
+
+def test_through_the_hook_a_burst_may_not_take_the_last_gpu_an_exclusive_tenant_can_use(make_host, capsys):
+    from test_hook import GPU_HI, GPU_LO, L40S, mdevs, mixed, start
+    from test_tenancy import tdom, uid
+    from test_tenancy_gaps import admission_rows, quota, run, store_of, T, L
+    from vgpuhost.ops import tenancy
+    host = mixed(make_host)
+    s = store_of(host)
+    # the L40S holds a vGPU made by hand (no tenant's): exclusive x cannot go there
+    assert run(capsys, host, "vgpu", "create", "--profile", "L40S-8Q", "--gpu", str(L40S))[0] == 0
+    tenancy.add(s, T("s", quota=quota(vgpus=2), labels=frozenset({"team=s"})))
+    tenancy.add(s, T("x", quota=quota(vgpus=1), isolation="exclusive"))
+    tenancy.add(s, T("b", quota=tenancy.Quota(L(vgpus=0), L(vgpus=4)), avoid=frozenset({"team=s"})))
+    assert start(host, "s0", tdom("s0", uid("43434343", 0), uid("c3c3c3c3", 0), tenant="s")) == (0, "")
+    assert [r[3] for r in s.allocation_rows()] == [str(GPU_LO)]
+    # b avoids s, so only the empty A40 could take its burst: the last GPU x can use
+    rc, err = start(host, "b0", tdom("b0", uid("44444444", 0), uid("c4c4c4c4", 0), tenant="b"))
+    assert rc == 2 and err.count("\n") == 1 and "tenant 'x'" in err and "burst for tenant 'b' refused" in err
+    assert uid("c4c4c4c4", 0) not in mdevs(host) and admission_rows(s)[-1].result == "refused"
+    # x's guarantee is there when it asks
+    assert start(host, "x0", tdom("x0", uid("45454545", 0), uid("c5c5c5c5", 0), tenant="x")) == (0, "")
+    assert [r[3] for r in s.allocation_rows() if r[2] == "x"] == [str(GPU_HI)]
