@@ -41,15 +41,13 @@ and a handful of guaranteed tenants.
 
 from __future__ import annotations
 
-import itertools
-
 from ..model.tenancy import DIMENSIONS, EXCLUSIVE, HARDWARE, SHARED, Tenant
 from ..model.values import VgpuProfile, record
 from .demand import PASSTHROUGH, VGPU, Allocation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 #: a GPU whose vGPU types are not known serves a tenant holding no vGPU in vGPUs of this size (MiB): the
 #: smallest vGPU types are 1 GiB (A40-1Q, L40S-1Q; docs/reference/hardware.md#vgpu-types)
@@ -351,7 +349,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
             failed.add(key)
             return False
         seen = set()
-        for r2, p2 in itertools.chain(options(i, rem, p), [(rem, p)]):
+        for r2, p2 in _then(options(i, rem, p), (rem, p)):
             if (r2, p2) in seen:
                 continue
             seen.add((r2, p2))
@@ -367,6 +365,12 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
     if ok:
         return Verdict(True)
     return Verdict(False, "; ".join(_need_text(n, t) for n, t in zip(wanted, ts)))
+
+
+def _then(first, last):
+    """``first``'s items, then ``last`` (itertools.chain without the import: the qemu hook's path)."""
+    yield from first
+    yield last
 
 
 def _need_text(n: Need, t: _Tenant) -> str:
