@@ -113,7 +113,7 @@ def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None,
             raise InputError(f"tenant {taken[0][0]!r} exists" + (f" (names match in any case: {tenant.name!r})"
                                                                 if taken[0][0] != tenant.name else ""),
                              hint=f"change it with 'vgpuhost tenant set {taken[0][0]} ...'")
-        keep_promise(store, conn, tenant, None, promise, actor)
+        keep_promise(store, conn, tenant, promise, actor)
         store.put_tenant(conn, _row(tenant))
     _audit(store, actor, f"tenant add {tenant.name}", describe(tenant))
     return tenant
@@ -137,7 +137,7 @@ def update_with(store: StateStore, name: str, change: Callable[[Tenant], Mapping
     with host_lock(store), store.transaction() as conn:
         old = get(store, name)
         new = replace(old, **change(old)).validate()
-        keep_promise(store, conn, new, old, promise, actor)
+        keep_promise(store, conn, new, promise, actor)
         store.put_tenant(conn, _row(new))
     _audit(store, actor, f"tenant set {old.name}", describe(new))
     return new
@@ -215,8 +215,7 @@ def _risk(store: StateStore, inv: Inventory, ts: Mapping[str, Tenant], last: Opt
     return risk(ts, held, facts, serves, order)
 
 
-def keep_promise(store: StateStore, conn, new: Tenant, old: Optional[Tenant], promise: Optional[Promise],
-                 actor: Optional[str]) -> None:
+def keep_promise(store: StateStore, conn, new: Tenant, promise: Optional[Promise], actor: Optional[str]) -> None:
     """Refuse (RefusedError, nothing changed) a tenant change after which the guarantees of all
     tenants cannot be served together on this host (:mod:`vgpuhost.policy.feasibility`: pools, QoS
     classes, isolation, boards and types, equal-size mode, vGPU counts, framebuffer, MIG slices,
