@@ -56,7 +56,7 @@ from ..model.kinds import Owner, PlacementStrategy, SchedulerPolicy
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
                              HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant)
 from ..model.values import record, replace
-from .feasibility import MIN_VGPU_MIB, HostGpu, Reserve  # noqa: F401 (MIN_VGPU_MIB, HostGpu re-exported)
+from .feasibility import HostGpu, Reserve  # noqa: F401 (HostGpu re-exported for ops.tenancy)
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
                      allocation, passthrough_demand, vgpu_demand)
 from .placement import GpuOffer, Request, place
@@ -695,10 +695,6 @@ def _naming_takers(refusal: Admission, tenant: Optional[Tenant], tname: Optional
     if not takers:
         return refusal
     return replace(refusal, frees=tuple(takers) + tuple(refusal.frees))
-
-
-def _named(reserved, dim: str) -> str:
-    return ", ".join(f"tenant {n!r} ({left[dim]})" for n, left in reserved if left.get(dim))
 
 
 def _asker(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], burst: bool) -> str:
