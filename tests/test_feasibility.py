@@ -160,6 +160,10 @@ def test_tenant_add_refuses_guarantees_that_cannot_all_be_kept_unless_allowed(ma
     assert run(capsys, host, "tenant", "set", "p", "--passthrough", "0")[0] == 0
     code, out, _ = run(capsys, host, "--json", "tenant", "usage")
     assert not any(t["at_risk"] for t in json.loads(out)["tenants"])
+    # raising it again is a new promise: refused without --allow-oversubscribe
+    code, _, err = run(capsys, host, "tenant", "set", "p", "--passthrough", "1")
+    assert code == 2 and "tenant 'p': 1 passthrough GPU(s) cannot be served" in err
+    assert tenancy.get(s, "p").quota.guaranteed.passthrough_gpus == 0
 
 
 def test_pools_refuse_a_guarantee_no_gpu_can_serve(make_host, capsys):

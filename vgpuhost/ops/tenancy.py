@@ -206,13 +206,19 @@ def _guarantee_facts(store: StateStore, inv: Inventory) -> Tuple[List[adm.Alloca
 
 
 def _risk(store: StateStore, inv: Inventory, ts: Mapping[str, Tenant], last: Optional[str] = None):
-    """:func:`vgpuhost.policy.feasibility.risk` of tenants ``ts`` on this host: the tenants whose
-    guarantees were checked first, then those recorded at risk, then ``last``."""
+    """:func:`vgpuhost.policy.feasibility.risk` of tenants ``ts`` on this host, kept in this order: the
+    tenants whose guarantees were checked when promised, then ``last`` (the one being changed), then
+    those recorded at risk (``--allow-oversubscribe``), in the order they were."""
     from ..policy.feasibility import risk
     held, facts, serves = _guarantee_facts(store, inv)
-    late = [n.lower() for n in oversubscribed(store)] + ([last.lower()] if last else [])
-    order = sorted(ts, key=lambda n: (n.lower() in late, late.index(n.lower()) if n.lower() in late else 0, n))
-    return risk(ts, held, facts, serves, order)
+    late = [n.lower() for n in oversubscribed(store) if not last or n.lower() != last.lower()]
+
+    def rank(n: str):
+        low = n.lower()
+        if last and low == last.lower():
+            return (1, 0, n)
+        return (2, late.index(low), n) if low in late else (0, 0, n)
+    return risk(ts, held, facts, serves, sorted(ts, key=rank))
 
 
 def keep_promise(store: StateStore, conn, new: Tenant, promise: Optional[Promise], actor: Optional[str]) -> None:
