@@ -152,7 +152,7 @@ def test_burst_only_from_free_capacity():
     mem = {G1: 49152, G2: 49152}
     d = adm.admit(vreq(tenant="a", profile="A40-48Q"), tenants=ts, allocations=[], gpu_memory=mem,
                   offers=offers(1, 1, profile="A40-48Q", gpus=(G1, G2)))
-    assert not d.admitted and d.code == "burst" and "65536 MiB held" in d.reason
+    assert not d.admitted and d.code == "burst" and "(tenant 'b': 65536 MiB framebuffer)" in d.reason
     ts["b"] = tenant("b", g={"framebuffer_mib": 32768})
     d = adm.admit(vreq(tenant="a", profile="A40-16Q"), tenants=ts, allocations=[], gpu_memory=mem,
                   offers=offers(3, 3, profile="A40-16Q", gpus=(G1, G2)))

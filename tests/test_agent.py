@@ -161,7 +161,8 @@ def _requests(a40_config: str, uri: str) -> List[tuple]:
         ("POST", "/v1/passthrough/{bdf}/prepare", "/v1/passthrough/0000:81:00.0/prepare", {"persist": False}),
         ("POST", "/v1/passthrough/{bdf}/release", "/v1/passthrough/0000:81:00.0/release", {}),
         ("POST", "/v1/tenants", "/v1/tenants", {"name": "t1", "vgpus": "4:6", "labels": ["env=dev"]}),
-        ("POST", "/v1/tenants/{name}/set", "/v1/tenants/t1/set", {"qos": "guaranteed", "framebuffer": "32G"}),
+        ("POST", "/v1/tenants/{name}/set", "/v1/tenants/t1/set", {"qos": "guaranteed", "framebuffer": "32G",
+                                                                   "allow_oversubscribe": True}),   # warned
         ("POST", "/v1/tenants/{name}/remove", "/v1/tenants/t1/remove", None),
         ("POST", "/v1/domains/{domain}/attach", "/v1/domains/doc-vm2/attach", {"profile": "A40-8Q", "uri": uri}),
         ("POST", "/v1/domains/{domain}/detach", "/v1/domains/doc-vm2/detach", {"all": True, "uri": uri}),
@@ -480,7 +481,8 @@ WRITES = [
     ["passthrough", "release", "0000:81:00.0"],
     ["tenant", "add", "t1", "--vgpus", "4:6", "--label", "env=dev"],
     ["tenant", "add", "t1"],                                    # refused: exists
-    ["tenant", "set", "t1", "--qos", "guaranteed", "--framebuffer", "32G"],
+    ["tenant", "set", "t1", "--qos", "guaranteed", "--framebuffer", "32G"],       # refused: no fixed-share pool
+    ["tenant", "set", "t1", "--qos", "guaranteed", "--framebuffer", "32G", "--allow-oversubscribe"],   # warned
     ["tenant", "set", "nobody", "--qos", "guaranteed"],         # refused: unknown
     ["tenant", "remove", "t1"],
     ["vgpu", "mode", "--gpu", "0000:81:00.0", "--mixed-size", "on"],
@@ -514,7 +516,9 @@ def test_every_write_command_gives_the_same_result_through_the_agent_as_locally(
             ra = _run(cli_main, capsys, ["--root", str(a.root)], argv)
             rb = _run(cli_main, capsys, ["--root", str(b.root), "--local"], argv)
             assert ra == rb, argv
-            assert ra[2] == "" if ra[0] == 0 else ra[2].startswith("vgpuhost: error: ") and ra[2].count("\n") == 1
+            warned = "--allow-oversubscribe" in argv
+            assert (ra[2].startswith("vgpuhost: warning: guarantee at risk") if warned else ra[2] == "") \
+                if ra[0] == 0 else ra[2].startswith("vgpuhost: error: ") and ra[2].count("\n") == 1
         # --json: the same documents (the agent's "text" is not in the tenant's)
         for argv in (["tenant", "add", "t2", "--series", "Q"], ["tenant", "remove", "t2"]):
             ja = json.loads(_run(cli_main, capsys, ["--root", str(a.root), "--json"], argv)[1])
@@ -523,7 +527,7 @@ def test_every_write_command_gives_the_same_result_through_the_agent_as_locally(
         served_a = run_a.call("GET", "/v1/agent")[1]["served"]
         served_b = run_b.call("GET", "/v1/agent")[1]["served"]
     assert served_a["POST /v1/passthrough/{bdf}/prepare"] == 3 and served_a["POST /v1/passthrough/{bdf}/release"] == 1
-    assert served_a["POST /v1/tenants"] == 3 and served_a["POST /v1/tenants/{name}/set"] == 2
+    assert served_a["POST /v1/tenants"] == 3 and served_a["POST /v1/tenants/{name}/set"] == 3
     assert served_a["POST /v1/tenants/{name}/remove"] == 2 and served_a["POST /v1/apply"] == 2
     assert served_a["POST /v1/gpus/{bdf}/mixed-size"] == 1 and served_a["POST /v1/scheduler"] == 2
     assert not {k: v for k, v in served_b.items() if k.startswith("POST")}

@@ -238,6 +238,9 @@ def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
     inv = agent.inventory()
     doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=req.query.get("tenant"),
                            policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus))
+    risk = tenancy.guarantees_at_risk(agent.store, inv)
+    doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
+                                 for n in (risk or {}).get("tenants", ())]
     profile = req.query.get("profile")
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
@@ -542,6 +545,13 @@ def _tenant_options(body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return opts
 
 
+def _warned(answer: Dict[str, Any], promise) -> Dict[str, Any]:
+    """The answer with the guarantee check's warning (``warning``; the CLI prints it on stderr)."""
+    if promise.warning:
+        answer["warning"] = promise.warning
+    return answer
+
+
 def _tenant_answer(action: str, t, text: str) -> Dict[str, Any]:
     return {"schema": SCHEMA_TENANT, "action": action, "tenant": tenant_doc(t), "text": text}
 
@@ -550,20 +560,22 @@ def post_tenant_add(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant add NAME [options]`` through the agent (options as the CLI's strings)."""
     name = _text(req.body, "name", required=True, limit=128)
     opts = _tenant_options(req.body)
+    promise = tenancy.Promise(agent.inventory, _flag(req.body, "allow_oversubscribe"))
 
     def run():
-        t = tenancy.add(agent.store, new_tenant(name, opts), actor=req.actor)
-        return _tenant_answer("add", t, f"added tenant {t.name}: {tenancy.describe(t)}")
+        t = tenancy.add(agent.store, new_tenant(name, opts), actor=req.actor, promise=promise)
+        return _warned(_tenant_answer("add", t, f"added tenant {t.name}: {tenancy.describe(t)}"), promise)
     return agent.write(run)
 
 
 def post_tenant_set(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost tenant set NAME [options]`` through the agent."""
     opts = _tenant_options(req.body)
+    promise = tenancy.Promise(agent.inventory, _flag(req.body, "allow_oversubscribe"))
 
     def run():
-        t = changed_tenant(agent.store, req.params["name"], opts, actor=req.actor)
-        return _tenant_answer("set", t, f"tenant {t.name}: {tenancy.describe(t)}")
+        t = changed_tenant(agent.store, req.params["name"], opts, actor=req.actor, promise=promise)
+        return _warned(_tenant_answer("set", t, f"tenant {t.name}: {tenancy.describe(t)}"), promise)
     return agent.write(run)
 
 
@@ -669,7 +681,7 @@ _VGPU_KEYS = vgpu.VgpuCreateRequest.JSON_KEYS + ("dry_run",)
 _ALLOCATE_KEYS = ("profile", "gpu", "strategy", "vgpu_uuid", "anti_affinity", "dry_run")
 _HOOK_KEYS = ("xml", "name", "root", "state_dir", "timeout_s")
 _LAYOUT_KEYS = ("config", "source", "layout")
-_TENANT_KEYS = _TENANT_TEXT + _TENANT_LISTS
+_TENANT_KEYS = _TENANT_TEXT + _TENANT_LISTS + ("allow_oversubscribe",)
 _SCHEDULER_KEYS = ("policy", "timeslice_ms", "frequency_hz", "avg_factor", "gpus", "all")
 
 ROUTES: Tuple[Route, ...] = (

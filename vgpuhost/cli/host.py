@@ -13,9 +13,10 @@ from typing import List, Optional
 import click
 
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
+from ..ops import tenancy
 from ..ops.readiness import check
 from ..policy.checks import host_ready
-from .common import Context, emit, pass_ctx
+from .common import Context, emit, pass_ctx, store
 from .lean import gpus_output, types_output
 from .output import check_doc, check_text
 
@@ -34,7 +35,9 @@ def host_check(ctx: Context) -> None:
     those commands would do now).  Exit 0 ready (no error, and every GPU can
     serve some mode), 1 otherwise.
     """
-    findings, verdicts = check(ctx.host, ctx.inventory())
+    inv = ctx.inventory()
+    findings, verdicts = check(ctx.host, inv)
+    findings = findings + tenancy.guarantee_findings(store(ctx, write=False), inv)
     emit(ctx, check_doc(findings, verdicts), check_text(findings, verdicts))
     sys.exit(EXIT_OK if host_ready(findings, verdicts) else EXIT_PROBLEMS)
 

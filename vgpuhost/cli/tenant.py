@@ -76,6 +76,8 @@ def _through_agent(target: str, body: Dict[str, object]) -> bool:
         return False
     doc = dict(out.as_dict())
     text = doc.pop("text", "")
+    if doc.get("warning"):                  # tenant add|set: guarantees at risk, as the command warns locally
+        click.echo(f"vgpuhost: warning: {doc['warning']}", err=True)
     _emit(doc, text)
     return True
 
@@ -84,29 +86,56 @@ def _body(opts: Dict[str, object]) -> Dict[str, object]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()}
 
 
+_OVERSUBSCRIBE = click.option(
+    "--allow-oversubscribe", "allow_oversubscribe", is_flag=True,
+    help="Record guarantees that cannot all be kept on this host together (refused otherwise) as at risk: "
+         "audited, warned, shown by 'tenant usage', 'capacity', 'host check' and the exporter.")
+
+
+def _promise(allow: bool) -> "tenancy.Promise":
+    """The check of every guarantee against this host's GPUs (the inventory read when needed)."""
+    return tenancy.Promise(_ctx().inventory, allow)
+
+
+def _warned(doc: dict, text: str, promise: "tenancy.Promise") -> None:
+    """Emit ``doc``/``text`` with the promise's warning: a ``warning`` field and a line on stderr."""
+    if promise.warning:
+        doc["warning"] = promise.warning
+        click.echo(f"vgpuhost: warning: {promise.warning}", err=True)
+    _emit(doc, text)
+
+
 @tenant.command("add")
 @click.argument("name")
 @_quota_options
-def tenant_add(name: str, **opts) -> None:
-    """Add tenant NAME (defaults: qos burstable, isolation shared, no limits)."""
+@_OVERSUBSCRIBE
+def tenant_add(name: str, allow_oversubscribe: bool = False, **opts) -> None:
+    """Add tenant NAME (defaults: qos burstable, isolation shared, no limits).  Refused (exit 2) when its
+    guarantees and the others' cannot all be kept on this host, unless --allow-oversubscribe."""
     t = new_tenant(name, opts)          # bad options fail here, before the agent is asked
-    if _through_agent("/v1/tenants", {"name": name, **_body(opts)}):
+    body = {"name": name, **_body(opts), **({"allow_oversubscribe": True} if allow_oversubscribe else {})}
+    if _through_agent("/v1/tenants", body):
         return
-    t = tenancy.add(_store(True), t)
-    _emit({"schema": SCHEMA_TENANT, "action": "add", "tenant": tenant_doc(t)},
-          f"added tenant {t.name}: {tenancy.describe(t)}")
+    promise = _promise(allow_oversubscribe)
+    t = tenancy.add(_store(True), t, promise=promise)
+    _warned({"schema": SCHEMA_TENANT, "action": "add", "tenant": tenant_doc(t)},
+            f"added tenant {t.name}: {tenancy.describe(t)}", promise)
 
 
 @tenant.command("set")
 @click.argument("name")
 @_quota_options
-def tenant_set(name: str, **opts) -> None:
-    """Change tenant NAME; only the options given change (labels add; '--label none' clears)."""
-    if _through_agent(f"/v1/tenants/{quote(name, safe='')}/set", _body(opts)):
+@_OVERSUBSCRIBE
+def tenant_set(name: str, allow_oversubscribe: bool = False, **opts) -> None:
+    """Change tenant NAME; only the options given change (labels add; '--label none' clears).  Refused
+    as 'tenant add' is when the guarantees could no longer all be kept."""
+    body = {**_body(opts), **({"allow_oversubscribe": True} if allow_oversubscribe else {})}
+    if _through_agent(f"/v1/tenants/{quote(name, safe='')}/set", body):
         return
-    t = changed_tenant(_store(True), name, opts)
-    _emit({"schema": SCHEMA_TENANT, "action": "set", "tenant": tenant_doc(t)},
-          f"tenant {t.name}: {tenancy.describe(t)}")
+    promise = _promise(allow_oversubscribe)
+    t = changed_tenant(_store(True), name, opts, promise=promise)
+    _warned({"schema": SCHEMA_TENANT, "action": "set", "tenant": tenant_doc(t)},
+            f"tenant {t.name}: {tenancy.describe(t)}", promise)
 
 
 @tenant.command("list")
@@ -134,6 +163,13 @@ def _usage(name: Optional[str]) -> List[dict]:
     return docs
 
 
+def risk_lines(docs: List[dict]) -> List[str]:
+    """``tenant 'p': guarantee at risk: its unused 1 passthrough GPU(s) cannot be served beside the other
+    tenants' guarantees`` per tenant at risk."""
+    return [f"tenant {d['tenant']!r}: guarantee at risk: its unused {d.get('risk') or 'guarantee'} cannot be "
+            "served beside the other tenants' guarantees" for d in docs if d.get("at_risk")]
+
+
 def _usage_rows(docs: List[dict]) -> List[list]:
     """Table rows of ``tenant usage`` documents (:func:`vgpuhost.model.tenancy.usage_text` per dimension)."""
     rows = []
@@ -157,7 +193,7 @@ def tenant_show(name: str) -> None:
            "usage": docs[0]["usage"] if docs else None}
     text = f"tenant {t.name}: {tenancy.describe(t)}"
     if docs:
-        text += "\n" + table(USAGE_HEADERS, _usage_rows(docs))
+        text += "\n" + "\n".join([table(USAGE_HEADERS, _usage_rows(docs)), *risk_lines(docs)])
     _emit(doc, text)
 
 
@@ -177,8 +213,8 @@ def tenant_usage(name: Optional[str]) -> None:
     """Allocations against quota, per tenant: USED/QUOTA (guaranteed:burst), the burst part
     and any use over the quota in brackets; '(no tenant)' is what no tenant holds."""
     docs = _usage(name)
-    _emit({"schema": SCHEMA_USAGE, "tenants": docs},
-          table(USAGE_HEADERS, _usage_rows(docs)) if docs else "no tenants and nothing held")
+    text = table(USAGE_HEADERS, _usage_rows(docs)) if docs else "no tenants and nothing held"
+    _emit({"schema": SCHEMA_USAGE, "tenants": docs}, "\n".join([text, *risk_lines(docs)]))
 
 
 @tenant.command("openstack")
@@ -214,6 +250,9 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     store = _store(False)
     doc = tenancy.capacity(store, inv, tenancy.mixed_size_of(ctx.host, inv), tenant=tenant,
                            policies=lambda gpus: tenancy.scheduler_policies(ctx.host, gpus))
+    risk = tenancy.guarantees_at_risk(store, inv)
+    doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
+                                 for n in (risk or {}).get("tenants", ())]
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
         if not doc["profiles"]:
@@ -237,6 +276,7 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     notes += [f"{g['gpu']}: {g['drift']}" for g in doc["gpus"] if g.get("drift")]
     notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "
               "what they offer is not counted ('vgpuhost host check' says why)" for g in doc["gpus"] if g["unreadable"]]
+    notes += [f"guarantee at risk: {risk['text']}"] if risk and risk["tenants"] else []
     if notes:
         text += "\n" + "\n".join(notes)
     _emit({"schema": SCHEMA_CAPACITY, **doc}, text)

@@ -55,7 +55,8 @@ MODULES = (
     "vgpuhost.ops.recover", "vgpuhost.ops.tenancy", "vgpuhost.ops.vgpu",
     "vgpuhost.plan", "vgpuhost.plan.executor", "vgpuhost.plan.journal", "vgpuhost.plan.passthrough",
     "vgpuhost.plan.steps",
-    "vgpuhost.policy", "vgpuhost.policy.admission", "vgpuhost.policy.demand", "vgpuhost.policy.hookrequest",
+    "vgpuhost.policy", "vgpuhost.policy.admission", "vgpuhost.policy.demand", "vgpuhost.policy.feasibility",
+    "vgpuhost.policy.hookrequest",
     "vgpuhost.policy.iommu",
     "vgpuhost.policy.offers", "vgpuhost.policy.placement",
 )

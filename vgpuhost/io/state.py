@@ -1016,10 +1016,15 @@ class StateStore:
 
     def set_setting(self, key: str, value: Optional[str]) -> None:
         with self.transaction() as conn:
-            if value is None:
-                conn.execute("DELETE FROM settings WHERE key = ?", (key,))
-            else:
-                conn.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
+            self.put_setting(conn, key, value)
+
+    @staticmethod
+    def put_setting(conn: sqlite3.Connection, key: str, value: Optional[str]) -> None:
+        """Set (None: drop) one setting inside the caller's transaction."""
+        if value is None:
+            conn.execute("DELETE FROM settings WHERE key = ?", (key,))
+        else:
+            conn.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
 
     @staticmethod
     def delete_passthrough(conn: sqlite3.Connection, bdfs: Sequence[str]) -> None:

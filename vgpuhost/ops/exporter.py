@@ -172,6 +172,13 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
             lim.add_metric([tenant, resource, kind], float(v))
         yield used
         yield lim
+    if "guarantee_at_risk" in host:
+        f = GaugeMetricFamily(PREFIX + "tenant_guarantee_at_risk",
+                              "1 when the tenant's guarantee cannot be served beside the other tenants' now",
+                              labels=["tenant"])
+        for tenant, v in sorted(host["guarantee_at_risk"].items()):
+            f.add_metric([tenant], v)
+        yield f
 
 
 def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT,

@@ -826,14 +826,17 @@ def _quota(store, inv) -> Dict[str, object]:
     """Quota use and limits per tenant where tenancy exists (issue 13); ``{}`` otherwise.
 
     ``quota_used``: ``{(tenant, resource): value}``; ``quota_limit``:
-    ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes.
+    ``{(tenant, resource, "guaranteed"|"burst"): value}``; framebuffer in bytes; ``guarantee_at_risk``:
+    ``{tenant: 1.0 when its guarantee cannot be served beside the others' now, else 0.0}``.
     """
     try:
-        used, limit = {}, {}
+        used, limit, risk = {}, {}, {}
         for row in tenancy.usage_report(store, inv):
             if not row.get("tenant"):
                 continue
             t = str(row["tenant"])
+            if row.get("known"):
+                risk[t] = 1.0 if row.get("at_risk") else 0.0
             for dim, u in (row.get("usage") or {}).items():
                 res, k = _QUOTA_UNITS.get(dim, (dim, 1))
                 used[(t, res)] = float(u.get("used") or 0) * k
@@ -841,7 +844,7 @@ def _quota(store, inv) -> Dict[str, object]:
                     limit[(t, res, "guaranteed")] = float(u["guaranteed"]) * k
                 if u.get("limit") is not None:
                     limit[(t, res, "burst")] = float(u["limit"]) * k
-        return {"quota_used": used, "quota_limit": limit}
+        return {"quota_used": used, "quota_limit": limit, "guarantee_at_risk": risk}
     except Exception as e:
         log.warning("reading quota use failed: %s", e)
         return {}

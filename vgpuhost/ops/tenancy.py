@@ -105,9 +105,11 @@ def describe(t: Tenant) -> str:
     return " ".join(parts)
 
 
-def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Tenant:
+def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None,
+        promise: Optional[Promise] = None) -> Tenant:
     """Add ``tenant``; raises InputError when it is invalid or the name is taken.  Under
-    :func:`host_lock`, as admission decides (TransientError when it cannot be had)."""
+    :func:`host_lock`, as admission decides (TransientError when it cannot be had).  ``promise``:
+    check that every guarantee can still be kept (:func:`keep_promise`; RefusedError, nothing changed)."""
     tenant.validate()
     with host_lock(store), store.transaction() as conn:
         taken = store.tenant_rows(tenant.name)          # names match case-insensitively
@@ -115,27 +117,31 @@ def add(store: StateStore, tenant: Tenant, *, actor: Optional[str] = None) -> Te
             raise InputError(f"tenant {taken[0][0]!r} exists" + (f" (names match in any case: {tenant.name!r})"
                                                                 if taken[0][0] != tenant.name else ""),
                              hint=f"change it with 'vgpuhost tenant set {taken[0][0]} ...'")
+        keep_promise(store, conn, tenant, promise, actor)
         store.put_tenant(conn, _row(tenant))
         _audit(store, actor, f"tenant add {tenant.name}", describe(tenant), conn)
     return tenant
 
 
-def update(store: StateStore, name: str, *, actor: Optional[str] = None, **changes) -> Tenant:
+def update(store: StateStore, name: str, *, actor: Optional[str] = None, promise: Optional[Promise] = None,
+           **changes) -> Tenant:
     """Change fields of tenant ``name`` (:class:`Tenant` field names); returns the new value.
 
     A lower quota is allowed while use exceeds it: running domains keep
     their devices (vgpuhost never stops a VM), new admissions are refused.
     """
-    return update_with(store, name, lambda old: changes, actor=actor)
+    return update_with(store, name, lambda old: changes, actor=actor, promise=promise)
 
 
 def update_with(store: StateStore, name: str, change: Callable[[Tenant], Mapping[str, object]], *,
-                actor: Optional[str] = None) -> Tenant:
+                actor: Optional[str] = None, promise: Optional[Promise] = None) -> Tenant:
     """:func:`update` with the changes computed from the tenant as stored (``change(old)``: field ->
-    value), read and written under :func:`host_lock`, so that no admission decides in between."""
+    value), read and written under :func:`host_lock`, so that no admission decides in between.
+    ``promise``: as :func:`add`'s."""
     with host_lock(store), store.transaction() as conn:
         old = get(store, name)
         new = replace(old, **change(old)).validate()
+        keep_promise(store, conn, new, promise, actor)
         store.put_tenant(conn, _row(new))
         _audit(store, actor, f"tenant set {old.name}", describe(new), conn)
     return new
@@ -159,6 +165,129 @@ def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tena
         store.delete_tenant(conn, t.name)
         _audit(store, actor, f"tenant remove {t.name}", describe(t), conn)
     return t
+
+
+# ---------------------------------------------------------------------------
+# promises: every guarantee can be kept together (issue 26 #3)
+
+#: the setting naming the tenants whose guarantees were recorded at risk (``--allow-oversubscribe``), comma-separated
+OVERSUBSCRIBED = "tenants.oversubscribed"
+
+
+class Promise:
+    """How ``tenant add|set`` check their guarantees (:func:`keep_promise`).
+
+    ``inventory``: the host's :class:`Inventory`, or a callable giving it
+    (None, or a callable raising VgpuhostError/OSError: the host cannot be
+    read, so nothing is checked and :attr:`warning` says so); ``allow``:
+    ``--allow-oversubscribe``, record guarantees that cannot all be kept
+    instead of refusing them.  After the change, :attr:`warning` holds the
+    line to show ('' when every guarantee can be kept).
+    """
+
+    def __init__(self, inventory, allow: bool = False):
+        self.inventory, self.allow = inventory, allow
+        self.warning = ""
+
+    def read(self) -> Optional[Inventory]:
+        from ..model.errors import VgpuhostError
+        try:
+            return self.inventory() if callable(self.inventory) else self.inventory
+        except (VgpuhostError, OSError):
+            return None
+
+
+def oversubscribed(store: StateStore) -> List[str]:
+    """The tenants whose guarantees were recorded at risk with ``--allow-oversubscribe``, in order."""
+    return [n for n in (store.setting(OVERSUBSCRIBED) or "").split(",") if n]
+
+
+def _guarantee_facts(store: StateStore, inv: Inventory) -> Tuple[List[adm.Allocation], List[adm.HostGpu], object]:
+    from ..policy import offers as vgpu_offers
+    seen = store.seen_types() + vgpu_offers.seen_rows(inv)
+    facts = host_gpus(inv, seen, _type_fb(inv, store), _gpu_slices(inv, seen))
+    return allocations(store, inv), facts, adm.serves_of(pools(store))
+
+
+def _risk(store: StateStore, inv: Inventory, ts: Mapping[str, Tenant], last: Optional[str] = None):
+    """:func:`vgpuhost.policy.feasibility.risk` of tenants ``ts`` on this host, kept in this order: the
+    tenants whose guarantees were checked when promised, then ``last`` (the one being changed), then
+    those recorded at risk (``--allow-oversubscribe``), in the order they were."""
+    from ..policy.feasibility import risk
+    held, facts, serves = _guarantee_facts(store, inv)
+    late = [n.lower() for n in oversubscribed(store) if not last or n.lower() != last.lower()]
+
+    def rank(n: str):
+        low = n.lower()
+        if last and low == last.lower():
+            return (1, 0, n)
+        return (2, late.index(low), n) if low in late else (0, 0, n)
+    return risk(ts, held, facts, serves, sorted(ts, key=rank))
+
+
+def keep_promise(store: StateStore, conn, new: Tenant, promise: Optional[Promise], actor: Optional[str]) -> None:
+    """Refuse (RefusedError, nothing changed) a tenant change after which the guarantees of all
+    tenants cannot be served together on this host (:mod:`vgpuhost.policy.feasibility`: pools, QoS
+    classes, isolation, boards and types, equal-size mode, vGPU counts, framebuffer, MIG slices,
+    passthrough GPUs), unless ``promise.allow``: then the tenant is recorded at risk (setting
+    :data:`OVERSUBSCRIBED`, in ``conn``'s transaction, with an audit row) and ``promise.warning`` says
+    so.  Guarantees already at risk before the change do not refuse it.  ``promise`` None: no check."""
+    if promise is None:
+        return
+    inv = promise.read()
+    if inv is None:
+        promise.warning = "guarantees not checked: the host's GPUs could not be read"
+        return
+    before = tenants(store)
+    after = {n: t for n, t in before.items() if n.lower() != new.name.lower()}
+    after[new.name] = new
+    now = _risk(store, inv, after, new.name)
+    was = {n.lower() for n in _risk(store, inv, before, new.name).tenants} if now.tenants else set()
+    fresh = [n for n in now.tenants if n.lower() not in was]
+    if not fresh:
+        if not now.decided:
+            promise.warning = "guarantees not fully checked: the search was left undecided (too many choices)"
+        elif now.tenants:
+            promise.warning = f"guarantee at risk (as before): {now.text}"
+        return
+    if not promise.allow:
+        raise RefusedError(f"tenant {new.name!r}: the guarantees cannot all be kept on this host: {now.text}",
+                           hint="lower a guarantee, change the isolation, pools or series, or give "
+                                "--allow-oversubscribe to record them as at risk; nothing was changed")
+    names = oversubscribed(store)
+    names += [n for n in fresh if n.lower() not in {x.lower() for x in names}]
+    store.put_setting(conn, OVERSUBSCRIBED, ",".join(names))
+    store.audit(actor=actor or _actor(), operation=f"tenant oversubscribe {new.name}", path="(tenants)",
+                value=f"guarantee at risk: {now.text}")
+    promise.warning = f"guarantee at risk (--allow-oversubscribe): {now.text}"
+
+
+def guarantees_at_risk(store: StateStore, inv: Optional[Inventory]) -> Optional[dict]:
+    """``{"tenants": [names], "reasons": {tenant: its unused guarantee}, "text": line, "decided": bool}``:
+    whose guarantees cannot be served beside the others' now; None without an inventory or tenants."""
+    ts = tenants(store)
+    if inv is None or not ts:
+        return None
+    r = _risk(store, inv, ts)
+    return {"tenants": list(r.tenants), "reasons": dict(r.reasons), "text": r.text, "decided": r.decided}
+
+
+def guarantee_findings(store: StateStore, inv: Inventory) -> list:
+    """``host check`` findings (:class:`vgpuhost.policy.checks.Finding`, code ``GUARANTEE_AT_RISK``,
+    a warning) for each tenant whose guarantee cannot be served beside the others' now."""
+    from ..policy.checks import Finding
+    risk = guarantees_at_risk(store, inv)
+    if not risk:
+        return []
+    out = [Finding("warning", "GUARANTEE_AT_RISK", f"tenant {n}",
+                   f"the guarantee of tenant {n!r} cannot be served beside the other tenants' on this host: "
+                   f"{risk['text']}",
+                   f"lower a guarantee ('vgpuhost tenant set {n} ...'), change isolation or pools, or add GPUs; "
+                   "'vgpuhost tenant usage' shows it") for n in risk["tenants"]]
+    if not risk["decided"]:
+        out.append(Finding("info", "GUARANTEES_UNCHECKED", "tenants",
+                           "whether every guarantee can be served together was left undecided (too many choices)"))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -314,6 +443,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     fbs = _type_fb(inv, store)
     memory = {str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib}
     slices = _gpu_slices(inv, seen)
+    facts = host_gpus(inv, seen, fbs, slices)
     names = store.active_domains()
     pl = pools(store)
     qos = getattr(meta, "qos", None)
@@ -352,7 +482,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         running = policies(asked) if asked else None
     for device, req, offers in reqs:
         d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names,
-                      gpu_slices=slices, policies=running)
+                      gpu_slices=slices, policies=running, gpus=facts)
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
@@ -374,6 +504,41 @@ def _lent(offers: Sequence, records: Sequence, name: str) -> list:
             lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
     return [replace(o, available=o.available + lendable[str(o.gpu)], note="",
                     parents=o.parents or (o.gpu,)) if lendable.get(str(o.gpu)) else o for o in offers]
+
+
+def host_gpus(inv: Inventory, seen: Sequence[tuple], fbs: Mapping[str, int],
+              slices: Mapping[str, int]) -> List[adm.HostGpu]:
+    """Every GPU of ``inv`` with a known framebuffer as the guarantees see it (:class:`HostGpu`): the vGPU
+    types it offers (listed now or seen before, ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows;
+    ``fbs``: framebuffer MiB by type name, lower case) and its compute slices in MIG mode (``slices``,
+    :func:`_gpu_slices`), and the most vGPUs of each time-sliced size mdev on the GPU itself lists
+    (on VFs each VF lists its own).  A GPU listing no type (driver not loaded, passed through) offers
+    any size."""
+    from ..model.values import VgpuProfile
+    types: Dict[str, set] = {}
+    most: Dict[str, Dict[int, int]] = {}
+    for t in inv.vgpu_types:
+        types.setdefault(str(t.gpu), set()).add(t.name)
+        if t.max_instances and t.framebuffer_mib and not (t.profile and t.profile.gi_slices) \
+                and t.backend == Backend.MDEV and t.parent == t.gpu:      # per GPU, not per VF
+            m = most.setdefault(str(t.gpu), {})
+            m[t.framebuffer_mib] = max(m.get(t.framebuffer_mib, 0), t.max_instances)
+    for row in seen:
+        types.setdefault(row[0], set()).add(row[2])
+    out = []
+    for g in inv.gpus:
+        addr = str(g.address)
+        if not g.framebuffer_mib:
+            continue
+        named = []
+        for name in sorted(types.get(addr, ())):
+            p = VgpuProfile.try_parse(name)
+            fb = fbs.get(name.lower()) or (p.framebuffer_gb * 1024 if p else 0)
+            if fb:
+                named.append((name, fb, (p.gi_slices or 0) if p else 0))
+        out.append(adm.HostGpu(addr, g.framebuffer_mib, tuple(named) or None, slices.get(addr, 0),
+                               tuple(sorted(most.get(addr, {}).items()))))
+    return out
 
 
 def _gpu_slices(inv: Inventory, seen: Sequence[tuple]) -> Dict[str, int]:
@@ -574,9 +739,13 @@ def forget(store: StateStore, owner: Optional[str] = None, devices: Sequence[str
 def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dict]:
     """Per tenant, then one entry with ``"tenant": None`` for devices with no tenant (manual and layout
     vGPUs, domains naming none) when there are any: each dimension's use, burst part and limits, and
-    ``domains``, how many libvirt domains hold them (owners ``manual`` and ``layout`` are not domains)."""
+    ``domains``, how many libvirt domains hold them (owners ``manual`` and ``layout`` are not domains);
+    ``at_risk``: its guarantee cannot be served beside the others' now (:func:`guarantees_at_risk`, with
+    ``inv`` only) and ``risk``, its unused guarantee as text then (else None)."""
     held = allocations(store, inv)
     ts = tenants(store)
+    risk = guarantees_at_risk(store, inv) if inv is not None and ts else None
+    risky = {n.lower() for n in (risk or {}).get("tenants", ())}
     out = []
     names = sorted(ts) + sorted({a.tenant for a in held if a.tenant and a.tenant not in ts})
     for n in names + [None]:
@@ -593,7 +762,8 @@ def usage_report(store: StateStore, inv: Optional[Inventory] = None) -> List[dic
         out.append({"tenant": n, "known": t is not None, "qos": t.qos if t else None,
                     "isolation": t.isolation if t else None,
                     "domains": len({a.owner for a in held if a.tenant == n and Owner.is_domain(a.owner)}),
-                    "usage": dims})
+                    "usage": dims, "at_risk": bool(n and n.lower() in risky),
+                    "risk": (risk or {}).get("reasons", {}).get(n) if n else None})
     return out
 
 
@@ -721,6 +891,7 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
                               names=store.active_domains(),
                               gpu_memory={str(x.address): x.framebuffer_mib for x in inv.gpus if x.framebuffer_mib},
                               gpu_slices=_gpu_slices(inv, seen),
+                              gpus=host_gpus(inv, seen, fbs, _gpu_slices(inv, seen)),
                               policies=policies(pooled) if policies is not None and pooled else None)
     return got, ("" if last.admitted else last.reason)
 
@@ -791,7 +962,8 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     if ask:
         facts = dict(pools=pl, names=store.active_domains(),
                      gpu_memory={str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib},
-                     gpu_slices=_gpu_slices(inv, seen), policies=running)
+                     gpu_slices=_gpu_slices(inv, seen), policies=running,
+                     gpus=host_gpus(inv, seen, _type_fb(inv, store), _gpu_slices(inv, seen)))
     fbs = _type_fb(inv, store)
     present: Dict[str, int] = {}
     for r in records:

@@ -19,15 +19,15 @@ Rules (docs/guide/tenancy.md):
   checked first.
 - **Reserve.**  Use no guarantee covers (a burst; a domain with no tenant,
   or a tenant's device in dimensions without a guaranteed limit, once any
-  tenant has a guarantee) is admitted only from room the other tenants'
-  unused guarantees leave: free framebuffer on the GPUs it may use for
-  their framebuffer and (sized as asked) vGPU-count guarantees, free MIG
-  compute slices for their slice guarantees, empty GPUs for their
-  passthrough guarantees (a time-sliced vGPU is placed off them).  It may
-  be the first time-sliced vGPU on an empty GPU (which fixes that GPU's
-  vGPU size) only while the GPUs left empty and those holding vGPUs of the
-  tenants with framebuffer or vGPU guarantees still hold those guarantees.
-  The refusal (code ``burst``) names the tenants holding the room.
+  tenant has a guarantee) is admitted on a GPU only where, with it there,
+  every other tenant's unused guarantee can still be served together on the
+  GPUs that tenant can use (its types and sizes, its pool's class, its
+  isolation and avoid rules, equal-size mode, MIG slices, empty GPUs for
+  passthrough): :class:`vgpuhost.policy.feasibility.Reserve`, over
+  per-GPU facts (``gpus``, :class:`HostGpu`).  The refusal (code
+  ``burst``) names the tenants holding the room.  An isolation refusal of a
+  guaranteed request names the bursts and untenanted use on the GPUs its
+  isolation closed.
 - **Isolation.**  ``hardware``: MIG-backed vGPUs and passthrough only.
   ``exclusive``: a time-sliced GPU holds only this tenant's vGPUs (and no
   other tenant's vGPU joins it).  ``shared``: anything not excluded by an
@@ -58,6 +58,7 @@ from ..model.kinds import Owner, PlacementStrategy, SchedulerPolicy
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
                              HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant)
 from ..model.values import record, replace
+from .feasibility import HostGpu, Reserve  # noqa: F401 (HostGpu re-exported for ops.tenancy)
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
                      allocation, passthrough_demand, vgpu_demand)
 from .placement import GpuOffer, Request, place
@@ -247,7 +248,7 @@ def standing(tenant: Optional[Tenant], tname: Optional[str], allocations: Sequen
 def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
           pools: Sequence[Pool] = (), offers: Sequence[GpuOffer] = (),
           gpu_memory: Optional[Mapping[str, int]] = None, names: Optional[Mapping[str, str]] = None,
-          gpu_slices: Optional[Mapping[str, int]] = None,
+          gpu_slices: Optional[Mapping[str, int]] = None, gpus: Optional[Sequence[HostGpu]] = None,
           policies: Optional[Mapping[str, str]] = None) -> Admission:
     """Decide ``req``: quota -> isolation -> QoS class -> pool -> placement (module docstring).
 
@@ -259,8 +260,11 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     :func:`vgpuhost.ops.vgpu.offers` builds them); ``gpu_memory``: total
     framebuffer per GPU (MiB, by BDF) for the reserve of unused guarantees
     (unknown GPUs are left out of it); ``gpu_slices``: compute slices per
-    GPU in MIG mode (the same reserve, for MIG slices); ``names``: domain
-    names by UUID, for messages; ``policies``: the scheduler policy each GPU
+    GPU in MIG mode (the same reserve, for MIG slices); ``gpus``: every
+    GPU of the host as the reserve sees it (:class:`HostGpu`: the types it
+    offers; None: built from ``gpu_memory``, ``gpu_slices`` and ``offers``,
+    each GPU offering the type asked and the types it holds); ``names``:
+    domain names by UUID, for messages; ``policies``: the scheduler policy each GPU
     runs now (by BDF, as NVML reads it under the host lock; None, or a GPU
     left out: not known, not checked): a GPU of a declared pool running
     another policy than its pool's is *in drift* and takes no time-sliced
@@ -295,21 +299,23 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     # 4. pool + isolation per GPU
     if dem.kind == PASSTHROUGH:
         return _passthrough(req, tenant, tname, qos, burst, quota_note, tenants, allocations, gpu_memory, names,
-                            gpu_slices)
+                            gpu_slices, pools, gpus)
     narrowed, candidates, refusal = _narrow(dem, tenant, tname, qos, pools, offers, tenants, allocations, names,
                                             refuse, policies)
     if refusal is not None:
-        return refusal
+        return _naming_takers(refusal, tenant, tname, burst, narrowed, tenants, allocations, names)
     # use no guarantee covers leaves room for the other tenants' unused guarantees (module docstring)
     reserved = _reserved(tname, tenants, allocations)
     unguaranteed = bool(reserved) and (tenant is None or burst or not _covered(tenant, dem))
     kept: List[str] = []
     size_note = ""
-    if unguaranteed and not dem.hardware:
-        narrowed, candidates, kept, size_note = _keep_reserve(dem, narrowed, candidates, reserved, allocations,
-                                                               gpu_memory)
-    # 5. placement
-    decision = _place_preferred(dem, req, tenant, tenants, allocations, narrowed)
+    if unguaranteed:
+        narrowed, candidates, kept, size_note = _keep_reserve(
+            dem, req, tname, narrowed, candidates, tenants, allocations, pools,
+            host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations))
+    # 5. placement (a guaranteed request first where the other guarantees stay servable)
+    keep = host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations) if reserved and not unguaranteed else []
+    decision = _place_keeping(dem, req, tname, tenant, tenants, allocations, narrowed, pools, keep)
     if not decision.admitted and kept:
         return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
                       candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
@@ -318,12 +324,6 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
         return refuse("capacity", f"no room for {dem.text()} of {standing(tenant, tname, allocations)}: "
                                   f"{decision.reason}", frees=frees, candidates=candidates, burst=burst)
     gpu = str(decision.gpu)
-    # 6. burst (and other use no guarantee covers) only from capacity no guarantee reserves
-    if unguaranteed:
-        short = _reserve_short(dem, candidates, reserved, allocations, gpu_memory, gpu_slices)
-        if short:
-            return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {short}",
-                          burst=burst, candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
     return _admitted(dem, tname, qos, burst, quota_note, None if dem.hardware else pool_of(pools, gpu).name,
                      decision, candidates)
 
@@ -541,22 +541,20 @@ def _by_gpu(allocations: Sequence[Allocation]) -> Dict[str, List[Allocation]]:
     return by_gpu
 
 
-def _keep_reserve(dem: Demand, narrowed: List[GpuOffer], candidates: List[str], reserved,
-                  allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]
-                  ) -> Tuple[List[GpuOffer], List[str], List[str], str]:
-    """Close the GPUs a vGPU no guarantee covers must leave to the unused guarantees:
-    ``(offers, candidates, GPUs kept for their size, why)``."""
-    keep = _kept_free(reserved, allocations, gpu_memory)
-    if keep:
-        empty = _empty(allocations, gpu_memory)
-        narrowed = [replace(o, available=0, parents=(), note=keep) if str(o.gpu) in empty else o for o in narrowed]
-        candidates = [g for g in candidates if g not in empty]
-    # nor be the first vGPU on an empty GPU when that would leave the guarantees no GPU of a size they can use
-    kept, size_note = _size_kept(dem, candidates, reserved, allocations, gpu_memory)
-    if kept:
-        narrowed = [replace(o, available=0, parents=(), note=size_note) if str(o.gpu) in kept else o
-                    for o in narrowed]
-    return narrowed, candidates, kept, size_note
+def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], tenant: Optional[Tenant],
+                   tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], narrowed: List[GpuOffer],
+                   pools: Sequence[Pool], gpus: Sequence[HostGpu]):
+    """Step 5 for a request a guarantee covers: placement first over the GPUs where the other tenants'
+    unused guarantees stay servable (``gpus``: the facts; empty: no such preference), then over all."""
+    if gpus:
+        _, _, kept, _ = _keep_reserve(dem, req, tname, narrowed, [str(o.gpu) for o in narrowed], tenants,
+                                      allocations, pools, gpus)
+        if kept:
+            first = _place_preferred(dem, req, tenant, tenants, allocations,
+                                     [o for o in narrowed if str(o.gpu) not in kept])
+            if first.admitted:
+                return first
+    return _place_preferred(dem, req, tenant, tenants, allocations, narrowed)
 
 
 def _place_preferred(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant], tenants: Mapping[str, Tenant],
@@ -636,7 +634,8 @@ def _isolation_conflict(me: Optional[Tenant], my_name: Optional[str], held: Sequ
 def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optional[str], qos: str, burst: bool,
                  quota_note: str, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
                  gpu_memory: Optional[Mapping[str, int]], names: Mapping[str, str],
-                 gpu_slices: Optional[Mapping[str, int]] = None) -> Admission:
+                 gpu_slices: Optional[Mapping[str, int]] = None, pools: Sequence[Pool] = (),
+                 gpus: Optional[Sequence[HostGpu]] = None) -> Admission:
     gpu = req.gpu or ""
     held = [a for a in allocations if a.gpu == gpu and a.owner != req.owner
             and not (a.kind == PASSTHROUGH and a.owner in Owner.POOL)]   # bound by the operator for guests
@@ -650,7 +649,8 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
     dem = req.demand
     reserved = _reserved(tname, tenants, allocations)
     if reserved and (tenant is None or burst or not _covered(tenant, dem)):
-        short = _reserve_short(dem, (gpu,), reserved, allocations, gpu_memory, gpu_slices)
+        short = _reserve_short(dem, req, tname, gpu, tenants, allocations, pools,
+                               host_gpus(gpus, gpu_memory, gpu_slices, (), dem, allocations))
         if short:
             return Admission(False, f"{_asker(dem, tenant, tname, burst)} refused: {short}", tname, qos, burst,
                              "burst", frees=tuple(_reserve_frees(tenant, dem, burst,
@@ -665,11 +665,6 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
 
 # ---------------------------------------------------------------------------
 # the reserve of unused guarantees
-
-#: an unused guaranteed vGPU count reserves, against a passthrough request, this much framebuffer per vGPU
-#: (the smallest vGPU types are 1 GiB: A40-1Q, L40S-1Q; docs/reference/hardware.md#vgpu-types)
-MIN_VGPU_MIB = 1024
-
 
 def _covered(tenant: Tenant, dem: Demand) -> bool:
     """Does a guarantee of ``tenant`` cover ``dem`` (a dimension it uses has a guaranteed limit)?  Called
@@ -704,120 +699,103 @@ def _reserved(me: Optional[str], tenants: Mapping[str, Tenant],
     return out
 
 
-def _empty(allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> List[str]:
-    """The GPUs (of ``gpu_memory``'s) that hold nothing: the ones a passthrough guarantee can use."""
-    busy = {a.gpu for a in allocations}
-    return [g for g in sorted(gpu_memory or {}) if g not in busy]
-
-
-def _kept_free(reserved, allocations: Sequence[Allocation], gpu_memory: Optional[Mapping[str, int]]) -> str:
-    """Why the empty GPUs are kept free for unused guaranteed passthrough ('' when they need not be)."""
-    need = sum(left.get("passthrough_gpus", 0) for _, left in reserved)
-    if not need or not gpu_memory or len(_empty(allocations, gpu_memory)) > need:
-        return ""
-    who_ = ", ".join(f"tenant {n!r}" for n, left in reserved if left.get("passthrough_gpus"))
-    return f"kept free for the guaranteed passthrough of {who_} ({need} GPU(s) unused)"
-
-
-def _fb_need(dem: Demand, reserved) -> Tuple[int, List[str]]:
-    """Framebuffer (MiB) the ``reserved`` framebuffer and vGPU-count guarantees hold against ``dem`` (each
-    unused guaranteed vGPU sized as ``dem``, :data:`MIN_VGPU_MIB` against passthrough), and per tenant what."""
-    unit = dem.framebuffer_mib if dem.kind == VGPU else MIN_VGPU_MIB
-    need_fb, parts = 0, []
-    for n, left in reserved:
-        fb, cnt = left.get("framebuffer_mib", 0), left.get("vgpus", 0) * unit
-        if fb or cnt:
-            need_fb += max(fb, cnt)
-            parts.append(f"tenant {n!r}: " + (f"{fb} MiB framebuffer" if fb >= cnt else
-                                              f"{left['vgpus']} vGPU(s) of {unit} MiB"))
-    return need_fb, parts
-
-
-def _size_kept(dem: Demand, candidates: Sequence[str], reserved, allocations: Sequence[Allocation],
-               gpu_memory: Optional[Mapping[str, int]]) -> Tuple[List[str], str]:
-    """The empty GPUs of ``candidates`` a time-sliced vGPU no guarantee covers may not be the first vGPU on,
-    and why ('' when none).  The first vGPU on a GPU fixes the size it takes (equal-size mode), so the
-    room left for the ``reserved`` framebuffer and vGPU-count guarantees is counted only on the GPUs
-    that stay empty (less those the unused passthrough guarantees need, the largest first) and the free
-    framebuffer of GPUs already holding a vGPU of a tenant with such a guarantee (a size it uses).
-    Every GPU is treated as in equal-size mode (mixed-size mode is not seen here)."""
-    need_fb, parts = _fb_need(dem, reserved)
-    if dem.kind != VGPU or dem.hardware or not need_fb or not gpu_memory:
-        return [], ""
-    holders = {n.lower() for n, left in reserved if left.get("framebuffer_mib") or left.get("vgpus")}
-    busy = {a.gpu for a in allocations}
-    empty = [g for g in sorted(gpu_memory) if g not in busy]
-    held: Dict[str, int] = {}
-    sized = set()
+def host_gpus(gpus: Optional[Sequence[HostGpu]], gpu_memory: Optional[Mapping[str, int]],
+              gpu_slices: Optional[Mapping[str, int]], offers: Sequence[GpuOffer], dem: Demand,
+              allocations: Sequence[Allocation]) -> List[HostGpu]:
+    """The GPUs as the reserve sees them: ``gpus`` when given, else one :class:`HostGpu` per GPU of
+    ``gpu_memory`` offering the type asked (where ``offers`` lists it) and the types it holds (none
+    known: any size)."""
+    if gpus is not None:
+        return list(gpus)
+    types_of: Dict[str, set] = {}
+    for o in offers:
+        if o.type_id is not None:
+            types_of.setdefault(str(o.gpu), set()).add((o.type_name or dem.profile, dem.framebuffer_mib,
+                                                         dem.mig_slices))
     for a in allocations:
-        held[a.gpu] = held.get(a.gpu, 0) + (a.framebuffer_mib if a.kind == VGPU else gpu_memory.get(a.gpu, 0))
-        if a.kind == VGPU and not a.mig_slices and a.tenant and a.tenant.lower() in holders:
-            sized.add(a.gpu)
-    free_sized = sum(max(0, gpu_memory[g] - held.get(g, 0)) for g in sized if g in gpu_memory)
-    need_pt = sum(left.get("passthrough_gpus", 0) for _, left in reserved)
-    kept = []
-    for g in candidates:
-        if g not in empty:
-            continue
-        rest = sorted((gpu_memory[x] for x in empty if x != g), reverse=True)[need_pt:]
-        if sum(rest) + free_sized < need_fb:
-            kept.append(g)
-    if not kept:
-        return [], ""
-    who_ = ", ".join(f"tenant {n!r}" for n, _ in reserved if n.lower() in holders)
-    left = sum(sorted((gpu_memory[x] for x in empty if x not in kept), reverse=True)[need_pt:]) + free_sized
-    return kept, (f"a first {dem.framebuffer_mib} MiB vGPU on {', '.join(kept)} would fix its vGPU size (equal-size "
-                  f"mode), leaving {left} MiB on GPUs empty or holding vGPUs of {who_} for the {need_fb} MiB held "
-                  f"for their unused guarantees ({'; '.join(parts)})")
+        if a.kind == VGPU:
+            types_of.setdefault(a.gpu, set()).add((a.profile, a.framebuffer_mib, a.mig_slices))
+    out = []
+    for g, mem in sorted((gpu_memory or {}).items()):
+        t = types_of.get(g)
+        sl = (gpu_slices or {}).get(g, 0)
+        out.append(HostGpu(g, mem, tuple(sorted(t)) if t and not sl else None, sl))   # MIG: any slice count
+    return out
 
 
-def _reserve_short(dem: Demand, candidates: Sequence[str], reserved, allocations: Sequence[Allocation],
-                   gpu_memory: Optional[Mapping[str, int]], gpu_slices: Optional[Mapping[str, int]]) -> Optional[str]:
-    """Why ``dem`` (use no guarantee covers) would take room the ``reserved`` guarantees hold (None: it would
-    not).  Room is counted per kind: empty GPUs (passthrough guarantees), framebuffer on the GPUs the
-    request may use (a passthrough request: every other GPU) for framebuffer guarantees and, per unused
-    guaranteed vGPU, one vGPU of the size asked (:data:`MIN_VGPU_MIB` for passthrough), and MIG compute
-    slices for slice guarantees."""
-    takes_gpu = dem.kind == PASSTHROUGH
-    # passthrough guarantees: GPUs that stay empty
-    need_pt = sum(left.get("passthrough_gpus", 0) for _, left in reserved)
-    if need_pt and takes_gpu and gpu_memory:
-        empty = [g for g in _empty(allocations, gpu_memory) if g not in candidates]
-        if len(empty) < need_pt:
-            return (f"{len(empty)} other GPU(s) stay free, {need_pt} are held for {_named(reserved, 'passthrough_gpus')}"
-                    " (guaranteed passthrough, unused)")
-    # framebuffer (and vGPU counts, sized as asked)
-    need_fb, parts = _fb_need(dem, reserved)
-    if need_fb and gpu_memory:
-        held: Dict[str, int] = {}
-        for a in allocations:
-            held[a.gpu] = held.get(a.gpu, 0) + (a.framebuffer_mib if a.kind == VGPU else gpu_memory.get(a.gpu, 0))
-        pool = [g for g in gpu_memory if g not in candidates] if takes_gpu else [g for g in candidates
-                                                                                 if g in gpu_memory]
-        free = sum(max(0, gpu_memory[g] - held.get(g, 0)) for g in pool)
-        after = free - (dem.framebuffer_mib if dem.kind == VGPU else 0)
-        if after < need_fb:
-            where = "on the other GPUs" if takes_gpu else "on the GPUs it may use"
-            return (f"{free} MiB free {where}, {need_fb} MiB held for other tenants' unused guarantees "
-                    f"({'; '.join(parts)})" + (f", {dem.framebuffer_mib} MiB asked" if dem.kind == VGPU else ""))
-    # MIG compute slices
-    need_sl = sum(left.get("mig_slices", 0) for _, left in reserved)
-    asks = dem.mig_slices if dem.mig_backed else 0
-    if need_sl and gpu_slices and (asks or (takes_gpu and any(g in gpu_slices for g in candidates))):
-        used: Dict[str, int] = {}
-        for a in allocations:
-            used[a.gpu] = used.get(a.gpu, 0) + a.mig_slices
-        pool = [g for g in gpu_slices if g not in candidates] if takes_gpu else [g for g in candidates
-                                                                                 if g in gpu_slices]
-        free = sum(max(0, gpu_slices[g] - used.get(g, 0)) for g in pool)
-        if free - asks < need_sl:
-            return (f"{free} MIG compute slice(s) free, {need_sl} held for {_named(reserved, 'mig_slices')} "
-                    f"(guaranteed slices, unused)" + (f", {asks} asked" if asks else ""))
-    return None
+def serves_of(pools: Sequence[Pool]):
+    """``serves(gpu, qos)``: whether the pool of ``gpu`` serves QoS class ``qos``."""
+    return lambda gpu, qos: pool_of(pools, gpu).serves(qos)
 
 
-def _named(reserved, dim: str) -> str:
-    return ", ".join(f"tenant {n!r} ({left[dim]})" for n, left in reserved if left.get(dim))
+def _asked(req: AdmissionRequest, tname: Optional[str], gpu: str, dem: Demand) -> Allocation:
+    return Allocation("(asked)", req.owner, tname, gpu, dem.kind, dem.profile, dem.framebuffer_mib, dem.mig_slices)
+
+
+def _keep_reserve(dem: Demand, req: AdmissionRequest, tname: Optional[str], narrowed: List[GpuOffer],
+                  candidates: List[str], tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+                  pools: Sequence[Pool], gpus: Sequence[HostGpu]) -> Tuple[List[GpuOffer], List[str], List[str], str]:
+    """Close the GPUs where ``dem`` (use no guarantee covers) would leave another tenant's unused guarantee
+    unservable (:class:`vgpuhost.policy.feasibility.Reserve`): ``(offers, candidates left, GPUs closed,
+    why)``.  Only GPUs the guaranteed tenants can use count as their room (the types they use or their
+    series, their pool's class, isolation and avoid rules)."""
+    if not gpus:
+        return narrowed, candidates, [], ""
+    res = Reserve(tname, tenants=tenants, allocations=allocations, gpus=gpus, serves=serves_of(pools))
+    if not res.wanted:
+        return narrowed, candidates, [], ""
+    known = {g.gpu for g in gpus}
+    out: List[GpuOffer] = []
+    kept: List[str] = []
+    why: Dict[Tuple[bool, str], List[str]] = {}
+    for o in narrowed:
+        g = str(o.gpu)
+        if g in candidates and o.available > 0 and g in known:
+            bad, sized = res.breaks(_asked(req, tname, g, dem))
+            if bad:
+                kept.append(g)
+                sized = not any(a.gpu == g for a in allocations) and (
+                    sized or all(res.other_size(n, dem.framebuffer_mib) for n in bad))
+                why.setdefault((sized, res.text(bad)), []).append(g)
+                o = replace(o, available=0, parents=(), note=_held_note(dem, [g], sized, res.text(bad)))
+        out.append(o)
+    note = "; ".join(_held_note(dem, gs, sized, text) for (sized, text), gs in why.items())
+    return out, [g for g in candidates if g not in kept], kept, note
+
+
+def _held_note(dem: Demand, gpus: Sequence[str], sized: bool, text: str) -> str:
+    if sized and dem.kind == VGPU and not dem.mig_slices:
+        return (f"a first {dem.framebuffer_mib} MiB vGPU on {', '.join(gpus)} would fix its vGPU size (equal-size "
+                f"mode), leaving no GPU of the size asked for other tenants' unused guarantees ({text})")
+    return (f"the room on {', '.join(gpus)} is held for other tenants' unused guarantees ({text}): they could not "
+            f"all be served with it taken")
+
+
+def _reserve_short(dem: Demand, req: AdmissionRequest, tname: Optional[str], gpu: str,
+                   tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], pools: Sequence[Pool],
+                   gpus: Sequence[HostGpu]) -> Optional[str]:
+    """Why ``dem`` on ``gpu`` (use no guarantee covers) would take room other tenants' unused guarantees
+    hold (None: it would not)."""
+    if not gpus or gpu not in {g.gpu for g in gpus}:
+        return None
+    res = Reserve(tname, tenants=tenants, allocations=allocations, gpus=gpus, serves=serves_of(pools))
+    bad, sized = res.breaks(_asked(req, tname, gpu, dem))
+    return _held_note(dem, [gpu], sized, res.text(bad)) if bad else None
+
+
+def _naming_takers(refusal: Admission, tenant: Optional[Tenant], tname: Optional[str], burst: bool,
+                   narrowed: Sequence[GpuOffer], tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
+                   names: Mapping[str, str]) -> Admission:
+    """An isolation refusal of a tenant's guaranteed request names what holds the GPUs its isolation
+    closed that no guarantee covers (other tenants' bursts, use with no tenant) before the other remedies."""
+    if refusal.code != "isolation" or tenant is None or burst:
+        return refusal
+    closed = {str(o.gpu) for o in narrowed if o.note}
+    held = [a for a in allocations if a.gpu in closed and a.tenant != tname]
+    takers = _holders(held, tname, names, tenants, allocations)
+    if not takers:
+        return refusal
+    return replace(refusal, frees=tuple(takers) + tuple(refusal.frees))
 
 
 def _asker(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], burst: bool) -> str:

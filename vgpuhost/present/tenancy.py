@@ -68,7 +68,9 @@ def new_tenant(name: str, opts: Dict[str, object]):
     return replace(base, **_changes(base, replace_labels=True, **opts))
 
 
-def changed_tenant(store, name: str, opts: Dict[str, object], *, actor: Optional[str] = None):
-    """``tenant set NAME``: tenant NAME with the options given changed, stored; returns it."""
+def changed_tenant(store, name: str, opts: Dict[str, object], *, actor: Optional[str] = None, promise=None):
+    """``tenant set NAME``: tenant NAME with the options given changed, stored; returns it.  ``promise``:
+    :class:`vgpuhost.ops.tenancy.Promise` (every guarantee kept, or recorded at risk)."""
     # computed from the tenant as stored under the host lock (labels add to the stored ones)
-    return tenancy.update_with(store, name, lambda old: _changes(old, replace_labels=False, **opts), actor=actor)
+    return tenancy.update_with(store, name, lambda old: _changes(old, replace_labels=False, **opts), actor=actor,
+                               promise=promise)
