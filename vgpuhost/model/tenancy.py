@@ -30,7 +30,7 @@ from .values import field, is_digits, is_name, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+    from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 # model/kinds' plain copies of vgpuhost.model.concepts.QosClass and Isolation (the qemu hook does not
 # import enum); tests/test_concepts.py asserts they equal the enums' values.
@@ -205,6 +205,18 @@ class Tenant:
         if hit:
             return f"{who} avoids {hit[0]} (tenant {self.name!r} has it)"
         return None
+
+
+def tenant_named(tenants: "Mapping[str, Tenant]", name: Optional[str]) -> Optional[Tenant]:
+    """The tenant called ``name`` in ``tenants`` (by name), None for None or an unknown name; names match
+    case-insensitively, as the state store matches them (tenant names are ASCII)."""
+    if name is None:
+        return None
+    t = tenants.get(name)
+    if t is None:
+        low = name.lower()
+        t = next((v for k, v in tenants.items() if k.lower() == low), None)
+    return t
 
 
 # ---------------------------------------------------------------------------

@@ -56,7 +56,8 @@ from __future__ import annotations
 
 from ..model.kinds import Owner, PlacementStrategy, SchedulerPolicy
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
-                             HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant)
+                             HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant,
+                             tenant_named)  # noqa: F401 (tenant_named re-exported for ops.tenancy)
 from ..model.values import record, replace
 from .feasibility import HostGpu, Reserve  # noqa: F401 (HostGpu re-exported for ops.tenancy)
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
@@ -575,18 +576,6 @@ def _place_preferred(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant
                 return replace(first, reason=first.reason + f"; preferred: GPUs holding "
                                                             f"{', '.join(sorted(tenant.prefer))}")
     return place(narrowed, preq)
-
-
-def tenant_named(tenants: Mapping[str, Tenant], name: Optional[str]) -> Optional[Tenant]:
-    """The tenant called ``name``; names match case-insensitively, as the state store matches them
-    (tenant names are ASCII)."""
-    if name is None:
-        return None
-    t = tenants.get(name)
-    if t is None:
-        low = name.lower()
-        t = next((v for k, v in tenants.items() if k.lower() == low), None)
-    return t
 
 
 def _add_hint(name: str) -> str:

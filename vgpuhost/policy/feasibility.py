@@ -41,7 +41,7 @@ and a handful of guaranteed tenants.
 
 from __future__ import annotations
 
-from ..model.tenancy import DIMENSIONS, EXCLUSIVE, HARDWARE, SHARED, Tenant
+from ..model.tenancy import DIMENSIONS, EXCLUSIVE, HARDWARE, SHARED, Tenant, tenant_named
 from ..model.values import VgpuProfile, record
 from .demand import PASSTHROUGH, VGPU, Allocation
 
@@ -108,16 +108,6 @@ class Verdict:
 
     ok: Optional[bool]
     reason: str = ""
-
-
-def _named(tenants: Mapping[str, Tenant], name: Optional[str]) -> Optional[Tenant]:
-    if name is None:
-        return None
-    t = tenants.get(name)
-    if t is None:
-        low = name.lower()
-        t = next((v for k, v in tenants.items() if k.lower() == low), None)
-    return t
 
 
 def needs(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation],
@@ -205,7 +195,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
     wanted = [n for n in wanted if n.vgpus or n.framebuffer_mib or n.mig_slices or n.passthrough_gpus]
     if not wanted:
         return Verdict(True)
-    ts = [_Tenant(_named(tenants, n.tenant) or Tenant(n.tenant), allocations) for n in wanted]
+    ts = [_Tenant(tenant_named(tenants, n.tenant) or Tenant(n.tenant), allocations) for n in wanted]
     nt = len(ts)
 
     def clash(a: Tenant, b: Optional[Tenant]) -> bool:
@@ -220,7 +210,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
         sliced = [a for a in here if a.kind == VGPU and not a.mig_slices]
         size = sliced[0].framebuffer_mib if sliced else None
         present = {a.tenant for a in sliced}
-        others = [(_named(tenants, n) or Tenant(n)) if n else None for n in present]
+        others = [(tenant_named(tenants, n) or Tenant(n)) if n else None for n in present]
         if g.mig_slices:
             free = 0 if dead else g.mig_slices - sum(a.mig_slices for a in here)
             per = [t.mig_units(g) for t in ts]
@@ -380,7 +370,7 @@ def _need_text(n: Need, t: _Tenant) -> str:
 
 def need_text(n: Need, tenants: Mapping[str, Tenant], allocations: Sequence[Allocation]) -> str:
     """``tenant 'a': 1 vGPU(s) of 8192 MiB`` (the size it uses, where it uses one)."""
-    return _need_text(n, _Tenant(_named(tenants, n.tenant) or Tenant(n.tenant), allocations))
+    return _need_text(n, _Tenant(tenant_named(tenants, n.tenant) or Tenant(n.tenant), allocations))
 
 
 def at_risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gpus: Sequence[HostGpu],
@@ -432,7 +422,7 @@ def risk(tenants: Mapping[str, Tenant], allocations: Sequence[Allocation], gpus:
     reasons = tuple((n, texts[n].split(": ", 1)[1]) for n in names)
 
     def who(name: str) -> str:
-        t = _named(tenants, name)
+        t = tenant_named(tenants, name)
         return f"tenant {name!r}" + (f" ({t.isolation})" if t is not None and t.isolation != SHARED else "")
     where = (f"beside the unused guarantees of {', '.join(who(k) for k in kept)}" if kept else "on this host")
     return Risk(tuple(names), decided, "; ".join(texts[n] for n in names) + f" cannot be served {where}", reasons)
@@ -492,7 +482,7 @@ class Reserve:
     def other_size(self, n: Need, framebuffer_mib: int) -> bool:
         """Does ``n``'s tenant use time-sliced vGPUs, none of ``framebuffer_mib`` MiB, and share GPUs
         (not ``exclusive``)?  Then a first vGPU of that size on an empty GPU keeps it out by its size."""
-        t = _Tenant(_named(self.tenants, n.tenant) or Tenant(n.tenant), self.allocations)
+        t = _Tenant(tenant_named(self.tenants, n.tenant) or Tenant(n.tenant), self.allocations)
         return bool(t.sliced) and framebuffer_mib not in t.sliced.values() and t.t.isolation != EXCLUSIVE
 
     def text(self, bad: Sequence[Need]) -> str:
