@@ -239,8 +239,9 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, pro
     created as it is, not resolved again.
     ``inv``: a current inventory of the host, for the first placement look (None: read it anew).
     ``decided``: the GPU admission placed the vGPU on: a vGPU made from free capacity is made there,
-    the placement only re-checked under the GPU lock (None: placed here, once).  A pool's vGPU is
-    lent from any GPU admission allows (``allowed``): lending takes no new capacity.
+    the placement only re-checked under the GPU lock (None: placed here, once); a pool's vGPU is lent
+    there too (admission places a vGPU first where the layout has one to lend).  Without a decision
+    (tenancy not in use) a pool's vGPU is lent from any GPU ``allowed``: lending takes no new capacity.
     """
     from . import vgpu
     meta = view.metadata
@@ -251,7 +252,9 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, pro
         return "claim:" + wanted_id
     if (req.vf is None and req.uuid is not None and not any(r.id == req.uuid for r in store.vgpu_records())
             and not _defined_in_mdevctl(host, req.uuid)):
-        swapped = _swap_from_pool(host, store, view, req, profile, allowed, actor)
+        # lent where admission placed it (its decision and audit row name that GPU), else from any allowed GPU
+        swapped = _swap_from_pool(host, store, view, req, profile,
+                                  frozenset({decided}) if decided is not None else allowed, actor)
         if swapped is not None:
             return swapped
     if req.vf is not None:

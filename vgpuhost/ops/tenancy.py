@@ -471,6 +471,12 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if rec is not None and rec.type_name.lower() == name.lower():
             pin = rec.gpu                       # it exists there: admitted in place, no new instance placed
             offers = _held_offers(offers, rec, me, inv)
+        lent = next((r for r in records if r.id == v.device and r.owner == Owner.LAYOUT
+                     and r.type_name.lower() == name.lower()), None) if pre is None else None
+        if lent is not None:
+            # the layout's free vGPU the domain names is claimed where it is (ops.devices._make_vgpu): that
+            # GPU is the one admission weighs, its pool, class and isolation included
+            pin = lent.gpu
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))
         reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
                                                     meta.strategy, meta.anti_affinity), offers))
@@ -480,9 +486,24 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         asked = sorted({str(o.gpu) for _, r, offers in reqs if not r.demand.hardware for o in offers
                         if o.type_id is not None and str(o.gpu) in pooled})
         running = policies(asked) if asked else None
+    taken: set = set()          # GPUs this start's earlier vGPUs went to: one vGPU per VM per GPU
     for device, req, offers in reqs:
-        d = adm.admit(req, tenants=ts, allocations=held, pools=pl, offers=offers, gpu_memory=memory, names=names,
-                      gpu_slices=slices, policies=running, gpus=facts)
+        if taken and req.demand.kind == adm.VGPU:
+            offers = [replace(o, owners=o.owners | {me}) if str(o.gpu) in taken else o for o in offers]
+        facts_of = dict(tenants=ts, allocations=held, pools=pl, gpu_memory=memory, names=names, gpu_slices=slices,
+                        policies=running, gpus=facts)
+        d = None
+        lending = _lendable(records, req.demand.profile) if req.demand.kind == adm.VGPU and not req.gpu else {}
+        if any(str(o.gpu) in lending for o in offers):
+            # the pool model lends a layout's free vGPU before it makes one (ops.devices._swap_from_pool):
+            # placed first where one is lent, so the device goes where this decision (and its row) says
+            d = adm.admit(req, offers=[o if str(o.gpu) in lending else
+                                       replace(o, available=0, parents=(), note="no layout vGPU to lend")
+                                       for o in offers], **facts_of)
+            if not d.admitted:
+                d = None
+        if d is None:
+            d = adm.admit(req, offers=offers, **facts_of)
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
@@ -492,16 +513,24 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                                hint=d.remedy())
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
+        if d.gpu and req.demand.kind == adm.VGPU:
+            taken.add(d.gpu)
     return out
+
+
+def _lendable(records: Sequence, name: str) -> Dict[str, int]:
+    """``{GPU BDF: the layout's free vGPUs of type name}`` (case-insensitive), which a start may be lent."""
+    lendable: Dict[str, int] = {}
+    for r in records:
+        if r.owner == Owner.LAYOUT and r.type_name.lower() == name.lower():
+            lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
+    return lendable
 
 
 def _lent(offers: Sequence, records: Sequence, name: str) -> list:
     """``offers`` of vGPU type ``name`` as admission counts them: the pool model lends a layout's free
     vGPU of the type at the start (:mod:`vgpuhost.ops.devices`), so each is one more instance there."""
-    lendable: Dict[str, int] = {}
-    for r in records:
-        if r.owner == Owner.LAYOUT and r.type_name.lower() == name.lower():
-            lendable[r.gpu] = lendable.get(r.gpu, 0) + 1
+    lendable = _lendable(records, name)
     return [replace(o, available=o.available + lendable[str(o.gpu)], note="",
                     parents=o.parents or (o.gpu,)) if lendable.get(str(o.gpu)) else o for o in offers]
 
