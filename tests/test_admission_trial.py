@@ -145,3 +145,25 @@ def test_naming_the_layouts_vgpu_keeps_the_pools_class(make_host):
     assert rec.owner == uid("e4e4e4e4", 0) and rec.pool == "layout" and rec.gpu == str(GPU_HI)
     row = admission_rows(s)[-1]
     assert row.result == "admitted" and str(GPU_HI) in row.value and "pool cheap" in row.value, row.value
+
+
+def test_a_start_waiting_on_the_host_lock_ends_as_transient_before_the_hook_times_out(make_host, monkeypatch):
+    """The host lock held by another operation: the hook's start waits only until just before its own
+    timeout, then exits 5 (a lock held past the timeout, docs/guide/hook.md), with nothing made."""
+    import fcntl
+    import os
+    host = mixed(make_host)
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("web"))
+    monkeypatch.setenv("VGPUHOST_HOOK_TIMEOUT", "3")
+    path = os.path.join(str(host.state_dir), "locks", "tenancy.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        rc, err = start(host, "w0", tdom("w0", uid("e5e5e5e5", 0), uid("f5f5f5f5", 0), tenant="web"))
+    finally:
+        os.close(fd)
+    assert rc == 5 and err.count("\n") == 1, err
+    assert "lock 'tenancy'" in err and "timed out" not in err, err
+    assert mdevs(host) == {} and not s.allocation_rows()
+    assert start(host, "w0", tdom("w0", uid("e5e5e5e5", 0), uid("f5f5f5f5", 0), tenant="web")) == (0, "")

@@ -375,16 +375,34 @@ def test_a_refusal_after_passthrough_undoes_the_group(make_host):
     assert any(r.path.endswith("driver_override") for r in writes(host))   # it had bound the group first
 
 
-def test_hook_timeout_undoes_and_fails(make_host, tmp_path):
+def test_a_start_waiting_on_a_gpu_lock_ends_as_transient_before_its_timeout(make_host, tmp_path):
+    """Another vgpuhost operation holds the GPU's lock past the start's time: the start waits until 1 s
+    before the hook's timeout, then exits 5 (a lock held past the timeout), nothing changed."""
     host = make_host("a40-mdev")
-    path = install(host, tmp_path, timeout_s=1)
+    path = install(host, tmp_path, timeout_s=2)
     xml = vgpu_domain("slow", DOM1, MDEV1).encode()
     store(host)
     with file_lock(host.state_dir, f"gpu-{A40}"):            # another vgpuhost operation holds the GPU
         proc = dispatch(path, ["slow", "prepare", "begin", "-"], xml)
     err = proc.stderr.decode()
-    assert proc.returncode == 3 and "timed out after 1 s" in err and err.count("\n") == 1, err
+    assert proc.returncode == 5 and f"lock 'gpu-{A40}'" in err and err.count("\n") == 1, err
     assert mdevs(host) == {} and store(host).active_domains() == {} and writes(host) == []
+
+
+def test_hook_timeout_after_a_device_was_made_undoes_it_and_fails(make_host, monkeypatch):
+    """The hook's alarm (HookTimeout) arriving once the start has made its vGPU: the vGPU is removed again
+    and the start exits 3 saying so."""
+    from vgpuhost.ops import vgpu
+    host = make_host("a40-mdev")
+    real = vgpu.create
+
+    def create_then_time_out(*args, **kw):
+        real(*args, **kw)
+        raise hook.HookTimeout("the vgpuhost hook timed out after 1 s")
+    monkeypatch.setattr(vgpu, "create", create_then_time_out)
+    rc, err = start(host, "slow", vgpu_domain("slow", DOM1, MDEV1))
+    assert rc == 3 and "timed out after 1 s" in err and "what this start had made was undone" in err, err
+    assert err.count("\n") == 1 and mdevs(host) == {} and store(host).active_domains() == {}
 
 
 def test_the_watchdog_ends_a_handler_stuck_where_no_signal_handler_runs():

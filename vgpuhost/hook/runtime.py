@@ -187,7 +187,10 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
             name = view.name or name
         actor = actor_name(f"hook {_printable(name, 80)}", with_uid=False)
         if act == "prepare":
-            prepare(host, view, actor=actor)
+            # a lock another operation holds (the host lock admission decides under, a GPU's) is waited
+            # for only until just before the alarm: the start then ends as transient (exit 5), not timed out
+            with deadline(started + timeout_s - 1):
+                prepare(host, view, actor=actor)
         else:
             # a remove write a holder blocks ends before the alarm (io/vfioholders.remove_timeout_s), so
             # its journal entry is kept pending and the domain forgotten, never cut short mid-record

@@ -154,6 +154,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     else:
         from .admitting import unenforced_admitting
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
+    held_before = _held_records(store, me)
     try:
         with admitting as grant:
             try:
@@ -184,7 +185,10 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                         made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
             except BaseException as e:
                 # undone inside the block: admission's record of the start (its allocation rows) goes only
-                # once what was made is gone, so a kill during the undo leaves no device outside its quota
+                # once what was made is gone, so a kill during the undo leaves no device outside its quota.
+                # What the records give the domain since the start counts too: an interrupt (the hook's
+                # alarm) can land after a device's record was written and before it was noted in ``made``
+                made += _made_unnoted(store, me, held_before, made)
                 failed = _undo(host, store, me, made, actor)
                 if failed and isinstance(e, VgpuhostError):
                     e.message += "; UNDO FAILED for " + ", ".join(failed)
@@ -197,6 +201,29 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                 pass
         raise
     return [str(d) for _, d in made]
+
+
+def _held_records(store: "StateStore", me: str) -> "Tuple[FrozenSet[str], FrozenSet[str]]":
+    """``(vGPU ids, passthrough GPUs)`` the records give domain ``me`` now."""
+    return (frozenset(r.id for r in store.vgpu_records(owner=me)),
+            frozenset(r.gpu for r in store.passthrough_records() if r.owner == me))
+
+
+def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], FrozenSet[str]]",
+                  made: "List[Tuple[str, object]]") -> "List[Tuple[str, object]]":
+    """What the records give ``me`` that they did not ``before`` the start and ``made`` does not name, as
+    :func:`_undo` takes it; empty when the store cannot be read (the journal then has it)."""
+    noted = {str(d) for _, d in made}
+    try:
+        vgpus, gpus = _held_records(store, me)
+        out: List[Tuple[str, object]] = [("passthrough", PciAddress.parse(g)) for g in sorted(gpus - before[1])
+                                         if g not in noted]
+        recs = {r.id: r for r in store.vgpu_records(owner=me)}
+        out += [("claim" if recs[v].pool is not None else "vgpu", v) for v in sorted(vgpus - before[0])
+                if v not in noted and v in recs]
+    except Exception:
+        return []
+    return out
 
 
 def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked") -> Dict[str, str]:
