@@ -441,7 +441,13 @@ def test_layout_pools_are_recorded_by_apply_and_guard_busy_gpus(make_host):
         vgpu: {types: {A40-8Q: 1}}
         scheduler: {policy: equal-share}
         pool: {name: gold, serves: [guaranteed]}
-""", "a equal-share pool cannot serve 'guaranteed'"),
+""", "a pool with the equal-share scheduler cannot serve 'guaranteed'"),
+    ("""      - select: all
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 1}}
+        scheduler: {policy: fixed-share}
+        pool: {name: gold, serves: [gold]}
+""", "'gold' is not a QoS class"),
     ("""      - select: {address: "0000:41:00.0"}
         mode: vgpu
         vgpu: {types: {A40-8Q: 1}}

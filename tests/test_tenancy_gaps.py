@@ -230,6 +230,8 @@ def test_quota_counts_take_ascii_digits_only(make_host, capsys):
     assert run(capsys, host, "tenant", "add", "t", "--vgpus", "3")[0] == 0
     code, _, err = run(capsys, host, "tenant", "set", "t", "--vgpus", "²")
     assert code == 2 and "'²' is not a count" in err
+    code, _, err = run(capsys, host, "tenant", "set", "t", "--vgpus", "99999999999999999999999")
+    assert code == 2 and err.count("\n") == 1 and "is too large (at most 999999999)" in err, err
     assert tenancy.get(store_of(host), "t").quota.guaranteed.vgpus == 3
 
 

@@ -253,7 +253,10 @@ def parse_count(text: str, what: str, *, mib: bool = False) -> int:
         if m:
             raw = m.group(1)
             scale = 1024 if (m.group(2) or "M").upper().startswith("G") else 1
-    if not is_digits(raw) or len(raw) > 9:          # ASCII digits only: not ² (int refuses it), not ٣
+    if is_digits(raw) and len(raw) > 9:
+        raise InputError(f"{what}: {text[:40]!r} is too large (at most 999999999)",
+                         hint="GUARANTEED or GUARANTEED:BURST, e.g. 4 or 4:6; 'none' for no limit")
+    if not is_digits(raw):          # ASCII digits only: not ² (int refuses it), not ٣
         unit = " (MiB, or with a G/M suffix)" if mib else ""
         raise InputError(f"{what}: {text[:40]!r} is not a count{unit}",
                          hint="GUARANTEED or GUARANTEED:BURST, e.g. 4 or 4:6; 'none' for no limit")

@@ -73,6 +73,7 @@ from ..model.values import MigProfile, PciAddress, VgpuProfile
 from ..model.yamldoc import Located, load_located, require_versioned, shown
 from ..policy.mig import why_not
 from ..policy.scheduler import POLICIES, validate
+from ..model.tenancy import QOS_CLASSES
 from .admission import DEFAULT_POOL, POLICY_SERVES
 from .placement import STRATEGIES
 
@@ -474,8 +475,12 @@ class _Parser:
             raise self.err(path + ("serves",), "pool.serves is an empty list",
                            hint="QoS classes: " + ", ".join(POLICY_SERVES[policy]))
         for i, c in enumerate(serves):
+            if c not in QOS_CLASSES:
+                raise self.err(path + ("serves", i), f"{_show(c)} is not a QoS class",
+                               hint=f"QoS classes: {', '.join(QOS_CLASSES)}; a {policy} pool serves: "
+                                    f"{', '.join(POLICY_SERVES[policy])}")
             if c not in POLICY_SERVES[policy]:
-                raise self.err(path + ("serves", i), f"a {policy} pool cannot serve {_show(c)}",
+                raise self.err(path + ("serves", i), f"a pool with the {policy} scheduler cannot serve {_show(c)}",
                                hint=f"a {policy} pool serves: {', '.join(POLICY_SERVES[policy])}")
         if len(set(serves)) != len(serves):
             raise self.err(path + ("serves",), "pool.serves names a class twice")
