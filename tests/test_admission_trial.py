@@ -167,3 +167,41 @@ def test_a_start_waiting_on_the_host_lock_ends_as_transient_before_the_hook_time
     assert "lock 'tenancy'" in err and "timed out" not in err, err
     assert mdevs(host) == {} and not s.allocation_rows()
     assert start(host, "w0", tdom("w0", uid("e5e5e5e5", 0), uid("f5f5f5f5", 0), tenant="web")) == (0, "")
+
+
+def test_plan_and_assert_show_the_pool_change_apply_refuses(make_host, capsys, tmp_path):
+    """A pool change apply refuses (a guaranteed vGPU would be left in a pool not serving guaranteed) is
+    BLOCKED in plan and drift in assert, as apply says; a change apply can record is drift until it does."""
+    from vgpuhost.cli.main import main as cli_main
+    host = mixed(make_host)
+    s = StateStore(host.state_dir)
+    good = tmp_path / "cheap.yaml"
+    good.write_text(CHEAP)
+    assert cli_main(["--root", str(host.root), "apply", "-c", str(good)]) == 0
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    gold = next(r.id for r in s.vgpu_records() if r.gpu == str(GPU_LO))
+    assert start(host, "g0", tdom("g0", uid("e6e6e6e6", 0), gold, tenant="g")) == (0, "")
+    capsys.readouterr()
+    bad = tmp_path / "burstable.yaml"
+    bad.write_text(CHEAP.replace("pool: {name: gold, serves: [guaranteed]}", "pool: {name: gold, serves: [burstable]}"))
+    rows = len(s.audit_rows())
+
+    def run(*argv):
+        code = cli_main(["--root", str(host.root), *argv, "-c", str(bad)])
+        out, err = capsys.readouterr()
+        return code, out, err
+    code, out, _ = run("plan")
+    assert "BLOCKED" in out and "pool 'gold' would not serve guaranteed" in out, out
+    code, out, _ = run("assert")
+    assert code == 1 and f"- pools: GPU {GPU_LO}: pool gold (fixed-share, serves burstable)" in out, out
+    code, _, err = run("apply")
+    assert code == 2 and "would not serve guaranteed" in err, err
+    assert [p.classes for p in tenancy.pools(s) if p.name == "gold"] == [("guaranteed",)]
+    assert len(s.audit_rows()) == rows
+    # the same layout once nothing guaranteed runs there: drift until apply records it, then in sync
+    from test_hook import stop
+    assert stop(host, "g0", tdom("g0", uid("e6e6e6e6", 0), gold, tenant="g")) == (0, "")
+    assert run("assert")[0] == 1
+    assert run("apply")[0] == 0
+    code, out, _ = run("assert")
+    assert code == 0 and "in sync" in out, out

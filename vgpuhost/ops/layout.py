@@ -26,7 +26,7 @@ from ..io.locks import file_lock
 from ..io.process import actor as actor_name
 from ..io.state import StateStore
 from ..io.vgpudev import for_backend
-from ..model.errors import DeviceError, RefusedError, SysfsError, VgpuhostError
+from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..model.values import PciAddress
 from ..observe.hostview import HostView, observe, refresh
 from ..observe.inventory import BACKEND_MDEV, gpu_part
@@ -111,12 +111,24 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
     for pl in planner.pools(cfg, layout, view):
         p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}): "
                        + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
+    try:
+        _pools(store, cfg, layout, view)            # what apply refuses before any change, plan shows
+    except (RefusedError, InputError) as e:
+        if e.message not in p.blocked:
+            p.blocked.append(e.message)
     return p
 
 
 def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Drift:
-    """Compare ``host`` with ``layout``: the same walk as :func:`plan`, as drift lines."""
-    return planner.drift(cfg, layout, view_for(host, store, cfg, layout))
+    """Compare ``host`` with ``layout``: the same walk as :func:`plan`, as drift lines, and the pools
+    admission uses (the store's) against the layout's (``- pools: GPU ...: pool gold (...)``, which
+    ``apply`` records)."""
+    view = view_for(host, store, cfg, layout)
+    drift = planner.drift(cfg, layout, view)
+    new = planner.pools(cfg, layout, view)
+    if new or store.pool_rows():
+        drift.diff += [f"- pools: {line} (apply records it)" for line in tenancy.pool_changes(store, new)]
+    return drift
 
 
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
@@ -157,7 +169,7 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                               f"{step.action}): {e.one_line()}{done}",
                               hint="'vgpuhost assert -c FILE' shows what differs; 'vgpuhost audit' every "
                                    "write") from e
-        drift = check(host, store, cfg, layout)
+        drift = planner.drift(cfg, layout, view_for(host, store, cfg, layout))     # the pools are recorded below
         result.drift_after = list(drift.diff)
         if drift.runtime:
             raise DeviceError(f"layout {name!r}: after {len(result.done)} step(s) the host still differs: "

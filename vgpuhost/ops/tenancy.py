@@ -365,14 +365,9 @@ def check_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optiona
         raise RefusedError(why, hint="stop the domains on it first, or leave it in its pool")
 
 
-def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None,
-              actor: Optional[str] = None, check: bool = True) -> List[str]:
-    """Record ``new`` as the host's pools (replacing the old); returns what changed, one line each (also
-    one audit row).  ``check``: :func:`check_pools` first (``vgpuhost apply`` checks before its steps and
-    records after them).  Raises as :func:`check_pools`; nothing changes then.
-    """
-    if check:
-        check_pools(store, new, policies=policies)
+def pool_changes(store: StateStore, new: Sequence[adm.Pool]) -> List[str]:
+    """What recording ``new`` as the host's pools would change, one line a GPU (empty: nothing):
+    ``GPU 0000:41:00.0: pool gold (fixed-share, serves guaranteed)`` or ``GPU ...: out of pool gold``."""
     old = {g: p for p in pools(store) for g in p.gpus}
     changes: List[str] = []
     for p in new:
@@ -382,6 +377,18 @@ def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[
     for g, p in old.items():
         if not any(g in n.gpus for n in new):
             changes.append(f"GPU {g}: out of pool {p.name}")
+    return changes
+
+
+def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None,
+              actor: Optional[str] = None, check: bool = True) -> List[str]:
+    """Record ``new`` as the host's pools (replacing the old); returns what changed, one line each (also
+    one audit row).  ``check``: :func:`check_pools` first (``vgpuhost apply`` checks before its steps and
+    records after them).  Raises as :func:`check_pools`; nothing changes then.
+    """
+    if check:
+        check_pools(store, new, policies=policies)
+    changes = pool_changes(store, new)
     with store.transaction() as conn:
         store.replace_pools(conn, [(g, p.name, p.policy, ",".join(p.classes)) for p in new for g in p.gpus])
     if changes:
