@@ -191,9 +191,11 @@ class Tenant:
         """
         if other is not None and other.name == self.name:
             return None
-        who = f"tenant {other.name!r}" if other is not None else "domains without a tenant"
         if self.isolation == EXCLUSIVE:
-            return f"tenant {self.name!r} is exclusive: its time-sliced GPUs hold no vGPUs of {who}"
+            return f"tenant {self.name!r} is exclusive: its time-sliced GPUs hold no vGPUs of " + (
+                f"tenant {other.name!r}" if other is not None else
+                "no tenant (the layout's free vGPUs, vGPUs made by hand, those of domains naming no tenant)")
+        who = f"tenant {other.name!r}" if other is not None else "no tenant"
         if other is None:
             return None
         if other.isolation == EXCLUSIVE:
