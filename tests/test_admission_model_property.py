@@ -3,8 +3,10 @@
 Random tenants (quota: guaranteed/burst vGPUs, optionally framebuffer; isolation shared, exclusive or
 hardware; QoS class; the one A40 profile its domains ask), pools (none, or one or two declared with
 ``tenancy.set_pools``, each GPU's scheduler policy set to its pool's in the simulator, as ``apply``
-leaves it), boards (two A40s, or two A40s and an L40S), and starts and stops through the real qemu hook
-handler; some starts run concurrently, as real forked processes released at once.  A share of the
+leaves it), boards (two A40s, or two A40s and an L40S), starts and stops through the real qemu hook
+handler, and ``tenant set --vgpus G:B`` between them (a guarantee raised or lowered: the devices held
+fill it first); some starts run concurrently, as real forked processes released at once.  A tenant
+whose guarantee ``tenant add`` refuses (it cannot be kept on this host) is added with none.  A share of the
 examples runs with ``vgpuhost agent`` up on the simulated root (the hook hands ``prepare begin`` and
 ``release end`` to it), the rest with it down.
 
@@ -408,6 +410,7 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("start"), start_op),
     st.tuples(st.just("start"), start_op),
     st.tuples(st.just("stop"), st.integers(0, 9)),
+    st.tuples(st.just("set"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
     st.tuples(st.just("batch"), st.lists(start_op, min_size=2, max_size=4)),
 ), min_size=3, max_size=8)
 
@@ -489,6 +492,18 @@ def run_scenario(sc, agent_up: bool) -> None:
                     d = running.pop(sorted(running)[o[1] % len(running)])
                     assert stop(host, d.name, d.xml) == (0, ""), d
                     assert len(admission_rows(s)) == before_rows
+            elif o[0] == "set":        # a guarantee changed between admissions (under the same host lock)
+                _, k, g, extra = o
+                if k >= len(names):
+                    continue
+                t = tenants[names[k]]._replace(vgpus=(g, g + extra))
+                code, _, err = cli(host, "tenant", "set", t.name, "--vgpus", f"{g}:{g + extra}")
+                if code == 0:
+                    tenants[t.name] = t
+                else:                  # a promise this host cannot keep: refused, nothing changed
+                    assert code == 2 and "the guarantees cannot all be kept on this host" in err, err
+                q = tenancy.tenants(s)[t.name].quota
+                assert (q.guaranteed.vgpus, q.ceiling("vgpus")) == tenants[t.name].vgpus
             elif o[0] == "start":
                 d = new_dom(o[1])
                 want = decide(d.tenant, d.profile, tenants, held, model_host)
