@@ -38,7 +38,8 @@ per-domain ``qos`` overrides, drift (policies are always the pool's), the placem
 among allowed GPUs, and the search bound ("cannot decide: does not refuse"; never reached at this size).
 A tenant holding no vGPU opens an empty GPU at 8 GiB in the model: with the needs generated here (at most
 2 vGPUs and 16 GiB unused per tenant) one empty A40 or L40S at that size serves every such tenant at
-once, so no other size can serve more.
+once, so no other size can serve more (:data:`OPEN_SIZES`: a wider sweep with larger guarantees sets it to
+every A40 size from 2 GiB up).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from vgpuhost.cli.main import main as cli_main
@@ -73,6 +74,7 @@ LO, HI, L4 = str(GPU_LO), str(GPU_HI), str(L40S)
 MIB = {"A40-8Q": 8192, "A40-12Q": 12288, "A40-16Q": 16384, "A40-24Q": 24576}
 A40_MIB = 49152
 OPEN_MIB = 8192                      # the size a tenant holding no vGPU opens an empty GPU at (module docstring)
+OPEN_SIZES = (OPEN_MIB,)
 SERVES = {"fixed-share": ("guaranteed", "burstable", "best-effort"), "equal-share": ("burstable", "best-effort"),
           "best-effort": ("best-effort",)}
 DEFAULT_SERVES = ("burstable", "best-effort")
@@ -188,7 +190,7 @@ def servable(wanted: Dict[str, Tuple[int, int]], tenants: Dict[str, TenantSpec],
         for n, ok in per.items():
             sizes |= {s for s in ok if s != "open"}
         if size is None and any("open" in ok for ok in per.values()):
-            sizes.add(OPEN_MIB)
+            sizes |= set(OPEN_SIZES)
         for s in sorted(sizes):
             cap = most(s) - count
             who = [(k, n) for k, n in enumerate(names)
@@ -430,8 +432,20 @@ PROFILE = dict(deadline=None, derandomize=True, suppress_health_check=list(Healt
                phases=(Phase.explicit, Phase.generate))
 
 
+#: an exclusive tenant's GPU beside a shared tenant of the same size and domains with no tenant (isolation
+#: both ways, and the reserve of the exclusive tenant's second vGPU), always run
+EXCLUSIVE_BESIDE_SHARED = {
+    "l40s": False, "pools": [],
+    "tenants": (TenantSpec("t0", (2, 3), None, "exclusive", "burstable", "A40-12Q"),
+                TenantSpec("t1", (1, 3), None, "shared", "burstable", "A40-12Q")),
+    "ops": [("start", (0, "A40-12Q")), ("start", (1, "A40-12Q")), ("start", (-1, "A40-12Q")),
+            ("batch", [(1, "A40-12Q"), (-1, "A40-12Q"), (0, "A40-12Q")]), ("stop", 0), ("start", (1, "A40-12Q"))],
+}
+
+
 @settings(max_examples=36, **PROFILE)
 @given(sc=scenario)
+@example(sc=EXCLUSIVE_BESIDE_SHARED)
 def test_every_admission_equals_the_reference_models_decision_agent_down(sc):
     run_scenario(sc, agent_up=False)
 
