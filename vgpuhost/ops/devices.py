@@ -136,11 +136,14 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     if store is None:
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
-    check_holders(inv, view, checked, vgpu_records=store.vgpu_records(),
-                  passthrough_records=store.passthrough_records() if checked.passthrough else (),
-                  active_domains=active)
+    records = store.vgpu_records()
+    pt_records = store.passthrough_records() if checked.passthrough else ()
+    check_holders(inv, view, checked, vgpu_records=records, passthrough_records=pt_records, active_domains=active)
     types = _resolve_profiles(inv, store, checked) if checked.vgpus else {}
     me = view.uuid
+    # what the records gave the domain before this start (read above: no second read on the hook's path)
+    held_before = (frozenset(r.id for r in records if r.owner == me),
+                   frozenset(r.gpu for r in pt_records if r.owner == me) if checked.passthrough else None)
     was_active = me in active
     store.domain_started(me, view.name or me)
     made: List[Tuple[str, object]] = []
@@ -154,7 +157,6 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     else:
         from .admitting import unenforced_admitting
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
-    held_before = _held_records(store, me)
     try:
         with admitting as grant:
             try:
@@ -203,24 +205,20 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     return [str(d) for _, d in made]
 
 
-def _held_records(store: "StateStore", me: str) -> "Tuple[FrozenSet[str], FrozenSet[str]]":
-    """``(vGPU ids, passthrough GPUs)`` the records give domain ``me`` now."""
-    return (frozenset(r.id for r in store.vgpu_records(owner=me)),
-            frozenset(r.gpu for r in store.passthrough_records() if r.owner == me))
-
-
-def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], FrozenSet[str]]",
+def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], Optional[FrozenSet[str]]]",
                   made: "List[Tuple[str, object]]") -> "List[Tuple[str, object]]":
-    """What the records give ``me`` that they did not ``before`` the start and ``made`` does not name, as
-    :func:`_undo` takes it; empty when the store cannot be read (the journal then has it)."""
+    """What the records give ``me`` that they did not ``before`` the start (``(vGPU ids, passthrough GPUs)``;
+    GPUs None: the start asks for no passthrough) and ``made`` does not name, as :func:`_undo` takes it;
+    empty when the store cannot be read (the journal then has it)."""
     noted = {str(d) for _, d in made}
     try:
-        vgpus, gpus = _held_records(store, me)
-        out: List[Tuple[str, object]] = [("passthrough", PciAddress.parse(g)) for g in sorted(gpus - before[1])
-                                         if g not in noted]
-        recs = {r.id: r for r in store.vgpu_records(owner=me)}
-        out += [("claim" if recs[v].pool is not None else "vgpu", v) for v in sorted(vgpus - before[0])
-                if v not in noted and v in recs]
+        out: List[Tuple[str, object]] = []
+        if before[1] is not None:
+            gpus = {r.gpu for r in store.passthrough_records() if r.owner == me}
+            out += [("passthrough", PciAddress.parse(g)) for g in sorted(gpus - before[1]) if g not in noted]
+        out += [("claim" if r.pool is not None else "vgpu", r.id)
+                for r in sorted(store.vgpu_records(owner=me), key=lambda r: r.id)
+                if r.id not in before[0] and r.id not in noted]
     except Exception:
         return []
     return out
