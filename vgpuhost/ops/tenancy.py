@@ -448,11 +448,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     records = store.vgpu_records()
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     fbs = _type_fb(inv, store)
-    memory = {str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib}
-    slices = _gpu_slices(inv, seen)
-    facts = host_gpus(inv, seen, fbs, slices)
-    names = store.active_domains()
-    pl = pools(store)
+    facts = admit_facts(store, inv, seen, fbs)
+    pl = facts["pools"]
     qos = getattr(meta, "qos", None)
     out: List[Granted] = []
     reqs: List[Tuple[str, adm.AdmissionRequest, list]] = []
@@ -497,8 +494,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     for device, req, offers in reqs:
         if taken and req.demand.kind == adm.VGPU:
             offers = [replace(o, owners=o.owners | {me}) if str(o.gpu) in taken else o for o in offers]
-        facts_of = dict(tenants=ts, allocations=held, pools=pl, gpu_memory=memory, names=names, gpu_slices=slices,
-                        policies=running, gpus=facts)
+        facts_of = dict(facts, tenants=ts, allocations=held, policies=running)
         d = None
         lending = _lendable(records, req.demand.profile) if req.demand.kind == adm.VGPU and not req.gpu else {}
         if any(str(o.gpu) in lending for o in offers):
@@ -523,6 +519,18 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if d.gpu and req.demand.kind == adm.VGPU:
             taken.add(d.gpu)
     return out
+
+
+def admit_facts(store: StateStore, inv: Inventory, seen: Sequence[tuple], fbs: Mapping[str, int]) -> Dict[str, object]:
+    """The host facts :func:`vgpuhost.policy.admission.admit` weighs beside a request, as its keywords:
+    ``pools``, ``names`` (domain names by UUID), ``gpu_memory`` (MiB by BDF), ``gpu_slices`` and ``gpus``
+    (:func:`host_gpus`); ``seen``: the vGPU types seen (``(gpu, type_id, name, framebuffer_mib)`` rows),
+    ``fbs``: framebuffer MiB by type name (lower case).  One reading for the start's admission,
+    ``capacity`` and ``advise`` alike."""
+    slices = _gpu_slices(inv, seen)
+    return dict(pools=pools(store), names=store.active_domains(),
+                gpu_memory={str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib},
+                gpu_slices=slices, gpus=host_gpus(inv, seen, fbs, slices))
 
 
 def _lendable(records: Sequence, name: str) -> Dict[str, int]:
@@ -919,16 +927,12 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
         offer = GpuOffer(addr, g.pci.numa_node if g is not None else 0, profile, profile, n, (addr,))
     offer = replace(offer, type_id=offer.type_id or profile, type_name=offer.type_name or profile, available=n,
                     parents=offer.parents or (addr,), note="")
-    pl = pools(store)
-    pooled = sorted({g for p in pl if p.policy for g in p.gpus} & {gpu})
+    facts = admit_facts(store, inv, seen, fbs)
+    pooled = sorted({g for p in facts["pools"] if p.policy for g in p.gpus} & {gpu})
     got, _, last = admissible(adm.AdmissionRequest("(advise)", adm.vgpu_demand(profile, fbs.get(profile.lower())),
                                                    tenant, gpu=gpu),
-                              tenants_=ts, held=held, offers=[offer], limit=n, pools=pl,
-                              names=store.active_domains(),
-                              gpu_memory={str(x.address): x.framebuffer_mib for x in inv.gpus if x.framebuffer_mib},
-                              gpu_slices=_gpu_slices(inv, seen),
-                              gpus=host_gpus(inv, seen, fbs, _gpu_slices(inv, seen)),
-                              policies=policies(pooled) if policies is not None and pooled else None)
+                              tenants_=ts, held=held, offers=[offer], limit=n,
+                              policies=policies(pooled) if policies is not None and pooled else None, **facts)
     return got, ("" if last.admitted else last.reason)
 
 
@@ -996,10 +1000,7 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     ask = me is not None or untenanted
     facts: Dict[str, object] = {}
     if ask:
-        facts = dict(pools=pl, names=store.active_domains(),
-                     gpu_memory={str(g.address): g.framebuffer_mib for g in inv.gpus if g.framebuffer_mib},
-                     gpu_slices=_gpu_slices(inv, seen), policies=running,
-                     gpus=host_gpus(inv, seen, _type_fb(inv, store), _gpu_slices(inv, seen)))
+        facts = dict(admit_facts(store, inv, seen, _type_fb(inv, store)), policies=running)
     fbs = _type_fb(inv, store)
     present: Dict[str, int] = {}
     for r in records:
