@@ -20,34 +20,21 @@ from vgpuhost.policy.config import parse
 from test_hook import GPU_HI, GPU_LO, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start
 from test_tenancy import tdom, uid
 
-STD = """
-version: 1
-layouts:
-  shared:
-    gpus:
-      - select: {address: "0000:81:00.0"}
+def pool_layout(name: str, *entries) -> str:
+    """A layout of vgpu entries, each ``(GPU BDF, vgpu types, scheduler policy, pool)`` in YAML flow form."""
+    gpus = "".join(f"""      - select: {{address: "{gpu}"}}
         mode: vgpu
-        vgpu: {types: {A40-4Q: 2}}
-        scheduler: {policy: equal-share}
-        pool: std
-"""
+        vgpu: {{types: {{{types}}}}}
+        scheduler: {{policy: {policy}}}
+        pool: {pool}
+""" for gpu, types, policy, pool in entries)
+    return f"version: 1\nlayouts:\n  {name}:\n    gpus:\n{gpus}"
 
-CHEAP = """
-version: 1
-layouts:
-  tiers:
-    gpus:
-      - select: {address: "0000:41:00.0"}
-        mode: vgpu
-        vgpu: {types: {A40-8Q: 1}}
-        scheduler: {policy: fixed-share}
-        pool: {name: gold, serves: [guaranteed]}
-      - select: {address: "0000:81:00.0"}
-        mode: vgpu
-        vgpu: {types: {A40-8Q: 2}}
-        scheduler: {policy: best-effort}
-        pool: {name: cheap, serves: [best-effort]}
-"""
+
+STD = pool_layout("shared", ("0000:81:00.0", "A40-4Q: 2", "equal-share", "std"))
+
+CHEAP = pool_layout("tiers", ("0000:41:00.0", "A40-8Q: 1", "fixed-share", "{name: gold, serves: [guaranteed]}"),
+                    ("0000:81:00.0", "A40-8Q: 2", "best-effort", "{name: cheap, serves: [best-effort]}"))
 
 
 def admission_rows(s: StateStore):

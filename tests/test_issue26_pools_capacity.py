@@ -20,23 +20,10 @@ from vgpuhost.sim.nvml import SimNvml
 
 from test_hook import GPU_HI, GPU_LO, mdev_gpu, mdevs, mixed, start
 from test_tenancy import tdom, uid
+from test_admission_trial import pool_layout
 
-GOLD = """
-version: 1
-layouts:
-  shared:
-    gpus:
-      - select: {address: "0000:41:00.0"}
-        mode: vgpu
-        vgpu: {types: {A40-8Q: 1}}
-        scheduler: {policy: equal-share}
-        pool: std
-      - select: {address: "0000:81:00.0"}
-        mode: vgpu
-        vgpu: {types: {A40-8Q: 1}}
-        scheduler: {policy: fixed-share}
-        pool: {name: gold, serves: [guaranteed]}
-"""
+GOLD = pool_layout("shared", ("0000:41:00.0", "A40-8Q: 1", "equal-share", "std"),
+                   ("0000:81:00.0", "A40-8Q: 1", "fixed-share", "{name: gold, serves: [guaranteed]}"))
 
 
 def run(capsys, host, *argv):
