@@ -192,3 +192,39 @@ def test_plan_and_assert_show_the_pool_change_apply_refuses(make_host, capsys, t
     assert run("apply")[0] == 0
     code, out, _ = run("assert")
     assert code == 0 and "in sync" in out, out
+
+
+ONE_FREE = pool_layout("one", ("0000:41:00.0", "A40-8Q: 1", "fixed-share", "{name: gold, serves: [guaranteed]}"),
+                       ("0000:81:00.0", "A40-8Q: 1", "equal-share", "std"))
+
+
+def test_an_exclusive_tenant_may_take_the_one_free_layout_vgpu_of_a_gpu(make_host):
+    """The layout vGPU a start claims or is handed is not its own neighbour: an exclusive tenant takes the
+    only free one of a GPU (the GPU then holds its vGPU alone), named by UUID or lent."""
+    host = mixed(make_host)
+    s = StateStore(host.state_dir)
+    apply(host, s, parse(ONE_FREE, "one.yaml"))
+    tenancy.add(s, tenancy.Tenant("x", isolation="exclusive"))
+    [free] = [r.id for r in s.vgpu_records() if r.gpu == str(GPU_HI)]
+    assert start(host, "x0", tdom("x0", uid("e7e7e7e7", 0), free, tenant="x")) == (0, "")
+    assert next(r for r in s.vgpu_records() if r.id == free).owner == uid("e7e7e7e7", 0)
+    from test_hook import stop
+    assert stop(host, "x0", tdom("x0", uid("e7e7e7e7", 0), free, tenant="x")) == (0, "")
+    # a new UUID: the slot is handed over on the only GPU whose pool serves burstable
+    assert start(host, "x1", tdom("x1", uid("e7e7e7e7", 1), uid("f7f7f7f7", 1), tenant="x")) == (0, "")
+    assert mdev_gpu(host, uid("f7f7f7f7", 1)) == GPU_HI
+    assert [r.result for r in admission_rows(s)] == ["admitted", "admitted"]
+
+
+def test_an_unpinned_vgpu_listed_first_leaves_the_gpu_a_pinned_one_needs(make_host):
+    for tenant in (None, "t"):
+        host = mixed(make_host)
+        s = StateStore(host.state_dir)
+        if tenant:
+            tenancy.add(s, tenancy.Tenant(tenant))
+        m1, m2 = uid("c3c3c3c3", 1), uid("c3c3c3c3", 2)
+        meta = Metadata(tenant=tenant, vgpus=[VgpuRequest("A40-8Q", uuid=m1),
+                                              VgpuRequest("A40-8Q", uuid=m2, gpu=GPU_LO)])
+        assert start(host, "pin", domain_xml("pin", uid("d3d3d3d3", 0), meta,
+                                             [mdev_hostdev(m1), mdev_hostdev(m2)])) == (0, ""), tenant
+        assert (mdev_gpu(host, m1), mdev_gpu(host, m2)) == (GPU_HI, GPU_LO)

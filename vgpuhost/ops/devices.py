@@ -172,7 +172,9 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                                                                "the domain (the hook uses a group bound that way)")
                         if out.changed:
                             made.append(("passthrough", gpu))
-                for req in checked.vgpus:
+                # pinned first: an unpinned vGPU placed first could take the GPU a pinned one needs (one vGPU
+                # per VM per GPU); admission decides in the same order
+                for req in sorted(checked.vgpus, key=lambda r: r.gpu is None and r.vf is None):
                     # the inventory read above still describes the host while this call has changed nothing
                     decided = grant.placed_gpu(req.device)
                     try:

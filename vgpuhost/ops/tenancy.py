@@ -452,10 +452,11 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     pl = facts["pools"]
     qos = getattr(meta, "qos", None)
     out: List[Granted] = []
-    reqs: List[Tuple[str, adm.AdmissionRequest, list]] = []
+    reqs: List[Tuple[str, adm.AdmissionRequest, list, frozenset]] = []
     for g in meta.passthrough:
         if str(g) not in mine:
-            reqs.append((str(g), adm.AdmissionRequest(me, adm.passthrough_demand(), tname, qos, str(g)), []))
+            reqs.append((str(g), adm.AdmissionRequest(me, adm.passthrough_demand(), tname, qos, str(g)), [],
+                         frozenset()))
     for v in meta.vgpus:
         if v.device in mine:
             continue
@@ -479,34 +480,43 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                      and r.type_name.lower() == name.lower()), None) if pre is None else None
         if lent is not None:
             # the layout's free vGPU the domain names is claimed where it is (ops.devices._make_vgpu): that
-            # GPU is the one admission weighs, its pool, class and isolation included
+            # GPU is the one admission weighs, its pool, class and isolation included, without the claimed
+            # vGPU itself as a neighbour
             pin = lent.gpu
         dem = adm.vgpu_demand(name, fbs.get(name.lower()))
         reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
-                                                    meta.strategy, meta.anti_affinity), offers))
+                                                    meta.strategy, meta.anti_affinity), offers,
+                     frozenset({lent.id}) if lent is not None else frozenset()))
+    # pinned devices first: an unpinned vGPU placed first could take the GPU a pinned one needs (one vGPU
+    # per VM per GPU), as ops.devices makes them
+    reqs.sort(key=lambda r: r[1].demand.kind == adm.VGPU and r[1].gpu is None)
     running: Optional[Mapping[str, str]] = None
     if policies is not None and pl:
         pooled = {g for p in pl if p.policy for g in p.gpus}
-        asked = sorted({str(o.gpu) for _, r, offers in reqs if not r.demand.hardware for o in offers
+        asked = sorted({str(o.gpu) for _, r, offers, _ in reqs if not r.demand.hardware for o in offers
                         if o.type_id is not None and str(o.gpu) in pooled})
         running = policies(asked) if asked else None
     taken: set = set()          # GPUs this start's earlier vGPUs went to: one vGPU per VM per GPU
-    for device, req, offers in reqs:
+    for device, req, offers, replaced in reqs:
         if taken and req.demand.kind == adm.VGPU:
             offers = [replace(o, owners=o.owners | {me}) if str(o.gpu) in taken else o for o in offers]
-        facts_of = dict(facts, tenants=ts, allocations=held, policies=running)
+        facts_of = dict(facts, tenants=ts, policies=running)
         d = None
         lending = _lendable(records, req.demand.profile) if req.demand.kind == adm.VGPU and not req.gpu else {}
         if any(str(o.gpu) in lending for o in offers):
             # the pool model lends a layout's free vGPU before it makes one (ops.devices._swap_from_pool):
-            # placed first where one is lent, so the device goes where this decision (and its row) says
+            # placed first where one is lent, so the device goes where this decision (and its row) says;
+            # the vGPU whose slot is handed over (the first by id, as the swap takes it) is no neighbour
+            handed = {min(r.id for r in records if r.owner == Owner.LAYOUT and r.gpu == g
+                          and r.type_name.lower() == req.demand.profile.lower()) for g in lending}
             d = adm.admit(req, offers=[o if str(o.gpu) in lending else
                                        replace(o, available=0, parents=(), note="no layout vGPU to lend")
-                                       for o in offers], **facts_of)
+                                       for o in offers],
+                          allocations=[a for a in held if a.device not in handed], **facts_of)
             if not d.admitted:
                 d = None
         if d is None:
-            d = adm.admit(req, offers=offers, **facts_of)
+            d = adm.admit(req, offers=offers, allocations=[a for a in held if a.device not in replaced], **facts_of)
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
