@@ -84,6 +84,37 @@ def test_sampler_integrates_the_simulated_traces_exactly(loaded):
     assert sm[recs[DOM_B]] == pytest.approx(_expected(traces, recs[DOM_B], "sm", t1), rel=1e-7)
 
 
+class _SlowRead:
+    """The simulated NVML whose read takes ``seconds`` of the (frozen) clock before it stamps its samples,
+    as a read on a busy host does."""
+
+    def __init__(self, nv, seconds: float):
+        self.nv, self.seconds = nv, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.nv, name)
+
+    def read(self, last_seen_us):
+        self.nv.advance(self.seconds)
+        return self.nv.read(last_seen_us)
+
+
+def test_a_slow_nvml_read_still_integrates_exactly(loaded):
+    """Each sample is credited for the span it averages: the tick's clock is read after NVML's read.
+    Read before it, busy seconds of the square wave were off by the reads' share of the load."""
+    host, store, nv, recs, traces = loaded
+    s = Sampler(_SlowRead(nv, 0.7), store, interval_s=10)
+    s.tick()
+    for _ in range(12):
+        nv.advance(9.3)
+        snap = s.tick()
+    t_end = {d: c[2] / 1e6 for d, c in st.meter_cursors(store).items()}
+    by = {d.device: d for d in snap.devices}
+    for dev in recs.values():
+        assert by[dev].sm_busy_s == pytest.approx(_expected(traces, dev, "sm", t_end[dev]), rel=1e-7)
+        assert by[dev].alloc_s == pytest.approx(120, abs=1e-3)
+
+
 def test_restart_neither_loses_nor_double_counts(loaded):
     host, store, nv, recs, traces = loaded
     s = Sampler(nv, store, interval_s=10)

@@ -312,6 +312,18 @@ class Sampler:
             return now_us, now_us, ""
         return now_us, int(mono()), str(boot() if boot is not None else "")
 
+    def _after_read(self, now_us: int, mono_us: int) -> Tuple[int, int]:
+        """The tick's clocks read again after NVML's read (µs), so that every sample of that read is
+        no newer than the tick (NVML stamps a sample when it is taken, at or before the read's return).
+        A sample's average then covers exactly the span it is credited for: from the GPU's last seen
+        sample to its own time stamp.  Read before the NVML call, the tick's clock was older than
+        the samples by the read's duration, and busy seconds were off by that span's share of a
+        changing load.  Where the wall clock stepped during the read, the first reading stands."""
+        again, mono_again, _ = self._clocks()
+        if again >= now_us and abs((again - now_us) - (mono_again - mono_us)) <= STEP_TOLERANCE_US:
+            return again, mono_again
+        return now_us, mono_us
+
     def _unstep(self, now_us: int, mono_us: int, boot: str) -> None:
         """Move every wall-clock cursor by the wall clock's step since the last reading (see
         the module doc), so spans measured on the wall clock equal the monotonic time."""
@@ -345,6 +357,7 @@ class Sampler:
         if begin is not None:
             begin()
         readings: List[GpuReading] = self.nvml.read(dict(self._gpu_seen))
+        now_us, mono_us = self._after_read(now_us, mono_us)
         newest_sample = max((v.sample.timestamp_us for g in readings for v in g.vgpus if v.sample is not None),
                             default=0)
         vgpu_recs, pt_recs, names = self._records()
@@ -455,8 +468,8 @@ class Sampler:
         s = v.sample
         if (m.device, m.owner.domain_uuid) in t.first:   # its sample averages a span with no allocation
             m.sample_us = now_us
-            if s is not None:
-                newest = s.timestamp_us
+            if s is not None:                # the next sample averages from this one's time stamp
+                newest = m.sample_us = min(s.timestamp_us, now_us)
             s = None
         if s is not None and s.timestamp_us > m.sample_us:
             prev = m.sample_us or seen
