@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from vgpuhost.cli import lean
 from vgpuhost.cli.main import COMMAND_FAMILY, FAMILIES, cli, load_all, main
@@ -149,21 +148,7 @@ def test_an_unknown_scope_is_a_bug(make_host):
 
 
 # ---------------------------------------------------------------------------
-# dumps: json.dumps(indent=2), byte for byte
-
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                     st.text(max_size=8))
-_keys = st.one_of(st.text(max_size=6), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False))
-_docs = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                         st.tuples(inner, inner),
-                                                         st.dictionaries(_keys, inner, max_size=4)), max_leaves=25)
-
-
-@settings(max_examples=300, deadline=None)
-@given(_docs)
-def test_dumps_is_json_dumps_indent_2(doc):
-    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=False)
-
+# dumps: the documented --json text
 
 def test_dumps_refuses_what_json_refuses():
     with pytest.raises(TypeError):
