@@ -64,7 +64,7 @@ version: 1
 name: epyc-dummy-host-bridge
 host:
   cpu_vendor: AuthenticAMD
-  cmdline: "amd_iommu=on iommu=pt"
+  cmdline: "iommu=pt"
   modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, snd_hda_intel]
 devices:
   - {bdf: "0000:40:01.0", model: amd-dummy-host-bridge, iommu_group: 31}

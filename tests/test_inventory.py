@@ -158,7 +158,22 @@ devices:
   - {bdf: "0000:c1:00.0", model: L40S}
 """)
     f = _codes(check_host(discover(Sysfs(host))), "host")["IOMMU_OFF"]
-    assert "amd_iommu=on" in f.fix and "intel_iommu" not in f.fix
+    # amd_iommu= has no "on": the kernel turns AMD-Vi on by itself where the firmware enables it
+    assert "AMD-Vi" in f.fix and "firmware" in f.fix and "amd_iommu=on" not in f.fix
+    assert "intel_iommu" not in f.fix
+
+
+@pytest.mark.parametrize("cmdline, named", [("ro iommu=off", "iommu=off"), ("amd_iommu=off iommu=pt", "amd_iommu=off")])
+def test_a_cmdline_that_turns_the_iommu_off_is_named(make_host, cmdline, named):
+    host = make_host(yaml_text=f"""
+version: 1
+name: amd-cmdline-off
+host: {{cpu_vendor: AuthenticAMD, iommu: false, cmdline: "{cmdline}"}}
+devices:
+  - {{bdf: "0000:c1:00.0", model: L40S}}
+""")
+    f = _codes(check_host(discover(Sysfs(host))), "host")["IOMMU_OFF"]
+    assert named in f.message and f"remove '{named}'" in f.fix
 
 
 def test_firmware_iommu_off_when_cmdline_asks(make_host):

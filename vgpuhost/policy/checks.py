@@ -66,12 +66,24 @@ def check_host(inv: Inventory) -> List[Finding]:
 
 
 def _iommu_param_fix(inv: Inventory) -> str:
+    """The fix for an IOMMU that is off and not asked for.  AMD's IOMMU driver starts by itself when
+    the firmware enables AMD-Vi: ``amd_iommu=`` takes no ``on`` (its values: ``off``, ``fullflush``,
+    ``force_isolation``, ``force_enable``, ...; docs/reference/hardware.md, from the kernel's
+    admin-guide/kernel-parameters.txt); Intel's needs ``intel_iommu=on`` where the kernel's default is off."""
     if inv.host.cpu_vendor == "AuthenticAMD":
-        return ("enable the IOMMU (AMD-Vi) in the firmware setup; add 'amd_iommu=on iommu=pt' to "
-                "GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub (or grub2-mkconfig -o "
-                "/boot/grub2/grub.cfg) and reboot")
+        return ("enable the IOMMU (AMD-Vi, often named 'IOMMU' or 'SVM/IOMMU') in the firmware setup and reboot; "
+                "the kernel turns it on by itself (amd_iommu= takes no 'on'); 'iommu=pt' in GRUB_CMDLINE_LINUX "
+                "is the usual companion")
     return ("add 'intel_iommu=on iommu=pt' to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub "
             "(or grub2-mkconfig -o /boot/grub2/grub.cfg), enable VT-d in the firmware setup, and reboot")
+
+
+def _iommu_turned_off(args) -> Optional[str]:
+    """The kernel parameter that turns the IOMMU off (``iommu=off``, ``amd_iommu=off``, ``intel_iommu=off``), if any."""
+    for key in ("iommu", "amd_iommu", "intel_iommu"):
+        if "off" in str(args.get(key) or "").split(","):
+            return f"{key}={args[key]}"
+    return None
 
 
 def _check_cpu(inv: Inventory) -> List[Finding]:
@@ -86,12 +98,18 @@ def _check_iommu(inv: Inventory) -> List[Finding]:
     args = inv.host.cmdline_args
     out: List[Finding] = []
     if not inv.iommu_enabled:
-        asked = args.get("intel_iommu") == "on" or args.get("amd_iommu") == "on"
-        if asked:
+        off = _iommu_turned_off(args)
+        asked = args.get("intel_iommu") == "on"
+        if off:
+            out.append(Finding("error", "IOMMU_OFF", "host",
+                               f"the kernel command line turns the IOMMU off ({off}): no device can be given to a VM",
+                               f"remove '{off}' from GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub "
+                               "(or grub2-mkconfig -o /boot/grub2/grub.cfg) and reboot"))
+        elif asked:
             out.append(Finding("error", "IOMMU_OFF", "host",
                                "the kernel command line asks for the IOMMU but no IOMMU groups exist: "
                                "it is disabled in the firmware",
-                               "enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the firmware setup and reboot"))
+                               "enable VT-d in the firmware setup and reboot"))
         else:
             out.append(Finding("error", "IOMMU_OFF", "host",
                                "the IOMMU is off (no IOMMU groups): no device can be given to a VM",

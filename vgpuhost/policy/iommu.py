@@ -52,8 +52,8 @@ def group_endpoints(inv: Inventory, gpu: PciAddress) -> Tuple[int, List[PciDevic
                                 "setup; classic mdev vGPUs are not refused behind VMD; nothing was changed")
     if not inv.iommu_enabled:
         raise RefusedError("the IOMMU is off (no IOMMU groups): nothing can be passed through",
-                           hint="add intel_iommu=on iommu=pt (Intel) or amd_iommu=on (AMD) to the kernel "
-                                "command line and reboot; 'vgpuhost host check' says more")
+                           hint="Intel: add intel_iommu=on iommu=pt to the kernel command line and reboot; AMD: enable "
+                                "AMD-Vi in the firmware setup (the kernel turns it on by itself); 'vgpuhost host check' says more")
     group = inv.group_of(gpu)
     if group is None:
         raise RefusedError(f"{gpu} has no IOMMU group", hint="check the IOMMU covers this PCI segment")
