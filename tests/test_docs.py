@@ -170,3 +170,12 @@ def test_cli_guide_synopsis_lists_each_command_once_and_every_global_option():
     assert len(entries) == len(set(entries)), sorted(e for e in entries if entries.count(e) > 1)
     for opt in GLOBAL_OPTIONS:
         assert opt in block[0] or opt == "--verbose", opt        # shown as -v|-vv
+
+
+def test_the_exit_codes_the_cli_guide_documents_are_the_codes_table():
+    """docs/guide/cli.md#exit-codes lists every code of vgpuhost.model.errors' table, and no other."""
+    from vgpuhost.model import errors
+    guide = (DOCS / "guide" / "cli.md").read_text()
+    table = guide.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    listed = [int(x) for x in re.findall(r"^\| `(\d+)` \|", table, re.M)]
+    assert listed == sorted(v for k, v in vars(errors).items() if k.startswith("EXIT_")), listed

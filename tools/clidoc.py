@@ -99,7 +99,7 @@ MAN_SECTION = "8"
 #: :func:`exit_codes` fails otherwise)
 EXIT_MEANINGS = {
     "EXIT_OK": "ok, or nothing to do",
-    "EXIT_PROBLEMS": "a check found problems, warnings or drift (host check, assert, reconcile \\-\\-check, "
+    "EXIT_PROBLEMS": "a check found problems or drift (host check: an error, or a GPU that can serve no mode; assert, reconcile \\-\\-check, "
                      "hook status), or an interrupted operation cannot be ended yet",
     "EXIT_INPUT": "usage, input or environment error, or a permanent refusal: nothing changed, and the same "
                   "command cannot pass by waiting",
