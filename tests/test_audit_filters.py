@@ -33,14 +33,18 @@ def test_audit_filters(make_host, capsys, monkeypatch):
         return doc, doc["rows"]
 
     doc, everything = rows()
-    assert len(everything) >= 2 and doc["filters"] == {"domain": None, "gpu": None, "actor": None, "limit": None}
+    assert len(everything) >= 2 and doc["filters"] == {"domain": None, "gpu": None, "op": None, "actor": None,
+                                                 "limit": None}
     doc, a = rows("--domain", DOM_A.upper())
     assert a and all(f"owner={DOM_A}" in r["operation"] for r in a)
     assert doc["filters"]["domain"] == DOM_A.upper()
     _, b = rows("--actor", "ansible")
     assert b and all(r["actor"] == "ansible bob" for r in b) and {r["id"] for r in a}.isdisjoint(r["id"] for r in b)
     _, g = rows("--gpu", gpus[1])
-    assert g and all(gpus[1] in r["path"] + r["operation"] + (r["value"] or "") for r in g)
+    # the GPU, or its VF that the vendor-VFIO vGPU was written through (same bus and device, another function)
+    assert g and all(gpus[1] in r["path"] + r["operation"] + (r["value"] or "") or
+                     f"/devices/{gpus[1][:-1]}" in r["path"] for r in g)
+    assert any(r["path"].endswith("/nvidia/current_vgpu_type") for r in g)
     assert {r["id"] for r in g} <= {r["id"] for r in b} | {r["id"] for r in everything if "(placement)" in r["path"]}
     _, last = rows("--limit", "1")
     assert last == everything[-1:]

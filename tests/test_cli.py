@@ -212,7 +212,8 @@ def test_overlong_root_and_bdf(capsys, make_host):
     assert code == 2 and len(err) < 400
 
 
-@pytest.mark.parametrize("option", ["--json", "-v", "--root"])
+# (--json after the command is accepted: tests/test_cli_conventions.py)
+@pytest.mark.parametrize("option", ["-v", "--root"])
 def test_a_global_option_after_the_command_says_where_it_goes(make_host, capsys, option):
     host = make_host("a40-mdev")
     code = main(["--root", str(host.root), "types", option] + (["/x"] if option == "--root" else []))

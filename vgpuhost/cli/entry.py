@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .lean import match
+from .lean import hoist_json, match
 
 
 def _sigterm(signum, frame):
@@ -28,7 +28,7 @@ def run(*, serve_agent=None) -> None:
     """
     import signal
     signal.signal(signal.SIGTERM, _sigterm)     # from here on a SIGTERM exits 130, as documented, not 143
-    argv = sys.argv[1:]
+    argv = hoist_json(sys.argv[1:])
     try:
         job = match(argv)
         if job is None:

@@ -56,6 +56,30 @@ def _options(args: List[str], valued: Tuple[str, ...], flags: Tuple[str, ...],
     return None if to_command else (got, [])
 
 
+def hoist_json(argv):
+    """``argv`` with a ``--json`` given after the command moved before it, where the global option lives
+    (``vgpuhost types --json`` = ``vgpuhost --json types``; a command's own ``--json`` means the same).
+    Tokens after ``--`` are left alone.  None stays None."""
+    if argv is None:
+        return None
+    args = list(argv)
+    i = 0
+    while i < len(args) and args[i].startswith("-"):     # the global options
+        i += 2 if args[i] in ("--root", "--state-dir", "--connect", "-c") else 1
+    if i >= len(args):
+        return args
+    head, tail, moved = args[:i], [], False
+    for j, a in enumerate(args[i:]):
+        if a == "--":
+            tail.extend(args[i + j:])
+            break
+        if a == "--json":
+            moved = True
+            continue
+        tail.append(a)
+    return (["--json"] if moved and "--json" not in head else []) + head + tail
+
+
 def match(argv: List[str]) -> Optional[Callable[[], str]]:
     """The job for a plain read command line (it returns the text to print), else None.
 

@@ -22,7 +22,7 @@ import click
 from .. import __version__
 from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, VgpuhostError
 from .common import EXIT_INTERNAL, Context, printable  # noqa: F401 (Context: the root group's obj, for callers)
-from .lean import match
+from .lean import hoist_json, match
 from .output import dumps
 
 # --- the command families: each module's COMMANDS, registered the same way ----------
@@ -147,10 +147,11 @@ def main(argv=None, *, lean: bool = True, serve_agent=None) -> int:
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm)
+    argv = hoist_json(list(sys.argv[1:]) if argv is None else argv)
     try:
         job = None
         if lean:
-            job = match(list(sys.argv[1:] if argv is None else argv))
+            job = match(list(argv))
         if job is not None:
             click.echo(job())
         else:

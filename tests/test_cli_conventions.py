@@ -1,0 +1,78 @@
+"""CLI conventions (issue 29 item 6): ``--json`` after the command, ``audit --op``, ``audit --gpu`` naming a
+GPU's VFs and vGPUs.  Read back from the audit log the commands wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vgpuhost.cli.lean import hoist_json
+from vgpuhost.cli.main import main
+
+OWNER = "11111111-2222-4333-8444-0000000000c1"
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["types", "--json"], ["--json", "types"]),
+    (["--root", "/r", "audit", "--op", "vgpu", "--json"], ["--json", "--root", "/r", "audit", "--op", "vgpu"]),
+    (["--json", "types", "--json"], ["--json", "types"]),
+    (["vgpu", "create", "--", "--json"], ["vgpu", "create", "--", "--json"]),
+    (["--root", "/r"], ["--root", "/r"]),
+    (["-c", "x", "gpus"], ["-c", "x", "gpus"]),
+])
+def test_json_after_the_command_moves_before_it(argv, want):
+    assert hoist_json(argv) == want
+
+
+def test_json_after_the_command_prints_the_document_on_both_paths(make_host, capsys):
+    host = make_host("a40-mdev")
+    assert main(["--root", str(host.root), "gpus", "--json"]) == 0              # the lean path
+    assert json.loads(capsys.readouterr().out)["schema"] == "vgpuhost.gpus/v1"
+    assert main(["--root", str(host.root), "audit", "--json"]) == 0             # click's path
+    assert json.loads(capsys.readouterr().out)["schema"] == "vgpuhost.audit/v1"
+    # the installed entry point (vgpuhost.cli.entry) too
+    proc = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "types", "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["schema"] == "vgpuhost.types/v1", proc.stderr
+
+
+def test_audit_gpu_names_the_vf_a_vendor_vfio_vgpu_is_written_through(make_host, capsys):
+    host = make_host("l40s-vendor-vfio")
+    root = str(host.root)
+    assert main(["--root", root, "--json", "vgpu", "create", "--profile", "L40S-4Q", "--gpu", "0000:21:00.0",
+                 "--owner", OWNER]) == 0
+    vf = json.loads(capsys.readouterr().out)["id"]
+    assert vf.startswith("0000:21:00.") and vf != "0000:21:00.0"
+    assert main(["--root", root, "--json", "vgpu", "remove", vf]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "--json", "audit", "--gpu", "0000:21:00.0"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    writes = [r for r in rows if r["path"].startswith("/sys/")]
+    # the type written to the VF and the removal (0), both named by the VF's path only
+    assert [(r["path"], r["value"]) for r in writes] == [
+        (f"/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type", writes[0]["value"]),
+        (f"/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type", "0")], writes
+    assert writes[0]["value"] != "0"
+    # the other GPU's audit holds none of it
+    assert main(["--root", root, "--json", "audit", "--gpu", "0000:a1:00.0"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == []
+
+
+def test_audit_op_matches_leading_words(make_host, capsys):
+    host = make_host("a40-mdev")
+    root = str(host.root)
+    assert main(["--root", root, "vgpu", "create", "--profile", "A40-8Q", "--owner", OWNER]) == 0
+    assert main(["--root", root, "tenant", "add", "t1", "--vgpus", "1"]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "--json", "audit", "--op", "vgpu create"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["filters"]["op"] == "vgpu create" and doc["rows"]
+    assert all(r["operation"].startswith("vgpu create ") for r in doc["rows"])
+    assert main(["--root", root, "--json", "audit", "--op", "TENANT"]) == 0
+    ops = [r["operation"] for r in json.loads(capsys.readouterr().out)["rows"]]
+    assert ops and all(o.lower().split()[0] == "tenant" for o in ops), ops
+    assert main(["--root", root, "audit", "--op", "vgpu crea"]) == 0         # words, not a prefix of one
+    assert capsys.readouterr().out.strip() == "no audit rows match"
