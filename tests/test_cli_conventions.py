@@ -76,3 +76,68 @@ def test_audit_op_matches_leading_words(make_host, capsys):
     assert ops and all(o.lower().split()[0] == "tenant" for o in ops), ops
     assert main(["--root", root, "audit", "--op", "vgpu crea"]) == 0         # words, not a prefix of one
     assert capsys.readouterr().out.strip() == "no audit rows match"
+
+
+TWO_LAYOUTS = """version: 1
+layouts:
+  eight:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 2}}
+  four:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu: {types: {A40-4Q: 3}}
+"""
+
+
+def _mdevs(host):
+    return sorted(p.name for p in host.mdev_devices.iterdir()) if host.mdev_devices.exists() else []
+
+
+def test_apply_on_a_terminal_asks_before_removing_the_layouts_vgpus(make_host, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from vgpuhost.cli import layout as cli_layout
+    from vgpuhost.cli.main import cli
+    host = make_host("a40-mdev")
+    cfg = tmp_path / "layouts.yaml"
+    cfg.write_text(TWO_LAYOUTS)
+    base = ["--root", str(host.root), "--local"]
+    assert main(base + ["apply", "-c", str(cfg), "eight"]) == 0
+    eight = _mdevs(host)
+    assert len(eight) == 2
+    monkeypatch.setattr(cli_layout, "interactive", lambda: True)
+    runner = CliRunner()
+    # declined: nothing changed
+    res = runner.invoke(cli, base + ["apply", "-c", str(cfg), "four"], input="n\n")
+    assert res.exit_code != 0 and isinstance(res.exception, Exception)
+    assert "apply would remove 2 vGPUs of layout 'four'" in res.output and "Remove them?" in res.output
+    assert _mdevs(host) == eight
+    # accepted: the two are removed and the three made
+    res = runner.invoke(cli, base + ["apply", "-c", str(cfg), "four"], input="y\n")
+    assert res.exit_code == 0, res.output
+    four = _mdevs(host)
+    assert len(four) == 3 and not set(four) & set(eight)
+    # --yes: not asked (no input to give)
+    res = runner.invoke(cli, base + ["apply", "-c", str(cfg), "eight", "--yes"], input="")
+    assert res.exit_code == 0 and "Remove them?" not in res.output, res.output
+    assert len(_mdevs(host)) == 2 and not set(_mdevs(host)) & set(four)
+
+
+def test_apply_declined_at_the_prompt_exits_2_saying_nothing_changed(make_host, tmp_path, monkeypatch, capsys):
+    from vgpuhost.cli import layout as cli_layout
+    host = make_host("a40-mdev")
+    cfg = tmp_path / "layouts.yaml"
+    cfg.write_text(TWO_LAYOUTS)
+    base = ["--root", str(host.root), "--local"]
+    assert main(base + ["apply", "-c", str(cfg), "eight"]) == 0
+    before = _mdevs(host)
+    monkeypatch.setattr(cli_layout, "interactive", lambda: True)
+    monkeypatch.setattr("click.confirm", lambda *a, **k: False)
+    capsys.readouterr()
+    assert main(base + ["apply", "-c", str(cfg), "four"]) == 2
+    err = capsys.readouterr().err
+    assert "apply cancelled at the prompt: nothing was changed" in err and "--yes" in err
+    assert _mdevs(host) == before

@@ -23,8 +23,9 @@ from typing import List, Optional
 import click
 
 from ..io.yamlutil import read_text_file
-from ..model.errors import EXIT_OK, EXIT_PROBLEMS, VgpuhostError
+from ..model.errors import EXIT_OK, EXIT_PROBLEMS, InputError, VgpuhostError
 from ..ops.layout import apply, check, plan
+from ..plan.layout import LayoutRemoveVgpu
 from ..policy.config import load, parse
 from .agentcall import forward
 from .common import current, emit, printable, store
@@ -72,12 +73,16 @@ def plan_cmd(config: str, layout: Optional[str]) -> None:
                    "can be late: its types are missing for a while).  The config is read once.")
 @click.option("--retry-delay", type=click.FloatRange(0, 3600), default=5.0, show_default=True, metavar="SECONDS",
               help="Wait between tries.")
-def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, retry_delay: float) -> None:
+@click.option("-y", "--yes", is_flag=True,
+              help="Remove the layout's vGPUs the plan names without asking (on a terminal apply asks first).")
+def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, retry_delay: float,
+              yes: bool) -> None:
     """Run the plan's steps, then read the host back (exit 3 when it does not match).
 
     Blocked plans (devices of running VMs, vGPUs the layout did not create in
     the way) are refused before any change (exit 2).  Steps that need a
-    reboot are reported, never done.
+    reboot are reported, never done.  On a terminal, a plan that removes
+    vGPUs is shown and confirmed first (--yes: not asked).
     """
     ctx = current()
     cfg, text = _load_text(config)
@@ -85,6 +90,8 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     if dry_run:
         _plan_out(ctx, plan(ctx.host, store(ctx, write=False), cfg, layout))
         return
+    if not yes and interactive():
+        _confirm_removals(plan(ctx.host, store(ctx, write=False), cfg, layout))
     tries = 0
     while True:
         try:
@@ -102,6 +109,25 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
                        f"trying again in {retry_delay:g} s", err=True)
             time.sleep(retry_delay)
     emit(ctx, result.as_dict(), apply_text(result.as_dict()))
+
+
+def interactive() -> bool:
+    """Is someone at a terminal to answer (stdin and stderr both terminals)?"""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _confirm_removals(p) -> None:
+    """Ask before a plan's vGPU removals (the layout's own vGPUs only: a running domain's vGPU blocks the
+    plan instead).  Declined: nothing is changed, exit 2."""
+    gone = [s for s in p.steps if isinstance(s, LayoutRemoveVgpu)]
+    if not gone or p.blocked:
+        return
+    click.echo(f"apply would remove {len(gone)} vGPU{'s' if len(gone) != 1 else ''} of layout {p.layout!r}:", err=True)
+    for s in gone:
+        click.echo(f"  {s.target}  {s.action}", err=True)
+    if not click.confirm("Remove them?", default=False, err=True):
+        raise InputError("apply cancelled at the prompt: nothing was changed",
+                         hint="give --yes to apply without being asked, or --dry-run to see every step")
 
 
 def apply_text(doc: dict) -> str:
