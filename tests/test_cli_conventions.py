@@ -141,3 +141,40 @@ def test_apply_declined_at_the_prompt_exits_2_saying_nothing_changed(make_host, 
     err = capsys.readouterr().err
     assert "apply cancelled at the prompt: nothing was changed" in err and "--yes" in err
     assert _mdevs(host) == before
+
+
+def _complete(root, words, shell="bash_complete"):
+    """What the installed ``vgpuhost`` offers for the last word of ``words`` (click's completion protocol,
+    as the generated bash script calls it)."""
+    import os
+    env = {**os.environ, "_VGPUHOST_COMPLETE": shell, "COMP_WORDS": " ".join(["vgpuhost", "--root", str(root)] + words),
+           "COMP_CWORD": str(2 + len(words))}
+    proc = subprocess.run([sys.executable, "-m", "vgpuhost"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return [line.split(",", 1)[1] for line in proc.stdout.splitlines() if line.startswith("plain,")]
+
+
+def test_completion_offers_the_hosts_profiles_gpus_tenants_and_specs(make_host):
+    host = make_host("l40s-vendor-vfio")
+    assert main(["--root", str(host.root), "tenant", "add", "alpha"]) == 0
+    assert main(["--root", str(host.root), "tenant", "add", "beta"]) == 0
+    assert _complete(host.root, ["vgpu", "create", "--profile", "L40S-4"]) == [
+        "L40S-48A", "L40S-48C", "L40S-48Q", "L40S-4A", "L40S-4C", "L40S-4Q"]
+    assert _complete(host.root, ["passthrough", "prepare", "0000:a"]) == ["0000:a1:00.0"]
+    assert _complete(host.root, ["types", "--gpu", ""]) == ["0000:21:00.0", "0000:a1:00.0"]
+    assert _complete(host.root, ["tenant", "show", ""]) == ["alpha", "beta"]
+    assert _complete(host.root, ["capacity", "--tenant", "b"]) == ["beta"]
+    assert _complete(host.root, ["sim", "create", "a4"]) == ["a40-mdev"]
+    assert _complete(host.root, ["tenant", "add", ""]) == []          # a new tenant's name: nothing to offer
+
+
+def test_the_zsh_completion_file_completes_on_the_first_tab_when_autoloaded():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("clidoc", Path(__file__).resolve().parents[1] / "tools" / "clidoc.py")
+    clidoc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clidoc)
+    text = clidoc.completion("zsh")
+    assert text.startswith("#compdef vgpuhost")
+    branch = text[text.index("loadautofunc"):]
+    assert '_vgpuhost_completion "$@"' in branch and "compdef _vgpuhost_completion vgpuhost" in branch

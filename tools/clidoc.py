@@ -233,7 +233,15 @@ def completion(shell: str) -> str:
     """click's own completion script for SHELL (bash, zsh, fish)."""
     from click.shell_completion import get_completion_class
     cls = get_completion_class(shell)
-    return cls(root_group(), {}, PROG, "_VGPUHOST_COMPLETE").source()
+    text = cls(root_group(), {}, PROG, "_VGPUHOST_COMPLETE").source()
+    if shell == "zsh" and "loadautofunc" not in text:
+        # click before 8.1.4 (bookworm has 8.1.3) only registers the function when the file is
+        # loaded, so a file autoloaded from $fpath completed nothing on the first Tab: complete then too
+        reg = f"compdef _{PROG}_completion {PROG}"
+        if reg in text:
+            text = text.replace(reg, f"if [[ $zsh_eval_context[-1] == loadautofunc ]]; then\n"
+                                     f"    _{PROG}_completion \"$@\"\nelse\n    {reg}\nfi", 1)
+    return text
 
 
 COMPLETION_FILES = {"bash": "vgpuhost.bash", "zsh": "_vgpuhost", "fish": "vgpuhost.fish"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -155,6 +156,9 @@ def main(argv=None, *, lean: bool = True, serve_agent=None) -> int:
         if job is not None:
             click.echo(job())
         else:
+            if "_VGPUHOST_COMPLETE" in os.environ:      # the shell asks for completions (cli/complete.py)
+                load_all()
+                importlib.import_module(f"{__package__}.complete").attach(cli)
             cli.main(args=argv, prog_name="vgpuhost", standalone_mode=False, obj=serve_agent)
         return EXIT_OK
     except BaseException as e:

@@ -35,8 +35,13 @@ def sim_specs(ctx: Context) -> None:
           table(["NAME", "SUMMARY"], rows))
 
 
+def _complete_spec(ctx: click.Context, param: click.Parameter, incomplete: str) -> List[str]:
+    """The shipped host specs' names (shell completion of ``sim create SPEC``)."""
+    return [name for name in bundled_specs() if name.startswith(incomplete)]
+
+
 @sim.command("create")
-@click.argument("spec")
+@click.argument("spec", shell_complete=_complete_spec)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--force", is_flag=True, help="Replace a simulated host already at DIRECTORY.")
 @pass_ctx
