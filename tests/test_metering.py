@@ -191,6 +191,18 @@ def test_rollups_cross_hours_and_usage_reports(loaded, capsys):
     assert "exclusive" in capsys.readouterr().err
     assert main(["--root", str(host.root), "usage", "--since", "nonsense"]) == 2
     assert capsys.readouterr().err.startswith("vgpuhost: error: invalid time")
+    # --by hour: one row per UTC hour of the rollups, in time order, summing to the same totals
+    assert main(["--root", str(host.root), "--json", "usage", "--by", "hour"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["hour"] for r in rows] == sorted(hours)
+    for hour in hours:
+        alloc = sum(r[9] for r in st.usage_rows(store) if r[0] == hour)
+        (row,) = [r for r in rows if r["hour"] == hour]
+        assert row["alloc_seconds"] == pytest.approx(alloc, abs=1e-3) and row["devices"] == 2
+    rounding = len(rows) * 5e-4 + 1e-6          # each row's seconds are printed to the millisecond
+    assert sum(r["alloc_seconds"] for r in rows) == pytest.approx(2 * 9000, abs=rounding + 1e-2)
+    assert sum(r["sm_busy_seconds"] for r in rows) == pytest.approx(
+        sum(_expected(traces, recs[d], "sm", t1) for d in (DOM_A, DOM_B)), abs=rounding + 1e-3)
 
 
 def test_advise_finds_smaller_profiles_and_idle_guaranteed_vgpus():

@@ -129,8 +129,8 @@ def _one_hour():
 @click.command("usage", short_help="Chargeback: allocated and busy GPU time per tenant, domain or profile.")
 @click.option("--since", metavar="WHEN", help="ISO 8601 time or an age (30m, 2h, 7d); default: all history.")
 @click.option("--until", metavar="WHEN", help="ISO 8601 time or an age; default: no end.")
-@click.option("--by", "by", type=click.Choice(["tenant", "domain", "profile"]), default="tenant",
-              show_default=True)
+@click.option("--by", "by", type=click.Choice(["tenant", "domain", "profile", "hour"]), default="tenant",
+              show_default=True, help="One row per tenant, domain, profile, or UTC hour (in time order).")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout (for billing systems).")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
 def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_json: bool) -> None:

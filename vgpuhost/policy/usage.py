@@ -22,7 +22,7 @@ from ..model.concepts import DeviceKind, QosClass
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
 
-BY = ("tenant", "domain", "profile")
+BY = ("tenant", "domain", "profile", "hour")
 #: advice keeps this much framebuffer headroom over the observed peak
 FB_HEADROOM = 1.25
 #: a guaranteed vGPU below this average SM share over the window is idle
@@ -76,7 +76,8 @@ def _domain(row: UsageRow) -> str:
 
 
 def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
-    """Totals per ``by`` (``tenant``, ``domain`` or ``profile``), largest allocation first.
+    """Totals per ``by`` (``tenant``, ``domain`` or ``profile``: largest allocation first; ``hour``: the
+    UTC hour, ``2026-11-29T10:00:00Z``, in time order).
 
     An empty tenant is reported as :data:`NONE_KEY`.  Raises ValueError for another ``by``.
     """
@@ -87,7 +88,7 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     hours: Dict[str, set] = {}
     for raw in rows:
         r = UsageRow._make(raw)
-        key = {"tenant": r.tenant, "domain": _domain(r), "profile": r.profile}[by] or NONE_KEY
+        key = {"tenant": r.tenant, "domain": _domain(r), "profile": r.profile, "hour": r.hour}[by] or NONE_KEY
         a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
         a[0] += r.alloc_s
         a[1] += r.sm_busy_s
@@ -97,6 +98,8 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
         devs.setdefault(key, set()).add((r.device, r.domain_uuid))
         hours.setdefault(key, set()).add(r.hour)
     out = [UsageTotal(k, a[0], a[1], a[2], a[3], a[4], len(devs[k]), len(hours[k])) for k, a in acc.items()]
+    if by == "hour":
+        return sorted(out, key=lambda t: t.key)
     return sorted(out, key=lambda t: (-t.alloc_s, t.key))
 
 
