@@ -961,3 +961,49 @@ def test_metrics_are_served_with_bookworms_prometheus_client():
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split()
     assert lines[:2] == ["1", "1"] and lines[2].startswith("/usr/lib/python3/dist-packages/"), out.stdout
+
+
+def test_the_live_view_reads_each_vgpus_use_over_the_interval_and_meters_nothing(loaded):
+    from vgpuhost.cli.metering import top_doc
+    from vgpuhost.ops.metering import LiveView
+    host, store, nv, recs, traces = loaded
+    nv.advance(10)                               # both loads have started
+    view = LiveView(nv, store)
+    view.read()
+    t0 = nv.clock_us() / 1e6
+    nv.advance(7)
+    uses = {u.device: u for u in view.read()}
+    t1 = nv.clock_us() / 1e6
+    for dom, dev in recs.items():
+        want = (integral(traces[dev], "sm", t0, t1)) / (t1 - t0)
+        assert uses[dev].sm == pytest.approx(want, rel=1e-9) and uses[dev].owner.domain_uuid == dom
+        assert uses[dev].fb_total_bytes == 8192 * MIB
+    assert uses[recs[DOM_A]].sm == pytest.approx(50) and uses[recs[DOM_A]].enc == pytest.approx(5)
+    doc = top_doc(list(uses.values()), "tenant", 7.0)
+    (row,) = doc["rows"]
+    assert row["vgpus"] == 2 and row["sm_pct"] == pytest.approx(round(sum(u.sm for u in uses.values()), 2), abs=0.011)
+    # nothing was metered: no rollups, no cursors
+    assert st.usage_rows(store) == [] and st.meter_cursors(store) == {}
+
+
+def test_top_on_the_cli_prints_frames_of_each_vgpus_use(make_host, capsys):
+    host = make_host("a40-mdev")
+    _create(host, "A40-8Q", DOM_A, capsys)
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    (rec,) = store.vgpu_records()
+    nv.set_trace(rec.id, {"sm": 40, "mem": 10, "fb_mib": 2048, "start": 0})     # constant: any interval reads 40
+    assert main(["--root", str(host.root), "--json", "top", "--interval", "0.1", "-n", "2", "--by", "domain"]) == 0
+    frames = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(frames) == 2
+    import jsonschema
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "schemas" / "top.v1.schema.json").read_text())
+    for doc in frames:
+        jsonschema.validate(doc, schema)
+    for doc in frames:
+        (row,) = doc["rows"]
+        assert (row["key"], row["vgpus"], row["sm_pct"], row["mem_pct"]) == (DOM_A, 1, 40.0, 10.0)
+        assert row["fb_used_bytes"] == 2048 * MIB
+    assert main(["--root", str(host.root), "top", "--interval", "0.1", "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert rec.id in out and "A40-8Q" in out and "40.0" in out and "2.0/8.0" in out

@@ -40,7 +40,7 @@ COMMAND_FAMILY = {
     "render": "virt", "attach": "virt", "detach": "virt", "hook": "hook",
     "plan": "layout", "apply": "layout", "assert": "layout", "config": "layout",
     "install-units": "units", "tenant": "tenant", "capacity": "tenant",
-    "exporter": "metering", "usage": "metering", "advise": "metering",
+    "exporter": "metering", "usage": "metering", "advise": "metering", "top": "metering",
     "reconcile": "reconcile", "audit": "audit", "sim": "sim", "agent": "agent", "fleet": "fleet",
 }
 

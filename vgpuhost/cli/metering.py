@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import sys
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Optional
 
@@ -26,7 +28,7 @@ from ..model.errors import InputError
 from ..model.tenancy import NO_TENANT
 from ..ops import tenancy
 from ..ops.exporter import SnapshotCollector, serve
-from ..ops.metering import host_sampler, sampler_lock
+from ..ops.metering import host_sampler, live_view, sampler_lock
 from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
 from .common import current as _ctx, store as _store
 from .output import dumps, table
@@ -242,4 +244,83 @@ def advise(since: str, until: Optional[str], min_hours: float, tenant: Optional[
                    "says what it may start now)")
 
 
-COMMANDS = (exporter, usage, advise)
+SCHEMA_TOP = "vgpuhost.top/v1"
+
+
+@click.command("top", short_help="What each VM and tenant uses now: a live view of the vGPUs (reads only).")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), default=2.0, show_default=True, metavar="SECONDS",
+              help="Seconds between frames: each frame is the use over the last interval.")
+@click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
+              help="Stop after N frames (default: until Ctrl-C).")
+@click.option("--by", "by", type=click.Choice(["vgpu", "domain", "tenant"]), default="vgpu", show_default=True,
+              help="One line per vGPU, or summed per domain or tenant.")
+def top(interval: float, count: Optional[int], by: str) -> None:
+    """Live SM, memory, encoder and decoder use and framebuffer of every vGPU, from NVML.
+
+    Reads NVML and the state store only: it meters nothing and does not
+    disturb the exporter's or agent's sampler.  The first frame comes after
+    one interval.  On a terminal each frame replaces the last; otherwise
+    frames follow each other (with --json: one document per line).
+    """
+    ctx = _ctx()
+    view = live_view(ctx.host, _store(ctx, write=False))
+    view.read()                                   # the window starts now
+    tty = sys.stdout.isatty() and not ctx.json
+    n = 0
+    try:
+        while count is None or n < count:
+            time.sleep(interval)
+            doc = top_doc(view.read(), by, interval)
+            n += 1
+            if ctx.json:
+                click.echo(json.dumps(doc, separators=(",", ":")))
+            else:
+                click.echo(("\033[H\033[2J" if tty else ("\n" if n > 1 else "")) + top_text(doc))
+    except KeyboardInterrupt:
+        if count is not None:
+            raise
+
+
+def top_doc(uses, by: str, interval: float) -> dict:
+    """The ``vgpuhost.top/v1`` document of one frame: rows per vGPU, domain or tenant, busiest first
+    (SM percent; summed over a domain's or tenant's vGPUs, so 2 vGPUs at 60% are 120)."""
+    rows = {}
+    for u in uses:
+        o = u.owner
+        key = {"vgpu": u.device, "domain": o.domain_uuid or u.device, "tenant": o.tenant or NONE_KEY}[by]
+        r = rows.setdefault(key, {"key": key, "gpu": u.gpu if by == "vgpu" else None,
+                                  "profile": u.profile if by == "vgpu" else None,
+                                  "domain": (o.domain or o.domain_uuid or None) if by != "tenant" else None,
+                                  "tenant": o.tenant or None, "vgpus": 0, "sm_pct": None, "mem_pct": None,
+                                  "enc_pct": None, "dec_pct": None, "fb_used_bytes": 0, "fb_total_bytes": 0})
+        r["vgpus"] += 1
+        for k, v in (("sm_pct", u.sm), ("mem_pct", u.mem), ("enc_pct", u.enc), ("dec_pct", u.dec)):
+            if v is not None:
+                r[k] = round((r[k] or 0.0) + v, 2)
+        r["fb_used_bytes"] += u.fb_used_bytes
+        r["fb_total_bytes"] += u.fb_total_bytes
+    out = sorted(rows.values(), key=lambda r: (-(r["sm_pct"] or 0.0), r["key"]))
+    return {"schema": SCHEMA_TOP, "by": by, "interval_s": interval, "rows": out}
+
+
+def top_text(doc: dict) -> str:
+    def pct(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    def gib(b):
+        return f"{b / 2**30:.1f}"
+    by = doc["by"]
+    head = {"vgpu": ["VGPU", "GPU", "PROFILE", "DOMAIN", "TENANT"], "domain": ["DOMAIN", "TENANT", "VGPUS"],
+            "tenant": ["TENANT", "VGPUS"]}[by]
+    rows = []
+    for r in doc["rows"]:
+        lead = {"vgpu": [r["key"], r["gpu"], r["profile"], r["domain"], r["tenant"]],
+                "domain": [r["domain"] or r["key"], r["tenant"], r["vgpus"]], "tenant": [r["key"], r["vgpus"]]}[by]
+        rows.append(lead + [pct(r["sm_pct"]), pct(r["mem_pct"]), pct(r["enc_pct"]), pct(r["dec_pct"]),
+                            f"{gib(r['fb_used_bytes'])}/{gib(r['fb_total_bytes'])}"])
+    if not rows:
+        return f"no active vGPUs (NVML, every {doc['interval_s']:g} s)"
+    return table(head + ["SM%", "MEM%", "ENC%", "DEC%", "FB GiB"], rows)
+
+
+COMMANDS = (exporter, usage, advise, top)

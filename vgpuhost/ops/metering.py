@@ -867,6 +867,69 @@ def _uuid_like(text: str) -> bool:
     return len(text) == 36 and text.count("-") == 4
 
 
+@dataclass(frozen=True)
+class LiveUse:
+    """One active vGPU's use over the last interval, for ``vgpuhost top``: ``device`` (mdev UUID or VF
+    BDF), ``gpu`` (BDF), ``profile``, ``owner`` (domain, name, tenant, QoS class), utilisation in percent
+    of the interval (``sm``, ``mem``, ``enc``, ``dec``; None where NVML gave no sample) and framebuffer
+    used/total in bytes."""
+
+    device: str
+    gpu: str
+    profile: str
+    owner: MeteredOwner
+    sm: Optional[float]
+    mem: Optional[float]
+    enc: Optional[float]
+    dec: Optional[float]
+    fb_used_bytes: int
+    fb_total_bytes: int
+
+
+class LiveView:
+    """What the vGPUs use now, read from NVML without metering anything (``vgpuhost top``).
+
+    Each :meth:`read` asks NVML for the samples since the previous read (the first read averages
+    NVML's own window), attributes each vGPU as the sampler does (its record, the allocations'
+    tenant) and returns one :class:`LiveUse` per active vGPU.  It writes nothing: the running
+    sampler (exporter or agent) is not disturbed, and rollups stay that sampler's."""
+
+    def __init__(self, nvml: MeteringNvml, store):
+        self.nvml = nvml
+        self.store = store
+        self.labels = OwnerLabels(store)
+        self._seen: Dict[str, int] = {}
+
+    def read(self) -> List[LiveUse]:
+        readings = self.nvml.read(dict(self._seen))
+        recs = list(self.store.vgpu_records())
+        names = self.store.active_domains()
+        out: List[LiveUse] = []
+        for g in readings:
+            if g.error:
+                continue
+            for v in g.vgpus:
+                mdev = "" if no_mdev_uuid(v.device) else v.device
+                rec = match_vgpu_record(recs, gpu=g.bdf, device=mdev, vm_id=v.vm_id, type_name=v.type_name)
+                device = mdev or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
+                domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
+                s = v.sample
+                owner = self.labels(domain) if domain else MeteredOwner()
+                if domain and not owner.domain:
+                    owner = replace(owner, domain=names.get(domain.lower(), ""))
+                out.append(LiveUse(device, g.bdf, v.type_name, owner,
+                                   s.sm if s else None, s.mem if s else None, s.enc if s else None,
+                                   s.dec if s else None, v.fb_used_bytes, v.fb_total_bytes))
+                if s is not None:
+                    self._seen[g.bdf] = max(self._seen.get(g.bdf, 0), s.timestamp_us)
+        return out
+
+
+def live_view(host_root, store) -> LiveView:
+    """The :class:`LiveView` of a host, through its metering NVML door (real or simulated)."""
+    return LiveView(metering_nvml(host_root), store)
+
+
 def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[float] = None,
                  libvirt_uri: Optional[str] = None) -> Sampler:
     """The sampler of one host, set up as ``vgpuhost exporter`` and the agent run it.
@@ -884,4 +947,5 @@ def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[fl
 
 
 __all__ = ["Sampler", "Snapshot", "DeviceUsage", "MeteredOwner", "OwnerLabels", "host_sampler", "host_series",
+           "LiveUse", "LiveView", "live_view",
            "gpu_pools", "split_hours", "hour_of", "DEFAULT_INTERVAL_S"]
