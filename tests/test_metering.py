@@ -18,9 +18,11 @@ from vgpuhost.io import state as st
 from vgpuhost.io.backends import metering_nvml
 from vgpuhost.io.files import data_path
 from vgpuhost.io.state import StateStore
+from vgpuhost.model.values import PciAddress
 from vgpuhost.ops.metering import Sampler, split_hours
 from vgpuhost.policy.usage import Offer, advise, aggregate
 from vgpuhost.sim.metering import integral
+from vgpuhost.sim.nvml import SimNvml
 
 DOM_A = "1e8927c3-0000-4000-8000-00000000000a"
 DOM_B = "1e8927c3-0000-4000-8000-00000000000b"
@@ -261,6 +263,11 @@ def test_exporter_serves_the_snapshot(loaded):
     assert 'vgpuhost_free_instances{pool="",profile="A40-8Q"} 4.0' in text
     assert 'vgpuhost_orphaned_devices{reason="owner-not-running"} 2.0' in text
     assert "pid" not in text.lower()
+    # dcgm-exporter's join labels: NVML's bus id spelling, the GPU UUID the simulated NVML gives, the model name
+    uuid = SimNvml(host).device_uuid(PciAddress.parse("0000:81:00.0"))
+    assert uuid.startswith("GPU-")
+    assert (f'vgpuhost_gpu_info{{UUID="{uuid}",gpm="unavailable",gpu="0000:81:00.0",mig="0",'
+            f'modelName="NVIDIA A40",name="NVIDIA A40",pci_bus_id="00000000:81:00.0"}} 1.0') in text, text
     for line in text.splitlines():
         if line.startswith("# TYPE") and line.endswith(" counter"):
             assert line.split()[2].startswith("vgpuhost_")
@@ -358,6 +365,9 @@ class FakeMeteringLib:
     def nvmlDeviceGetName(self, h):
         return "NVIDIA A40"
 
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-1b2c3d4e-0000-4000-8000-0000000000a4"
+
     def nvmlDeviceGetMigMode(self, h):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
@@ -433,6 +443,7 @@ def test_real_backend_reads_vgpus_with_64bit_framebuffer(monkeypatch):
     assert lib.targets[-1] is ctypes.c_ulonglong
     (v,) = g.vgpus
     assert (g.bdf, g.name, g.mig) == ("0000:81:00.0", "NVIDIA A40", False)
+    assert g.uuid == "GPU-1b2c3d4e-0000-4000-8000-0000000000a4"
     assert v.fb_used_bytes == lib.fb_usage > 2 ** 32
     assert (v.device, v.vm_id, v.type_name, v.gi_id) == ("8f01eb9a-0000-4000-8000-000000000007", DOM_A, "A40-8Q",
                                                          None)

@@ -74,6 +74,21 @@ def test_promtool_checks_and_tests_every_rule():
             assert r["record"] in recorded, f"no fixture for {r['record']}"
 
 
+def test_the_documented_dcgm_exporter_join_evaluates_on_both_exporters_series():
+    """docs/metering.md's join with dcgm-exporter is the expression promtool evaluates in
+    tests/data/metering/dcgm_join_test.yml (series labelled as each exporter labels them), and it passes."""
+    import yaml
+    promtool = _tool("promtool")
+    fixture = RULES_TEST.parent / "dcgm_join_test.yml"
+    doc = (REPO / "docs" / "metering.md").read_text()
+    shown = doc.split("### Joining with dcgm-exporter", 1)[1].split("```\n", 2)[1]
+    (case,) = yaml.safe_load(fixture.read_text())["tests"][0]["promql_expr_test"]
+    assert case["expr"].strip() == shown.strip()
+    out = subprocess.run([promtool, "test", "rules", str(fixture)], capture_output=True, text=True, timeout=120,
+                         cwd=fixture.parent)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

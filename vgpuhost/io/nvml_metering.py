@@ -112,6 +112,8 @@ class GpuReading:
     #: ``{gi_id: reason}`` for the GPU instances GPM does not meter although they hold
     #: MIG-backed vGPUs (:data:`~vgpuhost.model.nvml.GPM_REASONS`)
     gi_not_metered: Dict[int, str] = field(default_factory=dict)
+    #: the GPU's UUID as NVML gives it (``nvmlDeviceGetUUID``: ``GPU-xxxxxxxx-...``); "" when unknown
+    uuid: str = ""
 
 
 class MeteringNvml(Protocol):
@@ -388,6 +390,10 @@ class PynvmlMetering:
     def _read_gpu(self, bdf: str, last_seen_us: int) -> List[GpuReading]:
         """GPU ``bdf``'s reading (none when it has no vGPU manager); raises NvmlError."""
         name = _text(self._be.device_name(bdf))
+        try:
+            uuid = _text(self._be.device_uuid(bdf))
+        except NvmlError:
+            uuid = ""
         mig = bool((self._be.mig_mode(bdf) or (False, False))[0])
         try:
             instances = self.active_instances(bdf)
@@ -410,7 +416,7 @@ class PynvmlMetering:
         else:
             self._drop_samples(bdf)
         not_metered = {g: why for g, why in reasons.items() if why is not None}
-        return [GpuReading(bdf, name, mig, tuple(vgpus), gi_sm, gpm, gi_not_metered=not_metered)]
+        return [GpuReading(bdf, name, mig, tuple(vgpus), gi_sm, gpm, gi_not_metered=not_metered, uuid=uuid)]
 
 
 __all__ = ["MeteringNvml", "GpuReading", "VgpuReading", "UtilSample", "LICENSE_STATES",

@@ -57,7 +57,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..model.concepts import SchedulerPolicy
 from ..model.errors import HostEnvironmentError, InputError, TransientError
-from ..model.nvml import DeviceFacts, GiProfile, GpuInstance, SchedulerCaps, SchedulerState
+from ..model.nvml import (DeviceFacts, GiProfile, GpuInstance, SchedulerCaps, SchedulerState,  # noqa: F401
+                          bdf_from_nvml, nvml_bus_id)
 from ..model.values import PciAddress, mig_memory_gb
 from .nvml import NvmlError
 
@@ -119,23 +120,6 @@ def profile_indices(nv) -> List[Tuple[str, int]]:
     out = [(attr, getattr(nv, attr)) for attr in dir(nv)
            if _PROFILE_INDEX_RE.match(attr) and isinstance(getattr(nv, attr), int)]
     return sorted(out, key=lambda kv: kv[1])
-
-
-def nvml_bus_id(bdf: Union[PciAddress, str]) -> str:
-    """Our ``0000:41:00.0`` in NVML's own spelling ``00000000:41:00.0``."""
-    a = bdf if isinstance(bdf, PciAddress) else PciAddress.parse(bdf)
-    return f"{a.domain:08X}:{a.bus:02X}:{a.slot:02X}.{a.function:X}"
-
-
-def bdf_from_nvml(bus_id: Union[str, bytes]) -> str:
-    """``00000000:41:00.0`` -> ``0000:41:00.0``."""
-    if isinstance(bus_id, bytes):
-        bus_id = bus_id.decode(errors="replace")
-    m = re.match(r"^\s*([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-7])\s*$", bus_id)
-    if not m:
-        return bus_id
-    d, b, s, f = (int(x, 16) for x in m.groups())
-    return f"{d:04x}:{b:02x}:{s:02x}.{f}"
 
 
 def profile_name(index_name: str, slices: int, memory_mib: int, reported: Union[str, bytes, None] = None,

@@ -10,12 +10,13 @@ Names and semantics: docs/reference/hardware.md#mig-profiles, #vgpu-scheduling, 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 from .errors import InputError
 from .kinds import SchedulerPolicy
-from .values import MigProfile, VgpuProfile
+from .values import MigProfile, PciAddress, VgpuProfile
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,20 @@ def gpm_not_metered(type_names: List[str], gi_profile_name: Optional[str]) -> Op
     if not prof.mig_backed or prof.framebuffer_gb < gi.memory_gb:
         return GPM_NOT_WHOLE_INSTANCE
     return None
+
+
+def nvml_bus_id(bdf: Union[PciAddress, str]) -> str:
+    """Our ``0000:41:00.0`` in NVML's own spelling ``00000000:41:00.0``."""
+    a = bdf if isinstance(bdf, PciAddress) else PciAddress.parse(bdf)
+    return f"{a.domain:08X}:{a.bus:02X}:{a.slot:02X}.{a.function:X}"
+
+
+def bdf_from_nvml(bus_id: Union[str, bytes]) -> str:
+    """``00000000:41:00.0`` -> ``0000:41:00.0``."""
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode(errors="replace")
+    m = re.match(r"^\s*([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-7])\s*$", bus_id)
+    if not m:
+        return bus_id
+    d, b, s, f = (int(x, 16) for x in m.groups())
+    return f"{d:04x}:{b:02x}:{s:02x}.{f}"

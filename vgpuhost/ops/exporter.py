@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..model.concepts import DeviceKind
+from ..model.nvml import nvml_bus_id
 from .metering import Sampler, Snapshot, sampler_lock
 
 PREFIX = "vgpuhost_"
@@ -117,9 +118,12 @@ class SnapshotCollector:
         yield info
         yield from fams.values()
 
-        gi = GaugeMetricFamily(PREFIX + "gpu_info", "One per GPU NVML sees", labels=["gpu", "name", "mig", "gpm"])
-        for bdf, name, mig, gpm in snap.gpus:
-            gi.add_metric([bdf, name, "1" if mig else "0", gpm], 1.0)
+        # pci_bus_id, UUID and modelName as dcgm-exporter spells them, so its series join on them
+        # (docs/metering.md, "Joining with dcgm-exporter")
+        gi = GaugeMetricFamily(PREFIX + "gpu_info", "One per GPU NVML sees",
+                               labels=["gpu", "name", "mig", "gpm", "pci_bus_id", "UUID", "modelName"])
+        for bdf, name, mig, gpm, uuid in snap.gpus:
+            gi.add_metric([bdf, name, "1" if mig else "0", gpm, nvml_bus_id(bdf), uuid, name], 1.0)
         yield gi
         u = GaugeMetricFamily(PREFIX + "gpu_instance_sm_utilization_ratio",
                               "SM utilisation of a MIG GPU instance from GPM (0-1)", labels=["gpu", "gpu_instance"])

@@ -165,7 +165,7 @@ class Snapshot:
     ok: bool = False
     duration_s: float = 0.0
     devices: Tuple[DeviceUsage, ...] = ()
-    gpus: Tuple[Tuple[str, str, bool, str], ...] = ()          # (bdf, name, mig, gpm status)
+    gpus: Tuple[Tuple[str, str, bool, str, str], ...] = ()     # (bdf, name, mig, gpm status, GPU UUID)
     gi_sm: Tuple[Tuple[str, int, float], ...] = ()             # (gpu, gi_id, percent)
     #: (gpu, gi_id, reason): GPU instances holding vGPUs that GPM does not meter (model/nvml.GPM_REASONS)
     gi_not_metered: Tuple[Tuple[str, int, str], ...] = ()
@@ -373,7 +373,7 @@ class Sampler:
         self._read_host_series(wall)
         return Snapshot(time_us=max(now_us, newest_sample), wall=wall, ok=True,
                         devices=tuple(m.usage(self._earlier(m)) for _, m in sorted(t.present.items())),
-                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm) for g in readings if not g.error),
+                        gpus=tuple((g.bdf, g.name, g.mig, g.gpm, g.uuid) for g in readings if not g.error),
                         gi_sm=tuple(t.gi_sm),
                         gi_not_metered=tuple((g.bdf, gi, why) for g in readings if not g.error
                                              for gi, why in sorted(g.gi_not_metered.items())),

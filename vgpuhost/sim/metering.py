@@ -335,7 +335,8 @@ class SimMetering:
             why = _gpm_reasons(vgpus, gpu.get("gpu_instances") or []) if mig else {}
             gi_sm = {gi: pct for gi, pct in gi_sm.items() if gpm == "ok" and why.get(gi) is None}
             out.append(GpuReading(pf, gpu.get("name") or "NVIDIA GPU", mig, tuple(vgpus), gi_sm, gpm,
-                                  gi_not_metered={gi: r for gi, r in why.items() if r is not None}))
+                                  gi_not_metered={gi: r for gi, r in why.items() if r is not None},
+                                  uuid=str(gpu.get("uuid") or "")))
         return out
 
 
