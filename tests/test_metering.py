@@ -1018,3 +1018,20 @@ def test_top_on_the_cli_prints_frames_of_each_vgpus_use(make_host, capsys):
     assert main(["--root", str(host.root), "top", "--interval", "0.1", "-n", "1"]) == 0
     out = capsys.readouterr().out
     assert rec.id in out and "A40-8Q" in out and "40.0" in out and "2.0/8.0" in out
+
+
+def test_the_dashboard_imports_with_a_datasource_input_and_every_tenant_panel_honours_tenant():
+    dash = json.loads(Path(data_path("metering", "grafana-dashboard.json")).read_text())
+    (inp,) = dash["__inputs"]
+    assert (inp["name"], inp["type"], inp["pluginId"]) == ("DS_PROMETHEUS", "datasource", "prometheus")
+    ds = next(v for v in dash["templating"]["list"] if v["name"] == "datasource")
+    assert ds["current"]["value"] == "${DS_PROMETHEUS}"
+    required = {r["id"] for r in dash["__requires"]}
+    assert {"grafana", "prometheus"} <= required and {p["type"] for p in dash["panels"]} <= required
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            # a panel about devices or tenants filters by $tenant; exporter-wide ones (up, orphans, free) cannot
+            if "device_" in expr or "tenant_" in expr or "gpu_instance_" in expr:
+                assert 'tenant=~"$tenant"' in expr, (panel["title"], expr)
+            assert 'instance=~"$instance"' in expr, (panel["title"], expr)
