@@ -378,6 +378,14 @@ def test_role_defaults_ini_booleans_validate_and_check_mode_new_layout(make_host
     assert ", layout in sync" in report, report
     assert "fleet: 1 host(s), 1 GPU(s)," in report and "0 host(s) drifted" in report, report
     assert f"A100-8C={free['A100-8C']}" in report, report
+    # a host without the role's facts is reported as such, not a crash of the whole report
+    proc = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), "vgpuhost.vgpuhost.fleet_report",
+                           "-e", f"vgpuhost_fact_path={root}/no-such-facts.d"],
+                          env=ansible_env, capture_output=True, text=True, timeout=300)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report
+    assert "localhost: vgpuhost ?, 0 GPU(s), hook NOT OK, layout none, errors: no vgpuhost facts" in report, report
+    assert "fleet: 1 host(s), 0 GPU(s), 1 hook(s) not ok, 0 host(s) drifted; free vGPUs: none" in report, report
 
     # 2. --check with a new config: the plan is the NEW layout's (one A100-8C goes), nothing is written
     new = json.loads(json.dumps(CONFIG))
@@ -387,8 +395,11 @@ def test_role_defaults_ini_booleans_validate_and_check_mode_new_layout(make_host
     def files():            # SQLite's -wal/-shm come and go with readers; state.db itself is compared
         return {k: v for k, v in tree_state(host).items() if not k.endswith(("-wal", "-shm"))}
     before = files()
-    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(new)}", "--check", "--diff")
+    rc, out, recap_ = run_playbook(ansible_env, inventory, "-e", f"@{write_vars(new)}", "--check", "--diff",
+                                   "-e", "vgpuhost_deb_package=/srv/vgpuhost_0.1.0_all.deb")
     assert rc == 0 and recap_ and recap_["failed"] == 0, out
+    # auto takes the Debian package where one is given on the Debian family (this machine is Debian)
+    assert "not installed (vgpuhost_root is not /): vgpuhost (deb /srv/vgpuhost_0.1.0_all.deb)" in out, out
     assert f"- {GPU} vgpu A100-8C x1 (host has 2)" in out, out
     assert re.search(r"1\. vgpu\s+" + re.escape(GPU) + r"\s+remove", out), out
     assert config_path.read_text() == written

@@ -63,8 +63,17 @@ requirements:
   - vgpuhost importable by the target's Python
 author:
   - vgpuhost developers (!UNKNOWN)
-notes:
-  - Supports check mode and diff mode.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Plans and reports the plan as a diff; nothing on the host changes.
+  diff_mode:
+    support: full
+    details: The plan's steps, or the drift C(asserted) finds, as the diff.
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
