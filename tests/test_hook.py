@@ -153,7 +153,11 @@ def bind_as_asked(host, xml: str) -> None:
     from vgpuhost.io.state import StateStore
     from vgpuhost.libvirt.domxml import parse_domain
     from vgpuhost.ops import tenancy
-    view = parse_domain(xml)
+    from vgpuhost.model.errors import VgpuhostError
+    try:
+        view = parse_domain(xml)
+    except VgpuhostError:
+        return                      # metadata the hook refuses: nothing to bind, the start says why
     asked = getattr(view.metadata, "tenant", None)
     if not asked or not (host.state_dir / "state.db").exists():
         return
