@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import click
 
+from ..io.virt import default_uri
 from ..model.concepts import Isolation, QosClass
 from ..model.errors import InputError
 from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
@@ -260,7 +261,6 @@ def tenant_openstack(mode: Optional[str]) -> None:
 def _binding_through_agent(domain: str, body: Dict[str, object]) -> bool:
     """Send a bind/unbind to the agent's admin API when it answers for this libvirt URI (a test:// URI stays
     here: libvirt's test driver lives in each process)."""
-    from ..io.virt import default_uri
     ctx = _ctx()
     uri = default_uri(ctx.connect)
     if uri.startswith("test:"):

@@ -47,7 +47,7 @@ from ..io import virt
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.process import actor as actor_name
-from ..io.state import StateStore
+from ..io.state import StateStore, utcnow
 from ..io.sysfs import Sysfs
 from ..libvirt import domxml
 from ..libvirt.domain import (
@@ -515,7 +515,6 @@ def _binding(store: StateStore, dom, req: AttachRequest, out: AttachOutcome, act
     or a class stronger than the tenant's raise, nothing changed); None when nothing is bound: neither
     given, ``--qos`` on an unbound domain (its metadata asks), or no tenant declared on this host (tenancy
     not in use: the metadata records the name, a note says it is not bound)."""
-    from ..io.state import utcnow
     if req.tenant is None and req.qos is None:
         return None
     old = store.binding(dom.uuid)
