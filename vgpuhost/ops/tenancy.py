@@ -13,7 +13,11 @@ grants where tenancy is not in use live in :mod:`vgpuhost.ops.admitting`,
 re-exported here), the host lock admission runs under
 (:func:`host_lock`), pools (:func:`set_pools`, :func:`pools`), the
 ``tenant usage`` and ``capacity`` reports (:func:`usage_report`,
-:func:`capacity`), and the OpenStack tenant mapping setting.
+:func:`capacity`), the OpenStack tenant mapping setting, and the
+operator's bindings of domains to tenants (issue 28: :func:`bind`,
+:func:`unbind`, :func:`bind_domain`, :func:`bind_from_metadata`,
+:func:`set_require_binding`; :func:`trust` gathers what
+:func:`vgpuhost.policy.binding.trusted` decides a start's tenant and class from).
 Must not: decide (that is :func:`vgpuhost.policy.admission.admit`), touch
 sysfs, or stop a VM.
 """
@@ -173,6 +177,10 @@ def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tena
 # ---------------------------------------------------------------------------
 # bindings: the operator says whose a domain is (issue 28)
 
+#: how an audit row names a binding with no class of its own (the tenant's, as it is at each start)
+_OWN_CLASS = "the tenant's"
+
+
 def binding_doc(row: Sequence, names: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
     """``{"domain": UUID, "name": name or None, "tenant", "qos": class or None (the tenant's),
     "bound_by", "time"}`` of a binding row."""
@@ -181,13 +189,13 @@ def binding_doc(row: Sequence, names: Optional[Mapping[str, str]] = None) -> Dic
 
 
 def bind(store: StateStore, domain: str, tenant: str, *, qos: Optional[str] = None, name: Optional[str] = None,
-         actor: Optional[str] = None, dry_run: bool = False, conn=None) -> Dict[str, object]:
+         actor: Optional[str] = None, dry_run: bool = False) -> Dict[str, object]:
     """Bind domain ``domain`` (UUID) to ``tenant`` and optionally QoS class ``qos`` (None: the tenant's own,
     as it is at each start); ``name``: the domain's name, for lines and the audit row.
 
     Idempotent: binding as bound changes nothing and writes no row.  Otherwise upserted with one audit row
     (path ``(tenants)``, operation ``tenant bind NAME``) in one transaction, under :func:`host_lock` (no
-    start is admitted meanwhile; ``conn``: a transaction the caller holds under that lock instead).
+    start is admitted meanwhile).
     Raises InputError (an unknown tenant or class, a malformed UUID), RefusedError (``qos`` stronger than
     the tenant's class); nothing is changed then.  Returns ``{"action": "bind", "domain", "name",
     "tenant", "qos", "changed", "was": the previous binding's document or None, "dry_run"}``."""
@@ -212,12 +220,10 @@ def bind(store: StateStore, domain: str, tenant: str, *, qos: Optional[str] = No
         if out["changed"] and not dry_run:
             who = actor or _actor()
             store.put_binding(c, uuid, t.name, qos, who)
-            was = f" (was: tenant={old[1]} qos={old[2] or 'the tenant' + chr(39) + 's'})" if old else ""
+            was = f" (was: tenant={old[1]} qos={old[2] or _OWN_CLASS})" if old else ""
             _audit(store, who, f"tenant bind {name or uuid}",
-                   f"domain {uuid}: tenant={t.name} qos={qos or 'the tenant' + chr(39) + 's'}{was}", c)
+                   f"domain {uuid}: tenant={t.name} qos={qos or _OWN_CLASS}{was}", c)
         return out
-    if conn is not None:
-        return run(conn)
     if dry_run:
         return run(None)
     with host_lock(store), store.transaction() as c:
@@ -242,7 +248,7 @@ def unbind(store: StateStore, domain: str, *, name: Optional[str] = None, actor:
         if old is not None and not dry_run:
             store.delete_binding(c, domain=uuid)
             _audit(store, actor, f"tenant unbind {name or uuid}", f"domain {uuid}: was tenant={old[1]} "
-                                                                  f"qos={old[2] or 'the tenant' + chr(39) + 's'}", c)
+                                                                  f"qos={old[2] or _OWN_CLASS}", c)
         return out
     if dry_run:
         return run(None)
