@@ -310,3 +310,19 @@ def test_a_host_without_tenancy_reads_no_binding_at_start(host, s, monkeypatch):
     assert [r[2] for r in s.allocation_rows()] == [None]
     assert not (host.state_dir / "locks" / "tenancy.lock").exists()
     assert parse_domain(vm("plain", 11)).metadata.tenant is None
+
+
+def test_forgery_is_refused_through_the_agent_too(host, s):
+    """``prepare begin`` handed to the agent (its socket under the host root) decides as the one-shot
+    hook does: refused naming the binding, one refused row, nothing made."""
+    from agentutil import AgentRun
+    tenancy.add(s, T("alpha"))
+    tenancy.add(s, T("beta"))
+    tenancy.bind(s, uid("a1a1a1a1", 12), "alpha", name="via", actor="root")
+    with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
+        rc, err = start(host, "via", vm("via", 12, tenant="beta"), bind=False)
+        assert rc == 2 and "its metadata names tenant 'beta', but it is bound to tenant 'alpha' by root" in err
+        assert agent.call("GET", "/v1/agent")[1]["served"].get("POST /v1/hook/prepare") == 1
+    [row] = admission(s)
+    assert row.result == "refused" and "bound to tenant 'alpha'" in row.value
+    assert nothing_made(host, s)

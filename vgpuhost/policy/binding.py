@@ -85,7 +85,7 @@ def trusted(domain: str, *, binding: Optional[Sequence], asked_tenant: Optional[
     (``project-name`` / ``project-uuid``, None: off); ``nova_project``: ``(name, UUID)`` from Nova's
     metadata; ``require_binding``: the operator's ``require-binding`` setting.  Never raises: a
     refusal is :attr:`Trusted.refusal`."""
-    bind = f"'vgpuhost tenant bind {domain} TENANT'"
+    bind = f"'vgpuhost tenant bind {domain} {asked_tenant or 'TENANT'}'"
     tenant: Optional[str] = None
     if binding is not None:
         tenant, source, text = binding[1], BINDING, binding_text(binding)
