@@ -32,8 +32,8 @@ from ..model.tenancy import (DIMENSIONS, EXCLUSIVE, Limits, Quota, Tenant, check
                              parse_labels)
 from ..model.values import replace
 from ..policy import admission as adm
-from .admitting import (HOST_LOCK, OPENSTACK, REQUIRE_BINDING, Admitting, Granted, active, record_allocations, tenant_of,  # noqa: F401
-                        type_framebuffers as _type_fb, unenforced as _unenforced)
+from .admitting import (HOST_LOCK, OPENSTACK, REQUIRE_BINDING, Admitting, Granted, active,  # noqa: F401
+                        record_allocations, tenant_of, type_framebuffers as _type_fb, unenforced as _unenforced)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -661,7 +661,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if audit:
             first = next((str(g) for g in meta.passthrough), None) or next((v.device for v in meta.vgpus), "-")
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {first}",
-                        path="(admission)", value=f"refused: {tr.refusal}", result="refused")
+                        path="(admission)", value=tr.refusal, result="refused")
         raise RefusedError(f"admission: {tr.refusal}", hint=tr.hint)
     tname = tr.tenant
     held = allocations(store, inv)
