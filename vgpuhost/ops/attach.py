@@ -529,7 +529,7 @@ def _binding(store: StateStore, dom, req: AttachRequest, out: AttachOutcome, act
                                                else None)
     done = bind(store, dom.uuid, tenant, qos=qos, name=dom.name, dry_run=True)
     if done["changed"]:
-        out.notes.append(f"domain {dom.name} is bound to tenant {done['tenant']}"
+        out.notes.append(f"domain {dom.name} {'would be' if out.dry_run else 'is'} bound to tenant {done['tenant']}"
                          + (f" with QoS class {qos}" if qos else "") + " (the state store's binding)")
     return (dom.uuid, done["tenant"], qos, actor or actor_name(), utcnow())
 
