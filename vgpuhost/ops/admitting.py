@@ -2,8 +2,9 @@
 
 Owns: :class:`Granted` (a device and its decision), :class:`Admitting` (what
 the hook's admission block yields), :func:`active` (is tenancy in use),
-:func:`tenant_of` (a domain's trusted tenant: its binding), :func:`unenforced` (the grants where
-there is nothing to enforce), :func:`record_allocations` and
+:func:`unenforced` (the grants where there is nothing to enforce: no
+tenant, whatever the domain's metadata asks; a domain's trusted tenant is
+:func:`vgpuhost.ops.tenancy.trust`'s), :func:`record_allocations` and
 :func:`type_framebuffers`.  :mod:`vgpuhost.ops.tenancy` decides where tenancy
 is in use and re-exports these; they are apart so that the qemu hook's
 ``prepare begin`` on a host without tenants imports neither the admission
@@ -49,21 +50,6 @@ def active(store: StateStore) -> bool:
     required)?  One query.  Without it admission has nothing to enforce, no domain can be bound (a binding
     names a tenant), and the hook takes no host lock and reads no binding."""
     return store.tenancy_in_use((OPENSTACK, REQUIRE_BINDING))
-
-
-def tenant_of(store: StateStore, view: DomainView) -> Optional[str]:
-    """The domain's trusted tenant (issue 28): the operator's binding, else (when the operator enabled the
-    OpenStack mapping) its Nova project; None without either.  Never its vgpuhost metadata's ``tenant=``,
-    which may only ask (:func:`vgpuhost.policy.binding.trusted` decides a start)."""
-    row = store.binding(view.uuid)
-    if row is not None:
-        return row[1]
-    mode = store.setting(OPENSTACK)
-    nova = getattr(view, "nova_project", None)
-    if mode and nova:
-        name, uuid = nova
-        return (uuid if mode == "project-uuid" else name) or None
-    return None
 
 
 def type_framebuffers(inv: Optional[Inventory], store: StateStore) -> Dict[str, int]:

@@ -33,7 +33,7 @@ from ..model.tenancy import (DIMENSIONS, EXCLUSIVE, Limits, Quota, Tenant, check
 from ..model.values import replace
 from ..policy import admission as adm
 from .admitting import (HOST_LOCK, OPENSTACK, REQUIRE_BINDING, Admitting, Granted, active,  # noqa: F401
-                        record_allocations, tenant_of, type_framebuffers as _type_fb, unenforced as _unenforced)
+                        record_allocations, type_framebuffers as _type_fb, unenforced as _unenforced)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
