@@ -326,3 +326,38 @@ def test_forgery_is_refused_through_the_agent_too(host, s):
     [row] = admission(s)
     assert row.result == "refused" and "bound to tenant 'alpha'" in row.value
     assert nothing_made(host, s)
+
+
+def test_the_xml_never_gets_a_tenant_or_a_class_the_operator_did_not_allow():
+    """Property: whatever the metadata asks, an admitted start's tenant is the binding's (or Nova's with the
+    mapping on, or none), and its class is never stronger than the binding's and the tenant's."""
+    from hypothesis import given, settings, strategies as st
+    from vgpuhost.model.tenancy import QOS_CLASSES
+    from vgpuhost.policy.binding import stronger
+    name = st.sampled_from(["a", "A", "b", None])
+    qos = st.sampled_from([*QOS_CLASSES, None])
+
+    @settings(max_examples=300, deadline=None)
+    @given(bound=name, bound_qos=qos, asked=name, asked_qos=qos, cls=st.sampled_from([*QOS_CLASSES, None]),
+           mode=st.sampled_from([None, "project-name", "project-uuid"]),
+           nova=st.sampled_from([None, ("a", None), ("", "u1"), ("b", "u2")]), require=st.booleans())
+    def check(bound, bound_qos, asked, asked_qos, cls, mode, nova, require):
+        row = None if bound is None else ("u", bound, bound_qos, "root", "2026-12-06T21:00:00")
+        t = trusted("vm", binding=row, asked_tenant=asked, asked_qos=asked_qos, tenant_class=cls, openstack=mode,
+                    nova_project=nova, require_binding=require)
+        if t.refusal:
+            assert t.hint.endswith("nothing was changed")
+            return
+        if row is not None:
+            assert t.tenant == bound
+        elif mode:
+            assert t.tenant == (nova[1] if mode == "project-uuid" else nova[0]) and t.tenant
+        else:
+            assert t.tenant is None and not require
+        if asked and t.tenant is not None:
+            assert asked.lower() == t.tenant.lower()
+        caps = [c for c in (bound_qos if row is not None else None,
+                            cls if t.tenant is not None and cls else "best-effort") if c]
+        assert not any(stronger(t.qos, c) for c in caps)
+        assert asked_qos is None or t.qos == asked_qos
+    check()
