@@ -67,7 +67,7 @@ from vgpuhost.sim.spec import parse_spec
 
 from agentutil import AgentRun
 from test_admission_once import _fork_starts
-from test_hook import GPU_HI, GPU_LO, L40S, MIXED, mdevs, start, stop
+from test_hook import GPU_HI, GPU_LO, L40S, MIXED, bind_as_asked, mdevs, start, stop
 from test_tenancy import tdom, uid
 
 LO, HI, L4 = str(GPU_LO), str(GPU_HI), str(L40S)
@@ -536,6 +536,8 @@ def run_scenario(sc, agent_up: bool) -> None:
                     running[d.name] = d
             else:
                 batch = [new_dom(x) for x in o[1]]
+                for d in batch:
+                    bind_as_asked(host, d.xml)      # the operator binds each to its tenant (issue 28)
                 codes = _fork_starts(host, [(d.name, d.xml) for d in batch])
                 if not enforced:             # no lock: no decision order to replay; the tree still agrees
                     assert admission_rows(s)[before_rows:] == [] and set(codes.values()) <= {0, 2, 3}, codes

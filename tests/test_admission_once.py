@@ -30,8 +30,14 @@ from vgpuhost.model.tenancy import Limits as L
 
 from test_admission import G1, OWNER_A, OWNER_B, held, offers, tenant, vreq
 from test_crash import check_host, cli_op, hook_op, kill_everywhere, retry_without_reconcile, run
-from test_hook import GPU_HI, GPU_LO, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start, stop
+from test_hook import GPU_HI, GPU_LO, bind_as_asked, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start, stop
 from test_tenancy import tdom, uid
+
+
+def bound(host, xml: str) -> str:
+    """``xml``, its domain bound by the operator to the tenant its metadata names (issue 28)."""
+    bind_as_asked(host, xml)
+    return xml
 
 
 def store_of(host) -> StateStore:
@@ -92,6 +98,8 @@ def test_concurrent_starts_decide_once_under_the_lock_and_every_row_matches_its_
         devs[name] = uid("c0c0c0c0", i)
         jobs.append((name, tdom(name, uid("d0d0d0d0", i), devs[name], tenant=t, profile=sizes[t],
                                 strategy=("first-fit", "spread")[i % 2])))
+    for _, xml in jobs:
+        bind_as_asked(host, xml)        # the operator binds each domain to its tenant (issue 28)
     codes = _fork_starts(host, jobs)
     assert set(codes.values()) <= {0, 2}, codes
     rows = admission_rows(s)
@@ -235,6 +243,7 @@ KILL_XML = two_vgpu_xml("crash-vm", DOM, DEVS, "team", gpus=(GPU_LO, GPU_HI))
 def _tenanted(make_host):
     host = mixed(make_host)
     tenancy.add(store_of(host), tenancy.Tenant("team", quota=tenancy.Quota(L(vgpus=2))))
+    bind_as_asked(host, KILL_XML)
     return host
 
 
@@ -394,17 +403,18 @@ def test_the_agents_snapshot_is_taken_under_the_host_lock_where_tenancy_is_in_us
                     inventory=snapshot, store=s)
     assert seen == [False]                          # no tenancy: no lock
     tenancy.add(s, tenancy.Tenant("team"))
-    devices.prepare(host, parse_domain(tdom("b", uid("a5a5a5a5", 1), uid("b5b5b5b5", 1), tenant="team")),
-                    actor="t", inventory=snapshot, store=s)
+    devices.prepare(host, parse_domain(bound(host, tdom("b", uid("a5a5a5a5", 1), uid("b5b5b5b5", 1),
+                                                         tenant="team"))), actor="t", inventory=snapshot, store=s)
     assert seen == [False, True]
     # a plain snapshot from before another start's vGPU is not trusted under tenancy: the host is read again
     stale = discover(Sysfs(host))                   # GPU_HI empty here
-    devices.prepare(host, parse_domain(tdom("c", uid("a5a5a5a5", 2), uid("b5b5b5b5", 2), tenant="team",
-                                            profile="A40-4Q")), actor="t", store=s)
+    devices.prepare(host, parse_domain(bound(host, tdom("c", uid("a5a5a5a5", 2), uid("b5b5b5b5", 2),
+                                                         tenant="team", profile="A40-4Q"))), actor="t", store=s)
     assert mdev_gpu(host, uid("b5b5b5b5", 2)) == GPU_HI
     with pytest.raises(tenancy.RefusedError) as e:  # the stale view would admit a 2Q onto GPU_HI
-        devices.prepare(host, parse_domain(tdom("d", uid("a5a5a5a5", 3), uid("b5b5b5b5", 3), tenant="team",
-                                                profile="A40-2Q")), actor="t", inventory=stale, store=s)
+        devices.prepare(host, parse_domain(bound(host, tdom("d", uid("a5a5a5a5", 3), uid("b5b5b5b5", 3),
+                                                             tenant="team", profile="A40-2Q"))),
+                        actor="t", inventory=stale, store=s)
     assert e.value.message.startswith("admission: no room for vGPU A40-2Q of tenant 'team'"), e.value.message
     assert [r.result for r in admission_rows(s)] == ["admitted", "admitted", "refused"]
     assert len(s.allocation_rows()) == 3 and len(mdevs(host)) == 3

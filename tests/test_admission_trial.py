@@ -17,7 +17,7 @@ from vgpuhost.ops import tenancy
 from vgpuhost.ops.layout import apply
 from vgpuhost.policy.config import parse
 
-from test_hook import GPU_HI, GPU_LO, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start
+from test_hook import GPU_HI, GPU_LO, bind_as_asked, domain_xml, mdev_gpu, mdev_hostdev, mdevs, mixed, start
 from test_tenancy import tdom, uid
 
 def pool_layout(name: str, *entries) -> str:
@@ -144,10 +144,12 @@ def test_a_start_waiting_on_the_host_lock_ends_as_transient_before_the_hook_time
     tenancy.add(s, tenancy.Tenant("web"))
     monkeypatch.setenv("VGPUHOST_HOOK_TIMEOUT", "3")
     path = os.path.join(str(host.state_dir), "locks", "tenancy.lock")
+    w0 = tdom("w0", uid("e5e5e5e5", 0), uid("f5f5f5f5", 0), tenant="web")
+    bind_as_asked(host, w0)         # bound by the operator (issue 28; binding takes the host lock too)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        rc, err = start(host, "w0", tdom("w0", uid("e5e5e5e5", 0), uid("f5f5f5f5", 0), tenant="web"))
+        rc, err = start(host, "w0", w0)
     finally:
         os.close(fd)
     assert rc == 5 and err.count("\n") == 1, err

@@ -163,6 +163,7 @@ def _requests(a40_config: str, uri: str) -> List[tuple]:
         ("POST", "/v1/tenants", "/v1/tenants", {"name": "t1", "vgpus": "4:6", "labels": ["env=dev"]}),
         ("POST", "/v1/tenants/{name}/set", "/v1/tenants/t1/set", {"qos": "guaranteed", "framebuffer": "32G",
                                                                    "allow_oversubscribe": True}),   # warned
+        ("POST", "/v1/domains/{domain}/bind", "/v1/domains/doc-vm2/bind", {"tenant": "t1", "uri": uri}),
         ("POST", "/v1/tenants/{name}/remove", "/v1/tenants/t1/remove", None),
         ("POST", "/v1/domains/{domain}/attach", "/v1/domains/doc-vm2/attach", {"profile": "A40-8Q", "uri": uri}),
         ("POST", "/v1/domains/{domain}/detach", "/v1/domains/doc-vm2/detach", {"all": True, "uri": uri}),

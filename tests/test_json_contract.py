@@ -72,7 +72,7 @@ COMMANDS = [
     ("a40-mdev", ["scheduler", "set", "--gpu", "0000:81:00.0", "--policy", "equal-share"]),
     ("a40-mdev", ["scheduler", "set", "--gpu", "0000:81:00.0", "--policy", "equal-share", "--persist"]),
     ("l40s-vendor-vfio", ["vgpu", "mode", "--gpu", "0000:21:00.0", "--mixed-size", "on", "--dry-run"]),
-    ("a40-mdev", ["tenant", "usage"]), ("a40-mdev", ["tenant", "openstack"]),
+    ("a40-mdev", ["tenant", "usage"]), ("a40-mdev", ["tenant", "openstack"]), ("a40-mdev", ["tenant", "policy"]),
     ("a40-mdev", ["usage"]), ("a40-mdev", ["advise"]),
     (None, ["sim", "specs"]),
 ]

@@ -182,6 +182,12 @@ def test_prometheus_scrapes_per_tenant_busy_seconds_across_an_exporter_restart(m
                      "--owner", uuid]) == 0
         devices[name] = json.loads(capsys.readouterr().out)
     store = StateStore(host.state_dir)
+    # the operator binds each domain to its tenant: metering attributes by the binding, never by the XML
+    from vgpuhost.ops import tenancy
+    for t in sorted({t for _, t in DOMAINS.values()}):
+        tenancy.add(store, tenancy.Tenant(t))
+    for name, (uuid, t) in DOMAINS.items():
+        tenancy.bind(store, uuid, t, name=name)
     by_owner = {r.owner: r.id for r in store.vgpu_records()}
     nv = metering_nvml(host)
     traces = {

@@ -20,7 +20,7 @@ from vgpuhost.observe.inventory import discover
 from vgpuhost.ops import tenancy
 from vgpuhost.policy import admission as adm
 
-from test_hook import (GPU_HI, GPU_LO, domain_xml, install, mdev_gpu, mdev_hostdev, mdevs, mixed, pci_hostdev,
+from test_hook import (GPU_HI, GPU_LO, bind_as_asked, domain_xml, install, mdev_gpu, mdev_hostdev, mdevs, mixed, pci_hostdev,
                        start, stop)
 
 
@@ -132,9 +132,12 @@ def test_hook_exclusive_tenant_gets_a_gpu_of_its_own(make_host):
     assert start(host, "c1", tdom("c1", uid("44444444", 2), uid("dddddddd", 2), tenant="crowd",
                                   strategy="spread")) == (0, "")
     assert mdev_gpu(host, uid("dddddddd", 2)) == GPU_LO          # never joins solo's GPU
-    # an unknown tenant is refused once tenants exist
-    rc, err = start(host, "u", tdom("u", uid("44444444", 3), uid("dddddddd", 3), tenant="nobody"))
-    assert rc == 2 and "unknown tenant 'nobody'" in err
+    # a tenant the metadata names is only asked (issue 28): unbound, the domain has no tenant, best effort,
+    # and like any domain with no tenant it never joins the exclusive tenant's GPU
+    assert start(host, "u", tdom("u", uid("44444444", 3), uid("dddddddd", 3), tenant="nobody")) == (0, "")
+    assert mdev_gpu(host, uid("dddddddd", 3)) == GPU_LO
+    row = next(r for r in s.allocation_rows() if r[0] == uid("dddddddd", 3))
+    assert (row[2], row[8]) == (None, "best-effort")
 
 
 def test_hook_makes_the_vgpu_where_admission_placed_it(make_host):
@@ -176,11 +179,12 @@ def test_hook_resolves_each_profile_once_and_admission_and_create_take_it(make_h
     assert [(r[0], r[5]) for r in store_of(host).allocation_rows()] == [(uid("eeeeeeee", 0), "A40-8Q")]
 
 
-def test_hook_without_tenants_records_the_name_only(make_host):
+def test_hook_without_tenants_records_no_tenant(make_host):
     host = mixed(make_host)
     assert start(host, "d", tdom("d", uid("55555555", 0), uid("eeeeeeee", 0), tenant="demo")) == (0, "")
     s = store_of(host)
-    assert [(r[0], r[2]) for r in s.allocation_rows()] == [(uid("eeeeeeee", 0), "demo")]
+    # the metadata's tenant is an unbound ask (issue 28): never recorded, billed or counted as the tenant's
+    assert [(r[0], r[2], r[8]) for r in s.allocation_rows()] == [(uid("eeeeeeee", 0), None, "best-effort")]
     assert not [r for r in s.audit_rows() if r.path == "(admission)"]         # nothing to decide
     assert not (host.state_dir / "locks" / "tenancy.lock").exists()
 
@@ -223,6 +227,8 @@ def test_sixteen_concurrent_starts_three_tenants_quotas_hold_and_store_matches_s
         name, uuid, mdev = f"vm{i}", uid("77777777", i), uid("abababab", i)
         doms.append((name, uuid, mdev, t, tdom(name, uuid, mdev, tenant=t,
                                                strategy=("spread", "best-fit", "first-fit")[i % 3])))
+    for d in doms:
+        bind_as_asked(host, d[4])           # the operator binds each domain to its tenant (issue 28)
     env = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LC_ALL": "C"}
     procs = [subprocess.Popen([str(path), d[0], "prepare", "begin", "-"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for d in doms]
@@ -319,8 +325,14 @@ def test_domain_qos_override_and_openstack_projects(make_host):
     tenancy.add(s, tenancy.Tenant("team", quota=tenancy.Quota(tenancy.Limits(vgpus=1))))
     # qos=guaranteed on a time-sliced vGPU, and no fixed-share pool: refused by the QoS rule
     meta = Metadata(tenant="team", qos="guaranteed", vgpus=[VgpuRequest("A40-8Q", uuid=uid("cdcdcdcd", 1))])
-    rc, err = start(host, "q", domain_xml("q", uid("99999999", 1), meta, [mdev_hostdev(uid("cdcdcdcd", 1))]))
+    q = domain_xml("q", uid("99999999", 1), meta, [mdev_hostdev(uid("cdcdcdcd", 1))])
+    rc, err = start(host, "q", q)
+    # team is burstable: its domain's metadata may not ask for more (issue 28), and the line names the binding
+    assert rc == 2 and "asks QoS class guaranteed, stronger than it may have: it is bound to tenant 'team'" in err
+    tenancy.update(s, "team", qos="guaranteed")
+    rc, err = start(host, "q", q)
     assert rc == 2 and "QoS class guaranteed needs a hardware partition" in err
+    tenancy.update(s, "team", qos="burstable")
     # a Nova domain names no vgpuhost tenant: with the mapping off it has none (best-effort, no quota)
     meta = Metadata(vgpus=[VgpuRequest("A40-8Q", uuid=uid("cdcdcdcd", 2))])
     nova = domain_xml("o1", uid("99999999", 2), raw_meta=NOVA + meta.to_xml(),
@@ -359,14 +371,20 @@ def test_attach_refuses_early_what_admission_would_refuse(make_host, tmp_path, c
         with pytest.raises(RefusedError, match="isolation 'hardware'"):
             attach(host, s, "test:///default", name, profile="A40-8Q", tenant="hw")
         assert conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == before
-        with pytest.raises(RefusedError, match="unknown tenant 'other'"):
+        from vgpuhost.model.errors import InputError
+        with pytest.raises(InputError, match="no tenant 'other'"):      # the binding attach would record
             attach(host, s, "test:///default", name, profile="A40-8Q", tenant="other")
+        assert conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == before and not s.binding_rows()
         tenancy.add(s, tenancy.Tenant("other"))
         out = attach(host, s, "test:///default", name, profile="A40-8Q", tenant="other", qos="best-effort")
         assert out.changed
         from vgpuhost.libvirt.domxml import parse_domain
         m = parse_domain(conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).metadata
         assert (m.tenant, m.qos) == ("other", "best-effort")
+        # attach --tenant/--qos record the operator's binding too, audited (issue 28)
+        uuid = conn.lookupByName(name).UUIDString()
+        assert [r[:3] for r in s.binding_rows()] == [(uuid, "other", "best-effort")]
+        assert [r.operation for r in s.audit_rows() if r.path == "(tenants)"][-1] == f"tenant bind {name}"
         assert not [r for r in s.audit_rows() if r.path == "(admission)"]     # feedback only: not audited
     finally:
         try:

@@ -47,7 +47,8 @@ from ..policy.when import parse_since
 from ..present.inventory import aggregate_types, gpus_doc, types_doc
 from ..present.scheduler import scheduler_state
 from ..present.tenancy import (
-    SCHEMA_CAPACITY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, changed_tenant, new_tenant, tenant_doc
+    SCHEMA_CAPACITY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, binding_answer, changed_tenant, new_tenant,
+    tenant_doc
 )
 from .spec import document_bytes
 
@@ -529,6 +530,18 @@ def post_detach(agent: Agent, req: Request) -> Dict[str, Any]:
                                       actor=req.actor)).as_dict()
 
 
+def post_bind(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost tenant bind DOMAIN TENANT [--qos C]`` / ``tenant unbind DOMAIN`` (``"unbind": true``)
+    through the agent: the operator's binding of a domain (issue 28), audited with the caller as actor."""
+    body = req.body or {}
+    uri = _libvirt_uri(agent, body)
+    gone, dry = _flag(body, "unbind"), _flag(body, "dry_run")
+    tenant, qos = _text(body, "tenant", limit=256), _text(body, "qos", limit=32)
+    doc = agent.write(lambda: tenancy.bind_domain(agent.store, uri, req.params["domain"], tenant, qos=qos,
+                                                  unbind_it=gone, actor=req.actor, dry_run=dry))
+    return binding_answer([doc])
+
+
 #: tenant options as the CLI takes them (strings; the lists repeatable) -> the body's keys
 _TENANT_TEXT = ("qos", "isolation", "vgpus", "framebuffer", "mig_slices", "passthrough", "series")
 _TENANT_LISTS = ("labels", "avoid", "prefer")
@@ -710,6 +723,7 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN, ("persist",)),
     Route("POST", "/v1/domains/{domain}/attach", post_attach, ADMIN, AttachRequest.JSON_KEYS + ("uri",)),
     Route("POST", "/v1/domains/{domain}/detach", post_detach, ADMIN, ("device", "all", "uri")),
+    Route("POST", "/v1/domains/{domain}/bind", post_bind, ADMIN, ("tenant", "qos", "unbind", "dry_run", "uri")),
     Route("POST", "/v1/tenants", post_tenant_add, ADMIN, ("name",) + _TENANT_KEYS),
     Route("POST", "/v1/tenants/{name}/set", post_tenant_set, ADMIN, _TENANT_KEYS),
     Route("POST", "/v1/tenants/{name}/remove", post_tenant_remove, ADMIN),

@@ -1,11 +1,12 @@
-"""`vgpuhost` commands: tenant add|set|list|show|remove|usage|openstack, and capacity.
+"""`vgpuhost` commands: tenant add|set|list|show|remove|usage|openstack|bind|unbind|policy, and capacity.
 
 Registered on the main group by cli/main.py: every click command in
 ``COMMANDS`` becomes a top-level command.  Logic lives in
 :mod:`vgpuhost.ops.tenancy`; this module parses options and prints.
 ``--json`` documents: ``vgpuhost.tenant/v1`` (add, set, show, remove),
 ``vgpuhost.tenants/v1`` (list), ``vgpuhost.tenant-usage/v1``,
-``vgpuhost.capacity/v1``, ``vgpuhost.tenant-openstack/v1``.
+``vgpuhost.capacity/v1``, ``vgpuhost.tenant-openstack/v1``, ``vgpuhost.tenant-binding/v1``
+(bind, unbind), ``vgpuhost.tenant-policy/v1``.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from urllib.parse import quote
 
 import click
 
+from ..io.virt import default_uri
 from ..model.concepts import Isolation, QosClass
 from ..model.errors import InputError
 from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
 from ..ops import tenancy
 from ..present.tenancy import (  # noqa: F401 (the CLI's names)
-    LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, changed_tenant,
-    new_tenant, tenant_doc
+    LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK, SCHEMA_POLICY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE,
+    binding_answer, changed_tenant, new_tenant, tenant_doc
 )
 from .agentcall import forward
 from .common import current, emit, store
@@ -138,15 +140,33 @@ def tenant_set(name: str, allow_oversubscribe: bool = False, **opts) -> None:
             f"tenant {t.name}: {tenancy.describe(t)}", promise)
 
 
+def _bound(store, name: Optional[str] = None) -> Dict[str, List[dict]]:
+    """``{tenant (lower case): [binding documents]}`` (:func:`vgpuhost.ops.tenancy.binding_doc`), names
+    from the domains the hook saw start."""
+    names = store.active_domains()
+    out: Dict[str, List[dict]] = {}
+    for row in tenancy.bindings(store, name):
+        out.setdefault(row[1].lower(), []).append(tenancy.binding_doc(row, names))
+    return out
+
+
+def _bound_text(docs: List[dict]) -> str:
+    return ",".join(d["name"] or d["domain"] for d in docs) or "-"
+
+
 @tenant.command("list")
 def tenant_list() -> None:
-    """Every tenant with its class, isolation and quota (guaranteed:burst)."""
-    ts = tenancy.tenants(_store(False))
+    """Every tenant with its class, isolation, quota (guaranteed:burst) and the domains bound to it."""
+    store = _store(False)
+    ts = tenancy.tenants(store)
+    bound = _bound(store)
     rows = [[t.name, t.qos, t.isolation, *[t.quota.text(d) for d in DIMENSIONS],
-             ",".join(sorted(t.quota.series)) or "all", ",".join(sorted(t.labels)) or "-"] for t in ts.values()]
-    _emit({"schema": SCHEMA_TENANTS, "tenants": [tenant_doc(t) for t in ts.values()]},
-          table(["TENANT", "QOS", "ISOLATION", "VGPUS", "FB_MIB", "MIG_SLICES", "PASSTHROUGH", "SERIES", "LABELS"],
-                rows) if rows else "no tenants ('vgpuhost tenant add NAME' adds one)")
+             ",".join(sorted(t.quota.series)) or "all", ",".join(sorted(t.labels)) or "-",
+             _bound_text(bound.get(t.name.lower(), []))] for t in ts.values()]
+    _emit({"schema": SCHEMA_TENANTS, "tenants": [dict(tenant_doc(t), bound=bound.get(t.name.lower(), []))
+                                                  for t in ts.values()]},
+          table(["TENANT", "QOS", "ISOLATION", "VGPUS", "FB_MIB", "MIG_SLICES", "PASSTHROUGH", "SERIES", "LABELS",
+                 "BOUND"], rows) if rows else "no tenants ('vgpuhost tenant add NAME' adds one)")
 
 
 def _usage(name: Optional[str]) -> List[dict]:
@@ -187,11 +207,14 @@ USAGE_HEADERS = ["TENANT", "DOMAINS", "VGPUS", "FB_MIB", "MIG_SLICES", "PASSTHRO
 @click.argument("name")
 def tenant_show(name: str) -> None:
     """One tenant: its terms and its use now."""
-    t = tenancy.get(_store(False), name)
+    store = _store(False)
+    t = tenancy.get(store, name)
     docs = _usage(t.name)
+    bound = _bound(store, t.name).get(t.name.lower(), [])
     doc = {"schema": SCHEMA_TENANT, "action": "show", "tenant": tenant_doc(t),
-           "usage": docs[0]["usage"] if docs else None}
-    text = f"tenant {t.name}: {tenancy.describe(t)}"
+           "usage": docs[0]["usage"] if docs else None, "bound": bound}
+    text = f"tenant {t.name}: {tenancy.describe(t)}\nbound domains: " + (", ".join(
+        f"{b['name'] or b['domain']} (QoS class {b['qos'] or t.qos})" for b in bound) or "none")
     if docs:
         text += "\n" + "\n".join([table(USAGE_HEADERS, _usage_rows(docs)), *risk_lines(docs)])
     _emit(doc, text)
@@ -223,15 +246,98 @@ def tenant_usage(name: Optional[str]) -> None:
 def tenant_openstack(mode: Optional[str]) -> None:
     """Show or set the OpenStack tenant mapping (off by default).
 
-    With it on, a domain whose vgpuhost metadata names no tenant but whose
-    Nova metadata carries nova:owner/nova:project counts as that project's
-    tenant.
+    With it on, Nova's nova:owner/nova:project is the tenant of a domain
+    the operator has not bound ('tenant bind' wins); a domain with GPU
+    devices whose project is missing or empty, or whose vgpuhost metadata
+    names another tenant, is refused at start.
     """
     store = _store(mode is not None)
     if mode is not None:
         tenancy.set_openstack(store, None if mode == "off" else mode)
     cur = store.setting(tenancy.OPENSTACK) or "off"
     _emit({"schema": SCHEMA_OPENSTACK, "map": cur}, f"OpenStack tenant mapping: {cur}")
+
+
+def _binding_through_agent(domain: str, body: Dict[str, object]) -> bool:
+    """Send a bind/unbind to the agent's admin API when it answers for this libvirt URI (a test:// URI stays
+    here: libvirt's test driver lives in each process)."""
+    ctx = _ctx()
+    uri = default_uri(ctx.connect)
+    if uri.startswith("test:"):
+        return False
+    out = forward(ctx, "POST", f"/v1/domains/{quote(domain, safe='')}/bind", {**body, "uri": uri},
+                  accept=lambda info: uri in (info.get("libvirt_uris") or ()))
+    if out is None:
+        return False
+    doc = dict(out.as_dict())
+    _emit(doc, doc.pop("text", ""))
+    return True
+
+
+def _emit_binding(doc: dict) -> None:
+    doc = dict(doc)
+    _emit(doc, doc.pop("text"))
+
+
+@tenant.command("bind")
+@click.argument("domain", required=False)
+@click.argument("tenant_name", metavar="[TENANT]", required=False)
+@click.option("--qos", type=click.Choice(QosClass.values()),
+              help="The domain's QoS class (default: its tenant's, as it is at each start); at most the "
+                   "tenant's class.")
+@click.option("--from-metadata", "from_metadata", is_flag=True,
+              help="Upgrade path: bind DOMAIN (or every domain) with no binding to the tenant its vgpuhost "
+                   "metadata names, when that tenant exists.")
+@click.option("--dry-run", is_flag=True, help="Say what would be bound; change nothing.")
+def tenant_bind(domain: Optional[str], tenant_name: Optional[str], qos: Optional[str], from_metadata: bool,
+                dry_run: bool) -> None:
+    """Bind DOMAIN (name or UUID) to TENANT: the operator says whose it is (its metadata may only ask).
+
+    Audited; idempotent.  Refused (exit 2, nothing changed) for an unknown
+    tenant or a --qos stronger than the tenant's class.  Takes effect at the
+    domain's next start.
+    """
+    if from_metadata:
+        if tenant_name is not None or qos is not None:
+            raise InputError("--from-metadata takes the tenant from each domain's metadata",
+                             hint="give DOMAIN alone (or nothing: every domain), without TENANT or --qos")
+        bound, skipped = tenancy.bind_from_metadata(_store(not dry_run), _ctx().connect, domain, dry_run=dry_run)
+        _emit_binding(binding_answer(bound, skipped))
+        return
+    if domain is None or tenant_name is None:
+        raise InputError("give DOMAIN and TENANT", hint="'vgpuhost tenant bind DOMAIN TENANT [--qos CLASS]', or "
+                                                        "--from-metadata")
+    if not dry_run and _binding_through_agent(domain, {"tenant": tenant_name, "qos": qos}):
+        return
+    doc = tenancy.bind_domain(_store(not dry_run), _ctx().connect, domain, tenant_name, qos=qos, dry_run=dry_run)
+    _emit_binding(binding_answer([doc]))
+
+
+@tenant.command("unbind")
+@click.argument("domain")
+@click.option("--dry-run", is_flag=True, help="Say what would be unbound; change nothing.")
+def tenant_unbind(domain: str, dry_run: bool) -> None:
+    """Drop DOMAIN's binding: from its next start it is best effort with no tenant (refused under
+    require-binding).  Audited; idempotent."""
+    if not dry_run and _binding_through_agent(domain, {"unbind": True}):
+        return
+    doc = tenancy.bind_domain(_store(not dry_run), _ctx().connect, domain, unbind_it=True, dry_run=dry_run)
+    _emit_binding(binding_answer([doc]))
+
+
+@tenant.command("policy")
+@click.option("--require-binding", "require", type=click.Choice(["on", "off"]),
+              help="on: a domain bound to no tenant is refused at start; off (default): it is admitted as best "
+                   "effort with no tenant.")
+def tenant_policy(require: Optional[str]) -> None:
+    """Show or set how unbound domains are treated (audited)."""
+    store = _store(require is not None)
+    if require is not None:
+        tenancy.set_require_binding(store, require == "on")
+    on = tenancy.require_binding(store)
+    mode = store.setting(tenancy.OPENSTACK) or "off"
+    _emit({"schema": SCHEMA_POLICY, "require_binding": on, "openstack": mode},
+          f"require-binding: {'on' if on else 'off'}; OpenStack tenant mapping: {mode}")
 
 
 @click.command("capacity")

@@ -163,13 +163,14 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--gpu", metavar="BDF", help="vGPU: pin it to this GPU.")
 @click.option("--uuid", metavar="UUID", help="Name one existing vGPU of the layout's pool (classic mdev); "
                                              "the hook lends it to the domain at each start.")
-@click.option("--tenant", metavar="T", help="Tenant name recorded in the domain's metadata.")
+@click.option("--tenant", metavar="T", help="Bind the domain to tenant T (the state store's binding, audited) and "
+                                             "record the name in its metadata.")
 @click.option("--strategy", type=click.Choice(PlacementStrategy.OFFERED),
               help="Placement strategy of the domain's vGPUs (default: first-fit, or as recorded).  "
                    "headroom may refuse a vGPU that fits, and says so (docs/performance.md).")
 @click.option("--anti-affinity", metavar="KEY", help="No two vGPUs with KEY on one GPU.")
 @click.option("--qos", type=click.Choice(QosClass.values()),
-              help="The domain's QoS class (default: its tenant's).")
+              help="The domain's QoS class (default: its tenant's; at most the tenant's, bound with it).")
 @click.option("--display", is_flag=True, help="Classic mdev: display='on' (the domain needs <graphics>).")
 @click.option("--ramfb", is_flag=True, help="Classic mdev: ramfb='on' (needs --display; one per domain).")
 @click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10); refused when taken.")

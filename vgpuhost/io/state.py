@@ -68,6 +68,11 @@ domain, tenant): a domain that passes to another tenant within an hour
 leaves the first tenant's usage billed to it.  Rows a version-9 store holds
 keep their tenant.
 
+Version 11 adds ``bindings`` (issue 28): the operator's binding of a domain
+(UUID) to a tenant and, optionally, a QoS class (NULL: the tenant's), who
+bound it and when.  Domains holding allocations of a known tenant at the
+upgrade are bound to it once, each with an audit row.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -370,6 +375,27 @@ MIGRATIONS: Sequence[str] = (
     DROP TABLE usage_hourly;
     ALTER TABLE usage_hourly_v10 RENAME TO usage_hourly;
     CREATE INDEX usage_hourly_tenant ON usage_hourly(tenant, hour);
+    """,
+    # 11: the operator's tenant bindings (issue 28); domains already holding a known tenant's allocations
+    # are bound to it once, audited (the upgrade path, docs/guide/tenancy.md "Trust model")
+    """
+    CREATE TABLE bindings (
+        domain   TEXT PRIMARY KEY,
+        tenant   TEXT NOT NULL COLLATE NOCASE,
+        qos      TEXT,
+        bound_by TEXT NOT NULL,
+        time     TEXT NOT NULL
+    );
+    CREATE INDEX bindings_tenant ON bindings(tenant);
+    INSERT OR IGNORE INTO bindings (domain, tenant, qos, bound_by, time)
+        SELECT a.owner, t.name, NULL, 'upgrade (schema 11)', strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')
+        FROM allocations a JOIN tenants t ON t.name = a.tenant
+        WHERE length(a.owner) = 36 AND a.owner LIKE '________-____-____-____-____________'
+        GROUP BY a.owner;
+    INSERT INTO audit (time, actor, operation, path, value, result, errno)
+        SELECT time, bound_by, 'tenant bind ' || domain, '(tenants)',
+               'tenant=' || tenant || ' (from the allocations the domain held at the upgrade)', 'ok', 0
+        FROM bindings;
     """,
 )
 
@@ -1009,6 +1035,41 @@ class StateStore:
     def replace_pools(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
         conn.execute("DELETE FROM pools")
         conn.executemany("INSERT INTO pools (gpu, pool, policy, classes) VALUES (?, ?, ?, ?)", rows)
+
+    # --- bindings (version 11) ----------------------------------------------------
+    def binding(self, domain: str) -> Optional[tuple]:
+        """The binding of domain ``domain`` (UUID, lower case): ``(domain, tenant, qos or None, bound_by,
+        time)``, None when unbound (one primary-key lookup: the qemu hook's path)."""
+        return self._conn().execute("SELECT domain, tenant, qos, bound_by, time FROM bindings WHERE domain = ?",
+                                    (domain,)).fetchone()
+
+    def binding_rows(self, tenant: Optional[str] = None) -> List[tuple]:
+        """Every binding as :meth:`binding` gives it (one tenant's, names in any case, when given), by domain."""
+        sql = "SELECT domain, tenant, qos, bound_by, time FROM bindings"
+        if tenant is not None:
+            return list(self._conn().execute(sql + " WHERE tenant = ? ORDER BY domain", (tenant,)))
+        return list(self._conn().execute(sql + " ORDER BY domain"))
+
+    @staticmethod
+    def put_binding(conn: sqlite3.Connection, domain: str, tenant: str, qos: Optional[str], bound_by: str) -> None:
+        """Upsert the binding of ``domain`` inside the caller's transaction."""
+        conn.execute("INSERT OR REPLACE INTO bindings (domain, tenant, qos, bound_by, time) VALUES (?, ?, ?, ?, ?)",
+                     (domain, tenant, qos, bound_by, utcnow()))
+
+    @staticmethod
+    def delete_binding(conn: sqlite3.Connection, *, domain: Optional[str] = None,
+                       tenant: Optional[str] = None) -> int:
+        """Drop the binding of ``domain``, or every binding to ``tenant``; rows dropped."""
+        if domain is not None:
+            return conn.execute("DELETE FROM bindings WHERE domain = ?", (domain,)).rowcount
+        return conn.execute("DELETE FROM bindings WHERE tenant = ?", (tenant,)).rowcount
+
+    def tenancy_in_use(self, keys: Sequence[str]) -> bool:
+        """One query: does the store hold a tenant, a pool, or one of the settings ``keys``?"""
+        marks = ", ".join("?" for _ in keys) or "NULL"
+        return bool(self._conn().execute(
+            "SELECT EXISTS (SELECT 1 FROM tenants) OR EXISTS (SELECT 1 FROM pools) OR "
+            f"EXISTS (SELECT 1 FROM settings WHERE key IN ({marks}))", tuple(keys)).fetchone()[0])
 
     def setting(self, key: str) -> Optional[str]:
         row = self._conn().execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()

@@ -2,8 +2,9 @@
 
 Owns: :class:`Granted` (a device and its decision), :class:`Admitting` (what
 the hook's admission block yields), :func:`active` (is tenancy in use),
-:func:`tenant_of` (a domain's tenant), :func:`unenforced` (the grants where
-there is nothing to enforce), :func:`record_allocations` and
+:func:`unenforced` (the grants where there is nothing to enforce: no
+tenant, whatever the domain's metadata asks; a domain's trusted tenant is
+:func:`vgpuhost.ops.tenancy.trust`'s), :func:`record_allocations` and
 :func:`type_framebuffers`.  :mod:`vgpuhost.ops.tenancy` decides where tenancy
 is in use and re-exports these; they are apart so that the qemu hook's
 ``prepare begin`` on a host without tenants imports neither the admission
@@ -31,6 +32,8 @@ HOST_LOCK = "tenancy"
 
 #: settings key: map OpenStack projects to tenants (``project-name`` / ``project-uuid``; absent = off)
 OPENSTACK = "openstack_tenants"
+#: settings key: refuse the start of a domain bound to no tenant (``on``; absent = off; issue 28)
+REQUIRE_BINDING = "require_binding"
 
 
 @record(frozen=True)
@@ -43,23 +46,10 @@ class Granted:
 
 
 def active(store: StateStore) -> bool:
-    """Is tenancy in use on this host (a tenant or a pool declared)?  Without it admission has nothing to
-    enforce and the hook takes no host lock."""
-    return bool(store.tenant_rows() or store.pool_rows())
-
-
-def tenant_of(store: StateStore, view: DomainView) -> Optional[str]:
-    """The domain's tenant: its vgpuhost metadata's ``tenant``, else (when the operator enabled the
-    OpenStack mapping) its Nova project; None without either."""
-    meta = view.metadata
-    if meta is not None and meta.tenant:
-        return meta.tenant
-    mode = store.setting(OPENSTACK)
-    nova = getattr(view, "nova_project", None)
-    if mode and nova:
-        name, uuid = nova
-        return (uuid if mode == "project-uuid" else name) or None
-    return None
+    """Is tenancy in use on this host (a tenant or a pool declared, the OpenStack mapping on, or a binding
+    required)?  One query.  Without it admission has nothing to enforce, no domain can be bound (a binding
+    names a tenant), and the hook takes no host lock and reads no binding."""
+    return store.tenancy_in_use((OPENSTACK, REQUIRE_BINDING))
 
 
 def type_framebuffers(inv: Optional[Inventory], store: StateStore) -> Dict[str, int]:
@@ -123,13 +113,15 @@ class Admitting:
 
 def unenforced(store: StateStore, view: DomainView, inv: Inventory,
                types: Optional[Mapping[str, str]] = None) -> List[Granted]:
-    """Grants without a decision to make (tenancy not in use): each device's demand, the tenant's name.
+    """Grants without a decision to make (tenancy not in use): each device's demand, with no tenant and
+    class best effort (no tenant exists, so no domain is bound; a tenant its metadata names is never
+    recorded: the XML may ask, never claim).
 
     ``types``: ``{device: type name as the host's devices spell it}`` (the hook's prepare resolved them
     once); a vGPU not named there is asked for as its metadata's profile names it."""
     meta = view.metadata
-    tname = tenant_of(store, view)
-    qos = getattr(meta, "qos", None) or UNTENANTED_QOS
+    tname = None
+    qos = UNTENANTED_QOS
     mine = {r[0] for r in store.allocation_rows(owner=view.uuid)}
     fbs = None
     out = []

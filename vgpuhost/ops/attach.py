@@ -47,7 +47,7 @@ from ..io import virt
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.process import actor as actor_name
-from ..io.state import StateStore
+from ..io.state import StateStore, utcnow
 from ..io.sysfs import Sysfs
 from ..libvirt import domxml
 from ..libvirt.domain import (
@@ -61,7 +61,7 @@ from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
 from ..policy.placement import OFFERED, Request, place
 from .passthrough import release
-from .tenancy import admit_domain, scheduler_policies
+from .tenancy import admit_domain, bind, scheduler_policies
 from .vgpu import create, remove
 
 KIND_PASSTHROUGH = "passthrough"
@@ -497,12 +497,41 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         after = doc.to_xml()
         out.metadata = meta.to_xml()
         out.diff = diff(before, after, dom.name)
+        # the operator's binding (issue 28): --tenant/--qos bind the domain, checked before anything changes
+        binding = _binding(store, dom, req, out, actor)
         # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
-        admit_domain(store, domxml.parse_domain(after), inv, audit=False,
+        admit_domain(store, domxml.parse_domain(after), inv, audit=False, binding=binding,
                      policies=lambda gpus: scheduler_policies(host, gpus))
         if not dry_run:
             _define(host, store, dom, conn, after, entry, snippet, meta, out, actor or actor_name())
+            if binding is not None:
+                bind(store, dom.uuid, binding[1], qos=binding[2], name=dom.name, actor=actor or actor_name())
         return out
+
+
+def _binding(store: StateStore, dom, req: AttachRequest, out: AttachOutcome, actor: Optional[str]):
+    """The binding row ``attach --tenant T [--qos C]`` will record for ``dom`` (``--qos`` alone: the
+    domain's binding with that class), checked now (:func:`vgpuhost.ops.tenancy.bind`: an unknown tenant
+    or a class stronger than the tenant's raise, nothing changed); None when nothing is bound: neither
+    given, ``--qos`` on an unbound domain (its metadata asks), or no tenant declared on this host (tenancy
+    not in use: the metadata records the name, a note says it is not bound)."""
+    if req.tenant is None and req.qos is None:
+        return None
+    old = store.binding(dom.uuid)
+    tenant = req.tenant if req.tenant is not None else (old[1] if old is not None else None)
+    if tenant is None:
+        return None
+    if req.tenant is not None and not store.tenant_rows():
+        out.notes.append(f"tenant {tenant} is not bound: no tenant is declared on this host (the metadata only "
+                         f"asks); 'vgpuhost tenant add {tenant}' then 'vgpuhost tenant bind {dom.name} {tenant}'")
+        return None
+    qos = req.qos if req.qos is not None else (old[2] if old is not None and old[1].lower() == tenant.lower()
+                                               else None)
+    done = bind(store, dom.uuid, tenant, qos=qos, name=dom.name, dry_run=True)
+    if done["changed"]:
+        out.notes.append(f"domain {dom.name} {'would be' if out.dry_run else 'is'} bound to tenant {done['tenant']}"
+                         + (f" with QoS class {qos}" if qos else "") + " (the state store's binding)")
+    return (dom.uuid, done["tenant"], qos, actor or actor_name(), utcnow())
 
 
 def _with_pooled(store: StateStore, req: AttachRequest) -> AttachRequest:

@@ -651,7 +651,8 @@ class OwnerLabels:
     Sources, first that knows wins: the tenancy allocations (the tenant and
     QoS class admission recorded for the domain's devices) and tenants (a
     tenant's default QoS class), where this vgpuhost has tenancy; then the
-    domain's vgpuhost metadata read through libvirt (``uri``).  Both are
+    operator's binding of the domain (issue 28), its name read through
+    libvirt (``uri``): a tenant the domain's metadata names is never used.  Both are
     refreshed every ``refresh_s``, and at once (at most every ``refresh_s /
     6``) for a domain not seen before.  The allocations are read again on
     every sampler tick (:meth:`begin_tick`), and a domain that started
@@ -694,6 +695,7 @@ class OwnerLabels:
         if not self.uri:
             return
         cache: Dict[str, MeteredOwner] = {}
+        bound = bound_owners(self.store)
         try:
             with open_connection(self.uri) as conn:
                 for d in conn.domains():
@@ -701,9 +703,8 @@ class OwnerLabels:
                         view = parse_domain(d.inactive_xml())
                     except Exception:
                         continue
-                    meta = view.metadata
-                    tenant = (meta.tenant if meta is not None else None) or ""
-                    qos = (getattr(meta, "qos", None) if meta is not None else None) or ""
+                    # the tenant and class are the operator's binding (issue 28), never the XML's claim
+                    tenant, qos = bound.get(view.uuid, ("", ""))
                     cache[d.uuid.lower()] = MeteredOwner(d.uuid.lower(), d.name, tenant, qos)
         except Exception as e:
             log.warning("reading domain metadata from %s failed: %s", self.uri, e)
@@ -731,6 +732,15 @@ def tenant_default_qos(store) -> Dict[str, str]:
         return {str(n): str(t.qos) for n, t in tenancy.tenants(store).items() if getattr(t, "qos", None)}
     except Exception as e:
         log.warning("reading tenants failed: %s", e)
+        return {}
+
+
+def bound_owners(store) -> Dict[str, Tuple[str, str]]:
+    """``{domain UUID: (tenant, QoS class or '')}`` from the operator's bindings (issue 28), else ``{}``."""
+    try:
+        return {str(r[0]).lower(): (str(r[1]), str(r[2] or "")) for r in store.binding_rows()}
+    except Exception as e:
+        log.warning("reading bindings failed: %s", e)
         return {}
 
 

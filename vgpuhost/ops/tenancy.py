@@ -13,7 +13,11 @@ grants where tenancy is not in use live in :mod:`vgpuhost.ops.admitting`,
 re-exported here), the host lock admission runs under
 (:func:`host_lock`), pools (:func:`set_pools`, :func:`pools`), the
 ``tenant usage`` and ``capacity`` reports (:func:`usage_report`,
-:func:`capacity`), and the OpenStack tenant mapping setting.
+:func:`capacity`), the OpenStack tenant mapping setting, and the
+operator's bindings of domains to tenants (issue 28: :func:`bind`,
+:func:`unbind`, :func:`bind_domain`, :func:`bind_from_metadata`,
+:func:`set_require_binding`; :func:`trust` gathers what
+:func:`vgpuhost.policy.binding.trusted` decides a start's tenant and class from).
 Must not: decide (that is :func:`vgpuhost.policy.admission.admit`), touch
 sysfs, or stop a VM.
 """
@@ -28,8 +32,8 @@ from ..model.tenancy import (DIMENSIONS, EXCLUSIVE, Limits, Quota, Tenant, check
                              parse_labels)
 from ..model.values import replace
 from ..policy import admission as adm
-from .admitting import (HOST_LOCK, OPENSTACK, Admitting, Granted, active, record_allocations, tenant_of,  # noqa: F401
-                        type_framebuffers as _type_fb, unenforced as _unenforced)
+from .admitting import (HOST_LOCK, OPENSTACK, REQUIRE_BINDING, Admitting, Granted, active,  # noqa: F401
+                        record_allocations, type_framebuffers as _type_fb, unenforced as _unenforced)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -162,9 +166,217 @@ def remove(store: StateStore, name: str, *, actor: Optional[str] = None) -> Tena
             raise RefusedError(f"tenant {t.name!r} holds {len(held)} device(s): {shown}{more}",
                                hint="stop those domains first (vgpuhost never stops a VM itself), then remove "
                                     "the tenant; nothing was changed")
+        bound = [r[0] for r in store.binding_rows(t.name)]
+        store.delete_binding(conn, tenant=t.name)
         store.delete_tenant(conn, t.name)
-        _audit(store, actor, f"tenant remove {t.name}", describe(t), conn)
+        _audit(store, actor, f"tenant remove {t.name}", describe(t) + (
+            f"; its bindings dropped: {', '.join(bound)}" if bound else ""), conn)
     return t
+
+
+# ---------------------------------------------------------------------------
+# bindings: the operator says whose a domain is (issue 28)
+
+#: how an audit row names a binding with no class of its own (the tenant's, as it is at each start)
+_OWN_CLASS = "the tenant's"
+
+
+def binding_doc(row: Sequence, names: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
+    """``{"domain": UUID, "name": name or None, "tenant", "qos": class or None (the tenant's),
+    "bound_by", "time"}`` of a binding row."""
+    return {"domain": row[0], "name": (names or {}).get(row[0]), "tenant": row[1], "qos": row[2],
+            "bound_by": row[3], "time": row[4]}
+
+
+def bind(store: StateStore, domain: str, tenant: str, *, qos: Optional[str] = None, name: Optional[str] = None,
+         actor: Optional[str] = None, dry_run: bool = False) -> Dict[str, object]:
+    """Bind domain ``domain`` (UUID) to ``tenant`` and optionally QoS class ``qos`` (None: the tenant's own,
+    as it is at each start); ``name``: the domain's name, for lines and the audit row.
+
+    Idempotent: binding as bound changes nothing and writes no row.  Otherwise upserted with one audit row
+    (path ``(tenants)``, operation ``tenant bind NAME``) in one transaction, under :func:`host_lock` (no
+    start is admitted meanwhile).
+    Raises InputError (an unknown tenant or class, a malformed UUID), RefusedError (``qos`` stronger than
+    the tenant's class); nothing is changed then.  Returns ``{"action": "bind", "domain", "name",
+    "tenant", "qos", "changed", "was": the previous binding's document or None, "dry_run"}``."""
+    from ..model.tenancy import QOS_CLASSES
+    from ..model.values import parse_uuid
+    from ..policy.binding import stronger
+    uuid = parse_uuid(domain)
+    if qos is not None and qos not in QOS_CLASSES:
+        raise InputError(f"unknown QoS class {qos!r}", hint="one of " + ", ".join(QOS_CLASSES))
+
+    def run(c) -> Dict[str, object]:
+        t = get(store, tenant)
+        if qos is not None and stronger(qos, t.qos):
+            raise RefusedError(f"domain {name or uuid}: QoS class {qos} is stronger than tenant {t.name!r}'s class "
+                               f"{t.qos}", hint=f"bind a class no stronger than {t.qos}, or raise the tenant's class "
+                                             f"first ('vgpuhost tenant set {t.name} --qos {qos}'); nothing was "
+                                             "changed")
+        old = store.binding(uuid)
+        out = {"action": "bind", "domain": uuid, "name": name, "tenant": t.name, "qos": qos,
+               "was": binding_doc(old, {uuid: name} if name else None) if old else None, "dry_run": dry_run}
+        out["changed"] = old is None or old[1] != t.name or old[2] != qos
+        if out["changed"] and not dry_run:
+            who = actor or _actor()
+            store.put_binding(c, uuid, t.name, qos, who)
+            was = f" (was: tenant={old[1]} qos={old[2] or _OWN_CLASS})" if old else ""
+            _audit(store, who, f"tenant bind {name or uuid}",
+                   f"domain {uuid}: tenant={t.name} qos={qos or _OWN_CLASS}{was}", c)
+        return out
+    if dry_run:
+        return run(None)
+    with host_lock(store), store.transaction() as c:
+        return run(c)
+
+
+def unbind(store: StateStore, domain: str, *, name: Optional[str] = None, actor: Optional[str] = None,
+           dry_run: bool = False) -> Dict[str, object]:
+    """Drop the binding of domain ``domain`` (UUID): from its next start it is unbound (best effort, no
+    tenant; refused under ``require-binding``).  Idempotent (unbound: nothing changed, no row); else one
+    audit row in the same transaction, under :func:`host_lock`.  Returns ``{"action": "unbind", "domain",
+    "name", "tenant": None, "qos": None, "changed", "was", "dry_run"}``; a running domain keeps what it
+    was admitted with."""
+    from ..model.values import parse_uuid
+    uuid = parse_uuid(domain)
+
+    def run(c) -> Dict[str, object]:
+        old = store.binding(uuid)
+        out = {"action": "unbind", "domain": uuid, "name": name, "tenant": None, "qos": None,
+               "was": binding_doc(old, {uuid: name} if name else None) if old else None,
+               "changed": old is not None, "dry_run": dry_run}
+        if old is not None and not dry_run:
+            store.delete_binding(c, domain=uuid)
+            _audit(store, actor, f"tenant unbind {name or uuid}", f"domain {uuid}: was tenant={old[1]} "
+                                                                  f"qos={old[2] or _OWN_CLASS}", c)
+        return out
+    if dry_run:
+        return run(None)
+    with host_lock(store), store.transaction() as c:
+        return run(c)
+
+
+def _domain_ref(conn, store: StateStore, domain: str) -> Tuple[str, Optional[str]]:
+    """``(UUID, name)`` of libvirt domain ``domain`` (name or UUID); a UUID libvirt does not know but the
+    store holds a binding of gives ``(UUID, None)`` (so an undefined domain can be unbound).  Raises
+    InputError naming the URI otherwise."""
+    from ..model.errors import InputError as _Input
+    from ..model.values import parse_uuid
+    try:
+        dom = conn.lookup(domain)
+        return dom.uuid.lower(), dom.name
+    except _Input:
+        try:
+            uuid = parse_uuid(domain)
+        except _Input:
+            uuid = None
+        if uuid is not None and store.binding(uuid) is not None:
+            return uuid, None
+        raise
+
+
+def bind_domain(store: StateStore, uri: Optional[str], domain: str, tenant: Optional[str] = None, *,
+                qos: Optional[str] = None, unbind_it: bool = False, actor: Optional[str] = None,
+                dry_run: bool = False) -> Dict[str, object]:
+    """``vgpuhost tenant bind DOMAIN TENANT [--qos C]`` / ``tenant unbind DOMAIN``: ``domain`` (name or
+    UUID) resolved through libvirt at ``uri`` (None: the default), then :func:`bind` / :func:`unbind`.
+    Raises as they do, and InputError for a domain libvirt does not know, HostEnvironmentError when
+    libvirt cannot be reached."""
+    from ..io import virt
+    with virt.open_connection(virt.default_uri(uri)) as conn:
+        uuid, name = _domain_ref(conn, store, domain)
+    if unbind_it:
+        return unbind(store, uuid, name=name, actor=actor, dry_run=dry_run)
+    if tenant is None:
+        raise InputError("give the TENANT to bind the domain to", hint=f"'vgpuhost tenant bind {domain} TENANT'")
+    return bind(store, uuid, tenant, qos=qos, name=name, actor=actor, dry_run=dry_run)
+
+
+def bind_from_metadata(store: StateStore, uri: Optional[str], domain: Optional[str] = None, *,
+                       actor: Optional[str] = None, dry_run: bool = False) -> Tuple[List[dict], List[dict]]:
+    """The upgrade path (docs/guide/tenancy.md, "Trust model"): bind each libvirt domain (or ``domain``
+    only) that has no binding yet to the tenant its vgpuhost metadata names, when that tenant exists;
+    with no QoS class (the tenant's: a ``qos=`` in the metadata stays an ask, capped at the tenant's).
+    Each binding is audited as :func:`bind` audits it.  Returns ``(bound, skipped)``: :func:`bind`'s
+    documents, and ``{"domain", "name", "reason"}`` for every domain naming a tenant that was not
+    bound (bound already, or an unknown tenant)."""
+    from ..io import virt
+    from ..libvirt.domxml import parse_domain
+    from ..model.errors import VgpuhostError
+    bound: List[dict] = []
+    skipped: List[dict] = []
+    with virt.open_connection(virt.default_uri(uri)) as conn:
+        doms = [conn.lookup(domain)] if domain is not None else conn.domains()
+        views = []
+        for d in doms:
+            try:
+                views.append((d, parse_domain(d.inactive_xml())))
+            except (VgpuhostError, ValueError) as e:
+                skipped.append({"domain": d.uuid.lower(), "name": d.name,
+                                "reason": f"its definition could not be read: {getattr(e, 'message', e)}"})
+    ts = tenants(store)
+    for d, view in views:
+        asked = getattr(view.metadata, "tenant", None)
+        if not asked:
+            if domain is not None:
+                skipped.append({"domain": view.uuid, "name": d.name, "reason": "its metadata names no tenant"})
+            continue
+        old = store.binding(view.uuid)
+        if old is not None:
+            skipped.append({"domain": view.uuid, "name": d.name, "reason": binding_text_of(old)})
+            continue
+        if adm.tenant_named(ts, asked) is None:
+            skipped.append({"domain": view.uuid, "name": d.name,
+                            "reason": f"its metadata names tenant {asked!r}, which does not exist "
+                                      f"('vgpuhost tenant add {asked}' first)"})
+            continue
+        bound.append(bind(store, view.uuid, asked, name=d.name, actor=actor, dry_run=dry_run))
+    return bound, skipped
+
+
+def binding_text_of(row: Sequence) -> str:
+    """A binding row in words (:func:`vgpuhost.policy.binding.binding_text`)."""
+    from ..policy.binding import binding_text
+    return binding_text(row)
+
+
+def bindings(store: StateStore, tenant: Optional[str] = None) -> List[tuple]:
+    """The binding rows ``(domain, tenant, qos, bound_by, time)``, one tenant's when given."""
+    return store.binding_rows(tenant)
+
+
+def set_require_binding(store: StateStore, on: bool, *, actor: Optional[str] = None) -> bool:
+    """Turn ``require-binding`` on (an unbound domain's start is refused) or off (it is admitted as best
+    effort with no tenant); audited (path ``(settings)``) in the same transaction.  Returns ``on``."""
+    with host_lock(store), store.transaction() as conn:
+        store.put_setting(conn, REQUIRE_BINDING, "on" if on else None)
+        store.audit(actor=actor or _actor(), operation="tenant policy require-binding", path="(settings)",
+                    value="on" if on else "off", conn=conn)
+    return on
+
+
+def require_binding(store: StateStore) -> bool:
+    """Is ``require-binding`` on?"""
+    return store.setting(REQUIRE_BINDING) == "on"
+
+
+def trust(store: StateStore, view: DomainView, *, binding: "object" = None,
+          ts: Optional[Mapping[str, Tenant]] = None):
+    """:func:`vgpuhost.policy.binding.trusted` for ``view``'s start on this host: its binding (one lookup by
+    UUID; ``binding``: a row to weigh instead, as ``attach --tenant`` is about to record), the bound
+    tenant's class (``ts``: the tenants, read when not given), the OpenStack mapping and ``require-binding``."""
+    from ..policy.binding import trusted
+    row = store.binding(view.uuid) if binding is None else binding
+    ts = tenants(store) if ts is None else ts
+    meta = view.metadata
+    mode = store.setting(OPENSTACK)
+    tenant = row[1] if row is not None else None
+    if row is None and mode and view.nova_project is not None:
+        tenant = (view.nova_project[1] if mode == "project-uuid" else view.nova_project[0]) or None
+    t = adm.tenant_named(ts, tenant) if tenant else None
+    return trusted(view.name or view.uuid, binding=row, asked_tenant=getattr(meta, "tenant", None),
+                   asked_qos=getattr(meta, "qos", None), tenant_class=t.qos if t is not None else None,
+                   openstack=mode, nova_project=view.nova_project, require_binding=require_binding(store))
 
 
 # ---------------------------------------------------------------------------
@@ -412,8 +624,16 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                  allowed: Optional[frozenset] = None, audit: bool = True,
                  types: Optional[Mapping[str, str]] = None,
                  limits_for: "Optional[Callable[[str], Mapping]]" = None,
-                 policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> List[Granted]:
+                 policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None,
+                 binding: "object" = None, trusted: "object" = None) -> List[Granted]:
     """Admit every device ``view``'s metadata names that the domain does not hold yet, all or none.
+
+    The tenant and QoS class are the trusted ones (:func:`trust`: the operator's binding, or Nova's
+    project with the OpenStack mapping on; ``binding``: a binding row to weigh instead of the store's,
+    as ``attach --tenant`` is about to record; ``trusted``: :func:`trust`'s answer, already asked): a
+    domain whose metadata claims another tenant or a stronger class, an unbound one under
+    ``require-binding``, or a Nova domain with no project is refused (one ``refused`` row with
+    ``audit``, naming the binding).
 
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
     calls it without, for early feedback (``audit`` False: nothing written).
@@ -436,7 +656,14 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         return []
     me = view.uuid
     ts = tenants(store)
-    tname = tenant_of(store, view)
+    tr = trusted if trusted is not None else trust(store, view, binding=binding, ts=ts)
+    if tr.refusal:
+        if audit:
+            first = next((str(g) for g in meta.passthrough), None) or next((v.device for v in meta.vgpus), "-")
+            store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {first}",
+                        path="(admission)", value=tr.refusal, result="refused")
+        raise RefusedError(f"admission: {tr.refusal}", hint=tr.hint)
+    tname = tr.tenant
     held = allocations(store, inv)
     admitted = {r[0] for r in store.allocation_rows(owner=me)}
     mine = {a.device for a in held if a.owner == me and a.device in admitted}
@@ -450,7 +677,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     fbs = _type_fb(inv, store)
     facts = admit_facts(store, inv, seen, fbs)
     pl = facts["pools"]
-    qos = getattr(meta, "qos", None)
+    qos = tr.qos
     out: List[Granted] = []
     reqs: List[Tuple[str, adm.AdmissionRequest, list, frozenset]] = []
     for g in meta.passthrough:
@@ -520,7 +747,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
-                        path="(admission)", value=d.one_line(), result="refused")
+                        path="(admission)", value=f"{d.one_line()}; {tr.text}", result="refused")
         if not d.admitted:
             raise RefusedError(f"admission: {d.reason}",
                                hint=d.remedy())
@@ -666,10 +893,11 @@ def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Opt
 
 
 def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Granted], *,
-                    actor: Optional[str] = None) -> Dict[str, int]:
+                    actor: Optional[str] = None, bound: str = "") -> Dict[str, int]:
     """Record admitted ``granted`` before their devices are made, in one transaction: each device's
     allocation row (on the GPU admission decided; a passthrough GPU's own) and its ``admitted`` audit
-    row.  Returns ``{device: audit row id}`` for :func:`void_admitted`."""
+    row (``bound``: the binding in words, appended to its value).  Returns ``{device: audit row id}``
+    for :func:`void_admitted`."""
     me = view.uuid
     rows: Dict[str, int] = {}
     who = actor or _actor()
@@ -679,8 +907,8 @@ def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Grant
             store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
                                         a.mig_slices, a.qos, int(a.burst)))
             rows[gr.device] = store.audit(actor=who, operation=f"admission {view.name or me} {gr.device}",
-                                          path="(admission)", value=gr.decision.one_line(), result="admitted",
-                                          conn=conn)
+                                          path="(admission)", value=gr.decision.one_line() + (
+                                              f"; {bound}" if bound else ""), result="admitted", conn=conn)
     return rows
 
 
@@ -762,10 +990,12 @@ class _AdmittingBlock:
         # reconcile between): those allocations go first, so the devices are admitted anew, once each
         from .recover import settle_allocations
         settle_allocations(store, actor=self.actor or _actor(), owner=view.uuid, locked=True)
+        tr = trust(store, view)
         self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
-                                    types=self.types, limits_for=self.limits_for, policies=self.policies)
+                                    types=self.types, limits_for=self.limits_for, policies=self.policies,
+                                    trusted=tr)
         self.before = frozenset(_held_by(store, view.uuid))
-        self.rows = record_admitted(store, view, self.granted, actor=self.actor)
+        self.rows = record_admitted(store, view, self.granted, actor=self.actor, bound=tr.text)
         self.box = _Enforced(self.granted, store, self.inv)
         return self.box
 

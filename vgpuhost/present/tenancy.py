@@ -2,7 +2,8 @@
 
 Schema ids: ``vgpuhost.tenant/v1`` (add, set, show, remove), ``vgpuhost.tenants/v1``
 (list), ``vgpuhost.tenant-usage/v1``, ``vgpuhost.capacity/v1``,
-``vgpuhost.tenant-openstack/v1``.  :func:`new_tenant` and :func:`changed_tenant`
+``vgpuhost.tenant-openstack/v1``, ``vgpuhost.tenant-binding/v1`` (bind, unbind),
+``vgpuhost.tenant-policy/v1``.  :func:`new_tenant` and :func:`changed_tenant`
 take the options of ``tenant add|set`` as strings, as typed on the command line or
 sent in an agent request body; they raise InputError naming a bad option.
 """
@@ -20,6 +21,8 @@ SCHEMA_TENANTS = "vgpuhost.tenants/v1"
 SCHEMA_USAGE = "vgpuhost.tenant-usage/v1"
 SCHEMA_CAPACITY = "vgpuhost.capacity/v1"
 SCHEMA_OPENSTACK = "vgpuhost.tenant-openstack/v1"
+SCHEMA_BINDING = "vgpuhost.tenant-binding/v1"
+SCHEMA_POLICY = "vgpuhost.tenant-policy/v1"
 
 #: option name -> (quota dimension, counts MiB?)
 LIMIT_OPTIONS = {"vgpus": ("vgpus", False), "framebuffer": ("framebuffer_mib", True),
@@ -32,6 +35,31 @@ def tenant_doc(t) -> dict:
             "quota": {d: {"guaranteed": q.guaranteed.get(d), "burst": q.burst.get(d)} for d in DIMENSIONS},
             "series": sorted(q.series), "labels": sorted(t.labels), "avoid": sorted(t.avoid),
             "prefer": sorted(t.prefer)}
+
+
+def binding_line(doc: dict) -> str:
+    """One line for a :func:`vgpuhost.ops.tenancy.bind` / ``unbind`` document."""
+    who = f"domain {doc.get('name') or doc['domain']}"
+    dry = " (dry run: nothing changed)" if doc.get("dry_run") and doc.get("changed") else ""
+    if doc["action"] == "unbind":
+        if not doc["changed"]:
+            return f"{who} is not bound (nothing changed)"
+        return f"unbound {who} (was tenant {doc['was']['tenant']}): from its next start, best effort with no " \
+               f"tenant{dry}"
+    qos = doc["qos"] or "the tenant's"
+    if not doc["changed"]:
+        return f"{who} is bound to tenant {doc['tenant']} (QoS class {qos}) already (nothing changed)"
+    was = f" (was tenant {doc['was']['tenant']})" if doc.get("was") else ""
+    return f"bound {who} to tenant {doc['tenant']} (QoS class {qos}){was}{dry}"
+
+
+def binding_answer(bound, skipped=()) -> dict:
+    """The ``vgpuhost.tenant-binding/v1`` document: ``bindings`` (each :func:`vgpuhost.ops.tenancy.bind`'s
+    or ``unbind``'s document), ``skipped`` (``{"domain", "name", "reason"}``) and ``text``."""
+    lines = [binding_line(d) for d in bound]
+    lines += [f"domain {s['name'] or s['domain']}: not bound: {s['reason']}" for s in skipped]
+    return {"schema": SCHEMA_BINDING, "bindings": list(bound), "skipped": list(skipped),
+            "text": "\n".join(lines) or "no domain to bind"}
 
 
 def _changes(old, *, qos, isolation, vgpus, framebuffer, mig_slices, passthrough, series, labels, avoid,
