@@ -116,6 +116,20 @@ class SnapshotCollector:
                 fams["util"].add_metric(lab, d.sm_percent / 100)
         yield info
         yield from fams.values()
+        # per tenant and profile, for systems that bill from Prometheus (docs/guide/billing.md#prometheus)
+        ta = CounterMetricFamily(PREFIX + "tenant_allocated_seconds",
+                                 "Seconds a tenant's devices of a profile were allocated (the rollups' alloc_s "
+                                 "added up since the exporter started; tenant \"\": none)",
+                                 labels=["tenant", "profile", "kind"])
+        ts = CounterMetricFamily(PREFIX + "tenant_sm_busy_seconds",
+                                 "SM busy seconds of a tenant's vGPUs of a profile since the exporter started",
+                                 labels=["tenant", "profile", "kind"])
+        for tenant, profile, kind, alloc_s, sm_s in snap.tenant_usage:
+            ta.add_metric([tenant, profile, kind], alloc_s)
+            if kind != DeviceKind.PASSTHROUGH:
+                ts.add_metric([tenant, profile, kind], sm_s)
+        yield ta
+        yield ts
 
         gi = GaugeMetricFamily(PREFIX + "gpu_info", "One per GPU NVML sees", labels=["gpu", "name", "mig", "gpm"])
         for bdf, name, mig, gpm in snap.gpus:

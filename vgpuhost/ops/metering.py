@@ -172,6 +172,9 @@ class Snapshot:
     errors_total: int = 0
     gap_s_total: float = 0.0
     host: Dict[str, object] = field(default_factory=dict)       # host-level series (see host_series)
+    #: (tenant, profile, kind, allocated s, SM busy s): what this process added to the rollups per tenant
+    #: and profile (never decreasing while it runs: the exporter's tenant counters, for billing from Prometheus)
+    tenant_usage: Tuple[Tuple[str, str, str, float, float], ...] = ()
 
 
 class _Meter:
@@ -244,6 +247,7 @@ class Sampler:
         self._mono_live = False          # _last_mono_us was read by this process
         self._errors = 0
         self._gap_s = 0.0
+        self._tenant_s: Dict[Tuple[str, str, str], List[float]] = {}   # (tenant, profile, kind) -> [alloc, sm]
         self._lock = threading.Lock()
         self.snapshot = Snapshot()
         conn = store
@@ -365,7 +369,8 @@ class Sampler:
                         gi_not_metered=tuple((g.bdf, gi, why) for g in readings if not g.error
                                              for gi, why in sorted(g.gi_not_metered.items())),
                         errors_total=self._errors, gap_s_total=self._gap_s,
-                        host=dict(self._host))
+                        host=dict(self._host),
+                        tenant_usage=tuple((k[0], k[1], k[2], v[0], v[1]) for k, v in sorted(self._tenant_s.items())))
 
     def _meter_for(self, t: _Tick, device: str, kind: str, gpu: str, profile: str,
                    owner: MeteredOwner) -> _Meter:
@@ -513,6 +518,10 @@ class Sampler:
             st.put_meter_state(conn, "gpu_seen_us", json.dumps(self._gpu_seen, sort_keys=True))
         for gap in t.gaps:
             self._gap_s += gap[3]
+        for r in t.rows:
+            acc = self._tenant_s.setdefault((r.tenant, r.profile, r.kind), [0.0, 0.0])
+            acc[0] += r.alloc_s
+            acc[1] += r.sm_busy_s
         for key, m in self._meters.items():
             if key not in t.present:
                 self._retired[key] = m
