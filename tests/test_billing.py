@@ -447,3 +447,54 @@ def test_period_bounds():
     for bad in ("2026-13", "2026-1", "nov", ""):
         with pytest.raises(Exception, match="invalid period"):
             billing.period_bounds(bad)
+
+
+# --- the exporter's counters for billing from Prometheus ----------------------------------
+
+def test_the_exporter_counts_each_tenants_allocated_and_busy_seconds(make_host, capsys):
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.openmetrics.exposition import generate_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    from vgpuhost.ops.exporter import SnapshotCollector
+
+    host = make_host("a40-mdev")
+    for dom in (DOM_A1, DOM_B1):
+        assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", dom, capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    ids = {r.owner: r.id for r in store.vgpu_records()}
+    nv = metering_nvml(host)
+    nv.freeze(NOV)
+    nv.set_trace("default", {"sm": 40})
+    sampler = Sampler(nv, store, interval_s=60, labels=lambda u: MeteredOwner(u, "", TENANT.get(u, ""), ""))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(lambda: sampler.snapshot, 60))
+
+    def counters():
+        text = generate_latest(reg).decode()          # OpenMetrics text, parsed by OpenMetrics' own parser
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name in ("vgpuhost_tenant_allocated_seconds", "vgpuhost_tenant_sm_busy_seconds"):
+                assert fam.type == "counter"
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        out[(fam.name, s.labels["tenant"], s.labels["profile"], s.labels["kind"])] = s.value
+        return out
+
+    sampler.tick()
+    for _ in range(30):
+        nv.advance(60)
+        sampler.tick()
+    c = counters()
+    assert c[("vgpuhost_tenant_allocated_seconds", "acme", "A40-8Q", "vgpu")] == pytest.approx(1800)
+    assert c[("vgpuhost_tenant_sm_busy_seconds", "beta", "A40-8Q", "vgpu")] == pytest.approx(720)
+    # they add up what the sampler wrote to the rollups
+    rows = st.usage_rows(store)
+    assert sum(r.alloc_s for r in rows if r.tenant == "beta") == pytest.approx(
+        c[("vgpuhost_tenant_allocated_seconds", "beta", "A40-8Q", "vgpu")])
+    # a tenant's device going away does not lower its counter (counters never decrease)
+    assert _run(host, "vgpu", "remove", ids[DOM_B1], capsys=capsys)[0] == 0
+    nv.advance(60)
+    sampler.tick()
+    after = counters()
+    assert after[("vgpuhost_tenant_allocated_seconds", "beta", "A40-8Q", "vgpu")] == pytest.approx(1800)
+    assert after[("vgpuhost_tenant_allocated_seconds", "acme", "A40-8Q", "vgpu")] == pytest.approx(1860)

@@ -28,6 +28,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional
 
 from ..io import state as st
+from ..io.process import actor as process_actor
 from ..io.state import StateStore
 from ..model.errors import InputError
 from ..model.yamldoc import shown
@@ -43,8 +44,7 @@ CSV_COLUMNS = ("period", "status", "tenant", "item", "key", "kind", "tier", "qua
 
 
 def _actor() -> str:
-    from ..io.process import actor
-    return actor()
+    return process_actor()
 
 
 def guarantees(store: StateStore) -> Dict[str, Dict[str, int]]:

@@ -35,6 +35,7 @@ from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, InvalidOpe
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io.yamlutil import read_text_file
+from ..model.concepts import DeviceKind
 from ..model.errors import InputError
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
@@ -54,7 +55,7 @@ CURRENCIES: Dict[str, int] = {
 ROUNDINGS = {"half-up": ROUND_HALF_UP, "half-even": ROUND_HALF_EVEN}
 #: guarantee dimensions a reserved rate may be given for, the rollup kind each covers, and its unit
 RESERVED_DIMS = {"vgpus": ("vgpu", "vGPU-hour"), "mig_slices": ("mig-vgpu", "slice-hour"),
-                 "passthrough_gpus": ("passthrough", "GPU-hour")}
+                 "passthrough_gpus": (DeviceKind.PASSTHROUGH.value, "GPU-hour")}
 #: a rollup row's kind -> the guarantee dimension its use counts against
 DIM_OF_KIND = {kind: dim for dim, (kind, _unit) in RESERVED_DIMS.items()}
 _CTX = Context(prec=50)
@@ -411,7 +412,7 @@ def price(rows: Iterable[UsageRow], sheet: PriceSheet, *, period: str, start: st
 
 def _rate_for(row: UsageRow, sheet: PriceSheet) -> Tuple[str, str, Rate, Decimal]:
     """``(key, unit, rate, units per allocated hour)`` of a row's allocation."""
-    if row.kind == "passthrough":
+    if row.kind == DeviceKind.PASSTHROUGH:
         if sheet.passthrough_gpu is None:
             raise InputError(f"usage of passed-through GPU {row.gpu} (tenant {row.tenant or '(none)'}) has no rate "
                              "in the price sheet", hint="add passthrough_gpu: RATE (per GPU-hour)")
@@ -530,7 +531,7 @@ def _price(rows: List[UsageRow], sheet: PriceSheet, period: str, start: str, end
             item = "burst" if g else "on-demand"
             usage[(item, key, r.kind)].add(r, h * per_hour * (1 - share), r.alloc_s)
             rate_of[(item, key, r.kind)] = (rate, unit)
-            if sheet.sm_busy is not None and r.kind != "passthrough":
+            if sheet.sm_busy is not None and r.kind != DeviceKind.PASSTHROUGH:
                 sm.add(r, hours_of(r.sm_busy_s), r.sm_busy_s)
         for dim, acc in sorted(covered.items()):
             if not quantity(acc.qty):
