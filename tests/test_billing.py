@@ -498,3 +498,16 @@ def test_the_exporter_counts_each_tenants_allocated_and_busy_seconds(make_host, 
     after = counters()
     assert after[("vgpuhost_tenant_allocated_seconds", "beta", "A40-8Q", "vgpu")] == pytest.approx(1800)
     assert after[("vgpuhost_tenant_allocated_seconds", "acme", "A40-8Q", "vgpu")] == pytest.approx(1860)
+
+
+def test_the_price_sheet_schema_and_the_shipped_example():
+    import jsonschema
+    import yaml
+    repo = Path(__file__).resolve().parents[1]
+    validator = jsonschema.Draft202012Validator(json.loads((repo / "docs/schemas/prices.v1.schema.json").read_text()))
+    for text in (PRICES, (repo / "examples/billing/prices.yaml").read_text()):
+        billing.parse_prices(text)
+        assert not list(validator.iter_errors(yaml.safe_load(text)))
+    for case in ("unknown-key", "wrong-type", "negative-rate", "bad-version", "bad-rounding", "discount-over-100",
+                 "reserved-unknown-dimension", "wrong-type-mapping"):
+        assert list(validator.iter_errors(yaml.safe_load(BAD[case][0]))), f"{case} passes the schema"
