@@ -1,4 +1,5 @@
-"""`vgpuhost bill`: a period's bill from the metered usage and a price sheet (issue 32).
+"""`vgpuhost bill` and `vgpuhost forecast`: bills from the metered usage and a price sheet, and
+projections of each tenant's and pool's use (issue 32).
 
 Registered on the main group like the other command modules.  Logic lives in
 :mod:`vgpuhost.ops.billing` (the document, issuing, adjustments) and
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import sys
 from typing import Optional
 
@@ -18,6 +20,7 @@ import click
 from ..model.errors import InputError
 from ..model.tenancy import NO_TENANT
 from ..ops import billing as ops
+from ..ops import forecast as forecasting
 from ..policy.billing import load_prices
 from .common import current as _ctx, store as _store
 from .output import dumps, table
@@ -137,4 +140,61 @@ def adjust(period: str, tenant: str, amount: str, reason: str, as_json: bool) ->
                f"{a['currency']} (audit row {a['audit_id']})")
 
 
-COMMANDS = (bill,)
+def _hours(text: str, what: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]{1,5})\s*([hdw])\s*", text or "")
+    if not m:
+        raise InputError(f"invalid {what} {text[:20]!r}", hint="give hours, days or weeks: 12h, 30d, 4w")
+    return int(m[1]) * {"h": 1, "d": 24, "w": 168}[m[2]]
+
+
+@click.command("forecast", short_help="Project each tenant's and pool's GPU use; say when guarantees would not fit.")
+@click.option("--tenant", metavar="T", help="Only this tenant's series (no pools).")
+@click.option("--horizon", default="30d", show_default=True, metavar="N[h|d|w]", help="How far to project.")
+@click.option("--history", default="4w", show_default=True, metavar="N[h|d|w]",
+              help="How much of the hourly rollups to learn from (ending at the sampler's last reading).")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
+def forecast(tenant: Optional[str], horizon: str, history: str, as_json: bool) -> None:
+    """Each tenant's and pool's allocated and SM-busy use, projected from the
+    hourly rollups with daily and weekly seasonality and a trend, with the
+    method's error on the last held-out week beside a baseline (that week
+    predicted as the one before it).
+
+    Where tenants exist it says the first day on which the guarantees, each
+    raised to its tenant's projected peak, could not all be served on this
+    host (the feasibility check 'tenant add|set' uses).
+    """
+    ctx = _ctx()
+    store = _store(ctx, write=False)
+    inv = None
+    try:
+        inv = ctx.inventory()
+    except Exception:            # the projection still works from the rollups alone
+        inv = None
+    doc = forecasting.forecast(store, horizon_h=_hours(horizon, "--horizon"), history_h=_hours(history, "--history"),
+                               tenant=tenant, inv=inv)
+    if ctx.json or as_json:
+        click.echo(dumps(doc))
+        return
+    if not doc["series"]:
+        click.echo(f"no usage in the {doc['history_hours']} hours before {doc['now']} (is 'vgpuhost exporter' running?)")
+    else:
+        def err(h):
+            if h is None:
+                return "-"
+            f = lambda v: "-" if v is None else f"{v * 100:.1f}%"
+            return f"{f(h['error'])} vs {f(h['baseline'])}"
+        click.echo(table(["SCOPE", "NAME", "MEASURE", "HISTORY-MEAN", "PROJECTED-MEAN", "PEAK", "PEAK-AT", "TREND/DAY",
+                          "HELD-OUT-ERR (BASELINE)"],
+                         [[s["scope"], s["name"] or NO_TENANT, s["measure"], f"{s['history_mean']:.3f}",
+                           f"{s['projected_mean']:.3f}", f"{s['projected_peak']:.3f}", s["peak_at"][:13],
+                           f"{s['trend_per_day']:+.4f}", err(s["held_out"])] for s in doc["series"]]))
+    cap = doc["capacity"]
+    if cap and cap["first_short_day"]:
+        click.echo(f"from {cap['first_short_day']} the guarantees plus the projected demand ({', '.join(cap['projected_peaks'])}) "
+                   f"cannot all be served on this host: {cap['text']}")
+    elif cap:
+        click.echo(f"the guarantees plus the projected demand fit on this host for the next {horizon}"
+                   + ("" if cap["decided"] else " (some days were left undecided: too many choices)"))
+
+
+COMMANDS = (bill, forecast)

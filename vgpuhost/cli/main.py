@@ -39,7 +39,7 @@ COMMAND_FAMILY = {
     "render": "virt", "attach": "virt", "detach": "virt", "hook": "hook",
     "plan": "layout", "apply": "layout", "assert": "layout", "config": "layout",
     "install-units": "units", "tenant": "tenant", "capacity": "tenant",
-    "exporter": "metering", "usage": "metering", "advise": "metering", "bill": "billing",
+    "exporter": "metering", "usage": "metering", "advise": "metering", "bill": "billing", "forecast": "billing",
     "reconcile": "reconcile", "audit": "audit", "sim": "sim", "agent": "agent", "fleet": "fleet",
 }
 
