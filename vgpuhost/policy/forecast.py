@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..model.concepts import DeviceKind
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
 
@@ -79,7 +80,7 @@ def series(rows: Iterable[UsageRow], origin: datetime, hours: int, *,
         for scope, name in (("tenant", r.tenant), ("pool", pools.get(r.gpu, ""))):
             if dim:
                 out.setdefault((scope, name, "allocated:" + dim), [0.0] * hours)[i] += r.alloc_s / 3600 * _units(r)
-            if r.kind != "passthrough":
+            if r.kind != DeviceKind.PASSTHROUGH:
                 out.setdefault((scope, name, "busy"), [0.0] * hours)[i] += r.sm_busy_s / 3600
     return out
 
