@@ -97,12 +97,13 @@ def document(b: Bill, *, status: str, complete: bool, metered: Optional[str], pr
                       "tenants": list(g[5])} for g in b.gaps]}
 
 
-def _compute(store: StateStore, sheet: PriceSheet, period: str, *, prices: Optional[str]) -> Dict[str, Any]:
+def _compute(store: StateStore, sheet: PriceSheet, period: str, *, prices: Optional[str],
+             tenant: Optional[str] = None) -> Dict[str, Any]:
     start, end, hours = period_bounds(period)
     rows = st.usage_rows(store, start, end)
     gaps = st.meter_gaps(store, _iso_hour(start), _iso_hour(end))
     b = price(rows, sheet, period=period, start=start, end=end, hours=hours, guarantees=guarantees(store),
-              gaps=gaps)
+              gaps=gaps, tenant=tenant)
     metered = metered_until(store)
     complete = metered is not None and metered >= _iso_hour(end)
     return document(b, status="open", complete=complete, metered=metered, prices=prices)
@@ -154,7 +155,7 @@ def bill(store: StateStore, period: str, sheet: Optional[PriceSheet], *, tenant:
     if sheet is None:
         raise InputError(f"the bill of {period} is not issued: it is priced from the rollups now, with a price sheet",
                          hint="give --prices FILE")
-    doc = _compute(store, sheet, period, prices=prices)
+    doc = _compute(store, sheet, period, prices=prices, tenant=tenant)     # only that tenant's rows priced
     doc["sheet_differs"] = False
     return for_tenant(with_adjustments(doc, []), tenant)
 
