@@ -193,6 +193,13 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
         for tenant, v in sorted(host["guarantee_at_risk"].items()):
             f.add_metric([tenant], v)
         yield f
+    if "anomalies" in host:
+        f = GaugeMetricFamily(PREFIX + "anomaly", "1 per anomaly flag: kind (usage-spike, saturated, "
+                              "idle-guaranteed, gaps-growing), tenant and device where it names one; "
+                              "'vgpuhost advise' says why and what to do", labels=["kind", "tenant", "device"])
+        for (kind, tenant, device), v in sorted(host["anomalies"].items()):
+            f.add_metric([kind, tenant, device], v)
+        yield f
 
 
 def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT,

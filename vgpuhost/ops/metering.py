@@ -63,7 +63,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..io import state as st
@@ -81,6 +81,7 @@ from ..model.usage import UsageRow
 from ..model.values import parse_uuid
 from ..observe.inventory import discover, free_instances
 from ..observe.vgpus import match_vgpu_record
+from ..policy.anomaly import flags as anomaly_flags
 from . import tenancy
 
 log = logging.getLogger("vgpuhost.metering")
@@ -784,6 +785,67 @@ def host_series(host_root, store) -> Dict[str, object]:
             log.warning("reading the journal failed: %s", e)
     out.update(_quota(store, inv))
     out.update(_tenant_free(host_root, store, inv))
+    out.update(_anomalies(store))
+    return out
+
+
+#: how often (seconds) the exporter's anomaly flags are worked out again from the rollups (they read weeks)
+ANOMALY_EVERY_S = 900.0
+_anomaly_cache: Dict[str, Tuple[float, Dict[str, object]]] = {}
+
+
+def _anomalies(store) -> Dict[str, object]:
+    """``{"anomalies": {(kind, tenant, device): 1.0}}``: the flags of
+    :func:`vgpuhost.policy.anomaly.flags` over the last five weeks of rollups and eight days of gaps,
+    worked out at most every :data:`ANOMALY_EVERY_S` (licences: the exporter serves them per device)."""
+    key = str(store.state_dir)
+    now = time.monotonic()
+    hit = _anomaly_cache.get(key)
+    if hit is not None and now - hit[0] < ANOMALY_EVERY_S:
+        return hit[1]
+    try:
+        last = st.meter_state(store, "last_tick_us")
+        end = hour_end(int(last) if last else int(time.time() * 1e6))
+        rows = st.usage_rows(store, hour_of(int((end - timedelta(weeks=5)).timestamp() * 1e6)))
+        gaps = st.meter_gaps(store, iso_us(int((end - timedelta(days=8)).timestamp() * 1e6)))
+        out: Dict[str, object] = {"anomalies": {(f.kind, f.tenant, f.device): 1.0
+                                                 for f in anomaly_flags(rows, gaps, now=end)}}
+    except Exception as e:
+        log.warning("working out anomaly flags failed: %s", e)
+        out = {}
+    _anomaly_cache[key] = (now, out)
+    return out
+
+
+def hour_end(us: int) -> datetime:
+    """The end of the rollup hours a reading at ``us`` completed: ``us`` itself on a whole hour,
+    else the next whole hour (aware UTC)."""
+    t = datetime.fromtimestamp(us / 1e6, timezone.utc)
+    floor = t.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == t else floor + timedelta(hours=1)
+
+
+def anomalies_of(store, end: datetime, licences=None) -> list:
+    """The anomaly flags (:func:`vgpuhost.policy.anomaly.flags`) at ``end`` (an aware datetime on
+    an hour) from the last five weeks of rollups and eight days of gaps; ``licences``:
+    ``{device: (state, tenant)}``."""
+    rows = st.usage_rows(store, hour_of(int((end - timedelta(weeks=5)).timestamp() * 1e6)), hour_of(int(end.timestamp() * 1e6)))
+    gaps = st.meter_gaps(store, iso_us(int((end - timedelta(days=8)).timestamp() * 1e6)))
+    return anomaly_flags(rows, gaps, now=end, licences=licences)
+
+
+def licence_states(host_root, store) -> Dict[str, str]:
+    """``{device: licence state}`` of the vGPUs the host's metering NVML reads now (one read; no
+    rollup written); devices named as the sampler names them (mdev UUID, else the record's id)."""
+    recs = list(store.vgpu_records())
+    out: Dict[str, str] = {}
+    for g in metering_nvml(host_root).read({}):
+        if g.error:
+            continue
+        for v in g.vgpus:
+            mdev = "" if no_mdev_uuid(v.device) else v.device
+            rec = match_vgpu_record(recs, gpu=g.bdf, device=mdev, vm_id=v.vm_id, type_name=v.type_name)
+            out[mdev or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")] = v.license
     return out
 
 
@@ -880,4 +942,5 @@ def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[fl
 
 
 __all__ = ["Sampler", "Snapshot", "DeviceUsage", "MeteredOwner", "OwnerLabels", "host_sampler", "host_series",
+           "licence_states", "anomalies_of", "hour_end",
            "gpu_pools", "split_hours", "hour_of", "DEFAULT_INTERVAL_S"]
