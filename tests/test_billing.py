@@ -314,6 +314,12 @@ def test_an_issued_bill_never_changes_and_adjustments_are_audited(farm, tmp_path
             conn.execute("UPDATE bills SET document = '{}'")
     # a late correction: an adjustment, audited; the issued lines stay
     n_audit = len(store.audit_rows())
+    for tenant, amount, words in (("acme", "1.234", "more decimal places"), ("acme", "0", "non-zero"),
+                                  ("acmee", "5", "has no lines")):
+        rc, _, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", tenant, "--amount", amount,
+                          "--reason", "x", capsys=capsys)
+        assert rc == 2 and words in err, err
+    assert len(store.audit_rows()) == n_audit and st.bill_adjustments(store, "2026-11") == []
     rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", "acme",
                         "--amount", "-12.50", "--reason", "outage credit", capsys=capsys)
     assert rc == 0, err

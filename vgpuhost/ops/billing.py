@@ -211,7 +211,8 @@ def adjust(store: StateStore, period: str, tenant: str, amount: str, reason: str
     """Append an adjustment of ``amount`` (decimal text, currency of the issued bill; negative: a
     credit) for ``tenant`` to the issued bill of ``period``, with an audit row; the adjustment.
 
-    Refused (InputError, nothing written): the period not issued, an empty reason, a bad amount."""
+    Refused (InputError, nothing written): the period not issued, a tenant with no lines in it, an
+    empty reason, a bad amount (more places than the currency's minor units, zero, not a number)."""
     period_bounds(period)
     reason = (reason or "").strip()
     if not reason:
@@ -226,6 +227,11 @@ def adjust(store: StateStore, period: str, tenant: str, amount: str, reason: str
             raise InputError(f"the bill of {period} is not issued: an open period's bill follows the rollups",
                              hint=f"issue it first ('vgpuhost bill --prices FILE --period {period} --issue')")
         doc = json.loads(row[4])
+        billed = {t["tenant"].lower(): t["tenant"] for t in doc["totals"]}
+        if tenant.lower() not in billed:
+            raise InputError(f"tenant {shown(tenant)} has no lines in the issued bill of {period}",
+                             hint="tenants billed: " + (", ".join(repr(t) for t in sorted(billed.values())) or "none"))
+        tenant = billed[tenant.lower()]
         d = parse_amount(amount, CURRENCIES.get(doc["currency"], 2))
         aid = store.audit(actor=who, operation=f"bill adjust {period}", path="(bills)",
                           value=f"tenant {tenant}: {format(d, 'f')} {doc['currency']}: {reason}", conn=conn)
