@@ -1383,6 +1383,18 @@ def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = N
     return [UsageRow._make(r) for r in conn.execute(sql + " ORDER BY hour, device, domain_uuid, tenant", args)]
 
 
+def usage_by_tenant(conn: "StateStore | sqlite3.Connection", since: str, until: str) -> List[UsageRow]:
+    """Rollups summed per (hour, tenant, kind, profile) with ``since <= hour < until``, as UsageRows
+    whose device, domain and GPU are "" (seconds and samples summed, peaks the maximum): what a
+    tenant's pattern needs, without one row per device."""
+    from ..model.usage import UsageRow  # typing: not at module level (the qemu hook imports this)
+    return [UsageRow._make(r) for r in _reader(conn).execute(
+        "SELECT hour, '', '', kind, '', profile, '', tenant, '', SUM(alloc_s), SUM(sm_busy_s), SUM(enc_busy_s), "
+        "SUM(dec_busy_s), MAX(fb_peak_bytes), MAX(fb_total_bytes), SUM(samples) FROM usage_hourly "
+        "WHERE hour >= ? AND hour < ? GROUP BY hour, tenant, kind, profile ORDER BY hour, tenant, kind, profile",
+        (since, until))]
+
+
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:
     """Lifetime ``{(device, domain_uuid): (alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes)}``."""
     return {(r[0], r[1]): tuple(r[2:]) for r in _reader(conn).execute(

@@ -62,15 +62,18 @@ def _hour(h: str) -> datetime:
 
 
 def flags(rows: Sequence[UsageRow], gaps: Sequence[tuple] = (), *, now: Optional[datetime] = None,
-          licences: Mapping[str, Tuple[str, str]] = None) -> List[Flag]:
+          licences: Mapping[str, Tuple[str, str]] = None, history: Optional[Sequence[UsageRow]] = None) -> List[Flag]:
     """The anomalies in ``rows`` (hourly rollups, any order) and ``gaps`` (``(start, end, device,
     seconds, reason)``) up to ``now`` (default: the hour after the newest row); ``licences``:
-    ``{device: (licence state, tenant)}`` of the vGPUs NVML reads now.  Sorted by kind, tenant, device."""
+    ``{device: (licence state, tenant)}`` of the vGPUs NVML reads now; ``history``: rows for the
+    tenants' patterns (``usage-spike``; per tenant is enough: :func:`vgpuhost.io.state.usage_by_tenant`),
+    default ``rows``.  Sorted by kind, tenant, device."""
     out: List[Flag] = []
-    if rows:
-        newest = max(_hour(r.hour) for r in rows)
+    pattern = rows if history is None else history
+    if rows or pattern:
+        newest = max(_hour(r.hour) for r in list(rows) + list(pattern))
         end = now or newest + timedelta(hours=1)
-        out += _spikes(rows, end)
+        out += _spikes(pattern, end)
         out += _saturated(rows, end)
         out += _idle(rows, end)
     for device, (state, tenant) in sorted((licences or {}).items()):
