@@ -44,6 +44,21 @@ def test_a_tenant_far_above_its_recent_pattern_is_flagged():
     assert "144.0 vgpus-hours in the last 24 h, 3.0x the 48.0" in spikes[0].why and spikes[0].todo
 
 
+def test_the_store_reading_flags_the_same_spike(tmp_path):
+    """anomalies_of reads the tenants' patterns summed per hour in SQL: the same flag as the rows."""
+    from vgpuhost.io import state as st
+    from vgpuhost.ops.metering import anomalies_of
+    rows = _rows("steady", "s", 4 * 168, devices=2)
+    spiky = _rows("spiky", "p", 4 * 168, devices=2)
+    spiky += [r._replace(device="p-extra" + str(i)) for i in range(4) for r in spiky[-48:][::2]]
+    store = StateStore(tmp_path)
+    with store.transaction() as conn:
+        st.add_usage(conn, rows + spiky)
+    got = anomalies_of(store, END)
+    assert [(f.kind, f.tenant) for f in got] == [("usage-spike", "spiky")]
+    assert got == [f for f in flags(rows + spiky, now=END) if f.kind == "usage-spike"]
+
+
 def test_saturated_idle_unlicensed_and_growing_gaps():
     rows = (_rows("a", "hot", 6, busy=3600.0) + _rows("a", "warm", 6, busy=lambda h: 3600.0 if h > 1 else 1800.0)
             + _rows("g", "idle", 3 * 24, qos="guaranteed") + _rows("g", "used", 3 * 24, qos="guaranteed", busy=900.0)
