@@ -15,7 +15,7 @@ import sqlite3
 import pytest
 
 from vgpuhost.cli.main import main as cli_main
-from vgpuhost.io.state import StateStore
+from vgpuhost.io.state import MIGRATIONS, StateStore
 from vgpuhost.libvirt.domxml import Metadata, VgpuRequest, parse_domain
 from vgpuhost.ops import metering, tenancy
 from vgpuhost.policy import admission as adm
@@ -291,12 +291,13 @@ def test_schema_11_binds_domains_holding_a_known_tenants_allocations_once(make_h
         s.put_allocation(c, ("dev-4", "manual", "team", str(GPU_LO), "vgpu", "A40-8Q", 8192, 0, "burstable", 0))
     s.close()
     db = sqlite3.connect(str(host.state_dir / "state.db"))        # a store as version 10 left it
-    db.execute("DROP TABLE bindings")
+    for table in ("bindings", "bill_adjustments", "bills"):      # the tables versions 11 and 12 add
+        db.execute(f"DROP TABLE {table}")
     db.execute("PRAGMA user_version = 10")
     db.commit()
     db.close()
     s = StateStore(host.state_dir)
-    assert s.schema_version == 11
+    assert s.schema_version == len(MIGRATIONS) == 12
     assert [r[:4] for r in s.binding_rows()] == [(held, "team", None, "upgrade (schema 11)")]
     [row] = [r for r in s.audit_rows() if r.operation.startswith("tenant bind")]
     assert (row.operation, row.path) == (f"tenant bind {held}", "(tenants)") and "tenant=team" in row.value

@@ -30,7 +30,7 @@ from .output import dumps
 
 #: the command family modules (vgpuhost.cli.<name>), each with its ``COMMANDS``
 FAMILIES = ("host", "passthrough", "vgpu", "mig", "scheduler", "virt", "hook", "layout", "units", "tenant", "metering",
-            "reconcile", "audit", "sim", "agent", "fleet")
+            "billing", "reconcile", "audit", "sim", "agent", "fleet")
 
 #: top-level command -> its family: a command imports only its own family's module
 #: (tests/test_cli.py checks this map against every family's COMMANDS)
@@ -40,7 +40,8 @@ COMMAND_FAMILY = {
     "render": "virt", "attach": "virt", "detach": "virt", "hook": "hook",
     "plan": "layout", "apply": "layout", "assert": "layout", "config": "layout",
     "install-units": "units", "tenant": "tenant", "capacity": "tenant",
-    "exporter": "metering", "usage": "metering", "advise": "metering", "top": "metering",
+    "exporter": "metering", "usage": "metering", "advise": "metering", "top": "metering", "bill": "billing",
+    "forecast": "billing",
     "reconcile": "reconcile", "audit": "audit", "sim": "sim", "agent": "agent", "fleet": "fleet",
 }
 

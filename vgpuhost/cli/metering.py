@@ -28,7 +28,7 @@ from ..model.errors import InputError
 from ..model.tenancy import NO_TENANT
 from ..ops import tenancy
 from ..ops.exporter import SnapshotCollector, serve
-from ..ops.metering import host_sampler, live_view, sampler_lock
+from ..ops.metering import anomalies_of, host_sampler, hour_end, licence_states, live_view, sampler_lock
 from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
 from .common import current as _ctx, store as _store
 from .output import dumps, table
@@ -226,10 +226,15 @@ def advise(since: str, until: Optional[str], min_hours: float, tenant: Optional[
         items, _ = plan_advice(rows, list(offers.values()), min_alloc_s=min_hours * 3600)
         changes.update({a.device: (a.to if a.action == "downsize" else None) for a in items if a.action != "keep"})
     items, more = plan_advice(rows, list(offers.values()), min_alloc_s=min_hours * 3600, admits=admits)
+    found = _flags(ctx, store, hi, rows)
     if ctx.json or as_json:
         click.echo(dumps({"schema": "vgpuhost.advise/v1", "since": lo, "until": hi, "tenant": tenant,
-                          "advice": [a.__dict__ for a in items], "more_vms": more}))
+                          "advice": [a.__dict__ for a in items], "more_vms": more,
+                          "flags": [f.__dict__ for f in found]}))
         return
+    for f in found:
+        click.echo(f"flag: {f.kind}{' tenant ' + f.tenant if f.tenant else ''}{' ' + f.device if f.device else ''}: "
+                   f"{f.why}; {f.todo}")
     act = [a for a in items if a.action != "keep"]
     if not act:
         click.echo(f"nothing to change: {len(items)} devices checked from {lo}{' to ' + hi if hi else ''}")
@@ -242,6 +247,26 @@ def advise(since: str, until: Optional[str], min_hours: float, tenant: Optional[
     if tenant and act and not more:
         click.echo(f"these changes would admit no more VMs of tenant {tenant} ('vgpuhost capacity --tenant {tenant}' "
                    "says what it may start now)")
+
+
+def _flags(ctx, store, hi: Optional[str], rows) -> list:
+    """The anomaly flags at the window's end (its last hour, else the sampler's last reading):
+    rollups, gaps, and the vGPUs' licence states where the metering NVML answers."""
+    last = st.meter_state(store, "last_tick_us")
+    if hi:
+        end = datetime.strptime(hi, "%Y-%m-%dT%H:00:00Z").replace(tzinfo=timezone.utc)
+    elif last:
+        end = hour_end(int(last))
+    else:
+        return []
+    tenants_of = {r.device: r.tenant for r in rows}
+    licences = None
+    try:
+        if not hi:
+            licences = {d: (state, tenants_of.get(d, "")) for d, state in licence_states(ctx.host, store).items()}
+    except Exception:            # no NVML here: the flags of the rollups only
+        licences = None
+    return anomalies_of(store, end, licences)
 
 
 SCHEMA_TOP = "vgpuhost.top/v1"

@@ -73,6 +73,13 @@ Version 11 adds ``bindings`` (issue 28): the operator's binding of a domain
 bound it and when.  Domains holding allocations of a known tenant at the
 upgrade are bound to it once, each with an audit row.
 
+Version 12 adds billing (issue 32, :mod:`vgpuhost.ops.billing`): ``bills``, one
+row per issued period (``2026-11``) with its time, actor, the SHA-256 of the
+price sheet it was priced with and the bill document (JSON) as issued; and
+``bill_adjustments``, the late corrections of an issued bill (tenant, amount
+as decimal text, reason, actor, time, the audit row that records it).  Both
+refuse UPDATE and DELETE (triggers): an issued bill never changes.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -396,6 +403,35 @@ MIGRATIONS: Sequence[str] = (
         SELECT time, bound_by, 'tenant bind ' || domain, '(tenants)',
                'tenant=' || tenant || ' (from the allocations the domain held at the upgrade)', 'ok', 0
         FROM bindings;
+    """,
+    # 12: issued bills (never changed) and their audited adjustments (issue 32)
+    """
+    CREATE TABLE bills (
+        period        TEXT PRIMARY KEY,
+        issued        TEXT NOT NULL,
+        actor         TEXT NOT NULL,
+        prices_sha256 TEXT NOT NULL,
+        document      TEXT NOT NULL
+    );
+    CREATE TRIGGER bills_no_update BEFORE UPDATE ON bills
+        BEGIN SELECT RAISE(ABORT, 'an issued bill never changes: adjust it'); END;
+    CREATE TRIGGER bills_no_delete BEFORE DELETE ON bills
+        BEGIN SELECT RAISE(ABORT, 'an issued bill never changes: adjust it'); END;
+    CREATE TABLE bill_adjustments (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        period   TEXT NOT NULL REFERENCES bills(period),
+        tenant   TEXT NOT NULL,
+        amount   TEXT NOT NULL,
+        reason   TEXT NOT NULL,
+        actor    TEXT NOT NULL,
+        time     TEXT NOT NULL,
+        audit_id INTEGER NOT NULL REFERENCES audit(id)
+    );
+    CREATE INDEX bill_adjustments_period ON bill_adjustments(period);
+    CREATE TRIGGER bill_adjustments_no_update BEFORE UPDATE ON bill_adjustments
+        BEGIN SELECT RAISE(ABORT, 'adjustments are append-only'); END;
+    CREATE TRIGGER bill_adjustments_no_delete BEFORE DELETE ON bill_adjustments
+        BEGIN SELECT RAISE(ABORT, 'adjustments are append-only'); END;
     """,
 )
 
@@ -1408,6 +1444,18 @@ def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = N
     return [UsageRow._make(r) for r in conn.execute(sql + " ORDER BY hour, device, domain_uuid, tenant", args)]
 
 
+def usage_by_tenant(conn: "StateStore | sqlite3.Connection", since: str, until: str) -> List[UsageRow]:
+    """Rollups summed per (hour, tenant, kind, profile) with ``since <= hour < until``, as UsageRows
+    whose device, domain and GPU are "" (seconds and samples summed, peaks the maximum): what a
+    tenant's pattern needs, without one row per device."""
+    from ..model.usage import UsageRow  # typing: not at module level (the qemu hook imports this)
+    return [UsageRow._make(r) for r in _reader(conn).execute(
+        "SELECT hour, '', '', kind, '', profile, '', tenant, '', SUM(alloc_s), SUM(sm_busy_s), SUM(enc_busy_s), "
+        "SUM(dec_busy_s), MAX(fb_peak_bytes), MAX(fb_total_bytes), SUM(samples) FROM usage_hourly "
+        "WHERE hour >= ? AND hour < ? GROUP BY hour, tenant, kind, profile ORDER BY hour, tenant, kind, profile",
+        (since, until))]
+
+
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:
     """Lifetime ``{(device, domain_uuid): (alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes)}``."""
     return {(r[0], r[1]): tuple(r[2:]) for r in _reader(conn).execute(
@@ -1456,3 +1504,33 @@ def meter_state(conn: "StateStore | sqlite3.Connection", key: str) -> Optional[s
 
 def put_meter_state(conn: sqlite3.Connection, key: str, value: str) -> None:
     conn.execute("INSERT OR REPLACE INTO meter_state VALUES (?, ?)", (key, value))
+
+
+# --- billing (version 12) -----------------------------------------------------------
+
+def issued_bill(conn: "StateStore | sqlite3.Connection", period: str) -> Optional[tuple]:
+    """``(period, issued, actor, prices_sha256, document JSON)`` of an issued period, else None."""
+    return _reader(conn).execute("SELECT period, issued, actor, prices_sha256, document FROM bills "
+                                 "WHERE period = ?", (period,)).fetchone()
+
+
+def put_bill(conn: sqlite3.Connection, period: str, issued: str, actor: str, prices_sha256: str,
+             document: str) -> None:
+    """Store an issued bill (inside the caller's transaction); sqlite3.IntegrityError when the
+    period is issued already."""
+    conn.execute("INSERT INTO bills (period, issued, actor, prices_sha256, document) VALUES (?, ?, ?, ?, ?)",
+                 (period, issued, actor, prices_sha256, document))
+
+
+def add_bill_adjustment(conn: sqlite3.Connection, period: str, tenant: str, amount: str, reason: str,
+                        actor: str, time: str, audit_id: int) -> int:
+    """Append one adjustment of an issued bill (inside the caller's transaction); its id."""
+    cur = conn.execute("INSERT INTO bill_adjustments (period, tenant, amount, reason, actor, time, audit_id) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (period, tenant, amount, reason, actor, time, audit_id))
+    return int(cur.lastrowid)
+
+
+def bill_adjustments(conn: "StateStore | sqlite3.Connection", period: str) -> List[tuple]:
+    """``(id, tenant, amount text, reason, actor, time, audit_id)`` of a period, oldest first."""
+    return list(_reader(conn).execute("SELECT id, tenant, amount, reason, actor, time, audit_id FROM "
+                                      "bill_adjustments WHERE period = ? ORDER BY id", (period,)))

@@ -117,6 +117,20 @@ class SnapshotCollector:
                 fams["util"].add_metric(lab, d.sm_percent / 100)
         yield info
         yield from fams.values()
+        # per tenant and profile, for systems that bill from Prometheus (docs/guide/billing.md#prometheus)
+        ta = CounterMetricFamily(PREFIX + "tenant_allocated_seconds",
+                                 "Seconds a tenant's devices of a profile were allocated (the rollups' alloc_s "
+                                 "added up since the exporter started; tenant \"\": none)",
+                                 labels=["tenant", "profile", "kind"])
+        ts = CounterMetricFamily(PREFIX + "tenant_sm_busy_seconds",
+                                 "SM busy seconds of a tenant's vGPUs of a profile since the exporter started",
+                                 labels=["tenant", "profile", "kind"])
+        for tenant, profile, kind, alloc_s, sm_s in snap.tenant_usage:
+            ta.add_metric([tenant, profile, kind], alloc_s)
+            if kind != DeviceKind.PASSTHROUGH:
+                ts.add_metric([tenant, profile, kind], sm_s)
+        yield ta
+        yield ts
 
         # pci_bus_id, UUID and modelName as dcgm-exporter spells them, so its series join on them
         # (docs/metering.md, "Joining with dcgm-exporter")
@@ -182,6 +196,13 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
                               labels=["tenant"])
         for tenant, v in sorted(host["guarantee_at_risk"].items()):
             f.add_metric([tenant], v)
+        yield f
+    if "anomalies" in host:
+        f = GaugeMetricFamily(PREFIX + "anomaly", "1 per anomaly flag: kind (usage-spike, saturated, "
+                              "idle-guaranteed, gaps-growing), tenant and device where it names one; "
+                              "'vgpuhost advise' says why and what to do", labels=["kind", "tenant", "device"])
+        for (kind, tenant, device), v in sorted(host["anomalies"].items()):
+            f.add_metric([kind, tenant, device], v)
         yield f
 
 

@@ -1,0 +1,519 @@
+"""Bills (issue 32): a month of usage metered by the real sampler over a simulated clock and
+NVML, priced by a price sheet that uses every rule; the bill's totals against a reference
+computed here, independently, from the simulated schedule; bad price sheets; issued bills
+that never change; audited adjustments; the CSV and JSON exports."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+import shutil
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from vgpuhost.cli.main import main
+from vgpuhost.io import state as st
+from vgpuhost.io.backends import metering_nvml
+from vgpuhost.io.hostroot import HostRoot
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.usage import UsageRow
+from vgpuhost.ops import billing as ops
+from vgpuhost.ops.metering import MeteredOwner, Sampler
+from vgpuhost.policy import billing
+from vgpuhost.sim.build import materialise
+from vgpuhost.sim.spec import parse_spec
+
+SPEC = """
+version: 1
+name: bill-host
+summary: an A40 (mdev), an H200 in MIG mode and an L40S (vendor VFIO), an A40 to pass through
+host:
+  cpu_vendor: GenuineIntel
+  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt
+  kernel_release: 6.8.0-45-generic
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port, numa_node: 1, iommu_group: 30}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0", numa_node: 1, iommu_group: 31,
+     vgpu: {backend: mdev}}
+  - {bdf: "0000:17:01.0", model: intel-root-port, numa_node: 0}
+  - {bdf: "0000:18:00.0", model: H200-SXM-141GB, upstream: "0000:17:01.0", numa_node: 0,
+     vgpu: {backend: vendor-vfio, sriov_numvfs: 16}, mig: {mode: true}}
+  - {bdf: "0000:20:01.1", model: amd-root-port, numa_node: 0}
+  - {bdf: "0000:21:00.0", model: L40S, upstream: "0000:20:01.1", numa_node: 0,
+     vgpu: {backend: vendor-vfio, sriov_numvfs: 16}}
+  - {bdf: "0000:c0:03.0", model: intel-root-port, numa_node: 1, iommu_group: 40}
+  - {bdf: "0000:c1:00.0", model: A40, upstream: "0000:c0:03.0", numa_node: 1, iommu_group: 41}
+"""
+
+#: every rule: a profile rate, a family rate (per GB-hour), a MIG slice rate, tiered passthrough
+#: GPU-hours, SM-busy hours, reserved rates on guarantees, a burst surcharge, a tenant discount
+PRICES = """\
+version: 1
+description: GPU farm chargeback, November 2026
+currency: EUR
+rounding: half-even
+allocated:
+  profiles:
+    A40-8Q: 0.80
+  families:
+    L40S-Q: 0.06
+  mig_slice: 0.35
+passthrough_gpu:
+  - {up_to: 500, rate: 2.40}
+  - {rate: 1.90}
+sm_busy: 0.10
+reserved:
+  vgpus: 0.50
+  mig_slices: 0.30
+burst_surcharge_percent: 25
+tenants:
+  acme: {discount_percent: 10}
+"""
+
+DOM_A1 = "1e8927c3-0000-4000-8000-0000000000a1"
+DOM_A2 = "1e8927c3-0000-4000-8000-0000000000a2"
+DOM_B1 = "1e8927c3-0000-4000-8000-0000000000b1"
+DOM_B2 = "1e8927c3-0000-4000-8000-0000000000b2"
+DOM_G = "1e8927c3-0000-4000-8000-0000000000c1"
+TENANT = {DOM_A1: "acme", DOM_A2: "acme", DOM_B1: "beta", DOM_B2: "beta", DOM_G: "gamma"}
+NOV = datetime(2026, 11, 1, tzinfo=timezone.utc).timestamp()
+HOURS = 720
+#: (domain, profile, first tick, last tick): present from the first to the last hourly tick
+SCHEDULE = [(DOM_A1, "A40-8Q", 0, 744), (DOM_A2, "A40-8Q", 216, 456), (DOM_B1, "L40S-4Q", 0, 744),
+            (DOM_B2, "H200X-2-35C", 72, 672), (DOM_G, "passthrough", 0, 744)]
+#: the sampler is down for these ticks (a 10 hour outage: 6 hours of samples held, 4 a gap)
+DOWN = range(603, 612)
+TICKS = 744                 # the month, then a day of December
+
+
+def _run(host, *args, capsys=None):
+    rc = main(["--root", str(host.root), *args])
+    if capsys is not None:
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    return rc
+
+
+def _loads(seed: int = 32):
+    """Each device's SM percent per day of the month (seeded)."""
+    rnd = random.Random(seed)
+    return {dom: [rnd.randrange(0, 101) for _ in range(32)] for dom, *_ in SCHEDULE}
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """A host whose state store holds a month of rollups the real Sampler wrote, hourly ticks
+    over a simulated clock (about 3 s); returns (host, loads)."""
+    base = tmp_path_factory.mktemp("billhist")
+    host = materialise(parse_spec(SPEC), base / "host")
+    assert _run(host, "tenant", "add", "acme", "--vgpus", "1:3") == 0
+    assert _run(host, "tenant", "add", "beta", "--mig-slices", "1:4", "--allow-oversubscribe") == 0
+    assert _run(host, "tenant", "add", "gamma") == 0
+    store = StateStore(host.state_dir)
+    with store.transaction() as conn:
+        store.put_passthrough(conn, st.PassthroughRecord("0000:c1:00.0", 41, "0000:c1:00.0", "nvidia", None, 0,
+                                                         st.utcnow(), False, DOM_G))
+    nv = metering_nvml(host)
+    nv.freeze(NOV)
+    loads = _loads()
+    ids = {}
+
+    def create(dom, profile):
+        args = ["vgpu", "create", "--profile", profile, "--owner", dom]
+        if "-2-" in profile:
+            args.append("--create-gi")
+        assert _run(host, *args) == 0
+        (rec,) = [r for r in store.vgpu_records() if r.owner == dom]
+        ids[dom] = rec.id
+        nv.set_trace(rec.id, {"sm": {"steps": [[d * 86400, v] for d, v in enumerate(loads[dom])]}, "start": NOV,
+                              "vm": dom, "fb_mib": 2000})
+
+    names = {d: f"vm-{d[-2:]}" for d in TENANT}
+    sampler = Sampler(nv, store, interval_s=3600,
+                      labels=lambda u: MeteredOwner(u, names.get(u, ""), TENANT.get(u, ""), ""))
+    for tick in range(TICKS + 1):
+        for dom, profile, first, _last in SCHEDULE:
+            if tick == first and profile != "passthrough":
+                create(dom, profile)
+        if tick not in DOWN:
+            sampler.tick()
+        for dom, profile, _first, last in SCHEDULE:
+            if tick == last and profile != "passthrough":
+                assert _run(host, "vgpu", "remove", ids[dom]) == 0
+        if tick < TICKS:
+            nv.advance(3600)
+    return host, loads
+
+
+@pytest.fixture
+def farm(history, tmp_path):
+    """A copy of the month's host for one test (issuing writes to its store)."""
+    host, loads = history
+    dest = tmp_path / "host"
+    shutil.copytree(host.root, dest, symlinks=True)
+    return HostRoot(dest), loads
+
+
+def _prices(tmp_path, text=PRICES, name="prices.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# --- the reference: the schedule priced by hand, in fractions -------------------------
+
+def _cents(x: Fraction, mode=ROUND_HALF_EVEN) -> Decimal:
+    return (Decimal(x.numerator) / Decimal(x.denominator)).quantize(Decimal("0.01"), rounding=mode)
+
+
+def _qty(x: Fraction) -> Fraction:
+    d = (Decimal(x.numerator) / Decimal(x.denominator)).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN)
+    return Fraction(d)
+
+
+def reference(loads):
+    """Each tenant's November total, from the schedule and the loads alone (not the rollups)."""
+    F = Fraction
+    hold = 6
+
+    def hours(dom):
+        (_, _, first, last), = [s for s in SCHEDULE if s[0] == dom]
+        return [h for h in range(first, min(last, HOURS))]
+
+    def busy(dom):      # SM-busy hours: an hour's load; the outage's 10 hours count 6 of their mean
+        total = F(0)
+        for h in hours(dom):
+            v = F(loads[dom][h // 24], 100)
+            total += v * (F(hold, len(DOWN) + 1) if h in range(DOWN[0] - 1, DOWN[-1] + 1) else 1)
+        return total
+
+    def money(q, rate):
+        return _cents(_qty(q) * F(rate))
+
+    out = {}
+    # acme: 1 guaranteed vGPU (0.50/h all month); two A40-8Q while A2 runs: one of them above it
+    a_both = set(hours(DOM_A1)) & set(hours(DOM_A2))
+    burst_h = F(len(a_both))                                  # 2 in use, 1 guaranteed: 1 vGPU-hour each
+    reserved = money(F(HOURS), "0.50")
+    burst = money(burst_h, "0.80")
+    surcharge = _cents(F(burst) * F(25, 100))
+    sm = money(busy(DOM_A1) + busy(DOM_A2), "0.10")
+    subtotal = reserved + burst + surcharge + sm
+    out["acme"] = subtotal - _cents(F(subtotal) * F(10, 100))
+    # beta: L40S-4Q on demand per GB-hour (4 GB); H200X-2-35C (2 slices), 1 slice guaranteed
+    fam = money(F(len(hours(DOM_B1))) * 4, "0.06")
+    mig_burst = money(F(len(hours(DOM_B2))) * 2 - F(len(hours(DOM_B2))), "0.35")
+    out["beta"] = (money(F(HOURS), "0.30") + fam + mig_burst + _cents(F(mig_burst) * F(25, 100))
+                   + money(busy(DOM_B1) + busy(DOM_B2), "0.10"))
+    # gamma: a passed-through GPU all month, 500 GPU-hours at 2.40, the rest at 1.90
+    out["gamma"] = money(F(500), "2.40") + money(F(HOURS - 500), "1.90")
+    return out
+
+
+# --- the month ---------------------------------------------------------------------
+
+def test_the_months_bill_equals_the_reference_to_the_cent(farm, tmp_path, capsys):
+    host, loads = farm
+    prices = _prices(tmp_path)
+    rc, out, err = _run(host, "--json", "bill", "--prices", str(prices), "--period", "2026-11", capsys=capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    totals = {t["tenant"]: Decimal(t["amount"]) for t in doc["totals"]}
+    ref = reference(loads)
+    assert totals == ref
+    assert Decimal(doc["total"]) == sum(ref.values())
+    assert doc["status"] == "open" and doc["complete"] is True and doc["hours"] == 720
+    assert doc["currency"] == "EUR" and doc["rounding"] == "half-even"
+    items = {(ln["tenant"], ln["item"], ln["key"], ln["tier"]) for ln in doc["lines"]}
+    assert {("acme", "reserved", "vgpus", 0), ("acme", "covered", "vgpus", 0), ("acme", "burst", "A40-8Q", 0),
+            ("acme", "burst-surcharge", "A40-8Q", 0), ("acme", "sm-busy", "sm_busy", 0),
+            ("acme", "discount", "discount_percent", 0), ("beta", "reserved", "mig_slices", 0),
+            ("beta", "on-demand", "L40S-Q", 0), ("beta", "burst", "mig_slice", 0),
+            ("gamma", "on-demand", "passthrough_gpu", 1), ("gamma", "on-demand", "passthrough_gpu", 2)} <= items
+    # each line's amount is its quantity times its rate, rounded; each tenant's total the sum of its lines
+    for ln in doc["lines"]:
+        assert Decimal(ln["amount"]) == (Decimal(ln["quantity"]) * Decimal(ln["rate"])).quantize(
+            Decimal("0.01"), rounding=ROUND_HALF_EVEN)
+    for t, amount in totals.items():
+        assert sum(Decimal(ln["amount"]) for ln in doc["lines"] if ln["tenant"] == t) == amount
+    # source rows: the rollup rows behind a line, as the store holds them
+    (fam,) = [ln for ln in doc["lines"] if ln["key"] == "L40S-Q"]
+    store = StateStore(host.state_dir)
+    rows = [r for r in st.usage_rows(store, "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z")
+            if r.tenant == "beta" and r.profile == "L40S-4Q"]
+    assert fam["source"]["rows"] == len(rows) == 720 and fam["quantity"] == "2880.000000"
+    assert fam["unit"] == "GB-hour" and fam["source"]["first_hour"] == "2026-11-01T00:00:00Z"
+    assert fam["source"]["last_hour"] == "2026-11-30T23:00:00Z" and fam["source"]["devices"] == [rows[0].device]
+    # the outage is listed, with the tenants it touched, never billed silently
+    gaps = {g["device"]: g for g in doc["gaps"]}
+    assert len(gaps) == 3 and {tuple(g["tenants"]) for g in gaps.values()} == {("acme",), ("beta",)}
+    assert all(g["seconds"] == pytest.approx(4 * 3600) for g in gaps.values())
+
+
+def test_the_text_and_csv_exports(farm, tmp_path, capsys):
+    host, loads = farm
+    prices = _prices(tmp_path)
+    rc, out, err = _run(host, "bill", "--prices", str(prices), "--period", "2026-11", "--csv", capsys=capsys)
+    assert rc == 0, err
+    rows = list(csv.reader(io.StringIO(out)))
+    assert tuple(rows[0]) == ops.CSV_COLUMNS
+    # the documented column list (docs/guide/billing.md) is the one the export writes
+    guide = (Path(__file__).resolve().parents[1] / "docs/guide/billing.md").read_text()
+    documented = [ln.split("`")[1] for ln in guide.split("<!-- csv-columns -->")[1].split("<!-- /csv-columns -->")[0]
+                  .splitlines() if ln.startswith("| `")]
+    assert tuple(documented) == ops.CSV_COLUMNS
+    by_tenant = {}
+    for r in rows[1:]:
+        rec = dict(zip(rows[0], r))
+        by_tenant[rec["tenant"]] = by_tenant.get(rec["tenant"], Decimal(0)) + Decimal(rec["amount"])
+    assert by_tenant == reference(loads)
+    assert err.count("gap:") == 3
+    rc, out, _ = _run(host, "bill", "--prices", str(prices), "--period", "2026-11", "--tenant", "gamma",
+                      capsys=capsys)
+    assert rc == 0 and "passthrough_gpu" in out and "acme" not in out
+    assert f"total: {reference(loads)['gamma']} EUR" in out
+
+
+def test_an_issued_bill_never_changes_and_adjustments_are_audited(farm, tmp_path, capsys):
+    host, loads = farm
+    prices = _prices(tmp_path)
+    rc, out, err = _run(host, "--json", "bill", "--prices", str(prices), "--period", "2026-11", "--issue",
+                        capsys=capsys)
+    assert rc == 0, err
+    issued = json.loads(out)
+    assert issued["status"] == "issued" and issued["issued"]["actor"]
+    store = StateStore(host.state_dir)
+    row = st.issued_bill(store, "2026-11")
+    assert row[3] == billing.load_prices(prices).sha256
+    # more history arrives for November (a late rollup), a guarantee changes, the prices change
+    with store.transaction() as conn:
+        st.add_usage(conn, [UsageRow("2026-11-30T23:00:00Z", "late", DOM_A1, "vgpu", "0000:81:00.0", "A40-8Q",
+                                     "vm-a1", "acme", "", 3600.0, 3600.0, 0, 0, 0, 0, 1)])
+    assert _run(host, "tenant", "set", "acme", "--vgpus", "2:3", capsys=capsys)[0] == 0
+    other = _prices(tmp_path, PRICES.replace("0.80", "0.95"), "other.yaml")
+    rc, out, err = _run(host, "--json", "bill", "--prices", str(other), "--period", "2026-11", capsys=capsys)
+    assert rc == 0, err
+    again = json.loads(out)
+    assert again["sheet_differs"] is True
+    for k in ("lines", "totals", "total", "prices_sha256", "gaps", "issued"):
+        assert again[k] == issued[k]
+    assert {t["tenant"]: Decimal(t["amount"]) for t in again["totals"]} == reference(loads)
+    # issuing again is refused, nothing written
+    rc, _, err = _run(host, "bill", "--prices", str(prices), "--period", "2026-11", "--issue", capsys=capsys)
+    assert rc == 2 and "issued at" in err and "bill adjust" in err
+    # the store refuses to change an issued bill
+    with pytest.raises(Exception, match="never changes"):
+        with store.transaction() as conn:
+            conn.execute("UPDATE bills SET document = '{}'")
+    # a late correction: an adjustment, audited; the issued lines stay
+    n_audit = len(store.audit_rows())
+    for tenant, amount, words in (("acme", "1.234", "more decimal places"), ("acme", "0", "non-zero"),
+                                  ("acmee", "5", "has no lines")):
+        rc, _, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", tenant, "--amount", amount,
+                          "--reason", "x", capsys=capsys)
+        assert rc == 2 and words in err, err
+    assert len(store.audit_rows()) == n_audit and st.bill_adjustments(store, "2026-11") == []
+    rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", "acme",
+                        "--amount", "-12.50", "--reason", "outage credit", capsys=capsys)
+    assert rc == 0, err
+    adj = json.loads(out)
+    audit = store.audit_rows()
+    assert len(audit) == n_audit + 1 and audit[-1].operation == "bill adjust 2026-11"
+    assert "-12.50 EUR" in audit[-1].value and "outage credit" in audit[-1].value
+    assert adj["audit_id"] == audit[-1].id
+    rc, out, _ = _run(host, "--json", "bill", "--period", "2026-11", capsys=capsys)
+    doc = json.loads(out)
+    assert doc["lines"] == issued["lines"] and len(doc["adjustments"]) == 1
+    after = {t["tenant"]: Decimal(t["amount"]) for t in doc["totals_after_adjustments"]}
+    assert after["acme"] == reference(loads)["acme"] - Decimal("12.50")
+    rc, out, _ = _run(host, "bill", "--period", "2026-11", "--csv", capsys=capsys)
+    assert rc == 0 and ",adjustment,1," in out and "outage credit" in out
+
+
+def test_refusals_write_nothing(farm, tmp_path, capsys):
+    host, _ = farm
+    prices = _prices(tmp_path)
+    store = StateStore(host.state_dir)
+    n_audit = len(store.audit_rows())
+    # metering has not passed the end of December: too early to issue
+    rc, _, err = _run(host, "bill", "--prices", str(prices), "--period", "2026-12", "--issue", capsys=capsys)
+    assert rc == 2 and "has not passed the end of 2026-12" in err
+    # an adjustment of a period not issued
+    rc, _, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "acme", "--amount", "5",
+                      "--reason", "x", capsys=capsys)
+    assert rc == 2 and "not issued" in err
+    # a profile the sheet has no rate for
+    rc, _, err = _run(host, "bill", "--prices", str(_prices(tmp_path, PRICES.replace("  families:\n    L40S-Q: 0.06\n", ""),
+                                                           "nol40s.yaml")), "--period", "2026-11", capsys=capsys)
+    assert rc == 2 and "L40S-4Q" in err and "allocated.families.L40S-Q" in err
+    rc, _, err = _run(host, "bill", "--prices", str(prices), "--period", "2026-13", capsys=capsys)
+    assert rc == 2 and "invalid period" in err
+    assert st.issued_bill(store, "2026-11") is None and st.issued_bill(store, "2026-12") is None
+    assert len(store.audit_rows()) == n_audit
+
+
+# --- bad price sheets ---------------------------------------------------------------
+
+def _sub(old, new):
+    assert old in PRICES
+    return PRICES.replace(old, new, 1)
+
+
+BAD = {
+    "unknown-key": (_sub("sm_busy: 0.10", "sm_bussy: 0.10"), 14, "unknown key 'sm_bussy'"),
+    "wrong-type": (_sub("mig_slice: 0.35", "mig_slice: cheap"), 10, "must be a number"),
+    "wrong-type-mapping": (_sub("  acme: {discount_percent: 10}", "  acme: [10]"), 20, "must be a mapping"),
+    "negative-rate": (_sub("A40-8Q: 0.80", "A40-8Q: -0.80"), 7, "is negative"),
+    "unsorted-tiers": (_sub("{up_to: 500, rate: 2.40}\n  - {rate: 1.90}",
+                            "{up_to: 500, rate: 2.40}\n  - {up_to: 300, rate: 2.10}\n  - {rate: 1.90}"),
+                       13, "tiers overlap or are unsorted"),
+    "overlapping-tiers": (_sub("{up_to: 500, rate: 2.40}\n  - {rate: 1.90}",
+                               "{up_to: 500, rate: 2.40}\n  - {up_to: 500, rate: 2.10}\n  - {rate: 1.90}"),
+                          13, "tiers overlap or are unsorted"),
+    "open-tier-not-last": (_sub("{up_to: 500, rate: 2.40}", "{rate: 2.40}"), 12, "is not the last tier"),
+    "unknown-currency": (_sub("currency: EUR", "currency: EURO"), 3, "unknown currency 'EURO'"),
+    "bad-version": (_sub("version: 1", "version: 2"), 1, "unsupported price sheet version 2"),
+    "duplicate-key": (_sub("sm_busy: 0.10", "sm_busy: 0.10\nsm_busy: 0.20"), 15, "duplicate key 'sm_busy'"),
+    "unparseable": (_sub("  mig_slice: 0.35", "  mig_slice: [0.35"), 11, "malformed YAML"),
+    "bad-rounding": (_sub("rounding: half-even", "rounding: up"), 4, "unknown rounding 'up'"),
+    "discount-over-100": (_sub("discount_percent: 10", "discount_percent: 110"), 20, "is above 100"),
+    "bad-profile": (_sub("A40-8Q: 0.80", "A40-8X: 0.80"), 7, "is not a vGPU profile name"),
+    "bad-family": (_sub("L40S-Q: 0.06", "L40S: 0.06"), 9, "is not a profile family"),
+    "reserved-unknown-dimension": (_sub("  vgpus: 0.50", "  gpus: 0.50"), 16, "unknown key 'gpus'"),
+    "infinite": (_sub("sm_busy: 0.10", "sm_busy: .inf"), 14, "not a finite number"),
+    "not-a-sheet": ("- 1\n- 2\n", 1, "not a vgpuhost price sheet"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_price_sheet_is_one_file_line_and_nothing_is_written(history, tmp_path, capsys, case):
+    host, _ = history              # shared: a refusal writes nothing (checked below)
+    text, line, what = BAD[case]
+    path = _prices(tmp_path, text, f"{case}.yaml")
+    store = StateStore(host.state_dir)
+    n_audit = len(store.audit_rows())
+    rc, out, err = _run(host, "bill", "--prices", str(path), "--period", "2026-11", "--issue", capsys=capsys)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"vgpuhost: error: {path}:{line}: "), err
+    assert what in lines[0] and "; " in lines[0]
+    assert st.issued_bill(store, "2026-11") is None and len(store.audit_rows()) == n_audit
+
+
+# --- pure pricing rules ---------------------------------------------------------------
+
+def _row(hour, device, tenant, profile, alloc_s, kind="vgpu", sm=0.0):
+    return UsageRow(hour, device, "d-" + device, kind, "0000:81:00.0", profile, "", tenant, "", alloc_s, sm, 0.0,
+                    0.0, 0, 0, 1)
+
+
+def test_rounding_half_up_and_half_even_and_currencies():
+    up = billing.parse_prices("version: 1\ncurrency: EUR\nrounding: half-up\nallocated: {profiles: {A40-8Q: 0.005}}\n")
+    even = billing.parse_prices("version: 1\ncurrency: EUR\nrounding: half-even\n"
+                                "allocated: {profiles: {A40-8Q: 0.005}}\n")
+    yen = billing.parse_prices("version: 1\ncurrency: jpy\nallocated: {profiles: {A40-8Q: 150.5}}\n")
+    rows = [_row("2026-11-01T00:00:00Z", "v1", "t", "A40-8Q", 3600.0)]
+    kw = dict(period="2026-11", start="2026-11-01T00:00:00Z", end="2026-12-01T00:00:00Z", hours=720, guarantees={})
+    assert billing.price(rows, up, **kw).totals == {"t": Decimal("0.01")}
+    assert billing.price(rows, even, **kw).totals == {"t": Decimal("0.00")}
+    rows3 = [_row("2026-11-01T00:00:00Z", "v1", "t", "A40-8Q", 3 * 3600.0)]
+    assert billing.price(rows3, even, **kw).totals == {"t": Decimal("0.02")}      # 0.015 -> 0.02
+    assert billing.price(rows, yen, **kw).totals == {"t": Decimal("151")} and yen.currency == "JPY"   # 150.5 -> 151
+    assert billing.price(rows3, yen, **kw).totals == {"t": Decimal("452")}         # 451.5 -> 452 (half-up)
+    assert up.money(Decimal("2.675")) == Decimal("2.68")      # exact decimals: no 2.67 of binary floats
+
+
+def test_a_guarantee_is_charged_unused_and_covers_use_hour_by_hour():
+    sheet = billing.parse_prices("version: 1\ncurrency: USD\nallocated: {profiles: {A40-8Q: 1}}\n"
+                                 "reserved: {vgpus: 0.25}\nburst_surcharge_percent: 10\n")
+    kw = dict(period="2026-11", start="2026-11-01T00:00:00Z", end="2026-12-01T00:00:00Z", hours=720)
+    # hour 0: three vGPUs against a guarantee of 2 -> 1 vGPU-hour above it; hour 1: one, covered
+    rows = [_row("2026-11-01T00:00:00Z", f"v{i}", "t", "A40-8Q", 3600.0) for i in range(3)] + \
+           [_row("2026-11-01T01:00:00Z", "v0", "t", "A40-8Q", 3600.0)]
+    b = billing.price(rows, sheet, guarantees={"t": {"vgpus": 2}, "idle": {"vgpus": 1}}, **kw)
+    lines = {(ln.tenant, ln.item): ln for ln in b.lines}
+    assert lines[("t", "reserved")].quantity == Decimal(1440) and lines[("t", "reserved")].amount == Decimal("360.00")
+    assert lines[("t", "covered")].quantity == Decimal(3) and lines[("t", "burst")].quantity == Decimal(1)
+    assert lines[("t", "burst-surcharge")].amount == Decimal("0.10")
+    assert b.totals == {"t": Decimal("361.10"), "idle": Decimal("180.00")}   # a guarantee unused is still paid
+
+
+def test_period_bounds():
+    assert billing.period_bounds("2026-11") == ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z", 720)
+    assert billing.period_bounds("2026-12") == ("2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z", 744)
+    assert billing.period_bounds("2028-02")[2] == 29 * 24
+    for bad in ("2026-13", "2026-1", "nov", ""):
+        with pytest.raises(Exception, match="invalid period"):
+            billing.period_bounds(bad)
+
+
+# --- the exporter's counters for billing from Prometheus ----------------------------------
+
+def test_the_exporter_counts_each_tenants_allocated_and_busy_seconds(make_host, capsys):
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.openmetrics.exposition import generate_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    from vgpuhost.ops.exporter import SnapshotCollector
+
+    host = make_host("a40-mdev")
+    for dom in (DOM_A1, DOM_B1):
+        assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", dom, capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    ids = {r.owner: r.id for r in store.vgpu_records()}
+    nv = metering_nvml(host)
+    nv.freeze(NOV)
+    nv.set_trace("default", {"sm": 40})
+    sampler = Sampler(nv, store, interval_s=60, labels=lambda u: MeteredOwner(u, "", TENANT.get(u, ""), ""))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(lambda: sampler.snapshot, 60))
+
+    def counters():
+        text = generate_latest(reg).decode()          # OpenMetrics text, parsed by OpenMetrics' own parser
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name in ("vgpuhost_tenant_allocated_seconds", "vgpuhost_tenant_sm_busy_seconds"):
+                assert fam.type == "counter"
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        out[(fam.name, s.labels["tenant"], s.labels["profile"], s.labels["kind"])] = s.value
+        return out
+
+    sampler.tick()
+    for _ in range(30):
+        nv.advance(60)
+        sampler.tick()
+    c = counters()
+    assert c[("vgpuhost_tenant_allocated_seconds", "acme", "A40-8Q", "vgpu")] == pytest.approx(1800)
+    assert c[("vgpuhost_tenant_sm_busy_seconds", "beta", "A40-8Q", "vgpu")] == pytest.approx(720)
+    # they add up what the sampler wrote to the rollups
+    rows = st.usage_rows(store)
+    assert sum(r.alloc_s for r in rows if r.tenant == "beta") == pytest.approx(
+        c[("vgpuhost_tenant_allocated_seconds", "beta", "A40-8Q", "vgpu")])
+    # a tenant's device going away does not lower its counter (counters never decrease)
+    assert _run(host, "vgpu", "remove", ids[DOM_B1], capsys=capsys)[0] == 0
+    nv.advance(60)
+    sampler.tick()
+    after = counters()
+    assert after[("vgpuhost_tenant_allocated_seconds", "beta", "A40-8Q", "vgpu")] == pytest.approx(1800)
+    assert after[("vgpuhost_tenant_allocated_seconds", "acme", "A40-8Q", "vgpu")] == pytest.approx(1860)
+
+
+def test_the_price_sheet_schema_and_the_shipped_example():
+    import jsonschema
+    import yaml
+    repo = Path(__file__).resolve().parents[1]
+    validator = jsonschema.Draft202012Validator(json.loads((repo / "docs/schemas/prices.v1.schema.json").read_text()))
+    for text in (PRICES, (repo / "examples/billing/prices.yaml").read_text()):
+        billing.parse_prices(text)
+        assert not list(validator.iter_errors(yaml.safe_load(text)))
+    for case in ("unknown-key", "wrong-type", "negative-rate", "bad-version", "bad-rounding", "discount-over-100",
+                 "reserved-unknown-dimension", "wrong-type-mapping"):
+        assert list(validator.iter_errors(yaml.safe_load(BAD[case][0]))), f"{case} passes the schema"

@@ -1,0 +1,261 @@
+"""Bills: a period's usage rollups priced, issued once, adjusted in the open.
+
+Owns: the bill document (``vgpuhost.bill/v1``, docs/schemas/bill.v1.schema.json)
+of a period, built by :func:`bill` from the state store's hourly rollups
+(``usage_hourly``: the tenant metering attributed each row to, never
+re-derived), its metering gaps and the tenants' guarantees, priced by
+:func:`vgpuhost.policy.billing.price`; :func:`issue`, which stores a period's
+bill for good (``bills``, with the price sheet's SHA-256) once metering has
+passed the period's end; and :func:`adjust`, a late correction of an issued
+bill, appended with an audit row.  An issued period's bill is always the
+issued document (plus its adjustments): more history arriving, or another
+price sheet, never changes it.  :data:`CSV_COLUMNS` is the CSV export's
+column list.
+
+Money in the document is decimal text (``"123.45"``), never a JSON number,
+so a billing system reads it exactly.  Errors: InputError (exit 2) for a bad
+period, an unpriced profile, issuing twice or too early, adjusting a period
+not issued; nothing is written then.  Must not: price anything itself
+(policy/billing.py), or write anything but ``bills``, ``bill_adjustments``
+and their audit rows.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any, Dict, List, Optional
+
+from ..io import state as st
+from ..io.process import actor as process_actor
+from ..io.state import StateStore
+from ..model.errors import InputError
+from ..model.yamldoc import shown
+from ..policy.billing import CURRENCIES, RESERVED_DIMS, Bill, PriceSheet, period_bounds, price
+from . import tenancy
+from .metering import iso_us
+
+SCHEMA = "vgpuhost.bill/v1"
+#: the CSV export's columns, in order (docs/guide/billing.md#csv; tests/test_billing.py checks both)
+CSV_COLUMNS = ("period", "status", "tenant", "item", "key", "kind", "tier", "quantity", "unit", "rate", "amount",
+               "currency", "source_rows", "source_first_hour", "source_last_hour", "source_devices",
+               "source_seconds", "note", "prices_sha256")
+
+
+def _actor() -> str:
+    return process_actor()
+
+
+def guarantees(store: StateStore) -> Dict[str, Dict[str, int]]:
+    """``{tenant: {dimension: guaranteed units}}`` from the tenancy tables (dimensions of
+    :data:`~vgpuhost.policy.billing.RESERVED_DIMS`; none where no tenant has one)."""
+    out: Dict[str, Dict[str, int]] = {}
+    for name, t in tenancy.tenants(store).items():
+        g = {d: int(t.quota.guaranteed.get(d) or 0) for d in RESERVED_DIMS}
+        if any(g.values()):
+            out[name] = g
+    return out
+
+
+def _iso_hour(hour: str) -> str:
+    """A rollup hour key as the gaps' timestamps spell it (``...T00:00:00.000000+00:00``)."""
+    return datetime.strptime(hour, "%Y-%m-%dT%H:00:00Z").replace(tzinfo=timezone.utc).isoformat(
+        timespec="microseconds")
+
+
+def metered_until(store: StateStore) -> Optional[str]:
+    """The wall-clock time of the sampler's last reading (ISO), None before the first."""
+    v = st.meter_state(store, "last_tick_us")
+    return iso_us(int(v)) if v else None
+
+
+def _money(d: Decimal) -> str:
+    return format(d, "f")
+
+
+def document(b: Bill, *, status: str, complete: bool, metered: Optional[str], prices: Optional[str]) -> Dict[str, Any]:
+    """The ``vgpuhost.bill/v1`` document of ``b`` (no adjustments yet: :func:`with_adjustments`)."""
+    lines = []
+    for ln in b.lines:
+        s = ln.source
+        lines.append({"tenant": ln.tenant, "item": ln.item, "key": ln.key, "kind": ln.kind, "tier": ln.tier,
+                      "quantity": _money(ln.quantity), "unit": ln.unit, "rate": _money(ln.rate),
+                      "amount": _money(ln.amount),
+                      "source": {"table": "usage_hourly", "rows": s.rows, "first_hour": s.first_hour or None,
+                                 "last_hour": s.last_hour or None, "devices": list(s.devices),
+                                 "seconds": _money(s.seconds)},
+                      "note": ln.note})
+    return {"schema": SCHEMA, "period": b.period, "start": b.start, "end": b.end, "hours": b.hours,
+            "currency": b.currency, "rounding": b.rounding, "prices_sha256": b.prices_sha256, "prices": prices,
+            "status": status, "issued": None, "complete": complete, "metered_until": metered, "tenant": None,
+            "lines": lines,
+            "totals": [{"tenant": t, "amount": _money(a)} for t, a in sorted(b.totals.items())],
+            "total": _money(sum(b.totals.values(), Decimal(0))),
+            "adjustments": [], "totals_after_adjustments": [], "total_after_adjustments": None,
+            "gaps": [{"start": g[0], "end": g[1], "device": g[2], "seconds": float(g[3]), "reason": g[4],
+                      "tenants": list(g[5])} for g in b.gaps]}
+
+
+def _compute(store: StateStore, sheet: PriceSheet, period: str, *, prices: Optional[str],
+             tenant: Optional[str] = None) -> Dict[str, Any]:
+    start, end, hours = period_bounds(period)
+    rows = st.usage_rows(store, start, end)
+    gaps = st.meter_gaps(store, _iso_hour(start), _iso_hour(end))
+    b = price(rows, sheet, period=period, start=start, end=end, hours=hours, guarantees=guarantees(store),
+              gaps=gaps, tenant=tenant)
+    metered = metered_until(store)
+    complete = metered is not None and metered >= _iso_hour(end)
+    return document(b, status="open", complete=complete, metered=metered, prices=prices)
+
+
+def with_adjustments(doc: Dict[str, Any], adjustments: List[tuple]) -> Dict[str, Any]:
+    """``doc`` with the period's adjustments and the totals after them."""
+    doc = dict(doc)
+    doc["adjustments"] = [{"id": a[0], "tenant": a[1], "amount": a[2], "reason": a[3], "actor": a[4],
+                           "time": a[5], "audit_id": a[6]} for a in adjustments]
+    after: Dict[str, Decimal] = {t["tenant"]: Decimal(t["amount"]) for t in doc["totals"]}
+    for a in adjustments:
+        after[a[1]] = after.get(a[1], Decimal(0)) + Decimal(a[2])
+    doc["totals_after_adjustments"] = [{"tenant": t, "amount": _money(v)} for t, v in sorted(after.items())]
+    doc["total_after_adjustments"] = _money(sum(after.values(), Decimal(0)))
+    return doc
+
+
+def for_tenant(doc: Dict[str, Any], tenant: Optional[str]) -> Dict[str, Any]:
+    """``doc`` cut to one tenant's lines, totals, adjustments and gaps (None: all)."""
+    if tenant is None:
+        return doc
+    t = tenant.lower()
+    doc = dict(doc, tenant=tenant)
+    for k in ("lines", "totals", "adjustments", "totals_after_adjustments"):
+        doc[k] = [x for x in doc[k] if x["tenant"].lower() == t]
+    doc["gaps"] = [g for g in doc["gaps"] if g["device"] == "*" or t in {x.lower() for x in g["tenants"]}]
+    doc["total"] = _money(sum((Decimal(x["amount"]) for x in doc["totals"]), Decimal(0)))
+    if doc["total_after_adjustments"] is not None:
+        doc["total_after_adjustments"] = _money(sum((Decimal(x["amount"]) for x in doc["totals_after_adjustments"]),
+                                                    Decimal(0)))
+    return doc
+
+
+def bill(store: StateStore, period: str, sheet: Optional[PriceSheet], *, tenant: Optional[str] = None,
+         prices: Optional[str] = None) -> Dict[str, Any]:
+    """The bill document of ``period`` (``YYYY-MM``, UTC): the issued one with its adjustments
+    when the period is issued (``sheet`` may then be None; ``sheet_differs`` says when the sheet
+    given is not the one it was issued with), else priced now from the rollups with ``sheet``
+    (status ``open``; ``complete`` false while metering has not passed the period's end).
+    ``tenant``: one tenant's part.  InputError: a bad period, no sheet for an open period, usage
+    the sheet has no rate for."""
+    period_bounds(period)
+    row = st.issued_bill(store, period)
+    if row is not None:
+        doc = json.loads(row[4])
+        doc["sheet_differs"] = sheet is not None and sheet.sha256 != row[3]
+        return for_tenant(with_adjustments(doc, st.bill_adjustments(store, period)), tenant)
+    if sheet is None:
+        raise InputError(f"the bill of {period} is not issued: it is priced from the rollups now, with a price sheet",
+                         hint="give --prices FILE")
+    doc = _compute(store, sheet, period, prices=prices, tenant=tenant)     # only that tenant's rows priced
+    doc["sheet_differs"] = False
+    return for_tenant(with_adjustments(doc, []), tenant)
+
+
+def issue(store: StateStore, period: str, sheet: PriceSheet, *, prices: Optional[str] = None,
+          actor: Optional[str] = None, now: Optional[str] = None) -> Dict[str, Any]:
+    """Price ``period`` with ``sheet`` and store it as issued (with an audit row), once.
+
+    Refused (InputError, nothing written) when the period is issued already (a correction is
+    :func:`adjust`) or metering has not passed the period's end (the bill would miss usage).
+    Returns the issued document."""
+    period_bounds(period)
+    who = actor or _actor()
+    when = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with store.transaction() as conn:
+        row = st.issued_bill(conn, period)
+        if row is not None:
+            raise InputError(f"the bill of {period} was issued at {row[1]} and never changes",
+                             hint=f"a late correction is 'vgpuhost bill adjust --period {period} --tenant T "
+                                  "--amount A --reason TEXT'")
+        doc = _compute(store, sheet, period, prices=prices)
+        if not doc["complete"]:
+            raise InputError(f"metering has not passed the end of {period} (last reading: "
+                             f"{doc['metered_until'] or 'none'}): its bill would miss usage",
+                             hint="issue it once the sampler (vgpuhost exporter or the agent) has read past "
+                                  f"{doc['end']}")
+        doc = dict(doc, status="issued", issued={"time": when, "actor": who})
+        text = json.dumps(doc, sort_keys=True)
+        store.audit(actor=who, operation=f"bill issue {period}", path="(bills)",
+                    value=f"total {doc['total']} {doc['currency']}, prices sha256 {sheet.sha256}", conn=conn)
+        st.put_bill(conn, period, when, who, sheet.sha256, text)
+    doc["sheet_differs"] = False
+    return with_adjustments(doc, [])
+
+
+def parse_amount(text: str, currency_places: int) -> Decimal:
+    """An adjustment amount (``-12.50``, ``30``) as a Decimal with at most the currency's places;
+    InputError otherwise."""
+    try:
+        d = Decimal(text.strip())
+    except (InvalidOperation, AttributeError):
+        raise InputError(f"invalid amount {shown(text)}", hint="give a decimal amount, e.g. -12.50 or 30") from None
+    if not d.is_finite() or d == 0:
+        raise InputError(f"invalid amount {shown(text)}", hint="give a non-zero decimal amount, e.g. -12.50")
+    if -d.as_tuple().exponent > currency_places:
+        raise InputError(f"amount {d} has more decimal places than the currency's {currency_places}",
+                         hint="round it to the currency's minor units")
+    return d
+
+
+def adjust(store: StateStore, period: str, tenant: str, amount: str, reason: str, *,
+           actor: Optional[str] = None, now: Optional[str] = None) -> Dict[str, Any]:
+    """Append an adjustment of ``amount`` (decimal text, currency of the issued bill; negative: a
+    credit) for ``tenant`` to the issued bill of ``period``, with an audit row; the adjustment.
+
+    Refused (InputError, nothing written): the period not issued, a tenant with no lines in it, an
+    empty reason, a bad amount (more places than the currency's minor units, zero, not a number)."""
+    period_bounds(period)
+    reason = (reason or "").strip()
+    if not reason:
+        raise InputError("an adjustment needs a reason", hint="give --reason TEXT (it goes to the audit log)")
+    if len(reason) > 500:
+        raise InputError("the reason is over 500 characters", hint="say it shorter")
+    who = actor or _actor()
+    when = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with store.transaction() as conn:
+        row = st.issued_bill(conn, period)
+        if row is None:
+            raise InputError(f"the bill of {period} is not issued: an open period's bill follows the rollups",
+                             hint=f"issue it first ('vgpuhost bill --prices FILE --period {period} --issue')")
+        doc = json.loads(row[4])
+        billed = {t["tenant"].lower(): t["tenant"] for t in doc["totals"]}
+        if tenant.lower() not in billed:
+            raise InputError(f"tenant {shown(tenant)} has no lines in the issued bill of {period}",
+                             hint="tenants billed: " + (", ".join(repr(t) for t in sorted(billed.values())) or "none"))
+        tenant = billed[tenant.lower()]
+        d = parse_amount(amount, CURRENCIES.get(doc["currency"], 2))
+        aid = store.audit(actor=who, operation=f"bill adjust {period}", path="(bills)",
+                          value=f"tenant {tenant}: {format(d, 'f')} {doc['currency']}: {reason}", conn=conn)
+        adj_id = st.add_bill_adjustment(conn, period, tenant, format(d, "f"), reason, who, when, aid)
+    return {"id": adj_id, "period": period, "tenant": tenant, "amount": format(d, "f"), "currency": doc["currency"],
+            "reason": reason, "actor": who, "time": when, "audit_id": aid}
+
+
+def csv_rows(doc: Dict[str, Any]) -> List[List[Any]]:
+    """The CSV export's rows (:data:`CSV_COLUMNS`) of a bill document: its lines, then its
+    adjustments (item ``adjustment``, key the adjustment's id)."""
+    out = []
+    for ln in doc["lines"]:
+        s = ln["source"]
+        out.append([doc["period"], doc["status"], ln["tenant"], ln["item"], ln["key"], ln["kind"], ln["tier"],
+                    ln["quantity"], ln["unit"], ln["rate"], ln["amount"], doc["currency"], s["rows"],
+                    s["first_hour"] or "", s["last_hour"] or "", " ".join(s["devices"]), s["seconds"], ln["note"],
+                    doc["prices_sha256"]])
+    for a in doc["adjustments"]:
+        out.append([doc["period"], doc["status"], a["tenant"], "adjustment", str(a["id"]), "", 0, "1",
+                    doc["currency"], a["amount"], a["amount"], doc["currency"], 0, "", "", "", "0", a["reason"],
+                    doc["prices_sha256"]])
+    return out
+
+
+__all__ = ["bill", "issue", "adjust", "document", "csv_rows", "guarantees", "metered_until", "CSV_COLUMNS",
+           "SCHEMA", "parse_amount"]
