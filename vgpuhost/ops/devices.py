@@ -76,6 +76,8 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
     """
     meta = view.metadata
     if meta is None or meta.empty:
+        if view.hostdevs:
+            _check_undeclared(host, view, actor, store)
         return []
     from ..io.files import is_file
     from ..io.state import DB_NAME, StateStore
@@ -137,8 +139,13 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     records = store.vgpu_records()
-    pt_records = store.passthrough_records() if checked.passthrough else ()
+    # a PCI hostdev may name a group another owner holds: the records are read for it too
+    pt_records = store.passthrough_records() if checked.passthrough or view.pci_sources else ()
     check_holders(inv, view, checked, vgpu_records=records, passthrough_records=pt_records, active_domains=active)
+    # every GPU device the domain names, declared or not (issue 28): an undeclared one is refused here,
+    # before admission and before any write
+    _refuse_hostdevs(store, view, actor, inv, allow=checked.allowed, vgpu_records=records,
+                     passthrough_records=pt_records, active_domains=active)
     types = _resolve_profiles(inv, store, checked) if checked.vgpus else {}
     me = view.uuid
     # what the records gave the domain before this start (read above: no second read on the hook's path)
@@ -205,6 +212,48 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                 pass
         raise
     return [str(d) for _, d in made]
+
+
+def _check_undeclared(host: HostRoot, view: "DomainView", actor: str, store: "Optional[StateStore]") -> None:
+    """``prepare begin`` of a domain whose metadata declares no device: refuse a GPU device it names
+    (:mod:`vgpuhost.policy.hostdevs`), reading only the devices its hostdevs name and the records
+    (no state store is made for a domain that passes)."""
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover_named
+    inv = discover_named(Sysfs(host), tuple(view.pci_sources), tuple(view.mdev_uuids))
+    if store is None:
+        store = open_store(host)
+    records = store.vgpu_records() if store is not None else ()
+    pt_records = store.passthrough_records() if store is not None and view.pci_sources else ()
+    active = store.active_domains() if store is not None else {}
+    if store is None:
+        from ..io.state import StateStore
+        store = _LazyStore(lambda: StateStore(host.s.state_dir, owned=lambda: _owned(host)))
+    _refuse_hostdevs(store, view, actor, inv, allow=None, vgpu_records=records, passthrough_records=pt_records,
+                     active_domains=active)
+
+
+class _LazyStore:
+    """A state store opened only when an audit row must be written (a refusal)."""
+
+    def __init__(self, opener):
+        self._opener = opener
+
+    def audit(self, **kw) -> int:
+        return self._opener().audit(**kw)
+
+
+def _refuse_hostdevs(store, view: "DomainView", actor: str, inv: "Inventory", **facts) -> None:
+    """:func:`vgpuhost.policy.hostdevs.check_hostdevs` on ``view``; a refusal gets its audit row
+    (path ``(hostdevs)``, result ``refused``) and propagates (RefusedError, exit 2): nothing was made."""
+    from ..model.errors import RefusedError as Refused
+    from ..policy.hostdevs import check_hostdevs, declared_functions
+    try:
+        check_hostdevs(inv, view, declared_pci=declared_functions(view, inv), **facts)
+    except Refused as e:
+        store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path="(hostdevs)",
+                    value=e.message, result="refused")
+        raise
 
 
 def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], Optional[FrozenSet[str]]]",
