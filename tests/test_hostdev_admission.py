@@ -365,3 +365,58 @@ def test_policy_classifies_without_io():
     assert v.outcome == hd.NOT_GPU
     (v,) = hd.classify(Inv(), view, vgpu_records=(Rec(),), **facts)
     assert v.outcome == hd.REFUSED and v.gpu == GPU_HI and "owner 'manual'" in v.line
+
+
+def test_the_dispatcher_hands_a_domain_without_metadata_that_names_a_device_to_the_handler(make_host, tmp_path):
+    """No vgpuhost metadata, a GPU named by a hostdev, or by an interface whose type is spelled with a
+    character reference: both refused through the installed dispatcher (client or sh), not passed at exit 0.
+    A domain naming no host device still starts no Python and leaves no store."""
+    host = mixed(make_host)
+    for client in (None, "none"):
+        path = install(host, tmp_path / str(client), **({"client": client} if client else {}))
+        before = tree(host)
+        spelled = interface_hostdev(L40S_VF5).replace("type='hostdev'", "type='host&#100;ev'")
+        for xml, want in [(domain_xml("p", DOM1, hostdevs=[pci_hostdev(GPU_HI, managed=True)]),
+                           f"names NVIDIA GPU {GPU_HI}"),
+                          (domain_xml("p", DOM1, hostdevs=[spelled]), f"<interface type='hostdev'> names VF {L40S_VF5}")]:
+            proc = dispatch(path, ["p", "prepare", "begin", "-"], xml.encode())
+            err = proc.stderr.decode()
+            assert proc.returncode == 2 and err.count("\n") == 1 and want in err, (client, err)
+            assert tree(host) == before
+    n = len(hostdev_rows(host))
+    assert n == 4
+    proc = dispatch(path, ["p", "prepare", "begin", "-"], domain_xml("p", DOM2).encode())
+    assert (proc.returncode, proc.stderr) == (0, b"") and len(hostdev_rows(host)) == n
+
+
+# ---------------------------------------------------------------------------
+# attach: early feedback by the same rule (a note; the hook refuses at start)
+
+def test_attach_warns_of_an_undeclared_gpu_hostdev_the_hook_would_refuse(make_host, tmp_path):
+    import libvirt
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops.attach import attach
+    h = make_host("l40s-vendor-vfio")
+    host = HostRoot(h.root, tmp_path / "state")
+    s = StateStore(host.state_dir)
+    conn = libvirt.open("test:///default")
+    try:
+        conn.defineXML("<domain type='test'><name>vgh-undeclared</name><memory>65536</memory><os><type>hvm</type>"
+                       f"</os><devices>{pci_hostdev('0000:21:00.0', managed=True)}</devices></domain>")
+        out = attach(host, s, "test:///default", "vgh-undeclared", profile="L40S-4Q", dry_run=True)
+        (note,) = [n for n in out.notes if n.startswith("the qemu hook refuses every start of vgh-undeclared until")]
+        assert ("<hostdev type='pci' managed='yes'> names NVIDIA GPU 0000:21:00.0" in note
+                and "--passthrough 0000:21:00.0" in note), note
+        assert "\n" not in note and out.devices[0].gpu == "0000:a1:00.0"
+        conn.defineXML("<domain type='test'><name>vgh-clean</name><memory>65536</memory><os><type>hvm</type>"
+                       "</os><devices/></domain>")
+        clean = attach(host, s, "test:///default", "vgh-clean", profile="L40S-4Q", dry_run=True)
+        assert not [n for n in clean.notes if n.startswith("the qemu hook refuses")], clean.notes
+    finally:
+        for name in ("vgh-undeclared", "vgh-clean"):
+            try:
+                conn.lookupByName(name).undefine()
+            except libvirt.libvirtError:
+                pass
+        conn.close()

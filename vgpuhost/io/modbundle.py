@@ -56,7 +56,7 @@ MODULES = (
     "vgpuhost.plan", "vgpuhost.plan.executor", "vgpuhost.plan.journal", "vgpuhost.plan.passthrough",
     "vgpuhost.plan.steps",
     "vgpuhost.policy", "vgpuhost.policy.admission", "vgpuhost.policy.demand", "vgpuhost.policy.feasibility",
-    "vgpuhost.policy.hookrequest",
+    "vgpuhost.policy.hookrequest", "vgpuhost.policy.hostdevs",
     "vgpuhost.policy.iommu",
     "vgpuhost.policy.offers", "vgpuhost.policy.placement",
 )

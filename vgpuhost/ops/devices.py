@@ -7,7 +7,9 @@ guarded, and the domain forgotten).  The qemu hook runs them at ``prepare
 begin`` / ``release end``; ``vgpuhost reconcile --forget-domains`` runs
 :func:`release_domain` for domains a host crash left recorded as running.
 Reads the operator allow-list (:func:`load_allow`) through io/ and decides
-with :mod:`vgpuhost.policy.hookrequest`.
+with :mod:`vgpuhost.policy.hookrequest`; every GPU device a domain's hostdevs
+name, declared or not, is decided by :mod:`vgpuhost.policy.hostdevs` before
+admission and before any write (an undeclared one refused, with an audit row).
 Must not: call libvirt (the hook runs inside a libvirtd call, docs/reference/libvirt.md);
 import anything heavy at module level (the qemu hook imports this module on
 every GPU domain start: ops modules are imported where used).
@@ -61,6 +63,11 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
 def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
             store: "Optional[StateStore]" = None) -> List[str]:
     """Make every device the domain's metadata names exist; returns what this call changed.
+
+    First, every GPU device the domain's hostdevs name must be declared by its metadata
+    (:mod:`vgpuhost.policy.hostdevs`): RefusedError (exit 2) with an audit row ``(hostdevs)``
+    otherwise, nothing made.  A domain with no vgpuhost devices gets only that check, on the devices
+    its hostdevs name (no state store is made when it passes).
 
     All or nothing: on any failure what this call made is removed again
     (owner-guarded) before the error propagates.  Idempotent: devices the
