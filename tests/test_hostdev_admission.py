@@ -420,3 +420,26 @@ def test_attach_warns_of_an_undeclared_gpu_hostdev_the_hook_would_refuse(make_ho
             except libvirt.libvirtError:
                 pass
         conn.close()
+
+
+# ---------------------------------------------------------------------------
+# through the agent: the same ops function, the same refusal
+
+def test_the_agent_refuses_as_the_hook_does(make_host):
+    from agentutil import AgentRun
+    host = mixed(make_host)
+    alpha = one_vgpu("alpha", DOM1)
+    with AgentRun(host.root) as agent:
+        status, doc = agent.call("POST", "/v1/hook/prepare", {"xml": alpha, "name": "alpha"})
+        assert status == 200, doc
+        before = tree(host)
+        for xml, want in [(one_vgpu("vm", DOM2, [pci_hostdev(GPU_HI, managed=True)], mdev=MDEV2),
+                           f"names NVIDIA GPU {GPU_HI}"),
+                          (domain_xml("vm", DOM2, hostdevs=[mdev_hostdev(MDEV1)]),
+                           f"names vGPU {MDEV1} (A40-8Q on GPU {GPU_LO}), held by domain 'alpha' ({DOM1})")]:
+            status, doc = agent.call("POST", "/v1/hook/prepare", {"xml": xml, "name": "vm"})
+            err = doc["error"]
+            assert status != 200 and err["exit_code"] == 2 and want in err["line"], doc
+            assert tree(host) == before
+        assert [(r.result, r.operation) for r in hostdev_rows(host)] == [("refused", "prepare vm")] * 2
+        assert store(host).active_domains() == {DOM1: "alpha"}
