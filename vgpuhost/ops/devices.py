@@ -227,7 +227,12 @@ def _check_undeclared(host: HostRoot, view: "DomainView", actor: str, store: "Op
     (no state store is made for a domain that passes)."""
     from ..io.sysfs import Sysfs
     from ..observe.inventory import discover_named
+    from ..policy.hostdevs import REFUSED, classify
     inv = discover_named(Sysfs(host), tuple(view.pci_sources), tuple(view.mdev_uuids))
+    if not view.mdev_uuids and all(v.outcome != REFUSED for v in classify(
+            inv, view, declared_pci=frozenset(), allow=None, vgpu_records=(), passthrough_records=(),
+            active_domains={})):
+        return      # PCI functions only, none a GPU device (a NIC): no state store opened (sqlite's import)
     if store is None:
         store = open_store(host)
     records = store.vgpu_records() if store is not None else ()
