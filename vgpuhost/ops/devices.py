@@ -258,11 +258,10 @@ class _LazyStore:
 def _refuse_hostdevs(store, view: "DomainView", actor: str, inv: "Inventory", **facts) -> None:
     """:func:`vgpuhost.policy.hostdevs.check_hostdevs` on ``view``; a refusal gets its audit row
     (path ``(hostdevs)``, result ``refused``) and propagates (RefusedError, exit 2): nothing was made."""
-    from ..model.errors import RefusedError as Refused
     from ..policy.hostdevs import check_hostdevs, declared_functions
     try:
         check_hostdevs(inv, view, declared_pci=declared_functions(view, inv), **facts)
-    except Refused as e:
+    except RefusedError as e:
         store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path="(hostdevs)",
                     value=e.message, result="refused")
         raise

@@ -183,9 +183,11 @@ def _pci(inv: "Inventory", h: "Hostdev", name: str, me: str, declared: "FrozenSe
     elif vrec is not None or (gpu is not None and h.source != gpu and inv.devices[h.source].physfn is not None):
         hint = (f"remove the hostdev and give the domain a vGPU with 'vgpuhost attach {name} --profile "
                 "PROFILE' (it writes hostdev and metadata together)")
+    elif gpu is None:
+        hint = (f"remove the hostdev: vgpuhost gives guests an NVIDIA GPU whole ('vgpuhost attach {name} "
+                "--passthrough GPU') or as vGPUs ('--profile PROFILE')")
     else:
-        target = gpu or h.source
-        hint = (f"remove the hostdev and declare the GPU with 'vgpuhost attach {name} --passthrough {target}' "
+        hint = (f"remove the hostdev and declare the GPU with 'vgpuhost attach {name} --passthrough {gpu}' "
                 "(it writes hostdev and metadata together)")
     return Verdict(h, REFUSED, gpu, what, line, hint)
 
