@@ -59,16 +59,24 @@ def hostdev_rows(host) -> list:
 
 def refused(host, name: str, xml: str, *want: str, before=None) -> str:
     """Start ``xml``: exit 2, one line holding each of ``want``, nothing made (the tree as ``before``),
-    the domain not running, and one more ``(hostdevs)`` row, refused, holding the line."""
+    the store's running domains and device records as they were, and one more ``(hostdevs)`` row,
+    refused, holding the line."""
     before = tree(host) if before is None else before
     rows = len(hostdev_rows(host))
-    running = store(host).active_domains() if (host.state_dir / "state.db").exists() else {}
+    def held():
+        if not (host.state_dir / "state.db").exists():
+            return {}, [], []
+        s = store(host)
+        return (s.active_domains(), sorted((r.id, r.owner) for r in s.vgpu_records()),
+                sorted((r.bdf, r.owner) for r in s.passthrough_records()))
+
+    running = held()
     rc, err = start(host, name, xml)
     assert rc == 2 and err.count("\n") == 1 and err.startswith(f"vgpuhost: error: domain {name!r}: "), err
     for w in want:
         assert w in err, (w, err)
     assert tree(host) == before
-    assert store(host).active_domains() == running
+    assert held() == running                      # no domain recorded, no device record made or dropped
     new = hostdev_rows(host)[rows:]
     assert [(r.result, r.operation) for r in new] == [("refused", f"prepare {name}")], new
     assert new[0].value in err and new[0].actor.startswith(f"hook {name}")
