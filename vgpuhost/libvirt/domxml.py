@@ -3,7 +3,8 @@
 Owns: the metadata format vgpuhost keeps in a domain's ``<metadata>``
 (docs/reference/libvirt.md: one top-level element per application namespace), its
 strict validation, and reading what the qemu hook and ``attach`` need from a
-domain document: name, UUID, hostdevs, guest PCI addresses in use.  Must
+domain document: name, UUID, the host devices it names (``<hostdev>`` of type
+pci and mdev, ``<interface type='hostdev'>``), guest PCI addresses in use.  Must
 not: touch files or libvirt; import anything heavy (the qemu hook imports
 this module on every GPU domain start, so it uses the stdlib's expat only).
 
@@ -251,8 +252,12 @@ def parse_domain(data: "bytes | str") -> DomainView:
     Raises InputError with one line for: more than :data:`MAX_XML_BYTES`,
     a DOCTYPE or entity declaration, malformed or truncated XML, nesting
     deeper than :data:`MAX_DEPTH`, a root other than ``<domain>``, a missing
-    or invalid ``<uuid>``, a second ``<name>`` or ``<uuid>``, and invalid vgpuhost metadata (unknown element or
-    attribute, bad profile/UUID/BDF/strategy, duplicates, over the limits).
+    or invalid ``<uuid>``, a second ``<name>`` or ``<uuid>``, a host device with two source addresses
+    or a PCI address number libvirt would not read (numbers are read as libvirt reads them:
+    ``0x`` hex, a leading ``0`` octal, else decimal), an invalid mdev UUID, and invalid vgpuhost
+    metadata (unknown element or attribute, bad profile/UUID/BDF/strategy, duplicates, over the limits).
+    ``hostdevs``: every ``<hostdev mode='subsystem'>`` of type ``pci`` or ``mdev`` and every
+    ``<interface type='hostdev'>`` (:class:`Hostdev`), in document order.
     """
     if isinstance(data, str):
         data = data.encode("utf-8")
