@@ -41,7 +41,10 @@ has a cost of its own, which the simulator's does not stand for.
 
 Printed: medians (ms) and the ratios the targets (issue 17) are stated in,
 against the clean start: own (prepare + release) / clean, target <= 5
-without the agent and <= 2.5 with it; no-meta / clean, target < 0.5.
+without the agent and <= 2.5 with it; no-meta / clean, target < 0.5 (the
+no-meta domain names a NIC hostdev: since issue 28 the dispatcher hands a
+domain that names a host device to the handler or the agent, so with the agent
+down that row pays a handler start; docs/performance.md has the figures).
 Nothing is asserted on time; a failed hook run (exit code, any stderr, or
 the device not appearing / disappearing) aborts with exit 1.
 

@@ -28,8 +28,8 @@
  *
  * (what the sh dispatcher, vgpuhost/hook/qemu.sh, execs, agent or not) does the
  * rest of the dispatcher's work, so no shell reads the XML:
- * the dispatcher's checks on the XML (vgpuhost's namespace; for 'release end'
- * the state store's domain marker; a NUL byte refused), then the call above
+ * the dispatcher's checks on the XML (vgpuhost's namespace, or for 'prepare begin' a host
+ * device named; for 'release end' the state store's domain marker; a NUL byte refused), then the call above
  * with NAME = ARG1, ROOT and STATE_DIR from $VGPUHOST_ROOT and
  * $VGPUHOST_STATE_DIR when SOCKET is a socket, then, when the agent did not answer, the fallback
  * the dispatcher makes: exec HANDLER... (the Python handler's command line)
@@ -425,6 +425,10 @@ static int one_uuid(const char *x, size_t n, char uuid[37])
 static int nothing_to_do(const char *act, const char *x, size_t n, const char *state_dir)
 {
     if (memmem(x, n, NAMESPACE, sizeof NAMESPACE - 1) != NULL)
+        return 0;
+    /* prepare: a domain naming a host device ('hostdev', or a character reference that could spell it)
+     * is checked too: every GPU device a domain names is admitted or refused */
+    if (strcmp(act, "prepare") == 0 && (memmem(x, n, "hostdev", 7) != NULL || memmem(x, n, "&#", 2) != NULL))
         return 0;
     if (strcmp(act, "release") != 0 || state_dir == NULL || stat_is(state_dir, "state.db", S_IFREG) != 1)
         return 1;

@@ -7,7 +7,7 @@
 # with the domain XML on stdin (docs/reference/libvirt.md).  This POSIX sh dispatcher
 # decides before any Python starts: only 'prepare begin' and 'release end'
 # act; 'prepare begin' only for a domain whose XML names vgpuhost's metadata
-# namespace, 'release end' also for a domain the state store records as
+# namespace or a host device, 'release end' also for a domain the state store records as
 # started (its marker file: the store, not the XML, says what a domain holds,
 # and its metadata may be gone or changed by then); everything else exits 0
 # at once.
@@ -68,8 +68,11 @@ if [ "$act" = release ]; then
 		esac ;;
 	esac
 fi
-case $xml in
-*'https://vgpuhost.dev/xmlns/domain/1'*) ;;
+# prepare begin also for a domain that names a host device ('hostdev': <hostdev>, <interface
+# type='hostdev'>; '&#': a character reference could spell that type): every GPU device a domain
+# names is admitted or refused, declared in vgpuhost's metadata or not
+case $act:$xml in
+*'https://vgpuhost.dev/xmlns/domain/1'*|prepare:*hostdev*|prepare:*'&#'*) ;;
 *)
 	[ "$act" = release ] && [ -f "$VGPUHOST_STATE_DIR/state.db" ] || exit 0
 	# the store keeps a marker domains/<uuid> for each domain it records as

@@ -28,7 +28,8 @@ vgpuhost's element (:mod:`vgpuhost.domxml`):
 1. reads and validates the XML (expat, no DTD or entities, 4 MiB cap);
 2. checks every request against the host and the domain's own hostdevs
    (:func:`vgpuhost.policy.hookrequest.check_request`) and against the records (held by another
-   domain?), and resolves every profile name, all before any write;
+   domain?), refuses every GPU device a hostdev names that the metadata does not declare
+   (:mod:`vgpuhost.policy.hostdevs`), and resolves every profile name, all before any write;
 3. records the domain as started (``StateStore.domain_started``);
 4. binds each ``passthrough`` group (owner = the domain UUID; a group the
    operator bound for guests, owner ``manual`` or ``layout``, is used as it
@@ -37,6 +38,10 @@ vgpuhost's element (:mod:`vgpuhost.domxml`):
    strategy, or the vGPU type on the VF its hostdev names;
 5. on any failure removes what *this* invocation made and exits non-zero
    with one line.
+
+A domain without vgpuhost's element that names host devices (the dispatcher hands it over when its
+XML holds ``hostdev``) gets step 2's hostdev check alone, on the named devices only: a GPU device it
+names is refused (exit 2, one audit row); anything else passes with nothing written.
 
 ``release end`` removes the vGPUs and releases the groups the domain's UUID
 owns (owner-guarded: a late release never frees the next owner's device)

@@ -57,7 +57,7 @@ MODULES = (
     "vgpuhost.plan.steps",
     "vgpuhost.policy", "vgpuhost.policy.admission", "vgpuhost.policy.binding", "vgpuhost.policy.demand",
     "vgpuhost.policy.feasibility",
-    "vgpuhost.policy.hookrequest",
+    "vgpuhost.policy.hookrequest", "vgpuhost.policy.hostdevs",
     "vgpuhost.policy.iommu",
     "vgpuhost.policy.offers", "vgpuhost.policy.placement",
 )

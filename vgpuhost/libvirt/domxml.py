@@ -3,7 +3,8 @@
 Owns: the metadata format vgpuhost keeps in a domain's ``<metadata>``
 (docs/reference/libvirt.md: one top-level element per application namespace), its
 strict validation, and reading what the qemu hook and ``attach`` need from a
-domain document: name, UUID, hostdevs, guest PCI addresses in use.  Must
+domain document: name, UUID, the host devices it names (``<hostdev>`` of type
+pci and mdev, ``<interface type='hostdev'>``), guest PCI addresses in use.  Must
 not: touch files or libvirt; import anything heavy (the qemu hook imports
 this module on every GPU domain start, so it uses the stdlib's expat only).
 
@@ -180,20 +181,32 @@ class Metadata:
 
 
 class Hostdev:
-    """One ``<hostdev mode='subsystem'>`` of the domain.
+    """One host device the domain names: a ``<hostdev mode='subsystem'>`` of type ``pci`` or ``mdev``, or
+    an ``<interface type='hostdev'>`` (an SR-IOV network VF, which libvirt assigns as a PCI hostdev).
 
     ``kind``: ``pci`` or ``mdev``; ``source``: the host BDF (pci) or
-    ``mdev_uuid``; ``managed``: the attribute as written (pci only);
-    ``guest``: the guest PCI address when the XML gives one.
+    ``mdev_uuid``; ``managed``: the attribute as written (pci only; absent = False, libvirt's default);
+    ``guest``: the guest PCI address when the XML gives one; ``origin``: ``hostdev`` or ``interface``,
+    the element that named it.
     """
 
-    __slots__ = ("kind", "managed", "source", "mdev_uuid", "model", "guest", "multifunction")
+    __slots__ = ("kind", "managed", "source", "mdev_uuid", "model", "guest", "multifunction", "origin")
 
     def __init__(self, kind: str, managed: Optional[bool] = None, source: Optional[PciAddress] = None,
                  mdev_uuid: Optional[str] = None, model: Optional[str] = None,
-                 guest: Optional[GuestAddress] = None, multifunction: bool = False):
+                 guest: Optional[GuestAddress] = None, multifunction: bool = False, origin: str = "hostdev"):
         self.kind, self.managed, self.source, self.mdev_uuid = kind, managed, source, mdev_uuid
-        self.model, self.guest, self.multifunction = model, guest, multifunction
+        self.model, self.guest, self.multifunction, self.origin = model, guest, multifunction, origin
+
+    @property
+    def element(self) -> str:
+        """The element as the domain wrote it, for messages: ``<hostdev type='pci'>``, ``<interface type='hostdev'>``."""
+        return "<interface type='hostdev'>" if self.origin == "interface" else f"<hostdev type='{self.kind}'>"
+
+    @property
+    def device(self) -> str:
+        """What it names: the BDF or the mdev UUID ('?' when the XML gives no source address)."""
+        return str(self.source) if self.source is not None else (self.mdev_uuid or "?")
 
     def __repr__(self) -> str:
         return ("Hostdev(" + ", ".join(f"{a}={getattr(self, a)!r}" for a in self.__slots__) + ")")
@@ -239,8 +252,12 @@ def parse_domain(data: "bytes | str") -> DomainView:
     Raises InputError with one line for: more than :data:`MAX_XML_BYTES`,
     a DOCTYPE or entity declaration, malformed or truncated XML, nesting
     deeper than :data:`MAX_DEPTH`, a root other than ``<domain>``, a missing
-    or invalid ``<uuid>``, a second ``<name>`` or ``<uuid>``, and invalid vgpuhost metadata (unknown element or
-    attribute, bad profile/UUID/BDF/strategy, duplicates, over the limits).
+    or invalid ``<uuid>``, a second ``<name>`` or ``<uuid>``, a host device with two source addresses
+    or a PCI address number libvirt would not read (numbers are read as libvirt reads them:
+    ``0x`` hex, a leading ``0`` octal, else decimal), an invalid mdev UUID, and invalid vgpuhost
+    metadata (unknown element or attribute, bad profile/UUID/BDF/strategy, duplicates, over the limits).
+    ``hostdevs``: every ``<hostdev mode='subsystem'>`` of type ``pci`` or ``mdev`` and every
+    ``<interface type='hostdev'>`` (:class:`Hostdev`), in document order.
     """
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -291,12 +308,32 @@ def _check_choice(what: str, value: str, choices) -> None:
         raise InputError(f"vgpuhost metadata: unknown {what} {_show(value)}", hint="one of " + ", ".join(choices))
 
 
+_DIGITS = {8: frozenset("01234567"), 10: frozenset("0123456789"), 16: frozenset("0123456789abcdefABCDEF")}
+
+
+def _number(raw: str) -> Optional[int]:
+    """``raw`` read as libvirt reads a PCI address attribute (``virStrToLong_uip``: strtoul with base 0):
+    leading white space and one ``+`` skipped, ``0x``/``0X`` hex, a leading ``0`` octal, else decimal;
+    None for anything else (a sign ``-``, trailing characters, no digits).  The same number libvirt
+    reads, so a hostdev cannot name one device to libvirt and another to vgpuhost (``bus='010'`` is 8)."""
+    t = raw.lstrip(" \t\n\v\f\r")
+    if t.startswith("+"):
+        t = t[1:]
+    base = 10
+    if t[:2] in ("0x", "0X"):
+        t, base = t[2:], 16
+    elif len(t) > 1 and t[0] == "0":
+        t, base = t[1:], 8
+    if not t or len(t) > 16 or set(t) - _DIGITS[base]:
+        return None
+    return int(t, base)
+
+
 def _hex(attrs: Dict[str, str], key: str, limit: int) -> int:
     raw = attrs.get(key, "0")
-    try:
-        value = int(raw, 16) if raw.lower().startswith("0x") else int(raw, 10)
-    except ValueError:
-        raise InputError(f"domain XML: invalid PCI address {key}={_show(raw)}") from None
+    value = _number(raw)
+    if value is None:
+        raise InputError(f"domain XML: invalid PCI address {key}={_show(raw)}")
     if not 0 <= value <= limit:
         raise InputError(f"domain XML: PCI address {key}={_show(raw)} out of range")
     return value
@@ -399,12 +436,20 @@ class _Reader:
                              hint=f"vgpuhost {VERSION} knows <domain>, <vgpu> and <passthrough>")
         elif depth == 2 and parent == "devices" and name == "hostdev":
             self._hostdev(attrs)
+        elif depth == 2 and parent == "devices" and name == "interface" and attrs.get("type") == "hostdev":
+            # an SR-IOV VF given to the guest as a NIC: libvirt assigns it as a PCI hostdev
+            self.hostdev = Hostdev("pci", managed=attrs.get("managed", "no") == "yes", origin="interface")
         elif parent == "source" and name == "address" and self.hostdev is not None and depth == 4:
-            if self.hostdev.kind == "mdev":
-                self.hostdev.mdev_uuid = _mdev_uuid(attrs.get("uuid", ""))
+            h = self.hostdev
+            if h.source is not None or h.mdev_uuid is not None:
+                # libvirt reads one; two would let the document name one device to it and another to us
+                raise InputError(f"domain XML: a {h.element} names two source addresses",
+                                 hint="libvirt writes one per device; pass the document 'virsh dumpxml NAME' prints")
+            if h.kind == "mdev":
+                h.mdev_uuid = _mdev_uuid(attrs.get("uuid", ""))
             else:
                 d, b, s, f = _pci(attrs)
-                self.hostdev.source = PciAddress(d, b, s, f)
+                h.source = PciAddress(d, b, s, f)
         elif name == "address" and attrs.get("type") == "pci" and depth == 3 and self.stack[1] == "devices":
             addr = _pci(attrs)
             self.view.guest_addresses.append(addr)
@@ -426,7 +471,7 @@ class _Reader:
                     self.view.uuid = parse_uuid(text)
                 except InputError:
                     raise InputError(f"domain XML has an invalid <uuid> {_show(text)}") from None
-        elif depth == 2 and name == "hostdev" and self.hostdev is not None:
+        elif depth == 2 and name in ("hostdev", "interface") and self.hostdev is not None:
             self.view.hostdevs.append(self.hostdev)
             self.hostdev = None
         elif depth == 4 and self.nova is not None:

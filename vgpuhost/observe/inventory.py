@@ -734,6 +734,61 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
                      host=read_host_facts(fs) if host_facts else UNREAD_HOST_FACTS)
 
 
+def discover_named(fs: Sysfs, bdfs: "Tuple[PciAddress, ...]", mdev_uuids: "Tuple[str, ...]") -> Inventory:
+    """Read only what a domain's hostdevs name (:func:`vgpuhost.policy.hostdevs.check_hostdevs` weighs it),
+    for a start :func:`discover` is not run for (a domain with no vgpuhost devices of its own).
+
+    ``devices``: each PCI function ``bdfs`` names that exists, the members of its IOMMU group and its
+    physical function (a VF's PF); ``groups``: those groups; ``mdevs``: each of ``mdev_uuids`` that
+    exists on the host, its parent device read as above.  ``gpus``, ``vgpu_types`` and ``vf_vgpus``
+    are empty and the host facts unread.  Cost: a few files per named device, none per host device.
+    Raises SysfsError when a file that must be readable is not.
+    """
+    host = fs.host
+    pci_devices, iommu_groups = host.s.pci_devices, host.s.iommu_groups
+    devices: Dict[PciAddress, PciDevice] = {}
+    groups: Dict[int, IommuGroup] = {}
+
+    def read(addr: PciAddress, *, kin: bool = True) -> None:
+        if addr in devices or not fs.exists(f"{pci_devices}/{addr}"):
+            return
+        dev = devices[addr] = _read_device(fs, addr)
+        if not kin:
+            return
+        if dev.physfn is not None:
+            read(dev.physfn)
+        n = dev.iommu_group
+        if n is not None and n not in groups and fs.exists(f"{iommu_groups}/{n}"):
+            members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{n}/devices")
+                                   if PciAddress.is_valid(m)))
+            groups[n] = IommuGroup(n, members)
+            for m in members:
+                read(m, kin=False)
+
+    for b in bdfs:
+        read(b)
+    mdevs: List[MdevDevice] = []
+    base = host.s.mdev_devices
+    for uuid in mdev_uuids:
+        d = f"{base}/{uuid}"
+        if not fs.exists(d):
+            continue
+        try:
+            real = fs.resolve(d)
+        except FileNotFoundError:
+            continue        # removed while we read
+        parent = os.path.basename(os.path.dirname(real))
+        tid = mdev_type_of(fs, d)
+        if not PciAddress.is_valid(parent) or tid is None:
+            continue        # half-removed device: as _read_mdevs skips it
+        group = fs.link_name(d + "/iommu_group")
+        mdevs.append(MdevDevice(uuid, PciAddress.parse(parent), tid, int(group) if is_digits(group) else None,
+                                fs.link_name(d + "/driver")))
+        read(PciAddress.parse(parent))
+    return Inventory(devices=devices, groups=groups, gpus=(), vgpu_types=(), mdevs=tuple(mdevs), vf_vgpus=(),
+                     host=UNREAD_HOST_FACTS)
+
+
 def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     """The part of ``inv`` that one GPU holds, shaped as :func:`discover_gpu`
     returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).

@@ -57,9 +57,11 @@ from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..model.kinds import Backend, Owner
 from ..model.values import PciAddress, VgpuProfile, json_flag, json_text, parse_device_id, parse_uuid
 from ..observe.inventory import BACKEND_MDEV, Inventory, discover
+from ..policy import hostdevs
 from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
 from ..policy.placement import OFFERED, Request, place
+from .devices import load_allow
 from .passthrough import release
 from .tenancy import admit_domain, bind, scheduler_policies
 from .vgpu import create, remove
@@ -499,6 +501,9 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         out.diff = diff(before, after, dom.name)
         # the operator's binding (issue 28): --tenant/--qos bind the domain, checked before anything changes
         binding = _binding(store, dom, req, out, actor)
+        # early feedback by the hook's rule (issue 28): a GPU device the domain names but does not declare
+        # makes the hook refuse each start; attach still makes the change asked for, and says so
+        out.notes += undeclared_notes(host, store, inv, domxml.parse_domain(after))
         # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
         admit_domain(store, domxml.parse_domain(after), inv, audit=False, binding=binding,
                      policies=lambda gpus: scheduler_policies(host, gpus))
@@ -532,6 +537,23 @@ def _binding(store: StateStore, dom, req: AttachRequest, out: AttachOutcome, act
         out.notes.append(f"domain {dom.name} {'would be' if out.dry_run else 'is'} bound to tenant {done['tenant']}"
                          + (f" with QoS class {qos}" if qos else "") + " (the state store's binding)")
     return (dom.uuid, done["tenant"], qos, actor or actor_name(), utcnow())
+
+
+def undeclared_notes(host: HostRoot, store: StateStore, inv: Inventory, view: domxml.DomainView) -> List[str]:
+    """One note (``the qemu hook refuses every start of NAME until this is fixed: ...``) per hostdev of ``view`` that the qemu hook's ``prepare begin`` would
+    refuse (:func:`vgpuhost.policy.hostdevs.classify`: a GPU device the metadata does not declare, a
+    declared vGPU made in advance on a GPU the allow-list leaves out); empty when it would refuse none.
+    The allow-list is left out when it cannot be read (the hook then refuses every GPU domain, and
+    ``hook status`` says why)."""
+    try:
+        allow = load_allow(host)
+    except VgpuhostError:
+        allow = None
+    verdicts = hostdevs.classify(inv, view, declared_pci=hostdevs.declared_functions(view, inv), allow=allow,
+                                 vgpu_records=store.vgpu_records(), passthrough_records=store.passthrough_records(),
+                                 active_domains=store.active_domains())
+    return [f"the qemu hook refuses every start of {view.name} until this is fixed: {v.line}; {v.hint}"
+            for v in verdicts if v.outcome == hostdevs.REFUSED]
 
 
 def _with_pooled(store: StateStore, req: AttachRequest) -> AttachRequest:

@@ -7,7 +7,9 @@ guarded, and the domain forgotten).  The qemu hook runs them at ``prepare
 begin`` / ``release end``; ``vgpuhost reconcile --forget-domains`` runs
 :func:`release_domain` for domains a host crash left recorded as running.
 Reads the operator allow-list (:func:`load_allow`) through io/ and decides
-with :mod:`vgpuhost.policy.hookrequest`.
+with :mod:`vgpuhost.policy.hookrequest`; every GPU device a domain's hostdevs
+name, declared or not, is decided by :mod:`vgpuhost.policy.hostdevs` before
+admission and before any write (an undeclared one refused, with an audit row).
 Must not: call libvirt (the hook runs inside a libvirtd call, docs/reference/libvirt.md);
 import anything heavy at module level (the qemu hook imports this module on
 every GPU domain start: ops modules are imported where used).
@@ -62,6 +64,11 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
             store: "Optional[StateStore]" = None) -> List[str]:
     """Make every device the domain's metadata names exist; returns what this call changed.
 
+    First, every GPU device the domain's hostdevs name must be declared by its metadata
+    (:mod:`vgpuhost.policy.hostdevs`): RefusedError (exit 2) with an audit row ``(hostdevs)``
+    otherwise, nothing made.  A domain with no vgpuhost devices gets only that check, on the devices
+    its hostdevs name (no state store is made when it passes).
+
     All or nothing: on any failure what this call made is removed again
     (owner-guarded) before the error propagates.  Idempotent: devices the
     domain already holds (a retried start) are kept as they are.
@@ -76,6 +83,8 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
     """
     meta = view.metadata
     if meta is None or meta.empty:
+        if view.hostdevs:
+            _check_undeclared(host, view, actor, store)
         return []
     from ..io.files import is_file
     from ..io.state import DB_NAME, StateStore
@@ -137,8 +146,13 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
     records = store.vgpu_records()
-    pt_records = store.passthrough_records() if checked.passthrough else ()
+    # a PCI hostdev may name a group another owner holds: the records are read for it too
+    pt_records = store.passthrough_records() if checked.passthrough or view.pci_sources else ()
     check_holders(inv, view, checked, vgpu_records=records, passthrough_records=pt_records, active_domains=active)
+    # every GPU device the domain names, declared or not (issue 28): an undeclared one is refused here,
+    # before admission and before any write
+    _refuse_hostdevs(store, view, actor, inv, allow=checked.allowed, vgpu_records=records,
+                     passthrough_records=pt_records, active_domains=active)
     types = _resolve_profiles(inv, store, checked) if checked.vgpus else {}
     me = view.uuid
     # what the records gave the domain before this start (read above: no second read on the hook's path)
@@ -205,6 +219,52 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                 pass
         raise
     return [str(d) for _, d in made]
+
+
+def _check_undeclared(host: HostRoot, view: "DomainView", actor: str, store: "Optional[StateStore]") -> None:
+    """``prepare begin`` of a domain whose metadata declares no device: refuse a GPU device it names
+    (:mod:`vgpuhost.policy.hostdevs`), reading only the devices its hostdevs name and the records
+    (no state store is made for a domain that passes)."""
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover_named
+    from ..policy.hostdevs import REFUSED, classify
+    inv = discover_named(Sysfs(host), tuple(view.pci_sources), tuple(view.mdev_uuids))
+    if not view.mdev_uuids and all(v.outcome != REFUSED for v in classify(
+            inv, view, declared_pci=frozenset(), allow=None, vgpu_records=(), passthrough_records=(),
+            active_domains={})):
+        return      # PCI functions only, none a GPU device (a NIC): no state store opened (sqlite's import)
+    if store is None:
+        store = open_store(host)
+    records = store.vgpu_records() if store is not None else ()
+    pt_records = store.passthrough_records() if store is not None and view.pci_sources else ()
+    active = store.active_domains() if store is not None else {}
+    if store is None:
+        from ..io.state import StateStore
+        store = _LazyStore(lambda: StateStore(host.s.state_dir, owned=lambda: _owned(host)))
+    _refuse_hostdevs(store, view, actor, inv, allow=None, vgpu_records=records, passthrough_records=pt_records,
+                     active_domains=active)
+
+
+class _LazyStore:
+    """A state store opened only when an audit row must be written (a refusal)."""
+
+    def __init__(self, opener):
+        self._opener = opener
+
+    def audit(self, **kw) -> int:
+        return self._opener().audit(**kw)
+
+
+def _refuse_hostdevs(store, view: "DomainView", actor: str, inv: "Inventory", **facts) -> None:
+    """:func:`vgpuhost.policy.hostdevs.check_hostdevs` on ``view``; a refusal gets its audit row
+    (path ``(hostdevs)``, result ``refused``) and propagates (RefusedError, exit 2): nothing was made."""
+    from ..policy.hostdevs import check_hostdevs, declared_functions
+    try:
+        check_hostdevs(inv, view, declared_pci=declared_functions(view, inv), **facts)
+    except RefusedError as e:
+        store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path="(hostdevs)",
+                    value=e.message, result="refused")
+        raise
 
 
 def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], Optional[FrozenSet[str]]]",
