@@ -66,6 +66,9 @@ def test_sockets_are_0660_with_their_groups(agent):
     for path, gid in ((agent.admin, ADMIN_GID), (agent.ro, RO_GID)):
         st = os.stat(path)
         assert (st.st_mode & 0o777, st.st_gid, st.st_uid) == (0o660, gid, 0)
+    # the tenant socket: anyone connects, the credentials decide (tests/test_agent_tenants.py)
+    st = os.stat(os.path.join(agent.dir, "agent-tenant.sock"))
+    assert (st.st_mode & 0o777, st.st_gid, st.st_uid) == (0o666, 0, 0)
 
 
 def test_read_only_group_reads_but_cannot_allocate_and_others_are_refused(agent, a40):
@@ -336,7 +339,8 @@ def test_refusals_name_the_groups_the_agent_was_started_with(agent):
     for path in (agent.admin, agent.ro):
         os.chmod(path, 0o666)
     got = as_user(OTHER_UID, OTHER_GID, [], [(agent.ro, "GET", "/v1/inventory", None)], hints=True)
-    assert got == [[403, f"ask for membership of the {RO_GID} (read) or {ADMIN_GID} (admin) group"]]
+    assert got == [[403, f"ask for membership of the {RO_GID} (read) or {ADMIN_GID} (admin) group, "
+                         "or of one tenant's group"]]
     got = as_user(RO_UID, RO_GID, [], [_allocate(agent.ro, DOM)], hints=True)
     assert got == [[403, f"use the admin socket as root or a member of the {ADMIN_GID} group"]]
 

@@ -1059,3 +1059,82 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     doc = summarise(gpus, per_type, admitted if ask else None)
     doc["tenant"] = me.name if me is not None else None
     return doc
+
+
+# ---------------------------------------------------------------------------
+# a domain's tenant, for callers scoped to one (the agent's tenant role)
+
+def domain_tenant(store: StateStore, uuid: str) -> Optional[str]:
+    """The tenant domain ``uuid`` belongs to: what :func:`tenant_of` says for it by its UUID alone (the
+    operator's binding, where the store keeps one), else the tenant its admitted allocations were
+    recorded for; None for a domain of no tenant (or one vgpuhost does not know).  The domain's XML is
+    never asked: a caller scoped to a tenant must not be able to claim a domain by what its XML says."""
+    from ..libvirt.domxml import DomainView
+    view = DomainView()
+    view.uuid = uuid
+    bound = tenant_of(store, view)
+    if bound:
+        return bound
+    for row in store.allocation_rows(owner=uuid):
+        if row[2]:
+            return row[2]
+    return None
+
+
+def tenant_domains(store: StateStore, tenant: str) -> "Dict[str, str]":
+    """``{domain UUID: its tenant as recorded}`` for the domains vgpuhost knows (running, holding a device,
+    or with allocations) whose :func:`domain_tenant` is ``tenant`` (names match in any case)."""
+    known = set(store.active_domains())
+    known |= {r.owner for r in store.vgpu_records()}
+    known |= {r.owner for r in store.passthrough_records() if r.owner}
+    known |= {row[1] for row in store.allocation_rows()}
+    out: Dict[str, str] = {}
+    for uuid in sorted(o for o in known if Owner.is_domain(o)):
+        t = domain_tenant(store, uuid)
+        if t and t.lower() == tenant.lower():
+            out[uuid] = t
+    return out
+
+
+def allocate_admitted(host, store: StateStore, inventory: "Callable[[], Inventory]", *, owner: str, tenant: str,
+                      profile: str, gpu=None, uuid: Optional[str] = None, strategy: str = "first-fit",
+                      anti_affinity: Optional[str] = None, dry_run: bool = False, actor: Optional[str] = None):
+    """One vGPU of ``profile`` for domain ``owner`` of ``tenant``, admitted as a start's vGPU is (quota,
+    isolation, QoS class, pool and placement, under the host lock, on facts read under it) and recorded
+    as the tenant's allocation before the vGPU is made, so it counts against the quota from then on (a
+    vGPU made for a domain in advance by an operator is admitted only at the domain's start).
+
+    ``inventory``: called once the host lock is held (the agent's snapshot).  ``gpu`` a PciAddress to pin
+    it, ``uuid`` the mdev UUID (None: a new one).  Returns the :func:`vgpuhost.ops.vgpu.create` outcome.
+    Raises RefusedError (admission's reason and remedy; a ``refused`` audit row, nothing made) and what
+    ``create`` raises (the allocation row is then dropped and the admission row gets its outcome)."""
+    import uuid as uuidlib
+    from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
+    from . import vgpu
+    vid = uuid or str(uuidlib.uuid4())
+    view = DomainView()
+    view.uuid = owner
+    view.metadata = Metadata(strategy=strategy, tenant=tenant, anti_affinity=anti_affinity,
+                             vgpus=[VgpuRequest(profile, uuid=vid, gpu=gpu)])
+
+    def make(at, dry: bool):
+        return vgpu.create(host, store, profile=profile, gpu=at, uuid=vid, strategy=strategy, owner=owner,
+                           anti_affinity=anti_affinity, dry_run=dry, actor=actor)
+    with host_lock(store):
+        inv = inventory()
+        limits_for = (lambda name: vgpu.mode_limits(host, inv, name))
+        policies = (lambda gpus: scheduler_policies(host, gpus))
+        if dry_run:
+            at = gpu
+            if active(store):
+                granted = admit_domain(store, view, inv, actor=actor, audit=False, limits_for=limits_for,
+                                       policies=policies)
+                at = Admitting(granted).placed_gpu(vid) or gpu
+            return make(at, True)
+        with admitting(store, view, inv, actor=actor, limits_for=limits_for, policies=policies) as box:
+            try:
+                out = make(box.placed_gpu(vid) or gpu, False)
+            except RefusedError as e:
+                raise box.refused(vid, e) from None
+            box.made(vid, out.gpu)
+        return out
