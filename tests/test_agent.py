@@ -144,6 +144,25 @@ def test_every_served_path_is_documented_and_every_documented_path_is_served():
     assert documented == served
 
 
+def test_every_operation_declares_the_roles_the_routing_table_serves():
+    """The security model per operation: the peer-credential scheme, the roles that may call it (as the
+    server decides them: api.Route.roles) and, where tenant members may, what they get there."""
+    spec = yaml.safe_load(SPEC.read_text())
+    scheme = spec["components"]["securitySchemes"]["unixPeerCredentials"]
+    assert all(role in scheme["description"] for role in api.ROLES)
+    assert spec["security"] == [{"unixPeerCredentials": []}]
+    for route in api.ROUTES:
+        op = spec["paths"][route.template][route.method.lower()]
+        assert op["x-vgpuhost-roles"] == list(route.roles), route.template
+        assert op["security"] == [{"unixPeerCredentials": []}], route.template
+        assert ("x-vgpuhost-tenant-scope" in op) == (api.TENANT in route.roles), route.template
+        assert route.role in route.roles and (route.tenant is not None) == (api.TENANT in route.roles)
+    # the tenant role reaches no write but allocate and release, and no read of the whole host
+    tenant_ops = {(r.method, r.template) for r in api.ROUTES if api.TENANT in r.roles}
+    assert {t for m, t in tenant_ops if m == "POST"} == {"/v1/domains/{uuid}/allocate", "/v1/domains/{uuid}/release"}
+    assert not tenant_ops & {("GET", "/v1/inventory"), ("GET", "/v1/metrics"), ("POST", "/v1/plan")}
+
+
 #: a stopped domain in libvirt's test driver, read afresh by every connection (the agent's own)
 TEST_NODE = """<node><domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'>
 <name>doc-vm2</name><uuid>11111111-2222-4333-8444-0000000000d4</uuid><memory>65536</memory>

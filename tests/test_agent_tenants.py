@@ -143,8 +143,8 @@ def world(tmp_path_factory):
             if tenant:
                 _bind(str(w.host.root), dom, tenant)
             meta = Metadata(tenant=tenant, vgpus=[VgpuRequest("A40-8Q", uuid=mdev)])
-            status, doc = run.call("POST", "/v1/hook/prepare", {"xml": domain_xml(name, dom, meta, [mdev_hostdev(mdev)]),
-                                                                "name": name})
+            xml = domain_xml(name, dom, meta, [mdev_hostdev(mdev)])
+            status, doc = run.call("POST", "/v1/hook/prepare", {"xml": xml, "name": name})
             assert status == 200, doc
         assert w.owners() == {M1: D1, M2: D2, M3: D3}
         yield w

@@ -37,6 +37,7 @@ from ..model.values import PciAddress, json_flag, json_small_int, json_text, par
 from ..observe.inventory import discover
 from ..observe.vgpus import list_vgpus
 from ..ops import devices, mig, tenancy, vgpu
+from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
 from ..ops.layout import apply, check, plan
@@ -812,7 +813,7 @@ def tenant_audit(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     """``POST /v1/domains/{uuid}/allocate`` for a domain of the caller's tenant only, admitted under the
-    tenant's quota now (:func:`vgpuhost.ops.tenancy.allocate_admitted`), not only at the domain's start."""
+    tenant's quota now (:func:`vgpuhost.ops.allocate.allocate_admitted`), not only at the domain's start."""
     owner = _own_domain(agent, req)
     body = req.body or {}
     profile = _text(body, "profile", required=True, limit=128)
@@ -823,7 +824,7 @@ def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     dry = _flag(body, "dry_run")
 
     def run():
-        return tenancy.allocate_admitted(agent.host, agent.store, agent.inventory, owner=owner, tenant=req.tenant,
+        return allocate_admitted(agent.host, agent.store, agent.inventory, owner=owner, tenant=req.tenant,
                                          profile=profile, gpu=gpu, uuid=_uuid(vid) if vid else None,
                                          strategy=strategy, anti_affinity=anti, dry_run=dry, actor=req.actor)
     return (run() if dry else agent.write(run)).as_dict()

@@ -217,13 +217,6 @@ class Access:
         return None, "it is in no group of the agent's"
 
 
-def peer_role(peer: unixsock.Peer, admin_gid: int, ro_gid: int) -> Optional[str]:
-    """``admin`` (root, or a member of the admin group), ``read`` (the read-only group), or None
-    (tenant groups aside: :class:`Access`)."""
-    who, _ = Access(admin_gid, ro_gid, prefix="").caller(peer)
-    return who.role if who is not None else None
-
-
 def socket_role(caller: Caller, socket_role_: str) -> Caller:
     """The caller's role on a socket of ``socket_role_``: the read-only socket serves no change (an admin
     reads there; a tenant member reads its tenant's data); the admin and tenant sockets serve the caller's

@@ -19,7 +19,8 @@ from .common import current
 @click.command("agent")
 @click.option("--socket-dir", metavar="DIR",
               help="Where to listen: DIR/agent.sock (admin), DIR/agent-ro.sock (read-only) and "
-                   "DIR/agent-tenant.sock (tenant members); default <root>/run/vgpuhost.  Ignored when systemd passes the sockets (socket activation).")
+                   "DIR/agent-tenant.sock (tenant members); default <root>/run/vgpuhost.  Ignored when "
+                   "systemd passes the sockets (socket activation).")
 @click.option("--admin-group", default="vgpuhost", show_default=True, metavar="GROUP",
               help="Group (name or gid) of the admin socket; its members may change the host.")
 @click.option("--ro-group", default="vgpuhost-ro", show_default=True, metavar="GROUP",
