@@ -7,13 +7,15 @@ second tenant's group is found by the naming convention (``vgpuhost-t-<tenant>``
 real process in a namespace like it, with the uid and groups of one of those users (``setgroups``), so
 the agent sees their credentials through ``SO_PEERCRED``/``SO_PEERGROUPS`` as it would on a host.
 
-The host: two simulated A40s; tenants t1 (at most 2 vGPUs) and t2; domains vm-a of t1, vm-b of t2 and
+The host: three simulated A40s; tenants t1 (at most 2 vGPUs) and t2 (exclusive: its GPU holds no one
+else's vGPU); domains vm-a of t1, vm-b of t2 and
 vm-c of no tenant, each started through the agent's hook endpoint with one A40-8Q.  Outcomes are read
 back from the simulated tree, the state store and the audit log.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -51,7 +53,7 @@ D1, D2, D3 = ("11111111-2222-4333-8444-0000000000e1", "11111111-2222-4333-8444-0
               "11111111-2222-4333-8444-0000000000e3")
 M1, M2, M3 = ("aaaaaaaa-2222-4333-8444-0000000000e1", "aaaaaaaa-2222-4333-8444-0000000000e2",
               "aaaaaaaa-2222-4333-8444-0000000000e3")
-#: the shipped a40-mdev host with a second A40 (a domain holds one vGPU per GPU)
+#: the shipped a40-mdev host with two more A40s (a domain holds one vGPU per GPU; t2 is exclusive)
 TWO_A40 = Path(bundled_specs()["a40-mdev"]).read_text() + """
   - {bdf: "0000:40:03.0", model: intel-root-port, numa_node: 0, iommu_group: 20}
   - bdf: "0000:41:00.0"
@@ -59,6 +61,13 @@ TWO_A40 = Path(bundled_specs()["a40-mdev"]).read_text() + """
     upstream: "0000:40:03.0"
     numa_node: 0
     iommu_group: 21
+    vgpu: {backend: mdev}
+  - {bdf: "0000:c0:03.0", model: intel-root-port, numa_node: 1, iommu_group: 40}
+  - bdf: "0000:c1:00.0"
+    model: A40
+    upstream: "0000:c0:03.0"
+    numa_node: 1
+    iommu_group: 41
     vgpu: {backend: mdev}
 """
 #: the bind mounts, made only inside the new namespace (``$1`` passwd file, ``$2`` group file)
@@ -136,7 +145,7 @@ def world(tmp_path_factory):
     w = World(base / "host", etc)
     try:
         run = w.run
-        for body in ({"name": "t1", "vgpus": "2"}, {"name": "t2", "vgpus": "2"}):
+        for body in ({"name": "t1", "vgpus": "2"}, {"name": "t2", "vgpus": "2", "isolation": "exclusive"}):
             status, doc = run.call("POST", "/v1/tenants", body)
             assert status == 200, doc
         for name, dom, mdev, tenant in (("vm-a", D1, M1, "t1"), ("vm-b", D2, M2, "t2"), ("vm-c", D3, M3, None)):
@@ -177,6 +186,11 @@ def test_a_tenant_member_reads_only_its_own_tenant(world):
     assert [u["tenant"] for u in usage["tenants"]] == ["t1"] and usage["tenants"][0]["usage"]["vgpus"]["used"] == 1
     assert [x["name"] for x in tenants["tenants"]] == ["t1"]
     assert cap["tenant"] == "t1"
+    # t2's exclusive GPU is closed to t1, and says so without naming t2 (an admin reads the name)
+    assert {g["gpu"]: g["exclusive"] for g in cap["gpus"]}["0000:81:00.0"] == "another tenant"
+    assert "t2" not in json.dumps(cap) and D2 not in json.dumps(cap)
+    admin_cap = world.run.call("GET", "/v1/capacity")[1]
+    assert {g["gpu"]: g["exclusive"] for g in admin_cap["gpus"]}["0000:81:00.0"] == "t2"
     assert types["types"]                       # what the host offers names no owner
     # the audit: its own domain's rows only, and nothing in them names another tenant or domain
     def concerns_t1(r) -> bool:
@@ -241,13 +255,16 @@ def test_a_tenant_member_cannot_change_another_tenants_domain(world):
 
 def test_a_tenant_member_allocates_for_its_domain_within_quota_and_releases_it(world):
     t = world.run.tenant
-    got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q"}),
+    got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "dry_run": True}),
+                                  _post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q"}),
                                   _post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q"}),
                                   _get(t, "/v1/usage")], docs=True)
-    (s1, made), (s2, refused), (s3, usage) = got
+    (s0, dry), (s1, made), (s2, refused), (s3, usage) = got
+    # a dry run: admitted where the real one goes (not t2's exclusive GPU, not vm-a's own), nothing made
+    assert (s0, dry["dry_run"], dry["gpu"]) == (200, True, "0000:c1:00.0"), dry
     assert s1 == 200, made
     new = made["id"]
-    assert made["owner"] == D1 and world.owners()[new] == D1 and new in world.mdevs()
+    assert (made["owner"], made["gpu"]) == (D1, "0000:c1:00.0") and world.owners()[new] == D1 and new in world.mdevs()
     # recorded as t1's allocation when made: it counts against the quota now, not only at the domain's start
     rows = {row[0]: row for row in world.store().allocation_rows()}
     assert rows[new][1:3] == (D1, "t1")

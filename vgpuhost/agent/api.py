@@ -685,33 +685,41 @@ def _own_domain(agent: Agent, req: Request) -> str:
 class Redactor:
     """Other tenants' names, other domains' names and UUIDs and their vGPUs' ids in free text (an admission
     reason, an audit row, an error line) written as ``another tenant`` / ``(another domain)`` /
-    ``(another vGPU)``, for a tenant member's answer."""
+    ``(another vGPU)``, for a tenant member's answer.  The patterns are compiled once per answer: one
+    alternation per kind, whatever the number of tenants and domains."""
 
     def __init__(self, agent: Agent, req: Request, mine: Dict[str, str]):
         me = req.tenant.lower()
-        self.others = sorted({t for t in tenancy.tenants(agent.store) if t.lower() != me}, key=len, reverse=True)
+        others = sorted({t for t in tenancy.tenants(agent.store) if t.lower() != me}, key=len, reverse=True)
         names = agent.store.active_domains()
         records = agent.store.vgpu_records()
         known = set(names) | {r.owner for r in records} | {row[1] for row in agent.store.allocation_rows()}
-        self.vgpus = sorted(r.id for r in records if r.owner not in mine)
-        self.domains = sorted({d for d in known if _is_uuid(d) and d not in mine} |
-                              {n for d, n in names.items() if d not in mine and n and n not in
-                               {names.get(m) for m in mine}}, key=len, reverse=True)
+        mine_names = {names.get(m) for m in mine}
+        domains = {d for d in known if _is_uuid(d) and d not in mine} | \
+            {n for d, n in names.items() if d not in mine and n and n not in mine_names}
+        vgpus = {r.id for r in records if r.owner not in mine}
+        self.subs: List[Tuple["re.Pattern[str]", str]] = []
+        if others:
+            alt = "(?:" + "|".join(re.escape(t) for t in others) + ")"
+            self.subs += [(re.compile(r"(?<![\w.:+-])tenant '" + alt + "'", re.IGNORECASE), "another tenant"),
+                          (re.compile(r"(?<![\w.:+-])'" + alt + "'", re.IGNORECASE), "'(another tenant)'"),
+                          (re.compile(r"(tenants: (?:[\w.:+()-]+, )*)" + alt + r"(?![\w.:+-])", re.IGNORECASE),
+                           r"\1(another tenant)")]
+        for found, text in ((domains, "(another domain)"), (vgpus, "(another vGPU)")):
+            if found:
+                alt = "|".join(re.escape(x) for x in sorted(found, key=len, reverse=True))
+                self.subs.append((re.compile(r"(?<![\w.:+-])(?:" + alt + r")(?![\w.:+-])"), text))
 
     def text(self, value: Any) -> Any:
         if not isinstance(value, str) or not value:
             return value
         out = value
-        for name in self.others:
-            n = re.escape(name)
-            out = re.sub(r"(?<![\w.:+-])tenant '" + n + "'", "another tenant", out, flags=re.IGNORECASE)
-            out = re.sub(r"(?<![\w.:+-])'" + n + "'", "'(another tenant)'", out, flags=re.IGNORECASE)
-            out = re.sub(r"(tenants: (?:[\w.:+()-]+, )*)" + n + r"(?![\w.:+-])", r"\1(another tenant)", out,
-                         flags=re.IGNORECASE)
-        for d in self.domains:
-            out = re.sub(r"(?<![\w.:+-])" + re.escape(d) + r"(?![\w.:+-])", "(another domain)", out)
-        for v in self.vgpus:
-            out = re.sub(r"(?<![\w.:+-])" + re.escape(v) + r"(?![\w.:+-])", "(another vGPU)", out)
+        for rx, text in self.subs:
+            for _ in range(64):     # a list of tenants names several: each pass takes one of each list
+                done = rx.sub(text, out)
+                if done == out:
+                    break
+                out = done
         return out
 
 
