@@ -15,6 +15,7 @@ back from the simulated tree, the state store and the audit log.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -122,13 +123,17 @@ class World:
         return {r.id: r.owner for r in self.store().vgpu_records()}
 
 
+@functools.lru_cache(maxsize=1)
+def _can_bind() -> bool:
+    return subprocess.run([sys.executable, "-m", "vgpuhost", "tenant", "bind", "--help"], capture_output=True,
+                          text=True, timeout=60, cwd=str(REPO)).returncode == 0
+
+
 def _bind(root: str, dom: str, tenant: str) -> None:
     """The operator binds the domain to its tenant where this vgpuhost has the binding
     (``vgpuhost tenant bind``, issue 28 item 1); without it the tenant the domain's start was admitted
     for is its tenant."""
-    probe = subprocess.run([sys.executable, "-m", "vgpuhost", "tenant", "bind", "--help"], capture_output=True,
-                           text=True, timeout=60, cwd=str(REPO))
-    if probe.returncode != 0:
+    if not _can_bind():
         return
     done = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", root, "--local", "tenant", "bind", dom,
                            tenant], capture_output=True, text=True, timeout=60, cwd=str(REPO))
