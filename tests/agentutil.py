@@ -35,16 +35,19 @@ class AgentRun:
     """``vgpuhost --root ROOT agent`` in its own process, until :meth:`stop` (SIGTERM) or :meth:`kill`."""
 
     def __init__(self, root, sockdir: Optional[str] = None, *, env: Optional[Dict[str, str]] = None,
-                 admin_group: int = ADMIN_GID, ro_group: int = RO_GID, passed: Sequence = (),
-                 extra: Sequence[str] = ("--metering-interval", "0")):
+                 admin_group: "int | str" = ADMIN_GID, ro_group: "int | str" = RO_GID, passed: Sequence = (),
+                 extra: Sequence[str] = ("--metering-interval", "0"), prefix: Sequence[str] = ()):
         self.root = str(root)
         self.own_dir = sockdir is None
         self.dir = sockdir or socket_dir()
         os.makedirs(self.dir, exist_ok=True)
         self.admin = os.path.join(self.dir, "agent.sock")
         self.ro = os.path.join(self.dir, "agent-ro.sock")
+        self.tenant = os.path.join(self.dir, "agent-tenant.sock")
         self.log = Path(self.dir) / "agent.log"
-        cmd = [sys.executable, "-m", "vgpuhost", "--root", self.root, "agent", "--socket-dir", self.dir,
+        # ``prefix``: a command line the agent runs under (tests/test_agent_tenants.py: a private mount
+        # namespace with its own /etc/passwd and /etc/group)
+        cmd = [*prefix, sys.executable, "-m", "vgpuhost", "--root", self.root, "agent", "--socket-dir", self.dir,
                "--admin-group", str(admin_group), "--ro-group", str(ro_group), *extra]
         full_env = {**os.environ, **(env or {})}
         full_env.pop(agentclient.ENV_SOCKET, None)
@@ -116,7 +119,7 @@ class AgentRun:
 CLIENT = r"""
 import json, os, sys
 from vgpuhost.io import agentclient, unixsock  # imported as root: the ids drop below
-uid, gid, groups, calls, hints = json.loads(sys.argv[1])
+uid, gid, groups, calls, hints, docs = json.loads(sys.argv[1])
 os.setgroups(groups)
 os.setgid(gid)
 os.setuid(uid)
@@ -125,6 +128,9 @@ for path, method, target, body in calls:
     try:
         status, doc = agentclient.call(path, method, target, body, timeout_s=60)
         error = doc.get("error") if isinstance(doc, dict) else None
+        if docs:
+            out.append([status, doc])
+            continue
         out.append([status, error.get("hint")] if hints and isinstance(error, dict) else status)
     except PermissionError:
         out.append("EACCES")
@@ -134,13 +140,15 @@ print(json.dumps(out))
 """
 
 
-def as_user(uid: int, gid: int, groups: List[int], calls: List[tuple], *, hints: bool = False) -> List[Any]:
+def as_user(uid: int, gid: int, groups: List[int], calls: List[tuple], *, hints: bool = False,
+            docs: bool = False, prefix: Sequence[str] = ()) -> List[Any]:
     """Run ``calls`` (``(socket, method, target, body)``) from a process with these ids; each
-    answer's HTTP status (with ``hints``: ``[status, error hint]`` for an error), or ``EACCES`` when
-    the socket file refused the connection.  The client imports vgpuhost as root and drops its ids
-    before the first connection."""
+    answer's HTTP status (with ``hints``: ``[status, error hint]`` for an error; with ``docs``:
+    ``[status, document]``), or ``EACCES`` when the socket file refused the connection.  The client
+    imports vgpuhost as root and drops its ids before the first connection; ``prefix``: a command
+    line it runs under (a private mount namespace)."""
     import json
-    proc = subprocess.run([sys.executable, "-c", CLIENT, json.dumps([uid, gid, groups, calls, hints])],
+    proc = subprocess.run([*prefix, sys.executable, "-c", CLIENT, json.dumps([uid, gid, groups, calls, hints, docs])],
                           capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -66,6 +66,9 @@ def test_sockets_are_0660_with_their_groups(agent):
     for path, gid in ((agent.admin, ADMIN_GID), (agent.ro, RO_GID)):
         st = os.stat(path)
         assert (st.st_mode & 0o777, st.st_gid, st.st_uid) == (0o660, gid, 0)
+    # the tenant socket: anyone connects, the credentials decide (tests/test_agent_tenants.py)
+    st = os.stat(os.path.join(agent.dir, "agent-tenant.sock"))
+    assert (st.st_mode & 0o777, st.st_gid, st.st_uid) == (0o666, 0, 0)
 
 
 def test_read_only_group_reads_but_cannot_allocate_and_others_are_refused(agent, a40):
@@ -139,6 +142,25 @@ def test_every_served_path_is_documented_and_every_documented_path_is_served():
     documented = {(m.upper(), p, op["x-vgpuhost-role"]) for p, ops in spec["paths"].items() for m, op in ops.items()}
     served = {(r.method, r.template, r.role) for r in api.ROUTES}
     assert documented == served
+
+
+def test_every_operation_declares_the_roles_the_routing_table_serves():
+    """The security model per operation: the peer-credential scheme, the roles that may call it (as the
+    server decides them: api.Route.roles) and, where tenant members may, what they get there."""
+    spec = yaml.safe_load(SPEC.read_text())
+    scheme = spec["components"]["securitySchemes"]["unixPeerCredentials"]
+    assert all(role in scheme["description"] for role in api.ROLES)
+    assert spec["security"] == [{"unixPeerCredentials": []}]
+    for route in api.ROUTES:
+        op = spec["paths"][route.template][route.method.lower()]
+        assert op["x-vgpuhost-roles"] == list(route.roles), route.template
+        assert op["security"] == [{"unixPeerCredentials": []}], route.template
+        assert ("x-vgpuhost-tenant-scope" in op) == (api.TENANT in route.roles), route.template
+        assert route.role in route.roles and (route.tenant is not None) == (api.TENANT in route.roles)
+    # the tenant role reaches no write but allocate and release, and no read of the whole host
+    tenant_ops = {(r.method, r.template) for r in api.ROUTES if api.TENANT in r.roles}
+    assert {t for m, t in tenant_ops if m == "POST"} == {"/v1/domains/{uuid}/allocate", "/v1/domains/{uuid}/release"}
+    assert not tenant_ops & {("GET", "/v1/inventory"), ("GET", "/v1/metrics"), ("POST", "/v1/plan")}
 
 
 #: a stopped domain in libvirt's test driver, read afresh by every connection (the agent's own)
@@ -337,7 +359,8 @@ def test_refusals_name_the_groups_the_agent_was_started_with(agent):
     for path in (agent.admin, agent.ro):
         os.chmod(path, 0o666)
     got = as_user(OTHER_UID, OTHER_GID, [], [(agent.ro, "GET", "/v1/inventory", None)], hints=True)
-    assert got == [[403, f"ask for membership of the {RO_GID} (read) or {ADMIN_GID} (admin) group"]]
+    assert got == [[403, f"ask for membership of the {RO_GID} (read) or {ADMIN_GID} (admin) group, "
+                         "or of one tenant's group"]]
     got = as_user(RO_UID, RO_GID, [], [_allocate(agent.ro, DOM)], hints=True)
     assert got == [[403, f"use the admin socket as root or a member of the {ADMIN_GID} group"]]
 

@@ -2,7 +2,10 @@
 
 Owns: what each ``/v1/...`` path does and returns (the JSON documents
 the OpenAPI document ``vgpuhost/agent/openapi.yaml`` describes), which
-paths change the host (admin only), the agent's warm host snapshot and
+roles may call each path (:attr:`Route.roles`: admin, read-only, tenant)
+and what a tenant member sees and may do there (the ``tenant_*``
+handlers: its own tenant's data, its own domains), the agent's warm host
+snapshot and
 the one lock that serialises the agent's writes.  Must not: speak HTTP or
 sockets (``server.py``), or hold device logic: every change goes through
 the same ops (``ops/vgpu``, ``ops/layout``, the hook's domain devices,
@@ -29,11 +32,12 @@ from ..io.state import StateStore
 from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import PlacementStrategy
-from ..model.errors import InputError, TransientError, VgpuhostError
+from ..model.errors import InputError, RefusedError, TransientError, VgpuhostError
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover
 from ..observe.vgpus import list_vgpus
 from ..ops import devices, mig, tenancy, vgpu
+from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
 from ..ops.layout import apply, check, plan
@@ -59,7 +63,9 @@ SCHEMA_RELEASE = "vgpuhost.agent-release/v1"
 SCHEMA_HOOK = "vgpuhost.agent-hook/v1"
 SCHEMA_ERROR = "vgpuhost.agent-error/v1"
 
-READ, ADMIN = "read", "admin"
+READ, ADMIN, TENANT = "read", "admin", "tenant"
+#: every role, in the order the agent tries them for a caller (server.Access.caller)
+ROLES = (ADMIN, READ, TENANT)
 
 #: the libvirt URI the agent connects to unless started with another (``vgpuhost agent --libvirt-uri``)
 DEFAULT_LIBVIRT_URI = "qemu:///system"
@@ -76,15 +82,23 @@ class Misdirected(VgpuhostError):
     """A hook call meant for another host root or state dir than this agent's (421: the caller does it)."""
 
 
+class Forbidden(RefusedError):
+    """A caller's role does not reach this data or this change (403): a tenant member asking for another
+    tenant's, or for a domain that is not its tenant's (the same answer whether the domain exists or not)."""
+
+
 class Request(NamedTuple):
     """One call: ``params`` from the path, ``query`` (first value of each key), ``body`` (parsed JSON
-    object or None), ``actor`` (the audit actor naming the peer)."""
+    object or None), ``actor`` (the audit actor naming the peer), ``role`` the caller's role on this
+    socket (:data:`ROLES`) and ``tenant`` its tenant when the role is :data:`TENANT` (else None)."""
 
     params: Dict[str, str]
     query: Dict[str, str]
     body: Optional[Dict[str, Any]]
     actor: str
     peer_pid: int
+    role: str = ADMIN
+    tenant: Optional[str] = None
 
 
 class Text(NamedTuple):
@@ -214,8 +228,8 @@ def _uuid(text: str) -> str:
 # ---------------------------------------------------------------------------
 # read endpoints
 
-def get_agent(agent: Agent, req: Request, role: str) -> Dict[str, Any]:
-    return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": role,
+def get_agent(agent: Agent, req: Request) -> Dict[str, Any]:
+    return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": req.role, "tenant": req.tenant,
             "root": str(agent.host.root), "snapshot_scans": agent.scans, "snapshot_waits": agent.snapshot_waits,
             "served": dict(agent.served), "served_thin_client": dict(agent.served_thin),
             "state_dir": str(agent.host.state_dir), "recovered": agent.recovered,
@@ -656,15 +670,214 @@ def get_openapi(agent: Agent, req: Request) -> Text:
 
 
 # ---------------------------------------------------------------------------
+# the tenant role: a member of a tenant's group sees its own tenant and domains, and allocates and releases
+# for its tenant's domains only (docs/agent.md, "Who may do what")
+
+def _forbidden(req: Request, what: str) -> Forbidden:
+    return Forbidden(f"{what}: a member of tenant {req.tenant!r} reaches only that tenant's data and domains",
+                     hint="ask the operator (a member of the admin group) for anything else")
+
+
+def _mine(agent: Agent, req: Request) -> Dict[str, str]:
+    """``{domain UUID: tenant}`` of the caller's tenant (:func:`vgpuhost.ops.tenancy.tenant_domains`)."""
+    return tenancy.tenant_domains(agent.store, req.tenant)
+
+
+def _own_domain(agent: Agent, req: Request) -> str:
+    """The path's domain UUID when its tenant is the caller's, else Forbidden: one answer for another
+    tenant's domain, a domain of no tenant and a domain vgpuhost does not know (existence is not told)."""
+    owner = _uuid(req.params["uuid"])
+    theirs = tenancy.domain_tenant(agent.store, owner)
+    if not theirs or theirs.lower() != req.tenant.lower():
+        raise Forbidden(f"domain {owner} is not bound to tenant {req.tenant!r}",
+                        hint="a tenant member allocates and releases only for its tenant's domains; the operator "
+                             "binds a domain to a tenant")
+    return owner
+
+
+class Redactor:
+    """Other tenants' names, other domains' names and UUIDs and their vGPUs' ids in free text (an admission
+    reason, an audit row, an error line) written as ``another tenant`` / ``(another domain)`` /
+    ``(another vGPU)``, for a tenant member's answer.  The patterns are compiled once per answer: one
+    alternation per kind, whatever the number of tenants and domains."""
+
+    def __init__(self, agent: Agent, req: Request, mine: Dict[str, str]):
+        me = req.tenant.lower()
+        others = sorted({t for t in tenancy.tenants(agent.store) if t.lower() != me}, key=len, reverse=True)
+        names = agent.store.active_domains()
+        records = agent.store.vgpu_records()
+        known = set(names) | {r.owner for r in records} | {row[1] for row in agent.store.allocation_rows()}
+        mine_names = {names.get(m) for m in mine}
+        domains = {d for d in known if _is_uuid(d) and d not in mine} | \
+            {n for d, n in names.items() if d not in mine and n and n not in mine_names}
+        vgpus = {r.id for r in records if r.owner not in mine}
+        self.subs: List[Tuple["re.Pattern[str]", str]] = []
+        if others:
+            alt = "(?:" + "|".join(re.escape(t) for t in others) + ")"
+            self.subs += [(re.compile(r"(?<![\w.:+-])tenant '" + alt + "'", re.IGNORECASE), "another tenant"),
+                          (re.compile(r"(?<![\w.:+-])'" + alt + "'", re.IGNORECASE), "'(another tenant)'"),
+                          (re.compile(r"(tenants: (?:[\w.:+()-]+, )*)" + alt + r"(?![\w.:+-])", re.IGNORECASE),
+                           r"\1(another tenant)")]
+        for found, text in ((domains, "(another domain)"), (vgpus, "(another vGPU)")):
+            if found:
+                alt = "|".join(re.escape(x) for x in sorted(found, key=len, reverse=True))
+                self.subs.append((re.compile(r"(?<![\w.:+-])(?:" + alt + r")(?![\w.:+-])"), text))
+
+    def text(self, value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            return value
+        out = value
+        for rx, text in self.subs:
+            for _ in range(64):     # a list of tenants names several: each pass takes one of each list
+                done = rx.sub(text, out)
+                if done == out:
+                    break
+                out = done
+        return out
+
+
+def redact_error(agent: Agent, req: Request, e: VgpuhostError) -> VgpuhostError:
+    """``e`` with its message and hint redacted for a tenant member (:class:`Redactor`)."""
+    r = Redactor(agent, req, _mine(agent, req))
+    e.message, e.hint = r.text(e.message), r.text(e.hint)
+    return e
+
+
+def tenant_agent(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/agent`` for a tenant member: what recovery did at start is the operator's (it names
+    devices of every tenant), so ``recovered`` is empty."""
+    return {**get_agent(agent, req), "recovered": {}}
+
+
+def tenant_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/capacity`` as admission would answer a domain of the caller's tenant (``?tenant=`` is that
+    tenant; another is Forbidden); guarantees at risk only its own; another tenant's exclusive GPU says
+    ``another tenant``."""
+    asked = req.query.get("tenant")
+    if asked is not None and asked.lower() != req.tenant.lower():
+        raise _forbidden(req, f"capacity for tenant {asked[:64]!r}")
+    if tenancy.tenant_named_in(agent.store, req.tenant) is None:
+        raise Forbidden(f"tenant {req.tenant!r} is not known on this host: it has no capacity here",
+                        hint="ask the operator to add the tenant ('vgpuhost tenant add')")
+    doc = get_capacity(agent, req._replace(query={**req.query, "tenant": req.tenant}))
+    me = req.tenant.lower()
+    r = Redactor(agent, req, _mine(agent, req))
+    doc["guarantees_at_risk"] = [g for g in doc["guarantees_at_risk"] if str(g["tenant"]).lower() == me]
+    for g in doc["gpus"]:
+        if g.get("exclusive") and g["exclusive"].lower() != me:
+            g["exclusive"] = "another tenant"
+    for p in doc["profiles"]:
+        if "why_not" in p:
+            p["why_not"] = r.text(p["why_not"])
+    return doc
+
+
+def tenant_vgpus(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/vgpus``: the vGPUs the caller's tenant's domains own."""
+    mine = _mine(agent, req)
+    doc = get_vgpus(agent, req)
+    doc["vgpus"] = [v for v in doc["vgpus"] if v.get("owner") in mine]
+    return doc
+
+
+def tenant_domains(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/domains``: the caller's tenant's domains."""
+    mine = _mine(agent, req)
+    doc = domains_doc(agent.store)
+    doc["domains"] = [d for d in doc["domains"] if d["uuid"] in mine]
+    return doc
+
+
+def tenant_tenants(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/tenants``: the caller's tenant alone (empty when the host does not know it)."""
+    me = req.tenant.lower()
+    doc = get_tenants(agent, req)
+    doc["tenants"] = [t for t in doc["tenants"] if t["name"].lower() == me]
+    return doc
+
+
+def tenant_usage(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/usage``: the caller's tenant's entry alone."""
+    me = req.tenant.lower()
+    doc = get_usage(agent, req)
+    doc["tenants"] = [t for t in doc["tenants"] if t["tenant"] and t["tenant"].lower() == me]
+    return doc
+
+
+def tenant_audit(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/audit``: the rows that name the caller's tenant (``tenant 'T'``, ``tenant add|set|remove T``)
+    or one of its domains (UUID or name) or their devices (vGPU ids, passthrough GPUs, allocations),
+    other tenants and domains in them redacted (:class:`Redactor`).  Rows of a domain released and no
+    longer known are matched by its UUID only (``owner=UUID``)."""
+    mine = _mine(agent, req)
+    me = req.tenant
+    names = agent.store.active_domains()
+    tokens = set(mine) | {names[d] for d in mine if names.get(d)}
+    tokens |= {r.id for r in agent.store.vgpu_records() if r.owner in mine}
+    tokens |= {p.gpu for p in agent.store.passthrough_records() if p.owner in mine}
+    tokens |= {row[0] for row in agent.store.allocation_rows() if row[1] in mine}
+    alternatives = [r"tenant '" + re.escape(me) + "'",
+                    r"^tenant (?:add|set|remove|bind|unbind) " + re.escape(me) + r"(?![\w.:+-])"]
+    if tokens:
+        alternatives.append(r"(?<![\w.:+-])(?:" + "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
+                            + r")(?![\w.:+-])")
+    pattern = re.compile("|".join(alternatives), re.IGNORECASE)
+    doc = get_audit(agent, req)
+    r = Redactor(agent, req, mine)
+    rows = []
+    for row in doc["rows"]:
+        if any(pattern.search(str(row.get(k) or "")) for k in ("operation", "path", "value")):
+            rows.append({k: r.text(v) if k in ("operation", "path", "value") else v for k, v in row.items()})
+    doc["rows"] = rows
+    return doc
+
+
+def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``POST /v1/domains/{uuid}/allocate`` for a domain of the caller's tenant only, admitted under the
+    tenant's quota now (:func:`vgpuhost.ops.allocate.allocate_admitted`), not only at the domain's start."""
+    owner = _own_domain(agent, req)
+    body = req.body or {}
+    profile = _text(body, "profile", required=True, limit=128)
+    strategy = _strategy(body)
+    gpu = _gpu(agent, _text(body, "gpu", limit=32))
+    vid = _text(body, "vgpu_uuid", limit=64)
+    anti = _text(body, "anti_affinity", limit=256)
+    dry = _flag(body, "dry_run")
+
+    def run():
+        return allocate_admitted(agent.host, agent.store, agent.inventory, owner=owner, tenant=req.tenant,
+                                         profile=profile, gpu=gpu, uuid=_uuid(vid) if vid else None,
+                                         strategy=strategy, anti_affinity=anti, dry_run=dry, actor=req.actor)
+    return (run() if dry else agent.write(run)).as_dict()
+
+
+def tenant_release(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``POST /v1/domains/{uuid}/release`` for a domain of the caller's tenant only."""
+    _own_domain(agent, req)
+    return post_release(agent, req)
+
+
+# ---------------------------------------------------------------------------
 # the route table
 
 class Route(NamedTuple):
     method: str
     template: str           # /v1/domains/{uuid}/allocate
     handler: Callable
-    role: str               # the least role that may call it
+    role: str               # the least of admin and read that may call it
     keys: Tuple[str, ...] = ()      # the JSON body's keys it takes (openapi.yaml's requestBody properties)
     query: Tuple[str, ...] = ()     # the query parameters it takes (openapi.yaml's ``in: query`` parameters)
+    tenant: Optional[Callable] = None   # what a tenant member gets here (its scoped handler); None: 403
+
+    @property
+    def roles(self) -> Tuple[str, ...]:
+        """The roles that may call it (openapi.yaml's ``x-vgpuhost-roles``): admin; read unless it changes
+        the host; tenant where it has a tenant handler."""
+        return (ADMIN,) + ((READ,) if self.role == READ else ()) + ((TENANT,) if self.tenant else ())
+
+    def handler_for(self, req: "Request") -> Callable:
+        """The handler serving ``req``'s role: the tenant handler for a tenant member."""
+        return self.tenant if req.role == TENANT and self.tenant else self.handler
 
 
 def check_keys(route: Route, body: Optional[Dict[str, Any]]) -> None:
@@ -698,21 +911,21 @@ _TENANT_KEYS = _TENANT_TEXT + _TENANT_LISTS + ("allow_oversubscribe",)
 _SCHEDULER_KEYS = ("policy", "timeslice_ms", "frequency_hz", "avg_factor", "gpus", "all")
 
 ROUTES: Tuple[Route, ...] = (
-    Route("GET", "/v1/agent", get_agent, READ),
-    Route("GET", "/v1/openapi", get_openapi, READ),
+    Route("GET", "/v1/agent", get_agent, READ, tenant=tenant_agent),
+    Route("GET", "/v1/openapi", get_openapi, READ, tenant=get_openapi),
     Route("GET", "/v1/inventory", get_inventory, READ),
-    Route("GET", "/v1/types", get_types, READ, query=("gpu", "available")),
-    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile", "tenant")),
-    Route("GET", "/v1/vgpus", get_vgpus, READ),
-    Route("GET", "/v1/domains", get_domains, READ),
-    Route("GET", "/v1/tenants", get_tenants, READ),
-    Route("GET", "/v1/usage", get_usage, READ),
-    Route("GET", "/v1/audit", get_audit, READ, query=("since",)),
+    Route("GET", "/v1/types", get_types, READ, query=("gpu", "available"), tenant=get_types),
+    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile", "tenant"), tenant=tenant_capacity),
+    Route("GET", "/v1/vgpus", get_vgpus, READ, tenant=tenant_vgpus),
+    Route("GET", "/v1/domains", get_domains, READ, tenant=tenant_domains),
+    Route("GET", "/v1/tenants", get_tenants, READ, tenant=tenant_tenants),
+    Route("GET", "/v1/usage", get_usage, READ, tenant=tenant_usage),
+    Route("GET", "/v1/audit", get_audit, READ, query=("since",), tenant=tenant_audit),
     Route("GET", "/v1/metrics", get_metrics, READ),
     Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN, _VGPU_KEYS),
     Route("POST", "/v1/vgpus/{id}/remove", post_vgpu_remove, ADMIN, ("owner", "dry_run")),
-    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN, _ALLOCATE_KEYS),
-    Route("POST", "/v1/domains/{uuid}/release", post_release, ADMIN),
+    Route("POST", "/v1/domains/{uuid}/allocate", post_allocate, ADMIN, _ALLOCATE_KEYS, tenant=tenant_allocate),
+    Route("POST", "/v1/domains/{uuid}/release", post_release, ADMIN, tenant=tenant_release),
     Route("POST", "/v1/hook/prepare", post_hook_prepare, ADMIN, _HOOK_KEYS),
     Route("POST", "/v1/hook/release", post_hook_release, ADMIN, _HOOK_KEYS),
     Route("POST", "/v1/plan", post_plan, READ, _LAYOUT_KEYS),

@@ -1,7 +1,7 @@
-"""``vgpuhost agent``: JSON over HTTP/1.1 on two unix sockets, roles from SO_PEERCRED.
+"""``vgpuhost agent``: JSON over HTTP/1.1 on three unix sockets, roles from SO_PEERCRED.
 
 Owns: the listening sockets (bound here, or passed by systemd socket
-activation: ``LISTEN_FDS`` with ``LISTEN_FDNAMES`` ``admin`` and ``ro``),
+activation: ``LISTEN_FDS`` with ``LISTEN_FDNAMES`` ``admin``, ``ro`` and ``tenant``),
 HTTP parsing (stdlib :mod:`http.server`, one thread per connection), the
 role of each caller, body limits, and turning results and errors into
 responses.  Must not: decide anything about devices (``api.py`` calls the
@@ -14,11 +14,20 @@ Sockets and roles:
   with every endpoint;
 - the **read-only** socket (``agent-ro.sock``, mode 0660, group
   ``vgpuhost-ro``) serves root and members of either group with the read
-  endpoints only.
+  endpoints only (and a tenant member, if the mode lets it in, with its
+  tenant's reads only);
+- the **tenant** socket (``agent-tenant.sock``, mode 0666) lets anyone
+  connect: the role is decided by the credentials alone, and a caller of no
+  role is answered 403 before its request body is read.
 
-The file modes keep others out; the agent checks again with the peer's
-credentials (``SO_PEERCRED`` and ``/proc/<pid>/status`` ``Groups:``), so
-a socket whose mode was loosened still refuses them (403).
+Roles (:class:`Access`): ``admin`` (root, a member of the admin group),
+``read`` (the read-only group), ``tenant`` (a group mapped to a tenant:
+``--tenant-group GROUP=TENANT``, or a group named ``<prefix><tenant>``,
+default prefix ``vgpuhost-t-``), tried in that order.  The file modes keep
+others out of the admin and read-only sockets; the agent checks again with
+the peer's credentials (``SO_PEERCRED`` and ``SO_PEERGROUPS``,
+:func:`vgpuhost.io.unixsock.peer`), so a socket whose mode was loosened
+still refuses them (403).
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
@@ -41,15 +50,16 @@ import os
 import signal
 import socketserver
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .. import __version__
 from ..hook.runtime import agent_error_line
 from ..io import unixsock
 from ..io.hostroot import HostRoot
-from ..libvirt.domxml import parse_domain_identity
+from ..libvirt.domxml import parse_domain_identity, valid_key
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, VgpuhostError
 from ..ops import recover
 from ..ops.vgpu import reconcile
@@ -60,9 +70,16 @@ log = logging.getLogger("vgpuhost.agent")
 
 ADMIN_SOCKET = "agent.sock"
 RO_SOCKET = "agent-ro.sock"
+TENANT_SOCKET = "agent-tenant.sock"
 DEFAULT_ADMIN_GROUP = "vgpuhost"
 DEFAULT_RO_GROUP = "vgpuhost-ro"
+#: a group named PREFIX + TENANT makes its members members of TENANT (``--tenant-group-prefix``)
+DEFAULT_TENANT_PREFIX = "vgpuhost-t-"
 SOCKET_MODE = 0o660
+#: the tenant socket: anyone may connect, the credentials decide (tenant groups are many and change)
+TENANT_SOCKET_MODE = 0o666
+#: seconds a group's name read from the group database serves before it is read again
+GROUP_NAME_TTL_S = 60.0
 #: the largest request body (a domain XML of 4 MiB, JSON-escaped)
 MAX_BODY = 12 * 1024 * 1024
 EXIT_INTERNAL = 4
@@ -85,7 +102,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int,
                  admin_group: str = DEFAULT_ADMIN_GROUP, ro_group: str = DEFAULT_RO_GROUP, *,
-                 max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S):
+                 max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
+                 access: Optional["Access"] = None):
         socketserver.BaseServer.__init__(self, "", _Handler)
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
@@ -98,6 +116,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.ro_gid = ro_gid
         self.admin_group = admin_group      # as the operator named them (--admin-group, --ro-group)
         self.ro_group = ro_group
+        self.access = access if access is not None else Access(admin_gid, ro_gid)
 
     def process_request(self, request, client_address) -> None:
         """A thread for the connection while fewer than ``max_connections`` are open; else 429, closed."""
@@ -137,13 +156,74 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.shutdown_request(request)
 
 
-def peer_role(peer: unixsock.Peer, admin_gid: int, ro_gid: int) -> Optional[str]:
-    """``admin`` (root, or a member of the admin group), ``read`` (the read-only group), or None."""
-    if peer.uid == 0 or admin_gid in peer.groups:
-        return api.ADMIN
-    if ro_gid in peer.groups:
-        return api.READ
-    return None
+class Caller(NamedTuple):
+    """Who a peer is to the agent: ``role`` (:data:`api.ROLES`) and ``tenant`` (the tenant a tenant
+    member belongs to; None for the other roles)."""
+
+    role: str
+    tenant: Optional[str] = None
+
+
+class Access:
+    """The agent's roles for a peer's credentials: ``admin_gid``, ``ro_gid``, ``tenant_gids`` (``{gid:
+    tenant}``, from ``--tenant-group``) and ``prefix`` (a group named ``prefix + TENANT`` maps to TENANT;
+    empty: no naming convention).  Group names are read from the group database
+    (:func:`vgpuhost.io.unixsock.group_name`), each kept :data:`GROUP_NAME_TTL_S` seconds."""
+
+    def __init__(self, admin_gid: int, ro_gid: int, tenant_gids: Optional[Dict[int, str]] = None,
+                 prefix: str = DEFAULT_TENANT_PREFIX):
+        self.admin_gid, self.ro_gid = admin_gid, ro_gid
+        self.tenant_gids = dict(tenant_gids or {})
+        self.prefix = prefix
+        self._names: Dict[int, Tuple[float, Optional[str]]] = {}
+        self._lock = threading.Lock()
+
+    def _name(self, gid: int) -> Optional[str]:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._names.get(gid)
+            if hit is not None and now - hit[0] < GROUP_NAME_TTL_S:
+                return hit[1]
+        name = unixsock.group_name(gid)
+        with self._lock:
+            self._names[gid] = (now, name)
+        return name
+
+    def tenants_of(self, groups) -> List[str]:
+        """The tenants ``groups`` (gids) map to, sorted, each once (names compared in any case)."""
+        found: Dict[str, str] = {}
+        for gid in sorted(groups):
+            tenant = self.tenant_gids.get(gid)
+            if tenant is None and self.prefix:
+                name = self._name(gid)
+                if name and name.startswith(self.prefix) and valid_key(name[len(self.prefix):]):
+                    tenant = name[len(self.prefix):]
+            if tenant:
+                found.setdefault(tenant.lower(), tenant)
+        return sorted(found.values(), key=str.lower)
+
+    def caller(self, peer: unixsock.Peer) -> Tuple[Optional[Caller], str]:
+        """``(Caller, "")``, or ``(None, why)`` for a peer of no role, or of groups of two tenants (a member
+        of two tenants is refused rather than given either: the operator maps it to one)."""
+        if peer.uid == 0 or self.admin_gid in peer.groups:
+            return Caller(api.ADMIN), ""
+        if self.ro_gid in peer.groups:
+            return Caller(api.READ), ""
+        tenants = self.tenants_of(peer.groups - {self.admin_gid, self.ro_gid})
+        if len(tenants) == 1:
+            return Caller(api.TENANT, tenants[0]), ""
+        if tenants:
+            return None, "its groups map to more than one tenant (" + ", ".join(tenants) + ")"
+        return None, "it is in no group of the agent's"
+
+
+def socket_role(caller: Caller, socket_role_: str) -> Caller:
+    """The caller's role on a socket of ``socket_role_``: the read-only socket serves no change (an admin
+    reads there; a tenant member reads its tenant's data); the admin and tenant sockets serve the caller's
+    own role."""
+    if socket_role_ == api.READ and caller.role == api.ADMIN:
+        return Caller(api.READ)
+    return caller
 
 
 def error_doc(status: int, message: str, *, hint: Optional[str] = None, exit_code: int = EXIT_INPUT,
@@ -154,6 +234,8 @@ def error_doc(status: int, message: str, *, hint: Optional[str] = None, exit_cod
 
 
 def status_of(e: VgpuhostError) -> int:
+    if isinstance(e, api.Forbidden):
+        return 403
     if isinstance(e, api.Unavailable):
         return 503
     if isinstance(e, api.Misdirected):
@@ -249,13 +331,14 @@ class _Handler(BaseHTTPRequestHandler):
         peer = unixsock.peer(self.connection)
         self._peer = peer
         srv = self.server
-        who = peer_role(peer, srv.admin_gid, srv.ro_gid)
+        who, why = srv.access.caller(peer)
         if who is None:
-            return 403, error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent",
+            return 403, error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent: {why}",
                                   hint=f"ask for membership of the {srv.ro_group} (read) or {srv.admin_group} "
-                                       "(admin) group",
+                                       "(admin) group, or of one tenant's group",
                                   kind="RefusedError")
-        role = api.READ if api.READ in (who, srv.role) else api.ADMIN
+        caller = socket_role(who, srv.role)
+        role = caller.role
         url = urlsplit(self.path)
         route, params, allowed = api.match(method, url.path)
         params = {k: unquote(v) for k, v in params.items()}
@@ -264,7 +347,14 @@ class _Handler(BaseHTTPRequestHandler):
                 return 405, error_doc(405, f"{method} is not allowed on {url.path}",
                                       hint="allowed: " + ", ".join(sorted(set(allowed))))
             return 404, error_doc(404, f"no endpoint {url.path}", hint="GET /v1/openapi lists them")
-        if route.role == api.ADMIN and role != api.ADMIN:
+        if role == api.TENANT and (route.tenant is None or (srv.role == api.READ and route.role == api.ADMIN)):
+            where = " on the read-only socket" if route.tenant is not None else ""
+            return 403, error_doc(403, f"{method} {route.template} is not open to members of tenant "
+                                       f"{caller.tenant!r}{where}",
+                                  hint="a tenant member reads its tenant's usage, domains, vGPUs, capacity and audit "
+                                       "rows, and allocates and releases for its tenant's domains (on the tenant "
+                                       "socket); ask the operator for the rest", kind="RefusedError")
+        if role != api.TENANT and role not in route.roles:
             where = "the read-only socket" if srv.role == api.READ else "a member of the read-only group"
             return 403, error_doc(403, f"{method} {url.path} changes the host: not allowed for {where}",
                                   hint=f"use the admin socket as root or a member of the {srv.admin_group} group",
@@ -280,17 +370,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return problem
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         actor = f"agent uid={peer.uid} pid={peer.pid}"
-        req = api.Request(params, query, body, actor, peer.pid)
+        req = api.Request(params, query, body, actor, peer.pid, role, caller.tenant)
         srv.agent.count(route, thin=self._hook_xml is not None)
         try:
             api.check_keys(route, body)
             api.check_query(route, query)
-            if route.handler is api.get_agent:
-                return 200, api.get_agent(srv.agent, req, role)
-            return 200, route.handler(srv.agent, req)
+            return 200, route.handler_for(req)(srv.agent, req)
         except VgpuhostError as e:
+            if role == api.TENANT and not isinstance(e, api.Forbidden):
+                # a refusal's reason may name other tenants and domains; Forbidden echoes only what the caller
+                # asked (redacting a known domain there and not an unknown one would tell which exist)
+                e = api.redact_error(srv.agent, req, e)
             status = status_of(e)
-            return status, error_doc(status, e.message, hint=e.hint, exit_code=e.exit_code, kind=type(e).__name__)
+            kind = "RefusedError" if isinstance(e, api.Forbidden) else type(e).__name__
+            return status, error_doc(status, e.message, hint=e.hint, exit_code=e.exit_code, kind=kind)
         except OSError as e:
             name = f": {e.filename}" if e.filename else ""
             return 500, error_doc(500, f"{e.strerror or e}{name}", hint="check the path and its permissions",
@@ -454,24 +547,52 @@ class AgentProcess:
             unixsock.remove_socket(path)
 
 
+def tenant_group_map(pairs) -> Dict[int, str]:
+    """``{gid: tenant}`` from ``GROUP=TENANT`` texts (``--tenant-group``; GROUP a name or a gid).  Raises
+    InputError for a text without ``=``, a tenant name that is not one, an unknown group, or a group
+    given for two tenants."""
+    out: Dict[int, str] = {}
+    for text in pairs or ():
+        group, sep, tenant = str(text).partition("=")
+        tenant = tenant.strip()
+        if not sep or not group.strip() or not valid_key(tenant):
+            raise InputError(f"--tenant-group {str(text)[:80]!r} is not GROUP=TENANT",
+                             hint="e.g. --tenant-group ml-team=ml (a group name or gid; the tenant's name: "
+                                  "letters, digits and _.:+-)")
+        gid = unixsock.group_id(group.strip())
+        if gid in out and out[gid].lower() != tenant.lower():
+            raise InputError(f"--tenant-group maps group {group.strip()!r} to two tenants ({out[gid]}, {tenant})",
+                             hint="a group's members belong to one tenant")
+        out[gid] = tenant
+    return out
+
+
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
                ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
                metrics_listen: Optional[Tuple[str, int]] = None,
                libvirt_uri: str = api.DEFAULT_LIBVIRT_URI, max_connections: int = MAX_CONNECTIONS,
-               read_timeout_s: float = READ_TIMEOUT_S) -> AgentProcess:
-    """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind both under ``socket_dir``.
+               read_timeout_s: float = READ_TIMEOUT_S, tenant_groups=(),
+               tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> AgentProcess:
+    """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind all three under ``socket_dir``.
 
     ``libvirt_uri``: the libvirt URI attach/detach connect to (callers may
-    name only it or a local qemu URI, :func:`api.allowed_uris`).  Raises
-    InputError for an unknown group or an unusable URI and
-    HostEnvironmentError when a socket cannot be had (another agent
-    listens, the directory is not writable).
+    name only it or a local qemu URI, :func:`api.allowed_uris`).
+    ``tenant_groups``: ``GROUP=TENANT`` texts (:func:`tenant_group_map`);
+    ``tenant_prefix``: the naming convention's prefix ('' turns it off).
+    Raises InputError for an unknown group, a bad tenant mapping or an
+    unusable URI and HostEnvironmentError when a socket cannot be had
+    (another agent listens, the directory is not writable).
     """
     if not libvirt_uri or len(libvirt_uri) > 1024 or not libvirt_uri.isprintable():
         raise InputError("--libvirt-uri must be a libvirt URI of at most 1024 printable characters",
                          hint="e.g. qemu:///system (the default)")
     admin_gid = unixsock.group_id(admin_group)
     ro_gid = unixsock.group_id(ro_group)
+    tenant_gids = tenant_group_map(tenant_groups)
+    if admin_gid in tenant_gids or ro_gid in tenant_gids:
+        raise InputError("--tenant-group names the admin or the read-only group",
+                         hint="map groups of a tenant's members only; admin and read-only keep their meaning")
+    access = Access(admin_gid, ro_gid, tenant_gids, tenant_prefix or "")
     host.require_host()
     if metering_interval_s <= 0 and metrics_listen is not None:
         raise InputError("--metrics-port needs metering on", hint="give --metering-interval S with S > 0")
@@ -484,19 +605,22 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     try:
         if passed:
             for name, sock in passed.items():
-                role = api.READ if name in ("ro", "read", "vgpuhost-agent-ro.socket") else api.ADMIN
+                role = api.READ if name in ("ro", "read", "vgpuhost-agent-ro.socket") else \
+                    api.TENANT if name in ("tenant", "vgpuhost-agent-tenant.socket") else api.ADMIN
                 socks.setdefault(role, []).append(sock)
         else:
             d = str(socket_dir) if socket_dir else str(default_socket_dir(host))
-            for role, fname, gid in ((api.ADMIN, ADMIN_SOCKET, admin_gid), (api.READ, RO_SOCKET, ro_gid)):
+            for role, fname, gid, mode in ((api.ADMIN, ADMIN_SOCKET, admin_gid, SOCKET_MODE),
+                                           (api.READ, RO_SOCKET, ro_gid, SOCKET_MODE),
+                                           (api.TENANT, TENANT_SOCKET, 0, TENANT_SOCKET_MODE)):
                 path = os.path.join(d, fname)
-                socks.setdefault(role, []).append(unixsock.bind(path, mode=SOCKET_MODE, gid=gid))
+                socks.setdefault(role, []).append(unixsock.bind(path, mode=mode, gid=gid))
                 bound.append(path)
         agent.recovered = recover_at_start(agent)
         if metering_interval_s > 0:
             start_metering(agent, metering_interval_s, metrics_listen)
         servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group),
-                           max_connections=max_connections, read_timeout_s=read_timeout_s)
+                           max_connections=max_connections, read_timeout_s=read_timeout_s, access=access)
                    for role, ss in socks.items() for s in ss]
     except BaseException:
         if agent.metering is not None:
@@ -556,11 +680,13 @@ def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
           metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI,
-          max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S) -> int:
+          max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S, tenant_groups=(),
+          tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
     proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
                       metering_interval_s=metering_interval_s, metrics_listen=metrics_listen,
-                      libvirt_uri=libvirt_uri, max_connections=max_connections, read_timeout_s=read_timeout_s)
+                      libvirt_uri=libvirt_uri, max_connections=max_connections, read_timeout_s=read_timeout_s,
+                      tenant_groups=tenant_groups, tenant_prefix=tenant_prefix)
     stop = threading.Event()
 
     def on_signal(signum, frame):

@@ -9,7 +9,7 @@ in the Context): cli and agent sit side by side, so it never imports it.
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import click
 
@@ -18,12 +18,18 @@ from .common import current
 
 @click.command("agent")
 @click.option("--socket-dir", metavar="DIR",
-              help="Where to listen: DIR/agent.sock (admin) and DIR/agent-ro.sock (read-only); default "
-                   "<root>/run/vgpuhost.  Ignored when systemd passes the sockets (socket activation).")
+              help="Where to listen: DIR/agent.sock (admin), DIR/agent-ro.sock (read-only) and "
+                   "DIR/agent-tenant.sock (tenant members); default <root>/run/vgpuhost.  Ignored when "
+                   "systemd passes the sockets (socket activation).")
 @click.option("--admin-group", default="vgpuhost", show_default=True, metavar="GROUP",
               help="Group (name or gid) of the admin socket; its members may change the host.")
 @click.option("--ro-group", default="vgpuhost-ro", show_default=True, metavar="GROUP",
               help="Group (name or gid) of the read-only socket; its members may read.")
+@click.option("--tenant-group", "tenant_groups", multiple=True, metavar="GROUP=TENANT",
+              help="Members of GROUP (a name or gid) are members of TENANT: they read their tenant's data and "
+                   "allocate and release for its domains, on the tenant socket (repeatable).")
+@click.option("--tenant-group-prefix", default="vgpuhost-t-", show_default=True, metavar="PREFIX",
+              help="A group named PREFIX<tenant> maps its members to that tenant too ('' turns this off).")
 @click.option("--metering-interval", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
               metavar="S", help="Run the metering sampler every S seconds and serve it on /v1/metrics "
                                 "(0: off).  Run this or 'vgpuhost exporter' on a host, not both.")
@@ -39,17 +45,20 @@ from .common import current
                    "closed (the qemu hook then does the work itself).")
 @click.option("--read-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True, metavar="S",
               help="Close a connection that sends nothing for S seconds while its request is read.")
-def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, metering_interval: float,
-              metrics_port: Optional[int], metrics_listen: str, libvirt_uri: str, max_connections: int,
-              read_timeout: float) -> None:
+def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant_groups: Tuple[str, ...],
+              tenant_group_prefix: str, metering_interval: float, metrics_port: Optional[int], metrics_listen: str,
+              libvirt_uri: str, max_connections: int, read_timeout: float) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
     Reads (inventory, types, capacity, vGPUs, domains, tenants, usage, audit,
-    plan, assert, metrics) on both sockets; changes (allocate, release, the
-    hook's prepare/release, vgpu create/remove, apply, reconcile, passthrough,
-    attach/detach, tenant writes) on the admin socket only, through the same
-    operations, locks and audit log as the CLI, whose write commands come here
-    when the agent answers.  The API document: GET /v1/openapi.
+    plan, assert, metrics) on the admin and read-only sockets; changes
+    (allocate, release, the hook's prepare/release, vgpu create/remove, apply,
+    reconcile, passthrough, attach/detach, tenant writes) on the admin socket
+    only, through the same operations, locks and audit log as the CLI, whose
+    write commands come here when the agent answers.  Members of a tenant's
+    group (--tenant-group, --tenant-group-prefix) read their tenant's data and
+    allocate and release for its domains on the tenant socket.  The API
+    document: GET /v1/openapi.
     """
     ctx = current()
     if ctx.serve_agent is None:     # cli.main.main called without the entry point's server: a bug
@@ -65,6 +74,7 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, meteri
     ctx.serve_agent(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,
                     metering_interval_s=metering_interval, libvirt_uri=libvirt_uri,
                     max_connections=max_connections, read_timeout_s=read_timeout,
+                    tenant_groups=tenant_groups, tenant_prefix=tenant_group_prefix,
                     metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
 
 

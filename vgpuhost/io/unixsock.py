@@ -5,15 +5,23 @@ Owns: creating a listening socket file with its mode and group
 (:func:`listen_fds`, the ``sd_listen_fds(3)`` protocol: ``LISTEN_PID``,
 ``LISTEN_FDS``, ``LISTEN_FDNAMES``, descriptors from 3), reading who is on
 the other end (:func:`peer`: ``SO_PEERCRED``'s pid, uid and gid, plus the
-supplementary groups from the real ``/proc/<pid>/status``), naming groups
-(:func:`group_id`), connecting as a client (:func:`connect`) and telling
+supplementary groups from ``SO_PEERGROUPS``), naming groups
+(:func:`group_id`, :func:`group_name`: the group database), connecting as a
+client (:func:`connect`) and telling
 systemd the service is ready (:func:`sd_notify`, the ``sd_notify(3)``
 protocol: one datagram to ``$NOTIFY_SOCKET``).
 Must not: parse HTTP or decide roles; it reports facts about sockets.
 
-The peer's credentials are the kernel's (``socket(7)``, ``SO_PEERCRED``:
-the credentials at ``connect()`` time), so they are read from the real
-``/proc``, never from a (simulated) host root.
+The peer's credentials are the kernel's (``socket(7)``, ``SO_PEERCRED`` and
+``SO_PEERGROUPS``: the credentials the peer held at ``connect()`` time, kept
+with the socket).  They are not read from ``/proc/<pid>/status`` while the
+kernel can give them: the pid names whatever process holds it *now*, so a
+peer that passed its connection on and exited could have its pid reused by a
+process with more groups.  Only where ``SO_PEERGROUPS`` is missing (Linux
+before 4.13) or the peer holds more groups than one call reads (256) are the
+groups read from the real ``/proc`` (never a simulated host root), and then
+only when that process's effective uid and gid are still the ones
+``SO_PEERCRED`` reported; otherwise the primary group alone counts.
 """
 
 from __future__ import annotations
@@ -45,6 +53,16 @@ class Peer:
 
     def __repr__(self) -> str:
         return f"Peer(pid={self.pid}, uid={self.uid}, gid={self.gid}, groups={sorted(self.groups)})"
+
+
+def group_name(gid: int) -> "Optional[str]":
+    """The name of group ``gid`` in the group database (``getgrgid(3)``: /etc/group or NSS), None when it
+    has none."""
+    import grp
+    try:
+        return grp.getgrgid(gid).gr_name
+    except (KeyError, OverflowError):
+        return None
 
 
 def group_id(group: "Union[str, int]") -> int:
@@ -206,25 +224,52 @@ def _at(path: str, call) -> None:
 
 
 _UCRED = struct.Struct("3i")
+#: ``SO_PEERGROUPS`` (Linux 4.13, asm-generic value; Python names it from 3.x on some builds only)
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+#: the most groups one ``SO_PEERGROUPS`` read returns (Python's getsockopt reads at most 1024 bytes)
+PEERGROUPS_MAX = 256
 
 
 def peer(conn: socket.socket) -> Peer:
-    """The credentials of the process at the other end of ``conn`` (``SO_PEERCRED``)."""
+    """The credentials of the process at the other end of ``conn``: ``SO_PEERCRED``'s pid, uid and
+    gid and ``SO_PEERGROUPS``'s supplementary groups, as the kernel kept them at ``connect()``
+    (see the module docstring for the fallback to ``/proc``)."""
     pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return Peer(pid, uid, gid, frozenset({gid}) | _groups(pid))
+    groups = _peer_groups(conn)
+    if groups is None:
+        groups = _proc_groups(pid, uid, gid)
+    return Peer(pid, uid, gid, frozenset({gid}) | groups)
 
 
-def _groups(pid: int) -> "FrozenSet[int]":
-    """The supplementary groups of ``pid`` from ``/proc/<pid>/status`` (empty when unreadable)."""
+def _peer_groups(conn: socket.socket) -> "Optional[FrozenSet[int]]":
+    """``SO_PEERGROUPS``: the peer's supplementary groups at connect time; None when the kernel has no
+    such option or the peer holds more than :data:`PEERGROUPS_MAX` groups (ERANGE)."""
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * PEERGROUPS_MAX)
+    except OSError:
+        return None
+    n = len(raw) // 4
+    return frozenset(struct.unpack(f"{n}I", raw[:4 * n]))
+
+
+def _proc_groups(pid: int, uid: int, gid: int) -> "FrozenSet[int]":
+    """The supplementary groups of ``pid`` from the real ``/proc/<pid>/status``, only while its effective
+    uid and gid are still ``uid`` and ``gid`` (else empty: a reused pid is not the peer); empty when
+    unreadable."""
     from .hostroot import running_kernel_proc_status
+    found = {}
     try:
         with open(running_kernel_proc_status(pid), "rb") as f:
             for line in f:
-                if line.startswith(b"Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
+                key = line.split(b":", 1)[0]
+                if key in (b"Uid", b"Gid", b"Groups"):
+                    found[key] = [int(v) for v in line.split()[1:]]
     except (OSError, ValueError):
-        pass
-    return frozenset()
+        return frozenset()
+    uids, gids = found.get(b"Uid", []), found.get(b"Gid", [])
+    if len(uids) < 2 or len(gids) < 2 or uids[1] != uid or gids[1] != gid:
+        return frozenset()
+    return frozenset(found.get(b"Groups", []))
 
 
 def connect(path: "Union[str, os.PathLike]", timeout_s: float) -> socket.socket:

@@ -1289,3 +1289,38 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     doc = summarise(gpus, per_type, admitted if ask else None)
     doc["tenant"] = me.name if me is not None else None
     return doc
+
+
+# ---------------------------------------------------------------------------
+# a domain's tenant, for callers scoped to one (the agent's tenant role)
+
+def domain_tenant(store: StateStore, uuid: str) -> Optional[str]:
+    """The tenant domain ``uuid`` belongs to: what :func:`tenant_of` says for it by its UUID alone (the
+    operator's binding, where the store keeps one), else the tenant its admitted allocations were
+    recorded for; None for a domain of no tenant (or one vgpuhost does not know).  The domain's XML is
+    never asked: a caller scoped to a tenant must not be able to claim a domain by what its XML says."""
+    from ..libvirt.domxml import DomainView
+    view = DomainView()
+    view.uuid = uuid
+    bound = tenant_of(store, view)
+    if bound:
+        return bound
+    for row in store.allocation_rows(owner=uuid):
+        if row[2]:
+            return row[2]
+    return None
+
+
+def tenant_domains(store: StateStore, tenant: str) -> "Dict[str, str]":
+    """``{domain UUID: its tenant as recorded}`` for the domains vgpuhost knows (running, holding a device,
+    or with allocations) whose :func:`domain_tenant` is ``tenant`` (names match in any case)."""
+    known = set(store.active_domains())
+    known |= {r.owner for r in store.vgpu_records()}
+    known |= {r.owner for r in store.passthrough_records() if r.owner}
+    known |= {row[1] for row in store.allocation_rows()}
+    out: Dict[str, str] = {}
+    for uuid in sorted(o for o in known if Owner.is_domain(o)):
+        t = domain_tenant(store, uuid)
+        if t and t.lower() == tenant.lower():
+            out[uuid] = t
+    return out

@@ -1,0 +1,377 @@
+"""The agent's tenant role, with real unix users and groups made in the test's own mount namespace.
+
+One agent for the module runs inside ``unshare --mount --propagation private`` with ``/etc/passwd``
+and ``/etc/group`` bind-mounted from files written here (never this machine's ``/etc``): its admin and
+read-only groups and one tenant's group are given by name and found in that group database, and a
+second tenant's group is found by the naming convention (``vgpuhost-t-<tenant>``).  Each client is a
+real process in a namespace like it, with the uid and groups of one of those users (``setgroups``), so
+the agent sees their credentials through ``SO_PEERCRED``/``SO_PEERGROUPS`` as it would on a host.
+
+The host: three simulated A40s; tenants t1 (at most 2 vGPUs) and t2 (exclusive: its GPU holds no one
+else's vGPU); domains vm-a of t1, vm-b of t2 and
+vm-c of no tenant, each started through the agent's hook endpoint with one A40-8Q.  Outcomes are read
+back from the simulated tree, the state store and the audit log.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from agentutil import REPO, AgentRun, as_user, socket_dir
+from test_hook import domain_xml, mdev_hostdev
+from vgpuhost.agent import api
+from vgpuhost.agent.server import Access, Caller, socket_role
+from vgpuhost.io import unixsock
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+from vgpuhost.observe.inventory import discover
+from vgpuhost.sim.build import materialise
+from vgpuhost.sim.data import bundled_specs
+from vgpuhost.sim.spec import parse_spec
+
+# the users and groups of the namespace's own /etc (ids nobody on this machine has)
+ADMIN_GID, RO_GID, T1_GID, T2_GID, NOBODY_GID = 54112, 54111, 54121, 54122, 54130
+ADAM, RITA, ALICE, BOB, CAROL, DAVE = 54201, 54202, 54203, 54204, 54205, 54206
+GROUPS = {"vgh-admin": (ADMIN_GID, "adam"), "vgh-ro": (RO_GID, "rita"),
+          "vgpuhost-t-t1": (T1_GID, "alice,carol"),     # the naming convention
+          "ml-team": (T2_GID, "bob,carol"),             # --tenant-group ml-team=t2
+          "staff": (NOBODY_GID, "adam,rita,alice,bob,carol,dave")}
+USERS = {"adam": ADAM, "rita": RITA, "alice": ALICE, "bob": BOB, "carol": CAROL, "dave": DAVE}
+
+D1, D2, D3 = ("11111111-2222-4333-8444-0000000000e1", "11111111-2222-4333-8444-0000000000e2",
+              "11111111-2222-4333-8444-0000000000e3")
+M1, M2, M3 = ("aaaaaaaa-2222-4333-8444-0000000000e1", "aaaaaaaa-2222-4333-8444-0000000000e2",
+              "aaaaaaaa-2222-4333-8444-0000000000e3")
+#: the shipped a40-mdev host with two more A40s (a domain holds one vGPU per GPU; t2 is exclusive)
+TWO_A40 = Path(bundled_specs()["a40-mdev"]).read_text() + """
+  - {bdf: "0000:40:03.0", model: intel-root-port, numa_node: 0, iommu_group: 20}
+  - bdf: "0000:41:00.0"
+    model: A40
+    upstream: "0000:40:03.0"
+    numa_node: 0
+    iommu_group: 21
+    vgpu: {backend: mdev}
+  - {bdf: "0000:c0:03.0", model: intel-root-port, numa_node: 1, iommu_group: 40}
+  - bdf: "0000:c1:00.0"
+    model: A40
+    upstream: "0000:c0:03.0"
+    numa_node: 1
+    iommu_group: 41
+    vgpu: {backend: mdev}
+"""
+#: the bind mounts, made only inside the new namespace (``$1`` passwd file, ``$2`` group file)
+NS_SCRIPT = ('mount --bind "$1" /etc/passwd || exit 125; mount --bind "$2" /etc/group || exit 125; '
+             'shift 2; exec "$@"')
+
+
+def _namespace_unavailable() -> "str | None":
+    if os.geteuid() != 0:
+        return f"needs root for a private mount namespace (euid {os.geteuid()})"
+    if shutil.which("unshare") is None:
+        return "util-linux 'unshare' is not installed"
+    with tempfile.TemporaryDirectory(prefix="vgh-nsprobe-") as d:
+        a = Path(d, "a")
+        a.write_text("probe\n")
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount --bind "$1" /etc/group && grep -q probe /etc/group', "sh", str(a)],
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            return f"'unshare --mount' + bind mount not permitted here: {(proc.stderr or '').strip()[:200]}"
+    return None
+
+
+class World:
+    """The module's agent, its namespace's /etc files, and the clients' command prefix."""
+
+    def __init__(self, root: Path, etc: Path):
+        self.host = materialise(parse_spec(TWO_A40), root)
+        passwd, group = etc / "passwd", etc / "group"
+        passwd.write_text("root:x:0:0:root:/root:/bin/sh\n" + "".join(
+            f"{name}:x:{uid}:{NOBODY_GID}::/nonexistent:/usr/sbin/nologin\n" for name, uid in USERS.items()))
+        group.write_text("root:x:0:\n" + "".join(f"{name}:x:{gid}:{members}\n"
+                                                 for name, (gid, members) in GROUPS.items()))
+        self.prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", NS_SCRIPT, "sh",
+                       str(passwd), str(group)]
+        self.run = AgentRun(self.host.root, admin_group="vgh-admin", ro_group="vgh-ro", prefix=self.prefix,
+                            extra=("--metering-interval", "0", "--tenant-group", "ml-team=t2"))
+
+    def as_user(self, name: str, calls: List[tuple], *, docs: bool = False) -> List[Any]:
+        """``calls`` from a process of user ``name`` with its groups from the namespace's group file."""
+        uid = USERS[name]
+        groups = sorted(gid for gid, members in GROUPS.values() if name in members.split(","))
+        return as_user(uid, NOBODY_GID, groups, calls, docs=docs, prefix=self.prefix)
+
+    def store(self) -> StateStore:
+        return StateStore(self.host.state_dir, create=False)
+
+    def mdevs(self) -> Dict[str, str]:
+        return {m.uuid: m.type_id for m in discover(Sysfs(self.host), with_types=False).mdevs}
+
+    def owners(self) -> Dict[str, str]:
+        return {r.id: r.owner for r in self.store().vgpu_records()}
+
+
+@functools.lru_cache(maxsize=1)
+def _can_bind() -> bool:
+    return subprocess.run([sys.executable, "-m", "vgpuhost", "tenant", "bind", "--help"], capture_output=True,
+                          text=True, timeout=60, cwd=str(REPO)).returncode == 0
+
+
+def _bind(root: str, dom: str, tenant: str) -> None:
+    """The operator binds the domain to its tenant where this vgpuhost has the binding
+    (``vgpuhost tenant bind``, issue 28 item 1); without it the tenant the domain's start was admitted
+    for is its tenant."""
+    if not _can_bind():
+        return
+    done = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", root, "--local", "tenant", "bind", dom,
+                           tenant], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from nsutil import skip_or_fail
+    skip_or_fail(_namespace_unavailable(), "the agent's tenant-scope tests")
+    base = tmp_path_factory.mktemp("tenants")
+    etc = base / "etc"
+    etc.mkdir()
+    w = World(base / "host", etc)
+    try:
+        run = w.run
+        for body in ({"name": "t1", "vgpus": "2"}, {"name": "t2", "vgpus": "2", "isolation": "exclusive"}):
+            status, doc = run.call("POST", "/v1/tenants", body)
+            assert status == 200, doc
+        for name, dom, mdev, tenant in (("vm-a", D1, M1, "t1"), ("vm-b", D2, M2, "t2"), ("vm-c", D3, M3, None)):
+            if tenant:
+                _bind(str(w.host.root), dom, tenant)
+            meta = Metadata(tenant=tenant, vgpus=[VgpuRequest("A40-8Q", uuid=mdev)])
+            xml = domain_xml(name, dom, meta, [mdev_hostdev(mdev)])
+            status, doc = run.call("POST", "/v1/hook/prepare", {"xml": xml, "name": name})
+            assert status == 200, doc
+        assert w.owners() == {M1: D1, M2: D2, M3: D3}
+        yield w
+    finally:
+        w.run.close()
+
+
+def _get(sock: str, target: str) -> tuple:
+    return (sock, "GET", target, None)
+
+
+def _post(sock: str, target: str, body=None) -> tuple:
+    return (sock, "POST", target, body)
+
+
+# ---------------------------------------------------------------------------
+# reading
+
+def test_a_tenant_member_reads_only_its_own_tenant(world):
+    t = world.run.tenant
+    calls = [_get(t, "/v1/agent"), _get(t, "/v1/domains"), _get(t, "/v1/vgpus"), _get(t, "/v1/usage"),
+             _get(t, "/v1/tenants"), _get(t, "/v1/capacity"), _get(t, "/v1/audit"), _get(t, "/v1/types")]
+    # alice: t1 by the naming convention (group vgpuhost-t-t1)
+    (s0, agent), (s1, doms), (s2, vgpus), (s3, usage), (s4, tenants), (s5, cap), (s6, audit), (s7, types) = \
+        world.as_user("alice", calls, docs=True)
+    assert (s0, s1, s2, s3, s4, s5, s6, s7) == (200,) * 8
+    assert (agent["role"], agent["tenant"], agent["recovered"]) == ("tenant", "t1", {})
+    assert [d["uuid"] for d in doms["domains"]] == [D1]
+    assert [(v["id"], v["owner"]) for v in vgpus["vgpus"]] == [(M1, D1)]
+    assert [u["tenant"] for u in usage["tenants"]] == ["t1"] and usage["tenants"][0]["usage"]["vgpus"]["used"] == 1
+    assert [x["name"] for x in tenants["tenants"]] == ["t1"]
+    assert cap["tenant"] == "t1"
+    # t2's exclusive GPU is closed to t1, and says so without naming t2 (an admin reads the name)
+    assert {g["gpu"]: g["exclusive"] for g in cap["gpus"]}["0000:81:00.0"] == "another tenant"
+    assert "t2" not in json.dumps(cap) and D2 not in json.dumps(cap)
+    admin_cap = world.run.call("GET", "/v1/capacity")[1]
+    assert {g["gpu"]: g["exclusive"] for g in admin_cap["gpus"]}["0000:81:00.0"] == "t2"
+    assert types["types"]                       # what the host offers names no owner
+    # the audit: its own domain's rows only, and nothing in them names another tenant or domain
+    def concerns_t1(r) -> bool:
+        text = r["operation"] + r["path"] + r["value"]
+        return D1 in text or M1 in text or "vm-a" in text or r["operation"] in ("tenant add t1", "tenant bind t1")
+    assert audit["rows"] and all(concerns_t1(r) for r in audit["rows"]), audit["rows"]
+    assert "tenant add t1" in [r["operation"] for r in audit["rows"]]
+    assert "tenant add t2" in [r.operation for r in world.store().audit_rows()]
+    text = repr(audit["rows"])
+    for theirs in (D2, M2, D3, M3, "vm-b", "vm-c", "'t2'"):
+        assert theirs not in text, theirs
+    assert any(r["operation"].startswith("admission vm-a") and r["result"] == "admitted" for r in audit["rows"])
+    # bob: t2 by --tenant-group ml-team=t2 (the group found by name in the namespace's group file)
+    (s1, doms), (s2, vgpus), (s3, usage) = world.as_user("bob", calls[1:4], docs=True)
+    assert (s1, s2, s3) == (200, 200, 200)
+    assert [d["uuid"] for d in doms["domains"]] == [D2]
+    assert [v["id"] for v in vgpus["vgpus"]] == [M2] and [u["tenant"] for u in usage["tenants"]] == ["t2"]
+
+
+def test_a_tenant_member_cannot_read_another_tenants_data_or_the_hosts(world):
+    t = world.run.tenant
+    got = world.as_user("alice", [_get(t, "/v1/capacity?tenant=t2"), _get(t, "/v1/capacity?tenant=T1"),
+                                  _get(t, "/v1/inventory"), _get(t, "/v1/metrics"),
+                                  _post(t, "/v1/plan", {"config": "version: 1\n"}),
+                                  _get(world.run.ro, "/v1/domains"), _get(world.run.admin, "/v1/domains"),
+                                  _get(t, "/v1/capacity?tenant=nope")],
+                        docs=True)
+    statuses = [g if isinstance(g, str) else g[0] for g in got]
+    # another tenant's capacity, the host's inventory and metrics, layout plans: 403; its own in any case: 200;
+    # the admin and read-only socket files keep it out
+    assert statuses == [403, 200, 403, 403, 403, "EACCES", "EACCES", 403]
+    line = got[0][1]["error"]["line"]
+    assert line.startswith("capacity for tenant 't2': a member of tenant 't1' reaches only") and "\n" not in line
+    # a tenant that does not exist: the same answer (its existence is not told)
+    assert got[7][1]["error"]["line"] == line.replace("'t2'", "'nope'")
+    assert "tenant 't1'" in got[2][1]["error"]["line"]
+
+
+# ---------------------------------------------------------------------------
+# changing
+
+def test_a_tenant_member_cannot_change_another_tenants_domain(world):
+    t = world.run.tenant
+    before = (world.mdevs(), world.owners(), len(world.store().audit_rows()))
+    unknown = str(uuidlib.uuid4())
+    calls = [_post(t, f"/v1/domains/{D2}/allocate", {"profile": "A40-8Q"}), _post(t, f"/v1/domains/{D2}/release"),
+             _post(t, f"/v1/domains/{D3}/allocate", {"profile": "A40-8Q"}),
+             _post(t, f"/v1/domains/{unknown}/allocate", {"profile": "A40-8Q"}),
+             _post(t, "/v1/vgpus", {"profile": "A40-8Q", "owner": D1}),
+             _post(t, f"/v1/vgpus/{M2}/remove", {"owner": D2}),
+             _post(t, "/v1/tenants/t1/set", {"vgpus": "6"}),
+             _post(t, "/v1/hook/release", {"xml": domain_xml("vm-b", D2, None, [mdev_hostdev(M2)])})]
+    got = world.as_user("alice", calls, docs=True)
+    assert [s for s, _ in got] == [403] * len(calls), got
+    lines = [doc["error"]["line"] for _, doc in got]
+    # another tenant's domain, a domain of no tenant and one that does not exist: one answer, existence not told
+    assert lines[0].replace(D2, "X") == lines[2].replace(D3, "X") == lines[3].replace(unknown, "X")
+    assert lines[0].startswith(f"domain {D2} is not bound to tenant 't1'")
+    assert all(doc["error"]["exit_code"] == 2 and doc["error"]["type"] == "RefusedError" for _, doc in got)
+    assert (world.mdevs(), world.owners(), len(world.store().audit_rows())) == before
+
+
+def test_a_tenant_member_allocates_for_its_domain_within_quota_and_releases_it(world):
+    t = world.run.tenant
+    got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "dry_run": True}),
+                                  _post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q"}),
+                                  _post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q"}),
+                                  _get(t, "/v1/usage")], docs=True)
+    (s0, dry), (s1, made), (s2, refused), (s3, usage) = got
+    # a dry run: admitted where the real one goes (not t2's exclusive GPU, not vm-a's own), nothing made
+    assert (s0, dry["dry_run"], dry["gpu"]) == (200, True, "0000:c1:00.0"), dry
+    assert s1 == 200, made
+    new = made["id"]
+    assert (made["owner"], made["gpu"]) == (D1, "0000:c1:00.0") and world.owners()[new] == D1 and new in world.mdevs()
+    # recorded as t1's allocation when made: it counts against the quota now, not only at the domain's start
+    rows = {row[0]: row for row in world.store().allocation_rows()}
+    assert rows[new][1:3] == (D1, "t1")
+    assert (s2, refused["error"]["exit_code"]) == (409, 2), refused
+    assert "quota" in refused["error"]["line"] and "t1" in refused["error"]["line"]
+    assert usage["tenants"][0]["usage"]["vgpus"]["used"] == 2
+    assert sorted(world.owners().values()) == sorted([D1, D1, D2, D3])
+    audit = world.store().audit_rows()
+    assert [r.result for r in audit if r.operation.startswith(f"admission {D1}")] == ["admitted", "refused"]
+    # its own domain's release: both of vm-a's vGPUs go; the others' stay
+    (s, out), = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/release")], docs=True)
+    assert s == 200 and sorted(out["released"]) == sorted([M1, new])
+    assert world.owners() == {M2: D2, M3: D3} and set(world.mdevs()) == {M2, M3}
+    assert not [row for row in world.store().allocation_rows() if row[1] == D1]
+
+
+def test_a_read_only_member_reads_all_and_cannot_write(world):
+    run = world.run
+    before = (world.mdevs(), world.owners())
+    got = world.as_user("rita", [_get(run.ro, "/v1/domains"), _get(run.ro, "/v1/usage"),
+                                 _post(run.ro, f"/v1/domains/{D2}/allocate", {"profile": "A40-8Q"}),
+                                 _post(run.tenant, f"/v1/domains/{D2}/allocate", {"profile": "A40-8Q"}),
+                                 _post(run.tenant, f"/v1/domains/{D2}/release"),
+                                 _post(run.ro, "/v1/tenants", {"name": "t9"}),
+                                 _get(run.admin, "/v1/domains")], docs=True)
+    statuses = [g if isinstance(g, str) else g[0] for g in got]
+    assert statuses == [200, 200, 403, 403, 403, 403, "EACCES"]
+    assert {d["uuid"] for d in got[0][1]["domains"]} >= {D2, D3}
+    assert {u["tenant"] for u in got[1][1]["tenants"]} >= {"t1", "t2"}
+    assert (world.mdevs(), world.owners()) == before
+    assert [x[0] for x in world.store().tenant_rows()] == ["t1", "t2"]
+
+
+def test_groups_of_two_tenants_or_of_none_are_refused(world):
+    t = world.run.tenant
+    (s1, carol), = world.as_user("carol", [_get(t, "/v1/domains")], docs=True)
+    (s2, dave), = world.as_user("dave", [_get(t, "/v1/domains")], docs=True)
+    assert (s1, s2) == (403, 403)
+    assert "more than one tenant (t1, t2)" in carol["error"]["line"]
+    assert "in no group of the agent's" in dave["error"]["line"]
+
+
+def test_an_admin_can_do_everything(world):
+    run = world.run
+    got = world.as_user("adam", [_get(run.admin, "/v1/inventory"), _get(run.tenant, "/v1/agent"),
+                                 _post(run.admin, f"/v1/domains/{D2}/allocate", {"profile": "A40-8Q"}),
+                                 _post(run.admin, "/v1/tenants", {"name": "t3"}),
+                                 _post(run.admin, f"/v1/domains/{D2}/release"),
+                                 _get(run.admin, "/v1/audit")], docs=True)
+    assert [s for s, _ in got] == [200] * 6, got
+    assert got[1][1]["role"] == "admin"
+    assert world.owners() == {M3: D3}
+    assert [x[0] for x in world.store().tenant_rows()] == ["t1", "t2", "t3"]
+    assert any(D2 in r["operation"] for r in got[5][1]["rows"])     # an admin reads every row
+
+
+# ---------------------------------------------------------------------------
+# the role decision itself (no agent)
+
+def _peer(uid: int, gid: int, *groups: int) -> unixsock.Peer:
+    return unixsock.Peer(4242, uid, gid, frozenset({gid, *groups}))
+
+
+def test_roles_are_tried_admin_then_read_then_tenant(monkeypatch):
+    names = {700: "vgpuhost-t-ml", 701: "vgpuhost-t-", 702: "other", 703: "vgpuhost-t-bad name"}
+    monkeypatch.setattr(unixsock, "group_name", names.get)
+    access = Access(10, 11, {800: "Web"})
+    assert access.caller(_peer(0, 0)) == (Caller(api.ADMIN), "")
+    assert access.caller(_peer(5, 5, 10, 700)) == (Caller(api.ADMIN), "")
+    assert access.caller(_peer(5, 5, 11, 700)) == (Caller(api.READ), "")
+    assert access.caller(_peer(5, 700)) == (Caller(api.TENANT, "ml"), "")
+    assert access.caller(_peer(5, 5, 800)) == (Caller(api.TENANT, "Web"), "")
+    assert access.caller(_peer(5, 5, 701, 702, 703)) == (None, "it is in no group of the agent's")
+    who, why = access.caller(_peer(5, 5, 700, 800))
+    assert who is None and "more than one tenant (ml, Web)" in why
+    assert Access(10, 11, prefix="").caller(_peer(5, 700))[0] is None      # the convention turned off
+    # the read-only socket serves no change: an admin reads there, a tenant member keeps its scope
+    assert socket_role(Caller(api.ADMIN), api.READ) == Caller(api.READ)
+    assert socket_role(Caller(api.TENANT, "ml"), api.READ) == Caller(api.TENANT, "ml")
+    assert socket_role(Caller(api.ADMIN), api.TENANT) == Caller(api.ADMIN)
+
+
+def test_peer_groups_are_the_kernels_at_connect_time():
+    """The peer's uid, gid and supplementary groups as the kernel keeps them with the connection
+    (SO_PEERCRED, SO_PEERGROUPS): no /proc read, so no reused pid can lend another process's groups."""
+    d = socket_dir()                # world-traversable: the client runs as a throwaway uid
+    path = os.path.join(d, "s.sock")
+    srv = unixsock.bind(path, mode=0o666, gid=0)
+    srv.settimeout(30)
+    try:
+        code = ("import os, socket, sys; os.setgroups([54301, 54302]); os.setgid(54303); os.setuid(54304); "
+                "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)")
+        child = subprocess.Popen([sys.executable, "-c", code, path])
+        conn, _ = srv.accept()
+        try:
+            peer = unixsock.peer(conn)
+            assert (peer.pid, peer.uid, peer.gid, peer.groups) == (child.pid, 54304, 54303,
+                                                                   frozenset({54301, 54302, 54303}))
+            conn.send(b"x")
+        finally:
+            conn.close()
+            child.wait(30)
+    finally:
+        srv.close()
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,64 @@
+"""A vGPU allocated for a domain of a tenant, admitted at once (the agent's tenant role).
+
+Owns: :func:`allocate_admitted`, the one place a vGPU made for a domain ahead of its start is
+admitted under its tenant's quota when it is made (an operator's ``vgpu create --owner`` and
+allocate are admitted only at the domain's start).  Must not: decide (admission does, through
+:func:`vgpuhost.ops.tenancy.admitting`) or place (``ops/vgpu`` does, on the GPU admission chose).
+Its own module: ``ops/tenancy`` and ``ops/vgpu`` each reach the other only inside functions.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from typing import Callable, Optional
+
+from ..io.hostroot import HostRoot
+from ..io.state import StateStore
+from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
+from ..model.concepts import PlacementStrategy
+from ..model.errors import RefusedError
+from ..model.values import PciAddress
+from ..observe.inventory import Inventory
+from . import tenancy, vgpu
+
+
+def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[], Inventory], *, owner: str,
+                      tenant: str, profile: str, gpu: Optional[PciAddress] = None, uuid: Optional[str] = None,
+                      strategy: str = PlacementStrategy.FIRST_FIT, anti_affinity: Optional[str] = None,
+                      dry_run: bool = False, actor: Optional[str] = None) -> vgpu.VgpuOutcome:
+    """One vGPU of ``profile`` for domain ``owner`` of ``tenant``, admitted as a start's vGPU is (quota,
+    isolation, QoS class, pool and placement, under the host lock, on facts read under it) and recorded
+    as the tenant's allocation before the vGPU is made, so it counts against the quota from then on (a
+    vGPU made for a domain in advance by an operator is admitted only at the domain's start).
+
+    ``inventory``: called once the host lock is held (the agent's snapshot).  ``gpu`` a PciAddress to pin
+    it, ``uuid`` the mdev UUID (None: a new one).  Returns the :func:`vgpuhost.ops.vgpu.create` outcome.
+    Raises RefusedError (admission's reason and remedy; a ``refused`` audit row, nothing made) and what
+    ``create`` raises (the allocation row is then dropped and the admission row gets its outcome)."""
+    vid = uuid or str(uuidlib.uuid4())
+    view = DomainView()
+    view.uuid = owner
+    view.metadata = Metadata(strategy=strategy, tenant=tenant, anti_affinity=anti_affinity,
+                             vgpus=[VgpuRequest(profile, uuid=vid, gpu=gpu)])
+
+    def make(at, dry: bool):
+        return vgpu.create(host, store, profile=profile, gpu=at, uuid=vid, strategy=strategy, owner=owner,
+                           anti_affinity=anti_affinity, dry_run=dry, actor=actor)
+    with tenancy.host_lock(store):
+        inv = inventory()
+        limits_for = (lambda name: vgpu.mode_limits(host, inv, name))
+        policies = (lambda gpus: tenancy.scheduler_policies(host, gpus))
+        if dry_run:
+            at = gpu
+            if tenancy.active(store):
+                granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False,
+                                               limits_for=limits_for, policies=policies)
+                at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
+            return make(at, True)
+        with tenancy.admitting(store, view, inv, actor=actor, limits_for=limits_for, policies=policies) as box:
+            try:
+                out = make(box.placed_gpu(vid) or gpu, False)
+            except RefusedError as e:
+                raise box.refused(vid, e) from None
+            box.made(vid, out.gpu)
+        return out
