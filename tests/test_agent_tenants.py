@@ -15,7 +15,6 @@ back from the simulated tree, the state store and the audit log.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -123,21 +122,17 @@ class World:
         return {r.id: r.owner for r in self.store().vgpu_records()}
 
 
-@functools.lru_cache(maxsize=1)
-def _can_bind() -> bool:
-    return subprocess.run([sys.executable, "-m", "vgpuhost", "tenant", "bind", "--help"], capture_output=True,
-                          text=True, timeout=60, cwd=str(REPO)).returncode == 0
-
-
-def _bind(root: str, dom: str, tenant: str) -> None:
-    """The operator binds the domain to its tenant where this vgpuhost has the binding
-    (``vgpuhost tenant bind``, issue 28 item 1); without it the tenant the domain's start was admitted
-    for is its tenant."""
-    if not _can_bind():
-        return
-    done = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", root, "--local", "tenant", "bind", dom,
-                           tenant], capture_output=True, text=True, timeout=60, cwd=str(REPO))
-    assert done.returncode == 0, done.stderr
+def _bind(root: str, dom: str, tenant: str, name: str) -> None:
+    """The operator binds the domain to its tenant (the state store's binding, issue 28 item 1; what
+    ``vgpuhost tenant bind`` records after asking libvirt the domain's UUID, which this test knows)."""
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops import tenancy
+    store = StateStore(HostRoot(root).state_dir)
+    try:
+        assert tenancy.bind(store, dom, tenant, name=name)["tenant"] == tenant
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +150,7 @@ def world(tmp_path_factory):
             assert status == 200, doc
         for name, dom, mdev, tenant in (("vm-a", D1, M1, "t1"), ("vm-b", D2, M2, "t2"), ("vm-c", D3, M3, None)):
             if tenant:
-                _bind(str(w.host.root), dom, tenant)
+                _bind(str(w.host.root), dom, tenant, name)
             meta = Metadata(tenant=tenant, vgpus=[VgpuRequest("A40-8Q", uuid=mdev)])
             xml = domain_xml(name, dom, meta, [mdev_hostdev(mdev)])
             status, doc = run.call("POST", "/v1/hook/prepare", {"xml": xml, "name": name})

@@ -41,6 +41,11 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
     view.metadata = Metadata(strategy=strategy, tenant=tenant, anti_affinity=anti_affinity,
                              vgpus=[VgpuRequest(profile, uuid=vid, gpu=gpu)])
 
+    # the tenant the caller's credentials established for this domain (agent/api: its binding, else the
+    # tenant of its allocations): weighed as its binding, so an unbound domain's allocate counts against
+    # that tenant's quota rather than running as no tenant's
+    binding = store.binding(owner.lower()) or (owner.lower(), tenant, None, actor or "agent", "")
+
     def make(at, dry: bool):
         return vgpu.create(host, store, profile=profile, gpu=at, uuid=vid, strategy=strategy, owner=owner,
                            anti_affinity=anti_affinity, dry_run=dry, actor=actor)
@@ -51,11 +56,12 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
         if dry_run:
             at = gpu
             if tenancy.active(store):
-                granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False,
+                granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding,
                                                limits_for=limits_for, policies=policies)
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
             return make(at, True)
-        with tenancy.admitting(store, view, inv, actor=actor, limits_for=limits_for, policies=policies) as box:
+        with tenancy.admitting(store, view, inv, actor=actor, limits_for=limits_for, policies=policies,
+                               binding=binding) as box:
             try:
                 out = make(box.placed_gpu(vid) or gpu, False)
             except RefusedError as e:

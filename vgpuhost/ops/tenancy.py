@@ -861,8 +861,12 @@ def _held_offers(offers: Sequence, rec, me: str, inv: Inventory) -> list:
 def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Optional[str] = None,
               allowed: Optional[frozenset] = None, types: Optional[Mapping[str, str]] = None,
               limits_for: "Optional[Callable[[str], Mapping]]" = None,
-              policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None) -> "_AdmittingBlock":
+              policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None,
+              binding: "object" = None) -> "_AdmittingBlock":
     """The qemu hook's ``prepare begin``: admit the domain's devices with authority.
+
+    ``binding``: a binding row to weigh instead of the store's (:func:`trust`): the agent's tenant
+    allocate passes the tenant the caller's credentials established for a domain it holds.
 
     Call it under :func:`host_lock`, taken before ``inv`` and the store were
     read and held until the block ends (:func:`vgpuhost.ops.devices.prepare`
@@ -889,7 +893,7 @@ def admitting(store: StateStore, view: DomainView, inv: Inventory, *, actor: Opt
     so admission counts what the device layer will (mixed-size maxima are often lower); ``policies``:
     as :func:`admit_domain`'s, called under the lock (the scheduler policy each pooled GPU runs).
     """
-    return _AdmittingBlock(store, view, inv, actor, allowed, types, limits_for, policies)
+    return _AdmittingBlock(store, view, inv, actor, allowed, types, limits_for, policies, binding)
 
 
 def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Granted], *,
@@ -969,9 +973,9 @@ class _AdmittingBlock:
 
     def __init__(self, store: StateStore, view: DomainView, inv: Inventory, actor: Optional[str],
                  allowed: Optional[frozenset], types: Optional[Mapping[str, str]],
-                 limits_for: "Optional[Callable[[str], Mapping]]" = None, policies=None):
+                 limits_for: "Optional[Callable[[str], Mapping]]" = None, policies=None, binding=None):
         self.store, self.view, self.inv, self.actor, self.allowed = store, view, inv, actor, allowed
-        self.types, self.limits_for, self.policies = types, limits_for, policies
+        self.types, self.limits_for, self.policies, self.binding = types, limits_for, policies, binding
         self.granted: Optional[List[Granted]] = None
         self.box: Optional[Admitting] = None
         self.rows: Dict[str, int] = {}
@@ -990,7 +994,7 @@ class _AdmittingBlock:
         # reconcile between): those allocations go first, so the devices are admitted anew, once each
         from .recover import settle_allocations
         settle_allocations(store, actor=self.actor or _actor(), owner=view.uuid, locked=True)
-        tr = trust(store, view)
+        tr = trust(store, view, binding=self.binding)
         self.granted = admit_domain(store, view, self.inv, actor=self.actor, allowed=self.allowed,
                                     types=self.types, limits_for=self.limits_for, policies=self.policies,
                                     trusted=tr)
@@ -1295,16 +1299,13 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
 # a domain's tenant, for callers scoped to one (the agent's tenant role)
 
 def domain_tenant(store: StateStore, uuid: str) -> Optional[str]:
-    """The tenant domain ``uuid`` belongs to: what :func:`tenant_of` says for it by its UUID alone (the
-    operator's binding, where the store keeps one), else the tenant its admitted allocations were
-    recorded for; None for a domain of no tenant (or one vgpuhost does not know).  The domain's XML is
-    never asked: a caller scoped to a tenant must not be able to claim a domain by what its XML says."""
-    from ..libvirt.domxml import DomainView
-    view = DomainView()
-    view.uuid = uuid
-    bound = tenant_of(store, view)
-    if bound:
-        return bound
+    """The tenant domain ``uuid`` belongs to: the operator's binding (the state store's ``bindings``), else
+    the tenant its admitted allocations were recorded for; None for a domain of no tenant (or one vgpuhost
+    does not know).  The domain's XML is never asked: a caller scoped to a tenant must not be able to claim
+    a domain by what its XML says."""
+    row = store.binding(uuid.lower())
+    if row is not None:
+        return row[1]
     for row in store.allocation_rows(owner=uuid):
         if row[2]:
             return row[2]
@@ -1318,6 +1319,7 @@ def tenant_domains(store: StateStore, tenant: str) -> "Dict[str, str]":
     known |= {r.owner for r in store.vgpu_records()}
     known |= {r.owner for r in store.passthrough_records() if r.owner}
     known |= {row[1] for row in store.allocation_rows()}
+    known |= {row[0] for row in store.binding_rows()}          # bound, idle or not yet started
     out: Dict[str, str] = {}
     for uuid in sorted(o for o in known if Owner.is_domain(o)):
         t = domain_tenant(store, uuid)
