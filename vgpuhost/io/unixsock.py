@@ -63,8 +63,10 @@ def group_id(group: "Union[str, int]") -> int:
                          hint=f"create it (groupadd --system {text}) or name another group or a gid") from None
 
 
-def bind(path: "Union[str, os.PathLike]", *, mode: int, gid: int, backlog: int = 64) -> socket.socket:
-    """A listening AF_UNIX stream socket at ``path``, mode ``mode`` (e.g. 0o660), group ``gid``.
+def bind(path: "Union[str, os.PathLike]", *, mode: int, gid: int, backlog: int = socket.SOMAXCONN) -> socket.socket:
+    """A listening AF_UNIX stream socket at ``path``, mode ``mode`` (e.g. 0o660), group ``gid``, with
+    ``backlog`` connections queued before ``connect()`` fails with EAGAIN (the kernel caps it at
+    ``net.core.somaxconn``).
 
     The parent directory is created (0755) when missing.  A stale socket
     file at ``path`` (nobody answers) is replaced; a live one, or anything
