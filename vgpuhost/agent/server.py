@@ -80,6 +80,8 @@ MAX_CONFIG_BYTES = 64 * 1024
 #: is parsed: JSON ``,`` ``{`` ``[``; a config's lines plus those (an upper bound of its YAML nodes)
 MAX_JSON_ITEMS = 4096
 MAX_CONFIG_ITEMS = 4096
+#: a refused body up to this size is read and dropped after the answer (so its client reads the 413)
+MAX_DRAIN = 16 * 1024 * 1024
 EXIT_INTERNAL = 4
 #: connections one socket serves at once (one thread each); more are answered 429 and closed
 MAX_CONNECTIONS = 64
@@ -107,7 +109,7 @@ class ReadBudget:
     A peer runs at most ``per_peer`` expensive reads (:data:`EXPENSIVE_READS`) at once, and spends
     at most its CPU budget on them: a bucket of ``burst_s`` CPU seconds, refilled at ``rate`` CPU
     seconds per second, from which each read's thread CPU time is taken when it ends (a bucket may go
-    below zero: the next read then waits until it is refilled).  ``refused`` counts the reads refused.
+    below zero: the peer's next read is refused until it is refilled to zero).  ``refused`` counts the reads refused.
     """
 
     def __init__(self, per_peer: int = EXPENSIVE_PER_PEER, burst_s: float = BUDGET_BURST_S,
@@ -134,7 +136,7 @@ class ReadBudget:
                 self.refused += 1
                 return (f"uid {uid} already runs {running} expensive reads (inventory, types, capacity, "
                         f"metrics, plan, assert) at once, the most one caller may", 1)
-            if left <= 0:
+            if left < 0:
                 self.refused += 1
                 return (f"uid {uid} has spent its CPU budget for expensive reads ({self.burst_s:g} CPU s, "
                         f"renewed at {self.rate:g} CPU s per second)", max(1, math.ceil(-left / self.rate)))
@@ -267,6 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reader = _DeadlineReader(self.connection, self.server.read_timeout_s, self.server.request_timeout_s)
         self.rfile = io.BufferedReader(self._reader)
         self._retry_after: Optional[int] = None
+        self._unread = 0        # bytes of a refused body to read and drop after the answer
 
     def handle_one_request(self) -> None:
         """http.server's, except that a request that stops arriving, or arrives too slowly, is answered
@@ -359,8 +362,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, doc.content_type, doc.body)
         else:
             self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
-        if method == "POST":
+        if self._unread:
+            self._drain(self._unread)
+        elif method == "POST":
             self.server.agent.warm_up()     # answered: re-read the host now, not at the next VM start
+
+    def _drain(self, n: int) -> None:
+        """Read and drop the ``n`` bytes of a body refused unread (413), within the request's deadline:
+        a unix socket closed with unread data resets the connection, and its client, still sending, would
+        see a broken pipe instead of the answer."""
+        try:
+            while n > 0:
+                chunk = self.rfile.read(min(n, 1 << 16))
+                if not chunk:
+                    return
+                n -= len(chunk)
+        except (TimeoutError, OSError):
+            pass
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
         try:
@@ -465,6 +483,7 @@ class _Handler(BaseHTTPRequestHandler):
                                              hint="send the body's length in bytes (ASCII digits)"))
         n = int(value)
         if n > limit:
+            self._unread = n if n <= MAX_DRAIN else 0
             return None, (413, error_doc(413, f"the request body of {n} bytes is over the {_size(limit)} "
                                               f"{what or 'this endpoint'} takes", hint="send a smaller body"))
         return n, None
