@@ -92,15 +92,19 @@ REQUEST_TIMEOUT_S = 30.0
 #: the listen backlog of a socket the agent binds: connections beyond the served ones wait in it and are
 #: answered (429 when every slot is taken), never refused by the kernel (EAGAIN) while it has room
 BACKLOG = socket.SOMAXCONN
+#: the nice value of the threads that serve the read-only socket (0: as the agent's)
+READ_NICE = 10
+#: seconds between two log lines about connections refused for want of a slot (a storm is one line)
+REFUSAL_LOG_S = 10.0
 #: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
 #: spends at most its CPU budget on them (:class:`ReadBudget`); more are answered 429 with Retry-After
 EXPENSIVE_READS = frozenset({("GET", "/v1/inventory"), ("GET", "/v1/types"), ("GET", "/v1/capacity"),
                              ("GET", "/v1/metrics"), ("POST", "/v1/plan"), ("POST", "/v1/assert")})
 EXPENSIVE_PER_PEER = 2
 #: a peer's CPU budget for expensive reads: a burst of this many CPU seconds ...
-BUDGET_BURST_S = 2.0
-#: ... refilled at this many CPU seconds per second (a quarter of one core)
-BUDGET_RATE = 0.25
+BUDGET_BURST_S = 1.0
+#: ... refilled at this many CPU seconds per second (a fifth of one core)
+BUDGET_RATE = 0.2
 
 
 class ReadBudget:
@@ -155,6 +159,15 @@ class ReadBudget:
                 self._running.pop(uid, None)
 
 
+def _nice_this_thread(nice: int) -> None:
+    """Lower the calling thread's CPU priority (Linux: a thread's nice value is its own, ``setpriority(2)``
+    on its thread id): the read-only socket's threads yield the CPU to the hook's and the admin's."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError):
+        pass
+
+
 def default_socket_dir(host: HostRoot):
     """``<root>/run/vgpuhost``: where the agent listens and the hook and CLI look for it."""
     return host.path("run", "vgpuhost")
@@ -175,6 +188,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.read_timeout_s = read_timeout_s
         self.request_timeout_s = request_timeout_s
         self.budget = budget if budget is not None else ReadBudget()
+        self.refused = 0                        # connections answered 429 (no slot free)
+        self.per_peer_connections = max(1, max_connections // 4)
+        self._peer_lock = threading.Lock()
+        self._peer_held: Dict[int, int] = {}    # uid -> connections it holds on this socket
+        self._warned_at = -REFUSAL_LOG_S
+        self._warned_count = 0
         self._slots = threading.BoundedSemaphore(max_connections)
         self.socket = sock
         self.server_address = unixsock.socket_path(sock)
@@ -186,28 +205,59 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.ro_group = ro_group
 
     def process_request(self, request, client_address) -> None:
-        """A thread for the connection while fewer than ``max_connections`` are open; else 429, closed."""
-        if not self._slots.acquire(blocking=False):
-            self._refuse(request)
+        """A thread for the connection while fewer than ``max_connections`` are open on this socket and
+        its peer (uid; root is not limited) holds fewer than ``per_peer_connections``; else 429, closed,
+        from the accepting thread (no thread, no HTTP parsing for a refused connection)."""
+        try:
+            uid = unixsock.peer_uid(request)
+        except OSError:
+            self.shutdown_request(request)
+            return
+        with self._peer_lock:
+            held = self._peer_held.get(uid, 0)
+            if uid != 0 and held >= self.per_peer_connections:
+                why = (f"uid {uid} holds {held} connections on this socket, the most one caller may",
+                       "close connections you hold open")
+            elif not self._slots.acquire(blocking=False):
+                why = (f"the agent serves at most {self.max_connections} connections at once on this socket, "
+                       "all open", "retry shortly; close connections you hold open")
+            else:
+                self._peer_held[uid] = held + 1
+                why = None
+        if why is not None:
+            self._refuse(request, *why)
             return
         try:
-            super().process_request(request, client_address)
+            super().process_request(request, (uid,))
         except BaseException:
-            self._slots.release()
+            self._release(uid)
             raise
+
+    def _release(self, uid: int) -> None:
+        with self._peer_lock:
+            n = self._peer_held.get(uid, 1) - 1
+            if n > 0:
+                self._peer_held[uid] = n
+            else:
+                self._peer_held.pop(uid, None)
+        self._slots.release()
 
     def process_request_thread(self, request, client_address) -> None:
         try:
+            if self.role == api.READ and READ_NICE:
+                _nice_this_thread(READ_NICE)
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(client_address[0])
 
-    def _refuse(self, request) -> None:
-        log.warning("refused a connection on %s: %d connections open (the most it serves)",
-                    self.server_address, self.max_connections)
-        doc = error_doc(429, f"the agent serves at most {self.max_connections} connections at once on this "
-                             "socket, all open", hint="retry shortly; close connections you hold open",
-                        exit_code=5, kind="TransientError")
+    def _refuse(self, request, message: str, hint: str) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._warned_at >= REFUSAL_LOG_S:     # one line per interval, not one per connection
+            log.warning("refused %d connection(s) on %s since the last such line: %s",
+                        self.refused - self._warned_count, self.server_address, message)
+            self._warned_at, self._warned_count = now, self.refused
+        doc = error_doc(429, message, hint=hint, exit_code=5, kind="TransientError")
         body = (json.dumps(doc, indent=2) + "\n").encode()
         head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")

@@ -216,6 +216,11 @@ def peer(conn: socket.socket) -> Peer:
     return Peer(pid, uid, gid, frozenset({gid}) | _groups(pid))
 
 
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of ``conn`` (``SO_PEERCRED``; no ``/proc`` read)."""
+    return _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
+
+
 def _groups(pid: int) -> "FrozenSet[int]":
     """The supplementary groups of ``pid`` from ``/proc/<pid>/status`` (empty when unreadable)."""
     from .hostroot import running_kernel_proc_status
