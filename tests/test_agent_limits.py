@@ -346,3 +346,21 @@ def test_the_metrics_listener_serves_a_burst_of_scrapers():
         srv.shutdown()
         srv.server_close()
         thread.join(5)
+
+
+def test_the_api_document_lists_408_413_and_429_where_they_can_occur():
+    import yaml
+    from test_agent import SPEC, _response_schema, _validate
+    spec = yaml.safe_load(SPEC.read_text())
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            want = {"408", "429"} | ({"413"} if method == "post" else set())
+            assert want <= set(op["responses"]), (method, path)
+    assert "Retry-After" in spec["components"]["responses"]["TooMany"]["headers"]
+    # the refusals' documents are the documented AgentError
+    op = spec["paths"]["/v1/plan"]["post"]
+    budget = ReadBudget()
+    why, _retry = (budget.begin(5), budget.begin(5), budget.begin(5))[-1]
+    for status, line in ((413, server.config_refusal("#\n" * 5000)), (429, why)):
+        _ctype, schema = _response_schema(spec, op, status)
+        _validate(spec, spec, schema, server.error_doc(status, line, exit_code=2 if status == 413 else 5))

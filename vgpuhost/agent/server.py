@@ -94,6 +94,8 @@ REQUEST_TIMEOUT_S = 30.0
 BACKLOG = socket.SOMAXCONN
 #: the nice value of the threads that serve the read-only socket (0: as the agent's)
 READ_NICE = 10
+#: seconds a stopping agent waits for a change in progress (a hook's prepare) to end
+STOP_WAIT_S = 5.0
 #: seconds between two log lines about connections refused for want of a slot (a storm is one line)
 REFUSAL_LOG_S = 10.0
 #: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
@@ -732,6 +734,9 @@ class AgentProcess:
             self.threads.append(t)
 
     def stop(self) -> None:
+        """Stop accepting, close the sockets, and give a change in progress up to :data:`STOP_WAIT_S` to
+        end (reads in flight are dropped with the process: SIGTERM ends the agent within seconds under
+        any load)."""
         if self.agent.metering is not None:
             self.agent.metering.close()
         for s in self.servers:
@@ -739,6 +744,8 @@ class AgentProcess:
             s.server_close()
         for path in self.bound:
             unixsock.remove_socket(path)
+        if self.agent.write_lock.acquire(timeout=STOP_WAIT_S):
+            self.agent.write_lock.release()
 
 
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
