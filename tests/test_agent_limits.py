@@ -267,6 +267,8 @@ def inproc(make_host):
     h = make_host("a40-mdev")
     d = socket_dir()
     proc = server.open_agent(h, socket_dir=d, admin_group=ADMIN_GID, ro_group=RO_GID)
+    for s in proc.servers:
+        s.refusal_delay_s = 0.0         # the pause before an over-limit read's 429 (a rate limit, not tested here)
     proc.start()
     try:
         yield h, proc, os.path.join(d, "agent.sock"), os.path.join(d, "agent-ro.sock")

@@ -42,6 +42,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import socketserver
 import threading
 import time
@@ -94,6 +95,12 @@ REQUEST_TIMEOUT_S = 30.0
 BACKLOG = socket.SOMAXCONN
 #: the nice value of the threads that serve the read-only socket (0: as the agent's)
 READ_NICE = 10
+#: the interpreter's thread switch interval in the agent (``sys.setswitchinterval``; Python's default is 5 ms):
+#: a hook's prepare, which waits on many small reads and writes, retakes the interpreter from a busy
+#: reader's thread after at most this long, instead of 5 ms each time
+SWITCH_INTERVAL_S = 0.0005
+#: seconds an expensive read over its caller's limit waits before its 429 (at most its Retry-After)
+REFUSAL_DELAY_S = 1.0
 #: seconds a stopping agent waits for a change in progress (a hook's prepare) to end
 STOP_WAIT_S = 5.0
 #: seconds between two log lines about connections refused for want of a slot (a storm is one line)
@@ -190,6 +197,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.read_timeout_s = read_timeout_s
         self.request_timeout_s = request_timeout_s
         self.budget = budget if budget is not None else ReadBudget()
+        self.refusal_delay_s = REFUSAL_DELAY_S
         self.refused = 0                        # connections answered 429 (no slot free)
         self.per_peer_connections = max(1, max_connections // 4)
         self._peer_lock = threading.Lock()
@@ -488,7 +496,10 @@ class _Handler(BaseHTTPRequestHandler):
             refused = srv.budget.begin(peer.uid)
             if refused is not None:
                 why, self._retry_after = refused
-                log.info("refused an expensive read of uid %d: %s", peer.uid, why)
+                log.debug("refused an expensive read of uid %d: %s", peer.uid, why)
+                # answered after a pause (no CPU: this connection's thread sleeps): a caller that retries at
+                # once, in a loop, runs a request a second instead of hundreds, on its side and the agent's
+                time.sleep(min(srv.refusal_delay_s, self._retry_after))
                 return 429, error_doc(429, why, hint=f"retry after {self._retry_after} s; read one at a time",
                                       exit_code=5, kind="TransientError")
         cpu0 = time.thread_time()
@@ -860,6 +871,7 @@ def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpu
                       libvirt_uri=libvirt_uri, max_connections=max_connections, read_timeout_s=read_timeout_s,
                       request_timeout_s=request_timeout_s)
     stop = threading.Event()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def on_signal(signum, frame):
         stop.set()
