@@ -10,11 +10,12 @@ figure is the wall time of one ``prepare begin`` + ``release end`` (median of ``
 the phases interleaved, round by round), measured:
 
   idle      nothing else talks to the agent;
-  readers   4 hostile readers (processes of a throwaway uid in the read-only group, on agent-ro.sock),
+  readers   4 hostile readers (processes of one throwaway uid in the read-only group, on agent-ro.sock),
             each posting, in a loop, the finding's 640 KB config of 9,000 entries and the largest
             config the agent parses (just within its size and item limits) to ``POST /v1/plan``;
-  all       the readers, plus 64 trickling connections (one byte every 5 s, reconnecting when
-            answered), plus bursts of 200 connects at once (each sends ``GET /v1/agent``), every 2 s.
+  all       the readers, plus 64 trickling connections (one byte every 5 s; a connection answered is
+            opened again, after 1/64 s when the answer was a 429), plus bursts of 200 connects at
+            once (each sends ``GET /v1/agent``), every 2 s; three uids, one per kind of client.
 
 Printed: the medians, the ratio all/idle and readers/idle (target <= 2), the answers the hostile
 clients got by status (429s vs other errors; a connect that fails is counted by its errno name), and
@@ -50,7 +51,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 #: the hostile clients' ids (nobody has them; as in tests/agentutil.py)
-HOSTILE_UID, RO_GID = 54001, 54011
+RO_GID = 54011
+#: one throwaway uid per kind of hostile client (three parties; the agent's per-caller limits are per uid)
+HOSTILE_UIDS = {"reader": 54001, "trickle": 54002, "burst": 54003}
 #: set by SIGTERM in a hostile client: it stops and prints its counts
 _STOP = threading.Event()
 
@@ -60,7 +63,7 @@ def _going(until: float) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# the hostile clients: plain stdlib processes, run as HOSTILE_UID (``--worker KIND SOCKET SECONDS``)
+# the hostile clients: plain stdlib processes, run as HOSTILE_UIDS[KIND] (``--worker KIND SOCKET SECONDS``)
 
 def _request(path: str, data: bytes, timeout: float = 60) -> str:
     """Send ``data`` on a fresh connection; the answer's status, or the errno name of what failed."""
@@ -134,13 +137,17 @@ def worker_trickle(path: str, until: float, out: Counter, n: int = 64, every_s: 
     while _going(until):
         ready = select.select(list(socks), [], [], 0.5)[0]
         for s in ready:                             # answered (408, or 429 when no slot was free)
+            status = "reset"
             try:
                 data = s.recv(1 << 16)
-                out[data.split(b"\r\n", 1)[0].split()[1].decode() if data else "closed unanswered"] += 1
+                status = data.split(b"\r\n", 1)[0].split()[1].decode() if data else "closed unanswered"
             except (OSError, IndexError):
-                out["reset"] += 1
+                pass
+            out[status] += 1
             del socks[s]
             s.close()
+            if status == "429":                     # a trickler, not a connect flood (that is the burst's):
+                time.sleep(1.0 / n)                 # it comes back at about one connection a second
             connect()
         now = time.monotonic()
         for s, last in list(socks.items()):
@@ -192,7 +199,7 @@ def worker_burst(path: str, until: float, out: Counter, n: int = 200, every_s: f
 def worker_main(kind: str, path: str, seconds: float) -> int:
     os.setgroups([RO_GID])          # started as root (the interpreter may be under /root): the ids drop now
     os.setgid(RO_GID)
-    os.setuid(HOSTILE_UID)
+    os.setuid(HOSTILE_UIDS[kind])
     until = time.monotonic() + seconds
     out: Counter = Counter()
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())

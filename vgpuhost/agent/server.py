@@ -35,6 +35,7 @@ at once and closed.  A connection that sends nothing for ``read_timeout_s``
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -267,13 +268,9 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             log.warning("refused %d connection(s) on %s since the last such line: %s",
                         self.refused - self._warned_count, self.server_address, message)
             self._warned_at, self._warned_count = now, self.refused
-        doc = error_doc(429, message, hint=hint, exit_code=5, kind="TransientError")
-        body = (json.dumps(doc, indent=2) + "\n").encode()
-        head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
         try:
             request.settimeout(1.0)
-            request.sendall(head + body)
+            request.sendall(_refusal(message, hint))
             request.setblocking(False)
             for _ in range(16):         # what the client already sent: a close with unread data
                 if not request.recv(1 << 16):   # would reset the connection before it reads the answer
@@ -281,6 +278,16 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         except OSError:
             pass
         self.shutdown_request(request)
+
+
+@functools.lru_cache(maxsize=64)
+def _refusal(message: str, hint: str) -> bytes:
+    """The whole 429 answer to a connection refused at accept (a storm's answers are a handful of texts)."""
+    doc = error_doc(429, message, hint=hint, exit_code=5, kind="TransientError")
+    body = (json.dumps(doc, indent=2) + "\n").encode()
+    head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
+    return head + body
 
 
 def peer_role(peer: unixsock.Peer, admin_gid: int, ro_gid: int) -> Optional[str]:
