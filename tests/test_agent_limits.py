@@ -21,7 +21,7 @@ import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from agentutil import ADMIN_GID, RO_GID, AgentRun, socket_dir
+from agentutil import ADMIN_GID, REPO, RO_GID, RO_UID, AgentRun, socket_dir
 
 from test_hook import vgpu_domain
 from vgpuhost.agent import server
@@ -238,6 +238,43 @@ def test_two_hundred_connects_at_once_are_each_answered_429_not_eagain(host):
             for s in held:
                 s.close()
         assert statuses == [429] * 200
+
+
+HOLDER = r"""
+import json, os, socket, sys
+path = sys.argv[1]
+os.setgroups([int(sys.argv[3])]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
+held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); held.settimeout(30); held.connect(path)
+held.sendall(b"GET /v1/agent HTTP/1.1\r\n")        # a request begun: its slot is held
+out = []
+for _ in range(2):                                   # the caller's next connection: over its share
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    raw = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+    s.close()
+    out.append(raw.decode())
+print(json.dumps(out))
+"""
+
+
+def test_one_caller_holds_at_most_a_quarter_of_the_connections(agent, host):
+    """--max-connections 4: a caller that is not root holds one; its next is answered 429 at accept, while
+    root (here, the test) is still served on the same socket."""
+    import subprocess
+    proc = subprocess.run([os.sys.executable, "-c", HOLDER, agent.ro, str(RO_UID), str(RO_GID)],
+                          capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    for raw in json.loads(proc.stdout):
+        status, _h, doc = _answer(raw.encode())
+        assert status == 429 and doc["error"]["exit_code"] == 5
+        assert doc["error"]["line"] == (f"uid {RO_UID} already holds 1 of this socket's connections, the most one "
+                                        "caller may; close connections you hold open")
+    assert agent.call("GET", "/v1/agent", ro=True)[0] == 200
+    _unchanged(host)
 
 
 # ---------------------------------------------------------------------------

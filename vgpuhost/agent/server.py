@@ -227,7 +227,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         with self._peer_lock:
             held = self._peer_held.get(uid, 0)
             if uid != 0 and held >= self.per_peer_connections:
-                why = (f"uid {uid} holds {held} connections on this socket, the most one caller may",
+                why = (f"uid {uid} already holds {held} of this socket's connections, the most one caller may",
                        "close connections you hold open")
             elif not self._slots.acquire(blocking=False):
                 why = (f"the agent serves at most {self.max_connections} connections at once on this socket, "
