@@ -14,6 +14,7 @@ import json
 import os
 import select
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -101,7 +102,7 @@ def _big_config(entries: int) -> str:
 # ---------------------------------------------------------------------------
 # bounded before parsing: 413 naming the limit
 
-def test_the_finding_6_body_is_refused_by_its_size_before_it_is_read(agent, host):
+def test_the_finding_6_body_is_refused_on_its_length_before_it_is_parsed(agent, host):
     body = json.dumps({"config": _big_config(9000), "layout": "big"}).encode()
     assert len(body) > 640_000
     # through the CLI's client: it sends the whole body, and still reads the answer (the agent drains it)
@@ -265,7 +266,7 @@ def test_one_caller_holds_at_most_a_quarter_of_the_connections(agent, host):
     """--max-connections 4: a caller that is not root holds one; its next is answered 429 at accept, while
     root (here, the test) is still served on the same socket."""
     import subprocess
-    proc = subprocess.run([os.sys.executable, "-c", HOLDER, agent.ro, str(RO_UID), str(RO_GID)],
+    proc = subprocess.run([sys.executable, "-c", HOLDER, agent.ro, str(RO_UID), str(RO_GID)],
                           capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr
     for raw in json.loads(proc.stdout):

@@ -22,15 +22,24 @@ a socket whose mode was loosened still refuses them (403).
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
-400 input (a malformed request line or header too), 403 role, 404 path,
-405 method, 408 a body that stopped arriving, 409 refused, 411/413 body,
-429 too many connections, 500 device failed (``exit_code`` 3) or internal
+400 input (a malformed request line or header too, HTTP/0.9 included, at
+once), 403 role, 404 path, 405 method, 408 a request that did not arrive in
+time, 409 refused, 411/413 body, 429 too many connections or expensive
+reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 (4), 503 unavailable.
 
 Connections: each socket serves at most ``max_connections`` (default
-:data:`MAX_CONNECTIONS`) at once, one thread each; one more is answered 429
-at once and closed.  A connection that sends nothing for ``read_timeout_s``
-(default :data:`READ_TIMEOUT_S`) while its request is read is closed.
+:data:`MAX_CONNECTIONS`) at once, one thread each, a caller (uid; root
+excepted) a quarter of them; one more is answered 429 from the accepting
+thread and closed.  The listen backlog is :data:`BACKLOG`.  A request must
+arrive within ``request_timeout_s`` (:data:`REQUEST_TIMEOUT_S`) of its
+connection, with no gap over ``read_timeout_s`` (:data:`READ_TIMEOUT_S`):
+else 408, closed.
+
+Work bounded before parsing (413): per-route body sizes (:func:`body_limit`),
+JSON items (:func:`json_items`), a layout config's size and items
+(:func:`config_refusal`).  Expensive reads (:data:`EXPENSIVE_READS`): per
+caller, a concurrency limit and a CPU budget (:class:`ReadBudget`; 429).
 """
 
 from __future__ import annotations
