@@ -31,23 +31,37 @@ still refuses them (403).
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
-400 input (a malformed request line or header too), 403 role, 404 path,
-405 method, 408 a body that stopped arriving, 409 refused, 411/413 body,
-429 too many connections, 500 device failed (``exit_code`` 3) or internal
+400 input (a malformed request line or header too, HTTP/0.9 included, at
+once), 403 role, 404 path, 405 method, 408 a request that did not arrive in
+time, 409 refused, 411/413 body, 429 too many connections or expensive
+reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 (4), 503 unavailable.
 
 Connections: each socket serves at most ``max_connections`` (default
-:data:`MAX_CONNECTIONS`) at once, one thread each; one more is answered 429
-at once and closed.  A connection that sends nothing for ``read_timeout_s``
-(default :data:`READ_TIMEOUT_S`) while its request is read is closed.
+:data:`MAX_CONNECTIONS`) at once, one thread each, a caller (uid; root
+excepted) a quarter of them; one more is answered 429 from the accepting
+thread and closed.  The listen backlog is :data:`BACKLOG`.  A request must
+arrive within ``request_timeout_s`` (:data:`REQUEST_TIMEOUT_S`) of its
+connection, with no gap over ``read_timeout_s`` (:data:`READ_TIMEOUT_S`):
+else 408, closed.
+
+Work bounded before parsing (413): per-route body sizes (:func:`body_limit`),
+JSON items (:func:`json_items`), a layout config's size and items
+(:func:`config_refusal`).  Expensive reads (:data:`EXPENSIVE_READS`): per
+caller, a concurrency limit and a CPU budget (:class:`ReadBudget`; 429).
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import logging
+import math
 import os
 import signal
+import socket
+import sys
 import socketserver
 import threading
 import time
@@ -63,6 +77,7 @@ from ..libvirt.domxml import parse_domain_identity, valid_key
 from ..model.errors import EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, VgpuhostError
 from ..ops import recover
 from ..ops.vgpu import reconcile
+from ..policy.config import MAX_ENTRIES
 from . import api
 from .metrics import AgentMetering
 
@@ -80,13 +95,112 @@ SOCKET_MODE = 0o660
 TENANT_SOCKET_MODE = 0o666
 #: seconds a group's name read from the group database serves before it is read again
 GROUP_NAME_TTL_S = 60.0
-#: the largest request body (a domain XML of 4 MiB, JSON-escaped)
+#: the largest request body: the hook's (a domain XML of 4 MiB, JSON-escaped)
 MAX_BODY = 12 * 1024 * 1024
+#: the largest body of ``POST /v1/plan``, ``/v1/assert`` and ``/v1/apply`` (a layout config, JSON-escaped)
+MAX_LAYOUT_BODY = 128 * 1024
+#: the largest body of every other POST (a few keys)
+MAX_SMALL_BODY = 64 * 1024
+#: the largest layout config text (``config``): the largest example is 2 KiB, 256 entries about 25 KiB
+MAX_CONFIG_BYTES = 64 * 1024
+#: the most items a JSON body (other than the hook's) or a layout config may hold, counted before either
+#: is parsed: JSON ``,`` ``{`` ``[``; a config's lines plus those (an upper bound of its YAML nodes)
+MAX_JSON_ITEMS = 4096
+MAX_CONFIG_ITEMS = 4096
+#: a refused body up to this size is read and dropped after the answer (so its client reads the 413)
+MAX_DRAIN = 16 * 1024 * 1024
 EXIT_INTERNAL = 4
 #: connections one socket serves at once (one thread each); more are answered 429 and closed
 MAX_CONNECTIONS = 64
 #: seconds a connection may send nothing while its request (line, headers, body) is read
 READ_TIMEOUT_S = 10.0
+#: seconds a connection may take to send its whole request (line, headers and body), however it paces it
+REQUEST_TIMEOUT_S = 30.0
+#: the listen backlog of a socket the agent binds: connections beyond the served ones wait in it and are
+#: answered (429 when every slot is taken), never refused by the kernel (EAGAIN) while it has room
+BACKLOG = socket.SOMAXCONN
+#: the nice value of the threads that serve the read-only socket (0: as the agent's)
+READ_NICE = 10
+#: the interpreter's thread switch interval in the agent (``sys.setswitchinterval``; Python's default is 5 ms):
+#: a hook's prepare, which waits on many small reads and writes, retakes the interpreter from a busy
+#: reader's thread after at most this long, instead of 5 ms each time
+SWITCH_INTERVAL_S = 0.0005
+#: seconds an expensive read over its caller's limit waits before its 429 (at most its Retry-After)
+REFUSAL_DELAY_S = 1.0
+#: seconds a stopping agent waits for a change in progress (a hook's prepare) to end
+STOP_WAIT_S = 5.0
+#: seconds between two log lines about connections refused for want of a slot (a storm is one line)
+REFUSAL_LOG_S = 10.0
+#: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
+#: spends at most its CPU budget on them (:class:`ReadBudget`); more are answered 429 with Retry-After
+EXPENSIVE_READS = frozenset({("GET", "/v1/inventory"), ("GET", "/v1/types"), ("GET", "/v1/capacity"),
+                             ("GET", "/v1/metrics"), ("POST", "/v1/plan"), ("POST", "/v1/assert")})
+EXPENSIVE_PER_PEER = 2
+#: a peer's CPU budget for expensive reads: a burst of this many CPU seconds ...
+BUDGET_BURST_S = 1.0
+#: ... refilled at this many CPU seconds per second (a fifth of one core)
+BUDGET_RATE = 0.2
+
+
+class ReadBudget:
+    """The expensive reads' limits per peer (its uid, ``SO_PEERCRED``), shared by the agent's sockets.
+
+    A peer runs at most ``per_peer`` expensive reads (:data:`EXPENSIVE_READS`) at once, and spends
+    at most its CPU budget on them: a bucket of ``burst_s`` CPU seconds, refilled at ``rate`` CPU
+    seconds per second, from which each read's thread CPU time is taken when it ends (a bucket may go
+    below zero: the peer's next read is refused until it is refilled to zero).  ``refused`` counts the reads refused.
+    """
+
+    def __init__(self, per_peer: int = EXPENSIVE_PER_PEER, burst_s: float = BUDGET_BURST_S,
+                 rate: float = BUDGET_RATE, clock=time.monotonic):
+        self.per_peer, self.burst_s, self.rate, self.clock = per_peer, burst_s, rate, clock
+        self._lock = threading.Lock()
+        self._running: Dict[int, int] = {}
+        self._bucket: Dict[int, Tuple[float, float]] = {}      # uid -> (CPU seconds left, when)
+        self.refused = 0
+
+    def _left(self, uid: int, now: float) -> float:
+        left, at = self._bucket.get(uid, (self.burst_s, now))
+        return min(self.burst_s, left + (now - at) * self.rate)
+
+    def begin(self, uid: int) -> Optional[Tuple[str, int]]:
+        """None when ``uid`` may run one more expensive read now (call :meth:`end` after it), else
+        ``(why, retry_after_s)``: the one line of the 429 and its ``Retry-After`` (whole seconds >= 1)."""
+        with self._lock:
+            now = self.clock()
+            left = self._left(uid, now)
+            self._bucket[uid] = (left, now)
+            running = self._running.get(uid, 0)
+            if running >= self.per_peer:
+                self.refused += 1
+                return (f"uid {uid} already runs {running} expensive reads (inventory, types, capacity, "
+                        f"metrics, plan, assert) at once, the most one caller may", 1)
+            if left < 0:
+                self.refused += 1
+                return (f"uid {uid} has spent its CPU budget for expensive reads ({self.burst_s:g} CPU s, "
+                        f"renewed at {self.rate:g} CPU s per second)", max(1, math.ceil(-left / self.rate)))
+            self._running[uid] = running + 1
+            return None
+
+    def end(self, uid: int, cpu_s: float) -> None:
+        """One expensive read of ``uid`` ended after ``cpu_s`` CPU seconds of its thread."""
+        with self._lock:
+            now = self.clock()
+            self._bucket[uid] = (self._left(uid, now) - max(0.0, cpu_s), now)
+            n = self._running.get(uid, 1) - 1
+            if n > 0:
+                self._running[uid] = n
+            else:
+                self._running.pop(uid, None)
+
+
+def _nice_this_thread(nice: int) -> None:
+    """Lower the calling thread's CPU priority (Linux: a thread's nice value is its own, ``setpriority(2)``
+    on its thread id): the read-only socket's threads yield the CPU to the hook's and the admin's."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError):
+        pass
 
 
 def default_socket_dir(host: HostRoot):
@@ -103,10 +217,20 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int,
                  admin_group: str = DEFAULT_ADMIN_GROUP, ro_group: str = DEFAULT_RO_GROUP, *,
                  max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
-                 access: Optional["Access"] = None):
+                 access: Optional["Access"] = None, request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 budget: Optional[ReadBudget] = None):
         socketserver.BaseServer.__init__(self, "", _Handler)
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.budget = budget if budget is not None else ReadBudget()
+        self.refusal_delay_s = REFUSAL_DELAY_S
+        self.refused = 0                        # connections answered 429 (no slot free)
+        self.per_peer_connections = max(1, max_connections // 4)
+        self._peer_lock = threading.Lock()
+        self._peer_held: Dict[int, int] = {}    # uid -> connections it holds on this socket
+        self._warned_at = -REFUSAL_LOG_S
+        self._warned_count = 0
         self._slots = threading.BoundedSemaphore(max_connections)
         self.socket = sock
         self.server_address = unixsock.socket_path(sock)
@@ -119,34 +243,61 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.access = access if access is not None else Access(admin_gid, ro_gid)
 
     def process_request(self, request, client_address) -> None:
-        """A thread for the connection while fewer than ``max_connections`` are open; else 429, closed."""
-        if not self._slots.acquire(blocking=False):
-            self._refuse(request)
+        """A thread for the connection while fewer than ``max_connections`` are open on this socket and
+        its peer (uid; root is not limited) holds fewer than ``per_peer_connections``; else 429, closed,
+        from the accepting thread (no thread, no HTTP parsing for a refused connection)."""
+        try:
+            uid = unixsock.peer_uid(request)
+        except OSError:
+            self.shutdown_request(request)
+            return
+        with self._peer_lock:
+            held = self._peer_held.get(uid, 0)
+            if uid != 0 and held >= self.per_peer_connections:
+                why = (f"uid {uid} already holds {held} of this socket's connections, the most one caller may",
+                       "close connections you hold open")
+            elif not self._slots.acquire(blocking=False):
+                why = (f"the agent serves at most {self.max_connections} connections at once on this socket, "
+                       "all open", "retry shortly; close connections you hold open")
+            else:
+                self._peer_held[uid] = held + 1
+                why = None
+        if why is not None:
+            self._refuse(request, *why)
             return
         try:
-            super().process_request(request, client_address)
+            super().process_request(request, (uid,))
         except BaseException:
-            self._slots.release()
+            self._release(uid)
             raise
+
+    def _release(self, uid: int) -> None:
+        with self._peer_lock:
+            n = self._peer_held.get(uid, 1) - 1
+            if n > 0:
+                self._peer_held[uid] = n
+            else:
+                self._peer_held.pop(uid, None)
+        self._slots.release()
 
     def process_request_thread(self, request, client_address) -> None:
         try:
+            if self.role == api.READ and READ_NICE:
+                _nice_this_thread(READ_NICE)
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(client_address[0])
 
-    def _refuse(self, request) -> None:
-        log.warning("refused a connection on %s: %d connections open (the most it serves)",
-                    self.server_address, self.max_connections)
-        doc = error_doc(429, f"the agent serves at most {self.max_connections} connections at once on this "
-                             "socket, all open", hint="retry shortly; close connections you hold open",
-                        exit_code=5, kind="TransientError")
-        body = (json.dumps(doc, indent=2) + "\n").encode()
-        head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
+    def _refuse(self, request, message: str, hint: str) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._warned_at >= REFUSAL_LOG_S:     # one line per interval, not one per connection
+            log.warning("refused %d connection(s) on %s since the last such line: %s",
+                        self.refused - self._warned_count, self.server_address, message)
+            self._warned_at, self._warned_count = now, self.refused
         try:
             request.settimeout(1.0)
-            request.sendall(head + body)
+            request.sendall(_refusal(message, hint))
             request.setblocking(False)
             for _ in range(16):         # what the client already sent: a close with unread data
                 if not request.recv(1 << 16):   # would reset the connection before it reads the answer
@@ -154,6 +305,16 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         except OSError:
             pass
         self.shutdown_request(request)
+
+
+@functools.lru_cache(maxsize=64)
+def _refusal(message: str, hint: str) -> bytes:
+    """The whole 429 answer to a connection refused at accept (a storm's answers are a handful of texts)."""
+    doc = error_doc(429, message, hint=hint, exit_code=5, kind="TransientError")
+    body = (json.dumps(doc, indent=2) + "\n").encode()
+    head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
+    return head + body
 
 
 class Caller(NamedTuple):
@@ -260,13 +421,55 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.read_timeout_s       # StreamRequestHandler sets it on the socket
         super().setup()
+        # the request is read through a reader that enforces both the gap between bytes and the whole
+        # request's deadline (a peer sending one byte every few seconds must not hold its slot for ever)
+        self._reader = _DeadlineReader(self.connection, self.server.read_timeout_s, self.server.request_timeout_s)
+        self.rfile = io.BufferedReader(self._reader)
+        self._retry_after: Optional[int] = None
+        self._unread = 0        # bytes of a refused body to read and drop after the answer
+
+    def handle_one_request(self) -> None:
+        """http.server's, except that a request that stops arriving, or arrives too slowly, is answered
+        408 (the stdlib closes silently), and every malformed request line is answered at once."""
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self.requestline, self.request_version, self.command = "", "", ""
+                self.send_error(414, "the request line is over 65536 bytes")
+                return
+            if not self.raw_requestline:        # closed before it sent anything: nobody to answer
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            handler = getattr(self, "do_" + self.command, None)
+            if handler is None:
+                self.send_error(501, f"unsupported method {self.command!r}")
+                return
+            handler()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
+            self.send_error(408, self._late())
+
+    def _late(self) -> str:
+        """Why the request is answered 408: it took longer than the request deadline, or stopped."""
+        if self._reader.expired:
+            return (f"the request did not arrive within {self.server.request_timeout_s:g} s (request line, "
+                    "headers and body together)")
+        return f"the request stopped arriving (nothing for {self.server.read_timeout_s:g} s)"
 
     def parse_request(self) -> bool:
-        ok = super().parse_request()
-        if ok and self.request_version == "HTTP/0.9":
-            self.send_error(400, "a request line without an HTTP version (HTTP/0.9) is not served")
+        """Refuse a request line without an HTTP version (HTTP/0.9) or an empty one at once: the stdlib
+        would read headers after the first and close silently on the second."""
+        words = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n").split()
+        if not words or (len(words) == 2 and not words[1].startswith("HTTP/")):
+            self.command, self.path, self.request_version = "", "", "HTTP/0.9"
+            self.requestline = " ".join(words)
+            self.send_error(400, "a request line without an HTTP version (HTTP/0.9) is not served" if words
+                            else "an empty request line")
             return False
-        return ok
+        return super().parse_request()
 
     def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
         """What http.server answers itself (a malformed request line or header, an unknown method):
@@ -280,8 +483,11 @@ class _Handler(BaseHTTPRequestHandler):
         if code == 501:
             status, text = 405, f"{text}: the agent serves GET and POST"
         log.info("refused a request: %d %s", code, text)
-        doc = error_doc(status, f"malformed request: {text}", hint="send an HTTP/1.1 request (GET /v1/openapi "
-                                                                  "lists the endpoints)")
+        if status == 408:
+            doc = error_doc(408, text, hint="send the whole request at once")
+        else:
+            doc = error_doc(status, f"malformed request: {text}", hint="send an HTTP/1.1 request (GET /v1/openapi "
+                                                                      "lists the endpoints)")
         self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
 
     def do_GET(self) -> None:
@@ -313,18 +519,36 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, doc.content_type, doc.body)
         else:
             self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
-        if method == "POST":
+        if self._unread:
+            self._drain(self._unread)
+        elif method == "POST":
             self.server.agent.warm_up()     # answered: re-read the host now, not at the next VM start
+
+    def _drain(self, n: int) -> None:
+        """Read and drop the ``n`` bytes of a body refused unread (413), within the request's deadline:
+        a unix socket closed with unread data resets the connection, and its client, still sending, would
+        see a broken pipe instead of the answer."""
+        try:
+            while n > 0:
+                chunk = self.rfile.read(min(n, 1 << 16))
+                if not chunk:
+                    return
+                n -= len(chunk)
+        except (TimeoutError, OSError):
+            pass
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
         try:
+            self.connection.settimeout(self.server.read_timeout_s)     # the answer: not the request's deadline
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            if status == 429 and self._retry_after is not None:
+                self.send_header("Retry-After", str(self._retry_after))
             self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass
 
     def _handle(self, method: str) -> Tuple[int, Any]:
@@ -365,13 +589,25 @@ class _Handler(BaseHTTPRequestHandler):
             if ctype == "application/xml" and route.handler in api.HOOK_HANDLERS:
                 body, problem = self._xml_body()
             else:
-                body, problem = self._body()
+                body, problem = self._body(route)
             if problem is not None:
                 return problem
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         actor = f"agent uid={peer.uid} pid={peer.pid}"
         req = api.Request(params, query, body, actor, peer.pid, role, caller.tenant)
         srv.agent.count(route, thin=self._hook_xml is not None)
+        expensive = (route.method, route.template) in EXPENSIVE_READS
+        if expensive:
+            refused = srv.budget.begin(peer.uid)
+            if refused is not None:
+                why, self._retry_after = refused
+                log.debug("refused an expensive read of uid %d: %s", peer.uid, why)
+                # answered after a pause (no CPU: this connection's thread sleeps): a caller that retries at
+                # once, in a loop, runs a request a second instead of hundreds, on its side and the agent's
+                time.sleep(min(srv.refusal_delay_s, self._retry_after))
+                return 429, error_doc(429, why, hint=f"retry after {self._retry_after} s; read one at a time",
+                                      exit_code=5, kind="TransientError")
+        cpu0 = time.thread_time()
         try:
             api.check_keys(route, body)
             api.check_query(route, query)
@@ -393,11 +629,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return 503, error_doc(503, f"the state store is unusable ({e})",
                                       hint="restore state.db from a backup", kind="StateError")
             raise
+        finally:
+            if expensive:
+                srv.budget.end(peer.uid, time.thread_time() - cpu0)
 
-    def _length(self, *, garbled: int = 400) -> Tuple[Optional[int], Optional[Tuple[int, Dict[str, Any]]]]:
+    def _length(self, *, garbled: int = 400, limit: int = MAX_BODY,
+                what: str = "") -> Tuple[Optional[int], Optional[Tuple[int, Dict[str, Any]]]]:
         """The body's length from the one ``Content-Length`` header (ASCII digits), or the answer:
         411 without one (or with ``Transfer-Encoding``), 400 for two, ``garbled`` for a value that is
-        not a length, 413 above :data:`MAX_BODY`."""
+        not a length, 413 above ``limit`` (before a byte of the body is read)."""
         values = self.headers.get_all("Content-Length") or []
         if len(values) > 1:
             return None, (400, error_doc(400, "the request has more than one Content-Length header",
@@ -413,8 +653,10 @@ class _Handler(BaseHTTPRequestHandler):
             return None, (garbled, error_doc(garbled, "Content-Length is not a number",
                                              hint="send the body's length in bytes (ASCII digits)"))
         n = int(value)
-        if n > MAX_BODY:
-            return None, (413, error_doc(413, f"the request body is over {MAX_BODY} bytes"))
+        if n > limit:
+            self._unread = n if n <= MAX_DRAIN else 0
+            return None, (413, error_doc(413, f"the request body of {n} bytes is over the {_size(limit)} "
+                                              f"{what or 'this endpoint'} takes", hint="send a smaller body"))
         return n, None
 
     def _read(self, n: int) -> Tuple[bytes, Optional[Tuple[int, Dict[str, Any]]]]:
@@ -423,15 +665,16 @@ class _Handler(BaseHTTPRequestHandler):
         except TimeoutError:
             raw = None
         if raw is None or len(raw) < n:
-            return b"", (408, error_doc(408, f"the request body did not arrive ({n} bytes announced; a "
-                                             f"connection may pause at most {self.server.read_timeout_s:g} s)",
+            why = (f"within {self.server.request_timeout_s:g} s of the request's start" if self._reader.expired
+                   else f"a connection may pause at most {self.server.read_timeout_s:g} s")
+            return b"", (408, error_doc(408, f"the request body did not arrive ({n} bytes announced; {why})",
                                         hint="send the whole body with the request"))
         return raw, None
 
     def _xml_body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
         """The hook's thin client (the sh dispatcher's curl): the domain XML as the body, the domain
         name, host root and state dir in ``X-Vgpuhost-*`` headers; answered as :func:`hook_answer`."""
-        n, problem = self._length(garbled=411)
+        n, problem = self._length(garbled=411, limit=MAX_BODY, what="the hook's domain XML")
         if problem is not None:
             return None, problem
         raw, problem = self._read(n)
@@ -455,8 +698,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._hook_xml = body
         return body, None
 
-    def _body(self) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
-        n, problem = self._length()
+    def _body(self, route: api.Route) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Dict[str, Any]]]]:
+        """The JSON body, bounded before it is parsed: its size by the route (:func:`body_limit`), its
+        items (:data:`MAX_JSON_ITEMS`) and a layout config's size and items (:func:`config_refusal`)."""
+        limit = body_limit(route)
+        n, problem = self._length(limit=limit, what=f"{route.method} {route.template}")
         if problem is not None:
             return None, problem
         raw, problem = self._read(n)
@@ -464,6 +710,11 @@ class _Handler(BaseHTTPRequestHandler):
             return None, problem
         if not raw.strip():
             return None, None
+        if route.handler not in api.HOOK_HANDLERS:      # the hook's one XML string holds any punctuation
+            items = json_items(raw)
+            if items > MAX_JSON_ITEMS:
+                return None, (413, error_doc(413, f"the request body has {items} JSON items (, {{ [); at most "
+                                                  f"{MAX_JSON_ITEMS}", hint="send fewer entries"))
         try:
             doc = json.loads(raw, object_pairs_hook=_unique_keys)
         except _DuplicateKey as e:
@@ -473,7 +724,71 @@ class _Handler(BaseHTTPRequestHandler):
             return None, (400, error_doc(400, "the request body is not JSON", hint="send a JSON object"))
         if not isinstance(doc, dict):
             return None, (400, error_doc(400, "the request body must be a JSON object"))
+        if "config" in route.keys and isinstance(doc.get("config"), str):
+            refused = config_refusal(doc["config"])
+            if refused is not None:
+                return None, (413, error_doc(413, refused, hint="split the layouts over several configs"))
         return doc, None
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's bytes for :class:`io.BufferedReader`: each ``recv`` waits at most ``idle_s``,
+    and none starts after ``total_s`` from the connection's start (TimeoutError; ``expired`` says which
+    limit it was)."""
+
+    def __init__(self, sock: socket.socket, idle_s: float, total_s: float):
+        super().__init__()
+        self.sock, self.idle_s = sock, idle_s
+        self.until = time.monotonic() + total_s
+        self.expired = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        left = self.until - time.monotonic()
+        if left <= 0:
+            self.expired = True
+            raise TimeoutError("the request's deadline passed")
+        self.sock.settimeout(min(self.idle_s, left))
+        try:
+            return self.sock.recv_into(buf)
+        except TimeoutError:
+            self.expired = left <= self.idle_s
+            raise
+
+
+def body_limit(route: api.Route) -> int:
+    """The largest body ``route`` takes, in bytes: :data:`MAX_BODY` for the hook's, :data:`MAX_LAYOUT_BODY`
+    for a layout config's (plan, assert, apply), :data:`MAX_SMALL_BODY` for the others."""
+    if route.handler in api.HOOK_HANDLERS:
+        return MAX_BODY
+    if "config" in route.keys:
+        return MAX_LAYOUT_BODY
+    return MAX_SMALL_BODY
+
+
+def json_items(raw: bytes) -> int:
+    """An upper bound of the values a JSON text holds, counted without parsing it: its ``,`` ``{`` ``[``."""
+    return raw.count(b",") + raw.count(b"{") + raw.count(b"[")
+
+
+def config_refusal(text: str) -> Optional[str]:
+    """Why a layout config text is refused before YAML reads it (the one line of a 413), or None: over
+    :data:`MAX_CONFIG_BYTES` in UTF-8, or over :data:`MAX_CONFIG_ITEMS` items (lines plus ``,`` ``{`` ``[``:
+    an upper bound of the YAML nodes, so of the parse's cost)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        return f"the layout config is {size} bytes; at most {_size(MAX_CONFIG_BYTES)}"
+    items = text.count("\n") + text.count(",") + text.count("{") + text.count("[")
+    if items > MAX_CONFIG_ITEMS:
+        return (f"the layout config has {items} items (lines, and , {{ [ in them); at most {MAX_CONFIG_ITEMS} "
+                "(a layout takes at most {MAX_ENTRIES} GPU entries)")
+    return None
+
+
+def _size(n: int) -> str:
+    return f"{n // (1 << 20)} MiB" if n % (1 << 20) == 0 else f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
 
 
 class _DuplicateKey(Exception):
@@ -538,6 +853,9 @@ class AgentProcess:
             self.threads.append(t)
 
     def stop(self) -> None:
+        """Stop accepting, close the sockets, and give a change in progress up to :data:`STOP_WAIT_S` to
+        end (reads in flight are dropped with the process: SIGTERM ends the agent within seconds under
+        any load)."""
         if self.agent.metering is not None:
             self.agent.metering.close()
         for s in self.servers:
@@ -545,6 +863,8 @@ class AgentProcess:
             s.server_close()
         for path in self.bound:
             unixsock.remove_socket(path)
+        if self.agent.write_lock.acquire(timeout=STOP_WAIT_S):
+            self.agent.write_lock.release()
 
 
 def tenant_group_map(pairs) -> Dict[int, str]:
@@ -571,8 +891,8 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
                ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
                metrics_listen: Optional[Tuple[str, int]] = None,
                libvirt_uri: str = api.DEFAULT_LIBVIRT_URI, max_connections: int = MAX_CONNECTIONS,
-               read_timeout_s: float = READ_TIMEOUT_S, tenant_groups=(),
-               tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> AgentProcess:
+               read_timeout_s: float = READ_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S,
+               tenant_groups=(), tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> AgentProcess:
     """Build the agent: adopt systemd's sockets (``LISTEN_FDS``) or bind all three under ``socket_dir``.
 
     ``libvirt_uri``: the libvirt URI attach/detach connect to (callers may
@@ -614,13 +934,15 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
                                            (api.READ, RO_SOCKET, ro_gid, SOCKET_MODE),
                                            (api.TENANT, TENANT_SOCKET, 0, TENANT_SOCKET_MODE)):
                 path = os.path.join(d, fname)
-                socks.setdefault(role, []).append(unixsock.bind(path, mode=mode, gid=gid))
+                socks.setdefault(role, []).append(unixsock.bind(path, mode=mode, gid=gid, backlog=BACKLOG))
                 bound.append(path)
         agent.recovered = recover_at_start(agent)
         if metering_interval_s > 0:
             start_metering(agent, metering_interval_s, metrics_listen)
+        budget = ReadBudget()           # one per agent: a peer's expensive reads count on every socket
         servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group),
-                           max_connections=max_connections, read_timeout_s=read_timeout_s, access=access)
+                           max_connections=max_connections, read_timeout_s=read_timeout_s, access=access,
+                           request_timeout_s=request_timeout_s, budget=budget)
                    for role, ss in socks.items() for s in ss]
     except BaseException:
         if agent.metering is not None:
@@ -680,14 +1002,16 @@ def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
           metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI,
-          max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S, tenant_groups=(),
+          max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
+          request_timeout_s: float = REQUEST_TIMEOUT_S, tenant_groups=(),
           tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> int:
     """Run the agent until SIGTERM or SIGINT; returns 0.  ``ready(process)`` is called once listening."""
     proc = open_agent(host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group,
                       metering_interval_s=metering_interval_s, metrics_listen=metrics_listen,
                       libvirt_uri=libvirt_uri, max_connections=max_connections, read_timeout_s=read_timeout_s,
-                      tenant_groups=tenant_groups, tenant_prefix=tenant_prefix)
+                      request_timeout_s=request_timeout_s, tenant_groups=tenant_groups, tenant_prefix=tenant_prefix)
     stop = threading.Event()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def on_signal(signum, frame):
         stop.set()

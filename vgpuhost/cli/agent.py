@@ -45,9 +45,12 @@ from .common import current
                    "closed (the qemu hook then does the work itself).")
 @click.option("--read-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True, metavar="S",
               help="Close a connection that sends nothing for S seconds while its request is read.")
+@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
+              metavar="S", help="Answer 408 and close a connection whose request (line, headers and body) "
+                                "has not all arrived S seconds after it connected, however it paces it.")
 def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant_groups: Tuple[str, ...],
               tenant_group_prefix: str, metering_interval: float, metrics_port: Optional[int], metrics_listen: str,
-              libvirt_uri: str, max_connections: int, read_timeout: float) -> None:
+              libvirt_uri: str, max_connections: int, read_timeout: float, request_timeout: float) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
     Reads (inventory, types, capacity, vGPUs, domains, tenants, usage, audit,
@@ -75,6 +78,7 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant
                     metering_interval_s=metering_interval, libvirt_uri=libvirt_uri,
                     max_connections=max_connections, read_timeout_s=read_timeout,
                     tenant_groups=tenant_groups, tenant_prefix=tenant_group_prefix,
+                    request_timeout_s=request_timeout,
                     metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
 
 

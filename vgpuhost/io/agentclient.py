@@ -75,9 +75,12 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
         sock = connect(path, timeout_s)
     except (FileNotFoundError, ConnectionRefusedError) as e:
         raise AgentDown(f"no agent on {path} ({e.strerror})") from None
+    chunks = []
     try:
-        sock.sendall(head + data)
-        chunks = []
+        try:
+            sock.sendall(head + data)
+        except BrokenPipeError:
+            pass            # answered and closed before the request was all sent (429, 413): read the answer
         size = 0
         while True:
             chunk = sock.recv(65536)
@@ -88,7 +91,8 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
             if size > MAX_ANSWER:
                 raise OSError("the agent's answer is too large")
     except (ConnectionResetError, BrokenPipeError) as e:
-        raise AgentDown(f"the agent on {path} went away ({e.strerror})") from None
+        if not chunks:      # a reset after the answer (the agent closed with our bytes unread) is the end
+            raise AgentDown(f"the agent on {path} went away ({e.strerror})") from None
     finally:
         sock.close()
     from ..model.values import is_digits

@@ -81,8 +81,10 @@ def group_id(group: "Union[str, int]") -> int:
                          hint=f"create it (groupadd --system {text}) or name another group or a gid") from None
 
 
-def bind(path: "Union[str, os.PathLike]", *, mode: int, gid: int, backlog: int = 64) -> socket.socket:
-    """A listening AF_UNIX stream socket at ``path``, mode ``mode`` (e.g. 0o660), group ``gid``.
+def bind(path: "Union[str, os.PathLike]", *, mode: int, gid: int, backlog: int = socket.SOMAXCONN) -> socket.socket:
+    """A listening AF_UNIX stream socket at ``path``, mode ``mode`` (e.g. 0o660), group ``gid``, with
+    ``backlog`` connections queued before ``connect()`` fails with EAGAIN (the kernel caps it at
+    ``net.core.somaxconn``).
 
     The parent directory is created (0755) when missing.  A stale socket
     file at ``path`` (nobody answers) is replaced; a live one, or anything
@@ -239,6 +241,11 @@ def peer(conn: socket.socket) -> Peer:
     if groups is None:
         groups = _proc_groups(pid, uid, gid)
     return Peer(pid, uid, gid, frozenset({gid}) | groups)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of ``conn`` (``SO_PEERCRED``; no ``/proc`` read)."""
+    return _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
 
 
 def _peer_groups(conn: socket.socket) -> "Optional[FrozenSet[int]]":

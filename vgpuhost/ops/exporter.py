@@ -230,6 +230,12 @@ def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAU
             thread.join(timeout=5)
 
 
+#: the metrics listener's backlog (the kernel caps it at ``net.core.somaxconn``)
+SCRAPE_BACKLOG = socket.SOMAXCONN
+#: seconds a scrape's connection may send nothing before it is closed
+SCRAPE_TIMEOUT_S = 10.0
+
+
 def listen(address: str, port: int, registry: CollectorRegistry) -> Tuple[object, threading.Thread]:
     """Serve ``registry`` as ``/metrics`` on ``address:port`` (an IPv4 or IPv6 address; ``port`` 0 picks a
     free one) from a daemon thread: ``(server, thread)``; ``server.server_address[1]`` is the port bound,
@@ -238,12 +244,21 @@ def listen(address: str, port: int, registry: CollectorRegistry) -> Tuple[object
     prometheus-client's own WSGI app on the standard library's threading WSGI server: what its
     ``start_http_server`` does from 0.17 on, but bookworm ships 0.16 (python3-prometheus-client
     0.16.0-0.1), whose ``start_http_server`` returns nothing to stop or to ask for the port.
+
+    A scrape storm is served, not dropped: the listen backlog is :data:`SCRAPE_BACKLOG` (the stdlib's
+    and prometheus-client's is 5: a burst of scrapers beyond it had its connections dropped and timed
+    out), each connection has its own thread (a scrape only reads the last snapshot), and a connection
+    that sends nothing for :data:`SCRAPE_TIMEOUT_S` is closed, so slow clients do not pile threads up.
     """
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
+        block_on_close = False
+        request_queue_size = SCRAPE_BACKLOG
         address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
 
     class Quiet(WSGIRequestHandler):
+        timeout = SCRAPE_TIMEOUT_S
+
         def log_message(self, format, *args):     # noqa: A002 (the stdlib's name): no line per scrape
             pass
 

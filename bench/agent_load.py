@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""Benchmark: the qemu hook through the agent while hostile readers load it, and a scrape storm.
+
+Not a test: nothing is asserted on time; a failed hook run aborts with exit 1 (issue 28, finding 6).
+
+``--mode load``: one simulated ``a40-mdev`` host with the hook installed (as ``bench/hook.py`` builds
+it) and ``vgpuhost agent`` running (admin group 0, read-only group a throwaway gid); every hook run is
+the installed dispatcher with the domain XML on stdin, handing prepare and release to the agent. The
+figure is the wall time of one ``prepare begin`` + ``release end`` (median of ``--rounds`` x ``--runs``;
+the phases interleaved, round by round), measured:
+
+  idle      nothing else talks to the agent;
+  readers   4 hostile readers (processes of one throwaway uid in the read-only group, on agent-ro.sock),
+            each posting, in a loop, the finding's 640 KB config of 9,000 entries and the largest
+            config the agent parses (just within its size and item limits) to ``POST /v1/plan``;
+  all       the readers, plus 64 trickling connections (one byte every 5 s; a connection answered is
+            opened again, after 1/64 s when the answer was a 429), plus bursts of 200 connects at
+            once (each sends ``GET /v1/agent``), every 2 s; three uids, one per kind of client.
+
+Printed: the medians, the ratio all/idle and readers/idle (target <= 2), the answers the hostile
+clients got by status (429s vs other errors; a connect that fails is counted by its errno name), and
+the seconds SIGTERM took to end the agent with the load still running.
+
+``--mode scrape``: an agent with metering on and ``--metrics-port 0``; ``--scrapers`` (50) threads
+scrape ``/metrics`` over TCP for ``--seconds`` (30), each with a 10 s timeout; printed: scrapes, errors,
+timeouts (target 0).
+
+    .venv/bin/python bench/agent_load.py [--mode load|scrape|both] [--runs 5] [--rounds 3] [--seconds 30]
+                                         [--scrapers 50] [--tmpdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: the hostile clients' ids (nobody has them; as in tests/agentutil.py)
+RO_GID = 54011
+#: one throwaway uid per kind of hostile client (three parties; the agent's per-caller limits are per uid)
+HOSTILE_UIDS = {"reader": 54001, "trickle": 54002, "burst": 54003}
+#: set by SIGTERM in a hostile client: it stops and prints its counts
+_STOP = threading.Event()
+
+
+def _going(until: float) -> bool:
+    return time.monotonic() < until and not _STOP.is_set()
+
+
+# ---------------------------------------------------------------------------
+# the hostile clients: plain stdlib processes, run as HOSTILE_UIDS[KIND] (``--worker KIND SOCKET SECONDS``)
+
+def _request(path: str, data: bytes, timeout: float = 60) -> str:
+    """Send ``data`` on a fresh connection; the answer's status, or the errno name of what failed."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        return f"connect {type(e).__name__}"
+    try:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass                                    # answered and closed before it was all sent
+        raw = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            raw += chunk
+    except OSError as e:
+        if not raw:
+            return type(e).__name__
+    finally:
+        s.close()
+    try:
+        return raw.split(b"\r\n", 1)[0].split()[1].decode()
+    except IndexError:
+        return "no answer"
+
+
+def _post(target: str, body: bytes) -> bytes:
+    return (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _config(entries: int) -> str:
+    lines = ["version: 1", "layouts:", "  big:", "    gpus:"]
+    for i in range(entries):
+        lines += [f"      - select: {{address: '0000:{i % 256:02x}:{i // 256:02x}.0'}}", "        mode: vgpu",
+                  "        vgpu: {types: {A40-8Q: 2}}"]
+    return "\n".join(lines) + "\n"
+
+
+def worker_reader(path: str, until: float, out: Counter, finding: bytes, maximal: bytes) -> None:
+    while _going(until):
+        out["finding " + _request(path, _post("/v1/plan", finding))] += 1
+        out["maximal " + _request(path, _post("/v1/plan", maximal))] += 1
+
+
+def worker_trickle(path: str, until: float, out: Counter, n: int = 64, every_s: float = 5.0) -> None:
+    import select
+    socks: Dict[socket.socket, float] = {}
+
+    def connect():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+        except OSError as e:
+            out[f"connect {type(e).__name__}"] += 1
+            s.close()
+            return
+        try:
+            s.sendall(b"GET /v1/agent HTTP/1.1\r\nX-Slow: ")
+        except OSError:
+            pass                                    # answered (429) and closed at once: read below
+        socks[s] = time.monotonic()
+    for _ in range(n):
+        connect()
+    while _going(until):
+        ready = select.select(list(socks), [], [], 0.5)[0]
+        for s in ready:                             # answered (408, or 429 when no slot was free)
+            status = "reset"
+            try:
+                data = s.recv(1 << 16)
+                status = data.split(b"\r\n", 1)[0].split()[1].decode() if data else "closed unanswered"
+            except (OSError, IndexError):
+                pass
+            out[status] += 1
+            del socks[s]
+            s.close()
+            if status == "429":                     # a trickler, not a connect flood (that is the burst's):
+                time.sleep(1.0 / n)                 # it comes back at about one connection a second
+            connect()
+        now = time.monotonic()
+        for s, last in list(socks.items()):
+            if now - last >= every_s:
+                try:
+                    s.sendall(b"x")
+                    socks[s] = now
+                except OSError:
+                    pass
+    for s in socks:
+        s.close()
+
+
+def worker_burst(path: str, until: float, out: Counter, n: int = 200, every_s: float = 2.0) -> None:
+    while _going(until):
+        socks = []
+        for _ in range(n):                          # all connected at once, then each read
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(path)
+                socks.append(s)
+            except OSError as e:
+                out[f"connect {type(e).__name__}"] += 1
+                s.close()
+        for s in socks:
+            s.setblocking(True)
+            s.settimeout(60)
+            try:
+                s.sendall(b"GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
+            except OSError:
+                pass
+            raw = b""
+            try:
+                while True:
+                    chunk = s.recv(1 << 16)
+                    if not chunk:
+                        break
+                    raw += chunk
+            except OSError as e:
+                if not raw:
+                    out[type(e).__name__] += 1
+            s.close()
+            if raw:
+                out[raw.split(b"\r\n", 1)[0].split()[1].decode()] += 1
+        time.sleep(every_s)
+
+
+def worker_main(kind: str, path: str, seconds: float) -> int:
+    os.setgroups([RO_GID])          # started as root (the interpreter may be under /root): the ids drop now
+    os.setgid(RO_GID)
+    os.setuid(HOSTILE_UIDS[kind])
+    until = time.monotonic() + seconds
+    out: Counter = Counter()
+    signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
+    if kind == "reader":
+        finding = json.dumps({"config": _config(9000), "layout": "big"}).encode()
+        maximal = json.loads(sys.stdin.read())["maximal"].encode()
+        worker_reader(path, until, out, finding, maximal)
+    elif kind == "trickle":
+        worker_trickle(path, until, out)
+    else:
+        worker_burst(path, until, out)
+    print(json.dumps(dict(out)))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# the bench
+
+def _maximal_body() -> str:
+    """The largest ``POST /v1/plan`` body the agent parses: a config just within its limits."""
+    from vgpuhost.agent.server import MAX_LAYOUT_BODY, config_refusal, json_items, MAX_JSON_ITEMS
+    n = 1
+    while True:
+        body = json.dumps({"config": _config(n + 1), "layout": "big"})
+        if (config_refusal(_config(n + 1)) is not None or len(body) > MAX_LAYOUT_BODY
+                or json_items(body.encode()) > MAX_JSON_ITEMS):
+            return json.dumps({"config": _config(n), "layout": "big"})
+        n += 1
+
+
+def _start_agent(host, extra: List[str]) -> subprocess.Popen:
+    """The agent, its log in ``<root>/agent.log`` (a file: a pipe nobody reads would stall its logging)."""
+    from vgpuhost.io import agentclient
+    sockdir = host.path("run", "vgpuhost")
+    log = Path(host.root) / "agent.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "agent",
+                                 "--socket-dir", str(sockdir), "--admin-group", "0", "--ro-group", str(RO_GID),
+                                 *extra], stdout=subprocess.DEVNULL, stderr=f, cwd=str(REPO))
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: the agent exited {proc.returncode}: {log.read_text()[-500:]}")
+        try:
+            if agentclient.call(str(sockdir / "agent.sock"), "GET", "/v1/agent", timeout_s=5)[0] == 200:
+                return proc
+        except (agentclient.AgentDown, OSError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("bench: the agent did not answer")
+
+
+#: every hostile client started (killed at the end, whatever happened)
+_STARTED: List[subprocess.Popen] = []
+
+
+def _hostile(kind: str, path: str, seconds: float, stdin: str = "") -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), "--worker", kind, path,
+                          str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    _STARTED.append(p)
+    return p
+
+
+def _cycles(b, runs: int) -> List[float]:
+    out = []
+    for _ in range(runs):
+        t_p, _s = b.prepare()
+        b.check(True, "prepare begin")
+        t_r, _s = b.release()
+        b.check(False, "release end")
+        out.append(t_p + t_r)
+    return out
+
+
+def _load_phase(b, ro: str, runs: int, kinds: List[str], maximal: str) -> tuple:
+    seconds = 600.0                                 # stopped (SIGTERM) once the runs are done
+    procs = []
+    for kind in kinds:
+        p = _hostile(kind, ro, seconds)
+        p.stdin.write(json.dumps({"maximal": maximal}) if kind == "reader" else "")
+        p.stdin.close()
+        procs.append(p)
+    time.sleep(3.0)                                 # the load under way before the first hook run
+    times = _cycles(b, runs)
+    return times, procs
+
+
+def _collect(procs) -> Counter:
+    total: Counter = Counter()
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)       # it stops after its current request and prints its counts
+    for p in procs:
+        try:
+            p.wait(90)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        out = p.stdout.read()
+        if out.strip():
+            total.update(json.loads(out.strip().splitlines()[-1]))
+    return total
+
+
+def run_load(base: Path, runs: int, rounds: int) -> None:
+    import hook as hookbench
+    b = hookbench.Bench(hookbench.PRIMARY, base, agent=False)
+    agent = _start_agent(b.host, ["--metering-interval", "0"])
+    b.agent = agent
+    ro = str(b.host.path("run", "vgpuhost", "agent-ro.sock"))
+    maximal = _maximal_body()
+    phases = {"idle": [], "readers": [], "all": []}
+    kinds = {"idle": [], "readers": ["reader"] * 4, "all": ["reader"] * 4 + ["trickle", "burst"]}
+    counts = {"readers": Counter(), "all": Counter()}
+    try:
+        _cycles(b, 2)                               # warm: the agent's snapshot, the page cache
+        for r in range(rounds):                     # interleaved: a shared machine's drift hits each phase alike
+            for phase in ("idle", "readers", "all"):
+                print(f"bench: round {r + 1}/{rounds}: {phase} ...", file=sys.stderr)
+                if phase == "idle":
+                    phases[phase] += _cycles(b, runs)
+                    continue
+                times, procs = _load_phase(b, ro, runs, kinds[phase], maximal)
+                phases[phase] += times
+                counts[phase].update(_collect(procs))
+        # SIGTERM with the whole load running (its answers are not counted: the socket goes away)
+        _t, procs = _load_phase(b, ro, 1, kinds["all"], maximal)
+        t0 = time.perf_counter()
+        agent.send_signal(signal.SIGTERM)
+        try:
+            rc = agent.wait(60)
+        except subprocess.TimeoutExpired:
+            rc = None
+        stop_s = time.perf_counter() - t0
+        _collect(procs)
+    finally:
+        b.close()
+    med = {k: statistics.median(v) * 1000 for k, v in phases.items()}
+    print(f"hook prepare begin + release end through the agent, {b.label}, median of {rounds} x {runs} (ms):")
+    for k in ("idle", "readers", "all"):
+        print(f"  {k:8s} {med[k]:8.1f}   ratio to idle {med[k] / med['idle']:.2f}  (target <= 2)")
+    print(f"  maximal accepted /v1/plan body: {len(maximal)} bytes")
+    for name, c in counts.items():
+        n429 = sum(v for k, v in c.items() if k.endswith("429"))
+        other = sum(v for k, v in c.items() if not k.endswith(("429", "413", "400", "408", "200")))
+        print(f"  hostile answers ({name}): " + ", ".join(f"{k}: {v}" for k, v in sorted(c.items())))
+        print(f"    429: {n429}; errors other than an HTTP answer: {other}")
+    print(f"  SIGTERM under load: agent exited {rc} after {stop_s:.2f} s")
+
+
+def run_scrape(base: Path, seconds: float, scrapers: int) -> None:
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.sim.build import materialise
+    from vgpuhost.sim.data import bundled_specs
+    from vgpuhost.sim.spec import load_spec
+    root = base / "scrape"
+    materialise(load_spec(bundled_specs()["a40-mdev"]), root)
+    host = HostRoot(root)
+    agent = _start_agent(host, ["--metering-interval", "1", "--metrics-port", "0"])
+    port = None
+    try:
+        for _ in range(200):                        # the "listening" line comes as the agent answers
+            for text in (Path(host.root) / "agent.log").read_text().splitlines():
+                if "metrics on http://" in text:
+                    port = int(text.rsplit(":", 1)[1].split("/")[0])
+            if port is not None:
+                break
+            time.sleep(0.05)
+        if port is None:
+            raise SystemExit("bench: the agent printed no metrics port")
+        counts: Counter = Counter()
+        lock = threading.Lock()
+        until = time.monotonic() + seconds
+
+        def scrape():
+            while _going(until):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                        r.read()
+                        what = "ok" if r.status == 200 else f"status {r.status}"
+                except (socket.timeout, TimeoutError):
+                    what = "timeout"
+                except OSError as e:
+                    what = "timeout" if "timed out" in str(e) else f"error {type(e).__name__}"
+                with lock:
+                    counts[what] += 1
+        threads = [threading.Thread(target=scrape) for _ in range(scrapers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(60)
+    print(f"scrape storm: {scrapers} scrapers for {seconds:g} s on --metrics-port: "
+          f"{sum(counts.values())} scrapes, ok {counts['ok']}, timeouts {counts['timeout']} (target 0), "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("ok", "timeout")))
+
+
+def main(argv: List[str] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return worker_main(argv[1], argv[2], float(argv[3]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=["load", "scrape", "both"], default="both")
+    ap.add_argument("--runs", type=int, default=5, help="hook prepare+release cycles per phase and round (default 5)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of idle, readers, all (default 3)")
+    ap.add_argument("--seconds", type=float, default=30.0, help="scrape storm length (default 30)")
+    ap.add_argument("--scrapers", type=int, default=50, help="parallel scrapers (default 50)")
+    ap.add_argument("--tmpdir", metavar="DIR", help="where the simulated hosts go (default: the system temp dir)")
+    args = ap.parse_args(argv)
+    from benchutil import precompile
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root (the hostile clients drop to a throwaway uid)")
+    precompile(REPO / "vgpuhost")
+    with tempfile.TemporaryDirectory(prefix="vgh-load-", dir=args.tmpdir) as tmp:
+        os.chmod(tmp, 0o755)                        # the hostile uid reaches the sockets under it
+        base = Path(tmp)
+        try:
+            if args.mode in ("load", "both"):
+                run_load(base, max(3, args.runs), max(1, args.rounds))
+            if args.mode in ("scrape", "both"):
+                run_scrape(base, args.seconds, args.scrapers)
+        finally:
+            for p in _STARTED:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""The agent under hostile readers (issue 28, finding 6): a request's work is bounded before it is parsed
+(413 naming the limit), expensive reads have a per-peer concurrency limit and CPU budget (429 with
+Retry-After), a request has a total deadline (408, its slot freed), every malformed request line is
+answered at once (400), an excess connection is answered 429 (never EAGAIN), SIGTERM ends an agent
+under load, and the metrics listener serves a burst of scrapers.
+
+Real agents on real unix sockets (one per module where the limits allow it); outcomes are status codes,
+the one line each refusal carries, and the simulated tree, state store and audit log left unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+import urllib.request
+import uuid as uuidlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from agentutil import ADMIN_GID, REPO, RO_GID, RO_UID, AgentRun, socket_dir
+
+from test_hook import vgpu_domain
+from vgpuhost.agent import server
+from vgpuhost.agent.server import ReadBudget
+from vgpuhost.io import agentclient, unixsock
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.observe.inventory import discover
+from vgpuhost.sim.build import materialise
+from vgpuhost.sim.data import bundled_specs
+from vgpuhost.sim.spec import load_spec
+
+A40_CONFIG = (server.__file__.rsplit("/vgpuhost/", 1)[0] + "/examples/config/vgpu-a40.yaml")
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    return materialise(load_spec(bundled_specs()["a40-mdev"]), tmp_path_factory.mktemp("limits") / "host")
+
+
+@pytest.fixture(scope="module")
+def agent(host):
+    """Four connections per socket, a request deadline of 2 s, and a long gap allowed between bytes
+    (so a 408 here is the total deadline's, and a silence would be long)."""
+    with AgentRun(host.root, extra=("--metering-interval", "0", "--max-connections", "4",
+                                    "--request-timeout", "2", "--read-timeout", "60")) as run:
+        yield run
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = s.recv(1 << 16)
+        except ConnectionResetError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def _raw(path: str, data: bytes) -> bytes:
+    s = unixsock.connect(path, 30)
+    try:
+        s.sendall(data)
+        return _read_all(s)
+    finally:
+        s.close()
+
+
+def _answer(raw: bytes):
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def _post(path: str, target: str, body: bytes) -> bytes:
+    return _raw(path, b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (target.encode(), len(body), body))
+
+
+def _unchanged(host) -> None:
+    assert discover(Sysfs(host), with_types=False).mdevs == ()
+    store = StateStore(host.state_dir, create=False)
+    assert store.vgpu_records() == [] and store.audit_rows() == []
+
+
+def _big_config(entries: int) -> str:
+    lines = ["version: 1", "layouts:", "  big:", "    gpus:"]
+    for i in range(entries):
+        lines += [f"      - select: {{address: '0000:{i % 256:02x}:{i // 256:02x}.0'}}", "        mode: vgpu",
+                  "        vgpu: {types: {A40-8Q: 2}}"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# bounded before parsing: 413 naming the limit
+
+def test_the_finding_6_body_is_refused_on_its_length_before_it_is_parsed(agent, host):
+    body = json.dumps({"config": _big_config(9000), "layout": "big"}).encode()
+    assert len(body) > 640_000
+    # through the CLI's client: it sends the whole body, and still reads the answer (the agent drains it)
+    status, doc = agentclient.call(agent.ro, "POST", "/v1/plan", json.loads(body))
+    assert status == 413, doc
+    assert doc["error"]["line"] == (f"the request body of {len(body)} bytes is over the 128 KiB POST /v1/plan "
+                                    "takes; send a smaller body")
+    assert agent.call("GET", "/v1/agent", ro=True)[0] == 200        # and the agent serves on
+    _unchanged(host)
+
+
+@pytest.mark.parametrize("config, line", [
+    ("version: 1\n" + "#\n" * 5000, "the layout config has 5001 items (lines, and , { [ in them); at most 4096"),
+    ("version: 1\nlayouts: [" + "1," * 3000 + "]\n" + "#\n" * 1200,      # under the body's own JSON item limit
+     "the layout config has 4203 items (lines, and , { [ in them); at most 4096"),
+    ("version: 1\n" + "# " + "x" * 70_000 + "\n", "the layout config is 70014 bytes; at most 64 KiB"),
+])
+def test_a_layout_config_over_its_item_or_size_limit_is_refused_before_yaml_reads_it(agent, host, config, line):
+    for target in ("/v1/plan", "/v1/assert"):
+        status, _h, doc = _answer(_post(agent.ro, target, json.dumps({"config": config}).encode()))
+        assert status == 413 and doc["error"]["line"].startswith(line), doc
+        assert "at most 256" not in doc["error"]["line"]               # not the config's own validation
+    status, _h, doc = _answer(_post(agent.admin, "/v1/apply", json.dumps({"config": config}).encode()))
+    assert status == 413 and doc["error"]["line"].startswith(line)
+    _unchanged(host)
+
+
+def test_a_json_body_over_its_item_or_size_limit_is_refused(agent, host):
+    many = json.dumps({"name": "t1", "gpus": [1] * 5000}).encode()
+    status, _h, doc = _answer(_post(agent.admin, "/v1/tenants", many))
+    assert status == 413
+    assert doc["error"]["line"] == "the request body has 5002 JSON items (, { [); at most 4096; send fewer entries"
+    big = b'{"check": true' + b" " * 70_000 + b"}"
+    status, _h, doc = _answer(_post(agent.admin, "/v1/reconcile", big))
+    assert status == 413 and doc["error"]["line"].startswith(
+        f"the request body of {len(big)} bytes is over the 64 KiB POST /v1/reconcile takes")
+    assert agent.call("GET", "/v1/tenants")[1]["tenants"] == []
+    _unchanged(host)
+
+
+def test_a_real_config_is_still_planned(agent, host):
+    with open(A40_CONFIG) as f:
+        text = f.read()
+    status, doc = agent.call("POST", "/v1/plan", {"config": text}, ro=True)
+    assert status == 200 and doc["schema"].startswith("vgpuhost.plan/"), doc
+    ok = _big_config(256)               # the most entries a layout takes, within every limit
+    status, doc = agent.call("POST", "/v1/plan", {"config": ok, "layout": "big"}, ro=True)
+    assert status == 200 and doc["schema"].startswith("vgpuhost.plan/")     # planned (no such GPUs here)
+
+
+# ---------------------------------------------------------------------------
+# malformed request lines: 400 at once
+
+@pytest.mark.parametrize("line, text", [
+    (b"GET /v1/agent\r\n", "malformed request: a request line without an HTTP version (HTTP/0.9) is not served"),
+    (b"\r\n", "malformed request: an empty request line"),
+])
+def test_an_http_0_9_or_empty_request_line_is_answered_400_without_waiting_for_headers(agent, host, line, text):
+    # no blank line follows: the stdlib would wait for headers (60 s here) before answering or closing
+    status, _h, doc = _answer(_raw(agent.ro, line))
+    assert status == 400 and doc["error"]["line"].startswith(text) and doc["error"]["exit_code"] == 2
+    _unchanged(host)
+
+
+# ---------------------------------------------------------------------------
+# the total request deadline: 408, the slot freed, others served meanwhile
+
+def _trickle(path: str, stop: threading.Event, answers: list) -> None:
+    s = unixsock.connect(path, 30)
+    try:
+        s.sendall(b"GET /v1/agent HTTP/1.1\r\nX-Slow: ")
+        while not stop.is_set():
+            if select.select([s], [], [], 0.3)[0]:          # answered: read it all
+                answers.append(_read_all(s))
+                return
+            try:
+                s.sendall(b"x")                             # one byte at a time, never the end of the headers
+            except OSError:
+                answers.append(_read_all(s))
+                return
+    finally:
+        s.close()
+
+
+def test_trickling_connections_get_408_after_the_request_deadline_while_others_are_served(agent, host):
+    stop = threading.Event()
+    answers: list = []
+    threads = [threading.Thread(target=_trickle, args=(agent.ro, stop, answers)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        assert agent.call("GET", "/v1/agent", ro=True)[0] == 200       # the fourth slot serves meanwhile
+        for t in threads:
+            t.join(60)
+    finally:
+        stop.set()
+    assert len(answers) == 3
+    for raw in answers:
+        status, _h, doc = _answer(raw)
+        assert status == 408
+        assert doc["error"]["line"] == ("the request did not arrive within 2 s (request line, headers and body "
+                                        "together); send the whole request at once")
+    # every slot is free again: four requests at once are all served
+    for _ in range(100):
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda _i: agent.call("GET", "/v1/agent", ro=True)[0], range(4)))
+        if got == [200] * 4:
+            break
+        time.sleep(0.05)                # a slot comes back just after its 408 is sent
+    assert got == [200] * 4
+    _unchanged(host)
+
+
+# ---------------------------------------------------------------------------
+# the accept path: an excess connection is answered 429, never refused by the kernel
+
+def test_two_hundred_connects_at_once_are_each_answered_429_not_eagain(host):
+    with AgentRun(host.root, extra=("--metering-interval", "0", "--max-connections", "4")) as run:
+        held = [unixsock.connect(run.ro, 30) for _ in range(4)]         # every slot taken
+        try:
+            conns = []
+            for _ in range(200):                # all connected before any is read: the backlog holds them
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                s.connect(run.ro)               # EAGAIN (BlockingIOError) were the backlog full
+                conns.append(s)
+            statuses = []
+            for s in conns:
+                s.setblocking(True)
+                s.settimeout(30)
+                statuses.append(_answer(_read_all(s))[0])
+                s.close()
+        finally:
+            for s in held:
+                s.close()
+        assert statuses == [429] * 200
+
+
+HOLDER = r"""
+import json, os, socket, sys
+path = sys.argv[1]
+os.setgroups([int(sys.argv[3])]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
+held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); held.settimeout(30); held.connect(path)
+held.sendall(b"GET /v1/agent HTTP/1.1\r\n")        # a request begun: its slot is held
+out = []
+for _ in range(2):                                   # the caller's next connection: over its share
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    raw = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+    s.close()
+    out.append(raw.decode())
+print(json.dumps(out))
+"""
+
+
+def test_one_caller_holds_at_most_a_quarter_of_the_connections(agent, host):
+    """--max-connections 4: a caller that is not root holds one; its next is answered 429 at accept, while
+    root (here, the test) is still served on the same socket."""
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", HOLDER, agent.ro, str(RO_UID), str(RO_GID)],
+                          capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    for raw in json.loads(proc.stdout):
+        status, _h, doc = _answer(raw.encode())
+        assert status == 429 and doc["error"]["exit_code"] == 5
+        assert doc["error"]["line"] == (f"uid {RO_UID} already holds 1 of this socket's connections, the most one "
+                                        "caller may; close connections you hold open")
+    assert agent.call("GET", "/v1/agent", ro=True)[0] == 200
+    _unchanged(host)
+
+
+# ---------------------------------------------------------------------------
+# expensive reads: per-peer concurrency and CPU budget
+
+def test_read_budget_limits_concurrency_and_cpu_per_peer():
+    now = [100.0]
+    b = ReadBudget(per_peer=2, burst_s=2.0, rate=0.25, clock=lambda: now[0])
+    assert b.begin(1000) is None and b.begin(1000) is None
+    assert b.begin(1000) == ("uid 1000 already runs 2 expensive reads (inventory, types, capacity, metrics, plan, "
+                             "assert) at once, the most one caller may", 1)
+    assert b.begin(1001) is None                    # another peer has its own
+    b.end(1000, 0.5)
+    assert b.begin(1000) is None                    # a slot came back
+    b.end(1000, 0.5)
+    b.end(1000, 2.0)                                # 3 CPU s spent of 2: 1 s short
+    assert b.begin(1000) == ("uid 1000 has spent its CPU budget for expensive reads (2 CPU s, renewed at 0.25 "
+                             "CPU s per second)", 4)
+    now[0] += 4.0                                   # renewed at 0.25 s per second
+    assert b.begin(1000) is None
+    assert b.refused == 2
+
+
+@pytest.fixture
+def inproc(make_host):
+    """An agent in this process (its budget reachable), on a fresh simulated A40."""
+    h = make_host("a40-mdev")
+    d = socket_dir()
+    proc = server.open_agent(h, socket_dir=d, admin_group=ADMIN_GID, ro_group=RO_GID)
+    for s in proc.servers:
+        s.refusal_delay_s = 0.0         # the pause before an over-limit read's 429 (a rate limit, not tested here)
+    proc.start()
+    try:
+        yield h, proc, os.path.join(d, "agent.sock"), os.path.join(d, "agent-ro.sock")
+    finally:
+        proc.stop()
+
+
+def test_expensive_reads_over_the_budget_get_429_with_retry_after_and_the_hook_is_not_held(inproc):
+    h, proc, admin, ro = inproc
+    budget = proc.servers[0].budget
+    assert all(s.budget is budget for s in proc.servers)      # one budget for both sockets
+    assert budget.begin(0) is None and budget.begin(0) is None  # root runs two expensive reads
+    status, headers, doc = _answer(_raw(ro, b"GET /v1/capacity HTTP/1.1\r\n\r\n"))
+    assert status == 429 and headers["retry-after"] == "1" and doc["error"]["exit_code"] == 5
+    assert doc["error"]["line"].startswith("uid 0 already runs 2 expensive reads")
+    cfg = json.dumps({"config": open(A40_CONFIG).read()}).encode()
+    assert _answer(_post(ro, "/v1/plan", cfg))[0] == 429
+    assert agentclient.call(ro, "GET", "/v1/agent")[0] == 200              # cheap reads are not limited
+    # the hook's prepare and release do not wait behind the readers
+    dom, mdev = str(uuidlib.uuid4()), str(uuidlib.uuid4())
+    xml = vgpu_domain("vm-limits", dom, mdev)
+    assert agentclient.call(admin, "POST", "/v1/hook/prepare", {"xml": xml, "name": "vm-limits"})[0] == 200
+    assert [m.uuid for m in discover(Sysfs(h), with_types=False).mdevs] == [mdev]
+    assert agentclient.call(admin, "POST", "/v1/hook/release", {"xml": xml, "name": "vm-limits"})[0] == 200
+    assert discover(Sysfs(h), with_types=False).mdevs == ()
+    budget.end(0, 0.0)
+    budget.end(0, 30.0)                             # and spent far more CPU than its burst
+    status, headers, doc = _answer(_raw(ro, b"GET /v1/inventory HTTP/1.1\r\n\r\n"))
+    assert status == 429 and int(headers["retry-after"]) > 100
+    assert doc["error"]["line"].startswith("uid 0 has spent its CPU budget for expensive reads")
+
+
+# ---------------------------------------------------------------------------
+# SIGTERM under load; the metrics listener under a burst
+
+def test_sigterm_ends_the_agent_under_load(host):
+    run = AgentRun(host.root, extra=("--metering-interval", "0"))
+    stop = threading.Event()
+    answers: list = []
+    tricklers = [threading.Thread(target=_trickle, args=(run.ro, stop, answers)) for _ in range(16)]
+    for t in tricklers:
+        t.start()
+    body = {"config": open(A40_CONFIG).read()}
+    with ThreadPoolExecutor(4) as ex:
+        reads = [ex.submit(agentclient.call, run.ro, "POST", "/v1/plan", body) for _ in range(4)]
+        try:
+            assert run.stop() == 0, run.log.read_text()[-3000:]     # ended by SIGTERM, not killed after 30 s
+        finally:
+            stop.set()
+            for t in tricklers:
+                t.join(30)
+            run.close()
+        for f in reads:
+            try:
+                f.result()
+            except (agentclient.AgentDown, OSError):
+                pass
+
+
+def test_the_metrics_listener_serves_a_burst_of_scrapers():
+    from prometheus_client import CollectorRegistry, Gauge
+    from vgpuhost.ops.exporter import SCRAPE_BACKLOG, listen
+    registry = CollectorRegistry()
+    Gauge("vgpuhost_test_up", "a gauge", registry=registry).set(1)
+    srv, thread = listen("127.0.0.1", 0, registry)
+    try:
+        assert srv.request_queue_size == SCRAPE_BACKLOG == socket.SOMAXCONN
+        port = srv.server_address[1]
+
+        def scrape(_i):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                return r.status, b"vgpuhost_test_up 1.0" in r.read()
+        with ThreadPoolExecutor(64) as ex:
+            got = list(ex.map(scrape, range(256)))
+        assert got == [(200, True)] * 256
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+
+
+def test_the_api_document_lists_408_413_and_429_where_they_can_occur():
+    import yaml
+    from test_agent import SPEC, _response_schema, _validate
+    spec = yaml.safe_load(SPEC.read_text())
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            want = {"408", "429"} | ({"413"} if method == "post" else set())
+            assert want <= set(op["responses"]), (method, path)
+    assert "Retry-After" in spec["components"]["responses"]["TooMany"]["headers"]
+    # the refusals' documents are the documented AgentError
+    op = spec["paths"]["/v1/plan"]["post"]
+    budget = ReadBudget()
+    why, _retry = (budget.begin(5), budget.begin(5), budget.begin(5))[-1]
+    for status, line in ((413, server.config_refusal("#\n" * 5000)), (429, why)):
+        _ctype, schema = _response_schema(spec, op, status)
+        _validate(spec, spec, schema, server.error_doc(status, line, exit_code=2 if status == 413 else 5))
