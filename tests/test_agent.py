@@ -773,3 +773,18 @@ def test_a_query_flag_takes_its_text_forms(agent):
     assert agent.call("GET", "/v1/types?available=1", ro=True)[0] == 200
     status, doc = agent.call("GET", "/v1/types?available=maybe", ro=True)
     assert status == 400 and "'available'" in doc["error"]["line"]
+
+
+def test_the_api_document_is_valid_openapi_with_one_operation_id_per_route():
+    """openapi-spec-validator (the linter) accepts the document, and every route of the routing table has
+    an operationId named after its handler, unique (issue 29 item 4)."""
+    from openapi_spec_validator import validate
+    doc = yaml.safe_load(SPEC.read_text())
+    validate(doc)
+    seen = {}
+    for route in api.ROUTES:
+        op = doc["paths"][route.template][route.method.lower()]
+        head, *rest = route.handler.__name__.split("_")
+        assert op["operationId"] == head + "".join(w[:1].upper() + w[1:] for w in rest), route
+        seen.setdefault(op["operationId"], []).append(route.template)
+    assert all(len(v) == 1 for v in seen.values()), seen
