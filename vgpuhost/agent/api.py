@@ -326,16 +326,19 @@ def get_metrics(agent: Agent, req: Request) -> Text:
 # ---------------------------------------------------------------------------
 # write endpoints (admin)
 
+def _allocate_body(agent: Agent, req: Request) -> Tuple[str, str, Any, Optional[str], Optional[str], bool]:
+    """An allocate request's body: ``(profile, strategy, gpu or None, vGPU UUID or None, anti-affinity key or
+    None, dry run)``; raises InputError for a value out of bounds."""
+    body = req.body or {}
+    return (_text(body, "profile", required=True, limit=128), _strategy(body),
+            _gpu(agent, _text(body, "gpu", limit=32)), _text(body, "vgpu_uuid", limit=64),
+            _text(body, "anti_affinity", limit=256), _flag(body, "dry_run"))
+
+
 def post_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     """A vGPU of ``profile`` for domain ``uuid`` (the owner), placed by ``strategy`` (or on ``gpu``)."""
     owner = _uuid(req.params["uuid"])
-    body = req.body or {}
-    profile = _text(body, "profile", required=True, limit=128)
-    strategy = _strategy(body)
-    gpu = _gpu(agent, _text(body, "gpu", limit=32))
-    vid = _text(body, "vgpu_uuid", limit=64)
-    anti = _text(body, "anti_affinity", limit=256)
-    dry = _flag(body, "dry_run")
+    profile, strategy, gpu, vid, anti, dry = _allocate_body(agent, req)
 
     def run():
         return vgpu.create(agent.host, agent.store, profile=profile, gpu=gpu, uuid=vid, strategy=strategy,
@@ -836,13 +839,7 @@ def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     """``POST /v1/domains/{uuid}/allocate`` for a domain of the caller's tenant only, admitted under the
     tenant's quota now (:func:`vgpuhost.ops.allocate.allocate_admitted`), not only at the domain's start."""
     owner = _own_domain(agent, req)
-    body = req.body or {}
-    profile = _text(body, "profile", required=True, limit=128)
-    strategy = _strategy(body)
-    gpu = _gpu(agent, _text(body, "gpu", limit=32))
-    vid = _text(body, "vgpu_uuid", limit=64)
-    anti = _text(body, "anti_affinity", limit=256)
-    dry = _flag(body, "dry_run")
+    profile, strategy, gpu, vid, anti, dry = _allocate_body(agent, req)
 
     def run():
         return allocate_admitted(agent.host, agent.store, agent.inventory, owner=owner, tenant=req.tenant,

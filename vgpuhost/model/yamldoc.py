@@ -63,6 +63,17 @@ def shown(value: Any) -> str:
     return f"(not shown: {size})"
 
 
+def kind_of(value: Any) -> str:
+    """What a YAML value is, in a refusal's words: ``nothing``, ``a boolean``, ``a string``, ``a number``,
+    ``a mapping``, ``a list`` (else the Python type's name)."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {str: "a string", int: "a number", float: "a number", dict: "a mapping",
+            list: "a list"}.get(type(value), type(value).__name__)
+
+
 def require_versioned(loc: "Located", what: str) -> Dict[Any, Any]:
     """The top level of ``loc``: a mapping holding a ``version`` key, else InputError naming the
     position only.  Checked before any other message could quote the file: a document without

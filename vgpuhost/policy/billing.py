@@ -39,7 +39,7 @@ from ..model.concepts import DeviceKind
 from ..model.errors import InputError
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
-from ..model.yamldoc import Located, load_located, require_versioned, shown
+from ..model.yamldoc import Located, kind_of, load_located, require_versioned, shown
 
 VERSION = 1
 #: decimal places quantities (hours, GB-hours, slice-hours) are rounded to before they are priced
@@ -134,15 +134,6 @@ _TENANT_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
 _DECIMAL_TEXT = re.compile(r"\A[0-9]+(\.[0-9]+)?\Z")
 
 
-def _kind(v: Any) -> str:
-    if v is None:
-        return "nothing"
-    if isinstance(v, bool):
-        return "a boolean"
-    return {str: "a string", int: "a number", float: "a number", dict: "a mapping",
-            list: "a list"}.get(type(v), type(v).__name__)
-
-
 class _SheetParser:
     def __init__(self, loc: Located):
         self.loc = loc
@@ -152,7 +143,7 @@ class _SheetParser:
 
     def mapping(self, value: Any, path: tuple, allowed: set, what: str) -> Dict[Any, Any]:
         if not isinstance(value, dict):
-            raise self.err(path, f"{what} must be a mapping, found {_kind(value)}",
+            raise self.err(path, f"{what} must be a mapping, found {kind_of(value)}",
                            hint="see docs/guide/billing.md for the price sheet's format")
         for key in value:
             if key not in allowed:
@@ -167,7 +158,7 @@ class _SheetParser:
         """A decimal >= 0 (> 0 with ``positive``; <= ``high``) from a YAML number or decimal text."""
         if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
                 isinstance(value, str) and not _DECIMAL_TEXT.match(value.strip())):
-            raise self.err(path, f"{what} must be a number, found {_kind(value)} {shown(value)}",
+            raise self.err(path, f"{what} must be a number, found {kind_of(value)} {shown(value)}",
                            hint="write it as a decimal number, e.g. 0.85")
         try:
             d = Decimal(repr(value) if isinstance(value, float) else str(value).strip())
@@ -233,7 +224,7 @@ class _SheetParser:
             raise self.err(("rounding",), f"unknown rounding {shown(rounding)}",
                            hint="half-up (0.005 -> 0.01) or half-even (banker's: 0.005 -> 0.00, 0.015 -> 0.02)")
         if "description" in top and not isinstance(top["description"], str):
-            raise self.err(("description",), f"description must be a string, found {_kind(top['description'])}",
+            raise self.err(("description",), f"description must be a string, found {kind_of(top['description'])}",
                            hint="quote it")
         profiles: Dict[str, Rate] = {}
         families: Dict[str, Rate] = {}

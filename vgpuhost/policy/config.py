@@ -70,7 +70,7 @@ from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
 from ..model.nvml import GiProfile, SchedulerState
 from ..model.values import MigProfile, PciAddress, VgpuProfile
-from ..model.yamldoc import Located, load_located, require_versioned, shown
+from ..model.yamldoc import Located, kind_of, load_located, require_versioned, shown
 from ..policy.mig import why_not
 from ..policy.scheduler import POLICIES, validate
 from ..model.tenancy import QOS_CLASSES
@@ -287,7 +287,7 @@ class _Parser:
 
     def mapping(self, value: Any, path: tuple, allowed: set, what: str) -> Dict[str, Any]:
         if not isinstance(value, dict):
-            raise self.err(path, f"{what} must be a mapping, found {_kind(value)}")
+            raise self.err(path, f"{what} must be a mapping, found {kind_of(value)}")
         for key in value:
             if key not in allowed:
                 near = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
@@ -310,7 +310,7 @@ class _Parser:
             names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
             if label is None:
                 label = key if what == _TOP_WHAT else f"{what}.{key}"
-            raise self.err(path + (key,), f"{label} must be {names}, found {_kind(value)} {_show(value)}")
+            raise self.err(path + (key,), f"{label} must be {names}, found {kind_of(value)} {_show(value)}")
         return value
 
     def name(self, value: Any, path: tuple, what: str) -> str:
@@ -322,7 +322,7 @@ class _Parser:
 
     def counts(self, value: Any, path: tuple, what: str, high: int) -> List[Tuple[str, int, Where]]:
         if not isinstance(value, dict):
-            raise self.err(path, f"{what} must be a mapping of NAME: COUNT, found {_kind(value)}",
+            raise self.err(path, f"{what} must be a mapping of NAME: COUNT, found {kind_of(value)}",
                            hint="e.g. {A40-8Q: 2}")
         out = []
         for name, n in value.items():
@@ -330,7 +330,7 @@ class _Parser:
             if not isinstance(name, str):
                 raise self.err(p, f"{what}: {_show(name)} is not a name", hint="quote it")
             if isinstance(n, bool) or not isinstance(n, int):
-                raise self.err(p, f"{what}.{name} must be a whole number, found {_kind(n)} {_show(n)}")
+                raise self.err(p, f"{what}.{name} must be a whole number, found {kind_of(n)} {_show(n)}")
             if not 0 <= n <= high:
                 raise self.err(p, f"{what}.{name} = {n} is out of range 0..{high}")
             out.append((name, n, self.where(p)))
@@ -510,7 +510,7 @@ class _Parser:
             if kind == "address":
                 if not isinstance(v, str):
                     raise self.err(p, f"select.address must be a quoted PCI address like \"0000:41:00.0\", "
-                                      f"found {_kind(v)} {_show(v)}",
+                                      f"found {kind_of(v)} {_show(v)}",
                                    hint="unquoted, YAML may read an address as a number")
                 try:
                     out.append(PciAddress.parse(v))
@@ -647,15 +647,6 @@ class _Parser:
 
 
 _TYPE_NAMES = {str: "a string", int: "a whole number", bool: "true or false", dict: "a mapping", list: "a list"}
-
-
-def _kind(v: Any) -> str:
-    if v is None:
-        return "nothing"
-    if isinstance(v, bool):
-        return "a boolean"
-    return {str: "a string", int: "a number", float: "a number", dict: "a mapping",
-            list: "a list"}.get(type(v), type(v).__name__)
 
 
 def _show(v: Any) -> str:
