@@ -129,6 +129,9 @@ class CaptureLib:
     def nvmlDeviceGetName(self, h):
         return "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-00000000-0000-4000-8000-00000000b600"
+
     def nvmlDeviceGetMigMode(self, h):
         return [0, 0]
 

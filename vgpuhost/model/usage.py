@@ -38,5 +38,8 @@ class UsageRow(NamedTuple):
     samples: int            # sampler readings that went into the row
 
 
+#: what a metered device is (``UsageRow.kind``): a time-sliced vGPU, a MIG-backed vGPU, a passed-through GPU
+METERED_KINDS = ("vgpu", "mig-vgpu", "passthrough")
+
 #: the ``usage_hourly`` columns, in table order
 USAGE_COLUMNS = UsageRow._fields
