@@ -67,6 +67,15 @@ def test_a_duplicate_json_key_is_refused_naming_it(agent, a40):
     _nothing_changed(a40)
 
 
+def test_a_body_that_is_not_utf8_is_415_and_one_that_is_not_json_400(agent, a40):
+    for body, status, line in ((b'{"profile":"A40-8Q\xff"}', 415, "the request body is not UTF-8; send JSON in UTF-8"),
+                               (b'{"profile":', 400, "the request body is not JSON; send a JSON object")):
+        got, doc = _answer(_raw(agent.admin, b"POST /v1/vgpus HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                                             % (len(body), body)))
+        assert (got, doc["error"]["line"]) == (status, line)
+    _nothing_changed(a40)
+
+
 @pytest.mark.parametrize("headers, status, line", [
     (b"", 411, "a POST needs Content-Length (0 for no body); "),
     (b"Content-Length: 2\r\nContent-Length: 2\r\n", 400, "the request has more than one Content-Length header; "),

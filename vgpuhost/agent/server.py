@@ -716,7 +716,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return None, (413, error_doc(413, f"the request body has {items} JSON items (, {{ [); at most "
                                                   f"{MAX_JSON_ITEMS}", hint="send fewer entries"))
         try:
-            doc = json.loads(raw, object_pairs_hook=_unique_keys)
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, (415, error_doc(415, "the request body is not UTF-8", hint="send JSON in UTF-8"))
+        try:
+            doc = json.loads(text, object_pairs_hook=_unique_keys)
         except _DuplicateKey as e:
             return None, (400, error_doc(400, f"the request body has the key {e.key!r} more than once",
                                          hint="send each key once"))

@@ -22,7 +22,7 @@ from .output import table
 @click.option("--gpu", metavar="BDF",
               help="Rows whose path, operation or value names this GPU, one of its VFs or a vGPU made on it.")
 @click.option("--op", "operation", metavar="TEXT",
-              help="Rows whose operation starts with TEXT, by words (vgpu create, tenant, (admission), hook).")
+              help="Rows whose operation starts with TEXT, by words (vgpu create, tenant bind, admission, prepare).")
 @click.option("--actor", metavar="TEXT", help="Rows whose actor contains TEXT (hook, systemd:, ansible, uid=0).")
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Only the last N rows that match.")
 @pass_ctx
