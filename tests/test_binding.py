@@ -133,7 +133,8 @@ def test_an_unbound_domain_is_best_effort_with_no_tenant_and_not_counted_or_bill
 def test_require_binding_refuses_an_unbound_domain_audited(host, s, capsys):
     code, out, err = run(capsys, host, "--json", "tenant", "policy", "--require-binding", "on")
     assert code == 0 and json.loads(out) == {"schema": "vgpuhost.tenant-policy/v1", "require_binding": True,
-                                             "openstack": "off"}
+                                             "openstack": "off", "unbound_running": []}
+    assert run(capsys, host, "tenant", "policy", "--require-binding", "on")[0] == 0     # as it is: no second row
     assert [(r.operation, r.value) for r in s.audit_rows() if r.path == "(settings)"] == \
         [("tenant policy require-binding", "on")]
     rc, err = start(host, "u", vm("u", 4), bind=False)        # no tenant exists: require-binding alone enforces
@@ -143,6 +144,11 @@ def test_require_binding_refuses_an_unbound_domain_audited(host, s, capsys):
     assert run(capsys, host, "tenant", "policy", "--require-binding", "off")[0] == 0
     assert start(host, "u", vm("u", 4), bind=False) == (0, "")
     assert [r[2] for r in s.allocation_rows()] == [None]
+    # turned on again while the unbound domain runs: its next start would be refused, and the answer says so
+    code, out, err = run(capsys, host, "tenant", "policy", "--require-binding", "on")
+    assert code == 0 and "note: 1 running domain(s) have no binding and will be refused at their next start: u" in out
+    code, out, err = run(capsys, host, "--json", "tenant", "policy")
+    assert json.loads(out)["unbound_running"] == [uid("a1a1a1a1", 4)]
 
 
 # ---------------------------------------------------------------------------

@@ -336,8 +336,14 @@ def tenant_policy(require: Optional[str]) -> None:
         tenancy.set_require_binding(store, require == "on")
     on = tenancy.require_binding(store)
     mode = store.setting(tenancy.OPENSTACK) or "off"
-    _emit({"schema": SCHEMA_POLICY, "require_binding": on, "openstack": mode},
-          f"require-binding: {'on' if on else 'off'}; OpenStack tenant mapping: {mode}")
+    loose = tenancy.unbound_running(store) if on else {}
+    text = f"require-binding: {'on' if on else 'off'}; OpenStack tenant mapping: {mode}"
+    if loose:
+        names = ", ".join(sorted(n or u for u, n in loose.items()))
+        text += (f"\nnote: {len(loose)} running domain(s) have no binding and will be refused at their next start: "
+                 f"{names} ('vgpuhost tenant bind DOMAIN TENANT')")
+    _emit({"schema": SCHEMA_POLICY, "require_binding": on, "openstack": mode,
+           "unbound_running": sorted(loose)}, text)
 
 
 @click.command("capacity")

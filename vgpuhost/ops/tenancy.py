@@ -349,10 +349,18 @@ def set_require_binding(store: StateStore, on: bool, *, actor: Optional[str] = N
     """Turn ``require-binding`` on (an unbound domain's start is refused) or off (it is admitted as best
     effort with no tenant); audited (path ``(settings)``) in the same transaction.  Returns ``on``."""
     with host_lock(store), store.transaction() as conn:
+        if require_binding(store) == on:            # as it is: idempotent, no row
+            return on
         store.put_setting(conn, REQUIRE_BINDING, "on" if on else None)
         store.audit(actor=actor or _actor(), operation="tenant policy require-binding", path="(settings)",
                     value="on" if on else "off", conn=conn)
     return on
+
+
+def unbound_running(store: StateStore) -> Dict[str, str]:
+    """``{domain UUID: name}`` of the domains recorded as running (started through the hook, not released)
+    that have no binding: under ``require-binding`` their next start is refused."""
+    return {u: n for u, n in store.active_domains().items() if store.binding(u.lower()) is None}
 
 
 def require_binding(store: StateStore) -> bool:
