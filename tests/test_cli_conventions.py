@@ -178,3 +178,15 @@ def test_the_zsh_completion_file_completes_on_the_first_tab_when_autoloaded():
     assert text.startswith("#compdef vgpuhost")
     branch = text[text.index("loadautofunc"):]
     assert '_vgpuhost_completion "$@"' in branch and "compdef _vgpuhost_completion vgpuhost" in branch
+
+
+def test_a_dry_run_of_an_existing_uuid_refuses_as_the_run_does(make_host, capsys):
+    host = make_host("a40-mdev")
+    base = ["--root", str(host.root), "--local", "vgpu", "create", "--profile", "A40-8Q",
+            "--uuid", "aaaaaaaa-1111-4111-8111-0000000000d1"]
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main(base + ["--dry-run"]) == 2
+    dry = capsys.readouterr().err
+    assert main(base) == 2
+    assert capsys.readouterr().err == dry and "already exists" in dry

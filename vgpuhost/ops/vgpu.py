@@ -280,6 +280,8 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
                            limits_of=limits_of)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
+            if req.uuid is not None and store.vgpu_records(vgpu_id=req.uuid):
+                raise InputError(f"vGPU {req.uuid} already exists", hint="'vgpuhost vgpu list'")   # as the run says
             return out
         done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor)
         if done is not None:
