@@ -115,8 +115,9 @@ def test_a_non_nvidia_function_in_a_gpus_group_is_refused_too(make_host):
     """A SATA controller that shares the GPU's IOMMU group, in a domain with no vgpuhost metadata at all."""
     host = make_host("sata-shared-group")
     xml = domain_xml("vm", DOM1, hostdevs=[pci_hostdev(SATA_DISK, managed=True)])
-    refused(host, "vm", xml, f"names {SATA_DISK} (SATA controller, 8086:a352), in the IOMMU group of NVIDIA GPU "
-                             "0000:03:00.0")
+    err = refused(host, "vm", xml, f"names {SATA_DISK} (SATA controller, 8086:a352), in the IOMMU group of NVIDIA "
+                                   "GPU 0000:03:00.0", "goes to a VM only with the whole group")
+    assert "--passthrough" not in err         # which host check would refuse here: the group is not viable
 
 
 def test_an_unmanaged_hostdev_on_a_group_the_operator_bound_is_refused(make_host):

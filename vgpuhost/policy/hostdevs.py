@@ -186,6 +186,9 @@ def _pci(inv: "Inventory", h: "Hostdev", name: str, me: str, declared: "FrozenSe
     elif gpu is None:
         hint = (f"remove the hostdev: vgpuhost gives guests an NVIDIA GPU whole ('vgpuhost attach {name} "
                 "--passthrough GPU') or as vGPUs ('--profile PROFILE')")
+    elif not _nvidia(inv.devices.get(h.source)):
+        hint = (f"remove the hostdev: it shares NVIDIA GPU {gpu}'s IOMMU group, so it goes to a VM only with the "
+                f"whole group; 'vgpuhost host check' says whether {gpu}'s group can be passed through")
     else:
         hint = (f"remove the hostdev and declare the GPU with 'vgpuhost attach {name} --passthrough {gpu}' "
                 "(it writes hostdev and metadata together)")
