@@ -170,10 +170,10 @@ def test_an_http_0_9_or_empty_request_line_is_answered_400_without_waiting_for_h
 # ---------------------------------------------------------------------------
 # the total request deadline: 408, the slot freed, others served meanwhile
 
-def _trickle(path: str, stop: threading.Event, answers: list) -> None:
+def _trickle(path: str, stop: threading.Event, answers: list, head: bytes = b"GET /v1/agent HTTP/1.1\r\nX-Slow: ") -> None:
     s = unixsock.connect(path, 30)
     try:
-        s.sendall(b"GET /v1/agent HTTP/1.1\r\nX-Slow: ")
+        s.sendall(head)
         while not stop.is_set():
             if select.select([s], [], [], 0.3)[0]:          # answered: read it all
                 answers.append(_read_all(s))
@@ -213,6 +213,22 @@ def test_trickling_connections_get_408_after_the_request_deadline_while_others_a
             break
         time.sleep(0.05)                # a slot comes back just after its 408 is sent
     assert got == [200] * 4
+    _unchanged(host)
+
+
+def test_a_request_line_that_never_ends_gets_408_too(agent, host):
+    """Trickled inside the request line itself (no version parsed yet), the answer is still an HTTP/1.1 408."""
+    stop = threading.Event()
+    answers: list = []
+    t = threading.Thread(target=_trickle, args=(agent.ro, stop, answers, b"GET /v1/"))
+    t.start()
+    try:
+        t.join(60)
+    finally:
+        stop.set()
+    (raw,) = answers
+    status, _h, doc = _answer(raw)
+    assert status == 408 and doc["error"]["line"].startswith("the request did not arrive within 2 s")
     _unchanged(host)
 
 

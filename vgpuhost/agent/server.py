@@ -450,6 +450,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except TimeoutError:
             self.close_connection = True
+            if not getattr(self, "request_version", None) or self.request_version == "HTTP/0.9":
+                # the request line itself never ended: answer as HTTP/1.1 (the stdlib writes no status
+                # line for the HTTP/0.9 it assumes before a request line is parsed)
+                self.requestline, self.request_version, self.command = "", "HTTP/1.1", ""
             self.send_error(408, self._late())
 
     def _late(self) -> str:
