@@ -314,6 +314,12 @@ def test_domxml_reads_qos_and_the_nova_project():
     v = parse_domain(x)
     assert v.metadata.qos == "guaranteed" and v.nova_project == ("team", "6f70656e737461636b20342065766572")
     assert parse_domain(domain_xml("n", uid("99999999", 0))).nova_project is None
+    # only Nova's own elements: a <nova:project> under an <owner> or <instance> of another namespace is not Nova's
+    for forged in (NOVA.replace("<nova:owner>", "<o:owner xmlns:o='urn:evil'>").replace("</nova:owner>", "</o:owner>"),
+                   NOVA.replace("<nova:instance xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.1'>",
+                                "<e:instance xmlns:e='urn:evil' xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.1'>")
+                       .replace("</nova:instance>", "</e:instance>")):
+        assert parse_domain(domain_xml("n", uid("99999999", 1), raw_meta=forged)).nova_project is None, forged
     from vgpuhost.model.errors import InputError
     with pytest.raises(InputError, match="unknown qos"):
         parse_domain(domain_xml("n", uid("99999999", 0), raw_meta=meta.to_xml().replace("guaranteed", "gold")))

@@ -426,7 +426,9 @@ class _Reader:
             self.view.id = attrs.get("id")
         elif depth == 2 and parent == "metadata" and name == _META_ROOT:
             self._meta_root(attrs)
-        elif (depth == 4 and name.startswith(NOVA_NS) and name.endswith(" project") and parent.endswith(" owner")
+        elif (depth == 4 and name.startswith(NOVA_NS) and name.endswith(" project")
+              and parent.startswith(NOVA_NS) and parent.endswith(" owner")
+              and self.stack[2].startswith(NOVA_NS) and self.stack[2].endswith(" instance")
               and self.stack[1] == "metadata" and self.view.nova_project is None):
             self.nova, self.nova_uuid = [], attrs.get("uuid")
         elif name in (_META_VGPU, _META_PT):
