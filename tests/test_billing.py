@@ -389,6 +389,28 @@ BAD = {
     "reserved-unknown-dimension": (_sub("  vgpus: 0.50", "  gpus: 0.50"), 16, "unknown key 'gpus'"),
     "infinite": (_sub("sm_busy: 0.10", "sm_busy: .inf"), 14, "not a finite number"),
     "not-a-sheet": ("- 1\n- 2\n", 1, "not a vgpuhost price sheet"),
+    # money is the decimal text written: YAML 1.1 number forms a decimal reader would not take are refused
+    "octal-rate": (_sub("A40-8Q: 0.80", "A40-8Q: 010"), 7, "is written '010', which YAML 1.1 reads as 8"),
+    "sexagesimal-rate": (_sub("A40-8Q: 0.80", "A40-8Q: 1:30"), 7, "is written '1:30', which YAML 1.1 reads as 90"),
+    "hex-rate": (_sub("L40S-Q: 0.06", "L40S-Q: 0x10"), 9, "is written '0x10', which YAML 1.1 reads as 16"),
+    "underscore-rate": (_sub("mig_slice: 0.35", "mig_slice: 1_000"), 10, "which YAML 1.1 reads as 1000"),
+    "exponent-rate": (_sub("sm_busy: 0.10", "sm_busy: 1.0e-1"), 14, "is written '1.0e-1', which YAML 1.1 reads as 0.1"),
+    "exponent-string": (_sub("sm_busy: 0.10", "sm_busy: 1e3"), 14, "must be a number, found a string '1e3'"),
+    "leading-dot": (_sub("  vgpus: 0.50", "  vgpus: .5"), 16, "is written '.5', which YAML 1.1 reads as 0.5"),
+    "trailing-dot": (_sub("  vgpus: 0.50", "  vgpus: 1."), 16, "is written '1.', which YAML 1.1 reads as 1.0"),
+    "plus-sign": (_sub("  mig_slices: 0.30", "  mig_slices: +1"), 17, "is written '+1'"),
+    "quoted-octal": (_sub("A40-8Q: 0.80", "A40-8Q: '010'"), 7, "must be a number, found a string '010'"),
+    "more-digits-than-a-float": (_sub("A40-8Q: 0.80", "A40-8Q: 0.1234567890123456789"), 7,
+                                 "has 19 digits after the decimal point, more than 12"),
+    "too-many-integer-digits": (_sub("{up_to: 500, rate: 2.40}", "{up_to: 1234567890123, rate: 2.40}"), 12,
+                                "has 13 digits before the decimal point, more than 12"),
+    "octal-tier-bound": (_sub("{up_to: 500, rate: 2.40}", "{up_to: 0500, rate: 2.40}"), 12,
+                         "passthrough_gpu tier 1 up_to is written '0500', which YAML 1.1 reads as 320"),
+    "hex-tier-rate": (_sub("  - {rate: 1.90}", "  - {rate: 0x2}"), 13, "tier 2 rate is written '0x2'"),
+    "hex-surcharge": (_sub("burst_surcharge_percent: 25", "burst_surcharge_percent: 0x19"), 18,
+                      "burst_surcharge_percent is written '0x19', which YAML 1.1 reads as 25"),
+    "sexagesimal-discount": (_sub("discount_percent: 10", "discount_percent: 1:30"), 20,
+                             "discount_percent is written '1:30', which YAML 1.1 reads as 90"),
 }
 
 
@@ -444,6 +466,42 @@ def test_a_guarantee_is_charged_unused_and_covers_use_hour_by_hour():
     assert lines[("t", "covered")].quantity == Decimal(3) and lines[("t", "burst")].quantity == Decimal(1)
     assert lines[("t", "burst-surcharge")].amount == Decimal("0.10")
     assert b.totals == {"t": Decimal("361.10"), "idle": Decimal("180.00")}   # a guarantee unused is still paid
+
+
+def test_money_is_the_decimal_text_written_never_a_float():
+    # digits a float would lose are kept exactly (up to 12 after the point), in every money field
+    sheet = billing.parse_prices(
+        "version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 0.123456789012\n"
+        "  families: {L40S-Q: '0.000000000001'}\n"
+        "passthrough_gpu:\n  - {up_to: 999999999999.999999999999, rate: 123456789012.5}\n  - {rate: 0}\n"
+        "reserved: {vgpus: 100000000000.000000000001}\nburst_surcharge_percent: 12.345678901234\n"
+        "tenants: {acme: {discount_percent: 99.999999999999}}\n")
+    assert sheet.profiles["A40-8Q"][0].rate == Decimal("0.123456789012")
+    assert sheet.families["L40S-Q"][0].rate == Decimal("1E-12")
+    assert sheet.passthrough_gpu[0].up_to == Decimal("999999999999.999999999999")
+    assert sheet.passthrough_gpu[0].rate == Decimal("123456789012.5")
+    assert sheet.reserved["vgpus"] == Decimal("100000000000.000000000001")
+    assert sheet.burst_surcharge_percent == Decimal("12.345678901234")
+    assert sheet.discounts["acme"] == Decimal("99.999999999999")
+    # priced exactly: 1000 hours x 0.123456789012 = 123.456789012 -> 123.46
+    rows = [_row("2026-11-01T00:00:00Z", "v1", "t", "A40-8Q", 1000 * 3600.0)]
+    b = billing.price(rows, sheet, period="2026-11", start="2026-11-01T00:00:00Z", end="2026-12-01T00:00:00Z",
+                      hours=720, guarantees={})
+    (line,) = b.lines
+    assert line.rate == Decimal("0.123456789012") and line.amount == Decimal("123.46")
+
+
+@pytest.mark.parametrize("written,reads", [("010", "8"), ("1:30", "90"), ("0x10", "16"), ("1_000", "1000"),
+                                            ("0o10", None), ("1e3", None), ("1.5e+3", "1500.0"), (".5", "0.5"),
+                                            ("-.5", None), ("00", "0"), ("0.5_0", "0.5"), ("2026-11-01", None)])
+def test_a_yaml_number_form_is_refused_at_its_line(written, reads):
+    text = f"version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 1\n    A40-4Q: {written}\n"
+    with pytest.raises(Exception) as e:
+        billing.parse_prices(text, "p.yaml")
+    msg = str(e.value)
+    assert msg.startswith("p.yaml:6: allocated.profiles.A40-4Q ") and "\n" not in msg, msg
+    if reads is not None:
+        assert f"which YAML 1.1 reads as {reads}: not plain decimal text" in msg, msg
 
 
 def test_period_bounds():
