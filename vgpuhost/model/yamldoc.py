@@ -23,11 +23,20 @@ PathKey = Tuple[Any, ...]
 
 @dataclass
 class Located:
-    """Parsed data and a map ``path tuple -> 1-based line``."""
+    """Parsed data, a map ``path tuple -> 1-based line`` and, for every scalar value, the text
+    it was written as (``scalars``: ``path -> (text, style)``; see :meth:`scalar`)."""
 
     data: Any
     source: str
     lines: Dict[PathKey, int] = field(default_factory=dict)
+    scalars: Dict[PathKey, Tuple[str, str]] = field(default_factory=dict)
+
+    def scalar(self, path: Iterable[Any]) -> Optional[Tuple[str, str]]:
+        """``(text, style)`` of the scalar value at ``path`` as the document wrote it, before YAML
+        read it as a number, a boolean or a date: ``text`` is the scalar's content (a quoted one
+        without its quotes), ``style`` ``""`` for a plain scalar, else its indicator (``'``,
+        ``"``, ``|``, ``>``).  None where ``path`` is not a scalar of the document (a default)."""
+        return self.scalars.get(tuple(path))
 
     def line(self, path: Iterable[Any]) -> Optional[int]:
         """The line of ``path`` or of its nearest ancestor that has one."""
@@ -134,6 +143,7 @@ def load_located(text: str, source: str) -> Located:
             return result
         if isinstance(n, yaml.SequenceNode):
             return [walk(item, path + (i,)) for i, item in enumerate(n.value)]
+        out.scalars[path] = (n.value, n.style or "")
         return constructor.construct_object(n, deep=True)
 
     try:

@@ -23,6 +23,7 @@ and their audit rows.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional
@@ -31,6 +32,7 @@ from ..io import state as st
 from ..io.process import actor as process_actor
 from ..io.state import StateStore
 from ..model.errors import InputError
+from ..model.tenancy import NO_TENANT
 from ..model.yamldoc import shown
 from ..policy.billing import CURRENCIES, RESERVED_DIMS, Bill, PriceSheet, period_bounds, price
 from . import tenancy
@@ -144,9 +146,10 @@ def bill(store: StateStore, period: str, sheet: Optional[PriceSheet], *, tenant:
     when the period is issued (``sheet`` may then be None; ``sheet_differs`` says when the sheet
     given is not the one it was issued with), else priced now from the rollups with ``sheet``
     (status ``open``; ``complete`` false while metering has not passed the period's end).
-    ``tenant``: one tenant's part.  InputError: a bad period, no sheet for an open period, usage
-    the sheet has no rate for."""
+    ``tenant``: one tenant's part (``''`` or ``(no tenant)``: the use of domains naming no tenant).
+    InputError: a bad period, no sheet for an open period, usage the sheet has no rate for."""
     period_bounds(period)
+    tenant = tenant_arg(tenant) if tenant is not None else None
     row = st.issued_bill(store, period)
     if row is not None:
         doc = json.loads(row[4])
@@ -191,34 +194,69 @@ def issue(store: StateStore, period: str, sheet: PriceSheet, *, prices: Optional
     return with_adjustments(doc, [])
 
 
+#: an adjustment amount as ``--amount`` takes it: ASCII digits, an optional sign and fraction
+_AMOUNT_RE = re.compile(r"\A([+-]?)([0-9]+)(?:\.([0-9]+))?\Z")
+#: at most this many digits before the decimal point of an adjustment (below a trillion)
+AMOUNT_INT_DIGITS = 12
+#: at most this many characters of an adjustment's reason (one line of printable text)
+REASON_MAX = 500
+
+
 def parse_amount(text: str, currency_places: int) -> Decimal:
-    """An adjustment amount (``-12.50``, ``30``) as a Decimal with at most the currency's places;
-    InputError otherwise."""
-    try:
-        d = Decimal(text.strip())
-    except (InvalidOperation, AttributeError):
-        raise InputError(f"invalid amount {shown(text)}", hint="give a decimal amount, e.g. -12.50 or 30") from None
-    if not d.is_finite() or d == 0:
-        raise InputError(f"invalid amount {shown(text)}", hint="give a non-zero decimal amount, e.g. -12.50")
-    if -d.as_tuple().exponent > currency_places:
-        raise InputError(f"amount {d} has more decimal places than the currency's {currency_places}",
+    """An adjustment amount (``-12.50``, ``30``, ``+5``) as a Decimal: ASCII digits with an
+    optional sign and fraction, at most :data:`AMOUNT_INT_DIGITS` digits before the point and
+    ``currency_places`` after it, not zero; InputError otherwise (``1e3``, ``1_000``, ``.5``,
+    non-ASCII digits, spaces)."""
+    m = _AMOUNT_RE.match(text or "")
+    if not m:
+        raise InputError(f"invalid amount {shown(text)}: not a plain decimal amount",
+                         hint="give ASCII digits with an optional sign and fraction, e.g. -12.50 or 30 "
+                              "(no exponent, underscore, spaces or other digits)")
+    if len(m.group(2)) > AMOUNT_INT_DIGITS:
+        raise InputError(f"amount has {len(m.group(2))} digits before the decimal point, more than "
+                         f"{AMOUNT_INT_DIGITS}", hint="give an amount below 10^12 in the bill's currency")
+    if len(m.group(3) or "") > currency_places:
+        raise InputError(f"amount {shown(text)} has more decimal places than the currency's {currency_places}",
                          hint="round it to the currency's minor units")
+    d = Decimal(text)
+    if d == 0:
+        raise InputError(f"invalid amount {shown(text)}", hint="give a non-zero decimal amount, e.g. -12.50")
     return d
+
+
+def check_reason(reason: str) -> str:
+    """An adjustment's reason, stripped: one line of printable text, 1..:data:`REASON_MAX`
+    characters; InputError for an empty one, a longer one, or one with a control character
+    (a newline, a tab, an escape, a bidi override: anything ``str.isprintable`` refuses)."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise InputError("an adjustment needs a reason", hint="give --reason TEXT (it goes to the audit log)")
+    if len(reason) > REASON_MAX:
+        raise InputError(f"the reason is over {REASON_MAX} characters", hint="say it shorter")
+    bad = next((i for i, ch in enumerate(reason) if not ch.isprintable()), None)
+    if bad is not None:
+        raise InputError(f"the reason has a control character (U+{ord(reason[bad]):04X} at character {bad + 1})",
+                         hint="give one line of printable text: no newline, tab or other control character")
+    return reason
+
+
+def tenant_arg(tenant: str) -> str:
+    """A ``--tenant`` value as the bill stores it: ``(no tenant)`` (as the bill prints the use of
+    domains naming no tenant) and ``''`` both mean that untenanted use (``''``)."""
+    return "" if tenant.strip().lower() == NO_TENANT else tenant
 
 
 def adjust(store: StateStore, period: str, tenant: str, amount: str, reason: str, *,
            actor: Optional[str] = None, now: Optional[str] = None) -> Dict[str, Any]:
     """Append an adjustment of ``amount`` (decimal text, currency of the issued bill; negative: a
-    credit) for ``tenant`` to the issued bill of ``period``, with an audit row; the adjustment.
+    credit) for ``tenant`` (``''`` or ``(no tenant)``: the untenanted lines) to the issued bill of
+    ``period``, with an audit row; the adjustment.
 
-    Refused (InputError, nothing written): the period not issued, a tenant with no lines in it, an
-    empty reason, a bad amount (more places than the currency's minor units, zero, not a number)."""
+    Refused (InputError, nothing written): the period not issued, a tenant with no lines in it, a
+    bad reason (:func:`check_reason`), a bad amount (:func:`parse_amount`)."""
     period_bounds(period)
-    reason = (reason or "").strip()
-    if not reason:
-        raise InputError("an adjustment needs a reason", hint="give --reason TEXT (it goes to the audit log)")
-    if len(reason) > 500:
-        raise InputError("the reason is over 500 characters", hint="say it shorter")
+    reason = check_reason(reason)
+    tenant = tenant_arg(tenant)
     who = actor or _actor()
     when = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
     with store.transaction() as conn:
@@ -227,22 +265,40 @@ def adjust(store: StateStore, period: str, tenant: str, amount: str, reason: str
             raise InputError(f"the bill of {period} is not issued: an open period's bill follows the rollups",
                              hint=f"issue it first ('vgpuhost bill --prices FILE --period {period} --issue')")
         doc = json.loads(row[4])
+        d = parse_amount(amount, CURRENCIES.get(doc["currency"], 2))
         billed = {t["tenant"].lower(): t["tenant"] for t in doc["totals"]}
         if tenant.lower() not in billed:
-            raise InputError(f"tenant {shown(tenant)} has no lines in the issued bill of {period}",
-                             hint="tenants billed: " + (", ".join(repr(t) for t in sorted(billed.values())) or "none"))
+            who_t = (NO_TENANT if not tenant else shown(tenant))
+            raise InputError(f"tenant {who_t} has no lines in the issued bill of {period}",
+                             hint="give --tenant as one of the tenants billed: "
+                                  + (", ".join(repr(t) if t else f"'{NO_TENANT}'" for t in sorted(billed.values()))
+                                     or "none"))
         tenant = billed[tenant.lower()]
-        d = parse_amount(amount, CURRENCIES.get(doc["currency"], 2))
         aid = store.audit(actor=who, operation=f"bill adjust {period}", path="(bills)",
-                          value=f"tenant {tenant}: {format(d, 'f')} {doc['currency']}: {reason}", conn=conn)
+                          value=f"tenant {tenant or NO_TENANT}: {format(d, 'f')} {doc['currency']}: {reason}",
+                          conn=conn)
         adj_id = st.add_bill_adjustment(conn, period, tenant, format(d, "f"), reason, who, when, aid)
     return {"id": adj_id, "period": period, "tenant": tenant, "amount": format(d, "f"), "currency": doc["currency"],
             "reason": reason, "actor": who, "time": when, "audit_id": aid}
 
 
+#: CSV columns that hold text (the others are decimal text or counts): :func:`csv_safe` applies
+_CSV_TEXT = {"period", "status", "tenant", "item", "key", "kind", "unit", "currency", "source_first_hour",
+             "source_last_hour", "source_devices", "note", "prices_sha256"}
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(cell: Any) -> Any:
+    """A text cell as the CSV export writes it: one a spreadsheet would run as a formula (it starts
+    with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return) gets a leading ``'`` (OWASP's
+    advice against CSV injection); anything else unchanged."""
+    return "'" + cell if isinstance(cell, str) and cell.startswith(_FORMULA_START) else cell
+
+
 def csv_rows(doc: Dict[str, Any]) -> List[List[Any]]:
     """The CSV export's rows (:data:`CSV_COLUMNS`) of a bill document: its lines, then its
-    adjustments (item ``adjustment``, key the adjustment's id)."""
+    adjustments (item ``adjustment``, key the adjustment's id); text cells through :func:`csv_safe`
+    (a cell a spreadsheet would take for a formula gets a leading ``'``), decimal cells as they are."""
     out = []
     for ln in doc["lines"]:
         s = ln["source"]
@@ -254,8 +310,12 @@ def csv_rows(doc: Dict[str, Any]) -> List[List[Any]]:
         out.append([doc["period"], doc["status"], a["tenant"], "adjustment", str(a["id"]), "", 0, "1",
                     doc["currency"], a["amount"], a["amount"], doc["currency"], 0, "", "", "", "0", a["reason"],
                     doc["prices_sha256"]])
+    text = [i for i, c in enumerate(CSV_COLUMNS) if c in _CSV_TEXT]
+    for r in out:
+        for i in text:
+            r[i] = csv_safe(r[i])
     return out
 
 
-__all__ = ["bill", "issue", "adjust", "document", "csv_rows", "guarantees", "metered_until", "CSV_COLUMNS",
-           "SCHEMA", "parse_amount"]
+__all__ = ["bill", "issue", "adjust", "document", "csv_rows", "csv_safe", "guarantees", "metered_until", "CSV_COLUMNS",
+           "SCHEMA", "parse_amount", "check_reason", "tenant_arg", "AMOUNT_INT_DIGITS", "REASON_MAX"]

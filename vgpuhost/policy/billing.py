@@ -8,8 +8,10 @@ gaps and the tenants' guarantees into a :class:`Bill` of lines, each naming
 its quantity, unit, rate, amount and the rollup rows it came from.
 
 Money is exact: every rate, quantity and amount is a :class:`decimal.Decimal`
-(never a float); rates are read from the sheet's text as written (a YAML
-number keeps the digits it was written with, up to 15 significant digits).
+(never a float); rates, tier bounds and percentages are built from the
+sheet's text as written (plain decimal text, at most 12 digits before and 12
+after the point; YAML 1.1 forms such as ``010``, ``0x10``, ``1_000``, ``1:30``,
+``1e3`` or ``.5`` are refused, never read as the number YAML would make).
 Quantities are rounded to :data:`QUANTITY_PLACES` decimal places (half-even)
 before they are priced, each line's amount to the currency's minor units
 with the sheet's rounding (``half-up`` or ``half-even``, banker's), and a
@@ -27,11 +29,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date as _date
-from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io.yamlutil import read_text_file
@@ -131,7 +134,12 @@ _TIER = {"up_to", "rate"}
 _TENANT = {"discount_percent"}
 _FAMILY_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9 ]*(?:-[A-Za-z0-9 ]+)*-[A-Za-z]{1,2}\Z")
 _TENANT_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
-_DECIMAL_TEXT = re.compile(r"\A[0-9]+(\.[0-9]+)?\Z")
+#: money and bounds as a sheet writes them: plain decimal text (a sign only to say "negative" in the refusal)
+MONEY_TEXT = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?"
+_DECIMAL_TEXT = re.compile(r"\A" + MONEY_TEXT + r"\Z")
+#: at most this many digits before / after the decimal point of a sheet's number
+MAX_INT_DIGITS = 12
+MAX_FRACTION_DIGITS = 12
 
 
 class _SheetParser:
@@ -155,18 +163,31 @@ class _SheetParser:
 
     def number(self, value: Any, path: tuple, what: str, *, high: Optional[Decimal] = None,
                positive: bool = False) -> Decimal:
-        """A decimal >= 0 (> 0 with ``positive``; <= ``high``) from a YAML number or decimal text."""
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
-                isinstance(value, str) and not _DECIMAL_TEXT.match(value.strip())):
+        """A decimal >= 0 (> 0 with ``positive``; <= ``high``) built from the value's text as the
+        sheet wrote it (never from the float YAML would read): plain or quoted decimal text,
+        :data:`MONEY_TEXT`, at most :data:`MAX_INT_DIGITS` digits before the point and
+        :data:`MAX_FRACTION_DIGITS` after it.  YAML 1.1 number forms a plain decimal reader
+        would not take (``010``, ``0x10``, ``1_000``, ``1:30``, ``1e3``, ``.5``) are refused."""
+        raw = self.loc.scalar(path)
+        text, style = raw if raw is not None else (str(value), "")      # None: a default, not written
+        if isinstance(value, (bool, dict, list)) or value is None or \
+                (isinstance(value, str) and not _DECIMAL_TEXT.match(text)):
             raise self.err(path, f"{what} must be a number, found {kind_of(value)} {shown(value)}",
                            hint="write it as a decimal number, e.g. 0.85")
-        try:
-            d = Decimal(repr(value) if isinstance(value, float) else str(value).strip())
-        except InvalidOperation:
-            raise self.err(path, f"{what} must be a number, found {shown(value)}",
-                           hint="write it as a decimal number, e.g. 0.85") from None
-        if not d.is_finite():
+        if isinstance(value, float) and not math.isfinite(value):
             raise self.err(path, f"{what} is not a finite number", hint="write a decimal number, e.g. 0.85")
+        if style in ("|", ">") or not _DECIMAL_TEXT.match(text):
+            reads = f", which YAML 1.1 reads as {shown(value)}" if isinstance(value, (int, float)) else ""
+            raise self.err(path, f"{what} is written {shown(text)}{reads}: not plain decimal text",
+                           hint="write digits with an optional fraction, e.g. 0.85 or 8 (no leading zero, "
+                                "exponent, underscore, hex, sexagesimal 1:30 or leading dot)")
+        whole, _, frac = text.lstrip("-").partition(".")
+        for n, most, where in ((len(whole), MAX_INT_DIGITS, "before"), (len(frac), MAX_FRACTION_DIGITS, "after")):
+            if n > most:
+                raise self.err(path, f"{what} has {n} digits {where} the decimal point, more than {most}",
+                               hint=f"write at most {MAX_INT_DIGITS} digits before the point and "
+                                    f"{MAX_FRACTION_DIGITS} after it")
+        d = Decimal(text)
         if d < 0:
             raise self.err(path, f"{what} is negative ({d})",
                            hint="rates, percentages and tier bounds are >= 0; a credit is a 'bill adjust'")
