@@ -324,6 +324,9 @@ def test_expensive_reads_over_the_budget_get_429_with_retry_after_and_the_hook_i
     assert doc["error"]["line"].startswith("uid 0 already runs 2 expensive reads")
     cfg = json.dumps({"config": open(A40_CONFIG).read()}).encode()
     assert _answer(_post(ro, "/v1/plan", cfg))[0] == 429
+    # the audit log is read whole per request: an expensive read too (finding 4)
+    status, _headers, doc = _answer(_raw(ro, b"GET /v1/audit HTTP/1.1\r\n\r\n"))
+    assert status == 429 and doc["error"]["line"].startswith("uid 0 already runs 2 expensive reads")
     assert agentclient.call(ro, "GET", "/v1/agent")[0] == 200              # cheap reads are not limited
     # the hook's prepare and release do not wait behind the readers
     dom, mdev = str(uuidlib.uuid4()), str(uuidlib.uuid4())

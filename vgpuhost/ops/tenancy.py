@@ -906,6 +906,12 @@ def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Grant
     rows: Dict[str, int] = {}
     who = actor or _actor()
     with store.transaction() as conn:
+        theirs = {row[0] for row in store.allocation_rows(conn) if row[1] != me}
+        taken = [gr.device for gr in granted if gr.device in theirs]
+        if taken:
+            # another owner's allocation is never replaced (its tenant's quota would lose it)
+            raise RefusedError(f"vGPU UUID {taken[0]} is taken; omit its UUID for a new one",
+                               hint="a new device needs a UUID no device uses; nothing was changed")
         for gr in granted:
             a = adm.allocation(gr.device, me, gr.decision.gpu or "", gr.demand, gr.decision)
             store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
@@ -927,7 +933,8 @@ def void_admitted(store: StateStore, owner: str, rows: Mapping[str, int], error:
     """A start admitted as ``rows`` (:func:`record_admitted`) failed and its devices were undone: in one
     transaction, drop the allocation rows of the devices ``owner`` no longer holds, or held before the
     start (``before``: made for it in advance, left as they were, unadmitted), and give each admission
-    row its outcome (``refused`` for a refusal, else ``failed``; the line says why)."""
+    row its outcome (``refused`` for a refusal, else ``failed``; the line says why).  Only rows ``owner``
+    holds are dropped: another owner's allocation of the same device is never touched."""
     from ..model.errors import VgpuhostError
     held = _held_by(store, owner)
     gone = [d for d in rows if d not in held or d in before]
@@ -935,7 +942,7 @@ def void_admitted(store: StateStore, owner: str, rows: Mapping[str, int], error:
     why = error.message if isinstance(error, VgpuhostError) else (type(error).__name__ + (f": {error}" if str(error)
                                                                                           else ""))
     with store.transaction() as conn:
-        store.delete_allocations(conn, devices=gone)
+        store.delete_allocations(conn, devices=gone, of_owner=owner)
         for device, row in rows.items():
             left = "" if device in gone else " (the device is still held: the undo failed)"
             store.audit_outcome(row, detail=f" -> not made, the start {result}: {why[:300]}{left}", result=result,
