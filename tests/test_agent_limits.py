@@ -285,8 +285,8 @@ def test_read_budget_limits_concurrency_and_cpu_per_peer():
     now = [100.0]
     b = ReadBudget(per_peer=2, burst_s=2.0, rate=0.25, clock=lambda: now[0])
     assert b.begin(1000) is None and b.begin(1000) is None
-    assert b.begin(1000) == ("uid 1000 already runs 2 expensive reads (inventory, types, capacity, metrics, plan, "
-                             "assert) at once, the most one caller may", 1)
+    assert b.begin(1000) == ("uid 1000 already runs 2 expensive reads (inventory, types, capacity, audit, metrics, "
+                             "plan, assert) at once, the most one caller may", 1)
     assert b.begin(1001) is None                    # another peer has its own
     b.end(1000, 0.5)
     assert b.begin(1000) is None                    # a slot came back
