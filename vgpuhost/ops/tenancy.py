@@ -906,10 +906,11 @@ def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Grant
     rows: Dict[str, int] = {}
     who = actor or _actor()
     with store.transaction() as conn:
-        theirs = {row[0] for row in store.allocation_rows(conn) if row[1] != me}
-        taken = [gr.device for gr in granted if gr.device in theirs]
+        theirs = {row[0]: row[1] for row in store.allocation_rows(conn) if row[1] != me}
+        # another owner's allocation of a device it still holds is never replaced (its tenant's quota would
+        # lose it); a row left by a device no longer held (a start killed before reconcile) is, as before
+        taken = [gr.device for gr in granted if gr.device in theirs and gr.device in _held_by(store, theirs[gr.device])]
         if taken:
-            # another owner's allocation is never replaced (its tenant's quota would lose it)
             raise RefusedError(f"vGPU UUID {taken[0]} is taken; omit its UUID for a new one",
                                hint="a new device needs a UUID no device uses; nothing was changed")
         for gr in granted:
