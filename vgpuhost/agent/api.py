@@ -853,6 +853,15 @@ _NAMED_AT = (("actor", re.compile(r"^hook (?P<n>.+?) pid=\d+$")),
              ("operation", re.compile(r"^admission (?P<n>.+) (?P<id>\S+)$")),
              ("value", re.compile(r"domain '(?P<n>[^']*)'")))
 _AUDIT_FIELDS = ("actor", "operation", "path", "value")
+#: an audit operation naming a vGPU made or removed for a domain (no ``id``: the row's value is the vGPU's id)
+_DEVICE_OF = re.compile(r"^(?:vgpu remove (?P<id>\S+)|vgpu create \S+) owner=(?P<owner>\S+)$")
+
+
+def known_domains(store: StateStore) -> set:
+    """Every domain UUID the store knows: running, bound, owning a vGPU or a GPU, or holding allocations."""
+    return set(store.active_domains()) | {r.owner for r in store.vgpu_records()} | \
+        {r.owner for r in store.passthrough_records() if r.owner} | {row[1] for row in store.allocation_rows()} | \
+        {row[0] for row in store.binding_rows()}
 
 
 class AuditScope:
@@ -878,7 +887,18 @@ class AuditScope:
         ids |= {r.id.lower() for r in store.vgpu_records() if r.owner in mine}
         ids |= {p.gpu for p in store.passthrough_records() if p.owner in mine}
         ids |= {row[0].lower() for row in store.allocation_rows() if row[1] in mine}
+        # the devices the log records for them since (made, then removed or released): ``vgpu create|remove
+        # ... owner=UUID`` and ``admission UUID ID`` (the agent's allocate) name them
+        domains = {d.lower() for d in mine}
+        for row in rows:
+            op = str(row.get("operation") or "")
+            m = _DEVICE_OF.match(op)
+            if m and m.group("owner").lower() in domains:
+                made = m.group("id") or str(row.get("value") or "")
+                if _is_uuid(made.lower()):
+                    ids.add(made.lower())
         self.ids = ids
+        self.domains = {d.lower() for d in known_domains(store)}
         self.devices = {r.id.lower() for r in store.vgpu_records()} | \
             {row[0].lower() for row in store.allocation_rows()}
         names = store.active_domains()
@@ -895,6 +915,8 @@ class AuditScope:
         for row in rows:
             for field, rx in _NAMED_AT:
                 for m in rx.finditer(str(row.get(field) or "")):
+                    if _is_uuid(m.group("n").lower()):
+                        continue        # a domain named by its UUID: the UUIDs' rule decides
                     seen.add(m.group("n"))
                     if "id" in rx.groupindex and m.group("id").lower() in ids:
                         my_names.add(m.group("n"))
@@ -922,7 +944,11 @@ class AuditScope:
         u = m.group(0).lower()
         if u in self.ids:
             return m.group(0)
-        return "(another vGPU)" if u in self.devices else "(another domain)"
+        if u in self.devices:
+            return "(another vGPU)"
+        before = m.string[max(0, m.start() - 8):m.start()]
+        domain = u in self.domains or before.endswith(("owner=", "domain ", "bind ", "admission "))
+        return "(another domain)" if domain else "(another vGPU)"
 
     def _tenant_value(self, m: "re.Match[str]") -> str:
         return m.group(0) if m.group(2).lower() == self.me.lower() else m.group(1) + "(another tenant)"
@@ -933,7 +959,8 @@ class AuditScope:
         out = value
         for field, rx in _NAMED_AT:
             if field == key:
-                out = rx.sub(lambda m: m.group(0) if m.group("n") in self.my_names else
+                out = rx.sub(lambda m: m.group(0) if m.group("n") in self.my_names or _is_uuid(m.group("n").lower())
+                             else
                              m.group(0)[:m.start("n") - m.start(0)] + "(another domain)" +
                              m.group(0)[m.end("n") - m.start(0):], out)
         out = _ANY_UUID.sub(self._uuid, out)
