@@ -283,6 +283,22 @@ def bind_domain(store: StateStore, uri: Optional[str], domain: str, tenant: Opti
     Raises as they do, and InputError for a domain libvirt does not know, HostEnvironmentError when
     libvirt cannot be reached."""
     from ..io import virt
+    from ..model.errors import VgpuhostError
+    from ..model.values import parse_uuid
+    if unbind_it:
+        # a bound UUID is unbound whatever libvirt says of it (undefined, or libvirt unreachable): the
+        # binding is the store's; libvirt only gives the audit row its name
+        try:
+            bound = parse_uuid(domain)
+        except VgpuhostError:
+            bound = None
+        if bound is not None and store.binding(bound) is not None:
+            try:
+                with virt.open_connection(virt.default_uri(uri)) as conn:
+                    _, name = _domain_ref(conn, store, domain)
+            except VgpuhostError:
+                name = None
+            return unbind(store, bound, name=name, actor=actor, dry_run=dry_run)
     with virt.open_connection(virt.default_uri(uri)) as conn:
         uuid, name = _domain_ref(conn, store, domain)
     if unbind_it:
