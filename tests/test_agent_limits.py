@@ -342,6 +342,20 @@ def test_expensive_reads_over_the_budget_get_429_with_retry_after_and_the_hook_i
     assert doc["error"]["line"].startswith("uid 0 has spent its CPU budget for expensive reads")
 
 
+def test_the_read_only_and_tenant_sockets_threads_are_niced_and_the_admins_are_not(inproc, monkeypatch):
+    """Finding 4: a flood of tenant reads must not slow the hook's prepare on the admin socket."""
+    h, proc, admin, ro = inproc
+    niced = []
+    monkeypatch.setattr(server, "_nice_this_thread", lambda nice: niced.append(nice))
+    tenant = os.path.join(os.path.dirname(admin), server.TENANT_SOCKET)
+    for path in (admin, ro, tenant):
+        before = len(niced)
+        assert agentclient.call(path, "GET", "/v1/agent")[0] == 200
+        niced.append((path, len(niced) - before))
+    assert [x for x in niced if isinstance(x, tuple)] == [(admin, 0), (ro, 1), (tenant, 1)]
+    assert server.READ_NICE in niced
+
+
 # ---------------------------------------------------------------------------
 # SIGTERM under load; the metrics listener under a burst
 

@@ -284,7 +284,8 @@ def domains_doc(store: StateStore) -> Dict[str, Any]:
     return {"schema": SCHEMA_DOMAINS, "domains": out}
 
 
-#: the end of a whole token in free text (an audit row, an error line): a following ``:`` or ``.`` ends it when no word character follows
+#: the end of a whole token in free text (an audit row, an error line): a following ``:`` or ``.`` ends it
+#: when no word character follows
 #: (``domain UUID: tenant=...``), as a space does
 _AFTER = r"(?![\w+-]|[.:][\w])"
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

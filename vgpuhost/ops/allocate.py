@@ -64,8 +64,8 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
         inv = inventory()
         # before admission records anything: a UUID already in use is refused whoever holds it (the same
         # line for the caller's own vGPU and another's), so no allocation row of another device is touched
-        if uuid is not None and (store.vgpu_records(vgpu_id=vid) or any(row[0] == vid for row in store.allocation_rows())
-                                 or any(m.uuid == vid for m in inv.mdevs)):
+        if uuid is not None and (store.vgpu_records(vgpu_id=vid) or any(m.uuid == vid for m in inv.mdevs)
+                                 or any(row[0] == vid for row in store.allocation_rows())):
             raise refuse(f"vGPU UUID {vid} is taken; omit vgpu_uuid for a new one",
                          "a new vGPU needs a UUID no vGPU uses; nothing was changed")
         if gpu is not None and allowed is not None and gpu not in allowed:
@@ -77,7 +77,8 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
         if dry_run:
             at = gpu
             if tenancy.active(store):
-                granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding, allowed=allowed,
+                granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding,
+                                               allowed=allowed,
                                                limits_for=limits_for, policies=policies)
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
             return make(at, True)

@@ -925,7 +925,8 @@ def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Grant
         theirs = {row[0]: row[1] for row in store.allocation_rows(conn) if row[1] != me}
         # another owner's allocation of a device it still holds is never replaced (its tenant's quota would
         # lose it); a row left by a device no longer held (a start killed before reconcile) is, as before
-        taken = [gr.device for gr in granted if gr.device in theirs and gr.device in _held_by(store, theirs[gr.device])]
+        taken = [gr.device for gr in granted
+                 if gr.device in theirs and gr.device in _held_by(store, theirs[gr.device])]
         if taken:
             raise RefusedError(f"vGPU UUID {taken[0]} is taken; omit its UUID for a new one",
                                hint="a new device needs a UUID no device uses; nothing was changed")
