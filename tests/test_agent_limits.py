@@ -301,8 +301,8 @@ def test_read_budget_limits_concurrency_and_cpu_per_peer():
     now = [100.0]
     b = ReadBudget(per_peer=2, burst_s=2.0, rate=0.25, clock=lambda: now[0])
     assert b.begin(1000) is None and b.begin(1000) is None
-    assert b.begin(1000) == ("uid 1000 already runs 2 expensive reads (inventory, types, capacity, metrics, plan, "
-                             "assert) at once, the most one caller may", 1)
+    assert b.begin(1000) == ("uid 1000 already runs 2 expensive reads (inventory, types, capacity, audit, metrics, "
+                             "plan, assert) at once, the most one caller may", 1)
     assert b.begin(1001) is None                    # another peer has its own
     b.end(1000, 0.5)
     assert b.begin(1000) is None                    # a slot came back
@@ -340,6 +340,9 @@ def test_expensive_reads_over_the_budget_get_429_with_retry_after_and_the_hook_i
     assert doc["error"]["line"].startswith("uid 0 already runs 2 expensive reads")
     cfg = json.dumps({"config": open(A40_CONFIG).read()}).encode()
     assert _answer(_post(ro, "/v1/plan", cfg))[0] == 429
+    # the audit log is read whole per request: an expensive read too (finding 4)
+    status, _headers, doc = _answer(_raw(ro, b"GET /v1/audit HTTP/1.1\r\n\r\n"))
+    assert status == 429 and doc["error"]["line"].startswith("uid 0 already runs 2 expensive reads")
     assert agentclient.call(ro, "GET", "/v1/agent")[0] == 200              # cheap reads are not limited
     # the hook's prepare and release do not wait behind the readers
     dom, mdev = str(uuidlib.uuid4()), str(uuidlib.uuid4())
@@ -353,6 +356,20 @@ def test_expensive_reads_over_the_budget_get_429_with_retry_after_and_the_hook_i
     status, headers, doc = _answer(_raw(ro, b"GET /v1/inventory HTTP/1.1\r\n\r\n"))
     assert status == 429 and int(headers["retry-after"]) > 100
     assert doc["error"]["line"].startswith("uid 0 has spent its CPU budget for expensive reads")
+
+
+def test_the_read_only_and_tenant_sockets_threads_are_niced_and_the_admins_are_not(inproc, monkeypatch):
+    """Finding 4: a flood of tenant reads must not slow the hook's prepare on the admin socket."""
+    h, proc, admin, ro = inproc
+    niced = []
+    monkeypatch.setattr(server, "_nice_this_thread", lambda nice: niced.append(nice))
+    tenant = os.path.join(os.path.dirname(admin), server.TENANT_SOCKET)
+    for path in (admin, ro, tenant):
+        before = len(niced)
+        assert agentclient.call(path, "GET", "/v1/agent")[0] == 200
+        niced.append((path, len(niced) - before))
+    assert [x for x in niced if isinstance(x, tuple)] == [(admin, 0), (ro, 1), (tenant, 1)]
+    assert server.READ_NICE in niced
 
 
 # ---------------------------------------------------------------------------

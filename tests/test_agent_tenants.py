@@ -253,6 +253,142 @@ def test_a_tenant_member_cannot_change_another_tenants_domain(world):
     assert (world.mdevs(), world.owners(), len(world.store().audit_rows())) == before
 
 
+D4, M4 = "11111111-2222-4333-8444-0000000000e4", "aaaaaaaa-2222-4333-8444-0000000000e4"
+D6, M6 = "11111111-2222-4333-8444-0000000000e6", "aaaaaaaa-2222-4333-8444-0000000000e6"
+
+
+def test_an_allocate_naming_a_taken_vgpu_uuid_is_refused_before_anything_is_recorded(world):
+    """Finding 1: another tenant's running vGPU's UUID, or its own: one line either way, a refused row,
+    nobody's allocation row touched (the other tenant keeps its usage and its quota holds)."""
+    t = world.run.tenant
+    rows_before = sorted(world.store().allocation_rows())
+    before = (world.mdevs(), world.owners(), rows_before)
+    n = len(world.store().audit_rows())
+    got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "vgpu_uuid": M2}),
+                                  _post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "vgpu_uuid": M1}),
+                                  _get(t, "/v1/usage")], docs=True)
+    (s1, theirs), (s2, own), (_, usage) = got
+    assert (s1, s2) == (409, 409), got
+    assert theirs["error"]["line"].startswith(f"vGPU UUID {M2} is taken; omit vgpu_uuid for a new one")
+    assert theirs["error"]["line"].replace(M2, "X") == own["error"]["line"].replace(M1, "X")
+    assert (world.mdevs(), world.owners(), sorted(world.store().allocation_rows())) == before
+    t2_row = [row for row in world.store().allocation_rows() if row[0] == M2]
+    assert [r[1:3] for r in t2_row] == [(D2, "t2")]
+    admin_usage = {u["tenant"]: u["usage"]["vgpus"]["used"] for u in world.run.call("GET", "/v1/usage")[1]["tenants"]}
+    assert admin_usage["t2"] == 1 and admin_usage["t1"] == 1
+    assert usage["tenants"][0]["usage"]["vgpus"]["used"] == 1
+    new = world.store().audit_rows()[n:]
+    assert [r.result for r in new] == ["refused", "refused"] and not any(r.result == "admitted" for r in new)
+
+
+def test_the_rollback_of_an_admission_drops_only_the_admitted_domains_rows(world):
+    """void_admitted never deletes another owner's allocation row of the same device, and record_admitted
+    never replaces one."""
+    from vgpuhost.ops import tenancy
+    s = world.store()
+    rows = {row[0]: row for row in s.allocation_rows()}
+    assert rows[M2][1] == D2
+    row_id = s.audit(actor="test", operation="test rollback", path="(admission)", value="", result="admitted")
+    tenancy.void_admitted(s, D1, {M2: row_id}, RuntimeError("boom"))
+    assert {row[0]: row for row in s.allocation_rows()} == rows
+    assert s.audit_rows()[-1].result == "failed"
+
+
+def test_a_tenant_member_reads_no_other_tenants_audit_rows_or_names(world):
+    """Finding 2: rows chosen by exact identifiers, every shown field redacted."""
+    from vgpuhost.ops import tenancy
+    run, t = world.run, world.run.tenant
+    root = str(world.host.root)
+    # t2's domain named like t1's in another case, started and stopped: the audit names it, nothing running does
+    _bind(root, D4, "t2", "VM-A")
+    meta = Metadata(tenant="t2", vgpus=[VgpuRequest("A40-8Q", uuid=M4)])
+    xml4 = domain_xml("VM-A", D4, meta, [mdev_hostdev(M4)])
+    assert run.call("POST", "/v1/hook/prepare", {"xml": xml4, "name": "VM-A"})[0] == 200
+    assert run.call("POST", "/v1/hook/release", {"xml": xml4, "name": "VM-A"})[0] == 200
+    # t2's domain 'web' whose metadata names t1 (refused), then moved to t1: its bind rows say tenant=t2
+    _bind(root, D6, "t2", "web")
+    xml6 = domain_xml("web", D6, Metadata(tenant="t1", vgpus=[VgpuRequest("A40-8Q", uuid=M6)]), [mdev_hostdev(M6)])
+    assert run.call("POST", "/v1/hook/prepare", {"xml": xml6, "name": "web"})[0] == 409
+    _bind(root, D6, "t1", "web")
+    # a t1 domain named like a profile (bound, never started)
+    d7 = "11111111-2222-4333-8444-0000000000e7"
+    _bind(root, d7, "t1", "A40-8Q")
+    try:
+        (status, audit), = world.as_user("alice", [_get(t, "/v1/audit")], docs=True)
+    finally:
+        s = world.store()
+        for d in (D6, d7):
+            tenancy.unbind(s, d)
+    assert status == 200
+    text = json.dumps(audit["rows"])
+    for theirs in (D2, M2, D3, M3, D4, M4, M6, "VM-A", "vm-b", "vm-c", "t2", "ml-team"):
+        assert theirs not in text, theirs
+    mine = (D1, M1, D6, d7)
+    for r in audit["rows"]:
+        fields = r["operation"] + " " + r["path"] + " " + r["value"]
+        assert any(x in fields for x in mine) or r["operation"] == "tenant add t1", r
+        assert not (r["operation"].startswith("vgpu create A40-8Q") and D1 not in r["operation"]), r
+    values = [r["value"] for r in audit["rows"] if D6 in r["value"]]
+    assert any("(was: tenant=(another tenant)" in v for v in values), values
+    assert any("tenant=(another tenant)" in v and "was" not in v for v in values), json.dumps(audit["rows"], indent=1)
+    # the refused start of t2's 'web' names t1 in its metadata, but is not t1's row
+    assert not [r for r in audit["rows"] if r["operation"].startswith("admission") and M6 in text]
+    # an admin reads them all, names included
+    admin = run.call("GET", "/v1/audit")[1]["rows"]
+    assert any(r["operation"] == f"admission VM-A {M4}" for r in admin)
+    assert any("tenant=t2" in r["value"] and D6 in r["value"] for r in admin)
+
+
+def test_an_error_line_echoes_the_callers_input_whether_or_not_it_names_something(world):
+    """Finding 3: an unknown name and another tenant's (domain, tenant) name give the same answer."""
+    t = world.run.tenant
+    got = world.as_user("alice", [_post(t, "/v1/domains/vm-b/release"), _post(t, "/v1/domains/zzz/release"),
+                                  _post(t, "/v1/domains/t2/allocate", {"profile": "A40-8Q"}),
+                                  _post(t, "/v1/domains/nope/allocate", {"profile": "A40-8Q"}),
+                                  _get(t, "/v1/types?gpu=vm-b"), _get(t, "/v1/types?gpu=zzz")], docs=True)
+    lines = [(s, doc["error"]["line"]) for s, doc in got]
+    assert lines[0] == (400, "invalid UUID 'vm-b'") or lines[0][1].startswith("invalid UUID 'vm-b'"), lines
+    for (sa, a), (sb, b), (na, nb) in ((lines[0], lines[1], ("vm-b", "zzz")), (lines[2], lines[3], ("t2", "nope")),
+                                       (lines[4], lines[5], ("vm-b", "zzz"))):
+        assert sa == sb and na in a and a.replace(na, "X") == b.replace(nb, "X"), (a, b)
+    assert "another" not in repr(lines)
+
+
+def test_a_tenant_allocate_keeps_to_the_hook_allow_list(world):
+    """Finding 5: placement only on allowed GPUs; a pinned GPU outside the list is refused."""
+    from vgpuhost.ops import devices
+    t = world.run.tenant
+    allow = Path(devices.allow_path(world.host))
+    allow.parent.mkdir(parents=True, exist_ok=True)
+    allow.write_text("0000:41:00.0\n")          # vm-a's vGPU is there already: no room for a second of vm-a's
+    before = (world.mdevs(), world.owners(), sorted(world.store().allocation_rows()))
+    try:
+        got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q"}),
+                                      _post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q",
+                                                                              "gpu": "0000:c1:00.0"})], docs=True)
+    finally:
+        allow.unlink()
+    (s1, free), (s2, pinned) = got
+    assert (s1, s2) == (409, 409), got
+    assert pinned["error"]["line"].startswith("GPU 0000:c1:00.0 is not in the hook allow-list"), pinned
+    assert (world.mdevs(), world.owners(), sorted(world.store().allocation_rows())) == before
+    # without the list the same request goes to 0000:c1:00.0 (a dry run: nothing made)
+    (s3, dry), = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q",
+                                                                                  "dry_run": True})], docs=True)
+    assert (s3, dry["gpu"]) == (200, "0000:c1:00.0"), dry
+
+
+def test_a_tenant_member_sees_no_host_paths_or_host_wide_counters(world):
+    """Finding 8i."""
+    (s, doc), = world.as_user("alice", [_get(world.run.tenant, "/v1/agent")], docs=True)
+    assert s == 200 and (doc["role"], doc["tenant"]) == ("tenant", "t1")
+    for key in ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits"):
+        assert key not in doc, key
+    assert str(world.host.root) not in json.dumps(doc)
+    admin = world.run.call("GET", "/v1/agent")[1]
+    assert admin["root"] == str(world.host.root) and admin["served"]
+
+
 def test_a_tenant_member_allocates_for_its_domain_within_quota_and_releases_it(world):
     t = world.run.tenant
     got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "dry_run": True}),
@@ -273,8 +409,14 @@ def test_a_tenant_member_allocates_for_its_domain_within_quota_and_releases_it(w
     assert usage["tenants"][0]["usage"]["vgpus"]["used"] == 2
     assert sorted(world.owners().values()) == sorted([D1, D1, D2, D3])
     audit = world.store().audit_rows()
-    assert [r.result for r in audit if r.operation.startswith(f"admission {D1}")] == ["admitted", "refused"]
-    # its own domain's release: both of vm-a's vGPUs go; the others' stay
+    # (the allow-list test's refusal came before: the last two are this test's)
+    assert [r.result for r in audit if r.operation.startswith(f"admission {D1}")][-2:] == ["admitted", "refused"]
+    # its own running domain's release is refused (finding 6): the hook releases a running domain's devices
+    (s, out), = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/release")], docs=True)
+    assert s == 409 and out["error"]["line"].startswith(f"domain {D1} is running"), out
+    assert world.owners()[new] == D1 and world.owners()[M1] == D1 and D1 in world.store().active_domains()
+    # once it is no longer recorded running: both of vm-a's vGPUs go; the others' stay
+    world.store().domain_stopped(D1)
     (s, out), = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/release")], docs=True)
     assert s == 200 and sorted(out["released"]) == sorted([M1, new])
     assert world.owners() == {M2: D2, M3: D3} and set(world.mdevs()) == {M2, M3}

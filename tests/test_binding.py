@@ -276,10 +276,18 @@ def test_the_agent_binds_through_its_admin_api_and_the_read_only_socket_may_not(
         assert (b[1], b[2]) == ("team", "best-effort") and doc["bindings"][0]["domain"] == b[0]
         status, doc = agent.call("POST", "/v1/domains/test/bind", {"tenant": "nobody"})
         assert status == 400 and doc["error"]["message"] == "no tenant 'nobody'"
+        # unbind with a tenant contradicts itself: refused, the binding kept (finding 8f)
+        status, doc = agent.call("POST", "/v1/domains/test/bind", {"unbind": True, "tenant": "team"})
+        assert status == 400 and "contradicts itself" in doc["error"]["line"] and len(s.binding_rows()) == 1
         status, doc = agent.call("POST", "/v1/domains/test/bind", {"unbind": True})
         assert status == 200 and s.binding_rows() == []
+        # a binding of a domain libvirt no longer knows is unbound by its UUID, as 'tenant unbind UUID' does
+        gone = "0badc0de-0000-4000-8000-000000000001"
+        tenancy.bind(s, gone, "team")
+        status, doc = agent.call("POST", f"/v1/domains/{gone}/bind", {"unbind": True})
+        assert status == 200 and s.binding_rows() == [], doc
     ops = [r.operation for r in s.audit_rows() if r.path == "(tenants)" and "bind" in r.operation]
-    assert ops == ["tenant bind test", "tenant unbind test"]
+    assert ops == ["tenant bind test", "tenant unbind test", f"tenant bind {gone}", f"tenant unbind {gone}"]
 
 
 # ---------------------------------------------------------------------------

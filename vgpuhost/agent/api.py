@@ -284,6 +284,10 @@ def domains_doc(store: StateStore) -> Dict[str, Any]:
     return {"schema": SCHEMA_DOMAINS, "domains": out}
 
 
+#: the end of a whole token in free text (an audit row, an error line): a following ``:`` or ``.`` ends it
+#: when no word character follows
+#: (``domain UUID: tenant=...``), as a space does
+_AFTER = r"(?![\w+-]|[.:][\w])"
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -554,6 +558,9 @@ def post_bind(agent: Agent, req: Request) -> Dict[str, Any]:
     uri = _libvirt_uri(agent, body)
     gone, dry = _flag(body, "unbind"), _flag(body, "dry_run")
     tenant, qos = _text(body, "tenant", limit=256), _text(body, "qos", limit=32)
+    if gone and (tenant is not None or qos is not None):
+        raise InputError("'unbind' with 'tenant' or 'qos' contradicts itself",
+                         hint='send {"unbind": true} alone to unbind, or a tenant (and qos) to bind')
     doc = agent.write(lambda: tenancy.bind_domain(agent.store, uri, req.params["domain"], tenant, qos=qos,
                                                   unbind_it=gone, actor=req.actor, dry_run=dry))
     return binding_answer([doc])
@@ -724,7 +731,7 @@ class Redactor:
         for found, text in ((domains, "(another domain)"), (vgpus, "(another vGPU)")):
             if found:
                 alt = "|".join(re.escape(x) for x in sorted(found, key=len, reverse=True))
-                self.subs.append((re.compile(r"(?<![\w.:+-])(?:" + alt + r")(?![\w.:+-])"), text))
+                self.subs.append((re.compile(r"(?<![\w.:+-])(?:" + alt + r")" + _AFTER), text))
 
     def text(self, value: Any) -> Any:
         if not isinstance(value, str) or not value:
@@ -739,17 +746,49 @@ class Redactor:
         return out
 
 
+def _caller_input(req: Request) -> List[str]:
+    """The texts the caller sent (path parameters, query values, the body's strings), longest first."""
+    texts = list(req.params.values()) + list(req.query.values())
+    texts += [v for v in (req.body or {}).values() if isinstance(v, str)]
+    return sorted({t for t in texts if t}, key=len, reverse=True)
+
+
 def redact_error(agent: Agent, req: Request, e: VgpuhostError) -> VgpuhostError:
-    """``e`` with its message and hint redacted for a tenant member (:class:`Redactor`)."""
+    """``e`` with its message and hint redacted for a tenant member (:class:`Redactor`), except where
+    they echo what the caller sent: an unknown name and another tenant's name give the same line (a
+    redacted echo would tell which exist)."""
     r = Redactor(agent, req, _mine(agent, req))
-    e.message, e.hint = r.text(e.message), r.text(e.hint)
+    given = _caller_input(req)
+
+    def text(value: Optional[str]) -> Optional[str]:
+        if not value or not given:
+            return r.text(value)
+        # the caller's own texts are set aside (as markers no pattern matches), the rest redacted, then put back
+        rx = re.compile("|".join(re.escape(g) for g in given))
+        kept: List[str] = []
+
+        def aside(m: "re.Match[str]") -> str:
+            kept.append(m.group(0))
+            return f"\x00{len(kept) - 1}\x00"
+        out = r.text(rx.sub(aside, value))
+        return re.sub("\x00(\\d+)\x00", lambda m: kept[int(m.group(1))], out)
+    e.message, e.hint = text(e.message), text(e.hint)
     return e
 
 
+#: the fields of ``GET /v1/agent`` a tenant member does not get: the host's paths and its host-wide counters
+#: (other tenants' calls and starts)
+_HOST_ONLY = ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits")
+
+
 def tenant_agent(agent: Agent, req: Request) -> Dict[str, Any]:
-    """``GET /v1/agent`` for a tenant member: what recovery did at start is the operator's (it names
-    devices of every tenant), so ``recovered`` is empty."""
-    return {**get_agent(agent, req), "recovered": {}}
+    """``GET /v1/agent`` for a tenant member: no host paths and no host-wide counters (:data:`_HOST_ONLY`),
+    and what recovery did at start is the operator's (it names devices of every tenant), so ``recovered``
+    is empty."""
+    doc = get_agent(agent, req)
+    for key in _HOST_ONLY:
+        doc.pop(key)
+    return {**doc, "recovered": {}}
 
 
 def tenant_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -807,31 +846,143 @@ def tenant_usage(agent: Agent, req: Request) -> Dict[str, Any]:
     return doc
 
 
+_ANY_UUID = re.compile(r"(?<![\w.:+-])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                       + _AFTER)
+#: where an audit row names a domain by its libvirt name: (field, pattern with the name as group ``n``)
+_NAMED_AT = (("actor", re.compile(r"^hook (?P<n>.+?) pid=\d+$")),
+             ("operation", re.compile(r"^(?:prepare|attach|detach|tenant bind|tenant unbind) (?P<n>.+?)(?: --live)?$")),
+             ("operation", re.compile(r"^admission (?P<n>.+) (?P<id>\S+)$")),
+             ("value", re.compile(r"domain '(?P<n>[^']*)'")))
+_AUDIT_FIELDS = ("actor", "operation", "path", "value")
+#: an audit operation naming a vGPU made or removed for a domain (no ``id``: the row's value is the vGPU's id)
+_DEVICE_OF = re.compile(r"^(?:vgpu remove (?P<id>\S+)|vgpu create \S+) owner=(?P<owner>\S+)$")
+
+
+def known_domains(store: StateStore) -> set:
+    """Every domain UUID the store knows: running, bound, owning a vGPU or a GPU, or holding allocations."""
+    return set(store.active_domains()) | {r.owner for r in store.vgpu_records()} | \
+        {r.owner for r in store.passthrough_records() if r.owner} | {row[1] for row in store.allocation_rows()} | \
+        {row[0] for row in store.binding_rows()}
+
+
+class AuditScope:
+    """What a tenant member sees of the audit log (``GET /v1/audit``): which rows concern its tenant, and
+    each shown field with everything else hidden.
+
+    A row is shown when its operation, path or value names, as a whole token, a domain UUID of the
+    tenant's (bound, holding allocations or devices: :func:`vgpuhost.ops.tenancy.tenant_domains`) or a
+    device recorded for one (vGPU ids, passthrough GPUs, allocations), or when it is the tenant's own
+    ``tenant add|set|remove NAME`` or a binding row saying ``tenant=NAME``.  Domain names never select a
+    row (another tenant's domain may be named like one of the tenant's, or like a profile).  In every
+    shown field (actor, operation, path, value): every UUID not of the tenant's reads ``(another domain)``
+    or ``(another vGPU)``; every domain name in the places a row names one (``hook NAME pid=``,
+    ``admission NAME ID``, ``tenant bind NAME``, ``domain 'NAME'``) that is not the name of one of the
+    tenant's domains reads ``(another domain)``, and those names, other running domains' names and other
+    tenants' names (``tenant=X``, ``tenant 'X'``, any whole word) are hidden wherever else they occur."""
+
+    def __init__(self, agent: Agent, req: Request, rows: List[Dict[str, Any]]):
+        store = agent.store
+        mine = _mine(agent, req)
+        self.me = req.tenant
+        ids = {d.lower() for d in mine}
+        ids |= {r.id.lower() for r in store.vgpu_records() if r.owner in mine}
+        ids |= {p.gpu for p in store.passthrough_records() if p.owner in mine}
+        ids |= {row[0].lower() for row in store.allocation_rows() if row[1] in mine}
+        # the devices the log records for them since (made, then removed or released): ``vgpu create|remove
+        # ... owner=UUID`` and ``admission UUID ID`` (the agent's allocate) name them
+        domains = {d.lower() for d in mine}
+        for row in rows:
+            op = str(row.get("operation") or "")
+            m = _DEVICE_OF.match(op)
+            if m and m.group("owner").lower() in domains:
+                made = m.group("id") or str(row.get("value") or "")
+                if _is_uuid(made.lower()):
+                    ids.add(made.lower())
+        self.ids = ids
+        self.domains = {d.lower() for d in known_domains(store)}
+        self.devices = {r.id.lower() for r in store.vgpu_records()} | \
+            {row[0].lower() for row in store.allocation_rows()}
+        names = store.active_domains()
+        my_names = {names[d] for d in mine if names.get(d)}
+        token = r"(?<![\w.:+-])(?:" + "|".join(re.escape(t) for t in sorted(ids, key=len, reverse=True)) + \
+            r")" + _AFTER if ids else r"(?!x)x"
+        self.select = re.compile(token, re.IGNORECASE)
+        me = re.escape(self.me)
+        self.own_op = re.compile(r"^tenant (?:add|set|remove) " + me + "$", re.IGNORECASE)
+        self.own_value = re.compile(r"(?<![\w.:+-])tenant=" + me + _AFTER, re.IGNORECASE)
+        self.shown = [row for row in rows if self._concerns(row)]
+        # names the shown rows give the tenant's own domains (a row of its domain names it) and all others
+        seen = set()
+        for row in rows:
+            for field, rx in _NAMED_AT:
+                for m in rx.finditer(str(row.get(field) or "")):
+                    if _is_uuid(m.group("n").lower()):
+                        continue        # a domain named by its UUID: the UUIDs' rule decides
+                    seen.add(m.group("n"))
+                    if "id" in rx.groupindex and m.group("id").lower() in ids:
+                        my_names.add(m.group("n"))
+            if self.select.search(str(row.get("value") or "")) and \
+                    str(row.get("operation") or "").startswith(("tenant bind ", "tenant unbind ", "prepare ")):
+                m = _NAMED_AT[1][1].match(str(row.get("operation") or ""))
+                if m:
+                    my_names.add(m.group("n"))
+        self.my_names = my_names
+        others = {n for n in seen | set(names.values()) if n and n not in my_names}
+        self.other_names = re.compile(r"(?<![\w.:+-])(?:" + "|".join(
+            re.escape(n) for n in sorted(others, key=len, reverse=True)) + r")" + _AFTER) if others else None
+        tenants_ = {t for t in tenancy.tenants(store) if t.lower() != self.me.lower()}
+        self.other_tenants = re.compile(r"(?<![\w.:+-])(?:" + "|".join(
+            re.escape(t) for t in sorted(tenants_, key=len, reverse=True)) + r")" + _AFTER,
+            re.IGNORECASE) if tenants_ else None
+
+    def _concerns(self, row: Dict[str, Any]) -> bool:
+        op = str(row.get("operation") or "")
+        if self.own_op.match(op) or self.own_value.search(str(row.get("value") or "")):
+            return True
+        return any(self.select.search(str(row.get(k) or "")) for k in ("operation", "path", "value"))
+
+    def _uuid(self, m: "re.Match[str]") -> str:
+        u = m.group(0).lower()
+        if u in self.ids:
+            return m.group(0)
+        if u in self.devices:
+            return "(another vGPU)"
+        before = m.string[max(0, m.start() - 8):m.start()]
+        domain = u in self.domains or before.endswith(("owner=", "domain ", "bind ", "admission "))
+        return "(another domain)" if domain else "(another vGPU)"
+
+    def _tenant_value(self, m: "re.Match[str]") -> str:
+        return m.group(0) if m.group(2).lower() == self.me.lower() else m.group(1) + "(another tenant)"
+
+    def field(self, key: str, value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            return value
+        out = value
+        for field, rx in _NAMED_AT:
+            if field == key:
+                out = rx.sub(lambda m: m.group(0) if m.group("n") in self.my_names or _is_uuid(m.group("n").lower())
+                             else
+                             m.group(0)[:m.start("n") - m.start(0)] + "(another domain)" +
+                             m.group(0)[m.end("n") - m.start(0):], out)
+        out = _ANY_UUID.sub(self._uuid, out)
+        out = re.sub(r"(tenant=)([^\s;,)]+)", self._tenant_value, out, flags=re.IGNORECASE)
+        out = re.sub(r"(tenant ')([^']*)'", lambda m: m.group(0) if m.group(2).lower() == self.me.lower()
+                     else "another tenant", out, flags=re.IGNORECASE)
+        if self.other_names is not None:
+            out = self.other_names.sub("(another domain)", out)
+        if self.other_tenants is not None:
+            out = self.other_tenants.sub("(another tenant)", out)
+        return out
+
+    def rows(self) -> List[Dict[str, Any]]:
+        return [{k: self.field(k, v) if k in _AUDIT_FIELDS else v for k, v in row.items()} for row in self.shown]
+
+
 def tenant_audit(agent: Agent, req: Request) -> Dict[str, Any]:
-    """``GET /v1/audit``: the rows that name the caller's tenant (``tenant 'T'``, ``tenant add|set|remove T``)
-    or one of its domains (UUID or name) or their devices (vGPU ids, passthrough GPUs, allocations),
-    other tenants and domains in them redacted (:class:`Redactor`).  Rows of a domain released and no
-    longer known are matched by its UUID only (``owner=UUID``)."""
-    mine = _mine(agent, req)
-    me = req.tenant
-    names = agent.store.active_domains()
-    tokens = set(mine) | {names[d] for d in mine if names.get(d)}
-    tokens |= {r.id for r in agent.store.vgpu_records() if r.owner in mine}
-    tokens |= {p.gpu for p in agent.store.passthrough_records() if p.owner in mine}
-    tokens |= {row[0] for row in agent.store.allocation_rows() if row[1] in mine}
-    alternatives = [r"tenant '" + re.escape(me) + "'",
-                    r"^tenant (?:add|set|remove|bind|unbind) " + re.escape(me) + r"(?![\w.:+-])"]
-    if tokens:
-        alternatives.append(r"(?<![\w.:+-])(?:" + "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
-                            + r")(?![\w.:+-])")
-    pattern = re.compile("|".join(alternatives), re.IGNORECASE)
+    """``GET /v1/audit``: the rows that concern the caller's tenant or its domains, everything else in
+    them hidden (:class:`AuditScope`)."""
     doc = get_audit(agent, req)
-    r = Redactor(agent, req, mine)
-    rows = []
-    for row in doc["rows"]:
-        if any(pattern.search(str(row.get(k) or "")) for k in ("operation", "path", "value")):
-            rows.append({k: r.text(v) if k in ("operation", "path", "value") else v for k, v in row.items()})
-    doc["rows"] = rows
+    doc["rows"] = AuditScope(agent, req, doc["rows"]).rows()
     return doc
 
 
@@ -842,15 +993,22 @@ def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     profile, strategy, gpu, vid, anti, dry = _allocate_body(agent, req)
 
     def run():
+        # the operator's hook allow-list binds a tenant's vGPUs as it binds the hook's
         return allocate_admitted(agent.host, agent.store, agent.inventory, owner=owner, tenant=req.tenant,
-                                         profile=profile, gpu=gpu, uuid=_uuid(vid) if vid else None,
-                                         strategy=strategy, anti_affinity=anti, dry_run=dry, actor=req.actor)
+                                 profile=profile, gpu=gpu, uuid=_uuid(vid) if vid else None,
+                                 strategy=strategy, anti_affinity=anti, dry_run=dry, actor=req.actor,
+                                 allowed=devices.load_allow(agent.host))
     return (run() if dry else agent.write(run)).as_dict()
 
 
 def tenant_release(agent: Agent, req: Request) -> Dict[str, Any]:
-    """``POST /v1/domains/{uuid}/release`` for a domain of the caller's tenant only."""
-    _own_domain(agent, req)
+    """``POST /v1/domains/{uuid}/release`` for a domain of the caller's tenant only, and only while it is
+    not recorded running (the hook's ``release end`` frees a running domain's devices; a RefusedError,
+    409, nothing changed)."""
+    owner = _own_domain(agent, req)
+    if owner in agent.store.active_domains():
+        raise RefusedError(f"domain {owner} is running: its devices are released when it stops",
+                           hint="stop the domain (its vGPUs and GPUs are released then), or ask the operator")
     return post_release(agent, req)
 
 

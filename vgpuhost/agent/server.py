@@ -119,7 +119,7 @@ REQUEST_TIMEOUT_S = 30.0
 #: the listen backlog of a socket the agent binds: connections beyond the served ones wait in it and are
 #: answered (429 when every slot is taken), never refused by the kernel (EAGAIN) while it has room
 BACKLOG = socket.SOMAXCONN
-#: the nice value of the threads that serve the read-only socket (0: as the agent's)
+#: the nice value of the threads that serve the read-only and the tenant sockets (0: as the agent's)
 READ_NICE = 10
 #: the interpreter's thread switch interval in the agent (``sys.setswitchinterval``; Python's default is 5 ms):
 #: a hook's prepare, which waits on many small reads and writes, retakes the interpreter from a busy
@@ -134,7 +134,8 @@ REFUSAL_LOG_S = 10.0
 #: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
 #: spends at most its CPU budget on them (:class:`ReadBudget`); more are answered 429 with Retry-After
 EXPENSIVE_READS = frozenset({("GET", "/v1/inventory"), ("GET", "/v1/types"), ("GET", "/v1/capacity"),
-                             ("GET", "/v1/metrics"), ("POST", "/v1/plan"), ("POST", "/v1/assert")})
+                             ("GET", "/v1/audit"), ("GET", "/v1/metrics"), ("POST", "/v1/plan"),
+                             ("POST", "/v1/assert")})
 EXPENSIVE_PER_PEER = 2
 #: a peer's CPU budget for expensive reads: a burst of this many CPU seconds ...
 BUDGET_BURST_S = 1.0
@@ -174,7 +175,7 @@ class ReadBudget:
             if running >= self.per_peer:
                 self.refused += 1
                 return (f"uid {uid} already runs {running} expensive reads (inventory, types, capacity, "
-                        f"metrics, plan, assert) at once, the most one caller may", 1)
+                        f"audit, metrics, plan, assert) at once, the most one caller may", 1)
             if left < 0:
                 self.refused += 1
                 return (f"uid {uid} has spent its CPU budget for expensive reads ({self.burst_s:g} CPU s, "
@@ -282,7 +283,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def process_request_thread(self, request, client_address) -> None:
         try:
-            if self.role == api.READ and READ_NICE:
+            if self.role in (api.READ, api.TENANT) and READ_NICE:
                 _nice_this_thread(READ_NICE)
             super().process_request_thread(request, client_address)
         finally:

@@ -1049,13 +1049,17 @@ class StateStore:
 
     @staticmethod
     def delete_allocations(conn: sqlite3.Connection, *, owner: Optional[str] = None,
-                           devices: Sequence[str] = ()) -> int:
-        """Delete one owner's allocations, or the named devices'; rows deleted."""
+                           devices: Sequence[str] = (), of_owner: Optional[str] = None) -> int:
+        """Delete one owner's allocations, or the named devices' (``of_owner``: only those rows of the
+        named devices that owner ``of_owner`` holds, never another owner's); rows deleted."""
         n = 0
         if owner is not None:
             n += conn.execute("DELETE FROM allocations WHERE owner = ?", (owner,)).rowcount
         for d in devices:
-            n += conn.execute("DELETE FROM allocations WHERE device = ?", (d,)).rowcount
+            if of_owner is not None:
+                n += conn.execute("DELETE FROM allocations WHERE device = ? AND owner = ?", (d, of_owner)).rowcount
+            else:
+                n += conn.execute("DELETE FROM allocations WHERE device = ?", (d,)).rowcount
         return n
 
     def forget_allocations(self, *, owner: Optional[str] = None, devices: Sequence[str] = ()) -> int:

@@ -10,7 +10,7 @@ Its own module: ``ops/tenancy`` and ``ops/vgpu`` each reach the other only insid
 from __future__ import annotations
 
 import uuid as uuidlib
-from typing import Callable, Optional
+from typing import Callable, FrozenSet, Optional
 
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore
@@ -25,16 +25,21 @@ from . import tenancy, vgpu
 def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[], Inventory], *, owner: str,
                       tenant: str, profile: str, gpu: Optional[PciAddress] = None, uuid: Optional[str] = None,
                       strategy: str = PlacementStrategy.FIRST_FIT, anti_affinity: Optional[str] = None,
-                      dry_run: bool = False, actor: Optional[str] = None) -> vgpu.VgpuOutcome:
+                      dry_run: bool = False, actor: Optional[str] = None,
+                      allowed: Optional[FrozenSet[PciAddress]] = None) -> vgpu.VgpuOutcome:
     """One vGPU of ``profile`` for domain ``owner`` of ``tenant``, admitted as a start's vGPU is (quota,
     isolation, QoS class, pool and placement, under the host lock, on facts read under it) and recorded
     as the tenant's allocation before the vGPU is made, so it counts against the quota from then on (a
     vGPU made for a domain in advance by an operator is admitted only at the domain's start).
 
     ``inventory``: called once the host lock is held (the agent's snapshot).  ``gpu`` a PciAddress to pin
-    it, ``uuid`` the mdev UUID (None: a new one).  Returns the :func:`vgpuhost.ops.vgpu.create` outcome.
-    Raises RefusedError (admission's reason and remedy; a ``refused`` audit row, nothing made) and what
-    ``create`` raises (the allocation row is then dropped and the admission row gets its outcome)."""
+    it, ``uuid`` the mdev UUID (None: a new one).  ``allowed``: the hook allow-list
+    (:func:`vgpuhost.ops.devices.load_allow`; None = every GPU): placement only there, a pinned GPU outside
+    it refused.  Returns the :func:`vgpuhost.ops.vgpu.create` outcome.
+    Raises RefusedError (admission's reason and remedy; a ``refused`` audit row, nothing made), also before
+    admission records anything when ``uuid`` is taken (a vGPU record, an allocation row or a device on the
+    host, whoever holds it: one line that says the same either way) or ``gpu`` is outside ``allowed``, and
+    what ``create`` raises (the allocation row is then dropped and the admission row gets its outcome)."""
     vid = uuid or str(uuidlib.uuid4())
     view = DomainView()
     view.uuid = owner
@@ -48,19 +53,36 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
 
     def make(at, dry: bool):
         return vgpu.create(host, store, profile=profile, gpu=at, uuid=vid, strategy=strategy, owner=owner,
-                           anti_affinity=anti_affinity, dry_run=dry, actor=actor)
+                           anti_affinity=anti_affinity, dry_run=dry, actor=actor, allowed_gpus=allowed)
+
+    def refuse(line: str, hint: str):
+        if not dry_run:
+            store.audit(actor=actor or "agent", operation=f"allocate {owner} {profile}", path="(admission)",
+                        value=line, result="refused")
+        return RefusedError(line, hint=hint)
     with tenancy.host_lock(store):
         inv = inventory()
+        # before admission records anything: a UUID already in use is refused whoever holds it (the same
+        # line for the caller's own vGPU and another's), so no allocation row of another device is touched
+        if uuid is not None and (store.vgpu_records(vgpu_id=vid) or any(m.uuid == vid for m in inv.mdevs)
+                                 or any(row[0] == vid for row in store.allocation_rows())):
+            raise refuse(f"vGPU UUID {vid} is taken; omit vgpu_uuid for a new one",
+                         "a new vGPU needs a UUID no vGPU uses; nothing was changed")
+        if gpu is not None and allowed is not None and gpu not in allowed:
+            raise refuse(f"GPU {gpu} is not in the hook allow-list: vGPUs for domains are placed only on "
+                         f"{', '.join(sorted(str(a) for a in allowed)) or 'no GPU'}",
+                         "omit gpu, or name a GPU in the allow-list (the operator keeps it); nothing was changed")
         limits_for = (lambda name: vgpu.mode_limits(host, inv, name))
         policies = (lambda gpus: tenancy.scheduler_policies(host, gpus))
         if dry_run:
             at = gpu
             if tenancy.active(store):
                 granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding,
+                                               allowed=allowed,
                                                limits_for=limits_for, policies=policies)
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
             return make(at, True)
-        with tenancy.admitting(store, view, inv, actor=actor, limits_for=limits_for, policies=policies,
+        with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for, policies=policies,
                                binding=binding) as box:
             try:
                 out = make(box.placed_gpu(vid) or gpu, False)

@@ -283,6 +283,22 @@ def bind_domain(store: StateStore, uri: Optional[str], domain: str, tenant: Opti
     Raises as they do, and InputError for a domain libvirt does not know, HostEnvironmentError when
     libvirt cannot be reached."""
     from ..io import virt
+    from ..model.errors import VgpuhostError
+    from ..model.values import parse_uuid
+    if unbind_it:
+        # a bound UUID is unbound whatever libvirt says of it (undefined, or libvirt unreachable): the
+        # binding is the store's; libvirt only gives the audit row its name
+        try:
+            bound = parse_uuid(domain)
+        except VgpuhostError:
+            bound = None
+        if bound is not None and store.binding(bound) is not None:
+            try:
+                with virt.open_connection(virt.default_uri(uri)) as conn:
+                    _, name = _domain_ref(conn, store, domain)
+            except VgpuhostError:
+                name = None
+            return unbind(store, bound, name=name, actor=actor, dry_run=dry_run)
     with virt.open_connection(virt.default_uri(uri)) as conn:
         uuid, name = _domain_ref(conn, store, domain)
     if unbind_it:
@@ -914,6 +930,14 @@ def record_admitted(store: StateStore, view: DomainView, granted: Sequence[Grant
     rows: Dict[str, int] = {}
     who = actor or _actor()
     with store.transaction() as conn:
+        theirs = {row[0]: row[1] for row in store.allocation_rows(conn) if row[1] != me}
+        # another owner's allocation of a device it still holds is never replaced (its tenant's quota would
+        # lose it); a row left by a device no longer held (a start killed before reconcile) is, as before
+        taken = [gr.device for gr in granted
+                 if gr.device in theirs and gr.device in _held_by(store, theirs[gr.device])]
+        if taken:
+            raise RefusedError(f"vGPU UUID {taken[0]} is taken; omit its UUID for a new one",
+                               hint="a new device needs a UUID no device uses; nothing was changed")
         for gr in granted:
             a = adm.allocation(gr.device, me, gr.decision.gpu or "", gr.demand, gr.decision)
             store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
@@ -935,7 +959,8 @@ def void_admitted(store: StateStore, owner: str, rows: Mapping[str, int], error:
     """A start admitted as ``rows`` (:func:`record_admitted`) failed and its devices were undone: in one
     transaction, drop the allocation rows of the devices ``owner`` no longer holds, or held before the
     start (``before``: made for it in advance, left as they were, unadmitted), and give each admission
-    row its outcome (``refused`` for a refusal, else ``failed``; the line says why)."""
+    row its outcome (``refused`` for a refusal, else ``failed``; the line says why).  Only rows ``owner``
+    holds are dropped: another owner's allocation of the same device is never touched."""
     from ..model.errors import VgpuhostError
     held = _held_by(store, owner)
     gone = [d for d in rows if d not in held or d in before]
@@ -943,7 +968,7 @@ def void_admitted(store: StateStore, owner: str, rows: Mapping[str, int], error:
     why = error.message if isinstance(error, VgpuhostError) else (type(error).__name__ + (f": {error}" if str(error)
                                                                                           else ""))
     with store.transaction() as conn:
-        store.delete_allocations(conn, devices=gone)
+        store.delete_allocations(conn, devices=gone, of_owner=owner)
         for device, row in rows.items():
             left = "" if device in gone else " (the device is still held: the undo failed)"
             store.audit_outcome(row, detail=f" -> not made, the start {result}: {why[:300]}{left}", result=result,
