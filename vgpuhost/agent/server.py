@@ -1008,6 +1008,10 @@ def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional
     agent.metering = m
 
 
+#: seconds between the main thread's checks for a stop signal (:func:`serve`)
+SIGNAL_POLL_S = 0.25
+
+
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
           metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI,
@@ -1030,7 +1034,10 @@ def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpu
         unixsock.sd_notify("READY=1")       # Type=notify (vgpuhost-agent.service): listening now
         if ready is not None:
             ready(proc)
-        while not stop.wait(3600):
+        # short waits: the kernel may hand SIGTERM to any of the agent's threads, and then the main thread's
+        # blocked wait is not interrupted; Python runs the handler only when the main thread next wakes (with
+        # a wait of an hour, an agent under load ignored SIGTERM until systemd killed it)
+        while not stop.wait(SIGNAL_POLL_S):
             pass
     finally:
         proc.stop()
