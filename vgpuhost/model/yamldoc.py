@@ -10,9 +10,10 @@ any schema, read files, or be imported on the qemu hook's path (PyYAML).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 import re
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import yaml
 
@@ -81,6 +82,22 @@ def kind_of(value: Any) -> str:
         return "a boolean"
     return {str: "a string", int: "a number", float: "a number", dict: "a mapping",
             list: "a list"}.get(type(value), type(value).__name__)
+
+
+def checked_mapping(err: "Callable[..., InputError]", value: Any, path: tuple, allowed: "Iterable[str]",
+                    what: str, hint: Optional[str] = None) -> Dict[Any, Any]:
+    """``value`` when it is a mapping whose keys are all in ``allowed``; else raises what ``err(path, message,
+    hint)`` makes (a ``FILE:LINE:`` InputError): "WHAT must be a mapping" (with ``hint``), or "unknown key K in
+    WHAT" at that key's line, with the nearest allowed key."""
+    if not isinstance(value, dict):
+        raise err(path, f"{what} must be a mapping, found {kind_of(value)}", hint)
+    for key in value:
+        if key not in allowed:
+            names = sorted(allowed)
+            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            raise err(path + (key,), f"unknown key {shown(key)} in {what}",
+                      (f"did you mean {near[0]!r}? " if near else "") + "allowed: " + ", ".join(names))
+    return value
 
 
 def require_versioned(loc: "Located", what: str) -> Dict[Any, Any]:

@@ -27,7 +27,6 @@ does), or hold a float amount.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import math
 import re
@@ -42,7 +41,7 @@ from ..model.concepts import DeviceKind
 from ..model.errors import InputError
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
-from ..model.yamldoc import Located, kind_of, load_located, require_versioned, shown
+from ..model.yamldoc import Located, checked_mapping, kind_of, load_located, require_versioned, shown
 
 VERSION = 1
 #: decimal places quantities (hours, GB-hours, slice-hours) are rounded to before they are priced
@@ -150,16 +149,8 @@ class _SheetParser:
         return self.loc.error(path, message, hint)
 
     def mapping(self, value: Any, path: tuple, allowed: set, what: str) -> Dict[Any, Any]:
-        if not isinstance(value, dict):
-            raise self.err(path, f"{what} must be a mapping, found {kind_of(value)}",
-                           hint="see docs/guide/billing.md for the price sheet's format")
-        for key in value:
-            if key not in allowed:
-                near = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
-                raise self.err(path + (key,), f"unknown key {shown(key)} in {what}",
-                               hint=(f"did you mean {near[0]!r}? " if near else "")
-                               + "allowed: " + ", ".join(sorted(allowed)))
-        return value
+        return checked_mapping(self.err, value, path, allowed, what,
+                               hint="see docs/guide/billing.md for the price sheet's format")
 
     def number(self, value: Any, path: tuple, what: str, *, high: Optional[Decimal] = None,
                positive: bool = False) -> Decimal:

@@ -70,7 +70,7 @@ from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
 from ..model.nvml import GiProfile, SchedulerState
 from ..model.values import MigProfile, PciAddress, VgpuProfile
-from ..model.yamldoc import Located, kind_of, load_located, require_versioned, shown
+from ..model.yamldoc import Located, checked_mapping, kind_of, load_located, require_versioned, shown
 from ..policy.mig import why_not
 from ..policy.scheduler import POLICIES, validate
 from ..model.tenancy import QOS_CLASSES
@@ -286,15 +286,7 @@ class _Parser:
         return self.where(path).error(message, hint)
 
     def mapping(self, value: Any, path: tuple, allowed: set, what: str) -> Dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.err(path, f"{what} must be a mapping, found {kind_of(value)}")
-        for key in value:
-            if key not in allowed:
-                near = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
-                raise self.err(path + (key,), f"unknown key {shown(key)} in {what}",
-                               hint=(f"did you mean {near[0]!r}? " if near else "")
-                               + "allowed: " + ", ".join(sorted(allowed)))
-        return value
+        return checked_mapping(self.err, value, path, allowed, what)
 
     def get(self, m: Dict[str, Any], path: tuple, key: str, typ: Any, what: str, default: Any = _UNSET,
             label: Optional[str] = None) -> Any:
