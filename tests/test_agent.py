@@ -9,7 +9,6 @@ back from the simulated sysfs tree, the state store and the audit log.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import socket
 import uuid as uuidlib
@@ -403,35 +402,44 @@ def test_a_refusal_carries_the_cli_exit_code(agent, a40):
 # ---------------------------------------------------------------------------
 # 16 concurrent clients
 
-def _client(args) -> tuple:
-    path, dom, barrier = args
-    barrier.wait(60)
-    status, doc = agentclient.call(path, "POST", f"/v1/domains/{dom}/allocate", {"profile": "A40-8Q",
-                                                                                 "strategy": "first-fit"})
-    return dom, status, doc
+#: one client of the concurrency test: a fresh interpreter (a fork of this multi-threaded test process could
+#: inherit a lock another thread held, and hang), ready once imported, sending when the go file appears
+_CLIENT = r"""
+import json, os, sys, time
+from vgpuhost.io import agentclient
+path, dom, go = sys.argv[1:4]
+print("ready", flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.001)
+status, doc = agentclient.call(path, "POST", f"/v1/domains/{dom}/allocate", {"profile": "A40-8Q",
+                                                                             "strategy": "first-fit"})
+print(json.dumps([dom, status, doc]), flush=True)
+"""
 
 
-_BARRIER = None
-
-
-def _init(barrier) -> None:
-    global _BARRIER
-    _BARRIER = barrier
-
-
-def _client_proc(args) -> tuple:
-    path, dom = args
-    return _client((path, dom, _BARRIER))
-
-
-def test_sixteen_concurrent_clients_never_double_allocate(agent, a40):
+def test_sixteen_concurrent_clients_never_double_allocate(agent, a40, tmp_path):
     """16 processes ask at once for an A40-8Q each; the A40 holds 6 (equal-size mode): exactly 6 get one,
     10 are refused (409, exit code 2), no vGPU is given twice, and the store matches the tree."""
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(16)
+    import subprocess
+    import sys
+    go = tmp_path / "go"
     doms = [f"11111111-2222-4333-8444-{i:012x}" for i in range(16)]
-    with ctx.Pool(16, initializer=_init, initargs=(barrier,)) as pool:
-        results = pool.map(_client_proc, [(agent.admin, d) for d in doms])
+    procs = [subprocess.Popen([sys.executable, "-c", _CLIENT, agent.admin, d, str(go)], stdout=subprocess.PIPE,
+                              text=True, cwd=str(REPO)) for d in doms]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        go.touch()                                   # all 16 send now
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            results.append(tuple(json.loads(out.strip().splitlines()[-1])))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     ok = {dom: doc["id"] for dom, status, doc in results if status == 200}
     refused = [doc for _, status, doc in results if status != 200]
     assert len(ok) == 6 and len(set(ok.values())) == 6
