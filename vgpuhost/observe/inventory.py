@@ -770,21 +770,10 @@ def discover_named(fs: Sysfs, bdfs: "Tuple[PciAddress, ...]", mdev_uuids: "Tuple
     mdevs: List[MdevDevice] = []
     base = host.s.mdev_devices
     for uuid in mdev_uuids:
-        d = f"{base}/{uuid}"
-        if not fs.exists(d):
-            continue
-        try:
-            real = fs.resolve(d)
-        except FileNotFoundError:
-            continue        # removed while we read
-        parent = os.path.basename(os.path.dirname(real))
-        tid = mdev_type_of(fs, d)
-        if not PciAddress.is_valid(parent) or tid is None:
-            continue        # half-removed device: as _read_mdevs skips it
-        group = fs.link_name(d + "/iommu_group")
-        mdevs.append(MdevDevice(uuid, PciAddress.parse(parent), tid, int(group) if is_digits(group) else None,
-                                fs.link_name(d + "/driver")))
-        read(PciAddress.parse(parent))
+        m = _mdev_at(fs, base, uuid) if fs.exists(f"{base}/{uuid}") else None
+        if m is not None:
+            mdevs.append(m)
+            read(m.parent)
     return Inventory(devices=devices, groups=groups, gpus=(), vgpu_types=(), mdevs=tuple(mdevs), vf_vgpus=(),
                      host=UNREAD_HOST_FACTS)
 
@@ -817,18 +806,9 @@ def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevic
                 found.append((name, p))
     out = []
     for name, p in sorted(found):
-        d = f"{base}/{name}"
-        try:
-            real = fs.resolve(d)
-        except FileNotFoundError:
-            continue  # removed while we read
-        parent = os.path.basename(os.path.dirname(real))
-        tid = mdev_type_of(fs, d)
-        group = fs.link_name(d + "/iommu_group")
-        if parent != str(p) or tid is None:
-            continue  # half-removed device, or a bus link that points elsewhere: as _read_mdevs does
-        out.append(MdevDevice(name, p, tid, int(group) if is_digits(group) else None,
-                              fs.link_name(d + "/driver")))
+        m = _mdev_at(fs, base, name)
+        if m is not None and m.parent == p:     # not a bus link that points elsewhere
+            out.append(m)
     return out
 
 
@@ -985,22 +965,26 @@ def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu,
 
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
-    out = []
     base = fs.host.s.mdev_devices
-    for name in fs.listdir(base):
-        d = f"{base}/{name}"
-        try:
-            real = fs.resolve(d)
-        except FileNotFoundError:
-            continue  # removed while we read (realpath's readlink raced a remove): it is gone
-        parent = os.path.basename(os.path.dirname(real))
-        tid = mdev_type_of(fs, d)
-        group = fs.link_name(d + "/iommu_group")
-        if not PciAddress.is_valid(parent) or tid is None:
-            continue  # half-removed device: skip rather than guess
-        out.append(MdevDevice(name, PciAddress.parse(parent), tid,
-                              int(group) if is_digits(group) else None, fs.link_name(d + "/driver")))
-    return out
+    return [m for m in (_mdev_at(fs, base, name) for name in fs.listdir(base)) if m is not None]
+
+
+def _mdev_at(fs: Sysfs, base: str, name: str) -> Optional[MdevDevice]:
+    """The mdev ``name`` under ``base`` (``sys/bus/mdev/devices``): its parent (where its link resolves),
+    type, IOMMU group and driver; None when it was removed while read (realpath's readlink raced a remove)
+    or is half-removed (no parent address or no type): skipped rather than guessed."""
+    d = f"{base}/{name}"
+    try:
+        real = fs.resolve(d)
+    except FileNotFoundError:
+        return None
+    parent = os.path.basename(os.path.dirname(real))
+    tid = mdev_type_of(fs, d)
+    if not PciAddress.is_valid(parent) or tid is None:
+        return None
+    group = fs.link_name(d + "/iommu_group")
+    return MdevDevice(name, PciAddress.parse(parent), tid, int(group) if is_digits(group) else None,
+                      fs.link_name(d + "/driver"))
 
 
 _BOOTFB_NAMES = ("BOOTFB", "efifb", "simplefb", "simple-framebuffer", "vesafb")
