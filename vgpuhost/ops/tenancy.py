@@ -224,6 +224,12 @@ def bind(store: StateStore, domain: str, tenant: str, *, qos: Optional[str] = No
             _audit(store, who, f"tenant bind {name or uuid}",
                    f"domain {uuid}: tenant={t.name} qos={qos or _OWN_CLASS}{was}", c)
         return out
+    return _binding_write(store, run, dry_run)
+
+
+def _binding_write(store: StateStore, run, dry_run: bool) -> Dict[str, object]:
+    """``run(conn)`` of a binding change: under :func:`host_lock` in one transaction, or ``run(None)`` for a
+    dry run (reads only)."""
     if dry_run:
         return run(None)
     with host_lock(store), store.transaction() as c:
@@ -250,10 +256,7 @@ def unbind(store: StateStore, domain: str, *, name: Optional[str] = None, actor:
             _audit(store, actor, f"tenant unbind {name or uuid}", f"domain {uuid}: was tenant={old[1]} "
                                                                   f"qos={old[2] or _OWN_CLASS}", c)
         return out
-    if dry_run:
-        return run(None)
-    with host_lock(store), store.transaction() as c:
-        return run(c)
+    return _binding_write(store, run, dry_run)
 
 
 def _domain_ref(conn, store: StateStore, domain: str) -> Tuple[str, Optional[str]]:
