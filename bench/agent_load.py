@@ -45,7 +45,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -65,6 +65,20 @@ def _going(until: float) -> bool:
 # ---------------------------------------------------------------------------
 # the hostile clients: plain stdlib processes, run as HOSTILE_UIDS[KIND] (``--worker KIND SOCKET SECONDS``)
 
+def _read_answer(s: socket.socket) -> Tuple[bytes, str]:
+    """Everything the agent sends on ``s`` until it closes, and the error name when reading failed with
+    nothing read ("" otherwise: an answer cut short still counts as its status)."""
+    raw = b""
+    try:
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                return raw, ""
+            raw += chunk
+    except OSError as e:
+        return raw, "" if raw else type(e).__name__
+
+
 def _request(path: str, data: bytes, timeout: float = 60) -> str:
     """Send ``data`` on a fresh connection; the answer's status, or the errno name of what failed."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -79,15 +93,9 @@ def _request(path: str, data: bytes, timeout: float = 60) -> str:
             s.sendall(data)
         except OSError:
             pass                                    # answered and closed before it was all sent
-        raw = b""
-        while True:
-            chunk = s.recv(1 << 16)
-            if not chunk:
-                break
-            raw += chunk
-    except OSError as e:
-        if not raw:
-            return type(e).__name__
+        raw, failed = _read_answer(s)
+        if failed:
+            return failed
     finally:
         s.close()
     try:
@@ -180,16 +188,9 @@ def worker_burst(path: str, until: float, out: Counter, n: int = 200, every_s: f
                 s.sendall(b"GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
             except OSError:
                 pass
-            raw = b""
-            try:
-                while True:
-                    chunk = s.recv(1 << 16)
-                    if not chunk:
-                        break
-                    raw += chunk
-            except OSError as e:
-                if not raw:
-                    out[type(e).__name__] += 1
+            raw, failed = _read_answer(s)
+            if failed:
+                out[failed] += 1
             s.close()
             if raw:
                 out[raw.split(b"\r\n", 1)[0].split()[1].decode()] += 1
@@ -232,24 +233,14 @@ def _maximal_body() -> str:
 
 def _start_agent(host, extra: List[str]) -> subprocess.Popen:
     """The agent, its log in ``<root>/agent.log`` (a file: a pipe nobody reads would stall its logging)."""
-    from vgpuhost.io import agentclient
+    from benchutil import wait_agent        # here: the hostile workers run this file with -I (no bench/ on the path)
     sockdir = host.path("run", "vgpuhost")
     log = Path(host.root) / "agent.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "agent",
                                  "--socket-dir", str(sockdir), "--admin-group", "0", "--ro-group", str(RO_GID),
                                  *extra], stdout=subprocess.DEVNULL, stderr=f, cwd=str(REPO))
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"bench: the agent exited {proc.returncode}: {log.read_text()[-500:]}")
-        try:
-            if agentclient.call(str(sockdir / "agent.sock"), "GET", "/v1/agent", timeout_s=5)[0] == 200:
-                return proc
-        except (agentclient.AgentDown, OSError):
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("bench: the agent did not answer")
+    return wait_agent(proc, str(sockdir / "agent.sock"), log.read_text)
 
 
 #: every hostile client started (killed at the end, whatever happened)

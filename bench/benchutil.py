@@ -53,3 +53,20 @@ def a40_spec_yaml(gpus: int, name: str) -> str:
         lines.append(f'  - {{bdf: "{port}", model: intel-root-port, numa_node: 0}}')
         lines.append(f'  - {{bdf: "{gpu}", model: A40, upstream: "{port}", numa_node: 0, vgpu: {{backend: mdev}}}}')
     return "\n".join(lines) + "\n"
+
+
+def wait_agent(proc: subprocess.Popen, path: str, log: Callable[[], str]) -> subprocess.Popen:
+    """``proc`` (a ``vgpuhost agent``) once its socket ``path`` answers ``GET /v1/agent`` (30 s at most);
+    SystemExit, with the end of ``log()``, when it exits first or never answers (then it is killed)."""
+    from vgpuhost.io import agentclient
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: the agent exited {proc.returncode}: {log()[-500:]}")
+        try:
+            if agentclient.call(path, "GET", "/v1/agent", timeout_s=5)[0] == 200:
+                return proc
+        except (agentclient.AgentDown, OSError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("bench: the agent did not answer")

@@ -66,7 +66,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from benchutil import precompile, run, timed
+from benchutil import precompile, run, timed, wait_agent
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -305,24 +305,12 @@ def _pair(b: Bench, times: Dict[str, List[float]], sims: Dict[str, List[float]])
 def _start_agent(host, simtime: Path) -> subprocess.Popen:
     """``vgpuhost agent`` for ``host``, listening where the installed hook looks; waits until it answers.
     Its simulator time goes to ``simtime`` too."""
-    from vgpuhost.io import agentclient
     sockdir = host.path("run", "vgpuhost")
     proc = subprocess.Popen([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "agent", "--socket-dir",
                              str(sockdir), "--admin-group", "0", "--ro-group", "0", "--metering-interval", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(REPO),
                             env=dict(os.environ, **{SIM_TIME_ENV: str(simtime)}))
-    path = str(sockdir / "agent.sock")
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"bench: the agent exited {proc.returncode}: {proc.stderr.read().decode()[:500]}")
-        try:
-            if agentclient.call(path, "GET", "/v1/agent", timeout_s=5)[0] == 200:
-                return proc
-        except (agentclient.AgentDown, OSError):
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("bench: the agent did not answer")
+    return wait_agent(proc, str(sockdir / "agent.sock"), lambda: proc.stderr.read().decode())
 
 
 if __name__ == "__main__":
