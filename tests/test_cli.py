@@ -153,6 +153,40 @@ def test_sim_create_refuses_to_replace_a_non_simulated_dir(tmp_path, capsys):
     assert code == 2 and "not a simulated host root" in err and (d / "keep").exists()
 
 
+#: runs vgpuhost as the Debian package ``vgpuhost`` does without ``vgpuhost-sim``: the simulator's modules absent
+_WITHOUT_SIM = """
+import sys
+class NoSim:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vgpuhost.sim" or name.startswith("vgpuhost.sim.") or name == "vgpuhost.demo":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoSim())
+from vgpuhost.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_without_the_simulator_package_sim_commands_and_simulated_roots_name_it(make_host, tmp_path):
+    """The Debian package vgpuhost ships without the simulator (vgpuhost-sim): what needs it says so, exit 2."""
+    root = str(make_host("a40-mdev").root)
+
+    def vgpuhost(*argv):
+        return subprocess.run([sys.executable, "-c", _WITHOUT_SIM, *argv], capture_output=True, text=True)
+
+    for argv in (["sim", "specs"], ["sim", "create", "a40-mdev", str(tmp_path / "h")], ["sim", "--help"]):
+        p = vgpuhost(*argv)
+        assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, (argv, p.stdout, p.stderr)
+        assert "'vgpuhost sim' is not installed" in p.stderr and "apt install vgpuhost-sim" in p.stderr, p.stderr
+    assert not (tmp_path / "h").exists()
+    p = vgpuhost("--help")                                     # every other command is still listed
+    assert p.returncode == 0 and "comes with the vgpuhost-sim package" in p.stdout and "capacity" in p.stdout
+    # a write on a simulated root needs the simulated kernel: refused, nothing made
+    before = sorted(os.listdir(os.path.join(root, "sys", "bus", "mdev", "devices")))
+    p = vgpuhost("--root", root, "--local", "vgpu", "create", "--gpu", "0000:81:00.0", "--profile", "A40-8Q")
+    assert p.returncode == 2 and "is a simulated host, and the simulator is not installed" in p.stderr, p.stderr
+    assert sorted(os.listdir(os.path.join(root, "sys", "bus", "mdev", "devices"))) == before
+
+
 def test_console_script_entry_point_runs(make_host):
     root = str(make_host("a40-mdev").root)
     p = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", root, "types", "--gpu", "41:00.0"],

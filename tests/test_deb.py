@@ -40,6 +40,8 @@ import pytest
 
 from nsutil import skip_or_fail
 
+import vgpuhost
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,6 +220,7 @@ def _calls(root: Path) -> list:
 def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path):
     skip_or_fail(_need(), "the Debian package test")
     deb = _build_deb(tmp_path)
+    sim_deb = next((tmp_path / "src").glob("vgpuhost-sim_*_all.deb"))
     info = _run(["dpkg-deb", "-f", str(deb), "Depends"]).stdout
     for dep in ("python3-libvirt", "python3-click (>= 8.0)", "python3-jinja2 (>= 3.0)", "python3-lxml (>= 4.6)",
                 "python3-yaml (>= 5.4)", "python3-prometheus-client (>= 0.16)"):
@@ -240,6 +243,13 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
                     "./usr/share/vgpuhost/grafana/vgpuhost-dashboard.json", "./usr/share/vgpuhost/openapi.yaml"):
         assert shipped in files, f"{shipped} not in the package:\n{files}"
     assert "etc/libvirt/hooks" not in files and "usr/lib/systemd/system" not in files and "man1" not in files
+    # the simulator and the demo are vgpuhost-sim's, which needs this very vgpuhost and takes their files over
+    assert "/vgpuhost/sim/" not in files and "/vgpuhost/demo.py" not in files, files
+    sim_files = _run(["dpkg-deb", "-c", str(sim_deb)]).stdout
+    assert "/dist-packages/vgpuhost/sim/kernel.py" in sim_files and "/dist-packages/vgpuhost/demo.py" in sim_files
+    assert "/vgpuhost/cli/" not in sim_files and "/usr/bin/" not in sim_files, sim_files
+    sim_info = _run(["dpkg-deb", "-f", str(sim_deb), "Depends", "Breaks", "Replaces"]).stdout
+    assert f"vgpuhost (= {vgpuhost.__version__})" in sim_info and sim_info.count("vgpuhost (<< 0.2.0)") == 2, sim_info
 
     # lintian at --pedantic, on the source package and the .debs: nothing but overridden tags, each with its
     # reason in debian/*.lintian-overrides
@@ -272,8 +282,12 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     states = root / "var" / "lib" / "systemd" / "deb-systemd-helper-enabled"
     assert (states / "vgpuhost-agent.service.dsh-also").is_file(), sorted(os.listdir(root / "var" / "lib" / "systemd"))
 
-    # the upgrade: the agent and the exporter are try-restarted (they run the new code), nothing else is
-    up = _dpkg(root, "-i", str(deb))
+    # the upgrade, with the simulator unpacked first as apt may order it (apt passes --auto-deconfigure for
+    # Breaks): it takes over the old vgpuhost's simulator files (Replaces); the agent and the exporter are
+    # try-restarted (they run the new code), nothing else is
+    up = _dpkg(root, "--auto-deconfigure", "-i", str(sim_deb), str(deb))
+    owner = _dpkg(root, "-S", "/usr/lib/python3/dist-packages/vgpuhost/sim/kernel.py").stdout
+    assert owner.startswith("vgpuhost-sim: "), owner
     calls = _calls(root)
     assert "try-restart vgpuhost-agent.service vgpuhost-exporter.service" in calls, calls
     assert not [c for c in calls if "socket" in c or "layout" in c or "reconcile" in c], calls
@@ -285,7 +299,7 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     assert "not enabled" not in up.stdout
     assert not (root / "var" / "lib" / "vgpuhost" / ".hook-linked-by-package").exists()
     status = _dpkg(root, "-s", "vgpuhost").stdout
-    assert "Status: install ok installed" in status and "Version: 0.1.0" in status, status
+    assert "Status: install ok installed" in status and f"Version: {vgpuhost.__version__}" in status, status
     # the postinst's step: the qemu hook's module bundle, for the installed files (the packaged hook uses it)
     bundle = root / "var" / "cache" / "vgpuhost" / "hook-modules.bundle"
     assert bundle.is_file() and bundle.stat().st_mode & 0o777 == 0o644, up.stdout + up.stderr
@@ -295,7 +309,6 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     probe = inside("/usr/bin/python3", "-c", "import importlib.util as u; print([m for m in ('libvirt', 'pynvml') "
                                              "if u.find_spec(m)])").stdout
     assert probe.strip() == "[]", probe
-    import vgpuhost
     assert vgpuhost.__version__ in inside("/usr/bin/vgpuhost", "--version").stdout
     _vgpuhost("sim", "create", "turing-consumer", str(root / "srv" / "host"))
     check = inside("/usr/bin/vgpuhost", "--root", "/srv/host", "host", "check", check=False)
@@ -327,6 +340,18 @@ def test_deb_is_lintian_clean_and_installs_upgrades_removes_and_purges(tmp_path)
     ops = [r["operation"] for r in audit["rows"] if r["actor"].startswith("hook deb-vm")]
     assert any(o.startswith("vgpu create A40-8Q") for o in ops) and any(o.startswith("vgpu remove") for o in ops), ops
     _calls(root)
+
+    # without the simulator, what needs it names its package, and every other command is still there
+    _dpkg(root, "--remove", "vgpuhost-sim")
+    assert not (root / "usr" / "lib" / "python3" / "dist-packages" / "vgpuhost" / "sim").exists()
+    no_sim = inside("/usr/bin/vgpuhost", "sim", "specs", check=False)
+    assert no_sim.returncode == 2 and "apt install vgpuhost-sim" in no_sim.stderr, no_sim.stdout + no_sim.stderr
+    mdevs = sorted(os.listdir(root / "sys" / "bus" / "mdev" / "devices"))
+    no_sim = inside("/usr/bin/vgpuhost", "--local", "vgpu", "create", "--gpu", "0000:81:00.0", "--profile", "A40-8Q",
+                    check=False)            # this root is a simulated host: its kernel is the simulator's
+    assert no_sim.returncode == 2 and "simulator is not installed" in no_sim.stderr, no_sim.stdout + no_sim.stderr
+    assert sorted(os.listdir(root / "sys" / "bus" / "mdev" / "devices")) == mdevs
+    assert inside("/usr/bin/vgpuhost", "--root", "/srv/host", "--json", "gpus").returncode == 0
 
     # remove: every unit stopped, the hook taken out (it would fail without the package)
     gone = _dpkg(root, "--remove", "vgpuhost")

@@ -179,3 +179,19 @@ def test_the_exit_codes_the_cli_guide_documents_are_the_codes_table():
     table = guide.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     listed = [int(x) for x in re.findall(r"^\| `(\d+)` \|", table, re.M)]
     assert listed == sorted(v for k, v in vars(errors).items() if k.startswith("EXIT_")), listed
+
+
+def test_one_version_for_the_program_the_debian_packages_and_the_ansible_collection():
+    """vgpuhost.__version__ is the version of the Debian source package (debian/changelog's newest entry), of the
+    Ansible collection (galaxy.yml) and of the collection's newest changelog release."""
+    import yaml
+
+    import vgpuhost
+    version = vgpuhost.__version__
+    debian = re.match(r"vgpuhost \(([^)]+)\)", (REPO / "debian" / "changelog").read_text())
+    assert debian and debian.group(1) == version, (debian and debian.group(0), version)
+    galaxy = yaml.safe_load((REPO / "ansible" / "galaxy.yml").read_text())
+    assert galaxy["version"] == version, galaxy["version"]
+    releases = yaml.safe_load((REPO / "ansible" / "changelogs" / "changelog.yaml").read_text())["releases"]
+    newest = max(releases, key=lambda v: tuple(int(x) for x in v.split(".")))
+    assert newest == version, sorted(releases)

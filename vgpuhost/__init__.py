@@ -6,4 +6,4 @@ docs/development/architecture.md for the architecture; every kernel path is deri
 :class:`vgpuhost.hostroot.HostRoot`.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -21,7 +21,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, VgpuhostError
+from ..model.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, HostEnvironmentError, VgpuhostError
 from .common import EXIT_INTERNAL, Context, printable  # noqa: F401 (Context: the root group's obj, for callers)
 from .lean import hoist_json, match
 from .output import dumps
@@ -59,9 +59,41 @@ class LazyGroup(click.Group):
         return self.commands.get(cmd_name)
 
 
+#: the family whose commands come with another Debian package, and that package (debian/control)
+OPTIONAL_FAMILIES = {"sim": "vgpuhost-sim"}
+
+
+def _absent_family(name: str, package: str) -> click.Command:
+    """A stand-in for family ``name`` whose code is not installed: every use says which package has it
+    (exit 2, nothing read or changed)."""
+
+    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                           "help_option_names": []},
+                   help=f"Not installed here: comes with the {package} package.")
+    def absent() -> None:
+        raise HostEnvironmentError(f"'vgpuhost {name}' is not installed on this host",
+                                   hint=f"install the {package} package (apt install {package})")
+    return absent
+
+
+class _Absent:
+    """The module stand-in :func:`load_family` returns for an optional family that is not installed."""
+
+    def __init__(self, command: click.Command):
+        self.COMMANDS = (command,)
+
+
 def load_family(name: str):
-    """Import ``vgpuhost.cli.<name>`` and add its ``COMMANDS`` to the root group; the module."""
-    module = importlib.import_module(f"{__package__}.{name}")
+    """Import ``vgpuhost.cli.<name>`` and add its ``COMMANDS`` to the root group; the module.
+
+    A family of :data:`OPTIONAL_FAMILIES` whose package is not installed (the Debian package
+    ``vgpuhost`` ships without the simulator) gets one stand-in command that names the package."""
+    try:
+        module = importlib.import_module(f"{__package__}.{name}")
+    except ModuleNotFoundError as e:
+        if name not in OPTIONAL_FAMILIES or not (e.name or "").startswith(f"vgpuhost.{name}"):
+            raise
+        module = _Absent(_absent_family(name, OPTIONAL_FAMILIES[name]))
     for command in module.COMMANDS:
         if command.name not in cli.commands:
             cli.add_command(command)

@@ -49,7 +49,14 @@ SIMULATED = {
 def _simulated(what: str, host: HostRoot):
     """The simulator's stand-in ``what`` (a key of :data:`SIMULATED`) for the simulated ``host``."""
     module, _, attribute = SIMULATED[what].partition(":")
-    __import__(module)
+    try:
+        __import__(module)
+    except ModuleNotFoundError as e:        # Debian ships the simulator apart (debian/control)
+        if not (e.name or "").startswith("vgpuhost.sim"):
+            raise
+        from ..model.errors import HostEnvironmentError
+        raise HostEnvironmentError(f"{host.root} is a simulated host, and the simulator is not installed here",
+                                   hint="install the vgpuhost-sim package (apt install vgpuhost-sim)") from None
     return getattr(sys.modules[module], attribute)(host)
 
 
