@@ -12,6 +12,7 @@ libvirt-clients and qemu-system-x86: skipped without them, except in CI
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from typing import Iterator, List
 import libvirt
 import pytest
 
+from jsonschema_plugin import validate_document
 from vgpuhost.sim.libvirtd import NS_DIRS, IsolatedLibvirtd, diskless_domain_xml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # libvirtd_fixture, whatever the import mode
@@ -232,3 +234,52 @@ def test_daemon_and_qemu_die_with_a_killed_owner(libvirtd, tmp_path):
     daemon_pid, qemu = (int(x) for x in proc.stdout.split())
     assert _wait_gone(qemu), f"qemu {qemu} outlived the process that owned its daemon"
     assert _wait_gone(daemon_pid), f"libvirtd {daemon_pid} outlived the process that owned it"
+
+
+def _vgpuhost(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vgpuhost", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_sim_libvirtd_is_kept_running_after_the_command_and_stopped_by_it(libvirtd, tmp_path, make_host):
+    """`vgpuhost sim libvirtd start|status|stop`: a daemon for trying VMs by hand, with the hook for a
+    simulated host, that outlives the command, dies with its keeper, and is stopped without a trace."""
+    root = str(make_host("a40-mdev").root)
+    work = str(tmp_path / "lv")
+    started = _vgpuhost("--root", root, "--json", "sim", "libvirtd", "start", "--hook", work)
+    assert started.returncode == 0, started.stderr
+    doc = json.loads(started.stdout)
+    validate_document(doc)
+    assert doc["running"] and doc["uri"].endswith(f"socket={work}/run/libvirt-sock"), doc
+    # the daemon outlived the command, answers, and runs vgpuhost's hook for the simulated root
+    conn = libvirt.open(doc["uri"])
+    try:
+        assert conn.getURI().startswith("qemu:///system")
+    finally:
+        conn.close()
+    hook = Path(doc["hooks_dir"]) / "vgpuhost"
+    assert hook.is_file() and root in hook.read_text()
+    again = _vgpuhost("--json", "sim", "libvirtd", "start", work)               # idempotent: the same daemon
+    assert again.returncode == 0 and json.loads(again.stdout)["pid"] == doc["pid"], again.stderr
+    status = _vgpuhost("--json", "sim", "libvirtd", "status", work)
+    assert status.returncode == 0 and json.loads(status.stdout)["pid"] == doc["pid"]
+    stopped = _vgpuhost("--json", "sim", "libvirtd", "stop", work)
+    assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is True, stopped.stderr
+    validate_document(json.loads(stopped.stdout))
+    assert _wait_gone(doc["pid"]) and not (tmp_path / "lv" / "keeper.json").exists()
+    status = _vgpuhost("sim", "libvirtd", "status", work)
+    assert status.returncode == 1 and "no libvirtd runs" in status.stdout
+    assert _vgpuhost("sim", "libvirtd", "stop", work).returncode == 0          # nothing to stop: said, exit 0
+    # the keeper killed with -9: its daemon goes with it, and the record left behind counts for nothing
+    started = _vgpuhost("--json", "sim", "libvirtd", "start", work)
+    assert started.returncode == 0, started.stderr
+    kept = json.loads((tmp_path / "lv" / "keeper.json").read_text())
+    os.kill(kept["keeper"], signal.SIGKILL)
+    assert _wait_gone(kept["libvirtd"]), "libvirtd outlived its keeper"
+    assert _vgpuhost("sim", "libvirtd", "status", work).returncode == 1
+
+
+def test_sim_libvirtd_hook_needs_a_simulated_root(tmp_path):
+    """--hook for a root that is not a simulated host is refused before anything starts."""
+    done = _vgpuhost("--root", "/", "sim", "libvirtd", "start", "--hook", str(tmp_path / "lv"))
+    assert done.returncode == 2 and "--hook needs --root to name a simulated host" in done.stderr, done.stderr
+    assert not (tmp_path / "lv").exists()

@@ -1,4 +1,4 @@
-"""`vgpuhost sim specs|create`: simulated hosts, to try vgpuhost without a GPU.
+"""`vgpuhost sim specs|create|libvirtd`: simulated hosts, to try vgpuhost without a GPU.
 
 The commands of the simulator itself: they use :mod:`vgpuhost.sim` directly (its
 specs and builder), as no other command does.
@@ -6,16 +6,20 @@ specs and builder), as no other command does.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List
 
 import click
 
-from ..model.errors import InputError
+from ..hook import install as hookmod
+from ..io import files
+from ..model.errors import EXIT_PROBLEMS, InputError
 from ..sim.build import materialise
 from ..sim.data import bundled_specs
+from ..sim.libvirtd import kept, keep_start, keep_stop
 from ..sim.spec import load_spec
-from .common import Context, emit, pass_ctx
+from .common import Context, emit, pass_ctx, store
 from .output import table
 
 
@@ -60,6 +64,69 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
     doc = {"schema": "vgpuhost.sim-create/v1", "name": hs.name, "root": str(host_root.root)}
     emit(ctx, doc, f"simulated host {hs.name!r} at {host_root.root}\n"
                     f"use: vgpuhost --root {host_root.root} host check   (or export VGPUHOST_ROOT=...)")
+
+
+@sim.group("libvirtd")
+def sim_libvirtd() -> None:
+    """A real libvirtd in private namespaces, kept running for trying VMs by hand."""
+
+
+_WORKDIR = click.argument("workdir", type=click.Path(file_okay=False))
+
+
+def _daemon_doc(workdir: str, doc, running: bool):
+    return {"schema": "vgpuhost.sim-libvirtd/v1", "workdir": str(Path(workdir).absolute()), "running": running,
+            "uri": doc and doc.get("uri"), "hooks_dir": doc and doc.get("hooks_dir"), "pid": doc and doc.get("libvirtd")}
+
+
+@sim_libvirtd.command("start")
+@_WORKDIR
+@click.option("--hook", is_flag=True,
+              help="First install vgpuhost's qemu hook for --root (a simulated host) in the daemon's hooks directory.")
+@pass_ctx
+def sim_libvirtd_start(ctx: Context, workdir: str, hook: bool) -> None:
+    """Start Debian's libvirtd with all its state under WORKDIR (private mount and network namespaces,
+    the machine's own libvirt untouched), kept running after this command exits; idempotent.
+
+    With --hook, domains started there run vgpuhost's hook against --root.  Needs root, util-linux
+    unshare and Debian's libvirt-daemon, libvirt-clients and qemu-system-x86 (exit 2 when missing)."""
+    if hook:
+        if not ctx.host.is_simulated:
+            raise InputError("--hook needs --root to name a simulated host (vgpuhost sim create)",
+                             hint="the daemon's hooks would otherwise act on this machine's GPUs")
+        hooks_dir = Path(workdir).absolute() / "etc" / "hooks" / "qemu.d"    # IsolatedLibvirtd.hooks_dir
+        if kept(Path(workdir)) is None:
+            files.make_dirs(hooks_dir)
+            hookmod.install(ctx.host, hooks_dir=str(hooks_dir), store=store(ctx))
+    doc = keep_start(Path(workdir))
+    uri = doc["uri"]
+    emit(ctx, _daemon_doc(workdir, doc, True),
+         f"libvirtd running in {Path(workdir).absolute()} (pid {doc['libvirtd']})\n"
+         f"use: virsh -c '{uri}' list --all\n"
+         f"     vgpuhost --root {ctx.host.root if hook else 'ROOT'} --connect '{uri}' attach DOMAIN --profile PROFILE\n"
+         f"stop: vgpuhost sim libvirtd stop {workdir}")
+
+
+@sim_libvirtd.command("stop")
+@_WORKDIR
+@pass_ctx
+def sim_libvirtd_stop(ctx: Context, workdir: str) -> None:
+    """Stop the libvirtd kept in WORKDIR: its running domains are destroyed first (their hooks run)."""
+    stopped = keep_stop(Path(workdir))
+    emit(ctx, dict(_daemon_doc(workdir, None, False), stopped=stopped),
+         f"stopped the libvirtd in {workdir}" if stopped else f"no libvirtd runs in {workdir}")
+
+
+@sim_libvirtd.command("status")
+@_WORKDIR
+@pass_ctx
+def sim_libvirtd_status(ctx: Context, workdir: str) -> None:
+    """Whether a libvirtd is kept in WORKDIR, and its URI (exit 1 when none runs)."""
+    doc = kept(Path(workdir))
+    emit(ctx, _daemon_doc(workdir, doc, doc is not None),
+         f"running: {doc['uri']} (pid {doc['libvirtd']})" if doc else f"no libvirtd runs in {workdir}")
+    if doc is None:
+        sys.exit(EXIT_PROBLEMS)
 
 
 COMMANDS: List[click.Command] = [sim]

@@ -59,6 +59,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid as uuidlib
 import weakref
@@ -67,6 +68,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
+from ..io import files
 from ..io.hostroot import HostRoot
 from ..model.errors import HostEnvironmentError
 from ..model.values import is_digits
@@ -82,6 +84,9 @@ NS_DIRS: Dict[str, Path] = {
     "log": MACHINE.path("var", "log", "libvirt"),
     "cache": MACHINE.path("var", "cache", "libvirt"),
 }
+
+#: this module, as ``python -m`` runs it (the namespace's init, the keeper): its name even when it is ``__main__``
+MODULE = "vgpuhost.sim.libvirtd"
 
 QEMU_BINARY = "qemu-system-x86_64"
 #: the users/groups libvirt's qemu driver resolves at start (Debian's build)
@@ -307,7 +312,7 @@ class IsolatedLibvirtd:
         self._proc.log = open(self.log_path, "ab")
         self._proc.popen = subprocess.Popen(
             [find_binary("unshare"), "--mount", "--net", "--propagation", "private",
-             sys.executable, "-m", __name__, "--ns-init", json.dumps(spec)],
+             sys.executable, "-m", MODULE, "--ns-init", json.dumps(spec)],
             stdin=subprocess.DEVNULL, stdout=self._proc.log, stderr=subprocess.STDOUT,
             env=env, start_new_session=True)
         try:
@@ -623,9 +628,117 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+# --- kept running for trying VMs by hand (`vgpuhost sim libvirtd start|stop|status`) -------------------
+
+#: the keeper's record in its workdir: ``{"keeper": pid, "libvirtd": pid, "uri": ..., "hooks_dir": ...}``
+KEEPER_FILE = "keeper.json"
+#: the keeper's own output (what went wrong when it could not start the daemon)
+KEEPER_LOG = "keeper.log"
+
+
+def kept(workdir: Path) -> Optional[Dict[str, object]]:
+    """The record of the libvirtd kept running in ``workdir``, or None when none runs there.
+
+    A record whose keeper is gone (killed with -9) is stale and counts as none."""
+    try:
+        doc = json.loads((Path(workdir) / KEEPER_FILE).read_text())
+        pid = int(doc["keeper"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return doc if _running(pid) else None
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a killed keeper whose parent, the
+    machine's init, has not reaped it yet still answers ``kill(pid, 0)``)."""
+    try:
+        stat = Path(MACHINE.path("proc", str(pid), "stat")).read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
+def keep_start(workdir: Path, timeout_s: float = 60) -> Dict[str, object]:
+    """Start a libvirtd in ``workdir`` that outlives this process, kept by a detached keeper
+    (``python -m vgpuhost.sim.libvirtd --keep WORKDIR``); its record once it answers (:func:`kept`).
+
+    Idempotent: a daemon already kept there is returned as it is.  Raises HostEnvironmentError
+    (with the end of the keeper's log) when it cannot run here or does not answer in ``timeout_s``."""
+    workdir = Path(workdir).absolute()
+    doc = kept(workdir)
+    if doc is not None:
+        return doc
+    ok, reason = available()
+    if not ok:
+        raise HostEnvironmentError(f"cannot run an isolated libvirtd: {reason}",
+                                   hint="run as root on Debian 12 with 'make dev' done")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / KEEPER_FILE).unlink(missing_ok=True)
+    with open(workdir / KEEPER_LOG, "ab") as log:
+        keeper = subprocess.Popen([sys.executable, "-m", MODULE, "--keep", str(workdir)], stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = kept(workdir)
+        if doc is not None:
+            return doc
+        if keeper.poll() is not None or time.monotonic() > deadline:
+            if keeper.poll() is None:
+                keeper.terminate()
+            tail = [line for line in (workdir / KEEPER_LOG).read_text(errors="replace").splitlines() if line.strip()]
+            raise HostEnvironmentError(f"the isolated libvirtd in {workdir} did not start: "
+                                       + (tail[-1][:300] if tail else "no output"),
+                                       hint=f"see {workdir / KEEPER_LOG}")
+        time.sleep(0.05)
+
+
+def keep_stop(workdir: Path, timeout_s: float = 60) -> bool:
+    """Stop the libvirtd kept in ``workdir`` (its running domains destroyed first, so their hooks
+    run); False when none ran there.  Raises HostEnvironmentError when the keeper outlives ``timeout_s``."""
+    workdir = Path(workdir).absolute()
+    doc = kept(workdir)
+    if doc is None:
+        (workdir / KEEPER_FILE).unlink(missing_ok=True)
+        return False
+    pid = int(doc["keeper"])
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while kept(workdir) is not None:
+        if time.monotonic() > deadline:
+            raise HostEnvironmentError(f"the keeper of the isolated libvirtd (pid {pid}) did not stop in "
+                                       f"{timeout_s:g} s", hint=f"see {workdir / KEEPER_LOG}; kill {pid}")
+        time.sleep(0.05)
+    return True
+
+
+def _keep(workdir: Path) -> int:
+    """The keeper: starts the daemon, records it, and stops it on SIGTERM/SIGINT/SIGHUP."""
+    stopping = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, lambda *_: stopping.set())
+    daemon = IsolatedLibvirtd(workdir)
+    try:
+        daemon.start()
+    except HostEnvironmentError as e:
+        print(f"vgpuhost sim libvirtd: {e.one_line()}", flush=True)
+        return 1
+    record = workdir / KEEPER_FILE
+    files.write_atomic(record, json.dumps({"keeper": os.getpid(), "libvirtd": daemon.pid, "uri": daemon.uri,
+                                          "hooks_dir": str(daemon.hooks_dir), "log": str(daemon.log_path)}))
+    try:
+        while not stopping.wait(0.5) and daemon.running:
+            pass
+    finally:
+        daemon.stop()
+        record.unlink(missing_ok=True)
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--ns-init":
         sys.exit(_ns_init(json.loads(sys.argv[2])))
-    print("usage: python -m vgpuhost.sim.libvirtd --ns-init SPEC (internal: run by IsolatedLibvirtd)",
-          file=sys.stderr)
+    if len(sys.argv) == 3 and sys.argv[1] == "--keep":
+        sys.exit(_keep(Path(sys.argv[2])))
+    print("usage: python -m vgpuhost.sim.libvirtd --ns-init SPEC | --keep WORKDIR (internal: run by "
+          "IsolatedLibvirtd and 'vgpuhost sim libvirtd start')", file=sys.stderr)
     sys.exit(2)
