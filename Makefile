@@ -109,7 +109,7 @@ deb:
 	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' --exclude=./ansible/.ansible \
 	    --exclude=./$(CLIENT) -cf - . | tar -C build/deb/vgpuhost -xf -
 	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc
-	cp build/deb/vgpuhost_*_all.deb build/deb/vgpuhost-hook-client_*.deb dist/
+	cp build/deb/vgpuhost_*_all.deb build/deb/vgpuhost-sim_*_all.deb build/deb/vgpuhost-hook-client_*.deb dist/
 	env PATH=/usr/sbin:/usr/bin:/sbin:/bin lintian --pedantic --fail-on warning,pedantic build/deb/vgpuhost_*.changes
 
 # The documentation site (docs/ -> site/); warnings are errors (mkdocs.yml: strict).
