@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -72,6 +73,20 @@ def test_promtool_checks_and_tests_every_rule():
             assert r["alert"] in tested, f"no firing fixture for {r['alert']}"
         else:
             assert r["record"] in recorded, f"no fixture for {r['record']}"
+
+
+def test_every_alert_links_its_runbook():
+    """Each alert's runbook_url is its section of docs/guide/alerts.md under the docs site's address
+    (mkdocs.yml's site_url), and that section exists."""
+    import yaml
+    site = yaml.safe_load((REPO / "mkdocs.yml").read_text())["site_url"]
+    headings = set(re.findall(r"^## (\w+)$", (REPO / "docs" / "guide" / "alerts.md").read_text(), flags=re.M))
+    alerts = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    for r in alerts:
+        assert r["annotations"].get("runbook_url") == f"{site}guide/alerts/#{r['alert'].lower()}", r["alert"]
+        assert r["alert"] in headings, f"docs/guide/alerts.md has no section for {r['alert']}"
+    assert headings == {r["alert"] for r in alerts}, "sections for alerts that no longer exist"
 
 
 def test_the_documented_dcgm_exporter_join_evaluates_on_both_exporters_series():
