@@ -680,7 +680,7 @@ def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
         assert len(info) == 1 and f'domain_uuid="{DOM}"' in info[0] and 'profile="A40-8Q"' in info[0]
         with urllib.request.urlopen(url, timeout=30) as resp:
             scraped = resp.read().decode()
-        assert f'device="{out["id"]}"' in scraped
+        assert f'vm_device="{out["id"]}"' in scraped
 
 
 def test_metrics_off_is_503_saying_why(agent):

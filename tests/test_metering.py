@@ -255,11 +255,12 @@ def test_exporter_serves_the_snapshot(loaded):
         stop.set()
         t.join(10)
     assert "vgpuhost_up 1.0" in text
-    assert f'vgpuhost_device_sm_busy_seconds_total{{device="{recs[DOM_A]}"}}' in text
-    assert re.search(r'vgpuhost_device_info\{device="%s",domain="%s",domain_uuid="%s",gpu="0000:81:00.0",'
-                     r'gpu_instance="",kind="vgpu",profile="A40-8Q",qos="",tenant=""\} 1.0'
-                     % (recs[DOM_A], DOM_A, DOM_A), text)
-    assert f'vgpuhost_device_licensed{{device="{recs[DOM_B]}"}} 0.0' in text
+    assert f'vgpuhost_device_sm_busy_seconds_total{{vm_device="{recs[DOM_A]}"}}' in text
+    assert re.search(r'vgpuhost_device_info\{domain="%s",domain_uuid="%s",gpu="0000:81:00.0",'
+                     r'gpu_instance="",kind="vgpu",profile="A40-8Q",qos="",tenant="",vm_device="%s"\} 1.0'
+                     % (DOM_A, DOM_A, recs[DOM_A]), text)
+    assert "device=" not in text.replace("vm_device=", "")       # dcgm-exporter's label name stays its own
+    assert f'vgpuhost_device_licensed{{vm_device="{recs[DOM_B]}"}} 0.0' in text
     assert 'vgpuhost_free_instances{pool="",profile="A40-8Q"} 4.0' in text
     assert 'vgpuhost_orphaned_devices{reason="owner-not-running"} 2.0' in text
     assert "pid" not in text.lower()
@@ -486,6 +487,21 @@ def test_tenancy_feeds_labels_and_quota_series(loaded):
     assert used[("alpha", "vgpus")] == 1 and used[("alpha", "framebuffer_bytes")] == 8192 * MIB
     assert limit[("alpha", "vgpus", "guaranteed")] == 2 and limit[("alpha", "vgpus", "burst")] == 3
     assert limit[("alpha", "framebuffer_bytes", "guaranteed")] == 8192 * MIB
+    # served with one unit per name: counts and bytes apart
+    from prometheus_client import CollectorRegistry, generate_latest
+    from vgpuhost.ops.exporter import SnapshotCollector
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: snap, 10))
+    from prometheus_client.parser import text_string_to_metric_families
+    served = {(x.name, tuple(sorted(x.labels.items()))): x.value
+              for f in text_string_to_metric_families(generate_latest(registry).decode()) for x in f.samples
+              if x.name.startswith("vgpuhost_tenant_quota")}
+    assert served[("vgpuhost_tenant_quota_used", (("resource", "vgpus"), ("tenant", "alpha")))] == 1.0
+    assert served[("vgpuhost_tenant_quota_used_bytes", (("resource", "framebuffer"), ("tenant", "alpha")))] == 8192 * MIB
+    assert served[("vgpuhost_tenant_quota_limit_bytes",
+                   (("limit", "guaranteed"), ("resource", "framebuffer"), ("tenant", "alpha")))] == 8192 * MIB
+    for name, labels in served:                 # bytes only on the _bytes series, counts never there
+        assert (dict(labels)["resource"] == "framebuffer") == name.endswith("_bytes"), (name, labels)
     # rollups carry the tenant, so usage --by tenant bills it
     nv.advance(10)
     s.tick()
@@ -713,7 +729,7 @@ def test_wall_clock_steps_neither_bill_nor_lose_time_nor_make_counters_fall(load
     rows = st.usage_rows(store)
     for dev in recs.values():
         assert sum(r[9] for r in rows if r[1] == dev) == pytest.approx(real_s, abs=1e-3)
-        assert seen[-1][f'vgpuhost_device_allocated_seconds_total{{device="{dev}"}}'] == pytest.approx(real_s,
+        assert seen[-1][f'vgpuhost_device_allocated_seconds_total{{vm_device="{dev}"}}'] == pytest.approx(real_s,
                                                                                                        abs=1e-3)
     # busy seconds: SM 50% from 5 s in, for the 65 s of real time the trace ran
     assert sum(r[10] for r in rows if r[1] == recs[DOM_A]) == pytest.approx(0.5 * (real_s - 5), rel=1e-6)
@@ -746,9 +762,9 @@ def test_a_wall_clock_back_step_without_a_monotonic_reading_counts_as_no_time(lo
     for step, advance in ((0, 10), (-600, 0), (0, 10)):
         nv.step_wall(step)
         nv.advance(advance)
-        allocated.append(_scrape_counters(s)[f'vgpuhost_device_allocated_seconds_total{{device="{recs[DOM_A]}"}}'])
+        allocated.append(_scrape_counters(s)[f'vgpuhost_device_allocated_seconds_total{{vm_device="{recs[DOM_A]}"}}'])
         s.tick()
-    allocated.append(_scrape_counters(s)[f'vgpuhost_device_allocated_seconds_total{{device="{recs[DOM_A]}"}}'])
+    allocated.append(_scrape_counters(s)[f'vgpuhost_device_allocated_seconds_total{{vm_device="{recs[DOM_A]}"}}'])
     assert allocated == sorted(allocated) and allocated[-1] == pytest.approx(20, abs=1e-3)
     rows = st.usage_rows(store)
     assert sum(r[9] for r in rows if r[1] == recs[DOM_A]) == pytest.approx(20, abs=1e-3)
@@ -758,7 +774,7 @@ def test_a_wall_clock_back_step_without_a_monotonic_reading_counts_as_no_time(lo
 def test_a_device_counter_never_falls_when_its_domain_changes_in_one_process(loaded):
     host, store, nv, recs, traces = loaded
     dev = recs[DOM_A]
-    name = f'vgpuhost_device_allocated_seconds_total{{device="{dev}"}}'
+    name = f'vgpuhost_device_allocated_seconds_total{{vm_device="{dev}"}}'
     s = Sampler(nv, store, interval_s=10)
     s.tick()
     seen = []
@@ -914,8 +930,8 @@ def test_busy_seconds_never_exceed_allocated_seconds_when_a_device_appears_or_co
         s.tick()
         alloc, busy = totals()
         scraped = _scrape_counters(s)
-        counters = (scraped.get(f'vgpuhost_device_allocated_seconds_total{{device="{mdev}"}}', 0.0),
-                    scraped.get(f'vgpuhost_device_sm_busy_seconds_total{{device="{mdev}"}}', 0.0))
+        counters = (scraped.get(f'vgpuhost_device_allocated_seconds_total{{vm_device="{mdev}"}}', 0.0),
+                    scraped.get(f'vgpuhost_device_sm_busy_seconds_total{{vm_device="{mdev}"}}', 0.0))
         checked.append((alloc, busy, counters))
         assert busy <= alloc + 1e-6, checked
         assert counters[1] <= counters[0] + 1e-6, checked

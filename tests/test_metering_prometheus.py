@@ -247,7 +247,7 @@ scrape_configs:
         time.sleep(3.0)
 
         expr = ('sum by (tenant) (vgpuhost_device_sm_busy_seconds_total{job="vgpuhost"} '
-                '* on (instance, device) group_left (tenant) vgpuhost_device_info{job="vgpuhost"})')
+                '* on (instance, vm_device) group_left (tenant) vgpuhost_device_info{job="vgpuhost"})')
         # the newest scrape: the counters and the sampler's clock come from it together
         last = _query(base, 'timestamp(vgpuhost_sampler_last_sample_timestamp_seconds{job="vgpuhost"})')
         at = float(last[0]["value"][1])

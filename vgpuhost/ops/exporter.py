@@ -77,27 +77,27 @@ class SnapshotCollector:
         yield c
 
         info = GaugeMetricFamily(PREFIX + "device_info", "One per metered device: who holds it",
-                                 labels=["device", "kind", "gpu", "profile", "gpu_instance", "domain",
+                                 labels=["vm_device", "kind", "gpu", "profile", "gpu_instance", "domain",
                                          "domain_uuid", "tenant", "qos"])
         fams = {
             "alloc": CounterMetricFamily(PREFIX + "device_allocated_seconds",
-                                         "Seconds the device was allocated to its domain", labels=["device"]),
+                                         "Seconds the device was allocated to its domain", labels=["vm_device"]),
             "sm": CounterMetricFamily(PREFIX + "device_sm_busy_seconds",
-                                      "SM busy seconds (utilisation x time; 0 for passthrough)", labels=["device"]),
+                                      "SM busy seconds (utilisation x time; 0 for passthrough)", labels=["vm_device"]),
             "enc": CounterMetricFamily(PREFIX + "device_encoder_busy_seconds", "Encoder busy seconds",
-                                       labels=["device"]),
+                                       labels=["vm_device"]),
             "dec": CounterMetricFamily(PREFIX + "device_decoder_busy_seconds", "Decoder busy seconds",
-                                       labels=["device"]),
+                                       labels=["vm_device"]),
             "fb": GaugeMetricFamily(PREFIX + "device_framebuffer_used_bytes", "Framebuffer in use",
-                                    labels=["device"]),
+                                    labels=["vm_device"]),
             "peak": GaugeMetricFamily(PREFIX + "device_framebuffer_peak_bytes",
-                                      "Highest framebuffer use seen for this device and domain", labels=["device"]),
+                                      "Highest framebuffer use seen for this device and domain", labels=["vm_device"]),
             "size": GaugeMetricFamily(PREFIX + "device_framebuffer_size_bytes", "Framebuffer of the profile",
-                                      labels=["device"]),
+                                      labels=["vm_device"]),
             "lic": GaugeMetricFamily(PREFIX + "device_licensed",
-                                     "1 when the vGPU holds a licence, else 0 (vGPUs only)", labels=["device"]),
+                                     "1 when the vGPU holds a licence, else 0 (vGPUs only)", labels=["vm_device"]),
             "util": GaugeMetricFamily(PREFIX + "device_sm_utilization_ratio",
-                                      "SM utilisation of the last sample (0-1)", labels=["device"]),
+                                      "SM utilisation of the last sample (0-1)", labels=["vm_device"]),
         }
         for d in snap.devices:
             o = d.owner
@@ -153,6 +153,11 @@ class SnapshotCollector:
         yield from _host_families(snap.host)
 
 
+#: the host series' quota resources measured in bytes (ops/metering) -> their ``resource`` label on the
+#: ``..._bytes`` series
+BYTES_RESOURCES = {"framebuffer_bytes": "framebuffer"}
+
+
 def _host_families(host: Dict[str, object]) -> Iterator[object]:
     if "free_instances" in host:
         f = GaugeMetricFamily(PREFIX + "free_instances", "vGPUs of a profile that can still be created now",
@@ -180,16 +185,26 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
         f.add_metric([], float(host["journal_open"]))
         yield f
     if "quota_used" in host:
-        used = GaugeMetricFamily(PREFIX + "tenant_quota_used", "A tenant's use of a quota resource",
-                                 labels=["tenant", "resource"])
-        lim = GaugeMetricFamily(PREFIX + "tenant_quota_limit", "A tenant's quota",
+        # one unit per name: counts (vGPUs, MIG slices, passthrough GPUs) and bytes (framebuffer) apart
+        used = GaugeMetricFamily(PREFIX + "tenant_quota_used", "A tenant's use of a counted quota resource "
+                                 "(vgpus, mig_slices, passthrough_gpus)", labels=["tenant", "resource"])
+        used_b = GaugeMetricFamily(PREFIX + "tenant_quota_used_bytes", "A tenant's use of a quota resource "
+                                   "measured in bytes (framebuffer)", labels=["tenant", "resource"])
+        lim = GaugeMetricFamily(PREFIX + "tenant_quota_limit", "A tenant's quota of a counted resource",
                                 labels=["tenant", "resource", "limit"])
+        lim_b = GaugeMetricFamily(PREFIX + "tenant_quota_limit_bytes", "A tenant's quota of a resource measured "
+                                  "in bytes", labels=["tenant", "resource", "limit"])
         for (tenant, resource), v in sorted(host["quota_used"].items()):
-            used.add_metric([tenant, resource], float(v))
+            if resource in BYTES_RESOURCES:
+                used_b.add_metric([tenant, BYTES_RESOURCES[resource]], float(v))
+            else:
+                used.add_metric([tenant, resource], float(v))
         for (tenant, resource, kind), v in sorted(host.get("quota_limit", {}).items()):
-            lim.add_metric([tenant, resource, kind], float(v))
-        yield used
-        yield lim
+            if resource in BYTES_RESOURCES:
+                lim_b.add_metric([tenant, BYTES_RESOURCES[resource], kind], float(v))
+            else:
+                lim.add_metric([tenant, resource, kind], float(v))
+        yield from (used, used_b, lim, lim_b)
     if "guarantee_at_risk" in host:
         f = GaugeMetricFamily(PREFIX + "tenant_guarantee_at_risk",
                               "1 when the tenant's guarantee cannot be served beside the other tenants' now",
@@ -200,7 +215,7 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
     if "anomalies" in host:
         f = GaugeMetricFamily(PREFIX + "anomaly", "1 per anomaly flag: kind (usage-spike, saturated, "
                               "idle-guaranteed, gaps-growing), tenant and device where it names one; "
-                              "'vgpuhost advise' says why and what to do", labels=["kind", "tenant", "device"])
+                              "'vgpuhost advise' says why and what to do", labels=["kind", "tenant", "vm_device"])
         for (kind, tenant, device), v in sorted(host["anomalies"].items()):
             f.add_metric([kind, tenant, device], v)
         yield f
