@@ -891,6 +891,40 @@ def test_cli_status_a_foreign_hook_file_is_not_installed(make_host, capsys):
     assert (d / "vgpuhost").read_text() == "#!/bin/sh\nexit 0\n"
 
 
+def test_cli_status_lists_the_other_qemu_hooks_in_libvirts_order_and_warns_of_gpu_ones(make_host, capsys):
+    """libvirt runs hooks/qemu, then qemu.d/* by name (docs/reference/libvirt.md#hooks): hook status lists
+    the others in that order, and warns (exit 1) about one whose text names a GPU of this host or a tool of
+    the GPU device layer -- naming only those terms, never echoing the script."""
+    host = make_host("a40-mdev")
+    root = str(host.root)
+    d = host.libvirt_hooks / "qemu.d"
+    assert cli_main(["--root", root, "hook", "install"]) == 0
+    capsys.readouterr()
+
+    def script(path, text, mode=0o755):
+        path.write_text("#!/bin/sh\n" + text)
+        path.chmod(mode)
+
+    script(host.libvirt_hooks / "qemu", "logger started $1\n")                     # the main script: first
+    script(d / "10-net", "ip link set tap0 up\n")                                 # before vgpuhost, harmless
+    script(d / "zz-detach", "virsh nodedev-detach pci_0000_81_00_0  # SECRET-TOKEN\n")   # after, the A40
+    script(d / "yy-notes", "echo sriov_numvfs\n", mode=0o644)                    # not executable: not run
+    assert cli_main(["--root", root, "--json", "hook", "status"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert not doc["ok"]
+    got = [(Path(o["path"]).name, o["order"], o["before_vgpuhost"], o["gpus"], o["acts_on"])
+           for o in doc["other_hooks"]]
+    assert got == [("qemu", 1, True, [], []), ("10-net", 2, True, [], []),
+                   ("zz-detach", 4, False, [str(A40)], ["nodedev-detach"])], got
+    assert cli_main(["--root", root, "hook", "status"]) == 1
+    out = capsys.readouterr().out
+    assert f"other hook:  {d / 'zz-detach'} (runs after vgpuhost's, #4): WARNING: it names {A40}, nodedev-detach" \
+        in out and "SECRET-TOKEN" not in out
+    (d / "zz-detach").unlink()
+    assert cli_main(["--root", root, "hook", "status"]) == 0            # the harmless ones are listed only
+    assert "other hook:  " in capsys.readouterr().out
+
+
 def test_a_group_the_operator_bound_is_used_as_it_is(make_host):
     from vgpuhost.ops.passthrough import prepare as pt_prepare
     host = a100_vfs_off(make_host)

@@ -100,8 +100,10 @@ def hook_uninstall(cctx: click.Context, hooks_dir: Optional[str], dry_run: bool)
 def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
     """Is the hook installed and current, does libvirt's directory exist, what does the allow-list allow?
 
-    Exit 0 when installed, current and executable, and the allow-list reads and names only GPUs of this
-    host; 1 otherwise.
+    Also lists the other qemu hooks libvirt runs, in its order, and warns about one whose text names a GPU
+    of this host or a tool or sysfs file of the GPU device layer.  Exit 0 when installed, current and
+    executable, the allow-list reads and names only GPUs of this host, and no other hook is warned about;
+    1 otherwise.
     """
     ctx = cctx.obj
     doc = _status(ctx.host, hooks_dir)
@@ -124,6 +126,15 @@ def hook_status(cctx: click.Context, hooks_dir: Optional[str]) -> None:
     if doc["allow"]["missing"]:
         lines.append("             allow-list names GPUs this host does not have: "
                      f"{', '.join(doc['allow']['missing'])} (fix or remove those lines)")
+    for o in doc["other_hooks"]:
+        when = "before" if o["before_vgpuhost"] else "after"
+        line = f"other hook:  {o['path']} (runs {when} vgpuhost's, #{o['order']})"
+        if o["gpus"] or o["acts_on"]:
+            named = ", ".join(o["gpus"] + o["acts_on"])
+            line += (f": WARNING: it names {named}, which vgpuhost manages on this host: a hook that changes a "
+                     "GPU's drivers, VFs or vGPUs can undo or break what vgpuhost makes (make it skip the "
+                     "GPUs vgpuhost manages)")
+        lines.append(line)
     if foreign:
         lines.append(f"not installed: {doc['path']} is someone else's: move it aside, then run '{install}' "
                      "and reload libvirtd (systemctl reload libvirtd)")

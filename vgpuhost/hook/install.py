@@ -321,12 +321,51 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
         allow.update(present=True, gpus=[], error=e.one_line(), summary="unreadable: the hook refuses every GPU domain",
                      missing=[])
     bundle = dict(path=bundle_path(str(host.root)), **check(bundle_path(str(host.root))))
+    others = other_hooks(host, d)
     return {"schema": "vgpuhost.hook-status/v1", "path": str(path), "hooks_dir": str(d),
             "hooks_dir_exists": files.is_dir(d), "installed": installed, "written_by_vgpuhost": ours,
             "current": current, "executable": executable,
             "libvirt_hooks_dir": str(d.parent), "libvirt_hooks_dir_exists": files.is_dir(d.parent),
-            "allow": allow, "bundle": bundle,
-            "ok": bool(installed and ours and current and executable and not allow["error"] and not allow["missing"])}
+            "allow": allow, "bundle": bundle, "other_hooks": others,
+            "ok": bool(installed and ours and current and executable and not allow["error"] and not allow["missing"]
+                       and not any(o["gpus"] or o["acts_on"] for o in others))}
+
+
+#: what another hook's text may name that acts on GPUs: the sysfs files and tools of the device layer that
+#: vgpuhost owns on the GPUs it manages (a hook that uses one can undo what vgpuhost's hook made)
+GPU_ACTIONS = ("/sys/bus/mdev", "mdev_supported_types", "sriov_numvfs", "sriov-manage", "driver_override",
+               "driverctl", "mdevctl", "nodedev-detach", "nodedev-reattach", "nodedev-dettach", "vfio-pci",
+               "/sys/bus/pci/drivers/nvidia", "nvidia-smi", "current_vgpu_type", "creatable_vgpu_types")
+
+
+def other_hooks(host: HostRoot, hooks_dir) -> List[Dict[str, object]]:
+    """The other qemu hooks libvirt runs, in its order: ``<hooks>/qemu`` first, then every executable in
+    ``qemu.d`` by name in byte order (docs/reference/libvirt.md#hooks); vgpuhost's own is left out.
+
+    Each: ``{"path", "order" (1-based, vgpuhost's own counted), "before_vgpuhost", "gpus" (this host's NVIDIA
+    GPUs its text names: BDF, short BDF or libvirt's pci_dddd_bb_ss_f), "acts_on" (the GPU_ACTIONS terms
+    its text names)}``.  Only the first MiB of each is read; nothing of its text is returned but those terms.
+    """
+    d = Path(hooks_dir)
+    paths = [d.parent / "qemu"] + [d / n for n in files.names_in(d)]
+    run = [x for x in paths if files.is_executable_file(x)]
+    gpus = [g.address for g in discover(Sysfs(host), with_types=False).gpus]
+    spellings = {str(g): (str(g), f"{g.bus:02x}:{g.slot:02x}.{g.function}",
+                          f"pci_{g.domain:04x}_{g.bus:02x}_{g.slot:02x}_{g.function}") for g in gpus}
+    mine = d / HOOK_NAME
+    position = next((i for i, x in enumerate(run) if x == mine), len(run))
+    out: List[Dict[str, object]] = []
+    for i, x in enumerate(run):
+        if x == mine:
+            continue
+        try:
+            text = (_read(x) or "").lower()
+        except OSError:
+            text = ""
+        out.append({"path": str(x), "order": i + 1, "before_vgpuhost": i < position,
+                    "gpus": sorted(bdf for bdf, names in spellings.items() if any(n in text for n in names)),
+                    "acts_on": [t for t in GPU_ACTIONS if t in text]})
+    return out
 
 
 def _missing_gpus(host: HostRoot, entries) -> List[str]:

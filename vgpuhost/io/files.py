@@ -21,7 +21,7 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from pathlib import Path
-    from typing import Optional, Union
+    from typing import List, Optional, Union
 
     PathArg = Union[str, "os.PathLike[str]"]
 
@@ -190,6 +190,14 @@ def which(program: str, path: str = "/usr/bin:/bin") -> Optional[str]:
     """The absolute path of ``program`` on ``path`` (not the caller's ``$PATH``), or None."""
     import shutil
     return shutil.which(program, path=path)
+
+
+def names_in(path: PathArg) -> List[str]:
+    """The names of a directory's entries, sorted by their bytes (C locale order); [] when it is absent."""
+    try:
+        return sorted(os.listdir(path), key=os.fsencode)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def is_executable_file(path: PathArg) -> bool:
