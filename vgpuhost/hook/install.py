@@ -333,9 +333,9 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
 
 #: what another hook's text may name that acts on GPUs: the sysfs files and tools of the device layer that
 #: vgpuhost owns on the GPUs it manages (a hook that uses one can undo what vgpuhost's hook made)
-GPU_ACTIONS = ("/sys/bus/mdev", "mdev_supported_types", "sriov_numvfs", "sriov-manage", "driver_override",
+GPU_ACTIONS = ("bus/mdev", "mdev_supported_types", "sriov_numvfs", "sriov-manage", "driver_override",
                "driverctl", "mdevctl", "nodedev-detach", "nodedev-reattach", "nodedev-dettach", "vfio-pci",
-               "/sys/bus/pci/drivers/nvidia", "nvidia-smi", "current_vgpu_type", "creatable_vgpu_types")
+               "drivers/nvidia", "nvidia-smi", "current_vgpu_type", "creatable_vgpu_types")
 
 
 def other_hooks(host: HostRoot, hooks_dir) -> List[Dict[str, object]]:
