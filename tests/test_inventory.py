@@ -236,3 +236,40 @@ def test_an_mdev_removed_while_discovery_reads_it_is_skipped(make_host, monkeypa
 
     monkeypatch.setattr(Sysfs, "resolve", racing)
     assert discover(Sysfs(host)).mdevs == ()
+
+
+def _label(path, selinux_type):
+    """Give ``path`` an SELinux context of ``selinux_type`` (its security.selinux attribute, as restorecon sets it)."""
+    import os
+    os.setxattr(path, "security.selinux", f"system_u:object_r:{selinux_type}:s0".encode() + b"\0")
+
+
+def test_selinux_confined_hooks_and_a_hand_made_hooks_directory_are_warned(make_host):
+    """SELinux enforcing with virt_hooks_unconfined off runs libvirt's hooks confined (rhbz#2276917), and a
+    hooks directory with /etc/libvirt's type was made by hand: host check warns of each with its fix; with
+    the boolean on and the directory relabelled, or SELinux permissive or off, it says nothing."""
+    host = make_host("a40-mdev")
+    selinux = host.root / "sys" / "fs" / "selinux"
+    hooks = host.root / "etc" / "libvirt" / "hooks"
+    hooks.mkdir(parents=True)
+    assert "SELINUX_HOOKS_CONFINED" not in _codes(check_host(discover(Sysfs(host))), "host")   # no SELinux
+    (selinux / "booleans").mkdir(parents=True)
+    (selinux / "enforce").write_text("1")
+    (selinux / "booleans" / "virt_hooks_unconfined").write_text("0 0")
+    _label(hooks.parent, "virt_etc_t")
+    _label(hooks, "virt_etc_t")
+    inv = discover(Sysfs(host))
+    assert inv.host.selinux.enforcing and inv.host.selinux.hooks_unconfined is False
+    f = _codes(check_host(inv), "host")
+    assert f["SELINUX_HOOKS_CONFINED"].severity == "warning"
+    assert f["SELINUX_HOOKS_CONFINED"].fix == "setsebool -P virt_hooks_unconfined on"
+    assert f["SELINUX_HOOKS_LABEL"].fix == "restorecon -Rv /etc/libvirt/hooks"
+    assert "(virt_etc_t)" in f["SELINUX_HOOKS_LABEL"].message
+    (selinux / "booleans" / "virt_hooks_unconfined").write_text("1 1")
+    _label(hooks, "virt_hook_exec_t")
+    f = _codes(check_host(discover(Sysfs(host))), "host")
+    assert "SELINUX_HOOKS_CONFINED" not in f and "SELINUX_HOOKS_LABEL" not in f
+    (selinux / "booleans" / "virt_hooks_unconfined").write_text("0 0")
+    (selinux / "enforce").write_text("0")                                     # permissive: nothing is denied
+    f = _codes(check_host(discover(Sysfs(host))), "host")
+    assert "SELINUX_HOOKS_CONFINED" not in f and "SELINUX_HOOKS_LABEL" not in f

@@ -192,6 +192,17 @@ def which(program: str, path: str = "/usr/bin:/bin") -> Optional[str]:
     return shutil.which(program, path=path)
 
 
+def selinux_label(path: PathArg) -> Optional[str]:
+    """The SELinux context of ``path`` (its ``security.selinux`` extended attribute, e.g.
+    ``system_u:object_r:virt_etc_t:s0``); None when it has none, is absent, or the filesystem keeps no
+    extended attributes."""
+    try:
+        raw = os.getxattr(path, "security.selinux")
+    except OSError:
+        return None
+    return raw.rstrip(b"\0").decode("utf-8", "replace") or None
+
+
 def names_in(path: PathArg) -> List[str]:
     """The names of a directory's entries, sorted by their bytes (C locale order); [] when it is absent."""
     try:

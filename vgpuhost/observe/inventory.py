@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 
+from ..io import files
 from ..io.sysfs import Sysfs
 from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_current_type,
                           vf_has_vendor_vgpu, vf_offers)
@@ -240,6 +241,21 @@ class Gpu:
 
 
 @record(frozen=True)
+class SelinuxFacts:
+    """SELinux facts for libvirt's hooks (docs/reference/libvirt.md#selinux).
+
+    ``enforcing``: ``sys/fs/selinux/enforce`` reads 1.  ``hooks_unconfined``: the policy boolean
+    ``virt_hooks_unconfined`` (its current value; None where the policy has no such boolean).
+    ``hooks_label`` / ``etc_label``: the SELinux types of ``etc/libvirt/hooks`` and of ``etc/libvirt``
+    (None: unlabelled or absent)."""
+
+    enforcing: bool
+    hooks_unconfined: Optional[bool]
+    hooks_label: Optional[str]
+    etc_label: Optional[str]
+
+
+@record(frozen=True)
 class HostFacts:
     """Host-level facts read from proc/ and lib/modules under the root."""
 
@@ -254,6 +270,8 @@ class HostFacts:
     processes: FrozenSet[str]             # proc/<pid>/comm values (truncated to 15 characters)
     boot_framebuffers: Mapping[str, Tuple[str, ...]]  # BDF -> BOOTFB/efifb/... owners in iomem
     iommu_units: Tuple[str, ...]
+    #: SELinux as libvirt's hooks meet it (None: SELinux is not on, ``sys/fs/selinux/enforce`` is absent)
+    selinux: "Optional[SelinuxFacts]" = None
 
     @property
     def cmdline_args(self) -> Dict[str, str]:
@@ -1032,7 +1050,24 @@ def read_host_facts(fs: Sysfs) -> HostFacts:
                      kernel_release=release, modules_loaded=loaded, modules_builtin=builtin,
                      modules_available=available, interrupt_remapping=ir, processes=frozenset(procs),
                      boot_framebuffers=_boot_framebuffers(fs.read_optional(host.s.path("proc", "iomem")) or ""),
-                     iommu_units=tuple(fs.listdir(host.s.iommu_class)))
+                     iommu_units=tuple(fs.listdir(host.s.iommu_class)), selinux=_read_selinux(fs))
+
+
+def _read_selinux(fs: Sysfs) -> Optional[SelinuxFacts]:
+    """SELinux's mode, the hooks' boolean and the labels of libvirt's hooks directory, where SELinux is on."""
+    host = fs.host
+    enforce = fs.read_optional(host.s.path("sys", "fs", "selinux", "enforce"))
+    if enforce is None:
+        return None
+    boolean = fs.read_optional(host.s.path("sys", "fs", "selinux", "booleans", "virt_hooks_unconfined"))
+    unconfined = None if boolean is None or not boolean.split() else boolean.split()[0] == "1"
+
+    def type_of(path: str) -> Optional[str]:
+        label = files.selinux_label(path)               # user:role:type:level
+        parts = label.split(":") if label else []
+        return parts[2] if len(parts) >= 3 else None
+    return SelinuxFacts(enforcing=enforce.strip() == "1", hooks_unconfined=unconfined,
+                        hooks_label=type_of(host.s.libvirt_hooks), etc_label=type_of(host.s.etc("libvirt")))
 
 
 def _module_name(path: str) -> str:

@@ -57,6 +57,7 @@ def check_host(inv: Inventory) -> List[Finding]:
     out += _check_iommu(inv)
     out += _check_vfio_modules(inv)
     out += _check_host_blockers(inv)
+    out += _check_selinux(inv)
     for gpu in inv.gpus:
         out += check_gpu(inv, gpu)
     if not inv.gpus:
@@ -160,6 +161,28 @@ def _check_vfio_modules(inv: Inventory) -> List[Finding]:
         out.append(Finding("info", "VFIO_BUILTIN", "host",
                            "vfio-pci is built into the kernel: it cannot be unloaded, and early binding "
                            "must use vfio-pci.ids= on the kernel command line instead of modprobe.d"))
+    return out
+
+
+def _check_selinux(inv: Inventory) -> List[Finding]:
+    """libvirt's hooks under SELinux (docs/reference/libvirt.md#selinux): Fedora's policy runs them in
+    virt_hook_unconfined_t only with the boolean virt_hooks_unconfined on (off by default; rhbz#2276917),
+    and a hooks directory made by hand inherits /etc/libvirt's type instead of its own."""
+    se = inv.host.selinux
+    if se is None or not se.enforcing:
+        return []
+    out: List[Finding] = []
+    if se.hooks_unconfined is False:
+        out.append(Finding("warning", "SELINUX_HOOKS_CONFINED", "host",
+                           "SELinux is enforcing and virt_hooks_unconfined is off: libvirt runs its hooks "
+                           "confined, so vgpuhost's hook is denied the GPUs' sysfs files and every VM start "
+                           "with a vGPU fails",
+                           "setsebool -P virt_hooks_unconfined on"))
+    if se.hooks_label is not None and se.hooks_label == se.etc_label:
+        out.append(Finding("warning", "SELINUX_HOOKS_LABEL", "host",
+                           f"/etc/libvirt/hooks has the SELinux type of /etc/libvirt ({se.hooks_label}), as a "
+                           "directory made by hand inherits: the policy's rules for hooks do not apply to it",
+                           "restorecon -Rv /etc/libvirt/hooks"))
     return out
 
 
