@@ -1051,3 +1051,38 @@ def test_the_dashboard_imports_with_a_datasource_input_and_every_tenant_panel_ho
             if "device_" in expr or "tenant_" in expr or "gpu_instance_" in expr:
                 assert 'tenant=~"$tenant"' in expr, (panel["title"], expr)
             assert 'instance=~"$instance"' in expr, (panel["title"], expr)
+
+
+def test_licence_state_and_expiry_reach_the_exporter_and_host_check(loaded, capsys):
+    """Each vGPU's full licence state (NVML's six) and the driver's expiry date: one state series per
+    state, an expiry series where a date is given, and host check's findings (a warning a week ahead)."""
+    import time as _time
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from vgpuhost.cli.main import main
+    from vgpuhost.ops.exporter import SnapshotCollector
+    host, store, nv, recs, traces = loaded
+    soon = int(_time.time()) + 3 * 86400                  # host check judges by this machine's clock
+    nv.set_trace(recs[DOM_A], dict(traces[recs[DOM_A]], license_expiry=soon))
+    nv.set_trace(recs[DOM_B], dict(traces[recs[DOM_B]], license="unlicensed-restricted"))
+    snap = Sampler(nv, store, interval_s=10).tick()
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: snap, 10))
+    samples = [x for f in text_string_to_metric_families(generate_latest(registry).decode()) for x in f.samples]
+    states = {(x.labels["vm_device"], x.labels["state"]): x.value for x in samples
+              if x.name == "vgpuhost_device_license_state"}
+    assert len(states) == 12 and sum(states.values()) == 2
+    assert states[(recs[DOM_A], "licensed")] == 1 and states[(recs[DOM_B], "unlicensed-restricted")] == 1
+    expiry = {x.labels["vm_device"]: x.value for x in samples
+              if x.name == "vgpuhost_device_license_expiry_timestamp_seconds"}
+    assert expiry == {recs[DOM_A]: float(soon)}                 # B's driver gives no date
+    assert main(["--root", str(host.root), "--json", "host", "check"]) in (0, 1)
+    found = {f["subject"]: f for f in json.loads(capsys.readouterr().out)["findings"]
+             if f["code"].startswith("VGPU_L") or f["code"] == "VGPU_UNLICENSED"}
+    assert found[recs[DOM_A]]["code"] == "VGPU_LICENCE_EXPIRING" and found[recs[DOM_A]]["severity"] == "warning"
+    assert "expires in 3.0 days" in found[recs[DOM_A]]["message"]
+    assert found[recs[DOM_B]]["code"] == "VGPU_UNLICENSED" and "unlicensed-restricted" in found[recs[DOM_B]]["message"]
+    nv.set_trace(recs[DOM_A], dict(traces[recs[DOM_A]], license_expiry=soon + 30 * 86400))
+    main(["--root", str(host.root), "--json", "host", "check"])
+    found = {f["subject"]: f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert found[recs[DOM_A]] == "VGPU_LICENSED"

@@ -42,6 +42,7 @@ NVML facts used (nvidia-ml-py 13.x ``pynvml.py`` and the NVML API reference,
 
 from __future__ import annotations
 
+import calendar
 import logging
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,25 @@ LICENSE_STATES = ("unknown", "uninitialized", "unlicensed-unrestricted", "unlice
                   "unlicensed", "licensed")
 
 
+#: ``nvmlVgpuLicenseExpiry_t.status`` of a date that holds (NVML_GRID_LICENSE_EXPIRY_VALID)
+LICENSE_EXPIRY_VALID = 2
+
+
+def license_expiry(expiry) -> Optional[float]:
+    """An ``nvmlVgpuLicenseExpiry_t`` (year, month, day, hour, min, sec, status) as seconds since the epoch
+    (UTC), or None unless its status is :data:`LICENSE_EXPIRY_VALID` and the date is a real one."""
+    if expiry is None or int(getattr(expiry, "status", 0)) != LICENSE_EXPIRY_VALID:
+        return None
+    try:
+        fields = tuple(int(getattr(expiry, k)) for k in ("year", "month", "day", "hour", "min", "sec"))
+        if not (1 <= fields[1] <= 12 and 1 <= fields[2] <= 31 and fields[3] < 24 and fields[4] < 60
+                and fields[5] < 61):
+            return None
+        return float(calendar.timegm(fields + (0, 0, 0)))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 @dataclass(frozen=True)
 class VgpuReading:
     """One active vGPU as NVML reports it at one read.
@@ -69,7 +89,10 @@ class VgpuReading:
     instance of a MIG-backed vGPU, else None; ``fb_used_bytes`` /
     ``fb_total_bytes``: framebuffer in bytes; ``license``: one of
     :data:`LICENSE_STATES`; ``sample``: the utilisation sample newer than
-    the read's ``last_seen_us``, or None.
+    the read's ``last_seen_us``, or None; ``license_expiry_s``: when the
+    licence expires (seconds since the epoch, UTC), or None where the driver
+    gives no valid date (``NVML_GRID_LICENSE_EXPIRY_VALID`` is 2; a
+    permanent licence, 4, never expires).
     """
 
     instance: int
@@ -81,6 +104,7 @@ class VgpuReading:
     fb_total_bytes: int
     license: str
     sample: Optional["UtilSample"] = None
+    license_expiry_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -243,17 +267,24 @@ class PynvmlMetering:
 
     def license(self, instance: int) -> str:
         """One of :data:`LICENSE_STATES`."""
+        return self.license_info(instance)[0]
+
+    def license_info(self, instance: int) -> "Tuple[str, Optional[float]]":
+        """``(state, expiry)``: one of :data:`LICENSE_STATES`, and when the licence expires (seconds since
+        the epoch, UTC; None unless ``licenseExpiry.status`` is ``NVML_GRID_LICENSE_EXPIRY_VALID``, 2)."""
         try:
             info = self._be._fn("nvmlVgpuInstanceGetLicenseInfo_v2", instance)
         except NvmlError as e:
             if e.nvml_name not in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported"):
                 raise
             status = int(self._be._fn("nvmlVgpuInstanceGetLicenseStatus", instance))
-            return "licensed" if status else "unlicensed"
+            return ("licensed" if status else "unlicensed"), None
         state = int(getattr(info, "currentState", 0))
         if 0 <= state < len(LICENSE_STATES) and state:
-            return LICENSE_STATES[state]
-        return "licensed" if int(getattr(info, "isLicensed", 0)) else "unlicensed"
+            name = LICENSE_STATES[state]
+        else:
+            name = "licensed" if int(getattr(info, "isLicensed", 0)) else "unlicensed"
+        return name, license_expiry(getattr(info, "licenseExpiry", None))
 
     # --- utilisation ---------------------------------------------------------------
     def utilization(self, bdf: str, last_seen_us: int) -> Dict[int, UtilSample]:
@@ -405,8 +436,9 @@ class PynvmlMetering:
         vgpus = []
         for inst in instances:
             mdev, vm_id, tname, gi = self.instance_identity(inst)
+            state, expiry = self.license_info(inst)
             vgpus.append(VgpuReading(inst, mdev, vm_id, tname, gi, self.fb_used(inst),
-                                     self.fb_total(inst), self.license(inst), samples.get(inst)))
+                                     self.fb_total(inst), state, samples.get(inst), expiry))
         gi_sm: Dict[int, float] = {}
         gpm = "unavailable"
         reasons: Dict[int, Optional[str]] = {}
@@ -419,5 +451,5 @@ class PynvmlMetering:
         return [GpuReading(bdf, name, mig, tuple(vgpus), gi_sm, gpm, gi_not_metered=not_metered, uuid=uuid)]
 
 
-__all__ = ["MeteringNvml", "GpuReading", "VgpuReading", "UtilSample", "LICENSE_STATES",
+__all__ = ["MeteringNvml", "GpuReading", "VgpuReading", "UtilSample", "LICENSE_STATES", "license_expiry",
            "PynvmlMetering"]

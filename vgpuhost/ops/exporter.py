@@ -26,6 +26,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..io.nvml_metering import LICENSE_STATES
 from ..model.concepts import DeviceKind
 from ..model.nvml import nvml_bus_id
 from .metering import Sampler, Snapshot, sampler_lock
@@ -98,6 +99,12 @@ class SnapshotCollector:
                                      "1 when the vGPU holds a licence, else 0 (vGPUs only)", labels=["vm_device"]),
             "util": GaugeMetricFamily(PREFIX + "device_sm_utilization_ratio",
                                       "SM utilisation of the last sample (0-1)", labels=["vm_device"]),
+            "state": GaugeMetricFamily(PREFIX + "device_license_state",
+                                       "1 for the vGPU's licence state as NVML reports it, 0 for the other five "
+                                       "(vGPUs only)", labels=["vm_device", "state"]),
+            "expiry": GaugeMetricFamily(PREFIX + "device_license_expiry_timestamp_seconds",
+                                        "When the vGPU's licence expires (seconds since the epoch), where the "
+                                        "driver gives a date", labels=["vm_device"]),
         }
         for d in snap.devices:
             o = d.owner
@@ -114,6 +121,10 @@ class SnapshotCollector:
                 fams["peak"].add_metric(lab, float(d.fb_peak_bytes))
                 fams["size"].add_metric(lab, float(d.fb_total_bytes))
                 fams["lic"].add_metric(lab, 1.0 if d.license == "licensed" else 0.0)
+                for state in LICENSE_STATES:
+                    fams["state"].add_metric(lab + [state], 1.0 if d.license == state else 0.0)
+                if d.license_expiry_s is not None:
+                    fams["expiry"].add_metric(lab, d.license_expiry_s)
                 fams["util"].add_metric(lab, d.sm_percent / 100)
         yield info
         yield from fams.values()

@@ -74,7 +74,7 @@ from ..io.sysfs import Sysfs
 from ..io.virt import open_connection
 from ..libvirt.domxml import parse_domain
 from ..model.concepts import DeviceKind
-from ..model.errors import HostEnvironmentError
+from ..model.errors import HostEnvironmentError, VgpuhostError
 from ..model.nvml import no_mdev_uuid
 from ..model.records import VgpuRecord
 from ..model.usage import UsageRow
@@ -82,6 +82,7 @@ from ..model.values import parse_uuid
 from ..observe.inventory import discover, free_instances
 from ..observe.vgpus import match_vgpu_record
 from ..policy.anomaly import flags as anomaly_flags
+from ..policy.checks import Finding, licence_findings
 from . import tenancy
 
 log = logging.getLogger("vgpuhost.metering")
@@ -155,6 +156,8 @@ class DeviceUsage:
     #: (alloc, sm, enc, dec) seconds the device gave other domains earlier in this process:
     #: the exporter adds them, so a device's counters never decrease while the process runs
     earlier: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    #: when the vGPU's licence expires (seconds since the epoch), where the driver gives a date
+    license_expiry_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ class _Meter:
     """Mutable per-device state inside the sampler."""
 
     __slots__ = ("device", "kind", "gpu", "profile", "owner", "gi_id", "alloc_s", "sm_s", "enc_s", "dec_s",
-                 "fb_used", "fb_peak", "fb_total", "license", "alloc_us", "sample_us", "sm_pct")
+                 "fb_used", "fb_peak", "fb_total", "license", "alloc_us", "sample_us", "sm_pct", "license_expiry")
 
     def __init__(self, device: str, kind: str, gpu: str, profile: str, owner: MeteredOwner):
         self.device, self.kind, self.gpu, self.profile, self.owner = device, kind, gpu, profile, owner
@@ -190,6 +193,7 @@ class _Meter:
         self.alloc_s = self.sm_s = self.enc_s = self.dec_s = 0.0
         self.fb_used = self.fb_peak = self.fb_total = 0
         self.license = "unknown"
+        self.license_expiry: Optional[float] = None
         self.alloc_us = 0
         self.sample_us = 0
         self.sm_pct = 0.0
@@ -197,7 +201,7 @@ class _Meter:
     def usage(self, earlier: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> DeviceUsage:
         return DeviceUsage(self.device, self.kind, self.gpu, self.profile, self.owner, self.gi_id,
                            self.alloc_s, self.sm_s, self.enc_s, self.dec_s, self.fb_used, self.fb_peak,
-                           self.fb_total, self.license, self.sm_pct, earlier)
+                           self.fb_total, self.license, self.sm_pct, earlier, self.license_expiry)
 
 
 @dataclass
@@ -465,6 +469,7 @@ class Sampler:
         m = self._meter_for(t, device, kind, g.bdf, v.type_name, self._owner(domain, t.names))
         m.gi_id = v.gi_id
         m.fb_used, m.fb_total, m.license = v.fb_used_bytes, v.fb_total_bytes, v.license
+        m.license_expiry = v.license_expiry_s
         m.fb_peak = max(m.fb_peak, v.fb_used_bytes)
         alloc_dt = max(0, now_us - m.alloc_us) if m.alloc_us else 0
         busy = (0.0, 0.0, 0.0)
@@ -856,21 +861,46 @@ def anomalies_of(store, end: datetime, licences=None) -> list:
     rows = st.usage_rows(store, key(end - timedelta(days=3)), key(end))                 # per device: 3 days
     history = st.usage_by_tenant(store, key(end - timedelta(weeks=5)), key(end))        # per tenant: 5 weeks
     gaps = st.meter_gaps(store, iso_us(int((end - timedelta(days=8)).timestamp() * 1e6)))
+    if licences:        # a licence whose tenant the caller did not know: the tenant its newest rollups name
+        tenant_of = {r.device: r.tenant for r in rows}
+        licences = {d: (state, tenant or tenant_of.get(d, "")) for d, (state, tenant) in licences.items()}
     return anomaly_flags(rows, gaps, now=end, licences=licences, history=history)
 
 
 def licence_states(host_root, store) -> Dict[str, str]:
     """``{device: licence state}`` of the vGPUs the host's metering NVML reads now (one read; no
     rollup written); devices named as the sampler names them (mdev UUID, else the record's id)."""
-    recs = list(store.vgpu_records())
-    out: Dict[str, str] = {}
+    return {device: state for device, (state, _) in licences(host_root, store).items()}
+
+
+def licence_report(host_root, store, inv) -> List[Finding]:
+    """``host check``'s licence findings (:func:`vgpuhost.policy.checks.licence_findings`): one per vGPU
+    NVML reads, judged against this machine's clock.  None where the host has no vGPU; one ``info``
+    finding ``LICENCES_UNREAD`` where NVML cannot be read (nvidia-ml-py or the driver missing)."""
+    if not (inv.mdevs or inv.vf_vgpus):
+        return []
+    try:
+        found = licences(host_root, store)
+    except VgpuhostError as e:
+        return [Finding("info", "LICENCES_UNREAD", "host", f"vGPU licences not read: {e.one_line()}")]
+    return licence_findings(found, time.time())
+
+
+def licences(host_root, store) -> Dict[str, Tuple[str, Optional[float]]]:
+    """``{device: (licence state, expiry)}`` of the vGPUs the host's metering NVML reads now: a state of
+    :data:`~vgpuhost.io.nvml_metering.LICENSE_STATES`, and when the licence expires (seconds since the
+    epoch; None where the driver gives no date).  Devices named as the sampler names them.  Raises what
+    :func:`metering_nvml` raises where NVML cannot be had (HostEnvironmentError)."""
+    recs = list(store.vgpu_records()) if store is not None else []
+    out: Dict[str, Tuple[str, Optional[float]]] = {}
     for g in metering_nvml(host_root).read({}):
         if g.error:
             continue
         for v in g.vgpus:
             mdev = "" if no_mdev_uuid(v.device) else v.device
             rec = match_vgpu_record(recs, gpu=g.bdf, device=mdev, vm_id=v.vm_id, type_name=v.type_name)
-            out[mdev or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")] = v.license
+            out[mdev or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")] = (v.license,
+                                                                                       v.license_expiry_s)
     return out
 
 
@@ -1030,5 +1060,5 @@ def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[fl
 
 
 __all__ = ["Sampler", "Snapshot", "DeviceUsage", "MeteredOwner", "OwnerLabels", "host_sampler", "host_series",
-           "LiveUse", "LiveView", "live_view", "licence_states", "anomalies_of", "hour_end",
+           "LiveUse", "LiveView", "live_view", "licence_states", "licences", "licence_report", "anomalies_of", "hour_end",
            "gpu_pools", "split_hours", "hour_of", "DEFAULT_INTERVAL_S"]

@@ -20,7 +20,8 @@ GPU can serve some mode (:func:`host_ready`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional
+from datetime import datetime, timezone
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..model.concepts import Backend
 from ..model.errors import VgpuhostError
@@ -183,6 +184,35 @@ def _check_selinux(inv: Inventory) -> List[Finding]:
                            f"/etc/libvirt/hooks has the SELinux type of /etc/libvirt ({se.hooks_label}), as a "
                            "directory made by hand inherits: the policy's rules for hooks do not apply to it",
                            "restorecon -Rv /etc/libvirt/hooks"))
+    return out
+
+
+#: how long before a vGPU licence expires host check warns (and the alert VgpuhostVgpuLicenceExpiring fires)
+LICENCE_WARN_S = 7 * 86400
+
+
+def licence_findings(licences: Mapping[str, Tuple[str, Optional[float]]], now: float) -> List[Finding]:
+    """One finding per vGPU from its licence (``{device: (state, expiry seconds since the epoch or None)}``,
+    NVML's ``nvmlVgpuInstanceGetLicenseInfo_v2``): ``VGPU_UNLICENSED`` (a warning) for any state but
+    ``licensed``, ``VGPU_LICENCE_EXPIRING`` (a warning) within :data:`LICENCE_WARN_S` of its expiry,
+    else ``VGPU_LICENSED`` (ok, with the expiry where the driver gives one)."""
+    out: List[Finding] = []
+    for device, (state, expiry) in sorted(licences.items()):
+        until = ""
+        if expiry is not None:
+            stamp = datetime.fromtimestamp(expiry, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            until = f" until {stamp}"
+        if state != "licensed":
+            out.append(Finding("warning", "VGPU_UNLICENSED", device, f"licence state {state}{until}: an unlicensed "
+                               "vGPU runs degraded after its grace period",
+                               "check the licence server and the guest's licence client (nvidia-gridd)"))
+        elif expiry is not None and expiry - now < LICENCE_WARN_S:
+            days = max(0.0, (expiry - now) / 86400)
+            out.append(Finding("warning", "VGPU_LICENCE_EXPIRING", device,
+                               f"licensed{until}: expires in {days:.1f} days",
+                               "renew it on the licence server, or check that the guest's licence client renews"))
+        else:
+            out.append(Finding("ok", "VGPU_LICENSED", device, f"licensed{until}"))
     return out
 
 

@@ -24,7 +24,8 @@ A host spec sets the initial traces with a top-level ``load:`` mapping (the
             "fb_mib": X,                              # framebuffer used, MiB
             "start": 1767225600.0, "stop": null,      # trace is 0 outside [start, stop) (seconds)
             "vm": "<domain UUID>",                    # what nvmlVgpuInstanceGetVmID reports
-            "license": "licensed"}}}                  # a LICENSE_STATES name
+            "license": "licensed",                   # a LICENSE_STATES name
+            "license_expiry": 1767225600}}}          # when it expires (epoch s; absent: no date)
 
 A value ``X`` is a number (constant), ``{"square": {"high": H, "low": L,
 "period_s": P, "duty": 0.5}}`` (H for the first ``duty`` of each period
@@ -108,14 +109,14 @@ def _value_at(x: Any, t: float, origin: float) -> float:
     raise ValueError("a load value is a number, {square: ...} or {steps: ...}")
 
 
-TRACE_KEYS = ("sm", "mem", "enc", "dec", "fb_mib", "start", "stop", "vm", "license")
+TRACE_KEYS = ("sm", "mem", "enc", "dec", "fb_mib", "start", "stop", "vm", "license", "license_expiry")
 _VALUE_KEYS = ("sm", "mem", "enc", "dec", "fb_mib")
 
 
 def check_trace(trace: Any) -> Optional[str]:
     """Why ``trace`` is not a valid load trace (see the module doc), or None when it is."""
     if not isinstance(trace, dict):
-        return "a trace is a mapping (sm, mem, enc, dec, fb_mib, start, stop, vm, license)"
+        return "a trace is a mapping (" + ", ".join(TRACE_KEYS) + ")"
     for key, x in trace.items():
         if key not in TRACE_KEYS:
             return f"unknown trace key {key!r} (allowed: {', '.join(TRACE_KEYS)})"
@@ -131,6 +132,8 @@ def check_trace(trace: Any) -> Optional[str]:
                 return "vm is a domain UUID"
         elif key == "license" and x not in LICENSE_STATES:
             return f"license is one of {', '.join(LICENSE_STATES)}"
+        elif key == "license_expiry" and (isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0):
+            return "license_expiry is when the licence expires, seconds since the epoch (a number >= 0)"
     return None
 
 
@@ -329,7 +332,7 @@ class SimMetering:
                     fb_used_bytes=int(round(fb_mib * MIB)),
                     fb_total_bytes=int(t.get("fb_mib") or 0) * MIB,
                     license=lic if lic in LICENSE_STATES else "unknown",
-                    sample=sample))
+                    sample=sample, license_expiry_s=_expiry(trace.get("license_expiry"))))
             board = str(gpu.get("board") or "")
             gpm = "ok" if mig and board.upper().startswith(_GPM_BOARDS) else "unavailable"
             why = _gpm_reasons(vgpus, gpu.get("gpu_instances") or []) if mig else {}
@@ -338,6 +341,11 @@ class SimMetering:
                                   gi_not_metered={gi: r for gi, r in why.items() if r is not None},
                                   uuid=str(gpu.get("uuid") or "")))
         return out
+
+
+def _expiry(value) -> "float | None":
+    """A trace's ``license_expiry`` as NVML would report it: a valid date, whole seconds (None: no date)."""
+    return None if value is None else float(int(value))
 
 
 __all__ = ["SimMetering", "integral", "check_trace", "write_load", "LOAD_FILE"]
