@@ -10,7 +10,7 @@ hook's path: no ``typing``, no ``enum``.
 
 Units: a share is a fraction of one physical GPU's time (1.0: the whole
 GPU busy all the time), as the metering sampler's ``sm_busy_s / alloc_s``
-reads it (docs/guide/metering.md).
+reads it (docs/metering.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Imported on the qemu hook's path under tenancy (``ops.tenancy.admit_domain``):
 no ``typing``, one query.
 
 Units: shares of one GPU's time, ``sm_busy_s / alloc_s`` of the hourly
-rollups (docs/guide/metering.md); history with less than
+rollups (docs/metering.md); history with less than
 :data:`MIN_HISTORY_S` allocated seconds is not trusted.
 """
 

@@ -82,7 +82,8 @@ from ..model.values import parse_uuid
 from ..observe.inventory import discover, free_instances
 from ..observe.vgpus import match_vgpu_record
 from ..policy.anomaly import flags as anomaly_flags
-from . import tenancy
+from . import gputime, tenancy
+from .admitting import active as tenancy_active
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -820,9 +821,7 @@ def _gpu_time(store, inv) -> Dict[str, object]:
     (shares of one GPU: :func:`vgpuhost.ops.gputime.gpu_figures`) where tenancy is in use (placement
     weighs GPU time only under admission), else ``{}``."""
     try:
-        from . import gputime
-        from .admitting import active
-        if not active(store):
+        if not tenancy_active(store):
             return {}
         pl = tenancy.pools(store)
         held = gputime.with_use(gputime.history(store), tenancy.allocations(store, inv))
