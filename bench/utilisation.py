@@ -1,6 +1,6 @@
 """Utilisation under tenancy: a seeded multi-tenant trace replayed two ways.
 
-    python bench/utilisation.py [--seed N] [--arrivals N] [--json]
+    python bench/utilisation.py [--seed N] [--seeds N] [--arrivals N] [--known] [--batch-ceiling S] [--json]
 
 The host: 16 GPUs of two boards (8 A40, 8 L40S, 48 GiB each) in three
 pools: ``gold`` (fixed-share, 2+2 GPUs, serves guaranteed and burstable),
@@ -23,11 +23,22 @@ Replays:
     (:func:`vgpuhost.policy.admission.admit` over
     :class:`vgpuhost.policy.replay.HostModel`, best-fit), departures free
     their devices; after every event :func:`vgpuhost.policy.replay.violations`
-    checks quota, isolation, QoS class and scheduler rules.
+    checks quota, isolation, QoS class and scheduler rules.  No vGPU carries
+    an expected GPU time, so each counts its profile's fixed share, which
+    never passes a GPU's ceiling of 1.0: placement by framebuffer, as before;
+(c) compute-aware: as (b), each vGPU carrying an *estimated* GPU time, as
+    ``vgpuhost.ops.gputime`` estimates it on a host: the mean metered use of
+    its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
+    never the VM's own use from the trace), else the profile's fixed share;
+    ``--known`` adds (c*), the same with each VM's own use (a reference).
 
-Printed: admitted share; time-averaged share of the fleet's framebuffer
-serving VMs (what they asked for) and of its GPU time used; GPUs held;
-violations (must be 0); the ratio b/a.
+Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
+admitted share; time-averaged shares of the fleet's GPU time served (each
+GPU serves at most 1.0), of starved demand (use above 1.0 per GPU: a
+noisy-neighbour QoS loss), of demand admitted, of framebuffer asked and of
+GPUs held; each over the whole span and over the steady window (after a
+warm-up of three mean lifetimes, before the last arrival); violations (must
+be 0); the ratio c/a.  ``--seeds N`` prints medians over N seeds.
 """
 
 from __future__ import annotations
@@ -251,8 +262,9 @@ REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "non
            ("compute_aware", "(c) compute-aware", "estimated"))
 
 
-def run(seed: int, arrivals: int, *, known: bool = False):
-    """One seed: the document :func:`main` prints."""
+def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
+    """One seed: the document :func:`main` prints.  ``batch_ceiling``: the compute ceiling of pool
+    ``batch`` (best-effort) in the compute-aware replays (None: 1.0)."""
     events, vms = trace(seed, arrivals)
     last_arrival = max(t for t, k, _ in events if k == "arrive")
     steady = (WARMUP_LIVES * MEAN_LIFE, last_arrival)
@@ -260,14 +272,15 @@ def run(seed: int, arrivals: int, *, known: bool = False):
     asked = {}
     for tn, *_ in vms.values():
         asked[tn] = asked.get(tn, 0) + 1
-    doc = {"seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS),
+    doc = {"seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS), "batch_ceiling": batch_ceiling,
            "steady_window": list(steady), "trace_ceiling": demand_ceiling(events, vms, steady)}
     replays = list(REPLAYS) + ([("compute_aware_known", "(c*) known use", "known")] if known else [])
     for key, _, use in replays:
         if use is None:
             adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
         else:
-            adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use=use)
+            ps = [replace(p, ceiling=batch_ceiling) if p.name == "batch" and use != "none" else p for p in pools()]
+            adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use=use, pool_set=ps)
         whole, st = meter.result(), meter.result(True)
         doc[key] = {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
                     "time_share_steady": st["time"], "starved_share": whole["starved"],
@@ -298,9 +311,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="seeds from --seed on; figures are their median")
     ap.add_argument("--arrivals", type=int, default=2400)
     ap.add_argument("--known", action="store_true", help="also replay (c) with the trace's own use (a reference)")
+    ap.add_argument("--batch-ceiling", type=float, default=None, metavar="SHARE",
+                    help="compute ceiling of the best-effort pool batch in (c) (overcommit; default 1.0)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    docs = [run(args.seed + i, args.arrivals, known=args.known) for i in range(args.seeds)]
+    docs = [run(args.seed + i, args.arrivals, known=args.known, batch_ceiling=args.batch_ceiling)
+            for i in range(args.seeds)]
     keys = [k for k, _, _ in REPLAYS] + (["compute_aware_known"] if args.known else [])
     labels = {k: lab for k, lab, _ in REPLAYS}
     labels["compute_aware_known"] = "(c*) known use"
