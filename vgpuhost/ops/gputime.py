@@ -1,7 +1,7 @@
 """Expected GPU-time demand of vGPUs, from the metered history: the estimate admission places by.
 
-Owns: reading the metering rollups once (:func:`history`, over
-:data:`HISTORY_DAYS`), estimating one vGPU's expected GPU time
+Owns: reading the metering rollups once (:func:`history`, over the last
+:data:`HISTORY_HOURS`), estimating one vGPU's expected GPU time
 (:func:`estimate`: the domain's own metered mean on the profile, else the
 mean of its tenant's domains on the profile, else None, which
 :mod:`vgpuhost.policy.compute` reads as the profile's fixed share), and
@@ -27,8 +27,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Dict, List, Optional, Sequence, Tuple
 
-#: how far back the metered history counts (days)
-HISTORY_DAYS = 14
+#: how far back the metered history counts (hours): two days follow a VM's use as it is now, and keep the
+#: query on the qemu hook's path short (measured 2026-12-07 on a loaded 2-core machine, 384 metered vGPUs:
+#: 14 days of rollups took 0.70 s, 2 days 0.1 s)
+HISTORY_HOURS = 48
 #: allocated seconds of history below which a mean is not trusted (ten minutes)
 MIN_HISTORY_S = 600.0
 
@@ -50,8 +52,8 @@ class History:
 
 
 def history(store, *, now_s: "Optional[float]" = None) -> History:
-    """The metered history of the last :data:`HISTORY_DAYS` days (``now_s``: Unix seconds, for tests)."""
-    t = (time.time() if now_s is None else now_s) - HISTORY_DAYS * 86400
+    """The metered history of the last :data:`HISTORY_HOURS` hours (``now_s``: Unix seconds, for tests)."""
+    t = (time.time() if now_s is None else now_s) - HISTORY_HOURS * 3600
     since = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(t))
     return History(st.gpu_time_history(store, since))
 
