@@ -220,7 +220,7 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
         else:
             free = 0 if dead else max(0, g.framebuffer_mib - sum(a.framebuffer_mib for a in sliced))
             if g.compute_room is not None:      # GPU time left, in MiB of fixed share
-                free = min(free, int(g.compute_room * g.framebuffer_mib + 1e-6))
+                free = min(free, int(g.compute_room * g.framebuffer_mib + 0.5))     # to the MiB: float sums
             per = []
             for k, t in enumerate(ts):
                 if not serves(g.gpu, t.t.qos) or any(
