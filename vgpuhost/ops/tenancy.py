@@ -446,7 +446,9 @@ def _guarantee_facts(store: StateStore, inv: Inventory) -> Tuple[List[adm.Alloca
     from ..policy import offers as vgpu_offers
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     facts = host_gpus(inv, seen, _type_fb(inv, store), _gpu_slices(inv, seen))
-    return allocations(store, inv), facts, adm.serves_of(pools(store))
+    held = gputime.with_use(gputime.history(store), allocations(store, inv))
+    pl = pools(store)
+    return held, adm.gpu_time_room(facts, held, pl), adm.serves_of(pl)
 
 
 def _risk(store: StateStore, inv: Inventory, ts: Mapping[str, Tenant], last: Optional[str] = None):

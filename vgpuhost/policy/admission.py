@@ -384,6 +384,14 @@ def _memory(gpu_memory: Optional[Mapping[str, int]], gpus: Optional[Sequence[Hos
     return {g.gpu: g.framebuffer_mib for g in gpus or ()}
 
 
+def gpu_time_room(gpus: Sequence[HostGpu], allocations: Sequence[Allocation], pools: Sequence[Pool]) -> List[HostGpu]:
+    """``gpus`` (:class:`HostGpu`) with the GPU time each has left under its pool's ceiling, given the
+    expected demand of ``allocations`` there (``HostGpu.compute_room``): the facts the guarantees are
+    checked on (``tenant add|set``), as admission's reserve counts them."""
+    memory = {g.gpu: g.framebuffer_mib for g in gpus}
+    return _with_room(gpus, compute.gpu_load(allocations, memory, lambda g: pool_of(pools, g).policy), pools)
+
+
 def _with_room(gpus: Sequence[HostGpu], load: Mapping[str, float], pools: Sequence[Pool]) -> List[HostGpu]:
     """``gpus`` with the GPU time left under each one's pool ceiling (``HostGpu.compute_room``)."""
     return [replace(g, compute_room=compute.room(load.get(g.gpu, 0.0), compute.ceiling_of(pool_of(pools, g.gpu))))
