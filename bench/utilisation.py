@@ -1,6 +1,6 @@
 """Utilisation under tenancy: a seeded multi-tenant trace replayed two ways.
 
-    python bench/utilisation.py [--seed N] [--arrivals N] [--json]
+    python bench/utilisation.py [--seed N] [--seeds N] [--arrivals N] [--known] [--batch-ceiling S] [--json]
 
 The host: 16 GPUs of two boards (8 A40, 8 L40S, 48 GiB each) in three
 pools: ``gold`` (fixed-share, 2+2 GPUs, serves guaranteed and burstable),
@@ -23,11 +23,22 @@ Replays:
     (:func:`vgpuhost.policy.admission.admit` over
     :class:`vgpuhost.policy.replay.HostModel`, best-fit), departures free
     their devices; after every event :func:`vgpuhost.policy.replay.violations`
-    checks quota, isolation, QoS class and scheduler rules.
+    checks quota, isolation, QoS class and scheduler rules.  No vGPU carries
+    an expected GPU time, so each counts its profile's fixed share, which
+    never passes a GPU's ceiling of 1.0: placement by framebuffer, as before;
+(c) compute-aware: as (b), each vGPU carrying an *estimated* GPU time, as
+    ``vgpuhost.ops.gputime`` estimates it on a host: the mean metered use of
+    its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
+    never the VM's own use from the trace), else the profile's fixed share;
+    ``--known`` adds (c*), the same with each VM's own use (a reference).
 
-Printed: admitted share; time-averaged share of the fleet's framebuffer
-serving VMs (what they asked for) and of its GPU time used; GPUs held;
-violations (must be 0); the ratio b/a.
+Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
+admitted share; time-averaged shares of the fleet's GPU time served (each
+GPU serves at most 1.0), of starved demand (use above 1.0 per GPU: a
+noisy-neighbour QoS loss), of demand admitted, of framebuffer asked and of
+GPUs held; each over the whole span and over the steady window (after a
+warm-up of three mean lifetimes, before the last arrival); violations (must
+be 0); the ratio c/a.  ``--seeds N`` prints medians over N seeds.
 """
 
 from __future__ import annotations
@@ -41,7 +52,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vgpuhost.model.gputime import METERED, TENANT_PROFILE, ExpectedUse  # noqa: E402
 from vgpuhost.model.tenancy import Limits, Quota, Tenant  # noqa: E402
+from vgpuhost.model.values import replace  # noqa: E402
 from vgpuhost.policy import admission as adm  # noqa: E402
 from vgpuhost.policy.replay import Board, HostModel, violations  # noqa: E402
 
@@ -84,7 +97,7 @@ MIX = {  # tenant: (weight, series, {size GB: weight})
 def trace(seed: int, arrivals: int):
     """``[(time, 'arrive'|'depart', vm)]`` sorted, and the VMs: ``{vm: (tenant, profile or None, board, use)}``."""
     rnd = random.Random(seed)
-    rate, mean_life = 1.0, 40.0          # offered load: 40 VMs at once on 16 GPUs
+    rate, mean_life = 1.0, MEAN_LIFE          # offered load: 40 VMs at once on 16 GPUs
     names = list(MIX)
     weights = [MIX[n][0] for n in names]
     vms, events = {}, []
@@ -107,29 +120,45 @@ def trace(seed: int, arrivals: int):
     return [(e[0], e[2], e[3]) for e in events], vms
 
 
+#: the steady window: after the warm-up (three mean lifetimes) and before the last arrival (the drain)
+WARMUP_LIVES = 3.0
+MEAN_LIFE = 40.0
+
+
 class Meter:
-    """Time-weighted averages of the fleet's state between events."""
+    """Time-weighted averages of the fleet's state between events, over the whole span and over the
+    steady window ``[steady_from, steady_to)``."""
 
-    def __init__(self):
-        self.last, self.span = None, 0.0
-        self.fb = self.time = self.held = 0.0
+    FIELDS = ("fb", "time", "held", "starved", "demand")
 
-    def tick(self, now: float, fb_share: float, time_share: float, held_share: float) -> None:
+    def __init__(self, steady=(0.0, float("inf"))):
+        self.last = None
+        self.steady = steady
+        self.span = self.steady_span = 0.0
+        self.sums = dict.fromkeys(self.FIELDS, 0.0)
+        self.steady_sums = dict.fromkeys(self.FIELDS, 0.0)
+
+    def tick(self, now: float, values) -> None:
         if self.last is not None:
             dt = now - self.last
             self.span += dt
-            self.fb += fb_share * dt
-            self.time += time_share * dt
-            self.held += held_share * dt
+            lo, hi = max(self.last, self.steady[0]), min(now, self.steady[1])
+            sdt = max(0.0, hi - lo)
+            self.steady_span += sdt
+            for k, v in zip(self.FIELDS, values):
+                self.sums[k] += v * dt
+                self.steady_sums[k] += v * sdt
         self.last = now
 
-    def result(self):
-        s = self.span or 1.0
-        return self.fb / s, self.time / s, self.held / s
+    def result(self, steady: bool = False):
+        """``{field: time-weighted mean}`` over the whole span (or the steady window)."""
+        sums, span = (self.steady_sums, self.steady_span) if steady else (self.sums, self.span)
+        return {k: v / (span or 1.0) for k, v in sums.items()}
 
 
 def _shares(placed, vms):
-    """``placed``: {vm: [(gpu, framebuffer MiB)]} -> (framebuffer share, time share, GPUs held share)."""
+    """``placed``: {vm: [(gpu, framebuffer MiB)]} -> (framebuffer share, GPU time served share, GPUs held
+    share, starved demand share (use above one GPU's time, per GPU), demand share (all it asks))."""
     total_fb = sum(b.memory_mib for b in GPUS.values())
     fb, use_by_gpu = 0, {}
     for vm, where in placed.items():
@@ -138,15 +167,31 @@ def _shares(placed, vms):
             fb += mib
             use_by_gpu[gpu] = use_by_gpu.get(gpu, 0.0) + use
     time = sum(min(1.0, u) for u in use_by_gpu.values())
-    return fb / total_fb, time / len(GPUS), len(use_by_gpu) / len(GPUS)
+    starved = sum(max(0.0, u - 1.0) for u in use_by_gpu.values())
+    n = len(GPUS)
+    return fb / total_fb, time / n, len(use_by_gpu) / n, starved / n, sum(use_by_gpu.values()) / n
 
 
-def replay_hoarding(events, vms):
+def demand_ceiling(events, vms, steady):
+    """The trace's own ceiling: the GPU-time demand if every VM were admitted, as a share of the fleet
+    (uncapped, and capped at the fleet's GPUs), whole span and steady window."""
+    live, m_raw, m_cap = set(), Meter(steady), Meter(steady)
+    n = len(GPUS)
+    for now, kind, vm in events:
+        d = sum(vms[v][3] for v in live) / n
+        m_raw.tick(now, (0, d, 0, 0, d))
+        m_cap.tick(now, (0, min(1.0, d), 0, 0, d))
+        (live.add if kind == "arrive" else live.discard)(vm)
+    return {"demand": m_raw.result()["time"], "capped": m_cap.result()["time"],
+            "demand_steady": m_raw.result(True)["time"], "capped_steady": m_cap.result(True)["time"]}
+
+
+def replay_hoarding(events, vms, steady):
     free = {g for g in GPUS}
-    placed, admitted, meter = {}, 0, Meter()
+    placed, admitted, meter = {}, 0, Meter(steady)
     per = {}
     for now, kind, vm in events:
-        meter.tick(now, *_shares(placed, vms))
+        meter.tick(now, _shares(placed, vms))
         tn, profile, board, _ = vms[vm]
         if kind == "arrive":
             cands = sorted(g for g in free if profile is None or GPUS[g].name == board)
@@ -159,19 +204,43 @@ def replay_hoarding(events, vms):
                 per[tn] = per.get(tn, 0) + 1
         elif vm in placed:
             free.add(placed.pop(vm)[0][0])
-    return admitted, meter.result(), 0, per
+    return admitted, meter, 0, {}, per
 
 
-def replay_vgpuhost(events, vms):
+class Estimator:
+    """What ``vgpuhost.ops.gputime`` does on a host, over the trace: a new VM's expected GPU time is the
+    mean metered use of its tenant's VMs on the same profile that ran before it (use is learnt when a VM
+    has run, never read from the trace for the VM itself), else the profile's fixed share."""
+
+    def __init__(self):
+        self.sums = {}
+
+    def learn(self, tenant, profile, use) -> None:
+        n, s = self.sums.get((tenant, profile), (0, 0.0))
+        self.sums[(tenant, profile)] = (n + 1, s + use)
+
+    def estimate(self, tenant, profile):
+        n, s = self.sums.get((tenant, profile), (0, 0.0))
+        return ExpectedUse(s / n, TENANT_PROFILE, float(n)) if n else None
+
+
+def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None):
+    """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
+    fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference)."""
     ts = tenants()
-    model = HostModel(GPUS, pools())
-    placed, admitted, meter, broken = {}, 0, Meter(), 0
+    model = HostModel(GPUS, pool_set if pool_set is not None else pools())
+    est = Estimator()
+    placed, admitted, meter, broken = {}, 0, Meter(steady), 0
     codes, per = {}, {}
     for now, kind, vm in events:
-        meter.tick(now, *_shares(placed, vms))
-        tn, profile, board, _ = vms[vm]
+        meter.tick(now, _shares(placed, vms))
+        tn, profile, board, u = vms[vm]
         if kind == "arrive":
             demand = adm.passthrough_demand() if profile is None else adm.vgpu_demand(profile)
+            if profile is not None and use == "estimated":
+                demand = replace(demand, use=est.estimate(tn, profile))
+            elif profile is not None and use == "known":
+                demand = replace(demand, use=ExpectedUse(u, METERED))
             d = model.arrive(vm, demand, ts, tenant=tn, strategy="best-fit")
             if d.admitted:
                 admitted += 1
@@ -183,51 +252,104 @@ def replay_vgpuhost(events, vms):
         elif vm in placed:
             model.depart(vm)
             placed.pop(vm)
+            if profile is not None:
+                est.learn(tn, profile, u)       # metered while it ran
         broken += len(violations(model, ts))
-    return admitted, meter.result(), broken, codes, per
+    return admitted, meter, broken, codes, per
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--arrivals", type=int, default=2400)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    events, vms = trace(args.seed, args.arrivals)
-    a_adm, (a_fb, a_time, a_held), a_broken, a_per = replay_hoarding(events, vms)
-    b_adm, (b_fb, b_time, b_held), b_broken, codes, b_per = replay_vgpuhost(events, vms)
+REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "none"),
+           ("compute_aware", "(c) compute-aware", "estimated"))
+
+
+def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
+    """One seed: the document :func:`main` prints.  ``batch_ceiling``: the compute ceiling of pool
+    ``batch`` (best-effort) in the compute-aware replays (None: 1.0)."""
+    events, vms = trace(seed, arrivals)
+    last_arrival = max(t for t, k, _ in events if k == "arrive")
+    steady = (WARMUP_LIVES * MEAN_LIFE, last_arrival)
     n = len(vms)
     asked = {}
     for tn, *_ in vms.values():
         asked[tn] = asked.get(tn, 0) + 1
-    doc = {
-        "seed": args.seed, "arrivals": n, "events": len(events), "gpus": len(GPUS),
-        "hoarding": {"admitted_share": a_adm / n, "framebuffer_share": a_fb, "time_share": a_time,
-                     "gpus_held_share": a_held, "violations": a_broken,
-                     "admitted_by_tenant": {t: a_per.get(t, 0) / asked[t] for t in sorted(asked)}},
-        "vgpuhost": {"admitted_share": b_adm / n, "framebuffer_share": b_fb, "time_share": b_time,
-                     "gpus_held_share": b_held, "violations": b_broken, "refusals": codes,
-                     "admitted_by_tenant": {t: b_per.get(t, 0) / asked[t] for t in sorted(asked)}},
-        "ratio_b_over_a": {"admitted_share": (b_adm / a_adm) if a_adm else None,
-                           "framebuffer_share": (b_fb / a_fb) if a_fb else None,
-                           "time_share": (b_time / a_time) if a_time else None},
-    }
+    doc = {"seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS), "batch_ceiling": batch_ceiling,
+           "steady_window": list(steady), "trace_ceiling": demand_ceiling(events, vms, steady)}
+    replays = list(REPLAYS) + ([("compute_aware_known", "(c*) known use", "known")] if known else [])
+    for key, _, use in replays:
+        if use is None:
+            adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
+        else:
+            ps = [replace(p, ceiling=batch_ceiling) if p.name == "batch" and use != "none" else p for p in pools()]
+            adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use=use, pool_set=ps)
+        whole, st = meter.result(), meter.result(True)
+        doc[key] = {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
+                    "time_share_steady": st["time"], "starved_share": whole["starved"],
+                    "starved_share_steady": st["starved"], "demand_share": whole["demand"],
+                    "gpus_held_share": whole["held"], "violations": broken, "refusals": codes,
+                    "admitted_by_tenant": {t: per.get(t, 0) / asked[t] for t in sorted(asked)}}
+    a = doc["hoarding"]
+    doc["ratio_c_over_a"] = {k: (doc["compute_aware"][k] / a[k]) if a[k] else None
+                             for k in ("admitted_share", "framebuffer_share", "time_share")}
+    return doc
+
+
+ROWS = (("admitted share", "admitted_share"), ("GPU time share, whole span", "time_share"),
+        ("GPU time share, steady", "time_share_steady"), ("starved demand, whole span", "starved_share"),
+        ("starved demand, steady", "starved_share_steady"), ("demand admitted (asked)", "demand_share"),
+        ("framebuffer share (used)", "framebuffer_share"), ("GPUs held", "gpus_held_share"))
+
+
+def median(xs):
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=13, help="the first seed")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds from --seed on; figures are their median")
+    ap.add_argument("--arrivals", type=int, default=2400)
+    ap.add_argument("--known", action="store_true", help="also replay (c) with the trace's own use (a reference)")
+    ap.add_argument("--batch-ceiling", type=float, default=None, metavar="SHARE",
+                    help="compute ceiling of the best-effort pool batch in (c) (overcommit; default 1.0)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    docs = [run(args.seed + i, args.arrivals, known=args.known, batch_ceiling=args.batch_ceiling)
+            for i in range(args.seeds)]
+    keys = [k for k, _, _ in REPLAYS] + (["compute_aware_known"] if args.known else [])
+    labels = {k: lab for k, lab, _ in REPLAYS}
+    labels["compute_aware_known"] = "(c*) known use"
+    broken = sum(d[k]["violations"] for d in docs for k in keys)
     if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"trace: seed {args.seed}, {n} arrivals, {len(events)} events, {len(GPUS)} GPUs (8 A40 + 8 L40S), "
-              "4 tenants")
-        print(f"{'':28}{'(a) hoarding':>14}{'(b) vgpuhost':>14}{'b/a':>8}")
-        rows = [("admitted share", a_adm / n, b_adm / n), ("framebuffer share (used)", a_fb, b_fb),
-                ("GPU time share (used)", a_time, b_time), ("GPUs held", a_held, b_held)]
-        for label, a, b in rows:
-            print(f"{label:28}{a:>14.3f}{b:>14.3f}{(b / a if a else float('nan')):>8.2f}")
-        for t in sorted(asked):
-            a, b = a_per.get(t, 0) / asked[t], b_per.get(t, 0) / asked[t]
-            print(f"{'  admitted, ' + t:28}{a:>14.3f}{b:>14.3f}{(b / a if a else float('nan')):>8.2f}")
-        print(f"{'QoS/isolation violations':28}{a_broken:>14}{b_broken:>14}")
-        print("vgpuhost refusals by rule: " + (", ".join(f"{k} {v}" for k, v in sorted(codes.items())) or "none"))
-    return 1 if b_broken else 0
+        print(json.dumps(docs[0] if len(docs) == 1 else {"seeds": [d["seed"] for d in docs], "runs": docs}, indent=2))
+        return 1 if broken else 0
+    d0 = docs[0]
+    seeds = f"seed {args.seed}" if len(docs) == 1 else f"seeds {args.seed}..{args.seed + len(docs) - 1} (median)"
+    print(f"trace: {seeds}, {d0['arrivals']} arrivals, {d0['gpus']} GPUs (8 A40 + 8 L40S), 4 tenants; steady "
+          f"window t={d0['steady_window'][0]:.0f}..{d0['steady_window'][1]:.0f} (after warm-up, before the drain)")
+    tc = {k: median([d["trace_ceiling"][k] for d in docs]) for k in d0["trace_ceiling"]}
+    print(f"trace ceiling (GPU-time demand if every VM were admitted): {tc['demand']:.3f} whole span "
+          f"({tc['capped']:.3f} capped at {d0['gpus']} GPUs), {tc['demand_steady']:.3f} steady "
+          f"({tc['capped_steady']:.3f} capped)")
+    print(f"{'':30}" + "".join(f"{labels[k]:>20}" for k in keys) + f"{'c/a':>7}")
+    for label, f in ROWS:
+        vals = [median([d[k][f] for d in docs]) for k in keys]
+        ratio = vals[2] / vals[0] if vals[0] else float("nan")
+        print(f"{label:30}" + "".join(f"{v:>20.3f}" for v in vals) + f"{ratio:>7.2f}")
+    for t in sorted(d0["hoarding"]["admitted_by_tenant"]):
+        vals = [median([d[k]["admitted_by_tenant"][t] for d in docs]) for k in keys]
+        print(f"{'  admitted, ' + t:30}" + "".join(f"{v:>20.3f}" for v in vals))
+    print(f"{'QoS/quota/isolation violations':30}" + "".join(f"{sum(d[k]['violations'] for d in docs):>20}"
+                                                            for k in keys))
+    for k in keys[1:]:
+        codes = {}
+        for d in docs:
+            for c, v in d[k]["refusals"].items():
+                codes[c] = codes.get(c, 0) + v
+        print(f"{labels[k]} refusals by rule (all seeds): "
+              + (", ".join(f"{c} {v}" for c, v in sorted(codes.items())) or "none"))
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

@@ -355,7 +355,9 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
 
     A GPU holding an exclusive tenant's vGPUs counts nothing free (no one else
     may join it).  With --tenant T each count is admission's answer for a
-    domain of T; an unknown tenant is refused (exit 2).
+    domain of T; an unknown tenant is refused (exit 2).  The last line gives
+    the starved demand: expected GPU time (from the metered history) above
+    the pools' compute ceilings, a QoS figure.
     """
     ctx = _ctx()
     inv = ctx.inventory()
@@ -389,6 +391,12 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "
               "what they offer is not counted ('vgpuhost host check' says why)" for g in doc["gpus"] if g["unreadable"]]
     notes += [f"guarantee at risk: {risk['text']}"] if risk and risk["tenants"] else []
+    notes += [f"{g['gpu']}: starved demand {g['starved_demand']:.2f} of a GPU (expected GPU time "
+              f"{g['gpu_time_expected']:.2f} over the pool's compute ceiling {g['compute_ceiling']:g})"
+              for g in doc["gpus"] if g.get("starved_demand")]
+    starved = doc["starved_demand"]
+    text += (f"\nGPU time: starved demand {starved['total']:.2f} of a GPU in all ({starved['share']:.3f} of the "
+             f"{len(doc['gpus'])} GPUs' time; expected demand above the compute ceilings)")
     if notes:
         text += "\n" + "\n".join(notes)
     _emit({"schema": SCHEMA_CAPACITY, **doc}, text)

@@ -1460,6 +1460,15 @@ def usage_by_tenant(conn: "StateStore | sqlite3.Connection", since: str, until: 
         (since, until))]
 
 
+def gpu_time_history(conn: "StateStore | sqlite3.Connection", since: str) -> List[tuple]:
+    """Metered time-sliced vGPU use since hour ``since`` (ISO), summed per domain, tenant and profile:
+    ``[(domain_uuid, tenant, profile, alloc_s, sm_busy_s)]`` (seconds; ``tenant`` "" for none): what
+    ``vgpuhost.ops.gputime`` estimates a vGPU's expected GPU time from."""
+    return list(_reader(conn).execute(
+        "SELECT domain_uuid, tenant, profile, SUM(alloc_s), SUM(sm_busy_s) FROM usage_hourly "
+        "WHERE hour >= ? AND kind = 'vgpu' GROUP BY domain_uuid, tenant, profile", (since,)))
+
+
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:
     """Lifetime ``{(device, domain_uuid): (alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes)}``."""
     return {(r[0], r[1]): tuple(r[2:]) for r in _reader(conn).execute(

@@ -223,6 +223,30 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
         for tenant, v in sorted(host["guarantee_at_risk"].items()):
             f.add_metric([tenant], v)
         yield f
+    if "gpu_time" in host:
+        exp = GaugeMetricFamily(PREFIX + "gpu_time_expected",
+                                "Expected GPU-time demand of the GPU's time-sliced vGPUs (shares of one GPU, from "
+                                "the metered history; else the profile's fixed share)", labels=["gpu", "pool"])
+        ceil = GaugeMetricFamily(PREFIX + "gpu_compute_ceiling",
+                                 "The expected GPU-time demand the GPU's pool lets it carry (shares of one GPU)",
+                                 labels=["gpu", "pool"])
+        st = GaugeMetricFamily(PREFIX + "gpu_starved_demand",
+                               "Expected GPU-time demand above the GPU's compute ceiling (shares of one GPU): a "
+                               "noisy-neighbour QoS figure; 0 where placement kept it under", labels=["gpu", "pool"])
+        for (gpu, pool), (e, c, v) in sorted(host["gpu_time"].items()):
+            exp.add_metric([gpu, pool], float(e))
+            ceil.add_metric([gpu, pool], float(c))
+            st.add_metric([gpu, pool], float(v))
+        yield exp
+        yield ceil
+        yield st
+    if "pool_starved" in host:
+        f = GaugeMetricFamily(PREFIX + "pool_starved_demand",
+                              "Expected GPU-time demand above the compute ceilings of the pool's GPUs, summed "
+                              "(shares of one GPU)", labels=["pool"])
+        for pool, v in sorted(host["pool_starved"].items()):
+            f.add_metric([pool], float(v))
+        yield f
     if "anomalies" in host:
         f = GaugeMetricFamily(PREFIX + "anomaly", "1 per anomaly flag: kind (usage-spike, saturated, "
                               "idle-guaranteed, gaps-growing), tenant and device where it names one; "

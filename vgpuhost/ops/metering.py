@@ -83,7 +83,8 @@ from ..observe.inventory import discover, free_instances
 from ..observe.vgpus import match_vgpu_record
 from ..policy.anomaly import flags as anomaly_flags
 from ..policy.checks import Finding, licence_findings
-from . import tenancy
+from . import gputime, tenancy
+from .admitting import active as tenancy_active
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -784,7 +785,9 @@ def host_series(host_root, store) -> Dict[str, object]:
     tenant quotas; ``tenant_free_instances``: ``{(tenant, profile): n}``,
     what admission would admit of each profile for each tenant now
     (:func:`vgpuhost.ops.tenancy.capacity` with the tenant; tenant ``""``:
-    for a domain naming no tenant), only where tenants exist.
+    for a domain naming no tenant), only where tenants exist; ``gpu_time``:
+    ``{(gpu, pool): (expected GPU time, compute ceiling, starved demand)}`` and ``pool_starved``:
+    ``{pool: starved demand}`` (shares of one GPU), only where tenancy is in use.
     """
     inv = discover(Sysfs(host_root), with_types=True)
     pools = gpu_pools(store)
@@ -814,7 +817,28 @@ def host_series(host_root, store) -> Dict[str, object]:
     out.update(_quota(store, inv))
     out.update(_tenant_free(host_root, store, inv))
     out.update(_anomalies(store))
+    out.update(_gpu_time(store, inv))
     return out
+
+
+def _gpu_time(store, inv) -> Dict[str, object]:
+    """``{"gpu_time": {(gpu, pool): (expected, ceiling, starved)}, "pool_starved": {pool: starved}}``
+    (shares of one GPU: :func:`vgpuhost.ops.gputime.gpu_figures`) where tenancy is in use (placement
+    weighs GPU time only under admission), else ``{}``."""
+    try:
+        if not tenancy_active(store):
+            return {}
+        pl = tenancy.pools(store)
+        held = gputime.with_use(gputime.history(store), tenancy.allocations(store, inv))
+        figs = gputime.gpu_figures(held, pl, {str(g.address): g.framebuffer_mib or 0 for g in inv.gpus
+                                              if g.vgpu_backend})
+        pool_of = {g: p.name for p in pl for g in p.gpus}
+        per = {(g, pool_of.get(g, "default")): (f["gpu_time_expected"], f["compute_ceiling"], f["starved_demand"])
+               for g, f in figs.items()}
+        return {"gpu_time": per, "pool_starved": gputime.starved_summary(figs, pl)["by_pool"]}
+    except Exception as e:
+        log.warning("reading GPU time per GPU failed: %s", e)
+        return {}
 
 
 #: how often (seconds) the exporter's anomaly flags are worked out again from the rollups (they read weeks)

@@ -32,6 +32,7 @@ from ..model.tenancy import (DIMENSIONS, EXCLUSIVE, Limits, Quota, Tenant, check
                              parse_labels)
 from ..model.values import replace
 from ..policy import admission as adm
+from . import gputime
 from .admitting import (HOST_LOCK, OPENSTACK, REQUIRE_BINDING, Admitting, Granted, active,  # noqa: F401
                         record_allocations, type_framebuffers as _type_fb, unenforced as _unenforced)
 
@@ -445,7 +446,9 @@ def _guarantee_facts(store: StateStore, inv: Inventory) -> Tuple[List[adm.Alloca
     from ..policy import offers as vgpu_offers
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     facts = host_gpus(inv, seen, _type_fb(inv, store), _gpu_slices(inv, seen))
-    return allocations(store, inv), facts, adm.serves_of(pools(store))
+    held = gputime.with_use(gputime.history(store), allocations(store, inv))
+    pl = pools(store)
+    return held, adm.gpu_time_room(facts, held, pl), adm.serves_of(pl)
 
 
 def _risk(store: StateStore, inv: Inventory, ts: Mapping[str, Tenant], last: Optional[str] = None):
@@ -578,12 +581,29 @@ def allocations(store: StateStore, inv: Optional[Inventory] = None) -> List[adm.
 # ---------------------------------------------------------------------------
 # pools
 
+#: the settings key holding the pools' compute ceilings, ``name=share;name=share`` (pools declaring one)
+POOL_CEILINGS = "pool-ceilings"
+
+
+def _ceilings(text: Optional[str]) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for part in (text or "").split(";"):
+        name, _, value = part.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue                # a damaged entry: the default ceiling
+    return out
+
+
 def pools(store: StateStore) -> List[adm.Pool]:
-    """The declared pools (from the layout), each with its GPUs."""
+    """The declared pools (from the layout), each with its GPUs and its compute ceiling (None: 1.0)."""
     by: Dict[str, Tuple[str, str, List[str]]] = {}
     for gpu, pool, policy, classes in store.pool_rows():
         by.setdefault(pool, (policy, classes, []))[2].append(gpu)
-    return [adm.Pool(n, p, tuple(c.split(",")) if c else (), tuple(gs)) for n, (p, c, gs) in sorted(by.items())]
+    ceil = _ceilings(store.setting(POOL_CEILINGS)) if by else {}
+    return [adm.Pool(n, p, tuple(c.split(",")) if c else (), tuple(gs), ceil.get(n))
+            for n, (p, c, gs) in sorted(by.items())]
 
 
 def check_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None) -> None:
@@ -611,8 +631,10 @@ def pool_changes(store: StateStore, new: Sequence[adm.Pool]) -> List[str]:
     changes: List[str] = []
     for p in new:
         for g in p.gpus:
-            if g not in old or old[g].name != p.name or old[g].policy != p.policy or old[g].classes != p.classes:
-                changes.append(f"GPU {g}: pool {p.name} ({p.policy}, serves {', '.join(p.classes)})")
+            if g not in old or old[g].name != p.name or old[g].policy != p.policy or old[g].classes != p.classes \
+                    or old[g].ceiling != p.ceiling:
+                changes.append(f"GPU {g}: pool {p.name} ({p.policy}, serves {', '.join(p.classes)}"
+                               + (f", compute ceiling {p.ceiling:g}" if p.ceiling is not None else "") + ")")
     for g, p in old.items():
         if not any(g in n.gpus for n in new):
             changes.append(f"GPU {g}: out of pool {p.name}")
@@ -630,6 +652,8 @@ def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[
     changes = pool_changes(store, new)
     with store.transaction() as conn:
         store.replace_pools(conn, [(g, p.name, p.policy, ",".join(p.classes)) for p in new for g in p.gpus])
+        store.put_setting(conn, POOL_CEILINGS, ";".join(f"{p.name}={p.ceiling:g}" for p in new
+                                                        if p.ceiling is not None) or None)
     if changes:
         store.audit(actor=actor or _actor(), operation="pools set", path="(pools)", value="; ".join(changes))
     return changes
@@ -699,6 +723,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     # then they count as no one's, so they leave the use admission weighs (else counted twice)
     premade = {a.device: a for a in held if a.owner == me and a.device not in admitted}
     held = [a for a in held if a.device not in premade]
+    hist = gputime.history(store)             # expected GPU time: the metered history, one query
+    held = gputime.with_use(hist, held)
     records = store.vgpu_records()
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     fbs = _type_fb(inv, store)
@@ -737,7 +763,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             # GPU is the one admission weighs, its pool, class and isolation included, without the claimed
             # vGPU itself as a neighbour
             pin = lent.gpu
-        dem = adm.vgpu_demand(name, fbs.get(name.lower()))
+        dem = gputime.demand_with_use(hist, adm.vgpu_demand(name, fbs.get(name.lower())), me, tname)
         reqs.append((v.device, adm.AdmissionRequest(me, dem, tname, qos, str(pin) if pin else None,
                                                     meta.strategy, meta.anti_affinity), offers,
                      frozenset({lent.id}) if lent is not None else frozenset()))
@@ -1245,13 +1271,21 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     another, not what each GPU alone could take (half the admission calls);
     ``untenanted`` (no ``tenant``): admission's answer for a domain naming
     no tenant (best-effort, no quota), as with a tenant.
+
+    GPU time: each GPU also carries ``gpu_time_expected`` (the expected
+    GPU-time demand of its time-sliced vGPUs, from the metered history:
+    :mod:`vgpuhost.ops.gputime`), ``compute_ceiling`` (its pool's) and
+    ``starved_demand`` (expected demand above the ceiling), all shares of one
+    GPU; ``starved_demand`` at the top sums them (``total``, ``share`` of the
+    GPUs listed, ``by_pool``).
     """
     from ..policy import offers as vgpu_offers
     from ..policy.capacity import summarise
     from ..policy.config import mode_limits
     records = store.vgpu_records()
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
-    held = allocations(store, inv)
+    hist = gputime.history(store)
+    held = gputime.with_use(hist, allocations(store, inv))
     pl = pools(store)
     ts = tenants(store)
     me = get(store, tenant) if tenant is not None else None
@@ -1275,6 +1309,9 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                      "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
                      (max(0, mem - used.get(addr, 0)) if mem else None),
                      "exclusive": excl.get(addr), "drift": drift.get(addr) or None})
+    timing = gputime.gpu_figures(held, pl, {g["gpu"]: g["framebuffer_mib"] or 0 for g in gpus})
+    for g in gpus:
+        g.update(timing[g["gpu"]])
     closed = {g for g, t in excl.items() if me is None or t.lower() != me.name.lower()}
     closed |= {g for g, why in drift.items() if why}
     ask = me is not None or untenanted
@@ -1296,7 +1333,8 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         offers = vgpu_offers.offers(inv, records, name, seen, limits)
         if all(o.type_id is None for o in offers):
             continue
-        dem = adm.vgpu_demand(name, fbs.get(name.lower()))
+        dem = gputime.demand_with_use(hist, adm.vgpu_demand(name, fbs.get(name.lower())), "(capacity)",
+                                      me.name if me is not None else None)
         rows = []
         for o in offers:
             if o.type_id is None:
@@ -1328,6 +1366,7 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         per_type.append((name, dem.framebuffer_mib, dem.mig_backed, rows))
     doc = summarise(gpus, per_type, admitted if ask else None)
     doc["tenant"] = me.name if me is not None else None
+    doc["starved_demand"] = gputime.starved_summary(timing, pl)
     return doc
 
 

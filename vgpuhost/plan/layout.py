@@ -1335,7 +1335,8 @@ def pools(config: Config, layout: Optional[str], view: HostView) -> List[Pool]:
         key = e.pool.name.lower()
         old = by.get(key)
         by[key] = Pool(e.pool.name, e.scheduler.state.policy, e.pool.serves,
-                       (old.gpus if old else ()) + tuple(g for g in gpus if not old or g not in old.gpus))
+                       (old.gpus if old else ()) + tuple(g for g in gpus if not old or g not in old.gpus),
+                       e.pool.ceiling)
     return list(by.values())
 
 

@@ -44,6 +44,16 @@ Rules (docs/guide/tenancy.md):
   whatever the GPU runs).  A GPU of a declared pool running another policy
   than its pool's (``policies``, read under the host lock) is in drift and
   serves no class.  Hardware partitions ignore pools.
+- **GPU time.**  A time-sliced vGPU goes only to a GPU where its expected
+  GPU-time demand (``Demand.use``, else its profile's fixed share:
+  :mod:`vgpuhost.policy.compute`) still fits, with the expected demand of
+  the vGPUs there, under the compute ceiling of the GPU's pool
+  (``Pool.ceiling``, 1.0 by default).  When the framebuffer fits somewhere
+  but GPU time nowhere, the refusal (code ``gpu-time``) names the GPU time
+  on each GPU.  The reserve of unused guarantees counts a GPU's room as the
+  lesser of its free framebuffer and its GPU time left, a future vGPU
+  costing its fixed share (exact in fixed-share pools, where the scheduler
+  gives a vGPU its fixed share and no more).
 - **Placement.**  :func:`vgpuhost.policy.placement.place` over the GPUs
   left, with the tenant's ``prefer`` labels tried first (affinity).
 
@@ -58,7 +68,9 @@ from ..model.kinds import Owner, PlacementStrategy, SchedulerPolicy
 from ..model.tenancy import (BEST_EFFORT, BURSTABLE, DIMENSION_TEXT, DIMENSIONS, EXCLUSIVE, GUARANTEED,
                              HARDWARE, QOS_CLASSES, UNTENANTED_QOS, Quota, Tenant,
                              tenant_named)  # noqa: F401 (tenant_named re-exported for ops.tenancy)
+from ..model.gputime import DEFAULT_CEILING, MAX_CEILING
 from ..model.values import record, replace
+from . import compute
 from .feasibility import HostGpu, Reserve  # noqa: F401 (HostGpu re-exported for ops.tenancy)
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
                      allocation, passthrough_demand, vgpu_demand)
@@ -77,12 +89,15 @@ DEFAULT_POOL_SERVES = (BURSTABLE, BEST_EFFORT)
 
 @record(frozen=True)
 class Pool:
-    """GPUs under one scheduler policy, serving ``classes`` (QoS classes)."""
+    """GPUs under one scheduler policy, serving ``classes`` (QoS classes); ``ceiling``: the expected
+    GPU-time demand each GPU may carry (a share of one GPU; None: :data:`DEFAULT_CEILING`, 1.0; above
+    1.0 only in a best-effort pool, up to :data:`MAX_CEILING`)."""
 
     name: str
     policy: str
     classes: Tuple[str, ...]
     gpus: Tuple[str, ...]
+    ceiling: Optional[float] = None
 
     def serves(self, qos: str) -> bool:
         return qos in self.classes
@@ -113,7 +128,26 @@ def pool_problems(pools: Sequence[Pool]) -> List[str]:
             if g in seen:
                 out.append(f"GPU {g} is in pools {seen[g]!r} and {p.name!r}: one GPU has one scheduler policy")
             seen[g] = p.name
+        why = ceiling_problem(p.policy, p.ceiling)
+        if why:
+            out.append(f"pool {p.name!r}: {why}")
     return out
+
+
+def ceiling_problem(policy: str, ceiling: Optional[float]) -> Optional[str]:
+    """What is wrong with compute ceiling ``ceiling`` (a share of one GPU per GPU) for a pool running
+    ``policy`` (None: nothing): not a number above 0; above 1.0 outside a best-effort pool (equal-share
+    and fixed-share time slices cannot give more than the whole GPU); above :data:`MAX_CEILING`."""
+    if ceiling is None:
+        return None
+    if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not ceiling > 0:
+        return f"compute ceiling {ceiling!r} is not a share of a GPU above 0 (e.g. 1.0)"
+    if ceiling > DEFAULT_CEILING and policy != SchedulerPolicy.BEST_EFFORT:
+        return (f"compute ceiling {ceiling:g} overcommits a {policy or 'undeclared'} pool: only a best-effort "
+                f"pool may carry more than {DEFAULT_CEILING:g} GPU of expected demand per GPU")
+    if ceiling > MAX_CEILING:
+        return f"compute ceiling {ceiling:g} is above the most allowed, {MAX_CEILING:g}"
+    return None
 
 
 def pool_change_refusal(old: Sequence[Pool], new: Sequence[Pool], held: Sequence[Allocation],
@@ -310,16 +344,30 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     unguaranteed = bool(reserved) and (tenant is None or burst or not _covered(tenant, dem))
     kept: List[str] = []
     size_note = ""
+    memory = _memory(gpu_memory, gpus)
+    load = compute.gpu_load(allocations, memory, lambda g: pool_of(pools, g).policy)
     if unguaranteed:
         narrowed, candidates, kept, size_note = _keep_reserve(
             dem, req, tname, narrowed, candidates, tenants, allocations, pools,
-            host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations))
+            _with_room(host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations), load, pools))
+    # GPU time: close the GPUs where the expected demand would pass the pool's compute ceiling
+    narrowed, timed = _fit_gpu_time(dem, narrowed, load, memory, pools)
     # 5. placement (a guaranteed request first where the other guarantees stay servable)
-    keep = host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations) if reserved and not unguaranteed else []
+    keep = _with_room(host_gpus(gpus, gpu_memory, gpu_slices, offers, dem, allocations), load, pools) \
+        if reserved and not unguaranteed else []
     decision = _place_keeping(dem, req, tname, tenant, tenants, allocations, narrowed, pools, keep)
     if not decision.admitted and kept:
         return refuse("burst", f"{_asker(dem, tenant, tname, burst)} refused: {size_note}", burst=burst,
                       candidates=candidates, frees=_reserve_frees(tenant, dem, burst, reserved))
+    if not decision.admitted and timed:
+        use = compute.expected(dem, memory.get(timed[0]), pool_of(pools, timed[0]).policy)
+        return refuse("gpu-time", f"no GPU time for {dem.text()} of {standing(tenant, tname, allocations)}: it "
+                                  f"expects {use.text()}, and no GPU where its framebuffer fits has that much left "
+                                  f"under its pool's compute ceiling: {decision.reason}",
+                      candidates=candidates, burst=burst,
+                      frees=("wait for GPU time to free (a vGPU to stop)",
+                             "raise the pool's compute ceiling (best-effort pools: pool.ceiling in the layout)",
+                             "'vgpuhost capacity' shows the GPU time expected per GPU"))
     if not decision.admitted:
         frees = _claimable(dem, tenant, tname, unguaranteed, candidates, tenants, allocations, names, gpu_memory)
         return refuse("capacity", f"no room for {dem.text()} of {standing(tenant, tname, allocations)}: "
@@ -327,6 +375,49 @@ def admit(req: AdmissionRequest, *, tenants: Mapping[str, Tenant], allocations: 
     gpu = str(decision.gpu)
     return _admitted(dem, tname, qos, burst, quota_note, None if dem.hardware else pool_of(pools, gpu).name,
                      decision, candidates)
+
+
+def _memory(gpu_memory: Optional[Mapping[str, int]], gpus: Optional[Sequence[HostGpu]]) -> Dict[str, int]:
+    """Framebuffer MiB by BDF: ``gpu_memory``, else the host's GPUs as the reserve sees them."""
+    if gpu_memory:
+        return dict(gpu_memory)
+    return {g.gpu: g.framebuffer_mib for g in gpus or ()}
+
+
+def gpu_time_room(gpus: Sequence[HostGpu], allocations: Sequence[Allocation], pools: Sequence[Pool]) -> List[HostGpu]:
+    """``gpus`` (:class:`HostGpu`) with the GPU time each has left under its pool's ceiling, given the
+    expected demand of ``allocations`` there (``HostGpu.compute_room``): the facts the guarantees are
+    checked on (``tenant add|set``), as admission's reserve counts them."""
+    memory = {g.gpu: g.framebuffer_mib for g in gpus}
+    return _with_room(gpus, compute.gpu_load(allocations, memory, lambda g: pool_of(pools, g).policy), pools)
+
+
+def _with_room(gpus: Sequence[HostGpu], load: Mapping[str, float], pools: Sequence[Pool]) -> List[HostGpu]:
+    """``gpus`` with the GPU time left under each one's pool ceiling (``HostGpu.compute_room``)."""
+    return [replace(g, compute_room=compute.room(load.get(g.gpu, 0.0), compute.ceiling_of(pool_of(pools, g.gpu))))
+            for g in gpus]
+
+
+def _fit_gpu_time(dem: Demand, narrowed: List[GpuOffer], load: Mapping[str, float], memory: Mapping[str, int],
+                  pools: Sequence[Pool]) -> Tuple[List[GpuOffer], List[str]]:
+    """Close the offers where time-sliced ``dem``'s expected GPU-time demand would pass the GPU's pool
+    ceiling: ``(offers, the BDFs closed for GPU time)``; a hardware partition closes none."""
+    if not compute.sliced(dem):
+        return narrowed, []
+    out: List[GpuOffer] = []
+    closed: List[str] = []
+    for o in narrowed:
+        g = str(o.gpu)
+        if o.available > 0:
+            pool = pool_of(pools, g)
+            share = compute.expected(dem, memory.get(g), pool.policy).share
+            here, top = load.get(g, 0.0), compute.ceiling_of(pool)
+            if not compute.fits(share, here, top):
+                closed.append(g)
+                o = replace(o, available=0, parents=(), note=f"GPU time: {here:.2f} expected + {share:.2f} asked "
+                                                             f"> ceiling {top:g} of pool {pool.name!r}")
+        out.append(o)
+    return out, closed
 
 
 def _claimable(dem: Demand, tenant: Optional[Tenant], tname: Optional[str], unguaranteed: bool,
@@ -553,6 +644,23 @@ def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], ten
         if kept:
             first = _place_preferred(dem, req, tenant, tenants, allocations,
                                      [o for o in narrowed if str(o.gpu) not in kept])
+            if first.admitted:
+                return first
+    return _place_weakest_first(dem, req, tenant, tenants, allocations, narrowed, pools)
+
+
+def _place_weakest_first(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant], tenants: Mapping[str, Tenant],
+                         allocations: Sequence[Allocation], narrowed: Sequence[GpuOffer], pools: Sequence[Pool]):
+    """Placement of a time-sliced vGPU of a class weaker than guaranteed first over the GPUs of pools that
+    do not serve guaranteed (a fixed-share pool's room is what guaranteed vGPUs can use), then over all;
+    a pinned request, a hardware partition or a guaranteed one: over all at once."""
+    qos_weak = tenant is None or tenant.qos != GUARANTEED
+    if qos_weak and req.qos is not None:
+        qos_weak = req.qos != GUARANTEED
+    if compute.sliced(dem) and qos_weak and req.gpu is None and any(p.serves(GUARANTEED) for p in pools):
+        weak = [o for o in narrowed if not pool_of(pools, str(o.gpu)).serves(GUARANTEED)]
+        if weak and len(weak) < len(narrowed):
+            first = _place_preferred(dem, req, tenant, tenants, allocations, weak)
             if first.admitted:
                 return first
     return _place_preferred(dem, req, tenant, tenants, allocations, narrowed)

@@ -44,7 +44,8 @@ Format (docs/reference/config.md):
               strategy: first-fit                  # with counts: total
               mixed_size: false                    # absent: left as it is
             scheduler: {policy: fixed-share, persist: true}
-            pool: {name: gold, serves: [guaranteed]}   # or 'pool: gold' (serves what the policy can)
+            pool: {name: gold, serves: [guaranteed]}   # or 'pool: gold' (serves what the policy can);
+                                                       # ceiling: 1.5 (best-effort only: GPU time per GPU)
           - select: {address: "0000:41:00.0"}
             mode: mig
             mig:
@@ -74,7 +75,7 @@ from ..model.yamldoc import Located, checked_mapping, kind_of, load_located, req
 from ..policy.mig import why_not
 from ..policy.scheduler import POLICIES, validate
 from ..model.tenancy import QOS_CLASSES
-from .admission import DEFAULT_POOL, POLICY_SERVES
+from .admission import DEFAULT_POOL, POLICY_SERVES, ceiling_problem
 from .placement import STRATEGIES
 
 VERSION = 1
@@ -89,7 +90,7 @@ _TOP = {"version", "default", "host", "layouts"}
 _HOST = {"kernel_params", "vfio_modules"}
 _LAYOUT = {"description", "scheduler", "gpus"}
 _ENTRY = {"select", "mode", "description", "vgpu", "mig", "passthrough", "scheduler", "pool"}
-_POOL = {"name", "serves"}
+_POOL = {"name", "serves", "ceiling"}
 _VGPU = {"types", "counts", "strategy", "mixed_size"}
 _MIG = {"instances", "vgpus"}
 _PASSTHROUGH = {"allow_boot_vga", "persist"}
@@ -185,11 +186,14 @@ class PassthroughSpec:
 @dataclass(frozen=True)
 class PoolSpec:
     """The tenancy pool a vgpu entry's GPUs join (docs/guide/tenancy.md): its
-    ``name``, the QoS classes it ``serves``; its scheduler policy is the entry's."""
+    ``name``, the QoS classes it ``serves``; its scheduler policy is the entry's;
+    ``ceiling``: the expected GPU-time demand each of its GPUs may carry (a share of
+    one GPU; None: 1.0; above 1.0 only in a best-effort pool)."""
 
     name: str
     serves: Tuple[str, ...]
     where: Where
+    ceiling: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -476,7 +480,13 @@ class _Parser:
                                hint=f"a {policy} pool serves: {', '.join(POLICY_SERVES[policy])}")
         if len(set(serves)) != len(serves):
             raise self.err(path + ("serves",), "pool.serves names a class twice")
-        return PoolSpec(name, tuple(serves), self.where(path))
+        ceiling = m.get("ceiling")
+        why = ceiling_problem(policy, ceiling)
+        if why:
+            raise self.err(path + ("ceiling",), f"pool.{why}",
+                           hint="a share of one GPU: at most 1.0 for equal-share and fixed-share pools, up to "
+                                "8.0 (overcommit) for best-effort ones")
+        return PoolSpec(name, tuple(serves), self.where(path), None if ceiling is None else float(ceiling))
 
     def selector(self, value: Any, path: tuple) -> Selector:
         where = self.where(path)
@@ -702,6 +712,10 @@ def _check_pools(entries: Sequence[Entry]) -> None:
                 f"pool {e.pool.name!r} has the {other.scheduler.state.policy} scheduler at {other.pool.where} and "
                 f"{e.scheduler.state.policy} here: a pool has one scheduler policy",
                 hint="name another pool, or give both entries one policy")
+        if key in first and first[key].pool.ceiling != e.pool.ceiling:
+            raise e.pool.where.error(f"pool {e.pool.name!r} has compute ceiling {first[key].pool.ceiling} at "
+                                     f"{first[key].pool.where}, and {e.pool.ceiling} here: a pool has one ceiling",
+                                     hint="give both entries one pool.ceiling")
         if key in first and set(first[key].pool.serves) != set(e.pool.serves):
             raise e.pool.where.error(f"pool {e.pool.name!r} serves {', '.join(first[key].pool.serves)} at "
                                      f"{first[key].pool.where}, and {', '.join(e.pool.serves)} here")

@@ -10,6 +10,7 @@ path) records its allocations without importing the rules.  Pure: no I/O.
 
 from __future__ import annotations
 
+from ..model.gputime import ExpectedUse  # noqa: F401 (annotations)
 from ..model.tenancy import BEST_EFFORT
 from ..model.values import VgpuProfile, field, record
 
@@ -23,13 +24,16 @@ VGPU, PASSTHROUGH = "vgpu", "passthrough"
 @record(frozen=True)
 class Demand:
     """What one device asks for.  ``framebuffer_mib``: the vGPU's framebuffer (MiB); ``mig_slices``:
-    GPU-instance compute slices of a MIG-backed vGPU (0: time-sliced or passthrough)."""
+    GPU-instance compute slices of a MIG-backed vGPU (0: time-sliced or passthrough); ``use``: its
+    expected GPU-time demand (:class:`vgpuhost.model.gputime.ExpectedUse`, estimated by
+    ``vgpuhost.ops.gputime``; None: the profile's fixed share, :mod:`vgpuhost.policy.compute`)."""
 
     kind: str
     profile: str = ""
     series: str = ""
     framebuffer_mib: int = 0
     mig_slices: int = 0
+    use: Optional[ExpectedUse] = None
 
     @property
     def mig_backed(self) -> bool:
@@ -65,7 +69,8 @@ def passthrough_demand() -> Demand:
 @record(frozen=True)
 class Allocation:
     """A device a domain holds, as admission counts it.  ``tenant`` None: no tenant; ``burst``: admitted
-    above the tenant's guaranteed limit."""
+    above the tenant's guaranteed limit; ``use``: its expected GPU-time demand (not stored: ops fills it
+    from the metered history, ``vgpuhost.ops.gputime``; None: the profile's fixed share)."""
 
     device: str
     owner: str
@@ -77,10 +82,12 @@ class Allocation:
     mig_slices: int = 0
     qos: str = BEST_EFFORT
     burst: bool = False
+    use: Optional[ExpectedUse] = None
 
     @property
     def demand(self) -> Demand:
-        return Demand(self.kind, self.profile, _series(self.profile), self.framebuffer_mib, self.mig_slices)
+        return Demand(self.kind, self.profile, _series(self.profile), self.framebuffer_mib, self.mig_slices,
+                      self.use)
 
 
 #: profile name -> its series, parsed once per process (admission asks for every allocation's demand
@@ -99,14 +106,15 @@ def _series(profile: str) -> str:
 def allocation(device: str, owner: str, gpu: str, demand: Demand, decision: "Admission") -> Allocation:
     """The allocation an admitted ``decision`` makes for ``device`` on ``gpu``."""
     return Allocation(device, owner, decision.tenant, gpu, demand.kind, demand.profile, demand.framebuffer_mib,
-                      demand.mig_slices, decision.qos, decision.burst)
+                      demand.mig_slices, decision.qos, decision.burst, demand.use)
 
 
 @record(frozen=True)
 class Admission:
     """The decision.  ``code``: ``ok`` or the rule that refused (``unknown-tenant``, ``series``,
     ``quota``, ``isolation``, ``qos``, ``pool``, ``capacity``, ``burst``: use no guarantee covers, a
-    burst or not, would take room other tenants' unused guarantees hold); ``quota``: the dimension that
+    burst or not, would take room other tenants' unused guarantees hold; ``gpu-time``: no GPU where the
+    framebuffer fits has room under its pool's compute ceiling for the expected GPU-time demand); ``quota``: the dimension that
     refused; ``gpu``/``parent``/``type_id``: the placement (vGPU) or the GPU (passthrough);
     ``candidates``: every GPU the request may use under the rules (placement may take any that fits);
     ``frees``: what would free room."""
@@ -139,4 +147,4 @@ class Admission:
 
 
 #: the rules that refuse for want of room: their remedies free some
-ROOM_CODES = frozenset({"quota", "capacity", "burst"})
+ROOM_CODES = frozenset({"quota", "capacity", "burst", "gpu-time"})

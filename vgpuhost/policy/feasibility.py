@@ -61,13 +61,16 @@ class HostGpu:
     """One GPU as the guarantees see it.  ``framebuffer_mib``: its framebuffer (MiB); ``types``: the vGPU
     types it offers, ``(type name, framebuffer MiB, GPU-instance compute slices (0: time-sliced))``, None
     when not known (then any size fits); ``mig_slices``: compute slices in MIG mode (0: not in MIG mode);
-    ``max_instances``: the driver's most vGPUs of a size (``A40-1Q``: 32, fewer than 48 GiB / 1 GiB)."""
+    ``max_instances``: the driver's most vGPUs of a size (``A40-1Q``: 32, fewer than 48 GiB / 1 GiB);
+    ``compute_room``: GPU time left under its pool's compute ceiling (a share of the GPU; None: not
+    limited), in which a time-sliced vGPU of ``s`` MiB costs its fixed share ``s / framebuffer_mib``."""
 
     gpu: str
     framebuffer_mib: int
     types: Optional[Tuple[Tuple[str, int, int], ...]] = None
     mig_slices: int = 0
     max_instances: Tuple[Tuple[int, int], ...] = ()      # (time-sliced size MiB, most vGPUs of it), where known
+    compute_room: Optional[float] = None
 
     def most(self, size: int) -> Optional[int]:
         """The most time-sliced vGPUs of ``size`` MiB it holds (equal-size mode; None: not known)."""
@@ -216,6 +219,8 @@ def search(wanted: Sequence[Need], *, tenants: Mapping[str, Tenant], allocations
             per = [t.mig_units(g) for t in ts]
         else:
             free = 0 if dead else max(0, g.framebuffer_mib - sum(a.framebuffer_mib for a in sliced))
+            if g.compute_room is not None:      # GPU time left, in MiB of fixed share
+                free = min(free, int(g.compute_room * g.framebuffer_mib + 0.5))     # to the MiB: float sums
             per = []
             for k, t in enumerate(ts):
                 if not serves(g.gpu, t.t.qos) or any(

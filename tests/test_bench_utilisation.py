@@ -1,0 +1,51 @@
+"""bench/utilisation.py tells the truth about itself (issue 30, item 6): the trace's own ceiling, the
+starved demand of each replay, the steady window beside the whole span, and a compute-aware replay whose
+use is estimated from VMs that ran before, never read from the trace for the VM placed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import utilisation as bench  # noqa: E402
+
+from vgpuhost.model.gputime import TENANT_PROFILE  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return bench.run(13, 300)
+
+
+def test_the_trace_ceiling_bounds_every_replay(doc):
+    tc = doc["trace_ceiling"]
+    assert 0 < tc["capped"] <= tc["demand"] and 0 < tc["capped_steady"] <= tc["demand_steady"]
+    for key in ("hoarding", "vgpuhost", "compute_aware"):
+        r = doc[key]
+        assert r["violations"] == 0
+        # what is served and what is starved add up to the demand admitted, which the ceiling bounds
+        assert r["time_share"] + r["starved_share"] == pytest.approx(r["demand_share"])
+        assert r["demand_share"] <= tc["demand"] + 1e-9
+    assert doc["hoarding"]["starved_share"] == 0
+
+
+def test_compute_aware_placement_starves_less_than_framebuffer_placement(doc):
+    assert doc["compute_aware"]["starved_share"] < doc["vgpuhost"]["starved_share"]
+    assert doc["compute_aware"]["refusals"].get("gpu-time", 0) > 0
+    assert "gpu-time" not in doc["vgpuhost"]["refusals"]
+    lo, hi = doc["steady_window"]
+    assert bench.WARMUP_LIVES * bench.MEAN_LIFE == lo < hi
+
+
+def test_the_estimate_is_learnt_from_vms_that_ran_never_the_vms_own():
+    est = bench.Estimator()
+    assert est.estimate("research", "A40-8Q") is None            # nothing ran yet: the fixed share
+    est.learn("research", "A40-8Q", 0.2)
+    est.learn("research", "A40-8Q", 0.4)
+    e = est.estimate("research", "A40-8Q")
+    assert e.share == pytest.approx(0.3) and e.source == TENANT_PROFILE
+    assert est.estimate("ci", "A40-8Q") is None

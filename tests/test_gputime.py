@@ -1,0 +1,250 @@
+"""Compute-aware placement (issue 30, item 1) on simulated hosts and in the pure model.
+
+Each vGPU carries an expected GPU-time demand (its domain's metered history, else its tenant's mean on
+the profile, else the profile's fixed share); a pool declares a compute ceiling per GPU; admission places
+a vGPU only where its expected demand still fits under the ceiling and refuses (code ``gpu-time``) when
+none does; starved demand is measured in ``capacity``, the exporter and an alert rule (the promtool
+fixture is in tests/data/metering/rules_test.yml, run by tests/test_metering_prometheus.py).
+
+Outcomes are read back from the simulated sysfs tree, the state store and the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from vgpuhost.cli.main import main as cli_main
+from vgpuhost.io import state as st
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.errors import InputError
+from vgpuhost.model.gputime import METERED, PROFILE_SHARE, TENANT_PROFILE, ExpectedUse
+from vgpuhost.model.tenancy import Limits, Quota, Tenant
+from vgpuhost.model.nvml import SchedulerState
+from vgpuhost.model.usage import UsageRow
+from vgpuhost.model.values import replace
+from vgpuhost.ops import gputime, tenancy
+from vgpuhost.policy import admission as adm
+from vgpuhost.policy import compute
+from vgpuhost.policy.feasibility import HostGpu, Need, search
+from vgpuhost.policy.replay import Board, HostModel, violations
+from vgpuhost.sim.nvml import SimNvml
+
+from test_hook import GPU_HI, GPU_LO, L40S, mdev_gpu, mdevs, mixed, start
+from test_tenancy import tdom, uid
+
+GIB = 1024
+
+
+def run(capsys, host, *argv):
+    code = cli_main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def metered(s: StateStore, domain: str, tenant: str, profile: str, share: float, hours: int = 2) -> None:
+    """``hours`` of metering rollups for ``domain``'s vGPU of ``profile``: busy ``share`` of one GPU."""
+    now = int(time.time()) // 3600 * 3600
+    rows = [UsageRow(time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(now - 3600 * h)), f"dev-{domain}-{h}", domain,
+                     "vgpu", str(GPU_LO), profile, "", tenant, "burstable", 3600.0, 3600.0 * share, 0.0, 0.0, 0, 0, 60)
+            for h in range(hours)]
+    with s.transaction() as conn:
+        st.add_usage(conn, rows)
+
+
+def std_host(make_host, ceiling=None):
+    """:func:`mixed` with both A40s in one equal-share pool ``std`` and tenant ``web`` (shared, burstable)."""
+    host = mixed(make_host)
+    for g in (GPU_LO, GPU_HI):      # the pool's policy, as a layout's apply leaves it
+        SimNvml(host).set_scheduler_state(g, SchedulerState(policy="equal-share"))
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [adm.Pool("std", "equal-share", ("burstable", "best-effort"), (str(GPU_LO), str(GPU_HI)),
+                                   ceiling)])
+    tenancy.add(s, Tenant("web"))
+    return host, s
+
+
+def web(i: int) -> str:
+    return tdom(f"w{i}", uid("d0d0d0d0", i), uid("e0e0e0e0", i), tenant="web", strategy="best-fit")
+
+
+# ---------------------------------------------------------------------------
+# the estimate
+
+def test_the_estimate_is_the_domains_history_then_its_tenants_then_the_fixed_share(make_host):
+    _, s = std_host(make_host)
+    metered(s, uid("d0d0d0d0", 1), "web", "A40-8Q", 0.7)
+    metered(s, uid("d0d0d0d0", 2), "web", "A40-8Q", 0.3)
+    hist = gputime.history(s)
+    own = gputime.estimate(hist, uid("d0d0d0d0", 1), "web", "A40-8Q")
+    assert own == ExpectedUse(0.7, METERED, 7200.0)
+    # a new domain of web: the mean of web's domains on the profile
+    new = gputime.estimate(hist, uid("d0d0d0d0", 9), "WEB", "a40-8q")
+    assert new.source == TENANT_PROFILE and new.share == pytest.approx(0.5)
+    # another profile, or no tenant: None, which policy reads as the fixed share (8 GiB of 48 GiB)
+    assert gputime.estimate(hist, uid("d0d0d0d0", 9), "web", "A40-4Q") is None
+    d = adm.vgpu_demand("A40-8Q")
+    assert compute.expected(d, 48 * GIB) == ExpectedUse(pytest.approx(1 / 6), PROFILE_SHARE)
+    # in a fixed-share pool never more than the fixed share (the scheduler gives no more)
+    assert compute.expected(replace(d, use=own), 48 * GIB, "fixed-share").share == pytest.approx(1 / 6)
+    assert compute.expected(replace(d, use=own), 48 * GIB, "equal-share").share == 0.7
+
+
+# ---------------------------------------------------------------------------
+# placement and admission through the hook
+
+def test_placement_keeps_each_gpu_under_its_ceiling_and_refuses_naming_gpu_time(make_host, capsys):
+    host, s = std_host(make_host)
+    metered(s, uid("d0d0d0d0", 90), "web", "A40-8Q", 0.6)          # web's A40-8Q VMs use 0.6 of a GPU
+    rc, err = start(host, "w1", web(1))
+    assert (rc, err) == (0, ""), err
+    first = mdev_gpu(host, uid("e0e0e0e0", 1))
+    # best-fit by framebuffer alone would put the second beside the first (5 more A40-8Q fit there);
+    # 0.6 + 0.6 passes the ceiling of 1.0, so it goes to the other GPU
+    assert start(host, "w2", web(2)) == (0, "")
+    second = mdev_gpu(host, uid("e0e0e0e0", 2))
+    assert {first, second} == {GPU_LO, GPU_HI}
+    rows = {r[0]: r[3] for r in s.allocation_rows()}
+    assert rows[uid("e0e0e0e0", 1)] == str(first) and rows[uid("e0e0e0e0", 2)] == str(second)
+    # a third finds framebuffer on both GPUs but GPU time on neither: refused, one line, nothing made
+    before = mdevs(host)
+    rc, err = start(host, "w3", web(3))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "no GPU time for vGPU A40-8Q" in err and "0.60 of a GPU (tenant-profile)" in err
+    assert "0.60 expected + 0.60 asked > ceiling 1" in err
+    assert mdevs(host) == before and uid("e0e0e0e0", 3) not in {r[0] for r in s.allocation_rows()}
+    [row] = [r for r in s.audit_rows() if r.path == "(admission)" and r.result == "refused"]
+    assert "no GPU time" in row.value and "w3" in row.operation
+    # capacity: the expected GPU time per GPU, no starved demand
+    code, out, _ = run(capsys, host, "--json", "capacity", "--profile", "A40-8Q")
+    doc = json.loads(out)
+    assert code == 0
+    per = {g["gpu"]: g for g in doc["gpus"]}
+    for g in (GPU_LO, GPU_HI):
+        assert per[str(g)]["gpu_time_expected"] == pytest.approx(0.6)
+        assert per[str(g)]["compute_ceiling"] == 1.0 and per[str(g)]["starved_demand"] == 0
+    assert doc["starved_demand"] == {"total": 0, "share": 0, "by_pool": {"std": 0, "default": 0}}   # the L40S: no pool
+
+
+def test_a_lower_ceiling_leaves_starved_demand_in_capacity_and_the_exporter(make_host, capsys):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vgpuhost.ops.exporter import _host_families
+    from vgpuhost.ops.metering import host_series
+    host, s = std_host(make_host)
+    metered(s, uid("d0d0d0d0", 90), "web", "A40-8Q", 0.6)
+    assert start(host, "w1", web(1)) == (0, "") and start(host, "w2", web(2)) == (0, "")
+    # the operator lowers the pool's ceiling to 0.5 while both run: each GPU now carries 0.1 too much
+    tenancy.set_pools(s, [adm.Pool("std", "equal-share", ("burstable", "best-effort"), (str(GPU_LO), str(GPU_HI)),
+                                   0.5)])
+    assert [p.ceiling for p in tenancy.pools(s)] == [0.5]
+    [row] = [r for r in s.audit_rows() if r.operation == "pools set" and "compute ceiling 0.5" in r.value]
+    code, out, _ = run(capsys, host, "--json", "capacity")
+    doc = json.loads(out)
+    assert {g["gpu"]: g["starved_demand"] for g in doc["gpus"]} == {str(GPU_LO): pytest.approx(0.1),
+                                                                    str(GPU_HI): pytest.approx(0.1), str(L40S): 0}
+    assert doc["starved_demand"]["total"] == pytest.approx(0.2)
+    assert doc["starved_demand"]["by_pool"] == {"std": pytest.approx(0.2), "default": 0}
+    code, out, _ = run(capsys, host, "capacity")
+    assert code == 0 and "starved demand 0.20 of a GPU in all" in out
+    assert f"{GPU_LO}: starved demand 0.10 of a GPU (expected GPU time 0.60 over the pool's compute ceiling 0.5)" in out
+    series = host_series(host, s)
+    assert series["pool_starved"] == {"std": pytest.approx(0.2), "default": 0}
+
+    class Families:
+        def collect(self):
+            return list(_host_families(series))
+    reg = CollectorRegistry()
+    reg.register(Families())
+    text = generate_latest(reg).decode()
+    assert f'vgpuhost_gpu_starved_demand{{gpu="{GPU_LO}",pool="std"}} 0.1' in text
+    assert f'vgpuhost_gpu_time_expected{{gpu="{GPU_HI}",pool="std"}} 0.6' in text
+    assert f'vgpuhost_gpu_compute_ceiling{{gpu="{GPU_HI}",pool="std"}} 0.5' in text
+    assert 'vgpuhost_pool_starved_demand{pool="std"} 0.2' in text
+    # and a third start finds no GPU time at all
+    rc, err = start(host, "w3", web(3))
+    assert rc == 2 and "ceiling 0.5 of pool 'std'" in err
+
+
+# ---------------------------------------------------------------------------
+# the layout's ceiling
+
+LAYOUT = """version: 1
+layouts:
+  l:
+    gpus:
+      - select: {{address: "0000:81:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-4Q: 1}}}}
+        scheduler: {{policy: {policy}}}
+        pool: {{name: p, ceiling: {ceiling}}}
+"""
+
+
+def test_the_layout_declares_a_ceiling_and_refuses_overcommit_outside_best_effort():
+    from vgpuhost.policy.config import parse
+    cfg = parse(LAYOUT.format(policy="best-effort", ceiling=1.5), "l.yaml")
+    [e] = cfg.layout("l").entries
+    assert e.pool.ceiling == 1.5
+    for policy, ceiling, says in (("equal-share", 1.5, "overcommits a equal-share pool"),
+                                  ("fixed-share", 1.2, "overcommits a fixed-share pool"),
+                                  ("best-effort", 9, "above the most allowed, 8"),
+                                  ("best-effort", 0, "is not a share of a GPU above 0"),
+                                  ("best-effort", "lots", "is not a share of a GPU above 0")):
+        with pytest.raises(InputError) as ei:
+            parse(LAYOUT.format(policy=policy, ceiling=ceiling), "l.yaml")
+        assert says in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+    assert adm.pool_problems([adm.Pool("p", "equal-share", ("burstable",), ("g",), 1.5)]) == [
+        "pool 'p': compute ceiling 1.5 overcommits a equal-share pool: only a best-effort pool may carry more "
+        "than 1 GPU of expected demand per GPU"]
+
+
+# ---------------------------------------------------------------------------
+# the reserve of unused guarantees counts GPU time left
+
+def test_the_reserve_counts_gpu_time_left_as_room():
+    ts = {"g": Tenant("g", "burstable", quota=Quota(Limits(vgpus=2), Limits()))}
+    need = [Need("g", vgpus=2)]
+    gpu = HostGpu("0000:81:00.0", 48 * GIB, (("A40-8Q", 8 * GIB, 0),))
+    assert search(need, tenants=ts, allocations=[], gpus=[gpu], serves=lambda g, q: True).ok is True
+    # one sixth of the GPU's time left: room for one A40-8Q at its fixed share, not two
+    tight = replace(gpu, compute_room=1 / 6)
+    assert search(need, tenants=ts, allocations=[], gpus=[tight], serves=lambda g, q: True).ok is False
+    assert search([Need("g", vgpus=1)], tenants=ts, allocations=[], gpus=[tight],
+                  serves=lambda g, q: True).ok is True
+
+
+# ---------------------------------------------------------------------------
+# property: admitted vGPUs never take a GPU over its ceiling
+
+BOARD = Board("A40", 48 * GIB)
+GPUS = {f"0000:{0x10 + i:02x}:00.0": BOARD for i in range(3)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(hs.lists(hs.tuples(hs.sampled_from(["A40-4Q", "A40-8Q", "A40-12Q", "A40-16Q"]),
+                          hs.floats(0.05, 0.95), hs.booleans(), hs.sampled_from(["a", "b", None])),
+                min_size=1, max_size=25),
+       hs.sampled_from([None, 0.6, 1.0, 2.0]))
+def test_admission_never_takes_a_gpu_over_its_ceiling(arrivals, ceiling):
+    pools = [adm.Pool("be", "best-effort", ("best-effort",), tuple(GPUS), ceiling)]
+    ts = {n: Tenant(n, "best-effort") for n in ("a", "b")}
+    model = HostModel(GPUS, pools)
+    top = compute.ceiling_of(pools[0])
+    for i, (profile, share, leave, tenant) in enumerate(arrivals):
+        d = model.arrive(f"vm{i}", replace(adm.vgpu_demand(profile), use=ExpectedUse(share, METERED)), ts,
+                         tenant=tenant, strategy="best-fit")
+        load = compute.gpu_load(model.allocations, model.memory())
+        assert all(v <= top + 1e-9 for v in load.values()), (load, top)
+        if not d.admitted:
+            assert d.code in ("gpu-time", "capacity"), d.reason
+            if d.code == "gpu-time":
+                # it was refused for GPU time only: some GPU had the framebuffer for it
+                assert any(o.available > 0 for o in model.offers(profile))
+        if leave and i % 3 == 0:
+            model.depart(f"vm{i // 2}")
+        assert violations(model, ts) == []
