@@ -285,9 +285,13 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         try:
             if self.role in (api.READ, api.TENANT) and READ_NICE:
                 _nice_this_thread(READ_NICE)
-            super().process_request_thread(request, client_address)
+            super().process_request_thread(request, client_address)     # answered, and closed
         finally:
             self._release(client_address[0])
+        # the answer is out and the slot free: bring the snapshot up to date after a write now (the GPUs
+        # the write touched; one thread reads while the others' refreshes coalesce into its read), not
+        # at the next VM start
+        self.agent.warm_up()
 
     def _refuse(self, request, message: str, hint: str) -> None:
         self.refused += 1
@@ -526,8 +530,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
         if self._unread:
             self._drain(self._unread)
-        elif method == "POST":
-            self.server.agent.warm_up()     # answered: re-read the host now, not at the next VM start
 
     def _drain(self, n: int) -> None:
         """Read and drop the ``n`` bytes of a body refused unread (413), within the request's deadline:
@@ -602,6 +604,14 @@ class _Handler(BaseHTTPRequestHandler):
         req = api.Request(params, query, body, actor, peer.pid, role, caller.tenant)
         srv.agent.count(route, thin=self._hook_xml is not None)
         expensive = (route.method, route.template) in EXPENSIVE_READS
+        if expensive and not body and route.method == "GET":
+            try:
+                api.check_query(route, query)
+                kept = api.cached_read(srv.agent, route, req)
+            except VgpuhostError:
+                kept = None             # answered below, as any request
+            if kept is not None:
+                return 200, kept        # built before for this snapshot: no host read, no CPU to budget
         if expensive:
             refused = srv.budget.begin(peer.uid)
             if refused is not None:
