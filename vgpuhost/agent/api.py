@@ -246,25 +246,26 @@ class Agent:
         (another tool's change meanwhile: the whole host).  None, an error or an unknown device: the
         whole host.  The refresh runs at the next read or :meth:`warm_up`, not here."""
         with self.write_lock:
-            with self._snap_lock:
-                inv, accounted = self._inv, self._accounted
-            before = self._fingerprint(inv) if inv is not None and changed is not None else None
             names = None
             try:
                 result = fn()
                 names = changed(result) if changed is not None else None
                 return result
             finally:
-                self._after_write(inv, before, accounted, names)
+                self._after_write(names)
 
-    def _after_write(self, inv, before, accounted, names) -> None:
+    def _after_write(self, names: Optional[List[str]]) -> None:
+        """Mark the GPUs holding ``names`` due for a refresh when the host's fingerprint moved, since the
+        agent last knew it, by no more than their devices explain; else (or ``names`` None) the whole host."""
         gpus = None
         after = None
-        if names is not None and before is not None and before == accounted:
+        with self._snap_lock:
+            inv, accounted = self._inv, self._accounted
+        if names is not None and inv is not None and accounted is not None:
             try:
                 gpus = self._gpus_of(inv, names)
                 after = self._fingerprint(inv)
-                if gpus is not None and not self._explained(inv, before, after, gpus, names):
+                if gpus is not None and not self._explained(inv, accounted, after, gpus, names):
                     gpus = None
             except Exception:       # an unreadable host: the whole read says why, at the next request
                 gpus = None
