@@ -596,8 +596,8 @@ def run_scale(base: Path, gpus: int, clients: List[int], seconds: float, storm: 
           f"{by_agent}, by the hook's own handler after a 429 or no slot {calls - by_agent}")
     for k, v in list(failed.items())[:5]:
         print(f"           {v} x {k}")
-    print(f"  snapshot: {served1['snapshot_scans']} whole-host scans, {served1['snapshot_refreshes']} GPU refreshes, "
-          f"{served1['cached_answers']} cached answers")
+    print(f"  snapshot: {served1['snapshot_scans']} whole-host scans, {served1.get('snapshot_refreshes', '-')} GPU "
+          f"refreshes, {served1.get('cached_answers', '-')} cached answers")
     print(f"  SIGTERM with {storm} clients running: agent exited {rc} after {stop_s:.2f} s (target <= 5 s)")
 
 

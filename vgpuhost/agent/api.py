@@ -80,6 +80,13 @@ class Unavailable(VgpuhostError):
     """A part of the API whose backing feature is not there (``/v1/metrics`` without the exporter)."""
 
 
+class Stopping(Unavailable):
+    """A change asked of an agent that is stopping (SIGTERM came): 503, nothing changed; the hook's thin
+    client gets the JSON error and does the work itself, as with no agent."""
+
+    exit_code = 5
+
+
 class Misdirected(VgpuhostError):
     """A hook call meant for another host root or state dir than this agent's (421: the caller does it)."""
 
@@ -143,6 +150,7 @@ class Agent:
         self._placed: Dict[str, PciAddress] = {}   # vGPU id -> its GPU, for those made since the snapshot
         self._docs: Dict[tuple, Any] = {}
         self._docs_lock = threading.Lock()
+        self.stopping = False                  # set by the server at SIGTERM: no write starts after it
         self.scans = 0
         self.refreshes = 0
         self.cache_hits = 0
@@ -245,7 +253,13 @@ class Agent:
         only their GPUs are read again, when the host's fingerprint moved by no more than they explain
         (another tool's change meanwhile: the whole host).  None, an error or an unknown device: the
         whole host.  The refresh runs at the next read or :meth:`warm_up`, not here."""
+        if self.stopping:
+            raise Stopping("the agent is stopping: it starts no change now",
+                           hint="the hook does the work itself; retry once the agent is back")
         with self.write_lock:
+            if self.stopping:
+                raise Stopping("the agent is stopping: it starts no change now",
+                               hint="the hook does the work itself; retry once the agent is back")
             names = None
             try:
                 result = fn()
