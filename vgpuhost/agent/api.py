@@ -212,7 +212,8 @@ class Agent:
                     new = inv
                     fs = Sysfs(self.host)
                     for g in gpus:
-                        new = with_gpu(new, g, discover_gpu(fs, g, host_facts=False))
+                        # the GPU's type constants (name, description) from the snapshot: only what moves is read
+                        new = with_gpu(new, g, discover_gpu(fs, g, host_facts=False, known=new))
                         if new is None:
                             break
                     if new is not None:
