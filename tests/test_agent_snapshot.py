@@ -12,14 +12,15 @@ writes in flight ends the agent and leaves the host and the store agreeing.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agentutil import AgentRun
+from agentutil import ADMIN_GID, RO_GID, AgentRun, socket_dir
 from test_hook import vgpu_domain
-from vgpuhost.agent import api
+from vgpuhost.agent import api, server
 from vgpuhost.cli.main import main as cli_main
 from vgpuhost.io import agentclient
 from vgpuhost.io.state import StateStore, StoreWatch
@@ -233,6 +234,43 @@ def test_a_kept_answer_is_served_without_the_expensive_read_limits_and_matches(h
     assert [p["profile"] for p in json.loads(kept.body)["profiles"]] == ["A40-8Q"]
     tenant_req = req._replace(role=api.TENANT, tenant="ml")
     assert api.cached_read(agent, route, tenant_req) is None        # a tenant's answer is its own
+
+
+# ---------------------------------------------------------------------------
+# the refresh comes after the answer and the connection's slot
+
+def test_the_answer_and_the_slot_do_not_wait_for_the_refresh(make_host):
+    h = make_host("a40-mdev")
+    d = socket_dir()
+    proc = server.open_agent(h, socket_dir=d, admin_group=ADMIN_GID, ro_group=RO_GID, max_connections=1)
+    agent = proc.agent
+    refreshing, go = threading.Event(), threading.Event()
+    warm = agent.warm_up
+
+    def held_warm_up():                 # the refresh, held until the test lets it go
+        refreshing.set()
+        go.wait(30)
+        warm()
+    agent.warm_up = held_warm_up
+    proc.start()
+    admin = os.path.join(d, "agent.sock")
+    xml = vgpu_domain("vm1", _uuid(1), _uuid(1, "aaaaaaaa"))
+    try:
+        status, out = agentclient.call(admin, "POST", "/v1/hook/prepare", {"xml": xml, "name": "vm1"})
+        assert status == 200 and out["changed"] == [_uuid(1, "aaaaaaaa")]     # answered, the connection closed
+        assert refreshing.wait(30) and not go.is_set()                       # while the refresh waits
+        # the one connection slot is free again: another request is served, not refused 429
+        status, doc = agentclient.call(admin, "GET", "/v1/agent")
+        assert status == 200 and doc["snapshot_refreshes"] == 0
+        go.set()
+        for _ in range(600):
+            if agent.refreshes:
+                break
+            threading.Event().wait(0.05)
+        assert agent.refreshes == 1 and agent.inventory() == _fresh(h)
+    finally:
+        go.set()
+        proc.stop()
 
 
 # ---------------------------------------------------------------------------
