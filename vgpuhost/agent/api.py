@@ -221,10 +221,15 @@ class Agent:
                         key = pre if [v.vf for v in new.vf_vgpus] == [v.vf for v in inv.vf_vgpus] else None
                         with self._snap_lock:
                             self.refreshes += 1
-                            return self._install(new, key, accounted)
+                            # (the agent's knowledge of the host stays: a write may have moved it since)
+                            return self._install(new, key, self._accounted)
             self.host.require_host()
+            # the fingerprint read before the host: a change made while it is read shows next time (the VFs'
+            # types are those of the snapshot before; when the new one has other VFs, read after)
+            pre = self._fingerprint(inv)
             new = discover(Sysfs(self.host))
-            key = self._fingerprint(new)
+            key = pre if inv is not None and [v.vf for v in new.vf_vgpus] == [v.vf for v in inv.vf_vgpus] \
+                else self._fingerprint(new)
         except BaseException:
             with self._snap_lock:
                 self._pending_all = True        # nothing was installed: the next call reads again
