@@ -236,6 +236,40 @@ def test_a_kept_answer_is_served_without_the_expensive_read_limits_and_matches(h
     assert api.cached_read(agent, route, tenant_req) is None        # a tenant's answer is its own
 
 
+def test_a_read_of_an_answer_being_built_waits_for_that_build(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    built, release = [], threading.Event()
+
+    def slow(inv):
+        built.append(1)
+        release.wait(30)
+        return "doc"
+    first = threading.Thread(target=agent.cached, args=("x", (), slow))
+    first.start()
+    for _ in range(600):
+        if agent._building:
+            break
+        threading.Event().wait(0.01)
+    (key, event), = agent._building.items()
+    waiting = threading.Event()
+
+    class Seen:                         # the build's event, telling when the reader waits on it
+        def wait(self, timeout):
+            waiting.set()
+            return event.wait(timeout)
+    agent._building[key] = Seen()
+    got = []
+    second = threading.Thread(target=lambda: got.append(agent.peek("x", ())))
+    second.start()
+    assert waiting.wait(30)             # the reader waits for the build in progress ...
+    release.set()                       # ... which ends now
+    first.join(30)
+    second.join(30)
+    assert got == ["doc"] and built == [1]             # one build served both
+    assert agent.peek("y", ()) is None                  # nothing built, nothing being built: no wait
+
+
 # ---------------------------------------------------------------------------
 # the refresh comes after the answer and the connection's slot
 

@@ -149,6 +149,7 @@ class Agent:
         self._accounted: Optional[tuple] = None    # the host's fingerprint as the agent last knew it
         self._placed: Dict[str, PciAddress] = {}   # vGPU id -> its GPU, for those made since the snapshot
         self._docs: Dict[tuple, Any] = {}
+        self._building: Dict[tuple, threading.Event] = {}    # documents being built now, by their key
         self._docs_lock = threading.Lock()
         self.stopping = False                  # set by the server at SIGTERM: no write starts after it
         self.scans = 0
@@ -371,34 +372,54 @@ class Agent:
         key = (name, version, token, extra)
         with self._docs_lock:
             hit = self._docs.get(key, _MISSING)
+            building = None
+            if hit is _MISSING and key not in self._building:
+                building = self._building[key] = threading.Event()
         if hit is not _MISSING:
             self.cache_hits += 1
             return hit
-        value = build(inv)
-        with self._docs_lock, self._snap_lock:
-            if self._version == version:        # a newer snapshot cleared the documents: not this one
-                if len(self._docs) >= MAX_CACHED_DOCS:
-                    self._docs.clear()
-                self._docs[key] = value
+        try:
+            value = build(inv)
+            with self._docs_lock, self._snap_lock:
+                if self._version == version:        # a newer snapshot cleared the documents: not this one
+                    if len(self._docs) >= MAX_CACHED_DOCS:
+                        self._docs.clear()
+                    self._docs[key] = value
+        finally:
+            if building is not None:
+                with self._docs_lock:
+                    self._building.pop(key, None)
+                building.set()
         return value
 
     def peek(self, name: str, extra: tuple, *, store: bool = False):
         """The cached document (:meth:`cached`) when one is current now, else None; reads nothing but the
-        fingerprint and the store's change counter (the server answers it without the expensive-read limits)."""
+        fingerprint and the store's change counter (the server answers it without the expensive-read limits).
+        While another request builds that very document, waits for it (at most :data:`PEEK_WAIT_S`): a
+        burst of the same read after a change costs one build, not one 429 each beyond the reader's limit."""
         now = self._current()
         if now is None:
             return None
         token = self.watch.token() if store else ()
         if token is None:
             return None
+        key = (name, now[1], token, extra)
         with self._docs_lock:
-            hit = self._docs.get((name, now[1], token, extra))
+            hit = self._docs.get(key)
+            building = self._building.get(key) if hit is None else None
+        if building is not None and building.wait(PEEK_WAIT_S):
+            # the same answer is being built by another request now: it is kept once built
+            with self._docs_lock:
+                hit = self._docs.get(key)
         if hit is not None:
             self.cache_hits += 1
         return hit
 
 
 _MISSING = object()
+#: seconds a read waits for the same answer another request is building (:meth:`Agent.peek`) before it
+#: is served as any expensive read
+PEEK_WAIT_S = 10.0
 #: documents kept per snapshot (each query's variant counts one); more clear the lot
 MAX_CACHED_DOCS = 256
 
