@@ -30,7 +30,8 @@ installed; ``--clients`` hook clients at once (default 1,8), each running the in
 its own domain (one A40-4Q vGPU, its own UUIDs) in a loop of ``prepare begin`` + ``release end`` for
 ``--seconds-per`` (15) seconds, first with the agent down (the one-shot path: the dispatcher's Python
 handler), then up.  Printed side by side: pairs/s and median pair latency per client count, and the
-ratio agent/one-shot (target >= 3 at 8 clients).  Then, with the agent up: ``--storm`` (64) clients for
+ratio agent/one-shot (target >= 3 at 8 clients); and the CPU seconds each path spent per pair (the hook
+runs' and the agent's; a figure the machine's other load does not move as it moves the wall clock).  Then, with the agent up: ``--storm`` (64) clients for
 ``--storm-seconds`` (60) s (failed hook runs, and the 429s the agent answered, which the dispatcher
 handles by doing the work itself: hook calls minus the agent's served ones), SIGTERM with the storm still
 running (seconds to exit; target 5), and ``GET /v1/capacity`` from ``--capacity-clients`` (8) client
@@ -467,14 +468,32 @@ def _hook_clients(hook: Path, n: int, seconds: float, first: int = 0) -> tuple:
     return pairs, failed, stop, threads
 
 
-def _run_clients(hook: Path, n: int, seconds: float) -> Tuple[float, float, Counter]:
-    """``(pairs/s, median pair seconds, failures)`` of ``n`` clients for ``seconds``."""
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of its children it reaped (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _run_clients(hook: Path, n: int, seconds: float, agent_pid: int = 0) -> Tuple[float, float, Counter, float]:
+    """``(pairs/s, median pair seconds, failures, CPU seconds per pair)`` of ``n`` clients for ``seconds``.
+    The CPU: the hook runs' (this process's reaped children) and the agent's (``agent_pid``; its own and
+    its reaped children's); a detached grandchild's (a vGPU remove's write, either path) is nobody's."""
+    cpu0 = _children_cpu() + (_process_cpu(agent_pid) if agent_pid else 0.0)
     t0 = time.perf_counter()
     pairs, failed, _stop, threads = _hook_clients(hook, n, seconds)
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return len(pairs) / wall, statistics.median(pairs) if pairs else float("nan"), failed
+    cpu = _children_cpu() + (_process_cpu(agent_pid) if agent_pid else 0.0) - cpu0
+    return (len(pairs) / wall, statistics.median(pairs) if pairs else float("nan"), failed,
+            cpu / len(pairs) if pairs else float("nan"))
 
 
 def _agent_doc(sock: str) -> Dict:
@@ -537,7 +556,7 @@ def run_scale(base: Path, gpus: int, clients: List[int], seconds: float, storm: 
         _run_clients(hook, 1, 2.0)                      # warm: the snapshot, the page cache
         for n in clients:
             print(f"bench: agent up, {n} client(s) ...", file=sys.stderr)
-            rows[("up", n)] = _run_clients(hook, n, seconds)
+            rows[("up", n)] = _run_clients(hook, n, seconds, agent.pid)
         # capacity from 8 clients, and the one-shot CLI's
         print(f"bench: GET /v1/capacity from {capacity_clients} clients ...", file=sys.stderr)
         p = subprocess.run([sys.executable, "-I", str(Path(__file__).resolve()), "--worker", "capacity", sock,
@@ -577,11 +596,13 @@ def run_scale(base: Path, gpus: int, clients: List[int], seconds: float, storm: 
             agent.wait()
     print(f"hook prepare begin + release end, {gpus} x A40 ({SCALE_PROFILE}), {seconds:g} s per figure:")
     print(f"  {'clients':>7}  {'one-shot pairs/s':>16}  {'agent pairs/s':>13}  {'ratio':>5}  "
-          f"{'one-shot median':>15}  {'agent median':>12}  failures (one-shot/agent)")
+          f"{'one-shot median':>15}  {'agent median':>12}  {'CPU/pair one-shot':>17}  {'agent':>6}  {'ratio':>5}  "
+          f"failures (one-shot/agent)")
     for n in clients:
         d, u = rows[("down", n)], rows[("up", n)]
         print(f"  {n:7d}  {d[0]:16.1f}  {u[0]:13.1f}  {u[0] / d[0]:5.2f}  {d[1] * 1000:13.0f}ms  "
-              f"{u[1] * 1000:10.0f}ms  {sum(d[2].values())}/{sum(u[2].values())}")
+              f"{u[1] * 1000:10.0f}ms  {d[3] * 1000:15.0f}ms  {u[3] * 1000:4.0f}ms  {d[3] / u[3]:5.2f}  "
+              f"{sum(d[2].values())}/{sum(u[2].values())}")
         for k, v in list(d[2].items())[:3] + list(u[2].items())[:3]:
             print(f"           {v} x {k}")
     ok = sorted(cap["ok"])
