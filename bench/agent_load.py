@@ -25,6 +25,22 @@ the seconds SIGTERM took to end the agent with the load still running.
 scrape ``/metrics`` over TCP for ``--seconds`` (30), each with a 10 s timeout; printed: scrapes, errors,
 timeouts (target 0).
 
+``--mode scale`` (issue 31): one simulated host of ``--gpus`` (8) A40s on classic mdev with the hook
+installed; ``--clients`` hook clients at once (default 1,8), each running the installed dispatcher for
+its own domain (one A40-4Q vGPU, its own UUIDs) in a loop of ``prepare begin`` + ``release end`` for
+``--seconds-per`` (15) seconds, first with the agent down (the one-shot path: the dispatcher's Python
+handler), then up.  Printed side by side: pairs/s and median pair latency per client count, and the
+ratio agent/one-shot (target >= 3 at 8 clients); and the CPU seconds each path spent per pair (the hook
+runs' and the agent's; a figure the machine's other load does not move as it moves the wall clock).  Then, with the agent up: ``--storm`` (64) clients for
+``--storm-seconds`` (60) s (failed hook runs, and the 429s the agent answered, which the dispatcher
+handles by doing the work itself: hook calls minus the agent's served ones), SIGTERM with the storm still
+running (seconds to exit; target 5), and ``GET /v1/capacity`` from ``--capacity-clients`` (8) client
+threads in one process for ``--seconds-per`` s (requests/s, p50/p99; target >= 300/s, p99 <= 50 ms),
+beside the one-shot ``vgpuhost --json capacity`` (ms a call).
+
+    .venv/bin/python bench/agent_load.py --mode scale [--gpus 8] [--clients 1,8] [--seconds-per 15]
+                                         [--storm 64] [--storm-seconds 60] [--capacity-clients 8]
+
     .venv/bin/python bench/agent_load.py [--mode load|scrape|both] [--runs 5] [--rounds 3] [--seconds 30]
                                          [--scrapers 50] [--tmpdir DIR]
 """
@@ -390,12 +406,236 @@ def run_scrape(base: Path, seconds: float, scrapers: int) -> None:
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("ok", "timeout")))
 
 
+# ---------------------------------------------------------------------------
+# --mode scale: many hook clients at once, agent up and down; GET /v1/capacity from 8 clients
+
+SCALE_PROFILE = "A40-4Q"        # 12 per A40: 96 on 8 GPUs, more than the storm's 64 domains hold at once
+
+
+def _scale_host(base: Path, gpus: int):
+    """``(host, installed hook)``: ``gpus`` A40s on classic mdev, the hook installed for it."""
+    from benchutil import a40_spec_yaml, run
+    from vgpuhost.io.hostroot import HostRoot
+    from vgpuhost.sim.build import materialise
+    from vgpuhost.sim.spec import parse_spec
+    root = base / f"scale-{gpus}"
+    materialise(parse_spec(a40_spec_yaml(gpus, "scale")), root)
+    hooks = base / f"scale-{gpus}-qemu.d"
+    run([sys.executable, "-m", "vgpuhost", "--root", str(root), "hook", "install", "--hooks-dir", str(hooks)])
+    return HostRoot(root), hooks / "vgpuhost"
+
+
+def _scale_domain(i: int) -> bytes:
+    import hook as hookbench
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    uuid, mdev = f"11111111-2222-4333-8444-{i:012x}", f"aaaaaaaa-2222-4333-8444-{i:012x}"
+    meta = Metadata(vgpus=[VgpuRequest(SCALE_PROFILE, uuid=mdev)])
+    dev = (f"<hostdev mode='subsystem' type='mdev' model='vfio-pci' display='off'><source>"
+           f"<address uuid='{mdev}'/></source></hostdev>")
+    return hookbench._domain_xml(f"scale-{i}", uuid, meta.to_xml(), [dev])
+
+
+def _hook_clients(hook: Path, n: int, seconds: float, first: int = 0) -> tuple:
+    """``n`` threads, each a domain's prepare begin + release end in a loop for ``seconds`` (or until the
+    returned event is set): the pairs' seconds, and the failures by kind (a hook run that exited non-zero
+    or printed anything)."""
+    import hook as hookbench
+    pairs: List[float] = []
+    failed: Counter = Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+    until = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        xml = _scale_domain(first + i)
+        name = f"scale-{first + i}"
+        while time.monotonic() < until and not stop.is_set():
+            t0 = time.perf_counter()
+            ok = True
+            for op, sub in (("prepare", "begin"), ("release", "end")):
+                p = subprocess.run([str(hook), name, op, sub, "-"], input=xml, capture_output=True,
+                                   env=hookbench.HOOK_ENV, timeout=120)
+                if p.returncode != 0 or p.stderr:
+                    ok = False
+                    with lock:
+                        failed[f"{op} exit {p.returncode}: {p.stderr.decode(errors='replace').strip()[:120]}"] += 1
+            with lock:
+                if ok:
+                    pairs.append(time.perf_counter() - t0)
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return pairs, failed, stop, threads
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of its children it reaped (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _run_clients(hook: Path, n: int, seconds: float, agent_pid: int = 0) -> Tuple[float, float, Counter, float]:
+    """``(pairs/s, median pair seconds, failures, CPU seconds per pair)`` of ``n`` clients for ``seconds``.
+    The CPU: the hook runs' (this process's reaped children) and the agent's (``agent_pid``; its own and
+    its reaped children's); a detached grandchild's (a vGPU remove's write, either path) is nobody's."""
+    cpu0 = _children_cpu() + (_process_cpu(agent_pid) if agent_pid else 0.0)
+    t0 = time.perf_counter()
+    pairs, failed, _stop, threads = _hook_clients(hook, n, seconds)
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    cpu = _children_cpu() + (_process_cpu(agent_pid) if agent_pid else 0.0) - cpu0
+    return (len(pairs) / wall, statistics.median(pairs) if pairs else float("nan"), failed,
+            cpu / len(pairs) if pairs else float("nan"))
+
+
+def _agent_doc(sock: str) -> Dict:
+    raw = _request_raw(sock, b"GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
+    return json.loads(raw.split(b"\r\n\r\n", 1)[1])
+
+
+def _request_raw(path: str, data: bytes, timeout: float = 60) -> bytes:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        s.sendall(data)
+        return _read_answer(s)[0]
+    finally:
+        s.close()
+
+
+def worker_capacity(path: str, seconds: float, n: int) -> int:
+    """``n`` threads asking ``GET /v1/capacity`` for ``seconds``; prints ``{"ok": [seconds...], "other": {status: n}}``."""
+    until = time.monotonic() + seconds
+    lat: List[float] = []
+    other: Counter = Counter()
+    lock = threading.Lock()
+    req = b"GET /v1/capacity HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def loop():
+        while time.monotonic() < until:
+            t0 = time.perf_counter()
+            try:
+                raw = _request_raw(path, req, timeout=30)
+                status = raw.split(b"\r\n", 1)[0].split()[1].decode()
+            except (OSError, IndexError) as e:
+                status = type(e).__name__
+            dt = time.perf_counter() - t0
+            with lock:
+                if status == "200":
+                    lat.append(dt)
+                else:
+                    other[status] += 1
+    threads = [threading.Thread(target=loop) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"ok": lat, "other": dict(other), "seconds": seconds}))
+    return 0
+
+
+def run_scale(base: Path, gpus: int, clients: List[int], seconds: float, storm: int, storm_seconds: float,
+              capacity_clients: int) -> None:
+    host, hook = _scale_host(base, gpus)
+    sock = str(host.path("run", "vgpuhost", "agent.sock"))
+    rows = {}
+    for n in clients:
+        print(f"bench: one-shot path (agent down), {n} client(s) ...", file=sys.stderr)
+        rows[("down", n)] = _run_clients(hook, n, seconds)
+    agent = _start_agent(host, ["--metering-interval", "0"])
+    try:
+        _run_clients(hook, 1, 2.0)                      # warm: the snapshot, the page cache
+        for n in clients:
+            print(f"bench: agent up, {n} client(s) ...", file=sys.stderr)
+            rows[("up", n)] = _run_clients(hook, n, seconds, agent.pid)
+        # capacity from 8 clients, and the one-shot CLI's
+        print(f"bench: GET /v1/capacity from {capacity_clients} clients ...", file=sys.stderr)
+        p = subprocess.run([sys.executable, "-I", str(Path(__file__).resolve()), "--worker", "capacity", sock,
+                            str(seconds), str(capacity_clients)], capture_output=True, text=True, cwd="/")
+        cap = json.loads(p.stdout.strip().splitlines()[-1])
+        cli = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "--local", "--json",
+                            "capacity"], capture_output=True, check=True, cwd=str(REPO))
+            cli.append(time.perf_counter() - t0)
+        # the storm, then SIGTERM while it runs
+        print(f"bench: {storm} clients for {storm_seconds:g} s ...", file=sys.stderr)
+        served0 = _agent_doc(sock)["served"]
+        pairs, failed, stop, threads = _hook_clients(hook, storm, storm_seconds, first=1000)
+        for t in threads:
+            t.join()
+        served1 = _agent_doc(sock)
+        calls = 2 * len(pairs) + sum(failed.values())
+        by_agent = sum(served1["served"].get(k, 0) - served0.get(k, 0)
+                       for k in ("POST /v1/hook/prepare", "POST /v1/hook/release"))
+        pairs2, _f2, stop, threads = _hook_clients(hook, storm, 600.0, first=2000)
+        time.sleep(5.0)
+        t0 = time.perf_counter()
+        agent.send_signal(signal.SIGTERM)
+        try:
+            rc = agent.wait(60)
+        except subprocess.TimeoutExpired:
+            rc = None
+        stop_s = time.perf_counter() - t0
+        stop.set()
+        for t in threads:
+            t.join(180)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    print(f"hook prepare begin + release end, {gpus} x A40 ({SCALE_PROFILE}), {seconds:g} s per figure:")
+    print(f"  {'clients':>7}  {'one-shot pairs/s':>16}  {'agent pairs/s':>13}  {'ratio':>5}  "
+          f"{'one-shot median':>15}  {'agent median':>12}  {'CPU/pair one-shot':>17}  {'agent':>6}  {'ratio':>5}  "
+          f"failures (one-shot/agent)")
+    for n in clients:
+        d, u = rows[("down", n)], rows[("up", n)]
+        print(f"  {n:7d}  {d[0]:16.1f}  {u[0]:13.1f}  {u[0] / d[0]:5.2f}  {d[1] * 1000:13.0f}ms  "
+              f"{u[1] * 1000:10.0f}ms  {d[3] * 1000:15.0f}ms  {u[3] * 1000:4.0f}ms  {d[3] / u[3]:5.2f}  "
+              f"{sum(d[2].values())}/{sum(u[2].values())}")
+        for k, v in list(d[2].items())[:3] + list(u[2].items())[:3]:
+            print(f"           {v} x {k}")
+    ok = sorted(cap["ok"])
+    rate = len(ok) / cap["seconds"]
+    p50 = ok[len(ok) // 2] * 1000 if ok else float("nan")
+    p99 = ok[min(len(ok) - 1, int(len(ok) * 0.99))] * 1000 if ok else float("nan")
+    print(f"GET /v1/capacity, {capacity_clients} clients: {rate:.0f} requests/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+          f"(targets >= 300/s, p99 <= 50 ms); other answers: {cap['other'] or 'none'}; "
+          f"one-shot 'vgpuhost --local --json capacity': {statistics.median(cli) * 1000:.0f} ms a call")
+    print(f"storm: {storm} clients for {storm_seconds:g} s: {len(pairs)} pairs ({len(pairs) / storm_seconds:.1f}/s), "
+          f"failed hook runs {sum(failed.values())} (target 0); hook calls {calls}, answered by the agent "
+          f"{by_agent}, by the hook's own handler after a 429 or no slot {calls - by_agent}")
+    for k, v in list(failed.items())[:5]:
+        print(f"           {v} x {k}")
+    print(f"  snapshot: {served1['snapshot_scans']} whole-host scans, {served1.get('snapshot_refreshes', '-')} GPU "
+          f"refreshes, {served1.get('cached_answers', '-')} cached answers")
+    print(f"  SIGTERM with {storm} clients running: agent exited {rc} after {stop_s:.2f} s (target <= 5 s)")
+
+
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["--worker", "capacity"]:
+        return worker_capacity(argv[2], float(argv[3]), int(argv[4]))
     if argv[:1] == ["--worker"]:
         return worker_main(argv[1], argv[2], float(argv[3]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=["load", "scrape", "both"], default="both")
+    ap.add_argument("--mode", choices=["load", "scrape", "both", "scale"], default="both")
+    ap.add_argument("--gpus", type=int, default=8, help="scale: A40s on the simulated host (default 8)")
+    ap.add_argument("--clients", default="1,8", help="scale: hook client counts, comma-separated (default 1,8)")
+    ap.add_argument("--seconds-per", type=float, default=15.0, help="scale: seconds per figure (default 15)")
+    ap.add_argument("--storm", type=int, default=64, help="scale: clients of the storm (default 64)")
+    ap.add_argument("--storm-seconds", type=float, default=60.0, help="scale: the storm's seconds (default 60)")
+    ap.add_argument("--capacity-clients", type=int, default=8, help="scale: GET /v1/capacity clients (default 8)")
     ap.add_argument("--runs", type=int, default=5, help="hook prepare+release cycles per phase and round (default 5)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of idle, readers, all (default 3)")
     ap.add_argument("--seconds", type=float, default=30.0, help="scrape storm length (default 30)")
@@ -410,6 +650,9 @@ def main(argv: List[str] = None) -> int:
         os.chmod(tmp, 0o755)                        # the hostile uid reaches the sockets under it
         base = Path(tmp)
         try:
+            if args.mode == "scale":
+                run_scale(base, args.gpus, [int(c) for c in args.clients.split(",")], args.seconds_per,
+                          args.storm, args.storm_seconds, args.capacity_clients)
             if args.mode in ("load", "both"):
                 run_load(base, max(3, args.runs), max(1, args.rounds))
             if args.mode in ("scrape", "both"):

@@ -18,6 +18,8 @@ the exit code the CLI would have given.
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import threading
 import time
@@ -28,13 +30,13 @@ from ..hook.runtime import released_domain
 from ..io import locks
 from ..io.changes import fingerprint
 from ..io.hostroot import HostRoot
-from ..io.state import StateStore
+from ..io.state import StateStore, StoreWatch
 from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import PlacementStrategy
 from ..model.errors import InputError, RefusedError, TransientError, VgpuhostError
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
-from ..observe.inventory import discover
+from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
 from ..ops import devices, mig, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
@@ -78,6 +80,13 @@ class Unavailable(VgpuhostError):
     """A part of the API whose backing feature is not there (``/v1/metrics`` without the exporter)."""
 
 
+class Stopping(Unavailable):
+    """A change asked of an agent that is stopping (SIGTERM came): 503, nothing changed; the hook's thin
+    client gets the JSON error and does the work itself, as with no agent."""
+
+    exit_code = 5
+
+
 class Misdirected(VgpuhostError):
     """A hook call meant for another host root or state dir than this agent's (421: the caller does it)."""
 
@@ -108,23 +117,44 @@ class Text(NamedTuple):
     body: bytes
 
 
+#: what a write changed, when it cannot be told: the whole host is read again
+EVERYTHING = None
+
+
 class Agent:
     """The agent's state: the host, its state store, the warm snapshot and the write lock.
 
     ``inventory()`` returns a discovery of the host, re-read only when the
-    host changed (:func:`vgpuhost.io.changes.fingerprint`) or the agent
-    wrote since; ``scans`` counts the discoveries made.
+    host changed (:func:`vgpuhost.io.changes.fingerprint`, the device part)
+    or the agent wrote since; ``scans`` counts the whole-host discoveries
+    made, ``refreshes`` the snapshots brought up to date by re-reading only
+    the GPUs the agent's writes touched (:meth:`write`, :meth:`warm_up`).
+    Each snapshot has a version (:meth:`snapshot`); documents built from a
+    snapshot (and the state store) are kept per version (:meth:`cached`).
     """
 
     def __init__(self, host: HostRoot, libvirt_uri: str = DEFAULT_LIBVIRT_URI):
         self.host = host
         self.libvirt_uri = libvirt_uri
         self.store = StateStore(host.state_dir, create=True)
+        self.watch = StoreWatch(self.store)
         self.write_lock = threading.Lock()
-        self._snap_lock = threading.Lock()
+        self._snap_lock = threading.Lock()     # the fields below
+        self._build_lock = threading.Lock()    # one read of the host for the snapshot at a time
         self._inv = None
         self._key: Optional[tuple] = None
+        self._version = 0
+        self._pending: set = set()             # GPUs the agent's writes touched since the snapshot was read
+        self._pending_all = False              # a write whose devices are not known: read the whole host
+        self._accounted: Optional[tuple] = None    # the host's fingerprint as the agent last knew it
+        self._placed: Dict[str, PciAddress] = {}   # vGPU id -> its GPU, for those made since the snapshot
+        self._docs: Dict[tuple, Any] = {}
+        self._building: Dict[tuple, threading.Event] = {}    # documents being built now, by their key
+        self._docs_lock = threading.Lock()
+        self.stopping = False                  # set by the server at SIGTERM: no write starts after it
         self.scans = 0
+        self.refreshes = 0
+        self.cache_hits = 0
         self.recovered: Dict[str, Any] = {}     # what recovery at start did (server.recover_at_start)
         self.metering = None                    # agent/metrics.AgentMetering when metering runs
         self.metering_off = "metering is off (--metering-interval 0)"
@@ -142,44 +172,256 @@ class Agent:
 
     # --- the warm snapshot ---------------------------------------------
     def _fingerprint(self, inv) -> tuple:
-        return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())
+        """The host's devices as :func:`fingerprint` sees them (the state store's files left out: the
+        inventory does not read the store; documents that do key on :class:`StoreWatch`)."""
+        return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())[:4]
+
+    def _current(self):
+        """``(inventory, version)`` when the snapshot is current (nothing pending, the host unchanged), else
+        None; reads nothing but the fingerprint."""
+        with self._snap_lock:
+            inv, key, version = self._inv, self._key, self._version
+            if inv is None or self._pending or self._pending_all:
+                return None
+        if self._fingerprint(inv) != key:
+            return None
+        return inv, version
+
+    def snapshot(self, _waiting: bool = True):
+        """``(inventory, version)``: the warm snapshot, brought up to date first when the host changed (the
+        GPUs the agent's writes touched re-read, or the whole host).  The version changes with every new
+        snapshot.  Raises what :func:`discover` raises."""
+        with self._build_lock:
+            now = self._current()
+            if now is not None:
+                return now
+            return self._build(_waiting)
 
     def inventory(self, _waiting: bool = True):
         """The host's inventory, from the warm snapshot when nothing changed since it was read."""
+        return self.snapshot(_waiting)[0]
+
+    def _build(self, waiting: bool):
         with self._snap_lock:
-            if self._inv is not None and self._fingerprint(self._inv) == self._key:
-                return self._inv
+            inv, gpus, everything = self._inv, sorted(self._pending), self._pending_all
+            accounted = self._accounted
+            self._pending, self._pending_all = set(), False
+        try:
+            if inv is not None and not everything and gpus:
+                pre = self._fingerprint(inv)
+                if pre == accounted:
+                    new = inv
+                    fs = Sysfs(self.host)
+                    for g in gpus:
+                        # the GPU's type constants (name, description) from the snapshot: only what moves is read
+                        new = with_gpu(new, g, discover_gpu(fs, g, host_facts=False, known=new))
+                        if new is None:
+                            break
+                    if new is not None:
+                        # the fingerprint read before the GPUs: a change made while they were read shows next time
+                        key = pre if [v.vf for v in new.vf_vgpus] == [v.vf for v in inv.vf_vgpus] else None
+                        with self._snap_lock:
+                            self.refreshes += 1
+                            # (the agent's knowledge of the host stays: a write may have moved it since)
+                            return self._install(new, key, self._accounted)
             self.host.require_host()
-            inv = discover(Sysfs(self.host))
+            # the fingerprint read before the host: a change made while it is read shows next time (the VFs'
+            # types are those of the snapshot before; when the new one has other VFs, read after)
+            pre = self._fingerprint(inv)
+            new = discover(Sysfs(self.host))
+            key = pre if inv is not None and [v.vf for v in new.vf_vgpus] == [v.vf for v in inv.vf_vgpus] \
+                else self._fingerprint(new)
+        except BaseException:
+            with self._snap_lock:
+                self._pending_all = True        # nothing was installed: the next call reads again
+            raise
+        with self._snap_lock:
             self.scans += 1
-            self.snapshot_waits += _waiting
-            self._inv, self._key = inv, self._fingerprint(inv)
-            return inv
+            self.snapshot_waits += waiting
+            return self._install(new, key, key)
+
+    def _install(self, inv, key, accounted):
+        """(under ``_snap_lock``) the new snapshot and its version."""
+        self._inv, self._key, self._accounted = inv, key, accounted
+        self._version += 1
+        with self._docs_lock:
+            self._docs.clear()
+        return inv, self._version
 
     def invalidate(self) -> None:
-        """Forget the snapshot (after every write the agent makes)."""
+        """Forget the snapshot: the next read reads the whole host."""
         with self._snap_lock:
-            self._inv = self._key = None
+            self._pending_all = True
 
-    def write(self, fn: Callable[[], Any]) -> Any:
-        """Run one change under the agent's write lock, then drop the snapshot."""
+    def write(self, fn: Callable[[], Any], changed: Optional[Callable[[Any], List[str]]] = None) -> Any:
+        """Run one change under the agent's write lock; the snapshot is then due for a refresh.
+
+        ``changed``: the devices (vGPU ids, GPU or VF addresses) the change's result names as changed;
+        only their GPUs are read again, when the host's fingerprint moved by no more than they explain
+        (another tool's change meanwhile: the whole host).  None, an error or an unknown device: the
+        whole host.  The refresh runs at the next read or :meth:`warm_up`, not here."""
+        if self.stopping:
+            raise Stopping("the agent is stopping: it starts no change now",
+                           hint="the hook does the work itself; retry once the agent is back")
         with self.write_lock:
+            if self.stopping:
+                raise Stopping("the agent is stopping: it starts no change now",
+                               hint="the hook does the work itself; retry once the agent is back")
+            names = None
             try:
-                return fn()
+                result = fn()
+                names = changed(result) if changed is not None else None
+                return result
             finally:
-                self.invalidate()
+                self._after_write(names)
+
+    def _after_write(self, names: Optional[List[str]]) -> None:
+        """Mark the GPUs holding ``names`` due for a refresh when the host's fingerprint moved, since the
+        agent last knew it, by no more than their devices explain; else (or ``names`` None) the whole host."""
+        gpus = None
+        after = None
+        with self._snap_lock:
+            inv, accounted = self._inv, self._accounted
+        if names is not None and inv is not None and accounted is not None:
+            try:
+                gpus = self._gpus_of(inv, names)
+                after = self._fingerprint(inv)
+                if gpus is not None and not self._explained(inv, accounted, after, gpus, names):
+                    gpus = None
+            except Exception:       # an unreadable host: the whole read says why, at the next request
+                gpus = None
+        with self._snap_lock:
+            if gpus is None:
+                self._pending_all = True
+            else:
+                self._pending |= gpus
+                self._accounted = after
+
+    def _gpus_of(self, inv, names: List[str]) -> Optional[set]:
+        """The GPUs holding ``names`` (vGPU ids: mdev UUIDs or VF addresses; GPU addresses), from the
+        snapshot, the vGPUs placed since, or sysfs (an mdev made now); None when one cannot be told."""
+        by_dev = {}
+        for g in inv.gpus:
+            for a in (g.address,) + g.vfs + g.mdev_parents:
+                by_dev[str(a)] = g.address
+        by_mdev = {m.uuid: by_dev.get(str(m.parent)) for m in inv.mdevs}
+        fs = None
+        out = set()
+        for name in names:
+            name = name[6:] if name.startswith("claim:") else name
+            gpu = by_dev.get(name) or by_mdev.get(name) or self._placed.get(name)
+            if gpu is None and len(name) == 36:
+                fs = fs or Sysfs(self.host)
+                try:
+                    real = fs.resolve(f"{self.host.s.mdev_devices}/{name}")
+                except OSError:
+                    return None
+                gpu = by_dev.get(real.rstrip("/").rsplit("/", 2)[-2])
+                if gpu is not None:
+                    with self._snap_lock:
+                        if len(self._placed) >= 4096:
+                            self._placed.clear()
+                        self._placed[name] = gpu
+            if gpu is None:
+                return None
+            out.add(gpu)
+        return out
+
+    @staticmethod
+    def _explained(inv, before: tuple, after: tuple, gpus: set, names: List[str]) -> bool:
+        """Whether what moved in the fingerprint between ``before`` and ``after`` is all on ``gpus``:
+        mdevs, driver bindings and VF types of their devices, or the devices ``names``."""
+        mine = {n[6:] if n.startswith("claim:") else n for n in names}
+        for g in gpus:
+            part = gpu_part(inv, g)
+            mine |= {str(a) for a in part.devices} | {m.uuid for m in part.mdevs} | {str(g)}
+        for b, a in zip(before[:3], after[:3]):
+            if (set(b) ^ set(a)) - mine:
+                return False
+        vfs = inv.vf_vgpus
+        if len(before[3]) != len(after[3]) or len(after[3]) != len(vfs):
+            return False
+        return all(b == a or vfs[i].gpu in gpus for i, (b, a) in enumerate(zip(before[3], after[3])))
 
     def warm_up(self) -> None:
-        """Read the host again when the snapshot was dropped (a write): the server calls this after
-        answering, so the next domain start finds a warm snapshot instead of rescanning the host
-        while libvirt waits.  Errors are left for the next request that needs the host to report."""
+        """Bring the snapshot up to date when a write left it due (the GPUs it touched, coalesced with
+        every other write's since): the server calls this once the answer is sent and the connection's
+        slot released, so the next domain start finds a warm snapshot.  Concurrent calls coalesce: one
+        reads, the others return at once.  Errors are left for the next request that needs the host."""
         with self._snap_lock:
-            if self._inv is not None:
+            if not (self._pending or self._pending_all):
                 return
+        if not self._build_lock.acquire(blocking=False):
+            return                  # another thread refreshes now; it reads what is pending when it starts
         try:
-            self.inventory(_waiting=False)
+            if self._current() is None:
+                self._build(False)
         except Exception:           # an unreadable host: the next request says why
             pass
+        finally:
+            self._build_lock.release()
+
+    def cached(self, name: str, extra: tuple, build: Callable[[Any], Any], *, store: bool = False):
+        """The document ``name`` with parameters ``extra`` for the current snapshot (and, with ``store``,
+        the state store's content now: :class:`StoreWatch`), built by ``build(inventory)`` once per
+        snapshot version and store change.  The value is shared: callers must not change it."""
+        inv, version = self.snapshot()
+        token = self.watch.token() if store else ()
+        if token is None:
+            return build(inv)
+        key = (name, version, token, extra)
+        with self._docs_lock:
+            hit = self._docs.get(key, _MISSING)
+            building = None
+            if hit is _MISSING and key not in self._building:
+                building = self._building[key] = threading.Event()
+        if hit is not _MISSING:
+            self.cache_hits += 1
+            return hit
+        try:
+            value = build(inv)
+            with self._docs_lock, self._snap_lock:
+                if self._version == version:        # a newer snapshot cleared the documents: not this one
+                    if len(self._docs) >= MAX_CACHED_DOCS:
+                        self._docs.clear()
+                    self._docs[key] = value
+        finally:
+            if building is not None:
+                with self._docs_lock:
+                    self._building.pop(key, None)
+                building.set()
+        return value
+
+    def peek(self, name: str, extra: tuple, *, store: bool = False):
+        """The cached document (:meth:`cached`) when one is current now, else None; reads nothing but the
+        fingerprint and the store's change counter (the server answers it without the expensive-read limits).
+        While another request builds that very document, waits for it (at most :data:`PEEK_WAIT_S`): a
+        burst of the same read after a change costs one build, not one 429 each beyond the reader's limit."""
+        now = self._current()
+        if now is None:
+            return None
+        token = self.watch.token() if store else ()
+        if token is None:
+            return None
+        key = (name, now[1], token, extra)
+        with self._docs_lock:
+            hit = self._docs.get(key)
+            building = self._building.get(key) if hit is None else None
+        if building is not None and building.wait(PEEK_WAIT_S):
+            # the same answer is being built by another request now: it is kept once built
+            with self._docs_lock:
+                hit = self._docs.get(key)
+        if hit is not None:
+            self.cache_hits += 1
+        return hit
+
+
+_MISSING = object()
+#: seconds a read waits for the same answer another request is building (:meth:`Agent.peek`) before it
+#: is served as any expensive read
+PEEK_WAIT_S = 10.0
+#: documents kept per snapshot (each query's variant counts one); more clear the lot
+MAX_CACHED_DOCS = 256
 
 
 # ---------------------------------------------------------------------------
@@ -231,35 +473,106 @@ def _uuid(text: str) -> str:
 def get_agent(agent: Agent, req: Request) -> Dict[str, Any]:
     return {"schema": SCHEMA_AGENT, "version": __version__, "api": API, "role": req.role, "tenant": req.tenant,
             "root": str(agent.host.root), "snapshot_scans": agent.scans, "snapshot_waits": agent.snapshot_waits,
+            "snapshot_refreshes": agent.refreshes, "cached_answers": agent.cache_hits,
             "served": dict(agent.served), "served_thin_client": dict(agent.served_thin),
             "state_dir": str(agent.host.state_dir), "recovered": agent.recovered,
             "libvirt_uris": allowed_uris(agent)}
 
 
-def get_inventory(agent: Agent, req: Request) -> Dict[str, Any]:
-    return gpus_doc(agent.inventory())
+def json_answer(doc: Any) -> Text:
+    """``doc`` as the server writes a JSON answer (indented, a final newline), encoded once."""
+    return Text("application/json", (json.dumps(doc, indent=2) + "\n").encode())
 
 
-def get_types(agent: Agent, req: Request) -> Dict[str, Any]:
-    inv = agent.inventory()
-    addr = _gpu(agent, req.query.get("gpu"), inv)
-    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
-    if _query_flag(req.query, "available"):
-        entries = [e for e in entries if e["available_instances"] > 0]
-    return types_doc(entries)
+def _inventory_doc(inv) -> Text:
+    return json_answer(gpus_doc(inv))
 
 
-def get_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
-    inv = agent.inventory()
-    doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=req.query.get("tenant"),
-                           policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus))
-    risk = tenancy.guarantees_at_risk(agent.store, inv)
-    doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
-                                 for n in (risk or {}).get("tenants", ())]
+def get_inventory(agent: Agent, req: Request) -> Text:
+    """``GET /v1/inventory``: built once per snapshot (:meth:`Agent.cached`)."""
+    return agent.cached("inventory", (), _inventory_doc)
+
+
+def _types_key(req: Request) -> tuple:
+    return (req.query.get("gpu"), _query_flag(req.query, "available"))
+
+
+def _types_doc(req: Request):
+    def build(inv) -> Text:
+        addr = _gpu(None, req.query.get("gpu"), inv)
+        entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
+        if _query_flag(req.query, "available"):
+            entries = [e for e in entries if e["available_instances"] > 0]
+        return json_answer(types_doc(entries))
+    return build
+
+
+def get_types(agent: Agent, req: Request) -> Text:
+    """``GET /v1/types``: built once per snapshot and query (an unknown GPU's refusal is not kept)."""
+    return agent.cached("types", _types_key(req), _types_doc(req))
+
+
+def _capacity_doc(agent: Agent, tenant: Optional[str]):
+    """The whole capacity document (every profile) for ``tenant``, as :func:`get_capacity` answers it."""
+    def build(inv) -> Dict[str, Any]:
+        doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=tenant,
+                               policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus))
+        risk = tenancy.guarantees_at_risk(agent.store, inv)
+        doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
+                                     for n in (risk or {}).get("tenants", ())]
+        return {"schema": SCHEMA_CAPACITY, **doc}
+    return build
+
+
+def _capacity_key(req: Request) -> tuple:
+    return (req.query.get("tenant"), (req.query.get("profile") or "").lower())
+
+
+def _capacity_answer(agent: Agent, req: Request):
+    """The answer's builder: the whole document (kept too, for the other profiles' answers), then
+    the asked profile's rows, encoded."""
+    def build(inv) -> Text:
+        doc = agent.cached("capacity-doc", (req.query.get("tenant"),), _capacity_doc(agent, req.query.get("tenant")),
+                           store=True)
+        profile = req.query.get("profile")
+        if profile:
+            doc = dict(doc, profiles=[p for p in doc["profiles"] if p["profile"].lower() == profile.lower()])
+        return json_answer(doc)
+    return build
+
+
+def capacity_doc(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/capacity``'s document as a value the caller may change (a copy of the cached one)."""
+    doc = agent.cached("capacity-doc", (req.query.get("tenant"),), _capacity_doc(agent, req.query.get("tenant")),
+                       store=True)
+    doc = copy.deepcopy(doc)
     profile = req.query.get("profile")
     if profile:
         doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
-    return {"schema": SCHEMA_CAPACITY, **doc}
+    return doc
+
+
+def get_capacity(agent: Agent, req: Request) -> Text:
+    """``GET /v1/capacity``: built once per snapshot, state store content and query: the state store's
+    change counter (:class:`~vgpuhost.io.state.StoreWatch`) sees every commit, the CLI's too."""
+    return agent.cached("capacity", _capacity_key(req), _capacity_answer(agent, req), store=True)
+
+
+def cached_read(agent: Agent, route: "Route", req: Request) -> Optional[Text]:
+    """The answer to ``req`` when it is a read kept for the current snapshot (and store), else None:
+    what the server answers without the expensive reads' limits (it costs no host read and no build)."""
+    if req.role == TENANT:
+        return None
+    if route.handler is get_capacity:
+        return agent.peek("capacity", _capacity_key(req), store=True)
+    if route.handler is get_types:
+        try:
+            return agent.peek("types", _types_key(req))
+        except InputError:
+            return None
+    if route.handler is get_inventory:
+        return agent.peek("inventory", ())
+    return None
 
 
 def get_vgpus(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -387,10 +700,15 @@ def post_vgpu_remove(agent: Agent, req: Request) -> Dict[str, Any]:
     return (run() if dry else agent.write(run)).as_dict()
 
 
+def _names(devices) -> List[str]:
+    """The devices a hook write or a release names as changed (vGPU ids, GPU addresses), as text."""
+    return [str(d) for d in devices]
+
+
 def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
     """Every vGPU and GPU domain ``uuid`` holds, released (the hook's ``release end``); the domain forgotten."""
     owner = _uuid(req.params["uuid"])
-    released = agent.write(lambda: release_domain(agent.host, agent.store, owner, actor=req.actor))
+    released = agent.write(lambda: release_domain(agent.host, agent.store, owner, actor=req.actor), changed=_names)
     return {"schema": SCHEMA_RELEASE, "domain": owner, "released": released}
 
 
@@ -439,7 +757,7 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
                                  hint="see what held the agent (GET /v1/agent, the audit log); start it again")
         with locks.deadline(deadline):
             return run()
-    changed = agent.write(in_time)
+    changed = agent.write(in_time, changed=_names)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name or libvirt_name,
             "changed": [str(c) for c in changed]}
 
@@ -778,7 +1096,8 @@ def redact_error(agent: Agent, req: Request, e: VgpuhostError) -> VgpuhostError:
 
 #: the fields of ``GET /v1/agent`` a tenant member does not get: the host's paths and its host-wide counters
 #: (other tenants' calls and starts)
-_HOST_ONLY = ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits")
+_HOST_ONLY = ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits",
+              "snapshot_refreshes", "cached_answers")
 
 
 def tenant_agent(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -801,7 +1120,7 @@ def tenant_capacity(agent: Agent, req: Request) -> Dict[str, Any]:
     if tenancy.tenant_named_in(agent.store, req.tenant) is None:
         raise Forbidden(f"tenant {req.tenant!r} is not known on this host: it has no capacity here",
                         hint="ask the operator to add the tenant ('vgpuhost tenant add')")
-    doc = get_capacity(agent, req._replace(query={**req.query, "tenant": req.tenant}))
+    doc = capacity_doc(agent, req._replace(query={**req.query, "tenant": req.tenant}))
     me = req.tenant.lower()
     r = Redactor(agent, req, _mine(agent, req))
     doc["guarantees_at_risk"] = [g for g in doc["guarantees_at_risk"] if str(g["tenant"]).lower() == me]

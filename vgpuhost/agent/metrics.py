@@ -31,7 +31,9 @@ class AgentMetering:
     def __init__(self, host, interval_s: float):
         self.sampler = host_sampler(host, StateStore(host.state_dir, create=True), interval_s=interval_s)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(lambda: self.sampler.snapshot, interval_s))
+        self.collector = SnapshotCollector(lambda: self.sampler.snapshot, interval_s)
+        self.registry.register(self.collector)
+        self._rendered: Tuple[object, bool, bytes] = (None, False, b"")
         self.stop = threading.Event()
         self.thread: Optional[threading.Thread] = None
         self._tcp = None
@@ -42,8 +44,16 @@ class AgentMetering:
         self.thread.start()
 
     def render(self) -> Tuple[str, bytes]:
-        """``(content type, body)`` of the Prometheus text exposition."""
-        return CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        """``(content type, body)`` of the Prometheus text exposition, encoded once per sampler reading
+        and ``vgpuhost_up`` value (what the registry holds changes with nothing else)."""
+        snap = self.sampler.snapshot
+        fresh = self.collector.fresh(snap)
+        kept_snap, kept_fresh, body = self._rendered
+        if kept_snap is not snap or kept_fresh != fresh or not body:
+            body = generate_latest(self.registry)
+            # (a reading taken while encoding: kept under the one read before, so encoded again next time)
+            self._rendered = (snap, fresh, body)
+        return CONTENT_TYPE_LATEST, body
 
     def listen_tcp(self, address: str, port: int) -> int:
         """Serve ``/metrics`` on ``address:port`` too (for Prometheus); the port bound."""

@@ -127,8 +127,12 @@ READ_NICE = 10
 SWITCH_INTERVAL_S = 0.0005
 #: seconds an expensive read over its caller's limit waits before its 429 (at most its Retry-After)
 REFUSAL_DELAY_S = 1.0
-#: seconds a stopping agent waits for a change in progress (a hook's prepare) to end
-STOP_WAIT_S = 5.0
+#: seconds a stopping agent waits for a change in progress (a hook's prepare) to end, counted from SIGTERM:
+#: with the accept loops' poll (:data:`ACCEPT_POLL_S`) and the main thread's (:data:`SIGNAL_POLL_S`) the
+#: agent is gone within 5 s of SIGTERM under any load
+STOP_WAIT_S = 4.0
+#: seconds between an accept loop's checks for a stop (``serve_forever``'s poll interval)
+ACCEPT_POLL_S = 0.1
 #: seconds between two log lines about connections refused for want of a slot (a storm is one line)
 REFUSAL_LOG_S = 10.0
 #: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
@@ -285,9 +289,13 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         try:
             if self.role in (api.READ, api.TENANT) and READ_NICE:
                 _nice_this_thread(READ_NICE)
-            super().process_request_thread(request, client_address)
+            super().process_request_thread(request, client_address)     # answered, and closed
         finally:
             self._release(client_address[0])
+        # the answer is out and the slot free: bring the snapshot up to date after a write now (the GPUs
+        # the write touched; one thread reads while the others' refreshes coalesce into its read), not
+        # at the next VM start
+        self.agent.warm_up()
 
     def _refuse(self, request, message: str, hint: str) -> None:
         self.refused += 1
@@ -518,7 +526,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, doc = 500, error_doc(500, f"internal error: {type(e).__name__}: {e}",
                                          hint="report it (the agent's journal has the traceback)",
                                          exit_code=EXIT_INTERNAL, kind="InternalError")
-        if self._hook_xml is not None and status != 421:
+        if self._hook_xml is not None and status != 421 and not (status == 503 and self.server.agent.stopping):
+            # (421, and 503 from a stopping agent: the JSON error, so the hook's client does the work itself)
             doc = hook_answer(status, doc, self._hook_xml)
         if isinstance(doc, api.Text):
             self._send(status, doc.content_type, doc.body)
@@ -526,8 +535,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
         if self._unread:
             self._drain(self._unread)
-        elif method == "POST":
-            self.server.agent.warm_up()     # answered: re-read the host now, not at the next VM start
 
     def _drain(self, n: int) -> None:
         """Read and drop the ``n`` bytes of a body refused unread (413), within the request's deadline:
@@ -602,6 +609,14 @@ class _Handler(BaseHTTPRequestHandler):
         req = api.Request(params, query, body, actor, peer.pid, role, caller.tenant)
         srv.agent.count(route, thin=self._hook_xml is not None)
         expensive = (route.method, route.template) in EXPENSIVE_READS
+        if expensive and not body and route.method == "GET":
+            try:
+                api.check_query(route, query)
+                kept = api.cached_read(srv.agent, route, req)
+            except VgpuhostError:
+                kept = None             # answered below, as any request
+            if kept is not None:
+                return 200, kept        # built before for this snapshot: no host read, no CPU to budget
         if expensive:
             refused = srv.budget.begin(peer.uid)
             if refused is not None:
@@ -856,7 +871,7 @@ class AgentProcess:
 
     def start(self) -> None:
         for s in self.servers:
-            t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.2},
+            t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": ACCEPT_POLL_S},
                                  name=f"agent-{s.role}", daemon=True)
             t.start()
             self.threads.append(t)
@@ -865,14 +880,21 @@ class AgentProcess:
         """Stop accepting, close the sockets, and give a change in progress up to :data:`STOP_WAIT_S` to
         end (reads in flight are dropped with the process: SIGTERM ends the agent within seconds under
         any load)."""
+        since = time.monotonic()
+        self.agent.stopping = True              # no change starts from here (api.Agent.write)
+        # every accept loop told at once, then each waited for (one poll interval in all, not one each)
+        stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers]
+        for t in stoppers:
+            t.start()
         if self.agent.metering is not None:
             self.agent.metering.close()
+        for t in stoppers:
+            t.join(1.0)
         for s in self.servers:
-            s.shutdown()
             s.server_close()
         for path in self.bound:
             unixsock.remove_socket(path)
-        if self.agent.write_lock.acquire(timeout=STOP_WAIT_S):
+        if self.agent.write_lock.acquire(timeout=max(0.0, STOP_WAIT_S - (time.monotonic() - since))):
             self.agent.write_lock.release()
 
 

@@ -10,7 +10,8 @@ Must not: interpret what it reads.
 
 What it cannot see: a change that moves none of those (a vGPU type's
 ``available_instances`` changing because of another tool's MIG change, for
-example).  The agent also drops its snapshot after each of its own writes.
+example).  The agent also re-reads, after each of its own writes, the GPUs the
+write touched (or the whole host).
 """
 
 from __future__ import annotations

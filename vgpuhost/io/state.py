@@ -1547,3 +1547,59 @@ def bill_adjustments(conn: "StateStore | sqlite3.Connection", period: str) -> Li
     """``(id, tenant, amount text, reason, actor, time, audit_id)`` of a period, oldest first."""
     return list(_reader(conn).execute("SELECT id, tenant, amount, reason, actor, time, audit_id FROM "
                                       "bill_adjustments WHERE period = ? ORDER BY id", (period,)))
+
+
+class StoreWatch:
+    """Whether a store changed since last asked, for caches of answers read from it (the agent's).
+
+    :meth:`token` is a value that differs after any commit to ``store``'s database by any connection
+    but the watch's own, which never writes: another thread's of this process, another process's (the
+    CLI's, the hook's).  It is SQLite's ``PRAGMA data_version`` on a connection kept for it, with the
+    database file's inode and device (a store restored under the same name is another file).  An
+    in-memory store, or a database that cannot be opened: ``None`` every time (no caching).
+    """
+
+    def __init__(self, store: "StateStore"):
+        from _thread import allocate_lock
+        self.db = store.db
+        self._memory = store._memory
+        self._lock = allocate_lock()
+        self._conn: "Optional[sqlite3.Connection]" = None
+        self._pid = os.getpid()
+
+    def token(self) -> "Optional[tuple]":
+        """``(data_version, st_dev, st_ino)`` now, or None when it cannot be read."""
+        if self._memory:
+            return None
+        with self._lock:
+            try:
+                st = os.stat(self.db)
+                if self._conn is None or self._pid != os.getpid():
+                    self._conn = sqlite3.connect(self.db, isolation_level=None,
+                                                 check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+                    self._pid = os.getpid()
+                    self._ino = (st.st_dev, st.st_ino)
+                if (st.st_dev, st.st_ino) != self._ino:
+                    self._conn.close()
+                    self._conn = None
+                    return self.token_unlocked()
+                return (self._conn.execute("PRAGMA data_version").fetchone()[0],) + self._ino
+            except (OSError, sqlite3.Error):
+                return None
+
+    def token_unlocked(self) -> "Optional[tuple]":
+        # the database was replaced: a new connection on the new file (one retry)
+        try:
+            st = os.stat(self.db)
+            self._conn = sqlite3.connect(self.db, isolation_level=None,
+                                         check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+            self._ino = (st.st_dev, st.st_ino)
+            return (self._conn.execute("PRAGMA data_version").fetchone()[0],) + self._ino
+        except (OSError, sqlite3.Error):
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None

@@ -814,6 +814,45 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
                      vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host)
 
 
+def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inventory]:
+    """``inv`` with what it held of GPU ``gpu`` (:func:`gpu_part`) replaced by ``part``, a
+    :func:`discover_gpu` read of that GPU made since: the snapshot a whole-host :func:`discover` would
+    give when nothing else changed (records in discover's order: devices by address, groups by number
+    as text, GPUs by address, each GPU's types and VFs in its place, mdevs by UUID; ``inv``'s host facts
+    kept).  None when the merge cannot be exact: a device the GPU held before is still on the host
+    but not in ``part`` (it moved to another GPU's group, say), or ``part`` holds a device or group
+    that ``inv`` lists under another GPU.  Cost: one pass over ``inv``'s records, no read."""
+    old = gpu_part(inv, gpu)
+    if len(part.gpus) > 1 or any(g.address != gpu for g in part.gpus):
+        return None
+    gone_devices = set(old.devices) - set(part.devices)
+    gone_groups = set(old.groups) - set(part.groups)
+    # a device or group of the old part that the new one lacks must be gone from the host, which the
+    # caller cannot tell without a read: refuse (the caller scans the whole host)
+    others = {a for g in inv.gpus if g.address != gpu for a in (g.address,) + g.vfs}
+    if gone_devices - {gpu, *(v for g in old.gpus for v in g.vfs)} or (set(part.devices) & others):
+        return None
+    if gone_groups - {m.iommu_group for m in old.mdevs} - {d.iommu_group for d in old.devices.values()}:
+        return None
+    devices = {a: d for a, d in inv.devices.items() if a not in gone_devices}
+    devices.update(part.devices)
+    groups = {n: g for n, g in inv.groups.items() if n not in gone_groups}
+    groups.update(part.groups)
+    parents = {p for g in old.gpus + part.gpus for p in g.mdev_parents}
+    mdevs = [m for m in inv.mdevs if m.parent not in parents] + list(part.mdevs)
+    gpus = [g for g in inv.gpus if g.address != gpu] + list(part.gpus)
+    gpus.sort(key=lambda g: g.address)
+    order = {g.address: i for i, g in enumerate(gpus)}
+    types = [t for t in inv.vgpu_types if t.gpu != gpu] + list(part.vgpu_types)
+    types.sort(key=lambda t: order.get(t.gpu, -1))          # stable: each GPU's rows keep their order
+    vfs = [v for v in inv.vf_vgpus if v.gpu != gpu] + list(part.vf_vgpus)
+    vfs.sort(key=lambda v: order.get(v.gpu, -1))
+    return Inventory(devices={a: devices[a] for a in sorted(devices, key=str)},
+                     groups={n: groups[n] for n in sorted(groups, key=str)}, gpus=tuple(gpus),
+                     vgpu_types=tuple(types), mdevs=tuple(sorted(mdevs, key=lambda m: m.uuid)),
+                     vf_vgpus=tuple(vfs), host=inv.host)
+
+
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
     """The mdevs on ``parents``, read as :func:`_read_mdevs` reads them (sorted by UUID)."""
     base = fs.host.s.mdev_devices

@@ -48,10 +48,14 @@ class SnapshotCollector:
     def describe(self):
         return []          # unchecked collector: families vary with the host
 
+    def fresh(self, snap: Snapshot) -> bool:
+        """Whether ``snap`` is a good reading taken within 3 intervals (and a second) of now: ``vgpuhost_up``."""
+        return bool(snap.ok and (time.time() - snap.wall) <= 3 * self.interval_s + 1)
+
     def collect(self) -> Iterator[object]:
         """``vgpuhost_up`` (judged now), then the snapshot's families, built once per snapshot."""
         snap = self.get_snapshot()
-        fresh = snap.ok and (time.time() - snap.wall) <= 3 * self.interval_s + 1
+        fresh = self.fresh(snap)
         up = GaugeMetricFamily(PREFIX + "up", "1 when the sampler's last reading succeeded recently, else 0")
         up.add_metric([], 1.0 if fresh else 0.0)
         yield up

@@ -1328,9 +1328,10 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
             max_of.setdefault(t.name.lower(), t.max_instances)
     per_type = []
     admitted: Dict[str, Tuple[int, str, str]] = {}
+    index = vgpu_offers.OfferIndex(inv, records, seen)        # once for every profile, not once each
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
         limits = mode_limits(inv, name, mixed_size) if mixed_size else {}
-        offers = vgpu_offers.offers(inv, records, name, seen, limits)
+        offers = vgpu_offers.offers(inv, records, name, seen, limits, index=index)
         if all(o.type_id is None for o in offers):
             continue
         dem = gputime.demand_with_use(hist, adm.vgpu_demand(name, fbs.get(name.lower())), "(capacity)",

@@ -74,8 +74,27 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     raise InputError(f"unknown vGPU profile {clipped(name)!r} on {where}", hint=hint)
 
 
+class OfferIndex:
+    """What :func:`offers` looks up per GPU, gathered once for many profiles (``capacity`` asks for
+    every profile): ``by_gpu`` (:func:`types_by_gpu`), ``seen_of`` (str GPU -> its ``seen`` rows) and
+    ``records_of`` (str GPU -> its records).  Build it from the same ``inv``, ``records`` and ``seen``
+    the calls pass."""
+
+    __slots__ = ("by_gpu", "seen_of", "records_of")
+
+    def __init__(self, inv: Inventory, records: Sequence[VgpuRecord], seen: Sequence[tuple] = ()):
+        self.by_gpu = types_by_gpu(inv)
+        self.seen_of: Dict[str, List[tuple]] = {}
+        for row in seen:
+            self.seen_of.setdefault(row[0], []).append(row)
+        self.records_of: Dict[str, List[VgpuRecord]] = {}
+        for r in records:
+            self.records_of.setdefault(r.gpu, []).append(r)
+
+
 def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
-           seen: Sequence[tuple] = (), limits: Optional[Mapping[PciAddress, int]] = None) -> List[GpuOffer]:
+           seen: Sequence[tuple] = (), limits: Optional[Mapping[PciAddress, int]] = None,
+           index: Optional[OfferIndex] = None) -> List[GpuOffer]:
     """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
 
     ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
@@ -87,14 +106,11 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     offer is capped at that max less the vGPUs of the profile on the GPU.
     A vendor-VFIO GPU lists a type on every free VF, so without a limit its
     offer is what the framebuffer or the equal-size max allows.
+    ``index``: an :class:`OfferIndex` of the same ``inv``, ``records`` and
+    ``seen``, built once for many calls (else built here).
     """
-    by_gpu = types_by_gpu(inv)
-    seen_of: Dict[str, List[tuple]] = {}
-    for row in seen:
-        seen_of.setdefault(row[0], []).append(row)
-    records_of: Dict[str, List[VgpuRecord]] = {}
-    for r in records:
-        records_of.setdefault(r.gpu, []).append(r)
+    ix_all = index if index is not None else OfferIndex(inv, records, seen)
+    by_gpu, seen_of, records_of = ix_all.by_gpu, ix_all.seen_of, ix_all.records_of
     out = []
     for g in inv.gpus:
         if not g.vgpu_backend:
@@ -166,5 +182,5 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
-__all__ = ["types_by_gpu", "resolve_profile", "offers", "present_by_gpu", "present_framebuffers", "seen_rows",
+__all__ = ["types_by_gpu", "resolve_profile", "OfferIndex", "offers", "present_by_gpu", "present_framebuffers", "seen_rows",
            "fitting_elsewhere"]

@@ -1,0 +1,342 @@
+"""The agent's warm snapshot and its kept answers (issue 31, item 1).
+
+After a hook write the agent re-reads only the GPUs the write touched
+(``observe.inventory.with_gpu``), after the answer, coalesced; the snapshot
+it then holds equals a fresh whole-host discovery, read back from the
+simulated tree.  A change another process makes (the CLI) is never hidden:
+the agent reads the whole host then.  Answers kept per snapshot and per
+state store content are never stale after a CLI change.  SIGTERM with hook
+writes in flight ends the agent and leaves the host and the store agreeing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from agentutil import ADMIN_GID, RO_GID, AgentRun, socket_dir
+from test_hook import vgpu_domain
+from vgpuhost.agent import api, server
+from vgpuhost.cli.main import main as cli_main
+from vgpuhost.io import agentclient
+from vgpuhost.io.state import StateStore, StoreWatch
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.model.values import PciAddress
+from vgpuhost.observe.inventory import discover, discover_gpu, with_gpu
+from vgpuhost.ops import tenancy
+from vgpuhost.sim.build import materialise
+from vgpuhost.sim.data import bundled_specs
+from vgpuhost.sim.spec import load_spec, parse_spec
+
+GPUS = ("0000:41:00.0", "0000:42:00.0", "0000:43:00.0")
+
+
+def _a40s(n: int) -> str:
+    lines = ["version: 1", f"name: a40x{n}", "host:",
+             "  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt",
+             "  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]", "devices:"]
+    for i in range(n):
+        lines.append(f'  - {{bdf: "0000:00:{i + 1:02x}.0", model: intel-root-port, numa_node: 0}}')
+        lines.append(f'  - {{bdf: "{GPUS[i]}", model: A40, upstream: "0000:00:{i + 1:02x}.0", numa_node: 0, '
+                     f'vgpu: {{backend: mdev}}}}')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def host(tmp_path):
+    return materialise(parse_spec(_a40s(3)), tmp_path / "host")
+
+
+def _uuid(i: int, head: str = "11111111") -> str:
+    return f"{head}-2222-4333-8444-{i:012x}"
+
+
+def _hook(agent: api.Agent, act: str, i: int, gpu: str = None) -> dict:
+    xml = vgpu_domain(f"vm{i}", _uuid(i), _uuid(i, "aaaaaaaa"), gpu=PciAddress.parse(gpu) if gpu else None)
+    return api._hook(agent, api.Request({}, {}, {"xml": xml, "name": f"vm{i}"}, "test", 1), act)
+
+
+def _fresh(host):
+    return discover(Sysfs(host))
+
+
+# ---------------------------------------------------------------------------
+# with_gpu: one GPU's read merged into a whole-host snapshot
+
+@pytest.mark.parametrize("spec", sorted(bundled_specs()))
+def test_each_gpu_read_again_and_merged_gives_the_whole_host_read(spec, tmp_path):
+    host = materialise(load_spec(bundled_specs()[spec]), tmp_path / "h")
+    fs = Sysfs(host)
+    inv = discover(fs)
+    for g in inv.gpus:
+        assert with_gpu(inv, g.address, discover_gpu(fs, g.address, host_facts=False)) == inv
+
+
+@pytest.mark.parametrize("spec,args", [
+    ("a100-sriov-mdev", ["--profile", "A100-4C"]),
+    ("l40s-vendor-vfio", ["--profile", "L40S-4Q"]),
+])
+def test_a_gpu_read_after_a_create_merged_into_the_old_snapshot_is_the_new_host(spec, args, tmp_path):
+    host = materialise(load_spec(bundled_specs()[spec]), tmp_path / "h")
+    fs = Sysfs(host)
+    before = discover(fs)
+    assert cli_main(["--root", str(host.root), "--local", "--json", "vgpu", "create", *args]) == 0
+    after = discover(fs)
+    assert after != before
+    merged = before
+    for g in (g.address for g in before.gpus):
+        merged = with_gpu(merged, g, discover_gpu(fs, g, host_facts=False))
+    assert merged == after
+
+
+# ---------------------------------------------------------------------------
+# the agent's snapshot after its own writes
+
+def test_a_hook_write_re_reads_only_its_gpu_and_the_snapshot_is_the_host(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    assert (agent.scans, agent.refreshes) == (1, 0)
+    out = _hook(agent, "prepare", 1, GPUS[1])
+    assert out["changed"] == [_uuid(1, "aaaaaaaa")]
+    agent.warm_up()                     # what the server does once the answer is out and the slot free
+    assert (agent.scans, agent.refreshes) == (1, 1)
+    inv = agent.inventory()
+    assert inv == _fresh(host)
+    assert [(m.uuid, str(m.parent)) for m in inv.mdevs] == [(_uuid(1, "aaaaaaaa"), GPUS[1])]
+    _hook(agent, "release", 1)
+    agent.warm_up()
+    assert (agent.scans, agent.refreshes) == (1, 2)
+    assert agent.inventory() == _fresh(host) and not agent.inventory().mdevs
+
+
+def test_refreshes_of_several_writes_coalesce_into_one_read(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    _hook(agent, "prepare", 1, GPUS[0])
+    _hook(agent, "prepare", 2, GPUS[2])
+    agent.warm_up()
+    assert {str(m.parent) for m in agent.inventory().mdevs} == {GPUS[0], GPUS[2]}
+    # two releases (a release reads no snapshot): both GPUs due
+    _hook(agent, "release", 1)
+    _hook(agent, "release", 2)
+    before = agent.refreshes
+    # another thread refreshing now: this call returns at once, leaving the work to it
+    with agent._build_lock:
+        done = threading.Thread(target=agent.warm_up)
+        done.start()
+        done.join(30)
+        assert not done.is_alive() and agent.refreshes == before
+    agent.warm_up()
+    assert (agent.scans, agent.refreshes) == (1, before + 1)    # both GPUs in one refresh
+    assert agent.inventory() == _fresh(host) and not agent.inventory().mdevs
+
+
+def test_a_cli_change_between_the_agents_writes_makes_a_whole_read(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    _hook(agent, "prepare", 1, GPUS[0])
+    assert cli_main(["--root", str(host.root), "--local", "vgpu", "create", "--profile", "A40-8Q",
+                     "--gpu", GPUS[1]]) == 0
+    _hook(agent, "prepare", 2, GPUS[2])
+    agent.warm_up()
+    assert agent.scans == 2                                 # not a refresh of GPUS[0] and GPUS[2] alone
+    assert agent.inventory() == _fresh(host) and len(agent.inventory().mdevs) == 3
+
+
+def test_a_cli_change_during_an_agent_write_makes_a_whole_read(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    xml = vgpu_domain("vm1", _uuid(1), _uuid(1, "aaaaaaaa"), gpu=PciAddress.parse(GPUS[0]))
+    # another process's create, on another GPU, while the agent's hook write runs: seen in how far the
+    # host's fingerprint moved, more than the write's own device explains
+    orig = agent.write
+
+    def write(fn, changed=None):
+        return orig(lambda: (fn(), cli_main(["--root", str(host.root), "--local", "vgpu", "create", "--profile",
+                                             "A40-8Q", "--gpu", GPUS[2]]))[0], changed=changed)
+    agent.write = write
+    api._hook(agent, api.Request({}, {}, {"xml": xml, "name": "vm1"}, "test", 1), "prepare")
+    agent.warm_up()
+    assert agent.scans == 2 and agent.refreshes == 0
+    assert agent.inventory() == _fresh(host) and {str(m.parent) for m in agent.inventory().mdevs} == \
+        {GPUS[0], GPUS[2]}
+
+
+def test_a_failed_write_makes_a_whole_read(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    with pytest.raises(RuntimeError):
+        agent.write(lambda: (_ for _ in ()).throw(RuntimeError("x")), changed=lambda r: [])
+    agent.inventory()
+    assert agent.scans == 2
+
+
+# ---------------------------------------------------------------------------
+# answers kept per snapshot and store content
+
+def _capacity(agent: api.Agent, **query) -> dict:
+    answer = api.get_capacity(agent, api.Request({}, query, None, "test", 1, api.READ))
+    return json.loads(answer.body)
+
+
+def _free(doc: dict, profile: str = "A40-8Q") -> int:
+    return next(p for p in doc["profiles"] if p["profile"] == profile)["fits"]
+
+
+def test_kept_capacity_is_never_stale_after_a_cli_change(host):
+    agent = api.Agent(host)
+    first = _capacity(agent)
+    assert _capacity(agent) == first and agent.cache_hits >= 1
+    assert cli_main(["--root", str(host.root), "--local", "vgpu", "create", "--profile", "A40-8Q",
+                     "--gpu", GPUS[0]]) == 0
+    after = _capacity(agent)
+    assert _free(after) == _free(first) - 1
+    # the same as a document built now, without the agent's kept answers
+    fresh = api.Agent(host)
+    assert after == _capacity(fresh)
+    # a store-only change (the CLI's tenant add): the answers that read the store are built again
+    built = []
+
+    def build(inv):
+        built.append(1)
+        return sorted(tenancy.tenants(agent.store))
+    assert agent.cached("t", (), build, store=True) == agent.cached("t", (), build, store=True) == []
+    assert len(built) == 1
+    assert cli_main(["--root", str(host.root), "--local", "tenant", "add", "ml"]) == 0
+    assert agent.cached("t", (), build, store=True) == ["ml"] and len(built) == 2
+
+
+def test_the_store_watch_moves_with_every_commit_of_another_connection(host):
+    store = StateStore(host.state_dir)
+    watch = StoreWatch(store)
+    t0 = watch.token()
+    assert t0 is not None and watch.token() == t0
+    assert cli_main(["--root", str(host.root), "--local", "tenant", "add", "a"]) == 0
+    t1 = watch.token()
+    assert t1 != t0
+    store.audit(actor="test", operation="x", path="p", value="v", result="ok")     # this process, another connection
+    assert watch.token() != t1
+    watch.close()
+
+
+def test_a_kept_answer_is_served_without_the_expensive_read_limits_and_matches(host):
+    agent = api.Agent(host)
+    req = api.Request({}, {"profile": "a40-8q"}, None, "test", 1, api.READ)
+    route = api.match("GET", "/v1/capacity")[0]
+    assert api.cached_read(agent, route, req) is None       # nothing kept yet: the limits apply
+    built = api.get_capacity(agent, req)
+    kept = api.cached_read(agent, route, req)
+    assert kept is not None and kept.body == built.body
+    assert [p["profile"] for p in json.loads(kept.body)["profiles"]] == ["A40-8Q"]
+    tenant_req = req._replace(role=api.TENANT, tenant="ml")
+    assert api.cached_read(agent, route, tenant_req) is None        # a tenant's answer is its own
+
+
+def test_a_read_of_an_answer_being_built_waits_for_that_build(host):
+    agent = api.Agent(host)
+    agent.inventory()
+    built, release = [], threading.Event()
+
+    def slow(inv):
+        built.append(1)
+        release.wait(30)
+        return "doc"
+    first = threading.Thread(target=agent.cached, args=("x", (), slow))
+    first.start()
+    for _ in range(600):
+        if agent._building:
+            break
+        threading.Event().wait(0.01)
+    (key, event), = agent._building.items()
+    waiting = threading.Event()
+
+    class Seen:                         # the build's event, telling when the reader waits on it
+        def wait(self, timeout):
+            waiting.set()
+            return event.wait(timeout)
+    agent._building[key] = Seen()
+    got = []
+    second = threading.Thread(target=lambda: got.append(agent.peek("x", ())))
+    second.start()
+    assert waiting.wait(30)             # the reader waits for the build in progress ...
+    release.set()                       # ... which ends now
+    first.join(30)
+    second.join(30)
+    assert got == ["doc"] and built == [1]             # one build served both
+    assert agent.peek("y", ()) is None                  # nothing built, nothing being built: no wait
+
+
+# ---------------------------------------------------------------------------
+# the refresh comes after the answer and the connection's slot
+
+def test_the_answer_and_the_slot_do_not_wait_for_the_refresh(make_host):
+    h = make_host("a40-mdev")
+    d = socket_dir()
+    proc = server.open_agent(h, socket_dir=d, admin_group=ADMIN_GID, ro_group=RO_GID, max_connections=1)
+    agent = proc.agent
+    refreshing, go = threading.Event(), threading.Event()
+    warm = agent.warm_up
+
+    def held_warm_up():                 # the refresh, held until the test lets it go
+        refreshing.set()
+        go.wait(30)
+        warm()
+    agent.warm_up = held_warm_up
+    proc.start()
+    admin = os.path.join(d, "agent.sock")
+    xml = vgpu_domain("vm1", _uuid(1), _uuid(1, "aaaaaaaa"))
+    try:
+        status, out = agentclient.call(admin, "POST", "/v1/hook/prepare", {"xml": xml, "name": "vm1"})
+        assert status == 200 and out["changed"] == [_uuid(1, "aaaaaaaa")]     # answered, the connection closed
+        assert refreshing.wait(30) and not go.is_set()                       # while the refresh waits
+        # the one connection slot is free again: another request is served, not refused 429
+        status, doc = agentclient.call(admin, "GET", "/v1/agent")
+        assert status == 200 and doc["snapshot_refreshes"] == 0
+        go.set()
+        for _ in range(600):
+            if agent.refreshes:
+                break
+            threading.Event().wait(0.05)
+        assert agent.refreshes == 1 and agent.inventory() == _fresh(h)
+    finally:
+        go.set()
+        proc.stop()
+
+
+# ---------------------------------------------------------------------------
+# SIGTERM with hook writes in flight
+
+def test_sigterm_with_hook_writes_in_flight_leaves_host_and_store_agreeing(host):
+    run = AgentRun(host.root, extra=("--metering-interval", "0"))
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        xml = vgpu_domain(f"vm{i}", _uuid(i), _uuid(i, "aaaaaaaa"))
+        while not stop.is_set():
+            for act in ("prepare", "release"):
+                try:
+                    agentclient.call(run.admin, "POST", f"/v1/hook/{act}", {"xml": xml, "name": f"vm{i}"})
+                except (agentclient.AgentDown, OSError):
+                    return
+    with ThreadPoolExecutor(6) as ex:
+        futures = [ex.submit(client, i) for i in range(6)]
+        try:
+            for _ in range(200):                            # some writes done before the signal
+                if StateStore(host.state_dir).audit_rows():
+                    break
+                threading.Event().wait(0.05)
+            assert run.stop() == 0, run.log.read_text()[-3000:]     # SIGTERM, not a kill after 30 s
+        finally:
+            stop.set()
+            run.close()
+        for f in futures:
+            f.result()
+    store = StateStore(host.state_dir)
+    assert not store.journal_entries(open_only=True)
+    # every vGPU on the host is recorded, and every record is on the host
+    present = {m.uuid for m in _fresh(host).mdevs}
+    assert present == {r.id for r in store.vgpu_records()}
