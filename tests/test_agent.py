@@ -536,6 +536,42 @@ def _run(cli_main, capsys, base, argv):
     return (rc, *same)
 
 
+def test_apply_through_the_agent_streams_the_same_progress_lines_as_a_local_apply(make_host, capsys):
+    """`apply -v` through the agent: the agent streams a progress line per step as it runs (application/
+    x-ndjson), and the CLI shows them as a local apply does -- the same stderr, stdout and exit code, and
+    for an apply refused after the stream began, the same one-line error and exit code."""
+    from vgpuhost.cli.main import main as cli_main
+    from vgpuhost.io import agentclient
+    a, b = make_host("a40-mdev"), make_host("a40-mdev")
+    config = str(REPO / "examples" / "config" / "vgpu-a40.yaml")
+    with AgentRun(a.root, str(a.path("run", "vgpuhost"))) as run_a:
+        ra = _run(cli_main, capsys, ["--root", str(a.root), "-v"], ["apply", "-c", config, "mixed"])
+        rb = _run(cli_main, capsys, ["--root", str(b.root), "--local", "-v"], ["apply", "-c", config, "mixed"])
+        assert ra == rb and ra[0] == 0
+        steps = [line for line in ra[2].splitlines() if line.startswith("vgpuhost: [")]
+        assert len(steps) == 8 and steps[0].startswith("vgpuhost: [1/4] scheduler") and len(mdevs(a)) == 6
+        assert run_a.call("GET", "/v1/agent")[1]["served"]["POST /v1/apply"] == 1
+        # the stream itself: a progress line as each step starts and ends, then the apply document
+        seen = []
+        text = (REPO / "examples" / "config" / "vgpu-a40.yaml").read_text()
+        status, doc = agentclient.call(run_a.admin, "POST", "/v1/apply", {"config": text, "layout": "mixed",
+                                                                        "progress": True}, on_line=seen.append)
+        assert status == 200 and doc["schema"] == "vgpuhost.apply/v1" and seen == []       # nothing to do
+        # refused once the stream began (a vGPU the layout did not make is in its way): the error document
+        # carries the status, and the CLI gives its one line and exit code as a local apply does
+        c, d = make_host("a40-mdev"), make_host("a40-mdev")
+        with AgentRun(c.root, str(c.path("run", "vgpuhost"))) as run_c:
+            for host, local in ((c, []), (d, ["--local"])):
+                assert cli_main(["--root", str(host.root), *local, "vgpu", "create", "--profile", "A40-48Q",
+                                 "--owner", "6f1b1d4e-0000-4000-8000-000000000001"]) == 0
+            capsys.readouterr()
+            rc_ = _run(cli_main, capsys, ["--root", str(c.root), "-v"], ["apply", "-c", config, "mixed"])
+            rd = _run(cli_main, capsys, ["--root", str(d.root), "--local", "-v"], ["apply", "-c", config, "mixed"])
+            assert rc_ == rd and rc_[0] == 2 and rc_[2].startswith("vgpuhost: error: layout 'mixed' cannot be applied")
+            assert rc_[2].count("\n") == 1
+            assert run_c.call("GET", "/v1/agent")[1]["served"]["POST /v1/apply"] == 1
+
+
 def test_every_write_command_gives_the_same_result_through_the_agent_as_locally(make_host, capsys):
     """Two identical hosts, an agent on each: host A's CLI goes through its agent, host B's CLI
     is told --local.  Each command's exit code, text, stderr line and --json document agree;

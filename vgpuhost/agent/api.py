@@ -110,6 +110,19 @@ class Request(NamedTuple):
     tenant: Optional[str] = None
 
 
+class Stream(NamedTuple):
+    """An answer written while the work runs (``POST /v1/apply`` with ``"progress": true``): status 200,
+    ``application/x-ndjson``, one JSON object a line.  ``run(emit)`` does the work, calling ``emit(doc)``
+    for each progress line (``vgpuhost.progress/v1``), and returns the final document; an error it raises
+    becomes the last line, an error document whose ``status`` is the HTTP status it would have had."""
+
+    run: Callable[[Callable[[Dict[str, Any]], None]], Dict[str, Any]]
+
+
+#: the document name of a progress line of a streamed answer (:class:`Stream`)
+SCHEMA_PROGRESS = "vgpuhost.progress/v1"
+
+
 class Text(NamedTuple):
     """A non-JSON answer (``/v1/metrics``)."""
 
@@ -790,10 +803,19 @@ def post_assert(agent: Agent, req: Request) -> Dict[str, Any]:
     return check(agent.host, agent.store, cfg, layout).as_dict()
 
 
-def post_apply(agent: Agent, req: Request) -> Dict[str, Any]:
+def post_apply(agent: Agent, req: Request):
     cfg, layout = _config(req)
     cfg.layout(layout)                  # an unknown layout fails before the host is read
-    return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor)).as_dict()
+    if not _flag(req.body, "progress"):
+        return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor)).as_dict()
+
+    def run(emit: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+        def progress(i: int, n: int, step, state: str) -> None:
+            emit({"schema": SCHEMA_PROGRESS, "step": i, "steps": n, "kind": step.kind, "target": str(step.target),
+                  "action": step.action, "state": state})
+        return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor,
+                                         progress=progress)).as_dict()
+    return Stream(run)
 
 
 def post_reconcile(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -1404,7 +1426,7 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/hook/release", post_hook_release, ADMIN, _HOOK_KEYS),
     Route("POST", "/v1/plan", post_plan, READ, _LAYOUT_KEYS),
     Route("POST", "/v1/assert", post_assert, READ, _LAYOUT_KEYS),
-    Route("POST", "/v1/apply", post_apply, ADMIN, _LAYOUT_KEYS),
+    Route("POST", "/v1/apply", post_apply, ADMIN, _LAYOUT_KEYS + ("progress",)),
     Route("POST", "/v1/reconcile", post_reconcile, ADMIN, ("check",)),
     Route("POST", "/v1/passthrough/{bdf}/prepare", post_passthrough_prepare, ADMIN, ("allow_boot_vga", "persist")),
     Route("POST", "/v1/passthrough/{bdf}/release", post_passthrough_release, ADMIN, ("persist",)),

@@ -529,7 +529,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self._hook_xml is not None and status != 421 and not (status == 503 and self.server.agent.stopping):
             # (421, and 503 from a stopping agent: the JSON error, so the hook's client does the work itself)
             doc = hook_answer(status, doc, self._hook_xml)
-        if isinstance(doc, api.Text):
+        if isinstance(doc, api.Stream):
+            self._stream(doc)
+        elif isinstance(doc, api.Text):
             self._send(status, doc.content_type, doc.body)
         else:
             self._send(status, "application/json", (json.dumps(doc, indent=2) + "\n").encode())
@@ -562,6 +564,41 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass
+
+    def _stream(self, stream: "api.Stream") -> None:
+        """Status 200 and ``application/x-ndjson`` now, then one line per progress document as the work
+        runs, then its document, or the error it raised as an error document (with the ``status`` the answer
+        would have had).  A caller that goes away does not stop the work: its lines are dropped."""
+        gone = False
+
+        def line(doc: Dict[str, Any]) -> None:
+            nonlocal gone
+            if gone:
+                return
+            try:
+                self.wfile.write((json.dumps(doc) + "\n").encode())
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                gone = True
+        try:
+            self.connection.settimeout(self.server.read_timeout_s)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            gone = True
+        try:
+            final = stream.run(line)
+        except VgpuhostError as e:
+            final = error_doc(status_of(e), e.message, hint=e.hint, exit_code=e.exit_code, kind=type(e).__name__)
+        except Exception as e:      # a bug: one error document, never a traceback on the socket
+            log.exception("internal error")
+            final = error_doc(500, f"internal error: {type(e).__name__}: {e}",
+                              hint="report it (the agent's journal has the traceback)",
+                              exit_code=EXIT_INTERNAL, kind="InternalError")
+        line(final)
 
     def _handle(self, method: str) -> Tuple[int, Any]:
         peer = unixsock.peer(self.connection)

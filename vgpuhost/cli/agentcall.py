@@ -65,10 +65,12 @@ def _wrap(value: Any) -> Any:
 
 def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None, *,
             aliases: Optional[Dict[str, str]] = None,
-            accept: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Optional[Doc]:
+            accept: Optional[Callable[[Dict[str, Any]], bool]] = None,
+            on_line: Optional[Callable[[Dict[str, Any]], None]] = None) -> Optional[Doc]:
     """The agent's answer to ``method target``, or None when no agent for ``ctx``'s host root and
     state dir answers as admin for this caller, when ``accept(GET /v1/agent document)`` is false,
-    or ``ctx.local`` (do the work here).  Raises
+    or ``ctx.local`` (do the work here).  ``on_line``: hears each progress line of a streamed answer
+    (:func:`vgpuhost.io.agentclient.call`).  Raises
     AgentError for the agent's refusals and failures, DeviceError when it went away before
     answering."""
     if getattr(ctx, "local", False):
@@ -86,7 +88,7 @@ def forward(ctx, method: str, target: str, body: Optional[Dict[str, Any]] = None
     if accept is not None and not accept(info):
         return None
     try:
-        status, doc = agentclient.call(path, method, target, body)
+        status, doc = agentclient.call(path, method, target, body, on_line=on_line)
     except agentclient.AgentDown as e:
         raise DeviceError(f"the vgpuhost agent went away during the request ({e})",
                           hint="it finishes or rolls back what it started when it starts again; check "

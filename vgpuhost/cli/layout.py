@@ -9,7 +9,7 @@ options, prints and chooses the exit code:
 - ``apply``: 0 done (or nothing to do), 2 refused before any change
   (blocked, bad config), 3 a step failed or the host does not match after;
   through the agent when its admin socket answers (the config is read and
-  checked here, then its text is sent; no per-step progress lines then);
+  checked here, then its text is sent, and the agent streams its per-step progress lines back);
 - ``assert``: 0 in sync, 1 drift (the diff is printed);
 - ``config check``: 0 valid, 2 not.
 """
@@ -95,11 +95,14 @@ def apply_cmd(config: str, layout: Optional[str], dry_run: bool, retries: int, r
     tries = 0
     while True:
         try:
-            out = forward(ctx, "POST", "/v1/apply", {"config": text, "source": str(config), "layout": layout})
+            shown = _progress(ctx)
+            out = forward(ctx, "POST", "/v1/apply", dict({"config": text, "source": str(config), "layout": layout},
+                                                          **({"progress": True} if shown else {})),
+                          on_line=shown and (lambda d: shown(d["step"], d["steps"], d, d["state"])))
             if out is not None:             # the agent applied it: print its document as apply does
                 emit(ctx, out.as_dict(), apply_text(out.as_dict()))
                 return
-            result = apply(ctx.host, store(ctx, write=True), cfg, layout, progress=_progress(ctx))
+            result = apply(ctx.host, store(ctx, write=True), cfg, layout, progress=shown)
             break
         except VgpuhostError as e:        # the config was read above; the host may not be ready yet
             if tries >= retries:
@@ -152,15 +155,18 @@ def apply_text(doc: dict) -> str:
 
 
 def _progress(ctx):
-    """One line per step on stderr while apply runs: on a terminal, or with -v (None otherwise)."""
+    """One line per step on stderr while apply runs, here or in the agent (its streamed progress lines):
+    on a terminal, or with -v (None otherwise).  ``step``: a plan step, or a progress line's document."""
     if not (ctx.verbose or sys.stderr.isatty()):
         return None
 
     def line(i: int, n: int, step, state: str) -> None:
+        kind, target, action = ((step["kind"], step["target"], step["action"]) if isinstance(step, dict)
+                                else (step.kind, step.target, step.action))
         if state == "start":
-            click.echo(f"vgpuhost: [{i}/{n}] {step.kind} {step.target}: {step.action} ...", err=True)
+            click.echo(f"vgpuhost: [{i}/{n}] {kind} {target}: {action} ...", err=True)
         else:
-            click.echo(f"vgpuhost: [{i}/{n}] {step.kind} {step.target}: {state}", err=True)
+            click.echo(f"vgpuhost: [{i}/{n}] {kind} {target}: {state}", err=True)
     return line
 
 

@@ -18,13 +18,15 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
+    from typing import Any, Callable, Dict, Optional, Tuple
     from .hostroot import HostRoot
 
 ENV_SOCKET = "VGPUHOST_AGENT_SOCKET"
 #: ``off``: never use the agent (the hook and CLI do the work themselves)
 ENV_USE = "VGPUHOST_AGENT"
 MAX_ANSWER = 64 * 1024 * 1024
+#: the agent's error documents (vgpuhost.agent.api.SCHEMA_ERROR): the last line of a streamed answer that failed
+SCHEMA_ERROR = "vgpuhost.agent-error/v1"
 
 
 class AgentDown(Exception):
@@ -53,10 +55,13 @@ def socket_path(host: "Optional[HostRoot]" = None, root: "Optional[str]" = None)
 
 
 def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" = None, *,
-         timeout_s: float = 120.0) -> "Tuple[int, Any]":
+         timeout_s: float = 120.0, on_line: "Optional[Callable[[Dict[str, Any]], None]]" = None) -> "Tuple[int, Any]":
     """``method target`` with ``body`` as JSON; ``(status, parsed JSON or text)``.
 
-    Raises AgentDown when the socket is missing or refuses, or the
+    A streamed answer (``application/x-ndjson``: one JSON object a line) gives each line but the last to
+    ``on_line`` as it arrives, and returns the last: its ``status`` when it is an error document, else 200.
+    ``timeout_s`` bounds each wait on the socket, so a long answer that keeps sending lines does not time
+    out.  Raises AgentDown when the socket is missing or refuses, or the
     connection closes before a full answer; OSError for other socket
     errors (EACCES: the caller may not use this socket).
     """
@@ -82,6 +87,7 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
         except BrokenPipeError:
             pass            # answered and closed before the request was all sent (429, 413): read the answer
         size = 0
+        lines = _Lines(on_line, json) if on_line is not None else None
         while True:
             chunk = sock.recv(65536)
             if not chunk:
@@ -90,6 +96,8 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
             size += len(chunk)
             if size > MAX_ANSWER:
                 raise OSError("the agent's answer is too large")
+            if lines is not None:
+                lines.feed(chunk)
     except (ConnectionResetError, BrokenPipeError) as e:
         if not chunks:      # a reset after the answer (the agent closed with our bytes unread) is the end
             raise AgentDown(f"the agent on {path} went away ({e.strerror})") from None
@@ -110,9 +118,43 @@ def call(path: str, method: str, target: str, body: "Optional[Dict[str, Any]]" =
         k, _, v = line.partition(":")
         headers[k.strip().lower()] = v.strip()
     payload = raw[head_end + 4:]
+    if headers.get("content-type", "").startswith("application/x-ndjson"):
+        last = [x for x in payload.split(b"\n") if x.strip()][-1:]
+        if not last:
+            raise AgentDown(f"the agent on {path} went away in the middle of its answer")
+        doc = json.loads(last[0])
+        if isinstance(doc, dict) and doc.get("schema") == "vgpuhost.progress/v1":
+            raise AgentDown(f"the agent on {path} went away in the middle of its answer")
+        error = isinstance(doc, dict) and doc.get("schema") == SCHEMA_ERROR
+        return (int(doc.get("status", 500)) if error else status), doc
     n = headers.get("content-length")
     if is_digits(n) and len(payload) < int(n):
         raise AgentDown(f"the agent on {path} went away in the middle of its answer")
     if headers.get("content-type", "").startswith("application/json"):
         return status, json.loads(payload)
     return status, payload.decode("utf-8", "replace")
+
+
+class _Lines:
+    """Hands the progress lines of a streamed answer to a callback as they arrive (past the HTTP head;
+    the last line, the answer's document, is left to :func:`call`)."""
+
+    def __init__(self, on_line, json):
+        self.on_line, self.json = on_line, json
+        self.buf = b""
+        self.in_body = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        if not self.in_body:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            if b"application/x-ndjson" not in self.buf[:end].lower():
+                self.on_line = None            # not a streamed answer: nothing to hand on
+            self.buf, self.in_body = self.buf[end + 4:], True
+        while self.on_line is not None and b"\n" in self.buf:
+            line, _, self.buf = self.buf.partition(b"\n")
+            doc = self.json.loads(line) if line.strip() else None
+            if isinstance(doc, dict) and doc.get("schema") == "vgpuhost.progress/v1":
+                self.on_line(doc)
