@@ -778,6 +778,56 @@ def discover_named(fs: Sysfs, bdfs: "Tuple[PciAddress, ...]", mdev_uuids: "Tuple
                      host=UNREAD_HOST_FACTS)
 
 
+def nvidia_gpus(fs: Sysfs) -> Tuple[PciAddress, ...]:
+    """The NVIDIA display physical functions under ``fs.host``, sorted: each PCI function's ``vendor``
+    and ``class`` read (a VF is skipped by its ``physfn`` link), nothing else, no IOMMU group, no
+    ``/proc``.  What :func:`discover_gpus` is given for a request that may go to any GPU.
+    Cost: two or three small reads per PCI function."""
+    pci_devices = fs.host.s.pci_devices
+    out = []
+    for name in fs.listdir(pci_devices):
+        if not PciAddress.is_valid(name):
+            continue
+        d = f"{pci_devices}/{name}/"
+        if _nvidia_display(fs, d) and not fs.link_name(d + "physfn"):
+            out.append(PciAddress.parse(name))
+    return tuple(sorted(out))
+
+
+def discover_gpus(fs: Sysfs, gpus: "Tuple[PciAddress, ...]", *, named_pci: "Tuple[PciAddress, ...]" = (),
+                  named_mdevs: "Tuple[str, ...]" = (), host_facts: bool = True) -> Inventory:
+    """Read only ``gpus`` (each as :func:`discover_gpu` reads it) and the devices a domain's hostdevs
+    name (``named_pci``, ``named_mdevs``: as :func:`discover_named` reads them) into one
+    :class:`Inventory`: what the qemu hook's ``prepare begin`` decides on (the GPUs the domain's
+    devices may use), never a whole-host read.  Each GPU's records equal those a whole-host
+    :func:`discover` gives; ``gpus`` sorted by address; an address that is no NVIDIA GPU adds its
+    device (and its group's) only.  ``host_facts``: as :func:`discover_gpu` (read once).
+    Cost: proportional to the GPUs named and their VFs and types, not to the host.
+    Raises SysfsError when a file that must be readable is not."""
+    parts = [discover_gpu(fs, g, host_facts=False) for g in sorted(set(gpus))]
+    if named_pci or named_mdevs:
+        parts.append(discover_named(fs, tuple(named_pci), tuple(named_mdevs)))
+    devices: Dict[PciAddress, PciDevice] = {}
+    groups: Dict[int, IommuGroup] = {}
+    mdevs: Dict[str, MdevDevice] = {}
+    found: List[Gpu] = []
+    types: List[VgpuType] = []
+    vf_vgpus: List[VfVgpu] = []
+    for p in parts:
+        for a, d in p.devices.items():
+            devices.setdefault(a, d)
+        for n, grp in p.groups.items():
+            groups.setdefault(n, grp)
+        for m in p.mdevs:
+            mdevs.setdefault(m.uuid, m)
+        found.extend(p.gpus)
+        types.extend(p.vgpu_types)
+        vf_vgpus.extend(p.vf_vgpus)
+    return Inventory(devices={a: devices[a] for a in sorted(devices)}, groups=groups, gpus=tuple(found),
+                     vgpu_types=tuple(types), mdevs=tuple(mdevs[u] for u in sorted(mdevs)),
+                     vf_vgpus=tuple(vf_vgpus), host=read_host_facts(fs) if host_facts else UNREAD_HOST_FACTS)
+
+
 def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     """The part of ``inv`` that one GPU holds, shaped as :func:`discover_gpu`
     returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).
