@@ -202,3 +202,21 @@ def test_types_builds_the_gpu_index_once(make_host, monkeypatch, capsys):
     host = make_host("l40s-vendor-vfio")
     assert main(["--root", str(host.root), "--json", "types"]) == 0
     assert len(json.loads(capsys.readouterr().out)["types"]) > 20 and calls == [1]
+
+
+# ---------------------------------------------------------------------------
+# the --json encoder: exactly json.dumps(doc, indent=2), faster (issue 31)
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+_docs = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4) | st.tuples(kids, kids)
+                     | st.dictionaries(st.text(max_size=6) | st.integers(), kids, max_size=4), max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_docs)
+def test_the_json_encoder_writes_what_json_dumps_indent_2_writes(doc):
+    import json
+    from vgpuhost.cli.output import indented        # what dumps() writes (the schema plugin wraps dumps)
+    assert indented(doc) == json.dumps(doc, indent=2)

@@ -24,7 +24,8 @@ from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door par
 from ..model.boards import board
 from ..model.errors import SysfsError
 from ..model.kinds import Backend
-from ..model.values import PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, strip_vendor_prefix
+from ..model.values import (PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, replace,
+                            strip_vendor_prefix)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -681,6 +682,10 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     mdev types in it (name, description, device_api: fixed by the driver for
     a type id) are taken from it, and only each type's ``available_instances``
     and the vGPUs present are read again; a type it does not hold is read whole.
+    Likewise a PCI function it holds has only what can change while the device
+    stays (:func:`_reread_device`: its driver, ``driver_override``, SR-IOV VFs)
+    read again; its identity, NUMA node, group and place in the topology are
+    the device's for as long as it is present.
     Cost: proportional to the GPU's VFs and types, not
     to the host.  For an operation on one GPU, under that GPU's lock.
     Raises SysfsError when a file that must be readable is not.
@@ -691,11 +696,14 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     groups: Dict[int, IommuGroup] = {}
     iommu_groups = host.s.iommu_groups
 
+    before = known.devices if known is not None else {}
+
     def read(addr: PciAddress) -> Optional[PciDevice]:
         if addr not in devices:
             if not fs.exists(f"{pci_devices}/{addr}"):
                 return None
-            devices[addr] = _read_device(fs, addr)
+            seen = before.get(addr)
+            devices[addr] = _read_device(fs, addr) if seen is None else _reread_device(fs, seen)
         return devices[addr]
 
     def group(number: Optional[int]) -> None:
@@ -919,6 +927,30 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
         sriov_numvfs=fs.read_int(d + "sriov_numvfs"),
         domain_host=_domain_host(real, addr))
+
+
+def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
+    """``dev`` (read a moment before) with what can change while the function stays present read
+    again: its ``driver`` link, ``driver_override``, and for a physical function ``sriov_numvfs`` and its
+    ``virtfn`` links (VFs enabled or disabled).  Its ids, class, NUMA node, boot VGA, reset methods,
+    IOMMU group, physfn and upstream are fixed for the device's life (a hot-replug is a new device:
+    callers read under the GPU's lock a look a few milliseconds old).  What a re-check under the GPU's
+    lock (:func:`discover_gpu` with ``known``) reads."""
+    d = fs.host.s.pci_device(dev.address) + "/"
+    override = fs.read_optional(d + "driver_override")
+    if override in ("(null)", ""):
+        override = None
+    changed = {"driver": fs.link_name(d + "driver"), "driver_override": override}
+    if dev.sriov_totalvfs:
+        virtfns = []
+        for entry in fs.listdir(d[:-1]):
+            if entry.startswith("virtfn") and is_digits(entry[6:]):
+                target = fs.link_name(d + entry)
+                if target and PciAddress.is_valid(target):
+                    virtfns.append((int(entry[6:]), PciAddress.parse(target)))
+        changed["virtfns"] = tuple(v for _, v in sorted(virtfns))
+        changed["sriov_numvfs"] = fs.read_int(d + "sriov_numvfs")
+    return replace(dev, **changed)
 
 
 def _domain_host(real: str, addr: PciAddress) -> Optional[PciAddress]:
