@@ -220,3 +220,37 @@ def test_the_json_encoder_writes_what_json_dumps_indent_2_writes(doc):
     import json
     from vgpuhost.cli.output import indented        # what dumps() writes (the schema plugin wraps dumps)
     assert indented(doc) == json.dumps(doc, indent=2)
+
+
+def test_the_lean_launcher_prints_what_the_module_prints_and_starts_other_commands_with_site(make_host, tmp_path):
+    """vgpuhost/cli/launcher.py: types without site, byte for byte the output of python -m vgpuhost; any
+    other command line with site.main() run first (click comes from site-packages)."""
+    from vgpuhost.cli.launcher import launcher_text, main as launcher_main
+    import contextlib
+    import io
+    host = make_host("a40-mdev")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert launcher_main([]) == 0
+    script = tmp_path / "vgpuhost"
+    script.write_text(buf.getvalue())
+    script.chmod(0o755)
+    assert buf.getvalue().startswith(f"#!{sys.executable} -S\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    lean = subprocess.run([str(script), "--root", str(host.root), "--json", "types"], capture_output=True,
+                          text=True, env=env, check=True)
+    plain = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "--json", "types"],
+                           capture_output=True, text=True, env=env, check=True)
+    assert lean.stdout == plain.stdout and json.loads(lean.stdout)["types"]
+    # the lean start imports no site (nor click); another command line imports site first (PYTHON* honoured: -S only)
+    timed = dict(env, PYTHONPROFILEIMPORTTIME="1")
+    lean = subprocess.run([str(script), "--root", str(host.root), "--json", "types"], capture_output=True,
+                          text=True, env=timed, check=True)
+    imported = {line.split("|")[-1].strip() for line in lean.stderr.splitlines() if line.startswith("import time:")}
+    assert "vgpuhost.cli.lean" in imported and "site" not in imported and "click" not in imported
+    other = subprocess.run([str(script), "--root", str(host.root), "tenant", "list"], capture_output=True, text=True,
+                           env=timed)
+    imported = {line.split("|")[-1].strip() for line in other.stderr.splitlines() if line.startswith("import time:")}
+    assert other.returncode == 0 and "no tenants" in other.stdout and {"site", "click"} <= imported
+    with pytest.raises(ValueError):
+        launcher_text("python3", "/x", [])
