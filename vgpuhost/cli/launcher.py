@@ -17,8 +17,7 @@ This launcher starts with ``-S`` (no ``site``), puts the directory holding the
 
 Environment variables (``PYTHONPATH``...) are honoured as with pip's script
 (``-S`` only, not ``-I``: the qemu hook's dispatcher isolates itself, a user's
-command line does not need to).  Must not: import anything at module level
-beyond the standard library's ``os``, ``site`` and ``sys`` (it runs at build time).
+command line does not need to).  Must not: be imported by any command (it runs at build time).
 """
 
 from __future__ import annotations
@@ -26,10 +25,9 @@ from __future__ import annotations
 import os
 import site
 import sys
+from typing import List, Optional, Sequence
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional, Sequence
+import vgpuhost
 
 _TEMPLATE = '''#!{python} -S
 # vgpuhost's launcher (python -m vgpuhost.cli.launcher; make dev writes it): the read commands
@@ -63,7 +61,6 @@ def launcher_text(python: str, package_parent: str, site_dirs: Sequence[str]) ->
 def main(argv: Optional[List[str]] = None) -> int:
     """Print the launcher for this interpreter and this package (``sys.executable``, the ``vgpuhost``
     package's parent directory, ``site.getsitepackages()``); 0."""
-    import vgpuhost
     parent = os.path.dirname(os.path.dirname(os.path.abspath(vgpuhost.__file__)))
     sys.stdout.write(launcher_text(sys.executable, parent, site.getsitepackages()))
     return 0
