@@ -25,7 +25,7 @@ def test_bench_hook_smoke_run_reports_each_host_the_yardstick_and_the_growth_exp
     rows = {line.split("  ")[0] for line in out.splitlines()}
     assert {"clean python -I -S -c pass", "a40-mdev prepare", "a40-mdev release", "iommu-off no-meta",
             "a40x1 prepare", "a40x2 release"} <= rows
-    assert "own (wall - sim), prepare + release" in out
+    assert "own (wall - sim) / clean wall" in out and "CPU - sim / clean CPU" in out
     assert re.search(r"^iommu-off +no device to make: the IOMMU is off", out, re.M)
     assert "growth exponent k (own ~ GPUs^k, least squares over 1,2): " in out
     assert list(tmp_path.iterdir()) == []           # the scratch hosts are removed
