@@ -814,8 +814,13 @@ def discover_gpus(fs: Sysfs, gpus: "Tuple[PciAddress, ...]", *, named_pci: "Tupl
     Cost: proportional to the GPUs named and their VFs and types, not to the host.
     Raises SysfsError when a file that must be readable is not."""
     parts = [discover_gpu(fs, g, host_facts=False) for g in sorted(set(gpus))]
+    # a named device a GPU's read holds already (its VF, its mdev) is not read again
+    have = {a for p in parts for a in p.devices}
+    have_mdevs = {m.uuid for p in parts for m in p.mdevs}
+    named_pci = tuple(a for a in named_pci if a not in have)
+    named_mdevs = tuple(u for u in named_mdevs if u not in have_mdevs)
     if named_pci or named_mdevs:
-        parts.append(discover_named(fs, tuple(named_pci), tuple(named_mdevs)))
+        parts.append(discover_named(fs, named_pci, named_mdevs))
     devices: Dict[PciAddress, PciDevice] = {}
     groups: Dict[int, IommuGroup] = {}
     mdevs: Dict[str, MdevDevice] = {}
