@@ -42,13 +42,14 @@ Columns, per call (medians over runs):
             ``VGPUHOST_SIM_TIME_FILE`` set, and the simulator appends the seconds it
             spends (importing itself, applying each write) to that file; a real
             kernel has a cost of its own, which the simulator's does not stand for
+  SIMCPU    the same in CPU time (the simulating thread's)
   CPU ms    the hook process's CPU time (user + system, its children included:
             the sh dispatcher, the thin client or the Python handler)
   AGENT ms  the agent's CPU time for the call (its process CPU clock, every thread's,
             nanoseconds), from its start until the agent is idle again (what it does
             after answering, re-reading the host, counts), agent-up rows only
   OWN ms    vgpuhost's own cost: agent down, wall - simulator; agent up, all
-            vgpuhost CPU (client + agent) - simulator
+            vgpuhost CPU (client + agent) - simulator CPU
 
 Printed then: the ratios the targets (issue 31) are stated in, against the
 clean ``-I -S`` start, like with like: agent down, own (prepare + release,
@@ -199,11 +200,16 @@ class Bench:
         if proc.returncode != 0 or proc.stderr:
             raise SystemExit(f"bench: {self.label}: hook {op} {sub} exited {proc.returncode}: "
                              f"{proc.stderr.decode(errors='replace').strip()[:500]}")
+        sim = sim_cpu = 0.0
         with open(self.simtime) as f:
-            sim = sum(float(line) for line in f if line.strip())
+            for line in f:
+                got = line.split()
+                if got:
+                    sim += float(got[0])
+                    sim_cpu += float(got[-1])          # an older simulator wrote the wall time alone
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        own = (cpu + agent - sim) if self.agent is not None else (wall - sim)
-        return Sample(wall, sim, cpu, agent, own)
+        own = (cpu + agent - sim_cpu) if self.agent is not None else (wall - sim)
+        return Sample(wall, sim, cpu, agent, own, sim_cpu)
 
     def prepare(self) -> Sample:
         return self._dispatch("bench-vm", "prepare", "begin", self.xml)
@@ -224,12 +230,13 @@ class Bench:
 
 
 class Sample:
-    """One timed call (seconds): wall, simulator, the hook process's CPU, the agent's CPU, own cost."""
+    """One timed call (seconds): wall, simulator (wall), the hook process's CPU, the agent's CPU, own cost,
+    the simulator's CPU."""
 
-    __slots__ = ("wall", "sim", "cpu", "agent", "own")
+    __slots__ = ("wall", "sim", "cpu", "agent", "own", "sim_cpu")
 
-    def __init__(self, wall: float, sim: float, cpu: float, agent: float, own: float):
-        self.wall, self.sim, self.cpu, self.agent, self.own = wall, sim, cpu, agent, own
+    def __init__(self, wall: float, sim: float, cpu: float, agent: float, own: float, sim_cpu: float = 0.0):
+        self.wall, self.sim, self.cpu, self.agent, self.own, self.sim_cpu = wall, sim, cpu, agent, own, sim_cpu
 
 
 def _agent_cpu(proc) -> float:
@@ -361,15 +368,15 @@ def main(argv: List[str] = None) -> int:
                                         if shutil.which("curl") else "none (the hook starts Python with the agent up too)"))
     print(f"hook environment: {' '.join(f'{k}={v}' for k, v in HOOK_ENV.items())} {SIM_TIME_ENV}=FILE; "
           f"{args.runs} interleaved runs each; medians; hosts under {os.path.dirname(tmp)}")
-    print("OWN: agent down, wall - simulator; agent up, hook CPU + agent CPU - simulator")
+    print("OWN: agent down, wall - simulator; agent up, hook CPU + agent CPU - simulator CPU")
     print()
-    print(f"{'WHAT':<40}{'WALL ms':>9}{'MIN ms':>9}{'MAX ms':>9}{'SIM ms':>9}{'CPU ms':>9}{'AGENT ms':>9}"
-          f"{'OWN ms':>9}{'OWN/clean':>10}")
+    print(f"{'WHAT':<40}{'WALL ms':>9}{'MIN ms':>9}{'MAX ms':>9}{'SIM ms':>9}{'SIMCPU':>9}{'CPU ms':>9}"
+          f"{'AGENT ms':>9}{'OWN ms':>9}")
     for n, t in samples.items():
         m = med[n]
         walls = [x.wall for x in t]
-        print(f"{n:<40}{ms(m['wall']):>9}{ms(min(walls)):>9}{ms(max(walls)):>9}{ms(m['sim']):>9}{ms(m['cpu']):>9}"
-              f"{ms(m['agent']):>9}{ms(m['own']):>9}{m['own'] / base:>10.2f}")
+        print(f"{n:<40}{ms(m['wall']):>9}{ms(min(walls)):>9}{ms(max(walls)):>9}{ms(m['sim']):>9}"
+              f"{ms(m['sim_cpu']):>9}{ms(m['cpu']):>9}{ms(m['agent']):>9}{ms(m['own']):>9}")
     print()
     width = max(len(b.label) for b in benches)
     print(f"{'HOST':<{width}}  {'RATIO (prepare + release; clean: -I -S)':<44}{'':>14}  TARGET")
@@ -377,14 +384,14 @@ def main(argv: List[str] = None) -> int:
     for b in benches:
         if b.why_none is None:
             pair = med[f"{b.label} prepare"]["own"] + med[f"{b.label} release"]["own"]
-            cpu = sum(med[f"{b.label} {op}"]["cpu"] + med[f"{b.label} {op}"]["agent"] - med[f"{b.label} {op}"]["sim"]
-                      for op in ("prepare", "release"))
+            cpu = sum(med[f"{b.label} {op}"]["cpu"] + med[f"{b.label} {op}"]["agent"]
+                      - med[f"{b.label} {op}"]["sim_cpu"] for op in ("prepare", "release"))
             if b.agent is not None:
-                print(f"{b.label:<{width}}  {'all CPU (client + agent) - sim / clean CPU':<44}{cpu / base_cpu:>14.2f}"
+                print(f"{b.label:<{width}}  {'all CPU (client + agent) - sim CPU / clean CPU':<44}{cpu / base_cpu:>14.2f}"
                       "  <= 2.5")
             else:
                 print(f"{b.label:<{width}}  {'own (wall - sim) / clean wall':<44}{pair / base:>14.2f}  <= 5")
-                print(f"{b.label:<{width}}  {'CPU - sim / clean CPU (steadier under load)':<44}"
+                print(f"{b.label:<{width}}  {'CPU - sim CPU / clean CPU (steadier under load)':<44}"
                       f"{cpu / base_cpu:>14.2f}")
         else:
             print(f"{b.label:<{width}}  {'no device to make: ' + b.why_none}")
@@ -427,7 +434,7 @@ def _baseline(cmd: List[str]) -> Sample:
     wall = timed(lambda: subprocess.run(cmd, check=True, env=HOOK_ENV, stdin=subprocess.DEVNULL))
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-    return Sample(wall, 0.0, cpu, 0.0, wall)
+    return Sample(wall, 0.0, cpu, 0.0, wall, 0.0)
 
 
 def _pair(b: Bench, samples: Dict[str, List[Sample]]) -> None:

@@ -20,12 +20,12 @@ def test_bench_hook_smoke_run_reports_each_host_the_yardstick_and_the_growth_exp
     out = proc.stdout
     assert "yardstick: " in out and "-I -S -c pass (clean start, the hook's own flags)" in out
     header = next(line for line in out.splitlines() if line.startswith("WHAT"))
-    assert header.split() == ["WHAT", "WALL", "ms", "MIN", "ms", "MAX", "ms", "SIM", "ms", "CPU", "ms", "AGENT", "ms",
-                              "OWN", "ms", "OWN/clean"]
+    assert header.split() == ["WHAT", "WALL", "ms", "MIN", "ms", "MAX", "ms", "SIM", "ms", "SIMCPU", "CPU", "ms",
+                              "AGENT", "ms", "OWN", "ms"]
     rows = {line.split("  ")[0] for line in out.splitlines()}
     assert {"clean python -I -S -c pass", "a40-mdev prepare", "a40-mdev release", "iommu-off no-meta",
             "a40x1 prepare", "a40x2 release"} <= rows
-    assert "own (wall - sim) / clean wall" in out and "CPU - sim / clean CPU" in out
+    assert "own (wall - sim) / clean wall" in out and "CPU - sim CPU / clean CPU" in out
     assert re.search(r"^iommu-off +no device to make: the IOMMU is off", out, re.M)
     assert "growth exponent k (own ~ GPUs^k, least squares over 1,2): " in out
     assert list(tmp_path.iterdir()) == []           # the scratch hosts are removed

@@ -91,16 +91,18 @@ them), so a test can check that no completed write went unaudited.
 Time accounting (the benchmarks' split between vgpuhost's own cost and the
 simulated kernel's, which a real kernel does not pay the same way): with
 ``VGPUHOST_SIM_TIME_FILE=FILE`` in the environment, every process appends
-one line per charge to FILE, the seconds (decimal) spent importing this
-module (once, at the first :class:`SimKernel`) and inside each
-:meth:`SimKernel.write`.  Unset, nothing is measured or written.
+one line per charge to FILE, ``WALL CPU``: the seconds (decimal; wall clock,
+then the thread's CPU time) spent importing this module (once, at the first
+:class:`SimKernel`) and inside each :meth:`SimKernel.write`.  Unset, nothing is measured or written.
 """
 
 from __future__ import annotations
 
 from time import perf_counter as _perf_counter
+from time import thread_time as _thread_time
 
 _IMPORT_T0 = _perf_counter()
+_IMPORT_C0 = _thread_time()
 
 import errno
 import fcntl
@@ -237,16 +239,20 @@ def _rmtree(path: Path) -> None:
 TIME_FILE_ENV = "VGPUHOST_SIM_TIME_FILE"
 #: seconds this module's import took, charged once (at the first SimKernel)
 _import_s = None
+_import_cpu_s = 0.0
 
 
-def charge(seconds: float) -> None:
-    """Add ``seconds`` of simulator time to ``$VGPUHOST_SIM_TIME_FILE`` (one line; nothing when unset)."""
+def charge(seconds: float, cpu_seconds: Optional[float] = None) -> None:
+    """Add ``seconds`` of simulator time (wall clock) and ``cpu_seconds`` of its CPU time (the calling
+    thread's; None: the same as ``seconds``) to ``$VGPUHOST_SIM_TIME_FILE``: one line ``WALL CPU``
+    (decimal seconds); nothing when unset."""
     path = os.environ.get(TIME_FILE_ENV)
     if not path:
         return
+    cpu = seconds if cpu_seconds is None else cpu_seconds
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, f"{seconds:.9f}\n".encode("ascii"))
+        os.write(fd, f"{seconds:.9f} {cpu:.9f}\n".encode("ascii"))
     finally:
         os.close(fd)
 
@@ -339,18 +345,20 @@ class SimKernel:
     """Kernel semantics for one simulated host root."""
 
     def __init__(self, host: HostRoot):
-        t0 = _perf_counter()
+        t0, c0 = _perf_counter(), _thread_time()
         self.host = host
         self.meta_path = host.sim_dir / "host.json"
         self.lock_path = host.sim_dir / "lock"
         # the root with symlinks resolved: written paths are resolved too
         self.real_root = Path(os.path.realpath(host.root))
-        global _import_s
-        spent = _perf_counter() - t0
+        global _import_s, _import_cpu_s
+        spent, cpu = _perf_counter() - t0, _thread_time() - c0
         if _import_s is None:
             _import_s = _IMPORT_DONE - _IMPORT_T0
+            _import_cpu_s = _IMPORT_CPU_DONE - _IMPORT_C0
             spent += _import_s
-        charge(spent)
+            cpu += _import_cpu_s
+        charge(spent, cpu)
 
     # --- metadata --------------------------------------------------------
     def _parts(self) -> Tuple[bytes, bytes, List[Tuple[str, bytes]]]:
@@ -525,15 +533,16 @@ class SimKernel:
         open mdev blocks until it is closed.  ``counted`` False: the crash-injection count was
         taken by the process that asked for the write.
         """
-        t0 = _perf_counter()
+        t0, c0 = _perf_counter(), _thread_time()
         try:
             with (crash_point() if counted else _uncounted()):
                 try:
                     self._write(path, value)
                 except _MustWait as w:      # blocked, the lock released: wait for the close, then finish
-                    waited = _perf_counter()
+                    waited, cwaited = _perf_counter(), _thread_time()
                     self._wait_closed(path, w.vid)
                     t0 += _perf_counter() - waited      # waiting is not the simulator's cost
+                    c0 += _thread_time() - cwaited
                     with self.locked():
                         w.resume(self.meta())
                 log = os.environ.get(WRITE_LOG_ENV)
@@ -541,7 +550,7 @@ class SimKernel:
                     with open(log, "a", encoding="utf-8") as f:
                         f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
         finally:
-            charge(_perf_counter() - t0)
+            charge(_perf_counter() - t0, _thread_time() - c0)
 
     # --- open devices (a qemu holding a vGPU) --------------------------------------
     def _vgpu_dir(self, meta: dict, vid: str) -> Optional[Path]:
@@ -1021,3 +1030,4 @@ class SimKernel:
 
 
 _IMPORT_DONE = _perf_counter()
+_IMPORT_CPU_DONE = _thread_time()
