@@ -65,7 +65,8 @@ Growth (``--growth 1,2,4,8,16``, the default; ``--growth ''`` skips it):
 hosts of 1..16 A40s on classic mdev (``benchutil.a40_spec_yaml``), agent
 down, the same one-vGPU domain (placed by its strategy: any GPU may take it);
 the own time of prepare + release per size and the growth exponent ``k`` of
-``own ~ GPUs^k`` (least squares on log-log; target <= 0.3).
+``own ~ GPUs^k`` (least squares on log-log; target <= 0.3), and the same in
+CPU time less the simulator's CPU.
 
 Nothing is asserted on time; a failed hook run (exit code, any stderr, or the
 device not appearing / disappearing) aborts with exit 1.
@@ -405,6 +406,11 @@ def main(argv: List[str] = None) -> int:
               + ", ".join(f"{n}: {o * 1000:.1f}" for n, o in zip(sizes, owns)))
         print(f"growth exponent k (own ~ GPUs^k, least squares over {','.join(map(str, sizes))}): "
               f"{exponent(sizes, owns):.2f}  (target <= 0.3)")
+        cpus = [sum(med[f"{b.label} {op}"]["cpu"] - med[f"{b.label} {op}"]["sim_cpu"] for op in ("prepare", "release"))
+                for b in growth]
+        print("growth in CPU time (CPU - simulator CPU), ms by GPUs: "
+              + ", ".join(f"{n}: {c * 1000:.1f}" for n, c in zip(sizes, cpus))
+              + f"; k {exponent(sizes, cpus):.2f} (steadier under load)")
     return 0
 
 
