@@ -71,6 +71,9 @@ $(VPY):
 $(STAMP): setup.cfg pyproject.toml | $(VPY)
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -e '.[test]'
+	# the read commands start without site (vgpuhost/cli/launcher.py): replaces pip's console script
+	$(VPY) -m vgpuhost.cli.launcher > $(VENV)/bin/vgpuhost.tmp && chmod 755 $(VENV)/bin/vgpuhost.tmp \
+	    && mv $(VENV)/bin/vgpuhost.tmp $(VENV)/bin/vgpuhost
 	touch $@
 
 venv-check:

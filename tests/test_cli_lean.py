@@ -202,3 +202,55 @@ def test_types_builds_the_gpu_index_once(make_host, monkeypatch, capsys):
     host = make_host("l40s-vendor-vfio")
     assert main(["--root", str(host.root), "--json", "types"]) == 0
     assert len(json.loads(capsys.readouterr().out)["types"]) > 20 and calls == [1]
+
+
+# ---------------------------------------------------------------------------
+# the --json encoder: exactly json.dumps(doc, indent=2), faster (issue 31)
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+_docs = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4) | st.tuples(kids, kids)
+                     | st.dictionaries(st.text(max_size=6) | st.integers(), kids, max_size=4), max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_docs)
+def test_the_json_encoder_writes_what_json_dumps_indent_2_writes(doc):
+    import json
+    from vgpuhost.cli.output import indented        # what dumps() writes (the schema plugin wraps dumps)
+    assert indented(doc) == json.dumps(doc, indent=2)
+
+
+def test_the_lean_launcher_prints_what_the_module_prints_and_starts_other_commands_with_site(make_host, tmp_path):
+    """vgpuhost/cli/launcher.py: types without site, byte for byte the output of python -m vgpuhost; any
+    other command line with site.main() run first (click comes from site-packages)."""
+    from vgpuhost.cli.launcher import launcher_text, main as launcher_main
+    import contextlib
+    import io
+    host = make_host("a40-mdev")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert launcher_main([]) == 0
+    script = tmp_path / "vgpuhost"
+    script.write_text(buf.getvalue())
+    script.chmod(0o755)
+    assert buf.getvalue().startswith(f"#!{sys.executable} -S\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    lean = subprocess.run([str(script), "--root", str(host.root), "--json", "types"], capture_output=True,
+                          text=True, env=env, check=True)
+    plain = subprocess.run([sys.executable, "-m", "vgpuhost", "--root", str(host.root), "--json", "types"],
+                           capture_output=True, text=True, env=env, check=True)
+    assert lean.stdout == plain.stdout and json.loads(lean.stdout)["types"]
+    # the lean start imports no site (nor click); another command line imports site first (PYTHON* honoured: -S only)
+    timed = dict(env, PYTHONPROFILEIMPORTTIME="1")
+    lean = subprocess.run([str(script), "--root", str(host.root), "--json", "types"], capture_output=True,
+                          text=True, env=timed, check=True)
+    imported = {line.split("|")[-1].strip() for line in lean.stderr.splitlines() if line.startswith("import time:")}
+    assert "vgpuhost.cli.lean" in imported and "site" not in imported and "click" not in imported
+    other = subprocess.run([str(script), "--root", str(host.root), "tenant", "list"], capture_output=True, text=True,
+                           env=timed)
+    imported = {line.split("|")[-1].strip() for line in other.stderr.splitlines() if line.startswith("import time:")}
+    assert other.returncode == 0 and "no tenants" in other.stdout and {"site", "click"} <= imported
+    with pytest.raises(ValueError):
+        launcher_text("python3", "/x", [])

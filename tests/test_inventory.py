@@ -273,3 +273,45 @@ def test_selinux_confined_hooks_and_a_hand_made_hooks_directory_are_warned(make_
     (selinux / "enforce").write_text("0")                                     # permissive: nothing is denied
     f = _codes(check_host(discover(Sysfs(host))), "host")
     assert "SELINUX_HOOKS_CONFINED" not in f and "SELINUX_HOOKS_LABEL" not in f
+
+
+# ---------------------------------------------------------------------------
+# the hook's scoped reads (issue 31): the GPUs a domain may use, each read alone, equal to the whole-host read
+
+@pytest.mark.parametrize("name", ["a40-mdev", "l40s-vendor-vfio", "a100-sriov-mdev", "h200-mig"])
+def test_discover_gpus_holds_each_gpus_records_as_the_whole_host_read_has_them(make_host, name):
+    from vgpuhost.observe.inventory import discover_gpu, discover_gpus, gpu_part, nvidia_gpus
+    host = make_host(name)
+    fs = Sysfs(host)
+    whole = discover(fs, host_facts=False)
+    gpus = nvidia_gpus(fs)
+    assert gpus == tuple(g.address for g in whole.gpus) and gpus
+    scoped = discover_gpus(fs, gpus, host_facts=False)
+    assert scoped.gpus == whole.gpus
+    assert sorted(scoped.vgpu_types, key=repr) == sorted(whole.vgpu_types, key=repr)
+    for g in gpus:
+        part = gpu_part(whole, g)
+        assert {a: scoped.devices[a] for a in part.devices} == dict(part.devices)
+        # the re-check under the GPU's lock: what can change read again, the rest taken from the look
+        again = discover_gpu(fs, g, host_facts=False, known=whole)
+        assert again == discover_gpu(fs, g, host_facts=False)
+
+
+def test_a_recheck_with_a_known_look_sees_a_vgpu_and_a_driver_change_made_since(make_host):
+    from vgpuhost.io.sysfs import Sysfs as _Sysfs
+    from vgpuhost.observe.inventory import discover_gpu
+    from vgpuhost.ops.vgpu import create
+    from vgpuhost.io.state import StateStore
+    host = make_host("l40s-vendor-vfio")
+    fs = _Sysfs(host)
+    gpu = PciAddress.parse("0000:21:00.0")
+    look = discover_gpu(fs, gpu, host_facts=False)
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="L40S-4Q", vf=PciAddress.parse("0000:21:00.4"), owner="manual")
+    again = discover_gpu(fs, gpu, host_facts=False, known=look)
+    assert again == discover_gpu(fs, gpu, host_facts=False)
+    assert any(v.vf == PciAddress.parse(out.id) and v.type_id for v in again.vf_vgpus)
+    # a driver_override written since the look is read again
+    fs.write(host.pci_device("0000:21:00.5") / "driver_override", "vfio-pci\n")
+    again = discover_gpu(fs, gpu, host_facts=False, known=look)
+    assert again.devices[PciAddress.parse("0000:21:00.5")].driver_override == "vfio-pci"

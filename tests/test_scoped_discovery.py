@@ -270,3 +270,69 @@ def test_apply_with_scheduler_steps_reads_the_whole_host_twice(make_host, reads)
     nvml = open_backend(host)
     assert [nvml.scheduler_state(g).policy for g in (LO, HI)] == ["equal-share", "equal-share"]
     assert len(store.vgpu_records()) == 4
+
+
+# ---------------------------------------------------------------------------
+# the qemu hook's prepare reads only the GPUs the domain's devices may use (issue 31)
+
+HOOK_READS = READS + ("read_attr", "read_int", "read_attr_int")
+
+
+@pytest.fixture
+def hook_reads(monkeypatch):
+    seen = []
+    for name in HOOK_READS:
+        fn = getattr(Sysfs, name)
+
+        def spy(self, path, *a, _fn=fn, **kw):
+            seen.append(str(path))
+            return _fn(self, path, *a, **kw)
+        monkeypatch.setattr(Sysfs, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("how", ["vf", "pinned", "allow-list"])
+def test_the_hooks_prepare_and_release_read_no_path_of_a_gpu_the_domain_may_not_use(make_host, hook_reads,
+                                                                                     monkeypatch, how):
+    """A VF the domain names, a GPU its metadata pins, or an allow-list of one GPU: prepare begin and release
+    end read nothing of the other GPU (its PF, its VFs, its vGPUs), never list the host's PCI devices, and
+    the vGPU is made on the GPU the domain may use (read back from the tree)."""
+    from test_hook import DOM1, MDEV1, start, stop, vf_domain, vgpu_domain
+    from vgpuhost.ops.devices import allow_path
+    monkeypatch.setenv("VGPUHOST_AGENT", "off")
+    if how == "vf":
+        yaml_text, mine, other = TWO_L40S_MIXED, L40S_LO, L40S_HI
+    else:
+        yaml_text, mine, other = TWO_A40.format(mixed="false", faults=""), LO, HI
+    host = make_host(yaml_text=yaml_text)
+    store = StateStore(host.state_dir)
+    made = _populate(host, store, mine, other, "L40S-4Q" if how == "vf" else "A40-8Q")
+    g_other = discover(Sysfs(host)).gpu(other)
+    if how == "vf":
+        vf = next(v for v in discover(Sysfs(host)).gpu(mine).vfs
+                  if not any(x.vf == v and x.type_id for x in discover(Sysfs(host)).vf_vgpus))
+        xml = vf_domain("w", DOM1, vf)
+    elif how == "pinned":
+        xml = vgpu_domain("w", DOM1, MDEV1, gpu=mine, strategy="spread")
+    else:
+        allow = allow_path(host)
+        allow.parent.mkdir(parents=True, exist_ok=True)
+        allow.write_text(f"{mine}\n")
+        xml = vgpu_domain("w", DOM1, MDEV1, strategy="spread")   # spread would pick the emptier GPU: not allowed
+    forbidden = {str(other), *map(str, g_other.vfs), *made[other]}
+    hook_reads.clear()
+    rc, err = start(host, "w", xml)
+    assert rc == 0, err
+    during = list(hook_reads)
+    after = discover(Sysfs(host))
+    if how == "vf":
+        assert next(x for x in after.vf_vgpus if x.vf == vf).type_id
+    else:
+        assert next(m for m in after.mdevs if m.uuid == MDEV1).parent in (mine, *after.gpu(mine).vfs)
+    hook_reads.clear()
+    rc, err = stop(host, "w", xml)
+    assert rc == 0, err
+    during += hook_reads
+    assert [p for p in during if any(f in p for f in forbidden)] == []
+    assert str(host.pci_devices) not in during              # the host's PCI functions never listed
+    assert any(str(mine) in p for p in during)              # (the spy saw the reads of the GPU it may use)

@@ -85,7 +85,8 @@ def new_uuid():
 
 
 def meta(host):
-    return json.loads((host.sim_dir / "host.json").read_text())
+    from vgpuhost.sim.kernel import SimKernel
+    return SimKernel(host).meta()
 
 
 def write_err(sysfs, path, value):

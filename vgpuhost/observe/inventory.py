@@ -25,7 +25,8 @@ from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door par
 from ..model.boards import board
 from ..model.errors import SysfsError
 from ..model.kinds import Backend
-from ..model.values import PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, strip_vendor_prefix
+from ..model.values import (PciAddress, VgpuProfile, field, is_digits, parse_description, parse_size_mib, record, replace,
+                            strip_vendor_prefix)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
@@ -648,9 +649,10 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     unreadable: List[Unreadable] = []
     if with_types:
         consts: Dict[str, VgpuType] = dict(known or {})   # a type's name, description, device_api: the same on every parent
+        reals = _real_dirs(fs, addr, parents) if len(parents) > 1 else {}
         for p in parents:
             try:
-                types_here.extend(_read_mdev_types(fs, addr, p, consts))
+                types_here.extend(_read_mdev_types(fs, addr, p, consts, reals.get(p)))
             except SysfsError as e:         # that parent offers nothing; the others are read
                 unreadable.append(_unreadable(p, e))
         for vf in vendor_vfs:
@@ -699,6 +701,10 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     mdev types in it (name, description, device_api: fixed by the driver for
     a type id) are taken from it, and only each type's ``available_instances``
     and the vGPUs present are read again; a type it does not hold is read whole.
+    Likewise a PCI function it holds has only what can change while the device
+    stays (:func:`_reread_device`: its driver, ``driver_override``, SR-IOV VFs)
+    read again; its identity, NUMA node, group and place in the topology are
+    the device's for as long as it is present.
     Cost: proportional to the GPU's VFs and types, not
     to the host.  For an operation on one GPU, under that GPU's lock.
     Raises SysfsError when a file that must be readable is not.
@@ -709,11 +715,14 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     groups: Dict[int, IommuGroup] = {}
     iommu_groups = host.s.iommu_groups
 
+    before = known.devices if known is not None else {}
+
     def read(addr: PciAddress) -> Optional[PciDevice]:
         if addr not in devices:
             if not fs.exists(f"{pci_devices}/{addr}"):
                 return None
-            devices[addr] = _read_device(fs, addr)
+            seen = before.get(addr)
+            devices[addr] = _read_device(fs, addr) if seen is None else _reread_device(fs, seen)
         return devices[addr]
 
     def group(number: Optional[int]) -> None:
@@ -794,6 +803,61 @@ def discover_named(fs: Sysfs, bdfs: "Tuple[PciAddress, ...]", mdev_uuids: "Tuple
             read(m.parent)
     return Inventory(devices=devices, groups=groups, gpus=(), vgpu_types=(), mdevs=tuple(mdevs), vf_vgpus=(),
                      host=UNREAD_HOST_FACTS)
+
+
+def nvidia_gpus(fs: Sysfs) -> Tuple[PciAddress, ...]:
+    """The NVIDIA display physical functions under ``fs.host``, sorted: each PCI function's ``vendor``
+    and ``class`` read (a VF is skipped by its ``physfn`` link), nothing else, no IOMMU group, no
+    ``/proc``.  What :func:`discover_gpus` is given for a request that may go to any GPU.
+    Cost: two or three small reads per PCI function."""
+    pci_devices = fs.host.s.pci_devices
+    out = []
+    for name in fs.listdir(pci_devices):
+        if not PciAddress.is_valid(name):
+            continue
+        d = f"{pci_devices}/{name}/"
+        if _nvidia_display(fs, d) and not fs.link_name(d + "physfn"):
+            out.append(PciAddress.parse(name))
+    return tuple(sorted(out))
+
+
+def discover_gpus(fs: Sysfs, gpus: "Tuple[PciAddress, ...]", *, named_pci: "Tuple[PciAddress, ...]" = (),
+                  named_mdevs: "Tuple[str, ...]" = (), host_facts: bool = True) -> Inventory:
+    """Read only ``gpus`` (each as :func:`discover_gpu` reads it) and the devices a domain's hostdevs
+    name (``named_pci``, ``named_mdevs``: as :func:`discover_named` reads them) into one
+    :class:`Inventory`: what the qemu hook's ``prepare begin`` decides on (the GPUs the domain's
+    devices may use), never a whole-host read.  Each GPU's records equal those a whole-host
+    :func:`discover` gives; ``gpus`` sorted by address; an address that is no NVIDIA GPU adds its
+    device (and its group's) only.  ``host_facts``: as :func:`discover_gpu` (read once).
+    Cost: proportional to the GPUs named and their VFs and types, not to the host.
+    Raises SysfsError when a file that must be readable is not."""
+    parts = [discover_gpu(fs, g, host_facts=False) for g in sorted(set(gpus))]
+    # a named device a GPU's read holds already (its VF, its mdev) is not read again
+    have = {a for p in parts for a in p.devices}
+    have_mdevs = {m.uuid for p in parts for m in p.mdevs}
+    named_pci = tuple(a for a in named_pci if a not in have)
+    named_mdevs = tuple(u for u in named_mdevs if u not in have_mdevs)
+    if named_pci or named_mdevs:
+        parts.append(discover_named(fs, named_pci, named_mdevs))
+    devices: Dict[PciAddress, PciDevice] = {}
+    groups: Dict[int, IommuGroup] = {}
+    mdevs: Dict[str, MdevDevice] = {}
+    found: List[Gpu] = []
+    types: List[VgpuType] = []
+    vf_vgpus: List[VfVgpu] = []
+    for p in parts:
+        for a, d in p.devices.items():
+            devices.setdefault(a, d)
+        for n, grp in p.groups.items():
+            groups.setdefault(n, grp)
+        for m in p.mdevs:
+            mdevs.setdefault(m.uuid, m)
+        found.extend(p.gpus)
+        types.extend(p.vgpu_types)
+        vf_vgpus.extend(p.vf_vgpus)
+    return Inventory(devices={a: devices[a] for a in sorted(devices)}, groups=groups, gpus=tuple(found),
+                     vgpu_types=tuple(types), mdevs=tuple(mdevs[u] for u in sorted(mdevs)),
+                     vf_vgpus=tuple(vf_vgpus), host=read_host_facts(fs) if host_facts else UNREAD_HOST_FACTS)
 
 
 def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
@@ -928,6 +992,30 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         domain_host=_domain_host(real, addr))
 
 
+def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
+    """``dev`` (read a moment before) with what can change while the function stays present read
+    again: its ``driver`` link, ``driver_override``, and for a physical function ``sriov_numvfs`` and its
+    ``virtfn`` links (VFs enabled or disabled).  Its ids, class, NUMA node, boot VGA, reset methods,
+    IOMMU group, physfn and upstream are fixed for the device's life (a hot-replug is a new device:
+    callers read under the GPU's lock a look a few milliseconds old).  What a re-check under the GPU's
+    lock (:func:`discover_gpu` with ``known``) reads."""
+    d = fs.host.s.pci_device(dev.address) + "/"
+    override = fs.read_optional(d + "driver_override")
+    if override in ("(null)", ""):
+        override = None
+    changed = {"driver": fs.link_name(d + "driver"), "driver_override": override}
+    if dev.sriov_totalvfs:
+        virtfns = []
+        for entry in fs.listdir(d[:-1]):
+            if entry.startswith("virtfn") and is_digits(entry[6:]):
+                target = fs.link_name(d + entry)
+                if target and PciAddress.is_valid(target):
+                    virtfns.append((int(entry[6:]), PciAddress.parse(target)))
+        changed["virtfns"] = tuple(v for _, v in sorted(virtfns))
+        changed["sriov_numvfs"] = fs.read_int(d + "sriov_numvfs")
+    return replace(dev, **changed)
+
+
 def _domain_host(real: str, addr: PciAddress) -> Optional[PciAddress]:
     """The device directory right above the root bus of ``addr``'s domain (``pci10000:00``) in its
     resolved sysfs path ``real``: the device that hosts the domain (Intel VMD), else None."""
@@ -981,12 +1069,14 @@ def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, 
 
 
 def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
-                     consts: Optional[Dict[str, VgpuType]] = None) -> List[VgpuType]:
+                     consts: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None) -> List[VgpuType]:
     """The types of one mdev parent.  ``consts`` (type id -> a row read before) is
     shared by the parents of one GPU: ``name``, ``description`` and ``device_api``
     are the type's, the same on every VF of the GPU, so only
-    ``available_instances`` is read per parent (docs/reference/hardware.md#mdev)."""
-    tdir = supported_types_dir(fs.host, parent)
+    ``available_instances`` is read per parent (docs/reference/hardware.md#mdev).
+    ``real``: the parent's device directory with symlinks resolved (:func:`_real_dirs`), read
+    instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
+    tdir = f"{real}/{SUPPORTED_TYPES}/" if real is not None else supported_types_dir(fs.host, parent)
     out = []
     for tid in fs.listdir(tdir):
         avail = mdev_available(fs, tdir, tid)
@@ -1001,6 +1091,26 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
             t = VgpuType(gpu, parent, BACKEND_MDEV, tid, known.raw_name, known.name, known.profile,
                          known.framebuffer_mib, known.max_instances, avail, known.device_api, known.description)
         out.append(t)
+    return out
+
+
+#: ``mdev_supported_types``: an mdev parent's directory of types (docs/reference/hardware.md#mdev)
+SUPPORTED_TYPES = "mdev_supported_types"
+
+
+def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...]) -> Dict[PciAddress, str]:
+    """``{parent: its device directory, symlinks resolved}`` for the mdev parents of ``gpu`` (the GPU and
+    its VFs): the GPU's own path resolved once, and each VF found beside it, where the kernel places a
+    VF (a function of the same upstream bridge, docs/reference/hardware.md#pci-and-iommu); a parent
+    not found there is left out (read through its ``class/mdev_bus`` link).  One ``realpath`` per GPU
+    instead of a symlink walk on every open of hundreds of type files (an 8 x 32 VF host: 3,000)."""
+    top = fs.resolve(fs.host.s.pci_device(gpu))
+    beside = os.path.dirname(top)
+    out: Dict[PciAddress, str] = {}
+    for p in parents:
+        d = top if p == gpu else f"{beside}/{p}"
+        if fs.exists(f"{d}/{SUPPORTED_TYPES}"):
+            out[p] = d
     return out
 
 

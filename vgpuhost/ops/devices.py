@@ -21,7 +21,7 @@ import os
 import _signal as signal     # the C module: ``signal`` itself imports enum (the hook's start)
 
 from ..io.hostroot import HostRoot
-from ..model.errors import DeviceError, RefusedError, VgpuhostError
+from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..model.kinds import Backend
 from ..model.values import PciAddress
 
@@ -132,16 +132,14 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory, store: "
 def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "Optional[Inventory]",
                     store: "Optional[StateStore]", enforced: bool) -> List[str]:
     """:func:`_prepare` with the host lock held where ``enforced`` (tenancy in use)."""
-    from ..observe.inventory import discover
     from ..io.state import StateStore
-    from ..io.sysfs import Sysfs
     from ..policy.hookrequest import check_holders, check_request
     from ..policy.iommu import group_endpoints
     meta = view.metadata
-    # host facts (every process's comm, modules, cpuinfo) only for passthrough's checks: a host with
-    # hundreds of processes would pay a read of each on every vGPU domain start
-    inv = inventory if inventory is not None else discover(Sysfs(host), host_facts=bool(meta.passthrough))
-    checked = check_request(inv, view, load_allow(host), group_endpoints)
+    allow = load_allow(host)
+    # only the GPUs the domain's devices may use, and the devices its hostdevs name: never the whole host
+    inv = inventory if inventory is not None else domain_inventory(host, view, allow)
+    checked = check_request(inv, view, allow, group_endpoints)
     if store is None:
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     active = store.active_domains()
@@ -153,7 +151,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     # before admission and before any write
     _refuse_hostdevs(store, view, actor, inv, allow=checked.allowed, vgpu_records=records,
                      passthrough_records=pt_records, active_domains=active)
-    types = _resolve_profiles(inv, store, checked) if checked.vgpus else {}
+    types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
     me = view.uuid
     # what the records gave the domain before this start (read above: no second read on the hook's path)
     held_before = (frozenset(r.id for r in records if r.owner == me),
@@ -194,7 +192,8 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                     try:
                         vid = _make_vgpu(host, store, view, req, types[req.device],
                                          grant.allowed_gpus(req.device, checked.allowed), actor,
-                                         inv if not made else None, grant.narrowed_by(req.device, checked.allowed),
+                                         inv if not made else domain_inventory(host, view, checked.allowed),
+                                         grant.narrowed_by(req.device, checked.allowed),
                                          decided=decided)
                     except RefusedError as e:
                         # admission placed it: the device layer only re-checks, and its refusal is admission's
@@ -219,6 +218,46 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                 pass
         raise
     return [str(d) for _, d in made]
+
+
+def domain_gpus(host: HostRoot, view: "DomainView", allow: "Optional[FrozenSet[PciAddress]]") -> "Tuple[PciAddress, ...]":
+    """The GPUs the devices ``view``'s metadata declares may use, sorted: each passthrough GPU, a pinned
+    vGPU's GPU, a VF's physical function (its ``physfn`` link), and for a vGPU placed anywhere the
+    hook allow-list ``allow`` or, without one, every NVIDIA GPU
+    (:func:`vgpuhost.observe.inventory.nvidia_gpus`: two small reads per PCI function).  Reads no GPU."""
+    from ..io.sysfs import Sysfs
+    fs = Sysfs(host)
+    meta = view.metadata
+    out = set(meta.passthrough)
+    anywhere = False
+    for req in meta.vgpus:
+        if req.vf is not None:
+            name = fs.link_name(os.path.join(host.s.pci_device(req.vf), "physfn"))
+            if name and PciAddress.is_valid(name):
+                out.add(PciAddress.parse(name))
+        elif req.gpu is not None:
+            out.add(req.gpu)
+        elif allow is not None:
+            out |= allow
+        else:
+            anywhere = True
+    if anywhere:
+        from ..observe.inventory import nvidia_gpus
+        out |= set(nvidia_gpus(fs))
+    return tuple(sorted(out))
+
+
+def domain_inventory(host: HostRoot, view: "DomainView", allow: "Optional[FrozenSet[PciAddress]]") -> "Inventory":
+    """What ``prepare begin`` decides on: the GPUs :func:`domain_gpus` names, each read alone
+    (:func:`vgpuhost.observe.inventory.discover_gpus`), and the PCI functions and mdevs the domain's
+    hostdevs name (a VF the metadata names among them); host facts (every process's comm, modules,
+    cpuinfo) only for passthrough's checks.  Cost: the GPUs the domain may use, not the host."""
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover_gpus
+    meta = view.metadata
+    named = tuple(view.pci_sources) + tuple(r.vf for r in meta.vgpus if r.vf is not None)
+    return discover_gpus(Sysfs(host), domain_gpus(host, view, allow), named_pci=named,
+                         named_mdevs=tuple(view.mdev_uuids), host_facts=bool(meta.passthrough))
 
 
 def _check_undeclared(host: HostRoot, view: "DomainView", actor: str, store: "Optional[StateStore]") -> None:
@@ -286,11 +325,13 @@ def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], O
     return out
 
 
-def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked") -> Dict[str, str]:
+def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked",
+                      host: "Optional[HostRoot]" = None) -> Dict[str, str]:
     """``{device: vGPU type name as this host's devices spell it}`` for each vGPU ``checked`` asks for:
     its profile resolved once, before any write, on its pinned GPU / its VF's GPU (else the host).
-    Admission and create take these names and do not resolve again.  Raises InputError for a
-    profile this host does not know there."""
+    Admission and create take these names and do not resolve again.  ``host``: where an unpinned
+    profile ``inv`` (the domain's GPUs alone) does not know is looked up on every GPU of the host before
+    it is refused.  Raises InputError for a profile this host does not know there."""
     from ..policy.offers import resolve_profile, seen_rows
     records = store.vgpu_records()
     rows = seen_rows(inv)
@@ -299,12 +340,26 @@ def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked")
     store.remember_types(rows)
     seen = store.seen_types() + rows
     out: Dict[str, str] = {}
+    wider = None
     for req in checked.vgpus:
         gpu = req.gpu
         if req.vf is not None:
             dev = inv.devices.get(req.vf)
             gpu = dev.physfn if dev is not None else None
-        out[req.device] = resolve_profile(inv, records, str(req.profile), gpu, seen)
+        try:
+            out[req.device] = resolve_profile(inv, records, str(req.profile), gpu, seen)
+        except InputError:
+            if gpu is not None or host is None:
+                raise
+            # ``inv`` holds only the GPUs the domain may use (the allow-list's): a profile the host's
+            # other GPUs offer is known, and its placement refusal names what narrowed it.  Read on
+            # this refusal path only
+            if wider is None:
+                from ..io.sysfs import Sysfs
+                from ..observe.inventory import discover_gpus, nvidia_gpus
+                fs = Sysfs(host)
+                wider = discover_gpus(fs, nvidia_gpus(fs), host_facts=False)
+            out[req.device] = resolve_profile(wider, records, str(req.profile), None, seen + seen_rows(wider))
     return out
 
 

@@ -3,7 +3,8 @@
 Owns: laying out ``sys/`` (real relative symlinks, as the kernel does; see
 docs/reference/hardware.md#mdev), ``proc/``, ``lib/modules`` and
 ``dev/vfio`` for a :class:`HostSpec`, and the simulator's own metadata in
-``<root>/.vgpuhost-sim/host.json``.  Must not: implement write semantics
+``<root>/.vgpuhost-sim/`` (``host.json``, ``state.json``, ``gpus/<BDF>.json``:
+:meth:`vgpuhost.sim.kernel.SimKernel.meta`).  Must not: implement write semantics
 (that is :mod:`vgpuhost.sim.kernel`).
 
 IOMMU grouping when a device names no ``iommu_group`` (docs/reference/hardware.md#pci-and-iommu):
@@ -28,7 +29,7 @@ from ..io.hostroot import SIM_MARKER, HostRoot
 from ..model.errors import SimulatorError
 from ..model.values import PciAddress
 from .catalog import Catalog, GpuModel, load_catalog
-from .kernel import READ_FAULTS_FILE, SimKernel
+from .kernel import READ_FAULTS_FILE, SimKernel, write_meta
 from .metering import write_load
 from .nvml import nvml_seed
 from .spec import DeviceSpec, HostSpec
@@ -193,7 +194,7 @@ def _build(spec: HostSpec, host: HostRoot, cat: Catalog) -> None:
     }
     sim = root / SIM_MARKER
     sim.mkdir(exist_ok=True)
-    (sim / "host.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    write_meta(sim, meta)           # host.json, state.json and one file per GPU (sim/kernel.py)
     read_faults = sorted({f.attr for f in spec.faults if f.op == "read" and f.attr})
     if read_faults:         # what Sysfs checks on a simulated root before it asks the kernel (kernel.read)
         (sim / READ_FAULTS_FILE).write_text("".join(a + "\n" for a in read_faults))

@@ -91,16 +91,18 @@ them), so a test can check that no completed write went unaudited.
 Time accounting (the benchmarks' split between vgpuhost's own cost and the
 simulated kernel's, which a real kernel does not pay the same way): with
 ``VGPUHOST_SIM_TIME_FILE=FILE`` in the environment, every process appends
-one line per charge to FILE, the seconds (decimal) spent importing this
-module (once, at the first :class:`SimKernel`) and inside each
-:meth:`SimKernel.write`.  Unset, nothing is measured or written.
+one line per charge to FILE, ``WALL CPU``: the seconds (decimal; wall clock,
+then the thread's CPU time) spent importing this module (once, at the first
+:class:`SimKernel`) and inside each :meth:`SimKernel.write`.  Unset, nothing is measured or written.
 """
 
 from __future__ import annotations
 
 from time import perf_counter as _perf_counter
+from time import thread_time as _thread_time
 
 _IMPORT_T0 = _perf_counter()
+_IMPORT_C0 = _thread_time()
 
 import errno
 import fcntl
@@ -237,16 +239,20 @@ def _rmtree(path: Path) -> None:
 TIME_FILE_ENV = "VGPUHOST_SIM_TIME_FILE"
 #: seconds this module's import took, charged once (at the first SimKernel)
 _import_s = None
+_import_cpu_s = 0.0
 
 
-def charge(seconds: float) -> None:
-    """Add ``seconds`` of simulator time to ``$VGPUHOST_SIM_TIME_FILE`` (one line; nothing when unset)."""
+def charge(seconds: float, cpu_seconds: Optional[float] = None) -> None:
+    """Add ``seconds`` of simulator time (wall clock) and ``cpu_seconds`` of its CPU time (the calling
+    thread's; None: the same as ``seconds``) to ``$VGPUHOST_SIM_TIME_FILE``: one line ``WALL CPU``
+    (decimal seconds); nothing when unset."""
     path = os.environ.get(TIME_FILE_ENV)
     if not path:
         return
+    cpu = seconds if cpu_seconds is None else cpu_seconds
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, f"{seconds:.9f}\n".encode("ascii"))
+        os.write(fd, f"{seconds:.9f} {cpu:.9f}\n".encode("ascii"))
     finally:
         os.close(fd)
 
@@ -293,58 +299,136 @@ def _uncounted() -> Iterator[None]:
     yield
 
 
-#: parsed host.json files shared by readers (:meth:`SimKernel.meta_view`): path -> (bytes, meta)
-_VIEWS: Dict[str, Tuple[bytes, dict]] = {}
+#: the parts of the simulated host's state kept apart from ``host.json`` (:meth:`SimKernel.meta`): what
+#: changes after the host is built, so a change rewrites one small file, never the whole host
+STATE_FILE = "state.json"
+GPUS_DIR = "gpus"
+#: the keys of ``state.json``: the host-wide counters and lists a write changes
+STATE_KEYS = ("next_iommu_group", "opened", "faults")
+#: :meth:`SimKernel.save_meta`'s ``part`` for ``state.json`` (any other part names a GPU)
+STATE = "state"
+
+#: parsed state shared by readers (:meth:`SimKernel.meta_view`): sim dir -> (bytes of every part, meta)
+_VIEWS: Dict[str, Tuple[tuple, dict]] = {}
 _VIEWS_KEPT = 4
+#: parsed ``host.json`` (never changed once built: devices, drivers, processes): path -> (bytes, dict)
+_STATIC: Dict[str, Tuple[bytes, dict]] = {}
+
+
+def split_meta(meta: dict) -> Tuple[dict, dict, Dict[str, dict]]:
+    """``(host.json's part, state.json's, {GPU: its file's})`` of a whole host's state ``meta``."""
+    static = {k: v for k, v in meta.items() if k != "gpus" and k not in STATE_KEYS}
+    state = {k: meta[k] for k in STATE_KEYS if k in meta}
+    return static, state, dict(meta.get("gpus") or {})
+
+
+def write_meta(sim_dir: "str | Path", meta: dict) -> None:
+    """Write a whole host's state ``meta`` as :class:`SimKernel` keeps it: ``host.json`` (what never
+    changes once built), ``state.json`` and one ``gpus/<BDF>.json`` per GPU (:func:`split_meta`)."""
+    sim = Path(sim_dir)
+    static, state, gpus = split_meta(meta)
+    (sim / GPUS_DIR).mkdir(exist_ok=True)
+    for pf, gpu in gpus.items():
+        _replace(sim / GPUS_DIR / f"{pf}.json", gpu)
+    _replace(sim / STATE_FILE, state)
+    _replace(sim / "host.json", static)
+
+
+def _replace(path: Path, doc: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    # one line: json's C encoder serves only indent=None
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
 
 
 class SimKernel:
     """Kernel semantics for one simulated host root."""
 
     def __init__(self, host: HostRoot):
-        t0 = _perf_counter()
+        t0, c0 = _perf_counter(), _thread_time()
         self.host = host
         self.meta_path = host.sim_dir / "host.json"
         self.lock_path = host.sim_dir / "lock"
         # the root with symlinks resolved: written paths are resolved too
         self.real_root = Path(os.path.realpath(host.root))
-        global _import_s
-        spent = _perf_counter() - t0
+        global _import_s, _import_cpu_s
+        spent, cpu = _perf_counter() - t0, _thread_time() - c0
         if _import_s is None:
             _import_s = _IMPORT_DONE - _IMPORT_T0
+            _import_cpu_s = _IMPORT_CPU_DONE - _IMPORT_C0
             spent += _import_s
-        charge(spent)
+            cpu += _import_cpu_s
+        charge(spent, cpu)
 
     # --- metadata --------------------------------------------------------
+    def _parts(self) -> Tuple[bytes, bytes, List[Tuple[str, bytes]]]:
+        """The bytes of ``host.json``, ``state.json`` and each ``gpus/<BDF>.json`` (sorted by BDF).
+        A tree built before the state was split (``host.json`` holding ``gpus``) is split first."""
+        sim = self.meta_path.parent
+        data = self.meta_path.read_bytes()
+        gdir = sim / GPUS_DIR
+        try:
+            names = sorted(os.listdir(gdir))
+        except FileNotFoundError:
+            write_meta(sim, json.loads(data))            # an older tree: one whole host.json, split now
+            return self._parts()
+        gpus = [(n[:-5], (gdir / n).read_bytes()) for n in names if n.endswith(".json")]
+        return data, (sim / STATE_FILE).read_bytes(), gpus
+
+    def _static(self, data: bytes) -> dict:
+        key = str(self.meta_path)
+        hit = _STATIC.get(key)
+        if hit is None or hit[0] != data:
+            hit = _STATIC[key] = (data, json.loads(data))
+        return hit[1]
+
+    def _compose(self, parts: Tuple[bytes, bytes, List[Tuple[str, bytes]]]) -> dict:
+        data, state, gpus = parts
+        meta = dict(self._static(data))         # shared values: devices, drivers, processes (never changed)
+        meta.update(json.loads(state))
+        meta["gpus"] = {pf: json.loads(raw) for pf, raw in gpus}
+        return meta
+
     def meta(self) -> dict:
-        """host.json, parsed anew: the caller may change it (and :meth:`save_meta` it)."""
-        return json.loads(self.meta_path.read_text())
+        """The simulated host's state, read anew: the caller may change its ``gpus`` entries and
+        :data:`STATE_KEYS` (and :meth:`save_meta` them), never ``devices``, ``drivers`` or ``processes``
+        (fixed when the host is built, parsed once per process).
+
+        Kept in parts, so that a change rewrites the part it changed, not the whole host:
+        ``host.json`` (what is fixed once built), ``state.json`` (:data:`STATE_KEYS`) and one
+        ``gpus/<BDF>.json`` per GPU (its types, parents, NVML state)."""
+        return self._compose(self._parts())
 
     def meta_view(self) -> dict:
-        """host.json parsed, shared by every reader of the same file: the caller must not change it.
+        """:meth:`meta`, shared by every reader of the same host: the caller must not change it.
 
-        Parsed again only when the file's bytes differ from those of the last parse (reading and
+        Parsed again only when some part's bytes differ from those of the last parse (reading and
         comparing the bytes costs a fraction of parsing them: NVML reads call this for every
-        query).  The last :data:`_VIEWS_KEPT` files are kept.
+        query).  The last :data:`_VIEWS_KEPT` hosts are kept.
         """
-        data = self.meta_path.read_bytes()
-        key = str(self.meta_path)
+        parts = self._parts()
+        flat = (parts[0], parts[1], tuple(parts[2]))
+        key = str(self.meta_path.parent)
         hit = _VIEWS.get(key)
-        if hit is not None and hit[0] == data:
+        if hit is not None and hit[0] == flat:
             return hit[1]
-        meta = json.loads(data)
+        meta = self._compose(parts)
         _VIEWS.pop(key, None)
-        _VIEWS[key] = (data, meta)
+        _VIEWS[key] = (flat, meta)
         while len(_VIEWS) > _VIEWS_KEPT:
             del _VIEWS[next(iter(_VIEWS))]
         return meta
 
-    def save_meta(self, meta: dict) -> None:
-        tmp = self.meta_path.with_suffix(".tmp")
-        # one line: json's C encoder serves only indent=None, and a host's file is rewritten on every
-        # vGPU create (with indent=1 this cost ~40 ms per write on a 16-GPU host)
-        tmp.write_text(json.dumps(meta, sort_keys=True))
-        os.replace(tmp, self.meta_path)
+    def save_meta(self, meta: dict, part: Optional[str] = None) -> None:
+        """Write what changed of ``meta`` (from :meth:`meta`): ``part`` :data:`STATE` writes
+        ``state.json``, a GPU's BDF its ``gpus/<BDF>.json``; None every part (the whole host)."""
+        sim = self.meta_path.parent
+        if part is None:
+            write_meta(sim, meta)
+        elif part == STATE:
+            _replace(sim / STATE_FILE, {k: meta[k] for k in STATE_KEYS if k in meta})
+        else:
+            _replace(sim / GPUS_DIR / f"{part}.json", meta["gpus"][part])
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -449,15 +533,16 @@ class SimKernel:
         open mdev blocks until it is closed.  ``counted`` False: the crash-injection count was
         taken by the process that asked for the write.
         """
-        t0 = _perf_counter()
+        t0, c0 = _perf_counter(), _thread_time()
         try:
             with (crash_point() if counted else _uncounted()):
                 try:
                     self._write(path, value)
                 except _MustWait as w:      # blocked, the lock released: wait for the close, then finish
-                    waited = _perf_counter()
+                    waited, cwaited = _perf_counter(), _thread_time()
                     self._wait_closed(path, w.vid)
                     t0 += _perf_counter() - waited      # waiting is not the simulator's cost
+                    c0 += _thread_time() - cwaited
                     with self.locked():
                         w.resume(self.meta())
                 log = os.environ.get(WRITE_LOG_ENV)
@@ -465,7 +550,7 @@ class SimKernel:
                     with open(log, "a", encoding="utf-8") as f:
                         f.write(f"{self.host.relative(path)}\t{value.rstrip(chr(10)) or chr(92) + 'n'}\n")
         finally:
-            charge(_perf_counter() - t0)
+            charge(_perf_counter() - t0, _thread_time() - c0)
 
     # --- open devices (a qemu holding a vGPU) --------------------------------------
     def _vgpu_dir(self, meta: dict, vid: str) -> Optional[Path]:
@@ -508,7 +593,7 @@ class SimKernel:
             if via == "group" and group is not None:
                 os.symlink(group_node(group), pdir / "fd" / "20")
             opened[str(pid)] = {"vgpu": vid, "comm": comm, "via": via, "requests": 0}
-            self.save_meta(meta)
+            self.save_meta(meta, STATE)
             return pid
 
     def close_vgpu(self, pid: int) -> None:
@@ -516,7 +601,7 @@ class SimKernel:
         with self.locked():
             meta = self.meta()
             (meta.get("opened") or {}).pop(str(pid), None)
-            self.save_meta(meta)
+            self.save_meta(meta, STATE)
             pdir = self._rpath(self.host.proc) / str(int(pid))
             if pdir.is_dir():
                 _rmtree(pdir)
@@ -533,7 +618,7 @@ class SimKernel:
         for h in (meta.get("opened") or {}).values():
             if h.get("vgpu") == vid:
                 h["requests"] = int(h.get("requests") or 0) + 1
-        self.save_meta(meta)
+        self.save_meta(meta, STATE)
 
     def _wait_closed(self, path: Path, vid: str) -> None:
         """Block until nobody holds ``vid`` (no timeout: the kernel's wait after a signal is
@@ -653,7 +738,7 @@ class SimKernel:
                     del faults[i]
                 else:
                     f["count"] = count - 1
-                self.save_meta(meta)
+                self.save_meta(meta, STATE)
             if f.get("effect", "error") == "ignore":
                 return True
             raise _fail(int(f.get("errno") or errno.EIO), path, f"injected {op} fault")
@@ -859,7 +944,7 @@ class SimKernel:
         vnode = self._rpath(self.host.dev_vfio) / str(group)
         vnode.parent.mkdir(parents=True, exist_ok=True)
         vnode.write_text("")
-        self.save_meta(meta)
+        self.save_meta(meta, STATE)
         self.refresh_gpu(pf, meta)
 
     def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
@@ -945,3 +1030,4 @@ class SimKernel:
 
 
 _IMPORT_DONE = _perf_counter()
+_IMPORT_CPU_DONE = _thread_time()

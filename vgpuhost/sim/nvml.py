@@ -2,9 +2,9 @@
 
 Owns: the device state only the NVIDIA driver knows — MIG mode (current and
 pending), GPU instances, mixed-size (heterogeneous) mode, the vGPU scheduler —
-kept per GPU in the simulated host's ``.vgpuhost-sim/host.json`` next to the
+kept per GPU in the simulated host's ``.vgpuhost-sim/gpus/<BDF>.json`` next to the
 simulated sysfs tree, so separate processes see one host.  Every change takes
-:meth:`SimKernel.locked`, re-reads the metadata inside the lock, saves it and
+:meth:`SimKernel.locked`, re-reads the metadata inside the lock, saves the GPU's file and
 rewrites the GPU's sysfs availability (:meth:`SimKernel.refresh_gpu`): MIG-backed
 vGPU types become creatable once GPU instances of their profile exist.
 Must not: be imported on a real host (:func:`vgpuhost.io.backends.backend_for` only
@@ -162,7 +162,7 @@ class SimNvml:
                 meta = self.kernel.meta()
                 pf, gpu = self._gpu(meta, bdf, call)
                 out = fn(meta, pf, gpu)
-                self.kernel.save_meta(meta)
+                self.kernel.save_meta(meta, pf)         # this GPU's file alone
                 self.kernel.refresh_gpu(pf, meta)
             log = os.environ.get(WRITE_LOG_ENV)
             if log and logged is not None:
