@@ -36,7 +36,7 @@ from ..model.errors import InputError, RefusedError, TransientError, VgpuhostErr
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover
 from ..observe.vgpus import list_vgpus
-from ..ops import devices, mig, tenancy, vgpu
+from ..ops import devices, health, mig, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
@@ -62,6 +62,9 @@ SCHEMA_DOMAINS = "vgpuhost.agent-domains/v1"
 SCHEMA_RELEASE = "vgpuhost.agent-release/v1"
 SCHEMA_HOOK = "vgpuhost.agent-hook/v1"
 SCHEMA_ERROR = "vgpuhost.agent-error/v1"
+SCHEMA_GPU_HEALTH = "vgpuhost.gpu-health/v1"
+SCHEMA_GPU_DRAIN = "vgpuhost.gpu-drain/v1"
+SCHEMA_GPUS_HEALTH = "vgpuhost.agent-gpu-health/v1"
 
 READ, ADMIN, TENANT = "read", "admin", "tenant"
 #: every role, in the order the agent tries them for a caller (server.Access.caller)
@@ -506,6 +509,55 @@ def post_passthrough_release(agent: Agent, req: Request) -> Dict[str, Any]:
     persist = _flag(req.body, "persist")
     return agent.write(lambda: release(agent.host, agent.store, addr, persist=persist,
                                        actor=req.actor)).as_dict()
+
+
+class _InService:
+    """An :class:`Agent` seen by a read handler whose inventory leaves GPUs out of service out of what is
+    free (:func:`vgpuhost.ops.health.in_service`, issue 27): ``/v1/types`` and ``/v1/capacity`` agree with
+    placement, the CLI and the exporter.  Everything else is the agent's own."""
+
+    def __init__(self, agent: Agent):
+        self._agent = agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._agent, name)
+
+    def inventory(self, *args, **kwargs):
+        return health.in_service(self._agent.inventory(*args, **kwargs), self._agent.store)
+
+
+def _health_aware(handler: Callable) -> Callable:
+    """``handler`` called with :class:`_InService` around the agent (same name and docstring)."""
+    def wrapped(agent: Agent, req: Request) -> Any:
+        return handler(_InService(agent), req)
+    wrapped.__name__, wrapped.__doc__ = handler.__name__, handler.__doc__
+    return wrapped
+
+
+def post_gpu_cordon(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost gpu cordon BDF [--reason TEXT] [--dry-run]`` through the agent."""
+    addr, reason, dry = _bdf(req), _text(req.body, "reason", limit=512) or "", _flag(req.body, "dry_run")
+    doc = agent.write(lambda: health.cordon(agent.host, agent.store, agent.inventory(), addr, reason=reason,
+                                            actor=req.actor, dry_run=dry))
+    return {"schema": SCHEMA_GPU_HEALTH, "action": "cordon", **doc}
+
+
+def post_gpu_uncordon(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost gpu uncordon BDF [--dry-run]`` through the agent: the health check, then back in service."""
+    addr, dry = _bdf(req), _flag(req.body, "dry_run")
+    doc = agent.write(lambda: health.uncordon(agent.host, agent.store, agent.inventory(), addr, actor=req.actor,
+                                              nvml=health.nvml_or_none(agent.host), dry_run=dry))
+    return {"schema": SCHEMA_GPU_HEALTH, "action": "uncordon", **doc}
+
+
+def get_gpu_drain(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost gpu drain BDF``: what holds the GPU and what each domain needs to move (changes nothing)."""
+    return {"schema": SCHEMA_GPU_DRAIN, **health.drain(agent.store, agent.inventory(), _bdf(req))}
+
+
+def get_gpu_health(agent: Agent, req: Request) -> Dict[str, Any]:
+    """Every known GPU's health: ``{schema, gpus: [{gpu, healthy, in_service, reason, source, since, cordoned}]}``."""
+    return {"schema": SCHEMA_GPUS_HEALTH, "gpus": health.status(agent.store, agent.inventory())}
 
 
 def allowed_uris(agent: Agent) -> List[str]:
@@ -1069,8 +1121,10 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/agent", get_agent, READ, tenant=tenant_agent),
     Route("GET", "/v1/openapi", get_openapi, READ, tenant=get_openapi),
     Route("GET", "/v1/inventory", get_inventory, READ),
-    Route("GET", "/v1/types", get_types, READ, query=("gpu", "available"), tenant=get_types),
-    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile", "tenant"), tenant=tenant_capacity),
+    Route("GET", "/v1/types", _health_aware(get_types), READ, query=("gpu", "available"),
+          tenant=_health_aware(get_types)),
+    Route("GET", "/v1/capacity", _health_aware(get_capacity), READ, query=("profile", "tenant"),
+          tenant=_health_aware(tenant_capacity)),
     Route("GET", "/v1/vgpus", get_vgpus, READ, tenant=tenant_vgpus),
     Route("GET", "/v1/domains", get_domains, READ, tenant=tenant_domains),
     Route("GET", "/v1/tenants", get_tenants, READ, tenant=tenant_tenants),
@@ -1100,6 +1154,10 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN, ("layout",)),
     Route("POST", "/v1/scheduler", post_scheduler, ADMIN, _SCHEDULER_KEYS),
     Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN, ("mixed_size",)),
+    Route("GET", "/v1/gpus/health", get_gpu_health, READ),
+    Route("GET", "/v1/gpus/{bdf}/drain", get_gpu_drain, READ),
+    Route("POST", "/v1/gpus/{bdf}/cordon", post_gpu_cordon, ADMIN, ("reason", "dry_run")),
+    Route("POST", "/v1/gpus/{bdf}/uncordon", post_gpu_uncordon, ADMIN, ("dry_run",)),
 )
 
 

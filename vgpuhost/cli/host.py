@@ -14,6 +14,7 @@ import click
 
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
 from ..ops import tenancy
+from ..ops import health
 from ..ops.readiness import check
 from ..policy.checks import host_ready
 from .common import Context, emit, pass_ctx, store
@@ -37,7 +38,8 @@ def host_check(ctx: Context) -> None:
     """
     inv = ctx.inventory()
     findings, verdicts = check(ctx.host, inv)
-    findings = findings + tenancy.guarantee_findings(store(ctx, write=False), inv)
+    st = store(ctx, write=False)
+    findings = findings + tenancy.guarantee_findings(st, inv) + health.findings(ctx.host, st, inv, health.nvml_or_none(ctx.host))
     emit(ctx, check_doc(findings, verdicts), check_text(findings, verdicts))
     sys.exit(EXIT_OK if host_ready(findings, verdicts) else EXIT_PROBLEMS)
 

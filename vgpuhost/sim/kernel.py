@@ -107,6 +107,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from contextlib import contextmanager
@@ -366,6 +367,26 @@ class SimKernel:
     def _rpath(self, p: Path) -> Path:
         """A HostRoot-derived path re-expressed under the resolved root."""
         return self.real_root / p.relative_to(self.host.root)
+
+    # --- a device leaving the tree (docs/guide/failures.md#signals) ------------
+    def unplug(self, bdf: str) -> None:
+        """Simulator only: the device at ``bdf`` (and its VFs and mdevs below it) disappears from the PCI
+        tree, as after a surprise removal or the kernel removing a GPU that fell off the bus: its
+        ``bus/pci/devices`` link, its driver's link and its directory go; host.json keeps its entry
+        (``unplugged``), so writes naming it fail with ENOENT as on a real host."""
+        with self.locked():
+            meta = self.meta()
+            if bdf not in meta["devices"]:
+                raise _fail(errno.ENODEV, self.host.pci_device(bdf), f"no device {bdf!r}")
+            gone = [b for b, d in meta["devices"].items() if b == bdf or d.get("pf") == bdf]
+            for b in gone:
+                drv = self._driver_of(meta, b)
+                if drv:
+                    _unlink(self._driver_dir(drv) / b)
+                _unlink(self._rpath(self.host.pci_device(b)))
+                meta["devices"][b]["unplugged"] = True
+            shutil.rmtree(self._rdir(meta, bdf), ignore_errors=True)
+            self.save_meta(meta)
 
     # --- vGPU instances and capacity ---------------------------------------
     def instances(self, meta: dict, pf: str) -> List[dict]:
