@@ -14,12 +14,14 @@ the agent when a round fails (it logs and tries again next round).
 from __future__ import annotations
 
 import logging
+import os.path
 import threading
 import time
 from typing import List, Optional
 
 from ..io.hostroot import HostRoot
-from ..io.state import StateStore
+from ..io.files import exists
+from ..io.state import DB_NAME, StateStore
 from ..ops import health
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,12 @@ class HealthWatch:
         while not self.stop.is_set():
             try:
                 if store is None:
-                    store = StateStore(self.host.state_dir, create=True)
+                    # the agent creates the store as it starts: the watch opens it once it exists (two
+                    # creators in one process would race on the same temporary file)
+                    if not exists(os.path.join(str(self.host.state_dir), DB_NAME)):
+                        self.stop.wait(0.05)
+                        continue
+                    store = StateStore(self.host.state_dir, create=False)
                     nvml = health.nvml_or_none(self.host)
                 now = time.monotonic()
                 check = now - last_check >= self.interval_s

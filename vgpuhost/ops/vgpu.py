@@ -1173,9 +1173,11 @@ def pool_candidates(store: StateStore, *, profile: str, gpu: Optional[PciAddress
                     allowed: Optional[Collection[PciAddress]] = None, owner: Optional[str] = None,
                     pool: str = LAYOUT) -> List[VgpuRecord]:
     """The pool's free vGPUs of ``profile``, first-fit order (GPU, then id), respecting a GPU pin,
-    the allow-list and one vGPU per domain per GPU (``owner``'s own vGPUs)."""
+    the allow-list and one vGPU per domain per GPU (``owner``'s own vGPUs); none on a GPU out of service
+    (:mod:`vgpuhost.ops.health`: its slot could not be made again for the domain)."""
     recs = store.vgpu_records()
-    mine = {r.gpu for r in recs if owner is not None and r.owner == owner}
+    out_of_service = {row[0] for row in store.gpu_health_rows()}
+    mine = {r.gpu for r in recs if owner is not None and r.owner == owner} | out_of_service
     allow = {str(a) for a in allowed} if allowed is not None else None
     out = [r for r in recs if r.owner == pool and r.type_name.lower() == profile.lower()
            and (gpu is None or r.gpu == str(gpu)) and (allow is None or r.gpu in allow) and r.gpu not in mine]
