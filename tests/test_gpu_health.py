@@ -354,3 +354,13 @@ def test_sim_fail_injects_each_signal(make_host, capsys):
     assert A(HI) not in {g.address for g in discover(Sysfs(host)).gpus}
     assert cli(capsys, host, "sim", "fail", HI, "--lost", "--xid", "79")[0] == 2
     assert cli(capsys, host, "sim", "fail", HI, "--create-errno", "NOPE")[0] == 2
+
+
+def test_when_no_other_gpu_takes_it_the_start_fails_exit_3_naming_both(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{LO}", errno: EIO, count: 0}}, '
+                              f'{{op: create, device: "{HI}", errno: EIO, count: 0}}')
+    name, dev, xml = vm("doomed", 0)
+    rc, err = start(host, name, xml)
+    assert rc == 3 and f"creating A40-4Q on {LO} failed: EIO" in err and f"creating A40-4Q on {HI} failed: EIO" in err
+    assert "no other GPU takes it" in err and mdevs(host) == {}
+    assert {r[0] for r in StateStore(host.state_dir).gpu_health_rows()} == {LO, HI}

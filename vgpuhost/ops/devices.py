@@ -373,9 +373,14 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, pro
             store.audit(actor=actor, operation=f"prepare {view.name or me}", path="(placement)",
                         value=f"{e.message} (marked unhealthy); placed again among admission's candidates",
                         result="re-placed")
-            out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=None, owner=me,
-                              strategy=meta.strategy, anti_affinity=meta.anti_affinity,
-                              allowed_gpus=allowed, actor=actor, inventory=None, resolved=True)
+            try:
+                out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=None, owner=me,
+                                  strategy=meta.strategy, anti_affinity=meta.anti_affinity,
+                                  allowed_gpus=allowed, actor=actor, inventory=None, resolved=True)
+            except RefusedError as r:
+                # a device write failed (exit 3): said as such, with why no other candidate takes it
+                e.message += f" (marked unhealthy); no other GPU takes it: {r.message}"
+                raise e from None
             out.notes.append(f"{e.message} (marked unhealthy); created on {out.gpu} instead")
     except RefusedError as e:
         if allowed is None:

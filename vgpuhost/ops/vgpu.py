@@ -283,8 +283,11 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits,
                                limits_of=limits_of)
         except RefusedError as e:
-            if failed:      # the GPU that failed under this call is named first, then why nothing else fits
-                e.message = "; ".join(f.message for f in failed) + " (marked unhealthy); then " + e.message
+            if failed:      # a device write failed (exit 3): the GPU that failed first, then why nothing else fits
+                last = failed[-1]
+                last.message = ("; ".join(f.message for f in failed) + " (marked unhealthy); no other GPU takes it: "
+                                + e.message)
+                raise last from None
             raise
         if failed:          # the audit's (placement) row names the GPU that failed and the one chosen now
             decision = type(decision)(decision.gpu, decision.parent, decision.type_id,
