@@ -144,10 +144,14 @@ def test_a_gpu_failing_under_eight_concurrent_starts_is_left_out_everywhere_and_
     code, cap = cli_json(capsys, host, "capacity", "--profile", "A40-4Q")
     assert code == 0
     assert cap["profiles"][0]["by_gpu"] == {LO: 0, HI: 12 - 6} and cap["profiles"][0]["fits"] == 6
+    code, out, err = cli(capsys, host, "capacity", "--profile", "A40-4Q")
+    assert f"{LO}: unhealthy: creating A40-4Q on {LO} failed: EIO: counts nothing" in out
     code, types = cli_json(capsys, host, "types")
     avail = {(e["gpu"], e["name"]): e["available_instances"] for e in types["types"]}
     assert avail[(LO, "A40-4Q")] == 0 and avail[(HI, "A40-4Q")] == 6
     assert all(n == 0 for (g, _), n in avail.items() if g == LO)
+    assert f"{LO}: out of service (unhealthy: creating A40-4Q on {LO} failed: EIO): none available" in \
+        cli(capsys, host, "types")[1]
     series = host_series(host, s)
     assert series["free_instances"][("A40-4Q", "")] == 6
     assert series["gpu_health"] == {(LO, "io"): (0, 0), (HI, ""): (1, 0)}

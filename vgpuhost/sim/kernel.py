@@ -107,7 +107,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from contextlib import contextmanager
@@ -168,6 +167,25 @@ def _link(link: Path, target: Path) -> None:
     if os.path.lexists(link):
         os.unlink(link)
     os.symlink(os.path.relpath(target, link.parent), link)
+
+
+def _remove_tree(top: Path) -> None:
+    """Remove a simulated device directory and everything below it (links are removed, not followed;
+    no shutil: the hook's start on a simulated host loads this module)."""
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        for name in filenames + dirnames:
+            path = os.path.join(dirpath, name)
+            try:
+                if os.path.islink(path) or not os.path.isdir(path):
+                    os.unlink(path)
+                else:
+                    os.rmdir(path)
+            except FileNotFoundError:
+                pass
+    try:
+        os.rmdir(top)
+    except FileNotFoundError:
+        pass
 
 
 def _unlink(path: Path) -> None:
@@ -385,7 +403,7 @@ class SimKernel:
                     _unlink(self._driver_dir(drv) / b)
                 _unlink(self._rpath(self.host.pci_device(b)))
                 meta["devices"][b]["unplugged"] = True
-            shutil.rmtree(self._rdir(meta, bdf), ignore_errors=True)
+            _remove_tree(self._rdir(meta, bdf))
             self.save_meta(meta)
 
     # --- vGPU instances and capacity ---------------------------------------
