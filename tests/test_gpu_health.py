@@ -368,3 +368,16 @@ def test_when_no_other_gpu_takes_it_the_start_fails_exit_3_naming_both(make_host
     assert rc == 3 and f"creating A40-4Q on {LO} failed: EIO" in err and f"creating A40-4Q on {HI} failed: EIO" in err
     assert "no other GPU takes it" in err and mdevs(host) == {}
     assert {r[0] for r in StateStore(host.state_dir).gpu_health_rows()} == {LO, HI}
+
+
+def test_cordoning_an_unhealthy_gpu_keeps_its_failure(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{LO}", errno: EIO, count: 0}}')
+    s = StateStore(host.state_dir)
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual").gpu == HI
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO)
+    assert code == 0 and doc["changed"] and doc["reason"] == f"creating A40-8Q on {LO} failed: EIO"
+    assert [(r[2], r[4]) for r in s.gpu_health_rows()] == [("io", True)]
+    assert host_series(host, s)["gpu_health"][(LO, "io")] == (0, 1)
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [f["code"] for f in check["findings"] if f["subject"] == LO and f["code"].startswith("GPU_")] == \
+        ["GPU_UNHEALTHY"]

@@ -194,12 +194,13 @@ def watch_once(host: HostRoot, store: "StateStore", nvml, *, actor: str, inv: "O
 
 
 def status(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[dict]":
-    """``[{gpu, healthy, reason, source, since, cordoned}]`` for every known GPU, sorted by BDF."""
+    """``[{gpu, healthy, in_service, reason, source, since, cordoned}]`` for every known GPU, sorted by BDF;
+    ``healthy`` is False once a failure was recorded (a cordon by hand alone leaves it True)."""
     rows = {row[0]: row for row in store.gpu_health_rows()}
     out = []
     for g in known_gpus(store, inv):
         row = rows.get(str(g))
-        out.append({"gpu": str(g), "healthy": row is None or bool(row[4]), "in_service": row is None,
+        out.append({"gpu": str(g), "healthy": row is None or row[2] == hp.Source.OPERATOR, "in_service": row is None,
                     "reason": row[1] if row else None, "source": row[2] if row else None,
                     "since": row[3] if row else None, "cordoned": bool(row[4]) if row else False})
     return out
@@ -220,11 +221,13 @@ def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddres
     _require_gpu(store, inv, gpu)
     rows = store.gpu_health_rows(str(gpu))
     changed = not rows or not rows[0][4]
-    why = reason or "maintenance"
+    # an unhealthy GPU keeps its failure (reason and source) and becomes cordoned by hand as well
+    why = reason or (rows[0][1] if rows else "maintenance")
+    source = rows[0][2] if rows else hp.Source.OPERATOR
     if changed and not dry_run:
         _set_marker(store)
         with store.transaction() as conn:
-            store.put_gpu_health(conn, str(gpu), why, hp.Source.OPERATOR, True)
+            store.put_gpu_health(conn, str(gpu), why, source, True)
             store.audit(actor=actor, operation="gpu cordon", path=f"(health) {gpu}", value=why,
                         result="cordoned", conn=conn)
     return {"gpu": str(gpu), "changed": changed, "dry_run": dry_run, "in_service": False,
@@ -307,7 +310,7 @@ def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nv
     rows = {row[0]: row for row in store.gpu_health_rows()} if store is not None else {}
     out = []
     for gpu, row in sorted(rows.items()):
-        if row[4]:
+        if row[4] and row[2] == hp.Source.OPERATOR:
             out.append(Finding("warning", "GPU_CORDONED", gpu, f"cordoned by hand since {row[3]}: {row[1]}",
                                f"'vgpuhost gpu uncordon {gpu}' brings it back after a health check"))
         else:
