@@ -381,3 +381,14 @@ def test_cordoning_an_unhealthy_gpu_keeps_its_failure(make_host, capsys):
     code, check = cli_json(capsys, host, "host", "check")
     assert [f["code"] for f in check["findings"] if f["subject"] == LO and f["code"].startswith("GPU_")] == \
         ["GPU_UNHEALTHY"]
+
+
+def test_eio_from_a_device_read_takes_the_gpu_out_at_the_next_operation(make_host, capsys):
+    host = two_a40(make_host, f'{{op: read, attr: creatable_vgpu_types, device: "{LO}", errno: EIO, count: 0}}, '
+                              f'{{op: read, attr: available_instances, device: "{LO}", errno: EIO, count: 0}}')
+    inv = discover(Sysfs(host))
+    assert [g for g, _ in health.read_failures(inv)] == [A(LO)]
+    s = StateStore(host.state_dir)
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual").gpu == HI
+    [row] = s.gpu_health_rows()
+    assert row[0] == LO and row[2] == "io" and "failed: EIO" in row[1]

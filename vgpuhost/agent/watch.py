@@ -22,6 +22,8 @@ from typing import List, Optional
 from ..io.hostroot import HostRoot
 from ..io.files import exists
 from ..io.state import DB_NAME, StateStore
+from ..io.sysfs import Sysfs
+from ..observe.inventory import discover
 from ..ops import health
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,9 @@ class HealthWatch:
                     nvml = health.nvml_or_none(self.host)
                 now = time.monotonic()
                 check = now - last_check >= self.interval_s
-                self.transitions += health.watch_once(self.host, store, nvml, actor=ACTOR, check=check,
+                # the periodic check reads the host too: a device read failing with EIO/ENODEV is a signal
+                inv = discover(Sysfs(self.host)) if check else None
+                self.transitions += health.watch_once(self.host, store, nvml, actor=ACTOR, check=check, inv=inv,
                                                       event_wait_ms=self.event_wait_ms if nvml is not None else 0)
                 if check:
                     last_check = now

@@ -16,6 +16,8 @@ hook's start calls :func:`in_service` and :func:`mark_unhealthy`).
 
 from __future__ import annotations
 
+import errno
+
 from ..io.hostroot import HostRoot
 from ..model.errors import RefusedError
 from ..model.values import PciAddress
@@ -147,16 +149,33 @@ def known_gpus(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[
     return sorted(out)
 
 
+def read_failures(inv: "Inventory") -> "List[Tuple[PciAddress, str]]":
+    """``[(GPU, reason)]`` for each GPU whose device read failed with EIO or ENODEV in this discovery (a
+    vGPU attribute of the GPU or one of its VFs, :attr:`Gpu.unreadable`): the read failing is the GPU's."""
+    out = []
+    for g in inv.gpus:
+        for u in g.unreadable:
+            err = getattr(errno, u.errno_name, None)
+            if hp.is_unhealthy_errno(err):
+                out.append((g.address, f"reading {u.attribute} of {u.device} failed: {u.errno_name}"))
+                break
+    return out
+
+
 def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", *, actor: str) -> "List[dict]":
     """The check each CLI operation runs (cheap: no NVML, one query per table): a GPU the store remembers
-    that is gone from the PCI tree is marked unhealthy.  Returns the transitions (:func:`watch_once`'s
-    shape)."""
+    that is gone from the PCI tree, and a GPU whose device read failed with EIO/ENODEV in ``inv``
+    (:func:`read_failures`), are marked unhealthy.  Returns the transitions (:func:`watch_once`'s shape)."""
     if store is None:
         return []
     present = set(inv.devices) | {g.address for g in inv.gpus}
     seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
     out = []
     marked = {row[0] for row in store.gpu_health_rows()}
+    for addr, reason in read_failures(inv):
+        if str(addr) not in marked and mark_unhealthy(store, addr, reason, hp.Source.IO, actor=actor):
+            out.append({"gpu": str(addr), "source": hp.Source.IO, "reason": reason})
+            marked.add(str(addr))
     from ..io.sysfs import Sysfs
     fs = Sysfs(host)
     for g in sorted(seen - marked):
@@ -186,6 +205,8 @@ def watch_once(host: HostRoot, store: "StateStore", nvml, *, actor: str, inv: "O
     for g in gpus if check else ():
         if g not in marked:
             found += [(g, source, reason) for source, reason in check_gpu(host, g, nvml)]
+    if check and inv is not None:
+        found += [(g, hp.Source.IO, reason) for g, reason in read_failures(inv) if g not in marked]
     out = []
     for g, source, reason in found:
         if mark_unhealthy(store, g, reason, source, actor=actor):
