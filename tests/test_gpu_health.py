@@ -392,3 +392,19 @@ def test_eio_from_a_device_read_takes_the_gpu_out_at_the_next_operation(make_hos
     assert vgpu.create(host, s, profile="A40-8Q", owner="manual").gpu == HI
     [row] = s.gpu_health_rows()
     assert row[0] == LO and row[2] == "io" and "failed: EIO" in row[1]
+
+
+def test_the_signals_are_classified_as_documented():
+    import errno
+    from vgpuhost.policy import health as hp
+    assert hp.is_unhealthy_errno(errno.EIO) and hp.is_unhealthy_errno(errno.ENODEV)
+    assert not any(hp.is_unhealthy_errno(e) for e in (errno.EINVAL, errno.ENOSPC, errno.EBUSY, errno.EPERM,
+                                                       errno.EEXIST, None))
+    assert {79, 48, 94, 95, 119} <= set(hp.CRITICAL_XIDS) and not hp.is_critical_xid(13)
+    assert hp.xid_reason(79) == "Xid 79 (GPU has fallen off the bus)"
+    # every critical Xid is in the guide's table, and the guide names no other
+    from pathlib import Path
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "failures.md").read_text()
+    table = guide.split("| Xid | catalog name |", 1)[1].split("\n\n", 1)[0]
+    listed = {int(line.split("|")[1]) for line in table.splitlines()[2:] if line.startswith("| ")}
+    assert listed == set(hp.CRITICAL_XIDS)
