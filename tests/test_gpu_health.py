@@ -408,3 +408,15 @@ def test_the_signals_are_classified_as_documented():
     table = guide.split("| Xid | catalog name |", 1)[1].split("\n\n", 1)[0]
     listed = {int(line.split("|")[1]) for line in table.splitlines()[2:] if line.startswith("| ")}
     assert listed == set(hp.CRITICAL_XIDS)
+
+
+def test_a_cordoned_gpu_that_fails_records_the_failure_and_stays_cordoned(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "firmware")[0] == 0
+    SimNvml(host).inject_xid(A(LO), 119)
+    got = health.watch_once(host, s, SimNvml(host), actor="test", inv=discover(Sysfs(host)))
+    assert got == [{"gpu": LO, "source": "nvml", "reason": "Xid 119 (GSP RPC timeout)"}]
+    assert [(r[1], r[2], r[4]) for r in s.gpu_health_rows()] == [("Xid 119 (GSP RPC timeout)", "nvml", True)]
+    assert host_series(host, s)["gpu_health"][(LO, "nvml")] == (0, 1)
+    assert health.out_of_service(s) == {A(LO): "unhealthy (cordoned by hand): Xid 119 (GSP RPC timeout)"}

@@ -25,7 +25,7 @@ from ..policy import health as hp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Dict, List, Optional, Tuple
     from ..io.state import StateStore
     from ..observe.inventory import Inventory
 
@@ -41,7 +41,9 @@ def out_of_service(store: "StateStore") -> "Dict[PciAddress, str]":
     """``{GPU: reason line}`` of every GPU out of service (one query); a cordon by hand says so."""
     out = {}
     for gpu, reason, source, _time, by_hand in store.gpu_health_rows():
-        out[PciAddress.parse(gpu)] = f"cordoned by hand: {reason}" if by_hand else f"unhealthy: {reason}"
+        what = ("cordoned by hand" if source == hp.Source.OPERATOR else
+                "unhealthy (cordoned by hand)" if by_hand else "unhealthy")
+        out[PciAddress.parse(gpu)] = f"{what}: {reason}"
     return out
 
 
@@ -57,8 +59,15 @@ def _marker(state_dir) -> str:
 
 def _set_marker(store: "StateStore") -> None:
     from pathlib import Path
-    from ..io.files import write_atomic
-    write_atomic(Path(_marker(store.dir)), "GPUs out of service are listed in state.db (gpu_health)\n", 0o600)
+    from ..io.files import exists, write_atomic
+    path = _marker(store.dir)
+    if exists(path):
+        return
+    try:
+        write_atomic(Path(path), "GPUs out of service are listed in state.db (gpu_health)\n", 0o600)
+    except OSError:
+        if not exists(path):        # another process writing it at the same time is fine: it is there
+            raise
 
 
 def _clear_marker(store: "StateStore") -> None:
@@ -99,15 +108,18 @@ def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: st
                    operation: str = OPERATION) -> bool:
     """Record ``gpu`` unhealthy (``source``: a :class:`vgpuhost.policy.health.Source`) with one audit row
     (path ``(health) BDF``, value the reason, result ``unhealthy``); True when this was a transition,
-    False when the GPU was out of service already (its row and reason kept: the first failure is what
-    the operator needs, and a cordon by hand stays one)."""
-    if store.gpu_health_rows(str(gpu)):
+    False when the GPU had failed already (its row and reason kept: the first failure is what the
+    operator needs).  A GPU cordoned by hand that fails now records the failure and stays cordoned."""
+    def failed_already(rows) -> bool:
+        return bool(rows) and rows[0][2] != hp.Source.OPERATOR
+    if failed_already(store.gpu_health_rows(str(gpu))):
         return False
     _set_marker(store)
     with store.transaction() as conn:
-        if store.gpu_health_rows(str(gpu)):
+        rows = store.gpu_health_rows(str(gpu))
+        if failed_already(rows):
             return False
-        store.put_gpu_health(conn, str(gpu), reason, source, False)
+        store.put_gpu_health(conn, str(gpu), reason, source, bool(rows))
         store.audit(actor=actor, operation=operation, path=f"(health) {gpu}", value=f"{source}: {reason}",
                     result="unhealthy", conn=conn)
     return True
@@ -171,7 +183,7 @@ def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory",
     present = set(inv.devices) | {g.address for g in inv.gpus}
     seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
     out = []
-    marked = {row[0] for row in store.gpu_health_rows()}
+    marked = {row[0] for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}   # failed already
     for addr, reason in read_failures(inv):
         if str(addr) not in marked and mark_unhealthy(store, addr, reason, hp.Source.IO, actor=actor):
             out.append({"gpu": str(addr), "source": hp.Source.IO, "reason": reason})
@@ -194,7 +206,7 @@ def watch_once(host: HostRoot, store: "StateStore", nvml, *, actor: str, inv: "O
     (:func:`mark_unhealthy`).  Returns the transitions: ``[{gpu, source, reason}]``.  ``nvml`` None:
     the tree alone (no NVML on this host).  ``check`` False: the events only (between periodic checks)."""
     gpus = known_gpus(store, inv)
-    marked = {PciAddress.parse(row[0]) for row in store.gpu_health_rows()}
+    marked = {PciAddress.parse(row[0]) for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}
     found: "List[Tuple[PciAddress, str, str]]" = []
     if nvml is not None:
         try:
