@@ -420,3 +420,41 @@ def test_a_cordoned_gpu_that_fails_records_the_failure_and_stays_cordoned(make_h
     assert [(r[1], r[2], r[4]) for r in s.gpu_health_rows()] == [("Xid 119 (GSP RPC timeout)", "nvml", True)]
     assert host_series(host, s)["gpu_health"][(LO, "nvml")] == (0, 1)
     assert health.out_of_service(s) == {A(LO): "unhealthy (cordoned by hand): Xid 119 (GSP RPC timeout)"}
+
+
+def test_the_pynvml_door_reads_gpu_is_lost_and_critical_xid_events():
+    """io/nvml_pynvml.py's health calls over a stand-in of the pynvml module (its NVMLError classes are
+    named as pynvml names them): GPU_IS_LOST from a fresh handle, Xids from one event set, a timeout ends
+    the wait."""
+    from types import SimpleNamespace
+    from vgpuhost.io.nvml_pynvml import PynvmlBackend
+
+    class NVMLError(Exception):
+        pass
+    lost_error = type("NVMLError_GpuIsLost", (NVMLError,), {})
+    timeout_error = type("NVMLError_Timeout", (NVMLError,), {})
+    queue = [SimpleNamespace(device="h41", eventData=79), SimpleNamespace(device="h81", eventData=13)]
+    registered = []
+
+    def handle(bus):
+        return {"00000000:41:00.0": "h41", "00000000:81:00.0": "h81"}[bus]
+
+    def pci_info(h):
+        if h == "h41":
+            raise lost_error()
+        return object()
+
+    def wait(event_set, ms):
+        if not queue:
+            raise timeout_error()
+        return queue.pop(0)
+
+    nv = SimpleNamespace(NVMLError=NVMLError, nvmlDeviceGetHandleByPciBusId=handle, nvmlDeviceGetPciInfo=pci_info,
+                         nvmlEventSetCreate=lambda: "set", nvmlEventTypeXidCriticalError=8,
+                         nvmlDeviceRegisterEvents=lambda h, t, s: registered.append((h, t, s)),
+                         nvmlDeviceGetUUID=lambda h: "GPU-" + h, nvmlEventSetWait_v2=wait)
+    b = PynvmlBackend(nv)
+    assert b.gpu_lost(A(LO)) and not b.gpu_lost(A(HI))
+    assert b.xid_events([A(LO), A(HI)], 100) == [(A(LO), 79), (A(HI), 13)]
+    assert registered == [("h41", 8, "set"), ("h81", 8, "set")]
+    assert b.xid_events([A(LO), A(HI)], 100) == [] and len(registered) == 2       # registered once
