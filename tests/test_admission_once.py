@@ -179,9 +179,11 @@ def test_a_domain_whose_second_vgpu_is_refused_leaves_one_refused_row(make_host)
 
 
 def test_a_failed_create_after_admission_voids_its_row(make_host):
-    """A device write that fails (EIO on the chosen GPU) after admission: exit 3, the start's admission row
-    reads failed (the same row: one decision), no allocation row is left."""
-    host = mixed(make_host, faults=f'{{op: create, device: "{GPU_LO}", errno: EIO, count: 0}}')
+    """A device write that fails (EIO on the chosen GPU, and on the one placed again: issue 27 retries a
+    start once its GPU fails) after admission: exit 3, the start's admission row reads failed (the same
+    row: one decision), no allocation row is left."""
+    host = mixed(make_host, faults=f'{{op: create, device: "{GPU_LO}", errno: EIO, count: 0}}, '
+                                   f'{{op: create, device: "{GPU_HI}", errno: EIO, count: 0}}')
     s = store_of(host)
     tenancy.add(s, tenancy.Tenant("team"))
     dev = uid("a3a3a3a3", 0)

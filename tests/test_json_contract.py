@@ -74,6 +74,8 @@ COMMANDS = [
     ("l40s-vendor-vfio", ["vgpu", "mode", "--gpu", "0000:21:00.0", "--mixed-size", "on", "--dry-run"]),
     ("a40-mdev", ["tenant", "usage"]), ("a40-mdev", ["tenant", "openstack"]), ("a40-mdev", ["tenant", "policy"]),
     ("a40-mdev", ["usage"]), ("a40-mdev", ["advise"]),
+    ("a40-mdev", ["gpu", "cordon", "0000:81:00.0", "--dry-run"]), ("a40-mdev", ["gpu", "drain", "0000:81:00.0"]),
+    ("a40-mdev", ["gpu", "uncordon", "0000:81:00.0"]),
     (None, ["sim", "specs"]),
 ]
 

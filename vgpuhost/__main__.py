@@ -22,9 +22,12 @@ if TYPE_CHECKING:       # annotations only (a read command's lean start imports 
 
 
 def serve_agent(host: HostRoot, **options) -> int:
-    """Run the agent (:func:`vgpuhost.agent.server.serve`, the same keyword options) until SIGTERM; 0."""
+    """Run the agent (:func:`vgpuhost.agent.server.serve`, the same keyword options) until SIGTERM; 0.
+    Beside it, the GPU health watch (:class:`vgpuhost.agent.watch.HealthWatch`)."""
     from .agent.server import serve
-    return serve(host, **options)
+    from .agent.watch import HealthWatch
+    with HealthWatch(host):
+        return serve(host, **options)
 
 
 def run() -> None:

@@ -38,7 +38,7 @@ from ..model.errors import InputError, RefusedError, TransientError, VgpuhostErr
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
-from ..ops import devices, mig, tenancy, vgpu
+from ..ops import devices, health, mig, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
@@ -64,6 +64,9 @@ SCHEMA_DOMAINS = "vgpuhost.agent-domains/v1"
 SCHEMA_RELEASE = "vgpuhost.agent-release/v1"
 SCHEMA_HOOK = "vgpuhost.agent-hook/v1"
 SCHEMA_ERROR = "vgpuhost.agent-error/v1"
+SCHEMA_GPU_HEALTH = "vgpuhost.gpu-health/v1"
+SCHEMA_GPU_DRAIN = "vgpuhost.gpu-drain/v1"
+SCHEMA_GPUS_HEALTH = "vgpuhost.agent-gpu-health/v1"
 
 READ, ADMIN, TENANT = "read", "admin", "tenant"
 #: every role, in the order the agent tries them for a caller (server.Access.caller)
@@ -375,13 +378,16 @@ class Agent:
             self._build_lock.release()
 
     def cached(self, name: str, extra: tuple, build: Callable[[Any], Any], *, store: bool = False):
-        """The document ``name`` with parameters ``extra`` for the current snapshot (and, with ``store``,
-        the state store's content now: :class:`StoreWatch`), built by ``build(inventory)`` once per
-        snapshot version and store change.  The value is shared: callers must not change it."""
+        """The document ``name`` with parameters ``extra`` for the current snapshot and the state store's
+        content now (:class:`StoreWatch`: the store says which GPUs are out of service, issue 27), built
+        by ``build(inventory)`` once per snapshot version and store change; the inventory it is given
+        leaves the GPUs out of service out of what is free (:func:`vgpuhost.ops.health.in_service`), as
+        placement, the CLI and the exporter do.  The value is shared: callers must not change it.
+        (``store``: kept for callers; every document is keyed on the store now.)"""
         inv, version = self.snapshot()
-        token = self.watch.token() if store else ()
+        token = self.watch.token()
         if token is None:
-            return build(inv)
+            return build(health.in_service(inv, self.store))
         key = (name, version, token, extra)
         with self._docs_lock:
             hit = self._docs.get(key, _MISSING)
@@ -392,7 +398,7 @@ class Agent:
             self.cache_hits += 1
             return hit
         try:
-            value = build(inv)
+            value = build(health.in_service(inv, self.store))
             with self._docs_lock, self._snap_lock:
                 if self._version == version:        # a newer snapshot cleared the documents: not this one
                     if len(self._docs) >= MAX_CACHED_DOCS:
@@ -413,7 +419,7 @@ class Agent:
         now = self._current()
         if now is None:
             return None
-        token = self.watch.token() if store else ()
+        token = self.watch.token()
         if token is None:
             return None
         key = (name, now[1], token, extra)
@@ -846,6 +852,32 @@ def post_passthrough_release(agent: Agent, req: Request) -> Dict[str, Any]:
     persist = _flag(req.body, "persist")
     return agent.write(lambda: release(agent.host, agent.store, addr, persist=persist,
                                        actor=req.actor)).as_dict()
+
+
+def post_gpu_cordon(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost gpu cordon BDF [--reason TEXT] [--dry-run]`` through the agent."""
+    addr, reason, dry = _bdf(req), _text(req.body, "reason", limit=512) or "", _flag(req.body, "dry_run")
+    doc = agent.write(lambda: health.cordon(agent.host, agent.store, agent.inventory(), addr, reason=reason,
+                                            actor=req.actor, dry_run=dry))
+    return {"schema": SCHEMA_GPU_HEALTH, "action": "cordon", **doc}
+
+
+def post_gpu_uncordon(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost gpu uncordon BDF [--dry-run]`` through the agent: the health check, then back in service."""
+    addr, dry = _bdf(req), _flag(req.body, "dry_run")
+    doc = agent.write(lambda: health.uncordon(agent.host, agent.store, agent.inventory(), addr, actor=req.actor,
+                                              nvml=health.nvml_or_none(agent.host), dry_run=dry))
+    return {"schema": SCHEMA_GPU_HEALTH, "action": "uncordon", **doc}
+
+
+def get_gpu_drain(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost gpu drain BDF``: what holds the GPU and what each domain needs to move (changes nothing)."""
+    return {"schema": SCHEMA_GPU_DRAIN, **health.drain(agent.store, agent.inventory(), _bdf(req))}
+
+
+def get_gpu_health(agent: Agent, req: Request) -> Dict[str, Any]:
+    """Every known GPU's health: ``{schema, gpus: [{gpu, healthy, in_service, reason, source, since, cordoned}]}``."""
+    return {"schema": SCHEMA_GPUS_HEALTH, "gpus": health.status(agent.store, agent.inventory())}
 
 
 def allowed_uris(agent: Agent) -> List[str]:
@@ -1411,7 +1443,8 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/openapi", get_openapi, READ, tenant=get_openapi),
     Route("GET", "/v1/inventory", get_inventory, READ),
     Route("GET", "/v1/types", get_types, READ, query=("gpu", "available"), tenant=get_types),
-    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile", "tenant"), tenant=tenant_capacity),
+    Route("GET", "/v1/capacity", get_capacity, READ, query=("profile", "tenant"),
+          tenant=tenant_capacity),
     Route("GET", "/v1/vgpus", get_vgpus, READ, tenant=tenant_vgpus),
     Route("GET", "/v1/domains", get_domains, READ, tenant=tenant_domains),
     Route("GET", "/v1/tenants", get_tenants, READ, tenant=tenant_tenants),
@@ -1441,6 +1474,10 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/mig/{bdf}/apply", post_mig_apply, ADMIN, ("layout",)),
     Route("POST", "/v1/scheduler", post_scheduler, ADMIN, _SCHEDULER_KEYS),
     Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN, ("mixed_size",)),
+    Route("GET", "/v1/gpus/health", get_gpu_health, READ),
+    Route("GET", "/v1/gpus/{bdf}/drain", get_gpu_drain, READ),
+    Route("POST", "/v1/gpus/{bdf}/cordon", post_gpu_cordon, ADMIN, ("reason", "dry_run")),
+    Route("POST", "/v1/gpus/{bdf}/uncordon", post_gpu_uncordon, ADMIN, ("dry_run",)),
 )
 
 

@@ -47,8 +47,10 @@ class Context:
         """The host's inventory (:func:`vgpuhost.observe.inventory.discover`; ``scope`` "vgpu": only
         what vGPU types and capacity need)."""
         from ..observe.inventory import discover
+        from ..ops.health import in_service_at
         self.host.require_host()
-        return discover(self.sysfs(), with_types=with_types, scope=scope)
+        # GPUs out of service (unhealthy or cordoned) offer nothing: types, capacity, placement agree
+        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.state_dir)
 
 
 def parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):

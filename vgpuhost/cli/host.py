@@ -14,6 +14,7 @@ import click
 
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
 from ..ops import tenancy
+from ..ops import health
 from ..ops.metering import licence_report
 from ..ops.readiness import check
 from ..policy.checks import host_ready
@@ -39,7 +40,8 @@ def host_check(ctx: Context) -> None:
     inv = ctx.inventory()
     findings, verdicts = check(ctx.host, inv)
     st = store(ctx, write=False)
-    findings = findings + tenancy.guarantee_findings(st, inv) + licence_report(ctx.host, st, inv)
+    findings = (findings + tenancy.guarantee_findings(st, inv) + health.findings(ctx.host, st, inv, health.nvml_or_none(ctx.host))
+                + licence_report(ctx.host, st, inv))
     emit(ctx, check_doc(findings, verdicts), check_text(findings, verdicts))
     sys.exit(EXIT_OK if host_ready(findings, verdicts) else EXIT_PROBLEMS)
 

@@ -130,6 +130,8 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     text = types_table(entries) if entries else "no vGPU types"
     notes = [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus if addr is None or g.address == addr
              for u in g.unreadable]        # its types are unknown, not absent
+    notes += [f"{g}: out of service ({why}): none available" for g, why in sorted(inv.out_of_service.items())
+              if addr is None or g == addr]       # unhealthy or cordoned (docs/guide/failures.md)
     return types_doc(entries), "\n".join([text] + notes)
 
 

@@ -390,6 +390,8 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     notes += [f"{g['gpu']}: {g['drift']}" for g in doc["gpus"] if g.get("drift")]
     notes += [f"{g['gpu']}: {len(g['unreadable'])} vGPU parents could not be read ({', '.join(g['unreadable'])}): "
               "what they offer is not counted ('vgpuhost host check' says why)" for g in doc["gpus"] if g["unreadable"]]
+    notes += [f"{g}: {why}: counts nothing ('vgpuhost gpu uncordon {g}' after repair)"
+              for g, why in sorted(inv.out_of_service.items())]       # issue 27: unhealthy or cordoned
     notes += [f"guarantee at risk: {risk['text']}"] if risk and risk["tenants"] else []
     notes += [f"{g['gpu']}: starved demand {g['starved_demand']:.2f} of a GPU (expected GPU time "
               f"{g['gpu_time_expected']:.2f} over the pool's compute ceiling {g['compute_ceiling']:g})"

@@ -233,6 +233,57 @@ class PynvmlBackend:
     def device_uuid(self, bdf: PciAddress) -> str:
         return self._fn("nvmlDeviceGetUUID", self._handle(bdf))
 
+    # ------------------------------------------------------------------ health
+
+    def gpu_lost(self, bdf: PciAddress) -> bool:
+        """Does NVML answer NVML_ERROR_GPU_IS_LOST for this GPU (fell off the bus, inaccessible)?  A fresh
+        handle and one cheap query (PCI info) each time: a cached handle of a lost GPU stays valid."""
+        try:
+            h = self._nv.nvmlDeviceGetHandleByPciBusId(nvml_bus_id(bdf))
+            self._nv.nvmlDeviceGetPciInfo(h)
+        except self._nv.NVMLError as e:
+            return type(e).__name__ == "NVMLError_GpuIsLost"
+        return False
+
+    def xid_events(self, bdfs: List[PciAddress], timeout_ms: int) -> List[Tuple[PciAddress, int]]:
+        """Critical Xid events of ``bdfs`` waiting in NVML's event set (``nvmlEventTypeXidCriticalError``,
+        registered on first call; NVML API reference, Event Handling Methods): ``[(GPU, Xid)]``.  Waits up
+        to ``timeout_ms`` for the first event, then takes what is queued without waiting.  A GPU that
+        cannot register (NOT_SUPPORTED) is skipped; its health rests on GPU_IS_LOST and the tree."""
+        nv = self._nv
+        if getattr(self, "_event_set", None) is None:
+            self._event_set = self._fn("nvmlEventSetCreate")
+            self._event_bdfs: Dict[str, PciAddress] = {}
+        for b in bdfs:
+            key = nvml_bus_id(b)
+            if key in self._event_bdfs:
+                continue
+            try:
+                h = self._handle(b)
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._event_set)
+                uuid = self._fn("nvmlDeviceGetUUID", h)
+                self._event_bdfs[uuid] = PciAddress.parse(str(b))
+                self._event_bdfs[key] = PciAddress.parse(str(b))
+            except (NvmlError, nv.NVMLError):
+                self._event_bdfs[key] = PciAddress.parse(str(b))
+        out: List[Tuple[PciAddress, int]] = []
+        wait = max(0, int(timeout_ms))
+        while True:
+            try:
+                data = nv.nvmlEventSetWait_v2(self._event_set, wait)
+            except nv.NVMLError as e:
+                if type(e).__name__ == "NVMLError_Timeout":
+                    return out
+                raise NvmlError("nvmlEventSetWait_v2", type(e).__name__) from None
+            try:
+                uuid = nv.nvmlDeviceGetUUID(data.device)
+            except nv.NVMLError:
+                uuid = None
+            gpu = self._event_bdfs.get(uuid) if uuid else None
+            if gpu is not None:
+                out.append((gpu, int(data.eventData)))
+            wait = 0
+
     # --------------------------------------------------------------------- MIG
 
     def mig_mode(self, bdf: PciAddress) -> Optional[Tuple[bool, bool]]:

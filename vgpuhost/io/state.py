@@ -80,6 +80,13 @@ price sheet it was priced with and the bill document (JSON) as issued; and
 as decimal text, reason, actor, time, the audit row that records it).  Both
 refuse UPDATE and DELETE (triggers): an issued bill never changes.
 
+Version 13 adds ``gpu_health`` (issue 27, :mod:`vgpuhost.ops.health`): one row
+per GPU taken out of service (BDF): the reason (one line), its source (``io``
+for EIO/ENODEV from a device write or read, ``nvml`` for GPU_IS_LOST or a
+critical Xid, ``pci`` for a device gone from the tree, ``operator`` for a
+cordon by hand), the time, and whether it was cordoned by hand.  A GPU with
+no row is in service; uncordon deletes the row (each change audited).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -432,6 +439,16 @@ MIGRATIONS: Sequence[str] = (
         BEGIN SELECT RAISE(ABORT, 'adjustments are append-only'); END;
     CREATE TRIGGER bill_adjustments_no_delete BEFORE DELETE ON bill_adjustments
         BEGIN SELECT RAISE(ABORT, 'adjustments are append-only'); END;
+    """,
+    # 13: GPUs out of service (issue 27): unhealthy, or cordoned by hand
+    """
+    CREATE TABLE gpu_health (
+        gpu       TEXT PRIMARY KEY,
+        reason    TEXT NOT NULL,
+        source    TEXT NOT NULL,
+        time      TEXT NOT NULL,
+        by_hand   INTEGER NOT NULL DEFAULT 0
+    );
     """,
 )
 
@@ -1008,6 +1025,26 @@ class StateStore:
                      vgpu_id: Optional[str] = None) -> List[VgpuRecord]:
         """Recorded vGPUs, filtered by owner, GPU (BDF) and/or id, oldest first."""
         return vgpu_records(self._conn(), owner=owner, gpu=gpu, vgpu_id=vgpu_id)
+
+    # --- GPU health (version 13) -----------------------------------------------------
+    def gpu_health_rows(self, gpu: Optional[str] = None) -> List[tuple]:
+        """``(gpu BDF, reason, source, time ISO 8601 UTC, by_hand bool)`` of each GPU out of service (or of
+        ``gpu`` only), sorted by BDF.  One query; a store older than version 13 is migrated on open."""
+        sql = "SELECT gpu, reason, source, time, by_hand FROM gpu_health"
+        rows = (self._conn().execute(sql + " WHERE gpu = ?", (gpu,)) if gpu is not None
+                else self._conn().execute(sql + " ORDER BY gpu"))
+        return [(r[0], r[1], r[2], r[3], bool(r[4])) for r in rows]
+
+    @staticmethod
+    def put_gpu_health(conn: sqlite3.Connection, gpu: str, reason: str, source: str, by_hand: bool) -> None:
+        """Record ``gpu`` out of service (replacing its row) inside the caller's transaction; the time is now."""
+        conn.execute("INSERT OR REPLACE INTO gpu_health (gpu, reason, source, time, by_hand) VALUES (?, ?, ?, ?, ?)",
+                     (gpu, reason, source, utcnow(), int(by_hand)))
+
+    @staticmethod
+    def delete_gpu_health(conn: sqlite3.Connection, gpu: str) -> int:
+        """Put ``gpu`` back in service inside the caller's transaction; how many rows went (0 or 1)."""
+        return conn.execute("DELETE FROM gpu_health WHERE gpu = ?", (gpu,)).rowcount
 
     # --- tenancy (version 5) -------------------------------------------------------
     def tenant_rows(self, name: Optional[str] = None) -> List[tuple]:

@@ -106,5 +106,16 @@ class DeviceError(VgpuhostError):
     exit_code = EXIT_DEVICE
 
 
+class GpuFailedError(DeviceError):
+    """A device write or read on a GPU failed in a way that means the GPU itself failed (EIO, ENODEV:
+    :data:`vgpuhost.policy.health.UNHEALTHY_ERRNOS`); ``gpu`` the GPU's address (text), ``errno`` the errno.
+    What was half made was removed again; the GPU is then recorded unhealthy (:mod:`vgpuhost.ops.health`)."""
+
+    def __init__(self, message: str, *, gpu: str, errno: int, hint: Optional[str] = None):
+        super().__init__(message, hint=hint)
+        self.gpu = gpu
+        self.errno = errno
+
+
 class SimulatorError(VgpuhostError):
     """A simulated host spec or tree is malformed."""

@@ -287,7 +287,8 @@ def _merged(inv: Inventory, part: Inventory, gpu: PciAddress) -> Inventory:
     mdevs = sorted([m for m in inv.mdevs if m.parent not in parents] + list(part.mdevs), key=lambda m: m.uuid)
     return Inventory(devices=devices, groups=groups, gpus=gpus,
                      vgpu_types=tuple(t for g in gpus for t in types.get(g.address, ())), mdevs=tuple(mdevs),
-                     vf_vgpus=tuple(v for g in gpus for v in vfv.get(g.address, ())), host=inv.host)
+                     vf_vgpus=tuple(v for g in gpus for v in vfv.get(g.address, ())), host=inv.host,
+                     out_of_service=inv.out_of_service)
 
 
 def _driverctl(host: HostRoot, inv: Inventory, gpus: Sequence[PciAddress]) -> Dict[str, str]:

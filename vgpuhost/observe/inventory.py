@@ -301,6 +301,9 @@ class Inventory:
     mdevs: Tuple[MdevDevice, ...]
     vf_vgpus: Tuple[VfVgpu, ...]
     host: HostFacts
+    #: GPUs out of service (unhealthy or cordoned; :mod:`vgpuhost.ops.health` sets it from the state store):
+    #: GPU -> the reason line.  They offer no free instance (:func:`free_instances`); what they hold is listed.
+    out_of_service: Mapping[PciAddress, str] = field(default_factory=dict)
 
     @property
     def iommu_enabled(self) -> bool:
@@ -396,6 +399,8 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     it first``, ``holds 8192 MiB vGPUs; equal-size mode admits only that
     size``, ``no A40-8Q instance free``).
 
+    - A GPU out of service (``inv.out_of_service``: unhealthy or cordoned,
+      :mod:`vgpuhost.ops.health`) offers nothing.
     - A GPU not on the ``nvidia`` driver offers nothing (the NVIDIA vGPU
       manager serves vGPUs only from it), nor does a vendor-VFIO GPU behind
       Intel VMD (its VFs cannot be assigned: docs/reference/hardware.md#intel-vmd).
@@ -423,6 +428,8 @@ def free_instances(inv: "Inventory", gpu: PciAddress, type_id: str,
     ix = inv.on_gpu(gpu)
     if ix is None:
         return 0, f"no NVIDIA GPU at {gpu}"
+    if gpu in inv.out_of_service:
+        return 0, f"out of service: {inv.out_of_service[gpu]} ('vgpuhost gpu uncordon {gpu}' after repair)"
     g = ix.gpu
     ts = ix.by_type.get(type_id, ())
     name = ts[0].name if ts else (name or type_id)
@@ -875,7 +882,8 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
     return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
                      vgpu_types=tuple(t for t in inv.vgpu_types if t.gpu == gpu), mdevs=mdevs,
-                     vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host)
+                     vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host,
+                     out_of_service={a: r for a, r in inv.out_of_service.items() if a == gpu})
 
 
 def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inventory]:

@@ -21,7 +21,7 @@ import os
 import _signal as signal     # the C module: ``signal`` itself imports enum (the hook's start)
 
 from ..io.hostroot import HostRoot
-from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
+from ..model.errors import DeviceError, GpuFailedError, InputError, RefusedError, VgpuhostError
 from ..model.kinds import Backend
 from ..model.values import PciAddress
 
@@ -142,6 +142,8 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     checked = check_request(inv, view, allow, group_endpoints)
     if store is None:
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
+    from .health import in_service
+    inv = in_service(inv, store)        # GPUs out of service offer nothing to admission or placement (issue 27)
     active = store.active_domains()
     records = store.vgpu_records()
     # a PCI hostdev may name a group another owner holds: the records are read for it too
@@ -414,9 +416,27 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, pro
         vgpu.remove(host, store, req.uuid, owner=me, actor=actor, while_running=True)
         inv = None                              # the host changed
     try:
-        out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
-                          strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
-                          actor=actor, inventory=inv, resolved=True)
+        try:
+            out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=req.gpu or decided, owner=me,
+                              strategy=meta.strategy, anti_affinity=meta.anti_affinity, allowed_gpus=allowed,
+                              actor=actor, inventory=inv, resolved=True)
+        except GpuFailedError as e:
+            if req.gpu is not None or decided is None:
+                raise           # pinned by the domain (it cannot move), or placed by create itself (it retried)
+            # admission placed it on a GPU that failed (now marked unhealthy): a new placement among admission's
+            # candidates, under the same host lock, with its own audit row; the allocation follows the record
+            store.audit(actor=actor, operation=f"prepare {view.name or me}", path="(placement)",
+                        value=f"{e.message} (marked unhealthy); placed again among admission's candidates",
+                        result="re-placed")
+            try:
+                out = vgpu.create(host, store, profile=profile, uuid=req.uuid, gpu=None, owner=me,
+                                  strategy=meta.strategy, anti_affinity=meta.anti_affinity,
+                                  allowed_gpus=allowed, actor=actor, inventory=None, resolved=True)
+            except RefusedError as r:
+                # a device write failed (exit 3): said as such, with why no other candidate takes it
+                e.message += f" (marked unhealthy); no other GPU takes it: {r.message}"
+                raise e from None
+            out.notes.append(f"{e.message} (marked unhealthy); created on {out.gpu} instead")
     except RefusedError as e:
         if allowed is None:
             raise

@@ -188,6 +188,18 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
         for (tenant, profile), n in sorted(host["tenant_free_instances"].items()):
             f.add_metric([tenant, profile], float(n))
         yield f
+    if "gpu_health" in host:
+        h = GaugeMetricFamily(PREFIX + "gpu_healthy",
+                              "1 while the GPU is healthy, 0 once a failure took it out of service (EIO/ENODEV, "
+                              "GPU_IS_LOST, a critical Xid, gone from the PCI tree; source says which) until "
+                              "'vgpuhost gpu uncordon' after repair", labels=["gpu", "source"])
+        c = GaugeMetricFamily(PREFIX + "gpu_cordoned", "1 while an operator has cordoned the GPU (no placement)",
+                              labels=["gpu"])
+        for (gpu, source), (healthy, cordoned) in sorted(host["gpu_health"].items()):
+            h.add_metric([gpu, source], float(healthy))
+            c.add_metric([gpu], float(cordoned))
+        yield h
+        yield c
     if "orphaned_devices" in host:
         f = GaugeMetricFamily(PREFIX + "orphaned_devices",
                               "vGPUs with no running owner (owner-not-running) or no record (unrecorded)",

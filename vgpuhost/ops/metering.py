@@ -85,6 +85,7 @@ from ..policy.anomaly import flags as anomaly_flags
 from ..policy.checks import Finding, licence_findings
 from . import gputime, tenancy
 from .admitting import active as tenancy_active
+from .health import in_service, status
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -781,7 +782,9 @@ def host_series(host_root, store) -> Dict[str, object]:
     ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
     exist; a GPU an exclusive tenant's vGPUs hold counts none: no one else
     may join it); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
-    ``quota_used``/``quota_limit`` only where the store has a journal or
+    ``gpu_health``: ``{(gpu, source): (healthy 1/0, cordoned 1/0)}`` of every GPU
+    known (:func:`vgpuhost.ops.health.status`; a GPU out of service counts no
+    free instance); ``quota_used``/``quota_limit`` only where the store has a journal or
     tenant quotas; ``tenant_free_instances``: ``{(tenant, profile): n}``,
     what admission would admit of each profile for each tenant now
     (:func:`vgpuhost.ops.tenancy.capacity` with the tenant; tenant ``""``:
@@ -790,6 +793,9 @@ def host_series(host_root, store) -> Dict[str, object]:
     ``{pool: starved demand}`` (shares of one GPU), only where tenancy is in use.
     """
     inv = discover(Sysfs(host_root), with_types=True)
+    health_rows = getattr(store, "gpu_health_rows", None)     # GPU health (issue 27), where the store has it
+    if callable(health_rows):
+        inv = in_service(inv, store)        # a GPU out of service counts no free instance
     pools = gpu_pools(store)
     closed = _exclusive_gpus(store, inv)
     free: Dict[tuple, int] = {}
@@ -808,6 +814,9 @@ def host_series(host_root, store) -> Dict[str, object]:
                                         and r.owner not in running),
                "unrecorded": len(present - recorded)}
     out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
+    if callable(health_rows):
+        out["gpu_health"] = {(h["gpu"], h["source"] or ""): (1 if h["healthy"] else 0, 1 if h["cordoned"] else 0)
+                             for h in status(store, inv)}
     journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
     if callable(journal):
         try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 
-from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from ..model.errors import DeviceError, GpuFailedError, InputError, RefusedError, SysfsError, VgpuhostError
 from ..io.configfiles import mdevctl_json
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
@@ -35,6 +35,8 @@ from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig
 from .recover import destroy
+from . import health
+from ..policy.health import UNHEALTHY_ERRNOS, Source
 from ..io.sysfs import Sysfs
 from ..io.vfioholders import RemoveTimedOut, VgpuInUse
 from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, for_backend, mdevctl_attrs, vgpu_exists
@@ -260,6 +262,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
     req = request
     gi_tried = False
     scope = _physfn(fs, req.vf) if req.vf is not None else req.gpu     # the one GPU to read (None: the whole host)
+    failed: List[GpuFailedError] = []       # GPUs that failed under this call (issue 27)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
         inv, records, seen = _look(fs, store, inventory, scope, req.vf, dry_run)
         inventory = None                # the caller's look serves the first attempt only
@@ -276,15 +279,43 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
         limits_of = limits_lookup(host, inv)
         limits = {} if req.vf is not None else limits_of(name)    # a chosen VF: the driver decides
-        decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits,
-                           limits_of=limits_of)
+        try:
+            decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits,
+                               limits_of=limits_of)
+        except RefusedError as e:
+            if failed:      # a device write failed (exit 3): the GPU that failed first, then why nothing else fits
+                last = failed[-1]
+                last.message = ("; ".join(f.message for f in failed) + " (marked unhealthy); no other GPU takes it: "
+                                + e.message)
+                raise last from None
+            raise
+        if failed:          # the audit's (placement) row names the GPU that failed and the one chosen now
+            decision = type(decision)(decision.gpu, decision.parent, decision.type_id,
+                                "; ".join(f.message for f in failed) + f" (marked unhealthy); placed again on "
+                                f"{decision.gpu}: {decision.reason}", decision.rejected)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
             if req.uuid is not None and store.vgpu_records(vgpu_id=req.uuid):
                 raise InputError(f"vGPU {req.uuid} already exists", hint="'vgpuhost vgpu list'")   # as the run says
             return out
-        done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor)
+        try:
+            done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor)
+        except GpuFailedError as e:
+            # the GPU failed (EIO/ENODEV): out of service from now on; an unpinned request tries the next GPU
+            # placement allows, within this same call (issue 27); a pinned one cannot move
+            health.mark_unhealthy(store, PciAddress.parse(e.gpu), e.message, Source.IO, actor=actor or actor_name(),
+                                  operation=f"vgpu create {out.type_name} owner={req.owner}")
+            failed.append(e)
+            if req.gpu is not None or req.vf is not None or len(failed) >= MAX_PLACEMENT_ATTEMPTS:
+                e.message += " (the GPU is marked unhealthy and left out of placement)"
+                if len(failed) > 1:
+                    e.message = "; ".join(f.message for f in failed[:-1]) + "; then " + e.message
+                raise
+            continue
         if done is not None:
+            if failed:
+                done.notes.append("; ".join(f"{f.message} (marked unhealthy)" for f in failed)
+                                  + f"; created on {done.gpu} instead")
             return done
     raise RefusedError(f"cannot place {req.profile}: the host kept changing under placement "
                        f"({MAX_PLACEMENT_ATTEMPTS} attempts)", hint="try again")
@@ -305,6 +336,10 @@ def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: O
         inv = discover(fs)
     if vf is not None and inv.gpu(scope) is None:
         inv = discover(fs)              # the VF's PF is no NVIDIA GPU: the whole host says what it is
+    if scope is None and not dry_run:
+        # the check each operation runs (cheap: the store's GPUs against this read): a GPU gone from the tree
+        health.quick_check(fs.host, store, inv, actor=actor_name())
+    inv = health.in_service(inv, store)     # a GPU out of service offers nothing (docs/guide/failures.md)
     # the GPU's records when one GPU is read (what the checks look at), else every record
     records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
     if not dry_run:
@@ -453,7 +488,7 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
         if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
             return None         # recovery changed the host: place again on what it left (the reason too)
         # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
-        inv2 = discover_gpu(fs, decision.gpu, host_facts=False, known=inv)
+        inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv), store)
         records2 = store.vgpu_records(gpu=str(decision.gpu))
         limits = {} if req.vf is not None else mode_limits(host, inv2, name)
         again = place(_narrow(inv2, offers(inv2, records2, name, seen, limits), name, req.allowed_gpus, req.vf,
@@ -874,6 +909,9 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
         ex.run(_create_plan(backend, d, vid, name, params))
     except SysfsError as e:
         if isinstance(ex.failed, CreateVgpu):
+            if e.errno in UNHEALTHY_ERRNOS:         # the GPU failed, not the request (docs/guide/failures.md)
+                raise GpuFailedError(f"creating {name} on {d.gpu} failed: {e.errno_name}", gpu=str(d.gpu),
+                                     errno=e.errno, hint="see 'vgpuhost audit'") from e
             raise DeviceError(_explain(e, inv, records, d, name, limits_of), hint="see 'vgpuhost audit'") from e
         raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
                           "the vGPU was removed again", hint="check the parameter names") from e
@@ -1138,9 +1176,11 @@ def pool_candidates(store: StateStore, *, profile: str, gpu: Optional[PciAddress
                     allowed: Optional[Collection[PciAddress]] = None, owner: Optional[str] = None,
                     pool: str = LAYOUT) -> List[VgpuRecord]:
     """The pool's free vGPUs of ``profile``, first-fit order (GPU, then id), respecting a GPU pin,
-    the allow-list and one vGPU per domain per GPU (``owner``'s own vGPUs)."""
+    the allow-list and one vGPU per domain per GPU (``owner``'s own vGPUs); none on a GPU out of service
+    (:mod:`vgpuhost.ops.health`: its slot could not be made again for the domain)."""
     recs = store.vgpu_records()
-    mine = {r.gpu for r in recs if owner is not None and r.owner == owner}
+    out_of_service = {row[0] for row in store.gpu_health_rows()}
+    mine = {r.gpu for r in recs if owner is not None and r.owner == owner} | out_of_service
     allow = {str(a) for a in allowed} if allowed is not None else None
     out = [r for r in recs if r.owner == pool and r.type_name.lower() == profile.lower()
            and (gpu is None or r.gpu == str(gpu)) and (allow is None or r.gpu in allow) and r.gpu not in mine]

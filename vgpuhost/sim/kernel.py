@@ -171,6 +171,25 @@ def _link(link: Path, target: Path) -> None:
     os.symlink(os.path.relpath(target, link.parent), link)
 
 
+def _remove_tree(top: Path) -> None:
+    """Remove a simulated device directory and everything below it (links are removed, not followed;
+    no shutil: the hook's start on a simulated host loads this module)."""
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        for name in filenames + dirnames:
+            path = os.path.join(dirpath, name)
+            try:
+                if os.path.islink(path) or not os.path.isdir(path):
+                    os.unlink(path)
+                else:
+                    os.rmdir(path)
+            except FileNotFoundError:
+                pass
+    try:
+        os.rmdir(top)
+    except FileNotFoundError:
+        pass
+
+
 def _unlink(path: Path) -> None:
     try:
         os.unlink(path)
@@ -450,6 +469,26 @@ class SimKernel:
     def _rpath(self, p: Path) -> Path:
         """A HostRoot-derived path re-expressed under the resolved root."""
         return self.real_root / p.relative_to(self.host.root)
+
+    # --- a device leaving the tree (docs/guide/failures.md#signals) ------------
+    def unplug(self, bdf: str) -> None:
+        """Simulator only: the device at ``bdf`` (and its VFs and mdevs below it) disappears from the PCI
+        tree, as after a surprise removal or the kernel removing a GPU that fell off the bus: its
+        ``bus/pci/devices`` link, its driver's link and its directory go; host.json keeps its entry
+        (``unplugged``), so writes naming it fail with ENOENT as on a real host."""
+        with self.locked():
+            meta = self.meta()
+            if bdf not in meta["devices"]:
+                raise _fail(errno.ENODEV, self.host.pci_device(bdf), f"no device {bdf!r}")
+            gone = [b for b, d in meta["devices"].items() if b == bdf or d.get("pf") == bdf]
+            for b in gone:
+                drv = self._driver_of(meta, b)
+                if drv:
+                    _unlink(self._driver_dir(drv) / b)
+                _unlink(self._rpath(self.host.pci_device(b)))
+                meta["devices"][b]["unplugged"] = True
+            _remove_tree(self._rdir(meta, bdf))
+            self.save_meta(meta)
 
     # --- vGPU instances and capacity ---------------------------------------
     def instances(self, meta: dict, pf: str) -> List[dict]:

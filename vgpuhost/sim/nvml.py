@@ -267,6 +267,49 @@ class SimNvml:
 
         return self._change(bdf, call, fn)
 
+    # --- health (docs/guide/failures.md#signals) ----------------------------------
+    def gpu_lost(self, bdf: PciAddress) -> bool:
+        """True once :meth:`lose` marked the GPU lost (NVML_ERROR_GPU_IS_LOST on every call to it)."""
+        gpu = (self.kernel.meta_view().get("gpus") or {}).get(str(bdf))
+        return bool(gpu and gpu.get("lost"))
+
+    def xid_events(self, bdfs: List[PciAddress], timeout_ms: int) -> List[Tuple[PciAddress, int]]:
+        """The Xids :meth:`inject_xid` queued for ``bdfs``, taken off the queue (never waits: the
+        simulator's events are all there already), as NVML's event set hands them out once each."""
+        wanted = {str(b) for b in bdfs}
+        out: List[Tuple[PciAddress, int]] = []
+        with self.kernel.locked():
+            meta = self.kernel.meta()
+            changed = False
+            for pf, gpu in sorted((meta.get("gpus") or {}).items()):
+                if pf in wanted and gpu.get("xid_events"):
+                    out += [(PciAddress.parse(pf), int(x)) for x in gpu["xid_events"]]
+                    gpu["xid_events"] = []
+                    changed = True
+            if changed:
+                self.kernel.save_meta(meta)
+        return out
+
+    def lose(self, bdf: PciAddress, lost: bool = True) -> None:
+        """Simulator only: the GPU falls off the bus as NVML sees it (GPU_IS_LOST), or comes back."""
+        self._set_health(bdf, "lost", bool(lost))
+
+    def inject_xid(self, bdf: PciAddress, xid: int) -> None:
+        """Simulator only: queue an Xid event for the GPU (NVML's ``nvmlEventTypeXidCriticalError``)."""
+        self._set_health(bdf, "xid_events", int(xid))
+
+    def _set_health(self, bdf: PciAddress, key: str, value) -> None:
+        with self.kernel.locked():
+            meta = self.kernel.meta()
+            gpu = (meta.get("gpus") or {}).get(str(bdf))
+            if gpu is None:
+                raise NvmlError("sim", NOT_FOUND, hint=f"no NVIDIA GPU at {bdf}")
+            if key == "xid_events":
+                gpu.setdefault("xid_events", []).append(value)
+            else:
+                gpu[key] = value
+            self.kernel.save_meta(meta)
+
     def gi_profiles(self, bdf: PciAddress) -> List[GiProfile]:
         _, pf, gpu = self._read(bdf, "nvmlDeviceGetGpuInstanceProfileInfo")
         if not gpu.get("mig_capable"):

@@ -1,0 +1,461 @@
+"""GPU health (issue 27 section 1): a failed GPU is taken out of service, and brought back by hand.
+
+- Must show: a simulated GPU fails mid-run under 8 concurrent VM starts (real processes through the qemu
+  hook's handler): every start whose profile fits elsewhere succeeds on the healthy GPU, none lands on the
+  failed one, ``capacity``, ``types``, the exporter's series and ``host check`` agree, and ``gpu uncordon``
+  brings it back (refused while its health check fails).
+- Each signal takes a GPU out: EIO from a device write (the start retries on the next GPU within the same
+  start, the audit naming both), NVML GPU_IS_LOST, a critical Xid through NVML's events (a harmless one does
+  not), a GPU gone from the PCI tree (the CLI's check at an operation, and the agent's watch).
+- Under tenancy the retry is a new placement among admission's candidates: the allocation follows the GPU
+  the vGPU is on.
+- ``gpu cordon|uncordon|drain`` (CLI, --json, dry run, exit codes) and the agent's endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List
+
+import pytest
+
+from vgpuhost.agent import api
+from vgpuhost.agent.watch import HealthWatch
+from vgpuhost.cli.main import main
+from vgpuhost.io.state import StateStore
+from vgpuhost.io.sysfs import Sysfs
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+from vgpuhost.model.values import PciAddress
+from vgpuhost.observe.inventory import discover
+from vgpuhost.ops import health, tenancy, vgpu
+from vgpuhost.ops.metering import host_series
+from vgpuhost.sim.kernel import SimKernel
+from vgpuhost.sim.nvml import SimNvml
+
+from test_admission_once import _fork_starts
+from test_hook import bind_as_asked, domain_xml, mdev_gpu, mdev_hostdev, mdevs, start
+from test_tenancy import uid
+
+A = PciAddress.parse
+LO, HI = "0000:41:00.0", "0000:81:00.0"
+
+TWO_A40 = """\
+version: 1
+name: two-a40-health
+host: {cpu_vendor: AuthenticAMD, cmdline: "iommu=pt", modules: [vfio_pci, nvidia_vgpu_vfio, nvidia]}
+devices:
+  - {bdf: "0000:40:01.1", model: amd-root-port, numa_node: 0}
+  - {bdf: "0000:41:00.0", model: A40, upstream: "0000:40:01.1", numa_node: 0, vgpu: {backend: mdev}}
+  - {bdf: "0000:80:01.1", model: amd-root-port, numa_node: 1}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:01.1", numa_node: 1, vgpu: {backend: mdev}}
+faults: [FAULTS]
+"""
+
+
+def two_a40(make_host, faults: str = ""):
+    return make_host(yaml_text=TWO_A40.replace("FAULTS", faults))
+
+
+def cli(capsys, host, *argv):
+    code = main(["--root", str(host.root), "--local", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_json(capsys, host, *argv):
+    code, out, err = cli(capsys, host, "--json", *argv)
+    return code, json.loads(out)
+
+
+def fail_creates_on(host, gpu: str) -> None:
+    """The GPU starts failing mid-run: every mdev create on it gives EIO from now on (a fault added to the
+    running simulated host, as ``faults: [{op: create, device: GPU, errno: EIO, count: 0}]`` would)."""
+    k = SimKernel(host)
+    with k.locked():
+        meta = k.meta()
+        meta.setdefault("faults", []).append({"op": "create", "device": gpu, "errno": 5, "count": 0})
+        k.save_meta(meta)
+
+
+def repair(host) -> None:
+    k = SimKernel(host)
+    with k.locked():
+        meta = k.meta()
+        meta["faults"] = []
+        k.save_meta(meta)
+
+
+def vm(name: str, i: int, profile: str = "A40-4Q", gpu=None, tenant=None, strategy="first-fit"):
+    dev = uid("cafecafe", i)
+    meta = Metadata(strategy=strategy, tenant=tenant, vgpus=[VgpuRequest(profile, uuid=dev, gpu=A(gpu) if gpu else None)])
+    return name, dev, domain_xml(name, uid("d0d0d0d0", i), meta, [mdev_hostdev(dev)])
+
+
+def health_audit(host) -> List:
+    return [r for r in StateStore(host.state_dir).audit_rows() if r.path.startswith("(health)")]
+
+
+# ---------------------------------------------------------------------------
+# must show
+
+def test_a_gpu_failing_under_eight_concurrent_starts_is_left_out_everywhere_and_uncordon_brings_it_back(
+        make_host, capsys):
+    host = two_a40(make_host)
+    # before the failure: two VMs run on the first GPU (first-fit)
+    for i in range(2):
+        name, dev, xml = vm(f"early{i}", 100 + i)
+        assert start(host, name, xml)[0] == 0
+        assert str(mdev_gpu(host, dev)) == LO
+    fail_creates_on(host, LO)       # mid-run: the GPU at 41:00.0 fails
+    # 8 concurrent starts: 6 that may go anywhere (A40-4Q fits 12 on an A40), 2 pinned to the failed GPU
+    jobs = [vm(f"any{i}", i, strategy=("first-fit", "spread", "best-fit")[i % 3]) for i in range(6)]
+    jobs += [vm(f"pinned{i}", 10 + i, gpu=LO) for i in range(2)]
+    codes = _fork_starts(host, [(name, xml) for name, _, xml in jobs])
+    devs = {name: dev for name, dev, _ in jobs}
+    present = mdevs(host)
+    # every start whose profile fits elsewhere succeeded, on the healthy GPU
+    for i in range(6):
+        assert codes[f"any{i}"] == 0, codes
+        assert str(mdev_gpu(host, devs[f"any{i}"])) == HI
+    # a domain pinned to the failed GPU cannot move: refused (out of service) or failed (EIO), nothing made
+    for i in range(2):
+        assert codes[f"pinned{i}"] in (2, 3), codes
+        assert devs[f"pinned{i}"] not in present
+    # none landed on the failed one: only the two from before the failure are there
+    on_lo = [u for u in present if str(mdev_gpu(host, u)) == LO]
+    assert sorted(on_lo) == sorted(uid("cafecafe", 100 + i) for i in range(2))
+    # recorded once, with the reason and the source, and audited once
+    s = StateStore(host.state_dir)
+    rows = s.gpu_health_rows()
+    assert [(r[0], r[2], r[4]) for r in rows] == [(LO, "io", False)]
+    assert rows[0][1] == f"creating A40-4Q on {LO} failed: EIO"
+    marks = [r for r in health_audit(host) if r.result == "unhealthy"]
+    assert len(marks) == 1 and marks[0].path == f"(health) {LO}"
+    # every start that met the failure (an EIO create row) and could move names both GPUs in its placement
+    # row; which starts meet it depends on the order the processes reach the GPU's lock
+    audit = s.audit_rows()
+    met = {r.operation for r in audit if r.path.endswith("/create") and r.result == "EIO"}
+    assert met and all(LO in r.path for r in audit if r.result == "EIO")
+    pinned_ops = {f"vgpu create A40-4Q owner={uid('d0d0d0d0', 10 + i)}" for i in range(2)}
+    for op in met - pinned_ops:
+        again = [r for r in audit if r.operation == op and r.path == "(placement)" and "marked unhealthy" in r.value]
+        assert len(again) == 1 and LO in again[0].value and f"placed again on {HI}" in again[0].value, op
+    # capacity, types, the exporter and host check agree: nothing free on the failed GPU
+    code, cap = cli_json(capsys, host, "capacity", "--profile", "A40-4Q")
+    assert code == 0
+    assert cap["profiles"][0]["by_gpu"] == {LO: 0, HI: 12 - 6} and cap["profiles"][0]["fits"] == 6
+    code, out, err = cli(capsys, host, "capacity", "--profile", "A40-4Q")
+    assert f"{LO}: unhealthy: creating A40-4Q on {LO} failed: EIO: counts nothing" in out
+    code, types = cli_json(capsys, host, "types")
+    avail = {(e["gpu"], e["name"]): e["available_instances"] for e in types["types"]}
+    assert avail[(LO, "A40-4Q")] == 0 and avail[(HI, "A40-4Q")] == 6
+    assert all(n == 0 for (g, _), n in avail.items() if g == LO)
+    assert f"{LO}: out of service (unhealthy: creating A40-4Q on {LO} failed: EIO): none available" in \
+        cli(capsys, host, "types")[1]
+    series = host_series(host, s)
+    assert series["free_instances"][("A40-4Q", "")] == 6
+    assert series["gpu_health"] == {(LO, "io"): (0, 0), (HI, ""): (1, 0)}
+    code, check = cli_json(capsys, host, "host", "check")
+    assert code == 1
+    bad = [f for f in check["findings"] if f["code"] == "GPU_UNHEALTHY"]
+    assert [(f["subject"], f["severity"]) for f in bad] == [(LO, "error")]
+    # drain: the two domains still on it, what each needs, where it fits now
+    code, drained = cli_json(capsys, host, "gpu", "drain", LO)
+    assert code == 0 and not drained["in_service"]
+    assert sorted(d["name"] for d in drained["domains"]) == ["early0", "early1"]
+    assert all(d["running"] and d["fits_on"] == [HI] and d["profile"] == "A40-4Q" for d in drained["domains"])
+    # uncordon is refused while the GPU fails its health check (NVML: lost), with an audit row
+    SimNvml(host).lose(A(LO))
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 2 and "GPU_IS_LOST" in err and err.count("\n") == 1
+    assert s.gpu_health_rows(LO) and health_audit(host)[-1].result == "refused"
+    # repaired: the check passes and it is back in service everywhere
+    SimNvml(host).lose(A(LO), False)
+    repair(host)
+    code, doc = cli_json(capsys, host, "gpu", "uncordon", LO, "--dry-run")
+    assert code == 0 and doc["changed"] and s.gpu_health_rows(LO)          # a dry run changes nothing
+    code, doc = cli_json(capsys, host, "gpu", "uncordon", LO)
+    assert code == 0 and doc["changed"] and doc["in_service"] and not s.gpu_health_rows()
+    assert health_audit(host)[-1].result == "uncordoned"
+    code, cap = cli_json(capsys, host, "capacity", "--profile", "A40-4Q")
+    assert cap["profiles"][0]["by_gpu"] == {LO: 12 - 2, HI: 6}
+    code, types = cli_json(capsys, host, "types", "--gpu", LO)
+    assert {e["name"]: e["available_instances"] for e in types["types"]}["A40-4Q"] == 10
+    assert host_series(host, s)["gpu_health"] == {(LO, ""): (1, 0), (HI, ""): (1, 0)}
+    code, check = cli_json(capsys, host, "host", "check")
+    assert not [f for f in check["findings"] if f["code"].startswith("GPU_")]
+    name, dev, xml = vm("after", 50)
+    assert start(host, name, xml)[0] == 0 and str(mdev_gpu(host, dev)) == LO     # first-fit: back on 41
+
+
+# ---------------------------------------------------------------------------
+# the signals
+
+def test_eio_on_create_retries_on_the_next_gpu_and_a_pinned_request_cannot_move(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{LO}", errno: EIO, count: 0}}')
+    s = StateStore(host.state_dir)
+    out = vgpu.create(host, s, profile="A40-8Q", owner="manual")
+    assert out.gpu == HI and out.notes == [f"creating A40-8Q on {LO} failed: EIO (marked unhealthy); "
+                                          f"created on {HI} instead"]
+    assert [r[0] for r in s.gpu_health_rows()] == [LO]
+    # pinned: refused as out of service (exit 2), nothing made
+    code, out_, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", LO)
+    assert code == 2 and "out of service" in err and LO in err
+    assert len(mdevs(host)) == 1
+
+
+def test_enodev_on_a_pinned_create_fails_exit_3_and_marks_the_gpu(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{HI}", errno: ENODEV, count: 0}}')
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", HI)
+    assert code == 3 and f"creating A40-8Q on {HI} failed: ENODEV" in err and "marked unhealthy" in err
+    assert mdevs(host) == {}
+    assert [(r[0], r[2]) for r in StateStore(host.state_dir).gpu_health_rows()] == [(HI, "io")]
+
+
+def test_einval_or_enospc_say_nothing_about_the_gpu(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{LO}", errno: ENOSPC, count: 1}}')
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", LO)
+    assert code == 3 and not StateStore(host.state_dir).gpu_health_rows()
+
+
+def test_nvml_lost_a_critical_xid_and_a_gpu_gone_from_the_tree_each_take_it_out(make_host, capsys):
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    inv = discover(Sysfs(host))
+    gpus = [str(g.address) for g in inv.gpus]
+    assert len(gpus) >= 1
+    nv = SimNvml(host)
+    assert health.watch_once(host, s, nv, actor="test", inv=inv) == []
+    # a harmless Xid (13: an application's graphics exception) changes nothing
+    nv.inject_xid(A(gpus[0]), 13)
+    assert health.watch_once(host, s, nv, actor="test", inv=inv) == [] and not s.gpu_health_rows()
+    nv.inject_xid(A(gpus[0]), 79)
+    got = health.watch_once(host, s, nv, actor="test", inv=inv)
+    assert got == [{"gpu": gpus[0], "source": "nvml", "reason": "Xid 79 (GPU has fallen off the bus)"}]
+    # recorded once: the same failure again is no new transition
+    nv.inject_xid(A(gpus[0]), 48)
+    assert health.watch_once(host, s, nv, actor="test", inv=inv) == []
+    assert len([r for r in health_audit(host) if r.result == "unhealthy"]) == 1
+
+
+def test_gpu_is_lost_and_the_pci_tree_through_the_agents_watch_and_the_cli(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual")         # the store remembers both GPUs' types
+    SimNvml(host).lose(A(HI))
+    with HealthWatch(host, interval_s=0.01, event_wait_ms=0) as watch:
+        for _ in range(500):
+            if watch.transitions:
+                break
+            watch.stop.wait(0.01)
+    assert watch.transitions == [{"gpu": HI, "source": "nvml", "reason": health.hp.LOST_REASON}]
+    assert [r.actor for r in health_audit(host)] == ["agent health-watch"]
+    # the first GPU disappears from the PCI tree: the next CLI operation's check takes it out
+    SimKernel(host).unplug(LO)
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q")
+    assert code == 2 and "fits on none" in err or "out of service" in err
+    assert {(r[0], r[2]) for r in s.gpu_health_rows()} == {(HI, "nvml"), (LO, "pci")}
+    code, check = cli_json(capsys, host, "host", "check")
+    assert code == 1 and {f["subject"] for f in check["findings"] if f["code"] == "GPU_UNHEALTHY"} == {LO, HI}
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 2 and "gone from the PCI tree" in err
+
+
+def test_under_tenancy_the_retry_is_a_new_placement_and_the_allocation_follows_it(make_host):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("red", quota=tenancy.Quota(tenancy.Limits(vgpus=4), tenancy.Limits(vgpus=4))))
+    fail_creates_on(host, LO)
+    name, dev, xml = vm("t0", 0, profile="A40-8Q", tenant="red")
+    bind_as_asked(host, xml)
+    assert start(host, name, xml)[0] == 0
+    assert str(mdev_gpu(host, dev)) == HI
+    allocs = {r[0]: r for r in s.allocation_rows()}
+    assert allocs[dev][3] == HI and allocs[dev][2] == "red"
+    rows = [r for r in s.audit_rows() if r.path == "(placement)" and r.result == "re-placed"]
+    assert len(rows) == 1 and LO in rows[0].value
+    # the next start of the tenant is admitted on the healthy GPU at once
+    name, dev2, xml = vm("t1", 1, profile="A40-8Q", tenant="red")
+    bind_as_asked(host, xml)
+    assert start(host, name, xml)[0] == 0 and str(mdev_gpu(host, dev2)) == HI
+
+
+# ---------------------------------------------------------------------------
+# the operator's commands
+
+def test_cordon_dry_run_cordon_drain_and_uncordon(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    name, dev, xml = vm("held", 0)
+    assert start(host, name, xml)[0] == 0
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "fan swap", "--dry-run")
+    assert code == 0 and doc["changed"] and doc["dry_run"] and not s.gpu_health_rows()
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "fan swap")
+    assert code == 0 and doc == {"schema": "vgpuhost.gpu-health/v1", "action": "cordon", "gpu": LO, "changed": True,
+                                 "dry_run": False, "in_service": False, "reason": "fan swap",
+                                 "holders": [uid("d0d0d0d0", 0)]}
+    assert [(r[0], r[1], r[2], r[4]) for r in s.gpu_health_rows()] == [(LO, "fan swap", "operator", True)]
+    code, out, err = cli(capsys, host, "gpu", "cordon", LO)
+    assert code == 0 and out.startswith("no change")
+    # cordoned: not placed there, still counted as healthy in the metric
+    out_ = vgpu.create(host, s, profile="A40-4Q", owner="manual")
+    assert out_.gpu == HI
+    assert host_series(host, s)["gpu_health"][(LO, "operator")] == (1, 1)
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [(f["code"], f["severity"]) for f in check["findings"]
+            if f["subject"] == LO and f["code"].startswith("GPU_")] == [("GPU_CORDONED", "warning")]
+    code, out, err = cli(capsys, host, "gpu", "drain", LO)
+    assert code == 0 and "held (running) vgpu" in out and f"fits here on: {HI}" in out
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 0 and "back in service" in out and not s.gpu_health_rows()
+    assert [r.result for r in health_audit(host)] == ["cordoned", "uncordoned"]
+    # an unknown GPU and a short BDF are input errors (exit 2)
+    assert cli(capsys, host, "gpu", "cordon", "0000:99:00.0")[0] == 2
+    assert cli(capsys, host, "gpu", "drain", "41:00.0")[0] == 2
+
+
+def test_the_agent_endpoints(make_host):
+    host = two_a40(make_host)
+    agent = api.Agent(host)
+
+    def call(method, path, body=None, role=api.ADMIN):
+        route, params, _ = api.match(method, path)
+        assert route is not None and role in route.roles
+        api.check_keys(route, body)
+        req = api.Request(params, {}, body, "test", 0, role)
+        doc = route.handler_for(req)(agent, req)
+        return json.loads(doc.body) if isinstance(doc, api.Text) else doc       # reads kept encoded
+
+    doc = call("POST", f"/v1/gpus/{LO}/cordon", {"reason": "maintenance"})
+    assert doc["schema"] == "vgpuhost.gpu-health/v1" and doc["changed"] and not doc["in_service"]
+    types = call("GET", "/v1/types", role=api.READ)
+    assert all(e["available_instances"] == 0 for e in types["types"] if e["gpu"] == LO)
+    assert any(e["available_instances"] > 0 for e in types["types"] if e["gpu"] == HI)
+    cap = call("GET", "/v1/capacity", role=api.READ)
+    assert all(p["by_gpu"].get(LO, 0) == 0 for p in cap["profiles"])
+    assert call("GET", f"/v1/gpus/{LO}/drain", role=api.READ)["domains"] == []
+    states = {g["gpu"]: g for g in call("GET", "/v1/gpus/health", role=api.READ)["gpus"]}
+    assert states[LO]["cordoned"] and not states[LO]["in_service"] and states[HI]["in_service"]
+    route, _, _ = api.match("POST", f"/v1/gpus/{LO}/uncordon")
+    assert api.READ not in route.roles
+    doc = call("POST", f"/v1/gpus/{LO}/uncordon", {})
+    assert doc["changed"] and doc["in_service"]
+    with pytest.raises(Exception):
+        call("POST", f"/v1/gpus/{LO}/cordon", {"reasn": "typo"})
+
+
+def test_sim_fail_injects_each_signal(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    code, doc = cli_json(capsys, host, "sim", "fail", LO, "--create-errno", "EIO")
+    assert code == 0 and doc == {"schema": "vgpuhost.sim-fail/v1", "gpu": LO,
+                                 "fault": "every vGPU create fails with EIO"}
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual").gpu == HI
+    code, doc = cli_json(capsys, host, "sim", "fail", HI, "--xid", "95")
+    assert code == 0 and SimNvml(host).xid_events([A(HI)], 0) == [(A(HI), 95)]
+    assert cli(capsys, host, "sim", "fail", HI, "--lost")[0] == 0 and SimNvml(host).gpu_lost(A(HI))
+    assert cli(capsys, host, "sim", "fail", HI, "--found")[0] == 0 and not SimNvml(host).gpu_lost(A(HI))
+    assert cli(capsys, host, "sim", "fail", HI, "--unplug")[0] == 0
+    assert A(HI) not in {g.address for g in discover(Sysfs(host)).gpus}
+    assert cli(capsys, host, "sim", "fail", HI, "--lost", "--xid", "79")[0] == 2
+    assert cli(capsys, host, "sim", "fail", HI, "--create-errno", "NOPE")[0] == 2
+
+
+def test_when_no_other_gpu_takes_it_the_start_fails_exit_3_naming_both(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{LO}", errno: EIO, count: 0}}, '
+                              f'{{op: create, device: "{HI}", errno: EIO, count: 0}}')
+    name, dev, xml = vm("doomed", 0)
+    rc, err = start(host, name, xml)
+    assert rc == 3 and f"creating A40-4Q on {LO} failed: EIO" in err and f"creating A40-4Q on {HI} failed: EIO" in err
+    assert "no other GPU takes it" in err and mdevs(host) == {}
+    assert {r[0] for r in StateStore(host.state_dir).gpu_health_rows()} == {LO, HI}
+
+
+def test_cordoning_an_unhealthy_gpu_keeps_its_failure(make_host, capsys):
+    host = two_a40(make_host, f'{{op: create, device: "{LO}", errno: EIO, count: 0}}')
+    s = StateStore(host.state_dir)
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual").gpu == HI
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO)
+    assert code == 0 and doc["changed"] and doc["reason"] == f"creating A40-8Q on {LO} failed: EIO"
+    assert [(r[2], r[4]) for r in s.gpu_health_rows()] == [("io", True)]
+    assert host_series(host, s)["gpu_health"][(LO, "io")] == (0, 1)
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [f["code"] for f in check["findings"] if f["subject"] == LO and f["code"].startswith("GPU_")] == \
+        ["GPU_UNHEALTHY"]
+
+
+def test_eio_from_a_device_read_takes_the_gpu_out_at_the_next_operation(make_host, capsys):
+    host = two_a40(make_host, f'{{op: read, attr: creatable_vgpu_types, device: "{LO}", errno: EIO, count: 0}}, '
+                              f'{{op: read, attr: available_instances, device: "{LO}", errno: EIO, count: 0}}')
+    inv = discover(Sysfs(host))
+    assert [g for g, _ in health.read_failures(inv)] == [A(LO)]
+    s = StateStore(host.state_dir)
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual").gpu == HI
+    [row] = s.gpu_health_rows()
+    assert row[0] == LO and row[2] == "io" and "failed: EIO" in row[1]
+
+
+def test_the_signals_are_classified_as_documented():
+    import errno
+    from vgpuhost.policy import health as hp
+    assert hp.is_unhealthy_errno(errno.EIO) and hp.is_unhealthy_errno(errno.ENODEV)
+    assert not any(hp.is_unhealthy_errno(e) for e in (errno.EINVAL, errno.ENOSPC, errno.EBUSY, errno.EPERM,
+                                                       errno.EEXIST, None))
+    assert {79, 48, 94, 95, 119} <= set(hp.CRITICAL_XIDS) and not hp.is_critical_xid(13)
+    assert hp.xid_reason(79) == "Xid 79 (GPU has fallen off the bus)"
+    # every critical Xid is in the guide's table, and the guide names no other
+    from pathlib import Path
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "failures.md").read_text()
+    table = guide.split("| Xid | catalog name |", 1)[1].split("\n\n", 1)[0]
+    listed = {int(line.split("|")[1]) for line in table.splitlines()[2:] if line.startswith("| ")}
+    assert listed == set(hp.CRITICAL_XIDS)
+
+
+def test_a_cordoned_gpu_that_fails_records_the_failure_and_stays_cordoned(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "firmware")[0] == 0
+    SimNvml(host).inject_xid(A(LO), 119)
+    got = health.watch_once(host, s, SimNvml(host), actor="test", inv=discover(Sysfs(host)))
+    assert got == [{"gpu": LO, "source": "nvml", "reason": "Xid 119 (GSP RPC timeout)"}]
+    assert [(r[1], r[2], r[4]) for r in s.gpu_health_rows()] == [("Xid 119 (GSP RPC timeout)", "nvml", True)]
+    assert host_series(host, s)["gpu_health"][(LO, "nvml")] == (0, 1)
+    assert health.out_of_service(s) == {A(LO): "unhealthy (cordoned by hand): Xid 119 (GSP RPC timeout)"}
+
+
+def test_the_pynvml_door_reads_gpu_is_lost_and_critical_xid_events():
+    """io/nvml_pynvml.py's health calls over a stand-in of the pynvml module (its NVMLError classes are
+    named as pynvml names them): GPU_IS_LOST from a fresh handle, Xids from one event set, a timeout ends
+    the wait."""
+    from types import SimpleNamespace
+    from vgpuhost.io.nvml_pynvml import PynvmlBackend
+
+    class NVMLError(Exception):
+        pass
+    lost_error = type("NVMLError_GpuIsLost", (NVMLError,), {})
+    timeout_error = type("NVMLError_Timeout", (NVMLError,), {})
+    queue = [SimpleNamespace(device="h41", eventData=79), SimpleNamespace(device="h81", eventData=13)]
+    registered = []
+
+    def handle(bus):
+        return {"00000000:41:00.0": "h41", "00000000:81:00.0": "h81"}[bus]
+
+    def pci_info(h):
+        if h == "h41":
+            raise lost_error()
+        return object()
+
+    def wait(event_set, ms):
+        if not queue:
+            raise timeout_error()
+        return queue.pop(0)
+
+    nv = SimpleNamespace(NVMLError=NVMLError, nvmlDeviceGetHandleByPciBusId=handle, nvmlDeviceGetPciInfo=pci_info,
+                         nvmlEventSetCreate=lambda: "set", nvmlEventTypeXidCriticalError=8,
+                         nvmlDeviceRegisterEvents=lambda h, t, s: registered.append((h, t, s)),
+                         nvmlDeviceGetUUID=lambda h: "GPU-" + h, nvmlEventSetWait_v2=wait)
+    b = PynvmlBackend(nv)
+    assert b.gpu_lost(A(LO)) and not b.gpu_lost(A(HI))
+    assert b.xid_events([A(LO), A(HI)], 100) == [(A(LO), 79), (A(HI), 13)]
+    assert registered == [("h41", 8, "set"), ("h81", 8, "set")]
+    assert b.xid_events([A(LO), A(HI)], 100) == [] and len(registered) == 2       # registered once

@@ -1,0 +1,373 @@
+"""GPU health: take a failed GPU out of service, cordon and uncordon by hand, say what a drain needs.
+
+Owns: the state store's ``gpu_health`` rows as operations see them
+(:func:`out_of_service`, :func:`in_service`: an inventory whose out-of-service
+GPUs offer nothing, so placement, ``types``, ``capacity``, the exporter's
+free-instance series and with them the fleet view leave them out), recording a
+transition (:func:`mark_unhealthy`, audited once), the checks (:func:`check_gpu`:
+the PCI tree and NVML; :func:`watch_once`: every known GPU plus NVML's Xid
+events, what the agent runs continuously; :func:`quick_check`: the cheap one
+each CLI operation runs), and the operator's ``gpu cordon|uncordon|drain``.
+The signals and their sources are :mod:`vgpuhost.policy.health`'s.
+Must not: stop a VM or remove a device a domain holds (a drain only lists what
+each domain needs to move); import anything heavy at module level (the qemu
+hook's start calls :func:`in_service` and :func:`mark_unhealthy`).
+"""
+
+from __future__ import annotations
+
+import errno
+
+from ..io.hostroot import HostRoot
+from ..model.errors import RefusedError
+from ..model.values import PciAddress
+from ..policy import health as hp
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
+    from ..io.state import StateStore
+    from ..observe.inventory import Inventory
+
+#: the audit operation of every health transition
+OPERATION = "gpu health"
+#: how long the agent's watch waits for an NVML event per round (ms); its periodic check runs between
+WATCH_EVENT_WAIT_MS = 1000
+#: the agent's periodic check (seconds): the tree and GPU_IS_LOST of every known GPU
+WATCH_INTERVAL_S = 10.0
+
+
+def out_of_service(store: "StateStore") -> "Dict[PciAddress, str]":
+    """``{GPU: reason line}`` of every GPU out of service (one query); a cordon by hand says so."""
+    out = {}
+    for gpu, reason, source, _time, by_hand in store.gpu_health_rows():
+        what = ("cordoned by hand" if source == hp.Source.OPERATOR else
+                "unhealthy (cordoned by hand)" if by_hand else "unhealthy")
+        out[PciAddress.parse(gpu)] = f"{what}: {reason}"
+    return out
+
+
+#: beside state.db while a GPU may be out of service: written before a health row is, removed once none is
+#: left, so the lean read commands (``types``, which load no SQLite) read the store only when it may matter
+MARKER = "gpu-health.marker"
+
+
+def _marker(state_dir) -> str:
+    import os.path
+    return os.path.join(str(state_dir), MARKER)
+
+
+def _set_marker(store: "StateStore") -> None:
+    from pathlib import Path
+    from ..io.files import exists, write_atomic
+    path = _marker(store.dir)
+    if exists(path):
+        return
+    try:
+        write_atomic(Path(path), "GPUs out of service are listed in state.db (gpu_health)\n", 0o600)
+    except OSError:
+        if not exists(path):        # another process writing it at the same time is fine: it is there
+            raise
+
+
+def _clear_marker(store: "StateStore") -> None:
+    if not store.gpu_health_rows():
+        from ..io.files import remove
+        remove(_marker(store.dir))
+
+
+def in_service_at(inv: "Inventory", state_dir) -> "Inventory":
+    """:func:`in_service` for a command that has no store open: the store under ``state_dir`` is opened
+    (never created) only when its marker says a GPU may be out of service; ``inv`` itself otherwise."""
+    from ..io.files import exists
+    if not exists(_marker(state_dir)):
+        return inv
+    from ..io.state import StateStore
+    store = StateStore(state_dir, create=False)
+    if store.absent:
+        return inv
+    return in_service(inv, store)
+
+
+def in_service(inv: "Inventory", store: "Optional[StateStore]") -> "Inventory":
+    """``inv`` with :attr:`Inventory.out_of_service` set from the store: those GPUs offer no free instance
+    (:func:`vgpuhost.observe.inventory.free_instances`), so no placement, ``types --available``,
+    ``capacity`` count or exporter series offers them.  ``inv`` itself when nothing is out of service
+    or there is no store (no copy)."""
+    if store is None:
+        return inv
+    oos = out_of_service(store)
+    if not oos and not inv.out_of_service:
+        return inv
+    from ..observe.inventory import Inventory
+    return Inventory(devices=inv.devices, groups=inv.groups, gpus=inv.gpus, vgpu_types=inv.vgpu_types,
+                     mdevs=inv.mdevs, vf_vgpus=inv.vf_vgpus, host=inv.host, out_of_service=oos)
+
+
+def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: str, *, actor: str,
+                   operation: str = OPERATION) -> bool:
+    """Record ``gpu`` unhealthy (``source``: a :class:`vgpuhost.policy.health.Source`) with one audit row
+    (path ``(health) BDF``, value the reason, result ``unhealthy``); True when this was a transition,
+    False when the GPU had failed already (its row and reason kept: the first failure is what the
+    operator needs).  A GPU cordoned by hand that fails now records the failure and stays cordoned."""
+    def failed_already(rows) -> bool:
+        return bool(rows) and rows[0][2] != hp.Source.OPERATOR
+    if failed_already(store.gpu_health_rows(str(gpu))):
+        return False
+    _set_marker(store)
+    with store.transaction() as conn:
+        rows = store.gpu_health_rows(str(gpu))
+        if failed_already(rows):
+            return False
+        store.put_gpu_health(conn, str(gpu), reason, source, bool(rows))
+        store.audit(actor=actor, operation=operation, path=f"(health) {gpu}", value=f"{source}: {reason}",
+                    result="unhealthy", conn=conn)
+    return True
+
+
+def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, str]]":
+    """What is wrong with ``gpu`` now: ``[(source, reason)]``, empty when healthy.  Reads the PCI tree
+    (the device's directory and its ``vendor`` attribute: EIO/ENODEV there is the failure itself) and,
+    with ``nvml`` (an :class:`vgpuhost.io.nvml.NvmlBackend`), GPU_IS_LOST."""
+    from ..io.sysfs import Sysfs
+    from ..model.errors import SysfsError
+    fs = Sysfs(host)
+    path = host.s.pci_device(gpu)
+    if not fs.exists(path):
+        return [(hp.Source.PCI, hp.GONE_REASON)]
+    out = []
+    try:
+        fs.read_attr(path + "/vendor")
+    except SysfsError as e:
+        if hp.is_unhealthy_errno(e.errno):
+            out.append((hp.Source.IO, hp.errno_reason(e.errno, gpu, "reading vendor")))
+    if nvml is not None:
+        try:
+            if nvml.gpu_lost(gpu):
+                out.append((hp.Source.NVML, hp.LOST_REASON))
+        except Exception:       # NVML unreadable for this GPU (not on nvidia): the tree decides
+            pass
+    return out
+
+
+def known_gpus(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[PciAddress]":
+    """Every GPU vgpuhost knows of: the inventory's, and those the store remembers (types seen, vGPUs
+    and passthrough recorded, health rows), sorted."""
+    seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
+    seen |= {r.gpu for r in store.passthrough_records()} | {row[0] for row in store.gpu_health_rows()}
+    out = {PciAddress.parse(g) for g in seen}
+    if inv is not None:
+        out |= {g.address for g in inv.gpus}
+    return sorted(out)
+
+
+def read_failures(inv: "Inventory") -> "List[Tuple[PciAddress, str]]":
+    """``[(GPU, reason)]`` for each GPU whose device read failed with EIO or ENODEV in this discovery (a
+    vGPU attribute of the GPU or one of its VFs, :attr:`Gpu.unreadable`): the read failing is the GPU's."""
+    out = []
+    for g in inv.gpus:
+        for u in g.unreadable:
+            err = getattr(errno, u.errno_name, None)
+            if hp.is_unhealthy_errno(err):
+                out.append((g.address, f"reading {u.attribute} of {u.device} failed: {u.errno_name}"))
+                break
+    return out
+
+
+def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", *, actor: str) -> "List[dict]":
+    """The check each CLI operation runs (cheap: no NVML, one query per table): a GPU the store remembers
+    that is gone from the PCI tree, and a GPU whose device read failed with EIO/ENODEV in ``inv``
+    (:func:`read_failures`), are marked unhealthy.  Returns the transitions (:func:`watch_once`'s shape)."""
+    if store is None:
+        return []
+    present = set(inv.devices) | {g.address for g in inv.gpus}
+    seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
+    out = []
+    marked = {row[0] for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}   # failed already
+    for addr, reason in read_failures(inv):
+        if str(addr) not in marked and mark_unhealthy(store, addr, reason, hp.Source.IO, actor=actor):
+            out.append({"gpu": str(addr), "source": hp.Source.IO, "reason": reason})
+            marked.add(str(addr))
+    from ..io.sysfs import Sysfs
+    fs = Sysfs(host)
+    for g in sorted(seen - marked):
+        addr = PciAddress.parse(g)
+        if addr in present or fs.exists(host.s.pci_device(addr)):
+            continue
+        if mark_unhealthy(store, addr, hp.GONE_REASON, hp.Source.PCI, actor=actor):
+            out.append({"gpu": g, "source": hp.Source.PCI, "reason": hp.GONE_REASON})
+    return out
+
+
+def watch_once(host: HostRoot, store: "StateStore", nvml, *, actor: str, inv: "Optional[Inventory]" = None,
+               event_wait_ms: int = 0, check: bool = True) -> "List[dict]":
+    """One round of the agent's watch: NVML's critical Xid events (waiting up to ``event_wait_ms`` for the
+    first), then :func:`check_gpu` of every known GPU in service; each new failure recorded
+    (:func:`mark_unhealthy`).  Returns the transitions: ``[{gpu, source, reason}]``.  ``nvml`` None:
+    the tree alone (no NVML on this host).  ``check`` False: the events only (between periodic checks)."""
+    gpus = known_gpus(store, inv)
+    marked = {PciAddress.parse(row[0]) for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}
+    found: "List[Tuple[PciAddress, str, str]]" = []
+    if nvml is not None:
+        try:
+            events = nvml.xid_events([g for g in gpus if g not in marked], event_wait_ms)
+        except Exception:       # the event set could not be read: the periodic check still runs
+            events = []
+        found += [(g, hp.Source.NVML, hp.xid_reason(x)) for g, x in events if hp.is_critical_xid(x)]
+    for g in gpus if check else ():
+        if g not in marked:
+            found += [(g, source, reason) for source, reason in check_gpu(host, g, nvml)]
+    if check and inv is not None:
+        found += [(g, hp.Source.IO, reason) for g, reason in read_failures(inv) if g not in marked]
+    out = []
+    for g, source, reason in found:
+        if mark_unhealthy(store, g, reason, source, actor=actor):
+            out.append({"gpu": str(g), "source": source, "reason": reason})
+    return out
+
+
+def status(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[dict]":
+    """``[{gpu, healthy, in_service, reason, source, since, cordoned}]`` for every known GPU, sorted by BDF;
+    ``healthy`` is False once a failure was recorded (a cordon by hand alone leaves it True)."""
+    rows = {row[0]: row for row in store.gpu_health_rows()}
+    out = []
+    for g in known_gpus(store, inv):
+        row = rows.get(str(g))
+        out.append({"gpu": str(g), "healthy": row is None or row[2] == hp.Source.OPERATOR, "in_service": row is None,
+                    "reason": row[1] if row else None, "source": row[2] if row else None,
+                    "since": row[3] if row else None, "cordoned": bool(row[4]) if row else False})
+    return out
+
+
+def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None:
+    if inv.gpu(gpu) is None and not store.gpu_health_rows(str(gpu)):
+        known = ", ".join(str(g.address) for g in inv.gpus) or "none"
+        from ..model.errors import InputError
+        raise InputError(f"no NVIDIA GPU at {gpu}", hint=f"GPUs on this host: {known} ('vgpuhost gpus')")
+
+
+def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddress, *, reason: str, actor: str,
+           dry_run: bool = False) -> dict:
+    """Take ``gpu`` out of placement by hand (maintenance): ``{gpu, changed, cordoned, reason, holders}``.
+    What it holds keeps running; a GPU already unhealthy becomes cordoned by hand (uncordon is then
+    the way back for both).  Audited (result ``cordoned``).  InputError for an unknown GPU."""
+    _require_gpu(store, inv, gpu)
+    rows = store.gpu_health_rows(str(gpu))
+    changed = not rows or not rows[0][4]
+    # an unhealthy GPU keeps its failure (reason and source) and becomes cordoned by hand as well
+    why = reason or (rows[0][1] if rows else "maintenance")
+    source = rows[0][2] if rows else hp.Source.OPERATOR
+    if changed and not dry_run:
+        _set_marker(store)
+        with store.transaction() as conn:
+            store.put_gpu_health(conn, str(gpu), why, source, True)
+            store.audit(actor=actor, operation="gpu cordon", path=f"(health) {gpu}", value=why,
+                        result="cordoned", conn=conn)
+    return {"gpu": str(gpu), "changed": changed, "dry_run": dry_run, "in_service": False,
+            "reason": why if changed else rows[0][1], "holders": sorted({h["domain"] for h in _holders(store, gpu)})}
+
+
+def uncordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddress, *, actor: str,
+             nvml=None, dry_run: bool = False) -> dict:
+    """Bring ``gpu`` back into placement after a health check (:func:`check_gpu`): ``{gpu, changed,
+    in_service, checked}``.  Refused (RefusedError, exit 2, an audit row ``refused``, nothing changed)
+    while the check finds a problem, naming it.  A GPU in service already: nothing to do."""
+    _require_gpu(store, inv, gpu)
+    problems = check_gpu(host, gpu, nvml)
+    if problems:
+        line = "; ".join(f"{source}: {reason}" for source, reason in problems)
+        if not dry_run:
+            store.audit(actor=actor, operation="gpu uncordon", path=f"(health) {gpu}", value=line, result="refused")
+        raise RefusedError(f"{gpu} fails its health check: {line}",
+                           hint="repair or replace it (reset, reseat, reboot) and run 'vgpuhost gpu uncordon' again")
+    rows = store.gpu_health_rows(str(gpu))
+    if rows and not dry_run:
+        with store.transaction() as conn:
+            store.delete_gpu_health(conn, str(gpu))
+            store.audit(actor=actor, operation="gpu uncordon", path=f"(health) {gpu}",
+                        value=f"health check passed (was {'cordoned' if rows[0][4] else 'unhealthy'}: {rows[0][1]})",
+                        result="uncordoned", conn=conn)
+        _clear_marker(store)
+    return {"gpu": str(gpu), "changed": bool(rows), "dry_run": dry_run, "in_service": True,
+            "checked": ["pci"] + (["nvml"] if nvml is not None else [])}
+
+
+def _holders(store: "StateStore", gpu: PciAddress) -> "List[dict]":
+    names = store.active_domains()
+    out = []
+    for r in store.vgpu_records(gpu=str(gpu)):
+        out.append({"domain": r.owner, "name": names.get(r.owner), "device": r.id, "kind": "vgpu",
+                    "profile": r.type_name, "running": r.owner in names, "pool": r.pool})
+    for gpu_of, owner in sorted({(r.gpu, r.owner) for r in store.passthrough_records(gpu=str(gpu))}):
+        out.append({"domain": owner, "name": names.get(owner), "device": gpu_of, "kind": "passthrough",
+                    "profile": None, "running": owner in names, "pool": None})
+    return out
+
+
+def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> dict:
+    """What holds ``gpu`` and what each needs to move elsewhere; changes nothing and stops no VM:
+    ``{gpu, in_service, domains: [{domain, name, running, device, kind, profile, needs, fits_on}]}``.
+    ``fits_on``: the other GPUs in service here where that profile fits now (free instances, the one
+    capacity rule); ``needs``: one line (a vGPU of a profile; a passed-through GPU moves only by a stop
+    and a start elsewhere: no live migration of a passed-through GPU)."""
+    from ..observe.inventory import free_instances
+    _require_gpu(store, inv, gpu)
+    inv = in_service(inv, store)
+    out = []
+    for h in _holders(store, gpu):
+        fits: "List[str]" = []
+        if h["kind"] == "vgpu":
+            for g in inv.gpus:
+                if g.address == gpu:
+                    continue
+                ix = inv.on_gpu(g.address)
+                tid = next((t.type_id for t in (ix.types if ix else ()) if t.name.lower() == str(h["profile"]).lower()),
+                           None)
+                if tid is not None and free_instances(inv, g.address, tid)[0] > 0:
+                    fits.append(str(g.address))
+            needs = (f"a {h['profile']} vGPU: stop the domain and start it again (placement leaves {gpu} out), "
+                     "or migrate it live to a host that offers the type")
+        else:
+            needs = ("a whole GPU by passthrough: no live migration of a passed-through GPU; stop it and start it "
+                     "on another GPU or host")
+        out.append({**h, "needs": needs, "fits_on": fits})
+    return {"gpu": str(gpu), "in_service": gpu not in inv.out_of_service, "domains": out}
+
+
+def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nvml=None) -> list:
+    """``host check``'s health findings (:class:`vgpuhost.policy.checks.Finding`): ``GPU_UNHEALTHY``
+    (error) for each GPU recorded unhealthy and for each GPU in service whose check (:func:`check_gpu`)
+    fails now (not recorded here: ``host check`` changes nothing; the agent and the next operation
+    record it), ``GPU_CORDONED`` (warning) for each GPU cordoned by hand."""
+    from ..policy.checks import Finding
+    rows = {row[0]: row for row in store.gpu_health_rows()} if store is not None else {}
+    out = []
+    for gpu, row in sorted(rows.items()):
+        if row[4] and row[2] == hp.Source.OPERATOR:
+            out.append(Finding("warning", "GPU_CORDONED", gpu, f"cordoned by hand since {row[3]}: {row[1]}",
+                               f"'vgpuhost gpu uncordon {gpu}' brings it back after a health check"))
+        else:
+            out.append(Finding("error", "GPU_UNHEALTHY", gpu,
+                               f"out of service since {row[3]} ({row[2]}): {row[1]}",
+                               f"'vgpuhost gpu drain {gpu}' lists what must move; repair it, then "
+                               f"'vgpuhost gpu uncordon {gpu}'"))
+    for g in inv.gpus:
+        if str(g.address) in rows:
+            continue
+        problems = check_gpu(host, g.address, nvml)
+        if problems:
+            out.append(Finding("error", "GPU_UNHEALTHY", str(g.address),
+                               "fails its health check now: " + "; ".join(f"{s}: {r}" for s, r in problems),
+                               "the agent (or the next vgpuhost operation) takes it out of service"))
+    return out
+
+
+def nvml_or_none(host: HostRoot):
+    """The NVML backend for the health checks (:func:`vgpuhost.io.backends.open_backend`), None where NVML
+    cannot be had (no driver, no library): the PCI tree still decides."""
+    from ..io.backends import open_backend
+    from ..model.errors import VgpuhostError
+    try:
+        return open_backend(host)
+    except VgpuhostError:
+        return None
