@@ -61,7 +61,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -273,11 +273,11 @@ def _hostile(kind: str, path: str, seconds: float, stdin: str = "") -> subproces
 def _cycles(b, runs: int) -> List[float]:
     out = []
     for _ in range(runs):
-        t_p, _s = b.prepare()
+        prepared = b.prepare()                      # bench/hook.py's Sample: wall seconds and more
         b.check(True, "prepare begin")
-        t_r, _s = b.release()
+        released = b.release()
         b.check(False, "release end")
-        out.append(t_p + t_r)
+        out.append(prepared.wall + released.wall)
     return out
 
 
@@ -334,13 +334,7 @@ def run_load(base: Path, runs: int, rounds: int) -> None:
                 counts[phase].update(_collect(procs))
         # SIGTERM with the whole load running (its answers are not counted: the socket goes away)
         _t, procs = _load_phase(b, ro, 1, kinds["all"], maximal)
-        t0 = time.perf_counter()
-        agent.send_signal(signal.SIGTERM)
-        try:
-            rc = agent.wait(60)
-        except subprocess.TimeoutExpired:
-            rc = None
-        stop_s = time.perf_counter() - t0
+        rc, stop_s = _sigterm(agent)
         _collect(procs)
     finally:
         b.close()
@@ -496,6 +490,17 @@ def _run_clients(hook: Path, n: int, seconds: float, agent_pid: int = 0) -> Tupl
             cpu / len(pairs) if pairs else float("nan"))
 
 
+def _sigterm(agent: subprocess.Popen) -> Tuple[Optional[int], float]:
+    """SIGTERM to the agent: ``(its exit status or None when it outlived 60 s, seconds until it exited)``."""
+    t0 = time.perf_counter()
+    agent.send_signal(signal.SIGTERM)
+    try:
+        rc = agent.wait(60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    return rc, time.perf_counter() - t0
+
+
 def _agent_doc(sock: str) -> Dict:
     raw = _request_raw(sock, b"GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
     return json.loads(raw.split(b"\r\n\r\n", 1)[1])
@@ -580,13 +585,7 @@ def run_scale(base: Path, gpus: int, clients: List[int], seconds: float, storm: 
                        for k in ("POST /v1/hook/prepare", "POST /v1/hook/release"))
         pairs2, _f2, stop, threads = _hook_clients(hook, storm, 600.0, first=2000)
         time.sleep(5.0)
-        t0 = time.perf_counter()
-        agent.send_signal(signal.SIGTERM)
-        try:
-            rc = agent.wait(60)
-        except subprocess.TimeoutExpired:
-            rc = None
-        stop_s = time.perf_counter() - t0
+        rc, stop_s = _sigterm(agent)
         stop.set()
         for t in threads:
             t.join(180)

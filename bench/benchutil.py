@@ -6,7 +6,9 @@ The scripts run as ``python bench/NAME.py``, so this directory is on
 
 from __future__ import annotations
 
+import math
 import shlex
+import statistics
 import subprocess
 import time
 from typing import Callable, List
@@ -70,3 +72,12 @@ def wait_agent(proc: subprocess.Popen, path: str, log: Callable[[], str]) -> sub
         time.sleep(0.05)
     proc.kill()
     raise SystemExit("bench: the agent did not answer")
+
+
+def exponent(sizes: List[int], values: List[float]) -> float:
+    """The least-squares slope of log(value) over log(size): how a cost grows with the host (1: linearly)."""
+    xs = [math.log(s) for s in sizes]
+    ys = [math.log(max(v, 1e-9)) for v in values]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")

@@ -78,7 +78,6 @@ device not appearing / disappearing) aborts with exit 1.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import resource
 import shlex
@@ -91,7 +90,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from benchutil import a40_spec_yaml, precompile, run, timed, wait_agent
+from benchutil import a40_spec_yaml, exponent, precompile, run, timed, wait_agent
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -417,15 +416,6 @@ def main(argv: List[str] = None) -> int:
 CLEAN = "clean python -I -S -c pass"
 CLEAN_SITE = "clean python -I -c pass"
 SIM_TIME_ENV = "VGPUHOST_SIM_TIME_FILE"
-
-
-def exponent(sizes: List[int], values: List[float]) -> float:
-    """The least-squares slope of log(value) over log(size) (bench/scale.py's)."""
-    xs = [math.log(s) for s in sizes]
-    ys = [math.log(max(v, 1e-9)) for v in values]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
 
 
 def _clean_interpreter(where: Path) -> str:

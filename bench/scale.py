@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import math
 import shutil
 import statistics
 import sys
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
-from benchutil import a40_spec_yaml
+from benchutil import a40_spec_yaml, exponent
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -137,15 +136,6 @@ def measure(clock: SimClock, fn: Callable[[], object]) -> Tuple[float, float]:
     fn()
     wall = time.perf_counter() - t0
     return wall, clock.seconds - s0
-
-
-def exponent(sizes: List[int], values: List[float]) -> float:
-    """The least-squares slope of log(value) over log(size)."""
-    xs = [math.log(s) for s in sizes]
-    ys = [math.log(max(v, 1e-9)) for v in values]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
 
 
 # ---------------------------------------------------------------------------
