@@ -283,3 +283,41 @@ def test_sim_libvirtd_hook_needs_a_simulated_root(tmp_path):
     done = _vgpuhost("--root", "/", "sim", "libvirtd", "start", "--hook", str(tmp_path / "lv"))
     assert done.returncode == 2 and "--hook needs --root to name a simulated host" in done.stderr, done.stderr
     assert not (tmp_path / "lv").exists()
+
+
+def test_sim_libvirtd_restarts_with_its_hook_adds_one_to_a_running_daemon_and_trusts_no_stale_record(
+        libvirtd, tmp_path, make_host):
+    """Start --hook again after a stop (idempotent, the hook already there); --hook on a daemon started
+    without it installs the hook and makes the daemon rescan its hooks; a record whose process ID another
+    process now has is not trusted (status says none runs, stop signals nothing); bad work directories."""
+    root = str(make_host("a40-mdev").root)
+    work = tmp_path / "lv"
+    assert _vgpuhost("sim", "libvirtd", "start", str(work)).returncode == 0            # no hook
+    hook = work / "etc" / "hooks" / "qemu.d" / "vgpuhost"
+    reloads = work / "daemon-hook.log"
+    before = reloads.read_text().count("reload ")
+    added = _vgpuhost("--root", root, "sim", "libvirtd", "start", "--hook", str(work))
+    assert added.returncode == 0 and hook.is_file() and root in hook.read_text(), added.stderr
+    assert reloads.read_text().count("reload ") == before + 1                      # libvirtd rescanned its hooks
+    assert _vgpuhost("sim", "libvirtd", "stop", str(work)).returncode == 0
+    again = _vgpuhost("--root", root, "sim", "libvirtd", "start", "--hook", str(work))
+    assert again.returncode == 0 and hook.is_file(), again.stderr
+    assert _vgpuhost("sim", "libvirtd", "stop", str(work)).returncode == 0
+    # a stale record naming a process that is not its keeper: not trusted, and nothing is signalled
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        (work / "keeper.json").write_text(json.dumps({"keeper": other.pid, "libvirtd": 999999, "uri": "x",
+                                                      "hooks_dir": "x", "log": "x"}))
+        status = _vgpuhost("sim", "libvirtd", "status", str(work))
+        assert status.returncode == 1 and "no libvirtd runs" in status.stdout
+        assert _vgpuhost("sim", "libvirtd", "stop", str(work)).returncode == 0
+        assert other.poll() is None, "stop signalled a process that is not its keeper"
+    finally:
+        other.kill()
+        other.wait()
+    # an empty work directory, and one inside the simulated host, are refused before anything starts
+    empty = _vgpuhost("sim", "libvirtd", "start", "")
+    assert empty.returncode == 2 and "the work directory is empty" in empty.stderr
+    inside = _vgpuhost("--root", root, "sim", "libvirtd", "start", "--hook", root + "/lv")
+    assert inside.returncode == 2 and "is inside the simulated host" in inside.stderr
+    assert not Path(root, "lv").exists()

@@ -20,7 +20,7 @@ from ..model.values import PciAddress
 from ..sim.build import materialise
 from ..sim.data import bundled_specs
 from ..sim.kernel import SimKernel
-from ..sim.libvirtd import kept, keep_start, keep_stop
+from ..sim.libvirtd import kept, keep_reload, keep_start, keep_stop
 from ..sim.nvml import SimNvml
 from ..sim.spec import load_spec
 from .common import Context, emit, pass_ctx, store
@@ -118,6 +118,13 @@ def sim_libvirtd() -> None:
 _WORKDIR = click.argument("workdir", type=click.Path(file_okay=False))
 
 
+def _workdir(text: str) -> Path:
+    """The daemon's work directory, absolute; an empty one is refused (it would be the current directory)."""
+    if not text.strip():
+        raise InputError("the work directory is empty", hint="name a directory for the daemon's state, e.g. /tmp/lv")
+    return Path(text).absolute()
+
+
 def _daemon_doc(workdir: str, doc, running: bool):
     return {"schema": "vgpuhost.sim-libvirtd/v1", "workdir": str(Path(workdir).absolute()), "running": running,
             "uri": doc and doc.get("uri"), "hooks_dir": doc and doc.get("hooks_dir"), "pid": doc and doc.get("libvirtd")}
@@ -134,15 +141,23 @@ def sim_libvirtd_start(ctx: Context, workdir: str, hook: bool) -> None:
 
     With --hook, domains started there run vgpuhost's hook against --root.  Needs root, util-linux
     unshare and Debian's libvirt-daemon, libvirt-clients and qemu-system-x86 (exit 2 when missing)."""
+    where = _workdir(workdir)
     if hook:
         if not ctx.host.is_simulated:
             raise InputError("--hook needs --root to name a simulated host (vgpuhost sim create)",
                              hint="the daemon's hooks would otherwise act on this machine's GPUs")
-        hooks_dir = Path(workdir).absolute() / "etc" / "hooks" / "qemu.d"    # IsolatedLibvirtd.hooks_dir
-        if kept(Path(workdir)) is None:
+        root = Path(ctx.host.root).absolute()
+        if where == root or root in where.parents:
+            raise InputError(f"the work directory {where} is inside the simulated host {root}",
+                             hint="give the daemon a directory of its own (its etc/ and run/ are libvirt's)")
+        hooks_dir = where / "etc" / "hooks" / "qemu.d"                  # IsolatedLibvirtd.hooks_dir
+        running = kept(where) is not None
+        if not files.is_dir(hooks_dir):
             files.make_dirs(hooks_dir)
-            hookmod.install(ctx.host, hooks_dir=str(hooks_dir), store=store(ctx))
-    doc = keep_start(Path(workdir))
+        hookmod.install(ctx.host, hooks_dir=str(hooks_dir), store=store(ctx))     # idempotent
+        if running:
+            keep_reload(where)           # libvirtd reads its hooks at start and on SIGHUP
+    doc = keep_start(where)
     uri = doc["uri"]
     emit(ctx, _daemon_doc(workdir, doc, True),
          f"libvirtd running in {Path(workdir).absolute()} (pid {doc['libvirtd']})\n"
@@ -156,7 +171,7 @@ def sim_libvirtd_start(ctx: Context, workdir: str, hook: bool) -> None:
 @pass_ctx
 def sim_libvirtd_stop(ctx: Context, workdir: str) -> None:
     """Stop the libvirtd kept in WORKDIR: its running domains are destroyed first (their hooks run)."""
-    stopped = keep_stop(Path(workdir))
+    stopped = keep_stop(_workdir(workdir))
     emit(ctx, dict(_daemon_doc(workdir, None, False), stopped=stopped),
          f"stopped the libvirtd in {workdir}" if stopped else f"no libvirtd runs in {workdir}")
 
@@ -166,7 +181,7 @@ def sim_libvirtd_stop(ctx: Context, workdir: str) -> None:
 @pass_ctx
 def sim_libvirtd_status(ctx: Context, workdir: str) -> None:
     """Whether a libvirtd is kept in WORKDIR, and its URI (exit 1 when none runs)."""
-    doc = kept(Path(workdir))
+    doc = kept(_workdir(workdir))
     emit(ctx, _daemon_doc(workdir, doc, doc is not None),
          f"running: {doc['uri']} (pid {doc['libvirtd']})" if doc else f"no libvirtd runs in {workdir}")
     if doc is None:

@@ -645,17 +645,42 @@ def kept(workdir: Path) -> Optional[Dict[str, object]]:
         pid = int(doc["keeper"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return doc if _running(pid) else None
+    return doc if _keeper_runs(pid, Path(workdir).absolute()) else None
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs: it exists and is not a zombie (a killed keeper whose parent, the
-    machine's init, has not reaped it yet still answers ``kill(pid, 0)``)."""
+def _keeper_runs(pid: int, workdir: Path) -> bool:
+    """Whether process ``pid`` is the keeper of ``workdir`` and runs: not a zombie (a killed keeper whose
+    parent, the machine's init, has not reaped it yet still answers ``kill(pid, 0)``), and its command line
+    is ``python -m vgpuhost.sim.libvirtd --keep WORKDIR`` (a record left by a keeper killed with -9 may name
+    a process ID the machine has given to another process since)."""
+    proc = MACHINE.path("proc", str(pid))
     try:
-        stat = Path(MACHINE.path("proc", str(pid), "stat")).read_text()
+        stat = Path(proc, "stat").read_text()
+        argv = Path(proc, "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     except OSError:
         return False
-    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+    if stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"]):
+        return False
+    return argv[-3:] == [MODULE.encode(), b"--keep", os.fsencode(str(workdir))]
+
+
+def keep_reload(workdir: Path, timeout_s: float = 30) -> None:
+    """Make the libvirtd kept in ``workdir`` rescan its hooks (SIGHUP to it), and return once it has
+    (its daemon hook logged the reload).  Raises HostEnvironmentError when none runs there or it does not
+    reload within ``timeout_s``."""
+    workdir = Path(workdir).absolute()
+    doc = kept(workdir)
+    if doc is None:
+        raise HostEnvironmentError(f"no libvirtd runs in {workdir}", hint=f"vgpuhost sim libvirtd start {workdir}")
+    daemon = IsolatedLibvirtd(workdir)
+    before = daemon._reloads()
+    _signal(int(doc["libvirtd"]), signal.SIGHUP)
+    deadline = time.monotonic() + timeout_s
+    while daemon._reloads() <= before:
+        if time.monotonic() > deadline:
+            raise HostEnvironmentError(f"the libvirtd in {workdir} did not reload its hooks in {timeout_s:g} s",
+                                       hint=f"see {daemon.log_path}")
+        time.sleep(0.02)
 
 
 def keep_start(workdir: Path, timeout_s: float = 60) -> Dict[str, object]:
