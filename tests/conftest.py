@@ -37,7 +37,22 @@ XDIST_GROUPS = {
     # both run setuptools on the checkout itself: build/ and vgpuhost.egg-info in the repository
     "test_packaging.py": "repo-build",
 }
+#: modules whose tests take the longest (tens of seconds to minutes each: Ansible runs, the Debian package,
+#: kill sweeps, property tests with many real operations): a parallel run starts them first, so that no long
+#: test starts last and leaves the other workers idle while it runs
+SLOW_FIRST = ("test_ansible.py", "test_deb.py", "test_crash.py", "test_admission_model_property.py",
+              "test_passthrough.py", "test_placement_property.py", "test_vgpu_concurrency.py",
+              "test_admission_once.py", "test_metering_prometheus.py", "test_tenancy_hook_property.py")
 REGEN = os.environ.get("VGPUHOST_REGEN_GOLDENS") == "1"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On an xdist worker: the modules of :data:`SLOW_FIRST` first, in that order, each module's tests
+    kept together and in their order (every worker sorts alike, so the workers' collections agree)."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
