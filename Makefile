@@ -19,6 +19,9 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.vgpuhost-installed
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers (tests/conftest.py: groups and isolation);
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
 # The qemu hook's thin client to the agent (C, no dependencies but libc); `hook install`
 # finds it next to the package.  Without it the hook uses curl.
 CLIENT      := vgpuhost/hook/vgpuhost-hook-client
@@ -80,7 +83,7 @@ venv-check:
 	@test -x $(VPY) || { echo "no $(VENV): run 'make dev' first" >&2; exit 1; }
 
 test: venv-check
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: venv-check
 	$(VPY) -m vgpuhost.demo
@@ -110,6 +113,7 @@ deb:
 	rm -rf build/deb && mkdir -p build/deb/vgpuhost dist
 	tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./site \
 	    --exclude=./demo-host --exclude=__pycache__ --exclude='*.egg-info' --exclude=./ansible/.ansible \
+	    --exclude=./.hypothesis --exclude=./.pytest_cache \
 	    --exclude=./$(CLIENT) -cf - . | tar -C build/deb/vgpuhost -xf -
 	cd build/deb/vgpuhost && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc
 	cp build/deb/vgpuhost_*_all.deb build/deb/vgpuhost-sim_*_all.deb build/deb/vgpuhost-hook-client_*.deb dist/

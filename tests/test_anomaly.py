@@ -88,12 +88,15 @@ def test_advise_and_the_exporter_flag_what_the_sampler_metered(make_host, capsys
         nv.advance(3600)
         s.tick()
     capsys.readouterr()
-    rc = main(["--root", str(host.root), "--json", "advise"])
+    # the rollups lie at END, a fixed date: a window from the real clock's "7 days ago" (advise's default)
+    # stopped holding them on 2026-12-07, and the unlicensed flag then lost its tenant
+    since = ["--since", (END - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")]
+    rc = main(["--root", str(host.root), "--json", "advise", *since])
     out = capsys.readouterr()
     assert rc == 0, out.err
     got = {(f["kind"], f["tenant"], f["device"]) for f in json.loads(out.out)["flags"]}
     assert got == {("saturated", "acme", rec.id), ("unlicensed", "acme", rec.id)}
-    rc = main(["--root", str(host.root), "advise"])
+    rc = main(["--root", str(host.root), "advise", *since])
     text = capsys.readouterr().out
     assert rc == 0 and f"flag: saturated tenant acme {rec.id}: its SM was busy" in text
     # the exporter's gauge, worked out from the same rollups

@@ -25,15 +25,18 @@ and ``reconcile --check`` read at every point.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import shutil
 import sqlite3
+import subprocess
 from typing import Callable, Dict, List
 
 import pytest
 
 from vgpuhost.cli.main import main
 from vgpuhost.hook import runtime as hook
+from vgpuhost.io.hostroot import HostRoot
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
@@ -183,9 +186,23 @@ def drivers(host) -> Dict[str, str]:
     return {b: fs.link_name(host.pci_device(b) / "driver") for b in FUNCS}
 
 
-def count_writes(make_host, build, op, tmp_path) -> int:
+def copies(make_host, build, tmp_path) -> Callable[[], HostRoot]:
+    """Fresh hosts as ``build(make_host)`` makes them: built once, then copied for each call (``cp -a``:
+    the simulated tree's links are relative, nothing in it names its own path, and no process has its
+    store open), so a sweep over N kill points costs one build (a layout apply, say) and N copies."""
+    template = build(make_host)
+    made = itertools.count()
+
+    def fresh() -> HostRoot:
+        dest = tmp_path / f"copy{next(made)}"
+        subprocess.run(["cp", "-a", str(template.root), str(dest)], check=True, timeout=300)
+        return HostRoot(dest)
+    return fresh
+
+
+def count_writes(fresh: Callable[[], HostRoot], op, tmp_path) -> int:
     """How many writes ``op`` makes on a fresh host when nothing kills it."""
-    host = build(make_host)
+    host = fresh()
     log = tmp_path / "count.log"
     rc = run(host, op(host), log)
     assert rc == 0, f"the operation itself fails (exit {rc})"
@@ -199,7 +216,8 @@ def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_m
 
     ``only(path)``: kill only at the writes whose logged path it accepts (an operation whose other
     writes other tests cover), to keep the suite's time in check."""
-    total = count_writes(make_host, build, op, tmp_path)
+    fresh = copies(make_host, build, tmp_path)
+    total = count_writes(fresh, op, tmp_path)
     points = range(1, total + 1)
     if only is not None:
         lines = open(tmp_path / "count.log", encoding="utf-8").read().splitlines()
@@ -208,7 +226,7 @@ def kill_everywhere(make_host, tmp_path, build, op, after_reconcile, *, owners_m
     failures = []
     for when in ("before", "after"):
         for n in points:
-            host = build(make_host)
+            host = fresh()
             log = tmp_path / f"w-{when}-{n}.log"
             if os.path.exists(log):
                 os.unlink(log)
@@ -390,11 +408,12 @@ def retry_without_reconcile(make_host, tmp_path, build, xml, host_check, *, retr
     succeed, and the stop after it leave the host as it was, with no journal entry open.  ``retry``
     False: the domain is stopped at once, and that stop finishes or rolls back what the killed start
     left (the breaker's finding: the vGPU stayed, foreign, until a reconcile)."""
-    total = count_writes(make_host, build, lambda h: hook_op(h, "prepare", "begin", xml), tmp_path)
+    fresh = copies(make_host, build, tmp_path)
+    total = count_writes(fresh, lambda h: hook_op(h, "prepare", "begin", xml), tmp_path)
     failures = []
     for when in ("before", "after"):
         for n in range(1, total + 1):
-            host = build(make_host)
+            host = fresh()
             log = tmp_path / f"r-{when}-{n}.log"
             if run(host, hook_op(host, "prepare", "begin", xml), log, kill_at=n, when=when) != -9:
                 failures.append(f"{when} write {n}: not killed")
@@ -683,7 +702,7 @@ def test_a_stop_that_cannot_end_its_killed_start_says_so_and_keeps_the_domain(ma
     from vgpuhost.sim.kernel import SimKernel
     host = _a40(make_host)
     log = tmp_path / "w.log"
-    total = count_writes(make_host, _a40, lambda h: hook_op(h, "prepare", "begin", VGPU_XML), tmp_path)
+    total = count_writes(lambda: _a40(make_host), lambda h: hook_op(h, "prepare", "begin", VGPU_XML), tmp_path)
     kill_at = next(n for n in range(1, total + 1)
                    if run(h := _a40(make_host), hook_op(h, "prepare", "begin", VGPU_XML), log, kill_at=n,
                           when="after") == -9 and discover(Sysfs(h)).mdevs)

@@ -89,7 +89,9 @@ def _build_deb(tmp_path) -> Path:
     src.mkdir(parents=True)
     excludes = ["--exclude=./.git", "--exclude=./.venv", "--exclude=./build", "--exclude=./dist",
                 "--exclude=./site", "--exclude=./demo-host", "--exclude=__pycache__", "--exclude=*.egg-info",
-                "--exclude=./ansible/.ansible", "--exclude=./vgpuhost/hook/vgpuhost-hook-client"]
+                "--exclude=./ansible/.ansible", "--exclude=./vgpuhost/hook/vgpuhost-hook-client",
+                # written by the suite's other workers while this copy is made (tar: "file changed")
+                "--exclude=./.hypothesis", "--exclude=./.pytest_cache"]
     pack = subprocess.Popen(["tar", *excludes, "-cf", "-", "."], cwd=REPO, stdout=subprocess.PIPE)
     unpack = subprocess.run(["tar", "-C", str(src), "-xf", "-"], stdin=pack.stdout, capture_output=True)
     pack.wait()
