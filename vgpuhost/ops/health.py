@@ -174,10 +174,14 @@ def read_failures(inv: "Inventory") -> "List[Tuple[PciAddress, str]]":
     return out
 
 
-def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", *, actor: str) -> "List[dict]":
+def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", *, actor: str,
+                whole: bool = True) -> "List[dict]":
     """The check each CLI operation runs (cheap: no NVML, one query per table): a GPU the store remembers
     that is gone from the PCI tree, and a GPU whose device read failed with EIO/ENODEV in ``inv``
-    (:func:`read_failures`), are marked unhealthy.  Returns the transitions (:func:`watch_once`'s shape)."""
+    (:func:`read_failures`), are marked unhealthy.  ``whole`` False: ``inv`` holds only the GPUs the
+    operation may use (the qemu hook reads no other GPU's path), so only its read failures are looked at;
+    the agent's watch and the next whole-host read find a GPU gone.  Returns the transitions
+    (:func:`watch_once`'s shape)."""
     if store is None:
         return []
     present = set(inv.devices) | {g.address for g in inv.gpus}
@@ -188,6 +192,8 @@ def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory",
         if str(addr) not in marked and mark_unhealthy(store, addr, reason, hp.Source.IO, actor=actor):
             out.append({"gpu": str(addr), "source": hp.Source.IO, "reason": reason})
             marked.add(str(addr))
+    if not whole:
+        return out
     from ..io.sysfs import Sysfs
     fs = Sysfs(host)
     for g in sorted(seen - marked):

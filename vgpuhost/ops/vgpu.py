@@ -338,7 +338,7 @@ def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: O
         inv = discover(fs)              # the VF's PF is no NVIDIA GPU: the whole host says what it is
     if scope is None and not dry_run:
         # the check each operation runs (cheap: the store's GPUs against this read): a GPU gone from the tree
-        health.quick_check(fs.host, store, inv, actor=actor_name())
+        health.quick_check(fs.host, store, inv, actor=actor_name(), whole=inventory is None)
     inv = health.in_service(inv, store)     # a GPU out of service offers nothing (docs/guide/failures.md)
     # the GPU's records when one GPU is read (what the checks look at), else every record
     records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
