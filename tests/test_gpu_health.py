@@ -459,3 +459,102 @@ def test_the_pynvml_door_reads_gpu_is_lost_and_critical_xid_events():
     assert b.xid_events([A(LO), A(HI)], 100) == [(A(LO), 79), (A(HI), 13)]
     assert registered == [("h41", 8, "set"), ("h81", 8, "set")]
     assert b.xid_events([A(LO), A(HI)], 100) == [] and len(registered) == 2       # registered once
+
+
+# ---------------------------------------------------------------------------
+# trial 4 findings
+
+def _pt_xml(name: str, i: int, gpu: str = LO) -> str:
+    from test_hook import pt_domain
+    return pt_domain(name, uid("d1d1d1d1", i), gpu, [gpu])
+
+
+def _driver(host, bdf: str):
+    return Sysfs(host).link_name(host.pci_device(bdf) / "driver")
+
+
+@pytest.mark.parametrize("how", ["cordon", "unhealthy"])
+def test_a_gpu_out_of_service_is_handed_to_no_new_vm_by_passthrough(make_host, capsys, how):
+    """Finding 1: the hook's start of a passthrough domain and 'passthrough prepare' refuse (exit 2, one line
+    naming the GPU and why), nothing changed (still on nvidia, no domain recorded), an audit row."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    if how == "cordon":
+        assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "fan swap")[0] == 0
+    else:
+        assert health.mark_unhealthy(s, A(LO), "Xid 79 (GPU has fallen off the bus)", "nvml", actor="test")
+    before = len(s.audit_rows())
+    rc, err = start(host, "ptvm", _pt_xml("ptvm", 0))
+    assert rc == 2 and f"{LO} is out of service" in err and "\n" not in err.strip(), err
+    assert _driver(host, LO) == "nvidia" and s.active_domains() == {} and s.passthrough_records() == []
+    rows = s.audit_rows()[before:]
+    assert [(r.path, r.result) for r in rows] == [(f"(health) {LO}", "refused")]
+    code, out, err = cli(capsys, host, "passthrough", "prepare", LO)
+    assert code == 2 and f"{LO} is out of service" in err and _driver(host, LO) == "nvidia"
+    assert s.passthrough_records() == [] and s.audit_rows()[-1].result == "refused"
+    # the GPU in service goes through as before
+    rc, err = start(host, "ptvm2", _pt_xml("ptvm2", 1, HI))
+    assert rc == 0, err
+    assert _driver(host, HI) == "vfio-pci"
+
+
+def test_cordoning_an_unhealthy_gpu_keeps_the_failures_reason_source_and_time(make_host, capsys):
+    """Finding 6: the cordon is recorded beside the failure; its reason goes to the audit row."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert health.mark_unhealthy(s, A(LO), "creating A40-8Q on 0000:41:00.0 failed: EIO", "io", actor="test")
+    [(gpu, reason, source, since, by_hand)] = s.gpu_health_rows()
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "fan")
+    assert code == 0 and doc["changed"] and doc["reason"] == reason
+    assert s.gpu_health_rows() == [(gpu, reason, "io", since, True)]
+    assert s.audit_rows()[-1].value == "fan" and s.audit_rows()[-1].result == "cordoned"
+    code, check = cli_json(capsys, host, "host", "check")
+    [f] = [f for f in check["findings"] if f["subject"] == LO and f["code"] == "GPU_UNHEALTHY"]
+    assert f"since {since} (io): {reason}" in f["message"]
+
+
+def test_attach_refuses_passthrough_of_and_notes_a_pin_to_a_gpu_out_of_service(make_host, capsys):
+    """Findings 1 and 7: 'attach --passthrough' of a GPU out of service is refused (definition unchanged);
+    an mdev vGPU pinned to one gets the note that the hook refuses its starts."""
+    import libvirt
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops.attach import attach
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "maint")[0] == 0
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.defineXML("<domain type='test'><name>vgh-health</name><memory>65536</memory>"
+                             "<os><type>hvm</type></os><devices/></domain>")
+        before = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        with pytest.raises(RefusedError) as err:
+            attach(host, s, "test:///default", "vgh-health", passthrough=LO)
+        assert f"{LO} is out of service (cordoned by hand: maint)" in err.value.one_line()
+        assert dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == before
+        out = attach(host, s, "test:///default", "vgh-health", profile="A40-8Q", gpu=LO, dry_run=True)
+        assert any(f"the qemu hook refuses every start of vgh-health while {LO} is out of service" in n
+                   for n in out.notes), out.notes
+        out = attach(host, s, "test:///default", "vgh-health", profile="A40-8Q", gpu=HI, dry_run=True)
+        assert not any("out of service" in n for n in out.notes)
+    finally:
+        dom.undefine()
+        conn.close()
+
+
+def test_attach_reserves_no_vf_on_a_gpu_out_of_service(make_host):
+    """Finding 7: vendor VFIO: the VF is reserved on the GPU in service."""
+    import libvirt
+    from vgpuhost.ops.attach import attach
+    host = make_host("l40s-vendor-vfio")
+    s = StateStore(host.state_dir)
+    gpus = sorted(str(g.address) for g in discover(Sysfs(host)).gpus)
+    health.cordon(host, s, discover(Sysfs(host)), A(gpus[0]), reason="maint", actor="test")
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.defineXML("<domain type='test'><name>vgh-health-vf</name><memory>65536</memory>"
+                             "<os><type>hvm</type></os><devices/></domain>")
+        out = attach(host, s, "test:///default", "vgh-health-vf", profile="L40S-8Q", dry_run=True)
+        assert [d.gpu for d in out.devices] == [gpus[1]]
+    finally:
+        dom.undefine()
+        conn.close()

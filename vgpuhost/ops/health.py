@@ -47,6 +47,22 @@ def out_of_service(store: "StateStore") -> "Dict[PciAddress, str]":
     return out
 
 
+def refuse_out_of_service(store: "StateStore", gpu: PciAddress, *, what: str, actor: str,
+                          operation: str, audit: bool = True) -> None:
+    """Refuse ``what`` (``pass it through``) on ``gpu`` while it is out of service (unhealthy or cordoned):
+    RefusedError (exit 2) naming the GPU and why, after one audit row (path ``(health) BDF``, result
+    ``refused``) where ``audit``; nothing else changed.  Returns quietly for a GPU in service."""
+    rows = store.gpu_health_rows(str(gpu))
+    if not rows:
+        return
+    line = out_of_service(store).get(gpu) or rows[0][1]
+    if audit:
+        store.audit(actor=actor, operation=operation, path=f"(health) {gpu}", value=f"{what}: out of service",
+                    result="refused")
+    raise RefusedError(f"cannot {what}: {gpu} is out of service ({line})",
+                       hint=f"use another GPU, or repair it and run 'vgpuhost gpu uncordon {gpu}'; nothing was changed")
+
+
 #: beside state.db while a GPU may be out of service: written before a health row is, removed once none is
 #: left, so the lean read commands (``types``, which load no SQLite) read the store only when it may matter
 MARKER = "gpu-health.marker"
@@ -249,22 +265,26 @@ def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None
 def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddress, *, reason: str, actor: str,
            dry_run: bool = False) -> dict:
     """Take ``gpu`` out of placement by hand (maintenance): ``{gpu, changed, cordoned, reason, holders}``.
-    What it holds keeps running; a GPU already unhealthy becomes cordoned by hand (uncordon is then
-    the way back for both).  Audited (result ``cordoned``).  InputError for an unknown GPU."""
+    What it holds keeps running.  A GPU already unhealthy keeps its failure's row (reason, source, time)
+    and is marked cordoned by hand beside it (uncordon is then the way back for both); ``reason`` then
+    goes to the audit row only, and the answer's ``reason`` is the failure's.  Audited (result
+    ``cordoned``, value the reason given).  InputError for an unknown GPU."""
     _require_gpu(store, inv, gpu)
     rows = store.gpu_health_rows(str(gpu))
     changed = not rows or not rows[0][4]
-    # an unhealthy GPU keeps its failure (reason and source) and becomes cordoned by hand as well
-    why = reason or (rows[0][1] if rows else "maintenance")
-    source = rows[0][2] if rows else hp.Source.OPERATOR
+    why = reason or "maintenance"
     if changed and not dry_run:
         _set_marker(store)
         with store.transaction() as conn:
-            store.put_gpu_health(conn, str(gpu), why, source, True)
+            if store.gpu_health_rows(str(gpu)):
+                store.cordon_gpu_health(conn, str(gpu))     # the failure's reason, source and time stay
+            else:
+                store.put_gpu_health(conn, str(gpu), why, hp.Source.OPERATOR, True)
             store.audit(actor=actor, operation="gpu cordon", path=f"(health) {gpu}", value=why,
                         result="cordoned", conn=conn)
     return {"gpu": str(gpu), "changed": changed, "dry_run": dry_run, "in_service": False,
-            "reason": why if changed else rows[0][1], "holders": sorted({h["domain"] for h in _holders(store, gpu)})}
+            "reason": rows[0][1] if rows else why,
+            "holders": sorted({h["domain"] for h in _holders(store, gpu)})}
 
 
 def uncordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddress, *, actor: str,
