@@ -558,3 +558,22 @@ def test_attach_reserves_no_vf_on_a_gpu_out_of_service(make_host):
     finally:
         dom.undefine()
         conn.close()
+
+
+def test_uncordon_reads_the_device_back_and_host_check_reports_reads_failing_now(make_host, capsys):
+    """Finding 4: a vGPU attribute read failing with EIO fails uncordon's check (exit 2, nothing changed) and
+    is GPU_UNHEALTHY in host check before any operation recorded it."""
+    host = two_a40(make_host, f'{{op: read, attr: available_instances, device: "{LO}", errno: EIO, count: 0}}')
+    s = StateStore(host.state_dir)
+    code, check = cli_json(capsys, host, "host", "check")
+    assert code != 0 and [f["severity"] for f in check["findings"]
+                          if f["subject"] == LO and f["code"] == "GPU_UNHEALTHY"] == ["error"]
+    assert s.gpu_health_rows() == []                     # host check changes nothing
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "maint")[0] == 0
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 2 and "fails its health check" in err and "available_instances" in err and "EIO" in err
+    assert [r[0] for r in s.gpu_health_rows()] == [LO]
+    repair(host)
+    code, doc = cli_json(capsys, host, "gpu", "uncordon", LO, "--dry-run")
+    assert code == 0 and "device" in doc["checked"]
+    assert cli(capsys, host, "gpu", "uncordon", LO)[0] == 0 and s.gpu_health_rows() == []

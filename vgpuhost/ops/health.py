@@ -143,8 +143,10 @@ def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: st
 
 def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, str]]":
     """What is wrong with ``gpu`` now: ``[(source, reason)]``, empty when healthy.  Reads the PCI tree
-    (the device's directory and its ``vendor`` attribute: EIO/ENODEV there is the failure itself) and,
-    with ``nvml`` (an :class:`vgpuhost.io.nvml.NvmlBackend`), GPU_IS_LOST."""
+    (the device's directory and its ``vendor`` attribute: EIO/ENODEV there is the failure itself), the
+    device back (a fresh read of the GPU's vGPU and driver attributes, :func:`device_read_failure`:
+    EIO/ENODEV from any of them) and, with ``nvml`` (an :class:`vgpuhost.io.nvml.NvmlBackend`),
+    GPU_IS_LOST."""
     from ..io.sysfs import Sysfs
     from ..model.errors import SysfsError
     fs = Sysfs(host)
@@ -157,6 +159,10 @@ def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, st
     except SysfsError as e:
         if hp.is_unhealthy_errno(e.errno):
             out.append((hp.Source.IO, hp.errno_reason(e.errno, gpu, "reading vendor")))
+    if not out:
+        failed = device_read_failure(host, gpu)
+        if failed:
+            out.append((hp.Source.IO, failed))
     if nvml is not None:
         try:
             if nvml.gpu_lost(gpu):
@@ -164,6 +170,23 @@ def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, st
         except Exception:       # NVML unreadable for this GPU (not on nvidia): the tree decides
             pass
     return out
+
+
+def device_read_failure(host: HostRoot, gpu: PciAddress) -> "Optional[str]":
+    """Read ``gpu`` back (:func:`vgpuhost.observe.inventory.discover_gpu`: its vGPU types, instances and
+    driver attributes, and those of its VFs): the reason line of the first read that failed with EIO or
+    ENODEV, None when every read answered (other errnos are refusals, not the GPU failing)."""
+    from ..io.sysfs import Sysfs
+    from ..model.errors import SysfsError
+    from ..observe.inventory import discover_gpu
+    try:
+        one = discover_gpu(Sysfs(host), gpu, host_facts=False)
+    except SysfsError as e:
+        if hp.is_unhealthy_errno(e.errno):
+            return hp.errno_reason(e.errno, gpu, f"reading {host.relative(e.path) if e.path else 'the device'}")
+        return None
+    failures = read_failures(one)
+    return failures[0][1] if failures else None
 
 
 def known_gpus(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[PciAddress]":
@@ -309,7 +332,7 @@ def uncordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddr
                         result="uncordoned", conn=conn)
         _clear_marker(store)
     return {"gpu": str(gpu), "changed": bool(rows), "dry_run": dry_run, "in_service": True,
-            "checked": ["pci"] + (["nvml"] if nvml is not None else [])}
+            "checked": ["pci", "device"] + (["nvml"] if nvml is not None else [])}
 
 
 def _holders(store: "StateStore", gpu: PciAddress) -> "List[dict]":
