@@ -577,3 +577,20 @@ def test_uncordon_reads_the_device_back_and_host_check_reports_reads_failing_now
     code, doc = cli_json(capsys, host, "gpu", "uncordon", LO, "--dry-run")
     assert code == 0 and "device" in doc["checked"]
     assert cli(capsys, host, "gpu", "uncordon", LO)[0] == 0 and s.gpu_health_rows() == []
+
+
+def test_plan_blocks_a_step_on_a_gpu_out_of_service_and_apply_changes_nothing(make_host, capsys):
+    """Finding 8: plan shows it BLOCKED; apply refuses before any change (exit 2)."""
+    from pathlib import Path
+    cfg = str(Path(__file__).resolve().parent.parent / "examples" / "config" / "vgpu-a40.yaml")
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "gpu", "cordon", HI, "--reason", "maint")[0] == 0
+    code, doc = cli_json(capsys, host, "plan", "-c", cfg, "vdi")
+    assert any(b.startswith(f"{HI} is out of service (cordoned by hand: maint)") for b in doc["blocked"]), doc
+    assert not any(b.startswith(LO) for b in doc["blocked"])
+    code, out, err = cli(capsys, host, "plan", "-c", cfg, "vdi")
+    assert "BLOCKED" in out and f"{HI} is out of service" in out
+    code, out, err = cli(capsys, host, "apply", "-c", cfg, "vdi")
+    assert code == 2 and f"{HI} is out of service" in err and "nothing was changed" in err
+    assert mdevs(host) == {} and s.vgpu_records() == []
