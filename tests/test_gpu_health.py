@@ -594,3 +594,26 @@ def test_plan_blocks_a_step_on_a_gpu_out_of_service_and_apply_changes_nothing(ma
     code, out, err = cli(capsys, host, "apply", "-c", cfg, "vdi")
     assert code == 2 and f"{HI} is out of service" in err and "nothing was changed" in err
     assert mdevs(host) == {} and s.vgpu_records() == []
+
+
+def test_host_check_capacity_and_types_agree_on_a_gpu_out_of_service(make_host, capsys):
+    """Findings 14, 15, 27: host check's vGPU and passthrough verdicts are not 'ready'; capacity gives the
+    reason (JSON and text), counts no free framebuffer there and blames no fragmentation; types' parents
+    read 0 as the type does."""
+    host = make_host("a40-mdev")
+    gpu = str(discover(Sysfs(host)).gpus[0].address)
+    s = StateStore(host.state_dir)
+    assert health.mark_unhealthy(s, A(gpu), f"creating A40-8Q on {gpu} failed: EIO", "io", actor="test")
+    code, check = cli_json(capsys, host, "host", "check")
+    verdicts = {m["mode"]: v for m in check["modes"] for v in m["gpus"] if v["gpu"] == gpu}
+    assert verdicts["vgpu"]["verdict"] == "blocked" and "out of service" in verdicts["vgpu"]["reason"]
+    assert verdicts["passthrough"]["verdict"] == "blocked"
+    code, cap = cli_json(capsys, host, "capacity")
+    [g] = cap["gpus"]
+    assert g["out_of_service"].startswith("unhealthy: creating A40-8Q") and g["free_mib"] == 0
+    assert all(p["fits"] == 0 and p["blocked"] == 0 and "fragmentation" not in p["note"] for p in cap["profiles"])
+    code, out, err = cli(capsys, host, "capacity", "--profile", "A40-8Q")
+    assert "fragmentation" not in out and f"{gpu}: unhealthy: creating A40-8Q" in out
+    code, types = cli_json(capsys, host, "types")
+    assert types["types"] and all(e["available_instances"] == 0 and
+                                  all(p["available_instances"] == 0 for p in e["parents"]) for e in types["types"])
