@@ -617,3 +617,15 @@ def test_host_check_capacity_and_types_agree_on_a_gpu_out_of_service(make_host, 
     code, types = cli_json(capsys, host, "types")
     assert types["types"] and all(e["available_instances"] == 0 and
                                   all(p["available_instances"] == 0 for p in e["parents"]) for e in types["types"])
+
+
+@pytest.mark.parametrize("opt", [["--create-errno", "EIO"], ["--lost"], ["--found"], ["--xid", "79"], ["--unplug"]])
+def test_sim_fail_refuses_a_bdf_that_is_no_gpu_of_the_host(make_host, capsys, opt):
+    """Findings 13a/b: exit 2 and one line for every option; no fault stored."""
+    host = two_a40(make_host)
+    state = host.root / ".vgpuhost-sim" / "state.json"
+    before = state.read_bytes()
+    code, out, err = cli(capsys, host, "sim", "fail", "0000:99:00.0", *opt)
+    assert code == 2 and "no NVIDIA GPU at 0000:99:00.0" in err and out == ""
+    assert state.read_bytes() == before
+    assert cli(capsys, host, "sim", "fail", "0000:40:01.1", *opt)[0] == 2       # a root port, no GPU

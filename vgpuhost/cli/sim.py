@@ -87,6 +87,12 @@ def sim_fail(ctx: Context, bdf: str, how: str, xid: int, create_errno: str) -> N
     given = [x for x in (how, xid, create_errno) if x]
     if len(given) != 1:
         raise InputError("give one of --lost, --found, --xid N, --unplug, --create-errno NAME")
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover
+    present = [g.address for g in discover(Sysfs(host), with_types=False).gpus]
+    if addr not in present:         # every option: a fault on no GPU of the host would be silently stored
+        raise InputError(f"no NVIDIA GPU at {addr} on the simulated host {host.root}",
+                         hint="GPUs there: " + (", ".join(map(str, present)) or "none") + " ('vgpuhost gpus')")
     if how in ("lost", "found"):
         SimNvml(host).lose(addr, how == "lost")
         what = "NVML: GPU_IS_LOST" if how == "lost" else "NVML sees it again"
