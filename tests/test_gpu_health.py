@@ -629,3 +629,43 @@ def test_sim_fail_refuses_a_bdf_that_is_no_gpu_of_the_host(make_host, capsys, op
     assert code == 2 and "no NVIDIA GPU at 0000:99:00.0" in err and out == ""
     assert state.read_bytes() == before
     assert cli(capsys, host, "sim", "fail", "0000:40:01.1", *opt)[0] == 2       # a root port, no GPU
+
+
+def test_cordon_reason_is_checked_the_same_locally_and_through_the_agent(make_host, capsys):
+    """Finding 16: one line of printable text, at most 512 characters; the error names --reason."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    agent = api.Agent(host)
+
+    def through_agent(reason):
+        route, params, _ = api.match("POST", f"/v1/gpus/{LO}/cordon")
+        body = {"reason": reason}
+        api.check_keys(route, body)
+        return route.handler_for(api.Request(params, {}, body, "test", 0, api.ADMIN))(agent, api.Request(
+            params, {}, body, "test", 0, api.ADMIN))
+
+    from vgpuhost.model.errors import InputError
+    for bad in ("x" * 513, "two\nlines", "bell\x01"):
+        code, out, err = cli(capsys, host, "gpu", "cordon", LO, "--reason", bad)
+        assert code == 2 and "--reason" in err and len(err.strip().splitlines()) <= 2, err
+        with pytest.raises(InputError) as e:
+            through_agent(bad)
+        assert e.value.message in err
+    assert s.gpu_health_rows() == [] and health_audit(host) == []
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "x" * 512)[0] == 0
+    assert s.gpu_health_rows()[0][1] == "x" * 512
+
+
+def test_a_bdf_with_white_space_is_refused_and_drain_advises_a_vgpu_with_no_domain(make_host, capsys):
+    """Findings 28 and 23."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    for argv in (("cordon", LO + " "), ("uncordon", " " + LO), ("drain", LO + " ")):
+        code, out, err = cli(capsys, host, "gpu", *argv)
+        assert code == 2 and "invalid PCI address" in err
+    assert s.gpu_health_rows() == []
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    [d] = doc["domains"]
+    assert d["domain"] == "manual" and f"'vgpuhost vgpu remove {made.id}'" in d["needs"]
+    assert "stop the domain" not in d["needs"]

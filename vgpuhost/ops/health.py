@@ -291,7 +291,15 @@ def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddres
     What it holds keeps running.  A GPU already unhealthy keeps its failure's row (reason, source, time)
     and is marked cordoned by hand beside it (uncordon is then the way back for both); ``reason`` then
     goes to the audit row only, and the answer's ``reason`` is the failure's.  Audited (result
-    ``cordoned``, value the reason given).  InputError for an unknown GPU."""
+    ``cordoned``, value the reason given).  InputError for an unknown GPU, and for a ``reason`` that is
+    not one line of printable text of at most 512 characters (:func:`vgpuhost.policy.health.reason_problem`:
+    the same check locally and through the agent)."""
+    from ..model.errors import InputError
+    reason = (reason or "").strip()
+    problem = hp.reason_problem(reason)
+    if problem:
+        raise InputError(problem, hint="give one line of printable text, at most "
+                                       f"{hp.REASON_MAX} characters; nothing was changed")
     _require_gpu(store, inv, gpu)
     rows = store.gpu_health_rows(str(gpu))
     changed = not rows or not rows[0][4]
@@ -368,8 +376,13 @@ def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> dict:
                            None)
                 if tid is not None and free_instances(inv, g.address, tid)[0] > 0:
                     fits.append(str(g.address))
-            needs = (f"a {h['profile']} vGPU: stop the domain and start it again (placement leaves {gpu} out), "
-                     "or migrate it live to a host that offers the type")
+            if h["domain"] in ("manual", "layout"):   # model.kinds.Owner.POOL: made for guests, no domain of its own
+                made = "'vgpuhost vgpu create'" if h["domain"] == "manual" else "a layout ('vgpuhost apply')"
+                needs = (f"a {h['profile']} vGPU made by {made}, owned by no domain: once no domain uses it, "
+                         f"remove it ('vgpuhost vgpu remove {h['device']}') and create it on another GPU")
+            else:
+                needs = (f"a {h['profile']} vGPU: stop the domain and start it again (placement leaves {gpu} "
+                         "out), or migrate it live to a host that offers the type")
         else:
             needs = ("a whole GPU by passthrough: no live migration of a passed-through GPU; stop it and start it "
                      "on another GPU or host")
