@@ -669,3 +669,20 @@ def test_a_bdf_with_white_space_is_refused_and_drain_advises_a_vgpu_with_no_doma
     [d] = doc["domains"]
     assert d["domain"] == "manual" and f"'vgpuhost vgpu remove {made.id}'" in d["needs"]
     assert "stop the domain" not in d["needs"]
+
+
+def test_a_gpu_gone_from_the_tree_that_the_store_remembers_can_be_drained_cordoned_and_is_reported(
+        make_host, capsys):
+    """Finding 5: drain lists what it held, cordon records it, host check reports it."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    assert cli(capsys, host, "sim", "fail", LO, "--unplug")[0] == 0
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [f["code"] for f in check["findings"] if f["subject"] == LO] == ["GPU_UNHEALTHY"]
+    assert s.gpu_health_rows() == []                     # host check changes nothing
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    assert code == 0 and [d["device"] for d in doc["domains"]] == [made.id]
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "replace")
+    assert code == 0 and [(r[0], r[4]) for r in s.gpu_health_rows()] == [(LO, True)]
+    assert cli(capsys, host, "gpu", "cordon", "0000:99:00.0")[0] == 2            # never known: still refused

@@ -279,7 +279,9 @@ def status(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[dict
 
 
 def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None:
-    if inv.gpu(gpu) is None and not store.gpu_health_rows(str(gpu)):
+    """InputError unless ``gpu`` is a GPU of ``inv`` or one the store remembers (:func:`known_gpus`: a GPU
+    gone from the PCI tree still holds records to drain, and can be cordoned)."""
+    if inv.gpu(gpu) is None and gpu not in known_gpus(store):
         known = ", ".join(str(g.address) for g in inv.gpus) or "none"
         from ..model.errors import InputError
         raise InputError(f"no NVIDIA GPU at {gpu}", hint=f"GPUs on this host: {known} ('vgpuhost gpus')")
@@ -407,6 +409,13 @@ def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nv
                                f"out of service since {row[3]} ({row[2]}): {row[1]}",
                                f"'vgpuhost gpu drain {gpu}' lists what must move; repair it, then "
                                f"'vgpuhost gpu uncordon {gpu}'"))
+    present = {g.address for g in inv.gpus}
+    for g in known_gpus(store) if store is not None else ():
+        if str(g) not in rows and g not in present and check_gpu(host, g):   # remembered, gone from the tree
+            out.append(Finding("error", "GPU_UNHEALTHY", str(g), f"fails its health check now: pci: {hp.GONE_REASON} "
+                               "(the state store still remembers it)",
+                               f"'vgpuhost gpu drain {g}' lists what it held; the agent (or the next vgpuhost "
+                               "operation) takes it out of service"))
     for g in inv.gpus:
         if str(g.address) in rows:
             continue
