@@ -686,3 +686,15 @@ def test_a_gpu_gone_from_the_tree_that_the_store_remembers_can_be_drained_cordon
     code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "replace")
     assert code == 0 and [(r[0], r[4]) for r in s.gpu_health_rows()] == [(LO, True)]
     assert cli(capsys, host, "gpu", "cordon", "0000:99:00.0")[0] == 2            # never known: still refused
+
+
+def test_the_exporter_serves_unhealthy_for_a_gpu_gone_from_the_tree_without_the_agent(make_host, capsys):
+    """Finding 2 (the PCI tree part): nothing recorded the failure, the series still says 0."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    assert host_series(host, s)["gpu_health"][(LO, "")] == (1, 0)
+    assert cli(capsys, host, "sim", "fail", LO, "--unplug")[0] == 0
+    series = host_series(host, s)["gpu_health"]
+    assert series[(LO, "pci")] == (0, 0) and (LO, "") not in series and series[(HI, "")] == (1, 0)
+    assert s.gpu_health_rows() == []

@@ -11,6 +11,7 @@ from typing import List
 
 import click
 
+from ..model.errors import InputError
 from ..model.values import PciAddress
 from ..ops import health
 from .agentcall import forward
@@ -24,7 +25,6 @@ def _gpu_arg(bdf: str) -> PciAddress:
     """The BDF argument, exactly ``dddd:bb:ss.f``: surrounding white space is refused (InputError, exit 2)
     as any other stray character is, not stripped."""
     if bdf != bdf.strip():
-        from ..model.errors import InputError
         raise InputError(f"invalid PCI address {bdf!r}: white space around it",
                          hint="expected the full form dddd:bb:ss.f, e.g. 0000:41:00.0")
     return PciAddress.parse(bdf)

@@ -17,6 +17,8 @@ from ..hook import install as hookmod
 from ..io import files
 from ..model.errors import EXIT_PROBLEMS, InputError
 from ..model.values import PciAddress
+from ..io.sysfs import Sysfs
+from ..observe.inventory import discover
 from ..sim.build import materialise
 from ..sim.data import bundled_specs
 from ..sim.kernel import SimKernel
@@ -87,8 +89,6 @@ def sim_fail(ctx: Context, bdf: str, how: str, xid: int, create_errno: str) -> N
     given = [x for x in (how, xid, create_errno) if x]
     if len(given) != 1:
         raise InputError("give one of --lost, --found, --xid N, --unplug, --create-errno NAME")
-    from ..io.sysfs import Sysfs
-    from ..observe.inventory import discover
     present = [g.address for g in discover(Sysfs(host), with_types=False).gpus]
     if addr not in present:         # every option: a fault on no GPU of the host would be silently stored
         raise InputError(f"no NVIDIA GPU at {addr} on the simulated host {host.root}",

@@ -62,6 +62,7 @@ from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
 from ..policy.placement import OFFERED, Request, place
 from .devices import load_allow
+from .health import in_service
 from .passthrough import release
 from .tenancy import admit_domain, bind, scheduler_policies
 from .vgpu import create, remove
@@ -469,7 +470,6 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
     req = _with_pooled(store, request)
 
     host.require_host()
-    from .health import in_service
     # GPUs out of service (unhealthy or cordoned) offer nothing: no VF reserved or vGPU placed there (issue 27)
     found = discover(Sysfs(host))
     inv = in_service(found, store)

@@ -20,6 +20,7 @@ import errno
 
 from ..io.hostroot import HostRoot
 from ..model.errors import RefusedError
+from ..model.kinds import Owner
 from ..model.values import PciAddress
 from ..policy import health as hp
 
@@ -378,8 +379,8 @@ def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> dict:
                            None)
                 if tid is not None and free_instances(inv, g.address, tid)[0] > 0:
                     fits.append(str(g.address))
-            if h["domain"] in ("manual", "layout"):   # model.kinds.Owner.POOL: made for guests, no domain of its own
-                made = "'vgpuhost vgpu create'" if h["domain"] == "manual" else "a layout ('vgpuhost apply')"
+            if Owner.is_pool(h["domain"]):     # made for guests, no domain of its own
+                made = "'vgpuhost vgpu create'" if h["domain"] == Owner.MANUAL else "a layout ('vgpuhost apply')"
                 needs = (f"a {h['profile']} vGPU made by {made}, owned by no domain: once no domain uses it, "
                          f"remove it ('vgpuhost vgpu remove {h['device']}') and create it on another GPU")
             else:

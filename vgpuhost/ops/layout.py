@@ -40,6 +40,7 @@ from ..plan.layout import (
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
 from . import mig, passthrough, scheduler, tenancy, vgpu
+from .health import out_of_service
 
 SCHEMA_APPLY = "vgpuhost.apply/v1"
 
@@ -101,7 +102,6 @@ def health_blocks(store: StateStore, p: Plan) -> List[str]:
     or cordoned, :func:`vgpuhost.ops.health.out_of_service`) that a step of ``p`` would place on or change
     (every step but a vGPU removal and a passthrough release, which free it), naming the GPU, why it is out
     and the first such step.  Empty when every GPU a step changes is in service (one store query)."""
-    from .health import out_of_service
     oos = out_of_service(store)
     if not oos:
         return []
