@@ -53,7 +53,9 @@ def _health_text(action: str, doc: dict) -> str:
 
 @gpu.command("cordon")
 @click.argument("bdf")
-@click.option("--reason", metavar="TEXT", default="", help="Why (kept in the state store and the audit log).")
+@click.option("--reason", metavar="TEXT", default="",
+              help="Why: one line, at most 512 characters (kept in the state store; for a GPU that failed "
+                   "already, in the audit log beside its failure).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @pass_ctx
 def gpu_cordon(ctx: Context, bdf: str, reason: str, dry_run: bool) -> None:
