@@ -698,3 +698,15 @@ def test_the_exporter_serves_unhealthy_for_a_gpu_gone_from_the_tree_without_the_
     series = host_series(host, s)["gpu_health"]
     assert series[(LO, "pci")] == (0, 0) and (LO, "") not in series and series[(HI, "")] == (1, 0)
     assert s.gpu_health_rows() == []
+
+
+def test_a_second_create_errno_replaces_the_first(make_host, capsys):
+    """Finding 13c: what sim fail prints is what creates then fail with."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "sim", "fail", LO, "--create-errno", "EINVAL")[0] == 0
+    code, out, err = cli(capsys, host, "sim", "fail", LO, "--create-errno", "ENODEV")
+    assert code == 0 and "ENODEV" in out
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", LO)
+    assert code == 3 and "ENODEV" in err and "EINVAL" not in err
+    assert [r[1] for r in s.gpu_health_rows()] == [f"creating A40-8Q on {LO} failed: ENODEV"]

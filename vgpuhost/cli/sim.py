@@ -109,6 +109,9 @@ def sim_fail(ctx: Context, bdf: str, how: str, xid: int, create_errno: str) -> N
         k = SimKernel(host)
         with k.locked():
             meta = k.meta()
+            # a later --create-errno replaces the one given before (the first matching fault would win)
+            meta["faults"] = [f for f in meta.get("faults", []) if not (
+                f.get("device") == str(addr) and f.get("op") in ("create", "set_type") and f.get("count") == 0)]
             for op in ("create", "set_type"):        # an mdev create, a VF's current_vgpu_type (vendor VFIO)
                 meta.setdefault("faults", []).append({"op": op, "device": str(addr), "errno": number, "count": 0})
             k.save_meta(meta)
