@@ -459,3 +459,254 @@ def test_the_pynvml_door_reads_gpu_is_lost_and_critical_xid_events():
     assert b.xid_events([A(LO), A(HI)], 100) == [(A(LO), 79), (A(HI), 13)]
     assert registered == [("h41", 8, "set"), ("h81", 8, "set")]
     assert b.xid_events([A(LO), A(HI)], 100) == [] and len(registered) == 2       # registered once
+
+
+# ---------------------------------------------------------------------------
+# trial 4 findings
+
+def _pt_xml(name: str, i: int, gpu: str = LO) -> str:
+    from test_hook import pt_domain
+    return pt_domain(name, uid("d1d1d1d1", i), gpu, [gpu])
+
+
+def _driver(host, bdf: str):
+    return Sysfs(host).link_name(host.pci_device(bdf) / "driver")
+
+
+@pytest.mark.parametrize("how", ["cordon", "unhealthy"])
+def test_a_gpu_out_of_service_is_handed_to_no_new_vm_by_passthrough(make_host, capsys, how):
+    """Finding 1: the hook's start of a passthrough domain and 'passthrough prepare' refuse (exit 2, one line
+    naming the GPU and why), nothing changed (still on nvidia, no domain recorded), an audit row."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    if how == "cordon":
+        assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "fan swap")[0] == 0
+    else:
+        assert health.mark_unhealthy(s, A(LO), "Xid 79 (GPU has fallen off the bus)", "nvml", actor="test")
+    before = len(s.audit_rows())
+    rc, err = start(host, "ptvm", _pt_xml("ptvm", 0))
+    assert rc == 2 and f"{LO} is out of service" in err and "\n" not in err.strip(), err
+    assert _driver(host, LO) == "nvidia" and s.active_domains() == {} and s.passthrough_records() == []
+    rows = s.audit_rows()[before:]
+    assert [(r.path, r.result) for r in rows] == [(f"(health) {LO}", "refused")]
+    code, out, err = cli(capsys, host, "passthrough", "prepare", LO)
+    assert code == 2 and f"{LO} is out of service" in err and _driver(host, LO) == "nvidia"
+    assert s.passthrough_records() == [] and s.audit_rows()[-1].result == "refused"
+    # the GPU in service goes through as before
+    rc, err = start(host, "ptvm2", _pt_xml("ptvm2", 1, HI))
+    assert rc == 0, err
+    assert _driver(host, HI) == "vfio-pci"
+
+
+def test_cordoning_an_unhealthy_gpu_keeps_the_failures_reason_source_and_time(make_host, capsys):
+    """Finding 6: the cordon is recorded beside the failure; its reason goes to the audit row."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert health.mark_unhealthy(s, A(LO), "creating A40-8Q on 0000:41:00.0 failed: EIO", "io", actor="test")
+    [(gpu, reason, source, since, by_hand)] = s.gpu_health_rows()
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "fan")
+    assert code == 0 and doc["changed"] and doc["reason"] == reason
+    assert s.gpu_health_rows() == [(gpu, reason, "io", since, True)]
+    assert s.audit_rows()[-1].value == "fan" and s.audit_rows()[-1].result == "cordoned"
+    code, check = cli_json(capsys, host, "host", "check")
+    [f] = [f for f in check["findings"] if f["subject"] == LO and f["code"] == "GPU_UNHEALTHY"]
+    assert f"since {since} (io): {reason}" in f["message"]
+
+
+def test_attach_refuses_passthrough_of_and_notes_a_pin_to_a_gpu_out_of_service(make_host, capsys):
+    """Findings 1 and 7: 'attach --passthrough' of a GPU out of service is refused (definition unchanged);
+    an mdev vGPU pinned to one gets the note that the hook refuses its starts."""
+    import libvirt
+    from vgpuhost.model.errors import RefusedError
+    from vgpuhost.ops.attach import attach
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "maint")[0] == 0
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.defineXML("<domain type='test'><name>vgh-health</name><memory>65536</memory>"
+                             "<os><type>hvm</type></os><devices/></domain>")
+        before = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        with pytest.raises(RefusedError) as err:
+            attach(host, s, "test:///default", "vgh-health", passthrough=LO)
+        assert f"{LO} is out of service (cordoned by hand: maint)" in err.value.one_line()
+        assert dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == before
+        out = attach(host, s, "test:///default", "vgh-health", profile="A40-8Q", gpu=LO, dry_run=True)
+        assert any(f"the qemu hook refuses every start of vgh-health while {LO} is out of service" in n
+                   for n in out.notes), out.notes
+        out = attach(host, s, "test:///default", "vgh-health", profile="A40-8Q", gpu=HI, dry_run=True)
+        assert not any("out of service" in n for n in out.notes)
+    finally:
+        dom.undefine()
+        conn.close()
+
+
+def test_attach_reserves_no_vf_on_a_gpu_out_of_service(make_host):
+    """Finding 7: vendor VFIO: the VF is reserved on the GPU in service."""
+    import libvirt
+    from vgpuhost.ops.attach import attach
+    host = make_host("l40s-vendor-vfio")
+    s = StateStore(host.state_dir)
+    gpus = sorted(str(g.address) for g in discover(Sysfs(host)).gpus)
+    health.cordon(host, s, discover(Sysfs(host)), A(gpus[0]), reason="maint", actor="test")
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.defineXML("<domain type='test'><name>vgh-health-vf</name><memory>65536</memory>"
+                             "<os><type>hvm</type></os><devices/></domain>")
+        out = attach(host, s, "test:///default", "vgh-health-vf", profile="L40S-8Q", dry_run=True)
+        assert [d.gpu for d in out.devices] == [gpus[1]]
+    finally:
+        dom.undefine()
+        conn.close()
+
+
+def test_uncordon_reads_the_device_back_and_host_check_reports_reads_failing_now(make_host, capsys):
+    """Finding 4: a vGPU attribute read failing with EIO fails uncordon's check (exit 2, nothing changed) and
+    is GPU_UNHEALTHY in host check before any operation recorded it."""
+    host = two_a40(make_host, f'{{op: read, attr: available_instances, device: "{LO}", errno: EIO, count: 0}}')
+    s = StateStore(host.state_dir)
+    code, check = cli_json(capsys, host, "host", "check")
+    assert code != 0 and [f["severity"] for f in check["findings"]
+                          if f["subject"] == LO and f["code"] == "GPU_UNHEALTHY"] == ["error"]
+    assert s.gpu_health_rows() == []                     # host check changes nothing
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "maint")[0] == 0
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 2 and "fails its health check" in err and "available_instances" in err and "EIO" in err
+    assert [r[0] for r in s.gpu_health_rows()] == [LO]
+    repair(host)
+    code, doc = cli_json(capsys, host, "gpu", "uncordon", LO, "--dry-run")
+    assert code == 0 and "device" in doc["checked"]
+    assert cli(capsys, host, "gpu", "uncordon", LO)[0] == 0 and s.gpu_health_rows() == []
+
+
+def test_plan_blocks_a_step_on_a_gpu_out_of_service_and_apply_changes_nothing(make_host, capsys):
+    """Finding 8: plan shows it BLOCKED; apply refuses before any change (exit 2)."""
+    from pathlib import Path
+    cfg = str(Path(__file__).resolve().parent.parent / "examples" / "config" / "vgpu-a40.yaml")
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "gpu", "cordon", HI, "--reason", "maint")[0] == 0
+    code, doc = cli_json(capsys, host, "plan", "-c", cfg, "vdi")
+    assert any(b.startswith(f"{HI} is out of service (cordoned by hand: maint)") for b in doc["blocked"]), doc
+    assert not any(b.startswith(LO) for b in doc["blocked"])
+    code, out, err = cli(capsys, host, "plan", "-c", cfg, "vdi")
+    assert "BLOCKED" in out and f"{HI} is out of service" in out
+    code, out, err = cli(capsys, host, "apply", "-c", cfg, "vdi")
+    assert code == 2 and f"{HI} is out of service" in err and "nothing was changed" in err
+    assert mdevs(host) == {} and s.vgpu_records() == []
+
+
+def test_host_check_capacity_and_types_agree_on_a_gpu_out_of_service(make_host, capsys):
+    """Findings 14, 15, 27: host check's vGPU and passthrough verdicts are not 'ready'; capacity gives the
+    reason (JSON and text), counts no free framebuffer there and blames no fragmentation; types' parents
+    read 0 as the type does."""
+    host = make_host("a40-mdev")
+    gpu = str(discover(Sysfs(host)).gpus[0].address)
+    s = StateStore(host.state_dir)
+    assert health.mark_unhealthy(s, A(gpu), f"creating A40-8Q on {gpu} failed: EIO", "io", actor="test")
+    code, check = cli_json(capsys, host, "host", "check")
+    verdicts = {m["mode"]: v for m in check["modes"] for v in m["gpus"] if v["gpu"] == gpu}
+    assert verdicts["vgpu"]["verdict"] == "blocked" and "out of service" in verdicts["vgpu"]["reason"]
+    assert verdicts["passthrough"]["verdict"] == "blocked"
+    code, cap = cli_json(capsys, host, "capacity")
+    [g] = cap["gpus"]
+    assert g["out_of_service"].startswith("unhealthy: creating A40-8Q") and g["free_mib"] == 0
+    assert all(p["fits"] == 0 and p["blocked"] == 0 and "fragmentation" not in p["note"] for p in cap["profiles"])
+    code, out, err = cli(capsys, host, "capacity", "--profile", "A40-8Q")
+    assert "fragmentation" not in out and f"{gpu}: unhealthy: creating A40-8Q" in out
+    code, types = cli_json(capsys, host, "types")
+    assert types["types"] and all(e["available_instances"] == 0 and
+                                  all(p["available_instances"] == 0 for p in e["parents"]) for e in types["types"])
+
+
+@pytest.mark.parametrize("opt", [["--create-errno", "EIO"], ["--lost"], ["--found"], ["--xid", "79"], ["--unplug"]])
+def test_sim_fail_refuses_a_bdf_that_is_no_gpu_of_the_host(make_host, capsys, opt):
+    """Findings 13a/b: exit 2 and one line for every option; no fault stored."""
+    host = two_a40(make_host)
+    state = host.root / ".vgpuhost-sim" / "state.json"
+    before = state.read_bytes()
+    code, out, err = cli(capsys, host, "sim", "fail", "0000:99:00.0", *opt)
+    assert code == 2 and "no NVIDIA GPU at 0000:99:00.0" in err and out == ""
+    assert state.read_bytes() == before
+    assert cli(capsys, host, "sim", "fail", "0000:40:01.1", *opt)[0] == 2       # a root port, no GPU
+
+
+def test_cordon_reason_is_checked_the_same_locally_and_through_the_agent(make_host, capsys):
+    """Finding 16: one line of printable text, at most 512 characters; the error names --reason."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    agent = api.Agent(host)
+
+    def through_agent(reason):
+        route, params, _ = api.match("POST", f"/v1/gpus/{LO}/cordon")
+        body = {"reason": reason}
+        api.check_keys(route, body)
+        return route.handler_for(api.Request(params, {}, body, "test", 0, api.ADMIN))(agent, api.Request(
+            params, {}, body, "test", 0, api.ADMIN))
+
+    from vgpuhost.model.errors import InputError
+    for bad in ("x" * 513, "two\nlines", "bell\x01"):
+        code, out, err = cli(capsys, host, "gpu", "cordon", LO, "--reason", bad)
+        assert code == 2 and "--reason" in err and len(err.strip().splitlines()) <= 2, err
+        with pytest.raises(InputError) as e:
+            through_agent(bad)
+        assert e.value.message in err
+    assert s.gpu_health_rows() == [] and health_audit(host) == []
+    assert cli(capsys, host, "gpu", "cordon", LO, "--reason", "x" * 512)[0] == 0
+    assert s.gpu_health_rows()[0][1] == "x" * 512
+
+
+def test_a_bdf_with_white_space_is_refused_and_drain_advises_a_vgpu_with_no_domain(make_host, capsys):
+    """Findings 28 and 23."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    for argv in (("cordon", LO + " "), ("uncordon", " " + LO), ("drain", LO + " ")):
+        code, out, err = cli(capsys, host, "gpu", *argv)
+        assert code == 2 and "invalid PCI address" in err
+    assert s.gpu_health_rows() == []
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    [d] = doc["domains"]
+    assert d["domain"] == "manual" and f"'vgpuhost vgpu remove {made.id}'" in d["needs"]
+    assert "stop the domain" not in d["needs"]
+
+
+def test_a_gpu_gone_from_the_tree_that_the_store_remembers_can_be_drained_cordoned_and_is_reported(
+        make_host, capsys):
+    """Finding 5: drain lists what it held, cordon records it, host check reports it."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    assert cli(capsys, host, "sim", "fail", LO, "--unplug")[0] == 0
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [f["code"] for f in check["findings"] if f["subject"] == LO] == ["GPU_UNHEALTHY"]
+    assert s.gpu_health_rows() == []                     # host check changes nothing
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    assert code == 0 and [d["device"] for d in doc["domains"]] == [made.id]
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO, "--reason", "replace")
+    assert code == 0 and [(r[0], r[4]) for r in s.gpu_health_rows()] == [(LO, True)]
+    assert cli(capsys, host, "gpu", "cordon", "0000:99:00.0")[0] == 2            # never known: still refused
+
+
+def test_the_exporter_serves_unhealthy_for_a_gpu_gone_from_the_tree_without_the_agent(make_host, capsys):
+    """Finding 2 (the PCI tree part): nothing recorded the failure, the series still says 0."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    assert host_series(host, s)["gpu_health"][(LO, "")] == (1, 0)
+    assert cli(capsys, host, "sim", "fail", LO, "--unplug")[0] == 0
+    series = host_series(host, s)["gpu_health"]
+    assert series[(LO, "pci")] == (0, 0) and (LO, "") not in series and series[(HI, "")] == (1, 0)
+    assert s.gpu_health_rows() == []
+
+
+def test_a_second_create_errno_replaces_the_first(make_host, capsys):
+    """Finding 13c: what sim fail prints is what creates then fail with."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "sim", "fail", LO, "--create-errno", "EINVAL")[0] == 0
+    code, out, err = cli(capsys, host, "sim", "fail", LO, "--create-errno", "ENODEV")
+    assert code == 0 and "ENODEV" in out
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", LO)
+    assert code == 3 and "ENODEV" in err and "EINVAL" not in err
+    assert [r[1] for r in s.gpu_health_rows()] == [f"creating A40-8Q on {LO} failed: ENODEV"]

@@ -856,7 +856,8 @@ def post_passthrough_release(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def post_gpu_cordon(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost gpu cordon BDF [--reason TEXT] [--dry-run]`` through the agent."""
-    addr, reason, dry = _bdf(req), _text(req.body, "reason", limit=512) or "", _flag(req.body, "dry_run")
+    # the reason is checked by health.cordon, as locally (one line, at most 512 characters)
+    addr, reason, dry = _bdf(req), _text(req.body, "reason", limit=65536) or "", _flag(req.body, "dry_run")
     doc = agent.write(lambda: health.cordon(agent.host, agent.store, agent.inventory(), addr, reason=reason,
                                             actor=req.actor, dry_run=dry))
     return {"schema": SCHEMA_GPU_HEALTH, "action": "cordon", **doc}

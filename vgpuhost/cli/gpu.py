@@ -11,6 +11,7 @@ from typing import List
 
 import click
 
+from ..model.errors import InputError
 from ..model.values import PciAddress
 from ..ops import health
 from .agentcall import forward
@@ -18,6 +19,15 @@ from .common import Context, actor, emit, pass_ctx, store
 
 SCHEMA_HEALTH = "vgpuhost.gpu-health/v1"
 SCHEMA_DRAIN = "vgpuhost.gpu-drain/v1"
+
+
+def _gpu_arg(bdf: str) -> PciAddress:
+    """The BDF argument, exactly ``dddd:bb:ss.f``: surrounding white space is refused (InputError, exit 2)
+    as any other stray character is, not stripped."""
+    if bdf != bdf.strip():
+        raise InputError(f"invalid PCI address {bdf!r}: white space around it",
+                         hint="expected the full form dddd:bb:ss.f, e.g. 0000:41:00.0")
+    return PciAddress.parse(bdf)
 
 
 @click.group()
@@ -43,12 +53,14 @@ def _health_text(action: str, doc: dict) -> str:
 
 @gpu.command("cordon")
 @click.argument("bdf")
-@click.option("--reason", metavar="TEXT", default="", help="Why (kept in the state store and the audit log).")
+@click.option("--reason", metavar="TEXT", default="",
+              help="Why: one line, at most 512 characters (kept in the state store; for a GPU that failed "
+                   "already, in the audit log beside its failure).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @pass_ctx
 def gpu_cordon(ctx: Context, bdf: str, reason: str, dry_run: bool) -> None:
     """Take BDF out of placement by hand (maintenance); what it holds keeps running."""
-    addr = PciAddress.parse(bdf)
+    addr = _gpu_arg(bdf)
     doc = None
     if not dry_run:
         doc = forward(ctx, "POST", f"/v1/gpus/{addr}/cordon", {"reason": reason})
@@ -67,7 +79,7 @@ def gpu_cordon(ctx: Context, bdf: str, reason: str, dry_run: bool) -> None:
 @pass_ctx
 def gpu_uncordon(ctx: Context, bdf: str, dry_run: bool) -> None:
     """Bring BDF back into placement after a health check (refused, exit 2, while the check fails)."""
-    addr = PciAddress.parse(bdf)
+    addr = _gpu_arg(bdf)
     doc = None
     if not dry_run:
         doc = forward(ctx, "POST", f"/v1/gpus/{addr}/uncordon", {})
@@ -99,7 +111,7 @@ def _drain_text(doc: dict) -> str:
 @pass_ctx
 def gpu_drain(ctx: Context, bdf: str) -> None:
     """List the domains that hold BDF and what each needs to move; changes nothing, stops no VM."""
-    addr = PciAddress.parse(bdf)
+    addr = _gpu_arg(bdf)
     doc = {"schema": SCHEMA_DRAIN, **health.drain(store(ctx, write=False), ctx.inventory(), addr)}
     emit(ctx, doc, _drain_text(doc))
 

@@ -17,6 +17,8 @@ from ..hook import install as hookmod
 from ..io import files
 from ..model.errors import EXIT_PROBLEMS, InputError
 from ..model.values import PciAddress
+from ..io.sysfs import Sysfs
+from ..observe.inventory import discover
 from ..sim.build import materialise
 from ..sim.data import bundled_specs
 from ..sim.kernel import SimKernel
@@ -87,6 +89,10 @@ def sim_fail(ctx: Context, bdf: str, how: str, xid: int, create_errno: str) -> N
     given = [x for x in (how, xid, create_errno) if x]
     if len(given) != 1:
         raise InputError("give one of --lost, --found, --xid N, --unplug, --create-errno NAME")
+    present = [g.address for g in discover(Sysfs(host), with_types=False).gpus]
+    if addr not in present:         # every option: a fault on no GPU of the host would be silently stored
+        raise InputError(f"no NVIDIA GPU at {addr} on the simulated host {host.root}",
+                         hint="GPUs there: " + (", ".join(map(str, present)) or "none") + " ('vgpuhost gpus')")
     if how in ("lost", "found"):
         SimNvml(host).lose(addr, how == "lost")
         what = "NVML: GPU_IS_LOST" if how == "lost" else "NVML sees it again"
@@ -103,6 +109,9 @@ def sim_fail(ctx: Context, bdf: str, how: str, xid: int, create_errno: str) -> N
         k = SimKernel(host)
         with k.locked():
             meta = k.meta()
+            # a later --create-errno replaces the one given before (the first matching fault would win)
+            meta["faults"] = [f for f in meta.get("faults", []) if not (
+                f.get("device") == str(addr) and f.get("op") in ("create", "set_type") and f.get("count") == 0)]
             for op in ("create", "set_type"):        # an mdev create, a VF's current_vgpu_type (vendor VFIO)
                 meta.setdefault("faults", []).append({"op": op, "device": str(addr), "errno": number, "count": 0})
             k.save_meta(meta)

@@ -1042,6 +1042,12 @@ class StateStore:
                      (gpu, reason, source, utcnow(), int(by_hand)))
 
     @staticmethod
+    def cordon_gpu_health(conn: sqlite3.Connection, gpu: str) -> int:
+        """Mark ``gpu``'s row cordoned by hand (its reason, source and time kept) inside the caller's
+        transaction; how many rows changed (0 or 1)."""
+        return conn.execute("UPDATE gpu_health SET by_hand = 1 WHERE gpu = ?", (gpu,)).rowcount
+
+    @staticmethod
     def delete_gpu_health(conn: sqlite3.Connection, gpu: str) -> int:
         """Put ``gpu`` back in service inside the caller's transaction; how many rows went (0 or 1)."""
         return conn.execute("DELETE FROM gpu_health WHERE gpu = ?", (gpu,)).rowcount

@@ -62,6 +62,7 @@ from ..policy.iommu import group_endpoints, sriov_blockers
 from ..policy.offers import offers, resolve_profile, seen_rows
 from ..policy.placement import OFFERED, Request, place
 from .devices import load_allow
+from .health import in_service
 from .passthrough import release
 from .tenancy import admit_domain, bind, scheduler_policies
 from .vgpu import create, remove
@@ -469,7 +470,9 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
     req = _with_pooled(store, request)
 
     host.require_host()
-    inv = discover(Sysfs(host))
+    # GPUs out of service (unhealthy or cordoned) offer nothing: no VF reserved or vGPU placed there (issue 27)
+    found = discover(Sysfs(host))
+    inv = in_service(found, store)
     records = store.vgpu_records()
     seen = list(store.seen_types()) + seen_rows(inv)
     kind, name = _device_kind(inv, records, seen, req)
@@ -490,6 +493,10 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
             snippet, entry = _attach_passthrough(scene, req, out)
         elif kind == KIND_MDEV:
             snippet, entry = _attach_mdev(scene, req, name)
+            if req.gpu is not None and req.gpu in inv.out_of_service:
+                out.notes.append(f"the qemu hook refuses every start of {dom.name} while {req.gpu} is out of "
+                                 f"service ({inv.out_of_service[req.gpu]}): pin another GPU, or repair it and "
+                                 f"run 'vgpuhost gpu uncordon {req.gpu}'")
         else:
             snippet, entry = _attach_vf(scene, req, name, out, offers)
         out.devices.append(entry)
@@ -505,7 +512,9 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         # makes the hook refuse each start; attach still makes the change asked for, and says so
         out.notes += undeclared_notes(host, store, inv, domxml.parse_domain(after))
         # early feedback: would the domain be admitted at its next start? (the hook decides with authority)
-        admit_domain(store, domxml.parse_domain(after), inv, audit=False, binding=binding,
+        # (an mdev vGPU pinned to a GPU out of service was noted above: admission judges the host as it is)
+        pinned_out = kind == KIND_MDEV and req.gpu is not None and req.gpu in inv.out_of_service
+        admit_domain(store, domxml.parse_domain(after), found if pinned_out else inv, audit=False, binding=binding,
                      policies=lambda gpus: scheduler_policies(host, gpus))
         if not dry_run:
             _define(host, store, dom, conn, after, entry, snippet, meta, out, actor or actor_name())
@@ -671,6 +680,10 @@ def _attach_passthrough(scene: _Scene, req: AttachRequest, out: AttachOutcome) -
     vfs = set(g.vfs)
     if gpu in meta.passthrough:
         raise RefusedError(f"{gpu} is already passed through to {dname}", hint="nothing to do")
+    if gpu in inv.out_of_service:       # the hook would refuse every start (docs/guide/failures.md)
+        raise RefusedError(f"cannot pass {gpu} through to {dname}: {gpu} is out of service "
+                           f"({inv.out_of_service[gpu]})", hint=f"use another GPU, or repair it and run 'vgpuhost "
+                           f"gpu uncordon {gpu}'; the domain definition was not changed")
     mine = set(doc.view.pci_sources)
     clash = [a for a in funcs if a in mine]
     if clash:
@@ -805,6 +818,8 @@ def _attach_vf(scene: _Scene, req: AttachRequest, name: str, out: AttachOutcome,
         note = o.note
         if o.gpu in passed:
             avail, free, note = 0, (), f"passed through to domain {passed[o.gpu]}"
+        elif o.gpu in inv.out_of_service:
+            avail, free, note = 0, (), f"out of service: {inv.out_of_service[o.gpu]}"
         elif o.available > 0 and avail == 0:
             note = f"its free VFs are reserved by defined domains ({pending} pending)"
         owners = o.owners | ({duuid} if o.gpu in mine_on else frozenset())

@@ -155,6 +155,15 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                      passthrough_records=pt_records, active_domains=active)
     types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
     me = view.uuid
+    if checked.passthrough and inv.out_of_service:
+        # a GPU out of service (unhealthy or cordoned) goes to no new domain by passthrough, pooled or not
+        # (docs/guide/failures.md); the domain that holds it already (a retried start) keeps it
+        from .health import refuse_out_of_service
+        held = {r.gpu for r in pt_records if r.owner == me}
+        for gpu, _ in checked.passthrough:
+            if gpu in inv.out_of_service and str(gpu) not in held:
+                refuse_out_of_service(store, gpu, what=f"pass {gpu} through to {view.name or me}", actor=actor,
+                                      operation=f"prepare {view.name or me}")
     # what the records gave the domain before this start (read above: no second read on the hook's path)
     held_before = (frozenset(r.id for r in records if r.owner == me),
                    frozenset(r.gpu for r in pt_records if r.owner == me) if checked.passthrough else None)

@@ -20,6 +20,7 @@ import errno
 
 from ..io.hostroot import HostRoot
 from ..model.errors import RefusedError
+from ..model.kinds import Owner
 from ..model.values import PciAddress
 from ..policy import health as hp
 
@@ -45,6 +46,22 @@ def out_of_service(store: "StateStore") -> "Dict[PciAddress, str]":
                 "unhealthy (cordoned by hand)" if by_hand else "unhealthy")
         out[PciAddress.parse(gpu)] = f"{what}: {reason}"
     return out
+
+
+def refuse_out_of_service(store: "StateStore", gpu: PciAddress, *, what: str, actor: str,
+                          operation: str, audit: bool = True) -> None:
+    """Refuse ``what`` (``pass it through``) on ``gpu`` while it is out of service (unhealthy or cordoned):
+    RefusedError (exit 2) naming the GPU and why, after one audit row (path ``(health) BDF``, result
+    ``refused``) where ``audit``; nothing else changed.  Returns quietly for a GPU in service."""
+    rows = store.gpu_health_rows(str(gpu))
+    if not rows:
+        return
+    line = out_of_service(store).get(gpu) or rows[0][1]
+    if audit:
+        store.audit(actor=actor, operation=operation, path=f"(health) {gpu}", value=f"{what}: out of service",
+                    result="refused")
+    raise RefusedError(f"cannot {what}: {gpu} is out of service ({line})",
+                       hint=f"use another GPU, or repair it and run 'vgpuhost gpu uncordon {gpu}'; nothing was changed")
 
 
 #: beside state.db while a GPU may be out of service: written before a health row is, removed once none is
@@ -127,8 +144,10 @@ def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: st
 
 def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, str]]":
     """What is wrong with ``gpu`` now: ``[(source, reason)]``, empty when healthy.  Reads the PCI tree
-    (the device's directory and its ``vendor`` attribute: EIO/ENODEV there is the failure itself) and,
-    with ``nvml`` (an :class:`vgpuhost.io.nvml.NvmlBackend`), GPU_IS_LOST."""
+    (the device's directory and its ``vendor`` attribute: EIO/ENODEV there is the failure itself), the
+    device back (a fresh read of the GPU's vGPU and driver attributes, :func:`device_read_failure`:
+    EIO/ENODEV from any of them) and, with ``nvml`` (an :class:`vgpuhost.io.nvml.NvmlBackend`),
+    GPU_IS_LOST."""
     from ..io.sysfs import Sysfs
     from ..model.errors import SysfsError
     fs = Sysfs(host)
@@ -141,6 +160,10 @@ def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, st
     except SysfsError as e:
         if hp.is_unhealthy_errno(e.errno):
             out.append((hp.Source.IO, hp.errno_reason(e.errno, gpu, "reading vendor")))
+    if not out:
+        failed = device_read_failure(host, gpu)
+        if failed:
+            out.append((hp.Source.IO, failed))
     if nvml is not None:
         try:
             if nvml.gpu_lost(gpu):
@@ -148,6 +171,23 @@ def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, st
         except Exception:       # NVML unreadable for this GPU (not on nvidia): the tree decides
             pass
     return out
+
+
+def device_read_failure(host: HostRoot, gpu: PciAddress) -> "Optional[str]":
+    """Read ``gpu`` back (:func:`vgpuhost.observe.inventory.discover_gpu`: its vGPU types, instances and
+    driver attributes, and those of its VFs): the reason line of the first read that failed with EIO or
+    ENODEV, None when every read answered (other errnos are refusals, not the GPU failing)."""
+    from ..io.sysfs import Sysfs
+    from ..model.errors import SysfsError
+    from ..observe.inventory import discover_gpu
+    try:
+        one = discover_gpu(Sysfs(host), gpu, host_facts=False)
+    except SysfsError as e:
+        if hp.is_unhealthy_errno(e.errno):
+            return hp.errno_reason(e.errno, gpu, f"reading {host.relative(e.path) if e.path else 'the device'}")
+        return None
+    failures = read_failures(one)
+    return failures[0][1] if failures else None
 
 
 def known_gpus(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[PciAddress]":
@@ -246,7 +286,9 @@ def status(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[dict
 
 
 def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None:
-    if inv.gpu(gpu) is None and not store.gpu_health_rows(str(gpu)):
+    """InputError unless ``gpu`` is a GPU of ``inv`` or one the store remembers (:func:`known_gpus`: a GPU
+    gone from the PCI tree still holds records to drain, and can be cordoned)."""
+    if inv.gpu(gpu) is None and gpu not in known_gpus(store):
         known = ", ".join(str(g.address) for g in inv.gpus) or "none"
         from ..model.errors import InputError
         raise InputError(f"no NVIDIA GPU at {gpu}", hint=f"GPUs on this host: {known} ('vgpuhost gpus')")
@@ -255,22 +297,34 @@ def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None
 def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddress, *, reason: str, actor: str,
            dry_run: bool = False) -> dict:
     """Take ``gpu`` out of placement by hand (maintenance): ``{gpu, changed, cordoned, reason, holders}``.
-    What it holds keeps running; a GPU already unhealthy becomes cordoned by hand (uncordon is then
-    the way back for both).  Audited (result ``cordoned``).  InputError for an unknown GPU."""
+    What it holds keeps running.  A GPU already unhealthy keeps its failure's row (reason, source, time)
+    and is marked cordoned by hand beside it (uncordon is then the way back for both); ``reason`` then
+    goes to the audit row only, and the answer's ``reason`` is the failure's.  Audited (result
+    ``cordoned``, value the reason given).  InputError for an unknown GPU, and for a ``reason`` that is
+    not one line of printable text of at most 512 characters (:func:`vgpuhost.policy.health.reason_problem`:
+    the same check locally and through the agent)."""
+    from ..model.errors import InputError
+    reason = (reason or "").strip()
+    problem = hp.reason_problem(reason)
+    if problem:
+        raise InputError(problem, hint="give one line of printable text, at most "
+                                       f"{hp.REASON_MAX} characters; nothing was changed")
     _require_gpu(store, inv, gpu)
     rows = store.gpu_health_rows(str(gpu))
     changed = not rows or not rows[0][4]
-    # an unhealthy GPU keeps its failure (reason and source) and becomes cordoned by hand as well
-    why = reason or (rows[0][1] if rows else "maintenance")
-    source = rows[0][2] if rows else hp.Source.OPERATOR
+    why = reason or "maintenance"
     if changed and not dry_run:
         _set_marker(store)
         with store.transaction() as conn:
-            store.put_gpu_health(conn, str(gpu), why, source, True)
+            if store.gpu_health_rows(str(gpu)):
+                store.cordon_gpu_health(conn, str(gpu))     # the failure's reason, source and time stay
+            else:
+                store.put_gpu_health(conn, str(gpu), why, hp.Source.OPERATOR, True)
             store.audit(actor=actor, operation="gpu cordon", path=f"(health) {gpu}", value=why,
                         result="cordoned", conn=conn)
     return {"gpu": str(gpu), "changed": changed, "dry_run": dry_run, "in_service": False,
-            "reason": why if changed else rows[0][1], "holders": sorted({h["domain"] for h in _holders(store, gpu)})}
+            "reason": rows[0][1] if rows else why,
+            "holders": sorted({h["domain"] for h in _holders(store, gpu)})}
 
 
 def uncordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddress, *, actor: str,
@@ -295,7 +349,7 @@ def uncordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddr
                         result="uncordoned", conn=conn)
         _clear_marker(store)
     return {"gpu": str(gpu), "changed": bool(rows), "dry_run": dry_run, "in_service": True,
-            "checked": ["pci"] + (["nvml"] if nvml is not None else [])}
+            "checked": ["pci", "device"] + (["nvml"] if nvml is not None else [])}
 
 
 def _holders(store: "StateStore", gpu: PciAddress) -> "List[dict]":
@@ -331,8 +385,13 @@ def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> dict:
                            None)
                 if tid is not None and free_instances(inv, g.address, tid)[0] > 0:
                     fits.append(str(g.address))
-            needs = (f"a {h['profile']} vGPU: stop the domain and start it again (placement leaves {gpu} out), "
-                     "or migrate it live to a host that offers the type")
+            if Owner.is_pool(h["domain"]):     # made for guests, no domain of its own
+                made = "'vgpuhost vgpu create'" if h["domain"] == Owner.MANUAL else "a layout ('vgpuhost apply')"
+                needs = (f"a {h['profile']} vGPU made by {made}, owned by no domain: once no domain uses it, "
+                         f"remove it ('vgpuhost vgpu remove {h['device']}') and create it on another GPU")
+            else:
+                needs = (f"a {h['profile']} vGPU: stop the domain and start it again (placement leaves {gpu} "
+                         "out), or migrate it live to a host that offers the type")
         else:
             needs = ("a whole GPU by passthrough: no live migration of a passed-through GPU; stop it and start it "
                      "on another GPU or host")
@@ -357,6 +416,13 @@ def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nv
                                f"out of service since {row[3]} ({row[2]}): {row[1]}",
                                f"'vgpuhost gpu drain {gpu}' lists what must move; repair it, then "
                                f"'vgpuhost gpu uncordon {gpu}'"))
+    present = {g.address for g in inv.gpus}
+    for g in known_gpus(store) if store is not None else ():
+        if str(g) not in rows and g not in present and check_gpu(host, g):   # remembered, gone from the tree
+            out.append(Finding("error", "GPU_UNHEALTHY", str(g), f"fails its health check now: pci: {hp.GONE_REASON} "
+                               "(the state store still remembers it)",
+                               f"'vgpuhost gpu drain {g}' lists what it held; the agent (or the next vgpuhost "
+                               "operation) takes it out of service"))
     for g in inv.gpus:
         if str(g.address) in rows:
             continue

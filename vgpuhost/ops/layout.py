@@ -40,6 +40,7 @@ from ..plan.layout import (
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
 from . import mig, passthrough, scheduler, tenancy, vgpu
+from .health import out_of_service
 
 SCHEMA_APPLY = "vgpuhost.apply/v1"
 
@@ -96,6 +97,25 @@ def view_for(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[st
     return observe(host, store, gpus=gpus, nvml=nvml)
 
 
+def health_blocks(store: StateStore, p: Plan) -> List[str]:
+    """What :func:`plan` and :func:`apply` block for GPU health: one line per GPU out of service (unhealthy
+    or cordoned, :func:`vgpuhost.ops.health.out_of_service`) that a step of ``p`` would place on or change
+    (every step but a vGPU removal and a passthrough release, which free it), naming the GPU, why it is out
+    and the first such step.  Empty when every GPU a step changes is in service (one store query)."""
+    oos = out_of_service(store)
+    if not oos:
+        return []
+    out: Dict[str, str] = {}
+    for s in p.steps:
+        if isinstance(s, (LayoutRemoveVgpu, LayoutReleasePassthrough)) or s.target == "host":
+            continue
+        gpu = PciAddress.parse(s.target)
+        if gpu in oos and s.target not in out:
+            out[s.target] = (f"{s.target} is out of service ({oos[gpu]}): step '{s.kind} {s.action}' needs it; "
+                             f"'vgpuhost gpu uncordon {s.target}' after repair, or select another GPU")
+    return list(out.values())
+
+
 def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Plan:
     """The ordered steps that bring ``host`` to ``layout`` (default: the config's default).
 
@@ -108,6 +128,7 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
     """
     view = view_for(host, store, cfg, layout)
     p = planner.plan(cfg, layout, view)
+    p.blocked += [b for b in health_blocks(store, p) if b not in p.blocked]   # what apply refuses, plan shows
     for pl in planner.pools(cfg, layout, view):
         p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}): "
                        + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
@@ -151,6 +172,7 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
         gpus_in_scope, nvml = planner.scope(cfg, layout)
         view = observe(host, store, gpus=gpus_in_scope, nvml=nvml)
         p = planner.plan(cfg, layout, view)
+        p.blocked += [b for b in health_blocks(store, p) if b not in p.blocked]   # GPUs out of service
         if p.blocked:
             raise RefusedError(f"layout {name!r} cannot be applied: " + "; ".join(p.blocked),
                                hint="nothing was changed; 'vgpuhost plan -c FILE' shows the whole plan")

@@ -783,7 +783,8 @@ def host_series(host_root, store) -> Dict[str, object]:
     exist; a GPU an exclusive tenant's vGPUs hold counts none: no one else
     may join it); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
     ``gpu_health``: ``{(gpu, source): (healthy 1/0, cordoned 1/0)}`` of every GPU
-    known (:func:`vgpuhost.ops.health.status`; a GPU out of service counts no
+    known (:func:`vgpuhost.ops.health.status`; a GPU the store remembers that is gone from the PCI
+    tree reads unhealthy, source ``pci``, before anything recorded it; a GPU out of service counts no
     free instance); ``quota_used``/``quota_limit`` only where the store has a journal or
     tenant quotas; ``tenant_free_instances``: ``{(tenant, profile): n}``,
     what admission would admit of each profile for each tenant now
@@ -815,8 +816,14 @@ def host_series(host_root, store) -> Dict[str, object]:
                "unrecorded": len(present - recorded)}
     out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
     if callable(health_rows):
-        out["gpu_health"] = {(h["gpu"], h["source"] or ""): (1 if h["healthy"] else 0, 1 if h["cordoned"] else 0)
-                             for h in status(store, inv)}
+        on_host = {str(g.address) for g in inv.gpus}
+        out["gpu_health"] = {}
+        for h in status(store, inv):
+            if h["source"] is None and h["gpu"] not in on_host:
+                # gone from the PCI tree and not recorded yet (no agent ran): unhealthy now, as the agent records it
+                out["gpu_health"][(h["gpu"], "pci")] = (0, 1 if h["cordoned"] else 0)
+                continue
+            out["gpu_health"][(h["gpu"], h["source"] or "")] = (1 if h["healthy"] else 0, 1 if h["cordoned"] else 0)
     journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
     if callable(journal):
         try:

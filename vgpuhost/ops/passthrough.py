@@ -143,6 +143,12 @@ def prepare(host: HostRoot, store: StateStore, gpu: PciAddress, *, allow_boot_vg
                                hint=("it is released when that domain stops" if holder not in POOL_OWNERS else
                                      f"give it back first: vgpuhost passthrough release {gpu}")
                                + "; nothing was changed")
+        if holder is None:
+            # a GPU out of service (unhealthy or cordoned) is handed to no new holder (docs/guide/failures.md);
+            # the holder it has keeps it (a retried prepare of the same owner)
+            from .health import refuse_out_of_service
+            refuse_out_of_service(store, gpu, what=f"pass {gpu} through", actor=actor or actor_name(),
+                                  operation=f"passthrough prepare {gpu}", audit=not dry_run)
         blockers = prepare_blockers(inv, gpu, endpoints, allow_boot_vga=allow_boot_vga, boot_vga_fix=boot_vga_fix)
         if blockers:
             raise RefusedError(f"cannot pass {gpu} through: " + "; ".join(blockers),

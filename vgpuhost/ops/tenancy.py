@@ -1306,9 +1306,11 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         mem = g.framebuffer_mib
         gpus.append({"gpu": addr, "pool": adm.pool_of(pl, addr).name,
                      "framebuffer_mib": mem, "unreadable": [str(u.device) for u in g.unreadable],
-                     "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" else
+                     "free_mib": 0 if addr in pt or g.pci.driver != "nvidia" or g.address in inv.out_of_service else
                      (max(0, mem - used.get(addr, 0)) if mem else None),
-                     "exclusive": excl.get(addr), "drift": drift.get(addr) or None})
+                     "exclusive": excl.get(addr), "drift": drift.get(addr) or None,
+                     # issue 27: unhealthy or cordoned: nothing free there (no fragmentation counted)
+                     "out_of_service": inv.out_of_service.get(g.address)})
     timing = gputime.gpu_figures(held, pl, {g["gpu"]: g["framebuffer_mib"] or 0 for g in gpus})
     for g in gpus:
         g.update(timing[g["gpu"]])

@@ -428,10 +428,20 @@ def mode_verdicts(inv: Inventory, facts: Optional[Mapping[PciAddress, GpuFacts]]
     out: List[ModeVerdict] = []
     for gpu in inv.gpus:
         f = facts.get(gpu.address, GpuFacts())
-        out.append(_passthrough_verdict(inv, gpu))
-        out.append(_vgpu_verdict(inv, gpu, f))
+        out.append(_out_of_service(inv, _passthrough_verdict(inv, gpu)))
+        out.append(_out_of_service(inv, _vgpu_verdict(inv, gpu, f)))
         out.append(_mig_verdict(gpu, f))
     return out
+
+
+def _out_of_service(inv: Inventory, v: ModeVerdict) -> ModeVerdict:
+    """``v``, or ``blocked`` where it said ``ready`` for a GPU out of service (``inv.out_of_service``:
+    unhealthy or cordoned): ``vgpu create --gpu`` and ``passthrough prepare`` refuse it."""
+    why = inv.out_of_service.get(PciAddress.parse(v.gpu))
+    if why is None or v.verdict != "ready":
+        return v
+    return ModeVerdict(v.gpu, v.mode, "blocked", f"out of service: {why}",
+                       f"repair it, then 'vgpuhost gpu uncordon {v.gpu}'")
 
 
 def host_verdicts(verdicts: List[ModeVerdict]) -> Dict[str, str]:

@@ -93,3 +93,18 @@ def is_critical_xid(xid: int) -> bool:
 
 LOST_REASON = "NVML: GPU_IS_LOST (the GPU fell off the bus or became inaccessible)"
 GONE_REASON = "gone from the PCI tree"
+
+#: at most this many characters of a cordon's ``--reason`` (one line of printable text)
+REASON_MAX = 512
+
+
+def reason_problem(reason: str) -> "Optional[str]":
+    """Why ``reason`` (a cordon's ``--reason``, already stripped) is refused, None when it is one line of
+    printable text of at most :data:`REASON_MAX` characters (a newline, tab, escape or bidi override:
+    anything ``str.isprintable`` refuses)."""
+    if len(reason) > REASON_MAX:
+        return f"--reason is over {REASON_MAX} characters ({len(reason)})"
+    bad = next((i for i, ch in enumerate(reason) if not ch.isprintable()), None)
+    if bad is not None:
+        return f"--reason has a control character (U+{ord(reason[bad]):04X} at character {bad + 1})"
+    return None

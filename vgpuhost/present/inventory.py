@@ -65,7 +65,8 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None,
     ``nvidia``; on SR-IOV GPUs the per-VF ones sum to more than the GPU holds),
     capped by ``limits_of(name)``'s max for the GPU's vGPU mode where given
     (:func:`vgpuhost.ops.vgpu.limits_lookup`: mixed-size maxima, as placement
-    counts them); the per-parent counts stay the kernel's.
+    counts them); the per-parent counts stay the kernel's, except on a GPU out of service
+    (``inv.out_of_service``: unhealthy or cordoned), where they read 0 as the type's count does.
     """
     out: Dict[tuple, Dict[str, Any]] = {}
     for t in types:
@@ -81,6 +82,8 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None,
         for (gpu, tid), e in out.items():
             limit = limits_of(e["name"]).get(gpu) if limits_of is not None and e["name"] else None
             e["available_instances"] = free_instances(inv, gpu, tid, limit=limit)[0]
+            if gpu in inv.out_of_service:           # nothing is offered there: the parents agree
+                e["parents"] = [dict(p, available_instances=0) for p in e["parents"]]
     return sorted(out.values(), key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
 
 
