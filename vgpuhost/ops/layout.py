@@ -132,7 +132,8 @@ def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
 
 
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
-          actor: Optional[str] = None, progress=None) -> ApplyResult:
+          actor: Optional[str] = None, progress=None,
+          stop: Optional[Callable[[], None]] = None) -> ApplyResult:
     """Run exactly the steps :func:`plan` gives, then read the host back.
 
     Raises RefusedError (exit 2) before any change when the plan is blocked
@@ -143,7 +144,12 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     are reported in the result, never done.  Serialised per state dir by a
     ``layout`` lock.  ``progress(i, n, step, state)``, when given, is called
     as each step starts (state ``"start"``), ends (``"done"``, ``"failed"``)
-    or is skipped (``"skipped"``).
+    or is skipped (``"skipped"``).  ``stop()``, when given, is called before
+    each step starts: a VgpuhostError it raises (the agent's Stopping after
+    SIGTERM) ends the apply between two steps, re-raised as its own type
+    naming the first step not started and how many stay done (the steps are
+    each whole: the ones before stay done, as after a failed step; none is
+    left half-done).
     """
     name = cfg.layout(layout).name
     who = actor or f"{actor_name()} apply {name}"
@@ -158,13 +164,17 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
         carried = Carried(host, store, view, nvml=nvml)
         ex = Executor(host, store, actor=who, operation=f"apply {name}",
-                      bindings=_recording(handlers(host, store, who, carried), result, p.steps, progress))
+                      bindings=_recording(handlers(host, store, who, carried), result, p.steps, progress, stop))
         try:
             ex.run(p.steps)
         except VgpuhostError as e:
             i = next(n for n, s in enumerate(p.steps, 1) if s is ex.failed)
             step = p.steps[i - 1]
             done = f"; {len(result.done)} step(s) before it stay done" if result.done else ""
+            if getattr(e, "stopped_apply", False):
+                raise type(e)(f"layout {name!r}: stopped before step {i} of {len(p.steps)} ({step.kind} "
+                              f"{step.target}: {step.action}): {e.message}{done or '; nothing was changed'}",
+                              hint="run apply again: it plans from what the host holds now") from e
             raise DeviceError(f"layout {name!r}: step {i} of {len(p.steps)} failed ({step.kind} {step.target}: "
                               f"{step.action}): {e.one_line()}{done}",
                               hint="'vgpuhost assert -c FILE' shows what differs; 'vgpuhost audit' every "
@@ -240,11 +250,13 @@ PENDING = "pending"
 Handler = Callable[[LayoutStep], Optional[str]]
 
 
-def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), progress=None) -> Dict[type, Handler]:
+def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), progress=None,
+               stop: Optional[Callable[[], None]] = None) -> Dict[type, Handler]:
     """``bound``, each handler wrapped to keep ``result`` (done, skipped, reboot) as the
     Executor runs the plan: once a MIG mode change on a GPU stays pending, the GPU's
     later steps are skipped (they need the mode the reset brings) and the reset is
-    reported.  ``progress(i, n, step, state)`` hears of each step (see :func:`apply`)."""
+    reported.  ``progress(i, n, step, state)`` hears of each step and ``stop()`` is
+    asked before each starts (see :func:`apply`)."""
     pending = set()
     position = {id(s): i for i, s in enumerate(steps, 1)}
 
@@ -258,6 +270,12 @@ def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), pro
                 result.skipped.append(step)
                 tell(step, "skipped")
                 return None
+            if stop is not None:
+                try:
+                    stop()
+                except VgpuhostError as e:
+                    e.stopped_apply = True      # apply names it a stop between steps, not a failed step
+                    raise
             tell(step, "start")
             try:
                 note = handler(step)
