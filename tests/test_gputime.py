@@ -190,16 +190,18 @@ def test_the_layout_declares_a_ceiling_and_refuses_overcommit_outside_best_effor
     cfg = parse(LAYOUT.format(policy="best-effort", ceiling=1.5), "l.yaml")
     [e] = cfg.layout("l").entries
     assert e.pool.ceiling == 1.5
-    for policy, ceiling, says in (("equal-share", 1.5, "overcommits a equal-share pool"),
-                                  ("fixed-share", 1.2, "overcommits a fixed-share pool"),
+    for policy, ceiling, says in (("equal-share", 1.5, ": pool.ceiling 1.5 overcommits an equal-share pool"),
+                                  ("fixed-share", 1.2, ": pool.ceiling 1.2 overcommits a fixed-share pool"),
+                                  # the value as given: a limit just over 1.0 is not shown as "1"
+                                  ("equal-share", 1.0000000001, "pool.ceiling 1.0000000001 overcommits an"),
                                   ("best-effort", 9, "above the most allowed, 8"),
                                   ("best-effort", 0, "is not a share of a GPU above 0"),
                                   ("best-effort", "lots", "is not a share of a GPU above 0")):
         with pytest.raises(InputError) as ei:
             parse(LAYOUT.format(policy=policy, ceiling=ceiling), "l.yaml")
-        assert says in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+        assert says in str(ei.value) and "\n" not in str(ei.value) and "compute" not in str(ei.value), str(ei.value)
     assert adm.pool_problems([adm.Pool("p", "equal-share", ("burstable",), ("g",), 1.5)]) == [
-        "pool 'p': compute ceiling 1.5 overcommits a equal-share pool: only a best-effort pool may carry more "
+        "pool 'p': ceiling 1.5 overcommits an equal-share pool: only a best-effort pool may carry more "
         "than 1 GPU of expected demand per GPU"]
 
 
