@@ -170,6 +170,33 @@ def test_a_lower_ceiling_leaves_starved_demand_in_capacity_and_the_exporter(make
     assert rc == 2 and "ceiling 0.5 of pool 'std'" in err
 
 
+def test_capacity_without_a_tenant_and_free_instances_count_gpu_time_as_admission_does(make_host, capsys):
+    """Trial 4 finding 9: `capacity` without --tenant and vgpuhost_free_instances count what GPU time lets a
+    domain naming no tenant start (its fixed share under each GPU's ceiling), not the framebuffer's room,
+    and agree with admission's own count (vgpuhost_tenant_free_instances{tenant=""})."""
+    from vgpuhost.ops.metering import host_series
+    host, s = std_host(make_host)
+    metered(s, uid("d0d0d0d0", 90), "web", "A40-8Q", 0.6)
+    assert start(host, "w1", web(1)) == (0, "") and start(host, "w2", web(2)) == (0, "")
+    # each A40 expects 0.6 under a ceiling of 1.0: 0.4 left, two A40-8Q at 1/6 each (framebuffer: 5 each)
+    code, out, _ = run(capsys, host, "--json", "capacity", "--profile", "A40-8Q")
+    [p] = json.loads(out)["profiles"]
+    assert code == 0 and p["fits"] == 4 and p["by_gpu"] == {str(GPU_LO): 2, str(GPU_HI): 2}
+    assert p["blocked"] == 0 and p["framebuffer_would_allow"] == 4         # GPU time is not fragmentation
+    series = host_series(host, s)
+    assert series["free_instances"][("A40-8Q", "std")] == 4 == series["tenant_free_instances"][("", "A40-8Q")]
+    # a ceiling under what runs: admission refuses every start, and nothing is advertised free
+    tenancy.set_pools(s, [adm.Pool("std", "equal-share", ("burstable", "best-effort"), (str(GPU_LO), str(GPU_HI)),
+                                   0.5)])
+    code, out, _ = run(capsys, host, "capacity", "--profile", "A40-8Q")
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["A40-8Q", "0"], out
+    series = host_series(host, s)
+    assert series["free_instances"][("A40-8Q", "std")] == 0 == series["tenant_free_instances"][("", "A40-8Q")]
+    before = mdevs(host)
+    rc, err = start(host, "d9", tdom("d9", uid("d0d0d0d0", 9), uid("e0e0e0e0", 9)))
+    assert rc == 2 and "no GPU time" in err and mdevs(host) == before
+
+
 # ---------------------------------------------------------------------------
 # the layout's ceiling
 
