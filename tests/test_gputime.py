@@ -197,6 +197,47 @@ def test_capacity_without_a_tenant_and_free_instances_count_gpu_time_as_admissio
     assert rc == 2 and "no GPU time" in err and mdevs(host) == before
 
 
+STD_LAYOUT = """version: 1
+layouts:
+  std:
+    gpus:
+      - select: {{address: "0000:41:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-8Q: 0}}}}
+        scheduler: {{policy: equal-share, arr: false}}
+        pool: {{name: std, serves: [burstable, best-effort], ceiling: {ceiling}}}
+      - select: {{address: "0000:81:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-8Q: 0}}}}
+        scheduler: {{policy: equal-share, arr: false}}
+        pool: {{name: std, serves: [burstable, best-effort], ceiling: {ceiling}}}
+"""
+
+
+def test_plan_shows_a_ceiling_change_and_what_it_starves(make_host):
+    """Trial 4 finding 25: a layout lowering a pool's ceiling under running vGPUs: plan names the change
+    and the GPUs whose expected demand it leaves above it; apply records it."""
+    from vgpuhost.ops.layout import apply, plan
+    from vgpuhost.policy.config import parse
+    host, s = std_host(make_host, ceiling=1.0)
+    metered(s, uid("d0d0d0d0", 90), "web", "A40-8Q", 0.6)
+    assert start(host, "w1", web(1)) == (0, "") and start(host, "w2", web(2)) == (0, "")
+    same = plan(host, s, parse(STD_LAYOUT.format(ceiling=1.0), "l.yaml"), "std")
+    assert same.steps == [], [(x.action, x.why) for x in same.steps]
+    assert not [n for n in same.notes if "->" in n] and "compute ceiling 1" in "\n".join(same.notes)
+    lower = parse(STD_LAYOUT.format(ceiling=0.5), "l.yaml")
+    p = plan(host, s, lower, "std")
+    assert p.blocked == [] and p.steps == [], [s.action for s in p.steps]
+    [note] = [n for n in p.notes if n.startswith("pool std: compute ceiling")]
+    assert note == (f"pool std: compute ceiling 1 -> 0.5 (apply records it): under the running vGPUs' expected "
+                    f"GPU time on {GPU_LO} (0.60 expected, 0.10 starved), {GPU_HI} (0.60 expected, 0.10 starved); "
+                    "new starts there are refused (gpu-time) until demand falls under it")
+    assert [p.ceiling for p in tenancy.pools(s)] == [1.0]          # plan records nothing
+    apply(host, s, lower, "std")
+    assert [p.ceiling for p in tenancy.pools(s)] == [0.5]
+    assert not [n for n in plan(host, s, lower, "std").notes if "->" in n]
+
+
 # ---------------------------------------------------------------------------
 # the layout's ceiling
 

@@ -108,15 +108,48 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
     """
     view = view_for(host, store, cfg, layout)
     p = planner.plan(cfg, layout, view)
-    for pl in planner.pools(cfg, layout, view):
-        p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}): "
+    new = planner.pools(cfg, layout, view)
+    for pl in new:
+        p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}"
+                       + (f", compute ceiling {pl.ceiling:g}" if pl.ceiling is not None else "") + "): "
                        + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
+    p.notes += ceiling_notes(store, view, new)
     try:
         _pools(store, cfg, layout, view)            # what apply refuses before any change, plan shows
     except (RefusedError, InputError) as e:
         if e.message not in p.blocked:
             p.blocked.append(e.message)
     return p
+
+
+def ceiling_notes(store: StateStore, view: HostView, new) -> List[str]:
+    """One note per pool whose compute ceiling ``new`` (the layout's pools) changes from the recorded one:
+    ``pool NAME: compute ceiling 0.3 -> 0.1 (apply records it)``, and where the lower ceiling is under
+    what the running vGPUs on a GPU of it expect (:func:`vgpuhost.ops.gputime.gpu_figures`), that GPU's
+    expected demand and the starved demand it leaves (new starts there are refused with ``gpu-time``)."""
+    from ..policy import compute
+    from . import gputime
+    old = {p.name.lower(): p for p in tenancy.pools(store)} if new else {}
+    notes: List[str] = []
+    figures = None
+    for pl in new:
+        was = old.get(pl.name.lower())
+        if was is None or compute.ceiling_of(was) == compute.ceiling_of(pl):
+            continue
+        a, b = compute.ceiling_of(was), compute.ceiling_of(pl)
+        line = f"pool {pl.name}: compute ceiling {a:g} -> {b:g} (apply records it)"
+        if b < a:
+            if figures is None:
+                held = gputime.with_use(gputime.history(store), tenancy.allocations(store, view.inventory))
+                figures = gputime.gpu_figures(held, new, {str(g.address): g.framebuffer_mib or 0
+                                                          for g in view.inventory.gpus if g.vgpu_backend})
+            over = [(g, figures[g]) for g in pl.gpus if g in figures and figures[g]["starved_demand"] > 0]
+            if over:
+                line += ": under the running vGPUs' expected GPU time on " + ", ".join(
+                    f"{g} ({f['gpu_time_expected']:.2f} expected, {f['starved_demand']:.2f} starved)"
+                    for g, f in over) + "; new starts there are refused (gpu-time) until demand falls under it"
+        notes.append(line)
+    return notes
 
 
 def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Drift:
