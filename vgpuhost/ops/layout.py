@@ -37,9 +37,10 @@ from ..plan.layout import (
     LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu, LayoutReleasePassthrough, LayoutRemoveVgpu,
     LayoutSetMixedSize, LayoutSetScheduler, LayoutStep, Plan, Report, reboot_step
 )
+from ..policy import compute
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
-from . import mig, passthrough, scheduler, tenancy, vgpu
+from . import gputime, mig, passthrough, scheduler, tenancy, vgpu
 
 SCHEMA_APPLY = "vgpuhost.apply/v1"
 
@@ -127,8 +128,6 @@ def ceiling_notes(store: StateStore, view: HostView, new) -> List[str]:
     ``pool NAME: compute ceiling 0.3 -> 0.1 (apply records it)``, and where the lower ceiling is under
     what the running vGPUs on a GPU of it expect (:func:`vgpuhost.ops.gputime.gpu_figures`), that GPU's
     expected demand and the starved demand it leaves (new starts there are refused with ``gpu-time``)."""
-    from ..policy import compute
-    from . import gputime
     old = {p.name.lower(): p for p in tenancy.pools(store)} if new else {}
     notes: List[str] = []
     figures = None
