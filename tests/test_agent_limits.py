@@ -510,3 +510,36 @@ def test_sigterm_during_an_apply_stops_it_between_steps_and_answers_before_the_s
     tree = {m.uuid: str(m.parent) for m in discover(Sysfs(h), with_types=False).mdevs}
     assert recs == tree and len(tree) == 8 and set(tree.values()) == {"0000:21:00.0"}
     assert store.journal_entries(open_only=True) == []
+
+
+def test_sigterm_to_the_agent_process_during_a_streamed_apply_answers_and_leaves_host_and_store_agreeing(
+        make_host):
+    """The same with a real agent process and a real SIGTERM (sent when step 1's end is streamed): the agent
+    exits 0, the caller gets a last line (the apply document, or the 503 naming the first step not started),
+    and the tree holds exactly what the store records: 8 vGPUs per step done, no journal entry open."""
+    import signal
+    h = make_host(yaml_text=FOUR_A40)
+    run = AgentRun(h.root, extra=("--metering-interval", "0"))
+    lines: list = []
+
+    def on_line(doc):
+        lines.append(doc)
+        if (doc.get("step"), doc.get("state")) == (1, "done"):
+            run.proc.send_signal(signal.SIGTERM)
+    try:
+        status, doc = agentclient.call(run.admin, "POST", "/v1/apply",
+                                       {"config": MANY, "layout": "many", "progress": True}, on_line=on_line)
+        assert run.proc.wait(30) == 0, run.log.read_text()[-3000:]
+    finally:
+        run.close()
+    done = [x["step"] for x in lines if x["state"] == "done"]
+    if status == 200:
+        assert doc["schema"] == "vgpuhost.apply/v1" and done == [1, 2, 3, 4]
+    else:
+        assert status == 503 and doc["error"]["exit_code"] == 5, doc
+        assert doc["error"]["message"].startswith(f"layout 'many': stopped before step {len(done) + 1} of 4 (")
+    store = StateStore(h.state_dir, create=False)
+    recs = {r.id for r in store.vgpu_records()}
+    tree = {m.uuid for m in discover(Sysfs(h), with_types=False).mdevs}
+    assert recs == tree and len(tree) == 8 * len(done) and done[:1] == [1]
+    assert store.journal_entries(open_only=True) == []
