@@ -478,3 +478,109 @@ def test_the_api_document_lists_408_413_and_429_where_they_can_occur():
     for status, line in ((413, server.config_refusal("#\n" * 5000)), (429, why)):
         _ctype, schema = _response_schema(spec, op, status)
         _validate(spec, spec, schema, server.error_doc(status, line, exit_code=2 if status == 413 else 5))
+
+
+# ---------------------------------------------------------------------------
+# SIGTERM during an apply (trial 4, finding 3)
+
+FOUR_A40 = """
+version: 1
+name: four-a40
+summary: four classic-mdev A40s
+host:
+  cpu_vendor: GenuineIntel
+  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt
+  kernel_release: 6.1.0-27-amd64
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+""" + "".join(
+    f'  - {{bdf: "0000:{b:02x}:03.0", model: intel-root-port, numa_node: 0, iommu_group: {b}}}\n'
+    f'  - {{bdf: "0000:{b + 1:02x}:00.0", model: A40, upstream: "0000:{b:02x}:03.0", numa_node: 0, '
+    f'iommu_group: {b + 1}, vgpu: {{backend: mdev}}}}\n' for b in (0x20, 0x40, 0x60, 0x80))
+
+MANY = """version: 1
+layouts:
+  many:
+    gpus:
+      - select: {board: A40}
+        mode: vgpu
+        vgpu: {types: {A40-1Q: 8}}
+"""
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_sigterm_during_an_apply_stops_it_between_steps_and_answers_before_the_sockets_close(
+        make_host, monkeypatch, progress):
+    """SIGTERM comes while step 1 of 4 runs: that step ends whole, no later step starts, and the caller gets
+    the answer (a 503 naming the step not started and the steps that stay done; streamed: the last line)
+    before the agent's stop returns; the tree holds what the store records and no journal entry is open."""
+    h = make_host(yaml_text=FOUR_A40)
+    d = socket_dir()
+    proc = server.open_agent(h, socket_dir=d, admin_group=ADMIN_GID, ro_group=RO_GID)
+    proc.start()
+    asked, stopper = [], []
+    original = server.api.Agent.check_stopping
+
+    def sigterm_during_step_1(agent):
+        asked.append(1)
+        if len(asked) == 2:         # step 1 ran; the agent's stop begins now, as at SIGTERM during step 1
+            stopper.append(threading.Thread(target=proc.stop))
+            stopper[0].start()
+            while not agent.stopping:
+                time.sleep(0.001)
+        return original(agent)
+    monkeypatch.setattr(server.api.Agent, "check_stopping", sigterm_during_step_1)
+    lines: list = []
+    body = {"config": MANY, "layout": "many", **({"progress": True} if progress else {})}
+    try:
+        status, doc = agentclient.call(os.path.join(d, "agent.sock"), "POST", "/v1/apply", body,
+                                       on_line=lines.append)
+    finally:
+        if stopper:
+            stopper[0].join(30)
+        else:
+            proc.stop()
+    assert stopper and not stopper[0].is_alive() and proc.agent.wait_answers(0)
+    # streamed: the progress lines of step 1, then the error document as the last line (its status 503)
+    assert [(x["step"], x["state"]) for x in lines] == ([(1, "start"), (1, "done")] if progress else [])
+    assert status == 503 and doc["error"]["exit_code"] == 5, doc
+    assert doc["error"]["message"].startswith("layout 'many': stopped before step 2 of 4 (vgpu 0000:41:00.0: ")
+    assert "1 step(s) before it stay done" in doc["error"]["message"]
+    store = StateStore(h.state_dir, create=False)
+    recs = {r.id: str(r.parent) for r in store.vgpu_records()}
+    tree = {m.uuid: str(m.parent) for m in discover(Sysfs(h), with_types=False).mdevs}
+    assert recs == tree and len(tree) == 8 and set(tree.values()) == {"0000:21:00.0"}
+    assert store.journal_entries(open_only=True) == []
+
+
+def test_sigterm_to_the_agent_process_during_a_streamed_apply_answers_and_leaves_host_and_store_agreeing(
+        make_host):
+    """The same with a real agent process and a real SIGTERM (sent when step 1's end is streamed): the agent
+    exits 0, the caller gets a last line (the apply document, or the 503 naming the first step not started),
+    and the tree holds exactly what the store records: 8 vGPUs per step done, no journal entry open."""
+    import signal
+    h = make_host(yaml_text=FOUR_A40)
+    run = AgentRun(h.root, extra=("--metering-interval", "0"))
+    lines: list = []
+
+    def on_line(doc):
+        lines.append(doc)
+        if (doc.get("step"), doc.get("state")) == (1, "done"):
+            run.proc.send_signal(signal.SIGTERM)
+    try:
+        status, doc = agentclient.call(run.admin, "POST", "/v1/apply",
+                                       {"config": MANY, "layout": "many", "progress": True}, on_line=on_line)
+        assert run.proc.wait(30) == 0, run.log.read_text()[-3000:]
+    finally:
+        run.close()
+    done = [x["step"] for x in lines if x["state"] == "done"]
+    if status == 200:
+        assert doc["schema"] == "vgpuhost.apply/v1" and done == [1, 2, 3, 4]
+    else:
+        assert status == 503 and doc["error"]["exit_code"] == 5, doc
+        assert doc["error"]["message"].startswith(f"layout 'many': stopped before step {len(done) + 1} of 4 (")
+    store = StateStore(h.state_dir, create=False)
+    recs = {r.id for r in store.vgpu_records()}
+    tree = {m.uuid for m in discover(Sysfs(h), with_types=False).mdevs}
+    assert recs == tree and len(tree) == 8 * len(done) and done[:1] == [1]
+    assert store.journal_entries(open_only=True) == []

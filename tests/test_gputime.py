@@ -170,6 +170,74 @@ def test_a_lower_ceiling_leaves_starved_demand_in_capacity_and_the_exporter(make
     assert rc == 2 and "ceiling 0.5 of pool 'std'" in err
 
 
+def test_capacity_without_a_tenant_and_free_instances_count_gpu_time_as_admission_does(make_host, capsys):
+    """Trial 4 finding 9: `capacity` without --tenant and vgpuhost_free_instances count what GPU time lets a
+    domain naming no tenant start (its fixed share under each GPU's ceiling), not the framebuffer's room,
+    and agree with admission's own count (vgpuhost_tenant_free_instances{tenant=""})."""
+    from vgpuhost.ops.metering import host_series
+    host, s = std_host(make_host)
+    metered(s, uid("d0d0d0d0", 90), "web", "A40-8Q", 0.6)
+    assert start(host, "w1", web(1)) == (0, "") and start(host, "w2", web(2)) == (0, "")
+    # each A40 expects 0.6 under a ceiling of 1.0: 0.4 left, two A40-8Q at 1/6 each (framebuffer: 5 each)
+    code, out, _ = run(capsys, host, "--json", "capacity", "--profile", "A40-8Q")
+    [p] = json.loads(out)["profiles"]
+    assert code == 0 and p["fits"] == 4 and p["by_gpu"] == {str(GPU_LO): 2, str(GPU_HI): 2}
+    assert p["blocked"] == 0 and p["framebuffer_would_allow"] == 4         # GPU time is not fragmentation
+    series = host_series(host, s)
+    assert series["free_instances"][("A40-8Q", "std")] == 4 == series["tenant_free_instances"][("", "A40-8Q")]
+    # a ceiling under what runs: admission refuses every start, and nothing is advertised free
+    tenancy.set_pools(s, [adm.Pool("std", "equal-share", ("burstable", "best-effort"), (str(GPU_LO), str(GPU_HI)),
+                                   0.5)])
+    code, out, _ = run(capsys, host, "capacity", "--profile", "A40-8Q")
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["A40-8Q", "0"], out
+    series = host_series(host, s)
+    assert series["free_instances"][("A40-8Q", "std")] == 0 == series["tenant_free_instances"][("", "A40-8Q")]
+    before = mdevs(host)
+    rc, err = start(host, "d9", tdom("d9", uid("d0d0d0d0", 9), uid("e0e0e0e0", 9)))
+    assert rc == 2 and "no GPU time" in err and mdevs(host) == before
+
+
+STD_LAYOUT = """version: 1
+layouts:
+  std:
+    gpus:
+      - select: {{address: "0000:41:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-8Q: 0}}}}
+        scheduler: {{policy: equal-share, arr: false}}
+        pool: {{name: std, serves: [burstable, best-effort], ceiling: {ceiling}}}
+      - select: {{address: "0000:81:00.0"}}
+        mode: vgpu
+        vgpu: {{types: {{A40-8Q: 0}}}}
+        scheduler: {{policy: equal-share, arr: false}}
+        pool: {{name: std, serves: [burstable, best-effort], ceiling: {ceiling}}}
+"""
+
+
+def test_plan_shows_a_ceiling_change_and_what_it_starves(make_host):
+    """Trial 4 finding 25: a layout lowering a pool's ceiling under running vGPUs: plan names the change
+    and the GPUs whose expected demand it leaves above it; apply records it."""
+    from vgpuhost.ops.layout import apply, plan
+    from vgpuhost.policy.config import parse
+    host, s = std_host(make_host, ceiling=1.0)
+    metered(s, uid("d0d0d0d0", 90), "web", "A40-8Q", 0.6)
+    assert start(host, "w1", web(1)) == (0, "") and start(host, "w2", web(2)) == (0, "")
+    same = plan(host, s, parse(STD_LAYOUT.format(ceiling=1.0), "l.yaml"), "std")
+    assert same.steps == [], [(x.action, x.why) for x in same.steps]
+    assert not [n for n in same.notes if "->" in n] and "compute ceiling 1" in "\n".join(same.notes)
+    lower = parse(STD_LAYOUT.format(ceiling=0.5), "l.yaml")
+    p = plan(host, s, lower, "std")
+    assert p.blocked == [] and p.steps == [], [s.action for s in p.steps]
+    [note] = [n for n in p.notes if n.startswith("pool std: compute ceiling")]
+    assert note == (f"pool std: compute ceiling 1 -> 0.5 (apply records it): under the running vGPUs' expected "
+                    f"GPU time on {GPU_LO} (0.60 expected, 0.10 starved), {GPU_HI} (0.60 expected, 0.10 starved); "
+                    "new starts there are refused (gpu-time) until demand falls under it")
+    assert [p.ceiling for p in tenancy.pools(s)] == [1.0]          # plan records nothing
+    apply(host, s, lower, "std")
+    assert [p.ceiling for p in tenancy.pools(s)] == [0.5]
+    assert not [n for n in plan(host, s, lower, "std").notes if "->" in n]
+
+
 # ---------------------------------------------------------------------------
 # the layout's ceiling
 
@@ -190,16 +258,18 @@ def test_the_layout_declares_a_ceiling_and_refuses_overcommit_outside_best_effor
     cfg = parse(LAYOUT.format(policy="best-effort", ceiling=1.5), "l.yaml")
     [e] = cfg.layout("l").entries
     assert e.pool.ceiling == 1.5
-    for policy, ceiling, says in (("equal-share", 1.5, "overcommits a equal-share pool"),
-                                  ("fixed-share", 1.2, "overcommits a fixed-share pool"),
+    for policy, ceiling, says in (("equal-share", 1.5, ": pool.ceiling 1.5 overcommits an equal-share pool"),
+                                  ("fixed-share", 1.2, ": pool.ceiling 1.2 overcommits a fixed-share pool"),
+                                  # the value as given: a limit just over 1.0 is not shown as "1"
+                                  ("equal-share", 1.0000000001, "pool.ceiling 1.0000000001 overcommits an"),
                                   ("best-effort", 9, "above the most allowed, 8"),
                                   ("best-effort", 0, "is not a share of a GPU above 0"),
                                   ("best-effort", "lots", "is not a share of a GPU above 0")):
         with pytest.raises(InputError) as ei:
             parse(LAYOUT.format(policy=policy, ceiling=ceiling), "l.yaml")
-        assert says in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+        assert says in str(ei.value) and "\n" not in str(ei.value) and "compute" not in str(ei.value), str(ei.value)
     assert adm.pool_problems([adm.Pool("p", "equal-share", ("burstable",), ("g",), 1.5)]) == [
-        "pool 'p': compute ceiling 1.5 overcommits a equal-share pool: only a best-effort pool may carry more "
+        "pool 'p': ceiling 1.5 overcommits an equal-share pool: only a best-effort pool may carry more "
         "than 1 GPU of expected demand per GPU"]
 
 

@@ -587,6 +587,19 @@ def test_leaving_fixed_share_for_mixed_size_sets_the_scheduler_first(make_host, 
     assert sorted(mdevs(host).values()) == ["nvidia-566"] * 6
 
 
+def test_capacity_is_judged_in_the_mode_the_plan_leaves(make_host, capsys):
+    """Trial 4 finding 17: an empty A40 in mixed-size mode (4 x A40-8Q at most) and the vdi layout
+    (6 x A40-8Q, mixed_size: false): the plan's own step turns mixed-size off first, so the six fit."""
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    assert run(capsys, "--root", host.root, "vgpu", "mode", "--gpu", str(A40), "--mixed-size", "on")[0] == 0
+    p = plan(host, store, load(EXAMPLES / "vgpu-a40.yaml"), "vdi")
+    assert p.blocked == [] and [s.kind for s in p.steps][:2] == ["mixed-size", "scheduler"]
+    assert run(capsys, "--root", host.root, "apply", "-c", EXAMPLES / "vgpu-a40.yaml", "vdi")[0] == 0
+    assert backend_for(host).heterogeneous_mode(A40) is False
+    assert sorted(mdevs(host).values()) == ["nvidia-566"] * 6
+
+
 MIXED_NO_SCHEDULER = """
 version: 1
 layouts:

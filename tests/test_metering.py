@@ -1086,3 +1086,28 @@ def test_licence_state_and_expiry_reach_the_exporter_and_host_check(loaded, caps
     main(["--root", str(host.root), "--json", "host", "check"])
     found = {f["subject"]: f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
     assert found[recs[DOM_A]] == "VGPU_LICENSED"
+
+
+def test_gpu_healthy_keeps_one_series_per_gpu_across_a_failure_and_its_repair(make_host, capsys):
+    """Trial 4 finding 26: vgpuhost_gpu_healthy{gpu} has one label set whatever the GPU's state (a failure
+    changes its value, not its series); how it failed is vgpuhost_gpu_failure_info{gpu, source}, present
+    only while the GPU is out of service by a failure."""
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import health
+    from vgpuhost.ops.exporter import _host_families
+    from vgpuhost.ops.metering import host_series
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir, create=True)
+    gpu = "0000:81:00.0"
+
+    def samples():
+        fams = {f.name: f for f in _host_families(host_series(host, s))}
+        return ({tuple(sorted(x.labels.items())): x.value for x in fams["vgpuhost_gpu_healthy"].samples},
+                {tuple(sorted(x.labels.items())): x.value for x in fams["vgpuhost_gpu_failure_info"].samples})
+    key = (("gpu", gpu),)
+    assert samples() == ({key: 1.0}, {})
+    assert health.mark_unhealthy(s, PciAddress.parse(gpu), "Xid 79", "nvml", actor="test") is True
+    assert samples() == ({key: 0.0}, {(("gpu", gpu), ("source", "nvml")): 1.0})
+    assert main(["--root", str(host.root), "gpu", "uncordon", gpu]) == 0, capsys.readouterr().err
+    assert samples() == ({key: 1.0}, {})

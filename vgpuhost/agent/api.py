@@ -18,6 +18,7 @@ the exit code the CLI would have given.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -167,7 +168,10 @@ class Agent:
         self._docs: Dict[tuple, Any] = {}
         self._building: Dict[tuple, threading.Event] = {}    # documents being built now, by their key
         self._docs_lock = threading.Lock()
-        self.stopping = False                  # set by the server at SIGTERM: no write starts after it
+        self.stopping = False                  # set by stop() at SIGTERM: no write starts after it
+        self._answers = threading.Condition()  # guards stopping's setting and _owed
+        self._owed = 0                         # answers owed: calls whose change started, not yet answered
+        self._answer = threading.local()       # .owed: this thread answers a call (answering()); its change began
         self.scans = 0
         self.refreshes = 0
         self.cache_hits = 0
@@ -280,9 +284,13 @@ class Agent:
             raise Stopping("the agent is stopping: it starts no change now",
                            hint="the hook does the work itself; retry once the agent is back")
         with self.write_lock:
-            if self.stopping:
-                raise Stopping("the agent is stopping: it starts no change now",
-                               hint="the hook does the work itself; retry once the agent is back")
+            with self._answers:
+                if self.stopping:
+                    raise Stopping("the agent is stopping: it starts no change now",
+                                   hint="the hook does the work itself; retry once the agent is back")
+                if getattr(self._answer, "owed", None) is False:
+                    self._answer.owed = True
+                    self._owed += 1
             names = None
             try:
                 result = fn()
@@ -290,6 +298,44 @@ class Agent:
                 return result
             finally:
                 self._after_write(names)
+
+    def stop(self) -> None:
+        """SIGTERM came: no change starts from now (:meth:`write` raises Stopping, and so does
+        :meth:`check_stopping`, which an apply asks between its steps)."""
+        with self._answers:
+            self.stopping = True
+
+    def check_stopping(self) -> None:
+        """Raises Stopping once :meth:`stop` was called (an apply asks before each of its steps)."""
+        if self.stopping:
+            raise Stopping("the agent is stopping (SIGTERM): it starts no further step",
+                           hint="run apply again once the agent is back")
+
+    @contextlib.contextmanager
+    def answering(self):
+        """The server answers one call inside this: when the call's change starts (:meth:`write`), its
+        answer is owed until the block ends (the answer sent), and :meth:`wait_answers` waits for it."""
+        self._answer.owed = False
+        try:
+            yield
+        finally:
+            if self._answer.owed:
+                with self._answers:
+                    self._owed -= 1
+                    self._answers.notify_all()
+            self._answer.owed = None
+
+    def wait_answers(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds until every call whose change started has been answered;
+        True when none is owed."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._answers:
+            while self._owed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._answers.wait(left)
+            return True
 
     def _after_write(self, names: Optional[List[str]]) -> None:
         """Mark the GPUs holding ``names`` due for a refresh when the host's fingerprint moved, since the
@@ -813,14 +859,15 @@ def post_apply(agent: Agent, req: Request):
     cfg, layout = _config(req)
     cfg.layout(layout)                  # an unknown layout fails before the host is read
     if not _flag(req.body, "progress"):
-        return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor)).as_dict()
+        return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor,
+                                         stop=agent.check_stopping)).as_dict()
 
     def run(emit: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
         def progress(i: int, n: int, step, state: str) -> None:
             emit({"schema": SCHEMA_PROGRESS, "step": i, "steps": n, "kind": step.kind, "target": str(step.target),
                   "action": step.action, "state": state})
         return agent.write(lambda: apply(agent.host, agent.store, cfg, layout, actor=req.actor,
-                                         progress=progress)).as_dict()
+                                         progress=progress, stop=agent.check_stopping)).as_dict()
     return Stream(run)
 
 

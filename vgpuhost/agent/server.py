@@ -517,6 +517,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- one request ------------------------------------------------------
     def _dispatch(self, method: str) -> None:
+        # a change begun in this call owes its answer: a stopping agent waits for it (AgentProcess.stop)
+        with self.server.agent.answering():
+            self._answer(method)
+
+    def _answer(self, method: str) -> None:
         self.close_connection = True
         self._hook_xml = None
         try:
@@ -914,11 +919,11 @@ class AgentProcess:
             self.threads.append(t)
 
     def stop(self) -> None:
-        """Stop accepting, close the sockets, and give a change in progress up to :data:`STOP_WAIT_S` to
-        end (reads in flight are dropped with the process: SIGTERM ends the agent within seconds under
-        any load)."""
+        """Stop accepting, close the listening sockets, and give a change in progress up to
+        :data:`STOP_WAIT_S` to end and its answer to be sent (an apply stops between its steps; reads in
+        flight are dropped with the process: SIGTERM ends the agent within seconds under any load)."""
         since = time.monotonic()
-        self.agent.stopping = True              # no change starts from here (api.Agent.write)
+        self.agent.stop()                       # no change (nor an apply's next step) starts from here
         # every accept loop told at once, then each waited for (one poll interval in all, not one each)
         stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers]
         for t in stoppers:
@@ -931,6 +936,7 @@ class AgentProcess:
             s.server_close()
         for path in self.bound:
             unixsock.remove_socket(path)
+        self.agent.wait_answers(STOP_WAIT_S - (time.monotonic() - since))
         if self.agent.write_lock.acquire(timeout=max(0.0, STOP_WAIT_S - (time.monotonic() - since))):
             self.agent.write_lock.release()
 

@@ -189,16 +189,24 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
             f.add_metric([tenant, profile], float(n))
         yield f
     if "gpu_health" in host:
+        # one fixed label set per GPU (a transition changes the value, never the series); how it failed is
+        # the separate info series, present only while it is out of service by a failure
         h = GaugeMetricFamily(PREFIX + "gpu_healthy",
                               "1 while the GPU is healthy, 0 once a failure took it out of service (EIO/ENODEV, "
-                              "GPU_IS_LOST, a critical Xid, gone from the PCI tree; source says which) until "
-                              "'vgpuhost gpu uncordon' after repair", labels=["gpu", "source"])
+                              "GPU_IS_LOST, a critical Xid, gone from the PCI tree; vgpuhost_gpu_failure_info says "
+                              "which) until 'vgpuhost gpu uncordon' after repair", labels=["gpu"])
+        why = GaugeMetricFamily(PREFIX + "gpu_failure_info",
+                                "1 for a GPU a failure took out of service, labelled with how it failed (source: "
+                                "io, nvml or pci); absent while the GPU is healthy", labels=["gpu", "source"])
         c = GaugeMetricFamily(PREFIX + "gpu_cordoned", "1 while an operator has cordoned the GPU (no placement)",
                               labels=["gpu"])
         for (gpu, source), (healthy, cordoned) in sorted(host["gpu_health"].items()):
-            h.add_metric([gpu, source], float(healthy))
+            h.add_metric([gpu], float(healthy))
+            if not healthy:
+                why.add_metric([gpu, source or "unknown"], 1.0)
             c.add_metric([gpu], float(cordoned))
         yield h
+        yield why
         yield c
     if "orphaned_devices" in host:
         f = GaugeMetricFamily(PREFIX + "orphaned_devices",

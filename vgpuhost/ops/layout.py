@@ -37,9 +37,10 @@ from ..plan.layout import (
     LayoutMakeGpuInstances, LayoutPreparePassthrough, LayoutRecreateVgpu, LayoutReleasePassthrough, LayoutRemoveVgpu,
     LayoutSetMixedSize, LayoutSetScheduler, LayoutStep, Plan, Report, reboot_step
 )
+from ..policy import compute
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
-from . import mig, passthrough, scheduler, tenancy, vgpu
+from . import gputime, mig, passthrough, scheduler, tenancy, vgpu
 from .health import out_of_service
 
 SCHEMA_APPLY = "vgpuhost.apply/v1"
@@ -129,15 +130,46 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
     view = view_for(host, store, cfg, layout)
     p = planner.plan(cfg, layout, view)
     p.blocked += [b for b in health_blocks(store, p) if b not in p.blocked]   # what apply refuses, plan shows
-    for pl in planner.pools(cfg, layout, view):
-        p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}): "
+    new = planner.pools(cfg, layout, view)
+    for pl in new:
+        p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}"
+                       + (f", compute ceiling {pl.ceiling:g}" if pl.ceiling is not None else "") + "): "
                        + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
+    p.notes += ceiling_notes(store, view, new)
     try:
         _pools(store, cfg, layout, view)            # what apply refuses before any change, plan shows
     except (RefusedError, InputError) as e:
         if e.message not in p.blocked:
             p.blocked.append(e.message)
     return p
+
+
+def ceiling_notes(store: StateStore, view: HostView, new) -> List[str]:
+    """One note per pool whose compute ceiling ``new`` (the layout's pools) changes from the recorded one:
+    ``pool NAME: compute ceiling 0.3 -> 0.1 (apply records it)``, and where the lower ceiling is under
+    what the running vGPUs on a GPU of it expect (:func:`vgpuhost.ops.gputime.gpu_figures`), that GPU's
+    expected demand and the starved demand it leaves (new starts there are refused with ``gpu-time``)."""
+    old = {p.name.lower(): p for p in tenancy.pools(store)} if new else {}
+    notes: List[str] = []
+    figures = None
+    for pl in new:
+        was = old.get(pl.name.lower())
+        if was is None or compute.ceiling_of(was) == compute.ceiling_of(pl):
+            continue
+        a, b = compute.ceiling_of(was), compute.ceiling_of(pl)
+        line = f"pool {pl.name}: compute ceiling {a:g} -> {b:g} (apply records it)"
+        if b < a:
+            if figures is None:
+                held = gputime.with_use(gputime.history(store), tenancy.allocations(store, view.inventory))
+                figures = gputime.gpu_figures(held, new, {str(g.address): g.framebuffer_mib or 0
+                                                          for g in view.inventory.gpus if g.vgpu_backend})
+            over = [(g, figures[g]) for g in pl.gpus if g in figures and figures[g]["starved_demand"] > 0]
+            if over:
+                line += ": under the running vGPUs' expected GPU time on " + ", ".join(
+                    f"{g} ({f['gpu_time_expected']:.2f} expected, {f['starved_demand']:.2f} starved)"
+                    for g, f in over) + "; new starts there are refused (gpu-time) until demand falls under it"
+        notes.append(line)
+    return notes
 
 
 def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None) -> Drift:
@@ -153,7 +185,8 @@ def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
 
 
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
-          actor: Optional[str] = None, progress=None) -> ApplyResult:
+          actor: Optional[str] = None, progress=None,
+          stop: Optional[Callable[[], None]] = None) -> ApplyResult:
     """Run exactly the steps :func:`plan` gives, then read the host back.
 
     Raises RefusedError (exit 2) before any change when the plan is blocked
@@ -164,7 +197,12 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     are reported in the result, never done.  Serialised per state dir by a
     ``layout`` lock.  ``progress(i, n, step, state)``, when given, is called
     as each step starts (state ``"start"``), ends (``"done"``, ``"failed"``)
-    or is skipped (``"skipped"``).
+    or is skipped (``"skipped"``).  ``stop()``, when given, is called before
+    each step starts: a VgpuhostError it raises (the agent's Stopping after
+    SIGTERM) ends the apply between two steps, re-raised as its own type
+    naming the first step not started and how many stay done (the steps are
+    each whole: the ones before stay done, as after a failed step; none is
+    left half-done).
     """
     name = cfg.layout(layout).name
     who = actor or f"{actor_name()} apply {name}"
@@ -180,13 +218,17 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
         result = ApplyResult(p, reboot=list(p.reboot), notes=list(p.notes))
         carried = Carried(host, store, view, nvml=nvml)
         ex = Executor(host, store, actor=who, operation=f"apply {name}",
-                      bindings=_recording(handlers(host, store, who, carried), result, p.steps, progress))
+                      bindings=_recording(handlers(host, store, who, carried), result, p.steps, progress, stop))
         try:
             ex.run(p.steps)
         except VgpuhostError as e:
             i = next(n for n, s in enumerate(p.steps, 1) if s is ex.failed)
             step = p.steps[i - 1]
             done = f"; {len(result.done)} step(s) before it stay done" if result.done else ""
+            if getattr(e, "stopped_apply", False):
+                raise type(e)(f"layout {name!r}: stopped before step {i} of {len(p.steps)} ({step.kind} "
+                              f"{step.target}: {step.action}): {e.message}{done or '; nothing was changed'}",
+                              hint="run apply again: it plans from what the host holds now") from e
             raise DeviceError(f"layout {name!r}: step {i} of {len(p.steps)} failed ({step.kind} {step.target}: "
                               f"{step.action}): {e.one_line()}{done}",
                               hint="'vgpuhost assert -c FILE' shows what differs; 'vgpuhost audit' every "
@@ -262,11 +304,13 @@ PENDING = "pending"
 Handler = Callable[[LayoutStep], Optional[str]]
 
 
-def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), progress=None) -> Dict[type, Handler]:
+def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), progress=None,
+               stop: Optional[Callable[[], None]] = None) -> Dict[type, Handler]:
     """``bound``, each handler wrapped to keep ``result`` (done, skipped, reboot) as the
     Executor runs the plan: once a MIG mode change on a GPU stays pending, the GPU's
     later steps are skipped (they need the mode the reset brings) and the reset is
-    reported.  ``progress(i, n, step, state)`` hears of each step (see :func:`apply`)."""
+    reported.  ``progress(i, n, step, state)`` hears of each step and ``stop()`` is
+    asked before each starts (see :func:`apply`)."""
     pending = set()
     position = {id(s): i for i, s in enumerate(steps, 1)}
 
@@ -280,6 +324,12 @@ def _recording(bound: Mapping[type, Handler], result: ApplyResult, steps=(), pro
                 result.skipped.append(step)
                 tell(step, "skipped")
                 return None
+            if stop is not None:
+                try:
+                    stop()
+                except VgpuhostError as e:
+                    e.stopped_apply = True      # apply names it a stop between steps, not a failed step
+                    raise
             tell(step, "start")
             try:
                 note = handler(step)

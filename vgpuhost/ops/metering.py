@@ -781,7 +781,8 @@ def host_series(host_root, store) -> Dict[str, object]:
 
     ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
     exist; a GPU an exclusive tenant's vGPUs hold counts none: no one else
-    may join it); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
+    may join it; where admission applies, each GPU's count is capped by GPU
+    time under its pool's ceiling, :func:`vgpuhost.ops.tenancy.time_fits`); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
     ``gpu_health``: ``{(gpu, source): (healthy 1/0, cordoned 1/0)}`` of every GPU
     known (:func:`vgpuhost.ops.health.status`; a GPU the store remembers that is gone from the PCI
     tree reads unhealthy, source ``pci``, before anything recorded it; a GPU out of service counts no
@@ -799,6 +800,7 @@ def host_series(host_root, store) -> Dict[str, object]:
         inv = in_service(inv, store)        # a GPU out of service counts no free instance
     pools = gpu_pools(store)
     closed = _exclusive_gpus(store, inv)
+    by_time = _time_fits(store, inv)
     free: Dict[tuple, int] = {}
     for g in inv.gpus:
         if str(g.address) in closed:
@@ -806,7 +808,9 @@ def host_series(host_root, store) -> Dict[str, object]:
         ix = inv.on_gpu(g.address)
         for tid, ts in ix.by_type.items():
             key = (ts[0].name, pools.get(str(g.address), ""))
-            free[key] = free.get(key, 0) + free_instances(inv, g.address, tid)[0]
+            n = free_instances(inv, g.address, tid)[0]
+            t = by_time(str(g.address), ts[0].name, ts[0].framebuffer_mib) if by_time is not None else None
+            free[key] = free.get(key, 0) + (n if t is None else min(n, t))
     present = {m.uuid for m in inv.mdevs} | {str(v.vf) for v in inv.vf_vgpus if v.type_id}
     records = store.vgpu_records()
     running = set(store.active_domains())
@@ -952,6 +956,15 @@ def _exclusive_gpus(store, inv) -> Dict[str, str]:
     except Exception as e:
         log.warning("reading exclusive tenants failed: %s", e)
         return {}
+
+
+def _time_fits(store, inv):
+    """:func:`vgpuhost.ops.tenancy.time_fits` (None where admission does not apply or it cannot be read)."""
+    try:
+        return tenancy.time_fits(store, inv)
+    except Exception as e:
+        log.warning("reading GPU time for free instances failed: %s", e)
+        return None
 
 
 def _tenant_free(host_root, store, inv) -> Dict[str, object]:

@@ -1270,7 +1270,13 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     ``fits`` only): ``by_gpu`` is where the ``fits`` would go one after
     another, not what each GPU alone could take (half the admission calls);
     ``untenanted`` (no ``tenant``): admission's answer for a domain naming
-    no tenant (best-effort, no quota), as with a tenant.
+    no tenant (best-effort, no quota), as with a tenant.  Without either,
+    where admission applies (a pool or a tenant recorded), each GPU's count
+    is also capped by GPU time as admission caps it (:func:`time_fits`: the
+    profile's expected share under the GPU's pool ceiling), so a host whose
+    ceilings refuse every start (``gpu-time``) shows 0, not the framebuffer's
+    room; ``framebuffer_would_allow`` is capped alike (GPU time is not
+    fragmentation).
 
     GPU time: each GPU also carries ``gpu_time_expected`` (the expected
     GPU-time demand of its time-sliced vGPUs, from the metered history:
@@ -1314,6 +1320,8 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     timing = gputime.gpu_figures(held, pl, {g["gpu"]: g["framebuffer_mib"] or 0 for g in gpus})
     for g in gpus:
         g.update(timing[g["gpu"]])
+    mem_of = {g["gpu"]: g["framebuffer_mib"] or 0 for g in gpus}
+    timed = not (me is not None or untenanted) and bool(pl or ts)      # admission applies: GPU time caps
     closed = {g for g, t in excl.items() if me is None or t.lower() != me.name.lower()}
     closed |= {g for g, why in drift.items() if why}
     ask = me is not None or untenanted
@@ -1353,6 +1361,12 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                 left = max(0, limits[o.gpu] - same)
                 cap = left if cap is None else min(cap, left)
             free = 0 if str(o.gpu) in closed and not dem.mig_backed else o.available
+            if timed:
+                by_time = _time_count(dem, timing.get(str(o.gpu)), mem_of.get(str(o.gpu)),
+                                      adm.pool_of(pl, str(o.gpu)).policy)
+                if by_time is not None:
+                    free = min(free, by_time)
+                    cap = by_time if cap is None else min(cap, by_time)
             rows.append((str(o.gpu), free, cap))
         if ask:
             lent = _lent(offers, records, name)
@@ -1371,6 +1385,41 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     doc["tenant"] = me.name if me is not None else None
     doc["starved_demand"] = gputime.starved_summary(timing, pl)
     return doc
+
+
+def _time_count(dem, figures: Optional[dict], gpu_memory_mib: Optional[int], policy: str) -> Optional[int]:
+    """How many more vGPUs of demand ``dem`` fit by GPU time on a GPU with ``figures``
+    (:func:`vgpuhost.ops.gputime.gpu_figures`: expected demand, ceiling), each expecting its share as
+    admission counts it (:func:`vgpuhost.policy.compute.expected`: its metered use, else the profile's
+    fixed share); None: GPU time does not bound it (a hardware partition, a share not known)."""
+    from ..policy import compute
+    if figures is None or not compute.sliced(dem):
+        return None
+    share = compute.expected(dem, gpu_memory_mib, policy or "").share
+    if share <= 0:
+        return None
+    left = figures["compute_ceiling"] - figures["gpu_time_expected"]
+    return max(0, int((left + compute.EPSILON) / share))
+
+
+def time_fits(store: StateStore, inv: "Inventory"):
+    """Where admission applies (a pool or a tenant recorded): ``fits(gpu, profile, framebuffer_mib) -> n``,
+    how many more vGPUs of ``profile`` GPU time lets a domain naming no tenant start on ``gpu`` (BDF text)
+    under its pool's compute ceiling (None: not bounded by GPU time); None where admission does not apply
+    (the device layer places by framebuffer alone).  What the exporter's ``vgpuhost_free_instances`` and
+    ``capacity`` without ``--tenant`` count."""
+    pl = pools(store)
+    if not pl and not store.tenant_rows():
+        return None
+    hist = gputime.history(store)
+    held = gputime.with_use(hist, allocations(store, inv))
+    mem = {str(g.address): g.framebuffer_mib or 0 for g in inv.gpus if g.vgpu_backend}
+    timing = gputime.gpu_figures(held, pl, mem)
+
+    def fits(gpu: str, profile: str, framebuffer_mib: Optional[int]) -> Optional[int]:
+        dem = gputime.demand_with_use(hist, adm.vgpu_demand(profile, framebuffer_mib), "(capacity)", None)
+        return _time_count(dem, timing.get(gpu), mem.get(gpu), adm.pool_of(pl, gpu).policy)
+    return fits
 
 
 # ---------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from ..observe.hostview import HostView, MigMode, SeenType
 from ..observe.inventory import BACKEND_MDEV, Gpu, Inventory, VgpuType, gpu_available
 from ..observe.vgpus import VgpuEntry
 from ..policy.config import (Config, Entry, Layout, MigSpec, VgpuSpec, _near, board_names, board_tables, check_mig,
-                             check_vgpu_types, gi_name_for)
+                             check_vgpu_types, gi_name_for, type_max)
 from ..policy.admission import Pool
 from ..policy.placement import LAYOUT, GpuOffer, Request, place
 from ..policy.iommu import group_endpoints, prepare_blockers
@@ -378,6 +378,7 @@ class _Walker:
     def __init__(self, cfg: Config, lay: Layout, view: HostView):
         self.cfg, self.lay, self.view = cfg, lay, view
         self.inv: Inventory = view.inventory
+        self.mixed_after: Dict[PciAddress, bool] = {}      # GPU -> the mixed-size mode a planned step sets
         # domain names are the hook's input: escaped, so a newline in one cannot forge plan lines
         self.active: Mapping[str, str] = {u: _escaped(n) for u, n in view.running.items()}
         self.seen = view.seen
@@ -712,12 +713,22 @@ class _Walker:
         return self.view.record_time(vid)
 
     def _capacity(self, g: Gpu, needs: Sequence[Tuple[str, int]]) -> None:
-        """Block when a GPU cannot take the vGPUs the plan creates on it (no removals on it)."""
+        """Block when a GPU cannot take the vGPUs the plan creates on it (no removals on it).
+
+        Judged in the vGPU mode the plan leaves: where a planned step changes an empty GPU's
+        mixed-size mode, the kernel's count now (the old mode's max) is replaced by the catalog's
+        max of the type in the new mode (docs/reference/hardware.md#vgpu-types)."""
         fbs = {row.type_id: row.framebuffer_mib for row in self._seen_of.get(str(g.address), ())
                if row.framebuffer_mib}
+        vg = self.vgpus_of(g)
+        empty = not (vg.others or vg.layout_active or vg.claimed)
         for name, n in needs:
             ts = [t for t in self._types_of.get(g.address, ()) if t.name.lower() == name.lower()]
             avail = gpu_available(self.inv, g.address, ts[0].type_id, fbs) if ts else 0
+            if ts and empty and g.address in self.mixed_after and g.address not in self.inv.out_of_service:
+                after = type_max(g.pci.device, name, self.mixed_after[g.address])
+                if after is not None:
+                    avail = after
             if n > avail:
                 holders = sorted({self._holder(e) for e in self.vgpus_of(g).others})
                 self.block(f"{g.address}: {n} more {name} wanted, {avail} fit now"
@@ -897,6 +908,7 @@ class _Walker:
             touches.append("changing mixed-size mode")
             if self._running(g):
                 empty_for.append("mixed-size mode can change only while the GPU has no vGPUs")
+        self.mixed_after[g.address] = bool(spec.mixed_size)
         self.step("mixed-size", LayoutSetMixedSize(
             bdf, f"turn mixed-size mode {want}",
             (f"host has {'on' if cur else 'off'}" if cur is not None else

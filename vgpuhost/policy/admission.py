@@ -136,17 +136,20 @@ def pool_problems(pools: Sequence[Pool]) -> List[str]:
 
 def ceiling_problem(policy: str, ceiling: Optional[float]) -> Optional[str]:
     """What is wrong with compute ceiling ``ceiling`` (a share of one GPU per GPU) for a pool running
-    ``policy`` (None: nothing): not a number above 0; above 1.0 outside a best-effort pool (equal-share
-    and fixed-share time slices cannot give more than the whole GPU); above :data:`MAX_CEILING`."""
+    ``policy`` (None: nothing), as a phrase starting ``ceiling VALUE`` (the layout's key is
+    ``pool.ceiling``): not a number above 0; above 1.0 outside a best-effort pool (equal-share and
+    fixed-share time slices cannot give more than the whole GPU); above :data:`MAX_CEILING`.  The
+    value is shown as given (``1.0000000001``, not a rounded ``1``): the limits are exact."""
     if ceiling is None:
         return None
     if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not ceiling > 0:
-        return f"compute ceiling {ceiling!r} is not a share of a GPU above 0 (e.g. 1.0)"
+        return f"ceiling {ceiling!r} is not a share of a GPU above 0 (e.g. 1.0)"
     if ceiling > DEFAULT_CEILING and policy != SchedulerPolicy.BEST_EFFORT:
-        return (f"compute ceiling {ceiling:g} overcommits a {policy or 'undeclared'} pool: only a best-effort "
-                f"pool may carry more than {DEFAULT_CEILING:g} GPU of expected demand per GPU")
+        kind = f"{'an' if (policy or 'undeclared')[0] in 'aeiou' else 'a'} {policy or 'undeclared'}"
+        return (f"ceiling {ceiling!r} overcommits {kind} pool: only a best-effort pool may carry more than "
+                f"{DEFAULT_CEILING:g} GPU of expected demand per GPU")
     if ceiling > MAX_CEILING:
-        return f"compute ceiling {ceiling:g} is above the most allowed, {MAX_CEILING:g}"
+        return f"ceiling {ceiling!r} is above the most allowed, {MAX_CEILING:g}"
     return None
 
 
