@@ -27,6 +27,7 @@ from ..io.modbundle import build, bundle_path, check
 from ..io.process import actor as actor_name, run_program
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
+from ..io.vgpudev import CREATABLE_ATTR, CURRENT_TYPE_ATTR, SUPPORTED_TYPES_DIR
 from ..model.errors import HostEnvironmentError, InputError, RefusedError, VgpuhostError
 from ..observe.inventory import discover
 from ..ops.devices import allow_path, load_allow
@@ -333,9 +334,9 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
 
 #: what another hook's text may name that acts on GPUs: the sysfs files and tools of the device layer that
 #: vgpuhost owns on the GPUs it manages (a hook that uses one can undo what vgpuhost's hook made)
-GPU_ACTIONS = ("bus/mdev", "mdev_supported_types", "sriov_numvfs", "sriov-manage", "driver_override",
+GPU_ACTIONS = ("bus/mdev", SUPPORTED_TYPES_DIR, "sriov_numvfs", "sriov-manage", "driver_override",
                "driverctl", "mdevctl", "nodedev-detach", "nodedev-reattach", "nodedev-dettach", "vfio-pci",
-               "drivers/nvidia", "nvidia-smi", "current_vgpu_type", "creatable_vgpu_types")
+               "drivers/nvidia", "nvidia-smi", CURRENT_TYPE_ATTR, CREATABLE_ATTR)
 
 
 def other_hooks(host: HostRoot, hooks_dir) -> List[Dict[str, object]]:

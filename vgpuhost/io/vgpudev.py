@@ -257,6 +257,12 @@ def mdev_type_of(fs: Sysfs, mdev_dir: str) -> Optional[str]:
     return fs.link_name(mdev_dir + "/" + MDEV_TYPE_ATTR)
 
 
+def types_dir_in(device_dir: str) -> str:
+    """An mdev parent's directory of types, under the parent's device directory as given (a resolved
+    path too): ``<device_dir>/mdev_supported_types/``."""
+    return f"{device_dir}/{SUPPORTED_TYPES_DIR}/"
+
+
 def supported_types_dir(host: HostRoot, parent) -> str:
     """``<mdev_bus>/<parent>/mdev_supported_types/`` (with the trailing slash)."""
     return f"{host.s.mdev_bus}/{parent}/{SUPPORTED_TYPES_DIR}/"

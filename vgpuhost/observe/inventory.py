@@ -19,8 +19,8 @@ import os
 
 from ..io import files
 from ..io.sysfs import Sysfs
-from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, vf_current_type,
-                          vf_has_vendor_vgpu, vf_offers)
+from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
+                          vf_current_type, vf_has_vendor_vgpu, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
 from ..model.errors import SysfsError
@@ -1084,7 +1084,7 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     ``available_instances`` is read per parent (docs/reference/hardware.md#mdev).
     ``real``: the parent's device directory with symlinks resolved (:func:`_real_dirs`), read
     instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
-    tdir = f"{real}/{SUPPORTED_TYPES}/" if real is not None else supported_types_dir(fs.host, parent)
+    tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
     for tid in fs.listdir(tdir):
         avail = mdev_available(fs, tdir, tid)
@@ -1102,10 +1102,6 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     return out
 
 
-#: ``mdev_supported_types``: an mdev parent's directory of types (docs/reference/hardware.md#mdev)
-SUPPORTED_TYPES = "mdev_supported_types"
-
-
 def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...]) -> Dict[PciAddress, str]:
     """``{parent: its device directory, symlinks resolved}`` for the mdev parents of ``gpu`` (the GPU and
     its VFs): the GPU's own path resolved once, and each VF found beside it, where the kernel places a
@@ -1117,7 +1113,7 @@ def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...]) -> D
     out: Dict[PciAddress, str] = {}
     for p in parents:
         d = top if p == gpu else f"{beside}/{p}"
-        if fs.exists(f"{d}/{SUPPORTED_TYPES}"):
+        if fs.exists(types_dir_in(d)):
             out[p] = d
     return out
 
