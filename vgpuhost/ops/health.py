@@ -224,16 +224,19 @@ def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory",
     (:func:`watch_once`'s shape)."""
     if store is None:
         return []
-    present = set(inv.devices) | {g.address for g in inv.gpus}
-    seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
     out = []
+    failures = read_failures(inv)
+    if not failures and not whole:
+        return out                       # the hook's usual start: no read failed, no query
     marked = {row[0] for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}   # failed already
-    for addr, reason in read_failures(inv):
+    for addr, reason in failures:
         if str(addr) not in marked and mark_unhealthy(store, addr, reason, hp.Source.IO, actor=actor):
             out.append({"gpu": str(addr), "source": hp.Source.IO, "reason": reason})
             marked.add(str(addr))
     if not whole:
         return out
+    present = set(inv.devices) | {g.address for g in inv.gpus}
+    seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
     from ..io.sysfs import Sysfs
     fs = Sysfs(host)
     for g in sorted(seen - marked):
