@@ -64,7 +64,7 @@ import time
 import uuid as uuidlib
 import weakref
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
@@ -438,18 +438,25 @@ class IsolatedLibvirtd:
         """
         if not self.running or self.pid is None:
             raise HostEnvironmentError("the isolated libvirtd is not running", hint="call start() first")
-        before = self._reloads()
-        os.kill(self.pid, signal.SIGHUP)
-        deadline = time.monotonic() + timeout_s
-        while self._reloads() <= before:
-            if time.monotonic() > deadline or not self.running:
-                raise HostEnvironmentError(f"libvirtd did not reload its hooks within {timeout_s:g} s: "
-                                           f"{self._log_tail()}", hint=f"see {self.log_path}")
-            time.sleep(0.01)
+        deadline = self._sighup(self.pid, timeout_s, alive=lambda: self.running)
         while self.virsh("uri", timeout=max(1.0, deadline - time.monotonic())).returncode != 0:
             if time.monotonic() > deadline:
                 raise HostEnvironmentError("libvirtd does not answer after SIGHUP", hint=f"see {self.log_path}")
             time.sleep(0.05)
+
+    def _sighup(self, pid: int, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> float:
+        """SIGHUP to libvirtd ``pid``, then wait until its daemon hook logged the reload (the rescan of the
+        hooks comes first); the deadline it waited against.  Raises HostEnvironmentError when that does not
+        happen within ``timeout_s`` or ``alive()`` turns false."""
+        before = self._reloads()
+        _signal(pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while self._reloads() <= before:
+            if time.monotonic() > deadline or not alive():
+                raise HostEnvironmentError(f"libvirtd did not reload its hooks within {timeout_s:g} s: "
+                                           f"{self._log_tail()}", hint=f"see {self.log_path}")
+            time.sleep(0.01)
+        return deadline
 
     def _reloads(self) -> int:
         try:
@@ -672,15 +679,7 @@ def keep_reload(workdir: Path, timeout_s: float = 30) -> None:
     doc = kept(workdir)
     if doc is None:
         raise HostEnvironmentError(f"no libvirtd runs in {workdir}", hint=f"vgpuhost sim libvirtd start {workdir}")
-    daemon = IsolatedLibvirtd(workdir)
-    before = daemon._reloads()
-    _signal(int(doc["libvirtd"]), signal.SIGHUP)
-    deadline = time.monotonic() + timeout_s
-    while daemon._reloads() <= before:
-        if time.monotonic() > deadline:
-            raise HostEnvironmentError(f"the libvirtd in {workdir} did not reload its hooks in {timeout_s:g} s",
-                                       hint=f"see {daemon.log_path}")
-        time.sleep(0.02)
+    IsolatedLibvirtd(workdir)._sighup(int(doc["libvirtd"]), timeout_s)
 
 
 def keep_start(workdir: Path, timeout_s: float = 60) -> Dict[str, object]:
