@@ -31,11 +31,10 @@ HOSTS = {
 READS = ("read_optional", "link_name", "resolve", "listdir", "exists")
 
 
-@pytest.fixture
-def reads(monkeypatch):
-    """Every path passed to a Sysfs read method while the test runs (a list of str)."""
+def _spy(monkeypatch, names) -> list:
+    """Every path passed to the Sysfs read methods ``names`` from now on (a list of str, filled as they run)."""
     seen = []
-    for name in READS:
+    for name in names:
         fn = getattr(Sysfs, name)
 
         def spy(self, path, *a, _fn=fn, **kw):
@@ -43,6 +42,12 @@ def reads(monkeypatch):
             return _fn(self, path, *a, **kw)
         monkeypatch.setattr(Sysfs, name, spy)
     return seen
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every path passed to a Sysfs read method while the test runs (a list of str)."""
+    return _spy(monkeypatch, READS)
 
 
 def _restricted(inv, gpu):
@@ -280,15 +285,8 @@ HOOK_READS = READS + ("read_attr", "read_int", "read_attr_int")
 
 @pytest.fixture
 def hook_reads(monkeypatch):
-    seen = []
-    for name in HOOK_READS:
-        fn = getattr(Sysfs, name)
-
-        def spy(self, path, *a, _fn=fn, **kw):
-            seen.append(str(path))
-            return _fn(self, path, *a, **kw)
-        monkeypatch.setattr(Sysfs, name, spy)
-    return seen
+    """Every path the hook's reads pass to Sysfs, its typed reads too."""
+    return _spy(monkeypatch, HOOK_READS)
 
 
 @pytest.mark.parametrize("how", ["vf", "pinned", "allow-list"])
