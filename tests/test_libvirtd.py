@@ -299,6 +299,12 @@ def test_sim_libvirtd_restarts_with_its_hook_adds_one_to_a_running_daemon_and_tr
     added = _vgpuhost("--root", root, "sim", "libvirtd", "start", "--hook", str(work))
     assert added.returncode == 0 and hook.is_file() and root in hook.read_text(), added.stderr
     assert reloads.read_text().count("reload ") == before + 1                      # libvirtd rescanned its hooks
+    # the same directory by another spelling (a symlink, a '..'): the same daemon, not a second start
+    (tmp_path / "alias").symlink_to(work)
+    for other in (tmp_path / "alias", tmp_path / "alias" / ".." / "lv"):
+        same = _vgpuhost("--json", "sim", "libvirtd", "start", str(other))
+        assert same.returncode == 0 and json.loads(same.stdout)["running"], same.stderr
+    assert _vgpuhost("sim", "libvirtd", "status", str(work)).returncode == 0       # its record is intact
     assert _vgpuhost("sim", "libvirtd", "stop", str(work)).returncode == 0
     again = _vgpuhost("--root", root, "sim", "libvirtd", "start", "--hook", str(work))
     assert again.returncode == 0 and hook.is_file(), again.stderr

@@ -652,7 +652,7 @@ def kept(workdir: Path) -> Optional[Dict[str, object]]:
         pid = int(doc["keeper"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return doc if _keeper_runs(pid, Path(workdir).absolute()) else None
+    return doc if _keeper_runs(pid, Path(workdir).resolve()) else None
 
 
 def _keeper_runs(pid: int, workdir: Path) -> bool:
@@ -675,7 +675,7 @@ def keep_reload(workdir: Path, timeout_s: float = 30) -> None:
     """Make the libvirtd kept in ``workdir`` rescan its hooks (SIGHUP to it), and return once it has
     (its daemon hook logged the reload).  Raises HostEnvironmentError when none runs there or it does not
     reload within ``timeout_s``."""
-    workdir = Path(workdir).absolute()
+    workdir = Path(workdir).resolve()
     doc = kept(workdir)
     if doc is None:
         raise HostEnvironmentError(f"no libvirtd runs in {workdir}", hint=f"vgpuhost sim libvirtd start {workdir}")
@@ -688,7 +688,7 @@ def keep_start(workdir: Path, timeout_s: float = 60) -> Dict[str, object]:
 
     Idempotent: a daemon already kept there is returned as it is.  Raises HostEnvironmentError
     (with the end of the keeper's log) when it cannot run here or does not answer in ``timeout_s``."""
-    workdir = Path(workdir).absolute()
+    workdir = Path(workdir).resolve()
     doc = kept(workdir)
     if doc is not None:
         return doc
@@ -719,7 +719,7 @@ def keep_start(workdir: Path, timeout_s: float = 60) -> Dict[str, object]:
 def keep_stop(workdir: Path, timeout_s: float = 60) -> bool:
     """Stop the libvirtd kept in ``workdir`` (its running domains destroyed first, so their hooks
     run); False when none ran there.  Raises HostEnvironmentError when the keeper outlives ``timeout_s``."""
-    workdir = Path(workdir).absolute()
+    workdir = Path(workdir).resolve()
     doc = kept(workdir)
     if doc is None:
         (workdir / KEEPER_FILE).unlink(missing_ok=True)
