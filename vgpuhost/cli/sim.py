@@ -131,7 +131,7 @@ def _workdir(text: str) -> Path:
     """The daemon's work directory, absolute; an empty one is refused (it would be the current directory)."""
     if not text.strip():
         raise InputError("the work directory is empty", hint="name a directory for the daemon's state, e.g. /tmp/lv")
-    return Path(text).resolve()
+    return Path(files.real_path(text))
 
 
 def _daemon_doc(workdir: str, doc, running: bool):
@@ -155,7 +155,7 @@ def sim_libvirtd_start(ctx: Context, workdir: str, hook: bool) -> None:
         if not ctx.host.is_simulated:
             raise InputError("--hook needs --root to name a simulated host (vgpuhost sim create)",
                              hint="the daemon's hooks would otherwise act on this machine's GPUs")
-        root = Path(ctx.host.root).resolve()
+        root = Path(files.real_path(ctx.host.root))
         if where == root or root in where.parents:
             raise InputError(f"the work directory {where} is inside the simulated host {root}",
                              hint="give the daemon a directory of its own (its etc/ and run/ are libvirt's)")

@@ -203,6 +203,11 @@ def selinux_label(path: PathArg) -> Optional[str]:
     return raw.rstrip(b"\0").decode("utf-8", "replace") or None
 
 
+def real_path(path: PathArg) -> str:
+    """``path`` absolute, with every symlink and ``..`` resolved (``os.path.realpath``)."""
+    return os.path.realpath(path)
+
+
 def names_in(path: PathArg) -> List[str]:
     """The names of a directory's entries, sorted by their bytes (C locale order); [] when it is absent."""
     try:
