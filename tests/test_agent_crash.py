@@ -22,6 +22,7 @@ import pytest
 from agentutil import AgentRun, socket_dir
 from test_agent import DOM, a40, mdevs, records  # noqa: F401 (a40: the fixture)
 from vgpuhost.io import agentclient
+from vgpuhost.io.state import StateStore
 from vgpuhost.io.state import DB_NAME
 from vgpuhost.sim.kernel import SimKernel
 
@@ -50,6 +51,9 @@ def test_kill_9_between_the_kernel_write_and_the_record_is_recovered_at_the_next
             t = threading.Thread(target=lambda: answers.append(_call(run.admin)), daemon=True)
             t.start()
             _wait(lambda: _blocked_on_flock(run.proc.pid), "the agent's create write to wait on the kernel lock")
+            # the create's journal entry is open: its kernel write is what waits (the agent's health watch
+            # may be what waited on the kernel lock first; the create opens its entry just before its write)
+            _wait(lambda: StateStore(a40.state_dir).journal_entries(open_only=True), "the create's journal entry")
             db = sqlite3.connect(str(a40.state_dir / DB_NAME), timeout=60, isolation_level=None)
             db.execute("BEGIN IMMEDIATE")            # the agent's next store write (audit row, record) waits
         _wait(lambda: os.listdir(a40.mdev_devices), "the mdev to appear")
