@@ -386,6 +386,10 @@ def test_hook_mode_falls_back_on_a_timeout_a_large_xml_and_an_odd_name(make_host
         finally:
             os.unlink(sdir / "agent.sock")
     xml = vgpu_domain("odd", DOM1, MDEV1).encode()
+    # the agent part under the default hook timeout: with 1 s, the release's remove write would have
+    # the 0.05 s floor (io/vfioholders.remove_timeout_s keeps 2 s before the hook's deadline), too short
+    # for a detached writer on a busy machine (one CI failure: "did not finish within 0.05 s")
+    hook = _install(host, tmp_path / "default", client, curl=False)
     with AgentRun(host.root, str(sdir)) as agent:
         # a name that cannot travel in a header: the handler does the work itself
         proc = dispatch(hook, ["odd\x7fname", "release", "end", "-"], xml)
