@@ -15,6 +15,7 @@ import click
 
 from ..hook import install as hookmod
 from ..io import files
+from ..io.hostroot import HostRoot
 from ..model.errors import EXIT_PROBLEMS, InputError
 from ..model.values import PciAddress
 from ..io.sysfs import Sysfs
@@ -24,6 +25,7 @@ from ..sim.data import bundled_specs
 from ..sim.kernel import SimKernel
 from ..sim.libvirtd import kept, keep_reload, keep_start, keep_stop
 from ..sim.nvml import SimNvml
+from ..sim.reboot import note_libvirtd, reboot
 from ..sim.spec import load_spec
 from .common import Context, emit, pass_ctx, store
 from .output import table
@@ -164,6 +166,7 @@ def sim_libvirtd_start(ctx: Context, workdir: str, hook: bool) -> None:
         if not files.is_dir(hooks_dir):
             files.make_dirs(hooks_dir)
         hookmod.install(ctx.host, hooks_dir=str(hooks_dir), store=store(ctx))     # idempotent
+        note_libvirtd(ctx.host, where)          # 'sim reboot' of this host stops it
         if running:
             keep_reload(where)           # libvirtd reads its hooks at start and on SIGHUP
     doc = keep_start(where)
@@ -195,6 +198,45 @@ def sim_libvirtd_status(ctx: Context, workdir: str) -> None:
          f"running: {doc['uri']} (pid {doc['libvirtd']})" if doc else f"no libvirtd runs in {workdir}")
     if doc is None:
         sys.exit(EXIT_PROBLEMS)
+
+
+@sim.command("reboot")
+@click.argument("root", required=False, type=click.Path(file_okay=False))
+@pass_ctx
+def sim_reboot(ctx: Context, root: str) -> None:
+    """Reboot the simulated host ROOT (default: --root), as a real reboot leaves it before vgpuhost's
+    boot units run.
+
+    Every vGPU, GPU instance, driver_override and process is gone, mixed-size mode and the NVML
+    scheduler are reset, MIG mode stays; devices bind by driverctl overrides, vfio-pci ids= or as
+    booted, and mdevctl starts its auto definitions.  A libvirtd kept for ROOT ('sim libvirtd start
+    --hook') is stopped first.  Files under etc/ and var/ (the state store) stay.  Then run the boot
+    units' commands (docs/guide/simulator.md#reboot)."""
+    host = ctx.host
+    if root is not None:
+        host = HostRoot.from_env(root)
+    if not host.is_simulated:
+        raise InputError(f"{host.root} is not a simulated host",
+                         hint="name the root of one 'vgpuhost sim create' made (sim reboot ROOT)")
+    done = reboot(host)
+    prefix = f"vgpuhost --root {host.root}"
+    config = host.root / "etc" / "vgpuhost" / "config.yaml"
+    # the layout unit's ConditionPathExists=: without a config it is skipped
+    layout = [f"{prefix} config check -c {config}", f"{prefix} apply -c {config}"] if files.is_file(config) else []
+    doc = {"schema": "vgpuhost.sim-reboot/v1", "root": str(host.root), **done,
+           "next": [f"{prefix} reconcile --forget-domains", *layout, f"{prefix} reconcile"]}
+    lines = [f"rebooted the simulated host {host.root}"]
+    if done["libvirtd_stopped"]:
+        lines.append("stopped libvirtd in " + ", ".join(done["libvirtd_stopped"]))
+    lines.append(f"vGPUs lost: {len(done['vgpus_lost'])}; GPU instances lost: "
+                 f"{sum(done['gpu_instances_lost'].values())}")
+    if done["mdevctl_started"]:
+        lines.append("mdevctl started: " + ", ".join(done["mdevctl_started"]))
+    for f in done["mdevctl_failed"]:
+        lines.append(f"mdevctl could not start {f['uuid']} on {f['parent']}: {f['error']}")
+    lines.append("the boot units restore the rest (docs/guide/boot-units.md), as systemd runs them:")
+    lines += [f"  {c}" for c in doc["next"]]
+    emit(ctx, doc, "\n".join(lines))
 
 
 COMMANDS: List[click.Command] = [sim]
