@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..io.configfiles import modprobe_conf_files
 from ..io.hostroot import HostRoot
+from .libvirtd import keep_stop, kept
 from .kernel import VFIO_PCI, SimKernel, _rmtree, write_attr
 
 #: a simulated root's record of the work directories of the libvirtds kept for it
@@ -107,7 +108,6 @@ def _boot_driver(host: HostRoot, kernel: SimKernel, meta: dict, bdf: str, vfio_i
 
 
 def _stop_libvirtds(host: HostRoot) -> List[str]:
-    from .libvirtd import kept, keep_stop
     stopped = []
     for workdir in noted_libvirtds(host):
         if kept(workdir) is not None and keep_stop(workdir):
