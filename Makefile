@@ -120,8 +120,13 @@ deb:
 	env PATH=/usr/sbin:/usr/bin:/sbin:/bin lintian --pedantic --fail-on warning,pedantic build/deb/vgpuhost_*.changes
 
 # The documentation site (docs/ -> site/); warnings are errors (mkdocs.yml: strict).
+# The site, with the source archive of this version beside its Source page (docs/source.md: the
+# Ansible collection's galaxy.yml names that page as its repository).
 docs: venv-check
 	$(VENV)/bin/mkdocs build --strict
+	rm -rf build/source-sdist
+	$(VPY) -m build --sdist --outdir build/source-sdist .
+	cp build/source-sdist/vgpuhost-*.tar.gz site/source/
 
 # docs/reference/cli.md is generated from the click commands (tests/test_docs.py checks it).
 docs-cli: venv-check
