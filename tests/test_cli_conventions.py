@@ -166,6 +166,13 @@ def test_completion_offers_the_hosts_profiles_gpus_tenants_and_specs(make_host):
     assert _complete(host.root, ["capacity", "--tenant", "b"]) == ["beta"]
     assert _complete(host.root, ["sim", "create", "a4"]) == ["a40-mdev"]
     assert _complete(host.root, ["tenant", "add", ""]) == []          # a new tenant's name: nothing to offer
+    # domains: the ones the state store knows as running (never libvirt: a hung libvirtd would hang the shell)
+    from vgpuhost.io.state import StateStore
+    StateStore(host.state_dir).domain_started("6f1b1d4e-0000-4000-8000-00000000c0de", "vm-alpha")
+    assert _complete(host.root, ["detach", "vm"]) == ["vm-alpha"]
+    assert _complete(host.root, ["tenant", "bind", ""]) == ["vm-alpha"]           # tenant bind DOMAIN [TENANT]
+    assert _complete(host.root, ["tenant", "bind", "vm-alpha", "a"]) == ["alpha"]
+    assert _complete(host.root, ["detach", "6f1b"]) == ["6f1b1d4e-0000-4000-8000-00000000c0de"]
 
 
 def test_the_zsh_completion_file_completes_on_the_first_tab_when_autoloaded():

@@ -104,7 +104,7 @@ BY_NAME: Dict[str, Completer] = {
 #: command path (without the program) -> {parameter name: completer}: where a name means something else
 BY_COMMAND: Dict[str, Dict[str, Completer]] = {
     "tenant show": {"name": tenants}, "tenant set": {"name": tenants}, "tenant remove": {"name": tenants},
-    "tenant usage": {"name": tenants}, "tenant bind": {"tenant": tenants, "domain": domains},
+    "tenant usage": {"name": tenants}, "tenant bind": {"tenant_name": tenants},
 }
 
 
