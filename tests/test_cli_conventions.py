@@ -61,6 +61,21 @@ def test_audit_gpu_names_the_vf_a_vendor_vfio_vgpu_is_written_through(make_host,
     assert json.loads(capsys.readouterr().out)["rows"] == []
 
 
+def test_audit_gpu_keeps_a_removed_mdevs_rows(make_host, capsys):
+    """An mdev's removal is written through its UUID only (``/sys/bus/mdev/devices/<uuid>/remove``), and its
+    record is gone after it: ``audit --gpu`` still finds it, by the UUID the create row wrote to that GPU."""
+    host = make_host("a100-sriov-mdev")
+    root = str(host.root)
+    assert main(["--root", root, "--json", "vgpu", "create", "--profile", "A100-8C", "--owner", OWNER]) == 0
+    mdev = json.loads(capsys.readouterr().out)["id"]
+    assert main(["--root", root, "--json", "vgpu", "remove", mdev]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "--json", "audit", "--gpu", "0000:41:00.0"]) == 0
+    writes = [r["path"] for r in json.loads(capsys.readouterr().out)["rows"] if r["path"].startswith("/sys/")]
+    assert len(writes) == 2 and writes[0].endswith("/create"), writes
+    assert writes[1] == f"/sys/bus/mdev/devices/{mdev}/remove", writes
+
+
 def test_audit_op_matches_leading_words(make_host, capsys):
     host = make_host("a40-mdev")
     root = str(host.root)

@@ -72,7 +72,8 @@ def filter_rows(rows, *, domain: Optional[str] = None, gpu: Optional[str] = None
 
     ``domain``: a whole word of the actor or the operation (``hook NAME pid=..``, ``owner=UUID``),
     compared without case for UUIDs; ``gpu``: a canonical BDF contained in the path, operation or
-    value, or (``gpu_names``, :func:`gpu_names`) any of the names of that GPU's VFs and vGPUs;
+    value, or (``gpu_names``, :func:`gpu_names`) any of the names of that GPU's VFs and vGPUs, and the
+    UUIDs the rows show written to a ``create`` file of it (a removed mdev has no record left);
     ``operation``: the operation's leading words (``vgpu create`` matches ``vgpu create A40-8Q ...``,
     not ``vgpu created``), without case; ``actor``: a substring of the actor.
     """
@@ -80,6 +81,12 @@ def filter_rows(rows, *, domain: Optional[str] = None, gpu: Optional[str] = None
     want_domain = domain.lower() if domain else None
     want_op = operation.lower().split() if operation else None
     names = tuple(sorted(gpu_names or ({gpu} if gpu else ())))
+    rows = list(rows)
+    if names:       # an mdev's UUID, written to a create file of this GPU: its removal names only the UUID,
+        # and the record is gone once it is removed
+        made = {r.value for r in rows if (r.path or "").endswith("/create") and r.value
+                and any(n.lower() in r.path.lower() for n in names)}
+        names = tuple(sorted(set(names) | made))
     for r in rows:
         if want_domain is not None and want_domain not in {w.lower() for w in _words(r.actor) + _words(r.operation)}:
             continue
