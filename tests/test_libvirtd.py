@@ -276,6 +276,13 @@ def test_sim_libvirtd_is_kept_running_after_the_command_and_stopped_by_it(libvir
     os.kill(kept["keeper"], signal.SIGKILL)
     assert _wait_gone(kept["libvirtd"]), "libvirtd outlived its keeper"
     assert _vgpuhost("sim", "libvirtd", "status", work).returncode == 1
+    # 'sim reboot' of the root stops the daemon kept with its hook, as the machine's shutdown would
+    started = _vgpuhost("--root", root, "--json", "sim", "libvirtd", "start", "--hook", work)
+    assert started.returncode == 0, started.stderr
+    rebooted = _vgpuhost("--json", "sim", "reboot", root)
+    assert rebooted.returncode == 0, rebooted.stderr
+    assert json.loads(rebooted.stdout)["libvirtd_stopped"] == [str(Path(work).resolve())], rebooted.stdout
+    assert _wait_gone(json.loads(started.stdout)["pid"]) and not (tmp_path / "lv" / "keeper.json").exists()
 
 
 def test_sim_libvirtd_hook_needs_a_simulated_root(tmp_path):
