@@ -84,6 +84,12 @@ def _slices(name: str) -> int:
         return 0
 
 
+#: the scheduler after the driver loads: best effort, every field the driver's default
+#: (docs/reference/hardware.md#vgpu-scheduling); a reboot brings it back (:mod:`.reboot`)
+DEFAULT_SCHEDULER = {"policy": "best-effort", "arr": False, "timeslice_ms": None, "frequency_hz": None,
+                     "avg_factor": None}
+
+
 def nvml_seed(model, mig_mode: bool, bdf: str) -> dict:
     """The NVML side of one GPU's host.json entry (``model``: a catalog GpuModel)."""
     profiles = [{"profile_id": p.profile_id, "name": p.name, "slices": _slices(p.name),
@@ -99,8 +105,7 @@ def nvml_seed(model, mig_mode: bool, bdf: str) -> dict:
         "mig_reset_required": False,
         "gpu_instances": [],
         "compute_processes": 0,
-        "scheduler": {"policy": "best-effort", "arr": False, "timeslice_ms": None,
-                      "frequency_hz": None, "avg_factor": None},
+        "scheduler": dict(DEFAULT_SCHEDULER),
         "scheduler_caps": {"policies": list(POLICIES), "arr_supported": True,
                            "min_timeslice_ms": 1, "max_timeslice_ms": 30,
                            "min_frequency_hz": 63, "max_frequency_hz": 960,

@@ -46,14 +46,12 @@ from typing import Dict, List, Optional, Tuple
 from ..io.configfiles import modprobe_conf_files
 from ..io.hostroot import HostRoot
 from .libvirtd import keep_stop, kept
+from .nvml import DEFAULT_SCHEDULER
 from .kernel import VFIO_PCI, SimKernel, _rmtree, write_attr
 
 #: a simulated root's record of the work directories of the libvirtds kept for it
 #: (``vgpuhost sim libvirtd start --hook``), one a line: :func:`note_libvirtd`
 LIBVIRTD_RECORD = "libvirtd-workdirs"
-#: NVML's scheduler after a driver load: best effort, the defaults (docs/reference/hardware.md#vgpu-scheduling)
-DEFAULT_SCHEDULER = {"policy": "best-effort", "arr": False, "timeslice_ms": None, "frequency_hz": None,
-                     "avg_factor": None}
 
 
 def note_libvirtd(host: HostRoot, workdir: Path) -> None:
