@@ -710,3 +710,71 @@ def test_a_second_create_errno_replaces_the_first(make_host, capsys):
     code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", LO)
     assert code == 3 and "ENODEV" in err and "EINVAL" not in err
     assert [r[1] for r in s.gpu_health_rows()] == [f"creating A40-8Q on {LO} failed: ENODEV"]
+
+
+def test_cordon_of_a_gpu_gone_from_the_tree_records_the_failure_under_the_cordon(make_host, capsys):
+    """Retest of finding 5: the cordon of a vanished GPU is not an operator cordon alone (host check errs, the
+    metric reads 0); drain calls it out of service before and after; a cordon from before the unplug is kept."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(HI))
+    assert cli(capsys, host, "gpu", "cordon", HI, "--reason", "fan swap")[0] == 0     # by hand, before it goes
+    for g in (LO, HI):
+        assert cli(capsys, host, "sim", "fail", g, "--unplug")[0] == 0
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    assert code == 0 and doc["in_service"] is False and "gone from the PCI tree" in doc["reason"]
+    code, out, err = cli(capsys, host, "gpu", "drain", LO)
+    assert "out of service (gone from the PCI tree" in out and "in service;" not in out
+    assert s.gpu_health_rows(LO) == []                           # drain changes nothing
+    for g in (LO, HI):
+        code, doc = cli_json(capsys, host, "gpu", "cordon", g, "--reason", "replace")
+        assert code == 0 and doc["changed"] is True and doc["reason"] == "gone from the PCI tree"
+    assert {(r[0], r[1], r[2], r[4]) for r in s.gpu_health_rows()} == {
+        (LO, "gone from the PCI tree", "pci", True), (HI, "gone from the PCI tree", "pci", True)}
+    assert [(r.path, r.result) for r in health_audit(host) if r.operation == "gpu cordon"] == [
+        (f"(health) {HI}", "cordoned"), (f"(health) {LO}", "unhealthy"), (f"(health) {LO}", "cordoned"),
+        (f"(health) {HI}", "unhealthy"), (f"(health) {HI}", "cordoned")]
+    code, check = cli_json(capsys, host, "host", "check")
+    assert sorted((f["subject"], f["code"], f["severity"]) for f in check["findings"] if f["subject"] in (LO, HI)) == [
+        (LO, "GPU_UNHEALTHY", "error"), (HI, "GPU_UNHEALTHY", "error")]
+    series = host_series(host, s)["gpu_health"]
+    assert series[(LO, "pci")] == (0, 1) and series[(HI, "pci")] == (0, 1)
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    assert doc["in_service"] is False and doc["reason"].startswith("unhealthy (cordoned by hand): gone from")
+    # a second cordon changes nothing and keeps the failure
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO)
+    assert code == 0 and doc["changed"] is False and s.gpu_health_rows(LO)[0][2] == "pci"
+
+
+def test_the_agents_watch_records_a_gpu_that_held_nothing_leaving_the_tree(make_host, capsys):
+    """Retest of finding 5 (agent variant): a GPU that never held a vGPU is recorded when it leaves the tree,
+    so host check, capacity, the agent's health list and the exporter agree."""
+    host = make_host("l40s-vendor-vfio")
+    s = StateStore(host.state_dir)
+    gpus = [str(g.address) for g in discover(Sysfs(host)).gpus]
+    assert len(gpus) == 2 and not s.seen_types() and not s.vgpu_records()
+    gone = gpus[0]
+    with HealthWatch(host, interval_s=0.01, event_wait_ms=0) as watch:
+        for _ in range(500):
+            if watch.rounds >= 1:
+                break
+            watch.stop.wait(0.01)
+        SimKernel(host).unplug(gone)
+        for _ in range(500):
+            if watch.transitions:
+                break
+            watch.stop.wait(0.01)
+    assert watch.transitions == [{"gpu": gone, "source": "pci", "reason": "gone from the PCI tree"}]
+    assert [(r[0], r[2], r[4]) for r in s.gpu_health_rows()] == [(gone, "pci", False)]
+    assert [(r.path, r.result, r.actor) for r in health_audit(host)] == [
+        (f"(health) {gone}", "unhealthy", "agent health-watch")]
+    assert {row[0] for row in s.seen_types()} == set(gpus)         # the next agent knows both too
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [(f["code"], f["severity"]) for f in check["findings"] if f["subject"] == gone] == [
+        ("GPU_UNHEALTHY", "error")]
+    assert [g["gpu"] for g in health.status(s, discover(Sysfs(host))) if not g["healthy"]] == [gone]
+    assert host_series(host, s)["gpu_health"][(gone, "pci")] == (0, 0)
+    code, cap = cli_json(capsys, host, "capacity")       # offers nothing there (it is not on the host)
+    assert [g["gpu"] for g in cap["gpus"]] == [gpus[1]]
+    assert {g for p in cap["profiles"] for g in p["by_gpu"]} == {gpus[1]}
