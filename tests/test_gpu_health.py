@@ -778,3 +778,25 @@ def test_the_agents_watch_records_a_gpu_that_held_nothing_leaving_the_tree(make_
     code, cap = cli_json(capsys, host, "capacity")       # offers nothing there (it is not on the host)
     assert [g["gpu"] for g in cap["gpus"]] == [gpus[1]]
     assert {g for p in cap["profiles"] for g in p["by_gpu"]} == {gpus[1]}
+
+
+@pytest.mark.parametrize("how", ["lost", "unplug", "read"])
+def test_the_standalone_exporter_serves_a_gpu_failing_now_that_nothing_recorded(make_host, capsys, how):
+    """Finding 2: ``exporter --once`` (no agent) samples GPU_IS_LOST, the PCI tree and device reads itself:
+    vgpuhost_gpu_healthy 0 and the failure's source, no free instance offered there; nothing is recorded."""
+    host = two_a40(make_host, '{op: read, device: "0000:41:00.0", attr: available_instances, errno: EIO, count: 0}'
+                   if how == "read" else "")
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(HI))
+    if how != "read":
+        assert host_series(host, s, SimNvml(host))["free_instances"][("A40-8Q", "")] == 6 + 5
+        assert cli(capsys, host, "sim", "fail", LO, f"--{how}")[0] == 0
+    code, out, err = cli(capsys, host, "exporter", "--once")
+    assert code == 0
+    source = {"lost": "nvml", "unplug": "pci", "read": "io"}[how]
+    assert f'vgpuhost_gpu_healthy{{gpu="{LO}"}} 0.0' in out and f'vgpuhost_gpu_healthy{{gpu="{HI}"}} 1.0' in out
+    assert f'vgpuhost_gpu_failure_info{{gpu="{LO}",source="{source}"}} 1.0' in out
+    assert "vgpuhost_gpu_failure_info{" + f'gpu="{HI}"' not in out
+    free = host_series(host, s, SimNvml(host))["free_instances"]
+    assert free[("A40-8Q", "")] == 5                 # the five left on HI, none on LO (failing now)
+    assert s.gpu_health_rows() == [] and health_audit(host) == []        # read only: nothing recorded

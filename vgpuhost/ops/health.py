@@ -106,14 +106,16 @@ def in_service_at(inv: "Inventory", state_dir) -> "Inventory":
     return in_service(inv, store)
 
 
-def in_service(inv: "Inventory", store: "Optional[StateStore]") -> "Inventory":
+def in_service(inv: "Inventory", store: "Optional[StateStore]",
+               also: "Optional[Dict[PciAddress, str]]" = None) -> "Inventory":
     """``inv`` with :attr:`Inventory.out_of_service` set from the store: those GPUs offer no free instance
     (:func:`vgpuhost.observe.inventory.free_instances`), so no placement, ``types --available``,
-    ``capacity`` count or exporter series offers them.  ``inv`` itself when nothing is out of service
-    or there is no store (no copy)."""
+    ``capacity`` count or exporter series offers them.  ``also``: ``{GPU: reason line}`` of more GPUs to
+    leave out (the exporter's :func:`unrecorded_failures`, which it does not record).  ``inv`` itself when
+    nothing is out of service or there is no store (no copy)."""
     if store is None:
         return inv
-    oos = out_of_service(store)
+    oos = {**(also or {}), **out_of_service(store)}
     if not oos and not inv.out_of_service:
         return inv
     from ..observe.inventory import Inventory
@@ -211,6 +213,36 @@ def read_failures(inv: "Inventory") -> "List[Tuple[PciAddress, str]]":
             if hp.is_unhealthy_errno(err):
                 out.append((g.address, f"reading {u.attribute} of {u.device} failed: {u.errno_name}"))
                 break
+    return out
+
+
+def unrecorded_failures(host: HostRoot, store: "StateStore", inv: "Inventory",
+                        nvml=None) -> "Dict[PciAddress, Tuple[str, str]]":
+    """``{GPU: (source, reason)}`` of each GPU failing now that no failure row records yet (a cordon by hand
+    alone records none), read without writing anything: what the exporter serves without the agent
+    (docs/metering.md#gpu-health).  Looks at: a GPU the store remembers that is gone from the PCI tree
+    (``pci``), a device read of ``inv`` that failed with EIO/ENODEV (``io``, :func:`read_failures`), and,
+    with ``nvml``, GPU_IS_LOST of each GPU of ``inv`` (``nvml``; one cheap NVML query per GPU)."""
+    from ..io.sysfs import Sysfs
+    failed = {row[0] for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}
+    present = {g.address for g in inv.gpus}
+    fs = Sysfs(host)
+    out: "Dict[PciAddress, Tuple[str, str]]" = {}
+    for g in known_gpus(store):
+        if str(g) not in failed and g not in present and not fs.exists(host.s.pci_device(g)):
+            out[g] = (hp.Source.PCI, hp.GONE_REASON)
+    for g, reason in read_failures(inv):
+        if str(g) not in failed:
+            out.setdefault(g, (hp.Source.IO, reason))
+    for g in sorted(present) if nvml is not None else ():
+        if str(g) in failed or g in out:
+            continue
+        try:
+            lost = nvml.gpu_lost(g)
+        except Exception:       # NVML unreadable for this GPU (not on nvidia): the tree decides
+            continue
+        if lost:
+            out[g] = (hp.Source.NVML, hp.LOST_REASON)
     return out
 
 
