@@ -800,3 +800,45 @@ def test_the_standalone_exporter_serves_a_gpu_failing_now_that_nothing_recorded(
     free = host_series(host, s, SimNvml(host))["free_instances"]
     assert free[("A40-8Q", "")] == 5                 # the five left on HI, none on LO (failing now)
     assert s.gpu_health_rows() == [] and health_audit(host) == []        # read only: nothing recorded
+
+
+def _vanish_and_fail_creates(host, vid: str, gpu: str) -> None:
+    """The vGPU goes away behind vgpuhost's back, and every create on its GPU fails with EIO from now on."""
+    Sysfs(host).write(host.mdev_devices / vid / "remove", "1")
+    fail_creates_on(host, gpu)
+
+
+def test_reconcile_and_a_layouts_re_create_mark_a_gpu_whose_create_fails_with_eio(make_host, capsys, tmp_path):
+    """Left out last session: writes that do not go through vgpu create mark the GPU too (one write path for
+    a recorded vGPU made again, vgpu.recreate_recorded, and one classification, vgpu.gpu_failed)."""
+    from test_layout import A40_DESK, cfg
+    from vgpuhost.model.errors import DeviceError, RefusedError
+    from vgpuhost.ops import layout
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    gpu = str(discover(Sysfs(host)).gpus[0].address)
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual")
+    _vanish_and_fail_creates(host, made.id, gpu)
+    rep = vgpu.reconcile(host, s)
+    assert rep.recreated == [] and len(rep.failed) == 1 and "failed: EIO" in rep.failed[0]
+    assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(gpu, "io")]
+    assert s.gpu_health_rows()[0][1] == f"re-creating A40-8Q {made.id} on {gpu} failed: EIO"
+    assert [(r.operation, r.result) for r in health_audit(host)] == [(f"reconcile {made.id}", "unhealthy")]
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [f["severity"] for f in check["findings"] if f["subject"] == gpu and f["code"] == "GPU_UNHEALTHY"] == ["error"]
+    # a layout's re-create step: the same path (a fresh host, the layout's vGPU gone, creates failing)
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    c = cfg(A40_DESK)
+    layout.apply(host, s, c)
+    gone = sorted(r.id for r in s.vgpu_records())[0]
+    _vanish_and_fail_creates(host, gone, gpu)
+    with pytest.raises(DeviceError, match=f"re-creating A40-8Q {gone} on {gpu} failed: EIO .*marked unhealthy"):
+        layout.apply(host, s, c)
+    assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(gpu, "io")]
+    assert [(r.operation, r.result) for r in health_audit(host)] == [
+        (f"apply re-create A40-8Q {gone} owner=layout", "unhealthy")]
+    assert gone in {r.id for r in s.vgpu_records()}             # the record stays for the next try
+    with pytest.raises(RefusedError, match="out of service"):      # the next apply: refused, nothing tried
+        layout.apply(host, s, c)
+    assert len([r for r in s.audit_rows() if r.path.endswith("/create")]) == 4 + 1
