@@ -842,3 +842,26 @@ def test_reconcile_and_a_layouts_re_create_mark_a_gpu_whose_create_fails_with_ei
     with pytest.raises(RefusedError, match="out of service"):      # the next apply: refused, nothing tried
         layout.apply(host, s, c)
     assert len([r for r in s.audit_rows() if r.path.endswith("/create")]) == 4 + 1
+
+
+def test_host_checks_mig_verdict_and_a_cordoned_gpu_failing_now(make_host, capsys):
+    """Left out last session: the MIG verdict of a GPU out of service is blocked, as the other modes' are; a GPU
+    cordoned by hand is still checked, so a failure now is GPU_UNHEALTHY (error) beside GPU_CORDONED."""
+    host = make_host("h200-mig-on")
+    gpu = str(discover(Sysfs(host)).gpus[0].address)
+
+    def mig_verdict():
+        code, doc = cli_json(capsys, host, "host", "check")
+        [m] = [m for m in doc["modes"] if m["mode"] == "mig"]
+        return code, [(g["gpu"], g["verdict"], g["reason"]) for g in m["gpus"]], doc
+    assert mig_verdict()[1] == [(gpu, "ready", "MIG mode on, 0 GPU instances")]
+    assert cli(capsys, host, "gpu", "cordon", gpu, "--reason", "firmware")[0] == 0
+    code, verdicts, doc = mig_verdict()
+    assert verdicts == [(gpu, "blocked", "out of service: cordoned by hand: firmware")]
+    assert [(f["code"], f["severity"]) for f in doc["findings"] if f["code"].startswith("GPU_")] == [
+        ("GPU_CORDONED", "warning")]
+    assert cli(capsys, host, "sim", "fail", gpu, "--lost")[0] == 0
+    code, verdicts, doc = mig_verdict()
+    assert code == 1 and sorted((f["code"], f["severity"]) for f in doc["findings"] if f["code"].startswith("GPU_")) == [
+        ("GPU_CORDONED", "warning"), ("GPU_UNHEALTHY", "error")]
+    assert verdicts[0][1] == "blocked"

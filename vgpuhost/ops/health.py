@@ -458,7 +458,7 @@ def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nv
     """``host check``'s health findings (:class:`vgpuhost.policy.checks.Finding`): ``GPU_UNHEALTHY``
     (error) for each GPU recorded unhealthy and for each GPU in service whose check (:func:`check_gpu`)
     fails now (not recorded here: ``host check`` changes nothing; the agent and the next operation
-    record it), ``GPU_CORDONED`` (warning) for each GPU cordoned by hand."""
+    record it; a GPU cordoned by hand too), ``GPU_CORDONED`` (warning) for each GPU cordoned by hand."""
     from ..policy.checks import Finding
     rows = {row[0]: row for row in store.gpu_health_rows()} if store is not None else {}
     out = []
@@ -471,15 +471,17 @@ def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nv
                                f"out of service since {row[3]} ({row[2]}): {row[1]}",
                                f"'vgpuhost gpu drain {gpu}' lists what must move; repair it, then "
                                f"'vgpuhost gpu uncordon {gpu}'"))
+    # a GPU cordoned by hand is still checked: a failure now is an error beside the cordon's warning
+    failed = {gpu for gpu, row in rows.items() if row[2] != hp.Source.OPERATOR}
     present = {g.address for g in inv.gpus}
     for g in known_gpus(store) if store is not None else ():
-        if str(g) not in rows and g not in present and check_gpu(host, g):   # remembered, gone from the tree
+        if str(g) not in failed and g not in present and check_gpu(host, g):   # remembered, gone from the tree
             out.append(Finding("error", "GPU_UNHEALTHY", str(g), f"fails its health check now: pci: {hp.GONE_REASON} "
                                "(the state store still remembers it)",
                                f"'vgpuhost gpu drain {g}' lists what it held; the agent (or the next vgpuhost "
                                "operation) takes it out of service"))
     for g in inv.gpus:
-        if str(g.address) in rows:
+        if str(g.address) in failed:
             continue
         problems = check_gpu(host, g.address, nvml)
         if problems:
