@@ -865,3 +865,36 @@ def test_host_checks_mig_verdict_and_a_cordoned_gpu_failing_now(make_host, capsy
     assert code == 1 and sorted((f["code"], f["severity"]) for f in doc["findings"] if f["code"].startswith("GPU_")) == [
         ("GPU_CORDONED", "warning"), ("GPU_UNHEALTHY", "error")]
     assert verdicts[0][1] == "blocked"
+
+
+def test_sim_fail_refuses_conflicts_and_a_found_with_nothing_lost_and_repair_undoes_each_fault(make_host, capsys):
+    """Findings 13d-f: --found needs a lost GPU, options that conflict are refused (exit 2, nothing changed),
+    and --repair undoes --unplug, --create-errno, --lost and queued Xids, so repair-then-uncordon can be tried."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    sim = host.root / ".vgpuhost-sim"
+    before = {p.name: p.read_bytes() for p in sim.rglob("*.json")}
+    code, out, err = cli(capsys, host, "sim", "fail", LO, "--found")
+    assert code == 2 and "does not report 0000:41:00.0 lost" in err
+    code, out, err = cli(capsys, host, "sim", "fail", LO, "--lost", "--found")
+    assert code == 2 and "--lost and --found do not go together" in err
+    assert {p.name: p.read_bytes() for p in sim.rglob("*.json")} == before            # nothing changed
+    assert not SimNvml(host).gpu_lost(A(LO))
+    # every fault at once on LO, after a vGPU made there: taken out, then repaired and uncordoned
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    for opt in (["--create-errno", "EIO"], ["--lost"], ["--xid", "79"], ["--unplug"]):
+        assert cli(capsys, host, "sim", "fail", LO, *opt)[0] == 0
+    assert cli(capsys, host, "sim", "fail", LO, "--found")[0] == 2        # unplugged: no GPU for --found
+    assert cli(capsys, host, "gpu", "cordon", LO)[0] == 0                 # recorded: gone (pci), cordoned
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 2 and "gone from the PCI tree" in err
+    code, doc = cli_json(capsys, host, "sim", "fail", LO, "--repair")
+    assert code == 0 and doc["fault"] == ("repaired: back in the PCI tree, vGPU creates work, 1 queued Xid event(s) "
+                                          "dropped, NVML sees it")
+    inv = discover(Sysfs(host))
+    assert A(LO) in {g.address for g in inv.gpus} and made.id in {m.uuid for m in inv.mdevs}
+    assert health.check_gpu(host, A(LO), SimNvml(host)) == []
+    assert cli(capsys, host, "gpu", "uncordon", LO)[0] == 0 and s.gpu_health_rows() == []
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO)).gpu == LO
+    code, doc = cli_json(capsys, host, "sim", "fail", LO, "--repair")
+    assert code == 0 and doc["fault"] == "repaired: nothing to undo"
