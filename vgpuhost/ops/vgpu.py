@@ -1134,18 +1134,23 @@ class ReconcileReport:
     failed: List[str] = field(default_factory=list)
     orphans: List[str] = field(default_factory=list)     # present, not created by vgpuhost: left alone
     mismatched: List[str] = field(default_factory=list)  # recorded id holds another type now
+    # recorded running, holding nothing, its start over (devices.stale_domains): reported (check) or forgotten
+    stale_domains: List[str] = field(default_factory=list)
+    forgotten_domains: List[str] = field(default_factory=list)
 
     @property
     def in_sync(self) -> bool:
-        return not (self.missing or self.failed or self.mismatched)
+        return not (self.missing or self.failed or self.mismatched or self.stale_domains)
 
     def as_dict(self) -> dict:
         return {"schema": "vgpuhost.reconcile/v1", "in_sync": self.in_sync, **self.__dict__}
 
 
 def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
-              actor: Optional[str] = None) -> ReconcileReport:
-    """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.
+              actor: Optional[str] = None, libvirt_uri: Optional[str] = None) -> ReconcileReport:
+    """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.  Forget the domains
+    recorded running that hold nothing and whose start is over (:func:`vgpuhost.ops.devices.stale_domains`:
+    a start killed half-way), asking libvirt at ``libvirt_uri`` which domains run where it answers.
 
     With ``check`` nothing changes and the report says what would.
     """
@@ -1177,7 +1182,30 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             report.recreated.append(rec.id)
         except VgpuhostError as err:
             report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
+    from .devices import forget_stale, stale_domains
+    stale = stale_domains(store, _libvirt_active(libvirt_uri))
+    lines = {d["domain"]: f"{d['name']} ({d['domain']}): {d['why']}" for d in stale}
+    if check:
+        report.stale_domains = list(lines.values())
+    elif stale:
+        report.forgotten_domains = [lines[u] for u in forget_stale(store, stale, actor=actor or actor_name())]
     return report
+
+
+def _libvirt_active(uri: Optional[str]) -> Optional[FrozenSet[str]]:
+    """The UUIDs of the domains libvirt at ``uri`` lists active, None without ``uri`` or when it cannot be
+    asked (the state store's view decides then)."""
+    if uri is None:
+        return None
+    from ..io.virt import open_connection
+    try:
+        conn = open_connection(uri)
+        try:
+            return frozenset(d.uuid.lower() for d in conn.domains() if d.is_active())
+        finally:
+            conn.close()
+    except VgpuhostError:
+        return None
 
 
 # ---------------------------------------------------------------------------
