@@ -18,7 +18,7 @@ import threading
 from vgpuhost.cli.main import main
 from vgpuhost.hook import runtime as hook
 from vgpuhost.io.state import MARKER_DIR, StateStore
-from vgpuhost.ops import devices
+from vgpuhost.ops import recover
 
 from test_gpu_health import vm
 
@@ -83,17 +83,17 @@ def test_a_start_that_may_still_run_one_that_holds_a_device_and_one_libvirt_runs
     uuid = next(iter(s.active_domains()))
     assert s.vgpu_records(owner=uuid)
     s.domain_started("0d0d0d0d-0000-4000-8000-000000000001", "starting")     # this process: still starting
-    assert devices.stale_domains(s) == []
+    assert recover.stale_domains(s) == []
     # an old marker without a process ID: over only once a start cannot run any more
     legacy = "0d0d0d0d-0000-4000-8000-000000000002"
     s.domain_started(legacy, "legacy")
     with open(os.path.join(str(host.state_dir), MARKER_DIR, legacy), "w"):
         pass
-    assert devices.stale_domains(s) == []
+    assert recover.stale_domains(s) == []
     since = s.domain_starts()[legacy]
     from datetime import datetime
-    later = datetime.fromisoformat(since).timestamp() + devices.START_BOUND_S + 1
-    assert [d["domain"] for d in devices.stale_domains(s, now_s=later)] == [legacy]
+    later = datetime.fromisoformat(since).timestamp() + recover.START_BOUND_S + 1
+    assert [d["domain"] for d in recover.stale_domains(s, now_s=later)] == [legacy]
     # libvirt's view, where it answers, decides: listed active -> left alone; not listed -> stale
-    assert [d["domain"] for d in devices.stale_domains(s, frozenset({legacy, uuid}))] == [
+    assert [d["domain"] for d in recover.stale_domains(s, frozenset({legacy, uuid}))] == [
         "0d0d0d0d-0000-4000-8000-000000000001"]

@@ -220,7 +220,7 @@ def unrecorded_failures(host: HostRoot, store: "StateStore", inv: "Inventory",
                         nvml=None) -> "Dict[PciAddress, Tuple[str, str]]":
     """``{GPU: (source, reason)}`` of each GPU failing now that no failure row records yet (a cordon by hand
     alone records none), read without writing anything: what the exporter serves without the agent
-    (docs/metering.md#gpu-health).  Looks at: a GPU the store remembers that is gone from the PCI tree
+    (docs/metering.md#gpu-health-in-the-exporter).  Looks at: a GPU the store remembers that is gone from the PCI tree
     (``pci``), a device read of ``inv`` that failed with EIO/ENODEV (``io``, :func:`read_failures`), and,
     with ``nvml``, GPU_IS_LOST of each GPU of ``inv`` (``nvml``; one cheap NVML query per GPU)."""
     from ..io.sysfs import Sysfs
@@ -326,7 +326,8 @@ def _gone(host: HostRoot, inv: "Inventory", gpu: PciAddress) -> bool:
     if inv.gpu(gpu) is not None:
         return False
     from ..io.sysfs import Sysfs
-    return not Sysfs(host).exists(host.s.pci_device(gpu))
+    fs = Sysfs(host)
+    return not fs.exists(host.s.pci_device(gpu))
 
 
 def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None:

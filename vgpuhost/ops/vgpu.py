@@ -1149,7 +1149,7 @@ class ReconcileReport:
 def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
               actor: Optional[str] = None, libvirt_uri: Optional[str] = None) -> ReconcileReport:
     """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.  Forget the domains
-    recorded running that hold nothing and whose start is over (:func:`vgpuhost.ops.devices.stale_domains`:
+    recorded running that hold nothing and whose start is over (:func:`vgpuhost.ops.recover.stale_domains`:
     a start killed half-way), asking libvirt at ``libvirt_uri`` which domains run where it answers.
 
     With ``check`` nothing changes and the report says what would.
@@ -1182,7 +1182,7 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             report.recreated.append(rec.id)
         except VgpuhostError as err:
             report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
-    from .devices import forget_stale, stale_domains
+    from .recover import forget_stale, stale_domains
     stale = stale_domains(store, _libvirt_active(libvirt_uri))
     lines = {d["domain"]: f"{d['name']} ({d['domain']}): {d['why']}" for d in stale}
     if check:
