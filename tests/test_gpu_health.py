@@ -825,7 +825,8 @@ def test_reconcile_and_a_layouts_re_create_mark_a_gpu_whose_create_fails_with_ei
     assert s.gpu_health_rows()[0][1] == f"re-creating A40-8Q {made.id} on {gpu} failed: EIO"
     assert [(r.operation, r.result) for r in health_audit(host)] == [(f"reconcile {made.id}", "unhealthy")]
     code, check = cli_json(capsys, host, "host", "check")
-    assert [f["severity"] for f in check["findings"] if f["subject"] == gpu and f["code"] == "GPU_UNHEALTHY"] == ["error"]
+    assert [f["severity"] for f in check["findings"]
+            if f["subject"] == gpu and f["code"] == "GPU_UNHEALTHY"] == ["error"]
     # a layout's re-create step: the same path (a fresh host, the layout's vGPU gone, creates failing)
     host = make_host("a40-mdev")
     s = StateStore(host.state_dir)
@@ -862,7 +863,8 @@ def test_host_checks_mig_verdict_and_a_cordoned_gpu_failing_now(make_host, capsy
         ("GPU_CORDONED", "warning")]
     assert cli(capsys, host, "sim", "fail", gpu, "--lost")[0] == 0
     code, verdicts, doc = mig_verdict()
-    assert code == 1 and sorted((f["code"], f["severity"]) for f in doc["findings"] if f["code"].startswith("GPU_")) == [
+    assert code == 1 and sorted((f["code"], f["severity"]) for f in doc["findings"]
+                                if f["code"].startswith("GPU_")) == [
         ("GPU_CORDONED", "warning"), ("GPU_UNHEALTHY", "error")]
     assert verdicts[0][1] == "blocked"
 

@@ -346,7 +346,8 @@ def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddres
     and is marked cordoned by hand beside it (uncordon is then the way back for both); ``reason`` then
     goes to the audit row only, and the answer's ``reason`` is the failure's.  A GPU gone from the PCI
     tree that the store remembers is recorded unhealthy first (source ``pci``, :func:`mark_unhealthy`,
-    unless it failed already), then cordoned on top.  Audited (result ``cordoned``, value the reason given).  InputError for an unknown GPU, and for a ``reason`` that is
+    unless it failed already), then cordoned on top.  Audited (result ``cordoned``, value the reason given).
+    InputError for an unknown GPU, and for a ``reason`` that is
     not one line of printable text of at most 512 characters (:func:`vgpuhost.policy.health.reason_problem`:
     the same check locally and through the agent)."""
     from ..model.errors import InputError
