@@ -710,3 +710,193 @@ def test_a_second_create_errno_replaces_the_first(make_host, capsys):
     code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "A40-8Q", "--gpu", LO)
     assert code == 3 and "ENODEV" in err and "EINVAL" not in err
     assert [r[1] for r in s.gpu_health_rows()] == [f"creating A40-8Q on {LO} failed: ENODEV"]
+
+
+def test_cordon_of_a_gpu_gone_from_the_tree_records_the_failure_under_the_cordon(make_host, capsys):
+    """Retest of finding 5: the cordon of a vanished GPU is not an operator cordon alone (host check errs, the
+    metric reads 0); drain calls it out of service before and after; a cordon from before the unplug is kept."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(HI))
+    assert cli(capsys, host, "gpu", "cordon", HI, "--reason", "fan swap")[0] == 0     # by hand, before it goes
+    for g in (LO, HI):
+        assert cli(capsys, host, "sim", "fail", g, "--unplug")[0] == 0
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    assert code == 0 and doc["in_service"] is False and "gone from the PCI tree" in doc["reason"]
+    code, out, err = cli(capsys, host, "gpu", "drain", LO)
+    assert "out of service (gone from the PCI tree" in out and "in service;" not in out
+    assert s.gpu_health_rows(LO) == []                           # drain changes nothing
+    for g in (LO, HI):
+        code, doc = cli_json(capsys, host, "gpu", "cordon", g, "--reason", "replace")
+        assert code == 0 and doc["changed"] is True and doc["reason"] == "gone from the PCI tree"
+    assert {(r[0], r[1], r[2], r[4]) for r in s.gpu_health_rows()} == {
+        (LO, "gone from the PCI tree", "pci", True), (HI, "gone from the PCI tree", "pci", True)}
+    assert [(r.path, r.result) for r in health_audit(host) if r.operation == "gpu cordon"] == [
+        (f"(health) {HI}", "cordoned"), (f"(health) {LO}", "unhealthy"), (f"(health) {LO}", "cordoned"),
+        (f"(health) {HI}", "unhealthy"), (f"(health) {HI}", "cordoned")]
+    code, check = cli_json(capsys, host, "host", "check")
+    assert sorted((f["subject"], f["code"], f["severity"]) for f in check["findings"] if f["subject"] in (LO, HI)) == [
+        (LO, "GPU_UNHEALTHY", "error"), (HI, "GPU_UNHEALTHY", "error")]
+    series = host_series(host, s)["gpu_health"]
+    assert series[(LO, "pci")] == (0, 1) and series[(HI, "pci")] == (0, 1)
+    code, doc = cli_json(capsys, host, "gpu", "drain", LO)
+    assert doc["in_service"] is False and doc["reason"].startswith("unhealthy (cordoned by hand): gone from")
+    # a second cordon changes nothing and keeps the failure
+    code, doc = cli_json(capsys, host, "gpu", "cordon", LO)
+    assert code == 0 and doc["changed"] is False and s.gpu_health_rows(LO)[0][2] == "pci"
+
+
+def test_the_agents_watch_records_a_gpu_that_held_nothing_leaving_the_tree(make_host, capsys):
+    """Retest of finding 5 (agent variant): a GPU that never held a vGPU is recorded when it leaves the tree,
+    so host check, capacity, the agent's health list and the exporter agree."""
+    host = make_host("l40s-vendor-vfio")
+    s = StateStore(host.state_dir)
+    gpus = [str(g.address) for g in discover(Sysfs(host)).gpus]
+    assert len(gpus) == 2 and not s.seen_types() and not s.vgpu_records()
+    gone = gpus[0]
+    with HealthWatch(host, interval_s=0.01, event_wait_ms=0) as watch:
+        for _ in range(500):
+            if watch.rounds >= 1:
+                break
+            watch.stop.wait(0.01)
+        SimKernel(host).unplug(gone)
+        for _ in range(500):
+            if watch.transitions:
+                break
+            watch.stop.wait(0.01)
+    assert watch.transitions == [{"gpu": gone, "source": "pci", "reason": "gone from the PCI tree"}]
+    assert [(r[0], r[2], r[4]) for r in s.gpu_health_rows()] == [(gone, "pci", False)]
+    assert [(r.path, r.result, r.actor) for r in health_audit(host)] == [
+        (f"(health) {gone}", "unhealthy", "agent health-watch")]
+    assert {row[0] for row in s.seen_types()} == set(gpus)         # the next agent knows both too
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [(f["code"], f["severity"]) for f in check["findings"] if f["subject"] == gone] == [
+        ("GPU_UNHEALTHY", "error")]
+    assert [g["gpu"] for g in health.status(s, discover(Sysfs(host))) if not g["healthy"]] == [gone]
+    assert host_series(host, s)["gpu_health"][(gone, "pci")] == (0, 0)
+    code, cap = cli_json(capsys, host, "capacity")       # offers nothing there (it is not on the host)
+    assert [g["gpu"] for g in cap["gpus"]] == [gpus[1]]
+    assert {g for p in cap["profiles"] for g in p["by_gpu"]} == {gpus[1]}
+
+
+@pytest.mark.parametrize("how", ["lost", "unplug", "read"])
+def test_the_standalone_exporter_serves_a_gpu_failing_now_that_nothing_recorded(make_host, capsys, how):
+    """Finding 2: ``exporter --once`` (no agent) samples GPU_IS_LOST, the PCI tree and device reads itself:
+    vgpuhost_gpu_healthy 0 and the failure's source, no free instance offered there; nothing is recorded."""
+    host = two_a40(make_host, '{op: read, device: "0000:41:00.0", attr: available_instances, errno: EIO, count: 0}'
+                   if how == "read" else "")
+    s = StateStore(host.state_dir)
+    vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(HI))
+    if how != "read":
+        assert host_series(host, s, SimNvml(host))["free_instances"][("A40-8Q", "")] == 6 + 5
+        assert cli(capsys, host, "sim", "fail", LO, f"--{how}")[0] == 0
+    code, out, err = cli(capsys, host, "exporter", "--once")
+    assert code == 0
+    source = {"lost": "nvml", "unplug": "pci", "read": "io"}[how]
+    assert f'vgpuhost_gpu_healthy{{gpu="{LO}"}} 0.0' in out and f'vgpuhost_gpu_healthy{{gpu="{HI}"}} 1.0' in out
+    assert f'vgpuhost_gpu_failure_info{{gpu="{LO}",source="{source}"}} 1.0' in out
+    assert "vgpuhost_gpu_failure_info{" + f'gpu="{HI}"' not in out
+    free = host_series(host, s, SimNvml(host))["free_instances"]
+    assert free[("A40-8Q", "")] == 5                 # the five left on HI, none on LO (failing now)
+    assert s.gpu_health_rows() == [] and health_audit(host) == []        # read only: nothing recorded
+
+
+def _vanish_and_fail_creates(host, vid: str, gpu: str) -> None:
+    """The vGPU goes away behind vgpuhost's back, and every create on its GPU fails with EIO from now on."""
+    Sysfs(host).write(host.mdev_devices / vid / "remove", "1")
+    fail_creates_on(host, gpu)
+
+
+def test_reconcile_and_a_layouts_re_create_mark_a_gpu_whose_create_fails_with_eio(make_host, capsys, tmp_path):
+    """Left out last session: writes that do not go through vgpu create mark the GPU too (one write path for
+    a recorded vGPU made again, vgpu.recreate_recorded, and one classification, vgpu.gpu_failed)."""
+    from test_layout import A40_DESK, cfg
+    from vgpuhost.model.errors import DeviceError, RefusedError
+    from vgpuhost.ops import layout
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    gpu = str(discover(Sysfs(host)).gpus[0].address)
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual")
+    _vanish_and_fail_creates(host, made.id, gpu)
+    rep = vgpu.reconcile(host, s)
+    assert rep.recreated == [] and len(rep.failed) == 1 and "failed: EIO" in rep.failed[0]
+    assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(gpu, "io")]
+    assert s.gpu_health_rows()[0][1] == f"re-creating A40-8Q {made.id} on {gpu} failed: EIO"
+    assert [(r.operation, r.result) for r in health_audit(host)] == [(f"reconcile {made.id}", "unhealthy")]
+    code, check = cli_json(capsys, host, "host", "check")
+    assert [f["severity"] for f in check["findings"]
+            if f["subject"] == gpu and f["code"] == "GPU_UNHEALTHY"] == ["error"]
+    # a layout's re-create step: the same path (a fresh host, the layout's vGPU gone, creates failing)
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    c = cfg(A40_DESK)
+    layout.apply(host, s, c)
+    gone = sorted(r.id for r in s.vgpu_records())[0]
+    _vanish_and_fail_creates(host, gone, gpu)
+    with pytest.raises(DeviceError, match=f"re-creating A40-8Q {gone} on {gpu} failed: EIO .*marked unhealthy"):
+        layout.apply(host, s, c)
+    assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(gpu, "io")]
+    assert [(r.operation, r.result) for r in health_audit(host)] == [
+        (f"apply re-create A40-8Q {gone} owner=layout", "unhealthy")]
+    assert gone in {r.id for r in s.vgpu_records()}             # the record stays for the next try
+    with pytest.raises(RefusedError, match="out of service"):      # the next apply: refused, nothing tried
+        layout.apply(host, s, c)
+    assert len([r for r in s.audit_rows() if r.path.endswith("/create")]) == 4 + 1
+
+
+def test_host_checks_mig_verdict_and_a_cordoned_gpu_failing_now(make_host, capsys):
+    """Left out last session: the MIG verdict of a GPU out of service is blocked, as the other modes' are; a GPU
+    cordoned by hand is still checked, so a failure now is GPU_UNHEALTHY (error) beside GPU_CORDONED."""
+    host = make_host("h200-mig-on")
+    gpu = str(discover(Sysfs(host)).gpus[0].address)
+
+    def mig_verdict():
+        code, doc = cli_json(capsys, host, "host", "check")
+        [m] = [m for m in doc["modes"] if m["mode"] == "mig"]
+        return code, [(g["gpu"], g["verdict"], g["reason"]) for g in m["gpus"]], doc
+    assert mig_verdict()[1] == [(gpu, "ready", "MIG mode on, 0 GPU instances")]
+    assert cli(capsys, host, "gpu", "cordon", gpu, "--reason", "firmware")[0] == 0
+    code, verdicts, doc = mig_verdict()
+    assert verdicts == [(gpu, "blocked", "out of service: cordoned by hand: firmware")]
+    assert [(f["code"], f["severity"]) for f in doc["findings"] if f["code"].startswith("GPU_")] == [
+        ("GPU_CORDONED", "warning")]
+    assert cli(capsys, host, "sim", "fail", gpu, "--lost")[0] == 0
+    code, verdicts, doc = mig_verdict()
+    assert code == 1 and sorted((f["code"], f["severity"]) for f in doc["findings"]
+                                if f["code"].startswith("GPU_")) == [
+        ("GPU_CORDONED", "warning"), ("GPU_UNHEALTHY", "error")]
+    assert verdicts[0][1] == "blocked"
+
+
+def test_sim_fail_refuses_conflicts_and_a_found_with_nothing_lost_and_repair_undoes_each_fault(make_host, capsys):
+    """Findings 13d-f: --found needs a lost GPU, options that conflict are refused (exit 2, nothing changed),
+    and --repair undoes --unplug, --create-errno, --lost and queued Xids, so repair-then-uncordon can be tried."""
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    sim = host.root / ".vgpuhost-sim"
+    before = {p.name: p.read_bytes() for p in sim.rglob("*.json")}
+    code, out, err = cli(capsys, host, "sim", "fail", LO, "--found")
+    assert code == 2 and "does not report 0000:41:00.0 lost" in err
+    code, out, err = cli(capsys, host, "sim", "fail", LO, "--lost", "--found")
+    assert code == 2 and "--lost and --found do not go together" in err
+    assert {p.name: p.read_bytes() for p in sim.rglob("*.json")} == before            # nothing changed
+    assert not SimNvml(host).gpu_lost(A(LO))
+    # every fault at once on LO, after a vGPU made there: taken out, then repaired and uncordoned
+    made = vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO))
+    for opt in (["--create-errno", "EIO"], ["--lost"], ["--xid", "79"], ["--unplug"]):
+        assert cli(capsys, host, "sim", "fail", LO, *opt)[0] == 0
+    assert cli(capsys, host, "sim", "fail", LO, "--found")[0] == 2        # unplugged: no GPU for --found
+    assert cli(capsys, host, "gpu", "cordon", LO)[0] == 0                 # recorded: gone (pci), cordoned
+    code, out, err = cli(capsys, host, "gpu", "uncordon", LO)
+    assert code == 2 and "gone from the PCI tree" in err
+    code, doc = cli_json(capsys, host, "sim", "fail", LO, "--repair")
+    assert code == 0 and doc["fault"] == ("repaired: back in the PCI tree, vGPU creates work, 1 queued Xid event(s) "
+                                          "dropped, NVML sees it")
+    inv = discover(Sysfs(host))
+    assert A(LO) in {g.address for g in inv.gpus} and made.id in {m.uuid for m in inv.mdevs}
+    assert health.check_gpu(host, A(LO), SimNvml(host)) == []
+    assert cli(capsys, host, "gpu", "uncordon", LO)[0] == 0 and s.gpu_health_rows() == []
+    assert vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO)).gpu == LO
+    code, doc = cli_json(capsys, host, "sim", "fail", LO, "--repair")
+    assert code == 0 and doc["fault"] == "repaired: nothing to undo"

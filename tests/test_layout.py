@@ -163,9 +163,10 @@ def test_a_failed_re_create_keeps_the_id_for_the_next_apply(make_host):
     k = SimNvml(host).kernel                           # the vGPU manager fails the next create once
     with k.locked():
         meta = k.meta()
-        meta["faults"] = [{"op": "create", "device": str(A40), "errno": 5, "count": 1, "effect": "error"}]
+        # EINVAL: a refusal, not the GPU failing (EIO would take it out of service: test_gpu_health)
+        meta["faults"] = [{"op": "create", "device": str(A40), "errno": 22, "count": 1, "effect": "error"}]
         k.save_meta(meta)
-    with pytest.raises(DeviceError, match=f"re-creating A40-8Q {gone} on 0000:81:00.0 failed: EIO"):
+    with pytest.raises(DeviceError, match=f"re-creating A40-8Q {gone} on 0000:81:00.0 failed: EINVAL"):
         apply(host, store, c)
     assert gone in {r.id for r in store.vgpu_records()}          # still recorded, still missing
     apply(host, store, c)

@@ -920,7 +920,7 @@ def post_gpu_uncordon(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def get_gpu_drain(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost gpu drain BDF``: what holds the GPU and what each domain needs to move (changes nothing)."""
-    return {"schema": SCHEMA_GPU_DRAIN, **health.drain(agent.store, agent.inventory(), _bdf(req))}
+    return {"schema": SCHEMA_GPU_DRAIN, **health.drain(agent.store, agent.inventory(), _bdf(req), agent.host)}
 
 
 def get_gpu_health(agent: Agent, req: Request) -> Dict[str, Any]:

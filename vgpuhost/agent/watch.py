@@ -4,7 +4,8 @@ Owns: :class:`HealthWatch`, a daemon thread the agent runs beside its server
 (:func:`vgpuhost.__main__.serve_agent`): each round takes NVML's critical Xid
 events (waiting up to :data:`vgpuhost.ops.health.WATCH_EVENT_WAIT_MS` for the
 first) and, every :data:`vgpuhost.ops.health.WATCH_INTERVAL_S`, checks every
-known GPU (the PCI tree, GPU_IS_LOST); each new failure is recorded and audited
+known GPU (the PCI tree, GPU_IS_LOST; known: the store's, and every GPU an earlier check found in the
+tree, so one that never held a vGPU and leaves the tree is recorded too); each new failure is recorded and audited
 by :func:`vgpuhost.ops.health.watch_once`.  Going back into service is the
 operator's ``gpu uncordon`` (after a health check), never automatic: a GPU that
 fell off the bus once is not trusted by itself.  Must not: speak HTTP, or stop
@@ -17,14 +18,16 @@ import logging
 import os.path
 import threading
 import time
-from typing import List, Optional
+from typing import List, Optional, Set
 
 from ..io.hostroot import HostRoot
 from ..io.files import exists
 from ..io.state import DB_NAME, StateStore
 from ..io.sysfs import Sysfs
+from ..model.values import PciAddress
 from ..observe.inventory import discover
 from ..ops import health
+from ..policy.offers import seen_rows
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class HealthWatch:
         self.stop = threading.Event()
         self.transitions: List[dict] = []       # every transition this watch recorded, oldest first
         self.rounds = 0
+        self.seen: Set[PciAddress] = set()      # every GPU a periodic check found in the tree
         self._thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> "HealthWatch":
@@ -74,8 +78,15 @@ class HealthWatch:
                 check = now - last_check >= self.interval_s
                 # the periodic check reads the host too: a device read failing with EIO/ENODEV is a signal
                 inv = discover(Sysfs(self.host)) if check else None
+                if inv is not None:
+                    # every GPU seen is watched from now on: one that leaves the tree later is recorded even if
+                    # it never held a vGPU; its types remembered in the store (written only when new), so the
+                    # CLI's check and the next agent know it too
+                    self.seen |= {g.address for g in inv.gpus}
+                    store.remember_types(seen_rows(inv))
                 self.transitions += health.watch_once(self.host, store, nvml, actor=ACTOR, check=check, inv=inv,
-                                                      event_wait_ms=self.event_wait_ms if nvml is not None else 0)
+                                                      event_wait_ms=self.event_wait_ms if nvml is not None else 0,
+                                                      also=self.seen)
                 if check:
                     last_check = now
                 self.rounds += 1

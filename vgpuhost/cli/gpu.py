@@ -93,7 +93,8 @@ def gpu_uncordon(ctx: Context, bdf: str, dry_run: bool) -> None:
 
 
 def _drain_text(doc: dict) -> str:
-    head = f"{doc['gpu']}: {'in service' if doc['in_service'] else 'out of service'}"
+    head = f"{doc['gpu']}: " + ("in service" if doc["in_service"] else
+                                 f"out of service ({doc['reason']})" if doc.get("reason") else "out of service")
     if not doc["domains"]:
         return head + "; nothing holds it"
     lines = [head + f"; held by {len(doc['domains'])} device(s) (vgpuhost stops no VM):"]
@@ -112,7 +113,7 @@ def _drain_text(doc: dict) -> str:
 def gpu_drain(ctx: Context, bdf: str) -> None:
     """List the domains that hold BDF and what each needs to move; changes nothing, stops no VM."""
     addr = _gpu_arg(bdf)
-    doc = {"schema": SCHEMA_DRAIN, **health.drain(store(ctx, write=False), ctx.inventory(), addr)}
+    doc = {"schema": SCHEMA_DRAIN, **health.drain(store(ctx, write=False), ctx.inventory(), addr, ctx.host)}
     emit(ctx, doc, _drain_text(doc))
 
 

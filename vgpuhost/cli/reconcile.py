@@ -70,12 +70,13 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     if not check:
         rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
     if rep is None:
-        rep = reconcile(ctx.host, st, check=check)
+        rep = reconcile(ctx.host, st, check=check, libvirt_uri=ctx.connect)
     lines = list(journal_lines)
     half_made = [o for o in rep.orphans if o.split(" ", 1)[0] in interrupted]
     foreign = [o for o in rep.orphans if o not in half_made]
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
                          ("type changed", rep.mismatched),
+                         ("stale domain", rep.stale_domains), ("forgotten domain", rep.forgotten_domains),
                          ("interrupted (its open journal entry finishes or removes it)", half_made),
                          ("foreign (left alone)", foreign)):
         lines += [f"{label}: {i}" for i in items]
@@ -83,6 +84,8 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     lines.append("in sync" if in_sync else "NOT in sync")
     if check and not journal_ok:
         lines.append("fix: run 'vgpuhost reconcile' to finish or roll back the interrupted operations")
+    if check and rep.stale_domains:
+        lines.append("fix: run 'vgpuhost reconcile' to forget the stale domains (they hold nothing)")
     doc = rep.as_dict()
     doc["journal"] = journal_doc
     if check:

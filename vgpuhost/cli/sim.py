@@ -76,49 +76,100 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
 
 @sim.command("fail")
 @click.argument("bdf")
-@click.option("--lost", "how", flag_value="lost", help="NVML answers GPU_IS_LOST for it from now on.")
-@click.option("--found", "how", flag_value="found", help="NVML sees it again (undoes --lost).")
+@click.option("--lost", is_flag=True, help="NVML answers GPU_IS_LOST for it from now on.")
+@click.option("--found", is_flag=True, help="NVML sees it again (undoes --lost; refused when it is not lost).")
 @click.option("--xid", type=click.IntRange(1, 65535), metavar="N", help="Queue an Xid event N (NVML's event API).")
-@click.option("--unplug", "how", flag_value="unplug", help="It disappears from the PCI tree (its VFs too).")
+@click.option("--unplug", is_flag=True, help="It disappears from the PCI tree (its VFs too).")
 @click.option("--create-errno", metavar="NAME", help="Every vGPU create on it fails with this errno (EIO, ENODEV).")
+@click.option("--repair", is_flag=True,
+              help="Undo every fault given here: back in the tree, NVML sees it, no queued Xid, creates work.")
 @pass_ctx
-def sim_fail(ctx: Context, bdf: str, how: str, xid: int, create_errno: str) -> None:
-    """Make the simulated GPU at BDF fail, as a real one does (docs/guide/failures.md); --root names the host."""
+def sim_fail(ctx: Context, bdf: str, lost: bool, found: bool, xid: int, unplug: bool, create_errno: str,
+             repair: bool) -> None:
+    """Make the simulated GPU at BDF fail, as a real one does, or repair it (docs/guide/failures.md);
+    --root names the host.  One option at a time (exit 2 otherwise)."""
     addr = PciAddress.parse(bdf)
     host = ctx.host
     if not host.is_simulated:
         raise InputError(f"{host.root} is not a simulated host", hint="pass --root DIR of one 'vgpuhost sim create' made")
-    given = [x for x in (how, xid, create_errno) if x]
+    given = [name for name, x in (("--lost", lost), ("--found", found), ("--xid", xid), ("--unplug", unplug),
+                                  ("--create-errno", create_errno), ("--repair", repair)) if x]
     if len(given) != 1:
-        raise InputError("give one of --lost, --found, --xid N, --unplug, --create-errno NAME")
+        raise InputError(("give one of" if not given else f"{' and '.join(given)} do not go together: give one of")
+                         + " --lost, --found, --xid N, --unplug, --create-errno NAME, --repair",
+                         hint="nothing was changed")
+    k = SimKernel(host)
     present = [g.address for g in discover(Sysfs(host), with_types=False).gpus]
-    if addr not in present:         # every option: a fault on no GPU of the host would be silently stored
-        raise InputError(f"no NVIDIA GPU at {addr} on the simulated host {host.root}",
+    if addr not in present and not (repair and k.is_unplugged(str(addr))):
+        # every option: a fault on no GPU of the host would be silently stored
+        why = " (it is unplugged: 'sim fail --repair' puts it back)" if k.is_unplugged(str(addr)) else ""
+        raise InputError(f"no NVIDIA GPU at {addr} on the simulated host {host.root}{why}",
                          hint="GPUs there: " + (", ".join(map(str, present)) or "none") + " ('vgpuhost gpus')")
-    if how in ("lost", "found"):
-        SimNvml(host).lose(addr, how == "lost")
-        what = "NVML: GPU_IS_LOST" if how == "lost" else "NVML sees it again"
+    nv = SimNvml(host)
+    if lost:
+        nv.lose(addr, True)
+        what = "NVML: GPU_IS_LOST"
+    elif found:
+        if not nv.gpu_lost(addr):
+            raise InputError(f"NVML does not report {addr} lost: there is nothing for --found to undo",
+                             hint="--found undoes --lost; --repair undoes every fault; nothing was changed")
+        nv.lose(addr, False)
+        what = "NVML sees it again"
     elif xid:
-        SimNvml(host).inject_xid(addr, xid)
+        nv.inject_xid(addr, xid)
         what = f"Xid {xid} queued"
-    elif how == "unplug":
-        SimKernel(host).unplug(str(addr))
+    elif unplug:
+        k.unplug(str(addr))
         what = "gone from the PCI tree"
+    elif repair:
+        what = "repaired: " + (", ".join(_repair(k, nv, addr)) or "nothing to undo")
     else:
         number = getattr(errnos, create_errno, None)
         if not isinstance(number, int) or not create_errno.startswith("E"):
             raise InputError(f"unknown errno name {create_errno!r}", hint="e.g. EIO, ENODEV")
-        k = SimKernel(host)
         with k.locked():
             meta = k.meta()
             # a later --create-errno replaces the one given before (the first matching fault would win)
-            meta["faults"] = [f for f in meta.get("faults", []) if not (
-                f.get("device") == str(addr) and f.get("op") in ("create", "set_type") and f.get("count") == 0)]
-            for op in ("create", "set_type"):        # an mdev create, a VF's current_vgpu_type (vendor VFIO)
+            meta["faults"] = [f for f in meta.get("faults", []) if not _create_fault(f, addr)]
+            for op in CREATE_OPS:        # an mdev create, a VF's current_vgpu_type (vendor VFIO)
                 meta.setdefault("faults", []).append({"op": op, "device": str(addr), "errno": number, "count": 0})
             k.save_meta(meta)
         what = f"every vGPU create fails with {create_errno}"
     emit(ctx, {"schema": "vgpuhost.sim-fail/v1", "gpu": str(addr), "fault": what}, f"{addr}: {what}")
+
+
+#: the simulated kernel's fault ops of a vGPU create: an mdev create, a VF's current_vgpu_type (vendor VFIO)
+CREATE_OPS = ("create", "set_type")
+
+
+def _create_fault(f: dict, addr: PciAddress) -> bool:
+    """Is ``f`` (a fault of host.json) one ``--create-errno`` gave ``addr``?"""
+    return f.get("device") == str(addr) and f.get("op") in CREATE_OPS and f.get("count") == 0
+
+
+def _repair(k: SimKernel, nv: SimNvml, addr: PciAddress) -> List[str]:
+    """Undo what ``sim fail`` did to ``addr``: what was undone, one phrase each."""
+    done = []
+    if k.is_unplugged(str(addr)):
+        k.replug(str(addr))
+        done.append("back in the PCI tree")
+    with k.locked():
+        meta = k.meta()
+        faults = meta.get("faults") or []
+        kept = [f for f in faults if not _create_fault(f, addr)]
+        gpu = (meta.get("gpus") or {}).get(str(addr)) or {}
+        queued = gpu.pop("xid_events", None)
+        if len(kept) != len(faults) or queued:
+            meta["faults"] = kept
+            k.save_meta(meta)
+        if len(kept) != len(faults):
+            done.append("vGPU creates work")
+        if queued:
+            done.append(f"{len(queued)} queued Xid event(s) dropped")
+    if nv.gpu_lost(addr):
+        nv.lose(addr, False)
+        done.append("NVML sees it")
+    return done
 
 
 @sim.group("libvirtd")

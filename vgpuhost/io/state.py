@@ -503,8 +503,12 @@ def _touch(folder: str, uuid: str) -> None:
     """
     if not _is_uuid(uuid):
         return
-    fd = os.open(os.path.join(folder, uuid), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    os.close(fd)
+    fd = os.open(os.path.join(folder, uuid), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:    # who is starting it: a start killed half-way leaves a marker whose process is gone (reconcile)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
 
 
 class StateStore:
@@ -987,6 +991,19 @@ class StateStore:
                 os.unlink(os.path.join(d, uuid))
             except FileNotFoundError:
                 pass
+
+    def domain_starter(self, uuid: str) -> Optional[int]:
+        """The process ID that recorded domain ``uuid`` started (its marker's content: the qemu hook's
+        handler, or the agent that ran its start), None when there is no marker or it names none (a
+        marker written before markers held one)."""
+        if self._memory or not _is_uuid(uuid):
+            return None
+        try:
+            with open(os.path.join(self.dir, MARKER_DIR, uuid), "rb") as f:
+                text = f.read(32).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
 
     def active_domains(self) -> Dict[str, str]:
         """``{domain UUID: name}`` of domains started through the hook and not yet released."""

@@ -596,3 +596,4 @@ def _owned(host):
     """Devices vgpuhost may own (read only when state.db is an empty file)."""
     from ..observe.ownable import devices_vgpuhost_may_own
     return devices_vgpuhost_may_own(host)
+

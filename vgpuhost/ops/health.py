@@ -26,7 +26,7 @@ from ..policy import health as hp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import Dict, Iterable, List, Optional, Tuple
     from ..io.state import StateStore
     from ..observe.inventory import Inventory
 
@@ -106,14 +106,16 @@ def in_service_at(inv: "Inventory", state_dir) -> "Inventory":
     return in_service(inv, store)
 
 
-def in_service(inv: "Inventory", store: "Optional[StateStore]") -> "Inventory":
+def in_service(inv: "Inventory", store: "Optional[StateStore]",
+               also: "Optional[Dict[PciAddress, str]]" = None) -> "Inventory":
     """``inv`` with :attr:`Inventory.out_of_service` set from the store: those GPUs offer no free instance
     (:func:`vgpuhost.observe.inventory.free_instances`), so no placement, ``types --available``,
-    ``capacity`` count or exporter series offers them.  ``inv`` itself when nothing is out of service
-    or there is no store (no copy)."""
+    ``capacity`` count or exporter series offers them.  ``also``: ``{GPU: reason line}`` of more GPUs to
+    leave out (the exporter's :func:`unrecorded_failures`, which it does not record).  ``inv`` itself when
+    nothing is out of service or there is no store (no copy)."""
     if store is None:
         return inv
-    oos = out_of_service(store)
+    oos = {**(also or {}), **out_of_service(store)}
     if not oos and not inv.out_of_service:
         return inv
     from ..observe.inventory import Inventory
@@ -214,6 +216,36 @@ def read_failures(inv: "Inventory") -> "List[Tuple[PciAddress, str]]":
     return out
 
 
+def unrecorded_failures(host: HostRoot, store: "StateStore", inv: "Inventory",
+                        nvml=None) -> "Dict[PciAddress, Tuple[str, str]]":
+    """``{GPU: (source, reason)}`` of each GPU failing now that no failure row records yet (a cordon by hand
+    alone records none), read without writing anything: what the exporter serves without the agent
+    (docs/metering.md#gpu-health-in-the-exporter).  Looks at: a GPU the store remembers that is gone from the PCI tree
+    (``pci``), a device read of ``inv`` that failed with EIO/ENODEV (``io``, :func:`read_failures`), and,
+    with ``nvml``, GPU_IS_LOST of each GPU of ``inv`` (``nvml``; one cheap NVML query per GPU)."""
+    from ..io.sysfs import Sysfs
+    failed = {row[0] for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}
+    present = {g.address for g in inv.gpus}
+    fs = Sysfs(host)
+    out: "Dict[PciAddress, Tuple[str, str]]" = {}
+    for g in known_gpus(store):
+        if str(g) not in failed and g not in present and not fs.exists(host.s.pci_device(g)):
+            out[g] = (hp.Source.PCI, hp.GONE_REASON)
+    for g, reason in read_failures(inv):
+        if str(g) not in failed:
+            out.setdefault(g, (hp.Source.IO, reason))
+    for g in sorted(present) if nvml is not None else ():
+        if str(g) in failed or g in out:
+            continue
+        try:
+            lost = nvml.gpu_lost(g)
+        except Exception:       # NVML unreadable for this GPU (not on nvidia): the tree decides
+            continue
+        if lost:
+            out[g] = (hp.Source.NVML, hp.LOST_REASON)
+    return out
+
+
 def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", *, actor: str,
                 whole: bool = True) -> "List[dict]":
     """The check each CLI operation runs (cheap: no NVML, one query per table): a GPU the store remembers
@@ -249,12 +281,13 @@ def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory",
 
 
 def watch_once(host: HostRoot, store: "StateStore", nvml, *, actor: str, inv: "Optional[Inventory]" = None,
-               event_wait_ms: int = 0, check: bool = True) -> "List[dict]":
+               event_wait_ms: int = 0, check: bool = True, also: "Iterable[PciAddress]" = ()) -> "List[dict]":
     """One round of the agent's watch: NVML's critical Xid events (waiting up to ``event_wait_ms`` for the
     first), then :func:`check_gpu` of every known GPU in service; each new failure recorded
     (:func:`mark_unhealthy`).  Returns the transitions: ``[{gpu, source, reason}]``.  ``nvml`` None:
-    the tree alone (no NVML on this host).  ``check`` False: the events only (between periodic checks)."""
-    gpus = known_gpus(store, inv)
+    the tree alone (no NVML on this host).  ``check`` False: the events only (between periodic checks).
+    ``also``: GPUs to watch beside :func:`known_gpus` (those the agent's earlier checks found in the tree)."""
+    gpus = sorted(set(known_gpus(store, inv)) | set(also))
     marked = {PciAddress.parse(row[0]) for row in store.gpu_health_rows() if row[2] != hp.Source.OPERATOR}
     found: "List[Tuple[PciAddress, str, str]]" = []
     if nvml is not None:
@@ -288,6 +321,15 @@ def status(store: "StateStore", inv: "Optional[Inventory]" = None) -> "List[dict
     return out
 
 
+def _gone(host: HostRoot, inv: "Inventory", gpu: PciAddress) -> bool:
+    """Is ``gpu`` (known: :func:`_require_gpu`) gone from the PCI tree (not in ``inv``, no device directory)?"""
+    if inv.gpu(gpu) is not None:
+        return False
+    from ..io.sysfs import Sysfs
+    fs = Sysfs(host)
+    return not fs.exists(host.s.pci_device(gpu))
+
+
 def _require_gpu(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> None:
     """InputError unless ``gpu`` is a GPU of ``inv`` or one the store remembers (:func:`known_gpus`: a GPU
     gone from the PCI tree still holds records to drain, and can be cordoned)."""
@@ -302,8 +344,10 @@ def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddres
     """Take ``gpu`` out of placement by hand (maintenance): ``{gpu, changed, cordoned, reason, holders}``.
     What it holds keeps running.  A GPU already unhealthy keeps its failure's row (reason, source, time)
     and is marked cordoned by hand beside it (uncordon is then the way back for both); ``reason`` then
-    goes to the audit row only, and the answer's ``reason`` is the failure's.  Audited (result
-    ``cordoned``, value the reason given).  InputError for an unknown GPU, and for a ``reason`` that is
+    goes to the audit row only, and the answer's ``reason`` is the failure's.  A GPU gone from the PCI
+    tree that the store remembers is recorded unhealthy first (source ``pci``, :func:`mark_unhealthy`,
+    unless it failed already), then cordoned on top.  Audited (result ``cordoned``, value the reason given).
+    InputError for an unknown GPU, and for a ``reason`` that is
     not one line of printable text of at most 512 characters (:func:`vgpuhost.policy.health.reason_problem`:
     the same check locally and through the agent)."""
     from ..model.errors import InputError
@@ -313,9 +357,14 @@ def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddres
         raise InputError(problem, hint="give one line of printable text, at most "
                                        f"{hp.REASON_MAX} characters; nothing was changed")
     _require_gpu(store, inv, gpu)
-    rows = store.gpu_health_rows(str(gpu))
-    changed = not rows or not rows[0][4]
     why = reason or "maintenance"
+    gone = _gone(host, inv, gpu)
+    # gone from the PCI tree: a failure first (source pci, as the agent or the next operation records it),
+    # then the cordon on top of it, so host check errs (GPU_UNHEALTHY) and the metric reads 0
+    failed = gone and not dry_run and mark_unhealthy(store, gpu, hp.GONE_REASON, hp.Source.PCI, actor=actor,
+                                                     operation="gpu cordon")
+    rows = store.gpu_health_rows(str(gpu))
+    changed = failed or not rows or not rows[0][4]
     if changed and not dry_run:
         _set_marker(store)
         with store.transaction() as conn:
@@ -326,7 +375,7 @@ def cordon(host: HostRoot, store: "StateStore", inv: "Inventory", gpu: PciAddres
             store.audit(actor=actor, operation="gpu cordon", path=f"(health) {gpu}", value=why,
                         result="cordoned", conn=conn)
     return {"gpu": str(gpu), "changed": changed, "dry_run": dry_run, "in_service": False,
-            "reason": rows[0][1] if rows else why,
+            "reason": rows[0][1] if rows else hp.GONE_REASON if gone else why,
             "holders": sorted({h["domain"] for h in _holders(store, gpu)})}
 
 
@@ -367,15 +416,20 @@ def _holders(store: "StateStore", gpu: PciAddress) -> "List[dict]":
     return out
 
 
-def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> dict:
+def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress, host: "Optional[HostRoot]" = None) -> dict:
     """What holds ``gpu`` and what each needs to move elsewhere; changes nothing and stops no VM:
-    ``{gpu, in_service, domains: [{domain, name, running, device, kind, profile, needs, fits_on}]}``.
+    ``{gpu, in_service, reason, domains: [{domain, name, running, device, kind, profile, needs, fits_on}]}``.
+    ``in_service`` False and ``reason`` the line why for a GPU out of service, and, with ``host``, for one
+    gone from the PCI tree that nothing recorded yet (``reason`` None while in service).
     ``fits_on``: the other GPUs in service here where that profile fits now (free instances, the one
     capacity rule); ``needs``: one line (a vGPU of a profile; a passed-through GPU moves only by a stop
     and a start elsewhere: no live migration of a passed-through GPU)."""
     from ..observe.inventory import free_instances
     _require_gpu(store, inv, gpu)
     inv = in_service(inv, store)
+    why = inv.out_of_service.get(gpu)
+    if why is None and host is not None and _gone(host, inv, gpu):
+        why = f"{hp.GONE_REASON} (not recorded yet: the agent or the next vgpuhost operation records it)"
     out = []
     for h in _holders(store, gpu):
         fits: "List[str]" = []
@@ -399,14 +453,14 @@ def drain(store: "StateStore", inv: "Inventory", gpu: PciAddress) -> dict:
             needs = ("a whole GPU by passthrough: no live migration of a passed-through GPU; stop it and start it "
                      "on another GPU or host")
         out.append({**h, "needs": needs, "fits_on": fits})
-    return {"gpu": str(gpu), "in_service": gpu not in inv.out_of_service, "domains": out}
+    return {"gpu": str(gpu), "in_service": why is None, "reason": why, "domains": out}
 
 
 def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nvml=None) -> list:
     """``host check``'s health findings (:class:`vgpuhost.policy.checks.Finding`): ``GPU_UNHEALTHY``
     (error) for each GPU recorded unhealthy and for each GPU in service whose check (:func:`check_gpu`)
     fails now (not recorded here: ``host check`` changes nothing; the agent and the next operation
-    record it), ``GPU_CORDONED`` (warning) for each GPU cordoned by hand."""
+    record it; a GPU cordoned by hand too), ``GPU_CORDONED`` (warning) for each GPU cordoned by hand."""
     from ..policy.checks import Finding
     rows = {row[0]: row for row in store.gpu_health_rows()} if store is not None else {}
     out = []
@@ -419,15 +473,17 @@ def findings(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", nv
                                f"out of service since {row[3]} ({row[2]}): {row[1]}",
                                f"'vgpuhost gpu drain {gpu}' lists what must move; repair it, then "
                                f"'vgpuhost gpu uncordon {gpu}'"))
+    # a GPU cordoned by hand is still checked: a failure now is an error beside the cordon's warning
+    failed = {gpu for gpu, row in rows.items() if row[2] != hp.Source.OPERATOR}
     present = {g.address for g in inv.gpus}
     for g in known_gpus(store) if store is not None else ():
-        if str(g) not in rows and g not in present and check_gpu(host, g):   # remembered, gone from the tree
+        if str(g) not in failed and g not in present and check_gpu(host, g):   # remembered, gone from the tree
             out.append(Finding("error", "GPU_UNHEALTHY", str(g), f"fails its health check now: pci: {hp.GONE_REASON} "
                                "(the state store still remembers it)",
                                f"'vgpuhost gpu drain {g}' lists what it held; the agent (or the next vgpuhost "
                                "operation) takes it out of service"))
     for g in inv.gpus:
-        if str(g.address) in rows:
+        if str(g.address) in failed:
             continue
         problems = check_gpu(host, g.address, nvml)
         if problems:

@@ -25,11 +25,10 @@ from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.process import actor as actor_name
 from ..io.state import StateStore
-from ..io.vgpudev import for_backend
-from ..model.errors import DeviceError, InputError, RefusedError, SysfsError, VgpuhostError
+from ..model.errors import DeviceError, InputError, RefusedError, VgpuhostError
 from ..model.values import PciAddress
 from ..observe.hostview import HostView, observe, refresh
-from ..observe.inventory import BACKEND_MDEV, gpu_part
+from ..observe.inventory import gpu_part
 from ..plan import layout as planner
 from ..plan.executor import Executor
 from ..plan.layout import (
@@ -420,34 +419,18 @@ def _handlers(host: HostRoot, store: StateStore, actor: str, carried: Optional[C
 
 
 def _recreate(host: HostRoot, store: StateStore, vid: str, actor: str) -> None:
-    """Re-create the recorded layout vGPU ``vid`` with its own id, type and parameters.
-
-    What :func:`vgpuhost.vgpu.reconcile` does for each missing record, for one
-    record: the record stays until the device reads back, so a failed try
-    leaves it missing (and the next apply tries the same id again) instead of
-    losing the id.  Adapter until vgpu.py offers this as a function.
-    Raises DeviceError when the kernel refuses or the device does not read back.
+    """Re-create the recorded layout vGPU ``vid`` with its own id, type and parameters
+    (:func:`vgpuhost.ops.vgpu.recreate_recorded`, as :func:`vgpuhost.ops.vgpu.reconcile` does for each
+    missing record): the record stays until the device reads back, so a failed try leaves it missing
+    (and the next apply tries the same id again) instead of losing the id.
+    Raises DeviceError when the kernel refuses or the device does not read back (GpuFailedError, the GPU
+    recorded unhealthy, on EIO/ENODEV).
     """
     rec = next((r for r in store.vgpu_records(owner=LAYOUT) if r.id == vid), None)
     if rec is None:
         raise DeviceError(f"vGPU {vid} is no longer recorded for the layout", hint="run apply again")
-    parent = PciAddress.parse(rec.parent)
-    with file_lock(store.state_dir, f"gpu-{rec.gpu}"):
-        ex = Executor(host, store, actor=actor, operation=f"apply re-create {rec.type_name} {rec.id} owner=layout")
-        if for_backend(rec.backend).current_type(ex.fs, parent, rec.id) == rec.type_id:
-            return                                        # came back meanwhile (reconcile at boot)
-        write, params_path = for_backend(rec.backend).paths(host, parent, rec.type_id, rec.id)
-        try:
-            ex.fs.write(write, rec.id if rec.backend == BACKEND_MDEV else rec.type_id)
-        except SysfsError as e:
-            raise DeviceError(f"re-creating {rec.type_name} {rec.id} on {rec.parent} failed: {e.errno_name}",
-                              hint="the record stays: the next apply (or 'vgpuhost reconcile') tries again") from e
-        got = for_backend(rec.backend).current_type(ex.fs, parent, rec.id)
-        if got != rec.type_id:
-            raise DeviceError(f"re-creating {rec.type_name} {rec.id} reported success but reads back {got!r}",
-                              hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
-        if rec.params:
-            ex.fs.write(params_path, rec.params)
+    vgpu.recreate_recorded(host, store, rec, actor=actor,
+                           operation=f"apply re-create {rec.type_name} {rec.id} owner=layout")
 
 
 __all__ = ["Plan", "Drift", "ApplyResult", "LayoutStep", "plan", "check", "apply", "view_for", "handlers", "KINDS",

@@ -83,9 +83,10 @@ from ..observe.inventory import discover, free_instances
 from ..observe.vgpus import match_vgpu_record
 from ..policy.anomaly import flags as anomaly_flags
 from ..policy.checks import Finding, licence_findings
+from ..policy.offers import seen_rows
 from . import gputime, tenancy
 from .admitting import active as tenancy_active
-from .health import in_service, status
+from .health import in_service, nvml_or_none, status, unrecorded_failures
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -776,17 +777,19 @@ def admitted_owners(store) -> Dict[str, Tuple[str, str]]:
 
 # --- the host-level figures and the sampler of one host ------------------------------
 
-def host_series(host_root, store) -> Dict[str, object]:
-    """Host-level figures for the snapshot (sysfs and the state store; no NVML).
+def host_series(host_root, store, nvml=None) -> Dict[str, object]:
+    """Host-level figures for the snapshot (sysfs and the state store; with ``nvml``, a
+    :class:`vgpuhost.io.nvml.NvmlBackend`, NVML's GPU_IS_LOST of each GPU as well).
 
     ``free_instances``: ``{(profile, pool): n}`` (pool ``""`` until GPU pools
     exist; a GPU an exclusive tenant's vGPUs hold counts none: no one else
     may join it; where admission applies, each GPU's count is capped by GPU
     time under its pool's ceiling, :func:`vgpuhost.ops.tenancy.time_fits`); ``orphaned_devices``: ``{reason: n}``; ``journal_open`` and
     ``gpu_health``: ``{(gpu, source): (healthy 1/0, cordoned 1/0)}`` of every GPU
-    known (:func:`vgpuhost.ops.health.status`; a GPU the store remembers that is gone from the PCI
-    tree reads unhealthy, source ``pci``, before anything recorded it; a GPU out of service counts no
-    free instance); ``quota_used``/``quota_limit`` only where the store has a journal or
+    known (:func:`vgpuhost.ops.health.status`; a GPU failing now that nothing recorded yet reads
+    unhealthy with its source, :func:`vgpuhost.ops.health.unrecorded_failures`: gone from the PCI tree
+    ``pci``, a device read failing with EIO/ENODEV ``io``, GPU_IS_LOST ``nvml``; read only, nothing is
+    recorded; a GPU out of service, recorded or failing now, counts no free instance); ``quota_used``/``quota_limit`` only where the store has a journal or
     tenant quotas; ``tenant_free_instances``: ``{(tenant, profile): n}``,
     what admission would admit of each profile for each tenant now
     (:func:`vgpuhost.ops.tenancy.capacity` with the tenant; tenant ``""``:
@@ -796,8 +799,15 @@ def host_series(host_root, store) -> Dict[str, object]:
     """
     inv = discover(Sysfs(host_root), with_types=True)
     health_rows = getattr(store, "gpu_health_rows", None)     # GPU health (issue 27), where the store has it
+    failing: Dict[object, Tuple[str, str]] = {}
     if callable(health_rows):
-        inv = in_service(inv, store)        # a GPU out of service counts no free instance
+        try:    # the GPUs seen, remembered (written only when new): one that leaves the tree later is known
+            store.remember_types(seen_rows(inv))
+        except st.StoreError as e:
+            log.warning("remembering the vGPU types seen failed: %s", e)
+        failing = unrecorded_failures(host_root, store, inv, nvml)
+        # a GPU out of service, or failing now, counts no free instance
+        inv = in_service(inv, store, {g: f"unhealthy: {reason}" for g, (_s, reason) in failing.items()})
     pools = gpu_pools(store)
     closed = _exclusive_gpus(store, inv)
     by_time = _time_fits(store, inv)
@@ -820,12 +830,12 @@ def host_series(host_root, store) -> Dict[str, object]:
                "unrecorded": len(present - recorded)}
     out: Dict[str, object] = {"free_instances": free, "orphaned_devices": orphans}
     if callable(health_rows):
-        on_host = {str(g.address) for g in inv.gpus}
+        now = {str(g): source for g, (source, _r) in failing.items()}
         out["gpu_health"] = {}
         for h in status(store, inv):
-            if h["source"] is None and h["gpu"] not in on_host:
-                # gone from the PCI tree and not recorded yet (no agent ran): unhealthy now, as the agent records it
-                out["gpu_health"][(h["gpu"], "pci")] = (0, 1 if h["cordoned"] else 0)
+            if h["gpu"] in now:
+                # failing now and not recorded yet (no agent ran): unhealthy, with the source the agent records
+                out["gpu_health"][(h["gpu"], now[h["gpu"]])] = (0, 1 if h["cordoned"] else 0)
                 continue
             out["gpu_health"][(h["gpu"], h["source"] or "")] = (1 if h["healthy"] else 0, 1 if h["cordoned"] else 0)
     journal = getattr(store, "journal_entries", None)        # the intent journal (issue 12), where present
@@ -1104,12 +1114,19 @@ def host_sampler(host_root, store, *, interval_s: float, max_hold_s: Optional[fl
     :func:`vgpuhost.io.backends.metering_nvml`); ``store``: a writable
     StateStore; owners are labelled from the store's records and, with
     ``libvirt_uri``, libvirt's domains (:class:`OwnerLabels`); the host-level
-    figures (:func:`host_series`) are read every ``max(interval_s, 30)``
+    figures (:func:`host_series`, with the health checks' NVML door,
+    :func:`vgpuhost.ops.health.nvml_or_none`, for GPU_IS_LOST) are read every ``max(interval_s, 30)``
     seconds.  ``interval_s`` and ``max_hold_s``: as :class:`Sampler` takes them.
     """
+    health_nvml: List[object] = []          # the health checks' NVML door, opened at the first host reading
+
+    def series() -> Dict[str, object]:
+        if not health_nvml:
+            health_nvml.append(nvml_or_none(host_root))
+        return host_series(host_root, store, health_nvml[0])
+
     return Sampler(metering_nvml(host_root), store, interval_s=interval_s, max_hold_s=max_hold_s,
-                   labels=OwnerLabels(store, libvirt_uri),
-                   host_series=lambda: host_series(host_root, store), host_every_s=max(interval_s, 30.0))
+                   labels=OwnerLabels(store, libvirt_uri), host_series=series, host_every_s=max(interval_s, 30.0))
 
 
 __all__ = ["Sampler", "Snapshot", "DeviceUsage", "MeteredOwner", "OwnerLabels", "host_sampler", "host_series",

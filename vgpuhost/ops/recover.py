@@ -46,7 +46,7 @@ from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, Veri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import List, Optional, Set
+    from typing import FrozenSet, List, Optional, Set
 
 VFIO_PCI = "vfio-pci"
 BACKEND_MDEV = Backend.MDEV
@@ -379,5 +379,76 @@ def _vgpu_remove(host: HostRoot, store: StateStore, ex: Executor, entry: Journal
     rep.result, rep.detail = "finished", f"vGPU {dev['id']} removed and its record dropped"
 
 
-__all__ = ["Recovered", "recover_all", "settle_allocations", "unmade_allocations", "recover_devices", "recover_locked",
+#: the longest a domain's start can run (seconds): the qemu hook's longest timeout (3600 s,
+#: :data:`vgpuhost.hook.runtime.MAX_TIMEOUT_S`) and its backstop (30 s); a start recorded longer ago
+#: whose process is not known is over
+START_BOUND_S = 3600 + 30
+
+
+def stale_domains(store: StateStore, libvirt_active: "Optional[FrozenSet[str]]" = None,
+                  now_s: "Optional[float]" = None) -> "List[dict]":
+    """Domains recorded running (the hook's ``prepare begin`` records it before it makes anything) that hold
+    nothing, and whose start is over: ``[{domain, name, since, why}]``, sorted by UUID.  Left behind by a
+    start killed after it recorded the domain and before it made a device (trial 4 finding 29): libvirt
+    runs no ``release end`` for a start that never began, so the row and its marker stay.
+
+    Holds nothing: no vGPU or passthrough record, no allocation and no open journal entry owned by it.
+    Its start is over when, with ``libvirt_active`` (the UUIDs libvirt lists active now; None where libvirt
+    cannot be asked), libvirt does not list it active; without it, when the process that recorded it
+    (:meth:`vgpuhost.io.state.StateStore.domain_starter`) is gone, or, where the marker names none,
+    when it was recorded over :data:`START_BOUND_S` ago."""
+    import time as _time
+    from ..io.state import pid_alive
+    starts = store.domain_starts()
+    if not starts:
+        return []
+    names = store.active_domains()
+    held = {r.owner for r in store.vgpu_records()} | {r.owner for r in store.passthrough_records()}
+    held |= {row[1] for row in store.allocation_rows()} | {e.owner for e in store.journal_entries(open_only=True)}
+    now = _time.time() if now_s is None else now_s
+    out = []
+    for uuid, since in sorted(starts.items()):
+        if uuid in held:
+            continue
+        if libvirt_active is not None:
+            if uuid in libvirt_active:
+                continue
+            why = "libvirt does not list it running"
+        else:
+            pid = store.domain_starter(uuid)
+            if pid is not None:
+                if pid_alive(pid):
+                    continue                # its start may still be under way
+                why = f"the process that started it (pid {pid}) is gone"
+            else:
+                from datetime import datetime
+                try:
+                    age = now - datetime.fromisoformat(since).timestamp()
+                except ValueError:
+                    age = 0.0
+                if age <= START_BOUND_S:
+                    continue
+                why = f"recorded over {START_BOUND_S} s ago"
+        out.append({"domain": uuid, "name": names.get(uuid, uuid), "since": since,
+                    "why": f"recorded running since {since} and holds nothing: {why} (a start killed half-way)"})
+    return out
+
+
+def forget_stale(store: StateStore, stale: "List[dict]", *, actor: str) -> "List[str]":
+    """Forget each domain of :func:`stale_domains` (its row and its marker, as ``release end`` does), with
+    one audit row each (operation ``reconcile``, path ``(domain) UUID``, result ``forgotten``); the UUIDs
+    forgotten.  A domain started again since, or that holds something by now, is left alone."""
+    done = []
+    for d in stale:
+        uuid = d["domain"]
+        if store.domain_starts().get(uuid) != d["since"] or (store.vgpu_records(owner=uuid) or any(r.owner == uuid for r in store.passthrough_records())
+                or store.allocation_rows(owner=uuid)):
+            continue
+        store.domain_stopped(uuid)
+        store.audit(actor=actor, operation="reconcile", path=f"(domain) {uuid}", value=d["why"], result="forgotten")
+        done.append(uuid)
+    return done
+
+
+__all__ = ["stale_domains", "forget_stale", "START_BOUND_S", "Recovered", "recover_all", "settle_allocations", "unmade_allocations", "recover_devices", "recover_locked",
            "open_entries", "describe_open", "destroy"]

@@ -36,7 +36,7 @@ from ..plan.journal import Journal
 from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig
 from .recover import destroy
 from . import health
-from ..policy.health import UNHEALTHY_ERRNOS, Source
+from ..policy.health import Source, is_unhealthy_errno
 from ..io.sysfs import Sysfs
 from ..io.vfioholders import RemoveTimedOut, VgpuInUse
 from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, for_backend, mdevctl_attrs, vgpu_exists
@@ -909,12 +909,57 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
         ex.run(_create_plan(backend, d, vid, name, params))
     except SysfsError as e:
         if isinstance(ex.failed, CreateVgpu):
-            if e.errno in UNHEALTHY_ERRNOS:         # the GPU failed, not the request (docs/guide/failures.md)
-                raise GpuFailedError(f"creating {name} on {d.gpu} failed: {e.errno_name}", gpu=str(d.gpu),
-                                     errno=e.errno, hint="see 'vgpuhost audit'") from e
+            failed = gpu_failed(e, d.gpu, f"creating {name}")
+            if failed is not None:                  # the GPU failed, not the request (docs/guide/failures.md)
+                raise failed from e
             raise DeviceError(_explain(e, inv, records, d, name, limits_of), hint="see 'vgpuhost audit'") from e
         raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
                           "the vGPU was removed again", hint="check the parameter names") from e
+
+
+def gpu_failed(e: SysfsError, gpu: "Union[PciAddress, str]", what: str) -> Optional[GpuFailedError]:
+    """The GpuFailedError (``what on GPU failed: EIO``) when the device write ``e`` on ``gpu`` failed in a
+    way that means the GPU itself failed (:func:`vgpuhost.policy.health.is_unhealthy_errno`: EIO, ENODEV),
+    None for a refusal of the request.  The one classification of every vGPU write: a create
+    (:func:`create_vgpu`), a recorded vGPU made again (:func:`recreate_recorded`: a layout's re-create,
+    :func:`reconcile`)."""
+    if not is_unhealthy_errno(e.errno):
+        return None
+    return GpuFailedError(f"{what} on {gpu} failed: {e.errno_name}", gpu=str(gpu), errno=e.errno,
+                          hint="see 'vgpuhost audit'")
+
+
+def recreate_recorded(host: HostRoot, store: StateStore, rec: VgpuRecord, *, actor: str, operation: str) -> bool:
+    """Make the recorded vGPU ``rec`` again with its own id, type and parameters, under its GPU's lock: what
+    a layout's re-create step and :func:`reconcile` do for a record whose device is missing.  The record
+    stays whatever happens (a failed try leaves it missing, and the next apply or reconcile tries the same
+    id again); a half-made vGPU is reported, not removed.  False when the device reads back already (it
+    came back meanwhile), True when it was made.  Raises GpuFailedError after recording the GPU unhealthy
+    (:func:`vgpuhost.ops.health.mark_unhealthy`, source ``io``) when the create failed with EIO/ENODEV
+    (:func:`gpu_failed`), DeviceError when the kernel refused otherwise or the device does not read back."""
+    parent = PciAddress.parse(rec.parent)
+    backend = for_backend(rec.backend)
+    with file_lock(store.dir, f"gpu-{rec.gpu}"):
+        ex = Executor(host, store, actor=actor, operation=operation)
+        if backend.current_type(ex.fs, parent, rec.id) == rec.type_id:
+            return False
+        steps: List[Step] = [CreateVgpu(rec.backend, parent, rec.type_id, rec.id, rec.type_name)]
+        if rec.params and backend.params_supported(ex.fs, parent, rec.id):
+            steps.append(SetVgpuParams(rec.backend, parent, rec.type_id, rec.id, rec.params))
+        # (no vgpu_params on this VF: not supported here, the vGPU is made without them)
+        try:
+            ex.run(steps, undo=False)
+        except SysfsError as e:
+            what = f"re-creating {rec.type_name} {rec.id}"
+            failed = gpu_failed(e, rec.gpu, what) if isinstance(ex.failed, CreateVgpu) else None
+            if failed is not None:
+                health.mark_unhealthy(store, PciAddress.parse(rec.gpu), failed.message, Source.IO, actor=actor,
+                                      operation=operation)
+                failed.message += " (the GPU is marked unhealthy and left out of placement)"
+                raise failed from e
+            raise DeviceError(f"{what} on {rec.parent} failed: {e.errno_name}",
+                              hint="the record stays: the next apply (or 'vgpuhost reconcile') tries again") from e
+    return True
 
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,
@@ -1089,18 +1134,23 @@ class ReconcileReport:
     failed: List[str] = field(default_factory=list)
     orphans: List[str] = field(default_factory=list)     # present, not created by vgpuhost: left alone
     mismatched: List[str] = field(default_factory=list)  # recorded id holds another type now
+    # recorded running, holding nothing, its start over (devices.stale_domains): reported (check) or forgotten
+    stale_domains: List[str] = field(default_factory=list)
+    forgotten_domains: List[str] = field(default_factory=list)
 
     @property
     def in_sync(self) -> bool:
-        return not (self.missing or self.failed or self.mismatched)
+        return not (self.missing or self.failed or self.mismatched or self.stale_domains)
 
     def as_dict(self) -> dict:
         return {"schema": "vgpuhost.reconcile/v1", "in_sync": self.in_sync, **self.__dict__}
 
 
 def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
-              actor: Optional[str] = None) -> ReconcileReport:
-    """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.
+              actor: Optional[str] = None, libvirt_uri: Optional[str] = None) -> ReconcileReport:
+    """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.  Forget the domains
+    recorded running that hold nothing and whose start is over (:func:`vgpuhost.ops.recover.stale_domains`:
+    a start killed half-way), asking libvirt at ``libvirt_uri`` which domains run where it answers.
 
     With ``check`` nothing changes and the report says what would.
     """
@@ -1127,19 +1177,35 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
         if check:
             report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner})")
             continue
-        with file_lock(store.dir, f"gpu-{rec.gpu}"):
-            ex = Executor(host, store, actor=actor or actor_name(), operation=f"reconcile {rec.id}")
-            parent = PciAddress.parse(rec.parent)
-            steps: List[Step] = [CreateVgpu(rec.backend, parent, rec.type_id, rec.id, rec.type_name)]
-            if rec.params and for_backend(rec.backend).params_supported(fs, parent, rec.id):
-                steps.append(SetVgpuParams(rec.backend, parent, rec.type_id, rec.id, rec.params))
-            # (no vgpu_params on this VF: not supported here, the vGPU is re-created without them)
-            try:
-                ex.run(steps, undo=False)        # the record stays; a half-made vGPU is reported, not hidden
-                report.recreated.append(rec.id)
-            except VgpuhostError as err:
-                report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
+        try:        # the record stays; a half-made vGPU is reported, not hidden; EIO/ENODEV marks the GPU
+            recreate_recorded(host, store, rec, actor=actor or actor_name(), operation=f"reconcile {rec.id}")
+            report.recreated.append(rec.id)
+        except VgpuhostError as err:
+            report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
+    from .recover import forget_stale, stale_domains
+    stale = stale_domains(store, _libvirt_active(libvirt_uri))
+    lines = {d["domain"]: f"{d['name']} ({d['domain']}): {d['why']}" for d in stale}
+    if check:
+        report.stale_domains = list(lines.values())
+    elif stale:
+        report.forgotten_domains = [lines[u] for u in forget_stale(store, stale, actor=actor or actor_name())]
     return report
+
+
+def _libvirt_active(uri: Optional[str]) -> Optional[FrozenSet[str]]:
+    """The UUIDs of the domains libvirt at ``uri`` lists active, None without ``uri`` or when it cannot be
+    asked (the state store's view decides then)."""
+    if uri is None:
+        return None
+    from ..io.virt import open_connection
+    try:
+        conn = open_connection(uri)
+        try:
+            return frozenset(d.uuid.lower() for d in conn.domains() if d.is_active())
+        finally:
+            conn.close()
+    except VgpuhostError:
+        return None
 
 
 # ---------------------------------------------------------------------------

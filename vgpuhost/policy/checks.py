@@ -430,13 +430,14 @@ def mode_verdicts(inv: Inventory, facts: Optional[Mapping[PciAddress, GpuFacts]]
         f = facts.get(gpu.address, GpuFacts())
         out.append(_out_of_service(inv, _passthrough_verdict(inv, gpu)))
         out.append(_out_of_service(inv, _vgpu_verdict(inv, gpu, f)))
-        out.append(_mig_verdict(gpu, f))
+        out.append(_out_of_service(inv, _mig_verdict(gpu, f)))
     return out
 
 
 def _out_of_service(inv: Inventory, v: ModeVerdict) -> ModeVerdict:
     """``v``, or ``blocked`` where it said ``ready`` for a GPU out of service (``inv.out_of_service``:
-    unhealthy or cordoned): ``vgpu create --gpu`` and ``passthrough prepare`` refuse it."""
+    unhealthy or cordoned), in each mode: ``vgpu create --gpu`` and ``passthrough prepare`` refuse it, and
+    placement, a layout's MIG steps (``plan`` shows them BLOCKED) and MIG-backed vGPUs leave it out."""
     why = inv.out_of_service.get(PciAddress.parse(v.gpu))
     if why is None or v.verdict != "ready":
         return v

@@ -475,7 +475,8 @@ class SimKernel:
         """Simulator only: the device at ``bdf`` (and its VFs and mdevs below it) disappears from the PCI
         tree, as after a surprise removal or the kernel removing a GPU that fell off the bus: its
         ``bus/pci/devices`` link, its driver's link and its directory go; host.json keeps its entry
-        (``unplugged``), so writes naming it fail with ENOENT as on a real host."""
+        (``unplugged``), so writes naming it fail with ENOENT as on a real host.  The directory is kept
+        aside (``.vgpuhost-sim/unplugged/BDF``) for :meth:`replug`."""
         with self.locked():
             meta = self.meta()
             if bdf not in meta["devices"]:
@@ -486,8 +487,37 @@ class SimKernel:
                 if drv:
                     _unlink(self._driver_dir(drv) / b)
                 _unlink(self._rpath(self.host.pci_device(b)))
-                meta["devices"][b]["unplugged"] = True
-            _remove_tree(self._rdir(meta, bdf))
+                meta["devices"][b]["unplugged"] = drv or True      # the driver it had, for replug
+            aside = self._aside(bdf)
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            _remove_tree(aside)
+            os.rename(self._rdir(meta, bdf), aside)
+            self.save_meta(meta)
+
+    def _aside(self, bdf: str) -> Path:
+        return self._rpath(self.host.sim_dir) / "unplugged" / bdf
+
+    def is_unplugged(self, bdf: str) -> bool:
+        """Simulator only: did :meth:`unplug` take ``bdf`` out of the tree (and no :meth:`replug` since)?"""
+        return bool(((self.meta_view().get("devices") or {}).get(bdf) or {}).get("unplugged"))
+
+    def replug(self, bdf: str) -> None:
+        """Simulator only: undo :meth:`unplug` (a reseated GPU found again): the device's directory as it
+        was, its ``bus/pci/devices`` links and its driver's links come back.  ENODEV when ``bdf`` is not
+        unplugged."""
+        with self.locked():
+            meta = self.meta()
+            if not (meta["devices"].get(bdf) or {}).get("unplugged"):
+                raise _fail(errno.ENODEV, self.host.pci_device(bdf), f"{bdf!r} is not unplugged")
+            os.rename(self._aside(bdf), self._rdir(meta, bdf))
+            for b, d in meta["devices"].items():
+                if b != bdf and d.get("pf") != bdf:
+                    continue
+                drv = d.pop("unplugged", None)
+                ddir = self._rdir(meta, b)
+                _link(self._rpath(self.host.pci_device(b)), ddir)
+                if isinstance(drv, str) and ddir.is_dir():
+                    _link(self._driver_dir(drv) / b, ddir)
             self.save_meta(meta)
 
     # --- vGPU instances and capacity ---------------------------------------

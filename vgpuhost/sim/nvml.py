@@ -283,6 +283,11 @@ class SimNvml:
         simulator's events are all there already), as NVML's event set hands them out once each."""
         wanted = {str(b) for b in bdfs}
         out: List[Tuple[PciAddress, int]] = []
+        # the agent's watch asks every round: the lock (which every simulated kernel write takes) only when an
+        # event is queued, and only for the read and the save
+        if not any(gpu.get("xid_events") for pf, gpu in (self.kernel.meta_view().get("gpus") or {}).items()
+                   if pf in wanted):
+            return out
         with self.kernel.locked():
             meta = self.kernel.meta()
             changed = False

@@ -1,0 +1,99 @@
+"""A start killed after it recorded its domain and before it made a device (trial 4 finding 29).
+
+The qemu hook's ``prepare begin`` records the domain as running (its ``domains`` row and its marker, with
+the process ID that started it) before it makes anything; kill -9 there leaves both while the domain holds
+nothing, and libvirt runs no ``release end`` for a start that never began.  ``reconcile --check`` reports
+such a domain (exit 1) and ``reconcile`` forgets it, audited; a domain whose start may still run (its
+process alive), one that holds a device, and one libvirt lists running are left alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+
+from vgpuhost.cli.main import main
+from vgpuhost.hook import runtime as hook
+from vgpuhost.io.state import MARKER_DIR, StateStore
+from vgpuhost.ops import recover
+
+from test_gpu_health import vm
+
+
+def _killed_after_recording(host, name: str, xml: str) -> int:
+    """Run ``prepare begin`` in a forked process that kills itself (SIGKILL) right after the domain is recorded
+    running, before anything is admitted or made; the child's pid."""
+    assert threading.active_count() == 1, "a fork copies the locks other threads hold"
+    pid = os.fork()
+    if pid == 0:                                    # the child: never returns
+        try:
+            from vgpuhost.ops import admitting
+
+            def killed(*a, **kw):
+                os.kill(os.getpid(), signal.SIGKILL)
+            admitting.unenforced_admitting = killed
+            hook.main([name, "prepare", "begin", "-"], io.BytesIO(xml.encode()), io.StringIO(), host=host)
+        finally:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    return pid
+
+
+def _cli(capsys, host, *argv):
+    code = main(["--root", str(host.root), "--local", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_start_killed_after_recording_its_domain_is_reported_and_forgotten(make_host, capsys):
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    name, dev, xml = vm("killed", 1)
+    pid = _killed_after_recording(host, name, xml)
+    [(uuid, recorded)] = s.active_domains().items()
+    marker = os.path.join(str(host.state_dir), MARKER_DIR, uuid)
+    assert recorded == name and os.path.exists(marker) and s.domain_starter(uuid) == pid
+    assert s.vgpu_records() == [] and s.allocation_rows() == []               # it holds nothing
+    code, doc = _cli(capsys, host, "--json", "reconcile", "--check")[:2]
+    doc = json.loads(doc)
+    assert code == 1 and doc["in_sync"] is False and len(doc["stale_domains"]) == 1
+    assert f"killed ({uuid})" in doc["stale_domains"][0] and f"(pid {pid}) is gone" in doc["stale_domains"][0]
+    code, out, err = _cli(capsys, host, "reconcile", "--check")
+    assert code == 1 and "stale domain: killed" in out and "NOT in sync" in out
+    assert s.active_domains() == {uuid: name} and os.path.exists(marker)    # --check changed nothing
+    code, out, err = _cli(capsys, host, "reconcile")
+    assert code == 0 and f"forgotten domain: killed ({uuid})" in out
+    assert s.active_domains() == {} and not os.path.exists(marker)
+    assert [(r.operation, r.path, r.result) for r in s.audit_rows() if r.path.startswith("(domain)")] == [
+        ("reconcile", f"(domain) {uuid}", "forgotten")]
+    code, out, err = _cli(capsys, host, "reconcile", "--check")
+    assert code == 0 and "in sync" in out
+
+
+def test_a_start_that_may_still_run_one_that_holds_a_device_and_one_libvirt_runs_are_left_alone(make_host):
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    from test_hook import start
+    name, dev, xml = vm("running", 2)
+    assert start(host, name, xml)[0] == 0               # a real start: it holds its vGPU
+    uuid = next(iter(s.active_domains()))
+    assert s.vgpu_records(owner=uuid)
+    s.domain_started("0d0d0d0d-0000-4000-8000-000000000001", "starting")     # this process: still starting
+    assert recover.stale_domains(s) == []
+    # an old marker without a process ID: over only once a start cannot run any more
+    legacy = "0d0d0d0d-0000-4000-8000-000000000002"
+    s.domain_started(legacy, "legacy")
+    with open(os.path.join(str(host.state_dir), MARKER_DIR, legacy), "w"):
+        pass
+    assert recover.stale_domains(s) == []
+    since = s.domain_starts()[legacy]
+    from datetime import datetime
+    later = datetime.fromisoformat(since).timestamp() + recover.START_BOUND_S + 1
+    assert [d["domain"] for d in recover.stale_domains(s, now_s=later)] == [legacy]
+    # libvirt's view, where it answers, decides: listed active -> left alone; not listed -> stale
+    assert [d["domain"] for d in recover.stale_domains(s, frozenset({legacy, uuid}))] == [
+        "0d0d0d0d-0000-4000-8000-000000000001"]
