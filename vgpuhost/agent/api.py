@@ -918,6 +918,15 @@ def post_gpu_uncordon(agent: Agent, req: Request) -> Dict[str, Any]:
     return {"schema": SCHEMA_GPU_HEALTH, "action": "uncordon", **doc}
 
 
+def post_migrate_check(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost migrate check --incoming`` on this agent's host: the body is the source's
+    ``vgpuhost.migrate-request/v1`` document; the answer the ``vgpuhost.migrate-check/v1`` document
+    (can this host take the domain, and why not).  Changes nothing."""
+    from ..ops import migrate
+    from ..policy.migration import parse_request
+    return migrate.check_incoming(agent.host, parse_request(req.body))
+
+
 def get_gpu_drain(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost gpu drain BDF``: what holds the GPU and what each domain needs to move (changes nothing)."""
     return {"schema": SCHEMA_GPU_DRAIN, **health.drain(agent.store, agent.inventory(), _bdf(req))}
@@ -1524,6 +1533,8 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN, ("mixed_size",)),
     Route("GET", "/v1/gpus/health", get_gpu_health, READ),
     Route("GET", "/v1/gpus/{bdf}/drain", get_gpu_drain, READ),
+    Route("POST", "/v1/migrate/check", post_migrate_check, READ,
+          ("schema", "name", "uuid", "strategy", "anti_affinity", "tenant", "qos", "manager_version", "devices")),
     Route("POST", "/v1/gpus/{bdf}/cordon", post_gpu_cordon, ADMIN, ("reason", "dry_run")),
     Route("POST", "/v1/gpus/{bdf}/uncordon", post_gpu_uncordon, ADMIN, ("dry_run",)),
 )

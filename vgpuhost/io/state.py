@@ -1099,8 +1099,12 @@ class StateStore:
                           actor: str, operation: str, result: str = "released") -> List[tuple]:
         """Delete ``owner``'s reservations, or those expiring before ``expired_before`` (ISO 8601 UTC), with
         one audit row each (result ``result``); the rows deleted, as :meth:`reservation_rows` gives them."""
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        probe = ("SELECT 1 FROM reservations WHERE owner = ? LIMIT 1", (owner,)) if owner is not None else \
+            ("SELECT 1 FROM reservations WHERE expires < ? LIMIT 1", (expired_before,))
+        if self._memory or self._conn().execute(*probe).fetchone() is None:
+            return []           # the usual case (every release end): no write transaction
         with self.transaction() as conn:
-            sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
             if owner is not None:
                 rows = conn.execute(sql + " WHERE owner = ? ORDER BY device", (owner,)).fetchall()
             else:
