@@ -39,7 +39,7 @@ from ..model.errors import InputError, RefusedError, TransientError, VgpuhostErr
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
-from ..ops import devices, health, mig, tenancy, vgpu
+from ..ops import devices, health, mig, migrate, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
@@ -48,6 +48,7 @@ from ..ops.passthrough import prepare, release
 from ..ops.scheduler import mixed_size, set_runtime
 from ..ops.vgpu import reconcile
 from ..policy.config import parse
+from ..policy.migration import parse_request
 from ..policy.mig import parse_layout
 from ..policy.placement import OFFERED
 from ..policy.when import parse_since
@@ -922,8 +923,6 @@ def post_migrate_check(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost migrate check --incoming`` on this agent's host: the body is the source's
     ``vgpuhost.migrate-request/v1`` document; the answer the ``vgpuhost.migrate-check/v1`` document
     (can this host take the domain, and why not).  Changes nothing."""
-    from ..ops import migrate
-    from ..policy.migration import parse_request
     return migrate.check_incoming(agent.host, parse_request(req.body))
 
 

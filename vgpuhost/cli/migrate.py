@@ -13,6 +13,9 @@ from typing import List, Optional
 
 import click
 
+from ..io.files import read_capped
+from ..io.virt import open_connection
+from ..libvirt.domxml import parse_domain
 from ..model.errors import EXIT_INPUT, EXIT_OK, InputError
 from ..ops import migrate as ops
 from ..policy.migration import parse_request
@@ -25,12 +28,10 @@ MAX_REQUEST_BYTES = 1 << 20
 
 def _view(ctx: Context, domain: Optional[str], xml: Optional[str]):
     """The domain's view: from ``--xml FILE`` ('-': stdin), else libvirt (``--connect``) by name or UUID."""
-    from ..libvirt.domxml import parse_domain
     if xml is not None:
         if xml == "-":
             data = sys.stdin.buffer.read(4 * 1024 * 1024 + 1)
         else:
-            from ..io.files import read_capped
             try:
                 data = read_capped(xml, 4 * 1024 * 1024 + 1)
             except OSError as e:
@@ -42,7 +43,6 @@ def _view(ctx: Context, domain: Optional[str], xml: Optional[str]):
         return view
     if domain is None:
         raise click.UsageError("give DOMAIN (looked up in libvirt) or --xml FILE")
-    from ..io.virt import open_connection
     with open_connection(ctx.connect) as conn:
         return parse_domain(conn.lookup(domain).live_xml())
 

@@ -21,6 +21,7 @@ from ..observe.inventory import discover
 from ..observe.ownable import devices_vgpuhost_may_own
 from ..ops.devices import release_domain
 from ..ops.recover import describe_open, open_entries, recover_all, unmade_allocations
+from ..ops.migrate import sweep
 from ..ops.vgpu import reconcile
 from .agentcall import forward
 from .common import Context, emit, pass_ctx, store
@@ -73,7 +74,6 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         rep = reconcile(ctx.host, st, check=check)
     # devices reserved for an incoming live migration that neither prepare begin nor release end took
     # (docs/guide/migration.md): freed once expired, or listed with --check
-    from ..ops.migrate import sweep
     expired = sweep(st, actor=actor_name("reconcile"), check=check)
     lines = list(journal_lines)
     lines += [("expired reservation: " if check else "freed expired reservation: ") + e for e in expired]

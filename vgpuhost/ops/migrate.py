@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 
 from ..io.hostroot import HostRoot
+from ..model.concepts import DeviceKind
 from ..model.errors import InputError, RefusedError
 
 TYPE_CHECKING = False
@@ -49,9 +50,8 @@ def manager_version(host: HostRoot) -> "Optional[str]":
     """The vGPU manager's version on ``host``: ``sys/module/nvidia/version`` (the nvidia module's
     ``MODULE_VERSION``, e.g. ``580.65.05``), None when unreadable."""
     from ..io.sysfs import Sysfs
-    text = Sysfs(host).read_optional(os.path.join(host.s.sys_module, "nvidia", "version"))
-    text = (text or "").strip()
-    return text or None
+    from ..io.vgpudev import manager_version as read_version
+    return read_version(Sysfs(host))
 
 
 def source_request(host: HostRoot, store: "StateStore", view: "DomainView") -> "Request":
@@ -103,7 +103,7 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
     out: "List[dict]" = []
     refusals: "List[Refusal]" = []
     for d in req.devices:
-        if d.kind == "passthrough":
+        if d.kind == DeviceKind.PASSTHROUGH:
             refusals.append(mig.passthrough_refusal(d))
             continue
         try:
@@ -201,7 +201,8 @@ def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) ->
     """``vgpuhost migrate check DOMAIN --to DEST`` on the source ``host``: the request made here, answered by
     the destination.  ``dest``: a host root directory (``VGPUHOST_ROOT`` form).  A libvirt URI or a host
     name is refused (InputError, exit 2) with the two-step form that runs the destination's side there."""
-    if "://" in dest or not os.path.isdir(dest):
+    from ..io.files import is_dir
+    if "://" in dest or not is_dir(dest):
         raise InputError(f"destination {dest!r} is not a host root directory; vgpuhost does not open a "
                          "connection to another host itself",
                          hint=f"run the check there: 'vgpuhost migrate request {view.name or view.uuid} | ssh HOST "

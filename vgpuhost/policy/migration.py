@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..model.concepts import DeviceKind
 from ..model.errors import InputError
 from ..model.values import PciAddress, VgpuProfile, is_name, parse_uuid, record
 
@@ -37,6 +38,8 @@ PASSTHROUGH = "passthrough"
 ADMISSION = "admission"
 MANAGER_VERSION = "manager-version"
 NO_DEVICE = "no-device"
+#: the kinds of a request's devices: a classic mdev, a vendor-VFIO VF, a passed-through GPU
+KINDS = (DeviceKind.MDEV, "vf", DeviceKind.PASSTHROUGH)
 CODES = (TYPE_MISSING, MIG_PROFILE_BUSY, PASSTHROUGH, ADMISSION, MANAGER_VERSION, NO_DEVICE)
 
 
@@ -137,11 +140,11 @@ def parse_request(doc: object) -> Request:
         if not isinstance(d, dict):
             raise InputError(f"migration request: devices[{i}] is not an object")
         kind = d.get("kind")
-        if kind not in ("mdev", "vf", "passthrough"):
+        if kind not in KINDS:
             raise InputError(f"migration request: devices[{i}].kind must be mdev, vf or passthrough")
         dev = _text(d, "device", limit=64)
         dev = parse_uuid(dev) if kind == "mdev" else str(PciAddress.parse(dev))
-        profile = "" if kind == "passthrough" else str(VgpuProfile.parse(_text(d, "profile", limit=64)))
+        profile = "" if kind == DeviceKind.PASSTHROUGH else str(VgpuProfile.parse(_text(d, "profile", limit=64)))
         gpu = d.get("gpu") or ""
         if gpu:
             gpu = str(PciAddress.parse(_text(d, "gpu", limit=16)))
