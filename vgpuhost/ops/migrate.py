@@ -25,8 +25,6 @@ or is cancelled after that runs ``release end`` on the destination; a successful
 
 from __future__ import annotations
 
-import os
-
 from ..io.hostroot import HostRoot
 from ..model.concepts import DeviceKind
 from ..model.errors import InputError, RefusedError
@@ -43,7 +41,6 @@ if TYPE_CHECKING:
 #: ``release end`` follows (libvirt runs ``prepare begin`` right after ``migrate begin``, before QEMU
 #: starts and before any memory is copied); ``vgpuhost reconcile`` frees an expired one
 RESERVATION_TTL_S = 300
-ENV_TTL = "VGPUHOST_MIGRATE_RESERVATION_S"
 
 
 def manager_version(host: HostRoot) -> "Optional[str]":
@@ -214,11 +211,6 @@ def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) ->
 # ---------------------------------------------------------------------------
 # the qemu hook's migrate begin (destination)
 
-def _ttl_s() -> int:
-    raw = os.environ.get(ENV_TTL, "")
-    return int(raw) if raw.isdigit() and 0 < int(raw) <= 86400 else RESERVATION_TTL_S
-
-
 def _expiry(seconds: int) -> str:
     import time
     secs = time.time() + seconds
@@ -265,7 +257,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             first = refusals[0]
             raise RefusedError(f"incoming migration refused: {first.line}" +
                                (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=first.fix)
-        expires = _expiry(_ttl_s())
+        expires = _expiry(RESERVATION_TTL_S)
         rows = []
         changed_vfs: "Dict[str, str]" = {}
         changed_pins: "Dict[str, str]" = {}

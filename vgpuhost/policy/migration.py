@@ -6,7 +6,7 @@ refusal lines (:class:`Refusal`) and the choice of a device on the destination
 (:func:`choose_device`).  Must not: read the host, the state store or libvirt (callers in
 :mod:`vgpuhost.ops.migrate` gather the facts).
 
-Facts and their sources (docs/reference/migration.md):
+Facts and their sources (docs/reference/libvirt.md#migration):
 
 - a passed-through GPU cannot be live-migrated: vgpuhost refuses it, as libvirt does for a
   ``<hostdev>`` whose device has no VFIO migration support;
