@@ -335,6 +335,25 @@ def test_a_cancelled_migration_releases_the_reservation_and_an_expired_one_is_sw
     assert code == 0 and reservations(dest) == [] and ("(reservation)", "expired") in audit_paths(dest)
 
 
+def test_the_installed_dispatcher_runs_migrate_begin_in_the_handler_and_prints_the_xml(make_host, tmp_path):
+    """The hook as libvirt runs it (a process, minimal environment, the XML on stdin, the new XML read
+    from stdout): a pinned mdev's pin is rewritten; a domain without vgpuhost's metadata prints nothing."""
+    from vgpuhost.hook.install import install as hook_install
+    dest = a40(make_host, "41:00.0")
+    path = hook_install(dest, hooks_dir=tmp_path / "qemu.d").path
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C"}
+    xml = mdev_domain(gpu=A("0000:81:00.0"))
+    p = subprocess.run([str(path), "vm", "migrate", "begin", "-"], input=xml.encode(), capture_output=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0 and p.stderr == b"", p.stderr
+    assert parse_domain(p.stdout).metadata.vgpus[0].gpu == A("0000:41:00.0")
+    assert [r[0] for r in reservations(dest)] == [MDEV]
+    plain = "<domain type='kvm'><name>p</name><uuid>" + OTHER + "</uuid><devices/></domain>"
+    p = subprocess.run([str(path), "p", "migrate", "begin", "-"], input=plain.encode(), capture_output=True, env=env,
+                       timeout=120)
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"", b"")
+
+
 # ---------------------------------------------------------------------------
 # kill -9 sweep over the destination's migrate begin and prepare begin
 
