@@ -243,6 +243,25 @@ def test_incoming_reads_the_request_on_stdin_and_a_uri_is_refused_with_the_two_s
     assert code == 2 and "not a migration request" in err
 
 
+def test_the_agent_answers_the_incoming_check(make_host):
+    """``POST /v1/migrate/check`` (read role) answers the destination's side, as ``--incoming`` does."""
+    from vgpuhost.agent import api
+    from vgpuhost.ops.migrate import source_request
+    src, dest = make_host("a40-mdev"), make_host("l40s-vendor-vfio")
+    body = source_request(src, StateStore(src.state_dir, create=False), parse_domain(mdev_domain())).as_dict()
+    route, params, _ = api.match("POST", "/v1/migrate/check")
+    assert route is not None and api.READ in route.roles
+    api.check_keys(route, body)
+    req = api.Request(params, {}, body, "test", 0, api.READ)
+    doc = route.handler_for(req)(api.Agent(dest), req)
+    assert doc["schema"] == "vgpuhost.migrate-check/v1" and not doc["ok"]
+    assert [r["code"] for r in doc["refusals"]] == ["type-missing"] and audit_paths(dest) == []
+    with pytest.raises(Exception) as e:
+        bad = api.Request(params, {}, {**body, "devices": [{"kind": "disk"}]}, "test", 0, api.READ)
+        route.handler_for(bad)(api.Agent(dest), bad)
+    assert getattr(e.value, "exit_code", None) == 2
+
+
 # ---------------------------------------------------------------------------
 # the hook's migrate begin on the destination
 
