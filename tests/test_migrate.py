@@ -301,6 +301,20 @@ def test_an_unpinned_mdev_keeps_its_xml_and_is_made_where_it_was_reserved(make_h
     assert mdevs(dest) == {MDEV: "0000:41:00.0"} and reservations(dest) == []
 
 
+def test_two_incoming_migrations_do_not_reserve_the_same_last_slot(make_host):
+    """An A40 holds one A40-48Q: the first incoming migration reserves it, the second is refused (exit 2)
+    with the reason, and gets it once the first was cancelled."""
+    dest = a40(make_host)
+    first = mdev_domain(profile="A40-48Q")
+    second = mdev_domain("vm2", OTHER, OTHER_MDEV, profile="A40-48Q")
+    assert call(dest, "vm", "migrate", "begin", first)[0] == 0
+    code, out, err = call(dest, "vm2", "migrate", "begin", second)
+    assert code == 2 and out == "" and "reserved for other incoming migrations" in err
+    assert [r[1] for r in reservations(dest)] == [DOM]
+    assert call(dest, "vm", "release", "end", first)[0] == 0
+    assert call(dest, "vm2", "migrate", "begin", second)[0] == 0 and [r[1] for r in reservations(dest)] == [OTHER]
+
+
 def test_a_vendor_vfio_vf_taken_on_the_destination_moves_to_a_free_one(make_host):
     src, dest = make_host("l40s-vendor-vfio"), make_host("l40s-vendor-vfio")
     xml = vf_domain("0000:21:00.4", "L40S-4Q")

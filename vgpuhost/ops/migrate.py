@@ -94,7 +94,13 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
     from ..policy.offers import offers, resolve_profile
     from ..policy.placement import Request as Placing
     where = f"destination {host.s.root}"
-    reserved = frozenset(r[0] for r in store.reservation_rows() if r[1] != req.uuid) if not store.absent else frozenset()
+    others = [r for r in store.reservation_rows() if r[1] != req.uuid] if not store.absent else []
+    reserved = frozenset(r[0] for r in others)
+    # mdevs other incoming migrations reserved and prepare begin has not made yet: (GPU, type) -> how many
+    pending: "Dict[Tuple[str, str], int]" = {}
+    for r in others:
+        if r[4] == DeviceKind.MDEV:
+            pending[(r[3], r[5].lower())] = pending.get((r[3], r[5].lower()), 0) + 1
     taken: "Dict[PciAddress, PciAddress]" = {}      # GPU -> what this domain takes there (one vGPU per VM per GPU)
     used_parents: set = set()
     out: "List[dict]" = []
@@ -115,6 +121,10 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
                 o = replace(o, available=0, parents=(), note=f"out of service: {inv.out_of_service[o.gpu]}")
             if o.gpu in taken:
                 o = replace(o, owners=o.owners | {req.uuid})
+            held = pending.get((str(o.gpu), name.lower()), 0)
+            if held and o.available > 0:
+                o = replace(o, available=max(0, o.available - held),
+                            note=f"{held} {name} reserved for other incoming migrations")
             parents = tuple(p for p in o.parents if p not in used_parents)
             if o.parents and d.kind == "vf":
                 o = replace(o, parents=parents, available=min(o.available, len(parents)))
