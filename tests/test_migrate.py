@@ -430,10 +430,25 @@ def test_kill_sweep_leaves_no_reservation_or_device_behind(make_host, tmp_path):
         subprocess.run(["cp", "-a", str(template.root), str(d)], check=True, timeout=60)
         return HostRoot(d)
 
-    def settled(host: HostRoot) -> None:
-        """libvirt's release end (the migration failed), then reconcile: nothing of the domain is left."""
-        assert call(host, "vm", "release", "end", xml)[0] == 0
-        assert cli_main(["--root", str(host.root), "reconcile"]) in (0, None) or True
+    def fresh_from(host: HostRoot) -> HostRoot:
+        n[0] += 1
+        d = tmp_path / f"copy{n[0]}"
+        subprocess.run(["cp", "-a", str(host.root), str(d)], check=True, timeout=60)
+        return HostRoot(d)
+
+    def settled(host: HostRoot, *, release: bool = True) -> None:
+        """libvirt's release end on the destination (a failed migration; ``release`` False: a libvirtd that
+        died too, so only the expiry frees the reservation), then reconcile: nothing of the domain is left,
+        and reconcile --check finds the host in sync."""
+        if release:
+            assert call(host, "vm", "release", "end", xml)[0] == 0
+        else:
+            st = store(host)
+            with st.transaction() as conn:
+                conn.execute("UPDATE reservations SET expires = '2000-01-01T00:00:00.000000+00:00'")
+            st.close()
+        assert cli_main(["--root", str(host.root), "reconcile"]) == 0
+        assert cli_main(["--root", str(host.root), "reconcile", "--check"]) == 0
         st = store(host)
         assert st.reservation_rows() == [] and st.vgpu_records() == [] and st.active_domains() == {}
         assert st.journal_entries(open_only=True) == [] and mdevs(host) == {}
@@ -448,6 +463,9 @@ def test_kill_sweep_leaves_no_reservation_or_device_behind(make_host, tmp_path):
             return call(host, "vm", "migrate", "begin", xml)[0]
         assert _child(op) == -signal.SIGKILL
         assert len(reservations(host)) == (0 if when == "before" else 1)
+        if when == "after":
+            copy = fresh_from(host)
+            settled(copy, release=False)            # nobody called release end: the expiry frees it
         settled(host)
 
     # prepare begin after a whole migrate begin: killed before and after each of its writes
@@ -459,10 +477,14 @@ def test_kill_sweep_leaves_no_reservation_or_device_behind(make_host, tmp_path):
                   {sim_kernel.WRITE_LOG_ENV: str(writes)}) == 0
     total = len(writes.read_text().splitlines())
     assert total >= 1
+    left = []
     for k in range(1, total + 1):
         for when in ("before", "after"):
             host = fresh()
             assert call(host, "vm", "migrate", "begin", xml)[0] == 0
             env = {sim_kernel.KILL_AT_ENV: str(k), sim_kernel.KILL_WHEN_ENV: when}
             assert _child(lambda: call(host, "vm", "prepare", "begin", moved)[0], env) == -signal.SIGKILL
+            assert len(reservations(host)) == 1            # the kill came before prepare could spend it
+            left.append(bool(mdevs(host)))
             settled(host)
+    assert any(left)                                       # a kill after the create left an mdev to clean up
