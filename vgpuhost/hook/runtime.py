@@ -51,6 +51,14 @@ the domain holds, so metadata removed or changed while it ran (``virsh
 metadata --live``), even to something ``prepare`` would refuse, releases
 the same devices.
 
+``migrate begin`` (on the destination of a live migration: libvirt passes the incoming XML on stdin and
+takes a rewritten one from stdout, an empty stdout meaning unchanged) is
+:func:`vgpuhost.ops.migrate.incoming`: it chooses the domain's devices on this host, rewrites what is
+host-specific (a VF's address, a ``gpu=`` pin to a GPU this host cannot use) and reserves the devices
+for ``prepare begin`` (docs/guide/migration.md).  It is always done here, never by the agent (the
+dispatcher execs the handler for it with ``$VGPUHOST_AGENT=off``), and it imports lxml (the XML
+editor), on a live migration only.
+
 With the agent up (``vgpuhost agent``: its admin socket, ``$VGPUHOST_AGENT_SOCKET``
 or ``<root>/run/vgpuhost/agent.sock``, answers), steps 2-5 are handed to it
 (``POST /v1/hook/prepare`` and ``/v1/hook/release``): the agent does them
