@@ -217,6 +217,11 @@ def test_check_refuses_a_mig_profile_busy_on_the_destination(make_host, capsys, 
         assert cli(capsys, h, "mig", "apply", "--gpu", "0000:18:00.0", "1g.18gb=1")[0] == 0
     xml = vf_domain("0000:18:00.4", "H200X-1-18C")
     assert call(src, "vm", "prepare", "begin", xml)[0] == 0
+    # a destination in MIG mode without any GPU instance has never offered the type: missing, not busy
+    bare = make_host("h200-mig-on")
+    code, doc, _ = check(capsys, src, bare, xml, tmp_path)
+    assert code == 2 and [r["code"] for r in doc["refusals"]] == ["type-missing"], doc
+    assert "mig apply" in doc["refusals"][0]["fix"]
     assert check(capsys, src, dest, xml, tmp_path)[0] == 0
     # the destination's only 1g.18gb instance goes to another domain
     assert call(dest, "other", "prepare", "begin", vf_domain("0000:18:00.5", "H200X-1-18C", "other", OTHER))[0] == 0
@@ -246,9 +251,9 @@ def test_incoming_reads_the_request_on_stdin_and_a_uri_is_refused_with_the_two_s
 def test_the_agent_answers_the_incoming_check(make_host):
     """``POST /v1/migrate/check`` (read role) answers the destination's side, as ``--incoming`` does."""
     from vgpuhost.agent import api
-    from vgpuhost.ops.migrate import source_request
+    from vgpuhost.ops.migrate import request_for
     src, dest = make_host("a40-mdev"), make_host("l40s-vendor-vfio")
-    body = source_request(src, StateStore(src.state_dir, create=False), parse_domain(mdev_domain())).as_dict()
+    body = request_for(src, StateStore(src.state_dir, create=False), parse_domain(mdev_domain())).as_dict()
     route, params, _ = api.match("POST", "/v1/migrate/check")
     assert route is not None and api.READ in route.roles
     api.check_keys(route, body)

@@ -60,7 +60,7 @@ def migrate_request(ctx: Context, domain: Optional[str], xml: Optional[str]) -> 
     """Print what this host (the source) sends a destination for DOMAIN: its devices, binding and vGPU
     manager version (vgpuhost.migrate-request/v1; pipe it to 'vgpuhost migrate check --incoming' there)."""
     view = _view(ctx, domain, xml)
-    click.echo(dumps(ops.source_request(ctx.host, store(ctx, write=False), view).as_dict()))
+    click.echo(dumps(ops.request_for(ctx.host, store(ctx, write=False), view).as_dict()))
 
 
 def _text(doc: dict) -> str:

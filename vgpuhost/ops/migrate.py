@@ -1,6 +1,6 @@
 """Live migration of a domain with vGPUs: the source's request, the destination's check, the hook's rewrite.
 
-Owns: :func:`source_request` (what the source sends: the domain's devices as it holds them, its
+Owns: :func:`request_for` (what the source sends: the domain's devices as it holds them, its
 binding, the vGPU manager version), :func:`check_incoming` (the destination's answer: can it take
 the domain, and why not; read-only on both hosts), :func:`check` (both sides, the destination a
 host root directory), and :func:`incoming` (the qemu hook's ``migrate begin`` on the destination:
@@ -51,11 +51,12 @@ def manager_version(host: HostRoot) -> "Optional[str]":
     return read_version(Sysfs(host))
 
 
-def source_request(host: HostRoot, store: "StateStore", view: "DomainView") -> "Request":
-    """What this host (the source) sends a destination for ``view``'s domain: each device its metadata
-    declares (a vGPU's type as this host's records name it when the domain holds it), the domain's
-    binding here (tenant, QoS class) and this host's vGPU manager version.  Raises InputError for a
-    domain without vgpuhost devices."""
+def request_for(host: HostRoot, store: "StateStore", view: "DomainView") -> "Request":
+    """The request for ``view``'s domain as this host sees it: each device its metadata declares (a
+    vGPU's type as this host's records name it when the domain holds it), the domain's binding here
+    (tenant, QoS class) and this host's vGPU manager version.  On the source it is what a destination
+    is sent; on the destination :func:`incoming` builds it from the incoming XML.  Raises InputError
+    for a domain without vgpuhost devices."""
     from ..policy.migration import Device, Request
     meta = view.metadata
     if meta is None or meta.empty:
@@ -113,7 +114,7 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
             name = resolve_profile(inv, records, d.profile, None, seen)
         except InputError as e:
             refusals.append(mig.type_refusal(d, where, e.message.replace("unknown vGPU profile", "no GPU offers")
-                                             .split(" on ")[0]))
+                                             .split(" on ")[0], known=False))
             continue
         offered = []
         for o in offers(inv, records, name, seen):
@@ -214,7 +215,7 @@ def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) ->
                          "connection to another host itself",
                          hint=f"run the check there: 'vgpuhost migrate request {view.name or view.uuid} | ssh HOST "
                               "vgpuhost migrate check --incoming'")
-    req = source_request(host, store, view)
+    req = request_for(host, store, view)
     return check_incoming(HostRoot.from_env(dest, None), req)
 
 
@@ -255,7 +256,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     name = view.name or view.uuid
     operation = f"migrate begin {name}"
     with file_lock(store.dir, HOST_LOCK):      # the lock admission decides starts under: no start races it
-        req = source_request(host, store, view)
+        req = request_for(host, store, view)
         inv, records, seen = _facts(host, store)
         keep: "Dict[str, object]" = {}
         for v in meta.vgpus:

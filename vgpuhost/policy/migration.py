@@ -212,8 +212,15 @@ def choose_device(offers: Sequence, req, *, keep: Optional[PciAddress] = None,
     return decision.gpu, decision.parent
 
 
-def type_refusal(d: Device, where: str, reason: str) -> Refusal:
-    """The destination does not offer ``d``'s vGPU type now (``reason``: placement's)."""
+def type_refusal(d: Device, where: str, reason: str, *, known: bool = True) -> Refusal:
+    """The destination does not offer ``d``'s vGPU type now (``reason``: placement's).  ``known``: the
+    destination knows the type (its GPUs listed it, now or before): a MIG-backed one is then missing a
+    free GPU instance; an unknown type is missing outright."""
+    if d.mig_backed and not known:
+        return Refusal(TYPE_MISSING, d.device, f"{d.profile} ({d.device}): {where} has never offered this "
+                                               f"MIG-backed type ({reason})",
+                       "a GPU of the same board in MIG mode with a GPU instance of its profile ('vgpuhost mig "
+                       "apply'); the type must be the same on both hosts")
     if d.mig_backed:
         return Refusal(MIG_PROFILE_BUSY, d.device,
                        f"{d.profile} ({d.device}): no free GPU instance for this MIG-backed type on {where} "
