@@ -241,7 +241,7 @@ def test_incoming_reads_the_request_on_stdin_and_a_uri_is_refused_with_the_two_s
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(out.encode())))
     code, out2, _ = cli(capsys, dest, "--json", "migrate", "check", "--incoming")
     assert code == 0 and json.loads(out2)["ok"] and json.loads(out2)["devices"][0]["gpu"] == "0000:41:00.0"
-    code, _, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "qemu+ssh://dest/system")
+    code, _, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "qemu+tcp://dest/system")
     assert code == 2 and "ssh HOST vgpuhost migrate check --incoming" in err
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"schema": "nope"}')))
     code, _, err = cli(capsys, dest, "migrate", "check", "--incoming")
@@ -265,6 +265,47 @@ def test_the_agent_answers_the_incoming_check(make_host):
         bad = api.Request(params, {}, {**body, "devices": [{"kind": "disk"}]}, "test", 0, api.READ)
         route.handler_for(bad)(api.Agent(dest), bad)
     assert getattr(e.value, "exit_code", None) == 2
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh as vgpuhost calls it: -o BatchMode=yes [-p PORT] -- TARGET vgpuhost --json migrate check --incoming;
+# the far side is the host root $FAKE_SSH_ROOT, and the target is noted in $FAKE_SSH_LOG
+[ "$1" = -o ] && [ "$2" = BatchMode=yes ] || exit 255
+shift 2
+if [ "$1" = -p ]; then shift 2; fi
+[ "$1" = -- ] || exit 255
+printf '%s\\n' "$2" >> "$FAKE_SSH_LOG"
+if [ "$2" = unreachable ]; then echo "ssh: connect to host unreachable port 22: No route to host" >&2; exit 255; fi
+shift 3
+exec PYTHON -m vgpuhost --root "$FAKE_SSH_ROOT" "$@"
+"""
+
+
+def test_check_over_ssh_runs_the_destinations_side_there(make_host, capsys, tmp_path, monkeypatch):
+    """``--to qemu+ssh://HOST/system``: the request goes to ``vgpuhost migrate check --incoming`` over ssh
+    (a stand-in ``ssh`` on PATH that checks the command line and runs the far side on another root)."""
+    import sys
+    src, dest = make_host("a40-mdev"), a40(make_host, version="550.127.06")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(FAKE_SSH.replace("PYTHON", sys.executable))
+    (bindir / "ssh").chmod(0o755)
+    log = tmp_path / "ssh.log"
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_ROOT", str(dest.root))
+    monkeypatch.setenv("FAKE_SSH_LOG", str(log))
+    f = tmp_path / "dom.xml"
+    f.write_text(mdev_domain())
+    code, out, err = cli(capsys, src, "--json", "migrate", "check", "--xml", str(f), "--to",
+                         "qemu+ssh://root@dest.example:2222/system")
+    assert code == 2 and [r["code"] for r in json.loads(out)["refusals"]] == ["manager-version"], err
+    assert json.loads(out)["destination"] == str(dest.root)
+    assert log.read_text().splitlines() == ["root@dest.example"]
+    code, _, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://unreachable")
+    assert code == 2 and "gave no answer (exit 255: ssh: connect to host unreachable" in err
+    code, _, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://-oProxyCommand=x")
+    assert code == 2 and "invalid ssh destination" in err
+    assert log.read_text().splitlines() == ["root@dest.example", "unreachable"]     # the bad one never ran ssh
 
 
 # ---------------------------------------------------------------------------

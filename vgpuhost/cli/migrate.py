@@ -75,9 +75,10 @@ def _text(doc: dict) -> str:
 
 @migrate.command("check")
 @click.argument("domain", required=False)
-@click.option("--to", "dest", metavar="DIR",
-              help="The destination: another host root (a directory, as VGPUHOST_ROOT). For another machine "
-                   "use 'vgpuhost migrate request DOMAIN | ssh HOST vgpuhost migrate check --incoming'.")
+@click.option("--to", "dest", metavar="DEST",
+              help="The destination: ssh://[USER@]HOST[:PORT] or qemu+ssh://[USER@]HOST[:PORT]/system (runs "
+                   "'vgpuhost --json migrate check --incoming' there over ssh, no prompt), or another host root "
+                   "(a directory, as VGPUHOST_ROOT).")
 @click.option("--incoming", is_flag=True,
               help="This host is the destination: read the source's request document (vgpuhost migrate "
                    "request) on stdin.")

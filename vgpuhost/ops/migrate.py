@@ -207,16 +207,77 @@ def check_incoming(host: HostRoot, req: "Request") -> dict:
 
 def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) -> dict:
     """``vgpuhost migrate check DOMAIN --to DEST`` on the source ``host``: the request made here, answered by
-    the destination.  ``dest``: a host root directory (``VGPUHOST_ROOT`` form).  A libvirt URI or a host
-    name is refused (InputError, exit 2) with the two-step form that runs the destination's side there."""
+    the destination.  ``dest``: a host root directory (``VGPUHOST_ROOT`` form), or an ssh URI
+    (``ssh://[USER@]HOST[:PORT]``, ``qemu+ssh://[USER@]HOST[:PORT]/system``: the destination's side runs
+    there as ``vgpuhost --json migrate check --incoming`` over ssh, :func:`over_ssh`).  Any other URI is
+    refused (InputError, exit 2) with the two-step form."""
     from ..io.files import is_dir
-    if "://" in dest or not is_dir(dest):
-        raise InputError(f"destination {dest!r} is not a host root directory; vgpuhost does not open a "
-                         "connection to another host itself",
-                         hint=f"run the check there: 'vgpuhost migrate request {view.name or view.uuid} | ssh HOST "
-                              "vgpuhost migrate check --incoming'")
     req = request_for(host, store, view)
+    if dest.startswith(("ssh://", "qemu+ssh://")):
+        return over_ssh(dest, req)
+    if "://" in dest or not is_dir(dest):
+        raise InputError(f"destination {dest!r} is neither a host root directory nor an ssh:// or qemu+ssh:// URI",
+                         hint=f"or run the check there: 'vgpuhost migrate request {view.name or view.uuid} | "
+                              "ssh HOST vgpuhost migrate check --incoming'")
     return check_incoming(HostRoot.from_env(dest, None), req)
+
+
+#: characters an ssh destination may hold (user, host name or address, port); never a leading '-'
+_SSH_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@:[]%")
+SSH_TIMEOUT_S = 120
+
+
+def ssh_argv(uri: str) -> "List[str]":
+    """The ssh command line that runs the destination's side for ``uri`` (``ssh://`` or ``qemu+ssh://``,
+    ``[USER@]HOST[:PORT]``, any path ignored): ``ssh -o BatchMode=yes [-p PORT] -- [USER@]HOST vgpuhost
+    --json migrate check --incoming``.  Raises InputError for a destination that is not plain."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    host = parts.hostname if parts is not None else None
+    if not host or host[0] == "-" or not set(host) <= _SSH_CHARS or (parts.username and (
+            parts.username[0] == "-" or not set(parts.username) <= _SSH_CHARS)) or parts.password:
+        raise InputError(f"invalid ssh destination {uri!r}",
+                         hint="ssh://[USER@]HOST[:PORT] or qemu+ssh://[USER@]HOST[:PORT]/system")
+    target = f"{parts.username}@{host}" if parts.username else host
+    return (["ssh", "-o", "BatchMode=yes"] + (["-p", str(port)] if port else [])
+            + ["--", target, "vgpuhost", "--json", "migrate", "check", "--incoming"])
+
+
+def over_ssh(uri: str, req: "Request") -> dict:
+    """The destination's check document for ``req``, from ``vgpuhost migrate check --incoming`` run on the
+    host ``uri`` names over ssh (its exit 0 or 2 both answer a document).  Raises HostEnvironmentError
+    (exit 2) when ssh cannot run or the far side answers no check document; never echoes its output."""
+    import json
+    from ..io.process import run_program
+    from ..model.errors import HostEnvironmentError
+    from ..policy.migration import CHECK_SCHEMA
+    argv = ssh_argv(uri)
+    target = argv[argv.index("--") + 1]
+    try:
+        done = run_program(argv, input=json.dumps(req.as_dict()).encode(), timeout=SSH_TIMEOUT_S)
+    except OSError as e:
+        raise HostEnvironmentError(f"cannot run ssh: {e.strerror}", hint="install openssh-client") from None
+    except Exception as e:
+        if type(e).__name__ != "TimeoutExpired":
+            raise
+        raise HostEnvironmentError(f"{target} did not answer within {SSH_TIMEOUT_S} s",
+                                   hint="check that 'ssh HOST true' works without a prompt") from None
+    try:
+        doc = json.loads(done.stdout.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        doc = None
+    if done.returncode not in (0, 2) or not isinstance(doc, dict) or doc.get("schema") != CHECK_SCHEMA:
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        last = "".join(c if c.isprintable() else "?" for c in (err[-1] if err else ""))[:300]
+        raise HostEnvironmentError(f"the check over ssh on {target} gave no answer (exit {done.returncode}"
+                                   + (f": {last}" if last else "") + ")",
+                                   hint="vgpuhost must be installed there and 'ssh HOST vgpuhost --version' work "
+                                        "without a prompt")
+    return doc
 
 
 # ---------------------------------------------------------------------------
