@@ -183,6 +183,16 @@ def test_check_answers_yes_and_each_refusal_names_what_and_the_fix(make_host, ca
     assert "fix: install vGPU manager 580.65.05" in out.splitlines()[0]
 
 
+def test_the_simulator_writes_the_vgpu_managers_version_and_refuses_a_bad_one(make_host):
+    from vgpuhost.io.vgpudev import manager_version
+    from vgpuhost.model.errors import VgpuhostError
+    host = a40(make_host, version="550.127.06")
+    assert manager_version(Sysfs(host)) == "550.127.06"
+    with pytest.raises(VgpuhostError) as e:
+        a40(make_host, version="5.x")
+    assert e.value.message == "<spec>:6: driver_version must be dotted numbers like 580.65.05, found '5.x'"
+
+
 def test_check_refuses_passthrough_with_its_reason(make_host, capsys, tmp_path):
     src, dest = make_host("a40-mdev"), a40(make_host)
     meta = Metadata(strategy="first-fit", passthrough=[A("0000:81:00.0")])
