@@ -357,6 +357,20 @@ def test_an_unpinned_mdev_keeps_its_xml_and_is_made_where_it_was_reserved(make_h
     assert mdevs(dest) == {MDEV: "0000:41:00.0"} and reservations(dest) == []
 
 
+def test_an_mdev_uuid_another_owner_holds_on_the_destination_is_renamed(make_host, capsys):
+    """The only reason an mdev's UUID changes: the destination has that UUID already, for another owner."""
+    dest = make_host(yaml_text=A40_AT.format(bdf="41:00.0", bus="40", version="580.65.05"))
+    assert cli(capsys, dest, "vgpu", "create", "--profile", "A40-8Q", "--uuid", MDEV)[0] == 0
+    xml = mdev_domain()
+    code, moved, err = migrate_in(dest, "vm", xml)
+    assert code == 0, err
+    new = parse_domain(moved)
+    (uuid,) = new.mdev_uuids
+    assert uuid != MDEV and new.metadata.vgpus[0].uuid == uuid
+    assert {r.id: r.owner for r in store(dest).vgpu_records()} == {MDEV: "manual", uuid: DOM}
+    assert set(mdevs(dest)) == {MDEV, uuid} and reservations(dest) == []
+
+
 def test_two_incoming_migrations_do_not_reserve_the_same_last_slot(make_host):
     """An A40 holds one A40-48Q: the first incoming migration reserves it, the second is refused (exit 2)
     with the reason, and gets it once the first was cancelled."""

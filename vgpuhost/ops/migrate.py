@@ -296,7 +296,8 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     placement rules (strategy, anti-affinity, one vGPU per VM per GPU), keeping the one the XML names
     where it is free here: a VF (vendor VFIO, MIG-backed types included) is rewritten in the metadata
     (``vf=``) and in the ``<hostdev>`` source address; a classic mdev keeps its UUID (it is unique, and
-    the guest sees the same device), and its ``gpu=`` pin is rewritten only when this host cannot place
+    the guest sees the same device) unless another owner holds that UUID here (then a new one, in the
+    metadata and the ``<hostdev>``), and its ``gpu=`` pin is rewritten only when this host cannot place
     it on that GPU.  Each chosen device is reserved for the domain (state store, owner its UUID,
     expiring after :data:`RESERVATION_TTL_S`), so no start takes it before ``prepare begin`` makes it
     (:func:`vgpuhost.ops.devices.prepare` places a reserved mdev on its reserved GPU).
@@ -333,31 +334,53 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
         rows = []
         changed_vfs: "Dict[str, str]" = {}
         changed_pins: "Dict[str, str]" = {}
+        # an mdev UUID another owner holds here (a record, or an mdev in the tree nobody recorded for this
+        # domain) must change: the rest of the domain keeps its identity, the guest sees the same device type
+        mine = {r.id for r in records if r.owner == view.uuid}
+        in_use = ({r.id for r in records} | {m.uuid for m in inv.mdevs}) - mine
+        changed_uuids: "Dict[str, str]" = {}
         for p, v in zip(placed, meta.vgpus):
             if p["kind"] == "vf":
                 rows.append((p["parent"], name, p["gpu"], "vf", p["profile"], expires))
                 if p["parent"] != str(v.vf):
                     changed_vfs[str(v.vf)] = p["parent"]
             else:
-                rows.append((p["device"], name, p["gpu"], "mdev", p["profile"], expires))
+                device = p["device"]
+                if device in in_use or any(r[0] == device and r[1] != view.uuid for r in store.reservation_rows()):
+                    device = changed_uuids[p["device"]] = _new_uuid(in_use)
+                rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
                 if v.gpu is not None and str(v.gpu) != p["gpu"]:
                     changed_pins[p["device"]] = p["gpu"]
         store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
-    if not changed_vfs and not changed_pins:
+    if not changed_vfs and not changed_pins and not changed_uuids:
         return None
-    return rewrite(data, view, changed_vfs, changed_pins)
+    return rewrite(data, view, changed_vfs, changed_pins, changed_uuids)
 
 
-def rewrite(data: bytes, view: "DomainView", vfs: "Dict[str, str]", pins: "Dict[str, str]") -> str:
+def _new_uuid(taken: set) -> str:
+    import uuid
+    while True:
+        u = str(uuid.uuid4())
+        if u not in taken:
+            return u
+
+
+def rewrite(data: bytes, view: "DomainView", vfs: "Dict[str, str]", pins: "Dict[str, str]",
+            uuids: "Optional[Dict[str, str]]" = None) -> str:
     """The domain XML ``data`` with each VF of ``vfs`` (old BDF -> new BDF) moved, in the metadata and in
-    the ``<hostdev>`` source address that names it, and each mdev of ``pins`` (UUID -> GPU BDF) pinned
-    to its new GPU; everything else as it was."""
+    the ``<hostdev>`` source address that names it, each mdev of ``pins`` (UUID -> GPU BDF) pinned
+    to its new GPU, and each mdev of ``uuids`` (old UUID -> new UUID) renamed in the metadata and its
+    ``<hostdev>``; everything else as it was."""
+    uuids = uuids or {}
     from ..libvirt.domain import DomainDoc, hostdev_source
     from ..libvirt.domxml import VgpuRequest
     from ..model.values import PciAddress
     doc = DomainDoc.parse(data)
     for h in doc.hostdevs():
         kind, source = hostdev_source(h)
+        if kind == "mdev" and source in uuids:
+            h.find("source/address").set("uuid", uuids[source])
+            continue
         if kind != "pci" or source not in vfs:
             continue
         new = PciAddress.parse(vfs[source])
@@ -369,8 +392,9 @@ def rewrite(data: bytes, view: "DomainView", vfs: "Dict[str, str]", pins: "Dict[
     meta = view.metadata
     meta.vgpus = [VgpuRequest(v.profile, vf=PciAddress.parse(vfs[str(v.vf)]), gpu=v.gpu)
                   if v.vf is not None and str(v.vf) in vfs else
-                  VgpuRequest(v.profile, uuid=v.uuid, gpu=PciAddress.parse(pins[v.uuid]))
-                  if v.uuid is not None and v.uuid in pins else v
+                  VgpuRequest(v.profile, uuid=uuids.get(v.uuid, v.uuid),
+                              gpu=PciAddress.parse(pins[v.uuid]) if v.uuid in pins else v.gpu)
+                  if v.uuid is not None and (v.uuid in pins or v.uuid in uuids) else v
                   for v in meta.vgpus]
     doc.set_metadata(meta)
     return doc.to_xml()
