@@ -400,9 +400,15 @@ def test_a_vendor_vfio_vf_taken_on_the_destination_moves_to_a_free_one(make_host
     # a start of another domain naming the reserved VF is refused while the reservation holds
     assert call(dest, "vm2", "migrate", "begin", vf_domain("0000:21:00.6", "L40S-4Q", "vm2",
                                                           "11111111-2222-4333-8444-0000000000c3"))[0] == 0
-    code, _, err = call(dest, "x", "prepare", "begin", vf_domain("0000:21:00.6", "L40S-4Q", "x",
-                                                                "11111111-2222-4333-8444-0000000000d4"))
+    x = vf_domain("0000:21:00.6", "L40S-4Q", "x", "11111111-2222-4333-8444-0000000000d4")
+    code, _, err = call(dest, "x", "prepare", "begin", x)
     assert code == 2 and "reserved for the incoming migration of domain 'vm2'" in err
+    # once expired (vm2's migration never came), the reservation holds nothing: the start takes the VF
+    st = store(dest)
+    with st.transaction() as conn:
+        conn.execute("UPDATE reservations SET expires = '2000-01-01T00:00:00.000000+00:00'")
+    st.close()
+    assert call(dest, "x", "prepare", "begin", x)[0] == 0 and vf_type(dest, "0000:21:00.6") != "0"
 
 
 def test_a_mig_backed_vgpu_moves_to_a_free_gpu_instance(make_host, capsys):

@@ -1080,12 +1080,20 @@ class StateStore:
     def reserve(self, rows: Sequence[tuple], *, owner: str, actor: str, operation: str) -> None:
         """Record ``(device, name, gpu, kind, profile, expires)`` rows reserved for ``owner``, replacing what
         ``owner`` reserved before, with one audit row each (path ``(reservation)``), in one transaction.
-        Raises RefusedError when a device is reserved for another owner already."""
+        Another owner's expired reservation of a device is taken over (audited ``expired``); raises
+        RefusedError when a device is reserved for another owner until later."""
         with self.transaction() as conn:
             conn.execute("DELETE FROM reservations WHERE owner = ?", (owner,))
+            now = utcnow()
             for device, name, gpu, kind, profile, expires in rows:
-                other = conn.execute("SELECT owner, name FROM reservations WHERE device = ?", (device,)).fetchone()
-                if other is not None:
+                other = conn.execute("SELECT owner, name, expires FROM reservations WHERE device = ?",
+                                     (device,)).fetchone()
+                if other is not None and other[2] < now:        # expired: it holds nothing, this one takes over
+                    conn.execute("DELETE FROM reservations WHERE device = ?", (device,))
+                    self.audit(actor=actor, operation=operation, path="(reservation)",
+                               value=f"{kind} {device} reserved for {other[1]} until {other[2]}", result="expired",
+                               conn=conn)
+                elif other is not None:
                     raise RefusedError(f"{device} is reserved for the incoming migration of domain {other[1]!r}",
                                        hint="let that migration end, or run 'vgpuhost reconcile' once its "
                                             "reservation expired")

@@ -243,11 +243,13 @@ def _reservations(store: "StateStore", view: "DomainView", checked: "Checked") -
     rows = store.reservation_rows()
     if not rows:
         return {}
+    from ..io.state import utcnow
     me = view.uuid
+    now = utcnow()
     by_device = {r[0]: r for r in rows}
     for req in checked.vgpus:
         r = by_device.get(req.device)
-        if r is not None and r[1] != me:
+        if r is not None and r[1] != me and r[6] >= now:          # an expired one holds nothing
             raise RefusedError(f"{req.device} is reserved for the incoming migration of domain {r[2]!r} "
                                f"until {r[6]}",
                                hint="start the domain once that migration ended, or give it another VF; "

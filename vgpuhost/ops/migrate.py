@@ -95,7 +95,9 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
     from ..policy.offers import offers, resolve_profile
     from ..policy.placement import Request as Placing
     where = f"destination {host.s.root}"
-    others = [r for r in store.reservation_rows() if r[1] != req.uuid] if not store.absent else []
+    from ..io.state import utcnow
+    now = utcnow()          # an expired reservation holds nothing (reconcile deletes it)
+    others = [r for r in store.reservation_rows() if r[1] != req.uuid and r[6] >= now] if not store.absent else []
     reserved = frozenset(r[0] for r in others)
     # mdevs other incoming migrations reserved and prepare begin has not made yet: (GPU, type) -> how many
     pending: "Dict[Tuple[str, str], int]" = {}
@@ -331,6 +333,8 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             raise RefusedError(f"incoming migration refused: {first.line}" +
                                (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=first.fix)
         expires = _expiry(RESERVATION_TTL_S)
+        from ..io.state import utcnow
+        expires_now = utcnow()
         rows = []
         changed_vfs: "Dict[str, str]" = {}
         changed_pins: "Dict[str, str]" = {}
@@ -346,7 +350,8 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
                     changed_vfs[str(v.vf)] = p["parent"]
             else:
                 device = p["device"]
-                if device in in_use or any(r[0] == device and r[1] != view.uuid for r in store.reservation_rows()):
+                if device in in_use or any(r[0] == device and r[1] != view.uuid and r[6] >= expires_now
+                                           for r in store.reservation_rows()):
                     device = changed_uuids[p["device"]] = _new_uuid(in_use)
                 rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
                 if v.gpu is not None and str(v.gpu) != p["gpu"]:
