@@ -213,6 +213,10 @@ def _requests(a40_config: str, uri: str) -> List[tuple]:
         ("POST", "/v1/apply", "/v1/apply", layout),
         ("POST", "/v1/assert", "/v1/assert", layout),
         ("POST", "/v1/reconcile", "/v1/reconcile", {"check": True}),
+        ("POST", "/v1/migrate/check", "/v1/migrate/check",
+         {"schema": "vgpuhost.migrate-request/v1", "name": "doc-vm3", "uuid": other, "strategy": "first-fit",
+          "anti_affinity": None, "tenant": None, "qos": None, "manager_version": "580.65.05",
+          "devices": [{"kind": "mdev", "device": MDEV, "profile": "A40-8Q", "gpu": ""}]}),
     ]
 
 

@@ -305,13 +305,13 @@ def test_schema_11_binds_domains_holding_a_known_tenants_allocations_once(make_h
         s.put_allocation(c, ("dev-4", "manual", "team", str(GPU_LO), "vgpu", "A40-8Q", 8192, 0, "burstable", 0))
     s.close()
     db = sqlite3.connect(str(host.state_dir / "state.db"))        # a store as version 10 left it
-    for table in ("bindings", "bill_adjustments", "bills", "gpu_health"):   # the tables versions 11 to 13 add
+    for table in ("bindings", "bill_adjustments", "bills", "gpu_health", "reservations"):   # versions 11 to 14 add
         db.execute(f"DROP TABLE {table}")
     db.execute("PRAGMA user_version = 10")
     db.commit()
     db.close()
     s = StateStore(host.state_dir)
-    assert s.schema_version == len(MIGRATIONS) == 13
+    assert s.schema_version == len(MIGRATIONS) == 14
     assert [r[:4] for r in s.binding_rows()] == [(held, "team", None, "upgrade (schema 11)")]
     [row] = [r for r in s.audit_rows() if r.operation.startswith("tenant bind")]
     assert (row.operation, row.path) == (f"tenant bind {held}", "(tenants)") and "tenant=team" in row.value

@@ -314,7 +314,7 @@ def test_domains_without_metadata_and_other_operations_pass_untouched(make_host)
         def read(self, *a):
             raise AssertionError("stdin read for an operation the hook does not act on")
 
-    for op, sub in [("start", "begin"), ("started", "begin"), ("stopped", "end"), ("migrate", "begin"),
+    for op, sub in [("start", "begin"), ("started", "begin"), ("stopped", "end"),
                     ("reconnect", "begin"), ("attach", "begin")]:
         assert hook.main(["vm", op, sub, "-"], NoRead(), io.StringIO(), host=host) == 0
     plain = domain_xml("plain", DOM1, hostdevs=[mdev_hostdev(MDEV1)])

@@ -39,7 +39,7 @@ from ..model.errors import InputError, RefusedError, TransientError, VgpuhostErr
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
-from ..ops import devices, health, mig, tenancy, vgpu
+from ..ops import devices, health, mig, migrate, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
@@ -48,6 +48,7 @@ from ..ops.passthrough import prepare, release
 from ..ops.scheduler import mixed_size, set_runtime
 from ..ops.vgpu import reconcile
 from ..policy.config import parse
+from ..policy.migration import parse_request
 from ..policy.mig import parse_layout
 from ..policy.placement import OFFERED
 from ..policy.when import parse_since
@@ -918,6 +919,13 @@ def post_gpu_uncordon(agent: Agent, req: Request) -> Dict[str, Any]:
     return {"schema": SCHEMA_GPU_HEALTH, "action": "uncordon", **doc}
 
 
+def post_migrate_check(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost migrate check --incoming`` on this agent's host: the body is the source's
+    ``vgpuhost.migrate-request/v1`` document; the answer the ``vgpuhost.migrate-check/v1`` document
+    (can this host take the domain, and why not).  Changes nothing."""
+    return migrate.check_incoming(agent.host, parse_request(req.body))
+
+
 def get_gpu_drain(agent: Agent, req: Request) -> Dict[str, Any]:
     """``vgpuhost gpu drain BDF``: what holds the GPU and what each domain needs to move (changes nothing)."""
     return {"schema": SCHEMA_GPU_DRAIN, **health.drain(agent.store, agent.inventory(), _bdf(req), agent.host)}
@@ -1524,6 +1532,8 @@ ROUTES: Tuple[Route, ...] = (
     Route("POST", "/v1/gpus/{bdf}/mixed-size", post_vgpu_mode, ADMIN, ("mixed_size",)),
     Route("GET", "/v1/gpus/health", get_gpu_health, READ),
     Route("GET", "/v1/gpus/{bdf}/drain", get_gpu_drain, READ),
+    Route("POST", "/v1/migrate/check", post_migrate_check, READ,
+          ("schema", "name", "uuid", "strategy", "anti_affinity", "tenant", "qos", "manager_version", "devices")),
     Route("POST", "/v1/gpus/{bdf}/cordon", post_gpu_cordon, ADMIN, ("reason", "dry_run")),
     Route("POST", "/v1/gpus/{bdf}/uncordon", post_gpu_uncordon, ADMIN, ("dry_run",)),
 )

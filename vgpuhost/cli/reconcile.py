@@ -21,6 +21,7 @@ from ..observe.inventory import discover
 from ..observe.ownable import devices_vgpuhost_may_own
 from ..ops.devices import release_domain
 from ..ops.recover import describe_open, open_entries, recover_all, unmade_allocations
+from ..ops.migrate import sweep
 from ..ops.vgpu import reconcile
 from .agentcall import forward
 from .common import Context, emit, pass_ctx, store
@@ -71,7 +72,11 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
     if rep is None:
         rep = reconcile(ctx.host, st, check=check, libvirt_uri=ctx.connect)
+    # devices reserved for an incoming live migration that neither prepare begin nor release end took
+    # (docs/guide/migration.md): freed once expired, or listed with --check
+    expired = sweep(st, actor=actor_name("reconcile"), check=check)
     lines = list(journal_lines)
+    lines += [("expired reservation: " if check else "freed expired reservation: ") + e for e in expired]
     half_made = [o for o in rep.orphans if o.split(" ", 1)[0] in interrupted]
     foreign = [o for o in rep.orphans if o not in half_made]
     for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
@@ -80,7 +85,7 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
                          ("interrupted (its open journal entry finishes or removes it)", half_made),
                          ("foreign (left alone)", foreign)):
         lines += [f"{label}: {i}" for i in items]
-    in_sync = rep.in_sync and journal_ok
+    in_sync = rep.in_sync and journal_ok and not (check and expired)
     lines.append("in sync" if in_sync else "NOT in sync")
     if check and not journal_ok:
         lines.append("fix: run 'vgpuhost reconcile' to finish or roll back the interrupted operations")
@@ -88,6 +93,7 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         lines.append("fix: run 'vgpuhost reconcile' to forget the stale domains (they hold nothing)")
     doc = rep.as_dict()
     doc["journal"] = journal_doc
+    doc["expired_reservations"] = expired
     if check:
         doc["unmade_allocations"] = unmade
     doc["in_sync"] = in_sync

@@ -5,8 +5,8 @@
 # libvirt's qemu hook for vgpuhost: libvirt (>= 6.5) runs every executable in
 # /etc/libvirt/hooks/qemu.d/ as  HOOK <domain> <operation> <sub-operation> <extra>
 # with the domain XML on stdin (docs/reference/libvirt.md).  This POSIX sh dispatcher
-# decides before any Python starts: only 'prepare begin' and 'release end'
-# act; 'prepare begin' only for a domain whose XML names vgpuhost's metadata
+# decides before any Python starts: only 'prepare begin', 'release end' and
+# 'migrate begin' act ('migrate begin' always in the handler); 'prepare begin' only for a domain whose XML names vgpuhost's metadata
 # namespace or a host device, 'release end' also for a domain the state store records as
 # started (its marker file: the store, not the XML, says what a domain holds,
 # and its metadata may be gone or changed by then); everything else exits 0
@@ -26,10 +26,20 @@
 case "$2 $3" in
 'prepare begin') act=prepare ;;
 'release end') act=release ;;
+'migrate begin') act=migrate ;;
 *) exit 0 ;;
 esac
 VGPUHOST_ROOT=@ROOT@
 VGPUHOST_STATE_DIR=@STATE_DIR@
+# migrate begin (the destination of a live migration): the handler itself, never the agent, reads the
+# incoming XML on stdin and prints the rewritten one on stdout (empty: unchanged), as libvirt's hook
+# contract allows (docs/guide/migration.md)
+if [ "$act" = migrate ]; then
+	VGPUHOST_HOOK_TIMEOUT=@TIMEOUT_S@
+	VGPUHOST_AGENT=off
+	export VGPUHOST_ROOT VGPUHOST_STATE_DIR VGPUHOST_HOOK_TIMEOUT VGPUHOST_AGENT
+	exec @PYTHON@ -I -S -c @BOOT@ "$@"
+fi
 # The compiled client takes over from here whether or not the agent runs (no
 # socket: it does not try the agent, and execs the handler itself): a fork of
 # tr, one of a subshell and a here-document less than the lines below (0.3 ms

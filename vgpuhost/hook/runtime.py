@@ -51,6 +51,14 @@ the domain holds, so metadata removed or changed while it ran (``virsh
 metadata --live``), even to something ``prepare`` would refuse, releases
 the same devices.
 
+``migrate begin`` (on the destination of a live migration: libvirt passes the incoming XML on stdin and
+takes a rewritten one from stdout, an empty stdout meaning unchanged) is
+:func:`vgpuhost.ops.migrate.incoming`: it chooses the domain's devices on this host, rewrites what is
+host-specific (a VF's address, a ``gpu=`` pin to a GPU this host cannot use) and reserves the devices
+for ``prepare begin`` (docs/guide/migration.md).  It is always done here, never by the agent (the
+dispatcher execs the handler for it with ``$VGPUHOST_AGENT=off``), and it imports lxml (the XML
+editor), on a live migration only.
+
 With the agent up (``vgpuhost agent``: its admin socket, ``$VGPUHOST_AGENT_SOCKET``
 or ``<root>/run/vgpuhost/agent.sock``, answers), steps 2-5 are handed to it
 (``POST /v1/hook/prepare`` and ``/v1/hook/release``): the agent does them
@@ -108,7 +116,7 @@ MAX_TIMEOUT_S = 3600
 #: (``_exit(1)``, by a watchdog thread in C) this long after that
 BACKSTOP_EXTRA_S = 30
 BACKSTOP_KILL_S = 5
-ACTS = {("prepare", "begin"): "prepare", ("release", "end"): "release"}
+ACTS = {("prepare", "begin"): "prepare", ("release", "end"): "release", ("migrate", "begin"): "migrate"}
 
 
 class HookTimeout(Exception):
@@ -147,12 +155,15 @@ def run() -> None:
 
 
 def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
-         host: Optional[HostRoot] = None) -> int:
+         host: Optional[HostRoot] = None, stdout: Optional[TextIO] = None) -> int:
     """Handle one hook call: ``argv`` = ``[domain name, operation, sub-operation, extra]``.
 
-    Only ``prepare begin`` and ``release end`` act (and read ``stdin``, at
+    Only ``prepare begin``, ``release end`` and ``migrate begin`` act (and read ``stdin``, at
     most :data:`READ_LIMIT` bytes); every other call returns 0 at
-    once.  Failures print one line on ``stderr`` (default ``sys.stderr``)
+    once.  ``migrate begin`` (the destination of a live migration, :func:`vgpuhost.ops.migrate.incoming`)
+    prints the rewritten domain XML on ``stdout`` (default ``sys.stdout``), or nothing when it is
+    unchanged, as libvirt's hook contract allows; it is always done here, never by the agent.
+    Failures print one line on ``stderr`` (default ``sys.stderr``)
     and return the exit code (module docstring); nothing raises.
     """
     err = stderr if stderr is not None else sys.stderr
@@ -170,6 +181,16 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         host = host or HostRoot.from_env()
         data = stdin.read(READ_LIMIT)
         store = None
+        if act == "migrate":
+            from ..ops.migrate import incoming
+            with deadline(started + timeout_s - 1):
+                xml = incoming(host, data, actor=actor_name(f"hook {_printable(name, 80)}", with_uid=False))
+            armed["live"] = False
+            if xml:
+                out = stdout if stdout is not None else sys.stdout
+                out.write(xml if xml.endswith("\n") else xml + "\n")
+                out.flush()
+            return EXIT_OK
         if act == "prepare":
             from ..libvirt.domxml import parse_domain
             view = parse_domain(data)
@@ -205,6 +226,8 @@ def main(argv: List[str], stdin: BinaryIO, stderr: Optional[TextIO] = None,
         return EXIT_OK
     except HookTimeout as e:
         done = ("what this start had made was undone" if act == "prepare" else
+                "the incoming migration is cancelled (a reservation it made is freed by libvirt's release end "
+                "or 'vgpuhost reconcile')" if act == "migrate" else
                 "a vGPU removal it began stays pending ('vgpuhost reconcile' finishes it once the device "
                 "is closed)")
         _say(err, f"vgpuhost: error: domain {name!r}: {e}; {done}; "

@@ -38,7 +38,8 @@ FORMAT = "vgpuhost-hook-bundle/1"
 BUNDLE_PARTS = ("var", "cache", "vgpuhost", "hook-modules.bundle")
 MAX_BUNDLE_BYTES = 16 << 20
 
-#: the modules the hook's ``prepare begin`` and ``release end`` import on a real host (vGPUs on mdev
+#: the modules the hook's ``prepare begin`` and ``release end`` import on a real host (and ``migrate
+#: begin``'s own two, ops.migrate and policy.migration; it imports lxml too, on a live migration only) (vGPUs on mdev
 #: and vendor VFIO, passthrough; tenancy's where it is in use), but ``vgpuhost``, ``vgpuhost.io`` and this module (imported before
 #: the bundle is used).  tests/test_hook_bundle.py checks that the hook imports nothing of vgpuhost outside it.
 MODULES = (
@@ -53,6 +54,7 @@ MODULES = (
     "vgpuhost.model.values",
     "vgpuhost.observe", "vgpuhost.observe.inventory",
     "vgpuhost.ops", "vgpuhost.ops.admitting", "vgpuhost.ops.devices", "vgpuhost.ops.gputime", "vgpuhost.ops.health",
+    "vgpuhost.ops.migrate", "vgpuhost.policy.migration",
     "vgpuhost.ops.passthrough",
     "vgpuhost.ops.recover", "vgpuhost.ops.tenancy", "vgpuhost.ops.vgpu",
     "vgpuhost.plan", "vgpuhost.plan.executor", "vgpuhost.plan.journal", "vgpuhost.plan.passthrough",

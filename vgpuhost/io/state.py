@@ -158,7 +158,7 @@ def _import_sqlite3():
 sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 
-from ..model.errors import HostEnvironmentError
+from ..model.errors import HostEnvironmentError, RefusedError
 from ..model.records import AuditRow, JournalEntry, PassthroughRecord, VgpuRecord
 from .hostroot import plain_path
 
@@ -449,6 +449,21 @@ MIGRATIONS: Sequence[str] = (
         time      TEXT NOT NULL,
         by_hand   INTEGER NOT NULL DEFAULT 0
     );
+    """,
+    # 14: devices reserved for an incoming live migration (issue 27): the qemu hook's ``migrate begin``
+    # reserves, ``prepare begin`` makes the device and drops the row, ``release end`` or an expiry frees it
+    """
+    CREATE TABLE reservations (
+        device    TEXT PRIMARY KEY,
+        owner     TEXT NOT NULL,
+        name      TEXT NOT NULL,
+        gpu       TEXT NOT NULL,
+        kind      TEXT NOT NULL,
+        profile   TEXT NOT NULL,
+        expires   TEXT NOT NULL,
+        time      TEXT NOT NULL
+    );
+    CREATE INDEX reservations_owner ON reservations(owner);
     """,
 )
 
@@ -1068,6 +1083,63 @@ class StateStore:
     def delete_gpu_health(conn: sqlite3.Connection, gpu: str) -> int:
         """Put ``gpu`` back in service inside the caller's transaction; how many rows went (0 or 1)."""
         return conn.execute("DELETE FROM gpu_health WHERE gpu = ?", (gpu,)).rowcount
+
+    # --- reservations for incoming migrations (version 14) ----------------------------------
+    def reservation_rows(self, owner: Optional[str] = None) -> List[tuple]:
+        """``(device, owner, name, gpu, kind, profile, expires, time)`` of each device reserved for an
+        incoming migration (of ``owner``'s only when given), by device.  ``device``: the mdev UUID or the
+        VF's BDF; ``kind``: ``mdev`` or ``vf``; ``expires``/``time``: ISO 8601 UTC."""
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        rows = (self._conn().execute(sql + " WHERE owner = ? ORDER BY device", (owner,)) if owner is not None
+                else self._conn().execute(sql + " ORDER BY device"))
+        return [tuple(r) for r in rows]
+
+    def reserve(self, rows: Sequence[tuple], *, owner: str, actor: str, operation: str) -> None:
+        """Record ``(device, name, gpu, kind, profile, expires)`` rows reserved for ``owner``, replacing what
+        ``owner`` reserved before, with one audit row each (path ``(reservation)``), in one transaction.
+        Another owner's expired reservation of a device is taken over (audited ``expired``); raises
+        RefusedError when a device is reserved for another owner until later."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM reservations WHERE owner = ?", (owner,))
+            now = utcnow()
+            for device, name, gpu, kind, profile, expires in rows:
+                other = conn.execute("SELECT owner, name, expires FROM reservations WHERE device = ?",
+                                     (device,)).fetchone()
+                if other is not None and other[2] < now:        # expired: it holds nothing, this one takes over
+                    conn.execute("DELETE FROM reservations WHERE device = ?", (device,))
+                    self.audit(actor=actor, operation=operation, path="(reservation)",
+                               value=f"{kind} {device} reserved for {other[1]} until {other[2]}", result="expired",
+                               conn=conn)
+                elif other is not None:
+                    raise RefusedError(f"{device} is reserved for the incoming migration of domain {other[1]!r}",
+                                       hint="let that migration end, or run 'vgpuhost reconcile' once its "
+                                            "reservation expired")
+                conn.execute("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (device, owner, name, gpu, kind, profile, expires, utcnow()))
+                self.audit(actor=actor, operation=operation, path="(reservation)",
+                           value=f"{kind} {device} on {gpu} ({profile}) reserved for {name} until {expires}",
+                           result="reserved", conn=conn)
+
+    def drop_reservations(self, *, owner: Optional[str] = None, expired_before: Optional[str] = None,
+                          actor: str, operation: str, result: str = "released") -> List[tuple]:
+        """Delete ``owner``'s reservations, or those expiring before ``expired_before`` (ISO 8601 UTC), with
+        one audit row each (result ``result``); the rows deleted, as :meth:`reservation_rows` gives them."""
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        probe = ("SELECT 1 FROM reservations WHERE owner = ? LIMIT 1", (owner,)) if owner is not None else \
+            ("SELECT 1 FROM reservations WHERE expires < ? LIMIT 1", (expired_before,))
+        if self._memory or self._conn().execute(*probe).fetchone() is None:
+            return []           # the usual case (every release end): no write transaction
+        with self.transaction() as conn:
+            if owner is not None:
+                rows = conn.execute(sql + " WHERE owner = ? ORDER BY device", (owner,)).fetchall()
+            else:
+                rows = conn.execute(sql + " WHERE expires < ? ORDER BY device", (expired_before,)).fetchall()
+            for r in rows:
+                conn.execute("DELETE FROM reservations WHERE device = ?", (r[0],))
+                self.audit(actor=actor, operation=operation, path="(reservation)",
+                           value=f"{r[4]} {r[0]} on {r[3]} reserved for {r[2]} until {r[6]}", result=result,
+                           conn=conn)
+        return [tuple(r) for r in rows]
 
     # --- tenancy (version 5) -------------------------------------------------------
     def tenant_rows(self, name: Optional[str] = None) -> List[tuple]:

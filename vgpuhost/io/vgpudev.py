@@ -305,3 +305,13 @@ def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
         name = right.strip()
         out.append((tid, name or right[-1]))    # all blank: the pattern's .+? takes the last blank
     return out
+
+
+def manager_version(fs) -> "str | None":
+    """The NVIDIA vGPU manager's version on ``fs``'s host: ``sys/module/nvidia/version`` (the nvidia
+    module's ``MODULE_VERSION``, e.g. ``580.65.05``), None when the module is not loaded or the file
+    cannot be read.  ``fs``: a :class:`~vgpuhost.io.sysfs.Sysfs`."""
+    text = fs.read_optional(_join(fs.host.s.sys_module, "nvidia", "version"))
+    text = (text or "").strip()
+    return text or None
+

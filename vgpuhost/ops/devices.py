@@ -155,6 +155,9 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                      passthrough_records=pt_records, active_domains=active)
     types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
     me = view.uuid
+    # devices reserved for an incoming live migration (the hook's migrate begin, ops/migrate.py): this
+    # domain's are made where they were reserved; another domain's are not taken
+    mine_reserved = _reservations(store, view, checked) if checked.vgpus else {}
     if checked.passthrough and inv.out_of_service:
         # a GPU out of service (unhealthy or cordoned) goes to no new domain by passthrough, pooled or not
         # (docs/guide/failures.md); the domain that holds it already (a retried start) keeps it
@@ -199,7 +202,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                 # per VM per GPU); admission decides in the same order
                 for req in sorted(checked.vgpus, key=lambda r: r.gpu is None and r.vf is None):
                     # the inventory read above still describes the host while this call has changed nothing
-                    decided = grant.placed_gpu(req.device)
+                    decided = grant.placed_gpu(req.device) or mine_reserved.get(req.device)
                     try:
                         vid = _make_vgpu(host, store, view, req, types[req.device],
                                          grant.allowed_gpus(req.device, checked.allowed), actor,
@@ -228,7 +231,30 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
             except Exception:
                 pass
         raise
+    if mine_reserved:
+        # made: the reservations migrate begin took for them are spent
+        store.drop_reservations(owner=me, actor=actor, operation=f"prepare {view.name or me}", result="made")
     return [str(d) for _, d in made]
+
+
+def _reservations(store: "StateStore", view: "DomainView", checked: "Checked") -> "Dict[str, PciAddress]":
+    """``{device: GPU}`` of the devices reserved for ``view``'s incoming migration (migrate begin); raises
+    RefusedError (exit 2) when a vGPU the domain asks for is reserved for another domain's migration."""
+    rows = store.reservation_rows()
+    if not rows:
+        return {}
+    from ..io.state import utcnow
+    me = view.uuid
+    now = utcnow()
+    by_device = {r[0]: r for r in rows}
+    for req in checked.vgpus:
+        r = by_device.get(req.device)
+        if r is not None and r[1] != me and r[6] >= now:          # an expired one holds nothing
+            raise RefusedError(f"{req.device} is reserved for the incoming migration of domain {r[2]!r} "
+                               f"until {r[6]}",
+                               hint="start the domain once that migration ended, or give it another VF; "
+                                    "'vgpuhost reconcile' frees an expired reservation")
+    return {r[0]: PciAddress.parse(r[3]) for r in rows if r[1] == me}
 
 
 def domain_gpus(host: HostRoot, view: "DomainView", allow: "Optional[FrozenSet[PciAddress]]") -> "Tuple[PciAddress, ...]":
@@ -582,6 +608,9 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
                 done.append(g)
             except VgpuhostError as e:
                 errors.append(f"{g}: {e.message}")
+    # what an incoming migration reserved for it and never made (a migration cancelled or failed on this
+    # destination: libvirt's release end): freed
+    store.drop_reservations(owner=me, actor=actor, operation=f"release {me}")
     # and its allocations (ops.tenancy.forget, without importing admission, its module's, on the hook's
     # release path), in the same transaction
     store.domain_stopped(me, allocations=True)

@@ -404,6 +404,8 @@ def _lay_proc(host: HostRoot, spec: HostSpec, devs: Dict[PciAddress, _Dev]) -> N
     _w(host.proc_modules, "\n".join(lines) + ("\n" if lines else ""))
     for m in spec.modules + spec.builtin_modules:
         (host.sys_module / m).mkdir(parents=True, exist_ok=True)
+    if "nvidia" in spec.modules:
+        _w(host.sys_module / "nvidia" / "version", spec.driver_version + "\n")   # MODULE_VERSION's attribute
     _w(host.proc_cpuinfo, f"processor\t: 0\nvendor_id\t: {spec.cpu_vendor}\n"
                           f"flags\t\t: {'vmx' if spec.cpu_vendor == 'GenuineIntel' else 'svm'}\n")
     _w(host.path("proc", "sys", "kernel", "osrelease"), spec.kernel_release + "\n")

@@ -17,6 +17,7 @@ Format (``version: 1``)::
       modules: [vfio_pci, ...]    # loaded (proc/modules)
       builtin_modules: []         # built into the kernel (modules.builtin)
       processes: [nvidia-persistenced]
+      driver_version: 580.65.05   # the nvidia module's version (sys/module/nvidia/version): the vGPU manager's
     devices:
       - bdf: "0000:41:00.0"
         model: A40                # a key of catalog.yaml gpus or devices
@@ -112,11 +113,12 @@ class HostSpec:
     faults: Tuple[FaultSpec, ...] = ()
     source: str = "<spec>"
     load: Tuple[Tuple[str, str], ...] = ()      # (trace key, trace as JSON): simulated NVML load
+    driver_version: str = "580.65.05"           # the vGPU manager's (vGPU 19.0, NVIDIA's release notes)
 
 
 _TOP = {"version", "name", "summary", "host", "devices", "faults", "load"}
 _HOST = {"cpu_vendor", "cmdline", "iommu", "interrupt_remapping", "kernel_release",
-         "modules", "builtin_modules", "processes"}
+         "modules", "builtin_modules", "processes", "driver_version"}
 _DEVICE = {"bdf", "model", "upstream", "numa_node", "driver", "boot_vga", "boot_framebuffer",
            "iommu_group", "vgpu", "mig"}
 _VGPU = {"backend", "sriov_numvfs", "mixed_size"}
@@ -245,7 +247,18 @@ def parse_spec(text: str, *, source: str = "<spec>", catalog: Optional[Catalog] 
         modules=r.str_list(host, hp, "modules"),
         builtin_modules=r.str_list(host, hp, "builtin_modules"),
         processes=r.str_list(host, hp, "processes"),
-        devices=tuple(devices), faults=tuple(faults), source=source, load=tuple(load))
+        devices=tuple(devices), faults=tuple(faults), source=source, load=tuple(load),
+        driver_version=_driver_version(r, host, hp))
+
+
+def _driver_version(r: "_Reader", host: dict, hp: tuple) -> str:
+    """``host.driver_version``: dotted numbers (``580.65.05``), the nvidia module's version."""
+    raw = r.get(host, hp, "driver_version", str, "580.65.05")
+    parts = raw.split(".")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 4 for p in parts):
+        raise r.loc.error(hp + ("driver_version",), f"driver_version must be dotted numbers like 580.65.05, "
+                                                     f"found {raw!r}")
+    return raw
 
 
 def _parse_device(r: _Reader, cat: Catalog, i: int, raw: Any, seen: Dict[PciAddress, int]) -> DeviceSpec:

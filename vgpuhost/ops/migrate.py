@@ -1,0 +1,420 @@
+"""Live migration of a domain with vGPUs: the source's request, the destination's check, the hook's rewrite.
+
+Owns: :func:`request_for` (what the source sends: the domain's devices as it holds them, its
+binding, the vGPU manager version), :func:`check_incoming` (the destination's answer: can it take
+the domain, and why not; read-only on both hosts), :func:`check` (both sides, the destination a
+host root directory), and :func:`incoming` (the qemu hook's ``migrate begin`` on the destination:
+a free device chosen by the domain's placement rules, host-specific pins rewritten, the device
+reserved in the state store for ``prepare begin`` to make).  :func:`sweep` frees reservations that
+expired (``vgpuhost reconcile``).  Decisions are :mod:`vgpuhost.policy.migration`'s.  Must not: call
+libvirt from :func:`incoming` (it runs inside libvirtd's incoming migration, docs/reference/libvirt.md);
+import anything heavy at module level (the hook imports it for ``migrate begin``).
+
+The split: the destination's side takes a request document (:data:`~vgpuhost.policy.migration.REQUEST_SCHEMA`,
+``vgpuhost migrate request DOMAIN``) and answers a check document, so the two can run on two hosts
+(``vgpuhost migrate request vm | ssh dest vgpuhost migrate check --incoming``); ``migrate check
+--to DIR`` runs both here for a destination that is a host root (the simulator).
+
+libvirt facts (docs/reference/libvirt.md#hooks): on the destination, libvirt runs ``qemu NAME
+migrate begin -`` with the incoming domain XML on stdin; the hook may print a rewritten XML on
+stdout (empty: unchanged), and a failure or an invalid XML cancels the incoming migration.  Then
+``prepare begin``, ``start begin`` and ``started begin`` run as for a start; a migration that fails
+or is cancelled after that runs ``release end`` on the destination; a successful one runs
+``release end`` on the source.
+"""
+
+from __future__ import annotations
+
+from ..io.hostroot import HostRoot
+from ..model.concepts import DeviceKind
+from ..model.errors import InputError, RefusedError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
+    from ..io.state import StateStore
+    from ..libvirt.domxml import DomainView
+    from ..observe.inventory import Inventory
+    from ..policy.migration import Refusal, Request
+
+#: how long a reservation made by ``migrate begin`` holds its device when no ``prepare begin`` or
+#: ``release end`` follows (libvirt runs ``prepare begin`` right after ``migrate begin``, before QEMU
+#: starts and before any memory is copied); ``vgpuhost reconcile`` frees an expired one
+RESERVATION_TTL_S = 300
+
+
+def manager_version(host: HostRoot) -> "Optional[str]":
+    """The vGPU manager's version on ``host``: ``sys/module/nvidia/version`` (the nvidia module's
+    ``MODULE_VERSION``, e.g. ``580.65.05``), None when unreadable."""
+    from ..io.sysfs import Sysfs
+    from ..io.vgpudev import manager_version as read_version
+    return read_version(Sysfs(host))
+
+
+def request_for(host: HostRoot, store: "StateStore", view: "DomainView") -> "Request":
+    """The request for ``view``'s domain as this host sees it: each device its metadata declares (a
+    vGPU's type as this host's records name it when the domain holds it), the domain's binding here
+    (tenant, QoS class) and this host's vGPU manager version.  On the source it is what a destination
+    is sent; on the destination :func:`incoming` builds it from the incoming XML.  Raises InputError
+    for a domain without vgpuhost devices."""
+    from ..policy.migration import Device, Request
+    meta = view.metadata
+    if meta is None or meta.empty:
+        raise InputError(f"domain {view.name or view.uuid} declares no vgpuhost device: nothing to check",
+                         hint="'vgpuhost attach' declares its vGPUs; a domain without them migrates as any other")
+    held = {r.id: r for r in store.vgpu_records(owner=view.uuid)}
+    devices = []
+    for v in meta.vgpus:
+        rec = held.get(v.device)
+        devices.append(Device("mdev" if v.uuid else "vf", v.device, rec.type_name if rec else str(v.profile),
+                              rec.gpu if rec else (str(v.gpu) if v.gpu else "")))
+    for g in meta.passthrough:
+        devices.append(Device("passthrough", str(g), "", str(g)))
+    row = store.binding(view.uuid) if not store.absent else None
+    return Request(view.name or view.uuid, view.uuid, meta.strategy, meta.anti_affinity,
+                   row[1] if row else None, row[2] if row else None, manager_version(host), tuple(devices))
+
+
+def _facts(host: HostRoot, store: "StateStore") -> "Tuple[Inventory, list, list]":
+    """The destination's inventory (GPUs out of service offer nothing), records and seen types."""
+    from ..io.sysfs import Sysfs
+    from ..observe.inventory import discover
+    from ..policy.offers import seen_rows
+    from .health import in_service
+    inv = in_service(discover(Sysfs(host)), None if store.absent else store)
+    return inv, store.vgpu_records(), store.seen_types() + seen_rows(inv)
+
+
+def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory", records: list, seen: list,
+                keep: "Dict[str, object]") -> "Tuple[List[dict], List[Refusal]]":
+    """Where the destination makes each of ``req``'s vGPUs (``{device, kind, profile, gpu, parent}`` each),
+    and the refusals.  ``keep``: device -> the VF or GPU the incoming XML names, kept when still free."""
+    from dataclasses import replace
+    from ..model.values import PciAddress
+    from ..policy import migration as mig
+    from ..policy.offers import offers, resolve_profile
+    from ..policy.placement import Request as Placing
+    where = f"destination {host.s.root}"
+    from ..io.state import utcnow
+    now = utcnow()          # an expired reservation holds nothing (reconcile deletes it)
+    others = [r for r in store.reservation_rows() if r[1] != req.uuid and r[6] >= now] if not store.absent else []
+    reserved = frozenset(r[0] for r in others)
+    # mdevs other incoming migrations reserved and prepare begin has not made yet: (GPU, type) -> how many
+    pending: "Dict[Tuple[str, str], int]" = {}
+    for r in others:
+        if r[4] == DeviceKind.MDEV:
+            pending[(r[3], r[5].lower())] = pending.get((r[3], r[5].lower()), 0) + 1
+    taken: "Dict[PciAddress, PciAddress]" = {}      # GPU -> what this domain takes there (one vGPU per VM per GPU)
+    used_parents: set = set()
+    out: "List[dict]" = []
+    refusals: "List[Refusal]" = []
+    for d in req.devices:
+        if d.kind == DeviceKind.PASSTHROUGH:
+            refusals.append(mig.passthrough_refusal(d))
+            continue
+        try:
+            name = resolve_profile(inv, records, d.profile, None, seen)
+        except InputError as e:
+            refusals.append(mig.type_refusal(d, where, e.message.replace("unknown vGPU profile", "no GPU offers")
+                                             .split(" on ")[0], known=False))
+            continue
+        offered = []
+        for o in offers(inv, records, name, seen):
+            if o.gpu in inv.out_of_service:
+                o = replace(o, available=0, parents=(), note=f"out of service: {inv.out_of_service[o.gpu]}")
+            if o.gpu in taken:
+                o = replace(o, owners=o.owners | {req.uuid})
+            held = pending.get((str(o.gpu), name.lower()), 0)
+            if held and o.available > 0:
+                o = replace(o, available=max(0, o.available - held),
+                            note=f"{held} {name} reserved for other incoming migrations")
+            parents = tuple(p for p in o.parents if p not in used_parents)
+            if o.parents and d.kind == "vf":
+                o = replace(o, parents=parents, available=min(o.available, len(parents)))
+            offered.append(o)
+        placing = Placing(name, req.uuid, req.strategy, None, req.anti_affinity, None)
+        k = keep.get(d.device)
+        gpu, parent = mig.choose_device(offered, placing, keep=k if isinstance(k, PciAddress) else None,
+                                        reserved=reserved)
+        if gpu is None:
+            refusals.append(mig.type_refusal(d, where, str(parent)))
+            continue
+        taken[gpu] = parent
+        if d.kind == "vf":
+            used_parents.add(parent)
+        out.append({"device": d.device, "kind": d.kind, "profile": name, "gpu": str(gpu),
+                    "parent": str(parent) if parent is not None else None})
+    return out, refusals
+
+
+def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
+               placed: "List[dict]") -> "List[Refusal]":
+    """Admission for the domain's tenant on the destination, read-only (``admit_domain`` with ``audit``
+    off: no row, no allocation).  The destination's own binding of the domain counts where it has one,
+    else the source's (the request's).  Nothing when tenancy is not in use there."""
+    from ..policy import migration as mig
+    from .admitting import active
+    if store.absent or not active(store):
+        return []
+    from ..io.state import utcnow
+    from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
+    from ..model.values import PciAddress
+    from . import tenancy
+    view = DomainView()
+    view.name, view.uuid = req.name, req.uuid
+    vgpus = []
+    for p in placed:
+        if p["kind"] == "mdev":
+            vgpus.append(VgpuRequest(p["profile"], uuid=p["device"]))
+        else:
+            vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
+    view.metadata = Metadata(req.strategy, req.tenant, req.anti_affinity, vgpus, [], req.qos)
+    row = store.binding(req.uuid)
+    if row is None and req.tenant:
+        row = (req.uuid, req.tenant, req.qos, "migrate check", utcnow())
+    try:
+        tenancy.admit_domain(store, view, inv, audit=False, types={p["device"]: p["profile"] for p in placed},
+                             binding=row)
+    except RefusedError as e:
+        return [mig.Refusal(mig.ADMISSION, "", f"tenant {req.tenant or '(none)'}: {e.message}",
+                            e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")]
+    return []
+
+
+def check_incoming(host: HostRoot, req: "Request") -> dict:
+    """The destination's answer to ``req`` (this host is the destination): the check document
+    (:data:`~vgpuhost.policy.migration.CHECK_SCHEMA`): ``ok``, ``refusals`` (code, device, line, fix),
+    ``devices`` (where each vGPU would be made) and both vGPU manager versions.  Changes nothing on
+    this host: the state store is opened read-only (never created)."""
+    from ..io.state import StateStore
+    from ..policy import migration as mig
+    store = StateStore(host.s.state_dir, create=False)
+    try:
+        refusals: "List[Refusal]" = []
+        dest_manager = manager_version(host)
+        m = mig.manager_refusal(req.manager, dest_manager)
+        if m is not None:
+            refusals.append(m)
+        inv, records, seen = _facts(host, store)
+        placed, more = _placements(host, store, req, inv, records, seen, {})
+        refusals += more
+        if not more and placed:
+            refusals += _admission(host, store, req, inv, placed)
+    finally:
+        store.close()
+    return {"schema": mig.CHECK_SCHEMA, "domain": req.name, "uuid": req.uuid, "destination": host.s.root,
+            "ok": not refusals, "manager_version": {"source": req.manager, "destination": dest_manager},
+            "tenant": req.tenant, "devices": placed, "refusals": [r.as_dict() for r in refusals]}
+
+
+def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) -> dict:
+    """``vgpuhost migrate check DOMAIN --to DEST`` on the source ``host``: the request made here, answered by
+    the destination.  ``dest``: a host root directory (``VGPUHOST_ROOT`` form), or an ssh URI
+    (``ssh://[USER@]HOST[:PORT]``, ``qemu+ssh://[USER@]HOST[:PORT]/system``: the destination's side runs
+    there as ``vgpuhost --json migrate check --incoming`` over ssh, :func:`over_ssh`).  Any other URI is
+    refused (InputError, exit 2) with the two-step form."""
+    from ..io.files import is_dir
+    req = request_for(host, store, view)
+    if dest.startswith(("ssh://", "qemu+ssh://")):
+        return over_ssh(dest, req)
+    if "://" in dest or not is_dir(dest):
+        raise InputError(f"destination {dest!r} is neither a host root directory nor an ssh:// or qemu+ssh:// URI",
+                         hint=f"or run the check there: 'vgpuhost migrate request {view.name or view.uuid} | "
+                              "ssh HOST vgpuhost migrate check --incoming'")
+    return check_incoming(HostRoot.from_env(dest, None), req)
+
+
+#: characters an ssh destination may hold (user, host name or address, port); never a leading '-'
+_SSH_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@:[]%")
+SSH_TIMEOUT_S = 120
+
+
+def ssh_argv(uri: str) -> "List[str]":
+    """The ssh command line that runs the destination's side for ``uri`` (``ssh://`` or ``qemu+ssh://``,
+    ``[USER@]HOST[:PORT]``, any path ignored): ``ssh -o BatchMode=yes [-p PORT] -- [USER@]HOST vgpuhost
+    --json migrate check --incoming``.  Raises InputError for a destination that is not plain."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    host = parts.hostname if parts is not None else None
+    if not host or host[0] == "-" or not set(host) <= _SSH_CHARS or (parts.username and (
+            parts.username[0] == "-" or not set(parts.username) <= _SSH_CHARS)) or parts.password:
+        raise InputError(f"invalid ssh destination {uri!r}",
+                         hint="ssh://[USER@]HOST[:PORT] or qemu+ssh://[USER@]HOST[:PORT]/system")
+    target = f"{parts.username}@{host}" if parts.username else host
+    return (["ssh", "-o", "BatchMode=yes"] + (["-p", str(port)] if port else [])
+            + ["--", target, "vgpuhost", "--json", "migrate", "check", "--incoming"])
+
+
+def over_ssh(uri: str, req: "Request") -> dict:
+    """The destination's check document for ``req``, from ``vgpuhost migrate check --incoming`` run on the
+    host ``uri`` names over ssh (its exit 0 or 2 both answer a document).  Raises HostEnvironmentError
+    (exit 2) when ssh cannot run or the far side answers no check document; never echoes its output."""
+    import json
+    from ..io.process import run_program
+    from ..model.errors import HostEnvironmentError
+    from ..policy.migration import CHECK_SCHEMA
+    argv = ssh_argv(uri)
+    target = argv[argv.index("--") + 1]
+    try:
+        done = run_program(argv, input=json.dumps(req.as_dict()).encode(), timeout=SSH_TIMEOUT_S)
+    except OSError as e:
+        raise HostEnvironmentError(f"cannot run ssh: {e.strerror}", hint="install openssh-client") from None
+    except Exception as e:
+        if type(e).__name__ != "TimeoutExpired":
+            raise
+        raise HostEnvironmentError(f"{target} did not answer within {SSH_TIMEOUT_S} s",
+                                   hint="check that 'ssh HOST true' works without a prompt") from None
+    try:
+        doc = json.loads(done.stdout.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        doc = None
+    if done.returncode not in (0, 2) or not isinstance(doc, dict) or doc.get("schema") != CHECK_SCHEMA:
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        last = "".join(c if c.isprintable() else "?" for c in (err[-1] if err else ""))[:300]
+        raise HostEnvironmentError(f"the check over ssh on {target} gave no answer (exit {done.returncode}"
+                                   + (f": {last}" if last else "") + ")",
+                                   hint="vgpuhost must be installed there and 'ssh HOST vgpuhost --version' work "
+                                        "without a prompt")
+    return doc
+
+
+# ---------------------------------------------------------------------------
+# the qemu hook's migrate begin (destination)
+
+def _expiry(seconds: int) -> str:
+    import time
+    secs = time.time() + seconds
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + ".000000+00:00"
+
+
+def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
+    """``migrate begin`` on the destination: the rewritten domain XML (None: print nothing, unchanged).
+
+    For each vGPU the incoming domain's metadata declares, a device is chosen here by the domain's
+    placement rules (strategy, anti-affinity, one vGPU per VM per GPU), keeping the one the XML names
+    where it is free here: a VF (vendor VFIO, MIG-backed types included) is rewritten in the metadata
+    (``vf=``) and in the ``<hostdev>`` source address; a classic mdev keeps its UUID (it is unique, and
+    the guest sees the same device) unless another owner holds that UUID here (then a new one, in the
+    metadata and the ``<hostdev>``), and its ``gpu=`` pin is rewritten only when this host cannot place
+    it on that GPU.  Each chosen device is reserved for the domain (state store, owner its UUID,
+    expiring after :data:`RESERVATION_TTL_S`), so no start takes it before ``prepare begin`` makes it
+    (:func:`vgpuhost.ops.devices.prepare` places a reserved mdev on its reserved GPU).
+
+    Raises RefusedError (exit 2, nothing reserved, one audit row) when the destination cannot take the
+    domain: a passed-through GPU, a type or MIG profile not free here; InputError for a bad XML."""
+    from ..libvirt.domxml import parse_domain
+    from ..policy import migration as mig
+    view = parse_domain(data)
+    meta = view.metadata
+    if meta is None or meta.empty:
+        return None
+    from ..io.locks import file_lock
+    from ..io.state import StateStore
+    from .admitting import HOST_LOCK
+    from .devices import _owned
+    store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
+    name = view.name or view.uuid
+    operation = f"migrate begin {name}"
+    with file_lock(store.dir, HOST_LOCK):      # the lock admission decides starts under: no start races it
+        req = request_for(host, store, view)
+        inv, records, seen = _facts(host, store)
+        keep: "Dict[str, object]" = {}
+        for v in meta.vgpus:
+            keep[v.device] = v.vf if v.vf is not None else v.gpu
+        placed, refusals = _placements(host, store, req, inv, records, seen, keep)
+        if refusals:
+            line = "; ".join(r.text() for r in refusals)
+            store.audit(actor=actor, operation=operation, path="(migration)", value=line, result="refused")
+            first = refusals[0]
+            raise RefusedError(f"incoming migration refused: {first.line}" +
+                               (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=first.fix)
+        expires = _expiry(RESERVATION_TTL_S)
+        from ..io.state import utcnow
+        expires_now = utcnow()
+        rows = []
+        changed_vfs: "Dict[str, str]" = {}
+        changed_pins: "Dict[str, str]" = {}
+        # an mdev UUID another owner holds here (a record, or an mdev in the tree nobody recorded for this
+        # domain) must change: the rest of the domain keeps its identity, the guest sees the same device type
+        mine = {r.id for r in records if r.owner == view.uuid}
+        in_use = ({r.id for r in records} | {m.uuid for m in inv.mdevs}) - mine
+        changed_uuids: "Dict[str, str]" = {}
+        for p, v in zip(placed, meta.vgpus):
+            if p["kind"] == "vf":
+                rows.append((p["parent"], name, p["gpu"], "vf", p["profile"], expires))
+                if p["parent"] != str(v.vf):
+                    changed_vfs[str(v.vf)] = p["parent"]
+            else:
+                device = p["device"]
+                if device in in_use or any(r[0] == device and r[1] != view.uuid and r[6] >= expires_now
+                                           for r in store.reservation_rows()):
+                    device = changed_uuids[p["device"]] = _new_uuid(in_use)
+                rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
+                if v.gpu is not None and str(v.gpu) != p["gpu"]:
+                    changed_pins[p["device"]] = p["gpu"]
+        store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
+    if not changed_vfs and not changed_pins and not changed_uuids:
+        return None
+    return rewrite(data, view, changed_vfs, changed_pins, changed_uuids)
+
+
+def _new_uuid(taken: set) -> str:
+    import uuid
+    while True:
+        u = str(uuid.uuid4())
+        if u not in taken:
+            return u
+
+
+def rewrite(data: bytes, view: "DomainView", vfs: "Dict[str, str]", pins: "Dict[str, str]",
+            uuids: "Optional[Dict[str, str]]" = None) -> str:
+    """The domain XML ``data`` with each VF of ``vfs`` (old BDF -> new BDF) moved, in the metadata and in
+    the ``<hostdev>`` source address that names it, each mdev of ``pins`` (UUID -> GPU BDF) pinned
+    to its new GPU, and each mdev of ``uuids`` (old UUID -> new UUID) renamed in the metadata and its
+    ``<hostdev>``; everything else as it was."""
+    uuids = uuids or {}
+    from ..libvirt.domain import DomainDoc, hostdev_source
+    from ..libvirt.domxml import VgpuRequest
+    from ..model.values import PciAddress
+    doc = DomainDoc.parse(data)
+    for h in doc.hostdevs():
+        kind, source = hostdev_source(h)
+        if kind == "mdev" and source in uuids:
+            h.find("source/address").set("uuid", uuids[source])
+            continue
+        if kind != "pci" or source not in vfs:
+            continue
+        new = PciAddress.parse(vfs[source])
+        a = h.find("source/address")
+        a.set("domain", f"0x{new.domain:04x}")
+        a.set("bus", f"0x{new.bus:02x}")
+        a.set("slot", f"0x{new.slot:02x}")
+        a.set("function", f"0x{new.function:x}")
+    meta = view.metadata
+    meta.vgpus = [VgpuRequest(v.profile, vf=PciAddress.parse(vfs[str(v.vf)]), gpu=v.gpu)
+                  if v.vf is not None and str(v.vf) in vfs else
+                  VgpuRequest(v.profile, uuid=uuids.get(v.uuid, v.uuid),
+                              gpu=PciAddress.parse(pins[v.uuid]) if v.uuid in pins else v.gpu)
+                  if v.uuid is not None and (v.uuid in pins or v.uuid in uuids) else v
+                  for v in meta.vgpus]
+    doc.set_metadata(meta)
+    return doc.to_xml()
+
+
+def sweep(store: "StateStore", *, actor: str, check: bool = False) -> "List[str]":
+    """Reservations whose expiry passed (a destination whose migration ended without ``prepare begin``
+    or ``release end``, e.g. its libvirtd killed): freed (one audit row each, result ``expired``), or with
+    ``check`` only listed.  One line each: ``KIND DEVICE on GPU for NAME (expired TIME)``."""
+    from ..io.state import utcnow
+    if store.absent:
+        return []
+    now = utcnow()
+    if check:
+        rows = [r for r in store.reservation_rows() if r[6] < now]
+    else:
+        rows = store.drop_reservations(expired_before=now, actor=actor, operation="reconcile", result="expired")
+    return [f"{r[4]} {r[0]} on {r[3]} for {r[2]} (expired {r[6]})" for r in rows]
