@@ -120,6 +120,19 @@ class _Device:
     def instances(self) -> List[GpuInstance]:
         return list(self.backend.gpu_instances(self.bdf))
 
+    def busy(self, gis: Sequence[GpuInstance]) -> Dict[int, int]:
+        """``{gi_id: vGPUs on it}`` for the GPU instances that hold vGPUs (NVML's
+        ``nvmlVgpuInstanceGetGpuInstanceId`` of each active vGPU).  Where NVML cannot say which
+        instance a vGPU sits on but vGPUs exist, every instance counts as busy (nothing is
+        destroyed under a vGPU on a guess)."""
+        try:
+            return dict(self.backend.gpu_instance_vgpus(self.bdf))
+        except NvmlError as e:
+            if not e.not_supported:
+                raise
+        n = self.vgpus()
+        return {g.gi_id: n for g in gis} if n else {}
+
     def vgpus(self) -> int:
         try:
             return int(self.backend.active_vgpus(self.bdf))
@@ -363,18 +376,20 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
                     else f"is off: run 'vgpuhost mig enable --gpu {bdf}' first")
             raise RefusedError(f"MIG mode on {bdf} {what}", hint=f"order: {ORDER}")
         gis = dev.instances()
-        lp = plan_layout(profiles, gis, wanted, bdf)
+        busy = dev.busy(gis)
+        try:
+            lp = plan_layout(profiles, gis, wanted, bdf, busy=busy)
+        except RefusedError as e:
+            e.message = e.message.replace("MIG layout would", f"the layout on {bdf} would", 1)
+            raise
         out = MigOutcome("apply", str(bdf), changed=bool(lp.steps), dry_run=dry_run, name=dev.name,
                          mig_mode=_mode_dict(dev.mode), layout_before=counts(profiles, gis),
                          layout_after=names(profiles, wanted), steps=[s.describe() for s in lp.steps])
         if pending != cur:
             out.notes.append("MIG mode off is pending until a GPU reset: these GPU instances go with it")
-        if lp.destroy:
-            n = dev.vgpus()
-            if n:
-                raise RefusedError(f"the layout on {bdf} destroys {len(lp.destroy)} GPU instance(s) while "
-                                   f"{n} vGPU(s) exist",
-                                   hint="remove the MIG-backed vGPUs first ('vgpuhost vgpu list')")
+        if lp.destroy and busy:
+            out.notes.append("kept the busy GPU instance(s) " + ", ".join(
+                f"{g.gi_id}" for g in lp.keep if busy.get(g.gi_id)) + "; re-sliced only free ones")
         if not lp.steps:
             out.notes.append(f"{bdf} already has {layout_text(out.layout_before)}")
         return out, lp, wanted, profiles

@@ -1,0 +1,151 @@
+"""MIG on demand (issue 30, item 4): a re-layout keeps busy GPU instances and re-slices only free
+ones; the simulator records which GPU instance each MIG-backed vGPU sits on, as NVML's
+``nvmlVgpuInstanceGetGpuInstanceId`` reports it on a real host.
+
+Everything is read back through a fresh simulated NVML (:class:`SimNvml`), the simulated sysfs tree
+(``current_vgpu_type``) and the state store's audit log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from vgpuhost.cli.main import main
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.errors import RefusedError
+from vgpuhost.model.values import PciAddress
+from vgpuhost.ops import mig
+from vgpuhost.ops.vgpu import create, remove
+from vgpuhost.sim.kernel import SimKernel
+from vgpuhost.sim.nvml import SimNvml
+
+H200 = PciAddress.parse("0000:18:00.0")      # the shipped h200-mig-on spec's GPU
+
+
+def gis(host):
+    """``{gi_id: (profile name, start)}`` read through a fresh simulated NVML."""
+    nv = SimNvml(host)
+    names = {p.profile_id: p.name for p in nv.gi_profiles(H200)}
+    return {g.gi_id: (names[g.profile_id], g.start) for g in nv.gpu_instances(H200)}
+
+
+def busy(host):
+    return SimNvml(host).gpu_instance_vgpus(H200)
+
+
+def vf_type(host, vf):
+    return (host.pci_device(vf) / "nvidia" / "current_vgpu_type").read_text().strip()
+
+
+@pytest.fixture
+def h200(make_host):
+    return make_host("h200-mig-on")
+
+
+def test_nvml_says_which_gpu_instance_each_mig_backed_vgpu_sits_on(h200):
+    store = StateStore(h200.state_dir)
+    mig.apply(h200, store, H200, "3g.71gb=2")
+    assert busy(h200) == {}
+    one = create(h200, store, profile="H200X-3-71C")
+    first = busy(h200)
+    assert list(first.values()) == [1] and set(first) <= set(gis(h200))
+    two = create(h200, store, profile="H200X-3-71C")
+    assert sorted(busy(h200)) == sorted(gis(h200)) and set(busy(h200).values()) == {1}
+    # the first vGPU stays on its GPU instance when the second goes
+    remove(h200, store, two.id)
+    assert busy(h200) == first
+    assert vf_type(h200, one.id) != "0"
+
+
+def test_relayout_keeps_the_busy_instance_and_reslices_the_free_one(h200):
+    store = StateStore(h200.state_dir)
+    mig.apply(h200, store, H200, "3g.71gb=2")
+    vm = create(h200, store, profile="H200X-3-71C")
+    (held,) = busy(h200)
+    before = gis(h200)[held]
+    rows = len(store.audit_rows())
+    out = mig.apply(h200, store, H200, "3g.71gb=1,2g.35gb=1,1g.18gb=1")
+    after = gis(h200)
+    assert after[held] == before                             # same id, profile and start slice
+    assert Counter(p for p, _ in after.values()) == Counter({"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 1})
+    assert busy(h200) == {held: 1} and vf_type(h200, vm.id) != "0"
+    # one destroy and two creates, each audited
+    new_rows = store.audit_rows()[rows:]
+    assert [r.path for r in new_rows] == ["nvml:nvmlGpuInstanceDestroy"] + \
+        ["nvml:nvmlDeviceCreateGpuInstanceWithPlacement"] * 2
+    assert any("kept the busy GPU instance" in n for n in out.notes)
+    # placements are the device's (start slices) and do not overlap
+    nv = SimNvml(h200)
+    profs = {p.profile_id: p for p in nv.gi_profiles(H200)}
+    used = 0
+    for g in nv.gpu_instances(H200):
+        assert (g.start, g.size) in profs[g.profile_id].placements
+        assert not used & (((1 << g.size) - 1) << g.start)
+        used |= ((1 << g.size) - 1) << g.start
+
+
+@pytest.mark.parametrize("layout,why", [
+    ("none", "and the layout has no 3g.71gb for it"),
+    ("7g.141gb=1", "and the layout has no 3g.71gb for it"),
+    ("4g.71gb=1,3g.71gb=1", "do not fit beside it"),
+])
+def test_a_layout_that_needs_the_busy_instance_gone_is_refused_naming_it(h200, capsys, layout, why):
+    store = StateStore(h200.state_dir)
+    mig.apply(h200, store, H200, "3g.71gb=2")
+    # one vGPU on each 3g.71gb, then the one on slice 4 goes: the busy instance is the one at slice 0,
+    # where the 4g.71gb (which can start only there) would have to go
+    vms = [create(h200, store, profile="H200X-3-71C") for _ in range(2)]
+    on = SimKernel(h200).gi_of_vgpus(SimKernel(h200).meta(), str(H200))
+    at4 = next(v for v in vms if gis(h200)[on[v.id]][1] == 4)
+    remove(h200, store, at4.id)
+    (held,) = busy(h200)
+    name, start = gis(h200)[held]
+    assert (name, start) == ("3g.71gb", 0)
+    before, rows = gis(h200), len(store.audit_rows())
+    with pytest.raises(RefusedError) as e:
+        mig.apply(h200, store, H200, layout)
+    assert f"GPU instance {held} ({name} at memory slice {start}) holds 1 vGPU" in e.value.message
+    assert why in e.value.message and str(H200) in e.value.message
+    assert gis(h200) == before and len(store.audit_rows()) == rows
+    assert main(["--root", str(h200.root), "mig", "apply", "--gpu", str(H200), layout]) == 2
+    assert f"GPU instance {held}" in capsys.readouterr().err
+
+
+LAYOUTS = ["3g.71gb=2", "3g.71gb=1,2g.35gb=1,1g.18gb=1", "2g.35gb=3,1g.18gb=1", "1g.18gb=7",
+           "4g.71gb=1,3g.71gb=1", "7g.141gb=1", "1g.18gb=3,3g.71gb=1", "none"]
+PROFILES = ["H200X-1-18C", "H200X-2-35C", "H200X-3-71C", "H200X-4-71C", "H200X-7-141C"]
+OPS = st.lists(st.one_of(st.tuples(st.just("apply"), st.sampled_from(LAYOUTS)),
+                         st.tuples(st.just("start"), st.sampled_from(PROFILES)),
+                         st.tuples(st.just("stop"), st.integers(0, 6))), min_size=1, max_size=6)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_relayouts_and_starts_never_destroy_a_busy_gpu_instance(make_host, ops):
+    host = make_host("h200-mig-on")
+    store = StateStore(host.state_dir)
+    vms = []
+    for op, arg in ops:
+        held = {gi: gis(host)[gi] for gi in busy(host)}
+        if op == "apply":
+            try:
+                mig.apply(host, store, H200, arg)
+            except RefusedError as e:
+                assert "busy GPU instance" in e.message or "does not fit" in e.message
+        elif op == "start":
+            try:
+                vms.append(create(host, store, profile=arg).id)
+            except RefusedError:
+                pass                                # no free GPU instance of its profile
+        elif vms:
+            remove(host, store, vms.pop(arg % len(vms)))
+        now = gis(host)
+        # every instance busy before the step is still there, same id, profile and start slice
+        assert all(now.get(gi) == where for gi, where in held.items())
+        # every running vGPU still holds its VF and sits on a live GPU instance of its profile
+        on = SimKernel(host).gi_of_vgpus(SimKernel(host).meta(), str(H200))
+        assert sorted(on) == sorted(vms) and all(vf_type(host, v) != "0" for v in vms)
+        assert all(g in now for g in on.values()) and len(set(on.values())) == len(on)
