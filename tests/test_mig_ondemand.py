@@ -149,3 +149,78 @@ def test_relayouts_and_starts_never_destroy_a_busy_gpu_instance(make_host, ops):
         on = SimKernel(host).gi_of_vgpus(SimKernel(host).meta(), str(H200))
         assert sorted(on) == sorted(vms) and all(vf_type(host, v) != "0" for v in vms)
         assert all(g in now for g in on.values()) and len(set(on.values())) == len(on)
+
+
+# ---------------------------------------------------------------------------
+# MIG on demand through the qemu hook (h200-mig-on: MIG mode on, VFs enabled, no GPU instance)
+
+import io as _io                                             # noqa: E402
+
+from vgpuhost.hook import runtime as hook                    # noqa: E402
+from vgpuhost.libvirt.domxml import Metadata, VgpuRequest    # noqa: E402
+from vgpuhost.ops import migdemand                           # noqa: E402
+
+from test_hook import domain_xml, pci_hostdev                # noqa: E402
+
+DOM1 = "11111111-2222-4333-8444-0000000000a1"
+DOM2 = "11111111-2222-4333-8444-0000000000a2"
+
+
+def vfs(host):
+    return SimKernel(host).meta()["gpus"][str(H200)]["vfs"]
+
+
+def vm_xml(name, uuid, profile, vf):
+    return domain_xml(name, uuid, Metadata(vgpus=[VgpuRequest(profile, vf=PciAddress.parse(vf))]),
+                      [pci_hostdev(vf)])
+
+
+def hook_run(host, name, op, sub, xml, err=None):
+    """The hook handler in process, as libvirt runs it; its exit code (its one line goes to ``err``)."""
+    return hook.main([name, op, sub, "-"], _io.BytesIO(xml.encode()), err or _io.StringIO(), host=host)
+
+
+def cli(host, *argv):
+    return main(["--root", str(host.root), *argv])
+
+
+def test_a_vm_starts_on_a_mig_backed_profile_with_no_instance_and_release_destroys_it(h200, capsys):
+    store = StateStore(h200.state_dir)
+    vf1, vf2 = vfs(h200)[:2]
+    xml1 = vm_xml("vm1", DOM1, "H200X-1-18C", vf1)
+    # not opted in: the start is refused, nothing made
+    assert hook_run(h200, "vm1", "prepare", "begin", xml1) == 2
+    assert gis(h200) == {} and vf_type(h200, vf1) == "0"
+    capsys.readouterr()
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    assert migdemand.opted_in(store) == {str(H200)}
+    # the start makes a 1g.18gb GPU instance and the vGPU sits on it
+    assert hook_run(h200, "vm1", "prepare", "begin", xml1) == 0
+    (gi1,) = gis(h200)
+    assert gis(h200)[gi1][0] == "1g.18gb" and busy(h200) == {gi1: 1} and vf_type(h200, vf1) != "0"
+    assert [(m.owner, m.gi_id) for m in migdemand.made(store)] == [(DOM1, gi1)]
+    rows = [r.path for r in store.audit_rows()]
+    assert "nvml:nvmlDeviceCreateGpuInstanceWithPlacement" in rows
+    # a second profile's instance, made by mig apply, is re-sliced while vm1 runs
+    assert cli(h200, "mig", "apply", "--gpu", str(H200), "1g.18gb=1,3g.71gb=1") == 0
+    assert gis(h200)[gi1] == ("1g.18gb", gis(h200)[gi1][1])
+    assert cli(h200, "mig", "apply", "--gpu", str(H200), "1g.18gb=1,2g.35gb=2") == 0
+    now = gis(h200)
+    assert gi1 in now and Counter(p for p, _ in now.values()) == Counter({"1g.18gb": 1, "2g.35gb": 2})
+    assert busy(h200) == {gi1: 1} and vf_type(h200, vf1) != "0"
+    # a re-layout that needs vm1's instance gone is refused, naming it
+    capsys.readouterr()
+    assert cli(h200, "mig", "apply", "--gpu", str(H200), "2g.35gb=3") == 2
+    assert f"GPU instance {gi1} (1g.18gb at memory slice" in capsys.readouterr().err
+    # a second VM on the re-sliced profile takes an existing instance: nothing made for it
+    xml2 = vm_xml("vm2", DOM2, "H200X-2-35C", vf2)
+    assert hook_run(h200, "vm2", "prepare", "begin", xml2) == 0
+    assert len(busy(h200)) == 2 and [m.owner for m in migdemand.made(store)] == [DOM1]
+    # vm1's stop destroys the instance made for it, and only that one
+    assert hook_run(h200, "vm1", "release", "end", xml1) == 0
+    assert gi1 not in gis(h200) and vf_type(h200, vf1) == "0" and migdemand.made(store) == []
+    assert Counter(p for p, _ in gis(h200).values()) == Counter({"2g.35gb": 2})
+    assert hook_run(h200, "vm2", "release", "end", xml2) == 0
+    assert Counter(p for p, _ in gis(h200).values()) == Counter({"2g.35gb": 2})
+    assert [r.path for r in store.audit_rows()].count("nvml:nvmlGpuInstanceDestroy") >= 2
+    assert cli(h200, "reconcile", "--check") == 0

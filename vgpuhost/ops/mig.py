@@ -33,9 +33,9 @@ from ..model.values import PciAddress
 from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
 from ..plan.mig import LayoutPlan, plan_layout, plan_mode_change
-from ..plan.steps import Step
+from ..plan.steps import CreateGi, DestroyGi, Step
 from ..policy.mig import (
-    ORDER, counts, layout_text, name_key, names, parse_layout, profile_name, resolve_layout, why_not
+    ORDER, counts, layout_text, name_key, names, parse_layout, place, profile_name, resolve_layout, why_not
 )
 from .nvmljournal import start
 from .recover import recover_locked
@@ -422,6 +422,101 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         return out
 
 
+def make_instance(host: HostRoot, store, bdf: PciAddress, gi_profile: str, *, owner: str, actor: str,
+                  record=None, backend: Optional[NvmlBackend] = None) -> GpuInstance:
+    """Create ONE GPU instance of ``gi_profile`` (``1g.18gb``) on ``bdf`` beside the instances there,
+    at a placement the device allows (:func:`vgpuhost.policy.mig.place`: its start slices); nothing
+    else is touched.  Under the GPU's lock, after ending what an interrupted operation left there;
+    journaled (kind ``mig-apply``, ``owner``) and audited like ``mig apply``.  ``record(start)``:
+    called before the NVML call, with the memory slice chosen (MIG on demand writes its intent
+    there, :mod:`vgpuhost.ops.migdemand`).  Returns the instance made.
+
+    Raises RefusedError when MIG mode is off or no free slice range takes another ``gi_profile``
+    (naming the instances in the way); DeviceError when NVML fails (undone).
+    """
+    backend = backend or open_backend(host)
+    with file_lock(store.state_dir, f"gpu-{bdf}"):
+        _recover_first(host, store, bdf, actor)
+        dev = _Device(host, backend, bdf)
+        dev.require_mig()
+        if not dev.mode[0]:
+            raise RefusedError(f"MIG mode on {bdf} is off: no GPU instance can be made",
+                               hint=f"'vgpuhost mig enable --gpu {bdf}'; order: {ORDER}")
+        profiles = dev.profiles()
+        by_name = {p.name.lower(): p for p in profiles}
+        prof = by_name.get(gi_profile.lower())
+        if prof is None:
+            raise RefusedError(f"{bdf} ({dev.name}) has no GPU-instance profile {gi_profile}")
+        gis = dev.instances()
+        found = place(profiles, {prof.profile_id: 1}, gis)
+        if not found:
+            there = layout_text(counts(profiles, gis))
+            raise RefusedError(f"no free slice range on {bdf} takes another {prof.name}: it holds {there}",
+                               hint=f"{prof.name} starts at memory slice "
+                                    f"{'/'.join(str(s) for s, _ in prof.placements)}; 'vgpuhost mig show' "
+                                    "lists the instances")
+        start = found[0][1]
+        step = CreateGi(bdf, prof.profile_id, prof.name, start, dict(prof.placements)[start])
+        if record is not None:
+            record(start)
+        wanted: Dict[int, int] = {}
+        for g in gis:
+            wanted[g.profile_id] = wanted.get(g.profile_id, 0) + 1
+        wanted[prof.profile_id] = wanted.get(prof.profile_id, 0) + 1
+        made: List[GpuInstance] = []
+
+        def check() -> None:
+            made[:] = [g for g in backend.gpu_instances(bdf) if g.profile_id == prof.profile_id and g.start == start]
+            if not made:
+                raise DeviceError(f"no {prof.name} at memory slice {start} on {bdf} after creating it",
+                                  hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
+
+        _run(dev, store, [step], actor=actor, operation=f"mig on-demand create {prof.name} on {bdf}",
+             kind="mig-apply", owner=owner, want={"layout": {str(k): v for k, v in wanted.items()}}, check=check)
+        return made[0]
+
+
+def destroy_instance(host: HostRoot, store, bdf: PciAddress, *, profile_id: int, start: int, owner: str,
+                     actor: str, gi_id: Optional[int] = None, backend: Optional[NvmlBackend] = None
+                     ) -> Optional[GpuInstance]:
+    """Destroy the GPU instance of ``profile_id`` at memory slice ``start`` on ``bdf`` (and, given,
+    id ``gi_id``) when it holds no vGPU; the instance destroyed, or None when there is none there.
+    Under the GPU's lock, journaled (kind ``mig-apply``) and audited.  Raises RefusedError when a
+    vGPU sits on it (naming it); DeviceError when NVML fails (undone)."""
+    backend = backend or open_backend(host)
+    with file_lock(store.state_dir, f"gpu-{bdf}"):
+        _recover_first(host, store, bdf, actor)
+        dev = _Device(host, backend, bdf)
+        if dev.mode is None or not dev.mode[0]:
+            return None
+        gis = dev.instances()
+        gi = next((g for g in gis if g.profile_id == profile_id and g.start == start
+                   and (gi_id is None or g.gi_id == gi_id)), None)
+        if gi is None:
+            return None
+        profiles = dev.profiles()
+        by_id = {p.profile_id: p for p in profiles}
+        n = dev.busy(gis).get(gi.gi_id, 0)
+        if n:
+            raise RefusedError(f"GPU instance {gi.gi_id} ({profile_name(by_id, gi.profile_id)} at memory slice "
+                               f"{gi.start}) on {bdf} holds {n} vGPU{'s' if n != 1 else ''}: it stays",
+                               hint="it goes when its vGPU does")
+        wanted: Dict[int, int] = {}
+        for g in gis:
+            if g.gi_id != gi.gi_id:
+                wanted[g.profile_id] = wanted.get(g.profile_id, 0) + 1
+        step = DestroyGi(bdf, gi.gi_id, profile_name(by_id, gi.profile_id), gi.start, gi.size, gi.profile_id)
+
+        def check() -> None:
+            if any(g.gi_id == gi.gi_id and g.start == gi.start for g in backend.gpu_instances(bdf)):
+                raise DeviceError(f"GPU instance {gi.gi_id} is still on {bdf} after destroying it",
+                                  hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
+
+        _run(dev, store, [step], actor=actor, operation=f"mig on-demand destroy GPU instance {gi.gi_id} on {bdf}",
+             kind="mig-apply", owner=owner, want={"layout": {str(k): v for k, v in wanted.items()}}, check=check)
+        return gi
+
+
 def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, int]", *,
                   backend: Optional[NvmlBackend] = None) -> MigAssert:
     """Compare ``bdf``'s GPU instances with ``layout``; ``in_sync`` False on drift, with a diff
@@ -446,4 +541,5 @@ def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, i
 
 
 __all__ = ["MigOutcome", "MigAssert",
-           "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout"]
+           "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout", "make_instance",
+           "destroy_instance"]

@@ -1,0 +1,211 @@
+"""MIG on demand: a GPU instance made at a domain's start for its MIG-backed vGPU, destroyed at its stop.
+
+Owns: the opt-in (per GPU, the state store's settings ``mig.on-demand/<BDF>``, set by ``vgpuhost mig
+on-demand`` or a layout's ``mig: {on_demand: true}``), :func:`make_for` (the qemu hook's ``prepare
+begin``: a MIG-backed vGPU that no free GPU instance can take gets one made, when a free slice range
+allows it), :func:`release_for` (``release end``, and the undo of a start that failed later: what
+was made for the domain is destroyed) and :func:`sweep` (``reconcile``: what a domain no longer
+running left).  Every GPU-instance change is :func:`vgpuhost.ops.mig.make_instance` /
+:func:`~vgpuhost.ops.mig.destroy_instance`: under the GPU's lock, journaled, audited, undone on failure.
+Must not: call NVML or spell kernel paths (the doors do); destroy a GPU instance a vGPU sits on.
+
+Crash safety: the intent ``mig.made/<BDF>/<profile id>/<start>`` = ``<owner>`` is written before the
+create (the placement is chosen first) and gains `` gi=<id>`` once the instance reads back; a kill
+between them leaves a record that :func:`release_for` / :func:`sweep` end (the journal entry of the
+create is finished or rolled back first, under the GPU's lock), so no instance made on demand is left
+behind nor half made.  Facts: docs/guide/nvml-mig-scheduler.md#mig-on-demand, a MIG-backed vGPU takes
+one whole GPU instance and needs no compute instance on the host (docs/reference/hardware.md#mig-backed-vgpus).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Optional
+
+from ..io.backends import open_backend
+from ..io.hostroot import HostRoot
+from ..io.sysfs import Sysfs
+from ..model.errors import InputError, RefusedError, VgpuhostError
+from ..model.values import PciAddress, VgpuProfile
+from ..observe.inventory import discover_gpu
+from . import mig
+from .vgpu import _gi_profile_for
+
+ON = "mig.on-demand/"
+MADE = "mig.made/"
+
+
+@dataclass(frozen=True)
+class Made:
+    """A GPU instance made on demand: its GPU, GI profile id and memory-slice ``start``; the domain
+    ``owner`` (UUID) it was made for; ``gi_id`` once it read back (None: the create was interrupted)."""
+
+    gpu: str
+    profile_id: int
+    start: int
+    owner: str
+    gi_id: Optional[int] = None
+
+    @property
+    def key(self) -> str:
+        return f"{MADE}{self.gpu}/{self.profile_id}/{self.start}"
+
+    def value(self) -> str:
+        return self.owner + (f" gi={self.gi_id}" if self.gi_id is not None else "")
+
+
+def opted_in(store) -> FrozenSet[str]:
+    """The GPUs (BDF text) where MIG on demand is on."""
+    return frozenset(k[len(ON):] for k, v in store.settings_under(ON).items() if v == "on")
+
+
+def set_opt_in(host: HostRoot, store, gpu: PciAddress, on: bool, *, actor: str) -> bool:
+    """Turn MIG on demand on or off for ``gpu``; True when that changed something (one audit row).
+
+    Raises InputError when ``gpu`` is no NVIDIA GPU of this host, RefusedError when it is not
+    MIG-capable (turning it off is always allowed)."""
+    if on:
+        inv = discover_gpu(Sysfs(host), gpu, with_types=False, host_facts=False)
+        g = inv.gpu(gpu)
+        if g is None:
+            raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
+        try:
+            mode = open_backend(host).mig_mode(gpu)
+        except VgpuhostError:
+            mode = None
+        if mode is None:
+            raise RefusedError(f"{gpu} is not MIG-capable (or NVML does not see it): MIG on demand needs MIG",
+                               hint="'vgpuhost mig show' lists the MIG-capable GPUs; nothing was changed")
+    key = f"{ON}{gpu}"
+    was = store.setting(key) == "on"
+    if was == on:
+        return False
+    store.set_setting(key, "on" if on else None)
+    store.audit(actor=actor, operation=f"mig on-demand {'on' if on else 'off'} {gpu}", path="(settings)",
+                value=f"{key}={'on' if on else 'off'}")
+    return True
+
+
+def made(store, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[Made]:
+    """The GPU instances made on demand and not destroyed yet (of ``owner`` / on ``gpu``)."""
+    out = []
+    for key, value in store.settings_under(MADE).items():
+        try:
+            bdf, pid, start = key[len(MADE):].rsplit("/", 2)
+            who, _, rest = value.partition(" gi=")
+            m = Made(bdf, int(pid), int(start), who, int(rest) if rest else None)
+        except ValueError:
+            continue                      # a damaged row: not ours to act on
+        if (owner is None or m.owner == owner) and (gpu is None or m.gpu == gpu):
+            out.append(m)
+    return out
+
+
+def wanted_gi(host: HostRoot, gpu: PciAddress, profile: VgpuProfile):
+    """``(backend, GI profile)`` of MIG-backed ``profile`` on ``gpu``, or ``(backend, None)``."""
+    backend = open_backend(host)
+    try:
+        mode = backend.mig_mode(gpu)
+        return backend, (_gi_profile_for(backend.gi_profiles(gpu), profile) if mode and mode[0] else None)
+    except VgpuhostError:
+        return backend, None
+
+
+def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> List[Made]:
+    """For each MIG-backed vGPU of ``requests`` (:class:`vgpuhost.libvirt.domxml.VgpuRequest`, the
+    checked ones of a start) on a GPU where MIG on demand is on that no GPU instance offers now, make
+    one GPU instance of its profile; what was made (empty: nothing).
+
+    The GPU is the request's VF's GPU or its pin; an unpinned mdev request takes the first opted-in
+    GPU of its board in ``inv`` (the domain's GPUs).  A request the domain already holds (a retried
+    start) makes nothing.  Raises RefusedError when no free slice range takes the instance (naming
+    what is in the way; what this call made is destroyed first), DeviceError when NVML fails.
+    """
+    on = opted_in(store)
+    if not on:
+        return []
+    held = {r.id for r in store.vgpu_records(owner=me)}
+    out: List[Made] = []
+    try:
+        for req in requests:
+            profile = req.profile
+            if not getattr(profile, "mig_backed", False) or req.device in held:
+                continue
+            name = str(profile).lower()
+            if req.vf is not None:
+                dev = inv.devices.get(req.vf)
+                gpus = [dev.physfn] if dev is not None and dev.physfn is not None else []
+            elif req.gpu is not None:
+                gpus = [req.gpu]
+            else:
+                gpus = [g.address for g in inv.gpus if g.board in (None, profile.board)]
+            gpus = [g for g in gpus if str(g) in on]
+            if not gpus:
+                continue
+            if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
+                   and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
+                continue                  # a GPU instance takes it now
+            reasons = []
+            for gpu in gpus:
+                backend, gi = wanted_gi(host, gpu, profile)
+                if gi is None:
+                    reasons.append(f"{gpu}: no GPU-instance profile for {profile} (MIG mode off?)")
+                    continue
+                rec: Dict[str, Made] = {}
+
+                def record(start: int, gpu=gpu, gi=gi) -> None:
+                    m = Made(str(gpu), gi.profile_id, start, me)
+                    store.set_setting(m.key, m.value())
+                    rec["m"] = m
+
+                try:
+                    inst = mig.make_instance(host, store, gpu, gi.name, owner=me, actor=actor, record=record,
+                                             backend=backend)
+                except RefusedError as e:
+                    reasons.append(e.message)
+                    continue
+                m = Made(str(gpu), inst.profile_id, inst.start, me, inst.gi_id)
+                store.set_setting(m.key, m.value())
+                out.append(m)
+                break
+            else:
+                raise RefusedError(f"MIG on demand cannot make a GPU instance for {profile}: " + "; ".join(reasons),
+                                   hint="stop a VM on that GPU, or re-slice its free instances ('vgpuhost mig "
+                                        "apply'); nothing was changed")
+    except BaseException:
+        release_made(host, store, out, actor=actor)
+        raise
+    return out
+
+
+def release_made(host: HostRoot, store, items: List[Made], *, actor: str) -> List[str]:
+    """Destroy the GPU instances ``items`` made on demand (last first) and drop their records; the
+    ones that could not go (a vGPU sits on one, NVML failed), each as a line."""
+    failed = []
+    for m in reversed(items):
+        try:
+            mig.destroy_instance(host, store, PciAddress.parse(m.gpu), profile_id=m.profile_id, start=m.start,
+                                 gi_id=m.gi_id, owner=m.owner, actor=actor)
+        except VgpuhostError as e:
+            failed.append(f"GPU instance at memory slice {m.start} on {m.gpu}: {e.message}")
+            continue
+        store.set_setting(m.key, None)
+    return failed
+
+
+def release_for(host: HostRoot, store, me: str, *, actor: str) -> List[str]:
+    """``release end``: destroy what was made on demand for domain ``me``; the failures, as lines."""
+    return release_made(host, store, made(store, owner=me), actor=actor)
+
+
+def sweep(host: HostRoot, store, *, actor: str) -> List[str]:
+    """``reconcile``: destroy what was made on demand for domains no longer running (not recorded
+    active, holding no vGPU); the failures, as lines."""
+    active = set(store.active_domains())
+    owners = {r.owner for r in store.vgpu_records()}
+    left = [m for m in made(store) if m.owner not in active and m.owner not in owners]
+    return release_made(host, store, left, actor=actor)
+
+
+__all__ = ["ON", "MADE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
+           "sweep"]
