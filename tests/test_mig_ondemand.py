@@ -224,3 +224,84 @@ def test_a_vm_starts_on_a_mig_backed_profile_with_no_instance_and_release_destro
     assert Counter(p for p, _ in gis(h200).values()) == Counter({"2g.35gb": 2})
     assert [r.path for r in store.audit_rows()].count("nvml:nvmlGpuInstanceDestroy") >= 2
     assert cli(h200, "reconcile", "--check") == 0
+
+
+# ---------------------------------------------------------------------------
+# kill -9 at every write of the on-demand create (prepare begin) and destroy (release end)
+
+from test_crash import check_host, hook_op, kill_everywhere, run    # noqa: E402
+
+VF1 = "0000:18:00.4"                 # the h200-mig-on spec's first VF
+
+
+def _opted_in(make_host):
+    host = make_host("h200-mig-on")
+    assert vfs(host)[0] == VF1
+    assert main(["--root", str(host.root), "mig", "on-demand", "--gpu", str(H200), "on"]) == 0
+    return host
+
+
+def _started_on_demand(make_host):
+    host = _opted_in(make_host)
+    assert hook_run(host, "crash-vm", "prepare", "begin", KILL_XML) == 0 and len(gis(host)) == 1
+    return host
+
+
+KILL_XML = vm_xml("crash-vm", DOM1, "H200X-1-18C", VF1)
+
+
+def _made_or_nothing(host, log):
+    """After the kill and a reconcile: no GPU instance and no record, or (the domain still recorded as
+    running: libvirt's release end ends it) the one instance made for it, recorded for it."""
+    store = StateStore(host.state_dir)
+    now, mine = gis(host), migdemand.made(store)
+    if not now and not mine:
+        return []
+    if DOM1 in store.active_domains() and len(now) == 1 and [m.owner for m in mine] == [DOM1] \
+            and list(now.values())[0] == ("1g.18gb", mine[0].start):
+        return []
+    return [f"GPU instances {now} with records {mine}"]
+
+
+def _no_leak(host, log):
+    """libvirt's release end after the killed call, then a full start and stop: nothing left."""
+    out = []
+    if run(host, hook_op(host, "release", "end", KILL_XML), log) != 0:
+        out.append("the release end after the kill failed")
+    if run(host, hook_op(host, "prepare", "begin", KILL_XML), log) != 0:
+        out.append("the next prepare begin failed")
+    elif len(gis(host)) != 1:
+        out.append(f"the next start made {gis(host)}")
+    if run(host, hook_op(host, "release", "end", KILL_XML), log) != 0:
+        out.append("the next release end failed")
+    store = StateStore(host.state_dir)
+    if gis(host) or migdemand.made(store):
+        out.append(f"left: GPU instances {gis(host)}, records {migdemand.made(store)}")
+    if vf_type(host, VF1) != "0":
+        out.append("the VF still holds a vGPU")
+    return out + check_host(host, log, owners_max={})
+
+
+def test_kill_during_the_on_demand_create_leaves_no_half_made_instance(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _opted_in, lambda h: hook_op(h, "prepare", "begin", KILL_XML),
+                    _made_or_nothing, owners_max={DOM1: 1}, cycle=_no_leak)
+
+
+def test_kill_during_the_on_demand_destroy_leaves_no_instance_behind(make_host, tmp_path):
+    kill_everywhere(make_host, tmp_path, _started_on_demand, lambda h: hook_op(h, "release", "end", KILL_XML),
+                    _made_or_nothing, owners_max={DOM1: 1}, cycle=_no_leak)
+
+
+def test_reconcile_destroys_what_a_start_killed_before_the_domain_was_recorded_made(make_host, tmp_path):
+    """Killed right after the GPU instance landed (the domain not recorded as running yet): reconcile
+    alone destroys it; reconcile --check reported it first."""
+    host = _opted_in(make_host)
+    log = tmp_path / "w.log"
+    assert run(host, hook_op(host, "prepare", "begin", KILL_XML), log, kill_at=1, when="after") == -9
+    store = StateStore(host.state_dir)
+    assert len(gis(host)) == 1 and [m.owner for m in migdemand.made(store)] == [DOM1]
+    assert DOM1 not in store.active_domains()
+    assert run(host, lambda: main(["--root", str(host.root), "reconcile", "--check"]), log) == 1
+    assert run(host, lambda: main(["--root", str(host.root), "reconcile"]), log) == 0
+    assert gis(host) == {} and migdemand.made(StateStore(host.state_dir)) == []
+    assert run(host, lambda: main(["--root", str(host.root), "reconcile", "--check"]), log) == 0

@@ -19,11 +19,13 @@ one whole GPU instance and needs no compute instance on the host (docs/reference
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from ..io.backends import open_backend
 from ..io.hostroot import HostRoot
+from ..io.state import pid_alive
 from ..io.sysfs import Sysfs
 from ..model.errors import InputError, RefusedError, VgpuhostError
 from ..model.values import PciAddress, VgpuProfile
@@ -38,12 +40,14 @@ MADE = "mig.made/"
 @dataclass(frozen=True)
 class Made:
     """A GPU instance made on demand: its GPU, GI profile id and memory-slice ``start``; the domain
-    ``owner`` (UUID) it was made for; ``gi_id`` once it read back (None: the create was interrupted)."""
+    ``owner`` (UUID) it was made for; ``pid`` the process that made it (a start still running is
+    left alone by :func:`sweep`); ``gi_id`` once it read back (None: the create was interrupted)."""
 
     gpu: str
     profile_id: int
     start: int
     owner: str
+    pid: int = 0
     gi_id: Optional[int] = None
 
     @property
@@ -51,7 +55,22 @@ class Made:
         return f"{MADE}{self.gpu}/{self.profile_id}/{self.start}"
 
     def value(self) -> str:
-        return self.owner + (f" gi={self.gi_id}" if self.gi_id is not None else "")
+        return f"{self.owner} pid={self.pid}" + (f" gi={self.gi_id}" if self.gi_id is not None else "")
+
+    @classmethod
+    def parse(cls, key: str, value: str) -> "Made":
+        """The record of settings row ``key`` = ``value``; ValueError when it is damaged."""
+        bdf, pid, start = key[len(MADE):].rsplit("/", 2)
+        words = value.split()
+        if not words:
+            raise ValueError(value)
+        kw = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        gi = kw.get("gi")
+        return cls(bdf, int(pid), int(start), words[0], int(kw.get("pid") or 0), int(gi) if gi else None)
+
+    def line(self) -> str:
+        return (f"GPU instance {self.gi_id if self.gi_id is not None else '(interrupted create)'} at memory slice "
+                f"{self.start} on {self.gpu}, made on demand for {self.owner}")
 
 
 def opted_in(store) -> FrozenSet[str]:
@@ -91,9 +110,7 @@ def made(store, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> Li
     out = []
     for key, value in store.settings_under(MADE).items():
         try:
-            bdf, pid, start = key[len(MADE):].rsplit("/", 2)
-            who, _, rest = value.partition(" gi=")
-            m = Made(bdf, int(pid), int(start), who, int(rest) if rest else None)
+            m = Made.parse(key, value)
         except ValueError:
             continue                      # a damaged row: not ours to act on
         if (owner is None or m.owner == owner) and (gpu is None or m.gpu == gpu):
@@ -154,7 +171,7 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
                 rec: Dict[str, Made] = {}
 
                 def record(start: int, gpu=gpu, gi=gi) -> None:
-                    m = Made(str(gpu), gi.profile_id, start, me)
+                    m = Made(str(gpu), gi.profile_id, start, me, os.getpid())
                     store.set_setting(m.key, m.value())
                     rec["m"] = m
 
@@ -164,7 +181,7 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
                 except RefusedError as e:
                     reasons.append(e.message)
                     continue
-                m = Made(str(gpu), inst.profile_id, inst.start, me, inst.gi_id)
+                m = Made(str(gpu), inst.profile_id, inst.start, me, os.getpid(), inst.gi_id)
                 store.set_setting(m.key, m.value())
                 out.append(m)
                 break
@@ -198,14 +215,45 @@ def release_for(host: HostRoot, store, me: str, *, actor: str) -> List[str]:
     return release_made(host, store, made(store, owner=me), actor=actor)
 
 
-def sweep(host: HostRoot, store, *, actor: str) -> List[str]:
-    """``reconcile``: destroy what was made on demand for domains no longer running (not recorded
-    active, holding no vGPU); the failures, as lines."""
+def orphans(store) -> List[Made]:
+    """What was made on demand for a domain no longer starting nor running: its owner not recorded
+    active, holding no vGPU, and the process that made it gone."""
     active = set(store.active_domains())
     owners = {r.owner for r in store.vgpu_records()}
-    left = [m for m in made(store) if m.owner not in active and m.owner not in owners]
-    return release_made(host, store, left, actor=actor)
+    return [m for m in made(store) if m.owner not in active and m.owner not in owners
+            and not (m.pid and m.pid != os.getpid() and pid_alive(m.pid))]
+
+
+def gone(host: HostRoot, store) -> List[Made]:
+    """Records whose GPU instance read back once and is no longer there (a stop killed after its
+    destroy landed): nothing left to destroy."""
+    backend = open_backend(host)
+    out = []
+    for m in made(store):
+        if m.gi_id is None:
+            continue                      # a create that may still land: the journal's and sweep's
+        try:
+            there = backend.gpu_instances(PciAddress.parse(m.gpu))
+        except VgpuhostError:
+            continue
+        if not any(g.gi_id == m.gi_id and g.profile_id == m.profile_id and g.start == m.start for g in there):
+            out.append(m)
+    return out
+
+
+def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
+    """``reconcile`` (after the journal's open entries are ended): drop the records of instances
+    already :func:`gone`, and destroy the :func:`orphans` (an interrupted start's);
+    ``(ended, failures)``."""
+    ended = gone(host, store)
+    for m in ended:
+        store.set_setting(m.key, None)
+        store.audit(actor=actor, operation=f"reconcile {m.owner}", path="(settings)",
+                    value=f"{m.key} dropped: its GPU instance is gone")
+    left = orphans(store)
+    failed = release_made(host, store, left, actor=actor)
+    return ended + [m for m in left if store.setting(m.key) is None], failed
 
 
 __all__ = ["ON", "MADE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
-           "sweep"]
+           "orphans", "sweep"]
