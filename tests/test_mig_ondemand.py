@@ -305,3 +305,36 @@ def test_reconcile_destroys_what_a_start_killed_before_the_domain_was_recorded_m
     assert run(host, lambda: main(["--root", str(host.root), "reconcile"]), log) == 0
     assert gis(host) == {} and migdemand.made(StateStore(host.state_dir)) == []
     assert run(host, lambda: main(["--root", str(host.root), "reconcile", "--check"]), log) == 0
+
+
+def test_capacity_types_and_the_exporter_count_the_instances_that_could_be_made(h200, capsys):
+    """A fresh MIG host (7 slices free, no GPU instance): nothing counts until the GPU opts in; then
+    capacity, types and the exporter's free instances count what a start would make, and the counts
+    follow what is made and re-sliced."""
+    from vgpuhost.io.state import StateStore as Store
+    from vgpuhost.ops.metering import host_series
+    store = StateStore(h200.state_dir)
+
+    def capacity(profile):
+        capsys.readouterr()
+        code = cli(h200, "--json", "capacity", "--profile", profile)
+        out = capsys.readouterr().out
+        return code, (__import__("json").loads(out)["profiles"][0]["fits"] if code == 0 else None)
+
+    assert capacity("H200X-1-18C") == (2, None)
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    assert capacity("H200X-1-18C") == (0, 7)
+    assert capacity("H200X-3-71C") == (0, 2) and capacity("H200X-7-141C") == (0, 1)
+    capsys.readouterr()
+    assert cli(h200, "--json", "types", "--gpu", str(H200)) == 0
+    avail = {t["name"]: t["available_instances"] for t in __import__("json").loads(capsys.readouterr().out)["types"]}
+    assert avail["H200X-1-18C"] == 7 and avail["H200X-4-71C"] == 1
+    assert host_series(h200, Store(h200.state_dir))["free_instances"][("H200X-1-18C", "")] == 7
+    # a 3g.71gb made (one way of two) and a vGPU on it: the counts follow the slices left
+    mig.apply(h200, store, H200, "3g.71gb=1")
+    create(h200, store, profile="H200X-3-71C")
+    assert capacity("H200X-3-71C") == (0, 1) and capacity("H200X-7-141C") == (2, None)
+    # the 3g.71gb takes memory slices 4-7 and 3 of the 7 compute slices: four 1g.18gb fit in slices 0-3
+    assert capacity("H200X-1-18C") == (0, 4)
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "off") == 0
+    assert capacity("H200X-1-18C") == (2, None)

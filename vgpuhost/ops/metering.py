@@ -86,6 +86,7 @@ from ..policy.checks import Finding, licence_findings
 from . import gputime, tenancy
 from .admitting import active as tenancy_active
 from .health import in_service, status
+from .migdemand import makeable
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -798,6 +799,8 @@ def host_series(host_root, store) -> Dict[str, object]:
     health_rows = getattr(store, "gpu_health_rows", None)     # GPU health (issue 27), where the store has it
     if callable(health_rows):
         inv = in_service(inv, store)        # a GPU out of service counts no free instance
+    if callable(getattr(store, "settings_under", None)):
+        inv = makeable(host_root, store, inv)   # MIG on demand: the GPU instances a start would make count
     pools = gpu_pools(store)
     closed = _exclusive_gpus(store, inv)
     by_time = _time_fits(store, inv)

@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from ..io.backends import open_backend
+from ..io.catalog import load_catalog
 from ..io.hostroot import HostRoot
 from ..io.state import pid_alive
 from ..io.sysfs import Sysfs
+from ..model.concepts import Backend
 from ..model.errors import InputError, RefusedError, VgpuhostError
-from ..model.values import PciAddress, VgpuProfile
-from ..observe.inventory import discover_gpu
+from ..model.values import PciAddress, VgpuProfile, replace
+from ..observe.inventory import VgpuType, discover_gpu
+from ..policy.mig import place
 from . import mig
 from .vgpu import _gi_profile_for
 
@@ -126,6 +129,77 @@ def wanted_gi(host: HostRoot, gpu: PciAddress, profile: VgpuProfile):
         return backend, (_gi_profile_for(backend.gi_profiles(gpu), profile) if mode and mode[0] else None)
     except VgpuhostError:
         return backend, None
+
+
+def room_for(profiles, current, gi) -> int:
+    """How many more GPU instances of ``gi`` fit beside ``current`` (the device's placements and max
+    count, :func:`vgpuhost.policy.mig.place`)."""
+    k = 0
+    while k < gi.max_count and place(profiles, {gi.profile_id: k + 1}, current) is not None:
+        k += 1
+    return k
+
+
+def makeable(host: HostRoot, store, inv):
+    """``inv`` as capacity, ``types`` and the exporter count it: on each GPU where MIG on demand is on
+    (MIG mode on, in service), every MIG-backed type of its board whose GPU-instance profile has room
+    beside the instances there is listed on each free VF or mdev parent with 1 available, and the
+    GPU's ``gpu_instances`` count those that could be made as free ones (so the count is the
+    instances that exist free plus those a start would make).  ``inv`` itself when nothing is opted
+    in.  The type ids come from the board's catalog entry (docs/reference/hardware.md#vgpu-types)."""
+    on = opted_in(store)
+    gpus = [g for g in inv.gpus if str(g.address) in on and g.address not in inv.out_of_service
+            and g.pci.driver == "nvidia" and (g.vfs or g.mdev_parents)]
+    if not gpus:
+        return inv
+    backend = open_backend(host)
+    models = {m.ids.device: m for m in load_catalog().gpus.values()}
+    rows = list(inv.vgpu_types)
+    index = {(t.parent, t.name.lower()): i for i, t in enumerate(rows)}
+    new_gpus = {}
+    for g in gpus:
+        model = models.get(g.pci.device)
+        if model is None or not model.mig_capable:
+            continue
+        try:
+            mode = backend.mig_mode(g.address)
+            if not mode or not mode[0]:
+                continue
+            profiles = backend.gi_profiles(g.address)
+            current = backend.gpu_instances(g.address)
+        except VgpuhostError:
+            continue
+        held = {m.parent for m in inv.mdevs} | {v.vf for v in inv.vf_vgpus if v.type_id}
+        parents = [p for p in (g.vfs or g.mdev_parents) if p not in held]
+        names = {p.profile_id: p.name for p in profiles}
+        counts: Dict[str, int] = {}
+        for x in current:
+            n = names.get(x.profile_id, f"profile {x.profile_id}")
+            counts[n] = counts.get(n, 0) + 1
+        for t in model.vgpu_types:
+            if not t.profile.mig_backed:
+                continue
+            gi = _gi_profile_for(profiles, t.profile)
+            if gi is None:
+                continue
+            room = room_for(profiles, current, gi)
+            if not room:
+                continue
+            counts[gi.name] = counts.get(gi.name, 0) + room
+            for parent in parents:
+                i = index.get((parent, t.name.lower()))
+                if i is not None:
+                    rows[i] = replace(rows[i], available_instances=max(1, rows[i].available_instances))
+                    continue
+                backend_name = g.vgpu_backend or Backend.VENDOR_VFIO
+                tid = str(t.type_id) if backend_name == Backend.VENDOR_VFIO else f"nvidia-{t.type_id}"
+                rows.append(VgpuType(g.address, parent, backend_name, tid, f"{model.type_name_prefix} {t.name}",
+                                     t.name, t.profile, t.framebuffer_mib, t.max_instances, 1, "vfio-pci"))
+                index[(parent, t.name.lower())] = len(rows) - 1
+        new_gpus[g.address] = replace(g, gpu_instances=counts)
+    if not new_gpus:
+        return inv
+    return replace(inv, gpus=tuple(new_gpus.get(g.address, g) for g in inv.gpus), vgpu_types=tuple(rows))
 
 
 def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> List[Made]:
@@ -256,4 +330,4 @@ def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
 
 
 __all__ = ["ON", "MADE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
-           "orphans", "sweep"]
+           "orphans", "sweep", "room_for", "makeable"]
