@@ -338,3 +338,18 @@ def test_capacity_types_and_the_exporter_count_the_instances_that_could_be_made(
     assert capacity("H200X-1-18C") == (0, 4)
     assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "off") == 0
     assert capacity("H200X-1-18C") == (2, None)
+
+
+def test_a_layout_opts_its_mig_gpus_in_and_a_bad_value_is_one_line(h200, tmp_path, capsys):
+    cfg = tmp_path / "mig.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  m:\n    gpus:\n      - select: {board: H200X}\n        mode: mig\n"
+                   "        mig:\n          instances: {3g.71gb: 1}\n          on_demand: true\n")
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "apply", "-c", str(cfg)) == 0
+    assert migdemand.opted_in(store) == {str(H200)}
+    assert any(r.operation.startswith("mig on-demand on") for r in store.audit_rows())
+    cfg.write_text(cfg.read_text().replace("on_demand: true", "on_demand: yes please"))
+    capsys.readouterr()
+    assert cli(h200, "config", "check", "-c", str(cfg)) == 2
+    err = capsys.readouterr().err
+    assert "mig.on_demand is a string: write true or false" in err and "yes please" not in err and err.count("\n") == 1
