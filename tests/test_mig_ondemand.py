@@ -188,8 +188,10 @@ def test_a_vm_starts_on_a_mig_backed_profile_with_no_instance_and_release_destro
     store = StateStore(h200.state_dir)
     vf1, vf2 = vfs(h200)[:2]
     xml1 = vm_xml("vm1", DOM1, "H200X-1-18C", vf1)
-    # not opted in: the start is refused, nothing made
-    assert hook_run(h200, "vm1", "prepare", "begin", xml1) == 2
+    # not opted in: the start is refused, saying how to opt in, and nothing is made
+    err = _io.StringIO()
+    assert hook_run(h200, "vm1", "prepare", "begin", xml1, err) == 2
+    assert "unknown vGPU profile 'H200X-1-18C'" in err.getvalue() and "mig on-demand --gpu" in err.getvalue()
     assert gis(h200) == {} and vf_type(h200, vf1) == "0"
     capsys.readouterr()
     assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
