@@ -119,16 +119,24 @@ LAYOUTS = ["3g.71gb=2", "3g.71gb=1,2g.35gb=1,1g.18gb=1", "2g.35gb=3,1g.18gb=1", 
 PROFILES = ["H200X-1-18C", "H200X-2-35C", "H200X-3-71C", "H200X-4-71C", "H200X-7-141C"]
 OPS = st.lists(st.one_of(st.tuples(st.just("apply"), st.sampled_from(LAYOUTS)),
                          st.tuples(st.just("start"), st.sampled_from(PROFILES)),
+                         st.tuples(st.just("vm"), st.sampled_from(PROFILES)),
                          st.tuples(st.just("stop"), st.integers(0, 6))), min_size=1, max_size=6)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_relayouts_and_starts_never_destroy_a_busy_gpu_instance(make_host, ops):
+    """Random re-layouts (mig apply), vGPUs made by hand, VM starts with MIG on demand (prepare begin:
+    a GPU instance made when none is free) and stops (release end: it is destroyed): no step ever
+    destroys a GPU instance a vGPU sits on, and once every VM is stopped nothing made on demand is left."""
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.ops.devices import prepare, release_domain
     host = make_host("h200-mig-on")
     store = StateStore(host.state_dir)
-    vms = []
-    for op, arg in ops:
+    migdemand.set_opt_in(host, store, H200, True, actor="test")
+    held_vfs = []                                # (vGPU id, domain UUID or None)
+    free_vfs = list(vfs(host))
+    for n, (op, arg) in enumerate(ops):
         held = {gi: gis(host)[gi] for gi in busy(host)}
         if op == "apply":
             try:
@@ -137,18 +145,41 @@ def test_relayouts_and_starts_never_destroy_a_busy_gpu_instance(make_host, ops):
                 assert "busy GPU instance" in e.message or "does not fit" in e.message
         elif op == "start":
             try:
-                vms.append(create(host, store, profile=arg).id)
+                held_vfs.append((create(host, store, profile=arg).id, None))
+                free_vfs.remove(held_vfs[-1][0])
             except RefusedError:
                 pass                                # no free GPU instance of its profile
-        elif vms:
-            remove(host, store, vms.pop(arg % len(vms)))
+        elif op == "vm":
+            uuid = f"11111111-2222-4333-8444-{n:012d}"
+            try:
+                prepare(host, parse_domain(vm_xml(f"vm{n}", uuid, arg, free_vfs[0])), actor="test", store=store)
+                held_vfs.append((free_vfs.pop(0), uuid))
+            except RefusedError:
+                pass                                # no free slice range for it: nothing made
+        elif held_vfs:
+            vid, uuid = held_vfs.pop(arg % len(held_vfs))
+            # the stopped vGPU's own instance may go (made on demand for it); every other busy one stays
+            own = SimKernel(host).gi_of_vgpus(SimKernel(host).meta(), str(H200)).get(vid)
+            held.pop(own, None)
+            if uuid is None:
+                remove(host, store, vid)
+            else:
+                release_domain(host, store, uuid, actor="test")
+            free_vfs.append(vid)
         now = gis(host)
         # every instance busy before the step is still there, same id, profile and start slice
         assert all(now.get(gi) == where for gi, where in held.items())
-        # every running vGPU still holds its VF and sits on a live GPU instance of its profile
+        # every running vGPU still holds its VF and sits on a live GPU instance; what was made on
+        # demand is a live instance of a running VM
         on = SimKernel(host).gi_of_vgpus(SimKernel(host).meta(), str(H200))
-        assert sorted(on) == sorted(vms) and all(vf_type(host, v) != "0" for v in vms)
+        assert sorted(on) == sorted(v for v, _ in held_vfs) and all(vf_type(host, v) != "0" for v, _ in held_vfs)
         assert all(g in now for g in on.values()) and len(set(on.values())) == len(on)
+        vms = {u for _, u in held_vfs if u}
+        assert all(m.owner in vms and m.gi_id in now for m in migdemand.made(store))
+    for vid, uuid in held_vfs:
+        if uuid is not None:
+            release_domain(host, store, uuid, actor="test")
+    assert migdemand.made(store) == []
 
 
 # ---------------------------------------------------------------------------
@@ -355,3 +386,49 @@ def test_a_layout_opts_its_mig_gpus_in_and_a_bad_value_is_one_line(h200, tmp_pat
     assert cli(h200, "config", "check", "-c", str(cfg)) == 2
     err = capsys.readouterr().err
     assert "mig.on_demand is a string: write true or false" in err and "yes please" not in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------
+# the planner alone (pure): whatever is busy, a plan keeps it or the layout is refused naming it
+
+from vgpuhost.model.nvml import GiProfile, GpuInstance         # noqa: E402
+from vgpuhost.plan.mig import plan_layout                     # noqa: E402
+from vgpuhost.policy.mig import place                         # noqa: E402
+
+H200_PROFILES = [   # id, name, compute slices, MiB, max, placements (start, size): the catalog's H200 table
+    GiProfile(19, "1g.18gb", 1, 16384, 7, tuple((s, 1) for s in range(7))),
+    GiProfile(15, "1g.35gb", 1, 32768, 4, tuple((s, 2) for s in (0, 2, 4, 6))),
+    GiProfile(14, "2g.35gb", 2, 32768, 3, tuple((s, 2) for s in (0, 2, 4))),
+    GiProfile(9, "3g.71gb", 3, 69632, 2, ((0, 4), (4, 4))),
+    GiProfile(5, "4g.71gb", 4, 69632, 1, ((0, 4),)),
+    GiProfile(0, "7g.141gb", 7, 139264, 1, ((0, 8),)),
+]
+COUNTS = st.dictionaries(st.sampled_from([19, 15, 14, 9, 5, 0]), st.integers(1, 3), max_size=3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(have=COUNTS, wanted=COUNTS, busy_bits=st.integers(0, 127))
+def test_a_plan_never_destroys_a_busy_gpu_instance(have, wanted, busy_bits):
+    found = place(H200_PROFILES, have)
+    current = [GpuInstance(i + 1, p.profile_id, start, dict(p.placements)[start])
+               for i, (p, start) in enumerate(found or [])]
+    busy = {g.gi_id: 1 for k, g in enumerate(current) if busy_bits >> k & 1}
+    try:
+        lp = plan_layout(H200_PROFILES, current, wanted, busy=busy)
+    except RefusedError as e:
+        assert "does not fit" in e.message or (busy and "busy GPU instance" in e.message
+                                               and any(f"GPU instance {g} (" in e.message for g in busy))
+        return
+    destroyed = {d.gi_id for d in lp.destroy}
+    assert not destroyed & set(busy)
+    kept = {g.gi_id for g in lp.keep}
+    assert set(busy) <= kept
+    # the result is the wanted layout, each new instance on a placement the device allows, none overlapping
+    after = [g for g in current if g.gi_id not in destroyed] + [
+        GpuInstance(100 + i, c.profile_id, c.start, c.size) for i, c in enumerate(lp.create)]
+    assert Counter(g.profile_id for g in after) == Counter({k: v for k, v in wanted.items() if v})
+    used = 0
+    for g in after:
+        assert (g.start, g.size) in dict((p.profile_id, p.placements) for p in H200_PROFILES)[g.profile_id]
+        assert not used & (((1 << g.size) - 1) << g.start)
+        used |= ((1 << g.size) - 1) << g.start
