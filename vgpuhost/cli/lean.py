@@ -118,7 +118,9 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     inv = ctx.inventory(scope="vgpu")         # GPUs, their types and vGPUs: no /proc, no other devices
     addr = parse_gpu_option(ctx, inv, gpu)
     made_note = []
-    if any(g.vfs or g.mdev_parents for g in inv.gpus):
+    from ..io.files import exists
+    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.state_dir}/mig-on-demand"):
+        # a GPU may be opted in to MIG on demand (ops.migdemand.HINT_FILE): only then is the store read
         from ..io.state import StateStore
         st = StateStore(ctx.host.state_dir, create=False)
         if st.settings_under("mig.on-demand/"):

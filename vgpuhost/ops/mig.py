@@ -189,7 +189,8 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend: Optional[
     Per GPU: ``gpu``, ``name``, ``mig_capable``, ``mig_mode`` ({current,
     pending} or None), ``pending_change``, ``profiles`` (id, name, slices,
     memory_mib, max_count, placements [{start, size}]), ``gpu_instances``
-    ({gi_id, profile_id, profile, start, size}), ``layout`` ({name: count}),
+    ({gi_id, profile_id, profile, start, size, vgpus: the vGPUs on it, None when NVML cannot
+    say}), ``layout`` ({name: count}),
     ``error`` (NVML could not answer for this GPU) or None.
     """
     backend = backend or open_backend(host)
@@ -219,9 +220,14 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend: Optional[
                                   "memory_mib": p.memory_mib, "max_count": p.max_count,
                                   "placements": [{"start": s, "size": z} for s, z in p.placements]}
                                  for p in profiles]
+                try:
+                    held = backend.gpu_instance_vgpus(g.address) if gis else {}
+                except NvmlError:
+                    held = None                 # NVML cannot say which instance a vGPU sits on
                 e["gpu_instances"] = [{"gi_id": x.gi_id, "profile_id": x.profile_id,
                                        "profile": profile_name(by_id, x.profile_id),
-                                       "start": x.start, "size": x.size} for x in gis]
+                                       "start": x.start, "size": x.size,
+                                       "vgpus": None if held is None else held.get(x.gi_id, 0)} for x in gis]
                 e["layout"] = counts(profiles, gis)
         except NvmlError as err:
             e["error"] = err.one_line()
@@ -247,7 +253,8 @@ def show_text(doc: dict) -> str:
         lines.append(f"  layout: {layout_text(e['layout'])}")
         for x in e["gpu_instances"]:
             lines.append(f"  GPU instance {x['gi_id']}: {x['profile']} (profile id {x['profile_id']}) "
-                         f"at memory slice {x['start']}, size {x['size']}")
+                         f"at memory slice {x['start']}, size {x['size']}"
+                         + (f", holds {x['vgpus']} vGPU{'s' if x['vgpus'] != 1 else ''}" if x.get("vgpus") else ""))
         lines.append("  profiles: " + ", ".join(
             f"{p['name']} (id {p['profile_id']}, max {p['max_count']})" for p in e["profiles"]))
     return "\n".join(lines) if lines else "no NVIDIA GPU found"

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
+from ..io import files
 from ..io.backends import open_backend
 from ..io.catalog import load_catalog
 from ..io.hostroot import HostRoot
@@ -38,6 +40,9 @@ from .vgpu import _gi_profile_for
 
 ON = "mig.on-demand/"
 MADE = "mig.made/"
+#: a file in the state dir, present while a GPU may be opted in: the lean `types` (which loads no
+#: state store, :mod:`vgpuhost.cli.lean`) opens the store only then.  The store holds the opt-in.
+HINT_FILE = "mig-on-demand"
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,11 @@ def set_opt_in(host: HostRoot, store, gpu: PciAddress, on: bool, *, actor: str) 
     was = store.setting(key) == "on"
     if was == on:
         return False
+    if on:                                  # the hint first: the lean `types` then opens the store
+        files.write_atomic(Path(store.dir) / HINT_FILE, "MIG on demand is on for a GPU: see the state store\n")
     store.set_setting(key, "on" if on else None)
+    if not on and not opted_in(store):
+        files.remove(os.path.join(store.dir, HINT_FILE))
     store.audit(actor=actor, operation=f"mig on-demand {'on' if on else 'off'} {gpu}", path="(settings)",
                 value=f"{key}={'on' if on else 'off'}")
     return True
@@ -329,5 +338,5 @@ def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
     return ended + [m for m in left if store.setting(m.key) is None], failed
 
 
-__all__ = ["ON", "MADE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
+__all__ = ["ON", "MADE", "HINT_FILE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
            "orphans", "sweep", "room_for", "makeable"]
