@@ -432,3 +432,19 @@ def test_a_plan_never_destroys_a_busy_gpu_instance(have, wanted, busy_bits):
         assert (g.start, g.size) in dict((p.profile_id, p.placements) for p in H200_PROFILES)[g.profile_id]
         assert not used & (((1 << g.size) - 1) << g.start)
         used |= ((1 << g.size) - 1) << g.start
+
+
+def test_the_agents_capacity_counts_them_and_follows_the_opt_in(h200):
+    import json as _json
+    from vgpuhost.agent import api
+
+    def fits(agent, profile):
+        doc = _json.loads(api.get_capacity(agent, api.Request({}, {}, None, "test", 1, api.READ)).body)
+        return next((p["fits"] for p in doc["profiles"] if p["profile"] == profile), None)
+
+    agent = api.Agent(h200)
+    assert fits(agent, "H200X-1-18C") is None
+    assert cli(h200, "--local", "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    assert fits(agent, "H200X-1-18C") == 7 and fits(agent, "H200X-7-141C") == 1
+    assert cli(h200, "--local", "mig", "on-demand", "--gpu", str(H200), "off") == 0
+    assert fits(agent, "H200X-1-18C") is None
