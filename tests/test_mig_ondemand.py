@@ -448,3 +448,22 @@ def test_the_agents_capacity_counts_them_and_follows_the_opt_in(h200):
     assert fits(agent, "H200X-1-18C") == 7 and fits(agent, "H200X-7-141C") == 1
     assert cli(h200, "--local", "mig", "on-demand", "--gpu", str(H200), "off") == 0
     assert fits(agent, "H200X-1-18C") is None
+
+
+def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200):
+    """Without tenancy's host lock a vGPU made by hand can land on a GPU instance made on demand once the
+    domain's own vGPU is gone: the domain's stop then leaves that instance (an audit row says so)."""
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.ops.devices import prepare, release_domain
+    store = StateStore(h200.state_dir)
+    migdemand.set_opt_in(h200, store, H200, True, actor="test")
+    vf1 = vfs(h200)[0]
+    prepare(h200, parse_domain(vm_xml("vm1", DOM1, "H200X-1-18C", vf1)), actor="test", store=store)
+    (gi,) = gis(h200)
+    remove(h200, store, vf1, owner=DOM1, while_running=True)     # its vGPU gone by hand
+    other = create(h200, store, profile="H200X-1-18C")       # and another takes the instance
+    assert busy(h200) == {gi: 1}
+    assert release_domain(h200, store, DOM1, actor="test") == []
+    assert gis(h200) == {gi: ("1g.18gb", gis(h200)[gi][1])} and vf_type(h200, other.id) != "0"
+    assert migdemand.made(store) == []
+    assert any(r.result == "kept" and "dropped" in r.value for r in store.audit_rows())

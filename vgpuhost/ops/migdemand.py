@@ -261,7 +261,11 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
                 try:
                     inst = mig.make_instance(host, store, gpu, gi.name, owner=me, actor=actor, record=record,
                                              backend=backend)
-                except RefusedError as e:
+                except VgpuhostError as e:
+                    if "m" in rec:              # the create failed and was undone: its intent goes too
+                        release_made(host, store, [rec["m"]], actor=actor)
+                    if not isinstance(e, RefusedError):
+                        raise
                     reasons.append(e.message)
                     continue
                 m = Made(str(gpu), inst.profile_id, inst.start, me, os.getpid(), inst.gi_id)
@@ -286,6 +290,13 @@ def release_made(host: HostRoot, store, items: List[Made], *, actor: str) -> Lis
         try:
             mig.destroy_instance(host, store, PciAddress.parse(m.gpu), profile_id=m.profile_id, start=m.start,
                                  gi_id=m.gi_id, owner=m.owner, actor=actor)
+        except RefusedError as e:
+            # another vGPU sits on it now (a start that found it free, without tenancy's host lock): it
+            # stays as any GPU instance does, no longer this domain's to destroy
+            store.set_setting(m.key, None)
+            store.audit(actor=actor, operation=f"mig on-demand release {m.owner}", path="(settings)",
+                        value=f"{m.key} dropped: {e.message}", result="kept")
+            continue
         except VgpuhostError as e:
             failed.append(f"GPU instance at memory slice {m.start} on {m.gpu}: {e.message}")
             continue
