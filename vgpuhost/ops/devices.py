@@ -162,82 +162,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         if ondemand:
             inv = in_service(domain_inventory(host, view, allow), store)
     try:
-        types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
-        me = view.uuid
-        if checked.passthrough and inv.out_of_service:
-            # a GPU out of service (unhealthy or cordoned) goes to no new domain by passthrough, pooled or not
-            # (docs/guide/failures.md); the domain that holds it already (a retried start) keeps it
-            from .health import refuse_out_of_service
-            held = {r.gpu for r in pt_records if r.owner == me}
-            for gpu, _ in checked.passthrough:
-                if gpu in inv.out_of_service and str(gpu) not in held:
-                    refuse_out_of_service(store, gpu, what=f"pass {gpu} through to {view.name or me}", actor=actor,
-                                          operation=f"prepare {view.name or me}")
-        # what the records gave the domain before this start (read above: no second read on the hook's path)
-        held_before = (frozenset(r.id for r in records if r.owner == me),
-                       frozenset(r.gpu for r in pt_records if r.owner == me) if checked.passthrough else None)
-        was_active = me in active
-        store.domain_started(me, view.name or me)
-        made: List[Tuple[str, object]] = []
-        if enforced:
-            # admission (issues 13, 26): quota, isolation, QoS class, pool, decided once under the host lock
-            from . import tenancy
-            from . import vgpu
-            admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types,
-                                          limits_for=lambda name: vgpu.mode_limits(host, inv, name),
-                                          policies=lambda gpus: tenancy.scheduler_policies(host, gpus))
-        else:
-            from .admitting import unenforced_admitting
-            admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
-        try:
-            with admitting as grant:
-                try:
-                    if checked.passthrough:
-                        from . import passthrough
-                        for gpu, _ in checked.passthrough:
-                            grant.made(str(gpu), str(gpu))
-                            if gpu in checked.pooled:
-                                continue                    # bound by the operator for guests: used as it is
-                            out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
-                                                      boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
-                                                                   f"{gpu}' if the host has another console, then start "
-                                                                   "the domain (the hook uses a group bound that way)")
-                            if out.changed:
-                                made.append(("passthrough", gpu))
-                    # pinned first: an unpinned vGPU placed first could take the GPU a pinned one needs (one vGPU
-                    # per VM per GPU); admission decides in the same order
-                    for req in sorted(checked.vgpus, key=lambda r: r.gpu is None and r.vf is None):
-                        # the inventory read above still describes the host while this call has changed nothing
-                        decided = grant.placed_gpu(req.device)
-                        try:
-                            vid = _make_vgpu(host, store, view, req, types[req.device],
-                                             grant.allowed_gpus(req.device, checked.allowed), actor,
-                                             inv if not made else domain_inventory(host, view, checked.allowed),
-                                             grant.narrowed_by(req.device, checked.allowed),
-                                             decided=decided)
-                        except RefusedError as e:
-                            # admission placed it: the device layer only re-checks, and its refusal is admission's
-                            raise grant.refused(req.device, e) from None
-                        if vid is not None:
-                            made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
-                except BaseException as e:
-                    # undone inside the block: admission's record of the start (its allocation rows) goes only
-                    # once what was made is gone, so a kill during the undo leaves no device outside its quota.
-                    # What the records give the domain since the start counts too: an interrupt (the hook's
-                    # alarm) can land after a device's record was written and before it was noted in ``made``
-                    made += _made_unnoted(store, me, held_before, made)
-                    failed = _undo(host, store, me, made, actor)
-                    if failed and isinstance(e, VgpuhostError):
-                        e.message += "; UNDO FAILED for " + ", ".join(failed)
-                    raise
-        except BaseException:
-            if not was_active:
-                try:
-                    store.domain_stopped(me)
-                except Exception:
-                    pass
-            raise
-        return [str(d) for _, d in made]
+        return _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active)
     except BaseException as e:
         if ondemand:
             from . import migdemand
@@ -245,6 +170,88 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
             if failed and isinstance(e, VgpuhostError):
                 e.message += "; UNDO FAILED for " + ", ".join(failed)
         raise
+
+
+def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateStore", enforced: bool,
+                  inv: "Inventory", checked: "Checked", records, pt_records, active) -> List[str]:
+    """:func:`_prepare_locked` once the request is checked (and GPU instances made on demand): resolve,
+    admit and make the devices; what was made, all or nothing."""
+    types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
+    me = view.uuid
+    if checked.passthrough and inv.out_of_service:
+        # a GPU out of service (unhealthy or cordoned) goes to no new domain by passthrough, pooled or not
+        # (docs/guide/failures.md); the domain that holds it already (a retried start) keeps it
+        from .health import refuse_out_of_service
+        held = {r.gpu for r in pt_records if r.owner == me}
+        for gpu, _ in checked.passthrough:
+            if gpu in inv.out_of_service and str(gpu) not in held:
+                refuse_out_of_service(store, gpu, what=f"pass {gpu} through to {view.name or me}", actor=actor,
+                                      operation=f"prepare {view.name or me}")
+    # what the records gave the domain before this start (read above: no second read on the hook's path)
+    held_before = (frozenset(r.id for r in records if r.owner == me),
+                   frozenset(r.gpu for r in pt_records if r.owner == me) if checked.passthrough else None)
+    was_active = me in active
+    store.domain_started(me, view.name or me)
+    made: List[Tuple[str, object]] = []
+    if enforced:
+        # admission (issues 13, 26): quota, isolation, QoS class, pool, decided once under the host lock
+        from . import tenancy
+        from . import vgpu
+        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types,
+                                      limits_for=lambda name: vgpu.mode_limits(host, inv, name),
+                                      policies=lambda gpus: tenancy.scheduler_policies(host, gpus))
+    else:
+        from .admitting import unenforced_admitting
+        admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
+    try:
+        with admitting as grant:
+            try:
+                if checked.passthrough:
+                    from . import passthrough
+                    for gpu, _ in checked.passthrough:
+                        grant.made(str(gpu), str(gpu))
+                        if gpu in checked.pooled:
+                            continue                    # bound by the operator for guests: used as it is
+                        out = passthrough.prepare(host, store, gpu, owner=me, actor=actor,
+                                                  boot_vga_fix=f"run 'vgpuhost passthrough prepare --allow-boot-vga "
+                                                               f"{gpu}' if the host has another console, then start "
+                                                               "the domain (the hook uses a group bound that way)")
+                        if out.changed:
+                            made.append(("passthrough", gpu))
+                # pinned first: an unpinned vGPU placed first could take the GPU a pinned one needs (one vGPU
+                # per VM per GPU); admission decides in the same order
+                for req in sorted(checked.vgpus, key=lambda r: r.gpu is None and r.vf is None):
+                    # the inventory read above still describes the host while this call has changed nothing
+                    decided = grant.placed_gpu(req.device)
+                    try:
+                        vid = _make_vgpu(host, store, view, req, types[req.device],
+                                         grant.allowed_gpus(req.device, checked.allowed), actor,
+                                         inv if not made else domain_inventory(host, view, checked.allowed),
+                                         grant.narrowed_by(req.device, checked.allowed),
+                                         decided=decided)
+                    except RefusedError as e:
+                        # admission placed it: the device layer only re-checks, and its refusal is admission's
+                        raise grant.refused(req.device, e) from None
+                    if vid is not None:
+                        made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
+            except BaseException as e:
+                # undone inside the block: admission's record of the start (its allocation rows) goes only
+                # once what was made is gone, so a kill during the undo leaves no device outside its quota.
+                # What the records give the domain since the start counts too: an interrupt (the hook's
+                # alarm) can land after a device's record was written and before it was noted in ``made``
+                made += _made_unnoted(store, me, held_before, made)
+                failed = _undo(host, store, me, made, actor)
+                if failed and isinstance(e, VgpuhostError):
+                    e.message += "; UNDO FAILED for " + ", ".join(failed)
+                raise
+    except BaseException:
+        if not was_active:
+            try:
+                store.domain_stopped(me)
+            except Exception:
+                pass
+        raise
+    return [str(d) for _, d in made]
 
 
 def domain_gpus(host: HostRoot, view: "DomainView", allow: "Optional[FrozenSet[PciAddress]]") -> "Tuple[PciAddress, ...]":
