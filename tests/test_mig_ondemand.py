@@ -467,3 +467,27 @@ def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200):
     assert gis(h200) == {gi: ("1g.18gb", gis(h200)[gi][1])} and vf_type(h200, other.id) != "0"
     assert migdemand.made(store) == []
     assert any(r.result == "kept" and "dropped" in r.value for r in store.audit_rows())
+
+
+def test_a_start_that_fails_after_the_instance_was_made_destroys_it(h200):
+    """The VF's create write fails (an injected EINVAL): the start exits with the device error, and the GPU
+    instance made for it is destroyed again, both changes audited."""
+    import errno
+    from vgpuhost.libvirt.domxml import parse_domain
+    from vgpuhost.model.errors import DeviceError
+    from vgpuhost.ops.devices import prepare
+    from vgpuhost.sim.kernel import STATE
+    store = StateStore(h200.state_dir)
+    migdemand.set_opt_in(h200, store, H200, True, actor="test")
+    vf1 = vfs(h200)[0]
+    kernel = SimKernel(h200)
+    meta = kernel.meta()
+    meta["faults"] = [{"op": "set_type", "device": vf1, "errno": errno.EINVAL, "count": 1}]
+    kernel.save_meta(meta, STATE)
+    with pytest.raises(DeviceError):
+        prepare(h200, parse_domain(vm_xml("vm1", DOM1, "H200X-1-18C", vf1)), actor="test", store=store)
+    assert gis(h200) == {} and migdemand.made(store) == [] and vf_type(h200, vf1) == "0"
+    paths = [r.path for r in store.audit_rows()]
+    assert paths.count("nvml:nvmlDeviceCreateGpuInstanceWithPlacement") == 1
+    assert paths.count("nvml:nvmlGpuInstanceDestroy") == 1
+    assert not store.journal_entries(open_only=True)
