@@ -9,11 +9,12 @@ running left).  Every GPU-instance change is :func:`vgpuhost.ops.mig.make_instan
 :func:`~vgpuhost.ops.mig.destroy_instance`: under the GPU's lock, journaled, audited, undone on failure.
 Must not: call NVML or spell kernel paths (the doors do); destroy a GPU instance a vGPU sits on.
 
-Crash safety: the intent ``mig.made/<BDF>/<profile id>/<start>`` = ``<owner>`` is written before the
-create (the placement is chosen first) and gains `` gi=<id>`` once the instance reads back; a kill
-between them leaves a record that :func:`release_for` / :func:`sweep` end (the journal entry of the
-create is finished or rolled back first, under the GPU's lock), so no instance made on demand is left
-behind nor half made.  Facts: docs/guide/nvml-mig-scheduler.md#mig-on-demand, a MIG-backed vGPU takes
+Crash safety: the intent ``mig.made/<BDF>/<profile id>/<start>`` = ``<owner> pid=<maker>`` is written
+before the create (the placement is chosen first) and gains `` gi=<id>`` once the instance reads back;
+a kill between them leaves a record that :func:`release_for` (the domain's ``release end``) or
+:func:`sweep` (``reconcile``, once the maker is gone and the domain neither runs nor holds a vGPU) end,
+after the journal entry of the create is finished or rolled back under the GPU's lock, so no instance
+made on demand is left behind nor half made.  Facts: docs/guide/nvml-mig-scheduler.md#mig-on-demand, a MIG-backed vGPU takes
 one whole GPU instance and needs no compute instance on the host (docs/reference/hardware.md#mig-backed-vgpus).
 """
 
@@ -284,7 +285,9 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
 
 def release_made(host: HostRoot, store, items: List[Made], *, actor: str) -> List[str]:
     """Destroy the GPU instances ``items`` made on demand (last first) and drop their records; the
-    ones that could not go (a vGPU sits on one, NVML failed), each as a line."""
+    ones that could not go (NVML failed: the record stays for the next try), each as a line.  One
+    another vGPU sits on now is left to it: its record is dropped, with an audit row (result
+    ``kept``)."""
     failed = []
     for m in reversed(items):
         try:
