@@ -82,6 +82,7 @@ class FakeNvml:
         self.sched_v2 = sched_v2     # the driver has the NVML 13 _v2 scheduler calls (else FUNCTION_NOT_FOUND)
         self.calls = []
         self.vgpus = [ctypes.c_uint(7)]
+        self.vgpu_gi = {}            # vGPU instance -> GPU instance id (MIG-backed); others: INVALID
         self.fb_usage = 5 * 1024 ** 3 + 123          # > 4 GiB: needs 64 bits
         self.fb_target_types = []
 
@@ -295,6 +296,9 @@ class FakeNvml:
 
     def nvmlVgpuInstanceGetType(self, i):
         return 1100
+
+    def nvmlVgpuInstanceGetGpuInstanceId(self, i):
+        return self.vgpu_gi.get(int(getattr(i, "value", i)), 0xFFFFFFFF)
 
     def nvmlDeviceGetVgpuHeterogeneousMode(self, h):
         self._dev(h)
@@ -619,6 +623,15 @@ def test_processes_vgpus_and_mixed_size(fake, be):
     be.set_heterogeneous_mode(BDF, True)
     assert fake.het_mode == pynvml.NVML_VGPU_PGPU_HETEROGENEOUS_MODE == 0
     assert be.heterogeneous_mode(BDF) is True
+
+
+def test_which_gpu_instance_each_vgpu_sits_on(fake, be):
+    """``nvmlVgpuInstanceGetGpuInstanceId`` of each active vGPU: a time-sliced one (INVALID_GPU_INSTANCE_ID)
+    is left out; MIG-backed ones count per GPU instance (docs/reference/hardware.md#mig-backed-vgpus)."""
+    assert be.gpu_instance_vgpus(BDF) == {}
+    fake.vgpus = [ctypes.c_uint(7), ctypes.c_uint(8), ctypes.c_uint(9)]
+    fake.vgpu_gi = {7: 2, 9: 5}
+    assert be.gpu_instance_vgpus(BDF) == {2: 1, 5: 1}
 
 
 def test_fb_usage_64bit_quirk(fake, be):

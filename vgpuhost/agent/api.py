@@ -39,7 +39,7 @@ from ..model.errors import InputError, RefusedError, TransientError, VgpuhostErr
 from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
-from ..ops import devices, health, mig, migrate, tenancy, vgpu
+from ..ops import devices, health, mig, migdemand, migrate, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
@@ -581,6 +581,7 @@ def get_types(agent: Agent, req: Request) -> Text:
 def _capacity_doc(agent: Agent, tenant: Optional[str]):
     """The whole capacity document (every profile) for ``tenant``, as :func:`get_capacity` answers it."""
     def build(inv) -> Dict[str, Any]:
+        inv = migdemand.makeable(agent.host, agent.store, inv)     # MIG on demand: what a start would make
         doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=tenant,
                                policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus))
         risk = tenancy.guarantees_at_risk(agent.store, inv)

@@ -117,6 +117,24 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
     inv = ctx.inventory(scope="vgpu")         # GPUs, their types and vGPUs: no /proc, no other devices
     addr = parse_gpu_option(ctx, inv, gpu)
+    made_note = []
+    from ..io.files import exists
+    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.state_dir}/mig-on-demand"):
+        # a GPU may be opted in to MIG on demand (ops.migdemand.HINT_FILE): only then is the store read
+        from ..io.state import StateStore
+        st = StateStore(ctx.host.state_dir, create=False)
+        if st.settings_under("mig.on-demand/"):
+            # MIG on demand: the GPU instances a start would make count (ops.migdemand.makeable)
+            from ..ops.migdemand import makeable
+            before = {(t.parent, t.name.lower()) for t in inv.vgpu_types if t.available_instances}
+            inv = makeable(ctx.host, st, inv)
+            made: Dict[str, List[str]] = {}
+            for t in inv.vgpu_types:
+                if t.available_instances and (t.parent, t.name.lower()) not in before \
+                        and t.name not in made.setdefault(str(t.gpu), []):
+                    made[str(t.gpu)].append(t.name)
+            made_note = [f"{g}: MIG on demand: AVAIL of {', '.join(n)} counts the GPU instances a start "
+                         "would make" for g, n in sorted(made.items()) if n and (addr is None or g == str(addr))]
     limits_of = None
     from ..observe.inventory import BACKEND_VENDOR_VFIO
     if any(g.vfs and g.vgpu_backend == BACKEND_VENDOR_VFIO for g in inv.gpus):
@@ -132,6 +150,7 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
              for u in g.unreadable]        # its types are unknown, not absent
     notes += [f"{g}: out of service ({why}): none available" for g, why in sorted(inv.out_of_service.items())
               if addr is None or g == addr]       # unhealthy or cordoned (docs/guide/failures.md)
+    notes += made_note
     return types_doc(entries), "\n".join([text] + notes)
 
 

@@ -16,7 +16,9 @@ import click
 
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
 from ..model.values import PciAddress
-from ..ops.mig import apply, assert_layout, disable, enable, show, show_text
+from ..io.process import actor
+from ..ops.mig import MigOutcome, apply, assert_layout, disable, enable, show, show_text
+from ..ops.migdemand import set_opt_in
 from ..policy.mig import layout_text, parse_layout
 from .agentcall import forward
 from .common import emit, store
@@ -141,3 +143,25 @@ def mig_assert(cctx: click.Context, gpu: str, layout: str) -> None:
 
 
 COMMANDS: List[click.Command] = [mig]
+
+
+@mig.command("on-demand")
+@click.option("--gpu", "gpu", required=True, metavar="BDF", help="The GPU (dddd:bb:ss.f).")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.pass_context
+def mig_on_demand(cctx: click.Context, gpu: str, state: str) -> None:
+    """Turn MIG on demand on or off for a GPU.
+
+    On: at a domain's start (the qemu hook's prepare begin) a MIG-backed vGPU
+    that no free GPU instance takes gets one made where a free slice range
+    allows it, and it is destroyed at the domain's stop (release end).
+    """
+    ctx = cctx.obj
+    addr = _addr(gpu)
+    changed = set_opt_in(ctx.host, store(ctx, write=True), addr, state == "on", actor=actor())
+    out = MigOutcome(f"on-demand {state}", str(addr), changed=changed, dry_run=False)
+    out.notes.append(f"MIG on demand is {state} on {addr}" + ("" if changed else " already"))
+    if ctx.json:
+        emit(ctx, out.as_dict(), "")
+        return
+    click.echo(out.notes[0])

@@ -19,6 +19,7 @@ from ..io.sysfs import Sysfs
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS, RefusedError
 from ..observe.inventory import discover
 from ..observe.ownable import devices_vgpuhost_may_own
+from ..ops import migdemand
 from ..ops.devices import release_domain
 from ..ops.recover import describe_open, open_entries, recover_all, unmade_allocations
 from ..ops.migrate import sweep
@@ -62,11 +63,19 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         unmade = [] if st.absent else unmade_allocations(st)
         journal_lines += ["open: " + line for line in unmade]
         journal_ok = journal_ok and not unmade
+        # GPU instances an interrupted start made on demand (MIG on demand) for a domain gone since
+        on_demand = [] if st.absent else [m.line() for m in migdemand.orphans(st)]
+        journal_lines += ["left: " + line for line in on_demand]
+        journal_ok = journal_ok and not on_demand
     else:                           # finish or roll back each, then re-create missing vGPUs
         for r in recover_all(ctx.host, st, actor=actor_name("reconcile")):
             journal_lines.append(r.line())
             journal_doc.append(r.as_dict())
             journal_ok = journal_ok and r.result in ("finished", "rolled-back")
+        ended, failed = migdemand.sweep(ctx.host, st, actor=actor_name("reconcile"))
+        on_demand = [f"ended: {m.line()}" for m in ended] + [f"FAILED {f}" for f in failed]
+        journal_lines += on_demand
+        journal_ok = journal_ok and not failed
     rep = None
     if not check:
         rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
@@ -94,6 +103,7 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     doc = rep.as_dict()
     doc["journal"] = journal_doc
     doc["expired_reservations"] = expired
+    doc["mig_on_demand"] = on_demand
     if check:
         doc["unmade_allocations"] = unmade
     doc["in_sync"] = in_sync

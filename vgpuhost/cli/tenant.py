@@ -20,7 +20,7 @@ from ..io.virt import default_uri
 from ..model.concepts import Isolation, QosClass
 from ..model.errors import InputError
 from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
-from ..ops import tenancy
+from ..ops import migdemand, tenancy
 from ..present.tenancy import (  # noqa: F401 (the CLI's names)
     LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK, SCHEMA_POLICY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE,
     binding_answer, changed_tenant, new_tenant, tenant_doc
@@ -360,8 +360,8 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     the pools' compute ceilings, a QoS figure.
     """
     ctx = _ctx()
-    inv = ctx.inventory()
     store = _store(False)
+    inv = migdemand.makeable(ctx.host, store, ctx.inventory())   # MIG on demand: instances that could be made
     doc = tenancy.capacity(store, inv, tenancy.mixed_size_of(ctx.host, inv), tenant=tenant,
                            policies=lambda gpus: tenancy.scheduler_policies(ctx.host, gpus))
     risk = tenancy.guarantees_at_risk(store, inv)

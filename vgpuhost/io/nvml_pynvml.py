@@ -407,6 +407,18 @@ class PynvmlBackend:
         log.info("nvmlGpuInstanceDestroy %s gi_id=%d", bdf, gi_id)
         self._fn("nvmlGpuInstanceDestroy", gi)
 
+    def gpu_instance_vgpus(self, bdf: PciAddress) -> Dict[int, int]:
+        """``{gi_id: MIG-backed vGPUs on it}``: ``nvmlVgpuInstanceGetGpuInstanceId`` of each of
+        ``nvmlDeviceGetActiveVgpus`` (a time-sliced vGPU answers INVALID_GPU_INSTANCE_ID, 0xFFFFFFFF:
+        left out; docs/reference/hardware.md#mig-backed-vgpus)."""
+        out: Dict[int, int] = {}
+        for inst in self._fn("nvmlDeviceGetActiveVgpus", self._handle(bdf)):
+            gi = int(self._fn("nvmlVgpuInstanceGetGpuInstanceId", inst))
+            if gi in (0xFFFFFFFF, -1):
+                continue
+            out[gi] = out.get(gi, 0) + 1
+        return out
+
     def compute_processes(self, bdf: PciAddress) -> int:
         return len(self._fn("nvmlDeviceGetComputeRunningProcesses", self._handle(bdf)))
 

@@ -1247,6 +1247,12 @@ class StateStore:
         row = self._conn().execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    def settings_under(self, prefix: str) -> Dict[str, str]:
+        """``{key: value}`` of the settings whose key starts with ``prefix`` (a literal prefix)."""
+        rows = self._conn().execute("SELECT key, value FROM settings WHERE substr(key, 1, ?) = ? ORDER BY key",
+                                    (len(prefix), prefix)).fetchall()
+        return {k: v for k, v in rows}
+
     def set_setting(self, key: str, value: Optional[str]) -> None:
         with self.transaction() as conn:
             self.put_setting(conn, key, value)

@@ -153,6 +153,29 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     # before admission and before any write
     _refuse_hostdevs(store, view, actor, inv, allow=checked.allowed, vgpu_records=records,
                      passthrough_records=pt_records, active_domains=active)
+    ondemand: list = []
+    if checked.vgpus and any(getattr(r.profile, "mig_backed", False) for r in checked.vgpus):
+        # MIG on demand (opted-in GPUs): a GPU instance for a MIG-backed vGPU none takes now, made before
+        # its profile is resolved and admitted, and destroyed again when the start fails below
+        from . import migdemand
+        ondemand = migdemand.make_for(host, store, view.uuid, checked.vgpus, inv, actor=actor)
+        if ondemand:
+            inv = in_service(domain_inventory(host, view, allow), store)
+    try:
+        return _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active)
+    except BaseException as e:
+        if ondemand:
+            from . import migdemand
+            failed = migdemand.release_made(host, store, ondemand, actor=actor)
+            if failed and isinstance(e, VgpuhostError):
+                e.message += "; UNDO FAILED for " + ", ".join(failed)
+        raise
+
+
+def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateStore", enforced: bool,
+                  inv: "Inventory", checked: "Checked", records, pt_records, active) -> List[str]:
+    """:func:`_prepare_locked` once the request is checked (and GPU instances made on demand): resolve,
+    admit and make the devices; what was made, all or nothing."""
     types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
     me = view.uuid
     # devices reserved for an incoming live migration (the hook's migrate begin, ops/migrate.py): this
@@ -611,6 +634,10 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
     # what an incoming migration reserved for it and never made (a migration cancelled or failed on this
     # destination: libvirt's release end): freed
     store.drop_reservations(owner=me, actor=actor, operation=f"release {me}")
+    # GPU instances made on demand for it (MIG on demand): destroyed once its vGPUs are gone
+    if any(v.split(" ", 1)[0] == me for v in store.settings_under("mig.made/").values()):
+        from . import migdemand
+        errors += migdemand.release_for(host, store, me, actor=actor)
     # and its allocations (ops.tenancy.forget, without importing admission, its module's, on the hook's
     # release path), in the same transaction
     store.domain_stopped(me, allocations=True)

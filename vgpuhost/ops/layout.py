@@ -39,7 +39,7 @@ from ..plan.layout import (
 from ..policy import compute
 from ..policy.config import Config
 from ..policy.placement import LAYOUT
-from . import gputime, mig, passthrough, scheduler, tenancy, vgpu
+from . import gputime, mig, migdemand, passthrough, scheduler, tenancy, vgpu
 from .health import out_of_service
 
 SCHEMA_APPLY = "vgpuhost.apply/v1"
@@ -240,6 +240,9 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                               hint="'vgpuhost audit' shows every write; 'vgpuhost assert -c FILE' the difference")
         if new_pools is not None:
             result.notes += tenancy.set_pools(store, new_pools, actor=who, check=False)
+        for gpu, on in sorted(planner.mig_on_demand(cfg, layout, view).items()):
+            if migdemand.set_opt_in(host, store, PciAddress.parse(gpu), on, actor=who):
+                result.notes.append(f"MIG on demand {'on' if on else 'off'} for {gpu}")
         return result
 
 

@@ -87,6 +87,7 @@ from ..policy.offers import seen_rows
 from . import gputime, tenancy
 from .admitting import active as tenancy_active
 from .health import in_service, nvml_or_none, status, unrecorded_failures
+from .migdemand import makeable
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -808,6 +809,8 @@ def host_series(host_root, store, nvml=None) -> Dict[str, object]:
         failing = unrecorded_failures(host_root, store, inv, nvml)
         # a GPU out of service, or failing now, counts no free instance
         inv = in_service(inv, store, {g: f"unhealthy: {reason}" for g, (_s, reason) in failing.items()})
+    if callable(getattr(store, "settings_under", None)):
+        inv = makeable(host_root, store, inv)   # MIG on demand: the GPU instances a start would make count
     pools = gpu_pools(store)
     closed = _exclusive_gpus(store, inv)
     by_time = _time_fits(store, inv)

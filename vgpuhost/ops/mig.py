@@ -33,9 +33,9 @@ from ..model.values import PciAddress
 from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
 from ..plan.mig import LayoutPlan, plan_layout, plan_mode_change
-from ..plan.steps import Step
+from ..plan.steps import CreateGi, DestroyGi, Step
 from ..policy.mig import (
-    ORDER, counts, layout_text, name_key, names, parse_layout, profile_name, resolve_layout, why_not
+    ORDER, counts, layout_text, name_key, names, parse_layout, place, profile_name, resolve_layout, why_not
 )
 from .nvmljournal import start
 from .recover import recover_locked
@@ -120,6 +120,19 @@ class _Device:
     def instances(self) -> List[GpuInstance]:
         return list(self.backend.gpu_instances(self.bdf))
 
+    def busy(self, gis: Sequence[GpuInstance]) -> Dict[int, int]:
+        """``{gi_id: vGPUs on it}`` for the GPU instances that hold vGPUs (NVML's
+        ``nvmlVgpuInstanceGetGpuInstanceId`` of each active vGPU).  Where NVML cannot say which
+        instance a vGPU sits on but vGPUs exist, every instance counts as busy (nothing is
+        destroyed under a vGPU on a guess)."""
+        try:
+            return dict(self.backend.gpu_instance_vgpus(self.bdf))
+        except NvmlError as e:
+            if not e.not_supported:
+                raise
+        n = self.vgpus()
+        return {g.gi_id: n for g in gis} if n else {}
+
     def vgpus(self) -> int:
         try:
             return int(self.backend.active_vgpus(self.bdf))
@@ -176,7 +189,8 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend: Optional[
     Per GPU: ``gpu``, ``name``, ``mig_capable``, ``mig_mode`` ({current,
     pending} or None), ``pending_change``, ``profiles`` (id, name, slices,
     memory_mib, max_count, placements [{start, size}]), ``gpu_instances``
-    ({gi_id, profile_id, profile, start, size}), ``layout`` ({name: count}),
+    ({gi_id, profile_id, profile, start, size, vgpus: the vGPUs on it, None when NVML cannot
+    say}), ``layout`` ({name: count}),
     ``error`` (NVML could not answer for this GPU) or None.
     """
     backend = backend or open_backend(host)
@@ -206,9 +220,14 @@ def show(host: HostRoot, gpu: Optional[PciAddress] = None, *, backend: Optional[
                                   "memory_mib": p.memory_mib, "max_count": p.max_count,
                                   "placements": [{"start": s, "size": z} for s, z in p.placements]}
                                  for p in profiles]
+                try:
+                    held = backend.gpu_instance_vgpus(g.address) if gis else {}
+                except NvmlError:
+                    held = None                 # NVML cannot say which instance a vGPU sits on
                 e["gpu_instances"] = [{"gi_id": x.gi_id, "profile_id": x.profile_id,
                                        "profile": profile_name(by_id, x.profile_id),
-                                       "start": x.start, "size": x.size} for x in gis]
+                                       "start": x.start, "size": x.size,
+                                       "vgpus": None if held is None else held.get(x.gi_id, 0)} for x in gis]
                 e["layout"] = counts(profiles, gis)
         except NvmlError as err:
             e["error"] = err.one_line()
@@ -234,7 +253,8 @@ def show_text(doc: dict) -> str:
         lines.append(f"  layout: {layout_text(e['layout'])}")
         for x in e["gpu_instances"]:
             lines.append(f"  GPU instance {x['gi_id']}: {x['profile']} (profile id {x['profile_id']}) "
-                         f"at memory slice {x['start']}, size {x['size']}")
+                         f"at memory slice {x['start']}, size {x['size']}"
+                         + (f", holds {x['vgpus']} vGPU{'s' if x['vgpus'] != 1 else ''}" if x.get("vgpus") else ""))
         lines.append("  profiles: " + ", ".join(
             f"{p['name']} (id {p['profile_id']}, max {p['max_count']})" for p in e["profiles"]))
     return "\n".join(lines) if lines else "no NVIDIA GPU found"
@@ -363,18 +383,20 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
                     else f"is off: run 'vgpuhost mig enable --gpu {bdf}' first")
             raise RefusedError(f"MIG mode on {bdf} {what}", hint=f"order: {ORDER}")
         gis = dev.instances()
-        lp = plan_layout(profiles, gis, wanted, bdf)
+        busy = dev.busy(gis)
+        try:
+            lp = plan_layout(profiles, gis, wanted, bdf, busy=busy)
+        except RefusedError as e:
+            e.message = e.message.replace("MIG layout would", f"the layout on {bdf} would", 1)
+            raise
         out = MigOutcome("apply", str(bdf), changed=bool(lp.steps), dry_run=dry_run, name=dev.name,
                          mig_mode=_mode_dict(dev.mode), layout_before=counts(profiles, gis),
                          layout_after=names(profiles, wanted), steps=[s.describe() for s in lp.steps])
         if pending != cur:
             out.notes.append("MIG mode off is pending until a GPU reset: these GPU instances go with it")
-        if lp.destroy:
-            n = dev.vgpus()
-            if n:
-                raise RefusedError(f"the layout on {bdf} destroys {len(lp.destroy)} GPU instance(s) while "
-                                   f"{n} vGPU(s) exist",
-                                   hint="remove the MIG-backed vGPUs first ('vgpuhost vgpu list')")
+        if lp.destroy and busy:
+            out.notes.append("kept the busy GPU instance(s) " + ", ".join(
+                f"{g.gi_id}" for g in lp.keep if busy.get(g.gi_id)) + "; re-sliced only free ones")
         if not lp.steps:
             out.notes.append(f"{bdf} already has {layout_text(out.layout_before)}")
         return out, lp, wanted, profiles
@@ -407,6 +429,101 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         return out
 
 
+def make_instance(host: HostRoot, store, bdf: PciAddress, gi_profile: str, *, owner: str, actor: str,
+                  record=None, backend: Optional[NvmlBackend] = None) -> GpuInstance:
+    """Create ONE GPU instance of ``gi_profile`` (``1g.18gb``) on ``bdf`` beside the instances there,
+    at a placement the device allows (:func:`vgpuhost.policy.mig.place`: its start slices); nothing
+    else is touched.  Under the GPU's lock, after ending what an interrupted operation left there;
+    journaled (kind ``mig-apply``, ``owner``) and audited like ``mig apply``.  ``record(start)``:
+    called before the NVML call, with the memory slice chosen (MIG on demand writes its intent
+    there, :mod:`vgpuhost.ops.migdemand`).  Returns the instance made.
+
+    Raises RefusedError when MIG mode is off or no free slice range takes another ``gi_profile``
+    (naming the instances in the way); DeviceError when NVML fails (undone).
+    """
+    backend = backend or open_backend(host)
+    with file_lock(store.state_dir, f"gpu-{bdf}"):
+        _recover_first(host, store, bdf, actor)
+        dev = _Device(host, backend, bdf)
+        dev.require_mig()
+        if not dev.mode[0]:
+            raise RefusedError(f"MIG mode on {bdf} is off: no GPU instance can be made",
+                               hint=f"'vgpuhost mig enable --gpu {bdf}'; order: {ORDER}")
+        profiles = dev.profiles()
+        by_name = {p.name.lower(): p for p in profiles}
+        prof = by_name.get(gi_profile.lower())
+        if prof is None:
+            raise RefusedError(f"{bdf} ({dev.name}) has no GPU-instance profile {gi_profile}")
+        gis = dev.instances()
+        found = place(profiles, {prof.profile_id: 1}, gis)
+        if not found:
+            there = layout_text(counts(profiles, gis))
+            raise RefusedError(f"no free slice range on {bdf} takes another {prof.name}: it holds {there}",
+                               hint=f"{prof.name} starts at memory slice "
+                                    f"{'/'.join(str(s) for s, _ in prof.placements)}; 'vgpuhost mig show' "
+                                    "lists the instances")
+        start = found[0][1]
+        step = CreateGi(bdf, prof.profile_id, prof.name, start, dict(prof.placements)[start])
+        if record is not None:
+            record(start)
+        wanted: Dict[int, int] = {}
+        for g in gis:
+            wanted[g.profile_id] = wanted.get(g.profile_id, 0) + 1
+        wanted[prof.profile_id] = wanted.get(prof.profile_id, 0) + 1
+        made: List[GpuInstance] = []
+
+        def check() -> None:
+            made[:] = [g for g in backend.gpu_instances(bdf) if g.profile_id == prof.profile_id and g.start == start]
+            if not made:
+                raise DeviceError(f"no {prof.name} at memory slice {start} on {bdf} after creating it",
+                                  hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
+
+        _run(dev, store, [step], actor=actor, operation=f"mig on-demand create {prof.name} on {bdf}",
+             kind="mig-apply", owner=owner, want={"layout": {str(k): v for k, v in wanted.items()}}, check=check)
+        return made[0]
+
+
+def destroy_instance(host: HostRoot, store, bdf: PciAddress, *, profile_id: int, start: int, owner: str,
+                     actor: str, gi_id: Optional[int] = None, backend: Optional[NvmlBackend] = None
+                     ) -> Optional[GpuInstance]:
+    """Destroy the GPU instance of ``profile_id`` at memory slice ``start`` on ``bdf`` (and, given,
+    id ``gi_id``) when it holds no vGPU; the instance destroyed, or None when there is none there.
+    Under the GPU's lock, journaled (kind ``mig-apply``) and audited.  Raises RefusedError when a
+    vGPU sits on it (naming it); DeviceError when NVML fails (undone)."""
+    backend = backend or open_backend(host)
+    with file_lock(store.state_dir, f"gpu-{bdf}"):
+        _recover_first(host, store, bdf, actor)
+        dev = _Device(host, backend, bdf)
+        if dev.mode is None or not dev.mode[0]:
+            return None
+        gis = dev.instances()
+        gi = next((g for g in gis if g.profile_id == profile_id and g.start == start
+                   and (gi_id is None or g.gi_id == gi_id)), None)
+        if gi is None:
+            return None
+        profiles = dev.profiles()
+        by_id = {p.profile_id: p for p in profiles}
+        n = dev.busy(gis).get(gi.gi_id, 0)
+        if n:
+            raise RefusedError(f"GPU instance {gi.gi_id} ({profile_name(by_id, gi.profile_id)} at memory slice "
+                               f"{gi.start}) on {bdf} holds {n} vGPU{'s' if n != 1 else ''}: it stays",
+                               hint="it goes when its vGPU does")
+        wanted: Dict[int, int] = {}
+        for g in gis:
+            if g.gi_id != gi.gi_id:
+                wanted[g.profile_id] = wanted.get(g.profile_id, 0) + 1
+        step = DestroyGi(bdf, gi.gi_id, profile_name(by_id, gi.profile_id), gi.start, gi.size, gi.profile_id)
+
+        def check() -> None:
+            if any(g.gi_id == gi.gi_id and g.start == gi.start for g in backend.gpu_instances(bdf)):
+                raise DeviceError(f"GPU instance {gi.gi_id} is still on {bdf} after destroying it",
+                                  hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
+
+        _run(dev, store, [step], actor=actor, operation=f"mig on-demand destroy GPU instance {gi.gi_id} on {bdf}",
+             kind="mig-apply", owner=owner, want={"layout": {str(k): v for k, v in wanted.items()}}, check=check)
+        return gi
+
+
 def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, int]", *,
                   backend: Optional[NvmlBackend] = None) -> MigAssert:
     """Compare ``bdf``'s GPU instances with ``layout``; ``in_sync`` False on drift, with a diff
@@ -431,4 +548,5 @@ def assert_layout(host: HostRoot, bdf: PciAddress, layout: "str | Mapping[str, i
 
 
 __all__ = ["MigOutcome", "MigAssert",
-           "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout"]
+           "show", "show_text", "enable", "disable", "set_mode", "apply", "assert_layout", "make_instance",
+           "destroy_instance"]

@@ -1352,6 +1352,21 @@ def pools(config: Config, layout: Optional[str], view: HostView) -> List[Pool]:
     return list(by.values())
 
 
+def mig_on_demand(config: Config, layout: Optional[str], view: HostView) -> Dict[str, bool]:
+    """``{GPU BDF: on}`` for the GPUs of ``view`` that ``layout``'s mig entries with ``on_demand`` set
+    select (MIG on demand, :mod:`vgpuhost.ops.migdemand`).  Pure."""
+    lay = config.layout(layout)
+    walker = _Walker(config, lay, view)
+    out: Dict[str, bool] = {}
+    for e in lay.entries:
+        if e.mig is None or e.mig.on_demand is None:
+            continue
+        for g in walker.inv.gpus:
+            if walker._matches(e, g):
+                out[str(g.address)] = e.mig.on_demand
+    return out
+
+
 def scope(config: Config, layout: Optional[str]):
     """``(gpus, nvml)`` for :func:`vgpuhost.observe.hostview.observe`: a function of the
     inventory giving the GPUs ``layout`` may select, and whether any of them may need
@@ -1370,6 +1385,6 @@ def scope(config: Config, layout: Optional[str]):
 
 
 __all__ = ["plan", "drift", "scope", "pools", "Plan", "Drift", "PlanLine", "LayoutStep", "Report", "LayoutRemoveVgpu",
-           "LayoutCreateVgpus", "LayoutRecreateVgpu", "LayoutChangeMigMode", "LayoutMakeGpuInstances",
+           "LayoutCreateVgpus", "LayoutRecreateVgpu", "mig_on_demand", "LayoutChangeMigMode", "LayoutMakeGpuInstances",
            "LayoutSetMixedSize", "LayoutSetScheduler", "LayoutPreparePassthrough", "LayoutReleasePassthrough", "KINDS",
            "PHASES", "REBOOT_MARK", "RESET_MARK", "OPERATOR_MARK"]

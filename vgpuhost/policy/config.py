@@ -51,6 +51,7 @@ Format (docs/reference/config.md):
             mig:
               instances: {3g.20gb: 1, 1g.5gb: 2}   # GPU-instance profile -> count
               vgpus: {A100-3-20C: 1}               # MIG-backed vGPU types -> count
+              on_demand: true                      # a start makes the GPU instance its vGPU needs
           - select: {device_id: 0x1e87}
             mode: passthrough
             passthrough: {allow_boot_vga: false, persist: true}
@@ -92,7 +93,7 @@ _LAYOUT = {"description", "scheduler", "gpus"}
 _ENTRY = {"select", "mode", "description", "vgpu", "mig", "passthrough", "scheduler", "pool"}
 _POOL = {"name", "serves", "ceiling"}
 _VGPU = {"types", "counts", "strategy", "mixed_size"}
-_MIG = {"instances", "vgpus"}
+_MIG = {"instances", "vgpus", "on_demand"}
 _PASSTHROUGH = {"allow_boot_vga", "persist"}
 _SCHEDULER = {"policy", "arr", "timeslice_ms", "frequency_hz", "avg_factor", "persist"}
 
@@ -175,6 +176,9 @@ class MigSpec:
     instances: Tuple[Count, ...]            # GPU-instance profile name -> count
     vgpus: Tuple[Count, ...] = ()           # MIG-backed vGPU type -> count
     where: Optional[Where] = None
+    #: MIG on demand for the entry's GPUs (docs/guide/nvml-mig-scheduler.md#mig-on-demand): a domain's start
+    #: makes the GPU instance its MIG-backed vGPU needs, its stop destroys it; None: left as recorded
+    on_demand: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -609,7 +613,12 @@ class _Parser:
                                        "time-sliced types belong in mode: vgpu")
             _check_duplicate(vgpus, name, where, "mig.vgpus")
             vgpus.append(Count(name, n, where))
-        spec = MigSpec(tuple(instances), tuple(vgpus), self.where(path))
+        on_demand = m.get("on_demand")
+        if on_demand is not None and not isinstance(on_demand, bool):
+            raise self.err(path + ("on_demand",), f"mig.on_demand is {kind_of(on_demand)}: write true or false",
+                           hint="true: a domain's start makes the GPU instance its MIG-backed vGPU needs, "
+                                "its stop destroys it")
+        spec = MigSpec(tuple(instances), tuple(vgpus), self.where(path), on_demand)
         _check_mig_vgpus(spec)
         return spec
 

@@ -68,7 +68,9 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
                 "no GPU here offers vGPU types ('vgpuhost host check' says why)")
     p = VgpuProfile.try_parse(name)
     if p is not None and p.mig_backed:
-        hint += "; MIG-backed types appear once MIG mode is on and GPU instances exist"
+        hint += ("; MIG-backed types appear once MIG mode is on and GPU instances exist ('vgpuhost mig apply'), "
+                 "or turn MIG on demand on for the GPU ('vgpuhost mig on-demand --gpu BDF on'): a start then "
+                 "makes the GPU instance")
     hint += "".join(f"; {g.address}:" + unread_note(g)[1:] for g in inv.gpus
                     if g.unreadable and (gpu is None or g.address == gpu))      # its types are unknown, not absent
     raise InputError(f"unknown vGPU profile {clipped(name)!r} on {where}", hint=hint)

@@ -543,6 +543,53 @@ class SimKernel:
                     out.append({"parent": vf, "type_id": cur, "id": vf})
         return out
 
+    def gi_of_vgpus(self, meta: dict, pf: str, *, instances: Optional[List[dict]] = None) -> Dict[str, int]:
+        """``{vGPU id: GPU instance id}`` for the MIG-backed vGPUs present on GPU ``pf``: which GPU
+        instance each sits on, as NVML's ``nvmlVgpuInstanceGetGpuInstanceId`` answers on a real host
+        (docs/reference/hardware.md#mig-backed-vgpus).  The driver picks the GPU instance at create;
+        the simulator records its pick (``vgpu_gi`` in the GPU's file, :meth:`_place_on_gi`).  A
+        vGPU with no record (made before the simulator kept one) is read as sitting on the
+        lowest-numbered free GPU instance of its profile; a record of a vGPU or GPU instance gone
+        is dropped."""
+        gpu = meta["gpus"][pf]
+        live = instances if instances is not None else self.instances(meta, pf)
+        types = gpu.get("types") or {}
+        gis = {int(g["gi_id"]): g["profile"] for g in gpu.get("gpu_instances") or []}
+        kept = {str(k): int(v) for k, v in (gpu.get("vgpu_gi") or {}).items()}
+        out: Dict[str, int] = {}
+        unplaced: List[Tuple[str, str]] = []
+        for inst in live:
+            prof = (types.get(inst["type_id"]) or {}).get("gi_profile")
+            if not prof:
+                continue
+            gi = kept.get(inst["id"])
+            if gi is not None and gis.get(gi) == prof and gi not in out.values():
+                out[inst["id"]] = gi
+            else:
+                unplaced.append((inst["id"], prof))
+        for vid, prof in unplaced:
+            free = sorted(g for g, p in gis.items() if p == prof and g not in out.values())
+            if free:
+                out[vid] = free[0]
+        return out
+
+    def _place_on_gi(self, meta: dict, pf: str, vid: str, tid: str) -> None:
+        """Record the GPU instance the driver puts new MIG-backed vGPU ``vid`` (type ``tid``) on: the
+        lowest-numbered GPU instance of its profile holding no vGPU (NVIDIA documents no order; the
+        simulator's choice).  No-op for a time-sliced type."""
+        gpu = meta["gpus"][pf]
+        prof = ((gpu.get("types") or {}).get(tid) or {}).get("gi_profile")
+        if not prof:
+            return
+        others = [i for i in self.instances(meta, pf) if i["id"] != vid]
+        held = self.gi_of_vgpus(meta, pf, instances=others)
+        free = sorted(int(g["gi_id"]) for g in gpu.get("gpu_instances") or []
+                      if g["profile"] == prof and int(g["gi_id"]) not in held.values())
+        if free:
+            held[vid] = free[0]
+        gpu["vgpu_gi"] = held
+        self.save_meta(meta, pf)
+
     def available(self, meta: dict, pf: str) -> Dict[str, Dict[str, int]]:
         """Free instances per parent and type id of GPU ``pf``: ``{parent: {type_id: n}}``.
 
@@ -1014,6 +1061,7 @@ class SimKernel:
         vnode.parent.mkdir(parents=True, exist_ok=True)
         vnode.write_text("")
         self.save_meta(meta, STATE)
+        self._place_on_gi(meta, pf, uuid, tid)
         self.refresh_gpu(pf, meta)
 
     def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
@@ -1084,6 +1132,7 @@ class SimKernel:
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
             write_attr(real, f"{new}\n")
+            self._place_on_gi(meta, pf, vf, tid)
         self.refresh_gpu(pf, meta)
 
     def _vgpu_params(self, meta: dict, path: Path, real: Path, value: str) -> None:

@@ -296,22 +296,16 @@ class SimMetering:
             t0 = seen / 1_000_000 - step if seen else now - 1.0
             mig = bool(gpu.get("mig_mode"))
             vendor_vfio = gpu.get("backend") == "vendor-vfio"
-            gis_by_profile: Dict[str, List[int]] = {}
-            for g in sorted(gpu.get("gpu_instances") or [], key=lambda g: g["gi_id"]):
-                gis_by_profile.setdefault(g["profile"], []).append(g["gi_id"])
-            used_gi: Dict[str, int] = {}
+            live_vgpus = self.kernel.instances(meta, pf)
+            # the GPU instance each MIG-backed vGPU sits on, as the simulated driver recorded it
+            on_gi = self.kernel.gi_of_vgpus(meta, pf, instances=live_vgpus) if mig else {}
             vgpus = []
             gi_sm: Dict[int, float] = {}
-            for n, inst in enumerate(self.kernel.instances(meta, pf)):
+            for n, inst in enumerate(live_vgpus):
                 t = gpu["types"].get(inst["type_id"]) or {}
                 name = t.get("name", inst["type_id"])
                 trace = self._trace(traces, inst["id"], name)
-                gi_id = None
-                if t.get("gi_profile"):
-                    k = used_gi.get(t["gi_profile"], 0)
-                    used_gi[t["gi_profile"]] = k + 1
-                    ids = gis_by_profile.get(t["gi_profile"]) or []
-                    gi_id = ids[k] if k < len(ids) else None
+                gi_id = on_gi.get(inst["id"]) if t.get("gi_profile") else None
                 sample = None
                 if now_us > seen:
                     span = now - t0

@@ -335,6 +335,17 @@ class SimNvml:
             return []
         return self._instances(gpu)
 
+    def gpu_instance_vgpus(self, bdf: PciAddress) -> Dict[int, int]:
+        """``{gi_id: MIG-backed vGPUs on it}`` (GPU instances holding none are left out): what
+        ``nvmlVgpuInstanceGetGpuInstanceId`` of each active vGPU gives on a real host."""
+        meta, pf, gpu = self._read(bdf, "nvmlVgpuInstanceGetGpuInstanceId")
+        if not gpu.get("mig_capable") or not gpu.get("mig_mode"):
+            return {}
+        out: Dict[int, int] = {}
+        for gi in self.kernel.gi_of_vgpus(meta, pf).values():
+            out[gi] = out.get(gi, 0) + 1
+        return out
+
     def create_gpu_instance(self, bdf: PciAddress, profile_id: int, start: int) -> GpuInstance:
         call = "nvmlDeviceCreateGpuInstanceWithPlacement"
 
@@ -380,8 +391,7 @@ class SimNvml:
             gi = next((g for g in gis if g["gi_id"] == int(gi_id)), None)
             if gi is None:
                 raise NvmlError(call, NOT_FOUND, hint=f"no GPU instance {gi_id} on {pf}")
-            same = sum(1 for g in gis if g["profile"] == gi["profile"])
-            if self._mig_vgpus(meta, pf, gpu).get(gi["profile"], 0) > same - 1:
+            if int(gi_id) in self.kernel.gi_of_vgpus(meta, pf).values():
                 raise NvmlError(call, IN_USE, hint=f"a vGPU runs on GPU instance {gi_id}")
             gpu["gpu_instances"] = [g for g in gis if g["gi_id"] != int(gi_id)]
             return gi

@@ -1,0 +1,356 @@
+"""MIG on demand: a GPU instance made at a domain's start for its MIG-backed vGPU, destroyed at its stop.
+
+Owns: the opt-in (per GPU, the state store's settings ``mig.on-demand/<BDF>``, set by ``vgpuhost mig
+on-demand`` or a layout's ``mig: {on_demand: true}``), :func:`make_for` (the qemu hook's ``prepare
+begin``: a MIG-backed vGPU that no free GPU instance can take gets one made, when a free slice range
+allows it), :func:`release_for` (``release end``, and the undo of a start that failed later: what
+was made for the domain is destroyed) and :func:`sweep` (``reconcile``: what a domain no longer
+running left).  Every GPU-instance change is :func:`vgpuhost.ops.mig.make_instance` /
+:func:`~vgpuhost.ops.mig.destroy_instance`: under the GPU's lock, journaled, audited, undone on failure.
+Must not: call NVML or spell kernel paths (the doors do); destroy a GPU instance a vGPU sits on.
+
+Crash safety: the intent ``mig.made/<BDF>/<profile id>/<start>`` = ``<owner> pid=<maker>`` is written
+before the create (the placement is chosen first) and gains `` gi=<id>`` once the instance reads back;
+a kill between them leaves a record that :func:`release_for` (the domain's ``release end``) or
+:func:`sweep` (``reconcile``, once the maker is gone and the domain neither runs nor holds a vGPU) end,
+after the journal entry of the create is finished or rolled back under the GPU's lock, so no instance
+made on demand is left behind nor half made.  Facts: docs/guide/nvml-mig-scheduler.md#mig-on-demand, a MIG-backed vGPU takes
+one whole GPU instance and needs no compute instance on the host (docs/reference/hardware.md#mig-backed-vgpus).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+from ..io import files
+from ..io.backends import open_backend
+from ..io.catalog import load_catalog
+from ..io.hostroot import HostRoot
+from ..io.state import pid_alive
+from ..io.sysfs import Sysfs
+from ..model.concepts import Backend
+from ..model.errors import InputError, RefusedError, VgpuhostError
+from ..model.values import PciAddress, VgpuProfile, replace
+from ..observe.inventory import VgpuType, discover_gpu
+from ..policy.mig import place
+from . import mig
+from .vgpu import _gi_profile_for
+
+ON = "mig.on-demand/"
+MADE = "mig.made/"
+#: a file in the state dir, present while a GPU may be opted in: the lean `types` (which loads no
+#: state store, :mod:`vgpuhost.cli.lean`) opens the store only then.  The store holds the opt-in.
+HINT_FILE = "mig-on-demand"
+
+
+@dataclass(frozen=True)
+class Made:
+    """A GPU instance made on demand: its GPU, GI profile id and memory-slice ``start``; the domain
+    ``owner`` (UUID) it was made for; ``pid`` the process that made it (a start still running is
+    left alone by :func:`sweep`); ``gi_id`` once it read back (None: the create was interrupted)."""
+
+    gpu: str
+    profile_id: int
+    start: int
+    owner: str
+    pid: int = 0
+    gi_id: Optional[int] = None
+
+    @property
+    def key(self) -> str:
+        return f"{MADE}{self.gpu}/{self.profile_id}/{self.start}"
+
+    def value(self) -> str:
+        return f"{self.owner} pid={self.pid}" + (f" gi={self.gi_id}" if self.gi_id is not None else "")
+
+    @classmethod
+    def parse(cls, key: str, value: str) -> "Made":
+        """The record of settings row ``key`` = ``value``; ValueError when it is damaged."""
+        bdf, pid, start = key[len(MADE):].rsplit("/", 2)
+        words = value.split()
+        if not words:
+            raise ValueError(value)
+        kw = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        gi = kw.get("gi")
+        return cls(bdf, int(pid), int(start), words[0], int(kw.get("pid") or 0), int(gi) if gi else None)
+
+    def line(self) -> str:
+        return (f"GPU instance {self.gi_id if self.gi_id is not None else '(interrupted create)'} at memory slice "
+                f"{self.start} on {self.gpu}, made on demand for {self.owner}")
+
+
+def opted_in(store) -> FrozenSet[str]:
+    """The GPUs (BDF text) where MIG on demand is on."""
+    return frozenset(k[len(ON):] for k, v in store.settings_under(ON).items() if v == "on")
+
+
+def set_opt_in(host: HostRoot, store, gpu: PciAddress, on: bool, *, actor: str) -> bool:
+    """Turn MIG on demand on or off for ``gpu``; True when that changed something (one audit row).
+
+    Raises InputError when ``gpu`` is no NVIDIA GPU of this host, RefusedError when it is not
+    MIG-capable (turning it off is always allowed)."""
+    if on:
+        inv = discover_gpu(Sysfs(host), gpu, with_types=False, host_facts=False)
+        g = inv.gpu(gpu)
+        if g is None:
+            raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
+        try:
+            mode = open_backend(host).mig_mode(gpu)
+        except VgpuhostError:
+            mode = None
+        if mode is None:
+            raise RefusedError(f"{gpu} is not MIG-capable (or NVML does not see it): MIG on demand needs MIG",
+                               hint="'vgpuhost mig show' lists the MIG-capable GPUs; nothing was changed")
+    key = f"{ON}{gpu}"
+    was = store.setting(key) == "on"
+    if was == on:
+        return False
+    if on:                                  # the hint first: the lean `types` then opens the store
+        files.write_atomic(Path(store.dir) / HINT_FILE, "MIG on demand is on for a GPU: see the state store\n")
+    store.set_setting(key, "on" if on else None)
+    if not on and not opted_in(store):
+        files.remove(os.path.join(store.dir, HINT_FILE))
+    store.audit(actor=actor, operation=f"mig on-demand {'on' if on else 'off'} {gpu}", path="(settings)",
+                value=f"{key}={'on' if on else 'off'}")
+    return True
+
+
+def made(store, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[Made]:
+    """The GPU instances made on demand and not destroyed yet (of ``owner`` / on ``gpu``)."""
+    out = []
+    for key, value in store.settings_under(MADE).items():
+        try:
+            m = Made.parse(key, value)
+        except ValueError:
+            continue                      # a damaged row: not ours to act on
+        if (owner is None or m.owner == owner) and (gpu is None or m.gpu == gpu):
+            out.append(m)
+    return out
+
+
+def wanted_gi(host: HostRoot, gpu: PciAddress, profile: VgpuProfile):
+    """``(backend, GI profile)`` of MIG-backed ``profile`` on ``gpu``, or ``(backend, None)``."""
+    backend = open_backend(host)
+    try:
+        mode = backend.mig_mode(gpu)
+        return backend, (_gi_profile_for(backend.gi_profiles(gpu), profile) if mode and mode[0] else None)
+    except VgpuhostError:
+        return backend, None
+
+
+def room_for(profiles, current, gi) -> int:
+    """How many more GPU instances of ``gi`` fit beside ``current`` (the device's placements and max
+    count, :func:`vgpuhost.policy.mig.place`)."""
+    k = 0
+    while k < gi.max_count and place(profiles, {gi.profile_id: k + 1}, current) is not None:
+        k += 1
+    return k
+
+
+def makeable(host: HostRoot, store, inv):
+    """``inv`` as capacity, ``types`` and the exporter count it: on each GPU where MIG on demand is on
+    (MIG mode on, in service), every MIG-backed type of its board whose GPU-instance profile has room
+    beside the instances there is listed on each free VF or mdev parent with 1 available, and the
+    GPU's ``gpu_instances`` count those that could be made as free ones (so the count is the
+    instances that exist free plus those a start would make).  ``inv`` itself when nothing is opted
+    in.  The type ids come from the board's catalog entry (docs/reference/hardware.md#vgpu-types)."""
+    on = opted_in(store)
+    gpus = [g for g in inv.gpus if str(g.address) in on and g.address not in inv.out_of_service
+            and g.pci.driver == "nvidia" and (g.vfs or g.mdev_parents)]
+    if not gpus:
+        return inv
+    backend = open_backend(host)
+    models = {m.ids.device: m for m in load_catalog().gpus.values()}
+    rows = list(inv.vgpu_types)
+    index = {(t.parent, t.name.lower()): i for i, t in enumerate(rows)}
+    new_gpus = {}
+    for g in gpus:
+        model = models.get(g.pci.device)
+        if model is None or not model.mig_capable:
+            continue
+        try:
+            mode = backend.mig_mode(g.address)
+            if not mode or not mode[0]:
+                continue
+            profiles = backend.gi_profiles(g.address)
+            current = backend.gpu_instances(g.address)
+        except VgpuhostError:
+            continue
+        held = {m.parent for m in inv.mdevs} | {v.vf for v in inv.vf_vgpus if v.type_id}
+        parents = [p for p in (g.vfs or g.mdev_parents) if p not in held]
+        names = {p.profile_id: p.name for p in profiles}
+        counts: Dict[str, int] = {}
+        for x in current:
+            n = names.get(x.profile_id, f"profile {x.profile_id}")
+            counts[n] = counts.get(n, 0) + 1
+        for t in model.vgpu_types:
+            if not t.profile.mig_backed:
+                continue
+            gi = _gi_profile_for(profiles, t.profile)
+            if gi is None:
+                continue
+            room = room_for(profiles, current, gi)
+            if not room:
+                continue
+            counts[gi.name] = counts.get(gi.name, 0) + room
+            for parent in parents:
+                i = index.get((parent, t.name.lower()))
+                if i is not None:
+                    rows[i] = replace(rows[i], available_instances=max(1, rows[i].available_instances))
+                    continue
+                backend_name = g.vgpu_backend or Backend.VENDOR_VFIO
+                tid = str(t.type_id) if backend_name == Backend.VENDOR_VFIO else f"nvidia-{t.type_id}"
+                rows.append(VgpuType(g.address, parent, backend_name, tid, f"{model.type_name_prefix} {t.name}",
+                                     t.name, t.profile, t.framebuffer_mib, t.max_instances, 1, "vfio-pci"))
+                index[(parent, t.name.lower())] = len(rows) - 1
+        new_gpus[g.address] = replace(g, gpu_instances=counts)
+    if not new_gpus:
+        return inv
+    return replace(inv, gpus=tuple(new_gpus.get(g.address, g) for g in inv.gpus), vgpu_types=tuple(rows))
+
+
+def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> List[Made]:
+    """For each MIG-backed vGPU of ``requests`` (:class:`vgpuhost.libvirt.domxml.VgpuRequest`, the
+    checked ones of a start) on a GPU where MIG on demand is on that no GPU instance offers now, make
+    one GPU instance of its profile; what was made (empty: nothing).
+
+    The GPU is the request's VF's GPU or its pin; an unpinned mdev request takes the first opted-in
+    GPU of its board in ``inv`` (the domain's GPUs).  A request the domain already holds (a retried
+    start) makes nothing.  Raises RefusedError when no free slice range takes the instance (naming
+    what is in the way; what this call made is destroyed first), DeviceError when NVML fails.
+    """
+    on = opted_in(store)
+    if not on:
+        return []
+    held = {r.id for r in store.vgpu_records(owner=me)}
+    out: List[Made] = []
+    try:
+        for req in requests:
+            profile = req.profile
+            if not getattr(profile, "mig_backed", False) or req.device in held:
+                continue
+            name = str(profile).lower()
+            if req.vf is not None:
+                dev = inv.devices.get(req.vf)
+                gpus = [dev.physfn] if dev is not None and dev.physfn is not None else []
+            elif req.gpu is not None:
+                gpus = [req.gpu]
+            else:
+                gpus = [g.address for g in inv.gpus if g.board in (None, profile.board)]
+            gpus = [g for g in gpus if str(g) in on]
+            if not gpus:
+                continue
+            if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
+                   and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
+                continue                  # a GPU instance takes it now
+            reasons = []
+            for gpu in gpus:
+                backend, gi = wanted_gi(host, gpu, profile)
+                if gi is None:
+                    reasons.append(f"{gpu}: no GPU-instance profile for {profile} (MIG mode off?)")
+                    continue
+                rec: Dict[str, Made] = {}
+
+                def record(start: int, gpu=gpu, gi=gi) -> None:
+                    m = Made(str(gpu), gi.profile_id, start, me, os.getpid())
+                    store.set_setting(m.key, m.value())
+                    rec["m"] = m
+
+                try:
+                    inst = mig.make_instance(host, store, gpu, gi.name, owner=me, actor=actor, record=record,
+                                             backend=backend)
+                except VgpuhostError as e:
+                    if "m" in rec:              # the create failed and was undone: its intent goes too
+                        release_made(host, store, [rec["m"]], actor=actor)
+                    if not isinstance(e, RefusedError):
+                        raise
+                    reasons.append(e.message)
+                    continue
+                m = Made(str(gpu), inst.profile_id, inst.start, me, os.getpid(), inst.gi_id)
+                store.set_setting(m.key, m.value())
+                out.append(m)
+                break
+            else:
+                raise RefusedError(f"MIG on demand cannot make a GPU instance for {profile}: " + "; ".join(reasons),
+                                   hint="stop a VM on that GPU, or re-slice its free instances ('vgpuhost mig "
+                                        "apply'); nothing was changed")
+    except BaseException:
+        release_made(host, store, out, actor=actor)
+        raise
+    return out
+
+
+def release_made(host: HostRoot, store, items: List[Made], *, actor: str) -> List[str]:
+    """Destroy the GPU instances ``items`` made on demand (last first) and drop their records; the
+    ones that could not go (NVML failed: the record stays for the next try), each as a line.  One
+    another vGPU sits on now is left to it: its record is dropped, with an audit row (result
+    ``kept``)."""
+    failed = []
+    for m in reversed(items):
+        try:
+            mig.destroy_instance(host, store, PciAddress.parse(m.gpu), profile_id=m.profile_id, start=m.start,
+                                 gi_id=m.gi_id, owner=m.owner, actor=actor)
+        except RefusedError as e:
+            # another vGPU sits on it now (a start that found it free, without tenancy's host lock): it
+            # stays as any GPU instance does, no longer this domain's to destroy
+            store.set_setting(m.key, None)
+            store.audit(actor=actor, operation=f"mig on-demand release {m.owner}", path="(settings)",
+                        value=f"{m.key} dropped: {e.message}", result="kept")
+            continue
+        except VgpuhostError as e:
+            failed.append(f"GPU instance at memory slice {m.start} on {m.gpu}: {e.message}")
+            continue
+        store.set_setting(m.key, None)
+    return failed
+
+
+def release_for(host: HostRoot, store, me: str, *, actor: str) -> List[str]:
+    """``release end``: destroy what was made on demand for domain ``me``; the failures, as lines."""
+    return release_made(host, store, made(store, owner=me), actor=actor)
+
+
+def orphans(store) -> List[Made]:
+    """What was made on demand for a domain no longer starting nor running: its owner not recorded
+    active, holding no vGPU, and the process that made it gone."""
+    active = set(store.active_domains())
+    owners = {r.owner for r in store.vgpu_records()}
+    return [m for m in made(store) if m.owner not in active and m.owner not in owners
+            and not (m.pid and m.pid != os.getpid() and pid_alive(m.pid))]
+
+
+def gone(host: HostRoot, store) -> List[Made]:
+    """Records whose GPU instance read back once and is no longer there (a stop killed after its
+    destroy landed): nothing left to destroy."""
+    backend = open_backend(host)
+    out = []
+    for m in made(store):
+        if m.gi_id is None:
+            continue                      # a create that may still land: the journal's and sweep's
+        try:
+            there = backend.gpu_instances(PciAddress.parse(m.gpu))
+        except VgpuhostError:
+            continue
+        if not any(g.gi_id == m.gi_id and g.profile_id == m.profile_id and g.start == m.start for g in there):
+            out.append(m)
+    return out
+
+
+def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
+    """``reconcile`` (after the journal's open entries are ended): drop the records of instances
+    already :func:`gone`, and destroy the :func:`orphans` (an interrupted start's);
+    ``(ended, failures)``."""
+    ended = gone(host, store)
+    for m in ended:
+        store.set_setting(m.key, None)
+        store.audit(actor=actor, operation=f"reconcile {m.owner}", path="(settings)",
+                    value=f"{m.key} dropped: its GPU instance is gone")
+    left = orphans(store)
+    failed = release_made(host, store, left, actor=actor)
+    return ended + [m for m in left if store.setting(m.key) is None], failed
+
+
+__all__ = ["ON", "MADE", "HINT_FILE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
+           "orphans", "sweep", "room_for", "makeable"]
