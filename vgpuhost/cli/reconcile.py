@@ -72,15 +72,17 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
             journal_lines.append(r.line())
             journal_doc.append(r.as_dict())
             journal_ok = journal_ok and r.result in ("finished", "rolled-back")
-        ended, failed = migdemand.sweep(ctx.host, st, actor=actor_name("reconcile"))
-        on_demand = [f"ended: {m.line()}" for m in ended] + [f"FAILED {f}" for f in failed]
-        journal_lines += on_demand
-        journal_ok = journal_ok and not failed
     rep = None
     if not check:
         rep = forward(ctx, "POST", "/v1/reconcile", {"check": False})
     if rep is None:
         rep = reconcile(ctx.host, st, check=check, libvirt_uri=ctx.connect)
+    if not check:
+        # after the stale domains were forgotten: a GPU instance made on demand for one is an orphan now
+        ended, failed = migdemand.sweep(ctx.host, st, actor=actor_name("reconcile"))
+        on_demand = [f"ended: {m.line()}" for m in ended] + [f"FAILED {f}" for f in failed]
+        journal_lines += on_demand
+        journal_ok = journal_ok and not failed
     # devices reserved for an incoming live migration that neither prepare begin nor release end took
     # (docs/guide/migration.md): freed once expired, or listed with --check
     expired = sweep(st, actor=actor_name("reconcile"), check=check)
