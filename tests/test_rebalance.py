@@ -1,0 +1,211 @@
+"""Capacity that follows demand (issue 30, item 3): ``vgpuhost rebalance`` on simulated hosts.
+
+A start refused on a full pool is what drives a move: the reconciler moves an empty GPU from an
+idle pool, and the same start is then admitted.  Outcomes are read back from the simulated NVML
+(scheduler policy), the state store (pools, journal) and the audit log.  The bounds (min/max,
+quiet hours, changes per hour), the dry run, busy GPUs and guarantees each leave the host as it was.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import time
+
+import pytest
+
+from vgpuhost.cli.main import main as cli_main
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.errors import InputError
+from vgpuhost.ops import rebalance, tenancy
+from vgpuhost.policy import rebalance as pol
+from vgpuhost.sim.nvml import SimNvml
+
+from test_hook import GPU_HI, GPU_LO, L40S, mdev_gpu, mixed, start
+from test_tenancy import tdom, uid
+
+
+def run(capsys, host, *argv):
+    code = cli_main(["--root", str(host.root), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def policy_of(host, gpu) -> str:
+    return SimNvml(host).scheduler_state(gpu).policy
+
+
+def pool_map(s: StateStore) -> dict:
+    return {g: p for g, p, _, _ in s.pool_rows()}
+
+
+BASE = {str(GPU_LO): "gold", str(L40S): "batch"}
+
+
+def gold_full(make_host, capsys, *, quota=None):
+    """Pool gold (fixed share, serves guaranteed) on GPU_LO, pool batch (best effort) on the L40S, GPU_HI
+    in no declared pool (the default pool: burstable and best effort, equal share running); tenant g
+    (guaranteed) holds gold's one A40-48Q, and its second start is refused for room."""
+    host = mixed(make_host)
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_LO), "--policy", "fixed-share")[0] == 0
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "equal-share")[0] == 0
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(L40S), "--policy", "best-effort")[0] == 0
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [tenancy.adm.Pool("gold", "fixed-share", ("guaranteed",), (str(GPU_LO),)),
+                          tenancy.adm.Pool("batch", "best-effort", ("best-effort",), (str(L40S),))])
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
+                                  profile="A40-48Q")) == (0, "")
+    assert mdev_gpu(host, uid("20202020", 0)) == GPU_LO
+    second = tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g", profile="A40-48Q")
+    rc, err = start(host, "g1", second)
+    assert rc == 2 and "no room for vGPU A40-48Q of tenant 'g'" in err, err
+    return host, s, second
+
+
+def test_a_refused_start_moves_an_empty_gpu_and_the_same_start_then_succeeds(make_host, capsys):
+    host, s, second = gold_full(make_host, capsys)
+    assert pool_map(s) == BASE
+    code, out, err = run(capsys, host, "--json", "rebalance")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "vgpuhost.rebalance/v1" and doc["changed"] is True and not doc["dry_run"]
+    [move] = doc["moves"]
+    assert (move["gpu"], move["from_pool"], move["to_pool"], move["policy"], move["done"]) == \
+        (str(GPU_HI), "default", "gold", "fixed-share", True)
+    assert "1 start(s) of A40-48Q (guaranteed; g) refused" in move["reason"]
+    # read back: the GPU runs gold's policy, is recorded in gold, and the audit row names the demand
+    assert policy_of(host, GPU_HI) == "fixed-share"
+    assert pool_map(s) == dict(BASE, **{str(GPU_HI): "gold"})
+    [row] = [r for r in s.audit_rows() if r.path == "(pools)" and r.operation.startswith("rebalance move")]
+    assert row.result == "ok" and "pool default -> gold" in row.value and "A40-48Q (guaranteed; g)" in row.value
+    nvml_rows = [r for r in s.audit_rows() if r.operation == f"rebalance move {GPU_HI}" and r.path.startswith("nvml:")]
+    assert len(nvml_rows) == 1 and nvml_rows[0].result == "ok"
+    entries = [e for e in s.journal_entries() if e.kind == "rebalance"]
+    assert len(entries) == 1 and entries[0].state == "closed" and entries[0].done == 2
+    assert not s.journal_entries(open_only=True)
+    # the same start is now admitted, on the moved GPU
+    assert start(host, "g1", second) == (0, "")
+    assert mdev_gpu(host, uid("20202020", 1)) == GPU_HI
+    # demand served: a second run moves nothing more (the refusal has its room; no other empty A40)
+    code, out, _ = run(capsys, host, "rebalance")
+    assert code == 0 and "moved" not in out
+
+
+def test_dry_run_changes_nothing(make_host, capsys):
+    host, s, _ = gold_full(make_host, capsys)
+    rows, pools = len(s.audit_rows()), pool_map(s)
+    code, out, err = run(capsys, host, "rebalance", "--dry-run")
+    assert code == 0, err
+    assert f"would move GPU {GPU_HI}: pool default -> gold" in out
+    assert f"1. set the vGPU scheduler of {GPU_HI} to fixed share" in out and "2. record GPU" in out, out
+    assert policy_of(host, GPU_HI) == "equal-share" and pool_map(s) == pools and len(s.audit_rows()) == rows
+    assert not [e for e in s.journal_entries() if e.kind == "rebalance"]
+
+
+def test_a_busy_gpu_is_never_moved(make_host, capsys):
+    host, s, _ = gold_full(make_host, capsys)
+    # a domain with no tenant takes GPU_HI (the default pool serves best effort)
+    assert start(host, "b0", tdom("b0", uid("30303030", 0), uid("40404040", 0), profile="A40-8Q")) == (0, "")
+    assert mdev_gpu(host, uid("40404040", 0)) == GPU_HI
+    code, out, err = run(capsys, host, "--json", "rebalance")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["moves"] == [] and doc["changed"] is False
+    assert any("no other pool has an empty GPU offering a40-48q" in h for h in doc["held"]), doc["held"]
+    assert policy_of(host, GPU_HI) == "equal-share" and pool_map(s) == BASE
+
+
+def test_a_move_that_would_break_a_guarantee_is_not_made(make_host, capsys):
+    host, s, _ = gold_full(make_host, capsys)
+    # tenant b (burstable) is guaranteed one vGPU: only the default pool's GPU_HI serves burstable
+    tenancy.add(s, tenancy.Tenant("b", quota=tenancy.Quota(tenancy.Limits(vgpus=1), tenancy.Limits())))
+    code, out, err = run(capsys, host, "--json", "rebalance")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["moves"] == []
+    assert any("guarantee of tenant 'b'" in h for h in doc["held"]), doc["held"]
+    assert policy_of(host, GPU_HI) == "equal-share" and pool_map(s) == BASE
+
+
+@pytest.mark.parametrize("config, held", [
+    ("pools: {default: {min: 1}}", "pool default is at its minimum of 1 GPU(s)"),
+    ("pools: {gold: {max: 1}}", "pool gold is at its maximum of 1 GPU(s)"),
+    ("changes_per_hour: 0", "changes per hour: 0 made in the last hour, at most 0"),
+    ("quiet_hours: NOW", "(UTC): no change now"),
+])
+def test_bounds_hold_the_move(make_host, capsys, tmp_path, config, held):
+    host, s, _ = gold_full(make_host, capsys)
+    cfg = tmp_path / "rebalance.yaml"
+    now = time.gmtime(time.time() - 60)
+    later = time.gmtime(time.time() + 600)           # quiet hours around now (wrapping midnight too)
+    config = config.replace("NOW", f"'{now.tm_hour:02d}:{now.tm_min:02d}-{later.tm_hour:02d}:{later.tm_min:02d}'")
+    cfg.write_text("version: 1\n" + config + "\n")
+    code, out, err = run(capsys, host, "--json", "rebalance", "-c", str(cfg))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["moves"] == [] and any(held in h for h in doc["held"]), doc["held"]
+    assert policy_of(host, GPU_HI) == "equal-share" and pool_map(s) == BASE
+
+
+def test_the_rate_bound_counts_the_moves_of_the_last_hour(make_host, capsys, tmp_path):
+    host, s, _ = gold_full(make_host, capsys)
+    cfg = tmp_path / "rebalance.yaml"
+    cfg.write_text("version: 1\nchanges_per_hour: 1\n")
+    assert run(capsys, host, "rebalance", "-c", str(cfg))[0] == 0
+    assert pool_map(s)[str(GPU_HI)] == "gold"
+    # more demand for a burstable pool: the one move of this hour is spent
+    b = tdom("b1", uid("50505050", 0), uid("60606060", 0), tenant=None, profile="A40-48Q")
+    rc, _ = start(host, "b1", b)
+    assert rc == 2
+    doc = json.loads(run(capsys, host, "--json", "rebalance", "-c", str(cfg))[1])
+    assert doc["moves"] == [] and any("at most 1" in h for h in doc["held"]), doc["held"]
+
+
+def test_quiet_hours_are_read_as_utc_minutes():
+    b = pol.parse_bounds({"quiet_hours": "22:00-06:00"})
+    assert b.quiet == (22 * 60, 6 * 60)
+    assert b.in_quiet(23 * 60) and b.in_quiet(0) and b.in_quiet(5 * 60 + 59)
+    assert not b.in_quiet(6 * 60) and not b.in_quiet(12 * 60) and not b.in_quiet(21 * 60 + 59)
+
+
+@pytest.mark.parametrize("doc, words", [
+    ({"pools": {"gold": {"min": 3, "max": 2}}}, "pools.gold.min 3 is above its max 2"),
+    ({"quiet_hours": "25:00-06:00"}, "quiet_hours must be HH:MM-HH:MM (UTC), not '25:00-06:00'"),
+    ({"quiet_hours": "06:00-06:00"}, "is empty"),
+    ({"changes_per_hour": -1}, "changes_per_hour must be a whole number from 0 to 60, not -1"),
+    ({"agent": {"enabled": "yes"}}, "agent.enabled must be true or false"),
+    ({"agent": {"interval_s": 1}}, "agent.interval_s must be a whole number from 10 to 86400"),
+    ({"pool": {}}, "unknown key 'pool'"),
+    ({"pools": {"gold": {"minimum": 1}}}, "pools.gold must be a mapping of min and max"),
+])
+def test_bounds_are_validated_with_one_line(doc, words):
+    with pytest.raises(InputError) as e:
+        pol.parse_bounds(doc, "r.yaml")
+    assert words in e.value.message and "\n" not in e.value.message and e.value.message.startswith("r.yaml: ")
+
+
+def test_a_bad_config_is_refused_by_the_cli_with_nothing_changed(make_host, capsys, tmp_path):
+    host, s, _ = gold_full(make_host, capsys)
+    cfg = tmp_path / "rebalance.yaml"
+    cfg.write_text("version: 1\npools: {gold: {min: 2, max: 1}}\n")
+    rows = len(s.audit_rows())
+    code, _, err = run(capsys, host, "rebalance", "-c", str(cfg))
+    assert code == 2 and err.count("\n") == 1 and "pools.gold.min 2 is above its max 1" in err
+    assert len(s.audit_rows()) == rows and pool_map(s) == BASE
+
+
+def test_the_default_config_file_is_read(make_host, capsys):
+    host, s, _ = gold_full(make_host, capsys)
+    path = host.etc("vgpuhost", "rebalance.yaml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("version: 1\nagent: {enabled: true, interval_s: 60}\npools: {gold: {max: 1}}\n")
+    b = rebalance.load_bounds(host)
+    assert b.enabled and b.interval_s == 60 and b.bound("GOLD").max == 1
+    doc = json.loads(run(capsys, host, "--json", "rebalance", "--dry-run")[1])
+    assert doc["moves"] == [] and doc["bounds"]["pools"]["gold"]["max"] == 1
+
+
+def test_trend_marks_a_full_pool_whose_use_rises():
+    assert pol.Trend(7200, 3600).rising and not pol.Trend(3600, 3600).rising and not pol.Trend(0, 0).rising
+    assert calendar.timegm(time.gmtime(0)) == 0
