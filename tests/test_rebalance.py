@@ -209,3 +209,70 @@ def test_the_default_config_file_is_read(make_host, capsys):
 def test_trend_marks_a_full_pool_whose_use_rises():
     assert pol.Trend(7200, 3600).rising and not pol.Trend(3600, 3600).rising and not pol.Trend(0, 0).rising
     assert calendar.timegm(time.gmtime(0)) == 0
+
+
+# ---------------------------------------------------------------------------
+# kill -9 at each step of a move, then reconcile: the host is before or after, never half-moved
+
+def _state(host) -> tuple:
+    s = StateStore(host.state_dir, create=False)
+    try:
+        return pool_map(s).get(str(GPU_HI), "default"), policy_of(host, GPU_HI), s.journal_entries(open_only=True)
+    finally:
+        s.close()
+
+
+def test_kill_at_each_step_of_a_move_leaves_it_before_or_after(make_host, capsys, tmp_path):
+    import os
+    import signal
+
+    from test_crash import copies, cli_op, run as crash_run
+
+    fresh = copies(make_host, lambda mh: gold_full(mh, capsys)[0], tmp_path)
+    capsys.readouterr()
+
+    def move(host, kill_after=None):
+        def op() -> int:
+            def progress(i, n, step, state):
+                if (i, state) == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            s = StateStore(host.state_dir)
+            r = rebalance.rebalance(host, s, pol.Bounds(), progress=progress)
+            return 0 if r.done else 9
+        return op
+
+    before, after = ("default", "equal-share"), ("gold", "fixed-share")
+    # the kill points: each NVML write (the simulated kernel's counter), before and after it lands, and
+    # each step boundary the journal sees (entry open, nothing run; each step done, the entry not closed)
+    host = fresh()
+    log = tmp_path / "count.log"
+    assert crash_run(host, move(host), log) == 0 and _state(host)[:2] == after
+    writes = len(open(log).read().splitlines())
+    assert writes == 1                                   # the scheduler set; the pool record is the store's
+    points = [("write", n, when) for n in range(1, writes + 1) for when in ("before", "after")]
+    points += [("step", (0, "start"), None), ("step", (1, "done"), None), ("step", (2, "done"), None)]
+    seen = set()
+    for kind, where, when in points:
+        host = fresh()
+        log = tmp_path / f"k-{len(seen)}.log"
+        if kind == "write":
+            rc = crash_run(host, move(host), log, kill_at=where, when=when)
+        else:
+            rc = crash_run(host, move(host, kill_after=where), log)
+        assert rc == -9, (kind, where, when, rc)
+        pool, policy, open_entries = _state(host)
+        assert any(e.kind == "rebalance" for e in open_entries), (kind, where, when)     # interrupted: left open
+        assert crash_run(host, cli_op(host, "reconcile"), log) in (0, 1)
+        assert crash_run(host, cli_op(host, "reconcile", "--check"), log) == 0, (kind, where, when)
+        pool, policy, open_entries = _state(host)
+        assert (pool, policy) in (before, after), (kind, where, when, pool, policy)
+        assert not open_entries
+        seen.add((pool, policy))
+        # the reconciler's next run finishes the move from wherever the host was left
+        assert crash_run(host, move(host), log) in (0, 9)
+        assert _state(host)[:2] == after, (kind, where, when)
+        s = StateStore(host.state_dir, create=False)
+        rolled = [e for e in s.journal_entries() if e.kind == "rebalance" and e.state in ("finished", "rolled-back")]
+        s.close()
+        assert len(rolled) == 1, (kind, where, when)
+    assert seen == {before, after}, seen            # both ends are reached by some kill point
