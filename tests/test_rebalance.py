@@ -276,3 +276,40 @@ def test_kill_at_each_step_of_a_move_leaves_it_before_or_after(make_host, capsys
         s.close()
         assert len(rolled) == 1, (kind, where, when)
     assert seen == {before, after}, seen            # both ends are reached by some kill point
+
+
+# ---------------------------------------------------------------------------
+# the agent runs the same reconciler when its config turns it on
+
+def test_the_agent_runs_the_reconciler_when_its_config_turns_it_on(make_host, capsys):
+    from agentutil import ADMIN_GID, RO_GID, socket_dir
+    from vgpuhost.agent import server
+
+    host, s, second = gold_full(make_host, capsys)
+    proc = server.open_agent(host, socket_dir=socket_dir(), admin_group=ADMIN_GID, ro_group=RO_GID)
+    try:
+        assert proc.agent.rebalancer is None                 # no config: off
+    finally:
+        proc.stop()
+    path = host.etc("vgpuhost", "rebalance.yaml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("version: 1\nagent: {enabled: true, interval_s: 900}\n")
+    proc = server.open_agent(host, socket_dir=socket_dir(), admin_group=ADMIN_GID, ro_group=RO_GID)
+    proc.start()
+    try:
+        r = proc.agent.rebalancer
+        assert r is not None and r.thread.is_alive() and r.interval_s == 900
+        doc = r.run_once()                                   # what the loop runs each interval
+        assert doc["changed"] is True and [m["gpu"] for m in doc["moves"]] == [str(GPU_HI)]
+        assert pool_map(s)[str(GPU_HI)] == "gold" and policy_of(host, GPU_HI) == "fixed-share"
+        [row] = [r for r in s.audit_rows() if r.operation.startswith("rebalance move") and r.path == "(pools)"]
+        assert row.actor == "agent rebalance"
+    finally:
+        proc.stop()
+    assert not r.thread.is_alive() and r.run_once() is None    # stopped: no run starts
+    assert start(host, "g1", second) == (0, "")
+    # a config that is not valid keeps the agent from starting, with one line naming the field
+    path.write_text("version: 1\nagent: {enabled: true, interval_s: 5}\n")
+    with pytest.raises(InputError) as e:
+        server.open_agent(host, socket_dir=socket_dir(), admin_group=ADMIN_GID, ro_group=RO_GID)
+    assert "agent.interval_s must be a whole number from 10 to 86400, not 5" in e.value.message
