@@ -17,8 +17,9 @@ The rule (docs/guide/rebalance.md):
   (:class:`Trend`).
 - **Only empty GPUs move**: a GPU holding a vGPU (any owner, made or recorded), an allocation, a
   passthrough binding, in MIG mode or out of service is never a candidate (:attr:`GpuFacts.busy`).
-- **A donor** is a pool with no refusal of its own in the window, above its ``min`` (a declared
-  pool keeps at least one GPU: its GPUs are what declares it), whose allocated time is not rising
+- **A donor** is a pool above its ``min`` (a declared pool keeps at least one GPU: its GPUs are
+  what declares it) that gives an empty GPU it was not itself refused a start for in the window (a
+  start of a class it serves, of a profile that GPU offers), and whose allocated time is not rising
   unless it keeps another empty GPU.  **A recipient** serves the refused class and is below its
   ``max``.  The moved GPU must offer the refused profile.
 - **Guarantees stay feasible**: a move is made only when, on the pools after it, the exact
@@ -332,6 +333,10 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     before, decided_before = at_risk(tenants, held, gpu_time_room(host_gpus, held, current), serves_now)
     moves: List[Move] = []
 
+    def wanted_by(name: str, gpu: str) -> bool:
+        """Whether pool ``name`` itself refused, in the window, a start its empty GPU ``gpu`` would serve."""
+        return any(serves(name, q, current) and prof in facts[gpu].offers for (prof, q) in groups)
+
     def donor(recipient: str, profile: Optional[str], spare: bool) -> Tuple[Optional[str], str]:
         """The GPU to take for ``recipient`` (None, why not)."""
         why = ""
@@ -347,8 +352,9 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
             if len(mine) - 1 < floor:
                 why = why or f"pool {name} is at its minimum of {floor} GPU(s)"
                 continue
-            if refused_in.get(name.lower(), 0):
-                why = why or f"pool {name} refused starts too"
+            empty = [g for g in empty if not wanted_by(name, g)]
+            if not empty:
+                why = why or f"pool {name} refused starts its empty GPUs would serve"
                 continue
             all_empty = [g for g in mine if not facts[g].busy]
             t = trends.get(name.lower(), Trend())
