@@ -313,3 +313,51 @@ def test_the_agent_runs_the_reconciler_when_its_config_turns_it_on(make_host, ca
     with pytest.raises(InputError) as e:
         server.open_agent(host, socket_dir=socket_dir(), admin_group=ADMIN_GID, ro_group=RO_GID)
     assert "agent.interval_s must be a whole number from 10 to 86400, not 5" in e.value.message
+
+
+# ---------------------------------------------------------------------------
+# the trend over the metered history
+
+def test_facts_read_each_pools_allocated_time_over_two_trend_windows(make_host, capsys):
+    from vgpuhost.io import state as st
+    from vgpuhost.model.usage import UsageRow
+    host, s, _ = gold_full(make_host, capsys)
+    now = time.time()
+
+    def hour(back_h: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(now - back_h * 3600))
+
+    def row(h, dev, gpu, alloc):
+        return UsageRow(hour(h), dev, "dom-" + dev, "vgpu", gpu, "A40-48Q", "", "g", "guaranteed", alloc,
+                        alloc / 3, 0, 0, 0, 0, 1)
+    with s.transaction() as conn:
+        st.add_usage(conn, [row(1, "a", str(GPU_LO), 3600.0), row(2, "b", str(GPU_LO), 3600.0),
+                            row(8, "c", str(GPU_LO), 1800.0), row(3, "d", str(GPU_HI), 600.0),
+                            row(9, "e", str(GPU_HI), 1200.0), row(20, "f", str(GPU_HI), 9999.0)])
+    f = rebalance.facts(host, s, pol.Bounds(trend_hours=6), now_s=now)
+    assert f.trends["gold"] == pol.Trend(7200.0, 1800.0) and f.trends["gold"].rising
+    assert f.trends["default"] == pol.Trend(600.0, 1200.0) and not f.trends["default"].rising   # 20 h ago: out
+    busy = {g.gpu: g.busy for g in f.gpus}
+    assert busy[str(GPU_LO)] == "holds 1 device(s)" and busy[str(GPU_HI)] == "" and busy[str(L40S)] == ""
+    assert [(r.profile, r.tenant, r.qos, r.code) for r in f.refusals] == [("A40-48Q", "g", "guaranteed", "capacity")]
+
+
+def test_a_pressed_pool_gets_an_empty_gpu_from_a_pool_that_keeps_one():
+    from vgpuhost.policy.admission import Pool
+    gpus = [pol.GpuFacts("0000:01:00.0", "holds 1 device(s)", ("a40-8q",), 49152),
+            pol.GpuFacts("0000:02:00.0", "", ("a40-8q",), 49152),
+            pol.GpuFacts("0000:03:00.0", "", ("a40-8q",), 49152)]
+    pools = [Pool("gold", "fixed-share", ("guaranteed",), ("0000:01:00.0",)),
+             Pool("std", "equal-share", ("burstable",), ("0000:02:00.0", "0000:03:00.0"))]
+    args = dict(pools=pools, gpus=gpus, refusals=(), tenants={}, held=(), host_gpus=(), bounds=pol.Bounds(),
+                minute_of_day=600, moves_last_hour=0)
+    d = pol.decide(**args, trends={"gold": pol.Trend(7200, 3600)})
+    [m] = d.moves
+    assert (m.gpu, m.from_pool, m.to_pool, m.policy) == ("0000:02:00.0", "std", "gold", "fixed-share")
+    assert "pool gold has no empty GPU and its allocated time rose from 1.0 h to 2.0 h" in m.reason
+    # not rising: nothing; std rising too with only its spare to give: held
+    assert not pol.decide(**args, trends={"gold": pol.Trend(3600, 3600)}).moves
+    one = dict(args, pools=[pools[0], Pool("std", "equal-share", ("burstable",), ("0000:02:00.0",)),
+                            Pool("be", "best-effort", ("best-effort",), ("0000:03:00.0",))])
+    d = pol.decide(**one, trends={"gold": pol.Trend(7200, 3600)})
+    assert not d.moves and d.held
