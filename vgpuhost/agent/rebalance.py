@@ -1,7 +1,8 @@
 """The capacity reconciler in the agent: :func:`vgpuhost.ops.rebalance.rebalance` every ``interval_s``.
 
-Owns: :class:`AgentRebalancer` (one daemon thread; each run under the agent's write lock, so it
-never interleaves with a change the agent serves, and none starts once the agent is stopping) and
+Owns: :class:`AgentRebalancer` (one daemon thread; each run one of the agent's changes, under its
+write lock, so it never interleaves with a change the agent serves, none starts once the agent is
+stopping, and the agent's snapshot is read again for the GPUs moved) and
 :func:`start`, which reads the reconciler's config (``<root>/etc/vgpuhost/rebalance.yaml``) and starts
 it only when the config turns it on (``agent: {enabled: true, interval_s: S}``).  Must not: decide
 or change anything itself (ops does), or stop the agent for a failed run (it is logged, the next
@@ -17,6 +18,7 @@ from typing import Any, Dict, Optional
 from ..io.state import StateStore
 from ..model.errors import VgpuhostError
 from ..ops import rebalance as ops
+from .api import Stopping
 
 log = logging.getLogger("vgpuhost.agent")
 
@@ -42,25 +44,34 @@ class AgentRebalancer:
         self.thread.start()
 
     def run_once(self) -> Optional[Dict[str, Any]]:
-        """One run under the agent's write lock (None: the agent is stopping, nothing ran)."""
-        with self.agent.write_lock:
-            if self.agent.stopping or self.stop.is_set():
-                return None
+        """One run as one of the agent's changes (:meth:`vgpuhost.agent.api.Agent.write`: under its write
+        lock, its snapshot then refreshed for the moved GPUs); None when the agent is stopping (nothing
+        ran)."""
+        if self.stop.is_set():
+            return None
+
+        def once():
             store = StateStore(self.agent.host.state_dir, create=True)
             try:
-                result = ops.rebalance(self.agent.host, store, self.bounds, actor=ACTOR)
-                self.last = result.as_dict()
-                for m in result.done:
-                    log.info("rebalance: moved GPU %s from pool %s to pool %s: %s", m.gpu, m.from_pool,
-                             m.to_pool, m.reason)
-                for f in result.failed:
-                    log.warning("rebalance: %s", f)
-            except VgpuhostError as e:
-                self.last = {"error": e.one_line()}
-                log.warning("rebalance failed: %s", e.one_line())
+                return ops.rebalance(self.agent.host, store, self.bounds, actor=ACTOR)
             finally:
                 store.close()
-                self.runs += 1
+        try:
+            result = self.agent.write(once, lambda r: [m.gpu for m in r.done])
+        except Stopping:
+            return None
+        except VgpuhostError as e:
+            self.last = {"error": e.one_line()}
+            log.warning("rebalance failed: %s", e.one_line())
+        else:
+            self.last = result.as_dict()
+            for m in result.done:
+                log.info("rebalance: moved GPU %s from pool %s to pool %s: %s", m.gpu, m.from_pool, m.to_pool,
+                         m.reason)
+            for f in result.failed:
+                log.warning("rebalance: %s", f)
+        finally:
+            self.runs += 1
         return self.last
 
     def _loop(self) -> None:
