@@ -66,6 +66,10 @@ def test_a_reconciler_pass_never_moves_a_gpu_that_holds_a_device():
     batch = next(p for p in model.pools if p.name == "batch")
     held = batch.gpus[0]
     model.allocations.append(Allocation("d0", "vm0", "ci", held, "vgpu", "A40-4C", 4096, 0, "best-effort"))
+    gold = next(p for p in model.pools if p.name == "gold")
+    for i, g in enumerate(gold.gpus):          # gold full: no room for the refused starts but a move
+        model.allocations.append(Allocation(f"p{i}", f"vmp{i}", "prod", g, "vgpu", "A40-48Q", 49152, 0,
+                                            "guaranteed"))
     refused = [Refusal("0", "A40-8Q", "prod", "guaranteed", "capacity")] * 3
     moves = bench.reconcile(model, bench.tenants(), refused, bench._host_gpus(model))
     assert moves and held not in {m.gpu for m in moves}

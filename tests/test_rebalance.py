@@ -87,9 +87,33 @@ def test_a_refused_start_moves_an_empty_gpu_and_the_same_start_then_succeeds(mak
     # the same start is now admitted, on the moved GPU
     assert start(host, "g1", second) == (0, "")
     assert mdev_gpu(host, uid("20202020", 1)) == GPU_HI
-    # demand served: a second run moves nothing more (the refusal has its room; no other empty A40)
-    code, out, _ = run(capsys, host, "rebalance")
-    assert code == 0 and "moved" not in out
+    # demand served: a second run moves nothing and holds nothing (the move answered that refusal)
+    code, out, _ = run(capsys, host, "--json", "rebalance")
+    doc = json.loads(out)
+    assert code == 0 and doc["moves"] == [] and doc["held"] == [], doc
+    assert {d["pool"]: d["refused"] for d in doc["demand"]} == {"gold": 0, "batch": 0}
+
+
+def test_one_refused_start_moves_one_gpu_not_one_a_pass():
+    """Two empty GPUs could serve gold; the one refused start moves one, and the next pass none."""
+    from vgpuhost.policy.admission import Pool
+    refused = [pol.Refusal("2026-12-07T03:00:00+00:00", "A40-48Q", "g", "guaranteed", "capacity")]
+    assert pol.pending(refused, {}) == refused
+    assert pol.pending(refused, {("a40-48q", "guaranteed"): "2026-12-07T03:00:01+00:00"}) == []
+    assert pol.pending(refused, {("a40-48q", "burstable"): "2026-12-07T03:00:01+00:00"}) == refused
+    line = "GPU 0000:81:00.0: pool default -> gold: 1 start(s) of A40-48Q (guaranteed; g) refused for room"
+    assert pol.served_by(line) == ("a40-48q", "guaranteed") and pol.served_by("pool gold has no empty GPU") is None
+    gpus = [pol.GpuFacts(f"0000:0{i}:00.0", "holds 1 device(s)" if i == 1 else "", ("a40-48q",), 49152)
+            for i in (1, 2, 3)]
+    pools = [Pool("gold", "fixed-share", ("guaranteed",), ("0000:01:00.0",))]
+    args = dict(pools=pools, gpus=gpus, refusals=refused, tenants={}, held=(), host_gpus=(), bounds=pol.Bounds(),
+                minute_of_day=0, moves_last_hour=0)
+    d = pol.decide(**args)
+    assert [m.gpu for m in d.moves] == ["0000:02:00.0"] and d.moves[0].serves == 1
+    # gold has an empty GPU now (its VM stopped since the refusal): nothing to move, nothing held
+    gpus[0] = pol.GpuFacts("0000:01:00.0", "", ("a40-48q",), 49152)
+    d = pol.decide(**args)
+    assert not d.moves and not d.held
 
 
 def test_dry_run_changes_nothing(make_host, capsys):

@@ -95,7 +95,8 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     A GPU is busy (never moved) when it holds any vGPU (on the host or recorded, any owner), an
     allocation, is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
     Refusals: ``(admission)`` rows with result ``refused`` of the last ``bounds.window_min`` minutes
-    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room.  Trends: each pool's
+    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room, less those a move of
+    the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
     metered vGPU allocated seconds over the last ``trend_hours`` and the span before."""
     now = time.time() if now_s is None else now_s
     inv = discover(Sysfs(host))
@@ -123,12 +124,17 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
         gpus.append(pol.GpuFacts(addr, busy, tuple(sorted(offered.get(addr, ()))), g.framebuffer_mib or 0))
     ts = tenancy.tenants(store)
     qos_of = {n.lower(): t.qos for n, t in ts.items()}
-    refusals = []
+    refusals, served = [], {}
     for r in store.audit_rows(since=_iso(now - bounds.window_min * 60)):
         if r.path == ADMISSION_PATH and r.result == "refused":
             got = pol.refusal_of(r.time, r.value, qos_of)
             if got is not None:
                 refusals.append(got)
+        elif r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":
+            group = pol.served_by(r.value)
+            if group is not None and ": undo: " not in r.value:
+                served[group] = max(served.get(group, ""), r.time)
+    refusals = pol.pending(refusals, served)
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     host_gpus = tenancy.host_gpus(inv, seen, tenancy._type_fb(inv, store), tenancy._gpu_slices(inv, seen))
     pools = tenancy.pools(store)

@@ -12,7 +12,9 @@ The rule (docs/guide/rebalance.md):
 
 - **Demand** is what admission refused for want of room (codes ``capacity`` and ``gpu-time``,
   and ``pool`` where no pool serving the class has a GPU offering the profile) within the last
-  ``window_min`` minutes, grouped by profile and QoS class, plus a pool that is *pressed*: every
+  ``window_min`` minutes, grouped by profile and QoS class, less those a move already answered
+  (:func:`pending`: refused before the last move that named their group) and those a pool serving
+  them has an empty GPU for now, plus a pool that is *pressed*: every
   GPU of it holds something and its metered allocated time rose over the last ``trend_hours``
   (:class:`Trend`).
 - **Only empty GPUs move**: a GPU holding a vGPU (any owner, made or recorded), an allocation, a
@@ -90,6 +92,24 @@ def refusal_of(at: str, value: str, qos_of: Mapping[str, str]) -> Optional[Refus
                                     else QosClass.BEST_EFFORT)
         return Refusal(at, groups["profile"], tenant, str(qos), code)
     return None
+
+
+_SERVED = re.compile(r"(?P<n>\d+) start\(s\) of (?P<profile>\S+) \((?P<qos>[a-z-]+);")
+
+
+def served_by(value: str) -> Optional[Tuple[str, str]]:
+    """``(profile lower case, QoS class)`` of the refused starts a move's audit row says it served (the
+    reason :func:`decide` wrote: ``N start(s) of A40-8Q (burstable; web) refused ...``), or None (a move
+    for a rising pool, or not a move)."""
+    m = _SERVED.search(value)
+    return (m.group("profile").lower(), m.group("qos")) if m else None
+
+
+def pending(refusals: Sequence[Refusal], served: Mapping[Tuple[str, str], str]) -> List[Refusal]:
+    """``refusals`` less those a move already answered: of a ``(profile lower case, class)`` a move
+    served (``served``: that group -> the time of the last such move, ISO 8601 UTC), those refused at
+    or before that move.  So one refused start never moves two GPUs, pass after pass."""
+    return [r for r in refusals if r.at > served.get((r.profile.lower(), r.qos), "")]
 
 
 @dataclass(frozen=True)
@@ -406,6 +426,9 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     for (profile, qos), rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         left = len(rs)
         tenants_named = sorted({r.tenant or "(no tenant)" for r in rs})
+        if any(not g.busy and profile in g.offers and serves(pool_of(current, g.gpu).name, qos, current)
+               for g in facts.values()):
+            continue        # room for them now (something ended since): nothing to move
         while left > 0:
             recipients = sorted((n for n in names if serves(n, qos, current)),
                                 key=lambda n: (-int(trends.get(n.lower(), Trend()).rising),
@@ -443,5 +466,5 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     return Decision(tuple(moves), tuple(held_lines), demand)
 
 
-__all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "PoolBound", "Bounds", "parse_bounds",
+__all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "served_by", "pending", "PoolBound", "Bounds", "parse_bounds",
            "GpuFacts", "Trend", "Move", "Decision", "with_move", "decide"]
