@@ -30,7 +30,14 @@ Replays:
     ``vgpuhost.ops.gputime`` estimates it on a host: the mean metered use of
     its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
     never the VM's own use from the trace), else the profile's fixed share;
-    ``--known`` adds (c*), the same with each VM's own use (a reference).
+    ``--known`` adds (c*), the same with each VM's own use (a reference);
+(d) reconciler: as (c), with the capacity reconciler
+    (:func:`vgpuhost.policy.rebalance.decide`, the decision ``vgpuhost
+    rebalance`` and the agent make) run every :data:`RECONCILE_EVERY` time
+    units on the refusals since its last pass: empty GPUs move between
+    pools toward refused starts (at most :data:`RECONCILE_MOVES` a pass,
+    each pool keeping one GPU), never a busy one, never breaking a
+    guarantee; the moves are counted.
 
 Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
 admitted share; time-averaged shares of the fleet's GPU time served (each
@@ -56,6 +63,8 @@ from vgpuhost.model.gputime import METERED, TENANT_PROFILE, ExpectedUse  # noqa:
 from vgpuhost.model.tenancy import Limits, Quota, Tenant  # noqa: E402
 from vgpuhost.model.values import replace  # noqa: E402
 from vgpuhost.policy import admission as adm  # noqa: E402
+from vgpuhost.policy import rebalance as rb  # noqa: E402
+from vgpuhost.policy.feasibility import HostGpu  # noqa: E402
 from vgpuhost.policy.replay import Board, HostModel, violations  # noqa: E402
 
 GIB = 1024
@@ -224,16 +233,52 @@ class Estimator:
         return ExpectedUse(s / n, TENANT_PROFILE, float(n)) if n else None
 
 
-def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None):
+#: time units between two passes of the reconciler in replay (d) (a sixteenth of a mean lifetime)
+RECONCILE_EVERY = 2.5
+#: moves a pass may make (the reconciler's changes_per_hour, a pass standing for its hour)
+RECONCILE_MOVES = 4
+
+
+def _host_gpus(model):
+    """The GPUs as the guarantee check sees them (every time-sliced size of the board, Q and C)."""
+    out = []
+    for g, b in sorted(model.gpus.items()):
+        types = tuple((f"{b.name}-{gb}{s}", gb * GIB, 0) for gb in b.sizes_gb for s in "QC")
+        out.append(HostGpu(g, b.memory_mib, types, 0, tuple((gb * GIB, b.memory_mib // (gb * GIB))
+                                                             for gb in b.sizes_gb)))
+    return out
+
+
+def reconcile(model, ts, refused, host_gpus):
+    """One pass of the capacity reconciler over ``model`` (its pools replaced by the moves); the moves."""
+    busy = {a.gpu for a in model.allocations}
+    gpus = [rb.GpuFacts(g, "holds devices" if g in busy else "",
+                        tuple(f"{b.name}-{gb}{s}".lower() for gb in b.sizes_gb for s in "QC"), b.memory_mib)
+            for g, b in sorted(model.gpus.items())]
+    bounds = rb.Bounds(changes_per_hour=RECONCILE_MOVES, window_min=int(RECONCILE_EVERY))
+    d = rb.decide(pools=model.pools, gpus=gpus, refusals=refused, tenants=ts, held=model.allocations,
+                  host_gpus=host_gpus, bounds=bounds, minute_of_day=720, moves_last_hour=0)
+    for m in d.moves:
+        model.pools = rb.with_move(model.pools, m.gpu, m.to_pool)
+    return d.moves
+
+
+def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, reconciler=False):
     """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
-    fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference)."""
+    fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference).
+    ``reconciler``: run :func:`reconcile` every :data:`RECONCILE_EVERY` (replay (d)); the moves are
+    returned in ``codes['moves']``."""
     ts = tenants()
     model = HostModel(GPUS, pool_set if pool_set is not None else pools())
     est = Estimator()
     placed, admitted, meter, broken = {}, 0, Meter(steady), 0
     codes, per = {}, {}
+    refused, next_pass, moves, hg = [], RECONCILE_EVERY, 0, _host_gpus(model)
     for now, kind, vm in events:
         meter.tick(now, _shares(placed, vms))
+        if reconciler and now >= next_pass:
+            moves += len(reconcile(model, ts, refused, hg))
+            refused, next_pass = [], now + RECONCILE_EVERY
         tn, profile, board, u = vms[vm]
         if kind == "arrive":
             demand = adm.passthrough_demand() if profile is None else adm.vgpu_demand(profile)
@@ -249,17 +294,21 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None):
                 placed[vm] = [(d.gpu, mib)]
             else:
                 codes[d.code] = codes.get(d.code, 0) + 1
+                if profile is not None and d.code in rb.DEMAND_CODES:
+                    refused.append(rb.Refusal(f"{now:.1f}", profile, tn, d.qos, d.code))
         elif vm in placed:
             model.depart(vm)
             placed.pop(vm)
             if profile is not None:
                 est.learn(tn, profile, u)       # metered while it ran
         broken += len(violations(model, ts))
+    if reconciler:
+        codes["moves"] = moves
     return admitted, meter, broken, codes, per
 
 
 REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "none"),
-           ("compute_aware", "(c) compute-aware", "estimated"))
+           ("compute_aware", "(c) compute-aware", "estimated"), ("reconciler", "(d) reconciler", "reconciler"))
 
 
 def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
@@ -280,7 +329,9 @@ def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
             adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
         else:
             ps = [replace(p, ceiling=batch_ceiling) if p.name == "batch" and use != "none" else p for p in pools()]
-            adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use=use, pool_set=ps)
+            adm_n, meter, broken, codes, per = replay_vgpuhost(
+                events, vms, steady, use="estimated" if use == "reconciler" else use, pool_set=ps,
+                reconciler=use == "reconciler")
         whole, st = meter.result(), meter.result(True)
         doc[key] = {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
                     "time_share_steady": st["time"], "starved_share": whole["starved"],
@@ -347,8 +398,10 @@ def main(argv=None) -> int:
         for d in docs:
             for c, v in d[k]["refusals"].items():
                 codes[c] = codes.get(c, 0) + v
+        moved = codes.pop("moves", None)
         print(f"{labels[k]} refusals by rule (all seeds): "
-              + (", ".join(f"{c} {v}" for c, v in sorted(codes.items())) or "none"))
+              + (", ".join(f"{c} {v}" for c, v in sorted(codes.items())) or "none")
+              + (f"; pool moves of empty GPUs: {moved}" if moved is not None else ""))
     return 1 if broken else 0
 
 

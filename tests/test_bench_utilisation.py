@@ -49,3 +49,30 @@ def test_the_estimate_is_learnt_from_vms_that_ran_never_the_vms_own():
     e = est.estimate("research", "A40-8Q")
     assert e.share == pytest.approx(0.3) and e.source == TENANT_PROFILE
     assert est.estimate("ci", "A40-8Q") is None
+
+
+def test_the_reconciler_replay_moves_empty_gpus_and_breaks_nothing(doc):
+    r = doc["reconciler"]
+    assert r["violations"] == 0                                   # quota, isolation, QoS class, scheduler rules
+    assert r["refusals"]["moves"] > 0                             # pools did resize to demand
+    assert r["time_share"] + r["starved_share"] == pytest.approx(r["demand_share"])
+
+
+def test_a_reconciler_pass_never_moves_a_gpu_that_holds_a_device():
+    from vgpuhost.policy.demand import Allocation
+    from vgpuhost.policy.rebalance import Refusal
+    from vgpuhost.policy.replay import HostModel
+    model = HostModel(bench.GPUS, bench.pools())
+    batch = next(p for p in model.pools if p.name == "batch")
+    held = batch.gpus[0]
+    model.allocations.append(Allocation("d0", "vm0", "ci", held, "vgpu", "A40-4C", 4096, 0, "best-effort"))
+    gold = next(p for p in model.pools if p.name == "gold")
+    for i, g in enumerate(gold.gpus):          # gold full: no room for the refused starts but a move
+        model.allocations.append(Allocation(f"p{i}", f"vmp{i}", "prod", g, "vgpu", "A40-48Q", 49152, 0,
+                                            "guaranteed"))
+    refused = [Refusal("0", "A40-8Q", "prod", "guaranteed", "capacity")] * 3
+    moves = bench.reconcile(model, bench.tenants(), refused, bench._host_gpus(model))
+    assert moves and held not in {m.gpu for m in moves}
+    assert all(m.to_pool == "gold" for m in moves)
+    gold = next(p for p in model.pools if p.name == "gold")
+    assert {m.gpu for m in moves} <= set(gold.gpus)              # the model's pools were replaced

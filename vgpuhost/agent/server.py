@@ -80,6 +80,7 @@ from ..ops.vgpu import reconcile
 from ..policy.config import MAX_ENTRIES
 from . import api
 from .metrics import AgentMetering
+from .rebalance import start as start_rebalancer
 
 log = logging.getLogger("vgpuhost.agent")
 
@@ -930,6 +931,8 @@ class AgentProcess:
             t.start()
         if self.agent.metering is not None:
             self.agent.metering.close()
+        if getattr(self.agent, "rebalancer", None) is not None:
+            self.agent.rebalancer.stop.set()    # a run in progress ends with the write lock below
         for t in stoppers:
             t.join(1.0)
         for s in self.servers:
@@ -939,6 +942,8 @@ class AgentProcess:
         self.agent.wait_answers(STOP_WAIT_S - (time.monotonic() - since))
         if self.agent.write_lock.acquire(timeout=max(0.0, STOP_WAIT_S - (time.monotonic() - since))):
             self.agent.write_lock.release()
+            if getattr(self.agent, "rebalancer", None) is not None:
+                self.agent.rebalancer.close()       # its run (under the write lock) has ended: the thread ends
 
 
 def tenant_group_map(pairs) -> Dict[int, str]:
@@ -1013,6 +1018,7 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
         agent.recovered = recover_at_start(agent)
         if metering_interval_s > 0:
             start_metering(agent, metering_interval_s, metrics_listen)
+        agent.rebalancer = start_rebalancer(agent)   # the capacity reconciler, when its config turns it on
         budget = ReadBudget()           # one per agent: a peer's expensive reads count on every socket
         servers = [_Server(s, role, agent, admin_gid, ro_gid, str(admin_group), str(ro_group),
                            max_connections=max_connections, read_timeout_s=read_timeout_s, access=access,
@@ -1021,6 +1027,8 @@ def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group=
     except BaseException:
         if agent.metering is not None:
             agent.metering.close()
+        if getattr(agent, "rebalancer", None) is not None:
+            agent.rebalancer.close()
         if not passed:                  # systemd's sockets stay systemd's
             for ss in socks.values():
                 for sock in ss:

@@ -31,7 +31,7 @@ from .output import dumps
 #: the command family modules (vgpuhost.cli.<name>), each with its ``COMMANDS``
 FAMILIES = ("host", "passthrough", "vgpu", "mig", "scheduler", "virt", "hook", "layout", "units", "tenant", "metering",
             "billing", "reconcile", "audit", "sim", "agent", "fleet", "gpu",
-            "migrate")
+            "migrate", "rebalance")
 
 #: top-level command -> its family: a command imports only its own family's module
 #: (tests/test_cli.py checks this map against every family's COMMANDS)
@@ -44,7 +44,7 @@ COMMAND_FAMILY = {
     "exporter": "metering", "usage": "metering", "advise": "metering", "top": "metering", "bill": "billing",
     "forecast": "billing",
     "reconcile": "reconcile", "audit": "audit", "sim": "sim", "agent": "agent", "fleet": "fleet",
-    "gpu": "gpu", "migrate": "migrate",
+    "gpu": "gpu", "migrate": "migrate", "rebalance": "rebalance",
 }
 
 

@@ -1607,6 +1607,14 @@ def gpu_time_history(conn: "StateStore | sqlite3.Connection", since: str) -> Lis
         "WHERE hour >= ? AND kind = 'vgpu' GROUP BY domain_uuid, tenant, profile", (since,)))
 
 
+def gpu_alloc_by_hour(conn: "StateStore | sqlite3.Connection", since: str) -> List[tuple]:
+    """Metered vGPU allocated seconds since hour ``since`` (ISO), per hour and GPU: ``[(hour, gpu,
+    alloc_s)]``: the trend of use the capacity reconciler weighs (``vgpuhost.ops.rebalance``)."""
+    return list(_reader(conn).execute(
+        "SELECT hour, gpu, SUM(alloc_s) FROM usage_hourly WHERE hour >= ? AND kind = 'vgpu' GROUP BY hour, gpu",
+        (since,)))
+
+
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:
     """Lifetime ``{(device, domain_uuid): (alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes)}``."""
     return {(r[0], r[1]): tuple(r[2:]) for r in _reader(conn).execute(

@@ -234,6 +234,9 @@ def _recover(host: HostRoot, store: StateStore, entry: JournalEntry, actor: str)
         elif entry.kind in NVML_KINDS:
             from .nvmljournal import recover as recover_nvml     # NVML only when an NVML entry is open
             recover_nvml(ex, entry, rep)
+        elif entry.kind == "rebalance":
+            from .rebalancejournal import recover as recover_move      # the capacity reconciler's move (a pool)
+            recover_move(host, store, ex, entry, rep)
         else:
             rep.detail = f"unknown kind {entry.kind!r} (a newer vgpuhost wrote it): left open"
             return rep
