@@ -145,4 +145,69 @@ def test_refusal_hint_names_no_type_the_mode_keeps_out(build):
     with pytest.raises(RefusedError) as e:
         create(host, store, profile="L40S-4C", owner="6695eb01-f6a4-8304-79aa-97f2502e1999")
     assert "L40S-4C" not in (e.value.hint or ""), e.value.hint
-    assert "L40S-8C (2)" in (e.value.hint or ""), e.value.hint          # 16 GiB left: 2 of 4 mixed-size 8C
+    # 16 GiB are left, but in 2 GiB gaps between the 4C placements (ids 0 6 ... 42, size 4): no 8C placement
+    # (ids 0 12 24 36, size 8) is free, so fragmentation keeps 8C out; 1 GiB types still fit
+    assert "L40S-8C" not in (e.value.hint or ""), e.value.hint
+    assert "L40S-1Q" in (e.value.hint or ""), e.value.hint
+
+
+# --- placement ids (issue 30 item 2) --------------------------------------------------------------
+
+def _placements(host):
+    """``{vGPU id: placement id}`` read back from the simulated tree (``nvidia/placement_id``)."""
+    from vgpuhost.io.vgpudev import read_placement
+    fs = Sysfs(host)
+    inv = discover(fs)
+    out = {}
+    for g in inv.gpus:
+        ix = inv.on_gpu(g.address)
+        for vid in (ix.vgpus if ix is not None else []):
+            parent = PciAddress.parse(vid) if g.vgpu_backend == "vendor-vfio" else g.address
+            out[vid] = read_placement(fs, g.vgpu_backend, parent, vid)
+    return out
+
+
+def test_model_grid_ids_and_best_fit():
+    from vgpuhost.model import mixedsize
+    assert mixedsize.placement_ids(24, 6, 4) == [0, 6, 12, 18]          # NVIDIA's example: L4-6Q
+    assert mixedsize.placement_ids(48, 8, 4) == [0, 12, 24, 36]
+    assert mixedsize.free_ids(48, 8, 4, [(0, 16)]) == [24, 36]
+    # best fit: the 4 GiB vGPU goes in the smallest gap (8 units left after a 16 at 0 and an 8 at 24 and 36:
+    # ids 18 is not an id of 4C; 4C ids are 0 6 12 ... 42: 18 overlaps nothing but sits in the gap [16, 24))
+    assert mixedsize.best_id(48, 4, 8, [(0, 16), (24, 8), (36, 8)]) == 18
+    assert mixedsize.fits_count(48, 4, 8, [(0, 4)] * 1, 1) == 7
+
+
+@pytest.mark.parametrize("board, backend", [("A40", "mdev"), ("L40S", "vendor-vfio")])
+def test_mixed_sizes_take_valid_placement_ids_read_back_from_the_tree(build, board, backend):
+    host = build(board, backend, True)
+    store = StateStore(host.state_dir)
+    made = [create(host, store, profile=f"{board}-{p}", owner=f"6695eb01-f6a4-8304-79aa-97f2502e18{i:02d}")
+            for i, p in enumerate(["16Q", "8Q", "4Q"])]
+    got = _placements(host)
+    assert len(got) == 3 and None not in got.values(), got
+    # 16Q at 0 (units 0-16); 8Q at 24 (ids 0 12 24 36: 24 and 36 free, equal gaps, the lower); the 4Q in
+    # the smallest gap, 16-24, at id 18 (best fit), which keeps 32-48 whole for another 8Q at 36
+    assert sorted(got.values()) == [0, 18, 24], got
+    inv = discover(Sysfs(host))
+    # the 16Q at 0 and 8Q at 24 leave no 16Q id (0, 24) free: fragmentation, though 20 GiB are free
+    assert len(made) == 3
+    assert [o.available for o in offers(inv, [], f"{board}-8Q")][0] >= 1
+    assert all(t.available_instances == 0 for t in inv.vgpu_types if t.name == f"{board}-16Q")
+    assert [o.available for o in offers(inv, [], f"{board}-16Q")] == [0]
+
+
+def test_a_written_placement_id_is_honoured_and_a_taken_one_refused(build):
+    from vgpuhost.io.vgpudev import placement_path
+    from vgpuhost.model.errors import SysfsError
+    host = build("L40S", "vendor-vfio", True)
+    fs = Sysfs(host)
+    inv = discover(fs)
+    vfs = sorted({t.parent for t in inv.vgpu_types})
+    tid = next(t.type_id for t in inv.vgpu_types if t.name == "L40S-8Q")
+    fs.write(placement_path(host, "vendor-vfio", vfs[0], str(vfs[0])), "36")
+    fs.write(host.s.pci_device(vfs[0]) + "/nvidia/current_vgpu_type", tid)
+    assert _placements(host) == {str(vfs[0]): 36}
+    fs.write(placement_path(host, "vendor-vfio", vfs[1], str(vfs[1])), "36")
+    with pytest.raises(SysfsError):
+        fs.write(host.s.pci_device(vfs[1]) + "/nvidia/current_vgpu_type", tid)
