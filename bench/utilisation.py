@@ -30,7 +30,12 @@ Replays:
     ``vgpuhost.ops.gputime`` estimates it on a host: the mean metered use of
     its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
     never the VM's own use from the trace), else the profile's fixed share;
-    ``--known`` adds (c*), the same with each VM's own use (a reference).
+    ``--known`` adds (c*), the same with each VM's own use (a reference);
+(d) mixed-size + compute-aware: as (c), with the GPUs of the equal-share and
+    best-effort pools (``std``, ``batch``) in mixed-size mode (``gold`` is
+    fixed-share, which mixed-size mode does not allow): each GPU holds several
+    vGPU sizes, each vGPU at a free placement id with the mixed-size maxima
+    (:mod:`vgpuhost.model.mixedsize`; fragmentation counted), use estimated.
 
 Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
 admitted share; time-averaged shares of the fleet's GPU time served (each
@@ -224,11 +229,12 @@ class Estimator:
         return ExpectedUse(s / n, TENANT_PROFILE, float(n)) if n else None
 
 
-def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None):
+def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=False):
     """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
     fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference)."""
     ts = tenants()
-    model = HostModel(GPUS, pool_set if pool_set is not None else pools())
+    ps = pool_set if pool_set is not None else pools()
+    model = HostModel(GPUS, ps, [g for p in ps if p.policy != "fixed-share" for g in p.gpus] if mixed else ())
     est = Estimator()
     placed, admitted, meter, broken = {}, 0, Meter(steady), 0
     codes, per = {}, {}
@@ -259,7 +265,8 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None):
 
 
 REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "none"),
-           ("compute_aware", "(c) compute-aware", "estimated"))
+           ("compute_aware", "(c) compute-aware", "estimated"),
+           ("mixed_compute_aware", "(d) mixed-size + compute-aware", "estimated-mixed"))
 
 
 def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
@@ -280,7 +287,8 @@ def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
             adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
         else:
             ps = [replace(p, ceiling=batch_ceiling) if p.name == "batch" and use != "none" else p for p in pools()]
-            adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use=use, pool_set=ps)
+            adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use=use.replace("-mixed", ""),
+                                                               pool_set=ps, mixed=use.endswith("-mixed"))
         whole, st = meter.result(), meter.result(True)
         doc[key] = {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
                     "time_share_steady": st["time"], "starved_share": whole["starved"],

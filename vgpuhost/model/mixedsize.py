@@ -22,9 +22,7 @@ example.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only (imported by the simulated kernel on the hook's path)
-    from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 
 def grid(types: "Iterable[Tuple[int, int]]") -> int:
