@@ -211,3 +211,25 @@ def test_a_written_placement_id_is_honoured_and_a_taken_one_refused(build):
     fs.write(placement_path(host, "vendor-vfio", vfs[1], str(vfs[1])), "36")
     with pytest.raises(SysfsError):
         fs.write(host.s.pci_device(vfs[1]) + "/nvidia/current_vgpu_type", tid)
+
+
+def test_vendor_vfio_counts_what_still_fits_at_free_placement_ids(build, capsys):
+    """On a vendor-VFIO GPU every free VF lists a type while one placement is free: placement, `types` and
+    admission count the free placement ids (fragmentation), read back from the VFs' nvidia/placement_id."""
+    import json
+    from vgpuhost.cli.main import main
+    from vgpuhost.ops.vgpu import mode_limits
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    for i, p in enumerate(["L40S-16Q", "L40S-8Q", "L40S-4Q"]):       # at 0, 24 and 18 (see above)
+        create(host, store, profile=p, owner=f"6695eb01-f6a4-8304-79aa-97f2502e19{i:02d}")
+    inv = discover(Sysfs(host))
+    # 8Q: ids 0 12 24 36, only 36 free -> one more; 4Q: 36 and 42 free -> two more, not the 8 - 1 the max allows
+    assert mode_limits(host, inv, "L40S-8Q") == {GPU: 2} and mode_limits(host, inv, "L40S-4Q") == {GPU: 3}
+    assert main(["--root", str(host.root), "--json", "types"]) == 0
+    avail = {e["name"]: e["available_instances"] for e in json.loads(capsys.readouterr().out)["types"]}
+    assert (avail["L40S-8Q"], avail["L40S-4Q"]) == (1, 2)
+    create(host, store, profile="L40S-8Q", owner="6695eb01-f6a4-8304-79aa-97f2502e1990")
+    assert 36 in _placements(host).values()
+    with pytest.raises(RefusedError):
+        create(host, store, profile="L40S-8Q", owner="6695eb01-f6a4-8304-79aa-97f2502e1991")

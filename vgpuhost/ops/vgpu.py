@@ -423,9 +423,43 @@ def limits_lookup(host: HostRoot, inv: Inventory):
                 from .tenancy import mixed_size_of      # here: the catalog (yaml) and NVML, never on the hook's mdev path
                 mixed.append(mixed_size_of(host, inv))
             from ..policy.config import mode_limits as limits_in_mode
-            cache[key] = limits_in_mode(inv, name, mixed[0])
+            limits = limits_in_mode(inv, name, mixed[0])
+            for g in [g for g in inv.gpus if g.address in vfio and mixed[0].get(g.address)]:
+                # mixed-size mode: what still fits at free placement ids (fragmentation), not the max alone
+                n = _mixed_fit(host, inv, g, name, placed)
+                if n is not None:
+                    limits[g.address] = min(limits.get(g.address, n), n)
+            cache[key] = limits
         return cache[key]
+    placed: Dict[PciAddress, list] = {}
     return of
+
+
+def _mixed_fit(host: HostRoot, inv: Inventory, g, name: str, placed: Dict[PciAddress, list]) -> Optional[int]:
+    """:func:`vgpuhost.policy.config.mixed_limit` for vendor-VFIO GPU ``g`` in mixed-size mode: its VFs'
+    vGPUs with their placement ids (``nvidia/placement_id``, read once per GPU into ``placed``)."""
+    from ..io.sysfs import Sysfs
+    from ..io.vgpudev import read_placement
+    from ..policy.config import mixed_limit
+    if g.address not in placed:
+        names = {t.type_id: t.name for t in inv.vgpu_types if t.gpu == g.address and t.name}
+        if any(v.gpu == g.address and v.type_id is not None and v.type_id not in names for v in inv.vf_vgpus):
+            # a type no free VF lists any more (none fits): its name from what the store remembers
+            try:
+                store = StateStore(host.state_dir, create=False)
+                for r in store.vgpu_records(gpu=str(g.address)):
+                    names.setdefault(r.type_id, r.type_name)
+                for _g, tid, n, _fb in store.seen_types(gpu=str(g.address)):
+                    names.setdefault(str(tid), str(n))
+            except VgpuhostError:
+                pass
+        fs = Sysfs(host)
+        rows = []
+        for v in inv.vf_vgpus:
+            if v.gpu == g.address and v.type_id is not None:
+                rows.append((names.get(v.type_id, ""), read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf))))
+        placed[g.address] = rows
+    return mixed_limit(g.pci.device, name, placed[g.address])
 
 
 def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: VgpuCreateRequest, name: str,

@@ -808,6 +808,29 @@ def type_max(device_id: int, name: str, mixed: bool) -> Optional[int]:
     return row[2] if mixed else row[1]
 
 
+def mixed_limit(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
+    """The most vGPUs of ``name`` a GPU of PCI ``device_id`` in mixed-size mode can hold with
+    ``placed`` on it (``(type name, placement id)`` of each time-sliced vGPU present): those of
+    ``name`` present plus how many more fit at free placement ids
+    (:func:`vgpuhost.model.mixedsize.fits_count`: fragmentation counted), at most the mixed-size
+    max.  None where the catalog does not describe the board, the type, or a vGPU present (its id
+    unknown or its type not in the catalog: the caller keeps the mode's max)."""
+    from ..model import mixedsize
+    table = board_tables().get(device_id)
+    row = table.types.get(name.lower()) if table is not None else None
+    if row is None or VgpuProfile.parse(row[0]).mig_backed:
+        return None
+    units = mixedsize.grid((r[3] // 1024, r[2]) for r in table.types.values() if not VgpuProfile.parse(r[0]).mig_backed)
+    taken = []
+    for n, pid in placed:
+        other = table.types.get(n.lower())
+        if other is None or pid is None:
+            return None
+        taken.append((pid, other[3] // 1024))
+    present = sum(1 for n, _ in placed if n.lower() == name.lower())
+    return present + mixedsize.fits_count(units, row[3] // 1024, row[2], taken, present)
+
+
 def mode_limits(inv, name: str, mixed_size: Mapping[PciAddress, bool]) -> Dict[PciAddress, int]:
     """``{gpu: max instances of ``name`` in its current mode}`` for the GPUs of ``inv`` whose mode is
     known (``mixed_size``: GPU -> heterogeneous mode on, as NVML's ``heterogeneous_mode`` says) and
