@@ -59,3 +59,42 @@ def test_two_entries_of_one_pool_agree_on_the_mode():
     with pytest.raises(InputError) as e:
         cfg(body)
     assert "a pool has one vGPU mode" in str(e.value)
+
+
+# --- through the hook on a simulated host: a mixed-size pool's GPU ---------------------------------
+
+def test_admission_on_a_mixed_size_pool_places_sizes_side_by_side_at_placement_ids(tmp_path):
+    """Two sizes on one GPU of an equal-share mixed-size pool through the hook (admission decides, the
+    simulated kernel writes the placement id); a third vGPU that no free placement id takes is refused
+    by admission with nothing made, though framebuffer is free."""
+    from test_hook import start
+    from test_mixed_size import _placements, spec
+    from test_tenancy import tdom, uid
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.model.tenancy import Tenant
+    from vgpuhost.ops import tenancy
+    from vgpuhost.policy import admission as adm
+    from vgpuhost.sim.build import materialise
+    from vgpuhost.sim.nvml import SimNvml
+    from vgpuhost.sim.spec import parse_spec
+    host = materialise(parse_spec(spec("A40", "mdev", True)), tmp_path / "h")
+    gpu = "0000:21:00.0"
+    SimNvml(host).set_scheduler_state(gpu, EQUAL)
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [adm.Pool("desk", "equal-share", ("burstable", "best-effort"), (gpu,))])
+    tenancy.add(s, Tenant("web"))
+    def dom(i, prof):
+        return tdom(f"m{i}", uid("d2d2d2d2", i), uid("e2e2e2e2", i), tenant="web", profile=prof, strategy="best-fit")
+
+    assert start(host, "m1", dom(1, "A40-16Q")) == (0, "")
+    assert start(host, "m2", dom(2, "A40-8Q")) == (0, "")          # a second size on the same GPU
+    assert _placements(host) == {uid("e2e2e2e2", 1): 0, uid("e2e2e2e2", 2): 24}
+    # 24 GiB are free, but a 16Q's ids are 0 and 24, both taken: admission refuses, nothing is made
+    rc, err = start(host, "m3", dom(3, "A40-16Q"))
+    assert rc == 2 and err.count("\n") == 1 and "A40-16Q" in err, err
+    assert set(_placements(host)) == {uid("e2e2e2e2", 1), uid("e2e2e2e2", 2)}
+    [row] = [r for r in s.audit_rows() if r.path == "(admission)" and r.result == "refused"]
+    assert "m3" in row.operation
+    # a 4Q still fits, in the smallest gap (16-24, id 18)
+    assert start(host, "m4", dom(4, "A40-4Q")) == (0, "")
+    assert _placements(host)[uid("e2e2e2e2", 4)] == 18
