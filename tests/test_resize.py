@@ -113,3 +113,14 @@ def test_an_advised_profile_that_cannot_be_placed_falls_back_to_the_one_asked(ma
     assert row.path == uid("e1e1e1e1", 6)
     assert "A40-2Q advised for A40-8Q could not be placed" in row.value and "started with A40-8Q as asked" in row.value
     assert not [r for r in s.audit_rows() if r.result == "resized"]
+
+
+def test_without_tenancy_the_advised_profile_is_used_and_falls_back_where_it_finds_no_room(make_host):
+    host = mixed(make_host)
+    s = store_of(host)                      # no tenant: nothing to enforce, placement alone decides
+    xml = dom(1, True).replace(' tenant="web"', "")
+    history(s, uid("d1d1d1d1", 1), uid("e1e1e1e1", 1), "A40-8Q", peak_mib=1500, share=0.03)
+    assert start(host, "r1", xml) == (0, "")
+    assert type_name(host, uid("e1e1e1e1", 1)) == "A40-2Q"
+    assert [r.result for r in s.audit_rows() if r.path == uid("e1e1e1e1", 1) and r.result.startswith("resize")] \
+        == ["resized"]

@@ -188,8 +188,6 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     else:
         from .admitting import unenforced_admitting
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
-        if resized:
-            _audit_resized(store, view, actor, resized, None)
     try:
         with admitting as grant:
             if isinstance(admitting, _ResizedOrAsked):
@@ -212,15 +210,26 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                 for req in sorted(checked.vgpus, key=lambda r: r.gpu is None and r.vf is None):
                     # the inventory read above still describes the host while this call has changed nothing
                     decided = grant.placed_gpu(req.device)
+
+                    def make(profile):
+                        return _make_vgpu(host, store, view, req, profile,
+                                          grant.allowed_gpus(req.device, checked.allowed), actor,
+                                          inv if not made else domain_inventory(host, view, checked.allowed),
+                                          grant.narrowed_by(req.device, checked.allowed), decided=decided)
                     try:
-                        vid = _make_vgpu(host, store, view, req, types[req.device],
-                                         grant.allowed_gpus(req.device, checked.allowed), actor,
-                                         inv if not made else domain_inventory(host, view, checked.allowed),
-                                         grant.narrowed_by(req.device, checked.allowed),
-                                         decided=decided)
+                        vid = make(types[req.device])
+                        if not enforced and req.device in resized and types[req.device] != requested[req.device]:
+                            _audit_resized(store, view, actor, {req.device: resized[req.device]}, None)
                     except RefusedError as e:
-                        # admission placed it: the device layer only re-checks, and its refusal is admission's
-                        raise grant.refused(req.device, e) from None
+                        if enforced or types[req.device] == requested[req.device]:
+                            # admission placed it: the device layer only re-checks, and its refusal is admission's
+                            raise grant.refused(req.device, e) from None
+                        # no admission here (no tenancy): the advised profile found no room, the one asked may
+                        _audit_resized(store, view, actor, {req.device: resized[req.device]}, e.message)
+                        try:
+                            vid = make(requested[req.device])
+                        except RefusedError as again:
+                            raise grant.refused(req.device, again) from None
                     if vid is not None:
                         made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
             except BaseException as e:
