@@ -33,7 +33,7 @@ from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_
 from ..model.kinds import Backend, Owner, PlacementStrategy, VgpuState
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
-from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig
+from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetPlacement, SetVgpuParams, Step, WriteConfig
 from .recover import destroy
 from . import health
 from ..policy.health import UNHEALTHY_ERRNOS, Source
@@ -919,9 +919,12 @@ def _mig_order() -> str:
     return ORDER
 
 
-def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str]) -> List[Step]:
-    """The sysfs steps that create one vGPU (and set its ``vgpu_params``)."""
-    steps: List[Step] = [CreateVgpu(backend, d.parent, d.type_id, vid, name)]
+def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str],
+                 placement: Optional[int] = None) -> List[Step]:
+    """The sysfs steps that create one vGPU (its placement id first where one is chosen, and its
+    ``vgpu_params``)."""
+    steps: List[Step] = [SetPlacement(backend, d.parent, vid, placement)] if placement is not None else []
+    steps.append(CreateVgpu(backend, d.parent, d.type_id, vid, name))
     if params:
         steps.append(SetVgpuParams(backend, d.parent, d.type_id, vid, params))
     return steps
@@ -939,16 +942,37 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
                vid: str, name: str, params: Optional[str], limits_of=None) -> None:
     """Create, read back (never report success for a device that does not exist), set params;
     a failure after the create removes the vGPU again (the Executor's undo)."""
+    placement = _placement_for(ex.host, inv, backend, d, name)
     try:
-        ex.run(_create_plan(backend, d, vid, name, params))
+        ex.run(_create_plan(backend, d, vid, name, params, placement))
     except SysfsError as e:
-        if isinstance(ex.failed, CreateVgpu):
+        if isinstance(ex.failed, (CreateVgpu, SetPlacement)):
             if e.errno in UNHEALTHY_ERRNOS:         # the GPU failed, not the request (docs/guide/failures.md)
                 raise GpuFailedError(f"creating {name} on {d.gpu} failed: {e.errno_name}", gpu=str(d.gpu),
                                      errno=e.errno, hint="see 'vgpuhost audit'") from e
             raise DeviceError(_explain(e, inv, records, d, name, limits_of), hint="see 'vgpuhost audit'") from e
         raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
                           "the vGPU was removed again", hint="check the parameter names") from e
+
+
+def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, name: str) -> Optional[int]:
+    """The placement id vgpuhost chooses for ``name`` on vendor-VFIO GPU ``d.gpu`` in mixed-size mode:
+    the best-fit free one (:func:`vgpuhost.policy.config.mixed_best_id`, from the VFs' placement ids);
+    None in equal-size mode, on classic mdev (the driver places it: the mdev does not exist before the
+    create) and where the catalog cannot say (the driver then places it)."""
+    if backend != Backend.VENDOR_VFIO:
+        return None
+    g = next((g for g in inv.gpus if g.address == d.gpu), None)
+    if g is None:
+        return None
+    from .tenancy import mixed_size_of
+    if not mixed_size_of(host, inv).get(g.address):
+        return None
+    from ..policy.config import mixed_best_id
+    placed: Dict[PciAddress, list] = {}
+    if _mixed_fit(host, inv, g, name, placed) is None:
+        return None
+    return mixed_best_id(g.pci.device, name, placed[g.address])
 
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,

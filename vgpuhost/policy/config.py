@@ -808,13 +808,9 @@ def type_max(device_id: int, name: str, mixed: bool) -> Optional[int]:
     return row[2] if mixed else row[1]
 
 
-def mixed_limit(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
-    """The most vGPUs of ``name`` a GPU of PCI ``device_id`` in mixed-size mode can hold with
-    ``placed`` on it (``(type name, placement id)`` of each time-sliced vGPU present): those of
-    ``name`` present plus how many more fit at free placement ids
-    (:func:`vgpuhost.model.mixedsize.fits_count`: fragmentation counted), at most the mixed-size
-    max.  None where the catalog does not describe the board, the type, or a vGPU present (its id
-    unknown or its type not in the catalog: the caller keeps the mode's max)."""
+def _mixed_grid(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]):
+    """``(units, size, mixed max, taken, present of name)`` for :func:`mixed_limit` and
+    :func:`mixed_best_id`; None where the catalog cannot say (see :func:`mixed_limit`)."""
     from ..model import mixedsize
     table = board_tables().get(device_id)
     row = table.types.get(name.lower()) if table is not None else None
@@ -828,7 +824,33 @@ def mixed_limit(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[
             return None
         taken.append((pid, other[3] // 1024))
     present = sum(1 for n, _ in placed if n.lower() == name.lower())
-    return present + mixedsize.fits_count(units, row[3] // 1024, row[2], taken, present)
+    return units, row[3] // 1024, row[2], taken, present
+
+
+def mixed_best_id(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
+    """The best-fit free placement id for a new ``name`` on a GPU of ``device_id`` in mixed-size mode
+    with ``placed`` on it (:func:`vgpuhost.model.mixedsize.best_id`); None where none is free or the
+    catalog cannot say."""
+    from ..model import mixedsize
+    g = _mixed_grid(device_id, name, placed)
+    if g is None or g[4] >= g[2]:
+        return None
+    return mixedsize.best_id(g[0], g[1], g[2], g[3])
+
+
+def mixed_limit(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
+    """The most vGPUs of ``name`` a GPU of PCI ``device_id`` in mixed-size mode can hold with
+    ``placed`` on it (``(type name, placement id)`` of each time-sliced vGPU present): those of
+    ``name`` present plus how many more fit at free placement ids
+    (:func:`vgpuhost.model.mixedsize.fits_count`: fragmentation counted), at most the mixed-size
+    max.  None where the catalog does not describe the board, the type, or a vGPU present (its id
+    unknown or its type not in the catalog: the caller keeps the mode's max)."""
+    from ..model import mixedsize
+    g = _mixed_grid(device_id, name, placed)
+    if g is None:
+        return None
+    units, size, mx, taken, present = g
+    return present + mixedsize.fits_count(units, size, mx, taken, present)
 
 
 def mode_limits(inv, name: str, mixed_size: Mapping[PciAddress, bool]) -> Dict[PciAddress, int]:
