@@ -67,6 +67,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io.catalog import load_catalog
 from ..io.yamlutil import read_text_file
+from ..model import mixedsize
 from ..model.boards import BOARDS, MIG_NO_SCHEDULER
 from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
@@ -811,7 +812,6 @@ def type_max(device_id: int, name: str, mixed: bool) -> Optional[int]:
 def _mixed_grid(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]):
     """``(units, size, mixed max, taken, present of name)`` for :func:`mixed_limit` and
     :func:`mixed_best_id`; None where the catalog cannot say (see :func:`mixed_limit`)."""
-    from ..model import mixedsize
     table = board_tables().get(device_id)
     row = table.types.get(name.lower()) if table is not None else None
     if row is None or VgpuProfile.parse(row[0]).mig_backed:
@@ -831,7 +831,6 @@ def mixed_best_id(device_id: int, name: str, placed: Sequence[Tuple[str, Optiona
     """The best-fit free placement id for a new ``name`` on a GPU of ``device_id`` in mixed-size mode
     with ``placed`` on it (:func:`vgpuhost.model.mixedsize.best_id`); None where none is free or the
     catalog cannot say."""
-    from ..model import mixedsize
     g = _mixed_grid(device_id, name, placed)
     if g is None or g[4] >= g[2]:
         return None
@@ -845,7 +844,6 @@ def mixed_limit(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[
     (:func:`vgpuhost.model.mixedsize.fits_count`: fragmentation counted), at most the mixed-size
     max.  None where the catalog does not describe the board, the type, or a vGPU present (its id
     unknown or its type not in the catalog: the caller keeps the mode's max)."""
-    from ..model import mixedsize
     g = _mixed_grid(device_id, name, placed)
     if g is None:
         return None
