@@ -8,6 +8,8 @@ modes (7C 20, 14C 10, 28C 5).  docs/reference/hardware.md#vgpu-types.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
@@ -237,3 +239,30 @@ def test_vendor_vfio_counts_what_still_fits_at_free_placement_ids(build, capsys)
     assert 36 in _placements(host).values()
     with pytest.raises(RefusedError):
         create(host, store, profile="L40S-8Q", owner="6695eb01-f6a4-8304-79aa-97f2502e1991")
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 48]), max_size=40))
+def test_best_fit_placements_never_overlap_nor_pass_a_types_mixed_max(sizes):
+    """Property: vGPUs placed one after another at best_id on an A40-like grid (48 units, maxima the
+    equal-size max rounded down to a power of two) never overlap, sit at one of their type's ids, and
+    fits_count agrees with what best_id then manages to place."""
+    from vgpuhost.model import mixedsize
+
+    def mx(size):
+        equal = 48 // size
+        return 1 << (equal.bit_length() - 1)
+
+    taken, count = [], {}
+    for size in sizes:
+        free_before = mixedsize.fits_count(48, size, mx(size), taken, count.get(size, 0))
+        pid = mixedsize.best_id(48, size, mx(size), taken) if count.get(size, 0) < mx(size) else None
+        assert (pid is not None) == (free_before > 0)
+        if pid is None:
+            continue
+        assert pid in mixedsize.placement_ids(48, size, mx(size))
+        assert all(pid + size <= s or s + z <= pid for s, z in taken)
+        taken.append((pid, size))
+        count[size] = count.get(size, 0) + 1
+        assert count[size] <= mx(size)
+    assert sum(z for _, z in taken) <= 48
