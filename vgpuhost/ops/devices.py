@@ -156,7 +156,8 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
     me = view.uuid
     requested = types
-    resized = _right_size(store, view, inv, types) if checked.vgpus and meta.resize == "auto" else {}
+    resized = (_right_size(store, view, inv, types, {r.id for r in records})
+               if checked.vgpus and meta.resize == "auto" else {})
     if resized:
         types = dict(types)
         types.update({dev: new for dev, (_, new, _) in resized.items()})
@@ -362,14 +363,16 @@ RESIZE_WINDOW_S = 7 * 24 * 3600
 RESIZE_MIN_ALLOC_S = 3600.0
 
 
-def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory",
-                types: Dict[str, str]) -> "Dict[str, Tuple[str, str, str]]":
+def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory", types: Dict[str, str],
+                existing: "FrozenSet[str] | set" = frozenset()) -> "Dict[str, Tuple[str, str, str]]":
     """Right-sizing at restart (issue 30 item 5), for a domain whose metadata asks ``resize="auto"``:
     ``{device: (profile asked, profile advised, evidence)}`` for each of its vGPUs that ``advise``
     (:func:`vgpuhost.policy.usage.advise` over the domain's own metered rollups of the last 7 days)
     would move to a smaller profile of the same board and series that this host offers.  Only at a
     start: a running VM is never changed.  Admission (quota, isolation, class, pool, placement) still
-    decides on the advised profile; :class:`_ResizedOrAsked` falls back to the one asked."""
+    decides on the advised profile; :class:`_ResizedOrAsked` falls back to the one asked.  A vGPU
+    that exists already (``existing``: recorded ids, e.g. one a layout pre-created and lends) keeps
+    its type."""
     import time as _time
     from ..io.state import usage_rows
     from ..model.values import VgpuProfile
@@ -388,7 +391,7 @@ def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory",
     items, _ = advise(rows, list(offers.values()), min_alloc_s=RESIZE_MIN_ALLOC_S)
     out: Dict[str, Tuple[str, str, str]] = {}
     for a in items:
-        if a.action != "downsize" or not a.to or a.device not in types:
+        if a.action != "downsize" or not a.to or a.device not in types or a.device in existing:
             continue
         old, new = VgpuProfile.try_parse(types[a.device]), VgpuProfile.try_parse(a.to)
         if old is None or new is None or (new.board, new.series, new.gi_slices) != (old.board, old.series,
