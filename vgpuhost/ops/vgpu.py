@@ -957,16 +957,20 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
 
 def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, name: str) -> Optional[int]:
     """The placement id vgpuhost chooses for ``name`` on vendor-VFIO GPU ``d.gpu`` in mixed-size mode:
-    the best-fit free one (:func:`vgpuhost.policy.config.mixed_best_id`, from the VFs' placement ids);
-    None in equal-size mode, on classic mdev (the driver places it: the mdev does not exist before the
-    create) and where the catalog cannot say (the driver then places it)."""
+    the best-fit free one (:func:`vgpuhost.policy.config.mixed_best_id`, from the VFs' placement ids).
+    None (the driver places it) on classic mdev (the mdev does not exist before the create), on a GPU
+    whose vGPUs have no placement id (equal-size mode, or none there yet: the first goes where the
+    driver puts it), and where the catalog cannot say.  Lean: the catalog and the model are loaded
+    only for a GPU whose vGPUs have placement ids (the hook's path, issue 17)."""
     if backend != Backend.VENDOR_VFIO:
         return None
     g = next((g for g in inv.gpus if g.address == d.gpu), None)
     if g is None:
         return None
-    from .tenancy import mixed_size_of
-    if not mixed_size_of(host, inv).get(g.address):
+    from ..io.vgpudev import read_placement
+    fs = Sysfs(host)
+    if not any(read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf)) is not None
+               for v in inv.vf_vgpus if v.gpu == g.address and v.type_id is not None):
         return None
     from ..policy.config import mixed_best_id
     placed: Dict[PciAddress, list] = {}
