@@ -124,3 +124,21 @@ def test_without_tenancy_the_advised_profile_is_used_and_falls_back_where_it_fin
     assert type_name(host, uid("e1e1e1e1", 1)) == "A40-2Q"
     assert [r.result for r in s.audit_rows() if r.path == uid("e1e1e1e1", 1) and r.result.startswith("resize")] \
         == ["resized"]
+
+
+def test_a_vendor_vfio_vf_gets_the_advised_type(make_host):
+    """The VF the domain names holds the smaller type after the start (nvidia/current_vgpu_type read back)."""
+    from test_hook import domain_xml, pci_hostdev
+    from vgpuhost.io.sysfs import Sysfs
+    from vgpuhost.io.vgpudev import vf_current_type
+    from vgpuhost.observe.inventory import discover
+    host, s = setup(make_host)
+    vf = "0000:a1:00.4"
+    meta = Metadata(tenant="web", vgpus=[VgpuRequest("L40S-8Q", vf=vf)], resize="auto")
+    history(s, uid("d1d1d1d1", 7), vf, "L40S-8Q", peak_mib=1500, share=0.03)
+    assert start(host, "r7", domain_xml("r7", uid("d1d1d1d1", 7), meta, [pci_hostdev(vf)])) == (0, "")
+    tid = vf_current_type(Sysfs(host), vf)
+    names = {(t.type_id): t.name for t in discover(Sysfs(host)).vgpu_types}
+    assert names.get(tid) == "L40S-2Q", (tid, names.get(tid))
+    [row] = [r for r in s.audit_rows() if r.result == "resized"]
+    assert row.path == vf and "L40S-8Q -> L40S-2Q" in row.value
