@@ -98,3 +98,33 @@ def test_admission_on_a_mixed_size_pool_places_sizes_side_by_side_at_placement_i
     # a 4Q still fits, in the smallest gap (16-24, id 18)
     assert start(host, "m4", dom(4, "A40-4Q")) == (0, "")
     assert _placements(host)[uid("e2e2e2e2", 4)] == 18
+
+
+def test_apply_turns_a_mixed_size_pools_empty_gpus_to_mixed_size_and_plan_says_so(make_host, tmp_path, capsys):
+    """`plan` and `apply` on a simulated host: the pool's note says mixed-size, apply turns the mode on
+    (read back from the simulated NVML); a GPU holding a vGPU keeps equal-size mode at a later apply."""
+    from vgpuhost.cli.main import main
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops.vgpu import create
+    from vgpuhost.sim.nvml import SimNvml
+    from test_hook import GPU_HI, GPU_LO, mixed
+    host = mixed(make_host)                     # two A40s (classic mdev) and an L40S
+    gpus = [GPU_LO, GPU_HI]
+    for g in gpus:                              # the pool's policy already: no scheduler step
+        SimNvml(host).set_scheduler_state(g, EQUAL)
+    # one GPU gets a vGPU first (in equal-size mode): it must keep its mode
+    create(host, StateStore(host.state_dir), profile="A40-8Q", gpu=gpus[0], owner="6695eb01-f6a4-8304-79aa-97f2502e1777")
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  desk:\n    gpus:\n"
+                   "      - select: {board: A40}\n        mode: vgpu\n        vgpu: {types: {A40-8Q: 0}}\n"
+                   "        scheduler: {policy: equal-share}\n        pool: {name: desk, mixed_size: true}\n")
+    assert main(["--root", str(host.root), "plan", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "pool desk (equal-share, serves burstable, best-effort, mixed-size)" in out, out
+    assert f"{gpus[0]} keeps mixed-size mode off for pool 'desk'" in out, out
+    assert main(["--root", str(host.root), "apply", "-c", str(cfg)]) == 0
+    capsys.readouterr()
+    nv = SimNvml(host)
+    assert [nv.heterogeneous_mode(g) for g in gpus] == [False, True]
+    [row] = [r for r in StateStore(host.state_dir).audit_rows() if "heterogeneous" in r.path or "mixed" in r.path]
+    assert str(GPU_HI) in row.path
