@@ -267,3 +267,17 @@ def test_best_fit_placements_never_overlap_nor_pass_a_types_mixed_max(sizes):
         count[size] = count.get(size, 0) + 1
         assert count[size] <= mx(size)
     assert sum(z for _, z in taken) <= 48
+
+
+def test_capacity_on_a_fragmented_vendor_vfio_gpu_counts_free_placement_ids(build, capsys):
+    import json
+    from vgpuhost.cli.main import main
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    for i, p in enumerate(["L40S-16Q", "L40S-8Q", "L40S-4Q"]):
+        create(host, store, profile=p, owner=f"6695eb01-f6a4-8304-79aa-97f2502e1a{i:02d}")
+    assert main(["--root", str(host.root), "--json", "capacity"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    fits = {p["profile"]: p["fits"] for p in doc["profiles"]}
+    assert (fits["L40S-8Q"], fits["L40S-4Q"]) == (1, 2)
+    assert fits.get("L40S-16Q", 0) == 0

@@ -581,7 +581,8 @@ def _capacity_doc(agent: Agent, tenant: Optional[str]):
     """The whole capacity document (every profile) for ``tenant``, as :func:`get_capacity` answers it."""
     def build(inv) -> Dict[str, Any]:
         doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=tenant,
-                               policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus))
+                               policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus),
+                               limits_for=vgpu.limits_lookup(agent.host, inv))
         risk = tenancy.guarantees_at_risk(agent.store, inv)
         doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
                                      for n in (risk or {}).get("tenants", ())]
