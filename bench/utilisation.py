@@ -31,7 +31,12 @@ Replays:
     its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
     never the VM's own use from the trace), else the profile's fixed share;
     ``--known`` adds (c*), the same with each VM's own use (a reference);
-(d) reconciler: as (c), with the capacity reconciler
+(d) mixed-size + compute-aware: as (c), with the GPUs of the equal-share and
+    best-effort pools (``std``, ``batch``) in mixed-size mode (``gold`` is
+    fixed-share, which mixed-size mode does not allow): each GPU holds several
+    vGPU sizes, each vGPU at a free placement id with the mixed-size maxima
+    (:mod:`vgpuhost.model.mixedsize`; fragmentation counted), use estimated.
+(e) reconciler: as (c), with the capacity reconciler
     (:func:`vgpuhost.policy.rebalance.decide`, the decision ``vgpuhost
     rebalance`` and the agent make) run every :data:`RECONCILE_EVERY` time
     units on the refusals since its last pass: empty GPUs move between
@@ -233,7 +238,7 @@ class Estimator:
         return ExpectedUse(s / n, TENANT_PROFILE, float(n)) if n else None
 
 
-#: time units between two passes of the reconciler in replay (d) (a sixteenth of a mean lifetime)
+#: time units between two passes of the reconciler in replay (e) (a sixteenth of a mean lifetime)
 RECONCILE_EVERY = 2.5
 #: moves a pass may make (the reconciler's changes_per_hour, a pass standing for its hour)
 RECONCILE_MOVES = 4
@@ -263,13 +268,14 @@ def reconcile(model, ts, refused, host_gpus):
     return d.moves
 
 
-def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, reconciler=False):
+def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=False, reconciler=False):
     """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
     fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference).
-    ``reconciler``: run :func:`reconcile` every :data:`RECONCILE_EVERY` (replay (d)); the moves are
+    ``reconciler``: run :func:`reconcile` every :data:`RECONCILE_EVERY` (replay (e)); the moves are
     returned in ``codes['moves']``."""
     ts = tenants()
-    model = HostModel(GPUS, pool_set if pool_set is not None else pools())
+    ps = pool_set if pool_set is not None else pools()
+    model = HostModel(GPUS, ps, [g for p in ps if p.policy != "fixed-share" for g in p.gpus] if mixed else ())
     est = Estimator()
     placed, admitted, meter, broken = {}, 0, Meter(steady), 0
     codes, per = {}, {}
@@ -308,7 +314,9 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, reconcile
 
 
 REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "none"),
-           ("compute_aware", "(c) compute-aware", "estimated"), ("reconciler", "(d) reconciler", "reconciler"))
+           ("compute_aware", "(c) compute-aware", "estimated"),
+           ("mixed_compute_aware", "(d) mixed-size + compute-aware", "estimated-mixed"),
+           ("reconciler", "(e) reconciler", "reconciler"))
 
 
 def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
@@ -330,8 +338,8 @@ def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
         else:
             ps = [replace(p, ceiling=batch_ceiling) if p.name == "batch" and use != "none" else p for p in pools()]
             adm_n, meter, broken, codes, per = replay_vgpuhost(
-                events, vms, steady, use="estimated" if use == "reconciler" else use, pool_set=ps,
-                reconciler=use == "reconciler")
+                events, vms, steady, use="estimated" if use == "reconciler" else use.replace("-mixed", ""),
+                pool_set=ps, mixed=use.endswith("-mixed"), reconciler=use == "reconciler")
         whole, st = meter.result(), meter.result(True)
         doc[key] = {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
                     "time_share_steady": st["time"], "starved_share": whole["starved"],

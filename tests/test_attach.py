@@ -634,3 +634,19 @@ def test_a_test_driver_file_that_is_no_node_description_is_one_line_without_its_
         line = e.value.one_line()
         assert line.startswith(f"cannot connect to libvirt at test://{path}: not a test driver node description")
         assert "s3cr3t" not in line and "node>" not in line
+
+
+def test_attach_resize_auto_records_the_opt_in_and_keeps_it_across_attaches(lv, env):
+    """``attach --resize auto`` (issue 30 item 5): the metadata asks resize="auto" (read back from libvirt);
+    a later attach without --resize keeps it; a passthrough with --resize is refused."""
+    host, store = env("a40-mdev")
+    dom = lv.define("vgh-resize")
+    attach(host, store, URI, "vgh-resize", profile="A40-8Q", resize="auto")
+    assert meta_of(dom).resize == "auto"
+    assert 'resize="auto"' in xml_of(dom)
+    with pytest.raises(InputError) as e:
+        attach(host, store, URI, "vgh-resize", passthrough="0000:21:00.0", resize="auto")
+    assert "--resize applies to vGPUs" in str(e.value)
+    with pytest.raises(InputError):
+        attach(host, store, URI, "vgh-resize", profile="A40-4Q", resize="always")
+    assert meta_of(dom).resize == "auto"

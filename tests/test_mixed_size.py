@@ -8,6 +8,8 @@ modes (7C 20, 14C 10, 28C 5).  docs/reference/hardware.md#vgpu-types.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
@@ -145,4 +147,137 @@ def test_refusal_hint_names_no_type_the_mode_keeps_out(build):
     with pytest.raises(RefusedError) as e:
         create(host, store, profile="L40S-4C", owner="6695eb01-f6a4-8304-79aa-97f2502e1999")
     assert "L40S-4C" not in (e.value.hint or ""), e.value.hint
-    assert "L40S-8C (2)" in (e.value.hint or ""), e.value.hint          # 16 GiB left: 2 of 4 mixed-size 8C
+    # 16 GiB are left, but in 2 GiB gaps between the 4C placements (ids 0 6 ... 42, size 4): no 8C placement
+    # (ids 0 12 24 36, size 8) is free, so fragmentation keeps 8C out; 1 GiB types still fit
+    assert "L40S-8C" not in (e.value.hint or ""), e.value.hint
+    assert "L40S-1Q" in (e.value.hint or ""), e.value.hint
+
+
+# --- placement ids (issue 30 item 2) --------------------------------------------------------------
+
+def _placements(host):
+    """``{vGPU id: placement id}`` read back from the simulated tree (``nvidia/placement_id``)."""
+    from vgpuhost.io.vgpudev import read_placement
+    fs = Sysfs(host)
+    inv = discover(fs)
+    out = {}
+    for g in inv.gpus:
+        ix = inv.on_gpu(g.address)
+        for vid in (ix.vgpus if ix is not None else []):
+            parent = PciAddress.parse(vid) if g.vgpu_backend == "vendor-vfio" else g.address
+            out[vid] = read_placement(fs, g.vgpu_backend, parent, vid)
+    return out
+
+
+def test_model_grid_ids_and_best_fit():
+    from vgpuhost.model import mixedsize
+    assert mixedsize.placement_ids(24, 6, 4) == [0, 6, 12, 18]          # NVIDIA's example: L4-6Q
+    assert mixedsize.placement_ids(48, 8, 4) == [0, 12, 24, 36]
+    assert mixedsize.free_ids(48, 8, 4, [(0, 16)]) == [24, 36]
+    # best fit: the 4 GiB vGPU goes in the smallest gap (8 units left after a 16 at 0 and an 8 at 24 and 36:
+    # ids 18 is not an id of 4C; 4C ids are 0 6 12 ... 42: 18 overlaps nothing but sits in the gap [16, 24))
+    assert mixedsize.best_id(48, 4, 8, [(0, 16), (24, 8), (36, 8)]) == 18
+    assert mixedsize.fits_count(48, 4, 8, [(0, 4)] * 1, 1) == 7
+
+
+@pytest.mark.parametrize("board, backend", [("A40", "mdev"), ("L40S", "vendor-vfio")])
+def test_mixed_sizes_take_valid_placement_ids_read_back_from_the_tree(build, board, backend):
+    host = build(board, backend, True)
+    store = StateStore(host.state_dir)
+    made = [create(host, store, profile=f"{board}-{p}", owner=f"6695eb01-f6a4-8304-79aa-97f2502e18{i:02d}")
+            for i, p in enumerate(["16Q", "8Q", "4Q"])]
+    got = _placements(host)
+    assert len(got) == 3 and None not in got.values(), got
+    # 16Q at 0 (units 0-16); 8Q at 24 (ids 0 12 24 36: 24 and 36 free, equal gaps, the lower); the 4Q in
+    # the smallest gap, 16-24, at id 18 (best fit), which keeps 32-48 whole for another 8Q at 36
+    assert sorted(got.values()) == [0, 18, 24], got
+    if backend == "vendor-vfio":
+        # the first goes where the driver puts it (0); then vgpuhost chose each id (best fit) and wrote it
+        # to the VF before the type: audited writes
+        writes = [r.value for r in store.audit_rows() if r.path.endswith("/nvidia/placement_id")]
+        assert writes == ["24", "18"], writes
+    inv = discover(Sysfs(host))
+    # the 16Q at 0 and 8Q at 24 leave no 16Q id (0, 24) free: fragmentation, though 20 GiB are free
+    assert len(made) == 3
+    assert [o.available for o in offers(inv, [], f"{board}-8Q")][0] >= 1
+    assert all(t.available_instances == 0 for t in inv.vgpu_types if t.name == f"{board}-16Q")
+    assert [o.available for o in offers(inv, [], f"{board}-16Q")] == [0]
+
+
+def test_a_written_placement_id_is_honoured_and_a_taken_one_refused(build):
+    from vgpuhost.io.vgpudev import placement_path
+    from vgpuhost.model.errors import SysfsError
+    host = build("L40S", "vendor-vfio", True)
+    fs = Sysfs(host)
+    inv = discover(fs)
+    vfs = sorted({t.parent for t in inv.vgpu_types})
+    tid = next(t.type_id for t in inv.vgpu_types if t.name == "L40S-8Q")
+    fs.write(placement_path(host, "vendor-vfio", vfs[0], str(vfs[0])), "36")
+    fs.write(host.s.pci_device(vfs[0]) + "/nvidia/current_vgpu_type", tid)
+    assert _placements(host) == {str(vfs[0]): 36}
+    fs.write(placement_path(host, "vendor-vfio", vfs[1], str(vfs[1])), "36")
+    with pytest.raises(SysfsError):
+        fs.write(host.s.pci_device(vfs[1]) + "/nvidia/current_vgpu_type", tid)
+
+
+def test_vendor_vfio_counts_what_still_fits_at_free_placement_ids(build, capsys):
+    """On a vendor-VFIO GPU every free VF lists a type while one placement is free: placement, `types` and
+    admission count the free placement ids (fragmentation), read back from the VFs' nvidia/placement_id."""
+    import json
+    from vgpuhost.cli.main import main
+    from vgpuhost.ops.vgpu import mode_limits
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    for i, p in enumerate(["L40S-16Q", "L40S-8Q", "L40S-4Q"]):       # at 0, 24 and 18 (see above)
+        create(host, store, profile=p, owner=f"6695eb01-f6a4-8304-79aa-97f2502e19{i:02d}")
+    inv = discover(Sysfs(host))
+    # 8Q: ids 0 12 24 36, only 36 free -> one more; 4Q: 36 and 42 free -> two more, not the 8 - 1 the max allows
+    assert mode_limits(host, inv, "L40S-8Q") == {GPU: 2} and mode_limits(host, inv, "L40S-4Q") == {GPU: 3}
+    assert main(["--root", str(host.root), "--json", "types"]) == 0
+    avail = {e["name"]: e["available_instances"] for e in json.loads(capsys.readouterr().out)["types"]}
+    assert (avail["L40S-8Q"], avail["L40S-4Q"]) == (1, 2)
+    create(host, store, profile="L40S-8Q", owner="6695eb01-f6a4-8304-79aa-97f2502e1990")
+    assert 36 in _placements(host).values()
+    with pytest.raises(RefusedError):
+        create(host, store, profile="L40S-8Q", owner="6695eb01-f6a4-8304-79aa-97f2502e1991")
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 48]), max_size=40))
+def test_best_fit_placements_never_overlap_nor_pass_a_types_mixed_max(sizes):
+    """Property: vGPUs placed one after another at best_id on an A40-like grid (48 units, maxima the
+    equal-size max rounded down to a power of two) never overlap, sit at one of their type's ids, and
+    fits_count agrees with what best_id then manages to place."""
+    from vgpuhost.model import mixedsize
+
+    def mx(size):
+        equal = 48 // size
+        return 1 << (equal.bit_length() - 1)
+
+    taken, count = [], {}
+    for size in sizes:
+        free_before = mixedsize.fits_count(48, size, mx(size), taken, count.get(size, 0))
+        pid = mixedsize.best_id(48, size, mx(size), taken) if count.get(size, 0) < mx(size) else None
+        assert (pid is not None) == (free_before > 0)
+        if pid is None:
+            continue
+        assert pid in mixedsize.placement_ids(48, size, mx(size))
+        assert all(pid + size <= s or s + z <= pid for s, z in taken)
+        taken.append((pid, size))
+        count[size] = count.get(size, 0) + 1
+        assert count[size] <= mx(size)
+    assert sum(z for _, z in taken) <= 48
+
+
+def test_capacity_on_a_fragmented_vendor_vfio_gpu_counts_free_placement_ids(build, capsys):
+    import json
+    from vgpuhost.cli.main import main
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    for i, p in enumerate(["L40S-16Q", "L40S-8Q", "L40S-4Q"]):
+        create(host, store, profile=p, owner=f"6695eb01-f6a4-8304-79aa-97f2502e1a{i:02d}")
+    assert main(["--root", str(host.root), "--json", "capacity"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    fits = {p["profile"]: p["fits"] for p in doc["profiles"]}
+    assert (fits["L40S-8Q"], fits["L40S-4Q"]) == (1, 2)
+    assert fits.get("L40S-16Q", 0) == 0

@@ -21,6 +21,7 @@ from ..model.concepts import Isolation, QosClass
 from ..model.errors import InputError
 from ..model.tenancy import DIMENSIONS, NO_TENANT, usage_text
 from ..ops import migdemand, tenancy
+from ..ops.vgpu import limits_lookup
 from ..present.tenancy import (  # noqa: F401 (the CLI's names)
     LIMIT_OPTIONS, SCHEMA_CAPACITY, SCHEMA_OPENSTACK, SCHEMA_POLICY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE,
     binding_answer, changed_tenant, new_tenant, tenant_doc
@@ -363,7 +364,8 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     store = _store(False)
     inv = migdemand.makeable(ctx.host, store, ctx.inventory())   # MIG on demand: instances that could be made
     doc = tenancy.capacity(store, inv, tenancy.mixed_size_of(ctx.host, inv), tenant=tenant,
-                           policies=lambda gpus: tenancy.scheduler_policies(ctx.host, gpus))
+                           policies=lambda gpus: tenancy.scheduler_policies(ctx.host, gpus),
+                           limits_for=limits_lookup(ctx.host, inv))
     risk = tenancy.guarantees_at_risk(store, inv)
     doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
                                  for n in (risk or {}).get("tenants", ())]

@@ -19,6 +19,7 @@ import click
 from ..io.state import StateStore
 from ..io.virt import default_uri
 from ..libvirt.domain import FIRST_GUEST_SLOT, render_mdev, render_passthrough, render_vf
+from ..libvirt.domxml import RESIZE_MODES
 from ..model.concepts import DeviceKind, QosClass
 from ..model.errors import InputError, RefusedError
 from ..model.kinds import PlacementStrategy
@@ -175,6 +176,9 @@ def _emit_outcome(ctx, out) -> None:
 @click.option("--ramfb", is_flag=True, help="Classic mdev: ramfb='on' (needs --display; one per domain).")
 @click.option("--guest-slot", metavar="SLOT", help="Guest PCI slot on bus 0 (hex, e.g. 0x10); refused when taken.")
 @click.option("--live", is_flag=True, help="Classic mdev only: create it now and hot-plug it into the running domain.")
+@click.option("--resize", type=click.Choice(RESIZE_MODES),
+              help="auto: at each start the domain's vGPUs get the smaller profile 'advise' proposes from their "
+                   "metered use (same board and series, within the tenant's quota; audited; never a running VM).")
 @click.option("--dry-run", is_flag=True, help="Print the definition diff; change nothing.")
 def attach_cmd(domain, dry_run, **options) -> None:
     """Give DOMAIN (name or UUID) a vGPU or a whole GPU: hostdev and metadata in one define."""

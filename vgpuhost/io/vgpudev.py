@@ -38,6 +38,9 @@ CREATABLE_ATTR = "creatable_vgpu_types"
 SUPPORTED_TYPES_DIR = "mdev_supported_types"
 AVAILABLE_ATTR = "available_instances"
 PARAMS_ATTR = "vgpu_params"
+#: ``nvidia/placement_id`` of a vGPU in mixed-size mode (an mdev's, or a VF's; on a VF written before the
+#: type to choose the placement; "Not Applicable" where none; docs/reference/hardware.md#vgpu-types)
+PLACEMENT_ATTR = "placement_id"
 CREATE_FILE = "create"
 REMOVE_FILE = "remove"
 #: the NVIDIA driver's directory of vGPU attributes, under a VF (vendor VFIO) or an mdev
@@ -226,6 +229,17 @@ def mdevctl_attrs(params: Optional[str]) -> List[Tuple[str, str]]:
 def vf_current_type(fs: Sysfs, vf) -> Optional[str]:
     """The type a vendor-VFIO VF holds (``nvidia/current_vgpu_type``, None for ``0`` or absent)."""
     return _VENDOR.current_type(fs, vf, str(vf))
+
+
+def placement_path(host: HostRoot, backend, parent, vgpu_id: str) -> str:
+    """``<vGPU>/nvidia/placement_id``: under the mdev (classic mdev) or the VF (vendor VFIO)."""
+    return _join(for_backend(backend).device_dir(host, parent, vgpu_id), NVIDIA_DIR, PLACEMENT_ATTR)
+
+
+def read_placement(fs: Sysfs, backend, parent, vgpu_id: str) -> Optional[int]:
+    """The vGPU's placement id (mixed-size mode), None where it has none ("Not Applicable", absent)."""
+    text = fs.read_optional(placement_path(fs.host, backend, parent, vgpu_id))
+    return int(text) if text and text.strip().isdigit() else None
 
 
 def vf_type_path(host: HostRoot, vf) -> str:

@@ -26,6 +26,11 @@ The metadata element (namespace :data:`NS`, prefix :data:`PREFIX`)::
   ``managed='no'`` and the hook binds the group to vfio-pci.
 - ``qos`` (optional): the domain's QoS class (``guaranteed``,
   ``burstable``, ``best-effort``), overriding its tenant's default.
+- ``resize`` (optional): ``auto`` asks that each vGPU get the smaller
+  profile ``advise`` proposes at the domain's next start (same board and
+  series; admission and the tenant's quota still decide; never a running
+  VM; docs/guide/domains.md).  A request, not a claim: the metadata is the
+  tenant's to write.
 
 OpenStack: the reader also keeps Nova's ``<nova:instance><nova:owner>
 <nova:project uuid="...">NAME</nova:project>`` (any namespace version under
@@ -60,6 +65,7 @@ MAX_PASSTHROUGH = 8
 STRATEGIES = PlacementStrategy.OFFERED
 DEFAULT_STRATEGY = PlacementStrategy.DEFAULT
 QOS_CLASSES = QosClass.ALL
+RESIZE_MODES = ("auto",)         # resize="auto": right-sizing at start (absent: the profile as asked)
 NOVA_NS = "http://openstack.org/xmlns/libvirt/nova/"          # + version (1.0, 1.1, 1.2)
 MAX_NOVA_TEXT = 255
 
@@ -106,15 +112,17 @@ class Metadata:
     overriding the tenant's (None: the tenant's).
     """
 
-    __slots__ = ("strategy", "tenant", "anti_affinity", "vgpus", "passthrough", "qos")
+    __slots__ = ("strategy", "tenant", "anti_affinity", "vgpus", "passthrough", "qos", "resize")
 
     def __init__(self, strategy: str = DEFAULT_STRATEGY, tenant: Optional[str] = None,
                  anti_affinity: Optional[str] = None, vgpus: Optional[List[VgpuRequest]] = None,
-                 passthrough: Optional[List[PciAddress]] = None, qos: Optional[str] = None):
+                 passthrough: Optional[List[PciAddress]] = None, qos: Optional[str] = None,
+                 resize: Optional[str] = None):
         self.strategy, self.tenant, self.anti_affinity = strategy, tenant, anti_affinity
         self.vgpus: List[VgpuRequest] = list(vgpus or [])
         self.passthrough: List[PciAddress] = list(passthrough or [])
         self.qos = qos
+        self.resize = resize
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Metadata) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
@@ -140,6 +148,8 @@ class Metadata:
             attrs += f" anti-affinity={quoteattr(self.anti_affinity)}"
         if self.qos:
             attrs += f" qos={quoteattr(self.qos)}"
+        if self.resize:
+            attrs += f" resize={quoteattr(self.resize)}"
         lines = [f'<{PREFIX}:domain xmlns:{PREFIX}="{NS}"{attrs}>']
         for v in self.vgpus:
             a = f"profile={quoteattr(str(v.profile))}"
@@ -161,6 +171,8 @@ class Metadata:
             _check_name("anti-affinity", self.anti_affinity)
         if self.qos is not None:
             _check_choice("qos", self.qos, QOS_CLASSES)
+        if self.resize is not None:
+            _check_choice("resize", self.resize, RESIZE_MODES)
         if len(self.vgpus) > MAX_VGPUS:
             raise InputError(f"vgpuhost metadata asks for {len(self.vgpus)} vGPUs; at most {MAX_VGPUS}")
         if len(self.passthrough) > MAX_PASSTHROUGH:
@@ -347,7 +359,7 @@ def _pci(attrs: Dict[str, str]) -> GuestAddress:
 _META_ROOT = f"{NS} domain"
 _META_VGPU = f"{NS} vgpu"
 _META_PT = f"{NS} passthrough"
-_META_ATTRS = {_META_ROOT: {"version", "strategy", "tenant", "anti-affinity", "qos"},
+_META_ATTRS = {_META_ROOT: {"version", "strategy", "tenant", "anti-affinity", "qos", "resize"},
                _META_VGPU: {"profile", "uuid", "vf", "gpu"}, _META_PT: {"gpu"}}
 
 
@@ -509,7 +521,8 @@ class _Reader:
             raise InputError(f"vgpuhost metadata version {_show(version)} is not supported (this vgpuhost "
                              f"reads version {VERSION})", hint="upgrade vgpuhost on this host")
         self.meta = Metadata(strategy=attrs.get("strategy", DEFAULT_STRATEGY), tenant=attrs.get("tenant"),
-                             anti_affinity=attrs.get("anti-affinity"), qos=attrs.get("qos"))
+                             anti_affinity=attrs.get("anti-affinity"), qos=attrs.get("qos"),
+                             resize=attrs.get("resize"))
 
     def _meta_child(self, name: str, attrs: Dict[str, str], parent: str) -> None:
         if parent != _META_ROOT or self.meta is None:

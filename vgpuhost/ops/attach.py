@@ -298,7 +298,7 @@ _JSON_FIELDS: Tuple[Tuple[str, str, str, int], ...] = (
     ("gpu", "gpu", "text", 32), ("vgpu_uuid", "uuid", "text", 64), ("tenant", "tenant", "text", 128),
     ("strategy", "strategy", "text", 32), ("anti_affinity", "anti_affinity", "text", 256),
     ("qos", "qos", "text", 32), ("display", "display", "flag", 0), ("ramfb", "ramfb", "flag", 0),
-    ("guest_slot", "guest_slot", "slot", 0), ("live", "live", "flag", 0))
+    ("guest_slot", "guest_slot", "slot", 0), ("live", "live", "flag", 0), ("resize", "resize", "text", 16))
 
 
 @dataclass(frozen=True)
@@ -323,6 +323,7 @@ class AttachRequest:
     ramfb: bool = False
     guest_slot: Optional[int] = None
     live: bool = False
+    resize: Optional[str] = None        # "auto": right-size at each start (the domain's metadata resize=)
 
     #: the JSON body's keys, in openapi.yaml's order
     JSON_KEYS = tuple(k for k, _, _, _ in _JSON_FIELDS)
@@ -332,7 +333,7 @@ class AttachRequest:
               gpu: "Optional[PciAddress | str]" = None, uuid: Optional[str] = None, tenant: Optional[str] = None,
               strategy: Optional[str] = None, anti_affinity: Optional[str] = None, qos: Optional[str] = None,
               display: bool = False, ramfb: bool = False, guest_slot: Optional[int] = None,
-              live: bool = False) -> "AttachRequest":
+              live: bool = False, resize: Optional[str] = None) -> "AttachRequest":
         """The request from Python values (names and BDFs as text or parsed); raises InputError on the first
         bad one."""
         if uuid is not None:
@@ -347,7 +348,9 @@ class AttachRequest:
             raise InputError("give exactly one of --profile NAME or --passthrough BDF")
         if strategy is not None and strategy not in OFFERED:
             raise InputError(f"unknown placement strategy {strategy!r}", hint="one of " + ", ".join(OFFERED))
-        domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity, qos=qos).validate()
+        domxml.Metadata(strategy or domxml.DEFAULT_STRATEGY, tenant, anti_affinity, qos=qos, resize=resize).validate()
+        if resize is not None and passthrough is not None:
+            raise InputError("--resize applies to vGPUs, not to a passed-through GPU", hint="drop --resize")
         if isinstance(passthrough, str):
             passthrough = PciAddress.parse(passthrough)
         if isinstance(gpu, str):
@@ -370,7 +373,7 @@ class AttachRequest:
                              "which exists only from the domain's start", hint="drop --live and attach it while the "
                                                                               "domain is stopped, or drop --ramfb")
         return cls(profile, passthrough, gpu, uuid, tenant, strategy, anti_affinity, qos, bool(display),
-                   bool(ramfb), guest_slot, bool(live))
+                   bool(ramfb), guest_slot, bool(live), resize)
 
     @classmethod
     def from_options(cls, *, guest_slot: Optional[str] = None, **options) -> "AttachRequest":
@@ -437,11 +440,11 @@ def backend_of(inv: Inventory, gpus: Set[PciAddress], name: str) -> str:
 
 
 def _metadata_with(meta: Optional[domxml.Metadata], *, strategy, tenant, anti_affinity,
-                   notes: List[str], qos: Optional[str] = None) -> domxml.Metadata:
+                   notes: List[str], qos: Optional[str] = None, resize: Optional[str] = None) -> domxml.Metadata:
     m = domxml.Metadata(meta.strategy, meta.tenant, meta.anti_affinity, list(meta.vgpus),
-                        list(meta.passthrough), meta.qos) if meta else domxml.Metadata()
+                        list(meta.passthrough), meta.qos, meta.resize) if meta else domxml.Metadata()
     for attr, value in (("strategy", strategy), ("tenant", tenant), ("anti_affinity", anti_affinity),
-                        ("qos", qos)):
+                        ("qos", qos), ("resize", resize)):
         if value is not None and getattr(m, attr) != value:
             if meta is not None and getattr(meta, attr) is not None and not meta.empty:
                 notes.append(f"{attr.replace('_', '-')} of the domain changes from {getattr(m, attr)} to {value}")
@@ -487,7 +490,7 @@ def attach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         before = dom.inactive_xml()
         doc = DomainDoc.parse(before)
         meta = _metadata_with(doc.view.metadata, strategy=req.strategy, tenant=req.tenant,
-                              anti_affinity=req.anti_affinity, notes=out.notes, qos=req.qos)
+                              anti_affinity=req.anti_affinity, notes=out.notes, qos=req.qos, resize=req.resize)
         scene = _Scene(inv, records, seen, doc, dom.name, dom.uuid, meta, _others(conn, dom.uuid))
         if kind == KIND_PASSTHROUGH:
             snippet, entry = _attach_passthrough(scene, req, out)
@@ -924,7 +927,7 @@ def detach(host: HostRoot, store: StateStore, conn_uri: Optional[str], domain: s
         doc = DomainDoc.parse(before)
         meta = doc.view.metadata or domxml.Metadata()
         meta = domxml.Metadata(meta.strategy, meta.tenant, meta.anti_affinity, list(meta.vgpus),
-                               list(meta.passthrough), meta.qos)
+                               list(meta.passthrough), meta.qos, meta.resize)
         targets: List[DeviceEntry] = []
         for r in list(meta.vgpus):
             if all or r.device == dev_id:

@@ -181,6 +181,12 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     # devices reserved for an incoming live migration (the hook's migrate begin, ops/migrate.py): this
     # domain's are made where they were reserved; another domain's are not taken
     mine_reserved = _reservations(store, view, checked) if checked.vgpus else {}
+    requested = types
+    resized = (_right_size(store, view, inv, types, {r.id for r in records})
+               if checked.vgpus and view.metadata.resize == "auto" else {})
+    if resized:
+        types = dict(types)
+        types.update({dev: new for dev, (_, new, _) in resized.items()})
     if checked.passthrough and inv.out_of_service:
         # a GPU out of service (unhealthy or cordoned) goes to no new domain by passthrough, pooled or not
         # (docs/guide/failures.md); the domain that holds it already (a retried start) keeps it
@@ -200,14 +206,19 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
         # admission (issues 13, 26): quota, isolation, QoS class, pool, decided once under the host lock
         from . import tenancy
         from . import vgpu
-        admitting = tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=types,
-                                      limits_for=lambda name: vgpu.mode_limits(host, inv, name),
-                                      policies=lambda gpus: tenancy.scheduler_policies(host, gpus))
+        def block(kinds):
+            return tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=kinds,
+                                     limits_for=lambda name: vgpu.mode_limits(host, inv, name),
+                                     policies=lambda gpus: tenancy.scheduler_policies(host, gpus))
+        admitting = block(types) if not resized else _ResizedOrAsked(block, types, requested, resized, store,
+                                                                      view, actor)
     else:
         from .admitting import unenforced_admitting
         admitting = unenforced_admitting(store, view, inv, types)   # nothing to enforce: no admission code imported
     try:
         with admitting as grant:
+            if isinstance(admitting, _ResizedOrAsked):
+                types = admitting.types             # the advised profiles, or those asked where they were refused
             try:
                 if checked.passthrough:
                     from . import passthrough
@@ -226,15 +237,26 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
                 for req in sorted(checked.vgpus, key=lambda r: r.gpu is None and r.vf is None):
                     # the inventory read above still describes the host while this call has changed nothing
                     decided = grant.placed_gpu(req.device) or mine_reserved.get(req.device)
+
+                    def make(profile):
+                        return _make_vgpu(host, store, view, req, profile,
+                                          grant.allowed_gpus(req.device, checked.allowed), actor,
+                                          inv if not made else domain_inventory(host, view, checked.allowed),
+                                          grant.narrowed_by(req.device, checked.allowed), decided=decided)
                     try:
-                        vid = _make_vgpu(host, store, view, req, types[req.device],
-                                         grant.allowed_gpus(req.device, checked.allowed), actor,
-                                         inv if not made else domain_inventory(host, view, checked.allowed),
-                                         grant.narrowed_by(req.device, checked.allowed),
-                                         decided=decided)
+                        vid = make(types[req.device])
+                        if not enforced and req.device in resized and types[req.device] != requested[req.device]:
+                            _audit_resized(store, view, actor, {req.device: resized[req.device]}, None)
                     except RefusedError as e:
-                        # admission placed it: the device layer only re-checks, and its refusal is admission's
-                        raise grant.refused(req.device, e) from None
+                        if enforced or types[req.device] == requested[req.device]:
+                            # admission placed it: the device layer only re-checks, and its refusal is admission's
+                            raise grant.refused(req.device, e) from None
+                        # no admission here (no tenancy): the advised profile found no room, the one asked may
+                        _audit_resized(store, view, actor, {req.device: resized[req.device]}, e.message)
+                        try:
+                            vid = make(requested[req.device])
+                        except RefusedError as again:
+                            raise grant.refused(req.device, again) from None
                     if vid is not None:
                         made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
             except BaseException as e:
@@ -383,6 +405,90 @@ def _made_unnoted(store: "StateStore", me: str, before: "Tuple[FrozenSet[str], O
     except Exception:
         return []
     return out
+
+
+#: the metered window right-sizing reads (as ``advise``'s default) and the allocation it needs in it
+RESIZE_WINDOW_S = 7 * 24 * 3600
+RESIZE_MIN_ALLOC_S = 3600.0
+
+
+def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory", types: Dict[str, str],
+                existing: "FrozenSet[str] | set" = frozenset()) -> "Dict[str, Tuple[str, str, str]]":
+    """Right-sizing at restart (issue 30 item 5), for a domain whose metadata asks ``resize="auto"``:
+    ``{device: (profile asked, profile advised, evidence)}`` for each of its vGPUs that ``advise``
+    (:func:`vgpuhost.policy.usage.advise` over the domain's own metered rollups of the last 7 days)
+    would move to a smaller profile of the same board and series that this host offers.  Only at a
+    start: a running VM is never changed.  Admission (quota, isolation, class, pool, placement) still
+    decides on the advised profile; :class:`_ResizedOrAsked` falls back to the one asked.  A vGPU
+    that exists already (``existing``: recorded ids, e.g. one a layout pre-created and lends) keeps
+    its type."""
+    import time as _time
+    from ..io.state import usage_rows
+    from ..model.values import VgpuProfile
+    from ..policy.usage import Offer, advise
+    since = _time.strftime("%Y-%m-%dT%H:00:00Z", _time.gmtime(_time.time() - RESIZE_WINDOW_S))
+    rows = [r for r in usage_rows(store, since) if r.domain_uuid == view.uuid and r.device in types]
+    if not rows:
+        return {}
+    offers: Dict[str, object] = {}
+    for t in inv.vgpu_types:
+        if t.framebuffer_mib:
+            offers.setdefault(t.name.upper(), Offer(t.name, int(t.framebuffer_mib), t.max_instances))
+    for _gpu, _tid, name, fb in store.seen_types():
+        if fb:
+            offers.setdefault(str(name).upper(), Offer(str(name), int(fb), None))
+    items, _ = advise(rows, list(offers.values()), min_alloc_s=RESIZE_MIN_ALLOC_S)
+    out: Dict[str, Tuple[str, str, str]] = {}
+    for a in items:
+        if a.action != "downsize" or not a.to or a.device not in types or a.device in existing:
+            continue
+        old, new = VgpuProfile.try_parse(types[a.device]), VgpuProfile.try_parse(a.to)
+        if old is None or new is None or (new.board, new.series, new.gi_slices) != (old.board, old.series,
+                                                                                      old.gi_slices):
+            continue                # the same series only: same board, same letter class
+        out[a.device] = (types[a.device], a.to, a.reason)
+    return out
+
+
+def _audit_resized(store: "StateStore", view: "DomainView", actor: str,
+                   resized: "Dict[str, Tuple[str, str, str]]", refused: "Optional[str]") -> None:
+    """One audit row per vGPU right-sized at this start (result ``resized``), or, where admission
+    refused the advised profiles (``refused``: why), one per vGPU that keeps the one asked
+    (result ``resize-fallback``)."""
+    for dev, (old, new, why) in sorted(resized.items()):
+        if refused is None:
+            store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path=dev,
+                        value=f"resize auto: {old} -> {new} ({why}; metered over the last 7 days)",
+                        result="resized")
+        else:
+            store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path=dev,
+                        value=f"resize auto: {new} advised for {old} could not be placed ({refused}); "
+                              f"started with {old} as asked", result="resize-fallback")
+
+
+class _ResizedOrAsked:
+    """Admission of the advised profiles, and where it refuses them, of the profiles asked (one
+    ``resize-fallback`` audit row each); ``types`` is what was admitted once entered."""
+
+    def __init__(self, block, advised, asked, resized, store, view, actor):
+        self._block, self.types, self._asked = block, advised, asked
+        self._resized, self._store, self._view, self._actor = resized, store, view, actor
+        self._inner = None
+
+    def __enter__(self):
+        self._inner = self._block(self.types)
+        try:
+            grant = self._inner.__enter__()
+        except RefusedError as e:
+            _audit_resized(self._store, self._view, self._actor, self._resized, e.message)
+            self.types = self._asked
+            self._inner = self._block(self._asked)
+            return self._inner.__enter__()
+        _audit_resized(self._store, self._view, self._actor, self._resized, None)
+        return grant
+
+    def __exit__(self, *exc):
+        return self._inner.__exit__(*exc)
 
 
 def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked",

@@ -130,9 +130,11 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
     p = planner.plan(cfg, layout, view)
     p.blocked += [b for b in health_blocks(store, p) if b not in p.blocked]   # what apply refuses, plan shows
     new = planner.pools(cfg, layout, view)
+    mixed = {e.pool.name.lower() for e in cfg.layout(layout).entries if e.pool is not None and e.pool.mixed_size}
     for pl in new:
         p.notes.append(f"pool {pl.name} ({pl.policy}, serves {', '.join(pl.classes)}"
-                       + (f", compute ceiling {pl.ceiling:g}" if pl.ceiling is not None else "") + "): "
+                       + (f", compute ceiling {pl.ceiling:g}" if pl.ceiling is not None else "")
+                       + (", mixed-size" if pl.name.lower() in mixed else "") + "): "
                        + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
     p.notes += ceiling_notes(store, view, new)
     try:

@@ -88,6 +88,7 @@ from . import gputime, tenancy
 from .admitting import active as tenancy_active
 from .health import in_service, nvml_or_none, status, unrecorded_failures
 from .migdemand import makeable
+from .vgpu import limits_lookup
 
 log = logging.getLogger("vgpuhost.metering")
 
@@ -989,9 +990,11 @@ def _tenant_free(host_root, store, inv) -> Dict[str, object]:
         if not ts:
             return {}
         out: Dict[tuple, int] = {}
+        limits = limits_lookup(host_root, inv)  # mixed-size maxima and free placement ids, as placement counts
         for name in [""] + sorted(ts):          # "": a domain naming no tenant
             doc = tenancy.capacity(store, inv, tenant=name or None, untenanted=not name, per_gpu=False,
-                                   policies=lambda gpus: tenancy.scheduler_policies(host_root, gpus))
+                                   policies=lambda gpus: tenancy.scheduler_policies(host_root, gpus),
+                                   limits_for=limits)
             for p in doc["profiles"]:
                 out[(name, p["profile"])] = int(p["fits"])
         return {"tenant_free_instances": out}

@@ -1245,8 +1245,12 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
 def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[object, bool]]" = None, *,
              tenant: Optional[str] = None,
              policies: "Optional[Callable[[Sequence[str]], Mapping[str, str]]]" = None, per_gpu: bool = True,
-             untenanted: bool = False) -> dict:
+             untenanted: bool = False, limits_for: "Optional[Callable[[str], Mapping]]" = None) -> dict:
     """What more fits now, per profile, pool and GPU, and where fragmentation blocks a profile.
+
+    ``limits_for``: a type name -> ``{gpu: its max in the GPU's vGPU mode}``
+    (:func:`vgpuhost.ops.vgpu.limits_lookup`: on a vendor-VFIO GPU in mixed-size mode, what still fits at
+    free placement ids), used instead of ``mixed_size``'s maxima where given.
 
     Per vGPU type name: instances free per GPU (as placement counts them),
     the GPU's pool, the total; and, for time-sliced types, how many the
@@ -1340,7 +1344,8 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     admitted: Dict[str, Tuple[int, str, str]] = {}
     index = vgpu_offers.OfferIndex(inv, records, seen)        # once for every profile, not once each
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
-        limits = mode_limits(inv, name, mixed_size) if mixed_size else {}
+        limits = (dict(limits_for(name)) if limits_for is not None else
+                  mode_limits(inv, name, mixed_size) if mixed_size else {})
         offers = vgpu_offers.offers(inv, records, name, seen, limits, index=index)
         if all(o.type_id is None for o in offers):
             continue

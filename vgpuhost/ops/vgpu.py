@@ -33,7 +33,7 @@ from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_
 from ..model.kinds import Backend, Owner, PlacementStrategy, VgpuState
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
-from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetVgpuParams, Step, WriteConfig
+from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetPlacement, SetVgpuParams, Step, WriteConfig
 from .recover import destroy
 from . import health
 from ..policy.health import Source, is_unhealthy_errno
@@ -423,9 +423,43 @@ def limits_lookup(host: HostRoot, inv: Inventory):
                 from .tenancy import mixed_size_of      # here: the catalog (yaml) and NVML, never on the hook's mdev path
                 mixed.append(mixed_size_of(host, inv))
             from ..policy.config import mode_limits as limits_in_mode
-            cache[key] = limits_in_mode(inv, name, mixed[0])
+            limits = limits_in_mode(inv, name, mixed[0])
+            for g in [g for g in inv.gpus if g.address in vfio and mixed[0].get(g.address)]:
+                # mixed-size mode: what still fits at free placement ids (fragmentation), not the max alone
+                n = _mixed_fit(host, inv, g, name, placed)
+                if n is not None:
+                    limits[g.address] = min(limits.get(g.address, n), n)
+            cache[key] = limits
         return cache[key]
+    placed: Dict[PciAddress, list] = {}
     return of
+
+
+def _mixed_fit(host: HostRoot, inv: Inventory, g, name: str, placed: Dict[PciAddress, list]) -> Optional[int]:
+    """:func:`vgpuhost.policy.config.mixed_limit` for vendor-VFIO GPU ``g`` in mixed-size mode: its VFs'
+    vGPUs with their placement ids (``nvidia/placement_id``, read once per GPU into ``placed``)."""
+    from ..io.sysfs import Sysfs
+    from ..io.vgpudev import read_placement
+    from ..policy.config import mixed_limit
+    if g.address not in placed:
+        names = {t.type_id: t.name for t in inv.vgpu_types if t.gpu == g.address and t.name}
+        if any(v.gpu == g.address and v.type_id is not None and v.type_id not in names for v in inv.vf_vgpus):
+            # a type no free VF lists any more (none fits): its name from what the store remembers
+            try:
+                store = StateStore(host.state_dir, create=False)
+                for r in store.vgpu_records(gpu=str(g.address)):
+                    names.setdefault(r.type_id, r.type_name)
+                for _g, tid, n, _fb in store.seen_types(gpu=str(g.address)):
+                    names.setdefault(str(tid), str(n))
+            except VgpuhostError:
+                pass
+        fs = Sysfs(host)
+        rows = []
+        for v in inv.vf_vgpus:
+            if v.gpu == g.address and v.type_id is not None:
+                rows.append((names.get(v.type_id, ""), read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf))))
+        placed[g.address] = rows
+    return mixed_limit(g.pci.device, name, placed[g.address])
 
 
 def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: VgpuCreateRequest, name: str,
@@ -885,9 +919,12 @@ def _mig_order() -> str:
     return ORDER
 
 
-def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str]) -> List[Step]:
-    """The sysfs steps that create one vGPU (and set its ``vgpu_params``)."""
-    steps: List[Step] = [CreateVgpu(backend, d.parent, d.type_id, vid, name)]
+def _create_plan(backend: str, d: Decision, vid: str, name: str, params: Optional[str],
+                 placement: Optional[int] = None) -> List[Step]:
+    """The sysfs steps that create one vGPU (its placement id first where one is chosen, and its
+    ``vgpu_params``)."""
+    steps: List[Step] = [SetPlacement(backend, d.parent, vid, placement)] if placement is not None else []
+    steps.append(CreateVgpu(backend, d.parent, d.type_id, vid, name))
     if params:
         steps.append(SetVgpuParams(backend, d.parent, d.type_id, vid, params))
     return steps
@@ -905,10 +942,11 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
                vid: str, name: str, params: Optional[str], limits_of=None) -> None:
     """Create, read back (never report success for a device that does not exist), set params;
     a failure after the create removes the vGPU again (the Executor's undo)."""
+    placement = _placement_for(ex.host, inv, backend, d, name)
     try:
-        ex.run(_create_plan(backend, d, vid, name, params))
+        ex.run(_create_plan(backend, d, vid, name, params, placement))
     except SysfsError as e:
-        if isinstance(ex.failed, CreateVgpu):
+        if isinstance(ex.failed, (CreateVgpu, SetPlacement)):
             failed = gpu_failed(e, d.gpu, f"creating {name}")
             if failed is not None:                  # the GPU failed, not the request (docs/guide/failures.md)
                 raise failed from e
@@ -951,7 +989,7 @@ def recreate_recorded(host: HostRoot, store: StateStore, rec: VgpuRecord, *, act
             ex.run(steps, undo=False)
         except SysfsError as e:
             what = f"re-creating {rec.type_name} {rec.id}"
-            failed = gpu_failed(e, rec.gpu, what) if isinstance(ex.failed, CreateVgpu) else None
+            failed = gpu_failed(e, rec.gpu, what) if isinstance(ex.failed, (CreateVgpu, SetPlacement)) else None
             if failed is not None:
                 health.mark_unhealthy(store, PciAddress.parse(rec.gpu), failed.message, Source.IO, actor=actor,
                                       operation=operation)

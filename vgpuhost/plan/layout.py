@@ -903,6 +903,17 @@ class _Walker:
         if cur is not None and bool(cur) == spec.mixed_size:
             return False
         want = "on" if spec.mixed_size else "off"
+        if cur is not None and entry.pool is not None and entry.pool.mixed_size:
+            vg = self.vgpus_of(g)
+            busy = len(vg.layout_active) + len(vg.others) + len(vg.layout_mismatched)
+            if busy or self._running(g):
+                # a mixed-size pool switches only empty GPUs: a busy one keeps its mode (issue 30 item 2)
+                self.plan.notes.append(
+                    f"{bdf} keeps mixed-size mode {'on' if cur else 'off'} for pool {entry.pool.name!r}: it holds "
+                    f"{busy or self.view.nvml(g.address).active_vgpus} vGPU(s), and a mixed-size pool changes "
+                    "the mode only on an empty GPU; it switches at an apply once the GPU is empty")
+                self.mixed_after[g.address] = bool(cur)
+                return False
         if cur is not None:
             self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'})")
             touches.append("changing mixed-size mode")

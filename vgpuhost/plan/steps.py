@@ -252,6 +252,33 @@ class SetVgpuParams(Step):
         ctx.fs.write(self._path(ctx.host), vgpudev.params_value(self.params))
 
 
+@record(frozen=True)
+class SetPlacement(Step):
+    """Write ``placement`` (a placement id) to a free VF's ``nvidia/placement_id`` before its type is
+    set, so the vGPU goes there on a GPU in mixed-size mode (docs/reference/hardware.md#vgpu-types);
+    verified by reading it back; nothing to undo (a VF without a vGPU has no placement)."""
+
+    backend: str
+    parent: PciAddress
+    vgpu_id: str
+    placement: int
+
+    def _path(self, host: HostRoot):
+        return vgpudev.placement_path(host, self.backend, self.parent, self.vgpu_id)
+
+    def describe(self, host: HostRoot) -> str:
+        return f"write '{self.placement}' to {host.relative(self._path(host))}"
+
+    def run(self, ctx: StepContext) -> None:
+        ctx.fs.write(self._path(ctx.host), str(self.placement))
+
+    def verify(self, ctx: StepContext, result: object) -> None:
+        got = vgpudev.read_placement(ctx.fs, self.backend, self.parent, self.vgpu_id)
+        if got != self.placement:
+            raise DeviceError(f"placement id {self.placement} written to {self.parent} reads back {got!r}",
+                              hint="check the NVIDIA vGPU manager (nvidia-vgpu-mgr) and dmesg")
+
+
 # =============================================================================
 # configuration files (etc/: modprobe.d, driverctl, mdevctl, systemd units)
 
@@ -542,6 +569,6 @@ class SetMixedSize(Step):
 
 
 __all__ = ["Step", "AUDIT_FS", "AUDIT_EXECUTOR", "AUDIT_NONE", "ANY_HOST_DRIVER",
-           "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "CreateVgpu", "RemoveVgpu", "SetVgpuParams",
+           "SetDriverOverride", "Unbind", "Probe", "VerifyDriver", "CreateVgpu", "RemoveVgpu", "SetVgpuParams", "SetPlacement",
            "WriteConfig", "RemoveConfig",
            "SetMigMode", "CreateGi", "DestroyGi", "SetScheduler", "SetMixedSize", "NVML_AUDIT_ERRNO"]

@@ -10,7 +10,8 @@ summed over the GPUs that offer it would allow ``sum(free) // F`` more
 type's max instances less the vGPUs present);
 placement can use only what one GPU holds, and a GPU in equal-size mode
 (NVIDIA vGPU user guide: without mixed-size mode one GPU holds vGPUs of one
-framebuffer size) admits only the size it holds.  ``blocked`` is the difference.  MIG-backed profiles are counted as
+framebuffer size) admits only the size it holds, and a GPU in mixed-size mode
+only what free placement ids take (:mod:`vgpuhost.model.mixedsize`).  ``blocked`` is the difference.  MIG-backed profiles are counted as
 the kernel offers them (free GPU instances), without a framebuffer sum.
 """
 
@@ -71,7 +72,8 @@ def summarise(gpus: Sequence[dict],
                     largest = max(((frees_of[g] or 0, g) for g, _, _ in offers), default=(0, ""))
                     note = (f"fragmentation: {sum(frees)} MiB free in all would hold {would} more, "
                             f"placement finds {fits} (largest free on one GPU: {largest[0]} MiB on {largest[1]}; "
-                            f"a GPU holding another vGPU size admits only that size)")
+                            f"a GPU in equal-size mode holding another vGPU size admits only that size; one in "
+                            f"mixed-size mode only free placement ids)")
         doc = {"profile": name, "framebuffer_mib": fb, "mig_backed": mig, "fits": fits,
                "by_gpu": by_gpu, "by_pool": by_pool, "framebuffer_would_allow": would,
                "blocked": blocked, "note": note}

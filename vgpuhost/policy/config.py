@@ -46,6 +46,7 @@ Format (docs/reference/config.md):
             scheduler: {policy: fixed-share, persist: true}
             pool: {name: gold, serves: [guaranteed]}   # or 'pool: gold' (serves what the policy can);
                                                        # ceiling: 1.5 (best-effort only: GPU time per GPU)
+                                                       # mixed_size: true (not fixed-share: empty GPUs only)
           - select: {address: "0000:41:00.0"}
             mode: mig
             mig:
@@ -61,12 +62,13 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io.catalog import load_catalog
 from ..io.yamlutil import read_text_file
+from ..model import mixedsize
 from ..model.boards import BOARDS, MIG_NO_SCHEDULER
 from ..model.concepts import PlacementStrategy, SchedulerPolicy
 from ..model.errors import InputError
@@ -91,7 +93,7 @@ _TOP = {"version", "default", "host", "layouts"}
 _HOST = {"kernel_params", "vfio_modules"}
 _LAYOUT = {"description", "scheduler", "gpus"}
 _ENTRY = {"select", "mode", "description", "vgpu", "mig", "passthrough", "scheduler", "pool"}
-_POOL = {"name", "serves", "ceiling"}
+_POOL = {"name", "serves", "ceiling", "mixed_size"}
 _VGPU = {"types", "counts", "strategy", "mixed_size"}
 _MIG = {"instances", "vgpus", "on_demand"}
 _PASSTHROUGH = {"allow_boot_vga", "persist"}
@@ -192,12 +194,16 @@ class PoolSpec:
     """The tenancy pool a vgpu entry's GPUs join (docs/guide/tenancy.md): its
     ``name``, the QoS classes it ``serves``; its scheduler policy is the entry's;
     ``ceiling``: the expected GPU-time demand each of its GPUs may carry (a share of
-    one GPU; None: 1.0; above 1.0 only in a best-effort pool)."""
+    one GPU; None: 1.0; above 1.0 only in a best-effort pool); ``mixed_size``: the pool runs its
+    GPUs in mixed-size mode (never a fixed-share pool: NVIDIA has no fixed share in mixed-size mode).
+    The planner turns the mode on only on an empty GPU and leaves a busy one as it is, saying why
+    (docs/guide/layouts.md, "Mixed-size pools")."""
 
     name: str
     serves: Tuple[str, ...]
     where: Where
     ceiling: Optional[float] = None
+    mixed_size: bool = False
 
 
 @dataclass(frozen=True)
@@ -447,6 +453,11 @@ class _Parser:
                                                  "vGPUs; MIG-backed vGPUs and passthrough are hardware partitions, "
                                                  "which admission places without pools")
             pool = self.pool(m["pool"], path + ("pool",), sched)
+            if pool.mixed_size and vgpu is not None:
+                if vgpu.mixed_size is False:
+                    raise self.err(path + ("vgpu", "mixed_size"), f"vgpu.mixed_size: false in mixed-size pool "
+                                                                  f"{pool.name!r}", hint="drop one of the two")
+                vgpu = replace(vgpu, mixed_size=True)
         entry = Entry(index, select, mode, where, desc, vgpu, mig, pt, sched, pool)
         _check_board(entry)
         return entry
@@ -490,7 +501,12 @@ class _Parser:
             raise self.err(path + ("ceiling",), f"pool.{why}",
                            hint="a share of one GPU: at most 1.0 for equal-share and fixed-share pools, up to "
                                 "8.0 (overcommit) for best-effort ones")
-        return PoolSpec(name, tuple(serves), self.where(path), None if ceiling is None else float(ceiling))
+        mixed = self.get(m, path, "mixed_size", bool, "pool", False)
+        if mixed and policy == SchedulerPolicy.FIXED_SHARE:
+            raise self.err(path + ("mixed_size",), f"pool {name!r} is fixed-share, and NVIDIA has no fixed share in "
+                                                   "mixed-size mode (docs/reference/hardware.md#vgpu-types)",
+                           hint="give the pool the equal-share or best-effort scheduler, or drop pool.mixed_size")
+        return PoolSpec(name, tuple(serves), self.where(path), None if ceiling is None else float(ceiling), mixed)
 
     def selector(self, value: Any, path: tuple) -> Selector:
         where = self.where(path)
@@ -725,6 +741,10 @@ def _check_pools(entries: Sequence[Entry]) -> None:
             raise e.pool.where.error(f"pool {e.pool.name!r} has compute ceiling {first[key].pool.ceiling} at "
                                      f"{first[key].pool.where}, and {e.pool.ceiling} here: a pool has one ceiling",
                                      hint="give both entries one pool.ceiling")
+        if key in first and first[key].pool.mixed_size != e.pool.mixed_size:
+            raise e.pool.where.error(f"pool {e.pool.name!r} is {'' if first[key].pool.mixed_size else 'not '}mixed-size "
+                                     f"at {first[key].pool.where}, and {'' if e.pool.mixed_size else 'not '}here: a "
+                                     "pool has one vGPU mode", hint="give both entries one pool.mixed_size")
         if key in first and set(first[key].pool.serves) != set(e.pool.serves):
             raise e.pool.where.error(f"pool {e.pool.name!r} serves {', '.join(first[key].pool.serves)} at "
                                      f"{first[key].pool.where}, and {', '.join(e.pool.serves)} here")
@@ -796,6 +816,48 @@ def type_max(device_id: int, name: str, mixed: bool) -> Optional[int]:
     if row is None:
         return None
     return row[2] if mixed else row[1]
+
+
+def _mixed_grid(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]):
+    """``(units, size, mixed max, taken, present of name)`` for :func:`mixed_limit` and
+    :func:`mixed_best_id`; None where the catalog cannot say (see :func:`mixed_limit`)."""
+    table = board_tables().get(device_id)
+    row = table.types.get(name.lower()) if table is not None else None
+    if row is None or VgpuProfile.parse(row[0]).mig_backed:
+        return None
+    units = mixedsize.grid((r[3] // 1024, r[2]) for r in table.types.values() if not VgpuProfile.parse(r[0]).mig_backed)
+    taken = []
+    for n, pid in placed:
+        other = table.types.get(n.lower())
+        if other is None or pid is None:
+            return None
+        taken.append((pid, other[3] // 1024))
+    present = sum(1 for n, _ in placed if n.lower() == name.lower())
+    return units, row[3] // 1024, row[2], taken, present
+
+
+def mixed_best_id(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
+    """The best-fit free placement id for a new ``name`` on a GPU of ``device_id`` in mixed-size mode
+    with ``placed`` on it (:func:`vgpuhost.model.mixedsize.best_id`); None where none is free or the
+    catalog cannot say."""
+    g = _mixed_grid(device_id, name, placed)
+    if g is None or g[4] >= g[2]:
+        return None
+    return mixedsize.best_id(g[0], g[1], g[2], g[3])
+
+
+def mixed_limit(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
+    """The most vGPUs of ``name`` a GPU of PCI ``device_id`` in mixed-size mode can hold with
+    ``placed`` on it (``(type name, placement id)`` of each time-sliced vGPU present): those of
+    ``name`` present plus how many more fit at free placement ids
+    (:func:`vgpuhost.model.mixedsize.fits_count`: fragmentation counted), at most the mixed-size
+    max.  None where the catalog does not describe the board, the type, or a vGPU present (its id
+    unknown or its type not in the catalog: the caller keeps the mode's max)."""
+    g = _mixed_grid(device_id, name, placed)
+    if g is None:
+        return None
+    units, size, mx, taken, present = g
+    return present + mixedsize.fits_count(units, size, mx, taken, present)
 
 
 def mode_limits(inv, name: str, mixed_size: Mapping[PciAddress, bool]) -> Dict[PciAddress, int]:

@@ -9,13 +9,18 @@ policy per GPU).  Must not: touch files, the store or sysfs.
 The model's GPUs follow the vGPU manager's capacity rules as vgpuhost's
 simulator does: equal-size mode (one framebuffer size per GPU at a time),
 max instances = board framebuffer / type framebuffer, one vGPU per VM per
-GPU; a GPU passed through holds nothing else.  MIG is not modelled.
+GPU; a GPU passed through holds nothing else.  MIG is not modelled.  A GPU
+in ``mixed`` (mixed-size mode, issue 30) holds several sizes, each vGPU at a
+free placement id of :mod:`vgpuhost.model.mixedsize` (best fit), with
+mixed-size maxima the equal-size max rounded down to a power of two (the
+A40 and L40S tables, docs/reference/hardware.md#vgpu-types).
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..model import mixedsize
 from ..model.concepts import PlacementStrategy, QosClass, SchedulerPolicy
 from ..model.tenancy import EXCLUSIVE, GUARANTEED, HARDWARE, Tenant
 from ..model.values import PciAddress, VgpuProfile, record
@@ -42,8 +47,10 @@ class HostModel:
     it was placed (a pool change may never alter it while the device lives).
     """
 
-    def __init__(self, gpus: Mapping[str, Board], pools: Sequence[Pool] = ()):
+    def __init__(self, gpus: Mapping[str, Board], pools: Sequence[Pool] = (), mixed: Sequence[str] = ()):
         self.gpus: Dict[str, Board] = dict(gpus)
+        self.mixed = frozenset(mixed)                       # GPUs in mixed-size mode
+        self.placement: Dict[str, Tuple[int, int]] = {}     # device -> (placement id, size) on a mixed GPU
         self.pools: List[Pool] = list(pools)
         self.allocations: List[Allocation] = []
         self.placed_policy: Dict[str, str] = {}
@@ -64,6 +71,12 @@ class HostModel:
             note = ""
             if any(a.kind == PASSTHROUGH for a in here):
                 avail, note = 0, "passed through"
+            elif g in self.mixed:
+                units, size, mx = self._grid(board, p.framebuffer_gb)
+                taken = [self.placement[a.device] for a in here if a.device in self.placement]
+                same = sum(1 for a in here if a.framebuffer_mib == fb)
+                avail = mixedsize.fits_count(units, size, mx, taken, same)
+                note = "" if avail else "no free placement id (mixed-size mode)"
             elif {a.framebuffer_mib for a in here} - {fb}:
                 avail, note = 0, "holds another vGPU size; equal-size mode admits only that size"
             else:
@@ -72,6 +85,14 @@ class HostModel:
                                 (addr,) if avail > 0 else (), frozenset(a.owner for a in here), frozenset(),
                                 len(here), note))
         return out
+
+    @staticmethod
+    def _grid(board: Board, size_gb: int) -> Tuple[int, int, int]:
+        """``(units, placement size, mixed-size max)`` of a ``size_gb`` type on ``board``."""
+        units = board.memory_mib // 1024
+        equal = units // size_gb
+        mx = 1 << (equal.bit_length() - 1) if equal else 0
+        return units, size_gb, mx
 
     def memory(self) -> Dict[str, int]:
         return {g: b.memory_mib for g, b in self.gpus.items()}
@@ -102,6 +123,12 @@ class HostModel:
             self._n += 1
             device = f"dev{self._n}"
             self.allocations.append(allocation(device, owner, d.gpu or "", demand, d))
+            if demand.kind == VGPU and d.gpu in self.mixed:
+                units, size, mx = self._grid(self.gpus[d.gpu], demand.framebuffer_mib // 1024)
+                taken = [self.placement[a.device] for a in self.allocations if a.gpu == d.gpu
+                         and a.device in self.placement]
+                pid = mixedsize.best_id(units, size, mx, taken)
+                self.placement[device] = (pid if pid is not None else 0, size)
             self.placed_policy[device] = pool_of(self.pools, d.gpu or "").policy
         return d
 
@@ -111,6 +138,7 @@ class HostModel:
         self.allocations = [a for a in self.allocations if a.owner != owner]
         for a in gone:
             self.placed_policy.pop(a.device, None)
+            self.placement.pop(a.device, None)
         return len(gone)
 
     def set_pools(self, new: Sequence[Pool]) -> Optional[str]:
@@ -172,10 +200,14 @@ def violations(model: HostModel, tenants: Mapping[str, Tenant], *, check_quota: 
         if any(a.kind == PASSTHROUGH for a in held) and len(held) > 1:
             out.append(f"capacity: {g} passed through and holding {len(held) - 1} more")
         sliced = [a for a in held if a.kind == VGPU and not a.mig_slices]
-        if len({a.framebuffer_mib for a in sliced}) > 1:
+        if len({a.framebuffer_mib for a in sliced}) > 1 and g not in model.mixed:
             out.append(f"capacity: {g} holds two vGPU sizes")
         if board is not None and sum(a.framebuffer_mib for a in sliced) > board.memory_mib:
             out.append(f"capacity: {g} over its framebuffer")
+        if g in model.mixed:
+            spans = sorted(model.placement[a.device] for a in sliced if a.device in model.placement)
+            if any(s0 + z0 > s1 for (s0, z0), (s1, _) in zip(spans, spans[1:])):
+                out.append(f"capacity: {g} holds two vGPUs at overlapping placements")
         names = {a.tenant for a in sliced}
         for a in sliced:
             t = tenants.get(a.tenant) if a.tenant else None

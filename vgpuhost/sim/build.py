@@ -383,8 +383,10 @@ def _gpu_entry(host: HostRoot, ds: DeviceSpec, g: GpuModel, devs: Dict[PciAddres
             ndir = host.root / devs[PciAddress.parse(p)].relpath / "nvidia"
             _w(ndir / "creatable_vgpu_types", "ID    : vGPU Name\n")
             _w(ndir / "current_vgpu_type", "0\n")
-            # no vgpu_params: NVIDIA's vendor-VFIO driver defines only the two above in the VF's
-            # nvidia/ group (docs/reference/hardware.md#vendor-vfio)
+            # placement_id (mixed-size mode: written before the type to choose a placement; "Not
+            # Applicable" while the VF holds none); no vgpu_params: the driver's VF group has none
+            # (docs/reference/hardware.md#vendor-vfio, #vgpu-types)
+            _w(ndir / "placement_id", "Not Applicable\n")
     entry = {
         "board": g.key, "backend": backend, "vfs": vfs, "parents": parents,
         "framebuffer_mib": g.framebuffer_mib, "types": types,

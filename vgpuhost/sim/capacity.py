@@ -7,8 +7,10 @@ Rules (docs/reference/hardware.md#mdev, #vgpu-types):
 - equal-size mode (default): every time-sliced vGPU on a GPU has the same
   framebuffer size; once one exists only types of that size report free
   instances, up to that type's max instances minus those present;
-- mixed-size mode: each type up to its mixed-size max, while framebuffer
-  remains;
+- mixed-size mode: each type up to its mixed-size max, each vGPU at a
+  free placement id (:mod:`vgpuhost.model.mixedsize`: a vGPU's range of
+  placement units overlaps no other's, so free framebuffer that no valid id
+  reaches is fragmentation, not room);
 - MIG-backed types need MIG mode and a free GPU instance of their profile:
   each GPU instance holds one MIG-backed vGPU, so the free count of profile
   P is the GPU instances of P (``gpu_instances``, kept by the simulated
@@ -19,10 +21,27 @@ Rules (docs/reference/hardware.md#mdev, #vgpu-types):
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..model import mixedsize
 
 
-def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
+def grid_units(gpu: Mapping) -> int:
+    """The GPU's mixed-size placement units (:func:`vgpuhost.model.mixedsize.grid`)."""
+    return mixedsize.grid((t["fb_mib"] // 1024, t.get("max_mixed", 0)) for t in gpu["types"].values()
+                          if not t.get("gi_profile"))
+
+
+def taken_of(gpu: Mapping, placed: Iterable[Tuple[str, Optional[int]]]) -> List[Tuple[int, int]]:
+    """``(placement id, placement size)`` of the time-sliced vGPUs present that have a placement id
+    (``placed``: ``(type id, placement id or None)`` per vGPU)."""
+    types = gpu["types"]
+    return [(pid, types[t]["fb_mib"] // 1024) for t, pid in placed
+            if pid is not None and t in types and not types[t].get("gi_profile")]
+
+
+def gpu_available(gpu: Mapping, instances: Iterable[str],
+                  placements: Optional[Sequence[Optional[int]]] = None) -> Dict[str, int]:
     """Free instances per type id on one physical GPU.
 
     ``gpu`` is the GPU's entry in the simulator's ``host.json``: ``types``
@@ -30,7 +49,8 @@ def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
     ``mixed_size``, ``mig_mode``, ``framebuffer_mib``, ``gpu_instances``
     (``[{profile, ...}]``) and ``free_gpu_instances`` (profile name -> count
     of GPU instances not listed in ``gpu_instances``, a seed).  ``instances``
-    lists the type id of every vGPU present.  Returns ``{type_id: n}`` with n >= 0.
+    lists the type id of every vGPU present; ``placements`` (mixed-size mode) the placement id of
+    each, in the same order (None: unknown).  Returns ``{type_id: n}`` with n >= 0.
     """
     types = gpu["types"]
     present: List[str] = list(instances)
@@ -49,6 +69,8 @@ def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
     used_fb = sum(types[t]["fb_mib"] for t in present if t in types)
     sizes = {types[t]["fb_mib"] for t in present if t in types and not types[t].get("gi_profile")}
     out: Dict[str, int] = {}
+    units = grid_units(gpu) if mixed else 0
+    taken = taken_of(gpu, zip(present, placements or [None] * len(present))) if mixed else []
     for tid, t in types.items():
         if t.get("gi_profile"):
             out[tid] = max(0, free_gi.get(t["gi_profile"], 0)) if mig_mode else 0
@@ -59,7 +81,8 @@ def gpu_available(gpu: Mapping, instances: Iterable[str]) -> Dict[str, int]:
         if mixed:
             left = t["max_mixed"] - counts.get(tid, 0)
             by_fb = (gpu["framebuffer_mib"] - used_fb) // t["fb_mib"] if t["fb_mib"] else 0
-            out[tid] = max(0, min(left, by_fb))
+            by_ids = mixedsize.fits_count(units, t["fb_mib"] // 1024, t["max_mixed"], taken, counts.get(tid, 0))
+            out[tid] = max(0, min(left, by_fb, by_ids))
             continue
         if sizes and t["fb_mib"] not in sizes:
             out[tid] = 0

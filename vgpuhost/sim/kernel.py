@@ -118,8 +118,10 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from ..io.hostroot import HostRoot
 from ..io.sysfs import SIM_READ_FAULTS
 from ..io.vfioholders import group_node
+from ..io.vgpudev import PLACEMENT_ATTR
+from ..model import mixedsize
 from ..model.values import is_digits
-from .capacity import gpu_available
+from .capacity import gpu_available, grid_units, taken_of
 
 #: the driver NVIDIA's vGPU manager binds every mdev to
 MDEV_DRIVER = "nvidia-vgpu-vfio"
@@ -195,6 +197,16 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _placement_of(nvidia_dir: "str | Path") -> Optional[int]:
+    """The placement id in ``<vGPU>/nvidia/placement_id``; None where absent or not a number
+    (the driver shows "Not Applicable" for a vGPU with none)."""
+    try:
+        text = Path(nvidia_dir, PLACEMENT_ATTR).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def write_attr(path: "str | Path", text: str, *, if_changed: bool = False) -> None:
@@ -535,12 +547,14 @@ class SimKernel:
                     except FileNotFoundError:
                         names = []
                     for name in names:
-                        out.append({"parent": parent, "type_id": tid, "id": name})
+                        out.append({"parent": parent, "type_id": tid, "id": name,
+                                    "placement": _placement_of(f"{ddir}/{name}/nvidia")})
         elif gpu["backend"] == "vendor-vfio":
             for vf in gpu["parents"]:
                 cur = (self.dev_dir(meta, vf) / "nvidia" / "current_vgpu_type").read_text().strip()
                 if cur and cur != "0":
-                    out.append({"parent": vf, "type_id": cur, "id": vf})
+                    out.append({"parent": vf, "type_id": cur, "id": vf,
+                                "placement": _placement_of(self.dev_dir(meta, vf) / "nvidia")})
         return out
 
     def gi_of_vgpus(self, meta: dict, pf: str, *, instances: Optional[List[dict]] = None) -> Dict[str, int]:
@@ -600,7 +614,7 @@ class SimKernel:
         if gpu["backend"] == "none":
             return {}
         inst = self.instances(meta, pf)
-        avail = gpu_available(gpu, [i["type_id"] for i in inst])
+        avail = gpu_available(gpu, [i["type_id"] for i in inst], [i.get("placement") for i in inst])
         busy = {i["parent"] for i in inst}
         sriov = bool(gpu["vfs"])
         out: Dict[str, Dict[str, int]] = {}
@@ -825,6 +839,8 @@ class SimKernel:
                 return self._set_type(meta, path, by_path[owner], real, value)
             if name == "vgpu_params":
                 return self._vgpu_params(meta, path, real, value)
+            if name == PLACEMENT_ATTR and owner in by_path:
+                return self._placement_write(meta, path, by_path[owner], real, value)
         if name in READ_ONLY:
             raise _fail(errno.EACCES, path, "read-only attribute")
         if name in WRITE_ONLY:
@@ -1031,6 +1047,7 @@ class SimKernel:
             raise _fail(errno.EEXIST, path, f"mdev {uuid} exists")
         if self.available(meta, pf)[parent].get(tid, 0) <= 0:
             raise _fail(errno.ENOSPC, path, f"no {tid} instance left on {parent}")
+        pid = self._placement_for(meta, pf, tid, None, path)
         if self._fault(meta, "create", [parent, pf], path):
             return
 
@@ -1045,6 +1062,8 @@ class SimKernel:
         (mdir / "remove").write_text("")
         (mdir / "nvidia").mkdir()
         (mdir / "nvidia" / "vgpu_params").write_text("\n")
+        if pid is not None:
+            (mdir / "nvidia" / PLACEMENT_ATTR).write_text(f"{pid}\n")
         (gdir / "devices").mkdir(parents=True)
         (gdir / "type").write_text("DMA\n")
         (gdir / "reserved_regions").write_text("")
@@ -1121,6 +1140,8 @@ class SimKernel:
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
             write_attr(real, "0\n")
+            if (real.parent / PLACEMENT_ATTR).exists():
+                write_attr(real.parent / PLACEMENT_ATTR, "Not Applicable\n")
         else:
             if cur != 0:
                 raise _fail(errno.EPERM, path, f"{vf} already holds vGPU type {cur}")
@@ -1129,11 +1150,47 @@ class SimKernel:
                 raise _fail(errno.EINVAL, path, f"type {tid} not supported by {pf}")
             if self.available(meta, pf)[vf].get(tid, 0) <= 0:
                 raise _fail(errno.ENOSPC, path, f"type {tid} not creatable on {vf} now")
+            pfile = real.parent / PLACEMENT_ATTR
+            pid = self._placement_for(meta, pf, tid, _placement_of(real.parent), path)
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
+            if pid is not None:
+                write_attr(pfile, f"{pid}\n")
             write_attr(real, f"{new}\n")
             self._place_on_gi(meta, pf, vf, tid)
         self.refresh_gpu(pf, meta)
+
+    def _placement_write(self, meta: dict, path: Path, vf: str, real: Path, value: str) -> None:
+        """A VF's ``nvidia/placement_id`` before its type is set: a decimal id, kept for the create
+        (EINVAL otherwise; EPERM while the VF holds a vGPU)."""
+        text = value.strip()
+        if not re.match(_DECIMAL_PATTERN, text):
+            raise _fail(errno.EINVAL, path, f"not a decimal placement id: {text[:40]!r}")
+        cur = (real.parent / "current_vgpu_type").read_text().strip() if (real.parent / "current_vgpu_type").exists() else "0"
+        if cur not in ("", "0"):
+            raise _fail(errno.EPERM, path, f"{vf} holds a vGPU")
+        write_attr(real, f"{int(text)}\n")
+
+    def _placement_for(self, meta: dict, pf: str, tid: str, wanted: Optional[int], path: Path) -> Optional[int]:
+        """The placement id a new vGPU of ``tid`` takes on GPU ``pf`` in mixed-size mode (None in
+        equal-size mode and for MIG-backed types): ``wanted`` (written to the VF's ``nvidia/placement_id``
+        before the type) where it is one of the type's free ids, else EINVAL; none written: the
+        best-fit free id (:func:`vgpuhost.model.mixedsize.best_id`); none free: ENOSPC."""
+        gpu = meta["gpus"][pf]
+        t = gpu["types"][tid]
+        if not gpu.get("mixed_size") or gpu.get("mig_mode") or t.get("gi_profile"):
+            return None
+        units = grid_units(gpu)
+        taken = taken_of(gpu, ((i["type_id"], i.get("placement")) for i in self.instances(meta, pf)))
+        size = t["fb_mib"] // 1024
+        if wanted is not None:
+            if wanted not in mixedsize.free_ids(units, size, t["max_mixed"], taken):
+                raise _fail(errno.EINVAL, path, f"placement id {wanted} is not a free placement of type {tid}")
+            return wanted
+        pid = mixedsize.best_id(units, size, t["max_mixed"], taken)
+        if pid is None:
+            raise _fail(errno.ENOSPC, path, f"no free placement for type {tid}")
+        return pid
 
     def _vgpu_params(self, meta: dict, path: Path, real: Path, value: str) -> None:
         """nvidia-vgpu-vfio's ``vgpu_params_store``: E2BIG over 1024 bytes, EPERM while the mdev is

@@ -1,0 +1,130 @@
+"""Mixed-size pools (issue 30 item 2): the pool option, its refusals, and the planner that switches only
+empty GPUs (pure planner on hand-built HostViews, as tests/test_layout_planner.py builds them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_layout_planner import A40, A40B, DOMAIN, Host, cfg, vgpu_entry
+from vgpuhost.model.errors import InputError
+from vgpuhost.model.nvml import SchedulerState
+from vgpuhost.plan.layout import LayoutSetMixedSize, plan
+
+EQUAL = SchedulerState("equal-share", arr=True)      # what the pool's scheduler block asks: no scheduler step
+POOL = ("        scheduler: {policy: equal-share}\n"
+        "        pool: {name: desk, mixed_size: true}\n")
+
+
+def test_a_mixed_size_pool_turns_the_mode_on_on_an_empty_gpu():
+    c = cfg(vgpu_entry("{A40-8Q: 0}", extra=POOL))
+    [e] = c.layouts["main"].entries
+    assert e.pool.mixed_size and e.vgpu.mixed_size is True
+    p = plan(c, None, Host().a40(mixed_size=False, scheduler=EQUAL).view())
+    [step] = [s for s in p.steps if isinstance(s, LayoutSetMixedSize)]
+    assert step.on is True and step.target == str(A40)
+    assert p.blocked == []
+
+
+def test_a_busy_gpu_keeps_its_mode_and_the_plan_says_why():
+    h = Host().a40(mixed_size=False, scheduler=EQUAL, active_vgpus=1)
+    h.a40(A40B, group=32, mixed_size=False, scheduler=EQUAL)
+    h.vgpu(A40, "A40-8Q", owner=DOMAIN)
+    h.running = {DOMAIN: "vm1"}
+    p = plan(cfg(vgpu_entry("{A40-8Q: 0}", extra=POOL)), None, h.view())
+    assert [s.target for s in p.steps if isinstance(s, LayoutSetMixedSize)] == [str(A40B)]   # the empty one only
+    assert p.blocked == []
+    assert any(n.startswith(f"{A40} keeps mixed-size mode off for pool 'desk': it holds 1 vGPU(s)")
+               for n in p.notes), p.notes
+    assert "keeps mixed-size mode off" in p.text()
+
+
+@pytest.mark.parametrize("body, message", [
+    ("        scheduler: {policy: fixed-share}\n        pool: {name: gold, mixed_size: true}\n",
+     "pool 'gold' is fixed-share, and NVIDIA has no fixed share in mixed-size mode"),
+    ("          mixed_size: false\n" + POOL, "vgpu.mixed_size: false in mixed-size pool 'desk'"),
+    ("        scheduler: {policy: equal-share}\n        pool: {name: desk, mixed_size: yes please}\n",
+     "mixed_size"),
+])
+def test_config_refusals(body, message):
+    with pytest.raises(InputError) as e:
+        cfg(vgpu_entry("{A40-8Q: 0}", extra=body))
+    assert message in str(e.value)
+    assert str(e.value).startswith("layout.yaml:")
+
+
+def test_two_entries_of_one_pool_agree_on_the_mode():
+    body = (vgpu_entry("{A40-8Q: 0}", select="{address: '0000:81:00.0'}", extra=POOL)
+            + vgpu_entry("{A40-8Q: 0}", select="{address: '0000:82:00.0'}",
+                         extra="        scheduler: {policy: equal-share}\n        pool: {name: desk}\n"))
+    with pytest.raises(InputError) as e:
+        cfg(body)
+    assert "a pool has one vGPU mode" in str(e.value)
+
+
+# --- through the hook on a simulated host: a mixed-size pool's GPU ---------------------------------
+
+def test_admission_on_a_mixed_size_pool_places_sizes_side_by_side_at_placement_ids(tmp_path):
+    """Two sizes on one GPU of an equal-share mixed-size pool through the hook (admission decides, the
+    simulated kernel writes the placement id); a third vGPU that no free placement id takes is refused
+    by admission with nothing made, though framebuffer is free."""
+    from test_hook import start
+    from test_mixed_size import _placements, spec
+    from test_tenancy import tdom, uid
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.model.tenancy import Tenant
+    from vgpuhost.ops import tenancy
+    from vgpuhost.policy import admission as adm
+    from vgpuhost.sim.build import materialise
+    from vgpuhost.sim.nvml import SimNvml
+    from vgpuhost.sim.spec import parse_spec
+    host = materialise(parse_spec(spec("A40", "mdev", True)), tmp_path / "h")
+    gpu = "0000:21:00.0"
+    SimNvml(host).set_scheduler_state(gpu, EQUAL)
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [adm.Pool("desk", "equal-share", ("burstable", "best-effort"), (gpu,))])
+    tenancy.add(s, Tenant("web"))
+    def dom(i, prof):
+        return tdom(f"m{i}", uid("d2d2d2d2", i), uid("e2e2e2e2", i), tenant="web", profile=prof, strategy="best-fit")
+
+    assert start(host, "m1", dom(1, "A40-16Q")) == (0, "")
+    assert start(host, "m2", dom(2, "A40-8Q")) == (0, "")          # a second size on the same GPU
+    assert _placements(host) == {uid("e2e2e2e2", 1): 0, uid("e2e2e2e2", 2): 24}
+    # 24 GiB are free, but a 16Q's ids are 0 and 24, both taken: admission refuses, nothing is made
+    rc, err = start(host, "m3", dom(3, "A40-16Q"))
+    assert rc == 2 and err.count("\n") == 1 and "A40-16Q" in err, err
+    assert set(_placements(host)) == {uid("e2e2e2e2", 1), uid("e2e2e2e2", 2)}
+    [row] = [r for r in s.audit_rows() if r.path == "(admission)" and r.result == "refused"]
+    assert "m3" in row.operation
+    # a 4Q still fits, in the smallest gap (16-24, id 18)
+    assert start(host, "m4", dom(4, "A40-4Q")) == (0, "")
+    assert _placements(host)[uid("e2e2e2e2", 4)] == 18
+
+
+def test_apply_turns_a_mixed_size_pools_empty_gpus_to_mixed_size_and_plan_says_so(make_host, tmp_path, capsys):
+    """`plan` and `apply` on a simulated host: the pool's note says mixed-size, apply turns the mode on
+    (read back from the simulated NVML); a GPU holding a vGPU keeps equal-size mode at a later apply."""
+    from vgpuhost.cli.main import main
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.ops.vgpu import create
+    from vgpuhost.sim.nvml import SimNvml
+    from test_hook import GPU_HI, GPU_LO, mixed
+    host = mixed(make_host)                     # two A40s (classic mdev) and an L40S
+    gpus = [GPU_LO, GPU_HI]
+    for g in gpus:                              # the pool's policy already: no scheduler step
+        SimNvml(host).set_scheduler_state(g, EQUAL)
+    # one GPU gets a vGPU first (in equal-size mode): it must keep its mode
+    create(host, StateStore(host.state_dir), profile="A40-8Q", gpu=gpus[0], owner="6695eb01-f6a4-8304-79aa-97f2502e1777")
+    cfg = tmp_path / "layout.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  desk:\n    gpus:\n"
+                   "      - select: {board: A40}\n        mode: vgpu\n        vgpu: {types: {A40-8Q: 0}}\n"
+                   "        scheduler: {policy: equal-share}\n        pool: {name: desk, mixed_size: true}\n")
+    assert main(["--root", str(host.root), "plan", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "pool desk (equal-share, serves burstable, best-effort, mixed-size)" in out, out
+    assert f"{gpus[0]} keeps mixed-size mode off for pool 'desk'" in out, out
+    assert main(["--root", str(host.root), "apply", "-c", str(cfg)]) == 0
+    capsys.readouterr()
+    nv = SimNvml(host)
+    assert [nv.heterogeneous_mode(g) for g in gpus] == [False, True]
+    [row] = [r for r in StateStore(host.state_dir).audit_rows() if "heterogeneous" in r.path or "mixed" in r.path]
+    assert str(GPU_HI) in row.path
