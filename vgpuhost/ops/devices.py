@@ -135,7 +135,6 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     from ..io.state import StateStore
     from ..policy.hookrequest import check_holders, check_request
     from ..policy.iommu import group_endpoints
-    meta = view.metadata
     allow = load_allow(host)
     # only the GPUs the domain's devices may use, and the devices its hostdevs name: never the whole host
     inv = inventory if inventory is not None else domain_inventory(host, view, allow)

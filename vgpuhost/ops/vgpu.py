@@ -989,7 +989,7 @@ def recreate_recorded(host: HostRoot, store: StateStore, rec: VgpuRecord, *, act
             ex.run(steps, undo=False)
         except SysfsError as e:
             what = f"re-creating {rec.type_name} {rec.id}"
-            failed = gpu_failed(e, rec.gpu, what) if isinstance(ex.failed, (CreateVgpu, SetPlacement)) else None
+            failed = gpu_failed(e, rec.gpu, what) if isinstance(ex.failed, CreateVgpu) else None
             if failed is not None:
                 health.mark_unhealthy(store, PciAddress.parse(rec.gpu), failed.message, Source.IO, actor=actor,
                                       operation=operation)
@@ -998,6 +998,30 @@ def recreate_recorded(host: HostRoot, store: StateStore, rec: VgpuRecord, *, act
             raise DeviceError(f"{what} on {rec.parent} failed: {e.errno_name}",
                               hint="the record stays: the next apply (or 'vgpuhost reconcile') tries again") from e
     return True
+
+
+def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, name: str) -> Optional[int]:
+    """The placement id vgpuhost chooses for ``name`` on vendor-VFIO GPU ``d.gpu`` in mixed-size mode:
+    the best-fit free one (:func:`vgpuhost.policy.config.mixed_best_id`, from the VFs' placement ids).
+    None (the driver places it) on classic mdev (the mdev does not exist before the create), on a GPU
+    whose vGPUs have no placement id (equal-size mode, or none there yet: the first goes where the
+    driver puts it), and where the catalog cannot say.  Lean: the catalog and the model are loaded
+    only for a GPU whose vGPUs have placement ids (the hook's path, issue 17)."""
+    if backend != Backend.VENDOR_VFIO:
+        return None
+    g = next((g for g in inv.gpus if g.address == d.gpu), None)
+    if g is None:
+        return None
+    from ..io.vgpudev import read_placement
+    fs = Sysfs(host)
+    if not any(read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf)) is not None
+               for v in inv.vf_vgpus if v.gpu == g.address and v.type_id is not None):
+        return None
+    from ..policy.config import mixed_best_id
+    placed: Dict[PciAddress, list] = {}
+    if _mixed_fit(host, inv, g, name, placed) is None:
+        return None
+    return mixed_best_id(g.pci.device, name, placed[g.address])
 
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,
