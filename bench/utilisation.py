@@ -391,16 +391,17 @@ def main(argv=None) -> int:
     print(f"trace ceiling (GPU-time demand if every VM were admitted): {tc['demand']:.3f} whole span "
           f"({tc['capped']:.3f} capped at {d0['gpus']} GPUs), {tc['demand_steady']:.3f} steady "
           f"({tc['capped_steady']:.3f} capped)")
-    print(f"{'':30}" + "".join(f"{labels[k]:>20}" for k in keys) + f"{'c/a':>7}")
+    ws = [max(12, len(labels[k]) + 2) for k in keys]        # one column per replay, as wide as its label
+    print(f"{'':30}" + "".join(f"{labels[k]:>{w}}" for k, w in zip(keys, ws)) + f"{'c/a':>7}")
     for label, f in ROWS:
         vals = [median([d[k][f] for d in docs]) for k in keys]
         ratio = vals[2] / vals[0] if vals[0] else float("nan")
-        print(f"{label:30}" + "".join(f"{v:>20.3f}" for v in vals) + f"{ratio:>7.2f}")
+        print(f"{label:30}" + "".join(f"{v:>{w}.3f}" for v, w in zip(vals, ws)) + f"{ratio:>7.2f}")
     for t in sorted(d0["hoarding"]["admitted_by_tenant"]):
         vals = [median([d[k]["admitted_by_tenant"][t] for d in docs]) for k in keys]
-        print(f"{'  admitted, ' + t:30}" + "".join(f"{v:>20.3f}" for v in vals))
-    print(f"{'QoS/quota/isolation violations':30}" + "".join(f"{sum(d[k]['violations'] for d in docs):>20}"
-                                                            for k in keys))
+        print(f"{'  admitted, ' + t:30}" + "".join(f"{v:>{w}.3f}" for v, w in zip(vals, ws)))
+    print(f"{'QoS/quota/isolation violations':30}" + "".join(f"{sum(d[k]['violations'] for d in docs):>{w}}"
+                                                            for k, w in zip(keys, ws)))
     for k in keys[1:]:
         codes = {}
         for d in docs:

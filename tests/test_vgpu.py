@@ -364,14 +364,16 @@ def test_mixed_size_off_keeps_one_size_on_keeps_both(make_host):
     assert mdev_parent(on, small.id) == mdev_parent(on, big.id) == str(GPU_LO)
     assert sorted(types_on(on, GPU_LO).values()) == ["nvidia-572", "nvidia-574"]
     # capacity: A40-8C's mixed-size max is 4 (6 in equal-size mode; NVIDIA AI Enterprise 5.0,
-    # appendix A), so a fifth 8C does not fit though 12 GB are left: three 4C
-    for _ in range(3):
+    # appendix A), at placement ids 0, 12, 24, 36 (vgpuhost/model/mixedsize.py, unconfirmed beyond
+    # NVIDIA's L4 example); the 4C sits at id 0, so two more 8C fit and a third does not, though
+    # 20 GB are left: the fragmentation capacity reports
+    for _ in range(2):
         create(on, store, profile="A40-8C")
     with pytest.raises(RefusedError) as ei:
         create(on, store, profile="A40-8C")
-    assert "A40-4C (3)" in ei.value.hint
-    assert available(on, GPU_LO, "nvidia-572") == 3 and available(on, GPU_LO, "nvidia-574") == 0
-    assert sorted(types_on(on, GPU_LO).values()).count("nvidia-574") == 4
+    assert "A40-4C" in ei.value.hint
+    assert available(on, GPU_LO, "nvidia-574") == 0
+    assert sorted(types_on(on, GPU_LO).values()).count("nvidia-574") == 3
 
 
 def test_mixed_size_uses_mixed_max_instances(make_host):
