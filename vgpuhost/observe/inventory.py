@@ -1040,6 +1040,8 @@ def _domain_host(real: str, addr: PciAddress) -> Optional[PciAddress]:
 _NAMES: Dict[str, Tuple[str, Optional[VgpuProfile]]] = {}
 _DESCS: Dict[str, Tuple[Tuple[str, str], ...]] = {}
 _MEMO_MAX = 4096
+#: (GPU, VF, its creatable (type id, name) pairs) -> the VgpuType rows :func:`_read_vendor_vf` made of them
+_VF_TYPES: Dict[tuple, Tuple[VgpuType, ...]] = {}
 
 
 def _parse_name(raw_name: str) -> Tuple[str, Optional[VgpuProfile]]:
@@ -1131,8 +1133,17 @@ def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu,
         except SysfsError:
             cur = None
         return VfVgpu(vf, gpu, cur, ()), [], bad
-    types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
-    return VfVgpu(vf, gpu, cur, tuple(creatable)), types, None
+    offered = tuple(creatable)
+    key = (gpu, vf, offered)
+    types = _VF_TYPES.get(key)
+    if types is None:
+        # the rows depend on nothing but these: a VF that lists what it listed before gives the same
+        # (frozen) rows, not built again (a long-running agent re-reads every VF of a GPU it wrote to)
+        types = tuple(_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in offered)
+        if len(_VF_TYPES) >= _MEMO_MAX:
+            _VF_TYPES.clear()
+        _VF_TYPES[key] = types
+    return VfVgpu(vf, gpu, cur, offered), list(types), None
 
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:
