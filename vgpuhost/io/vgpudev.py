@@ -282,6 +282,12 @@ def mdev_available(fs: Sysfs, tdir: str, tid: str) -> int:
     return max(0, fs.read_attr_int(f"{tdir}{tid}/{AVAILABLE_ATTR}", default=0) or 0)
 
 
+def mdev_available_all(fs: Sysfs, tdir: str, tids: List[str]) -> List[int]:
+    """:func:`mdev_available` of each of ``tids`` under ``tdir``, in order (one open of ``tdir``:
+    :meth:`~vgpuhost.io.sysfs.Sysfs.read_attr_ints_in`)."""
+    return [max(0, n or 0) for n in fs.read_attr_ints_in(tdir, [f"{tid}/{AVAILABLE_ATTR}" for tid in tids], default=0)]
+
+
 def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF
     (``nvidia/creatable_vgpu_types``, then ``nvidia/current_vgpu_type``; docs/reference/hardware.md#vendor-vfio)."""

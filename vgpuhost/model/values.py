@@ -369,7 +369,7 @@ class PciAddress:
             shown = clipped(text)
             raise InputError(f"invalid PCI address {shown!r}", hint=hint)
         got = cls(*f)
-        if shared:
+        if shared and text == text.strip():        # only a bare address: is_valid's memo too (it strips nothing)
             if len(_PARSED) >= _PARSED_MAX:
                 _PARSED.clear()
             _PARSED[text] = got
@@ -379,7 +379,7 @@ class PciAddress:
     def is_valid(cls, text: str) -> bool:
         if not isinstance(text, str):
             raise TypeError(f"expected a string, got {type(text).__name__}")   # as re.match does
-        return _bdf_fields(text) is not None
+        return text in _PARSED or _bdf_fields(text) is not None
 
     @property
     def devfn(self) -> int:
@@ -397,7 +397,13 @@ class PciAddress:
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}"
 
     def __str__(self) -> str:
-        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+        # kept once made (not a field: no part of equality, hash, repr or the record's fields); an address
+        # is formatted again and again (the path of each of its files, a key of every document row)
+        d = self.__dict__
+        text = d.get("_text")
+        if text is None:
+            text = d["_text"] = f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+        return text
 
 
 #: text -> the PciAddress :meth:`PciAddress.parse` made of it (bounded: cleared when full)

@@ -19,7 +19,7 @@ import os
 
 from ..io import files
 from ..io.sysfs import Sysfs
-from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
+from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
                           vf_current_type, vf_has_vendor_vgpu, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
@@ -1088,8 +1088,8 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
     tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
-    for tid in fs.listdir(tdir):
-        avail = mdev_available(fs, tdir, tid)
+    tids = fs.listdir(tdir)
+    for tid, avail in zip(tids, mdev_available_all(fs, tdir, tids)):
         known = consts.get(tid) if consts is not None else None
         if known is None:
             description, name, device_api = mdev_type_constants(fs, tdir, tid)
