@@ -396,6 +396,15 @@ class PciAddress:
         """``dddd:bb:ss`` (all functions of one slot)."""
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}"
 
+    def __hash__(self) -> int:
+        # the record's hash (that of its fields' tuple), kept once made: addresses key most of a discovery's
+        # indexes, and the generic record hash builds the tuple on every lookup
+        d = self.__dict__
+        h = d.get("_hash")
+        if h is None:
+            h = d["_hash"] = hash((self.domain, self.bus, self.slot, self.function))
+        return h
+
     def __str__(self) -> str:
         # kept once made (not a field: no part of equality, hash, repr or the record's fields); an address
         # is formatted again and again (the path of each of its files, a key of every document row)
