@@ -295,13 +295,21 @@ def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     return creatable, vf_current_type(fs, vf)
 
 
+#: text of ``creatable_vgpu_types`` -> its (type id, name) pairs (:func:`parse_creatable_vgpu_types`)
+_CREATABLE: dict = {}
+
+
 def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
     r"""``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
 
     The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.  Each line is
     ``^\s*(\d+)\s*:\s*(.+?)\s*$``, parsed by hand (the qemu hook reads it on vendor VFIO and
-    imports no ``re``, see :mod:`vgpuhost.model.values`).
+    imports no ``re``, see :mod:`vgpuhost.model.values`).  A text parsed before is not parsed again (the
+    VFs of a GPU list the same types: a new list of the same pairs).
     """
+    got = _CREATABLE.get(text)
+    if got is not None:
+        return list(got)
     out = []
     for line in text.splitlines():
         left, colon, right = line.partition(":")
@@ -310,4 +318,7 @@ def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
             continue
         name = right.strip()
         out.append((tid, name or right[-1]))    # all blank: the pattern's .+? takes the last blank
+    if len(_CREATABLE) >= 1024:
+        _CREATABLE.clear()
+    _CREATABLE[text] = tuple(out)
     return out
