@@ -172,10 +172,19 @@ def test_types_reads_only_the_gpus_their_types_and_vgpus(make_host, monkeypatch)
     host = make_host("a100-sriov-mdev")          # 20 VFs x 12 types, an HD-audio companion, a NIC
     reads = []
     real_open = os.open
+    dirs = {}           # a directory's fd -> its path: a file opened relative to it (openat) is named in full
 
-    def counting_open(path, *args, **kwargs):
-        reads.append(str(path))
-        return real_open(path, *args, **kwargs)
+    def counting_open(path, flags, *args, dir_fd=None, **kwargs):
+        full = str(path) if dir_fd is None else f"{dirs[dir_fd]}/{path}"
+        if dir_fd is None:
+            fd = real_open(path, flags, *args, **kwargs)
+        else:
+            fd = real_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
+        if flags & os.O_DIRECTORY:
+            dirs[fd] = full.rstrip("/")         # a directory opened: no file read
+        else:
+            reads.append(full)
+        return fd
 
     monkeypatch.setattr(os, "open", counting_open)
     inv = discover(Sysfs(host), scope=SCOPE_VGPU)

@@ -171,6 +171,12 @@ def test_the_check_under_the_lock_reads_no_type_constant_the_snapshot_holds(make
         opened.append(str(path))
         return real(self, path, *a, **kw)
     monkeypatch.setattr(Sysfs, "read_attr", spy)
+    real_in = Sysfs.read_attr_ints_in
+
+    def spy_in(self, directory, names, *a, **kw):      # the files it opens relative to the directory
+        opened.extend(f"{directory}{n}" for n in names)
+        return real_in(self, directory, names, *a, **kw)
+    monkeypatch.setattr(Sysfs, "read_attr_ints_in", spy_in)
     inv = discover(Sysfs(host))
     n_types = sum(1 for t in inv.vgpu_types if t.gpu == LO)
     constants = ("/name", "/description", "/device_api")
@@ -280,7 +286,7 @@ def test_apply_with_scheduler_steps_reads_the_whole_host_twice(make_host, reads)
 # ---------------------------------------------------------------------------
 # the qemu hook's prepare reads only the GPUs the domain's devices may use (issue 31)
 
-HOOK_READS = READS + ("read_attr", "read_int", "read_attr_int")
+HOOK_READS = READS + ("read_attr", "read_int", "read_attr_int", "read_attr_ints_in")
 
 
 @pytest.fixture

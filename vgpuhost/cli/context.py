@@ -50,7 +50,9 @@ class Context:
         from ..ops.health import in_service_at
         self.host.require_host()
         # GPUs out of service (unhealthy or cordoned) offer nothing: types, capacity, placement agree
-        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.state_dir)
+        # the state directory as text: HostRoot.state_dir is a Path, and pathlib (with urllib.parse,
+        # ipaddress, fnmatch) is a tenth of a lean 'types' start's imports
+        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.s.state_dir)
 
 
 def parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):

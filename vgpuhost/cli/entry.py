@@ -26,7 +26,7 @@ def run(*, serve_agent=None) -> None:
 
     ``serve_agent``: what ``vgpuhost agent`` starts (see :func:`vgpuhost.cli.main.main`).
     """
-    import signal
+    import _signal as signal    # the C module: ``signal`` wraps it in enums (enum, functools, collections)
     signal.signal(signal.SIGTERM, _sigterm)     # from here on a SIGTERM exits 130, as documented, not 143
     argv = hoist_json(sys.argv[1:])
     try:

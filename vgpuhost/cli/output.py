@@ -7,7 +7,6 @@ the host or decide anything.
 
 from __future__ import annotations
 
-import json
 from ..observe.inventory import Inventory
 from ..present.inventory import SCHEMA_GPUS, SCHEMA_TYPES, aggregate_types, gpu_doc, gpus_doc, types_doc  # noqa: F401 (the CLI's names)
 
@@ -55,6 +54,7 @@ def indented(value: Any) -> str:
     try:
         _encode(value, out, "\n")
     except (_Unusual, RecursionError):
+        import json             # here only: json imports re (a lean read command's start does not)
         return json.dumps(value, indent=2)
     return "".join(out)
 
@@ -82,9 +82,16 @@ def _encode(o: Any, out: List[str], nl: str) -> None:
         for k, v in o.items():
             if type(k) is not str:
                 raise _Unusual
-            out.append(sep + _quote(k) + ": ")
+            tv = type(v)
+            # a text or whole-number value in the same append (most values are: no call per value)
+            if tv is str:
+                out.append(sep + _quote(k) + ": " + _quote(v))
+            elif tv is int:
+                out.append(sep + _quote(k) + ": " + int.__repr__(v))
+            else:
+                out.append(sep + _quote(k) + ": ")
+                _encode(v, out, inner)
             sep = "," + inner
-            _encode(v, out, inner)
         out.append(nl + "}")
     elif t is list or t is tuple:
         if not o:

@@ -42,11 +42,18 @@ def _stat(path) -> "Tuple[int, int]":
 
 
 def _read(path) -> str:
+    # os.open/os.read, not open(): no buffered file object per file (a fingerprint reads every VF's type,
+    # several times a hook call in the agent)
     try:
-        with open(path, "rb") as f:
-            return f.read(256).decode("ascii", "replace").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:

@@ -37,6 +37,8 @@ MAX_READ_BYTES = 1 << 20
 #: in a simulated root's metadata directory: the attribute names the simulator fails reads of (one a
 #: line, :meth:`vgpuhost.sim.kernel.SimKernel.read`); absent when none
 SIM_READ_FAULTS = "read-faults"
+#: the first read of :meth:`Sysfs.read_attr_ints_in` (a number); a file that fills it is read again in full
+_SMALL_READ_BYTES = 4096
 ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
 
 
@@ -174,6 +176,50 @@ class Sysfs:
     def read_attr_int(self, path: str, *, default: Optional[int] = None) -> Optional[int]:
         """:meth:`read_int` for a sysfs attribute, read as :meth:`read_attr` reads it."""
         return _to_int(self.read_attr(path), path, default)
+
+    def read_attr_ints_in(self, directory: str, names: List[str], *,
+                          default: Optional[int] = None) -> List[Optional[int]]:
+        """``[read_attr_int(directory + name) for name in names]`` (``directory`` ends with ``/``;
+        a name may hold a ``/``), the same values and errors, with the directory opened once and each
+        file opened relative to it (``openat(2)``: the kernel walks the directory's path once, not once
+        per file; a GPU's hundreds of ``available_instances`` files).  A file that cannot be read so
+        (an error, a fault the simulator injects, an attribute of a page or more) is read by
+        :meth:`read_attr_int` itself."""
+        if not names:
+            return []
+        if self._simulated and any(self._sim_faulted(n) for n in names):
+            return [self.read_attr_int(directory + n, default=default) for n in names]
+        try:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return [self.read_attr_int(directory + n, default=default) for n in names]
+        out: List[Optional[int]] = []
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            for n in names:
+                try:
+                    fd = os.open(n, flags, dir_fd=dfd)
+                except FileNotFoundError:
+                    out.append(default)
+                    continue
+                except OSError:
+                    out.append(self.read_attr_int(directory + n, default=default))
+                    continue
+                try:
+                    data = os.read(fd, _SMALL_READ_BYTES)
+                except BlockingIOError:
+                    data = b""
+                except OSError:
+                    data = None
+                finally:
+                    os.close(fd)
+                if data is None or len(data) >= _SMALL_READ_BYTES:
+                    out.append(self.read_attr_int(directory + n, default=default))
+                else:
+                    out.append(_to_int(data.decode("utf-8", "replace").strip(), directory + n, default))
+        finally:
+            os.close(dfd)
+        return out
 
     def link_name(self, path: PathArg) -> Optional[str]:
         """The last component of a symlink's target (``driver`` -> ``nvidia``).

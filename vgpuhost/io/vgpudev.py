@@ -296,6 +296,12 @@ def mdev_available(fs: Sysfs, tdir: str, tid: str) -> int:
     return max(0, fs.read_attr_int(f"{tdir}{tid}/{AVAILABLE_ATTR}", default=0) or 0)
 
 
+def mdev_available_all(fs: Sysfs, tdir: str, tids: List[str]) -> List[int]:
+    """:func:`mdev_available` of each of ``tids`` under ``tdir``, in order (one open of ``tdir``:
+    :meth:`~vgpuhost.io.sysfs.Sysfs.read_attr_ints_in`)."""
+    return [max(0, n or 0) for n in fs.read_attr_ints_in(tdir, [f"{tid}/{AVAILABLE_ATTR}" for tid in tids], default=0)]
+
+
 def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF
     (``nvidia/creatable_vgpu_types``, then ``nvidia/current_vgpu_type``; docs/reference/hardware.md#vendor-vfio)."""
@@ -303,13 +309,21 @@ def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     return creatable, vf_current_type(fs, vf)
 
 
+#: text of ``creatable_vgpu_types`` -> its (type id, name) pairs (:func:`parse_creatable_vgpu_types`)
+_CREATABLE: dict = {}
+
+
 def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
     r"""``nvidia/creatable_vgpu_types`` -> ``[(type id, name)]`` (docs/reference/hardware.md#vendor-vfio).
 
     The header line ``ID    : vGPU Name`` is skipped; a full GPU leaves only it.  Each line is
     ``^\s*(\d+)\s*:\s*(.+?)\s*$``, parsed by hand (the qemu hook reads it on vendor VFIO and
-    imports no ``re``, see :mod:`vgpuhost.model.values`).
+    imports no ``re``, see :mod:`vgpuhost.model.values`).  A text parsed before is not parsed again (the
+    VFs of a GPU list the same types: a new list of the same pairs).
     """
+    got = _CREATABLE.get(text)
+    if got is not None:
+        return list(got)
     out = []
     for line in text.splitlines():
         left, colon, right = line.partition(":")
@@ -318,6 +332,9 @@ def parse_creatable_vgpu_types(text: str) -> List[Tuple[str, str]]:
             continue
         name = right.strip()
         out.append((tid, name or right[-1]))    # all blank: the pattern's .+? takes the last blank
+    if len(_CREATABLE) >= 1024:
+        _CREATABLE.clear()
+    _CREATABLE[text] = tuple(out)
     return out
 
 

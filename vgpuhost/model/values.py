@@ -133,6 +133,8 @@ def _record_repr(self) -> str:
 
 
 def _record_eq(self, other):
+    if other is self:       # the same record (a parsed PciAddress is shared: PciAddress.parse): equal, no key built
+        return True
     if other.__class__ is self.__class__:
         key = self.__record_key__
         return key(self) == key(other)
@@ -349,7 +351,16 @@ class PciAddress:
 
     @classmethod
     def parse(cls, text: str) -> "PciAddress":
-        """Parse ``dddd:bb:ss.f``; raises InputError naming the bad value."""
+        """Parse ``dddd:bb:ss.f``; raises InputError naming the bad value.
+
+        The value of a text parsed before is the same (frozen) record, shared: a discovery parses
+        each device's address many times (links, group members), and equal records that are one
+        object compare without building their keys (measured 2026-12-07, an L40S host's agent)."""
+        shared = cls is PciAddress and type(text) is str
+        if shared:
+            hit = _PARSED.get(text)
+            if hit is not None:
+                return hit
         f = _bdf_fields(text.strip()) if isinstance(text, str) else None
         if f is None:
             hint = "expected the full form dddd:bb:ss.f, e.g. 0000:41:00.0"
@@ -357,13 +368,18 @@ class PciAddress:
                 hint += f" (did you mean 0000:{text.strip().lower()}?)"
             shown = clipped(text)
             raise InputError(f"invalid PCI address {shown!r}", hint=hint)
-        return cls(*f)
+        got = cls(*f)
+        if shared and text == text.strip():        # only a bare address: is_valid's memo too (it strips nothing)
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[text] = got
+        return got
 
     @classmethod
     def is_valid(cls, text: str) -> bool:
         if not isinstance(text, str):
             raise TypeError(f"expected a string, got {type(text).__name__}")   # as re.match does
-        return _bdf_fields(text) is not None
+        return text in _PARSED or _bdf_fields(text) is not None
 
     @property
     def devfn(self) -> int:
@@ -380,8 +396,28 @@ class PciAddress:
         """``dddd:bb:ss`` (all functions of one slot)."""
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}"
 
+    def __hash__(self) -> int:
+        # the record's hash (that of its fields' tuple), kept once made: addresses key most of a discovery's
+        # indexes, and the generic record hash builds the tuple on every lookup
+        d = self.__dict__
+        h = d.get("_hash")
+        if h is None:
+            h = d["_hash"] = hash((self.domain, self.bus, self.slot, self.function))
+        return h
+
     def __str__(self) -> str:
-        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+        # kept once made (not a field: no part of equality, hash, repr or the record's fields); an address
+        # is formatted again and again (the path of each of its files, a key of every document row)
+        d = self.__dict__
+        text = d.get("_text")
+        if text is None:
+            text = d["_text"] = f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+        return text
+
+
+#: text -> the PciAddress :meth:`PciAddress.parse` made of it (bounded: cleared when full)
+_PARSED: dict = {}
+_PARSED_MAX = 8192
 
 
 _LOWER_HEX = frozenset("0123456789abcdef")

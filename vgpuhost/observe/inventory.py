@@ -19,7 +19,7 @@ import os
 
 from ..io import files
 from ..io.sysfs import Sysfs
-from ..io.vgpudev import (mdev_available, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
+from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
                           vf_current_type, vf_has_vendor_vgpu, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
@@ -1040,6 +1040,8 @@ def _domain_host(real: str, addr: PciAddress) -> Optional[PciAddress]:
 _NAMES: Dict[str, Tuple[str, Optional[VgpuProfile]]] = {}
 _DESCS: Dict[str, Tuple[Tuple[str, str], ...]] = {}
 _MEMO_MAX = 4096
+#: (GPU, VF, its creatable (type id, name) pairs) -> the VgpuType rows :func:`_read_vendor_vf` made of them
+_VF_TYPES: Dict[tuple, Tuple[VgpuType, ...]] = {}
 
 
 def _parse_name(raw_name: str) -> Tuple[str, Optional[VgpuProfile]]:
@@ -1086,8 +1088,8 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
     tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
-    for tid in fs.listdir(tdir):
-        avail = mdev_available(fs, tdir, tid)
+    tids = fs.listdir(tdir)
+    for tid, avail in zip(tids, mdev_available_all(fs, tdir, tids)):
         known = consts.get(tid) if consts is not None else None
         if known is None:
             description, name, device_api = mdev_type_constants(fs, tdir, tid)
@@ -1131,8 +1133,17 @@ def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu,
         except SysfsError:
             cur = None
         return VfVgpu(vf, gpu, cur, ()), [], bad
-    types = [_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in creatable]
-    return VfVgpu(vf, gpu, cur, tuple(creatable)), types, None
+    offered = tuple(creatable)
+    key = (gpu, vf, offered)
+    types = _VF_TYPES.get(key)
+    if types is None:
+        # the rows depend on nothing but these: a VF that lists what it listed before gives the same
+        # (frozen) rows, not built again (a long-running agent re-reads every VF of a GPU it wrote to)
+        types = tuple(_make_type(gpu, vf, BACKEND_VENDOR_VFIO, tid, name, 1, {}, "vfio-pci") for tid, name in offered)
+        if len(_VF_TYPES) >= _MEMO_MAX:
+            _VF_TYPES.clear()
+        _VF_TYPES[key] = types
+    return VfVgpu(vf, gpu, cur, offered), list(types), None
 
 
 def _read_mdevs(fs: Sysfs) -> List[MdevDevice]:

@@ -342,12 +342,14 @@ def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: O
     inv = health.in_service(inv, store)     # a GPU out of service offers nothing (docs/guide/failures.md)
     # the GPU's records when one GPU is read (what the checks look at), else every record
     records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
+    rows = seen_rows(inv)               # once: every type of the look (a VF host: thousands)
     if not dry_run:
-        store.remember_types(seen_rows(inv))
+        store.remember_types(rows)
     if scope is None:
-        seen = store.seen_types() + seen_rows(inv)
+        seen = store.seen_types() + rows
     else:                               # the one GPU's rows: what resolve and offers look at
-        seen = store.seen_types(gpu=str(scope)) + [row for row in seen_rows(inv) if row[0] == str(scope)]
+        here = str(scope)
+        seen = store.seen_types(gpu=here) + [row for row in rows if row[0] == here]
     return inv, records, seen
 
 

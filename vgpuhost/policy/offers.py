@@ -160,8 +160,19 @@ def present_framebuffers(inv: Inventory, gpu: PciAddress, fbs: Dict[str, int]) -
 
 
 def seen_rows(inv: Inventory) -> List[tuple]:
-    """``(gpu, type_id, name, framebuffer_mib)`` for every type the inventory lists."""
-    return sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types})
+    """``(gpu, type_id, name, framebuffer_mib)`` for every type the inventory lists (a new list each call;
+    the rows of the last inventory asked about are kept: a start asks several times of one snapshot)."""
+    global _SEEN
+    last = _SEEN
+    if last is not None and last[0] is inv:
+        return list(last[1])
+    rows = tuple(sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types}))
+    _SEEN = (inv, rows)
+    return list(rows)
+
+
+#: (the inventory :func:`seen_rows` read last, its rows): one pair, replaced whole (threads share it)
+_SEEN = None
 
 
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
