@@ -1389,3 +1389,14 @@ def test_agent_call_without_a_socket_is_agent_down_before_json(tmp_path):
                            str(tmp_path / "plain")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["down True", "down True", "[]"]
+
+
+@pytest.mark.parametrize("shell", ["/bin/dash", "/bin/bash"])
+def test_the_installed_dispatcher_passes_the_shells_syntax_check(make_host, tmp_path, shell):
+    """The shipped hook/qemu.sh is a template (debian/vgpuhost.lintian-overrides says so); what
+    'hook install' writes from it is a script every POSIX shell parses, with no placeholder left."""
+    host = make_host("a40-mdev")
+    path = install(host, tmp_path)
+    assert not re.search(r"@[A-Z_]+@", path.read_text())
+    proc = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (0, "")

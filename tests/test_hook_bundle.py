@@ -29,6 +29,12 @@ HOOK_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LC_ALL": "C"}
 SERVED = "_Finder"
 
 
+#: vgpuhost modules only the simulator imports on these starts: the simulated kernel places every vGPU
+#: with the mixed-size grid's code (a real host's hook loads it only for a mixed-size vendor-VFIO GPU,
+#: with the catalog, outside the bundle: ops/vgpu._placement_for)
+SIM_ONLY = ("vgpuhost.model.mixedsize",)
+
+
 def _run_handler(host, bundle: str, xml: str, tail: str = "") -> subprocess.CompletedProcess:
     """prepare begin then release end in one fresh ``python -I -S`` with the bundle in use, as the boot
     line starts it; prints the exit codes, how many modules the bundle holds, then each vgpuhost module
@@ -44,7 +50,7 @@ def _run_handler(host, bundle: str, xml: str, tail: str = "") -> subprocess.Comp
                  for op, sub in (('prepare', 'begin'), ('release', 'end'))]
         print(codes, n)
         for name, m in sorted(sys.modules.items()):
-            if name.startswith('vgpuhost') and not name.startswith('vgpuhost.sim'):
+            if name.startswith('vgpuhost') and not name.startswith('vgpuhost.sim') and name not in {SIM_ONLY!r}:
                 print(name, type(m.__spec__.loader).__name__)
         """) + tail
     env = dict(HOOK_ENV, VGPUHOST_ROOT=str(host.root), VGPUHOST_AGENT="off")
