@@ -19,7 +19,6 @@ import os
 import select
 
 from ..model.errors import SysfsError
-from .configfiles import audit_value
 from .hostroot import HostRoot
 
 TYPE_CHECKING = False
@@ -329,6 +328,7 @@ class Sysfs:
         short line, else a summary (lines, bytes, first line): a unit file
         does not belong in one audit row.
         """
+        from .configfiles import audit_value       # not on the qemu hook's path: it writes no config file
         p = os.fspath(path)
         err = 0
         self._intend(p, audit_value(text))
