@@ -478,7 +478,9 @@ def _children_cpu() -> float:
 def _run_clients(hook: Path, n: int, seconds: float, agent_pid: int = 0) -> Tuple[float, float, Counter, float]:
     """``(pairs/s, median pair seconds, failures, CPU seconds per pair)`` of ``n`` clients for ``seconds``.
     The CPU: the hook runs' (this process's reaped children) and the agent's (``agent_pid``; its own and
-    its reaped children's); a detached grandchild's (a vGPU remove's write, either path) is nobody's."""
+    its reaped children's); a vGPU remove's detached writer is a child of the process that removes (the
+    agent, or the one-shot hook run) and reaped by it, so its CPU counts on either path (before 2026-12-07
+    04:00 it was a grandchild that init reaped, counted on neither)."""
     cpu0 = _children_cpu() + (_process_cpu(agent_pid) if agent_pid else 0.0)
     t0 = time.perf_counter()
     pairs, failed, _stop, threads = _hook_clients(hook, n, seconds)

@@ -25,7 +25,6 @@ import errno
 import os
 
 from ..model.errors import DeviceError, GpuFailedError, InputError, RefusedError, SysfsError, VgpuhostError
-from ..io.configfiles import mdevctl_json
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..model.records import VgpuRecord
@@ -35,8 +34,6 @@ from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
 from ..plan.steps import CreateVgpu, RemoveConfig, RemoveVgpu, SetPlacement, SetVgpuParams, Step, WriteConfig
 from .recover import destroy
-from . import health
-from ..policy.health import Source, is_unhealthy_errno
 from ..io.sysfs import Sysfs
 from ..io.vfioholders import RemoveTimedOut, VgpuInUse
 from ..io.vgpudev import MDEVCTL_PARAMS_ATTR, for_backend, mdevctl_attrs, vgpu_exists
@@ -303,6 +300,8 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
         except GpuFailedError as e:
             # the GPU failed (EIO/ENODEV): out of service from now on; an unpinned request tries the next GPU
             # placement allows, within this same call (issue 27); a pinned one cannot move
+            from . import health
+            from ..policy.health import Source
             health.mark_unhealthy(store, PciAddress.parse(e.gpu), e.message, Source.IO, actor=actor or actor_name(),
                                   operation=f"vgpu create {out.type_name} owner={req.owner}")
             failed.append(e)
@@ -336,6 +335,7 @@ def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: O
         inv = discover(fs)
     if vf is not None and inv.gpu(scope) is None:
         inv = discover(fs)              # the VF's PF is no NVIDIA GPU: the whole host says what it is
+    from . import health     # ops.health and policy.health: on create, not on the hook's release
     if scope is None and not dry_run:
         # the check each operation runs (cheap: the store's GPUs against this read): a GPU gone from the tree
         health.quick_check(fs.host, store, inv, actor=actor_name(), whole=inventory is None)
@@ -524,6 +524,7 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
         if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
             return None         # recovery changed the host: place again on what it left (the reason too)
         # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
+        from . import health
         inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv), store)
         records2 = store.vgpu_records(gpu=str(decision.gpu))
         limits = {} if req.vf is not None else mode_limits(host, inv2, name)
@@ -579,6 +580,7 @@ def _persist(host: HostRoot, store: StateStore, ex: Executor, backend: str, deci
     """Write mdevctl's definition of the new mdev ``vid``; when that fails, remove the vGPU and its
     record again and raise DeviceError naming the file."""
     try:
+        from ..io.configfiles import mdevctl_json
         ex.run([WriteConfig(host.mdevctl_d / str(decision.parent) / vid,
                             mdevctl_json(decision.type_id, mdevctl_attrs(params)))])
     except SysfsError as e:
@@ -963,6 +965,7 @@ def gpu_failed(e: SysfsError, gpu: "Union[PciAddress, str]", what: str) -> Optio
     None for a refusal of the request.  The one classification of every vGPU write: a create
     (:func:`create_vgpu`), a recorded vGPU made again (:func:`recreate_recorded`: a layout's re-create,
     :func:`reconcile`)."""
+    from ..policy.health import is_unhealthy_errno
     if not is_unhealthy_errno(e.errno):
         return None
     return GpuFailedError(f"{what} on {gpu} failed: {e.errno_name}", gpu=str(gpu), errno=e.errno,
@@ -993,6 +996,8 @@ def recreate_recorded(host: HostRoot, store: StateStore, rec: VgpuRecord, *, act
             what = f"re-creating {rec.type_name} {rec.id}"
             failed = gpu_failed(e, rec.gpu, what) if isinstance(ex.failed, CreateVgpu) else None
             if failed is not None:
+                from . import health
+                from ..policy.health import Source
                 health.mark_unhealthy(store, PciAddress.parse(rec.gpu), failed.message, Source.IO, actor=actor,
                                       operation=operation)
                 failed.message += " (the GPU is marked unhealthy and left out of placement)"

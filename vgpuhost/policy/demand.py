@@ -10,13 +10,13 @@ path) records its allocations without importing the rules.  Pure: no I/O.
 
 from __future__ import annotations
 
-from ..model.gputime import ExpectedUse  # noqa: F401 (annotations)
 from ..model.tenancy import BEST_EFFORT
 from ..model.values import VgpuProfile, field, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from typing import Optional, Tuple
+    from ..model.gputime import ExpectedUse
 
 VGPU, PASSTHROUGH = "vgpu", "passthrough"
 
