@@ -100,9 +100,6 @@ def test_prepare_and_release_import_every_vgpuhost_module_from_the_bundle(make_h
     assert first == f"[0, 0] {len(modbundle.MODULES)}"
     loaders = dict(row.split() for row in rows)
     before = {"vgpuhost", "vgpuhost.io", "vgpuhost.io.modbundle"}      # imported to call use()
-    # the simulator's kernel imports model.mixedsize (vgpuhost/sim/kernel.py); nothing the handler imports on
-    # these paths does, so on a real host the hook never loads it here, and the bundle does not hold it
-    loaders.pop("vgpuhost.model.mixedsize", None)
     assert {n for n, loader in loaders.items() if loader != SERVED} == before
     assert set(loaders) - before <= set(modbundle.MODULES)
     # no tenant on this host: the admission rules and the tenant store code are not imported at all
