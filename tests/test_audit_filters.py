@@ -56,3 +56,20 @@ def test_audit_filters(make_host, capsys, monkeypatch):
     assert code == 2 and "0000:41:00.0" in err
     code, out, err = run(capsys, *root, "audit", "--limit", "0")
     assert code == 2
+
+
+def test_a_long_actor_is_capped_in_the_table_and_whole_in_json(make_host, capsys, monkeypatch):
+    """A 5000-character actor (a domain's long name) does not widen every row of the text table; --json keeps
+    the actor as recorded."""
+    from vgpuhost.cli.audit import ACTOR_WIDTH
+    host = make_host("l40s-vendor-vfio")
+    root = ["--root", str(host.root)]
+    actor = "hook " + "n" * 5000
+    monkeypatch.setenv("VGPUHOST_ACTOR", actor)
+    assert run(capsys, *root, "vgpu", "create", "--profile", "L40S-4Q", "--owner", DOM_A)[0] == 0
+    code, out, _ = run(capsys, *root, "audit")
+    assert code == 0 and max(len(line) for line in out.splitlines()) < 400
+    assert ("hook " + "n" * (ACTOR_WIDTH - 8) + "...") in out
+    code, out, _ = run(capsys, *root, "--json", "audit")
+    recorded = {r["actor"] for r in json.loads(out)["rows"]}
+    assert len(recorded) == 1 and len(recorded.pop()) > ACTOR_WIDTH       # as the store keeps it, not capped

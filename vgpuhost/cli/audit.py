@@ -41,8 +41,17 @@ def audit(ctx: Context, since: Optional[str], domain: Optional[str], gpu: Option
            "filters": {"domain": domain, "gpu": gpu, "op": operation, "actor": actor, "limit": limit},
            "rows": [r.__dict__ for r in rows]}
     emit(ctx, doc, table(["TIME", "ACTOR", "OPERATION", "PATH", "VALUE", "RESULT"],
-                          [[r.time[:23], r.actor, r.operation, r.path, r.value, r.result] for r in rows])
+                          [[r.time[:23], _capped(r.actor), r.operation, r.path, r.value, r.result] for r in rows])
           if rows else "no audit rows match" if (domain or gpu or actor or operation) else "audit log is empty")
+
+
+#: characters of the ACTOR column in the text table (a domain's name may be long: the hook's actor keeps 80 of
+#: it); the full actor is in ``--json``
+ACTOR_WIDTH = 40
+
+
+def _capped(actor: str) -> str:
+    return actor if len(actor) <= ACTOR_WIDTH else actor[:ACTOR_WIDTH - 3] + "..."
 
 
 def gpu_names(ctx: Context, st, gpu: str) -> FrozenSet[str]:

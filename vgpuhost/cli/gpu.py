@@ -46,7 +46,7 @@ def _health_text(action: str, doc: dict) -> str:
         held = doc.get("holders") or []
         line = f"{gpu_}: cordoned ({doc['reason']}); no new vGPU is placed on it"
         if held:
-            line += f"\nnote: {len(held)} domain(s) still hold it: 'vgpuhost gpu drain {gpu_}' says what each needs"
+            line += f"\nnote: {len(held)} holder(s) still use it: 'vgpuhost gpu drain {gpu_}' says what each needs"
         return line
     return f"{gpu_}: health check passed; back in service"
 
