@@ -900,3 +900,64 @@ def test_sim_fail_refuses_conflicts_and_a_found_with_nothing_lost_and_repair_und
     assert vgpu.create(host, s, profile="A40-8Q", owner="manual", gpu=A(LO)).gpu == LO
     code, doc = cli_json(capsys, host, "sim", "fail", LO, "--repair")
     assert code == 0 and doc["fault"] == "repaired: nothing to undo"
+
+
+# ---------------------------------------------------------------------------
+# the other device writes: passthrough binding, MIG and scheduler (NVML) writes
+
+
+def test_passthrough_binding_writes_failing_with_eio_mark_the_gpu_and_einval_does_not(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    code, out, _ = cli(capsys, host, "sim", "fail", LO, "--write-errno", "EIO")
+    assert code == 0 and "every driver-binding and NVML write fails with EIO" in out
+    code, out, err = cli(capsys, host, "passthrough", "prepare", LO)
+    assert code == 3 and "EIO" in err and "the GPU is marked unhealthy" in err, err
+    assert _driver(host, LO) == "nvidia" and s.passthrough_records() == []           # rolled back
+    [(gpu, reason, source)] = [(r[0], r[1], r[2]) for r in s.gpu_health_rows()]
+    assert (gpu, source) == (LO, "io") and reason.startswith("binding ") and reason.endswith(f"on {LO} failed: EIO")
+    assert [(r.path, r.result) for r in health_audit(host)] == [(f"(health) {LO}", "unhealthy")]
+    assert [r.operation for r in health_audit(host)] == [f"passthrough prepare {LO}"]
+    # a refusal of the request (EINVAL) says nothing about the GPU
+    assert cli(capsys, host, "sim", "fail", HI, "--write-errno", "EINVAL")[0] == 0
+    code, out, err = cli(capsys, host, "passthrough", "prepare", HI)
+    assert code == 3 and "EINVAL" in err and "unhealthy" not in err
+    assert [r[0] for r in s.gpu_health_rows()] == [LO] and _driver(host, HI) == "nvidia"
+    # repaired: the binding works again on HI
+    code, out, _ = cli(capsys, host, "sim", "fail", HI, "--repair")
+    assert code == 0 and "device writes work" in out
+    assert cli(capsys, host, "passthrough", "prepare", HI)[0] == 0 and _driver(host, HI) == "vfio-pci"
+
+
+def test_a_passthrough_release_failing_with_enodev_marks_the_gpu(make_host, capsys):
+    host = two_a40(make_host)
+    s = StateStore(host.state_dir)
+    assert cli(capsys, host, "passthrough", "prepare", HI)[0] == 0
+    assert cli(capsys, host, "sim", "fail", HI, "--write-errno", "ENODEV")[0] == 0
+    code, out, err = cli(capsys, host, "passthrough", "release", HI)
+    assert code == 3 and "ENODEV" in err and "the GPU is marked unhealthy" in err, err
+    assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(HI, "io")]
+    assert [r.operation for r in health_audit(host)] == [f"passthrough release {HI}"]
+
+
+def test_mig_and_scheduler_writes_failing_with_gpu_is_lost_mark_the_gpu(make_host, capsys):
+    from test_mig import H200_NOVF, GPU
+    host = make_host(yaml_text=H200_NOVF)
+    s = StateStore(host.state_dir)
+    code, out, _ = cli(capsys, host, "sim", "fail", str(GPU), "--write-errno", "EIO")
+    assert code == 0
+    code, out, err = cli(capsys, host, "mig", "enable", "--gpu", str(GPU))
+    assert code == 3 and "NVMLError_GpuIsLost" in err and "the GPU is marked unhealthy" in err, err
+    assert SimNvml(host).mig_mode(GPU) == (False, False)                              # nothing changed
+    [(gpu, reason, source)] = [(r[0], r[1], r[2]) for r in s.gpu_health_rows()]
+    assert (gpu, source) == (str(GPU), "nvml") and reason.endswith(f"on {GPU} failed: GPU_IS_LOST")
+    # the scheduler's NVML write on an A40: the same classification, the same record
+    a40 = make_host("a40-mdev")
+    s2 = StateStore(a40.state_dir)
+    assert cli(capsys, a40, "sim", "fail", "0000:81:00.0", "--write-errno", "ENODEV")[0] == 0
+    before = SimNvml(a40).scheduler_state(A("0000:81:00.0"))
+    code, out, err = cli(capsys, a40, "scheduler", "set", "--policy", "equal-share", "--gpu", "0000:81:00.0")
+    assert code == 3 and "NVMLError_GpuIsLost" in err and "the GPU is marked unhealthy" in err, err
+    assert SimNvml(a40).scheduler_state(A("0000:81:00.0")) == before
+    assert [(r[0], r[2]) for r in s2.gpu_health_rows()] == [("0000:81:00.0", "nvml")]
+    assert len(health_audit(a40)) == 1

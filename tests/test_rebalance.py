@@ -385,3 +385,17 @@ def test_a_pressed_pool_gets_an_empty_gpu_from_a_pool_that_keeps_one():
                             Pool("be", "best-effort", ("best-effort",), ("0000:03:00.0",))])
     d = pol.decide(**one, trends={"gold": pol.Trend(7200, 3600)})
     assert not d.moves and d.held
+
+
+def test_a_move_whose_nvml_write_finds_the_gpu_lost_marks_it_unhealthy(make_host, capsys):
+    """The move's scheduler write answers GPU_IS_LOST (``sim fail --write-errno EIO``): the move fails and is
+    undone, and the GPU is recorded unhealthy (source nvml) by the same classification as every device write."""
+    host, s, second = gold_full(make_host, capsys)
+    assert run(capsys, host, "sim", "fail", str(GPU_HI), "--write-errno", "EIO")[0] == 0
+    code, out, err = run(capsys, host, "--json", "rebalance")
+    doc = json.loads(out)
+    assert [m["done"] for m in doc["moves"]] == [False], doc
+    assert "GPU_IS_LOST" in " ".join(doc["failed"]) or "GpuIsLost" in " ".join(doc["failed"]), doc["failed"]
+    assert "the GPU is marked unhealthy" in " ".join(doc["failed"])
+    assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(str(GPU_HI), "nvml")]
+    assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"

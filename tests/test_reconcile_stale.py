@@ -97,3 +97,34 @@ def test_a_start_that_may_still_run_one_that_holds_a_device_and_one_libvirt_runs
     # libvirt's view, where it answers, decides: listed active -> left alone; not listed -> stale
     assert [d["domain"] for d in recover.stale_domains(s, frozenset({legacy, uuid}))] == [
         "0d0d0d0d-0000-4000-8000-000000000001"]
+
+
+def test_the_agents_reconcile_asks_libvirt_at_its_own_uri(make_host):
+    """``POST /v1/reconcile`` asks libvirt at the agent's ``--libvirt-uri`` which domains run (libvirt's test
+    driver, ``test:///default``, lists one, ``test``, running): a killed start whose domain libvirt lists
+    running is kept, another one is forgotten."""
+    from vgpuhost.agent import api
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    listed = "6695eb01-f6a4-8304-79aa-97f2502e193f"          # test:///default's domain 'test'
+    name, _, xml = vm("listed", 1)
+    xml = xml.replace(f"<uuid>{name_uuid(xml)}</uuid>", f"<uuid>{listed}</uuid>")
+    _killed_after_recording(host, name, xml)
+    gone_name, _, gone_xml = vm("gone", 2)
+    _killed_after_recording(host, gone_name, gone_xml)
+    gone = name_uuid(gone_xml)
+    assert s.active_domains() == {listed: "listed", gone: "gone"}
+    agent = api.Agent(host, "test:///default")
+    req = api.Request({}, {}, {"check": True}, "test", os.getpid())
+    doc = api.post_reconcile(agent, req)
+    assert [line.split(" ")[0] for line in doc["stale_domains"]] == ["gone"]
+    doc = api.post_reconcile(agent, req._replace(body={"check": False}))
+    assert s.active_domains() == {listed: "listed"}
+    assert [r.path for r in s.audit_rows() if r.path.startswith("(domain)")] == [f"(domain) {gone}"]
+    # the same store seen without libvirt (a URI nothing answers at): the store's view, so it is stale now
+    doc = api.post_reconcile(api.Agent(host, "test:///nonexistent.xml"), req)
+    assert [line.split(" ")[0] for line in doc["stale_domains"]] == ["listed"]
+
+
+def name_uuid(xml: str) -> str:
+    return xml.split("<uuid>", 1)[1].split("</uuid>", 1)[0]

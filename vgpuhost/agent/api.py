@@ -875,11 +875,16 @@ def post_apply(agent: Agent, req: Request):
 
 
 def post_reconcile(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``vgpuhost reconcile`` in the agent; the stale-domain check asks libvirt at the agent's own URI
+    (``--libvirt-uri``, as the CLI asks at ``--connect``): a domain libvirt lists active is never
+    forgotten; where libvirt does not answer, the state store's view decides."""
     check = _flag(req.body, "check")
     agent.host.require_host()
+    uri = agent.libvirt_uri
     if check:
-        return reconcile(agent.host, agent.store, check=True).as_dict()
-    return agent.write(lambda: reconcile(agent.host, agent.store, check=False, actor=req.actor)).as_dict()
+        return reconcile(agent.host, agent.store, check=True, libvirt_uri=uri).as_dict()
+    return agent.write(lambda: reconcile(agent.host, agent.store, check=False, actor=req.actor,
+                                         libvirt_uri=uri)).as_dict()
 
 
 # --- the CLI's other write commands (each as the command does it; the CLI forwards here) -----------

@@ -81,11 +81,14 @@ def sim_create(ctx: Context, spec: str, directory: str, force: bool) -> None:
 @click.option("--xid", type=click.IntRange(1, 65535), metavar="N", help="Queue an Xid event N (NVML's event API).")
 @click.option("--unplug", is_flag=True, help="It disappears from the PCI tree (its VFs too).")
 @click.option("--create-errno", metavar="NAME", help="Every vGPU create on it fails with this errno (EIO, ENODEV).")
+@click.option("--write-errno", metavar="NAME",
+              help="Every driver-binding write on it (driver_override, bind, unbind, drivers_probe) fails with this "
+                   "errno, and every NVML write (MIG, scheduler) with GPU_IS_LOST for EIO/ENODEV.")
 @click.option("--repair", is_flag=True,
               help="Undo every fault given here: back in the tree, NVML sees it, no queued Xid, creates work.")
 @pass_ctx
 def sim_fail(ctx: Context, bdf: str, lost: bool, found: bool, xid: int, unplug: bool, create_errno: str,
-             repair: bool) -> None:
+             write_errno: str, repair: bool) -> None:
     """Make the simulated GPU at BDF fail, as a real one does, or repair it (docs/guide/failures.md);
     --root names the host.  One option at a time (exit 2 otherwise)."""
     addr = PciAddress.parse(bdf)
@@ -93,10 +96,11 @@ def sim_fail(ctx: Context, bdf: str, lost: bool, found: bool, xid: int, unplug: 
     if not host.is_simulated:
         raise InputError(f"{host.root} is not a simulated host", hint="pass --root DIR of one 'vgpuhost sim create' made")
     given = [name for name, x in (("--lost", lost), ("--found", found), ("--xid", xid), ("--unplug", unplug),
-                                  ("--create-errno", create_errno), ("--repair", repair)) if x]
+                                  ("--create-errno", create_errno), ("--write-errno", write_errno),
+                                  ("--repair", repair)) if x]
     if len(given) != 1:
         raise InputError(("give one of" if not given else f"{' and '.join(given)} do not go together: give one of")
-                         + " --lost, --found, --xid N, --unplug, --create-errno NAME, --repair",
+                         + " --lost, --found, --xid N, --unplug, --create-errno NAME, --write-errno NAME, --repair",
                          hint="nothing was changed")
     k = SimKernel(host)
     present = [g.address for g in discover(Sysfs(host), with_types=False).gpus]
@@ -124,27 +128,31 @@ def sim_fail(ctx: Context, bdf: str, lost: bool, found: bool, xid: int, unplug: 
     elif repair:
         what = "repaired: " + (", ".join(_repair(k, nv, addr)) or "nothing to undo")
     else:
-        number = getattr(errnos, create_errno, None)
-        if not isinstance(number, int) or not create_errno.startswith("E"):
-            raise InputError(f"unknown errno name {create_errno!r}", hint="e.g. EIO, ENODEV")
+        name, ops = (create_errno, CREATE_OPS) if create_errno else (write_errno, WRITE_OPS)
+        number = getattr(errnos, name, None)
+        if not isinstance(number, int) or not name.startswith("E"):
+            raise InputError(f"unknown errno name {name!r}", hint="e.g. EIO, ENODEV")
         with k.locked():
             meta = k.meta()
-            # a later --create-errno replaces the one given before (the first matching fault would win)
-            meta["faults"] = [f for f in meta.get("faults", []) if not _create_fault(f, addr)]
-            for op in CREATE_OPS:        # an mdev create, a VF's current_vgpu_type (vendor VFIO)
+            # a later one replaces the one given before (the first matching fault would win)
+            meta["faults"] = [f for f in meta.get("faults", []) if not _injected(f, addr, ops)]
+            for op in ops:
                 meta.setdefault("faults", []).append({"op": op, "device": str(addr), "errno": number, "count": 0})
             k.save_meta(meta)
-        what = f"every vGPU create fails with {create_errno}"
+        what = (f"every vGPU create fails with {name}" if create_errno else
+                f"every driver-binding and NVML write fails with {name}")
     emit(ctx, {"schema": "vgpuhost.sim-fail/v1", "gpu": str(addr), "fault": what}, f"{addr}: {what}")
 
 
 #: the simulated kernel's fault ops of a vGPU create: an mdev create, a VF's current_vgpu_type (vendor VFIO)
 CREATE_OPS = ("create", "set_type")
+#: ``--write-errno``'s: the driver-binding writes (passthrough) and NVML's writes (MIG, scheduler)
+WRITE_OPS = ("driver_override", "bind", "unbind", "probe", "nvml")
 
 
-def _create_fault(f: dict, addr: PciAddress) -> bool:
-    """Is ``f`` (a fault of host.json) one ``--create-errno`` gave ``addr``?"""
-    return f.get("device") == str(addr) and f.get("op") in CREATE_OPS and f.get("count") == 0
+def _injected(f: dict, addr: PciAddress, ops=CREATE_OPS + WRITE_OPS) -> bool:
+    """Is ``f`` (a fault of host.json) one ``--create-errno`` or ``--write-errno`` (``ops``) gave ``addr``?"""
+    return f.get("device") == str(addr) and f.get("op") in ops and f.get("count") == 0
 
 
 def _repair(k: SimKernel, nv: SimNvml, addr: PciAddress) -> List[str]:
@@ -156,14 +164,16 @@ def _repair(k: SimKernel, nv: SimNvml, addr: PciAddress) -> List[str]:
     with k.locked():
         meta = k.meta()
         faults = meta.get("faults") or []
-        kept = [f for f in faults if not _create_fault(f, addr)]
+        kept = [f for f in faults if not _injected(f, addr)]
         gpu = (meta.get("gpus") or {}).get(str(addr)) or {}
         queued = gpu.pop("xid_events", None)
         if len(kept) != len(faults) or queued:
             meta["faults"] = kept
             k.save_meta(meta)
-        if len(kept) != len(faults):
+        if any(_injected(f, addr, CREATE_OPS) for f in faults):
             done.append("vGPU creates work")
+        if any(_injected(f, addr, WRITE_OPS) for f in faults):
+            done.append("device writes work")
         if queued:
             done.append(f"{len(queued)} queued Xid event(s) dropped")
     if nv.gpu_lost(addr):

@@ -144,6 +144,32 @@ def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: st
     return True
 
 
+def failed_write(store: "StateStore", gpu: PciAddress, e: BaseException, what: str, *, actor: str,
+                 operation: str) -> "Optional[str]":
+    """After a device write on ``gpu`` failed with ``e`` (a SysfsError from a driver-binding write, an
+    NvmlError from a MIG or scheduler call): when it means the GPU itself failed
+    (:func:`vgpuhost.policy.health.write_failure`: EIO/ENODEV, NVML GPU_IS_LOST), record the GPU
+    unhealthy (:func:`mark_unhealthy`, one audit row) and return the reason (``binding 0000:41:00.0 to
+    vfio-pci on 0000:41:00.0 failed: EIO``); None, recording nothing, when the write was refused for the
+    request.  The one place the passthrough, MIG and scheduler operations classify their failed writes
+    (a vGPU create's is :func:`vgpuhost.ops.vgpu.gpu_failed`, on the same policy)."""
+    nvml_name = getattr(e, "nvml_name", None)
+    err = getattr(e, "errno", None)
+    source = hp.write_failure(err if isinstance(err, int) else None, nvml_name)
+    if source is None:
+        return None
+    if nvml_name is not None:
+        reason = f"{what} on {gpu} failed: GPU_IS_LOST"
+    else:
+        reason = hp.errno_reason(err, gpu, what)
+    mark_unhealthy(store, gpu, reason, source, actor=actor, operation=operation)
+    return reason
+
+
+#: what a refusal whose write marked the GPU unhealthy adds to its line
+MARKED = " (the GPU is marked unhealthy and left out of placement)"
+
+
 def check_gpu(host: HostRoot, gpu: PciAddress, nvml=None) -> "List[Tuple[str, str]]":
     """What is wrong with ``gpu`` now: ``[(source, reason)]``, empty when healthy.  Reads the PCI tree
     (the device's directory and its ``vendor`` attribute: EIO/ENODEV there is the failure itself), the

@@ -37,6 +37,7 @@ from ..plan.steps import CreateGi, DestroyGi, Step
 from ..policy.mig import (
     ORDER, counts, layout_text, name_key, names, parse_layout, place, profile_name, resolve_layout, why_not
 )
+from . import health
 from .nvmljournal import start
 from .recover import recover_locked
 
@@ -165,8 +166,9 @@ def _run(dev: _Device, store, steps: Sequence[Step], *, actor: str, operation: s
             ex.run(steps)
         except NvmlError as e:
             what = ex.failed.describe(dev.host) if ex.failed is not None else e.call
+            marked = health.failed_write(store, dev.bdf, e, what, actor=actor, operation=operation)
             raise DeviceError(f"{what} on {dev.bdf} failed: {e.nvml_name}"
-                              + (f" ({e.hint})" if e.hint else "")
+                              + (f" ({e.hint})" if e.hint else "") + (health.MARKED if marked else "")
                               + ("; the earlier steps were undone" if ex.undo_ok else
                                  "; undoing the earlier steps failed too: check 'vgpuhost mig show'"),
                               hint="see 'vgpuhost audit'") from e

@@ -204,7 +204,8 @@ def _prepare_writes(host: HostRoot, store: StateStore, ex: Executor, gpu: PciAdd
                 ex.run(fp.steps)
             except VgpuhostError as e:
                 failed = _rollback(host, ex, done + [fp])
-                raise DeviceError(_failure_text(fp.bdf, e, "bind to vfio-pci", done, failed),
+                raise DeviceError(_failure_text(fp.bdf, e, "bind to vfio-pci", done, failed)
+                                  + _gpu_failed(store, ex, gpu, fp.bdf, e, "binding"),
                                   hint="see 'vgpuhost audit' for every write") from e
             except BaseException:           # interrupted (Ctrl-C, SIGTERM): leave nothing half-bound
                 _rollback(host, ex, done + [fp])
@@ -285,7 +286,7 @@ def release(host: HostRoot, store: StateStore, gpu: PciAddress, *, persist: bool
                                     for d in endpoints])
         ex.journal = journal
         with journal:
-            return _release_writes(host, store, ex, endpoints, plans, out, persist, persisted)
+            return _release_writes(host, store, ex, gpu, endpoints, plans, out, persist, persisted)
 
 
 def _check_release_holder(store: StateStore, gpu: PciAddress, group: int, holder: Optional[str],
@@ -331,17 +332,28 @@ def _release_outcome(host: HostRoot, gpu: PciAddress, group: int, endpoints: Seq
     return out, persisted
 
 
-def _release_writes(host: HostRoot, store: StateStore, ex: Executor, endpoints: Sequence[PciDevice],
+def _gpu_failed(store: StateStore, ex: Executor, gpu: PciAddress, bdf: PciAddress, e: BaseException,
+                what: str) -> str:
+    """What a failed binding write ``e`` on ``bdf`` (a function of ``gpu``'s group) adds to the refusal:
+    when it means the GPU failed (EIO/ENODEV), ``gpu`` is recorded unhealthy
+    (:func:`vgpuhost.ops.health.failed_write`) and the line says so; else nothing."""
+    from . import health
+    marked = health.failed_write(store, gpu, e, f"{what} {bdf}", actor=ex.actor, operation=ex.operation)
+    return health.MARKED if marked else ""
+
+
+def _release_writes(host: HostRoot, store: StateStore, ex: Executor, gpu: PciAddress, endpoints: Sequence[PciDevice],
                     plans: List[FunctionPlan], out: Outcome, persist: bool, persisted: list) -> Outcome:
     """The writes of :func:`release` (under its locks and journal entry)."""
     if True:
-        released, errors = [], []
+        released, errors, marked = [], [], ""
         for fp in plans:
             try:
                 ex.run(fp.steps)
                 released.append(str(fp.bdf))
             except VgpuhostError as e:
                 errors.append((fp.bdf, e))
+                marked = marked or _gpu_failed(store, ex, gpu, fp.bdf, e, "giving back")
         with store.transaction() as conn:
             gone = [str(d.address) for d in endpoints if str(d.address) not in {str(b) for b, _ in errors}]
             store.delete_passthrough(conn, gone)
@@ -354,7 +366,7 @@ def _release_writes(host: HostRoot, store: StateStore, ex: Executor, endpoints: 
                     errors.append((PciAddress.parse(p.name[4:]), e))
         if errors:
             bdf, e = errors[0]
-            raise DeviceError(_failure_text(bdf, e, "give back", [], []) +
+            raise DeviceError(_failure_text(bdf, e, "give back", [], []) + marked +
                               (f"; released: {', '.join(released)}" if released else ""),
                               hint="fix the cause and run release again; 'vgpuhost audit' has every write")
         out.writes = ex.writes

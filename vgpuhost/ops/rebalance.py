@@ -43,7 +43,7 @@ from ..plan.steps import SetScheduler
 from ..policy import offers as vgpu_offers
 from ..policy import rebalance as pol
 from ..policy.admission import DEFAULT_POOL, DEFAULT_POOL_SERVES, pool_of
-from . import gputime, tenancy
+from . import gputime, health, tenancy
 from .rebalancejournal import KIND
 from .health import out_of_service
 
@@ -257,7 +257,15 @@ def _run_move(host: HostRoot, store: StateStore, backend, m: pol.Move, steps: Se
         if progress is not None:
             ex.journal = _Told(journal, progress, len(steps))
         with journal:
-            ex.run(steps)
+            try:
+                ex.run(steps)
+            except VgpuhostError as e:
+                # the GPU failed (NVML GPU_IS_LOST): out of service from now on (issue 27); the error goes on
+                if health.failed_write(store, PciAddress.parse(m.gpu), e, ex.failed.describe(host)
+                                       if ex.failed is not None else "moving it", actor=actor,
+                                       operation=ex.operation):
+                    e.message += health.MARKED
+                raise
 
 
 class _Told:

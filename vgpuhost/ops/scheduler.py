@@ -45,6 +45,7 @@ from ..policy.scheduler import (
     render_conf, set_value, sets_registry_dwords, state_doc, validate, ModuleOption, effective_options,
     effective_value, mig_scheduler_refusal, override_line, overriding_sources, registry_options, with_own_file
 )
+from . import health
 from .nvmljournal import start
 from .recover import recover_locked
 from .tenancy import pools as declared_pools
@@ -339,7 +340,13 @@ def _run(host: HostRoot, store, backend, bdf: PciAddress, step, *, kind: str, op
     ex.journal = start(store, backend, bdf, kind=kind, operation=operation, owner=owner, actor=actor,
                        steps=[step.describe(host)], want=want)
     with ex.journal:
-        ex.run([step])
+        try:
+            ex.run([step])
+        except NvmlError as e:
+            # the GPU failed (NVML GPU_IS_LOST): out of service from now on (issue 27); the error goes on
+            if health.failed_write(store, bdf, e, step.describe(host), actor=actor, operation=operation):
+                e.message += health.MARKED
+            raise
 
 
 def set_runtime(host: HostRoot, store, target: Union[str, PciAddress, Sequence[PciAddress]], state: SchedulerState,

@@ -961,12 +961,12 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
 
 def gpu_failed(e: SysfsError, gpu: "Union[PciAddress, str]", what: str) -> Optional[GpuFailedError]:
     """The GpuFailedError (``what on GPU failed: EIO``) when the device write ``e`` on ``gpu`` failed in a
-    way that means the GPU itself failed (:func:`vgpuhost.policy.health.is_unhealthy_errno`: EIO, ENODEV),
+    way that means the GPU itself failed (:func:`vgpuhost.policy.health.write_failure`: EIO, ENODEV),
     None for a refusal of the request.  The one classification of every vGPU write: a create
     (:func:`create_vgpu`), a recorded vGPU made again (:func:`recreate_recorded`: a layout's re-create,
     :func:`reconcile`)."""
-    from ..policy.health import is_unhealthy_errno
-    if not is_unhealthy_errno(e.errno):
+    from ..policy.health import write_failure
+    if write_failure(e.errno, None) is None:
         return None
     return GpuFailedError(f"{what} on {gpu} failed: {e.errno_name}", gpu=str(gpu), errno=e.errno,
                           hint="see 'vgpuhost audit'")

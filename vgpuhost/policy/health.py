@@ -76,6 +76,16 @@ def is_unhealthy_errno(err: "Optional[int]") -> bool:
     return err in UNHEALTHY_ERRNOS
 
 
+def write_failure(err: "Optional[int]", nvml_name: "Optional[str]") -> "Optional[str]":
+    """The :class:`Source` when a failed device write means the GPU itself failed, else None (the write
+    was refused for the request): a kernel write's errno (``err``) in :data:`UNHEALTHY_ERRNOS`
+    (:func:`is_unhealthy_errno`) is ``io``; an NVML call's error name (``nvml_name``, e.g.
+    ``NVMLError_GpuIsLost``) :data:`GPU_IS_LOST` is ``nvml``."""
+    if nvml_name is not None:
+        return Source.NVML if nvml_name == GPU_IS_LOST else None
+    return Source.IO if is_unhealthy_errno(err) else None
+
+
 def errno_reason(err: int, gpu: PciAddress, what: str) -> str:
     """The health row's reason for ``what`` (``creating A40-8Q``) failing with ``err`` on ``gpu``."""
     return f"{what} on {gpu} failed: {errno.errorcode.get(err, str(err))}"

@@ -46,6 +46,7 @@ compute slices exhausted).
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid as _uuid
 from typing import Callable, Dict, List, Optional, Tuple
@@ -65,6 +66,8 @@ NOT_SUPPORTED = "NVMLError_NotSupported"
 IN_USE = "NVMLError_InUse"
 INVALID = "NVMLError_InvalidArgument"
 INSUFFICIENT = "NVMLError_InsufficientResources"
+GPU_IS_LOST = "NVMLError_GpuIsLost"
+UNKNOWN = "NVMLError_Unknown"
 
 
 def _memory_mib(p) -> int:
@@ -166,6 +169,7 @@ class SimNvml:
             with self.kernel.locked():
                 meta = self.kernel.meta()
                 pf, gpu = self._gpu(meta, bdf, call)
+                self._write_fault(meta, pf, call)
                 out = fn(meta, pf, gpu)
                 self.kernel.save_meta(meta, pf)         # this GPU's file alone
                 self.kernel.refresh_gpu(pf, meta)
@@ -175,6 +179,16 @@ class SimNvml:
                 with open(log, "a", encoding="utf-8") as f:
                     f.write(f"{path}\t{value}\n")
             return out
+
+    def _write_fault(self, meta: dict, pf: str, call: str) -> None:
+        """Fire an injected ``nvml`` fault on ``pf`` (the spec's ``faults``, ``sim fail --write-errno``): the
+        write fails with NvmlError ``NVMLError_GpuIsLost`` for EIO/ENODEV (what NVML answers for a GPU
+        that fell off the bus), ``NVMLError_Unknown`` for any other errno; nothing changes."""
+        try:
+            self.kernel._fault(meta, "nvml", [pf], pf)       # (the kernel's one fault matcher and counter)
+        except OSError as e:
+            name = GPU_IS_LOST if e.errno in (errno.EIO, errno.ENODEV) else UNKNOWN
+            raise NvmlError(call, name, hint=f"injected nvml fault on {pf}") from None
 
     def _vgpus(self, meta: dict, pf: str) -> List[dict]:
         return self.kernel.instances(meta, pf)

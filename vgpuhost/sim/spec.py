@@ -54,7 +54,9 @@ from .catalog import Catalog, load_catalog
 from .metering import check_trace
 
 BACKENDS = ("mdev", "vendor-vfio", "none")
-FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override", "read")
+#: ``nvml``: an NVML write on the GPU (MIG mode, GPU instance create/destroy, scheduler, mixed-size mode),
+#: which fails with NVMLError_GpuIsLost for EIO/ENODEV (:mod:`vgpuhost.sim.nvml`)
+FAULT_OPS = ("bind", "unbind", "probe", "create", "remove", "set_type", "driver_override", "read", "nvml")
 #: attributes a ``read`` fault can fail: the driver's, whose show function queries the GPU and returns
 #: that query's error (EINVAL from creatable_vgpu_types when the query failed, docs/guide/simulator.md)
 READ_FAULT_ATTRS = ("creatable_vgpu_types", "current_vgpu_type", "vgpu_params", "available_instances",
@@ -366,6 +368,8 @@ def _parse_fault(r: _Reader, cat: Catalog, i: int, raw: Any, devices: List[Devic
             raise loc.error(fp + ("effect",), "a read fault fails the read: effect 'ignore' is for writes")
     elif attr is not None:
         raise loc.error(fp + ("attr",), "attr is for read faults (op: read)")
+    if op == "nvml" and effect != "error":
+        raise loc.error(fp + ("effect",), "an nvml fault fails the NVML call: effect 'ignore' is for kernel writes")
     return FaultSpec(op, dev, getattr(_errno, err_name), r.int_range(f, fp, "count", 0, 1_000_000, 1), effect,
                      attr)
 
