@@ -385,3 +385,19 @@ def test_a_pressed_pool_gets_an_empty_gpu_from_a_pool_that_keeps_one():
                             Pool("be", "best-effort", ("best-effort",), ("0000:03:00.0",))])
     d = pol.decide(**one, trends={"gold": pol.Trend(7200, 3600)})
     assert not d.moves and d.held
+
+
+def test_the_reconciler_reads_the_refusal_code_not_the_reason_wording(make_host, capsys):
+    """Admission's refused row ends with its structured refusal code; the reconciler reads that: a
+    reason reworded is still demand, a row without the code is not, and a code that is no demand for
+    room (quota) is not."""
+    host, s, _ = gold_full(make_host, capsys)
+    [row] = [r for r in s.audit_rows() if r.path == rebalance.ADMISSION_PATH and r.result == "refused"]
+    assert row.value.endswith("; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g"), row.value
+    at = "2026-12-07T03:00:00+00:00"
+    assert pol.refusal_of(at, "the wording changed; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g",
+                          {}) == pol.Refusal(at, "A40-48Q", "g", "guaranteed", "capacity")
+    assert pol.refusal_of(at, "x; refusal=gpu-time profile=L40S-4Q qos=best-effort tenant=", {}) == \
+        pol.Refusal(at, "L40S-4Q", None, "best-effort", "gpu-time")
+    assert pol.refusal_of(at, row.value.rsplit("; refusal=", 1)[0], {"g": "guaranteed"}) is None
+    assert pol.refusal_of(at, "x; refusal=quota profile=A40-48Q qos=guaranteed tenant=g", {}) is None

@@ -800,7 +800,9 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
-                        path="(admission)", value=f"{d.one_line()}; {tr.text}", result="refused")
+                        path="(admission)", result="refused",
+                        value=f"{d.one_line()}; {tr.text}; "
+                              f"{adm.refusal_tag(d.code, req.demand.profile, d.qos, d.tenant)}")
         if not d.admitted:
             raise RefusedError(f"admission: {d.reason}",
                                hint=d.remedy())

@@ -73,7 +73,7 @@ from ..model.values import record, replace
 from . import compute
 from .feasibility import HostGpu, Reserve  # noqa: F401 (HostGpu re-exported for ops.tenancy)
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
-                     allocation, passthrough_demand, vgpu_demand)
+                     allocation, passthrough_demand, refusal_tag, vgpu_demand)
 from .placement import GpuOffer, Request, place
 
 TYPE_CHECKING = False
