@@ -81,6 +81,10 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 DEFAULT_POOL = "default"
+#: the settings key prefix (then the GPU's BDF) of a GPU the capacity reconciler moved to another pool:
+#: ``FROM -> TO`` (pool names); written with the move, dropped by its undo and when the layout's pools
+#: are recorded again (``vgpuhost apply`` puts the layout's pool back and says so)
+REBALANCE_MOVED = "rebalance.moved."
 #: the classes each scheduler policy may serve (a policy never serves a class stronger than its own)
 POLICY_SERVES = {SchedulerPolicy.FIXED_SHARE: (GUARANTEED, BURSTABLE, BEST_EFFORT),
                  SchedulerPolicy.EQUAL_SHARE: (BURSTABLE, BEST_EFFORT), SchedulerPolicy.BEST_EFFORT: (BEST_EFFORT,)}
