@@ -1,6 +1,7 @@
 """Utilisation under tenancy: a seeded multi-tenant trace replayed two ways.
 
-    python bench/utilisation.py [--seed N] [--seeds N] [--arrivals N] [--known] [--batch-ceiling S] [--json]
+    python bench/utilisation.py [--trace today|diurnal] [--seed N] [--seeds N] [--arrivals N] [--known]
+                                [--batch-ceiling S] [--plot PNG] [--json]
 
 The host: 16 GPUs of two boards (8 A40, 8 L40S, 48 GiB each) in three
 pools: ``gold`` (fixed-share, 2+2 GPUs, serves guaranteed and burstable),
@@ -43,6 +44,14 @@ Replays:
     pools toward refused starts (at most :data:`RECONCILE_MOVES` a pass,
     each pool keeping one GPU), never a busy one, never breaking a
     guarantee; the moves are counted.
+
+``--trace diurnal`` (:func:`run_diurnal`): two pools (``desk``, ``compute``) on the same 16 GPUs;
+desktops (B and Q, burstable) arrive most at midday, compute (C, best-effort; MIG-backed demand stood
+in by C types of MIG-slice sizes, as the model has no MIG) most at midnight; replays hoarding, an even
+split, the best static split (searched knowing the trace) and the reconciler from the even split, all
+compute-aware (estimated use) in mixed-size mode; prints the reconciler's admitted share against the
+best static split's, and with ``--plot PNG`` its pool sizes and the demand over time (matplotlib, an
+optional dependency: a skip line without it).
 
 Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
 admitted share; time-averaged shares of the fleet's GPU time served (each
