@@ -1,6 +1,7 @@
 """Utilisation under tenancy: a seeded multi-tenant trace replayed two ways.
 
-    python bench/utilisation.py [--seed N] [--seeds N] [--arrivals N] [--known] [--batch-ceiling S] [--json]
+    python bench/utilisation.py [--trace today|diurnal] [--seed N] [--seeds N] [--arrivals N] [--known]
+                                [--batch-ceiling S] [--plot PNG] [--json]
 
 The host: 16 GPUs of two boards (8 A40, 8 L40S, 48 GiB each) in three
 pools: ``gold`` (fixed-share, 2+2 GPUs, serves guaranteed and burstable),
@@ -44,6 +45,14 @@ Replays:
     each pool keeping one GPU), never a busy one, never breaking a
     guarantee; the moves are counted.
 
+``--trace diurnal`` (:func:`run_diurnal`): two pools (``desk``, ``compute``) on the same 16 GPUs;
+desktops (B and Q, burstable) arrive most at midday, compute (C, best-effort; MIG-backed demand stood
+in by C types of MIG-slice sizes, as the model has no MIG) most at midnight; replays hoarding, an even
+split, the best static split (searched knowing the trace) and the reconciler from the even split, all
+compute-aware (estimated use) in mixed-size mode; prints the reconciler's admitted share against the
+best static split's, and with ``--plot PNG`` its pool sizes and the demand over time (matplotlib, an
+optional dependency: a skip line without it).
+
 Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
 admitted share; time-averaged shares of the fleet's GPU time served (each
 GPU serves at most 1.0), of starved demand (use above 1.0 per GPU: a
@@ -58,6 +67,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -268,12 +278,14 @@ def reconcile(model, ts, refused, host_gpus):
     return d.moves
 
 
-def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=False, reconciler=False):
+def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=False, reconciler=False,
+                    ts=None, timeline=None):
     """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
     fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference).
     ``reconciler``: run :func:`reconcile` every :data:`RECONCILE_EVERY` (replay (e)); the moves are
-    returned in ``codes['moves']``."""
-    ts = tenants()
+    returned in ``codes['moves']``.  ``ts``: the tenants (None: :func:`tenants`); ``timeline``: a list
+    each reconciler pass appends ``(time, {pool: GPUs})`` to."""
+    ts = ts if ts is not None else tenants()
     ps = pool_set if pool_set is not None else pools()
     model = HostModel(GPUS, ps, [g for p in ps if p.policy != "fixed-share" for g in p.gpus] if mixed else ())
     est = Estimator()
@@ -284,6 +296,8 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=Fal
         meter.tick(now, _shares(placed, vms))
         if reconciler and now >= next_pass:
             moves += len(reconcile(model, ts, refused, hg))
+            if timeline is not None:
+                timeline.append((now, {p.name: len(p.gpus) for p in model.pools}))
             refused, next_pass = [], now + RECONCILE_EVERY
         tn, profile, board, u = vms[vm]
         if kind == "arrive":
@@ -329,9 +343,11 @@ def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
     asked = {}
     for tn, *_ in vms.values():
         asked[tn] = asked.get(tn, 0) + 1
-    doc = {"seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS), "batch_ceiling": batch_ceiling,
+    doc = {"trace": "today", "seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS),
+           "batch_ceiling": batch_ceiling,
            "steady_window": list(steady), "trace_ceiling": demand_ceiling(events, vms, steady)}
     replays = list(REPLAYS) + ([("compute_aware_known", "(c*) known use", "known")] if known else [])
+    doc["replays"] = [[k, lab] for k, lab, _ in replays]
     for key, _, use in replays:
         if use is None:
             adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
@@ -340,16 +356,195 @@ def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
             adm_n, meter, broken, codes, per = replay_vgpuhost(
                 events, vms, steady, use="estimated" if use == "reconciler" else use.replace("-mixed", ""),
                 pool_set=ps, mixed=use.endswith("-mixed"), reconciler=use == "reconciler")
-        whole, st = meter.result(), meter.result(True)
-        doc[key] = {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
-                    "time_share_steady": st["time"], "starved_share": whole["starved"],
-                    "starved_share_steady": st["starved"], "demand_share": whole["demand"],
-                    "gpus_held_share": whole["held"], "violations": broken, "refusals": codes,
-                    "admitted_by_tenant": {t: per.get(t, 0) / asked[t] for t in sorted(asked)}}
+        doc[key] = _figures(adm_n, n, meter, broken, codes, per, asked)
     a = doc["hoarding"]
     doc["ratio_c_over_a"] = {k: (doc["compute_aware"][k] / a[k]) if a[k] else None
                              for k in ("admitted_share", "framebuffer_share", "time_share")}
     return doc
+
+
+# ---------------------------------------------------------------------------
+# the diurnal trace (--trace diurnal): desktops by day, compute by night
+
+#: one day in time units; lifetimes are short beside it, so the mix turns over within a half day
+DAY = 200.0
+#: mean lifetime of a diurnal VM (the steady window starts WARMUP_LIVES of them in)
+DIURNAL_LIFE = 15.0
+#: peak arrival rates (per time unit): desktops at midday, compute at midnight
+DESK_RATE, COMPUTE_RATE = 6.0, 1.6
+#: the floor of each rate, as a share of its peak (some desktops at night, some compute by day)
+RATE_FLOOR = 0.1
+DESK, COMPUTE = "office", "hpc"
+DIURNAL_MIX = {  # tenant: (series, {profile suffix: weight}, use range)
+    DESK: ("QB", {"1B": 2, "2B": 3, "4Q": 3, "8Q": 2}, (0.08, 0.2)),
+    # C on whole MIG-slice sizes (24C, 48C: what a 3g/7g GPU instance holds): the model has no MIG,
+    # so MIG-backed compute is stood in by the time-sliced C type of the same framebuffer
+    COMPUTE: ("C", {"12C": 2, "24C": 3, "48C": 1}, (0.4, 0.9)),
+}
+
+
+def diurnal_tenants():
+    return {t.name: t.validate() for t in (
+        Tenant(DESK, "burstable", "shared", Quota(Limits(vgpus=400), Limits(vgpus=400), frozenset("QB"))),
+        Tenant(COMPUTE, "best-effort", "shared", Quota(Limits(vgpus=200), Limits(vgpus=200), frozenset("C"))),
+    )}
+
+
+def diurnal_pools(desk: int):
+    """Two pools: ``desk`` (equal-share, serves burstable: the desktops) on ``desk`` GPUs, ``compute``
+    (best-effort, serves best-effort) on the others; each board split as evenly as it goes."""
+    a = sorted(g for g, b in GPUS.items() if b is A40)
+    ll = sorted(g for g, b in GPUS.items() if b is L40S)
+    na, nl = (desk + 1) // 2, desk // 2
+    return [adm.Pool("desk", "equal-share", ("burstable",), (*a[:na], *ll[:nl])),
+            adm.Pool("compute", "best-effort", ("best-effort",), (*a[na:], *ll[nl:]))]
+
+
+def day_phase(t: float) -> float:
+    """0 at midnight, 1 at midday (a cosine over :data:`DAY`)."""
+    return 0.5 - 0.5 * math.cos(2 * math.pi * t / DAY)
+
+
+def diurnal_trace(seed: int, arrivals: int):
+    """As :func:`trace`: desktops (B and Q) arrive at a rate that peaks at midday, compute (C) at one
+    that peaks at midnight (:data:`DESK_RATE`, :data:`COMPUTE_RATE`, each at least :data:`RATE_FLOOR`
+    of its peak), by thinning a Poisson process of the two peaks' sum."""
+    rnd = random.Random(seed)
+    peak = DESK_RATE + COMPUTE_RATE
+    vms, events = {}, []
+    t, i = 0.0, 0
+    while i < arrivals:
+        t += rnd.expovariate(peak)
+        ph = day_phase(t)
+        desk = DESK_RATE * (RATE_FLOOR + (1 - RATE_FLOOR) * ph)
+        comp = COMPUTE_RATE * (RATE_FLOOR + (1 - RATE_FLOOR) * (1 - ph))
+        x = rnd.random() * peak
+        if x >= desk + comp:
+            continue
+        tn = DESK if x < desk else COMPUTE
+        series, sizes, (lo, hi) = DIURNAL_MIX[tn]
+        board = rnd.choice(("A40", "L40S"))
+        profile = f"{board}-{rnd.choices(list(sizes), list(sizes.values()))[0]}"
+        vm = f"vm{i}"
+        vms[vm] = (tn, profile, board, rnd.uniform(lo, hi))
+        events.append((t, 0, "arrive", vm))
+        events.append((t + rnd.expovariate(1 / DIURNAL_LIFE), 1, "depart", vm))
+        i += 1
+    events.sort()
+    return [(e[0], e[2], e[3]) for e in events], vms
+
+
+#: the desk pool sizes the best static split is searched over first (then the two beside the best)
+STATIC_SPLITS = tuple(range(2, 15, 2))
+
+
+def run_diurnal(seed: int, arrivals: int, *, timeline=None):
+    """One seed of the diurnal trace: hoarding, compute-aware on an even split (8 desk + 8 compute),
+    compute-aware on the best static split (the one of :data:`STATIC_SPLITS` that admits most, chosen
+    knowing the trace), and the reconciler from the even split; use estimated.  ``timeline``: as
+    :func:`replay_vgpuhost`'s, for the reconciler replay."""
+    events, vms = diurnal_trace(seed, arrivals)
+    last_arrival = max(t for t, k, _ in events if k == "arrive")
+    steady = (WARMUP_LIVES * DIURNAL_LIFE, last_arrival)
+    n = len(vms)
+    ts = diurnal_tenants()
+    asked = {}
+    for tn, *_ in vms.values():
+        asked[tn] = asked.get(tn, 0) + 1
+    doc = {"trace": "diurnal", "seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS),
+           "steady_window": list(steady), "trace_ceiling": demand_ceiling(events, vms, steady),
+           "replays": [list(r) for r in DIURNAL_REPLAYS]}
+
+    def one(ps, reconciler=False, tl=None):
+        adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use="estimated", pool_set=ps,
+                                                           mixed=True, reconciler=reconciler, ts=ts, timeline=tl)
+        return _figures(adm_n, n, meter, broken, codes, per, asked)
+
+    adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
+    doc["hoarding"] = _figures(adm_n, n, meter, broken, codes, per, asked)
+    doc["even_pools"] = one(diurnal_pools(8))
+    tried = {8: doc["even_pools"]}
+    for k in STATIC_SPLITS:                     # every other split, then the two beside the best of them
+        tried[k] = tried.get(k) or one(diurnal_pools(k))
+    top = max(tried, key=lambda k: tried[k]["admitted_share"])
+    for k in (top - 1, top + 1):
+        if 1 <= k <= len(GPUS) - 1 and k not in tried:
+            tried[k] = one(diurnal_pools(k))
+    best = max(tried.items(), key=lambda kv: kv[1]["admitted_share"])
+    doc["best_static"] = dict(best[1], desk_gpus=best[0])
+    doc["reconciler"] = one(diurnal_pools(8), reconciler=True, tl=timeline)
+    b = doc["best_static"]["admitted_share"]
+    doc["reconciler_over_best_static"] = doc["reconciler"]["admitted_share"] / b - 1 if b else None
+    a = doc["hoarding"]
+    doc["ratio_c_over_a"] = {k: (doc["best_static"][k] / a[k]) if a[k] else None
+                             for k in ("admitted_share", "framebuffer_share", "time_share")}
+    return doc
+
+
+DIURNAL_REPLAYS = (("hoarding", "(a) hoarding"), ("even_pools", "(c) 8+8 pools"),
+                   ("best_static", "(s) best static pools"), ("reconciler", "(e) reconciler"))
+
+
+def demand_timeline(events, vms, at):
+    """``[(time, desktop GPU-time demand, compute GPU-time demand)]`` of the VMs live (arrived, not yet
+    departed, admitted or not) at each time of ``at`` (sorted)."""
+    live, out, i = {}, [], 0
+    for now in at:
+        while i < len(events) and events[i][0] <= now:
+            _, kind, vm = events[i]
+            if kind == "arrive":
+                live[vm] = vms[vm]
+            else:
+                live.pop(vm, None)
+            i += 1
+        d = sum(v[3] for v in live.values() if v[0] == DESK)
+        out.append((now, d, sum(v[3] for v in live.values() if v[0] != DESK)))
+    return out
+
+
+def plot_diurnal(seed: int, arrivals: int, path: str) -> str:
+    """Write the reconciler's pool sizes and the demand over time on the diurnal trace (seed ``seed``) as a
+    PNG at ``path`` with matplotlib; the line to print (a skip line when matplotlib is not installed)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ("plot skipped: matplotlib is not installed (an optional bench dependency: "
+                "pip install 'vgpuhost[bench]' or apt install python3-matplotlib)")
+    timeline = []
+    events, vms = diurnal_trace(seed, arrivals)
+    last_arrival = max(t for t, k, _ in events if k == "arrive")
+    replay_vgpuhost(events, vms, (0.0, last_arrival), use="estimated", pool_set=diurnal_pools(8), mixed=True,
+                    reconciler=True, ts=diurnal_tenants(), timeline=timeline)
+    times = [t for t, _ in timeline]
+    dem = demand_timeline(events, vms, times)
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
+    ax.step(times, [p.get("desk", 0) for _, p in timeline], where="post", color="tab:blue", label="desk pool (GPUs)")
+    ax.step(times, [p.get("compute", 0) for _, p in timeline], where="post", color="tab:red",
+            label="compute pool (GPUs)")
+    ax.plot(times, [d for _, d, _ in dem], color="tab:blue", alpha=0.45, linestyle="--",
+            label="desktop demand (GPU time)")
+    ax.plot(times, [c for _, _, c in dem], color="tab:red", alpha=0.45, linestyle="--",
+            label="compute demand (GPU time)")
+    ax.set_xlabel(f"time (a day is {DAY:g} units)")
+    ax.set_ylabel("GPUs")
+    ax.set_ylim(0, len(GPUS) + 1)
+    ax.set_title(f"capacity reconciler on the diurnal trace (seed {seed}, 16 GPUs)")
+    ax.legend(loc="upper right", fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def _figures(adm_n, n, meter, broken, codes, per, asked):
+    whole, st = meter.result(), meter.result(True)
+    return {"admitted_share": adm_n / n, "framebuffer_share": whole["fb"], "time_share": whole["time"],
+            "time_share_steady": st["time"], "starved_share": whole["starved"],
+            "starved_share_steady": st["starved"], "demand_share": whole["demand"],
+            "gpus_held_share": whole["held"], "violations": broken, "refusals": codes,
+            "admitted_by_tenant": {t: per.get(t, 0) / asked[t] for t in sorted(asked)}}
 
 
 ROWS = (("admitted share", "admitted_share"), ("GPU time share, whole span", "time_share"),
@@ -366,27 +561,37 @@ def median(xs):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", choices=("today", "diurnal"), default="today",
+                    help="today's mixed trace, or desktops by day and compute by night")
     ap.add_argument("--seed", type=int, default=13, help="the first seed")
     ap.add_argument("--seeds", type=int, default=1, help="seeds from --seed on; figures are their median")
     ap.add_argument("--arrivals", type=int, default=2400)
     ap.add_argument("--known", action="store_true", help="also replay (c) with the trace's own use (a reference)")
     ap.add_argument("--batch-ceiling", type=float, default=None, metavar="SHARE",
                     help="compute ceiling of the best-effort pool batch in (c) (overcommit; default 1.0)")
+    ap.add_argument("--plot", metavar="PNG", default=None,
+                    help="diurnal trace: write the reconciler's pool sizes and the demand over time (first seed) "
+                         "as a PNG (needs matplotlib)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    docs = [run(args.seed + i, args.arrivals, known=args.known, batch_ceiling=args.batch_ceiling)
-            for i in range(args.seeds)]
-    keys = [k for k, _, _ in REPLAYS] + (["compute_aware_known"] if args.known else [])
-    labels = {k: lab for k, lab, _ in REPLAYS}
-    labels["compute_aware_known"] = "(c*) known use"
+    if args.trace == "diurnal":
+        docs = [run_diurnal(args.seed + i, args.arrivals) for i in range(args.seeds)]
+    else:
+        docs = [run(args.seed + i, args.arrivals, known=args.known, batch_ceiling=args.batch_ceiling)
+                for i in range(args.seeds)]
+    keys = [k for k, _ in docs[0]["replays"]]
+    labels = dict(docs[0]["replays"])
     broken = sum(d[k]["violations"] for d in docs for k in keys)
     if args.json:
         print(json.dumps(docs[0] if len(docs) == 1 else {"seeds": [d["seed"] for d in docs], "runs": docs}, indent=2))
         return 1 if broken else 0
     d0 = docs[0]
     seeds = f"seed {args.seed}" if len(docs) == 1 else f"seeds {args.seed}..{args.seed + len(docs) - 1} (median)"
-    print(f"trace: {seeds}, {d0['arrivals']} arrivals, {d0['gpus']} GPUs (8 A40 + 8 L40S), 4 tenants; steady "
-          f"window t={d0['steady_window'][0]:.0f}..{d0['steady_window'][1]:.0f} (after warm-up, before the drain)")
+    who = ("2 tenants: office (burstable desktops, B and Q) by day, hpc (best-effort compute, C) by night; "
+           f"a day is {DAY:g} time units" if args.trace == "diurnal" else "4 tenants")
+    print(f"trace {args.trace}: {seeds}, {d0['arrivals']} arrivals, {d0['gpus']} GPUs (8 A40 + 8 L40S), {who}; "
+          f"steady window t={d0['steady_window'][0]:.0f}..{d0['steady_window'][1]:.0f} "
+          "(after warm-up, before the drain)")
     tc = {k: median([d["trace_ceiling"][k] for d in docs]) for k in d0["trace_ceiling"]}
     print(f"trace ceiling (GPU-time demand if every VM were admitted): {tc['demand']:.3f} whole span "
           f"({tc['capped']:.3f} capped at {d0['gpus']} GPUs), {tc['demand_steady']:.3f} steady "
@@ -411,6 +616,13 @@ def main(argv=None) -> int:
         print(f"{labels[k]} refusals by rule (all seeds): "
               + (", ".join(f"{c} {v}" for c, v in sorted(codes.items())) or "none")
               + (f"; pool moves of empty GPUs: {moved}" if moved is not None else ""))
+    if args.trace == "diurnal":
+        print("best static pools, desk GPUs of 16, by seed: " + ", ".join(str(d["best_static"]["desk_gpus"])
+                                                                         for d in docs))
+        gain = median([d["reconciler_over_best_static"] for d in docs])
+        print(f"reconciler against the best static pools: admitted {gain:+.1%} (median; target >= +10%)")
+        if args.plot:
+            print(plot_diurnal(args.seed, args.arrivals, args.plot))
     return 1 if broken else 0
 
 

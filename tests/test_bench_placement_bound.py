@@ -152,3 +152,16 @@ def test_every_strategy_keeps_the_constraint_and_stays_under_the_bounds():
         admitted = [n for n, d in decided.items() if d.admitted]
         assert bp.class_fits(reqs, admitted, 4, FB, TYPES), strategy
         assert len(admitted) <= min(tight.bound, math.floor(plain[0] + 1e-6)), strategy
+
+
+def test_repack_at_restart_is_the_strategy_without_restarts_and_stays_under_the_bound():
+    """``--restarts``: with no restart the replay admits what the strategy admits; with restarts it
+    places each restarting vGPU again (best-fit never loses one: its own slot was freed) and admits no
+    more than the tight class-aware bound."""
+    reqs, events, _ = bp.make_trace(7, 300, 4, 1.0, FB, TYPES)
+    tight = bp.tight_class_bound(reqs, 4, FB, TYPES, time_limit=20)
+    for strategy in bp.RESTART_RULES:
+        plain = sum(1 for d in bp.replay_model(strategy, reqs, events, 4, FB, TYPES, _SIM).values() if d.admitted)
+        assert bp.replay_restarting(strategy, reqs, events, 4, FB, TYPES, _SIM, 0.0, 7) == plain
+        got = bp.replay_restarting(strategy, reqs, events, 4, FB, TYPES, _SIM, 3.0, 7)
+        assert 0 < got <= tight.bound, strategy

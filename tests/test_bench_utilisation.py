@@ -76,3 +76,48 @@ def test_a_reconciler_pass_never_moves_a_gpu_that_holds_a_device():
     assert all(m.to_pool == "gold" for m in moves)
     gold = next(p for p in model.pools if p.name == "gold")
     assert {m.gpu for m in moves} <= set(gold.gpus)              # the model's pools were replaced
+
+
+@pytest.fixture(scope="module")
+def diurnal():
+    saved = bench.STATIC_SPLITS
+    bench.STATIC_SPLITS = (4, 8, 12)          # a tiny search: the test checks the bench's rules, not its figures
+    try:
+        return bench.run_diurnal(13, 240, timeline=[])
+    finally:
+        bench.STATIC_SPLITS = saved
+
+
+def test_the_diurnal_trace_shifts_desktops_by_day_and_compute_by_night():
+    events, vms = bench.diurnal_trace(5, 600)
+    day = [vms[vm][0] for t, k, vm in events if k == "arrive" and abs((t % bench.DAY) - bench.DAY / 2) < 30]
+    night = [vms[vm][0] for t, k, vm in events if k == "arrive" and min(t % bench.DAY, bench.DAY - t % bench.DAY) < 30]
+    assert day.count(bench.DESK) > 3 * day.count(bench.COMPUTE)
+    assert night.count(bench.COMPUTE) > night.count(bench.DESK)
+    desk = {vms[vm][1].split("-")[1][-1] for vm in vms if vms[vm][0] == bench.DESK}
+    comp = {vms[vm][1].split("-")[1][-1] for vm in vms if vms[vm][0] == bench.COMPUTE}
+    assert desk == {"B", "Q"} and comp == {"C"}
+
+
+def test_the_diurnal_replays_keep_the_rules_and_the_best_static_split_is_the_best_tried(diurnal):
+    d = diurnal
+    assert [k for k, _ in d["replays"]] == ["hoarding", "even_pools", "best_static", "reconciler"]
+    for k, _ in d["replays"]:
+        assert d[k]["violations"] == 0
+        assert d[k]["time_share"] + d[k]["starved_share"] == pytest.approx(d[k]["demand_share"])
+    assert d["best_static"]["admitted_share"] >= d["even_pools"]["admitted_share"]
+    assert d["best_static"]["desk_gpus"] in (3, 4, 5, 7, 8, 9, 11, 12, 13)
+    assert d["reconciler"]["refusals"]["moves"] > 0
+    assert d["reconciler_over_best_static"] == pytest.approx(
+        d["reconciler"]["admitted_share"] / d["best_static"]["admitted_share"] - 1)
+
+
+def test_the_plot_is_written_or_skipped_with_a_line(tmp_path):
+    out = tmp_path / "d.png"
+    line = bench.plot_diurnal(13, 160, str(out))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert line.startswith("plot skipped: matplotlib is not installed") and not out.exists()
+    else:
+        assert line == f"plot: {out}" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

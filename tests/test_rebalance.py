@@ -399,3 +399,80 @@ def test_a_move_whose_nvml_write_finds_the_gpu_lost_marks_it_unhealthy(make_host
     assert "the GPU is marked unhealthy" in " ".join(doc["failed"])
     assert [(r[0], r[2]) for r in s.gpu_health_rows()] == [(str(GPU_HI), "nvml")]
     assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"
+
+
+def test_the_reconciler_reads_the_refusal_code_not_the_reason_wording(make_host, capsys):
+    """Admission's refused row ends with its structured refusal code; the reconciler reads that: a
+    reason reworded is still demand, a row without the code is not, and a code that is no demand for
+    room (quota) is not."""
+    host, s, _ = gold_full(make_host, capsys)
+    [row] = [r for r in s.audit_rows() if r.path == rebalance.ADMISSION_PATH and r.result == "refused"]
+    assert row.value.endswith("; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g"), row.value
+    at = "2026-12-07T03:00:00+00:00"
+    assert pol.refusal_of(at, "the wording changed; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g",
+                          {}) == pol.Refusal(at, "A40-48Q", "g", "guaranteed", "capacity")
+    assert pol.refusal_of(at, "x; refusal=gpu-time profile=L40S-4Q qos=best-effort tenant=", {}) == \
+        pol.Refusal(at, "L40S-4Q", None, "best-effort", "gpu-time")
+    assert pol.refusal_of(at, row.value.rsplit("; refusal=", 1)[0], {"g": "guaranteed"}) is None
+    assert pol.refusal_of(at, "x; refusal=quota profile=A40-48Q qos=guaranteed tenant=g", {}) is None
+
+
+TIERS = """version: 1
+layouts:
+  tiers:
+    gpus:
+      - select: {address: "0000:41:00.0"}
+        mode: vgpu
+        vgpu: {types: {A40-48Q: 1}}
+        scheduler: {policy: fixed-share}
+        pool: {name: gold, serves: [guaranteed]}
+      - select: {address: "0000:a1:00.0"}
+        mode: vgpu
+        vgpu: {types: {L40S-4Q: 1}}
+        scheduler: {policy: best-effort}
+        pool: {name: batch, serves: [best-effort]}
+"""
+
+
+def test_apply_puts_a_moved_gpu_back_and_assert_and_apply_say_the_reconciler_moved_it(make_host, capsys, tmp_path):
+    """The layout's pools win: after a move, assert names the moved GPU as moved by the reconciler and
+    apply records the layout's pools again, saying it puts that GPU back; the move's mark is gone then."""
+    host = mixed(make_host)
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "equal-share")[0] == 0
+    cfg = tmp_path / "tiers.yaml"
+    cfg.write_text(TIERS)
+    code, out, err = run(capsys, host, "apply", "-c", str(cfg))
+    assert code == 0, out + err
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
+                                  profile="A40-48Q")) == (0, "")
+    rc, err = start(host, "g1", tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g", profile="A40-48Q"))
+    assert rc == 2, err
+    code, out, err = run(capsys, host, "assert", "-c", str(cfg))
+    assert code == 0, out + err
+    assert run(capsys, host, "rebalance")[0] == 0
+    assert pool_map(s)[str(GPU_HI)] == "gold"
+    assert s.settings_under("rebalance.moved.") == {f"rebalance.moved.{GPU_HI}": "default -> gold"}
+    code, out, err = run(capsys, host, "assert", "-c", str(cfg))
+    assert code != 0
+    assert (f"GPU {GPU_HI}: out of pool gold (the capacity reconciler moved it, pool default -> gold; "
+            "apply puts it back: the layout's pools win)") in out + err, out + err
+    code, out, err = run(capsys, host, "apply", "-c", str(cfg))
+    assert code == 0, out + err
+    assert f"GPU {GPU_HI}: out of pool gold (the capacity reconciler moved it, pool default -> gold; put back" \
+        in out + err, out + err
+    assert pool_map(s) == BASE and s.settings_under("rebalance.moved.") == {}
+    assert run(capsys, host, "assert", "-c", str(cfg))[0] == 0
+
+
+def test_an_undone_move_leaves_no_mark(make_host, capsys):
+    from vgpuhost.plan.rebalance import RecordPool
+    from vgpuhost.plan.executor import StepContext
+    host, s, _ = gold_full(make_host, capsys)
+    step = RecordPool(str(GPU_HI), "gold", "fixed-share", ("guaranteed",), "default", "", (), "1 start(s)")
+    ctx = StepContext(host, s, actor="t", operation="rebalance")
+    step.run(ctx)
+    assert s.settings_under("rebalance.moved.") == {f"rebalance.moved.{GPU_HI}": "default -> gold"}
+    step.inverse(None).run(ctx)
+    assert s.settings_under("rebalance.moved.") == {} and pool_map(s) == BASE

@@ -142,3 +142,25 @@ def test_a_vendor_vfio_vf_gets_the_advised_type(make_host):
     assert names.get(tid) == "L40S-2Q", (tid, names.get(tid))
     [row] = [r for r in s.audit_rows() if r.result == "resized"]
     assert row.path == vf and "L40S-8Q -> L40S-2Q" in row.value
+
+
+def test_a_fallen_back_first_try_is_no_demand_for_the_reconciler(make_host):
+    """The advised profile's refused admission (the start's first try) is followed by its
+    'resize-fallback' row; the capacity reconciler does not weigh it (the start then ran as asked),
+    while a plain refused start of the same domain later still counts once."""
+    from vgpuhost.ops import rebalance
+    from vgpuhost.policy import rebalance as pol
+    host, s = setup(make_host)
+    for i, g in ((7, "0"), (8, "1")):
+        assert start(host, f"r{i}", tdom(f"r{i}", uid("d1d1d1d1", i), uid("e1e1e1e1", i), tenant="web",
+                                         profile="A40-8Q", strategy="spread")) == (0, "")
+    history(s, uid("d1d1d1d1", 6), uid("e1e1e1e1", 6), "A40-8Q", peak_mib=1500, share=0.03)
+    assert start(host, "r6", dom(6, True)) == (0, "")
+    [first] = [r for r in s.audit_rows() if r.path == "(admission)" and r.result == "refused"]
+    assert first.value.endswith("; refusal=capacity profile=A40-2Q qos=burstable tenant=web"), first.value
+    assert rebalance.facts(host, s, pol.Bounds()).refusals == []
+    # a start refused outright (no resize) is demand, once
+    big = tdom("r4", uid("d1d1d1d1", 4), uid("e1e1e1e1", 4), tenant="web", profile="A40-48Q")
+    assert start(host, "r4", big)[0] == 2
+    got = rebalance.facts(host, s, pol.Bounds()).refusals
+    assert [(r.profile, r.tenant, r.qos, r.code) for r in got] == [("A40-48Q", "web", "burstable", "capacity")]

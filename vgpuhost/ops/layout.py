@@ -38,6 +38,7 @@ from ..plan.layout import (
 )
 from ..policy import compute
 from ..policy.config import Config
+from ..policy.admission import REBALANCE_MOVED
 from ..policy.placement import LAYOUT
 from . import gputime, mig, migdemand, passthrough, scheduler, tenancy, vgpu
 from .health import out_of_service
@@ -181,8 +182,32 @@ def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     drift = planner.drift(cfg, layout, view)
     new = planner.pools(cfg, layout, view)
     if new or store.pool_rows():
-        drift.diff += [f"- pools: {line} (apply records it)" for line in tenancy.pool_changes(store, new)]
+        drift.diff += [f"- pools: {_moved_note(line, moved, 'apply puts it back')}" if moved else
+                       f"- pools: {line} (apply records it)"
+                       for line, moved in _with_moves(store, tenancy.pool_changes(store, new))]
     return drift
+
+
+def _with_moves(store: StateStore, lines: List[str]) -> List[tuple]:
+    """``(line, FROM -> TO or "")`` for each :func:`vgpuhost.ops.tenancy.pool_changes` line
+    (``GPU BDF: ...``): the move the capacity reconciler made of that GPU, where it still sits as moved
+    (:data:`vgpuhost.policy.admission.REBALANCE_MOVED`)."""
+    moved = {k[len(REBALANCE_MOVED):]: v for k, v in store.settings_under(REBALANCE_MOVED).items()}
+    out = []
+    for line in lines:
+        out.append((line, moved.get(_gpu_of(line), "")))
+    return out
+
+
+def _gpu_of(line: str) -> str:
+    """The BDF a ``GPU 0000:41:00.0: ...`` line names ('' for another line)."""
+    if not line.startswith("GPU "):
+        return ""
+    return line[len("GPU "):].split(": ", 1)[0]
+
+
+def _moved_note(line: str, moved: str, what: str) -> str:
+    return f"{line} (the capacity reconciler moved it, pool {moved}; {what}: the layout's pools win)"
 
 
 def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] = None, *,
@@ -241,7 +266,9 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                               + "; ".join(d[2:] for d in drift.runtime),
                               hint="'vgpuhost audit' shows every write; 'vgpuhost assert -c FILE' the difference")
         if new_pools is not None:
-            result.notes += tenancy.set_pools(store, new_pools, actor=who, check=False)
+            marked = dict(_with_moves(store, tenancy.pool_changes(store, new_pools)))
+            result.notes += [_moved_note(line, marked[line], "put back") if marked.get(line) else line
+                             for line in tenancy.set_pools(store, new_pools, actor=who, check=False)]
         for gpu, on in sorted(planner.mig_on_demand(cfg, layout, view).items()):
             if migdemand.set_opt_in(host, store, PciAddress.parse(gpu), on, actor=who):
                 result.notes.append(f"MIG on demand {'on' if on else 'off'} for {gpu}")

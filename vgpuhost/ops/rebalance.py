@@ -52,6 +52,8 @@ SCHEMA = "vgpuhost.rebalance/v1"
 CONFIG = ("vgpuhost", "rebalance.yaml")
 #: the audit row of a refused start admission wrote
 ADMISSION_PATH = "(admission)"
+#: the result of the audit row a right-sized start writes when it falls back to the profile asked
+RESIZE_FALLBACK = "resize-fallback"
 
 
 def config_path(host: HostRoot) -> str:
@@ -89,13 +91,30 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
 
 
+def _advised_refusals(rows: Sequence[Any]) -> set:
+    """The ids of the refused admission rows that were a right-sized start's first try (the advised,
+    smaller profile: ops.devices' ``resize-fallback`` row follows, and the start asks again with the
+    profile asked): not demand, so one start counts once (its second try's row, if refused, counts)."""
+    out: set = set()
+    last: Dict[str, int] = {}       # domain name -> id of its newest refused admission row so far
+    for r in rows:
+        if r.path == ADMISSION_PATH and r.result == "refused" and r.operation.startswith("admission "):
+            last[r.operation[len("admission "):].rsplit(" ", 1)[0]] = r.id
+        elif r.result == RESIZE_FALLBACK and r.operation.startswith("prepare "):
+            got = last.pop(r.operation[len("prepare "):], None)
+            if got is not None:
+                out.add(got)
+    return out
+
+
 def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optional[float] = None) -> Facts:
     """Read the host and the store once for a decision (under the caller's host lock).
 
     A GPU is busy (never moved) when it holds any vGPU (on the host or recorded, any owner), an
     allocation, is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
     Refusals: ``(admission)`` rows with result ``refused`` of the last ``bounds.window_min`` minutes
-    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room, less those a move of
+    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code
+    admission records), less a right-sized start's first try (:func:`_advised_refusals`) and those a move of
     the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
     metered vGPU allocated seconds over the last ``trend_hours`` and the span before."""
     now = time.time() if now_s is None else now_s
@@ -125,9 +144,11 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     ts = tenancy.tenants(store)
     qos_of = {n.lower(): t.qos for n, t in ts.items()}
     refusals, served = [], {}
-    for r in store.audit_rows(since=_iso(now - bounds.window_min * 60)):
+    rows = store.audit_rows(since=_iso(now - bounds.window_min * 60))
+    advised = _advised_refusals(rows)
+    for r in rows:
         if r.path == ADMISSION_PATH and r.result == "refused":
-            got = pol.refusal_of(r.time, r.value, qos_of)
+            got = pol.refusal_of(r.time, r.value, qos_of) if r.id not in advised else None
             if got is not None:
                 refusals.append(got)
         elif r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":

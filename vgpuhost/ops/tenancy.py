@@ -643,7 +643,8 @@ def pool_changes(store: StateStore, new: Sequence[adm.Pool]) -> List[str]:
 
 def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[Mapping[str, str]] = None,
               actor: Optional[str] = None, check: bool = True) -> List[str]:
-    """Record ``new`` as the host's pools (replacing the old); returns what changed, one line each (also
+    """Record ``new`` as the host's pools (replacing the old, and forgetting which GPUs the capacity
+    reconciler had moved: :data:`vgpuhost.policy.admission.REBALANCE_MOVED`); returns what changed, one line each (also
     one audit row).  ``check``: :func:`check_pools` first (``vgpuhost apply`` checks before its steps and
     records after them).  Raises as :func:`check_pools`; nothing changes then.
     """
@@ -654,6 +655,8 @@ def set_pools(store: StateStore, new: Sequence[adm.Pool], *, policies: Optional[
         store.replace_pools(conn, [(g, p.name, p.policy, ",".join(p.classes)) for p in new for g in p.gpus])
         store.put_setting(conn, POOL_CEILINGS, ";".join(f"{p.name}={p.ceiling:g}" for p in new
                                                         if p.ceiling is not None) or None)
+        for key in store.settings_under(adm.REBALANCE_MOVED):    # the recorded pools are the layout's again
+            store.put_setting(conn, key, None)
     if changes:
         store.audit(actor=actor or _actor(), operation="pools set", path="(pools)", value="; ".join(changes))
     return changes
@@ -800,7 +803,9 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
-                        path="(admission)", value=f"{d.one_line()}; {tr.text}", result="refused")
+                        path="(admission)", result="refused",
+                        value=f"{d.one_line()}; {tr.text}; "
+                              f"{adm.refusal_tag(d.code, req.demand.profile, d.qos, d.tenant)}")
         if not d.admitted:
             raise RefusedError(f"admission: {d.reason}",
                                hint=d.remedy())

@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 from ..model.errors import DeviceError
 from ..model.nvml import SchedulerState
 from ..model.values import PciAddress
-from ..policy.admission import DEFAULT_POOL
+from ..policy.admission import DEFAULT_POOL, REBALANCE_MOVED
 from ..policy.rebalance import Move
 from .executor import StepContext
 from .steps import AUDIT_NONE, SetScheduler, Step
@@ -37,7 +37,8 @@ OPERATION = "rebalance move"
 class RecordPool(Step):
     """Record GPU ``gpu`` (BDF) in pool ``pool`` (``policy``, ``classes``; :data:`DEFAULT_POOL`: in no
     declared pool), moved from ``was`` (``was_policy``, ``was_classes``), with one audit row (path
-    ``(pools)``, operation ``rebalance move``) whose value names ``reason``, in the same transaction."""
+    ``(pools)``, operation ``rebalance move``) whose value names ``reason``, and the setting
+    :data:`REBALANCE_MOVED` + ``gpu`` (``was -> pool``; dropped by the undo), in the same transaction."""
 
     gpu: str
     pool: str
@@ -59,6 +60,9 @@ class RecordPool(Step):
             rows.append((self.gpu, self.pool, self.policy, ",".join(self.classes)))
         with store.transaction() as conn:
             store.replace_pools(conn, rows)
+            # which GPUs sit where the reconciler put them (apply and assert say so; apply puts them back)
+            store.put_setting(conn, REBALANCE_MOVED + self.gpu, None if self.reason.startswith("undo: ")
+                              else f"{self.was} -> {self.pool}")
             store.audit(actor=ctx.actor, operation=f"{OPERATION} {self.gpu}", path=AUDIT_PATH,
                         value=f"GPU {self.gpu}: pool {self.was} -> {self.pool}: {self.reason}", conn=conn)
         ctx.writes += 1

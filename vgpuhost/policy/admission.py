@@ -73,7 +73,7 @@ from ..model.values import record, replace
 from . import compute
 from .feasibility import HostGpu, Reserve  # noqa: F401 (HostGpu re-exported for ops.tenancy)
 from .demand import (PASSTHROUGH, ROOM_CODES, VGPU, Admission, Allocation, Demand,  # noqa: F401 (re-exported)
-                     allocation, passthrough_demand, vgpu_demand)
+                     allocation, passthrough_demand, refusal_tag, vgpu_demand)
 from .placement import GpuOffer, Request, place
 
 TYPE_CHECKING = False
@@ -81,6 +81,10 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 DEFAULT_POOL = "default"
+#: the settings key prefix (then the GPU's BDF) of a GPU the capacity reconciler moved to another pool:
+#: ``FROM -> TO`` (pool names); written with the move, dropped by its undo and when the layout's pools
+#: are recorded again (``vgpuhost apply`` puts the layout's pool back and says so)
+REBALANCE_MOVED = "rebalance.moved."
 #: the classes each scheduler policy may serve (a policy never serves a class stronger than its own)
 POLICY_SERVES = {SchedulerPolicy.FIXED_SHARE: (GUARANTEED, BURSTABLE, BEST_EFFORT),
                  SchedulerPolicy.EQUAL_SHARE: (BURSTABLE, BEST_EFFORT), SchedulerPolicy.BEST_EFFORT: (BEST_EFFORT,)}

@@ -2,8 +2,8 @@
 
 Owns: the reconciler's settings and operator bounds (:class:`Bounds`, read from the rebalance
 config by :func:`parse_bounds`, strict: one :class:`~vgpuhost.model.errors.InputError` line naming
-the field), the refusals it weighs (:func:`refusal_of`: the value of a ``refused`` admission audit
-row -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), and the
+the field), the refusals it weighs (:func:`refusal_of`: the structured tail of a ``refused`` admission
+audit row's value -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), and the
 decision itself (:func:`decide` -> :class:`Decision` of :class:`Move` values).  Must not: read the
 host, the state store or the clock; callers (:mod:`vgpuhost.ops.rebalance`) build the inputs and
 run the moves as a plan through the Executor.
@@ -46,6 +46,7 @@ from ..model.errors import InputError
 from ..model.tenancy import Tenant
 from ..model.values import VgpuProfile
 from .admission import DEFAULT_POOL, Pool, gpu_time_room, pool_of, pool_problems, serves_of
+from .demand import refusal_fields
 from .feasibility import HostGpu, at_risk
 
 #: the move this module decides; the other names are reserved for the mixed-size and MIG-on-demand features
@@ -55,15 +56,6 @@ KINDS = (KIND_POOL, "mixed-size", "mig-reslice")
 DEMAND_CODES = ("capacity", "gpu-time", "pool")
 #: a pool's allocated time is *rising* when the last trend window holds this much more than the one before
 RISING = 1.25
-
-_ASKER = r"(?:tenant '(?P<tenant>[^']*)'|a domain without a tenant)"
-_PATTERNS = (
-    ("capacity", re.compile(r"^no room for vGPU (?P<profile>\S+) of " + _ASKER)),
-    ("gpu-time", re.compile(r"^no GPU time for vGPU (?P<profile>\S+) of " + _ASKER)),
-    ("pool", re.compile(r"^no pool serves QoS class (?P<qos>[a-z-]+) on this host \(pools serving it: [^)]*, "
-                        r"none with a GPU offering (?P<profile>[^)\s]+)\)")),
-)
-
 
 @dataclass(frozen=True)
 class Refusal:
@@ -80,18 +72,18 @@ class Refusal:
 
 def refusal_of(at: str, value: str, qos_of: Mapping[str, str]) -> Optional[Refusal]:
     """The :class:`Refusal` a ``refused`` ``(admission)`` audit row's ``value`` records, or None when it
-    was refused for something moving capacity cannot fix (quota, isolation, QoS class, a GPU in drift).
-    ``qos_of``: each tenant's QoS class, by lower-case name (a tenant not there: best-effort)."""
-    for code, pattern in _PATTERNS:
-        m = pattern.match(value)
-        if m is None:
-            continue
-        groups = m.groupdict()
-        tenant = groups.get("tenant")
-        qos = groups.get("qos") or (qos_of.get(tenant.lower(), QosClass.BEST_EFFORT) if tenant
-                                    else QosClass.BEST_EFFORT)
-        return Refusal(at, groups["profile"], tenant, str(qos), code)
-    return None
+    was refused for something moving capacity cannot fix (quota, isolation, QoS class, a GPU in drift:
+    a code not in :data:`DEMAND_CODES`) or carries no refusal code.  Read from the structured tail
+    admission writes (:func:`vgpuhost.policy.demand.refusal_tag`: code, profile, class, tenant), never
+    from the reason's wording.  ``qos_of``: each tenant's QoS class, by lower-case name, used where the
+    tail names no class (a tenant not there: best-effort)."""
+    got = refusal_fields(value)
+    if got is None or got[0] not in DEMAND_CODES:
+        return None
+    code, profile, qos, tenant = got
+    if not qos:
+        qos = qos_of.get(tenant.lower(), QosClass.BEST_EFFORT) if tenant else QosClass.BEST_EFFORT
+    return Refusal(at, profile, tenant, str(qos), code)
 
 
 _SERVED = re.compile(r"(?P<n>\d+) start\(s\) of (?P<profile>\S+) \((?P<qos>[a-z-]+);")
