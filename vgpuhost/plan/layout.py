@@ -863,9 +863,16 @@ class _Walker:
                 self.guard_in_use(g, vg, what)
         if not total:
             self.count_vgpus(g, vg, spec.types, removed, where, capacity_check=not released and not empty_for)
-            mixed = spec.mixed_size if spec.mixed_size is not None else bool(mixed_now)
+            mixed = self.mixed_after.get(g.address, spec.mixed_size if spec.mixed_size is not None
+                                         else bool(mixed_now))
             if not mixed and not released:
                 self.equal_size(g, vg, spec.types)
+                sizes = sorted({VgpuProfile.parse(c.name).framebuffer_gb for c in spec.types if c.count})
+                if len(sizes) > 1:      # a mixed-size pool's GPU kept in equal-size mode (busy)
+                    self.block(f"{bdf} stays in equal-size mode while it holds vGPUs the layout did not create, "
+                               f"and the layout's {', '.join(c.name for c in spec.types if c.count)} are "
+                               f"{len(sizes)} sizes: remove those vGPUs (or stop their domains) first, so the "
+                               "plan can turn mixed-size mode on")
         return removed
 
     def _vgpu_mig_off(self, g: Gpu, entry: Entry, empty_for: List[str], touches: List[str]) -> Optional[MigMode]:
