@@ -22,8 +22,10 @@ The rule (docs/guide/rebalance.md):
 - **A donor** is a pool above its ``min`` (a declared pool keeps at least one GPU: its GPUs are
   what declares it) that gives an empty GPU it was not itself refused a start for in the window (a
   start of a class it serves, of a profile that GPU offers), and whose allocated time is not rising
-  unless it keeps another empty GPU.  **A recipient** serves the refused class and is below its
-  ``max``.  The moved GPU must offer the refused profile.
+  unless it keeps another empty GPU; a GPU a move of the window put in that pool is held there
+  (``moved``: the hold-down, no ping-pong).  **A recipient** serves the refused class and is below its
+  ``max``.  The moved GPU must offer the refused profile, and a GPU in mixed-size mode never goes to a
+  fixed-share pool.
 - **Guarantees stay feasible**: a move is made only when, on the pools after it, the exact
   search of :mod:`vgpuhost.policy.feasibility` finds no tenant at risk that was not at risk before
   (and decides; an undecided search is no move).
