@@ -99,7 +99,9 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     Refusals: ``(admission)`` rows with result ``refused`` of the last ``bounds.window_min`` minutes
     that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room, less those a move of
     the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
-    metered vGPU allocated seconds over the last ``trend_hours`` and the span before."""
+    metered vGPU allocated seconds over the last ``trend_hours`` and the span before.  ``moved``: the
+    GPUs the moves of the window put where they are (the hold-down); each empty GPU's mixed-size mode
+    from NVML (False where it cannot say)."""
     now = time.time() if now_s is None else now_s
     inv = discover(Sysfs(host))
     records = store.vgpu_records()
