@@ -46,7 +46,7 @@ Format (docs/reference/config.md):
             scheduler: {policy: fixed-share, persist: true}
             pool: {name: gold, serves: [guaranteed]}   # or 'pool: gold' (serves what the policy can);
                                                        # ceiling: 1.5 (best-effort only: GPU time per GPU)
-                                                       # mixed_size: true (not fixed-share: empty GPUs only)
+                                                       # mixed_size: true (not fixed-share; several sizes)
           - select: {address: "0000:41:00.0"}
             mode: mig
             mig:
