@@ -1086,7 +1086,7 @@ class _Walker:
         for g in tot.gpus:
             mine = [e for gg, e in kept if gg.address == g.address]
             if mine:
-                uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
+                uuids = tuple(e.id for e in mine)      # the same ids: mdev UUIDs, or the VFs (vendor VFIO)
                 self.step("vgpu-create", LayoutCreateVgpus(
                     str(g.address), f"create {len(mine)} x {name}",
                     f"back where it was before the GPU was emptied ({where})",
