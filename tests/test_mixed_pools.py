@@ -128,3 +128,90 @@ def test_apply_turns_a_mixed_size_pools_empty_gpus_to_mixed_size_and_plan_says_s
     assert [nv.heterogeneous_mode(g) for g in gpus] == [False, True]
     [row] = [r for r in StateStore(host.state_dir).audit_rows() if "heterogeneous" in r.path or "mixed" in r.path]
     assert str(GPU_HI) in row.path
+
+
+L40S_POOL = ("version: 1\nlayouts:\n  desk:\n    gpus:\n"
+             "      - select: {board: L40S}\n        mode: vgpu\n        vgpu:\n          types: TYPES\n"
+             "        scheduler: {policy: best-effort}\n        pool: {name: desk, mixed_size: true}\n")
+
+
+def test_a_pool_gpu_holding_only_the_layouts_vgpus_switches_and_keeps_their_ids(make_host, tmp_path):
+    """Trial 5 finding 6: a pool GPU kept in equal-size mode by a manual vGPU is drift for `assert` (marked:
+    apply cannot fix it now, so apply itself does not fail); once only the layout's own vGPU is left, the
+    plan removes it, turns the mode on and re-creates it on the same VF (read back from the simulated
+    NVML, the state store and the audit log)."""
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import layout as ops_layout
+    from vgpuhost.ops.vgpu import create, remove
+    from vgpuhost.plan.layout import EMPTY_MARK
+    from vgpuhost.policy.config import load
+    from vgpuhost.sim.nvml import SimNvml
+    host = make_host("l40s-vendor-vfio")
+    store = StateStore(host.state_dir)
+    gpu = PciAddress.parse("0000:21:00.0")
+    (tmp_path / "ms.yaml").write_text(L40S_POOL.replace("TYPES", "{L40S-8Q: 1}"))
+    c = load(tmp_path / "ms.yaml")
+    manual = create(host, store, profile="L40S-8Q", gpu=gpu).id
+    ops_layout.apply(host, store, c, "desk")          # exit 0: the busy GPU keeps its mode, not a failed apply
+    nv = SimNvml(host)
+    assert nv.heterogeneous_mode(gpu) is False
+    drift = ops_layout.check(host, store, c, "desk")
+    line = f"- {gpu} mixed-size on (host has off; pool 'desk') {EMPTY_MARK}"
+    assert drift.diff == [line] and drift.reboot == [line] and not drift.in_sync
+    [mine] = [r.id for r in store.vgpu_records(owner="layout") if r.gpu == str(gpu)]
+    remove(host, store, manual)                       # now only the layout's own vGPU holds the GPU
+    p = ops_layout.plan(host, store, c, "desk")
+    assert [(s.kind, s.action) for s in p.steps] == [
+        ("vgpu", f"remove L40S-8Q {mine}"), ("mixed-size", "turn mixed-size mode on"), ("vgpu", "create 1 x L40S-8Q")]
+    assert "on the same VF" in p.steps[0].why
+    n_audit = len(store.audit_rows())
+    ops_layout.apply(host, store, c, "desk")
+    assert nv.heterogeneous_mode(gpu) is True
+    assert [r.id for r in store.vgpu_records(owner="layout") if r.gpu == str(gpu)] == [mine]
+    assert (host.root / f"sys/bus/pci/devices/{mine}/nvidia/current_vgpu_type").read_text().strip() != "0"
+    ops = [r.operation for r in store.audit_rows()[n_audit:]]
+    assert [o.split(" owner")[0] for o in ops if "placement" not in o][:3] == [
+        f"vgpu remove {mine}", f"vgpu mode {gpu} --mixed-size on", "vgpu create L40S-8Q"], ops
+    assert ops_layout.check(host, store, c, "desk").in_sync
+
+
+def test_a_mixed_size_pool_layout_declares_two_sizes_and_apply_makes_both(make_host, tmp_path):
+    """Trial 5 finding 12: a mixed-size pool's layout may hold two framebuffer sizes without
+    vgpu.mixed_size (the pool sets it); apply turns the mode on and makes both at distinct placement
+    ids (read back from the simulated NVML, the VFs' placement_id and the state store).  A set no
+    placement ids can hold is refused at read time, and a GPU the pool keeps in equal-size mode (a
+    manual vGPU on it) blocks the plan, saying why."""
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import layout as ops_layout
+    from vgpuhost.ops.vgpu import create
+    from vgpuhost.policy.config import load
+    from vgpuhost.sim.nvml import SimNvml
+    host = make_host("l40s-vendor-vfio")
+    store = StateStore(host.state_dir)
+    gpu = PciAddress.parse("0000:21:00.0")
+    f = tmp_path / "ms.yaml"
+    f.write_text(L40S_POOL.replace("TYPES", "{L40S-8Q: 3, L40S-4Q: 2}"))
+    c = load(f)
+    assert c.layouts["desk"].entries[0].vgpu.mixed_size is True
+    ops_layout.apply(host, store, c, "desk")
+    assert SimNvml(host).heterogeneous_mode(gpu) is True
+    mine = [r for r in store.vgpu_records(owner="layout") if r.gpu == str(gpu)]
+    assert sorted(r.type_name for r in mine) == ["L40S-4Q"] * 2 + ["L40S-8Q"] * 3
+    ids = [(host.root / f"sys/bus/pci/devices/{r.id}/nvidia/placement_id").read_text().strip() for r in mine]
+    assert len(set(ids)) == 5, ids
+    assert ops_layout.check(host, store, c, "desk").in_sync
+    f.write_text(L40S_POOL.replace("TYPES", "{L40S-8Q: 4, L40S-4Q: 1}"))      # 48 GB, but no id left for a 4Q
+    with pytest.raises(InputError) as e:
+        load(f)
+    assert "do not all find a free placement id" in str(e.value) and str(e.value).startswith(f"{f}:8:")
+    f.write_text(L40S_POOL.replace("TYPES", "{L40S-8Q: 1, L40S-4Q: 1}").replace(", mixed_size: true", ""))
+    with pytest.raises(InputError) as e:
+        load(f)
+    assert "mixed_size: true}" in str(e.value.hint)                   # the fix it names: a mixed-size pool
+    other = make_host("l40s-vendor-vfio")
+    create(other, StateStore(other.state_dir), profile="L40S-8Q", gpu=gpu)
+    f.write_text(L40S_POOL.replace("TYPES", "{L40S-8Q: 1, L40S-4Q: 1}"))
+    p = ops_layout.plan(other, StateStore(other.state_dir), load(f), "desk")
+    assert any(b.startswith(f"{gpu} stays in equal-size mode") for b in p.blocked), p.blocked

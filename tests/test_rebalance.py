@@ -476,3 +476,67 @@ def test_an_undone_move_leaves_no_mark(make_host, capsys):
     assert s.settings_under("rebalance.moved.") == {f"rebalance.moved.{GPU_HI}": "default -> gold"}
     step.inverse(None).run(ctx)
     assert s.settings_under("rebalance.moved.") == {} and pool_map(s) == BASE
+
+
+def test_a_gpu_moved_for_a_refused_start_is_no_donor_until_that_start_retries(make_host, capsys):
+    """Trial 5 finding 10, over several passes: the GPU moved into gold for g1's refused start is not
+    given away to answer a best-effort refusal on the next passes (held, naming the hold-down), g1's
+    retry then lands on it; an unanswered move's GPU is a donor again once the window has passed."""
+    host, s, second = gold_full(make_host, capsys)
+    bounds = pol.Bounds()
+    r = rebalance.rebalance(host, s, bounds)
+    assert [(m.gpu, m.to_pool) for m in r.done] == [(str(GPU_HI), "gold")]
+    # a best-effort start with no tenant is refused now (the default pool gave its GPU away)
+    rc, err = start(host, "b0", tdom("b0", uid("30303030", 0), uid("40404040", 0), profile="A40-48Q"))
+    assert rc == 2 and "no room for vGPU A40-48Q of a domain without a tenant" in err, err
+    for _ in range(3):                              # pass after pass: no ping-pong
+        r = rebalance.rebalance(host, s, bounds)
+        assert r.decision.moves == () and r.done == []
+        assert any(f"GPU {GPU_HI} was moved to pool gold at" in h and "retry first" in h for h in r.decision.held), \
+            r.decision.held
+    assert pool_map(s)[str(GPU_HI)] == "gold" and policy_of(host, GPU_HI) == "fixed-share"
+    assert len([x for x in s.audit_rows() if x.path == "(pools)" and x.operation.startswith("rebalance move")]) == 1
+    # past the window, with g1 never retried: the GPU may serve the best-effort demand (refused later)
+    later = time.time() + bounds.window_min * 60 + 60
+    f = rebalance.facts(host, s, bounds, now_s=later)
+    assert f.moved == {}
+    assert start(host, "g1", second) == (0, "")      # g1's retry: on the GPU moved for it
+    assert mdev_gpu(host, uid("20202020", 1)) == GPU_HI
+
+
+def test_an_empty_gpu_in_mixed_size_mode_is_not_moved_into_a_fixed_share_pool(make_host, capsys):
+    """Trial 5 finding 13: the decision holds the move (the dry run promises nothing), the real run
+    changes nothing and exits 0; the GPU out of mixed-size mode moves."""
+    host, s, _ = gold_full(make_host, capsys)
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "best-effort")[0] == 0
+    assert run(capsys, host, "vgpu", "mode", "--gpu", str(GPU_HI), "--mixed-size", "on")[0] == 0
+    rows = len(s.audit_rows())
+    for argv in (("rebalance", "--dry-run"), ("rebalance",)):
+        code, out, err = run(capsys, host, *argv)
+        assert code == 0, err
+        assert "move GPU" not in out
+        assert (f"held: 1 start(s) of A40-48Q (guaranteed; g) refused for room in the last 60 min (capacity); pool "
+                f"gold serves them: GPU {GPU_HI} is in mixed-size mode, and pool gold is fixed-share") in out, out
+    assert len(s.audit_rows()) == rows and pool_map(s) == BASE and policy_of(host, GPU_HI) == "best-effort"
+    assert not [e for e in s.journal_entries() if e.kind == "rebalance"]
+    assert run(capsys, host, "vgpu", "mode", "--gpu", str(GPU_HI), "--mixed-size", "off")[0] == 0
+    code, out, _ = run(capsys, host, "rebalance")
+    assert code == 0 and f"moved GPU {GPU_HI}: pool default -> gold" in out, out
+    assert policy_of(host, GPU_HI) == "fixed-share"
+
+
+def test_the_hold_down_covers_a_gpu_only_while_it_stays_in_the_pool_it_was_moved_to():
+    from vgpuhost.policy.admission import Pool
+    refused = [pol.Refusal("2026-12-07T03:00:00+00:00", "A40-48Q", None, "best-effort", "capacity")]
+    gpus = [pol.GpuFacts("0000:01:00.0", "", ("a40-48q",), 49152)]
+    args = dict(pools=[Pool("gold", "fixed-share", ("guaranteed",), ("0000:01:00.0", "0000:02:00.0")),
+                       Pool("batch", "best-effort", ("best-effort",), ("0000:03:00.0",))],
+                gpus=gpus + [pol.GpuFacts(f"0000:0{i}:00.0", "holds 1 device(s)", ("a40-48q",), 49152) for i in (2, 3)],
+                refusals=refused, tenants={}, held=(), host_gpus=(), bounds=pol.Bounds(), minute_of_day=0,
+                moves_last_hour=0)
+    assert [(m.gpu, m.to_pool) for m in pol.decide(**args).moves] == [("0000:01:00.0", "batch")]
+    held = pol.decide(**args, moved={"0000:01:00.0": ("2026-12-07T02:59:00+00:00", "gold")})
+    assert not held.moves and "was moved to pool gold at 2026-12-07T02:59:00" in held.held[0]
+    elsewhere = pol.decide(**args, moved={"0000:01:00.0": ("2026-12-07T02:59:00+00:00", "default")})
+    assert [m.gpu for m in elsewhere.moves] == ["0000:01:00.0"]      # put back by a layout since: no hold
+    assert pol.moved_to("GPU 0000:81:00.0: pool default -> gold: 1 start(s) of A40-48Q") == ("0000:81:00.0", "gold")

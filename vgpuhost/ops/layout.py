@@ -418,8 +418,10 @@ def _handlers(host: HostRoot, store: StateStore, actor: str, carried: Optional[C
         # create places again on a fresh read of this GPU under its lock
         seen = carried.part(s.gpu) if carried is not None else None
         for k in range(s.count):
-            vgpu.create(host, store, profile=s.profile, gpu=s.gpu, owner=LAYOUT,
-                        uuid=s.uuids[k] if k < len(s.uuids) else None, actor=actor, inventory=seen)
+            vid = s.uuids[k] if k < len(s.uuids) else None
+            vf = PciAddress.parse(vid) if vid and ":" in vid else None     # a BDF (vendor VFIO): the same VF
+            vgpu.create(host, store, profile=s.profile, gpu=None if vf else s.gpu, owner=LAYOUT,
+                        uuid=None if vf else vid, vf=vf, actor=actor, inventory=seen)
 
     def recreate(s: LayoutRecreateVgpu) -> None:
         _recreate(host, store, s.vgpu_id, actor)

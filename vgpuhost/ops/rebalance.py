@@ -16,6 +16,7 @@ is decided and made, then each moved GPU's lock (its NVML write); the same order
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -85,6 +86,7 @@ class Facts:
     moves_last_hour: int
     minute_of_day: int
     inventory: Any = None
+    moved: Dict[str, Tuple[str, str]] = field(default_factory=dict)
 
 
 def _iso(t: float) -> str:
@@ -116,7 +118,9 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code
     admission records), less a right-sized start's first try (:func:`_advised_refusals`) and those a move of
     the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
-    metered vGPU allocated seconds over the last ``trend_hours`` and the span before."""
+    metered vGPU allocated seconds over the last ``trend_hours`` and the span before.  ``moved``: the
+    GPUs the moves of the window put where they are (the hold-down); each empty GPU's mixed-size mode
+    from NVML (False where it cannot say)."""
     now = time.time() if now_s is None else now_s
     inv = discover(Sysfs(host))
     records = store.vgpu_records()
@@ -134,13 +138,15 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     for t in inv.vgpu_types:
         offered.setdefault(str(t.gpu), set()).add(t.name.lower())
     gpus = []
+    nvml = functools.lru_cache(maxsize=1)(lambda: open_backend(host))     # opened once, if asked
     for g in inv.gpus:
         addr = str(g.address)
         mig = bool(g.mig and g.mig.get("current"))
         busy = ("out of service" if addr in oos else f"holds {holding[addr]} device(s)" if holding.get(addr)
                 else "passed through or off the nvidia driver" if g.pci.driver != "nvidia"
                 else "in MIG mode" if mig else "")
-        gpus.append(pol.GpuFacts(addr, busy, tuple(sorted(offered.get(addr, ()))), g.framebuffer_mib or 0))
+        gpus.append(pol.GpuFacts(addr, busy, tuple(sorted(offered.get(addr, ()))), g.framebuffer_mib or 0,
+                                 not busy and _mixed_size(nvml, g.address)))
     ts = tenancy.tenants(store)
     qos_of = {n.lower(): t.qos for n, t in ts.items()}
     refusals, served = [], {}
@@ -171,8 +177,24 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     moved = sum(1 for r in store.audit_rows(since=_iso(now - 3600))
                 if r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok"
                 and ": undo: " not in r.value)
+    recent: Dict[str, Tuple[str, str]] = {}      # the hold-down: GPUs a move of the window put where they are
+    for r in store.audit_rows(since=_iso(now - bounds.window_min * 60)):
+        if r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":
+            got = pol.moved_to(r.value)
+            if got is not None and ": undo: " not in r.value and r.time >= recent.get(got[0], ("",))[0]:
+                recent[got[0]] = (r.time, got[1])
     tm = time.gmtime(now)
-    return Facts(pools, gpus, refusals, ts, held, host_gpus, trends, moved, tm.tm_hour * 60 + tm.tm_min, inv)
+    return Facts(pools, gpus, refusals, ts, held, host_gpus, trends, moved, tm.tm_hour * 60 + tm.tm_min, inv,
+                 recent)
+
+
+def _mixed_size(nvml: Callable[[], Any], bdf: PciAddress) -> bool:
+    """Whether NVML (``nvml()``: the backend, opened once) says the empty GPU ``bdf`` runs mixed-size
+    mode (False where it cannot say: no NVML, not supported)."""
+    try:
+        return bool(nvml().heterogeneous_mode(bdf))
+    except VgpuhostError:
+        return False
 
 
 @dataclass
@@ -227,7 +249,7 @@ def rebalance(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, dry_run:
         f = facts(host, store, bounds, now_s=now_s)
         decision = pol.decide(pools=f.pools, gpus=f.gpus, refusals=f.refusals, tenants=f.tenants, held=f.held,
                               host_gpus=f.host_gpus, bounds=bounds, minute_of_day=f.minute_of_day,
-                              moves_last_hour=f.moves_last_hour, trends=f.trends)
+                              moves_last_hour=f.moves_last_hour, trends=f.trends, moved=f.moved)
         result = Result(decision, dry_run, bounds)
         if not decision.moves:
             return result

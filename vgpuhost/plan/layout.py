@@ -81,6 +81,8 @@ PHASES = ("vgpu-remove", "passthrough-release", "mig-mode", "gpu-instance", "sch
 REBOOT_MARK = "(needs a reboot)"
 RESET_MARK = "(needs a GPU reset)"
 OPERATOR_MARK = "(needs an operator step)"
+#: a mixed-size pool's GPU that keeps its mode while vGPUs the layout did not create are on it
+EMPTY_MARK = "(needs the GPU free of other vGPUs)"
 VFIO_PCI = "vfio-pci"
 #: what a driverctl override file holds for a function kept on vfio-pci
 DRIVERCTL_VFIO = "vfio-pci\n"
@@ -161,7 +163,8 @@ class LayoutRemoveVgpu(LayoutStep):
 @dataclass(frozen=True)
 class LayoutCreateVgpus(LayoutStep):
     """Create ``count`` vGPUs of type ``profile`` on the target GPU, owner layout;
-    ``uuids``: mdev UUIDs to reuse, in order (the rest are new)."""
+    ``uuids``: ids to reuse, in order (the rest are new): mdev UUIDs, or on vendor VFIO the
+    VFs (BDFs) to set the type on."""
 
     kind: ClassVar[str] = PlanKind.VGPU
     profile: str
@@ -285,7 +288,7 @@ class Plan:
             for i, s in enumerate(self.steps, 1):
                 lines.append(f"  {i:>2}. {s.kind:<12} {s.target:<12}  {s.action}")
                 lines.append(f"      why: {s.why}")
-        elif not (self.reboot or self.manual or self.blocked):
+        elif not (self.reboot or self.manual or self.blocked or self.reboot_diff):
             lines.append(f"{head}: the host matches; nothing to do")
         else:
             lines.append(f"{head}: no step vgpuhost can take now")
@@ -542,7 +545,7 @@ class _Walker:
             elif left.get(key, 0) > 0:
                 left[key] -= 1
                 after = ("; the layout re-creates it after, with the same UUID" if e.backend == BACKEND_MDEV
-                         else f"; the layout creates a {e.type_name} again after")
+                         else "; the layout re-creates it after, on the same VF")
             else:
                 after = "; the layout does not want it back"
             self.step("vgpu-remove", LayoutRemoveVgpu(
@@ -646,9 +649,8 @@ class _Walker:
         removes: List[Tuple[Any, str]] = []
         if removed is not None:                       # the GPU is emptied first: create everything
             reuse: Dict[str, List[str]] = {}
-            for e in removed:
-                if e.backend == BACKEND_MDEV:
-                    reuse.setdefault((e.type_name or "").lower(), []).append(e.id)
+            for e in removed:       # the same ids: an mdev's UUID, or the VF on vendor VFIO
+                reuse.setdefault((e.type_name or "").lower(), []).append(e.id)
             for key, (name, n) in sorted(want.items()):
                 if n:
                     creates.append((name, n, tuple(reuse.get(key, [])[:n])))
@@ -861,9 +863,16 @@ class _Walker:
                 self.guard_in_use(g, vg, what)
         if not total:
             self.count_vgpus(g, vg, spec.types, removed, where, capacity_check=not released and not empty_for)
-            mixed = spec.mixed_size if spec.mixed_size is not None else bool(mixed_now)
+            mixed = self.mixed_after.get(g.address, spec.mixed_size if spec.mixed_size is not None
+                                         else bool(mixed_now))
             if not mixed and not released:
                 self.equal_size(g, vg, spec.types)
+                sizes = sorted({VgpuProfile.parse(c.name).framebuffer_gb for c in spec.types if c.count})
+                if len(sizes) > 1:      # a mixed-size pool's GPU kept in equal-size mode (busy)
+                    self.block(f"{bdf} stays in equal-size mode while it holds vGPUs the layout did not create, "
+                               f"and the layout's {', '.join(c.name for c in spec.types if c.count)} are "
+                               f"{len(sizes)} sizes: remove those vGPUs (or stop their domains) first, so the "
+                               "plan can turn mixed-size mode on")
         return removed
 
     def _vgpu_mig_off(self, g: Gpu, entry: Entry, empty_for: List[str], touches: List[str]) -> Optional[MigMode]:
@@ -905,13 +914,20 @@ class _Walker:
         want = "on" if spec.mixed_size else "off"
         if cur is not None and entry.pool is not None and entry.pool.mixed_size:
             vg = self.vgpus_of(g)
-            busy = len(vg.layout_active) + len(vg.others) + len(vg.layout_mismatched)
-            if busy or self._running(g):
-                # a mixed-size pool switches only empty GPUs: a busy one keeps its mode (issue 30 item 2)
+            # the layout's own idle vGPUs do not hold the mode: the plan removes them, switches and
+            # re-creates them with the same ids (below); others' vGPUs, lent or mismatched ones do
+            busy = len({e.id for e in vg.others + vg.layout_mismatched + vg.claimed})
+            unseen = (self.view.nvml(g.address).active_vgpus or 0) - len(vg.layout_active) - busy
+            if busy or unseen > 0:
+                # a mixed-size pool switches only GPUs it can empty: a busy one keeps its mode (issue 30
+                # item 2), and assert calls that drift until the GPU holds only the layout's vGPUs
+                n = busy + max(0, unseen)
                 self.plan.notes.append(
                     f"{bdf} keeps mixed-size mode {'on' if cur else 'off'} for pool {entry.pool.name!r}: it holds "
-                    f"{busy or self.view.nvml(g.address).active_vgpus} vGPU(s), and a mixed-size pool changes "
-                    "the mode only on an empty GPU; it switches at an apply once the GPU is empty")
+                    f"{n} vGPU(s) the layout did not create, and a mixed-size pool changes the mode only once "
+                    "the GPU holds none; it switches at an apply after that")
+                self.diff(f"{bdf} mixed-size {want} (host has {'on' if cur else 'off'}; pool "
+                          f"{entry.pool.name!r})", EMPTY_MARK)
                 self.mixed_after[g.address] = bool(cur)
                 return False
         if cur is not None:
@@ -1070,7 +1086,7 @@ class _Walker:
         for g in tot.gpus:
             mine = [e for gg, e in kept if gg.address == g.address]
             if mine:
-                uuids = tuple(e.id for e in mine if e.backend == BACKEND_MDEV)
+                uuids = tuple(e.id for e in mine)      # the same ids: mdev UUIDs, or the VFs (vendor VFIO)
                 self.step("vgpu-create", LayoutCreateVgpus(
                     str(g.address), f"create {len(mine)} x {name}",
                     f"back where it was before the GPU was emptied ({where})",

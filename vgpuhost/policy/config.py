@@ -46,7 +46,7 @@ Format (docs/reference/config.md):
             scheduler: {policy: fixed-share, persist: true}
             pool: {name: gold, serves: [guaranteed]}   # or 'pool: gold' (serves what the policy can);
                                                        # ceiling: 1.5 (best-effort only: GPU time per GPU)
-                                                       # mixed_size: true (not fixed-share: empty GPUs only)
+                                                       # mixed_size: true (not fixed-share; several sizes)
           - select: {address: "0000:41:00.0"}
             mode: mig
             mig:
@@ -458,6 +458,8 @@ class _Parser:
                     raise self.err(path + ("vgpu", "mixed_size"), f"vgpu.mixed_size: false in mixed-size pool "
                                                                   f"{pool.name!r}", hint="drop one of the two")
                 vgpu = replace(vgpu, mixed_size=True)
+        if vgpu is not None:
+            self.vgpu_sizes(vgpu, path + ("vgpu",))
         entry = Entry(index, select, mode, where, desc, vgpu, mig, pt, sched, pool)
         _check_board(entry)
         return entry
@@ -598,15 +600,19 @@ class _Parser:
         if len(boards) > 1:
             raise types[-1].where.error(f"vgpu.types mixes boards ({', '.join(boards)}): one board per entry",
                                         hint="select each board in its own entry")
-        wanted = [t for t in types if t.count]
-        sizes = sorted({VgpuProfile.parse(t.name).framebuffer_gb for t in wanted})
-        if len(sizes) > 1 and mixed is not True:
+        return VgpuSpec(tuple(types), counts, strategy, mixed, self.where(path))
+
+    def vgpu_sizes(self, vgpu: VgpuSpec, path: tuple) -> None:
+        """One framebuffer size per GPU unless the entry runs mixed-size mode (``vgpu.mixed_size:
+        true``, or a mixed-size pool, which sets it): InputError ``FILE:LINE:``."""
+        sizes = sorted({VgpuProfile.parse(t.name).framebuffer_gb for t in vgpu.types if t.count})
+        if len(sizes) > 1 and vgpu.mixed_size is not True:
             raise self.err(path + ("types",),
                            f"vgpu.types holds {len(sizes)} framebuffer sizes "
                            f"({', '.join(f'{s} GB' for s in sizes)}): "
                            "equal-size mode allows one size per GPU (docs/reference/hardware.md#vgpu-types)",
-                           hint="add mixed_size: true (vGPU 17+), or keep one size")
-        return VgpuSpec(tuple(types), counts, strategy, mixed, self.where(path))
+                           hint="run the GPUs in mixed-size mode (vGPU 17+): pool: {name: ..., mixed_size: true} "
+                                "or vgpu.mixed_size: true; or keep one size")
 
     def mig(self, value: Any, path: tuple) -> MigSpec:
         m = self.mapping(value, path, _MIG, "mig")
@@ -946,6 +952,28 @@ def check_vgpu_types(vgpu: VgpuSpec, table: BoardTable, label: str, *, mixed: Op
         last = [t for t in vgpu.types if t.count][-1]
         raise last.where.error(f"vgpu.types need {used} MiB of framebuffer per GPU; {label} has "
                                f"{table.framebuffer_mib} MiB")
+    if mixed and vgpu.counts == "per-gpu":
+        _check_placements(vgpu, table, label)
+
+
+def _check_placements(vgpu: VgpuSpec, table: BoardTable, label: str) -> None:
+    """Mixed-size mode: the entry's vGPUs of one GPU, made in the order apply makes them (by type
+    name), each at the best-fit free placement id (:func:`vgpuhost.model.mixedsize.best_id`), all
+    find one; InputError ``FILE:LINE:`` naming the first that does not (fragmentation)."""
+    rows = [r for r in table.types.values() if not VgpuProfile.parse(r[0]).mig_backed]
+    units = mixedsize.grid((r[3] // 1024, r[2]) for r in rows)
+    taken: List[Tuple[int, int]] = []
+    for t in sorted((t for t in vgpu.types if t.count), key=lambda t: t.name.lower()):
+        name, _, mxm, fb = table.types[t.name.lower()]
+        for _ in range(t.count):
+            pid = mixedsize.best_id(units, fb // 1024, mxm, taken)
+            if pid is None:
+                raise t.where.error(
+                    f"{t.count} x {name} do not all find a free placement id on {label} in mixed-size mode "
+                    f"beside the entry's other vGPUs (a {fb // 1024} GB vGPU sits at a multiple of "
+                    f"{max(fb // 1024, units // mxm)} GB; docs/reference/hardware.md#vgpu-types)",
+                    hint="fewer or larger vGPUs of the small type, or fewer of the others")
+            taken.append((pid, fb // 1024))
 
 
 def check_mig(mig: MigSpec, profiles: Sequence[GiProfile], label: str, *,

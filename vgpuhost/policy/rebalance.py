@@ -22,8 +22,10 @@ The rule (docs/guide/rebalance.md):
 - **A donor** is a pool above its ``min`` (a declared pool keeps at least one GPU: its GPUs are
   what declares it) that gives an empty GPU it was not itself refused a start for in the window (a
   start of a class it serves, of a profile that GPU offers), and whose allocated time is not rising
-  unless it keeps another empty GPU.  **A recipient** serves the refused class and is below its
-  ``max``.  The moved GPU must offer the refused profile.
+  unless it keeps another empty GPU; a GPU a move of the window put in that pool is held there
+  (``moved``: the hold-down, no ping-pong).  **A recipient** serves the refused class and is below its
+  ``max``.  The moved GPU must offer the refused profile, and a GPU in mixed-size mode never goes to a
+  fixed-share pool.
 - **Guarantees stay feasible**: a move is made only when, on the pools after it, the exact
   search of :mod:`vgpuhost.policy.feasibility` finds no tenant at risk that was not at risk before
   (and decides; an undecided search is no move).
@@ -41,7 +43,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..model.concepts import QosClass
+from ..model.concepts import QosClass, SchedulerPolicy
 from ..model.errors import InputError
 from ..model.tenancy import Tenant
 from ..model.values import VgpuProfile
@@ -95,6 +97,16 @@ def served_by(value: str) -> Optional[Tuple[str, str]]:
     for a rising pool, or not a move)."""
     m = _SERVED.search(value)
     return (m.group("profile").lower(), m.group("qos")) if m else None
+
+
+_MOVED = re.compile(r"^GPU (?P<gpu>\S+): pool \S+ -> (?P<to>[^:\s]+):")
+
+
+def moved_to(value: str) -> Optional[Tuple[str, str]]:
+    """``(GPU BDF, pool name lower case)`` a move's audit row (its value ``GPU BDF: pool A -> B: ...``)
+    moved a GPU to, or None (not a move row)."""
+    m = _MOVED.match(value)
+    return (m.group("gpu"), m.group("to").lower()) if m else None
 
 
 def pending(refusals: Sequence[Refusal], served: Mapping[Tuple[str, str], str]) -> List[Refusal]:
@@ -232,12 +244,14 @@ def parse_bounds(doc: Any, source: str = "rebalance.yaml") -> Bounds:
 class GpuFacts:
     """One GPU as the reconciler sees it: ``gpu`` (BDF), ``busy`` (why it may not move: ``holds 1
     vGPU(s)``, ``passed through``, ``in MIG mode``, ``out of service``; empty: it holds nothing),
-    ``offers`` (vGPU type names it offers, lower case), ``framebuffer_mib``."""
+    ``offers`` (vGPU type names it offers, lower case), ``framebuffer_mib``, ``mixed_size`` (NVML says it
+    runs mixed-size mode, where there is no fixed share: it may not join a fixed-share pool)."""
 
     gpu: str
     busy: str = ""
     offers: Tuple[str, ...] = ()
     framebuffer_mib: int = 0
+    mixed_size: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,7 +316,8 @@ def _room(g: GpuFacts, host: Optional[HostGpu], profile: str) -> int:
 
 def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequence[Refusal],
            tenants: Mapping[str, Tenant], held: Sequence[Any], host_gpus: Sequence[HostGpu], bounds: Bounds,
-           minute_of_day: int, moves_last_hour: int, trends: Optional[Mapping[str, Trend]] = None) -> Decision:
+           minute_of_day: int, moves_last_hour: int, trends: Optional[Mapping[str, Trend]] = None,
+           moved: Optional[Mapping[str, Tuple[str, str]]] = None) -> Decision:
     """The moves that bring empty capacity to where starts were refused (module docstring).
 
     ``pools``: the declared pools as recorded; ``gpus``: every GPU (:class:`GpuFacts`); ``refusals``:
@@ -310,9 +325,13 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     (``held``: :class:`~vgpuhost.policy.demand.Allocation` with expected use); ``host_gpus``: the
     GPUs as the guarantees see them, without room (:func:`vgpuhost.ops.tenancy.host_gpus`);
     ``minute_of_day``: now (UTC); ``moves_last_hour``: moves made in the last hour; ``trends``: per
-    pool name (lower case).  Never raises for a move it cannot make: that is a ``held`` line.
+    pool name (lower case); ``moved``: the GPUs a move of the window put where they are, ``{BDF: (time
+    ISO 8601 UTC, pool lower case)}``: such a GPU, still in that pool, is no donor until the window
+    has passed (a hold-down: the start it was moved for retries first, so it does not ping-pong).
+    Never raises for a move it cannot make: that is a ``held`` line.
     """
     trends = trends or {}
+    moved = moved or {}
     facts = {g.gpu: g for g in gpus}
     hosts = {h.gpu: h for h in host_gpus}
     current = list(pools)
@@ -352,6 +371,8 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     def donor(recipient: str, profile: Optional[str], spare: bool) -> Tuple[Optional[str], str]:
         """The GPU to take for ``recipient`` (None, why not)."""
         why = ""
+        to = next((p for p in current if p.name.lower() == recipient.lower()), None)
+        to_policy = to.policy if to is not None else ""
         options = []
         for name in names:
             if name.lower() == recipient.lower():
@@ -368,6 +389,22 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
             if not empty:
                 why = why or f"pool {name} refused starts its empty GPUs would serve"
                 continue
+            settled = [g for g in empty if moved.get(g, ("", ""))[1] != name.lower()]
+            if not settled:
+                g = empty[0]
+                why = why or (f"GPU {g} was moved to pool {name} at {moved[g][0][:19]} for demand of the last "
+                              f"{bounds.window_min} min: it stays there for that long, so the starts it was "
+                              "moved for retry first")
+                continue
+            empty = settled
+            if to_policy == SchedulerPolicy.FIXED_SHARE:
+                fits = [g for g in empty if not facts[g].mixed_size]
+                if not fits:
+                    why = why or (f"GPU {empty[0]} is in mixed-size mode, and pool {recipient} is fixed-share "
+                                  "(NVIDIA has no fixed share in mixed-size mode): 'vgpuhost vgpu mode --gpu "
+                                  f"{empty[0]} --mixed-size off' lets it move")
+                    continue
+                empty = fits
             all_empty = [g for g in mine if not facts[g].busy]
             t = trends.get(name.lower(), Trend())
             if (t.rising or spare) and len(all_empty) < 2:
@@ -458,5 +495,5 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     return Decision(tuple(moves), tuple(held_lines), demand)
 
 
-__all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "served_by", "pending", "PoolBound", "Bounds", "parse_bounds",
+__all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "served_by", "moved_to", "pending", "PoolBound", "Bounds", "parse_bounds",
            "GpuFacts", "Trend", "Move", "Decision", "with_move", "decide"]
