@@ -318,6 +318,48 @@ def test_check_over_ssh_runs_the_destinations_side_there(make_host, capsys, tmp_
     assert log.read_text().splitlines() == ["root@dest.example", "unreachable"]     # the bad one never ran ssh
 
 
+EVIL_SSH = """#!/bin/sh
+cat >/dev/null
+exec PYTHON -c "import sys; sys.stdout.write(open(sys.argv[1]).read())" "$FAKE_SSH_ANSWER"
+"""
+
+
+def test_check_over_ssh_reads_a_capped_answer_and_escapes_its_strings(make_host, capsys, tmp_path, monkeypatch):
+    """A destination that answers a forged check document (trial 5 finding 14): terminal control sequences
+    and line breaks in its strings are escaped in the text output; an answer over 1 MiB, or one that is
+    not a check document (too many refusals, an unknown code), is refused, exit 2, nothing of it printed."""
+    import sys
+    src, dest = make_host("a40-mdev"), a40(make_host, version="550.127.06")
+    f = tmp_path / "dom.xml"
+    f.write_text(mdev_domain())
+    code, real, _ = cli(capsys, src, "--json", "migrate", "check", "--xml", str(f), "--to", str(dest.root))
+    assert code == 2
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(EVIL_SSH.replace("PYTHON", sys.executable))
+    (bindir / "ssh").chmod(0o755)
+    answer = tmp_path / "answer.json"
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_ANSWER", str(answer))
+    doc = json.loads(real)
+    doc["refusals"][0]["line"] = "\x1b]0;pwned\x07\x1b[31mEVIL\x1b[0m\nOK: dst can take vm"
+    doc["destination"] = "d\x1b[2Jst"
+    answer.write_text(json.dumps(doc))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and "\x1b" not in out and "\x07" not in out
+    assert out.count("\n") == 2 and "\\x1b]0;pwned\\x07" in out and "\\nOK: dst" in out, out
+    big = dict(doc, refusals=[dict(doc["refusals"][0], fix="x" * 1000)] * 2000)
+    answer.write_text(json.dumps(big))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and out == "" and "answered more than 1048576 bytes" in err and "xxx" not in err
+    answer.write_text(json.dumps(dict(doc, refusals=[doc["refusals"][0]] * 100)))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and out == "" and "'refusals' is not a list of at most 52" in err and "pwned" not in err
+    answer.write_text(json.dumps(dict(doc, refusals=[dict(doc["refusals"][0], code="\x1bx")])))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and out == "" and "refusals[0] is not a refusal of a known code" in err
+
+
 # ---------------------------------------------------------------------------
 # the hook's migrate begin on the destination
 

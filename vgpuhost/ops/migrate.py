@@ -249,18 +249,26 @@ def ssh_argv(uri: str) -> "List[str]":
             + ["--", target, "vgpuhost", "--json", "migrate", "check", "--incoming"])
 
 
+#: the most bytes of the destination's answer read over ssh (a check document is a few KiB)
+MAX_ANSWER_BYTES = 1 << 20
+
+
 def over_ssh(uri: str, req: "Request") -> dict:
     """The destination's check document for ``req``, from ``vgpuhost migrate check --incoming`` run on the
-    host ``uri`` names over ssh (its exit 0 or 2 both answer a document).  Raises HostEnvironmentError
-    (exit 2) when ssh cannot run or the far side answers no check document; never echoes its output."""
+    host ``uri`` names over ssh (its exit 0 or 2 both answer a document).  The answer is untrusted: at
+    most :data:`MAX_ANSWER_BYTES` are read, and it must parse as a check document
+    (:func:`vgpuhost.policy.migration.parse_check`: sizes, counts, codes); its strings are escaped where
+    printed.  Raises HostEnvironmentError (exit 2) when ssh cannot run or the far side answers no check
+    document (too large, not JSON, not the schema); never echoes its output."""
     import json
-    from ..io.process import run_program
+    from ..io.process import run_capped
     from ..model.errors import HostEnvironmentError
-    from ..policy.migration import CHECK_SCHEMA
+    from ..policy.migration import parse_check
     argv = ssh_argv(uri)
     target = argv[argv.index("--") + 1]
     try:
-        done = run_program(argv, input=json.dumps(req.as_dict()).encode(), timeout=SSH_TIMEOUT_S)
+        rc, stdout, stderr = run_capped(argv, input=json.dumps(req.as_dict()).encode(), timeout=SSH_TIMEOUT_S,
+                                        limit=MAX_ANSWER_BYTES)
     except OSError as e:
         raise HostEnvironmentError(f"cannot run ssh: {e.strerror}", hint="install openssh-client") from None
     except Exception as e:
@@ -268,18 +276,24 @@ def over_ssh(uri: str, req: "Request") -> dict:
             raise
         raise HostEnvironmentError(f"{target} did not answer within {SSH_TIMEOUT_S} s",
                                    hint="check that 'ssh HOST true' works without a prompt") from None
+    fix = "vgpuhost must be installed there and 'ssh HOST vgpuhost --version' work without a prompt"
+    if len(stdout) > MAX_ANSWER_BYTES:
+        raise HostEnvironmentError(f"the check over ssh on {target} answered more than {MAX_ANSWER_BYTES} bytes: "
+                                   "not a check document", hint=fix)
     try:
-        doc = json.loads(done.stdout.decode("utf-8"))
+        doc = json.loads(stdout.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         doc = None
-    if done.returncode not in (0, 2) or not isinstance(doc, dict) or doc.get("schema") != CHECK_SCHEMA:
-        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    if rc not in (0, 2) or doc is None:
+        err = stderr.decode("utf-8", "replace").strip().splitlines()
         last = "".join(c if c.isprintable() else "?" for c in (err[-1] if err else ""))[:300]
-        raise HostEnvironmentError(f"the check over ssh on {target} gave no answer (exit {done.returncode}"
-                                   + (f": {last}" if last else "") + ")",
-                                   hint="vgpuhost must be installed there and 'ssh HOST vgpuhost --version' work "
-                                        "without a prompt")
-    return doc
+        raise HostEnvironmentError(f"the check over ssh on {target} gave no answer (exit {rc}"
+                                   + (f": {last}" if last else "") + ")", hint=fix)
+    try:
+        return parse_check(doc)
+    except InputError as e:
+        raise HostEnvironmentError(f"the check over ssh on {target} gave no check document ({e.message})",
+                                   hint=fix) from None
 
 
 # ---------------------------------------------------------------------------
