@@ -215,10 +215,43 @@ def test_check_runs_admission_for_the_tenant_on_the_destination(make_host, capsy
     xml = mdev_domain(tenant="team-a")
     assert call(src, "vm", "prepare", "begin", xml)[0] == 0
     before = audit_paths(dest)
+    # not bound on the destination (trial 5 finding 4): the check says so and gives the command, as
+    # prepare begin there would admit it without a tenant; the source's word is not taken for tenancy
     code, doc, _ = check(capsys, src, dest, xml, tmp_path)
     assert code == 2 and [r["code"] for r in doc["refusals"]] == ["admission"], doc
-    assert "team-a" in doc["refusals"][0]["line"] and doc["tenant"] == "team-a"
+    assert "bound to tenant team-a on the source but not on this destination" in doc["refusals"][0]["line"]
+    assert doc["refusals"][0]["fix"].startswith(f"bind it on the destination first: 'vgpuhost tenant bind {DOM} "
+                                                "team-a'")
     assert audit_paths(dest) == before and store(dest).allocation_rows() == []     # admission was read-only
+    # bound there: the destination's own binding and quota decide (team-a has none there)
+    # the fix's command as given, on a destination whose libvirt does not know the domain yet
+    assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", DOM, "team-a")[0] == 0
+    assert store(dest).binding(DOM)[1] == "team-a"
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 2 and [r["code"] for r in doc["refusals"]] == ["admission"], doc
+    assert doc["refusals"][0]["line"].startswith("tenant team-a: ") and "bind it" not in doc["refusals"][0]["fix"]
+    assert store(dest).allocation_rows() == []
+    # room for team-a there: the check says yes and the hook's migrate begin and prepare begin agree
+    assert cli(capsys, dest, "tenant", "set", "team-a", "--vgpus", "1")[0] == 0
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 0 and doc["ok"], doc
+    assert migrate_in(dest, "vm", xml)[0] == 0 and [r.owner for r in store(dest).vgpu_records()] == [DOM]
+
+
+def test_the_check_takes_no_tenant_or_class_from_the_request(make_host, capsys):
+    """A request that claims a tenant and class the destination never bound (forged JSON, trial 5
+    finding 4) gets no admission as that tenant: it is refused with the binding to make there."""
+    dest = a40(make_host)
+    assert cli(capsys, dest, "tenant", "add", "g", "--qos", "guaranteed")[0] == 0
+    req = {"schema": "vgpuhost.migrate-request/v1", "name": "vm", "uuid": DOM, "strategy": "first-fit",
+           "anti_affinity": None, "tenant": "g", "qos": "guaranteed", "manager_version": "580.65.05",
+           "devices": [{"kind": "mdev", "device": MDEV, "profile": "A40-8Q", "gpu": ""}]}
+    from vgpuhost.ops.migrate import check_incoming
+    from vgpuhost.policy.migration import parse_request
+    doc = check_incoming(dest, parse_request(req))
+    assert not doc["ok"] and [r["code"] for r in doc["refusals"]] == ["admission"]
+    assert "'vgpuhost tenant bind " + DOM + " g --qos guaranteed'" in doc["refusals"][0]["fix"]
+    assert store(dest).binding(DOM) is None and store(dest).allocation_rows() == []
 
 
 def test_check_refuses_a_mig_profile_busy_on_the_destination(make_host, capsys, tmp_path):
@@ -451,6 +484,40 @@ def test_a_vendor_vfio_vf_taken_on_the_destination_moves_to_a_free_one(make_host
         conn.execute("UPDATE reservations SET expires = '2000-01-01T00:00:00.000000+00:00'")
     st.close()
     assert call(dest, "x", "prepare", "begin", x)[0] == 0 and vf_type(dest, "0000:21:00.6") != "0"
+
+
+L3 = "11111111-2222-4333-8444-0000000000e5"
+
+
+def test_a_reserved_vf_takes_its_types_last_slot_from_every_other_start_and_count(make_host, capsys):
+    """L40S-48Q fits once per L40S (trial 5 findings 3 and 5): GPU 21 full, the reservation of a VF of
+    GPU a1 for an incoming migration takes a1's one slot.  A second migration needing it is refused at
+    migrate begin naming the reservation; ``vgpu create`` finds no room (nothing made); capacity and
+    types count the instance as taken; the migration's own prepare begin makes it there."""
+    dest = make_host("l40s-vendor-vfio")
+    assert call(dest, "l0", "prepare", "begin", vf_domain("0000:21:00.4", "L40S-48Q", "l0", OTHER))[0] == 0
+    code, out, _ = cli(capsys, dest, "--json", "types", "--available")
+    assert [t["gpu"] for t in json.loads(out)["types"] if t["name"] == "L40S-48Q"] == ["0000:a1:00.0"]
+    vm = vf_domain("0000:21:00.5", "L40S-48Q")
+    code, moved, err = call(dest, "vm", "migrate", "begin", vm)
+    assert code == 0, err
+    assert [(r[0], r[3], r[5]) for r in reservations(dest)] == [("0000:a1:00.4", "0000:a1:00.0", "L40S-48Q")]
+    code, out, err = call(dest, "l2", "migrate", "begin", vf_domain("0000:21:00.6", "L40S-48Q", "l2", L3))
+    assert code == 2 and out == "" and "0000:a1:00.0: 1 L40S-48Q reserved for other incoming migrations" in err
+    assert [r[1] for r in reservations(dest)] == [DOM]
+    code, out, _ = cli(capsys, dest, "--json", "capacity", "--profile", "L40S-48Q")
+    assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
+    code, out, _ = cli(capsys, dest, "--json", "types", "--available")
+    assert code == 0 and not any(t["name"] == "L40S-48Q" for t in json.loads(out)["types"]), out
+    code, _, err = cli(capsys, dest, "vgpu", "create", "--profile", "L40S-48Q")
+    assert code == 2 and "cannot place L40S-48Q" in err
+    assert {r.owner for r in store(dest).vgpu_records()} == {OTHER}          # nothing made for 'manual'
+    assert vf_type(dest, "0000:a1:00.4") == "0"
+    # the migration's own start makes it on the reserved VF and spends the reservation
+    for op in ("prepare", "start", "started"):
+        assert call(dest, "vm", op, "begin", moved)[0] == 0
+    assert vf_type(dest, "0000:a1:00.4") != "0" and reservations(dest) == []
+    assert {r.id: r.owner for r in store(dest).vgpu_records()} == {"0000:21:00.4": OTHER, "0000:a1:00.4": DOM}
 
 
 def test_a_mig_backed_vgpu_moves_to_a_free_gpu_instance(make_host, capsys):

@@ -142,7 +142,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     if store is None:
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     from .health import in_service
-    inv = in_service(inv, store)        # GPUs out of service offer nothing to admission or placement (issue 27)
+    inv = in_service(inv, store, owner=view.uuid)        # GPUs out of service offer nothing to admission or placement (issue 27)
     active = store.active_domains()
     records = store.vgpu_records()
     # a PCI hostdev may name a group another owner holds: the records are read for it too
@@ -159,7 +159,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         from . import migdemand
         ondemand = migdemand.make_for(host, store, view.uuid, checked.vgpus, inv, actor=actor)
         if ondemand:
-            inv = in_service(domain_inventory(host, view, allow), store)
+            inv = in_service(domain_inventory(host, view, allow), store, owner=view.uuid)
     try:
         return _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active)
     except BaseException as e:

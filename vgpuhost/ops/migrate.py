@@ -75,13 +75,14 @@ def request_for(host: HostRoot, store: "StateStore", view: "DomainView") -> "Req
                    row[1] if row else None, row[2] if row else None, manager_version(host), tuple(devices))
 
 
-def _facts(host: HostRoot, store: "StateStore") -> "Tuple[Inventory, list, list]":
-    """The destination's inventory (GPUs out of service offer nothing), records and seen types."""
+def _facts(host: HostRoot, store: "StateStore", owner: str) -> "Tuple[Inventory, list, list]":
+    """The destination's inventory (GPUs out of service offer nothing, VFs other incoming migrations than
+    ``owner``'s reserved are taken), records and seen types."""
     from ..io.sysfs import Sysfs
     from ..observe.inventory import discover
     from ..policy.offers import seen_rows
     from .health import in_service
-    inv = in_service(discover(Sysfs(host)), None if store.absent else store)
+    inv = in_service(discover(Sysfs(host)), None if store.absent else store, owner=owner)
     return inv, store.vgpu_records(), store.seen_types() + seen_rows(inv)
 
 
@@ -104,6 +105,11 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
     for r in others:
         if r[4] == DeviceKind.MDEV:
             pending[(r[3], r[5].lower())] = pending.get((r[3], r[5].lower()), 0) + 1
+    reserved_here: "Dict[Tuple[PciAddress, str], int]" = {}       # (GPU, type id) -> VFs reserved by others
+    vf_gpu = {v.vf: v.gpu for v in inv.vf_vgpus}
+    for vf, tid in inv.reserved.items():
+        if vf in vf_gpu:
+            reserved_here[(vf_gpu[vf], tid)] = reserved_here.get((vf_gpu[vf], tid), 0) + 1
     taken: "Dict[PciAddress, PciAddress]" = {}      # GPU -> what this domain takes there (one vGPU per VM per GPU)
     used_parents: set = set()
     out: "List[dict]" = []
@@ -128,6 +134,10 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
             if held and o.available > 0:
                 o = replace(o, available=max(0, o.available - held),
                             note=f"{held} {name} reserved for other incoming migrations")
+            vfs_held = reserved_here.get((o.gpu, o.type_id), 0) if o.type_id else 0
+            if vfs_held and o.available == 0:
+                # a VF other incoming migrations reserved counts as taken (ops/health.in_service): say so
+                o = replace(o, note=f"{vfs_held} {name} reserved for other incoming migrations")
             parents = tuple(p for p in o.parents if p not in used_parents)
             if o.parents and d.kind == "vf":
                 o = replace(o, parents=parents, available=min(o.available, len(parents)))
@@ -149,17 +159,27 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
 
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
                placed: "List[dict]") -> "List[Refusal]":
-    """Admission for the domain's tenant on the destination, read-only (``admit_domain`` with ``audit``
-    off: no row, no allocation).  The destination's own binding of the domain counts where it has one,
-    else the source's (the request's).  Nothing when tenancy is not in use there."""
+    """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
+    allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
+    binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
+    tenancy: docs/guide/migration.md).  A domain the source says is bound (``req.tenant``) and the
+    destination has not bound is refused with the command that binds it there (prepare begin would
+    admit it as a domain without a tenant).  Nothing when tenancy is not in use there."""
     from ..policy import migration as mig
     from .admitting import active
     if store.absent or not active(store):
         return []
-    from ..io.state import utcnow
     from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
     from ..model.values import PciAddress
     from . import tenancy
+    row = store.binding(req.uuid)
+    if row is None and req.tenant:
+        qos = f" --qos {req.qos}" if req.qos else ""
+        return [mig.Refusal(mig.ADMISSION, "", f"domain {req.name} is bound to tenant {req.tenant} on the source "
+                                               "but not on this destination: its start here would be admitted "
+                                               "as a domain without a tenant",
+                            f"bind it on the destination first: 'vgpuhost tenant bind {req.uuid} {req.tenant}{qos}' "
+                            "(the destination decides tenancy with its own binding)")]
     view = DomainView()
     view.name, view.uuid = req.name, req.uuid
     vgpus = []
@@ -168,15 +188,13 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
             vgpus.append(VgpuRequest(p["profile"], uuid=p["device"]))
         else:
             vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
-    view.metadata = Metadata(req.strategy, req.tenant, req.anti_affinity, vgpus, [], req.qos)
-    row = store.binding(req.uuid)
-    if row is None and req.tenant:
-        row = (req.uuid, req.tenant, req.qos, "migrate check", utcnow())
+    view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
+    tenant = row[1] if row is not None else None
     try:
         tenancy.admit_domain(store, view, inv, audit=False, types={p["device"]: p["profile"] for p in placed},
                              binding=row)
     except RefusedError as e:
-        return [mig.Refusal(mig.ADMISSION, "", f"tenant {req.tenant or '(none)'}: {e.message}",
+        return [mig.Refusal(mig.ADMISSION, "", f"tenant {tenant or '(none)'}: {e.message}",
                             e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")]
     return []
 
@@ -195,7 +213,7 @@ def check_incoming(host: HostRoot, req: "Request") -> dict:
         m = mig.manager_refusal(req.manager, dest_manager)
         if m is not None:
             refusals.append(m)
-        inv, records, seen = _facts(host, store)
+        inv, records, seen = _facts(host, store, req.uuid)
         placed, more = _placements(host, store, req, inv, records, seen, {})
         refusals += more
         if not more and placed:
@@ -335,7 +353,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     operation = f"migrate begin {name}"
     with file_lock(store.dir, HOST_LOCK):      # the lock admission decides starts under: no start races it
         req = request_for(host, store, view)
-        inv, records, seen = _facts(host, store)
+        inv, records, seen = _facts(host, store, req.uuid)
         keep: "Dict[str, object]" = {}
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
@@ -370,6 +388,8 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
                 rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
                 if v.gpu is not None and str(v.gpu) != p["gpu"]:
                     changed_pins[p["device"]] = p["gpu"]
+        from .health import _set_marker
+        _set_marker(store)      # commands that open no store read it then: a reserved VF counts as taken
         store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
     if not changed_vfs and not changed_pins and not changed_uuids:
         return None
