@@ -673,3 +673,45 @@ def test_kill_sweep_leaves_no_reservation_or_device_behind(make_host, tmp_path):
             left.append(bool(mdevs(host)))
             settled(host)
     assert any(left)                                       # a kill after the create left an mdev to clean up
+
+
+# ---------------------------------------------------------------------------
+# a right-sized domain (resize="auto")
+
+
+def test_a_right_sized_vgpu_migrates_with_the_type_its_xml_pins_and_is_never_right_sized_incoming(make_host,
+                                                                                                   capsys, tmp_path):
+    """Trial 5 finding 1: r1 asks A40-8Q with resize="auto" and runs A40-2Q on the source (right-sized
+    from its metered history).  The check refuses its XML as it is (the destination makes what the XML
+    names), naming the running type and the ``virsh migrate --xml`` fix; an incoming migration is never
+    right-sized on the destination (even with history there saying it would be): the XML's type is
+    reserved and made.  With the running type pinned in the XML, check and hook agree on A40-2Q."""
+    from test_hook import mixed
+    from test_resize import dom, history, type_name
+    from test_tenancy import store_of, uid
+    from vgpuhost.model.tenancy import Quota, Tenant
+    from vgpuhost.ops import tenancy
+    src, dest = mixed(make_host), mixed(make_host)
+    dom_uuid, mdev = uid("d1d1d1d1", 1), uid("e1e1e1e1", 1)
+    for h in (src, dest):
+        tenancy.add(store_of(h), Tenant("web", quota=Quota()))
+        tenancy.bind(store_of(h), dom_uuid, "web", name="r1")
+        history(store_of(h), dom_uuid, mdev, "A40-8Q", peak_mib=1500, share=0.03)
+    xml = dom(1, True)
+    assert call(src, "r1", "prepare", "begin", xml)[0] == 0 and type_name(src, mdev) == "A40-2Q"
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 2 and [(r["code"], r["device"]) for r in doc["refusals"]] == [("running-type", mdev)], doc
+    assert "runs A40-2Q" in doc["refusals"][0]["line"] and 'profile="A40-2Q"' in doc["refusals"][0]["fix"]
+    # the XML as it is: the destination makes the type it names, as reserved, without right-sizing
+    code, _, err = migrate_in(dest, "r1", xml)
+    assert code == 0, err
+    assert type_name(dest, mdev) == "A40-8Q"
+    assert not [r for r in store(dest).audit_rows() if r.result in ("resized", "resize-fallback")]
+    assert call(dest, "r1", "release", "end", xml)[0] == 0 and mdevs(dest) == {}
+    # pinned: the check says yes with A40-2Q and the destination makes A40-2Q
+    pinned = xml.replace('profile="A40-8Q"', 'profile="A40-2Q"')
+    code, doc, _ = check(capsys, src, dest, pinned, tmp_path)
+    assert code == 0 and [d["profile"] for d in doc["devices"]] == ["A40-2Q"], doc
+    code, _, err = migrate_in(dest, "r1", pinned)
+    assert code == 0, err
+    assert type_name(dest, mdev) == "A40-2Q" and reservations(dest) == []

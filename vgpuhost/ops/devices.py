@@ -181,8 +181,10 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     # domain's are made where they were reserved; another domain's are not taken
     mine_reserved = _reservations(store, view, checked) if checked.vgpus else {}
     requested = types
+    # an incoming live migration (reserved by migrate begin) makes the type the XML names, as reserved:
+    # the type is part of the migrated device's state, so it is never right-sized here (docs/guide/migration.md)
     resized = (_right_size(store, view, inv, types, {r.id for r in records})
-               if checked.vgpus and view.metadata.resize == "auto" else {})
+               if checked.vgpus and view.metadata.resize == "auto" and not mine_reserved else {})
     if resized:
         types = dict(types)
         types.update({dev: new for dev, (_, new, _) in resized.items()})

@@ -234,12 +234,37 @@ def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) ->
     from ..io.files import is_dir
     req = request_for(host, store, view)
     if dest.startswith(("ssh://", "qemu+ssh://")):
-        return over_ssh(dest, req)
-    if "://" in dest or not is_dir(dest):
+        doc = over_ssh(dest, req)
+    elif "://" in dest or not is_dir(dest):
         raise InputError(f"destination {dest!r} is neither a host root directory nor an ssh:// or qemu+ssh:// URI",
                          hint=f"or run the check there: 'vgpuhost migrate request {view.name or view.uuid} | "
                               "ssh HOST vgpuhost migrate check --incoming'")
-    return check_incoming(HostRoot.from_env(dest, None), req)
+    else:
+        doc = check_incoming(HostRoot.from_env(dest, None), req)
+    more = running_type_refusals(view, req)
+    if more:
+        doc["refusals"] = [r.as_dict() for r in more] + doc["refusals"]
+        doc["ok"] = False
+    return doc
+
+
+def running_type_refusals(view: "DomainView", req: "Request") -> "List[Refusal]":
+    """The source's own rule (trial 5 finding 1): a vGPU whose running type (``req``, from this host's
+    records) differs from the profile the domain XML names (right-sized at its start, ``resize="auto"``)
+    cannot migrate with that XML: the destination's ``migrate begin`` and ``prepare begin`` make what the
+    XML names, never right-sizing an incoming migration.  One refusal each, with the ``virsh migrate
+    --xml`` fix."""
+    from ..model.values import VgpuProfile
+    from ..policy.migration import running_type_refusal
+    out = []
+    asked = {v.device: str(v.profile) for v in view.metadata.vgpus}
+    for d in req.devices:
+        if d.kind == DeviceKind.PASSTHROUGH or d.device not in asked:
+            continue
+        a, r = VgpuProfile.try_parse(asked[d.device]), VgpuProfile.try_parse(d.profile)
+        if a is not None and r is not None and str(a).upper() != str(r).upper():
+            out.append(running_type_refusal(req.name, d.device, d.profile, asked[d.device]))
+    return out
 
 
 #: characters an ssh destination may hold (user, host name or address, port); never a leading '-'

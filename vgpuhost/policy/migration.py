@@ -38,9 +38,10 @@ PASSTHROUGH = "passthrough"
 ADMISSION = "admission"
 MANAGER_VERSION = "manager-version"
 NO_DEVICE = "no-device"
+RUNNING_TYPE = "running-type"
 #: the kinds of a request's devices: a classic mdev, a vendor-VFIO VF, a passed-through GPU
 KINDS = (DeviceKind.MDEV, "vf", DeviceKind.PASSTHROUGH)
-CODES = (TYPE_MISSING, MIG_PROFILE_BUSY, PASSTHROUGH, ADMISSION, MANAGER_VERSION, NO_DEVICE)
+CODES = (TYPE_MISSING, MIG_PROFILE_BUSY, PASSTHROUGH, ADMISSION, MANAGER_VERSION, NO_DEVICE, RUNNING_TYPE)
 
 
 @record(frozen=True)
@@ -231,6 +232,16 @@ def type_refusal(d: Device, where: str, reason: str, *, known: bool = True) -> R
                                            f"({reason})",
                    "free a vGPU of that type there or pick a destination whose 'vgpuhost types --available' "
                    "lists it; the type must be the same on both hosts")
+
+
+def running_type_refusal(name: str, device: str, running: str, asked: str) -> Refusal:
+    """A right-sized vGPU (``resize="auto"``): it runs ``running`` on the source, the domain XML libvirt
+    sends names ``asked``, and the destination makes what the XML names (it cannot know the running type,
+    and the type is part of the migrated device's state)."""
+    return Refusal(RUNNING_TYPE, device, f"{device} of {name} runs {running} (right-sized at its start) but its "
+                                         f"XML asks {asked}: the destination makes the type the XML names",
+                   f"migrate with 'virsh migrate --xml FILE', FILE its XML ('virsh dumpxml --migratable {name}') "
+                   f"with profile=\"{running}\" on this vGPU in the vgpuhost metadata")
 
 
 def summary(refusals: Sequence[Refusal]) -> Dict[str, List[str]]:
