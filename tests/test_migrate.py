@@ -715,3 +715,35 @@ def test_a_right_sized_vgpu_migrates_with_the_type_its_xml_pins_and_is_never_rig
     code, _, err = migrate_in(dest, "r1", pinned)
     assert code == 0, err
     assert type_name(dest, mdev) == "A40-2Q" and reservations(dest) == []
+
+
+# ---------------------------------------------------------------------------
+# MIG on demand on the destination
+
+
+def test_a_mig_backed_vgpu_migrates_to_a_gpu_with_mig_on_demand_and_the_reservation_counts(make_host, capsys,
+                                                                                           tmp_path):
+    """Trial 5 finding 7: the destination has no GPU instance but MIG on demand on: the check says yes
+    (as capacity counts 7), migrate begin reserves a VF and prepare begin makes the GPU instance.  A
+    reserved 4g.71gb (one fits) takes that slot from a second migration (refused at migrate begin,
+    naming the reservation) and from capacity."""
+    src, dest = make_host("h200-mig-on"), make_host("h200-mig-on")
+    for h in (src, dest):
+        assert cli(capsys, h, "mig", "on-demand", "--gpu", "0000:18:00.0", "on")[0] == 0
+    xml = vf_domain("0000:18:00.4", "H200X-1-18C")
+    assert call(src, "vm", "prepare", "begin", xml)[0] == 0
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 0 and [d["profile"] for d in doc["devices"]] == ["H200X-1-18C"], doc
+    code, moved, err = migrate_in(dest, "vm", xml)
+    assert code == 0, err
+    vf = str(parse_domain(moved).metadata.vgpus[0].vf)
+    assert vf_type(dest, vf) == vf_type(src, "0000:18:00.4") and reservations(dest) == []
+    assert [m.owner for m in __import__("vgpuhost.ops.migdemand", fromlist=["made"]).made(store(dest))] == [DOM]
+    big = vf_domain("0000:18:00.6", "H200X-4-71C", "big", OTHER)
+    assert call(dest, "big", "migrate", "begin", big)[0] == 0
+    assert [(r[1], r[5]) for r in reservations(dest)] == [(OTHER, "H200X-4-71C")]
+    code, out, _ = cli(capsys, dest, "--json", "capacity", "--profile", "H200X-4-71C")
+    assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
+    code, out, err = call(dest, "big2", "migrate", "begin", vf_domain("0000:18:00.7", "H200X-4-71C", "big2", L3))
+    assert code == 2 and out == "" and "1 H200X-4-71C reserved for other incoming migrations" in err, err
+    assert [r[1] for r in reservations(dest)] == [OTHER]

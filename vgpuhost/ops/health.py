@@ -157,8 +157,23 @@ def reserved_vfs(store: "StateStore", inv: "Inventory", owner: "Optional[str]" =
         if tid is None:
             seen = store.seen_types() if seen is None else seen
             tid = next((str(r[1]) for r in seen if r[0] == gpu and str(r[2]).lower() == profile.lower()), None)
+        if tid is None:
+            tid = _catalog_type_id(inv, free[vf].gpu, profile)     # a MIG-backed type on demand: not listed yet
         out[vf] = tid or ""
     return out
+
+
+def _catalog_type_id(inv: "Inventory", gpu: PciAddress, profile: str) -> "Optional[str]":
+    """The vendor-VFIO type id of ``profile`` on ``gpu``'s board from the catalog (what MIG on demand
+    lists, :func:`vgpuhost.ops.migdemand.makeable`); None when the board or the type is not known."""
+    g = inv.gpu(gpu)
+    if g is None:
+        return None
+    from ..io.catalog import load_catalog
+    for m in load_catalog().gpus.values():
+        if m.ids.device == g.pci.device:
+            return next((str(t.type_id) for t in m.vgpu_types if t.name.lower() == profile.lower()), None)
+    return None
 
 
 def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: str, *, actor: str,

@@ -83,6 +83,10 @@ def _facts(host: HostRoot, store: "StateStore", owner: str) -> "Tuple[Inventory,
     from ..policy.offers import seen_rows
     from .health import in_service
     inv = in_service(discover(Sysfs(host)), None if store.absent else store, owner=owner)
+    if not store.absent:
+        # MIG on demand: the GPU instances a start would make count, as capacity and types count them
+        from .migdemand import makeable
+        inv = makeable(host, store, inv)
     return inv, store.vgpu_records(), store.seen_types() + seen_rows(inv)
 
 
