@@ -509,6 +509,8 @@ def test_a_reserved_vf_takes_its_types_last_slot_from_every_other_start_and_coun
     assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
     code, out, _ = cli(capsys, dest, "--json", "types", "--available")
     assert code == 0 and not any(t["name"] == "L40S-48Q" for t in json.loads(out)["types"]), out
+    code, out, _ = cli(capsys, dest, "exporter", "--once")
+    assert code == 0 and 'vgpuhost_free_instances{pool="",profile="L40S-48Q"} 0.0' in out
     code, _, err = cli(capsys, dest, "vgpu", "create", "--profile", "L40S-48Q")
     assert code == 2 and "cannot place L40S-48Q" in err
     assert {r.owner for r in store(dest).vgpu_records()} == {OTHER}          # nothing made for 'manual'
