@@ -215,10 +215,43 @@ def test_check_runs_admission_for_the_tenant_on_the_destination(make_host, capsy
     xml = mdev_domain(tenant="team-a")
     assert call(src, "vm", "prepare", "begin", xml)[0] == 0
     before = audit_paths(dest)
+    # not bound on the destination (trial 5 finding 4): the check says so and gives the command, as
+    # prepare begin there would admit it without a tenant; the source's word is not taken for tenancy
     code, doc, _ = check(capsys, src, dest, xml, tmp_path)
     assert code == 2 and [r["code"] for r in doc["refusals"]] == ["admission"], doc
-    assert "team-a" in doc["refusals"][0]["line"] and doc["tenant"] == "team-a"
+    assert "bound to tenant team-a on the source but not on this destination" in doc["refusals"][0]["line"]
+    assert doc["refusals"][0]["fix"].startswith(f"bind it on the destination first: 'vgpuhost tenant bind {DOM} "
+                                                "team-a'")
     assert audit_paths(dest) == before and store(dest).allocation_rows() == []     # admission was read-only
+    # bound there: the destination's own binding and quota decide (team-a has none there)
+    # the fix's command as given, on a destination whose libvirt does not know the domain yet
+    assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", DOM, "team-a")[0] == 0
+    assert store(dest).binding(DOM)[1] == "team-a"
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 2 and [r["code"] for r in doc["refusals"]] == ["admission"], doc
+    assert doc["refusals"][0]["line"].startswith("tenant team-a: ") and "bind it" not in doc["refusals"][0]["fix"]
+    assert store(dest).allocation_rows() == []
+    # room for team-a there: the check says yes and the hook's migrate begin and prepare begin agree
+    assert cli(capsys, dest, "tenant", "set", "team-a", "--vgpus", "1")[0] == 0
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 0 and doc["ok"], doc
+    assert migrate_in(dest, "vm", xml)[0] == 0 and [r.owner for r in store(dest).vgpu_records()] == [DOM]
+
+
+def test_the_check_takes_no_tenant_or_class_from_the_request(make_host, capsys):
+    """A request that claims a tenant and class the destination never bound (forged JSON, trial 5
+    finding 4) gets no admission as that tenant: it is refused with the binding to make there."""
+    dest = a40(make_host)
+    assert cli(capsys, dest, "tenant", "add", "g", "--qos", "guaranteed")[0] == 0
+    req = {"schema": "vgpuhost.migrate-request/v1", "name": "vm", "uuid": DOM, "strategy": "first-fit",
+           "anti_affinity": None, "tenant": "g", "qos": "guaranteed", "manager_version": "580.65.05",
+           "devices": [{"kind": "mdev", "device": MDEV, "profile": "A40-8Q", "gpu": ""}]}
+    from vgpuhost.ops.migrate import check_incoming
+    from vgpuhost.policy.migration import parse_request
+    doc = check_incoming(dest, parse_request(req))
+    assert not doc["ok"] and [r["code"] for r in doc["refusals"]] == ["admission"]
+    assert "'vgpuhost tenant bind " + DOM + " g --qos guaranteed'" in doc["refusals"][0]["fix"]
+    assert store(dest).binding(DOM) is None and store(dest).allocation_rows() == []
 
 
 def test_check_refuses_a_mig_profile_busy_on_the_destination(make_host, capsys, tmp_path):
@@ -318,6 +351,48 @@ def test_check_over_ssh_runs_the_destinations_side_there(make_host, capsys, tmp_
     assert log.read_text().splitlines() == ["root@dest.example", "unreachable"]     # the bad one never ran ssh
 
 
+EVIL_SSH = """#!/bin/sh
+cat >/dev/null
+exec PYTHON -c "import sys; sys.stdout.write(open(sys.argv[1]).read())" "$FAKE_SSH_ANSWER"
+"""
+
+
+def test_check_over_ssh_reads_a_capped_answer_and_escapes_its_strings(make_host, capsys, tmp_path, monkeypatch):
+    """A destination that answers a forged check document (trial 5 finding 14): terminal control sequences
+    and line breaks in its strings are escaped in the text output; an answer over 1 MiB, or one that is
+    not a check document (too many refusals, an unknown code), is refused, exit 2, nothing of it printed."""
+    import sys
+    src, dest = make_host("a40-mdev"), a40(make_host, version="550.127.06")
+    f = tmp_path / "dom.xml"
+    f.write_text(mdev_domain())
+    code, real, _ = cli(capsys, src, "--json", "migrate", "check", "--xml", str(f), "--to", str(dest.root))
+    assert code == 2
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(EVIL_SSH.replace("PYTHON", sys.executable))
+    (bindir / "ssh").chmod(0o755)
+    answer = tmp_path / "answer.json"
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_ANSWER", str(answer))
+    doc = json.loads(real)
+    doc["refusals"][0]["line"] = "\x1b]0;pwned\x07\x1b[31mEVIL\x1b[0m\nOK: dst can take vm"
+    doc["destination"] = "d\x1b[2Jst"
+    answer.write_text(json.dumps(doc))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and "\x1b" not in out and "\x07" not in out
+    assert out.count("\n") == 2 and "\\x1b]0;pwned\\x07" in out and "\\nOK: dst" in out, out
+    big = dict(doc, refusals=[dict(doc["refusals"][0], fix="x" * 1000)] * 2000)
+    answer.write_text(json.dumps(big))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and out == "" and "answered more than 1048576 bytes" in err and "xxx" not in err
+    answer.write_text(json.dumps(dict(doc, refusals=[doc["refusals"][0]] * 100)))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and out == "" and "'refusals' is not a list of at most 52" in err and "pwned" not in err
+    answer.write_text(json.dumps(dict(doc, refusals=[dict(doc["refusals"][0], code="\x1bx")])))
+    code, out, err = cli(capsys, src, "migrate", "check", "--xml", str(f), "--to", "ssh://b")
+    assert code == 2 and out == "" and "refusals[0] is not a refusal of a known code" in err
+
+
 # ---------------------------------------------------------------------------
 # the hook's migrate begin on the destination
 
@@ -409,6 +484,42 @@ def test_a_vendor_vfio_vf_taken_on_the_destination_moves_to_a_free_one(make_host
         conn.execute("UPDATE reservations SET expires = '2000-01-01T00:00:00.000000+00:00'")
     st.close()
     assert call(dest, "x", "prepare", "begin", x)[0] == 0 and vf_type(dest, "0000:21:00.6") != "0"
+
+
+L3 = "11111111-2222-4333-8444-0000000000e5"
+
+
+def test_a_reserved_vf_takes_its_types_last_slot_from_every_other_start_and_count(make_host, capsys):
+    """L40S-48Q fits once per L40S (trial 5 findings 3 and 5): GPU 21 full, the reservation of a VF of
+    GPU a1 for an incoming migration takes a1's one slot.  A second migration needing it is refused at
+    migrate begin naming the reservation; ``vgpu create`` finds no room (nothing made); capacity and
+    types count the instance as taken; the migration's own prepare begin makes it there."""
+    dest = make_host("l40s-vendor-vfio")
+    assert call(dest, "l0", "prepare", "begin", vf_domain("0000:21:00.4", "L40S-48Q", "l0", OTHER))[0] == 0
+    code, out, _ = cli(capsys, dest, "--json", "types", "--available")
+    assert [t["gpu"] for t in json.loads(out)["types"] if t["name"] == "L40S-48Q"] == ["0000:a1:00.0"]
+    vm = vf_domain("0000:21:00.5", "L40S-48Q")
+    code, moved, err = call(dest, "vm", "migrate", "begin", vm)
+    assert code == 0, err
+    assert [(r[0], r[3], r[5]) for r in reservations(dest)] == [("0000:a1:00.4", "0000:a1:00.0", "L40S-48Q")]
+    code, out, err = call(dest, "l2", "migrate", "begin", vf_domain("0000:21:00.6", "L40S-48Q", "l2", L3))
+    assert code == 2 and out == "" and "0000:a1:00.0: 1 L40S-48Q reserved for other incoming migrations" in err
+    assert [r[1] for r in reservations(dest)] == [DOM]
+    code, out, _ = cli(capsys, dest, "--json", "capacity", "--profile", "L40S-48Q")
+    assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
+    code, out, _ = cli(capsys, dest, "--json", "types", "--available")
+    assert code == 0 and not any(t["name"] == "L40S-48Q" for t in json.loads(out)["types"]), out
+    code, out, _ = cli(capsys, dest, "exporter", "--once")
+    assert code == 0 and 'vgpuhost_free_instances{pool="",profile="L40S-48Q"} 0.0' in out
+    code, _, err = cli(capsys, dest, "vgpu", "create", "--profile", "L40S-48Q")
+    assert code == 2 and "cannot place L40S-48Q" in err
+    assert {r.owner for r in store(dest).vgpu_records()} == {OTHER}          # nothing made for 'manual'
+    assert vf_type(dest, "0000:a1:00.4") == "0"
+    # the migration's own start makes it on the reserved VF and spends the reservation
+    for op in ("prepare", "start", "started"):
+        assert call(dest, "vm", op, "begin", moved)[0] == 0
+    assert vf_type(dest, "0000:a1:00.4") != "0" and reservations(dest) == []
+    assert {r.id: r.owner for r in store(dest).vgpu_records()} == {"0000:21:00.4": OTHER, "0000:a1:00.4": DOM}
 
 
 def test_a_mig_backed_vgpu_moves_to_a_free_gpu_instance(make_host, capsys):
@@ -564,3 +675,77 @@ def test_kill_sweep_leaves_no_reservation_or_device_behind(make_host, tmp_path):
             left.append(bool(mdevs(host)))
             settled(host)
     assert any(left)                                       # a kill after the create left an mdev to clean up
+
+
+# ---------------------------------------------------------------------------
+# a right-sized domain (resize="auto")
+
+
+def test_a_right_sized_vgpu_migrates_with_the_type_its_xml_pins_and_is_never_right_sized_incoming(make_host,
+                                                                                                   capsys, tmp_path):
+    """Trial 5 finding 1: r1 asks A40-8Q with resize="auto" and runs A40-2Q on the source (right-sized
+    from its metered history).  The check refuses its XML as it is (the destination makes what the XML
+    names), naming the running type and the ``virsh migrate --xml`` fix; an incoming migration is never
+    right-sized on the destination (even with history there saying it would be): the XML's type is
+    reserved and made.  With the running type pinned in the XML, check and hook agree on A40-2Q."""
+    from test_hook import mixed
+    from test_resize import dom, history, type_name
+    from test_tenancy import store_of, uid
+    from vgpuhost.model.tenancy import Quota, Tenant
+    from vgpuhost.ops import tenancy
+    src, dest = mixed(make_host), mixed(make_host)
+    dom_uuid, mdev = uid("d1d1d1d1", 1), uid("e1e1e1e1", 1)
+    for h in (src, dest):
+        tenancy.add(store_of(h), Tenant("web", quota=Quota()))
+        tenancy.bind(store_of(h), dom_uuid, "web", name="r1")
+        history(store_of(h), dom_uuid, mdev, "A40-8Q", peak_mib=1500, share=0.03)
+    xml = dom(1, True)
+    assert call(src, "r1", "prepare", "begin", xml)[0] == 0 and type_name(src, mdev) == "A40-2Q"
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 2 and [(r["code"], r["device"]) for r in doc["refusals"]] == [("running-type", mdev)], doc
+    assert "runs A40-2Q" in doc["refusals"][0]["line"] and 'profile="A40-2Q"' in doc["refusals"][0]["fix"]
+    # the XML as it is: the destination makes the type it names, as reserved, without right-sizing
+    code, _, err = migrate_in(dest, "r1", xml)
+    assert code == 0, err
+    assert type_name(dest, mdev) == "A40-8Q"
+    assert not [r for r in store(dest).audit_rows() if r.result in ("resized", "resize-fallback")]
+    assert call(dest, "r1", "release", "end", xml)[0] == 0 and mdevs(dest) == {}
+    # pinned: the check says yes with A40-2Q and the destination makes A40-2Q
+    pinned = xml.replace('profile="A40-8Q"', 'profile="A40-2Q"')
+    code, doc, _ = check(capsys, src, dest, pinned, tmp_path)
+    assert code == 0 and [d["profile"] for d in doc["devices"]] == ["A40-2Q"], doc
+    code, _, err = migrate_in(dest, "r1", pinned)
+    assert code == 0, err
+    assert type_name(dest, mdev) == "A40-2Q" and reservations(dest) == []
+
+
+# ---------------------------------------------------------------------------
+# MIG on demand on the destination
+
+
+def test_a_mig_backed_vgpu_migrates_to_a_gpu_with_mig_on_demand_and_the_reservation_counts(make_host, capsys,
+                                                                                           tmp_path):
+    """Trial 5 finding 7: the destination has no GPU instance but MIG on demand on: the check says yes
+    (as capacity counts 7), migrate begin reserves a VF and prepare begin makes the GPU instance.  A
+    reserved 4g.71gb (one fits) takes that slot from a second migration (refused at migrate begin,
+    naming the reservation) and from capacity."""
+    src, dest = make_host("h200-mig-on"), make_host("h200-mig-on")
+    for h in (src, dest):
+        assert cli(capsys, h, "mig", "on-demand", "--gpu", "0000:18:00.0", "on")[0] == 0
+    xml = vf_domain("0000:18:00.4", "H200X-1-18C")
+    assert call(src, "vm", "prepare", "begin", xml)[0] == 0
+    code, doc, _ = check(capsys, src, dest, xml, tmp_path)
+    assert code == 0 and [d["profile"] for d in doc["devices"]] == ["H200X-1-18C"], doc
+    code, moved, err = migrate_in(dest, "vm", xml)
+    assert code == 0, err
+    vf = str(parse_domain(moved).metadata.vgpus[0].vf)
+    assert vf_type(dest, vf) == vf_type(src, "0000:18:00.4") and reservations(dest) == []
+    assert [m.owner for m in __import__("vgpuhost.ops.migdemand", fromlist=["made"]).made(store(dest))] == [DOM]
+    big = vf_domain("0000:18:00.6", "H200X-4-71C", "big", OTHER)
+    assert call(dest, "big", "migrate", "begin", big)[0] == 0
+    assert [(r[1], r[5]) for r in reservations(dest)] == [(OTHER, "H200X-4-71C")]
+    code, out, _ = cli(capsys, dest, "--json", "capacity", "--profile", "H200X-4-71C")
+    assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
+    code, out, err = call(dest, "big2", "migrate", "begin", vf_domain("0000:18:00.7", "H200X-4-71C", "big2", L3))
+    assert code == 2 and out == "" and "1 H200X-4-71C reserved for other incoming migrations" in err, err
+    assert [r[1] for r in reservations(dest)] == [OTHER]

@@ -20,6 +20,7 @@ from ..model.errors import EXIT_INPUT, EXIT_OK, InputError
 from ..ops import migrate as ops
 from ..policy.migration import parse_request
 from .common import Context, emit, pass_ctx, store
+from .context import printable
 from .output import dumps
 
 #: the most bytes of a request document read from stdin (``--incoming``)
@@ -64,12 +65,16 @@ def migrate_request(ctx: Context, domain: Optional[str], xml: Optional[str]) -> 
 
 
 def _text(doc: dict) -> str:
+    """The check document as text; every string escaped (:func:`printable`): no terminal control
+    sequence or line break of another host's answer reaches the terminal."""
+    def p(v) -> str:
+        return printable(str(v), 1000)
     if doc["ok"]:
-        where = ", ".join(f"{d['profile']} {d['device']} -> {d['parent'] if d['kind'] == 'vf' else d['gpu']}"
+        where = ", ".join(f"{p(d['profile'])} {p(d['device'])} -> {p(d['parent'] if d['kind'] == 'vf' else d['gpu'])}"
                           for d in doc["devices"]) or "no vGPU"
-        return f"{doc['destination']} can take {doc['domain']}: {where}"
-    lines = [f"refused: {r['line']}; fix: {r['fix']}" for r in doc["refusals"]]
-    lines.append(f"{doc['destination']} cannot take {doc['domain']} ({len(doc['refusals'])} refusal(s))")
+        return f"{p(doc['destination'])} can take {p(doc['domain'])}: {where}"
+    lines = [f"refused: {p(r['line'])}; fix: {p(r['fix'])}" for r in doc["refusals"]]
+    lines.append(f"{p(doc['destination'])} cannot take {p(doc['domain'])} ({len(doc['refusals'])} refusal(s))")
     return "\n".join(lines)
 
 

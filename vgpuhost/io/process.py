@@ -1,7 +1,8 @@
 """This process's identity, as the audit log names it, running a program, and ending this process.
 
 Owns: the one spelling of "who did this" (the ``actor`` column of every audit
-row), :func:`run_program` (a child process, output captured) and
+row), :func:`run_program` (a child process, output captured), :func:`run_capped` (the same, its
+output read up to a cap) and
 :func:`exit_after` (a watchdog that ends this process).  Must not:
 import anything heavy at module level; the qemu hook calls :func:`actor` on
 every run (and starts no child).
@@ -29,6 +30,67 @@ def run_program(argv, *, input: bytes = b"", timeout: float = 60):
     """
     import subprocess
     return subprocess.run(list(argv), input=input, capture_output=True, timeout=timeout)
+
+
+def run_capped(argv, *, input: bytes = b"", timeout: float = 60, limit: int = 1 << 20):
+    """Run ``argv`` as :func:`run_program` does, reading at most ``limit`` + 1 bytes of its stdout and
+    ``limit`` bytes of its stderr: ``(returncode, stdout, stderr)``.  A child that writes more than
+    ``limit`` bytes on stdout is killed (its returncode then negative) and ``stdout`` is ``limit`` + 1
+    bytes long, so the caller can tell it was cut.  Raises ``subprocess.TimeoutExpired`` after
+    ``timeout`` seconds (the child killed) and ``OSError`` when it cannot start."""
+    import selectors
+    import subprocess
+    import time
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = bytearray(), bytearray()
+    pending = memoryview(input)
+    deadline = time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    try:
+        if pending:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+            for key, _ in sel.select(left):
+                if key.fileobj is proc.stdin:
+                    try:
+                        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]):]
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = key.data
+                room = (limit + 1 if buf is out else limit) - len(buf)
+                buf += chunk[:max(0, room)]
+                if buf is out and len(out) > limit:
+                    proc.kill()
+                    sel.unregister(proc.stdout)
+        proc.wait(max(0.1, deadline - time.monotonic()))
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        sel.close()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    return proc.returncode, bytes(out), bytes(err)
 
 
 def exit_after(seconds: int) -> None:

@@ -304,6 +304,11 @@ class Inventory:
     #: GPUs out of service (unhealthy or cordoned; :mod:`vgpuhost.ops.health` sets it from the state store):
     #: GPU -> the reason line.  They offer no free instance (:func:`free_instances`); what they hold is listed.
     out_of_service: Mapping[PciAddress, str] = field(default_factory=dict)
+    #: vendor-VFIO VFs reserved for an incoming live migration (:func:`vgpuhost.ops.health.in_service` sets
+    #: it from the state store): VF -> the type id reserved.  Such a VF lists no type (the caller drops its
+    #: rows) and counts as holding a vGPU of that type (:attr:`GpuIndex.present`), so every count of its GPU
+    #: (placement, ``types``, ``capacity``, the exporter) treats the reserved instance as taken.
+    reserved: Mapping[PciAddress, str] = field(default_factory=dict)
 
     @property
     def iommu_enabled(self) -> bool:
@@ -379,6 +384,8 @@ def _build_index(inv: "Inventory") -> Dict[PciAddress, GpuIndex]:
         if ix is not None and v.type_id:
             ix.present.append(v.type_id)
             ix.vgpus.append(str(v.vf))
+        elif ix is not None and v.vf in inv.reserved:
+            ix.present.append(inv.reserved[v.vf])      # promised to an incoming migration: taken
     return out
 
 

@@ -142,7 +142,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
     if store is None:
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     from .health import in_service
-    inv = in_service(inv, store)        # GPUs out of service offer nothing to admission or placement (issue 27)
+    inv = in_service(inv, store, owner=view.uuid)        # GPUs out of service offer nothing to admission or placement (issue 27)
     active = store.active_domains()
     records = store.vgpu_records()
     # a PCI hostdev may name a group another owner holds: the records are read for it too
@@ -159,7 +159,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         from . import migdemand
         ondemand = migdemand.make_for(host, store, view.uuid, checked.vgpus, inv, actor=actor)
         if ondemand:
-            inv = in_service(domain_inventory(host, view, allow), store)
+            inv = in_service(domain_inventory(host, view, allow), store, owner=view.uuid)
     try:
         return _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active)
     except BaseException as e:
@@ -181,8 +181,10 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     # domain's are made where they were reserved; another domain's are not taken
     mine_reserved = _reservations(store, view, checked) if checked.vgpus else {}
     requested = types
+    # an incoming live migration (reserved by migrate begin) makes the type the XML names, as reserved:
+    # the type is part of the migrated device's state, so it is never right-sized here (docs/guide/migration.md)
     resized = (_right_size(store, view, inv, types, {r.id for r in records})
-               if checked.vgpus and view.metadata.resize == "auto" else {})
+               if checked.vgpus and view.metadata.resize == "auto" and not mine_reserved else {})
     if resized:
         types = dict(types)
         types.update({dev: new for dev, (_, new, _) in resized.items()})

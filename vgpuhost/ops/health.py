@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 
 from ..io.hostroot import HostRoot
-from ..model.errors import RefusedError
+from ..model.errors import InputError, RefusedError
 from ..model.kinds import Owner
 from ..model.values import PciAddress
 from ..policy import health as hp
@@ -64,7 +64,8 @@ def refuse_out_of_service(store: "StateStore", gpu: PciAddress, *, what: str, ac
                        hint=f"use another GPU, or repair it and run 'vgpuhost gpu uncordon {gpu}'; nothing was changed")
 
 
-#: beside state.db while a GPU may be out of service: written before a health row is, removed once none is
+#: beside state.db while a GPU may be out of service or a VF be reserved for an incoming migration:
+#: written before a health row (or a reservation) is, removed once no health row and no reservation is
 #: left, so the lean read commands (``types``, which load no SQLite) read the store only when it may matter
 MARKER = "gpu-health.marker"
 
@@ -88,7 +89,7 @@ def _set_marker(store: "StateStore") -> None:
 
 
 def _clear_marker(store: "StateStore") -> None:
-    if not store.gpu_health_rows():
+    if not store.gpu_health_rows() and not store.reservation_rows():      # a reservation needs it too
         from ..io.files import remove
         remove(_marker(store.dir))
 
@@ -107,20 +108,72 @@ def in_service_at(inv: "Inventory", state_dir) -> "Inventory":
 
 
 def in_service(inv: "Inventory", store: "Optional[StateStore]",
-               also: "Optional[Dict[PciAddress, str]]" = None) -> "Inventory":
+               also: "Optional[Dict[PciAddress, str]]" = None, *, owner: "Optional[str]" = None) -> "Inventory":
     """``inv`` with :attr:`Inventory.out_of_service` set from the store: those GPUs offer no free instance
     (:func:`vgpuhost.observe.inventory.free_instances`), so no placement, ``types --available``,
     ``capacity`` count or exporter series offers them.  ``also``: ``{GPU: reason line}`` of more GPUs to
-    leave out (the exporter's :func:`unrecorded_failures`, which it does not record).  ``inv`` itself when
-    nothing is out of service or there is no store (no copy)."""
+    leave out (the exporter's :func:`unrecorded_failures`, which it does not record).  Likewise the
+    vendor-VFIO VFs reserved for an incoming live migration (:func:`reserved_vfs`; ``owner``: a domain
+    UUID whose own reservations stay free, its incoming start or its repeated ``migrate begin``) list no
+    type and count as holding the reserved type (:attr:`Inventory.reserved`).  ``inv`` itself when
+    nothing is out of service or reserved, or there is no store (no copy)."""
     if store is None:
         return inv
     oos = {**(also or {}), **out_of_service(store)}
-    if not oos and not inv.out_of_service:
+    reserved = reserved_vfs(store, inv, owner)
+    if not oos and not inv.out_of_service and not reserved and not inv.reserved:
         return inv
     from ..observe.inventory import Inventory
-    return Inventory(devices=inv.devices, groups=inv.groups, gpus=inv.gpus, vgpu_types=inv.vgpu_types,
-                     mdevs=inv.mdevs, vf_vgpus=inv.vf_vgpus, host=inv.host, out_of_service=oos)
+    types = inv.vgpu_types if not reserved else tuple(t for t in inv.vgpu_types if t.parent not in reserved)
+    return Inventory(devices=inv.devices, groups=inv.groups, gpus=inv.gpus, vgpu_types=types,
+                     mdevs=inv.mdevs, vf_vgpus=inv.vf_vgpus, host=inv.host, out_of_service=oos, reserved=reserved)
+
+
+def reserved_vfs(store: "StateStore", inv: "Inventory", owner: "Optional[str]" = None) -> "Dict[PciAddress, str]":
+    """``{VF: type id}`` of the free vendor-VFIO VFs of ``inv`` that an incoming migration (not ``owner``'s)
+    reserved and that have not expired (one query; ``{}`` on a store without reservations).  The type id
+    is the reserved profile's as the VF's GPU lists it (or listed it: the store's seen types)."""
+    if store.absent:
+        return {}
+    rows = [r for r in store.reservation_rows() if r[4] == "vf" and r[1] != owner]
+    if not rows:
+        return {}
+    from ..io.state import utcnow
+    now = utcnow()
+    free = {v.vf: v for v in inv.vf_vgpus if not v.type_id}
+    out: "Dict[PciAddress, str]" = {}
+    seen = None
+    for device, _owner, _name, gpu, _kind, profile, expires, _time in rows:
+        if expires < now:
+            continue                # an expired reservation holds nothing ('vgpuhost reconcile' drops it)
+        try:
+            vf = PciAddress.parse(device)
+        except InputError:
+            continue
+        if vf not in free:
+            continue                # made already (prepare begin), or not on this host's tree
+        tid = next((t.type_id for t in inv.vgpu_types if str(t.gpu) == gpu and t.name.lower() == profile.lower()),
+                   None)
+        if tid is None:
+            seen = store.seen_types() if seen is None else seen
+            tid = next((str(r[1]) for r in seen if r[0] == gpu and str(r[2]).lower() == profile.lower()), None)
+        if tid is None:
+            tid = _catalog_type_id(inv, free[vf].gpu, profile)     # a MIG-backed type on demand: not listed yet
+        out[vf] = tid or ""
+    return out
+
+
+def _catalog_type_id(inv: "Inventory", gpu: PciAddress, profile: str) -> "Optional[str]":
+    """The vendor-VFIO type id of ``profile`` on ``gpu``'s board from the catalog (what MIG on demand
+    lists, :func:`vgpuhost.ops.migdemand.makeable`); None when the board or the type is not known."""
+    g = inv.gpu(gpu)
+    if g is None:
+        return None
+    from ..io.catalog import load_catalog
+    for m in load_catalog().gpus.values():
+        if m.ids.device == g.pci.device:
+            return next((str(t.type_id) for t in m.vgpu_types if t.name.lower() == profile.lower()), None)
+    return None
 
 
 def mark_unhealthy(store: "StateStore", gpu: PciAddress, reason: str, source: str, *, actor: str,

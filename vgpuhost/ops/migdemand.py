@@ -179,7 +179,9 @@ def makeable(host: HostRoot, store, inv):
             current = backend.gpu_instances(g.address)
         except VgpuhostError:
             continue
-        held = {m.parent for m in inv.mdevs} | {v.vf for v in inv.vf_vgpus if v.type_id}
+        # a VF reserved for an incoming migration (ops/health.in_service) is held too: its GPU instance
+        # counts as taken where the reservation's type id is a MIG-backed type of the GPU
+        held = {m.parent for m in inv.mdevs} | {v.vf for v in inv.vf_vgpus if v.type_id} | set(inv.reserved)
         parents = [p for p in (g.vfs or g.mdev_parents) if p not in held]
         names = {p.profile_id: p.name for p in profiles}
         counts: Dict[str, int] = {}

@@ -75,13 +75,18 @@ def request_for(host: HostRoot, store: "StateStore", view: "DomainView") -> "Req
                    row[1] if row else None, row[2] if row else None, manager_version(host), tuple(devices))
 
 
-def _facts(host: HostRoot, store: "StateStore") -> "Tuple[Inventory, list, list]":
-    """The destination's inventory (GPUs out of service offer nothing), records and seen types."""
+def _facts(host: HostRoot, store: "StateStore", owner: str) -> "Tuple[Inventory, list, list]":
+    """The destination's inventory (GPUs out of service offer nothing, VFs other incoming migrations than
+    ``owner``'s reserved are taken), records and seen types."""
     from ..io.sysfs import Sysfs
     from ..observe.inventory import discover
     from ..policy.offers import seen_rows
     from .health import in_service
-    inv = in_service(discover(Sysfs(host)), None if store.absent else store)
+    inv = in_service(discover(Sysfs(host)), None if store.absent else store, owner=owner)
+    if not store.absent:
+        # MIG on demand: the GPU instances a start would make count, as capacity and types count them
+        from .migdemand import makeable
+        inv = makeable(host, store, inv)
     return inv, store.vgpu_records(), store.seen_types() + seen_rows(inv)
 
 
@@ -104,6 +109,11 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
     for r in others:
         if r[4] == DeviceKind.MDEV:
             pending[(r[3], r[5].lower())] = pending.get((r[3], r[5].lower()), 0) + 1
+    reserved_here: "Dict[Tuple[PciAddress, str], int]" = {}       # (GPU, type id) -> VFs reserved by others
+    vf_gpu = {v.vf: v.gpu for v in inv.vf_vgpus}
+    for vf, tid in inv.reserved.items():
+        if vf in vf_gpu:
+            reserved_here[(vf_gpu[vf], tid)] = reserved_here.get((vf_gpu[vf], tid), 0) + 1
     taken: "Dict[PciAddress, PciAddress]" = {}      # GPU -> what this domain takes there (one vGPU per VM per GPU)
     used_parents: set = set()
     out: "List[dict]" = []
@@ -128,6 +138,10 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
             if held and o.available > 0:
                 o = replace(o, available=max(0, o.available - held),
                             note=f"{held} {name} reserved for other incoming migrations")
+            vfs_held = reserved_here.get((o.gpu, o.type_id), 0) if o.type_id else 0
+            if vfs_held and o.available == 0:
+                # a VF other incoming migrations reserved counts as taken (ops/health.in_service): say so
+                o = replace(o, note=f"{vfs_held} {name} reserved for other incoming migrations")
             parents = tuple(p for p in o.parents if p not in used_parents)
             if o.parents and d.kind == "vf":
                 o = replace(o, parents=parents, available=min(o.available, len(parents)))
@@ -149,17 +163,27 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
 
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
                placed: "List[dict]") -> "List[Refusal]":
-    """Admission for the domain's tenant on the destination, read-only (``admit_domain`` with ``audit``
-    off: no row, no allocation).  The destination's own binding of the domain counts where it has one,
-    else the source's (the request's).  Nothing when tenancy is not in use there."""
+    """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
+    allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
+    binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
+    tenancy: docs/guide/migration.md).  A domain the source says is bound (``req.tenant``) and the
+    destination has not bound is refused with the command that binds it there (prepare begin would
+    admit it as a domain without a tenant).  Nothing when tenancy is not in use there."""
     from ..policy import migration as mig
     from .admitting import active
     if store.absent or not active(store):
         return []
-    from ..io.state import utcnow
     from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
     from ..model.values import PciAddress
     from . import tenancy
+    row = store.binding(req.uuid)
+    if row is None and req.tenant:
+        qos = f" --qos {req.qos}" if req.qos else ""
+        return [mig.Refusal(mig.ADMISSION, "", f"domain {req.name} is bound to tenant {req.tenant} on the source "
+                                               "but not on this destination: its start here would be admitted "
+                                               "as a domain without a tenant",
+                            f"bind it on the destination first: 'vgpuhost tenant bind {req.uuid} {req.tenant}{qos}' "
+                            "(the destination decides tenancy with its own binding)")]
     view = DomainView()
     view.name, view.uuid = req.name, req.uuid
     vgpus = []
@@ -168,15 +192,13 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
             vgpus.append(VgpuRequest(p["profile"], uuid=p["device"]))
         else:
             vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
-    view.metadata = Metadata(req.strategy, req.tenant, req.anti_affinity, vgpus, [], req.qos)
-    row = store.binding(req.uuid)
-    if row is None and req.tenant:
-        row = (req.uuid, req.tenant, req.qos, "migrate check", utcnow())
+    view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
+    tenant = row[1] if row is not None else None
     try:
         tenancy.admit_domain(store, view, inv, audit=False, types={p["device"]: p["profile"] for p in placed},
                              binding=row)
     except RefusedError as e:
-        return [mig.Refusal(mig.ADMISSION, "", f"tenant {req.tenant or '(none)'}: {e.message}",
+        return [mig.Refusal(mig.ADMISSION, "", f"tenant {tenant or '(none)'}: {e.message}",
                             e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")]
     return []
 
@@ -195,7 +217,7 @@ def check_incoming(host: HostRoot, req: "Request") -> dict:
         m = mig.manager_refusal(req.manager, dest_manager)
         if m is not None:
             refusals.append(m)
-        inv, records, seen = _facts(host, store)
+        inv, records, seen = _facts(host, store, req.uuid)
         placed, more = _placements(host, store, req, inv, records, seen, {})
         refusals += more
         if not more and placed:
@@ -216,12 +238,37 @@ def check(host: HostRoot, store: "StateStore", view: "DomainView", dest: str) ->
     from ..io.files import is_dir
     req = request_for(host, store, view)
     if dest.startswith(("ssh://", "qemu+ssh://")):
-        return over_ssh(dest, req)
-    if "://" in dest or not is_dir(dest):
+        doc = over_ssh(dest, req)
+    elif "://" in dest or not is_dir(dest):
         raise InputError(f"destination {dest!r} is neither a host root directory nor an ssh:// or qemu+ssh:// URI",
                          hint=f"or run the check there: 'vgpuhost migrate request {view.name or view.uuid} | "
                               "ssh HOST vgpuhost migrate check --incoming'")
-    return check_incoming(HostRoot.from_env(dest, None), req)
+    else:
+        doc = check_incoming(HostRoot.from_env(dest, None), req)
+    more = running_type_refusals(view, req)
+    if more:
+        doc["refusals"] = [r.as_dict() for r in more] + doc["refusals"]
+        doc["ok"] = False
+    return doc
+
+
+def running_type_refusals(view: "DomainView", req: "Request") -> "List[Refusal]":
+    """The source's own rule (trial 5 finding 1): a vGPU whose running type (``req``, from this host's
+    records) differs from the profile the domain XML names (right-sized at its start, ``resize="auto"``)
+    cannot migrate with that XML: the destination's ``migrate begin`` and ``prepare begin`` make what the
+    XML names, never right-sizing an incoming migration.  One refusal each, with the ``virsh migrate
+    --xml`` fix."""
+    from ..model.values import VgpuProfile
+    from ..policy.migration import running_type_refusal
+    out = []
+    asked = {v.device: str(v.profile) for v in view.metadata.vgpus}
+    for d in req.devices:
+        if d.kind == DeviceKind.PASSTHROUGH or d.device not in asked:
+            continue
+        a, r = VgpuProfile.try_parse(asked[d.device]), VgpuProfile.try_parse(d.profile)
+        if a is not None and r is not None and str(a).upper() != str(r).upper():
+            out.append(running_type_refusal(req.name, d.device, d.profile, asked[d.device]))
+    return out
 
 
 #: characters an ssh destination may hold (user, host name or address, port); never a leading '-'
@@ -249,18 +296,26 @@ def ssh_argv(uri: str) -> "List[str]":
             + ["--", target, "vgpuhost", "--json", "migrate", "check", "--incoming"])
 
 
+#: the most bytes of the destination's answer read over ssh (a check document is a few KiB)
+MAX_ANSWER_BYTES = 1 << 20
+
+
 def over_ssh(uri: str, req: "Request") -> dict:
     """The destination's check document for ``req``, from ``vgpuhost migrate check --incoming`` run on the
-    host ``uri`` names over ssh (its exit 0 or 2 both answer a document).  Raises HostEnvironmentError
-    (exit 2) when ssh cannot run or the far side answers no check document; never echoes its output."""
+    host ``uri`` names over ssh (its exit 0 or 2 both answer a document).  The answer is untrusted: at
+    most :data:`MAX_ANSWER_BYTES` are read, and it must parse as a check document
+    (:func:`vgpuhost.policy.migration.parse_check`: sizes, counts, codes); its strings are escaped where
+    printed.  Raises HostEnvironmentError (exit 2) when ssh cannot run or the far side answers no check
+    document (too large, not JSON, not the schema); never echoes its output."""
     import json
-    from ..io.process import run_program
+    from ..io.process import run_capped
     from ..model.errors import HostEnvironmentError
-    from ..policy.migration import CHECK_SCHEMA
+    from ..policy.migration import parse_check
     argv = ssh_argv(uri)
     target = argv[argv.index("--") + 1]
     try:
-        done = run_program(argv, input=json.dumps(req.as_dict()).encode(), timeout=SSH_TIMEOUT_S)
+        rc, stdout, stderr = run_capped(argv, input=json.dumps(req.as_dict()).encode(), timeout=SSH_TIMEOUT_S,
+                                        limit=MAX_ANSWER_BYTES)
     except OSError as e:
         raise HostEnvironmentError(f"cannot run ssh: {e.strerror}", hint="install openssh-client") from None
     except Exception as e:
@@ -268,18 +323,24 @@ def over_ssh(uri: str, req: "Request") -> dict:
             raise
         raise HostEnvironmentError(f"{target} did not answer within {SSH_TIMEOUT_S} s",
                                    hint="check that 'ssh HOST true' works without a prompt") from None
+    fix = "vgpuhost must be installed there and 'ssh HOST vgpuhost --version' work without a prompt"
+    if len(stdout) > MAX_ANSWER_BYTES:
+        raise HostEnvironmentError(f"the check over ssh on {target} answered more than {MAX_ANSWER_BYTES} bytes: "
+                                   "not a check document", hint=fix)
     try:
-        doc = json.loads(done.stdout.decode("utf-8"))
+        doc = json.loads(stdout.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         doc = None
-    if done.returncode not in (0, 2) or not isinstance(doc, dict) or doc.get("schema") != CHECK_SCHEMA:
-        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    if rc not in (0, 2) or doc is None:
+        err = stderr.decode("utf-8", "replace").strip().splitlines()
         last = "".join(c if c.isprintable() else "?" for c in (err[-1] if err else ""))[:300]
-        raise HostEnvironmentError(f"the check over ssh on {target} gave no answer (exit {done.returncode}"
-                                   + (f": {last}" if last else "") + ")",
-                                   hint="vgpuhost must be installed there and 'ssh HOST vgpuhost --version' work "
-                                        "without a prompt")
-    return doc
+        raise HostEnvironmentError(f"the check over ssh on {target} gave no answer (exit {rc}"
+                                   + (f": {last}" if last else "") + ")", hint=fix)
+    try:
+        return parse_check(doc)
+    except InputError as e:
+        raise HostEnvironmentError(f"the check over ssh on {target} gave no check document ({e.message})",
+                                   hint=fix) from None
 
 
 # ---------------------------------------------------------------------------
@@ -321,7 +382,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     operation = f"migrate begin {name}"
     with file_lock(store.dir, HOST_LOCK):      # the lock admission decides starts under: no start races it
         req = request_for(host, store, view)
-        inv, records, seen = _facts(host, store)
+        inv, records, seen = _facts(host, store, req.uuid)
         keep: "Dict[str, object]" = {}
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
@@ -356,6 +417,8 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
                 rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
                 if v.gpu is not None and str(v.gpu) != p["gpu"]:
                     changed_pins[p["device"]] = p["gpu"]
+        from .health import _set_marker
+        _set_marker(store)      # commands that open no store read it then: a reserved VF counts as taken
         store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
     if not changed_vfs and not changed_pins and not changed_uuids:
         return None

@@ -283,7 +283,8 @@ def bind_domain(store: StateStore, uri: Optional[str], domain: str, tenant: Opti
                 qos: Optional[str] = None, unbind_it: bool = False, actor: Optional[str] = None,
                 dry_run: bool = False) -> Dict[str, object]:
     """``vgpuhost tenant bind DOMAIN TENANT [--qos C]`` / ``tenant unbind DOMAIN``: ``domain`` (name or
-    UUID) resolved through libvirt at ``uri`` (None: the default), then :func:`bind` / :func:`unbind`.
+    UUID) resolved through libvirt at ``uri`` (None: the default), then :func:`bind` / :func:`unbind`; a
+    UUID libvirt does not know is bound as given (a domain about to migrate in).
     Raises as they do, and InputError for a domain libvirt does not know, HostEnvironmentError when
     libvirt cannot be reached."""
     from ..io import virt
@@ -304,7 +305,19 @@ def bind_domain(store: StateStore, uri: Optional[str], domain: str, tenant: Opti
                 name = None
             return unbind(store, bound, name=name, actor=actor, dry_run=dry_run)
     with virt.open_connection(virt.default_uri(uri)) as conn:
-        uuid, name = _domain_ref(conn, store, domain)
+        try:
+            uuid, name = _domain_ref(conn, store, domain)
+        except InputError:
+            # a UUID libvirt does not know (yet): bound as given, so the destination of a live migration
+            # can be bound before the domain arrives (docs/guide/migration.md); a name must be known
+            try:
+                uuid, name = parse_uuid(domain), None
+            except VgpuhostError:
+                raise InputError(f"libvirt does not know domain {domain!r}",
+                                 hint="give its name or UUID ('virsh list --all'); a UUID is bound even before "
+                                      "the domain is defined here") from None
+            if unbind_it:
+                raise
     if unbind_it:
         return unbind(store, uuid, name=name, actor=actor, dry_run=dry_run)
     if tenant is None:

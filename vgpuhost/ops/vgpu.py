@@ -261,7 +261,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
     scope = _physfn(fs, req.vf) if req.vf is not None else req.gpu     # the one GPU to read (None: the whole host)
     failed: List[GpuFailedError] = []       # GPUs that failed under this call (issue 27)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        inv, records, seen = _look(fs, store, inventory, scope, req.vf, dry_run)
+        inv, records, seen = _look(fs, store, inventory, scope, req.vf, dry_run, owner=req.owner)
         inventory = None                # the caller's look serves the first attempt only
         pin = req.gpu
         if req.vf is not None:
@@ -321,10 +321,12 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
 
 
 def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: Optional[PciAddress],
-          vf: Optional[PciAddress], dry_run: bool) -> Tuple[Inventory, List[VgpuRecord], list]:
+          vf: Optional[PciAddress], dry_run: bool, *, owner: Optional[str] = None
+          ) -> Tuple[Inventory, List[VgpuRecord], list]:
     """``(inventory, records, seen type rows)`` of one placement look: of the GPU ``scope`` alone
     when there is one (never the whole host), else of every GPU.  ``inventory``: the caller's
-    look, taken instead of a read.  Remembers the types seen (not on a dry run)."""
+    look, taken instead of a read.  Remembers the types seen (not on a dry run).  VFs reserved for
+    an incoming migration other than ``owner``'s (a domain UUID) count as taken."""
     from ..observe.inventory import discover, discover_gpu, gpu_part
     from ..policy.offers import seen_rows
     if inventory is not None:
@@ -339,7 +341,9 @@ def _look(fs: Sysfs, store: StateStore, inventory: Optional[Inventory], scope: O
     if scope is None and not dry_run:
         # the check each operation runs (cheap: the store's GPUs against this read): a GPU gone from the tree
         health.quick_check(fs.host, store, inv, actor=actor_name(), whole=inventory is None)
-    inv = health.in_service(inv, store)     # a GPU out of service offers nothing (docs/guide/failures.md)
+    # a GPU out of service offers nothing (docs/guide/failures.md), a VF reserved for another domain's
+    # incoming migration neither (docs/guide/migration.md)
+    inv = health.in_service(inv, store, owner=owner)
     # the GPU's records when one GPU is read (what the checks look at), else every record
     records = store.vgpu_records(gpu=str(scope) if scope is not None else None)
     rows = seen_rows(inv)               # once: every type of the look (a VF host: thousands)
@@ -525,7 +529,7 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
             return None         # recovery changed the host: place again on what it left (the reason too)
         # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
         from . import health
-        inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv), store)
+        inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv), store, owner=req.owner)
         records2 = store.vgpu_records(gpu=str(decision.gpu))
         limits = {} if req.vf is not None else mode_limits(host, inv2, name)
         again = place(_narrow(inv2, offers(inv2, records2, name, seen, limits), name, req.allowed_gpus, req.vf,

@@ -38,9 +38,10 @@ PASSTHROUGH = "passthrough"
 ADMISSION = "admission"
 MANAGER_VERSION = "manager-version"
 NO_DEVICE = "no-device"
+RUNNING_TYPE = "running-type"
 #: the kinds of a request's devices: a classic mdev, a vendor-VFIO VF, a passed-through GPU
 KINDS = (DeviceKind.MDEV, "vf", DeviceKind.PASSTHROUGH)
-CODES = (TYPE_MISSING, MIG_PROFILE_BUSY, PASSTHROUGH, ADMISSION, MANAGER_VERSION, NO_DEVICE)
+CODES = (TYPE_MISSING, MIG_PROFILE_BUSY, PASSTHROUGH, ADMISSION, MANAGER_VERSION, NO_DEVICE, RUNNING_TYPE)
 
 
 @record(frozen=True)
@@ -233,9 +234,77 @@ def type_refusal(d: Device, where: str, reason: str, *, known: bool = True) -> R
                    "lists it; the type must be the same on both hosts")
 
 
+def running_type_refusal(name: str, device: str, running: str, asked: str) -> Refusal:
+    """A right-sized vGPU (``resize="auto"``): it runs ``running`` on the source, the domain XML libvirt
+    sends names ``asked``, and the destination makes what the XML names (it cannot know the running type,
+    and the type is part of the migrated device's state)."""
+    return Refusal(RUNNING_TYPE, device, f"{device} of {name} runs {running} (right-sized at its start) but its "
+                                         f"XML asks {asked}: the destination makes the type the XML names",
+                   f"migrate with 'virsh migrate --xml FILE', FILE its XML ('virsh dumpxml --migratable {name}') "
+                   f"with profile=\"{running}\" on this vGPU in the vgpuhost metadata")
+
+
 def summary(refusals: Sequence[Refusal]) -> Dict[str, List[str]]:
     """``{code: [device, ...]}`` of ``refusals``, for the text output's last line."""
     out: Dict[str, List[str]] = {}
     for r in refusals:
         out.setdefault(r.code, []).append(r.device)
+    return out
+
+
+#: the most refusals a check document from another host may hold (one per device, one per host rule)
+MAX_REFUSALS = 2 * MAX_DEVICES + 4
+
+
+def _answer_text(v: object, what: str, limit: int) -> Optional[str]:
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) > limit:
+        raise InputError(f"the destination's answer: {what} is not a string of at most {limit} characters",
+                         hint="the destination must run the same vgpuhost version ('vgpuhost --version')")
+    return v
+
+
+def parse_check(doc: object) -> dict:
+    """The check document ``doc`` answered by another host (untrusted: read over ssh), checked against
+    :data:`CHECK_SCHEMA`'s shape: ``ok`` a bool, at most :data:`MAX_DEVICES` devices and
+    :data:`MAX_REFUSALS` refusals, every string of bounded length (a line or fix at most 2000
+    characters), refusal codes among :data:`CODES`.  Returns a new dict holding only the schema's
+    fields.  Strings are kept as sent: printers escape control characters.  Raises InputError naming
+    the first bad field."""
+    def bad(what: str) -> InputError:
+        return InputError(f"the destination's answer: {what}",
+                          hint="the destination must run the same vgpuhost version ('vgpuhost --version')")
+    if not isinstance(doc, dict) or doc.get("schema") != CHECK_SCHEMA:
+        raise bad(f"not a check document (\"schema\": \"{CHECK_SCHEMA}\" expected)")
+    if not isinstance(doc.get("ok"), bool):
+        raise bad("'ok' is not true or false")
+    out: dict = {"schema": CHECK_SCHEMA, "ok": doc["ok"]}
+    for key, limit in (("domain", 256), ("uuid", 64), ("destination", 256), ("tenant", 64)):
+        out[key] = _answer_text(doc.get(key), key, limit)
+    mv = doc.get("manager_version")
+    if not isinstance(mv, dict):
+        raise bad("'manager_version' is not an object")
+    out["manager_version"] = {k: _answer_text(mv.get(k), f"manager_version.{k}", 32)
+                              for k in ("source", "destination")}
+    devices, refusals = doc.get("devices"), doc.get("refusals")
+    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
+        raise bad(f"'devices' is not a list of at most {MAX_DEVICES}")
+    if not isinstance(refusals, list) or len(refusals) > MAX_REFUSALS:
+        raise bad(f"'refusals' is not a list of at most {MAX_REFUSALS}")
+    out["devices"] = []
+    for i, d in enumerate(devices):
+        if not isinstance(d, dict):
+            raise bad(f"devices[{i}] is not an object")
+        out["devices"].append({k: _answer_text(d.get(k), f"devices[{i}].{k}", 64)
+                               for k in ("device", "kind", "profile", "gpu", "parent")})
+    out["refusals"] = []
+    for i, r in enumerate(refusals):
+        if not isinstance(r, dict) or r.get("code") not in CODES:
+            raise bad(f"refusals[{i}] is not a refusal of a known code")
+        out["refusals"].append({"code": r["code"], "device": _answer_text(r.get("device"), f"refusals[{i}].device", 64),
+                                "line": _answer_text(r.get("line"), f"refusals[{i}].line", 2000),
+                                "fix": _answer_text(r.get("fix"), f"refusals[{i}].fix", 2000)})
+    if out["ok"] == bool(out["refusals"]):
+        raise bad("'ok' disagrees with its refusals")
     return out
