@@ -13,7 +13,10 @@ import io
 import json
 import os
 import signal
-import threading
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 from vgpuhost.cli.main import main
 from vgpuhost.hook import runtime as hook
@@ -24,23 +27,28 @@ from test_gpu_health import vm
 
 
 def _killed_after_recording(host, name: str, xml: str) -> int:
-    """Run ``prepare begin`` in a forked process that kills itself (SIGKILL) right after the domain is recorded
-    running, before anything is admitted or made; the child's pid."""
-    assert threading.active_count() == 1, "a fork copies the locks other threads hold"
-    pid = os.fork()
-    if pid == 0:                                    # the child: never returns
-        try:
-            from vgpuhost.ops import admitting
+    """Run ``prepare begin`` in a fresh process that kills itself (SIGKILL) right after the domain is recorded
+    running, before anything is admitted or made; the child's pid.  A new interpreter, not a fork: a fork of
+    this worker would copy the locks its other threads hold (an earlier test's agent or libvirt loop)."""
+    code = textwrap.dedent(f"""\
+        import io, os, signal, sys
+        sys.path.insert(0, {str(Path(hook.__file__).parents[2])!r})
+        from vgpuhost.hook import runtime as hook
+        from vgpuhost.io.hostroot import HostRoot
+        from vgpuhost.ops import admitting
 
-            def killed(*a, **kw):
-                os.kill(os.getpid(), signal.SIGKILL)
-            admitting.unenforced_admitting = killed
-            hook.main([name, "prepare", "begin", "-"], io.BytesIO(xml.encode()), io.StringIO(), host=host)
-        finally:
-            os._exit(4)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    return pid
+        def killed(*a, **kw):
+            os.kill(os.getpid(), signal.SIGKILL)
+        admitting.unenforced_admitting = killed
+        hook.main([{name!r}, "prepare", "begin", "-"], io.BytesIO(sys.stdin.buffer.read()), io.StringIO(),
+                  host=HostRoot({str(host.root)!r}, {str(host.state_dir)!r}))
+        os._exit(4)
+        """)
+    env = dict(os.environ, VGPUHOST_AGENT="off")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, env=env)
+    proc.communicate(xml.encode(), timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    return proc.pid
 
 
 def _cli(capsys, host, *argv):
