@@ -450,9 +450,11 @@ def test_the_agents_capacity_counts_them_and_follows_the_opt_in(h200):
     assert fits(agent, "H200X-1-18C") is None
 
 
-def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200):
+def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200, capsys):
     """Without tenancy's host lock a vGPU made by hand can land on a GPU instance made on demand once the
-    domain's own vGPU is gone: the domain's stop then leaves that instance (an audit row says so)."""
+    domain's own vGPU is gone: the domain's stop then leaves that instance (an audit row says so) and
+    keeps its record (trial 5 finding 2), so once it is empty reconcile --check lists it and the next
+    release end destroys it."""
     from vgpuhost.libvirt.domxml import parse_domain
     from vgpuhost.ops.devices import prepare, release_domain
     store = StateStore(h200.state_dir)
@@ -465,8 +467,56 @@ def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200):
     assert busy(h200) == {gi: 1}
     assert release_domain(h200, store, DOM1, actor="test") == []
     assert gis(h200) == {gi: ("1g.18gb", gis(h200)[gi][1])} and vf_type(h200, other.id) != "0"
-    assert migdemand.made(store) == []
-    assert any(r.result == "kept" and "dropped" in r.value for r in store.audit_rows())
+    assert [(m.owner, m.gi_id) for m in migdemand.made(store)] == [(DOM1, gi)]      # still made on demand
+    assert any(r.result == "kept" and "kept:" in r.value for r in store.audit_rows())
+    capsys.readouterr()
+    assert cli(h200, "reconcile", "--check") == 0            # in use by the other vGPU: not left
+    remove(h200, store, other.id)
+    assert gis(h200) == {gi: ("1g.18gb", gis(h200)[gi][1])} and busy(h200) == {}
+    capsys.readouterr()
+    assert cli(h200, "reconcile", "--check") == 1
+    out = capsys.readouterr().out
+    assert f"left: GPU instance {gi} at memory slice" in out and "left empty after its owner's stop" in out
+    # another domain's release end finds it empty and destroys it, with its own instance
+    xml2 = vm_xml("vm2", DOM2, "H200X-2-35C", vfs(h200)[1])
+    assert hook_run(h200, "vm2", "prepare", "begin", xml2) == 0 and len(gis(h200)) == 2
+    assert hook_run(h200, "vm2", "release", "end", xml2) == 0
+    assert gis(h200) == {} and migdemand.made(store) == []
+    assert cli(h200, "reconcile", "--check") == 0
+
+
+def test_concurrent_starts_leave_no_gpu_instance_after_their_stops(make_host, capsys):
+    """Trial 5 finding 2: six starts at once (separate processes, no agent, no tenancy): each makes a
+    GPU instance, and the driver puts each vGPU on the lowest free instance of its profile, often
+    another start's.  After the six release ends no GPU instance and no record is left, and reconcile
+    --check is in sync; done three times over (the race led to a leak in most tries before)."""
+    import os
+    for _ in range(3):
+        host = _opted_in(make_host)
+        store = StateStore(host.state_dir)
+        xmls = [vm_xml(f"m{i}", f"22222222-2222-4333-8444-00000000000{i}", "H200X-1-18C", vf)
+                for i, vf in enumerate(vfs(host)[:6])]
+        pids = []
+        for i, xml in enumerate(xmls):
+            pid = os.fork()
+            if pid == 0:                                    # a child: one hook process, as libvirt runs it
+                code = 1
+                try:
+                    err = _io.StringIO()
+                    code = hook_run(host, f"m{i}", "prepare", "begin", xml, err)
+                    os.write(2, err.getvalue().encode())
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        assert codes == [0] * 6
+        assert len(gis(host)) == 6 and sorted(busy(host).values()) == [1] * 6
+        assert len(migdemand.made(store)) == 6
+        for i, xml in enumerate(xmls):
+            assert hook_run(host, f"m{i}", "release", "end", xml) == 0
+        assert gis(host) == {} and migdemand.made(store) == []
+        capsys.readouterr()
+        assert cli(host, "reconcile", "--check") == 0
 
 
 def test_a_start_that_fails_after_the_instance_was_made_destroys_it(h200):
@@ -491,3 +541,39 @@ def test_a_start_that_fails_after_the_instance_was_made_destroys_it(h200):
     assert paths.count("nvml:nvmlDeviceCreateGpuInstanceWithPlacement") == 1
     assert paths.count("nvml:nvmlGpuInstanceDestroy") == 1
     assert not store.journal_entries(open_only=True)
+
+
+def _in_child(fn):
+    """``fn()`` (an exit code) in a forked process, as the hook runs; its exit code."""
+    import os
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = fn()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_stop_killed_between_the_vgpu_and_the_instance_is_named_by_the_check(h200, capsys):
+    """Trial 5 finding 17: ``release end`` killed after the vGPU went and before the GPU instance made
+    on demand did (the domain still recorded running): reconcile --check lists the instance as left by
+    an interrupted stop, and reconcile destroys it."""
+    store = StateStore(h200.state_dir)
+    migdemand.set_opt_in(h200, store, H200, True, actor="test")
+    vf1 = vfs(h200)[0]
+    xml1 = vm_xml("vm1", DOM1, "H200X-1-18C", vf1)
+    assert _in_child(lambda: hook_run(h200, "vm1", "prepare", "begin", xml1)) == 0   # its process gone since
+    (gi,) = gis(h200)
+    remove(h200, store, vf1, owner=DOM1, while_running=True)     # the release's first step, then the kill
+    assert DOM1 in store.active_domains() and busy(h200) == {} and vf_type(h200, vf1) == "0"
+    capsys.readouterr()
+    assert cli(h200, "reconcile", "--check") == 1
+    out = capsys.readouterr().out
+    assert f"left: GPU instance {gi} at memory slice" in out
+    assert "an interrupted stop: its release end did not finish" in out
+    assert "a stop killed before it dropped the row" in out
+    assert cli(h200, "reconcile") == 0
+    assert gis(h200) == {} and migdemand.made(store) == []
+    assert cli(h200, "reconcile", "--check") == 0
