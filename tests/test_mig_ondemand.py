@@ -577,3 +577,19 @@ def test_a_stop_killed_between_the_vgpu_and_the_instance_is_named_by_the_check(h
     assert cli(h200, "reconcile") == 0
     assert gis(h200) == {} and migdemand.made(store) == []
     assert cli(h200, "reconcile", "--check") == 0
+
+
+def test_a_start_on_a_cordoned_gpu_makes_no_gpu_instance_there(h200, capsys):
+    """Trial 5 finding 11: an on-demand start on a GPU out of service (cordoned by hand) is refused
+    at once, naming the cordon, with no NVML write (no GPU instance made and destroyed again)."""
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    assert cli(h200, "gpu", "cordon", str(H200), "--reason", "test") == 0
+    rows = len(store.audit_rows())
+    err = _io.StringIO()
+    xml1 = vm_xml("vm1", DOM1, "H200X-1-18C", vfs(h200)[0])
+    assert hook_run(h200, "vm1", "prepare", "begin", xml1, err) == 2
+    line = err.getvalue()
+    assert "out of service" in line and "test" in line and "try again" not in line
+    assert gis(h200) == {} and migdemand.made(store) == []
+    assert not [r for r in store.audit_rows()[rows:] if r.path.startswith("nvml:")]

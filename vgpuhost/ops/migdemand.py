@@ -218,7 +218,8 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
     one GPU instance of its profile; what was made (empty: nothing).
 
     The GPU is the request's VF's GPU or its pin; an unpinned mdev request takes the first opted-in
-    GPU of its board in ``inv`` (the domain's GPUs).  A request the domain already holds (a retried
+    GPU of its board in ``inv`` (the domain's GPUs).  A GPU out of service (``inv.out_of_service``:
+    unhealthy or cordoned) gets no GPU instance: RefusedError naming why when no other GPU is left.  A request the domain already holds (a retried
     start) makes nothing.  Raises RefusedError when no free slice range takes the instance (naming
     what is in the way; what this call made is destroyed first), DeviceError when NVML fails.
     """
@@ -243,6 +244,13 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
             gpus = [g for g in gpus if str(g) in on]
             if not gpus:
                 continue
+            oos = [g for g in gpus if g in inv.out_of_service]
+            gpus = [g for g in gpus if g not in inv.out_of_service]
+            if not gpus:                  # no NVML write on a GPU out of service (docs/guide/failures.md)
+                raise RefusedError(f"MIG on demand makes no GPU instance for {profile} on {oos[0]}: it is out of "
+                                   f"service ({inv.out_of_service[oos[0]]})",
+                                   hint=f"'vgpuhost gpu uncordon {oos[0]}' after repair, or start the domain on a "
+                                        "GPU in service; nothing was changed")
             if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
                    and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
                 continue                  # a GPU instance takes it now
