@@ -593,3 +593,23 @@ def test_a_start_on_a_cordoned_gpu_makes_no_gpu_instance_there(h200, capsys):
     assert "out of service" in line and "test" in line and "try again" not in line
     assert gis(h200) == {} and migdemand.made(store) == []
     assert not [r for r in store.audit_rows()[rows:] if r.path.startswith("nvml:")]
+
+
+def test_host_check_calls_vgpu_ready_on_an_opted_in_gpu_with_no_instance(h200, capsys):
+    """Trial 5 finding 16: MIG mode on, no GPU instance: vGPU is blocked (make instances) until the GPU
+    opts in to MIG on demand; then host check calls it ready, as capacity counts 7 that fit."""
+    import json as _json
+
+    def verdict():
+        capsys.readouterr()
+        cli(h200, "--json", "host", "check")
+        doc = _json.loads(capsys.readouterr().out)
+        mode = next(m for m in doc["modes"] if m["mode"] == "vgpu")
+        (v,) = [x for x in mode["gpus"] if str(H200) in x.values()]
+        return v
+
+    assert verdict()["verdict"] == "blocked"
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    v = verdict()
+    assert v["verdict"] == "ready" and "MIG on demand" in v["reason"] and "mig apply" not in (v.get("fix") or "")
+    assert gis(h200) == {}
