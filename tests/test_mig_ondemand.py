@@ -366,7 +366,7 @@ def test_capacity_types_and_the_exporter_count_the_instances_that_could_be_made(
     # a 3g.71gb made (one way of two) and a vGPU on it: the counts follow the slices left
     mig.apply(h200, store, H200, "3g.71gb=1")
     create(h200, store, profile="H200X-3-71C")
-    assert capacity("H200X-3-71C") == (0, 1) and capacity("H200X-7-141C") == (2, None)
+    assert capacity("H200X-3-71C") == (0, 1) and capacity("H200X-7-141C") == (0, 0)     # listed with 0
     # the 3g.71gb takes memory slices 4-7 and 3 of the 7 compute slices: four 1g.18gb fit in slices 0-3
     assert capacity("H200X-1-18C") == (0, 4)
     assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "off") == 0
@@ -613,3 +613,28 @@ def test_host_check_calls_vgpu_ready_on_an_opted_in_gpu_with_no_instance(h200, c
     v = verdict()
     assert v["verdict"] == "ready" and "MIG on demand" in v["reason"] and "mig apply" not in (v.get("fix") or "")
     assert gis(h200) == {}
+
+
+def test_a_full_on_demand_gpu_lists_every_mig_backed_profile_with_0(h200, capsys):
+    """Trial 5 finding 15: a 4g.71gb and a 3g.71gb made on demand fill the GPU: capacity, types and the
+    exporter's free instances still list the board's other MIG-backed profiles, each with 0."""
+    import json as _json
+    from vgpuhost.ops.metering import host_series
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    vf1, vf2 = vfs(h200)[:2]
+    assert hook_run(h200, "p40", "prepare", "begin", vm_xml("p40", DOM1, "H200X-4-71C", vf1)) == 0
+    assert hook_run(h200, "p33", "prepare", "begin", vm_xml("p33", DOM2, "H200X-3-71C", vf2)) == 0
+    assert sorted(p for p, _ in gis(h200).values()) == ["3g.71gb", "4g.71gb"]
+    capsys.readouterr()
+    assert cli(h200, "--json", "capacity", "--profile", "H200X-1-18C") == 0
+    assert _json.loads(capsys.readouterr().out)["profiles"][0]["fits"] == 0
+    assert cli(h200, "--json", "capacity") == 0
+    fits = {p["profile"]: p["fits"] for p in _json.loads(capsys.readouterr().out)["profiles"]}
+    assert {k: fits[k] for k in ("H200X-1-18C", "H200X-2-35C", "H200X-7-141C", "H200X-4-71C")} == \
+        {"H200X-1-18C": 0, "H200X-2-35C": 0, "H200X-7-141C": 0, "H200X-4-71C": 0}
+    assert cli(h200, "--json", "types", "--gpu", str(H200)) == 0
+    avail = {t["name"]: t["available_instances"] for t in _json.loads(capsys.readouterr().out)["types"]}
+    assert avail.get("H200X-1-18C") == 0 and avail.get("H200X-7-141C") == 0
+    free = host_series(h200, StateStore(h200.state_dir))["free_instances"]
+    assert free[("H200X-1-18C", "")] == 0 and free[("H200X-7-141C", "")] == 0

@@ -152,8 +152,9 @@ def room_for(profiles, current, gi) -> int:
 
 def makeable(host: HostRoot, store, inv):
     """``inv`` as capacity, ``types`` and the exporter count it: on each GPU where MIG on demand is on
-    (MIG mode on, in service), every MIG-backed type of its board whose GPU-instance profile has room
-    beside the instances there is listed on each free VF or mdev parent with 1 available, and the
+    (MIG mode on, in service), every MIG-backed type of its board is listed on each free VF or mdev
+    parent, with 1 available where its GPU-instance profile has room beside the instances there and 0
+    where not (a full GPU lists them all with 0: trial 5 finding 15), and the
     GPU's ``gpu_instances`` count those that could be made as free ones (so the count is the
     instances that exist free plus those a start would make).  ``inv`` itself when nothing is opted
     in.  The type ids come from the board's catalog entry (docs/reference/hardware.md#vgpu-types)."""
@@ -193,18 +194,19 @@ def makeable(host: HostRoot, store, inv):
             if gi is None:
                 continue
             room = room_for(profiles, current, gi)
-            if not room:
-                continue
-            counts[gi.name] = counts.get(gi.name, 0) + room
+            if room:
+                counts[gi.name] = counts.get(gi.name, 0) + room
             for parent in parents:
                 i = index.get((parent, t.name.lower()))
                 if i is not None:
-                    rows[i] = replace(rows[i], available_instances=max(1, rows[i].available_instances))
+                    if room:
+                        rows[i] = replace(rows[i], available_instances=max(1, rows[i].available_instances))
                     continue
                 backend_name = g.vgpu_backend or Backend.VENDOR_VFIO
                 tid = str(t.type_id) if backend_name == Backend.VENDOR_VFIO else f"nvidia-{t.type_id}"
                 rows.append(VgpuType(g.address, parent, backend_name, tid, f"{model.type_name_prefix} {t.name}",
-                                     t.name, t.profile, t.framebuffer_mib, t.max_instances, 1, "vfio-pci"))
+                                     t.name, t.profile, t.framebuffer_mib, t.max_instances, 1 if room else 0,
+                                     "vfio-pci"))
                 index[(parent, t.name.lower())] = len(rows) - 1
         new_gpus[g.address] = replace(g, gpu_instances=counts)
     if not new_gpus:
