@@ -638,3 +638,38 @@ def test_a_full_on_demand_gpu_lists_every_mig_backed_profile_with_0(h200, capsys
     assert avail.get("H200X-1-18C") == 0 and avail.get("H200X-7-141C") == 0
     free = host_series(h200, StateStore(h200.state_dir))["free_instances"]
     assert free[("H200X-1-18C", "")] == 0 and free[("H200X-7-141C", "")] == 0
+
+
+def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no_drift(h200, tmp_path, capsys):
+    """Trial 5 finding 9: ``mig: {on_demand: true}`` alone is a layout; the GPU instances its domains'
+    starts make are neither drift (assert in sync) nor planned away; a declared instance is a floor:
+    made when missing, the on-demand ones beside it kept."""
+    cfg = tmp_path / "od.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
+                   "        mig:\n          on_demand: true\n")
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    assert migdemand.opted_in(store) == {str(H200)} and gis(h200) == {}
+    xml1 = vm_xml("m0", DOM1, "H200X-1-18C", vfs(h200)[0])
+    assert hook_run(h200, "m0", "prepare", "begin", xml1) == 0
+    (gi,) = gis(h200)
+    capsys.readouterr()
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    assert cli(h200, "plan", "-c", str(cfg), "od") == 0
+    assert "nothing to do" in capsys.readouterr().out
+    # a declared 3g.71gb is made beside the running domain's instance, which stays
+    cfg.write_text(cfg.read_text().replace("on_demand: true", "on_demand: true\n          instances: {3g.71gb: 1}"))
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    now = gis(h200)
+    assert gi in now and sorted(p for p, _ in now.values()) == ["1g.18gb", "3g.71gb"] and busy(h200) == {gi: 1}
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    # the domain's stop destroys its own instance; the declared one stays, still in sync
+    assert hook_run(h200, "m0", "release", "end", xml1) == 0
+    assert [p for p, _ in gis(h200).values()] == ["3g.71gb"]
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    # without on_demand, instances are still required
+    cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
+                   "        mig:\n          on_demand: false\n")
+    capsys.readouterr()
+    assert cli(h200, "config", "check", "-c", str(cfg)) == 2
+    assert "mig needs the key 'instances'" in capsys.readouterr().err
