@@ -52,7 +52,9 @@ class Context:
         # GPUs out of service (unhealthy or cordoned) offer nothing: types, capacity, placement agree
         # the state directory as text: HostRoot.state_dir is a Path, and pathlib (with urllib.parse,
         # ipaddress, fnmatch) is a tenth of a lean 'types' start's imports
-        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.s.state_dir)
+        # and a GPU NVML reports lost now, not recorded yet (ops.health.lost_now), as the exporter leaves it out
+        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.s.state_dir,
+                             self.host)
 
 
 def parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):
