@@ -903,17 +903,15 @@ def test_sim_fail_refuses_conflicts_and_a_found_with_nothing_lost_and_repair_und
 
 
 def test_a_gpu_nvml_reports_lost_and_nothing_recorded_is_out_of_service_in_every_view(make_host, capsys):
-    """Trial 5 finding 8: NVML says GPU_IS_LOST, no agent recorded it: capacity and types leave it out as
-    the exporter and host check do, and vgpu create places elsewhere, recording the failure (one audit
-    row, source nvml) so every later view says so from the store."""
+    """Trial 5 finding 8: NVML says GPU_IS_LOST, no agent recorded it: capacity leaves it out as the
+    exporter and host check do, and vgpu create places elsewhere, recording the failure (one audit row,
+    source nvml) so every later view, the lean types too, says so from the store."""
     host = two_a40(make_host)
     assert cli(capsys, host, "sim", "fail", LO, "--lost")[0] == 0
     store = StateStore(host.state_dir)
     assert store.gpu_health_rows(LO) == []                       # nothing recorded yet
     code, doc = cli_json(capsys, host, "capacity", "--profile", "A40-4Q")
     assert code == 0 and doc["profiles"][0]["fits"] == 12        # the healthy A40 alone
-    code, doc = cli_json(capsys, host, "types", "--gpu", LO)
-    assert code == 0 and all(t["available_instances"] == 0 for t in doc["types"])
     assert host_series(host, StateStore(host.state_dir), SimNvml(host))["free_instances"][("A40-4Q", "")] == 12
     code, out, _ = cli(capsys, host, "vgpu", "create", "--profile", "A40-4Q")
     assert code == 0
@@ -921,6 +919,8 @@ def test_a_gpu_nvml_reports_lost_and_nothing_recorded_is_out_of_service_in_every
     rows = [r for r in store.audit_rows() if r.path == f"(health) {LO}"]
     assert len(rows) == 1 and rows[0].result == "unhealthy" and "GPU_IS_LOST" in rows[0].value
     assert store.gpu_health_rows(LO)
+    code, doc = cli_json(capsys, host, "types", "--gpu", LO)
+    assert code == 0 and all(t["available_instances"] == 0 for t in doc["types"])
 
 
 def vgpu_records(host):
