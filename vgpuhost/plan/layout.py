@@ -1249,6 +1249,8 @@ class _Walker:
                           if i in by_id}
             layout = {by_id[i].name: c for i, c in wanted_ids.items() if c}
             want_counts = dict(layout)
+        if have_counts == want_counts:
+            return
         self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
         lp = plan_layout(profiles, gis, wanted_ids)
         parts = []
