@@ -612,6 +612,11 @@ def test_host_check_calls_vgpu_ready_on_an_opted_in_gpu_with_no_instance(h200, c
     assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
     v = verdict()
     assert v["verdict"] == "ready" and "MIG on demand" in v["reason"] and "mig apply" not in (v.get("fix") or "")
+    capsys.readouterr()
+    cli(h200, "--json", "host", "check")
+    mine = [f for f in _json.loads(capsys.readouterr().out)["findings"] if f["subject"] == str(H200)]
+    assert not [f for f in mine if "mig apply" in f["fix"] or f["code"] == "VGPU_NO_TYPES"]
+    assert [f["severity"] for f in mine if f["code"] == "VGPU_MIG_ON_DEMAND"] == ["info"]
     assert gis(h200) == {}
 
 

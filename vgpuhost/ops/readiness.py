@@ -62,5 +62,15 @@ def gpu_facts(host: HostRoot, inv: Inventory, on_demand: AbstractSet[str] = froz
 
 def check(host: HostRoot, inv: Inventory, on_demand: AbstractSet[str] = frozenset()
           ) -> Tuple[List[Finding], List[ModeVerdict]]:
-    """``host check``: the findings and the per-GPU mode verdicts (``on_demand``: as for :func:`gpu_facts`)."""
-    return check_host(inv), mode_verdicts(inv, gpu_facts(host, inv, on_demand))
+    """``host check``: the findings and the per-GPU mode verdicts (``on_demand``: as for :func:`gpu_facts`).
+    On a GPU opted in to MIG on demand with MIG mode on, "no VF offers a vGPU type" (VGPU_NO_TYPES,
+    whose fix is to make GPU instances) is no warning: a start makes its GPU instance (info)."""
+    facts = gpu_facts(host, inv, on_demand)
+    findings = check_host(inv)
+    for i, f in enumerate(findings):
+        g = next((a for a in facts if str(a) == f.subject), None)
+        if f.code == "VGPU_NO_TYPES" and g is not None and facts[g].mig_on_demand and facts[g].mig_on:
+            findings[i] = Finding("info", "VGPU_MIG_ON_DEMAND", f.subject,
+                                  f"{f.message}: MIG on demand is on, so a start makes the GPU instance of its "
+                                  "MIG-backed type ('vgpuhost capacity' counts what fits)")
+    return findings, mode_verdicts(inv, facts)
