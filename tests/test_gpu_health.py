@@ -961,3 +961,28 @@ def test_mig_and_scheduler_writes_failing_with_gpu_is_lost_mark_the_gpu(make_hos
     assert SimNvml(a40).scheduler_state(A("0000:81:00.0")) == before
     assert [(r[0], r[2]) for r in s2.gpu_health_rows()] == [("0000:81:00.0", "nvml")]
     assert len(health_audit(a40)) == 1
+
+
+def test_a_gpu_nvml_reports_lost_and_nothing_recorded_is_out_of_service_in_every_view(make_host, capsys):
+    """Trial 5 finding 8: NVML says GPU_IS_LOST, no agent recorded it: capacity leaves it out as the
+    exporter and host check do, and vgpu create places elsewhere, recording the failure (one audit row,
+    source nvml) so every later view, the lean types too, says so from the store."""
+    host = two_a40(make_host)
+    assert cli(capsys, host, "sim", "fail", LO, "--lost")[0] == 0
+    store = StateStore(host.state_dir)
+    assert store.gpu_health_rows(LO) == []                       # nothing recorded yet
+    code, doc = cli_json(capsys, host, "capacity", "--profile", "A40-4Q")
+    assert code == 0 and doc["profiles"][0]["fits"] == 12        # the healthy A40 alone
+    assert host_series(host, StateStore(host.state_dir), SimNvml(host))["free_instances"][("A40-4Q", "")] == 12
+    code, out, _ = cli(capsys, host, "vgpu", "create", "--profile", "A40-4Q")
+    assert code == 0
+    assert [r.gpu for r in vgpu_records(host)] == [HI]
+    rows = [r for r in store.audit_rows() if r.path == f"(health) {LO}"]
+    assert len(rows) == 1 and rows[0].result == "unhealthy" and "GPU_IS_LOST" in rows[0].value
+    assert store.gpu_health_rows(LO)
+    code, doc = cli_json(capsys, host, "types", "--gpu", LO)
+    assert code == 0 and all(t["available_instances"] == 0 for t in doc["types"])
+
+
+def vgpu_records(host):
+    return StateStore(host.state_dir).vgpu_records()

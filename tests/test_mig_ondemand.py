@@ -366,7 +366,7 @@ def test_capacity_types_and_the_exporter_count_the_instances_that_could_be_made(
     # a 3g.71gb made (one way of two) and a vGPU on it: the counts follow the slices left
     mig.apply(h200, store, H200, "3g.71gb=1")
     create(h200, store, profile="H200X-3-71C")
-    assert capacity("H200X-3-71C") == (0, 1) and capacity("H200X-7-141C") == (2, None)
+    assert capacity("H200X-3-71C") == (0, 1) and capacity("H200X-7-141C") == (0, 0)     # listed with 0
     # the 3g.71gb takes memory slices 4-7 and 3 of the 7 compute slices: four 1g.18gb fit in slices 0-3
     assert capacity("H200X-1-18C") == (0, 4)
     assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "off") == 0
@@ -450,9 +450,11 @@ def test_the_agents_capacity_counts_them_and_follows_the_opt_in(h200):
     assert fits(agent, "H200X-1-18C") is None
 
 
-def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200):
+def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200, capsys):
     """Without tenancy's host lock a vGPU made by hand can land on a GPU instance made on demand once the
-    domain's own vGPU is gone: the domain's stop then leaves that instance (an audit row says so)."""
+    domain's own vGPU is gone: the domain's stop then leaves that instance (an audit row says so) and
+    keeps its record (trial 5 finding 2), so once it is empty reconcile --check lists it and the next
+    release end destroys it."""
     from vgpuhost.libvirt.domxml import parse_domain
     from vgpuhost.ops.devices import prepare, release_domain
     store = StateStore(h200.state_dir)
@@ -465,8 +467,56 @@ def test_an_instance_another_vgpu_took_meanwhile_is_left_to_it_at_release(h200):
     assert busy(h200) == {gi: 1}
     assert release_domain(h200, store, DOM1, actor="test") == []
     assert gis(h200) == {gi: ("1g.18gb", gis(h200)[gi][1])} and vf_type(h200, other.id) != "0"
-    assert migdemand.made(store) == []
-    assert any(r.result == "kept" and "dropped" in r.value for r in store.audit_rows())
+    assert [(m.owner, m.gi_id) for m in migdemand.made(store)] == [(DOM1, gi)]      # still made on demand
+    assert any(r.result == "kept" and "kept:" in r.value for r in store.audit_rows())
+    capsys.readouterr()
+    assert cli(h200, "reconcile", "--check") == 0            # in use by the other vGPU: not left
+    remove(h200, store, other.id)
+    assert gis(h200) == {gi: ("1g.18gb", gis(h200)[gi][1])} and busy(h200) == {}
+    capsys.readouterr()
+    assert cli(h200, "reconcile", "--check") == 1
+    out = capsys.readouterr().out
+    assert f"left: GPU instance {gi} at memory slice" in out and "left empty after its owner's stop" in out
+    # another domain's release end finds it empty and destroys it, with its own instance
+    xml2 = vm_xml("vm2", DOM2, "H200X-2-35C", vfs(h200)[1])
+    assert hook_run(h200, "vm2", "prepare", "begin", xml2) == 0 and len(gis(h200)) == 2
+    assert hook_run(h200, "vm2", "release", "end", xml2) == 0
+    assert gis(h200) == {} and migdemand.made(store) == []
+    assert cli(h200, "reconcile", "--check") == 0
+
+
+def test_concurrent_starts_leave_no_gpu_instance_after_their_stops(make_host, capsys):
+    """Trial 5 finding 2: six starts at once (separate processes, no agent, no tenancy): each makes a
+    GPU instance, and the driver puts each vGPU on the lowest free instance of its profile, often
+    another start's.  After the six release ends no GPU instance and no record is left, and reconcile
+    --check is in sync; done three times over (the race led to a leak in most tries before)."""
+    import os
+    for _ in range(3):
+        host = _opted_in(make_host)
+        store = StateStore(host.state_dir)
+        xmls = [vm_xml(f"m{i}", f"22222222-2222-4333-8444-00000000000{i}", "H200X-1-18C", vf)
+                for i, vf in enumerate(vfs(host)[:6])]
+        pids = []
+        for i, xml in enumerate(xmls):
+            pid = os.fork()
+            if pid == 0:                                    # a child: one hook process, as libvirt runs it
+                code = 1
+                try:
+                    err = _io.StringIO()
+                    code = hook_run(host, f"m{i}", "prepare", "begin", xml, err)
+                    os.write(2, err.getvalue().encode())
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        assert codes == [0] * 6
+        assert len(gis(host)) == 6 and sorted(busy(host).values()) == [1] * 6
+        assert len(migdemand.made(store)) == 6
+        for i, xml in enumerate(xmls):
+            assert hook_run(host, f"m{i}", "release", "end", xml) == 0
+        assert gis(host) == {} and migdemand.made(store) == []
+        capsys.readouterr()
+        assert cli(host, "reconcile", "--check") == 0
 
 
 def test_a_start_that_fails_after_the_instance_was_made_destroys_it(h200):
@@ -491,3 +541,140 @@ def test_a_start_that_fails_after_the_instance_was_made_destroys_it(h200):
     assert paths.count("nvml:nvmlDeviceCreateGpuInstanceWithPlacement") == 1
     assert paths.count("nvml:nvmlGpuInstanceDestroy") == 1
     assert not store.journal_entries(open_only=True)
+
+
+def _in_child(fn):
+    """``fn()`` (an exit code) in a forked process, as the hook runs; its exit code."""
+    import os
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = fn()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_stop_killed_between_the_vgpu_and_the_instance_is_named_by_the_check(h200, capsys):
+    """Trial 5 finding 17: ``release end`` killed after the vGPU went and before the GPU instance made
+    on demand did (the domain still recorded running): reconcile --check lists the instance as left by
+    an interrupted stop, and reconcile destroys it."""
+    store = StateStore(h200.state_dir)
+    migdemand.set_opt_in(h200, store, H200, True, actor="test")
+    vf1 = vfs(h200)[0]
+    xml1 = vm_xml("vm1", DOM1, "H200X-1-18C", vf1)
+    assert _in_child(lambda: hook_run(h200, "vm1", "prepare", "begin", xml1)) == 0   # its process gone since
+    (gi,) = gis(h200)
+    remove(h200, store, vf1, owner=DOM1, while_running=True)     # the release's first step, then the kill
+    assert DOM1 in store.active_domains() and busy(h200) == {} and vf_type(h200, vf1) == "0"
+    capsys.readouterr()
+    assert cli(h200, "reconcile", "--check") == 1
+    out = capsys.readouterr().out
+    assert f"left: GPU instance {gi} at memory slice" in out
+    assert "an interrupted stop: its release end did not finish" in out
+    assert "a stop killed before it dropped the row" in out
+    assert cli(h200, "reconcile") == 0
+    assert gis(h200) == {} and migdemand.made(store) == []
+    assert cli(h200, "reconcile", "--check") == 0
+
+
+def test_a_start_on_a_cordoned_gpu_makes_no_gpu_instance_there(h200, capsys):
+    """Trial 5 finding 11: an on-demand start on a GPU out of service (cordoned by hand) is refused
+    at once, naming the cordon, with no NVML write (no GPU instance made and destroyed again)."""
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    assert cli(h200, "gpu", "cordon", str(H200), "--reason", "test") == 0
+    rows = len(store.audit_rows())
+    err = _io.StringIO()
+    xml1 = vm_xml("vm1", DOM1, "H200X-1-18C", vfs(h200)[0])
+    assert hook_run(h200, "vm1", "prepare", "begin", xml1, err) == 2
+    line = err.getvalue()
+    assert "out of service" in line and "test" in line and "try again" not in line
+    assert gis(h200) == {} and migdemand.made(store) == []
+    assert not [r for r in store.audit_rows()[rows:] if r.path.startswith("nvml:")]
+
+
+def test_host_check_calls_vgpu_ready_on_an_opted_in_gpu_with_no_instance(h200, capsys):
+    """Trial 5 finding 16: MIG mode on, no GPU instance: vGPU is blocked (make instances) until the GPU
+    opts in to MIG on demand; then host check calls it ready, as capacity counts 7 that fit."""
+    import json as _json
+
+    def verdict():
+        capsys.readouterr()
+        cli(h200, "--json", "host", "check")
+        doc = _json.loads(capsys.readouterr().out)
+        mode = next(m for m in doc["modes"] if m["mode"] == "vgpu")
+        (v,) = [x for x in mode["gpus"] if str(H200) in x.values()]
+        return v
+
+    assert verdict()["verdict"] == "blocked"
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    v = verdict()
+    assert v["verdict"] == "ready" and "MIG on demand" in v["reason"] and "mig apply" not in (v.get("fix") or "")
+    capsys.readouterr()
+    cli(h200, "--json", "host", "check")
+    mine = [f for f in _json.loads(capsys.readouterr().out)["findings"] if f["subject"] == str(H200)]
+    assert not [f for f in mine if "mig apply" in f["fix"] or f["code"] == "VGPU_NO_TYPES"]
+    assert [f["severity"] for f in mine if f["code"] == "VGPU_MIG_ON_DEMAND"] == ["info"]
+    assert gis(h200) == {}
+
+
+def test_a_full_on_demand_gpu_lists_every_mig_backed_profile_with_0(h200, capsys):
+    """Trial 5 finding 15: a 4g.71gb and a 3g.71gb made on demand fill the GPU: capacity, types and the
+    exporter's free instances still list the board's other MIG-backed profiles, each with 0."""
+    import json as _json
+    from vgpuhost.ops.metering import host_series
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    vf1, vf2 = vfs(h200)[:2]
+    assert hook_run(h200, "p40", "prepare", "begin", vm_xml("p40", DOM1, "H200X-4-71C", vf1)) == 0
+    assert hook_run(h200, "p33", "prepare", "begin", vm_xml("p33", DOM2, "H200X-3-71C", vf2)) == 0
+    assert sorted(p for p, _ in gis(h200).values()) == ["3g.71gb", "4g.71gb"]
+    capsys.readouterr()
+    assert cli(h200, "--json", "capacity", "--profile", "H200X-1-18C") == 0
+    assert _json.loads(capsys.readouterr().out)["profiles"][0]["fits"] == 0
+    assert cli(h200, "--json", "capacity") == 0
+    fits = {p["profile"]: p["fits"] for p in _json.loads(capsys.readouterr().out)["profiles"]}
+    assert {k: fits[k] for k in ("H200X-1-18C", "H200X-2-35C", "H200X-7-141C", "H200X-4-71C")} == \
+        {"H200X-1-18C": 0, "H200X-2-35C": 0, "H200X-7-141C": 0, "H200X-4-71C": 0}
+    assert cli(h200, "--json", "types", "--gpu", str(H200)) == 0
+    avail = {t["name"]: t["available_instances"] for t in _json.loads(capsys.readouterr().out)["types"]}
+    assert avail.get("H200X-1-18C") == 0 and avail.get("H200X-7-141C") == 0
+    free = host_series(h200, StateStore(h200.state_dir))["free_instances"]
+    assert free[("H200X-1-18C", "")] == 0 and free[("H200X-7-141C", "")] == 0
+
+
+def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no_drift(h200, tmp_path, capsys):
+    """Trial 5 finding 9: ``mig: {on_demand: true}`` alone is a layout; the GPU instances its domains'
+    starts make are neither drift (assert in sync) nor planned away; a declared instance is a floor:
+    made when missing, the on-demand ones beside it kept."""
+    cfg = tmp_path / "od.yaml"
+    cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
+                   "        mig:\n          on_demand: true\n")
+    store = StateStore(h200.state_dir)
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    assert migdemand.opted_in(store) == {str(H200)} and gis(h200) == {}
+    xml1 = vm_xml("m0", DOM1, "H200X-1-18C", vfs(h200)[0])
+    assert hook_run(h200, "m0", "prepare", "begin", xml1) == 0
+    (gi,) = gis(h200)
+    capsys.readouterr()
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    assert cli(h200, "plan", "-c", str(cfg), "od") == 0
+    assert "nothing to do" in capsys.readouterr().out
+    # a declared 3g.71gb is made beside the running domain's instance, which stays
+    cfg.write_text(cfg.read_text().replace("on_demand: true", "on_demand: true\n          instances: {3g.71gb: 1}"))
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    now = gis(h200)
+    assert gi in now and sorted(p for p, _ in now.values()) == ["1g.18gb", "3g.71gb"] and busy(h200) == {gi: 1}
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    # the domain's stop destroys its own instance; the declared one stays, still in sync
+    assert hook_run(h200, "m0", "release", "end", xml1) == 0
+    assert [p for p, _ in gis(h200).values()] == ["3g.71gb"]
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    # without on_demand, instances are still required
+    cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
+                   "        mig:\n          on_demand: false\n")
+    capsys.readouterr()
+    assert cli(h200, "config", "check", "-c", str(cfg)) == 2
+    assert "mig needs the key 'instances'" in capsys.readouterr().err

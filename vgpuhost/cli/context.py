@@ -43,16 +43,19 @@ class Context:
         from ..io.sysfs import Sysfs
         return Sysfs(self.host)
 
-    def inventory(self, *, with_types: bool = True, scope: str = "host"):
+    def inventory(self, *, with_types: bool = True, scope: str = "host", nvml_lost: bool = True):
         """The host's inventory (:func:`vgpuhost.observe.inventory.discover`; ``scope`` "vgpu": only
-        what vGPU types and capacity need)."""
+        what vGPU types and capacity need).  ``nvml_lost`` False: no NVML query for a GPU lost and not
+        recorded yet (the lean ``types``, which loads no NVML library)."""
         from ..observe.inventory import discover
         from ..ops.health import in_service_at
         self.host.require_host()
         # GPUs out of service (unhealthy or cordoned) offer nothing: types, capacity, placement agree
         # the state directory as text: HostRoot.state_dir is a Path, and pathlib (with urllib.parse,
         # ipaddress, fnmatch) is a tenth of a lean 'types' start's imports
-        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.s.state_dir)
+        # and a GPU NVML reports lost now, not recorded yet (ops.health.lost_now), as the exporter leaves it out
+        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.s.state_dir,
+                             self.host if nvml_lost else None)
 
 
 def parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):

@@ -13,7 +13,7 @@ from typing import List, Optional
 import click
 
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS
-from ..ops import tenancy
+from ..ops import migdemand, tenancy
 from ..ops import health
 from ..ops.metering import licence_report
 from ..ops.readiness import check
@@ -38,8 +38,8 @@ def host_check(ctx: Context) -> None:
     serve some mode), 1 otherwise.
     """
     inv = ctx.inventory()
-    findings, verdicts = check(ctx.host, inv)
     st = store(ctx, write=False)
+    findings, verdicts = check(ctx.host, inv, frozenset() if st.absent else migdemand.opted_in(st))
     findings = (findings + tenancy.guarantee_findings(st, inv) + health.findings(ctx.host, st, inv, health.nvml_or_none(ctx.host))
                 + licence_report(ctx.host, st, inv))
     emit(ctx, check_doc(findings, verdicts), check_text(findings, verdicts))

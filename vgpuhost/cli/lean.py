@@ -115,7 +115,9 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     from .context import parse_gpu_option
     from .output import aggregate_types, types_doc, types_table
     parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
-    inv = ctx.inventory(scope="vgpu")         # GPUs, their types and vGPUs: no /proc, no other devices
+    # GPUs, their types and vGPUs: no /proc, no other devices; no NVML (a GPU lost and not recorded yet
+    # still lists its types here: capacity, placement and the exporter ask NVML)
+    inv = ctx.inventory(scope="vgpu", nvml_lost=False)
     addr = parse_gpu_option(ctx, inv, gpu)
     made_note = []
     from ..io.files import exists

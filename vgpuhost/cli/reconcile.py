@@ -63,8 +63,9 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
         unmade = [] if st.absent else unmade_allocations(st)
         journal_lines += ["open: " + line for line in unmade]
         journal_ok = journal_ok and not unmade
-        # GPU instances an interrupted start made on demand (MIG on demand) for a domain gone since
-        on_demand = [] if st.absent else [m.line() for m in migdemand.orphans(st)]
+        # GPU instances made on demand (MIG on demand) that nothing ends by itself: an interrupted start's
+        # or stop's, or one left empty after its owner's stop
+        on_demand = [] if st.absent else [f"{m.line()} ({why})" for m, why in migdemand.left(ctx.host, st)]
         journal_lines += ["left: " + line for line in on_demand]
         journal_ok = journal_ok and not on_demand
     else:                           # finish or roll back each, then re-create missing vGPUs

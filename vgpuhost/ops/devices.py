@@ -117,15 +117,22 @@ def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory, store: "
     Where tenancy is in use the host lock (:func:`vgpuhost.ops.tenancy.host_lock`) is taken first and
     held until the devices are made and their allocations recorded: the host is read, the request
     checked, its profiles resolved and its devices admitted on facts read under it (issue 26), so two
-    starts never decide on the same view.  Without tenancy no lock is taken (nothing to enforce)."""
+    starts never decide on the same view.  A start of a domain with vGPUs on a host where a GPU is
+    opted in to MIG on demand takes it too (nothing enforced): its GPU instance is made and its vGPU
+    put on it with no other start between, so the driver (which puts a vGPU on the lowest free GPU
+    instance of its profile) cannot put it on another start's fresh one, nor another start take this
+    one (trial 5 finding 2).  Otherwise no lock is taken (nothing to enforce)."""
     from .admitting import HOST_LOCK, active as tenancy_in_use
-    if store is not None and tenancy_in_use(store):
+    on_demand = (store is not None and view.metadata is not None and bool(view.metadata.vgpus)
+                 and "on" in store.settings_under("mig.on-demand/").values())
+    enforced = store is not None and tenancy_in_use(store)
+    if enforced or on_demand:
         from ..io.locks import file_lock
         with file_lock(store.dir, HOST_LOCK):
             # the caller's inventory serves only when it can say it is current now (the agent's snapshot,
             # checked against the host when called); a plain snapshot may predate another start's devices
             inv = inventory() if callable(inventory) else None
-            return _prepare_locked(host, view, actor, inv, store, True)
+            return _prepare_locked(host, view, actor, inv, store, enforced)
     return _prepare_locked(host, view, actor, inventory() if callable(inventory) else inventory, store, False)
 
 
@@ -741,8 +748,9 @@ def release_domain(host: HostRoot, store: "StateStore", me: str, *, actor: str) 
     # what an incoming migration reserved for it and never made (a migration cancelled or failed on this
     # destination: libvirt's release end): freed
     store.drop_reservations(owner=me, actor=actor, operation=f"release {me}")
-    # GPU instances made on demand for it (MIG on demand): destroyed once its vGPUs are gone
-    if any(v.split(" ", 1)[0] == me for v in store.settings_under("mig.made/").values()):
+    # GPU instances made on demand for it (MIG on demand): destroyed once its vGPUs are gone; and those
+    # another domain's vGPU kept busy at their owner's stop (empty once it went: migdemand.release_for)
+    if store.settings_under("mig.made/"):
         from . import migdemand
         errors += migdemand.release_for(host, store, me, actor=actor)
     # and its allocations (ops.tenancy.forget, without importing admission, its module's, on the hook's

@@ -94,17 +94,50 @@ def _clear_marker(store: "StateStore") -> None:
         remove(_marker(store.dir))
 
 
-def in_service_at(inv: "Inventory", state_dir) -> "Inventory":
+def in_service_at(inv: "Inventory", state_dir, host: "Optional[HostRoot]" = None) -> "Inventory":
     """:func:`in_service` for a command that has no store open: the store under ``state_dir`` is opened
-    (never created) only when its marker says a GPU may be out of service; ``inv`` itself otherwise."""
+    (never created) only when its marker says a GPU may be out of service; ``inv`` itself otherwise.
+    With ``host``, a GPU NVML reports lost now (:func:`lost_now`, not recorded yet) is left out too, as
+    the exporter and ``host check`` leave it out (trial 5 finding 8)."""
     from ..io.files import exists
-    if not exists(_marker(state_dir)):
-        return inv
-    from ..io.state import StateStore
-    store = StateStore(state_dir, create=False)
-    if store.absent:
-        return inv
-    return in_service(inv, store)
+    lost = {g: f"unhealthy: {reason} (not recorded yet)" for g, reason in lost_now(host, inv).items()} \
+        if host is not None else {}
+    store = None
+    if exists(_marker(state_dir)):
+        from ..io.state import StateStore
+        store = StateStore(state_dir, create=False)
+        if store.absent:
+            store = None
+    if store is None:
+        if not lost:
+            return inv
+        from ..observe.inventory import Inventory
+        return Inventory(devices=inv.devices, groups=inv.groups, gpus=inv.gpus, vgpu_types=inv.vgpu_types,
+                         mdevs=inv.mdevs, vf_vgpus=inv.vf_vgpus, host=inv.host,
+                         out_of_service={**lost, **inv.out_of_service})
+    return in_service(inv, store, lost)
+
+
+def lost_now(host: HostRoot, inv: "Inventory", nvml=None, skip=()) -> "Dict[PciAddress, str]":
+    """``{GPU: reason}`` of each GPU of ``inv`` on the nvidia driver, not in ``skip`` nor out of service,
+    that NVML reports lost now (GPU_IS_LOST; one cheap query per GPU; ``nvml`` None: opened here, and
+    nothing where NVML cannot be had).  The one NVML word on "out of service now" that capacity,
+    ``types``, placement (:func:`quick_check` records it), the exporter (:func:`unrecorded_failures`)
+    and ``host check`` share."""
+    gpus = [g.address for g in inv.gpus if g.pci.driver == "nvidia" and g.address not in inv.out_of_service
+            and g.address not in skip]
+    if not gpus:
+        return {}
+    nvml = nvml if nvml is not None else nvml_or_none(host)
+    out: "Dict[PciAddress, str]" = {}
+    for g in sorted(gpus) if nvml is not None else ():
+        try:
+            lost = nvml.gpu_lost(g)
+        except Exception:       # NVML unreadable for this GPU: the tree decides
+            continue
+        if lost:
+            out[g] = hp.LOST_REASON
+    return out
 
 
 def in_service(inv: "Inventory", store: "Optional[StateStore]",
@@ -313,23 +346,19 @@ def unrecorded_failures(host: HostRoot, store: "StateStore", inv: "Inventory",
     for g, reason in read_failures(inv):
         if str(g) not in failed:
             out.setdefault(g, (hp.Source.IO, reason))
-    for g in sorted(present) if nvml is not None else ():
-        if str(g) in failed or g in out:
-            continue
-        try:
-            lost = nvml.gpu_lost(g)
-        except Exception:       # NVML unreadable for this GPU (not on nvidia): the tree decides
-            continue
-        if lost:
-            out[g] = (hp.Source.NVML, hp.LOST_REASON)
+    if nvml is not None:
+        skip = {g for g in present if str(g) in failed or g in out}
+        for g, reason in lost_now(host, inv, nvml, skip).items():
+            out[g] = (hp.Source.NVML, reason)
     return out
 
 
 def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory", *, actor: str,
                 whole: bool = True) -> "List[dict]":
-    """The check each CLI operation runs (cheap: no NVML, one query per table): a GPU the store remembers
-    that is gone from the PCI tree, and a GPU whose device read failed with EIO/ENODEV in ``inv``
-    (:func:`read_failures`), are marked unhealthy.  ``whole`` False: ``inv`` holds only the GPUs the
+    """The check each CLI operation runs (cheap: one query per table): a GPU the store remembers that is
+    gone from the PCI tree, a GPU whose device read failed with EIO/ENODEV in ``inv``
+    (:func:`read_failures`), and, ``whole`` only, a GPU NVML reports lost (:func:`lost_now`: one NVML
+    query per GPU), are marked unhealthy.  ``whole`` False: ``inv`` holds only the GPUs the
     operation may use (the qemu hook reads no other GPU's path), so only its read failures are looked at;
     the agent's watch and the next whole-host read find a GPU gone.  Returns the transitions
     (:func:`watch_once`'s shape)."""
@@ -346,6 +375,12 @@ def quick_check(host: HostRoot, store: "Optional[StateStore]", inv: "Inventory",
             marked.add(str(addr))
     if not whole:
         return out
+    # NVML's GPU_IS_LOST (lost_now): the operation that sees it records it, so capacity, types and the
+    # exporter agree with what it does (trial 5 finding 8)
+    for addr, reason in lost_now(host, inv, skip={PciAddress.parse(g) for g in marked}).items():
+        if mark_unhealthy(store, addr, reason, hp.Source.NVML, actor=actor):
+            out.append({"gpu": str(addr), "source": hp.Source.NVML, "reason": reason})
+            marked.add(str(addr))
     present = set(inv.devices) | {g.address for g in inv.gpus}
     seen = {row[0] for row in store.seen_types()} | {r.gpu for r in store.vgpu_records()}
     from ..io.sysfs import Sysfs

@@ -152,8 +152,9 @@ def room_for(profiles, current, gi) -> int:
 
 def makeable(host: HostRoot, store, inv):
     """``inv`` as capacity, ``types`` and the exporter count it: on each GPU where MIG on demand is on
-    (MIG mode on, in service), every MIG-backed type of its board whose GPU-instance profile has room
-    beside the instances there is listed on each free VF or mdev parent with 1 available, and the
+    (MIG mode on, in service), every MIG-backed type of its board is listed on each free VF or mdev
+    parent, with 1 available where its GPU-instance profile has room beside the instances there and 0
+    where not (a full GPU lists them all with 0: trial 5 finding 15), and the
     GPU's ``gpu_instances`` count those that could be made as free ones (so the count is the
     instances that exist free plus those a start would make).  ``inv`` itself when nothing is opted
     in.  The type ids come from the board's catalog entry (docs/reference/hardware.md#vgpu-types)."""
@@ -195,18 +196,19 @@ def makeable(host: HostRoot, store, inv):
             if gi is None:
                 continue
             room = room_for(profiles, current, gi)
-            if not room:
-                continue
-            counts[gi.name] = counts.get(gi.name, 0) + room
+            if room:
+                counts[gi.name] = counts.get(gi.name, 0) + room
             for parent in parents:
                 i = index.get((parent, t.name.lower()))
                 if i is not None:
-                    rows[i] = replace(rows[i], available_instances=max(1, rows[i].available_instances))
+                    if room:
+                        rows[i] = replace(rows[i], available_instances=max(1, rows[i].available_instances))
                     continue
                 backend_name = g.vgpu_backend or Backend.VENDOR_VFIO
                 tid = str(t.type_id) if backend_name == Backend.VENDOR_VFIO else f"nvidia-{t.type_id}"
                 rows.append(VgpuType(g.address, parent, backend_name, tid, f"{model.type_name_prefix} {t.name}",
-                                     t.name, t.profile, t.framebuffer_mib, t.max_instances, 1, "vfio-pci"))
+                                     t.name, t.profile, t.framebuffer_mib, t.max_instances, 1 if room else 0,
+                                     "vfio-pci"))
                 index[(parent, t.name.lower())] = len(rows) - 1
         new_gpus[g.address] = replace(g, gpu_instances=counts)
     if not new_gpus:
@@ -220,7 +222,8 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
     one GPU instance of its profile; what was made (empty: nothing).
 
     The GPU is the request's VF's GPU or its pin; an unpinned mdev request takes the first opted-in
-    GPU of its board in ``inv`` (the domain's GPUs).  A request the domain already holds (a retried
+    GPU of its board in ``inv`` (the domain's GPUs).  A GPU out of service (``inv.out_of_service``:
+    unhealthy or cordoned) gets no GPU instance: RefusedError naming why when no other GPU is left.  A request the domain already holds (a retried
     start) makes nothing.  Raises RefusedError when no free slice range takes the instance (naming
     what is in the way; what this call made is destroyed first), DeviceError when NVML fails.
     """
@@ -245,6 +248,13 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
             gpus = [g for g in gpus if str(g) in on]
             if not gpus:
                 continue
+            oos = [g for g in gpus if g in inv.out_of_service]
+            gpus = [g for g in gpus if g not in inv.out_of_service]
+            if not gpus:                  # no NVML write on a GPU out of service (docs/guide/failures.md)
+                raise RefusedError(f"MIG on demand makes no GPU instance for {profile} on {oos[0]}: it is out of "
+                                   f"service ({inv.out_of_service[oos[0]]})",
+                                   hint=f"'vgpuhost gpu uncordon {oos[0]}' after repair, or start the domain on a "
+                                        "GPU in service; nothing was changed")
             if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
                    and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
                 continue                  # a GPU instance takes it now
@@ -285,22 +295,26 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
     return out
 
 
-def release_made(host: HostRoot, store, items: List[Made], *, actor: str) -> List[str]:
+def release_made(host: HostRoot, store, items: List[Made], *, actor: str, leftover: bool = False) -> List[str]:
     """Destroy the GPU instances ``items`` made on demand (last first) and drop their records; the
-    ones that could not go (NVML failed: the record stays for the next try), each as a line.  One
-    another vGPU sits on now is left to it: its record is dropped, with an audit row (result
-    ``kept``)."""
+    ones that could not go (NVML failed: the record stays for the next try), each as a line.
+
+    One another vGPU sits on now (the driver puts a vGPU on the lowest free GPU instance of its
+    profile: a concurrent start's can land on this one) stays, and so does its record: the instance
+    is still one made on demand, destroyed by the ``release end`` (or ``reconcile``) that finds it
+    empty (:func:`release_for` ends such leftovers too).  The owner's release audits that, result
+    ``kept``; ``leftover`` (a later release or ``reconcile`` trying the records left so) passes a
+    busy one over without a row."""
     failed = []
     for m in reversed(items):
         try:
             mig.destroy_instance(host, store, PciAddress.parse(m.gpu), profile_id=m.profile_id, start=m.start,
                                  gi_id=m.gi_id, owner=m.owner, actor=actor)
         except RefusedError as e:
-            # another vGPU sits on it now (a start that found it free, without tenancy's host lock): it
-            # stays as any GPU instance does, no longer this domain's to destroy
-            store.set_setting(m.key, None)
-            store.audit(actor=actor, operation=f"mig on-demand release {m.owner}", path="(settings)",
-                        value=f"{m.key} dropped: {e.message}", result="kept")
+            if not leftover:
+                store.audit(actor=actor, operation=f"mig on-demand release {m.owner}", path="(settings)",
+                            value=f"{m.key} kept: {e.message}; the release that finds it empty destroys it",
+                            result="kept")
             continue
         except VgpuhostError as e:
             failed.append(f"GPU instance at memory slice {m.start} on {m.gpu}: {e.message}")
@@ -310,17 +324,64 @@ def release_made(host: HostRoot, store, items: List[Made], *, actor: str) -> Lis
 
 
 def release_for(host: HostRoot, store, me: str, *, actor: str) -> List[str]:
-    """``release end``: destroy what was made on demand for domain ``me``; the failures, as lines."""
-    return release_made(host, store, made(store, owner=me), actor=actor)
+    """``release end``: destroy what was made on demand for domain ``me``, then the :func:`orphans`
+    of other domains (instances a vGPU of another domain kept busy at their owner's release: empty
+    now that it went); the failures, as lines."""
+    failed = release_made(host, store, made(store, owner=me), actor=actor)
+    others = [m for m in orphans(store) if m.owner != me]
+    return failed + (release_made(host, store, others, actor=actor, leftover=True) if others else [])
 
 
 def orphans(store) -> List[Made]:
     """What was made on demand for a domain no longer starting nor running: its owner not recorded
-    active, holding no vGPU, and the process that made it gone."""
+    active, holding no vGPU, and the process that made it gone (an interrupted start's, or one a
+    vGPU of another domain kept busy at its owner's release)."""
     active = set(store.active_domains())
     owners = {r.owner for r in store.vgpu_records()}
     return [m for m in made(store) if m.owner not in active and m.owner not in owners
             and not (m.pid and m.pid != os.getpid() and pid_alive(m.pid))]
+
+
+def busy_instances(backend, gpu: PciAddress) -> Optional[FrozenSet[int]]:
+    """The ids of the GPU instances on ``gpu`` a vGPU sits on; None when NVML cannot say which
+    (vGPUs exist but not per instance: every one counts as busy).  Raises VgpuhostError (NVML)."""
+    try:
+        return frozenset(k for k, n in dict(backend.gpu_instance_vgpus(gpu)).items() if n)
+    except VgpuhostError as e:
+        if not getattr(e, "not_supported", False):
+            raise
+    return None if int(backend.active_vgpus(gpu)) else frozenset()
+
+
+def left(host: HostRoot, store) -> List[Tuple[Made, str]]:
+    """``reconcile --check``: the GPU instances made on demand that nothing ends by itself, each with
+    why: its owner holds no vGPU, the process that made it is gone and no vGPU sits on the instance
+    (one a vGPU of another domain keeps busy is in use, not left).  Why is "an interrupted start"
+    (the create never read back), "an interrupted stop: ..." (the owner is still recorded running:
+    its ``release end`` was killed) or "left empty after its owner's stop"."""
+    active = set(store.active_domains())
+    owners = {r.owner for r in store.vgpu_records()}
+    backend = None
+    busy: Dict[str, Optional[FrozenSet[int]]] = {}
+    out = []
+    for m in made(store):
+        if m.owner in owners or (m.pid and m.pid != os.getpid() and pid_alive(m.pid)):
+            continue
+        if m.gi_id is not None:
+            if m.gpu not in busy:
+                backend = backend or open_backend(host)
+                try:
+                    busy[m.gpu] = busy_instances(backend, PciAddress.parse(m.gpu))
+                except VgpuhostError:
+                    busy[m.gpu] = None
+            ids = busy[m.gpu]
+            if ids is None or m.gi_id in ids:
+                continue
+        why = ("an interrupted start" if m.gi_id is None else
+               "an interrupted stop: its release end did not finish" if m.owner in active else
+               "left empty after its owner's stop")
+        out.append((m, why))
+    return out
 
 
 def gone(host: HostRoot, store) -> List[Made]:
@@ -341,8 +402,9 @@ def gone(host: HostRoot, store) -> List[Made]:
 
 
 def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
-    """``reconcile`` (after the journal's open entries are ended): drop the records of instances
-    already :func:`gone`, and destroy the :func:`orphans` (an interrupted start's);
+    """``reconcile`` (after the journal's open entries are ended and stale domains forgotten): drop
+    the records of instances already :func:`gone`, and destroy the :func:`orphans` (an interrupted
+    start's or stop's, or one left empty after its owner's stop; one a vGPU sits on stays);
     ``(ended, failures)``."""
     ended = gone(host, store)
     for m in ended:
@@ -350,9 +412,9 @@ def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
         store.audit(actor=actor, operation=f"reconcile {m.owner}", path="(settings)",
                     value=f"{m.key} dropped: its GPU instance is gone")
     left = orphans(store)
-    failed = release_made(host, store, left, actor=actor)
+    failed = release_made(host, store, left, actor=actor, leftover=True)
     return ended + [m for m in left if store.setting(m.key) is None], failed
 
 
 __all__ = ["ON", "MADE", "HINT_FILE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
-           "orphans", "sweep", "room_for", "makeable"]
+           "orphans", "left", "busy_instances", "sweep", "room_for", "makeable"]

@@ -115,7 +115,7 @@ def _unmade(store: StateStore, owner: Optional[str] = None) -> List[tuple]:
 def unmade_allocations(store: StateStore) -> List[str]:
     """One line per allocation row of a device never made (:func:`_unmade`), for ``reconcile --check``."""
     return [f"allocation of {r[0]} ({r[4]}, domain {r[1]}, tenant {r[2] or 'none'}) for a device never made "
-            "(an interrupted start; 'vgpuhost reconcile' drops it)" for r in _unmade(store)]
+            "(an interrupted start, or a stop killed before it dropped the row; 'vgpuhost reconcile' drops it)" for r in _unmade(store)]
 
 
 def settle_allocations(store: StateStore, *, actor: str, owner: Optional[str] = None,
@@ -149,7 +149,7 @@ def _settle(store: StateStore, actor: str, owner: Optional[str]) -> List[Recover
             owners = sorted({r[1] for r in rows})
             for o in owners:
                 devs = [r[0] for r in rows if r[1] == o]
-                detail = "allocation of " + ", ".join(devs) + " dropped: never made (an interrupted start)"
+                detail = "allocation of " + ", ".join(devs) + " dropped: not held (an interrupted start, or a stop killed before it dropped the row)"
                 store.audit(actor=actor, operation=f"allocations of {o}", path="(allocations)",
                             value=detail, conn=conn)
                 out.append(Recovered(0, "admitted start", o, "rolled-back", detail, devs))

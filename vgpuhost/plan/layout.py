@@ -1252,6 +1252,19 @@ class _Walker:
             n = by_id[x.profile_id].name if x.profile_id in by_id else f"profile {x.profile_id}"
             have_counts[n] = have_counts.get(n, 0) + 1
         want_counts = {by_id[i].name: n for i, n in wanted_ids.items()}
+        if entry.mig.on_demand is True:
+            # MIG on demand: the declared instances are a floor; every other one stays (those made for
+            # running domains come and go with them: neither drift nor a step; trial 5 finding 9)
+            short = {n: c - have_counts.get(n, 0) for n, c in want_counts.items() if c > have_counts.get(n, 0)}
+            if not short:
+                return
+            have_ids: Dict[int, int] = {}
+            for x in gis:
+                have_ids[x.profile_id] = have_ids.get(x.profile_id, 0) + 1
+            wanted_ids = {i: max(wanted_ids.get(i, 0), have_ids.get(i, 0)) for i in set(wanted_ids) | set(have_ids)
+                          if i in by_id}
+            layout = {by_id[i].name: c for i, c in wanted_ids.items() if c}
+            want_counts = dict(layout)
         if have_counts == want_counts:
             return
         self.diff(f"{bdf} gpu-instances {layout_text(want_counts)} (host has {layout_text(have_counts)})")
@@ -1262,7 +1275,8 @@ class _Walker:
             empty_for.append("GPU instances can be destroyed only while the GPU has no vGPUs")
         if lp.create:
             parts.append("create " + ", ".join(c.profile for c in lp.create))
-        touches.append("changing GPU instances")
+        if lp.destroy or entry.mig.on_demand is not True:
+            touches.append("changing GPU instances")    # an on-demand floor's creates touch no vGPU
         self.step("gpu-instance", LayoutMakeGpuInstances(
             bdf, f"make GPU instances {layout_text(want_counts)}" + (f": {'; '.join(parts)}" if parts else ""),
             f"host has {layout_text(have_counts)} ({entry.where})", layout=tuple(layout.items())))

@@ -384,6 +384,8 @@ class GpuFacts:
     ``mig_pending``: NVML's current and pending MIG mode (None: not read).
     ``gpu_instances``, ``active_vgpus``: NVML's counts (None: not read).
     ``nvml_error``: why NVML gave no answer for this GPU ("" when it did).
+    ``mig_on_demand``: the GPU is opted in to MIG on demand (a start makes the GPU instance of its
+    MIG-backed vGPU: docs/guide/nvml-mig-scheduler.md#mig-on-demand).
     """
 
     vgpu_board: Optional[bool] = None
@@ -393,6 +395,7 @@ class GpuFacts:
     gpu_instances: Optional[int] = None
     active_vgpus: Optional[int] = None
     nvml_error: str = ""
+    mig_on_demand: bool = False
 
 
 @record(frozen=True)
@@ -509,6 +512,9 @@ def _vgpu_verdict(inv: Inventory, gpu: Gpu, f: GpuFacts) -> ModeVerdict:
                 return v("blocked", f"vGPU via {gpu.vgpu_backend} {where}, but {unread_count(gpu)}, "
                                     "so its vGPU types are unknown",
                          "read it again later ('vgpuhost host check'); if it stays, see the driver's messages (dmesg)")
+            if f.mig_on and f.mig_on_demand:
+                return v("ready", f"vGPU via {gpu.vgpu_backend} {where}: MIG on demand: a start makes the GPU "
+                                  "instance of its MIG-backed type ('vgpuhost capacity' counts what fits)")
             if f.mig_on:
                 return v("blocked", f"vGPU via {gpu.vgpu_backend} {where}, but no VF offers a vGPU type: MIG mode "
                                     "is on and MIG-backed types appear only on GPU instances",

@@ -617,7 +617,10 @@ class _Parser:
     def mig(self, value: Any, path: tuple) -> MigSpec:
         m = self.mapping(value, path, _MIG, "mig")
         instances = []
-        for name, n, where in self.counts(self.get(m, path, "instances", dict, "mig"),
+        # with on_demand: true, instances are optional: the GPU instances the layout keeps beside those
+        # its domains' starts make (docs/guide/layouts.md); without, the layout's whole set
+        optional = {} if m.get("on_demand") is True else _UNSET
+        for name, n, where in self.counts(self.get(m, path, "instances", dict, "mig", optional),
                                           path + ("instances",), "mig.instances", MAX_PER_GPU):
             try:
                 MigProfile.parse(name)
