@@ -237,14 +237,7 @@ def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
             continue
         r = reqs[n]
         t = types[r.profile]
-        offers = []
-        for g, _, numa in addrs:
-            held = present[g].values()
-            avail = _available(sim, types, held, t.type_id)
-            offers.append(GpuOffer(g, numa, t.type_id, r.profile, avail, (g,) if avail > 0 else (),
-                                   frozenset(h.owner for h in held), frozenset(), len(present[g]),
-                                   framebuffer_mib=fb_mib, used_mib=sum(types[h.profile].fb_mib for h in held)))
-        d = place(offers, Request(r.profile, r.owner, strategy))
+        d = place(_offers(sim, types, present, addrs, t, r, fb_mib), Request(r.profile, r.owner, strategy))
         if d.admitted:
             present[d.gpu][n] = r
             where[n] = d.gpu
@@ -253,6 +246,18 @@ def replay_model(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
             free = sum(gpus * [fb_mib]) - sum(types[h.profile].fb_mib for p in present.values() for h in p.values())
             out[n] = Decided(False, None, fragmented=free >= t.fb_mib)
     return out
+
+
+def _offers(sim: dict, types: Dict[str, TypeInfo], present, addrs, t: TypeInfo, r: Req, fb_mib: int) -> list:
+    """One GpuOffer per GPU for request ``r`` of type ``t``, from what each GPU holds now (``present``)."""
+    offers = []
+    for g, _, numa in addrs:
+        held = present[g].values()
+        avail = _available(sim, types, held, t.type_id)
+        offers.append(GpuOffer(g, numa, t.type_id, r.profile, avail, (g,) if avail > 0 else (),
+                               frozenset(h.owner for h in held), frozenset(), len(present[g]),
+                               framebuffer_mib=fb_mib, used_mib=sum(types[h.profile].fb_mib for h in held)))
+    return offers
 
 
 def replay_restarting(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
@@ -290,14 +295,7 @@ def replay_restarting(strategy: str, reqs: List[Req], events, gpus: int, fb_mib:
             _depart(where, present, n)           # stopped; placed again below as at any start
         r = reqs[n]
         t = types[r.profile]
-        offers = []
-        for g, _, numa in addrs:
-            held = present[g].values()
-            avail = _available(sim, types, held, t.type_id)
-            offers.append(GpuOffer(g, numa, t.type_id, r.profile, avail, (g,) if avail > 0 else (),
-                                   frozenset(h.owner for h in held), frozenset(), len(present[g]),
-                                   framebuffer_mib=fb_mib, used_mib=sum(types[h.profile].fb_mib for h in held)))
-        d = place(offers, Request(r.profile, r.owner, strategy))
+        d = place(_offers(sim, types, present, addrs, t, r, fb_mib), Request(r.profile, r.owner, strategy))
         if d.admitted:
             present[d.gpu][n] = r
             where[n] = d.gpu

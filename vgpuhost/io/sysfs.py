@@ -41,6 +41,19 @@ _SMALL_READ_BYTES = 4096
 ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
 
 
+def _read_closing(fd: int, limit: int) -> Optional[bytes]:
+    """One ``read(2)`` of at most ``limit`` bytes from ``fd``, which is then closed: the bytes (``b""``
+    where the file would block), None on an error (the caller reads the file again its slower way)."""
+    try:
+        return os.read(fd, limit)
+    except BlockingIOError:
+        return b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class Sysfs:
     """Reads and writes kernel files under one host root.
 
@@ -140,14 +153,7 @@ class Sysfs:
             return None
         except OSError:
             return self.read_optional(path)     # the same error, raised the same way
-        try:
-            data = os.read(fd, ATTR_READ_BYTES)
-        except BlockingIOError:
-            data = b""
-        except OSError:
-            data = None
-        finally:
-            os.close(fd)
+        data = _read_closing(fd, ATTR_READ_BYTES)
         if data is None or len(data) >= ATTR_READ_BYTES:
             return self.read_optional(path)
         return data.decode("utf-8", "replace").strip()
@@ -204,14 +210,7 @@ class Sysfs:
                 except OSError:
                     out.append(self.read_attr_int(directory + n, default=default))
                     continue
-                try:
-                    data = os.read(fd, _SMALL_READ_BYTES)
-                except BlockingIOError:
-                    data = b""
-                except OSError:
-                    data = None
-                finally:
-                    os.close(fd)
+                data = _read_closing(fd, _SMALL_READ_BYTES)
                 if data is None or len(data) >= _SMALL_READ_BYTES:
                     out.append(self.read_attr_int(directory + n, default=default))
                 else:
