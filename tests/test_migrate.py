@@ -749,3 +749,18 @@ def test_a_mig_backed_vgpu_migrates_to_a_gpu_with_mig_on_demand_and_the_reservat
     code, out, err = call(dest, "big2", "migrate", "begin", vf_domain("0000:18:00.7", "H200X-4-71C", "big2", L3))
     assert code == 2 and out == "" and "1 H200X-4-71C reserved for other incoming migrations" in err, err
     assert [r[1] for r in reservations(dest)] == [OTHER]
+
+
+def test_a_cut_answer_ends_the_read_even_when_a_grandchild_keeps_stderr_open(tmp_path):
+    """The ssh answer over the cap: the child is killed and nothing more is read, though a process it
+    left (an ssh master, here a background sleep) holds its stderr open: the call returns the cut answer,
+    it does not wait out its timeout (which it raises: TimeoutExpired) (trial 5 retest, N4)."""
+    from vgpuhost.io.process import run_capped
+    pids = tmp_path / "pids"
+    script = f"sleep 60 & echo $! > {pids}; head -c 5000 /dev/zero; sleep 60"
+    try:
+        code, out, _ = run_capped(["sh", "-c", script], timeout=30, limit=1000)
+    finally:
+        for pid in pids.read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+    assert code < 0 and len(out) == 1001

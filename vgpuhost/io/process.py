@@ -76,8 +76,12 @@ def run_capped(argv, *, input: bytes = b"", timeout: float = 60, limit: int = 1 
                 room = (limit + 1 if buf is out else limit) - len(buf)
                 buf += chunk[:max(0, room)]
                 if buf is out and len(out) > limit:
+                    # cut: the answer is too long whatever else comes; read nothing more (a grandchild
+                    # that keeps stderr open, e.g. an ssh master, must not hold this call to its timeout)
                     proc.kill()
-                    sel.unregister(proc.stdout)
+                    for key in list(sel.get_map().values()):
+                        sel.unregister(key.fileobj)
+                    break
         proc.wait(max(0.1, deadline - time.monotonic()))
     except BaseException:
         proc.kill()
