@@ -645,6 +645,24 @@ def test_a_full_on_demand_gpu_lists_every_mig_backed_profile_with_0(h200, capsys
     assert free[("H200X-1-18C", "")] == 0 and free[("H200X-7-141C", "")] == 0
 
 
+def test_a_cordoned_on_demand_gpu_lists_its_mig_backed_profiles_with_0(h200, capsys):
+    """Trial 5 retest N3: a GPU opted in to MIG on demand and cordoned offers nothing, and says so as a full
+    one does: capacity --profile answers 0 (not "no GPU here offers"), types and the exporter list 0."""
+    import json as _json
+    from vgpuhost.ops.metering import host_series
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "on") == 0
+    assert cli(h200, "gpu", "cordon", str(H200), "--reason", "maintenance") == 0
+    capsys.readouterr()
+    assert cli(h200, "--json", "capacity", "--profile", "H200X-1-18C") == 0
+    assert _json.loads(capsys.readouterr().out)["profiles"][0]["fits"] == 0
+    assert cli(h200, "--json", "types", "--gpu", str(H200)) == 0
+    avail = {t["name"]: t["available_instances"] for t in _json.loads(capsys.readouterr().out)["types"]}
+    assert avail.get("H200X-1-18C") == 0 and avail.get("H200X-7-141C") == 0
+    free = host_series(h200, StateStore(h200.state_dir))["free_instances"]
+    assert free[("H200X-1-18C", "")] == 0
+    assert gis(h200) == {}
+
+
 def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no_drift(h200, tmp_path, capsys):
     """Trial 5 finding 9: ``mig: {on_demand: true}`` alone is a layout; the GPU instances its domains'
     starts make are neither drift (assert in sync) nor planned away; a declared instance is a floor:

@@ -152,14 +152,15 @@ def room_for(profiles, current, gi) -> int:
 
 def makeable(host: HostRoot, store, inv):
     """``inv`` as capacity, ``types`` and the exporter count it: on each GPU where MIG on demand is on
-    (MIG mode on, in service), every MIG-backed type of its board is listed on each free VF or mdev
+    (MIG mode on), every MIG-backed type of its board is listed on each free VF or mdev
     parent, with 1 available where its GPU-instance profile has room beside the instances there and 0
-    where not (a full GPU lists them all with 0: trial 5 finding 15), and the
+    where not (a full GPU, or one out of service, lists them all with 0: trial 5 finding 15, retest
+    N3), and the
     GPU's ``gpu_instances`` count those that could be made as free ones (so the count is the
     instances that exist free plus those a start would make).  ``inv`` itself when nothing is opted
     in.  The type ids come from the board's catalog entry (docs/reference/hardware.md#vgpu-types)."""
     on = opted_in(store)
-    gpus = [g for g in inv.gpus if str(g.address) in on and g.address not in inv.out_of_service
+    gpus = [g for g in inv.gpus if str(g.address) in on
             and g.pci.driver == "nvidia" and (g.vfs or g.mdev_parents)]
     if not gpus:
         return inv
@@ -195,7 +196,8 @@ def makeable(host: HostRoot, store, inv):
             gi = _gi_profile_for(profiles, t.profile)
             if gi is None:
                 continue
-            room = room_for(profiles, current, gi)
+            # a GPU out of service (cordoned, unhealthy) lists its profiles with 0, as a full one does
+            room = 0 if g.address in inv.out_of_service else room_for(profiles, current, gi)
             if room:
                 counts[gi.name] = counts.get(gi.name, 0) + room
             for parent in parents:
