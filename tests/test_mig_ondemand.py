@@ -592,7 +592,10 @@ def test_a_start_on_a_cordoned_gpu_makes_no_gpu_instance_there(h200, capsys):
     line = err.getvalue()
     assert "out of service" in line and "test" in line and "try again" not in line
     assert gis(h200) == {} and migdemand.made(store) == []
-    assert not [r for r in store.audit_rows()[rows:] if r.path.startswith("nvml:")]
+    new_rows = store.audit_rows()[rows:]
+    assert not [r for r in new_rows if r.path.startswith("nvml:")]
+    # the refusal has its audit row (trial 5 retest N5)
+    assert [(r.path, r.result) for r in new_rows if r.result == "refused"] == [(f"(mig on-demand) {H200}", "refused")]
 
 
 def test_host_check_calls_vgpu_ready_on_an_opted_in_gpu_with_no_instance(h200, capsys):

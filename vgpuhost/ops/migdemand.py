@@ -253,10 +253,12 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
             oos = [g for g in gpus if g in inv.out_of_service]
             gpus = [g for g in gpus if g not in inv.out_of_service]
             if not gpus:                  # no NVML write on a GPU out of service (docs/guide/failures.md)
-                raise RefusedError(f"MIG on demand makes no GPU instance for {profile} on {oos[0]}: it is out of "
-                                   f"service ({inv.out_of_service[oos[0]]})",
-                                   hint=f"'vgpuhost gpu uncordon {oos[0]}' after repair, or start the domain on a "
-                                        "GPU in service; nothing was changed")
+                line = (f"MIG on demand makes no GPU instance for {profile} on {oos[0]}: it is out of "
+                        f"service ({inv.out_of_service[oos[0]]})")
+                store.audit(actor=actor, operation=f"prepare {me}", path=f"(mig on-demand) {oos[0]}", value=line,
+                            result="refused")
+                raise RefusedError(line, hint=f"'vgpuhost gpu uncordon {oos[0]}' after repair, or start the domain "
+                                              "on a GPU in service; nothing was changed")
             if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
                    and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
                 continue                  # a GPU instance takes it now
