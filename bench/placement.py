@@ -937,25 +937,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             if med_sched is not None and med_sched:
                 print(f"against the best schedules found (the integer program's optimum is at least these): "
                       f"{best} {med[best] / med_sched:.1%} of their median ({med_sched:.1f})")
+        def experiment(label: str, got: dict, target: str = "") -> None:
+            """One line per experiment: each seed's admissions, their median and its share of the bound."""
+            m = statistics.median(got.values())
+            print(f"{label}: " + " ".join(str(got[seed]) for seed, *_ in rows) + f", median {m:.1f}"
+                  + ("" if med_cb is None else f", {m / med_cb:.1%} of {which} median{target}"))
+
         if args.repack:
             for rule in REPACK_RULES:
-                got = repack[rule]
-                rm = statistics.median(got.values())
-                print(f"{rule} on a host that repacks at every arrival (experiment; not a strategy): "
-                      + " ".join(str(got[seed]) for seed, *_ in rows) + f", median {rm:.1f}"
-                      + ("" if med_cb is None else f", {rm / med_cb:.1%} of {which} median"))
+                experiment(f"{rule} on a host that repacks at every arrival (experiment; not a strategy)", repack[rule])
         if args.restarts:
             for rule in RESTART_RULES:
-                got = restart[rule]
-                rm = statistics.median(got.values())
-                print(f"{rule} with repack at restart ({args.restarts:g} restarts a VM's life, placed again then): "
-                      + " ".join(str(got[seed]) for seed, *_ in rows) + f", median {rm:.1f}"
-                      + ("" if med_cb is None else f", {rm / med_cb:.1%} of {which} median (target >= 96%)"))
+                experiment(f"{rule} with repack at restart ({args.restarts:g} restarts a VM's life, placed again "
+                           "then)", restart[rule], " (target >= 96%)")
         if clair:
-            cm = statistics.median(clair.values())
-            print(f"clairvoyant experiment (knows departures; not a strategy): "
-                  + " ".join(str(clair[seed]) for seed, *_ in rows) + f", median {cm:.1f}"
-                  + ("" if med_cb is None else f", {cm / med_cb:.1%} of {which} median"))
+            experiment("clairvoyant experiment (knows departures; not a strategy)", clair)
     print()
     print("fragmented: refused although the host's free framebuffer, summed over GPUs, would have held it.")
     print("class-aware bound: at every arrival, sum over size classes of ceil(active / max per GPU) <= GPUs;")
