@@ -100,14 +100,21 @@ def test_the_advised_profile_is_admitted_within_the_tenants_quota(make_host):
     assert held <= 8192
 
 
-def test_an_advised_profile_that_cannot_be_placed_falls_back_to_the_one_asked(make_host):
-    # both A40s hold an A40-8Q of another domain (equal-size mode): no GPU takes an A40-2Q, an A40-8Q fits
+def _started_with_no_room_for_the_advised(make_host):
+    """Both A40s hold an A40-8Q of another domain (equal-size mode), then r6 (opted in, history advising
+    A40-2Q) starts: no GPU takes the advised A40-2Q; ``(host, store)``."""
     host, s = setup(make_host)
     for i, g in ((7, "0"), (8, "1")):
         assert start(host, f"r{i}", tdom(f"r{i}", uid("d1d1d1d1", i), uid("e1e1e1e1", i), tenant="web",
                                          profile="A40-8Q", strategy="spread")) == (0, "")
     history(s, uid("d1d1d1d1", 6), uid("e1e1e1e1", 6), "A40-8Q", peak_mib=1500, share=0.03)
     assert start(host, "r6", dom(6, True)) == (0, "")
+    return host, s
+
+
+def test_an_advised_profile_that_cannot_be_placed_falls_back_to_the_one_asked(make_host):
+    # both A40s hold an A40-8Q of another domain (equal-size mode): no GPU takes an A40-2Q, an A40-8Q fits
+    host, s = _started_with_no_room_for_the_advised(make_host)
     assert type_name(host, uid("e1e1e1e1", 6)) == "A40-8Q"
     [row] = [r for r in s.audit_rows() if r.result == "resize-fallback"]
     assert row.path == uid("e1e1e1e1", 6)
@@ -150,12 +157,7 @@ def test_a_fallen_back_first_try_is_no_demand_for_the_reconciler(make_host):
     while a plain refused start of the same domain later still counts once."""
     from vgpuhost.ops import rebalance
     from vgpuhost.policy import rebalance as pol
-    host, s = setup(make_host)
-    for i, g in ((7, "0"), (8, "1")):
-        assert start(host, f"r{i}", tdom(f"r{i}", uid("d1d1d1d1", i), uid("e1e1e1e1", i), tenant="web",
-                                         profile="A40-8Q", strategy="spread")) == (0, "")
-    history(s, uid("d1d1d1d1", 6), uid("e1e1e1e1", 6), "A40-8Q", peak_mib=1500, share=0.03)
-    assert start(host, "r6", dom(6, True)) == (0, "")
+    host, s = _started_with_no_room_for_the_advised(make_host)
     [first] = [r for r in s.audit_rows() if r.path == "(admission)" and r.result == "refused"]
     assert first.value.endswith("; refusal=capacity profile=A40-2Q qos=burstable tenant=web"), first.value
     assert rebalance.facts(host, s, pol.Bounds()).refusals == []
