@@ -505,6 +505,14 @@ def test_a_reserved_vf_takes_its_types_last_slot_from_every_other_start_and_coun
     code, out, err = call(dest, "l2", "migrate", "begin", vf_domain("0000:21:00.6", "L40S-48Q", "l2", L3))
     assert code == 2 and out == "" and "0000:a1:00.0: 1 L40S-48Q reserved for other incoming migrations" in err
     assert [r[1] for r in reservations(dest)] == [DOM]
+    # a start naming another VF of that GPU is refused naming the reservation, with its audit row (retest N1:
+    # it was placed again and again, "the host kept changing under placement (5 attempts)")
+    before = audit_paths(dest)
+    code, _, err = call(dest, "l2", "prepare", "begin", vf_domain("0000:a1:00.6", "L40S-48Q", "l2", L3))
+    assert code == 2 and "0000:a1:00.0's L40S-48Q slots are reserved for other incoming migrations " \
+                         "(VF 0000:a1:00.4)" in err, err
+    assert audit_paths(dest)[len(before):] == [("0000:a1:00.6", "refused")]
+    assert vf_type(dest, "0000:a1:00.6") == "0"
     code, out, _ = cli(capsys, dest, "--json", "capacity", "--profile", "L40S-48Q")
     assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
     code, out, _ = cli(capsys, dest, "--json", "types", "--available")

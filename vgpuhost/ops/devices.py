@@ -258,13 +258,15 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
                     except RefusedError as e:
                         if enforced or types[req.device] == requested[req.device]:
                             # admission placed it: the device layer only re-checks, and its refusal is admission's
-                            raise grant.refused(req.device, e) from None
+                            raise _audit_refused(store, view, actor, req.device, grant.refused(req.device, e)) \
+                                from None
                         # no admission here (no tenancy): the advised profile found no room, the one asked may
                         _audit_resized(store, view, actor, {req.device: resized[req.device]}, e.message)
                         try:
                             vid = make(requested[req.device])
                         except RefusedError as again:
-                            raise grant.refused(req.device, again) from None
+                            raise _audit_refused(store, view, actor, req.device, grant.refused(req.device, again)) \
+                                from None
                     if vid is not None:
                         made.append(("claim", vid[6:]) if vid.startswith("claim:") else ("vgpu", vid))
             except BaseException as e:
@@ -456,6 +458,14 @@ def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory", types
             continue                # the same series only: same board, same letter class
         out[a.device] = (types[a.device], a.to, a.reason)
     return out
+
+
+def _audit_refused(store: "StateStore", view: "DomainView", actor: str, device: str, error: Exception) -> Exception:
+    """``error`` after its audit row (path ``device``, result ``refused``): the device layer refused to place
+    a vGPU of this start (nothing made, the start fails with exit 2), as admission's refusals get one."""
+    store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path=device,
+                value=getattr(error, "message", str(error)), result="refused")
+    return error
 
 
 def _audit_resized(store: "StateStore", view: "DomainView", actor: str,

@@ -686,6 +686,15 @@ def _narrow(inv: Inventory, all_offers: List[GpuOffer], name: str, allowed: Opti
     if not any(n.lower() == name.lower() for n in offered):
         raise RefusedError(f"VF {vf} does not offer {name} now (creatable: {', '.join(offered) or 'none'})",
                            hint="the GPU is full or holds vGPUs of another size (equal-size mode)")
+    here = next((o for o in all_offers if o.gpu == v.gpu and o.type_id), None)
+    held = sorted(str(r) for r in inv.reserved if inv.devices[r].physfn == v.gpu) if inv.reserved else []
+    if here is not None and here.available < 1 and held:
+        # the driver still lists the type on this VF, but the GPU's last slot of it is promised to an
+        # incoming live migration (trial 5 retest N1: placed again and again, "the host kept changing")
+        raise RefusedError(f"VF {vf}: {v.gpu}'s {name} slots are reserved for other incoming migrations "
+                           f"(VF {', '.join(held)})",
+                           hint="start the domain once that migration ended or on another GPU; "
+                                "'vgpuhost reconcile' frees an expired reservation; nothing was changed")
     return [replace(o, parents=(vf,)) if o.gpu == v.gpu else replace(o, available=0, parents=(),
                                                                       note=f"the request names VF {vf}")
             for o in all_offers]
