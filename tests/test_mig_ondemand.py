@@ -674,8 +674,22 @@ def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no
     cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
                    "        mig:\n          on_demand: true\n")
     store = StateStore(h200.state_dir)
+    # before apply, plan shows the opt-in and assert calls its absence drift (retest N2: "in sync", exit 0)
+    capsys.readouterr()
+    assert cli(h200, "plan", "-c", str(cfg), "od") == 0
+    assert f"MIG on demand on for {H200} (recorded by apply)" in capsys.readouterr().out
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 1
+    assert f"GPU {H200}: MIG on demand on (host has off" in capsys.readouterr().out
+    assert migdemand.opted_in(store) == frozenset()
     assert cli(h200, "apply", "-c", str(cfg), "od") == 0
     assert migdemand.opted_in(store) == {str(H200)} and gis(h200) == {}
+    # turned off by hand: drift again, until apply turns it back on
+    assert cli(h200, "mig", "on-demand", "--gpu", str(H200), "off") == 0
+    capsys.readouterr()
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 1
+    assert "MIG on demand on (host has off" in capsys.readouterr().out
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    assert migdemand.opted_in(store) == {str(H200)}
     xml1 = vm_xml("m0", DOM1, "H200X-1-18C", vfs(h200)[0])
     assert hook_run(h200, "m0", "prepare", "begin", xml1) == 0
     (gi,) = gis(h200)

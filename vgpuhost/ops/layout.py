@@ -138,6 +138,8 @@ def plan(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] =
                        + (", mixed-size" if pl.name.lower() in mixed else "") + "): "
                        + (", ".join(pl.gpus) or "selects no GPU here") + " (recorded by apply, for admission)")
     p.notes += ceiling_notes(store, view, new)
+    p.notes += [f"MIG on demand {'on' if on else 'off'} for {gpu} (recorded by apply)"
+                for gpu, on in on_demand_changes(store, cfg, layout, view)]
     try:
         _pools(store, cfg, layout, view)            # what apply refuses before any change, plan shows
     except (RefusedError, InputError) as e:
@@ -185,7 +187,20 @@ def check(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
         drift.diff += [f"- pools: {_moved_note(line, moved, 'apply puts it back')}" if moved else
                        f"- pools: {line} (apply records it)"
                        for line, moved in _with_moves(store, tenancy.pool_changes(store, new))]
+    drift.diff += [f"- mig: GPU {gpu}: MIG on demand {'on' if on else 'off'} (host has {'off' if on else 'on'}; "
+                   "apply records it)" for gpu, on in on_demand_changes(store, cfg, layout, view)]
     return drift
+
+
+def on_demand_changes(store: StateStore, cfg: Config, layout: Optional[str], view: HostView) -> List[tuple]:
+    """``[(GPU BDF, on)]`` where ``layout``'s ``mig: {on_demand: ...}`` differs from what the store records
+    (:func:`vgpuhost.ops.migdemand.opted_in`): what :func:`apply` turns on or off after its steps, shown by
+    :func:`plan` as a note and by :func:`check` as drift (trial 5 retest N2: both said "in sync")."""
+    wanted = planner.mig_on_demand(cfg, layout, view)
+    if not wanted:
+        return []
+    now = migdemand.opted_in(store) if not store.absent else frozenset()
+    return [(gpu, on) for gpu, on in sorted(wanted.items()) if (gpu in now) != on]
 
 
 def _with_moves(store: StateStore, lines: List[str]) -> List[tuple]:
