@@ -315,3 +315,27 @@ def test_a_recheck_with_a_known_look_sees_a_vgpu_and_a_driver_change_made_since(
     fs.write(host.pci_device("0000:21:00.5") / "driver_override", "vfio-pci\n")
     again = discover_gpu(fs, gpu, host_facts=False, known=look)
     assert again.devices[PciAddress.parse("0000:21:00.5")].driver_override == "vfio-pci"
+
+
+@pytest.mark.parametrize("name", ["a100-sriov-mdev", "l40s-vendor-vfio"])
+def test_sysfs_resolve_is_realpath(make_host, name, tmp_path):
+    """``Sysfs.resolve`` (directories resolved once per instance, the last link read alone) gives what
+    ``os.path.realpath`` gives: for every entry of the host's PCI, mdev and IOMMU folders (and a name and
+    a link below each), and for absolute, looping, climbing and absent links."""
+    import os
+    host = make_host(name)
+    fs = Sysfs(host)
+    paths = []
+    for top in ("sys/bus/pci/devices", "sys/class/mdev_bus", "sys/bus/mdev/devices", "sys/kernel/iommu_groups"):
+        folder = str(host.root / top)
+        for e in os.listdir(folder) if os.path.isdir(folder) else ():
+            paths += [os.path.join(folder, e), os.path.join(folder, e, "x"), os.path.join(folder, e, "driver")]
+    d = tmp_path / "links"
+    d.mkdir()
+    for link, target in (("loop1", "loop2"), ("loop2", "loop1"), ("abs", str(host.root)), ("mid", "a/../b"),
+                         ("up", "../"), ("dot", "."), ("chain", "abs/sys/bus/pci/devices")):
+        os.symlink(target, d / link)
+    paths += [str(d / n) for n in ("loop1", "abs", "abs/sys", "mid", "up", "dot", "absent", "dot/abs", "chain")]
+    paths += ["/", "/proc/self"]
+    assert len(paths) > 60
+    assert [fs.resolve(p) for p in paths] == [os.path.realpath(p) for p in paths]
