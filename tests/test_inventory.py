@@ -339,3 +339,26 @@ def test_sysfs_resolve_is_realpath(make_host, name, tmp_path):
     paths += ["/", "/proc/self"]
     assert len(paths) > 60
     assert [fs.resolve(p) for p in paths] == [os.path.realpath(p) for p in paths]
+
+
+def test_sysfs_read_attrs_in_reads_as_read_optional(make_host):
+    """``Sysfs.read_attrs_in`` gives ``read_optional``'s text for each attribute of every PCI function (None
+    for an absent one), and raises its error for one that cannot be read (a directory: EISDIR)."""
+    import os
+    from vgpuhost.model.errors import SysfsError
+    from vgpuhost.observe.inventory import _DEVICE_ATTRS
+    host = make_host("a100-sriov-mdev")
+    fs = Sysfs(host)
+    names = _DEVICE_ATTRS + ["no_such_attribute"]
+    folders = [f"{host.s.pci_devices}/{d}/" for d in sorted(os.listdir(host.s.pci_devices))]
+    assert len(folders) > 20
+    for d in folders:
+        assert fs.read_attrs_in(d, names) == [fs.read_optional(d + n) for n in names]
+    broken = folders[0] + "vendor"
+    os.unlink(broken)
+    os.mkdir(broken)
+    with pytest.raises(SysfsError) as got:
+        fs.read_attrs_in(folders[0], ["device", "vendor"])
+    with pytest.raises(SysfsError) as want:
+        fs.read_optional(broken)
+    assert str(got.value) == str(want.value)

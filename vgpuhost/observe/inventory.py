@@ -18,7 +18,7 @@ import errno
 import os
 
 from ..io import files
-from ..io.sysfs import Sysfs
+from ..io.sysfs import Sysfs, int_of
 from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
                           vf_current_type, vf_has_vendor_vgpu, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
@@ -967,18 +967,24 @@ def nvml_gpu_instances(fs: Sysfs, gpu: PciAddress) -> Optional[Dict[str, int]]:
         return None
 
 
+#: the attributes :func:`_read_device` reads of a PCI function, in one pass (``Sysfs.read_attrs_in``)
+_DEVICE_ATTRS = ["driver_override", "boot_vga", "reset_method", "vendor", "device", "subsystem_vendor",
+                 "subsystem_device", "class", "numa_node", "sriov_totalvfs", "sriov_numvfs"]
+
+
 def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
     top = fs.host.s.pci_device(addr)
     d = top + "/"
+    texts = dict(zip(_DEVICE_ATTRS, fs.read_attrs_in(d, _DEVICE_ATTRS)))
 
-    def num(name: str, default: int = 0) -> int:
-        v = fs.read_int(d + name, default=default)
+    def num(name: str, default: "Optional[int]" = 0) -> "Optional[int]":
+        v = int_of(texts[name], d + name, default)
         return default if v is None else v
 
-    override = fs.read_optional(d + "driver_override")
+    override = texts["driver_override"]
     if override in ("(null)", ""):
         override = None
-    boot_vga_v = fs.read_optional(d + "boot_vga")
+    boot_vga_v = texts["boot_vga"]
     group = fs.link_name(d + "iommu_group")
     physfn = fs.link_name(d + "physfn")
     virtfns = []
@@ -990,7 +996,7 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
     real = fs.resolve(top)
     real_parent = os.path.basename(os.path.dirname(real))
     upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
-    reset = fs.read_optional(d + "reset_method") or ""
+    reset = texts["reset_method"] or ""
     return PciDevice(
         address=addr, vendor=num("vendor"), device=num("device"),
         subsystem_vendor=num("subsystem_vendor"), subsystem_device=num("subsystem_device"),
@@ -1002,8 +1008,8 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         upstream=upstream,
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
         virtfns=tuple(v for _, v in sorted(virtfns)),
-        sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
-        sriov_numvfs=fs.read_int(d + "sriov_numvfs"),
+        sriov_totalvfs=num("sriov_totalvfs", None),
+        sriov_numvfs=num("sriov_numvfs", None),
         domain_host=_domain_host(real, addr))
 
 
