@@ -281,7 +281,9 @@ class Sysfs:
         ``realpath`` per function, about 400 ``lstat`` calls a ``prepare begin`` on a GPU with 20 VFs
         (2026-12-07); the VFs share their directory.  A target with ``..`` after another component, a
         chain of more than 40 links, or an error other than "absent" or "not a link" is left to
-        ``realpath``."""
+        ``realpath``.  One difference: a link removed between ``realpath``'s ``lstat`` and its
+        ``readlink`` made it raise FileNotFoundError; here the link is read once, and a removed one is
+        absent (its path as given, as ``realpath`` gives an absent path)."""
         p = os.fspath(path)
         for _ in range(40):
             head, tail = os.path.split(p)
