@@ -64,7 +64,7 @@ def test_hook_install_writes_the_bundle_and_the_dispatcher_uses_it(make_host, tm
     bundle = modbundle.bundle_path(str(host.root))
     st = os.stat(bundle)
     assert st.st_mode & 0o777 == 0o644 and st.st_uid == os.geteuid()
-    fmt, tag, entries = marshal.loads(Path(bundle).read_bytes())
+    fmt, tag, entries = modbundle.unpack(Path(bundle).read_bytes())
     assert fmt == modbundle.FORMAT and tag == sys.implementation.cache_tag
     assert set(entries) == set(modbundle.MODULES)
     assert f"use({bundle!r})" in hook.read_text().replace("'\\''", "'")
@@ -145,7 +145,7 @@ def test_a_module_whose_source_changed_loads_from_its_file(tmp_path):
 
 
 @pytest.mark.parametrize("spoil", ["group-writable", "world-writable", "truncated", "other-python", "garbage",
-                                   "symlink", "absent"])
+                                   "symlink", "absent", "grown", "format-1"])
 def test_a_bundle_that_cannot_be_trusted_is_ignored(tmp_path, spoil):
     _package(tmp_path, "VALUE = 1\n")
     bundle = tmp_path / "cache" / "b.bundle"
@@ -158,10 +158,15 @@ def test_a_bundle_that_cannot_be_trusted_is_ignored(tmp_path, spoil):
     elif spoil == "truncated":
         bundle.write_bytes(data[: len(data) // 2])
     elif spoil == "other-python":
-        fmt, _, entries = marshal.loads(data)
-        bundle.write_bytes(marshal.dumps((fmt, "cpython-10", entries)))
+        fmt, _, entries = modbundle.unpack(data)
+        bundle.write_bytes(modbundle.pack(fmt, "cpython-10", entries))
     elif spoil == "garbage":
         bundle.write_bytes(b"\x00not a bundle")
+    elif spoil == "grown":
+        bundle.write_bytes(data + b"\x00")
+    elif spoil == "format-1":                 # the whole-file format of before 2026-12-07
+        _, tag, entries = modbundle.unpack(data)
+        bundle.write_bytes(marshal.dumps(("vgpuhost-hook-bundle/1", tag, entries)))
     elif spoil == "symlink":
         real = tmp_path / "cache" / "real.bundle"
         bundle.rename(real)
@@ -217,7 +222,7 @@ def test_another_installations_modules_and_a_bad_entry_load_from_their_files(tmp
             "from vgpuhost.io.modbundle import build\n"
             f"build({str(bundle)!r}, ['bundled_pkg', 'bundled_pkg.mod', 'bundled_pkg.other'])\n")
     subprocess.run([sys.executable, "-I", "-S", "-c", code], check=True, timeout=60)
-    fmt, tag, entries = marshal.loads(bundle.read_bytes())
+    fmt, tag, entries = modbundle.unpack(bundle.read_bytes())
     elsewhere = tmp_path / "elsewhere" / "mod.py"
     elsewhere.parent.mkdir()
     elsewhere.write_text("VALUE = 99\n")
@@ -227,7 +232,7 @@ def test_another_installations_modules_and_a_bad_entry_load_from_their_files(tmp
     entries["bundled_pkg.other"] = ("x",)
     climbing = str(tmp_path / "bundled_pkg" / ".." / "elsewhere" / "mod.py")      # the breaker's '..' origin
     entries["bundled_pkg"] = (climbing, st.st_size, st.st_mtime_ns, True, entries["bundled_pkg.mod"][4])
-    bundle.write_bytes(marshal.dumps((fmt, tag, entries)))
+    bundle.write_bytes(modbundle.pack(fmt, tag, entries))
     out = _load(tmp_path, bundle, "import bundled_pkg, bundled_pkg.mod as m, bundled_pkg.other as o\n"
                                   "print(m.VALUE, o.VALUE, *(type(x.__spec__.loader).__name__ "
                                   "for x in (bundled_pkg, m, o)))\n")

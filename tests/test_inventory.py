@@ -315,3 +315,50 @@ def test_a_recheck_with_a_known_look_sees_a_vgpu_and_a_driver_change_made_since(
     fs.write(host.pci_device("0000:21:00.5") / "driver_override", "vfio-pci\n")
     again = discover_gpu(fs, gpu, host_facts=False, known=look)
     assert again.devices[PciAddress.parse("0000:21:00.5")].driver_override == "vfio-pci"
+
+
+@pytest.mark.parametrize("name", ["a100-sriov-mdev", "l40s-vendor-vfio"])
+def test_sysfs_resolve_is_realpath(make_host, name, tmp_path):
+    """``Sysfs.resolve`` (directories resolved once per instance, the last link read alone) gives what
+    ``os.path.realpath`` gives: for every entry of the host's PCI, mdev and IOMMU folders (and a name and
+    a link below each), and for absolute, looping, climbing and absent links."""
+    import os
+    host = make_host(name)
+    fs = Sysfs(host)
+    paths = []
+    for top in ("sys/bus/pci/devices", "sys/class/mdev_bus", "sys/bus/mdev/devices", "sys/kernel/iommu_groups"):
+        folder = str(host.root / top)
+        for e in os.listdir(folder) if os.path.isdir(folder) else ():
+            paths += [os.path.join(folder, e), os.path.join(folder, e, "x"), os.path.join(folder, e, "driver")]
+    d = tmp_path / "links"
+    d.mkdir()
+    for link, target in (("loop1", "loop2"), ("loop2", "loop1"), ("abs", str(host.root)), ("mid", "a/../b"),
+                         ("up", "../"), ("dot", "."), ("chain", "abs/sys/bus/pci/devices")):
+        os.symlink(target, d / link)
+    paths += [str(d / n) for n in ("loop1", "abs", "abs/sys", "mid", "up", "dot", "absent", "dot/abs", "chain")]
+    paths += ["/", "/proc/self"]
+    assert len(paths) > 60
+    assert [fs.resolve(p) for p in paths] == [os.path.realpath(p) for p in paths]
+
+
+def test_sysfs_read_attrs_in_reads_as_read_optional(make_host):
+    """``Sysfs.read_attrs_in`` gives ``read_optional``'s text for each attribute of every PCI function (None
+    for an absent one), and raises its error for one that cannot be read (a directory: EISDIR)."""
+    import os
+    from vgpuhost.model.errors import SysfsError
+    from vgpuhost.observe.inventory import _DEVICE_ATTRS
+    host = make_host("a100-sriov-mdev")
+    fs = Sysfs(host)
+    names = _DEVICE_ATTRS + ["no_such_attribute"]
+    folders = [f"{host.s.pci_devices}/{d}/" for d in sorted(os.listdir(host.s.pci_devices))]
+    assert len(folders) > 20
+    for d in folders:
+        assert fs.read_attrs_in(d, names) == [fs.read_optional(d + n) for n in names]
+    broken = folders[0] + "vendor"
+    os.unlink(broken)
+    os.mkdir(broken)
+    with pytest.raises(SysfsError) as got:
+        fs.read_attrs_in(folders[0], ["device", "vendor"])
+    with pytest.raises(SysfsError) as want:
+        fs.read_optional(broken)
+    assert str(got.value) == str(want.value)
