@@ -653,8 +653,8 @@ def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], ten
         _, _, kept, _ = _keep_reserve(dem, req, tname, narrowed, [str(o.gpu) for o in narrowed], tenants,
                                       allocations, pools, gpus)
         if kept:
-            first = _place_preferred(dem, req, tenant, tenants, allocations,
-                                     [o for o in narrowed if str(o.gpu) not in kept])
+            first = _place_weakest_first(dem, req, tenant, tenants, allocations,
+                                         [o for o in narrowed if str(o.gpu) not in kept], pools)
             if first.admitted:
                 return first
     return _place_weakest_first(dem, req, tenant, tenants, allocations, narrowed, pools)
