@@ -59,7 +59,9 @@ GPU serves at most 1.0), of starved demand (use above 1.0 per GPU: a
 noisy-neighbour QoS loss), of demand admitted, of framebuffer asked and of
 GPUs held; each over the whole span and over the steady window (after a
 warm-up of three mean lifetimes, before the last arrival); violations (must
-be 0); the ratio c/a.  ``--seeds N`` prints medians over N seeds.
+be 0); the ratio c/a; the refusals of each replay by rule, each split by
+tenant (``refusals`` in ``--json``: counts by ``CODE`` and by
+``CODE:TENANT``).  ``--seeds N`` prints medians over N seeds.
 """
 
 from __future__ import annotations
@@ -314,6 +316,7 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=Fal
                 placed[vm] = [(d.gpu, mib)]
             else:
                 codes[d.code] = codes.get(d.code, 0) + 1
+                codes[f"{d.code}:{tn}"] = codes.get(f"{d.code}:{tn}", 0) + 1    # the same, by tenant
                 if profile is not None and d.code in rb.DEMAND_CODES:
                     refused.append(rb.Refusal(f"{now:.1f}", profile, tn, d.qos, d.code))
         elif vm in placed:
@@ -613,8 +616,11 @@ def main(argv=None) -> int:
             for c, v in d[k]["refusals"].items():
                 codes[c] = codes.get(c, 0) + v
         moved = codes.pop("moves", None)
+        split = sorted(((ct.partition(":"), v) for ct, v in codes.items() if ":" in ct), key=lambda x: -x[1])
+        by_tenant = {c: ", ".join(f"{t} {v}" for (c2, _, t), v in split if c2 == c) for c in codes if ":" not in c}
         print(f"{labels[k]} refusals by rule (all seeds): "
-              + (", ".join(f"{c} {v}" for c, v in sorted(codes.items())) or "none")
+              + (", ".join(f"{c} {v} ({by_tenant[c]})" for c, v in sorted(codes.items()) if ":" not in c)
+                 or "none")
               + (f"; pool moves of empty GPUs: {moved}" if moved is not None else ""))
     if args.trace == "diurnal":
         print("best static pools, desk GPUs of 16, by seed: " + ", ".join(str(d["best_static"]["desk_gpus"])

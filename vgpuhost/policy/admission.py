@@ -55,7 +55,11 @@ Rules (docs/guide/tenancy.md):
   costing its fixed share (exact in fixed-share pools, where the scheduler
   gives a vGPU its fixed share and no more).
 - **Placement.**  :func:`vgpuhost.policy.placement.place` over the GPUs
-  left, with the tenant's ``prefer`` labels tried first (affinity).
+  left, with the tenant's ``prefer`` labels tried first (affinity).  A
+  time-sliced vGPU tries the pools serving the weakest strongest class first
+  (:func:`pool_tier`: a best-effort vGPU goes to a best-effort-only pool
+  before an equal-share one, a burstable vGPU to an equal-share pool before
+  a fixed-share one), the next tier only when none fits there.
 
 A refusal names the rule, the quota with its current use, and what would
 free room; for a guaranteed request, that includes other tenants' burst
@@ -649,8 +653,8 @@ def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], ten
         _, _, kept, _ = _keep_reserve(dem, req, tname, narrowed, [str(o.gpu) for o in narrowed], tenants,
                                       allocations, pools, gpus)
         if kept:
-            first = _place_preferred(dem, req, tenant, tenants, allocations,
-                                     [o for o in narrowed if str(o.gpu) not in kept])
+            first = _place_weakest_first(dem, req, tenant, tenants, allocations,
+                                         [o for o in narrowed if str(o.gpu) not in kept], pools)
             if first.admitted:
                 return first
     return _place_weakest_first(dem, req, tenant, tenants, allocations, narrowed, pools)
@@ -658,19 +662,32 @@ def _place_keeping(dem: Demand, req: AdmissionRequest, tname: Optional[str], ten
 
 def _place_weakest_first(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant], tenants: Mapping[str, Tenant],
                          allocations: Sequence[Allocation], narrowed: Sequence[GpuOffer], pools: Sequence[Pool]):
-    """Placement of a time-sliced vGPU of a class weaker than guaranteed first over the GPUs of pools that
-    do not serve guaranteed (a fixed-share pool's room is what guaranteed vGPUs can use), then over all;
-    a pinned request, a hardware partition or a guaranteed one: over all at once."""
-    qos_weak = tenant is None or tenant.qos != GUARANTEED
-    if qos_weak and req.qos is not None:
-        qos_weak = req.qos != GUARANTEED
-    if compute.sliced(dem) and qos_weak and req.gpu is None and any(p.serves(GUARANTEED) for p in pools):
-        weak = [o for o in narrowed if not pool_of(pools, str(o.gpu)).serves(GUARANTEED)]
-        if weak and len(weak) < len(narrowed):
-            first = _place_preferred(dem, req, tenant, tenants, allocations, weak)
+    """Placement of a time-sliced vGPU over the GPUs of the pools whose strongest class served is weakest first
+    (:func:`pool_tier`: best-effort-only pools, then pools serving up to burstable, then those serving
+    guaranteed), a tier taken only when none below it fits: a pool's room is what the stronger classes it
+    serves can use, and they can use no other pool.  A pinned request, a hardware partition, or a host
+    without declared pools: over all at once.  The final try is over all of ``narrowed``, so a refusal
+    names every GPU."""
+    if compute.sliced(dem) and req.gpu is None and pools:
+        tiers: Dict[int, List[GpuOffer]] = {}
+        for o in narrowed:
+            if o.available > 0:
+                tiers.setdefault(pool_tier(pool_of(pools, str(o.gpu))), []).append(o)
+        for rank in sorted(tiers)[:-1]:
+            first = _place_preferred(dem, req, tenant, tenants, allocations, tiers[rank])
             if first.admitted:
                 return first
     return _place_preferred(dem, req, tenant, tenants, allocations, narrowed)
+
+
+#: the strength of each QoS class, weakest 0 (:func:`pool_tier`)
+CLASS_RANK = {BEST_EFFORT: 0, BURSTABLE: 1, GUARANTEED: 2}
+
+
+def pool_tier(pool: Pool) -> int:
+    """The rank in :data:`CLASS_RANK` of the strongest class ``pool`` serves (0 for a pool serving none):
+    placement fills the pools of the lowest tier first."""
+    return max((CLASS_RANK.get(c, 0) for c in pool.classes), default=0)
 
 
 def _place_preferred(dem: Demand, req: AdmissionRequest, tenant: Optional[Tenant], tenants: Mapping[str, Tenant],
