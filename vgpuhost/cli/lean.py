@@ -121,8 +121,9 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     addr = parse_gpu_option(ctx, inv, gpu)
     made_note = []
     from ..io.files import exists
-    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.state_dir}/mig-on-demand"):
+    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.s.state_dir}/mig-on-demand"):
         # a GPU may be opted in to MIG on demand (ops.migdemand.HINT_FILE): only then is the store read
+        # (the state directory as text: HostRoot.state_dir is a Path, and pathlib imports re, enum, urllib)
         from ..io.state import StateStore
         st = StateStore(ctx.host.state_dir, create=False)
         if st.settings_under("mig.on-demand/"):
