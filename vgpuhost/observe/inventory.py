@@ -20,7 +20,7 @@ import os
 from ..io import files
 from ..io.sysfs import Sysfs
 from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
-                          vf_current_type, vf_has_vendor_vgpu, vf_offers)
+                          vendor_vgpu_vfs, vf_current_type, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
 from ..model.errors import SysfsError
@@ -625,7 +625,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             continue
         vfs = tuple(v for v in dev.virtfns if (str(v) in present_names if lean else v in devices))
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
-        vendor_vfs = tuple(v for v in vfs if vf_has_vendor_vgpu(fs, v))
+        vendor_vfs = vendor_vgpu_vfs(fs, vfs)
         gpus.append(_gpu_value(fs, addr, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
                                vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances))
 
@@ -762,7 +762,7 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
             group(devices[v].iommu_group)
         mdev_bus = host.s.mdev_bus
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
-        vendor_vfs = tuple(v for v in vfs if vf_has_vendor_vgpu(fs, v))
+        vendor_vfs = vendor_vgpu_vfs(fs, vfs)
         seed = ({t.type_id: t for t in known.vgpu_types if t.gpu == gpu and t.backend == BACKEND_MDEV}
                 if known is not None else None)
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
@@ -1095,7 +1095,11 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
     tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
-    tids = fs.listdir(tdir)
+    tids = tuple(fs.listdir(tdir))
+    if not tids and real is not None:       # not where _real_dirs looked for it: through its class/mdev_bus link
+        tdir = supported_types_dir(fs.host, parent)
+        tids = tuple(fs.listdir(tdir))
+    new = object.__new__
     for tid, avail in zip(tids, mdev_available_all(fs, tdir, tids)):
         known = consts.get(tid) if consts is not None else None
         if known is None:
@@ -1105,26 +1109,28 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
             if consts is not None:
                 consts[tid] = t
         else:
-            t = VgpuType(gpu, parent, BACKEND_MDEV, tid, known.raw_name, known.name, known.profile,
-                         known.framebuffer_mib, known.max_instances, avail, known.device_api, known.description)
+            # the row of another parent of this GPU with this parent and count: its fields copied, not
+            # passed one by one to __init__ (3,072 rows on an 8 x 32 VF host)
+            t = new(VgpuType)
+            d = t.__dict__
+            d.update(known.__dict__)
+            d["parent"] = parent
+            d["available_instances"] = avail
         out.append(t)
     return out
 
 
 def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...]) -> Dict[PciAddress, str]:
     """``{parent: its device directory, symlinks resolved}`` for the mdev parents of ``gpu`` (the GPU and
-    its VFs): the GPU's own path resolved once, and each VF found beside it, where the kernel places a
+    its VFs): the GPU's own path resolved once, and each VF looked for beside it, where the kernel places a
     VF (a function of the same upstream bridge, docs/reference/hardware.md#pci-and-iommu); a parent
-    not found there is left out (read through its ``class/mdev_bus`` link).  One ``realpath`` per GPU
+    not found there is read through its ``class/mdev_bus`` link (:func:`_read_mdev_types`).  One ``realpath`` per GPU
     instead of a symlink walk on every open of hundreds of type files (an 8 x 32 VF host: 3,000)."""
     top = fs.resolve(fs.host.s.pci_device(gpu))
     beside = os.path.dirname(top)
-    out: Dict[PciAddress, str] = {}
-    for p in parents:
-        d = top if p == gpu else f"{beside}/{p}"
-        if fs.exists(types_dir_in(d)):
-            out[p] = d
-    return out
+    # not checked here: a parent whose directory lists no types there is read through its link
+    # (_read_mdev_types), which saves a stat of every parent
+    return {p: top if p == gpu else f"{beside}/{p}" for p in parents}
 
 
 def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType], Optional[Unreadable]]:
