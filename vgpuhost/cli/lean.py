@@ -145,7 +145,8 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
         # caps AVAIL, as placement counts it; NVML and the catalog only on such a host
         from ..ops.vgpu import limits_lookup
         limits_of = limits_lookup(ctx.host, inv)
-    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv, limits_of)
+    entries = aggregate_types(inv.vgpu_types if addr is None else (t for t in inv.vgpu_types if t.gpu == addr), inv,
+                              limits_of)
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
     text = types_table(entries) if entries else "no vGPU types"

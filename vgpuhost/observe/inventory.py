@@ -362,8 +362,11 @@ class GpuIndex:
 def _build_index(inv: "Inventory") -> Dict[PciAddress, GpuIndex]:
     """One pass over the inventory's types, mdevs and VFs: cost linear in devices."""
     out = {g.address: GpuIndex(g) for g in inv.gpus}
+    gpu = ix = None
     for t in inv.vgpu_types:
-        ix = out.get(t.gpu)
+        if t.gpu is not gpu:        # a GPU's rows come together: one lookup per run of them
+            gpu = t.gpu
+            ix = out.get(gpu)
         if ix is not None:
             ix.types.append(t)
             rows = ix.by_type.get(t.type_id)
