@@ -595,6 +595,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
     devices: Dict[PciAddress, PciDevice] = {}
     names = fs.listdir(pci_devices)
     present_names = set(names)
+    resolved: Dict[PciAddress, str] = {}      # device -> its directory, symlinks resolved (read once)
     vf_names: set = set()
     for name in names:
         if not PciAddress.is_valid(name):
@@ -603,7 +604,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             # a VF comes after its PF in address order (its routing id is the PF's plus an offset)
             if name in vf_names or not _nvidia_display(fs, f"{pci_devices}/{name}/"):
                 continue
-        dev = _read_device(fs, PciAddress.parse(name))
+        dev = _read_device(fs, PciAddress.parse(name), resolved)
         devices[dev.address] = dev
         if lean:
             vf_names.update(str(v) for v in dev.virtfns)
@@ -630,7 +631,8 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
         vendor_vfs = vendor_vgpu_vfs(fs, vfs)
         gpus.append(_gpu_value(fs, addr, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
-                               vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances))
+                               vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances,
+                               real=resolved.get(addr)))
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
@@ -656,17 +658,18 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
                parents: Tuple[PciAddress, ...], vendor_vfs: Tuple[PciAddress, ...],
                groups: Dict[int, IommuGroup], with_types: bool, vgpu_types: List[VgpuType],
                vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any,
-               known: Optional[Dict[str, VgpuType]] = None) -> Gpu:
+               known: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None) -> Gpu:
     """One GPU of an inventory, shared by :func:`discover` and :func:`discover_gpu`: reads its types
     (appended to ``vgpu_types``; vendor-VFIO VFs to ``vf_vgpus``) and, where a MIG-backed type is
     offered on VFs, its GPU instances through ``gi_probe``.  ``known``: mdev type id -> a row of this
-    GPU read before, whose constants (name, description, device_api) are not read again."""
+    GPU read before, whose constants (name, description, device_api) are not read again.  ``real``: the GPU's
+    directory with symlinks resolved, where the caller has it (:func:`_read_device` resolved it)."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
     unreadable: List[Unreadable] = []
     if with_types:
         consts: Dict[str, VgpuType] = dict(known or {})   # a type's name, description, device_api: the same on every parent
-        reals = _real_dirs(fs, addr, parents) if len(parents) > 1 else {}
+        reals = _real_dirs(fs, addr, parents, real) if len(parents) > 1 else {}
         for p in parents:
             try:
                 types_here.extend(_read_mdev_types(fs, addr, p, consts, reals.get(p)))
@@ -970,7 +973,8 @@ def nvml_gpu_instances(fs: Sysfs, gpu: PciAddress) -> Optional[Dict[str, int]]:
         return None
 
 
-def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
+def _read_device(fs: Sysfs, addr: PciAddress, resolved: Optional[Dict[PciAddress, str]] = None) -> PciDevice:
+    """The PCI function at ``addr``; ``resolved``: where its directory, symlinks resolved, is kept."""
     top = fs.host.s.pci_device(addr)
     d = top + "/"
 
@@ -991,6 +995,8 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
             if target and PciAddress.is_valid(target):
                 virtfns.append((int(entry[6:]), PciAddress.parse(target)))
     real = fs.resolve(top)
+    if resolved is not None:
+        resolved[addr] = real
     real_parent = os.path.basename(os.path.dirname(real))
     upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
     reset = fs.read_optional(d + "reset_method") or ""
@@ -1123,13 +1129,16 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     return out
 
 
-def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...]) -> Dict[PciAddress, str]:
+def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...],
+               top: Optional[str] = None) -> Dict[PciAddress, str]:
     """``{parent: its device directory, symlinks resolved}`` for the mdev parents of ``gpu`` (the GPU and
     its VFs): the GPU's own path resolved once, and each VF looked for beside it, where the kernel places a
     VF (a function of the same upstream bridge, docs/reference/hardware.md#pci-and-iommu); a parent
     not found there is read through its ``class/mdev_bus`` link (:func:`_read_mdev_types`).  One ``realpath`` per GPU
-    instead of a symlink walk on every open of hundreds of type files (an 8 x 32 VF host: 3,000)."""
-    top = fs.resolve(fs.host.s.pci_device(gpu))
+    instead of a symlink walk on every open of hundreds of type files (an 8 x 32 VF host: 3,000); ``top``:
+    the GPU's resolved directory where the caller has it."""
+    if top is None:
+        top = fs.resolve(fs.host.s.pci_device(gpu))
     beside = os.path.dirname(top)
     # not checked here: a parent whose directory lists no types there is read through its link
     # (_read_mdev_types), which saves a stat of every parent
