@@ -330,8 +330,12 @@ _AVAILABLE_NAMES: dict = {}
 def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF
     (``nvidia/creatable_vgpu_types``, then ``nvidia/current_vgpu_type``; docs/reference/hardware.md#vendor-vfio)."""
-    creatable = parse_creatable_vgpu_types(fs.read_optional(_join(_nvidia_dir(fs.host, vf), CREATABLE_ATTR)) or "")
-    return creatable, vf_current_type(fs, vf)
+    # sysfs attributes (a page at most): one read(2) each (Sysfs.read_attr); the agent reads every VF of a GPU
+    # it wrote to again
+    d = f"{fs.host.s.pci_devices}/{vf}/{NVIDIA_DIR}/"
+    creatable = parse_creatable_vgpu_types(fs.read_attr(d + CREATABLE_ATTR) or "")
+    cur = fs.read_attr(d + CURRENT_TYPE_ATTR)
+    return creatable, (cur if cur and cur != "0" else None)
 
 
 #: text of ``creatable_vgpu_types`` -> its (type id, name) pairs (:func:`parse_creatable_vgpu_types`)

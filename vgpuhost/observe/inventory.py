@@ -321,6 +321,18 @@ class Inventory:
             object.__setattr__(self, "_by_address", by_address)
         return by_address.get(address)
 
+    def types_of(self, address: PciAddress) -> Tuple[VgpuType, ...]:
+        """The :attr:`vgpu_types` rows of the GPU at ``address``, in their order (empty: none); the rows
+        are grouped by GPU once, on the first call (:func:`with_gpu` hands the grouping on)."""
+        return self._type_runs().get(address, ())
+
+    def _type_runs(self) -> Dict[PciAddress, Tuple[VgpuType, ...]]:
+        runs = self.__dict__.get("_runs")
+        if runs is None:    # a cache, not a field (as _index)
+            runs = _group_rows(self.vgpu_types)
+            object.__setattr__(self, "_runs", runs)
+        return runs
+
     def on_gpu(self, address: PciAddress) -> Optional[GpuIndex]:
         """The :class:`GpuIndex` of the GPU at ``address`` (None: no such GPU), built once for all GPUs."""
         index = self.__dict__.get("_index")
@@ -357,6 +369,20 @@ class GpuIndex:
         self.time_sliced: set = set()
         self.present: List[str] = []
         self.vgpus: List[str] = []
+
+
+def _group_rows(rows) -> Dict[PciAddress, Tuple[VgpuType, ...]]:
+    """``{GPU: its rows of rows, in order}``; a GPU's rows come together (one lookup per run of them)."""
+    out: Dict[PciAddress, List[VgpuType]] = {}
+    gpu = run = None
+    for t in rows:
+        if t.gpu is not gpu:
+            gpu = t.gpu
+            run = out.get(gpu)
+            if run is None:
+                run = out[gpu] = []
+        run.append(t)
+    return {g: tuple(r) for g, r in out.items()}
 
 
 def _build_index(inv: "Inventory") -> Dict[PciAddress, GpuIndex]:
@@ -692,8 +718,10 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     companions = tuple(m for m in (g.members if g else ())
                        if m != addr and m.slot_address == addr.slot_address)
     gis = None
-    if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
-                   for t in types_here):
+    # (the profile's gi_slices, what VgpuProfile.mig_backed says, read without a call per row: a GPU of
+    # 16 vendor-VFIO VFs lists some 500 rows, all re-read after each write the agent makes there)
+    if vfs and any(t.available_instances > 0 for t in types_here
+                   if t.profile is not None and t.profile.gi_slices is not None):
         gis = gi_probe(fs, addr)
     vmd = dev.domain_host if dev.domain_host is not None and fs.read_int(
         fs.host.s.pci_device(dev.domain_host) + "/vendor", default=0) == INTEL_VENDOR else None
@@ -769,7 +797,7 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         mdev_bus = host.s.mdev_bus
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
         vendor_vfs = vendor_vgpu_vfs(fs, vfs)
-        seed = ({t.type_id: t for t in known.vgpu_types if t.gpu == gpu and t.backend == BACKEND_MDEV}
+        seed = ({t.type_id: t for t in known.types_of(gpu) if t.backend == BACKEND_MDEV}
                 if known is not None else None)
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
                                vf_vgpus, None, nvml_gpu_instances, seed))
@@ -883,7 +911,8 @@ def discover_gpus(fs: Sysfs, gpus: "Tuple[PciAddress, ...]", *, named_pci: "Tupl
 def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     """The part of ``inv`` that one GPU holds, shaped as :func:`discover_gpu`
     returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).
-    One pass over ``inv``'s records."""
+    One pass over ``inv``'s devices, mdevs and VFs; the GPU's type rows are looked up
+    (:meth:`Inventory.types_of`), not searched for among the host's."""
     g = inv.gpu(gpu)
     if g is None:
         return Inventory(devices={}, groups={}, gpus=(), vgpu_types=(), mdevs=(), vf_vgpus=(), host=inv.host)
@@ -894,7 +923,7 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
     members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
     return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
-                     vgpu_types=tuple(t for t in inv.vgpu_types if t.gpu == gpu), mdevs=mdevs,
+                     vgpu_types=inv.types_of(gpu), mdevs=mdevs,
                      vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host,
                      out_of_service={a: r for a, r in inv.out_of_service.items() if a == gpu})
 
@@ -906,7 +935,8 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
     as text, GPUs by address, each GPU's types and VFs in its place, mdevs by UUID; ``inv``'s host facts
     kept).  None when the merge cannot be exact: a device the GPU held before is still on the host
     but not in ``part`` (it moved to another GPU's group, say), or ``part`` holds a device or group
-    that ``inv`` lists under another GPU.  Cost: one pass over ``inv``'s records, no read."""
+    that ``inv`` lists under another GPU.  Cost: one pass over ``inv``'s devices, groups, mdevs and VFs, and
+    one per GPU over its type rows' runs (:meth:`Inventory.types_of`), no read."""
     old = gpu_part(inv, gpu)
     if len(part.gpus) > 1 or any(g.address != gpu for g in part.gpus):
         return None
@@ -928,14 +958,26 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
     gpus = [g for g in inv.gpus if g.address != gpu] + list(part.gpus)
     gpus.sort(key=lambda g: g.address)
     order = {g.address: i for i, g in enumerate(gpus)}
-    types = [t for t in inv.vgpu_types if t.gpu != gpu] + list(part.vgpu_types)
-    types.sort(key=lambda t: order.get(t.gpu, -1))          # stable: each GPU's rows keep their order
+    # the type rows: each GPU's run of them (Inventory.types_of) kept whole, the GPU's replaced by
+    # part's, in the GPUs' order; no row compared (a host of 2,000 rows merged after every write)
+    runs = {a: r for a, r in inv._type_runs().items() if a != gpu}
+    for a, r in _group_rows(part.vgpu_types).items():
+        runs[a] = runs.get(a, ()) + r
+    if all(a in order for a in runs):
+        types = tuple(t for g in gpus for t in runs.get(g.address, ()))
+    else:       # rows of a GPU the inventory does not list (not discover's): first, in their order
+        rows = [t for t in inv.vgpu_types if t.gpu != gpu] + list(part.vgpu_types)
+        rows.sort(key=lambda t: order.get(t.gpu, -1))          # stable: each GPU's rows keep their order
+        types, runs = tuple(rows), None
     vfs = [v for v in inv.vf_vgpus if v.gpu != gpu] + list(part.vf_vgpus)
     vfs.sort(key=lambda v: order.get(v.gpu, -1))
-    return Inventory(devices={a: devices[a] for a in sorted(devices, key=str)},
-                     groups={n: groups[n] for n in sorted(groups, key=str)}, gpus=tuple(gpus),
-                     vgpu_types=tuple(types), mdevs=tuple(sorted(mdevs, key=lambda m: m.uuid)),
-                     vf_vgpus=tuple(vfs), host=inv.host)
+    merged = Inventory(devices={a: devices[a] for a in sorted(devices, key=str)},
+                       groups={n: groups[n] for n in sorted(groups, key=str)}, gpus=tuple(gpus),
+                       vgpu_types=types, mdevs=tuple(sorted(mdevs, key=lambda m: m.uuid)),
+                       vf_vgpus=tuple(vfs), host=inv.host)
+    if runs is not None:        # handed on: the next merge into this snapshot looks its GPUs' rows up too
+        object.__setattr__(merged, "_runs", {g.address: runs[g.address] for g in gpus if runs.get(g.address)})
+    return merged
 
 
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
@@ -1024,7 +1066,7 @@ def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
     callers read under the GPU's lock a look a few milliseconds old).  What a re-check under the GPU's
     lock (:func:`discover_gpu` with ``known``) reads."""
     d = fs.host.s.pci_device(dev.address) + "/"
-    override = fs.read_optional(d + "driver_override")
+    override = fs.read_attr(d + "driver_override")       # one read(2): a sysfs attribute
     if override in ("(null)", ""):
         override = None
     changed = {"driver": fs.link_name(d + "driver"), "driver_override": override}
@@ -1036,7 +1078,11 @@ def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
                 if target and PciAddress.is_valid(target):
                     virtfns.append((int(entry[6:]), PciAddress.parse(target)))
         changed["virtfns"] = tuple(v for _, v in sorted(virtfns))
-        changed["sriov_numvfs"] = fs.read_int(d + "sriov_numvfs")
+        changed["sriov_numvfs"] = fs.read_attr_int(d + "sriov_numvfs")
+    # unchanged (as after nearly every write): the record itself, not a copy of it
+    fields = dev.__dict__
+    if all(fields[k] == v for k, v in changed.items()):
+        return dev
     return replace(dev, **changed)
 
 
