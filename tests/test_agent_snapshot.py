@@ -124,17 +124,24 @@ def test_hook_pairs_on_sriov_hosts_keep_the_snapshot_the_host_and_its_rows_group
     host = materialise(load_spec(bundled_specs()[spec]), tmp_path / "h")
     agent = api.Agent(host)
     agent.inventory()
+    slots = ("types", "by_type", "framebuffer_of", "time_sliced", "present", "vgpus")
     for i in range(2):
         for act in ("prepare", "release"):
+            prev = agent.inventory()
+            kept = {g.address: prev.on_gpu(g.address) for g in prev.gpus}     # an index to hand on to the merge
             xml = domain(i)
             assert api._hook(agent, api.Request({}, {}, {"xml": xml, "name": f"vm{i}"}, "test", 1), act)["changed"]
             agent.warm_up()
             inv = agent.inventory()
+            assert inv is not prev and sum(inv.on_gpu(a) is ix for a, ix in kept.items()) == len(kept) - 1
             fresh = _fresh(host)
             assert inv == fresh
             assert [t.available_instances for t in inv.vgpu_types] == [t.available_instances for t in fresh.vgpu_types]
             for g in inv.gpus:
                 assert inv.types_of(g.address) == tuple(t for t in fresh.vgpu_types if t.gpu == g.address)
+                ours, theirs = inv.on_gpu(g.address), fresh.on_gpu(g.address)
+                assert ours.gpu == theirs.gpu
+                assert [getattr(ours, n) for n in slots] == [getattr(theirs, n) for n in slots]
     assert agent.scans == 1 and agent.refreshes == 4
     assert bool(agent.inventory().vf_vgpus) == (spec == "l40s-vendor-vfio") and not agent.inventory().mdevs
 

@@ -385,11 +385,12 @@ def _group_rows(rows) -> Dict[PciAddress, Tuple[VgpuType, ...]]:
     return {g: tuple(r) for g, r in out.items()}
 
 
-def _build_index(inv: "Inventory") -> Dict[PciAddress, GpuIndex]:
-    """One pass over the inventory's types, mdevs and VFs: cost linear in devices."""
-    out = {g.address: GpuIndex(g) for g in inv.gpus}
+def _build_index(inv: "Inventory", only: Optional[Gpu] = None) -> Dict[PciAddress, GpuIndex]:
+    """One pass over the inventory's types, mdevs and VFs: cost linear in devices.  ``only``: the index of
+    that one GPU (its rows looked up, :meth:`Inventory.types_of`)."""
+    out = {g.address: GpuIndex(g) for g in (inv.gpus if only is None else (only,))}
     gpu = ix = None
-    for t in inv.vgpu_types:
+    for t in (inv.vgpu_types if only is None else inv.types_of(only.address)):
         if t.gpu is not gpu:        # a GPU's rows come together: one lookup per run of them
             gpu = t.gpu
             ix = out.get(gpu)
@@ -977,6 +978,16 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
                        vf_vgpus=tuple(vfs), host=inv.host)
     if runs is not None:        # handed on: the next merge into this snapshot looks its GPUs' rows up too
         object.__setattr__(merged, "_runs", {g.address: runs[g.address] for g in gpus if runs.get(g.address)})
+        index = inv.__dict__.get("_index")
+        mine = {p for g in part.gpus for p in g.mdev_parents}
+        if index is not None and not inv.reserved and all(m.parent in mine for m in part.mdevs) \
+                and all(v.gpu == gpu for v in part.vf_vgpus):
+            # what every other GPU holds (its record, rows, mdevs, VFs) is what it held: its GpuIndex too;
+            # the merged GPU's is built anew (Inventory.on_gpu)
+            index = {a: ix for a, ix in index.items() if a != gpu and a in order}
+            for g in part.gpus:
+                index.update(_build_index(merged, g))
+            object.__setattr__(merged, "_index", index)
     return merged
 
 

@@ -189,7 +189,14 @@ def seen_rows(inv: Inventory) -> List[tuple]:
     last = _SEEN
     if last is not None and last[0] is inv:
         return list(last[1])
-    rows = tuple(sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types}))
+    seen = set()
+    gpu = text = None
+    for t in inv.vgpu_types:
+        if t.gpu is not gpu:        # a GPU's rows come together: its address spelled once per run of them
+            gpu = t.gpu
+            text = str(gpu)
+        seen.add((text, t.type_id, t.name, t.framebuffer_mib))
+    rows = tuple(sorted(seen))
     _SEEN = (inv, rows)
     return list(rows)
 
