@@ -1041,12 +1041,7 @@ def _read_device(fs: Sysfs, addr: PciAddress, resolved: Optional[Dict[PciAddress
     boot_vga_v = fs.read_optional(d + "boot_vga")
     group = fs.link_name(d + "iommu_group")
     physfn = fs.link_name(d + "physfn")
-    virtfns = []
-    for entry in fs.listdir(top):
-        if entry.startswith("virtfn") and is_digits(entry[6:]):
-            target = fs.link_name(d + entry)
-            if target and PciAddress.is_valid(target):
-                virtfns.append((int(entry[6:]), PciAddress.parse(target)))
+    virtfns = _virtfns(fs, top)
     real = fs.resolve(top)
     if resolved is not None:
         resolved[addr] = real
@@ -1063,10 +1058,29 @@ def _read_device(fs: Sysfs, addr: PciAddress, resolved: Optional[Dict[PciAddress
         iommu_group=int(group) if is_digits(group) else None,
         upstream=upstream,
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
-        virtfns=tuple(v for _, v in sorted(virtfns)),
+        virtfns=virtfns,
         sriov_totalvfs=fs.read_int(d + "sriov_totalvfs"),
         sriov_numvfs=fs.read_int(d + "sriov_numvfs"),
         domain_host=_domain_host(real, addr))
+
+
+def _virtfns(fs: Sysfs, top: str) -> Tuple[PciAddress, ...]:
+    """The VFs the ``virtfn<N>`` links in the device directory ``top`` name, by N (a GPU's 16 to 32; the
+    links read without a call per link, as :meth:`Sysfs.link_name` reads them: one gone meanwhile is left out)."""
+    found = []
+    readlink, parse, valid = os.readlink, PciAddress.parse, PciAddress.is_valid
+    for entry in fs.listdir(top):
+        if entry.startswith("virtfn") and is_digits(entry[6:]):
+            try:
+                target = readlink(f"{top}/{entry}").rpartition("/")[2]
+            except FileNotFoundError:
+                continue
+            except OSError:                 # not a link, or unreadable: as link_name answers
+                target = fs.link_name(f"{top}/{entry}")
+            if target and valid(target):
+                found.append((int(entry[6:]), parse(target)))
+    found.sort()
+    return tuple(v for _, v in found)
 
 
 def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
@@ -1082,13 +1096,7 @@ def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
         override = None
     changed = {"driver": fs.link_name(d + "driver"), "driver_override": override}
     if dev.sriov_totalvfs:
-        virtfns = []
-        for entry in fs.listdir(d[:-1]):
-            if entry.startswith("virtfn") and is_digits(entry[6:]):
-                target = fs.link_name(d + entry)
-                if target and PciAddress.is_valid(target):
-                    virtfns.append((int(entry[6:]), PciAddress.parse(target)))
-        changed["virtfns"] = tuple(v for _, v in sorted(virtfns))
+        changed["virtfns"] = _virtfns(fs, d[:-1])
         changed["sriov_numvfs"] = fs.read_attr_int(d + "sriov_numvfs")
     # unchanged (as after nearly every write): the record itself, not a copy of it
     fields = dev.__dict__
