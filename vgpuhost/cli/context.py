@@ -55,8 +55,8 @@ class Context:
             # at first): then ops.health, a module of 600 lines, is not imported by a lean `types`
             import os.path
             from ..io.files import exists
-            from ..policy.health import MARKER
-            if not exists(os.path.join(self.host.s.state_dir, MARKER)):
+            from ..io.hostroot import HEALTH_MARKER
+            if not exists(os.path.join(self.host.s.state_dir, HEALTH_MARKER)):
                 return inv
         from ..ops.health import in_service_at
         # GPUs out of service (unhealthy or cordoned) offer nothing: types, capacity, placement agree

@@ -34,12 +34,6 @@ if TYPE_CHECKING:
     from typing import Dict, Optional, Tuple
 
 
-#: the name of the file beside state.db while a GPU may be out of service or a VF be reserved for an
-#: incoming migration (:mod:`vgpuhost.ops.health` writes and removes it; here so that a lean read
-#: command can look for it without importing that module)
-MARKER = "gpu-health.marker"
-
-
 class Source:
     """Where a health row came from (the ``source`` column; plain strings, the hook imports no enum)."""
 
