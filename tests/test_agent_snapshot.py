@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from agentutil import ADMIN_GID, RO_GID, AgentRun, socket_dir
-from test_hook import vgpu_domain
+from test_hook import vf_domain, vgpu_domain
 from vgpuhost.agent import api, server
 from vgpuhost.cli.main import main as cli_main
 from vgpuhost.io import agentclient
@@ -111,6 +111,39 @@ def test_a_hook_write_re_reads_only_its_gpu_and_the_snapshot_is_the_host(host):
     agent.warm_up()
     assert (agent.scans, agent.refreshes) == (1, 2)
     assert agent.inventory() == _fresh(host) and not agent.inventory().mdevs
+
+
+@pytest.mark.parametrize("spec,domain", [
+    ("l40s-vendor-vfio", lambda i: vf_domain(f"vm{i}", _uuid(i), "0000:21:00.4")),
+    ("a100-sriov-mdev", lambda i: vgpu_domain(f"vm{i}", _uuid(i), _uuid(i, "aaaaaaaa"), "A100-4C")),
+])
+def test_hook_pairs_on_sriov_hosts_keep_the_snapshot_the_host_and_its_rows_grouped(spec, domain, tmp_path):
+    """SR-IOV GPUs (16-20 VFs): each refresh merges the written GPU's rows by replacing its run of them
+    (Inventory.types_of, handed on from snapshot to snapshot) and re-reads its devices from the snapshot
+    before; after every prepare and release the snapshot is the host as a whole read gives it."""
+    host = materialise(load_spec(bundled_specs()[spec]), tmp_path / "h")
+    agent = api.Agent(host)
+    agent.inventory()
+    slots = ("types", "by_type", "framebuffer_of", "time_sliced", "present", "vgpus")
+    for i in range(2):
+        for act in ("prepare", "release"):
+            prev = agent.inventory()
+            kept = {g.address: prev.on_gpu(g.address) for g in prev.gpus}     # an index to hand on to the merge
+            xml = domain(i)
+            assert api._hook(agent, api.Request({}, {}, {"xml": xml, "name": f"vm{i}"}, "test", 1), act)["changed"]
+            agent.warm_up()
+            inv = agent.inventory()
+            assert inv is not prev and sum(inv.on_gpu(a) is ix for a, ix in kept.items()) == len(kept) - 1
+            fresh = _fresh(host)
+            assert inv == fresh
+            assert [t.available_instances for t in inv.vgpu_types] == [t.available_instances for t in fresh.vgpu_types]
+            for g in inv.gpus:
+                assert inv.types_of(g.address) == tuple(t for t in fresh.vgpu_types if t.gpu == g.address)
+                ours, theirs = inv.on_gpu(g.address), fresh.on_gpu(g.address)
+                assert ours.gpu == theirs.gpu
+                assert [getattr(ours, n) for n in slots] == [getattr(theirs, n) for n in slots]
+    assert agent.scans == 1 and agent.refreshes == 4
+    assert bool(agent.inventory().vf_vgpus) == (spec == "l40s-vendor-vfio") and not agent.inventory().mdevs
 
 
 def test_refreshes_of_several_writes_coalesce_into_one_read(host):

@@ -257,6 +257,8 @@ def test_the_lean_launcher_prints_what_the_module_prints_and_starts_other_comman
                           text=True, env=timed, check=True)
     imported = {line.split("|")[-1].strip() for line in lean.stderr.splitlines() if line.startswith("import time:")}
     assert "vgpuhost.cli.lean" in imported and "site" not in imported and "click" not in imported
+    # nor a pure-Python module of the standard library beyond os (pathlib alone brings re, enum, urllib)
+    assert not imported & {"pathlib", "re", "enum", "json", "urllib.parse", "functools"}, imported
     other = subprocess.run([str(script), "--root", str(host.root), "tenant", "list"], capture_output=True, text=True,
                            env=timed)
     imported = {line.split("|")[-1].strip() for line in other.stderr.splitlines() if line.startswith("import time:")}

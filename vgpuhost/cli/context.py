@@ -48,14 +48,22 @@ class Context:
         what vGPU types and capacity need).  ``nvml_lost`` False: no NVML query for a GPU lost and not
         recorded yet (the lean ``types``, which loads no NVML library)."""
         from ..observe.inventory import discover
-        from ..ops.health import in_service_at
         self.host.require_host()
+        inv = discover(self.sysfs(), with_types=with_types, scope=scope)
+        if not nvml_lost:
+            # no GPU can be out of service while the health marker is absent (what in_service_at looks
+            # at first): then ops.health, a module of 600 lines, is not imported by a lean `types`
+            import os.path
+            from ..io.files import exists
+            from ..io.hostroot import HEALTH_MARKER
+            if not exists(os.path.join(self.host.s.state_dir, HEALTH_MARKER)):
+                return inv
+        from ..ops.health import in_service_at
         # GPUs out of service (unhealthy or cordoned) offer nothing: types, capacity, placement agree
         # the state directory as text: HostRoot.state_dir is a Path, and pathlib (with urllib.parse,
         # ipaddress, fnmatch) is a tenth of a lean 'types' start's imports
         # and a GPU NVML reports lost now, not recorded yet (ops.health.lost_now), as the exporter leaves it out
-        return in_service_at(discover(self.sysfs(), with_types=with_types, scope=scope), self.host.s.state_dir,
-                             self.host if nvml_lost else None)
+        return in_service_at(inv, self.host.s.state_dir, self.host if nvml_lost else None)
 
 
 def parse_gpu_option(ctx: Context, inv, gpu: Optional[str]):

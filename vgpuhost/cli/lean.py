@@ -121,8 +121,9 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
     addr = parse_gpu_option(ctx, inv, gpu)
     made_note = []
     from ..io.files import exists
-    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.state_dir}/mig-on-demand"):
+    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.s.state_dir}/mig-on-demand"):
         # a GPU may be opted in to MIG on demand (ops.migdemand.HINT_FILE): only then is the store read
+        # (the state directory as text: HostRoot.state_dir is a Path, and pathlib imports re, enum, urllib)
         from ..io.state import StateStore
         st = StateStore(ctx.host.state_dir, create=False)
         if st.settings_under("mig.on-demand/"):
@@ -144,7 +145,8 @@ def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dic
         # caps AVAIL, as placement counts it; NVML and the catalog only on such a host
         from ..ops.vgpu import limits_lookup
         limits_of = limits_lookup(ctx.host, inv)
-    entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv, limits_of)
+    entries = aggregate_types(inv.vgpu_types if addr is None else (t for t in inv.vgpu_types if t.gpu == addr), inv,
+                              limits_of)
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
     text = types_table(entries) if entries else "no vGPU types"

@@ -69,6 +69,13 @@ except ImportError:                                          # pragma: no cover 
     from json.encoder import encode_basestring_ascii as _quote
 
 
+#: a line break with its indent -> the separators of a dict at that depth; a key -> its quoted text and ": "
+#: (a document's keys repeat thousands of times: a type's 32 parents each name "parent" and
+#: "available_instances"); both bounded
+_SEPS: Dict[str, tuple] = {}
+_KEYS: Dict[str, str] = {}
+
+
 def _encode(o: Any, out: List[str], nl: str) -> None:
     t = type(o)
     if t is str:
@@ -77,22 +84,31 @@ def _encode(o: Any, out: List[str], nl: str) -> None:
         if not o:
             out.append("{}")
             return
-        inner = nl + "  "
-        sep = "{" + inner
+        seps = _SEPS.get(nl)
+        if seps is None:
+            seps = _SEPS[nl] = ("{" + nl + "  ", "," + nl + "  ", nl + "}")
+        sep, sep_next, close = seps
+        inner = sep_next[1:]
+        keys = _KEYS
         for k, v in o.items():
             if type(k) is not str:
                 raise _Unusual
+            qk = keys.get(k)
+            if qk is None:
+                qk = _quote(k) + ": "
+                if len(keys) < 256:
+                    keys[k] = qk
             tv = type(v)
             # a text or whole-number value in the same append (most values are: no call per value)
             if tv is str:
-                out.append(sep + _quote(k) + ": " + _quote(v))
+                out.append(sep + qk + _quote(v))
             elif tv is int:
-                out.append(sep + _quote(k) + ": " + int.__repr__(v))
+                out.append(sep + qk + int.__repr__(v))
             else:
-                out.append(sep + _quote(k) + ": ")
+                out.append(sep + qk)
                 _encode(v, out, inner)
-            sep = "," + inner
-        out.append(nl + "}")
+            sep = sep_next
+        out.append(close)
     elif t is list or t is tuple:
         if not o:
             out.append("[]")

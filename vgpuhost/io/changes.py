@@ -20,7 +20,7 @@ import os
 from typing import Iterable, Tuple
 
 from .hostroot import HostRoot
-from .vgpudev import vf_type_path
+from .vgpudev import CURRENT_TYPE_ATTR, NVIDIA_DIR
 
 #: state store files whose (size, mtime) say the records changed
 STATE_FILES = ("state.db", "state.db-wal")
@@ -62,10 +62,14 @@ def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:
     ``vfs``: BDFs of vendor-VFIO VFs whose ``current_vgpu_type`` to include
     (the snapshot's, so the cost stays linear in devices).
     """
+    # paths as text from one base each (a pathlib or posixpath join per VF cost more than its read)
+    base = host.s.pci_devices
+    tail = f"/{NVIDIA_DIR}/{CURRENT_TYPE_ATTR}"         # vf_type_path's, after the VF's directory
+    state = host.s.state_dir
     return (
-        _listing(host.mdev_devices),
-        _listing(host.pci_driver("vfio-pci")),
-        _listing(host.pci_driver("nvidia")),
-        tuple(_read(vf_type_path(host, vf)) for vf in vfs),
-        tuple(_stat(host.state_dir / name) for name in STATE_FILES),
+        _listing(host.s.mdev_devices),
+        _listing(host.s.pci_driver("vfio-pci")),
+        _listing(host.s.pci_driver("nvidia")),
+        tuple(_read(f"{base}/{vf}{tail}") for vf in vfs),
+        tuple(_stat(f"{state}/{name}") for name in STATE_FILES),
     )

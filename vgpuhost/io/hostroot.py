@@ -34,6 +34,10 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 ENV_ROOT = "VGPUHOST_ROOT"
 ENV_STATE_DIR = "VGPUHOST_STATE_DIR"
 SIM_MARKER = ".vgpuhost-sim"
+#: in the state directory, beside state.db, while a GPU may be out of service or a VF be reserved for an
+#: incoming migration (:mod:`vgpuhost.ops.health` writes and removes it; named here so that a lean read
+#: command looks for it without importing that module)
+HEALTH_MARKER = "gpu-health.marker"
 
 _join = os.path.join
 

@@ -192,7 +192,8 @@ class Sysfs:
         :meth:`read_attr_int` itself."""
         if not names:
             return []
-        if self._simulated and any(self._sim_faulted(n) for n in names):
+        if self._simulated and (self._sim_faulted(names[0]) or (self._sim_read_faults and any(
+                self._sim_faulted(n) for n in names))):      # no faults listed (the first call read them): no loop
             return [self.read_attr_int(directory + n, default=default) for n in names]
         try:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -200,23 +201,37 @@ class Sysfs:
             return [self.read_attr_int(directory + n, default=default) for n in names]
         out: List[Optional[int]] = []
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        # the loop runs thousands of times a `types` (one file per parent and type): the calls bound
+        # to locals, the read inlined (as _read_closing), the bytes parsed by int() itself where they
+        # are a plain number (what _to_int gives for their text; anything else goes through _to_int)
+        open_, read, close, append, small = os.open, os.read, os.close, out.append, _SMALL_READ_BYTES
         try:
             for n in names:
                 try:
-                    fd = os.open(n, flags, dir_fd=dfd)
+                    fd = open_(n, flags, dir_fd=dfd)
                 except FileNotFoundError:
-                    out.append(default)
+                    append(default)
                     continue
                 except OSError:
-                    out.append(self.read_attr_int(directory + n, default=default))
+                    append(self.read_attr_int(directory + n, default=default))
                     continue
-                data = _read_closing(fd, _SMALL_READ_BYTES)
-                if data is None or len(data) >= _SMALL_READ_BYTES:
-                    out.append(self.read_attr_int(directory + n, default=default))
-                else:
-                    out.append(_to_int(data.decode("utf-8", "replace").strip(), directory + n, default))
+                try:
+                    data = read(fd, small)
+                except BlockingIOError:
+                    data = b""
+                except OSError:
+                    data = None
+                finally:
+                    close(fd)
+                if data is None or len(data) >= small:
+                    append(self.read_attr_int(directory + n, default=default))
+                    continue
+                try:
+                    append(int(data, 0))
+                except ValueError:
+                    append(_to_int(data.decode("utf-8", "replace").strip(), directory + n, default))
         finally:
-            os.close(dfd)
+            close(dfd)
         return out
 
     def read_attrs_in(self, directory: str, names: List[str]) -> List[Optional[str]]:
@@ -523,7 +538,7 @@ def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional
         finally:
             os._exit(0)
     os.close(w)
-    import select           # here: a C module to load (dlopen) that only a bounded write needs (0.2 ms a prepare)
+    import select           # here: a C module (dlopen) only a bounded write needs (0.2 ms a prepare; `types` never)
     try:
         ready, _, _ = select.select([r], [], [], max(0.0, timeout_s))
         if not ready:

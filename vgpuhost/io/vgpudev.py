@@ -24,11 +24,12 @@ from __future__ import annotations
 from os.path import join as _join
 
 from ..model.kinds import Backend    # the plain constants: the enum module costs the hook ~1 ms to import
-from .vfioholders import RemoveInProgress, RemoveTimedOut, VgpuInUse, holders, remove_timeout_s
+# .vfioholders (with .locks, fcntl, select) is imported by the methods that remove or look for holders:
+# a read command (`types`) never does
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only
-    from typing import List, Optional, Tuple
+    from typing import List, Optional, Sequence, Tuple
     from .hostroot import HostRoot
     from .sysfs import Sysfs
 
@@ -95,6 +96,7 @@ class VgpuDevices:
 
     def holders(self, fs: Sysfs, parent, vgpu_id: str) -> list:
         """The processes holding the vGPU open (:func:`vgpuhost.io.vfioholders.holders`)."""
+        from .vfioholders import holders
         return holders(fs, self.device_dir(fs.host, parent, vgpu_id))
 
     def remove(self, fs: Sysfs, parent, vgpu_id: str, *, timeout_s: Optional[float] = None) -> None:
@@ -109,6 +111,7 @@ class VgpuDevices:
         (it completes by itself once the device is closed) or an earlier one still waits
         (:class:`~vgpuhost.io.vfioholders.RemoveInProgress`), SysfsError when the kernel refuses.
         """
+        from .vfioholders import RemoveInProgress, RemoveTimedOut, VgpuInUse, remove_timeout_s
         seen = self.holders(fs, parent, vgpu_id)
         if seen:
             raise VgpuInUse(str(vgpu_id), seen)
@@ -253,6 +256,15 @@ def vf_has_vendor_vgpu(fs: Sysfs, vf) -> bool:
     return fs.exists(vf_type_path(fs.host, vf))
 
 
+def vendor_vgpu_vfs(fs: Sysfs, vfs) -> tuple:
+    """The VFs of ``vfs`` (in order) that serve vendor-VFIO vGPUs (:func:`vf_has_vendor_vgpu` of each),
+    their paths spelled from one base (a GPU's 32 VFs: one join, not 32)."""
+    base = fs.host.s.pci_devices
+    tail = f"/{NVIDIA_DIR}/{CURRENT_TYPE_ATTR}"
+    exists = fs.exists
+    return tuple(v for v in vfs if exists(f"{base}/{v}{tail}"))
+
+
 def mdev_current_type(fs: Sysfs, uuid: str) -> Optional[str]:
     """The type id mdev ``uuid`` holds (its ``mdev_type`` link's name); None when it does not exist."""
     return _MDEV.current_type(fs, None, uuid)
@@ -296,17 +308,34 @@ def mdev_available(fs: Sysfs, tdir: str, tid: str) -> int:
     return max(0, fs.read_attr_int(f"{tdir}{tid}/{AVAILABLE_ATTR}", default=0) or 0)
 
 
-def mdev_available_all(fs: Sysfs, tdir: str, tids: List[str]) -> List[int]:
+def mdev_available_all(fs: Sysfs, tdir: str, tids: Sequence[str]) -> List[int]:
     """:func:`mdev_available` of each of ``tids`` under ``tdir``, in order (one open of ``tdir``:
     :meth:`~vgpuhost.io.sysfs.Sysfs.read_attr_ints_in`)."""
-    return [max(0, n or 0) for n in fs.read_attr_ints_in(tdir, [f"{tid}/{AVAILABLE_ATTR}" for tid in tids], default=0)]
+    if type(tids) is not tuple:
+        tids = tuple(tids)
+    names = _AVAILABLE_NAMES.get(tids)
+    if names is None:
+        # the parents of a GPU (its VFs) list the same type ids: their file names made once
+        names = [f"{tid}/{AVAILABLE_ATTR}" for tid in tids]
+        if len(_AVAILABLE_NAMES) >= 256:
+            _AVAILABLE_NAMES.clear()
+        _AVAILABLE_NAMES[tids] = names
+    return [n if n is not None and n > 0 else 0 for n in fs.read_attr_ints_in(tdir, names, default=0)]
+
+
+#: a parent's type ids (a tuple) -> the names of their available_instances files under its types directory
+_AVAILABLE_NAMES: dict = {}
 
 
 def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF
     (``nvidia/creatable_vgpu_types``, then ``nvidia/current_vgpu_type``; docs/reference/hardware.md#vendor-vfio)."""
-    creatable = parse_creatable_vgpu_types(fs.read_optional(_join(_nvidia_dir(fs.host, vf), CREATABLE_ATTR)) or "")
-    return creatable, vf_current_type(fs, vf)
+    # sysfs attributes (a page at most): one read(2) each (Sysfs.read_attr); the agent reads every VF of a GPU
+    # it wrote to again
+    d = f"{fs.host.s.pci_devices}/{vf}/{NVIDIA_DIR}/"
+    creatable = parse_creatable_vgpu_types(fs.read_attr(d + CREATABLE_ATTR) or "")
+    cur = fs.read_attr(d + CURRENT_TYPE_ATTR)
+    return creatable, (cur if cur and cur != "0" else None)
 
 
 #: text of ``creatable_vgpu_types`` -> its (type id, name) pairs (:func:`parse_creatable_vgpu_types`)

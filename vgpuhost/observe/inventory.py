@@ -20,7 +20,7 @@ import os
 from ..io import files
 from ..io.sysfs import Sysfs, int_of
 from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
-                          vf_current_type, vf_has_vendor_vgpu, vf_offers)
+                          vendor_vgpu_vfs, vf_current_type, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
 from ..model.errors import SysfsError
@@ -321,6 +321,18 @@ class Inventory:
             object.__setattr__(self, "_by_address", by_address)
         return by_address.get(address)
 
+    def types_of(self, address: PciAddress) -> Tuple[VgpuType, ...]:
+        """The :attr:`vgpu_types` rows of the GPU at ``address``, in their order (empty: none); the rows
+        are grouped by GPU once, on the first call (:func:`with_gpu` hands the grouping on)."""
+        return self._type_runs().get(address, ())
+
+    def _type_runs(self) -> Dict[PciAddress, Tuple[VgpuType, ...]]:
+        runs = self.__dict__.get("_runs")
+        if runs is None:    # a cache, not a field (as _index)
+            runs = _group_rows(self.vgpu_types)
+            object.__setattr__(self, "_runs", runs)
+        return runs
+
     def on_gpu(self, address: PciAddress) -> Optional[GpuIndex]:
         """The :class:`GpuIndex` of the GPU at ``address`` (None: no such GPU), built once for all GPUs."""
         index = self.__dict__.get("_index")
@@ -359,11 +371,29 @@ class GpuIndex:
         self.vgpus: List[str] = []
 
 
-def _build_index(inv: "Inventory") -> Dict[PciAddress, GpuIndex]:
-    """One pass over the inventory's types, mdevs and VFs: cost linear in devices."""
-    out = {g.address: GpuIndex(g) for g in inv.gpus}
-    for t in inv.vgpu_types:
-        ix = out.get(t.gpu)
+def _group_rows(rows) -> Dict[PciAddress, Tuple[VgpuType, ...]]:
+    """``{GPU: its rows of rows, in order}``; a GPU's rows come together (one lookup per run of them)."""
+    out: Dict[PciAddress, List[VgpuType]] = {}
+    gpu = run = None
+    for t in rows:
+        if t.gpu is not gpu:
+            gpu = t.gpu
+            run = out.get(gpu)
+            if run is None:
+                run = out[gpu] = []
+        run.append(t)
+    return {g: tuple(r) for g, r in out.items()}
+
+
+def _build_index(inv: "Inventory", only: Optional[Gpu] = None) -> Dict[PciAddress, GpuIndex]:
+    """One pass over the inventory's types, mdevs and VFs: cost linear in devices.  ``only``: the index of
+    that one GPU (its rows looked up, :meth:`Inventory.types_of`)."""
+    out = {g.address: GpuIndex(g) for g in (inv.gpus if only is None else (only,))}
+    gpu = ix = None
+    for t in (inv.vgpu_types if only is None else inv.types_of(only.address)):
+        if t.gpu is not gpu:        # a GPU's rows come together: one lookup per run of them
+            gpu = t.gpu
+            ix = out.get(gpu)
         if ix is not None:
             ix.types.append(t)
             rows = ix.by_type.get(t.type_id)
@@ -592,6 +622,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
     devices: Dict[PciAddress, PciDevice] = {}
     names = fs.listdir(pci_devices)
     present_names = set(names)
+    resolved: Dict[PciAddress, str] = {}      # device -> its directory, symlinks resolved (read once)
     vf_names: set = set()
     for name in names:
         if not PciAddress.is_valid(name):
@@ -600,7 +631,7 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             # a VF comes after its PF in address order (its routing id is the PF's plus an offset)
             if name in vf_names or not _nvidia_display(fs, f"{pci_devices}/{name}/"):
                 continue
-        dev = _read_device(fs, PciAddress.parse(name))
+        dev = _read_device(fs, PciAddress.parse(name), resolved)
         devices[dev.address] = dev
         if lean:
             vf_names.update(str(v) for v in dev.virtfns)
@@ -625,9 +656,10 @@ def discover(fs: Sysfs, *, mig_probe: Optional[MigProbe] = None, with_types: boo
             continue
         vfs = tuple(v for v in dev.virtfns if (str(v) in present_names if lean else v in devices))
         parents = tuple(p for p in (addr,) + vfs if p in mdev_parents)
-        vendor_vfs = tuple(v for v in vfs if vf_has_vendor_vgpu(fs, v))
+        vendor_vfs = vendor_vgpu_vfs(fs, vfs)
         gpus.append(_gpu_value(fs, addr, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
-                               vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances))
+                               vf_vgpus, mig_probe(addr) if mig_probe else None, gi_probe or nvml_gpu_instances,
+                               real=resolved.get(addr)))
 
     mdevs = tuple(_read_mdevs(fs))
     return Inventory(devices=devices, groups=groups, gpus=tuple(gpus), vgpu_types=tuple(vgpu_types),
@@ -653,17 +685,18 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
                parents: Tuple[PciAddress, ...], vendor_vfs: Tuple[PciAddress, ...],
                groups: Dict[int, IommuGroup], with_types: bool, vgpu_types: List[VgpuType],
                vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any,
-               known: Optional[Dict[str, VgpuType]] = None) -> Gpu:
+               known: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None) -> Gpu:
     """One GPU of an inventory, shared by :func:`discover` and :func:`discover_gpu`: reads its types
     (appended to ``vgpu_types``; vendor-VFIO VFs to ``vf_vgpus``) and, where a MIG-backed type is
     offered on VFs, its GPU instances through ``gi_probe``.  ``known``: mdev type id -> a row of this
-    GPU read before, whose constants (name, description, device_api) are not read again."""
+    GPU read before, whose constants (name, description, device_api) are not read again.  ``real``: the GPU's
+    directory with symlinks resolved, where the caller has it (:func:`_read_device` resolved it)."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
     unreadable: List[Unreadable] = []
     if with_types:
         consts: Dict[str, VgpuType] = dict(known or {})   # a type's name, description, device_api: the same on every parent
-        reals = _real_dirs(fs, addr, parents) if len(parents) > 1 else {}
+        reals = _real_dirs(fs, addr, parents, real) if len(parents) > 1 else {}
         for p in parents:
             try:
                 types_here.extend(_read_mdev_types(fs, addr, p, consts, reals.get(p)))
@@ -686,8 +719,10 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     companions = tuple(m for m in (g.members if g else ())
                        if m != addr and m.slot_address == addr.slot_address)
     gis = None
-    if vfs and any(t.available_instances > 0 and t.profile is not None and t.profile.mig_backed
-                   for t in types_here):
+    # (the profile's gi_slices, what VgpuProfile.mig_backed says, read without a call per row: a GPU of
+    # 16 vendor-VFIO VFs lists some 500 rows, all re-read after each write the agent makes there)
+    if vfs and any(t.available_instances > 0 for t in types_here
+                   if t.profile is not None and t.profile.gi_slices is not None):
         gis = gi_probe(fs, addr)
     vmd = dev.domain_host if dev.domain_host is not None and fs.read_int(
         fs.host.s.pci_device(dev.domain_host) + "/vendor", default=0) == INTEL_VENDOR else None
@@ -762,8 +797,8 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
             group(devices[v].iommu_group)
         mdev_bus = host.s.mdev_bus
         parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
-        vendor_vfs = tuple(v for v in vfs if vf_has_vendor_vgpu(fs, v))
-        seed = ({t.type_id: t for t in known.vgpu_types if t.gpu == gpu and t.backend == BACKEND_MDEV}
+        vendor_vfs = vendor_vgpu_vfs(fs, vfs)
+        seed = ({t.type_id: t for t in known.types_of(gpu) if t.backend == BACKEND_MDEV}
                 if known is not None else None)
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
                                vf_vgpus, None, nvml_gpu_instances, seed))
@@ -877,7 +912,8 @@ def discover_gpus(fs: Sysfs, gpus: "Tuple[PciAddress, ...]", *, named_pci: "Tupl
 def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     """The part of ``inv`` that one GPU holds, shaped as :func:`discover_gpu`
     returns it (its PF, VFs and their groups' devices; its types, vGPUs; the host facts kept).
-    One pass over ``inv``'s records."""
+    One pass over ``inv``'s devices, mdevs and VFs; the GPU's type rows are looked up
+    (:meth:`Inventory.types_of`), not searched for among the host's."""
     g = inv.gpu(gpu)
     if g is None:
         return Inventory(devices={}, groups={}, gpus=(), vgpu_types=(), mdevs=(), vf_vgpus=(), host=inv.host)
@@ -888,7 +924,7 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
     members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
     return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
-                     vgpu_types=tuple(t for t in inv.vgpu_types if t.gpu == gpu), mdevs=mdevs,
+                     vgpu_types=inv.types_of(gpu), mdevs=mdevs,
                      vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host,
                      out_of_service={a: r for a, r in inv.out_of_service.items() if a == gpu})
 
@@ -900,7 +936,8 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
     as text, GPUs by address, each GPU's types and VFs in its place, mdevs by UUID; ``inv``'s host facts
     kept).  None when the merge cannot be exact: a device the GPU held before is still on the host
     but not in ``part`` (it moved to another GPU's group, say), or ``part`` holds a device or group
-    that ``inv`` lists under another GPU.  Cost: one pass over ``inv``'s records, no read."""
+    that ``inv`` lists under another GPU.  Cost: one pass over ``inv``'s devices, groups, mdevs and VFs, and
+    one per GPU over its type rows' runs (:meth:`Inventory.types_of`), no read."""
     old = gpu_part(inv, gpu)
     if len(part.gpus) > 1 or any(g.address != gpu for g in part.gpus):
         return None
@@ -922,14 +959,36 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
     gpus = [g for g in inv.gpus if g.address != gpu] + list(part.gpus)
     gpus.sort(key=lambda g: g.address)
     order = {g.address: i for i, g in enumerate(gpus)}
-    types = [t for t in inv.vgpu_types if t.gpu != gpu] + list(part.vgpu_types)
-    types.sort(key=lambda t: order.get(t.gpu, -1))          # stable: each GPU's rows keep their order
+    # the type rows: each GPU's run of them (Inventory.types_of) kept whole, the GPU's replaced by
+    # part's, in the GPUs' order; no row compared (a host of 2,000 rows merged after every write)
+    runs = {a: r for a, r in inv._type_runs().items() if a != gpu}
+    for a, r in _group_rows(part.vgpu_types).items():
+        runs[a] = runs.get(a, ()) + r
+    if all(a in order for a in runs):
+        types = tuple(t for g in gpus for t in runs.get(g.address, ()))
+    else:       # rows of a GPU the inventory does not list (not discover's): first, in their order
+        rows = [t for t in inv.vgpu_types if t.gpu != gpu] + list(part.vgpu_types)
+        rows.sort(key=lambda t: order.get(t.gpu, -1))          # stable: each GPU's rows keep their order
+        types, runs = tuple(rows), None
     vfs = [v for v in inv.vf_vgpus if v.gpu != gpu] + list(part.vf_vgpus)
     vfs.sort(key=lambda v: order.get(v.gpu, -1))
-    return Inventory(devices={a: devices[a] for a in sorted(devices, key=str)},
-                     groups={n: groups[n] for n in sorted(groups, key=str)}, gpus=tuple(gpus),
-                     vgpu_types=tuple(types), mdevs=tuple(sorted(mdevs, key=lambda m: m.uuid)),
-                     vf_vgpus=tuple(vfs), host=inv.host)
+    merged = Inventory(devices={a: devices[a] for a in sorted(devices, key=str)},
+                       groups={n: groups[n] for n in sorted(groups, key=str)}, gpus=tuple(gpus),
+                       vgpu_types=types, mdevs=tuple(sorted(mdevs, key=lambda m: m.uuid)),
+                       vf_vgpus=tuple(vfs), host=inv.host)
+    if runs is not None:        # handed on: the next merge into this snapshot looks its GPUs' rows up too
+        object.__setattr__(merged, "_runs", {g.address: runs[g.address] for g in gpus if runs.get(g.address)})
+        index = inv.__dict__.get("_index")
+        mine = {p for g in part.gpus for p in g.mdev_parents}
+        if index is not None and not inv.reserved and all(m.parent in mine for m in part.mdevs) \
+                and all(v.gpu == gpu for v in part.vf_vgpus):
+            # what every other GPU holds (its record, rows, mdevs, VFs) is what it held: its GpuIndex too;
+            # the merged GPU's is built anew (Inventory.on_gpu)
+            index = {a: ix for a, ix in index.items() if a != gpu and a in order}
+            for g in part.gpus:
+                index.update(_build_index(merged, g))
+            object.__setattr__(merged, "_index", index)
+    return merged
 
 
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
@@ -972,7 +1031,8 @@ _DEVICE_ATTRS = ["driver_override", "boot_vga", "reset_method", "vendor", "devic
                  "subsystem_device", "class", "numa_node", "sriov_totalvfs", "sriov_numvfs"]
 
 
-def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
+def _read_device(fs: Sysfs, addr: PciAddress, resolved: Optional[Dict[PciAddress, str]] = None) -> PciDevice:
+    """The PCI function at ``addr``; ``resolved``: where its directory, symlinks resolved, is kept."""
     top = fs.host.s.pci_device(addr)
     d = top + "/"
     texts = dict(zip(_DEVICE_ATTRS, fs.read_attrs_in(d, _DEVICE_ATTRS)))
@@ -987,13 +1047,10 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
     boot_vga_v = texts["boot_vga"]
     group = fs.link_name(d + "iommu_group")
     physfn = fs.link_name(d + "physfn")
-    virtfns = []
-    for entry in fs.listdir(top):
-        if entry.startswith("virtfn") and is_digits(entry[6:]):
-            target = fs.link_name(d + entry)
-            if target and PciAddress.is_valid(target):
-                virtfns.append((int(entry[6:]), PciAddress.parse(target)))
+    virtfns = _virtfns(fs, top)
     real = fs.resolve(top)
+    if resolved is not None:
+        resolved[addr] = real
     real_parent = os.path.basename(os.path.dirname(real))
     upstream = PciAddress.parse(real_parent) if PciAddress.is_valid(real_parent) else None
     reset = texts["reset_method"] or ""
@@ -1007,10 +1064,29 @@ def _read_device(fs: Sysfs, addr: PciAddress) -> PciDevice:
         iommu_group=int(group) if is_digits(group) else None,
         upstream=upstream,
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.is_valid(physfn) else None,
-        virtfns=tuple(v for _, v in sorted(virtfns)),
+        virtfns=virtfns,
         sriov_totalvfs=num("sriov_totalvfs", None),
         sriov_numvfs=num("sriov_numvfs", None),
         domain_host=_domain_host(real, addr))
+
+
+def _virtfns(fs: Sysfs, top: str) -> Tuple[PciAddress, ...]:
+    """The VFs the ``virtfn<N>`` links in the device directory ``top`` name, by N (a GPU's 16 to 32; the
+    links read without a call per link, as :meth:`Sysfs.link_name` reads them: one gone meanwhile is left out)."""
+    found = []
+    readlink, parse, valid = os.readlink, PciAddress.parse, PciAddress.is_valid
+    for entry in fs.listdir(top):
+        if entry.startswith("virtfn") and is_digits(entry[6:]):
+            try:
+                target = readlink(f"{top}/{entry}").rpartition("/")[2]
+            except FileNotFoundError:
+                continue
+            except OSError:                 # not a link, or unreadable: as link_name answers
+                target = fs.link_name(f"{top}/{entry}")
+            if target and valid(target):
+                found.append((int(entry[6:]), parse(target)))
+    found.sort()
+    return tuple(v for _, v in found)
 
 
 def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
@@ -1021,19 +1097,17 @@ def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
     callers read under the GPU's lock a look a few milliseconds old).  What a re-check under the GPU's
     lock (:func:`discover_gpu` with ``known``) reads."""
     d = fs.host.s.pci_device(dev.address) + "/"
-    override = fs.read_optional(d + "driver_override")
+    override = fs.read_attr(d + "driver_override")       # one read(2): a sysfs attribute
     if override in ("(null)", ""):
         override = None
     changed = {"driver": fs.link_name(d + "driver"), "driver_override": override}
     if dev.sriov_totalvfs:
-        virtfns = []
-        for entry in fs.listdir(d[:-1]):
-            if entry.startswith("virtfn") and is_digits(entry[6:]):
-                target = fs.link_name(d + entry)
-                if target and PciAddress.is_valid(target):
-                    virtfns.append((int(entry[6:]), PciAddress.parse(target)))
-        changed["virtfns"] = tuple(v for _, v in sorted(virtfns))
-        changed["sriov_numvfs"] = fs.read_int(d + "sriov_numvfs")
+        changed["virtfns"] = _virtfns(fs, d[:-1])
+        changed["sriov_numvfs"] = fs.read_attr_int(d + "sriov_numvfs")
+    # unchanged (as after nearly every write): the record itself, not a copy of it
+    fields = dev.__dict__
+    if all(fields[k] == v for k, v in changed.items()):
+        return dev
     return replace(dev, **changed)
 
 
@@ -1116,7 +1190,11 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
     instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
     tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
-    tids = fs.listdir(tdir)
+    tids = tuple(fs.listdir(tdir))
+    if not tids and real is not None:       # not where _real_dirs looked for it: through its class/mdev_bus link
+        tdir = supported_types_dir(fs.host, parent)
+        tids = tuple(fs.listdir(tdir))
+    new = object.__new__
     for tid, avail in zip(tids, mdev_available_all(fs, tdir, tids)):
         known = consts.get(tid) if consts is not None else None
         if known is None:
@@ -1126,26 +1204,31 @@ def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
             if consts is not None:
                 consts[tid] = t
         else:
-            t = VgpuType(gpu, parent, BACKEND_MDEV, tid, known.raw_name, known.name, known.profile,
-                         known.framebuffer_mib, known.max_instances, avail, known.device_api, known.description)
+            # the row of another parent of this GPU with this parent and count: its fields copied, not
+            # passed one by one to __init__ (3,072 rows on an 8 x 32 VF host)
+            t = new(VgpuType)
+            d = t.__dict__
+            d.update(known.__dict__)
+            d["parent"] = parent
+            d["available_instances"] = avail
         out.append(t)
     return out
 
 
-def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...]) -> Dict[PciAddress, str]:
+def _real_dirs(fs: Sysfs, gpu: PciAddress, parents: Tuple[PciAddress, ...],
+               top: Optional[str] = None) -> Dict[PciAddress, str]:
     """``{parent: its device directory, symlinks resolved}`` for the mdev parents of ``gpu`` (the GPU and
-    its VFs): the GPU's own path resolved once, and each VF found beside it, where the kernel places a
+    its VFs): the GPU's own path resolved once, and each VF looked for beside it, where the kernel places a
     VF (a function of the same upstream bridge, docs/reference/hardware.md#pci-and-iommu); a parent
-    not found there is left out (read through its ``class/mdev_bus`` link).  One ``realpath`` per GPU
-    instead of a symlink walk on every open of hundreds of type files (an 8 x 32 VF host: 3,000)."""
-    top = fs.resolve(fs.host.s.pci_device(gpu))
+    not found there is read through its ``class/mdev_bus`` link (:func:`_read_mdev_types`).  One ``realpath`` per GPU
+    instead of a symlink walk on every open of hundreds of type files (an 8 x 32 VF host: 3,000); ``top``:
+    the GPU's resolved directory where the caller has it."""
+    if top is None:
+        top = fs.resolve(fs.host.s.pci_device(gpu))
     beside = os.path.dirname(top)
-    out: Dict[PciAddress, str] = {}
-    for p in parents:
-        d = top if p == gpu else f"{beside}/{p}"
-        if fs.exists(types_dir_in(d)):
-            out[p] = d
-    return out
+    # not checked here: a parent whose directory lists no types there is read through its link
+    # (_read_mdev_types), which saves a stat of every parent
+    return {p: top if p == gpu else f"{beside}/{p}" for p in parents}
 
 
 def _read_vendor_vf(fs: Sysfs, gpu: PciAddress, vf: PciAddress) -> Tuple[VfVgpu, List[VgpuType], Optional[Unreadable]]:

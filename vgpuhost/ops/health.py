@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import errno
 
-from ..io.hostroot import HostRoot
+from ..io.hostroot import HEALTH_MARKER, HostRoot
 from ..model.errors import InputError, RefusedError
 from ..model.kinds import Owner
 from ..model.values import PciAddress
@@ -67,7 +67,7 @@ def refuse_out_of_service(store: "StateStore", gpu: PciAddress, *, what: str, ac
 #: beside state.db while a GPU may be out of service or a VF be reserved for an incoming migration:
 #: written before a health row (or a reservation) is, removed once no health row and no reservation is
 #: left, so the lean read commands (``types``, which load no SQLite) read the store only when it may matter
-MARKER = "gpu-health.marker"
+MARKER = HEALTH_MARKER
 
 
 def _marker(state_dir) -> str:

@@ -30,11 +30,34 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 
 
 def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
-    """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them."""
+    """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them.  The value is shared
+    (the last inventory's is kept: a start, its re-check and the agent's capacity answers ask of one
+    snapshot again and again): callers must not change it."""
+    global _BY_GPU
+    last = _BY_GPU
+    if last is not None and last[0] is inv:
+        return last[1]
     out: Dict[PciAddress, Dict[str, List[VgpuType]]] = {}
+    gpu = names = None
+    lower: Dict[str, str] = {}
     for t in inv.vgpu_types:
-        out.setdefault(t.gpu, {}).setdefault(t.name.lower(), []).append(t)
+        if t.gpu is not gpu:        # a GPU's rows come together: one lookup per run of them
+            gpu = t.gpu
+            names = out.setdefault(gpu, {})
+        low = lower.get(t.name)
+        if low is None:
+            low = lower[t.name] = t.name.lower()
+        rows = names.get(low)
+        if rows is None:
+            names[low] = [t]
+        else:
+            rows.append(t)
+    _BY_GPU = (inv, out)
     return out
+
+
+#: (the inventory :func:`types_by_gpu` was asked about last, its answer): one pair, replaced whole
+_BY_GPU = None
 
 
 def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
@@ -166,7 +189,14 @@ def seen_rows(inv: Inventory) -> List[tuple]:
     last = _SEEN
     if last is not None and last[0] is inv:
         return list(last[1])
-    rows = tuple(sorted({(str(t.gpu), t.type_id, t.name, t.framebuffer_mib) for t in inv.vgpu_types}))
+    seen = set()
+    gpu = text = None
+    for t in inv.vgpu_types:
+        if t.gpu is not gpu:        # a GPU's rows come together: its address spelled once per run of them
+            gpu = t.gpu
+            text = str(gpu)
+        seen.add((text, t.type_id, t.name, t.framebuffer_mib))
+    rows = tuple(sorted(seen))
     _SEEN = (inv, rows)
     return list(rows)
 
