@@ -520,8 +520,8 @@ class SimKernel:
         and the dict parsed then is handed out again.  Most writes change no GPU's part (a time-sliced
         vGPU's create or remove rewrites ``state.json`` alone), so this saves parsing every GPU's file
         (some 5 KB each) twice a vGPU.  Safe because a write changes a GPU's dict only to save it at
-        once (:meth:`_place_on_gi`: the file's bytes then differ, so the next write parses it again),
-        and :meth:`_write` drops the kept dicts when a write raises, whatever it had changed."""
+        once (:meth:`_place_on_gi`), :meth:`save_meta` drops the kept dict of every GPU part it writes,
+        and :meth:`_write` drops them all when a write raises, whatever it had changed."""
         data, state, gpus = self._parts()
         key = str(self.meta_path.parent)
         kept = _GPU_PARSED.pop(key, None) or {}
@@ -573,6 +573,14 @@ class SimKernel:
         """Write what changed of ``meta`` (from :meth:`meta`): ``part`` :data:`STATE` writes
         ``state.json``, a GPU's BDF its ``gpus/<BDF>.json``; None every part (the whole host)."""
         sim = self.meta_path.parent
+        kept = _GPU_PARSED.get(str(sim))
+        if kept is not None and part != STATE:
+            # a dict :meth:`_write_meta` handed out may be the one saved, changed: never hand it out again
+            # for bytes it no longer matches (the file could come back to them)
+            if part is None:
+                kept.clear()
+            else:
+                kept.pop(part, None)
         if part is None:
             write_meta(sim, meta)
         elif part == STATE:
