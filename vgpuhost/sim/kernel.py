@@ -787,9 +787,9 @@ class SimKernel:
         moved (``instances``: as :meth:`available` takes them).
 
         Each file is read and compared first, and only one whose text differs is replaced
-        (:func:`write_attr`): after a vGPU create or remove on an A40 in equal-size mode that is
-        the types of the vGPU's size (3 of 29), or all of them when the GPU's first vGPU comes or
-        its last goes.  Comparing against the file, not against the availability before the
+        (:func:`_set_attr_at`: temp file and rename): after a vGPU create or remove on an A40 in
+        equal-size mode that is the types of the vGPU's size (3 of 29), or all of them when the
+        GPU's first vGPU comes or its last goes.  Comparing against the file, not against the availability before the
         change, keeps the files right even where something outside the kernel changed the tree."""
         meta = meta or self.meta()
         gpu = meta["gpus"][pf]
