@@ -203,9 +203,15 @@ def _placement_of(nvidia_dir: "str | Path") -> Optional[int]:
     """The placement id in ``<vGPU>/nvidia/placement_id``; None where absent or not a number
     (the driver shows "Not Applicable" for a vGPU with none)."""
     try:
-        text = Path(nvidia_dir, PLACEMENT_ATTR).read_text().strip()
+        fd = os.open(f"{nvidia_dir}/{PLACEMENT_ATTR}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        text = os.read(fd, 64).strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return int(text) if text.isdigit() else None
 
 
@@ -245,6 +251,46 @@ def write_attr(path: "str | Path", text: str, *, if_changed: bool = False) -> No
         raise
 
 
+def _set_attr_at(dir_fd: int, name: str, text: str) -> None:
+    """:func:`write_attr` with ``if_changed``, for ``name`` relative to the open directory ``dir_fd``:
+    the file is read and left alone when it holds ``text``, else replaced (a temp file beside it,
+    then rename: a concurrent reader sees the old value or the new one).  For the simulated driver's
+    own attribute refresh, which compares some 30 files of one GPU at each vGPU create or remove:
+    one open, read and close each, where most hold their value already.  No fsync: the simulated
+    tree is a model of sysfs, which does not outlive a reboot either; a crash of the writing
+    process leaves the old file or the new one (rename), never a partial one.  A missing file is
+    made (mode 0644), as :func:`write_attr` makes it.  Raises OSError (FileNotFoundError where the
+    file's directory is missing)."""
+    data = text.encode("utf-8")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        mode = 0o644                                # made, as write_attr makes a missing one
+    else:
+        try:
+            if os.read(fd, len(data) + 1) == data:
+                return
+            mode = os.fstat(fd).st_mode & 0o7777    # the new file keeps the attribute's mode
+        finally:
+            os.close(fd)
+    head, _, base = name.rpartition("/")
+    tmp = f"{head}/.{base}.{os.getpid()}.sim-tmp" if head else f".{base}.{os.getpid()}.sim-tmp"
+    wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        os.write(wfd, data)
+        os.fchmod(wfd, mode)
+    finally:
+        os.close(wfd)
+    try:
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 class _MustWait(Exception):
     """A write the kernel blocks until device ``vid`` is closed; ``resume(meta)`` (under the lock)
     finishes it then."""
@@ -255,16 +301,46 @@ class _MustWait(Exception):
         self.resume = resume
 
 
-def _rmtree(path: Path) -> None:
+def _rmtree(path: "str | Path") -> None:
     """Remove a directory tree, never following symlinks (``shutil.rmtree`` without importing shutil)."""
     with os.scandir(path) as it:
         entries = list(it)
     for e in entries:
         if e.is_dir(follow_symlinks=False):
-            _rmtree(Path(e.path))
+            _rmtree(e.path)
         else:
             os.unlink(e.path)
     os.rmdir(path)
+
+
+def _symlink(link: str, target: str) -> None:
+    """:func:`_link` for the simulated kernel's hot path (strings; absolute, under one resolved root):
+    the link's directory is made only where the first try finds it missing, and a link already there
+    is replaced."""
+    rel = os.path.relpath(target, os.path.dirname(link))
+    try:
+        os.symlink(rel, link)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(rel, link)
+    except FileExistsError:
+        os.unlink(link)
+        os.symlink(rel, link)
+
+
+def _create_file(path: str, text: str) -> None:
+    """``Path(path).write_text(text)`` (mode 0666 less the umask), the file's directory made where
+    missing."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        if text:
+            os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
 
 
 TIME_FILE_ENV = "VGPUHOST_SIM_TIME_FILE"
@@ -344,6 +420,23 @@ _VIEWS: Dict[str, Tuple[tuple, dict]] = {}
 _VIEWS_KEPT = 4
 #: parsed ``host.json`` (never changed once built: devices, drivers, processes): path -> (bytes, dict)
 _STATIC: Dict[str, Tuple[bytes, dict]] = {}
+#: each GPU's part as the kernel's own writes last parsed it (:meth:`SimKernel._write_meta`): sim dir ->
+#: {GPU: (bytes, dict)}; the last :data:`_VIEWS_KEPT` hosts
+_GPU_PARSED: Dict[str, Dict[str, Tuple[bytes, dict]]] = {}
+
+
+def _read_bytes(path: str) -> bytes:
+    """A whole small file's bytes (os-level: a part is read at every simulated write)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
 
 
 def split_meta(meta: dict) -> Tuple[dict, dict, Dict[str, dict]]:
@@ -382,6 +475,7 @@ class SimKernel:
         self.lock_path = host.sim_dir / "lock"
         # the root with symlinks resolved: written paths are resolved too
         self.real_root = Path(os.path.realpath(host.root))
+        self._root_str, self._real_str = str(host.root), str(self.real_root)
         global _import_s, _import_cpu_s
         spent, cpu = _perf_counter() - t0, _thread_time() - c0
         if _import_s is None:
@@ -396,15 +490,15 @@ class SimKernel:
         """The bytes of ``host.json``, ``state.json`` and each ``gpus/<BDF>.json`` (sorted by BDF).
         A tree built before the state was split (``host.json`` holding ``gpus``) is split first."""
         sim = self.meta_path.parent
-        data = self.meta_path.read_bytes()
-        gdir = sim / GPUS_DIR
+        data = _read_bytes(str(self.meta_path))
+        gdir = f"{sim}/{GPUS_DIR}/"
         try:
             names = sorted(os.listdir(gdir))
         except FileNotFoundError:
             write_meta(sim, json.loads(data))            # an older tree: one whole host.json, split now
             return self._parts()
-        gpus = [(n[:-5], (gdir / n).read_bytes()) for n in names if n.endswith(".json")]
-        return data, (sim / STATE_FILE).read_bytes(), gpus
+        gpus = [(n[:-5], _read_bytes(gdir + n)) for n in names if n.endswith(".json")]
+        return data, _read_bytes(f"{sim}/{STATE_FILE}"), gpus
 
     def _static(self, data: bytes) -> dict:
         key = str(self.meta_path)
@@ -418,6 +512,31 @@ class SimKernel:
         meta = dict(self._static(data))         # shared values: devices, drivers, processes (never changed)
         meta.update(json.loads(state))
         meta["gpus"] = {pf: json.loads(raw) for pf, raw in gpus}
+        return meta
+
+    def _write_meta(self) -> dict:
+        """:meth:`meta` for the kernel's own writes (:meth:`_write`, under the lock): every part is read,
+        but a GPU's part is parsed again only when its bytes differ from those this process parsed last,
+        and the dict parsed then is handed out again.  Most writes change no GPU's part (a time-sliced
+        vGPU's create or remove rewrites ``state.json`` alone), so this saves parsing every GPU's file
+        (some 5 KB each) twice a vGPU.  Safe because a write changes a GPU's dict only to save it at
+        once (:meth:`_place_on_gi`), :meth:`save_meta` drops the kept dict of every GPU part it writes,
+        and :meth:`_write` drops them all when a write raises, whatever it had changed."""
+        data, state, gpus = self._parts()
+        key = str(self.meta_path.parent)
+        kept = _GPU_PARSED.pop(key, None) or {}
+        _GPU_PARSED[key] = fresh = {}
+        while len(_GPU_PARSED) > _VIEWS_KEPT:
+            del _GPU_PARSED[next(iter(_GPU_PARSED))]
+        meta = dict(self._static(data))
+        meta.update(json.loads(state))
+        out = meta["gpus"] = {}
+        for pf, raw in gpus:
+            hit = kept.get(pf)
+            if hit is None or hit[0] != raw:
+                hit = (raw, json.loads(raw))
+            fresh[pf] = hit
+            out[pf] = hit[1]
         return meta
 
     def meta(self) -> dict:
@@ -454,6 +573,14 @@ class SimKernel:
         """Write what changed of ``meta`` (from :meth:`meta`): ``part`` :data:`STATE` writes
         ``state.json``, a GPU's BDF its ``gpus/<BDF>.json``; None every part (the whole host)."""
         sim = self.meta_path.parent
+        kept = _GPU_PARSED.get(str(sim))
+        if kept is not None and part != STATE:
+            # a dict :meth:`_write_meta` handed out may be the one saved, changed: never hand it out again
+            # for bytes it no longer matches (the file could come back to them)
+            if part is None:
+                kept.clear()
+            else:
+                kept.pop(part, None)
         if part is None:
             write_meta(sim, meta)
         elif part == STATE:
@@ -481,6 +608,15 @@ class SimKernel:
     def _rpath(self, p: Path) -> Path:
         """A HostRoot-derived path re-expressed under the resolved root."""
         return self.real_root / p.relative_to(self.host.root)
+
+    def _rstr(self, p: str) -> str:
+        """:meth:`_rpath` of a HostRoot-derived path as a string (``host.s``), to a string."""
+        root = self._root_str
+        if p == root:
+            return self._real_str
+        if not p.startswith(root + "/"):
+            raise ValueError(f"{p!r} is not under {root!r}")
+        return self._real_str + p[len(root):]
 
     # --- a device leaving the tree (docs/guide/failures.md#signals) ------------
     def unplug(self, bdf: str) -> None:
@@ -534,27 +670,45 @@ class SimKernel:
 
     # --- vGPU instances and capacity ---------------------------------------
     def instances(self, meta: dict, pf: str) -> List[dict]:
-        """vGPUs present on GPU ``pf``: ``[{parent, type_id, id}]`` read from the tree."""
+        """vGPUs present on GPU ``pf``: ``[{parent, type_id, id, placement}]`` read from the tree, by
+        parent (in ``parents`` order), then type id, then id.
+
+        An mdev is a directory named by its UUID under its parent's device directory with an
+        ``mdev_type`` link (docs/reference/hardware.md#mdev): one listing of each parent's
+        directory finds them, where listing every type's ``devices/`` took one listing per type
+        (29 on an A40).  Only types of the GPU count, as before; a parent whose types are not
+        registered (off ``nvidia``: :meth:`sync_mdev_parent`) holds none."""
         gpu = meta["gpus"][pf]
         out: List[dict] = []
         if gpu["backend"] == "mdev":
+            types = gpu["types"]
             for parent in gpu["parents"]:
-                types_dir = f"{self.dev_dir(meta, parent)}/mdev_supported_types/"     # strings: hundreds of joins
-                for tid in sorted(gpu["types"]):
-                    ddir = f"{types_dir}{tid}/devices"
+                pdir = f"{self.dev_dir(meta, parent)}/"
+                found = []
+                try:
+                    with os.scandir(pdir) as it:
+                        names = [e.name for e in it if len(e.name) == 36 and e.name[8] == "-"
+                                 and e.is_dir(follow_symlinks=False)]
+                except FileNotFoundError:
+                    continue
+                if names and not os.path.isdir(f"{pdir}mdev_supported_types"):
+                    continue            # not registered: no type to list it under
+                for name in names:
                     try:
-                        names = sorted(os.listdir(ddir))
-                    except FileNotFoundError:
-                        names = []
-                    for name in names:
-                        out.append({"parent": parent, "type_id": tid, "id": name,
-                                    "placement": _placement_of(f"{ddir}/{name}/nvidia")})
+                        tid = os.path.basename(os.readlink(f"{pdir}{name}/mdev_type"))
+                    except OSError:
+                        continue        # a directory of that shape that is no mdev
+                    if tid in types:
+                        found.append((tid, name))
+                for tid, name in sorted(found):
+                    out.append({"parent": parent, "type_id": tid, "id": name,
+                                "placement": _placement_of(f"{pdir}{name}/nvidia")})
         elif gpu["backend"] == "vendor-vfio":
             for vf in gpu["parents"]:
-                cur = (self.dev_dir(meta, vf) / "nvidia" / "current_vgpu_type").read_text().strip()
+                nvidia = f"{self.dev_dir(meta, vf)}/nvidia"
+                cur = _read_bytes(f"{nvidia}/current_vgpu_type").decode("utf-8", "replace").strip()
                 if cur and cur != "0":
-                    out.append({"parent": vf, "type_id": cur, "id": vf,
-                                "placement": _placement_of(self.dev_dir(meta, vf) / "nvidia")})
+                    out.append({"parent": vf, "type_id": cur, "id": vf, "placement": _placement_of(nvidia)})
         return out
 
     def gi_of_vgpus(self, meta: dict, pf: str, *, instances: Optional[List[dict]] = None) -> Dict[str, int]:
@@ -604,16 +758,17 @@ class SimKernel:
         gpu["vgpu_gi"] = held
         self.save_meta(meta, pf)
 
-    def available(self, meta: dict, pf: str) -> Dict[str, Dict[str, int]]:
+    def available(self, meta: dict, pf: str, *, instances: Optional[List[dict]] = None) -> Dict[str, Dict[str, int]]:
         """Free instances per parent and type id of GPU ``pf``: ``{parent: {type_id: n}}``.
 
         On SR-IOV GPUs each VF holds one vGPU at most (docs/reference/hardware.md#mdev, #vendor-vfio):
-        a VF reports 0 when it holds one, else at most 1.
+        a VF reports 0 when it holds one, else at most 1.  ``instances``: :meth:`instances` of ``pf``
+        where the caller has them (read under the lock since the tree last changed), else read here.
         """
         gpu = meta["gpus"][pf]
         if gpu["backend"] == "none":
             return {}
-        inst = self.instances(meta, pf)
+        inst = instances if instances is not None else self.instances(meta, pf)
         avail = gpu_available(gpu, [i["type_id"] for i in inst], [i.get("placement") for i in inst])
         busy = {i["parent"] for i in inst}
         sriov = bool(gpu["vfs"])
@@ -627,28 +782,43 @@ class SimKernel:
                 out[parent] = {tid: min(1, avail.get(tid, 0)) for tid in gpu["types"]}
         return out
 
-    def refresh_gpu(self, pf: str, meta: dict = None) -> None:
-        """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of GPU ``pf``."""
+    def refresh_gpu(self, pf: str, meta: dict = None, *, instances: Optional[List[dict]] = None) -> None:
+        """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of GPU ``pf`` where its value
+        moved (``instances``: as :meth:`available` takes them).
+
+        Each file is read and compared first, and only one whose text differs is replaced
+        (:func:`_set_attr_at`: temp file and rename): after a vGPU create or remove on an A40 in
+        equal-size mode that is the types of the vGPU's size (3 of 29), or all of them when the
+        GPU's first vGPU comes or its last goes.  Comparing against the file, not against the availability before the
+        change, keeps the files right even where something outside the kernel changed the tree."""
         meta = meta or self.meta()
         gpu = meta["gpus"][pf]
         if gpu["backend"] == "none":
             return
-        for parent, avail in self.available(meta, pf).items():
+        for parent, avail in self.available(meta, pf, instances=instances).items():
             pdir = self.dev_dir(meta, parent)
             if gpu["backend"] == "mdev":
-                types_dir = f"{pdir}/mdev_supported_types/"
                 try:
-                    for tid in gpu["types"]:
-                        write_attr(f"{types_dir}{tid}/available_instances", f"{avail.get(tid, 0)}\n",
-                                   if_changed=True)
+                    dfd = os.open(f"{pdir}/mdev_supported_types", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 except FileNotFoundError:       # not registered: not bound to nvidia (sync_mdev_parent)
                     continue
+                try:
+                    for tid in gpu["types"]:
+                        _set_attr_at(dfd, f"{tid}/available_instances", f"{avail.get(tid, 0)}\n")
+                except FileNotFoundError:
+                    continue
+                finally:
+                    os.close(dfd)
             else:
                 lines = ["ID    : vGPU Name"]
                 for tid in sorted(gpu["types"], key=int):
                     if avail.get(tid, 0) > 0:
                         lines.append(f"{int(tid):<5d} : {gpu['types'][tid]['raw_name']}")
-                write_attr(pdir / "nvidia" / "creatable_vgpu_types", "\n".join(lines) + "\n", if_changed=True)
+                dfd = os.open(f"{pdir}/nvidia", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    _set_attr_at(dfd, "creatable_vgpu_types", "\n".join(lines) + "\n")
+                finally:
+                    os.close(dfd)
 
     # --- writes ------------------------------------------------------------
     def crash_point(self):
@@ -801,17 +971,25 @@ class SimKernel:
 
     def _write(self, path: Path, value: str) -> None:
         with self.locked():
-            meta = self.meta()
-            real, rel = self._resolved(path)
-            if rel is None:
-                raise _fail(errno.EACCES, path, "outside the simulated host root")
-            if not os.path.lexists(real):
-                raise _fail(errno.ENOENT, path)
-            if real.is_dir():
-                raise _fail(errno.EISDIR, path)
-            if not real.is_file():      # a FIFO or device planted in the tree: never block on it
-                raise _fail(errno.EINVAL, path, "not a simulated attribute file")
-            self._dispatch(meta, Path(path), real, rel, value)
+            try:
+                self._write_locked(path, value)
+            except BaseException:
+                # the write may have changed a kept GPU dict and not saved it: parse every GPU again
+                _GPU_PARSED.pop(str(self.meta_path.parent), None)
+                raise
+
+    def _write_locked(self, path: Path, value: str) -> None:
+        meta = self._write_meta()
+        real, rel = self._resolved(path)
+        if rel is None:
+            raise _fail(errno.EACCES, path, "outside the simulated host root")
+        if not os.path.lexists(real):
+            raise _fail(errno.ENOENT, path)
+        if real.is_dir():
+            raise _fail(errno.EISDIR, path)
+        if not real.is_file():      # a FIFO or device planted in the tree: never block on it
+            raise _fail(errno.EINVAL, path, "not a simulated attribute file")
+        self._dispatch(meta, Path(path), real, rel, value)
 
     def _dispatch(self, meta: dict, path: Path, real: Path, rel: Path, value: str) -> None:
         by_path = {d["path"]: bdf for bdf, d in meta["devices"].items()}
@@ -1045,43 +1223,45 @@ class SimKernel:
         mdir = pdir / uuid
         if os.path.lexists(bus_link) or os.path.lexists(mdir):
             raise _fail(errno.EEXIST, path, f"mdev {uuid} exists")
-        if self.available(meta, pf)[parent].get(tid, 0) <= 0:
+        present = self.instances(meta, pf)      # under the lock: the tree changes only below, by us
+        if self.available(meta, pf, instances=present)[parent].get(tid, 0) <= 0:
             raise _fail(errno.ENOSPC, path, f"no {tid} instance left on {parent}")
-        pid = self._placement_for(meta, pf, tid, None, path)
+        pid = self._placement_for(meta, pf, tid, None, path, instances=present)
         if self._fault(meta, "create", [parent, pf], path):
             return
 
-        groups = self._rpath(self.host.iommu_groups)
+        # the layout, os-level on strings (pathlib's parsing was half the create's own time)
+        groups = self._rstr(self.host.s.iommu_groups)
         group = int(meta.get("next_iommu_group") or 0)
-        while (groups / str(group)).exists():
+        while os.path.exists(f"{groups}/{group}"):
             group += 1
         meta["next_iommu_group"] = group + 1
-        gdir = groups / str(group)
-        mdir.mkdir()
-        _link(mdir / "mdev_type", pdir / "mdev_supported_types" / tid)
-        (mdir / "remove").write_text("")
-        (mdir / "nvidia").mkdir()
-        (mdir / "nvidia" / "vgpu_params").write_text("\n")
+        gdir = f"{groups}/{group}"
+        m, types = str(mdir), f"{pdir}/mdev_supported_types"
+        os.mkdir(m)
+        _symlink(f"{m}/mdev_type", f"{types}/{tid}")
+        _create_file(f"{m}/remove", "")
+        os.mkdir(f"{m}/nvidia")
+        _create_file(f"{m}/nvidia/vgpu_params", "\n")
         if pid is not None:
-            (mdir / "nvidia" / PLACEMENT_ATTR).write_text(f"{pid}\n")
-        (gdir / "devices").mkdir(parents=True)
-        (gdir / "type").write_text("DMA\n")
-        (gdir / "reserved_regions").write_text("")
-        _link(gdir / "devices" / uuid, mdir)
-        _link(mdir / "iommu_group", gdir)
-        mdrv = self._rpath(self.host.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER))
-        mdrv.mkdir(parents=True, exist_ok=True)
-        _link(mdir / "driver", mdrv)
-        _link(mdrv / uuid, mdir)
-        _link(bus_link, mdir)
-        _link(pdir / "mdev_supported_types" / tid / "devices" / uuid, mdir)
+            _create_file(f"{m}/nvidia/{PLACEMENT_ATTR}", f"{pid}\n")
+        os.makedirs(f"{gdir}/devices")
+        _create_file(f"{gdir}/type", "DMA\n")
+        _create_file(f"{gdir}/reserved_regions", "")
+        _symlink(f"{gdir}/devices/{uuid}", m)
+        _symlink(f"{m}/iommu_group", gdir)
+        mdrv = self._rstr(self.host.s.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER))
+        _symlink(f"{m}/driver", mdrv)
+        _symlink(f"{mdrv}/{uuid}", m)
+        _symlink(str(bus_link), m)
+        _symlink(f"{types}/{tid}/devices/{uuid}", m)
         # the mdev is bound to a VFIO driver: its group node appears (libvirt opens it)
-        vnode = self._rpath(self.host.dev_vfio) / str(group)
-        vnode.parent.mkdir(parents=True, exist_ok=True)
-        vnode.write_text("")
+        _create_file(f"{self._rstr(self.host.s.dev_vfio)}/{group}", "")
         self.save_meta(meta, STATE)
         self._place_on_gi(meta, pf, uuid, tid)
-        self.refresh_gpu(pf, meta)
+        # the vGPUs now: those read above and this one (the order does not matter to the counts)
+        self.refresh_gpu(pf, meta, instances=present + [
+            {"parent": parent, "type_id": tid, "id": uuid, "placement": pid}])
 
     def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
                      value: str) -> None:
@@ -1102,19 +1282,21 @@ class SimKernel:
 
     def _mdev_unregister(self, meta: dict, mdir: Path, pf: Optional[str]) -> None:
         """The mdev at ``mdir`` goes: its links, its IOMMU group and node, its directory."""
-        uuid = mdir.name
-        tid = os.path.basename(os.readlink(mdir / "mdev_type"))
-        gdir = Path(os.path.realpath(mdir / "iommu_group")) if os.path.islink(mdir / "iommu_group") else None
-        _unlink(mdir.parent / "mdev_supported_types" / tid / "devices" / uuid)
-        _unlink(self._rpath(self.host.mdev_devices) / uuid)
-        _unlink(self._rpath(self.host.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER)) / uuid)
-        if gdir is not None and gdir.parent == self._rpath(self.host.iommu_groups):
-            _unlink(self._rpath(self.host.dev_vfio) / gdir.name)
+        m = str(mdir)
+        head, uuid = os.path.split(m)
+        tid = os.path.basename(os.readlink(f"{m}/mdev_type"))
+        glink = f"{m}/iommu_group"
+        gdir = os.path.realpath(glink) if os.path.islink(glink) else None
+        _unlink(f"{head}/mdev_supported_types/{tid}/devices/{uuid}")
+        _unlink(f"{self._rstr(self.host.s.mdev_devices)}/{uuid}")
+        _unlink(f"{self._rstr(self.host.s.path('sys', 'bus', 'mdev', 'drivers', MDEV_DRIVER))}/{uuid}")
+        if gdir is not None and os.path.dirname(gdir) == self._rstr(self.host.s.iommu_groups):
+            _unlink(f"{self._rstr(self.host.s.dev_vfio)}/{os.path.basename(gdir)}")
             try:
                 _rmtree(gdir)
             except OSError:
                 pass
-        _rmtree(mdir)
+        _rmtree(m)
         if pf is not None:
             self.refresh_gpu(pf, meta)
 
@@ -1171,7 +1353,8 @@ class SimKernel:
             raise _fail(errno.EPERM, path, f"{vf} holds a vGPU")
         write_attr(real, f"{int(text)}\n")
 
-    def _placement_for(self, meta: dict, pf: str, tid: str, wanted: Optional[int], path: Path) -> Optional[int]:
+    def _placement_for(self, meta: dict, pf: str, tid: str, wanted: Optional[int], path: Path, *,
+                       instances: Optional[List[dict]] = None) -> Optional[int]:
         """The placement id a new vGPU of ``tid`` takes on GPU ``pf`` in mixed-size mode (None in
         equal-size mode and for MIG-backed types): ``wanted`` (written to the VF's ``nvidia/placement_id``
         before the type) where it is one of the type's free ids, else EINVAL; none written: the
@@ -1181,7 +1364,8 @@ class SimKernel:
         if not gpu.get("mixed_size") or gpu.get("mig_mode") or t.get("gi_profile"):
             return None
         units = grid_units(gpu)
-        taken = taken_of(gpu, ((i["type_id"], i.get("placement")) for i in self.instances(meta, pf)))
+        present = instances if instances is not None else self.instances(meta, pf)
+        taken = taken_of(gpu, ((i["type_id"], i.get("placement")) for i in present))
         size = t["fb_mib"] // 1024
         if wanted is not None:
             if wanted not in mixedsize.free_ids(units, size, t["max_mixed"], taken):
