@@ -142,3 +142,47 @@ def test_facts_read_each_pools_hourly_demand_from_the_rollups_by_class(tmp_path)
              Pool("mixed", "equal-share", ("burstable", "best-effort"), ("0000:42:00.0",))]
     hist = pol.pool_history(got, pools, ["desk", "mixed"])
     assert hist["desk"][-1] == 0.75 and hist["mixed"][-1] == 0.75 and hist["mixed"][-24] == 1.0
+
+
+def test_rebalance_moves_a_gpu_ahead_of_a_forecast_rise_through_the_executor(make_host, capsys):
+    """On a simulated host: pool gold (fixed share) full, no start refused; yesterday the guaranteed
+    class's demand doubled in the hour after this one.  ``vgpuhost rebalance`` moves the empty GPU of
+    the default pool to gold before any start is refused: the scheduler set (NVML), the pool recorded,
+    an audit row naming the forecast, the journal entry closed."""
+    import json
+
+    from test_hook import GPU_HI, GPU_LO, L40S, mixed, start
+    from test_rebalance import policy_of, pool_map, run
+    from test_tenancy import tdom, uid
+    from vgpuhost.ops import tenancy
+
+    host = mixed(make_host)
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_LO), "--policy", "fixed-share")[0] == 0
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "equal-share")[0] == 0
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [tenancy.adm.Pool("gold", "fixed-share", ("guaranteed",), (str(GPU_LO),)),
+                          tenancy.adm.Pool("batch", "best-effort", ("best-effort",), (str(L40S),))])
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
+                                  profile="A40-48Q")) == (0, "")
+    end = int(time.time() // 3600) * 3600
+
+    def row(back_h, dev):
+        hour = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(end - back_h * 3600))
+        return UsageRow(hour, dev, "dom-" + dev, "vgpu", str(GPU_LO), "A40-48Q", "", "g", "guaranteed", 3600.0,
+                        0, 0, 0, 0, 0, 1)
+    with s.transaction() as conn:       # yesterday: 1 vGPU in this hour, 2 in the next
+        st.add_usage(conn, [row(24, "a"), row(23, "a"), row(23, "b")])
+    code, out, err = run(capsys, host, "rebalance", "--dry-run", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    [m] = doc["moves"]
+    assert (m["gpu"], m["from_pool"], m["to_pool"]) == (str(GPU_HI), "default", "gold")
+    assert pool_map(s).get(str(GPU_HI)) is None                           # the dry run changed nothing
+    code, out, err = run(capsys, host, "rebalance")
+    assert code == 0, err
+    assert pool_map(s)[str(GPU_HI)] == "gold" and policy_of(host, GPU_HI) == "fixed-share"
+    [audit] = [r for r in s.audit_rows() if r.path == "(pools)" and r.operation.startswith("rebalance move")]
+    assert "pool gold is forecast to need 2.0 GPU(s) in 1 h (the same hours of the last 1 day(s); 1.0 now)" \
+        in audit.value, audit.value
+    assert [e.state for e in s.journal_entries() if e.kind == "rebalance"] == ["closed"]

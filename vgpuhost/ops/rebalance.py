@@ -254,7 +254,7 @@ class Result:
         lines += [f"failed: {f}" for f in self.failed]
         lines += [f"held: {h}" for h in self.decision.held]
         if not lines:
-            lines.append("nothing to move: no refused start or rising pool calls for empty capacity")
+            lines.append("nothing to move: no refused start, forecast need or rising pool calls for empty capacity")
         return "\n".join(lines)
 
 

@@ -288,8 +288,9 @@ def growth(history: Sequence[float], horizon_h: int, days: int) -> Tuple[float, 
     mean vGPUs held; oldest first, the last value the last whole hour before now).
 
     - **The same hours of the previous days** (a day/night load is periodic): for each of the last
-      ``days`` days whose history covers both, the hour ``24 * d`` hours before now and the hour
-      ``horizon_h`` after it; the ratio is the sum of the later hours over the sum of the earlier.
+      ``days`` days whose history covers both and metered something in either, the hour ``24 * d``
+      hours before now and the hour ``horizon_h`` after it; the ratio is the sum of the later hours
+      over the sum of the earlier.
     - Without a whole day of history, **the trend**: the mean of the last ``horizon_h`` hours over
       the mean of the ``horizon_h`` before them.
     - Otherwise (or nothing metered in the earlier hours): 1.0, ``no history``.
@@ -304,8 +305,8 @@ def growth(history: Sequence[float], horizon_h: int, days: int) -> Tuple[float, 
     for d in range(1, days + 1):
         i = n - PERIOD_H * d                # the hour now, d days ago
         j = i + horizon_h
-        if i < 0 or j > n - 1:
-            continue
+        if i < 0 or j > n - 1 or not (history[i] or history[j]):
+            continue                        # not in the history, or nothing metered then
         before += history[i]
         after += history[j]
         used += 1
