@@ -49,9 +49,14 @@ Replays:
 desktops (B and Q, burstable) arrive most at midday, compute (C, best-effort; MIG-backed demand stood
 in by C types of MIG-slice sizes, as the model has no MIG) most at midnight; replays hoarding, an even
 split, the best static split (searched knowing the trace) and the reconciler from the even split, all
-compute-aware (estimated use) in mixed-size mode; prints the reconciler's admitted share against the
-best static split's, and with ``--plot PNG`` its pool sizes and the demand over time (matplotlib, an
-optional dependency: a skip line without it).
+compute-aware (estimated use) in mixed-size mode.  There a day is 24 hours of :data:`DAY` / 24 time
+units each, and the reconciler gets what ``vgpuhost.ops.rebalance`` reads on a host: the time of day,
+the moves of the last hour, and each pool's metered demand per hour (:func:`_meter_classes`), from
+which the product's decision forecasts each pool's need from the same hours of the previous day.
+Prints the reconciler's admitted share against the best static split's, the pool bound
+(:func:`pools_bound`: what free, instant, clairvoyant moves could serve), and with ``--plot PNG`` the
+reconciler's pool sizes and the demand over time (matplotlib, an optional dependency: a skip line
+without it).
 
 Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
 admitted share; time-averaged shares of the fleet's GPU time served (each
@@ -480,6 +485,28 @@ def diurnal_trace(seed: int, arrivals: int):
     return [(e[0], e[2], e[3]) for e in events], vms
 
 
+def pools_bound(events, vms, steady):
+    """The most GPU time any pool reconciler could serve on the diurnal trace, as a share of the fleet
+    (whole span, steady window): at every moment the split of the GPUs between desktops and compute
+    that serves most, with moves free, instant and clairvoyant, desktops packed to a whole GPU each,
+    and each compute VM alone on a GPU (its expected GPU time, about 0.65, leaves no room for a second
+    under a ceiling of 1.0): max over k of min(desktop demand, GPUs - k) + the k largest compute uses."""
+    live, meter, n = {}, Meter(steady), len(GPUS)
+    for now, kind, vm in events:
+        desk = sum(v[3] for v in live.values() if v[0] == DESK)
+        comp = sorted((v[3] for v in live.values() if v[0] != DESK), reverse=True)
+        best, top = min(desk, n), 0.0
+        for k in range(1, min(n, len(comp)) + 1):
+            top += comp[k - 1]
+            best = max(best, min(desk, n - k) + top)
+        meter.tick(now, (0, best / n, 0, 0, 0))
+        if kind == "arrive":
+            live[vm] = vms[vm]
+        else:
+            live.pop(vm, None)
+    return {"time_share": meter.result()["time"], "time_share_steady": meter.result(True)["time"]}
+
+
 #: the desk pool sizes the best static split is searched over first (then the two beside the best)
 STATIC_SPLITS = tuple(range(2, 15, 2))
 
@@ -499,7 +526,7 @@ def run_diurnal(seed: int, arrivals: int, *, timeline=None):
         asked[tn] = asked.get(tn, 0) + 1
     doc = {"trace": "diurnal", "seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS),
            "steady_window": list(steady), "trace_ceiling": demand_ceiling(events, vms, steady),
-           "replays": [list(r) for r in DIURNAL_REPLAYS]}
+           "pools_bound": pools_bound(events, vms, steady), "replays": [list(r) for r in DIURNAL_REPLAYS]}
 
     def one(ps, reconciler=False, tl=None):
         adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use="estimated", pool_set=ps,
@@ -666,6 +693,9 @@ def main(argv=None) -> int:
     if args.trace == "diurnal":
         print("best static pools, desk GPUs of 16, by seed: " + ", ".join(str(d["best_static"]["desk_gpus"])
                                                                          for d in docs))
+        pb = [median([d["pools_bound"][k] for d in docs]) for k in ("time_share", "time_share_steady")]
+        print(f"pool bound (GPU time with free, instant, clairvoyant moves; each compute VM alone on a GPU, "
+              f"desktops packed whole): {pb[0]:.3f} whole span, {pb[1]:.3f} steady")
         gain = median([d["reconciler_over_best_static"] for d in docs])
         print(f"reconciler against the best static pools: admitted {gain:+.1%} (median; target >= +10%)")
         if args.plot:
