@@ -3,7 +3,8 @@
 Owns: the reconciler's settings and operator bounds (:class:`Bounds`, read from the rebalance
 config by :func:`parse_bounds`, strict: one :class:`~vgpuhost.model.errors.InputError` line naming
 the field), the refusals it weighs (:func:`refusal_of`: the structured tail of a ``refused`` admission
-audit row's value -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), and the
+audit row's value -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), the
+forecast of each pool's need (:func:`pool_history`, :func:`growth`, :class:`Outlook`), and the
 decision itself (:func:`decide` -> :class:`Decision` of :class:`Move` values).  Must not: read the
 host, the state store or the clock; callers (:mod:`vgpuhost.ops.rebalance`) build the inputs and
 run the moves as a plan through the Executor.
@@ -19,12 +20,18 @@ The rule (docs/guide/rebalance.md):
   (:class:`Trend`).
 - **Only empty GPUs move**: a GPU holding a vGPU (any owner, made or recorded), an allocation, a
   passthrough binding, in MIG mode or out of service is never a candidate (:attr:`GpuFacts.busy`).
+- **Need**: each pool's GPUs holding something plus the GPUs its pending refused starts would take
+  (:class:`Outlook` ``now``), and that times the growth the metered history forecasts over
+  ``horizon_h`` hours (:func:`growth`: the same hours of the previous days, else the trend;
+  ``ahead``).  A pool whose need ahead passes its GPUs gets empty GPUs before its starts are refused.
 - **A donor** is a pool above its ``min`` (a declared pool keeps at least one GPU: its GPUs are
-  what declares it) that gives an empty GPU it was not itself refused a start for in the window (a
-  start of a class it serves, of a profile that GPU offers), and whose allocated time is not rising
+  what declares it) that keeps its need after the move, and whose allocated time is not rising
   unless it keeps another empty GPU; a GPU a move of the window put in that pool is held there
-  (``moved``: the hold-down, no ping-pong).  **A recipient** serves the refused class and is below its
-  ``max``.  The moved GPU must offer the refused profile, and a GPU in mixed-size mode never goes to a
+  (``moved``: the hold-down, no ping-pong).  A pool that would drop below its need, or was itself
+  refused a start its empty GPU would serve, gives it only for refused starts that GPU admits more
+  of than its own (starts per GPU, by framebuffer and expected GPU time), and never while its own
+  need is forecast to rise.  **A recipient** serves the refused class and is below its ``max``.
+  The moved GPU must offer the refused profile, and a GPU in mixed-size mode never goes to a
   fixed-share pool.
 - **Guarantees stay feasible**: a move is made only when, on the pools after it, the exact
   search of :mod:`vgpuhost.policy.feasibility` finds no tenant at risk that was not at risk before
@@ -33,8 +40,9 @@ The rule (docs/guide/rebalance.md):
   already made in the last hour count).
 
 Kinds of move: ``pool`` (an empty GPU to another pool: its scheduler policy set to the new
-pool's, then its pool recorded).  Mixed-size mode switches and MIG re-slicing are other
-features' moves (:data:`KINDS` lists the names they will take); this module never produces them.
+pool's, then its pool recorded), for refused starts, for a forecast need, or for a pressed pool.
+Mixed-size mode switches and MIG re-slicing are other features' moves (:data:`KINDS` lists the
+names they will take); this module never produces them (docs/guide/rebalance.md, "Not done here").
 """
 
 from __future__ import annotations
