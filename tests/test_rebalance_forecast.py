@@ -144,15 +144,12 @@ def test_facts_read_each_pools_hourly_demand_from_the_rollups_by_class(tmp_path)
     assert hist["desk"][-1] == 0.75 and hist["mixed"][-1] == 0.75 and hist["mixed"][-24] == 1.0
 
 
-def test_rebalance_moves_a_gpu_ahead_of_a_forecast_rise_through_the_executor(make_host, capsys):
-    """On a simulated host: pool gold (fixed share) full, no start refused; yesterday the guaranteed
-    class's demand doubled in the hour after this one.  ``vgpuhost rebalance`` moves the empty GPU of
-    the default pool to gold before any start is refused: the scheduler set (NVML), the pool recorded,
-    an audit row naming the forecast, the journal entry closed."""
-    import json
-
+def forecast_host(make_host, capsys):
+    """Pool gold (fixed share, serves guaranteed) on GPU_LO, full with tenant g's A40-48Q, no start
+    refused; pool batch on the L40S; GPU_HI empty in the default pool (equal share running); the
+    rollups say the guaranteed class held 1 vGPU in this hour yesterday, 2 in the next, 4 in the next."""
     from test_hook import GPU_HI, GPU_LO, L40S, mixed, start
-    from test_rebalance import policy_of, pool_map, run
+    from test_rebalance import run
     from test_tenancy import tdom, uid
     from vgpuhost.ops import tenancy
 
@@ -171,8 +168,23 @@ def test_rebalance_moves_a_gpu_ahead_of_a_forecast_rise_through_the_executor(mak
         hour = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(end - back_h * 3600))
         return UsageRow(hour, dev, "dom-" + dev, "vgpu", str(GPU_LO), "A40-48Q", "", "g", "guaranteed", 3600.0,
                         0, 0, 0, 0, 0, 1)
-    with s.transaction() as conn:       # yesterday: 1 vGPU in this hour, 2 in the next
-        st.add_usage(conn, [row(24, "a"), row(23, "a"), row(23, "b")])
+    with s.transaction() as conn:       # yesterday: 1 vGPU in this hour, 2 in the next, 4 in the one after
+        st.add_usage(conn, [row(24, "a"), row(23, "a"), row(23, "b")] + [row(22, d) for d in "abcd"])
+    return host                         # (so the forecast is 2x should the hour turn before the test runs)
+
+
+def test_rebalance_moves_a_gpu_ahead_of_a_forecast_rise_through_the_executor(make_host, capsys):
+    """On a simulated host: pool gold (fixed share) full, no start refused; yesterday the guaranteed
+    class's demand doubled in the hour after this one.  ``vgpuhost rebalance`` moves the empty GPU of
+    the default pool to gold before any start is refused: the scheduler set (NVML), the pool recorded,
+    an audit row naming the forecast, the journal entry closed."""
+    import json
+
+    from test_hook import GPU_HI
+    from test_rebalance import policy_of, pool_map, run
+
+    host = forecast_host(make_host, capsys)
+    s = StateStore(host.state_dir)
     code, out, err = run(capsys, host, "rebalance", "--dry-run", "--json")
     assert code == 0, err
     doc = json.loads(out)
@@ -186,3 +198,9 @@ def test_rebalance_moves_a_gpu_ahead_of_a_forecast_rise_through_the_executor(mak
     assert "pool gold is forecast to need 2.0 GPU(s) in 1 h (the same hours of the last 1 day(s); 1.0 now)" \
         in audit.value, audit.value
     assert [e.state for e in s.journal_entries() if e.kind == "rebalance"] == ["closed"]
+
+
+def test_kill_at_each_step_of_a_forecast_move_leaves_it_before_or_after(make_host, capsys, tmp_path):
+    """The kill sweep of tests/test_rebalance.py on a move the forecast alone drove (no start refused)."""
+    from test_rebalance import kill_sweep
+    kill_sweep(make_host, capsys, tmp_path, lambda mh: forecast_host(mh, capsys))
