@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from vgpuhost.io import state as st
 from vgpuhost.io.state import StateStore
+from vgpuhost.model.errors import InputError
 from vgpuhost.model.gputime import ExpectedUse, TENANT_PROFILE
 from vgpuhost.model.usage import UsageRow
 from vgpuhost.ops import rebalance
@@ -200,7 +203,12 @@ def test_rebalance_moves_a_gpu_ahead_of_a_forecast_rise_through_the_executor(mak
     assert [e.state for e in s.journal_entries() if e.kind == "rebalance"] == ["closed"]
 
 
-def test_kill_at_each_step_of_a_forecast_move_leaves_it_before_or_after(make_host, capsys, tmp_path):
-    """The kill sweep of tests/test_rebalance.py on a move the forecast alone drove (no start refused)."""
-    from test_rebalance import kill_sweep
-    kill_sweep(make_host, capsys, tmp_path, lambda mh: forecast_host(mh, capsys))
+def test_the_forecast_settings_are_read_and_checked():
+    b = pol.parse_bounds({"version": 1, "horizon_h": 2, "history_days": 3})
+    assert (b.horizon_h, b.history_days) == (2, 3) and b.as_dict()["horizon_h"] == 2
+    assert (pol.Bounds().horizon_h, pol.Bounds().history_days) == (1, 7)
+    for doc, words in (({"horizon_h": 13}, "horizon_h must be a whole number from 0 to 12, not 13"),
+                       ({"history_days": -1}, "history_days must be a whole number from 0 to 28, not -1")):
+        with pytest.raises(InputError) as e:
+            pol.parse_bounds(doc, "rebalance.yaml")
+        assert f"rebalance.yaml: {words}" in str(e.value)
