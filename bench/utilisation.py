@@ -49,9 +49,14 @@ Replays:
 desktops (B and Q, burstable) arrive most at midday, compute (C, best-effort; MIG-backed demand stood
 in by C types of MIG-slice sizes, as the model has no MIG) most at midnight; replays hoarding, an even
 split, the best static split (searched knowing the trace) and the reconciler from the even split, all
-compute-aware (estimated use) in mixed-size mode; prints the reconciler's admitted share against the
-best static split's, and with ``--plot PNG`` its pool sizes and the demand over time (matplotlib, an
-optional dependency: a skip line without it).
+compute-aware (estimated use) in mixed-size mode.  There a day is 24 hours of :data:`DAY` / 24 time
+units each, and the reconciler gets what ``vgpuhost.ops.rebalance`` reads on a host: the time of day,
+the moves of the last hour, and each pool's metered demand per hour (:func:`_meter_classes`), from
+which the product's decision forecasts each pool's need from the same hours of the previous day.
+Prints the reconciler's admitted share against the best static split's, the pool bound
+(:func:`pools_bound`: what free, instant, clairvoyant moves could serve), and with ``--plot PNG`` the
+reconciler's pool sizes and the demand over time (matplotlib, an optional dependency: a skip line
+without it).
 
 Printed: the trace's ceiling (the GPU-time demand were every VM admitted);
 admitted share; time-averaged shares of the fleet's GPU time served (each
@@ -254,6 +259,10 @@ class Estimator:
 RECONCILE_EVERY = 2.5
 #: moves a pass may make (the reconciler's changes_per_hour, a pass standing for its hour)
 RECONCILE_MOVES = 4
+#: the diurnal trace's reconciler (an hour is a 24th of :data:`DAY`): moves in any hour, and the hours
+#: ahead it forecasts each pool's need (from the same hours of the previous day, else the trend)
+RECONCILE_MOVES_PER_HOUR = 8
+HORIZON_H = 1
 
 
 def _host_gpus(model):
@@ -266,27 +275,45 @@ def _host_gpus(model):
     return out
 
 
-def reconcile(model, ts, refused, host_gpus):
-    """One pass of the capacity reconciler over ``model`` (its pools replaced by the moves); the moves."""
+def reconcile(model, ts, refused, host_gpus, *, now=0.0, metered=None, day=None, moved_at=()):
+    """One pass of the capacity reconciler over ``model`` (its pools replaced by the moves); the moves.
+
+    The decision is the product's (:func:`vgpuhost.policy.rebalance.decide`), on the facts
+    ``vgpuhost.ops.rebalance.facts`` reads on a host: the GPUs (busy when they hold anything), the
+    refusals since the last pass, the held vGPUs with their expected use, and, with ``metered``
+    (``{QoS class: [mean vGPUs held per hour]}``, as the hourly rollups of ``ops.metering`` give) and
+    ``day`` (time units a day is: a bench hour is ``day / 24``), each pool's metered history for the
+    forecast, the time of day and the moves of the last hour (``moved_at``: their times)."""
     busy = {a.gpu for a in model.allocations}
     gpus = [rb.GpuFacts(g, "holds devices" if g in busy else "",
-                        tuple(f"{b.name}-{gb}{s}".lower() for gb in b.sizes_gb for s in "QC"), b.memory_mib)
+                        tuple(f"{b.name}-{gb}{s}".lower() for gb in b.sizes_gb for s in "QCB"), b.memory_mib)
             for g, b in sorted(model.gpus.items())]
-    bounds = rb.Bounds(changes_per_hour=RECONCILE_MOVES, window_min=int(RECONCILE_EVERY))
-    d = rb.decide(pools=model.pools, gpus=gpus, refusals=refused, tenants=ts, held=model.allocations,
-                  host_gpus=host_gpus, bounds=bounds, minute_of_day=720, moves_last_hour=0)
+    if day is None:
+        bounds = rb.Bounds(changes_per_hour=RECONCILE_MOVES, window_min=int(RECONCILE_EVERY), horizon_h=0)
+        d = rb.decide(pools=model.pools, gpus=gpus, refusals=refused, tenants=ts, held=model.allocations,
+                      host_gpus=host_gpus, bounds=bounds, minute_of_day=720, moves_last_hour=0)
+    else:
+        hour = day / 24
+        bounds = rb.Bounds(changes_per_hour=RECONCILE_MOVES_PER_HOUR, window_min=int(RECONCILE_EVERY / hour * 60),
+                           horizon_h=HORIZON_H)
+        names = [p.name for p in model.pools]
+        history = rb.pool_history(metered or {}, model.pools, names)
+        d = rb.decide(pools=model.pools, gpus=gpus, refusals=refused, tenants=ts, held=model.allocations,
+                      host_gpus=host_gpus, bounds=bounds, minute_of_day=int((now % day) / day * 1440),
+                      moves_last_hour=sum(1 for t in moved_at if t > now - hour), history=history)
     for m in d.moves:
         model.pools = rb.with_move(model.pools, m.gpu, m.to_pool)
     return d.moves
 
 
 def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=False, reconciler=False,
-                    ts=None, timeline=None):
+                    ts=None, timeline=None, day=None):
     """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
     fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference).
     ``reconciler``: run :func:`reconcile` every :data:`RECONCILE_EVERY` (replay (e)); the moves are
     returned in ``codes['moves']``.  ``ts``: the tenants (None: :func:`tenants`); ``timeline``: a list
-    each reconciler pass appends ``(time, {pool: GPUs})`` to."""
+    each reconciler pass appends ``(time, {pool: GPUs})`` to; ``day``: time units a day is (the diurnal
+    trace: the reconciler gets each pool's metered history per hour, a 24th of it, and forecasts)."""
     ts = ts if ts is not None else tenants()
     ps = pool_set if pool_set is not None else pools()
     model = HostModel(GPUS, ps, [g for p in ps if p.policy != "fixed-share" for g in p.gpus] if mixed else ())
@@ -294,10 +321,18 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=Fal
     placed, admitted, meter, broken = {}, 0, Meter(steady), 0
     codes, per = {}, {}
     refused, next_pass, moves, hg = [], RECONCILE_EVERY, 0, _host_gpus(model)
+    metered, moved_at, last = {}, [], 0.0
     for now, kind, vm in events:
         meter.tick(now, _shares(placed, vms))
+        if reconciler and day is not None:
+            _meter_classes(metered, model, last, now, day / 24)
+            last = now
         if reconciler and now >= next_pass:
-            moves += len(reconcile(model, ts, refused, hg))
+            hours = int(now // (day / 24)) if day else 0
+            done = reconcile(model, ts, refused, hg, now=now, day=day, moved_at=moved_at,
+                             metered={q: (ys + [0.0] * hours)[:hours] for q, ys in metered.items()})
+            moves += len(done)
+            moved_at += [now] * len(done)
             if timeline is not None:
                 timeline.append((now, {p.name: len(p.gpus) for p in model.pools}))
             refused, next_pass = [], now + RECONCILE_EVERY
@@ -328,6 +363,22 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=Fal
     if reconciler:
         codes["moves"] = moves
     return admitted, meter, broken, codes, per
+
+
+def _meter_classes(metered, model, t0, t1, hour):
+    """Add the vGPUs ``model`` holds, per QoS class, over ``[t0, t1)`` to ``metered`` (``{class: [mean
+    vGPUs held per hour]}``): what the hourly rollups of ``ops.metering`` record on a host."""
+    count = {}
+    for a in model.allocations:
+        count[a.qos] = count.get(a.qos, 0) + 1
+    i = int(t0 // hour)
+    while i * hour < t1:
+        lo, hi = max(t0, i * hour), min(t1, (i + 1) * hour)
+        for q, c in count.items():
+            ys = metered.setdefault(q, [])
+            ys.extend([0.0] * (i + 1 - len(ys)))
+            ys[i] += c * max(0.0, hi - lo) / hour
+        i += 1
 
 
 REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "none"),
@@ -437,6 +488,28 @@ def diurnal_trace(seed: int, arrivals: int):
     return [(e[0], e[2], e[3]) for e in events], vms
 
 
+def pools_bound(events, vms, steady):
+    """The most GPU time any pool reconciler could serve on the diurnal trace, as a share of the fleet
+    (whole span, steady window): at every moment the split of the GPUs between desktops and compute
+    that serves most, with moves free, instant and clairvoyant, desktops packed to a whole GPU each,
+    and each compute VM alone on a GPU (its expected GPU time, about 0.65, leaves no room for a second
+    under a ceiling of 1.0): max over k of min(desktop demand, GPUs - k) + the k largest compute uses."""
+    live, meter, n = {}, Meter(steady), len(GPUS)
+    for now, kind, vm in events:
+        desk = sum(v[3] for v in live.values() if v[0] == DESK)
+        comp = sorted((v[3] for v in live.values() if v[0] != DESK), reverse=True)
+        best, top = min(desk, n), 0.0
+        for k in range(1, min(n, len(comp)) + 1):
+            top += comp[k - 1]
+            best = max(best, min(desk, n - k) + top)
+        meter.tick(now, (0, best / n, 0, 0, 0))
+        if kind == "arrive":
+            live[vm] = vms[vm]
+        else:
+            live.pop(vm, None)
+    return {"time_share": meter.result()["time"], "time_share_steady": meter.result(True)["time"]}
+
+
 #: the desk pool sizes the best static split is searched over first (then the two beside the best)
 STATIC_SPLITS = tuple(range(2, 15, 2))
 
@@ -456,11 +529,12 @@ def run_diurnal(seed: int, arrivals: int, *, timeline=None):
         asked[tn] = asked.get(tn, 0) + 1
     doc = {"trace": "diurnal", "seed": seed, "arrivals": n, "events": len(events), "gpus": len(GPUS),
            "steady_window": list(steady), "trace_ceiling": demand_ceiling(events, vms, steady),
-           "replays": [list(r) for r in DIURNAL_REPLAYS]}
+           "pools_bound": pools_bound(events, vms, steady), "replays": [list(r) for r in DIURNAL_REPLAYS]}
 
     def one(ps, reconciler=False, tl=None):
         adm_n, meter, broken, codes, per = replay_vgpuhost(events, vms, steady, use="estimated", pool_set=ps,
-                                                           mixed=True, reconciler=reconciler, ts=ts, timeline=tl)
+                                                           mixed=True, reconciler=reconciler, ts=ts, timeline=tl,
+                                                           day=DAY if reconciler else None)
         return _figures(adm_n, n, meter, broken, codes, per, asked)
 
     adm_n, meter, broken, codes, per = replay_hoarding(events, vms, steady)
@@ -519,7 +593,7 @@ def plot_diurnal(seed: int, arrivals: int, path: str) -> str:
     events, vms = diurnal_trace(seed, arrivals)
     last_arrival = max(t for t, k, _ in events if k == "arrive")
     replay_vgpuhost(events, vms, (0.0, last_arrival), use="estimated", pool_set=diurnal_pools(8), mixed=True,
-                    reconciler=True, ts=diurnal_tenants(), timeline=timeline)
+                    reconciler=True, ts=diurnal_tenants(), timeline=timeline, day=DAY)
     times = [t for t, _ in timeline]
     dem = demand_timeline(events, vms, times)
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
@@ -625,6 +699,9 @@ def main(argv=None) -> int:
     if args.trace == "diurnal":
         print("best static pools, desk GPUs of 16, by seed: " + ", ".join(str(d["best_static"]["desk_gpus"])
                                                                          for d in docs))
+        pb = [median([d["pools_bound"][k] for d in docs]) for k in ("time_share", "time_share_steady")]
+        print(f"pool bound (GPU time with free, instant, clairvoyant moves; each compute VM alone on a GPU, "
+              f"desktops packed whole): {pb[0]:.3f} whole span, {pb[1]:.3f} steady")
         gain = median([d["reconciler_over_best_static"] for d in docs])
         print(f"reconciler against the best static pools: admitted {gain:+.1%} (median; target >= +10%)")
         if args.plot:

@@ -121,3 +121,19 @@ def test_the_plot_is_written_or_skipped_with_a_line(tmp_path):
         assert line.startswith("plot skipped: matplotlib is not installed") and not out.exists()
     else:
         assert line == f"plot: {out}" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_pool_bound_takes_the_best_split_at_every_moment():
+    """The diurnal pool bound: desktops packed whole, each compute VM alone on a GPU, the best split."""
+    n = len(bench.GPUS)
+    vms = {"d1": (bench.DESK, "A40-1B", "A40", 0.5), "c1": (bench.COMPUTE, "A40-12C", "A40", 0.8),
+           "c2": (bench.COMPUTE, "A40-12C", "A40", 0.6)}
+    events = [(0.0, "arrive", v) for v in vms] + [(10.0, "depart", v) for v in vms]
+    got = bench.pools_bound(events, vms, (0.0, 10.0))
+    assert got["time_share"] == pytest.approx(1.9 / n) and got["time_share_steady"] == pytest.approx(1.9 / n)
+    # more compute VMs than GPUs and desktops asking 10 GPUs: the best split serves all 16 GPUs
+    vms = {f"c{i}": (bench.COMPUTE, "A40-12C", "A40", 0.9) for i in range(20)}
+    vms["d"] = (bench.DESK, "A40-1B", "A40", 10.0)
+    events = [(0.0, "arrive", v) for v in vms] + [(4.0, "depart", v) for v in vms]
+    got = bench.pools_bound(events, vms, (0.0, 4.0))
+    assert got["time_share"] == pytest.approx((10.0 + 6 * 0.9) / n)

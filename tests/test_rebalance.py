@@ -247,12 +247,26 @@ def _state(host) -> tuple:
 
 
 def test_kill_at_each_step_of_a_move_leaves_it_before_or_after(make_host, capsys, tmp_path):
+    kill_sweep(make_host, capsys, tmp_path, lambda mh: gold_full(mh, capsys)[0])
+
+
+def test_kill_at_each_step_of_a_forecast_move_leaves_it_before_or_after(make_host, capsys, tmp_path):
+    """The same sweep on a move the forecast alone drove (no start refused: tests/test_rebalance_forecast.py's
+    host).  Here, not there: a fork must come before the agent test below leaves its threads."""
+    from test_rebalance_forecast import forecast_host
+    kill_sweep(make_host, capsys, tmp_path, lambda mh: forecast_host(mh, capsys))
+
+
+def kill_sweep(make_host, capsys, tmp_path, build):
+    """Kill a move of GPU_HI from the default pool (equal share) to gold (fixed share) on the host
+    ``build(make_host)`` makes at every NVML write and step boundary; each kill leaves the host before
+    or after the move once ``reconcile`` has run, and the next pass ends it moved."""
     import os
     import signal
 
     from test_crash import copies, cli_op, run as crash_run
 
-    fresh = copies(make_host, lambda mh: gold_full(mh, capsys)[0], tmp_path)
+    fresh = copies(make_host, build, tmp_path)
     capsys.readouterr()
 
     def move(host, kill_after=None):

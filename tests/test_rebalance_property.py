@@ -1,7 +1,8 @@
 """Property: the reconciler's pure decision (:func:`vgpuhost.policy.rebalance.decide`) never moves a
 busy GPU, never leaves a tenant's guarantee unservable that was servable, and keeps the operator's
 bounds (changes per hour, quiet hours, each pool's min and max), on hand-built hosts of 3 to 6 A40s
-in up to three pools, with guaranteed tenants, allocations and refused starts drawn at random."""
+in up to three pools, with guaranteed tenants, allocations, refused starts and each pool's metered
+history (so forecast moves too) drawn at random."""
 
 from __future__ import annotations
 
@@ -55,16 +56,19 @@ def hosts(draw):
                         pools={n: pol.PoolBound(draw(st.integers(0, 2)), draw(st.sampled_from((None, 1, 2, 3))))
                                for n in ("gold", "std", "batch", "default") if draw(st.integers(0, 2)) == 0})
     trends = {n: pol.Trend(draw(st.sampled_from((0.0, 3600.0, 36000.0))), 3600.0) for n in ("gold", "std", "batch")}
+    # the forecast: per pool, a metered history whose next hour yesterday was 0x..4x this hour's
+    history = {n: [1.0] * 24 + [draw(st.sampled_from((0.0, 1.0, 2.0, 4.0)))] + [1.0] * 23
+               for n in ("gold", "std", "batch", "default") if draw(st.booleans())}
     return dict(pools=pools, gpus=facts, refusals=refusals, tenants=tenants, held=held, host_gpus=host_gpus,
                 bounds=bounds, minute_of_day=draw(st.integers(0, 1439)), moves_last_hour=draw(st.sampled_from((0, 0, 0, 1))),
-                trends=trends), busy
+                trends=trends, history=history), busy
 
 
 def _count(pools, gpus, name):
     return sum(1 for g in gpus if pool_of(pools, g.gpu).name == name)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(hosts())
 def test_decide_never_moves_a_busy_gpu_and_keeps_guarantees_and_bounds(drawn):
     args, busy = drawn

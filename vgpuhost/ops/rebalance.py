@@ -3,8 +3,8 @@
 Owns: reading the reconciler's config (:func:`load_bounds`, ``<root>/etc/vgpuhost/rebalance.yaml``
 unless named), gathering the facts it decides on under the host lock (:func:`facts`: the recorded
 pools, which GPUs are empty, the refused admissions of the window from the audit log, each pool's
-metered allocated time over two trend windows, the moves of the last hour, the tenants and
-allocations for the guarantee check), asking :func:`vgpuhost.policy.rebalance.decide`, and running
+metered allocated time over two trend windows, each pool's metered demand per hour for the forecast
+(:func:`class_history`), the moves of the last hour, the tenants and allocations for the guarantee check), asking :func:`vgpuhost.policy.rebalance.decide`, and running
 each move as a plan (:func:`vgpuhost.plan.rebalance.plan_move`) through the one Executor under a
 journal entry of kind ``rebalance`` (:func:`rebalance`; :mod:`vgpuhost.ops.rebalancejournal` ends
 one a kill left open).  Must not: decide (policy does),
@@ -16,6 +16,7 @@ is decided and made, then each moved GPU's lock (its NVML write); the same order
 
 from __future__ import annotations
 
+import calendar
 import functools
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,10 +27,10 @@ from ..io.files import exists
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..io.process import actor as actor_name
-from ..io.state import StateStore, gpu_alloc_by_hour
+from ..io.state import StateStore, gpu_alloc_by_hour, usage_rows
 from ..io.sysfs import Sysfs
 from ..io.yamlutil import read_text_file
-from ..model.concepts import OwnerKind
+from ..model.concepts import OwnerKind, QosClass
 from ..model.errors import RefusedError, VgpuhostError
 from ..model.nvml import SchedulerState
 from ..model.records import JournalEntry
@@ -87,6 +88,7 @@ class Facts:
     minute_of_day: int
     inventory: Any = None
     moved: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    history: Dict[str, List[float]] = field(default_factory=dict)
 
 
 def _iso(t: float) -> str:
@@ -120,7 +122,8 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
     metered vGPU allocated seconds over the last ``trend_hours`` and the span before.  ``moved``: the
     GPUs the moves of the window put where they are (the hold-down); each empty GPU's mixed-size mode
-    from NVML (False where it cannot say)."""
+    from NVML (False where it cannot say); ``history``: each pool's metered demand per hour
+    (:func:`class_history` shared among the pools by the classes they serve)."""
     now = time.time() if now_s is None else now_s
     inv = discover(Sysfs(host))
     records = store.vgpu_records()
@@ -184,8 +187,33 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
             if got is not None and ": undo: " not in r.value and r.time >= recent.get(got[0], ("",))[0]:
                 recent[got[0]] = (r.time, got[1])
     tm = time.gmtime(now)
+    names = [p.name for p in pools] + ([DEFAULT_POOL] if any(pool_of(pools, g.gpu).name == DEFAULT_POOL
+                                                               for g in gpus) else [])
+    history = pol.pool_history(class_history(store, now, bounds), pools, names)
     return Facts(pools, gpus, refusals, ts, held, host_gpus, trends, moved, tm.tm_hour * 60 + tm.tm_min, inv,
-                 recent)
+                 recent, history)
+
+
+def class_history(store: StateStore, now: float, bounds: pol.Bounds) -> Dict[str, List[float]]:
+    """Each QoS class's metered demand per hour over the last ``bounds.history_days`` days and a day
+    (the forecast reads the same hours of each day, and the hours after them): ``{class: [mean
+    time-sliced vGPUs held in the hour]}``, oldest first, the last value the last whole hour before
+    ``now``; from the hourly rollups (``usage_hourly``: allocated seconds / 3600, by the class each
+    row records; none recorded: best-effort).  Empty when ``history_days`` or ``horizon_h`` is 0."""
+    if not bounds.history_days or not bounds.horizon_h:
+        return {}
+    hours = (bounds.history_days + 1) * 24
+    end = int(now // 3600) * 3600                 # the hour now began: history ends before it
+    origin = end - hours * 3600
+    out: Dict[str, List[float]] = {}
+    for r in usage_rows(store, time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(origin)),
+                        time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(end))):
+        if r.kind != "vgpu":
+            continue
+        i = (calendar.timegm(time.strptime(r.hour, "%Y-%m-%dT%H:00:00Z")) - origin) // 3600
+        if 0 <= i < hours:
+            out.setdefault(r.qos or str(QosClass.BEST_EFFORT), [0.0] * hours)[int(i)] += (r.alloc_s or 0.0) / 3600
+    return out
 
 
 def _mixed_size(nvml: Callable[[], Any], bdf: PciAddress) -> bool:
@@ -226,7 +254,7 @@ class Result:
         lines += [f"failed: {f}" for f in self.failed]
         lines += [f"held: {h}" for h in self.decision.held]
         if not lines:
-            lines.append("nothing to move: no refused start or rising pool calls for empty capacity")
+            lines.append("nothing to move: no refused start, forecast need or rising pool calls for empty capacity")
         return "\n".join(lines)
 
 
@@ -249,7 +277,8 @@ def rebalance(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, dry_run:
         f = facts(host, store, bounds, now_s=now_s)
         decision = pol.decide(pools=f.pools, gpus=f.gpus, refusals=f.refusals, tenants=f.tenants, held=f.held,
                               host_gpus=f.host_gpus, bounds=bounds, minute_of_day=f.minute_of_day,
-                              moves_last_hour=f.moves_last_hour, trends=f.trends, moved=f.moved)
+                              moves_last_hour=f.moves_last_hour, trends=f.trends, moved=f.moved,
+                              history=f.history)
         result = Result(decision, dry_run, bounds)
         if not decision.moves:
             return result

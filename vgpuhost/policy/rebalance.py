@@ -3,7 +3,8 @@
 Owns: the reconciler's settings and operator bounds (:class:`Bounds`, read from the rebalance
 config by :func:`parse_bounds`, strict: one :class:`~vgpuhost.model.errors.InputError` line naming
 the field), the refusals it weighs (:func:`refusal_of`: the structured tail of a ``refused`` admission
-audit row's value -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), and the
+audit row's value -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), the
+forecast of each pool's need (:func:`pool_history`, :func:`growth`, :class:`Outlook`), and the
 decision itself (:func:`decide` -> :class:`Decision` of :class:`Move` values).  Must not: read the
 host, the state store or the clock; callers (:mod:`vgpuhost.ops.rebalance`) build the inputs and
 run the moves as a plan through the Executor.
@@ -19,12 +20,18 @@ The rule (docs/guide/rebalance.md):
   (:class:`Trend`).
 - **Only empty GPUs move**: a GPU holding a vGPU (any owner, made or recorded), an allocation, a
   passthrough binding, in MIG mode or out of service is never a candidate (:attr:`GpuFacts.busy`).
+- **Need**: each pool's GPUs holding something plus the GPUs its pending refused starts would take
+  (:class:`Outlook` ``now``), and that times the growth the metered history forecasts over
+  ``horizon_h`` hours (:func:`growth`: the same hours of the previous days, else the trend;
+  ``ahead``).  A pool whose need ahead passes its GPUs gets empty GPUs before its starts are refused.
 - **A donor** is a pool above its ``min`` (a declared pool keeps at least one GPU: its GPUs are
-  what declares it) that gives an empty GPU it was not itself refused a start for in the window (a
-  start of a class it serves, of a profile that GPU offers), and whose allocated time is not rising
+  what declares it) that keeps its need after the move, and whose allocated time is not rising
   unless it keeps another empty GPU; a GPU a move of the window put in that pool is held there
-  (``moved``: the hold-down, no ping-pong).  **A recipient** serves the refused class and is below its
-  ``max``.  The moved GPU must offer the refused profile, and a GPU in mixed-size mode never goes to a
+  (``moved``: the hold-down, no ping-pong).  A pool that would drop below its need, or was itself
+  refused a start its empty GPU would serve, gives it only for refused starts that GPU admits more
+  of than its own (starts per GPU, by framebuffer and expected GPU time), and never while its own
+  need is forecast to rise.  **A recipient** serves the refused class and is below its ``max``.
+  The moved GPU must offer the refused profile, and a GPU in mixed-size mode never goes to a
   fixed-share pool.
 - **Guarantees stay feasible**: a move is made only when, on the pools after it, the exact
   search of :mod:`vgpuhost.policy.feasibility` finds no tenant at risk that was not at risk before
@@ -33,12 +40,14 @@ The rule (docs/guide/rebalance.md):
   already made in the last hour count).
 
 Kinds of move: ``pool`` (an empty GPU to another pool: its scheduler policy set to the new
-pool's, then its pool recorded).  Mixed-size mode switches and MIG re-slicing are other
-features' moves (:data:`KINDS` lists the names they will take); this module never produces them.
+pool's, then its pool recorded), for refused starts, for a forecast need, or for a pressed pool.
+Mixed-size mode switches and MIG re-slicing are other features' moves (:data:`KINDS` lists the
+names they will take); this module never produces them (docs/guide/rebalance.md, "Not done here").
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -48,6 +57,7 @@ from ..model.errors import InputError
 from ..model.tenancy import Tenant
 from ..model.values import VgpuProfile
 from .admission import DEFAULT_POOL, Pool, gpu_time_room, pool_of, pool_problems, serves_of
+from . import compute
 from .demand import refusal_fields
 from .feasibility import HostGpu, at_risk
 
@@ -130,7 +140,9 @@ class Bounds:
     ``window_min`` (minutes of refusals weighed), ``trend_hours`` (hours of metered use in each of the
     two windows compared), ``changes_per_hour`` (moves in any hour), ``quiet`` (``(start, end)``
     minutes after midnight UTC with no move; end before start wraps midnight; None: none),
-    ``pools`` (``{pool name, lower case: PoolBound}``)."""
+    ``pools`` (``{pool name, lower case: PoolBound}``), ``horizon_h`` (hours ahead the forecast looks:
+    a pool is given GPUs it is forecast to need that far ahead), ``history_days`` (days of metered
+    history the forecast reads the same hours of)."""
 
     enabled: bool = False
     interval_s: float = 300.0
@@ -139,6 +151,8 @@ class Bounds:
     changes_per_hour: int = 4
     quiet: Optional[Tuple[int, int]] = None
     pools: Mapping[str, PoolBound] = field(default_factory=dict)
+    horizon_h: int = 1
+    history_days: int = 7
 
     def bound(self, pool: str) -> PoolBound:
         return self.pools.get(pool.lower(), PoolBound())
@@ -159,11 +173,13 @@ class Bounds:
     def as_dict(self) -> Dict[str, Any]:
         return {"enabled": self.enabled, "interval_s": self.interval_s, "window_min": self.window_min,
                 "trend_hours": self.trend_hours, "changes_per_hour": self.changes_per_hour,
-                "quiet_hours": self.quiet_text() or None,
+                "quiet_hours": self.quiet_text() or None, "horizon_h": self.horizon_h,
+                "history_days": self.history_days,
                 "pools": {n: {"min": b.min, "max": b.max} for n, b in sorted(self.pools.items())}}
 
 
-_TOP = ("version", "agent", "window_min", "trend_hours", "changes_per_hour", "quiet_hours", "pools")
+_TOP = ("version", "agent", "window_min", "trend_hours", "changes_per_hour", "quiet_hours", "pools", "horizon_h",
+        "history_days")
 _HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
 
@@ -203,7 +219,7 @@ def parse_bounds(doc: Any, source: str = "rebalance.yaml") -> Bounds:
     if "interval_s" in agent:
         out["interval_s"] = float(_int(source, "agent.interval_s", agent["interval_s"], 10, 86400))
     for key, low, high in (("window_min", 1, 7 * 24 * 60), ("trend_hours", 1, 24 * 14),
-                           ("changes_per_hour", 0, 60)):
+                           ("changes_per_hour", 0, 60), ("horizon_h", 0, 12), ("history_days", 0, 28)):
         if key in doc:
             out[key] = _int(source, key, doc[key], low, high)
     q = doc.get("quiet_hours")
@@ -267,6 +283,95 @@ class Trend:
         return self.recent > self.before * RISING and self.recent > 0
 
 
+#: the most a forecast scales a pool's need now by, either way (a history with a near-empty hour
+#: would otherwise forecast a pool many times its size)
+MAX_RATIO = 2.0
+#: hours in the period the forecast reads the same hours of (a day: desktops by day, compute by night)
+PERIOD_H = 24
+
+
+def growth(history: Sequence[float], horizon_h: int, days: int) -> Tuple[float, str]:
+    """``(ratio, basis)``: how much a pool's demand is forecast to change between now and ``horizon_h``
+    hours ahead, from ``history``, its metered demand per hour (any unit proportional to demand, e.g.
+    mean vGPUs held; oldest first, the last value the last whole hour before now).
+
+    - **The same hours of the previous days** (a day/night load is periodic): for each of the last
+      ``days`` days whose history covers both and metered something in either, the hour ``24 * d``
+      hours before now and the hour ``horizon_h`` after it; the ratio is the sum of the later hours
+      over the sum of the earlier.
+    - Without a whole day of history, **the trend**: the mean of the last ``horizon_h`` hours over
+      the mean of the ``horizon_h`` before them.
+    - Otherwise (or nothing metered in the earlier hours): 1.0, ``no history``.
+
+    The ratio is kept within 1/:data:`MAX_RATIO` .. :data:`MAX_RATIO`.  ``basis``: one phrase saying
+    which estimator gave it (the move's reason quotes it)."""
+    n = len(history)
+    if horizon_h <= 0:
+        return 1.0, "no forecast (horizon 0 h)"
+    before = after = 0.0
+    used = 0
+    for d in range(1, days + 1):
+        i = n - PERIOD_H * d                # the hour now, d days ago
+        j = i + horizon_h
+        if i < 0 or j > n - 1 or not (history[i] or history[j]):
+            continue                        # not in the history, or nothing metered then
+        before += history[i]
+        after += history[j]
+        used += 1
+    if used and before > 0:
+        ratio, basis = after / before, f"the same hours of the last {used} day(s)"
+    elif n >= 2 * horizon_h and sum(history[n - 2 * horizon_h:n - horizon_h]) > 0:
+        ratio = sum(history[n - horizon_h:]) / sum(history[n - 2 * horizon_h:n - horizon_h])
+        basis = f"the trend of the last {2 * horizon_h} h"
+    else:
+        return 1.0, "no history"
+    return min(MAX_RATIO, max(1 / MAX_RATIO, ratio)), basis
+
+
+def pool_history(by_class: Mapping[str, Sequence[float]], pools: Sequence[Pool], names: Sequence[str]
+                 ) -> Dict[str, List[float]]:
+    """Each pool's metered demand per hour (``{pool name lower case: [value per hour]}``) from each QoS
+    class's (``by_class``: ``{class: [mean vGPUs of that class held, per hour]}``, oldest first, all of
+    one length): the classes it serves, each shared evenly among the pools serving it.  ``names``: the
+    pools to give a history (the declared ones and :data:`DEFAULT_POOL` where GPUs are in none)."""
+    n = max((len(v) for v in by_class.values()), default=0)
+    out: Dict[str, List[float]] = {}
+    for name in names:
+        p = next((p for p in pools if p.name.lower() == name.lower()), pool_of((), ""))
+        row = [0.0] * n
+        for qos, ys in by_class.items():
+            if not p.serves(qos):
+                continue
+            sharing = sum(1 for m in names if next((x for x in pools if x.name.lower() == m.lower()),
+                                                   pool_of((), "")).serves(qos))
+            for i, y in enumerate(ys[-n:] if n else ()):
+                row[n - len(ys) + i] += y / max(1, sharing)
+        out[name.lower()] = row
+    return out
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """A pool's need for GPUs: ``now`` (GPUs holding something, plus the GPUs its pending refused starts
+    would take: each refused start 1 / the number of its profile an empty GPU of the pool takes, by
+    framebuffer and expected GPU time), ``ahead`` (``now`` times the forecast :func:`growth` over the
+    horizon), ``basis`` (the estimator, one phrase)."""
+
+    now: float = 0.0
+    ahead: float = 0.0
+    basis: str = "no history"
+
+    @property
+    def need(self) -> int:
+        """GPUs the pool keeps: its need now or ahead, whichever is more, rounded up."""
+        return _ceil(max(self.now, self.ahead))
+
+
+def _ceil(x: float) -> int:
+    """``x`` rounded up, a hair of float error forgiven (2.0000000001 GPUs is 2)."""
+    return max(0, int(math.ceil(x - 1e-6)))
+
+
 @dataclass(frozen=True)
 class Move:
     """One change: ``kind`` (:data:`KIND_POOL`), ``gpu`` (BDF), ``from_pool``/``to_pool`` (names;
@@ -314,11 +419,36 @@ def _room(g: GpuFacts, host: Optional[HostGpu], profile: str) -> int:
     return max(1, (g.framebuffer_mib // size) if size and g.framebuffer_mib else 1)
 
 
+def _use_of(held: Sequence[Any], profile: str, tenant: Optional[str]) -> Optional[float]:
+    """The expected GPU time of a start of ``profile`` (lower case) by ``tenant``: the mean expected use
+    of the held vGPUs of that profile and tenant, else of that profile; None: none held (the profile's
+    fixed share then)."""
+    mine = [a.use.share for a in held if getattr(a, "use", None) is not None
+            and (a.profile or "").lower() == profile and a.tenant == tenant]
+    if not mine:
+        mine = [a.use.share for a in held if getattr(a, "use", None) is not None
+                and (a.profile or "").lower() == profile]
+    return sum(mine) / len(mine) if mine else None
+
+
+def _starts_per_gpu(g: GpuFacts, host: Optional[HostGpu], profile: str, use: Optional[float],
+                    ceiling: float) -> int:
+    """How many starts of ``profile`` the empty GPU ``g`` admits in a pool of compute ceiling
+    ``ceiling``: its room by framebuffer (:func:`_room`), and by expected GPU time ``use`` (None: no
+    limit beyond the framebuffer); at least 1."""
+    most = _room(g, host, profile)
+    if use and use > 0:
+        most = min(most, max(1, int(ceiling / use + 1e-9)))
+    return max(1, most)
+
+
 def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequence[Refusal],
            tenants: Mapping[str, Tenant], held: Sequence[Any], host_gpus: Sequence[HostGpu], bounds: Bounds,
            minute_of_day: int, moves_last_hour: int, trends: Optional[Mapping[str, Trend]] = None,
-           moved: Optional[Mapping[str, Tuple[str, str]]] = None) -> Decision:
-    """The moves that bring empty capacity to where starts were refused (module docstring).
+           moved: Optional[Mapping[str, Tuple[str, str]]] = None,
+           history: Optional[Mapping[str, Sequence[float]]] = None) -> Decision:
+    """The moves that bring empty capacity to where starts were refused, or are forecast (module
+    docstring).
 
     ``pools``: the declared pools as recorded; ``gpus``: every GPU (:class:`GpuFacts`); ``refusals``:
     those of the window (:func:`refusal_of`); ``tenants``/``held``: for the guarantee check
@@ -327,11 +457,14 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     ``minute_of_day``: now (UTC); ``moves_last_hour``: moves made in the last hour; ``trends``: per
     pool name (lower case); ``moved``: the GPUs a move of the window put where they are, ``{BDF: (time
     ISO 8601 UTC, pool lower case)}``: such a GPU, still in that pool, is no donor until the window
-    has passed (a hold-down: the start it was moved for retries first, so it does not ping-pong).
+    has passed (a hold-down: the start it was moved for retries first, so it does not ping-pong);
+    ``history``: per pool name (lower case), its metered demand per hour, oldest first, ending with
+    the last whole hour (:func:`growth`; missing: no forecast, the need now stands for the need ahead).
     Never raises for a move it cannot make: that is a ``held`` line.
     """
     trends = trends or {}
     moved = moved or {}
+    history = history or {}
     facts = {g.gpu: g for g in gpus}
     hosts = {h.gpu: h for h in host_gpus}
     current = list(pools)
@@ -341,23 +474,60 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     def members(name: str, ps: Sequence[Pool]) -> List[str]:
         return sorted(g.gpu for g in gpus if pool_of(ps, g.gpu).name.lower() == name.lower())
 
+    def pool_named(name: str, ps: Sequence[Pool]) -> Pool:
+        return next((p for p in ps if p.name.lower() == name.lower()), pool_of((), ""))
+
     def serves(name: str, qos: str, ps: Sequence[Pool]) -> bool:
-        p = next((p for p in ps if p.name.lower() == name.lower()), None)
-        return p.serves(qos) if p is not None else pool_of((), "").serves(qos)
+        return pool_named(name, ps).serves(qos)
+
+    def per_gpu(name: str, gpu: str, profile: str, tenant: Optional[str]) -> int:
+        """Starts of ``profile`` the empty ``gpu`` admits in pool ``name``."""
+        return _starts_per_gpu(facts[gpu], hosts.get(gpu), profile, _use_of(held, profile, tenant),
+                               compute.ceiling_of(pool_named(name, current)))
 
     # demand per (profile, class): the refusals, and which pools they count against
     groups: Dict[Tuple[str, str], List[Refusal]] = {}
     for r in refusals:
         groups.setdefault((r.profile.lower(), r.qos), []).append(r)
     refused_in = {n.lower(): sum(len(rs) for (_, q), rs in groups.items() if serves(n, q, current)) for n in names}
+
+    # each pool's need for GPUs, now and at the horizon (Outlook)
+    occupied = {n.lower(): sum(1 for g in members(n, current) if facts[g].busy) for n in names}
+    outlook: Dict[str, Outlook] = {}
+    for n in names:
+        now = float(occupied[n.lower()])
+        for (prof, q), rs in groups.items():
+            serving = [m for m in names if serves(m, q, current)]
+            if n not in serving:
+                continue
+            sample = next((g for g in members(n, current) if prof in facts[g].offers), None)
+            room = per_gpu(n, sample, prof, rs[0].tenant) if sample else 1
+            now += len(rs) / room / len(serving)
+        ratio, basis = growth(history[n.lower()], bounds.horizon_h, bounds.history_days) \
+            if n.lower() in history else (1.0, "no history")
+        outlook[n.lower()] = Outlook(round(now, 3), round(now * ratio, 3), basis)
+
+    def own_starts(name: str, gpu: str) -> int:
+        """Starts a GPU admits in pool ``name`` for its own demand: the most of its refused groups that
+        ``gpu`` offers, else the vGPUs it holds per GPU holding something (1 at least)."""
+        best = [per_gpu(name, gpu, prof, rs[0].tenant) for (prof, q), rs in groups.items()
+                if serves(name, q, current) and prof in facts[gpu].offers]
+        busy = occupied[name.lower()]
+        mine = set(members(name, current))
+        count = sum(1 for a in held if getattr(a, "gpu", None) in mine)
+        return max(best + [max(1, round(count / busy)) if busy else 1])
+
     demand = tuple((n, {"gpus": len(members(n, current)),
                         "empty": sum(1 for g in members(n, current) if not facts[g].busy),
                         "refused": refused_in.get(n.lower(), 0),
+                        "need_now": outlook[n.lower()].now, "need_ahead": outlook[n.lower()].ahead,
+                        "forecast": outlook[n.lower()].basis,
                         "trend": {"recent_s": round(trends.get(n.lower(), Trend()).recent, 1),
                                   "before_s": round(trends.get(n.lower(), Trend()).before, 1),
                                   "rising": trends.get(n.lower(), Trend()).rising}}) for n in names)
     held_lines: List[str] = []
-    if bounds.in_quiet(minute_of_day) and (groups or any(t.rising for t in trends.values())):
+    ahead_short = [n for n in names if _ceil(outlook[n.lower()].ahead) > len(members(n, current))]
+    if bounds.in_quiet(minute_of_day) and (groups or any(t.rising for t in trends.values()) or ahead_short):
         return Decision((), (f"quiet hours {bounds.quiet_text()} (UTC): no change now",), demand)
     budget = bounds.changes_per_hour - moves_last_hour
     serves_now = serves_of(current)
@@ -368,8 +538,10 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
         """Whether pool ``name`` itself refused, in the window, a start its empty GPU ``gpu`` would serve."""
         return any(serves(name, q, current) and prof in facts[gpu].offers for (prof, q) in groups)
 
-    def donor(recipient: str, profile: Optional[str], spare: bool) -> Tuple[Optional[str], str]:
-        """The GPU to take for ``recipient`` (None, why not)."""
+    def donor(recipient: str, profile: Optional[str], spare: bool, starts: int = 0) -> Tuple[Optional[str], str]:
+        """The GPU to take for ``recipient`` (None, why not).  ``starts``: how many of the refused starts
+        one GPU admits in the recipient (0: a forecast or pressed move, which only a pool with a GPU
+        beyond its need gives)."""
         why = ""
         to = next((p for p in current if p.name.lower() == recipient.lower()), None)
         to_policy = to.policy if to is not None else ""
@@ -385,10 +557,18 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
             if len(mine) - 1 < floor:
                 why = why or f"pool {name} is at its minimum of {floor} GPU(s)"
                 continue
-            empty = [g for g in empty if not wanted_by(name, g)]
-            if not empty:
-                why = why or f"pool {name} refused starts its empty GPUs would serve"
-                continue
+            look = outlook[name.lower()]
+            short = len(mine) - 1 < look.need
+            if short or any(wanted_by(name, g) for g in empty):
+                # the donor needs its GPUs too: the GPU goes where it admits more starts, and never
+                # from a pool whose own demand is forecast to rise
+                gain = [g for g in empty if starts and look.ahead <= look.now and own_starts(name, g) < starts]
+                if not gain:
+                    why = why or (f"pool {name} refused starts its empty GPUs would serve" if not short else
+                                  f"pool {name} needs its {len(mine)} GPU(s): {look.now:.1f} now, "
+                                  f"{look.ahead:.1f} in {bounds.horizon_h} h ({look.basis})")
+                    continue
+                empty = gain
             settled = [g for g in empty if moved.get(g, ("", ""))[1] != name.lower()]
             if not settled:
                 g = empty[0]
@@ -410,11 +590,11 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
             if (t.rising or spare) and len(all_empty) < 2:
                 why = why or f"pool {name}'s use is rising and it has one empty GPU"
                 continue
-            options.append((-len(all_empty), t.recent, name, empty[0]))
+            options.append((int(short), -(len(mine) - look.need), -len(all_empty), t.recent, name, empty[0]))
         if not options:
             return None, why or "no other pool has an empty GPU" + (f" offering {profile}" if profile else "")
         options.sort()
-        return options[0][3], ""
+        return options[0][-1], ""
 
     def feasible(new: Sequence[Pool]) -> str:
         problems = pool_problems(new)
@@ -428,7 +608,8 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
             return "the guarantee check could not decide on the pools after it"
         return ""
 
-    def try_move(recipient: str, profile: Optional[str], spare: bool, reason: str) -> Optional[Move]:
+    def try_move(recipient: str, profile: Optional[str], spare: bool, reason: str, starts: int = 0
+                 ) -> Optional[Move]:
         nonlocal current
         bound = bounds.bound(recipient)
         if bound.max is not None and len(members(recipient, current)) >= bound.max:
@@ -436,7 +617,7 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
             return None
         tried: List[str] = []
         while True:
-            gpu, why = donor(recipient, profile, spare)
+            gpu, why = donor(recipient, profile, spare, starts)
             if gpu is None:
                 held_lines.append(f"{reason}: " + ("; ".join(tried) if tried else why))
                 return None
@@ -471,13 +652,30 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
                 held_lines.append(f"{reason}: changes per hour: {moves_last_hour + len(moves)} made in the "
                                   f"last hour, at most {bounds.changes_per_hour}")
                 break
-            m = try_move(recipients[0], profile, False, reason + f"; pool {recipients[0]} serves them")
+            to = recipients[0]
+            sample = next((g for g in facts if profile in facts[g].offers), None)
+            starts = per_gpu(to, sample, profile, rs[0].tenant) if sample else 1
+            m = try_move(to, profile, False, reason + f"; pool {to} serves them", starts)
             if m is None:
                 break
             moves.append(m)
             budget -= 1
-            left -= max(1, m.serves)
-    # 2. pressed pools: every GPU holds something and the metered use rose
+            left -= max(1, min(m.serves, starts))
+    # 2. forecast: a pool whose need at the horizon passes its GPUs gets GPUs beyond another's need
+    for name in sorted(names, key=lambda n: (-(outlook[n.lower()].ahead - len(members(n, current))), n)):
+        look = outlook[name.lower()]
+        while _ceil(look.ahead) > len(members(name, current)) and look.ahead > look.now:
+            reason = (f"pool {name} is forecast to need {look.ahead:.1f} GPU(s) in {bounds.horizon_h} h "
+                      f"({look.basis}; {look.now:.1f} now) and has {len(members(name, current))}")
+            if budget <= 0:
+                held_lines.append(f"{reason}: changes per hour: at most {bounds.changes_per_hour}")
+                break
+            m = try_move(name, None, False, reason)
+            if m is None:
+                break
+            moves.append(m)
+            budget -= 1
+    # 3. pressed pools: every GPU holds something and the metered use rose
     for name in names:
         t = trends.get(name.lower(), Trend())
         mine = members(name, current)
@@ -496,4 +694,5 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
 
 
 __all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "served_by", "moved_to", "pending", "PoolBound", "Bounds", "parse_bounds",
-           "GpuFacts", "Trend", "Move", "Decision", "with_move", "decide"]
+           "GpuFacts", "Trend", "Move", "Decision", "with_move", "decide", "growth", "Outlook",
+           "pool_history"]
