@@ -252,7 +252,7 @@ def test_kill_at_each_step_of_a_move_leaves_it_before_or_after(make_host, capsys
 
 def test_kill_at_each_step_of_a_forecast_move_leaves_it_before_or_after(make_host, capsys, tmp_path):
     """The same sweep on a move the forecast alone drove (no start refused: tests/test_rebalance_forecast.py's
-    host).  Here, not there: a fork must come before the agent test below leaves its threads."""
+    host)."""
     from test_rebalance_forecast import forecast_host
     kill_sweep(make_host, capsys, tmp_path, lambda mh: forecast_host(mh, capsys))
 
@@ -329,6 +329,10 @@ def test_the_agent_runs_the_reconciler_when_its_config_turns_it_on(make_host, ca
         assert proc.agent.rebalancer is None                 # no config: off
     finally:
         proc.stop()
+    # stopped without being started: no thread is left waiting on an accept loop that never ran
+    # (socketserver's shutdown() would wait forever, and a later fork in this process would copy it)
+    import threading
+    assert [t.name for t in threading.enumerate() if "shutdown" in t.name] == []
     path = host.etc("vgpuhost", "rebalance.yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("version: 1\nagent: {enabled: true, interval_s: 900}\n")

@@ -925,8 +925,10 @@ class AgentProcess:
         flight are dropped with the process: SIGTERM ends the agent within seconds under any load)."""
         since = time.monotonic()
         self.agent.stop()                       # no change (nor an apply's next step) starts from here
-        # every accept loop told at once, then each waited for (one poll interval in all, not one each)
-        stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers]
+        # every accept loop told at once, then each waited for (one poll interval in all, not one each);
+        # only loops that were started: socketserver's shutdown() of a server whose serve_forever never ran
+        # waits forever (a thread left blocked for the process's life, and a fork later copies it)
+        stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers[:len(self.threads)]]
         for t in stoppers:
             t.start()
         if self.agent.metering is not None:
