@@ -163,3 +163,22 @@ def test_a_gpu_file_changed_and_changed_back_is_read_again(a40):
     create(sysfs, host, A40, A40_4Q)
     assert len(os.listdir(types_dir(host, A40) / A40_4Q / "devices")) == 2
     assert (types_dir(host, A40) / A40_4Q / "available_instances").read_text() == "10\n"
+
+
+def test_a_host_tree_at_the_filesystem_root_re_expresses_its_paths():
+    """The Debian package's test runs a simulated host whose tree is ``/`` (in a chroot): a path under it
+    is its own real path there, and one outside any root is refused (the fresh clone's test_deb failed
+    with "'/sys/kernel/iommu_groups' is not under '/'")."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from vgpuhost.sim.kernel import SimKernel
+    at_root = SimpleNamespace(_root_str="/", _real_str="/")
+    assert SimKernel._rstr(at_root, "/sys/kernel/iommu_groups") == "/sys/kernel/iommu_groups"
+    assert SimKernel._rstr(at_root, "/") == "/"
+    moved = SimpleNamespace(_root_str="/srv/h", _real_str="/real/h")
+    assert SimKernel._rstr(moved, "/srv/h/sys/bus") == "/real/h/sys/bus"
+    assert SimKernel._rstr(moved, "/srv/h") == "/real/h"
+    with pytest.raises(ValueError):
+        SimKernel._rstr(moved, "/srv/hx/sys")

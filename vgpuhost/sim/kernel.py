@@ -614,9 +614,10 @@ class SimKernel:
         root = self._root_str
         if p == root:
             return self._real_str
-        if not p.startswith(root + "/"):
+        prefix = root if root.endswith("/") else root + "/"      # a host tree at / (the Debian package's test)
+        if not p.startswith(prefix):
             raise ValueError(f"{p!r} is not under {root!r}")
-        return self._real_str + p[len(root):]
+        return self._real_str.rstrip("/") + "/" + p[len(prefix):]
 
     # --- a device leaving the tree (docs/guide/failures.md#signals) ------------
     def unplug(self, bdf: str) -> None:
