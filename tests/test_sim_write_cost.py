@@ -30,13 +30,7 @@ devices:
   - {bdf: "0000:40:01.0", model: intel-root-port}
   - {bdf: "0000:41:00.0", model: A40, upstream: "0000:40:01.0", vgpu: {backend: mdev}}
 """
-A100_SPEC = """
-version: 1
-name: a100
-host: {modules: [vfio_pci, nvidia]}
-devices:
-  - {bdf: "0000:41:00.0", model: A100-PCIE-40GB, vgpu: {backend: mdev, sriov_numvfs: 4}}
-"""
+from test_sim_kernel import A100_SPEC  # noqa: E402  (the same one-GPU A100 host)
 A40 = "0000:41:00.0"
 A40_8Q, A40_8C, A40_1B, A40_4Q = "nvidia-566", "nvidia-574", "nvidia-557", "nvidia-564"
 #: the A40's 8 GB types (Q, C, A): in equal-size mode their counts move together
