@@ -646,6 +646,13 @@ def test_a_full_on_demand_gpu_lists_every_mig_backed_profile_with_0(h200, capsys
     assert avail.get("H200X-1-18C") == 0 and avail.get("H200X-7-141C") == 0
     free = host_series(h200, StateStore(h200.state_dir))["free_instances"]
     assert free[("H200X-1-18C", "")] == 0 and free[("H200X-7-141C", "")] == 0
+    # a third start finds no slice range: refused, nothing made, and its audit row (trial 6 finding 9)
+    rows = len(store.audit_rows())
+    third = vm_xml("p18", "11111111-2222-4333-8444-0000000000a3", "H200X-1-18C", vfs(h200)[2])
+    assert hook_run(h200, "p18", "prepare", "begin", third) == 2
+    assert sorted(p for p, _ in gis(h200).values()) == ["3g.71gb", "4g.71gb"]
+    new = [(r.path, r.result) for r in store.audit_rows()[rows:]]
+    assert new == [("(start)", "refused")], new
 
 
 def test_a_cordoned_on_demand_gpu_lists_its_mig_backed_profiles_with_0(h200, capsys):
@@ -677,7 +684,9 @@ def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no
     # before apply, plan shows the opt-in and assert calls its absence drift (retest N2: "in sync", exit 0)
     capsys.readouterr()
     assert cli(h200, "plan", "-c", str(cfg), "od") == 0
-    assert f"MIG on demand on for {H200} (recorded by apply)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"MIG on demand on for {H200} (recorded by apply)" in out and "nothing to do" not in out, out
+    assert "the host's devices match; apply records what the notes say" in out
     assert cli(h200, "assert", "-c", str(cfg), "od") == 1
     assert f"GPU {H200}: MIG on demand on (host has off" in capsys.readouterr().out
     assert migdemand.opted_in(store) == frozenset()

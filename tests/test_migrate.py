@@ -513,6 +513,22 @@ def test_a_reserved_vf_takes_its_types_last_slot_from_every_other_start_and_coun
                          "(VF 0000:a1:00.4)" in err, err
     assert audit_paths(dest)[len(before):] == [("0000:a1:00.6", "refused")]
     assert vf_type(dest, "0000:a1:00.6") == "0"
+    # naming the reserved VF itself, or a VF another domain holds: refused, and each has its row (trial 6
+    # finding 4: no row)
+    before = audit_paths(dest)
+    code, _, err = call(dest, "l2", "prepare", "begin", vf_domain("0000:a1:00.4", "L40S-48Q", "l2", L3))
+    assert code == 2 and "0000:a1:00.4 is reserved for the incoming migration of domain 'vm'" in err, err
+    code, _, err = call(dest, "l2", "prepare", "begin", vf_domain("0000:21:00.4", "L40S-48Q", "l2", L3))
+    assert code == 2, err
+    assert audit_paths(dest)[len(before):] == [("(start)", "refused"), ("(start)", "refused")]
+    # with tenancy in use, admission's refusal names the reservation too (trial 6 finding 4)
+    assert cli(capsys, dest, "tenant", "add", "t1", "--qos", "best-effort")[0] == 0
+    assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", L3, "t1")[0] == 0
+    before = audit_paths(dest)
+    code, _, err = call(dest, "l2", "prepare", "begin", vf_domain("0000:a1:00.6", "L40S-48Q", "l2", L3))
+    assert code == 2 and "1 reserved for incoming migrations: VF 0000:a1:00.4" in err, err
+    assert [r for r in audit_paths(dest)[len(before):] if r[1] == "refused"] == [("(admission)", "refused")]
+    assert cli(capsys, dest, "tenant", "remove", "t1")[0] == 0
     code, out, _ = cli(capsys, dest, "--json", "capacity", "--profile", "L40S-48Q")
     assert code == 0 and json.loads(out)["profiles"][0]["fits"] == 0, out
     code, out, _ = cli(capsys, dest, "--json", "types", "--available")

@@ -36,6 +36,8 @@ class VgpuhostError(Exception):
     """
 
     exit_code = EXIT_INPUT
+    #: True once an audit row says this refusal (a hook start's refusal gets one row, not two)
+    audited = False
 
     def __init__(self, message: str, *, hint: Optional[str] = None):
         super().__init__(message)

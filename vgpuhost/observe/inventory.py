@@ -356,10 +356,11 @@ class GpuIndex:
     framebuffer MiB (None: unknown) of each listed type; ``time_sliced``: the
     listed type ids that are not MIG-backed; ``present``: the type id of every
     vGPU on it (mdevs on its parents, then vendor-VFIO VFs holding a type);
-    ``vgpus``: the mdev UUIDs and VF addresses (str) of those vGPUs.
+    ``vgpus``: the mdev UUIDs and VF addresses (str) of those vGPUs; ``reserved``: the VFs (str) whose type
+    counts in ``present`` because an incoming live migration reserved them (:attr:`Inventory.reserved`).
     """
 
-    __slots__ = ("gpu", "types", "by_type", "framebuffer_of", "time_sliced", "present", "vgpus")
+    __slots__ = ("gpu", "types", "by_type", "framebuffer_of", "time_sliced", "present", "vgpus", "reserved")
 
     def __init__(self, gpu: Gpu):
         self.gpu = gpu
@@ -369,6 +370,7 @@ class GpuIndex:
         self.time_sliced: set = set()
         self.present: List[str] = []
         self.vgpus: List[str] = []
+        self.reserved: List[str] = []
 
 
 def _group_rows(rows) -> Dict[PciAddress, Tuple[VgpuType, ...]]:
@@ -416,6 +418,7 @@ def _build_index(inv: "Inventory", only: Optional[Gpu] = None) -> Dict[PciAddres
             ix.vgpus.append(str(v.vf))
         elif ix is not None and v.vf in inv.reserved:
             ix.present.append(inv.reserved[v.vf])      # promised to an incoming migration: taken
+            ix.reserved.append(str(v.vf))
     return out
 
 
@@ -554,7 +557,9 @@ def _why_none(ix: GpuIndex, ts: "List[VgpuType]", name: str, fb: Optional[int],
     sizes = sorted({f for f in present_framebuffers(ix, framebuffers or {}) if f})
     if sizes and fb not in sizes:
         return f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only that size"
-    return f"no {name} instance free" + unread_note(ix.gpu)
+    held = (f" ({len(ix.reserved)} reserved for incoming migrations: VF {', '.join(ix.reserved)})"
+            if ix.reserved else "")
+    return f"no {name} instance free" + held + unread_note(ix.gpu)
 
 
 def unread_note(gpu: "Gpu") -> str:

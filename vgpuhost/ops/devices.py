@@ -140,7 +140,7 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
                     store: "Optional[StateStore]", enforced: bool) -> List[str]:
     """:func:`_prepare` with the host lock held where ``enforced`` (tenancy in use)."""
     from ..io.state import StateStore
-    from ..policy.hookrequest import check_holders, check_request
+    from ..policy.hookrequest import check_request
     from ..policy.iommu import group_endpoints
     allow = load_allow(host)
     # only the GPUs the domain's devices may use, and the devices its hostdevs name: never the whole host
@@ -150,6 +150,23 @@ def _prepare_locked(host: HostRoot, view: "DomainView", actor: str, inventory: "
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     from .health import in_service
     inv = in_service(inv, store, owner=view.uuid)        # GPUs out of service offer nothing to admission or placement (issue 27)
+    try:
+        return _prepare_checked(host, view, actor, inv, store, enforced, checked, allow)
+    except RefusedError as e:
+        # every refusal of a start has its audit row (the host was asked to change): the row of the decision
+        # that refused it where it wrote one (admission, hostdevs, placement), else this one
+        if not e.audited:
+            store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path="(start)",
+                        value=e.message, result="refused")
+            e.audited = True
+        raise
+
+
+def _prepare_checked(host: HostRoot, view: "DomainView", actor: str, inv: "Inventory", store: "StateStore",
+                     enforced: bool, checked: "Checked", allow) -> List[str]:
+    """:func:`_prepare_locked` once the request is checked and the store open: what was made."""
+    from ..policy.hookrequest import check_holders
+    from .health import in_service
     active = store.active_domains()
     records = store.vgpu_records()
     # a PCI hostdev may name a group another owner holds: the records are read for it too
@@ -395,6 +412,7 @@ def _refuse_hostdevs(store, view: "DomainView", actor: str, inv: "Inventory", **
     except RefusedError as e:
         store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path="(hostdevs)",
                     value=e.message, result="refused")
+        e.audited = True
         raise
 
 
@@ -463,8 +481,10 @@ def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory", types
 def _audit_refused(store: "StateStore", view: "DomainView", actor: str, device: str, error: Exception) -> Exception:
     """``error`` after its audit row (path ``device``, result ``refused``): the device layer refused to place
     a vGPU of this start (nothing made, the start fails with exit 2), as admission's refusals get one."""
-    store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path=device,
-                value=getattr(error, "message", str(error)), result="refused")
+    if not getattr(error, "audited", False):
+        store.audit(actor=actor, operation=f"prepare {view.name or view.uuid}", path=device,
+                    value=getattr(error, "message", str(error)), result="refused")
+        error.audited = True
     return error
 
 

@@ -60,8 +60,10 @@ def refuse_out_of_service(store: "StateStore", gpu: PciAddress, *, what: str, ac
     if audit:
         store.audit(actor=actor, operation=operation, path=f"(health) {gpu}", value=f"{what}: out of service",
                     result="refused")
-    raise RefusedError(f"cannot {what}: {gpu} is out of service ({line})",
-                       hint=f"use another GPU, or repair it and run 'vgpuhost gpu uncordon {gpu}'; nothing was changed")
+    e = RefusedError(f"cannot {what}: {gpu} is out of service ({line})",
+                     hint=f"use another GPU, or repair it and run 'vgpuhost gpu uncordon {gpu}'; nothing was changed")
+    e.audited = bool(audit)
+    raise e
 
 
 #: beside state.db while a GPU may be out of service or a VF be reserved for an incoming migration:

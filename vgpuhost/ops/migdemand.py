@@ -257,8 +257,10 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
                         f"service ({inv.out_of_service[oos[0]]})")
                 store.audit(actor=actor, operation=f"prepare {me}", path=f"(mig on-demand) {oos[0]}", value=line,
                             result="refused")
-                raise RefusedError(line, hint=f"'vgpuhost gpu uncordon {oos[0]}' after repair, or start the domain "
-                                              "on a GPU in service; nothing was changed")
+                e = RefusedError(line, hint=f"'vgpuhost gpu uncordon {oos[0]}' after repair, or start the domain "
+                                            "on a GPU in service; nothing was changed")
+                e.audited = True
+                raise e
             if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
                    and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
                 continue                  # a GPU instance takes it now

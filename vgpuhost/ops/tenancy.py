@@ -729,7 +729,9 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             first = next((str(g) for g in meta.passthrough), None) or next((v.device for v in meta.vgpus), "-")
             store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {first}",
                         path="(admission)", value=tr.refusal, result="refused")
-        raise RefusedError(f"admission: {tr.refusal}", hint=tr.hint)
+        e = RefusedError(f"admission: {tr.refusal}", hint=tr.hint)
+        e.audited = bool(audit)
+        raise e
     tname = tr.tenant
     held = allocations(store, inv)
     admitted = {r[0] for r in store.allocation_rows(owner=me)}
@@ -820,8 +822,9 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                         value=f"{d.one_line()}; {tr.text}; "
                               f"{adm.refusal_tag(d.code, req.demand.profile, d.qos, d.tenant)}")
         if not d.admitted:
-            raise RefusedError(f"admission: {d.reason}",
-                               hint=d.remedy())
+            e = RefusedError(f"admission: {d.reason}", hint=d.remedy())
+            e.audited = bool(audit)
+            raise e
         out.append(Granted(device, req.demand, d))
         held = [*held, adm.allocation(device, me, d.gpu or "", req.demand, d)]   # the next device counts it
         if d.gpu and req.demand.kind == adm.VGPU:

@@ -289,7 +289,10 @@ class Plan:
                 lines.append(f"  {i:>2}. {s.kind:<12} {s.target:<12}  {s.action}")
                 lines.append(f"      why: {s.why}")
         elif not (self.reboot or self.manual or self.blocked or self.reboot_diff):
-            lines.append(f"{head}: the host matches; nothing to do")
+            # a note apply acts on (pools, MIG on demand: "(recorded by apply)") is not "nothing to do"
+            records = any("recorded by apply" in n or "apply records it" in n for n in self.notes)
+            lines.append(f"{head}: the host's devices match; apply records what the notes say" if records
+                         else f"{head}: the host matches; nothing to do")
         else:
             lines.append(f"{head}: no step vgpuhost can take now")
         if self.reboot:
