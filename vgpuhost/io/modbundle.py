@@ -35,13 +35,17 @@ Damage (a bit flipped in the file, an index whose entries were swapped or change
 module's code is checked against its ``crc`` after the ``pread``, before it is unmarshalled; a module
 whose bytes do not match (or that do not unmarshal into code) loads from its file, as a stale one does,
 so a damaged bundle costs speed, never a domain start or stop.  The name is part of the checksum, so
-another module's intact code at a swapped offset fails it too.  Cost: CRC-32 runs at about 0.25 ns a
-byte (0.28 ms for all 54 modules' 1.1 MB, about half of that for the modules a start imports); it comes
-from ``zlib`` or ``binascii`` where the interpreter has one built in (Debian's python3 has both), else
-from the ``binascii`` extension module, whose load (a ``dlopen`` of it and of libz) costs about 0.35 ms
-(importtime, 2026-12-07; a pure-Python sum over the bytes, ``hash(int.from_bytes(...))``, costs 1.1 ms
-for the 1.1 MB, more than the load).  ``bench/hook.py --runs 10 --agent down --hosts
-a40-mdev,l40s-vendor-vfio --tmpdir /dev/shm`` (pyenv 3.11, neither built in): see :data:`CHECK_COST`.
+another module's intact code at a swapped offset fails it too.  Cost (2026-12-07, this machine, pyenv
+CPython 3.11.7, which has neither ``zlib`` nor ``binascii`` built in): CRC-32 runs at about 0.25 ns a
+byte (0.28 ms for all 54 modules' 1.1 MB); it comes from ``binascii`` (or ``zlib``) where the
+interpreter has it built in (Debian's python3 has both), else from the ``binascii`` extension module,
+whose ``dlopen`` (it and libz) is most of the cost; a pure-Python sum, ``hash(int.from_bytes(...))``,
+costs 1.1 ms for the 1.1 MB, more than the load.  Measured in whole ``python -I -S`` processes (the
+boot line, then the imports of a start: 26 modules served; of a stop: 11; 40 interleaved runs, median
+CPU): a start +0.55 ms (19.85 -> 20.40 ms), a stop +0.44 ms (13.36 -> 13.79); with Debian's python3
+(built in) +0.11 and +0.14 ms.  ``bench/hook.py --runs 10 --agent down --hosts
+a40-mdev,l40s-vendor-vfio --tmpdir /dev/shm --growth ''`` (before, then after, one after the other;
+load about 5): CPU - sim CPU / clean CPU a40-mdev 6.20 -> 6.51, l40s-vendor-vfio 6.95 -> 7.11.
 """
 
 import marshal
