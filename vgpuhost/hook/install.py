@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import shlex
 import sys
 import sysconfig
 from pathlib import Path
@@ -213,7 +214,8 @@ def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s:
                         value="<refused: the module bundle's folder is a symbolic link>", result="refused")
         raise RefusedError(f"{linked}, the folder of the hook's module bundle, is a symbolic link: hook install "
                            "does not write the bundle into (nor change the mode of) what it points at; nothing "
-                           "was changed", hint=f"remove the link (rm {linked}), then run 'vgpuhost hook install' again")
+                           "was changed", hint=f"remove the link (rm {shlex.quote(linked)}), then run 'vgpuhost hook install' "
+                                "again")
     lost_mode = old == text and not files.is_executable_file(path)   # libvirt skips a hook it cannot execute
     out = HookOutcome("install", str(path), changed=old != text or lost_mode, dry_run=dry_run, new=old is None)
     out.reload_needed = old is None
