@@ -4,7 +4,10 @@ What is asserted: ``hook install`` writes it and the dispatcher uses it; the
 handler's prepare and release import every vgpuhost module they need from it
 (so :data:`MODULES` is complete); a module whose source changed loads from its
 file; a bundle others could have written, a truncated one, or one for another
-Python is ignored, and the hook still works.
+Python is ignored, and the hook still works; a module whose code in the bundle
+is damaged (a flipped bit, swapped index entries) loads from its file and
+``hook status`` says so; ``hook install`` never writes through a symlinked
+bundle folder.
 """
 
 from __future__ import annotations
@@ -284,6 +287,161 @@ def test_check_names_the_stale_modules(tmp_path):
             f"print(check({str(bundle)!r}, {str(tmp_path / 'bundled_pkg')!r}))\n")
     run = lambda: subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=60,
                                  check=True).stdout.decode().strip()
-    assert run() == "{'state': 'current', 'modules': 2, 'stale': []}"
+    assert run() == "{'state': 'current', 'modules': 2, 'stale': [], 'damaged': []}"
     _package(tmp_path, "VALUE = 22  # changed\n")
-    assert run() == "{'state': 'stale', 'modules': 2, 'stale': ['bundled_pkg', 'bundled_pkg.mod']}"
+    assert run() == "{'state': 'stale', 'modules': 2, 'stale': ['bundled_pkg', 'bundled_pkg.mod'], 'damaged': []}"
+
+
+def _hook_status(host, hooks: str, capsys, *, as_json: bool = True):
+    """``vgpuhost --root R [--json] hook status --hooks-dir H``: (exit code, the bundle's document or line)."""
+    import json as _json
+    from vgpuhost.cli.main import main as cli_main
+    capsys.readouterr()
+    code = cli_main(["--root", str(host.root), *(["--json"] if as_json else []), "hook", "status",
+                     "--hooks-dir", hooks])
+    out = capsys.readouterr().out
+    if as_json:
+        return code, _json.loads(out)["bundle"]
+    return code, next(line for line in out.splitlines() if line.startswith("bundle:"))
+
+
+def _rewrite_index(bundle: str, change) -> None:
+    """Rewrite the bundle file's index in place with ``change(index)`` (the owner's tamper), its code kept."""
+    data = Path(bundle).read_bytes()
+    size = int.from_bytes(data[:4], "little")
+    fmt, tag, index = marshal.loads(data[4:4 + size])
+    change(index)
+    head = marshal.dumps((fmt, tag, index))
+    Path(bundle).write_bytes(len(head).to_bytes(4, "little") + head + data[4 + size:])
+
+
+@pytest.mark.parametrize("damage", ["swapped-offsets", "flipped-bit"])
+def test_a_damaged_bundle_never_breaks_the_hook_and_hook_status_says_damaged(make_host, tmp_path, capsys, damage):
+    """Trial 6 #1: the index's entries of two modules swapped (each then points at the other's intact code),
+    or one bit flipped in a module's code (the tester's ``observe.inventory`` -> ``observe&inventory``: an
+    import of a module that does not exist): those modules fail their checksum and load from their files,
+    the rest from the bundle; the installed hook makes and removes the vGPU; ``hook status`` says damaged
+    and names them; ``hook install`` writes it anew."""
+    host = make_host("a40-mdev")
+    hook = install(host, tmp_path)
+    bundle = modbundle.bundle_path(str(host.root))
+    if damage == "swapped-offsets":
+        hit = ["vgpuhost.model.gputime", "vgpuhost.policy.iommu"]
+
+        def swap(index):
+            a, b = index[hit[0]], index[hit[1]]
+            index[hit[0]], index[hit[1]] = a[:4] + b[4:6] + a[6:], b[:4] + a[4:6] + b[6:]
+        _rewrite_index(bundle, swap)
+    else:
+        data = bytearray(Path(bundle).read_bytes())
+        size = int.from_bytes(data[:4], "little")
+        _, _, index = marshal.loads(bytes(data[4:4 + size]))
+        base = 4 + size
+        hit = [n for n, e in sorted(index.items(), key=lambda kv: kv[1][4])
+               if b"observe.inventory" in data[base + e[4]:base + e[4] + e[5]]][:1]
+        assert hit, "no module of the bundle imports observe.inventory by name"
+        e = index[hit[0]]
+        at = data.index(b"observe.inventory", base + e[4]) + len("observe")
+        data[at] ^= 0x08                                                # '.' -> '&'
+        Path(bundle).write_bytes(bytes(data))
+    # the installed dispatcher, as libvirt runs it: the vGPU appears and goes, nothing on stderr
+    xml = vgpu_domain("vm1", DOM1, MDEV1)
+    for op, sub in (("prepare", "begin"), ("release", "end")):
+        proc = subprocess.run([str(hook), "vm1", op, sub, "-"], input=xml.encode(), capture_output=True,
+                              env=HOOK_ENV, timeout=120)
+        assert (proc.returncode, proc.stderr) == (0, b""), proc.stderr
+        assert (host.mdev_devices / MDEV1).exists() == (op == "prepare")
+    # the damaged modules came from their files, every other vgpuhost module from the bundle
+    proc = _run_handler(host, bundle, xml)
+    assert proc.returncode == 0, proc.stderr
+    first, *rows = proc.stdout.decode().splitlines()
+    assert first == f"[0, 0] {len(modbundle.MODULES)}"
+    loaders = dict(row.split() for row in rows)
+    before = {"vgpuhost", "vgpuhost.io", "vgpuhost.io.modbundle"}
+    from_files = {n for n, loader in loaders.items() if loader != SERVED}
+    assert from_files - before == set(hit) & set(loaders) and set(hit) & set(loaders), (hit, from_files)
+    code, b = _hook_status(host, str(hook.parent), capsys)
+    assert (code, b["state"], b["damaged"], b["stale"]) == (0, "damaged", sorted(hit), [])
+    code, line = _hook_status(host, str(hook.parent), capsys, as_json=False)
+    assert f"damaged: the code of {len(hit)} of its {len(modbundle.MODULES)} modules fails its checksum" in line
+    assert "'vgpuhost hook install --hooks-dir" in line and "writes it anew" in line
+    install(host, tmp_path)                                              # the fix the line gives
+    code, b = _hook_status(host, str(hook.parent), capsys)
+    assert (b["state"], b["damaged"]) == ("current", [])
+
+
+def test_hook_install_refuses_a_symlinked_bundle_folder_and_changes_nothing(make_host, tmp_path, capsys):
+    """Trial 6 #6: ``<root>/var/cache/vgpuhost`` a symlink to a shared folder (mode 1777): ``hook install``
+    refuses in one line naming the link and its fix (exit 2, an audit row), writes neither the hook nor the
+    bundle, and leaves the link's target and its mode alone; ``hook status`` names the link as the reason."""
+    from vgpuhost.cli.main import main as cli_main
+    from vgpuhost.io.state import StateStore
+    host = make_host("a40-mdev")
+    bundle = modbundle.bundle_path(str(host.root))
+    folder = os.path.dirname(bundle)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    if os.path.isdir(folder):
+        os.rmdir(folder)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    os.symlink(shared, folder)
+    hooks = tmp_path / "qemu.d"
+    capsys.readouterr()
+    code = cli_main(["--root", str(host.root), "hook", "install", "--hooks-dir", str(hooks)])
+    out = capsys.readouterr()
+    assert code == 2
+    lines = [line for line in out.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{folder}, the folder of the hook's module bundle, is a symbolic link" in lines[0]
+    assert f"remove the link (rm {folder})" in lines[0]
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and list(shared.iterdir()) == []
+    assert not (hooks / "vgpuhost").exists() and os.path.islink(folder)
+    rows = [r for r in StateStore(host.state_dir).audit_rows() if r.operation == "hook install"]
+    assert [(r.path, r.result) for r in rows] == [(host.relative(folder), "refused")]
+    # the module's own door refuses too (the Debian postinst calls it), changing nothing
+    with pytest.raises(OSError) as e:
+        modbundle.build(bundle)
+    assert e.value.errno == 40 and "symbolic link" in str(e.value)                  # ELOOP
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and list(shared.iterdir()) == []
+    # hook status: the real reason and the fix that works
+    code, b = _hook_status(host, str(hooks), capsys)
+    assert (b["state"], b["modules"]) == ("folder-symlink", 0)
+    code, line = _hook_status(host, str(hooks), capsys, as_json=False)
+    assert f"its folder {folder} is a symbolic link" in line and f"remove the link (rm {folder})" in line
+    os.unlink(folder)                                                    # the fix: then install works
+    assert cli_main(["--root", str(host.root), "hook", "install", "--hooks-dir", str(hooks)]) == 0
+    assert _hook_status(host, str(hooks), capsys)[1]["state"] == "current"
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and list(shared.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["format-1", "format-2", "other-python", "cut"])
+def test_hook_status_names_why_a_bundle_cannot_be_read(make_host, tmp_path, capsys, kind):
+    """Trial 6 #8: an older vgpuhost's bundle (format 1: one marshal of the whole file; format 2: no
+    checksums) is named as such, not "not a bundle for this Python"; the fix line stays."""
+    host = make_host("a40-mdev")
+    hook = install(host, tmp_path)
+    bundle = modbundle.bundle_path(str(host.root))
+    data = Path(bundle).read_bytes()
+    fmt, tag, entries = modbundle.unpack(data)
+    if kind == "format-1":
+        Path(bundle).write_bytes(marshal.dumps(("vgpuhost-hook-bundle/1", tag, entries)))
+    elif kind == "format-2":
+        _rewrite_index(bundle, lambda index: index.update({n: e[:6] for n, e in index.items()}))
+        text = Path(bundle).read_bytes()
+        size = int.from_bytes(text[:4], "little")
+        head = marshal.dumps(("vgpuhost-hook-bundle/2",) + marshal.loads(text[4:4 + size])[1:])
+        Path(bundle).write_bytes(len(head).to_bytes(4, "little") + head + text[4 + size:])
+    elif kind == "other-python":
+        Path(bundle).write_bytes(modbundle.pack(fmt, "cpython-10", entries))
+    else:
+        Path(bundle).write_bytes(data[:-1])
+    state, why = {"format-1": ("old-format", "an older vgpuhost's bundle format"),
+                  "format-2": ("old-format", "an older vgpuhost's bundle format"),
+                  "other-python": ("other-python", "a bundle for another Python"),
+                  "cut": ("unreadable", "cut short, grown or not a bundle")}[kind]
+    code, b = _hook_status(host, str(hook.parent), capsys)
+    assert (code, b["state"], b["modules"]) == (0, state, 0)
+    code, line = _hook_status(host, str(hook.parent), capsys, as_json=False)
+    assert f"not used, {why} (the hook loads its modules from their files" in line
+    assert "for this Python" not in line or kind == "other-python"
+    assert "'vgpuhost hook install --hooks-dir" in line and "writes it anew" in line

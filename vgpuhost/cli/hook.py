@@ -11,6 +11,7 @@ with exit 2 before anything is read or written.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import List, Optional
@@ -148,10 +149,18 @@ def _bundle_line(b: dict, install: str) -> str:
     """``hook status``'s line on the handler's module bundle (io/modbundle.py): only speed depends on it."""
     if b["state"] == "current":
         return f"current ({b['modules']} modules)"
+    if b["state"] == "folder-symlink":
+        folder = os.path.dirname(b["path"])
+        return (f"not used, its folder {folder} is a symbolic link (the hook loads its modules from their "
+                f"files, a little slower; remove the link (rm {shlex.quote(folder)}), then run '{install}')")
     why = {"stale": f"{len(b['stale'])} of its {b['modules']} modules changed since (the hook loads those",
+           "damaged": f"damaged: the code of {len(b['damaged'])} of its {b['modules']} modules fails its checksum "
+                      "(the hook loads those",
            "missing": "missing (the hook loads its modules",
            "untrusted": "not used, not a regular file of root's that only root may write (the hook loads its modules",
-           "unreadable": "not used, not a bundle for this Python (the hook loads its modules"}.get(
+           "old-format": "not used, an older vgpuhost's bundle format (the hook loads its modules",
+           "other-python": "not used, a bundle for another Python (the hook loads its modules",
+           "unreadable": "not used, cut short, grown or not a bundle (the hook loads its modules"}.get(
                b["state"], f"{b['state']} (the hook loads its modules")
     return f"{why} from their files, a little slower; '{install}' writes it anew)"
 

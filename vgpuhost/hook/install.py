@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import shlex
 import sys
 import sysconfig
 from pathlib import Path
@@ -23,7 +24,7 @@ from .. import __version__
 from ..io import files
 from ..io.agentclient import default_socket
 from ..io.hostroot import HostRoot
-from ..io.modbundle import build, bundle_path, check
+from ..io.modbundle import build, bundle_path, check, linked_folder
 from ..io.process import actor as actor_name, run_program
 from ..io.state import StateStore
 from ..io.sysfs import Sysfs
@@ -193,7 +194,9 @@ def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s:
     """Write the dispatcher as ``<hooks_dir>/vgpuhost`` (mode 0755, atomically), byte-compile the package.
 
     Idempotent: an identical file is left alone.  Refuses (RefusedError) to
-    overwrite a ``vgpuhost`` file it did not write.  Never signals libvirtd:
+    overwrite a ``vgpuhost`` file it did not write, and when the module bundle's
+    folder (``<root>/var/cache/vgpuhost``) is a symbolic link (it would write
+    the bundle into, and chmod, what the link points at): nothing is changed.  Never signals libvirtd:
     the outcome says when it must be reloaded (a new file).  The write is
     audited when ``store`` is given.  ``curl``, ``client``: the agent's thin clients (see :func:`render`).
     """
@@ -204,6 +207,15 @@ def install(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, timeout_s:
     if old is not None and not _ours(old):
         raise RefusedError(f"{path} exists and was not written by vgpuhost: left alone",
                            hint="move it aside, then run 'vgpuhost hook install' again")
+    linked = linked_folder(bundle_path(str(host.root)))
+    if linked:
+        if store is not None:
+            store.audit(actor=actor or actor_name(), operation="hook install", path=host.relative(linked),
+                        value="<refused: the module bundle's folder is a symbolic link>", result="refused")
+        raise RefusedError(f"{linked}, the folder of the hook's module bundle, is a symbolic link: hook install "
+                           "does not write the bundle into (nor change the mode of) what it points at; nothing "
+                           "was changed", hint=f"remove the link (rm {shlex.quote(linked)}), then run 'vgpuhost hook install' "
+                                "again")
     lost_mode = old == text and not files.is_executable_file(path)   # libvirt skips a hook it cannot execute
     out = HookOutcome("install", str(path), changed=old != text or lost_mode, dry_run=dry_run, new=old is None)
     out.reload_needed = old is None
@@ -231,7 +243,7 @@ def _bundle(host: HostRoot, out: HookOutcome) -> bool:
             files.remove(path)              # an older bundle never stands in for this installation's
         except OSError:
             pass
-        out.notes.append(f"could not write the hook's module bundle {host.relative(path)} "
+        out.notes.append(f"could not write the hook's module bundle {path} "
                          f"({getattr(e, 'strerror', None) or e}): the hook loads its modules one by one")
         return False
     return True
@@ -281,9 +293,10 @@ def uninstall(host: HostRoot, *, hooks_dir=None, dry_run: bool = False, store: "
             store.audit(actor=actor or actor_name(), operation="hook uninstall", path=host.relative(path),
                         value="<remove>", err=err)
     try:
-        files.remove(bundle_path(str(host.root)))       # the handler's module bundle: a cache of the hook's
-    except OSError:
-        pass                                            # (left behind, it is never run without the hook)
+        if not linked_folder(bundle_path(str(host.root))):   # never through a symlinked folder (the hook
+            files.remove(bundle_path(str(host.root)))       # ignores a bundle there): the handler's module
+    except OSError:                                         # bundle, a cache of the hook's (left behind,
+        pass                                                # it is never run without the hook)
     out.notes.append("domains starting from now on get no vgpuhost devices made for them")
     return out
 
@@ -295,7 +308,7 @@ def status(host: HostRoot, *, hooks_dir=None, timeout_s: int = DEFAULT_TIMEOUT_S
     ``allow.missing``: the allow-listed GPUs this host does not have (or that
     are no NVIDIA GPU here); any makes ``ok`` false.  ``bundle``: the handler's
     module bundle (:func:`vgpuhost.io.modbundle.check`: ``path``, ``state``,
-    ``modules``, ``stale``); a bundle that is not current only costs speed, so
+    ``modules``, ``stale``, ``damaged``); a bundle that is not current only costs speed, so
     it leaves ``ok`` alone.
     """
     d = Path(hooks_dir) if hooks_dir is not None else default_hooks_dir(host)

@@ -20,8 +20,9 @@ missing, unreadable, for another Python, writable by anyone but its owner, or
 not owned by the user running the hook is ignored.  Never raises.
 
 Format (:func:`pack`, :func:`unpack`): a 4-byte little-endian length N, then N bytes of ``marshal`` of
-``(FORMAT, cache tag, {module name: (source path, size, mtime_ns, is package, offset, length)})``, then
-each module's ``marshal`` of its code, ``length`` bytes at ``offset`` counted from the end of that index.
+``(FORMAT, cache tag, {module name: (source path, size, mtime_ns, is package, offset, length, crc)})``,
+then each module's ``marshal`` of its code, ``length`` bytes at ``offset`` counted from the end of that
+index; ``crc`` is :func:`checksum` of the module's name and those bytes.
 :func:`use` reads the index alone and keeps the file open; each module's code is read (``pread``) only
 when it is imported.  Why: reading the whole 1.1 MB file and unmarshalling it into one object per module
 cost 1.3 ms of each hook process, while a ``release end`` imports about half of the modules; the index
@@ -29,6 +30,22 @@ and one ``pread`` per imported module cost about 0.2 ms (measured 2026-12-07, be
 the hook runs is read from the file it opened and checked: replacing the file after that (a rename, as
 ``hook install`` writes it) does not change what it runs, and only its owner (root, the hook's user)
 could write into it.
+
+Damage (a bit flipped in the file, an index whose entries were swapped or changed by hand): each
+module's code is checked against its ``crc`` after the ``pread``, before it is unmarshalled; a module
+whose bytes do not match (or that do not unmarshal into code) loads from its file, as a stale one does,
+so a damaged bundle costs speed, never a domain start or stop.  The name is part of the checksum, so
+another module's intact code at a swapped offset fails it too.  Cost (2026-12-07, this machine, pyenv
+CPython 3.11.7, which has neither ``zlib`` nor ``binascii`` built in): CRC-32 runs at about 0.25 ns a
+byte (0.28 ms for all 54 modules' 1.1 MB); it comes from ``binascii`` (or ``zlib``) where the
+interpreter has it built in (Debian's python3 has both), else from the ``binascii`` extension module,
+whose ``dlopen`` (it and libz) is most of the cost; a pure-Python sum, ``hash(int.from_bytes(...))``,
+costs 1.1 ms for the 1.1 MB, more than the load.  Measured in whole ``python -I -S`` processes (the
+boot line, then the imports of a start: 26 modules served; of a stop: 11; 40 interleaved runs, median
+CPU): a start +0.55 ms (19.85 -> 20.40 ms), a stop +0.44 ms (13.36 -> 13.79); with Debian's python3
+(built in) +0.11 and +0.14 ms.  ``bench/hook.py --runs 10 --agent down --hosts
+a40-mdev,l40s-vendor-vfio --tmpdir /dev/shm --growth ''`` (before, then after, one after the other;
+load about 5): CPU - sim CPU / clean CPU a40-mdev 6.20 -> 6.51, l40s-vendor-vfio 6.95 -> 7.11.
 """
 
 import marshal
@@ -39,7 +56,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:   # annotations only (the qemu hook imports no typing)
     from typing import Dict, Iterable, Tuple
 
-FORMAT = "vgpuhost-hook-bundle/2"
+FORMAT = "vgpuhost-hook-bundle/3"
+#: the formats older vgpuhosts wrote (1: one ``marshal`` of the whole file, before 2026-12-07; 2: this
+#: layout without the checksums); ``hook status`` names them as such (:func:`check`)
+OLDER_FORMATS = ("vgpuhost-hook-bundle/1", "vgpuhost-hook-bundle/2")
 #: where ``hook install`` writes it, under the host root (FHS: a cache the program can rebuild)
 BUNDLE_PARTS = ("var", "cache", "vgpuhost", "hook-modules.bundle")
 MAX_BUNDLE_BYTES = 16 << 20
@@ -86,7 +106,10 @@ def build(path: str, modules: "Iterable[str]" = MODULES) -> int:
     ``from __future__`` lines, no optimisation), less its docstrings (:func:`_without_docstrings`), writes the file with mode 0644
     atomically (a temporary file renamed over it), and creates its directory
     (0755; one writable by others is made 0755).  Returns how many modules it
-    holds.  Raises OSError when the file cannot be written.
+    holds.  Raises OSError when the file cannot be written, and (ELOOP) when
+    the bundle's folder is a symbolic link: nothing is written through it, nor
+    is what it points at chmodded (:func:`linked_folder`; ``hook install``
+    refuses before it gets here).
     """
     from importlib.util import find_spec
     entries: "Dict[str, Tuple[str, int, int, bool, bytes]]" = {}
@@ -106,26 +129,62 @@ def build(path: str, modules: "Iterable[str]" = MODULES) -> int:
         entries[name] = (origin, st.st_size, st.st_mtime_ns, spec.submodule_search_locations is not None,
                          marshal.dumps(code))
     data = pack(FORMAT, sys.implementation.cache_tag, entries)
+    import errno
     from pathlib import Path
     from .files import write_atomic
-    folder = os.path.dirname(path)
+    folder = os.path.dirname(path) or "."
+    if linked_folder(path):
+        raise OSError(errno.ELOOP, "the bundle's folder is a symbolic link (remove the link)", folder)
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    if os.stat(folder).st_mode & 0o022:
-        os.chmod(folder, 0o755)             # writable by others: :func:`use` would not trust it
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)   # ELOOP: a link now
+    try:
+        if os.fstat(fd).st_mode & 0o022:
+            os.fchmod(fd, 0o755)            # writable by others: :func:`use` would not trust it
+    finally:
+        os.close(fd)
     write_atomic(Path(path), data, 0o644)
     return len(entries)
 
 
+def linked_folder(path: str) -> "str | None":
+    """The bundle's folder (``os.path.dirname(path)``) when it is a symbolic link, else None: the hook
+    never uses a bundle there (:func:`use`) and :func:`build` never writes through it."""
+    folder = os.path.dirname(path) or "."
+    return folder if os.path.islink(folder) else None
+
+
+def checksum(name: str, code: bytes) -> int:
+    """CRC-32 of module ``name`` (UTF-8) followed by its code's bytes ``code``: an unsigned 32-bit int.
+    The name binds the code to its module, so another module's intact code fails it."""
+    crc = _crc32()
+    return crc(code, crc(name.encode()))
+
+
+_CRC = []
+
+
+def _crc32():
+    """``crc32`` of ``zlib`` or ``binascii`` (the same CRC-32): a built-in module where the interpreter has
+    one, else the ``binascii`` extension module (loaded once, when the first module is checked)."""
+    if not _CRC:
+        if "binascii" in sys.builtin_module_names or "zlib" not in sys.builtin_module_names:
+            import binascii as mod
+        else:
+            import zlib as mod
+        _CRC.append(mod.crc32)
+    return _CRC[0]
+
+
 def pack(fmt: str, tag: str, entries: dict) -> bytes:
     """The bundle file's bytes (module docstring: format) for ``entries`` ``{module name: (source path, size,
-    mtime_ns, is package, marshal of its code)}``; an entry of another shape is written as it is, without
-    code (the hook skips it)."""
+    mtime_ns, is package, marshal of its code)}``, each with its :func:`checksum`; an entry of another
+    shape is written as it is, without code (the hook skips it)."""
     index = {}
     blobs = []
     offset = 0
     for name, entry in entries.items():
         if type(entry) is tuple and len(entry) == 5 and type(entry[4]) is bytes:
-            index[name] = tuple(entry[:4]) + (offset, len(entry[4]))
+            index[name] = tuple(entry[:4]) + (offset, len(entry[4]), checksum(name, entry[4]))
             blobs.append(entry[4])
             offset += len(entry[4])
         else:
@@ -136,13 +195,14 @@ def pack(fmt: str, tag: str, entries: dict) -> bytes:
 
 def unpack(data: bytes) -> "Tuple[str, str, dict]":
     """``(format, cache tag, entries)`` of a bundle file's bytes, the inverse of :func:`pack` (each entry
-    with its code's bytes); raises ValueError (or what ``marshal`` raises) on a malformed file."""
+    with its code's bytes, its checksum left out); raises ValueError (or what ``marshal`` raises) on a
+    malformed file."""
     size = int.from_bytes(data[:4], "little")
     fmt, tag, index = marshal.loads(data[4:4 + size])
     base = 4 + size
     entries = {}
     for name, entry in index.items():
-        if type(entry) is tuple and len(entry) == 6:
+        if type(entry) is tuple and len(entry) == 7:
             offset, length = entry[4], entry[5]
             entry = tuple(entry[:4]) + (data[base + offset:base + offset + length],)
         entries[name] = entry
@@ -208,7 +268,7 @@ class _Finder:
         if entry is None:
             return None
         try:
-            origin, size, mtime_ns, package, offset, length = entry
+            origin, size, mtime_ns, package, offset, length, crc = entry
             if not (type(offset) is int and type(length) is int and 0 <= offset and 0 < length
                     and _inside(origin, self.package)):
                 return None                 # another installation's module, or not an entry: the file's own import
@@ -216,8 +276,8 @@ class _Finder:
             if st.st_size != size or st.st_mtime_ns != mtime_ns:
                 return None                 # changed since the bundle was written
             blob = os.pread(self.fd, length, self.base + offset)
-            if len(blob) != length:
-                return None                 # truncated since it was opened
+            if len(blob) != length or checksum(name, blob) != crc:
+                return None                 # damaged (or truncated since it was opened): the file's own import
             code = marshal.loads(blob)
         except Exception:                   # a malformed entry: the file's own import
             return None
@@ -299,7 +359,7 @@ def _read(path: str) -> "Tuple[str, dict | None, int, int]":
             raise ValueError("foreign")
         base = 4 + size
         end = max((e[4] + e[5] for e in index.values()
-                   if type(e) is tuple and len(e) == 6 and type(e[4]) is int and type(e[5]) is int), default=0)
+                   if type(e) is tuple and len(e) == 7 and type(e[4]) is int and type(e[5]) is int), default=0)
         if base + end != st.st_size:
             raise ValueError("truncated")   # or grown: not the file build() wrote
     except Exception:       # a truncated or foreign file, or one not to be trusted
@@ -329,24 +389,71 @@ def use(path: str, package_dir: "str | None" = None) -> int:
 
 
 def check(path: str, package_dir: "str | None" = None) -> dict:
-    """What the hook would make of the bundle at ``path`` (``hook status``): ``state`` is ``current``
-    (every module served), ``stale`` (``stale`` lists the modules whose source changed since, or that
-    lie outside the package: they load from their files; ``hook install`` writes it anew), ``missing``,
-    ``untrusted`` (not a regular file of this user's that no one else may write, in such a folder) or
-    ``unreadable`` (not a bundle for this Python); ``modules``: how many it holds."""
+    """What the hook would make of the bundle at ``path`` (``hook status``): ``{"state", "modules",
+    "stale", "damaged"}``.  ``state`` is ``current`` (every module served), ``stale`` (``stale`` lists the
+    modules whose source changed since, or that lie outside the package: they load from their files),
+    ``damaged`` (``damaged`` lists the modules whose code fails its checksum or does not unmarshal into
+    code: they load from their files), ``missing``, ``untrusted`` (not a regular file of this user's that
+    no one else may write, in such a folder), ``folder-symlink`` (its folder is a symbolic link:
+    ``hook install`` refuses to write through it), ``old-format`` (an older vgpuhost's bundle,
+    :data:`OLDER_FORMATS`), ``other-python`` (for another Python's bytecode) or ``unreadable`` (cut
+    short, grown, or not a bundle); ``hook install`` writes it anew but for ``folder-symlink``.
+    ``modules``: how many it holds (0 when it is not used).  Never raises."""
     package = _package(package_dir)
-    state, entries, fd, _ = _read(path)
+    state, entries, fd, base = _read(path)
     if entries is None:
-        return {"state": state, "modules": 0, "stale": []}
-    os.close(fd)
+        if state == "untrusted" and linked_folder(path):
+            state = "folder-symlink"
+        elif state == "unreadable":
+            state = _why_unreadable(path)
+        return {"state": state, "modules": 0, "stale": [], "damaged": []}
     stale = []
-    for name, entry in sorted(entries.items()):
+    damaged = []
+    try:
+        for name, entry in sorted(entries.items()):
+            try:
+                origin, size, mtime_ns, _, offset, length, crc = entry
+                st = os.stat(origin)
+                fresh = _inside(origin, package) and (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
+            except Exception:
+                fresh = False
+            if not fresh:
+                stale.append(str(name))
+                continue
+            try:
+                blob = os.pread(fd, length, base + offset)
+                sound = (len(blob) == length and checksum(name, blob) == crc
+                         and type(marshal.loads(blob)) is _CodeType)
+            except Exception:
+                sound = False
+            if not sound:
+                damaged.append(str(name))
+    finally:
+        os.close(fd)
+    state = "damaged" if damaged else "stale" if stale else "current"
+    return {"state": state, "modules": len(entries), "stale": stale, "damaged": damaged}
+
+
+def _why_unreadable(path: str) -> str:
+    """``old-format``, ``other-python`` or ``unreadable`` (:func:`check`) for a bundle file that
+    :func:`_read` could not use though it may be trusted."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BUNDLE_BYTES + 1)
+    except OSError:
+        return "unreadable"
+    heads = []
+    for parse in (lambda: marshal.loads(data),                                       # format 1: one marshal
+                  lambda: marshal.loads(data[4:4 + int.from_bytes(data[:4], "little")])):   # 2 and 3
         try:
-            origin, size, mtime_ns = entry[0], entry[1], entry[2]
-            st = os.stat(origin)
-            fresh = _inside(origin, package) and (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
+            head = parse()
         except Exception:
-            fresh = False
-        if not fresh:
-            stale.append(str(name))
-    return {"state": "stale" if stale else "current", "modules": len(entries), "stale": stale}
+            continue
+        if type(head) is tuple and len(head) == 3:
+            heads.append(head)
+    for fmt, tag, _ in heads:
+        if fmt in OLDER_FORMATS:
+            return "old-format"
+        if fmt == FORMAT and tag != sys.implementation.cache_tag:
+            return "other-python"
+    return "unreadable"
