@@ -430,7 +430,7 @@ def _uncounted() -> Iterator[None]:
 STATE_FILE = "state.json"
 GPUS_DIR = "gpus"
 #: the keys of ``state.json``: the host-wide counters and lists a write changes
-STATE_KEYS = ("next_iommu_group", "opened", "faults", "mdev_change")
+STATE_KEYS = ("next_iommu_group", "opened", "faults", "mdev_change", "mdev_removing")
 #: :meth:`SimKernel.save_meta`'s ``part`` for ``state.json`` (any other part names a GPU)
 STATE = "state"
 
@@ -928,7 +928,15 @@ class SimKernel:
         """The holder ``pid`` closes its vGPU (and exits): its ``proc/<pid>`` goes; a blocked remove goes on."""
         with self.locked():
             meta = self.meta()
-            (meta.get("opened") or {}).pop(str(pid), None)
+            held = ((meta.get("opened") or {}).pop(str(pid), None) or {}).get("vgpu")
+            waiting = (meta.get("mdev_removing") or {}).get(held) if held else None
+            if waiting is not None and not self.holders(held, meta):
+                # a remove waits for this release: the device goes now (its writer, if alive,
+                # finds it gone and returns)
+                del meta["mdev_removing"][held]
+                pf = waiting.get("pf")
+                self._mdev_unregister(meta, self.real_root / waiting["dir"],
+                                      pf if pf in meta["gpus"] else None)
             self.save_meta(meta, STATE)
             pdir = self._rpath(self.host.proc) / str(int(pid))
             if pdir.is_dir():
@@ -1315,6 +1323,10 @@ class SimKernel:
             # remove_store() removes its own file first (device_remove_file_self): a second writer
             # meanwhile finds no remove file; then the unregister waits for the release
             _unlink(mdir / "remove")
+            # the unregister goes on when the last holder closes (close_vgpu), even where this
+            # writer is killed meanwhile: the kernel's wait after a signal is uninterruptible
+            meta.setdefault("mdev_removing", {})[uuid] = {
+                "dir": os.path.relpath(mdir, self._real_str), "pf": pf}
             self._request_release(meta, uuid)
             raise _MustWait(uuid, lambda m: self._mdev_unregister(m, mdir, pf))
         self._mdev_unregister(meta, mdir, pf)
@@ -1423,9 +1435,13 @@ class SimKernel:
                 raise _fail(errno.EPERM, path, f"{vf} is open (usage count not zero)")
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
+            # the counts first, as they will be: a writer killed before the type goes leaves them
+            # generous, never short (the type file is the vGPU; every check reads it, not the counts)
+            self.refresh_gpu(pf, meta, instances=[i for i in self.instances(meta, pf) if i["id"] != vf])
             write_attr(real, "0\n")
             if (real.parent / PLACEMENT_ATTR).exists():
                 write_attr(real.parent / PLACEMENT_ATTR, "Not Applicable\n")
+            return
         else:
             if cur != 0:
                 raise _fail(errno.EPERM, path, f"{vf} already holds vGPU type {cur}")

@@ -135,6 +135,7 @@ def reboot(host: HostRoot) -> dict:
             if pdir.is_dir():
                 _rmtree(pdir)
         meta["opened"] = {}
+        meta["mdev_removing"] = {}          # the removes that waited for them: every mdev goes below
         # a create or remove whose writer was killed half-way: its pieces go (never a vGPU that was lost)
         kernel._settle_mdev_change(meta)
         # every vGPU is gone: mdevs (not persistent), vendor-VFIO types (a VF boots with none)
