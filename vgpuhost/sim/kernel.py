@@ -78,6 +78,14 @@ counts down and the fault is dropped when spent; 0 fires every time.  A
 attribute of its device (of a VF, or of its PF's VFs too) with its errno,
 as a driver's show function that fails does (:meth:`SimKernel.read`).
 
+A writer killed inside a write (docs/guide/simulator.md#killed-writer): the kernel's mdev create and
+remove are one write(2), done whole or not at all, but the simulator lays a device out file by file
+in the writing process.  So it records the change first (``state.json`` ``mdev_change``), makes the
+bus link last on a create and takes it away first on a remove, and each later write (and
+``sim reboot``) first takes away whatever a killed writer left half made
+(:meth:`SimKernel._settle_mdev_change`).  A remove waiting for a release is listed
+(``mdev_removing``) and finished by the last close, even where its writer was killed.
+
 Crash injection (the kill -9 fault-injection tests): with
 ``VGPUHOST_SIM_KILL_AT=N`` in the environment, the process SIGKILLs itself
 at its Nth write through this kernel or the simulated NVML (counted per
