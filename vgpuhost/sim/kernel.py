@@ -654,6 +654,15 @@ class SimKernel:
             raise ValueError(f"{p!r} is not under {root!r}")
         return self._real_str.rstrip("/") + "/" + p[len(prefix):]
 
+    def _below_root(self, real: str) -> str:
+        """A path under the resolved root (a string, as :meth:`_rstr` gives), relative to that root
+        (``Path.relative_to`` without pathlib, on a simulated write's hot path).  ValueError when
+        ``real`` is not under it."""
+        root = self._real_str.rstrip("/") + "/"
+        if not real.startswith(root):
+            raise ValueError(f"{real!r} is not under {self._real_str!r}")
+        return real[len(root):]
+
     # --- a device leaving the tree (docs/guide/failures.md#signals) ------------
     def unplug(self, bdf: str) -> None:
         """Simulator only: the device at ``bdf`` (and its VFs and mdevs below it) disappears from the PCI
@@ -1321,7 +1330,7 @@ class SimKernel:
     def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
                      value: str) -> None:
         uuid = mdir.name
-        parent = by_path.get(str(mdir.parent.relative_to(self.real_root)))
+        parent = by_path.get(self._below_root(os.path.dirname(str(mdir))))
         pf = self._pf_of_parent(meta, parent) if parent else None
         if value.strip() != "1":
             raise _fail(errno.EINVAL, path, "write 1 to remove")
@@ -1334,7 +1343,7 @@ class SimKernel:
             # the unregister goes on when the last holder closes (close_vgpu), even where this
             # writer is killed meanwhile: the kernel's wait after a signal is uninterruptible
             meta.setdefault("mdev_removing", {})[uuid] = {
-                "dir": os.path.relpath(mdir, self._real_str), "pf": pf}
+                "dir": self._below_root(str(mdir)), "pf": pf}
             self._request_release(meta, uuid)
             raise _MustWait(uuid, lambda m: self._mdev_unregister(m, mdir, pf))
         self._mdev_unregister(meta, mdir, pf)
@@ -1350,7 +1359,7 @@ class SimKernel:
         tid = _type_of(m)
         group = _group_of(m)
         meta["mdev_change"] = {"op": "remove", "uuid": uuid, "pf": pf, "tid": tid,
-                               "group": group, "dir": os.path.relpath(m, self._real_str)}
+                               "group": group, "dir": self._below_root(m)}
         self.save_meta(meta, STATE)
         self._mdev_take_away(meta, m, uuid, tid, group, pf)
 
