@@ -511,6 +511,8 @@ class SimKernel:
         # the root with symlinks resolved: written paths are resolved too
         self.real_root = Path(os.path.realpath(host.root))
         self._root_str, self._real_str = str(host.root), str(self.real_root)
+        #: (bus/pci/drivers, bus/pci/drivers_probe) below the root, made at the first write
+        self._drivers_rel: Optional[Tuple[Path, Path]] = None
         global _import_s, _import_cpu_s
         spent, cpu = _perf_counter() - t0, _thread_time() - c0
         if _import_s is None:
@@ -1048,8 +1050,11 @@ class SimKernel:
     def _dispatch(self, meta: dict, path: Path, real: Path, rel: Path, value: str) -> None:
         by_path = {d["path"]: bdf for bdf, d in meta["devices"].items()}
         name = real.name
-        drivers_rel = self.host.pci_drivers.relative_to(self.host.root)
-        if rel == self.host.pci_drivers_probe.relative_to(self.host.root):
+        if self._drivers_rel is None:       # the same for every write: made once
+            self._drivers_rel = (self.host.pci_drivers.relative_to(self.host.root),
+                                 self.host.pci_drivers_probe.relative_to(self.host.root))
+        drivers_rel, probe_rel = self._drivers_rel
+        if rel == probe_rel:
             return self._probe(meta, path, value)
         if name in ("bind", "unbind") and rel.parent.parent == drivers_rel:
             drv = rel.parent.name
