@@ -356,6 +356,22 @@ def test_a_leftover_mdev_directory_does_not_block_its_uuid(a40):
     assert _tree(host) == fresh
 
 
+def test_sim_reboot_sweeps_a_leftover_mdev_directory_and_does_not_count_it_lost(a40):
+    """``sim reboot`` takes away a device directory with no bus link (no record of it kept) and does
+    not report it among the vGPUs lost: it never was one."""
+    from vgpuhost.sim.reboot import reboot
+    host, sysfs = a40
+    kept = new_uuid()
+    sysfs.write(mtype(host, A40, A40_8Q) / "create", kept)
+    u = new_uuid()
+    mdir = Path(os.path.realpath(host.pci_device(A40))) / u
+    (mdir / "nvidia").mkdir(parents=True)
+    os.symlink(f"../mdev_supported_types/{A40_8Q}", mdir / "mdev_type")
+    assert reboot(host)["vgpus_lost"] == [kept]
+    assert not os.path.lexists(mdir) and sysfs.listdir(host.mdev_devices) == []
+    assert avail(sysfs, host, A40, A40_8Q) == 6
+
+
 def test_create_on_unbound_gpu_enoent(a40):
     # off nvidia the vGPU manager has unregistered the mdev parent: no mdev_supported_types, no create file
     host, sysfs = a40

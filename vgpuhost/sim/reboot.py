@@ -141,6 +141,8 @@ def reboot(host: HostRoot) -> dict:
         # every vGPU is gone: mdevs (not persistent), vendor-VFIO types (a VF boots with none)
         for pf, gpu in sorted(meta["gpus"].items()):
             for inst in kernel.instances(meta, pf):
+                if gpu["backend"] == "mdev" and not os.path.lexists(host.mdev_devices / inst["id"]):
+                    continue        # no bus link: no vGPU, a killed writer's leftover (swept below)
                 lost.append(inst["id"])
                 if gpu["backend"] == "mdev":
                     kernel._mdev_unregister(meta, kernel._rdir(meta, inst["parent"]) / inst["id"], pf)
