@@ -1416,7 +1416,7 @@ class SimKernel:
         """Finish the last mdev create or remove (meta ``mdev_change``) where its writer was killed
         half-way: a create whose bus link is missing, or a remove whose device directory is still
         there, is taken away whole (the kernel's create and remove are one write(2) each: a device
-        is there completely or not at all).  Two lstat calls when there is nothing to do."""
+        is there completely or not at all).  One or two lstat calls when there is nothing to do."""
         ch = meta.get("mdev_change")
         if not ch:
             return
