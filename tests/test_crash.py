@@ -737,3 +737,77 @@ def test_a_vgpu_half_made_by_a_kill_is_reported_as_interrupted_not_foreign(make_
     out = capsys.readouterr().out
     assert f"interrupted (its open journal entry finishes or removes it): {made[0]}" in out
     assert "foreign" not in out
+
+
+# ---------------------------------------------------------------------------
+# killed inside the simulated kernel's mdev create (trial 6 #7): the kernel's create is one write(2)
+
+#: the simulator's own steps that change the tree while it lays an mdev out (or takes one away)
+_TREE_STEPS = ("_symlink", "_create_file", "_unlink", "_rmtree")
+
+
+def _killed_at_tree_step(fn: Callable[[], int], step: int, made: list) -> Callable[[], int]:
+    """``fn`` in a child that SIGKILLs itself before the simulator's ``step``-th tree change (0: never;
+    the count of changes made is appended to ``made``'s file, ``made[0]``)."""
+    def child() -> int:
+        count = [0]
+
+        def counted(f):
+            def step_then(*a, **kw):
+                count[0] += 1
+                if count[0] == step:
+                    os.kill(os.getpid(), 9)
+                return f(*a, **kw)
+            return step_then
+        for name in _TREE_STEPS:
+            setattr(sim_kernel, name, counted(getattr(sim_kernel, name)))
+        rc = fn()
+        with open(made[0], "w") as f:
+            f.write(str(count[0]))
+        return rc
+    return child
+
+
+def _vgpus_listed(host, capsys) -> Dict[str, str]:
+    """``vgpu list --json``: ``{id: state}``."""
+    import json
+    capsys.readouterr()
+    assert main(["--root", str(host.root), "--local", "--json", "vgpu", "list"]) == 0
+    return {v["id"]: v["state"] for v in json.loads(capsys.readouterr().out)["vgpus"]}
+
+
+def _mdev_dirs(host) -> List[str]:
+    """UUID-named directories under the A40's device directory (the tree, as a reader lists it)."""
+    pdir = os.path.realpath(host.pci_device(A40_GPU))
+    return sorted(n for n in os.listdir(pdir) if len(n) == 36 and os.path.isdir(os.path.join(pdir, n)))
+
+
+@pytest.mark.parametrize("after", ["next start", "sim reboot"])
+def test_a_hook_killed_inside_the_simulated_mdev_create_leaves_no_half_mdev(make_host, tmp_path, capsys, after):
+    """kill -9 of a hook start while the simulator lays its mdev out (right after the directory, half
+    way, before the bus link): reconcile --check is in sync and ``vgpu list`` shows what the tree
+    holds; the next start of the domain makes the mdev (no EEXIST), or ``sim reboot`` leaves no
+    device directory behind."""
+    fresh = copies(make_host, _a40, tmp_path)
+    made = [str(tmp_path / "steps")]
+    host = fresh()
+    assert run(host, _killed_at_tree_step(hook_op(host, "prepare", "begin", VGPU_XML), 0, made), tmp_path / "n.log") == 0
+    total = int(open(made[0]).read())
+    assert total >= 10
+    for step in (1, total // 2, total):
+        host = fresh()
+        log = tmp_path / f"s{step}.log"
+        assert run(host, _killed_at_tree_step(hook_op(host, "prepare", "begin", VGPU_XML), step, made), log) == -9
+        assert run(host, cli_op(host, "reconcile"), log) in (0, 1)
+        assert run(host, cli_op(host, "reconcile", "--check"), log) == 0, step
+        listed = _vgpus_listed(host, capsys)
+        assert listed == {m.uuid: "active" for m in discover(Sysfs(host)).mdevs} == {}, step
+        if after == "sim reboot":
+            assert main(["--root", str(host.root), "sim", "reboot"]) == 0
+            assert _mdev_dirs(host) == [], step
+        problems = _hook_cycle(VGPU_XML, _no_mdevs)(host, log)
+        assert not problems, f"step {step}/{total}: {problems}"
+        assert _mdev_dirs(host) == [], step
+        assert run(host, hook_op(host, "prepare", "begin", VGPU_XML), log) == 0
+        assert _vgpus_listed(host, capsys) == {MDEV: "active"}
+        assert _mdev_dirs(host) == [MDEV] and run(host, cli_op(host, "reconcile", "--check"), log) == 0

@@ -88,6 +88,36 @@ def test_the_simulator_blocks_a_remove_of_an_open_mdev_until_it_is_closed(make_h
     assert not (host.proc / str(pid)).exists()
 
 
+def test_a_blocked_remove_whose_writer_is_killed_still_removes_the_mdev_at_the_close(make_host):
+    """The kernel's wait for the release is uninterruptible: a writer killed while its remove waits
+    does not leave the device half removed (no ``remove`` file, never going); it goes when the last
+    holder closes it, whole, and its UUID can be made again."""
+    import subprocess
+    import sys
+    host = make_host("a40-mdev")
+    uuid = make_mdev(host)
+    kernel = SimKernel(host)
+    pid = kernel.open_vgpu(uuid)
+    group = os.path.basename(os.readlink(host.mdev_devices / uuid / "iommu_group"))
+    writer = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from pathlib import Path; from vgpuhost.io.hostroot import HostRoot;"
+                               " from vgpuhost.sim.kernel import SimKernel;"
+                               " h = HostRoot(Path(sys.argv[1])); SimKernel(h).write(h.mdev_devices / sys.argv[2] / 'remove', '1')",
+                               str(host.root), uuid])
+    try:
+        until(lambda: requests(kernel, pid) >= 1)       # it waits for the release
+        assert writer.poll() is None
+    finally:
+        writer.kill()
+        writer.wait(DEADLINE_S)
+    assert (host.mdev_devices / uuid).is_dir() and not (host.mdev_devices / uuid / "remove").exists()
+    kernel.close_vgpu(pid)                              # qemu closes the device
+    assert not os.path.lexists(host.mdev_devices / uuid) and not (host.dev_vfio / group).exists()
+    assert not os.path.lexists(os.path.realpath(host.pci_device(A40)) + "/" + uuid)
+    assert Sysfs(host).listdir(host.mdev_bus / A40 / "mdev_supported_types" / A40_8Q / "devices") == []
+    assert make_mdev(host) == uuid and (host.mdev_devices / uuid / "remove").exists()
+
+
 def test_a_closed_mdev_is_removed_at_once(make_host):
     host = make_host("a40-mdev")
     uuid = make_mdev(host)

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import threading
 import uuid as uuidlib
 from pathlib import Path
@@ -225,6 +226,150 @@ def test_remove_restores_capacity_and_cleans_up(a40):
     assert not (host.dev_vfio / gdir.name).exists()
     assert avail(sysfs, host, A40, A40_8Q) == 6
     assert avail(sysfs, host, A40, A40_1B) == 32
+
+
+# --- a writer killed inside a create or remove (one write(2) in the kernel) -------------
+#: the simulator's own steps that change the tree while it makes or takes away an mdev
+_TREE_STEPS = ("_symlink", "_create_file", "_unlink", "_rmtree")
+
+
+def _tree(host):
+    """What a reader sees of ``sys/`` and ``dev/``: ``{path: link target, file content or 'dir'}``."""
+    out = {}
+    for top in ("sys", "dev"):
+        for dirpath, dirnames, filenames in os.walk(host.root / top):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                rel = os.path.relpath(p, host.root)
+                if os.path.islink(p):
+                    out[rel] = "-> " + os.readlink(p)
+                elif os.path.isdir(p):
+                    out[rel] = "dir"
+                else:
+                    with open(p, "rb") as f:
+                        out[rel] = f.read()
+    return out
+
+
+def _write_killed_at_step(host, path, value, step):
+    """Write ``value`` to ``path`` through the simulated kernel in a forked child that SIGKILLs
+    itself before its ``step``-th change of the tree (0: never); ``(how it ended, steps made)``."""
+    from vgpuhost.sim import kernel as sim_kernel
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child: never returns
+        code = 3
+        try:
+            os.close(rfd)
+            made = [0]
+
+            def counted(fn):
+                def step_then(*a, **kw):
+                    made[0] += 1
+                    if made[0] == step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return fn(*a, **kw)
+                return step_then
+            for name in _TREE_STEPS:
+                setattr(sim_kernel, name, counted(getattr(sim_kernel, name)))
+            SimKernel(host).write(path, value)
+            os.write(wfd, str(made[0]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        made = r.read()
+    _, status = os.waitpid(pid, 0)
+    return (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)), int(made or 0)
+
+
+def test_a_create_killed_half_way_leaves_no_half_mdev(tmp_path):
+    """kill -9 of a writer while the simulator lays out an mdev (between its directory and its bus
+    link, at every step): the next write takes the pieces away, so the next create of that UUID
+    succeeds (no EEXIST) and, once removed, the tree is the fresh host's again."""
+    text = A40_SPEC.replace("PROCS", "")
+    host, sysfs = build(tmp_path, text, "ref")
+    u = new_uuid()
+    rc, total = _write_killed_at_step(host, mtype(host, A40, A40_8Q) / "create", u, 0)
+    assert rc == 0 and total >= 10
+    sysfs.write(host.mdev_devices / u / "remove", "1")
+    fresh = _tree(host)         # (the first create makes the mdev driver's directory; it stays)
+    for step in range(1, total + 1):
+        host, sysfs = build(tmp_path, text, f"k{step}")
+        rc, _ = _write_killed_at_step(host, mtype(host, A40, A40_8Q) / "create", u, step)
+        assert rc == -signal.SIGKILL, step
+        assert not os.path.lexists(host.mdev_devices / u), step       # never shown before it is whole
+        sysfs.write(mtype(host, A40, A40_8Q) / "create", u)
+        mdir = Path(os.path.realpath(host.mdev_devices / u))
+        assert mdir.parent == Path(os.path.realpath(host.pci_device(A40))), step
+        assert sysfs.listdir(mtype(host, A40, A40_8Q) / "devices") == [u], step
+        assert (host.dev_vfio / Path(os.path.realpath(mdir / "iommu_group")).name).exists(), step
+        assert avail(sysfs, host, A40, A40_8Q) == 5, step
+        sysfs.write(host.mdev_devices / u / "remove", "1")
+        assert _tree(host) == fresh, step
+
+
+def test_a_remove_killed_half_way_leaves_no_half_mdev(tmp_path):
+    """kill -9 of a writer while the simulator takes an mdev away, at every step: the device is whole
+    or no longer found by its bus link, and the next write takes the rest away (the fresh host's
+    tree), as the kernel's remove, once begun, ends with the device gone."""
+    text = A40_SPEC.replace("PROCS", "")
+    host, sysfs = build(tmp_path, text, "ref")
+    u = new_uuid()
+    sysfs.write(mtype(host, A40, A40_8Q) / "create", u)
+    rc, total = _write_killed_at_step(host, host.mdev_devices / u / "remove", "1", 0)
+    assert rc == 0 and total >= 4
+    fresh = _tree(host)
+    for step in range(1, total + 1):
+        host, sysfs = build(tmp_path, text, f"k{step}")
+        sysfs.write(mtype(host, A40, A40_8Q) / "create", u)
+        rc, _ = _write_killed_at_step(host, host.mdev_devices / u / "remove", "1", step)
+        assert rc == -signal.SIGKILL, step
+        # found whole by its bus link (killed before its first step), or not found at all
+        assert (not os.path.lexists(host.mdev_devices / u)
+                or os.path.islink(host.mdev_devices / u / "mdev_type")), step
+        sysfs.write(mtype(host, A40, A40_1B) / "create", new_uuid())   # any next write on the host
+        assert sysfs.listdir(mtype(host, A40, A40_8Q) / "devices") == [], step
+        assert avail(sysfs, host, A40, A40_1B) == 31, step
+        (v,) = sysfs.listdir(host.mdev_devices)
+        sysfs.write(host.mdev_devices / v / "remove", "1")
+        assert _tree(host) == fresh, step
+
+
+def test_a_leftover_mdev_directory_does_not_block_its_uuid(a40):
+    """A device directory with no bus link (what a writer killed mid-create left before the simulator
+    kept a record of its changes): a create of its UUID takes it away and succeeds."""
+    host, sysfs = a40
+    u = new_uuid()
+    sysfs.write(mtype(host, A40, A40_8Q) / "create", u)
+    sysfs.write(host.mdev_devices / u / "remove", "1")
+    fresh = _tree(host)
+    mdir = Path(os.path.realpath(host.pci_device(A40))) / u
+    (mdir / "nvidia").mkdir(parents=True)
+    os.symlink(f"../mdev_supported_types/{A40_8Q}", mdir / "mdev_type")
+    (mdir / "remove").write_text("")
+    sysfs.write(mtype(host, A40, A40_8C) / "create", u)
+    assert os.readlink(host.mdev_devices / u / "mdev_type").endswith(A40_8C)
+    assert avail(sysfs, host, A40, A40_8C) == 5 and avail(sysfs, host, A40, A40_8Q) == 5
+    sysfs.write(host.mdev_devices / u / "remove", "1")
+    assert _tree(host) == fresh
+
+
+def test_sim_reboot_sweeps_a_leftover_mdev_directory_and_does_not_count_it_lost(a40):
+    """``sim reboot`` takes away a device directory with no bus link (no record of it kept) and does
+    not report it among the vGPUs lost: it never was one."""
+    from vgpuhost.sim.reboot import reboot
+    host, sysfs = a40
+    kept = new_uuid()
+    sysfs.write(mtype(host, A40, A40_8Q) / "create", kept)
+    u = new_uuid()
+    mdir = Path(os.path.realpath(host.pci_device(A40))) / u
+    (mdir / "nvidia").mkdir(parents=True)
+    os.symlink(f"../mdev_supported_types/{A40_8Q}", mdir / "mdev_type")
+    assert reboot(host)["vgpus_lost"] == [kept]
+    assert not os.path.lexists(mdir) and sysfs.listdir(host.mdev_devices) == []
+    assert avail(sysfs, host, A40, A40_8Q) == 6
 
 
 def test_create_on_unbound_gpu_enoent(a40):

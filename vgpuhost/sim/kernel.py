@@ -78,6 +78,14 @@ counts down and the fault is dropped when spent; 0 fires every time.  A
 attribute of its device (of a VF, or of its PF's VFs too) with its errno,
 as a driver's show function that fails does (:meth:`SimKernel.read`).
 
+A writer killed inside a write (docs/guide/simulator.md#killed-writer): the kernel's mdev create and
+remove are one write(2), done whole or not at all, but the simulator lays a device out file by file
+in the writing process.  So it records the change first (``state.json`` ``mdev_change``), makes the
+bus link last on a create and takes it away first on a remove, and each later write (and
+``sim reboot``) first takes away whatever a killed writer left half made
+(:meth:`SimKernel._settle_mdev_change`).  A remove waiting for a release is listed
+(``mdev_removing``) and finished by the last close, even where its writer was killed.
+
 Crash injection (the kill -9 fault-injection tests): with
 ``VGPUHOST_SIM_KILL_AT=N`` in the environment, the process SIGKILLs itself
 at its Nth write through this kernel or the simulated NVML (counted per
@@ -291,6 +299,25 @@ def _set_attr_at(dir_fd: int, name: str, text: str) -> None:
         raise
 
 
+def _type_of(mdev_dir: str) -> Optional[str]:
+    """The type id an mdev's ``mdev_type`` link names; None where the link is missing."""
+    try:
+        return os.path.basename(os.readlink(f"{mdev_dir}/mdev_type"))
+    except OSError:
+        return None
+
+
+def _group_of(mdev_dir: str) -> Optional[int]:
+    """The IOMMU group number an mdev's ``iommu_group`` link names (``.../kernel/iommu_groups/<n>``, as
+    the simulated kernel makes it); None where the link is missing or names something else."""
+    try:
+        target = os.readlink(f"{mdev_dir}/iommu_group")
+    except OSError:
+        return None
+    head, num = os.path.split(target)
+    return int(num) if num.isdigit() and os.path.basename(head) == "iommu_groups" else None
+
+
 class _MustWait(Exception):
     """A write the kernel blocks until device ``vid`` is closed; ``resume(meta)`` (under the lock)
     finishes it then."""
@@ -411,7 +438,7 @@ def _uncounted() -> Iterator[None]:
 STATE_FILE = "state.json"
 GPUS_DIR = "gpus"
 #: the keys of ``state.json``: the host-wide counters and lists a write changes
-STATE_KEYS = ("next_iommu_group", "opened", "faults")
+STATE_KEYS = ("next_iommu_group", "opened", "faults", "mdev_change", "mdev_removing")
 #: :meth:`SimKernel.save_meta`'s ``part`` for ``state.json`` (any other part names a GPU)
 STATE = "state"
 
@@ -458,10 +485,18 @@ def write_meta(sim_dir: "str | Path", meta: dict) -> None:
     _replace(sim / "host.json", static)
 
 
-def _replace(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _replace(path: "str | Path", doc: dict) -> None:
+    """Write ``doc`` (JSON, one line) to ``path`` through a ``.tmp`` file beside it and a rename
+    (os-level: ``state.json`` is written at every mdev create and remove)."""
+    path = os.fspath(path)
+    tmp = path + ".tmp"
     # one line: json's C encoder serves only indent=None
-    tmp.write_text(json.dumps(doc, sort_keys=True))
+    data = json.dumps(doc, sort_keys=True).encode("utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -476,6 +511,8 @@ class SimKernel:
         # the root with symlinks resolved: written paths are resolved too
         self.real_root = Path(os.path.realpath(host.root))
         self._root_str, self._real_str = str(host.root), str(self.real_root)
+        #: (bus/pci/drivers, bus/pci/drivers_probe) below the root, made at the first write
+        self._drivers_rel: Optional[Tuple[Path, Path]] = None
         global _import_s, _import_cpu_s
         spent, cpu = _perf_counter() - t0, _thread_time() - c0
         if _import_s is None:
@@ -584,9 +621,9 @@ class SimKernel:
         if part is None:
             write_meta(sim, meta)
         elif part == STATE:
-            _replace(sim / STATE_FILE, {k: meta[k] for k in STATE_KEYS if k in meta})
+            _replace(f"{sim}/{STATE_FILE}", {k: meta[k] for k in STATE_KEYS if k in meta})
         else:
-            _replace(sim / GPUS_DIR / f"{part}.json", meta["gpus"][part])
+            _replace(f"{sim}/{GPUS_DIR}/{part}.json", meta["gpus"][part])
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -618,6 +655,15 @@ class SimKernel:
         if not p.startswith(prefix):
             raise ValueError(f"{p!r} is not under {root!r}")
         return self._real_str.rstrip("/") + "/" + p[len(prefix):]
+
+    def _below_root(self, real: str) -> str:
+        """A path under the resolved root (a string, as :meth:`_rstr` gives), relative to that root
+        (``Path.relative_to`` without pathlib, on a simulated write's hot path).  ValueError when
+        ``real`` is not under it."""
+        root = self._real_str.rstrip("/") + "/"
+        if not real.startswith(root):
+            raise ValueError(f"{real!r} is not under {self._real_str!r}")
+        return real[len(root):]
 
     # --- a device leaving the tree (docs/guide/failures.md#signals) ------------
     def unplug(self, bdf: str) -> None:
@@ -901,7 +947,15 @@ class SimKernel:
         """The holder ``pid`` closes its vGPU (and exits): its ``proc/<pid>`` goes; a blocked remove goes on."""
         with self.locked():
             meta = self.meta()
-            (meta.get("opened") or {}).pop(str(pid), None)
+            held = ((meta.get("opened") or {}).pop(str(pid), None) or {}).get("vgpu")
+            waiting = (meta.get("mdev_removing") or {}).get(held) if held else None
+            if waiting is not None and not self.holders(held, meta):
+                # a remove waits for this release: the device goes now (its writer, if alive,
+                # finds it gone and returns)
+                del meta["mdev_removing"][held]
+                pf = waiting.get("pf")
+                self._mdev_unregister(meta, self.real_root / waiting["dir"],
+                                      pf if pf in meta["gpus"] else None)
             self.save_meta(meta, STATE)
             pdir = self._rpath(self.host.proc) / str(int(pid))
             if pdir.is_dir():
@@ -981,6 +1035,7 @@ class SimKernel:
 
     def _write_locked(self, path: Path, value: str) -> None:
         meta = self._write_meta()
+        self._settle_mdev_change(meta)
         real, rel = self._resolved(path)
         if rel is None:
             raise _fail(errno.EACCES, path, "outside the simulated host root")
@@ -995,8 +1050,11 @@ class SimKernel:
     def _dispatch(self, meta: dict, path: Path, real: Path, rel: Path, value: str) -> None:
         by_path = {d["path"]: bdf for bdf, d in meta["devices"].items()}
         name = real.name
-        drivers_rel = self.host.pci_drivers.relative_to(self.host.root)
-        if rel == self.host.pci_drivers_probe.relative_to(self.host.root):
+        if self._drivers_rel is None:       # the same for every write: made once
+            self._drivers_rel = (self.host.pci_drivers.relative_to(self.host.root),
+                                 self.host.pci_drivers_probe.relative_to(self.host.root))
+        drivers_rel, probe_rel = self._drivers_rel
+        if rel == probe_rel:
             return self._probe(meta, path, value)
         if name in ("bind", "unbind") and rel.parent.parent == drivers_rel:
             drv = rel.parent.name
@@ -1222,8 +1280,12 @@ class SimKernel:
         bus_link = self._rpath(self.host.mdev_devices) / uuid
         pdir = self._rdir(meta, parent)
         mdir = pdir / uuid
-        if os.path.lexists(bus_link) or os.path.lexists(mdir):
+        if os.path.lexists(bus_link):
             raise _fail(errno.EEXIST, path, f"mdev {uuid} exists")
+        if os.path.lexists(mdir):
+            # no bus link: pieces a killed writer left (the bus link is made last and goes first),
+            # which the kernel never shows; they go, and the create goes on
+            self._mdev_take_away(meta, str(mdir), uuid, _type_of(str(mdir)), _group_of(str(mdir)), pf)
         present = self.instances(meta, pf)      # under the lock: the tree changes only below, by us
         if self.available(meta, pf, instances=present)[parent].get(tid, 0) <= 0:
             raise _fail(errno.ENOSPC, path, f"no {tid} instance left on {parent}")
@@ -1237,6 +1299,12 @@ class SimKernel:
         while os.path.exists(f"{groups}/{group}"):
             group += 1
         meta["next_iommu_group"] = group + 1
+        # recorded before the tree changes: a writer killed while it lays the device out leaves pieces
+        # that the next write takes away (:meth:`_settle_mdev_change`), as the kernel's create is one
+        # write(2) that a killed process cannot leave half done
+        meta["mdev_change"] = {"op": "create", "uuid": uuid, "parent": parent, "pf": pf, "tid": tid,
+                               "group": group}
+        self.save_meta(meta, STATE)
         gdir = f"{groups}/{group}"
         m, types = str(mdir), f"{pdir}/mdev_supported_types"
         os.mkdir(m)
@@ -1254,20 +1322,20 @@ class SimKernel:
         mdrv = self._rstr(self.host.s.path("sys", "bus", "mdev", "drivers", MDEV_DRIVER))
         _symlink(f"{m}/driver", mdrv)
         _symlink(f"{mdrv}/{uuid}", m)
-        _symlink(str(bus_link), m)
         _symlink(f"{types}/{tid}/devices/{uuid}", m)
         # the mdev is bound to a VFIO driver: its group node appears (libvirt opens it)
         _create_file(f"{self._rstr(self.host.s.dev_vfio)}/{group}", "")
-        self.save_meta(meta, STATE)
         self._place_on_gi(meta, pf, uuid, tid)
         # the vGPUs now: those read above and this one (the order does not matter to the counts)
         self.refresh_gpu(pf, meta, instances=present + [
             {"parent": parent, "type_id": tid, "id": uuid, "placement": pid}])
+        # last: the device is whole once its bus link is there (vgpuhost finds mdevs by it)
+        _symlink(str(bus_link), m)
 
     def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
                      value: str) -> None:
         uuid = mdir.name
-        parent = by_path.get(str(mdir.parent.relative_to(self.real_root)))
+        parent = by_path.get(self._below_root(os.path.dirname(str(mdir))))
         pf = self._pf_of_parent(meta, parent) if parent else None
         if value.strip() != "1":
             raise _fail(errno.EINVAL, path, "write 1 to remove")
@@ -1277,29 +1345,96 @@ class SimKernel:
             # remove_store() removes its own file first (device_remove_file_self): a second writer
             # meanwhile finds no remove file; then the unregister waits for the release
             _unlink(mdir / "remove")
+            # the unregister goes on when the last holder closes (close_vgpu), even where this
+            # writer is killed meanwhile: the kernel's wait after a signal is uninterruptible
+            meta.setdefault("mdev_removing", {})[uuid] = {
+                "dir": self._below_root(str(mdir)), "pf": pf}
             self._request_release(meta, uuid)
             raise _MustWait(uuid, lambda m: self._mdev_unregister(m, mdir, pf))
         self._mdev_unregister(meta, mdir, pf)
 
     def _mdev_unregister(self, meta: dict, mdir: Path, pf: Optional[str]) -> None:
-        """The mdev at ``mdir`` goes: its links, its IOMMU group and node, its directory."""
+        """The mdev at ``mdir`` goes: its links, its IOMMU group and node, its directory.  Recorded
+        first (meta ``mdev_change``), so that pieces a killed writer leaves go at the next write; the
+        bus link goes first (vgpuhost no longer finds the device), the directory last."""
         m = str(mdir)
-        head, uuid = os.path.split(m)
-        tid = os.path.basename(os.readlink(f"{m}/mdev_type"))
-        glink = f"{m}/iommu_group"
-        gdir = os.path.realpath(glink) if os.path.islink(glink) else None
-        _unlink(f"{head}/mdev_supported_types/{tid}/devices/{uuid}")
+        uuid = os.path.basename(m)
+        if not os.path.isdir(m):
+            return          # gone meanwhile (a blocked remove resumed after a reboot took it)
+        tid = _type_of(m)
+        group = _group_of(m)
+        meta["mdev_change"] = {"op": "remove", "uuid": uuid, "pf": pf, "tid": tid,
+                               "group": group, "dir": self._below_root(m)}
+        self.save_meta(meta, STATE)
+        self._mdev_take_away(meta, m, uuid, tid, group, pf)
+
+    def _mdev_take_away(self, meta: dict, m: str, uuid: str, tid: Optional[str], group: Optional[int],
+                        pf: Optional[str]) -> None:
+        """Every piece of mdev ``uuid`` (device directory ``m``, type ``tid``, IOMMU group ``group``)
+        that is there goes, the bus link first and the directory last; what is missing is passed
+        over (a killed writer's leftovers: :meth:`_settle_mdev_change`).  GPU ``pf``'s counts are
+        refreshed before the directory goes, counting the vGPU gone."""
+        head = os.path.dirname(m)
         _unlink(f"{self._rstr(self.host.s.mdev_devices)}/{uuid}")
+        if tid is not None:
+            _unlink(f"{head}/mdev_supported_types/{tid}/devices/{uuid}")
         _unlink(f"{self._rstr(self.host.s.path('sys', 'bus', 'mdev', 'drivers', MDEV_DRIVER))}/{uuid}")
-        if gdir is not None and os.path.dirname(gdir) == self._rstr(self.host.s.iommu_groups):
-            _unlink(f"{self._rstr(self.host.s.dev_vfio)}/{os.path.basename(gdir)}")
-            try:
-                _rmtree(gdir)
-            except OSError:
-                pass
-        _rmtree(m)
+        if group is not None:
+            _unlink(f"{self._rstr(self.host.s.dev_vfio)}/{group}")
+            gdir = f"{self._rstr(self.host.s.iommu_groups)}/{group}"
+            if os.path.isdir(gdir):
+                try:
+                    _rmtree(gdir)
+                except OSError:
+                    pass
         if pf is not None:
-            self.refresh_gpu(pf, meta)
+            self.refresh_gpu(pf, meta, instances=[
+                i for i in self.instances(meta, pf) if i["id"] != uuid])
+        if os.path.isdir(m):
+            _rmtree(m)
+
+    def sweep_mdev_leftovers(self, meta: dict, pf: str, parent: str) -> List[str]:
+        """Take away every mdev-shaped directory (named by a UUID) under mdev parent ``parent`` of GPU
+        ``pf`` that has no bus link (``bus/mdev/devices/<uuid>``): a device a killed writer left half
+        made, which the kernel never shows.  The UUIDs taken away, sorted.  For :func:`.reboot.reboot`
+        (under the lock)."""
+        pdir = str(self._rdir(meta, parent))
+        bus = self._rstr(self.host.s.mdev_devices)
+        try:
+            with os.scandir(pdir) as it:
+                names = sorted(e.name for e in it if re.match(_UUID_PATTERN, e.name)
+                               and e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+        gone = [n for n in names if not os.path.lexists(f"{bus}/{n}")]
+        for name in gone:
+            m = f"{pdir}/{name}"
+            self._mdev_take_away(meta, m, name, _type_of(m), _group_of(m), pf)
+        return gone
+
+    def _settle_mdev_change(self, meta: dict) -> None:
+        """Finish the last mdev create or remove (meta ``mdev_change``) where its writer was killed
+        half-way: a create whose bus link is missing, or a remove whose device directory is still
+        there, is taken away whole (the kernel's create and remove are one write(2) each: a device
+        is there completely or not at all).  One or two lstat calls when there is nothing to do."""
+        ch = meta.get("mdev_change")
+        if not ch:
+            return
+        uuid = ch.get("uuid") or ""
+        if ch.get("op") == "create":
+            if os.path.lexists(f"{self._rstr(self.host.s.mdev_devices)}/{uuid}"):
+                return          # whole: the bus link is made last
+            parent = ch.get("parent")
+            if parent not in meta["devices"]:
+                return
+            m = f"{self._rdir(meta, parent)}/{uuid}"
+        else:
+            m = f"{self._real_str.rstrip('/')}/{ch.get('dir')}" if ch.get("dir") else ""
+        if not m or not os.path.lexists(m):
+            return              # nothing laid out yet (a create's directory comes first), or all gone
+        pf = ch.get("pf")
+        self._mdev_take_away(meta, m, uuid, ch.get("tid"), ch.get("group"),
+                             pf if pf in meta["gpus"] else None)
 
     # --- vendor-specific VFIO ------------------------------------------------
     def _set_type(self, meta: dict, path: Path, vf: str, real: Path, value: str) -> None:
@@ -1322,9 +1457,13 @@ class SimKernel:
                 raise _fail(errno.EPERM, path, f"{vf} is open (usage count not zero)")
             if self._fault(meta, "set_type", [vf, pf], path):
                 return
+            # the counts first, as they will be: a writer killed before the type goes leaves them
+            # generous, never short (the type file is the vGPU; every check reads it, not the counts)
+            self.refresh_gpu(pf, meta, instances=[i for i in self.instances(meta, pf) if i["id"] != vf])
             write_attr(real, "0\n")
             if (real.parent / PLACEMENT_ATTR).exists():
                 write_attr(real.parent / PLACEMENT_ATTR, "Not Applicable\n")
+            return
         else:
             if cur != 0:
                 raise _fail(errno.EPERM, path, f"{vf} already holds vGPU type {cur}")

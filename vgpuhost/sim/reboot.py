@@ -135,15 +135,23 @@ def reboot(host: HostRoot) -> dict:
             if pdir.is_dir():
                 _rmtree(pdir)
         meta["opened"] = {}
+        meta["mdev_removing"] = {}          # the removes that waited for them: every mdev goes below
+        # a create or remove whose writer was killed half-way: its pieces go (never a vGPU that was lost)
+        kernel._settle_mdev_change(meta)
         # every vGPU is gone: mdevs (not persistent), vendor-VFIO types (a VF boots with none)
         for pf, gpu in sorted(meta["gpus"].items()):
             for inst in kernel.instances(meta, pf):
+                if gpu["backend"] == "mdev" and not os.path.lexists(host.mdev_devices / inst["id"]):
+                    continue        # no bus link: no vGPU, a killed writer's leftover (swept below)
                 lost.append(inst["id"])
                 if gpu["backend"] == "mdev":
-                    mdir = Path(os.path.realpath(kernel.host.mdev_devices / inst["id"]))
-                    kernel._mdev_unregister(meta, mdir, pf)
+                    kernel._mdev_unregister(meta, kernel._rdir(meta, inst["parent"]) / inst["id"], pf)
                 else:
                     write_attr(kernel.dev_dir(meta, inst["parent"]) / "nvidia" / "current_vgpu_type", "0\n")
+            if gpu["backend"] == "mdev":
+                # and any device directory left by a writer killed before this simulator kept a record
+                for parent in gpu["parents"]:
+                    kernel.sweep_mdev_leftovers(meta, pf, parent)
             # NVML: GPU and compute instances are not persistent; MIG mode is (a pending change applies)
             if gpu.get("gpu_instances"):
                 gis[pf] = len(gpu["gpu_instances"])
