@@ -99,8 +99,9 @@ them), so a test can check that no completed write went unaudited.
 Time accounting (the benchmarks' split between vgpuhost's own cost and the
 simulated kernel's, which a real kernel does not pay the same way): with
 ``VGPUHOST_SIM_TIME_FILE=FILE`` in the environment, every process appends
-one line per charge to FILE, ``WALL CPU``: the seconds (decimal; wall clock,
-then the thread's CPU time) spent importing this module (once, at the first
+one line per charge to FILE, ``WALL CPU PID``: the seconds (decimal; wall clock,
+then the thread's CPU time) and the charging process's id (a benchmark counts the simulator's CPU
+only where it counts the process's: a forked remove writer's is in neither) spent importing this module (once, at the first
 :class:`SimKernel`) and inside each :meth:`SimKernel.write`.  Unset, nothing is measured or written.
 """
 
@@ -378,15 +379,15 @@ _import_cpu_s = 0.0
 
 def charge(seconds: float, cpu_seconds: Optional[float] = None) -> None:
     """Add ``seconds`` of simulator time (wall clock) and ``cpu_seconds`` of its CPU time (the calling
-    thread's; None: the same as ``seconds``) to ``$VGPUHOST_SIM_TIME_FILE``: one line ``WALL CPU``
-    (decimal seconds); nothing when unset."""
+    thread's; None: the same as ``seconds``) to ``$VGPUHOST_SIM_TIME_FILE``: one line ``WALL CPU PID``
+    (decimal seconds, then this process's id); nothing when unset."""
     path = os.environ.get(TIME_FILE_ENV)
     if not path:
         return
     cpu = seconds if cpu_seconds is None else cpu_seconds
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, f"{seconds:.9f} {cpu:.9f}\n".encode("ascii"))
+        os.write(fd, f"{seconds:.9f} {cpu:.9f} {os.getpid()}\n".encode("ascii"))
     finally:
         os.close(fd)
 
