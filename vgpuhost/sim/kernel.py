@@ -1415,8 +1415,9 @@ class SimKernel:
 
     def _settle_mdev_change(self, meta: dict) -> None:
         """Finish the last mdev create or remove (meta ``mdev_change``) where its writer was killed
-        half-way: a create whose bus link is missing, or a remove whose device directory is still
-        there, is taken away whole (the kernel's create and remove are one write(2) each: a device
+        half-way: a create whose bus link is missing, or a remove whose bus link is gone and whose device
+        directory is still there, is taken away whole (a remove killed before it took anything away leaves
+        the device as it was) (the kernel's create and remove are one write(2) each: a device
         is there completely or not at all).  One or two lstat calls when there is nothing to do."""
         ch = meta.get("mdev_change")
         if not ch:
@@ -1430,6 +1431,8 @@ class SimKernel:
                 return
             m = f"{self._rdir(meta, parent)}/{uuid}"
         else:
+            if os.path.lexists(f"{self._rstr(self.host.s.mdev_devices)}/{uuid}"):
+                return          # the remove never began (its bus link goes first): the device stays whole
             m = f"{self._real_str.rstrip('/')}/{ch.get('dir')}" if ch.get("dir") else ""
         if not m or not os.path.lexists(m):
             return              # nothing laid out yet (a create's directory comes first), or all gone
