@@ -80,6 +80,10 @@ class ModelGpu:
     types: Dict[str, TypeDef]
     framebuffer: int
     present: List[Tuple[str, str, Optional[str]]] = field(default_factory=list)   # (type name, owner, key)
+    #: mixed-size mode on a real tree: the ``(placement id, size GB)`` of the vGPUs present (their
+    #: ``nvidia/placement_id``); a type then fits only at a free id (model/mixedsize's rule), not wherever
+    #: framebuffer remains.  None: framebuffer alone (the pure model of (a))
+    taken: Optional[List[Tuple[int, int]]] = None
 
     def available(self, name: str) -> int:
         """Free instances of ``name`` here by docs/reference/hardware.md#vgpu-types (0 when not offered)."""
@@ -89,7 +93,12 @@ class ModelGpu:
         counts = collections.Counter(n for n, _, _ in self.present)
         if self.mixed:
             used = sum(self.types[n].fb for n, _, _ in self.present)
-            return max(0, min(t.max_mixed - counts[name], (self.framebuffer - used) // t.fb))
+            n = max(0, min(t.max_mixed - counts[name], (self.framebuffer - used) // t.fb))
+            if self.taken is not None and n:
+                from vgpuhost.model.mixedsize import fits_count
+                n = min(n, fits_count(self.framebuffer // 1024, t.fb // 1024, t.max_mixed, self.taken,
+                                      counts[name]))
+            return n
         sizes = {self.types[n].fb for n, _, _ in self.present}
         if sizes and t.fb not in sizes:
             return 0
@@ -261,12 +270,16 @@ def model_of_host(host, store) -> List[ModelGpu]:
     by_id = {t.type_id: t for t in A40_TYPES.values()}
     gpus = []
     for bdf, _, numa, mixed in A40_GPUS:
-        g = ModelGpu(A(bdf), numa, "A40", mixed, A40_TYPES, CATALOG.gpus["A40"].framebuffer_mib)
+        g = ModelGpu(A(bdf), numa, "A40", mixed, A40_TYPES, CATALOG.gpus["A40"].framebuffer_mib,
+                     taken=[] if mixed else None)
         for m in inv.mdevs:
             if m.parent == g.address:
                 r = recs.get(m.uuid)
                 assert r is not None and r.type_id == m.type_id, f"tree and records disagree on {m.uuid}"
                 g.present.append((by_id[m.type_id].name, r.owner, r.anti_affinity))
+                if mixed:       # where the driver put it (the simulator places each at a free id)
+                    pid = (host.mdev_devices / m.uuid / "nvidia" / "placement_id").read_text().strip()
+                    g.taken.append((int(pid), by_id[m.type_id].fb // 1024))
         gpus.append(g)
     assert sum(len(g.present) for g in gpus) == len(recs), "a record without its mdev"
     return gpus
