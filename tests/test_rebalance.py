@@ -42,20 +42,27 @@ def pool_map(s: StateStore) -> dict:
 BASE = {str(GPU_LO): "gold", str(L40S): "batch"}
 
 
-def gold_full(make_host, capsys, *, quota=None):
-    """Pool gold (fixed share, serves guaranteed) on GPU_LO, pool batch (best effort) on the L40S, GPU_HI
-    in no declared pool (the default pool: burstable and best effort, equal share running); tenant g
-    (guaranteed) holds gold's one A40-48Q, and its second start is refused for room."""
+def gold_one(make_host, capsys, *, l40s_policy: bool = True):
+    """Pool gold (fixed share, serves guaranteed) on GPU_LO, pool batch (best effort) on the L40S (its
+    scheduler set too with ``l40s_policy``), GPU_HI in no declared pool (the default pool: burstable and
+    best effort, equal share running); tenant g (guaranteed) holds gold's one A40-48Q.  ``(host, store)``."""
     host = mixed(make_host)
     assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_LO), "--policy", "fixed-share")[0] == 0
     assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "equal-share")[0] == 0
-    assert run(capsys, host, "scheduler", "set", "--gpu", str(L40S), "--policy", "best-effort")[0] == 0
+    if l40s_policy:
+        assert run(capsys, host, "scheduler", "set", "--gpu", str(L40S), "--policy", "best-effort")[0] == 0
     s = StateStore(host.state_dir)
     tenancy.set_pools(s, [tenancy.adm.Pool("gold", "fixed-share", ("guaranteed",), (str(GPU_LO),)),
                           tenancy.adm.Pool("batch", "best-effort", ("best-effort",), (str(L40S),))])
     tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
     assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
                                   profile="A40-48Q")) == (0, "")
+    return host, s
+
+
+def gold_full(make_host, capsys, *, quota=None):
+    """:func:`gold_one`, and tenant g's second start is refused for room."""
+    host, s = gold_one(make_host, capsys)
     assert mdev_gpu(host, uid("20202020", 0)) == GPU_LO
     second = tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g", profile="A40-48Q")
     rc, err = start(host, "g1", second)

@@ -151,20 +151,10 @@ def forecast_host(make_host, capsys):
     """Pool gold (fixed share, serves guaranteed) on GPU_LO, full with tenant g's A40-48Q, no start
     refused; pool batch on the L40S; GPU_HI empty in the default pool (equal share running); the
     rollups say the guaranteed class held 1 vGPU in this hour yesterday, 2 in the next, 4 in the next."""
-    from test_hook import GPU_HI, GPU_LO, L40S, mixed, start
-    from test_rebalance import run
-    from test_tenancy import tdom, uid
-    from vgpuhost.ops import tenancy
+    from test_hook import GPU_LO
+    from test_rebalance import gold_one
 
-    host = mixed(make_host)
-    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_LO), "--policy", "fixed-share")[0] == 0
-    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "equal-share")[0] == 0
-    s = StateStore(host.state_dir)
-    tenancy.set_pools(s, [tenancy.adm.Pool("gold", "fixed-share", ("guaranteed",), (str(GPU_LO),)),
-                          tenancy.adm.Pool("batch", "best-effort", ("best-effort",), (str(L40S),))])
-    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
-    assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
-                                  profile="A40-48Q")) == (0, "")
+    host, s = gold_one(make_host, capsys, l40s_policy=False)
     end = int(time.time() // 3600) * 3600
 
     def row(back_h, dev):
