@@ -716,9 +716,19 @@ def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no
     assert hook_run(h200, "m0", "release", "end", xml1) == 0
     assert [p for p, _ in gis(h200).values()] == ["3g.71gb"]
     assert cli(h200, "assert", "-c", str(cfg), "od") == 0
-    # without on_demand, instances are still required
+    # `on_demand: false` alone is a whole entry too (trial 6 #5): apply turns it off and keeps the GPU's
+    # instances as they are (no GPU-instance step); without on_demand, instances are still required
     cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
                    "        mig:\n          on_demand: false\n")
     capsys.readouterr()
+    assert cli(h200, "config", "check", "-c", str(cfg)) == 0
+    assert cli(h200, "plan", "-c", str(cfg), "od") == 0
+    out = capsys.readouterr().out
+    assert f"MIG on demand off for {H200} (recorded by apply)" in out and "GPU instances" not in out, out
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    assert migdemand.opted_in(store) == frozenset()
+    assert [p for p, _ in gis(h200).values()] == ["3g.71gb"]
+    assert cli(h200, "assert", "-c", str(cfg), "od") == 0
+    cfg.write_text(cfg.read_text().replace("on_demand: false", "vgpus: {}"))
     assert cli(h200, "config", "check", "-c", str(cfg)) == 2
     assert "mig needs the key 'instances'" in capsys.readouterr().err

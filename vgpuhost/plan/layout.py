@@ -1247,6 +1247,8 @@ class _Walker:
         """The entry's GPU instances against the GPU's (``profiles``: its GiProfile values;
         ``gis``: its GpuInstance values; ``wanted_ids``: ``{profile id: count}``): the step
         that makes them, which needs the GPU empty when one is destroyed."""
+        if not entry.mig.instances_given:
+            return          # `mig: {on_demand: ...}` alone: the GPU keeps the instances it has
         bdf = str(g.address)
         layout = {c.name: c.count for c in entry.mig.instances if c.count}
         by_id = {p.profile_id: p for p in profiles}

@@ -181,6 +181,9 @@ class MigSpec:
     #: MIG on demand for the entry's GPUs (docs/guide/nvml-mig-scheduler.md#mig-on-demand): a domain's start
     #: makes the GPU instance its MIG-backed vGPU needs, its stop destroys it; None: left as recorded
     on_demand: Optional[bool] = None
+    #: False when ``instances`` was left out (allowed beside ``on_demand``): the GPU instances the GPU has
+    #: are kept as they are (with ``on_demand: true``, those its domains' starts make come and go)
+    instances_given: bool = True
 
 
 @dataclass(frozen=True)
@@ -617,9 +620,10 @@ class _Parser:
     def mig(self, value: Any, path: tuple) -> MigSpec:
         m = self.mapping(value, path, _MIG, "mig")
         instances = []
-        # with on_demand: true, instances are optional: the GPU instances the layout keeps beside those
-        # its domains' starts make (docs/guide/layouts.md); without, the layout's whole set
-        optional = {} if m.get("on_demand") is True else _UNSET
+        # beside on_demand (true or false), instances are optional: left out, the GPU keeps the instances
+        # it has (docs/guide/layouts.md); given with on_demand: true, a floor; otherwise the whole set
+        given = "instances" in m
+        optional = {} if isinstance(m.get("on_demand"), bool) else _UNSET
         for name, n, where in self.counts(self.get(m, path, "instances", dict, "mig", optional),
                                           path + ("instances",), "mig.instances", MAX_PER_GPU):
             try:
@@ -643,7 +647,7 @@ class _Parser:
             raise self.err(path + ("on_demand",), f"mig.on_demand is {kind_of(on_demand)}: write true or false",
                            hint="true: a domain's start makes the GPU instance its MIG-backed vGPU needs, "
                                 "its stop destroys it")
-        spec = MigSpec(tuple(instances), tuple(vgpus), self.where(path), on_demand)
+        spec = MigSpec(tuple(instances), tuple(vgpus), self.where(path), on_demand, instances_given=given)
         _check_mig_vgpus(spec)
         return spec
 
