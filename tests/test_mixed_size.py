@@ -281,3 +281,17 @@ def test_capacity_on_a_fragmented_vendor_vfio_gpu_counts_free_placement_ids(buil
     fits = {p["profile"]: p["fits"] for p in doc["profiles"]}
     assert (fits["L40S-8Q"], fits["L40S-4Q"]) == (1, 2)
     assert fits.get("L40S-16Q", 0) == 0
+
+
+def test_a_refusal_on_a_mixed_size_gpu_names_the_placement_ids_not_equal_size_mode(build):
+    """A GPU holding vGPUs of two sizes is in mixed-size mode: a size that no free placement id takes is
+    refused for that, not with equal-size mode's "admits only that size" (trial 6 notes)."""
+    host = build("L40S", "vendor-vfio", True)
+    store = StateStore(host.state_dir)
+    for i, p in enumerate(["L40S-16Q", "L40S-8Q", "L40S-4Q"]):       # ids 0, 24 and 18: 16 GB left, split
+        create(host, store, profile=p, owner=f"6695eb01-f6a4-8304-79aa-97f2502e1b{i:02d}")
+    with pytest.raises(RefusedError) as e:
+        create(host, store, profile="L40S-16Q", owner="6695eb01-f6a4-8304-79aa-97f2502e1b10")
+    assert "mixed-size mode: no placement id free for L40S-16Q" in str(e.value), str(e.value)
+    assert "equal-size mode admits only" not in str(e.value)
+    assert sorted(_placements(host).values()) == [0, 18, 24]        # nothing made

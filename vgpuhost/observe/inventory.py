@@ -555,6 +555,9 @@ def _why_none(ix: GpuIndex, ts: "List[VgpuType]", name: str, fb: Optional[int],
             return f"no free GPU instance for {name} (each holds one MIG-backed vGPU)"
         return f"no {name} instance free" + unread_note(ix.gpu)
     sizes = sorted({f for f in present_framebuffers(ix, framebuffers or {}) if f})
+    if len(sizes) > 1:          # sizes side by side: the GPU is in mixed-size mode, where sizes mix
+        return (f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs in mixed-size mode: no placement id "
+                f"free for {name}" + unread_note(ix.gpu))
     if sizes and fb not in sizes:
         return f"holds {'/'.join(str(x) for x in sizes)} MiB vGPUs; equal-size mode admits only that size"
     held = (f" ({len(ix.reserved)} reserved for incoming migrations: VF {', '.join(ix.reserved)})"
