@@ -251,9 +251,10 @@ def _tree(host):
     return out
 
 
-def _write_killed_at_step(host, path, value, step):
+def _write_killed_at_step(host, path, value, step, steps=_TREE_STEPS):
     """Write ``value`` to ``path`` through the simulated kernel in a forked child that SIGKILLs
-    itself before its ``step``-th change of the tree (0: never); ``(how it ended, steps made)``."""
+    itself before its ``step``-th change of the tree (0: never; ``steps``: the simulator's functions
+    that count as one); ``(how it ended, steps made)``."""
     from vgpuhost.sim import kernel as sim_kernel
     rfd, wfd = os.pipe()
     pid = os.fork()
@@ -270,7 +271,7 @@ def _write_killed_at_step(host, path, value, step):
                         os.kill(os.getpid(), signal.SIGKILL)
                     return fn(*a, **kw)
                 return step_then
-            for name in _TREE_STEPS:
+            for name in steps:
                 setattr(sim_kernel, name, counted(getattr(sim_kernel, name)))
             SimKernel(host).write(path, value)
             os.write(wfd, str(made[0]).encode())
@@ -753,3 +754,44 @@ def test_attribute_rewrites_are_atomic_for_concurrent_readers(tmp_path):
     dirs = {p.parent for p in watched}
     assert [n for d in dirs for n in os.listdir(d) if n.endswith(".sim-tmp")] == []
     assert avail(sysfs, host, A40, A40_8Q) == 6 and driver(sysfs, host, L40S_VFS[0]) == "nvidia"
+
+
+def test_a_vendor_vfio_clear_killed_between_type_and_placement_leaves_no_stale_placement(tmp_path):
+    """kill -9 of a writer clearing a VF's vGPU (``current_vgpu_type`` 0) in mixed-size mode, at every
+    file it writes: the VF is found either still holding its vGPU at its placement, or free with its
+    placement "Not Applicable" once the next write has run (the driver's clear is one write(2)); a
+    new vGPU on it then takes the free placement (trial 6 notes)."""
+    text = L40S_SPEC.replace("sriov_numvfs: 4}", "sriov_numvfs: 4, mixed_size: true}")
+    vf0, vf1 = L40S_VFS[0], L40S_VFS[1]
+    steps = _TREE_STEPS + ("write_attr",)
+
+    def two_24q(name):
+        host, sysfs = build(tmp_path, text, name)
+        for vf in (vf0, vf1):
+            sysfs.write(vf_nvidia(host, vf) / "current_vgpu_type", "1155")    # L40S-24Q: ids 0, then 24
+        return host, sysfs
+    host, _ = two_24q("ref")
+    rc, total = _write_killed_at_step(host, vf_nvidia(host, vf0) / "current_vgpu_type", "0", 0, steps)
+    assert rc == 0 and total >= 2
+    cleared = 0
+    for step in range(1, total + 1):
+        host, sysfs = two_24q(f"c{step}")
+        assert (vf_nvidia(host, vf0) / "placement_id").read_text().strip() == "0"
+        rc, _ = _write_killed_at_step(host, vf_nvidia(host, vf0) / "current_vgpu_type", "0", step, steps)
+        assert rc == -signal.SIGKILL, step
+        with pytest.raises(SysfsError):          # any next write, even a refused one (a free VF holds none)
+            sysfs.write(vf_nvidia(host, L40S_VFS[2]) / "current_vgpu_type", "0")
+        cur = (vf_nvidia(host, vf0) / "current_vgpu_type").read_text().strip()
+        placement = (vf_nvidia(host, vf0) / "placement_id").read_text().strip()
+        if cur == "1155":
+            assert placement == "0", step               # killed before the clear: the vGPU stays whole
+            continue
+        cleared += 1
+        assert (cur, placement) == ("0", "Not Applicable"), step
+        vf2 = L40S_VFS[2]
+        sysfs.write(vf_nvidia(host, vf1) / "current_vgpu_type", "0")            # 24 free too now
+        sysfs.write(vf_nvidia(host, vf2) / "placement_id", "0")                 # another VF takes 0 first
+        sysfs.write(vf_nvidia(host, vf2) / "current_vgpu_type", "1155")
+        sysfs.write(vf_nvidia(host, vf0) / "current_vgpu_type", "1155")         # takes what is free: 24
+        assert (vf_nvidia(host, vf0) / "placement_id").read_text().strip() == "24", step
+    assert cleared >= 1

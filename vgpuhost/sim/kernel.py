@@ -439,7 +439,7 @@ def _uncounted() -> Iterator[None]:
 STATE_FILE = "state.json"
 GPUS_DIR = "gpus"
 #: the keys of ``state.json``: the host-wide counters and lists a write changes
-STATE_KEYS = ("next_iommu_group", "opened", "faults", "mdev_change", "mdev_removing")
+STATE_KEYS = ("next_iommu_group", "opened", "faults", "mdev_change", "mdev_removing", "vf_clear")
 #: :meth:`SimKernel.save_meta`'s ``part`` for ``state.json`` (any other part names a GPU)
 STATE = "state"
 
@@ -1037,6 +1037,7 @@ class SimKernel:
     def _write_locked(self, path: Path, value: str) -> None:
         meta = self._write_meta()
         self._settle_mdev_change(meta)
+        self._settle_vf_clear(meta)
         real, rel = self._resolved(path)
         if rel is None:
             raise _fail(errno.EACCES, path, "outside the simulated host root")
@@ -1440,6 +1441,24 @@ class SimKernel:
         self._mdev_take_away(meta, m, uuid, ch.get("tid"), ch.get("group"),
                              pf if pf in meta["gpus"] else None)
 
+    def _settle_vf_clear(self, meta: dict) -> None:
+        """Finish a vendor-VFIO clear (meta ``vf_clear``: the VF's ``nvidia`` folder) whose writer was killed
+        between the type and the placement: a VF whose type is 0 gets its ``placement_id`` reset to "Not
+        Applicable"; one still holding its type was never cleared (killed before its write).  Nothing
+        to do: one dict lookup."""
+        rel = meta.get("vf_clear")
+        if not rel:
+            return
+        nvidia = f"{self._real_str.rstrip('/')}/{rel}"
+        try:
+            cur = _read_bytes(f"{nvidia}/current_vgpu_type").decode("utf-8", "replace").strip()
+        except OSError:
+            cur = ""
+        if cur in ("", "0") and os.path.exists(f"{nvidia}/{PLACEMENT_ATTR}"):
+            write_attr(f"{nvidia}/{PLACEMENT_ATTR}", "Not Applicable\n", if_changed=True)
+        meta.pop("vf_clear", None)
+        self.save_meta(meta, STATE)
+
     # --- vendor-specific VFIO ------------------------------------------------
     def _set_type(self, meta: dict, path: Path, vf: str, real: Path, value: str) -> None:
         pf = meta["devices"][vf].get("pf") or self._pf_of_parent(meta, vf)
@@ -1464,9 +1483,18 @@ class SimKernel:
             # the counts first, as they will be: a writer killed before the type goes leaves them
             # generous, never short (the type file is the vGPU; every check reads it, not the counts)
             self.refresh_gpu(pf, meta, instances=[i for i in self.instances(meta, pf) if i["id"] != vf])
+            pfile = real.parent / PLACEMENT_ATTR
+            if pfile.exists():
+                # the driver clears type and placement in one write(2): recorded first, so that a writer
+                # killed between the two files leaves the next write to reset the placement
+                # (:meth:`_settle_vf_clear`), never a free VF still naming the old vGPU's placement
+                meta["vf_clear"] = self._below_root(str(real.parent))
+                self.save_meta(meta, STATE)
             write_attr(real, "0\n")
-            if (real.parent / PLACEMENT_ATTR).exists():
-                write_attr(real.parent / PLACEMENT_ATTR, "Not Applicable\n")
+            if pfile.exists():
+                write_attr(pfile, "Not Applicable\n")
+                meta.pop("vf_clear", None)
+                self.save_meta(meta, STATE)
             return
         else:
             if cur != 0:
