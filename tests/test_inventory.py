@@ -337,6 +337,13 @@ def test_sysfs_resolve_is_realpath(make_host, name, tmp_path):
         os.symlink(target, d / link)
     paths += [str(d / n) for n in ("loop1", "abs", "abs/sys", "mid", "up", "dot", "absent", "dot/abs", "chain")]
     paths += ["/", "/proc/self"]
+    # a path through a link that refers to itself (trial 6 #2): realpath stops at the loop and keeps the
+    # rest as it is, so head and tail resolved apart differ from the whole
+    t = tmp_path / "t6" / "sys"
+    (t / "b").mkdir(parents=True)
+    for link, target in (("b/b", "b/../../a/"), ("a", "b"), ("b/0000:41:00.0", "../x"), ("x", ".")):
+        os.symlink(target, t / link)
+    paths += [str(t / "b/b/0000:41:00.0/a"), str(t / "b/b/x"), str(t / "a/0000:41:00.0/b/absent/../a")]
     assert len(paths) > 60
     assert [fs.resolve(p) for p in paths] == [os.path.realpath(p) for p in paths]
 

@@ -295,8 +295,8 @@ class Sysfs:
         (``bus/pci/devices/<BDF>`` -> ``../../../devices/pci0000:40/.../<BDF>``) was resolved with a full
         ``realpath`` per function, about 400 ``lstat`` calls a ``prepare begin`` on a GPU with 20 VFs
         (2026-12-07); the VFs share their directory.  A target with ``..`` after another component, a
-        chain of more than 40 links, or an error other than "absent" or "not a link" is left to
-        ``realpath``.  One difference: a link removed between ``realpath``'s ``lstat`` and its
+        chain of more than 40 links, a directory on the way that meets a loop of links (ELOOP), or an
+        error other than "absent" or "not a link" is left to ``realpath`` whole.  One difference: a link removed between ``realpath``'s ``lstat`` and its
         ``readlink`` made it raise FileNotFoundError; here the link is read once, and a removed one is
         absent (its path as given, as ``realpath`` gives an absent path)."""
         p = os.fspath(path)
@@ -306,9 +306,16 @@ class Sysfs:
                 break
             real_head = self._real_dirs.get(head)
             if real_head is None:
+                try:
+                    real_head = os.path.realpath(head, strict=True)
+                except FileNotFoundError:
+                    real_head = os.path.realpath(head)      # absent: realpath keeps what cannot be resolved
+                except OSError:
+                    break       # a loop (ELOOP): realpath stops there and keeps the rest of the path as it
+                    #             is, so its answer for head + tail is not head's + tail's: left to it whole
                 if len(self._real_dirs) >= 256:
                     self._real_dirs.clear()
-                real_head = self._real_dirs[head] = os.path.realpath(head)
+                self._real_dirs[head] = real_head
             joined = f"{real_head}/{tail}" if real_head != "/" else f"/{tail}"
             try:
                 target = os.readlink(joined)
