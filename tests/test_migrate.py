@@ -231,6 +231,13 @@ def test_check_runs_admission_for_the_tenant_on_the_destination(make_host, capsy
     assert code == 2 and [r["code"] for r in doc["refusals"]] == ["admission"], doc
     assert doc["refusals"][0]["line"].startswith("tenant team-a: ") and "bind it" not in doc["refusals"][0]["fix"]
     assert store(dest).allocation_rows() == []
+    # the hook's migrate begin decides the same before the migration starts: refused, nothing reserved,
+    # one refused audit row (it did no admission: trial 5 leftover)
+    before = audit_paths(dest)
+    code, out, err = call(dest, "vm", "migrate", "begin", xml)
+    assert code == 2 and out == "" and "incoming migration refused: tenant team-a: " in err, err
+    assert reservations(dest) == [] and store(dest).allocation_rows() == []
+    assert [r for r in audit_paths(dest)[len(before):]] == [("(migration)", "refused")]
     # room for team-a there: the check says yes and the hook's migrate begin and prepare begin agree
     assert cli(capsys, dest, "tenant", "set", "team-a", "--vgpus", "1")[0] == 0
     code, doc, _ = check(capsys, src, dest, xml, tmp_path)

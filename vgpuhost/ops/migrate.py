@@ -366,7 +366,9 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     (:func:`vgpuhost.ops.devices.prepare` places a reserved mdev on its reserved GPU).
 
     Raises RefusedError (exit 2, nothing reserved, one audit row) when the destination cannot take the
-    domain: a passed-through GPU, a type or MIG profile not free here; InputError for a bad XML."""
+    domain: a passed-through GPU, a type or MIG profile not free here, or its admission here (the
+    destination's own binding, quota and isolation, as ``migrate check --incoming`` decides it);
+    InputError for a bad XML."""
     from ..libvirt.domxml import parse_domain
     from ..policy import migration as mig
     view = parse_domain(data)
@@ -387,6 +389,11 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
         placed, refusals = _placements(host, store, req, inv, records, seen, keep)
+        if not refusals and placed:
+            # the destination's own admission, read-only, as `migrate check --incoming` runs it: a domain
+            # its tenant's quota or isolation keeps out is refused before the migration starts, not at
+            # its prepare begin (its memory already copied)
+            refusals = _admission(host, store, req, inv, placed)
         if refusals:
             line = "; ".join(r.text() for r in refusals)
             store.audit(actor=actor, operation=operation, path="(migration)", value=line, result="refused")
