@@ -134,5 +134,22 @@ def test_the_agents_reconcile_asks_libvirt_at_its_own_uri(make_host):
     assert [line.split(" ")[0] for line in doc["stale_domains"]] == ["listed"]
 
 
+def test_the_agents_reconcile_at_start_asks_libvirt_at_its_own_uri(make_host):
+    """The reconcile an agent runs before it serves (``server.recover_at_start``) asks libvirt at the
+    agent's ``--libvirt-uri`` too: a killed start whose domain libvirt lists running is kept (it asked
+    nobody before, and forgot both)."""
+    from vgpuhost.agent import api, server
+    host = make_host("a40-mdev")
+    s = StateStore(host.state_dir)
+    listed = "6695eb01-f6a4-8304-79aa-97f2502e193f"          # test:///default's domain 'test'
+    name, _, xml = vm("listed", 1)
+    _killed_after_recording(host, name, xml.replace(f"<uuid>{name_uuid(xml)}</uuid>", f"<uuid>{listed}</uuid>"))
+    gone_name, _, gone_xml = vm("gone", 2)
+    _killed_after_recording(host, gone_name, gone_xml)
+    out = server.recover_at_start(api.Agent(host, "test:///default"))
+    assert "error" not in out and s.active_domains() == {listed: "listed"}, out
+    assert [line.split(" ")[0] for line in out["reconcile"]["forgotten_domains"]] == ["gone"]
+
+
 def name_uuid(xml: str) -> str:
     return xml.split("<uuid>", 1)[1].split("</uuid>", 1)[0]

@@ -1046,7 +1046,8 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
 
     The intent journal's open entries (issue 12) when this vgpuhost has it,
     then reconcile: recorded vGPUs that are missing are made again; nothing
-    is removed.  Failures are logged and reported in ``GET /v1/agent``;
+    is removed; a killed start is forgotten unless libvirt at the agent's
+    ``--libvirt-uri`` lists its domain running.  Failures are logged and reported in ``GET /v1/agent``;
     the agent serves on.
     """
     out: Dict[str, Any] = {"journal": None, "reconcile": None}
@@ -1054,7 +1055,7 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
     try:
         done = recover.recover_all(agent.host, agent.store, actor=actor)
         out["journal"] = [getattr(r, "line", lambda: str(r))() for r in done]
-        rep = reconcile(agent.host, agent.store, check=False, actor=actor)
+        rep = reconcile(agent.host, agent.store, check=False, actor=actor, libvirt_uri=agent.libvirt_uri)
         out["reconcile"] = rep.as_dict()
     except VgpuhostError as e:
         log.warning("recovery at start failed: %s", e.one_line())
