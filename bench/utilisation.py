@@ -43,7 +43,12 @@ Replays:
     units on the refusals since its last pass: empty GPUs move between
     pools toward refused starts (at most :data:`RECONCILE_MOVES` a pass,
     each pool keeping one GPU), never a busy one, never breaking a
-    guarantee; the moves are counted.
+    guarantee; the moves are counted;
+(f) mixed-size + compute-aware + reconciler: (d) with (e)'s reconciler, the
+    three together, as the issue's replay asks.  A GPU in mixed-size mode is
+    one for the reconciler (it never joins the fixed-share ``gold``, as on a
+    host); ``--mode-switch`` lets a moved GPU take its new pool's mode
+    instead, a switch the product's reconciler does not make (an experiment).
 
 ``--trace diurnal`` (:func:`run_diurnal`): two pools (``desk``, ``compute``) on the same 16 GPUs;
 desktops (B and Q, burstable) arrive most at midday, compute (C, best-effort; MIG-backed demand stood
@@ -275,7 +280,7 @@ def _host_gpus(model):
     return out
 
 
-def reconcile(model, ts, refused, host_gpus, *, now=0.0, metered=None, day=None, moved_at=()):
+def reconcile(model, ts, refused, host_gpus, *, now=0.0, metered=None, day=None, moved_at=(), switch=False):
     """One pass of the capacity reconciler over ``model`` (its pools replaced by the moves); the moves.
 
     The decision is the product's (:func:`vgpuhost.policy.rebalance.decide`), on the facts
@@ -283,10 +288,15 @@ def reconcile(model, ts, refused, host_gpus, *, now=0.0, metered=None, day=None,
     refusals since the last pass, the held vGPUs with their expected use, and, with ``metered``
     (``{QoS class: [mean vGPUs held per hour]}``, as the hourly rollups of ``ops.metering`` give) and
     ``day`` (time units a day is: a bench hour is ``day / 24``), each pool's metered history for the
-    forecast, the time of day and the moves of the last hour (``moved_at``: their times)."""
+    forecast, the time of day and the moves of the last hour (``moved_at``: their times).
+
+    A GPU in mixed-size mode (``model.mixed``) is one for the decision too (it never joins a
+    fixed-share pool), unless ``switch``: then each moved GPU takes its new pool's mode (mixed-size
+    outside fixed-share pools; an experiment: the product's reconciler makes no mode switch)."""
     busy = {a.gpu for a in model.allocations}
     gpus = [rb.GpuFacts(g, "holds devices" if g in busy else "",
-                        tuple(f"{b.name}-{gb}{s}".lower() for gb in b.sizes_gb for s in "QCB"), b.memory_mib)
+                        tuple(f"{b.name}-{gb}{s}".lower() for gb in b.sizes_gb for s in "QCB"), b.memory_mib,
+                        g in model.mixed and not switch)
             for g, b in sorted(model.gpus.items())]
     if day is None:
         bounds = rb.Bounds(changes_per_hour=RECONCILE_MOVES, window_min=int(RECONCILE_EVERY), horizon_h=0)
@@ -303,11 +313,13 @@ def reconcile(model, ts, refused, host_gpus, *, now=0.0, metered=None, day=None,
                       moves_last_hour=sum(1 for t in moved_at if t > now - hour), history=history)
     for m in d.moves:
         model.pools = rb.with_move(model.pools, m.gpu, m.to_pool)
+    if switch and d.moves:
+        model.mixed = frozenset(g for p in model.pools if p.policy != "fixed-share" for g in p.gpus)
     return d.moves
 
 
 def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=False, reconciler=False,
-                    ts=None, timeline=None, day=None):
+                    ts=None, timeline=None, day=None, switch=False):
     """Replay through admission.  ``use``: ``none`` (today: no GPU-time estimate, every vGPU counts its
     fixed share), ``estimated`` (:class:`Estimator`), ``known`` (the trace's own use: a reference).
     ``reconciler``: run :func:`reconcile` every :data:`RECONCILE_EVERY` (replay (e)); the moves are
@@ -329,7 +341,7 @@ def replay_vgpuhost(events, vms, steady, *, use="none", pool_set=None, mixed=Fal
             last = now
         if reconciler and now >= next_pass:
             hours = int(now // (day / 24)) if day else 0
-            done = reconcile(model, ts, refused, hg, now=now, day=day, moved_at=moved_at,
+            done = reconcile(model, ts, refused, hg, now=now, day=day, moved_at=moved_at, switch=switch,
                              metered={q: (ys + [0.0] * hours)[:hours] for q, ys in metered.items()})
             moves += len(done)
             moved_at += [now] * len(done)
@@ -384,12 +396,14 @@ def _meter_classes(metered, model, t0, t1, hour):
 REPLAYS = (("hoarding", "(a) hoarding", None), ("vgpuhost", "(b) vgpuhost", "none"),
            ("compute_aware", "(c) compute-aware", "estimated"),
            ("mixed_compute_aware", "(d) mixed-size + compute-aware", "estimated-mixed"),
-           ("reconciler", "(e) reconciler", "reconciler"))
+           ("reconciler", "(e) reconciler", "reconciler"),
+           ("all", "(f) mixed-size + compute-aware + reconciler", "reconciler-mixed"))
 
 
-def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
+def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None, switch: bool = False):
     """One seed: the document :func:`main` prints.  ``batch_ceiling``: the compute ceiling of pool
-    ``batch`` (best-effort) in the compute-aware replays (None: 1.0)."""
+    ``batch`` (best-effort) in the compute-aware replays (None: 1.0).  ``switch``: in (f), a moved GPU
+    takes its new pool's mode (:func:`reconcile`; an experiment)."""
     events, vms = trace(seed, arrivals)
     last_arrival = max(t for t, k, _ in events if k == "arrive")
     steady = (WARMUP_LIVES * MEAN_LIFE, last_arrival)
@@ -408,8 +422,9 @@ def run(seed: int, arrivals: int, *, known: bool = False, batch_ceiling=None):
         else:
             ps = [replace(p, ceiling=batch_ceiling) if p.name == "batch" and use != "none" else p for p in pools()]
             adm_n, meter, broken, codes, per = replay_vgpuhost(
-                events, vms, steady, use="estimated" if use == "reconciler" else use.replace("-mixed", ""),
-                pool_set=ps, mixed=use.endswith("-mixed"), reconciler=use == "reconciler")
+                events, vms, steady, use="estimated" if use.startswith("reconciler") else use.replace("-mixed", ""),
+                pool_set=ps, mixed=use.endswith("-mixed"), reconciler=use.startswith("reconciler"),
+                switch=switch and use == "reconciler-mixed")
         doc[key] = _figures(adm_n, n, meter, broken, codes, per, asked)
     a = doc["hoarding"]
     doc["ratio_c_over_a"] = {k: (doc["compute_aware"][k] / a[k]) if a[k] else None
@@ -646,6 +661,10 @@ def main(argv=None) -> int:
     ap.add_argument("--known", action="store_true", help="also replay (c) with the trace's own use (a reference)")
     ap.add_argument("--batch-ceiling", type=float, default=None, metavar="SHARE",
                     help="compute ceiling of the best-effort pool batch in (c) (overcommit; default 1.0)")
+    ap.add_argument("--mode-switch", action="store_true",
+                    help="today's trace, replay (f): a GPU the reconciler moves takes its new pool's mode "
+                         "(mixed-size outside fixed-share pools), which the product's reconciler does not do "
+                         "(an experiment)")
     ap.add_argument("--plot", metavar="PNG", default=None,
                     help="diurnal trace: write the reconciler's pool sizes and the demand over time (first seed) "
                          "as a PNG (needs matplotlib)")
@@ -654,8 +673,8 @@ def main(argv=None) -> int:
     if args.trace == "diurnal":
         docs = [run_diurnal(args.seed + i, args.arrivals) for i in range(args.seeds)]
     else:
-        docs = [run(args.seed + i, args.arrivals, known=args.known, batch_ceiling=args.batch_ceiling)
-                for i in range(args.seeds)]
+        docs = [run(args.seed + i, args.arrivals, known=args.known, batch_ceiling=args.batch_ceiling,
+                    switch=args.mode_switch) for i in range(args.seeds)]
     keys = [k for k, _ in docs[0]["replays"]]
     labels = dict(docs[0]["replays"])
     broken = sum(d[k]["violations"] for d in docs for k in keys)

@@ -78,6 +78,33 @@ def test_a_reconciler_pass_never_moves_a_gpu_that_holds_a_device():
     assert {m.gpu for m in moves} <= set(gold.gpus)              # the model's pools were replaced
 
 
+def test_replay_f_keeps_the_rules_and_a_mixed_size_gpu_joins_gold_only_with_the_mode_switch(doc):
+    """(f), mixed-size + compute-aware + reconciler: 0 violations; a GPU in mixed-size mode never moves to
+    the fixed-share gold (the product's rule: mixed-size mode has no fixed share), unless the experiment's
+    mode switch, which makes each moved GPU take its new pool's mode."""
+    from vgpuhost.policy.demand import Allocation
+    from vgpuhost.policy.rebalance import Refusal
+    from vgpuhost.policy.replay import HostModel
+    r = doc["all"]
+    assert r["violations"] == 0 and "moves" in r["refusals"]
+    assert r["time_share"] + r["starved_share"] == pytest.approx(r["demand_share"])
+    for switch in (False, True):
+        ps = bench.pools()
+        mixed = [g for p in ps if p.policy != "fixed-share" for g in p.gpus]
+        model = HostModel(bench.GPUS, ps, mixed)
+        gold = next(p for p in model.pools if p.name == "gold")
+        for i, g in enumerate(gold.gpus):      # gold full: its refused starts need a move
+            model.allocations.append(Allocation(f"p{i}", f"vmp{i}", "prod", g, "vgpu", "A40-48Q", 49152, 0,
+                                                "guaranteed"))
+        refused = [Refusal("0", "A40-8Q", "prod", "guaranteed", "capacity")] * 3
+        moves = bench.reconcile(model, bench.tenants(), refused, bench._host_gpus(model), switch=switch)
+        to_gold = {m.gpu for m in moves if m.to_pool == "gold"}
+        if not switch:
+            assert to_gold == set() and model.mixed == frozenset(mixed)
+        else:
+            assert to_gold and not (to_gold & model.mixed) and model.mixed == frozenset(mixed) - to_gold
+
+
 @pytest.fixture(scope="module")
 def diurnal():
     saved = bench.STATIC_SPLITS
