@@ -23,9 +23,13 @@ if TYPE_CHECKING:       # annotations only (a read command's lean start imports 
 
 def serve_agent(host: HostRoot, **options) -> int:
     """Run the agent (:func:`vgpuhost.agent.server.serve`, the same keyword options) until SIGTERM; 0.
-    Beside it, the GPU health watch (:class:`vgpuhost.agent.watch.HealthWatch`)."""
+    Beside it, the GPU health watch (:class:`vgpuhost.agent.watch.HealthWatch`).  The agent lives long: its
+    bounded writes (each release's mdev remove) go to a resident writer (:mod:`vgpuhost.io.residentwriter`),
+    not a fork of the agent per write."""
     from .agent.server import serve
     from .agent.watch import HealthWatch
+    from .io.residentwriter import keep_writer
+    keep_writer()
     with HealthWatch(host):
         return serve(host, **options)
 

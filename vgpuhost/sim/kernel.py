@@ -871,8 +871,15 @@ class SimKernel:
     # --- writes ------------------------------------------------------------
     def crash_point(self):
         """:func:`crash_point` (a context manager): for a writer that counts a write itself and
-        makes it elsewhere (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`'s detached process)."""
+        makes it elsewhere (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`'s detached or resident writer)."""
         return crash_point()
+
+    def writer_env(self) -> Dict[str, Optional[str]]:
+        """The environment this kernel's writes follow, as this process has it now (``{name: value or None}``:
+        :data:`TIME_FILE_ENV`, :data:`WRITE_LOG_ENV`), for a resident writer that makes them elsewhere
+        (:mod:`vgpuhost.io.residentwriter`) and may have been started with another; the crash-injection
+        variables are not in it (such a writer's writes are not counted: this process counts them)."""
+        return {name: os.environ.get(name) for name in (TIME_FILE_ENV, WRITE_LOG_ENV)}
 
     def write(self, path: Path, value: str, *, counted: bool = True) -> None:
         """Apply a write of ``value`` to ``path`` (absolute, under the root).
