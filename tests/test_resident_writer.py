@@ -162,14 +162,15 @@ def test_a_blocked_remove_abandons_its_writer_and_the_next_write_gets_a_new_one(
     assert fs.write_bounded(_remove_path(host, _mdev(1)), "1", timeout_s=BLOCKED_S) is False
     assert heard[-1] == (_remove_path(host, _mdev(1)), errno.ETIMEDOUT)
     until(lambda: kernel.meta()["opened"][str(holder)]["requests"] >= 1)     # the writer waits in the kernel
-    assert writers.idle_pids() == [] and _state(first) in "RS"              # abandoned, still writing
+    spare = writers.idle_pids()             # abandoned, still writing; its successor started at once
+    assert len(spare) == 1 and first not in spare and _state(first) in "RS"
     assert (host.mdev_devices / _mdev(1)).is_dir()
-    # the next write gets a new writer, and succeeds
+    # the next write gets the new writer, and succeeds
     _create(host, _mdev(3))
     assert fs.write_bounded(_remove_path(host, _mdev(3)), "1", timeout_s=DEADLINE_S) is True
     assert not os.path.lexists(host.mdev_devices / _mdev(3))
     second = writers.idle_pids()[0]
-    assert second != first and writers.started == 2
+    assert second == spare[0] != first and writers.started == 2
     # the device closed: the abandoned write completes, and its writer ends and is reaped (no zombie)
     kernel.close_vgpu(holder)
     until(lambda: not os.path.lexists(host.mdev_devices / _mdev(1)))
@@ -236,8 +237,10 @@ def test_sigterm_ends_the_agent_with_a_writer_blocked_and_no_writer_outlives_its
     in the kernel; a later release gets a new writer.  SIGTERM ends the agent; the idle writer ends with it
     (end of file on its request pipe), the blocked one once its write returns (the device closed)."""
     host = make_host("a40-mdev")
-    run = AgentRun(host.root, env={REMOVE_TIMEOUT_ENV: "0.5"})
+    run = AgentRun(host.root, env={REMOVE_TIMEOUT_ENV: "2"})
     try:
+        blocked = _children(run.proc.pid)                       # the writer the agent started with
+        assert len(blocked) == 1
         xml = [vgpu_domain(f"vm{i}", f"11111111-2222-4333-8444-{i:012x}", _mdev(i)) for i in (1, 2)]
         for i in (0, 1):
             status, _ = agentclient.call(run.admin, "POST", "/v1/hook/prepare", {"xml": xml[i], "name": f"vm{i + 1}"})
@@ -246,12 +249,11 @@ def test_sigterm_ends_the_agent_with_a_writer_blocked_and_no_writer_outlives_its
         holder = kernel.open_vgpu(_mdev(1), via="device")
         status, doc = agentclient.call(run.admin, "POST", "/v1/hook/release", {"xml": xml[0], "name": "vm1"})
         assert status != 200 and f"remove of {_mdev(1)} did not finish" in str(doc), doc
-        blocked = _children(run.proc.pid)
-        assert len(blocked) == 1 and kernel.meta()["opened"][str(holder)]["requests"] >= 1
+        assert kernel.meta()["opened"][str(holder)]["requests"] >= 1 and _state(blocked[0]) in "RSD"
         status, _ = agentclient.call(run.admin, "POST", "/v1/hook/release", {"xml": xml[1], "name": "vm2"})
         assert status == 200 and not os.path.lexists(host.mdev_devices / _mdev(2))
         idle = [p for p in _children(run.proc.pid) if p not in blocked]
-        assert len(idle) == 1
+        assert len(idle) == 1                                   # its successor made vm2's remove
         assert run.stop() == 0, run.log.read_text()[-3000:]     # SIGTERM ended it, not a kill after 30 s
     finally:
         run.close()

@@ -17,9 +17,12 @@ handed each write over a pipe costs a round trip (two small pipe writes and read
 The writer is a fresh interpreter (``python -I -S``, the package's directory first on ``sys.path``), not a fork
 of the caller: it holds no fd of the caller (subprocess's ``close_fds``: no lock, socket or libvirt pipe), its
 own session (``setsid``), stdin/stdout its request and answer pipes, stderr on /dev/null; and a fork of the
-agent after its threads run would copy their locks in whatever state they were.  It is started lazily at the
-first bounded write: a process that never writes one never starts it, and nothing in the agent's start has to
-know of it; the first write pays the start (a fresh interpreter, about 15 ms of CPU once).
+agent after its threads run would copy their locks in whatever state they were (an exec'd writer has no such
+hazard, so it could start at any time).  The first one starts when the agent starts (:func:`keep_writer`,
+before its servers' threads), and a writer's successor as soon as it is abandoned or found dead: a write's
+``timeout_s`` counts from the write's start, as before (the agent waits at most that long), and a fresh
+interpreter's start (about 30 ms of CPU, more wall time under load) would otherwise be in the first write's
+bound and wall time.  An agent that never removes anything keeps one idle writer, a small process.
 
 Protocol, one request at a time per writer: a request is one line of JSON ``[ROOT, PATH, VALUE, ENV]``
 (``ROOT`` the simulated host root whose simulated kernel makes the write, ``""`` for a real one, where the
@@ -33,8 +36,9 @@ new one when none is idle; at most :data:`IDLE_KEPT` are kept idle).  A writer w
 ``timeout_s`` (a remove blocked in the kernel) is abandoned: its pipes are closed here, so once its write
 returns it finds its answer pipe closed or its request pipe at end of file and exits; a daemon thread waits for
 it (no zombie while this process runs, and no thread of this process is held by it: the thread is a daemon).
-The next write gets another writer.  A writer found dead before a request is replaced; one that dies during a
-write answers nothing: that write's errno is EIO, as a detached child's that closed its pipe unanswered.  When
+The next write gets another writer (started at once, idle meanwhile).  A writer found dead before a request is
+replaced; one that dies during a write answers nothing: that write's errno is EIO, as a detached child's that
+closed its pipe unanswered.  When
 this process ends, every idle writer reads end of file and exits; a blocked one exits once its write returns.
 """
 
@@ -140,9 +144,24 @@ class Writers:
             got = writer.ask(request, timeout_s)
         if got is None or got < 0:
             writer.close()                  # blocked (abandoned) or dead: never handed out again
+            try:
+                self.start_spare()          # its successor starts now, not in the next write's bound
+            except OSError:
+                pass                        # the next write tries again
             return None if got is None else errno.EIO
         self._give_back(writer)
         return got
+
+    def start_spare(self) -> None:
+        """Start a writer now, to wait idle for the next write, unless one is idle already: a write's
+        ``timeout_s`` counts from its start, and a fresh interpreter's start takes some of it (about 30 ms of
+        CPU).  Raises OSError when it cannot be started."""
+        with self._lock:
+            if self._idle:
+                return
+            self.started += 1
+        w = Writer()
+        self._give_back(w)
 
     def _take(self) -> Writer:
         """An idle writer that is alive, or a new one."""
@@ -181,12 +200,16 @@ _writers: Optional[Writers] = None
 
 def keep_writer() -> Writers:
     """Make this process's bounded writes (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`) through resident
-    writers from now on (the first is started at the first such write); this process's :class:`Writers`.
-    For a long-lived process (the agent); calling it again changes nothing."""
+    writers from now on, and start the first now; this process's :class:`Writers`.  For a long-lived process
+    (the agent, at its start); calling it again changes nothing."""
     global _writers
     if _writers is None:
         _writers = Writers()
         set_bounded_writer(_writers.write)
+        try:
+            _writers.start_spare()
+        except OSError:
+            pass                            # the first write tries again (and raises then)
     return _writers
 
 
