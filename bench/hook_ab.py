@@ -106,6 +106,18 @@ def main(argv=None) -> int:
             writer = sum(med[f"{u} {op}"]["writer"] for op in ("prepare", "release"))
             print(f"{tag + ' ' + s:<32}{own / bw:>10.2f}{cpu_d / bc:>10.2f}{cpu_u / bc:>10.2f}{writer * 1000:>14.2f}")
     print("targets (issue 31): down <= 5, up <= 2.5")
+    print()
+    print("agent up, ms of CPU per call (medians; WRITER a mean): client, agent, writer less its simulator CPU, "
+          "the agent's simulator CPU")
+    print(f"{'HOST':<32}{'prepare: client':>16}{'agent':>7}{'writer':>7}{'sim':>6}"
+          f"{'release: client':>17}{'agent':>7}{'writer':>7}{'sim':>6}")
+    for s in specs:
+        for tag in trees:
+            u = f"{tag} {s} agent-up"
+            cols = "".join(f"{med[f'{u} {op}'][k] * 1000:>{w}.2f}" for op in ("prepare", "release")
+                           for k, w in (("cpu", 16 if op == "prepare" else 17), ("agent", 7), ("writer", 7),
+                                        ("sim_cpu", 6)))
+            print(f"{tag + ' ' + s:<32}{cols}")
     return 0
 
 
