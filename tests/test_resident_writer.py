@@ -217,6 +217,23 @@ def test_a_killed_writer_is_replaced(make_host, writers):
     until(lambda: _state(second) == "-")
 
 
+def test_a_writer_that_cannot_start_leaves_the_write_to_a_forked_child(make_host, writers, monkeypatch):
+    """A writer whose start fails (here: it exits before it is ready, as one whose imports fail would) takes
+    nothing; the write is made by a child forked for it, as without a resident writer, and heard once."""
+    from vgpuhost.io import residentwriter
+    monkeypatch.setattr(residentwriter, "_BOOT", "import sys; sys.exit(1)")
+    host = make_host("a40-mdev")
+    heard = []
+    fs = Sysfs(host, intents=[lambda p, v: heard.append(("intent", p, v))],
+               observers=[lambda p, v, e: heard.append(("result", p, v, e))])
+    _create(host, _mdev(1))
+    heard.clear()
+    assert fs.write_bounded(_remove_path(host, _mdev(1)), "1", timeout_s=DEADLINE_S) is True
+    assert not os.path.lexists(host.mdev_devices / _mdev(1))
+    assert heard == [("intent", _remove_path(host, _mdev(1)), "1"), ("result", _remove_path(host, _mdev(1)), "1", 0)]
+    assert writers.started == 1 and writers.idle_pids() == []
+
+
 def test_a_real_root_write_goes_through_the_writer_once(tmp_path, writers):
     (tmp_path / "sys").mkdir()
     (tmp_path / "proc").mkdir()

@@ -28,7 +28,10 @@ Protocol, one request at a time per writer: a request is one line of JSON ``[ROO
 (``ROOT`` the simulated host root whose simulated kernel makes the write, ``""`` for a real one, where the
 write is one ``write(2)``; ``ENV`` the simulator's environment variables as the caller has them now,
 ``{name: value or null}``, so a writer that lives long follows the caller's: its time file, its write log);
-the answer one line, the errno (0: written).  The simulator re-reads the host's state at every write
+the answer one line, the errno (0: written).  A writer's first line, once it has imported what it needs, is
+``ready``: one that ends before it (its start failed) took nothing, and :meth:`Writers.write` raises OSError,
+so :meth:`vgpuhost.io.sysfs.Sysfs.write_bounded` makes that write in a forked child, as without a resident
+writer (a broken start costs a write its fork, never the write).  The simulator re-reads the host's state at every write
 (:meth:`vgpuhost.sim.kernel.SimKernel.write`), so a writer that lives long never acts on a stale one.
 
 Lifecycle: an idle writer waits for the next request; several callers at once take one idle writer each (a
@@ -51,6 +54,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from typing import Dict, List, Optional
 
 from .hostroot import HostRoot
@@ -66,6 +70,10 @@ _ANSWER_BYTES = 64
 UNANSWERED = -1
 #: :meth:`Writer.ask`: the writer had ended before the request was sent (nothing written)
 UNSENT = -2
+#: :meth:`Writer.ask`: the writer ended before it was ready (its start failed; nothing written)
+NOT_STARTED = -3
+#: a writer's first line, once it has imported what it needs
+READY = b"ready"
 #: the writer process's code (``python -I -S -c CODE PACKAGE_PARENT``)
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from vgpuhost.io.residentwriter import serve; serve()"
 
@@ -84,6 +92,9 @@ class Writer:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      close_fds=True, start_new_session=True, bufsize=0)
         self.pid = self.proc.pid
+        #: whether it has said it is ready (:data:`READY`, its first line)
+        self.ready = False
+        self._buffer = b""
 
     def alive(self) -> bool:
         """Whether the writer still runs (one that has ended is reaped here)."""
@@ -91,21 +102,32 @@ class Writer:
 
     def ask(self, request: bytes, timeout_s: float) -> Optional[int]:
         """Send one request line; the errno answered (0: written), None when no answer came within
-        ``timeout_s`` seconds, :data:`UNANSWERED` when the writer ended without answering (it died during the
-        write), :data:`UNSENT` when it had ended before the request could be sent (nothing was written)."""
+        ``timeout_s`` seconds (a writer still starting then makes the write once started: the request waits in
+        its pipe), :data:`UNANSWERED` when the writer ended without answering (it died during the write),
+        :data:`UNSENT` when it had ended before the request could be sent, :data:`NOT_STARTED` when it ended
+        before it was ready (its start failed; in neither case was anything written)."""
         try:
             os.write(self.proc.stdin.fileno(), request)     # a line of a few hundred bytes: one write(2)
         except (BrokenPipeError, ConnectionResetError):
-            return UNSENT
+            return UNSENT if self.ready else NOT_STARTED
         out = self.proc.stdout.fileno()
-        ready, _, _ = select.select([out], [], [], max(0.0, timeout_s))
-        if not ready:
-            return None
-        data = os.read(out, _ANSWER_BYTES)
-        text = data.decode("ascii", "replace").strip()
-        if not data or not data.endswith(b"\n") or not text.isdigit():
-            return UNANSWERED
-        return int(text)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            data = os.read(out, _ANSWER_BYTES)
+            if not data:
+                return UNANSWERED if self.ready else NOT_STARTED
+            self._buffer += data
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                if line == READY and not self.ready:
+                    self.ready = True
+                elif self.ready and line.isdigit():
+                    return int(line)
+                else:
+                    return UNANSWERED           # not this protocol: never trusted again
 
     def close(self) -> None:
         """Close both pipes (an idle writer then reads end of file and exits) and reap the writer in a daemon
@@ -134,7 +156,8 @@ class Writers:
         """Make one write in a writer: its errno (0: written), None when it did not return within
         ``timeout_s`` seconds (the writer is abandoned; it finishes the write by itself).  ``root``: the
         simulated host root whose kernel makes the write, ``""`` on a real root.  ``env``: the simulator's
-        environment variables the writer takes for this write.  Raises OSError when no writer can be started."""
+        environment variables the writer takes for this write.  Raises OSError when no writer can be started
+        (none could be run, or the one run ended before it was ready): nothing was written."""
         request = (json.dumps([root, path, value, env]) + "\n").encode("utf-8")
         writer = self._take()
         got = writer.ask(request, timeout_s)
@@ -142,6 +165,9 @@ class Writers:
             writer.close()
             writer = self._take()
             got = writer.ask(request, timeout_s)
+        if got == NOT_STARTED:
+            writer.close()
+            raise OSError(errno.ECHILD, f"the resident writer (pid {writer.pid}) ended before it was ready")
         if got is None or got < 0:
             writer.close()                  # blocked (abandoned) or dead: never handed out again
             try:
@@ -220,6 +246,10 @@ def serve(requests=None, answers=None) -> None:
     requests = requests if requests is not None else sys.stdin.buffer
     answers = answers if answers is not None else sys.stdout.fileno()
     kernels: Dict[str, object] = {}
+    try:
+        os.write(answers, READY + b"\n")
+    except OSError:
+        return
     while True:
         line = requests.readline()
         if not line:

@@ -397,8 +397,11 @@ class Sysfs:
             if _bounded_writer is None:
                 err = _write_detached(kernel, p, value, timeout_s)
             else:                   # a resident writer (the agent: vgpuhost.io.residentwriter)
-                err = _bounded_writer(str(self.host.root) if kernel is not None else "", p, value,
-                                      kernel.writer_env() if kernel is not None else {}, timeout_s)
+                try:
+                    err = _bounded_writer(str(self.host.root) if kernel is not None else "", p, value,
+                                          kernel.writer_env() if kernel is not None else {}, timeout_s)
+                except OSError:     # no writer could be started (nothing written): this write forks its own
+                    err = _write_detached(kernel, p, value, timeout_s)
         finally:
             if crash is not None:
                 crash.__exit__(None, None, None)
@@ -476,7 +479,8 @@ class Sysfs:
 
 
 #: how this process makes a bounded write when not by a forked child (:func:`set_bounded_writer`): None, or
-#: ``(root, path, value, env, timeout_s) -> errno (0: written) or None (not done in time)``
+#: ``(root, path, value, env, timeout_s) -> errno (0: written) or None (not done in time)``; raises OSError
+#: when it could not take the write (nothing written: the write then forks, as without it)
 _bounded_writer = None
 
 
@@ -484,7 +488,8 @@ def set_bounded_writer(writer) -> None:
     """Make every later :meth:`Sysfs.write_bounded` of this process through ``writer`` (``(root, path, value,
     env, timeout_s) -> errno or None``: ``root`` the simulated host root whose kernel makes the write, ``""`` on
     a real one; ``env`` the simulator's environment, :meth:`vgpuhost.sim.kernel.SimKernel.writer_env`; None when
-    the write did not return within ``timeout_s`` seconds), or through a forked child per write again (None).
+    the write did not return within ``timeout_s`` seconds; raising OSError when it could not take the write,
+    which then forks its own child), or through a forked child per write again (None).
     :func:`vgpuhost.io.residentwriter.keep_writer` calls it."""
     global _bounded_writer
     _bounded_writer = writer
