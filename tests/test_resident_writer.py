@@ -280,3 +280,18 @@ def test_sigterm_ends_the_agent_with_a_writer_blocked_and_no_writer_outlives_its
     kernel.close_vgpu(holder)
     until(lambda: not os.path.lexists(host.mdev_devices / _mdev(1)))
     until(lambda: _state(blocked[0]) in "Z-")                   # and it ended once its write returned
+
+
+def test_bench_bounded_write_smoke_run_reports_both_ways_in_both_cases(tmp_path):
+    """bench/bounded_write.py runs (2 runs, 10 MB of ballast): nothing is asserted on time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    bench = Path(__file__).resolve().parents[1] / "bench" / "bounded_write.py"
+    proc = subprocess.run([sys.executable, str(bench), "--runs", "2", "--ballast-mb", "10", "--tmpdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines if line.startswith("  ")] == ["fork", "resident", "fork", "resident"]
+    assert sum("caller" in line and "writer" in line for line in lines) == 2
+    assert list(tmp_path.iterdir()) == []           # the scratch host is removed
