@@ -185,13 +185,12 @@ def test_a_killed_writer_is_replaced(make_host, writers):
     assert fs.write_bounded(_remove_path(host, _mdev(1)), "1", timeout_s=DEADLINE_S) is True
     first = writers.idle_pids()[0]
     os.kill(first, signal.SIGKILL)                      # killed while idle
-    until(lambda: _state(first) in "Z-")
+    until(lambda: _state(first) == "-")                 # reaped at once, before any other write
     _create(host, _mdev(2))
     assert fs.write_bounded(_remove_path(host, _mdev(2)), "1", timeout_s=DEADLINE_S) is True
     assert not os.path.lexists(host.mdev_devices / _mdev(2))
     second = writers.idle_pids()[0]
     assert second != first and writers.started == 2
-    until(lambda: _state(first) == "-")                 # reaped
     # killed during its write (a remove waiting in the kernel): that write fails EIO, the next one gets a new writer
     kernel = SimKernel(host)
     _create(host, _mdev(3))
@@ -231,7 +230,10 @@ def test_a_writer_that_cannot_start_leaves_the_write_to_a_forked_child(make_host
     assert fs.write_bounded(_remove_path(host, _mdev(1)), "1", timeout_s=DEADLINE_S) is True
     assert not os.path.lexists(host.mdev_devices / _mdev(1))
     assert heard == [("intent", _remove_path(host, _mdev(1)), "1"), ("result", _remove_path(host, _mdev(1)), "1", 0)]
-    assert writers.started == 1 and writers.idle_pids() == []
+    assert writers.started == 1 and writers.idle_pids() == [] and writers.broken
+    _create(host, _mdev(2))                         # from now on a child per write, no writer started
+    assert fs.write_bounded(_remove_path(host, _mdev(2)), "1", timeout_s=DEADLINE_S) is True
+    assert not os.path.lexists(host.mdev_devices / _mdev(2)) and writers.started == 1
 
 
 def test_a_real_root_write_goes_through_the_writer_once(tmp_path, writers):

@@ -2,7 +2,7 @@
 
 Owns: :class:`Writers`, the pool of writer processes of this process, which
 :meth:`vgpuhost.io.sysfs.Sysfs.write_bounded` hands each write to once :func:`keep_writer` was called (the agent
-calls it at its start: :func:`vgpuhost.__main__.serve_agent`), and :func:`serve`, the writer's own loop.  A process
+calls it once it listens: :func:`vgpuhost.__main__.serve_agent`), and :func:`serve`, the writer's own loop.  A process
 that has not called it (the one-shot qemu hook, the CLI: one bounded write per process at most, or a few) makes
 each bounded write in a forked child (:func:`vgpuhost.io.sysfs._write_detached`), which costs it less than a
 writer's start.
@@ -18,9 +18,9 @@ The writer is a fresh interpreter (``python -I -S``, the package's directory fir
 of the caller: it holds no fd of the caller (subprocess's ``close_fds``: no lock, socket or libvirt pipe), its
 own session (``setsid``), stdin/stdout its request and answer pipes, stderr on /dev/null; and a fork of the
 agent after its threads run would copy their locks in whatever state they were (an exec'd writer has no such
-hazard, so it could start at any time).  The first one starts when the agent starts (:func:`keep_writer`,
-before its servers' threads), and a writer's successor as soon as it is abandoned or found dead: a write's
-``timeout_s`` counts from the write's start, as before (the agent waits at most that long), and a fresh
+hazard, so it could start at any time).  The first one starts when the agent starts listening
+(:func:`keep_writer`; an agent refused before that starts none), and a writer's successor as soon as it is
+abandoned or found dead: a write's ``timeout_s`` counts from the write's start, as before (the agent waits at most that long), and a fresh
 interpreter's start (about 30 ms of CPU, more wall time under load) would otherwise be in the first write's
 bound and wall time.  An agent that never removes anything keeps one idle writer, a small process.
 
@@ -37,8 +37,9 @@ writer (a broken start costs a write its fork, never the write).  The simulator 
 Lifecycle: an idle writer waits for the next request; several callers at once take one idle writer each (a
 new one when none is idle; at most :data:`IDLE_KEPT` are kept idle).  A writer whose answer does not come in
 ``timeout_s`` (a remove blocked in the kernel) is abandoned: its pipes are closed here, so once its write
-returns it finds its answer pipe closed or its request pipe at end of file and exits; a daemon thread waits for
-it (no zombie while this process runs, and no thread of this process is held by it: the thread is a daemon).
+returns it finds its answer pipe closed or its request pipe at end of file and exits.  Each writer has a daemon
+thread waiting for it from its start, so whenever it ends it is reaped (no zombie while this process runs, and
+no thread of this process is held by a blocked writer in a way that matters: the thread is a daemon).
 The next write gets another writer (started at once, idle meanwhile).  A writer found dead before a request is
 replaced; one that dies during a write answers nothing: that write's errno is EIO, as a detached child's that
 closed its pipe unanswered.  When
@@ -95,10 +96,14 @@ class Writer:
         #: whether it has said it is ready (:data:`READY`, its first line)
         self.ready = False
         self._buffer = b""
+        # its reaper: a daemon thread waiting for it from its start, so a writer that ends for any reason
+        # (abandoned and done, killed while idle) is reaped at once, never a zombie while this process runs
+        threading.Thread(target=self.proc.wait, name=f"vgpuhost-writer-reaper-{self.pid}", daemon=True).start()
 
     def alive(self) -> bool:
-        """Whether the writer still runs (one that has ended is reaped here)."""
-        return self.proc.poll() is None
+        """Whether the writer still runs, as far as its reaper has seen (one that ended an instant ago may
+        still count as alive: a request to it then finds its pipe closed, :data:`UNSENT`)."""
+        return self.proc.returncode is None
 
     def ask(self, request: bytes, timeout_s: float) -> Optional[int]:
         """Send one request line; the errno answered (0: written), None when no answer came within
@@ -113,10 +118,13 @@ class Writer:
         out = self.proc.stdout.fileno()
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return None
-            data = os.read(out, _ANSWER_BYTES)
+            try:
+                ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    return None
+                data = os.read(out, _ANSWER_BYTES)
+            except OSError:
+                return UNANSWERED      # no answer can be read: as if it had died (it may have written)
             if not data:
                 return UNANSWERED if self.ready else NOT_STARTED
             self._buffer += data
@@ -130,16 +138,13 @@ class Writer:
                     return UNANSWERED           # not this protocol: never trusted again
 
     def close(self) -> None:
-        """Close both pipes (an idle writer then reads end of file and exits) and reap the writer in a daemon
-        thread: at once when it has ended, else when its write returns."""
+        """Close both pipes: an idle writer then reads end of file and exits, a busy one once its write has
+        returned (its reaper reaps it)."""
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
             except OSError:
                 pass
-        if self.proc.poll() is None:
-            threading.Thread(target=self.proc.wait, name=f"vgpuhost-writer-reaper-{self.pid}",
-                             daemon=True).start()
 
 
 class Writers:
@@ -150,6 +155,9 @@ class Writers:
         self._idle: List[Writer] = []
         #: writers started, in all (a count, for tests and the agent's status)
         self.started = 0
+        #: a writer ended before it was ready (its start fails: a broken installation): no more are started, and
+        #: every write raises OSError (the caller forks a child per write, as without resident writers)
+        self.broken = False
 
     def write(self, root: str, path: str, value: str, env: Dict[str, Optional[str]],
               timeout_s: float) -> Optional[int]:
@@ -157,7 +165,10 @@ class Writers:
         ``timeout_s`` seconds (the writer is abandoned; it finishes the write by itself).  ``root``: the
         simulated host root whose kernel makes the write, ``""`` on a real root.  ``env``: the simulator's
         environment variables the writer takes for this write.  Raises OSError when no writer can be started
-        (none could be run, or the one run ended before it was ready): nothing was written."""
+        (none could be run, or the one run ended before it was ready, and then :attr:`broken`): nothing was
+        written."""
+        if self.broken:
+            raise OSError(errno.ECHILD, "the resident writer cannot start")
         request = (json.dumps([root, path, value, env]) + "\n").encode("utf-8")
         writer = self._take()
         got = writer.ask(request, timeout_s)
@@ -167,6 +178,7 @@ class Writers:
             got = writer.ask(request, timeout_s)
         if got == NOT_STARTED:
             writer.close()
+            self.broken = True
             raise OSError(errno.ECHILD, f"the resident writer (pid {writer.pid}) ended before it was ready")
         if got is None or got < 0:
             writer.close()                  # blocked (abandoned) or dead: never handed out again
@@ -237,6 +249,17 @@ def keep_writer() -> Writers:
         except OSError:
             pass                            # the first write tries again (and raises then)
     return _writers
+
+
+def let_writers_go() -> None:
+    """Undo :func:`keep_writer`: bounded writes fork a child per write again, and the idle writers end (each
+    reads end of file); a blocked one ends once its write returns.  For a process whose long life ends (the
+    agent stopping in a process that goes on: the tests)."""
+    global _writers
+    if _writers is not None:
+        set_bounded_writer(None)
+        _writers.close()
+        _writers = None
 
 
 def serve(requests=None, answers=None) -> None:
