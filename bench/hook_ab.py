@@ -10,7 +10,12 @@ RUNS times each, in one process, and the ratios ``bench/hook.py`` prints are pri
 
   down wall   agent down, own (wall - simulator) / the clean start's wall
   down CPU    agent down, hook CPU - simulator CPU / the clean start's CPU (steadier under load)
-  up CPU      agent up, hook CPU + agent CPU - simulator CPU / the clean start's CPU
+  up CPU      agent up, hook CPU + agent CPU + writer CPU - simulator CPU / the clean start's CPU
+
+Every call of both trees is measured by this checkout's ``bench/hook.py`` (its ``Bench._dispatch`` and
+``medians``), so both are read with one yardstick: since issue 31 round 4 the agent's writer processes' CPU
+(a fork of the agent per remove before, a resident writer after) counts, less the simulator's CPU charged
+to them.
 
 Nothing is asserted on time; a failed hook run aborts (as in ``bench/hook.py``).
 
@@ -24,13 +29,11 @@ import argparse
 import importlib.util
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KEYS = ("wall", "sim", "cpu", "agent", "own", "sim_cpu")
 
 
 def _bench_module(tree: Path, tag: str):
@@ -53,6 +56,8 @@ def main(argv=None) -> int:
     specs = [s.strip() for s in args.hosts.split(",") if s.strip()]
     sys.path.insert(0, str(REPO / "bench"))
     mods = {tag: _bench_module(tree, tag) for tag, tree in trees.items()}
+    for tag in trees:       # one yardstick: every call measured as this checkout's bench measures it
+        mods[tag].Bench._dispatch = mods["after"].Bench._dispatch
     tmp = Path(tempfile.mkdtemp(prefix="vgpuhost-bench-hook-ab-", dir=args.tmpdir))
     benches = []
     samples: dict = {}
@@ -85,21 +90,34 @@ def main(argv=None) -> int:
         for _, b in benches:
             b.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    med = {n: {k: statistics.median(getattr(x, k) for x in t) for k in KEYS} for n, t in samples.items()}
+    med = {n: mods["after"].medians(t) for n, t in samples.items()}
     bw, bc = med["clean"]["wall"], med["clean"]["cpu"]
     print(f"command: {' '.join([sys.executable] + sys.argv)}")
     print(f"before: {trees['before']}; after: {trees['after']}; {args.runs} interleaved runs each; medians")
     print(f"clean python -I -S -c pass: wall {bw * 1000:.1f} ms, CPU {bc * 1000:.1f} ms")
-    print(f"{'HOST':<32}{'down wall':>10}{'down CPU':>10}{'up CPU':>10}")
+    print(f"{'HOST':<32}{'down wall':>10}{'down CPU':>10}{'up CPU':>10}{'up writer ms':>14}")
     for s in specs:
         for tag in trees:
             d, u = f"{tag} {s}", f"{tag} {s} agent-up"
             own = med[f"{d} prepare"]["own"] + med[f"{d} release"]["own"]
             cpu_d = sum(med[f"{d} {op}"]["cpu"] - med[f"{d} {op}"]["sim_cpu"] for op in ("prepare", "release"))
-            cpu_u = sum(med[f"{u} {op}"]["cpu"] + med[f"{u} {op}"]["agent"] - med[f"{u} {op}"]["sim_cpu"]
-                        for op in ("prepare", "release"))
-            print(f"{tag + ' ' + s:<32}{own / bw:>10.2f}{cpu_d / bc:>10.2f}{cpu_u / bc:>10.2f}")
+            cpu_u = sum(med[f"{u} {op}"]["cpu"] + med[f"{u} {op}"]["agent"] + med[f"{u} {op}"]["writer"]
+                        - med[f"{u} {op}"]["sim_cpu"] for op in ("prepare", "release"))
+            writer = sum(med[f"{u} {op}"]["writer"] for op in ("prepare", "release"))
+            print(f"{tag + ' ' + s:<32}{own / bw:>10.2f}{cpu_d / bc:>10.2f}{cpu_u / bc:>10.2f}{writer * 1000:>14.2f}")
     print("targets (issue 31): down <= 5, up <= 2.5")
+    print()
+    print("agent up, ms of CPU per call (medians; WRITER a mean): client, agent, writer less its simulator CPU, "
+          "the agent's simulator CPU")
+    print(f"{'HOST':<32}{'prepare: client':>16}{'agent':>7}{'writer':>7}{'sim':>6}"
+          f"{'release: client':>17}{'agent':>7}{'writer':>7}{'sim':>6}")
+    for s in specs:
+        for tag in trees:
+            u = f"{tag} {s} agent-up"
+            cols = "".join(f"{med[f'{u} {op}'][k] * 1000:>{w}.2f}" for op in ("prepare", "release")
+                           for k, w in (("cpu", 16 if op == "prepare" else 17), ("agent", 7), ("writer", 7),
+                                        ("sim_cpu", 6)))
+            print(f"{tag + ' ' + s:<32}{cols}")
     return 0
 
 

@@ -21,7 +21,7 @@ def test_bench_hook_smoke_run_reports_each_host_the_yardstick_and_the_growth_exp
     assert "yardstick: " in out and "-I -S -c pass (clean start, the hook's own flags)" in out
     header = next(line for line in out.splitlines() if line.startswith("WHAT"))
     assert header.split() == ["WHAT", "WALL", "ms", "MIN", "ms", "MAX", "ms", "SIM", "ms", "SIMCPU", "CPU", "ms",
-                              "AGENT", "ms", "OWN", "ms"]
+                              "AGENT", "ms", "WRITER", "OWN", "ms"]
     rows = {line.split("  ")[0] for line in out.splitlines()}
     assert {"clean python -I -S -c pass", "a40-mdev prepare", "a40-mdev release", "iommu-off no-meta",
             "a40x1 prepare", "a40x2 release"} <= rows

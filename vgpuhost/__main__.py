@@ -23,11 +23,25 @@ if TYPE_CHECKING:       # annotations only (a read command's lean start imports 
 
 def serve_agent(host: HostRoot, **options) -> int:
     """Run the agent (:func:`vgpuhost.agent.server.serve`, the same keyword options) until SIGTERM; 0.
-    Beside it, the GPU health watch (:class:`vgpuhost.agent.watch.HealthWatch`)."""
+    Beside it, the GPU health watch (:class:`vgpuhost.agent.watch.HealthWatch`).  The agent lives long: once
+    it listens, its bounded writes (each release's mdev remove) go to a resident writer
+    (:mod:`vgpuhost.io.residentwriter`), not a fork of the agent per write; an agent refused before it
+    listens (its sockets taken) starts none, and one that stops ends its idle writers."""
     from .agent.server import serve
     from .agent.watch import HealthWatch
-    with HealthWatch(host):
-        return serve(host, **options)
+    from .io.residentwriter import keep_writer, let_writers_go
+    told = options.get("ready")
+
+    def ready(proc) -> None:
+        keep_writer()
+        if told is not None:
+            told(proc)
+    options["ready"] = ready
+    try:
+        with HealthWatch(host):
+            return serve(host, **options)
+    finally:
+        let_writers_go()
 
 
 def run() -> None:

@@ -384,12 +384,15 @@ class Sysfs:
         For a write the kernel may block without end (an mdev ``remove`` while the device is
         open: docs/reference/hardware.md#mdev).  A writer blocked there cannot be interrupted, not
         even by SIGKILL once a signal has come, and a thread of ours blocked so would keep this
-        process from exiting; so the write(2) runs in a detached child (its own session,
-        stdin/stdout/stderr on /dev/null, no other fd: the qemu hook's pipes to libvirt close
-        when this process ends).  On a timeout the child is left to finish the write when the
-        device is closed (reaped by a later call, or by init once this process has ended); this
-        process goes on.  The audit observers hear the write here, with
-        ETIMEDOUT on a timeout.  Raises SysfsError when the kernel refuses in time.
+        process from exiting; so the write(2) runs in another process: a detached child forked
+        for this write (its own session, stdin/stdout/stderr on /dev/null, no other fd: the qemu
+        hook's pipes to libvirt close when this process ends), or, in a process that called
+        :func:`vgpuhost.io.residentwriter.keep_writer` (the agent), a resident writer started once
+        and handed each write over a pipe.  On a timeout that process is left to finish the write
+        when the device is closed (reaped by this process meanwhile, or by init once this process
+        has ended); this process goes on.  The audit observers hear the write here, with
+        ETIMEDOUT on a timeout; a simulated crash point is this process's.  Raises SysfsError when
+        the kernel refuses in time.
         """
         p = os.fspath(path)
         self._intend(p, value)
@@ -398,7 +401,14 @@ class Sysfs:
         if crash is not None:
             crash.__enter__()       # a simulated crash point is this process's, as for any write
         try:
-            err = _write_detached(kernel, p, value, timeout_s)
+            if _bounded_writer is None:
+                err = _write_detached(kernel, p, value, timeout_s)
+            else:                   # a resident writer (the agent: vgpuhost.io.residentwriter)
+                try:
+                    err = _bounded_writer(str(self.host.root) if kernel is not None else "", p, value,
+                                          kernel.writer_env() if kernel is not None else {}, timeout_s)
+                except OSError:     # no writer could be started (nothing written): this write forks its own
+                    err = _write_detached(kernel, p, value, timeout_s)
         finally:
             if crash is not None:
                 crash.__exit__(None, None, None)
@@ -473,6 +483,23 @@ class Sysfs:
             raise SysfsError("remove", str(p), e.errno or errno.EIO) from e
         self._notify(p, "<remove>", 0)
         return True
+
+
+#: how this process makes a bounded write when not by a forked child (:func:`set_bounded_writer`): None, or
+#: ``(root, path, value, env, timeout_s) -> errno (0: written) or None (not done in time)``; raises OSError
+#: when it could not take the write (nothing written: the write then forks, as without it)
+_bounded_writer = None
+
+
+def set_bounded_writer(writer) -> None:
+    """Make every later :meth:`Sysfs.write_bounded` of this process through ``writer`` (``(root, path, value,
+    env, timeout_s) -> errno or None``: ``root`` the simulated host root whose kernel makes the write, ``""`` on
+    a real one; ``env`` the simulator's environment, :meth:`vgpuhost.sim.kernel.SimKernel.writer_env`; None when
+    the write did not return within ``timeout_s`` seconds; raising OSError when it could not take the write,
+    which then forks its own child), or through a forked child per write again (None).
+    :func:`vgpuhost.io.residentwriter.keep_writer` calls it."""
+    global _bounded_writer
+    _bounded_writer = writer
 
 
 def _write_once(kernel, path: str, value: str) -> None:

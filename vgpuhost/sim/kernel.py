@@ -100,9 +100,12 @@ Time accounting (the benchmarks' split between vgpuhost's own cost and the
 simulated kernel's, which a real kernel does not pay the same way): with
 ``VGPUHOST_SIM_TIME_FILE=FILE`` in the environment, every process appends
 one line per charge to FILE, ``WALL CPU PID``: the seconds (decimal; wall clock,
-then the thread's CPU time) and the charging process's id (a benchmark counts the simulator's CPU
-only where it counts the process's: a forked remove writer's is in neither) spent importing this module (once, at the first
-:class:`SimKernel`) and inside each :meth:`SimKernel.write`.  Unset, nothing is measured or written.
+then the thread's CPU time) and the charging process's id (a benchmark subtracts the simulator's CPU
+from the process that spent it: ``bench/hook.py`` counts the agent's writer processes' CPU apart from the
+agent's) spent importing this module (once, at the first :class:`SimKernel`) and inside each
+:meth:`SimKernel.write`.  Unset, nothing is measured or written.  A resident writer (the agent's,
+:mod:`vgpuhost.io.residentwriter`) takes this variable and ``VGPUHOST_SIM_WRITE_LOG`` from the process that
+hands it each write (:meth:`SimKernel.writer_env`), so it charges and logs where that process would now.
 """
 
 from __future__ import annotations
@@ -871,8 +874,15 @@ class SimKernel:
     # --- writes ------------------------------------------------------------
     def crash_point(self):
         """:func:`crash_point` (a context manager): for a writer that counts a write itself and
-        makes it elsewhere (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`'s detached process)."""
+        makes it elsewhere (:meth:`vgpuhost.io.sysfs.Sysfs.write_bounded`'s detached or resident writer)."""
         return crash_point()
+
+    def writer_env(self) -> Dict[str, Optional[str]]:
+        """The environment this kernel's writes follow, as this process has it now (``{name: value or None}``:
+        :data:`TIME_FILE_ENV`, :data:`WRITE_LOG_ENV`), for a resident writer that makes them elsewhere
+        (:mod:`vgpuhost.io.residentwriter`) and may have been started with another; the crash-injection
+        variables are not in it (such a writer's writes are not counted: this process counts them)."""
+        return {name: os.environ.get(name) for name in (TIME_FILE_ENV, WRITE_LOG_ENV)}
 
     def write(self, path: Path, value: str, *, counted: bool = True) -> None:
         """Apply a write of ``value`` to ``path`` (absolute, under the root).
