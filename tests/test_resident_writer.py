@@ -258,7 +258,9 @@ def test_sigterm_ends_the_agent_with_a_writer_blocked_and_no_writer_outlives_its
     host = make_host("a40-mdev")
     run = AgentRun(host.root, env={REMOVE_TIMEOUT_ENV: "2"})
     try:
-        blocked = _children(run.proc.pid)                       # the writer the agent started with
+        # the writer the agent starts once it listens (it may answer a moment before the writer is spawned)
+        until(lambda: len(_children(run.proc.pid)) == 1)
+        blocked = _children(run.proc.pid)
         assert len(blocked) == 1
         xml = [vgpu_domain(f"vm{i}", f"11111111-2222-4333-8444-{i:012x}", _mdev(i)) for i in (1, 2)]
         for i in (0, 1):
