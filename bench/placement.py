@@ -91,7 +91,11 @@ do not change), and each restart releases it and places it again by the same
 strategy, as any start is placed (vgpuhost never moves a running vGPU; a
 restart is where it may repack).  Unlike ``--repack`` this is what vgpuhost
 does, given VMs that restart; the row's share of the tight class-aware bound
-is the issue's repack-at-restart figure (target >= 96%).
+is the issue's repack-at-restart figure (target >= 96%).  Under each it prints why the
+requests refused at their arrival were refused (the strategy's rule, one vGPU per VM per GPU,
+fragmented: a repacked host would hold them, or full) and the restarts refused, and it replays
+headroom once more with one vGPU per VM per GPU unenforced, as the bounds do not enforce it (an
+experiment: what the owner rule costs the strategy).
 
     .venv/bin/python bench/placement.py [--seed 1] [--seeds 1] [--requests 2000] [--gpus 16] [--load 1.0]
                                         [--validate 300] [--bound-time 60] [--clairvoyant] [--repack]
