@@ -91,7 +91,11 @@ do not change), and each restart releases it and places it again by the same
 strategy, as any start is placed (vgpuhost never moves a running vGPU; a
 restart is where it may repack).  Unlike ``--repack`` this is what vgpuhost
 does, given VMs that restart; the row's share of the tight class-aware bound
-is the issue's repack-at-restart figure (target >= 96%).
+is the issue's repack-at-restart figure (target >= 96%).  Under each it prints why the
+requests refused at their arrival were refused (the strategy's rule, one vGPU per VM per GPU,
+fragmented: a repacked host would hold them, or full) and the restarts refused, and it replays
+headroom once more with one vGPU per VM per GPU unenforced, as the bounds do not enforce it (an
+experiment: what the owner rule costs the strategy).
 
     .venv/bin/python bench/placement.py [--seed 1] [--seeds 1] [--requests 2000] [--gpus 16] [--load 1.0]
                                         [--validate 300] [--bound-time 60] [--clairvoyant] [--repack]
@@ -119,7 +123,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vgpuhost.policy.placement import GpuOffer, Request, place  # noqa: E402
+from vgpuhost.policy.placement import MANUAL, GpuOffer, Request, place  # noqa: E402
 from vgpuhost.sim.capacity import gpu_available  # noqa: E402
 from vgpuhost.sim.catalog import load_catalog  # noqa: E402
 from vgpuhost.model.values import PciAddress  # noqa: E402
@@ -260,8 +264,33 @@ def _offers(sim: dict, types: Dict[str, TypeInfo], present, addrs, t: TypeInfo, 
     return offers
 
 
+#: why a request the restart replay refused at its arrival was refused (``replay_restarting(causes=)``)
+RESTART_CAUSES = ("rule", "owner", "fragmented", "full")
+
+
+def _refusal_cause(offers, owner: str, t: TypeInfo, present, gpus: int, fb_mib: int,
+                   types: Dict[str, TypeInfo]) -> str:
+    """Why a request of type ``t`` was refused now: ``rule`` (a GPU would hold it: the strategy's own
+    refusal, as headroom's), ``owner`` (only GPUs holding the VM's own vGPU have room: one vGPU per VM
+    per GPU), ``fragmented`` (no GPU has room, but a host that repacked every vGPU now would hold it:
+    with it, the sum over size classes of ceil(active / max per GPU) is at most ``gpus``, the
+    class-aware bound's constraint) or ``full`` (not even that)."""
+    if any(o.available > 0 and owner not in o.owners for o in offers):
+        return "rule"
+    if any(o.available > 0 for o in offers):
+        return "owner"
+    active: Dict[int, int] = {t.fb_mib: 1}
+    for held in present.values():
+        for h in held.values():
+            size = types[h.profile].fb_mib
+            active[size] = active.get(size, 0) + 1
+    need = sum(-(-k // (fb_mib // size)) for size, k in active.items())
+    return "fragmented" if need <= gpus else "full"
+
+
 def replay_restarting(strategy: str, reqs: List[Req], events, gpus: int, fb_mib: int,
-                      types: Dict[str, TypeInfo], sim: dict, restarts: float, seed: int) -> int:
+                      types: Dict[str, TypeInfo], sim: dict, restarts: float, seed: int,
+                      owners: bool = True, causes: Optional[Dict[str, int]] = None) -> int:
     """Admissions of ``strategy`` (vgpuhost's own placement) when VMs restart (``--restarts``): each
     admitted vGPU restarts ``restarts`` times over its life on average (a Poisson process over its
     lifetime, drawn from ``seed`` apart from the trace's, so the requests and the bounds are the same),
@@ -269,7 +298,12 @@ def replay_restarting(strategy: str, reqs: List[Req], events, gpus: int, fb_mib:
     restart: vgpuhost never moves a running vGPU; a restarting one may land elsewhere; under best-fit it
     always fits, at worst where it was; a restart the rule refuses, as headroom may when the vGPU was
     alone on its GPU, ends the VM: not counted as admitted).  Its share of the class-aware bound is what placing again at restart
-    recovers of the fragmentation."""
+    recovers of the fragmentation.
+
+    ``owners`` False: an experiment, not vgpuhost: one vGPU per VM per GPU is not enforced (every
+    request placed as a pool owner's), as the bounds do not enforce it.  ``causes``: a dict that gets,
+    per :data:`RESTART_CAUSES` key, the requests refused at their arrival for that cause
+    (:func:`_refusal_cause`), and under ``ended`` the restarts refused (VMs ended)."""
     rng = random.Random(seed * 7919 + 17)
     timeline = list(events)
     for r in reqs:
@@ -295,13 +329,20 @@ def replay_restarting(strategy: str, reqs: List[Req], events, gpus: int, fb_mib:
             _depart(where, present, n)           # stopped; placed again below as at any start
         r = reqs[n]
         t = types[r.profile]
-        d = place(_offers(sim, types, present, addrs, t, r, fb_mib), Request(r.profile, r.owner, strategy))
+        owner = r.owner if owners else MANUAL
+        offers = _offers(sim, types, present, addrs, t, r, fb_mib)
+        d = place(offers, Request(r.profile, owner, strategy))
         if d.admitted:
             present[d.gpu][n] = r
             where[n] = d.gpu
             admitted += 1 if kind == 1 else 0
         elif kind == 2:
             admitted -= 1       # refused at its restart (headroom may refuse to open an empty GPU): it no longer runs
+            if causes is not None:
+                causes["ended"] = causes.get("ended", 0) + 1
+        elif causes is not None:
+            why = _refusal_cause(offers, owner, t, present, gpus, fb_mib, types)
+            causes[why] = causes.get(why, 0) + 1
     return admitted
 
 
@@ -752,6 +793,14 @@ def replay_real(args) -> Tuple[str, Dict[int, Decided], float]:
 
 # --- main --------------------------------------------------------------------------------------------
 
+def _causes_text(causes: Dict[str, float]) -> str:
+    """One line of :func:`replay_restarting`'s ``causes``: the refusals at arrival by cause, then the ended VMs."""
+    words = {"rule": "by the strategy's rule although a GPU had room", "owner": "by one vGPU per VM per GPU",
+             "fragmented": "fragmented (a repacked host would hold it)", "full": "full (a repacked host too)"}
+    return (", ".join(f"{causes.get(k, 0):g} {words[k]}" for k in RESTART_CAUSES)
+            + f"; {causes.get('ended', 0):g} restarts refused (the VM ended)")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
@@ -800,6 +849,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     clair: Dict[int, int] = {}      # --clairvoyant: admissions per seed
     repack: Dict[str, Dict[int, int]] = {rule: {} for rule in REPACK_RULES}     # --repack: rule -> seed -> admissions
     restart: Dict[str, Dict[int, int]] = {rule: {} for rule in RESTART_RULES}   # --restarts: the same
+    why: Dict[str, Dict[int, Dict[str, int]]] = {rule: {} for rule in RESTART_RULES}    # rule -> seed -> causes
+    ownerless: Dict[int, int] = {}      # --restarts: headroom's replay with one vGPU per VM per GPU unenforced
     t_model = t_bound = t_class = t_tight = 0.0
     for seed in seeds:
         if seed != seeds[0]:
@@ -813,8 +864,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 repack[rule][seed] = replay_repacking(rule, reqs, events, args.gpus, fb_mib, types)
         if args.restarts:
             for rule in RESTART_RULES:
+                why[rule][seed] = {}
                 restart[rule][seed] = replay_restarting(rule, reqs, events, args.gpus, fb_mib, types, sim,
-                                                        args.restarts, seed)
+                                                        args.restarts, seed, causes=why[rule][seed])
+            ownerless[seed] = replay_restarting("headroom", reqs, events, args.gpus, fb_mib, types, sim,
+                                                args.restarts, seed, owners=False)
         t2 = time.monotonic()
         ub = lp_upper_bound(reqs, args.gpus, fb_mib, types)
         t3 = time.monotonic()
@@ -890,6 +944,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 of_cb = "" if bound is None else f"{got / bound:.1%}"
                 print(f"{rule + ' restarts':<18} {got:>9} {got / n:>7.1%} {n - got:>8} {'':>20} {of_cb:>6}"
                       f"   (repack at restart: {args.restarts:g} restarts a VM's life, placed again then)")
+                print(f"{'':<18} refused: {_causes_text(why[rule][rows[0][0]])}")
+            got = ownerless[rows[0][0]]
+            of_cb = "" if bound is None else f"{got / bound:.1%}"
+            print(f"{'  owners ignored':<18} {got:>9} {got / n:>7.1%} {n - got:>8} {'':>20} {of_cb:>6}"
+                  "   (exp.: headroom restarts, one vGPU per VM per GPU unenforced, as in the bounds)")
     else:
         print(f"{'seed':>5} " + " ".join(f"{s:>10}" for s in STRATEGIES)
               + f" {'class bnd':>10} {'tight bnd':>10} {'schedule':>9} {'LP bnd':>8}")
@@ -950,6 +1009,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             for rule in RESTART_RULES:
                 experiment(f"{rule} with repack at restart ({args.restarts:g} restarts a VM's life, placed again "
                            "then)", restart[rule], " (target >= 96%)")
+                print(f"  refused, median per trace: " + _causes_text(
+                    {k: statistics.median(c.get(k, 0) for c in why[rule].values())
+                     for k in RESTART_CAUSES + ("ended",)}))
+            experiment("headroom with repack at restart, one vGPU per VM per GPU unenforced as in the bounds "
+                       "(experiment; vgpuhost enforces it)", ownerless)
         if clair:
             experiment("clairvoyant experiment (knows departures; not a strategy)", clair)
     print()

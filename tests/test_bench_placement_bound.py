@@ -165,3 +165,57 @@ def test_repack_at_restart_is_the_strategy_without_restarts_and_stays_under_the_
         assert bp.replay_restarting(strategy, reqs, events, 4, FB, TYPES, _SIM, 0.0, 7) == plain
         got = bp.replay_restarting(strategy, reqs, events, 4, FB, TYPES, _SIM, 3.0, 7)
         assert 0 < got <= tight.bound, strategy
+
+
+def _hand_trace(*rows):
+    """Requests (profile, owner, arrive, depart) and their events, as make_trace builds them."""
+    reqs = [bp.Req(i, p, o, a, d) for i, (p, o, a, d) in enumerate(rows)]
+    return reqs, sorted([(r.arrive, 1, r.n) for r in reqs] + [(r.depart, 0, r.n) for r in reqs])
+
+
+def test_restart_replay_names_each_refusal_cause():
+    """``replay_restarting(causes=)`` files each refusal under its cause, on hand-built traces."""
+    a, b, c = "vm-a", "vm-b", "vm-c"
+    cases = [   # (strategy, GPUs, requests, owners enforced, the causes counted, admitted)
+        # the VM's second A40-4Q may not join its first: owner rule
+        ("best-fit", 1, [("A40-4Q", a, 0, 10), ("A40-4Q", a, 1, 10)], True, {"owner": 1}, 1),
+        ("best-fit", 1, [("A40-4Q", a, 0, 10), ("A40-4Q", a, 1, 10)], False, {}, 2),
+        # the owner rule spread two A40-4Q over both GPUs; repacked, one GPU would hold them: fragmented
+        ("best-fit", 2, [("A40-4Q", a, 0, 10), ("A40-4Q", a, 1, 10), ("A40-8Q", c, 2, 10)], True,
+         {"fragmented": 1}, 2),
+        # three sizes on two GPUs: full, repacked too
+        ("best-fit", 2, [("A40-24Q", a, 0, 10), ("A40-16Q", b, 1, 10), ("A40-8Q", c, 2, 10)], True,
+         {"full": 1}, 2),
+        # headroom keeps the empty GPU: 24 + 48 GB would be 75% of 96 GB, over the 70% for a whole-GPU type
+        ("headroom", 2, [("A40-24Q", a, 0, 10), ("A40-48Q", b, 1, 10)], True, {"rule": 1}, 1),
+        ("best-fit", 2, [("A40-24Q", a, 0, 10), ("A40-48Q", b, 1, 10)], True, {}, 2),
+    ]
+    for strategy, gpus, rows, owners, want, admitted in cases:
+        reqs, events = _hand_trace(*rows)
+        causes = {}
+        got = bp.replay_restarting(strategy, reqs, events, gpus, FB, TYPES, _SIM, 0.0, 1, owners=owners,
+                                   causes=causes)
+        assert (got, causes) == (admitted, want), (strategy, gpus, rows, owners)
+
+
+def test_restart_replay_causes_account_for_every_request():
+    """On a bench trace with restarts, every request is admitted, refused at its arrival for one
+    cause, or ended by a refused restart; without the owner rule none is refused for it; without
+    restarts the refusals are replay_model's and none ends."""
+    reqs, events, _ = bp.make_trace(3, 400, 4, 1.0, FB, TYPES)
+    for strategy in bp.RESTART_RULES:
+        for restarts, owners in ((0.0, True), (4.0, True), (4.0, False)):
+            causes = {}
+            got = bp.replay_restarting(strategy, reqs, events, 4, FB, TYPES, _SIM, restarts, 3, owners=owners,
+                                       causes=causes)
+            refused = sum(causes.get(k, 0) for k in bp.RESTART_CAUSES)
+            assert got == len(reqs) - refused - causes.get("ended", 0), (strategy, restarts, owners)
+            assert set(causes) <= set(bp.RESTART_CAUSES) | {"ended"}
+            if not owners:
+                assert causes.get("owner", 0) == 0
+            if strategy == "best-fit":
+                assert causes.get("rule", 0) == 0 and causes.get("ended", 0) == 0
+            if restarts == 0 and owners:
+                plain = bp.replay_model(strategy, reqs, events, 4, FB, TYPES, _SIM)
+                assert refused == sum(1 for d in plain.values() if not d.admitted)
+                assert causes.get("ended", 0) == 0
