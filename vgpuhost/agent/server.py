@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import queue
+import selectors
 import signal
 import socket
 import sys
@@ -133,11 +134,9 @@ WORKER_IDLE_S = 30.0
 #: seconds an expensive read over its caller's limit waits before its 429 (at most its Retry-After)
 REFUSAL_DELAY_S = 1.0
 #: seconds a stopping agent waits for a change in progress (a hook's prepare) to end, counted from SIGTERM:
-#: with the accept loops' poll (:data:`ACCEPT_POLL_S`) and the main thread's (:data:`SIGNAL_POLL_S`) the
-#: agent is gone within 5 s of SIGTERM under any load
+#: with the main thread's poll (:data:`SIGNAL_POLL_S`; the accept loops wake at once, :meth:`_Server.shutdown`)
+#: the agent is gone within 5 s of SIGTERM under any load
 STOP_WAIT_S = 4.0
-#: seconds between an accept loop's checks for a stop (``serve_forever``'s poll interval)
-ACCEPT_POLL_S = 0.1
 #: seconds between two log lines about connections refused for want of a slot (a storm is one line)
 REFUSAL_LOG_S = 10.0
 #: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
@@ -309,6 +308,39 @@ class _Server(socketserver.UnixStreamServer):
         self.access = access if access is not None else Access(admin_gid, ro_gid)
         self.workers = _Workers(self.process_request_thread, f"agent-{role}",
                                 READ_NICE if role in (api.READ, api.TENANT) else 0)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)    # shutdown() wakes the loop
+        self._stop = False
+        self._stopped = threading.Event()
+
+    def serve_forever(self, poll_interval: Optional[float] = None) -> None:
+        """Accept connections until :meth:`shutdown`, blocked in ``poll(2)`` on the listening socket and a
+        wake-up pipe: an idle agent's accept loops never wake (``socketserver``'s woke every
+        ``poll_interval`` to look for a stop, 30 times a second for the three sockets).  ``poll_interval``
+        is not used."""
+        self._stopped.clear()
+        try:
+            with selectors.PollSelector() as sel:
+                sel.register(self.socket, selectors.EVENT_READ)
+                sel.register(self._wake_r, selectors.EVENT_READ)
+                listening = self.socket.fileno()
+                while not self._stop:
+                    ready = sel.select()
+                    if self._stop:
+                        break
+                    if any(key.fd == listening for key, _ in ready):
+                        self._handle_request_noblock()
+        finally:
+            self._stop = False
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` and wait until it has returned (it must have been started)."""
+        self._stop = True
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass                    # the pipe is full (woken already) or closed
+        self._stopped.wait()
 
     def process_request(self, request, client_address) -> None:
         """A thread for the connection while fewer than ``max_connections`` are open on this socket and
@@ -368,6 +400,11 @@ class _Server(socketserver.UnixStreamServer):
     def server_close(self) -> None:
         super().server_close()
         self.workers.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _refuse(self, request, message: str, hint: str) -> None:
         self.refused += 1
@@ -1134,7 +1171,7 @@ class AgentProcess:
 
     def start(self) -> None:
         for s in self.servers:
-            t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": ACCEPT_POLL_S},
+            t = threading.Thread(target=s.serve_forever,
                                  name=f"agent-{s.role}", daemon=True)
             t.start()
             self.threads.append(t)
