@@ -2,7 +2,8 @@
 
 Owns: the listening sockets (bound here, or passed by systemd socket
 activation: ``LISTEN_FDS`` with ``LISTEN_FDNAMES`` ``admin``, ``ro`` and ``tenant``),
-HTTP parsing (stdlib :mod:`http.server`, one thread per connection), the
+HTTP parsing (stdlib :mod:`http.server`, the headers read by :func:`read_headers`; each connection
+served on a worker thread, :class:`_Workers`), the
 role of each caller, body limits, and turning results and errors into
 responses.  Must not: decide anything about devices (``api.py`` calls the
 ops).
@@ -38,7 +39,7 @@ reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 (4), 503 unavailable.
 
 Connections: each socket serves at most ``max_connections`` (default
-:data:`MAX_CONNECTIONS`) at once, one thread each, a caller (uid; root
+:data:`MAX_CONNECTIONS`) at once, each on a worker thread while served, a caller (uid; root
 excepted) a quarter of them; one more is answered 429 from the accepting
 thread and closed.  The listen backlog is :data:`BACKLOG`.  A request must
 arrive within ``request_timeout_s`` (:data:`REQUEST_TIMEOUT_S`) of its
@@ -114,7 +115,7 @@ MAX_CONFIG_ITEMS = 4096
 #: a refused body up to this size is read and dropped after the answer (so its client reads the 413)
 MAX_DRAIN = 16 * 1024 * 1024
 EXIT_INTERNAL = 4
-#: connections one socket serves at once (one thread each); more are answered 429 and closed
+#: connections one socket serves at once (each on a worker thread); more are answered 429 and closed
 MAX_CONNECTIONS = 64
 #: seconds a connection may send nothing while its request (line, headers, body) is read
 READ_TIMEOUT_S = 10.0
@@ -308,13 +309,14 @@ class _Server(socketserver.UnixStreamServer):
         self.access = access if access is not None else Access(admin_gid, ro_gid)
         self.workers = _Workers(self.process_request_thread, f"agent-{role}",
                                 READ_NICE if role in (api.READ, api.TENANT) else 0)
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)    # shutdown() wakes the loop
+        self._wake_r, self._wake_w = socket.socketpair()        # shutdown() wakes the accept loop
+        self._wake_w.setblocking(False)
         self._stop = False
         self._stopped = threading.Event()
 
     def serve_forever(self, poll_interval: Optional[float] = None) -> None:
         """Accept connections until :meth:`shutdown`, blocked in ``poll(2)`` on the listening socket and a
-        wake-up pipe: an idle agent's accept loops never wake (``socketserver``'s woke every
+        wake-up socket pair: an idle agent's accept loops never wake (``socketserver``'s woke every
         ``poll_interval`` to look for a stop, 30 times a second for the three sockets).  ``poll_interval``
         is not used."""
         self._stopped.clear()
@@ -337,9 +339,9 @@ class _Server(socketserver.UnixStreamServer):
         """Stop :meth:`serve_forever` and wait until it has returned (it must have been started)."""
         self._stop = True
         try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass                    # the pipe is full (woken already) or closed
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass                    # full (woken already) or closed
         self._stopped.wait()
 
     def process_request(self, request, client_address) -> None:
@@ -400,11 +402,8 @@ class _Server(socketserver.UnixStreamServer):
     def server_close(self) -> None:
         super().server_close()
         self.workers.close()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _refuse(self, request, message: str, hint: str) -> None:
         self.refused += 1
@@ -1182,7 +1181,7 @@ class AgentProcess:
         flight are dropped with the process: SIGTERM ends the agent within seconds under any load)."""
         since = time.monotonic()
         self.agent.stop()                       # no change (nor an apply's next step) starts from here
-        # every accept loop told at once, then each waited for (one poll interval in all, not one each);
+        # every accept loop told at once (its wake-up socket), then each waited for;
         # only loops that were started: socketserver's shutdown() of a server whose serve_forever never ran
         # waits forever (a thread left blocked for the process's life, and a fork later copies it)
         stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers[:len(self.threads)]]
