@@ -26,6 +26,10 @@ TEST_WORKERS ?= 4
 # finds it next to the package.  Without it the hook uses curl.
 CLIENT      := vgpuhost/hook/vgpuhost-hook-client
 CLIENT_CFLAGS ?= -O2 -Wall -Wextra -std=c99 -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+# Linked statically where libc.a is installed (libc6-dev): no dynamic loader at each start, 0.41 -> 0.28 ms
+# of CPU a run (perf stat, 2026-12-07; the hook runs it twice a domain start and stop); else dynamically.
+# The Debian package links it dynamically (debian/rules: a static binary would miss libc's security updates).
+CLIENT_STATIC ?= $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c -static -o /dev/null - 2>/dev/null && echo -static)
 # Wait for a dpkg/apt lock held by another apt-get instead of failing.
 APT_OPTS    := -o DPkg::Lock::Timeout=600
 
@@ -36,7 +40,7 @@ dev: deb-deps $(STAMP) $(CLIENT)
 client: $(CLIENT)
 
 $(CLIENT): vgpuhost/hook/client.c
-	$(CC) $(CLIENT_CFLAGS) -o $@ $<
+	$(CC) $(CLIENT_CFLAGS) $(CLIENT_STATIC) -o $@ $<
 
 # Installs only what is missing; does nothing (no apt-get update) when all
 # packages are present.

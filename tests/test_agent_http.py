@@ -9,6 +9,8 @@ import time
 
 import pytest
 from agentutil import AgentRun
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vgpuhost.io import unixsock
 from vgpuhost.io.state import StateStore
@@ -111,6 +113,43 @@ def test_a_hook_timeout_header_that_is_not_ascii_digits_is_bad_input(agent, a40,
     assert code == "vgpuhost-hook/1 2"
     assert "must be whole seconds in ASCII digits" in line and "internal error" not in line
     _nothing_changed(a40)
+
+
+@pytest.mark.parametrize("headers, status, line", [
+    (b"Host x\r\n", 400, "malformed request: a header line that is not NAME: VALUE"),
+    (b"Host: x\r\n  folded\r\n", 400, "malformed request: a header line that is not NAME: VALUE"),
+    (b"Bad Name: x\r\n", 400, "malformed request: a header line that is not NAME: VALUE"),
+    (b"".join(b"X-%d: y\r\n" % i for i in range(101)), 431, "malformed request: Too many headers"),
+    (b"X: " + b"y" * 65536 + b"\r\n", 431, "malformed request: Line too long"),
+])
+def test_a_malformed_header_line_is_400_and_too_many_or_too_long_431(agent, a40, headers, status, line):
+    got, doc = _answer(_raw(agent.admin, b"POST /v1/reconcile HTTP/1.1\r\n" + headers +
+                            b"Content-Length: 2\r\n\r\n{}"))
+    assert got == status and doc["error"]["line"].startswith(line), doc
+    _nothing_changed(a40)
+
+
+_TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(_TOKEN, min_size=1, max_size=12),
+                          st.text(st.characters(min_codepoint=0x20, max_codepoint=0xff, blacklist_characters="\x7f"),
+                                  max_size=20),
+                          st.sampled_from(["\r\n", "\n"])), max_size=12),
+       st.sampled_from(["content-length", "content-type", "x-vgpuhost-domain", "expect"]))
+def test_headers_are_read_as_the_stdlibs_email_parser_reads_them(lines, asked):
+    """The agent's own header reader (no email parser) gives what http.client.parse_headers gave for
+    every well-formed header block: first value, every value, any case."""
+    import http.client
+    import io
+    from vgpuhost.agent.server import read_headers
+    names = [n for n, _v, _e in lines] + [asked, asked.upper()]
+    raw = "".join(f"{n}: {v}{e}" for n, v, e in lines).encode("latin-1") + b"\r\nbody"
+    mine, theirs = read_headers(io.BytesIO(raw)), http.client.parse_headers(io.BytesIO(raw))
+    for name in names:
+        assert mine.get(name) == theirs.get(name)
+        assert mine.get_all(name) == theirs.get_all(name)
 
 
 def test_more_connections_than_the_cap_are_refused(agent, a40):

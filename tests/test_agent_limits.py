@@ -371,6 +371,52 @@ def inproc(make_host):
         proc.stop()
 
 
+def _until(check, what: str, bound_s: float = 10.0) -> None:
+    """Wait (polling) until ``check()`` holds; fail naming ``what`` after ``bound_s`` seconds."""
+    end = time.monotonic() + bound_s
+    while not check():
+        assert time.monotonic() < end, f"never: {what}"
+        time.sleep(0.01)
+
+
+def test_workers_are_reused_one_runs_per_busy_connection_and_idle_ones_end():
+    served: list = []
+    gate = threading.Event()
+
+    def serve(request, uid):
+        served.append((request, uid, threading.current_thread().name))
+        if request == "hold":
+            gate.wait(30)
+    w = server._Workers(serve, "test-workers", idle_s=0.3)
+    alive = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("test-workers-"))  # noqa: E731
+    w.submit("a", 1)
+    _until(lambda: w._idle == 1, "the first worker idle")
+    w.submit("b", 2)                                # handed to the idle worker: no second thread
+    _until(lambda: len(served) == 2 and w._idle == 1, "b served")
+    assert [x[:2] for x in served] == [("a", 1), ("b", 2)] and served[0][2] == served[1][2] == "test-workers-1"
+    w.submit("hold", 3)
+    w.submit("hold", 4)                             # the one worker is busy: a second thread serves this one
+    _until(lambda: len(served) == 4, "both held connections served at once")
+    assert w.started == 2 and alive() == ["test-workers-1", "test-workers-2"]
+    gate.set()
+    _until(lambda: alive() == [], "idle workers ending after idle_s")
+    assert w._idle == 0
+    w.submit("c", 5)                                # none left: a new thread
+    _until(lambda: w._idle == 1, "c served")
+    assert w.started == 3 and served[-1][:3] == ("c", 5, "test-workers-3")
+    w.close()                                       # the idle one ends at once
+    _until(lambda: alive() == [], "the idle worker ending at close")
+
+
+def test_one_worker_serves_calls_one_after_another(inproc):
+    h, proc, admin, ro = inproc
+    srv = next(s for s in proc.servers if s.role == "admin")
+    for _ in range(5):
+        assert agentclient.call(admin, "GET", "/v1/agent")[0] == 200
+        _until(lambda: srv.workers._idle == 1, "the worker back in the pool")
+    assert srv.workers.started == 1
+
+
 def test_expensive_reads_over_the_budget_get_429_with_retry_after_and_the_hook_is_not_held(inproc):
     h, proc, admin, ro = inproc
     budget = proc.servers[0].budget

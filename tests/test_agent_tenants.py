@@ -489,6 +489,32 @@ def test_roles_are_tried_admin_then_read_then_tenant(monkeypatch):
     assert socket_role(Caller(api.ADMIN), api.TENANT) == Caller(api.ADMIN)
 
 
+def test_a_group_renamed_in_etc_group_counts_from_the_next_call(monkeypatch, tmp_path):
+    """Group names are cached until /etc/group changes (not for a fixed time): a group renamed into or out of
+    a tenant moves its members at once; while the file is unchanged, no name is looked up again."""
+    db = tmp_path / "group"
+    db.write_text("vgpuhost-t-ml:x:700:\n")
+    names = {700: "vgpuhost-t-ml"}
+    looked: list = []
+    monkeypatch.setattr(unixsock, "GROUP_DB", str(db))
+    monkeypatch.setattr(unixsock, "group_name", lambda gid: looked.append(gid) or names.get(gid))
+    access = Access(10, 11)
+    assert access.caller(_peer(5, 700)) == (Caller(api.TENANT, "ml"), "")
+    assert access.caller(_peer(6, 700)) == (Caller(api.TENANT, "ml"), "")
+    assert looked == [700]                          # the file unchanged: the cached name served the second call
+    names[700] = "vgpuhost-t-web"                   # groupmod -n: the file is written anew
+    db.write_text("vgpuhost-t-web:x:700:\n")
+    assert access.caller(_peer(5, 700)) == (Caller(api.TENANT, "web"), "")
+    names[700] = "staff"                            # renamed out of the convention, replaced as groupmod does
+    db.with_name("group+").write_text("staff:x:700:\n")
+    db.with_name("group+").replace(db)
+    assert access.caller(_peer(5, 700)) == (None, "it is in no group of the agent's")
+    assert looked == [700, 700, 700]
+    db.unlink()                                     # no group file at all (names from NSS only): still read
+    names[700] = "vgpuhost-t-ml"
+    assert access.caller(_peer(5, 700)) == (Caller(api.TENANT, "ml"), "")
+
+
 def test_peer_groups_are_the_kernels_at_connect_time():
     """The peer's uid, gid and supplementary groups as the kernel keeps them with the connection
     (SO_PEERCRED, SO_PEERGROUPS): no /proc read, so no reused pid can lend another process's groups."""

@@ -2,7 +2,8 @@
 
 Owns: the listening sockets (bound here, or passed by systemd socket
 activation: ``LISTEN_FDS`` with ``LISTEN_FDNAMES`` ``admin``, ``ro`` and ``tenant``),
-HTTP parsing (stdlib :mod:`http.server`, one thread per connection), the
+HTTP parsing (stdlib :mod:`http.server`, the headers read by :func:`read_headers`; each connection
+served on a worker thread, :class:`_Workers`), the
 role of each caller, body limits, and turning results and errors into
 responses.  Must not: decide anything about devices (``api.py`` calls the
 ops).
@@ -38,7 +39,7 @@ reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 (4), 503 unavailable.
 
 Connections: each socket serves at most ``max_connections`` (default
-:data:`MAX_CONNECTIONS`) at once, one thread each, a caller (uid; root
+:data:`MAX_CONNECTIONS`) at once, each on a worker thread while served, a caller (uid; root
 excepted) a quarter of them; one more is answered 429 from the accepting
 thread and closed.  The listen backlog is :data:`BACKLOG`.  A request must
 arrive within ``request_timeout_s`` (:data:`REQUEST_TIMEOUT_S`) of its
@@ -59,12 +60,15 @@ import json
 import logging
 import math
 import os
+import queue
+import selectors
 import signal
 import socket
 import sys
 import socketserver
 import threading
 import time
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -94,7 +98,7 @@ DEFAULT_TENANT_PREFIX = "vgpuhost-t-"
 SOCKET_MODE = 0o660
 #: the tenant socket: anyone may connect, the credentials decide (tenant groups are many and change)
 TENANT_SOCKET_MODE = 0o666
-#: seconds a group's name read from the group database serves before it is read again
+#: seconds a group's name read from the group database serves at most (sooner when /etc/group changes)
 GROUP_NAME_TTL_S = 60.0
 #: the largest request body: the hook's (a domain XML of 4 MiB, JSON-escaped)
 MAX_BODY = 12 * 1024 * 1024
@@ -111,7 +115,7 @@ MAX_CONFIG_ITEMS = 4096
 #: a refused body up to this size is read and dropped after the answer (so its client reads the 413)
 MAX_DRAIN = 16 * 1024 * 1024
 EXIT_INTERNAL = 4
-#: connections one socket serves at once (one thread each); more are answered 429 and closed
+#: connections one socket serves at once (each on a worker thread); more are answered 429 and closed
 MAX_CONNECTIONS = 64
 #: seconds a connection may send nothing while its request (line, headers, body) is read
 READ_TIMEOUT_S = 10.0
@@ -126,14 +130,14 @@ READ_NICE = 10
 #: a hook's prepare, which waits on many small reads and writes, retakes the interpreter from a busy
 #: reader's thread after at most this long, instead of 5 ms each time
 SWITCH_INTERVAL_S = 0.0005
+#: seconds a worker thread left idle waits for the next connection before it ends (:class:`_Workers`)
+WORKER_IDLE_S = 30.0
 #: seconds an expensive read over its caller's limit waits before its 429 (at most its Retry-After)
 REFUSAL_DELAY_S = 1.0
 #: seconds a stopping agent waits for a change in progress (a hook's prepare) to end, counted from SIGTERM:
-#: with the accept loops' poll (:data:`ACCEPT_POLL_S`) and the main thread's (:data:`SIGNAL_POLL_S`) the
-#: agent is gone within 5 s of SIGTERM under any load
+#: with the main thread's poll (:data:`SIGNAL_POLL_S`; the accept loops wake at once, :meth:`_Server.shutdown`)
+#: the agent is gone within 5 s of SIGTERM under any load
 STOP_WAIT_S = 4.0
-#: seconds between an accept loop's checks for a stop (``serve_forever``'s poll interval)
-ACCEPT_POLL_S = 0.1
 #: seconds between two log lines about connections refused for want of a slot (a storm is one line)
 REFUSAL_LOG_S = 10.0
 #: the expensive reads: each peer (uid) runs at most :data:`EXPENSIVE_PER_PEER` of them at once and
@@ -214,11 +218,67 @@ def default_socket_dir(host: HostRoot):
     return host.path("run", "vgpuhost")
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """One listening socket (bound elsewhere) and its role."""
+class _Workers:
+    """The threads that serve one socket's connections.  A connection goes to an idle worker when one
+    waits (a queue hand-off, about 10 us of CPU), else to a new thread (about 140 us, measured 2026-12-07);
+    at most as many are busy as the socket has slots (:meth:`_Server.process_request` counts them), and one
+    left idle for :data:`WORKER_IDLE_S` ends.  ``nice``: each worker's nice value (:func:`_nice_this_thread`),
+    set once as it starts; ``serve(request, uid)`` serves one connection."""
 
-    daemon_threads = True
-    block_on_close = False
+    def __init__(self, serve, name: str, nice: int = 0, idle_s: Optional[float] = None):
+        self._serve, self.name, self.nice = serve, name, nice
+        self.idle_s = WORKER_IDLE_S if idle_s is None else idle_s
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0              # workers waiting for a connection that none has been handed to yet
+        self._closed = False
+        self.started = 0            # worker threads started so far
+
+    def submit(self, request, uid: int) -> None:
+        """Serve ``request`` (a connection of peer ``uid``) on an idle worker, else on a new one.  Raises
+        what :meth:`threading.Thread.start` raises (no thread could be had)."""
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1     # spoken for: the item is in the queue before any waiter can give up
+                self._jobs.put((request, uid))
+                return
+            self.started += 1
+            n = self.started
+        threading.Thread(target=self._run, args=((request, uid),), name=f"{self.name}-{n}", daemon=True).start()
+
+    def _run(self, job) -> None:
+        if self.nice:
+            _nice_this_thread(self.nice)
+        while job is not None:
+            self._serve(*job)
+            job = None
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle += 1
+            while True:
+                try:
+                    job = self._jobs.get(timeout=self.idle_s)
+                    break
+                except queue.Empty:
+                    with self._lock:
+                        # a connection handed over (under this lock) after the wait ended: take it
+                        if self._jobs.empty():
+                            self._idle -= 1
+                            return
+
+    def close(self) -> None:
+        """End the idle workers now (busy ones end when their connection is served)."""
+        with self._lock:
+            self._closed = True
+            n, self._idle = self._idle, 0
+            for _ in range(n):
+                self._jobs.put(None)
+
+
+class _Server(socketserver.UnixStreamServer):
+    """One listening socket (bound elsewhere) and its role; each connection served on a worker thread
+    (:class:`_Workers`)."""
 
     def __init__(self, sock, role: str, agent: api.Agent, admin_gid: int, ro_gid: int,
                  admin_group: str = DEFAULT_ADMIN_GROUP, ro_group: str = DEFAULT_RO_GROUP, *,
@@ -247,6 +307,42 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.admin_group = admin_group      # as the operator named them (--admin-group, --ro-group)
         self.ro_group = ro_group
         self.access = access if access is not None else Access(admin_gid, ro_gid)
+        self.workers = _Workers(self.process_request_thread, f"agent-{role}",
+                                READ_NICE if role in (api.READ, api.TENANT) else 0)
+        self._wake_r, self._wake_w = socket.socketpair()        # shutdown() wakes the accept loop
+        self._wake_w.setblocking(False)
+        self._stop = False
+        self._stopped = threading.Event()
+
+    def serve_forever(self, poll_interval: Optional[float] = None) -> None:
+        """Accept connections until :meth:`shutdown`, blocked in ``poll(2)`` on the listening socket and a
+        wake-up socket pair: an idle agent's accept loops never wake (``socketserver``'s woke every
+        ``poll_interval`` to look for a stop, 30 times a second for the three sockets).  ``poll_interval``
+        is not used."""
+        self._stopped.clear()
+        try:
+            with selectors.PollSelector() as sel:
+                sel.register(self.socket, selectors.EVENT_READ)
+                sel.register(self._wake_r, selectors.EVENT_READ)
+                listening = self.socket.fileno()
+                while not self._stop:
+                    ready = sel.select()
+                    if self._stop:
+                        break
+                    if any(key.fd == listening for key, _ in ready):
+                        self._handle_request_noblock()
+        finally:
+            self._stop = False
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` and wait until it has returned (it must have been started)."""
+        self._stop = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass                    # full (woken already) or closed
+        self._stopped.wait()
 
     def process_request(self, request, client_address) -> None:
         """A thread for the connection while fewer than ``max_connections`` are open on this socket and
@@ -272,7 +368,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             self._refuse(request, *why)
             return
         try:
-            super().process_request(request, (uid,))
+            self.workers.submit(request, uid)
         except BaseException:
             self._release(uid)
             raise
@@ -286,17 +382,28 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                 self._peer_held.pop(uid, None)
         self._slots.release()
 
-    def process_request_thread(self, request, client_address) -> None:
+    def process_request_thread(self, request, uid: int) -> None:
+        """Serve one connection (on a worker thread): answered, closed, its slot released, then the
+        snapshot refreshed when the answer's write left it due."""
         try:
-            if self.role in (api.READ, api.TENANT) and READ_NICE:
-                _nice_this_thread(READ_NICE)
-            super().process_request_thread(request, client_address)     # answered, and closed
+            try:
+                self.finish_request(request, (uid,))
+            except Exception:
+                self.handle_error(request, (uid,))
+            finally:
+                self.shutdown_request(request)          # answered, and closed
         finally:
-            self._release(client_address[0])
+            self._release(uid)
         # the answer is out and the slot free: bring the snapshot up to date after a write now (the GPUs
         # the write touched; one thread reads while the others' refreshes coalesce into its read), not
         # at the next VM start
         self.agent.warm_up()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.workers.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _refuse(self, request, message: str, hint: str) -> None:
         self.refused += 1
@@ -339,7 +446,10 @@ class Access:
     """The agent's roles for a peer's credentials: ``admin_gid``, ``ro_gid``, ``tenant_gids`` (``{gid:
     tenant}``, from ``--tenant-group``) and ``prefix`` (a group named ``prefix + TENANT`` maps to TENANT;
     empty: no naming convention).  Group names are read from the group database
-    (:func:`vgpuhost.io.unixsock.group_name`), each kept :data:`GROUP_NAME_TTL_S` seconds."""
+    (:func:`vgpuhost.io.unixsock.group_name`) and kept until ``/etc/group`` changes
+    (:func:`vgpuhost.io.unixsock.group_db_stamp`, one ``stat`` per call that needs a name: a group added,
+    renamed or removed counts from the next call on), and at most :data:`GROUP_NAME_TTL_S` seconds (for
+    groups from another source of the name service, LDAP or sssd, which the file does not show)."""
 
     def __init__(self, admin_gid: int, ro_gid: int, tenant_gids: Optional[Dict[int, str]] = None,
                  prefix: str = DEFAULT_TENANT_PREFIX):
@@ -347,26 +457,34 @@ class Access:
         self.tenant_gids = dict(tenant_gids or {})
         self.prefix = prefix
         self._names: Dict[int, Tuple[float, Optional[str]]] = {}
+        self._stamp: Optional[tuple] = None         # /etc/group as it was when _names was read
         self._lock = threading.Lock()
 
-    def _name(self, gid: int) -> Optional[str]:
+    def _name(self, gid: int, stamp: Optional[tuple]) -> Optional[str]:
         now = time.monotonic()
         with self._lock:
+            if stamp != self._stamp:                # the group file changed (or is gone): read names again
+                self._names.clear()
+                self._stamp = stamp
             hit = self._names.get(gid)
             if hit is not None and now - hit[0] < GROUP_NAME_TTL_S:
                 return hit[1]
         name = unixsock.group_name(gid)
         with self._lock:
-            self._names[gid] = (now, name)
+            if stamp == self._stamp:
+                self._names[gid] = (now, name)
         return name
 
     def tenants_of(self, groups) -> List[str]:
         """The tenants ``groups`` (gids) map to, sorted, each once (names compared in any case)."""
         found: Dict[str, str] = {}
+        stamp: Any = ()         # () : not read yet (read once per call, only when a name is needed)
         for gid in sorted(groups):
             tenant = self.tenant_gids.get(gid)
             if tenant is None and self.prefix:
-                name = self._name(gid)
+                if stamp == ():
+                    stamp = unixsock.group_db_stamp()
+                name = self._name(gid, stamp)
                 if name and name.startswith(self.prefix) and valid_key(name[len(self.prefix):]):
                     tenant = name[len(self.prefix):]
             if tenant:
@@ -426,15 +544,19 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"vgpuhost-agent/{__version__}"
 
     def log_message(self, fmt: str, *args) -> None:        # the base class writes to stderr
-        log.debug("%s %s", getattr(self, "_peer", None), fmt % args)
+        if log.isEnabledFor(logging.DEBUG):                 # one per request: formatted only when kept
+            log.debug("%s %s", getattr(self, "_peer", None), fmt % args)
 
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout_s       # StreamRequestHandler sets it on the socket
-        super().setup()
-        # the request is read through a reader that enforces both the gap between bytes and the whole
-        # request's deadline (a peer sending one byte every few seconds must not hold its slot for ever)
+        """StreamRequestHandler's, less the socket reader it makes and this one replaces: the request is
+        read through a reader that enforces both the gap between bytes and the whole request's deadline (a
+        peer sending one byte every few seconds must not hold its slot for ever); answers are written
+        unbuffered (``wbufsize`` 0)."""
+        self.connection = self.request
+        self.connection.settimeout(self.server.read_timeout_s)
         self._reader = _DeadlineReader(self.connection, self.server.read_timeout_s, self.server.request_timeout_s)
         self.rfile = io.BufferedReader(self._reader)
+        self.wfile = socketserver._SocketWriter(self.connection)
         self._retry_after: Optional[int] = None
         self._unread = 0        # bytes of a refused body to read and drop after the answer
 
@@ -474,16 +596,57 @@ class _Handler(BaseHTTPRequestHandler):
         return f"the request stopped arriving (nothing for {self.server.read_timeout_s:g} s)"
 
     def parse_request(self) -> bool:
-        """Refuse a request line without an HTTP version (HTTP/0.9) or an empty one at once: the stdlib
-        would read headers after the first and close silently on the second."""
-        words = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n").split()
+        """The request line and headers, as :meth:`BaseHTTPRequestHandler.parse_request` reads them (its
+        answers to a bad version, 400, or one of 2.0 and later, 505 sent as 400; at most 100 header lines of
+        at most 65536 bytes each, else 431; ``Connection``; ``Expect: 100-continue``), except that:
+
+        - a request line without an HTTP version (HTTP/0.9) or an empty one is refused at once (the stdlib
+          would read headers after the first and close silently on the second);
+        - the headers are read by :func:`read_headers` (no :mod:`email` parser: about 0.15 ms of CPU a
+          request less), and a header line that is not ``NAME: VALUE`` with NAME a token (the email parser
+          took it for the start of the body and dropped the headers after it; a folded line too) is 400."""
+        self.command = None
+        self.close_connection = True
+        requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = requestline.split()
         if not words or (len(words) == 2 and not words[1].startswith("HTTP/")):
             self.command, self.path, self.request_version = "", "", "HTTP/0.9"
             self.requestline = " ".join(words)
             self.send_error(400, "a request line without an HTTP version (HTTP/0.9) is not served" if words
                             else "an empty request line")
             return False
-        return super().parse_request()
+        self.requestline = requestline
+        self.request_version = self.default_request_version
+        if len(words) != 3:
+            self.send_error(400, "Bad request syntax (%r)" % requestline)
+            return False
+        version = words[-1]
+        number = _http_version(version)
+        if number is None:
+            self.send_error(400, "Bad request version (%r)" % version)
+            return False
+        if number >= (2, 0):
+            self.send_error(505, "Invalid HTTP version (%s)" % version[5:])
+            return False
+        self.close_connection = number < (1, 1)
+        self.request_version = version
+        self.command, self.path = words[0], words[1]
+        if self.path.startswith("//"):          # as the stdlib (gh-87389): never a scheme-less URI
+            self.path = "/" + self.path.lstrip("/")
+        try:
+            self.headers = read_headers(self.rfile)
+        except HeaderError as e:
+            self.send_error(e.status, e.text)
+            return False
+        conntype = self.headers.get("Connection", "").lower()
+        if conntype == "close":
+            self.close_connection = True
+        elif conntype == "keep-alive":
+            self.close_connection = False
+        if self.headers.get("Expect", "").lower() == "100-continue" and number >= (1, 1):
+            if not self.handle_expect_100():
+                return False
+        return True
 
     def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
         """What http.server answers itself (a malformed request line or header, an unknown method):
@@ -558,16 +721,20 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
+        """The whole answer in one write: the status line, ``Server``, ``Date``, ``Content-Type``,
+        ``Content-Length``, ``Retry-After`` (a 429 that has one), ``Connection: close``, the body."""
+        self.log_request(status)
+        self.close_connection = True
+        retry = f"Retry-After: {self._retry_after}\r\n" if status == 429 and self._retry_after is not None else ""
+        reason = self.responses.get(status, ("",))[0]
+        head = (f"{self.protocol_version} {status} {reason}\r\nServer: {self.server_version}\r\n"
+                f"Date: {_http_date()}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                f"{retry}Connection: close\r\n\r\n").encode("latin-1")
         try:
             self.connection.settimeout(self.server.read_timeout_s)     # the answer: not the request's deadline
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if status == 429 and self._retry_after is not None:
-                self.send_header("Retry-After", str(self._retry_after))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(head + body if len(body) <= 1 << 16 else head)
+            if len(body) > 1 << 16:
+                self.wfile.write(body)          # a large document is not copied to join its head
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass
 
@@ -798,6 +965,95 @@ class _Handler(BaseHTTPRequestHandler):
         return doc, None
 
 
+#: the most header lines a request may have, and the longest line (as :mod:`http.client` reads them)
+MAX_HEADERS = 100
+MAX_HEADER_LINE = 65536
+#: the characters of an HTTP token (RFC 9110 5.6.2): a header's name
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+class HeaderError(Exception):
+    """A request's headers refused: ``status`` (400, 431) and the ``text`` of its error."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(text)
+        self.status, self.text = status, text
+
+
+class Headers:
+    """A request's headers: ``get(name, default)`` the first value of ``name`` (any case), ``get_all(name)``
+    every value in order (None when there is none): what the agent reads of :class:`email.message.Message`,
+    and with its values (leading blanks dropped, trailing ones kept)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: List[Tuple[str, str]]):
+        self.items = items          # (lower-case name, value), in the request's order
+
+    def get(self, name: str, default: Optional[str] = None) -> Optional[str]:
+        name = name.lower()
+        for key, value in self.items:
+            if key == name:
+                return value
+        return default
+
+    def get_all(self, name: str, failobj: Optional[List[str]] = None) -> Optional[List[str]]:
+        name = name.lower()
+        found = [value for key, value in self.items if key == name]
+        return found or failobj
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def __getitem__(self, name: str) -> Optional[str]:
+        return self.get(name)
+
+
+def read_headers(rfile) -> Headers:
+    """The header lines of a request from ``rfile`` up to the empty line (or the end of input), decoded as
+    ISO-8859-1.  Raises HeaderError: 431 for a line over :data:`MAX_HEADER_LINE` bytes or more than
+    :data:`MAX_HEADERS` lines (:mod:`http.client`'s limits and texts), 400 for a line that is not
+    ``NAME: VALUE`` with NAME a token (a folded line included); TimeoutError as ``rfile`` raises it."""
+    items: List[Tuple[str, str]] = []
+    while True:
+        line = rfile.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise HeaderError(431, "Line too long")
+        if line in (b"\r\n", b"\n", b""):
+            return Headers(items)
+        if len(items) >= MAX_HEADERS:
+            raise HeaderError(431, "Too many headers")
+        text = line.decode("iso-8859-1")
+        name, sep, value = text.partition(":")
+        if not sep or not name or not _TOKEN.issuperset(name):
+            raise HeaderError(400, "a header line that is not NAME: VALUE (NAME a token; no folded line)")
+        items.append((name.lower(), value.lstrip(" \t").rstrip("\r\n")))
+
+
+def _http_version(text: str) -> Optional[Tuple[int, int]]:
+    """``(major, minor)`` of ``HTTP/M.N`` (digits, at most 10 each, leading zeros ignored), else None."""
+    if not text.startswith("HTTP/"):
+        return None
+    parts = text[5:].split(".")
+    if len(parts) != 2 or not all(p.isdigit() and p.isascii() and len(p) <= 10 for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+_DATE: Tuple[int, str] = (0, "")
+
+
+def _http_date() -> str:
+    """The ``Date`` header's value now (RFC 9110 IMF-fixdate), formatted once a second."""
+    global _DATE
+    now = int(time.time())
+    at, text = _DATE
+    if at != now:
+        text = formatdate(now, usegmt=True)
+        _DATE = (now, text)
+    return text
+
+
 class _DeadlineReader(io.RawIOBase):
     """The connection's bytes for :class:`io.BufferedReader`: each ``recv`` waits at most ``idle_s``,
     and none starts after ``total_s`` from the connection's start (TimeoutError; ``expired`` says which
@@ -914,7 +1170,7 @@ class AgentProcess:
 
     def start(self) -> None:
         for s in self.servers:
-            t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": ACCEPT_POLL_S},
+            t = threading.Thread(target=s.serve_forever,
                                  name=f"agent-{s.role}", daemon=True)
             t.start()
             self.threads.append(t)
@@ -925,7 +1181,7 @@ class AgentProcess:
         flight are dropped with the process: SIGTERM ends the agent within seconds under any load)."""
         since = time.monotonic()
         self.agent.stop()                       # no change (nor an apply's next step) starts from here
-        # every accept loop told at once, then each waited for (one poll interval in all, not one each);
+        # every accept loop told at once (its wake-up socket), then each waited for;
         # only loops that were started: socketserver's shutdown() of a server whose serve_forever never ran
         # waits forever (a thread left blocked for the process's life, and a fork later copies it)
         stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers[:len(self.threads)]]

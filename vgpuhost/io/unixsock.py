@@ -65,6 +65,21 @@ def group_name(gid: int) -> "Optional[str]":
         return None
 
 
+#: the group database's file (``group(5)``); :func:`group_db_stamp` says when it changed
+GROUP_DB = "/etc/group"
+
+
+def group_db_stamp() -> "Optional[tuple]":
+    """What changes whenever :data:`GROUP_DB` is written (in place or replaced, as ``groupadd`` and
+    ``usermod`` do): its device, inode, size, and modification and change times in nanoseconds; None when
+    it cannot be read (``stat(2)``: one system call, no read of the file)."""
+    try:
+        st = os.stat(GROUP_DB)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def group_id(group: "Union[str, int]") -> int:
     """The gid of ``group`` (a name, or a number given as int or digits; a number need not be
     in the group database).  Raises InputError for an unknown name."""
