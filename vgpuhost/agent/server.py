@@ -1303,7 +1303,8 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
     The intent journal's open entries (issue 12) when this vgpuhost has it,
     then reconcile: recorded vGPUs that are missing are made again; nothing
     is removed; a killed start is forgotten unless libvirt at the agent's
-    ``--libvirt-uri`` lists its domain running.  Failures are logged and reported in ``GET /v1/agent``;
+    ``--libvirt-uri`` lists its domain running, or does not answer (then it
+    is kept, with a warning).  Failures are logged and reported in ``GET /v1/agent``;
     the agent serves on.
     """
     out: Dict[str, Any] = {"journal": None, "reconcile": None}
@@ -1311,8 +1312,13 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
     try:
         done = recover.recover_all(agent.host, agent.store, actor=actor)
         out["journal"] = [getattr(r, "line", lambda: str(r))() for r in done]
-        rep = reconcile(agent.host, agent.store, check=False, actor=actor, libvirt_uri=agent.libvirt_uri)
+        rep = reconcile(agent.host, agent.store, check=False, actor=actor, libvirt_uri=agent.libvirt_uri,
+                        forget_unasked=False)
         out["reconcile"] = rep.as_dict()
+        if rep.libvirt_unasked and rep.stale_domains:
+            log.warning("libvirt at %s did not answer: %d domain(s) recorded running were kept, not forgotten "
+                        "('vgpuhost reconcile' forgets them once libvirt says they do not run)",
+                        rep.libvirt_unasked, len(rep.stale_domains))
     except VgpuhostError as e:
         log.warning("recovery at start failed: %s", e.one_line())
         out["error"] = e.one_line()

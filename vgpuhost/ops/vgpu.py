@@ -1219,6 +1219,8 @@ class ReconcileReport:
     # recorded running, holding nothing, its start over (devices.stale_domains): reported (check) or forgotten
     stale_domains: List[str] = field(default_factory=list)
     forgotten_domains: List[str] = field(default_factory=list)
+    # the libvirt URI asked which domains run that did not answer (None: answered, or none asked)
+    libvirt_unasked: Optional[str] = None
 
     @property
     def in_sync(self) -> bool:
@@ -1229,10 +1231,13 @@ class ReconcileReport:
 
 
 def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
-              actor: Optional[str] = None, libvirt_uri: Optional[str] = None) -> ReconcileReport:
+              actor: Optional[str] = None, libvirt_uri: Optional[str] = None,
+              forget_unasked: bool = True) -> ReconcileReport:
     """Re-create recorded vGPUs that are missing; report foreign ones; remove nothing.  Forget the domains
     recorded running that hold nothing and whose start is over (:func:`vgpuhost.ops.recover.stale_domains`:
     a start killed half-way), asking libvirt at ``libvirt_uri`` which domains run where it answers.
+    With ``forget_unasked`` False, a ``libvirt_uri`` that does not answer leaves them recorded (listed in
+    ``stale_domains``, ``libvirt_unasked`` set): the agent's start, which may come while libvirtd restarts.
 
     With ``check`` nothing changes and the report says what would.
     """
@@ -1265,9 +1270,13 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
         except VgpuhostError as err:
             report.failed.append(f"{rec.id} ({rec.type_name} on {rec.parent}): {err.message}")
     from .recover import forget_stale, stale_domains
-    stale = stale_domains(store, _libvirt_active(libvirt_uri))
+    running = _libvirt_active(libvirt_uri)
+    stale = stale_domains(store, running)
     lines = {d["domain"]: f"{d['name']} ({d['domain']}): {d['why']}" for d in stale}
-    if check:
+    unasked = libvirt_uri is not None and running is None
+    if unasked:
+        report.libvirt_unasked = libvirt_uri
+    if check or (unasked and not forget_unasked):
         report.stale_domains = list(lines.values())
     elif stale:
         report.forgotten_domains = [lines[u] for u in forget_stale(store, stale, actor=actor or actor_name())]
