@@ -726,9 +726,24 @@ def test_an_on_demand_layout_needs_no_instances_and_its_domains_instances_are_no
     out = capsys.readouterr().out
     assert f"MIG on demand off for {H200} (recorded by apply)" in out and "GPU instances" not in out, out
     assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    out = capsys.readouterr().out       # the run that records it says so, not "nothing to do" (trial 7 F3d)
+    assert "recorded what the notes say" in out and "nothing to do" not in out, out
     assert migdemand.opted_in(store) == frozenset()
+    assert cli(h200, "apply", "-c", str(cfg), "od") == 0
+    assert "the host matches; nothing to do" in capsys.readouterr().out
     assert [p for p, _ in gis(h200).values()] == ["3g.71gb"]
     assert cli(h200, "assert", "-c", str(cfg), "od") == 0
     cfg.write_text(cfg.read_text().replace("on_demand: false", "vgpus: {}"))
     assert cli(h200, "config", "check", "-c", str(cfg)) == 2
     assert "mig needs the key 'instances'" in capsys.readouterr().err
+    # trial 7 F3: a mistyped on_demand is named as such, not as a missing instances key; vGPUs with the
+    # instances left out say so; a null instances is "found nothing", without "None"
+    for mig, said in (("on_demand: 0", "mig.on_demand is a number: write true or false"),
+                      ("on_demand: false\n          vgpus: {H200X-1-18C: 1}",
+                       "1 x H200X-1-18C needs 1 1g.18gb GPU instance, and mig.instances is left out"),
+                      ("on_demand: false\n          instances: null", "must be a mapping, found nothing")):
+        cfg.write_text("version: 1\nlayouts:\n  od:\n    gpus:\n      - select: {board: H200}\n        mode: mig\n"
+                       f"        mig:\n          {mig}\n")
+        assert cli(h200, "config", "check", "-c", str(cfg)) == 2
+        err = capsys.readouterr().err
+        assert said in err and "None" not in err and "needs the key" not in err and err.count("\n") <= 2, err

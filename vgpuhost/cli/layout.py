@@ -24,7 +24,7 @@ import click
 
 from ..io.yamlutil import read_text_file
 from ..model.errors import EXIT_OK, EXIT_PROBLEMS, InputError, VgpuhostError
-from ..ops.layout import apply, check, plan
+from ..ops.layout import apply, apply_text, check, plan
 from ..plan.layout import LayoutRemoveVgpu
 from ..policy.config import load, parse
 from .agentcall import forward
@@ -131,27 +131,6 @@ def _confirm_removals(p) -> None:
     if not click.confirm("Remove them?", default=False, err=True):
         raise InputError("apply cancelled at the prompt: nothing was changed",
                          hint="give --yes to apply without being asked, or --dry-run to see every step")
-
-
-def apply_text(doc: dict) -> str:
-    """What ``apply`` prints for its ``vgpuhost.apply/v1`` document (as ApplyResult.text words it),
-    for an apply the agent made."""
-    head = f"layout {doc['layout']!r} ({doc['source']})"
-    done = doc["done"]
-    lines = [f"{head}: applied {len(done)} step{'s' if len(done) != 1 else ''}" if done
-             else f"{head}: the host matches; nothing to do"]
-    for i, s in enumerate(done, 1):
-        lines.append(f"  {i:>2}. {s['kind']:<12} {s['target']:<12}  {s['action']}")
-    for s in doc["skipped"]:
-        lines.append(f"  skipped: {s['kind']} {s['target']}: {s['action']}")
-    if doc["reboot"]:
-        lines.append("reported, never done by vgpuhost (take effect at boot or GPU reset):")
-        lines += [f"   - {s['kind']:<12} {s['target']:<12}  {s['action']}" for s in doc["reboot"]]
-    if doc["drift_after"]:
-        lines.append("still differs (until then):")
-        lines += [f"  {d}" for d in doc["drift_after"]]
-    lines += [f"note: {n}" for n in doc["notes"]]
-    return "\n".join(lines)
 
 
 def _progress(ctx):

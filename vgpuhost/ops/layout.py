@@ -58,6 +58,7 @@ class ApplyResult:
     reboot: List[Report] = field(default_factory=list)
     drift_after: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    recorded: bool = False      # apply recorded a change beside the devices' (pools, MIG on demand)
 
     @property
     def changed(self) -> bool:
@@ -67,24 +68,32 @@ class ApplyResult:
         return {"schema": SCHEMA_APPLY, "layout": self.plan.layout, "source": self.plan.source,
                 "changed": self.changed, "done": [s.as_dict() for s in self.done],
                 "skipped": [s.as_dict() for s in self.skipped], "reboot": [s.as_dict() for s in self.reboot],
-                "drift_after": list(self.drift_after), "notes": list(self.notes)}
+                "drift_after": list(self.drift_after), "notes": list(self.notes), "recorded": self.recorded}
 
     def text(self) -> str:
-        head = f"layout {self.plan.layout!r} ({self.plan.source})"
-        lines = [f"{head}: applied {len(self.done)} step{'s' if len(self.done) != 1 else ''}" if self.done
-                 else f"{head}: the host matches; nothing to do"]
-        for i, s in enumerate(self.done, 1):
-            lines.append(f"  {i:>2}. {s.kind:<12} {s.target:<12}  {s.action}")
-        for s in self.skipped:
-            lines.append(f"  skipped: {s.kind} {s.target}: {s.action}")
-        if self.reboot:
-            lines.append("reported, never done by vgpuhost (take effect at boot or GPU reset):")
-            lines += [f"   - {s.kind:<12} {s.target:<12}  {s.action}" for s in self.reboot]
-        if self.drift_after:
-            lines.append("still differs (until then):")
-            lines += [f"  {d}" for d in self.drift_after]
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return apply_text(self.as_dict())
+
+
+def apply_text(doc: dict) -> str:
+    """What ``apply`` prints for its ``vgpuhost.apply/v1`` document, made here or by the agent."""
+    head = f"layout {doc['layout']!r} ({doc['source']})"
+    done = doc["done"]
+    # a record apply made (pools, MIG on demand) is not "nothing to do"
+    lines = [f"{head}: applied {len(done)} step{'s' if len(done) != 1 else ''}" if done
+             else f"{head}: the host's devices match; recorded what the notes say" if doc.get("recorded")
+             else f"{head}: the host matches; nothing to do"]
+    for i, s in enumerate(done, 1):
+        lines.append(f"  {i:>2}. {s['kind']:<12} {s['target']:<12}  {s['action']}")
+    for s in doc["skipped"]:
+        lines.append(f"  skipped: {s['kind']} {s['target']}: {s['action']}")
+    if doc["reboot"]:
+        lines.append("reported, never done by vgpuhost (take effect at boot or GPU reset):")
+        lines += [f"   - {s['kind']:<12} {s['target']:<12}  {s['action']}" for s in doc["reboot"]]
+    if doc["drift_after"]:
+        lines.append("still differs (until then):")
+        lines += [f"  {d}" for d in doc["drift_after"]]
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------
@@ -282,10 +291,13 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
                               hint="'vgpuhost audit' shows every write; 'vgpuhost assert -c FILE' the difference")
         if new_pools is not None:
             marked = dict(_with_moves(store, tenancy.pool_changes(store, new_pools)))
+            lines = tenancy.set_pools(store, new_pools, actor=who, check=False)
+            result.recorded = result.recorded or bool(lines)
             result.notes += [_moved_note(line, marked[line], "put back") if marked.get(line) else line
-                             for line in tenancy.set_pools(store, new_pools, actor=who, check=False)]
+                             for line in lines]
         for gpu, on in sorted(planner.mig_on_demand(cfg, layout, view).items()):
             if migdemand.set_opt_in(host, store, PciAddress.parse(gpu), on, actor=who):
+                result.recorded = True
                 result.notes.append(f"MIG on demand {'on' if on else 'off'} for {gpu}")
         return result
 

@@ -319,7 +319,8 @@ class _Parser:
             names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
             if label is None:
                 label = key if what == _TOP_WHAT else f"{what}.{key}"
-            raise self.err(path + (key,), f"{label} must be {names}, found {kind_of(value)} {_show(value)}")
+            raise self.err(path + (key,), f"{label} must be {names}, found {kind_of(value)}"
+                                          + ("" if value is None else f" {_show(value)}"))
         return value
 
     def name(self, value: Any, path: tuple, what: str) -> str:
@@ -619,6 +620,11 @@ class _Parser:
 
     def mig(self, value: Any, path: tuple) -> MigSpec:
         m = self.mapping(value, path, _MIG, "mig")
+        on_demand = m.get("on_demand")
+        if on_demand is not None and not isinstance(on_demand, bool):     # before instances: a typo is not a left-out key
+            raise self.err(path + ("on_demand",), f"mig.on_demand is {kind_of(on_demand)}: write true or false",
+                           hint="true: a domain's start makes the GPU instance its MIG-backed vGPU needs, "
+                                "its stop destroys it")
         instances = []
         # beside on_demand (true or false), instances are optional: left out, the GPU keeps the instances
         # it has (docs/guide/layouts.md); given with on_demand: true, a floor; otherwise the whole set
@@ -642,11 +648,6 @@ class _Parser:
                                        "time-sliced types belong in mode: vgpu")
             _check_duplicate(vgpus, name, where, "mig.vgpus")
             vgpus.append(Count(name, n, where))
-        on_demand = m.get("on_demand")
-        if on_demand is not None and not isinstance(on_demand, bool):
-            raise self.err(path + ("on_demand",), f"mig.on_demand is {kind_of(on_demand)}: write true or false",
-                           hint="true: a domain's start makes the GPU instance its MIG-backed vGPU needs, "
-                                "its stop destroys it")
         spec = MigSpec(tuple(instances), tuple(vgpus), self.where(path), on_demand, instances_given=given)
         _check_mig_vgpus(spec)
         return spec
@@ -728,6 +729,12 @@ def _check_mig_vgpus(spec: MigSpec) -> None:
         n = sum(v.count for v in vs)
         if n > have.get(gi, 0):
             names = " + ".join(f"{v.count} x {v.name}" for v in vs)
+            if not spec.instances_given:
+                raise vs[-1].where.error(
+                    f"{names} need{'s' if n == 1 else ''} {n} {gi} GPU instance{'s' if n != 1 else ''}, and "
+                    "mig.instances is left out (the GPU then keeps the instances it has, which the layout "
+                    "cannot count on)",
+                    hint=f"declare the instances the vGPUs sit on: add instances: {{{gi}: {n}}} to mig")
             raise vs[-1].where.error(
                 f"{names} need{'s' if n == 1 else ''} {n} {gi} GPU instance{'s' if n != 1 else ''}, "
                 f"mig.instances has {have.get(gi, 0)}",
