@@ -691,13 +691,14 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
                groups: Dict[int, IommuGroup], with_types: bool, vgpu_types: List[VgpuType],
                vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any,
                known: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None,
-               only: Optional[frozenset] = None, prior: Optional[Dict[tuple, VgpuType]] = None) -> Gpu:
+               only: Optional[frozenset] = None, prior: Optional[Dict[PciAddress, Dict[str, VgpuType]]] = None
+               ) -> Gpu:
     """One GPU of an inventory, shared by :func:`discover` and :func:`discover_gpu`: reads its types
     (appended to ``vgpu_types``; vendor-VFIO VFs to ``vf_vgpus``) and, where a MIG-backed type is
     offered on VFs, its GPU instances through ``gi_probe``.  ``known``: mdev type id -> a row of this
     GPU read before, whose constants (name, description, device_api) are not read again.  ``real``: the GPU's
     directory with symlinks resolved, where the caller has it (:func:`_read_device` resolved it).
-    ``only`` and ``prior``: see :func:`discover_gpu` (``prior``: ``{(parent, type id): row}`` read before)."""
+    ``only`` and ``prior``: see :func:`_read_mdev_types`."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
     unreadable: List[Unreadable] = []
@@ -830,10 +831,7 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
         vendor_vfs = vendor_vgpu_vfs(fs, vfs)
         seed = prior = None
         if known is not None:
-            rows = known.types_of(gpu)
-            seed = {t.type_id: t for t in rows if t.backend == BACKEND_MDEV}
-            if only is not None:
-                prior = {(t.parent, t.type_id): t for t in rows if t.backend == BACKEND_MDEV}
+            seed, prior = _mdev_rows_of(known.types_of(gpu))
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
                                vf_vgpus, None, nvml_gpu_instances, seed,
                                only=only if prior is not None else None, prior=prior))
@@ -1024,6 +1022,23 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
                 index.update(_build_index(merged, g))
             object.__setattr__(merged, "_index", index)
     return merged
+
+
+def _mdev_rows_of(rows) -> Tuple[Dict[str, VgpuType], Dict[PciAddress, Dict[str, VgpuType]]]:
+    """``(type id -> a row, parent -> {type id: its row})`` of a GPU's mdev rows (a parent's rows come
+    together: one lookup per parent, not per row)."""
+    seed: Dict[str, VgpuType] = {}
+    prior: Dict[PciAddress, Dict[str, VgpuType]] = {}
+    parent = here = None
+    for t in rows:
+        if t.backend != BACKEND_MDEV:
+            continue
+        if t.parent is not parent:
+            parent = t.parent
+            here = prior.setdefault(parent, {})
+        here[t.type_id] = t
+        seed.setdefault(t.type_id, t)
+    return seed, prior
 
 
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
@@ -1250,35 +1265,34 @@ def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, 
 
 def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
                      consts: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None,
-                     only: Optional[frozenset] = None, prior: Optional[Dict[tuple, VgpuType]] = None
-                     ) -> List[VgpuType]:
+                     only: Optional[frozenset] = None,
+                     prior: Optional[Dict[PciAddress, Dict[str, VgpuType]]] = None) -> List[VgpuType]:
     """The types of one mdev parent.  ``consts`` (type id -> a row read before) is
     shared by the parents of one GPU: ``name``, ``description`` and ``device_api``
     are the type's, the same on every VF of the GPU, so only
     ``available_instances`` is read per parent (docs/reference/hardware.md#mdev).
     ``real``: the parent's device directory with symlinks resolved (:func:`_real_dirs`), read
     instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens.
-    ``only`` (type ids) with ``prior`` (``{(parent, type id): row}`` of a look a moment before): only
-    those types' ``available_instances`` are read; each other type the parent lists keeps its row of
-    ``prior`` (every type is read when the parent lists one ``prior`` lacks)."""
+    ``prior``: ``{parent: {type id: row}}`` of a read before (:func:`_mdev_rows_of`): a row whose count
+    is the one read now is that row itself, not a new one (after a write most counts stay).  ``only``
+    (type ids, with ``prior``): only those types' ``available_instances`` are read; each other type the
+    parent lists keeps its row of ``prior`` (every type is read when the parent lists one ``prior``
+    lacks)."""
     tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
-    only_here = only if only is not None and prior is not None else None
+    before = prior.get(parent) if prior is not None else None
+    only_here = only if only is not None and before is not None else None
     tids, counts = mdev_types_available(fs, tdir, only_here)
     if not tids and real is not None:       # not where _real_dirs looked for it: through its class/mdev_bus link
         tdir = supported_types_dir(fs.host, parent)
         tids, counts = mdev_types_available(fs, tdir, only_here)
-    kept = None
-    if only_here is not None and tids:
-        kept = [prior.get((parent, tid)) for tid in tids]
-        if None in kept:                    # a type the look did not hold: every count read
-            kept = None
-            counts = mdev_available_all(fs, tdir, tids)
-    pairs = zip(tids, counts)
+    if only_here is not None and tids and any(tid not in before for tid in tids):
+        counts = mdev_available_all(fs, tdir, tids)     # a type the look did not hold: every count read
     new = object.__new__
-    for i, (tid, avail) in enumerate(pairs):
-        if avail is None:               # a type not asked about: the look's row, as it was
-            out.append(kept[i])
+    for tid, avail in zip(tids, counts):
+        was = before.get(tid) if before is not None else None
+        if was is not None and (avail is None or was.available_instances == avail):
+            out.append(was)             # not asked about (only), or the same count: the row read before
             continue
         known = consts.get(tid) if consts is not None else None
         if known is None:
