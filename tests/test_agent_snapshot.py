@@ -236,10 +236,11 @@ def test_a_kept_type_listing_serves_only_the_directory_it_was_read_from(tmp_path
     its path alone would still name the type gone, then miss the one added."""
     from vgpuhost.io import sysfs as sysfs_mod
     monkeypatch.setattr(sysfs_mod, "_LISTINGS", {})
+    monkeypatch.setattr(sysfs_mod, "LISTING_SETTLED_NS", 3600 * 10**9)
     host = materialise(load_spec(bundled_specs()["a100-sriov-mdev"]), tmp_path / "h")
     agent = api.Agent(host)
     inv = agent.inventory()
-    assert sysfs_mod._LISTINGS == {}            # the tree was just made: no listing kept yet
+    assert sysfs_mod._LISTINGS == {}            # every directory changed within the hour: no listing kept
     settle = 0.2
     monkeypatch.setattr(sysfs_mod, "LISTING_SETTLED_NS", int(settle * 1e9))
     time.sleep(settle + 0.05)

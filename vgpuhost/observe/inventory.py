@@ -769,10 +769,15 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     the device's for as long as it is present.
     ``only`` (with ``known``): the mdev type ids whose ``available_instances``
     are read again; every other type an mdev parent lists keeps ``known``'s row
-    (count included).  For a re-check under the GPU's lock that decides on
-    those types alone (:func:`vgpuhost.ops.vgpu.create_vgpu`: an A100 with 20
-    VFs lists 12 types on each, 240 counts, of which the wanted type is 20);
-    the result then is no whole read: the other types' counts are the look's.
+    (count included), and each VF the physical function lists now that
+    ``known`` holds keeps ``known``'s PCI record and IOMMU group (its driver
+    and ``driver_override`` not read again; the physical function, its group,
+    the mdev parents, vendor-VFIO VFs and the vGPUs present are).  For a
+    re-check under the GPU's lock that decides on those types alone
+    (:func:`vgpuhost.ops.vgpu.create_vgpu`: an A100 with 20 VFs lists 12 types
+    on each, 240 counts, of which the wanted type is 20; what placement weighs
+    is the GPU's driver, its mdev parents, the counts of the wanted type and
+    the vGPUs present); the result then is no whole read.
     Cost: proportional to the GPU's VFs and types, not
     to the host.  For an operation on one GPU, under that GPU's lock.
     Raises SysfsError when a file that must be readable is not.
@@ -785,10 +790,12 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
 
     before = known.devices if known is not None else {}
 
-    def read(addr: PciAddress) -> Optional[PciDevice]:
+    def read(addr: PciAddress, *, kept: bool = False) -> Optional[PciDevice]:
         if addr not in devices:
             seen = before.get(addr)
-            if seen is not None:
+            if seen is not None and kept:
+                devices[addr] = seen            # (only=) a VF its PF lists now: the look's record
+            elif seen is not None:
                 dev = _reread_device(fs, seen)      # None: gone (its driver_override with it)
                 if dev is None:
                     return None
@@ -799,8 +806,13 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
                 devices[addr] = _read_device(fs, addr)
         return devices[addr]
 
-    def group(number: Optional[int]) -> None:
+    def group(number: Optional[int], *, kept: bool = False) -> None:
         if number is None or number in groups:
+            return
+        if kept and number in known.groups:
+            groups[number] = known.groups[number]   # (only=) a VF's group: the look's
+            for m in groups[number].members:
+                read(m, kept=True)
             return
         names = fs.listdir(f"{iommu_groups}/{number}/devices")
         # (the group's directory looked for only when it lists no device: one listing, not a stat first)
@@ -817,10 +829,11 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     vf_vgpus: List[VfVgpu] = []
     mdevs: List[MdevDevice] = []
     if dev is not None and dev.vendor == NVIDIA_VENDOR and dev.is_display and not dev.is_vf:
-        vfs = tuple(v for v in dev.virtfns if read(v) is not None)
+        narrow = only is not None and known is not None
+        vfs = tuple(v for v in dev.virtfns if read(v, kept=narrow) is not None)
         group(dev.iommu_group)
         for v in vfs:
-            group(devices[v].iommu_group)
+            group(devices[v].iommu_group, kept=narrow)
         mdev_bus = host.s.mdev_bus
         if len(vfs) > 2:
             # the mdev parents from one listing of class/mdev_bus (as discover reads them), not a stat each
