@@ -284,6 +284,24 @@ def test_listed_attr_ints_reads_the_counts_asked_for(tmp_path):
     assert fs.listed_attr_ints(tdir + "absent/", "available_instances") == ((), [])
 
 
+def test_the_fingerprint_reads_each_vfs_type_relative_to_the_bus(tmp_path):
+    """io.changes.fingerprint reads each vendor-VFIO VF's current_vgpu_type through one descriptor of
+    bus/pci/devices: the values the files hold ("" for a VF that is not there), moving with a create."""
+    from vgpuhost.io.changes import fingerprint
+    from vgpuhost.io.vgpudev import vf_type_path
+    host = materialise(load_spec(bundled_specs()["l40s-vendor-vfio"]), tmp_path / "h")
+    vfs = [str(v.vf) for v in _fresh(host).vf_vgpus]
+    assert len(vfs) == 32
+
+    def files():
+        return tuple(open(vf_type_path(host, vf)).read().strip() for vf in vfs)
+    before = fingerprint(host, vfs + ["0000:ff:1f.7"])
+    assert before[3] == files() + ("",) and set(before[3][:-1]) == {"0"}
+    assert cli_main(["--root", str(host.root), "--local", "vgpu", "create", "--profile", "L40S-4Q"]) == 0
+    after = fingerprint(host, vfs)
+    assert after[3] == files() and after[3] != before[3][:-1] and sum(t != "0" for t in after[3]) == 1
+
+
 def test_the_check_under_the_lock_reads_the_wanted_types_counts_alone_on_an_sriov_gpu(tmp_path, monkeypatch):
     """A100 with 20 VFs, 12 types each: the agent's prepare reads under the GPU's lock the 20 counts of the
     type it makes (not 240), and the vGPU is where a whole read says it is."""
