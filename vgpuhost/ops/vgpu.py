@@ -415,14 +415,20 @@ def limits_lookup(host: HostRoot, inv: Inventory):
     """``name -> {gpu: max}`` as :func:`mode_limits` gives it, for many names on one look (``types``,
     a refusal's "types that still fit"): NVML is asked for the GPUs' modes once, at the first name a
     vendor-VFIO GPU lists, and never on a host without one."""
-    vfio = {g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV}
-    listed = {t.name.lower() for t in inv.vgpu_types if t.gpu in vfio and t.name}
+    vfio = [g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV]
+    listed: set = set()         # the names those GPUs list, lower-case: gathered at the first name asked about
     mixed: List[dict] = []
     cache: Dict[str, dict] = {}
 
     def of(name: str) -> dict:
+        if not vfio:
+            return {}           # no vendor-VFIO GPU: nothing to read (an mdev host's start)
         key = name.lower()
-        if key not in listed:
+        if not listed:
+            # the vendor-VFIO GPUs' rows alone (Inventory.types_of), not the host's; '' marks it done
+            listed.update(t.name.lower() for g in vfio for t in inv.types_of(g) if t.name)
+            listed.add("")
+        if not key or key not in listed:
             return {}
         if key not in cache:
             if not mixed:
