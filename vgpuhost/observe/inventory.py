@@ -969,10 +969,18 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     numbers |= {m.iommu_group for m in mdevs}
     groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
     members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
-    return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
-                     vgpu_types=inv.types_of(gpu), mdevs=mdevs,
+    rows = inv.types_of(gpu)
+    part = Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
+                     vgpu_types=rows, mdevs=mdevs,
                      vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host,
                      out_of_service={a: r for a, r in inv.out_of_service.items() if a == gpu})
+    # the GPU's run of rows (the same tuple: what is kept per run, policy.offers.types_by_gpu, serves the
+    # part too) and, with no VF reserved (the part holds no reservation), its GpuIndex, not built again
+    object.__setattr__(part, "_runs", {gpu: rows} if rows else {})
+    index = inv.__dict__.get("_index")
+    if index is not None and not inv.reserved and gpu in index:
+        object.__setattr__(part, "_index", {gpu: index[gpu]})
+    return part
 
 
 def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inventory]:
