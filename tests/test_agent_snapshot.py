@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -206,6 +208,122 @@ def test_a_failed_write_makes_a_whole_read(host):
         agent.write(lambda: (_ for _ in ()).throw(RuntimeError("x")), changed=lambda r: [])
     agent.inventory()
     assert agent.scans == 2
+
+
+# ---------------------------------------------------------------------------
+# what a refresh keeps from one read to the next: an mdev parent's list of types, tied to its directory
+
+def _a100_pair(agent: api.Agent, i: int) -> None:
+    """One hook prepare and release on the A100 (a vGPU on one of its VFs), each refreshed after."""
+    xml = vgpu_domain(f"vm{i}", _uuid(i), _uuid(i, "aaaaaaaa"), "A100-4C")
+    for act in ("prepare", "release"):
+        assert api._hook(agent, api.Request({}, {}, {"xml": xml, "name": f"vm{i}"}, "test", 1), act)["changed"]
+        agent.warm_up()
+        assert agent.inventory() == _fresh(agent.host)
+
+
+def _types_dir(host, vf: str) -> str:
+    return os.path.realpath(f"{host.s.pci_device(vf)}/mdev_supported_types")
+
+
+def test_a_kept_type_listing_serves_only_the_directory_it_was_read_from(tmp_path, monkeypatch):
+    """The types an mdev parent lists are read with its directory's identity (device, inode, ctime, link
+    count; Sysfs.listed_attr_ints) and kept once that directory's ctime is LISTING_SETTLED_NS old.  A VF
+    made again (sriov_numvfs 0 -> N: the kernel removes the VFs' directories and makes new ones) has a
+    new directory: here the VF's types directory is made anew, one type fewer, while the old one
+    still exists (so the file system cannot give its inode number again), and then a type is added
+    in place.  After each, the agent's refreshed snapshot is what a whole read gives: a listing kept by
+    its path alone would still name the type gone, then miss the one added."""
+    from vgpuhost.io import sysfs as sysfs_mod
+    monkeypatch.setattr(sysfs_mod, "_LISTINGS", {})
+    monkeypatch.setattr(sysfs_mod, "LISTING_SETTLED_NS", 3600 * 10**9)
+    host = materialise(load_spec(bundled_specs()["a100-sriov-mdev"]), tmp_path / "h")
+    agent = api.Agent(host)
+    inv = agent.inventory()
+    assert sysfs_mod._LISTINGS == {}            # every directory changed within the hour: no listing kept
+    settle = 0.2
+    monkeypatch.setattr(sysfs_mod, "LISTING_SETTLED_NS", int(settle * 1e9))
+    time.sleep(settle + 0.05)
+    _a100_pair(agent, 1)
+    parents = [str(p) for g in inv.gpus for p in g.mdev_parents]
+    assert len(parents) == 20
+    kept = {d for d in sysfs_mod._LISTINGS if d.endswith("/mdev_supported_types/")}
+    assert len(kept) == 20
+    vf = parents[-1]
+    tdir = _types_dir(host, vf)
+    dropped = sorted(os.listdir(tdir))[-1]
+    # the VF's types directory made again, listing one type fewer
+    os.rename(tdir, tdir + ".old")
+    shutil.copytree(tdir + ".old", tdir, symlinks=True)
+    shutil.rmtree(f"{tdir}/{dropped}")
+    _a100_pair(agent, 2)
+    rows = [t.type_id for t in agent.inventory().types_of(inv.gpus[0].address) if str(t.parent) == vf]
+    assert dropped not in rows and len(rows) == 11
+    # kept again once settled; then a type added in place (the same directory, its ctime moves)
+    time.sleep(settle + 0.05)
+    _a100_pair(agent, 3)
+    assert sysfs_mod._LISTINGS[tdir + "/"][1] == tuple(sorted(rows))
+    shutil.copytree(f"{tdir}.old/{dropped}", f"{tdir}/{dropped}", symlinks=True)
+    _a100_pair(agent, 4)
+    rows = [t.type_id for t in agent.inventory().types_of(inv.gpus[0].address) if str(t.parent) == vf]
+    assert dropped in rows and len(rows) == 12
+    assert agent.scans == 1
+
+
+def test_listed_attr_ints_reads_the_counts_asked_for(tmp_path):
+    """Sysfs.listed_attr_ints: the sorted entries and each one's attribute, or only those asked for
+    (the others None); an absent directory lists nothing."""
+    host = materialise(load_spec(bundled_specs()["a100-sriov-mdev"]), tmp_path / "h")
+    fs = Sysfs(host)
+    tdir = _types_dir(host, "0000:41:00.4") + "/"
+    names, counts = fs.listed_attr_ints(tdir, "available_instances", default=0)
+    assert names == tuple(sorted(os.listdir(tdir)))
+    assert counts == [int(open(f"{tdir}{n}/available_instances").read()) for n in names]
+    names2, some = fs.listed_attr_ints(tdir, "available_instances", only={names[0], names[3]}, default=0)
+    assert names2 == names and some == [counts[0], None, None, counts[3]] + [None] * (len(names) - 4)
+    assert fs.listed_attr_ints(tdir + "absent/", "available_instances") == ((), [])
+
+
+def test_the_fingerprint_reads_each_vfs_type_relative_to_the_bus(tmp_path):
+    """io.changes.fingerprint reads each vendor-VFIO VF's current_vgpu_type through one descriptor of
+    bus/pci/devices: the values the files hold ("" for a VF that is not there), moving with a create."""
+    from vgpuhost.io.changes import fingerprint
+    from vgpuhost.io.vgpudev import vf_type_path
+    host = materialise(load_spec(bundled_specs()["l40s-vendor-vfio"]), tmp_path / "h")
+    vfs = [str(v.vf) for v in _fresh(host).vf_vgpus]
+    assert len(vfs) == 32
+
+    def files():
+        return tuple(open(vf_type_path(host, vf)).read().strip() for vf in vfs)
+    before = fingerprint(host, vfs + ["0000:ff:1f.7"])
+    assert before[3] == files() + ("",) and set(before[3][:-1]) == {"0"}
+    assert cli_main(["--root", str(host.root), "--local", "vgpu", "create", "--profile", "L40S-4Q"]) == 0
+    after = fingerprint(host, vfs)
+    assert after[3] == files() and after[3] != before[3][:-1] and sum(t != "0" for t in after[3]) == 1
+
+
+def test_the_check_under_the_lock_reads_the_wanted_types_counts_alone_on_an_sriov_gpu(tmp_path, monkeypatch):
+    """A100 with 20 VFs, 12 types each: the agent's prepare reads under the GPU's lock the 20 counts of the
+    type it makes (not 240), and the vGPU is where a whole read says it is."""
+    host = materialise(load_spec(bundled_specs()["a100-sriov-mdev"]), tmp_path / "h")
+    agent = api.Agent(host)
+    inv = agent.inventory()
+    opened = []
+    real_in = Sysfs._ints_at
+
+    def spy(self, dfd, directory, names, *a, **kw):
+        opened.extend(f"{directory}{n}" for n in names)
+        return real_in(self, dfd, directory, names, *a, **kw)
+    monkeypatch.setattr(Sysfs, "_ints_at", spy)
+    xml = vgpu_domain("vm1", _uuid(1), _uuid(1, "aaaaaaaa"), "A100-4C")
+    assert api._hook(agent, api.Request({}, {}, {"xml": xml, "name": "vm1"}, "test", 1), "prepare")["changed"]
+    wanted = {t.type_id for t in inv.vgpu_types if t.name == "A100-4C"}
+    counts = [p for p in opened if p.endswith("/available_instances")]
+    assert len(counts) == 20 and all(p.split("/")[-2] in wanted for p in counts)
+    fresh = _fresh(host)
+    assert [m.uuid for m in fresh.mdevs] == [_uuid(1, "aaaaaaaa")]
+    agent.warm_up()
+    assert agent.inventory() == fresh
 
 
 # ---------------------------------------------------------------------------

@@ -159,9 +159,10 @@ def test_an_unpinned_create_given_a_snapshot_rechecks_the_chosen_gpu_alone(make_
 
 
 def test_the_check_under_the_lock_reads_no_type_constant_the_snapshot_holds(make_host, monkeypatch):
-    """Given the caller's snapshot, the re-read under the GPU lock reads each type's free instances and the
-    vGPUs present again, never a type's name, description or device_api (fixed for a type id): and a type
-    the snapshot lacks is read whole."""
+    """Given the caller's snapshot, the re-read under the GPU lock reads the wanted type's free instances and
+    the vGPUs present again, never another type's count, nor a type's name, description or device_api (fixed
+    for a type id): and when the snapshot lacks a type the parent lists, that type is read whole and every
+    count again."""
     host = make_host(yaml_text=TWO_A40.format(mixed="false", faults=""))
     store = StateStore(host.state_dir)
     opened = []
@@ -171,12 +172,12 @@ def test_the_check_under_the_lock_reads_no_type_constant_the_snapshot_holds(make
         opened.append(str(path))
         return real(self, path, *a, **kw)
     monkeypatch.setattr(Sysfs, "read_attr", spy)
-    real_in = Sysfs.read_attr_ints_in
+    real_in = Sysfs._ints_at
 
-    def spy_in(self, directory, names, *a, **kw):      # the files it opens relative to the directory
+    def spy_in(self, dfd, directory, names, *a, **kw):      # the files it opens relative to the directory
         opened.extend(f"{directory}{n}" for n in names)
-        return real_in(self, directory, names, *a, **kw)
-    monkeypatch.setattr(Sysfs, "read_attr_ints_in", spy_in)
+        return real_in(self, dfd, directory, names, *a, **kw)
+    monkeypatch.setattr(Sysfs, "_ints_at", spy_in)
     inv = discover(Sysfs(host))
     n_types = sum(1 for t in inv.vgpu_types if t.gpu == LO)
     constants = ("/name", "/description", "/device_api")
@@ -184,12 +185,15 @@ def test_the_check_under_the_lock_reads_no_type_constant_the_snapshot_holds(make
     out = create(host, store, profile="A40-8Q", gpu=LO, inventory=inv, actor="test")
     assert A(out.gpu) == LO
     assert [p for p in opened if p.endswith(constants)] == []
-    assert sum(1 for p in opened if p.endswith("/available_instances")) >= n_types
-    # a snapshot that lacks a type: that type's constants are read
+    wanted = next(t.type_id for t in inv.vgpu_types if t.gpu == LO and t.name == "A40-8Q")
+    counts = [p for p in opened if p.endswith("/available_instances")]
+    assert len(counts) == 1 and counts[0].endswith(f"/{wanted}/available_instances")
+    # a snapshot that lacks a type: that type's constants are read, and every type's count
     partial = replace(inv, vgpu_types=tuple(t for t in inv.vgpu_types if t.name != "A40-2Q"))
     opened.clear()
     out = create(host, store, profile="A40-8Q", gpu=LO, inventory=partial, actor="test")
     assert len([p for p in opened if p.endswith(constants)]) == 3
+    assert sum(1 for p in opened if p.endswith("/available_instances")) >= n_types
     # what was made is what a fresh read shows
     assert sum(1 for m in discover(Sysfs(host)).mdevs if m.parent == LO) == 2
 

@@ -158,3 +158,45 @@ def test_a_forked_child_opens_its_own_connection(tmp_path):
     os.close(r)
     store.audit(actor="parent", operation="o", path="/p", value="v")
     assert [a.actor for a in StateStore(tmp_path).audit_rows()] == ["child", "parent"]
+
+
+# ---------------------------------------------------------------------------
+# connections kept between the agent's request threads (StateStore.pooled)
+
+def test_pooled_connections_pass_between_threads_and_never_carry_a_transaction(tmp_path):
+    """Each request thread of the agent gets a connection the store kept from the one before (not one
+    opened and its schema read again); a transaction an error left open is rolled back before the next
+    thread gets it, so nothing of it is committed; the thread's own connection is its own again after."""
+    import threading
+    store = StateStore(tmp_path / "state", create=True)
+    own = store._conn()
+    seen = []
+
+    def request(fail: bool):
+        with store.pooled():
+            conn = store._conn()
+            seen.append(conn)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO audit (time, actor, operation, path, value, result) "
+                         "VALUES ('t', 'a', 'op', 'p', 'v', 'ok')")
+            if fail:
+                raise RuntimeError("cut short")
+            conn.execute("COMMIT")
+
+    def run(fail: bool):
+        try:
+            request(fail)
+        except RuntimeError:
+            pass
+    for fail in (True, False, True):
+        t = threading.Thread(target=run, args=(fail,))
+        t.start()
+        t.join(30)
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2] and seen[0] is not own
+    assert [r.operation for r in store.audit_rows()] == ["op"]           # the two cut short: rolled back
+    assert store._conn() is own
+    with store.pooled():                                                  # this thread's turn: the same one
+        assert store._conn() is seen[0]
+    assert store._conn() is own
+    store.close()
+    assert store._pool == []

@@ -781,6 +781,12 @@ def post_release(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
+    # the store's connections kept between requests (each request is answered on a thread of its own)
+    with agent.store.pooled():
+        return _hook_pooled(agent, req, act)
+
+
+def _hook_pooled(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
     for key, mine in (("root", agent.host.root), ("state_dir", agent.host.state_dir)):
         theirs = _text(req.body, key)
         if theirs is not None and theirs != str(mine):

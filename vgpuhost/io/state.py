@@ -157,6 +157,7 @@ def _import_sqlite3():
 
 sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
+from _thread import allocate_lock as _allocate_lock
 
 from ..model.errors import HostEnvironmentError, RefusedError
 from ..model.records import AuditRow, JournalEntry, PassthroughRecord, VgpuRecord
@@ -553,6 +554,8 @@ class StateStore:
         self.dir = plain_path(state_dir)
         self.db = os.path.join(self.dir, DB_NAME)
         self._local = _thread_local()
+        self._pool: list = []                   # idle connections kept for pooled() (another thread's next)
+        self._pool_lock = _allocate_lock()
         self._memory = False
         self._owned = owned
         self._check_dir()
@@ -709,9 +712,20 @@ class StateStore:
             self._local.pid = os.getpid()
         return conn
 
-    def _open(self) -> sqlite3.Connection:
+    def pooled(self) -> "_Pooled":
+        """``with store.pooled():`` this thread's calls on the store use a connection the store keeps
+        between threads (at most :data:`POOL_MAX` idle), not one opened for the thread: for a server
+        that answers each request on a new thread (the agent), which otherwise opened a connection and
+        read the schema again on every request (0.45 ms of CPU a request, measured 2026-12-07).  At
+        the block's end the thread's own connection (if any) is its again, and the pooled one goes
+        back idle, an open transaction rolled back first (an error inside a ``transaction()`` rolls
+        back already).  A store without a database file (in memory) uses the thread's own."""
+        return _Pooled(self)
+
+    def _open(self, shared: bool = False) -> sqlite3.Connection:
         target = ":memory:" if self._memory else self.db
-        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=not shared)
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
@@ -752,7 +766,8 @@ class StateStore:
                 pass            # a store this process may only read (it raises there): its readers pay, as before
 
     def close(self) -> None:
-        """Close this thread's connection (one a fork() carried over is left alone, see :func:`_abandon`)."""
+        """Close this thread's connection and the idle pooled ones (one a fork() carried over is left
+        alone, see :func:`_abandon`)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             self._local.conn = None
@@ -760,6 +775,13 @@ class StateStore:
                 conn.close()
             else:
                 _abandon(conn)
+        pool = getattr(self, "_pool", None)
+        while pool:
+            pid, idle = pool.pop()
+            if pid == os.getpid():
+                idle.close()
+            else:
+                _abandon(idle)
 
     def __del__(self) -> None:
         # Close the connection as soon as the store is dropped.  Python's sqlite3 connection sits in
@@ -1517,6 +1539,65 @@ def _json_str(text: str) -> str:
 #: (closing one in the child can checkpoint and delete the WAL under the processes using it; see
 #: https://www.sqlite.org/howtocorrupt.html, "carrying an open database connection across a fork")
 _CARRIED: List[sqlite3.Connection] = []
+
+
+#: :meth:`StateStore.pooled` keeps at most this many idle connections
+POOL_MAX = 8
+
+
+class _Pooled:
+    """:meth:`StateStore.pooled`'s context."""
+
+    __slots__ = ("store", "saved", "conn", "pid")
+
+    def __init__(self, store: "StateStore"):
+        self.store = store
+        self.conn = None
+
+    def __enter__(self) -> "StateStore":
+        st = self.store
+        if st._memory:
+            return st
+        self.pid = os.getpid()
+        conn = None
+        with st._pool_lock:
+            while st._pool and conn is None:
+                pid, idle = st._pool.pop()
+                if pid == self.pid:
+                    conn = idle
+                else:
+                    _abandon(idle)          # opened before a fork(): the parent's
+        if conn is None:
+            try:
+                conn = _retry_locked(lambda: st._open(shared=True))
+            except sqlite3.Error as e:
+                raise store_error(st.db, e) from None
+        self.saved = (getattr(st._local, "conn", None), getattr(st._local, "pid", None))
+        st._local.conn, st._local.pid = conn, self.pid
+        self.conn = conn
+        return st
+
+    def __exit__(self, *exc) -> bool:
+        conn, st = self.conn, self.store
+        if conn is None:
+            return False
+        self.conn = None
+        st._local.conn, st._local.pid = self.saved
+        if os.getpid() != self.pid:
+            _abandon(conn)
+            return False
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            conn.close()
+            return False
+        with st._pool_lock:
+            if len(st._pool) < POOL_MAX:
+                st._pool.append((self.pid, conn))
+                return False
+        conn.close()
+        return False
 
 
 def _abandon(conn: sqlite3.Connection) -> None:

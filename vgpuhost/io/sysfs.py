@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+from time import time_ns as _time_ns
 
 from ..model.errors import SysfsError
 from .hostroot import HostRoot
@@ -23,7 +24,7 @@ from .hostroot import HostRoot
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from pathlib import Path
-    from typing import Callable, Dict, List, Optional, Union
+    from typing import Callable, Dict, List, Optional, Tuple, Union
 
     PathArg = Union[str, Path]
     #: called after every write attempt: (path, value, errno or 0)
@@ -38,6 +39,24 @@ SIM_READ_FAULTS = "read-faults"
 #: the first read of :meth:`Sysfs.read_attr_ints_in` (a number); a file that fills it is read again in full
 _SMALL_READ_BYTES = 4096
 ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
+#: :meth:`Sysfs.listed_attr_ints` remembers a listing once its directory's ctime is this far behind the clock
+LISTING_SETTLED_NS = 1_000_000_000
+#: directory -> (its identity, its sorted entries): :meth:`Sysfs.listed_attr_ints`'s listings
+_LISTINGS: "Dict[str, tuple]" = {}
+_LISTINGS_MAX = 4096
+#: (names, attribute) -> the names of the attribute's files (``<name>/<attr>``), made once per listing
+_ATTR_NAMES: "Dict[tuple, List[str]]" = {}
+
+
+def _attr_names(names: "Tuple[str, ...]", attr: str) -> "List[str]":
+    key = (names, attr)
+    got = _ATTR_NAMES.get(key)
+    if got is None:
+        got = [f"{n}/{attr}" for n in names]
+        if len(_ATTR_NAMES) >= 256:
+            _ATTR_NAMES.clear()
+        _ATTR_NAMES[key] = got
+    return got
 
 
 def _read_closing(fd: int, limit: int) -> Optional[bytes]:
@@ -199,39 +218,100 @@ class Sysfs:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return [self.read_attr_int(directory + n, default=default) for n in names]
+        try:
+            return self._ints_at(dfd, directory, names, default)
+        finally:
+            os.close(dfd)
+
+    def listed_attr_ints(self, directory: str, attr: str, *, only=None,
+                         default: Optional[int] = None) -> Tuple[Tuple[str, ...], List[Optional[int]]]:
+        """``(names, values)``: the sorted entries of ``directory`` (ends with ``/``; :meth:`listdir`'s,
+        empty when it is absent) and :meth:`read_attr_int` of each one's ``attr`` (``<name>/<attr>``),
+        the directory opened once for both.  ``only``: the names whose ``attr`` is read (a
+        container); the others' values are None.
+
+        The listing is remembered across calls (and :class:`Sysfs` instances) with the directory's
+        identity, ``fstat(2)`` of the descriptor opened anyway: device and inode number, ctime and
+        link count; it is used again only while the directory has that identity.  A directory made
+        again (an mdev parent's ``mdev_supported_types`` when its device is removed and added, its
+        VFs disabled and enabled: ``sriov_numvfs`` 0 -> N, or the vGPU manager registering the parent
+        again) is a new inode: sysfs (kernfs) numbers inodes from a cyclic counter with a
+        generation, never reusing one while the system runs.  A directory whose entries change in
+        place gets a new ctime (a file system that stores it: the simulator's tree), and so does one
+        a file system gives a freed inode number again, as long as the clock moved on: a listing is
+        remembered only once the directory's ctime is :data:`LISTING_SETTLED_NS` behind the clock
+        (a change later than the listing then gives a later ctime).  Why: an agent re-reads each VF of
+        a GPU after every write, and the types a parent lists are the driver's for its life (an A100
+        with 20 VFs: 20 listings a read).  Raises SysfsError as :meth:`listdir` and
+        :meth:`read_attr_int` do."""
+        if self._simulated and self._sim_faulted(attr):
+            names = tuple(self.listdir(directory))
+            want = [n for n in names if only is None or n in only]
+            got = dict(zip(want, self.read_attr_ints_in(directory, [f"{n}/{attr}" for n in want], default=default)))
+            return names, [got.get(n) for n in names]
+        try:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return (), []
+        except OSError as e:
+            raise SysfsError("read", str(directory), e.errno or errno.EIO) from e
+        try:
+            st = os.fstat(dfd)
+            ident = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_nlink)
+            kept = _LISTINGS.get(directory)
+            if kept is not None and kept[0] == ident:
+                names = kept[1]
+            else:
+                names = tuple(sorted(os.listdir(directory)))
+                if _time_ns() - st.st_ctime_ns >= LISTING_SETTLED_NS:
+                    if len(_LISTINGS) >= _LISTINGS_MAX:
+                        _LISTINGS.clear()
+                    _LISTINGS[directory] = (ident, names)
+            if only is None:
+                files = _attr_names(names, attr)
+                return names, self._ints_at(dfd, directory, files, default) if files else []
+            want = tuple(n for n in names if n in only)
+            got = dict(zip(want, self._ints_at(dfd, directory, list(_attr_names(want, attr)), default)))
+            return names, [got.get(n) for n in names]
+        except (FileNotFoundError, NotADirectoryError):
+            return (), []
+        except OSError as e:
+            raise SysfsError("read", str(directory), e.errno or errno.EIO) from e
+        finally:
+            os.close(dfd)
+
+    def _ints_at(self, dfd: int, directory: str, names: List[str], default: Optional[int]) -> List[Optional[int]]:
+        """:meth:`read_attr_ints_in`'s reads, relative to ``dfd`` (``directory`` opened)."""
         out: List[Optional[int]] = []
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
         # the loop runs thousands of times a `types` (one file per parent and type): the calls bound
         # to locals, the read inlined (as _read_closing), the bytes parsed by int() itself where they
         # are a plain number (what _to_int gives for their text; anything else goes through _to_int)
         open_, read, close, append, small = os.open, os.read, os.close, out.append, _SMALL_READ_BYTES
-        try:
-            for n in names:
-                try:
-                    fd = open_(n, flags, dir_fd=dfd)
-                except FileNotFoundError:
-                    append(default)
-                    continue
-                except OSError:
-                    append(self.read_attr_int(directory + n, default=default))
-                    continue
-                try:
-                    data = read(fd, small)
-                except BlockingIOError:
-                    data = b""
-                except OSError:
-                    data = None
-                finally:
-                    close(fd)
-                if data is None or len(data) >= small:
-                    append(self.read_attr_int(directory + n, default=default))
-                    continue
-                try:
-                    append(int(data, 0))
-                except ValueError:
-                    append(_to_int(data.decode("utf-8", "replace").strip(), directory + n, default))
-        finally:
-            close(dfd)
+        for n in names:
+            try:
+                fd = open_(n, flags, dir_fd=dfd)
+            except FileNotFoundError:
+                append(default)
+                continue
+            except OSError:
+                append(self.read_attr_int(directory + n, default=default))
+                continue
+            try:
+                data = read(fd, small)
+            except BlockingIOError:
+                data = b""
+            except OSError:
+                data = None
+            finally:
+                close(fd)
+            if data is None or len(data) >= small:
+                append(self.read_attr_int(directory + n, default=default))
+                continue
+            try:
+                append(int(data, 0))
+            except ValueError:
+                append(_to_int(data.decode("utf-8", "replace").strip(), directory + n, default))
         return out
 
     def read_attrs_in(self, directory: str, names: List[str]) -> List[Optional[str]]:

@@ -327,6 +327,17 @@ def mdev_available_all(fs: Sysfs, tdir: str, tids: Sequence[str]) -> List[int]:
 _AVAILABLE_NAMES: dict = {}
 
 
+def mdev_types_available(fs: Sysfs, tdir: str, only=None) -> Tuple[Tuple[str, ...], List[Optional[int]]]:
+    """``(type ids, counts)``: the types ``tdir`` (a :func:`supported_types_dir` or :func:`types_dir_in`)
+    lists, sorted, and :func:`mdev_available` of each, the directory opened once
+    (:meth:`~vgpuhost.io.sysfs.Sysfs.listed_attr_ints`: its listing kept while the directory is the
+    same one).  ``only``: the type ids whose count is read; the others' counts are None.  Empty
+    when the directory is absent."""
+    tids, counts = fs.listed_attr_ints(tdir, AVAILABLE_ATTR, only=only, default=0)
+    return tids, [None if n is None and only is not None and t not in only else (n if n is not None and n > 0 else 0)
+                  for t, n in zip(tids, counts)]
+
+
 def vf_offers(fs: Sysfs, vf) -> Tuple[List[Tuple[str, str]], Optional[str]]:
     """``(creatable [(type id, name)], current type or None)`` of a vendor-VFIO VF
     (``nvidia/creatable_vgpu_types``, then ``nvidia/current_vgpu_type``; docs/reference/hardware.md#vendor-vfio)."""

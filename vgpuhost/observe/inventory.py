@@ -19,8 +19,8 @@ import os
 
 from ..io import files
 from ..io.sysfs import Sysfs, int_of
-from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, supported_types_dir, types_dir_in,
-                          vendor_vgpu_vfs, vf_current_type, vf_offers)
+from ..io.vgpudev import (mdev_available, mdev_available_all, mdev_type_constants, mdev_type_of, mdev_types_available,
+                          supported_types_dir, types_dir_in, vendor_vgpu_vfs, vf_current_type, vf_offers)
 from ..io.vgpudev import parse_creatable_vgpu_types  # noqa: F401  (the door parses it; inventory re-exports it)
 from ..model.boards import board
 from ..model.errors import SysfsError
@@ -693,12 +693,15 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
                parents: Tuple[PciAddress, ...], vendor_vfs: Tuple[PciAddress, ...],
                groups: Dict[int, IommuGroup], with_types: bool, vgpu_types: List[VgpuType],
                vf_vgpus: List[VfVgpu], mig: Any, gi_probe: Any,
-               known: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None) -> Gpu:
+               known: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None,
+               only: Optional[frozenset] = None, prior: Optional[Dict[PciAddress, Dict[str, VgpuType]]] = None
+               ) -> Gpu:
     """One GPU of an inventory, shared by :func:`discover` and :func:`discover_gpu`: reads its types
     (appended to ``vgpu_types``; vendor-VFIO VFs to ``vf_vgpus``) and, where a MIG-backed type is
     offered on VFs, its GPU instances through ``gi_probe``.  ``known``: mdev type id -> a row of this
     GPU read before, whose constants (name, description, device_api) are not read again.  ``real``: the GPU's
-    directory with symlinks resolved, where the caller has it (:func:`_read_device` resolved it)."""
+    directory with symlinks resolved, where the caller has it (:func:`_read_device` resolved it).
+    ``only`` and ``prior``: see :func:`_read_mdev_types`."""
     backend = BACKEND_MDEV if parents else (BACKEND_VENDOR_VFIO if vendor_vfs else None)
     types_here: List[VgpuType] = []
     unreadable: List[Unreadable] = []
@@ -707,7 +710,7 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
         reals = _real_dirs(fs, addr, parents, real) if len(parents) > 1 else {}
         for p in parents:
             try:
-                types_here.extend(_read_mdev_types(fs, addr, p, consts, reals.get(p)))
+                types_here.extend(_read_mdev_types(fs, addr, p, consts, reals.get(p), only, prior))
             except SysfsError as e:         # that parent offers nothing; the others are read
                 unreadable.append(_unreadable(p, e))
         for vf in vendor_vfs:
@@ -729,8 +732,10 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
     gis = None
     # (the profile's gi_slices, what VgpuProfile.mig_backed says, read without a call per row: a GPU of
     # 16 vendor-VFIO VFs lists some 500 rows, all re-read after each write the agent makes there)
+    # (with ``only``, the rows whose counts were read now: the others are a look's, not the host's now)
     if vfs and any(t.available_instances > 0 for t in types_here
-                   if t.profile is not None and t.profile.gi_slices is not None):
+                   if t.profile is not None and t.profile.gi_slices is not None
+                   and (only is None or t.backend != BACKEND_MDEV or t.type_id in only)):
         gis = gi_probe(fs, addr)
     vmd = dev.domain_host if dev.domain_host is not None and fs.read_int(
         fs.host.s.pci_device(dev.domain_host) + "/vendor", default=0) == INTEL_VENDOR else None
@@ -739,7 +744,7 @@ def _gpu_value(fs: Sysfs, addr: PciAddress, dev: PciDevice, vfs: Tuple[PciAddres
 
 
 def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_facts: bool = True,
-                 known: Optional[Inventory] = None) -> Inventory:
+                 known: Optional[Inventory] = None, only: Optional[frozenset] = None) -> Inventory:
     """Read one GPU under ``fs.host`` into an :class:`Inventory` that holds only it.
 
     What :func:`discover` reads about ``gpu`` and nothing about any other GPU:
@@ -750,8 +755,11 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     ``vgpu_types``, ``mdevs`` and ``vf_vgpus`` the GPU's.  Each record equals
     the one a whole-host :func:`discover` gives for this GPU.  The mdevs are
     found as children of their parent device's directory (the kernel puts an
-    mdev's directory under its parent, docs/reference/hardware.md#mdev) instead of by
-    walking every mdev on the host.  ``host_facts``: False leaves the host
+    mdev's directory under its parent, docs/reference/hardware.md#mdev), or, where
+    the host's mdevs are few beside the GPU's parents (an SR-IOV GPU's 16 to 32
+    VFs), from the mdev bus's listing as :func:`discover` finds them, each
+    link's target naming its parent: one listing instead of one per parent.
+    ``host_facts``: False leaves the host
     facts unread (:data:`UNREAD_HOST_FACTS`), for callers that never look at
     them (a vGPU create).  ``known``: an inventory read a moment before (the
     look a re-check under the GPU's lock checks): the constants of this GPU's
@@ -762,6 +770,17 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     stays (:func:`_reread_device`: its driver, ``driver_override``, SR-IOV VFs)
     read again; its identity, NUMA node, group and place in the topology are
     the device's for as long as it is present.
+    ``only`` (with ``known``): the mdev type ids whose ``available_instances``
+    are read again; every other type an mdev parent lists keeps ``known``'s row
+    (count included), and each VF the physical function lists now that
+    ``known`` holds keeps ``known``'s PCI record and IOMMU group (its driver
+    and ``driver_override`` not read again; the physical function, its group,
+    the mdev parents, vendor-VFIO VFs and the vGPUs present are).  For a
+    re-check under the GPU's lock that decides on those types alone
+    (:func:`vgpuhost.ops.vgpu.create_vgpu`: an A100 with 20 VFs lists 12 types
+    on each, 240 counts, of which the wanted type is 20; what placement weighs
+    is the GPU's driver, its mdev parents, the counts of the wanted type and
+    the vGPUs present); the result then is no whole read.
     Cost: proportional to the GPU's VFs and types, not
     to the host.  For an operation on one GPU, under that GPU's lock.
     Raises SysfsError when a file that must be readable is not.
@@ -774,21 +793,35 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
 
     before = known.devices if known is not None else {}
 
-    def read(addr: PciAddress) -> Optional[PciDevice]:
+    def read(addr: PciAddress, *, kept: bool = False) -> Optional[PciDevice]:
         if addr not in devices:
-            if not fs.exists(f"{pci_devices}/{addr}"):
-                return None
             seen = before.get(addr)
-            devices[addr] = _read_device(fs, addr) if seen is None else _reread_device(fs, seen)
+            if seen is not None and kept:
+                devices[addr] = seen            # (only=) a VF its PF lists now: the look's record
+            elif seen is not None:
+                dev = _reread_device(fs, seen)      # None: gone (its driver_override with it)
+                if dev is None:
+                    return None
+                devices[addr] = dev
+            elif not fs.exists(f"{pci_devices}/{addr}"):
+                return None
+            else:
+                devices[addr] = _read_device(fs, addr)
         return devices[addr]
 
-    def group(number: Optional[int]) -> None:
+    def group(number: Optional[int], *, kept: bool = False) -> None:
         if number is None or number in groups:
             return
-        if not fs.exists(f"{iommu_groups}/{number}"):
+        if kept and number in known.groups:
+            groups[number] = known.groups[number]   # (only=) a VF's group: the look's
+            for m in groups[number].members:
+                read(m, kept=True)
             return
-        members = tuple(sorted(PciAddress.parse(m) for m in fs.listdir(f"{iommu_groups}/{number}/devices")
-                               if PciAddress.is_valid(m)))
+        names = fs.listdir(f"{iommu_groups}/{number}/devices")
+        # (the group's directory looked for only when it lists no device: one listing, not a stat first)
+        if not names and not fs.exists(f"{iommu_groups}/{number}"):
+            return
+        members = tuple(sorted(PciAddress.parse(m) for m in names if PciAddress.is_valid(m)))
         groups[number] = IommuGroup(number, members)
         for m in members:
             read(m)
@@ -799,17 +832,25 @@ def discover_gpu(fs: Sysfs, gpu: PciAddress, *, with_types: bool = True, host_fa
     vf_vgpus: List[VfVgpu] = []
     mdevs: List[MdevDevice] = []
     if dev is not None and dev.vendor == NVIDIA_VENDOR and dev.is_display and not dev.is_vf:
-        vfs = tuple(v for v in dev.virtfns if read(v) is not None)
+        narrow = only is not None and known is not None
+        vfs = tuple(v for v in dev.virtfns if read(v, kept=narrow) is not None)
         group(dev.iommu_group)
         for v in vfs:
-            group(devices[v].iommu_group)
+            group(devices[v].iommu_group, kept=narrow)
         mdev_bus = host.s.mdev_bus
-        parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
+        if len(vfs) > 2:
+            # the mdev parents from one listing of class/mdev_bus (as discover reads them), not a stat each
+            listed = set(fs.listdir(mdev_bus))
+            parents = tuple(p for p in (gpu,) + vfs if str(p) in listed)
+        else:
+            parents = tuple(p for p in (gpu,) + vfs if fs.exists(f"{mdev_bus}/{p}"))
         vendor_vfs = vendor_vgpu_vfs(fs, vfs)
-        seed = ({t.type_id: t for t in known.types_of(gpu) if t.backend == BACKEND_MDEV}
-                if known is not None else None)
+        seed = prior = None
+        if known is not None:
+            seed, prior = _mdev_rows_of(known.types_of(gpu))
         gpus.append(_gpu_value(fs, gpu, dev, vfs, parents, vendor_vfs, groups, with_types, vgpu_types,
-                               vf_vgpus, None, nvml_gpu_instances, seed))
+                               vf_vgpus, None, nvml_gpu_instances, seed,
+                               only=only if prior is not None else None, prior=prior))
         mdevs = _read_mdevs_of(fs, parents)
         for m in mdevs:
             group(m.iommu_group)        # an mdev's own group (no PCI member), as discover lists it
@@ -931,10 +972,18 @@ def gpu_part(inv: Inventory, gpu: PciAddress) -> Inventory:
     numbers |= {m.iommu_group for m in mdevs}
     groups = {n: inv.groups[n] for n in numbers if n is not None and n in inv.groups}
     members = {gpu, *g.vfs, *(m for grp in groups.values() for m in grp.members)}
-    return Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
-                     vgpu_types=inv.types_of(gpu), mdevs=mdevs,
+    rows = inv.types_of(gpu)
+    part = Inventory(devices={a: d for a, d in inv.devices.items() if a in members}, groups=groups, gpus=(g,),
+                     vgpu_types=rows, mdevs=mdevs,
                      vf_vgpus=tuple(v for v in inv.vf_vgpus if v.gpu == gpu), host=inv.host,
                      out_of_service={a: r for a, r in inv.out_of_service.items() if a == gpu})
+    # the GPU's run of rows (the same tuple: what is kept per run, policy.offers.types_by_gpu, serves the
+    # part too) and, with no VF reserved (the part holds no reservation), its GpuIndex, not built again
+    object.__setattr__(part, "_runs", {gpu: rows} if rows else {})
+    index = inv.__dict__.get("_index")
+    if index is not None and not inv.reserved and gpu in index:
+        object.__setattr__(part, "_index", {gpu: index[gpu]})
+    return part
 
 
 def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inventory]:
@@ -999,20 +1048,67 @@ def with_gpu(inv: Inventory, gpu: PciAddress, part: Inventory) -> Optional[Inven
     return merged
 
 
+def _mdev_rows_of(rows) -> Tuple[Dict[str, VgpuType], Dict[PciAddress, Dict[str, VgpuType]]]:
+    """``(type id -> a row, parent -> {type id: its row})`` of a GPU's mdev rows (a parent's rows come
+    together: one lookup per parent, not per row)."""
+    seed: Dict[str, VgpuType] = {}
+    prior: Dict[PciAddress, Dict[str, VgpuType]] = {}
+    parent = here = None
+    for t in rows:
+        if t.backend != BACKEND_MDEV:
+            continue
+        if t.parent is not parent:
+            parent = t.parent
+            here = prior.setdefault(parent, {})
+        here[t.type_id] = t
+        seed.setdefault(t.type_id, t)
+    return seed, prior
+
+
 def _read_mdevs_of(fs: Sysfs, parents: Tuple[PciAddress, ...]) -> List[MdevDevice]:
-    """The mdevs on ``parents``, read as :func:`_read_mdevs` reads them (sorted by UUID)."""
+    """The mdevs on ``parents``, read as :func:`_read_mdevs` reads them (sorted by UUID).
+
+    Found from the mdev bus's listing (each entry's link read: its target's last directory but one is
+    the parent, as :func:`_mdev_at` resolves it) where the host holds at most
+    :data:`_BUS_PER_PARENT` mdevs per parent asked about, else from each parent's own directory
+    (the kernel puts an mdev's directory under its parent's): the fewer calls (an A100's 20 VFs
+    with one mdev: one listing and one link, not 20 listings)."""
     base = fs.host.s.mdev_devices
     found = []
-    for p in parents:
-        for name in fs.listdir(fs.host.s.pci_device(p)):
-            if len(name) == 36 and name.count("-") == 4 and fs.exists(f"{base}/{name}"):
+    names = fs.listdir(base) if len(parents) > 2 else None
+    if names is not None and len(names) <= _BUS_PER_PARENT * len(parents):
+        wanted = {str(p): p for p in parents}
+        readlink = os.readlink
+        for name in names:
+            try:
+                target = readlink(f"{base}/{name}")
+            except OSError:             # gone meanwhile, or no link: _mdev_at says (as _read_mdevs reads it)
+                target = None
+            if target is not None:
+                head = target.rstrip("/").rsplit("/", 2)
+                p = wanted.get(head[-2]) if len(head) == 3 else None
+                if p is None:
+                    continue            # another parent's (its target names it)
                 found.append((name, p))
+            else:
+                m = _mdev_at(fs, base, name)
+                if m is not None and str(m.parent) in wanted:
+                    found.append((name, m.parent))
+    else:
+        for p in parents:
+            for name in fs.listdir(fs.host.s.pci_device(p)):
+                if len(name) == 36 and name.count("-") == 4 and fs.exists(f"{base}/{name}"):
+                    found.append((name, p))
     out = []
     for name, p in sorted(found):
         m = _mdev_at(fs, base, name)
         if m is not None and m.parent == p:     # not a bus link that points elsewhere
             out.append(m)
     return out
+
+
+#: :func:`_read_mdevs_of` reads the mdev bus's listing while it holds at most this many mdevs per parent
+_BUS_PER_PARENT = 3
 
 
 def nvml_gpu_instances(fs: Sysfs, gpu: PciAddress) -> Optional[Dict[str, int]]:
@@ -1103,9 +1199,12 @@ def _reread_device(fs: Sysfs, dev: PciDevice) -> PciDevice:
     ``virtfn`` links (VFs enabled or disabled).  Its ids, class, NUMA node, boot VGA, reset methods,
     IOMMU group, physfn and upstream are fixed for the device's life (a hot-replug is a new device:
     callers read under the GPU's lock a look a few milliseconds old).  What a re-check under the GPU's
-    lock (:func:`discover_gpu` with ``known``) reads."""
+    lock (:func:`discover_gpu` with ``known``) reads.  None when the function is gone (its
+    ``driver_override`` absent, and its directory: no stat before the read)."""
     d = fs.host.s.pci_device(dev.address) + "/"
     override = fs.read_attr(d + "driver_override")       # one read(2): a sysfs attribute
+    if override is None and not fs.exists(d[:-1]):
+        return None
     if override in ("(null)", ""):
         override = None
     changed = {"driver": fs.link_name(d + "driver"), "driver_override": override}
@@ -1189,21 +1288,36 @@ def _make_type(gpu: PciAddress, parent: PciAddress, backend: str, type_id: str, 
 
 
 def _read_mdev_types(fs: Sysfs, gpu: PciAddress, parent: PciAddress,
-                     consts: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None) -> List[VgpuType]:
+                     consts: Optional[Dict[str, VgpuType]] = None, real: Optional[str] = None,
+                     only: Optional[frozenset] = None,
+                     prior: Optional[Dict[PciAddress, Dict[str, VgpuType]]] = None) -> List[VgpuType]:
     """The types of one mdev parent.  ``consts`` (type id -> a row read before) is
     shared by the parents of one GPU: ``name``, ``description`` and ``device_api``
     are the type's, the same on every VF of the GPU, so only
     ``available_instances`` is read per parent (docs/reference/hardware.md#mdev).
     ``real``: the parent's device directory with symlinks resolved (:func:`_real_dirs`), read
-    instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens."""
+    instead of ``class/mdev_bus/<parent>``: no symlink to follow on each of its files' opens.
+    ``prior``: ``{parent: {type id: row}}`` of a read before (:func:`_mdev_rows_of`): a row whose count
+    is the one read now is that row itself, not a new one (after a write most counts stay).  ``only``
+    (type ids, with ``prior``): only those types' ``available_instances`` are read; each other type the
+    parent lists keeps its row of ``prior`` (every type is read when the parent lists one ``prior``
+    lacks)."""
     tdir = types_dir_in(real) if real is not None else supported_types_dir(fs.host, parent)
     out = []
-    tids = tuple(fs.listdir(tdir))
+    before = prior.get(parent) if prior is not None else None
+    only_here = only if only is not None and before is not None else None
+    tids, counts = mdev_types_available(fs, tdir, only_here)
     if not tids and real is not None:       # not where _real_dirs looked for it: through its class/mdev_bus link
         tdir = supported_types_dir(fs.host, parent)
-        tids = tuple(fs.listdir(tdir))
+        tids, counts = mdev_types_available(fs, tdir, only_here)
+    if only_here is not None and tids and any(tid not in before for tid in tids):
+        counts = mdev_available_all(fs, tdir, tids)     # a type the look did not hold: every count read
     new = object.__new__
-    for tid, avail in zip(tids, mdev_available_all(fs, tdir, tids)):
+    for tid, avail in zip(tids, counts):
+        was = before.get(tid) if before is not None else None
+        if was is not None and (avail is None or was.available_instances == avail):
+            out.append(was)             # not asked about (only), or the same count: the row read before
+            continue
         known = consts.get(tid) if consts is not None else None
         if known is None:
             description, name, device_api = mdev_type_constants(fs, tdir, tid)

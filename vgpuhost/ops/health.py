@@ -160,8 +160,16 @@ def in_service(inv: "Inventory", store: "Optional[StateStore]",
         return inv
     from ..observe.inventory import Inventory
     types = inv.vgpu_types if not reserved else tuple(t for t in inv.vgpu_types if t.parent not in reserved)
-    return Inventory(devices=inv.devices, groups=inv.groups, gpus=inv.gpus, vgpu_types=types,
-                     mdevs=inv.mdevs, vf_vgpus=inv.vf_vgpus, host=inv.host, out_of_service=oos, reserved=reserved)
+    out = Inventory(devices=inv.devices, groups=inv.groups, gpus=inv.gpus, vgpu_types=types,
+                    mdevs=inv.mdevs, vf_vgpus=inv.vf_vgpus, host=inv.host, out_of_service=oos, reserved=reserved)
+    if not reserved and not inv.reserved:
+        # the same rows, mdevs and VFs: inv's caches of them (its rows by GPU, its GpuIndex per GPU, neither
+        # of which looks at out_of_service) serve the copy, not built again for every start's look
+        for cache in ("_runs", "_index"):
+            kept = inv.__dict__.get(cache)
+            if kept is not None:
+                object.__setattr__(out, cache, kept)
+    return out
 
 
 def reserved_vfs(store: "StateStore", inv: "Inventory", owner: "Optional[str]" = None) -> "Dict[PciAddress, str]":

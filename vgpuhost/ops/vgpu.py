@@ -415,14 +415,20 @@ def limits_lookup(host: HostRoot, inv: Inventory):
     """``name -> {gpu: max}`` as :func:`mode_limits` gives it, for many names on one look (``types``,
     a refusal's "types that still fit"): NVML is asked for the GPUs' modes once, at the first name a
     vendor-VFIO GPU lists, and never on a host without one."""
-    vfio = {g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV}
-    listed = {t.name.lower() for t in inv.vgpu_types if t.gpu in vfio and t.name}
+    vfio = [g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV]
+    listed: set = set()         # the names those GPUs list, lower-case: gathered at the first name asked about
     mixed: List[dict] = []
     cache: Dict[str, dict] = {}
 
     def of(name: str) -> dict:
+        if not vfio:
+            return {}           # no vendor-VFIO GPU: nothing to read (an mdev host's start)
         key = name.lower()
-        if key not in listed:
+        if not listed:
+            # the vendor-VFIO GPUs' rows alone (Inventory.types_of), not the host's; '' marks it done
+            listed.update(t.name.lower() for g in vfio for t in inv.types_of(g) if t.name)
+            listed.add("")
+        if not key or key not in listed:
             return {}
         if key not in cache:
             if not mixed:
@@ -527,9 +533,14 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
     with file_lock(store.dir, f"gpu-{decision.gpu}"):
         if any(r.result in ("finished", "rolled-back") for r in _recover_first(host, store, decision.gpu, actor)):
             return None         # recovery changed the host: place again on what it left (the reason too)
-        # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again
+        # this GPU alone, under its lock: what can change (free instances, vGPUs present) read again; of
+        # the mdev types' counts only the wanted type's, all the capacity rule counts for it (an A100's 20
+        # VFs list 12 types each: 20 counts instead of 240); the look's counts of the others are not used
         from . import health
-        inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv), store, owner=req.owner)
+        wanted = frozenset({decision.type_id} | {t.type_id for t in inv.types_of(decision.gpu)
+                                                 if t.name.lower() == name.lower()})
+        inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv, only=wanted), store,
+                                 owner=req.owner)
         records2 = store.vgpu_records(gpu=str(decision.gpu))
         limits = {} if req.vf is not None else mode_limits(host, inv2, name)
         again = place(_narrow(inv2, offers(inv2, records2, name, seen, limits), name, req.allowed_gpus, req.vf,
@@ -967,6 +978,14 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
             failed = gpu_failed(e, d.gpu, f"creating {name}")
             if failed is not None:                  # the GPU failed, not the request (docs/guide/failures.md)
                 raise failed from e
+            if e.errno == errno.ENOSPC:
+                # what still fits there, from every type's count now (the check under the lock read the
+                # wanted type's alone: discover_gpu's ``only``)
+                from ..observe.inventory import discover_gpu
+                try:
+                    inv = discover_gpu(Sysfs(ex.host), d.gpu, host_facts=False)
+                except SysfsError:
+                    pass
             raise DeviceError(_explain(e, inv, records, d, name, limits_of), hint="see 'vgpuhost audit'") from e
         raise DeviceError(f"setting vgpu_params {params!r} on {vid} failed: {e.errno_name}; "
                           "the vGPU was removed again", hint="check the parameter names") from e

@@ -32,28 +32,40 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 def types_by_gpu(inv: Inventory) -> Dict[PciAddress, Dict[str, List[VgpuType]]]:
     """``{gpu: {lower-case name: [VgpuType per parent]}}`` as the devices report them.  The value is shared
     (the last inventory's is kept: a start, its re-check and the agent's capacity answers ask of one
-    snapshot again and again): callers must not change it."""
+    snapshot again and again): callers must not change it.  Each GPU's map is kept with its run of rows
+    (:meth:`Inventory.types_of`, the same tuple in every inventory that holds them: a snapshot's GPUs the
+    agent did not re-read, a start's look at one GPU of it): built once per run, not per inventory."""
     global _BY_GPU
     last = _BY_GPU
     if last is not None and last[0] is inv:
         return last[1]
     out: Dict[PciAddress, Dict[str, List[VgpuType]]] = {}
-    gpu = names = None
     lower: Dict[str, str] = {}
-    for t in inv.vgpu_types:
-        if t.gpu is not gpu:        # a GPU's rows come together: one lookup per run of them
-            gpu = t.gpu
-            names = out.setdefault(gpu, {})
-        low = lower.get(t.name)
-        if low is None:
-            low = lower[t.name] = t.name.lower()
-        rows = names.get(low)
-        if rows is None:
-            names[low] = [t]
-        else:
-            rows.append(t)
+    for gpu, run in inv._type_runs().items():
+        hit = _BY_RUN.get(id(run))
+        if hit is not None and hit[0] is run:
+            out[gpu] = hit[1]
+            continue
+        names: Dict[str, List[VgpuType]] = {}
+        for t in run:
+            low = lower.get(t.name)
+            if low is None:
+                low = lower[t.name] = t.name.lower()
+            rows = names.get(low)
+            if rows is None:
+                names[low] = [t]
+            else:
+                rows.append(t)
+        out[gpu] = names
+        if len(_BY_RUN) >= 64:
+            _BY_RUN.clear()
+        _BY_RUN[id(run)] = (run, names)      # the run itself kept: its id is not given to another meanwhile
     _BY_GPU = (inv, out)
     return out
+
+
+#: id of a GPU's run of rows -> (that run, its map by lower-case name): :func:`types_by_gpu`'s, bounded
+_BY_RUN: Dict[int, tuple] = {}
 
 
 #: (the inventory :func:`types_by_gpu` was asked about last, its answer): one pair, replaced whole
