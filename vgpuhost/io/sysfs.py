@@ -48,7 +48,9 @@ _LISTINGS_MAX = 4096
 _ATTR_NAMES: "Dict[tuple, List[str]]" = {}
 
 
-def _attr_names(names: "Tuple[str, ...]", attr: str) -> "List[str]":
+def attr_names(names: "Tuple[str, ...]", attr: str) -> "List[str]":
+    """``[f"{name}/{attr}" for name in names]``, made once per ``(names, attr)`` and kept (the VFs of a GPU
+    list the same type ids: their attribute files' names are made once, not once per VF)."""
     key = (names, attr)
     got = _ATTR_NAMES.get(key)
     if got is None:
@@ -268,10 +270,10 @@ class Sysfs:
                         _LISTINGS.clear()
                     _LISTINGS[directory] = (ident, names)
             if only is None:
-                files = _attr_names(names, attr)
+                files = attr_names(names, attr)
                 return names, self._ints_at(dfd, directory, files, default) if files else []
             want = tuple(n for n in names if n in only)
-            got = dict(zip(want, self._ints_at(dfd, directory, list(_attr_names(want, attr)), default)))
+            got = dict(zip(want, self._ints_at(dfd, directory, list(attr_names(want, attr)), default)))
             return names, [got.get(n) for n in names]
         except (FileNotFoundError, NotADirectoryError):
             return (), []

@@ -24,6 +24,7 @@ from __future__ import annotations
 from os.path import join as _join
 
 from ..model.kinds import Backend    # the plain constants: the enum module costs the hook ~1 ms to import
+from .sysfs import attr_names
 # .vfioholders (with .locks, fcntl, select) is imported by the methods that remove or look for holders:
 # a read command (`types`) never does
 
@@ -311,20 +312,9 @@ def mdev_available(fs: Sysfs, tdir: str, tid: str) -> int:
 def mdev_available_all(fs: Sysfs, tdir: str, tids: Sequence[str]) -> List[int]:
     """:func:`mdev_available` of each of ``tids`` under ``tdir``, in order (one open of ``tdir``:
     :meth:`~vgpuhost.io.sysfs.Sysfs.read_attr_ints_in`)."""
-    if type(tids) is not tuple:
-        tids = tuple(tids)
-    names = _AVAILABLE_NAMES.get(tids)
-    if names is None:
-        # the parents of a GPU (its VFs) list the same type ids: their file names made once
-        names = [f"{tid}/{AVAILABLE_ATTR}" for tid in tids]
-        if len(_AVAILABLE_NAMES) >= 256:
-            _AVAILABLE_NAMES.clear()
-        _AVAILABLE_NAMES[tids] = names
+    names = attr_names(tids if type(tids) is tuple else tuple(tids), AVAILABLE_ATTR)
     return [n if n is not None and n > 0 else 0 for n in fs.read_attr_ints_in(tdir, names, default=0)]
 
-
-#: a parent's type ids (a tuple) -> the names of their available_instances files under its types directory
-_AVAILABLE_NAMES: dict = {}
 
 
 def mdev_types_available(fs: Sysfs, tdir: str, only=None) -> Tuple[Tuple[str, ...], List[Optional[int]]]:
