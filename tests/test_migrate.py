@@ -317,7 +317,13 @@ def test_a_pending_incoming_reservation_counts_against_its_tenants_quota(make_ho
         assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", u, "t1")[0] == 0
     first = mdev_domain(profile="A40-2Q")
     second = mdev_domain("vm2", OTHER, OTHER_MDEV, profile="A40-2Q")
+    def fits() -> Tuple[int, str]:
+        code, out, _ = cli(capsys, dest, "--json", "capacity", "--tenant", "t1", "--profile", "A40-2Q")
+        (doc,) = [p for p in json.loads(out)["profiles"] if p["profile"] == "A40-2Q"]
+        return doc["fits"], doc["why_not"]
+    assert fits()[0] == 1
     assert call(dest, "vm", "migrate", "begin", first)[0] == 0 and [r[1] for r in reservations(dest)] == [DOM]
+    assert fits() == (0, "quota vGPUs of tenant 't1': 1 in use + 1 asked > 1 (burst limit)")   # capacity agrees
     _refused_in(dest, "vm2", second, says="quota vGPUs of tenant 't1': 1 in use + 1 asked > 1")
     from vgpuhost.ops.migrate import check_incoming
     from vgpuhost.policy.migration import Device, Request

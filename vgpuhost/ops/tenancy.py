@@ -1419,9 +1419,12 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     closed |= {g for g, why in drift.items() if why}
     ask = me is not None or untenanted
     facts: Dict[str, object] = {}
-    if ask:
-        facts = dict(admit_facts(store, inv, seen, _type_fb(inv, store)), policies=running)
     fbs = _type_fb(inv, store)
+    asked_held = held
+    if ask:
+        facts = dict(admit_facts(store, inv, seen, fbs), policies=running)
+        # admission counts other incoming migrations' live reservations as their tenants' (admit_domain)
+        asked_held = held + reserved_allocations(store, "(capacity)", held, ts, fbs)
     present: Dict[str, int] = {}
     for r in records:
         present[r.gpu] = present.get(r.gpu, 0) + 1
@@ -1465,11 +1468,11 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         if ask:
             lent = _lent(offers, records, name)
             req = adm.AdmissionRequest("(capacity)", dem, me.name if me is not None else None)
-            n, placed, last = admissible(req, tenants_=ts, held=held, offers=lent, **facts)
+            n, placed, last = admissible(req, tenants_=ts, held=asked_held, offers=lent, **facts)
             alone = dict(placed)
             for o in lent if per_gpu else ():
                 if o.type_id is not None:
-                    alone[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=held,
+                    alone[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=asked_held,
                                                    offers=lent, limit=max(0, o.available), **facts)[0] \
                         if o.available > 0 else 0
             rows = [(g, alone.get(g, 0), cap) for g, _, cap in rows]
