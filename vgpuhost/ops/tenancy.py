@@ -702,6 +702,10 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     ``require-binding``, or a Nova domain with no project is refused (one ``refused`` row with
     ``audit``, naming the binding).
 
+    What is held: :func:`allocations`, and the live reservations of other incoming live migrations
+    (:func:`reserved_allocations`: as their bound tenant's vGPUs, for quota and isolation; a refusal's
+    hint then names them and what frees them).
+
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
     calls it without, for early feedback (``audit`` False: nothing written).
     ``audit``: a refusal is written as the start's one admission row; the
