@@ -76,8 +76,8 @@ def domain_xml(name: str, uuid: str, meta: Metadata, hostdevs) -> str:
 
 
 def mdev_domain(name: str = "vm", uuid: str = DOM, mdev: str = MDEV, profile: str = "A40-8Q", gpu=None,
-                tenant: Optional[str] = None) -> str:
-    meta = Metadata(strategy="first-fit", tenant=tenant, vgpus=[VgpuRequest(profile, uuid=mdev, gpu=gpu)])
+                tenant: Optional[str] = None, qos: Optional[str] = None) -> str:
+    meta = Metadata(strategy="first-fit", tenant=tenant, vgpus=[VgpuRequest(profile, uuid=mdev, gpu=gpu)], qos=qos)
     return domain_xml(name, uuid, meta, [mdev_hostdev(mdev)])
 
 
@@ -259,6 +259,116 @@ def test_the_check_takes_no_tenant_or_class_from_the_request(make_host, capsys):
     assert not doc["ok"] and [r["code"] for r in doc["refusals"]] == ["admission"]
     assert "'vgpuhost tenant bind " + DOM + " g --qos guaranteed'" in doc["refusals"][0]["fix"]
     assert store(dest).binding(DOM) is None and store(dest).allocation_rows() == []
+
+
+def _refused_in(dest: HostRoot, name: str, xml: str, *, says: str) -> None:
+    """``migrate begin`` of ``xml`` on ``dest`` is refused (exit 2, ``says`` in its line) with one
+    ``(migration)`` audit row and nothing else written: no reservation, no allocation, no other row."""
+    before = audit_paths(dest)
+    kept, allocs = reservations(dest), store(dest).allocation_rows()
+    code, out, err = call(dest, name, "migrate", "begin", xml)
+    assert code == 2 and out == "" and "incoming migration refused: " in err and says in err, err
+    assert audit_paths(dest)[len(before):] == [("(migration)", "refused")]
+    assert reservations(dest) == kept and store(dest).allocation_rows() == allocs
+
+
+def test_migrate_begin_refuses_an_xml_that_claims_another_tenant_or_a_stronger_class(make_host, capsys):
+    """Trial 7 F5: the incoming XML is what prepare begin will see, so migrate begin weighs its metadata's
+    tenant and QoS class as prepare begin does (the XML may ask, never claim): a claim is refused before
+    anything is reserved, not at prepare begin."""
+    dest = a40(make_host)
+    assert cli(capsys, dest, "tenant", "add", "t1", "--vgpus", "0:1")[0] == 0
+    assert cli(capsys, dest, "tenant", "add", "t2", "--vgpus", "0:2")[0] == 0
+    assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", DOM, "t2")[0] == 0
+    # bound to t2, its metadata names t1: refused as prepare begin refuses it, naming the binding
+    _refused_in(dest, "vm", mdev_domain(tenant="t1"), says="its metadata names tenant 't1'")
+    # a class stronger than t2's (burstable)
+    _refused_in(dest, "vm", mdev_domain(qos="guaranteed"), says="guaranteed")
+    assert call(dest, "vm", "prepare", "begin", mdev_domain(qos="guaranteed"))[0] == 2      # the two agree
+    # migrate check --incoming keeps its word: the request carries the destination-trusted binding only
+    from vgpuhost.ops.migrate import check_incoming
+    from vgpuhost.policy.migration import Device, Request
+    req = Request("vm", DOM, "first-fit", None, None, None, "580.65.05", (Device("mdev", MDEV, "A40-8Q", ""),))
+    assert check_incoming(dest, req)["ok"]
+    # what the XML may do: ask for its own tenant, or a weaker class; then admitted and reserved
+    xml = mdev_domain(tenant="t2", qos="best-effort")
+    code, moved, err = migrate_in(dest, "vm", xml)
+    assert code == 0, err
+    assert [(r.device, r.tenant, r.qos) for r in map(_row, store(dest).allocation_rows())] == \
+        [(MDEV, "t2", "best-effort")]
+
+
+def _row(r):
+    from vgpuhost.ops.tenancy import _alloc
+    return _alloc(r)
+
+
+THIRD = "11111111-2222-4333-8444-0000000000c3"
+THIRD_MDEV = "aaaaaaaa-2222-4333-8444-0000000000c3"
+
+
+def test_a_pending_incoming_reservation_counts_against_its_tenants_quota(make_host, capsys):
+    """Trial 7 F4: two incoming migrations of one tenant with a quota of 1: the first's reservation is as
+    good as in use, so the second's migrate begin (and its check) are refused on quota; so is a start of
+    the tenant's third domain meanwhile (docs/guide/migration.md); a cancelled migration frees it."""
+    dest = a40(make_host)
+    assert cli(capsys, dest, "tenant", "add", "t1", "--vgpus", "0:1")[0] == 0
+    for u in (DOM, OTHER, THIRD):
+        assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", u, "t1")[0] == 0
+    first = mdev_domain(profile="A40-2Q")
+    second = mdev_domain("vm2", OTHER, OTHER_MDEV, profile="A40-2Q")
+    def fits() -> Tuple[int, str]:
+        code, out, _ = cli(capsys, dest, "--json", "capacity", "--tenant", "t1", "--profile", "A40-2Q")
+        (doc,) = [p for p in json.loads(out)["profiles"] if p["profile"] == "A40-2Q"]
+        return doc["fits"], doc["why_not"]
+    assert fits()[0] == 1
+    assert call(dest, "vm", "migrate", "begin", first)[0] == 0 and [r[1] for r in reservations(dest)] == [DOM]
+    assert fits() == (0, "quota vGPUs of tenant 't1': 1 in use + 1 asked > 1 (burst limit)")   # capacity agrees
+    _refused_in(dest, "vm2", second, says="quota vGPUs of tenant 't1': 1 in use + 1 asked > 1")
+    from vgpuhost.ops.migrate import check_incoming
+    from vgpuhost.policy.migration import Device, Request
+    req = Request("vm2", OTHER, "first-fit", None, "t1", None, "580.65.05",
+                  (Device("mdev", OTHER_MDEV, "A40-2Q", ""),))
+    doc = check_incoming(dest, req)
+    assert not doc["ok"] and "quota vGPUs of tenant 't1'" in doc["refusals"][0]["line"], doc
+    assert "reserved for the incoming migration of domain 'vm'" in doc["refusals"][0]["fix"], doc
+    # a plain start of the tenant's third domain counts it too: refused with the reservation named
+    before = audit_paths(dest)
+    code, _, err = call(dest, "vm3", "prepare", "begin", mdev_domain("vm3", THIRD, THIRD_MDEV, profile="A40-2Q"))
+    assert code == 2 and "quota vGPUs of tenant 't1': 1 in use + 1 asked > 1" in err, err
+    assert "reserved for the incoming migration of domain 'vm'" in err
+    assert audit_paths(dest)[len(before):] == [("(admission)", "refused")] and mdevs(dest) == {}
+    # the incoming domain itself is not counted twice: its prepare begin makes it
+    assert migrate_in(dest, "vm", first)[0] == 0 and reservations(dest) == [] and mdevs(dest) == {MDEV: "0000:41:00.0"}
+    _refused_in(dest, "vm2", second, says="quota vGPUs of tenant 't1': 1 in use + 1 asked > 1")
+    assert call(dest, "vm", "release", "end", first)[0] == 0
+    # an expired reservation holds nothing
+    assert call(dest, "vm", "migrate", "begin", first)[0] == 0
+    st = store(dest)
+    with st.transaction() as conn:
+        conn.execute("UPDATE reservations SET expires = '2000-01-01T00:00:00.000000+00:00'")
+    st.close()
+    assert call(dest, "vm2", "migrate", "begin", second)[0] == 0
+    assert sorted((r[1], r[6] > "2001") for r in reservations(dest)) == [(DOM, False), (OTHER, True)]
+
+
+def test_a_pending_incoming_reservation_of_an_exclusive_tenant_keeps_its_gpu(make_host, capsys):
+    """Trial 7 F4, isolation: an exclusive tenant's incoming reservation holds its GPU against another
+    tenant's incoming migration (one GPU here: refused) and another tenant's start."""
+    dest = a40(make_host)
+    assert cli(capsys, dest, "tenant", "add", "x", "--isolation", "exclusive")[0] == 0
+    assert cli(capsys, dest, "tenant", "add", "s")[0] == 0
+    assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", DOM, "x")[0] == 0
+    for u in (OTHER, THIRD):
+        assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", u, "s")[0] == 0
+    assert call(dest, "vm", "migrate", "begin", mdev_domain(profile="A40-2Q"))[0] == 0
+    assert [(r[1], r[3]) for r in reservations(dest)] == [(DOM, "0000:41:00.0")]
+    _refused_in(dest, "vm2", mdev_domain("vm2", OTHER, OTHER_MDEV, profile="A40-2Q"), says="exclusive")
+    code, _, err = call(dest, "vm3", "prepare", "begin", mdev_domain("vm3", THIRD, THIRD_MDEV, profile="A40-2Q"))
+    assert code == 2 and "exclusive" in err and mdevs(dest) == {}, err
+    assert migrate_in(dest, "vm", mdev_domain(profile="A40-2Q"))[0] == 0
+    assert [(a.owner, a.tenant, a.gpu) for a in map(_row, store(dest).allocation_rows())] == \
+        [(DOM, "x", "0000:41:00.0")]
 
 
 def test_check_refuses_a_mig_profile_busy_on_the_destination(make_host, capsys, tmp_path):

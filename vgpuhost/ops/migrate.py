@@ -162,13 +162,20 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
 
 
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
-               placed: "List[dict]") -> "List[Refusal]":
+               placed: "List[dict]", incoming: "Optional[DomainView]" = None) -> "List[Refusal]":
     """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
     allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
     binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
     tenancy: docs/guide/migration.md).  A domain the source says is bound (``req.tenant``) and the
     destination has not bound is refused with the command that binds it there (prepare begin would
-    admit it as a domain without a tenant).  Nothing when tenancy is not in use there."""
+    admit it as a domain without a tenant).  Nothing when tenancy is not in use there.
+
+    ``incoming``: the incoming domain XML (the hook's ``migrate begin``): what ``prepare begin`` will
+    see, so its metadata's asks (``tenant=``, ``qos=``) and Nova's project are weighed as prepare begin
+    weighs them (:func:`vgpuhost.ops.tenancy.trust`: the XML may ask, never claim; a claim of another
+    tenant or a stronger class is refused here).  None (``migrate check --incoming``): the request has
+    no XML, and its tenant and class are the source's word, never weighed.  Devices other incoming
+    migrations reserved here count as their bound tenant's (``admit_domain``)."""
     from ..policy import migration as mig
     from .admitting import active
     if store.absent or not active(store):
@@ -192,7 +199,12 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
             vgpus.append(VgpuRequest(p["profile"], uuid=p["device"]))
         else:
             vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
-    view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
+    asked = incoming.metadata if incoming is not None else None
+    # the devices as placed here (the XML prepare begin sees is rewritten to them); the asks as the XML makes them
+    view.metadata = Metadata(req.strategy, asked.tenant if asked is not None else None, req.anti_affinity, vgpus,
+                             [], asked.qos if asked is not None else None)
+    if incoming is not None:
+        view.nova_project = incoming.nova_project
     tenant = row[1] if row is not None else None
     try:
         tenancy.admit_domain(store, view, inv, audit=False, types={p["device"]: p["profile"] for p in placed},
@@ -367,7 +379,9 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
 
     Raises RefusedError (exit 2, nothing reserved, one audit row) when the destination cannot take the
     domain: a passed-through GPU, a type or MIG profile not free here, or its admission here (the
-    destination's own binding, quota and isolation, as ``migrate check --incoming`` decides it);
+    destination's own binding, quota and isolation, as ``migrate check --incoming`` decides it, and the
+    incoming XML's ``tenant=``/``qos=`` asks as ``prepare begin`` weighs them: a claim is refused;
+    other incoming migrations' reservations count as their tenants' devices);
     InputError for a bad XML."""
     from ..libvirt.domxml import parse_domain
     from ..policy import migration as mig
@@ -390,10 +404,11 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             keep[v.device] = v.vf if v.vf is not None else v.gpu
         placed, refusals = _placements(host, store, req, inv, records, seen, keep)
         if not refusals and placed:
-            # the destination's own admission, read-only, as `migrate check --incoming` runs it: a domain
-            # its tenant's quota or isolation keeps out is refused before the migration starts, not at
-            # its prepare begin (its memory already copied)
-            refusals = _admission(host, store, req, inv, placed)
+            # the destination's own admission, read-only, as its prepare begin will run it on this XML
+            # (its binding, the XML's tenant and class asks: trial 7 F5): a domain its tenant's quota or
+            # isolation keeps out, or whose XML claims another tenant or a stronger class, is refused
+            # before anything is reserved, not at its prepare begin
+            refusals = _admission(host, store, req, inv, placed, view)
         if refusals:
             line = "; ".join(r.text() for r in refusals)
             store.audit(actor=actor, operation=operation, path="(migration)", value=line, result="refused")

@@ -29,7 +29,7 @@ from ..io.state import StateStore
 from ..model.errors import InputError, RefusedError  # noqa: F401 (re-exported for callers and tests)
 from ..model.kinds import Backend, Owner
 from ..model.tenancy import (DIMENSIONS, EXCLUSIVE, Limits, Quota, Tenant, check_name, labels_text,
-                             parse_labels)
+                             parse_labels, UNTENANTED_QOS)
 from ..model.values import replace
 from ..policy import admission as adm
 from . import gputime
@@ -702,6 +702,10 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     ``require-binding``, or a Nova domain with no project is refused (one ``refused`` row with
     ``audit``, naming the binding).
 
+    What is held: :func:`allocations`, and the live reservations of other incoming live migrations
+    (:func:`reserved_allocations`: as their bound tenant's vGPUs, for quota and isolation; a refusal's
+    hint then names them and what frees them).
+
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
     calls it without, for early feedback (``audit`` False: nothing written).
     ``audit``: a refusal is written as the start's one admission row; the
@@ -747,6 +751,12 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     fbs = _type_fb(inv, store)
     facts = admit_facts(store, inv, seen, fbs)
+    # what other incoming live migrations reserved here is as good as in use (trial 7 F4): their prepare
+    # begin follows at once and makes it, so it counts as its bound tenant's, for quota and isolation alike
+    pending = reserved_allocations(store, me, held, ts, fbs)
+    if pending:
+        held = held + pending
+        facts = dict(facts, names={**facts["names"], **{a.owner: n for a, n, _ in pending_names(store, pending)}})
     pl = facts["pools"]
     qos = tr.qos
     out: List[Granted] = []
@@ -822,7 +832,10 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
                         value=f"{d.one_line()}; {tr.text}; "
                               f"{adm.refusal_tag(d.code, req.demand.profile, d.qos, d.tenant)}")
         if not d.admitted:
-            e = RefusedError(f"admission: {d.reason}", hint=d.remedy())
+            hint = d.remedy()
+            if pending:
+                hint = f"{hint}; {reserved_note(store, pending)}" if hint else reserved_note(store, pending)
+            e = RefusedError(f"admission: {d.reason}", hint=hint)
             e.audited = bool(audit)
             raise e
         out.append(Granted(device, req.demand, d))
@@ -830,6 +843,65 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         if d.gpu and req.demand.kind == adm.VGPU:
             taken.add(d.gpu)
     return out
+
+
+def reserved_allocations(store: StateStore, owner: str, held: Sequence[adm.Allocation],
+                         ts: Mapping[str, Tenant], fbs: Mapping[str, int]) -> List[adm.Allocation]:
+    """The vGPUs other incoming live migrations than ``owner``'s reserved on this host (the qemu hook's
+    ``migrate begin``, :mod:`vgpuhost.ops.migrate`), live (not expired) and not made yet (no device of
+    ``held`` has their id), as admission counts them: one allocation each on its reserved GPU, of the
+    reserving domain's bound tenant here (its binding; none: a domain without a tenant) and class (the
+    binding's, else the tenant's), burst where the tenant's use with it passes a guaranteed limit.
+    ``held``: the allocations counted already; ``ts``: the tenants; ``fbs``: framebuffer MiB by type
+    name (lower case).  One query (``[]`` without reservations), one binding lookup per reserving domain."""
+    rows = store.reservation_rows() if not store.absent else []
+    if not rows:
+        return []
+    from ..io.state import utcnow
+    now = utcnow()
+    have = {a.device for a in held}
+    out: List[adm.Allocation] = []
+    counted = list(held)
+    bound: Dict[str, object] = {}
+    for device, who, _name, gpu, _kind, profile, expires, _time in sorted(rows, key=lambda r: (r[7], r[0])):
+        if who == owner or expires < now or device in have:
+            continue            # its own, expired (holds nothing), or made already (counted as held)
+        if who not in bound:
+            bound[who] = store.binding(who)
+        row = bound[who]
+        t = adm.tenant_named(ts, row[1]) if row is not None else None
+        tname = t.name if t is not None else (row[1] if row is not None else None)
+        qos = (row[2] if row is not None and row[2] else None) or (t.qos if t is not None else UNTENANTED_QOS)
+        dem = adm.vgpu_demand(profile, fbs.get(profile.lower()))
+        burst = False
+        if t is not None:
+            used = adm.usage(t.name, counted)
+            g = t.quota.guaranteed
+            burst = any(dem.amount(d) and g.get(d) is not None and used[d][0] + dem.amount(d) > g.get(d)
+                        for d in DIMENSIONS)
+        a = adm.Allocation(device, who, tname, gpu, adm.VGPU, profile, dem.framebuffer_mib, dem.mig_slices, qos, burst)
+        out.append(a)
+        counted.append(a)
+    return out
+
+
+def pending_names(store: StateStore, pending: Sequence[adm.Allocation]) -> List[Tuple[adm.Allocation, str, str]]:
+    """``(allocation, domain name, expiry)`` of each of :func:`reserved_allocations`' allocations."""
+    rows = {r[0]: r for r in store.reservation_rows()}
+    return [(a, rows[a.device][2] if a.device in rows else a.owner, rows[a.device][6][:19] if a.device in rows
+             else "") for a in pending]
+
+
+def reserved_note(store: StateStore, pending: Sequence[adm.Allocation]) -> str:
+    """The words a refusal's hint adds when :func:`reserved_allocations` counted: what is reserved, for
+    whom, until when, and what frees it."""
+    named = pending_names(store, pending)
+    parts = [f"vGPU {a.profile} on {a.gpu} reserved for the incoming migration of domain {n!r}"
+             + (f" (tenant {a.tenant!r})" if a.tenant else " (no tenant)") + (f" until {e} UTC" if e else "")
+             for a, n, e in named[:3]]
+    more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+    return ("counted as in use: " + "; ".join(parts) + more + " (freed when its prepare begin makes it, the "
+            "migration is cancelled, or the reservation expires: 'vgpuhost reconcile')")
 
 
 def admit_facts(store: StateStore, inv: Inventory, seen: Sequence[tuple], fbs: Mapping[str, int]) -> Dict[str, object]:
@@ -1351,9 +1423,12 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     closed |= {g for g, why in drift.items() if why}
     ask = me is not None or untenanted
     facts: Dict[str, object] = {}
-    if ask:
-        facts = dict(admit_facts(store, inv, seen, _type_fb(inv, store)), policies=running)
     fbs = _type_fb(inv, store)
+    asked_held = held
+    if ask:
+        facts = dict(admit_facts(store, inv, seen, fbs), policies=running)
+        # admission counts other incoming migrations' live reservations as their tenants' (admit_domain)
+        asked_held = held + reserved_allocations(store, "(capacity)", held, ts, fbs)
     present: Dict[str, int] = {}
     for r in records:
         present[r.gpu] = present.get(r.gpu, 0) + 1
@@ -1397,11 +1472,11 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
         if ask:
             lent = _lent(offers, records, name)
             req = adm.AdmissionRequest("(capacity)", dem, me.name if me is not None else None)
-            n, placed, last = admissible(req, tenants_=ts, held=held, offers=lent, **facts)
+            n, placed, last = admissible(req, tenants_=ts, held=asked_held, offers=lent, **facts)
             alone = dict(placed)
             for o in lent if per_gpu else ():
                 if o.type_id is not None:
-                    alone[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=held,
+                    alone[str(o.gpu)] = admissible(replace(req, gpu=str(o.gpu)), tenants_=ts, held=asked_held,
                                                    offers=lent, limit=max(0, o.available), **facts)[0] \
                         if o.available > 0 else 0
             rows = [(g, alone.get(g, 0), cap) for g, _, cap in rows]
