@@ -33,8 +33,8 @@ once it has imported what it needs, is ``ready``.  A request is one line of JSON
 (``ROOT`` the simulated host root whose simulated kernel makes the write, ``""`` for a real one, where the
 write is one ``write(2)``; ``ENV`` the simulator's environment variables as the caller has them now,
 ``{name: value or null}``, so a writer that lives long follows the caller's: its time file, its write log);
-the answer one line, the errno (0: written), or ``unable`` when the code the write needs cannot be loaded
-(a module broken on disk; nothing written).  The simulator re-reads the host's state at every write
+the answer one line, the errno (0: written), or ``unable`` when the writer failed before the write (the
+simulator's module broken on disk, a request it cannot read; nothing written).  The simulator re-reads the host's state at every write
 (:meth:`vgpuhost.sim.kernel.SimKernel.write`), so a writer that lives long never acts on a stale one.
 
 Failed starts: a writer that ends before it is ready, cannot be run, is not ready within
@@ -99,12 +99,12 @@ OFF_S = 600.0
 EXIT_OTHER_VERSION = 3
 #: :meth:`Writer.ask`: the writer had ended before the request was sent (nothing written)
 UNSENT = -2
-#: :meth:`Writer.ask`: the writer answered that it cannot make writes (its code fails to load a module the
-#: write needs: a package broken on disk; nothing written)
+#: :meth:`Writer.ask`: the writer answered that it cannot make writes (it failed before the write: a module
+#: the write needs broken on disk, a request it cannot read; nothing written)
 CANNOT = -4
 #: a writer's first line, once it has imported what it needs
 READY = b"ready"
-#: a writer's answer when the write's code cannot be loaded (:data:`CANNOT`)
+#: a writer's answer when it failed before the write (:data:`CANNOT`)
 UNABLE = b"unable"
 #: the writer process's code (``python -I -S -c CODE PACKAGE_PARENT IDENTITY``)
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from vgpuhost.io.residentwriter import serve; "
@@ -230,8 +230,8 @@ class Writers:
         self._clock = clock
         #: writers started, in all (a count, for tests and the agent's status)
         self.started = 0
-        #: starts that failed in a row (a writer that ended before it was ready, or could not be run, or
-        #: cannot make writes); 0 again once one is ready
+        #: starts that failed in a row (a writer that ended before it was ready, could not be run, or cannot
+        #: make writes); 0 again once one has answered a write
         self.start_failures = 0
         #: the last failed start, a line (None: none yet)
         self.last_failure: Optional[str] = None
@@ -268,12 +268,14 @@ class Writers:
             raise OSError(errno.ECHILD, "the resident writers ended before they could take the write")
         if got == CANNOT:
             writer.close()
-            self._start_failed(writer.pid, "cannot make writes (a module of the package on disk fails to load)")
+            self._start_failed(writer.pid, "cannot make writes (it failed before the write: a module broken on disk?)")
             raise OSError(errno.ECHILD, f"the resident writer (pid {writer.pid}) cannot make writes")
         if got is None or got < 0:
             writer.close()                  # blocked (abandoned) or dead: never handed out again
             self._spare()                   # its successor starts now, not in the next write's bound
             return got
+        if self.start_failures:
+            self._worked(writer.pid)
         self._give_back(writer)
         return got
 
@@ -292,7 +294,6 @@ class Writers:
             bound = max(0.0, min(bound, left - DEADLINE_MARGIN_S - timeout_s))
         why = writer.wait_ready(bound)
         if why is None:
-            self._started_ok(writer.pid)
             return writer
         if bound < START_TIMEOUT_S and writer.alive() and why.startswith("was not ready"):
             self._give_back(writer)         # a slow start cut short by the deadline: ready for a later write
@@ -304,12 +305,13 @@ class Writers:
         self._spare()
         raise OSError(errno.ECHILD, f"the resident writer (pid {writer.pid}) {why}")
 
-    def _started_ok(self, pid: int) -> None:
+    def _worked(self, pid: int) -> None:
+        """A writer answered a write: the failed starts in a row end."""
         with self._lock:
             failures, self.start_failures, self._off_until = self.start_failures, 0, None
         if failures:
-            _log().warning("resident writer (pid %d) ready after %d failed start(s): bounded writes go to it "
-                           "again", pid, failures)
+            _log().warning("resident writer (pid %d) made a write after %d failed start(s): bounded writes go "
+                           "to resident writers again", pid, failures)
 
     def _start_failed(self, pid: Optional[int], why: str) -> None:
         """Count one failed start (``pid`` None: it could not be run), log it, and turn the pool off at
@@ -383,7 +385,7 @@ class Writers:
     def status(self) -> Dict[str, Any]:
         """The pool as ``GET /v1/agent`` shows it: ``mode`` (``resident``, or ``fork`` while it is off:
         each bounded write forks a child), ``started`` (writers started in all), ``idle`` (writers waiting),
-        ``start_failures`` (failed starts in a row), ``last_start_failure`` (a line, or None), ``off_for_s``
+        ``start_failures`` (failed starts in a row, 0 once a writer answered a write), ``last_start_failure`` (a line, or None), ``off_for_s``
         (seconds until a start is tried again while off, else None)."""
         now = self._clock()
         with self._lock:
@@ -439,8 +441,8 @@ def let_writers_go() -> None:
 
 def serve(requests=None, answers=None, boot: Optional[str] = None) -> Optional[int]:
     """The writer's loop: read a request line from ``requests`` (stdin's binary stream), make the write, write
-    the errno line to ``answers`` (stdout's fd), or :data:`UNABLE` when the write's code cannot be loaded
-    (a module of the package on disk is broken: nothing written); return None at end of file, or when the
+    the errno line to ``answers`` (stdout's fd), or :data:`UNABLE` when it fails before the write (a bad
+    request, the simulator's module broken on disk: nothing written); return None at end of file, or when the
     answer cannot be written (the caller has gone or abandoned this writer).  ``boot``: the caller's
     :func:`identity`; when it is not this code's, nothing is read or said and :data:`EXIT_OTHER_VERSION` is
     returned (the writer's exit status)."""
@@ -457,8 +459,8 @@ def serve(requests=None, answers=None, boot: Optional[str] = None) -> Optional[i
         line = requests.readline()
         if not line:
             return None
-        answer = b"%d" % errno.EIO
-        try:
+        try:        # everything before the write itself: a failure here (a bad request, the simulator's
+            # module broken on disk) is this writer's, not the write's; nothing was written
             root, path, value, env = json.loads(line)
             for name, v in env.items():
                 if v is None:
@@ -472,14 +474,16 @@ def serve(requests=None, answers=None, boot: Optional[str] = None) -> Optional[i
                     if len(kernels) >= _KERNELS_KEPT:
                         kernels.clear()
                     kernel = kernels[root] = Sysfs(HostRoot(root))._kernel
-            _write_once(kernel, path, value)
-            answer = b"0"
-        except OSError as e:
-            answer = b"%d" % (e.errno or errno.EIO)
-        except (ImportError, SyntaxError):      # the code the write needs cannot be loaded: not written
+        except BaseException:
             answer = UNABLE
-        except BaseException:                   # a bad request, a simulator's failure: not written
-            pass
+        else:
+            try:
+                _write_once(kernel, path, value)
+                answer = b"0"
+            except OSError as e:
+                answer = b"%d" % (e.errno or errno.EIO)
+            except BaseException:               # a simulator's failure: not written
+                answer = b"%d" % errno.EIO
         try:
             os.write(answers, answer + b"\n")
         except OSError:
