@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import select
 import subprocess
@@ -73,7 +74,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import __version__
 from .hostroot import HostRoot
+from .locks import time_left
 from .sysfs import UNANSWERED, Sysfs, _write_once, set_bounded_writer
+from .vfioholders import DEADLINE_MARGIN_S
 
 #: idle writers kept for the next write (more are started when writes come at once, and ended when they return)
 IDLE_KEPT = 2
@@ -123,9 +126,7 @@ def _package_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _log():
-    import logging      # here: the writer process imports this module and never logs
-    return logging.getLogger("vgpuhost.agent")
+log = logging.getLogger("vgpuhost.agent")
 
 
 class Writer:
@@ -287,10 +288,8 @@ class Writers:
         if writer.ready:
             return writer
         bound = START_TIMEOUT_S
-        from .locks import time_left
         left = time_left()
         if left is not None:                # never past the caller's deadline, with the write's own bound
-            from .vfioholders import DEADLINE_MARGIN_S
             bound = max(0.0, min(bound, left - DEADLINE_MARGIN_S - timeout_s))
         why = writer.wait_ready(bound)
         if why is None:
@@ -310,7 +309,7 @@ class Writers:
         with self._lock:
             failures, self.start_failures, self._off_until = self.start_failures, 0, None
         if failures:
-            _log().warning("resident writer (pid %d) made a write after %d failed start(s): bounded writes go "
+            log.warning("resident writer (pid %d) made a write after %d failed start(s): bounded writes go "
                            "to resident writers again", pid, failures)
 
     def _start_failed(self, pid: Optional[int], why: str) -> None:
@@ -325,11 +324,11 @@ class Writers:
                 self._off_until = self._clock() + OFF_S
             failures = self.start_failures
         if off:
-            _log().warning("%s %s: %d failed starts in a row, no writer is started for %g s (each bounded "
+            log.warning("%s %s: %d failed starts in a row, no writer is started for %g s (each bounded "
                            "write forks a child meanwhile; GET /v1/agent resident_writer)", who, why, failures,
                            OFF_S)
         else:
-            _log().warning("%s %s (%d failed start(s) in a row): that write forks a child; the next write "
+            log.warning("%s %s (%d failed start(s) in a row): that write forks a child; the next write "
                            "gets a new writer", who, why, failures)
 
     def _spare(self) -> None:
