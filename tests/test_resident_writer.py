@@ -625,6 +625,48 @@ def test_sigterm_ends_the_agent_with_a_writer_blocked_and_no_writer_outlives_its
     until(lambda: _state(blocked[0]) in "Z-")                   # and it ended once its write returned
 
 
+def test_through_the_agent_a_writer_killed_in_a_blocked_release_leaves_the_removal_pending(make_host, capsys):
+    """Trial 7 F1 as the tester ran it: a real agent, a release whose remove the kernel blocks (a holder
+    vgpuhost cannot see), the resident writer killed (kill -9 by its pid) meanwhile.  The release is refused
+    as one whose remove did not finish (the unknown outcome), not 'failed: EIO'; the removal stays pending;
+    once the holder closes, the kernel completes the killed writer's remove and ``reconcile`` finishes the
+    entry, never re-creating the vGPU for the stopped domain."""
+    host = make_host("a40-mdev")
+    run = AgentRun(host.root)
+    try:
+        until(lambda: len(_children(run.proc.pid)) == 1)
+        writer = _children(run.proc.pid)[0]
+        xml = vgpu_domain("vm1", "11111111-2222-4333-8444-000000000001", _mdev(1))
+        status, _ = agentclient.call(run.admin, "POST", "/v1/hook/prepare", {"xml": xml, "name": "vm1"})
+        assert status == 200 and (host.mdev_devices / _mdev(1)).is_dir()
+        kernel = SimKernel(host)
+        holder = kernel.open_vgpu(_mdev(1), via="device")
+        got = []
+        t = threading.Thread(target=lambda: got.append(agentclient.call(
+            run.admin, "POST", "/v1/hook/release", {"xml": xml, "name": "vm1"}, timeout_s=DEADLINE_S * 3)),
+            daemon=True)
+        t.start()
+        until(lambda: kernel.meta()["opened"][str(holder)]["requests"] >= 1)     # its remove waits
+        os.kill(writer, signal.SIGKILL)
+        t.join(DEADLINE_S * 3)
+        status, doc = got[0]
+        assert status != 200 and (f"remove of {_mdev(1)} did not finish: the process making the write ended "
+                                  "without answering") in str(doc) and "EIO" not in str(doc), doc
+        status, agent_doc = run.call("GET", "/v1/agent")
+        assert agent_doc["resident_writer"]["start_failures"] == 0 and agent_doc["resident_writer"]["started"] == 2
+        assert run.stop() == 0
+    finally:
+        run.close()
+    code, text, _ = _cli(capsys, host, "reconcile", "--check")
+    assert code == 1 and f"vgpu remove {_mdev(1)}" in text, text
+    kernel.close_vgpu(holder)               # the kernel completes the killed writer's remove
+    assert not os.path.lexists(host.mdev_devices / _mdev(1))
+    code, text, _ = _cli(capsys, host, "reconcile")
+    assert code == 0 and "finished" in text and "re-created" not in text, text
+    assert not os.path.lexists(host.mdev_devices / _mdev(1))
+    assert _cli(capsys, host, "reconcile", "--check")[0] == 0
+
+
 def test_bench_bounded_write_smoke_run_reports_both_ways_in_both_cases(tmp_path):
     """bench/bounded_write.py runs (2 runs, 10 MB of ballast): nothing is asserted on time."""
     import subprocess
