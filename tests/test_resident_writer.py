@@ -310,7 +310,8 @@ def test_a_writer_killed_after_its_write_landed_reports_the_remove_done(make_hos
     monkeypatch.delenv(WRITE_LOG_ENV)
     assert got[1].changed and got[1].id == out.id, got[1]
     assert store.vgpu_records() == [] and store.journal_entries(open_only=True) == []
-    assert [r.result for r in store.audit_rows() if r.path.endswith("/current_vgpu_type")][-1:] == ["EINTR"], store.audit_rows()
+    results = [r.result for r in store.audit_rows() if r.path.endswith("/current_vgpu_type")]
+    assert results[-1:] == ["EINTR"], results
     assert _cli(capsys, host, "reconcile", "--check")[0] == 0
     assert Sysfs(host).read(type_file) == "0"
 

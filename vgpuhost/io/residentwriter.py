@@ -34,8 +34,9 @@ once it has imported what it needs, is ``ready``.  A request is one line of JSON
 write is one ``write(2)``; ``ENV`` the simulator's environment variables as the caller has them now,
 ``{name: value or null}``, so a writer that lives long follows the caller's: its time file, its write log);
 the answer one line, the errno (0: written), or ``unable`` when the writer failed before the write (the
-simulator's module broken on disk, a request it cannot read; nothing written).  The simulator re-reads the host's state at every write
-(:meth:`vgpuhost.sim.kernel.SimKernel.write`), so a writer that lives long never acts on a stale one.
+simulator's module broken on disk, a request it cannot read; nothing written).  The simulator re-reads the
+host's state at every write (:meth:`vgpuhost.sim.kernel.SimKernel.write`), so a writer that lives long
+never acts on a stale one.
 
 Failed starts: a writer that ends before it is ready, cannot be run, is not ready within
 :data:`START_TIMEOUT_S` or answers ``unable`` took nothing: :meth:`Writers.write` raises OSError, and
@@ -269,7 +270,8 @@ class Writers:
             raise OSError(errno.ECHILD, "the resident writers ended before they could take the write")
         if got == CANNOT:
             writer.close()
-            self._start_failed(writer.pid, "cannot make writes (it failed before the write: a module broken on disk?)")
+            self._start_failed(writer.pid, "cannot make writes (it failed before the write: a module broken "
+                                           "on disk?)")
             raise OSError(errno.ECHILD, f"the resident writer (pid {writer.pid}) cannot make writes")
         if got is None or got < 0:
             writer.close()                  # blocked (abandoned) or dead: never handed out again
@@ -384,8 +386,9 @@ class Writers:
     def status(self) -> Dict[str, Any]:
         """The pool as ``GET /v1/agent`` shows it: ``mode`` (``resident``, or ``fork`` while it is off:
         each bounded write forks a child), ``started`` (writers started in all), ``idle`` (writers waiting),
-        ``start_failures`` (failed starts in a row, 0 once a writer answered a write), ``last_start_failure`` (a line, or None), ``off_for_s``
-        (seconds until a start is tried again while off, else None)."""
+        ``start_failures`` (failed starts in a row, 0 once a writer answered a write),
+        ``last_start_failure`` (a line, or None), ``off_for_s`` (seconds until a start is tried again while
+        off, else None)."""
         now = self._clock()
         with self._lock:
             off = self._off_until is not None and now < self._off_until
