@@ -324,6 +324,19 @@ def _gated_start(monkeypatch, gate) -> None:
     monkeypatch.setattr(residentwriter, "_BOOT", f"open({str(gate)!r}).read(); " + residentwriter._BOOT)
 
 
+def _started_pids(monkeypatch) -> list:
+    """The pids of the writers started from now on, in order (filled as each is started)."""
+    from vgpuhost.io import residentwriter
+    pids: list = []
+    real = residentwriter.Writer.__init__
+
+    def init(self) -> None:
+        real(self)
+        pids.append(self.pid)
+    monkeypatch.setattr(residentwriter.Writer, "__init__", init)
+    return pids
+
+
 def _open_gate(gate) -> None:
     """Let one waiting writer start (opening blocks until it has opened its end)."""
     with open(gate, "w"):
@@ -343,12 +356,13 @@ def test_a_write_waits_for_its_writer_to_start_and_its_start_is_not_in_the_bound
     type_file = host.pci_device(out.id) / "nvidia" / "current_vgpu_type"
     gate = tmp_path / "gate"
     _gated_start(monkeypatch, gate)
+    pids = _started_pids(monkeypatch)
     got = []
     t = threading.Thread(target=lambda: got.append(Sysfs(host).write_bounded(type_file, "0", timeout_s=BLOCKED_S)),
                          daemon=True)
     t.start()
-    until(lambda: writers.started == 1 and len(_children(os.getpid())) >= 1)
-    pid = [p for p in _children(os.getpid()) if _state(p) != "Z"][0]
+    until(lambda: len(pids) == 1)
+    pid = pids[0]
     try:
         time.sleep(BLOCKED_S * 2)           # longer than the write's bound: the writer is still starting
         assert t.is_alive() and Sysfs(host).read(type_file) == out.type_id
@@ -433,13 +447,14 @@ def test_one_writer_killed_in_its_start_is_replaced_not_the_pool_turned_off(make
     host = make_host("a40-mdev")
     gate = tmp_path / "gate"
     _gated_start(monkeypatch, gate)
+    pids = _started_pids(monkeypatch)
     _create(host, _mdev(1))
     got = []
     t = threading.Thread(target=lambda: got.append(
         Sysfs(host).write_bounded(_remove_path(host, _mdev(1)), "1", timeout_s=DEADLINE_S)), daemon=True)
     t.start()
-    until(lambda: writers.started == 1 and [p for p in _children(os.getpid()) if _state(p) not in "Z-"])
-    first = [p for p in _children(os.getpid()) if _state(p) not in "Z-"][0]
+    until(lambda: len(pids) == 1)
+    first = pids[0]
     os.kill(first, signal.SIGKILL)                  # killed before it is ready
     t.join(DEADLINE_S)
     assert got == [True] and not os.path.lexists(host.mdev_devices / _mdev(1))     # made by a forked child
