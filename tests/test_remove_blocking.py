@@ -408,3 +408,62 @@ def test_remove_of_a_vf_held_by_an_unseen_process_says_so_in_plain_words(make_ho
     assert cli(capsys, host, "reconcile", "--check")[0] == 0          # nothing left half-done
     kernel.close_vgpu(pid)
     assert cli(capsys, host, "vgpu", "remove", out.id)[0] == 0 and store.vgpu_records() == []
+
+
+def _killed_writer(monkeypatch, *, after_write: bool) -> None:
+    """Make every forked bounded-write child die by SIGKILL without answering: after its write (``after_write``)
+    or before it, as a child killed (OOM) would."""
+    import signal
+    from vgpuhost.io import sysfs as sysfs_mod
+    real = sysfs_mod._write_once
+
+    def dying(kernel, path, value):
+        if after_write:
+            real(kernel, path, value)
+        os.kill(os.getpid(), signal.SIGKILL)
+    monkeypatch.setattr(sysfs_mod, "_write_once", dying)
+
+
+def test_a_forked_writer_killed_after_its_write_landed_reports_the_remove_done(make_host, capsys, monkeypatch):
+    """Trial 7 F1, the forked child's path (the CLI, the one-shot hook): a child killed after its vendor-VFIO
+    clear landed answers nothing; the vGPU is read back gone, so the remove is done (exit 0, record dropped,
+    ``reconcile --check`` in sync), never a definite EIO that keeps the record for ``reconcile`` to re-create."""
+    host = make_host("l40s-vendor-vfio")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="L40S-8Q")
+    type_file = host.pci_device(out.id) / "nvidia" / "current_vgpu_type"
+    _killed_writer(monkeypatch, after_write=True)
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    monkeypatch.undo()
+    assert code == 0, err
+    assert Sysfs(host).read(type_file) == "0" and store.vgpu_records() == []
+    assert store.journal_entries(open_only=True) == []
+    assert [r.result for r in store.audit_rows() if r.path.endswith("/current_vgpu_type")][-1] == "EINTR"
+    code, text, _ = cli(capsys, host, "reconcile", "--check")
+    assert code == 0, text
+
+
+def test_a_forked_writer_killed_before_its_write_leaves_the_removal_pending(make_host, capsys, monkeypatch):
+    """Trial 7 F1: a child killed before its write (nothing made) also answers nothing: whether the write was
+    made is unknown, the vGPU reads back present, so the removal stays pending (exit 3, one line, journal
+    open, record kept), as a remove that did not finish in time; ``reconcile`` then finishes it (removes the
+    vGPU and drops the record), never re-creating it."""
+    host = make_host("l40s-vendor-vfio")
+    store = StateStore(host.state_dir)
+    out = create(host, store, profile="L40S-8Q")
+    type_file = host.pci_device(out.id) / "nvidia" / "current_vgpu_type"
+    _killed_writer(monkeypatch, after_write=False)
+    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
+    monkeypatch.undo()
+    assert code == 3 and err.count("\n") == 1, err
+    assert (f"remove of {out.id} did not finish: the process making the write ended without answering (killed?)"
+            in err and "stays pending" in err and "held by" not in err), err
+    assert Sysfs(host).read(type_file) == out.type_id and [r.id for r in store.vgpu_records()] == [out.id]
+    assert [e.kind for e in store.journal_entries(open_only=True)] == ["vgpu-remove"]
+    code, text, _ = cli(capsys, host, "reconcile", "--check")
+    assert code == 1 and f"vgpu remove {out.id}" in text, text
+    code, text, _ = cli(capsys, host, "reconcile")
+    assert code == 0 and "finished" in text and "re-created" not in text, text
+    assert Sysfs(host).read(type_file) == "0" and store.vgpu_records() == []
+    assert store.journal_entries(open_only=True) == []
+    assert cli(capsys, host, "reconcile", "--check")[0] == 0

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import __version__
 from ..hook.runtime import released_domain
-from ..io import locks
+from ..io import locks, residentwriter
 from ..io.changes import fingerprint
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore, StoreWatch
@@ -542,7 +542,7 @@ def get_agent(agent: Agent, req: Request) -> Dict[str, Any]:
             "snapshot_refreshes": agent.refreshes, "cached_answers": agent.cache_hits,
             "served": dict(agent.served), "served_thin_client": dict(agent.served_thin),
             "state_dir": str(agent.host.state_dir), "recovered": agent.recovered,
-            "libvirt_uris": allowed_uris(agent)}
+            "libvirt_uris": allowed_uris(agent), "resident_writer": residentwriter.status()}
 
 
 def json_answer(doc: Any) -> Text:
@@ -1220,7 +1220,7 @@ def redact_error(agent: Agent, req: Request, e: VgpuhostError) -> VgpuhostError:
 #: the fields of ``GET /v1/agent`` a tenant member does not get: the host's paths and its host-wide counters
 #: (other tenants' calls and starts)
 _HOST_ONLY = ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits",
-              "snapshot_refreshes", "cached_answers")
+              "snapshot_refreshes", "cached_answers", "resident_writer")
 
 
 def tenant_agent(agent: Agent, req: Request) -> Dict[str, Any]:

@@ -18,7 +18,7 @@ import errno
 import os
 from time import time_ns as _time_ns
 
-from ..model.errors import SysfsError
+from ..model.errors import DeviceError, SysfsError
 from .hostroot import HostRoot
 
 TYPE_CHECKING = False
@@ -474,7 +474,10 @@ class Sysfs:
         when the device is closed (reaped by this process meanwhile, or by init once this process
         has ended); this process goes on.  The audit observers hear the write here, with
         ETIMEDOUT on a timeout; a simulated crash point is this process's.  Raises SysfsError when
-        the kernel refuses in time.
+        the kernel refuses in time, and :class:`WriteOutcomeUnknown` when the process making the write
+        ended without answering (killed, out of memory: its write(2) may have been made or not; the
+        observers hear EINTR): the caller reads the device back, and treats a write it cannot see made as
+        one not done in time, never as a refusal.
         """
         p = os.fspath(path)
         self._intend(p, value)
@@ -494,6 +497,9 @@ class Sysfs:
         finally:
             if crash is not None:
                 crash.__exit__(None, None, None)
+        if err == UNANSWERED:
+            self._notify(p, value, errno.EINTR)
+            raise WriteOutcomeUnknown(p, value)
         self._notify(p, value, err if err is not None else errno.ETIMEDOUT)
         if err is None:
             return False
@@ -567,9 +573,33 @@ class Sysfs:
         return True
 
 
+#: what a bounded write's process answers when it ended without answering (killed, out of memory, after its
+#: write(2) or before it: the write's outcome is unknown; :class:`WriteOutcomeUnknown`)
+UNANSWERED = -1
+
+
+class WriteOutcomeUnknown(DeviceError):
+    """A bounded write (:meth:`Sysfs.write_bounded`) whose outcome this process does not know: the process
+    making it ended without answering (killed, out of memory): its write(2) may have been made or not, and
+    only the device tells which.  ``path`` and ``value`` are the write's.  The
+    caller reads the device back and treats a write it cannot see made as one not done in time, never as a
+    refusal.  Exit 3."""
+
+    def __init__(self, path: str, value: str):
+        self.path = str(path)
+        self.value = value
+        super().__init__(f"writing {value!r} to {self.path}: {self.why}")
+
+    @property
+    def why(self) -> str:
+        """Why the outcome is unknown, as a clause."""
+        return ("the process making the write ended without answering (killed?), so whether it was made is not "
+                "known")
+
+
 #: how this process makes a bounded write when not by a forked child (:func:`set_bounded_writer`): None, or
-#: ``(root, path, value, env, timeout_s) -> errno (0: written) or None (not done in time)``; raises OSError
-#: when it could not take the write (nothing written: the write then forks, as without it)
+#: ``(root, path, value, env, timeout_s) -> errno (0: written), None (not done in time) or UNANSWERED``;
+#: raises OSError when it could not take the write (nothing written: the write then forks, as without it)
 _bounded_writer = None
 
 
@@ -577,8 +607,9 @@ def set_bounded_writer(writer) -> None:
     """Make every later :meth:`Sysfs.write_bounded` of this process through ``writer`` (``(root, path, value,
     env, timeout_s) -> errno or None``: ``root`` the simulated host root whose kernel makes the write, ``""`` on
     a real one; ``env`` the simulator's environment, :meth:`vgpuhost.sim.kernel.SimKernel.writer_env`; None when
-    the write did not return within ``timeout_s`` seconds; raising OSError when it could not take the write,
-    which then forks its own child), or through a forked child per write again (None).
+    the write did not return within ``timeout_s`` seconds, :data:`UNANSWERED` when its process ended without
+    answering; raising OSError when it could not take the write, which then forks its own child), or through
+    a forked child per write again (None).
     :func:`vgpuhost.io.residentwriter.keep_writer` calls it."""
     global _bounded_writer
     _bounded_writer = writer
@@ -621,7 +652,8 @@ def _reap_abandoned() -> None:
 
 def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional[int]:
     """Run :func:`_write_once` in a detached child; its errno (0: written), None: not done
-    within ``timeout_s`` seconds (see :meth:`Sysfs.write_bounded`).
+    within ``timeout_s`` seconds, :data:`UNANSWERED`: the child ended without answering (killed
+    after its write(2), or before it: unknown; see :meth:`Sysfs.write_bounded`).
 
     One fork, not two: a fork costs about the size of this process's page tables (22-28 ms each
     for a 100 MB agent, measured 2026-12-07 on the 2-core development machine under load), and
@@ -669,7 +701,7 @@ def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional
         _abandoned.append(pid)                      # the pipe closed unanswered: it is ending anyway
         _reap_abandoned()
     text = data.decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() else errno.EIO
+    return int(text) if text.isdigit() else UNANSWERED     # no answer (or a torn one): the outcome is unknown
 
 
 def int_of(text: Optional[str], path: PathArg, default: Optional[int] = None) -> Optional[int]:

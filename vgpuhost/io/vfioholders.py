@@ -6,7 +6,7 @@ open while it uses the device) or its device cdev ``/dev/vfio/devices/vfioN``
 (the iommufd interface, Linux >= 6.6; the device directory's ``vfio-dev/vfioN``
 names it) -- by reading the ``proc/<pid>/fd/*`` links under the host root;
 the errors a remove of an open vGPU ends in (:class:`VgpuInUse`,
-:class:`RemoveTimedOut`); and the bound on a remove write
+:class:`RemoveTimedOut`, :class:`RemoveUnanswered`); and the bound on a remove write
 (:func:`remove_timeout_s`).  Must not: decide what to do about a holder, or
 write anything.
 
@@ -175,6 +175,21 @@ class RemoveTimedOut(DeviceError):
                 f"open (held by {_who(self.holders)})")
 
 
+class RemoveUnanswered(RemoveTimedOut):
+    """A remove write whose outcome is not known (:class:`vgpuhost.io.sysfs.WriteOutcomeUnknown`: the process
+    making it ended without answering, or the resident writer handed it was still starting), and the vGPU,
+    read back, is still there: handled as a remove that did not finish in time (the removal stays pending,
+    its journal entry open, so that reconcile finishes it and never re-creates the vGPU).  ``why`` the
+    clause that says why.  Exit 3."""
+
+    def __init__(self, vgpu_id: str, timeout_s: float, why: str, *, hint: str | None = None):
+        self.why = why
+        super().__init__(vgpu_id, timeout_s, [], hint=hint)
+
+    def _text(self) -> str:
+        return f"remove of {self.vgpu_id} did not finish: {self.why}; the vGPU is still there"
+
+
 class RemoveInProgress(RemoveTimedOut):
     """An earlier remove write of ``vgpu_id`` still waits for the device to be closed (an mdev whose
     ``remove`` file is gone: ``remove_store()`` removes itself as it starts).  Exit 3."""
@@ -187,5 +202,5 @@ class RemoveInProgress(RemoveTimedOut):
                 f"device is still open (held by {_who(self.holders)})")
 
 
-__all__ = ["RemoveInProgress", "Holder", "holders", "device_nodes", "describe", "remove_timeout_s", "VgpuInUse", "RemoveTimedOut",
+__all__ = ["RemoveInProgress", "RemoveUnanswered", "Holder", "holders", "device_nodes", "describe", "remove_timeout_s", "VgpuInUse", "RemoveTimedOut",
            "REMOVE_TIMEOUT_ENV", "DEFAULT_REMOVE_TIMEOUT_S"]

@@ -111,15 +111,27 @@ class VgpuDevices:
         :class:`~vgpuhost.io.vfioholders.RemoveTimedOut` when the write did not return in time
         (it completes by itself once the device is closed) or an earlier one still waits
         (:class:`~vgpuhost.io.vfioholders.RemoveInProgress`), SysfsError when the kernel refuses.
+        A write whose outcome is unknown (its process ended without answering, or a resident writer
+        still starting: :class:`~vgpuhost.io.sysfs.WriteOutcomeUnknown`) is judged by the vGPU read
+        back: gone, the remove is done; still there,
+        :class:`~vgpuhost.io.vfioholders.RemoveUnanswered` (a :class:`RemoveTimedOut`: the callers
+        leave the removal pending, as on a timeout, never recorded as failed).
         """
-        from .vfioholders import RemoveInProgress, RemoveTimedOut, VgpuInUse, remove_timeout_s
+        from .sysfs import WriteOutcomeUnknown
+        from .vfioholders import RemoveInProgress, RemoveTimedOut, RemoveUnanswered, VgpuInUse, remove_timeout_s
         seen = self.holders(fs, parent, vgpu_id)
         if seen:
             raise VgpuInUse(str(vgpu_id), seen)
         if self.remove_in_progress(fs, parent, vgpu_id):
             raise RemoveInProgress(str(vgpu_id), seen)
         limit = remove_timeout_s() if timeout_s is None else timeout_s
-        if not fs.write_bounded(*self.remove_write(fs.host, parent, vgpu_id), timeout_s=limit):
+        try:
+            done = fs.write_bounded(*self.remove_write(fs.host, parent, vgpu_id), timeout_s=limit)
+        except WriteOutcomeUnknown as e:
+            if self.current_type(fs, parent, vgpu_id) is None:
+                return                  # the write was made (its answer lost): the vGPU is gone
+            raise RemoveUnanswered(str(vgpu_id), limit, e.why) from e
+        if not done:
             raise RemoveTimedOut(str(vgpu_id), limit, self.holders(fs, parent, vgpu_id))
 
     def remove_in_progress(self, fs: Sysfs, parent, vgpu_id: str) -> bool:
