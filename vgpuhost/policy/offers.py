@@ -131,6 +131,9 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     offer is capped at that max less the vGPUs of the profile on the GPU.
     A vendor-VFIO GPU lists a type on every free VF, so without a limit its
     offer is what the framebuffer or the equal-size max allows.
+    A free VF whose id one of ``records`` holds (a vendor-VFIO vGPU missing
+    from the host, kept for ``vgpuhost reconcile`` to re-create) is no
+    parent, and the offer counts at most the VFs left.
     ``index``: an :class:`OfferIndex` of the same ``inv``, ``records`` and
     ``seen``, built once for many calls (else built here).
     """
@@ -158,6 +161,20 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                            else free_instances(inv, g.address, "", fbs) if g.pci.driver != "nvidia" else (0, ""))
         if g.pci.driver != "nvidia":
             parents = ()
+        if recs and parents:
+            # a free VF whose id is recorded (vendor VFIO names a vGPU by its VF) belongs to that record: a vGPU
+            # missing from the host (lost at a reboot, a remove that failed) that 'vgpuhost reconcile' re-creates
+            # there, so it is never placed on (trial 7 F6: the record would adopt the new device)
+            held = {r.id for r in recs}
+            free = tuple(p for p in parents if str(p) not in held)
+            if len(free) < len(parents):
+                kept = [str(p) for p in parents if str(p) in held]
+                parents = free
+                if available > len(free):
+                    available = len(free)
+                    if not available:
+                        note = (f"its free VFs are recorded for vGPUs missing from the host ({', '.join(kept)}): "
+                                "'vgpuhost reconcile' re-creates them there")
         sizes = _present_framebuffers(ix, fbs) if ix is not None else []
         used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
