@@ -25,7 +25,7 @@ from .placement import GpuOffer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Callable, Collection, Dict, List, Mapping, Optional, Sequence
     from ..model.records import VgpuRecord
 
 
@@ -223,11 +223,13 @@ _SEEN = None
 
 
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
-                      limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None) -> str:
+                      limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None,
+                      recorded: Collection[str] = ()) -> str:
     """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (refusal and ENOSPC advice),
     counted by :func:`vgpuhost.observe.inventory.free_instances` as the offers are; ``seen`` as for
     :func:`offers`; ``limits_of``: a type name -> its ``limits`` for :func:`offers` (the max in each
-    GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`)."""
+    GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`); ``recorded``: the ids of the vGPU
+    records, whose free VFs count as taken, as in :func:`offers`."""
     ix = inv.on_gpu(gpu)
     if ix is None:
         return "none"
@@ -237,6 +239,10 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
         if ts[0].name not in agg:
             limit = limits_of(ts[0].name).get(gpu) if limits_of is not None and ts[0].name else None
             n = free_instances(inv, gpu, tid, fbs, limit=limit)[0]
+            if recorded and n > 0:      # free VFs a record holds (vendor VFIO) take nothing new
+                vfs = [str(t.parent) for t in ts if t.available_instances > 0]
+                left = sum(1 for p in vfs if p not in recorded)
+                n = min(n, left) if left < len(vfs) else n
             if n > 0:
                 agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
