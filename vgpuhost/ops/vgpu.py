@@ -691,17 +691,18 @@ def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: st
     rec = next((r for r in records if r.id == str(vf)), None)
     if rec is None:
         return None
-    held = for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), rec.id) == rec.type_id
+    current = for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), rec.id)
+    if current is None:                 # missing from the host: reconcile's to make again, for its owner
+        raise RefusedError(_missing_line(rec), hint=_missing_fix(rec))
     if rec.owner != owner:
-        if not held:
-            raise RefusedError(_missing_line(rec), hint=_missing_fix(rec))
         raise RefusedError(f"VF {vf} holds {rec.type_name} of {rec.owner}: left alone",
                            hint="another owner holds this VF; choose a free one ('vgpuhost vgpu list')")
     if rec.type_name.lower() != profile.strip().lower():
         raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
                            hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
-    if not held:
-        raise RefusedError(_missing_line(rec), hint=_missing_fix(rec))
+    if current != rec.type_id:
+        raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but holds type {current} now",
+                           hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
     out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=owner,
                       reason=f"{owner} already holds {rec.type_name} on {vf}")
