@@ -212,3 +212,26 @@ def test_put_vgpu_raises_a_refusal_and_the_store_keeps_its_record(tmp_path):
     # any other constraint refusal is worded as a refused write, never as a damaged store to restore
     text = store_error("state.db", sqlite3.IntegrityError("UNIQUE constraint failed: tenants.name")).one_line()
     assert "refused a write" in text and "not damaged" in text and "backup" not in text and "unusable" not in text
+
+
+def test_sriov_mdev_create_after_a_reboot_leaves_the_missing_records_vf_for_reconcile(make_host, capsys):
+    """An mdev on an SR-IOV VF (one vGPU a VF): a new vGPU takes another VF, so reconcile can make the
+    missing one again on its own parent (before: the new one took that VF and reconcile failed ENOSPC)."""
+    host = make_host("a100-sriov-mdev")
+    gpu = "0000:41:00.0"
+    assert cli(capsys, host, "vgpu", "create", "--profile", "A100-4C", "--gpu", gpu, "--uuid", MDEV)[0] == 0
+    store = StateStore(host.state_dir, create=False)
+    parent = store.vgpu_records(vgpu_id=MDEV)[0].parent
+    store.close()
+    assert reboot(host)["vgpus_lost"] == [MDEV]
+    code, _, err = cli(capsys, host, "vgpu", "create", "--profile", "A100-4C", "--gpu", gpu, "--owner", DOM)
+    assert code == 0, err
+    store = StateStore(host.state_dir, create=False)
+    try:
+        new = [r for r in store.vgpu_records() if r.owner == DOM]
+        assert len(new) == 1 and new[0].parent != parent
+    finally:
+        store.close()
+    assert cli(capsys, host, "reconcile")[0] == 0
+    assert (host.mdev_devices / MDEV).exists() and (host.mdev_devices / new[0].id).exists()
+    assert records(host) == {MDEV: ("manual", "A100-4C"), new[0].id: (DOM, "A100-4C")}

@@ -473,7 +473,7 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     """Where ``name`` goes on this look; RefusedError when nowhere: the reason, each GPU's types
     that still fit, and the GPUs passed through (which list no types, so make no offer)."""
     from ..policy.iommu import VFIO_PCI
-    from ..policy.offers import fitting_elsewhere, offers
+    from ..policy.offers import fitting_elsewhere, offers, recorded_vfs
     from ..policy.placement import place
     all_offers = _narrow(inv, offers(inv, records, name, seen, limits), name, req.allowed_gpus, req.vf, strict=strict,
                          parent=parent)
@@ -485,7 +485,7 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     offered = {o.gpu for o in all_offers}
     passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
               and (pin is None or g.address == pin)]
-    recorded = frozenset(r.id for r in records)
+    recorded = recorded_vfs(records)
     fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded)}" for o in all_offers
                      if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
     why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
@@ -1107,10 +1107,10 @@ def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, na
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,
              limits_of=None) -> str:
-    from ..policy.offers import fitting_elsewhere
+    from ..policy.offers import fitting_elsewhere, recorded_vfs
     if e.errno == errno.ENOSPC:
         return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
-                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=frozenset(r.id for r in records))}")
+                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=recorded_vfs(records))}")
     if e.errno == errno.EPERM:
         rec = next((r for r in records if r.parent == str(d.parent)), None)
         held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)
