@@ -1348,11 +1348,28 @@ def vgpu_records(conn: sqlite3.Connection, *, owner: Optional[str] = None,
     return [_vgpu_record(r) for r in conn.execute(sql + " ORDER BY time, id", args)]
 
 
+class VgpuRecordTaken(RefusedError):
+    """:func:`put_vgpu` found a record with the same id (sqlite's UNIQUE constraint on ``vgpus.id``):
+    the record's ``vgpu_id`` (text).  Not a damaged store: the caller undoes what it made for the new
+    record and says who holds the id (:func:`vgpuhost.ops.vgpu.create_vgpu`)."""
+
+    def __init__(self, vgpu_id: str):
+        super().__init__(f"vGPU {vgpu_id} is recorded already", hint="'vgpuhost vgpu list' names its owner")
+        self.vgpu_id = vgpu_id
+
+
 def put_vgpu(conn: sqlite3.Connection, rec: VgpuRecord) -> None:
-    conn.execute("INSERT INTO vgpus (id, backend, gpu, parent, type_id, type_name, owner, anti_affinity, params, "
-                 "persisted, time, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                 (rec.id, rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name, rec.owner,
-                  rec.anti_affinity, rec.params, int(rec.persisted), rec.time, rec.pool))
+    """Insert the record ``rec`` (in the caller's transaction).  Raises :class:`VgpuRecordTaken` when a
+    record with its id exists (the transaction is then rolled back by the caller's ``with``)."""
+    try:
+        conn.execute("INSERT INTO vgpus (id, backend, gpu, parent, type_id, type_name, owner, anti_affinity, params, "
+                     "persisted, time, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (rec.id, rec.backend, rec.gpu, rec.parent, rec.type_id, rec.type_name, rec.owner,
+                      rec.anti_affinity, rec.params, int(rec.persisted), rec.time, rec.pool))
+    except sqlite3.IntegrityError as e:
+        if "vgpus.id" not in str(e):
+            raise
+        raise VgpuRecordTaken(rec.id) from None
 
 
 def claim_vgpu(conn: sqlite3.Connection, vgpu_id: str, *, pool: str, owner: str) -> bool:
@@ -1400,6 +1417,12 @@ def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnviron
         return HostEnvironmentError(f"the state store {str(path)!r} is read-only ({text})",
                                     hint="make the state dir and state.db writable (remount read-write, fix "
                                          "owner or mode) or run as root")
+    if isinstance(e, sqlite3.IntegrityError):
+        # a constraint refused one write (a record that exists already): the store itself is fine
+        return HostEnvironmentError(f"the state store {str(path)!r} refused a write ({text}): a record with that "
+                                    "key exists; the store is not damaged",
+                                    hint="'vgpuhost vgpu list' and 'vgpuhost audit' show what holds it; "
+                                         "run 'vgpuhost reconcile' and try again")
     if "not a database" in low or "malformed" in low or "corrupt" in low:
         return HostEnvironmentError(f"the state store {str(path)!r} is damaged ({text})",
                                     hint=f"restore state.db from a backup; {_KEEP}")

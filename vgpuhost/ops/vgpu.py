@@ -28,7 +28,7 @@ from ..model.errors import DeviceError, GpuFailedError, InputError, RefusedError
 from ..io.hostroot import HostRoot
 from ..io.locks import file_lock
 from ..model.records import VgpuRecord
-from ..io.state import StateStore, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
+from ..io.state import StateStore, VgpuRecordTaken, claim_vgpu, delete_vgpu, give_back_vgpu, put_vgpu, utcnow
 from ..model.kinds import Backend, Owner, PlacementStrategy, VgpuState
 from ..plan.executor import Executor, describe
 from ..plan.journal import Journal
@@ -292,8 +292,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
                                 f"{decision.gpu}: {decision.reason}", decision.rejected)
         out = _planned(host, req, inv.gpu(decision.gpu).vgpu_backend, decision, name, dry_run)
         if dry_run:
-            if req.uuid is not None and store.vgpu_records(vgpu_id=req.uuid):
-                raise InputError(f"vGPU {req.uuid} already exists", hint="'vgpuhost vgpu list'")   # as the run says
+            _refuse_recorded(fs, store, out.id)         # as the run says (nothing written, no audit row)
             return out
         try:
             done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor)
@@ -480,7 +479,7 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     """Where ``name`` goes on this look; RefusedError when nowhere: the reason, each GPU's types
     that still fit, and the GPUs passed through (which list no types, so make no offer)."""
     from ..policy.iommu import VFIO_PCI
-    from ..policy.offers import fitting_elsewhere, offers
+    from ..policy.offers import fitting_elsewhere, offers, recorded_vfs
     from ..policy.placement import place
     all_offers = _narrow(inv, offers(inv, records, name, seen, limits), name, req.allowed_gpus, req.vf, strict=strict,
                          parent=parent)
@@ -492,7 +491,8 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     offered = {o.gpu for o in all_offers}
     passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
               and (pin is None or g.address == pin)]
-    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of)}" for o in all_offers
+    recorded = recorded_vfs(records)
+    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded)}" for o in all_offers
                      if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
     why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
                              + ", ".join(map(str, passed)) if passed else "")
@@ -547,10 +547,10 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
                               parent=parent), _placement(req, name, decision.gpu))
         if not again.admitted:
             return None         # someone took it between placement and the lock: place again
-        if req.uuid is not None and store.vgpu_records(vgpu_id=req.uuid):
-            raise InputError(f"vGPU {req.uuid} already exists", hint="'vgpuhost vgpu list'")
         decision = Decision(again.gpu, again.parent, again.type_id, decision.reason)
         vid = out.id if out.backend == BACKEND_MDEV else str(decision.parent)
+        # the id the record will have (an mdev's UUID, a VF) is no other record's, before anything is written
+        _refuse_recorded(fs, store, vid, actor=actor or actor_name(), operation=f"vgpu create {name} owner={req.owner}")
         out.steps = _create_steps(host, out.backend, decision, vid, req.params, req.persist)   # as re-placed
         out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
         _execute_create(host, store, inv2, records2, req, out, decision, actor)
@@ -582,12 +582,68 @@ def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: 
                                                         decision.type_id, name, req.persist, "creating")])
     with ex.journal:
         _do_create(ex, inv, records, backend, decision, vid, name, req.params, limits_lookup(host, inv))
-        with store.transaction() as conn:
-            put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id,
-                                      name, req.owner, req.anti_affinity, req.params, req.persist, utcnow()))
+        try:
+            with store.transaction() as conn:
+                put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id,
+                                          name, req.owner, req.anti_affinity, req.params, req.persist, utcnow()))
+        except VgpuRecordTaken:
+            _undo_taken(ex, store, backend, decision, vid)
         if req.persist:
             _persist(host, store, ex, backend, decision, vid, req.params)
         out.writes = ex.writes
+
+
+def _refuse_recorded(fs: Sysfs, store: StateStore, vid: str, *, actor: Optional[str] = None,
+                     operation: Optional[str] = None) -> None:
+    """Refuse (nothing written) a new vGPU whose id ``vid`` (an mdev UUID, a VF on vendor VFIO) a
+    record holds: one present on the host already exists (InputError, "already exists"); one missing
+    from the host (lost at a reboot, a remove that failed) is kept for ``vgpuhost reconcile`` to make
+    again there, and a new device under its id would be adopted by the old record (RefusedError
+    naming its owner and the fix).  With ``actor`` and ``operation`` (not on a dry run) the refusal
+    gets a ``(placement)`` audit row, result ``refused``."""
+    rec = next(iter(store.vgpu_records(vgpu_id=vid)), None)
+    if rec is None:
+        return
+    present = for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), rec.id) is not None
+    if present:
+        err: VgpuhostError = InputError(f"vGPU {vid} already exists (owner {rec.owner})", hint="'vgpuhost vgpu list'")
+    else:
+        err = RefusedError(_missing_line(rec), hint=_missing_fix(rec))
+    if actor is not None and operation is not None:
+        store.audit(actor=actor, operation=operation, path="(placement)", value=err.message, result="refused")
+    raise err
+
+
+def _missing_line(rec: VgpuRecord) -> str:
+    """The refusal's line for a new vGPU under the id of ``rec``, a record whose device is missing."""
+    what = f"VF {rec.id}" if rec.backend == BACKEND_VENDOR_VFIO else f"vGPU {rec.id}"
+    return (f"{what} is recorded for {rec.type_name} of owner {rec.owner}, missing from the host: kept for "
+            "'vgpuhost reconcile' to re-create, not made anew")
+
+
+def _missing_fix(rec: VgpuRecord) -> str:
+    """The hint of :func:`_missing_line`: re-create it, or drop the record."""
+    return (f"run 'vgpuhost reconcile' to re-create it, or drop the record with 'vgpuhost vgpu remove {rec.id} "
+            f"--owner {rec.owner}'{'' if rec.backend == BACKEND_VENDOR_VFIO else '; or omit --uuid for a new one'}"
+            "; nothing was changed")
+
+
+def _undo_taken(ex: Executor, store: StateStore, backend: str, decision: Decision, vid: str) -> None:
+    """The new device ``vid`` was made but its record could not be written: another record holds the
+    id (:class:`vgpuhost.io.state.VgpuRecordTaken`).  Remove the device again (the Executor's undo,
+    audited) and raise RefusedError naming the record's owner; DeviceError when the removal fails
+    (the device is then left on the host, unrecorded, and the line says so)."""
+    rec = next(iter(store.vgpu_records(vgpu_id=vid)), None)
+    held = (f"{rec.type_name} of owner {rec.owner}" if rec is not None else "another record")
+    try:
+        ex.run([RemoveVgpu(backend, decision.parent, vid)])
+    except SysfsError as e:
+        raise DeviceError(f"vGPU {vid} was made but its id is recorded for {held}; removing it again failed: "
+                          f"{e.errno_name}, so it is on the host unrecorded",
+                          hint=f"remove it by hand ({ex.host.relative(e.path)}), then 'vgpuhost reconcile'") from e
+    fix = _missing_fix(rec).replace("; nothing was changed", "") if rec is not None else "try again"
+    raise RefusedError(f"vGPU {vid} is recorded for {held} (recorded meanwhile): the new device was removed again",
+                       hint=fix)
 
 
 def _persist(host: HostRoot, store: StateStore, ex: Executor, backend: str, decision: Decision, vid: str,
@@ -640,18 +696,23 @@ def _vf_gpu(inv: Inventory, vf: PciAddress, gpu: Optional[PciAddress]) -> PciAdd
 
 def _vf_held(fs: Sysfs, records: Sequence[VgpuRecord], vf: PciAddress, owner: str, profile: str,
              dry_run: bool) -> Optional[VgpuOutcome]:
-    """An outcome (no change) when ``owner`` already holds ``vf`` with ``profile``; raises when another does."""
+    """An outcome (no change) when ``owner`` already holds ``vf`` with ``profile``; raises RefusedError
+    (nothing written) when another owner's record holds it, or a record whose vGPU is missing from the
+    host (kept for ``vgpuhost reconcile``: the line names its owner and the fix)."""
     rec = next((r for r in records if r.id == str(vf)), None)
     if rec is None:
         return None
+    current = for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), rec.id)
+    if current is None:                 # missing from the host: reconcile's to make again, for its owner
+        raise RefusedError(_missing_line(rec), hint=_missing_fix(rec))
     if rec.owner != owner:
         raise RefusedError(f"VF {vf} holds {rec.type_name} of {rec.owner}: left alone",
                            hint="another owner holds this VF; choose a free one ('vgpuhost vgpu list')")
     if rec.type_name.lower() != profile.strip().lower():
         raise RefusedError(f"VF {vf} already holds {rec.type_name} of {owner}, not {profile}",
                            hint=f"remove it first (vgpuhost vgpu remove {vf} --owner {owner})")
-    if for_backend(rec.backend).current_type(fs, PciAddress.parse(rec.parent), rec.id) != rec.type_id:
-        raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but no longer holds it",
+    if current != rec.type_id:
+        raise RefusedError(f"VF {vf} is recorded for {owner} with {rec.type_name} but holds type {current} now",
                            hint=f"drop the stale record: vgpuhost vgpu remove {vf} --owner {owner}")
     out = VgpuOutcome("create", changed=False, dry_run=dry_run, id=rec.id, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=owner,
@@ -1065,10 +1126,10 @@ def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, na
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,
              limits_of=None) -> str:
-    from ..policy.offers import fitting_elsewhere
+    from ..policy.offers import fitting_elsewhere, recorded_vfs
     if e.errno == errno.ENOSPC:
         return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
-                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of)}")
+                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=recorded_vfs(records))}")
     if e.errno == errno.EPERM:
         rec = next((r for r in records if r.parent == str(d.parent)), None)
         held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)

@@ -18,6 +18,7 @@ bound to another driver than nvidia offers nothing.
 from __future__ import annotations
 
 from ..model.errors import InputError
+from ..model.kinds import Backend
 from ..model.values import PciAddress, VgpuProfile, clipped, strip_vendor_prefix
 from ..observe.inventory import Inventory, VgpuType, free_instances, unread_note
 from ..observe.inventory import present_framebuffers as _present_framebuffers
@@ -25,7 +26,7 @@ from .placement import GpuOffer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Callable, Collection, Dict, FrozenSet, List, Mapping, Optional, Sequence
     from ..model.records import VgpuRecord
 
 
@@ -143,6 +144,9 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     offer is capped at that max less the vGPUs of the profile on the GPU.
     A vendor-VFIO GPU lists a type on every free VF, so without a limit its
     offer is what the framebuffer or the equal-size max allows.
+    A free VF one of ``records`` holds (:func:`recorded_vfs`: a vGPU missing
+    from the host, kept for ``vgpuhost reconcile`` to re-create there) is no
+    parent, and the offer counts at most the VFs left.
     ``index``: an :class:`OfferIndex` of the same ``inv``, ``records`` and
     ``seen``, built once for many calls (else built here).
     """
@@ -170,12 +174,34 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                            else free_instances(inv, g.address, "", fbs) if g.pci.driver != "nvidia" else (0, ""))
         if g.pci.driver != "nvidia":
             parents = ()
+        if recs and parents:
+            # a free VF a record names (vendor VFIO: its id; an mdev on SR-IOV: its parent, one vGPU a VF)
+            # belongs to that record: a vGPU missing from the host (lost at a reboot, a remove that failed)
+            # that 'vgpuhost reconcile' re-creates there, so it is never placed on (trial 7 F6: the record
+            # would adopt the new device; an mdev's re-create would find its VF taken, ENOSPC)
+            held = recorded_vfs(recs)
+            free = tuple(p for p in parents if str(p) not in held)
+            if len(free) < len(parents):
+                kept = [str(p) for p in parents if str(p) in held]
+                parents = free
+                if available > len(free):
+                    available = len(free)
+                    if not available:
+                        note = (f"its free VFs are recorded for vGPUs missing from the host ({', '.join(kept)}): "
+                                "'vgpuhost reconcile' re-creates them there")
         sizes = _present_framebuffers(ix, fbs) if ix is not None else []
         used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
                             keys, len(ix.vgpus) if ix is not None else 0, note,
                             framebuffer_mib=g.framebuffer_mib, used_mib=used))
     return out
+
+
+def recorded_vfs(records: Sequence[VgpuRecord]) -> FrozenSet[str]:
+    """The VFs (BDF text) ``records`` hold, present or not: a vendor-VFIO vGPU's id, an SR-IOV mdev's
+    parent (a VF holds one vGPU); never a classic mdev's parent, the GPU itself, which holds many."""
+    return frozenset([r.id for r in records if r.backend != Backend.MDEV]
+                     + [r.parent for r in records if r.backend == Backend.MDEV and r.parent != r.gpu])
 
 
 def present_by_gpu(inv: Inventory) -> Dict[PciAddress, int]:
@@ -218,11 +244,13 @@ _SEEN = None
 
 
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
-                      limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None) -> str:
+                      limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None,
+                      recorded: Collection[str] = ()) -> str:
     """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (refusal and ENOSPC advice),
     counted by :func:`vgpuhost.observe.inventory.free_instances` as the offers are; ``seen`` as for
     :func:`offers`; ``limits_of``: a type name -> its ``limits`` for :func:`offers` (the max in each
-    GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`)."""
+    GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`); ``recorded``: the VFs records hold
+    (:func:`recorded_vfs`), whose free ones count as taken, as in :func:`offers`."""
     ix = inv.on_gpu(gpu)
     if ix is None:
         return "none"
@@ -232,10 +260,14 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
         if ts[0].name not in agg:
             limit = limits_of(ts[0].name).get(gpu) if limits_of is not None and ts[0].name else None
             n = free_instances(inv, gpu, tid, fbs, limit=limit)[0]
+            if recorded and n > 0:      # free VFs a record holds (vendor VFIO) take nothing new
+                vfs = [str(t.parent) for t in ts if t.available_instances > 0]
+                left = sum(1 for p in vfs if p not in recorded)
+                n = min(n, left) if left < len(vfs) else n
             if n > 0:
                 agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
-__all__ = ["types_by_gpu", "resolve_profile", "OfferIndex", "offers", "present_by_gpu", "present_framebuffers", "seen_rows",
-           "fitting_elsewhere"]
+__all__ = ["types_by_gpu", "resolve_profile", "OfferIndex", "offers", "recorded_vfs", "present_by_gpu",
+           "present_framebuffers", "seen_rows", "fitting_elsewhere"]
