@@ -229,3 +229,39 @@ def test_the_gate_lets_changes_run_together_and_stop_waits_for_them(host):
     gate.release()
     waiting.join(DEADLINE_S)
     assert entered.is_set() and not gate.locked()           # ... and runs once it is released
+
+
+def test_sigterm_ends_a_hook_call_waiting_for_its_gpus_lock_undone_and_the_hook_does_it(host, monkeypatch):
+    """Changes run side by side, so at SIGTERM several may wait for one GPU's lock (every start placed
+    first-fit on the same GPU); each gives up its wait (503: the hook does the work itself), what it made
+    undone, instead of keeping the agent's stop waiting for each in turn."""
+    from vgpuhost.io import locks
+    agent = api.Agent(host)
+    agent.inventory()
+    waiting = threading.Event()
+    real = locks.fcntl
+
+    class Flock:                # fcntl as io.locks uses it, telling the test when a lock is waited for
+        LOCK_EX, LOCK_NB = real.LOCK_EX, real.LOCK_NB
+
+        @staticmethod
+        def flock(fd, op):
+            try:
+                return real.flock(fd, op)
+            except OSError:
+                waiting.set()
+                raise
+    monkeypatch.setattr(locks, "fcntl", Flock)
+    with locks.file_lock(host.state_dir, f"gpu-{GPUS[1]}"):     # another process's operation on GPUS[1]
+        start = _Call(lambda: _hook(agent, "prepare", 2, GPUS[1]))
+        assert waiting.wait(DEADLINE_S)
+        agent.stop()
+        start.join(DEADLINE_S)
+        assert not start.is_alive()
+    assert isinstance(start.error, api.Stopping) and "gave up the prepare" in start.error.message, start.error
+    assert not os.path.lexists(host.mdev_devices / _mdev(2))
+    store = StateStore(host.state_dir)
+    assert store.vgpu_records() == [] and store.active_domains() == {}
+    assert store.journal_entries(open_only=True) == []
+    assert agent.write_lock.acquire(timeout=0)          # nothing runs: the stop's wait is over at once
+    agent.write_lock.release()

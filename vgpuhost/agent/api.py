@@ -906,14 +906,22 @@ def _hook(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
         def run():
             return devices.release(agent.host, view, actor=actor, store=agent.store)
     def in_time():
-        if deadline is None:
-            return run()
-        if time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             raise TransientError(f"the hook's client stopped waiting ({waits} s) before the agent could start "
                                  f"the {act} of this domain: nothing was changed",
                                  hint="see what held the agent (GET /v1/agent, the audit log); start it again")
-        with locks.deadline(deadline):
-            return run()
+        # SIGTERM while this call waits for a lock (another change holds its GPU): the wait ends, what the call
+        # made is undone as at its deadline, and the hook does the work itself (503), as for a call that came
+        # after SIGTERM; one that waits for no lock ends whole within the stop's wait
+        scope = locks.deadline(deadline if deadline is not None else float("inf"), cancelled=lambda: agent.stopping)
+        try:
+            with scope:
+                return run()
+        except VgpuhostError as e:
+            if not scope.gave_up:
+                raise
+            raise Stopping(f"the agent is stopping: it gave up the {act} of this domain while it waited for a "
+                           f"lock ({e.message})", hint="the hook does the work itself") from None
     changed = agent.write(in_time, changed=_names)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name or libvirt_name,
             "changed": [str(c) for c in changed]}
