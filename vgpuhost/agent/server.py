@@ -1317,8 +1317,8 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
         out["reconcile"] = rep.as_dict()
         if rep.libvirt_unasked and rep.stale_domains:
             log.warning("libvirt at %s did not answer: %d domain(s) recorded running were kept, not forgotten "
-                        "('vgpuhost reconcile' forgets them once libvirt says they do not run)",
-                        rep.libvirt_unasked, len(rep.stale_domains))
+                        "(they hold no device; 'vgpuhost reconcile --check' lists them, 'vgpuhost reconcile' "
+                        "forgets them)", rep.libvirt_unasked, len(rep.stale_domains))
     except VgpuhostError as e:
         log.warning("recovery at start failed: %s", e.one_line())
         out["error"] = e.one_line()
