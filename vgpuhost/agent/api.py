@@ -5,9 +5,8 @@ the OpenAPI document ``vgpuhost/agent/openapi.yaml`` describes), which
 roles may call each path (:attr:`Route.roles`: admin, read-only, tenant)
 and what a tenant member sees and may do there (the ``tenant_*``
 handlers: its own tenant's data, its own domains), the agent's warm host
-snapshot (kept exact while changes run side by side) and
-the gate its changes run through (:class:`ChangeGate`: SIGTERM waits there for those
-in flight).  Must not: speak HTTP or
+snapshot and
+the one lock that serialises the agent's writes.  Must not: speak HTTP or
 sockets (``server.py``), or hold device logic: every change goes through
 the same ops (``ops/vgpu``, ``ops/layout``, the hook's domain devices,
 ``ops/tenancy``), file locks and audit log as the CLI and the hook.
@@ -140,80 +139,8 @@ class Text(NamedTuple):
 EVERYTHING = None
 
 
-class ChangeGate:
-    """The agent's changes running now (:attr:`Agent.write_lock`).
-
-    Any number run at once (:meth:`running`, shared): each takes the same file locks as the CLI and
-    the one-shot hook (a GPU's ``gpu-BDF``, a group's, the host lock admission decides under,
-    :mod:`vgpuhost.io.locks`), and those serialise what must be (one process or many alike), so a
-    change blocked on one GPU (a ``remove`` the kernel holds until its device is closed, up to
-    ``VGPUHOST_REMOVE_TIMEOUT_S``) holds up only the changes that need that GPU's lock, as with the
-    agent down.  :meth:`acquire` (the agent's stop, :meth:`vgpuhost.agent.server.AgentProcess.stop`)
-    waits until none runs and lets none start until :meth:`release`; it returns False when that did not
-    happen within ``timeout`` seconds (-1: no bound).  A context manager too (``with gate:``, acquire and
-    release)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running = 0
-        self._held = False
-
-    @property
-    def count(self) -> int:
-        """The changes running now."""
-        with self._cond:
-            return self._running
-
-    @contextlib.contextmanager
-    def running(self):
-        """``with gate.running():`` one change runs in the block (it waits while the gate is held)."""
-        with self._cond:
-            while self._held:
-                self._cond.wait()
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                if not self._running:
-                    self._cond.notify_all()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        until = None if timeout is None or timeout < 0 else time.monotonic() + timeout
-        with self._cond:
-            while self._held or self._running:
-                left = None if until is None else until - time.monotonic()
-                if not blocking or (left is not None and left <= 0):
-                    return False
-                self._cond.wait(left)
-            self._held = True
-            return True
-
-    def release(self) -> None:
-        with self._cond:
-            if not self._held:
-                raise RuntimeError("release of a change gate that is not held")
-            self._held = False
-            self._cond.notify_all()
-
-    def locked(self) -> bool:
-        """Whether a change runs now or the gate is held."""
-        with self._cond:
-            return self._held or bool(self._running)
-
-    def __enter__(self) -> "ChangeGate":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.release()
-        return False
-
-
 class Agent:
-    """The agent's state: the host, its state store, the warm snapshot and its changes' gate
-    (``write_lock``, a :class:`ChangeGate`).
+    """The agent's state: the host, its state store, the warm snapshot and the write lock.
 
     ``inventory()`` returns a discovery of the host, re-read only when the
     host changed (:func:`vgpuhost.io.changes.fingerprint`, the device part)
@@ -229,8 +156,7 @@ class Agent:
         self.libvirt_uri = libvirt_uri
         self.store = StateStore(host.state_dir, create=True)
         self.watch = StoreWatch(self.store)
-        self.write_lock = ChangeGate()         # the changes running now (they run side by side)
-        self._accounting = threading.Lock()    # one write's snapshot bookkeeping at a time (_after_write)
+        self.write_lock = threading.Lock()
         self._snap_lock = threading.Lock()     # the fields below
         self._build_lock = threading.Lock()    # one read of the host for the snapshot at a time
         self._inv = None
@@ -239,7 +165,6 @@ class Agent:
         self._pending: set = set()             # GPUs the agent's writes touched since the snapshot was read
         self._pending_all = False              # a write whose devices are not known: read the whole host
         self._accounted: Optional[tuple] = None    # the host's fingerprint as the agent last knew it
-        self._base = 0                         # moves when a whole read installs _accounted anew (_after_write)
         self._placed: Dict[str, PciAddress] = {}   # vGPU id -> its GPU, for those made since the snapshot
         self._docs: Dict[tuple, Any] = {}
         self._building: Dict[tuple, threading.Event] = {}    # documents being built now, by their key
@@ -338,8 +263,6 @@ class Agent:
 
     def _install(self, inv, key, accounted):
         """(under ``_snap_lock``) the new snapshot and its version."""
-        if accounted is not self._accounted:
-            self._base += 1
         self._inv, self._key, self._accounted = inv, key, accounted
         self._version += 1
         with self._docs_lock:
@@ -352,21 +275,16 @@ class Agent:
             self._pending_all = True
 
     def write(self, fn: Callable[[], Any], changed: Optional[Callable[[Any], List[str]]] = None) -> Any:
-        """Run one change (``fn()``, its result returned); the snapshot is then due for a refresh.
+        """Run one change under the agent's write lock; the snapshot is then due for a refresh.
 
-        Changes run side by side (:class:`ChangeGate`): ``fn`` takes the file locks the CLI and the
-        one-shot hook take for what it changes, and nothing else serialises it, so one blocked on a
-        GPU (a remove the kernel blocks) holds up only the changes that need that GPU.
         ``changed``: the devices (vGPU ids, GPU or VF addresses) the change's result names as changed;
         only their GPUs are read again, when the host's fingerprint moved by no more than they explain
-        (another tool's change meanwhile, or another of the agent's changes still running: the whole
-        host).  None, an error or an unknown device: the whole host.  The refresh runs at the next read
-        or :meth:`warm_up`, not here.  Raises Stopping (nothing done) once :meth:`stop` was called, and
-        what ``fn`` raises."""
+        (another tool's change meanwhile: the whole host).  None, an error or an unknown device: the
+        whole host.  The refresh runs at the next read or :meth:`warm_up`, not here."""
         if self.stopping:
             raise Stopping("the agent is stopping: it starts no change now",
                            hint="the hook does the work itself; retry once the agent is back")
-        with self.write_lock.running():
+        with self.write_lock:
             with self._answers:
                 if self.stopping:
                     raise Stopping("the agent is stopping: it starts no change now",
@@ -422,32 +340,25 @@ class Agent:
 
     def _after_write(self, names: Optional[List[str]]) -> None:
         """Mark the GPUs holding ``names`` due for a refresh when the host's fingerprint moved, since the
-        agent last knew it, by no more than their devices explain; else (or ``names`` None) the whole host.
-
-        One write's bookkeeping at a time (``_accounting``), while other changes may still run: what
-        theirs moved so far is not explained by this write's devices (unless on the same GPUs, which are
-        read again anyway), so it makes the whole host due.  ``_accounted`` moves only from the value
-        this write compared with: a whole read installed meanwhile (``_base`` moved) makes the whole host
-        due too, never a fingerprint the snapshot does not match taken as known."""
-        with self._accounting:
-            gpus = None
-            after = None
-            with self._snap_lock:
-                inv, accounted, base = self._inv, self._accounted, self._base
-            if names is not None and inv is not None and accounted is not None:
-                try:
-                    gpus = self._gpus_of(inv, names)
-                    after = self._fingerprint(inv)
-                    if gpus is not None and not self._explained(inv, accounted, after, gpus, names):
-                        gpus = None
-                except Exception:       # an unreadable host: the whole read says why, at the next request
+        agent last knew it, by no more than their devices explain; else (or ``names`` None) the whole host."""
+        gpus = None
+        after = None
+        with self._snap_lock:
+            inv, accounted = self._inv, self._accounted
+        if names is not None and inv is not None and accounted is not None:
+            try:
+                gpus = self._gpus_of(inv, names)
+                after = self._fingerprint(inv)
+                if gpus is not None and not self._explained(inv, accounted, after, gpus, names):
                     gpus = None
-            with self._snap_lock:
-                if gpus is None or base != self._base:
-                    self._pending_all = True
-                else:
-                    self._pending |= gpus
-                    self._accounted = after
+            except Exception:       # an unreadable host: the whole read says why, at the next request
+                gpus = None
+        with self._snap_lock:
+            if gpus is None:
+                self._pending_all = True
+            else:
+                self._pending |= gpus
+                self._accounted = after
 
     def _gpus_of(self, inv, names: List[str]) -> Optional[set]:
         """The GPUs holding ``names`` (vGPU ids: mdev UUIDs or VF addresses; GPU addresses), from the
@@ -912,22 +823,14 @@ def _hook_pooled(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
         def run():
             return devices.release(agent.host, view, actor=actor, store=agent.store)
     def in_time():
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is None:
+            return run()
+        if time.monotonic() >= deadline:
             raise TransientError(f"the hook's client stopped waiting ({waits} s) before the agent could start "
                                  f"the {act} of this domain: nothing was changed",
                                  hint="see what held the agent (GET /v1/agent, the audit log); start it again")
-        # SIGTERM while this call waits for a lock (another change holds its GPU): the wait ends, what the call
-        # made is undone as at its deadline, and the hook does the work itself (503), as for a call that came
-        # after SIGTERM; one that waits for no lock ends whole within the stop's wait
-        scope = locks.deadline(deadline if deadline is not None else float("inf"), cancelled=lambda: agent.stopping)
-        try:
-            with scope:
-                return run()
-        except VgpuhostError as e:
-            if not scope.gave_up:
-                raise
-            raise Stopping(f"the agent is stopping: it gave up the {act} of this domain while it waited for a "
-                           f"lock ({e.message})", hint="the hook does the work itself") from None
+        with locks.deadline(deadline):
+            return run()
     changed = agent.write(in_time, changed=_names)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name or libvirt_name,
             "changed": [str(c) for c in changed]}

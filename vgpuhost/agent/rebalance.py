@@ -1,9 +1,8 @@
 """The capacity reconciler in the agent: :func:`vgpuhost.ops.rebalance.rebalance` every ``interval_s``.
 
-Owns: :class:`AgentRebalancer` (one daemon thread; each run one of the agent's changes
-(:meth:`vgpuhost.agent.api.Agent.write`: beside the others, under the host lock and each moved GPU's
-lock as the CLI's run; none starts once the agent is stopping, whose stop waits for one running, and
-the agent's snapshot is read again for the GPUs moved) and
+Owns: :class:`AgentRebalancer` (one daemon thread; each run one of the agent's changes, under its
+write lock, so it never interleaves with a change the agent serves, none starts once the agent is
+stopping, and the agent's snapshot is read again for the GPUs moved) and
 :func:`start`, which reads the reconciler's config (``<root>/etc/vgpuhost/rebalance.yaml``) and starts
 it only when the config turns it on (``agent: {enabled: true, interval_s: S}``).  Must not: decide
 or change anything itself (ops does), or stop the agent for a failed run (it is logged, the next
@@ -45,8 +44,9 @@ class AgentRebalancer:
         self.thread.start()
 
     def run_once(self) -> Optional[Dict[str, Any]]:
-        """One run as one of the agent's changes (:meth:`vgpuhost.agent.api.Agent.write`: its snapshot then
-        refreshed for the moved GPUs); None when the agent is stopping (nothing ran)."""
+        """One run as one of the agent's changes (:meth:`vgpuhost.agent.api.Agent.write`: under its write
+        lock, its snapshot then refreshed for the moved GPUs); None when the agent is stopping (nothing
+        ran)."""
         if self.stop.is_set():
             return None
 

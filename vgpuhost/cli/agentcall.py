@@ -4,8 +4,8 @@ Owns: :func:`forward` (is an agent for this host root and state dir up,
 and may this caller change the host through it? then send the request
 and return its document) and turning the agent's error document back into
 the CLI's one line and exit code (:class:`AgentError`).  With the agent
-up, concurrent users' changes are made in one place (serialised by the file
-locks every path takes, as in the CLI).  With it down, with the global
+up, concurrent users serialise in one place (the agent's write lock, on
+top of the file locks every path takes).  With it down, with the global
 ``--local`` option, or with ``VGPUHOST_AGENT=off``, the command does the
 work itself.  Commands that forward: vgpu create/remove, reconcile, apply,
 passthrough prepare/release, attach/detach, tenant add/set/remove (each

@@ -62,8 +62,8 @@ editor), on a live migration only.
 With the agent up (``vgpuhost agent``: its admin socket, ``$VGPUHOST_AGENT_SOCKET``
 or ``<root>/run/vgpuhost/agent.sock``, answers), steps 2-5 are handed to it
 (``POST /v1/hook/prepare`` and ``/v1/hook/release``): the agent does them
-with the same code over its warm snapshot of the host, under the same file
-locks as every other change (its own and other processes'), and the hook prints the agent's error line
+with the same code over its warm snapshot of the host, serialised with
+every other change it makes, and the hook prints the agent's error line
 (:func:`agent_error_line`) and exits with its exit code.  The installed sh
 dispatcher makes that call itself with curl, before any Python starts, and
 runs this handler only when it got no usable answer, with

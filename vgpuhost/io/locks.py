@@ -24,32 +24,21 @@ _local = _thread._local()
 
 
 class deadline:
-    """``with deadline(t) as scope:`` no lock this thread waits for in the block waits past ``t``
-    (``time.monotonic()`` seconds): the agent's hook calls end when the hook's client stops waiting.
-    ``cancelled``: a callable asked while a lock is waited for; once it returns true the wait ends as
-    at ``t`` (TransientError) and ``scope.gave_up`` is True (the agent stopping: a hook call waiting for
-    a GPU's lock gives up, and the hook does the work itself); one wait only: the later ones in the block
-    (the rollback of what the call made) wait as before."""
+    """``with deadline(t):`` no lock this thread waits for in the block waits past ``t``
+    (``time.monotonic()`` seconds): the agent's hook calls end when the hook's client stops waiting."""
 
-    __slots__ = ("t", "before", "cancelled", "gave_up", "outer")
+    __slots__ = ("t", "before")
 
-    def __init__(self, t: float, cancelled=None):
+    def __init__(self, t: float):
         self.t = t
         self.before = None
-        self.cancelled = cancelled
-        self.gave_up = False
-        self.outer = None
 
-    def __enter__(self) -> "deadline":
+    def __enter__(self) -> None:
         self.before = getattr(_local, "deadline", None)
-        self.outer = getattr(_local, "scope", None)
         _local.deadline = self.t
-        _local.scope = self
-        return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         _local.deadline = self.before
-        _local.scope = self.outer
         return False
 
 
@@ -127,11 +116,6 @@ def _take_lock(state_dir: "str | os.PathLike[str]", name: str, *, timeout_s: flo
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                scope = getattr(_local, "scope", None)
-                if scope is not None and scope.cancelled is not None and scope.cancelled():
-                    scope.gave_up, scope.cancelled = True, None     # the rollback's own waits are not given up
-                    raise TransientError(f"stopped waiting for lock {name!r}: the caller gave up",
-                                         hint="nothing was done under it; try again") from None
                 if time.monotonic() >= until:
                     raise TransientError(
                         f"another vgpuhost operation has held lock {name!r} for over "
