@@ -424,17 +424,24 @@ def _killed_writer(monkeypatch, *, after_write: bool) -> None:
     monkeypatch.setattr(sysfs_mod, "_write_once", dying)
 
 
-def test_a_forked_writer_killed_after_its_write_landed_reports_the_remove_done(make_host, capsys, monkeypatch):
-    """Trial 7 F1, the forked child's path (the CLI, the one-shot hook): a child killed after its vendor-VFIO
-    clear landed answers nothing; the vGPU is read back gone, so the remove is done (exit 0, record dropped,
-    ``reconcile --check`` in sync), never a definite EIO that keeps the record for ``reconcile`` to re-create."""
+def _remove_with_killed_writer(make_host, capsys, monkeypatch, after_write: bool):
+    """``vgpu remove`` of a new L40S-8Q on a vendor-VFIO host, its forked writer killed after (or before) its
+    write: ``(host, store, outcome, type file, exit code, stderr)``."""
     host = make_host("l40s-vendor-vfio")
     store = StateStore(host.state_dir)
     out = create(host, store, profile="L40S-8Q")
     type_file = host.pci_device(out.id) / "nvidia" / "current_vgpu_type"
-    _killed_writer(monkeypatch, after_write=True)
+    _killed_writer(monkeypatch, after_write=after_write)
     code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
     monkeypatch.undo()
+    return host, store, out, type_file, code, err
+
+
+def test_a_forked_writer_killed_after_its_write_landed_reports_the_remove_done(make_host, capsys, monkeypatch):
+    """Trial 7 F1, the forked child's path (the CLI, the one-shot hook): a child killed after its vendor-VFIO
+    clear landed answers nothing; the vGPU is read back gone, so the remove is done (exit 0, record dropped,
+    ``reconcile --check`` in sync), never a definite EIO that keeps the record for ``reconcile`` to re-create."""
+    host, store, out, type_file, code, err = _remove_with_killed_writer(make_host, capsys, monkeypatch, True)
     assert code == 0, err
     assert Sysfs(host).read(type_file) == "0" and store.vgpu_records() == []
     assert store.journal_entries(open_only=True) == []
@@ -448,13 +455,7 @@ def test_a_forked_writer_killed_before_its_write_leaves_the_removal_pending(make
     made is unknown, the vGPU reads back present, so the removal stays pending (exit 3, one line, journal
     open, record kept), as a remove that did not finish in time; ``reconcile`` then finishes it (removes the
     vGPU and drops the record), never re-creating it."""
-    host = make_host("l40s-vendor-vfio")
-    store = StateStore(host.state_dir)
-    out = create(host, store, profile="L40S-8Q")
-    type_file = host.pci_device(out.id) / "nvidia" / "current_vgpu_type"
-    _killed_writer(monkeypatch, after_write=False)
-    code, _, err = cli(capsys, host, "vgpu", "remove", out.id)
-    monkeypatch.undo()
+    host, store, out, type_file, code, err = _remove_with_killed_writer(make_host, capsys, monkeypatch, False)
     assert code == 3 and err.count("\n") == 1, err
     assert (f"remove of {out.id} did not finish: the process making the write ended without answering (killed?)"
             in err and "stays pending" in err and "held by" not in err), err
