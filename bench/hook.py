@@ -64,10 +64,10 @@ clean ``-I -S`` start, like with like: agent down, own (prepare + release,
 wall - simulator) / the clean start's wall time, target <= 5 on every host
 (and the same in CPU time, which a loaded machine disturbs less); agent up,
 all vgpuhost CPU (client + agent + writer - simulator) / the clean start's CPU time,
-target <= 2.5; no-meta / clean, target < 0.5 (the
+target <= 2.5; no-meta / clean, target < 0.5 with the agent up (the
 no-meta domain names a NIC hostdev: since issue 28 the dispatcher hands a
 domain that names a host device to the handler or the agent, so with the
-agent down that row pays a handler start).
+agent down that row pays a handler start, and no target is printed there).
 
 Growth (``--growth 1,2,4,8,16``, the default; ``--growth ''`` skips it):
 hosts of 1..16 A40s on classic mdev (``benchutil.a40_spec_yaml``), agent
@@ -465,7 +465,10 @@ def main(argv: List[str] = None) -> int:
                       f"{cpu / base_cpu:>14.2f}")
         else:
             print(f"{b.label:<{width}}  {'no device to make: ' + b.why_none}")
-        print(f"{b.label:<{width}}  {'no-meta / clean start':<44}{med[f'{b.label} no-meta']['own'] / base:>14.2f}  < 0.5")
+        # the 0.5 is met only where no Python starts: agent up (the agent answers); agent down, a domain naming a
+        # host device is the handler's to check since issue 28 (a Python start: at least 1 by definition)
+        print(f"{b.label:<{width}}  {'no-meta / clean start':<44}{med[f'{b.label} no-meta']['own'] / base:>14.2f}  "
+              + ("< 0.5" if b.agent is not None else "(a handler start: issue 28)"))
         print(f"{b.label:<{width}}  {'no-meta release / clean start':<44}"
               f"{med[f'{b.label} no-meta release']['own'] / base:>14.2f}")
     if growth:
