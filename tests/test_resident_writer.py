@@ -186,6 +186,9 @@ def test_a_killed_writer_is_replaced(make_host, writers):
     first = writers.idle_pids()[0]
     os.kill(first, signal.SIGKILL)                      # killed while idle
     until(lambda: _state(first) == "-")                 # reaped at once, before any other write
+    # GET /v1/agent's resident_writer no longer counts it as waiting (before the next write replaces it)
+    until(lambda: writers.status()["idle"] == 0)
+    assert writers.idle_pids() == [] and writers.started == 1
     _create(host, _mdev(2))
     assert fs.write_bounded(_remove_path(host, _mdev(2)), "1", timeout_s=DEADLINE_S) is True
     assert not os.path.lexists(host.mdev_devices / _mdev(2))

@@ -385,16 +385,22 @@ class Writers:
 
     def status(self) -> Dict[str, Any]:
         """The pool as ``GET /v1/agent`` shows it: ``mode`` (``resident``, or ``fork`` while it is off:
-        each bounded write forks a child), ``started`` (writers started in all), ``idle`` (writers waiting),
+        each bounded write forks a child), ``started`` (writers started in all), ``idle`` (writers waiting: one
+        killed while idle is dropped here, not counted until the next write replaces it),
         ``start_failures`` (failed starts in a row, 0 once a writer answered a write),
         ``last_start_failure`` (a line, or None), ``off_for_s`` (seconds until a start is tried again while
         off, else None)."""
         now = self._clock()
         with self._lock:
+            dead = [w for w in self._idle if not w.alive()]
+            self._idle = [w for w in self._idle if w not in dead]
             off = self._off_until is not None and now < self._off_until
-            return {"mode": "fork" if off else "resident", "started": self.started, "idle": len(self._idle),
-                    "start_failures": self.start_failures, "last_start_failure": self.last_failure,
-                    "off_for_s": round(self._off_until - now, 1) if off else None}
+            doc = {"mode": "fork" if off else "resident", "started": self.started, "idle": len(self._idle),
+                   "start_failures": self.start_failures, "last_start_failure": self.last_failure,
+                   "off_for_s": round(self._off_until - now, 1) if off else None}
+        for w in dead:
+            w.close()
+        return doc
 
     def close(self) -> None:
         """End every idle writer (each reads end of file); a later write starts a new one."""
