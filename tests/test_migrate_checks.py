@@ -199,3 +199,20 @@ def test_a_refusal_of_a_nova_mapped_domain_names_its_mapped_tenant(make_host):
     assert "tenant 'team'" in start, start
     why, _ = refused_at_migrate_begin(host, xml)
     assert why == "tenant team: " + start, why                          # not "tenant (none)"
+
+
+# ---------------------------------------------------------------------------
+# prepare begin's own checks of the XML: an undeclared GPU device
+
+def test_an_xml_naming_a_gpu_device_its_metadata_does_not_declare_is_refused_at_migrate_begin(make_host):
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    from test_migrate import domain_xml, mdev_hostdev, pci_hostdev
+    host = mixed(make_host)
+    meta = Metadata(strategy="first-fit", vgpus=[VgpuRequest("A40-8Q", uuid=MDEV)])
+    xml = domain_xml("vm", DOM, meta, [mdev_hostdev(MDEV), pci_hostdev(GPU_HI)])    # GPU_HI itself, undeclared
+    start = refused_at_prepare_begin(host, xml)
+    assert str(GPU_HI) in start, start
+    why, _ = refused_at_migrate_begin(host, xml)
+    assert why == start, why                                            # prepare begin's line and fix
+    # declared as the metadata says (the vGPU alone): reserved
+    assert call(host, "vm", "migrate", "begin", mdev_domain())[0] == 0 and [r[1] for r in reservations(host)] == [DOM]

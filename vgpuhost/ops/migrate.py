@@ -232,17 +232,23 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
     return [], {g.device: g.decision.gpu for g in granted if g.decision.gpu}
 
 
-def _request_refusals(host: HostRoot, inv: "Inventory", view: "DomainView",
+def _request_refusals(store: "StateStore", inv: "Inventory", view: "DomainView",
                       allow: "Optional[frozenset]") -> "List[Refusal]":
-    """``prepare begin``'s own check of the XML it will see (:func:`vgpuhost.policy.hookrequest.check_request`,
-    the same call with the same hook allow-list ``allow``): a vGPU without its ``<hostdev>``, a VF's hostdev
-    ``managed='yes'``, a GPU the allow-list leaves out.  One refusal (``no-device``) with its line and fix."""
+    """``prepare begin``'s own checks of the XML it will see, the same calls with the same hook allow-list
+    ``allow``: :func:`vgpuhost.policy.hookrequest.check_request` (a vGPU without its ``<hostdev>``, a VF's
+    hostdev ``managed='yes'``, a GPU the allow-list leaves out) and
+    :func:`vgpuhost.policy.hostdevs.check_hostdevs` (a GPU device a ``<hostdev>`` names that the metadata
+    does not declare, or another owner holds).  One refusal (``no-device``) with its line and fix."""
     from ..model.errors import VgpuhostError
     from ..policy import migration as mig
     from ..policy.hookrequest import check_request
+    from ..policy.hostdevs import check_hostdevs, declared_functions
     from ..policy.iommu import group_endpoints
     try:
-        check_request(inv, view, allow, group_endpoints)
+        checked = check_request(inv, view, allow, group_endpoints)
+        check_hostdevs(inv, view, declared_pci=declared_functions(view, inv), allow=checked.allowed,
+                       vgpu_records=store.vgpu_records(), passthrough_records=store.passthrough_records(),
+                       active_domains=store.active_domains())
     except VgpuhostError as e:
         return [mig.Refusal(mig.NO_DEVICE, "", e.message, e.hint or "fix the domain's XML ('vgpuhost attach' "
                                                                     "writes hostdev and metadata together)")]
@@ -489,7 +495,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             # isolation or pools keep out, or whose XML claims another tenant or a stronger class, is refused
             # before anything is reserved, not at its prepare begin
             seen_view = parse_domain(new_xml.encode()) if new_xml is not None else view
-            refusals = _request_refusals(host, inv, seen_view, allow)
+            refusals = _request_refusals(store, inv, seen_view, allow)
             if not refusals:
                 refusals, decided = _admission(host, store, req, inv, placed, inputs, seen_view)
                 # an mdev is reserved on the GPU prepare begin's admission will make it on (an unpinned one's
