@@ -34,6 +34,10 @@ if TYPE_CHECKING:   # only for annotations: never imported on the hook path
     from ..policy.hookrequest import Checked
 
 
+#: the hook allow-list, as refusals name it
+ALLOW_LIST = "the hook allow-list (etc/vgpuhost/hook.allow)"
+
+
 def allow_path(host: HostRoot):
     """``<root>/etc/vgpuhost/hook.allow``: the GPUs the qemu hook may act on."""
     from ..policy.hookrequest import ALLOW_FILE
@@ -58,6 +62,27 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
         raise HostEnvironmentError(f"cannot read the hook allow-list {host.relative(path)}: {e.strerror}",
                                    hint="make it readable by root, or remove it to allow every NVIDIA GPU") from None
     return parse_allow(data, host.relative(path))
+
+
+def admission_inputs(host: HostRoot, inv: "Inventory", allow: "Optional[FrozenSet[PciAddress]]") -> dict:
+    """What the hook weighs beside a domain's own devices when it admits and places them, as the keywords
+    :func:`vgpuhost.ops.tenancy.admitting` and :func:`~vgpuhost.ops.tenancy.admit_domain` take: ``allowed``
+    (the hook allow-list ``allow``, :func:`load_allow`: None = every NVIDIA GPU), ``limits_for`` (a type
+    name -> ``{GPU: its max in the GPU's vGPU mode}``, :func:`vgpuhost.ops.vgpu.mode_limits`: mixed-size
+    maxima and free placement ids) and ``policies`` (GPU BDFs -> ``{BDF: the scheduler policy it runs}``,
+    :func:`vgpuhost.ops.tenancy.scheduler_policies`: a pooled GPU in drift admits nothing).  One source for
+    ``prepare begin`` and the destination's ``migrate begin`` (:func:`vgpuhost.ops.migrate.incoming`, which
+    narrows its placement by ``allowed`` and ``limits_for`` too), so an incoming migration is refused where
+    its ``prepare begin`` would be.  Reads nothing until a callable is called (NVML then: the modes only for
+    vendor-VFIO GPUs listing the type, the policies only of pooled GPUs asked for)."""
+    def limits_for(name: str) -> dict:
+        from .vgpu import mode_limits
+        return mode_limits(host, inv, name)
+
+    def policies(gpus) -> "Dict[str, str]":
+        from .tenancy import scheduler_policies
+        return scheduler_policies(host, gpus)
+    return {"allowed": allow, "limits_for": limits_for, "policies": policies}
 
 
 def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
@@ -230,11 +255,10 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     if enforced:
         # admission (issues 13, 26): quota, isolation, QoS class, pool, decided once under the host lock
         from . import tenancy
-        from . import vgpu
+        inputs = admission_inputs(host, inv, checked.allowed)     # migrate begin admits with the same
+
         def block(kinds):
-            return tenancy.admitting(store, view, inv, actor=actor, allowed=checked.allowed, types=kinds,
-                                     limits_for=lambda name: vgpu.mode_limits(host, inv, name),
-                                     policies=lambda gpus: tenancy.scheduler_policies(host, gpus))
+            return tenancy.admitting(store, view, inv, actor=actor, types=kinds, **inputs)
         admitting = block(types) if not resized else _ResizedOrAsked(block, types, requested, resized, store,
                                                                       view, actor)
     else:
@@ -569,7 +593,7 @@ def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked",
 
 def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, profile: str, allowed, actor: str,
                inv: "Optional[Inventory]" = None,
-               narrowed_by: str = "the hook allow-list (etc/vgpuhost/hook.allow)",
+               narrowed_by: str = ALLOW_LIST,
                decided: "Optional[PciAddress]" = None) -> Optional[str]:
     """Create one requested vGPU; its id when this call made it (``claim:ID`` when it was lent
     from the layout's pool), None when the domain already held it.
@@ -642,9 +666,16 @@ def _make_vgpu(host: HostRoot, store: "StateStore", view: "DomainView", req, pro
     except RefusedError as e:
         if allowed is None:
             raise
-        listed = ", ".join(sorted(map(str, allowed))) or "none"
-        raise RefusedError(e.message, hint=f"{narrowed_by} lets the hook place vGPUs only on: {listed}") from None
+        raise RefusedError(e.message, hint=placed_only_on(allowed, narrowed_by)) from None
     return out.id
+
+
+def placed_only_on(allowed: "FrozenSet[PciAddress]", narrowed_by: str = ALLOW_LIST) -> str:
+    """The hint of a vGPU placement refused where ``allowed`` (the hook allow-list, or admission's
+    candidates within it: ``narrowed_by`` says which) narrowed the GPUs: ``prepare begin``'s, and
+    ``migrate begin``'s for the same refusal."""
+    listed = ", ".join(sorted(map(str, allowed))) or "none"
+    return f"{narrowed_by} lets the hook place vGPUs only on: {listed}"
 
 
 def _defined_in_mdevctl(host: HostRoot, uuid: str) -> bool:

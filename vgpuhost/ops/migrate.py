@@ -91,13 +91,19 @@ def _facts(host: HostRoot, store: "StateStore", owner: str) -> "Tuple[Inventory,
 
 
 def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory", records: list, seen: list,
-                keep: "Dict[str, object]") -> "Tuple[List[dict], List[Refusal]]":
+                keep: "Dict[str, object]", inputs: dict) -> "Tuple[List[dict], List[Refusal]]":
     """Where the destination makes each of ``req``'s vGPUs (``{device, kind, profile, gpu, parent}`` each),
-    and the refusals.  ``keep``: device -> the VF or GPU the incoming XML names, kept when still free."""
+    and the refusals.  ``keep``: device -> the VF or GPU the incoming XML names, kept when still free.
+    ``inputs``: :func:`vgpuhost.ops.devices.admission_inputs`: the GPUs the hook allow-list leaves out
+    offer nothing (a pin to one is moved, as a pin to an absent GPU is) and each GPU offers at most its
+    mode's max (mixed-size), as ``prepare begin`` places; a refusal the allow-list narrowed names it as
+    ``prepare begin``'s does."""
     from dataclasses import replace
     from ..model.values import PciAddress
     from ..policy import migration as mig
-    from ..policy.offers import offers, resolve_profile
+    from ..policy.offers import allowed_only, offers, resolve_profile
+    from .devices import placed_only_on
+    allowed, limits_for = inputs["allowed"], inputs["limits_for"]
     from ..policy.placement import Request as Placing
     where = f"destination {host.s.root}"
     from ..io.state import utcnow
@@ -129,7 +135,7 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
                                              .split(" on ")[0], known=False))
             continue
         offered = []
-        for o in offers(inv, records, name, seen):
+        for o in allowed_only(offers(inv, records, name, seen, limits_for(name)), allowed):
             if o.gpu in inv.out_of_service:
                 o = replace(o, available=0, parents=(), note=f"out of service: {inv.out_of_service[o.gpu]}")
             if o.gpu in taken:
@@ -151,7 +157,8 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
         gpu, parent = mig.choose_device(offered, placing, keep=k if isinstance(k, PciAddress) else None,
                                         reserved=reserved)
         if gpu is None:
-            refusals.append(mig.type_refusal(d, where, str(parent)))
+            r = mig.type_refusal(d, where, str(parent))
+            refusals.append(r if allowed is None else replace(r, fix=placed_only_on(allowed)))
             continue
         taken[gpu] = parent
         if d.kind == "vf":
@@ -162,26 +169,33 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
 
 
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
-               placed: "List[dict]", incoming: "Optional[DomainView]" = None) -> "List[Refusal]":
+               placed: "List[dict]", inputs: dict, incoming: "Optional[DomainView]" = None) \
+        -> "Tuple[List[Refusal], Dict[str, str]]":
     """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
     allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
     binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
-    tenancy: docs/guide/migration.md).  A domain the source says is bound (``req.tenant``) and the
-    destination has not bound is refused with the command that binds it there (prepare begin would
-    admit it as a domain without a tenant).  Nothing when tenancy is not in use there.
+    tenancy: docs/guide/migration.md), and ``inputs`` (:func:`vgpuhost.ops.devices.admission_inputs`: the
+    hook allow-list, mixed-size maxima, the scheduler policy each pooled GPU runs), as prepare begin passes
+    them.  A domain the source says is bound (``req.tenant``) and the destination has not bound is refused
+    with the command that binds it there (prepare begin would admit it as a domain without a tenant).
+    Nothing when tenancy is not in use there.
 
-    ``incoming``: the incoming domain XML (the hook's ``migrate begin``): what ``prepare begin`` will
-    see, so its metadata's asks (``tenant=``, ``qos=``) and Nova's project are weighed as prepare begin
-    weighs them (:func:`vgpuhost.ops.tenancy.trust`: the XML may ask, never claim; a claim of another
-    tenant or a stronger class is refused here).  None (``migrate check --incoming``): the request has
-    no XML, and its tenant and class are the source's word, never weighed.  Devices other incoming
-    migrations reserved here count as their bound tenant's (``admit_domain``)."""
+    ``incoming``: the domain XML ``prepare begin`` will see (the hook's ``migrate begin``: the incoming XML
+    with its devices as placed here), admitted as it is: its pins, its metadata's asks (``tenant=``,
+    ``qos=``) and Nova's project weighed as prepare begin weighs them (:func:`vgpuhost.ops.tenancy.trust`:
+    the XML may ask, never claim; a claim of another tenant or a stronger class is refused here; the
+    tenant a refusal names is the trusted one, Nova's mapped project included).  None (``migrate check
+    --incoming``): the request has no XML, its devices are admitted as placed (``placed``), and its tenant
+    and class are the source's word, never weighed.  Devices other incoming migrations reserved here count
+    as their bound tenant's (``admit_domain``).
+
+    Returns the refusals and ``{device: the GPU admission placed it on}`` (the view's device ids; empty
+    when tenancy is not in use or it refused): ``prepare begin`` makes a vGPU where its admission places
+    it, so the reservation and the check's answer name that GPU, not placement's first choice."""
     from ..policy import migration as mig
     from .admitting import active
     if store.absent or not active(store):
-        return []
-    from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
-    from ..model.values import PciAddress
+        return [], {}
     from . import tenancy
     row = store.binding(req.uuid)
     if row is None and req.tenant:
@@ -190,28 +204,54 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
                                                "but not on this destination: its start here would be admitted "
                                                "as a domain without a tenant",
                             f"bind it on the destination first: 'vgpuhost tenant bind {req.uuid} {req.tenant}{qos}' "
-                            "(the destination decides tenancy with its own binding)")]
-    view = DomainView()
-    view.name, view.uuid = req.name, req.uuid
-    vgpus = []
-    for p in placed:
-        if p["kind"] == "mdev":
-            vgpus.append(VgpuRequest(p["profile"], uuid=p["device"]))
-        else:
-            vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
-    asked = incoming.metadata if incoming is not None else None
-    # the devices as placed here (the XML prepare begin sees is rewritten to them); the asks as the XML makes them
-    view.metadata = Metadata(req.strategy, asked.tenant if asked is not None else None, req.anti_affinity, vgpus,
-                             [], asked.qos if asked is not None else None)
+                            "(the destination decides tenancy with its own binding)")], {}
     if incoming is not None:
-        view.nova_project = incoming.nova_project
-    tenant = row[1] if row is not None else None
+        view = incoming
+        # placed is in the metadata's vGPU order (request_for), the XML's devices as rewritten
+        types = {v.device: p["profile"] for p, v in zip(placed, view.metadata.vgpus)}
+    else:
+        from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
+        from ..model.values import PciAddress
+        view = DomainView()
+        view.name, view.uuid = req.name, req.uuid
+        vgpus = []
+        for p in placed:
+            if p["kind"] == "mdev":
+                vgpus.append(VgpuRequest(p["profile"], uuid=p["device"]))
+            else:
+                vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
+        view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
+        types = {p["device"]: p["profile"] for p in placed}
+    tr = tenancy.trust(store, view, binding=row)
     try:
-        tenancy.admit_domain(store, view, inv, audit=False, types={p["device"]: p["profile"] for p in placed},
-                             binding=row)
+        granted = tenancy.admit_domain(store, view, inv, audit=False, types=types, binding=row, trusted=tr,
+                                       **inputs)
     except RefusedError as e:
-        return [mig.Refusal(mig.ADMISSION, "", f"tenant {tenant or '(none)'}: {e.message}",
-                            e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")]
+        return [mig.Refusal(mig.ADMISSION, "", f"tenant {tr.tenant or '(none)'}: {e.message}",
+                            e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")], {}
+    return [], {g.device: g.decision.gpu for g in granted if g.decision.gpu}
+
+
+def _request_refusals(store: "StateStore", inv: "Inventory", view: "DomainView",
+                      allow: "Optional[frozenset]") -> "List[Refusal]":
+    """``prepare begin``'s own checks of the XML it will see, the same calls with the same hook allow-list
+    ``allow``: :func:`vgpuhost.policy.hookrequest.check_request` (a vGPU without its ``<hostdev>``, a VF's
+    hostdev ``managed='yes'``, a GPU the allow-list leaves out) and
+    :func:`vgpuhost.policy.hostdevs.check_hostdevs` (a GPU device a ``<hostdev>`` names that the metadata
+    does not declare, or another owner holds).  One refusal (``no-device``) with its line and fix."""
+    from ..model.errors import VgpuhostError
+    from ..policy import migration as mig
+    from ..policy.hookrequest import check_request
+    from ..policy.hostdevs import check_hostdevs, declared_functions
+    from ..policy.iommu import group_endpoints
+    try:
+        checked = check_request(inv, view, allow, group_endpoints)
+        check_hostdevs(inv, view, declared_pci=declared_functions(view, inv), allow=checked.allowed,
+                       vgpu_records=store.vgpu_records(), passthrough_records=store.passthrough_records(),
+                       active_domains=store.active_domains())
+    except VgpuhostError as e:
+        return [mig.Refusal(mig.NO_DEVICE, "", e.message, e.hint or "fix the domain's XML ('vgpuhost attach' "
+                                                                    "writes hostdev and metadata together)")]
     return []
 
 
@@ -230,10 +270,16 @@ def check_incoming(host: HostRoot, req: "Request") -> dict:
         if m is not None:
             refusals.append(m)
         inv, records, seen = _facts(host, store, req.uuid)
-        placed, more = _placements(host, store, req, inv, records, seen, {})
+        from .devices import admission_inputs, load_allow
+        inputs = admission_inputs(host, inv, load_allow(host))      # what the hook there places and admits with
+        placed, more = _placements(host, store, req, inv, records, seen, {}, inputs)
         refusals += more
         if not more and placed:
-            refusals += _admission(host, store, req, inv, placed)
+            more, decided = _admission(host, store, req, inv, placed, inputs)
+            refusals += more
+            for p in placed:
+                if p["kind"] == "mdev" and p["device"] in decided:
+                    p["gpu"] = p["parent"] = decided[p["device"]]   # where prepare begin's admission makes it
     finally:
         store.close()
     return {"schema": mig.CHECK_SCHEMA, "domain": req.name, "uuid": req.uuid, "destination": host.s.root,
@@ -377,74 +423,95 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     expiring after :data:`RESERVATION_TTL_S`), so no start takes it before ``prepare begin`` makes it
     (:func:`vgpuhost.ops.devices.prepare` places a reserved mdev on its reserved GPU).
 
-    Raises RefusedError (exit 2, nothing reserved, one audit row) when the destination cannot take the
-    domain: a passed-through GPU, a type or MIG profile not free here, or its admission here (the
-    destination's own binding, quota and isolation, as ``migrate check --incoming`` decides it, and the
-    incoming XML's ``tenant=``/``qos=`` asks as ``prepare begin`` weighs them: a claim is refused;
-    other incoming migrations' reservations count as their tenants' devices);
-    InputError for a bad XML."""
+    The devices are placed, and the XML ``prepare begin`` will see (the rewritten one) is checked and
+    admitted, with what ``prepare begin`` places and admits with
+    (:func:`vgpuhost.ops.devices.admission_inputs`): the hook allow-list (a GPU it leaves out offers
+    nothing; a pin to one moves, as a pin to an absent GPU does), the GPUs' mixed-size maxima and, for
+    admission, the scheduler policy each pooled GPU runs (one in drift admits nothing); then
+    ``prepare begin``'s own check of the XML (:func:`vgpuhost.policy.hookrequest.check_request`).
+
+    Raises RefusedError (exit 2, nothing reserved, one audit row ``(migration)``) when the destination
+    cannot take the domain: a passed-through GPU, a type or MIG profile not free here on a GPU the
+    allow-list allows (counted in the GPU's mode), the XML's devices refused by that check (``no-device``),
+    or its admission here (the destination's own binding, quota, isolation, pools and their scheduler
+    policies, as ``migrate check --incoming`` decides it, and the incoming XML's ``tenant=``/``qos=`` asks
+    as ``prepare begin`` weighs them: a claim is refused; other incoming migrations' reservations count as
+    their tenants' devices); InputError (exit 2) for a bad XML or a bad allow-list, HostEnvironmentError
+    for an unreadable one (nothing reserved)."""
     from ..libvirt.domxml import parse_domain
-    from ..policy import migration as mig
     view = parse_domain(data)
     meta = view.metadata
     if meta is None or meta.empty:
         return None
     from ..io.locks import file_lock
-    from ..io.state import StateStore
+    from ..io.state import StateStore, utcnow
     from .admitting import HOST_LOCK
-    from .devices import _owned
+    from .devices import _owned, admission_inputs, load_allow
     store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     name = view.name or view.uuid
     operation = f"migrate begin {name}"
     with file_lock(store.dir, HOST_LOCK):      # the lock admission decides starts under: no start races it
         req = request_for(host, store, view)
         inv, records, seen = _facts(host, store, req.uuid)
+        # what prepare begin places and admits with (the hook allow-list, mixed-size maxima, the pools'
+        # scheduler policies), from the one source it takes them from: a migration its prepare begin would
+        # refuse for them is refused here, before anything is reserved or its memory copied
+        allow = load_allow(host)            # a bad or unreadable allow-list refuses, as at prepare begin
+        inputs = admission_inputs(host, inv, allow)
         keep: "Dict[str, object]" = {}
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
-        placed, refusals = _placements(host, store, req, inv, records, seen, keep)
+        placed, refusals = _placements(host, store, req, inv, records, seen, keep, inputs)
+        rows = []
+        changed_vfs: "Dict[str, str]" = {}
+        changed_pins: "Dict[str, str]" = {}
+        changed_uuids: "Dict[str, str]" = {}
+        new_xml = None
         if not refusals and placed:
-            # the destination's own admission, read-only, as its prepare begin will run it on this XML
-            # (its binding, the XML's tenant and class asks: trial 7 F5): a domain its tenant's quota or
-            # isolation keeps out, or whose XML claims another tenant or a stronger class, is refused
+            expires = _expiry(RESERVATION_TTL_S)
+            expires_now = utcnow()
+            # an mdev UUID another owner holds here (a record, or an mdev in the tree nobody recorded for this
+            # domain) must change: the rest of the domain keeps its identity, the guest sees the same device type
+            mine = {r.id for r in records if r.owner == view.uuid}
+            in_use = ({r.id for r in records} | {m.uuid for m in inv.mdevs}) - mine
+            for p, v in zip(placed, meta.vgpus):
+                if p["kind"] == "vf":
+                    rows.append((p["parent"], name, p["gpu"], "vf", p["profile"], expires))
+                    if p["parent"] != str(v.vf):
+                        changed_vfs[str(v.vf)] = p["parent"]
+                else:
+                    device = p["device"]
+                    if device in in_use or any(r[0] == device and r[1] != view.uuid and r[6] >= expires_now
+                                               for r in store.reservation_rows()):
+                        device = changed_uuids[p["device"]] = _new_uuid(in_use)
+                    rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
+                    if v.gpu is not None and str(v.gpu) != p["gpu"]:
+                        changed_pins[p["device"]] = p["gpu"]
+            if changed_vfs or changed_pins or changed_uuids:
+                new_xml = rewrite(data, view, changed_vfs, changed_pins, changed_uuids)
+            # the XML prepare begin will see, checked and admitted as it will check and admit it: its own
+            # check of the XML with the allow-list, then the destination's admission, read-only (its binding,
+            # the XML's tenant and class asks: trial 7 F5; the inputs above): a domain its tenant's quota,
+            # isolation or pools keep out, or whose XML claims another tenant or a stronger class, is refused
             # before anything is reserved, not at its prepare begin
-            refusals = _admission(host, store, req, inv, placed, view)
+            seen_view = parse_domain(new_xml.encode()) if new_xml is not None else view
+            refusals = _request_refusals(store, inv, seen_view, allow)
+            if not refusals:
+                refusals, decided = _admission(host, store, req, inv, placed, inputs, seen_view)
+                # an mdev is reserved on the GPU prepare begin's admission will make it on (an unpinned one's
+                # may differ from placement's first choice: pools, isolation); a pin and a VF fix their GPU
+                rows = [(r[0], r[1], decided.get(r[0], r[2]), r[3], r[4], r[5]) if r[3] == "mdev" else r
+                        for r in rows]
         if refusals:
             line = "; ".join(r.text() for r in refusals)
             store.audit(actor=actor, operation=operation, path="(migration)", value=line, result="refused")
             first = refusals[0]
             raise RefusedError(f"incoming migration refused: {first.line}" +
                                (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=first.fix)
-        expires = _expiry(RESERVATION_TTL_S)
-        from ..io.state import utcnow
-        expires_now = utcnow()
-        rows = []
-        changed_vfs: "Dict[str, str]" = {}
-        changed_pins: "Dict[str, str]" = {}
-        # an mdev UUID another owner holds here (a record, or an mdev in the tree nobody recorded for this
-        # domain) must change: the rest of the domain keeps its identity, the guest sees the same device type
-        mine = {r.id for r in records if r.owner == view.uuid}
-        in_use = ({r.id for r in records} | {m.uuid for m in inv.mdevs}) - mine
-        changed_uuids: "Dict[str, str]" = {}
-        for p, v in zip(placed, meta.vgpus):
-            if p["kind"] == "vf":
-                rows.append((p["parent"], name, p["gpu"], "vf", p["profile"], expires))
-                if p["parent"] != str(v.vf):
-                    changed_vfs[str(v.vf)] = p["parent"]
-            else:
-                device = p["device"]
-                if device in in_use or any(r[0] == device and r[1] != view.uuid and r[6] >= expires_now
-                                           for r in store.reservation_rows()):
-                    device = changed_uuids[p["device"]] = _new_uuid(in_use)
-                rows.append((device, name, p["gpu"], "mdev", p["profile"], expires))
-                if v.gpu is not None and str(v.gpu) != p["gpu"]:
-                    changed_pins[p["device"]] = p["gpu"]
         from .health import _set_marker
         _set_marker(store)      # commands that open no store read it then: a reserved VF counts as taken
         store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
-    if not changed_vfs and not changed_pins and not changed_uuids:
-        return None
-    return rewrite(data, view, changed_vfs, changed_pins, changed_uuids)
+    return new_xml
 
 
 def _new_uuid(taken: set) -> str:

@@ -776,9 +776,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
         offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None),
                        records, name)
-        if allowed is not None:
-            offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
-                                                         "allow-list") for o in offers]
+        offers = vgpu_offers.allowed_only(offers, allowed)        # as migrate begin's placement narrows them
         pre = premade.get(v.device)
         rec = next((r for r in records if r.id == v.device), None) if pre is not None else None
         if rec is not None and rec.type_name.lower() == name.lower():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..model.errors import InputError
 from ..model.kinds import Backend
-from ..model.values import PciAddress, VgpuProfile, clipped, strip_vendor_prefix
+from ..model.values import PciAddress, VgpuProfile, clipped, replace, strip_vendor_prefix
 from ..observe.inventory import Inventory, VgpuType, free_instances, unread_note
 from ..observe.inventory import present_framebuffers as _present_framebuffers
 from .placement import GpuOffer
@@ -195,6 +195,19 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                             keys, len(ix.vgpus) if ix is not None else 0, note,
                             framebuffer_mib=g.framebuffer_mib, used_mib=used))
     return out
+
+
+#: the note of an offer on a GPU the hook allow-list (etc/vgpuhost/hook.allow) leaves out
+NOT_ALLOWED = "not in the hook allow-list"
+
+
+def allowed_only(offers: Sequence[GpuOffer], allowed: Optional[FrozenSet[PciAddress]]) -> List[GpuOffer]:
+    """``offers`` narrowed to the hook allow-list ``allowed`` (GPU addresses; None: every GPU): an offer on
+    a GPU it leaves out offers nothing (no instance, no parent), noted :data:`NOT_ALLOWED`.  What the hook's
+    admission (``prepare begin``) and the destination's ``migrate begin`` placement both weigh."""
+    if allowed is None:
+        return list(offers)
+    return [o if o.gpu in allowed else replace(o, available=0, parents=(), note=NOT_ALLOWED) for o in offers]
 
 
 def recorded_vfs(records: Sequence[VgpuRecord]) -> FrozenSet[str]:
