@@ -280,6 +280,18 @@ def test_bad_requests_are_one_error_document_and_change_nothing(agent, a40, meth
     assert records(a40) == {} and mdevs(a40) == {}
 
 
+def test_a_bad_since_names_the_query_parameter_and_shows_a_clipped_value(agent, a40):
+    """Trial 8 T8: the API's refusal names its own parameter (not the CLI's --since) and never echoes a long
+    value whole."""
+    from vgpuhost.model.values import SHOWN_MAX
+    for value in ("yesterday", "9" * 5000):
+        got, doc = agent.call("GET", f"/v1/audit?since={value}")
+        line = doc["error"]["line"]
+        assert (got, doc["error"]["exit_code"]) == (400, 2), doc
+        assert line.startswith(f"invalid since '{value[:SHOWN_MAX]}"), line
+        assert "--since" not in line and len(line) < SHOWN_MAX + 300, line
+
+
 @pytest.mark.parametrize("action,extra", [("attach", {"profile": "A40-8Q"}), ("detach", {"all": True})])
 def test_attach_and_detach_refuse_a_libvirt_uri_the_agent_was_not_started_with(agent, a40, tmp_path, action, extra):
     """Issue 15 #1: the root agent never opens a caller's URI: no program run (qemu+ext, ?command=),

@@ -36,7 +36,7 @@ from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import PlacementStrategy
 from ..model.errors import InputError, RefusedError, TransientError, VgpuhostError
-from ..model.values import PciAddress, json_flag, json_small_int, json_text, parse_uuid
+from ..model.values import PciAddress, clipped, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
 from ..ops import devices, health, mig, migdemand, migrate, tenancy, vgpu
@@ -694,7 +694,7 @@ def get_usage(agent: Agent, req: Request) -> Dict[str, Any]:
 
 def get_audit(agent: Agent, req: Request) -> Dict[str, Any]:
     since = req.query.get("since")
-    start = parse_since(since) if since else None
+    start = parse_since(since, name="since") if since else None
     rows = agent.store.audit_rows(start)
     return {"schema": "vgpuhost.audit/v1", "since": start, "rows": [r.__dict__ for r in rows]}
 
@@ -1433,6 +1433,12 @@ def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
     tenant's quota now (:func:`vgpuhost.ops.allocate.allocate_admitted`), not only at the domain's start."""
     owner = _own_domain(agent, req)
     profile, strategy, gpu, vid, anti, dry = _allocate_body(agent, req)
+    if vid:
+        # a free UUID may be one another domain's XML names (attached, not started): a tenant choosing it would
+        # have that domain's next start refused as held (trial 8 T7); the tenant's vGPU gets a new UUID
+        raise Forbidden(f"vgpu_uuid {clipped(vid)!r}: a member of tenant {req.tenant!r} does not choose a vGPU's "
+                        "UUID", hint="omit vgpu_uuid: the answer's id is the new vGPU's UUID, to write in the "
+                                     "domain's XML")
 
     def run():
         # the operator's hook allow-list binds a tenant's vGPUs as it binds the hook's

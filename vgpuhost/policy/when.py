@@ -10,13 +10,16 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from ..model.errors import InputError
+from ..model.values import clipped
 
 
-def parse_since(text: str) -> str:
+def parse_since(text: str, name: str = "--since") -> str:
     """``text`` as a UTC ISO 8601 time with microseconds (the audit log's spelling).
 
     An age (``30m``, ``2h``, ``7d``, ``45s``) counts back from now; a time
-    without an offset is UTC.  Raises InputError for anything else.
+    without an offset is UTC.  Raises InputError for anything else, naming
+    the value as ``name`` (the CLI's option, the API's query parameter) and
+    showing at most :data:`~vgpuhost.model.values.SHOWN_MAX` characters of it.
     """
     m = re.fullmatch(r"\s*([0-9]{1,9})\s*([smhd])\s*", text)
     if m:
@@ -28,7 +31,7 @@ def parse_since(text: str) -> str:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise InputError(f"invalid --since {text!r}",
+        raise InputError(f"invalid {name} {clipped(text)!r}",
                          hint="give an ISO 8601 time (2026-11-29T10:00, UTC unless an offset is given) "
                               "or an age like 30m, 2h, 7d") from None
     if when.tzinfo is None:
