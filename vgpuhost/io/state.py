@@ -466,6 +466,13 @@ MIGRATIONS: Sequence[str] = (
     );
     CREATE INDEX reservations_owner ON reservations(owner);
     """,
+    # 15: the tenant and QoS class the destination's admission trusted for a reservation (trial 7 retest
+    # N1): a domain's tenant may come from the OpenStack mapping (its XML's <nova:project>), which no
+    # binding records, so admission counts the reservation for the tenant stored with it
+    """
+    ALTER TABLE reservations ADD COLUMN tenant TEXT;
+    ALTER TABLE reservations ADD COLUMN qos TEXT;
+    """,
 )
 
 
@@ -1108,19 +1115,24 @@ class StateStore:
 
     # --- reservations for incoming migrations (version 14) ----------------------------------
     def reservation_rows(self, owner: Optional[str] = None) -> List[tuple]:
-        """``(device, owner, name, gpu, kind, profile, expires, time)`` of each device reserved for an
-        incoming migration (of ``owner``'s only when given), by device.  ``device``: the mdev UUID or the
-        VF's BDF; ``kind``: ``mdev`` or ``vf``; ``expires``/``time``: ISO 8601 UTC."""
-        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        """``(device, owner, name, gpu, kind, profile, expires, time, tenant, qos)`` of each device reserved
+        for an incoming migration (of ``owner``'s only when given), by device.  ``device``: the mdev UUID or
+        the VF's BDF; ``kind``: ``mdev`` or ``vf``; ``expires``/``time``: ISO 8601 UTC; ``tenant``/``qos``:
+        the tenant and QoS class the destination's admission trusted for the domain (its binding, or the
+        OpenStack mapping of its XML's project; None: no tenant, or tenancy not in use then, or a row made
+        before schema 15)."""
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time, tenant, qos FROM reservations"
         rows = (self._conn().execute(sql + " WHERE owner = ? ORDER BY device", (owner,)) if owner is not None
                 else self._conn().execute(sql + " ORDER BY device"))
         return [tuple(r) for r in rows]
 
-    def reserve(self, rows: Sequence[tuple], *, owner: str, actor: str, operation: str) -> None:
+    def reserve(self, rows: Sequence[tuple], *, owner: str, actor: str, operation: str,
+                tenant: Optional[str] = None, qos: Optional[str] = None) -> None:
         """Record ``(device, name, gpu, kind, profile, expires)`` rows reserved for ``owner``, replacing what
         ``owner`` reserved before, with one audit row each (path ``(reservation)``), in one transaction.
-        Another owner's expired reservation of a device is taken over (audited ``expired``); raises
-        RefusedError when a device is reserved for another owner until later."""
+        ``tenant``/``qos``: the tenant and class admission trusted for ``owner`` (stored with each row;
+        None: none).  Another owner's expired reservation of a device is taken over (audited ``expired``);
+        raises RefusedError when a device is reserved for another owner until later."""
         with self.transaction() as conn:
             conn.execute("DELETE FROM reservations WHERE owner = ?", (owner,))
             now = utcnow()
@@ -1136,17 +1148,19 @@ class StateStore:
                     raise RefusedError(f"{device} is reserved for the incoming migration of domain {other[1]!r}",
                                        hint="let that migration end, or run 'vgpuhost reconcile' once its "
                                             "reservation expired")
-                conn.execute("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (device, owner, name, gpu, kind, profile, expires, utcnow()))
+                conn.execute("INSERT INTO reservations (device, owner, name, gpu, kind, profile, expires, time, "
+                             "tenant, qos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (device, owner, name, gpu, kind, profile, expires, utcnow(), tenant, qos))
+                whose = f" (tenant {tenant})" if tenant else ""
                 self.audit(actor=actor, operation=operation, path="(reservation)",
-                           value=f"{kind} {device} on {gpu} ({profile}) reserved for {name} until {expires}",
+                           value=f"{kind} {device} on {gpu} ({profile}) reserved for {name}{whose} until {expires}",
                            result="reserved", conn=conn)
 
     def drop_reservations(self, *, owner: Optional[str] = None, expired_before: Optional[str] = None,
                           actor: str, operation: str, result: str = "released") -> List[tuple]:
         """Delete ``owner``'s reservations, or those expiring before ``expired_before`` (ISO 8601 UTC), with
         one audit row each (result ``result``); the rows deleted, as :meth:`reservation_rows` gives them."""
-        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time, tenant, qos FROM reservations"
         probe = ("SELECT 1 FROM reservations WHERE owner = ? LIMIT 1", (owner,)) if owner is not None else \
             ("SELECT 1 FROM reservations WHERE expires < ? LIMIT 1", (expired_before,))
         if self._memory or self._conn().execute(*probe).fetchone() is None:

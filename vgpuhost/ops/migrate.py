@@ -162,7 +162,8 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
 
 
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
-               placed: "List[dict]", incoming: "Optional[DomainView]" = None) -> "List[Refusal]":
+               placed: "List[dict]", incoming: "Optional[DomainView]" = None,
+               out: "Optional[list]" = None) -> "List[Refusal]":
     """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
     allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
     binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
@@ -175,7 +176,9 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
     weighs them (:func:`vgpuhost.ops.tenancy.trust`: the XML may ask, never claim; a claim of another
     tenant or a stronger class is refused here).  None (``migrate check --incoming``): the request has
     no XML, and its tenant and class are the source's word, never weighed.  Devices other incoming
-    migrations reserved here count as their bound tenant's (``admit_domain``)."""
+    migrations reserved here count as their tenants' (``admit_domain``: the tenant stored with each).
+    ``out``: where the trusted tenant and class (:func:`vgpuhost.ops.tenancy.trust`'s answer) are appended
+    when admission was asked (tenancy in use), for the reservation to store."""
     from ..policy import migration as mig
     from .admitting import active
     if store.absent or not active(store):
@@ -205,14 +208,25 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
                              [], asked.qos if asked is not None else None)
     if incoming is not None:
         view.nova_project = incoming.nova_project
-    tenant = row[1] if row is not None else None
+    tr = tenancy.trust(store, view, binding=row)
+    if out is not None:
+        out.append(tr)
     try:
         tenancy.admit_domain(store, view, inv, audit=False, types={p["device"]: p["profile"] for p in placed},
-                             binding=row)
+                             binding=row, trusted=tr)
     except RefusedError as e:
-        return [mig.Refusal(mig.ADMISSION, "", f"tenant {tenant or '(none)'}: {e.message}",
+        return [mig.Refusal(mig.ADMISSION, "", f"{_whose(tr)}: {e.message}",
                             e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")]
     return []
+
+
+def _whose(tr) -> str:
+    """The tenant a refusal's line starts with: ``tenant t1`` (bound), ``tenant t1 (Nova's project, by the
+    OpenStack mapping)`` or ``no tenant``."""
+    from ..policy.binding import OPENSTACK
+    if tr.tenant is None:
+        return "no tenant"
+    return f"tenant {tr.tenant}" + (" (Nova's project, by the OpenStack mapping)" if tr.source == OPENSTACK else "")
 
 
 def check_incoming(host: HostRoot, req: "Request") -> dict:
@@ -403,12 +417,13 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
         placed, refusals = _placements(host, store, req, inv, records, seen, keep)
+        trusted: list = []
         if not refusals and placed:
             # the destination's own admission, read-only, as its prepare begin will run it on this XML
             # (its binding, the XML's tenant and class asks: trial 7 F5): a domain its tenant's quota or
             # isolation keeps out, or whose XML claims another tenant or a stronger class, is refused
             # before anything is reserved, not at its prepare begin
-            refusals = _admission(host, store, req, inv, placed, view)
+            refusals = _admission(host, store, req, inv, placed, view, trusted)
         if refusals:
             line = "; ".join(r.text() for r in refusals)
             store.audit(actor=actor, operation=operation, path="(migration)", value=line, result="refused")
@@ -441,7 +456,10 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
                     changed_pins[p["device"]] = p["gpu"]
         from .health import _set_marker
         _set_marker(store)      # commands that open no store read it then: a reserved VF counts as taken
-        store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
+        # the tenant admission trusted (a binding, or the OpenStack mapping of the XML's project: trial 7
+        # retest N1) is stored with the reservation: every admission counts it for that tenant
+        store.reserve(rows, owner=view.uuid, actor=actor, operation=operation,
+                      tenant=trusted[0].tenant if trusted else None, qos=trusted[0].qos if trusted else None)
     if not changed_vfs and not changed_pins and not changed_uuids:
         return None
     return rewrite(data, view, changed_vfs, changed_pins, changed_uuids)
