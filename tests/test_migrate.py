@@ -667,7 +667,7 @@ def test_a_vendor_vfio_vf_taken_on_the_destination_moves_to_a_free_one(make_host
                                                           "11111111-2222-4333-8444-0000000000c3"))[0] == 0
     x = vf_domain("0000:21:00.6", "L40S-4Q", "x", "11111111-2222-4333-8444-0000000000d4")
     code, _, err = call(dest, "x", "prepare", "begin", x)
-    assert code == 2 and "reserved for the incoming migration of domain 'vm2'" in err
+    assert code == 2 and "reserved for the incoming migration of domain 'vm2'" in err, err
     # once expired (vm2's migration never came), the reservation holds nothing: the start takes the VF
     st = store(dest)
     with st.transaction() as conn:
