@@ -774,8 +774,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             pin = dev.physfn if dev is not None else pin
         name = types[v.device] if types and v.device in types else \
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
-        offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None),
-                       records, name)
+        offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None,
+                                          owner=me), records, name)
         if allowed is not None:
             offers = [o if o.gpu in allowed else replace(o, available=0, parents=(), note="not in the hook "
                                                          "allow-list") for o in offers]

@@ -492,8 +492,8 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
               and (pin is None or g.address == pin)]
     recorded = recorded_vfs(records)
-    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded)}" for o in all_offers
-                     if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
+    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded, records)}"
+                     for o in all_offers if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
     why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
                              + ", ".join(map(str, passed)) if passed else "")
     raise RefusedError(f"cannot place {name}: {why}", hint=f"types that still fit: {fit or 'none'}")
@@ -1128,8 +1128,8 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
              limits_of=None) -> str:
     from ..policy.offers import fitting_elsewhere, recorded_vfs
     if e.errno == errno.ENOSPC:
-        return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
-                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=recorded_vfs(records))}")
+        fit = fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=recorded_vfs(records), records=records)
+        return f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: {fit}"
     if e.errno == errno.EPERM:
         rec = next((r for r in records if r.parent == str(d.parent)), None)
         held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)
