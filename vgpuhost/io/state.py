@@ -159,7 +159,7 @@ sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 from _thread import allocate_lock as _allocate_lock
 
-from ..model.errors import HostEnvironmentError, RefusedError
+from ..model.errors import HostEnvironmentError, RefusedError, TransientError
 from ..model.records import AuditRow, JournalEntry, PassthroughRecord, VgpuRecord
 from .hostroot import plain_path
 
@@ -1424,10 +1424,16 @@ def unreadable(path: str, e: OSError, what: str) -> HostEnvironmentError:
 
 
 def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnvironmentError:
-    """The one-line error for an SQLite failure on the store at ``path`` (exit 2)."""
+    """The one-line error for an SQLite failure on the store at ``path`` (exit 2), said as what it is, by
+    SQLite's result code (``sqlite_errorname``, else the message): read-only; a write a constraint refused
+    (the store is fine); damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``: the only case whose fix is a
+    backup); busy or locked by another writer (a :class:`TransientError`, exit 5: try again); the disk
+    full; an I/O error; not openable; anything else as unusable, with the permissions and free space to
+    check.  Never echoes the file's content."""
     text = str(e)
     low = text.lower()
-    if "readonly" in low or "read-only" in low:
+    code = "_".join((getattr(e, "sqlite_errorname", None) or "").split("_")[:2])    # SQLITE_BUSY_SNAPSHOT: BUSY
+    if code == "SQLITE_READONLY" or "readonly" in low or "read-only" in low:
         return HostEnvironmentError(f"the state store {str(path)!r} is read-only ({text})",
                                     hint="make the state dir and state.db writable (remount read-write, fix "
                                          "owner or mode) or run as root")
@@ -1437,9 +1443,25 @@ def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnviron
                                     "key exists; the store is not damaged",
                                     hint="'vgpuhost vgpu list' and 'vgpuhost audit' show what holds it; "
                                          "run 'vgpuhost reconcile' and try again")
-    if "not a database" in low or "malformed" in low or "corrupt" in low:
+    if code in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "not a database" in low or "malformed" in low \
+            or "corrupt" in low:
         return HostEnvironmentError(f"the state store {str(path)!r} is damaged ({text})",
                                     hint=f"restore state.db from a backup; {_KEEP}")
+    if code in ("SQLITE_BUSY", "SQLITE_LOCKED") or "is locked" in low or "is busy" in low:
+        return TransientError(f"the state store {str(path)!r} is busy: another process holds its lock ({text})",
+                              hint="try again in a moment (another vgpuhost command, the agent or a tool with "
+                                   "state.db open is writing); the store is not damaged")
+    if code == "SQLITE_FULL" or "disk is full" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} cannot grow: its disk is full ({text})",
+                                    hint="free space on the state dir's filesystem and try again; the store is "
+                                         "not damaged")
+    if code == "SQLITE_IOERR" or "i/o error" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} hit an I/O error ({text})",
+                                    hint="check the disk holding the state dir (the kernel log says more) and try "
+                                         "again")
+    if code == "SQLITE_CANTOPEN" or "unable to open" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} cannot be opened ({text})",
+                                    hint="check that the state dir exists and its owner and mode (root's, 0700)")
     return HostEnvironmentError(f"the state store {str(path)!r} is unusable ({text})",
                                 hint="check the state dir's permissions and free space")
 

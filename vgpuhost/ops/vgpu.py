@@ -56,10 +56,19 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from ..policy.placement import Decision, GpuOffer
 
 
-def list_vgpus(inv, records):
+def list_vgpus(inv, records, removing: FrozenSet[str] = frozenset()):
     """:func:`vgpuhost.observe.vgpus.list_vgpus` (imported on use)."""
     from ..observe.vgpus import list_vgpus as listed
-    return listed(inv, records)
+    return listed(inv, records, removing)
+
+
+def removal_pending(store: StateStore) -> FrozenSet[str]:
+    """The vGPU ids whose removal is pending: named by an open ``vgpu-remove`` journal entry (its write
+    blocked by a holder, or its writer ended without answering), which ``reconcile`` finishes."""
+    if store.absent:
+        return frozenset()
+    return frozenset(str(d.get("id")) for j in store.journal_entries(open_only=True) if j.kind == "vgpu-remove"
+                     for d in j.devices)
 
 
 def resolve_profile(*args, **kwargs):
@@ -1333,8 +1342,7 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {by_id[e.id].type_id}")
     # a removal left pending (its write blocked by a holder, its caller timed out) is the journal's to
     # finish: the vGPU it removed is not re-created, even for a domain still recorded
-    removing = {str(d.get("id")) for j in store.journal_entries(open_only=True) if j.kind == "vgpu-remove"
-                for d in j.devices}
+    removing = removal_pending(store)
     for e in [e for e in entries if e.state == VgpuState.MISSING]:
         rec = by_id[e.id]
         if rec.id in removing:
