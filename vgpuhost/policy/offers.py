@@ -238,8 +238,9 @@ def _record_fb(r: VgpuRecord, ix, fbs: Mapping[str, int]) -> Optional[int]:
 def _held_by_missing(g, ix, ts: Sequence[VgpuType], gone: Sequence[VgpuRecord], fb: Optional[int],
                      sizes: Sequence[Optional[int]], fbs: Mapping[str, int], available: int) -> tuple:
     """``(available, why)`` on GPU ``g`` once the time-sliced framebuffer of the records ``gone`` (whose
-    vGPUs are missing from the host) counts as held: a GPU in equal-size mode (no two sizes present)
-    holding a missing record of another size admits only that size (0); the board's framebuffer less the
+    vGPUs are missing from the host) counts as held: a GPU in equal-size mode (not seen in mixed-size
+    mode: two sizes present, or another size offered beside the one present) holding a missing record of
+    another size admits only that size (0); the board's framebuffer less the
     present vGPUs' and the missing records' caps the count by the type's ``fb`` MiB; a type with a max
     (``max_instances``) counts the missing records of its size as present.  ``why``: '' unless the count
     fell to 0, then the line naming the records and ``vgpuhost reconcile``."""
@@ -256,7 +257,12 @@ def _held_by_missing(g, ix, ts: Sequence[VgpuType], gone: Sequence[VgpuRecord], 
            f"{'its' if one else 'their'} framebuffer is kept for 'vgpuhost reconcile' to re-create "
            f"{'it' if one else 'them'} there")
     present = [x for x in sizes if x]
-    if len(set(present)) <= 1 and any(f != fb for _, f in held):
+    sized = set(present)
+    # mixed-size mode shows as two sizes present, or a size not present still offered beside them
+    mixed = len(sized) > 1 or bool(sized) and any(t.available_instances > 0 and t.framebuffer_mib
+                                                  and t.framebuffer_mib not in sized
+                                                  for t in ix.types if t.type_id in ix.time_sliced)
+    if not mixed and any(f != fb for _, f in held):
         return 0, why + f"; equal-size mode admits only {'/'.join(sorted({str(f) for _, f in held}))} MiB vGPUs"
     board = g.framebuffer_mib or max([f or 0 for t, f in ix.framebuffer_of.items() if t in ix.time_sliced] or [0])
     n = available
