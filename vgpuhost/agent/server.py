@@ -77,8 +77,10 @@ from .. import __version__
 from ..hook.runtime import agent_error_line
 from ..io import unixsock
 from ..io.hostroot import HostRoot
+from ..io.state import store_error
 from ..libvirt.domxml import parse_domain_identity, valid_key
-from ..model.errors import EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, VgpuhostError
+from ..model.errors import (EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, TransientError,
+                             VgpuhostError)
 from ..ops import recover
 from ..ops.vgpu import reconcile
 from ..policy.config import MAX_ENTRIES
@@ -527,8 +529,6 @@ def store_error_doc(path: str, e: BaseException) -> Dict[str, Any]:
     is (:func:`vgpuhost.io.state.store_error`): busy or locked (type ``TransientError``, exit 5: try
     again), read-only, disk full, I/O; only a damaged store (``SQLITE_CORRUPT``/``SQLITE_NOTADB``) asks for
     a backup (type ``StateError``)."""
-    from ..io.state import store_error
-    from ..model.errors import TransientError
     err = store_error(path, e)
     return error_doc(503, err.message, hint=err.hint, exit_code=err.exit_code,
                      kind="TransientError" if isinstance(err, TransientError) else "StateError")
