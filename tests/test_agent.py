@@ -739,6 +739,21 @@ def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
         assert f'vm_device="{out["id"]}"' in scraped
 
 
+def test_a_raw_sqlite_error_is_answered_as_what_it_is():
+    """The agent's last-resort answer to a raw SQLite error (trial 7 retest nit): a busy or locked store is
+    a transient 503 (exit 5, try again), never "restore state.db from a backup"; a damaged one is."""
+    import sqlite3
+    from vgpuhost.agent.server import store_error_doc
+    doc = store_error_doc("/s/state.db", sqlite3.OperationalError("database is locked"))
+    assert doc["status"] == 503 and doc["error"]["type"] == "TransientError" and doc["error"]["exit_code"] == 5
+    assert "is busy" in doc["error"]["message"] and "restore" not in doc["error"]["line"], doc
+    doc = store_error_doc("/s/state.db", sqlite3.OperationalError("attempt to write a readonly database"))
+    assert doc["error"]["type"] == "StateError" and "read-only" in doc["error"]["message"]
+    assert "restore" not in doc["error"]["line"], doc
+    doc = store_error_doc("/s/state.db", sqlite3.DatabaseError("database disk image is malformed"))
+    assert doc["error"]["type"] == "StateError" and "restore state.db from a backup" in doc["error"]["line"]
+
+
 def test_metrics_off_is_503_saying_why(agent):
     st, doc = agent.call("GET", "/v1/metrics", ro=True)
     assert st == 503 and "metering is off" in doc["error"]["message"] and doc["error"]["exit_code"] == 2

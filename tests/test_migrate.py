@@ -371,6 +371,79 @@ def test_a_pending_incoming_reservation_of_an_exclusive_tenant_keeps_its_gpu(mak
         [(DOM, "x", "0000:41:00.0")]
 
 
+def nova_domain(name: str, uuid: str, mdev: str, project: str, profile: str = "A40-2Q") -> str:
+    """An unbound domain Nova started: its tenant is its ``<nova:project>`` under the OpenStack mapping."""
+    meta = Metadata(strategy="first-fit", vgpus=[VgpuRequest(profile, uuid=mdev)])
+    nova = ("<nova:instance xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.1'><nova:name>i</nova:name>"
+            f"<nova:owner><nova:project uuid='6f70656e737461636b2034206576{uuid[-6:]}'>{project}</nova:project>"
+            "</nova:owner></nova:instance>\n")
+    return (domain_xml(name, uuid, meta, [mdev_hostdev(mdev)])
+            .replace("<metadata>\n", "<metadata>\n" + nova, 1))
+
+
+def test_a_reservation_of_a_nova_mapped_domain_counts_for_its_project_tenant(make_host, capsys):
+    """Trial 7 retest N1: with the OpenStack mapping on, an unbound domain's tenant is its XML's Nova project;
+    migrate begin stores that tenant with the reservation, so the reservation counts for it: a second
+    incoming migration of the project (quota 1) is refused at its migrate begin, as are a plain start of
+    the project, ``capacity --tenant`` and ``advise``'s admission count; the refusal names the tenant
+    and says the holder is only a reservation (nothing to stop or detach)."""
+    dest = a40(make_host)
+    assert cli(capsys, dest, "tenant", "add", "t4", "--vgpus", "0:1")[0] == 0
+    assert cli(capsys, dest, "tenant", "openstack", "--map", "project-name")[0] == 0
+    first = nova_domain("vm", DOM, MDEV, "t4")
+    second = nova_domain("vm2", OTHER, OTHER_MDEV, "t4")
+    assert call(dest, "vm", "migrate", "begin", first)[0] == 0
+    assert [(r[1], r[8]) for r in reservations(dest)] == [(DOM, "t4")] and store(dest).binding_rows() == []
+    code, out, err = call(dest, "vm2", "migrate", "begin", second)
+    assert code == 2 and out == "", err
+    assert ("incoming migration refused: tenant t4 (Nova's project, by the OpenStack mapping): admission: "
+            "quota vGPUs of tenant 't4': 1 in use + 1 asked > 1") in err, err
+    assert "let the incoming migration of domain 'vm' end, or cancel it (vGPU A40-2Q" in err, err
+    assert "stop or detach domain" not in err, err
+    assert [r[1] for r in reservations(dest)] == [DOM]
+    code, out, _ = cli(capsys, dest, "--json", "capacity", "--tenant", "t4", "--profile", "A40-2Q")
+    (doc,) = [p for p in json.loads(out)["profiles"] if p["profile"] == "A40-2Q"]
+    assert (doc["fits"], doc["why_not"]) == (0, "quota vGPUs of tenant 't4': 1 in use + 1 asked > 1 (burst limit)")
+    from vgpuhost.observe.inventory import discover
+    from vgpuhost.ops import tenancy
+    st = store(dest)
+    assert tenancy.admissible_after(st, discover(Sysfs(dest)), {}, "t4", "A40-2Q", "0000:41:00.0", 2) == \
+        (0, "quota vGPUs of tenant 't4': 1 in use + 1 asked > 1 (burst limit)")
+    # a plain start of the project's third domain counts it too
+    code, _, err = call(dest, "vm3", "prepare", "begin", nova_domain("vm3", THIRD, THIRD_MDEV, "t4"))
+    assert code == 2 and "quota vGPUs of tenant 't4': 1 in use + 1 asked > 1" in err and mdevs(dest) == {}, err
+    # the reserving domain itself is admitted (its own reservation is not counted against it) and made
+    assert migrate_in(dest, "vm", first)[0] == 0 and reservations(dest) == []
+    assert [(a.owner, a.tenant) for a in map(_row, store(dest).allocation_rows())] == [(DOM, "t4")]
+
+
+def test_a_reservation_made_before_schema_15_counts_for_the_domains_binding(make_host, capsys):
+    """A store of schema 14 gains the reservation's tenant and class (None for the rows it holds); such a row
+    counts for the reserving domain's binding, as before."""
+    import sqlite3
+    from vgpuhost.io.state import MIGRATIONS, _statements
+    dest = a40(make_host)
+    (dest.state_dir).mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(dest.state_dir / "state.db"))
+    for script in MIGRATIONS[:14]:
+        for stmt in _statements(script):
+            conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 14")
+    conn.execute("INSERT INTO reservations VALUES (?, ?, 'vm', '0000:41:00.0', 'mdev', 'A40-2Q', "
+                 "'2999-01-01T00:00:00.000000+00:00', '2026-12-07T00:00:00.000000+00:00')", (MDEV, DOM))
+    conn.commit()
+    conn.close()
+    st = StateStore(dest.state_dir)
+    assert st.schema_version == len(MIGRATIONS) == 15
+    assert [r[:2] + r[8:] for r in st.reservation_rows()] == [(MDEV, DOM, None, None)]
+    st.close()
+    assert cli(capsys, dest, "tenant", "add", "t1", "--vgpus", "0:1")[0] == 0
+    for u in (DOM, OTHER):
+        assert cli(capsys, dest, "--connect", "test:///default", "tenant", "bind", u, "t1")[0] == 0
+    _refused_in(dest, "vm2", mdev_domain("vm2", OTHER, OTHER_MDEV, profile="A40-2Q"),
+                says="quota vGPUs of tenant 't1': 1 in use + 1 asked > 1")
+
+
 def test_check_refuses_a_mig_profile_busy_on_the_destination(make_host, capsys, tmp_path):
     src, dest = make_host("h200-mig-on"), make_host("h200-mig-on")
     for h in (src, dest):
@@ -594,7 +667,7 @@ def test_a_vendor_vfio_vf_taken_on_the_destination_moves_to_a_free_one(make_host
                                                           "11111111-2222-4333-8444-0000000000c3"))[0] == 0
     x = vf_domain("0000:21:00.6", "L40S-4Q", "x", "11111111-2222-4333-8444-0000000000d4")
     code, _, err = call(dest, "x", "prepare", "begin", x)
-    assert code == 2 and "reserved for the incoming migration of domain 'vm2'" in err
+    assert code == 2 and "reserved for the incoming migration of domain 'vm2'" in err, err
     # once expired (vm2's migration never came), the reservation holds nothing: the start takes the VF
     st = store(dest)
     with st.transaction() as conn:

@@ -105,6 +105,44 @@ def test_read_only_store_message_from_sqlite(make_host):
     assert "damaged" in e.message and "restore state.db from a backup" in e.one_line()
 
 
+def test_a_busy_locked_or_full_store_is_said_as_such_and_only_damage_asks_for_a_backup(tmp_path):
+    """Raw SQLite errors by their result code (the agent's last-resort answer uses the same words): busy or
+    locked is transient (exit 5: try again), full and I/O say so, and only SQLITE_CORRUPT/NOTADB say
+    'restore state.db from a backup'."""
+    from vgpuhost.io.state import store_error
+    from vgpuhost.model.errors import TransientError
+    db = tmp_path / "state.db"
+    holder = sqlite3.connect(str(db), isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    other = sqlite3.connect(str(db), timeout=0, isolation_level=None)
+    try:
+        other.execute("INSERT INTO t VALUES (1)")
+        raise AssertionError("the write was not refused")
+    except sqlite3.OperationalError as raw:
+        assert raw.sqlite_errorname == "SQLITE_BUSY"
+        e = store_error(db, raw)
+    holder.execute("ROLLBACK")
+    assert isinstance(e, TransientError) and e.exit_code == 5
+    assert "is busy: another process holds its lock" in e.message and "try again" in e.hint
+    assert "restore" not in e.one_line() and "is damaged" not in e.one_line()
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not sqlite at all, " * 100)
+    try:
+        sqlite3.connect(str(junk)).execute("SELECT * FROM sqlite_master").fetchall()
+        raise AssertionError("the junk file was read")
+    except sqlite3.DatabaseError as raw:
+        assert raw.sqlite_errorname == "SQLITE_NOTADB"
+        e = store_error(junk, raw)
+    assert "damaged" in e.message and "restore state.db from a backup" in e.one_line()
+    e = store_error(db, sqlite3.OperationalError("database or disk is full"))
+    assert "its disk is full" in e.message and "free space" in e.hint and "restore" not in e.one_line()
+    e = store_error(db, sqlite3.OperationalError("disk I/O error"))
+    assert "I/O error" in e.message and "restore" not in e.one_line()
+    e = store_error(db, sqlite3.OperationalError("database table is locked"))
+    assert isinstance(e, TransientError) and "restore" not in e.one_line()
+
+
 # --- connections and fork() --------------------------------------------------
 
 def _open_files(folder) -> list:

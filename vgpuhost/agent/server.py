@@ -77,8 +77,10 @@ from .. import __version__
 from ..hook.runtime import agent_error_line
 from ..io import unixsock
 from ..io.hostroot import HostRoot
+from ..io.state import store_error
 from ..libvirt.domxml import parse_domain_identity, valid_key
-from ..model.errors import EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, VgpuhostError
+from ..model.errors import (EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, TransientError,
+                             VgpuhostError)
 from ..ops import recover
 from ..ops.vgpu import reconcile
 from ..policy.config import MAX_ENTRIES
@@ -522,6 +524,16 @@ def error_doc(status: int, message: str, *, hint: Optional[str] = None, exit_cod
             "error": {"type": kind, "message": message, "hint": hint, "exit_code": exit_code, "line": line}}
 
 
+def store_error_doc(path: str, e: BaseException) -> Dict[str, Any]:
+    """The error document (status 503) for a raw SQLite error ``e`` on the store at ``path``, said as what it
+    is (:func:`vgpuhost.io.state.store_error`): busy or locked (type ``TransientError``, exit 5: try
+    again), read-only, disk full, I/O; only a damaged store (``SQLITE_CORRUPT``/``SQLITE_NOTADB``) asks for
+    a backup (type ``StateError``)."""
+    err = store_error(path, e)
+    return error_doc(503, err.message, hint=err.hint, exit_code=err.exit_code,
+                     kind="TransientError" if isinstance(err, TransientError) else "StateError")
+
+
 def status_of(e: VgpuhostError) -> int:
     if isinstance(e, api.Forbidden):
         return 403
@@ -856,8 +868,7 @@ class _Handler(BaseHTTPRequestHandler):
                                   kind="OSError")
         except Exception as e:
             if type(e).__module__ == "sqlite3":
-                return 503, error_doc(503, f"the state store is unusable ({e})",
-                                      hint="restore state.db from a backup", kind="StateError")
+                return 503, store_error_doc(getattr(getattr(srv.agent, "store", None), "db", "state.db"), e)
             raise
         finally:
             if expensive:

@@ -14,7 +14,7 @@ import click
 from ..model.kinds import Owner, PlacementStrategy
 from ..model.values import PciAddress
 from ..ops.scheduler import mixed_size
-from ..ops.vgpu import VgpuCreateRequest, create_vgpu, list_vgpus, remove
+from ..ops.vgpu import VgpuCreateRequest, create_vgpu, list_vgpus, removal_pending, remove
 from .agentcall import forward
 from .common import Context, current, emit, pass_ctx, store
 from .output import table
@@ -94,8 +94,9 @@ def vgpu_remove(ctx: Context, vgpu_id: str, owner: Optional[str], dry_run: bool)
 @vgpu.command("list")
 @pass_ctx
 def vgpu_list(ctx: Context) -> None:
-    """vGPUs on the host, with owners; 'foreign' = not created by vgpuhost."""
-    entries = list_vgpus(ctx.inventory(), store(ctx, write=False).vgpu_records())
+    """vGPUs on the host, with owners; 'foreign' = not created by vgpuhost, 'removing' = removal pending."""
+    st = store(ctx, write=False)
+    entries = list_vgpus(ctx.inventory(), st.vgpu_records(), removal_pending(st))
     emit(ctx, {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]},
           table(["ID", "GPU", "PARENT", "TYPE", "NAME", "OWNER", "STATE"],
                 [[e.id, e.gpu, e.parent, e.type_id, e.type_name, e.owner, e.state] for e in entries])

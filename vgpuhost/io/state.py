@@ -159,7 +159,7 @@ sqlite3 = _import_sqlite3()
 from _thread import _local as _thread_local     # threading.local itself, without importing threading (the hook)
 from _thread import allocate_lock as _allocate_lock
 
-from ..model.errors import HostEnvironmentError, RefusedError
+from ..model.errors import HostEnvironmentError, RefusedError, TransientError
 from ..model.records import AuditRow, JournalEntry, PassthroughRecord, VgpuRecord
 from .hostroot import plain_path
 
@@ -465,6 +465,13 @@ MIGRATIONS: Sequence[str] = (
         time      TEXT NOT NULL
     );
     CREATE INDEX reservations_owner ON reservations(owner);
+    """,
+    # 15: the tenant and QoS class the destination's admission trusted for a reservation (trial 7 retest
+    # N1): a domain's tenant may come from the OpenStack mapping (its XML's <nova:project>), which no
+    # binding records, so admission counts the reservation for the tenant stored with it
+    """
+    ALTER TABLE reservations ADD COLUMN tenant TEXT;
+    ALTER TABLE reservations ADD COLUMN qos TEXT;
     """,
 )
 
@@ -1108,19 +1115,24 @@ class StateStore:
 
     # --- reservations for incoming migrations (version 14) ----------------------------------
     def reservation_rows(self, owner: Optional[str] = None) -> List[tuple]:
-        """``(device, owner, name, gpu, kind, profile, expires, time)`` of each device reserved for an
-        incoming migration (of ``owner``'s only when given), by device.  ``device``: the mdev UUID or the
-        VF's BDF; ``kind``: ``mdev`` or ``vf``; ``expires``/``time``: ISO 8601 UTC."""
-        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        """``(device, owner, name, gpu, kind, profile, expires, time, tenant, qos)`` of each device reserved
+        for an incoming migration (of ``owner``'s only when given), by device.  ``device``: the mdev UUID or
+        the VF's BDF; ``kind``: ``mdev`` or ``vf``; ``expires``/``time``: ISO 8601 UTC; ``tenant``/``qos``:
+        the tenant and QoS class the destination's admission trusted for the domain (its binding, or the
+        OpenStack mapping of its XML's project; None: no tenant, or tenancy not in use then, or a row made
+        before schema 15)."""
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time, tenant, qos FROM reservations"
         rows = (self._conn().execute(sql + " WHERE owner = ? ORDER BY device", (owner,)) if owner is not None
                 else self._conn().execute(sql + " ORDER BY device"))
         return [tuple(r) for r in rows]
 
-    def reserve(self, rows: Sequence[tuple], *, owner: str, actor: str, operation: str) -> None:
+    def reserve(self, rows: Sequence[tuple], *, owner: str, actor: str, operation: str,
+                tenant: Optional[str] = None, qos: Optional[str] = None) -> None:
         """Record ``(device, name, gpu, kind, profile, expires)`` rows reserved for ``owner``, replacing what
         ``owner`` reserved before, with one audit row each (path ``(reservation)``), in one transaction.
-        Another owner's expired reservation of a device is taken over (audited ``expired``); raises
-        RefusedError when a device is reserved for another owner until later."""
+        ``tenant``/``qos``: the tenant and class admission trusted for ``owner`` (stored with each row;
+        None: none).  Another owner's expired reservation of a device is taken over (audited ``expired``);
+        raises RefusedError when a device is reserved for another owner until later."""
         with self.transaction() as conn:
             conn.execute("DELETE FROM reservations WHERE owner = ?", (owner,))
             now = utcnow()
@@ -1136,17 +1148,19 @@ class StateStore:
                     raise RefusedError(f"{device} is reserved for the incoming migration of domain {other[1]!r}",
                                        hint="let that migration end, or run 'vgpuhost reconcile' once its "
                                             "reservation expired")
-                conn.execute("INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (device, owner, name, gpu, kind, profile, expires, utcnow()))
+                conn.execute("INSERT INTO reservations (device, owner, name, gpu, kind, profile, expires, time, "
+                             "tenant, qos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (device, owner, name, gpu, kind, profile, expires, utcnow(), tenant, qos))
+                whose = f" (tenant {tenant})" if tenant else ""
                 self.audit(actor=actor, operation=operation, path="(reservation)",
-                           value=f"{kind} {device} on {gpu} ({profile}) reserved for {name} until {expires}",
+                           value=f"{kind} {device} on {gpu} ({profile}) reserved for {name}{whose} until {expires}",
                            result="reserved", conn=conn)
 
     def drop_reservations(self, *, owner: Optional[str] = None, expired_before: Optional[str] = None,
                           actor: str, operation: str, result: str = "released") -> List[tuple]:
         """Delete ``owner``'s reservations, or those expiring before ``expired_before`` (ISO 8601 UTC), with
         one audit row each (result ``result``); the rows deleted, as :meth:`reservation_rows` gives them."""
-        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time FROM reservations"
+        sql = "SELECT device, owner, name, gpu, kind, profile, expires, time, tenant, qos FROM reservations"
         probe = ("SELECT 1 FROM reservations WHERE owner = ? LIMIT 1", (owner,)) if owner is not None else \
             ("SELECT 1 FROM reservations WHERE expires < ? LIMIT 1", (expired_before,))
         if self._memory or self._conn().execute(*probe).fetchone() is None:
@@ -1410,10 +1424,16 @@ def unreadable(path: str, e: OSError, what: str) -> HostEnvironmentError:
 
 
 def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnvironmentError:
-    """The one-line error for an SQLite failure on the store at ``path`` (exit 2)."""
+    """The one-line error for an SQLite failure on the store at ``path`` (exit 2), said as what it is, by
+    SQLite's result code (``sqlite_errorname``, else the message): read-only; a write a constraint refused
+    (the store is fine); damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``: the only case whose fix is a
+    backup); busy or locked by another writer (a :class:`TransientError`, exit 5: try again); the disk
+    full; an I/O error; not openable; anything else as unusable, with the permissions and free space to
+    check.  Never echoes the file's content."""
     text = str(e)
     low = text.lower()
-    if "readonly" in low or "read-only" in low:
+    code = "_".join((getattr(e, "sqlite_errorname", None) or "").split("_")[:2])    # SQLITE_BUSY_SNAPSHOT: BUSY
+    if code == "SQLITE_READONLY" or "readonly" in low or "read-only" in low:
         return HostEnvironmentError(f"the state store {str(path)!r} is read-only ({text})",
                                     hint="make the state dir and state.db writable (remount read-write, fix "
                                          "owner or mode) or run as root")
@@ -1423,9 +1443,25 @@ def store_error(path: "str | os.PathLike[str]", e: BaseException) -> HostEnviron
                                     "key exists; the store is not damaged",
                                     hint="'vgpuhost vgpu list' and 'vgpuhost audit' show what holds it; "
                                          "run 'vgpuhost reconcile' and try again")
-    if "not a database" in low or "malformed" in low or "corrupt" in low:
+    if code in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "not a database" in low or "malformed" in low \
+            or "corrupt" in low:
         return HostEnvironmentError(f"the state store {str(path)!r} is damaged ({text})",
                                     hint=f"restore state.db from a backup; {_KEEP}")
+    if code in ("SQLITE_BUSY", "SQLITE_LOCKED") or "is locked" in low or "is busy" in low:
+        return TransientError(f"the state store {str(path)!r} is busy: another process holds its lock ({text})",
+                              hint="try again in a moment (another vgpuhost command, the agent or a tool with "
+                                   "state.db open is writing); the store is not damaged")
+    if code == "SQLITE_FULL" or "disk is full" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} cannot grow: its disk is full ({text})",
+                                    hint="free space on the state dir's filesystem and try again; the store is "
+                                         "not damaged")
+    if code == "SQLITE_IOERR" or "i/o error" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} hit an I/O error ({text})",
+                                    hint="check the disk holding the state dir (the kernel log says more) and try "
+                                         "again")
+    if code == "SQLITE_CANTOPEN" or "unable to open" in low:
+        return HostEnvironmentError(f"the state store {str(path)!r} cannot be opened ({text})",
+                                    hint="check that the state dir exists and its owner and mode (root's, 0700)")
     return HostEnvironmentError(f"the state store {str(path)!r} is unusable ({text})",
                                 hint="check the state dir's permissions and free space")
 

@@ -109,10 +109,13 @@ class VgpuState:
 
     ``active``: recorded and present with its type; ``mismatched``: present
     with another type; ``foreign``: present, not made by vgpuhost; ``missing``:
-    recorded, gone from the host.
+    recorded, gone from the host; ``removing``: recorded, its removal pending
+    (an open journal entry: its write blocked by a holder, or its writer
+    ended unanswered), present or not: ``vgpuhost reconcile`` finishes it.
     """
 
     ACTIVE = "active"
     MISMATCHED = "mismatched"
     FOREIGN = "foreign"
     MISSING = "missing"
+    REMOVING = "removing"

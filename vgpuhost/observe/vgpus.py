@@ -18,8 +18,9 @@ from ..model.values import record
 from .inventory import BACKEND_MDEV, BACKEND_VENDOR_VFIO, Inventory
 
 #: a vGPU's state in :class:`VgpuEntry`: on the host and recorded with its type; recorded,
-#: not on the host; on the host, not created by vgpuhost; on the host with another type
-VGPU_STATES = (VgpuState.ACTIVE, VgpuState.MISSING, VgpuState.FOREIGN, VgpuState.MISMATCHED)
+#: not on the host; on the host, not created by vgpuhost; on the host with another type; recorded,
+#: its removal pending (given by the caller: the open journal entries)
+VGPU_STATES = (VgpuState.ACTIVE, VgpuState.MISSING, VgpuState.FOREIGN, VgpuState.MISMATCHED, VgpuState.REMOVING)
 
 
 @record(frozen=True)
@@ -39,15 +40,18 @@ class VgpuEntry:
     type_name: Optional[str]
     backend: str
     owner: Optional[str]       # None: not created by vgpuhost
-    state: str                 # active | missing (recorded, not on the host) | foreign | mismatched
+    state: str                 # active | missing (recorded, not on the host) | foreign | mismatched | removing
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]:
+def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord], removing: "frozenset" = frozenset()
+               ) -> List[VgpuEntry]:
     """Every vGPU on the host joined with the records, plus recorded ones that are missing;
-    sorted by (gpu, parent, id)."""
+    sorted by (gpu, parent, id).  ``removing``: the recorded ids whose removal is pending (open
+    ``vgpu-remove`` journal entries, :func:`vgpuhost.ops.vgpu.removal_pending`): state ``removing``
+    instead of ``active`` or ``missing``."""
     by_id = {r.id: r for r in records}
     names = {(t.gpu, t.type_id): t.name for t in inv.vgpu_types}
     parent_gpu = {p: g.address for g in inv.gpus for p in g.mdev_parents}
@@ -75,6 +79,10 @@ def list_vgpus(inv: Inventory, records: Sequence[VgpuRecord]) -> List[VgpuEntry]
     for r in records:
         if r.id not in seen:
             out.append(VgpuEntry(r.id, r.gpu, r.parent, r.type_id, r.type_name, r.backend, r.owner, VgpuState.MISSING))
+    if removing:
+        out = [VgpuEntry(e.id, e.gpu, e.parent, e.type_id, e.type_name, e.backend, e.owner, VgpuState.REMOVING)
+               if e.id in removing and e.owner is not None and e.state in (VgpuState.ACTIVE, VgpuState.MISSING)
+               else e for e in out]
     return sorted(out, key=lambda e: (e.gpu or "", e.parent, e.id))
 
 

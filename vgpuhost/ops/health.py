@@ -186,7 +186,7 @@ def reserved_vfs(store: "StateStore", inv: "Inventory", owner: "Optional[str]" =
     free = {v.vf: v for v in inv.vf_vgpus if not v.type_id}
     out: "Dict[PciAddress, str]" = {}
     seen = None
-    for device, _owner, _name, gpu, _kind, profile, expires, _time in rows:
+    for device, _owner, _name, gpu, _kind, profile, expires, *_rest in rows:
         if expires < now:
             continue                # an expired reservation holds nothing ('vgpuhost reconcile' drops it)
         try:

@@ -169,8 +169,8 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
 
 
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
-               placed: "List[dict]", inputs: dict, incoming: "Optional[DomainView]" = None) \
-        -> "Tuple[List[Refusal], Dict[str, str]]":
+               placed: "List[dict]", inputs: dict, incoming: "Optional[DomainView]" = None,
+               out: "Optional[list]" = None) -> "Tuple[List[Refusal], Dict[str, str]]":
     """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
     allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
     binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
@@ -187,7 +187,9 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
     tenant a refusal names is the trusted one, Nova's mapped project included).  None (``migrate check
     --incoming``): the request has no XML, its devices are admitted as placed (``placed``), and its tenant
     and class are the source's word, never weighed.  Devices other incoming migrations reserved here count
-    as their bound tenant's (``admit_domain``).
+    as their tenants' (``admit_domain``: the tenant stored with each).  ``out``: where the trusted tenant and
+    class (:func:`vgpuhost.ops.tenancy.trust`'s answer) are appended when admission was asked (tenancy in
+    use), for the reservation to store.
 
     Returns the refusals and ``{device: the GPU admission placed it on}`` (the view's device ids; empty
     when tenancy is not in use or it refused): ``prepare begin`` makes a vGPU where its admission places
@@ -223,11 +225,13 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
         view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
         types = {p["device"]: p["profile"] for p in placed}
     tr = tenancy.trust(store, view, binding=row)
+    if out is not None:
+        out.append(tr)
     try:
         granted = tenancy.admit_domain(store, view, inv, audit=False, types=types, binding=row, trusted=tr,
                                        **inputs)
     except RefusedError as e:
-        return [mig.Refusal(mig.ADMISSION, "", f"tenant {tr.tenant or '(none)'}: {e.message}",
+        return [mig.Refusal(mig.ADMISSION, "", f"{_whose(tr)}: {e.message}",
                             e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")], {}
     return [], {g.device: g.decision.gpu for g in granted if g.decision.gpu}
 
@@ -253,6 +257,15 @@ def _request_refusals(store: "StateStore", inv: "Inventory", view: "DomainView",
         return [mig.Refusal(mig.NO_DEVICE, "", e.message, e.hint or "fix the domain's XML ('vgpuhost attach' "
                                                                     "writes hostdev and metadata together)")]
     return []
+
+
+def _whose(tr) -> str:
+    """The tenant a refusal's line starts with: ``tenant t1`` (bound), ``tenant t1 (Nova's project, by the
+    OpenStack mapping)`` or ``no tenant``."""
+    from ..policy.binding import OPENSTACK
+    if tr.tenant is None:
+        return "no tenant"
+    return f"tenant {tr.tenant}" + (" (Nova's project, by the OpenStack mapping)" if tr.source == OPENSTACK else "")
 
 
 def check_incoming(host: HostRoot, req: "Request") -> dict:
@@ -467,6 +480,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
         changed_pins: "Dict[str, str]" = {}
         changed_uuids: "Dict[str, str]" = {}
         new_xml = None
+        trusted: list = []
         if not refusals and placed:
             expires = _expiry(RESERVATION_TTL_S)
             expires_now = utcnow()
@@ -497,7 +511,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             seen_view = parse_domain(new_xml.encode()) if new_xml is not None else view
             refusals = _request_refusals(store, inv, seen_view, allow)
             if not refusals:
-                refusals, decided = _admission(host, store, req, inv, placed, inputs, seen_view)
+                refusals, decided = _admission(host, store, req, inv, placed, inputs, seen_view, trusted)
                 # an mdev is reserved on the GPU prepare begin's admission will make it on (an unpinned one's
                 # may differ from placement's first choice: pools, isolation); a pin and a VF fix their GPU
                 rows = [(r[0], r[1], decided.get(r[0], r[2]), r[3], r[4], r[5]) if r[3] == "mdev" else r
@@ -510,7 +524,10 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
                                (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=first.fix)
         from .health import _set_marker
         _set_marker(store)      # commands that open no store read it then: a reserved VF counts as taken
-        store.reserve(rows, owner=view.uuid, actor=actor, operation=operation)
+        # the tenant admission trusted (a binding, or the OpenStack mapping of the XML's project: trial 7
+        # retest N1) is stored with the reservation: every admission counts it for that tenant
+        store.reserve(rows, owner=view.uuid, actor=actor, operation=operation,
+                      tenant=trusted[0].tenant if trusted else None, qos=trusted[0].qos if trusted else None)
     return new_xml
 
 

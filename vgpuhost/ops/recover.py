@@ -433,7 +433,26 @@ def stale_domains(store: StateStore, libvirt_active: "Optional[FrozenSet[str]]" 
                     continue
                 why = f"recorded over {START_BOUND_S} s ago"
         out.append({"domain": uuid, "name": names.get(uuid, uuid), "since": since,
-                    "why": f"recorded running since {since} and holds nothing: {why} (a start killed half-way)"})
+                    "why": f"recorded running since {since} and holds nothing: {why}"})
+    if out:
+        # by what was interrupted: a release that removed the domain's vGPUs and was killed before it
+        # dropped the domain's row, or a start killed before it made anything (the audit log since then)
+        removed = _removed_since(store, min(d["since"] for d in out))
+        for d in out:
+            n = sum(1 for owner, time in removed if owner == d["domain"] and time >= d["since"])
+            d["why"] += (f" (a release killed half-way: it removed the domain's {n} vGPU(s) and was killed before "
+                         "it forgot the domain)" if n else " (a start killed half-way, before it made a device)")
+    return out
+
+
+def _removed_since(store: StateStore, since: str) -> "List[tuple]":
+    """``(owner, time)`` of each vGPU removal (or give-back to the layout's pool) made since ``since`` (ISO
+    8601 UTC) for an owner, by the audit log: the rows of ``vgpu remove ID owner=UUID`` and ``vgpu give
+    back ID owner=UUID`` whose write was made (result ``ok``)."""
+    out = []
+    for r in store.audit_rows(since=since):
+        if r.result == "ok" and r.operation.startswith(("vgpu remove ", "vgpu give back ")) and " owner=" in r.operation:
+            out.append((r.operation.rsplit(" owner=", 1)[1], r.time))
     return out
 
 

@@ -774,8 +774,8 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             pin = dev.physfn if dev is not None else pin
         name = types[v.device] if types and v.device in types else \
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
-        offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None),
-                       records, name)
+        offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None,
+                                          owner=me), records, name)
         offers = vgpu_offers.allowed_only(offers, allowed)        # as migrate begin's placement narrows them
         pre = premade.get(v.device)
         rec = next((r for r in records if r.id == v.device), None) if pre is not None else None
@@ -848,10 +848,14 @@ def reserved_allocations(store: StateStore, owner: str, held: Sequence[adm.Alloc
     """The vGPUs other incoming live migrations than ``owner``'s reserved on this host (the qemu hook's
     ``migrate begin``, :mod:`vgpuhost.ops.migrate`), live (not expired) and not made yet (no device of
     ``held`` has their id), as admission counts them: one allocation each on its reserved GPU, of the
-    reserving domain's bound tenant here (its binding; none: a domain without a tenant) and class (the
-    binding's, else the tenant's), burst where the tenant's use with it passes a guaranteed limit.
+    tenant the destination's admission trusted at ``migrate begin`` (stored with the reservation: the
+    domain's binding, or the OpenStack mapping of its XML's ``<nova:project>``, trial 7 retest N1) and
+    its class (stored; else the tenant's); a row that stores no tenant (tenancy was not in use then, or
+    made before schema 15) counts for the domain's binding here (none: a domain without a tenant).  Burst
+    where the tenant's use with it passes a guaranteed limit; each is marked ``reserved``.
     ``held``: the allocations counted already; ``ts``: the tenants; ``fbs``: framebuffer MiB by type
-    name (lower case).  One query (``[]`` without reservations), one binding lookup per reserving domain."""
+    name (lower case).  One query (``[]`` without reservations), one binding lookup per reserving domain
+    that stores no tenant."""
     rows = store.reservation_rows() if not store.absent else []
     if not rows:
         return []
@@ -861,12 +865,16 @@ def reserved_allocations(store: StateStore, owner: str, held: Sequence[adm.Alloc
     out: List[adm.Allocation] = []
     counted = list(held)
     bound: Dict[str, object] = {}
-    for device, who, _name, gpu, _kind, profile, expires, _time in sorted(rows, key=lambda r: (r[7], r[0])):
+    for device, who, _name, gpu, _kind, profile, expires, _time, stored, stored_qos in \
+            sorted(rows, key=lambda r: (r[7], r[0])):
         if who == owner or expires < now or device in have:
             continue            # its own, expired (holds nothing), or made already (counted as held)
-        if who not in bound:
-            bound[who] = store.binding(who)
-        row = bound[who]
+        if stored:
+            row = (who, stored, stored_qos)         # what migrate begin's admission trusted (binding or mapping)
+        else:
+            if who not in bound:
+                bound[who] = store.binding(who)
+            row = bound[who]
         t = adm.tenant_named(ts, row[1]) if row is not None else None
         tname = t.name if t is not None else (row[1] if row is not None else None)
         qos = (row[2] if row is not None and row[2] else None) or (t.qos if t is not None else UNTENANTED_QOS)
@@ -877,7 +885,8 @@ def reserved_allocations(store: StateStore, owner: str, held: Sequence[adm.Alloc
             g = t.quota.guaranteed
             burst = any(dem.amount(d) and g.get(d) is not None and used[d][0] + dem.amount(d) > g.get(d)
                         for d in DIMENSIONS)
-        a = adm.Allocation(device, who, tname, gpu, adm.VGPU, profile, dem.framebuffer_mib, dem.mig_slices, qos, burst)
+        a = adm.Allocation(device, who, tname, gpu, adm.VGPU, profile, dem.framebuffer_mib, dem.mig_slices, qos, burst,
+                           reserved=True)
         out.append(a)
         counted.append(a)
     return out
@@ -1300,7 +1309,8 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
     holds): ``(count, admission's reason for one more, '' when all n)``.  ``changes``: ``{device: the
     vGPU type it is resized to, or None: given back}``, as ``advise`` proposes.  Asks
     :func:`vgpuhost.policy.admission.admit` itself (:func:`admissible`): quota, isolation, QoS class,
-    pools, reserves, with the GPU offering ``n`` instances (a tenant not known: refused, 0)."""
+    pools, reserves, with the GPU offering ``n`` instances (a tenant not known: refused, 0).  Other incoming
+    live migrations' reservations count as their tenants' vGPUs (:func:`reserved_allocations`)."""
     from ..model.values import PciAddress
     from ..policy import offers as vgpu_offers
     from ..policy.placement import GpuOffer
@@ -1315,6 +1325,8 @@ def admissible_after(store: StateStore, inv: Inventory, changes: Mapping[str, Op
             d = adm.vgpu_demand(to, fbs.get(to.lower()))
             a = replace(a, profile=to, framebuffer_mib=d.framebuffer_mib, mig_slices=d.mig_slices)
         held.append(a)
+    # incoming migrations' live reservations are as good as in use, as for every admission (admit_domain)
+    held += reserved_allocations(store, "(advise)", held, ts, fbs)
     records = store.vgpu_records()
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     offer = next((o for o in vgpu_offers.offers(inv, records, profile, seen) if str(o.gpu) == gpu), None)

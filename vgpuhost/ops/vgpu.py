@@ -56,10 +56,19 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
     from ..policy.placement import Decision, GpuOffer
 
 
-def list_vgpus(inv, records):
+def list_vgpus(inv, records, removing: FrozenSet[str] = frozenset()):
     """:func:`vgpuhost.observe.vgpus.list_vgpus` (imported on use)."""
     from ..observe.vgpus import list_vgpus as listed
-    return listed(inv, records)
+    return listed(inv, records, removing)
+
+
+def removal_pending(store: StateStore) -> FrozenSet[str]:
+    """The vGPU ids whose removal is pending: named by an open ``vgpu-remove`` journal entry (its write
+    blocked by a holder, or its writer ended without answering), which ``reconcile`` finishes."""
+    if store.absent:
+        return frozenset()
+    return frozenset(str(d.get("id")) for j in store.journal_entries(open_only=True) if j.kind == "vgpu-remove"
+                     for d in j.devices)
 
 
 def resolve_profile(*args, **kwargs):
@@ -492,8 +501,8 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
               and (pin is None or g.address == pin)]
     recorded = recorded_vfs(records)
-    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded)}" for o in all_offers
-                     if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
+    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded, records)}"
+                     for o in all_offers if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
     why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
                              + ", ".join(map(str, passed)) if passed else "")
     raise RefusedError(f"cannot place {name}: {why}", hint=f"types that still fit: {fit or 'none'}")
@@ -1128,8 +1137,8 @@ def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: De
              limits_of=None) -> str:
     from ..policy.offers import fitting_elsewhere, recorded_vfs
     if e.errno == errno.ENOSPC:
-        return (f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: "
-                f"{fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=recorded_vfs(records))}")
+        fit = fitting_elsewhere(inv, d.gpu, limits_of=limits_of, recorded=recorded_vfs(records), records=records)
+        return f"no {name} instance left on {d.gpu} (ENOSPC); types that still fit there: {fit}"
     if e.errno == errno.EPERM:
         rec = next((r for r in records if r.parent == str(d.parent)), None)
         held = next((v.type_id for v in inv.vf_vgpus if v.vf == d.parent and v.type_id), None)
@@ -1333,8 +1342,7 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
             report.mismatched.append(f"{e.id}: holds {e.type_id}, recorded {by_id[e.id].type_id}")
     # a removal left pending (its write blocked by a holder, its caller timed out) is the journal's to
     # finish: the vGPU it removed is not re-created, even for a domain still recorded
-    removing = {str(d.get("id")) for j in store.journal_entries(open_only=True) if j.kind == "vgpu-remove"
-                for d in j.devices}
+    removing = removal_pending(store)
     for e in [e for e in entries if e.state == VgpuState.MISSING]:
         rec = by_id[e.id]
         if rec.id in removing:

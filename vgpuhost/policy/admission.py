@@ -271,6 +271,17 @@ def held_text(a: Allocation) -> str:
     return (f"vGPU {a.profile} {a.device} on {a.gpu}" if a.kind == VGPU else f"passthrough GPU {a.gpu}")
 
 
+def free_line(a: Allocation, names: Mapping[str, str], extra: str = "") -> str:
+    """What frees the room ``a`` holds, for a refusal's remedies: ``stop or detach domain 'vm1' (vGPU ...)``,
+    or for an incoming migration's reservation (``a.reserved``: nothing runs here to stop) ``let the
+    incoming migration of domain 'vm1' end, or cancel it (vGPU ...: only reserved for it, nothing runs
+    here to stop)``.  ``extra``: words added inside the parentheses (``, no tenant``)."""
+    if a.reserved:
+        return (f"let the incoming migration of {who(a, names)} end, or cancel it ({held_text(a)}{extra}: only "
+                "reserved for it, nothing runs here to stop)")
+    return f"stop or detach {who(a, names)} ({held_text(a)}{extra})"
+
+
 def standing(tenant: Optional[Tenant], tname: Optional[str], allocations: Sequence[Allocation]) -> str:
     """Who asks, with its quota and its use now, for refusals: ``tenant 'team' (quota vGPUs 1:2, 1 in
     use; framebuffer MiB 16384, 8192 in use)``, ``tenant 'team' (no quota limit; 1 vGPU in use)``,
@@ -530,7 +541,7 @@ def _quota(dem: Demand, tenant: Tenant, allocations: Sequence[Allocation], names
         if ceiling is not None and total + n > ceiling:
             mine = sorted((a for a in allocations if a.tenant == tenant.name and a.demand.amount(d)
                            and a.owner != owner), key=lambda a: (-a.demand.amount(d), a.device))
-            frees = [f"stop or detach {who(a, names)} ({held_text(a)})" for a in mine[:3]]
+            frees = [free_line(a, names) for a in mine[:3]]
             own = sum(a.demand.amount(d) for a in allocations if a.tenant == tenant.name and a.owner == owner)
             if own:
                 frees.append(f"ask for fewer devices in this domain (its other devices take {own} of it)")
@@ -762,7 +773,7 @@ def _passthrough(req: AdmissionRequest, tenant: Optional[Tenant], tname: Optiona
             and not (a.kind == PASSTHROUGH and a.owner in Owner.POOL)]   # bound by the operator for guests
     if held:
         a = held[0]
-        frees = [f"stop or detach {who(a, names)} ({held_text(a)})"]
+        frees = [free_line(a, names)]
         if a.tenant != tname and not burst and a in bursting(tenants, allocations):
             frees.insert(0, f"tenant {a.tenant!r} holds it as burst")
         return Admission(False, f"no room for passthrough GPU {gpu}: it holds {held_text(a)} of {who(a, names)}",
@@ -954,7 +965,7 @@ def _holders(allocations: Sequence[Allocation], me: Optional[str], names: Mappin
     for a in bursts:
         out.append(f"tenant {a.tenant!r} holds {held_text(a)} as burst ({who(a, names)})")
     for a in loose:
-        out.append(f"stop or detach {who(a, names)} ({held_text(a)}, no tenant)" if a.owner != Owner.MANUAL else
+        out.append(free_line(a, names, ", no tenant") if a.owner != Owner.MANUAL else
                    f"remove the {held_text(a)} made by hand ('vgpuhost vgpu remove {a.device}')"
                    if a.kind == VGPU else f"release {held_text(a)} ('vgpuhost passthrough release {a.gpu}')")
     if len(out) > 4:

@@ -70,7 +70,8 @@ def passthrough_demand() -> Demand:
 class Allocation:
     """A device a domain holds, as admission counts it.  ``tenant`` None: no tenant; ``burst``: admitted
     above the tenant's guaranteed limit; ``use``: its expected GPU-time demand (not stored: ops fills it
-    from the metered history, ``vgpuhost.ops.gputime``; None: the profile's fixed share)."""
+    from the metered history, ``vgpuhost.ops.gputime``; None: the profile's fixed share); ``reserved``:
+    not made yet, reserved for an incoming live migration (nothing runs that a stop or detach frees)."""
 
     device: str
     owner: str
@@ -83,6 +84,7 @@ class Allocation:
     qos: str = BEST_EFFORT
     burst: bool = False
     use: Optional[ExpectedUse] = None
+    reserved: bool = False
 
     @property
     def demand(self) -> Demand:

@@ -118,7 +118,7 @@ class OfferIndex:
     ``records_of`` (str GPU -> its records).  Build it from the same ``inv``, ``records`` and ``seen``
     the calls pass."""
 
-    __slots__ = ("by_gpu", "seen_of", "records_of")
+    __slots__ = ("by_gpu", "seen_of", "records_of", "_missing")
 
     def __init__(self, inv: Inventory, records: Sequence[VgpuRecord], seen: Sequence[tuple] = ()):
         self.by_gpu = types_by_gpu(inv)
@@ -128,11 +128,24 @@ class OfferIndex:
         self.records_of: Dict[str, List[VgpuRecord]] = {}
         for r in records:
             self.records_of.setdefault(r.gpu, []).append(r)
+        self._missing: Dict[tuple, List[VgpuRecord]] = {}
+
+    def missing_on(self, gpu: PciAddress, ix, recs: Sequence[VgpuRecord], owner: Optional[str] = None
+                   ) -> List[VgpuRecord]:
+        """The records of ``recs`` (on ``gpu``, whose :class:`GpuIndex` is ``ix``) whose vGPU is not on the
+        host: neither an mdev nor a VF holding a type there (lost at a reboot before ``reconcile``).
+        ``owner``'s own records are left out (its start makes them anew).  Computed once per GPU."""
+        key = (gpu, owner)
+        hit = self._missing.get(key)
+        if hit is None:
+            here = set(ix.vgpus)
+            hit = self._missing[key] = [r for r in recs if r.id not in here and (owner is None or r.owner != owner)]
+        return hit
 
 
 def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
            seen: Sequence[tuple] = (), limits: Optional[Mapping[PciAddress, int]] = None,
-           index: Optional[OfferIndex] = None) -> List[GpuOffer]:
+           index: Optional[OfferIndex] = None, owner: Optional[str] = None) -> List[GpuOffer]:
     """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
 
     ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
@@ -146,7 +159,13 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     offer is what the framebuffer or the equal-size max allows.
     A free VF one of ``records`` holds (:func:`recorded_vfs`: a vGPU missing
     from the host, kept for ``vgpuhost reconcile`` to re-create there) is no
-    parent, and the offer counts at most the VFs left.
+    parent, and the offer counts at most the VFs left.  Such a record also
+    holds its share of its GPU (:func:`_held_by_missing`): its time-sliced
+    framebuffer counts as used, and on a GPU in equal-size mode its size is
+    the only one offered, so ``reconcile`` finds room to re-create it; the
+    offer's note names the records when nothing is left.  ``owner``: the
+    requester, whose own missing records hold nothing for it (a domain's
+    start removes its stale record and makes the vGPU anew).
     ``index``: an :class:`OfferIndex` of the same ``inv``, ``records`` and
     ``seen``, built once for many calls (else built here).
     """
@@ -190,11 +209,70 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                         note = (f"its free VFs are recorded for vGPUs missing from the host ({', '.join(kept)}): "
                                 "'vgpuhost reconcile' re-creates them there")
         sizes = _present_framebuffers(ix, fbs) if ix is not None else []
+        if recs and ix is not None and available > 0 and type_id is not None:
+            # a record whose vGPU is missing holds its share of the GPU for 'vgpuhost reconcile' to re-create
+            # it there (trial 7 retest N2: a new vGPU that took its room made the boot reconcile fail ENOSPC)
+            gone = ix_all.missing_on(g.address, ix, recs, owner)
+            if gone:
+                available, why = _held_by_missing(g, ix, ts, gone, fb, sizes, fbs, available)
+                if why:
+                    note = why
         used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
                             keys, len(ix.vgpus) if ix is not None else 0, note,
                             framebuffer_mib=g.framebuffer_mib, used_mib=used))
     return out
+
+
+def _record_fb(r: VgpuRecord, ix, fbs: Mapping[str, int]) -> Optional[int]:
+    """Framebuffer MiB of record ``r``'s type: as the GPU lists it, as seen before (``fbs``: type id ->
+    MiB), else from its profile name (``L40S-48Q``: 48 GiB); None when unknown or MIG-backed (its GPU
+    instance holds it, not the time-sliced framebuffer)."""
+    p = VgpuProfile.try_parse(r.type_name)
+    if p is not None and p.mig_backed:
+        return None
+    fb = ix.framebuffer_of.get(r.type_id) or fbs.get(r.type_id)
+    return fb or (p.framebuffer_gb * 1024 if p is not None and p.framebuffer_gb else None)
+
+
+def _held_by_missing(g, ix, ts: Sequence[VgpuType], gone: Sequence[VgpuRecord], fb: Optional[int],
+                     sizes: Sequence[Optional[int]], fbs: Mapping[str, int], available: int) -> tuple:
+    """``(available, why)`` on GPU ``g`` once the time-sliced framebuffer of the records ``gone`` (whose
+    vGPUs are missing from the host) counts as held: a GPU in equal-size mode (not seen in mixed-size
+    mode: two sizes present, or another size offered beside the one present) holding a missing record of
+    another size admits only that size (0); the board's framebuffer less the
+    present vGPUs' and the missing records' caps the count by the type's ``fb`` MiB; a type with a max
+    (``max_instances``) counts the missing records of its size as present.  ``why``: '' unless the count
+    fell to 0, then the line naming the records and ``vgpuhost reconcile``."""
+    wanted = ts[0].profile if ts else None
+    if not fb or (wanted is not None and wanted.mig_backed):
+        return available, ""            # a MIG-backed type: GPU instances count it, not the framebuffer
+    held = [(r, f) for r in gone for f in (_record_fb(r, ix, fbs),) if f]
+    if not held:
+        return available, ""
+    names = ", ".join(f"{r.id} ({r.type_name}, owner {r.owner})" for r, _ in held[:3]) + (
+        f" and {len(held) - 3} more" if len(held) > 3 else "")
+    one = len(held) == 1
+    why = (f"vGPU{'' if one else 's'} {names} {'is' if one else 'are'} recorded here but missing from the host: "
+           f"{'its' if one else 'their'} framebuffer is kept for 'vgpuhost reconcile' to re-create "
+           f"{'it' if one else 'them'} there")
+    present = [x for x in sizes if x]
+    sized = set(present)
+    # mixed-size mode shows as two sizes present, or a size not present still offered beside them
+    mixed = len(sized) > 1 or bool(sized) and any(t.available_instances > 0 and t.framebuffer_mib
+                                                  and t.framebuffer_mib not in sized
+                                                  for t in ix.types if t.type_id in ix.time_sliced)
+    if not mixed and any(f != fb for _, f in held):
+        return 0, why + f"; equal-size mode admits only {'/'.join(sorted({str(f) for _, f in held}))} MiB vGPUs"
+    board = g.framebuffer_mib or max([f or 0 for t, f in ix.framebuffer_of.items() if t in ix.time_sliced] or [0])
+    n = available
+    if board:
+        n = min(n, max(0, (board - sum(present) - sum(f for _, f in held)) // fb))
+    most = ts[0].max_instances if ts else None
+    if most is not None:
+        same = sum(1 for x in present if x == fb) + sum(1 for _, f in held if f == fb)
+        n = min(n, max(0, most - same))
+    return n, (why if n <= 0 else "")
 
 
 #: the note of an offer on a GPU the hook allow-list (etc/vgpuhost/hook.allow) leaves out
@@ -258,16 +336,20 @@ _SEEN = None
 
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
                       limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None,
-                      recorded: Collection[str] = ()) -> str:
+                      recorded: Collection[str] = (), records: Sequence[VgpuRecord] = ()) -> str:
     """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (refusal and ENOSPC advice),
     counted by :func:`vgpuhost.observe.inventory.free_instances` as the offers are; ``seen`` as for
     :func:`offers`; ``limits_of``: a type name -> its ``limits`` for :func:`offers` (the max in each
     GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`); ``recorded``: the VFs records hold
-    (:func:`recorded_vfs`), whose free ones count as taken, as in :func:`offers`."""
+    (:func:`recorded_vfs`), whose free ones count as taken, as in :func:`offers`; ``records``: the vGPU
+    records, whose vGPUs missing from ``gpu`` hold their share of it, as in :func:`offers`."""
     ix = inv.on_gpu(gpu)
     if ix is None:
         return "none"
     fbs = {row[1]: row[3] for row in seen if row[0] == str(gpu) and row[3]}
+    here = set(ix.vgpus)
+    gone = [r for r in records if r.gpu == str(gpu) and r.id not in here]
+    sizes = _present_framebuffers(ix, fbs) if gone else []
     agg: Dict[str, int] = {}
     for tid, ts in ix.by_type.items():
         if ts[0].name not in agg:
@@ -277,6 +359,8 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
                 vfs = [str(t.parent) for t in ts if t.available_instances > 0]
                 left = sum(1 for p in vfs if p not in recorded)
                 n = min(n, left) if left < len(vfs) else n
+            if gone and n > 0:
+                n = _held_by_missing(ix.gpu, ix, ts, gone, ts[0].framebuffer_mib or fbs.get(tid), sizes, fbs, n)[0]
             if n > 0:
                 agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
