@@ -198,7 +198,7 @@ def test_a_refusal_of_a_nova_mapped_domain_names_its_mapped_tenant(make_host):
     start = refused_at_prepare_begin(host, xml)
     assert "tenant 'team'" in start, start
     why, _ = refused_at_migrate_begin(host, xml)
-    assert why == "tenant team: " + start, why                          # not "tenant (none)"
+    assert why == "tenant team (Nova's project, by the OpenStack mapping): " + start, why   # not "tenant (none)"
 
 
 # ---------------------------------------------------------------------------
