@@ -38,6 +38,10 @@ def test_vgpu_list_shows_a_vgpu_whose_removal_is_pending_as_removing(make_host, 
     code, text, _ = cli(capsys, host, "--json", "vgpu", "list")
     assert code == 0 and {v["id"]: v["state"] for v in json.loads(text)["vgpus"]} == \
         {out.id: "removing", other.id: "active"}
+    # the agent's GET /v1/vgpus says the same (trial 7 retest nit, the agent's side)
+    from vgpuhost.agent import api
+    doc = api.get_vgpus(api.Agent(host), None)
+    assert {v["id"]: v["state"] for v in doc["vgpus"]} == {out.id: "removing", other.id: "active"}, doc
     assert (host.mdev_devices / out.id).is_dir()        # nothing was changed: still there, still recorded
     assert sorted(r.id for r in store.vgpu_records()) == sorted([out.id, other.id])
 

@@ -644,7 +644,8 @@ def cached_read(agent: Agent, route: "Route", req: Request) -> Optional[Text]:
 
 
 def get_vgpus(agent: Agent, req: Request) -> Dict[str, Any]:
-    entries = list_vgpus(agent.inventory(), agent.store.vgpu_records())
+    # a vGPU whose removal is pending (an open journal entry) shows as removing, as `vgpuhost vgpu list` shows it
+    entries = list_vgpus(agent.inventory(), agent.store.vgpu_records(), vgpu.removal_pending(agent.store))
     return {"schema": "vgpuhost.vgpu-list/v1", "vgpus": [e.as_dict() for e in entries]}
 
 
