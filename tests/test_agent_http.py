@@ -236,7 +236,9 @@ def test_a_hook_header_given_twice_is_refused_not_taken_first_wins(agent, a40):
                         ("X-Vgpuhost-State-Dir", b"X-Vgpuhost-State-Dir: /tmp/other\r\n"),
                         ("X-Vgpuhost-Domain", b"X-Vgpuhost-Domain: vm2\r\n"),
                         ("X-Vgpuhost-Timeout", b"X-Vgpuhost-Timeout: 10\r\nX-Vgpuhost-Timeout: 20\r\n")):
-        status, doc = _answer(_raw(agent.admin, _hook_xml_request(xml, own + twice)))
+        raw = _raw(agent.admin, _hook_xml_request(xml, own + twice))
+        assert raw.startswith(b"HTTP/1.1 400 "), raw[:200]
+        status, doc = _answer(raw)
         assert (status, doc["error"]["line"]) == (400, f"the request has more than one {name} header; send one"), doc
     _nothing_changed(a40)
 
