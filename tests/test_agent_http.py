@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from agentutil import AgentRun
+from agentutil import ADMIN_GID, AgentRun
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -217,3 +217,88 @@ def test_an_agent_internal_error_says_report_it_once():
     line = agent_error_line("vm1", 4, "internal error: KeyError: 'x'; report it (the agent's journal has the traceback)")
     assert line.count("report it") == 1 and line.startswith("vgpuhost: internal error in the vgpuhost agent")
     assert agent_error_line("vm1", 4, "the agent answered 500").endswith(" (report it)")
+
+
+def _hook_xml_request(xml: str, headers: bytes) -> bytes:
+    body = xml.encode()
+    return (b"POST /v1/hook/prepare HTTP/1.1\r\nContent-Type: application/xml\r\n" + headers +
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_a_hook_header_given_twice_is_refused_not_taken_first_wins(agent, a40):
+    """Trial 8 T4: two X-Vgpuhost-Root headers (the agent's own first, then another) were read first-wins and
+    the domain prepared; each of the thin client's headers given twice is now 400, before the body is read."""
+    from test_hook import vgpu_domain
+    xml = vgpu_domain("vm1", "11111111-2222-4333-8444-0000000000a1", "aaaaaaaa-2222-4333-8444-0000000000a1")
+    own = b"X-Vgpuhost-Domain: vm1\r\nX-Vgpuhost-Root: %s\r\nX-Vgpuhost-State-Dir: %s\r\n" % (
+        str(a40.root).encode(), str(a40.state_dir).encode())
+    for name, twice in (("X-Vgpuhost-Root", b"X-Vgpuhost-Root: /tmp/other\r\n"),
+                        ("X-Vgpuhost-State-Dir", b"X-Vgpuhost-State-Dir: /tmp/other\r\n"),
+                        ("X-Vgpuhost-Domain", b"X-Vgpuhost-Domain: vm2\r\n"),
+                        ("X-Vgpuhost-Timeout", b"X-Vgpuhost-Timeout: 10\r\nX-Vgpuhost-Timeout: 20\r\n")):
+        raw = _raw(agent.admin, _hook_xml_request(xml, own + twice))
+        assert raw.startswith(b"HTTP/1.1 400 "), raw[:200]
+        status, doc = _answer(raw)
+        assert (status, doc["error"]["line"]) == (400, f"the request has more than one {name} header; send one"), doc
+    _nothing_changed(a40)
+
+
+def _until_head(s) -> bytes:
+    """What the agent sends up to the end of its first status line and headers (or until it closes)."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        raw += chunk
+    return raw
+
+
+def test_expect_100_continue_is_answered_only_once_the_request_passed_its_checks(agent, a40):
+    """Trial 8 T5: ``100 Continue`` came before the role and body-limit checks (then 413 or 403).  Now a
+    request refused before its body is read gets its final answer alone; one that passes gets ``100
+    Continue``, then its answer once the body is sent."""
+    expect = b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+    refused = [
+        (agent.admin, b"POST /v1/reconcile HTTP/1.1\r\n" + expect + b"Content-Length: 100000000\r\n\r\n", 413,
+         "the request body of 100000000 bytes is over the 64 KiB POST /v1/reconcile takes; send a smaller body"),
+        (agent.ro, b"POST /v1/reconcile HTTP/1.1\r\n" + expect + b"Content-Length: 15\r\n\r\n", 403,
+         "POST /v1/reconcile changes the host: not allowed for the read-only socket; use the admin socket as "
+         f"root or a member of the group of gid {ADMIN_GID}"),
+        (agent.admin, b"POST /v1/hook/prepare HTTP/1.1\r\nContent-Type: application/xml\r\nExpect: 100-continue\r\n"
+                      b"X-Vgpuhost-Domain: vm1\r\nX-Vgpuhost-Domain: vm2\r\nContent-Length: 300\r\n\r\n", 400,
+         "the request has more than one X-Vgpuhost-Domain header; send one"),
+    ]
+    for path, head, status, line in refused:
+        s = unixsock.connect(path, 30)
+        try:
+            s.sendall(head)                     # the body is not sent: the client waits for 100 Continue
+            raw = _until_head(s)
+            assert not raw.startswith(b"HTTP/1.1 100"), raw
+            head_end = raw.index(b"\r\n\r\n")
+            length = int(dict(h.split(b": ", 1) for h in raw[:head_end].split(b"\r\n")[1:])[b"Content-Length"])
+            while len(raw) < head_end + 4 + length:
+                chunk = s.recv(1 << 16)
+                assert chunk, raw
+                raw += chunk
+        finally:
+            s.close()
+        assert _answer(raw)[0] == status and _answer(raw)[1]["error"]["line"] == line, raw
+    # a request that passes its checks: 100 Continue, and nothing more until the body comes
+    body = b'{"check": true}'
+    s = unixsock.connect(agent.admin, 30)
+    try:
+        s.sendall(b"POST /v1/reconcile HTTP/1.1\r\n" + expect + b"Content-Length: %d\r\n\r\n" % len(body))
+        assert _until_head(s) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        raw = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            raw += chunk
+    finally:
+        s.close()
+    status, doc = _answer(raw)
+    assert status == 200 and doc["in_sync"] is True, doc
+    _nothing_changed(a40)

@@ -22,7 +22,7 @@ import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from agentutil import ADMIN_GID, REPO, RO_GID, RO_UID, AgentRun, socket_dir
+from agentutil import ADMIN_GID, REPO, RO_GID, RO_UID, AgentRun, as_user, socket_dir
 
 from test_hook import vgpu_domain
 from vgpuhost.agent import server
@@ -332,6 +332,111 @@ def test_one_caller_holds_at_most_a_quarter_of_the_connections(host):
             assert doc["error"]["line"] == (f"uid {RO_UID} already holds 1 of this socket's connections, the most "
                                             "one caller may; close connections you hold open")
         assert run.call("GET", "/v1/agent", ro=True)[0] == 200
+    _unchanged(host)
+
+
+# ---------------------------------------------------------------------------
+# the role is decided at accept (trial 8 T2): a peer of no role is answered 403 there and holds no slot
+
+#: throwaway ids for the tenant socket's tests: four uids of no role (in no group of the agent's), and a
+#: member of tenant t1 (its group given by gid: ``--tenant-group GID=t1``; the naming convention is off, so
+#: nothing depends on this machine's group database)
+NO_ROLE_UIDS, NO_ROLE_GID = (54301, 54302, 54303, 54304), 54300
+MEMBER_UID, T1_GID = 54311, 54310
+
+NO_ROLE_HOLDER = r"""
+import json, os, socket, sys
+path, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+big = b"X-A: " + b"a" * 65000 + b"\r\n"
+conns = []
+# trial 8's slow.py and bighdr.py: a request begun and never ended, one with 4 header lines of 64 KB, and
+# a connection that sends nothing
+for begun in (b"GET /v1/agent HTTP/1.1\r\n", b"GET /v1/agent HTTP/1.1\r\n" + big * 4, b""):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    try:
+        s.sendall(begun)
+    except OSError:
+        pass                    # answered and closed already: the answer is still there to read
+    conns.append(s)
+print("held", flush=True)
+sys.stdin.read()                # held until the test has made its calls
+out = []
+for s in conns:
+    raw = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    except ConnectionResetError:
+        pass                    # closed with our bytes unread, after its answer
+    except TimeoutError:
+        raw += b"(no answer within 30 s)"
+    out.append(raw.decode("latin-1"))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def tenant_agent(host):
+    """Four connections per socket (one per caller), held connections never timed out while a test runs."""
+    with AgentRun(host.root, extra=(*PATIENT, "--tenant-group", f"{T1_GID}=t1", "--tenant-group-prefix", "")) as run:
+        yield run
+
+
+def test_peers_of_no_role_are_answered_403_at_accept_and_cannot_keep_a_member_or_root_out(tenant_agent, host):
+    """Trial 8 T2: four uids of no role each hold what connections they can on the 0666 tenant socket
+    (on main one slot each: the socket's four); each connection is answered 403 at once, before its request
+    is read (the one that sent nothing too), and while they hold them root and a tenant member are served."""
+    import subprocess
+    run = tenant_agent
+    holders = [subprocess.Popen([sys.executable, "-c", NO_ROLE_HOLDER, run.tenant, str(uid), str(NO_ROLE_GID)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+               for uid in NO_ROLE_UIDS]
+    try:
+        for p in holders:
+            assert p.stdout.readline() == "held\n"
+        # connected after all of theirs (accepted in order): their connections came first
+        status, _h, doc = _answer(_raw(run.tenant, b"GET /v1/agent HTTP/1.1\r\n\r\n"))
+        assert (status, doc.get("role")) == (200, "admin"), doc
+        (got,) = as_user(MEMBER_UID, T1_GID, [T1_GID], [(run.tenant, "GET", "/v1/agent", None)], docs=True)
+        assert (got[0], got[1].get("role"), got[1].get("tenant")) == (200, "tenant", "t1"), got
+        outs = [json.loads(p.communicate(timeout=120)[0].splitlines()[-1]) for p in holders]
+    finally:
+        for p in holders:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for uid, out in zip(NO_ROLE_UIDS, outs):
+        assert len(out) == 3
+        for raw in out:
+            status, _h, doc = _answer(raw.encode("latin-1"))
+            assert status == 403 and doc["error"]["exit_code"] == 2
+            assert doc["error"]["line"] == (
+                f"uid {uid} is not allowed to use the vgpuhost agent: it is in no group of the agent's; ask for "
+                f"membership of the group of gid {RO_GID} (read) or the group of gid {ADMIN_GID} (admin), or of "
+                "one tenant's group")
+    assert run.call("GET", "/v1/agent")[0] == 200               # and the agent serves on
+    _unchanged(host)
+
+
+def test_a_tenant_member_still_holds_at_most_a_quarter_of_the_tenant_sockets_connections(tenant_agent, host):
+    """A peer with a role keeps the per-peer cap: one of four here; its next connection is 429 at accept,
+    while root is served on the same socket."""
+    import subprocess
+    run = tenant_agent
+    proc = subprocess.run([sys.executable, "-c", HOLDER, run.tenant, str(MEMBER_UID), str(T1_GID)],
+                          capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    for raw in json.loads(proc.stdout):
+        status, _h, doc = _answer(raw.encode())
+        assert status == 429 and doc["error"]["exit_code"] == 5
+        assert doc["error"]["line"] == (f"uid {MEMBER_UID} already holds 1 of this socket's connections, the most "
+                                        "one caller may; close connections you hold open")
+    status, _h, doc = _answer(_raw(run.tenant, b"GET /v1/agent HTTP/1.1\r\n\r\n"))
+    assert status == 200
     _unchanged(host)
 
 

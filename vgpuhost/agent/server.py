@@ -18,8 +18,7 @@ Sockets and roles:
   endpoints only (and a tenant member, if the mode lets it in, with its
   tenant's reads only);
 - the **tenant** socket (``agent-tenant.sock``, mode 0666) lets anyone
-  connect: the role is decided by the credentials alone, and a caller of no
-  role is answered 403 before its request body is read.
+  connect: the role is decided by the credentials alone.
 
 Roles (:class:`Access`): ``admin`` (root, a member of the admin group),
 ``read`` (the read-only group), ``tenant`` (a group mapped to a tenant:
@@ -28,7 +27,9 @@ default prefix ``vgpuhost-t-``), tried in that order.  The file modes keep
 others out of the admin and read-only sockets; the agent checks again with
 the peer's credentials (``SO_PEERCRED`` and ``SO_PEERGROUPS``,
 :func:`vgpuhost.io.unixsock.peer`), so a socket whose mode was loosened
-still refuses them (403).
+still refuses them (403).  The role is decided as the connection is accepted
+(:meth:`_Server.process_request`): a peer of no role is answered 403 there and
+closed, its request never read, before it is given a slot or a thread.
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
@@ -41,7 +42,8 @@ reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 Connections: each socket serves at most ``max_connections`` (default
 :data:`MAX_CONNECTIONS`) at once, each on a worker thread while served, a caller (uid; root
 excepted) a quarter of them; one more is answered 429 from the accepting
-thread and closed.  The listen backlog is :data:`BACKLOG`.  A request must
+thread and closed.  Only a peer with a role takes a slot (a peer of no role:
+403 at accept, above).  The listen backlog is :data:`BACKLOG`.  A request must
 arrive within ``request_timeout_s`` (:data:`REQUEST_TIMEOUT_S`) of its
 connection, with no gap over ``read_timeout_s`` (:data:`READ_TIMEOUT_S`):
 else 408, closed.
@@ -225,7 +227,8 @@ class _Workers:
     waits (a queue hand-off, about 10 us of CPU), else to a new thread (about 140 us, measured 2026-12-07);
     at most as many are busy as the socket has slots (:meth:`_Server.process_request` counts them), and one
     left idle for :data:`WORKER_IDLE_S` ends.  ``nice``: each worker's nice value (:func:`_nice_this_thread`),
-    set once as it starts; ``serve(request, uid)`` serves one connection."""
+    set once as it starts; ``serve(request, client)`` serves one connection (``client``: what
+    :meth:`submit` was given with it, a :class:`_Client` for the agent's sockets)."""
 
     def __init__(self, serve, name: str, nice: int = 0, idle_s: Optional[float] = None):
         self._serve, self.name, self.nice = serve, name, nice
@@ -236,17 +239,17 @@ class _Workers:
         self._closed = False
         self.started = 0            # worker threads started so far
 
-    def submit(self, request, uid: int) -> None:
-        """Serve ``request`` (a connection of peer ``uid``) on an idle worker, else on a new one.  Raises
+    def submit(self, request, client) -> None:
+        """Serve ``request`` (a connection of peer ``client``) on an idle worker, else on a new one.  Raises
         what :meth:`threading.Thread.start` raises (no thread could be had)."""
         with self._lock:
             if self._idle > 0:
                 self._idle -= 1     # spoken for: the item is in the queue before any waiter can give up
-                self._jobs.put((request, uid))
+                self._jobs.put((request, client))
                 return
             self.started += 1
             n = self.started
-        threading.Thread(target=self._run, args=((request, uid),), name=f"{self.name}-{n}", daemon=True).start()
+        threading.Thread(target=self._run, args=((request, client),), name=f"{self.name}-{n}", daemon=True).start()
 
     def _run(self, job) -> None:
         if self.nice:
@@ -294,6 +297,7 @@ class _Server(socketserver.UnixStreamServer):
         self.budget = budget if budget is not None else ReadBudget()
         self.refusal_delay_s = REFUSAL_DELAY_S
         self.refused = 0                        # connections answered 429 (no slot free)
+        self.forbidden = 0                      # connections answered 403 at accept (a peer of no role)
         self.per_peer_connections = max(1, max_connections // 4)
         self._peer_lock = threading.Lock()
         self._peer_held: Dict[int, int] = {}    # uid -> connections it holds on this socket
@@ -347,14 +351,22 @@ class _Server(socketserver.UnixStreamServer):
         self._stopped.wait()
 
     def process_request(self, request, client_address) -> None:
-        """A thread for the connection while fewer than ``max_connections`` are open on this socket and
-        its peer (uid; root is not limited) holds fewer than ``per_peer_connections``; else 429, closed,
-        from the accepting thread (no thread, no HTTP parsing for a refused connection)."""
+        """Decide the peer's role from its credentials (``SO_PEERCRED``, ``SO_PEERGROUPS``: the kernel's,
+        known at accept) and serve the connection on a worker thread while fewer than ``max_connections``
+        are open on this socket and its peer (uid; root is not limited) holds fewer than
+        ``per_peer_connections``.  Answered from the accepting thread and closed, with no slot, no thread
+        and no HTTP parsing: a peer of no role, 403 (:meth:`_forbid`, its request never read); a peer
+        with a role over either limit, 429."""
         try:
-            uid = unixsock.peer_uid(request)
+            peer = unixsock.peer(request)
         except OSError:
             self.shutdown_request(request)
             return
+        who, why = self.access.caller(peer)
+        if who is None:
+            self._forbid(request, peer, why)
+            return
+        uid = peer.uid
         with self._peer_lock:
             held = self._peer_held.get(uid, 0)
             if uid != 0 and held >= self.per_peer_connections:
@@ -370,7 +382,7 @@ class _Server(socketserver.UnixStreamServer):
             self._refuse(request, *why)
             return
         try:
-            self.workers.submit(request, uid)
+            self.workers.submit(request, _Client(uid, peer, who))
         except BaseException:
             self._release(uid)
             raise
@@ -384,18 +396,19 @@ class _Server(socketserver.UnixStreamServer):
                 self._peer_held.pop(uid, None)
         self._slots.release()
 
-    def process_request_thread(self, request, uid: int) -> None:
-        """Serve one connection (on a worker thread): answered, closed, its slot released, then the
-        snapshot refreshed when the answer's write left it due."""
+    def process_request_thread(self, request, client: "_Client") -> None:
+        """Serve one connection (on a worker thread; ``client``: its peer and role, decided at accept):
+        answered, closed, its slot released, then the snapshot refreshed when the answer's write left it
+        due."""
         try:
             try:
-                self.finish_request(request, (uid,))
+                self.finish_request(request, client)
             except Exception:
-                self.handle_error(request, (uid,))
+                self.handle_error(request, client)
             finally:
                 self.shutdown_request(request)          # answered, and closed
         finally:
-            self._release(uid)
+            self._release(client.uid)
         # the answer is out and the slot free: bring the snapshot up to date after a write now (the GPUs
         # the write touched; one thread reads while the others' refreshes coalesce into its read), not
         # at the next VM start
@@ -408,15 +421,30 @@ class _Server(socketserver.UnixStreamServer):
         self._wake_w.close()
 
     def _refuse(self, request, message: str, hint: str) -> None:
+        """Answer 429 (no slot for this peer) at accept, and close."""
         self.refused += 1
         now = time.monotonic()
         if now - self._warned_at >= REFUSAL_LOG_S:     # one line per interval, not one per connection
             log.warning("refused %d connection(s) on %s since the last such line: %s",
                         self.refused - self._warned_count, self.server_address, message)
             self._warned_at, self._warned_count = now, self.refused
+        self._answer_at_accept(request, _refusal(message, hint))
+
+    def _forbid(self, request, peer: unixsock.Peer, why: str) -> None:
+        """Answer 403 to a peer of no role at accept, and close: its request is not read (HTTP lets a
+        server answer before the request is complete; the agent's client and curl read an answer that
+        came before their request was sent), so it holds no slot, no thread and no header buffer, however
+        it paces its bytes."""
+        self.forbidden += 1
+        log.debug("refused uid %d pid %d on %s: %s", peer.uid, peer.pid, self.server_address, why)
+        self._answer_at_accept(request, _early_answer(403, no_role_doc(peer, why, self.ro_group, self.admin_group)))
+
+    def _answer_at_accept(self, request, answer: bytes) -> None:
+        """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, drop what its
+        peer has already sent (at most 1 MiB, never waiting for more), and close it."""
         try:
             request.settimeout(1.0)
-            request.sendall(_refusal(message, hint))
+            request.sendall(answer)
             request.setblocking(False)
             for _ in range(16):         # what the client already sent: a close with unread data
                 if not request.recv(1 << 16):   # would reset the connection before it reads the answer
@@ -429,11 +457,39 @@ class _Server(socketserver.UnixStreamServer):
 @functools.lru_cache(maxsize=64)
 def _refusal(message: str, hint: str) -> bytes:
     """The whole 429 answer to a connection refused at accept (a storm's answers are a handful of texts)."""
-    doc = error_doc(429, message, hint=hint, exit_code=5, kind="TransientError")
+    return _early_answer(429, error_doc(429, message, hint=hint, exit_code=5, kind="TransientError"))
+
+
+def _early_answer(status: int, doc: Dict[str, Any]) -> bytes:
+    """The whole answer (status line, ``Content-Type``, ``Content-Length``, ``Connection: close``, the
+    error document) to a connection answered at accept, before its request is read."""
     body = (json.dumps(doc, indent=2) + "\n").encode()
-    head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+    reason = BaseHTTPRequestHandler.responses[status][0]
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
     return head + body
+
+
+class _Client(NamedTuple):
+    """A connection's peer as decided at accept (the handler's ``client_address``): ``uid`` (the slot's
+    owner), ``peer`` (its credentials) and ``caller`` (its role)."""
+
+    uid: int
+    peer: unixsock.Peer
+    caller: "Caller"
+
+
+def group_words(group: str) -> str:
+    """A group as a hint names it: ``the NAME group``, or ``the group of gid N`` for a group given as a gid
+    (``--admin-group 0``: "the 0 group" reads as no group at all)."""
+    return f"the group of gid {group}" if group.isascii() and group.isdigit() else f"the {group} group"
+
+
+def no_role_doc(peer: unixsock.Peer, why: str, ro_group: str, admin_group: str) -> Dict[str, Any]:
+    """The 403 document for a peer of no role (``why``: :meth:`Access.caller`'s reason)."""
+    return error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent: {why}",
+                     hint=f"ask for membership of {group_words(ro_group)} (read) or {group_words(admin_group)} "
+                          "(admin), or of one tenant's group", kind="RefusedError")
 
 
 class Caller(NamedTuple):
@@ -571,6 +627,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile = socketserver._SocketWriter(self.connection)
         self._retry_after: Optional[int] = None
         self._unread = 0        # bytes of a refused body to read and drop after the answer
+        self._expect_continue = False   # ``Expect: 100-continue``, not answered yet (:meth:`_read` answers it)
 
     def handle_one_request(self) -> None:
         """http.server's, except that a request that stops arriving, or arrives too slowly, is answered
@@ -610,13 +667,16 @@ class _Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         """The request line and headers, as :meth:`BaseHTTPRequestHandler.parse_request` reads them (its
         answers to a bad version, 400, or one of 2.0 and later, 505 sent as 400; at most 100 header lines of
-        at most 65536 bytes each, else 431; ``Connection``; ``Expect: 100-continue``), except that:
+        at most 65536 bytes each, else 431; ``Connection``), except that:
 
         - a request line without an HTTP version (HTTP/0.9) or an empty one is refused at once (the stdlib
           would read headers after the first and close silently on the second);
         - the headers are read by :func:`read_headers` (no :mod:`email` parser: about 0.15 ms of CPU a
           request less), and a header line that is not ``NAME: VALUE`` with NAME a token (the email parser
-          took it for the start of the body and dropped the headers after it; a folded line too) is 400."""
+          took it for the start of the body and dropped the headers after it; a folded line too) is 400;
+        - ``Expect: 100-continue`` is only noted here: ``100 Continue`` is sent once the request has passed
+          every check made before its body is read (role, route, length, headers), just before the body is
+          read (:meth:`_read`); a request refused before that gets its final answer alone."""
         self.command = None
         self.close_connection = True
         requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
@@ -655,9 +715,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif conntype == "keep-alive":
             self.close_connection = False
-        if self.headers.get("Expect", "").lower() == "100-continue" and number >= (1, 1):
-            if not self.handle_expect_100():
-                return False
+        self._expect_continue = self.headers.get("Expect", "").lower() == "100-continue" and number >= (1, 1)
         return True
 
     def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
@@ -786,15 +844,10 @@ class _Handler(BaseHTTPRequestHandler):
         line(final)
 
     def _handle(self, method: str) -> Tuple[int, Any]:
-        peer = unixsock.peer(self.connection)
+        # the peer and its role, decided at accept (_Server.process_request: a peer of no role never gets here)
+        peer, who = self.client_address.peer, self.client_address.caller
         self._peer = peer
         srv = self.server
-        who, why = srv.access.caller(peer)
-        if who is None:
-            return 403, error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent: {why}",
-                                  hint=f"ask for membership of the {srv.ro_group} (read) or {srv.admin_group} "
-                                       "(admin) group, or of one tenant's group",
-                                  kind="RefusedError")
         caller = socket_role(who, srv.role)
         role = caller.role
         url = urlsplit(self.path)
@@ -815,7 +868,7 @@ class _Handler(BaseHTTPRequestHandler):
         if role != api.TENANT and role not in route.roles:
             where = "the read-only socket" if srv.role == api.READ else "a member of the read-only group"
             return 403, error_doc(403, f"{method} {url.path} changes the host: not allowed for {where}",
-                                  hint=f"use the admin socket as root or a member of the {srv.admin_group} group",
+                                  hint=f"use the admin socket as root or a member of {group_words(srv.admin_group)}",
                                   kind="RefusedError")
         body = None
         if method == "POST":
@@ -895,12 +948,24 @@ class _Handler(BaseHTTPRequestHandler):
                                              hint="send the body's length in bytes (ASCII digits)"))
         n = int(value)
         if n > limit:
-            self._unread = n if n <= MAX_DRAIN else 0
+            self._drop_after(n)
             return None, (413, error_doc(413, f"the request body of {n} bytes is over the {_size(limit)} "
                                               f"{what or 'this endpoint'} takes", hint="send a smaller body"))
         return n, None
 
+    def _drop_after(self, n: int) -> None:
+        """A body of ``n`` bytes refused unread: read and drop it after the answer (:meth:`_drain`), up to
+        :data:`MAX_DRAIN`; none when its client waits for ``100 Continue`` (it sends no body)."""
+        self._unread = n if n <= MAX_DRAIN and not self._expect_continue else 0
+
     def _read(self, n: int) -> Tuple[bytes, Optional[Tuple[int, Dict[str, Any]]]]:
+        """The ``n`` bytes of the body (``100 Continue`` first when the client asked for it), or the 408."""
+        if self._expect_continue and n:
+            self._expect_continue = False
+            try:
+                self.wfile.write(b"%s 100 Continue\r\n\r\n" % self.protocol_version.encode("ascii"))
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                pass                # gone: the read below sees it
         try:
             raw = self.rfile.read(n) if n else b""
         except TimeoutError:
@@ -918,6 +983,11 @@ class _Handler(BaseHTTPRequestHandler):
         n, problem = self._length(garbled=411, limit=MAX_BODY, what="the hook's domain XML")
         if problem is not None:
             return None, problem
+        for name in HOOK_HEADERS:
+            if len(self.headers.get_all(name) or ()) > 1:     # which one counts would be the reader's guess
+                self._drop_after(n)
+                return None, (400, error_doc(400, f"the request has more than one {name} header",
+                                             hint="send one"))
         raw, problem = self._read(n)
         if problem is not None:
             return None, problem
@@ -931,7 +1001,7 @@ class _Handler(BaseHTTPRequestHandler):
             if value is None:
                 return None
             return value.encode("latin-1", "replace").decode("utf-8", "replace")
-        body = {"xml": xml, "name": header("X-Vgpuhost-Domain") or "?"}
+        body = {"xml": xml, "name": header(HOOK_HEADERS[0]) or "?"}
         for key, name in (("root", "X-Vgpuhost-Root"), ("state_dir", "X-Vgpuhost-State-Dir"),
                           ("timeout_s", "X-Vgpuhost-Timeout")):
             if header(name) is not None:
@@ -1142,6 +1212,8 @@ def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+#: the headers of the hook's thin client (the XML form): each may be given once (two: 400)
+HOOK_HEADERS = ("X-Vgpuhost-Domain", "X-Vgpuhost-Root", "X-Vgpuhost-State-Dir", "X-Vgpuhost-Timeout")
 #: the first line of an answer to the hook's thin client, followed by the exit code
 HOOK_ANSWER = "vgpuhost-hook/1"
 
