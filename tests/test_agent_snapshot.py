@@ -575,3 +575,19 @@ def test_a_start_is_never_refused_on_a_snapshot_that_missed_a_mig_change(case, t
     assert made.uuid == _uuid(1, "aaaaaaaa") and StateStore(host.state_dir).vgpu_records()[0].type_name == profile
     agent.warm_up()
     assert agent.inventory() == _fresh(host)         # the write made the agent read the host again
+
+
+def test_a_local_mixed_size_mode_change_makes_the_agent_read_the_host_again(tmp_path):
+    """A vendor-VFIO GPU's mixed-size mode decides which types its VFs list once vGPUs sit on it (the
+    simulator's listing of an empty GPU is the same in both modes): a ``--local vgpu mode`` moves no
+    kernel file the fingerprint watches, only the driver-state token, and the agent reads the host
+    again at its next read (and once only)."""
+    from vgpuhost.io.changes import DRIVER_TOKEN
+    host = materialise(load_spec(bundled_specs()["l40s-vendor-vfio"]), tmp_path / "h")
+    agent = api.Agent(host)
+    agent.inventory()
+    _local(host, "vgpu", "mode", "--gpu", "0000:21:00.0", "--mixed-size", "on")
+    assert os.path.exists(os.path.join(host.state_dir, DRIVER_TOKEN))
+    assert agent.inventory() == _fresh(host) and agent.scans == 2
+    agent.inventory()
+    assert agent.scans == 2
