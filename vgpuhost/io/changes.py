@@ -14,10 +14,11 @@ too (trial 8 T1).
 Must not: interpret what it reads.
 
 What it cannot see: a change that moves none of those.  The MIG state lives
-in the NVIDIA driver, behind NVML (docs/reference/hardware.md#mig-profiles):
+in the NVIDIA driver, behind NVML (docs/reference/hardware.md#mig-backed-vgpus):
 a GPU instance made with ``nvidia-smi`` or another NVML client moves only the
-``available_instances`` of the GPU's MIG-backed types (read per type, hundreds
-of files on an SR-IOV GPU), none of the files above.  The agent also re-reads,
+counts of the GPU's types (``available_instances``, read per type: hundreds of
+files on an SR-IOV GPU; a vendor-VFIO VF's ``creatable_vgpu_types``), none of
+the files above.  The agent also re-reads,
 after each of its own writes, the GPUs the write touched (or the whole host),
 and a start it would refuse for room or for a missing GPU instance is looked at
 again on a fresh read of the host first (:func:`vgpuhost.ops.vgpu.create_vgpu`).
