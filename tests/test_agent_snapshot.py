@@ -491,3 +491,103 @@ def test_sigterm_with_hook_writes_in_flight_leaves_host_and_store_agreeing(host)
     # every vGPU on the host is recorded, and every record is on the host
     present = {m.uuid for m in _fresh(host).mdevs}
     assert present == {r.id for r in store.vgpu_records()}
+
+
+# ---------------------------------------------------------------------------
+# MIG and vGPU-mode changes made outside the agent (trial 8 T1)
+
+A100 = "0000:41:00.0"       # a100-sriov-mdev
+
+
+def _local(host, *argv) -> None:
+    assert cli_main(["--root", str(host.root), "--local", *argv]) == 0
+
+
+def _mig_domain(i: int, profile: str = "A100-1-5C") -> str:
+    return vgpu_domain(f"mig{i}", _uuid(i), _uuid(i, "aaaaaaaa"), profile)
+
+
+def test_a_local_mig_change_is_seen_by_the_agents_snapshot_and_its_next_start(tmp_path):
+    """``vgpuhost --local mig apply`` (what vgpuhost-layout.service runs) while the agent is up: the
+    agent's snapshot, its types answer and its next start of a MIG-backed vGPU follow the new GPU
+    instances at once, as a fresh one-shot read does."""
+    host = materialise(load_spec(bundled_specs()["a100-sriov-mdev"]), tmp_path / "h")
+    agent = api.Agent(host)
+    types = api.get_types(agent, api.Request({}, {}, None, "test", 1))
+    assert agent.inventory() == _fresh(host) and agent.scans == 1
+    _local(host, "mig", "enable", "--gpu", A100)
+    _local(host, "mig", "apply", "--gpu", A100, "3g.20gb=1,1g.5gb=2")
+    fresh = _fresh(host)
+    assert fresh.gpu(PciAddress.parse(A100)).gpu_instances == {"3g.20gb": 1, "1g.5gb": 2}
+    assert agent.inventory() == fresh and agent.scans == 2           # read again, once
+    after = api.get_types(agent, api.Request({}, {}, None, "test", 1))
+    assert after != types
+    capsys_free = api.get_types(agent, api.Request({}, {}, None, "test", 1))
+    assert capsys_free == after and agent.scans == 2                  # and kept again
+    rows = {t["name"]: t["available_instances"] for t in json.loads(after.body)["types"]}
+    assert rows["A100-1-5C"] == 2 and rows.get("A100-10C", 0) == 0
+    xml = _mig_domain(1)
+    out = api._hook(agent, api.Request({}, {}, {"xml": xml, "name": "mig1"}, "test", 1), "prepare")
+    assert out["changed"] == [_uuid(1, "aaaaaaaa")]
+    assert [m.uuid for m in _fresh(host).mdevs] == [_uuid(1, "aaaaaaaa")]
+
+
+def _behind_the_agent(host, *changes) -> None:
+    """``changes`` made as NVML alone makes them (``nvidia-smi``): the driver-state token left as it was,
+    so no file the agent's fingerprint watches moves."""
+    from vgpuhost.io.changes import DRIVER_TOKEN
+    token = os.path.join(host.state_dir, DRIVER_TOKEN)
+    kept = open(token).read() if os.path.exists(token) else None
+    for argv in changes:
+        _local(host, *argv)
+    if kept is None:
+        if os.path.exists(token):
+            os.unlink(token)
+    else:
+        with open(token, "w") as f:
+            f.write(kept)
+
+
+@pytest.mark.parametrize("case", ["gpu-instances-made", "mig-turned-off"])
+def test_a_start_is_never_refused_on_a_snapshot_that_missed_a_mig_change(case, tmp_path):
+    """A MIG change the agent cannot see (NVML alone): its snapshot stays as it was, but a start it
+    would refuse on it (a GPU instance missing; no room for a time-sliced vGPU) is looked at again on
+    a fresh read and admitted, as the one-shot hook admits it."""
+    host = materialise(load_spec(bundled_specs()["a100-sriov-mdev"]), tmp_path / "h")
+    agent = api.Agent(host)
+    if case == "gpu-instances-made":
+        agent.inventory()
+        _behind_the_agent(host, ("mig", "enable", "--gpu", A100), ("mig", "apply", "--gpu", A100, "1g.5gb=2"))
+        profile = "A100-1-5C"
+    else:
+        _local(host, "mig", "enable", "--gpu", A100)
+        _local(host, "mig", "apply", "--gpu", A100, "7g.40gb=1")
+        agent.inventory()
+        _behind_the_agent(host, ("mig", "apply", "--gpu", A100, "7g.40gb=0"), ("mig", "disable", "--gpu", A100))
+        profile = "A100-4C"
+    stale = agent.inventory()
+    assert stale != _fresh(host)                     # what the agent cannot see (io/changes.py says so)
+    assert not any(t.available_instances for t in stale.vgpu_types if t.name == profile)
+    xml = _mig_domain(1, profile)
+    out = api._hook(agent, api.Request({}, {}, {"xml": xml, "name": "mig1"}, "test", 1), "prepare")
+    assert out["changed"] == [_uuid(1, "aaaaaaaa")]
+    [made] = _fresh(host).mdevs
+    assert made.uuid == _uuid(1, "aaaaaaaa") and StateStore(host.state_dir).vgpu_records()[0].type_name == profile
+    agent.warm_up()
+    assert agent.inventory() == _fresh(host)         # the write made the agent read the host again
+
+
+def test_a_local_mixed_size_mode_change_makes_the_agent_read_the_host_again(tmp_path):
+    """A vendor-VFIO GPU's mixed-size mode decides which types its VFs list once vGPUs sit on it (the
+    simulator's listing of an empty GPU is the same in both modes): a ``--local vgpu mode`` moves no
+    kernel file the fingerprint watches, only the driver-state token, and the agent reads the host
+    again at its next read (and once only)."""
+    from vgpuhost.io.changes import DRIVER_TOKEN
+    host = materialise(load_spec(bundled_specs()["l40s-vendor-vfio"]), tmp_path / "h")
+    agent = api.Agent(host)
+    agent.inventory()
+    _local(host, "vgpu", "mode", "--gpu", "0000:21:00.0", "--mixed-size", "on")
+    assert os.path.exists(os.path.join(host.state_dir, DRIVER_TOKEN))
+    assert agent.inventory() == _fresh(host) and agent.scans == 2
+    agent.inventory()
+    assert agent.scans == 2

@@ -7,6 +7,7 @@ host root, a recording NVML backend and the state store's audit rows.
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
@@ -291,3 +292,27 @@ def test_no_store_no_rows_but_writes_counted(make_host):
     ex = Executor(host, None, actor="test", operation="op", backend=FakeNvml())
     ex.run([SetMixedSize(GPU, True), WriteConfig(host.etc("x.conf"), "x\n")])
     assert ex.writes == 2 and not host.state_dir.exists()
+
+
+def test_each_nvml_write_that_moves_offers_rewrites_the_driver_token_made_or_failed(make_host):
+    """The agent's fingerprint (io.changes) reads the driver-state token: every MIG or mixed-size call,
+    made or failed, leaves a token no fingerprint read before it holds; a scheduler call and a kernel
+    write leave it alone."""
+    from vgpuhost.io.changes import fingerprint
+    host = make_host(yaml_text=TURING)
+    nv = FakeNvml(fail={"nvmlDeviceSetMigMode": "NVMLError_InUse"})
+    ex = executor(host, backend=nv)
+    seen = [fingerprint(host)[4]]
+    assert seen == [""]                                     # no MIG change yet: no token
+    ex.run([SetMixedSize(GPU, True)])
+    seen.append(fingerprint(host)[4])
+    ex.run([CreateGi(GPU, 9, "3g.71gb", 4, 4)])
+    seen.append(fingerprint(host)[4])
+    with pytest.raises(NvmlError):
+        ex.run([SetMigMode(GPU, True)])
+    seen.append(fingerprint(host)[4])
+    assert len(set(seen)) == 4 and all(len(t) == 24 for t in seen[1:])
+    ex.run([SetScheduler(GPU, SchedulerState("equal-share", arr=False, timeslice_ms=2))])
+    ex.run([SetDriverOverride(A("0000:01:00.1"), "vfio-pci")])
+    assert fingerprint(host)[4] == seen[-1]
+    assert [n for n in os.listdir(host.state_dir) if n.startswith("driver-state")] == ["driver-state.token"]

@@ -143,8 +143,9 @@ class Agent:
     """The agent's state: the host, its state store, the warm snapshot and the write lock.
 
     ``inventory()`` returns a discovery of the host, re-read only when the
-    host changed (:func:`vgpuhost.io.changes.fingerprint`, the device part)
-    or the agent wrote since; ``scans`` counts the whole-host discoveries
+    host changed (:func:`vgpuhost.io.changes.fingerprint`: the kernel's device
+    files and the token vgpuhost's MIG and vGPU-mode changes rewrite) or the
+    agent wrote since; ``scans`` counts the whole-host discoveries
     made, ``refreshes`` the snapshots brought up to date by re-reading only
     the GPUs the agent's writes touched (:meth:`write`, :meth:`warm_up`).
     Each snapshot has a version (:meth:`snapshot`); documents built from a
@@ -193,9 +194,11 @@ class Agent:
 
     # --- the warm snapshot ---------------------------------------------
     def _fingerprint(self, inv) -> tuple:
-        """The host's devices as :func:`fingerprint` sees them (the state store's files left out: the
-        inventory does not read the store; documents that do key on :class:`StoreWatch`)."""
-        return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())[:4]
+        """The host's devices as :func:`fingerprint` sees them: the kernel's files and the driver-state
+        token every vgpuhost process rewrites after a MIG or vGPU-mode change (trial 8 T1: a ``--local``
+        ``mig apply`` moves no kernel file the rest watches).  The state store is not in it: the
+        inventory does not read the store; documents that do key on :class:`StoreWatch`."""
+        return fingerprint(self.host, [str(v.vf) for v in inv.vf_vgpus] if inv is not None else ())
 
     def _current(self):
         """``(inventory, version)`` when the snapshot is current (nothing pending, the host unchanged), else
@@ -393,7 +396,10 @@ class Agent:
     @staticmethod
     def _explained(inv, before: tuple, after: tuple, gpus: set, names: List[str]) -> bool:
         """Whether what moved in the fingerprint between ``before`` and ``after`` is all on ``gpus``:
-        mdevs, driver bindings and VF types of their devices, or the devices ``names``."""
+        mdevs, driver bindings and VF types of their devices, or the devices ``names``.  A moved
+        driver-state token (a MIG or vGPU-mode change, on a GPU it does not name) never is."""
+        if before[4:] != after[4:]:
+            return False
         mine = {n[6:] if n.startswith("claim:") else n for n in names}
         for g in gpus:
             part = gpu_part(inv, g)

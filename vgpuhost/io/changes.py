@@ -1,17 +1,27 @@
 """Cheap change detection for a warm host snapshot (the agent's).
 
 Owns: :func:`fingerprint`, a small value that changes when the host's
-devices or vgpuhost's records change: the entries of the mdev bus, the
-functions bound to ``vfio-pci`` and ``nvidia``, each VF's
-``current_vgpu_type`` (vendor-specific VFIO), and the state store's files
-(size and modification time).  Comparing two fingerprints costs a handful
-of directory listings and small reads, far less than a discovery.
+devices change: the entries of the mdev bus, the functions bound to
+``vfio-pci`` and ``nvidia``, each VF's ``current_vgpu_type``
+(vendor-specific VFIO), and the driver-state token (:func:`note_driver_change`).
+Comparing two fingerprints costs a handful of directory listings and small
+reads, far less than a discovery.  Also owns that token: a file in the state
+dir (:data:`DRIVER_TOKEN`) that every vgpuhost process rewrites after an NVML
+write that changes what a GPU offers (MIG mode, a GPU instance made or
+destroyed, mixed-size mode: :attr:`vgpuhost.plan.steps.Step.moves_offers`),
+whatever its process, so the agent sees a ``--local`` or one-shot MIG change
+too (trial 8 T1).
 Must not: interpret what it reads.
 
-What it cannot see: a change that moves none of those (a vGPU type's
-``available_instances`` changing because of another tool's MIG change, for
-example).  The agent also re-reads, after each of its own writes, the GPUs the
-write touched (or the whole host).
+What it cannot see: a change that moves none of those.  The MIG state lives
+in the NVIDIA driver, behind NVML (docs/reference/hardware.md#mig-backed-vgpus):
+a GPU instance made with ``nvidia-smi`` or another NVML client moves only the
+counts of the GPU's types (``available_instances``, read per type: hundreds of
+files on an SR-IOV GPU; a vendor-VFIO VF's ``creatable_vgpu_types``), none of
+the files above.  The agent also re-reads,
+after each of its own writes, the GPUs the write touched (or the whole host),
+and a start it would refuse for room or for a missing GPU instance is looked at
+again on a fresh read of the host first (:func:`vgpuhost.ops.vgpu.create_vgpu`).
 """
 
 from __future__ import annotations
@@ -22,8 +32,8 @@ from typing import Iterable, Tuple
 from .hostroot import HostRoot
 from .vgpudev import CURRENT_TYPE_ATTR, NVIDIA_DIR
 
-#: state store files whose (size, mtime) say the records changed
-STATE_FILES = ("state.db", "state.db-wal")
+#: the driver-state token's file in the state dir (:func:`note_driver_change`)
+DRIVER_TOKEN = "driver-state.token"
 
 
 def _listing(path) -> "Tuple[str, ...]":
@@ -33,19 +43,11 @@ def _listing(path) -> "Tuple[str, ...]":
         return ()
 
 
-def _stat(path) -> "Tuple[int, int]":
-    try:
-        st = os.stat(path)
-        return (st.st_size, st.st_mtime_ns)
-    except OSError:
-        return (-1, -1)
-
-
 def _read(path) -> str:
     # os.open/os.read, not open(): no buffered file object per file (a fingerprint reads every VF's type,
-    # several times a hook call in the agent)
+    # several times a hook call in the agent); O_NONBLOCK: a FIFO put there never blocks the reader
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return ""
     try:
@@ -88,7 +90,8 @@ def _read_all(base: str, names: "Iterable[str]") -> "Tuple[str, ...]":
 
 
 def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:
-    """A hashable value that differs when ``host``'s devices or records change (module docstring).
+    """A hashable value that differs when ``host``'s devices change (module docstring):
+    ``(mdev bus entries, vfio-pci functions, nvidia functions, the VFs' current types, driver token)``.
 
     ``vfs``: BDFs of vendor-VFIO VFs whose ``current_vgpu_type`` to include
     (the snapshot's, so the cost stays linear in devices).
@@ -97,11 +100,34 @@ def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:
     # VFs' files read relative to bus/pci/devices, opened once (an L40S's 16 VFs, each fingerprint)
     base = host.s.pci_devices
     tail = f"{NVIDIA_DIR}/{CURRENT_TYPE_ATTR}"          # vf_type_path's, after the VF's directory
-    state = host.s.state_dir
     return (
         _listing(host.s.mdev_devices),
         _listing(host.s.pci_driver("vfio-pci")),
         _listing(host.s.pci_driver("nvidia")),
         _read_all(base, [f"{vf}/{tail}" for vf in vfs]),
-        tuple(_stat(f"{state}/{name}") for name in STATE_FILES),
+        _read(f"{host.s.state_dir}/{DRIVER_TOKEN}"),
     )
+
+
+def note_driver_change(host: "HostRoot") -> None:
+    """Rewrite the driver-state token (:data:`DRIVER_TOKEN` in ``host``'s state dir) with a value never
+    used before, after an NVML write that changes what a GPU offers (made or failed: either may have
+    moved the driver's state), so every :func:`fingerprint` taken before differs from those taken after.
+
+    A temporary file of this process's own renamed over it (atomic: a reader sees the old token or
+    the new one); not synced (the driver's MIG state does not outlive a reboot either).  Never raises:
+    a token that cannot be written (no state dir) costs only the agent's notice of the change."""
+    path = f"{host.s.state_dir}/{DRIVER_TOKEN}"
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, (os.urandom(12).hex() + "\n").encode("ascii"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

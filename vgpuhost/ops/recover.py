@@ -16,7 +16,11 @@ still holds open is not removed (a remove write of an open mdev blocks until
 it is closed, docs/reference/hardware.md#mdev): the entry stays open ("remove
 pending") for the next reconcile, as it does when a remove write does not
 return within its bound (it finishes by itself once the device is closed).  Runs under the same group/GPU locks as the operations, so an
-entry whose process is still running is never touched.  Must not: decide
+entry an operation is still working on is never touched: another process's
+is guarded by the locks it holds, this process's own (the resident agent's
+other requests, an outer operation) by :func:`vgpuhost.plan.journal.in_progress`;
+an entry this process left open and works on no more (a pending removal) is
+ended like any other.  Must not: decide
 placement, or touch devices the entry does not name.
 
 Also drops the allocation rows admission wrote for devices a killed start
@@ -42,6 +46,7 @@ from ..model.errors import VgpuhostError
 from ..model.kinds import Backend
 from ..model.values import PciAddress, field, record
 from ..plan.executor import Executor
+from ..plan.journal import in_progress
 from ..plan.steps import ANY_HOST_DRIVER, Probe, SetDriverOverride, Unbind, VerifyDriver, WriteConfig
 
 TYPE_CHECKING = False
@@ -160,13 +165,15 @@ def recover_locked(host: HostRoot, store: StateStore, *, gpu: str, group: Option
                    actor: str) -> List[Recovered]:
     """Recover the open entries on ``gpu`` (or IOMMU ``group``); the caller holds their locks.
 
-    Entries of this process are skipped (an outer operation of the same
-    process may still be running).
+    An entry a thread of this process still works on (an outer operation of
+    the same process, another request of the resident agent:
+    :func:`vgpuhost.plan.journal.in_progress`) is skipped; one this process
+    left open and no longer works on (a removal left pending when its write
+    did not return in time, trial 8 T10) is ended as any other process's.
     """
-    mine = os.getpid()
     out = []
     for entry in open_entries(store):
-        if entry.pid == mine:
+        if in_progress(entry.id, entry.pid):
             continue
         if entry.gpu == gpu or (group is not None and entry.iommu_group == group):
             out.append(_recover(host, store, entry, actor))

@@ -250,7 +250,10 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
     record already says the owner holds this VF with this type and the VF reads it back.
     ``inventory``: a snapshot the caller has just read (``discover(Sysfs(host))``, the qemu
     hook's), used for the first, unlocked placement look instead of reading the host again; the
-    choice is always re-checked under the GPU lock on a fresh discovery of that GPU alone.
+    choice is always re-checked under the GPU lock on a fresh discovery of that GPU alone, and a
+    request that look cannot take (no room, a MIG step missing) is looked at again on a fresh read
+    before it is refused or a GPU instance made for it (the agent's snapshot misses a MIG change
+    made through NVML alone, :mod:`vgpuhost.io.changes`).
     Cost: with a pinned GPU or VF only that GPU's sysfs is read
     (:func:`vgpuhost.observe.inventory.discover_gpu`); otherwise the first look reads the whole
     host (placement compares GPUs) and the check under the lock the chosen GPU.
@@ -270,6 +273,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
     scope = _physfn(fs, req.vf) if req.vf is not None else req.gpu     # the one GPU to read (None: the whole host)
     failed: List[GpuFailedError] = []       # GPUs that failed under this call (issue 27)
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
+        theirs = inventory is not None  # this look is the caller's (the agent's warm snapshot), not read now
         inv, records, seen = _look(fs, store, inventory, scope, req.vf, dry_run, owner=req.owner)
         inventory = None                # the caller's look serves the first attempt only
         pin = req.gpu
@@ -278,6 +282,11 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             done = _vf_held(fs, records, req.vf, req.owner, str(req.profile), dry_run)
             if done is not None:
                 return done
+        if theirs and req.profile.mig_backed and not _offered_now(inv, str(req.profile), pin):
+            # never refused (nor a GPU instance made) for a MIG step the caller's look says is missing: a
+            # GPU instance made behind it (NVML alone: nvidia-smi) moves no file its check watches, so
+            # the host is read now and looked at again (trial 8 T1)
+            continue
         if _check_pin(host, store, inv, req, pin, gi_tried=gi_tried, dry_run=dry_run, actor=actor):
             gi_tried = True
             continue                    # a GPU instance was made for the MIG-backed profile: look again
@@ -289,6 +298,8 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits,
                                limits_of=limits_of)
         except RefusedError as e:
+            if theirs:      # never refused for room on the caller's look: read the host now, look again (T1)
+                continue
             if failed:      # a device write failed (exit 3): the GPU that failed first, then why nothing else fits
                 last = failed[-1]
                 last.message = ("; ".join(f.message for f in failed) + " (marked unhealthy); no other GPU takes it: "

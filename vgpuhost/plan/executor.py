@@ -212,6 +212,12 @@ class Executor:
             suffix, err = step.audit_failure(e)
             self.ctx.outcome(row, err, suffix)
             raise
+        finally:
+            if step.moves_offers:
+                # after the call, made or failed: a snapshot read before it is stale from here on (the
+                # agent's, whichever process made the change: trial 8 T1)
+                from ..io.changes import note_driver_change
+                note_driver_change(self.ctx.host)
         self.ctx.outcome(row, 0)
         return result
 

@@ -27,6 +27,9 @@ Kinds and their ``devices`` (JSON in the ``journal`` table):
 
 from __future__ import annotations
 
+import os
+from _thread import allocate_lock
+
 from ..io.state import StateStore
 
 TYPE_CHECKING = False
@@ -49,6 +52,8 @@ class Journal:
         self.planned = steps
         self.done = 0
         self._keep = False
+        with _live_lock:
+            _live.add(entry_id)             # worked on by this process until the block ends (in_progress)
 
     @classmethod
     def start(cls, store: StateStore, *, kind: str, operation: str, owner: str, actor: str, gpu: str,
@@ -86,14 +91,36 @@ class Journal:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._keep:
-            return
-        if exc_type is None:
-            self.close("ok")
-        elif isinstance(exc, Exception):
-            self.close(f"failed: {exc}")
-        # KeyboardInterrupt/SystemExit: left open; reconcile (or the next command on this
-        # group/GPU) checks the host and finishes or rolls back whatever the unwinding left
+        try:
+            if self._keep:
+                return
+            if exc_type is None:
+                self.close("ok")
+            elif isinstance(exc, Exception):
+                self.close(f"failed: {exc}")
+            # KeyboardInterrupt/SystemExit: left open; reconcile (or the next command on this
+            # group/GPU) checks the host and finishes or rolls back whatever the unwinding left
+        finally:
+            # an entry left open from here on (pending, interrupted) is no thread's any more: the next
+            # operation on its GPU in this process too (the resident agent) may end it (ops/recover.py)
+            with _live_lock:
+                _live.discard(self.id)
+
+
+#: ids of the entries this process has opened and one of its threads still works on (a :class:`Journal`
+#: from :meth:`Journal.start` until its ``with`` block ends); guarded by ``_live_lock``
+_live: set = set()
+_live_lock = allocate_lock()
+
+
+def in_progress(entry_id: int, pid: int) -> bool:
+    """Whether the entry ``entry_id``, opened by process ``pid``, is being worked on by a thread of this
+    process now (its :class:`Journal` block has not ended).  False for another process's entry: that one
+    is guarded by the group/GPU locks its process holds while it works."""
+    if pid != os.getpid():
+        return False        # (a forked child's copy of its parent's ids never matches: their pid is not its own)
+    with _live_lock:
+        return entry_id in _live
 
 
 def attach(executor, journal: Optional[Journal]) -> None:
@@ -101,4 +128,4 @@ def attach(executor, journal: Optional[Journal]) -> None:
     executor.journal = journal
 
 
-__all__ = ["Journal", "attach"]
+__all__ = ["Journal", "attach", "in_progress"]

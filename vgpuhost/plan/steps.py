@@ -56,6 +56,10 @@ class Step:
     """
 
     audit_by: Optional[str] = AUDIT_FS
+    #: an NVML write that changes what the GPU offers (its vGPU types' counts) without moving any file
+    #: the agent's fingerprint watches: the Executor rewrites the driver-state token after running it
+    #: (:func:`vgpuhost.io.changes.note_driver_change`, for executor-audited steps)
+    moves_offers = False
 
     def describe(self, host: HostRoot) -> str:  # pragma: no cover - abstract
         """The line ``--dry-run`` prints for this step (paths as the host names them)."""
@@ -382,6 +386,7 @@ class _MigCall(Step):
     """A MIG NVML call on one GPU: audit row ``nvml:<call>`` / ``gpu=<bdf> <value>``."""
 
     audit_by = AUDIT_EXECUTOR
+    moves_offers = True         # MIG mode and GPU instances: what MIG-backed and time-sliced types offer
     call = ""
 
     def row(self) -> Tuple[str, str]:  # pragma: no cover - abstract
@@ -544,6 +549,7 @@ class SetMixedSize(Step):
     gpu: PciAddress
     on: bool
     audit_by = AUDIT_EXECUTOR
+    moves_offers = True         # the mode decides which types a vendor-VFIO GPU's VFs list
 
     def describe(self, host: Optional[HostRoot] = None) -> str:
         return f"turn mixed-size vGPU mode {'on' if self.on else 'off'} on {self.gpu}"
