@@ -61,6 +61,8 @@ def test_a_mixed_size_vendor_vfio_l40s_offers_through_the_agent_what_the_cli_cou
     agent = api.Agent(host)
     equal = same(agent, host, capsys, L40S)
     assert (equal["L40S-4Q"], equal["L40S-16A"]) == (12, 3)                      # equal-size maxima
+    hits = agent.cache_hits
+    assert agent_types(agent, L40S)["types"] and agent.cache_hits == hits + 1     # the kept answer, served
     assert cli(host, "--local", "vgpu", "mode", "--gpu", str(L40S), "--mixed-size", "on") == 0
     mixed = same(agent, host, capsys, L40S)
     assert (mixed["L40S-4Q"], mixed["L40S-16A"]) == (8, 2)                       # mixed-size maxima
@@ -90,6 +92,9 @@ def test_a_mig_on_demand_gpu_offers_through_the_agent_the_instances_a_start_woul
     host = make_host("h200-mig-on")
     agent = api.Agent(host)
     before = same(agent, host, capsys, H200)
+    hits = agent.cache_hits
+    agent_types(agent, H200)
+    assert agent.cache_hits == hits + 1                                           # the kept answer, served
     assert not before.get("H200X-1-18C") and not before.get("H200X-7-141C")     # no GPU instance, not opted in
     assert cli(host, "--local", "mig", "on-demand", "--gpu", str(H200), "on") == 0
     opted = same(agent, host, capsys, H200)
