@@ -151,7 +151,8 @@ def types_listing(host, inv: Inventory, gpu=None, *, available: bool = False,
     the catalog, the placement ids of the VFs holding vGPUs and the store's opt-ins: vgpuhost's own
     changes of those are audited in the store or change a VF's type, so a cache of the answer keys on
     the inventory's devices and the store's change counter (the agent's, :meth:`vgpuhost.agent.api.Agent.cached`).
-    Raises StateError when an opted-in store cannot be read.
+    Raises HostEnvironmentError (:class:`~vgpuhost.io.state.StateStore`) when the store, read only while a GPU
+    may be opted in, cannot be opened.
     """
     made_note: List[str] = []
     from ..io.files import exists
