@@ -52,7 +52,7 @@ from ..policy.migration import parse_request
 from ..policy.mig import parse_layout
 from ..policy.placement import OFFERED
 from ..policy.when import parse_since
-from ..present.inventory import aggregate_types, gpus_doc, types_doc
+from ..present.inventory import gpus_doc, types_listing
 from ..present.scheduler import scheduler_state
 from ..present.tenancy import (
     SCHEMA_CAPACITY, SCHEMA_TENANT, SCHEMA_TENANTS, SCHEMA_USAGE, binding_answer, changed_tenant, new_tenant,
@@ -569,19 +569,23 @@ def _types_key(req: Request) -> tuple:
     return (req.query.get("gpu"), _query_flag(req.query, "available"))
 
 
-def _types_doc(req: Request):
+def _types_doc(agent: Agent, req: Request):
     def build(inv) -> Text:
         addr = _gpu(None, req.query.get("gpu"), inv)
-        entries = aggregate_types((t for t in inv.vgpu_types if addr is None or t.gpu == addr), inv)
-        if _query_flag(req.query, "available"):
-            entries = [e for e in entries if e["available_instances"] > 0]
-        return json_answer(types_doc(entries))
+        # the one builder `vgpuhost types` calls too: the vGPU-mode cap and MIG on demand included
+        doc, _notes = types_listing(agent.host, inv, addr, available=_query_flag(req.query, "available"),
+                                    store=agent.store)
+        return json_answer(doc)
     return build
 
 
 def get_types(agent: Agent, req: Request) -> Text:
-    """``GET /v1/types``: built once per snapshot and query (an unknown GPU's refusal is not kept)."""
-    return agent.cached("types", _types_key(req), _types_doc(req))
+    """``GET /v1/types``: :func:`vgpuhost.present.inventory.types_listing`'s document, as ``vgpuhost --json
+    types`` prints it; built once per snapshot, state store content and query (an unknown GPU's refusal is
+    not kept).  Besides the snapshot it reads NVML (vGPU modes, an opted-in GPU's MIG state), the VFs'
+    placement ids and the store's opt-ins: vgpuhost's changes of those are audited in the store (its change
+    counter keys the answer) or change a VF's type (the snapshot's fingerprint)."""
+    return agent.cached("types", _types_key(req), _types_doc(agent, req), store=True)
 
 
 def _capacity_doc(agent: Agent, tenant: Optional[str]):
@@ -610,9 +614,18 @@ def _capacity_answer(agent: Agent, req: Request):
                            store=True)
         profile = req.query.get("profile")
         if profile:
-            doc = dict(doc, profiles=[p for p in doc["profiles"] if p["profile"].lower() == profile.lower()])
+            doc = dict(doc, profiles=_profile_rows(doc, profile))
         return json_answer(doc)
     return build
+
+
+def _profile_rows(doc: Dict[str, Any], profile: str) -> List[Dict[str, Any]]:
+    """The capacity document's rows of ``profile`` (any case); InputError, as ``vgpuhost capacity --profile``
+    refuses it, when no GPU here offers it (trial 8 T8: not 200 with no rows)."""
+    rows = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
+    if not rows:
+        raise InputError(f"no GPU here offers {profile[:80]!r}", hint="GET /v1/types lists the profiles")
+    return rows
 
 
 def capacity_doc(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -622,7 +635,7 @@ def capacity_doc(agent: Agent, req: Request) -> Dict[str, Any]:
     doc = copy.deepcopy(doc)
     profile = req.query.get("profile")
     if profile:
-        doc["profiles"] = [p for p in doc["profiles"] if p["profile"].lower() == profile.lower()]
+        doc["profiles"] = _profile_rows(doc, profile)
     return doc
 
 
@@ -641,7 +654,7 @@ def cached_read(agent: Agent, route: "Route", req: Request) -> Optional[Text]:
         return agent.peek("capacity", _capacity_key(req), store=True)
     if route.handler is get_types:
         try:
-            return agent.peek("types", _types_key(req))
+            return agent.peek("types", _types_key(req), store=True)
         except InputError:
             return None
     if route.handler is get_inventory:

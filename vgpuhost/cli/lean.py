@@ -111,51 +111,20 @@ def match(argv: List[str]) -> Optional[Callable[[], str]]:
 
 
 def types_output(ctx: Context, gpu: Optional[str], available: bool) -> Tuple[dict, str]:
-    """``vgpuhost types``: the ``vgpuhost.types/v1`` document and the table (or "no vGPU types")."""
+    """``vgpuhost types``: the ``vgpuhost.types/v1`` document and the table (or "no vGPU types") with its
+    notes, as :func:`vgpuhost.present.inventory.types_listing` builds them (the agent's ``GET /v1/types``
+    calls it too, on its snapshot)."""
     from .context import parse_gpu_option
-    from .output import aggregate_types, types_doc, types_table
+    from ..present.inventory import types_listing
+    from .output import types_table
     parse_gpu_option(ctx, None, gpu)          # a bad BDF fails before the host is read
     # GPUs, their types and vGPUs: no /proc, no other devices; no NVML (a GPU lost and not recorded yet
     # still lists its types here: capacity, placement and the exporter ask NVML)
     inv = ctx.inventory(scope="vgpu", nvml_lost=False)
     addr = parse_gpu_option(ctx, inv, gpu)
-    made_note = []
-    from ..io.files import exists
-    if any(g.vfs or g.mdev_parents for g in inv.gpus) and exists(f"{ctx.host.s.state_dir}/mig-on-demand"):
-        # a GPU may be opted in to MIG on demand (ops.migdemand.HINT_FILE): only then is the store read
-        # (the state directory as text: HostRoot.state_dir is a Path, and pathlib imports re, enum, urllib)
-        from ..io.state import StateStore
-        st = StateStore(ctx.host.state_dir, create=False)
-        if st.settings_under("mig.on-demand/"):
-            # MIG on demand: the GPU instances a start would make count (ops.migdemand.makeable)
-            from ..ops.migdemand import makeable
-            before = {(t.parent, t.name.lower()) for t in inv.vgpu_types if t.available_instances}
-            inv = makeable(ctx.host, st, inv)
-            made: Dict[str, List[str]] = {}
-            for t in inv.vgpu_types:
-                if t.available_instances and (t.parent, t.name.lower()) not in before \
-                        and t.name not in made.setdefault(str(t.gpu), []):
-                    made[str(t.gpu)].append(t.name)
-            made_note = [f"{g}: MIG on demand: AVAIL of {', '.join(n)} counts the GPU instances a start "
-                         "would make" for g, n in sorted(made.items()) if n and (addr is None or g == str(addr))]
-    limits_of = None
-    from ..observe.inventory import BACKEND_VENDOR_VFIO
-    if any(g.vfs and g.vgpu_backend == BACKEND_VENDOR_VFIO for g in inv.gpus):
-        # vendor VFIO lists a type on every free VF: the max in the GPU's mode (mixed-size: often lower)
-        # caps AVAIL, as placement counts it; NVML and the catalog only on such a host
-        from ..ops.vgpu import limits_lookup
-        limits_of = limits_lookup(ctx.host, inv)
-    entries = aggregate_types(inv.vgpu_types if addr is None else (t for t in inv.vgpu_types if t.gpu == addr), inv,
-                              limits_of)
-    if available:
-        entries = [e for e in entries if e["available_instances"] > 0]
-    text = types_table(entries) if entries else "no vGPU types"
-    notes = [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus if addr is None or g.address == addr
-             for u in g.unreadable]        # its types are unknown, not absent
-    notes += [f"{g}: out of service ({why}): none available" for g, why in sorted(inv.out_of_service.items())
-              if addr is None or g == addr]       # unhealthy or cordoned (docs/guide/failures.md)
-    notes += made_note
-    return types_doc(entries), "\n".join([text] + notes)
+    doc, notes = types_listing(ctx.host, inv, addr, available=available)
+    text = types_table(doc["types"]) if doc["types"] else "no vGPU types"
+    return doc, "\n".join([text] + notes)
 
 
 def gpus_output(ctx: Context) -> Tuple[dict, str]:
