@@ -351,3 +351,31 @@ def test_sigterm_ends_a_hook_call_waiting_for_its_gpus_lock_undone_and_the_hook_
     assert store.journal_entries(open_only=True) == []
     assert agent.write_lock.acquire(timeout=0)          # nothing runs: the stop's wait is over at once
     agent.write_lock.release()
+
+
+def test_a_change_taking_the_write_lock_back_goes_before_changes_not_started():
+    """Under a storm of starts on one GPU, the change that lent the lock holds that GPU's file lock: it must
+    get the write lock when the holder lets it go, not after whichever new start wins the race."""
+    lock = api.WriteLock()
+    assert lock.acquire() and lock.locked()
+    got = []
+
+    def new(i):
+        with lock:
+            got.append(f"new{i}")
+
+    def back():
+        lock.take_back()
+        got.append("back")
+        lock.release()
+    waiting = [_Call(lambda: new(1)), _Call(lambda: new(2))]
+    _until(lambda: len(lock._new._waiters) == 2)
+    waiting.append(_Call(back))
+    _until(lambda: len(lock._back._waiters) == 1)
+    assert not lock.acquire(timeout=0) and not lock.acquire(blocking=False)
+    lock.release()
+    for c in waiting:
+        c.join(DEADLINE_S)
+        assert not c.is_alive() and c.error is None, c.error
+    assert got[0] == "back" and sorted(got[1:]) == ["new1", "new2"]
+    assert not lock.locked() and lock.acquire(timeout=0)

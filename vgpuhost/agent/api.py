@@ -139,6 +139,82 @@ class Text(NamedTuple):
 EVERYTHING = None
 
 
+class WriteLock:
+    """The agent's write lock: one change at a time (:meth:`Agent.write`), lent by a change while it waits
+    long (:class:`vgpuhost.io.locks.lending`).  A change taking it back (:meth:`take_back`) goes before the
+    changes that have not started (:meth:`acquire`): it holds file locks those may be waiting for, and a
+    change waiting for a file lock lends this lock within ``LEND_AFTER_S``, so the lock comes back to it
+    then, never left to whichever new change wins the race (without that, under a storm of starts one
+    that held its GPU's lock could wait for this lock while each new start, waiting for that GPU's lock,
+    held it ``LEND_AFTER_S``).  ``acquire``/``release``/``locked``, and ``with lock:``, as
+    :class:`threading.Lock`."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._new = threading.Condition(self._mutex)       # changes not started
+        self._back = threading.Condition(self._mutex)      # changes taking it back
+        self._held = False
+        self._taking = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock for a change that has not started; False when not had within ``timeout`` seconds
+        (-1: no bound) or, with ``blocking`` false, at once."""
+        with self._mutex:
+            if not (self._held or self._taking):
+                self._held = True
+                return True
+            if not blocking:
+                return False
+            until = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+            while self._held or self._taking:
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    self._wake()            # the wake-up this waiter may have taken goes to another one
+                    return False
+                self._new.wait(left)
+            self._held = True
+            return True
+
+    def take_back(self) -> None:
+        """Take the lock back for a change that lent it (before the changes not started)."""
+        with self._mutex:
+            self._taking += 1
+            try:
+                while self._held:
+                    self._back.wait()
+            finally:
+                self._taking -= 1
+            self._held = True
+
+    def release(self) -> None:
+        with self._mutex:
+            if not self._held:
+                raise RuntimeError("release of the agent's write lock, which is not held")
+            self._held = False
+            self._wake()
+
+    def _wake(self) -> None:
+        """(under ``_mutex``) the next holder: a change taking the lock back, else one not started."""
+        if self._held:
+            return
+        if self._taking:
+            self._back.notify()
+        else:
+            self._new.notify()
+
+    def locked(self) -> bool:
+        with self._mutex:
+            return self._held
+
+    def __enter__(self) -> "WriteLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
+
+
 class Agent:
     """The agent's state: the host, its state store, the warm snapshot and the write lock.
 
@@ -156,7 +232,7 @@ class Agent:
         self.libvirt_uri = libvirt_uri
         self.store = StateStore(host.state_dir, create=True)
         self.watch = StoreWatch(self.store)
-        self.write_lock = threading.Lock()     # one change at a time, lent by one that waits long (write())
+        self.write_lock = WriteLock()          # one change at a time, lent by one that waits long (write())
         self._snap_lock = threading.Lock()     # the fields below
         self._build_lock = threading.Lock()    # one read of the host for the snapshot at a time
         self._inv = None
@@ -306,7 +382,7 @@ class Agent:
             try:
                 # a wait of fn's that outlasts locks.LEND_AFTER_S (a GPU's lock another operation holds, a
                 # remove the kernel blocks until its device is closed) lends the write lock until it is over
-                with locks.lending(self.write_lock.release, self.write_lock.acquire) as lender:
+                with locks.lending(self.write_lock.release, self.write_lock.take_back) as lender:
                     try:
                         result = fn()
                     finally:
