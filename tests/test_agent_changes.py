@@ -210,14 +210,37 @@ def test_a_blocked_remove_holds_up_only_its_own_gpu_and_the_snapshot_stays_the_h
     agent.write_lock.release()
 
 
-def test_changes_that_wait_for_nothing_long_keep_the_lock_to_themselves(host, writer):
-    """The ordinary path is unchanged: a remove the kernel makes at once lends nothing."""
-    agent = api.Agent(host)
-    agent.inventory()
-    for i in (1, 2):
-        assert _hook(agent, "prepare", i)["changed"] == [_mdev(i)]
-        assert _hook(agent, "release", i)["changed"] == [_mdev(i)]
-    assert agent.lent == 0 and not list(host.mdev_devices.iterdir())
+def test_a_wait_answered_within_its_first_part_lends_nothing_and_a_longer_one_lends_once():
+    """io.locks.wait_long: the ordinary write (answered within LEND_AFTER_S) hands nothing over; one that is
+    not lends once for the rest of its wait, and the lock is taken back whatever ended it."""
+    calls = []
+    lender = locks.lending(lambda: calls.append("lend"), lambda: calls.append("take"))
+    asked = []
+
+    def at_once(t):
+        asked.append(t)
+        return "answer"
+    with lender:
+        assert locks.wait_long(at_once, 20.0) == "answer"
+    assert calls == [] and lender.lent == 0 and asked == [locks.LEND_AFTER_S]
+    answers = iter([None, "late"])
+
+    def later(t):
+        asked.append(t)
+        assert calls == (["lend"] if len(asked) > 2 else [])
+        return next(answers)
+    with lender:
+        assert locks.wait_long(later, 20.0) == "late"
+    assert calls == ["lend", "take"] and lender.lent == 1 and asked[1] == locks.LEND_AFTER_S and 0 < asked[2] <= 20.0
+
+    def fails(t):
+        if t == locks.LEND_AFTER_S:
+            return None
+        raise OSError("the wait failed")
+    with lender, pytest.raises(OSError):
+        locks.wait_long(fails, 20.0)
+    assert calls == ["lend", "take", "lend", "take"] and lender.lent == 2
+    assert locks.wait_long(at_once, 20.0) == "answer" and calls[-1] == "take"      # no lender: nothing lent
 
 
 # ---------------------------------------------------------------------------
