@@ -139,6 +139,82 @@ class Text(NamedTuple):
 EVERYTHING = None
 
 
+class WriteLock:
+    """The agent's write lock: one change at a time (:meth:`Agent.write`), lent by a change while it waits
+    long (:class:`vgpuhost.io.locks.lending`).  A change taking it back (:meth:`take_back`) goes before the
+    changes that have not started (:meth:`acquire`): it holds file locks those may be waiting for, and a
+    change waiting for a file lock lends this lock within ``LEND_AFTER_S``, so the lock comes back to it
+    then, never left to whichever new change wins the race (without that, under a storm of starts one
+    that held its GPU's lock could wait for this lock while each new start, waiting for that GPU's lock,
+    held it ``LEND_AFTER_S``).  ``acquire``/``release``/``locked``, and ``with lock:``, as
+    :class:`threading.Lock`."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._new = threading.Condition(self._mutex)       # changes not started
+        self._back = threading.Condition(self._mutex)      # changes taking it back
+        self._held = False
+        self._taking = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock for a change that has not started; False when not had within ``timeout`` seconds
+        (-1: no bound) or, with ``blocking`` false, at once."""
+        with self._mutex:
+            if not (self._held or self._taking):
+                self._held = True
+                return True
+            if not blocking:
+                return False
+            until = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+            while self._held or self._taking:
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    self._wake()            # the wake-up this waiter may have taken goes to another one
+                    return False
+                self._new.wait(left)
+            self._held = True
+            return True
+
+    def take_back(self) -> None:
+        """Take the lock back for a change that lent it (before the changes not started)."""
+        with self._mutex:
+            self._taking += 1
+            try:
+                while self._held:
+                    self._back.wait()
+            finally:
+                self._taking -= 1
+            self._held = True
+
+    def release(self) -> None:
+        with self._mutex:
+            if not self._held:
+                raise RuntimeError("release of the agent's write lock, which is not held")
+            self._held = False
+            self._wake()
+
+    def _wake(self) -> None:
+        """(under ``_mutex``) the next holder: a change taking the lock back, else one not started."""
+        if self._held:
+            return
+        if self._taking:
+            self._back.notify()
+        else:
+            self._new.notify()
+
+    def locked(self) -> bool:
+        with self._mutex:
+            return self._held
+
+    def __enter__(self) -> "WriteLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
+
+
 class Agent:
     """The agent's state: the host, its state store, the warm snapshot and the write lock.
 
@@ -157,7 +233,7 @@ class Agent:
         self.libvirt_uri = libvirt_uri
         self.store = StateStore(host.state_dir, create=True)
         self.watch = StoreWatch(self.store)
-        self.write_lock = threading.Lock()
+        self.write_lock = WriteLock()          # one change at a time, lent by one that waits long (write())
         self._snap_lock = threading.Lock()     # the fields below
         self._build_lock = threading.Lock()    # one read of the host for the snapshot at a time
         self._inv = None
@@ -166,6 +242,7 @@ class Agent:
         self._pending: set = set()             # GPUs the agent's writes touched since the snapshot was read
         self._pending_all = False              # a write whose devices are not known: read the whole host
         self._accounted: Optional[tuple] = None    # the host's fingerprint as the agent last knew it
+        self._base = 0                         # moves when a whole read installs _accounted anew (_after_write)
         self._placed: Dict[str, PciAddress] = {}   # vGPU id -> its GPU, for those made since the snapshot
         self._docs: Dict[tuple, Any] = {}
         self._building: Dict[tuple, threading.Event] = {}    # documents being built now, by their key
@@ -177,6 +254,7 @@ class Agent:
         self.scans = 0
         self.refreshes = 0
         self.cache_hits = 0
+        self.lent = 0                           # waits of changes that lent the write lock (write())
         self.recovered: Dict[str, Any] = {}     # what recovery at start did (server.recover_at_start)
         self.metering = None                    # agent/metrics.AgentMetering when metering runs
         self.metering_off = "metering is off (--metering-interval 0)"
@@ -266,6 +344,8 @@ class Agent:
 
     def _install(self, inv, key, accounted):
         """(under ``_snap_lock``) the new snapshot and its version."""
+        if accounted is not self._accounted:
+            self._base += 1
         self._inv, self._key, self._accounted = inv, key, accounted
         self._version += 1
         with self._docs_lock:
@@ -280,6 +360,12 @@ class Agent:
     def write(self, fn: Callable[[], Any], changed: Optional[Callable[[Any], List[str]]] = None) -> Any:
         """Run one change under the agent's write lock; the snapshot is then due for a refresh.
 
+        The agent's changes run one at a time, but a change that waits long (:func:`vgpuhost.io.locks.lending`:
+        past ``LEND_AFTER_S``, for a lock another operation holds, or for a remove the kernel blocks while
+        its device is open, up to ``VGPUHOST_REMOVE_TIMEOUT_S``) lends the write lock for the rest of that
+        wait, keeping the file locks it holds, and takes it back before it goes on: the other changes run
+        meanwhile under their own file locks, as the one-shot hook's processes do, and only those that need
+        a lock it holds wait for it (trial 7 F8).  ``lent`` counts such waits.
         ``changed``: the devices (vGPU ids, GPU or VF addresses) the change's result names as changed;
         only their GPUs are read again, when the host's fingerprint moved by no more than they explain
         (another tool's change meanwhile: the whole host).  None, an error or an unknown device: the
@@ -297,7 +383,15 @@ class Agent:
                     self._owed += 1
             names = None
             try:
-                result = fn()
+                # a wait of fn's that outlasts locks.LEND_AFTER_S (a GPU's lock another operation holds, a
+                # remove the kernel blocks until its device is closed) lends the write lock until it is over
+                with locks.lending(self.write_lock.release, self.write_lock.take_back) as lender:
+                    try:
+                        result = fn()
+                    finally:
+                        if lender.lent:
+                            with self._snap_lock:
+                                self.lent += lender.lent
                 names = changed(result) if changed is not None else None
                 return result
             finally:
@@ -343,11 +437,17 @@ class Agent:
 
     def _after_write(self, names: Optional[List[str]]) -> None:
         """Mark the GPUs holding ``names`` due for a refresh when the host's fingerprint moved, since the
-        agent last knew it, by no more than their devices explain; else (or ``names`` None) the whole host."""
+        agent last knew it, by no more than their devices explain; else (or ``names`` None) the whole host.
+
+        Under the write lock, one write at a time; a change that lent the lock (:meth:`write`) and has not
+        ended may have moved the host meanwhile: unexplained here, that makes the whole host due.
+        ``_accounted`` moves only from the value this write compared with: a whole read installed meanwhile
+        by a reader (``_base`` moved) makes the whole host due too, never a fingerprint the snapshot does
+        not match taken as known."""
         gpus = None
         after = None
         with self._snap_lock:
-            inv, accounted = self._inv, self._accounted
+            inv, accounted, base = self._inv, self._accounted, self._base
         if names is not None and inv is not None and accounted is not None:
             try:
                 gpus = self._gpus_of(inv, names)
@@ -357,7 +457,7 @@ class Agent:
             except Exception:       # an unreadable host: the whole read says why, at the next request
                 gpus = None
         with self._snap_lock:
-            if gpus is None:
+            if gpus is None or base != self._base:
                 self._pending_all = True
             else:
                 self._pending |= gpus
@@ -843,14 +943,23 @@ def _hook_pooled(agent: Agent, req: Request, act: str) -> Dict[str, Any]:
         def run():
             return devices.release(agent.host, view, actor=actor, store=agent.store)
     def in_time():
-        if deadline is None:
-            return run()
-        if time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             raise TransientError(f"the hook's client stopped waiting ({waits} s) before the agent could start "
                                  f"the {act} of this domain: nothing was changed",
                                  hint="see what held the agent (GET /v1/agent, the audit log); start it again")
-        with locks.deadline(deadline):
-            return run()
+        # SIGTERM while this call waits for a lock (another operation holds its GPU; the agent's write lock
+        # lent meanwhile, Agent.write): the wait ends, what the call made is undone as at its deadline, and
+        # the hook does the work itself (503), as for a call that came after SIGTERM; one that waits for no
+        # lock ends whole within the stop's wait
+        scope = locks.deadline(deadline if deadline is not None else float("inf"), cancelled=lambda: agent.stopping)
+        try:
+            with scope:
+                return run()
+        except VgpuhostError as e:
+            if not scope.gave_up:
+                raise
+            raise Stopping(f"the agent is stopping: it gave up the {act} of this domain while it waited for a "
+                           f"lock ({e.message})", hint="the hook does the work itself") from None
     changed = agent.write(in_time, changed=_names)
     return {"schema": SCHEMA_HOOK, "operation": act, "domain": view.uuid, "name": view.name or libvirt_name,
             "changed": [str(c) for c in changed]}

@@ -1,8 +1,9 @@
 """The capacity reconciler in the agent: :func:`vgpuhost.ops.rebalance.rebalance` every ``interval_s``.
 
 Owns: :class:`AgentRebalancer` (one daemon thread; each run one of the agent's changes, under its
-write lock, so it never interleaves with a change the agent serves, none starts once the agent is
-stopping, and the agent's snapshot is read again for the GPUs moved) and
+write lock, so it never interleaves with a change the agent serves but one that lent that lock while
+it waits long (:meth:`vgpuhost.agent.api.Agent.write`: it holds its file locks), none starts once the
+agent is stopping, and the agent's snapshot is read again for the GPUs moved) and
 :func:`start`, which reads the reconciler's config (``<root>/etc/vgpuhost/rebalance.yaml``) and starts
 it only when the config turns it on (``agent: {enabled: true, interval_s: S}``).  Must not: decide
 or change anything itself (ops does), or stop the agent for a failed run (it is logged, the next

@@ -5,7 +5,8 @@ and may this caller change the host through it? then send the request
 and return its document) and turning the agent's error document back into
 the CLI's one line and exit code (:class:`AgentError`).  With the agent
 up, concurrent users serialise in one place (the agent's write lock, on
-top of the file locks every path takes).  With it down, with the global
+top of the file locks every path takes; lent by a change while it waits
+long for one of those locks or a blocked remove).  With it down, with the global
 ``--local`` option, or with ``VGPUHOST_AGENT=off``, the command does the
 work itself.  Commands that forward: vgpu create/remove, reconcile, apply,
 passthrough prepare/release, attach/detach, tenant add/set/remove (each

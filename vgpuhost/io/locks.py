@@ -2,7 +2,11 @@
 
 Owns: serialising operations on one IOMMU group or one GPU across the CLI,
 the hook and boot units (fcntl ``flock``; released when the process dies, so
-a crash never leaves a stale lock).  Must not: know what is being locked.
+a crash never leaves a stale lock); a thread's deadline for its waits
+(:class:`deadline`), and what a thread lends while it waits long
+(:class:`lending`: the agent's write lock, while one of its changes waits
+for a lock held elsewhere or a write the kernel blocks).  Must not: know
+what is being locked.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from ..model.errors import HostEnvironmentError, TransientError
 from .hostroot import plain_path
 
 DEFAULT_TIMEOUT_S = 120.0
+#: seconds a wait may take before the thread lends what it holds for others (:class:`lending`): longer than
+#: a lock held by an ordinary operation's step or a write the kernel makes at once, short beside the waits it
+#: is for (a lock an operation holds while the kernel blocks its remove, up to that remove's bound)
+LEND_AFTER_S = 0.25
 
 #: this thread's deadline (``time.monotonic()``) for every lock it waits for, set by :func:`deadline`
 #: (``_thread._local``: the hook's path imports no threading)
@@ -24,22 +32,97 @@ _local = _thread._local()
 
 
 class deadline:
-    """``with deadline(t):`` no lock this thread waits for in the block waits past ``t``
-    (``time.monotonic()`` seconds): the agent's hook calls end when the hook's client stops waiting."""
+    """``with deadline(t) as scope:`` no lock this thread waits for in the block waits past ``t``
+    (``time.monotonic()`` seconds): the agent's hook calls end when the hook's client stops waiting.
+    ``cancelled``: a callable asked while a lock is waited for; once it returns true the wait ends as
+    at ``t`` (TransientError) and ``scope.gave_up`` is True (the agent stopping: a hook call waiting for
+    a GPU's lock gives up, and the hook does the work itself); one wait only: the later ones in the block
+    (the rollback of what the call made) wait as before."""
 
-    __slots__ = ("t", "before")
+    __slots__ = ("t", "before", "cancelled", "gave_up", "outer")
 
-    def __init__(self, t: float):
+    def __init__(self, t: float, cancelled=None):
         self.t = t
         self.before = None
+        self.cancelled = cancelled
+        self.gave_up = False
+        self.outer = None
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "deadline":
         self.before = getattr(_local, "deadline", None)
+        self.outer = getattr(_local, "scope", None)
         _local.deadline = self.t
+        _local.scope = self
+        return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         _local.deadline = self.before
+        _local.scope = self.outer
         return False
+
+
+class lending:
+    """``with lending(lend, take):`` while this thread waits long in the block, what it holds for others is
+    lent: ``lend()`` is called once a wait has lasted :data:`LEND_AFTER_S` (a lock another operation holds,
+    :func:`file_lock`; a bounded write the kernel has not returned, :func:`wait_long`) and ``take()`` when
+    that wait is over, before the thread goes on (``take`` may wait; it is called whatever ended the wait).
+    The agent lends its write lock so: its other changes run meanwhile, each under its own file locks, as
+    the one-shot hook's processes do, while the lending change keeps the file locks it holds.  A wait
+    inside a lent one lends nothing more.  ``lent``: the waits that lent, in all."""
+
+    __slots__ = ("lend", "take", "before", "out", "lent")
+
+    def __init__(self, lend, take):
+        self.lend = lend
+        self.take = take
+        self.before = None
+        self.out = False            # lent now
+        self.lent = 0
+
+    def __enter__(self) -> "lending":
+        self.before = getattr(_local, "lender", None)
+        _local.lender = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _local.lender = self.before
+        return False
+
+
+def _lend() -> "lending | None":
+    """Lend what this thread's :class:`lending` holds (None when there is none, or it is lent already: the
+    caller then takes nothing back)."""
+    lender = getattr(_local, "lender", None)
+    if lender is None or lender.out:
+        return None
+    lender.lend()
+    lender.out = True
+    lender.lent += 1
+    return lender
+
+
+def _take_back(lender: "lending | None") -> None:
+    if lender is not None:
+        lender.out = False
+        lender.take()
+
+
+def wait_long(wait, timeout_s: float):
+    """``wait(t)`` (waits at most ``t`` seconds; None when nothing came) for at most ``timeout_s`` seconds in
+    all; past :data:`LEND_AFTER_S`, with what this thread's :class:`lending` holds lent for the rest.  What
+    ``wait`` returned last."""
+    lender = getattr(_local, "lender", None)
+    if lender is None or lender.out or timeout_s <= LEND_AFTER_S:
+        return wait(timeout_s)
+    until = time.monotonic() + timeout_s
+    got = wait(LEND_AFTER_S)
+    if got is not None:
+        return got
+    lent = _lend()
+    try:
+        return wait(max(0.0, until - time.monotonic()))
+    finally:
+        _take_back(lent)
 
 
 def time_left() -> "float | None":
@@ -103,31 +186,47 @@ def _take_lock(state_dir: "str | os.PathLike[str]", name: str, *, timeout_s: flo
         raise HostEnvironmentError(f"cannot create lock {name!r} in {str(ldir)!r}: {e.strerror}",
                                    hint="pass --state-dir DIR to a writable directory") from None
     try:
-        start = time.monotonic()
-        until = start + timeout_s
-        bound = getattr(_local, "deadline", None)
-        if bound is not None and bound < until:
-            until = bound
-        delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= until:
-                    raise TransientError(
-                        f"another vgpuhost operation has held lock {name!r} for over "
-                        f"{time.monotonic() - start:.0f} s",
-                        hint="wait for it to finish, or find it with: fuser -v "
-                             f"{path}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+        _wait_for(fd, name, path, timeout_s)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _wait_for(fd: int, name: str, path: str, timeout_s: float) -> None:
+    """``flock`` ``fd`` (the lock file ``path``, the lock ``name``), polling until :func:`_take_lock`'s bound;
+    past :data:`LEND_AFTER_S`, with what this thread's :class:`lending` holds lent until the wait is over."""
+    start = time.monotonic()
+    until = start + timeout_s
+    bound = getattr(_local, "deadline", None)
+    if bound is not None and bound < until:
+        until = bound
+    delay = 0.001
+    lent = None
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            scope = getattr(_local, "scope", None)
+            if scope is not None and scope.cancelled is not None and scope.cancelled():
+                scope.gave_up, scope.cancelled = True, None     # the rollback's own waits are not given up
+                raise TransientError(f"stopped waiting for lock {name!r}: the caller gave up",
+                                     hint="nothing was done under it; try again") from None
+            now = time.monotonic()
+            if now >= until:
+                raise TransientError(
+                    f"another vgpuhost operation has held lock {name!r} for over {now - start:.0f} s",
+                    hint=f"wait for it to finish, or find it with: fuser -v {path}") from None
+            if lent is None and now - start >= LEND_AFTER_S:
+                lent = _lend()
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    finally:
+        _take_back(lent)
 
 
 file_lock.__wrapped__ = _take_lock

@@ -75,7 +75,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import __version__
 from .hostroot import HostRoot
-from .locks import time_left
+from .locks import time_left, wait_long
 from .sysfs import UNANSWERED, Sysfs, _write_once, set_bounded_writer
 from .vfioholders import DEADLINE_MARGIN_S
 
@@ -203,7 +203,9 @@ class Writer:
             os.write(self.proc.stdin.fileno(), request)     # a line of a few hundred bytes: one write(2)
         except (BrokenPipeError, ConnectionResetError):
             return UNSENT
-        line = self._line(time.monotonic() + max(0.0, timeout_s))
+        # a write the kernel blocks (an mdev remove while its device is open) may wait up to its bound: past
+        # LEND_AFTER_S this thread lends what it holds (the agent's write lock: its other changes go on)
+        line = wait_long(lambda t: self._line(time.monotonic() + max(0.0, t)), max(0.0, timeout_s))
         if line is None:
             return None
         if line == UNABLE:

@@ -687,9 +687,13 @@ def _write_detached(kernel, path: str, value: str, timeout_s: float) -> Optional
             os._exit(0)
     os.close(w)
     import select           # here: a C module (dlopen) only a bounded write needs (0.2 ms a prepare; `types` never)
+    from .locks import wait_long
+
+    def answered(t: float) -> Optional[bool]:
+        return True if select.select([r], [], [], max(0.0, t))[0] else None
     try:
-        ready, _, _ = select.select([r], [], [], max(0.0, timeout_s))
-        if not ready:
+        # past LEND_AFTER_S this thread lends what it holds (the agent's write lock) for the rest of the wait
+        if not wait_long(answered, max(0.0, timeout_s)):
             _abandoned.append(pid)
             return None
         data = os.read(r, 32)
