@@ -71,6 +71,8 @@ class Admitting:
     def __init__(self, granted: List[Granted]):
         self.granted = {g.device: g for g in granted}
         self.gpus: Dict[str, str] = {}
+        #: device admitted -> the id the device was made under, where they differ (:meth:`made`)
+        self.renamed: Dict[str, str] = {}
 
     def allowed_gpus(self, device: str, allowed: Optional[frozenset]) -> Optional[frozenset]:
         """The GPUs placement may use for ``device``: its admission candidates, narrowed by ``allowed``."""
@@ -105,8 +107,13 @@ class Admitting:
         (:class:`vgpuhost.ops.tenancy._Enforced`)."""
         return error
 
-    def made(self, device: str, gpu: Optional[str]) -> None:
-        """``device`` exists now on ``gpu`` (recorded when the block ends without an error)."""
+    def made(self, device: str, gpu: Optional[str], made_as: Optional[str] = None) -> None:
+        """``device`` exists now on ``gpu`` (recorded when the block ends without an error); ``made_as``: the
+        id it was made under when not ``device`` (a vGPU admitted under a UUID and made on vendor VFIO, where
+        its VF names it: a tenant's allocate), which its allocation row then takes."""
+        if made_as and made_as != device:
+            self.renamed[device] = made_as
+            device = made_as
         if gpu:
             self.gpus[device] = gpu
 
@@ -140,18 +147,24 @@ def unenforced(store: StateStore, view: DomainView, inv: Inventory,
     return out
 
 
-def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted], gpus: Mapping[str, str]) -> None:
+def record_allocations(store: StateStore, owner: str, granted: Sequence[Granted], gpus: Mapping[str, str],
+                       renamed: Optional[Mapping[str, str]] = None) -> None:
     """Record the allocations of devices ``owner`` now holds (``gpus``: device -> the GPU it went to; a vGPU
-    not named there is looked up in the records)."""
+    not named there is looked up in the records; ``renamed``: device admitted -> the id it was made under,
+    :attr:`Admitting.renamed`, which the row takes)."""
     if not granted:
         return
+    renamed = renamed or {}
     gpus = dict(gpus)
-    if any(gr.device not in gpus for gr in granted):
+    if any(renamed.get(gr.device, gr.device) not in gpus for gr in granted):
         for r in store.vgpu_records(owner=owner):
             gpus.setdefault(r.id, r.gpu)
     with store.transaction() as conn:
+        if renamed:     # the row admission wrote under the admitted id goes: the device's own id replaces it
+            store.delete_allocations(conn, devices=list(renamed), of_owner=owner)
         for gr in granted:
-            a = adm.allocation(gr.device, owner, gpus.get(gr.device) or gr.decision.gpu or "", gr.demand,
+            device = renamed.get(gr.device, gr.device)
+            a = adm.allocation(device, owner, gpus.get(device) or gr.decision.gpu or "", gr.demand,
                                gr.decision)
             store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
                                         a.mig_slices, a.qos, int(a.burst)))
@@ -184,6 +197,6 @@ class _Unenforced:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None and self.granted is not None:
-            record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
+            record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus, self.box.renamed)
         return False
 

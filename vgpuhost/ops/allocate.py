@@ -18,7 +18,7 @@ from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
 from ..model.concepts import PlacementStrategy
 from ..model.errors import RefusedError
 from ..model.values import PciAddress
-from ..observe.inventory import Inventory
+from ..observe.inventory import BACKEND_VENDOR_VFIO, Inventory
 from . import tenancy, vgpu
 
 
@@ -51,9 +51,16 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
     # that tenant's quota rather than running as no tenant's
     binding = store.binding(owner.lower()) or (owner.lower(), tenant, None, actor or "agent", "")
 
-    def make(at, dry: bool):
-        return vgpu.create(host, store, profile=profile, gpu=at, uuid=vid, strategy=strategy, owner=owner,
-                           anti_affinity=anti_affinity, dry_run=dry, actor=actor, allowed_gpus=allowed)
+    def make(at, dry: bool, inv: Inventory):
+        # admitted under the UUID ``vid``; on a vendor-VFIO GPU a vGPU has no UUID (its VF names it: the
+        # VF placement takes), so it is made without one and its allocation takes the VF (trial 8 retest R0)
+        g = inv.gpu(at) if at is not None else None
+        vfio = g is not None and g.vgpu_backend == BACKEND_VENDOR_VFIO
+        if vfio and uuid is not None:
+            raise RefusedError(f"vgpu_uuid {uuid} names an mdev, but GPU {at} makes vGPUs on vendor VFIO, where "
+                               "a VF names each", hint="omit vgpu_uuid: the answer's id is the VF the vGPU is on")
+        return vgpu.create(host, store, profile=profile, gpu=at, uuid=None if vfio else vid, strategy=strategy,
+                           owner=owner, anti_affinity=anti_affinity, dry_run=dry, actor=actor, allowed_gpus=allowed)
 
     def refuse(line: str, hint: str):
         if not dry_run:
@@ -81,12 +88,12 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
                                                allowed=allowed,
                                                limits_for=limits_for, policies=policies)
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
-            return make(at, True)
+            return make(at, True, inv)
         with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for, policies=policies,
                                binding=binding) as box:
             try:
-                out = make(box.placed_gpu(vid) or gpu, False)
+                out = make(box.placed_gpu(vid) or gpu, False, inv)
             except RefusedError as e:
                 raise box.refused(vid, e) from None
-            box.made(vid, out.gpu)
+            box.made(vid, out.gpu, made_as=out.id)
         return out

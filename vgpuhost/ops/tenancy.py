@@ -1169,7 +1169,7 @@ class _AdmittingBlock:
         if self.granted is None:
             return False
         if exc_type is None:
-            record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus)
+            record_allocations(self.store, self.view.uuid, self.granted, self.box.gpus, self.box.renamed)
         elif self.rows:
             try:
                 void_admitted(self.store, self.view.uuid, self.rows, exc, self.before)
