@@ -591,3 +591,50 @@ def test_a_local_mixed_size_mode_change_makes_the_agent_read_the_host_again(tmp_
     assert agent.inventory() == _fresh(host) and agent.scans == 2
     agent.inventory()
     assert agent.scans == 2
+
+
+def test_the_agents_own_mig_on_demand_start_re_reads_its_gpu_not_the_whole_host(make_host):
+    """Trial 8 retest R1: the GPU instance a start makes on demand through the agent moves the driver-state
+    token; the agent's own write names its GPU, so that GPU alone is read again (no whole read), and the
+    snapshot is still the host.  Another process's token write is never taken as the agent's."""
+    from test_mig_ondemand import H200, gis, vfs, vm_xml
+    from vgpuhost.cli.main import main
+    from vgpuhost.io.changes import DRIVER_TOKEN, note_driver_change
+    host = make_host("h200-mig-on")
+    assert main(["--root", str(host.root), "--local", "mig", "on-demand", "--gpu", str(H200), "on"]) == 0
+    agent = api.Agent(host)
+    agent.inventory()
+    scans = agent.scans
+    vf = sorted(vfs(host))[0]
+    xml = vm_xml("od1", _uuid(1), "H200X-1-18C", vf)
+    out = api._hook(agent, api.Request({}, {}, {"xml": xml, "name": "od1"}, "test", 1), "prepare")
+    assert out["changed"] and len(gis(host)) == 1                # the vGPU and its instance made on demand
+    agent.warm_up()
+    assert agent.scans == scans and agent.inventory() == _fresh(host)      # its GPU read again, not the host
+    # the same token moved by another process (its own write, a --local change): a whole read
+    token = (host.state_dir / DRIVER_TOKEN).read_text()
+    note_driver_change(host, str(H200))
+    from vgpuhost.io import changes
+    with changes._OWN_LOCK:                                      # as if another process had written it
+        changes._OWN.clear()
+    assert (host.state_dir / DRIVER_TOKEN).read_text() != token
+    agent.inventory()
+    assert agent.scans == scans + 1
+
+
+def test_the_driver_token_is_never_read_through_a_link_or_from_a_device(make_host):
+    """Trial 8 retest R3: a token that is a symbolic link (to /dev/urandom: a new value at every read, a whole
+    read of the host per request) reads as none, and so does one that is not a regular file."""
+    from vgpuhost.io.changes import DRIVER_TOKEN, fingerprint
+    host = make_host("a40-mdev")
+    path = host.state_dir / DRIVER_TOKEN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/urandom")
+    assert fingerprint(host)[4] == "" and fingerprint(host) == fingerprint(host)
+    path.unlink()
+    path.mkdir()
+    assert fingerprint(host)[4] == ""
+    path.rmdir()
+    path.write_text("abc\n")
+    assert fingerprint(host)[4] == "abc"

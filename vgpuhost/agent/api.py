@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from .. import __version__
 from ..hook.runtime import released_domain
 from ..io import locks, residentwriter
-from ..io.changes import fingerprint
+from ..io.changes import fingerprint, own_changes
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore, StoreWatch
 from ..io.sysfs import Sysfs
@@ -497,9 +497,13 @@ class Agent:
     def _explained(inv, before: tuple, after: tuple, gpus: set, names: List[str]) -> bool:
         """Whether what moved in the fingerprint between ``before`` and ``after`` is all on ``gpus``:
         mdevs, driver bindings and VF types of their devices, or the devices ``names``.  A moved
-        driver-state token (a MIG or vGPU-mode change, on a GPU it does not name) never is."""
+        driver-state token is only when this process's own token writes moved it, each naming one of
+        ``gpus`` (its MIG on demand, :func:`vgpuhost.io.changes.own_changes`); another process's (a MIG or
+        vGPU-mode change) never is."""
         if before[4:] != after[4:]:
-            return False
+            moved = own_changes(before[4], after[4])
+            if moved is None or not moved <= {str(g) for g in gpus}:
+                return False
         mine = {n[6:] if n.startswith("claim:") else n for n in names}
         for g in gpus:
             part = gpu_part(inv, g)

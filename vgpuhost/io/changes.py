@@ -26,8 +26,11 @@ again on a fresh read of the host first (:func:`vgpuhost.ops.vgpu.create_vgpu`).
 
 from __future__ import annotations
 
+import fcntl
 import os
-from typing import Iterable, Tuple
+import stat
+from _thread import allocate_lock
+from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
 from .hostroot import HostRoot
 from .vgpudev import CURRENT_TYPE_ATTR, NVIDIA_DIR
@@ -52,6 +55,24 @@ def _read(path) -> str:
         return ""
     try:
         return os.read(fd, 256).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _read_token(path: str) -> str:
+    """The driver-state token at ``path``: a regular file's first 64 bytes, never through a symbolic link
+    (O_NOFOLLOW: a link to a device such as /dev/urandom would move the token at every read, and with it
+    a whole read of the host per request: trial 8 retest R3); "" for none or anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 64).decode("ascii", "replace").strip()
     except OSError:
         return ""
     finally:
@@ -105,11 +126,37 @@ def fingerprint(host: "HostRoot", vfs: "Iterable[str]" = ()) -> tuple:
         _listing(host.s.pci_driver("vfio-pci")),
         _listing(host.s.pci_driver("nvidia")),
         _read_all(base, [f"{vf}/{tail}" for vf in vfs]),
-        _read(f"{host.s.state_dir}/{DRIVER_TOKEN}"),
+        _read_token(f"{host.s.state_dir}/{DRIVER_TOKEN}"),
     )
 
 
-def note_driver_change(host: "HostRoot") -> None:
+#: the tokens this process wrote: token -> (the token it replaced, the GPU its change was on, "" unknown);
+#: :func:`own_changes` follows them back (bounded: cleared when full, which then reads as another's change)
+_OWN: "Dict[str, Tuple[str, str]]" = {}
+_OWN_LOCK = allocate_lock()
+_OWN_MAX = 1024
+
+
+def own_changes(before: str, after: str) -> "Optional[FrozenSet[str]]":
+    """The GPUs (BDF text) of this process's own token writes that lead from token ``before`` to ``after``
+    (empty when they are equal); None when another process wrote one of them (or one is not known), or a
+    write did not name its GPU.  The agent explains a moved token by its own change on those GPUs alone
+    (a MIG on demand start re-reads its GPU, not the whole host: trial 8 retest R1)."""
+    gpus = set()
+    token = after
+    with _OWN_LOCK:
+        for _ in range(_OWN_MAX + 1):
+            if token == before:
+                return frozenset(gpus)
+            step = _OWN.get(token)
+            if step is None or not step[1]:
+                return None
+            token, gpu = step
+            gpus.add(gpu)
+    return None
+
+
+def note_driver_change(host: "HostRoot", gpu: str = "") -> None:
     """Rewrite the driver-state token (:data:`DRIVER_TOKEN` in ``host``'s state dir) with a value never
     used before, after an NVML write that changes what a GPU offers (made or failed: either may have
     moved the driver's state), so every :func:`fingerprint` taken before differs from those taken after.
@@ -119,15 +166,35 @@ def note_driver_change(host: "HostRoot") -> None:
     a token that cannot be written (no state dir) costs only the agent's notice of the change."""
     path = f"{host.s.state_dir}/{DRIVER_TOKEN}"
     tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}"
+    token = os.urandom(12).hex()
+    lock = None
     try:
+        # the token read and replaced under a lock of its own: the replaced token this process remembers is
+        # the one that stood just before, never one another process wrote between (own_changes)
+        lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except OSError:
+        if lock is not None:
+            os.close(lock)
+        lock = None
+    try:
+        before = _read_token(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
-            os.write(fd, (os.urandom(12).hex() + "\n").encode("ascii"))
+            os.write(fd, (token + "\n").encode("ascii"))
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        if lock is not None:        # unlocked, a write of another process may have come between: not ours
+            with _OWN_LOCK:
+                if len(_OWN) >= _OWN_MAX:
+                    _OWN.clear()
+                _OWN[token] = (before, gpu)
     except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+    finally:
+        if lock is not None:
+            os.close(lock)          # closing the descriptor releases the flock

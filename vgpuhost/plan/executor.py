@@ -217,7 +217,7 @@ class Executor:
                 # after the call, made or failed: a snapshot read before it is stale from here on (the
                 # agent's, whichever process made the change: trial 8 T1)
                 from ..io.changes import note_driver_change
-                note_driver_change(self.ctx.host)
+                note_driver_change(self.ctx.host, str(getattr(step, "gpu", None) or ""))
         self.ctx.outcome(row, 0)
         return result
 
