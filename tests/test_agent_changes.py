@@ -27,10 +27,10 @@ import time
 import pytest
 
 from test_hook import vgpu_domain
+from test_resident_writer import resident_writers
 from vgpuhost.agent import api
 from vgpuhost.cli.main import main as cli_main
-from vgpuhost.io import locks, sysfs
-from vgpuhost.io.residentwriter import Writers
+from vgpuhost.io import locks
 from vgpuhost.io.state import StateStore
 from vgpuhost.io.sysfs import Sysfs
 from vgpuhost.io.vfioholders import REMOVE_TIMEOUT_ENV
@@ -66,13 +66,8 @@ def writer(request):
     if request.param == "forked":
         yield None
         return
-    pool = Writers()
-    sysfs.set_bounded_writer(pool.write)
-    try:
+    with resident_writers() as pool:
         yield pool
-    finally:
-        sysfs.set_bounded_writer(None)
-        pool.close()
 
 
 def _uuid(i: int, head: str = "11111111") -> str:

@@ -34,14 +34,19 @@ def _raw(path: str, data: bytes) -> bytes:
     s = unixsock.connect(path, 30)
     try:
         s.sendall(data)
-        answer = b""
-        while True:
-            chunk = s.recv(1 << 16)
-            if not chunk:
-                return answer
-            answer += chunk
+        return _rest(s)
     finally:
         s.close()
+
+
+def _rest(s) -> bytes:
+    """Everything ``s`` receives until the agent closes it."""
+    answer = b""
+    while True:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            return answer
+        answer += chunk
 
 
 def _answer(raw: bytes):
@@ -157,12 +162,7 @@ def test_more_connections_than_the_cap_are_refused(agent, a40):
     try:
         extra = unixsock.connect(agent.admin, 30)        # one more: answered at once, unasked, and closed
         try:
-            raw = b""
-            while True:
-                chunk = extra.recv(1 << 16)
-                if not chunk:
-                    break
-                raw += chunk
+            raw = _rest(extra)
         finally:
             extra.close()
         status, doc = _answer(raw)
@@ -185,12 +185,7 @@ def test_a_connection_that_stops_sending_is_closed(a40):
         idle = unixsock.connect(run.admin, 60)
         try:
             idle.sendall(b"GET /v1/agent HTTP/1.1\r\n")                 # a partial request, then silence
-            answer = b""
-            while True:
-                chunk = idle.recv(1 << 16)
-                if not chunk:
-                    break
-                answer += chunk
+            answer = _rest(idle)
         finally:
             idle.close()
         status, doc = _answer(answer)                                 # answered 408, then closed
@@ -198,12 +193,7 @@ def test_a_connection_that_stops_sending_is_closed(a40):
         partial = unixsock.connect(run.admin, 60)
         try:
             partial.sendall(b"POST /v1/reconcile HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")
-            answer = b""
-            while True:
-                chunk = partial.recv(1 << 16)
-                if not chunk:
-                    break
-                answer += chunk
+            answer = _rest(partial)
         finally:
             partial.close()
         status, doc = _answer(answer)
@@ -291,12 +281,7 @@ def test_expect_100_continue_is_answered_only_once_the_request_passed_its_checks
         s.sendall(b"POST /v1/reconcile HTTP/1.1\r\n" + expect + b"Content-Length: %d\r\n\r\n" % len(body))
         assert _until_head(s) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.sendall(body)
-        raw = b""
-        while True:
-            chunk = s.recv(1 << 16)
-            if not chunk:
-                break
-            raw += chunk
+        raw = _rest(s)
     finally:
         s.close()
     status, doc = _answer(raw)

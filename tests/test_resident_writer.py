@@ -14,6 +14,7 @@ writer ends with it, and the blocked one once its write returns.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -84,9 +85,9 @@ def _children(pid: int) -> list:
     return sorted(out)
 
 
-@pytest.fixture
-def writers():
-    """This test's pool of resident writers, making every bounded write of this process meanwhile."""
+@contextlib.contextmanager
+def resident_writers():
+    """A pool of resident writers making every bounded write of this process while the block runs."""
     pool = Writers()
     sysfs.set_bounded_writer(pool.write)
     try:
@@ -94,6 +95,13 @@ def writers():
     finally:
         sysfs.set_bounded_writer(None)
         pool.close()
+
+
+@pytest.fixture
+def writers():
+    """This test's pool of resident writers, making every bounded write of this process meanwhile."""
+    with resident_writers() as pool:
+        yield pool
 
 
 def test_one_writer_makes_many_removes_and_the_simulator_reads_its_state_anew_each_time(make_host, writers,
