@@ -30,13 +30,20 @@ def agent(a40):
 
 
 def _raw(path: str, data: bytes) -> bytes:
-    """Send ``data`` on a fresh connection; everything the agent answers until it closes."""
-    s = unixsock.connect(path, 30)
-    try:
-        s.sendall(data)
-        return _rest(s)
-    finally:
-        s.close()
+    """Send ``data`` on a fresh connection; everything the agent answers until it closes.  A 429 is sent
+    again, as its line says to (the agent closes a connection, then gives its slot back: a busy machine may
+    run the next connection's accept first, and this file's agent has 3 slots), up to 200 times."""
+    for _ in range(200):
+        s = unixsock.connect(path, 30)
+        try:
+            s.sendall(data)
+            raw = _rest(s)
+        finally:
+            s.close()
+        if not raw.startswith(b"HTTP/1.1 429 "):
+            return raw
+        time.sleep(0.05)
+    return raw
 
 
 def _rest(s) -> bytes:
