@@ -59,9 +59,9 @@ def _capacity(capsys, host, profile, gpu) -> int:
     code, out, err = cli(capsys, host, "--json", "capacity", "--profile", profile)
     assert code == 0, err
     doc = json.loads(out)
-    rows = [g for t in doc["types"] if t["name"] == profile for g in t["gpus"] if g["gpu"] == gpu]
+    rows = [p["by_gpu"] for p in doc["profiles"] if p["profile"] == profile]
     assert len(rows) == 1, out
-    return rows[0]["available"]
+    return rows[0].get(gpu, 0)
 
 
 HELD = "is recorded here but missing from the host"
@@ -117,3 +117,24 @@ def test_r4_classic_mdev_a_new_vgpu_cannot_take_the_missing_records_placement_id
     code, out, err = cli(capsys, host, "reconcile")
     assert code == 0 and f"re-created: {v8}" in out and "in sync" in out, out + err
     assert (host.mdev_devices / v8).exists()
+
+
+def test_r6_two_missing_records_on_a_mixed_size_gpu_types_capacity_and_placement_agree(make_host, capsys):
+    """/tmp/r8/mix2m: both VFs reset, the mode still on: the GPU is read as mixed-size (NVML), not equal-size
+    from the sizes present (none): types, capacity and placement agree on a 24Q (1) and a 48Q (0, the line
+    naming both records and the mode); the 24Q is made and reconcile re-creates both, in sync."""
+    host, (v8, v4) = _l40s_mixed(make_host, capsys)
+    for vf in (v8, v4):
+        _reset_vf(host, vf)
+    avail = _types_avail(capsys, host, A1)
+    assert (avail["L40S-24Q"], avail["L40S-48Q"]) == (1, 0), avail
+    assert _capacity(capsys, host, "L40S-24Q", A1) == 1 and _capacity(capsys, host, "L40S-48Q", A1) == 0
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-48Q", "--gpu", A1)
+    assert code == 2 and f"vGPUs {v8} (L40S-8Q, owner manual), {v4} (L40S-4Q, owner manual) are recorded here but missing from the host" in err, err
+    assert "equal-size" not in err and "in mixed-size mode each keeps its placement id" in err, err
+    code, out, err = cli(capsys, host, "vgpu", "create", "--profile", "L40S-24Q", "--gpu", A1)
+    assert code == 0, err
+    assert _types_avail(capsys, host, A1).get("L40S-24Q", 0) == 0
+    code, out, err = cli(capsys, host, "reconcile")
+    assert code == 0 and f"re-created: {v8}" in out and f"re-created: {v4}" in out and "in sync" in out, out + err
+    assert vf_type(host, v8) != "0" and vf_type(host, v4) != "0"

@@ -363,6 +363,37 @@ def seen_rows(inv: Inventory) -> List[tuple]:
 _SEEN = None
 
 
+def held_on(inv: Inventory, gpu: PciAddress, type_id: str, n: int, records: Sequence[VgpuRecord],
+            fbs: Optional[Mapping[str, int]] = None,
+            modes: Optional[Callable[[], Mapping[PciAddress, bool]]] = None,
+            recorded: Optional[Collection[str]] = None) -> int:
+    """``n`` free instances of ``type_id`` on ``gpu`` (as :func:`vgpuhost.observe.inventory.free_instances`
+    counts them) less what ``records`` hold there, as :func:`offers` counts it: free VFs a record holds
+    (``recorded``: :func:`recorded_vfs` of ``records``, computed when None) take nothing new, and records
+    whose vGPU is missing hold their share of the GPU (:func:`_held_by_missing`, in the mode ``modes``
+    reports).  What ``vgpuhost types`` and the refusals' "types that still fit" count, so they agree
+    with placement (trial 8 retest R6).  ``fbs``: type id -> MiB seen before."""
+    ix = inv.on_gpu(gpu)
+    if ix is None or n <= 0 or not records:
+        return n
+    ts = ix.by_type.get(type_id, ())
+    if not ts:
+        return n
+    fbs = fbs or {}
+    recorded = recorded_vfs(records) if recorded is None else recorded
+    if recorded:        # free VFs a record holds (vendor VFIO) take nothing new
+        vfs = [str(t.parent) for t in ts if t.available_instances > 0]
+        left = sum(1 for p in vfs if p not in recorded)
+        n = min(n, left) if left < len(vfs) else n
+    here = set(ix.vgpus)
+    gone = [r for r in records if r.gpu == str(gpu) and r.id not in here]
+    if gone and n > 0:
+        sizes = _present_framebuffers(ix, fbs)
+        n = _held_by_missing(ix.gpu, ix, ts, gone, ts[0].framebuffer_mib or fbs.get(type_id), sizes, fbs, n,
+                             _mode_of(modes, gpu))[0]
+    return n
+
+
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
                       limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None,
                       recorded: Collection[str] = (), records: Sequence[VgpuRecord] = (),
@@ -378,26 +409,16 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
     if ix is None:
         return "none"
     fbs = {row[1]: row[3] for row in seen if row[0] == str(gpu) and row[3]}
-    here = set(ix.vgpus)
-    gone = [r for r in records if r.gpu == str(gpu) and r.id not in here]
-    sizes = _present_framebuffers(ix, fbs) if gone else []
-    mixed = _mode_of(modes, gpu) if gone else None
     agg: Dict[str, int] = {}
     for tid, ts in ix.by_type.items():
         if ts[0].name not in agg:
             limit = limits_of(ts[0].name).get(gpu) if limits_of is not None and ts[0].name else None
-            n = free_instances(inv, gpu, tid, fbs, limit=limit)[0]
-            if recorded and n > 0:      # free VFs a record holds (vendor VFIO) take nothing new
-                vfs = [str(t.parent) for t in ts if t.available_instances > 0]
-                left = sum(1 for p in vfs if p not in recorded)
-                n = min(n, left) if left < len(vfs) else n
-            if gone and n > 0:
-                n = _held_by_missing(ix.gpu, ix, ts, gone, ts[0].framebuffer_mib or fbs.get(tid), sizes, fbs, n,
-                                     mixed)[0]
+            n = held_on(inv, gpu, tid, free_instances(inv, gpu, tid, fbs, limit=limit)[0], records, fbs,
+                        modes, recorded)
             if n > 0:
                 agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
 __all__ = ["types_by_gpu", "resolve_profile", "OfferIndex", "offers", "recorded_vfs", "present_by_gpu",
-           "present_framebuffers", "seen_rows", "fitting_elsewhere"]
+           "present_framebuffers", "seen_rows", "fitting_elsewhere", "held_on"]
