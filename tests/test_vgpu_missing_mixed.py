@@ -138,3 +138,49 @@ def test_r6_two_missing_records_on_a_mixed_size_gpu_types_capacity_and_placement
     code, out, err = cli(capsys, host, "reconcile")
     assert code == 0 and f"re-created: {v8}" in out and f"re-created: {v4}" in out and "in sync" in out, out + err
     assert vf_type(host, v8) != "0" and vf_type(host, v4) != "0"
+
+
+def _audit_paths(host) -> list:
+    return [(p, v) for p, v, _res in audit(host)]
+
+
+def test_r5_reboot_reconcile_turns_mixed_size_mode_on_first_and_ends_in_sync(make_host, capsys):
+    """/tmp/r8/mixn: 8Q + 4Q on a mixed-size a1, reboot (the mode is lost): reconcile --check says it would
+    turn the mode on, changes nothing; reconcile turns it on (audited, as 'vgpu mode' does) and re-creates
+    both (before: the first re-created in equal-size mode, the second ENOSPC, the mode locked)."""
+    host, (v8, v4) = _l40s_mixed(make_host, capsys)
+    assert sorted(reboot(host)["vgpus_lost"]) == sorted([v8, v4]) and not _mode(host, A1)
+    before = _audit_paths(host)
+    code, out, err = cli(capsys, host, "reconcile", "--check")
+    assert code == 1 and f"mixed-size mode: {A1} (would turn mixed-size mode on first" in out, out + err
+    assert _audit_paths(host) == before and not _mode(host, A1)
+    code, out, err = cli(capsys, host, "reconcile")
+    assert code == 0 and f"turned mixed-size mode on: {A1}" in out, out + err
+    assert f"re-created: {v8}" in out and f"re-created: {v4}" in out and "in sync" in out, out
+    assert _mode(host, A1) and vf_type(host, v8) != "0" and vf_type(host, v4) != "0"
+    assert (f"nvml:{A1}/vgpu-heterogeneous-mode", "on") in _audit_paths(host)[len(before):]
+    code, out, err = cli(capsys, host, "--json", "reconcile")
+    assert code == 0 and json.loads(out)["in_sync"] and json.loads(out)["mixed_size_on"] == []
+
+
+def test_r5_reconcile_re_creates_none_where_the_mode_cannot_change_and_never_locks_it(make_host, capsys):
+    """After the reboot a vGPU made behind vgpuhost sits on a1 (the mode cannot change): reconcile re-creates
+    neither record there (one re-created in equal-size mode would lock the mode) and says in one line per
+    record what to run; once that vGPU is gone the mode turns on and reconcile ends in sync."""
+    host, (v8, v4) = _l40s_mixed(make_host, capsys)
+    reboot(host)
+    other = "0000:a1:00.6"
+    kernel = SimKernel(host)
+    kernel.write(host.pci_device(other) / "nvidia" / "current_vgpu_type", "1150\n")      # L40S-4Q, foreign
+    code, out, err = cli(capsys, host, "reconcile")
+    assert code == 1 and "NOT in sync" in out, out + err
+    failed = [line for line in out.splitlines() if line.startswith("FAILED: ")]
+    assert len(failed) == 2 and all("need mixed-size mode" in f and
+                                    f"run 'vgpuhost vgpu mode --gpu {A1} --mixed-size on', then 'vgpuhost reconcile'"
+                                    in f for f in failed), out
+    assert vf_type(host, v8) == "0" and vf_type(host, v4) == "0" and not _mode(host, A1)
+    kernel.write(host.pci_device(other) / "nvidia" / "current_vgpu_type", "0\n")
+    assert cli(capsys, host, "vgpu", "mode", "--gpu", A1, "--mixed-size", "on")[0] == 0 and _mode(host, A1)
+    code, out, err = cli(capsys, host, "reconcile")
+    assert code == 0 and "in sync" in out and "turned mixed-size mode on" not in out, out + err
+    assert vf_type(host, v8) != "0" and vf_type(host, v4) != "0"

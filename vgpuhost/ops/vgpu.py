@@ -1378,6 +1378,9 @@ class ReconcileReport:
     failed: List[str] = field(default_factory=list)
     orphans: List[str] = field(default_factory=list)     # present, not created by vgpuhost: left alone
     mismatched: List[str] = field(default_factory=list)  # recorded id holds another type now
+    # GPUs whose mixed-size mode reconcile turned on (or, with check, would) before re-creating records of
+    # two sizes there (mixed-size mode is lost at a reboot: trial 8 retest R5)
+    mixed_size_on: List[str] = field(default_factory=list)
     # recorded running, holding nothing, its start over (devices.stale_domains): reported (check) or forgotten
     stale_domains: List[str] = field(default_factory=list)
     forgotten_domains: List[str] = field(default_factory=list)
@@ -1416,8 +1419,15 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     # a removal left pending (its write blocked by a holder, its caller timed out) is the journal's to
     # finish: the vGPU it removed is not re-created, even for a domain still recorded
     removing = removal_pending(store)
-    for e in [e for e in entries if e.state == VgpuState.MISSING]:
-        rec = by_id[e.id]
+    gone = [by_id[e.id] for e in entries if e.state == VgpuState.MISSING]
+    # records of two sizes on a GPU in equal-size mode: mixed-size mode first, or none re-created there
+    blocked = _mixed_size_first(host, store, inv, [r for r in gone if r.id not in removing], report, check=check,
+                                actor=actor or actor_name())
+    # largest first on each GPU: where the offers counted each record's placement id (ops.vgpu._mixed_fit)
+    gone.sort(key=lambda r: -(_size_gb(r.type_name) or 0))
+    for rec in gone:
+        if rec.id in blocked:
+            continue
         if rec.id in removing:
             report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner}): its removal "
                                   "is pending (an open journal entry); not re-created")
@@ -1442,6 +1452,71 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     elif stale:
         report.forgotten_domains = [lines[u] for u in forget_stale(store, stale, actor=actor or actor_name())]
     return report
+
+
+def _size_gb(type_name: str) -> Optional[int]:
+    """The framebuffer GB of a time-sliced profile name (``L40S-8Q``: 8); None for a MIG-backed or odd one."""
+    p = VgpuProfile.try_parse(type_name)
+    return None if p is None or p.mig_backed or not p.framebuffer_gb else int(p.framebuffer_gb)
+
+
+def _mixed_size_first(host: HostRoot, store: StateStore, inv, gone: Sequence[VgpuRecord], report: "ReconcileReport",
+                      *, check: bool, actor: str) -> FrozenSet[str]:
+    """Before ``reconcile`` re-creates ``gone`` (records whose vGPU is missing): on each GPU where they are
+    time-sliced vGPUs of two or more sizes and the GPU is in equal-size mode (mixed-size mode is lost at
+    a reboot, a module reload, a GPU reset: they were made in mixed-size mode), turn mixed-size mode on
+    first through :func:`vgpuhost.ops.scheduler.mixed_size` (as ``vgpuhost vgpu mode`` does: journaled,
+    audited; ``report.mixed_size_on`` names the GPU), when the GPU holds no vGPU.  Where it holds one (the
+    mode cannot change then) or the change is refused, none of them is re-created there (re-creating
+    one in equal-size mode would fail the others and lock the mode, trial 8 retest R5): each goes to
+    ``report.failed`` with the line saying what to run.  With ``check`` nothing changes; the GPU is
+    listed as it would be.  Returns the ids not to re-create.  NVML is asked only where a GPU has
+    records of two sizes; a GPU whose mode cannot be read is left to the re-creation as before."""
+    by_gpu: Dict[str, List[VgpuRecord]] = {}
+    for r in gone:
+        if _size_gb(r.type_name):
+            by_gpu.setdefault(r.gpu, []).append(r)
+    need = {g: rs for g, rs in by_gpu.items() if len({_size_gb(r.type_name) for r in rs}) > 1}
+    if not need:
+        return frozenset()
+    from ..io.backends import open_backend
+    from .scheduler import mixed_size
+    try:
+        backend = open_backend(host)
+    except (VgpuhostError, OSError, ImportError):
+        return frozenset()
+    blocked: set = set()
+    for gpu, rs in sorted(need.items()):
+        bdf = PciAddress.parse(gpu)
+        try:
+            if backend.heterogeneous_mode(bdf):
+                continue
+        except (VgpuhostError, OSError):
+            continue
+        ix = inv.on_gpu(bdf)
+        present = len(ix.vgpus) if ix is not None else 0
+        sizes = "/".join(sorted({r.type_name for r in rs}))
+        why = ""
+        if present:
+            why = (f"GPU {gpu} is in equal-size mode (mixed-size mode is lost at a reboot) and holds {present} "
+                   f"vGPU(s), so its mode cannot change; remove them, run 'vgpuhost vgpu mode --gpu {gpu} "
+                   "--mixed-size on', then 'vgpuhost reconcile'")
+        elif check:
+            report.mixed_size_on.append(f"{gpu} (would turn mixed-size mode on first: records of {sizes})")
+            continue
+        else:
+            try:
+                mixed_size(host, store, bdf, True, backend=backend, actor=actor)
+                report.mixed_size_on.append(f"{gpu} (records of {sizes})")
+                continue
+            except VgpuhostError as err:
+                why = (f"GPU {gpu} is in equal-size mode and mixed-size mode could not be turned on ({err.message}); "
+                       f"fix that, run 'vgpuhost vgpu mode --gpu {gpu} --mixed-size on', then 'vgpuhost reconcile'")
+        for r in rs:
+            blocked.add(r.id)
+            report.failed.append(f"{r.id} ({r.type_name} on {r.parent}): not re-created: records of {sizes} "
+                                 f"need mixed-size mode; {why}")
+    return frozenset(blocked)
 
 
 def _libvirt_active(uri: Optional[str]) -> Optional[FrozenSet[str]]:
