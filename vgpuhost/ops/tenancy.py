@@ -775,7 +775,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         name = types[v.device] if types and v.device in types else \
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
         offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None,
-                                          owner=me), records, name)
+                                          owner=me, modes=getattr(limits_for, "modes", None)), records, name)
         offers = vgpu_offers.allowed_only(offers, allowed)        # as migrate begin's placement narrows them
         pre = premade.get(v.device)
         rec = next((r for r in records if r.id == v.device), None) if pre is not None else None
