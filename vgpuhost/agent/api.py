@@ -698,7 +698,7 @@ def _capacity_doc(agent: Agent, tenant: Optional[str]):
         inv = migdemand.makeable(agent.host, agent.store, inv)     # MIG on demand: what a start would make
         doc = tenancy.capacity(agent.store, inv, tenancy.mixed_size_of(agent.host, inv), tenant=tenant,
                                policies=lambda gpus: tenancy.scheduler_policies(agent.host, gpus),
-                               limits_for=vgpu.limits_lookup(agent.host, inv))
+                               limits_for=vgpu.limits_lookup(agent.host, inv, agent.store.vgpu_records()))
         risk = tenancy.guarantees_at_risk(agent.store, inv)
         doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
                                      for n in (risk or {}).get("tenants", ())]

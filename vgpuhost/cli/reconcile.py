@@ -91,7 +91,8 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     lines += [("expired reservation: " if check else "freed expired reservation: ") + e for e in expired]
     half_made = [o for o in rep.orphans if o.split(" ", 1)[0] in interrupted]
     foreign = [o for o in rep.orphans if o not in half_made]
-    for label, items in (("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
+    for label, items in (("turned mixed-size mode on", [] if check else rep.mixed_size_on),
+                         ("mixed-size mode", rep.mixed_size_on if check else []), ("re-created", rep.recreated), ("missing", rep.missing), ("FAILED", rep.failed),
                          ("type changed", rep.mismatched),
                          ("stale domain", rep.stale_domains), ("forgotten domain", rep.forgotten_domains),
                          ("interrupted (its open journal entry finishes or removes it)", half_made),

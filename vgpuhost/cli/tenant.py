@@ -365,7 +365,7 @@ def capacity(profile: Optional[str], tenant: Optional[str]) -> None:
     inv = migdemand.makeable(ctx.host, store, ctx.inventory())   # MIG on demand: instances that could be made
     doc = tenancy.capacity(store, inv, tenancy.mixed_size_of(ctx.host, inv), tenant=tenant,
                            policies=lambda gpus: tenancy.scheduler_policies(ctx.host, gpus),
-                           limits_for=limits_lookup(ctx.host, inv))
+                           limits_for=limits_lookup(ctx.host, inv, store.vgpu_records()))
     risk = tenancy.guarantees_at_risk(store, inv)
     doc["guarantees_at_risk"] = [{"tenant": n, "guarantee": (risk or {})["reasons"].get(n)}
                                  for n in (risk or {}).get("tenants", ())]

@@ -74,10 +74,21 @@ def admission_inputs(host: HostRoot, inv: "Inventory", allow: "Optional[FrozenSe
     ``prepare begin`` and the destination's ``migrate begin`` (:func:`vgpuhost.ops.migrate.incoming`, which
     narrows its placement by ``allowed`` and ``limits_for`` too), so an incoming migration is refused where
     its ``prepare begin`` would be.  Reads nothing until a callable is called (NVML then: the modes only for
-    vendor-VFIO GPUs listing the type, the policies only of pooled GPUs asked for)."""
+    vendor-VFIO GPUs listing the type, the policies only of pooled GPUs asked for).  ``limits_for.modes()``:
+    ``{GPU: mixed-size mode on}`` (NVML, read once), for the offers' ``modes``: asked only for a GPU
+    holding a record whose vGPU is missing (trial 8 retest R6)."""
     def limits_for(name: str) -> dict:
         from .vgpu import mode_limits
         return mode_limits(host, inv, name)
+
+    def modes() -> dict:
+        # the GPUs' mixed-size modes (NVML), asked only for a GPU holding a record whose vGPU is missing
+        if not seen_modes:
+            from .tenancy import mixed_size_of
+            seen_modes.append(mixed_size_of(host, inv))
+        return seen_modes[0]
+    seen_modes: list = []
+    limits_for.modes = modes        # type: ignore[attr-defined]
 
     def policies(gpus) -> "Dict[str, str]":
         from .tenancy import scheduler_policies

@@ -775,7 +775,7 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
         name = types[v.device] if types and v.device in types else \
             vgpu_offers.resolve_profile(inv, records, str(v.profile), pin, seen)
         offers = _lent(vgpu_offers.offers(inv, records, name, seen, limits_for(name) if limits_for else None,
-                                          owner=me), records, name)
+                                          owner=me, modes=getattr(limits_for, "modes", None)), records, name)
         offers = vgpu_offers.allowed_only(offers, allowed)        # as migrate begin's placement narrows them
         pre = premade.get(v.device)
         rec = next((r for r in records if r.id == v.device), None) if pre is not None else None
@@ -1449,10 +1449,11 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
     per_type = []
     admitted: Dict[str, Tuple[int, str, str]] = {}
     index = vgpu_offers.OfferIndex(inv, records, seen)        # once for every profile, not once each
+    modes = getattr(limits_for, "modes", None) or (lambda: mixed_size or {})     # the GPUs' modes, as NVML says
     for name in sorted({t.name for t in inv.vgpu_types} | {row[2] for row in seen}):
         limits = (dict(limits_for(name)) if limits_for is not None else
                   mode_limits(inv, name, mixed_size) if mixed_size else {})
-        offers = vgpu_offers.offers(inv, records, name, seen, limits, index=index)
+        offers = vgpu_offers.offers(inv, records, name, seen, limits, index=index, modes=modes)
         if all(o.type_id is None for o in offers):
             continue
         dem = gputime.demand_with_use(hist, adm.vgpu_demand(name, fbs.get(name.lower())), "(capacity)",
@@ -1468,7 +1469,12 @@ def capacity(store: StateStore, inv: Inventory, mixed_size: "Optional[Mapping[ob
                 m = max_of.get(name.lower())
                 cap = None if m is None else max(0, m - present.get(str(o.gpu), 0))
             if o.gpu in limits:         # the type's max in the GPU's mode (mixed-size: often lower)
-                same = sum(1 for r in records if r.gpu == str(o.gpu) and r.type_name.lower() == name.lower())
+                # a missing record counts against its mode's max; in mixed-size mode the limit holds its
+                # placement id already (ops.vgpu.limits_lookup): only the vGPUs present count then
+                ix = inv.on_gpu(o.gpu) if (mixed_size or {}).get(o.gpu) else None
+                here = frozenset(ix.vgpus) if ix is not None else None
+                same = sum(1 for r in records if r.gpu == str(o.gpu) and r.type_name.lower() == name.lower()
+                           and (here is None or r.id in here))
                 left = max(0, limits[o.gpu] - same)
                 cap = left if cap is None else min(cap, left)
             free = 0 if str(o.gpu) in closed and not dem.mig_backed else o.available

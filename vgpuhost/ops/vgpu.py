@@ -292,7 +292,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             continue                    # a GPU instance was made for the MIG-backed profile: look again
         name = str(req.profile) if req.resolved else resolve_profile(inv, records, str(req.profile), pin, seen)
         req, pin, defined_parent = _follow_definition(host, fs, store, inv, req, name, pin)
-        limits_of = limits_lookup(host, inv)
+        limits_of = limits_lookup(host, inv, records)
         limits = {} if req.vf is not None else limits_of(name)    # a chosen VF: the driver decides
         try:
             decision = _decide(inv, records, seen, req, name, pin, defined_parent, strict=dry_run, limits=limits,
@@ -422,22 +422,47 @@ def _placement(req: VgpuCreateRequest, name: str, pin: Optional[PciAddress]):
     return Request(name, req.owner, req.strategy, req.numa_node, req.anti_affinity, pin)
 
 
-def mode_limits(host: HostRoot, inv: Inventory, name: str) -> dict:
+def mode_limits(host: HostRoot, inv: Inventory, name: str, records: Optional[Sequence[VgpuRecord]] = None) -> dict:
     """``{gpu: max instances of name in its vGPU mode}`` for vendor-VFIO GPUs, whose VFs list a type
-    on every free VF (mdev parents count the mode's max themselves); NVML and the catalog are asked
-    only when such a GPU lists ``name``.  What placement here, the re-check under the GPU's lock and
-    admission (:func:`vgpuhost.ops.tenancy.admitting`'s ``limits_for``) count."""
-    return limits_lookup(host, inv)(name)
+    on every free VF (mdev parents count the mode's max themselves), and, with ``records``, for GPUs
+    holding a record whose vGPU is missing; NVML and the catalog are asked only when such a GPU lists
+    ``name``.  What placement here, the re-check under the GPU's lock and admission
+    (:func:`vgpuhost.ops.tenancy.admitting`'s ``limits_for``) count."""
+    return limits_lookup(host, inv, records)(name)
 
 
-def limits_lookup(host: HostRoot, inv: Inventory):
+def limits_lookup(host: HostRoot, inv: Inventory, records: Optional[Sequence[VgpuRecord]] = None):
     """``name -> {gpu: max}`` as :func:`mode_limits` gives it, for many names on one look (``types``,
     a refusal's "types that still fit"): NVML is asked for the GPUs' modes once, at the first name a
-    vendor-VFIO GPU lists, and never on a host without one."""
-    vfio = [g.address for g in inv.gpus if g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV]
+    vendor-VFIO GPU (or a GPU of a missing record) lists, and never on a host without one.
+
+    In mixed-size mode the max is what still fits at free placement ids, the records whose vGPU is
+    missing from the GPU counted at the ids ``reconcile`` re-creates them at
+    (:func:`vgpuhost.policy.config.mixed_reserved`; trial 8 retest R4).  ``records``: the vGPU records
+    (None: a vendor-VFIO GPU's are read from the store when it is in mixed-size mode; an mdev GPU's
+    missing records are then not looked for).  The callable's ``modes()`` gives ``{gpu: mixed-size
+    mode on}`` as NVML reports it (read once, on the first call; empty where NVML cannot be had), for
+    :func:`vgpuhost.policy.offers.offers`' ``modes``."""
+    gone: Dict[PciAddress, List[VgpuRecord]] = {}
+    if records:
+        for g in inv.gpus:
+            ix = inv.on_gpu(g.address) if g.vgpu_backend else None
+            if ix is not None:
+                here = set(ix.vgpus)
+                miss = [r for r in records if r.gpu == str(g.address) and r.id not in here]
+                if miss:
+                    gone[g.address] = miss
+    vfio = [g.address for g in inv.gpus if (g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV)
+            or g.address in gone]
     listed: set = set()         # the names those GPUs list, lower-case: gathered at the first name asked about
     mixed: List[dict] = []
     cache: Dict[str, dict] = {}
+
+    def modes() -> dict:
+        if not mixed:
+            from .tenancy import mixed_size_of      # here: the catalog (yaml) and NVML, never on the hook's mdev path
+            mixed.append(mixed_size_of(host, inv))
+        return mixed[0]
 
     def of(name: str) -> dict:
         if not vfio:
@@ -446,51 +471,75 @@ def limits_lookup(host: HostRoot, inv: Inventory):
         if not listed:
             # the vendor-VFIO GPUs' rows alone (Inventory.types_of), not the host's; '' marks it done
             listed.update(t.name.lower() for g in vfio for t in inv.types_of(g) if t.name)
+            listed.update(r.type_name.lower() for rs in gone.values() for r in rs)
             listed.add("")
         if not key or key not in listed:
             return {}
         if key not in cache:
-            if not mixed:
-                from .tenancy import mixed_size_of      # here: the catalog (yaml) and NVML, never on the hook's mdev path
-                mixed.append(mixed_size_of(host, inv))
             from ..policy.config import mode_limits as limits_in_mode
-            limits = limits_in_mode(inv, name, mixed[0])
-            for g in [g for g in inv.gpus if g.address in vfio and mixed[0].get(g.address)]:
+            on = modes()
+            limits = limits_in_mode(inv, name, on)
+            for g in [g for g in inv.gpus if g.address in vfio and on.get(g.address)]:
                 # mixed-size mode: what still fits at free placement ids (fragmentation), not the max alone
-                n = _mixed_fit(host, inv, g, name, placed)
+                n = _mixed_fit(host, inv, g, name, placed, gone.get(g.address) if records is not None else None)
                 if n is not None:
                     limits[g.address] = min(limits.get(g.address, n), n)
             cache[key] = limits
         return cache[key]
     placed: Dict[PciAddress, list] = {}
+    of.modes = modes            # type: ignore[attr-defined]
     return of
 
 
-def _mixed_fit(host: HostRoot, inv: Inventory, g, name: str, placed: Dict[PciAddress, list]) -> Optional[int]:
-    """:func:`vgpuhost.policy.config.mixed_limit` for vendor-VFIO GPU ``g`` in mixed-size mode: its VFs'
-    vGPUs with their placement ids (``nvidia/placement_id``, read once per GPU into ``placed``)."""
+#: a time-sliced profile, for a record whose type name does not parse
+_TS = VgpuProfile("x", 0, "Q")
+
+
+def _mixed_fit(host: HostRoot, inv: Inventory, g, name: str, placed: Dict[PciAddress, list],
+               gone: Optional[Sequence[VgpuRecord]] = None) -> Optional[int]:
+    """:func:`vgpuhost.policy.config.mixed_limit` for GPU ``g`` in mixed-size mode: its vGPUs (its VFs'
+    or mdevs') with their placement ids (``nvidia/placement_id``, read once per GPU into ``placed``),
+    and the records whose vGPU is missing from it (``gone``; None: read from the store) at the ids
+    ``reconcile`` re-creates them at (:func:`vgpuhost.policy.config.mixed_reserved`), less those of
+    ``name`` (a missing record is no vGPU present; the caller counts it)."""
     from ..io.sysfs import Sysfs
     from ..io.vgpudev import read_placement
-    from ..policy.config import mixed_limit
+    from ..policy.config import mixed_limit, mixed_reserved
     if g.address not in placed:
         names = {t.type_id: t.name for t in inv.vgpu_types if t.gpu == g.address and t.name}
-        if any(v.gpu == g.address and v.type_id is not None and v.type_id not in names for v in inv.vf_vgpus):
+        here = set(inv.on_gpu(g.address).vgpus) if inv.on_gpu(g.address) is not None else set()
+        recs: List[VgpuRecord] = []
+        if gone is None or any(v.gpu == g.address and v.type_id is not None and v.type_id not in names
+                               for v in inv.vf_vgpus) \
+                or any(m.uuid in here and m.type_id not in names for m in inv.mdevs):
             # a type no free VF lists any more (none fits): its name from what the store remembers
             try:
                 store = StateStore(host.state_dir, create=False)
-                for r in store.vgpu_records(gpu=str(g.address)):
+                recs = store.vgpu_records(gpu=str(g.address))
+                for r in recs:
                     names.setdefault(r.type_id, r.type_name)
                 for _g, tid, n, _fb in store.seen_types(gpu=str(g.address)):
                     names.setdefault(str(tid), str(n))
             except VgpuhostError:
                 pass
+        if gone is None:
+            gone = [r for r in recs if r.id not in here]
         fs = Sysfs(host)
         rows = []
         for v in inv.vf_vgpus:
             if v.gpu == g.address and v.type_id is not None:
                 rows.append((names.get(v.type_id, ""), read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf))))
-        placed[g.address] = rows
-    return mixed_limit(g.pci.device, name, placed[g.address])
+        for m in inv.mdevs:
+            if m.uuid in here:
+                rows.append((names.get(m.type_id, ""), read_placement(fs, Backend.MDEV, m.parent, m.uuid)))
+        held = [r.type_name for r in gone if not (VgpuProfile.try_parse(r.type_name) or _TS).mig_backed] if gone else []
+        reserved = mixed_reserved(g.pci.device, rows, held) if held else []
+        placed[g.address] = (rows, reserved)
+    rows, reserved = placed[g.address]
+    if reserved is None:
+        return mixed_limit(g.pci.device, name, rows)
+    n = mixed_limit(g.pci.device, name, rows + reserved)
+    return None if n is None else n - sum(1 for t, _ in reserved if t.lower() == name.lower())
 
 
 def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: VgpuCreateRequest, name: str,
@@ -501,7 +550,8 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     from ..policy.iommu import VFIO_PCI
     from ..policy.offers import fitting_elsewhere, offers, recorded_vfs
     from ..policy.placement import place
-    all_offers = _narrow(inv, offers(inv, records, name, seen, limits), name, req.allowed_gpus, req.vf, strict=strict,
+    modes = getattr(limits_of, "modes", None)
+    all_offers = _narrow(inv, offers(inv, records, name, seen, limits, modes=modes), name, req.allowed_gpus, req.vf, strict=strict,
                          parent=parent)
     decision = place(all_offers, _placement(req, name, pin))
     if decision.admitted:
@@ -512,7 +562,7 @@ def _decide(inv: Inventory, records: Sequence[VgpuRecord], seen: list, req: Vgpu
     passed = [g.address for g in inv.gpus if g.pci.driver == VFIO_PCI and g.address not in offered
               and (pin is None or g.address == pin)]
     recorded = recorded_vfs(records)
-    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded, records)}"
+    fit = "; ".join([f"{o.gpu}: {fitting_elsewhere(inv, o.gpu, seen, limits_of, recorded, records, modes)}"
                      for o in all_offers if pin is None or o.gpu == pin] + [f"{a}: none" for a in passed])
     why = decision.reason + ("; passed through (bound to vfio-pci), so carrying no vGPUs: "
                              + ", ".join(map(str, passed)) if passed else "")
@@ -562,8 +612,9 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
         inv2 = health.in_service(discover_gpu(fs, decision.gpu, host_facts=False, known=inv, only=wanted), store,
                                  owner=req.owner)
         records2 = store.vgpu_records(gpu=str(decision.gpu))
-        limits = {} if req.vf is not None else mode_limits(host, inv2, name)
-        again = place(_narrow(inv2, offers(inv2, records2, name, seen, limits), name, req.allowed_gpus, req.vf,
+        limits_of2 = limits_lookup(host, inv2, records2)
+        limits = {} if req.vf is not None else limits_of2(name)
+        again = place(_narrow(inv2, offers(inv2, records2, name, seen, limits, modes=limits_of2.modes), name, req.allowed_gpus, req.vf,
                               parent=parent), _placement(req, name, decision.gpu))
         if not again.admitted:
             return None         # someone took it between placement and the lock: place again
@@ -601,7 +652,7 @@ def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: 
                                devices=[_journal_device(vid, backend, decision.gpu, decision.parent,
                                                         decision.type_id, name, req.persist, "creating")])
     with ex.journal:
-        _do_create(ex, inv, records, backend, decision, vid, name, req.params, limits_lookup(host, inv))
+        _do_create(ex, inv, records, backend, decision, vid, name, req.params, limits_lookup(host, inv, records))
         try:
             with store.transaction() as conn:
                 put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id,
@@ -1051,7 +1102,7 @@ def _do_create(ex: Executor, inv: Inventory, records: Sequence[VgpuRecord], back
                vid: str, name: str, params: Optional[str], limits_of=None) -> None:
     """Create, read back (never report success for a device that does not exist), set params;
     a failure after the create removes the vGPU again (the Executor's undo)."""
-    placement = _placement_for(ex.host, inv, backend, d, name)
+    placement = _placement_for(ex.host, inv, backend, d, name, records, vid, limits_of)
     try:
         ex.run(_create_plan(backend, d, vid, name, params, placement))
     except SysfsError as e:
@@ -1120,13 +1171,17 @@ def recreate_recorded(host: HostRoot, store: StateStore, rec: VgpuRecord, *, act
     return True
 
 
-def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, name: str) -> Optional[int]:
+def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, name: str,
+                   records: Sequence[VgpuRecord] = (), vid: str = "", limits_of=None) -> Optional[int]:
     """The placement id vgpuhost chooses for ``name`` on vendor-VFIO GPU ``d.gpu`` in mixed-size mode:
-    the best-fit free one (:func:`vgpuhost.policy.config.mixed_best_id`, from the VFs' placement ids).
-    None (the driver places it) on classic mdev (the mdev does not exist before the create), on a GPU
-    whose vGPUs have no placement id (equal-size mode, or none there yet: the first goes where the
-    driver puts it), and where the catalog cannot say.  Lean: the catalog and the model are loaded
-    only for a GPU whose vGPUs have placement ids (the hook's path, issue 17)."""
+    the best-fit free one (:func:`vgpuhost.policy.config.mixed_best_id`, from the VFs' placement ids),
+    the ids of ``records`` whose vGPU is missing from the GPU (but ``vid``'s own, the one made now)
+    kept for ``reconcile`` (trial 8 retest R4).  None (the driver places it) on classic mdev (the mdev
+    does not exist before the create), on a GPU whose vGPUs have no placement id (equal-size mode, or
+    none there yet and no missing record kept on a GPU ``limits_of.modes()`` says is in mixed-size
+    mode: the first goes where the driver puts it), and where the catalog cannot say.  Lean: the
+    catalog and the model are loaded only for a GPU whose vGPUs have placement ids (the hook's path,
+    issue 17)."""
     if backend != Backend.VENDOR_VFIO:
         return None
     g = next((g for g in inv.gpus if g.address == d.gpu), None)
@@ -1134,14 +1189,21 @@ def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, na
         return None
     from ..io.vgpudev import read_placement
     fs = Sysfs(host)
+    ix = inv.on_gpu(g.address)
+    here = set(ix.vgpus) if ix is not None else set()
+    gone = [r for r in records if r.gpu == str(g.address) and r.id != vid and r.id not in here]
     if not any(read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf)) is not None
                for v in inv.vf_vgpus if v.gpu == g.address and v.type_id is not None):
-        return None
+        modes = getattr(limits_of, "modes", None)
+        if not gone or modes is None or not modes().get(g.address):
+            return None
     from ..policy.config import mixed_best_id
     placed: Dict[PciAddress, list] = {}
-    if _mixed_fit(host, inv, g, name, placed) is None:
+    if _mixed_fit(host, inv, g, name, placed, gone) is None:
         return None
-    return mixed_best_id(g.pci.device, name, placed[g.address])
+    rows, reserved = placed[g.address]
+    # a record whose vGPU is missing keeps its placement id for 'reconcile' (trial 8 retest R4)
+    return mixed_best_id(g.pci.device, name, rows + (reserved or []))
 
 
 def _explain(e: SysfsError, inv: Inventory, records: Sequence[VgpuRecord], d: Decision, name: str,
@@ -1316,6 +1378,9 @@ class ReconcileReport:
     failed: List[str] = field(default_factory=list)
     orphans: List[str] = field(default_factory=list)     # present, not created by vgpuhost: left alone
     mismatched: List[str] = field(default_factory=list)  # recorded id holds another type now
+    # GPUs whose mixed-size mode reconcile turned on (or, with check, would) before re-creating records of
+    # two sizes there (mixed-size mode is lost at a reboot: trial 8 retest R5)
+    mixed_size_on: List[str] = field(default_factory=list)
     # recorded running, holding nothing, its start over (devices.stale_domains): reported (check) or forgotten
     stale_domains: List[str] = field(default_factory=list)
     forgotten_domains: List[str] = field(default_factory=list)
@@ -1354,8 +1419,15 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     # a removal left pending (its write blocked by a holder, its caller timed out) is the journal's to
     # finish: the vGPU it removed is not re-created, even for a domain still recorded
     removing = removal_pending(store)
-    for e in [e for e in entries if e.state == VgpuState.MISSING]:
-        rec = by_id[e.id]
+    gone = [by_id[e.id] for e in entries if e.state == VgpuState.MISSING]
+    # records of two sizes on a GPU in equal-size mode: mixed-size mode first, or none re-created there
+    blocked = _mixed_size_first(host, store, inv, [r for r in gone if r.id not in removing], report, check=check,
+                                actor=actor or actor_name())
+    # largest first on each GPU: where the offers counted each record's placement id (ops.vgpu._mixed_fit)
+    gone.sort(key=lambda r: -(_size_gb(r.type_name) or 0))
+    for rec in gone:
+        if rec.id in blocked:
+            continue
         if rec.id in removing:
             report.missing.append(f"{rec.id} ({rec.type_name} on {rec.parent}, owner {rec.owner}): its removal "
                                   "is pending (an open journal entry); not re-created")
@@ -1380,6 +1452,71 @@ def reconcile(host: HostRoot, store: StateStore, *, check: bool = False,
     elif stale:
         report.forgotten_domains = [lines[u] for u in forget_stale(store, stale, actor=actor or actor_name())]
     return report
+
+
+def _size_gb(type_name: str) -> Optional[int]:
+    """The framebuffer GB of a time-sliced profile name (``L40S-8Q``: 8); None for a MIG-backed or odd one."""
+    p = VgpuProfile.try_parse(type_name)
+    return None if p is None or p.mig_backed or not p.framebuffer_gb else int(p.framebuffer_gb)
+
+
+def _mixed_size_first(host: HostRoot, store: StateStore, inv, gone: Sequence[VgpuRecord], report: "ReconcileReport",
+                      *, check: bool, actor: str) -> FrozenSet[str]:
+    """Before ``reconcile`` re-creates ``gone`` (records whose vGPU is missing): on each GPU where they are
+    time-sliced vGPUs of two or more sizes and the GPU is in equal-size mode (mixed-size mode is lost at
+    a reboot, a module reload, a GPU reset: they were made in mixed-size mode), turn mixed-size mode on
+    first through :func:`vgpuhost.ops.scheduler.mixed_size` (as ``vgpuhost vgpu mode`` does: journaled,
+    audited; ``report.mixed_size_on`` names the GPU), when the GPU holds no vGPU.  Where it holds one (the
+    mode cannot change then) or the change is refused, none of them is re-created there (re-creating
+    one in equal-size mode would fail the others and lock the mode, trial 8 retest R5): each goes to
+    ``report.failed`` with the line saying what to run.  With ``check`` nothing changes; the GPU is
+    listed as it would be.  Returns the ids not to re-create.  NVML is asked only where a GPU has
+    records of two sizes; a GPU whose mode cannot be read is left to the re-creation as before."""
+    by_gpu: Dict[str, List[VgpuRecord]] = {}
+    for r in gone:
+        if _size_gb(r.type_name):
+            by_gpu.setdefault(r.gpu, []).append(r)
+    need = {g: rs for g, rs in by_gpu.items() if len({_size_gb(r.type_name) for r in rs}) > 1}
+    if not need:
+        return frozenset()
+    from ..io.backends import open_backend
+    from .scheduler import mixed_size
+    try:
+        backend = open_backend(host)
+    except (VgpuhostError, OSError, ImportError):
+        return frozenset()
+    blocked: set = set()
+    for gpu, rs in sorted(need.items()):
+        bdf = PciAddress.parse(gpu)
+        try:
+            if backend.heterogeneous_mode(bdf):
+                continue
+        except (VgpuhostError, OSError):
+            continue
+        ix = inv.on_gpu(bdf)
+        present = len(ix.vgpus) if ix is not None else 0
+        sizes = "/".join(sorted({r.type_name for r in rs}))
+        why = ""
+        if present:
+            why = (f"GPU {gpu} is in equal-size mode (mixed-size mode is lost at a reboot) and holds {present} "
+                   f"vGPU(s), so its mode cannot change; remove them, run 'vgpuhost vgpu mode --gpu {gpu} "
+                   "--mixed-size on', then 'vgpuhost reconcile'")
+        elif check:
+            report.mixed_size_on.append(f"{gpu} (would turn mixed-size mode on first: records of {sizes})")
+            continue
+        else:
+            try:
+                mixed_size(host, store, bdf, True, backend=backend, actor=actor)
+                report.mixed_size_on.append(f"{gpu} (records of {sizes})")
+                continue
+            except VgpuhostError as err:
+                why = (f"GPU {gpu} is in equal-size mode and mixed-size mode could not be turned on ({err.message}); "
+                       f"fix that, run 'vgpuhost vgpu mode --gpu {gpu} --mixed-size on', then 'vgpuhost reconcile'")
+        for r in rs:
+            blocked.add(r.id)
+            report.failed.append(f"{r.id} ({r.type_name} on {r.parent}): not re-created: records of {sizes} "
+                                 f"need mixed-size mode; {why}")
+    return frozenset(blocked)
 
 
 def _libvirt_active(uri: Optional[str]) -> Optional[FrozenSet[str]]:

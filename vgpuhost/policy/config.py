@@ -856,6 +856,29 @@ def _mixed_grid(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[
     return units, row[3] // 1024, row[2], taken, present
 
 
+def mixed_reserved(device_id: int, placed: Sequence[Tuple[str, Optional[int]]], missing: Sequence[str]
+                   ) -> Optional[List[Tuple[str, int]]]:
+    """``(type name, placement id)`` for each of ``missing`` (the type names of records whose vGPU is
+    missing from a GPU of PCI ``device_id`` in mixed-size mode, kept for ``vgpuhost reconcile``), each
+    at the best-fit placement id left free by ``placed`` and those before it, largest first: where
+    ``reconcile`` re-creates them, so counting them there holds their placement as if present (trial 8
+    retest R4).  None where the catalog cannot say, or no id is free for one of them (then nothing of
+    another size fits beside them either: the caller counts framebuffer alone)."""
+    table = board_tables().get(device_id)
+    if table is None:
+        return None
+    out: List[Tuple[str, int]] = []
+    rows = [table.types.get(n.lower()) for n in missing]
+    if any(r is None or VgpuProfile.parse(r[0]).mig_backed for r in rows):
+        return None
+    for row in sorted(rows, key=lambda r: -r[3]):
+        pid = mixed_best_id(device_id, row[0], list(placed) + out)
+        if pid is None:
+            return None
+        out.append((row[0], pid))
+    return out
+
+
 def mixed_best_id(device_id: int, name: str, placed: Sequence[Tuple[str, Optional[int]]]) -> Optional[int]:
     """The best-fit free placement id for a new ``name`` on a GPU of ``device_id`` in mixed-size mode
     with ``placed`` on it (:func:`vgpuhost.model.mixedsize.best_id`); None where none is free or the

@@ -145,7 +145,8 @@ class OfferIndex:
 
 def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
            seen: Sequence[tuple] = (), limits: Optional[Mapping[PciAddress, int]] = None,
-           index: Optional[OfferIndex] = None, owner: Optional[str] = None) -> List[GpuOffer]:
+           index: Optional[OfferIndex] = None, owner: Optional[str] = None,
+           modes: Optional[Callable[[], Mapping[PciAddress, bool]]] = None) -> List[GpuOffer]:
     """One :class:`GpuOffer` per vGPU-capable GPU for ``profile`` (as resolved).
 
     ``seen``: ``(gpu, type_id, name, framebuffer_mib)`` rows remembered from
@@ -166,6 +167,11 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
     offer's note names the records when nothing is left.  ``owner``: the
     requester, whose own missing records hold nothing for it (a domain's
     start removes its stale record and makes the vGPU anew).
+    ``modes``: a callable giving ``{gpu: mixed-size mode on}`` as NVML reports it
+    (:func:`vgpuhost.ops.vgpu.limits_lookup`'s ``modes``), called only for a GPU
+    holding a missing record: the GPU's mode, not guessed from the sizes present
+    (trial 8 retest R6); in mixed-size mode the record's placement id is held
+    through ``limits`` (R4) and a count of 0 names the record.
     ``index``: an :class:`OfferIndex` of the same ``inv``, ``records`` and
     ``seen``, built once for many calls (else built here).
     """
@@ -209,19 +215,29 @@ def offers(inv: Inventory, records: Sequence[VgpuRecord], profile: str,
                         note = (f"its free VFs are recorded for vGPUs missing from the host ({', '.join(kept)}): "
                                 "'vgpuhost reconcile' re-creates them there")
         sizes = _present_framebuffers(ix, fbs) if ix is not None else []
-        if recs and ix is not None and available > 0 and type_id is not None:
+        if recs and ix is not None and type_id is not None and g.pci.driver == "nvidia":
             # a record whose vGPU is missing holds its share of the GPU for 'vgpuhost reconcile' to re-create
             # it there (trial 7 retest N2: a new vGPU that took its room made the boot reconcile fail ENOSPC)
             gone = ix_all.missing_on(g.address, ix, recs, owner)
             if gone:
-                available, why = _held_by_missing(g, ix, ts, gone, fb, sizes, fbs, available)
-                if why:
+                mixed = _mode_of(modes, g.address)
+                before = available
+                available, why = _held_by_missing(g, ix, ts, gone, fb, sizes, fbs, available, mixed)
+                if why and (before > 0 or mixed and g.address not in inv.out_of_service):
                     note = why
         used = None if None in sizes else sum(sizes)        # type: ignore[arg-type]
         out.append(GpuOffer(g.address, g.pci.numa_node, type_id, type_name, available, parents, owners,
                             keys, len(ix.vgpus) if ix is not None else 0, note,
                             framebuffer_mib=g.framebuffer_mib, used_mib=used))
     return out
+
+
+def _mode_of(modes: Optional[Callable[[], Mapping[PciAddress, bool]]], gpu: PciAddress) -> Optional[bool]:
+    """GPU ``gpu``'s mixed-size mode as ``modes()`` reports it; None where unknown."""
+    if modes is None:
+        return None
+    on = modes().get(gpu)
+    return None if on is None else bool(on)
 
 
 def _record_fb(r: VgpuRecord, ix, fbs: Mapping[str, int]) -> Optional[int]:
@@ -236,14 +252,18 @@ def _record_fb(r: VgpuRecord, ix, fbs: Mapping[str, int]) -> Optional[int]:
 
 
 def _held_by_missing(g, ix, ts: Sequence[VgpuType], gone: Sequence[VgpuRecord], fb: Optional[int],
-                     sizes: Sequence[Optional[int]], fbs: Mapping[str, int], available: int) -> tuple:
+                     sizes: Sequence[Optional[int]], fbs: Mapping[str, int], available: int,
+                     mixed: Optional[bool] = None) -> tuple:
     """``(available, why)`` on GPU ``g`` once the time-sliced framebuffer of the records ``gone`` (whose
-    vGPUs are missing from the host) counts as held: a GPU in equal-size mode (not seen in mixed-size
-    mode: two sizes present, or another size offered beside the one present) holding a missing record of
-    another size admits only that size (0); the board's framebuffer less the
-    present vGPUs' and the missing records' caps the count by the type's ``fb`` MiB; a type with a max
-    (``max_instances``) counts the missing records of its size as present.  ``why``: '' unless the count
-    fell to 0, then the line naming the records and ``vgpuhost reconcile``."""
+    vGPUs are missing from the host) counts as held.  ``mixed``: the GPU's mixed-size mode as NVML
+    reports it (None: unknown, then guessed: two sizes present, or another size offered beside the one
+    present, read as mixed-size mode).  A GPU in equal-size mode holding a missing record of another
+    size admits only that size (0), and records of two sizes admit none; in mixed-size mode the
+    records' placement ids are held by the caller's limit (:func:`vgpuhost.ops.vgpu.limits_lookup`,
+    trial 8 retest R4) and any size may fit beside them.  The board's framebuffer less the present
+    vGPUs' and the missing records' caps the count by the type's ``fb`` MiB; a type with a max
+    (``max_instances``) counts the missing records of its size as present.  ``why``: '' unless the
+    count is 0, then the line naming the records, the mode's reason and ``vgpuhost reconcile``."""
     wanted = ts[0].profile if ts else None
     if not fb or (wanted is not None and wanted.mig_backed):
         return available, ""            # a MIG-backed type: GPU instances count it, not the framebuffer
@@ -258,12 +278,18 @@ def _held_by_missing(g, ix, ts: Sequence[VgpuType], gone: Sequence[VgpuRecord], 
            f"{'it' if one else 'them'} there")
     present = [x for x in sizes if x]
     sized = set(present)
-    # mixed-size mode shows as two sizes present, or a size not present still offered beside them
-    mixed = len(sized) > 1 or bool(sized) and any(t.available_instances > 0 and t.framebuffer_mib
-                                                  and t.framebuffer_mib not in sized
-                                                  for t in ix.types if t.type_id in ix.time_sliced)
-    if not mixed and any(f != fb for _, f in held):
-        return 0, why + f"; equal-size mode admits only {'/'.join(sorted({str(f) for _, f in held}))} MiB vGPUs"
+    if mixed is None:
+        # unknown: mixed-size mode shows as two sizes present, or a size not present still offered beside them
+        mixed = len(sized) > 1 or bool(sized) and any(t.available_instances > 0 and t.framebuffer_mib
+                                                      and t.framebuffer_mib not in sized
+                                                      for t in ix.types if t.type_id in ix.time_sliced)
+    kept = sorted({f for _, f in held})
+    if not mixed and (len(kept) > 1 or any(f != fb for f in kept)):
+        if len(kept) > 1:
+            return 0, why + (f"; they need mixed-size mode ({'/'.join(map(str, kept))} MiB vGPUs) and the GPU "
+                             f"is in equal-size mode: run 'vgpuhost reconcile' (it turns mixed-size mode on "
+                             "first while the GPU holds no vGPU)")
+        return 0, why + f"; equal-size mode admits only {kept[0]} MiB vGPUs"
     board = g.framebuffer_mib or max([f or 0 for t, f in ix.framebuffer_of.items() if t in ix.time_sliced] or [0])
     n = available
     if board:
@@ -272,6 +298,9 @@ def _held_by_missing(g, ix, ts: Sequence[VgpuType], gone: Sequence[VgpuRecord], 
     if most is not None:
         same = sum(1 for x in present if x == fb) + sum(1 for _, f in held if f == fb)
         n = min(n, max(0, most - same))
+    if n <= 0 and mixed:
+        return 0, why + (f"; in mixed-size mode {'it keeps its' if one else 'each keeps its'} placement id, and "
+                         f"no placement id of this size is free beside {'it' if one else 'them'}")
     return n, (why if n <= 0 else "")
 
 
@@ -334,37 +363,62 @@ def seen_rows(inv: Inventory) -> List[tuple]:
 _SEEN = None
 
 
+def held_on(inv: Inventory, gpu: PciAddress, type_id: str, n: int, records: Sequence[VgpuRecord],
+            fbs: Optional[Mapping[str, int]] = None,
+            modes: Optional[Callable[[], Mapping[PciAddress, bool]]] = None,
+            recorded: Optional[Collection[str]] = None) -> int:
+    """``n`` free instances of ``type_id`` on ``gpu`` (as :func:`vgpuhost.observe.inventory.free_instances`
+    counts them) less what ``records`` hold there, as :func:`offers` counts it: free VFs a record holds
+    (``recorded``: :func:`recorded_vfs` of ``records``, computed when None) take nothing new, and records
+    whose vGPU is missing hold their share of the GPU (:func:`_held_by_missing`, in the mode ``modes``
+    reports).  What ``vgpuhost types`` and the refusals' "types that still fit" count, so they agree
+    with placement (trial 8 retest R6).  ``fbs``: type id -> MiB seen before."""
+    ix = inv.on_gpu(gpu)
+    if ix is None or n <= 0 or not records:
+        return n
+    ts = ix.by_type.get(type_id, ())
+    if not ts:
+        return n
+    fbs = fbs or {}
+    recorded = recorded_vfs(records) if recorded is None else recorded
+    if recorded:        # free VFs a record holds (vendor VFIO) take nothing new
+        vfs = [str(t.parent) for t in ts if t.available_instances > 0]
+        left = sum(1 for p in vfs if p not in recorded)
+        n = min(n, left) if left < len(vfs) else n
+    here = set(ix.vgpus)
+    gone = [r for r in records if r.gpu == str(gpu) and r.id not in here]
+    if gone and n > 0:
+        sizes = _present_framebuffers(ix, fbs)
+        n = _held_by_missing(ix.gpu, ix, ts, gone, ts[0].framebuffer_mib or fbs.get(type_id), sizes, fbs, n,
+                             _mode_of(modes, gpu))[0]
+    return n
+
+
 def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (),
                       limits_of: Optional[Callable[[str], Mapping[PciAddress, int]]] = None,
-                      recorded: Collection[str] = (), records: Sequence[VgpuRecord] = ()) -> str:
+                      recorded: Collection[str] = (), records: Sequence[VgpuRecord] = (),
+                      modes: Optional[Callable[[], Mapping[PciAddress, bool]]] = None) -> str:
     """``A40-8Q (5), A40-8C (5)``: the types that still fit on ``gpu`` (refusal and ENOSPC advice),
     counted by :func:`vgpuhost.observe.inventory.free_instances` as the offers are; ``seen`` as for
     :func:`offers`; ``limits_of``: a type name -> its ``limits`` for :func:`offers` (the max in each
     GPU's vGPU mode: :func:`vgpuhost.ops.vgpu.limits_lookup`); ``recorded``: the VFs records hold
     (:func:`recorded_vfs`), whose free ones count as taken, as in :func:`offers`; ``records``: the vGPU
-    records, whose vGPUs missing from ``gpu`` hold their share of it, as in :func:`offers`."""
+    records, whose vGPUs missing from ``gpu`` hold their share of it, as in :func:`offers`; ``modes``
+    as for :func:`offers`."""
     ix = inv.on_gpu(gpu)
     if ix is None:
         return "none"
     fbs = {row[1]: row[3] for row in seen if row[0] == str(gpu) and row[3]}
-    here = set(ix.vgpus)
-    gone = [r for r in records if r.gpu == str(gpu) and r.id not in here]
-    sizes = _present_framebuffers(ix, fbs) if gone else []
     agg: Dict[str, int] = {}
     for tid, ts in ix.by_type.items():
         if ts[0].name not in agg:
             limit = limits_of(ts[0].name).get(gpu) if limits_of is not None and ts[0].name else None
-            n = free_instances(inv, gpu, tid, fbs, limit=limit)[0]
-            if recorded and n > 0:      # free VFs a record holds (vendor VFIO) take nothing new
-                vfs = [str(t.parent) for t in ts if t.available_instances > 0]
-                left = sum(1 for p in vfs if p not in recorded)
-                n = min(n, left) if left < len(vfs) else n
-            if gone and n > 0:
-                n = _held_by_missing(ix.gpu, ix, ts, gone, ts[0].framebuffer_mib or fbs.get(tid), sizes, fbs, n)[0]
+            n = held_on(inv, gpu, tid, free_instances(inv, gpu, tid, fbs, limit=limit)[0], records, fbs,
+                        modes, recorded)
             if n > 0:
                 agg[ts[0].name] = n
     return ", ".join(f"{n} ({c})" for n, c in sorted(agg.items())) or "none"
 
 
 __all__ = ["types_by_gpu", "resolve_profile", "OfferIndex", "offers", "recorded_vfs", "present_by_gpu",
-           "present_framebuffers", "seen_rows", "fitting_elsewhere"]
+           "present_framebuffers", "seen_rows", "fitting_elsewhere", "held_on"]
