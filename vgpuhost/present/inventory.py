@@ -16,7 +16,7 @@ from ..observe.inventory import Gpu, Inventory, VgpuType, free_instances
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only: `vgpuhost types` does not import typing
-    from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 SCHEMA_GPUS = "vgpuhost.gpus/v1"
 SCHEMA_TYPES = "vgpuhost.types/v1"
@@ -66,8 +66,7 @@ def gpus_doc(inv: Inventory) -> Dict[str, Any]:
 
 
 def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None,
-                    limits_of: Optional[Callable[[str], Mapping[Any, int]]] = None,
-                    records: Sequence[Any] = ()) -> List[Dict[str, Any]]:
+                    limits_of: Optional[Callable[[str], Mapping[Any, int]]] = None) -> List[Dict[str, Any]]:
     """One entry per (GPU, type id) with per-parent availability, in sysfs order.
 
     With ``inv``, ``available_instances`` is what
@@ -75,10 +74,7 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None,
     ``nvidia``; on SR-IOV GPUs the per-VF ones sum to more than the GPU holds),
     capped by ``limits_of(name)``'s max for the GPU's vGPU mode where given
     (:func:`vgpuhost.ops.vgpu.limits_lookup`: mixed-size maxima, as placement
-    counts them), and less what ``records`` (vGPU records) hold there as placement counts it
-    (:func:`vgpuhost.policy.offers.held_on`: free VFs a record holds, the share of a record whose vGPU is
-    missing, in the mode ``limits_of.modes()`` reports; trial 8 retest R6); the per-parent counts stay
-    the kernel's, except on a GPU out of service
+    counts them); the per-parent counts stay the kernel's, except on a GPU out of service
     (``inv.out_of_service``: unhealthy or cordoned), where they read 0 as the type's count does.
     """
     # GPU -> type id -> entry.  The rows come a parent at a time, a GPU's parents together (an 8 x 32 VF
@@ -101,40 +97,14 @@ def aggregate_types(types: Iterable[VgpuType], inv: Optional[Inventory] = None,
         e["available_instances"] += n
         e["parents"].append({"parent": parent_text, "available_instances": n})
     if inv is not None:
-        if records:
-            from ..policy.offers import held_on, recorded_vfs
-        recorded = recorded_vfs(records) if records else frozenset()
         for gpu, entries in by_gpu.items():
             for tid, e in entries.items():
                 limit = limits_of(e["name"]).get(gpu) if limits_of is not None and e["name"] else None
-                n = free_instances(inv, gpu, tid, limit=limit)[0]
-                if records:
-                    n = held_on(inv, gpu, tid, n, records, modes=getattr(limits_of, "modes", None),
-                                recorded=recorded)
-                e["available_instances"] = n
+                e["available_instances"] = free_instances(inv, gpu, tid, limit=limit)[0]
                 if gpu in inv.out_of_service:           # nothing is offered there: the parents agree
                     e["parents"] = [dict(p, available_instances=0) for p in e["parents"]]
     return sorted((e for entries in by_gpu.values() for e in entries.values()),
                   key=lambda e: (e["gpu"], _type_sort(e["type_id"])))
-
-
-def _records(host, store, inv: Inventory) -> list:
-    """The vGPU records (``store`` when the caller holds it open, else the state store opened here), on
-    a host whose GPUs have a VF or an mdev parent; [] where there is no store yet."""
-    if not any(g.vfs or g.mdev_parents for g in inv.gpus):
-        return []
-    from ..model.errors import VgpuhostError
-    try:
-        if store is not None:
-            return list(store.vgpu_records())
-        from ..io.state import StateStore
-        own = StateStore(host.state_dir, create=False)
-        try:
-            return list(own.vgpu_records())
-        finally:
-            own.close()
-    except VgpuhostError:
-        return []
 
 
 def _type_fields(t: VgpuType) -> Dict[str, Any]:
@@ -205,15 +175,13 @@ def types_listing(host, inv: Inventory, gpu=None, *, available: bool = False,
                          "would make" for g, n in sorted(made.items()) if n and (gpu is None or g == str(gpu))]
     limits_of = None
     from ..observe.inventory import BACKEND_VENDOR_VFIO
-    records = _records(host, store, inv)
-    if records or any(g.vfs and g.vgpu_backend == BACKEND_VENDOR_VFIO for g in inv.gpus):
+    if any(g.vfs and g.vgpu_backend == BACKEND_VENDOR_VFIO for g in inv.gpus):
         # vendor VFIO lists a type on every free VF: the max in the GPU's mode (mixed-size: often lower)
-        # caps AVAIL, as placement counts it, and a record whose vGPU is missing holds its share (its
-        # placement id in mixed-size mode); NVML and the catalog only on such a host
+        # caps AVAIL, as placement counts it; NVML and the catalog only on such a host
         from ..ops.vgpu import limits_lookup
-        limits_of = limits_lookup(host, inv, records)
+        limits_of = limits_lookup(host, inv)
     entries = aggregate_types(inv.vgpu_types if gpu is None else (t for t in inv.vgpu_types if t.gpu == gpu), inv,
-                              limits_of, records)
+                              limits_of)
     if available:
         entries = [e for e in entries if e["available_instances"] > 0]
     notes = [f"{g.address}: unreadable {u.describe()}" for g in inv.gpus if gpu is None or g.address == gpu
