@@ -445,13 +445,12 @@ def limits_lookup(host: HostRoot, inv: Inventory, records: Optional[Sequence[Vgp
     :func:`vgpuhost.policy.offers.offers`' ``modes``."""
     gone: Dict[PciAddress, List[VgpuRecord]] = {}
     if records:
+        from ..policy.offers import missing_records
         for g in inv.gpus:
             ix = inv.on_gpu(g.address) if g.vgpu_backend else None
-            if ix is not None:
-                here = set(ix.vgpus)
-                miss = [r for r in records if r.gpu == str(g.address) and r.id not in here]
-                if miss:
-                    gone[g.address] = miss
+            miss = missing_records(ix, g.address, records) if ix is not None else None
+            if miss:
+                gone[g.address] = miss
     vfio = [g.address for g in inv.gpus if (g.vfs and g.vgpu_backend and g.vgpu_backend != BACKEND_MDEV)
             or g.address in gone]
     listed: set = set()         # the names those GPUs list, lower-case: gathered at the first name asked about
@@ -523,7 +522,8 @@ def _mixed_fit(host: HostRoot, inv: Inventory, g, name: str, placed: Dict[PciAdd
             except VgpuhostError:
                 pass
         if gone is None:
-            gone = [r for r in recs if r.id not in here]
+            from ..policy.offers import missing_records
+            gone = missing_records(inv.on_gpu(g.address), g.address, recs)
         fs = Sysfs(host)
         rows = []
         for v in inv.vf_vgpus:
@@ -1189,9 +1189,8 @@ def _placement_for(host: HostRoot, inv: Inventory, backend: str, d: Decision, na
         return None
     from ..io.vgpudev import read_placement
     fs = Sysfs(host)
-    ix = inv.on_gpu(g.address)
-    here = set(ix.vgpus) if ix is not None else set()
-    gone = [r for r in records if r.gpu == str(g.address) and r.id != vid and r.id not in here]
+    from ..policy.offers import missing_records
+    gone = [r for r in missing_records(inv.on_gpu(g.address), g.address, records) if r.id != vid]
     if not any(read_placement(fs, Backend.VENDOR_VFIO, v.vf, str(v.vf)) is not None
                for v in inv.vf_vgpus if v.gpu == g.address and v.type_id is not None):
         modes = getattr(limits_of, "modes", None)

@@ -112,6 +112,16 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
     raise InputError(f"unknown vGPU profile {clipped(name)!r} on {where}", hint=hint)
 
 
+def missing_records(ix, gpu: PciAddress, records: Sequence[VgpuRecord]) -> List[VgpuRecord]:
+    """The records of ``records`` on ``gpu`` (whose :class:`~vgpuhost.observe.inventory.GpuIndex` is ``ix``,
+    :meth:`Inventory.on_gpu`; None: nothing there) whose vGPU is not on the host: neither an mdev nor a VF
+    holding a type there (lost at a reboot before ``reconcile``, or reset behind vgpuhost).  Each holds
+    its share of the GPU for ``reconcile`` to re-create it there (:func:`offers`)."""
+    here = set(ix.vgpus) if ix is not None else set()
+    at = str(gpu)
+    return [r for r in records if r.gpu == at and r.id not in here]
+
+
 class OfferIndex:
     """What :func:`offers` looks up per GPU, gathered once for many profiles (``capacity`` asks for
     every profile): ``by_gpu`` (:func:`types_by_gpu`), ``seen_of`` (str GPU -> its ``seen`` rows) and
@@ -138,8 +148,7 @@ class OfferIndex:
         key = (gpu, owner)
         hit = self._missing.get(key)
         if hit is None:
-            here = set(ix.vgpus)
-            hit = self._missing[key] = [r for r in recs if r.id not in here and (owner is None or r.owner != owner)]
+            hit = self._missing[key] = [r for r in missing_records(ix, gpu, recs) if owner is None or r.owner != owner]
         return hit
 
 
@@ -371,8 +380,9 @@ def held_on(inv: Inventory, gpu: PciAddress, type_id: str, n: int, records: Sequ
     counts them) less what ``records`` hold there, as :func:`offers` counts it: free VFs a record holds
     (``recorded``: :func:`recorded_vfs` of ``records``, computed when None) take nothing new, and records
     whose vGPU is missing hold their share of the GPU (:func:`_held_by_missing`, in the mode ``modes``
-    reports).  What ``vgpuhost types`` and the refusals' "types that still fit" count, so they agree
-    with placement (trial 8 retest R6).  ``fbs``: type id -> MiB seen before."""
+    reports).  What the refusals' "types that still fit" count, so they agree with placement (trial 8
+    retest R6; ``vgpuhost types`` shows the driver's counts and reads no store).  ``fbs``: type id -> MiB
+    seen before."""
     ix = inv.on_gpu(gpu)
     if ix is None or n <= 0 or not records:
         return n
@@ -385,8 +395,7 @@ def held_on(inv: Inventory, gpu: PciAddress, type_id: str, n: int, records: Sequ
         vfs = [str(t.parent) for t in ts if t.available_instances > 0]
         left = sum(1 for p in vfs if p not in recorded)
         n = min(n, left) if left < len(vfs) else n
-    here = set(ix.vgpus)
-    gone = [r for r in records if r.gpu == str(gpu) and r.id not in here]
+    gone = missing_records(ix, gpu, records)
     if gone and n > 0:
         sizes = _present_framebuffers(ix, fbs)
         n = _held_by_missing(ix.gpu, ix, ts, gone, ts[0].framebuffer_mib or fbs.get(type_id), sizes, fbs, n,
@@ -421,4 +430,4 @@ def fitting_elsewhere(inv: Inventory, gpu: PciAddress, seen: Sequence[tuple] = (
 
 
 __all__ = ["types_by_gpu", "resolve_profile", "OfferIndex", "offers", "recorded_vfs", "present_by_gpu",
-           "present_framebuffers", "seen_rows", "fitting_elsewhere", "held_on"]
+           "present_framebuffers", "seen_rows", "fitting_elsewhere", "held_on", "missing_records"]
