@@ -317,20 +317,26 @@ print(json.dumps(out))
 """
 
 
+def _holder_is_capped(sock: str, uid: int, gid: int) -> None:
+    """Run :data:`HOLDER` as ``uid``/``gid`` on ``sock``: its connection past the per-caller cap (one of four)
+    is answered 429 at accept, with the per-caller line."""
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", HOLDER, sock, str(uid), str(gid)],
+                          capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    for raw in json.loads(proc.stdout):
+        status, _h, doc = _answer(raw.encode())
+        assert status == 429 and doc["error"]["exit_code"] == 5
+        assert doc["error"]["line"] == (f"uid {uid} already holds 1 of this socket's connections, the most "
+                                        "one caller may; close connections you hold open")
+
+
 def test_one_caller_holds_at_most_a_quarter_of_the_connections(host):
     """--max-connections 4: a caller that is not root holds one; its next is answered 429 at accept, while
     root (here, the test) is still served on the same socket.  (The held connection is held for as long as
     the caller runs: with a request deadline, a caller slowed past it would have its slot freed.)"""
-    import subprocess
     with AgentRun(host.root, extra=PATIENT) as run:
-        proc = subprocess.run([sys.executable, "-c", HOLDER, run.ro, str(RO_UID), str(RO_GID)],
-                              capture_output=True, text=True, timeout=120, cwd=str(REPO))
-        assert proc.returncode == 0, proc.stderr
-        for raw in json.loads(proc.stdout):
-            status, _h, doc = _answer(raw.encode())
-            assert status == 429 and doc["error"]["exit_code"] == 5
-            assert doc["error"]["line"] == (f"uid {RO_UID} already holds 1 of this socket's connections, the most "
-                                            "one caller may; close connections you hold open")
+        _holder_is_capped(run.ro, RO_UID, RO_GID)
         assert run.call("GET", "/v1/agent", ro=True)[0] == 200
     _unchanged(host)
 
@@ -425,16 +431,8 @@ def test_peers_of_no_role_are_answered_403_at_accept_and_cannot_keep_a_member_or
 def test_a_tenant_member_still_holds_at_most_a_quarter_of_the_tenant_sockets_connections(tenant_agent, host):
     """A peer with a role keeps the per-peer cap: one of four here; its next connection is 429 at accept,
     while root is served on the same socket."""
-    import subprocess
     run = tenant_agent
-    proc = subprocess.run([sys.executable, "-c", HOLDER, run.tenant, str(MEMBER_UID), str(T1_GID)],
-                          capture_output=True, text=True, timeout=120, cwd=str(REPO))
-    assert proc.returncode == 0, proc.stderr
-    for raw in json.loads(proc.stdout):
-        status, _h, doc = _answer(raw.encode())
-        assert status == 429 and doc["error"]["exit_code"] == 5
-        assert doc["error"]["line"] == (f"uid {MEMBER_UID} already holds 1 of this socket's connections, the most "
-                                        "one caller may; close connections you hold open")
+    _holder_is_capped(run.tenant, MEMBER_UID, T1_GID)
     status, _h, doc = _answer(_raw(run.tenant, b"GET /v1/agent HTTP/1.1\r\n\r\n"))
     assert status == 200
     _unchanged(host)
