@@ -56,3 +56,95 @@ def test_a_vgpu_uuid_on_a_vendor_vfio_gpu_is_refused_before_anything_is_made(mak
                           uuid="aaaaaaaa-2222-4333-8444-0000000000a1", actor="test")
     assert "vendor VFIO" in e.value.message, e.value.message
     assert s.vgpu_records() == [] and s.allocation_rows() == []
+
+
+# ---------------------------------------------------------------------------
+# MIG on demand: a tenant's allocate makes the GPU instance a start would (trial 8 retest: it was 409 while
+# `capacity` counted the instances that could be made)
+
+def _h200_on_demand(make_host, vgpus=2):
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import migdemand
+    host = make_host("h200-mig-on")
+    s = StateStore(host.state_dir)
+    migdemand.set_opt_in(host, s, PciAddress.parse("0000:18:00.0"), True, actor="test")
+    tenancy.add(s, tenancy.Tenant("t1", quota=tenancy.Quota(tenancy.Limits(vgpus=vgpus),
+                                                            tenancy.Limits(vgpus=vgpus))))
+    tenancy.bind(s, D1, "t1", name="vm1")
+    tenancy.bind(s, D2, "t1", name="vm2")
+    return host, s
+
+
+def _instances(host):
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.sim.nvml import SimNvml
+    nv = SimNvml(host)
+    gpu = PciAddress.parse("0000:18:00.0")
+    names = {p.profile_id: p.name for p in nv.gi_profiles(gpu)}
+    return sorted(names[g.profile_id] for g in nv.gpu_instances(gpu))
+
+
+def test_a_tenant_allocate_on_a_mig_on_demand_gpu_makes_the_instance_and_the_release_destroys_it(make_host):
+    from vgpuhost.ops import migdemand
+    from vgpuhost.ops.devices import release_domain
+    host, s = _h200_on_demand(make_host)
+    assert _instances(host) == []                          # MIG mode on, no GPU instance: nothing offers 1-18C
+
+    def inventory():
+        return discover(Sysfs(host))
+    # a dry run counts the instance that could be made (as capacity does) and makes nothing
+    dry = allocate_admitted(host, s, inventory, owner=D1, tenant="t1", profile="H200X-1-18C", dry_run=True,
+                            actor="test")
+    assert dry.as_dict()["dry_run"] is True and _instances(host) == [] and s.allocation_rows() == []
+    out = allocate_admitted(host, s, inventory, owner=D1, tenant="t1", profile="H200X-1-18C", actor="test")
+    vf = out.id
+    assert _instances(host) == ["1g.18gb"]
+    cur = Sysfs(host).read_optional(host.pci_device(vf) / "nvidia" / "current_vgpu_type")
+    assert cur not in (None, "", "0")                      # the VF holds the vGPU, on the instance made for it
+    assert [(m.owner, m.gpu) for m in migdemand.made(s)] == [(D1, "0000:18:00.0")]
+    assert [(row[0], row[1], row[2]) for row in s.allocation_rows()] == [(vf, D1, "t1")]
+    # the domain's release (the tenant's POST release, the hook's release end) destroys it with the vGPU
+    assert release_domain(host, s, D1, actor="test") == [vf]
+    assert _instances(host) == [] and migdemand.made(s) == [] and s.allocation_rows() == []
+
+
+def test_an_allocate_refused_after_the_instance_was_made_destroys_it(make_host):
+    from vgpuhost.ops import migdemand
+    host, s = _h200_on_demand(make_host, vgpus=1)
+
+    def inventory():
+        return discover(Sysfs(host))
+    allocate_admitted(host, s, inventory, owner=D1, tenant="t1", profile="H200X-1-18C", actor="test")
+    assert _instances(host) == ["1g.18gb"]
+    # over the quota: admission refuses after the second instance was made; it is destroyed again
+    with pytest.raises(RefusedError) as e:
+        allocate_admitted(host, s, inventory, owner=D2, tenant="t1", profile="H200X-1-18C", actor="test")
+    assert "quota" in e.value.message, e.value.message
+    assert _instances(host) == ["1g.18gb"] and [m.owner for m in migdemand.made(s)] == [D1]
+    assert [row[1] for row in s.allocation_rows()] == [D1]
+    paths = [r.path for r in s.audit_rows()]
+    assert paths.count("nvml:nvmlDeviceCreateGpuInstanceWithPlacement") == 2
+    assert paths.count("nvml:nvmlGpuInstanceDestroy") == 1
+    assert not s.journal_entries(open_only=True)
+
+
+def test_the_agents_tenant_allocate_makes_the_instance_and_its_snapshot_stays_the_host(make_host):
+    """Through the agent (its warm snapshot): the member's allocate is answered 200 on the VF the made
+    instance serves, the agent's capacity then matches a one-shot read, and the member's release destroys it."""
+    from vgpuhost.agent import api
+    from vgpuhost.ops import migdemand
+    host, s = _h200_on_demand(make_host)
+    agent = api.Agent(host)
+    agent.inventory()
+
+    def req(body=None):
+        return api.Request({"uuid": D1}, {}, body, "test-member", 1, role=api.TENANT, tenant="t1")
+    out = api.tenant_allocate(agent, req({"profile": "H200X-1-18C"}))
+    assert out["backend"] == "vendor-vfio" and _instances(host) == ["1g.18gb"], out
+    assert [(row[0], row[1]) for row in s.allocation_rows()] == [(out["id"], D1)]
+    agent.warm_up()
+    assert agent.inventory() == discover(Sysfs(host))           # the snapshot is the host after the allocate
+    api.tenant_release(agent, req())
+    assert _instances(host) == [] and migdemand.made(s) == [] and s.allocation_rows() == []
+    agent.warm_up()
+    assert agent.inventory() == discover(Sysfs(host))

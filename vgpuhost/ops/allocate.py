@@ -19,7 +19,7 @@ from ..model.concepts import PlacementStrategy
 from ..model.errors import RefusedError
 from ..model.values import PciAddress
 from ..observe.inventory import BACKEND_VENDOR_VFIO, Inventory
-from . import tenancy, vgpu
+from . import migdemand, tenancy, vgpu
 
 
 def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[], Inventory], *, owner: str,
@@ -81,19 +81,47 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
                          "omit gpu, or name a GPU in the allow-list (the operator keeps it); nothing was changed")
         limits_for = (lambda name: vgpu.mode_limits(host, inv, name))
         policies = (lambda gpus: tenancy.scheduler_policies(host, gpus))
+        # MIG on demand (opted-in GPUs): a MIG-backed profile no GPU instance takes now gets one made first,
+        # as a start's does (ops/devices), destroyed again when admission or the create refuses below, and
+        # with the domain's release otherwise (ops/devices.release_domain); a dry run counts the instances
+        # that could be made, as capacity does (trial 8 retest: allocate was 409 where capacity counted them)
+        on_demand = view.metadata.vgpus[0].profile.mig_backed and bool(migdemand.opted_in(store))
         if dry_run:
+            now = inv
+            if on_demand:
+                inv = migdemand.makeable(host, store, inv)
             at = gpu
             if tenancy.active(store):
                 granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding,
                                                allowed=allowed,
                                                limits_for=limits_for, policies=policies)
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
-            return make(at, True, inv)
-        with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for, policies=policies,
-                               binding=binding) as box:
-            try:
-                out = make(box.placed_gpu(vid) or gpu, False, inv)
-            except RefusedError as e:
-                raise box.refused(vid, e) from None
-            box.made(vid, out.gpu, made_as=out.id)
+            if on_demand and not any(t.available_instances > 0 and t.name.lower() == profile.lower()
+                                     and at in (None, t.gpu) for t in now.vgpu_types):
+                # admitted on the instances that could be made, and none takes it now: create's own dry run
+                # would refuse (it makes no GPU instance), so the answer says what the allocate would do
+                where = f" on {at}" if at is not None else ""
+                return vgpu.VgpuOutcome("create", changed=True, dry_run=True, gpu=str(at) if at else None,
+                                        type_name=profile, owner=owner,
+                                        reason=f"MIG on demand would make a GPU instance for {profile}{where}, "
+                                               "then the vGPU on it",
+                                        steps=[f"make a GPU instance for {profile}{where} (MIG on demand)",
+                                               f"create {profile} on it for {owner}"])
+            return make(at, True, now)
+        made = (migdemand.make_for(host, store, owner, view.metadata.vgpus, inv, actor=actor or "agent")
+                if on_demand else [])
+        try:
+            if made:
+                inv = inventory()           # read again: the GPU instance offers the type now
+            with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for,
+                                   policies=policies, binding=binding) as box:
+                try:
+                    out = make(box.placed_gpu(vid) or gpu, False, inv)
+                except RefusedError as e:
+                    raise box.refused(vid, e) from None
+                box.made(vid, out.gpu, made_as=out.id)
+        except BaseException:
+            if made:
+                migdemand.release_made(host, store, made, actor=actor or "agent")
+            raise
         return out
