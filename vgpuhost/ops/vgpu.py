@@ -1262,9 +1262,17 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
     with file_lock(store.dir, f"gpu-{gpu}") if not dry_run else _nolock():
+        recovered = [] if dry_run else _recover_first(host, store, gpu, actor)
         if not dry_run:
-            _recover_first(host, store, gpu, actor)
+            # a removal of this vGPU left pending (its write blocked, the entry open) is that entry's to end:
+            # the recovery just now finished it, or it is still pending and no second entry is opened
+            _refuse_second_removal(store, vid, recovered)
         if not any(r.owner == rec.owner for r in store.vgpu_records(vgpu_id=vid)):
+            ended = next((r for r in recovered if vid in r.devices and r.operation.startswith("vgpu remove ")
+                          and r.result == "finished"), None)
+            if ended is not None:
+                out.notes.append(f"{vid}: its pending removal (journal #{ended.entry}) finished now")
+                return out
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
             return out
@@ -1324,6 +1332,21 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                 ex.run([RemoveConfig(mdevctl)])
             out.writes = ex.writes
             return out
+
+
+def _refuse_second_removal(store: StateStore, vid: str, recovered: list) -> None:
+    """Raise DeviceError (exit 3) when a removal of vGPU ``vid`` is still pending: an open ``vgpu-remove``
+    journal entry names it (its write blocked by a holder, its caller gone on; ``recovered``: what the
+    recovery of the vGPU's GPU did just now, :class:`vgpuhost.ops.recover.Recovered`, which says why it is
+    still pending).  Nothing new is opened or written: the entry finishes once the device is closed."""
+    entry = next((e for e in store.journal_entries(open_only=True) if e.kind == "vgpu-remove"
+                  and any(str(d.get("id")) == vid for d in e.devices)), None)
+    if entry is None:
+        return
+    why = next((r.detail for r in recovered if r.entry == entry.id and r.detail), "not ended yet")
+    raise DeviceError(f"the removal of {vid} is still pending (journal #{entry.id}, opened {entry.opened}): {why}",
+                      hint="it ends once the device is closed: stop what holds it open, then run this command "
+                           "again or 'vgpuhost reconcile', which finish that entry (no second one is opened)")
 
 
 def _refuse_if_open(fs: Sysfs, rec: VgpuRecord, parent: PciAddress, vid: str) -> None:
