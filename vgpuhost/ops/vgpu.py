@@ -1250,6 +1250,9 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     and undo, and detach, which take it from the domain first).  Raises
     RefusedError for a device vgpuhost did not create, that another owner
     holds now, or that a running domain uses; InputError for an unknown id.
+    A removal of it left pending (an open ``vgpu-remove`` journal entry: its write blocked by a holder)
+    is that entry's to end, never a second entry's: the GPU's recovery finishes it once the device is
+    closed (``out.notes`` says so), else DeviceError (exit 3) names the entry and why it is still pending.
     """
     vid = _normalise_id(vgpu_id)
     if owner is not None:
