@@ -315,18 +315,99 @@ def test_fallback_to_the_handler_when_the_agent_is_down_or_answers_garbage(make_
     assert store(host).vgpu_records() == [] and store(host).active_domains() == {}
 
 
-def test_an_oversized_xml_is_the_handlers_to_refuse(make_host, tmp_path, client):
+def test_an_oversized_xml_is_refused_as_the_handler_refuses_it(make_host, tmp_path, client):
     host = make_host("a40-mdev")
     hook = _install(host, tmp_path, client, curl=False)
     pad = b"<!-- " + b"x" * (4 * 1024 * 1024) + b" -->\n"
     xml = vgpu_domain("big", DOM1, MDEV1).encode().replace(b"<devices>", pad + b"<devices>")
-    local = dispatch(hook, ["big", "prepare", "begin", "-"], xml)
+    local = dispatch(_install(host, tmp_path / "sh", "none"), ["big", "prepare", "begin", "-"], xml)   # the handler
     with AgentRun(host.root, str(host.path("run", "vgpuhost"))) as agent:
         proc = dispatch(hook, ["big", "prepare", "begin", "-"], xml)
         info = agent.call("GET", "/v1/agent")[1]
     assert local.returncode == 2 and b"vgpuhost reads at most" in local.stderr
     assert (proc.returncode, proc.stderr) == (local.returncode, local.stderr)
     assert info["served_thin_client"] == {} and mdevs(host) == {}
+
+
+#: forks the dispatcher from a small process (a child of this one would start with its peak RSS) and
+#: writes the dispatcher's peak RSS (KiB) to the file argv[1]
+_LAUNCH = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.argv[2], sys.argv[2:])\n"
+           "_, status, usage = os.wait4(pid, 0)\nopen(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+           "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
+def _fed(hook: Path, argv: List[str], parts: List[bytes]):
+    """Run the installed dispatcher as :func:`dispatch` does, writing ``parts`` to its stdin one after
+    another until it stops reading: ``(exit code, stderr, bytes it took, its peak RSS in KiB)``, the RSS
+    of the process the dispatcher is (it execs the client, which may exec it again)."""
+    import sys
+    import tempfile
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C"}
+    rss_file = tempfile.NamedTemporaryFile(prefix="vgpuhost-rss-", delete=False)
+    rss_file.close()
+    proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCH, rss_file.name, str(hook), *argv],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    took = [0]
+
+    def feed() -> None:
+        try:
+            for part in parts:
+                view = memoryview(part)
+                for at in range(0, len(view), 1 << 20):
+                    proc.stdin.write(view[at:at + (1 << 20)])
+                    took[0] += len(view[at:at + (1 << 20)])
+            proc.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    err = proc.stderr.read()
+    proc.wait(120)
+    writer.join(60)
+    rss = int(Path(rss_file.name).read_text())
+    os.unlink(rss_file.name)
+    return proc.returncode, err, took[0], rss
+
+
+def test_an_oversized_xml_at_prepare_is_decided_without_holding_it(make_host, tmp_path, client):
+    """final8 F1: with the client installed (the agent up or not), a domain XML over 4 MiB at 'prepare
+    begin' is not handed back whole to the sh dispatcher (150 MB in, 295 MB of memory): the client refuses
+    it with the handler's line and exit 2 as soon as what it read names vgpuhost or a host device (the rest
+    never read), scans the rest a piece at a time where it does not, and lets a document naming neither
+    through (exit 0), as the sh does.  Nothing reaches the agent; nothing changes."""
+    host = make_host("a40-mdev")
+    hook = _install(host, tmp_path, client, curl=False)
+    sh = _install(host, tmp_path / "sh", "none", curl=False)    # the sh dispatcher and the handler alone
+    sdir = host.path("run", "vgpuhost")
+    sdir.mkdir(parents=True)
+    xml = vgpu_domain("vm3", DOM1, MDEV1).encode()
+    head, tail = xml.split(b"<devices>")
+    plain_head, plain_tail = domain_xml("vm4", DOM1).encode().split(b"<devices>")
+    pad = b" " * (40 << 20)
+    with Scripted(http(b"vgpuhost-hook/1 0")) as srv:
+        os.symlink(srv.path, sdir / "agent.sock")
+        # vgpuhost's namespace in the first 4 MiB: refused at once, the rest of the 40 MiB never read
+        code, err, took, rss = _fed(hook, ["vm3", "prepare", "begin", "-"], [head, pad, b"<devices>" + tail])
+        want = dispatch(sh, ["vm3", "prepare", "begin", "-"], head + b" " * (5 << 20) + b"<devices>" + tail)
+        assert want.returncode == 2 and b"domain XML is over 4194304 bytes" in want.stderr, want.stderr
+        assert (code, err) == (want.returncode, want.stderr)
+        assert took < (12 << 20) and rss < (16 << 10), (took, rss)
+        # the host device only after the padding (the F1 document): the rest is scanned, never held
+        late = [plain_head, pad, b"<devices><hostdev mode='subsystem' type='pci'/>" + plain_tail]
+        code, err, took, rss = _fed(hook, ["vm4", "prepare", "begin", "-"], late)
+        want = dispatch(sh, ["vm4", "prepare", "begin", "-"], b"".join([plain_head, b" " * (5 << 20), late[2]]))
+        assert want.returncode == 2 and (code, err) == (want.returncode, want.stderr), (code, err, want.stderr)
+        assert rss < (16 << 10), rss
+        # naming neither: nothing to do, as the sh decides; a NUL byte read: the dispatcher's own line
+        code, err, took, rss = _fed(hook, ["vm4", "prepare", "begin", "-"], [plain_head, pad, b"<devices>" + plain_tail])
+        assert (code, err) == (0, b"") and took == len(plain_head) + len(pad) + len(plain_tail) + 9 and rss < (16 << 10)
+        nul = [head, b"\0" + b" " * (5 << 20), b"<devices>" + tail]
+        want = dispatch(sh, ["vm3", "prepare", "begin", "-"], b"".join(nul))
+        assert want.returncode == 2 and b"NUL byte" in want.stderr
+        assert _fed(hook, ["vm3", "prepare", "begin", "-"], nul)[:2] == (want.returncode, want.stderr)
+        assert srv.requests == []
+    assert mdevs(host) == {}
+    assert not (host.state_dir / "state.db").exists() or store(host).vgpu_records() == []
 
 
 def _served(agent) -> dict:
@@ -394,7 +475,8 @@ def test_hook_mode_falls_back_on_a_timeout_a_large_xml_and_an_odd_name(make_host
         # a name that cannot travel in a header: the handler does the work itself
         proc = dispatch(hook, ["odd\x7fname", "release", "end", "-"], xml)
         assert (proc.returncode, proc.stderr) == (0, b"") and mdevs(host) == {}
-        # over 4 MiB: handed back to the sh dispatcher whole, which hands it to the handler
+        # over 4 MiB at prepare, naming neither vgpuhost nor a host device: nothing to do, as the sh decides
+        # (the client scans the rest a piece at a time: test_an_oversized_xml_at_prepare_is_decided_...)
         huge_plain = domain_xml("huge", DOM1).encode().replace(b"<devices>", b"<!-- " + b"y" * (5 << 20) + b" -->")
         assert dispatch(hook, ["huge", "prepare", "begin", "-"], huge_plain).returncode == 0
         served = _served(agent)

@@ -56,7 +56,7 @@ def reconcile_cmd(ctx: Context, check: bool, forget_domains: bool) -> None:
     if check:                       # the intent journal: open entries are interrupted operations
         for e in open_entries(st):
             interrupted |= {str(d.get("id") or d.get("bdf")) for d in e.devices}
-            journal_lines.append("open: " + describe_open(e))
+            journal_lines.append("open: " + describe_open(e, st.dir))
             journal_doc.append({"entry": e.id, "operation": e.operation, "owner": e.owner, "opened": e.opened,
                                 "done": e.done, "steps": e.steps, "devices": e.devices, "result": "open"})
             journal_ok = False

@@ -33,9 +33,16 @@
  * with NAME = ARG1, ROOT and STATE_DIR from $VGPUHOST_ROOT and
  * $VGPUHOST_STATE_DIR when SOCKET is a socket, then, when the agent did not answer, the fallback
  * the dispatcher makes: exec HANDLER... (the Python handler's command line)
- * with VGPUHOST_AGENT=off and the XML on stdin.  An XML over MAX_XML bytes
- * is handed back whole to DISPATCHER ARG1..ARGN with VGPUHOST_AGENT=off
- * (the sh checks then read it all).
+ * with VGPUHOST_AGENT=off and the XML on stdin.  An XML over MAX_XML bytes at 'prepare begin' is
+ * decided here without holding more than MAX_XML bytes of it (trial final8 F1: the sh read a 150 MB
+ * document whole, 295 MB of memory): when what was read names vgpuhost's namespace or a host device
+ * (the sh would hand it to the handler, which refuses it), it is refused at once with the handler's
+ * own line and exit 2 (the dispatcher's NUL line where a NUL byte was read), the rest never read;
+ * otherwise the rest is scanned in 64 KiB pieces for those names, refused as soon as one shows, and
+ * at its end, naming none, nothing to do (exit 0), as the sh decides.  Every other XML over MAX_XML
+ * bytes (at 'release end'; a domain name the handler would quote otherwise than 'NAME'; a document
+ * whose size past the limit is trailing newlines the sh drops) is handed back whole to DISPATCHER
+ * ARG1..ARGN with VGPUHOST_AGENT=off (the sh checks then read it all).
  *
  * In --hook mode a failure of the client itself (100..106 below) ends the hook with one line on stderr
  * and exit 4 (arguments that do not match: reinstall the hook) or 5 (I/O, memory: transient).
@@ -77,6 +84,17 @@
 #define NUL_LINE "vgpuhost: error: the domain XML on stdin holds a NUL byte (or a control character XML " \
                  "forbids); libvirt never sends one: refused, nothing was changed\n"
 #define MAX_PATH 4096u
+/* the handler's refusal of a document over libvirt/domxml.py MAX_XML_BYTES, as hook/runtime.py prints it
+ * ("vgpuhost: error: domain " + repr(NAME) + ": " + InputError.one_line()); tests/test_hook_client.py
+ * compares it with the handler's */
+#define OVER_HEAD "vgpuhost: error: domain '"
+#define OVER_TAIL "': domain XML is over 4194304 bytes; vgpuhost reads at most 4194304; a libvirt domain " \
+                  "document is a few KiB: check what fed this input\n"
+/* the longest domain name the client words that refusal for (the handler caps its line at 2000) */
+#define MAX_OVER_NAME 1024u
+#define SCAN_CHUNK 65536u
+/* the bytes a piece keeps from the one before: one less than the longest name looked for */
+#define SCAN_KEEP (sizeof NAMESPACE - 2)
 
 static sigjmp_buf deadline;
 
@@ -447,6 +465,68 @@ static int nothing_to_do(const char *act, const char *x, size_t n, const char *s
     return stat_is(markers, uuid, 0) == 0;
 }
 
+/* 'prepare begin': whether x[0..n) names what makes the sh hand the XML on (vgpuhost's namespace, a host
+ * device, or a character reference that could spell one) */
+static int names_prepare(const char *x, size_t n)
+{
+    return memmem(x, n, NAMESPACE, sizeof NAMESPACE - 1) != NULL || memmem(x, n, "hostdev", 7) != NULL
+        || memmem(x, n, "&#", 2) != NULL;
+}
+
+static int holds_nul(const char *x, size_t n)
+{
+    return memchr(x, '\0', n) != NULL || memchr(x, '\001', n) != NULL;
+}
+
+/* 'prepare begin' with an XML over MAX_XML bytes: xml[0..n] read (n = MAX_XML, xml[n] the byte past it).
+ * The exit code, its line printed, decided as the sh and the handler would, holding at most MAX_XML
+ * bytes of it; -1: the caller hands it back to the dispatcher (the client cannot word it the same). */
+static int over_prepare(const char *xml, size_t n, const char *name)
+{
+    /* what the sh hands on drops trailing newlines and adds one: over the 4 MiB limit only when a byte
+     * other than a newline comes at index MAX_XML - 2 or later */
+    if (xml[n - 2] == '\n' && xml[n - 1] == '\n' && xml[n] == '\n')
+        return -1;
+    size_t len = strlen(name);
+    if (len == 0 || len > MAX_OVER_NAME)
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c < 0x20 || c >= 0x7f || c == '\'' || c == '\\')
+            return -1;              /* Python's repr would not quote it as 'NAME' */
+    }
+    int nul = holds_nul(xml, n + 1);
+    if (!names_prepare(xml, n + 1)) {
+        /* the rest, a piece at a time, each after the end of the one before (a name across the seam) */
+        static char piece[SCAN_KEEP + SCAN_CHUNK];
+        size_t keep = SCAN_KEEP;
+        memcpy(piece, xml + n + 1 - keep, keep);
+        for (;;) {
+            ssize_t r = read(STDIN_FILENO, piece + keep, SCAN_CHUNK);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0)
+                return EX_IO;
+            if (r == 0)
+                return 0;           /* it names none: nothing to do, as the sh decides */
+            nul = nul || holds_nul(piece + keep, (size_t)r);
+            size_t have = keep + (size_t)r;
+            if (names_prepare(piece, have))
+                break;
+            memmove(piece, piece + have - SCAN_KEEP, SCAN_KEEP);
+            keep = SCAN_KEEP;
+        }
+    }
+    if (nul) {
+        (void)write_all(STDERR_FILENO, NUL_LINE, sizeof NUL_LINE - 1);
+        return 2;
+    }
+    if (write_all(STDERR_FILENO, OVER_HEAD, sizeof OVER_HEAD - 1) == 0
+        && write_all(STDERR_FILENO, name, len) == 0)
+        (void)write_all(STDERR_FILENO, OVER_TAIL, sizeof OVER_TAIL - 1);
+    return 2;                       /* input refused, nothing changed (EXIT_INPUT) */
+}
+
 /* stdin becomes a pipe holding data[0..len), then whatever is left on the old stdin when rest is
  * set; a writer child (stdout and stderr on /dev/null) feeds what does not fit in the pipe. 0 or -1. */
 static int refeed_stdin(const char *data, size_t len, int rest)
@@ -533,8 +613,15 @@ static int hook_mode(int argc, char **argv)
     int over = read_input(xml, MAX_XML, &n);
     if (over < 0)
         return run_instead(handler);        /* unreadable: the handler says so */
+    if (over > 0 && strcmp(act, "prepare") == 0) {
+        /* too large for the agent and the handler: refused, or nothing to do, as the sh would decide */
+        xml[n] = (char)(over - 1);          /* the probe byte read past the limit */
+        int code = over_prepare(xml, n, name);
+        if (code >= 0)
+            return code;
+    }
     if (over > 0) {
-        /* too large for the agent: the sh dispatcher reads it all, the handler refuses or not */
+        /* the sh dispatcher reads it all, the handler refuses or not */
         char *again[nargs + 2];
         again[0] = (char *)dispatcher;
         for (long i = 0; i < nargs; i++)

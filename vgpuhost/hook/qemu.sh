@@ -44,7 +44,9 @@ fi
 # socket: it does not try the agent, and execs the handler itself): a fork of
 # tr, one of a subshell and a here-document less than the lines below (0.3 ms
 # a call, measured 2026-12-01).  VGPUHOST_AGENT=off skips it: the client sets
-# that before it execs the handler, or this script again for an oversized XML.
+# that before it execs the handler, or this script again for an XML over 4 MiB
+# it leaves to the sh (one at 'prepare begin' it refuses or lets through itself,
+# holding at most 4 MiB of it: vgpuhost/hook/client.c).
 case ${VGPUHOST_AGENT-} in
 [Oo][Ff][Ff]|0|[Nn][Oo]) ;;
 *)

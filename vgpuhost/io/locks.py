@@ -230,3 +230,26 @@ def _wait_for(fd: int, name: str, path: str, timeout_s: float) -> None:
 
 
 file_lock.__wrapped__ = _take_lock
+
+
+def lock_held(state_dir: "str | os.PathLike[str]", name: str) -> "bool | None":
+    """Whether a process holds the lock ``name`` now (a moment's reading: it may be taken or let go just
+    after): True when held, False when not (or its file was never made), None when it cannot be told (the
+    lock dir or file is not readable by this user, or is a symlink).  Takes nothing that lasts and makes no
+    file: tries the ``flock`` without waiting and lets it go at once."""
+    path = os.path.join(plain_path(state_dir), "locks", f"{name}.lock")
+    try:
+        if os.path.islink(os.path.dirname(path)):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return True if e.errno in (errno.EAGAIN, errno.EACCES) else None
+    finally:
+        os.close(fd)                # closing the descriptor lets the lock go, if it was had
+    return False

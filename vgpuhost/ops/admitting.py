@@ -117,6 +117,20 @@ class Admitting:
         if gpu:
             self.gpus[device] = gpu
 
+    def rename_row(self, store: StateStore, conn, owner: str, device: str, made_as: str, gpu: str) -> None:
+        """On ``conn``, the transaction that records ``device`` made under another id ``made_as`` on ``gpu``
+        (a vGPU admitted under a UUID and made on a vendor-VFIO VF: a tenant's allocate): the allocation
+        row admission wrote under ``device`` for ``owner`` goes, and ``made_as``'s row (the one
+        :func:`record_allocations` writes when the block ends) is written, so that a kill after that
+        transaction never leaves the row under the admitted id beside the record.  Then as :meth:`made`."""
+        g = self.granted.get(device)
+        if g is not None and made_as != device:
+            store.delete_allocations(conn, devices=[device], of_owner=owner)
+            a = adm.allocation(made_as, owner, gpu or g.decision.gpu or "", g.demand, g.decision)
+            store.put_allocation(conn, (a.device, a.owner, a.tenant, a.gpu, a.kind, a.profile, a.framebuffer_mib,
+                                        a.mig_slices, a.qos, int(a.burst)))
+        self.made(device, gpu, made_as=made_as)
+
 
 def unenforced(store: StateStore, view: DomainView, inv: Inventory,
                types: Optional[Mapping[str, str]] = None) -> List[Granted]:

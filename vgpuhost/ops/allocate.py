@@ -51,7 +51,7 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
     # that tenant's quota rather than running as no tenant's
     binding = store.binding(owner.lower()) or (owner.lower(), tenant, None, actor or "agent", "")
 
-    def make(at, dry: bool, inv: Inventory):
+    def make(at, dry: bool, inv: Inventory, box: Optional[tenancy.Admitting] = None):
         # admitted under the UUID ``vid``; on a vendor-VFIO GPU a vGPU has no UUID (its VF names it: the
         # VF placement takes), so it is made without one and its allocation takes the VF (trial 8 retest R0)
         g = inv.gpu(at) if at is not None else None
@@ -59,8 +59,13 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
         if vfio and uuid is not None:
             raise RefusedError(f"vgpu_uuid {uuid} names an mdev, but GPU {at} makes vGPUs on vendor VFIO, where "
                                "a VF names each", hint="omit vgpu_uuid: the answer's id is the VF the vGPU is on")
+        # the allocation row admission wrote under ``vid`` takes the VF's id in the transaction that records
+        # the vGPU: a kill after it leaves the final row, never the admitted one beside the VF's record
+        renamed = (None if box is None else
+                   lambda conn, rec: box.rename_row(store, conn, owner, vid, rec.id, rec.gpu))
         return vgpu.create(host, store, profile=profile, gpu=at, uuid=None if vfio else vid, strategy=strategy,
-                           owner=owner, anti_affinity=anti_affinity, dry_run=dry, actor=actor, allowed_gpus=allowed)
+                           owner=owner, anti_affinity=anti_affinity, dry_run=dry, actor=actor, allowed_gpus=allowed,
+                           on_record=renamed)
 
     def refuse(line: str, hint: str):
         if not dry_run:
@@ -116,7 +121,7 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
             with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for,
                                    policies=policies, binding=binding) as box:
                 try:
-                    out = make(box.placed_gpu(vid) or gpu, False, inv)
+                    out = make(box.placed_gpu(vid) or gpu, False, inv, box)
                 except RefusedError as e:
                     raise box.refused(vid, e) from None
                 box.made(vid, out.gpu, made_as=out.id)

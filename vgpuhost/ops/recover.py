@@ -37,7 +37,7 @@ import os
 
 from ..io import vgpudev
 from ..io.hostroot import HostRoot
-from ..io.locks import file_lock
+from ..io.locks import file_lock, lock_held
 from ..io.state import StateStore, delete_vgpu, pid_alive
 from ..model.records import JournalEntry
 from ..io.sysfs import Sysfs
@@ -83,13 +83,33 @@ def open_entries(store: StateStore) -> List[JournalEntry]:
     return store.journal_entries(open_only=True)
 
 
-def describe_open(entry: JournalEntry) -> str:
-    """One line for ``reconcile --check``."""
-    alive = pid_alive(entry.pid)
+def describe_open(entry: JournalEntry, state_dir: "Optional[str]" = None) -> str:
+    """One line for ``reconcile --check``.  How it stands is said by what is known: the process that
+    opened it gone (interrupted); or alive, and then (with ``state_dir``) whether the entry's group/GPU
+    locks, which every operation on it holds while it works, are held now.  An alive process is not said
+    to be working on it: the resident agent lives on after it left a removal pending (trial 8 T9)."""
     devs = ", ".join(d.get("bdf") or d.get("id") or d.get("gpu") or "?" for d in entry.devices)
-    return (f"journal #{entry.id} open since {entry.opened}: {entry.operation} (owner {entry.owner}, "
-            f"{entry.done}/{len(entry.steps)} steps done; devices {devs})"
-            + (f" - pid {entry.pid} still running" if alive else " - interrupted"))
+    head = (f"journal #{entry.id} open since {entry.opened}: {entry.operation} (owner {entry.owner}, "
+            f"{entry.done}/{len(entry.steps)} steps done; devices {devs})")
+    if not pid_alive(entry.pid):
+        return head + " - interrupted"
+    alive = f" - pid {entry.pid}, which opened it, is alive"
+    names = _lock_names(entry)
+    held = None if state_dir is None else [lock_held(state_dir, n) for n in names]
+    if held is not None and not any(held) and None not in held:
+        return (head + alive + f", but no operation holds its lock{'s' if len(names) > 1 else ''} "
+                f"({', '.join(names)}) now: nothing works on it; 'vgpuhost reconcile' ends it"
+                + (" (a removal, once the device is closed)" if entry.kind == "vgpu-remove" else ""))
+    if held is not None and any(held):
+        return (head + alive + f" and {', '.join(n for n, h in zip(names, held) if h)} is locked now: an "
+                "operation on it may be under way; 'vgpuhost reconcile' waits for it, then ends what is left")
+    return (head + alive + "; whether it still works on it is not known here (its locks are not readable); "
+            "'vgpuhost reconcile' waits for its locks, then ends what is left")
+
+
+def _lock_names(entry: JournalEntry) -> List[str]:
+    """The locks an operation on ``entry`` holds while it works (its group's, if any, then its GPU's)."""
+    return ([f"group-{entry.iommu_group}"] if entry.iommu_group is not None else []) + [f"gpu-{entry.gpu}"]
 
 
 def recover_all(host: HostRoot, store: StateStore, *, actor: str) -> List[Recovered]:
@@ -207,8 +227,7 @@ class _locks:
     contextlib."""
 
     def __init__(self, store: StateStore, entry: JournalEntry):
-        names = ([f"group-{entry.iommu_group}"] if entry.iommu_group is not None else []) + [f"gpu-{entry.gpu}"]
-        self.locks = [file_lock(store.dir, n) for n in names]
+        self.locks = [file_lock(store.dir, n) for n in _lock_names(entry)]
         self.held: list = []
 
     def __enter__(self) -> None:

@@ -51,9 +51,11 @@ LAYOUT = Owner.LAYOUT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
-    from typing import Collection, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
+    from typing import Callable, Collection, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
     from ..observe.inventory import Inventory
     from ..policy.placement import Decision, GpuOffer
+    #: what must be committed with a new vGPU's record: called with the record's transaction and the record
+    OnRecord = Callable[[object, VgpuRecord], None]
 
 
 def list_vgpus(inv, records, removing: FrozenSet[str] = frozenset()):
@@ -230,18 +232,21 @@ def create(host: HostRoot, store: StateStore, *, profile: Union[VgpuProfile, str
            anti_affinity: Optional[str] = None, persist: bool = False, dry_run: bool = False,
            create_gi: bool = False, actor: Optional[str] = None, vf: Optional[PciAddress] = None,
            allowed_gpus: Optional[Collection[PciAddress]] = None,
-           inventory: Optional[Inventory] = None, resolved: bool = False) -> VgpuOutcome:
+           inventory: Optional[Inventory] = None, resolved: bool = False,
+           on_record: Optional[OnRecord] = None) -> VgpuOutcome:
     """:func:`create_vgpu` of the :class:`VgpuCreateRequest` these keywords spell (its fields, the
-    same names): the form the qemu hook's devices, attach, layout apply and the tests call."""
+    same names): the form the qemu hook's devices, attach, layout apply and the tests call.
+    ``on_record``: as :func:`create_vgpu` takes it."""
     request = VgpuCreateRequest.parse(profile, gpu=gpu, uuid=uuid, vf=vf, strategy=strategy, owner=owner,
                                       params=params, numa_node=numa_node, anti_affinity=anti_affinity,
                                       persist=persist, create_gi=create_gi, allowed_gpus=allowed_gpus,
                                       resolved=resolved)
-    return create_vgpu(host, store, request, dry_run=dry_run, actor=actor, inventory=inventory)
+    return create_vgpu(host, store, request, dry_run=dry_run, actor=actor, inventory=inventory, on_record=on_record)
 
 
 def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *, dry_run: bool = False,
-                actor: Optional[str] = None, inventory: Optional[Inventory] = None) -> VgpuOutcome:
+                actor: Optional[str] = None, inventory: Optional[Inventory] = None,
+                on_record: Optional[OnRecord] = None) -> VgpuOutcome:
     """Create one vGPU as ``request`` asks, on a GPU chosen by its strategy (or the one it pins).
 
     With ``request.vf`` (vendor-specific VFIO only, docs/reference/hardware.md#vendor-vfio): set
@@ -254,6 +259,9 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
     request that look cannot take (no room, a MIG step missing) is looked at again on a fresh read
     before it is refused or a GPU instance made for it (the agent's snapshot misses a MIG change
     made through NVML alone, :mod:`vgpuhost.io.changes`).
+    ``on_record``: called as ``on_record(conn, record)`` inside the transaction that writes the new
+    vGPU's record (a :class:`~vgpuhost.model.records.VgpuRecord`), so what it writes on ``conn`` is
+    committed with the record or not at all (a tenant's allocate: its allocation row takes the VF's id).
     Cost: with a pinned GPU or VF only that GPU's sysfs is read
     (:func:`vgpuhost.observe.inventory.discover_gpu`); otherwise the first look reads the whole
     host (placement compares GPUs) and the check under the lock the chosen GPU.
@@ -315,7 +323,7 @@ def create_vgpu(host: HostRoot, store: StateStore, request: VgpuCreateRequest, *
             _refuse_recorded(fs, store, out.id)         # as the run says (nothing written, no audit row)
             return out
         try:
-            done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor)
+            done = _create_locked(fs, store, inv, seen, req, out, decision, defined_parent, actor, on_record)
         except GpuFailedError as e:
             # the GPU failed (EIO/ENODEV): out of service from now on; an unpinned request tries the next GPU
             # placement allows, within this same call (issue 27); a pinned one cannot move
@@ -592,7 +600,7 @@ def _planned(host: HostRoot, req: VgpuCreateRequest, backend: str, decision: Dec
 
 def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req: VgpuCreateRequest,
                    out: VgpuOutcome, decision: Decision, parent: Optional[PciAddress],
-                   actor: Optional[str]) -> Optional[VgpuOutcome]:
+                   actor: Optional[str], on_record: Optional[OnRecord] = None) -> Optional[VgpuOutcome]:
     """Under the GPU's lock: finish what an interrupted operation left, re-check the placement on a
     fresh read of that GPU alone, and create the vGPU as re-placed (``out`` updated and returned).
     None when recovery changed the host or the choice no longer fits: place again."""
@@ -624,7 +632,7 @@ def _create_locked(fs: Sysfs, store: StateStore, inv: Inventory, seen: list, req
         _refuse_recorded(fs, store, vid, actor=actor or actor_name(), operation=f"vgpu create {name} owner={req.owner}")
         out.steps = _create_steps(host, out.backend, decision, vid, req.params, req.persist)   # as re-placed
         out.id, out.parent, out.type_id = vid, str(decision.parent), decision.type_id
-        _execute_create(host, store, inv2, records2, req, out, decision, actor)
+        _execute_create(host, store, inv2, records2, req, out, decision, actor, on_record)
         return out
 
 
@@ -637,9 +645,11 @@ def _refuse_unsupported_params(fs: Sysfs, backend: str, parent, vid: str, params
 
 
 def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: Sequence[VgpuRecord],
-                    req: VgpuCreateRequest, out: VgpuOutcome, decision: Decision, actor: Optional[str]) -> None:
+                    req: VgpuCreateRequest, out: VgpuOutcome, decision: Decision, actor: Optional[str],
+                    on_record: Optional[OnRecord] = None) -> None:
     """Create vGPU ``out`` as ``decision`` places it (its GPU's lock held): the decision audited,
-    the writes journalled, then the record written and, with ``persist``, the mdevctl definition;
+    the writes journalled, then the record written (``on_record`` called in its transaction) and,
+    with ``persist``, the mdevctl definition;
     ``out.writes`` counts the writes.  Raises DeviceError when the kernel or the definition's
     write fails (the vGPU removed again)."""
     backend, vid, name = out.backend, out.id, out.type_name
@@ -654,9 +664,12 @@ def _execute_create(host: HostRoot, store: StateStore, inv: Inventory, records: 
     with ex.journal:
         _do_create(ex, inv, records, backend, decision, vid, name, req.params, limits_lookup(host, inv, records))
         try:
+            rec = VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id, name,
+                             req.owner, req.anti_affinity, req.params, req.persist, utcnow())
             with store.transaction() as conn:
-                put_vgpu(conn, VgpuRecord(vid, backend, str(decision.gpu), str(decision.parent), decision.type_id,
-                                          name, req.owner, req.anti_affinity, req.params, req.persist, utcnow()))
+                put_vgpu(conn, rec)
+                if on_record is not None:
+                    on_record(conn, rec)
         except VgpuRecordTaken:
             _undo_taken(ex, store, backend, decision, vid)
         if req.persist:
@@ -1237,6 +1250,9 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     and undo, and detach, which take it from the domain first).  Raises
     RefusedError for a device vgpuhost did not create, that another owner
     holds now, or that a running domain uses; InputError for an unknown id.
+    A removal of it left pending (an open ``vgpu-remove`` journal entry: its write blocked by a holder)
+    is that entry's to end, never a second entry's: the GPU's recovery finishes it once the device is
+    closed (``out.notes`` says so), else DeviceError (exit 3) names the entry and why it is still pending.
     """
     vid = _normalise_id(vgpu_id)
     if owner is not None:
@@ -1262,9 +1278,17 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
     out = VgpuOutcome("remove", changed=True, dry_run=dry_run, id=vid, gpu=rec.gpu, parent=rec.parent,
                       type_id=rec.type_id, type_name=rec.type_name, backend=rec.backend, owner=rec.owner)
     with file_lock(store.dir, f"gpu-{gpu}") if not dry_run else _nolock():
+        recovered = [] if dry_run else _recover_first(host, store, gpu, actor)
         if not dry_run:
-            _recover_first(host, store, gpu, actor)
+            # a removal of this vGPU left pending (its write blocked, the entry open) is that entry's to end:
+            # the recovery just now finished it, or it is still pending and no second entry is opened
+            _refuse_second_removal(store, vid, recovered)
         if not any(r.owner == rec.owner for r in store.vgpu_records(vgpu_id=vid)):
+            ended = next((r for r in recovered if vid in r.devices and r.operation.startswith("vgpu remove ")
+                          and r.result == "finished"), None)
+            if ended is not None:
+                out.notes.append(f"{vid}: its pending removal (journal #{ended.entry}) finished now")
+                return out
             out.changed = False
             out.notes.append(f"{vid} was removed meanwhile by another vgpuhost process: nothing to do")
             return out
@@ -1324,6 +1348,21 @@ def remove(host: HostRoot, store: StateStore, vgpu_id: str, *, owner: Optional[s
                 ex.run([RemoveConfig(mdevctl)])
             out.writes = ex.writes
             return out
+
+
+def _refuse_second_removal(store: StateStore, vid: str, recovered: list) -> None:
+    """Raise DeviceError (exit 3) when a removal of vGPU ``vid`` is still pending: an open ``vgpu-remove``
+    journal entry names it (its write blocked by a holder, its caller gone on; ``recovered``: what the
+    recovery of the vGPU's GPU did just now, :class:`vgpuhost.ops.recover.Recovered`, which says why it is
+    still pending).  Nothing new is opened or written: the entry finishes once the device is closed."""
+    entry = next((e for e in store.journal_entries(open_only=True) if e.kind == "vgpu-remove"
+                  and any(str(d.get("id")) == vid for d in e.devices)), None)
+    if entry is None:
+        return
+    why = next((r.detail for r in recovered if r.entry == entry.id and r.detail), "not ended yet")
+    raise DeviceError(f"the removal of {vid} is still pending (journal #{entry.id}, opened {entry.opened}): {why}",
+                      hint="it ends once the device is closed: stop what holds it open, then run this command "
+                           "again or 'vgpuhost reconcile', which finish that entry (no second one is opened)")
 
 
 def _refuse_if_open(fs: Sysfs, rec: VgpuRecord, parent: PciAddress, vid: str) -> None:
