@@ -294,3 +294,19 @@ def test_expect_100_continue_is_answered_only_once_the_request_passed_its_checks
     status, doc = _answer(raw)
     assert status == 200 and doc["in_sync"] is True, doc
     _nothing_changed(a40)
+
+
+def test_a_query_parameter_given_twice_is_refused_not_taken_last_wins(agent, a40):
+    """``?profile=A&profile=B`` read as B (the last) silently; now 400 naming the key, as a hook header or a
+    JSON key given twice is, on the cached path too (capacity for one profile read first)."""
+    assert agent.call("GET", "/v1/capacity?profile=A40-4Q")[0] == 200
+    for target, key in (("/v1/capacity?profile=A40-4Q&profile=A40-8Q", "profile"),
+                        ("/v1/capacity?profile=A40-4Q&profile=A40-4Q", "profile"),
+                        ("/v1/audit?since=1&since=2", "since"),
+                        ("/v1/types?available=1&gpu=0000:21:00.0&available=0", "available"),
+                        ("/v1/types?gpu=x&gpu=%01", "gpu")):
+        status, doc = agent.call("GET", target)
+        assert (status, doc["error"]["exit_code"], doc["error"]["line"]) == (
+            400, 2, f"the query gives '{key}' more than once; give each query parameter once"), (target, doc)
+    assert agent.call("GET", "/v1/audit?since=1h")[0] == 200
+    _nothing_changed(a40)
