@@ -428,6 +428,45 @@ def test_peers_of_no_role_are_answered_403_at_accept_and_cannot_keep_a_member_or
     _unchanged(host)
 
 
+NO_ROLE_LOOP = r"""
+import json, os, socket, sys
+path, uid, gid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+out = []
+for _ in range(n):                                  # trial 8's flood.py: connect, read the 403, close
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    raw = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+    s.close()
+    out.append(raw.decode("latin-1"))
+print(json.dumps(out))
+"""
+
+
+def test_a_no_role_flood_is_answered_from_a_cache_of_403s(inproc):
+    """Trial 8 R7: each 403 to a peer of no role was built anew (a JSON document per connection); now two
+    uids' 20 connections are answered from two cached answers, each that uid's line."""
+    import subprocess
+    h, proc, admin, ro = inproc
+    tenant = os.path.join(os.path.dirname(admin), server.TENANT_SOCKET)
+    srv = next(s for s in proc.servers if s.role == "tenant")
+    server._forbidden.cache_clear()
+    outs = [json.loads(subprocess.run([sys.executable, "-c", NO_ROLE_LOOP, tenant, str(uid), str(NO_ROLE_GID), "10"],
+                                      capture_output=True, text=True, timeout=120, check=True).stdout)
+            for uid in NO_ROLE_UIDS[:2]]
+    for uid, out in zip(NO_ROLE_UIDS, outs):
+        assert len(set(out)) == 1 and len(out) == 10
+        status, _h, doc = _answer(out[0].encode("latin-1"))
+        assert status == 403 and doc["error"]["line"].startswith(f"uid {uid} is not allowed to use the vgpuhost "
+                                                                 "agent: it is in no group of the agent's; ")
+    info = server._forbidden.cache_info()
+    assert (info.misses, info.hits, srv.forbidden) == (2, 18, 20)
+
+
 def test_a_tenant_member_still_holds_at_most_a_quarter_of_the_tenant_sockets_connections(tenant_agent, host):
     """A peer with a role keeps the per-peer cap: one of four here; its next connection is 429 at accept,
     while root is served on the same socket."""
