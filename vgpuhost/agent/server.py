@@ -231,8 +231,8 @@ class _Workers:
     at most as many serve requests as the socket has slots (:meth:`_Server.process_request` counts them; a
     worker that has given its slot back may still be sending its answer's last byte, closing, or refreshing
     the snapshot), and one left idle for :data:`WORKER_IDLE_S` ends.  ``nice``: each worker's nice value
-    (:func:`_nice_this_thread`), set once as it starts; ``serve(request, client)`` serves one connection (``client``: what
-    :meth:`submit` was given with it, a :class:`_Client` for the agent's sockets)."""
+    (:func:`_nice_this_thread`), set once as it starts; ``serve(request, client)`` serves one connection
+    (``client``: what :meth:`submit` was given with it, a :class:`_Client` for the agent's sockets)."""
 
     def __init__(self, serve, name: str, nice: int = 0, idle_s: Optional[float] = None):
         self._serve, self.name, self.nice = serve, name, nice
