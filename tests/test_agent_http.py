@@ -31,8 +31,8 @@ def agent(a40):
 
 def _raw(path: str, data: bytes) -> bytes:
     """Send ``data`` on a fresh connection; everything the agent answers until it closes.  A 429 is sent
-    again, as its line says to (the agent closes a connection, then gives its slot back: a busy machine may
-    run the next connection's accept first, and this file's agent has 3 slots), up to 200 times."""
+    again, as its line says to, up to 200 times (the agent gives a slot back before the answer's last byte,
+    so a 429 here would come from a connection still open, e.g. one of the cap test's left to close)."""
     for _ in range(200):
         s = unixsock.connect(path, 30)
         try:
