@@ -428,6 +428,45 @@ def test_peers_of_no_role_are_answered_403_at_accept_and_cannot_keep_a_member_or
     _unchanged(host)
 
 
+NO_ROLE_LOOP = r"""
+import json, os, socket, sys
+path, uid, gid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+out = []
+for _ in range(n):                                  # trial 8's flood.py: connect, read the 403, close
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    raw = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+    s.close()
+    out.append(raw.decode("latin-1"))
+print(json.dumps(out))
+"""
+
+
+def test_a_no_role_flood_is_answered_from_a_cache_of_403s(inproc):
+    """Trial 8 R7: each 403 to a peer of no role was built anew (a JSON document per connection); now two
+    uids' 20 connections are answered from two cached answers, each that uid's line."""
+    import subprocess
+    h, proc, admin, ro = inproc
+    tenant = os.path.join(os.path.dirname(admin), server.TENANT_SOCKET)
+    srv = next(s for s in proc.servers if s.role == "tenant")
+    server._forbidden.cache_clear()
+    outs = [json.loads(subprocess.run([sys.executable, "-c", NO_ROLE_LOOP, tenant, str(uid), str(NO_ROLE_GID), "10"],
+                                      capture_output=True, text=True, timeout=120, check=True).stdout)
+            for uid in NO_ROLE_UIDS[:2]]
+    for uid, out in zip(NO_ROLE_UIDS, outs):
+        assert len(set(out)) == 1 and len(out) == 10
+        status, _h, doc = _answer(out[0].encode("latin-1"))
+        assert status == 403 and doc["error"]["line"].startswith(f"uid {uid} is not allowed to use the vgpuhost "
+                                                                 "agent: it is in no group of the agent's; ")
+    info = server._forbidden.cache_info()
+    assert (info.misses, info.hits, srv.forbidden) == (2, 18, 20)
+
+
 def test_a_tenant_member_still_holds_at_most_a_quarter_of_the_tenant_sockets_connections(tenant_agent, host):
     """A peer with a role keeps the per-peer cap: one of four here; its next connection is 429 at accept,
     while root is served on the same socket."""
@@ -436,6 +475,115 @@ def test_a_tenant_member_still_holds_at_most_a_quarter_of_the_tenant_sockets_con
     status, _h, doc = _answer(_raw(run.tenant, b"GET /v1/agent HTTP/1.1\r\n\r\n"))
     assert status == 200
     _unchanged(host)
+
+
+# ---------------------------------------------------------------------------
+# a tenant's share of the tenant socket, and root's room (trial 8 R2)
+
+#: members of four tenants (``--tenant-group GID=tN``): t1 has two uids
+T1_UIDS, T2_UID, T3_UID, T4_UID = (54321, 54322), 54323, 54324, 54325
+T2_GID, T3_GID, T4_GID = 54320, 54330, 54340
+
+HOLD = r"""
+import os, socket, sys
+path, uid, gid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.setgroups([gid]); os.setgid(gid); os.setuid(uid)
+held = []
+for _ in range(n):                                  # each a request begun and never ended: its slot held
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    s.sendall(b"GET /v1/agent HTTP/1.1\r\n")
+    held.append(s)
+print("held", flush=True)
+sys.stdin.read()                                    # held until the test closes our stdin
+"""
+
+
+def _hold(sock: str, uid: int, gid: int, n: int):
+    """A process of ``uid``/``gid`` holding ``n`` connections to ``sock`` (each a request begun), until its
+    stdin is closed; returned once they are connected (the agent accepts connections in order: a later
+    connection is decided after them)."""
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c", HOLD, sock, str(uid), str(gid), str(n)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+    assert p.stdout.readline() == "held\n"
+    return p
+
+
+def test_one_tenants_members_together_hold_at_most_its_share_and_root_keeps_its_room(host):
+    """--max-connections 8: a uid holds at most 2, a tenant's members together 2, callers other than root 6.
+    Trial 8 R2: with a per-uid cap alone, t1's second uid took two more slots (four uids of one tenant took
+    all 64 of the tenant socket's).  Here t1's second uid is answered 429 naming the tenant's share while
+    t2's member is served; once t1, t2 and t3 hold their shares (6), t4's member is answered 429 naming
+    root's room, and root is still served, twice at once."""
+    gids = {T1_GID: "t1", T2_GID: "t2", T3_GID: "t3", T4_GID: "t4"}
+    extra = [*PATIENT[:2], "--max-connections", "8", *PATIENT[4:], "--tenant-group-prefix", ""]
+    for gid, name in gids.items():
+        extra += ["--tenant-group", f"{gid}={name}"]
+    with AgentRun(host.root, extra=tuple(extra)) as run:
+        call = (run.tenant, "GET", "/v1/agent", None)
+        holders = [_hold(run.tenant, T1_UIDS[0], T1_GID, 2)]
+        try:
+            (got,) = as_user(T1_UIDS[1], T1_GID, [T1_GID], [call], docs=True)
+            assert got[0] == 429 and got[1]["error"]["exit_code"] == 5, got
+            assert got[1]["error"]["line"] == ("the members of tenant 't1' already hold 2 of this socket's "
+                                               "connections, the most one tenant may (its share); close "
+                                               "connections your tenant's members hold open")
+            (got,) = as_user(T2_UID, T2_GID, [T2_GID], [call], docs=True)
+            assert (got[0], got[1].get("tenant")) == (200, "t2"), got
+            holders += [_hold(run.tenant, T2_UID, T2_GID, 2), _hold(run.tenant, T3_UID, T3_GID, 2)]
+            (got,) = as_user(T4_UID, T4_GID, [T4_GID], [call], docs=True)
+            assert got[0] == 429, got
+            assert got[1]["error"]["line"] == ("callers other than root hold 6 of this socket's 8 connections, "
+                                               "all but the 2 kept for root; retry shortly; close connections "
+                                               "you hold open")
+            with ThreadPoolExecutor(2) as ex:
+                got = list(ex.map(lambda _i: _answer(_raw(run.tenant, b"GET /v1/agent HTTP/1.1\r\n\r\n")),
+                                  range(2)))
+            assert [(status, doc.get("role")) for status, _h, doc in got] == [(200, "admin")] * 2, got
+        finally:
+            for p in holders:
+                p.communicate(timeout=60)
+        # the holders gone, their slots are free: t1's second uid and t4's member are served
+        assert [g[0] for g in as_user(T1_UIDS[1], T1_GID, [T1_GID], [call, call], docs=True)] == [200, 200]
+        assert [g[0] for g in as_user(T4_UID, T4_GID, [T4_GID], [call], docs=True)] == [200]
+    _unchanged(host)
+
+
+# ---------------------------------------------------------------------------
+# a slot is free again before its client has read the whole answer
+
+def test_a_client_that_reconnects_at_once_to_a_nearly_full_socket_is_never_refused(make_host, monkeypatch):
+    """Three of four slots held; one client calls 40 times in a row, each call connecting as the previous
+    one's answer ended.  The agent gives a slot back a moment late here (50 ms: a busy machine's delay, made
+    sure); it gives it back before the answer's last byte, so no call is refused (before, it gave it back
+    after closing: the next connection was answered 429, "at most 4 connections ... all open")."""
+    late = server._Server._release
+
+    def release_late(self, *args):
+        time.sleep(0.05)
+        late(self, *args)
+    monkeypatch.setattr(server._Server, "_release", release_late)
+    h = make_host("a40-mdev")
+    d = socket_dir()
+    proc = server.open_agent(h, socket_dir=d, admin_group=ADMIN_GID, ro_group=RO_GID, max_connections=4)
+    proc.start()
+    admin = os.path.join(d, "agent.sock")
+    srv = next(s for s in proc.servers if s.role == "admin")
+    held = [unixsock.connect(admin, 30) for _ in range(3)]
+    try:
+        for s in held:
+            s.sendall(b"GET /v1/agent HTTP/1.1\r\n")           # a request begun: its slot held
+        statuses = [agentclient.call(admin, "GET", "/v1/agent")[0] for _ in range(40)]
+        assert statuses == [200] * 40 and srv.refused == 0
+        # a request answered with a body to drop after it (413) keeps its slot until that is read: then too
+        body = b"x" * (server.MAX_SMALL_BODY + 1)
+        raws = [_raw(admin, b"POST /v1/reconcile HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                for _ in range(3)]
+    finally:
+        for s in held:
+            s.close()
+        proc.stop()
+    assert [_answer(raw)[0] for raw in raws] == [413] * 3 and srv.refused == 0
 
 
 # ---------------------------------------------------------------------------

@@ -34,16 +34,18 @@ closed, its request never read, before it is given a slot or a thread.
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
 400 input (a malformed request line or header too, HTTP/0.9 included, at
-once), 403 role, 404 path, 405 method, 408 a request that did not arrive in
+once; a query parameter given twice), 403 role, 404 path, 405 method, 408 a request that did not arrive in
 time, 409 refused, 411/413 body, 429 too many connections or expensive
 reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 (4), 503 unavailable.
 
 Connections: each socket serves at most ``max_connections`` (default
-:data:`MAX_CONNECTIONS`) at once, each on a worker thread while served, a caller (uid; root
-excepted) a quarter of them; one more is answered 429 from the accepting
-thread and closed.  Only a peer with a role takes a slot (a peer of no role:
-403 at accept, above).  The listen backlog is :data:`BACKLOG`.  A request must
+:data:`MAX_CONNECTIONS`) at once, each on a worker thread while served; a caller (uid; root
+excepted) holds a quarter of them at most, a tenant's members together a quarter, callers other
+than root three quarters (a quarter kept for root); one more is answered 429 from the accepting
+thread and closed (:meth:`_Server.process_request`).  A connection's slot is given back just
+before its answer's last byte is sent.  Only a peer with a role takes a slot (a peer of no role:
+403 at accept, above, from a cache of answers).  The listen backlog is :data:`BACKLOG`.  A request must
 arrive within ``request_timeout_s`` (:data:`REQUEST_TIMEOUT_S`) of its
 connection, with no gap over ``read_timeout_s`` (:data:`READ_TIMEOUT_S`):
 else 408, closed.
@@ -63,6 +65,7 @@ import logging
 import math
 import os
 import queue
+import select
 import selectors
 import signal
 import socket
@@ -225,10 +228,11 @@ def default_socket_dir(host: HostRoot):
 class _Workers:
     """The threads that serve one socket's connections.  A connection goes to an idle worker when one
     waits (a queue hand-off, about 10 us of CPU), else to a new thread (about 140 us, measured 2026-12-07);
-    at most as many are busy as the socket has slots (:meth:`_Server.process_request` counts them), and one
-    left idle for :data:`WORKER_IDLE_S` ends.  ``nice``: each worker's nice value (:func:`_nice_this_thread`),
-    set once as it starts; ``serve(request, client)`` serves one connection (``client``: what
-    :meth:`submit` was given with it, a :class:`_Client` for the agent's sockets)."""
+    at most as many serve requests as the socket has slots (:meth:`_Server.process_request` counts them; a
+    worker that has given its slot back may still be sending its answer's last byte, closing, or refreshing
+    the snapshot), and one left idle for :data:`WORKER_IDLE_S` ends.  ``nice``: each worker's nice value
+    (:func:`_nice_this_thread`), set once as it starts; ``serve(request, client)`` serves one connection
+    (``client``: what :meth:`submit` was given with it, a :class:`_Client` for the agent's sockets)."""
 
     def __init__(self, serve, name: str, nice: int = 0, idle_s: Optional[float] = None):
         self._serve, self.name, self.nice = serve, name, nice
@@ -299,8 +303,12 @@ class _Server(socketserver.UnixStreamServer):
         self.refused = 0                        # connections answered 429 (no slot free)
         self.forbidden = 0                      # connections answered 403 at accept (a peer of no role)
         self.per_peer_connections = max(1, max_connections // 4)
+        self.per_tenant_connections = self.per_peer_connections
+        self.root_room = max_connections // 4
         self._peer_lock = threading.Lock()
         self._peer_held: Dict[int, int] = {}    # uid -> connections it holds on this socket
+        self._tenant_held: Dict[str, int] = {}  # tenant (lower case) -> connections its members hold
+        self._others_held = 0                   # connections held by callers other than root
         self._warned_at = -REFUSAL_LOG_S
         self._warned_count = 0
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -352,11 +360,22 @@ class _Server(socketserver.UnixStreamServer):
 
     def process_request(self, request, client_address) -> None:
         """Decide the peer's role from its credentials (``SO_PEERCRED``, ``SO_PEERGROUPS``: the kernel's,
-        known at accept) and serve the connection on a worker thread while fewer than ``max_connections``
-        are open on this socket and its peer (uid; root is not limited) holds fewer than
-        ``per_peer_connections``.  Answered from the accepting thread and closed, with no slot, no thread
-        and no HTTP parsing: a peer of no role, 403 (:meth:`_forbid`, its request never read); a peer
-        with a role over either limit, 429."""
+        known at accept) and serve the connection on a worker thread while it is within every share of
+        this socket's ``max_connections`` slots:
+
+        - its peer (uid; root is not limited) holds fewer than ``per_peer_connections`` (a quarter);
+        - a tenant member's tenant (the one its groups map to, :meth:`Access.caller`) holds fewer than
+          ``per_tenant_connections`` with all its members' connections together: the same quarter, so a
+          tenant whose members connect as one uid notices nothing, and one tenant with many uids (one per
+          VM controller) still cannot shut the other tenants out (trial 8 R2: four uids of one tenant with 16
+          slow connections each took all 64 slots of the tenant socket);
+        - callers other than root hold fewer than ``max_connections - root_room`` together: root (the qemu
+          hook on the admin socket, the operator) keeps a quarter of the slots that only it may take;
+        - a slot is free.
+
+        Answered from the accepting thread and closed, with no slot, no thread and no HTTP parsing: a peer
+        of no role, 403 (:meth:`_forbid`, its request never read); a peer with a role over a share, 429 whose
+        one line names the share."""
         try:
             peer = unixsock.peer(request)
         except OSError:
@@ -367,48 +386,75 @@ class _Server(socketserver.UnixStreamServer):
             self._forbid(request, peer, why)
             return
         uid = peer.uid
+        tenant = who.tenant.lower() if who.role == api.TENANT and who.tenant else None
         with self._peer_lock:
             held = self._peer_held.get(uid, 0)
             if uid != 0 and held >= self.per_peer_connections:
                 why = (f"uid {uid} already holds {held} of this socket's connections, the most one caller may",
                        "close connections you hold open")
+            elif tenant is not None and self._tenant_held.get(tenant, 0) >= self.per_tenant_connections:
+                why = (f"the members of tenant {who.tenant!r} already hold {self._tenant_held[tenant]} of this "
+                       "socket's connections, the most one tenant may (its share)",
+                       "close connections your tenant's members hold open")
+            elif uid != 0 and self._others_held >= self.max_connections - self.root_room:
+                why = (f"callers other than root hold {self._others_held} of this socket's "
+                       f"{self.max_connections} connections, all but the {self.root_room} kept for root",
+                       "retry shortly; close connections you hold open")
             elif not self._slots.acquire(blocking=False):
                 why = (f"the agent serves at most {self.max_connections} connections at once on this socket, "
                        "all open", "retry shortly; close connections you hold open")
             else:
                 self._peer_held[uid] = held + 1
+                if tenant is not None:
+                    self._tenant_held[tenant] = self._tenant_held.get(tenant, 0) + 1
+                if uid != 0:
+                    self._others_held += 1
                 why = None
         if why is not None:
             self._refuse(request, *why)
             return
+        slot = _Slot(self, uid, tenant)
         try:
-            self.workers.submit(request, _Client(uid, peer, who))
+            self.workers.submit(request, _Client(uid, peer, who, slot))
         except BaseException:
-            self._release(uid)
+            slot.release()
             raise
 
-    def _release(self, uid: int) -> None:
+    def _release(self, uid: int, tenant: Optional[str]) -> None:
+        """Give back a slot taken by :meth:`process_request` (call it through :class:`_Slot`, once)."""
         with self._peer_lock:
             n = self._peer_held.get(uid, 1) - 1
             if n > 0:
                 self._peer_held[uid] = n
             else:
                 self._peer_held.pop(uid, None)
+            if tenant is not None:
+                n = self._tenant_held.get(tenant, 1) - 1
+                if n > 0:
+                    self._tenant_held[tenant] = n
+                else:
+                    self._tenant_held.pop(tenant, None)
+            if uid != 0:
+                self._others_held -= 1
         self._slots.release()
 
     def process_request_thread(self, request, client: "_Client") -> None:
         """Serve one connection (on a worker thread; ``client``: its peer and role, decided at accept):
-        answered, closed, its slot released, then the snapshot refreshed when the answer's write left it
-        due."""
+        answered (its slot given back just before the answer's last byte is sent, :meth:`_Handler._final`;
+        else before the connection is closed), closed, then the snapshot refreshed when the answer's write
+        left it due."""
         try:
             try:
                 self.finish_request(request, client)
             except Exception:
                 self.handle_error(request, client)
             finally:
-                self.shutdown_request(request)          # answered, and closed
+                if client.slot is not None:
+                    # given back already just before the answer's last byte, as a rule; else (an answer
+                    # with a refused body dropped after it, none at all) before the close its client sees
+                    client.slot.release()
         finally:
-            self._release(client.uid)
+            self.shutdown_request(request)              # answered, and closed
         # the answer is out and the slot free: bring the snapshot up to date after a write now (the GPUs
         # the write touched; one thread reads while the others' refreshes coalesce into its read), not
         # at the next VM start
@@ -436,8 +482,9 @@ class _Server(socketserver.UnixStreamServer):
         came before their request was sent), so it holds no slot, no thread and no header buffer, however
         it paces its bytes."""
         self.forbidden += 1
-        log.debug("refused uid %d pid %d on %s: %s", peer.uid, peer.pid, self.server_address, why)
-        self._answer_at_accept(request, _early_answer(403, no_role_doc(peer, why, self.ro_group, self.admin_group)))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("refused uid %d pid %d on %s: %s", peer.uid, peer.pid, self.server_address, why)
+        self._answer_at_accept(request, _forbidden(peer.uid, why, self.ro_group, self.admin_group))
 
     def _answer_at_accept(self, request, answer: bytes) -> None:
         """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, drop what its
@@ -460,6 +507,13 @@ def _refusal(message: str, hint: str) -> bytes:
     return _early_answer(429, error_doc(429, message, hint=hint, exit_code=5, kind="TransientError"))
 
 
+@functools.lru_cache(maxsize=256)
+def _forbidden(uid: int, why: str, ro_group: str, admin_group: str) -> bytes:
+    """The whole 403 answer to a peer of no role, refused at accept (:func:`no_role_doc`): built once per
+    uid and reason (a connect flood from one uid is answered from this cache: trial 8 R7)."""
+    return _early_answer(403, no_role_doc(uid, why, ro_group, admin_group))
+
+
 def _early_answer(status: int, doc: Dict[str, Any]) -> bytes:
     """The whole answer (status line, ``Content-Type``, ``Content-Length``, ``Connection: close``, the
     error document) to a connection answered at accept, before its request is read."""
@@ -470,13 +524,31 @@ def _early_answer(status: int, doc: Dict[str, Any]) -> bytes:
     return head + body
 
 
+class _Slot:
+    """A connection's slot on its socket (and its counts: its uid's, its tenant's, callers other than
+    root), given back once: :meth:`release` may be called again, and then does nothing.  Used by the
+    connection's worker thread only."""
+
+    __slots__ = ("_server", "_uid", "_tenant", "held")
+
+    def __init__(self, server: "_Server", uid: int, tenant: Optional[str]):
+        self._server, self._uid, self._tenant, self.held = server, uid, tenant, True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._server._release(self._uid, self._tenant)
+
+
 class _Client(NamedTuple):
     """A connection's peer as decided at accept (the handler's ``client_address``): ``uid`` (the slot's
-    owner), ``peer`` (its credentials) and ``caller`` (its role)."""
+    owner), ``peer`` (its credentials), ``caller`` (its role) and ``slot`` (given back before the answer's
+    last byte)."""
 
     uid: int
     peer: unixsock.Peer
     caller: "Caller"
+    slot: Optional[_Slot] = None
 
 
 def group_words(group: str) -> str:
@@ -485,9 +557,9 @@ def group_words(group: str) -> str:
     return f"the group of gid {group}" if group.isascii() and group.isdigit() else f"the {group} group"
 
 
-def no_role_doc(peer: unixsock.Peer, why: str, ro_group: str, admin_group: str) -> Dict[str, Any]:
-    """The 403 document for a peer of no role (``why``: :meth:`Access.caller`'s reason)."""
-    return error_doc(403, f"uid {peer.uid} is not allowed to use the vgpuhost agent: {why}",
+def no_role_doc(uid: int, why: str, ro_group: str, admin_group: str) -> Dict[str, Any]:
+    """The 403 document for a peer (``uid``) of no role (``why``: :meth:`Access.caller`'s reason)."""
+    return error_doc(403, f"uid {uid} is not allowed to use the vgpuhost agent: {why}",
                      hint=f"ask for membership of {group_words(ro_group)} (read) or {group_words(admin_group)} "
                           "(admin), or of one tenant's group", kind="RefusedError")
 
@@ -802,11 +874,36 @@ class _Handler(BaseHTTPRequestHandler):
                 f"{retry}Connection: close\r\n\r\n").encode("latin-1")
         try:
             self.connection.settimeout(self.server.read_timeout_s)     # the answer: not the request's deadline
-            self.wfile.write(head + body if len(body) <= 1 << 16 else head)
             if len(body) > 1 << 16:
-                self.wfile.write(body)          # a large document is not copied to join its head
+                self.wfile.write(head)          # a large document is not copied to join its head
+                self._final(memoryview(body))
+            else:
+                self._final(head + body)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass
+
+    def _final(self, data) -> None:
+        """Write ``data``, the end of the answer, and give the connection's slot back just before its very
+        last byte is sent (:class:`_Slot`): a client that has read its whole answer (by its length, or up
+        to the close) and connects again at once finds that slot free, never a 429 for a connection it has
+        finished with.  The last byte is sent once the socket has room for it (``poll`` ``POLLOUT``: a unix
+        socket has then a quarter of its buffer free, so the send cannot block), so a slot given back never
+        leaves its thread blocked on a client that does not read; one that reads nothing for
+        ``read_timeout_s`` gets no last byte.  A connection with a refused body still to drop after its
+        answer (:meth:`_drain`) keeps its slot until that is done.  Raises what the socket's writes raise
+        (BrokenPipeError, ConnectionResetError, TimeoutError)."""
+        if len(data) > 1:
+            self.wfile.write(data[:-1])
+        slot = getattr(self.client_address, "slot", None)
+        if slot is None or self._unread:
+            self.wfile.write(data[-1:])
+            return
+        poller = select.poll()
+        poller.register(self.connection, select.POLLOUT)
+        if not poller.poll(self.server.read_timeout_s * 1000):
+            raise TimeoutError("the client reads nothing of its answer")
+        slot.release()
+        self.wfile.write(data[-1:])
 
     def _stream(self, stream: "api.Stream") -> None:
         """Status 200 and ``application/x-ndjson`` now, then one line per progress document as the work
@@ -841,7 +938,11 @@ class _Handler(BaseHTTPRequestHandler):
             final = error_doc(500, f"internal error: {type(e).__name__}: {e}",
                               hint="report it (the agent's journal has the traceback)",
                               exit_code=EXIT_INTERNAL, kind="InternalError")
-        line(final)
+        if not gone:
+            try:
+                self._final((json.dumps(final) + "\n").encode())     # the slot back before its last byte
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                pass
 
     def _handle(self, method: str) -> Tuple[int, Any]:
         # the peer and its role, decided at accept (_Server.process_request: a peer of no role never gets here)
@@ -879,7 +980,14 @@ class _Handler(BaseHTTPRequestHandler):
                 body, problem = self._body(route)
             if problem is not None:
                 return problem
-        query = dict(parse_qsl(url.query, keep_blank_values=True))
+        pairs = parse_qsl(url.query, keep_blank_values=True)
+        query = dict(pairs)
+        if len(query) < len(pairs):     # which value counts would be the reader's guess (the last, silently)
+            seen: set = set()
+            key = next(k for k, _v in pairs if k in seen or seen.add(k))
+            shown = "".join(c if c.isprintable() else "?" for c in key[:64])
+            return 400, error_doc(400, f"the query gives {shown!r} more than once", hint="give each query "
+                                  "parameter once")
         actor = f"agent uid={peer.uid} pid={peer.pid}"
         req = api.Request(params, query, body, actor, peer.pid, role, caller.tenant)
         srv.agent.count(route, thin=self._hook_xml is not None)
