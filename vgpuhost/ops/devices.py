@@ -126,16 +126,9 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
     from ..io.state import DB_NAME, StateStore
     if store is None and is_file(os.path.join(host.s.state_dir, DB_NAME)):
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
-    recovered = []
-    if store is not None:
-        if store.journal_entries(open_only=True):
-            # an interrupted start (or other operation) on these devices: finish or roll it back first,
-            # as every CLI operation does under its GPU lock, so the retried start is not refused
-            from .recover import recover_devices
-            names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
-            recovered = recover_devices(host, store, names, actor=actor)
-            if recovered:
-                inventory = None                    # the host changed
+    recovered = end_interrupted(host, store, view, actor=actor) if store is not None else []
+    if recovered:
+        inventory = None                    # the host changed
     try:
         return _prepare(host, view, actor, inventory, store)
     except VgpuhostError as e:
@@ -145,6 +138,23 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
             note = "before this start, vgpuhost ended " + "; ".join(r.line() for r in recovered)
             e.hint = f"{e.hint}; {note}" if e.hint else note
         raise
+
+
+def end_interrupted(host: HostRoot, store: "StateStore", view: "DomainView", *, actor: str) -> list:
+    """Finish or roll back the interrupted operations (open journal entries) naming a device ``view``'s
+    metadata declares (its vGPUs' mdev UUIDs and VFs, its passthrough GPUs): a start of it killed mid-way
+    (or another operation on those devices), each under its own locks
+    (:func:`vgpuhost.ops.recover.recover_devices`), as every CLI operation does under its GPU lock, so
+    the domain's next start is decided on the host as the records say it is, not refused for what the
+    killed one left.  ``prepare begin`` and the destination's ``migrate begin``
+    (:func:`vgpuhost.ops.migrate.incoming`) run it first.  Returns the :class:`~vgpuhost.ops.recover.Recovered`
+    reports (empty, after one query, when no entry is open)."""
+    if not store.journal_entries(open_only=True):
+        return []
+    from .recover import recover_devices
+    meta = view.metadata
+    names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
+    return recover_devices(host, store, names, actor=actor)
 
 
 def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory, store: "Optional[StateStore]") -> List[str]:
