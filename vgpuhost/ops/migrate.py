@@ -381,7 +381,7 @@ def check_incoming(host: HostRoot, req: "Request") -> dict:
             refusals.append(m)
         inv, records, seen = _facts(host, store, req.uuid)
         from .devices import admission_inputs, load_allow
-        inputs = admission_inputs(host, inv, load_allow(host))      # what the hook there places and admits with
+        inputs = admission_inputs(host, inv, load_allow(host), records, req.uuid)   # what the hook there weighs
         placed, more = _placements(host, store, req, inv, records, seen, {}, inputs,
                                    _vf_admission(store, _request_view(req), inv, inputs, _trusted(store, req)))
         refusals += more
@@ -578,7 +578,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
         # scheduler policies), from the one source it takes them from: a migration its prepare begin would
         # refuse for them is refused here, before anything is reserved or its memory copied
         allow = load_allow(host)            # a bad or unreadable allow-list refuses, as at prepare begin
-        inputs = admission_inputs(host, inv, allow)
+        inputs = admission_inputs(host, inv, allow, records, view.uuid)
         keep: "Dict[str, object]" = {}
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
