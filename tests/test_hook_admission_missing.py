@@ -74,3 +74,17 @@ def test_migrate_begin_reserves_beside_a_missing_mdev_records_placement_id(make_
     assert [(r[0], r[3]) for r in reservations(host)] == [(MDEV, str(GPU_HI))]
     assert call(host, "vm", "prepare", "begin", xml)[0] == 0
     assert mdevs(host)[MDEV] == str(GPU_HI) and reservations(host) == []
+
+
+def test_a_tenant_allocate_counts_a_missing_mdev_records_placement_id_too(make_host, capsys):
+    """The agent's tenant allocate admits with the same inputs (ops/devices.admission_inputs): its A40-12Q
+    goes to the high A40, not admitted onto the low one and then refused by create's re-check."""
+    from vgpuhost.io.sysfs import Sysfs
+    from vgpuhost.observe.inventory import discover
+    from vgpuhost.ops.allocate import allocate_admitted
+    host, _ = _lo_with_a_missing_8q(make_host, capsys)
+    s = store(host)
+    out = allocate_admitted(host, s, lambda: discover(Sysfs(host)), owner=DOM, tenant="t1", profile="A40-12Q",
+                            actor="test")
+    assert out.gpu == str(GPU_HI) and mdevs(host)[out.id] == str(GPU_HI)
+    assert [(r[0], r[2], r[3]) for r in s.allocation_rows() if r[1] == DOM] == [(out.id, "t1", str(GPU_HI))]

@@ -70,6 +70,13 @@ def test_migrate_begin_ends_a_killed_starts_leftovers_first_as_prepare_begin_doe
     copy = HostRoot(tmp_path / "copy")
     subprocess.run(["cp", "-a", str(dest.root), str(copy.root)], check=True, timeout=60)
     assert call(copy, "vm", "prepare", "begin", xml)[0] == 0 and mdevs(copy) == {MDEV: "0000:41:00.0"}
+    # a migrate begin refused after it ended them (here for a forged tenant) says so, as prepare begin does
+    forged = HostRoot(tmp_path / "forged")
+    subprocess.run(["cp", "-a", str(dest.root), str(forged.root)], check=True, timeout=60)
+    code, out, err = call(forged, "vm", "migrate", "begin", mdev_domain(profile="A40-48Q", tenant="t9"))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "its metadata names tenant 't9'" in err and "before this migration, vgpuhost ended journal #1" in err, err
+    assert mdevs(forged) == {} and store(forged).allocation_rows() == [] and reservations(forged) == []
     # migrate begin: ended first, then placed, admitted and reserved as the XML names it
     code, moved, err = call(dest, "vm", "migrate", "begin", xml)
     assert (code, moved, err) == (0, "", "")

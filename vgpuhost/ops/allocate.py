@@ -79,18 +79,18 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
             raise refuse(f"GPU {gpu} is not in the hook allow-list: vGPUs for domains are placed only on "
                          f"{', '.join(sorted(str(a) for a in allowed)) or 'no GPU'}",
                          "omit gpu, or name a GPU in the allow-list (the operator keeps it); nothing was changed")
-        limits_for = (lambda name: vgpu.mode_limits(host, inv, name))
-        policies = (lambda gpus: tenancy.scheduler_policies(host, gpus))
+        # what the hook's admission weighs beside the domain's devices, from its one source (the allow-list,
+        # mixed-size maxima with missing records' placement ids, the pools' scheduler policies)
+        from .devices import admission_inputs
+        inputs = admission_inputs(host, inv, allowed, store.vgpu_records(), owner)
         if dry_run:
             at = gpu
             if tenancy.active(store):
                 granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding,
-                                               allowed=allowed,
-                                               limits_for=limits_for, policies=policies)
+                                               **inputs)
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
             return make(at, True, inv)
-        with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for, policies=policies,
-                               binding=binding) as box:
+        with tenancy.admitting(store, view, inv, actor=actor, binding=binding, **inputs) as box:
             try:
                 out = make(box.placed_gpu(vid) or gpu, False, inv)
             except RefusedError as e:

@@ -530,19 +530,27 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     (``vf=``) and in the ``<hostdev>`` source address; a classic mdev keeps its UUID (it is unique, and
     the guest sees the same device) unless another owner holds that UUID here (then a new one, in the
     metadata and the ``<hostdev>``), and its ``gpu=`` pin is rewritten only when this host cannot place
-    it on that GPU.  Each chosen device is reserved for the domain (state store, owner its UUID,
+    it on that GPU.  Where tenancy is in use a VF is chosen only on a GPU admission accepts for it
+    (:func:`_vf_admission`).  Each chosen device is reserved for the domain (state store, owner its UUID,
     expiring after :data:`RESERVATION_TTL_S`), so no start takes it before ``prepare begin`` makes it
     (:func:`vgpuhost.ops.devices.prepare` places a reserved mdev on its reserved GPU).
+
+    First, as ``prepare begin`` does, what a killed start of the domain left here is ended: the open
+    journal entries naming its devices (:func:`vgpuhost.ops.devices.end_interrupted`) and, where tenancy
+    is in use, its allocation rows of devices never made (:func:`vgpuhost.ops.recover.settle_allocations`,
+    under the host lock); a refusal's hint then names what was ended.
 
     The devices are placed, and the XML ``prepare begin`` will see (the rewritten one) is checked and
     admitted, with what ``prepare begin`` places and admits with
     (:func:`vgpuhost.ops.devices.admission_inputs`): the hook allow-list (a GPU it leaves out offers
-    nothing; a pin to one moves, as a pin to an absent GPU does), the GPUs' mixed-size maxima and, for
-    admission, the scheduler policy each pooled GPU runs (one in drift admits nothing); then
-    ``prepare begin``'s own check of the XML (:func:`vgpuhost.policy.hookrequest.check_request`).
+    nothing; a pin to one moves, as a pin to an absent GPU does), the GPUs' mixed-size maxima (a record
+    whose vGPU is missing holding its placement id) and, for admission, the scheduler policy each pooled
+    GPU runs (one in drift admits nothing); then ``prepare begin``'s own check of the XML
+    (:func:`vgpuhost.policy.hookrequest.check_request`).
 
     Raises RefusedError (exit 2, nothing reserved, one audit row ``(migration)``) when the destination
-    cannot take the domain: a passed-through GPU, a type or MIG profile not free here on a GPU the
+    cannot take the domain: the XML's ``tenant=``/``qos=`` claims (weighed first, before placement, as
+    ``prepare begin`` weighs them: :func:`_claim_refusals`), a passed-through GPU, a type or MIG profile not free here on a GPU the
     allow-list allows (counted in the GPU's mode), the XML's devices refused by that check (``no-device``),
     or its admission here (the destination's own binding, quota, isolation, pools and their scheduler
     policies, as ``migrate check --incoming`` decides it, and the incoming XML's ``tenant=``/``qos=`` asks
@@ -596,7 +604,7 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
         changed_pins: "Dict[str, str]" = {}
         changed_uuids: "Dict[str, str]" = {}
         new_xml = None
-        trusted: list = []
+        trusted: list = []          # the tenant and class admission trusted, for the reservation
         if not refusals and placed:
             expires = _expiry(RESERVATION_TTL_S)
             expires_now = utcnow()
