@@ -20,6 +20,7 @@ from ..model.errors import RefusedError
 from ..model.values import PciAddress
 from ..observe.inventory import BACKEND_VENDOR_VFIO, Inventory
 from . import tenancy, vgpu
+from .devices import admission_inputs
 
 
 def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[], Inventory], *, owner: str,
@@ -81,7 +82,6 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
                          "omit gpu, or name a GPU in the allow-list (the operator keeps it); nothing was changed")
         # what the hook's admission weighs beside the domain's devices, from its one source (the allow-list,
         # mixed-size maxima with missing records' placement ids, the pools' scheduler policies)
-        from .devices import admission_inputs
         inputs = admission_inputs(host, inv, allowed, store.vgpu_records(), owner)
         if dry_run:
             at = gpu
