@@ -20,6 +20,7 @@ from ..model.errors import RefusedError
 from ..model.values import PciAddress
 from ..observe.inventory import BACKEND_VENDOR_VFIO, Inventory
 from . import migdemand, tenancy, vgpu
+from .devices import admission_inputs
 
 
 def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[], Inventory], *, owner: str,
@@ -84,8 +85,10 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
             raise refuse(f"GPU {gpu} is not in the hook allow-list: vGPUs for domains are placed only on "
                          f"{', '.join(sorted(str(a) for a in allowed)) or 'no GPU'}",
                          "omit gpu, or name a GPU in the allow-list (the operator keeps it); nothing was changed")
-        limits_for = (lambda name: vgpu.mode_limits(host, inv, name))
-        policies = (lambda gpus: tenancy.scheduler_policies(host, gpus))
+        # what the hook's admission weighs beside the domain's devices, from its one source (the allow-list,
+        # mixed-size maxima with missing records' placement ids, the pools' scheduler policies)
+        def inputs(inv: Inventory) -> dict:
+            return admission_inputs(host, inv, allowed, store.vgpu_records(), owner)
         # MIG on demand (opted-in GPUs): a MIG-backed profile no GPU instance takes now gets one made first,
         # as a start's does (ops/devices), destroyed again when admission or the create refuses below, and
         # with the domain's release otherwise (ops/devices.release_domain); a dry run counts the instances
@@ -98,8 +101,7 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
             at = gpu
             if tenancy.active(store):
                 granted = tenancy.admit_domain(store, view, inv, actor=actor, audit=False, binding=binding,
-                                               allowed=allowed,
-                                               limits_for=limits_for, policies=policies)
+                                               **inputs(inv))
                 at = tenancy.Admitting(granted).placed_gpu(vid) or gpu
             if on_demand and not any(t.available_instances > 0 and t.name.lower() == profile.lower()
                                      and at in (None, t.gpu) for t in now.vgpu_types):
@@ -118,8 +120,7 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
         try:
             if made:
                 inv = inventory()           # read again: the GPU instance offers the type now
-            with tenancy.admitting(store, view, inv, actor=actor, allowed=allowed, limits_for=limits_for,
-                                   policies=policies, binding=binding) as box:
+            with tenancy.admitting(store, view, inv, actor=actor, binding=binding, **inputs(inv)) as box:
                 try:
                     out = make(box.placed_gpu(vid) or gpu, False, inv, box)
                 except RefusedError as e:

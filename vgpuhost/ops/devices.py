@@ -27,8 +27,9 @@ from ..model.values import PciAddress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # only for annotations: never imported on the hook path
-    from typing import Dict, FrozenSet, List, Optional, Tuple
+    from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
     from ..io.state import StateStore
+    from ..model.records import VgpuRecord
     from ..libvirt.domxml import DomainView
     from ..observe.inventory import Inventory
     from ..policy.hookrequest import Checked
@@ -64,30 +65,39 @@ def load_allow(host: HostRoot) -> "Optional[FrozenSet[PciAddress]]":
     return parse_allow(data, host.relative(path))
 
 
-def admission_inputs(host: HostRoot, inv: "Inventory", allow: "Optional[FrozenSet[PciAddress]]") -> dict:
+def admission_inputs(host: HostRoot, inv: "Inventory", allow: "Optional[FrozenSet[PciAddress]]",
+                     records: "Optional[Sequence[VgpuRecord]]" = None, owner: "Optional[str]" = None) -> dict:
     """What the hook weighs beside a domain's own devices when it admits and places them, as the keywords
     :func:`vgpuhost.ops.tenancy.admitting` and :func:`~vgpuhost.ops.tenancy.admit_domain` take: ``allowed``
     (the hook allow-list ``allow``, :func:`load_allow`: None = every NVIDIA GPU), ``limits_for`` (a type
-    name -> ``{GPU: its max in the GPU's vGPU mode}``, :func:`vgpuhost.ops.vgpu.mode_limits`: mixed-size
-    maxima and free placement ids) and ``policies`` (GPU BDFs -> ``{BDF: the scheduler policy it runs}``,
-    :func:`vgpuhost.ops.tenancy.scheduler_policies`: a pooled GPU in drift admits nothing).  One source for
+    name -> ``{GPU: its max in the GPU's vGPU mode}``, :func:`vgpuhost.ops.vgpu.limits_lookup`: mixed-size
+    maxima and free placement ids, the records whose vGPU is missing from a GPU counted at their ids as
+    ``vgpu create`` and ``capacity`` count them, classic mdev included) and ``policies`` (GPU BDFs ->
+    ``{BDF: the scheduler policy it runs}``, :func:`vgpuhost.ops.tenancy.scheduler_policies`: a pooled GPU
+    in drift admits nothing).  ``records``: the vGPU records (the state store's, read by the caller; None:
+    a vendor-VFIO GPU's are read from the store when it is in mixed-size mode, an mdev GPU's missing ones
+    not looked for); ``owner``: the domain being admitted, whose own records hold nothing for it (its
+    start makes them anew, as :func:`vgpuhost.policy.offers.offers` leaves them out).  One source for
     ``prepare begin`` and the destination's ``migrate begin`` (:func:`vgpuhost.ops.migrate.incoming`, which
     narrows its placement by ``allowed`` and ``limits_for`` too), so an incoming migration is refused where
     its ``prepare begin`` would be.  Reads nothing until a callable is called (NVML then: the modes only for
-    vendor-VFIO GPUs listing the type, the policies only of pooled GPUs asked for).  ``limits_for.modes()``:
-    ``{GPU: mixed-size mode on}`` (NVML, read once), for the offers' ``modes``: asked only for a GPU
-    holding a record whose vGPU is missing (trial 8 retest R6)."""
+    vendor-VFIO GPUs listing the type and GPUs holding a missing record, the policies only of pooled GPUs
+    asked for).  ``limits_for.modes()``: ``{GPU: mixed-size mode on}`` (NVML, read once), for the offers'
+    ``modes``: asked only for a GPU holding a record whose vGPU is missing (trial 8 retest R6)."""
+    if records is not None and owner is not None:
+        records = [r for r in records if r.owner != owner]
+    lookup: list = []
+
     def limits_for(name: str) -> dict:
-        from .vgpu import mode_limits
-        return mode_limits(host, inv, name)
+        if not lookup:
+            from .vgpu import limits_lookup
+            lookup.append(limits_lookup(host, inv, records))
+        return lookup[0](name)
 
     def modes() -> dict:
         # the GPUs' mixed-size modes (NVML), asked only for a GPU holding a record whose vGPU is missing
-        if not seen_modes:
-            from .tenancy import mixed_size_of
-            seen_modes.append(mixed_size_of(host, inv))
-        return seen_modes[0]
-    seen_modes: list = []
+        limits_for("")
+        return lookup[0].modes()
     limits_for.modes = modes        # type: ignore[attr-defined]
 
     def policies(gpus) -> "Dict[str, str]":
@@ -126,16 +136,9 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
     from ..io.state import DB_NAME, StateStore
     if store is None and is_file(os.path.join(host.s.state_dir, DB_NAME)):
         store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
-    recovered = []
-    if store is not None:
-        if store.journal_entries(open_only=True):
-            # an interrupted start (or other operation) on these devices: finish or roll it back first,
-            # as every CLI operation does under its GPU lock, so the retried start is not refused
-            from .recover import recover_devices
-            names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
-            recovered = recover_devices(host, store, names, actor=actor)
-            if recovered:
-                inventory = None                    # the host changed
+    recovered = end_interrupted(host, store, view, actor=actor) if store is not None else []
+    if recovered:
+        inventory = None                    # the host changed
     try:
         return _prepare(host, view, actor, inventory, store)
     except VgpuhostError as e:
@@ -145,6 +148,23 @@ def prepare(host: HostRoot, view: "DomainView", *, actor: str, inventory=None,
             note = "before this start, vgpuhost ended " + "; ".join(r.line() for r in recovered)
             e.hint = f"{e.hint}; {note}" if e.hint else note
         raise
+
+
+def end_interrupted(host: HostRoot, store: "StateStore", view: "DomainView", *, actor: str) -> list:
+    """Finish or roll back the interrupted operations (open journal entries) naming a device ``view``'s
+    metadata declares (its vGPUs' mdev UUIDs and VFs, its passthrough GPUs): a start of it killed mid-way
+    (or another operation on those devices), each under its own locks
+    (:func:`vgpuhost.ops.recover.recover_devices`), as every CLI operation does under its GPU lock, so
+    the domain's next start is decided on the host as the records say it is, not refused for what the
+    killed one left.  ``prepare begin`` and the destination's ``migrate begin``
+    (:func:`vgpuhost.ops.migrate.incoming`) run it first.  Returns the :class:`~vgpuhost.ops.recover.Recovered`
+    reports (empty, after one query, when no entry is open)."""
+    if not store.journal_entries(open_only=True):
+        return []
+    from .recover import recover_devices
+    meta = view.metadata
+    names = {r.device for r in meta.vgpus} | {str(g) for g in meta.passthrough}
+    return recover_devices(host, store, names, actor=actor)
 
 
 def _prepare(host: HostRoot, view: "DomainView", actor: str, inventory, store: "Optional[StateStore]") -> List[str]:
@@ -266,7 +286,7 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     if enforced:
         # admission (issues 13, 26): quota, isolation, QoS class, pool, decided once under the host lock
         from . import tenancy
-        inputs = admission_inputs(host, inv, checked.allowed)     # migrate begin admits with the same
+        inputs = admission_inputs(host, inv, checked.allowed, records, me)     # migrate begin admits with the same
 
         def block(kinds):
             return tenancy.admitting(store, view, inv, actor=actor, types=kinds, **inputs)

@@ -91,18 +91,21 @@ def _facts(host: HostRoot, store: "StateStore", owner: str) -> "Tuple[Inventory,
 
 
 def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory", records: list, seen: list,
-                keep: "Dict[str, object]", inputs: dict) -> "Tuple[List[dict], List[Refusal]]":
+                keep: "Dict[str, object]", inputs: dict, admitted: "object" = None
+                ) -> "Tuple[List[dict], List[Refusal]]":
     """Where the destination makes each of ``req``'s vGPUs (``{device, kind, profile, gpu, parent}`` each),
     and the refusals.  ``keep``: device -> the VF or GPU the incoming XML names, kept when still free.
     ``inputs``: :func:`vgpuhost.ops.devices.admission_inputs`: the GPUs the hook allow-list leaves out
     offer nothing (a pin to one is moved, as a pin to an absent GPU is) and each GPU offers at most its
     mode's max (mixed-size), as ``prepare begin`` places; a refusal the allow-list narrowed names it as
-    ``prepare begin``'s does."""
+    ``prepare begin``'s does.  ``admitted``: :func:`_vf_admission`'s answer (None: not narrowed): a VF is
+    chosen only on a GPU admission accepts for it (:meth:`vgpuhost.ops.admitting.Admitting.allowed_gpus`,
+    as ``prepare begin`` narrows an unpinned vGPU's placement), the XML's VF kept only there."""
     from dataclasses import replace
     from ..model.values import PciAddress
     from ..policy import migration as mig
     from ..policy.offers import allowed_only, offers, resolve_profile
-    from .devices import placed_only_on
+    from .devices import ALLOW_LIST, placed_only_on
     allowed, limits_for = inputs["allowed"], inputs["limits_for"]
     from ..policy.placement import Request as Placing
     where = f"destination {host.s.root}"
@@ -152,13 +155,19 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
             if o.parents and d.kind == "vf":
                 o = replace(o, parents=parents, available=min(o.available, len(parents)))
             offered.append(o)
+        only = admitted.allowed_gpus(d.device, allowed) if admitted is not None and d.kind == "vf" else allowed
+        if only is not allowed:
+            offered = [o if o.gpu in only else replace(o, available=0, parents=(), note=NOT_ADMITTED)
+                       for o in offered]
         placing = Placing(name, req.uuid, req.strategy, None, req.anti_affinity, None)
         k = keep.get(d.device)
         gpu, parent = mig.choose_device(offered, placing, keep=k if isinstance(k, PciAddress) else None,
                                         reserved=reserved)
         if gpu is None:
             r = mig.type_refusal(d, where, str(parent))
-            refusals.append(r if allowed is None else replace(r, fix=placed_only_on(allowed)))
+            refusals.append(r if only is None else
+                            replace(r, fix=placed_only_on(only, admitted.narrowed_by(d.device, allowed)
+                                                          if only is not allowed else ALLOW_LIST)))
             continue
         taken[gpu] = parent
         if d.kind == "vf":
@@ -168,9 +177,71 @@ def _placements(host: HostRoot, store: "StateStore", req: "Request", inv: "Inven
     return out, refusals
 
 
+#: the note on a GPU admission does not accept for an incoming VF (isolation, pool), as placement lists it
+NOT_ADMITTED = "not admitted for the domain's tenant there (isolation or pool)"
+
+
+def _vf_admission(store: "StateStore", view: "DomainView", inv: "Inventory", inputs: dict,
+                  trusted: "object") -> "object":
+    """Where admission accepts each vGPU on a VF of ``view``'s incoming domain, asked as if unplaced:
+    :func:`vgpuhost.ops.tenancy.admit_domain` (read-only, ``trusted``: :func:`_claim_refusals`'s answer,
+    ``inputs`` as :func:`vgpuhost.ops.devices.admission_inputs` gives them) of the same domain with each VF
+    vGPU unpinned (the VF the XML names is a pin to its GPU; here the destination may move it), as an
+    :class:`vgpuhost.ops.admitting.Admitting` whose :meth:`~vgpuhost.ops.admitting.Admitting.allowed_gpus`
+    narrows the VF's placement to admission's candidates, as ``prepare begin`` narrows an unpinned vGPU's.
+    None when the domain has no VF vGPU, tenancy is not in use (``trusted`` None) or admission refuses it
+    anywhere (the admission of the XML as placed, :func:`_admission`, then says why)."""
+    meta = view.metadata
+    if trusted is None or not any(v.vf is not None for v in meta.vgpus):
+        return None
+    from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
+    from ..model.errors import VgpuhostError
+    from . import tenancy
+    asked = DomainView()
+    asked.name, asked.uuid, asked.nova_project = view.name, view.uuid, view.nova_project
+    asked.metadata = Metadata(meta.strategy, meta.tenant, meta.anti_affinity,
+                              [VgpuRequest(v.profile, uuid=v.device) if v.vf is not None else v for v in meta.vgpus],
+                              [], meta.qos)
+    try:
+        return tenancy.Admitting(tenancy.admit_domain(store, asked, inv, audit=False, trusted=trusted, **inputs))
+    except VgpuhostError:
+        return None
+
+
+def _request_view(req: "Request") -> "DomainView":
+    """``req``'s domain as a domain XML would declare it (no XML: ``migrate check --incoming``): its vGPUs
+    as the request names them (an mdev by UUID, a VF by BDF), no tenant or class asked; a device whose
+    profile is no vGPU type name is left out (placement refuses it)."""
+    from ..libvirt.domxml import DomainView, Metadata, VgpuRequest
+    from ..model.values import PciAddress
+    view = DomainView()
+    view.name, view.uuid = req.name, req.uuid
+    vgpus = []
+    for d in req.devices:
+        if d.kind == DeviceKind.PASSTHROUGH:
+            continue
+        try:
+            vgpus.append(VgpuRequest(d.profile, vf=PciAddress.parse(d.device)) if d.kind == "vf" else
+                         VgpuRequest(d.profile, uuid=d.device))
+        except InputError:
+            continue
+    view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
+    return view
+
+
+def _trusted(store: "StateStore", req: "Request") -> "object":
+    """:func:`vgpuhost.ops.tenancy.trust`'s answer for ``req``'s domain with the destination's own binding
+    (``migrate check --incoming``: no XML, nothing asked), None when tenancy is not in use here."""
+    from .admitting import active
+    if store.absent or not active(store):
+        return None
+    from . import tenancy
+    return tenancy.trust(store, _request_view(req))
+
+
 def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Inventory",
                placed: "List[dict]", inputs: dict, incoming: "Optional[DomainView]" = None,
-               out: "Optional[list]" = None) -> "Tuple[List[Refusal], Dict[str, str]]":
+               out: "Optional[list]" = None, trusted: "object" = None) -> "Tuple[List[Refusal], Dict[str, str]]":
     """Admission on the destination, read-only (``admit_domain`` with ``audit`` off: no row, no
     allocation), as the destination's ``prepare begin`` will decide it: with the destination's own
     binding of the domain, never the request's tenant or QoS class (the source's word, not trusted for
@@ -189,7 +260,8 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
     and class are the source's word, never weighed.  Devices other incoming migrations reserved here count
     as their tenants' (``admit_domain``: the tenant stored with each).  ``out``: where the trusted tenant and
     class (:func:`vgpuhost.ops.tenancy.trust`'s answer) are appended when admission was asked (tenancy in
-    use), for the reservation to store.
+    use), for the reservation to store.  ``trusted``: :func:`vgpuhost.ops.tenancy.trust`'s answer for
+    ``incoming``, already asked (:func:`_claim_refusals`, before placement), instead of asking it again.
 
     Returns the refusals and ``{device: the GPU admission placed it on}`` (the view's device ids; empty
     when tenancy is not in use or it refused): ``prepare begin`` makes a vGPU where its admission places
@@ -224,16 +296,41 @@ def _admission(host: HostRoot, store: "StateStore", req: "Request", inv: "Invent
                 vgpus.append(VgpuRequest(p["profile"], vf=PciAddress.parse(p["parent"])))
         view.metadata = Metadata(req.strategy, None, req.anti_affinity, vgpus, [], None)
         types = {p["device"]: p["profile"] for p in placed}
-    tr = tenancy.trust(store, view, binding=row)
+    tr = trusted if trusted is not None and incoming is not None else tenancy.trust(store, view, binding=row)
     if out is not None:
         out.append(tr)
     try:
         granted = tenancy.admit_domain(store, view, inv, audit=False, types=types, binding=row, trusted=tr,
                                        **inputs)
     except RefusedError as e:
-        return [mig.Refusal(mig.ADMISSION, "", f"{_whose(tr)}: {e.message}",
-                            e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")], {}
+        return [_admission_refusal(tr, e)], {}
     return [], {g.device: g.decision.gpu for g in granted if g.decision.gpu}
+
+
+def _admission_refusal(tr, e: RefusedError) -> "Refusal":
+    """Admission's refusal ``e`` of a domain trusted as ``tr`` as the destination says it: its line after
+    the tenant it was decided for (:func:`_whose`), its hint as the fix."""
+    from ..policy import migration as mig
+    return mig.Refusal(mig.ADMISSION, "", f"{_whose(tr)}: {e.message}",
+                       e.hint or "free room for the tenant there ('vgpuhost capacity --tenant')")
+
+
+def _claim_refusals(store: "StateStore", view: "DomainView", out: list) -> "List[Refusal]":
+    """The incoming XML's tenant and class claims weighed as ``prepare begin`` weighs them first
+    (:func:`vgpuhost.ops.tenancy.trust`: the XML may ask, never claim; ``require-binding``; a Nova domain
+    with no project), before placement: a forged ``tenant=`` is refused for the claim, as at prepare
+    begin, whatever placement would say of the devices (final8 F2: a domain that holds a vGPU here was
+    refused for "one vGPU per VM per GPU").  The answer is appended to ``out`` for :func:`_admission`.
+    Nothing when tenancy is not in use here (no claim is weighed then: the XML's tenant is never recorded)."""
+    from .admitting import active
+    if store.absent or not active(store):
+        return []
+    from . import tenancy
+    tr = tenancy.trust(store, view)
+    out.append(tr)
+    if not tr.refusal:
+        return []
+    return [_admission_refusal(tr, RefusedError(f"admission: {tr.refusal}", hint=tr.hint))]
 
 
 def _request_refusals(store: "StateStore", inv: "Inventory", view: "DomainView",
@@ -284,8 +381,9 @@ def check_incoming(host: HostRoot, req: "Request") -> dict:
             refusals.append(m)
         inv, records, seen = _facts(host, store, req.uuid)
         from .devices import admission_inputs, load_allow
-        inputs = admission_inputs(host, inv, load_allow(host))      # what the hook there places and admits with
-        placed, more = _placements(host, store, req, inv, records, seen, {}, inputs)
+        inputs = admission_inputs(host, inv, load_allow(host), records, req.uuid)   # what the hook there weighs
+        placed, more = _placements(host, store, req, inv, records, seen, {}, inputs,
+                                   _vf_admission(store, _request_view(req), inv, inputs, _trusted(store, req)))
         refusals += more
         if not more and placed:
             more, decided = _admission(host, store, req, inv, placed, inputs)
@@ -432,19 +530,27 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     (``vf=``) and in the ``<hostdev>`` source address; a classic mdev keeps its UUID (it is unique, and
     the guest sees the same device) unless another owner holds that UUID here (then a new one, in the
     metadata and the ``<hostdev>``), and its ``gpu=`` pin is rewritten only when this host cannot place
-    it on that GPU.  Each chosen device is reserved for the domain (state store, owner its UUID,
+    it on that GPU.  Where tenancy is in use a VF is chosen only on a GPU admission accepts for it
+    (:func:`_vf_admission`).  Each chosen device is reserved for the domain (state store, owner its UUID,
     expiring after :data:`RESERVATION_TTL_S`), so no start takes it before ``prepare begin`` makes it
     (:func:`vgpuhost.ops.devices.prepare` places a reserved mdev on its reserved GPU).
+
+    First, as ``prepare begin`` does, what a killed start of the domain left here is ended: the open
+    journal entries naming its devices (:func:`vgpuhost.ops.devices.end_interrupted`) and, where tenancy
+    is in use, its allocation rows of devices never made (:func:`vgpuhost.ops.recover.settle_allocations`,
+    under the host lock); a refusal's hint then names what was ended.
 
     The devices are placed, and the XML ``prepare begin`` will see (the rewritten one) is checked and
     admitted, with what ``prepare begin`` places and admits with
     (:func:`vgpuhost.ops.devices.admission_inputs`): the hook allow-list (a GPU it leaves out offers
-    nothing; a pin to one moves, as a pin to an absent GPU does), the GPUs' mixed-size maxima and, for
-    admission, the scheduler policy each pooled GPU runs (one in drift admits nothing); then
-    ``prepare begin``'s own check of the XML (:func:`vgpuhost.policy.hookrequest.check_request`).
+    nothing; a pin to one moves, as a pin to an absent GPU does), the GPUs' mixed-size maxima (a record
+    whose vGPU is missing holding its placement id) and, for admission, the scheduler policy each pooled
+    GPU runs (one in drift admits nothing); then ``prepare begin``'s own check of the XML
+    (:func:`vgpuhost.policy.hookrequest.check_request`).
 
     Raises RefusedError (exit 2, nothing reserved, one audit row ``(migration)``) when the destination
-    cannot take the domain: a passed-through GPU, a type or MIG profile not free here on a GPU the
+    cannot take the domain: the XML's ``tenant=``/``qos=`` claims (weighed first, before placement, as
+    ``prepare begin`` weighs them: :func:`_claim_refusals`), a passed-through GPU, a type or MIG profile not free here on a GPU the
     allow-list allows (counted in the GPU's mode), the XML's devices refused by that check (``no-device``),
     or its admission here (the destination's own binding, quota, isolation, pools and their scheduler
     policies, as ``migrate check --incoming`` decides it, and the incoming XML's ``tenant=``/``qos=`` asks
@@ -459,28 +565,46 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
     from ..io.locks import file_lock
     from ..io.state import StateStore, utcnow
     from .admitting import HOST_LOCK
-    from .devices import _owned, admission_inputs, load_allow
+    from .devices import _owned, admission_inputs, end_interrupted, load_allow
     store = StateStore(host.s.state_dir, owned=lambda: _owned(host))
     name = view.name or view.uuid
     operation = f"migrate begin {name}"
+    # what a killed start of this domain left here (its devices' open journal entries) is finished or rolled
+    # back first, as its prepare begin does before anything else: the devices are placed and admitted on the
+    # host as the records say it is
+    ended = end_interrupted(host, store, view, actor=actor)
     with file_lock(store.dir, HOST_LOCK):      # the lock admission decides starts under: no start races it
+        from .admitting import active
+        if not store.absent and active(store):
+            # and its allocation rows of devices never made go, as prepare begin's admission drops them
+            # (ops/tenancy.admitting) before it admits the domain anew
+            from .recover import settle_allocations
+            ended += settle_allocations(store, actor=actor, owner=view.uuid, locked=True)
         req = request_for(host, store, view)
         inv, records, seen = _facts(host, store, req.uuid)
         # what prepare begin places and admits with (the hook allow-list, mixed-size maxima, the pools'
         # scheduler policies), from the one source it takes them from: a migration its prepare begin would
         # refuse for them is refused here, before anything is reserved or its memory copied
         allow = load_allow(host)            # a bad or unreadable allow-list refuses, as at prepare begin
-        inputs = admission_inputs(host, inv, allow)
+        inputs = admission_inputs(host, inv, allow, records, view.uuid)
         keep: "Dict[str, object]" = {}
         for v in meta.vgpus:
             keep[v.device] = v.vf if v.vf is not None else v.gpu
-        placed, refusals = _placements(host, store, req, inv, records, seen, keep, inputs)
+        # the XML's tenant and class claims first, as prepare begin weighs them before it places anything
+        claimed: list = []
+        refusals = _claim_refusals(store, view, claimed)
+        placed = []
+        if not refusals:
+            # under tenancy a VF is chosen on a GPU admission accepts for it (isolation, pools), not kept on
+            # one it refuses when another would take it
+            admitted = _vf_admission(store, view, inv, inputs, claimed[0] if claimed else None)
+            placed, refusals = _placements(host, store, req, inv, records, seen, keep, inputs, admitted)
         rows = []
         changed_vfs: "Dict[str, str]" = {}
         changed_pins: "Dict[str, str]" = {}
         changed_uuids: "Dict[str, str]" = {}
         new_xml = None
-        trusted: list = []
+        trusted: list = []          # the tenant and class admission trusted, for the reservation
         if not refusals and placed:
             expires = _expiry(RESERVATION_TTL_S)
             expires_now = utcnow()
@@ -511,7 +635,8 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             seen_view = parse_domain(new_xml.encode()) if new_xml is not None else view
             refusals = _request_refusals(store, inv, seen_view, allow)
             if not refusals:
-                refusals, decided = _admission(host, store, req, inv, placed, inputs, seen_view, trusted)
+                refusals, decided = _admission(host, store, req, inv, placed, inputs, seen_view, trusted,
+                                               trusted=claimed[0] if claimed else None)
                 # an mdev is reserved on the GPU prepare begin's admission will make it on (an unpinned one's
                 # may differ from placement's first choice: pools, isolation); a pin and a VF fix their GPU
                 rows = [(r[0], r[1], decided.get(r[0], r[2]), r[3], r[4], r[5]) if r[3] == "mdev" else r
@@ -520,8 +645,13 @@ def incoming(host: HostRoot, data: bytes, *, actor: str) -> "Optional[str]":
             line = "; ".join(r.text() for r in refusals)
             store.audit(actor=actor, operation=operation, path="(migration)", value=line, result="refused")
             first = refusals[0]
+            fix = first.fix
+            if ended:
+                # what it ended of a killed start first belongs in its refusal, as prepare begin says it
+                note = "before this migration, vgpuhost ended " + "; ".join(r.line() for r in ended)
+                fix = f"{fix}; {note}" if fix else note
             raise RefusedError(f"incoming migration refused: {first.line}" +
-                               (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=first.fix)
+                               (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""), hint=fix)
         from .health import _set_marker
         _set_marker(store)      # commands that open no store read it then: a reserved VF counts as taken
         # the tenant admission trusted (a binding, or the OpenStack mapping of the XML's project: trial 7
