@@ -544,3 +544,47 @@ def test_peer_groups_are_the_kernels_at_connect_time():
     finally:
         srv.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# bills a tenant can check (trial 9: a tenant could see neither its metered usage nor its bill)
+
+def test_a_tenant_member_reads_its_issued_bill_and_the_hourly_rows_behind_it_and_no_others(world):
+    from vgpuhost.io import state as st
+    from vgpuhost.model.usage import UsageRow
+    from vgpuhost.ops import billing
+    from vgpuhost.policy.billing import parse_prices
+    store = world.store()
+    rows = [UsageRow("2026-10-05T10:00:00Z", M1, D1, "vgpu", "0000:41:00.0", "A40-8Q", "vm-a", "t1", "", 3600.0,
+                     1800.0, 0, 0, 0, 0, 60),
+            UsageRow("2026-10-05T11:00:00Z", M1, D1, "vgpu", "0000:41:00.0", "A40-8Q", "vm-a", "t1", "", 1800.0,
+                     900.0, 0, 0, 0, 0, 30),
+            UsageRow("2026-10-05T10:00:00Z", M2, D2, "vgpu", "0000:81:00.0", "A40-8Q", "vm-b", "t2", "", 3600.0,
+                     3600.0, 0, 0, 0, 0, 60)]
+    with store.transaction() as conn:
+        st.add_usage(conn, rows)
+        st.put_meter_state(conn, "last_tick_us", str(1_793_577_600_000_000))      # 2026-11-02: October metered
+    sheet = parse_prices("version: 1\ncurrency: EUR\nallocated: {profiles: {A40-8Q: 1.00}}\n")
+    issued = billing.issue(store, "2026-10", sheet, actor="test")
+    assert {t["tenant"]: t["amount"] for t in issued["totals"]} == {"t1": "1.50", "t2": "1.00"}
+    t = world.run.tenant
+    (s1, bill), (s2, hourly), (s3, open_month), (s4, bad), (s5, missing) = world.as_user(
+        "alice", [_get(t, "/v1/bill?period=2026-10"), _get(t, "/v1/usage/hourly?period=2026-10"),
+                  _get(t, "/v1/bill?period=2026-11"), _get(t, "/v1/bill?period=2026-13"), _get(t, "/v1/bill")],
+        docs=True)
+    assert (s1, s2, s3, s4, s5) == (200, 200, 404, 400, 400), (open_month, bad, missing)
+    # its own lines and total, nothing of t2's; the hours its lines name are the rows it reads
+    assert bill["status"] == "issued" and bill["total"] == "1.50"
+    assert {x["tenant"] for x in bill["lines"]} == {"t1"} and [x["tenant"] for x in bill["totals"]] == ["t1"]
+    assert [(r["hour"], r["device"], r["alloc_s"]) for r in hourly["rows"]] == [
+        ("2026-10-05T10:00:00Z", M1, 3600.0), ("2026-10-05T11:00:00Z", M1, 1800.0)]
+    assert sum(r["alloc_s"] for r in hourly["rows"]) / 3600 == float(bill["lines"][0]["quantity"])
+    for theirs in (D2, M2, "vm-b", "'t2'", '"t2"'):
+        assert theirs not in json.dumps(bill) + json.dumps(hourly), theirs
+    assert "not issued" in open_month["error"]["message"], open_month
+    assert "2026-13" in bad["error"]["message"] and "period=YYYY-MM" in missing["error"]["message"], (bad, missing)
+    # the operator reads both tenants' part
+    status, whole = world.run.call("GET", "/v1/bill?period=2026-10")
+    assert status == 200 and whole["total"] == "2.50"
+    status, all_rows = world.run.call("GET", "/v1/usage/hourly?period=2026-10")
+    assert status == 200 and len(all_rows["rows"]) == 3 and all_rows["tenant"] is None

@@ -32,6 +32,7 @@ from ..io import locks, residentwriter
 from ..io.changes import fingerprint, own_changes
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore, StoreWatch
+from ..io.state import issued_bill as st_issued_bill, meter_gaps as st_meter_gaps, usage_rows as st_usage_rows
 from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import PlacementStrategy
@@ -39,7 +40,7 @@ from ..model.errors import InputError, RefusedError, TransientError, VgpuhostErr
 from ..model.values import PciAddress, clipped, json_flag, json_small_int, json_text, parse_uuid
 from ..observe.inventory import discover, discover_gpu, gpu_part, with_gpu
 from ..observe.vgpus import list_vgpus
-from ..ops import devices, health, mig, migdemand, migrate, tenancy, vgpu
+from ..ops import billing, devices, health, mig, migdemand, migrate, tenancy, vgpu
 from ..ops.allocate import allocate_admitted
 from ..ops.attach import AttachRequest, attach, detach
 from ..ops.devices import release_domain
@@ -94,6 +95,10 @@ class Stopping(Unavailable):
 
 class Misdirected(VgpuhostError):
     """A hook call meant for another host root or state dir than this agent's (421: the caller does it)."""
+
+
+class NotFound(VgpuhostError):
+    """What the request names does not exist (404): the bill of a period not issued yet."""
 
 
 class Forbidden(RefusedError):
@@ -821,6 +826,70 @@ def get_audit(agent: Agent, req: Request) -> Dict[str, Any]:
     start = parse_since(since, name="since") if since else None
     rows = agent.store.audit_rows(start)
     return {"schema": "vgpuhost.audit/v1", "since": start, "rows": [r.__dict__ for r in rows]}
+
+
+def _period(req: Request) -> str:
+    """The request's ``period`` (``YYYY-MM``, a UTC month), checked; InputError when missing or not one."""
+    period = req.query.get("period")
+    if not period:
+        raise InputError("this read needs the query parameter period=YYYY-MM (a UTC month)",
+                         hint="e.g. ?period=2026-11")
+    billing.period_bounds(period)           # InputError naming what is wrong
+    return period
+
+
+def _issued_bill(agent: Agent, req: Request, tenant: Optional[str]) -> Dict[str, Any]:
+    """The issued bill of the request's period (``vgpuhost.bill/v1`` with its adjustments), cut to
+    ``tenant`` (None: whole); NotFound while the period is not issued (an open month is priced only with
+    the operator's price sheet, which the agent does not hold)."""
+    period = _period(req)
+    if st_issued_bill(agent.store, period) is None:
+        raise NotFound(f"the bill of {period} is not issued", hint="the operator issues a month once metering "
+                       f"has passed its end ('vgpuhost bill --prices FILE --period {period} --issue'); usage "
+                       f"so far: GET /v1/usage/hourly?period={period}")
+    return billing.bill(agent.store, period, None, tenant=tenant)
+
+
+def get_bill(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/bill?period=YYYY-MM``: the period's issued bill, whole, with its adjustments (as ``vgpuhost
+    --json bill --period P`` prints an issued one)."""
+    return _issued_bill(agent, req, None)
+
+
+def tenant_bill(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/bill``: the issued bill cut to the caller's tenant (its lines, totals, adjustments and the
+    gaps that concern it), so a tenant can check what it is charged against its hourly usage."""
+    return _issued_bill(agent, req, req.tenant)
+
+
+SCHEMA_USAGE_HOURLY = "vgpuhost.usage-hourly/v1"
+
+
+def _usage_hourly(agent: Agent, req: Request, tenant: Optional[str]) -> Dict[str, Any]:
+    period = _period(req)
+    start, end, _hours = billing.period_bounds(period)
+    rows = st_usage_rows(agent.store, start, end)
+    gaps = st_meter_gaps(agent.store, start, end)
+    if tenant is not None:
+        me = tenant.lower()
+        rows = [r for r in rows if r.tenant.lower() == me]
+        mine = {r.device for r in rows}
+        gaps = [g for g in gaps if g[2] == "*" or g[2] in mine]
+    return {"schema": SCHEMA_USAGE_HOURLY, "period": period, "since": start, "until": end,
+            "tenant": tenant, "rows": [r._asdict() for r in rows],
+            "gaps": [{"start": g[0], "end": g[1], "device": g[2], "seconds": g[3], "reason": g[4]} for g in gaps]}
+
+
+def get_usage_hourly(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/usage/hourly?period=YYYY-MM``: the period's hourly rollup rows (what bills are priced from:
+    docs/guide/billing.md), every device's, and the metering gaps."""
+    return _usage_hourly(agent, req, None)
+
+
+def tenant_usage_hourly(agent: Agent, req: Request) -> Dict[str, Any]:
+    """``GET /v1/usage/hourly``: the rows metering attributed to the caller's tenant, and the gaps of its
+    devices and of the whole host: the rows its bill's lines name."""
+    return _usage_hourly(agent, req, req.tenant)
 
 
 def get_metrics(agent: Agent, req: Request) -> Text:
@@ -1657,6 +1726,8 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/domains", get_domains, READ, tenant=tenant_domains),
     Route("GET", "/v1/tenants", get_tenants, READ, tenant=tenant_tenants),
     Route("GET", "/v1/usage", get_usage, READ, tenant=tenant_usage),
+    Route("GET", "/v1/usage/hourly", get_usage_hourly, READ, query=("period",), tenant=tenant_usage_hourly),
+    Route("GET", "/v1/bill", get_bill, READ, query=("period",), tenant=tenant_bill),
     Route("GET", "/v1/audit", get_audit, READ, query=("since",), tenant=tenant_audit),
     Route("GET", "/v1/metrics", get_metrics, READ),
     Route("POST", "/v1/vgpus", post_vgpu_create, ADMIN, _VGPU_KEYS),

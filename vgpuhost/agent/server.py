@@ -151,7 +151,7 @@ REFUSAL_LOG_S = 10.0
 #: spends at most its CPU budget on them (:class:`ReadBudget`); more are answered 429 with Retry-After
 EXPENSIVE_READS = frozenset({("GET", "/v1/inventory"), ("GET", "/v1/types"), ("GET", "/v1/capacity"),
                              ("GET", "/v1/audit"), ("GET", "/v1/metrics"), ("POST", "/v1/plan"),
-                             ("POST", "/v1/assert")})
+                             ("POST", "/v1/assert"), ("GET", "/v1/usage/hourly"), ("GET", "/v1/bill")})
 EXPENSIVE_PER_PEER = 2
 #: a peer's CPU budget for expensive reads: a burst of this many CPU seconds ...
 BUDGET_BURST_S = 1.0
@@ -665,6 +665,8 @@ def store_error_doc(path: str, e: BaseException) -> Dict[str, Any]:
 def status_of(e: VgpuhostError) -> int:
     if isinstance(e, api.Forbidden):
         return 403
+    if isinstance(e, api.NotFound):
+        return 404
     if isinstance(e, api.Unavailable):
         return 503
     if isinstance(e, api.Misdirected):
