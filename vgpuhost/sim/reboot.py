@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from uuid import uuid4
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -195,8 +196,7 @@ def reboot(host: HostRoot) -> dict:
 def new_boot_id(host: HostRoot) -> str:
     """Give the simulated kernel a new boot id (``proc/sys/kernel/random/boot_id``, a random UUID), as
     a real kernel makes one once per boot (drivers/char/random.c); returns it."""
-    import uuid
-    boot_id = str(uuid.uuid4())
+    boot_id = str(uuid4())
     path = host.path("proc", "sys", "kernel", "random", "boot_id")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
