@@ -512,7 +512,7 @@ class Sampler:
         cut = [0.0, 0.0, 0.0, 0.0]
         for r in rows:
             room = max(0.0, HOUR_S - have.get(r.hour, 0.0))
-            if r.alloc_s <= room:
+            if r.alloc_s <= room + 1e-6:        # (a float sum's last digits are no overlap)
                 out.append(r)
                 continue
             f = room / r.alloc_s
