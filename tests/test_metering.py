@@ -1111,3 +1111,167 @@ def test_gpu_healthy_keeps_one_series_per_gpu_across_a_failure_and_its_repair(ma
     assert samples() == ({key: 0.0}, {(("gpu", gpu), ("source", "nvml")): 1.0})
     assert main(["--root", str(host.root), "gpu", "uncordon", gpu]) == 0, capsys.readouterr().err
     assert samples() == ({key: 1.0}, {})
+
+
+def _alloc_by_device(store) -> dict:
+    """``{device: allocated seconds}`` summed over the store's rollups (every domain, every hour)."""
+    out: dict = {}
+    for r in st.usage_rows(store):
+        out[r[1]] = out.get(r[1], 0.0) + r[9]
+    return out
+
+
+def test_a_device_counter_never_falls_across_a_restart_after_its_domain_changed(loaded):
+    """Trial 9, F2: restored from (device, current domain) only, a device that had served another
+    domain dropped to the current domain's seconds after a restart (Prometheus took it as a reset)."""
+    host, store, nv, recs, traces = loaded
+    dev = recs[DOM_A]
+    name = f'vgpuhost_device_allocated_seconds_total{{vm_device="{dev}"}}'
+    busy = f'vgpuhost_device_sm_busy_seconds_total{{vm_device="{dev}"}}'
+    other = DOM_B.replace("b", "d")
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    for vm in ("", "", other, other):            # domain A for 20 s, then another domain
+        nv.set_trace(dev, dict(traces[dev], vm=vm) if vm else traces[dev])
+        nv.advance(10)
+        s.tick()
+    before = _scrape_counters(s)
+    del s
+    nv.advance(10)
+    s2 = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    s2.tick()
+    after = _scrape_counters(s2)
+    assert after[name] >= before[name] and after[busy] >= before[busy], (before[name], after[name])
+    # the counter is the device's seconds over every domain, as the rollups hold them
+    assert after[name] == pytest.approx(_alloc_by_device(store)[dev], abs=1e-6)
+    assert after[name] == pytest.approx(20 + 10 + 10, abs=1e-3)     # A 20 s; the other from its first sight
+    # and a domain that held the device before the restart carries on from its own totals
+    nv.set_trace(dev, traces[dev])
+    for _ in range(2):
+        nv.advance(10)
+        s2.tick()
+    assert _scrape_counters(s2)[name] == pytest.approx(_alloc_by_device(store)[dev], abs=1e-6)
+
+
+def test_a_restarted_sampler_continues_a_vgpu_whose_record_is_stamped_after_the_cursor(make_host, capsys):
+    """Trial 9, F4: the vGPU record's creation time (the machine's clock) after the cursor (NVML's
+    clock, here frozen in the past as on the simulator, or after a wall-clock step back) lost the
+    first interval of every restart."""
+    host = make_host("a40-mdev")
+    _create(host, "A40-8Q", DOM_A, capsys)
+    store = StateStore(host.state_dir)
+    (dev,) = [r.id for r in store.vgpu_records()]
+    nv = metering_nvml(host)
+    nv.freeze(1_700_000_000.0)                    # 2023: long before the record was made
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    nv.advance(10)
+    s.tick()
+    for _ in range(3):                            # three restarts, 10 s after the last reading each
+        del s
+        nv.advance(10)
+        s = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+        s.tick()
+    assert _alloc_by_device(store)[dev] == pytest.approx(40, abs=1e-3)
+    # a vGPU made again since the cursor (another record) still counts from its first reading
+    with store.transaction() as conn:
+        conn.execute("UPDATE vgpus SET time = ? WHERE id = ?", ("2023-11-14T22:13:00+00:00", dev))
+    del s
+    nv.advance(10)
+    Sampler(nv, StateStore(host.state_dir), interval_s=10).tick()
+    assert _alloc_by_device(store)[dev] == pytest.approx(40, abs=1e-3)
+
+
+def test_a_reboot_is_never_billed_as_allocation(make_host, capsys):
+    """Trial 9, F12: after a reboot the sampler continued every device from its pre-reboot cursor,
+    so the hours the host was down were billed.  The kernel's boot id (a new one each boot; the
+    simulator's changes with ``sim reboot``) tells the sampler the host rebooted."""
+    host = make_host("a40-mdev")
+    _create(host, "A40-8Q", DOM_A, capsys)
+    _create(host, "A40-8Q", DOM_B, capsys)
+    store = StateStore(host.state_dir)
+    devs = sorted(r.id for r in store.vgpu_records())
+    nv = metering_nvml(host)
+    nv.freeze(4_000_000_000.0)                    # records older than the cursors: they would continue
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    nv.advance(10)
+    s.tick()
+    del s
+    boot = nv.boot_id()
+    nv.advance(6 * 3600)                          # down for 6 h
+    assert main(["sim", "reboot", str(host.root)]) == 0
+    assert nv.boot_id() != boot
+    assert main(["--root", str(host.root), "reconcile"]) == 0      # the boot unit makes the vGPUs again
+    capsys.readouterr()
+    s = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    s.tick()
+    assert _alloc_by_device(store) == {d: pytest.approx(10, abs=1e-3) for d in devs}
+    gaps = [g for g in st.meter_gaps(store) if g[4] == "host rebooted"]
+    assert [(g[2], g[3]) for g in gaps] == [("*", pytest.approx(6 * 3600, abs=1e-3))]
+    nv.advance(10)                                # then counted from the first reading after boot
+    s.tick()
+    assert _alloc_by_device(store) == {d: pytest.approx(20, abs=1e-3) for d in devs}
+
+
+def test_a_passed_through_gpu_is_not_billed_for_a_reboot(make_host):
+    host = make_host("a40-mdev")
+    store = StateStore(host.state_dir)
+    with store.transaction() as conn:
+        store.put_passthrough(conn, st.PassthroughRecord("0000:81:00.0", 31, "0000:81:00.0", "nvidia", None, 0,
+                                                         st.utcnow(), False, DOM_A))
+    nv = metering_nvml(host)
+    nv.freeze()
+    s = Sampler(nv, store, interval_s=10)
+    s.tick()
+    nv.advance(30)
+    s.tick()
+    del s
+    nv.advance(3600)
+    assert main(["sim", "reboot", str(host.root)]) == 0
+    s = Sampler(nv, StateStore(host.state_dir), interval_s=10)
+    s.tick()
+    nv.advance(10)
+    s.tick()
+    assert _alloc_by_device(store) == {"0000:81:00.0": pytest.approx(40, abs=1e-3)}
+
+
+def test_a_device_hour_never_holds_more_than_an_hour_after_a_backward_step(make_host, capsys):
+    """Trial 9, F15: after a backward wall-clock step the re-lived hours were filled again (4800 s in
+    one device-hour), and per-hour coverage charged burst for use within the guarantee."""
+    host = make_host("a40-mdev")
+    _create(host, "A40-8Q", DOM_A, capsys)
+    store = StateStore(host.state_dir)
+    (dev,) = [r.id for r in store.vgpu_records()]
+    nv = metering_nvml(host)
+    start = 1_798_761_600.0                       # 2027-01-01T00:00Z
+    nv.freeze(start)
+    nv.set_trace(dev, {"sm": 50, "start": start})
+    name = f'vgpuhost_device_allocated_seconds_total{{vm_device="{dev}"}}'
+    s = Sampler(nv, store, interval_s=600)
+    s.tick()
+    seen = []
+    for i in range(12):                           # 1 h to 01:00; the wall clock steps back 1 h 30 min, 1 h more
+        if i == 6:
+            nv.step_wall(-5400)
+        nv.advance(600)
+        s.tick()
+        seen.append(_scrape_counters(s)[name])
+    del s                                         # and across a restart, a further 10 min
+    nv.advance(600)
+    s = Sampler(nv, StateStore(host.state_dir), interval_s=600)
+    s.tick()
+    seen.append(_scrape_counters(s)[name])
+    per_hour: dict = {}
+    for r in st.usage_rows(store):
+        per_hour[r[0]] = per_hour.get(r[0], 0.0) + r[9]
+        assert r[10] <= r[9] + 1e-6
+    assert max(per_hour.values()) <= 3600 + 1e-6, per_hour
+    # 23:30 to 00:40 by the wall clock after the step: 30 min in the hour before, none over 00:00's hour
+    assert per_hour == {"2026-12-31T23:00:00Z": pytest.approx(1800, abs=1e-3),
+                        "2027-01-01T00:00:00Z": pytest.approx(3600, abs=1e-3)}
+    # what did not fit is a gap, so rollups and gaps together hold the 7800 s the device was held
+    stepped = sum(g[3] for g in st.meter_gaps(store) if g[4] == "wall clock stepped back")
+    assert sum(per_hour.values()) + stepped == pytest.approx(7800, abs=1e-3)
+    # the counter never falls and equals the rollups, across the restart too
+    assert seen == sorted(seen) and seen[-1] == pytest.approx(sum(per_hour.values()), abs=1e-6)

@@ -1762,6 +1762,18 @@ def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:
         "MAX(fb_peak_bytes) FROM usage_hourly GROUP BY device, domain_uuid")}
 
 
+def device_alloc_by_hour(conn: "StateStore | sqlite3.Connection", device: str,
+                        hours: Sequence[str]) -> Dict[str, float]:
+    """``{hour: allocated seconds}`` the rollups hold for ``device`` in each of ``hours`` (rollup
+    keys, ``2026-12-01T14:00:00Z``), summed over its domains and tenants; hours with no row are left out."""
+    if not hours:
+        return {}
+    marks = ", ".join("?" for _ in hours)
+    return {r[0]: float(r[1] or 0.0) for r in _reader(conn).execute(
+        f"SELECT hour, SUM(alloc_s) FROM usage_hourly WHERE device = ? AND hour IN ({marks}) GROUP BY hour",
+        (device, *hours))}
+
+
 def meter_cursors(conn: "StateStore | sqlite3.Connection") -> Dict[str, tuple]:
     """``{device: (domain_uuid, alloc_us, sample_us)}``."""
     return {r[0]: (r[1], r[2], r[3]) for r in _reader(conn).execute(

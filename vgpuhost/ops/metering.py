@@ -39,9 +39,15 @@ Passthrough: a GPU passed through to a VM is invisible to the host's NVML,
 so it is metered by allocation time only (from vgpuhost's passthrough
 records); its busy seconds stay 0 and its ``kind`` says ``passthrough``.
 
-Allocation after a restart: when a device's cursor names the same domain
-and vgpuhost's record says the device existed before the cursor, the device
-was allocated throughout, so the whole span since the cursor is credited.
+Allocation after a restart: when a device's cursor names the same domain,
+the host has not rebooted since (the kernel's boot id is the one saved with
+the cursors) and the device is the one the cursor was written for (its vGPU
+record has the creation time the sampler last saw: a clock-free test, so a
+record stamped after the cursor by a clock behind NVML's still continues),
+the device was allocated throughout, so the whole span since the cursor is
+credited.  After a reboot no device continues: the downtime, when no device
+existed nor VM ran, is a gap (``host rebooted``) and each device counts from
+its first reading in the new boot, as a device first seen.
 
 Clocks: elapsed time comes from a clock that never steps
 (``MeteringNvml.monotonic_us``, CLOCK_MONOTONIC on a real host, saved with
@@ -52,7 +58,16 @@ readings (an NTP or operator step), every cursor is moved by the step, so a
 step neither bills nor loses time, nor marks a gap.  Without a comparable
 monotonic reading (first run, or a reboot in between) a wall clock that went
 back counts as no time at all.  So allocation and busy seconds never
-decrease, and a Prometheus counter restarts only with the process.
+decrease.  After a backward step the wall-clock hours since the step's
+target are lived again: the time measured on the monotonic clock goes to
+them, but a device-hour never holds more than :data:`HOUR_S` (with what the
+store already holds for it); what does not fit is recorded as a gap (``wall
+clock stepped back``), not billed (:meth:`Sampler._cap`).
+
+Device counters: a device's exported seconds are the sum over every domain
+that held it (the store's rollups, then this process's meters), so they never
+decrease, neither when the device passes to another domain nor across a
+restart of the sampler.
 """
 
 from __future__ import annotations
@@ -97,6 +112,9 @@ HOLD_INTERVALS = 6
 #: how far (microseconds) the wall clock may drift from the monotonic clock between two
 #: readings before the sampler treats it as a step
 STEP_TOLERANCE_US = 1_000_000
+#: the most seconds one device can be held in one hour: a rollup row never holds more (after a backward
+#: wall-clock step, see :meth:`Sampler._cap`)
+HOUR_S = 3600.0
 
 
 def iso_us(us: int) -> str:
@@ -158,8 +176,9 @@ class DeviceUsage:
     fb_total_bytes: int
     license: str
     sm_percent: float = 0.0
-    #: (alloc, sm, enc, dec) seconds the device gave other domains earlier in this process:
-    #: the exporter adds them, so a device's counters never decrease while the process runs
+    #: (alloc, sm, enc, dec) seconds the device gave other domains (the store's rollups and this
+    #: process's meters): the exporter adds them, so a device's counters never decrease, across a
+    #: restart too
     earlier: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     #: when the vGPU's licence expires (seconds since the epoch), where the driver gives a date
     license_expiry_s: Optional[float] = None
@@ -253,7 +272,6 @@ class Sampler:
         self._host: Dict[str, object] = {}
         self._meters: Dict[Tuple[str, str], _Meter] = {}
         self._retired: Dict[Tuple[str, str], _Meter] = {}   # meters of this process no longer present
-        self._earlier_s: Dict[str, List[float]] = {}         # device -> its retired meters' seconds
         self._mono_live = False          # _last_mono_us was read by this process
         self._errors = 0
         self._gap_s = 0.0
@@ -261,13 +279,29 @@ class Sampler:
         self._lock = threading.Lock()
         self.snapshot = Snapshot()
         conn = store
-        self._totals = st.usage_totals(conn)
+        #: device -> {domain: (alloc, sm, enc, dec) lifetime seconds}: the store's totals, then each retired
+        #: meter's; a device's counters are the sum over its domains, so they never fall across a restart
+        self._seconds: Dict[str, Dict[str, Tuple[float, float, float, float]]] = {}
+        self._fb_peak: Dict[Tuple[str, str], int] = {}
+        for (device, domain), tot in st.usage_totals(conn).items():
+            self._seconds.setdefault(device, {})[domain] = (float(tot[0]), float(tot[1]), float(tot[2]),
+                                                            float(tot[3]))
+            self._fb_peak[(device, domain)] = int(tot[4] or 0)
         self._cursors = st.meter_cursors(conn)
         last = st.meter_state(conn, "last_tick_us")
         self._last_tick_us = int(last) if last else 0
         mono = st.meter_state(conn, "last_tick_mono_us")
         self._last_mono_us: Optional[int] = int(mono) if mono else None
         self._boot = st.meter_state(conn, "boot_id") or ""
+        high = st.meter_state(conn, "high_tick_us")
+        #: the latest wall-clock time metered so far (µs): after a backward step, hours before it are re-lived
+        self._high_us = max(int(high) if high else 0, self._last_tick_us)
+        try:
+            seen_recs = json.loads(st.meter_state(conn, "vgpu_record_times") or "{}")
+            self._rec_times = {str(k): str(v) for k, v in seen_recs.items()}
+        except (ValueError, AttributeError):
+            self._rec_times = {}
+        self._rec_times_saved = dict(self._rec_times)
         try:
             seen = json.loads(st.meter_state(conn, "gpu_seen_us") or "{}")
             self._gpu_seen = {str(k): int(v) for k, v in seen.items()}
@@ -366,7 +400,14 @@ class Sampler:
 
     def _tick(self) -> Snapshot:
         now_us, mono_us, boot = self._clocks()
+        rebooted = bool(boot and self._boot and boot != self._boot and self._last_tick_us)
         self._unstep(now_us, mono_us, boot)
+        if rebooted:
+            # the host rebooted since the last reading: no device existed, nor VM ran, while it was down,
+            # so nothing continues from its cursor; each device counts from its first reading in this boot
+            log.warning("the host rebooted since the last metering reading: metering starts again from now")
+            self._cursors = {}
+            self._gpu_seen = {}
         begin = getattr(self.labels, "begin_tick", None)
         if begin is not None:
             begin()
@@ -376,7 +417,10 @@ class Sampler:
                             default=0)
         vgpu_recs, pt_recs, names = self._records()
         t = _Tick(now_us, vgpu_recs, names)
-        if self._last_tick_us and now_us - self._last_tick_us > self.max_hold_us and not self._meters:
+        if rebooted and now_us > self._last_tick_us:
+            t.gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
+                           (now_us - self._last_tick_us) / 1e6, "host rebooted"))
+        elif self._last_tick_us and now_us - self._last_tick_us > self.max_hold_us and not self._meters:
             t.gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
                            (now_us - self._last_tick_us) / 1e6, "sampler not running"))
         for g in readings:
@@ -409,37 +453,82 @@ class Sampler:
             m.alloc_us = now_us                # allocation and busy alike
             m.sample_us = 0
             t.first.add(key)
-            e = self._earlier_s[device]
-            for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
-                e[i] -= v
+        rec = t.vgpu_recs.get(device)
         if m is None:
             m = _Meter(device, kind, gpu, profile, owner)
-            tot = self._totals.get(key)
-            if tot:
-                m.alloc_s, m.sm_s, m.enc_s, m.dec_s, m.fb_peak = (float(tot[0]), float(tot[1]),
-                                                                   float(tot[2]), float(tot[3]), int(tot[4]))
+            tot = self._seconds.get(device, {}).get(owner.domain_uuid)
+            if tot:                            # its lifetime totals (the store's, or a retired meter's)
+                m.alloc_s, m.sm_s, m.enc_s, m.dec_s = tot
+                m.fb_peak = self._fb_peak.get(key, 0)
             cur = self._cursors.get(device)
-            rec = t.vgpu_recs.get(device)
-            created_us = _us(rec.time) if rec is not None else 0
-            if cur and cur[0] == owner.domain_uuid and created_us <= cur[1]:
+            if cur and cur[0] == owner.domain_uuid and self._same_device(device, rec, int(cur[1])):
                 m.alloc_us, m.sample_us = int(cur[1]), int(cur[2]) or int(cur[1])
             else:
                 m.alloc_us = now_us            # allocation and busy counted from first sight
                 t.first.add(key)
+        if rec is not None and getattr(rec, "time", ""):
+            self._rec_times[device] = str(rec.time)
         m.kind, m.gpu, m.profile, m.owner = kind, gpu, profile, owner
         t.present[key] = m
         return m
 
-    @staticmethod
-    def _account(t: _Tick, m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int,
+    def _same_device(self, device: str, rec, cursor_us: int) -> bool:
+        """Whether ``device`` is the one its cursor was written for (not made again since): its
+        vGPU record (``rec``, None: no vGPU record, a passthrough GPU) is the one the sampler last
+        saw, by its creation time as the store keeps it (a clock-free comparison); where the
+        sampler kept no such time (a store written before it did), the record is older than the
+        cursor (both wall-clock)."""
+        if rec is None:
+            return True
+        seen = self._rec_times.get(device)
+        if seen is not None:
+            return seen == str(rec.time)
+        return _us(rec.time) <= cursor_us
+
+    def _account(self, t: _Tick, m: _Meter, alloc_dt_us: int, busy: Tuple[float, float, float], t0_us: int,
                  samples: int) -> None:
         """Add ``m``'s rollup rows for ``alloc_dt_us`` µs allocated since ``t0_us`` and ``busy``
         (SM, encoder, decoder seconds) to the tick, split over the hours they fall in; a
-        device with nothing to add still gets its row for this hour."""
+        device with nothing to add still gets its row for this hour.  A span that reaches back
+        before the latest time metered (the wall clock stepped back) goes to hours that may hold
+        time already: see :meth:`_cap`."""
         if alloc_dt_us <= 0 and not any(busy) and not samples:
             t.rows.extend(_rows(m, [(hour_of(t.now_us), 1.0)], 0.0, (0.0, 0.0, 0.0), 0))
             return
-        t.rows.extend(_rows(m, split_hours(t0_us, t.now_us), alloc_dt_us / 1e6, busy, samples))
+        rows = _rows(m, split_hours(t0_us, t.now_us), alloc_dt_us / 1e6, busy, samples)
+        if t0_us < self._high_us:
+            rows = self._cap(t, m, rows, t0_us)
+        t.rows.extend(rows)
+
+    def _cap(self, t: _Tick, m: _Meter, rows: List[UsageRow], t0_us: int) -> List[UsageRow]:
+        """``rows`` with each device-hour held to the hour's length (:data:`HOUR_S`), counting what
+        the store holds for the device in that hour (any domain): after a backward wall-clock step
+        the hours after the step's target are lived again, and a device cannot be held for more than
+        one device-hour per hour.  What does not fit is recorded as a gap (``wall clock stepped
+        back``) and taken off ``m``'s totals, so the exporter's counters equal the rollups; busy
+        seconds are cut in the same proportion."""
+        have = st.device_alloc_by_hour(self.store, m.device, sorted({r.hour for r in rows}))
+        out: List[UsageRow] = []
+        cut = [0.0, 0.0, 0.0, 0.0]
+        for r in rows:
+            room = max(0.0, HOUR_S - have.get(r.hour, 0.0))
+            if r.alloc_s <= room + 1e-6:        # (a float sum's last digits are no overlap)
+                out.append(r)
+                continue
+            f = room / r.alloc_s
+            kept = r._replace(alloc_s=room, sm_busy_s=r.sm_busy_s * f, enc_busy_s=r.enc_busy_s * f,
+                              dec_busy_s=r.dec_busy_s * f)
+            for i, (a, b) in enumerate(((r.alloc_s, kept.alloc_s), (r.sm_busy_s, kept.sm_busy_s),
+                                        (r.enc_busy_s, kept.enc_busy_s), (r.dec_busy_s, kept.dec_busy_s))):
+                cut[i] += a - b
+            out.append(kept)
+        if cut[0] > 0:
+            t.gaps.append((iso_us(t0_us), iso_us(t.now_us), m.device, cut[0], "wall clock stepped back"))
+            m.alloc_s -= cut[0]
+            m.sm_s -= cut[1]
+            m.enc_s -= cut[2]
+            m.dec_s -= cut[3]
+        return out
 
     def _meter_gpu(self, t: _Tick, g: GpuReading) -> None:
         """Meter one GPU's reading: its GPU instances' SM use and each of its vGPUs.  A failed
@@ -540,6 +629,13 @@ class Sampler:
             st.put_meter_state(conn, "last_tick_mono_us", str(mono_us))
             st.put_meter_state(conn, "boot_id", boot)
             st.put_meter_state(conn, "gpu_seen_us", json.dumps(self._gpu_seen, sort_keys=True))
+            high = max(self._high_us, now_us)
+            if high != self._high_us or not self._last_tick_us:
+                st.put_meter_state(conn, "high_tick_us", str(high))
+            for d in gone:
+                self._rec_times.pop(d, None)
+            if self._rec_times != self._rec_times_saved:
+                st.put_meter_state(conn, "vgpu_record_times", json.dumps(self._rec_times, sort_keys=True))
         for gap in t.gaps:
             self._gap_s += gap[3]
         for r in t.rows:
@@ -549,14 +645,15 @@ class Sampler:
         for key, m in self._meters.items():
             if key not in t.present:
                 self._retired[key] = m
-                e = self._earlier_s.setdefault(m.device, [0.0, 0.0, 0.0, 0.0])
-                for i, v in enumerate((m.alloc_s, m.sm_s, m.enc_s, m.dec_s)):
-                    e[i] += v
+        for (device, domain), m in list(self._meters.items()) + list(t.present.items()):
+            self._seconds.setdefault(device, {})[domain] = (m.alloc_s, m.sm_s, m.enc_s, m.dec_s)
+            self._fb_peak[(device, domain)] = m.fb_peak
         self._meters = t.present
         self._last_tick_us, self._last_mono_us, self._boot = now_us, mono_us, boot
+        self._high_us = max(self._high_us, now_us)
+        self._rec_times_saved = dict(self._rec_times)
         self._mono_live = True
         self._cursors = {}
-        self._totals = {}
 
     def _read_host_series(self, wall: float) -> None:
         """Read the host-level figures when they are ``host_every_s`` old (or never read); a
@@ -570,9 +667,14 @@ class Sampler:
                 self._errors += 1
 
     def _earlier(self, m: _Meter) -> Tuple[float, float, float, float]:
-        """Seconds ``m``'s device gave other domains earlier in this process (DeviceUsage.earlier)."""
-        e = self._earlier_s.get(m.device)
-        return (max(0.0, e[0]), max(0.0, e[1]), max(0.0, e[2]), max(0.0, e[3])) if e else (0.0, 0.0, 0.0, 0.0)
+        """Seconds ``m``'s device gave other domains, in this process and before it as the
+        store's rollups keep them (DeviceUsage.earlier)."""
+        out = [0.0, 0.0, 0.0, 0.0]
+        for domain, secs in self._seconds.get(m.device, {}).items():
+            if domain != m.owner.domain_uuid:
+                for i, v in enumerate(secs):
+                    out[i] += v
+        return (out[0], out[1], out[2], out[3])
 
     # --- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, locked: bool = False) -> None:

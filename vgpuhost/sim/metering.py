@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Optional
 
 from ..io.hostroot import HostRoot
 from ..model.errors import InputError
-from ..io.nvml_metering import LICENSE_STATES, GpuReading, UtilSample, VgpuReading
+from ..io.nvml_metering import LICENSE_STATES, GpuReading, UtilSample, VgpuReading, read_boot_id
 from ..model.nvml import gpm_not_metered
 from .kernel import SimKernel
 
@@ -253,7 +253,10 @@ class SimMetering:
         return self._now_us(doc) - int(round(float(doc.get("clock_step_s") or 0.0) * 1_000_000))
 
     def boot_id(self) -> str:
-        return "sim"
+        """The simulated kernel's boot id, read as on a real host from ``proc/sys/kernel/random/boot_id``
+        (a new one at each ``sim reboot``: :func:`vgpuhost.sim.reboot.reboot`); ``sim`` on a tree with
+        none yet (made before its first simulated reboot)."""
+        return read_boot_id(str(self.host.path("proc", "sys", "kernel", "random", "boot_id"))) or "sim"
 
     def freeze(self, at: Optional[float] = None) -> None:
         """Stop the simulated clock at ``at`` (seconds; default now): from then on only

@@ -16,7 +16,8 @@ What is lost (runtime state):
   VF's ``current_vgpu_type`` (back to 0);
 - each device's ``driver_override`` and driver binding;
 - NVML's runtime state: GPU and compute instances, mixed-size mode, the scheduler set through NVML
-  (back to the driver's default, best effort), a lost GPU and queued Xid events, compute processes.
+  (back to the driver's default, best effort), a lost GPU and queued Xid events, compute processes;
+- the kernel's boot id (``proc/sys/kernel/random/boot_id``): a new one, as each boot makes.
 
 What stays (persistent state, read at boot):
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from uuid import uuid4
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -185,9 +187,23 @@ def reboot(host: HostRoot) -> dict:
             kernel.refresh_gpu(pf, meta)
             for parent in meta["gpus"][pf]["parents"]:
                 kernel.sync_mdev_parent(meta, parent)
+    new_boot_id(host)
     started, failed = _mdevctl_autostart(host, kernel)
     return {"libvirtd_stopped": stopped, "vgpus_lost": sorted(lost), "gpu_instances_lost": gis,
             "drivers": drivers, "mdevctl_started": started, "mdevctl_failed": failed}
+
+
+def new_boot_id(host: HostRoot) -> str:
+    """Give the simulated kernel a new boot id (``proc/sys/kernel/random/boot_id``, a random UUID), as
+    a real kernel makes one once per boot (drivers/char/random.c); returns it."""
+    boot_id = str(uuid4())
+    path = host.path("proc", "sys", "kernel", "random", "boot_id")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(boot_id + "\n")
+    os.replace(tmp, path)
+    return boot_id
 
 
 def _mdevctl_autostart(host: HostRoot, kernel: SimKernel) -> Tuple[List[str], List[dict]]:
