@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import click
 
-from .common import current
+from .common import Finite, current
 
 
 @click.command("agent")
@@ -30,7 +30,7 @@ from .common import current
                    "allocate and release for its domains, on the tenant socket (repeatable).")
 @click.option("--tenant-group-prefix", default="vgpuhost-t-", show_default=True, metavar="PREFIX",
               help="A group named PREFIX<tenant> maps its members to that tenant too ('' turns this off).")
-@click.option("--metering-interval", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+@click.option("--metering-interval", type=Finite(0, 3600), default=10.0, show_default=True,
               metavar="S", help="Run the metering sampler every S seconds and serve it on /v1/metrics "
                                 "(0: off).  Run this or 'vgpuhost exporter' on a host, not both.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), metavar="PORT",
@@ -43,9 +43,9 @@ from .common import current
 @click.option("--max-connections", type=click.IntRange(1, 4096), default=64, show_default=True, metavar="N",
               help="Connections each socket serves at once (a thread each); one more is answered 429 and "
                    "closed (the qemu hook then does the work itself).")
-@click.option("--read-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True, metavar="S",
+@click.option("--read-timeout", type=Finite(0.1, 3600), default=10.0, show_default=True, metavar="S",
               help="Close a connection that sends nothing for S seconds while its request is read.")
-@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
+@click.option("--request-timeout", type=Finite(0.1, 3600), default=30.0, show_default=True,
               metavar="S", help="Answer 408 and close a connection whose request (line, headers and body) "
                                 "has not all arrived S seconds after it connected, however it paces it.")
 def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant_groups: Tuple[str, ...],
