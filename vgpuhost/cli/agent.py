@@ -34,7 +34,12 @@ from .common import Finite, current
               metavar="S", help="Run the metering sampler every S seconds and serve it on /v1/metrics "
                                 "(0: off).  Run this or 'vgpuhost exporter' on a host, not both.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), metavar="PORT",
-              help="Also serve /metrics over TCP for Prometheus (0: any free port, printed).")
+              help="Also serve /metrics over TCP for Prometheus (0: any free port, printed).  Any local user "
+                   "can read it: see --metrics-scope.")
+@click.option("--metrics-scope", type=click.Choice(["host", "all"]), default="host", show_default=True,
+              help="What the --metrics-port page holds: host (GPUs, pools, health, the sampler; no series "
+                   "naming a tenant, domain or device) or all (every tenant's too, as /v1/metrics serves "
+                   "the admin and read-only groups: restrict who may connect, docs/guide/alerts.md).")
 @click.option("--metrics-listen", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="Address of the --metrics-port listener (loopback unless you mean otherwise).")
 @click.option("--libvirt-uri", default="qemu:///system", show_default=True, metavar="URI",
@@ -49,7 +54,8 @@ from .common import Finite, current
               metavar="S", help="Answer 408 and close a connection whose request (line, headers and body) "
                                 "has not all arrived S seconds after it connected, however it paces it.")
 def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant_groups: Tuple[str, ...],
-              tenant_group_prefix: str, metering_interval: float, metrics_port: Optional[int], metrics_listen: str,
+              tenant_group_prefix: str, metering_interval: float, metrics_port: Optional[int], metrics_scope: str,
+              metrics_listen: str,
               libvirt_uri: str, max_connections: int, read_timeout: float, request_timeout: float) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
@@ -79,7 +85,7 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant
                     max_connections=max_connections, read_timeout_s=read_timeout,
                     tenant_groups=tenant_groups, tenant_prefix=tenant_group_prefix,
                     request_timeout_s=request_timeout,
-                    metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
+                    metrics_listen=(metrics_listen, metrics_port, metrics_scope) if metrics_port is not None else None)
 
 
 COMMANDS: List[click.Command] = [agent_cmd]

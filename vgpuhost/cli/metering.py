@@ -56,8 +56,13 @@ def _sampler(ctx, interval: float, max_hold: Optional[float]):
               help="Seconds between NVML readings.")
 @click.option("--max-hold", type=Finite(0.05, 86400), default=None, metavar="S",
               help="Longest span one utilisation sample covers (default 6 intervals); longer is a gap.")
+@click.option("--metrics-scope", type=click.Choice(["host", "all"]), default="host", show_default=True,
+              help="What the page served holds: host (GPUs, pools, health, the sampler; no series naming a "
+                   "tenant, domain or device: any local user can connect) or all (every tenant's too: restrict "
+                   "who may connect, docs/guide/alerts.md).  --once prints all.")
 @click.option("--once", is_flag=True, help="Take one reading, print the metrics page and exit (no server).")
-def exporter(listen: str, port: int, interval: float, max_hold: Optional[float], once: bool) -> None:
+def exporter(listen: str, port: int, interval: float, max_hold: Optional[float], metrics_scope: str,
+             once: bool) -> None:
     """Run the metering sampler and serve its metrics to Prometheus.
 
     Every INTERVAL it reads per-vGPU utilisation, framebuffer and licence
@@ -78,10 +83,12 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
     stop = threading.Event()
 
     def ready(bound: int) -> None:
-        click.echo(f"vgpuhost exporter: http://{listen}:{bound}/metrics (every {interval:g} s)", err=True)
+        host = f"[{listen}]" if ":" in listen else listen
+        click.echo(f"vgpuhost exporter: http://{host}:{bound}/metrics (every {interval:g} s, {metrics_scope} "
+                   "series)", err=True)
 
     try:
-        serve(sampler, address=listen, port=port, stop=stop, ready=ready)
+        serve(sampler, address=listen, port=port, stop=stop, ready=ready, scope=metrics_scope)
     except OSError as e:
         raise InputError(f"cannot listen on {listen}:{port}: {e.strerror or e}",
                          hint="pick another --port, or stop what holds it") from None
