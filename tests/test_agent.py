@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import uuid as uuidlib
 from pathlib import Path
@@ -714,9 +715,14 @@ def test_write_commands_fall_back_to_local_when_the_agent_does_not_answer(a40, c
 # ---------------------------------------------------------------------------
 # metrics: the metering sampler in the agent
 
-def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
+@pytest.mark.parametrize("scope", [None, "all"])
+def test_metrics_on_the_socket_and_on_loopback_tcp(a40, scope):
+    """The read-only socket serves every series; the loopback TCP port, which any local user can reach
+    (trial 9 F6: every tenant's domains and usage, which the tenant socket refuses with 403), serves only
+    the host-level series unless the operator asks for all (--metrics-scope all)."""
     import urllib.request
-    with AgentRun(a40.root, extra=["--metering-interval", "0.2", "--metrics-port", "0"]) as run:
+    with AgentRun(a40.root, extra=["--metering-interval", "0.2", "--metrics-port", "0",
+                                   *(["--metrics-scope", scope] if scope else [])]) as run:
         st, out = run.call("POST", f"/v1/domains/{DOM}/allocate", {"profile": "A40-8Q"})
         assert st == 200
         line = next(l for l in run.log.read_text().splitlines() if "metrics on http://" in l)
@@ -737,7 +743,14 @@ def test_metrics_on_the_socket_and_on_loopback_tcp(a40):
         assert len(info) == 1 and f'domain_uuid="{DOM}"' in info[0] and 'profile="A40-8Q"' in info[0]
         with urllib.request.urlopen(url, timeout=30) as resp:
             scraped = resp.read().decode()
-        assert f'vm_device="{out["id"]}"' in scraped
+        assert "vgpuhost_up 1.0" in scraped and 'vgpuhost_gpu_info{' in scraped
+        assert 'vgpuhost_free_instances{' in scraped
+        if scope == "all":
+            assert f'vm_device="{out["id"]}"' in scraped and f'domain_uuid="{DOM}"' in scraped
+        else:
+            assert out["id"] not in scraped and DOM not in scraped and "vgpuhost_device_" not in scraped
+            assert "vgpuhost_tenant_" not in scraped and "vgpuhost_anomaly" not in scraped
+            assert not re.search(r'\b(tenant|domain|domain_uuid|vm_device)="', scraped), scraped
 
 
 def test_a_raw_sqlite_error_is_answered_as_what_it_is():

@@ -43,7 +43,7 @@ def test_fleet_place_picks_by_strategy_respects_quotas_and_skips_a_stopped_agent
     prom = None
     try:
         for h, port in zip(hosts, ports):
-            agents.append(AgentRun(h.root, extra=["--metering-interval", "0.5", "--metrics-port", str(port)]))
+            agents.append(AgentRun(h.root, extra=["--metering-interval", "0.5", "--metrics-port", str(port), "--metrics-scope", "all"]))
         pport = _free_port()
         cfg = tmp_path / "prometheus.yml"
         targets = "\n".join(f'      - targets: ["127.0.0.1:{p}"]\n        labels: {{instance: h{i}}}'

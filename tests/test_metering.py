@@ -244,7 +244,7 @@ def test_exporter_serves_the_snapshot(loaded):
         port["p"] = p
         ready.set()
 
-    t = threading.Thread(target=serve, args=(s,), kwargs=dict(port=0, stop=stop, ready=on_ready), daemon=True)
+    t = threading.Thread(target=serve, args=(s,), kwargs=dict(port=0, stop=stop, ready=on_ready, scope="all"), daemon=True)
     t.start()
     try:
         assert ready.wait(30)

@@ -156,7 +156,7 @@ class Exporter:
 
     def __init__(self, root: Path, uri: str, port: int, log: Path):
         self.args = [sys.executable, "-m", "vgpuhost", "--root", str(root), "--connect", uri, "exporter",
-                     "--port", str(port), "--interval", "0.25", "--max-hold", "30"]
+                     "--port", str(port), "--interval", "0.25", "--max-hold", "30", "--metrics-scope", "all"]
         self.port = port
         self.log = log
         self.proc = None

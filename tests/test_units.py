@@ -561,3 +561,28 @@ def test_agent_says_ready_once_it_answers(tmp_path):
             proc.terminate()
             proc.wait(30)
             shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def test_the_exporter_and_agent_units_do_not_restart_a_permanent_refusal(make_host, capsys):
+    """Trial 9 F5: the exporter exits 2 when another sampler meters the host (the agent's, as packaged) or
+    its port is taken; the units treat that exit as permanent (RestartPreventExitStatus=) and fail once,
+    instead of restarting every RestartSec= forever.  The exit the exporter gives is the one the unit names."""
+    import socket
+    from vgpuhost.ops.metering import sampler_lock
+    host = make_host("a40-mdev")
+    with sampler_lock(host.state_dir):                        # another sampler meters this state dir
+        code = main(["--root", str(host.root), "exporter", "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "another metering sampler" in err, err
+    with socket.socket() as taken:                            # the port held by the agent's listener
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code_port = main(["--root", str(host.root), "exporter", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code_port == 2 and f"cannot listen on 127.0.0.1:{port}" in err, err
+    for name in (units.EXPORTER_UNIT, units.AGENT_UNIT):
+        lines = unit_lines(units.template_text(name))
+        assert lines["Restart"] == ["on-failure"], name
+        assert [str(code)] == lines["RestartPreventExitStatus"], name
+        assert "Conflicts" not in lines, name           # install-units --metering exporter runs both

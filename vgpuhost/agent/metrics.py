@@ -3,9 +3,11 @@
 Owns: starting :class:`vgpuhost.ops.metering.Sampler` in a thread of the
 agent (the same sampler, rollups and host series as ``vgpuhost exporter``:
 both set it up with :func:`vgpuhost.ops.metering.host_sampler`),
-rendering its registry for ``GET /v1/metrics``, and an optional loopback
-TCP listener for Prometheus (which scrapes HTTP over TCP, not unix
-sockets).  Must not: hold metering logic (``ops/metering.py``,
+rendering its registry for ``GET /v1/metrics`` (every series: the admin
+and read-only roles only), and an optional loopback TCP listener for
+Prometheus (which scrapes HTTP over TCP, not unix sockets) that any local
+user can reach: it serves the host-level series only unless the operator
+asks for all (``--metrics-scope all``; :data:`vgpuhost.ops.exporter.SCOPES`).  Must not: hold metering logic (``ops/metering.py``,
 ``ops/exporter.py``).  Run either the agent's metering or ``vgpuhost
 exporter`` on a host, not both: each integrates usage into the store.
 """
@@ -19,7 +21,7 @@ from typing import Optional, Tuple
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..io.state import StateStore
-from ..ops.exporter import SnapshotCollector, listen
+from ..ops.exporter import DEFAULT_SCOPE, SnapshotCollector, listen
 from ..ops.metering import host_sampler
 
 log = logging.getLogger("vgpuhost.agent")
@@ -55,9 +57,15 @@ class AgentMetering:
             self._rendered = (snap, fresh, body)
         return CONTENT_TYPE_LATEST, body
 
-    def listen_tcp(self, address: str, port: int) -> int:
-        """Serve ``/metrics`` on ``address:port`` too (for Prometheus); the port bound."""
-        server, _thread = listen(address, port, self.registry)
+    def listen_tcp(self, address: str, port: int, scope: str = DEFAULT_SCOPE) -> int:
+        """Serve ``/metrics`` on ``address:port`` too (for Prometheus); the port bound.  ``scope``: which
+        series that page holds (``host``: none naming a tenant, a domain or a device; ``all``: what
+        ``GET /v1/metrics`` serves).  Raises OSError when it cannot bind."""
+        registry = self.registry
+        if scope != "all":
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(SnapshotCollector(lambda: self.sampler.snapshot, self.collector.interval_s, scope))
+        server, _thread = listen(address, port, registry)
         self._tcp = server
         return server.server_address[1]
 

@@ -81,6 +81,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from .. import __version__
 from ..hook.runtime import agent_error_line
 from ..io import unixsock
+from ..io.connlimits import DeadlineReader as _DeadlineReader, RefusalLog, answer_and_close
 from ..io.hostroot import HostRoot
 from ..io.state import store_error
 from ..libvirt.domxml import parse_domain_identity, valid_key
@@ -309,11 +310,10 @@ class _Server(socketserver.UnixStreamServer):
         self._peer_held: Dict[int, int] = {}    # uid -> connections it holds on this socket
         self._tenant_held: Dict[str, int] = {}  # tenant (lower case) -> connections its members hold
         self._others_held = 0                   # connections held by callers other than root
-        self._warned_at = -REFUSAL_LOG_S
-        self._warned_count = 0
         self._slots = threading.BoundedSemaphore(max_connections)
         self.socket = sock
         self.server_address = unixsock.socket_path(sock)
+        self._refusals = RefusalLog(log, self.server_address, REFUSAL_LOG_S)   # a storm is one line
         self.role = role
         self.agent = agent
         self.admin_gid = admin_gid
@@ -469,11 +469,7 @@ class _Server(socketserver.UnixStreamServer):
     def _refuse(self, request, message: str, hint: str) -> None:
         """Answer 429 (no slot for this peer) at accept, and close."""
         self.refused += 1
-        now = time.monotonic()
-        if now - self._warned_at >= REFUSAL_LOG_S:     # one line per interval, not one per connection
-            log.warning("refused %d connection(s) on %s since the last such line: %s",
-                        self.refused - self._warned_count, self.server_address, message)
-            self._warned_at, self._warned_count = now, self.refused
+        self._refusals.note(message)                    # one line per interval, not one per connection
         self._answer_at_accept(request, _refusal(message, hint))
 
     def _forbid(self, request, peer: unixsock.Peer, why: str) -> None:
@@ -488,17 +484,9 @@ class _Server(socketserver.UnixStreamServer):
 
     def _answer_at_accept(self, request, answer: bytes) -> None:
         """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, drop what its
-        peer has already sent (at most 1 MiB, never waiting for more), and close it."""
-        try:
-            request.settimeout(1.0)
-            request.sendall(answer)
-            request.setblocking(False)
-            for _ in range(16):         # what the client already sent: a close with unread data
-                if not request.recv(1 << 16):   # would reset the connection before it reads the answer
-                    break
-        except OSError:
-            pass
-        self.shutdown_request(request)
+        peer has already sent (at most 1 MiB, never waiting for more), and close it
+        (:func:`vgpuhost.io.connlimits.answer_and_close`, shared with the metrics port)."""
+        answer_and_close(request, answer)
 
 
 @functools.lru_cache(maxsize=64)
@@ -1245,33 +1233,6 @@ def _http_date() -> str:
     return text
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The connection's bytes for :class:`io.BufferedReader`: each ``recv`` waits at most ``idle_s``,
-    and none starts after ``total_s`` from the connection's start (TimeoutError; ``expired`` says which
-    limit it was)."""
-
-    def __init__(self, sock: socket.socket, idle_s: float, total_s: float):
-        super().__init__()
-        self.sock, self.idle_s = sock, idle_s
-        self.until = time.monotonic() + total_s
-        self.expired = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        left = self.until - time.monotonic()
-        if left <= 0:
-            self.expired = True
-            raise TimeoutError("the request's deadline passed")
-        self.sock.settimeout(min(self.idle_s, left))
-        try:
-            return self.sock.recv_into(buf)
-        except TimeoutError:
-            self.expired = left <= self.idle_s
-            raise
-
-
 def body_limit(route: api.Route) -> int:
     """The largest body ``route`` takes, in bytes: :data:`MAX_BODY` for the hook's, :data:`MAX_LAYOUT_BODY`
     for a layout config's (plan, assert, apply), :data:`MAX_SMALL_BODY` for the others."""
@@ -1419,7 +1380,7 @@ def tenant_group_map(pairs) -> Dict[int, str]:
 
 def open_agent(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
                ro_group="vgpuhost-ro", env=None, metering_interval_s: float = 0.0,
-               metrics_listen: Optional[Tuple[str, int]] = None,
+               metrics_listen: Optional[Tuple] = None,
                libvirt_uri: str = api.DEFAULT_LIBVIRT_URI, max_connections: int = MAX_CONNECTIONS,
                read_timeout_s: float = READ_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S,
                tenant_groups=(), tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> AgentProcess:
@@ -1518,9 +1479,10 @@ def recover_at_start(agent: api.Agent) -> Dict[str, Any]:
     return out
 
 
-def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional[Tuple[str, int]]) -> None:
+def start_metering(agent: api.Agent, interval_s: float, metrics_listen: Optional[Tuple]) -> None:
     """Run the metering sampler in the agent; without NVML the agent serves on and /v1/metrics says why (503).
-    A TCP listener that cannot be bound raises InputError."""
+    ``metrics_listen``: ``(address, port)`` or ``(address, port, scope)`` of the TCP listener
+    (:meth:`AgentMetering.listen_tcp`).  A TCP listener that cannot be bound raises InputError."""
     try:
         m = AgentMetering(agent.host, interval_s)
     except VgpuhostError as e:
@@ -1545,7 +1507,7 @@ SIGNAL_POLL_S = 0.25
 
 def serve(host: HostRoot, *, socket_dir: Optional[str] = None, admin_group="vgpuhost",
           ro_group="vgpuhost-ro", ready=None, metering_interval_s: float = 0.0,
-          metrics_listen: Optional[Tuple[str, int]] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI,
+          metrics_listen: Optional[Tuple] = None, libvirt_uri: str = api.DEFAULT_LIBVIRT_URI,
           max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
           request_timeout_s: float = REQUEST_TIMEOUT_S, tenant_groups=(),
           tenant_prefix: str = DEFAULT_TENANT_PREFIX) -> int:

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import click
 
-from .common import current
+from .common import Finite, current
 
 
 @click.command("agent")
@@ -30,11 +30,16 @@ from .common import current
                    "allocate and release for its domains, on the tenant socket (repeatable).")
 @click.option("--tenant-group-prefix", default="vgpuhost-t-", show_default=True, metavar="PREFIX",
               help="A group named PREFIX<tenant> maps its members to that tenant too ('' turns this off).")
-@click.option("--metering-interval", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+@click.option("--metering-interval", type=Finite(0, 3600), default=10.0, show_default=True,
               metavar="S", help="Run the metering sampler every S seconds and serve it on /v1/metrics "
                                 "(0: off).  Run this or 'vgpuhost exporter' on a host, not both.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), metavar="PORT",
-              help="Also serve /metrics over TCP for Prometheus (0: any free port, printed).")
+              help="Also serve /metrics over TCP for Prometheus (0: any free port, printed).  Any local user "
+                   "can read it: see --metrics-scope.")
+@click.option("--metrics-scope", type=click.Choice(["host", "all"]), default="host", show_default=True,
+              help="What the --metrics-port page holds: host (GPUs, pools, health, the sampler; no series "
+                   "naming a tenant, domain or device) or all (every tenant's too, as /v1/metrics serves "
+                   "the admin and read-only groups: restrict who may connect, docs/guide/alerts.md).")
 @click.option("--metrics-listen", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="Address of the --metrics-port listener (loopback unless you mean otherwise).")
 @click.option("--libvirt-uri", default="qemu:///system", show_default=True, metavar="URI",
@@ -43,13 +48,14 @@ from .common import current
 @click.option("--max-connections", type=click.IntRange(1, 4096), default=64, show_default=True, metavar="N",
               help="Connections each socket serves at once (a thread each); one more is answered 429 and "
                    "closed (the qemu hook then does the work itself).")
-@click.option("--read-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True, metavar="S",
+@click.option("--read-timeout", type=Finite(0.1, 3600), default=10.0, show_default=True, metavar="S",
               help="Close a connection that sends nothing for S seconds while its request is read.")
-@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
+@click.option("--request-timeout", type=Finite(0.1, 3600), default=30.0, show_default=True,
               metavar="S", help="Answer 408 and close a connection whose request (line, headers and body) "
                                 "has not all arrived S seconds after it connected, however it paces it.")
 def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant_groups: Tuple[str, ...],
-              tenant_group_prefix: str, metering_interval: float, metrics_port: Optional[int], metrics_listen: str,
+              tenant_group_prefix: str, metering_interval: float, metrics_port: Optional[int], metrics_scope: str,
+              metrics_listen: str,
               libvirt_uri: str, max_connections: int, read_timeout: float, request_timeout: float) -> None:
     """Serve the local API (JSON over HTTP, /v1/...) until SIGTERM.
 
@@ -79,7 +85,7 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant
                     max_connections=max_connections, read_timeout_s=read_timeout,
                     tenant_groups=tenant_groups, tenant_prefix=tenant_group_prefix,
                     request_timeout_s=request_timeout,
-                    metrics_listen=(metrics_listen, metrics_port) if metrics_port is not None else None)
+                    metrics_listen=(metrics_listen, metrics_port, metrics_scope) if metrics_port is not None else None)
 
 
 COMMANDS: List[click.Command] = [agent_cmd]

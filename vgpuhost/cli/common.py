@@ -13,6 +13,8 @@ hold command logic or import a command module.
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from ..io import files
@@ -24,11 +26,25 @@ from .output import dumps
 
 EXIT_INTERNAL = 4
 
-__all__ = ["EXIT_INTERNAL", "Context", "pass_ctx", "current", "emit", "store", "parse_gpu_option", "printable",
+__all__ = ["EXIT_INTERNAL", "Finite", "Context", "pass_ctx", "current", "emit", "store", "parse_gpu_option", "printable",
            "actor"]
 
 
 pass_ctx = click.make_pass_decorator(Context)
+
+
+class Finite(click.FloatRange):
+    """A number option in ``[min, max]`` (seconds, hours, ...), refused (exit 2, one line) when it is not a
+    finite number: ``nan`` passes :class:`click.FloatRange` (every comparison with NaN is false) and
+    ``inf`` passes an open bound.  Every float option of the CLI uses this type (trial 9 F3)."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return v
 
 
 def current() -> Context:

@@ -15,7 +15,7 @@ import click
 from ..model.kinds import PlacementStrategy
 from ..ops.fleet import host_facts
 from ..policy.fleet import capacity, rank
-from .common import current, emit
+from .common import Finite, current, emit
 from .output import table
 
 PROM_HELP = "Prometheus's base URL (http://HOST:9090) scraping every host's agent (--metrics-port)."
@@ -30,7 +30,7 @@ def fleet() -> None:
 @click.option("--prometheus", "url", required=True, metavar="URL", help=PROM_HELP)
 @click.option("--profile", metavar="NAME", help="Only this vGPU profile.")
 @click.option("--job", metavar="JOB", help="Only scrape targets of this Prometheus job.")
-@click.option("--stale", type=click.FloatRange(1, 86400), default=120.0, show_default=True, metavar="S",
+@click.option("--stale", type=Finite(1, 86400), default=120.0, show_default=True, metavar="S",
               help="A host whose last sample is older than S seconds is skipped.")
 @click.option("--tenant", metavar="T", help="What each host's admission would admit for this tenant now.")
 def fleet_capacity(url: str, profile: Optional[str], job: Optional[str], stale: float, tenant: Optional[str]) -> None:
@@ -54,7 +54,7 @@ def fleet_capacity(url: str, profile: Optional[str], job: Optional[str], stale: 
 @click.option("--strategy", default=PlacementStrategy.DEFAULT, show_default=True,
               type=click.Choice(PlacementStrategy.FITTING))
 @click.option("--job", metavar="JOB", help="Only scrape targets of this Prometheus job.")
-@click.option("--stale", type=click.FloatRange(1, 86400), default=120.0, show_default=True, metavar="S",
+@click.option("--stale", type=Finite(1, 86400), default=120.0, show_default=True, metavar="S",
               help="A host whose last sample is older than S seconds is skipped.")
 def fleet_place(url: str, profile: str, tenant: Optional[str], strategy: str, job: Optional[str],
                 stale: float) -> None:

@@ -28,7 +28,7 @@ from ..ops.layout import apply, apply_text, check, plan
 from ..plan.layout import LayoutRemoveVgpu
 from ..policy.config import load, parse
 from .agentcall import forward
-from .common import current, emit, printable, store
+from .common import Finite, current, emit, printable, store
 
 CONFIG_HELP = "The config file (YAML, version: 1)."
 
@@ -71,7 +71,7 @@ def plan_cmd(config: str, layout: Optional[str]) -> None:
 @click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
               help="Try again this many times when apply fails or is refused (at boot the vGPU manager "
                    "can be late: its types are missing for a while).  The config is read once.")
-@click.option("--retry-delay", type=click.FloatRange(0, 3600), default=5.0, show_default=True, metavar="SECONDS",
+@click.option("--retry-delay", type=Finite(0, 3600), default=5.0, show_default=True, metavar="SECONDS",
               help="Wait between tries.")
 @click.option("-y", "--yes", is_flag=True,
               help="Remove the layout's vGPUs the plan names without asking (on a terminal apply asks first).")

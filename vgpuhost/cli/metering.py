@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import sys
 import threading
@@ -29,8 +28,9 @@ from ..model.tenancy import NO_TENANT
 from ..ops import tenancy
 from ..ops.exporter import SnapshotCollector, serve
 from ..ops.metering import anomalies_of, host_sampler, hour_end, licence_states, live_view, sampler_lock
-from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
-from .common import current as _ctx, store as _store
+from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate
+from ..policy.when import HINT as WHEN_HINT, parse_when
+from .common import Finite, current as _ctx, store as _store
 from .output import dumps, table
 
 
@@ -52,12 +52,17 @@ def _sampler(ctx, interval: float, max_hold: Optional[float]):
               help="Address to serve /metrics on (loopback unless you mean otherwise).")
 @click.option("--port", type=click.IntRange(0, 65535), default=9842, show_default=True,
               help="TCP port (0: any free port, printed).")
-@click.option("--interval", type=click.FloatRange(0.05, 3600), default=10.0, show_default=True, metavar="S",
+@click.option("--interval", type=Finite(0.05, 3600), default=10.0, show_default=True, metavar="S",
               help="Seconds between NVML readings.")
-@click.option("--max-hold", type=click.FloatRange(0.05, 86400), default=None, metavar="S",
+@click.option("--max-hold", type=Finite(0.05, 86400), default=None, metavar="S",
               help="Longest span one utilisation sample covers (default 6 intervals); longer is a gap.")
+@click.option("--metrics-scope", type=click.Choice(["host", "all"]), default="host", show_default=True,
+              help="What the page served holds: host (GPUs, pools, health, the sampler; no series naming a "
+                   "tenant, domain or device: any local user can connect) or all (every tenant's too: restrict "
+                   "who may connect, docs/guide/alerts.md).  --once prints all.")
 @click.option("--once", is_flag=True, help="Take one reading, print the metrics page and exit (no server).")
-def exporter(listen: str, port: int, interval: float, max_hold: Optional[float], once: bool) -> None:
+def exporter(listen: str, port: int, interval: float, max_hold: Optional[float], metrics_scope: str,
+             once: bool) -> None:
     """Run the metering sampler and serve its metrics to Prometheus.
 
     Every INTERVAL it reads per-vGPU utilisation, framebuffer and licence
@@ -78,10 +83,12 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
     stop = threading.Event()
 
     def ready(bound: int) -> None:
-        click.echo(f"vgpuhost exporter: http://{listen}:{bound}/metrics (every {interval:g} s)", err=True)
+        host = f"[{listen}]" if ":" in listen else listen
+        click.echo(f"vgpuhost exporter: http://{host}:{bound}/metrics (every {interval:g} s, {metrics_scope} "
+                   "series)", err=True)
 
     try:
-        serve(sampler, address=listen, port=port, stop=stop, ready=ready)
+        serve(sampler, address=listen, port=port, stop=stop, ready=ready, scope=metrics_scope)
     except OSError as e:
         raise InputError(f"cannot listen on {listen}:{port}: {e.strerror or e}",
                          hint="pick another --port, or stop what holds it") from None
@@ -90,21 +97,12 @@ def exporter(listen: str, port: int, interval: float, max_hold: Optional[float],
         click.echo("vgpuhost exporter: stopped", err=True)
 
 
-def _finite(name: str, value: float) -> float:
-    """A float option's value, refused (exit 2) when it is not a number (nan) or infinite."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number", param_hint=name)
-    return value
-
-
 def _when(text: Optional[str], default: datetime) -> datetime:
     if not text:
         return default
     when = parse_when(text, datetime.now(timezone.utc))
     if when is None:
-        raise InputError(f"invalid time {text[:40]!r}",
-                         hint="give an ISO 8601 time (2026-11-29T10:00, UTC unless an offset is given) "
-                              "or an age like 30m, 2h, 7d")
+        raise InputError(f"invalid time {text[:40]!r}", hint=WHEN_HINT)
     return when
 
 
@@ -185,8 +183,7 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
 @click.option("--since", metavar="WHEN", default="7d", show_default=True,
               help="Start of the window (ISO 8601 or an age).")
 @click.option("--until", metavar="WHEN", help="End of the window; default: no end.")
-@click.option("--min-hours", type=click.FloatRange(0, None), default=1.0, show_default=True,
-              callback=lambda _c, _p, v: _finite("--min-hours", v),
+@click.option("--min-hours", type=Finite(0, None), default=1.0, show_default=True,
               help="Only devices allocated at least this long in the window.")
 @click.option("--tenant", metavar="T", help="Count the more VMs this tenant's domains would be admitted to.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (as the global --json).")
@@ -273,7 +270,7 @@ SCHEMA_TOP = "vgpuhost.top/v1"
 
 
 @click.command("top", short_help="What each VM and tenant uses now: a live view of the vGPUs (reads only).")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), default=2.0, show_default=True, metavar="SECONDS",
+@click.option("--interval", type=Finite(0.1, 3600), default=2.0, show_default=True, metavar="SECONDS",
               help="Seconds between frames: each frame is the use over the last interval.")
 @click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
               help="Stop after N frames (default: until Ctrl-C).")

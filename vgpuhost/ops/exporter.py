@@ -16,7 +16,10 @@ The metric list is in docs/metering.md.
 
 from __future__ import annotations
 
+import io
+import logging
 import socket
+import socketserver
 import threading
 import time
 from socketserver import ThreadingMixIn
@@ -26,23 +29,49 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..io.connlimits import DeadlineReader, RefusalLog, answer_and_close
 from ..io.nvml_metering import LICENSE_STATES
 from ..model.concepts import DeviceKind
 from ..model.nvml import nvml_bus_id
 from .metering import Sampler, Snapshot, sampler_lock
 
+log = logging.getLogger("vgpuhost.exporter")
+
 PREFIX = "vgpuhost_"
 DEFAULT_PORT = 9842
 DEFAULT_ADDRESS = "127.0.0.1"
 
+#: what a metrics page holds (``--metrics-scope``): ``host``, the host-level series only (GPUs, pools,
+#: the sampler, health, the journal: no series that names a tenant, a domain or a device); ``all``, every
+#: series, the per-tenant, per-domain and per-device ones too.  The TCP port serves ``host`` unless the
+#: operator asks for ``all`` (any local user can connect to a loopback port: trial 9 F6); the agent's
+#: ``GET /v1/metrics`` (admin and read-only roles) is always ``all``.
+SCOPES = ("host", "all")
+DEFAULT_SCOPE = "host"
+#: the labels that make a series tenant-scoped: a family carrying one is left out of a ``host`` page
+TENANT_LABELS = frozenset({"tenant", "domain", "domain_uuid", "vm_device"})
+
+
+def _label_names(family) -> frozenset:
+    """The label names a metric family declares (prometheus-client keeps them from ``labels=``), and those
+    of its samples (``_total`` and ``_created`` add none)."""
+    names = set(getattr(family, "_labelnames", ()) or ())
+    for sample in family.samples:
+        names.update(sample.labels)
+    return frozenset(names)
+
 
 class SnapshotCollector:
     """prometheus-client collector over ``get_snapshot()``; ``interval_s`` decides staleness
-    (``vgpuhost_up`` is 0 when the last good sample is older than 3 intervals)."""
+    (``vgpuhost_up`` is 0 when the last good sample is older than 3 intervals); ``scope`` (:data:`SCOPES`)
+    which families it yields: ``all``, or ``host`` (none carrying a :data:`TENANT_LABELS` label)."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], interval_s: float):
+    def __init__(self, get_snapshot: Callable[[], Snapshot], interval_s: float, scope: str = "all"):
+        if scope not in SCOPES:
+            raise ValueError(f"scope {scope!r} is not one of {SCOPES}")
         self.get_snapshot = get_snapshot
         self.interval_s = interval_s
+        self.scope = scope
         self._cache: "tuple[Optional[Snapshot], list]" = (None, [])
 
     def describe(self):
@@ -62,6 +91,8 @@ class SnapshotCollector:
         cached, families = self._cache
         if cached is not snap:
             families = list(self._families(snap))
+            if self.scope == "host":
+                families = [f for f in families if not _label_names(f) & TENANT_LABELS]
             self._cache = (snap, families)
         yield from families
 
@@ -281,19 +312,21 @@ def _host_families(host: Dict[str, object]) -> Iterator[object]:
 
 
 def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT,
-          stop: Optional[threading.Event] = None, ready: Optional[Callable[[int], None]] = None) -> None:
+          stop: Optional[threading.Event] = None, ready: Optional[Callable[[int], None]] = None,
+          scope: str = DEFAULT_SCOPE, max_connections: Optional[int] = None) -> None:
     """Run the sampler and serve ``/metrics`` on ``address:port`` until ``stop`` is set.
 
-    ``port`` 0 picks a free port; ``ready(port)`` is called once it listens.
+    ``port`` 0 picks a free port; ``ready(port)`` is called once it listens.  ``scope``: which series the
+    page holds (:data:`SCOPES`; the host-level ones unless asked); ``max_connections``: :func:`listen`'s.
     Raises OSError when the address cannot be bound, HostEnvironmentError when
     another sampler already meters this state dir (:func:`~vgpuhost.ops.metering.sampler_lock`).
     """
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s))
+    registry.register(SnapshotCollector(lambda: sampler.snapshot, sampler.interval_s, scope))
     stop = stop or threading.Event()
     with sampler_lock(sampler.store.state_dir):     # refused before it listens or says it does
-        server, thread = listen(address, port, registry)
+        server, thread = listen(address, port, registry, max_connections=max_connections)
         try:
             if ready is not None:
                 ready(server.server_address[1])
@@ -306,11 +339,30 @@ def serve(sampler: Sampler, *, address: str = DEFAULT_ADDRESS, port: int = DEFAU
 
 #: the metrics listener's backlog (the kernel caps it at ``net.core.somaxconn``)
 SCRAPE_BACKLOG = socket.SOMAXCONN
-#: seconds a scrape's connection may send nothing before it is closed
+#: seconds a scrape's connection may send nothing, and the most its whole request (line and headers) may
+#: take however it paces it, before it is closed
 SCRAPE_TIMEOUT_S = 10.0
+#: connections the metrics port serves at once (a thread each); one more is answered 429 and closed
+SCRAPE_MAX_CONNECTIONS = 16
+#: seconds between two log lines about scrapes refused for want of a slot (a storm is one line)
+SCRAPE_REFUSAL_LOG_S = 10.0
+_TOO_MANY = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\n"
+             b"Retry-After: 1\r\nContent-Length: 49\r\nConnection: close\r\n\r\n"
+             b"too many connections to the metrics port at once\n")
 
 
-def listen(address: str, port: int, registry: CollectorRegistry) -> Tuple[object, threading.Thread]:
+class _Discard:
+    """wsgiref's error stream: a scrape whose client went away is not a traceback on stderr."""
+
+    def write(self, _text) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def listen(address: str, port: int, registry: CollectorRegistry,
+           max_connections: Optional[int] = None) -> Tuple[object, threading.Thread]:
     """Serve ``registry`` as ``/metrics`` on ``address:port`` (an IPv4 or IPv6 address; ``port`` 0 picks a
     free one) from a daemon thread: ``(server, thread)``; ``server.server_address[1]`` is the port bound,
     and ``server.shutdown()`` then ``server.server_close()`` stop it.  Raises OSError when it cannot bind.
@@ -321,22 +373,63 @@ def listen(address: str, port: int, registry: CollectorRegistry) -> Tuple[object
 
     A scrape storm is served, not dropped: the listen backlog is :data:`SCRAPE_BACKLOG` (the stdlib's
     and prometheus-client's is 5: a burst of scrapers beyond it had its connections dropped and timed
-    out), each connection has its own thread (a scrape only reads the last snapshot), and a connection
-    that sends nothing for :data:`SCRAPE_TIMEOUT_S` is closed, so slow clients do not pile threads up.
+    out), each connection has its own thread (a scrape only reads the last snapshot).  Any local user can
+    connect, so what one may hold is bounded (trial 9 F14: a thousand slow connections took every file
+    descriptor of the process, its sampler's included): at most ``max_connections``
+    (:data:`SCRAPE_MAX_CONNECTIONS`) are served at once, one more is answered 429 from the accepting thread
+    and closed (``server.refusals.refused`` counts them; logged as one line per
+    :data:`SCRAPE_REFUSAL_LOG_S`, as the agent's sockets do, :class:`vgpuhost.io.connlimits.RefusalLog`); a
+    request must arrive within :data:`SCRAPE_TIMEOUT_S` of its connection, however it paces its bytes; a
+    connection dropped or timed out is closed without a traceback.
     """
+    limit = SCRAPE_MAX_CONNECTIONS if max_connections is None else max_connections
+    slots = threading.BoundedSemaphore(limit)
+
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
         block_on_close = False
         request_queue_size = SCRAPE_BACKLOG
         address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        max_connections = limit
+
+        def process_request(self, request, client_address):
+            if not slots.acquire(blocking=False):
+                self.refusals.note(f"the metrics port serves at most {limit} connections at once, all open")
+                answer_and_close(request, _TOO_MANY)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                slots.release()
+                self.shutdown_request(request)
+                raise
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+        def handle_error(self, request, client_address):     # a client gone or too slow: no traceback
+            log.debug("metrics connection from %s ended early", client_address, exc_info=True)
 
     class Quiet(WSGIRequestHandler):
-        timeout = SCRAPE_TIMEOUT_S
+        def setup(self):
+            """StreamRequestHandler's, with the request read through a :class:`DeadlineReader` (a gap of
+            at most :data:`SCRAPE_TIMEOUT_S`, and the whole request within it)."""
+            self.connection = self.request
+            self.connection.settimeout(SCRAPE_TIMEOUT_S)
+            self.rfile = io.BufferedReader(DeadlineReader(self.connection, SCRAPE_TIMEOUT_S, SCRAPE_TIMEOUT_S))
+            self.wfile = socketserver._SocketWriter(self.connection)
+
+        def get_stderr(self):
+            return _Discard()
 
         def log_message(self, format, *args):     # noqa: A002 (the stdlib's name): no line per scrape
             pass
 
     server = make_server(address, port, make_wsgi_app(registry), Server, handler_class=Quiet)
+    server.refusals = RefusalLog(log, f"{address}:{server.server_address[1]}", SCRAPE_REFUSAL_LOG_S)
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return server, thread

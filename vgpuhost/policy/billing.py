@@ -364,10 +364,12 @@ _PERIOD_RE = re.compile(r"\A([0-9]{4})-([0-9]{2})\Z")
 def period_bounds(period: str) -> Tuple[str, str, int]:
     """``2026-11`` -> ``("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z", 720)``: the period's first
     hour, the first hour after it (rollup hour keys) and its length in hours (UTC months).
-    InputError for anything but ``YYYY-MM``."""
+    InputError for anything but ``YYYY-MM`` from 1970-01 to 9999-11."""
     m = _PERIOD_RE.match(period or "")
-    if not m or not 1 <= int(m.group(2)) <= 12 or int(m.group(1)) < 1970:
-        raise InputError(f"invalid period {shown(period)}", hint="give a UTC month as YYYY-MM, e.g. 2026-11")
+    if not m or not 1 <= int(m.group(2)) <= 12 or not (1970, 1) <= (int(m.group(1)), int(m.group(2))) <= (9999, 11):
+        # 9999-12 would end in year 10000, past datetime's range (trial 9 F3)
+        raise InputError(f"invalid period {shown(period)}",
+                         hint="give a UTC month as YYYY-MM from 1970-01 to 9999-11, e.g. 2026-11")
     y, mo = int(m.group(1)), int(m.group(2))
     ny, nm = (y + 1, 1) if mo == 12 else (y, mo + 1)
     days = (_date(ny, nm, 1) - _date(y, mo, 1)).days

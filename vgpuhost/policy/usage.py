@@ -21,6 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..model.concepts import DeviceKind, QosClass
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
+from .when import parse_when  # noqa: F401  (re-exported: the one parser of points in time)
 
 BY = ("tenant", "domain", "profile", "hour")
 #: advice keeps this much framebuffer headroom over the observed peak
@@ -31,25 +32,6 @@ MIB = 1024 * 1024
 #: the key of rows with no tenant in ``--by tenant`` totals (``vgpuhost.usage/v1`` JSON and CSV carry it;
 #: tables print :data:`vgpuhost.model.tenancy.NO_TENANT`); it cannot be a tenant name
 NONE_KEY = "(none)"
-
-
-def parse_when(text: str, now: datetime) -> Optional[datetime]:
-    """``2026-11-29T10:00`` (UTC unless an offset is given) or an age before ``now``
-    (``30m``, ``2h``, ``7d``, ``90s``) as an aware UTC datetime; None when it is neither."""
-    m = re.fullmatch(r"\s*([0-9]{1,9})\s*([smhd])\s*", text)
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
-        try:
-            return now - timedelta(**{unit: int(m[1])})
-        except OverflowError:
-            return datetime(1970, 1, 1, tzinfo=timezone.utc)
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.astimezone(timezone.utc)
 
 
 @dataclass(frozen=True)
