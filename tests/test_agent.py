@@ -206,6 +206,8 @@ def _requests(a40_config: str, uri: str) -> List[tuple]:
         ("GET", "/v1/domains", "/v1/domains", None),
         ("GET", "/v1/tenants", "/v1/tenants", None),
         ("GET", "/v1/usage", "/v1/usage", None),
+        ("GET", "/v1/usage/hourly", "/v1/usage/hourly?period=2026-10", None),
+        ("GET", "/v1/bill", "/v1/bill?period=2026-10", None),       # issued by the test before the agent starts
         ("GET", "/v1/audit", "/v1/audit?since=1h", None),
         ("GET", "/v1/metrics", "/v1/metrics", None),
         ("POST", "/v1/hook/release", "/v1/hook/release", {"xml": xml}),
@@ -234,6 +236,15 @@ def test_responses_validate_against_the_documented_schemas(a40, tmp_path, make_h
     node.write_text(TEST_NODE)
     reqs = _requests(config, f"test://{node}")
     assert {(m, t) for m, t, _, _ in reqs} == {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
+    # an issued month for GET /v1/bill (metering read past its end; no usage: a bill of zero)
+    from vgpuhost.io import state as st
+    from vgpuhost.ops import billing
+    from vgpuhost.policy.billing import parse_prices
+    store = StateStore(a40.state_dir)
+    with store.transaction() as conn:
+        st.put_meter_state(conn, "last_tick_us", str(1_793_577_600_000_000))        # 2026-11-02
+    billing.issue(store, "2026-10", parse_prices("version: 1\ncurrency: EUR\nallocated: {profiles: {A40-8Q: 1}}\n"),
+                  actor="test")
     statuses = {}
     # attach/detach name the agent's own libvirt URI (a caller may name no other: issue 15 #1)
     agent = AgentRun(a40.root, extra=("--metering-interval", "0", "--libvirt-uri", f"test://{node}"))
