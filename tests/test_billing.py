@@ -874,3 +874,31 @@ def test_a_version_15_store_is_migrated_with_its_rollups_guarantees_and_first_re
         st.add_usage(c, [("2026-12-01T10:00:00Z", "dev", "dom", "vgpu", "g", "A40-2Q", "vm", "acme", "", 60, 1, 0, 0,
                           7, 10, 1)])
     assert [(r.profile, r.alloc_s) for r in st.usage_rows(store)] == [("A40-2Q", 60), ("A40-8Q", 600)]
+
+
+def test_devices_no_domain_holds_are_idle_capacity_never_priced(make_host, tmp_path, capsys):
+    """F16: a manual vGPU and a GPU only prepared for passthrough, metered an hour beside acme's vGPU:
+    the bill prices acme's use and lists the others as idle, with no rate needed for them."""
+    host = make_host(yaml_text=SPEC)
+    assert _run(host, "tenant", "add", "acme", capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM_A1, capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", capsys=capsys)[0] == 0            # owner manual
+    assert _run(host, "passthrough", "prepare", "0000:c1:00.0", capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze(datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp())
+    held = next(r.id for r in store.vgpu_records() if r.owner == DOM_A1)
+    nv.set_trace(held, {"sm": 50, "vm": DOM_A1, "fb_mib": 1000})
+    sampler = Sampler(nv, store, interval_s=600, labels=lambda u: MeteredOwner(u, "vm", TENANT.get(u, ""), ""))
+    for _ in range(7):
+        sampler.tick()
+        nv.advance(600)
+    prices = _prices(tmp_path, "version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 0.80\n")
+    rc, doc, err = _bill(host, capsys, "--prices", str(prices), "--period", "2027-01")
+    assert rc == 0, err
+    assert [(ln["tenant"], ln["key"], ln["quantity"]) for ln in doc["lines"]] == [("acme", "A40-8Q", "1.000000")]
+    assert doc["totals"] == [{"tenant": "acme", "amount": "0.80"}]
+    assert [(i["key"], i["kind"], i["quantity"], len(i["source"]["devices"])) for i in doc["idle"]] == [
+        ("A40-8Q", "vgpu", "1.000000", 1), ("passthrough_gpu", "passthrough", "1.000000", 1)]
+    rc, out, _ = _run(host, "bill", "--prices", str(prices), "--period", "2027-01", capsys=capsys)
+    assert "idle: passthrough_gpu (passthrough) 1.000000 h on 1 device(s) no domain held: not billed" in out
