@@ -902,3 +902,37 @@ def test_devices_no_domain_holds_are_idle_capacity_never_priced(make_host, tmp_p
         ("A40-8Q", "vgpu", "1.000000", 1), ("passthrough_gpu", "passthrough", "1.000000", 1)]
     rc, out, _ = _run(host, "bill", "--prices", str(prices), "--period", "2027-01", capsys=capsys)
     assert "idle: passthrough_gpu (passthrough) 1.000000 h on 1 device(s) no domain held: not billed" in out
+
+
+def test_usage_by_domain_keeps_domains_of_one_name_apart_and_its_csv_runs_no_formula(make_host, capsys):
+    """F8 and F7: two domains named 'web' (acme's and beta's) are two rows with their UUID and tenant; a
+    domain named like a formula is written with a leading quote, as bill --csv writes it."""
+    host = make_host(yaml_text=SPEC)
+    for t in ("acme", "beta"):
+        assert _run(host, "tenant", "add", t, capsys=capsys)[0] == 0
+    names = {DOM_A1: "web", DOM_B1: "web", DOM_A2: '=HYPERLINK("http://x","y")'}
+    for dom in names:
+        assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", dom, capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze(datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp())
+    for r in store.vgpu_records():
+        nv.set_trace(r.id, {"sm": 50, "vm": r.owner, "fb_mib": 1000})
+    sampler = Sampler(nv, store, interval_s=600,
+                      labels=lambda u: MeteredOwner(u, names.get(u, ""), TENANT.get(u, ""), ""))
+    for i in range(7):
+        sampler.tick()
+        nv.advance(600 * (i + 1 < 7))
+    rc, out, err = _run(host, "--json", "usage", "--by", "domain", capsys=capsys)
+    assert rc == 0, err
+    rows = {(r["domain"], r["domain_uuid"], r["tenant"]): r["gpu_hours"] for r in json.loads(out)["rows"]}
+    assert rows == {("web", DOM_A1, "acme"): 1.0, ("web", DOM_B1, "beta"): 1.0,
+                    ('=HYPERLINK("http://x","y")', DOM_A2, "acme"): 1.0}
+    rc, out, err = _run(host, "usage", "--by", "domain", "--csv", capsys=capsys)
+    recs = list(csv.reader(io.StringIO(out)))
+    assert rc == 0 and recs[0][0] == "domain" and recs[0][-2:] == ["domain_uuid", "tenant"]
+    assert sorted(r[0] for r in recs[1:]) == ["'=HYPERLINK(\"http://x\",\"y\")", "web", "web"]
+    rc, out, _ = _run(host, "usage", "--by", "domain", capsys=capsys)
+    table_rows = [ln.split() for ln in out.splitlines()[1:]]
+    assert rc == 0 and [["web", "1.000", DOM_A1, "acme"], ["web", "1.000", DOM_B1, "beta"]] == sorted(
+        r[:2] + r[-2:] for r in table_rows if r[0] == "web")
