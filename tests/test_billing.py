@@ -463,6 +463,9 @@ BAD = {
     "wrong-type": (_sub("mig_slice: 0.35", "mig_slice: cheap"), 10, "must be a number"),
     "wrong-type-mapping": (_sub("  acme: {discount_percent: 10}", "  acme: [10]"), 20, "must be a mapping"),
     "negative-rate": (_sub("A40-8Q: 0.80", "A40-8Q: -0.80"), 7, "is negative"),
+    "minus-zero-rate": (_sub("A40-8Q: 0.80", "A40-8Q: -0"), 7, "is negative (-0)"),
+    "quoted-minus-zero": (_sub("  vgpus: 0.50", "  vgpus: '-0.0'"), 16, "is negative"),
+    "quoted-version": (_sub("version: 1", "version: '1'"), 1, "version is the string '1', not the number 1"),
     "unsorted-tiers": (_sub("{up_to: 500, rate: 2.40}\n  - {rate: 1.90}",
                             "{up_to: 500, rate: 2.40}\n  - {up_to: 300, rate: 2.10}\n  - {rate: 1.90}"),
                        13, "tiers overlap or are unsorted"),
@@ -703,7 +706,7 @@ def test_reserved_is_charged_only_for_hours_the_guarantee_existed_after_metering
     fresh = make_host(yaml_text=SPEC)
     assert _run(fresh, "tenant", "add", "acme", "--vgpus", "1:2", capsys=capsys)[0] == 0
     rc, doc, err = _bill(fresh, capsys, "--prices", prices, "--period", "2020-01")
-    assert rc == 0 and doc["lines"] == [] and doc["total"] == "0", err
+    assert rc == 0 and doc["lines"] == [] and doc["total"] == "0.00", err
     rc, _, err = _bill(fresh, capsys, "--prices", prices, "--period", "2020-01", "--issue")
     assert rc == 2 and st.issued_bill(StateStore(fresh.state_dir), "2020-01") is None
     # the month's host metered from 2026-11-01: October has no reserved line and is not issued
@@ -936,3 +939,36 @@ def test_usage_by_domain_keeps_domains_of_one_name_apart_and_its_csv_runs_no_for
     table_rows = [ln.split() for ln in out.splitlines()[1:]]
     assert rc == 0 and [["web", "1.000", DOM_A1, "acme"], ["web", "1.000", DOM_B1, "beta"]] == sorted(
         r[:2] + r[-2:] for r in table_rows if r[0] == "web")
+
+
+def test_unknown_tenants_misspelt_discounts_and_one_tenant_in_two_spellings(farm, tmp_path, capsys):
+    """F9: an unknown or invalid --tenant is refused (bill, forecast); a discount for a name no one bears is
+    warned about; acme removed and added again as Acme is one tenant; an empty bill totals 0.00."""
+    host, loads = farm
+    prices = str(_prices(tmp_path))
+    store = StateStore(host.state_dir)
+    for args in (("bill", "--prices", prices, "--period", "2026-11", "--tenant", "nosuch"),
+                 ("bill", "--prices", prices, "--period", "2026-11", "--tenant", "a\nb"),
+                 ("forecast", "--tenant", "nosuch"), ("forecast", "--history", "0d")):
+        rc, out, err = _run(host, *args, capsys=capsys)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, err)
+    assert "no tenant 'nosuch': not in the tenancy tables and no usage of it in 2026-11" in \
+        _run(host, "bill", "--prices", prices, "--period", "2026-11", "--tenant", "nosuch", capsys=capsys)[2]
+    rc, out, _ = _run(host, "bill", "--prices", prices, "--period", "2026-11", "--tenant", "GAMMA", capsys=capsys)
+    assert rc == 0 and "gamma" in out
+    rc, _, err = _run(host, "bill", "--prices", _prices(tmp_path, PRICES.replace("acme:", "acmee:"), "typo.yaml"),
+                      "--period", "2026-11", capsys=capsys)
+    assert rc == 0 and "warning: the price sheet gives tenant 'acmee' a discount, but no tenant" in err
+    # acme removed and added again as Acme (its guarantee back since October): one tenant, billed as before
+    assert _run(host, "tenant", "remove", "acme", capsys=capsys)[0] == 0
+    assert _run(host, "tenant", "add", "Acme", "--vgpus", "1:3", capsys=capsys)[0] == 0
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO tenant_guarantees (tenant, since, vgpus) VALUES "
+                     "('Acme', '2026-10-01T00:00:00.000000+00:00', 1)")
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2026-11")
+    assert rc == 0, err
+    totals = {t["tenant"]: Decimal(t["amount"]) for t in doc["totals"]}
+    ref = reference(loads)
+    assert totals == {"Acme": ref["acme"], "beta": ref["beta"], "gamma": ref["gamma"]}
+    rc, doc, _ = _bill(host, capsys, "--prices", prices, "--period", "2026-09")
+    assert rc == 0 and doc["total"] == "0.00"

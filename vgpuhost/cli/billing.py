@@ -137,6 +137,10 @@ def bill(cctx: click.Context, prices: Optional[str], period: Optional[str], tena
         doc = ops.issue(_store(ctx, write=True), period, sheet, prices=prices)
     else:
         doc = ops.bill(_store(ctx, write=False), period, sheet, tenant=tenant, prices=prices)
+    if sheet is not None and doc["status"] == "open":
+        for t in ops.unknown_discounts(_store(ctx, write=False), sheet, doc):
+            click.echo(f"vgpuhost: warning: the price sheet gives tenant {t!r} a discount, but no tenant of that "
+                       "name is known or billed: check its spelling", err=True)
     _print(doc, ctx.json or as_json, as_csv)
 
 

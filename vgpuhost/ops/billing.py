@@ -26,13 +26,13 @@ import json
 import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..io import state as st
 from ..io.process import actor as process_actor
 from ..io.state import StateStore
 from ..model.errors import InputError
-from ..model.tenancy import NO_TENANT
+from ..model.tenancy import NO_TENANT, check_name
 from ..model.yamldoc import shown
 from ..policy.billing import CURRENCIES, RESERVED_DIMS, Bill, PriceSheet, period_bounds, price
 from . import tenancy
@@ -106,6 +106,11 @@ def _money(d: Decimal) -> str:
     return format(d, "f")
 
 
+def _total(amounts, currency: str) -> str:
+    """The sum of ``amounts`` (Decimals) in the currency's minor units (an empty sum is ``0.00``)."""
+    return _money(sum(amounts, Decimal(0)).quantize(Decimal(1).scaleb(-CURRENCIES.get(currency, 2))))
+
+
 def document(b: Bill, *, status: str, complete: bool, metered: Optional[str], prices: Optional[str],
              behind: Optional[List[Dict[str, str]]] = None) -> Dict[str, Any]:
     """The ``vgpuhost.bill/v1`` document of ``b`` (no adjustments yet: :func:`with_adjustments`);
@@ -125,7 +130,7 @@ def document(b: Bill, *, status: str, complete: bool, metered: Optional[str], pr
             "status": status, "issued": None, "complete": complete, "metered_until": metered, "tenant": None,
             "lines": lines,
             "totals": [{"tenant": t, "amount": _money(a)} for t, a in sorted(b.totals.items())],
-            "total": _money(sum(b.totals.values(), Decimal(0))),
+            "total": _total(b.totals.values(), b.currency),
             "adjustments": [], "totals_after_adjustments": [], "total_after_adjustments": None,
             "gaps": [{"start": g[0], "end": g[1], "device": g[2], "seconds": float(g[3]), "reason": g[4],
                       "tenants": list(g[5])} for g in b.gaps],
@@ -159,7 +164,7 @@ def with_adjustments(doc: Dict[str, Any], adjustments: List[tuple]) -> Dict[str,
     for a in adjustments:
         after[a[1]] = after.get(a[1], Decimal(0)) + Decimal(a[2])
     doc["totals_after_adjustments"] = [{"tenant": t, "amount": _money(v)} for t, v in sorted(after.items())]
-    doc["total_after_adjustments"] = _money(sum(after.values(), Decimal(0)))
+    doc["total_after_adjustments"] = _total(after.values(), doc["currency"])
     return doc
 
 
@@ -173,10 +178,10 @@ def for_tenant(doc: Dict[str, Any], tenant: Optional[str]) -> Dict[str, Any]:
         doc[k] = [x for x in doc[k] if x["tenant"].lower() == t]
     doc["gaps"] = [g for g in doc["gaps"] if g["device"] == "*" or t in {x.lower() for x in g["tenants"]}]
     doc["idle"] = []                 # idle capacity is no tenant's
-    doc["total"] = _money(sum((Decimal(x["amount"]) for x in doc["totals"]), Decimal(0)))
+    doc["total"] = _total((Decimal(x["amount"]) for x in doc["totals"]), doc["currency"])
     if doc["total_after_adjustments"] is not None:
-        doc["total_after_adjustments"] = _money(sum((Decimal(x["amount"]) for x in doc["totals_after_adjustments"]),
-                                                    Decimal(0)))
+        doc["total_after_adjustments"] = _total((Decimal(x["amount"]) for x in doc["totals_after_adjustments"]),
+                                                doc["currency"])
     return doc
 
 
@@ -194,13 +199,25 @@ def bill(store: StateStore, period: str, sheet: Optional[PriceSheet], *, tenant:
     if row is not None:
         doc = json.loads(row[4])
         doc["sheet_differs"] = sheet is not None and sheet.sha256 != row[3]
+        if tenant is not None:
+            known_tenant(store, tenant, [t["tenant"] for t in doc["totals"]], f"in the issued bill of {period}")
         return for_tenant(with_adjustments(doc, st.bill_adjustments(store, period)), tenant)
     if sheet is None:
         raise InputError(f"the bill of {period} is not issued: it is priced from the rollups now, with a price sheet",
                          hint="give --prices FILE")
     doc = _compute(store, sheet, period, prices=prices, tenant=tenant)     # only that tenant's rows priced
+    if tenant is not None:
+        known_tenant(store, tenant, [t["tenant"] for t in doc["totals"]], f"in {period}")
     doc["sheet_differs"] = False
     return for_tenant(with_adjustments(doc, []), tenant)
+
+
+def unknown_discounts(store: StateStore, sheet: PriceSheet, doc: Dict[str, Any]) -> List[str]:
+    """The tenants the sheet gives a discount that are neither in the tenancy tables, nor in the
+    guarantee history, nor billed in ``doc``: a misspelt name, whose discount applies to no one."""
+    known = {t.lower() for t in tenancy.tenants(store)} | {r[0].lower() for r in st.tenant_guarantees(store)} \
+        | {t["tenant"].lower() for t in doc["totals"]}
+    return sorted(t for t in sheet.discounts if t.lower() not in known)
 
 
 def issue(store: StateStore, period: str, sheet: PriceSheet, *, prices: Optional[str] = None,
@@ -296,6 +313,24 @@ def check_reason(reason: str) -> str:
     return reason
 
 
+def known_tenant(store: StateStore, tenant: str, seen: "Iterable[str]", where: str) -> str:
+    """A ``--tenant`` value checked (:func:`tenant_arg` first): ``''`` (no tenant) as it is; else a
+    valid tenant name (:func:`vgpuhost.model.tenancy.check_name`) that the tenancy tables hold, that
+    had a guarantee once (``tenant_guarantees``: a removed tenant), or that is in ``seen`` (the
+    tenants of the rows or lines at hand).  InputError otherwise (``where``: the report's scope,
+    for the message), so a misspelt name is not a report of nothing."""
+    tenant = tenant_arg(tenant)
+    if not tenant:
+        return tenant
+    check_name(tenant)
+    known = {t.lower() for t in tenancy.tenants(store)} | {r[0].lower() for r in st.tenant_guarantees(store)} \
+        | {t.lower() for t in seen}
+    if tenant.lower() not in known:
+        raise InputError(f"no tenant {shown(tenant)}: not in the tenancy tables and no usage of it {where}",
+                         hint="'vgpuhost tenant list' names the tenants; tenant names compare without case")
+    return tenant
+
+
 def tenant_arg(tenant: str) -> str:
     """A ``--tenant`` value as the bill stores it: ``(no tenant)`` (as the bill prints the use of
     domains naming no tenant) and ``''`` both mean that untenanted use (``''``)."""
@@ -373,5 +408,5 @@ def csv_rows(doc: Dict[str, Any]) -> List[List[Any]]:
     return out
 
 
-__all__ = ["bill", "issue", "adjust", "document", "csv_rows", "csv_safe", "guarantees", "metered_until", "CSV_COLUMNS",
+__all__ = ["bill", "issue", "adjust", "known_tenant", "unknown_discounts", "unread", "metered_since", "document", "csv_rows", "csv_safe", "guarantees", "metered_until", "CSV_COLUMNS",
            "SCHEMA", "parse_amount", "check_reason", "tenant_arg", "AMOUNT_INT_DIGITS", "REASON_MAX"]

@@ -180,7 +180,7 @@ class _SheetParser:
                                hint=f"write at most {MAX_INT_DIGITS} digits before the point and "
                                     f"{MAX_FRACTION_DIGITS} after it")
         d = Decimal(text)
-        if d < 0:
+        if d < 0 or text.startswith("-"):        # -0 too: a sign is refused (billing.md)
             raise self.err(path, f"{what} is negative ({d})",
                            hint="rates, percentages and tier bounds are >= 0; a credit is a 'bill adjust'")
         if positive and d == 0:
@@ -223,6 +223,9 @@ class _SheetParser:
         data = require_versioned(self.loc, "price sheet")        # before any message may quote the file
         top = self.mapping(data, (), _TOP, "the price sheet")
         version = top["version"]
+        if isinstance(version, str) and version.strip() == str(VERSION):
+            raise self.err(("version",), f"version is the string {shown(version)}, not the number {VERSION}",
+                           hint=f"write version: {VERSION} without quotes")
         if isinstance(version, bool) or version != VERSION:
             raise self.err(("version",), f"unsupported price sheet version {shown(version)}",
                            hint=f"this vgpuhost reads version {VERSION}")
