@@ -905,6 +905,9 @@ def test_devices_no_domain_holds_are_idle_capacity_never_priced(make_host, tmp_p
         ("A40-8Q", "vgpu", "1.000000", 1), ("passthrough_gpu", "passthrough", "1.000000", 1)]
     rc, out, _ = _run(host, "bill", "--prices", str(prices), "--period", "2027-01", capsys=capsys)
     assert "idle: passthrough_gpu (passthrough) 1.000000 h on 1 device(s) no domain held: not billed" in out
+    rc, out, _ = _run(host, "--json", "usage", "--by", "tenant", capsys=capsys)
+    assert {r["tenant"]: (r["gpu_hours"], r["devices"]) for r in json.loads(out)["rows"]} == {
+        "acme": (1.0, 1), "(idle)": (2.0, 2)}
 
 
 def test_usage_by_domain_keeps_domains_of_one_name_apart_and_its_csv_runs_no_formula(make_host, capsys):

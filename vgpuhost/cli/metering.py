@@ -30,7 +30,7 @@ from ..ops import tenancy
 from ..ops.billing import csv_safe
 from ..ops.exporter import SnapshotCollector, serve
 from ..ops.metering import anomalies_of, host_sampler, hour_end, licence_states, live_view, sampler_lock
-from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
+from ..policy.usage import IDLE_KEY, NONE_KEY, Offer, advise as plan_advice, aggregate, parse_when
 from .common import current as _ctx, store as _store
 from .output import dumps, table
 
@@ -181,7 +181,8 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
         extra = ["DOMAIN-UUID", "TENANT"] if by == "domain" else []
         click.echo(table([by.upper(), "GPU-HOURS", "SM-BUSY-S", "ENC-BUSY-S", "DEC-BUSY-S", "FB-PEAK-MIB",
                           "DEVICES"] + extra,
-                         [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}",
+                         [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else
+                           "(idle: no domain)" if by == "tenant" and r[0] == IDLE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}",
                            f"{r[4]:.1f}", f"{r[5]:.1f}", f"{r[6] / 1048576:.0f}", r[7]]
                           + ([r[9] or "-", r[10] or NO_TENANT] if extra else []) for r in recs]))
     for g in gaps:

@@ -31,6 +31,9 @@ MIB = 1024 * 1024
 #: the key of rows with no tenant in ``--by tenant`` totals (``vgpuhost.usage/v1`` JSON and CSV carry it;
 #: tables print :data:`vgpuhost.model.tenancy.NO_TENANT`); it cannot be a tenant name
 NONE_KEY = "(none)"
+#: the key of ``--by tenant`` totals of devices no domain held (a layout's idle pool vGPUs, a GPU only prepared
+#: for passthrough): the operator's idle capacity, apart from the use of domains naming no tenant
+IDLE_KEY = "(idle)"
 
 
 def parse_when(text: str, now: datetime) -> Optional[datetime]:
@@ -82,7 +85,8 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     """Totals per ``by`` (``tenant``, ``domain`` or ``profile``: largest allocation first; ``hour``: the
     UTC hour, ``2026-11-29T10:00:00Z``, in time order).
 
-    An empty tenant is reported as :data:`NONE_KEY`.  ``by="domain"`` keeps one total per domain
+    An empty tenant is reported as :data:`NONE_KEY`; ``by="tenant"`` reports the rows of devices no
+    domain held (an empty ``domain_uuid``) as :data:`IDLE_KEY`.  ``by="domain"`` keeps one total per domain
     UUID and tenant (two domains of one name, or a domain that passed to another tenant, are
     separate totals), ``key`` the domain's newest name (its UUID where it has none; :data:`NONE_KEY`
     for devices no domain held), with ``domain_uuid`` and ``tenant``.  Raises ValueError for
@@ -101,7 +105,8 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
             if key not in names or r.hour >= names[key][0]:
                 names[key] = (r.hour, _domain(r) or NONE_KEY)
         else:
-            key = {"tenant": r.tenant, "profile": r.profile, "hour": r.hour}[by] or NONE_KEY
+            key = {"tenant": r.tenant if r.domain_uuid else IDLE_KEY, "profile": r.profile,
+                   "hour": r.hour}[by] or NONE_KEY
         a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
         a[0] += r.alloc_s
         a[1] += r.sm_busy_s
