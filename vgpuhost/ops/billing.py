@@ -3,11 +3,15 @@
 Owns: the bill document (``vgpuhost.bill/v1``, docs/schemas/bill.v1.schema.json)
 of a period, built by :func:`bill` from the state store's hourly rollups
 (``usage_hourly``: the tenant metering attributed each row to, never
-re-derived), its metering gaps and the tenants' guarantees, priced by
-:func:`vgpuhost.policy.billing.price`; :func:`issue`, which stores a period's
-bill for good (``bills``, with the price sheet's SHA-256) once metering has
-passed the period's end; and :func:`adjust`, a late correction of an issued
-bill, appended with an audit row.  An issued period's bill is always the
+re-derived), its metering gaps, the history of the tenants' guarantees
+(:func:`guarantees`: each hour is charged the guarantee in force at its start,
+from the sampler's first reading) and the devices not read up to the period's
+end (:func:`unread`), priced by :func:`vgpuhost.policy.billing.price`;
+:func:`issue`, which stores a period's bill for good (``bills``, with the
+price sheet's SHA-256) once metering has read every device past the
+period's end; and :func:`adjust`, a late correction of an issued bill,
+appended with an audit row.  Rows of devices no domain held are idle
+capacity, listed apart and never priced.  An issued period's bill is always the
 issued document (plus its adjustments): more history arriving, or another
 price sheet, never changes it.  :data:`CSV_COLUMNS` is the CSV export's
 column list.
@@ -192,7 +196,8 @@ def bill(store: StateStore, period: str, sheet: Optional[PriceSheet], *, tenant:
     given is not the one it was issued with), else priced now from the rollups with ``sheet``
     (status ``open``; ``complete`` false while metering has not passed the period's end).
     ``tenant``: one tenant's part (``''`` or ``(no tenant)``: the use of domains naming no tenant).
-    InputError: a bad period, no sheet for an open period, usage the sheet has no rate for."""
+    InputError: a bad period, no sheet for an open period, usage the sheet has no rate for, a
+    ``tenant`` that is not a valid name or not known (:func:`known_tenant`)."""
     period_bounds(period)
     tenant = tenant_arg(tenant) if tenant is not None else None
     row = st.issued_bill(store, period)
