@@ -118,6 +118,11 @@ def history(tmp_path_factory):
     assert _run(host, "tenant", "add", "gamma") == 0
     store = StateStore(host.state_dir)
     with store.transaction() as conn:
+        # the tenants were added on the real clock; the month is metered on a simulated one before it:
+        # their guarantees are in force since October (the history is append-only: an older row is added)
+        conn.execute("INSERT INTO tenant_guarantees (tenant, since, vgpus, mig_slices, passthrough_gpus) SELECT "
+                     "tenant, '2026-10-01T00:00:00.000000+00:00', vgpus, mig_slices, passthrough_gpus "
+                     "FROM tenant_guarantees")
         store.put_passthrough(conn, st.PassthroughRecord("0000:c1:00.0", 41, "0000:c1:00.0", "nvidia", None, 0,
                                                          st.utcnow(), False, DOM_G))
     nv = metering_nvml(host)
@@ -364,12 +369,12 @@ def test_adjustment_amounts_and_reasons_are_checked_and_refusals_write_nothing(f
         assert len(err) < 400, err                         # the input is never echoed whole
     assert len(store.audit_rows()) == n_audit and st.bill_adjustments(store, "2026-11") == []
     # plain decimal text within bounds is taken, exactly
-    for amount, stored in (("+5", "5"), ("999999999999.99", "999999999999.99"), ("-0.01", "-0.01")):
+    for amount, stored in (("+5", "5.00"), ("999999999999.99", "999999999999.99"), ("-0.01", "-0.01")):
         rc, out, err = _run(host, "--json", "bill", "adjust", "--period", "2026-11", "--tenant", "ACME",
                             "--amount", amount, "--reason", "r\u00e9duction \u00e0 l'amiable", capsys=capsys)
         assert rc == 0, err
         assert json.loads(out)["amount"] == stored and json.loads(out)["tenant"] == "acme"
-    assert [a[2] for a in st.bill_adjustments(store, "2026-11")] == ["5", "999999999999.99", "-0.01"]
+    assert [a[2] for a in st.bill_adjustments(store, "2026-11")] == ["5.00", "999999999999.99", "-0.01"]
     assert len(store.audit_rows()) == n_audit + 3
 
 
@@ -458,6 +463,9 @@ BAD = {
     "wrong-type": (_sub("mig_slice: 0.35", "mig_slice: cheap"), 10, "must be a number"),
     "wrong-type-mapping": (_sub("  acme: {discount_percent: 10}", "  acme: [10]"), 20, "must be a mapping"),
     "negative-rate": (_sub("A40-8Q: 0.80", "A40-8Q: -0.80"), 7, "is negative"),
+    "minus-zero-rate": (_sub("A40-8Q: 0.80", "A40-8Q: -0"), 7, "is negative (-0)"),
+    "quoted-minus-zero": (_sub("  vgpus: 0.50", "  vgpus: '-0.0'"), 16, "is negative"),
+    "quoted-version": (_sub("version: 1", "version: '1'"), 1, "version is the string '1', not the number 1"),
     "unsorted-tiers": (_sub("{up_to: 500, rate: 2.40}\n  - {rate: 1.90}",
                             "{up_to: 500, rate: 2.40}\n  - {up_to: 300, rate: 2.10}\n  - {rate: 1.90}"),
                        13, "tiers overlap or are unsorted"),
@@ -662,3 +670,308 @@ def test_the_price_sheet_schema_and_the_shipped_example():
     for case in ("unknown-key", "wrong-type", "negative-rate", "bad-version", "bad-rounding", "discount-over-100",
                  "reserved-unknown-dimension", "wrong-type-mapping"):
         assert list(validator.iter_errors(yaml.safe_load(BAD[case][0]))), f"{case} passes the schema"
+
+
+# --- trial 9: reserved hours, unread devices, append-only, split hours, idle capacity ------------
+
+RESERVING = """\
+version: 1
+currency: EUR
+rounding: half-even
+allocated:
+  profiles:
+    A40-8Q: 0.80
+    A40-2Q: 0.20
+  families:
+    L40S-Q: 0.06
+  mig_slice: 0.35
+passthrough_gpu: 1
+reserved:
+  vgpus: 0.50
+  mig_slices: 0.30
+"""
+
+
+def _bill(host, capsys, *args):
+    rc, out, err = _run(host, "--json", "bill", *args, capsys=capsys)
+    return rc, (json.loads(out) if rc == 0 else None), err
+
+
+def test_reserved_is_charged_only_for_hours_the_guarantee_existed_after_metering_began(farm, make_host, tmp_path,
+                                                                                        capsys):
+    """F1: a guarantee is owed from the first whole hour it is in force, never before the host metered; a
+    period that ended before metering began is not issued."""
+    prices = str(_prices(tmp_path, RESERVING))
+    # a host that never metered: no reserved line for any month, and nothing to issue
+    fresh = make_host(yaml_text=SPEC)
+    assert _run(fresh, "tenant", "add", "acme", "--vgpus", "1:2", capsys=capsys)[0] == 0
+    rc, doc, err = _bill(fresh, capsys, "--prices", prices, "--period", "2020-01")
+    assert rc == 0 and doc["lines"] == [] and doc["total"] == "0.00", err
+    rc, _, err = _bill(fresh, capsys, "--prices", prices, "--period", "2020-01", "--issue")
+    assert rc == 2 and st.issued_bill(StateStore(fresh.state_dir), "2020-01") is None
+    # the month's host metered from 2026-11-01: October has no reserved line and is not issued
+    host, _ = farm
+    store = StateStore(host.state_dir)
+    n_audit = len(store.audit_rows())
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2026-10")
+    assert rc == 0 and [ln for ln in doc["lines"] if ln["item"] == "reserved"] == [], doc["lines"]
+    rc, out, err = _run(host, "bill", "--prices", prices, "--period", "2026-10", "--issue", capsys=capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "metering began at 2026-11-01T00:00:00Z, after 2026-10 ended" in err
+    assert st.issued_bill(store, "2026-10") is None and len(store.audit_rows()) == n_audit
+    # acme's guarantee raised to 2 at 10:20 on the 20th (in force from 11:00); beta removed on the 15th
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO tenant_guarantees (tenant, since, vgpus) VALUES "
+                     "('acme', '2026-11-20T10:20:00.000000+00:00', 2)")
+        conn.execute("INSERT INTO tenant_guarantees (tenant, since) VALUES ('beta', '2026-11-15T00:00:00.000+00:00')")
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2026-11")
+    assert rc == 0, err
+    res = {ln["tenant"]: ln for ln in doc["lines"] if ln["item"] == "reserved"}
+    before = 19 * 24 + 11
+    assert res["acme"]["quantity"] == f"{before + 2 * (720 - before)}.000000"
+    assert res["acme"]["note"] == f"guarantee 1 vgpus x {before} hours + 2 vgpus x {720 - before} hours"
+    assert res["beta"]["quantity"] == f"{14 * 24}.000000" and res["beta"]["amount"] == "100.80"
+    # beta's MIG use after its removal is on demand; before it, above the guarantee, burst
+    mig = {ln["item"]: ln for ln in doc["lines"] if ln["tenant"] == "beta" and ln["key"] == "mig_slice"}
+    assert mig["on-demand"]["source"]["first_hour"] == "2026-11-15T00:00:00Z"
+    assert mig["burst"]["source"]["last_hour"] == "2026-11-14T23:00:00Z"
+    # tenant add / set / remove write the history (append-only)
+    assert _run(host, "tenant", "add", "delta", "--vgpus", "1:1", "--allow-oversubscribe", capsys=capsys)[0] == 0
+    assert _run(host, "tenant", "set", "delta", "--vgpus", "0:1", capsys=capsys)[0] == 0
+    assert _run(host, "tenant", "add", "eps", "--mig-slices", "1:1", "--allow-oversubscribe", capsys=capsys)[0] == 0
+    assert _run(host, "tenant", "remove", "eps", capsys=capsys)[0] == 0
+    hist = [r for r in st.tenant_guarantees(store) if r[0] in ("delta", "eps")]
+    assert [(r[0], r[2], r[3]) for r in hist] == [("delta", 1, 0), ("delta", 0, 0), ("eps", 0, 1), ("eps", 0, 0)]
+    for sql in ("UPDATE tenant_guarantees SET vgpus = 9", "DELETE FROM tenant_guarantees"):
+        with pytest.raises(Exception, match="append-only"):
+            with store.transaction() as conn:
+                conn.execute(sql)
+
+
+def _lost_gpu_host(make_host, capsys):
+    """A40 0000:81:00.0 with one acme vGPU metered from 2027-01-31 22:00 every 10 minutes to 2027-02-01
+    02:00, its NVML read failing (GPU_IS_LOST) from 23:00: (host, store, sampler, nvml, vGPU id, fail flag)."""
+    from vgpuhost.io.nvml_metering import GpuReading
+    host = make_host(yaml_text=SPEC)
+    assert _run(host, "tenant", "add", "acme", capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM_A1, capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    (rec,) = store.vgpu_records()
+    nv = metering_nvml(host)
+    t0 = datetime(2027, 1, 31, 22, tzinfo=timezone.utc).timestamp()
+    nv.freeze(t0)
+    nv.set_trace(rec.id, {"sm": 50, "start": t0 - 86400, "vm": DOM_A1, "fb_mib": 1000})
+    read, fail = nv.read, {"on": False}
+    nv.read = lambda seen: [GpuReading(g.bdf, "", False, (), error="GPU_IS_LOST")
+                            if fail["on"] and g.bdf == "0000:81:00.0" else g for g in read(seen)]
+    sampler = Sampler(nv, store, interval_s=600, labels=lambda u: MeteredOwner(u, "vm", TENANT.get(u, ""), ""))
+    for i in range(25):
+        fail["on"] = 7 <= i
+        sampler.tick()
+        nv.advance(600)
+    return host, store, sampler, nv, rec.id, fail
+
+
+def test_a_month_is_not_issued_while_a_gpus_devices_are_unread(make_host, tmp_path, capsys):
+    """F13: the GPU's devices stop at their last good reading; issuing January then would leave the
+    hour they are credited later billed nowhere."""
+    host, store, sampler, nv, dev, fail = _lost_gpu_host(make_host, capsys)
+    prices = str(_prices(tmp_path, RESERVING))
+    rc, out, err = _run(host, "bill", "--prices", prices, "--period", "2027-01", "--issue", capsys=capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert f"GPU 0000:81:00.0: device {dev} was last read at 2027-01-31T23:00:00Z, before the end of 2027-01" \
+        in lines[0] and "; issue 2027-01 once the sampler reads that GPU again" in lines[0]
+    assert st.issued_bill(store, "2027-01") is None
+    rc, doc, _ = _bill(host, capsys, "--prices", prices, "--period", "2027-01")
+    assert doc["complete"] is False and doc["unread"] == [
+        {"device": dev, "gpu": "0000:81:00.0", "read_until": "2027-01-31T23:00:00.000000+00:00"}]
+    # the GPU answers again: its span is credited to the hours it fell in, and January is issued whole
+    fail["on"] = False
+    sampler.tick()
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2027-01", "--issue")
+    assert rc == 0, err
+    (line,) = doc["lines"]
+    assert (line["tenant"], line["key"], line["quantity"]) == ("acme", "A40-8Q", "2.000000")
+    assert doc["complete"] is True and doc["unread"] == []
+
+
+def test_an_issued_bill_and_its_adjustments_refuse_replace(farm, tmp_path, capsys):
+    """F11: INSERT OR REPLACE (and an upsert) of an issued period or an adjustment's id is refused."""
+    host, loads = farm
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path)), "--period", "2026-11", "--issue",
+                capsys=capsys)[0] == 0
+    assert _run(host, "bill", "adjust", "--period", "2026-11", "--tenant", "acme", "--amount", "-1",
+                "--reason", "credit", capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    before = st.issued_bill(store, "2026-11")
+    adj = st.bill_adjustments(store, "2026-11")
+    for sql, words in (
+            ("INSERT OR REPLACE INTO bills SELECT period, issued, actor, prices_sha256, "
+             "replace(document, '\"total\"', '\"totalx\"') FROM bills", "never changes"),
+            ("REPLACE INTO bills VALUES ('2026-11', 'x', 'x', 'x', '{}')", "never changes"),
+            ("INSERT INTO bills VALUES ('2026-11', 'x', 'x', 'x', '{}') ON CONFLICT (period) DO NOTHING",
+             "never changes"),
+            ("INSERT OR REPLACE INTO bill_adjustments SELECT id, period, tenant, '-400.00', reason, actor, time, "
+             "audit_id FROM bill_adjustments", "append-only")):
+        with pytest.raises(Exception, match=words):
+            with store.transaction() as conn:
+                conn.execute(sql)
+    assert st.issued_bill(store, "2026-11") == before and st.bill_adjustments(store, "2026-11") == adj
+    rc, out, _ = _run(host, "bill", "--period", "2026-11", capsys=capsys)
+    assert rc == 0 and "adjustment #1 acme: -1.00 EUR" in out
+
+
+def test_a_vgpu_resized_within_an_hour_is_billed_at_each_profile(make_host, tmp_path, capsys):
+    """F10: the same mdev UUID and domain, 40 minutes as A40-8Q then 20 as A40-2Q in one hour: two rows."""
+    host = make_host(yaml_text=SPEC)
+    assert _run(host, "tenant", "add", "acme", capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM_A1, capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    (rec,) = store.vgpu_records()
+    nv = metering_nvml(host)
+    nv.freeze(datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp())
+    nv.set_trace(rec.id, {"sm": 50, "vm": DOM_A1, "fb_mib": 1000})
+    sampler = Sampler(nv, store, interval_s=600, labels=lambda u: MeteredOwner(u, "vm", "acme", ""))
+    for _ in range(4):
+        sampler.tick()
+        nv.advance(600)
+    sampler.tick()                                              # 00:40
+    assert _run(host, "vgpu", "remove", rec.id, capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-2Q", "--uuid", rec.id, "--owner", DOM_A1,
+                capsys=capsys)[0] == 0
+    nv.set_trace(rec.id, {"sm": 50, "vm": DOM_A1, "fb_mib": 500})
+    for _ in range(2):
+        nv.advance(600)
+        sampler.tick()                                          # 00:50, 01:00
+    rows = {(r.hour, r.profile): r.alloc_s for r in st.usage_rows(store) if r.device == rec.id and r.alloc_s}
+    assert rows == {("2027-01-01T00:00:00Z", "A40-8Q"): 2400.0, ("2027-01-01T00:00:00Z", "A40-2Q"): 1200.0}
+    rc, doc, err = _bill(host, capsys, "--prices", str(_prices(tmp_path, RESERVING)), "--period", "2027-01")
+    assert rc == 0, err
+    assert {(ln["key"], ln["quantity"], ln["amount"]) for ln in doc["lines"]} == {
+        ("A40-8Q", "0.666667", "0.53"), ("A40-2Q", "0.333333", "0.07")}
+
+
+def test_a_version_15_store_is_migrated_with_its_rollups_guarantees_and_first_reading(tmp_path):
+    import sqlite3
+    from vgpuhost.io.state import MIGRATIONS, _statements
+    conn = sqlite3.connect(tmp_path / "state.db")
+    for script in MIGRATIONS[:15]:
+        for stmt in _statements(script):
+            conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 15")
+    conn.execute("INSERT INTO usage_hourly VALUES ('2026-12-01T10:00:00Z', 'dev', 'dom', 'vgpu', 'g', 'A40-8Q', "
+                 "'vm', 'acme', '', 600, 30, 0, 0, 5, 10, 6)")
+    conn.execute("INSERT INTO meter_state VALUES ('last_tick_us', '1796140800000000')")
+    conn.execute("INSERT INTO tenants (name, qos, isolation, g_vgpus, time) VALUES "
+                 "('acme', 'standard', 'shared', 2, '2026-12-05T00:00:00.000000+00:00')")
+    conn.execute("INSERT INTO audit (time, actor, operation, path, value, result) VALUES "
+                 "('2026-11-20T08:00:00.000000+00:00', 'root', 'tenant add acme', '(tenants)', '', 'ok')")
+    conn.commit()
+    conn.close()
+    store = StateStore(tmp_path)
+    assert store.schema_version == len(MIGRATIONS) == 16
+    assert st.tenant_guarantees(store) == [("acme", "2026-11-20T08:00:00.000000+00:00", 2, 0, 0)]
+    assert st.meter_state(store, "first_tick_us") == str(1796119200 * 1000000)      # 2026-12-01T10:00Z
+    with store.transaction() as c:
+        st.add_usage(c, [("2026-12-01T10:00:00Z", "dev", "dom", "vgpu", "g", "A40-2Q", "vm", "acme", "", 60, 1, 0, 0,
+                          7, 10, 1)])
+    assert [(r.profile, r.alloc_s) for r in st.usage_rows(store)] == [("A40-2Q", 60), ("A40-8Q", 600)]
+
+
+def test_devices_no_domain_holds_are_idle_capacity_never_priced(make_host, tmp_path, capsys):
+    """F16: a manual vGPU and a GPU only prepared for passthrough, metered an hour beside acme's vGPU:
+    the bill prices acme's use and lists the others as idle, with no rate needed for them."""
+    host = make_host(yaml_text=SPEC)
+    assert _run(host, "tenant", "add", "acme", capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM_A1, capsys=capsys)[0] == 0
+    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", capsys=capsys)[0] == 0            # owner manual
+    assert _run(host, "passthrough", "prepare", "0000:c1:00.0", capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze(datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp())
+    held = next(r.id for r in store.vgpu_records() if r.owner == DOM_A1)
+    nv.set_trace(held, {"sm": 50, "vm": DOM_A1, "fb_mib": 1000})
+    sampler = Sampler(nv, store, interval_s=600, labels=lambda u: MeteredOwner(u, "vm", TENANT.get(u, ""), ""))
+    for _ in range(7):
+        sampler.tick()
+        nv.advance(600)
+    prices = _prices(tmp_path, "version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 0.80\n")
+    rc, doc, err = _bill(host, capsys, "--prices", str(prices), "--period", "2027-01")
+    assert rc == 0, err
+    assert [(ln["tenant"], ln["key"], ln["quantity"]) for ln in doc["lines"]] == [("acme", "A40-8Q", "1.000000")]
+    assert doc["totals"] == [{"tenant": "acme", "amount": "0.80"}]
+    assert [(i["key"], i["kind"], i["quantity"], len(i["source"]["devices"])) for i in doc["idle"]] == [
+        ("A40-8Q", "vgpu", "1.000000", 1), ("passthrough_gpu", "passthrough", "1.000000", 1)]
+    rc, out, _ = _run(host, "bill", "--prices", str(prices), "--period", "2027-01", capsys=capsys)
+    assert "idle: passthrough_gpu (passthrough) 1.000000 h on 1 device(s) no domain held: not billed" in out
+    rc, out, _ = _run(host, "--json", "usage", "--by", "tenant", capsys=capsys)
+    assert {r["tenant"]: (r["gpu_hours"], r["devices"]) for r in json.loads(out)["rows"]} == {
+        "acme": (1.0, 1), "(idle)": (2.0, 2)}
+
+
+def test_usage_by_domain_keeps_domains_of_one_name_apart_and_its_csv_runs_no_formula(make_host, capsys):
+    """F8 and F7: two domains named 'web' (acme's and beta's) are two rows with their UUID and tenant; a
+    domain named like a formula is written with a leading quote, as bill --csv writes it."""
+    host = make_host(yaml_text=SPEC)
+    for t in ("acme", "beta"):
+        assert _run(host, "tenant", "add", t, capsys=capsys)[0] == 0
+    names = {DOM_A1: "web", DOM_B1: "web", DOM_A2: '=HYPERLINK("http://x","y")'}
+    for dom in names:
+        assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", dom, capsys=capsys)[0] == 0
+    store = StateStore(host.state_dir)
+    nv = metering_nvml(host)
+    nv.freeze(datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp())
+    for r in store.vgpu_records():
+        nv.set_trace(r.id, {"sm": 50, "vm": r.owner, "fb_mib": 1000})
+    sampler = Sampler(nv, store, interval_s=600,
+                      labels=lambda u: MeteredOwner(u, names.get(u, ""), TENANT.get(u, ""), ""))
+    for i in range(7):
+        sampler.tick()
+        nv.advance(600 * (i + 1 < 7))
+    rc, out, err = _run(host, "--json", "usage", "--by", "domain", capsys=capsys)
+    assert rc == 0, err
+    rows = {(r["domain"], r["domain_uuid"], r["tenant"]): r["gpu_hours"] for r in json.loads(out)["rows"]}
+    assert rows == {("web", DOM_A1, "acme"): 1.0, ("web", DOM_B1, "beta"): 1.0,
+                    ('=HYPERLINK("http://x","y")', DOM_A2, "acme"): 1.0}
+    rc, out, err = _run(host, "usage", "--by", "domain", "--csv", capsys=capsys)
+    recs = list(csv.reader(io.StringIO(out)))
+    assert rc == 0 and recs[0][0] == "domain" and recs[0][-2:] == ["domain_uuid", "tenant"]
+    assert sorted(r[0] for r in recs[1:]) == ["'=HYPERLINK(\"http://x\",\"y\")", "web", "web"]
+    rc, out, _ = _run(host, "usage", "--by", "domain", capsys=capsys)
+    table_rows = [ln.split() for ln in out.splitlines()[1:]]
+    assert rc == 0 and [["web", "1.000", DOM_A1, "acme"], ["web", "1.000", DOM_B1, "beta"]] == sorted(
+        r[:2] + r[-2:] for r in table_rows if r[0] == "web")
+
+
+def test_unknown_tenants_misspelt_discounts_and_one_tenant_in_two_spellings(farm, tmp_path, capsys):
+    """F9: an unknown or invalid --tenant is refused (bill, forecast); a discount for a name no one bears is
+    warned about; acme removed and added again as Acme is one tenant; an empty bill totals 0.00."""
+    host, loads = farm
+    prices = str(_prices(tmp_path))
+    store = StateStore(host.state_dir)
+    for args in (("bill", "--prices", prices, "--period", "2026-11", "--tenant", "nosuch"),
+                 ("bill", "--prices", prices, "--period", "2026-11", "--tenant", "a\nb"),
+                 ("forecast", "--tenant", "nosuch"), ("forecast", "--history", "0d")):
+        rc, out, err = _run(host, *args, capsys=capsys)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, err)
+    assert "no tenant 'nosuch': not in the tenancy tables and no usage of it in 2026-11" in \
+        _run(host, "bill", "--prices", prices, "--period", "2026-11", "--tenant", "nosuch", capsys=capsys)[2]
+    rc, out, _ = _run(host, "bill", "--prices", prices, "--period", "2026-11", "--tenant", "GAMMA", capsys=capsys)
+    assert rc == 0 and "gamma" in out
+    rc, _, err = _run(host, "bill", "--prices", _prices(tmp_path, PRICES.replace("acme:", "acmee:"), "typo.yaml"),
+                      "--period", "2026-11", capsys=capsys)
+    assert rc == 0 and "warning: the price sheet gives tenant 'acmee' a discount, but no tenant" in err
+    # acme removed and added again as Acme (its guarantee back since October): one tenant, billed as before
+    assert _run(host, "tenant", "remove", "acme", capsys=capsys)[0] == 0
+    assert _run(host, "tenant", "add", "Acme", "--vgpus", "1:3", capsys=capsys)[0] == 0
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO tenant_guarantees (tenant, since, vgpus) VALUES "
+                     "('Acme', '2026-10-01T00:00:00.000000+00:00', 1)")
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2026-11")
+    assert rc == 0, err
+    totals = {t["tenant"]: Decimal(t["amount"]) for t in doc["totals"]}
+    ref = reference(loads)
+    assert totals == {"Acme": ref["acme"], "beta": ref["beta"], "gamma": ref["gamma"]}
+    rc, doc, _ = _bill(host, capsys, "--prices", prices, "--period", "2026-09")
+    assert rc == 0 and doc["total"] == "0.00"

@@ -31,6 +31,16 @@ def _gap_line(g) -> str:
     return f"gap: {g['start'][:19]} .. {g['end'][:19]} {g['device']}: {g['seconds']:.0f} s, {g['reason']} ({who})"
 
 
+def _idle_line(i) -> str:
+    return (f"idle: {i['key']} ({i['kind']}) {i['quantity']} h on {len(i['source']['devices'])} device(s) no domain "
+            "held: not billed")
+
+
+def _unread_line(doc, u) -> str:
+    return (f"unread: GPU {u['gpu']} device {u['device']} last read at {u['read_until'][:19]}Z, before the end of "
+            f"{doc['period']}")
+
+
 def _print(doc, as_json: bool, as_csv: bool) -> None:
     if as_json:
         click.echo(dumps(doc))
@@ -43,8 +53,15 @@ def _print(doc, as_json: bool, as_csv: bool) -> None:
         sys.stdout.write(buf.getvalue())
         for g in doc["gaps"]:        # not billing rows: on stderr, so a billing job's log shows them
             click.echo("vgpuhost: " + _gap_line(g), err=True)
-        if not doc["complete"]:
+        for i in doc.get("idle") or ():
+            click.echo("vgpuhost: " + _idle_line(i), err=True)
+        for u in doc.get("unread") or ():
+            click.echo("vgpuhost: " + _unread_line(doc, u), err=True)
+        if not doc["complete"] and not doc.get("unread"):
             click.echo(f"vgpuhost: metering has not passed the end of {doc['period']}: this bill is provisional",
+                       err=True)
+        elif not doc["complete"]:
+            click.echo(f"vgpuhost: devices not read up to the end of {doc['period']}: this bill is provisional",
                        err=True)
         return
     state = doc["status"] + (f" {doc['issued']['time']} by {doc['issued']['actor']}" if doc["issued"] else "")
@@ -66,7 +83,13 @@ def _print(doc, as_json: bool, as_csv: bool) -> None:
     click.echo(f"total: {doc['total_after_adjustments']} {doc['currency']}")
     for g in doc["gaps"]:
         click.echo(_gap_line(g))
-    if not doc["complete"]:
+    for i in doc.get("idle") or ():
+        click.echo(_idle_line(i))
+    for u in doc.get("unread") or ():
+        click.echo(_unread_line(doc, u))
+    if doc.get("unread") and not doc["issued"]:
+        click.echo(f"provisional: {len(doc['unread'])} device(s) not read up to the end of {doc['period']}")
+    elif not doc["complete"]:
         click.echo(f"provisional: metering has not passed the end of {doc['period']} (last reading: "
                    f"{doc['metered_until'] or 'none'})")
 
@@ -114,6 +137,10 @@ def bill(cctx: click.Context, prices: Optional[str], period: Optional[str], tena
         doc = ops.issue(_store(ctx, write=True), period, sheet, prices=prices)
     else:
         doc = ops.bill(_store(ctx, write=False), period, sheet, tenant=tenant, prices=prices)
+    if sheet is not None and doc["status"] == "open":
+        for t in ops.unknown_discounts(_store(ctx, write=False), sheet, doc):
+            click.echo(f"vgpuhost: warning: the price sheet gives tenant {t!r} a discount, but no tenant of that "
+                       "name is known or billed: check its spelling", err=True)
     _print(doc, ctx.json or as_json, as_csv)
 
 

@@ -26,9 +26,10 @@ from ..io.virt import DEFAULT_URI, ENV_URI
 from ..model.errors import InputError
 from ..model.tenancy import NO_TENANT
 from ..ops import tenancy
+from ..ops.billing import csv_safe
 from ..ops.exporter import SnapshotCollector, serve
 from ..ops.metering import anomalies_of, host_sampler, hour_end, licence_states, live_view, sampler_lock
-from ..policy.usage import NONE_KEY, Offer, advise as plan_advice, aggregate
+from ..policy.usage import IDLE_KEY, NONE_KEY, Offer, advise as plan_advice, aggregate
 from ..policy.when import HINT as WHEN_HINT, parse_when
 from .common import Finite, current as _ctx, store as _store
 from .output import dumps, table
@@ -153,6 +154,10 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
               "decoder_busy_seconds", "framebuffer_peak_bytes", "devices", "hours"]
     recs = [[t.key, round(t.gpu_hours, 6), round(t.alloc_s, 3), round(t.sm_busy_s, 3), round(t.enc_busy_s, 3),
              round(t.dec_busy_s, 3), t.fb_peak_bytes, t.devices, t.hours] for t in totals]
+    if by == "domain":          # one row per domain UUID and tenant: the name alone may be two domains
+        fields += ["domain_uuid", "tenant"]
+        for r, t in zip(recs, totals):
+            r += [t.domain_uuid, t.tenant]
     if ctx.json or as_json:
         click.echo(dumps({"schema": "vgpuhost.usage/v1", "since": lo, "until": hi, "by": by,
                           "rows": [dict(zip(fields, r)) for r in recs],
@@ -163,7 +168,7 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(fields)
-        w.writerows(recs)
+        w.writerows([[csv_safe(c) for c in r] for r in recs])     # as bill --csv: no cell runs as a formula
         sys.stdout.write(buf.getvalue())
         for g in gaps:              # not billing rows: on stderr, so a billing job's log shows them
             click.echo(f"vgpuhost: gap: {g[0][:19]} .. {g[1][:19]} {g[2]}: {g[3]:.0f} s, {g[4]}", err=True)
@@ -171,10 +176,13 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
     if not recs:
         click.echo(f"no usage recorded from {lo}{' to ' + hi if hi else ''} (is 'vgpuhost exporter' running?)")
     else:
+        extra = ["DOMAIN-UUID", "TENANT"] if by == "domain" else []
         click.echo(table([by.upper(), "GPU-HOURS", "SM-BUSY-S", "ENC-BUSY-S", "DEC-BUSY-S", "FB-PEAK-MIB",
-                          "DEVICES"],
-                         [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.1f}",
-                           f"{r[6] / 1048576:.0f}", r[7]] for r in recs]))
+                          "DEVICES"] + extra,
+                         [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else
+                           "(idle: no domain)" if by == "tenant" and r[0] == IDLE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}",
+                           f"{r[4]:.1f}", f"{r[5]:.1f}", f"{r[6] / 1048576:.0f}", r[7]]
+                          + ([r[9] or "-", r[10] or NO_TENANT] if extra else []) for r in recs]))
     for g in gaps:
         click.echo(f"gap: {g[0][:19]} .. {g[1][:19]} {g[2]}: {g[3]:.0f} s, {g[4]}")
 

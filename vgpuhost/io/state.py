@@ -87,6 +87,16 @@ critical Xid, ``pci`` for a device gone from the tree, ``operator`` for a
 cordon by hand), the time, and whether it was cordoned by hand.  A GPU with
 no row is in service; uncordon deletes the row (each change audited).
 
+Version 16 (trial 9 of billing): ``bills`` and ``bill_adjustments`` also refuse an
+INSERT of a period or id they hold (SQLite's REPLACE deletes without firing DELETE
+triggers); ``usage_hourly``'s key adds kind, GPU and profile, so a device resized or
+moved within an hour keeps each part's seconds under what it was; ``tenant_guarantees``,
+the append-only history of each tenant's guaranteed vGPUs, MIG slices and passthrough
+GPUs (a row per ``tenants`` insert, update or delete, written by triggers; the upgrade
+seeds each tenant's guarantee as in force since its latest ``tenant add`` audit row, else
+its last change); ``meter_state`` ``first_tick_us``, the sampler's first reading (a trigger
+on the first ``last_tick_us``; the upgrade seeds it from the oldest rollup hour).
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -472,6 +482,77 @@ MIGRATIONS: Sequence[str] = (
     """
     ALTER TABLE reservations ADD COLUMN tenant TEXT;
     ALTER TABLE reservations ADD COLUMN qos TEXT;
+    """,
+    # 16: billing fixes of trial 9: issued bills and adjustments refuse REPLACE (F11); the rollups keep the
+    # parts of an hour a device spent at another profile, kind or GPU apart (F10); the history of each
+    # tenant's guarantee, written by triggers on ``tenants`` (F1); the time metering began (F1)
+    """
+    CREATE TRIGGER bills_no_replace BEFORE INSERT ON bills
+        WHEN EXISTS (SELECT 1 FROM bills WHERE period = NEW.period)
+        BEGIN SELECT RAISE(ABORT, 'an issued bill never changes: adjust it'); END;
+    CREATE TRIGGER bill_adjustments_no_replace BEFORE INSERT ON bill_adjustments
+        WHEN NEW.id IS NOT NULL AND EXISTS (SELECT 1 FROM bill_adjustments WHERE id = NEW.id)
+        BEGIN SELECT RAISE(ABORT, 'adjustments are append-only'); END;
+    CREATE TABLE usage_hourly_v16 (
+        hour           TEXT NOT NULL,
+        device         TEXT NOT NULL,
+        domain_uuid    TEXT NOT NULL,
+        kind           TEXT NOT NULL,
+        gpu            TEXT NOT NULL,
+        profile        TEXT NOT NULL,
+        domain         TEXT NOT NULL,
+        tenant         TEXT NOT NULL,
+        qos            TEXT NOT NULL,
+        alloc_s        REAL NOT NULL DEFAULT 0,
+        sm_busy_s      REAL NOT NULL DEFAULT 0,
+        enc_busy_s     REAL NOT NULL DEFAULT 0,
+        dec_busy_s     REAL NOT NULL DEFAULT 0,
+        fb_peak_bytes  INTEGER NOT NULL DEFAULT 0,
+        fb_total_bytes INTEGER NOT NULL DEFAULT 0,
+        samples        INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (hour, device, domain_uuid, tenant, kind, gpu, profile)
+    );
+    INSERT INTO usage_hourly_v16 SELECT hour, device, domain_uuid, kind, gpu, profile, domain, tenant, qos,
+        alloc_s, sm_busy_s, enc_busy_s, dec_busy_s, fb_peak_bytes, fb_total_bytes, samples FROM usage_hourly;
+    DROP TABLE usage_hourly;
+    ALTER TABLE usage_hourly_v16 RENAME TO usage_hourly;
+    CREATE INDEX usage_hourly_tenant ON usage_hourly(tenant, hour);
+    CREATE TABLE tenant_guarantees (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant           TEXT NOT NULL COLLATE NOCASE,
+        since            TEXT NOT NULL,
+        vgpus            INTEGER NOT NULL DEFAULT 0,
+        mig_slices       INTEGER NOT NULL DEFAULT 0,
+        passthrough_gpus INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX tenant_guarantees_tenant ON tenant_guarantees(tenant, since);
+    CREATE TRIGGER tenant_guarantees_no_update BEFORE UPDATE ON tenant_guarantees
+        BEGIN SELECT RAISE(ABORT, 'the guarantee history is append-only'); END;
+    CREATE TRIGGER tenant_guarantees_no_delete BEFORE DELETE ON tenant_guarantees
+        BEGIN SELECT RAISE(ABORT, 'the guarantee history is append-only'); END;
+    CREATE TRIGGER tenants_guarantee_insert AFTER INSERT ON tenants
+        BEGIN INSERT INTO tenant_guarantees (tenant, since, vgpus, mig_slices, passthrough_gpus)
+              VALUES (NEW.name, NEW.time, COALESCE(NEW.g_vgpus, 0), COALESCE(NEW.g_mig, 0), COALESCE(NEW.g_pt, 0));
+        END;
+    CREATE TRIGGER tenants_guarantee_update AFTER UPDATE ON tenants
+        BEGIN INSERT INTO tenant_guarantees (tenant, since, vgpus, mig_slices, passthrough_gpus)
+              VALUES (NEW.name, NEW.time, COALESCE(NEW.g_vgpus, 0), COALESCE(NEW.g_mig, 0), COALESCE(NEW.g_pt, 0));
+        END;
+    CREATE TRIGGER tenants_guarantee_delete AFTER DELETE ON tenants
+        BEGIN INSERT INTO tenant_guarantees (tenant, since, vgpus, mig_slices, passthrough_gpus)
+              VALUES (OLD.name, strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now'), 0, 0, 0);
+        END;
+    INSERT INTO tenant_guarantees (tenant, since, vgpus, mig_slices, passthrough_gpus)
+        SELECT t.name, COALESCE((SELECT MAX(a.time) FROM audit a WHERE a.operation = 'tenant add ' || t.name), t.time),
+               COALESCE(t.g_vgpus, 0), COALESCE(t.g_mig, 0), COALESCE(t.g_pt, 0) FROM tenants t;
+    CREATE TRIGGER meter_state_first_tick AFTER INSERT ON meter_state
+        WHEN NEW.key = 'last_tick_us' AND NOT EXISTS (SELECT 1 FROM meter_state WHERE key = 'first_tick_us')
+        BEGIN INSERT INTO meter_state (key, value) VALUES ('first_tick_us', NEW.value); END;
+    INSERT INTO meter_state (key, value)
+        SELECT 'first_tick_us', CAST(m AS TEXT) FROM (SELECT MIN(v) AS m FROM (
+            SELECT CAST(strftime('%s', substr(MIN(hour), 1, 19)) AS INTEGER) * 1000000 AS v FROM usage_hourly
+            UNION ALL SELECT CAST(value AS INTEGER) FROM meter_state WHERE key = 'last_tick_us') WHERE v IS NOT NULL)
+        WHERE m IS NOT NULL;
     """,
 )
 
@@ -1695,13 +1776,14 @@ def _reader(source) -> sqlite3.Connection:
 
 def add_usage(conn: sqlite3.Connection, rows: Sequence[UsageRow]) -> None:
     """Add ``rows`` (:class:`~vgpuhost.model.usage.UsageRow`, or tuples in its field order) to the
-    hourly rollups, one per (hour, device, domain, tenant): seconds and samples add up, the
-    framebuffer peak keeps the maximum, the other labels take the newest."""
+    hourly rollups, one per (hour, device, domain, tenant, kind, GPU, profile): seconds and samples
+    add up, the framebuffer peak keeps the maximum, the domain name and QoS class take the newest.
+    A device resized or moved within an hour keeps one row per profile, kind and GPU, each
+    priced as what it was (trial 9, F10)."""
     conn.executemany(
         "INSERT INTO usage_hourly VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (hour, device, domain_uuid, tenant) DO UPDATE SET "
-        "kind = excluded.kind, gpu = excluded.gpu, profile = excluded.profile, domain = excluded.domain, "
-        "qos = excluded.qos, "
+        "ON CONFLICT (hour, device, domain_uuid, tenant, kind, gpu, profile) DO UPDATE SET "
+        "domain = excluded.domain, qos = excluded.qos, "
         "alloc_s = alloc_s + excluded.alloc_s, sm_busy_s = sm_busy_s + excluded.sm_busy_s, "
         "enc_busy_s = enc_busy_s + excluded.enc_busy_s, dec_busy_s = dec_busy_s + excluded.dec_busy_s, "
         "fb_peak_bytes = MAX(fb_peak_bytes, excluded.fb_peak_bytes), "
@@ -1818,6 +1900,24 @@ def put_meter_state(conn: sqlite3.Connection, key: str, value: str) -> None:
 
 
 # --- billing (version 12) -----------------------------------------------------------
+
+def tenant_guarantees(conn: "StateStore | sqlite3.Connection") -> List[tuple]:
+    """The guarantee history (version 16): ``(tenant, since ISO, vgpus, mig_slices,
+    passthrough_gpus)`` rows, oldest first (a removed tenant's last row has zeros)."""
+    return list(_reader(conn).execute("SELECT tenant, since, vgpus, mig_slices, passthrough_gpus FROM "
+                                      "tenant_guarantees ORDER BY since, id"))
+
+
+def device_gpus(conn: "StateStore | sqlite3.Connection", devices: Sequence[str]) -> Dict[str, str]:
+    """``{device: GPU}`` of the newest rollup row of each of ``devices`` (those with none left out)."""
+    out: Dict[str, str] = {}
+    c = _reader(conn)
+    for d in devices:
+        row = c.execute("SELECT gpu FROM usage_hourly WHERE device = ? ORDER BY hour DESC LIMIT 1", (d,)).fetchone()
+        if row:
+            out[d] = row[0]
+    return out
+
 
 def issued_bill(conn: "StateStore | sqlite3.Connection", period: str) -> Optional[tuple]:
     """``(period, issued, actor, prices_sha256, document JSON)`` of an issued period, else None."""

@@ -23,6 +23,7 @@ from ..io.state import StateStore
 from ..model.errors import InputError
 from ..policy import forecast as fc
 from . import tenancy
+from .billing import known_tenant
 from .metering import gpu_pools
 
 SCHEMA = "vgpuhost.forecast/v1"
@@ -48,11 +49,15 @@ def forecast(store: StateStore, *, horizon_h: int, history_h: int = 28 * 24, ten
     peaks cannot be served.  InputError for a horizon or history out of range."""
     if not 1 <= horizon_h <= 366 * 24:
         raise InputError(f"horizon of {horizon_h} h is out of range", hint="give 1h to 366d, e.g. --horizon 30d")
+    if history_h < 1:
+        raise InputError(f"history of {history_h} h is out of range", hint="give at least 1h, e.g. --history 4w")
     end = _now(store)
     origin = end - timedelta(hours=history_h)
     rows = st.usage_rows(store, fc.hour_key(origin, 0), fc.hour_key(end, 0))
     data = fc.series(rows, origin, history_h, pools=gpu_pools(store))
     if tenant is not None:
+        tenant = known_tenant(store, tenant, {k[1] for k in data if k[0] == "tenant"},
+                              f"in the {history_h} hours of history")
         data = {k: v for k, v in data.items() if k[0] == "tenant" and k[1].lower() == tenant.lower()}
     out_series = []
     projected: Dict[tuple, List[float]] = {}

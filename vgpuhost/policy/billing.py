@@ -32,13 +32,14 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import date as _date
+from datetime import date as _date, datetime as _datetime, timedelta as _timedelta
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io.yamlutil import read_text_file
 from ..model.concepts import DeviceKind
 from ..model.errors import InputError
+from ..model.tenancy import NO_TENANT
 from ..model.usage import UsageRow
 from ..model.values import VgpuProfile
 from ..model.yamldoc import Located, checked_mapping, kind_of, load_located, require_versioned, shown
@@ -179,7 +180,7 @@ class _SheetParser:
                                hint=f"write at most {MAX_INT_DIGITS} digits before the point and "
                                     f"{MAX_FRACTION_DIGITS} after it")
         d = Decimal(text)
-        if d < 0:
+        if d < 0 or text.startswith("-"):        # -0 too: a sign is refused (billing.md)
             raise self.err(path, f"{what} is negative ({d})",
                            hint="rates, percentages and tier bounds are >= 0; a credit is a 'bill adjust'")
         if positive and d == 0:
@@ -222,6 +223,9 @@ class _SheetParser:
         data = require_versioned(self.loc, "price sheet")        # before any message may quote the file
         top = self.mapping(data, (), _TOP, "the price sheet")
         version = top["version"]
+        if isinstance(version, str) and version.strip() == str(VERSION):
+            raise self.err(("version",), f"version is the string {shown(version)}, not the number {VERSION}",
+                           hint=f"write version: {VERSION} without quotes")
         if isinstance(version, bool) or version != VERSION:
             raise self.err(("version",), f"unsupported price sheet version {shown(version)}",
                            hint=f"this vgpuhost reads version {VERSION}")
@@ -356,6 +360,8 @@ class Bill:
     lines: Tuple[Line, ...]
     totals: Mapping[str, Decimal]
     gaps: Tuple[tuple, ...] = ()
+    #: idle capacity, never priced: ``(key, kind, hours, Source)`` of the rows of devices no domain held
+    idle: Tuple[Tuple[str, str, Decimal, Source], ...] = ()
 
 
 _PERIOD_RE = re.compile(r"\A([0-9]{4})-([0-9]{2})\Z")
@@ -391,35 +397,59 @@ def family_of(profile: VgpuProfile) -> str:
     return f"{profile.board}-{profile.series}".upper()
 
 
+#: a tenant's guarantee history as :func:`price` takes it: ``[(from_hour, {dimension: units})]``, each
+#: step in force from its rollup hour (``2026-11-20T11:00:00Z``) until the next; or one ``{dimension:
+#: units}`` mapping, in force for the whole period
+Guarantees = Mapping[str, "Sequence[Tuple[str, Mapping[str, int]]] | Mapping[str, int]"]
+
+
+def period_hours(start: str, end: str) -> List[str]:
+    """The rollup hour keys ``start`` <= hour < ``end`` (both rollup hour keys), in order."""
+    a = _datetime.strptime(start, "%Y-%m-%dT%H:00:00Z")
+    b = _datetime.strptime(end, "%Y-%m-%dT%H:00:00Z")
+    out = []
+    while a < b:
+        out.append(a.strftime("%Y-%m-%dT%H:00:00Z"))
+        a += _timedelta(hours=1)
+    return out
+
+
 def price(rows: Iterable[UsageRow], sheet: PriceSheet, *, period: str, start: str, end: str, hours: int,
-          guarantees: Mapping[str, Mapping[str, int]], gaps: Sequence[tuple] = (),
-          tenant: Optional[str] = None) -> Bill:
+          guarantees: Guarantees, gaps: Sequence[tuple] = (), tenant: Optional[str] = None,
+          reserved_from: Optional[str] = None) -> Bill:
     """The bill of ``rows`` (the period's rollups, hours ``start`` <= hour < ``end``) under ``sheet``.
 
-    ``guarantees``: ``{tenant: {dimension: guaranteed units}}`` (:data:`RESERVED_DIMS`); a
-    tenant is charged ``reserved[dim]`` on its guarantee for all ``hours`` of the period,
-    used or not.  In each hour its use in that dimension up to the guarantee is covered
-    (a ``covered`` line, amount 0) and the rest, spread over its rows in proportion, is
-    billed at the on-demand rates as ``burst``, with ``burst_surcharge_percent`` on top;
-    a tenant with no guarantee (or no reserved rate for the dimension) pays on-demand.
+    ``guarantees``: ``{tenant: [(from_hour, {dimension: guaranteed units})]}`` (the history of
+    each tenant's guarantee, :data:`Guarantees`; dimensions of :data:`RESERVED_DIMS`).  An hour's
+    guarantee is the step in force at the hour's start; a tenant is charged ``reserved[dim]`` on
+    it for each hour of the period from ``reserved_from`` (a rollup hour: the hour metering began;
+    None: the period's start), used or not, and never for an hour before its guarantee existed.
+    In each hour its use in that dimension up to that hour's guarantee is covered (a ``covered``
+    line, amount 0) and the rest, spread over its rows in proportion, is billed at the on-demand
+    rates as ``burst``, with ``burst_surcharge_percent`` on top; use in an hour with no guarantee
+    (or no reserved rate for the dimension) is ``on-demand``.
     Per allocated hour a row is priced by its profile's rate, else its family's (per
     GB-hour), else (MIG-backed) ``mig_slice`` per slice-hour; passthrough GPUs by
     ``passthrough_gpu``; SM-busy hours by ``sm_busy`` when given.  Graduated tiers apply to
     the tenant's quantity of one line key in the period.  A tenant's discount is a last
-    negative line on its subtotal.  ``tenant``: bill only that tenant (``""``: the use of
-    domains naming no tenant).
+    negative line on its subtotal.  Tenant names compare without case (as the tenancy tables
+    do): rows and guarantees of ``acme`` and ``Acme`` are one tenant, named as ``guarantees``
+    spells it, else as its first row does.  Rows of a device no domain held (an empty
+    ``domain_uuid``: a layout's idle pool vGPU, a GPU prepared for passthrough) are never
+    priced: they are :attr:`Bill.idle`, the operator's idle capacity.  ``tenant``: bill only
+    that tenant (``""``: the use of domains naming no tenant).
 
     Raises InputError when a row's profile has no rate in the sheet.
     """
     with localcontext(_CTX):
-        return _price(list(rows), sheet, period, start, end, hours, guarantees, gaps, tenant)
+        return _price(list(rows), sheet, period, start, end, hours, guarantees, gaps, tenant, reserved_from)
 
 
 def _rate_for(row: UsageRow, sheet: PriceSheet) -> Tuple[str, str, Rate, Decimal]:
     """``(key, unit, rate, units per allocated hour)`` of a row's allocation."""
     if row.kind == DeviceKind.PASSTHROUGH:
         if sheet.passthrough_gpu is None:
-            raise InputError(f"usage of passed-through GPU {row.gpu} (tenant {row.tenant or '(none)'}) has no rate "
+            raise InputError(f"usage of passed-through GPU {row.gpu} (tenant {row.tenant or NO_TENANT}) has no rate "
                              "in the price sheet", hint="add passthrough_gpu: RATE (per GPU-hour)")
         return "passthrough_gpu", "GPU-hour", sheet.passthrough_gpu, Decimal(1)
     prof = VgpuProfile.try_parse(row.profile)
@@ -431,7 +461,7 @@ def _rate_for(row: UsageRow, sheet: PriceSheet) -> Tuple[str, str, Rate, Decimal
     if prof is not None and prof.mig_backed and sheet.mig_slice is not None:
         return "mig_slice", "slice-hour", sheet.mig_slice, Decimal(prof.gi_slices)
     fam = f", family {family_of(prof)}" if prof is not None else ""
-    raise InputError(f"usage of profile {row.profile!r} (tenant {row.tenant or '(none)'}) has no rate in the price "
+    raise InputError(f"usage of profile {row.profile!r} (tenant {row.tenant or NO_TENANT}) has no rate in the price "
                      "sheet", hint=f"add allocated.profiles.{row.profile}{fam and ' or allocated.families.' + family_of(prof)}"
                      + (" or allocated.mig_slice" if prof is not None and prof.mig_backed else ""))
 
@@ -486,18 +516,61 @@ def _tiered(sheet: PriceSheet, rate: Rate, qty: Decimal) -> List[Tuple[int, Deci
     return out or [(1, Decimal(0), rate[0].rate)]
 
 
+def _steps(value: "Sequence[Tuple[str, Mapping[str, int]]] | Mapping[str, int]", start: str
+           ) -> List[Tuple[str, Mapping[str, int]]]:
+    if isinstance(value, Mapping):
+        return [(start, value)]
+    return sorted(value, key=lambda s: s[0])
+
+
+def _reserved_note(per_hour: List[int], dim: str) -> str:
+    """``guarantee 1 vgpus x 100 hours + 2 vgpus x 620 hours`` (stretches of one level, in order)."""
+    parts: List[List[int]] = []
+    for g in per_hour:
+        if g and parts and parts[-1][0] == g:
+            parts[-1][1] += 1
+        elif g:
+            parts.append([g, 1])
+    return "guarantee " + " + ".join(f"{g} {dim} x {n} hours" for g, n in parts)
+
+
 def _price(rows: List[UsageRow], sheet: PriceSheet, period: str, start: str, end: str, hours: int,
-           guarantees: Mapping[str, Mapping[str, int]], gaps: Sequence[tuple], only: Optional[str]) -> Bill:
+           guarantees: Guarantees, gaps: Sequence[tuple], only: Optional[str],
+           reserved_from: Optional[str]) -> Bill:
+    # tenant names compare without case: one spelling per tenant (the tenancy tables', else the first row's)
+    canon: Dict[str, str] = {t.lower(): t for t in guarantees}
+    for r in rows:
+        canon.setdefault(r.tenant.lower(), r.tenant)
+    rows = [r if canon[r.tenant.lower()] == r.tenant else r._replace(tenant=canon[r.tenant.lower()]) for r in rows]
     if only is not None:
         rows = [r for r in rows if r.tenant.lower() == only.lower()]
     rows = [r for r in rows if start <= r.hour < end]
-    tenants = sorted({r.tenant for r in rows} | ({t for t, g in guarantees.items()
-                                                  if any(g.get(d) and d in sheet.reserved for d in RESERVED_DIMS)}
-                                                 if only is None else
-                                                 {t for t in guarantees if t.lower() == only.lower()}))
+    idle_rows = [r for r in rows if not r.domain_uuid]
+    rows = [r for r in rows if r.domain_uuid]
+    all_hours = period_hours(start, end)
+    first = max(start, reserved_from) if reserved_from else start
+    # each tenant's guarantee per hour of the period: the step in force at the hour's start
+    g_hour: Dict[str, Dict[str, List[int]]] = {}
+    for t, value in guarantees.items():
+        if only is not None and t.lower() != only.lower():
+            continue
+        steps = _steps(value, start)
+        per: Dict[str, List[int]] = {d: [] for d in RESERVED_DIMS}
+        i, cur = 0, {}
+        for h in all_hours:
+            while i < len(steps) and steps[i][0] <= h:
+                cur = steps[i][1]
+                i += 1
+            for d in RESERVED_DIMS:
+                per[d].append(int(cur.get(d) or 0) if h >= first and d in sheet.reserved else 0)
+        if any(any(v) for v in per.values()):
+            g_hour[t] = per
+    index = {h: i for i, h in enumerate(all_hours)}
+    tenants = sorted({r.tenant for r in rows} | set(g_hour))
 
-    def guaranteed(t: str, dim: str) -> int:
-        return int((guarantees.get(t) or {}).get(dim) or 0) if dim in sheet.reserved else 0
+    def guaranteed(t: str, dim: str, hour: str) -> int:
+        per = g_hour.get(t)
+        return per[dim][index[hour]] if per is not None and hour in index else 0
 
     # each hour's use per (tenant, dimension): what the guarantee covers of it
     used: Dict[tuple, Decimal] = defaultdict(Decimal)
@@ -511,30 +584,29 @@ def _price(rows: List[UsageRow], sheet: PriceSheet, period: str, start: str, end
         by_tenant[r.tenant].append(r)
     for t in tenants:
         t_lines: List[Line] = []
-        # reserved: the guarantee, for every hour of the period, used or not
+        # reserved: the guarantee, for every hour of the period it was in force (from metering's start), used or not
         for dim, (kind, unit) in RESERVED_DIMS.items():
-            g = guaranteed(t, dim)
-            if g:
-                q = quantity(Decimal(g) * hours)
+            per_hour = (g_hour.get(t) or {}).get(dim) or []
+            if any(per_hour):
+                q = quantity(Decimal(sum(per_hour)))
                 t_lines.append(Line(t, "reserved", dim, kind, 0, q, "guaranteed " + unit, sheet.reserved[dim],
-                                    sheet.money(q * sheet.reserved[dim]),
-                                    note=f"guarantee {g} {dim} x {hours} hours"))
+                                    sheet.money(q * sheet.reserved[dim]), note=_reserved_note(per_hour, dim)))
         usage: Dict[tuple, _Acc] = defaultdict(_Acc)
         covered: Dict[str, _Acc] = defaultdict(_Acc)
         rate_of: Dict[tuple, Tuple[Rate, str]] = {}
         sm = _Acc()
         for r in by_tenant.get(t, []):
-            key, unit, rate, per_hour = _rate_for(r, sheet)
+            key, unit, rate, per_hour_units = _rate_for(r, sheet)
             h = hours_of(r.alloc_s)
             dim = DIM_OF_KIND.get(r.kind, "")
-            g = guaranteed(t, dim) if dim else 0
+            g = guaranteed(t, dim, r.hour) if dim else 0
             share = Decimal(0)
             if g:
                 u = used[(t, r.hour, dim)]
                 share = min(Decimal(1), Decimal(g) / u) if u > 0 else Decimal(1)
                 covered[dim].add(r, _units(r) * share, r.alloc_s * 1.0)
             item = "burst" if g else "on-demand"
-            usage[(item, key, r.kind)].add(r, h * per_hour * (1 - share), r.alloc_s)
+            usage[(item, key, r.kind)].add(r, h * per_hour_units * (1 - share), r.alloc_s)
             rate_of[(item, key, r.kind)] = (rate, unit)
             if sheet.sm_busy is not None and r.kind != DeviceKind.PASSTHROUGH:
                 sm.add(r, hours_of(r.sm_busy_s), r.sm_busy_s)
@@ -576,9 +648,14 @@ def _price(rows: List[UsageRow], sheet: PriceSheet, period: str, start: str, end
         if only is not None and g[2] != "*" and not who:
             continue
         shown_gaps.append((g[0], g[1], g[2], g[3], g[4], who))
+    idle: Dict[Tuple[str, str], _Acc] = defaultdict(_Acc)
+    for r in idle_rows:
+        idle[(r.profile if r.kind != DeviceKind.PASSTHROUGH else "passthrough_gpu", r.kind)].add(
+            r, hours_of(r.alloc_s), r.alloc_s)
     return Bill(period, start, end, hours, sheet.currency, sheet.rounding, sheet.sha256, tuple(lines), totals,
-                tuple(shown_gaps))
+                tuple(shown_gaps), tuple((k, kind, quantity(acc.qty), acc.source())
+                                         for (k, kind), acc in sorted(idle.items())))
 
 
 __all__ = ["PriceSheet", "Tier", "Line", "Bill", "Source", "load_prices", "parse_prices", "price", "hours_of",
-           "quantity", "family_of", "period_bounds", "CURRENCIES", "ROUNDINGS", "RESERVED_DIMS", "QUANTITY_PLACES", "VERSION"]
+           "quantity", "family_of", "period_bounds", "period_hours", "Guarantees", "CURRENCIES", "ROUNDINGS", "RESERVED_DIMS", "QUANTITY_PLACES", "VERSION"]

@@ -32,6 +32,9 @@ MIB = 1024 * 1024
 #: the key of rows with no tenant in ``--by tenant`` totals (``vgpuhost.usage/v1`` JSON and CSV carry it;
 #: tables print :data:`vgpuhost.model.tenancy.NO_TENANT`); it cannot be a tenant name
 NONE_KEY = "(none)"
+#: the key of ``--by tenant`` totals of devices no domain held (a layout's idle pool vGPUs, a GPU only prepared
+#: for passthrough): the operator's idle capacity, apart from the use of domains naming no tenant
+IDLE_KEY = "(idle)"
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class UsageTotal:
     fb_peak_bytes: int
     devices: int
     hours: int
+    #: ``by="domain"``: the domain's UUID ("": a device no domain held) and the tenant its rows were billed to
+    domain_uuid: str = ""
+    tenant: str = ""
 
     @property
     def gpu_hours(self) -> float:
@@ -61,16 +67,28 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     """Totals per ``by`` (``tenant``, ``domain`` or ``profile``: largest allocation first; ``hour``: the
     UTC hour, ``2026-11-29T10:00:00Z``, in time order).
 
-    An empty tenant is reported as :data:`NONE_KEY`.  Raises ValueError for another ``by``.
+    An empty tenant is reported as :data:`NONE_KEY`; ``by="tenant"`` reports the rows of devices no
+    domain held (an empty ``domain_uuid``) as :data:`IDLE_KEY`.  ``by="domain"`` keeps one total per domain
+    UUID and tenant (two domains of one name, or a domain that passed to another tenant, are
+    separate totals), ``key`` the domain's newest name (its UUID where it has none; :data:`NONE_KEY`
+    for devices no domain held), with ``domain_uuid`` and ``tenant``.  Raises ValueError for
+    another ``by``.
     """
     if by not in BY:
         raise ValueError(f"by must be one of {BY}")
-    acc: Dict[str, list] = {}
-    devs: Dict[str, set] = {}
-    hours: Dict[str, set] = {}
+    acc: Dict[object, list] = {}
+    devs: Dict[object, set] = {}
+    hours: Dict[object, set] = {}
+    names: Dict[object, Tuple[str, str]] = {}
     for raw in rows:
         r = UsageRow._make(raw)
-        key = {"tenant": r.tenant, "domain": _domain(r), "profile": r.profile, "hour": r.hour}[by] or NONE_KEY
+        if by == "domain":
+            key: object = (r.domain_uuid, r.tenant)
+            if key not in names or r.hour >= names[key][0]:
+                names[key] = (r.hour, _domain(r) or NONE_KEY)
+        else:
+            key = {"tenant": r.tenant if r.domain_uuid else IDLE_KEY, "profile": r.profile,
+                   "hour": r.hour}[by] or NONE_KEY
         a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
         a[0] += r.alloc_s
         a[1] += r.sm_busy_s
@@ -79,10 +97,11 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
         a[4] = max(a[4], int(r.fb_peak_bytes))
         devs.setdefault(key, set()).add((r.device, r.domain_uuid))
         hours.setdefault(key, set()).add(r.hour)
-    out = [UsageTotal(k, a[0], a[1], a[2], a[3], a[4], len(devs[k]), len(hours[k])) for k, a in acc.items()]
+    out = [UsageTotal(names[k][1] if by == "domain" else k, a[0], a[1], a[2], a[3], a[4], len(devs[k]),
+                      len(hours[k]), *(k if by == "domain" else ("", ""))) for k, a in acc.items()]
     if by == "hour":
         return sorted(out, key=lambda t: t.key)
-    return sorted(out, key=lambda t: (-t.alloc_s, t.key))
+    return sorted(out, key=lambda t: (-t.alloc_s, t.key, t.domain_uuid, t.tenant))
 
 
 @dataclass(frozen=True)
