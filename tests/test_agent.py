@@ -242,7 +242,8 @@ def test_responses_validate_against_the_documented_schemas(a40, tmp_path, make_h
     from vgpuhost.policy.billing import parse_prices
     store = StateStore(a40.state_dir)
     with store.transaction() as conn:
-        st.put_meter_state(conn, "last_tick_us", str(1_793_577_600_000_000))        # 2026-11-02
+        st.put_meter_state(conn, "last_tick_us", str(1_790_812_800_000_000))        # metering began 2026-10-01
+        st.put_meter_state(conn, "last_tick_us", str(1_793_577_600_000_000))        # and read past it: 2026-11-02
     billing.issue(store, "2026-10", parse_prices("version: 1\ncurrency: EUR\nallocated: {profiles: {A40-8Q: 1}}\n"),
                   actor="test")
     statuses = {}

@@ -563,6 +563,7 @@ def test_a_tenant_member_reads_its_issued_bill_and_the_hourly_rows_behind_it_and
                      3600.0, 0, 0, 0, 0, 60)]
     with store.transaction() as conn:
         st.add_usage(conn, rows)
+        st.put_meter_state(conn, "last_tick_us", str(1_790_812_800_000_000))      # metering began 2026-10-01
         st.put_meter_state(conn, "last_tick_us", str(1_793_577_600_000_000))      # 2026-11-02: October metered
     sheet = parse_prices("version: 1\ncurrency: EUR\nallocated: {profiles: {A40-8Q: 1.00}}\n")
     issued = billing.issue(store, "2026-10", sheet, actor="test")

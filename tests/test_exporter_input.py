@@ -60,7 +60,7 @@ def test_the_last_period_and_time_within_range_still_work(make_host, tmp_path):
     prices = tmp_path / "prices.yaml"
     prices.write_text(PRICES)
     code, out, err = _cli(host, "bill", "--prices", str(prices), "--period", "9999-11")
-    assert code == 0 and "total: 0 EUR" in out, err
+    assert code == 0 and "total: 0.00 EUR" in out, err
     code, out, err = _cli(host, "usage", "--since", "1960-01-01", "--until", "9999-11-30T23:30")
     assert code == 0, err
     now = datetime(2026, 12, 7, tzinfo=timezone.utc)
