@@ -589,3 +589,72 @@ def test_a_tenant_member_reads_its_issued_bill_and_the_hourly_rows_behind_it_and
     assert status == 200 and whole["total"] == "2.50"
     status, all_rows = world.run.call("GET", "/v1/usage/hourly?period=2026-10")
     assert status == 200 and len(all_rows["rows"]) == 3 and all_rows["tenant"] is None
+
+
+def test_a_members_bill_names_no_other_tenant_nor_its_gaps_nor_the_operators_file(world, tmp_path):
+    """Final 9 N2: a device that served t2's domain, then t1's, with a metering gap while t2 held it: t1 reads
+    neither that gap nor t2's name in any gap, and not the path of the operator's price sheet."""
+    from vgpuhost.io import state as st
+    from vgpuhost.model.usage import UsageRow
+    from vgpuhost.ops import billing
+    from vgpuhost.policy.billing import parse_prices
+    store = world.store()
+    dev = "cccccccc-2222-4333-8444-0000000000c9"
+    rows = [UsageRow("2026-11-10T08:00:00Z", dev, D2, "vgpu", "0000:81:00.0", "A40-8Q", "vm-b", "t2", "", 3600.0,
+                     0, 0, 0, 0, 0, 60),
+            UsageRow("2026-11-10T20:00:00Z", dev, D1, "vgpu", "0000:81:00.0", "A40-8Q", "vm-a", "t1", "", 3600.0,
+                     0, 0, 0, 0, 0, 60)]
+    with store.transaction() as conn:
+        st.add_usage(conn, rows)
+        conn.execute("INSERT INTO meter_gaps (start, end, device, seconds, reason) VALUES (?, ?, ?, ?, ?)",
+                     ("2026-11-10T08:10:00.000000+00:00", "2026-11-10T08:20:00.000000+00:00", dev, 600.0,
+                      "no utilisation samples"))
+        conn.execute("INSERT INTO meter_gaps (start, end, device, seconds, reason) VALUES (?, ?, ?, ?, ?)",
+                     ("2026-11-10T20:30:00.000000+00:00", "2026-11-10T20:40:00.000000+00:00", dev, 600.0,
+                      "no utilisation samples"))
+        st.put_meter_state(conn, "last_tick_us", str(1_793_491_200_000_000))      # metering began by 2026-11-01
+        st.put_meter_state(conn, "last_tick_us", str(1_796_169_600_000_000))      # 2026-12-02: November read
+    sheet_path = tmp_path / "acme-secret-discount.yaml"
+    sheet_path.write_text("version: 1\ncurrency: EUR\nallocated: {profiles: {A40-8Q: 1.00}}\n")
+    issued = billing.issue(store, "2026-11", parse_prices(sheet_path.read_text()), prices=str(sheet_path),
+                           actor="test")
+    assert [g["tenants"] for g in issued["gaps"]] == [["t1", "t2"], ["t1", "t2"]]    # the operator's view
+    t = world.run.tenant
+    (s1, bill), (s2, hourly) = world.as_user(
+        "alice", [_get(t, "/v1/bill?period=2026-11"), _get(t, "/v1/usage/hourly?period=2026-11")], docs=True)
+    assert (s1, s2) == (200, 200)
+    assert [(g["start"][:16], g["tenants"]) for g in bill["gaps"]] == [("2026-11-10T20:30", ["t1"])]
+    assert [g["start"][:16] for g in hourly["gaps"]] == ["2026-11-10T20:30"]
+    assert bill["prices"] is None and bill["prices_sha256"] == issued["prices_sha256"]
+    assert "secret" not in json.dumps(bill) and "t2" not in json.dumps(bill) + json.dumps(hourly)
+    # one device at a time, and a device name that is no device's: no rows, nothing else told
+    (s3, one), (s4, bad) = world.as_user(
+        "alice", [_get(t, f"/v1/usage/hourly?period=2026-11&device={dev}"),
+                  _get(t, "/v1/usage/hourly?period=2026-11&device=" + "x" * 65)], docs=True)
+    assert s3 == 200 and [r["hour"] for r in one["rows"]] == ["2026-11-10T20:00:00Z"]
+    assert s4 == 400 and "device" in bad["error"]["message"]
+
+
+def test_a_month_with_more_rows_than_one_answer_carries_is_asked_per_device(world, monkeypatch):
+    """Final 9 N4: the answer is bounded; the caller's rows alone are read (by the store's index), and a
+    month with more than MAX_HOURLY_ROWS of them is refused with how to ask per device."""
+    from vgpuhost.agent import api
+    from vgpuhost.io import state as st
+    from vgpuhost.model.errors import InputError
+    from vgpuhost.model.usage import UsageRow
+    store = world.store()
+    with store.transaction() as conn:               # two August rows of t1's, one of t2's
+        st.add_usage(conn, [UsageRow(f"2026-08-03T0{h}:00:00Z", dev, dom, "vgpu", "0000:41:00.0", "A40-8Q", name,
+                                     tenant, "", 3600.0, 0, 0, 0, 0, 0, 60)
+                            for h, dev, dom, name, tenant in ((1, M1, D1, "vm-a", "t1"), (2, M1, D1, "vm-a", "t1"),
+                                                              (3, M2, D2, "vm-b", "t2"))])
+    monkeypatch.setattr(api, "MAX_HOURLY_ROWS", 1)
+    agent = api.Agent(world.host)
+    req = api.Request({}, {"period": "2026-08"}, None, "test-member", 1, role=api.TENANT, tenant="t1")
+    with pytest.raises(InputError) as e:
+        api.tenant_usage_hourly(agent, req)
+    assert "more than 1 hourly rows of your tenant" in e.value.message and "&device=" in e.value.hint
+    one = api.tenant_usage_hourly(agent, req._replace(query={"period": "2026-08", "device": M2}))
+    assert one["rows"] == []                        # another tenant's device: none of its rows
+    monkeypatch.setattr(api, "MAX_HOURLY_ROWS", 2)
+    assert [r["hour"][11:13] for r in api.tenant_usage_hourly(agent, req)["rows"]] == ["01", "02"]

@@ -24,6 +24,7 @@ import json
 import re
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import __version__
@@ -33,6 +34,7 @@ from ..io.changes import fingerprint, own_changes
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore, StoreWatch
 from ..io.state import issued_bill as st_issued_bill, meter_gaps as st_meter_gaps, usage_rows as st_usage_rows
+from ..io.state import tenant_device_hours as st_tenant_device_hours
 from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import PlacementStrategy
@@ -840,14 +842,48 @@ def _period(req: Request) -> str:
 
 def _issued_bill(agent: Agent, req: Request, tenant: Optional[str]) -> Dict[str, Any]:
     """The issued bill of the request's period (``vgpuhost.bill/v1`` with its adjustments), cut to
-    ``tenant`` (None: whole); NotFound while the period is not issued (an open month is priced only with
-    the operator's price sheet, which the agent does not hold)."""
+    ``tenant`` (None: whole: :func:`_for_member`); NotFound while the period is not issued (an open month
+    is priced only with the operator's price sheet, which the agent does not hold)."""
     period = _period(req)
     if st_issued_bill(agent.store, period) is None:
         raise NotFound(f"the bill of {period} is not issued", hint="the operator issues a month once metering "
                        f"has passed its end ('vgpuhost bill --prices FILE --period {period} --issue'); usage "
                        f"so far: GET /v1/usage/hourly?period={period}")
-    return billing.bill(agent.store, period, None, tenant=tenant)
+    doc = billing.bill(agent.store, period, None, tenant=tenant)
+    if tenant is not None:
+        start, end, _hours = billing.period_bounds(period)
+        doc["gaps"] = _member_gaps(doc["gaps"], st_tenant_device_hours(agent.store, tenant, start, end), tenant)
+        doc["prices"] = None        # the operator's file path; ``prices_sha256`` names the sheet it was priced with
+    return doc
+
+
+def _gap_hours(start: str, end: str):
+    """The rollup hour keys (``2026-11-30T10:00:00Z``) a metering gap from ``start`` to ``end`` (ISO times)
+    overlaps."""
+    t0 = datetime.fromisoformat(start.replace("Z", "+00:00")).astimezone(timezone.utc)
+    t1 = datetime.fromisoformat(end.replace("Z", "+00:00")).astimezone(timezone.utc)
+    hour = t0.replace(minute=0, second=0, microsecond=0)
+    yield hour.strftime("%Y-%m-%dT%H:00:00Z")          # the gap's own hour, however short the gap
+    hour += timedelta(hours=1)
+    while hour < t1:
+        yield hour.strftime("%Y-%m-%dT%H:00:00Z")
+        hour += timedelta(hours=1)
+
+
+def _member_gaps(gaps: List[Dict[str, Any]], held: Dict[str, set], tenant: str) -> List[Dict[str, Any]]:
+    """The gaps a tenant member reads (final 9 N2): the whole host's (device ``*``), and a device's only
+    where the gap overlaps an hour metering attributed that device to ``tenant`` (``held``: device -> hour
+    keys); a gap's ``tenants`` list cut to ``tenant`` (another tenant's name is not the member's to read)."""
+    shown = []
+    for g in gaps:
+        if g["device"] != "*":
+            hours = held.get(g["device"])
+            if not hours or not any(h in hours for h in _gap_hours(g["start"], g["end"])):
+                continue
+        if "tenants" in g:
+            g = dict(g, tenants=[t for t in g["tenants"] if t.lower() == tenant.lower()])
+        shown.append(g)
+    return shown
 
 
 def get_bill(agent: Agent, req: Request) -> Dict[str, Any]:
@@ -857,38 +893,50 @@ def get_bill(agent: Agent, req: Request) -> Dict[str, Any]:
 
 
 def tenant_bill(agent: Agent, req: Request) -> Dict[str, Any]:
-    """``GET /v1/bill``: the issued bill cut to the caller's tenant (its lines, totals, adjustments and the
-    gaps that concern it), so a tenant can check what it is charged against its hourly usage."""
+    """``GET /v1/bill``: the issued bill cut to the caller's tenant (its lines, totals, adjustments, the
+    gaps of its device-hours and the host's, no other tenant's name, no operator file path), so a tenant
+    can check what it is charged against its hourly usage."""
     return _issued_bill(agent, req, req.tenant)
 
 
 SCHEMA_USAGE_HOURLY = "vgpuhost.usage-hourly/v1"
+#: the most hourly rows one ``GET /v1/usage/hourly`` answers (about 400 bytes each in JSON): a caller with
+#: more in the month asks for one device at a time (``&device=``), so no answer holds the agent's memory
+MAX_HOURLY_ROWS = 20_000
 
 
 def _usage_hourly(agent: Agent, req: Request, tenant: Optional[str]) -> Dict[str, Any]:
     period = _period(req)
+    device = req.query.get("device")
+    if device is not None and not (0 < len(device) <= 64 and device.isprintable()):
+        raise InputError("device must be a vGPU's id or a GPU's address (at most 64 printable characters)",
+                         hint="as the rows' 'device' field names it")
     start, end, _hours = billing.period_bounds(period)
-    rows = st_usage_rows(agent.store, start, end)
-    gaps = st_meter_gaps(agent.store, start, end)
+    # the caller's rows alone are read (the store's index on tenant and hour), never the whole month's
+    rows = st_usage_rows(agent.store, start, end, tenant=tenant, device=device, limit=MAX_HOURLY_ROWS + 1)
+    if len(rows) > MAX_HOURLY_ROWS:
+        raise InputError(f"{period} has more than {MAX_HOURLY_ROWS} hourly rows "
+                         f"{'of your tenant' if tenant is not None else 'on this host'}"
+                         f"{' for that device' if device else ''}: more than one answer carries",
+                         hint=f"ask for one device at a time: ?period={period}&device=ID")
+    gaps = [{"start": g[0], "end": g[1], "device": g[2], "seconds": g[3], "reason": g[4]}
+            for g in st_meter_gaps(agent.store, start, end) if device is None or g[2] in ("*", device)]
     if tenant is not None:
-        me = tenant.lower()
-        rows = [r for r in rows if r.tenant.lower() == me]
-        mine = {r.device for r in rows}
-        gaps = [g for g in gaps if g[2] == "*" or g[2] in mine]
+        gaps = _member_gaps(gaps, st_tenant_device_hours(agent.store, tenant, start, end), tenant)
     return {"schema": SCHEMA_USAGE_HOURLY, "period": period, "since": start, "until": end,
-            "tenant": tenant, "rows": [r._asdict() for r in rows],
-            "gaps": [{"start": g[0], "end": g[1], "device": g[2], "seconds": g[3], "reason": g[4]} for g in gaps]}
+            "tenant": tenant, "rows": [r._asdict() for r in rows], "gaps": gaps}
 
 
 def get_usage_hourly(agent: Agent, req: Request) -> Dict[str, Any]:
-    """``GET /v1/usage/hourly?period=YYYY-MM``: the period's hourly rollup rows (what bills are priced from:
-    docs/guide/billing.md), every device's, and the metering gaps."""
+    """``GET /v1/usage/hourly?period=YYYY-MM[&device=ID]``: the period's hourly rollup rows (what bills are
+    priced from: docs/guide/billing.md), every device's, and the metering gaps; InputError (400) beyond
+    :data:`MAX_HOURLY_ROWS` rows (ask per device)."""
     return _usage_hourly(agent, req, None)
 
 
 def tenant_usage_hourly(agent: Agent, req: Request) -> Dict[str, Any]:
     """``GET /v1/usage/hourly``: the rows metering attributed to the caller's tenant, and the gaps of its
-    devices and of the whole host: the rows its bill's lines name."""
+    device-hours and of the whole host: the rows its bill's lines name."""
     return _usage_hourly(agent, req, req.tenant)
 
 
@@ -1726,7 +1774,7 @@ ROUTES: Tuple[Route, ...] = (
     Route("GET", "/v1/domains", get_domains, READ, tenant=tenant_domains),
     Route("GET", "/v1/tenants", get_tenants, READ, tenant=tenant_tenants),
     Route("GET", "/v1/usage", get_usage, READ, tenant=tenant_usage),
-    Route("GET", "/v1/usage/hourly", get_usage_hourly, READ, query=("period",), tenant=tenant_usage_hourly),
+    Route("GET", "/v1/usage/hourly", get_usage_hourly, READ, query=("period", "device"), tenant=tenant_usage_hourly),
     Route("GET", "/v1/bill", get_bill, READ, query=("period",), tenant=tenant_bill),
     Route("GET", "/v1/audit", get_audit, READ, query=("since",), tenant=tenant_audit),
     Route("GET", "/v1/metrics", get_metrics, READ),

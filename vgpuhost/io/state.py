@@ -1791,21 +1791,38 @@ def add_usage(conn: sqlite3.Connection, rows: Sequence[UsageRow]) -> None:
 
 
 def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = None,
-               until: Optional[str] = None) -> List[UsageRow]:
-    """Hourly rollup rows with ``since <= hour < until`` (ISO hours), by hour."""
+               until: Optional[str] = None, *, tenant: Optional[str] = None, device: Optional[str] = None,
+               limit: Optional[int] = None) -> List[UsageRow]:
+    """Hourly rollup rows with ``since <= hour < until`` (ISO hours), by hour; only ``tenant``'s (its
+    name without case) and only ``device``'s where given, and at most ``limit`` rows."""
     from ..model.usage import USAGE_COLUMNS, UsageRow  # typing: not at module level (the qemu hook imports this)
     conn = _reader(conn)
     sql = "SELECT " + ", ".join(USAGE_COLUMNS) + " FROM usage_hourly"
     where, args = [], []
-    if since:
-        where.append("hour >= ?")
-        args.append(since)
-    if until:
-        where.append("hour < ?")
-        args.append(until)
+    for clause, value in (("hour >= ?", since), ("hour < ?", until), ("tenant = ? COLLATE NOCASE", tenant),
+                          ("device = ?", device)):
+        if value is not None and (value or clause.startswith(("tenant", "device"))):
+            where.append(clause)
+            args.append(value)
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return [UsageRow._make(r) for r in conn.execute(sql + " ORDER BY hour, device, domain_uuid, tenant", args)]
+    sql += " ORDER BY hour, device, domain_uuid, tenant"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return [UsageRow._make(r) for r in conn.execute(sql, args)]
+
+
+def tenant_device_hours(conn: "StateStore | sqlite3.Connection", tenant: str, since: str,
+                        until: str) -> "Dict[str, set]":
+    """``{device: {hour, ...}}``: the hours (ISO hour keys) with ``since <= hour < until`` in which metering
+    attributed each device's use to ``tenant`` (its name without case)."""
+    held: Dict[str, set] = {}
+    for device, hour in _reader(conn).execute(
+            "SELECT DISTINCT device, hour FROM usage_hourly WHERE tenant = ? COLLATE NOCASE AND hour >= ? "
+            "AND hour < ?", (tenant, since, until)):
+        held.setdefault(device, set()).add(hour)
+    return held
 
 
 def usage_by_tenant(conn: "StateStore | sqlite3.Connection", since: str, until: str) -> List[UsageRow]:
