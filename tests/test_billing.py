@@ -962,6 +962,14 @@ def test_devices_no_domain_holds_are_idle_capacity_never_priced(make_host, tmp_p
     rc, out, _ = _run(host, "--json", "usage", "--by", "tenant", capsys=capsys)
     assert {r["tenant"]: (r["gpu_hours"], r["devices"]) for r in json.loads(out)["rows"]} == {
         "acme": (1.0, 1), "(idle)": (2.0, 2)}
+    # final 9 N5: --by domain names them as --by tenant does, not as a domain '(none)' of '(no tenant)'
+    rc, out, _ = _run(host, "--json", "usage", "--by", "domain", capsys=capsys)
+    assert {(r["domain"], r["domain_uuid"], r["tenant"]): r["devices"] for r in json.loads(out)["rows"]} == {
+        ("vm", DOM_A1, "acme"): 1, ("(idle)", "", ""): 2}
+    rc, out, _ = _run(host, "usage", "--by", "domain", capsys=capsys)
+    idle = [ln for ln in out.splitlines() if "idle" in ln]
+    assert rc == 0 and len(idle) == 1 and idle[0].startswith("(idle: no domain)") \
+        and idle[0].split()[-3:] == ["2", "-", "-"] and "(none)" not in out and "(no tenant)" not in out
 
 
 def test_usage_by_domain_keeps_domains_of_one_name_apart_and_its_csv_runs_no_formula(make_host, capsys):
