@@ -844,6 +844,19 @@ def test_a_restarted_sampler_keeps_an_unread_gpus_cursors(make_host, tmp_path, c
     assert jan == 7200.0
 
 
+def test_an_unread_device_read_again_under_another_domain_leaves_a_gap_for_its_unread_span(make_host, capsys):
+    """The GPU answers again, but its vGPU now runs another domain: the first domain's span since its last
+    good reading is not credited to anyone, and is a gap."""
+    host, store, sampler, nv, dev, fail = _lost_gpu_host(make_host, capsys)
+    nv.set_trace(dev, {"sm": 50, "start": 0, "vm": DOM_B1, "fb_mib": 1000})
+    fail["on"] = False
+    sampler.tick()                                                       # 02:10
+    assert st.meter_cursors(store)[dev][0] == DOM_B1
+    assert [g for g in st.meter_gaps(store) if g[4] == "device gone while unread"] == [
+        ("2027-01-31T23:00:00.000000+00:00", "2027-02-01T02:10:00.000000+00:00", dev, 11400.0,
+         "device gone while unread")]
+
+
 def test_an_issued_bill_and_its_adjustments_refuse_replace(farm, tmp_path, capsys):
     """F11: INSERT OR REPLACE (and an upsert) of an issued period or an adjustment's id is refused."""
     host, loads = farm

@@ -420,7 +420,7 @@ class Sampler:
             # the host rebooted since the last reading: no device existed, nor VM ran, while it was down,
             # so nothing continues from its cursor; each device counts from its first reading in this boot
             log.warning("the host rebooted since the last metering reading: metering starts again from now")
-            unread_gaps = self._unread_gaps(sorted(self._cursors), self._last_tick_us, UNREAD_REBOOTED)
+            unread_gaps = self._unread_gaps(self._dropped(None), self._last_tick_us, UNREAD_REBOOTED)
             self._cursors = {}
             self._gpu_seen = {}
         begin = getattr(self.labels, "begin_tick", None)
@@ -661,7 +661,7 @@ class Sampler:
         now_us = t.now_us
         kept = {k[0] for k in t.present} | set(t.held)
         gone = sorted(({d for d, _u in self._meters} | set(self._cursors)) - kept)
-        t.gaps.extend(self._unread_gaps(gone, now_us, UNREAD_GONE))
+        t.gaps.extend(self._unread_gaps(self._dropped(t), now_us, UNREAD_GONE))
         with self.store.transaction() as conn:
             st.add_usage(conn, t.rows)
             st.put_meter_cursors(conn, t.cursor_rows, gone)
@@ -697,22 +697,28 @@ class Sampler:
         self._mono_live = True
         self._cursors = dict(t.held)
 
-    def _unread_gaps(self, devices: List[str], end_us: int, reason: str) -> List[tuple]:
-        """The gaps of ``devices`` whose cursors are dropped unread: each one whose last reading
-        (its meter's or its stored cursor's) is before the previous tick, as ``(start, end, device,
-        seconds, reason)`` from that reading to ``end_us``.  A device read at the previous tick
-        leaves none: it went within one interval, as any device that goes."""
-        last: Dict[str, int] = {}
-        for (device, _domain), m in self._meters.items():
-            last[device] = max(last.get(device, 0), m.alloc_us)
+    def _dropped(self, t: Optional[_Tick]) -> List[Tuple[str, int]]:
+        """``[(device, last reading µs)]`` of the meters and loaded cursors this tick does not carry
+        on (``t`` None: all of them, a reboot): a meter not present, a cursor neither held nor
+        continued by a meter of its device and domain (one counted from first sight does not)."""
+        out: Dict[str, int] = {}
+        for key, m in self._meters.items():
+            if t is None or key not in t.present:
+                out[key[0]] = max(out.get(key[0], 0), m.alloc_us)
         for device, cur in self._cursors.items():
-            last.setdefault(device, int(cur[1]))
-        out = []
-        for d in devices:
-            at = last.get(d, 0)
-            if 0 < at < self._last_tick_us and end_us > at:
-                out.append((iso_us(at), iso_us(end_us), d, (end_us - at) / 1e6, reason))
-        return out
+            key = (device, str(cur[0]))
+            if t is None or (device not in t.held and key not in self._meters
+                             and (key not in t.present or key in t.first)):
+                out[device] = max(out.get(device, 0), int(cur[1]))
+        return sorted(out.items())
+
+    def _unread_gaps(self, dropped: List[Tuple[str, int]], end_us: int, reason: str) -> List[tuple]:
+        """The gaps of the ``dropped`` devices (:meth:`_dropped`) that were dropped unread: each one
+        whose last reading is before the previous tick, as ``(start, end, device, seconds, reason)``
+        from that reading to ``end_us``.  A device read at the previous tick leaves none: it went
+        within one interval, as any device that goes."""
+        return [(iso_us(at), iso_us(end_us), d, (end_us - at) / 1e6, reason) for d, at in dropped
+                if 0 < at < self._last_tick_us and end_us > at]
 
     def _read_host_series(self, wall: float) -> None:
         """Read the host-level figures when they are ``host_every_s`` old (or never read); a
