@@ -796,6 +796,67 @@ def test_a_month_is_not_issued_while_a_gpus_devices_are_unread(make_host, tmp_pa
     assert doc["complete"] is True and doc["unread"] == []
 
 
+def test_an_unread_gpu_that_leaves_the_tree_holds_the_issue_until_its_devices_go_and_leaves_a_gap(
+        make_host, tmp_path, capsys):
+    """Final 9 N6: the GPU whose reads fail falls off the bus: its device is still unread (the issue still
+    refused, its cursor kept); once the operator removes the device, metering forgets it and records its
+    unread span (last good reading -> found gone) as a gap, which the issued bill lists."""
+    host, store, sampler, nv, dev, fail = _lost_gpu_host(make_host, capsys)
+    prices = str(_prices(tmp_path, RESERVING))
+    assert _run(host, "sim", "fail", "--unplug", "0000:81:00.0", capsys=capsys)[0] == 0
+    sampler.tick()                                      # 02:10: the GPU is not in the reading at all
+    nv.advance(600)
+    assert dev in st.meter_cursors(store)
+    rc, out, err = _run(host, "bill", "--prices", prices, "--period", "2027-01", "--issue", capsys=capsys)
+    assert rc == 2 and f"device {dev} was last read at 2027-01-31T23:00:00Z" in err, err
+    assert st.issued_bill(store, "2027-01") is None and st.meter_gaps(store) == []
+    sampler.tick()                                      # 02:20: still held, no gap yet
+    nv.advance(600)
+    assert st.meter_gaps(store) == [] and dev in st.meter_cursors(store)
+    assert _run(host, "vgpu", "remove", dev, capsys=capsys)[0] == 0
+    sampler.tick()                                      # 02:30: its record is gone: forgotten, with a gap
+    assert dev not in st.meter_cursors(store)
+    assert st.meter_gaps(store) == [("2027-01-31T23:00:00.000000+00:00", "2027-02-01T02:30:00.000000+00:00", dev,
+                                     12600.0, "device gone while unread")]
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2027-01", "--issue")
+    assert rc == 0, err
+    assert doc["unread"] == [] and [(g["device"], g["reason"], g["tenants"]) for g in doc["gaps"]] == [
+        (dev, "device gone while unread", ["acme"])]
+    (line,) = doc["lines"]
+    assert (line["key"], line["quantity"]) == ("A40-8Q", "1.000000")     # 22:00-23:00 read; the rest a gap
+    assert json.loads(st.issued_bill(store, "2027-01")[4])["gaps"][0]["start"] == "2027-01-31T23:00:00.000000+00:00"
+
+
+def test_a_restarted_sampler_keeps_an_unread_gpus_cursors(make_host, tmp_path, capsys):
+    """A sampler started again while the GPU's read fails keeps the device's cursor (the issue guard holds);
+    read again, the device's whole span is credited (only its busy time past the hold is a gap)."""
+    host, store, sampler, nv, dev, fail = _lost_gpu_host(make_host, capsys)
+    again = Sampler(nv, store, interval_s=600, labels=sampler.labels)
+    again.tick()
+    nv.advance(600)
+    assert st.meter_cursors(store)[dev][1] == int(datetime(2027, 1, 31, 23, tzinfo=timezone.utc).timestamp() * 1e6)
+    assert _run(host, "bill", "--prices", str(_prices(tmp_path, RESERVING)), "--period", "2027-01", "--issue",
+                capsys=capsys)[0] == 2
+    fail["on"] = False
+    again.tick()
+    assert [g[4] for g in st.meter_gaps(store)] == ["no utilisation samples"]
+    jan = sum(r.alloc_s for r in st.usage_rows(store, "2027-01-01T00:00:00Z", "2027-02-01T00:00:00Z"))
+    assert jan == 7200.0
+
+
+def test_an_unread_device_read_again_under_another_domain_leaves_a_gap_for_its_unread_span(make_host, capsys):
+    """The GPU answers again, but its vGPU now runs another domain: the first domain's span since its last
+    good reading is not credited to anyone, and is a gap."""
+    host, store, sampler, nv, dev, fail = _lost_gpu_host(make_host, capsys)
+    nv.set_trace(dev, {"sm": 50, "start": 0, "vm": DOM_B1, "fb_mib": 1000})
+    fail["on"] = False
+    sampler.tick()                                                       # 02:10
+    assert st.meter_cursors(store)[dev][0] == DOM_B1
+    assert [g for g in st.meter_gaps(store) if g[4] == "device gone while unread"] == [
+        ("2027-01-31T23:00:00.000000+00:00", "2027-02-01T02:10:00.000000+00:00", dev, 11400.0,
+         "device gone while unread")]
+
+
 def test_an_issued_bill_and_its_adjustments_refuse_replace(farm, tmp_path, capsys):
     """F11: INSERT OR REPLACE (and an upsert) of an issued period or an adjustment's id is refused."""
     host, loads = farm
@@ -867,11 +928,17 @@ def test_a_version_15_store_is_migrated_with_its_rollups_guarantees_and_first_re
                  "('acme', 'standard', 'shared', 2, '2026-12-05T00:00:00.000000+00:00')")
     conn.execute("INSERT INTO audit (time, actor, operation, path, value, result) VALUES "
                  "('2026-11-20T08:00:00.000000+00:00', 'root', 'tenant add acme', '(tenants)', '', 'ok')")
+    # final 9 N3: acme was added with another guarantee and set to 2 on Dec 5 (tenants.time): 2 is in force
+    # only from then, never back-dated to the add
+    conn.execute("INSERT INTO audit (time, actor, operation, path, value, result) VALUES "
+                 "('2026-12-05T00:00:00.000000+00:00', 'root', 'tenant set acme', '(tenants)', '', 'ok')")
     conn.commit()
     conn.close()
     store = StateStore(tmp_path)
     assert store.schema_version == len(MIGRATIONS) == 16
-    assert st.tenant_guarantees(store) == [("acme", "2026-11-20T08:00:00.000000+00:00", 2, 0, 0)]
+    assert st.tenant_guarantees(store) == [("acme", "2026-12-05T00:00:00.000000+00:00", 2, 0, 0)]
+    assert ops.guarantees(store) == {"acme": [("2026-12-05T00:00:00Z", {"vgpus": 2, "mig_slices": 0,
+                                                                         "passthrough_gpus": 0})]}
     assert st.meter_state(store, "first_tick_us") == str(1796119200 * 1000000)      # 2026-12-01T10:00Z
     with store.transaction() as c:
         st.add_usage(c, [("2026-12-01T10:00:00Z", "dev", "dom", "vgpu", "g", "A40-2Q", "vm", "acme", "", 60, 1, 0, 0,
@@ -908,6 +975,14 @@ def test_devices_no_domain_holds_are_idle_capacity_never_priced(make_host, tmp_p
     rc, out, _ = _run(host, "--json", "usage", "--by", "tenant", capsys=capsys)
     assert {r["tenant"]: (r["gpu_hours"], r["devices"]) for r in json.loads(out)["rows"]} == {
         "acme": (1.0, 1), "(idle)": (2.0, 2)}
+    # final 9 N5: --by domain names them as --by tenant does, not as a domain '(none)' of '(no tenant)'
+    rc, out, _ = _run(host, "--json", "usage", "--by", "domain", capsys=capsys)
+    assert {(r["domain"], r["domain_uuid"], r["tenant"]): r["devices"] for r in json.loads(out)["rows"]} == {
+        ("vm", DOM_A1, "acme"): 1, ("(idle)", "", ""): 2}
+    rc, out, _ = _run(host, "usage", "--by", "domain", capsys=capsys)
+    idle = [ln for ln in out.splitlines() if "idle" in ln]
+    assert rc == 0 and len(idle) == 1 and idle[0].startswith("(idle: no domain)") \
+        and idle[0].split()[-3:] == ["2", "-", "-"] and "(none)" not in out and "(no tenant)" not in out
 
 
 def test_usage_by_domain_keeps_domains_of_one_name_apart_and_its_csv_runs_no_formula(make_host, capsys):

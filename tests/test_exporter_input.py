@@ -41,6 +41,8 @@ PRICES = "version: 1\ncurrency: EUR\nallocated:\n  profiles:\n    A40-8Q: 0.80\n
     (("top", "--interval", "nan", "-n", "1"), "'--interval': 'nan' is not a finite number"),
     (("agent", "--metering-interval", "nan"), "'--metering-interval': 'nan' is not a finite number"),
     (("agent", "--read-timeout", "NaN"), "'--read-timeout': 'NaN' is not a finite number"),
+    # final 9 N5: the TCP listener's scope with no TCP listener
+    (("agent", "--metrics-scope", "all"), "--metrics-scope all applies to the --metrics-port listener"),
     (("advise", "--min-hours", "nan"), "'--min-hours': 'nan' is not a finite number"),
     (("advise", "--min-hours", "inf"), "'--min-hours': 'inf' is not a finite number"),
 ])

@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 
 import click
 
+from ..model.errors import InputError
 from .common import Finite, current
 
 
@@ -39,7 +40,8 @@ from .common import Finite, current
 @click.option("--metrics-scope", type=click.Choice(["host", "all"]), default="host", show_default=True,
               help="What the --metrics-port page holds: host (GPUs, pools, health, the sampler; no series "
                    "naming a tenant, domain or device) or all (every tenant's too, as /v1/metrics serves "
-                   "the admin and read-only groups: restrict who may connect, docs/guide/alerts.md).")
+                   "the admin and read-only groups: restrict who may connect, docs/guide/alerts.md); "
+                   "all without --metrics-port is refused (exit 2).")
 @click.option("--metrics-listen", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="Address of the --metrics-port listener (loopback unless you mean otherwise).")
 @click.option("--libvirt-uri", default="qemu:///system", show_default=True, metavar="URI",
@@ -69,6 +71,11 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant
     allocate and release for its domains on the tenant socket.  The API
     document: GET /v1/openapi.
     """
+    if metrics_scope == "all" and metrics_port is None:
+        raise InputError("--metrics-scope all applies to the --metrics-port listener, and no --metrics-port is "
+                         "given: nothing would serve those series over TCP",
+                         hint="give --metrics-port PORT as well, or leave --metrics-scope out (/v1/metrics on "
+                              "the admin and read-only sockets serves every series)")
     ctx = current()
     if ctx.serve_agent is None:     # cli.main.main called without the entry point's server: a bug
         raise RuntimeError("vgpuhost agent runs only from the program's entry point (vgpuhost.__main__)")
@@ -77,7 +84,8 @@ def agent_cmd(socket_dir: Optional[str], admin_group: str, ro_group: str, tenant
         where = ", ".join(p for p in proc.bound) or "sockets passed by systemd"
         m = proc.agent.metering
         if m is not None and getattr(m, "metrics_port", None) is not None:
-            where += f"; metrics on http://{metrics_listen}:{m.metrics_port}/metrics"
+            host = f"[{metrics_listen}]" if ":" in metrics_listen else metrics_listen     # an IPv6 address
+            where += f"; metrics on http://{host}:{m.metrics_port}/metrics"
         click.echo(f"vgpuhost agent: listening on {where}", err=True)
         sys.stderr.flush()
     ctx.serve_agent(ctx.host, socket_dir=socket_dir, admin_group=admin_group, ro_group=ro_group, ready=ready,

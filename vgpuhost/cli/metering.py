@@ -180,11 +180,16 @@ def usage(since: Optional[str], until: Optional[str], by: str, as_csv: bool, as_
         click.echo(table([by.upper(), "GPU-HOURS", "SM-BUSY-S", "ENC-BUSY-S", "DEC-BUSY-S", "FB-PEAK-MIB",
                           "DEVICES"] + extra,
                          [[NO_TENANT if by == "tenant" and r[0] == NONE_KEY else
-                           "(idle: no domain)" if by == "tenant" and r[0] == IDLE_KEY else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}",
+                           IDLE_SHOWN if by in ("tenant", "domain") and r[0] == IDLE_KEY and not (extra and r[9])
+                           else r[0], f"{r[1]:.3f}", f"{r[3]:.1f}",
                            f"{r[4]:.1f}", f"{r[5]:.1f}", f"{r[6] / 1048576:.0f}", r[7]]
-                          + ([r[9] or "-", r[10] or NO_TENANT] if extra else []) for r in recs]))
+                          + ([r[9] or "-", (r[10] or NO_TENANT) if r[9] else "-"] if extra else []) for r in recs]))
     for g in gaps:
         click.echo(f"gap: {g[0][:19]} .. {g[1][:19]} {g[2]}: {g[3]:.0f} s, {g[4]}")
+
+
+#: how a usage table names devices no domain held (``--by tenant`` and ``--by domain``)
+IDLE_SHOWN = "(idle: no domain)"
 
 
 @click.command("advise", short_help="Right-sizing advice from metered history.")

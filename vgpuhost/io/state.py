@@ -93,8 +93,9 @@ triggers); ``usage_hourly``'s key adds kind, GPU and profile, so a device resize
 moved within an hour keeps each part's seconds under what it was; ``tenant_guarantees``,
 the append-only history of each tenant's guaranteed vGPUs, MIG slices and passthrough
 GPUs (a row per ``tenants`` insert, update or delete, written by triggers; the upgrade
-seeds each tenant's guarantee as in force since its latest ``tenant add`` audit row, else
-its last change); ``meter_state`` ``first_tick_us``, the sampler's first reading (a trigger
+seeds each tenant's guarantee as in force since its last change, ``tenants.time``: the
+guarantee before it is not known, so nothing reserved is owed for those hours, never more
+than was in force); ``meter_state`` ``first_tick_us``, the sampler's first reading (a trigger
 on the first ``last_tick_us``; the upgrade seeds it from the oldest rollup hour).
 
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
@@ -543,8 +544,7 @@ MIGRATIONS: Sequence[str] = (
               VALUES (OLD.name, strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now'), 0, 0, 0);
         END;
     INSERT INTO tenant_guarantees (tenant, since, vgpus, mig_slices, passthrough_gpus)
-        SELECT t.name, COALESCE((SELECT MAX(a.time) FROM audit a WHERE a.operation = 'tenant add ' || t.name), t.time),
-               COALESCE(t.g_vgpus, 0), COALESCE(t.g_mig, 0), COALESCE(t.g_pt, 0) FROM tenants t;
+        SELECT t.name, t.time, COALESCE(t.g_vgpus, 0), COALESCE(t.g_mig, 0), COALESCE(t.g_pt, 0) FROM tenants t;
     CREATE TRIGGER meter_state_first_tick AFTER INSERT ON meter_state
         WHEN NEW.key = 'last_tick_us' AND NOT EXISTS (SELECT 1 FROM meter_state WHERE key = 'first_tick_us')
         BEGIN INSERT INTO meter_state (key, value) VALUES ('first_tick_us', NEW.value); END;

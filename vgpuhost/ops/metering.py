@@ -35,6 +35,12 @@ NVML's per-vGPU samples are averages over the driver's sampling period, so
 on real GPUs busy seconds are as exact as that period allows; on the
 simulator they are exact.
 
+Unread GPUs: a GPU whose read fails, or that is missing from the reading
+while a vGPU record still names it, keeps its devices present and unbilled,
+their cursors at the last good reading (:meth:`Sampler._hold_unread`); a
+device forgotten while unread leaves a gap from that reading to the tick
+that found it gone (:data:`UNREAD_GONE`).
+
 Passthrough: a GPU passed through to a VM is invisible to the host's NVML,
 so it is metered by allocation time only (from vgpuhost's passthrough
 records); its busy seconds stay 0 and its ``kind`` says ``passthrough``.
@@ -112,6 +118,11 @@ HOLD_INTERVALS = 6
 #: how far (microseconds) the wall clock may drift from the monotonic clock between two
 #: readings before the sampler treats it as a step
 STEP_TOLERANCE_US = 1_000_000
+#: the gap reason of a device dropped unread (:meth:`Sampler._unread_gaps`): its GPU's read failed or the
+#: GPU left the reading, then the device went (removed, or its GPU read again without it)
+UNREAD_GONE = "device gone while unread"
+#: the gap reason of a device unread up to a reboot (its span from its last reading to the last tick)
+UNREAD_REBOOTED = "device unread until the host rebooted"
 #: the most seconds one device can be held in one hour: a rollup row never holds more (after a backward
 #: wall-clock step, see :meth:`Sampler._cap`)
 HOUR_S = 3600.0
@@ -243,6 +254,9 @@ class _Tick:
     present: Dict[Tuple[str, str], _Meter] = field(default_factory=dict)
     gi_sm: List[Tuple[str, int, float]] = field(default_factory=list)
     first: Set[Tuple[str, str]] = field(default_factory=set)     # first sighted in this tick: cursors only
+    #: cursors (device -> (domain, alloc µs, sample µs)) of devices unread in this tick with no meter
+    #: yet (a restarted sampler): kept as they are (:meth:`Sampler._hold_unread`)
+    held: Dict[str, tuple] = field(default_factory=dict)
 
 
 LabelFn = Callable[[str], MeteredOwner]
@@ -406,6 +420,7 @@ class Sampler:
             # the host rebooted since the last reading: no device existed, nor VM ran, while it was down,
             # so nothing continues from its cursor; each device counts from its first reading in this boot
             log.warning("the host rebooted since the last metering reading: metering starts again from now")
+            unread_gaps = self._unread_gaps(self._dropped(None), self._last_tick_us, UNREAD_REBOOTED)
             self._cursors = {}
             self._gpu_seen = {}
         begin = getattr(self.labels, "begin_tick", None)
@@ -417,6 +432,8 @@ class Sampler:
                             default=0)
         vgpu_recs, pt_recs, names = self._records()
         t = _Tick(now_us, vgpu_recs, names)
+        if rebooted:
+            t.gaps.extend(unread_gaps)
         if rebooted and now_us > self._last_tick_us:
             t.gaps.append((iso_us(self._last_tick_us), iso_us(now_us), "*",
                            (now_us - self._last_tick_us) / 1e6, "host rebooted"))
@@ -425,6 +442,7 @@ class Sampler:
                            (now_us - self._last_tick_us) / 1e6, "sampler not running"))
         for g in readings:
             self._meter_gpu(t, g)
+        self._hold_unread(t, readings)
         self._meter_passthrough(t, pt_recs)
         self._commit(t, mono_us, boot)
         wall = time.time()
@@ -534,11 +552,7 @@ class Sampler:
         """Meter one GPU's reading: its GPU instances' SM use and each of its vGPUs.  A failed
         read keeps the GPU's devices present, unbilled, with their cursors unchanged."""
         if g.error:
-            self._errors += 1
-            for key, m in self._meters.items():    # a failed read: the GPU's devices stay, unbilled
-                if m.gpu == g.bdf and m.kind != DeviceKind.PASSTHROUGH:
-                    t.present[key] = m
-                    t.cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
+            self._errors += 1               # its devices stay, unbilled: :meth:`_hold_unread`
             return
         for gi, pct in sorted(g.gi_sm.items()):
             t.gi_sm.append((g.bdf, gi, pct))
@@ -547,6 +561,33 @@ class Sampler:
         for v in g.vgpus:
             newest = max(newest, self._meter_vgpu(t, g, v, seen))
         self._gpu_seen[g.bdf] = max(newest, t.now_us if not g.vgpus else newest)
+
+    def _hold_unread(self, t: _Tick, readings: List[GpuReading]) -> None:
+        """Keep the devices of the GPUs this reading could not read present, unbilled, with their
+        cursors unchanged (:func:`vgpuhost.ops.billing.unread` then holds the issue of a month they
+        are behind): a GPU whose read failed, and a GPU absent from the reading (it left the PCI tree,
+        or its driver) while the device's vGPU record still names it.  Such a device is forgotten,
+        and its unread span recorded as a gap (:meth:`_commit`), only when its GPU is read again
+        without it or its record is removed; a restarted sampler holds the cursors it loaded alike."""
+        read_ok = {g.bdf for g in readings if not g.error}
+        failed = {g.bdf for g in readings if g.error}
+
+        def unread_gpu(device: str, gpu: str) -> bool:
+            if gpu in failed:
+                return True
+            rec = t.vgpu_recs.get(device)
+            return gpu not in read_ok and rec is not None and str(getattr(rec, "gpu", "")) == gpu
+
+        for key, m in self._meters.items():
+            if key not in t.present and m.kind != DeviceKind.PASSTHROUGH and unread_gpu(m.device, m.gpu):
+                t.present[key] = m
+                t.cursor_rows.append((m.device, key[1], m.alloc_us, m.sample_us))
+        present = {k[0] for k in t.present}
+        for device, cur in self._cursors.items():      # a restarted sampler's cursors with no meter yet
+            rec = t.vgpu_recs.get(device)
+            if device not in present and rec is not None and unread_gpu(device, str(getattr(rec, "gpu", ""))):
+                t.held[device] = cur
+                t.cursor_rows.append((device, cur[0], int(cur[1]), int(cur[2])))
 
     def _meter_vgpu(self, t: _Tick, g: GpuReading, v, seen: int) -> int:
         """Meter vGPU reading ``v`` of GPU reading ``g`` (``seen``: the GPU's last reading, µs):
@@ -618,8 +659,9 @@ class Sampler:
         """Write the tick's rollups, cursors, gaps and clocks in one transaction, then retire
         the meters of devices no longer present (their seconds kept for DeviceUsage.earlier)."""
         now_us = t.now_us
-        kept = {k[0] for k in t.present}
+        kept = {k[0] for k in t.present} | set(t.held)
         gone = sorted(({d for d, _u in self._meters} | set(self._cursors)) - kept)
+        t.gaps.extend(self._unread_gaps(self._dropped(t), now_us, UNREAD_GONE))
         with self.store.transaction() as conn:
             st.add_usage(conn, t.rows)
             st.put_meter_cursors(conn, t.cursor_rows, gone)
@@ -653,7 +695,30 @@ class Sampler:
         self._high_us = max(self._high_us, now_us)
         self._rec_times_saved = dict(self._rec_times)
         self._mono_live = True
-        self._cursors = {}
+        self._cursors = dict(t.held)
+
+    def _dropped(self, t: Optional[_Tick]) -> List[Tuple[str, int]]:
+        """``[(device, last reading µs)]`` of the meters and loaded cursors this tick does not carry
+        on (``t`` None: all of them, a reboot): a meter not present, a cursor neither held nor
+        continued by a meter of its device and domain (one counted from first sight does not)."""
+        out: Dict[str, int] = {}
+        for key, m in self._meters.items():
+            if t is None or key not in t.present:
+                out[key[0]] = max(out.get(key[0], 0), m.alloc_us)
+        for device, cur in self._cursors.items():
+            key = (device, str(cur[0]))
+            if t is None or (device not in t.held and key not in self._meters
+                             and (key not in t.present or key in t.first)):
+                out[device] = max(out.get(device, 0), int(cur[1]))
+        return sorted(out.items())
+
+    def _unread_gaps(self, dropped: List[Tuple[str, int]], end_us: int, reason: str) -> List[tuple]:
+        """The gaps of the ``dropped`` devices (:meth:`_dropped`) that were dropped unread: each one
+        whose last reading is before the previous tick, as ``(start, end, device, seconds, reason)``
+        from that reading to ``end_us``.  A device read at the previous tick leaves none: it went
+        within one interval, as any device that goes."""
+        return [(iso_us(at), iso_us(end_us), d, (end_us - at) / 1e6, reason) for d, at in dropped
+                if 0 < at < self._last_tick_us and end_us > at]
 
     def _read_host_series(self, wall: float) -> None:
         """Read the host-level figures when they are ``host_every_s`` old (or never read); a

@@ -70,8 +70,8 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
     An empty tenant is reported as :data:`NONE_KEY`; ``by="tenant"`` reports the rows of devices no
     domain held (an empty ``domain_uuid``) as :data:`IDLE_KEY`.  ``by="domain"`` keeps one total per domain
     UUID and tenant (two domains of one name, or a domain that passed to another tenant, are
-    separate totals), ``key`` the domain's newest name (its UUID where it has none; :data:`NONE_KEY`
-    for devices no domain held), with ``domain_uuid`` and ``tenant``.  Raises ValueError for
+    separate totals), ``key`` the domain's newest name (its UUID where it has none; :data:`IDLE_KEY`
+    for devices no domain held, as ``by="tenant"`` names them), with ``domain_uuid`` and ``tenant``.  Raises ValueError for
     another ``by``.
     """
     if by not in BY:
@@ -85,7 +85,7 @@ def aggregate(rows: Iterable[Sequence], by: str) -> List[UsageTotal]:
         if by == "domain":
             key: object = (r.domain_uuid, r.tenant)
             if key not in names or r.hour >= names[key][0]:
-                names[key] = (r.hour, _domain(r) or NONE_KEY)
+                names[key] = (r.hour, (_domain(r) or NONE_KEY) if r.domain_uuid else IDLE_KEY)
         else:
             key = {"tenant": r.tenant if r.domain_uuid else IDLE_KEY, "profile": r.profile,
                    "hour": r.hour}[by] or NONE_KEY
