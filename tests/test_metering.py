@@ -281,7 +281,9 @@ def test_exporter_once_on_the_cli(loaded, capsys):
     assert "vgpuhost_up 1.0" in out and "vgpuhost_device_allocated_seconds_total" in out
 
 
-def test_passthrough_is_metered_by_allocation_only(make_host, capsys):
+def _passed_through_and_sampled(make_host):
+    """An a40-mdev host whose GPU DOM_A holds by passthrough, its metering NVML frozen, and a sampler (10 s):
+    ``(host, store, nv, sampler)``."""
     host = make_host("a40-mdev")
     store = StateStore(host.state_dir)
     with store.transaction() as conn:
@@ -289,7 +291,11 @@ def test_passthrough_is_metered_by_allocation_only(make_host, capsys):
                                                          st.utcnow(), False, DOM_A))
     nv = metering_nvml(host)
     nv.freeze()
-    s = Sampler(nv, store, interval_s=10)
+    return host, store, nv, Sampler(nv, store, interval_s=10)
+
+
+def test_passthrough_is_metered_by_allocation_only(make_host, capsys):
+    host, store, nv, s = _passed_through_and_sampled(make_host)
     s.tick()
     nv.advance(30)
     snap = s.tick()
@@ -1215,14 +1221,7 @@ def test_a_reboot_is_never_billed_as_allocation(make_host, capsys):
 
 
 def test_a_passed_through_gpu_is_not_billed_for_a_reboot(make_host):
-    host = make_host("a40-mdev")
-    store = StateStore(host.state_dir)
-    with store.transaction() as conn:
-        store.put_passthrough(conn, st.PassthroughRecord("0000:81:00.0", 31, "0000:81:00.0", "nvidia", None, 0,
-                                                         st.utcnow(), False, DOM_A))
-    nv = metering_nvml(host)
-    nv.freeze()
-    s = Sampler(nv, store, interval_s=10)
+    host, store, nv, s = _passed_through_and_sampled(make_host)
     s.tick()
     nv.advance(30)
     s.tick()
