@@ -600,6 +600,7 @@ def test_a_members_bill_names_no_other_tenant_nor_its_gaps_nor_the_operators_fil
     from vgpuhost.policy.billing import parse_prices
     store = world.store()
     dev = "cccccccc-2222-4333-8444-0000000000c9"
+    gone = "cccccccc-2222-4333-8444-0000000000ca"
     rows = [UsageRow("2026-11-10T08:00:00Z", dev, D2, "vgpu", "0000:81:00.0", "A40-8Q", "vm-b", "t2", "", 3600.0,
                      0, 0, 0, 0, 0, 60),
             UsageRow("2026-11-10T20:00:00Z", dev, D1, "vgpu", "0000:81:00.0", "A40-8Q", "vm-a", "t1", "", 3600.0,
@@ -612,19 +613,29 @@ def test_a_members_bill_names_no_other_tenant_nor_its_gaps_nor_the_operators_fil
         conn.execute("INSERT INTO meter_gaps (start, end, device, seconds, reason) VALUES (?, ?, ?, ?, ?)",
                      ("2026-11-10T20:30:00.000000+00:00", "2026-11-10T20:40:00.000000+00:00", dev, 600.0,
                       "no utilisation samples"))
+        # a device of t1's whose GPU went unread after 19:00 and was then removed: nothing read after its gap's
+        # start, so the gap is the tenant that had it last (final 9b NEW-1)
+        st.add_usage(conn, [UsageRow("2026-11-12T19:00:00Z", gone, D1, "vgpu", "0000:41:00.0", "A40-8Q", "vm-a",
+                                     "t1", "", 3600.0, 0, 0, 0, 0, 0, 60)])
+        conn.execute("INSERT INTO meter_gaps (start, end, device, seconds, reason) VALUES (?, ?, ?, ?, ?)",
+                     ("2026-11-12T20:00:00.000000+00:00", "2026-11-13T01:30:00.000000+00:00", gone, 19800.0,
+                      "device gone while unread"))
         st.put_meter_state(conn, "last_tick_us", str(1_793_491_200_000_000))      # metering began by 2026-11-01
         st.put_meter_state(conn, "last_tick_us", str(1_796_169_600_000_000))      # 2026-12-02: November read
     sheet_path = tmp_path / "acme-secret-discount.yaml"
     sheet_path.write_text("version: 1\ncurrency: EUR\nallocated: {profiles: {A40-8Q: 1.00}}\n")
     issued = billing.issue(store, "2026-11", parse_prices(sheet_path.read_text()), prices=str(sheet_path),
                            actor="test")
-    assert [g["tenants"] for g in issued["gaps"]] == [["t1", "t2"], ["t1", "t2"]]    # the operator's view
+    assert [g["tenants"] for g in issued["gaps"]] == [["t1", "t2"], ["t1", "t2"], ["t1"]]    # the operator's view
     t = world.run.tenant
     (s1, bill), (s2, hourly) = world.as_user(
         "alice", [_get(t, "/v1/bill?period=2026-11"), _get(t, "/v1/usage/hourly?period=2026-11")], docs=True)
     assert (s1, s2) == (200, 200)
-    assert [(g["start"][:16], g["tenants"]) for g in bill["gaps"]] == [("2026-11-10T20:30", ["t1"])]
-    assert [g["start"][:16] for g in hourly["gaps"]] == ["2026-11-10T20:30"]
+    assert [(g["start"][:16], g["tenants"]) for g in bill["gaps"]] == [("2026-11-10T20:30", ["t1"]),
+                                                                        ("2026-11-12T20:00", ["t1"])]
+    assert [g["start"][:16] for g in hourly["gaps"]] == ["2026-11-10T20:30", "2026-11-12T20:00"]
+    (s5, theirs), = world.as_user("bob", [_get(t, "/v1/bill?period=2026-11")], docs=True)
+    assert s5 == 200 and [(g["start"][:16], g["tenants"]) for g in theirs["gaps"]] == [("2026-11-10T08:10", ["t2"])]
     assert bill["prices"] is None and bill["prices_sha256"] == issued["prices_sha256"]
     assert "secret" not in json.dumps(bill) and "t2" not in json.dumps(bill) + json.dumps(hourly)
     # one device at a time, and a device name that is no device's: no rows, nothing else told

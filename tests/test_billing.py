@@ -827,6 +827,21 @@ def test_an_unread_gpu_that_leaves_the_tree_holds_the_issue_until_its_devices_go
     assert json.loads(st.issued_bill(store, "2027-01")[4])["gaps"][0]["start"] == "2027-01-31T23:00:00.000000+00:00"
 
 
+def test_removing_the_devices_of_a_gpu_lost_but_still_on_the_bus_releases_the_issue_with_a_gap(
+        make_host, tmp_path, capsys):
+    """Final 9b NEW-2: the GPU's reads keep failing (lost for good) but it stays in the PCI tree: removing its
+    device, as the refusal says, lets the running sampler forget it and record its unread span, as a
+    restarted one did."""
+    host, store, sampler, nv, dev, fail = _lost_gpu_host(make_host, capsys)
+    prices = str(_prices(tmp_path, RESERVING))
+    assert _run(host, "vgpu", "remove", dev, capsys=capsys)[0] == 0
+    sampler.tick()                                      # 02:10: still unreadable, its record gone: forgotten
+    assert dev not in st.meter_cursors(store)
+    assert [(g[2], g[4]) for g in st.meter_gaps(store)] == [(dev, "device gone while unread")]
+    rc, doc, err = _bill(host, capsys, "--prices", prices, "--period", "2027-01", "--issue")
+    assert rc == 0 and doc["unread"] == [], err
+
+
 def test_a_restarted_sampler_keeps_an_unread_gpus_cursors(make_host, tmp_path, capsys):
     """A sampler started again while the GPU's read fails keeps the device's cursor (the issue guard holds);
     read again, the device's whole span is credited (only its busy time past the hold is a gap)."""

@@ -34,7 +34,7 @@ from ..io.changes import fingerprint, own_changes
 from ..io.hostroot import HostRoot
 from ..io.state import StateStore, StoreWatch
 from ..io.state import issued_bill as st_issued_bill, meter_gaps as st_meter_gaps, usage_rows as st_usage_rows
-from ..io.state import tenant_device_hours as st_tenant_device_hours
+from ..io.state import device_hour_tenants as st_device_hour_tenants
 from ..io.sysfs import Sysfs
 from ..libvirt.domxml import MAX_XML_BYTES, parse_domain, parse_domain_identity
 from ..model.concepts import PlacementStrategy
@@ -852,7 +852,7 @@ def _issued_bill(agent: Agent, req: Request, tenant: Optional[str]) -> Dict[str,
     doc = billing.bill(agent.store, period, None, tenant=tenant)
     if tenant is not None:
         start, end, _hours = billing.period_bounds(period)
-        doc["gaps"] = _member_gaps(doc["gaps"], st_tenant_device_hours(agent.store, tenant, start, end), tenant)
+        doc["gaps"] = _member_gaps(agent, doc["gaps"], tenant, start, end)
         doc["prices"] = None        # the operator's file path; ``prices_sha256`` names the sheet it was priced with
     return doc
 
@@ -870,18 +870,31 @@ def _gap_hours(start: str, end: str):
         hour += timedelta(hours=1)
 
 
-def _member_gaps(gaps: List[Dict[str, Any]], held: Dict[str, set], tenant: str) -> List[Dict[str, Any]]:
-    """The gaps a tenant member reads (final 9 N2): the whole host's (device ``*``), and a device's only
-    where the gap overlaps an hour metering attributed that device to ``tenant`` (``held``: device -> hour
-    keys); a gap's ``tenants`` list cut to ``tenant`` (another tenant's name is not the member's to read)."""
+def _member_gaps(agent: Agent, gaps: List[Dict[str, Any]], tenant: str, since: str,
+                 until: str) -> List[Dict[str, Any]]:
+    """The gaps a tenant member reads (final 9 N2): the whole host's (device ``*``), and a device's where it
+    is the member's tenant's: in the hours the gap overlaps, metering gave the device to that tenant; or,
+    where no tenant had the device in those hours (a span nothing was read in: a GPU unread, a device gone
+    while unread: final 9b NEW-1), in the last hour before the gap that anyone had it.  A gap's ``tenants``
+    list is cut to the member's tenant (another tenant's name is not the member's to read)."""
+    me = tenant.lower()
+    # from a day before the period: the hour before a gap at its very start may lie in the month before
+    day_before = (datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ") - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    holders = st_device_hour_tenants(agent.store, sorted({g["device"] for g in gaps if g["device"] != "*"}),
+                                     day_before, until)
     shown = []
     for g in gaps:
         if g["device"] != "*":
-            hours = held.get(g["device"])
-            if not hours or not any(h in hours for h in _gap_hours(g["start"], g["end"])):
+            hours = holders.get(g["device"], {})
+            covered = list(_gap_hours(g["start"], g["end"]))
+            during = set().union(*(hours[h] for h in covered if h in hours))
+            if not during:
+                before = [h for h in hours if h < covered[0]]
+                during = hours[max(before)] if before else set()
+            if me not in during:
                 continue
         if "tenants" in g:
-            g = dict(g, tenants=[t for t in g["tenants"] if t.lower() == tenant.lower()])
+            g = dict(g, tenants=[t for t in g["tenants"] if t.lower() == me])
         shown.append(g)
     return shown
 
@@ -922,7 +935,7 @@ def _usage_hourly(agent: Agent, req: Request, tenant: Optional[str]) -> Dict[str
     gaps = [{"start": g[0], "end": g[1], "device": g[2], "seconds": g[3], "reason": g[4]}
             for g in st_meter_gaps(agent.store, start, end) if device is None or g[2] in ("*", device)]
     if tenant is not None:
-        gaps = _member_gaps(gaps, st_tenant_device_hours(agent.store, tenant, start, end), tenant)
+        gaps = _member_gaps(agent, gaps, tenant, start, end)
     return {"schema": SCHEMA_USAGE_HOURLY, "period": period, "since": start, "until": end,
             "tenant": tenant, "rows": [r._asdict() for r in rows], "gaps": gaps}
 

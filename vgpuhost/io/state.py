@@ -1813,15 +1813,18 @@ def usage_rows(conn: "StateStore | sqlite3.Connection", since: Optional[str] = N
     return [UsageRow._make(r) for r in conn.execute(sql, args)]
 
 
-def tenant_device_hours(conn: "StateStore | sqlite3.Connection", tenant: str, since: str,
-                        until: str) -> "Dict[str, set]":
-    """``{device: {hour, ...}}``: the hours (ISO hour keys) with ``since <= hour < until`` in which metering
-    attributed each device's use to ``tenant`` (its name without case)."""
-    held: Dict[str, set] = {}
-    for device, hour in _reader(conn).execute(
-            "SELECT DISTINCT device, hour FROM usage_hourly WHERE tenant = ? COLLATE NOCASE AND hour >= ? "
-            "AND hour < ?", (tenant, since, until)):
-        held.setdefault(device, set()).add(hour)
+def device_hour_tenants(conn: "StateStore | sqlite3.Connection", devices: "Sequence[str]", since: str,
+                        until: str) -> "Dict[str, Dict[str, set]]":
+    """``{device: {hour: {tenant, ...}}}``: for each of ``devices``, the hours (ISO hour keys) with ``since
+    <= hour < until`` in which metering attributed its use, and to which tenants (names in lower case; ``""``:
+    none)."""
+    held: Dict[str, Dict[str, set]] = {}
+    for i in range(0, len(devices), 500):
+        chunk = list(devices[i:i + 500])
+        for device, hour, tenant in _reader(conn).execute(
+                "SELECT DISTINCT device, hour, tenant FROM usage_hourly WHERE hour >= ? AND hour < ? AND device IN ("
+                + ", ".join("?" * len(chunk)) + ")", [since, until, *chunk]):
+            held.setdefault(device, {}).setdefault(hour, set()).add(tenant.lower())
     return held
 
 

@@ -285,6 +285,9 @@ class Sampler:
         self._host_at = 0.0
         self._host: Dict[str, object] = {}
         self._meters: Dict[Tuple[str, str], _Meter] = {}
+        #: devices metered while a vGPU record named them: once the record is gone, an unread GPU no longer
+        #: holds them (:meth:`_hold_unread`); a vGPU never recorded (made outside vgpuhost) stays held
+        self._recorded: set = set()
         self._retired: Dict[Tuple[str, str], _Meter] = {}   # meters of this process no longer present
         self._mono_live = False          # _last_mono_us was read by this process
         self._errors = 0
@@ -573,9 +576,11 @@ class Sampler:
         failed = {g.bdf for g in readings if g.error}
 
         def unread_gpu(device: str, gpu: str) -> bool:
-            if gpu in failed:
-                return True
             rec = t.vgpu_recs.get(device)
+            if gpu in failed:
+                # the operator removed the record of a device on a GPU that stays unreadable (lost for good
+                # but still on the bus): forgotten, as on a GPU that left the tree (final 9b NEW-2)
+                return rec is not None or device not in self._recorded
             return gpu not in read_ok and rec is not None and str(getattr(rec, "gpu", "")) == gpu
 
         for key, m in self._meters.items():
@@ -599,6 +604,8 @@ class Sampler:
         rec = match_vgpu_record(list(t.vgpu_recs.values()), gpu=g.bdf, device=mdev, vm_id=v.vm_id,
                                 type_name=v.type_name)
         device = mdev or (rec.id if rec is not None else f"{g.bdf}/vgpu{v.instance}")
+        if rec is not None:
+            self._recorded.add(device)
         domain = v.vm_id or (rec.owner if rec is not None and _is_uuid(rec.owner) else "")
         kind = "mig-vgpu" if v.gi_id is not None else "vgpu"
         m = self._meter_for(t, device, kind, g.bdf, v.type_name, self._owner(domain, t.names))
