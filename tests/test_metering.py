@@ -1274,3 +1274,16 @@ def test_a_device_hour_never_holds_more_than_an_hour_after_a_backward_step(make_
     assert sum(per_hour.values()) + stepped == pytest.approx(7800, abs=1e-3)
     # the counter never falls and equals the rollups, across the restart too
     assert seen == sorted(seen) and seen[-1] == pytest.approx(sum(per_hour.values()), abs=1e-6)
+
+
+def test_a_gpu_lost_in_the_simulator_fails_its_metering_reads(make_host, capsys):
+    """Final 9b NEW-3: `sim fail --lost` makes the simulated metering reads fail with GPU_IS_LOST, as the
+    simulated NVML's other calls do (the sampler then holds the GPU's devices unread: the issue guard), and
+    `--found` ends it."""
+    host = make_host("a40-mdev")
+    assert [g.error for g in metering_nvml(host).read({}) if g.bdf == "0000:81:00.0"] == [None]
+    assert main(["--root", str(host.root), "sim", "fail", "--lost", "0000:81:00.0"]) == 0
+    (lost,) = [g for g in metering_nvml(host).read({}) if g.bdf == "0000:81:00.0"]
+    assert lost.error == "GPU_IS_LOST" and lost.vgpus == ()
+    assert main(["--root", str(host.root), "sim", "fail", "--found", "0000:81:00.0"]) == 0
+    assert [g.error for g in metering_nvml(host).read({}) if g.bdf == "0000:81:00.0"] == [None]

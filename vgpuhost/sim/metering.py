@@ -295,6 +295,10 @@ class SimMetering:
                 drv = None
             if drv != "nvidia":
                 continue                      # NVML sees only GPUs on nvidia (passed through: invisible)
+            if gpu.get("lost"):
+                # `sim fail --lost`: every NVML call on it answers GPU_IS_LOST, as SimNvml's do (final 9b NEW-3)
+                out.append(GpuReading(pf, "", False, (), error="GPU_IS_LOST"))
+                continue
             seen = int(last_seen_us.get(pf, 0))
             t0 = seen / 1_000_000 - step if seen else now - 1.0
             mig = bool(gpu.get("mig_mode"))
