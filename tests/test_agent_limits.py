@@ -296,14 +296,12 @@ def test_two_hundred_connects_at_once_are_each_answered_429_not_eagain(host):
         assert statuses == [429] * 200
 
 
-HOLDER = r"""
-import json, os, socket, sys
-path = sys.argv[1]
-os.setgroups([int(sys.argv[3])]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
-held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); held.settimeout(30); held.connect(path)
-held.sendall(b"GET /v1/agent HTTP/1.1\r\n")        # a request begun: its slot is held
-out = []
-for _ in range(2):                                   # the caller's next connection: over its share
+#: the scripts' one connection: connect to the unix socket, read what it answers up to its close
+ANSWER = r"""
+import socket
+
+
+def answer(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
     raw = b""
     while True:
@@ -312,7 +310,19 @@ for _ in range(2):                                   # the caller's next connect
             break
         raw += chunk
     s.close()
-    out.append(raw.decode())
+    return raw
+"""
+
+
+HOLDER = r"""
+import json, os, socket, sys
+path = sys.argv[1]
+os.setgroups([int(sys.argv[3])]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
+held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); held.settimeout(30); held.connect(path)
+held.sendall(b"GET /v1/agent HTTP/1.1\r\n")        # a request begun: its slot is held
+out = []
+for _ in range(2):                                   # the caller's next connection: over its share
+    out.append(answer(path).decode())
 print(json.dumps(out))
 """
 
@@ -321,7 +331,7 @@ def _holder_is_capped(sock: str, uid: int, gid: int) -> None:
     """Run :data:`HOLDER` as ``uid``/``gid`` on ``sock``: its connection past the per-caller cap (one of four)
     is answered 429 at accept, with the per-caller line."""
     import subprocess
-    proc = subprocess.run([sys.executable, "-c", HOLDER, sock, str(uid), str(gid)],
+    proc = subprocess.run([sys.executable, "-c", ANSWER + HOLDER, sock, str(uid), str(gid)],
                           capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr
     for raw in json.loads(proc.stdout):
@@ -434,15 +444,7 @@ path, uid, gid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.arg
 os.setgroups([]); os.setgid(gid); os.setuid(uid)
 out = []
 for _ in range(n):                                  # trial 8's flood.py: connect, read the 403, close
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
-    raw = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        raw += chunk
-    s.close()
-    out.append(raw.decode("latin-1"))
+    out.append(answer(path).decode("latin-1"))
 print(json.dumps(out))
 """
 
@@ -455,7 +457,7 @@ def test_a_no_role_flood_is_answered_from_a_cache_of_403s(inproc):
     tenant = os.path.join(os.path.dirname(admin), server.TENANT_SOCKET)
     srv = next(s for s in proc.servers if s.role == "tenant")
     server._forbidden.cache_clear()
-    outs = [json.loads(subprocess.run([sys.executable, "-c", NO_ROLE_LOOP, tenant, str(uid), str(NO_ROLE_GID), "10"],
+    outs = [json.loads(subprocess.run([sys.executable, "-c", ANSWER + NO_ROLE_LOOP, tenant, str(uid), str(NO_ROLE_GID), "10"],
                                       capture_output=True, text=True, timeout=120, check=True).stdout)
             for uid in NO_ROLE_UIDS[:2]]
     for uid, out in zip(NO_ROLE_UIDS, outs):

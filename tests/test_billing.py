@@ -748,16 +748,22 @@ def test_reserved_is_charged_only_for_hours_the_guarantee_existed_after_metering
                 conn.execute(sql)
 
 
-def _lost_gpu_host(make_host, capsys):
-    """A40 0000:81:00.0 with one acme vGPU metered from 2027-01-31 22:00 every 10 minutes to 2027-02-01
-    02:00, its NVML read failing (GPU_IS_LOST) from 23:00: (host, store, sampler, nvml, vGPU id, fail flag)."""
-    from vgpuhost.io.nvml_metering import GpuReading
+def _acme_a40_8q(make_host, capsys):
+    """The SPEC host with tenant acme and one A40-8Q vGPU made for DOM_A1, and its metering NVML:
+    ``(host, store, the vGPU's record, nvml)``."""
     host = make_host(yaml_text=SPEC)
     assert _run(host, "tenant", "add", "acme", capsys=capsys)[0] == 0
     assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM_A1, capsys=capsys)[0] == 0
     store = StateStore(host.state_dir)
     (rec,) = store.vgpu_records()
-    nv = metering_nvml(host)
+    return host, store, rec, metering_nvml(host)
+
+
+def _lost_gpu_host(make_host, capsys):
+    """A40 0000:81:00.0 with one acme vGPU metered from 2027-01-31 22:00 every 10 minutes to 2027-02-01
+    02:00, its NVML read failing (GPU_IS_LOST) from 23:00: (host, store, sampler, nvml, vGPU id, fail flag)."""
+    from vgpuhost.io.nvml_metering import GpuReading
+    host, store, rec, nv = _acme_a40_8q(make_host, capsys)
     t0 = datetime(2027, 1, 31, 22, tzinfo=timezone.utc).timestamp()
     nv.freeze(t0)
     nv.set_trace(rec.id, {"sm": 50, "start": t0 - 86400, "vm": DOM_A1, "fb_mib": 1000})
@@ -900,12 +906,7 @@ def test_an_issued_bill_and_its_adjustments_refuse_replace(farm, tmp_path, capsy
 
 def test_a_vgpu_resized_within_an_hour_is_billed_at_each_profile(make_host, tmp_path, capsys):
     """F10: the same mdev UUID and domain, 40 minutes as A40-8Q then 20 as A40-2Q in one hour: two rows."""
-    host = make_host(yaml_text=SPEC)
-    assert _run(host, "tenant", "add", "acme", capsys=capsys)[0] == 0
-    assert _run(host, "vgpu", "create", "--profile", "A40-8Q", "--owner", DOM_A1, capsys=capsys)[0] == 0
-    store = StateStore(host.state_dir)
-    (rec,) = store.vgpu_records()
-    nv = metering_nvml(host)
+    host, store, rec, nv = _acme_a40_8q(make_host, capsys)
     nv.freeze(datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp())
     nv.set_trace(rec.id, {"sm": 50, "vm": DOM_A1, "fb_mib": 1000})
     sampler = Sampler(nv, store, interval_s=600, labels=lambda u: MeteredOwner(u, "vm", "acme", ""))
@@ -929,13 +930,9 @@ def test_a_vgpu_resized_within_an_hour_is_billed_at_each_profile(make_host, tmp_
 
 
 def test_a_version_15_store_is_migrated_with_its_rollups_guarantees_and_first_reading(tmp_path):
-    import sqlite3
-    from vgpuhost.io.state import MIGRATIONS, _statements
-    conn = sqlite3.connect(tmp_path / "state.db")
-    for script in MIGRATIONS[:15]:
-        for stmt in _statements(script):
-            conn.execute(stmt)
-    conn.execute("PRAGMA user_version = 15")
+    from storeutil import store_at_version
+    from vgpuhost.io.state import MIGRATIONS
+    conn = store_at_version(tmp_path / "state.db", 15)
     conn.execute("INSERT INTO usage_hourly VALUES ('2026-12-01T10:00:00Z', 'dev', 'dom', 'vgpu', 'g', 'A40-8Q', "
                  "'vm', 'acme', '', 600, 30, 0, 0, 5, 10, 6)")
     conn.execute("INSERT INTO meter_state VALUES ('last_tick_us', '1796140800000000')")

@@ -840,14 +840,10 @@ def test_a_domain_that_passes_to_another_tenant_leaves_the_first_tenants_usage_b
 
 
 def test_a_version_9_store_keeps_its_rollups_and_keys_them_by_tenant(tmp_path):
-    import sqlite3
-    from vgpuhost.io.state import MIGRATIONS, _statements
+    from storeutil import store_at_version
+    from vgpuhost.io.state import MIGRATIONS
     db = tmp_path / "state.db"
-    conn = sqlite3.connect(db)
-    for script in MIGRATIONS[:9]:
-        for stmt in _statements(script):
-            conn.execute(stmt)
-    conn.execute("PRAGMA user_version = 9")
+    conn = store_at_version(db, 9)
     conn.execute("INSERT INTO usage_hourly VALUES ('2026-12-01T10:00:00Z', 'dev', 'dom', 'vgpu', 'g', 'A40-8Q', "
                  "'vm', 'alpha', '', 60, 30, 0, 0, 5, 10, 6)")
     conn.commit()

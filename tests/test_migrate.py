@@ -420,15 +420,11 @@ def test_a_reservation_of_a_nova_mapped_domain_counts_for_its_project_tenant(mak
 def test_a_reservation_made_before_schema_15_counts_for_the_domains_binding(make_host, capsys):
     """A store of schema 14 gains the reservation's tenant and class (None for the rows it holds); such a row
     counts for the reserving domain's binding, as before."""
-    import sqlite3
-    from vgpuhost.io.state import MIGRATIONS, _statements
+    from storeutil import store_at_version
+    from vgpuhost.io.state import MIGRATIONS
     dest = a40(make_host)
     (dest.state_dir).mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(dest.state_dir / "state.db"))
-    for script in MIGRATIONS[:14]:
-        for stmt in _statements(script):
-            conn.execute(stmt)
-    conn.execute("PRAGMA user_version = 14")
+    conn = store_at_version(dest.state_dir / "state.db", 14)
     conn.execute("INSERT INTO reservations VALUES (?, ?, 'vm', '0000:41:00.0', 'mdev', 'A40-2Q', "
                  "'2999-01-01T00:00:00.000000+00:00', '2026-12-07T00:00:00.000000+00:00')", (MDEV, DOM))
     conn.commit()

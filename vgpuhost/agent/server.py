@@ -34,7 +34,7 @@ closed, its request never read, before it is given a slot or a thread.
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
 400 input (a malformed request line or header too, HTTP/0.9 included, at
-once; a query parameter given twice), 403 role, 404 path, 405 method, 408 a request that did not arrive in
+once; a query parameter given twice), 403 role, 404 path (or a bill not issued), 405 method, 408 a request that did not arrive in
 time, 409 refused, 411/413 body, 429 too many connections or expensive
 reads (``Retry-After``), 500 device failed (``exit_code`` 3) or internal
 (4), 503 unavailable.
