@@ -128,7 +128,7 @@ def test_the_diurnal_trace_shifts_desktops_by_day_and_compute_by_night():
 
 def test_the_diurnal_replays_keep_the_rules_and_the_best_static_split_is_the_best_tried(diurnal):
     d = diurnal
-    assert [k for k, _ in d["replays"]] == ["hoarding", "even_pools", "best_static", "reconciler"]
+    assert [k for k, _ in d["replays"]] == ["hoarding", "even_pools", "best_static", "reconciler", "shared_pool"]
     for k, _ in d["replays"]:
         assert d[k]["violations"] == 0
         assert d[k]["time_share"] + d[k]["starved_share"] == pytest.approx(d[k]["demand_share"])
@@ -137,6 +137,42 @@ def test_the_diurnal_replays_keep_the_rules_and_the_best_static_split_is_the_bes
     assert d["reconciler"]["refusals"]["moves"] > 0
     assert d["reconciler_over_best_static"] == pytest.approx(
         d["reconciler"]["admitted_share"] / d["best_static"]["admitted_share"] - 1)
+    assert d["shared_over_best_static"] == pytest.approx(
+        d["shared_pool"]["admitted_share"] / d["best_static"]["admitted_share"] - 1)
+    assert "moves" not in d["shared_pool"]["refusals"]
+
+
+def test_in_one_shared_pool_desktops_fill_the_gpu_time_a_compute_vm_leaves():
+    """(o): a compute VM and desktops share one GPU while their expected GPU time fits under the ceiling
+    of 1.0, and the next desktop past it is refused for GPU time; split pools keep the desktop off the
+    compute GPU whatever its GPU time."""
+    from vgpuhost.model.gputime import ExpectedUse
+    from vgpuhost.model.values import replace
+    from vgpuhost.policy import admission as adm
+    from vgpuhost.policy.replay import HostModel
+    gpu = sorted(bench.GPUS)[0]
+    one = {gpu: bench.GPUS[gpu]}
+    ts = bench.diurnal_tenants()
+
+    def ask(model, vm, tenant, profile, share):
+        dem = replace(adm.vgpu_demand(profile), use=ExpectedUse(share, TENANT_PROFILE))
+        return model.arrive(vm, dem, ts, tenant=tenant)
+
+    shared = HostModel(one, [adm.Pool("shared", "equal-share", ("burstable", "best-effort"), (gpu,))], [gpu])
+    assert ask(shared, "c", bench.COMPUTE, "A40-24C", 0.65).admitted
+    assert [ask(shared, f"d{i}", bench.DESK, "A40-2B", 0.15).admitted for i in range(3)] == [True, True, False]
+    assert {a.gpu for a in shared.allocations} == {gpu} and len(shared.allocations) == 3
+    assert bench.violations(shared, ts) == []
+    split = HostModel(one, [adm.Pool("compute", "best-effort", ("best-effort",), (gpu,))], [gpu])
+    assert ask(split, "c", bench.COMPUTE, "A40-24C", 0.65).admitted
+    assert not ask(split, "d0", bench.DESK, "A40-2B", 0.15).admitted
+
+
+def test_two_pools_keep_gold_and_merge_std_and_batch():
+    three, two = bench.pools(), bench.pools("two")
+    assert [p.name for p in two] == ["gold", "std"] and two[0] == three[0]
+    assert sorted(two[1].gpus) == sorted(three[1].gpus + three[2].gpus)
+    assert set(two[1].classes) == {"burstable", "best-effort"} and two[1].policy == "equal-share"
 
 
 def test_the_plot_is_written_or_skipped_with_a_line(tmp_path):
