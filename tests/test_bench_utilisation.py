@@ -200,3 +200,20 @@ def test_the_pool_bound_takes_the_best_split_at_every_moment():
     events = [(0.0, "arrive", v) for v in vms] + [(4.0, "depart", v) for v in vms]
     got = bench.pools_bound(events, vms, (0.0, 4.0))
     assert got["time_share"] == pytest.approx((10.0 + 6 * 0.9) / n)
+
+
+def test_the_shared_bound_keeps_large_vms_apart_and_48c_alone():
+    """The shared-pool bound: a VM over half a GPU takes a GPU alone (its leftover filled by small VMs),
+    a 48C takes a whole GPU, and nothing is served past the fleet."""
+    n = len(bench.GPUS)
+    vms = {"w": (bench.COMPUTE, "A40-48C", "A40", 0.7), "l1": (bench.COMPUTE, "A40-24C", "A40", 0.8),
+           "l2": (bench.COMPUTE, "A40-12C", "A40", 0.6), "s": (bench.DESK, "A40-1B", "A40", 0.1)}
+    events = [(0.0, "arrive", v) for v in vms] + [(10.0, "depart", v) for v in vms]
+    got = bench.shared_bound(events, vms, (0.0, 10.0))
+    assert got["time_share"] == pytest.approx(2.2 / n) and got["time_share_steady"] == pytest.approx(2.2 / n)
+    # 20 large VMs on 16 GPUs: 16 served alone, the 4 others not at all; 24 small ones fill the leftovers
+    vms = {f"l{i}": (bench.COMPUTE, "A40-24C", "A40", 0.6) for i in range(20)}
+    vms.update({f"s{i}": (bench.DESK, "A40-1B", "A40", 0.25) for i in range(24)})
+    events = [(0.0, "arrive", v) for v in vms] + [(4.0, "depart", v) for v in vms]
+    got = bench.shared_bound(events, vms, (0.0, 4.0))
+    assert got["time_share"] == pytest.approx(min(16 * 0.6 + 24 * 0.25, n) / n)
