@@ -518,26 +518,36 @@ def diurnal_trace(seed: int, arrivals: int):
     return [(e[0], e[2], e[3]) for e in events], vms
 
 
+def _bound(events, vms, steady, served):
+    """Time-weighted ``served(live)`` (GPU time, in GPUs) over the trace, live being the VMs arrived and
+    not departed (admitted or not), as a share of the fleet: ``{time_share, time_share_steady}``."""
+    live, meter = {}, Meter(steady)
+    for now, kind, vm in events:
+        meter.tick(now, (0, served(live.values()) / len(GPUS), 0, 0, 0))
+        if kind == "arrive":
+            live[vm] = vms[vm]
+        else:
+            live.pop(vm, None)
+    return {"time_share": meter.result()["time"], "time_share_steady": meter.result(True)["time"]}
+
+
 def pools_bound(events, vms, steady):
     """The most GPU time any pool reconciler could serve on the diurnal trace, as a share of the fleet
     (whole span, steady window): at every moment the split of the GPUs between desktops and compute
     that serves most, with moves free, instant and clairvoyant, desktops packed to a whole GPU each,
     and each compute VM alone on a GPU (its expected GPU time, about 0.65, leaves no room for a second
     under a ceiling of 1.0): max over k of min(desktop demand, GPUs - k) + the k largest compute uses."""
-    live, meter, n = {}, Meter(steady), len(GPUS)
-    for now, kind, vm in events:
-        desk = sum(v[3] for v in live.values() if v[0] == DESK)
-        comp = sorted((v[3] for v in live.values() if v[0] != DESK), reverse=True)
+    n = len(GPUS)
+
+    def served(live):
+        desk = sum(v[3] for v in live if v[0] == DESK)
+        comp = sorted((v[3] for v in live if v[0] != DESK), reverse=True)
         best, top = min(desk, n), 0.0
         for k in range(1, min(n, len(comp)) + 1):
             top += comp[k - 1]
             best = max(best, min(desk, n - k) + top)
-        meter.tick(now, (0, best / n, 0, 0, 0))
-        if kind == "arrive":
-            live[vm] = vms[vm]
-        else:
-            live.pop(vm, None)
-    return {"time_share": meter.result()["time"], "time_share_steady": meter.result(True)["time"]}
+        return best
+    return _bound(events, vms, steady, served)
 
 
 def shared_bound(events, vms, steady):
@@ -548,11 +558,12 @@ def shared_bound(events, vms, steady):
     left, split as finely as needed: max over the whole-GPU VMs ``a`` and large VMs ``b`` placed (the
     largest first) of ``A_a + min(B_b + small, N - a)``.  An upper bound: a placement that starves no VM
     never serves more."""
-    live, meter, n = {}, Meter(steady), len(GPUS)
-    for now, kind, vm in events:
-        whole = sorted((v[3] for v in live.values() if v[1].endswith("-48C")), reverse=True)
-        large = sorted((v[3] for v in live.values() if not v[1].endswith("-48C") and v[3] > 0.5), reverse=True)
-        small = sum(v[3] for v in live.values() if not v[1].endswith("-48C") and v[3] <= 0.5)
+    n = len(GPUS)
+
+    def served(live):
+        whole = sorted((v[3] for v in live if v[1].endswith("-48C")), reverse=True)
+        large = sorted((v[3] for v in live if not v[1].endswith("-48C") and v[3] > 0.5), reverse=True)
+        small = sum(v[3] for v in live if not v[1].endswith("-48C") and v[3] <= 0.5)
         best, top_a = 0.0, 0.0
         for a in range(min(n, len(whole)) + 1):
             top_a += whole[a - 1] if a else 0.0
@@ -560,12 +571,8 @@ def shared_bound(events, vms, steady):
             for b in range(min(n - a, len(large)) + 1):
                 top_b += large[b - 1] if b else 0.0
                 best = max(best, top_a + min(top_b + small, n - a))
-        meter.tick(now, (0, best / n, 0, 0, 0))
-        if kind == "arrive":
-            live[vm] = vms[vm]
-        else:
-            live.pop(vm, None)
-    return {"time_share": meter.result()["time"], "time_share_steady": meter.result(True)["time"]}
+        return best
+    return _bound(events, vms, steady, served)
 
 
 #: the desk pool sizes the best static split is searched over first (then the two beside the best)
