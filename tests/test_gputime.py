@@ -82,9 +82,10 @@ def test_the_estimate_is_the_domains_history_then_its_tenants_then_the_fixed_sha
     hist = gputime.history(s)
     own = gputime.estimate(hist, uid("d0d0d0d0", 1), "web", "A40-8Q")
     assert own == ExpectedUse(0.7, METERED, 7200.0)
-    # a new domain of web: the mean of web's domains on the profile
+    # a new domain of web: the mean of web's domains on the profile, each weighted by its busy seconds
+    # (0.7 x 0.7 + 0.3 x 0.3) / (0.7 + 0.3), not the plain 0.5 (trial 10a finding 11)
     new = gputime.estimate(hist, uid("d0d0d0d0", 9), "WEB", "a40-8q")
-    assert new.source == TENANT_PROFILE and new.share == pytest.approx(0.5)
+    assert new.source == TENANT_PROFILE and new.share == pytest.approx(0.58)
     # another profile, or no tenant: None, which policy reads as the fixed share (8 GiB of 48 GiB)
     assert gputime.estimate(hist, uid("d0d0d0d0", 9), "web", "A40-4Q") is None
     d = adm.vgpu_demand("A40-8Q")
@@ -92,6 +93,135 @@ def test_the_estimate_is_the_domains_history_then_its_tenants_then_the_fixed_sha
     # in a fixed-share pool never more than the fixed share (the scheduler gives no more)
     assert compute.expected(replace(d, use=own), 48 * GIB, "fixed-share").share == pytest.approx(1 / 6)
     assert compute.expected(replace(d, use=own), 48 * GIB, "equal-share").share == 0.7
+
+
+def test_idle_domains_cannot_lower_the_estimate_of_a_tenants_new_domains(make_host, capsys):
+    """Trial 10a finding 11: a tenant's idle decoy domains on a profile weigh nothing in the estimate of
+    its domains without history (each domain's mean weighted by its busy seconds), so its new domains are
+    placed as its real use says, not packed beside another tenant's VM; lowering it costs real GPU time."""
+    host, s = std_host(make_host)
+    tenancy.add(s, Tenant("quiet"))
+    metered(s, uid("a0a0a0a0", 0), "quiet", "A40-8Q", 0.5, hours=3)
+    assert start(host, "q0", tdom("q0", uid("a0a0a0a0", 0), uid("a1a1a1a1", 0), tenant="quiet")) == (0, "")
+    assert mdev_gpu(host, uid("a1a1a1a1", 0)) == GPU_LO
+    for i in range(2):                                          # web's real VMs, stopped now
+        metered(s, uid("b0b0b0b0", i), "web", "A40-8Q", 0.5, hours=3)
+    honest = gputime.estimate(gputime.history(s), uid("d0d0d0d0", 9), "web", "A40-8Q")
+    for i in range(10):                                         # ten idle decoys, 3 h each
+        metered(s, uid("c0c0c0c0", i), "web", "A40-8Q", 0.0, hours=3)
+    gamed = gputime.estimate(gputime.history(s), uid("d0d0d0d0", 9), "web", "A40-8Q")
+    assert honest == ExpectedUse(0.5, TENANT_PROFILE, 6 * 3600.0)
+    assert gamed.share == 0.5 and gamed.source == TENANT_PROFILE            # the plain mean: 0.083
+    # four new domains of web (no history of their own): placed at 0.5 each, the fourth refused
+    placed = [start(host, f"w{i}", web(i))[0] for i in range(4)]
+    assert placed == [0, 0, 0, 2]
+    on = [mdev_gpu(host, uid("e0e0e0e0", i)) for i in range(3)]
+    assert sorted(map(str, on)) == sorted([str(GPU_LO), str(GPU_HI), str(GPU_HI)])
+    assert uid("e0e0e0e0", 3) not in {r[0] for r in s.allocation_rows()}
+    # once they run as web's VMs do, no GPU carries more than its ceiling: quiet's VM is not starved
+    for i in range(3):
+        metered(s, uid("d0d0d0d0", i), "web", "A40-8Q", 0.5)
+    doc = json.loads(run(capsys, host, "--json", "capacity")[1])
+    assert doc["starved_demand"]["total"] == 0
+    assert {g["gpu"]: g["gpu_time_expected"] for g in doc["gpus"] if g["gpu_time_expected"]} == {
+        str(GPU_LO): pytest.approx(1.0), str(GPU_HI): pytest.approx(1.0)}
+    # what lowering it costs: decoys must be busy, and halving it takes as much busy time as the real use
+    # (web's real VMs, 5 domains now: 3 h x 0.5 x 2 + 2 h x 0.5 x 3 = 6 busy hours; 60 decoys x 3 h x 0.1 = 18)
+    for i in range(60):
+        metered(s, uid("c1c1c1c1", i), "web", "A40-8Q", 0.1, hours=3)
+    costly = gputime.estimate(gputime.history(s), uid("d0d0d0d0", 9), "web", "A40-8Q")
+    assert costly.share == pytest.approx((6 * 0.5 + 18 * 0.1) / (6 + 18))     # 0.2, after 18 GPU-hours spent
+
+
+def test_a_tenant_whose_domains_were_idle_gets_the_fixed_share_not_zero(make_host):
+    """Trial 10a finding 11: a tenant with no busy history on a profile (idle domains only, or less than ten
+    busy GPU-minutes) gets no tenant-profile estimate: its new domains count the profile's fixed share."""
+    _, s = std_host(make_host)
+    for i in range(5):
+        metered(s, uid("c0c0c0c0", i), "web", "A40-8Q", 0.0, hours=3)
+    hist = gputime.history(s)
+    assert gputime.estimate(hist, uid("d0d0d0d0", 9), "web", "A40-8Q") is None
+    # a domain's own idle history is its own: it expects what it used
+    assert gputime.estimate(hist, uid("c0c0c0c0", 0), "web", "A40-8Q") == ExpectedUse(0.0, METERED, 3 * 3600.0)
+    metered(s, uid("c1c1c1c1", 0), "web", "A40-8Q", 0.05, hours=3)         # 540 busy seconds: not yet
+    assert gputime.estimate(gputime.history(s), uid("d0d0d0d0", 9), "web", "A40-8Q") is None
+    metered(s, uid("c1c1c1c1", 1), "web", "A40-8Q", 0.05, hours=3)         # 1080: trusted
+    assert gputime.estimate(gputime.history(s), uid("d0d0d0d0", 9), "web", "A40-8Q").share == pytest.approx(0.05)
+
+
+def test_a_metered_share_above_one_gpu_is_read_as_one_and_starts_on_an_empty_gpu(make_host, capsys):
+    """Trial 10a finding 14: rollups reading more busy than allocated seconds (1.01 of a GPU) are read as
+    1.0: the domain starts on an empty GPU of an equal-share pool, which then expects 1.0."""
+    host, s = std_host(make_host)
+    metered(s, uid("d0d0d0d0", 1), "web", "A40-8Q", 1.01)
+    metered(s, uid("d0d0d0d0", 2), "web", "A40-8Q", 1.5)
+    hist = gputime.history(s)
+    assert gputime.estimate(hist, uid("d0d0d0d0", 1), "web", "A40-8Q") == ExpectedUse(1.0, METERED, 7200.0)
+    assert gputime.estimate(hist, uid("d0d0d0d0", 9), "web", "A40-8Q").share == 1.0
+    d = replace(adm.vgpu_demand("A40-8Q"), use=ExpectedUse(1.2, METERED))
+    assert compute.expected(d, 48 * GIB, "equal-share").share == 1.0
+    assert start(host, "w1", web(1)) == (0, "")
+    first = mdev_gpu(host, uid("e0e0e0e0", 1))
+    assert first in (GPU_LO, GPU_HI)
+    doc = json.loads(run(capsys, host, "--json", "capacity")[1])
+    assert {g["gpu"]: g["gpu_time_expected"] for g in doc["gpus"]}[str(first)] == 1.0
+    assert doc["starved_demand"]["total"] == 0
+    # the second domain metered 1.5: also 1.0, on the other GPU
+    assert start(host, "w2", web(2)) == (0, "") and mdev_gpu(host, uid("e0e0e0e0", 2)) not in (first, None)
+
+
+LENDING_LAYOUT = """version: 1
+layouts:
+  l:
+    gpus:
+      - select: {address: "0000:81:00.0"}
+        mode: vgpu
+        vgpu: {types: {A40-8Q: 6}}
+        scheduler: {policy: equal-share}
+        pool: {name: std, serves: [burstable]}
+"""
+
+
+def test_a_layouts_idle_vgpus_expect_no_gpu_time_and_are_lent_to_a_busier_domain(make_host, capsys):
+    """Trial 10a finding 10: a layout's pre-created vGPUs that no domain holds are room, not demand: a
+    domain expecting more than the profile's fixed share (0.3 > 1/6) is lent one of them on an otherwise
+    idle GPU, and the lent slot then expects what the domain does, not its fixed share besides."""
+    from vgpuhost.libvirt.domxml import Metadata, VgpuRequest
+    from test_hook import domain_xml, mdev_hostdev
+    host = mixed(make_host)
+    path = host.root / "l.yaml"
+    path.write_text(LENDING_LAYOUT)
+    assert run(capsys, host, "apply", "-c", str(path), "--yes")[0] == 0
+    s = StateStore(host.state_dir)
+    tenancy.add(s, Tenant("web"))
+    idle = sorted(r.id for r in s.vgpu_records() if r.owner == "layout")
+    assert len(idle) == 6
+    doc = json.loads(run(capsys, host, "--json", "capacity")[1])
+    assert {g["gpu"]: g["gpu_time_expected"] for g in doc["gpus"]}[str(GPU_HI)] == 0     # six idle: no demand
+    metered(s, uid("d9d9d9d9", 0), "web", "A40-8Q", 0.3, hours=3)
+    # pinned to the layout's GPU (its only choice): lent a layout slot, not refused for GPU time
+    x = domain_xml("w1", uid("d1d1d1d1", 1), Metadata(tenant="web", vgpus=[VgpuRequest(
+        "A40-8Q", uuid=uid("e1e1e1e1", 1), gpu=GPU_HI)]), [mdev_hostdev(uid("e1e1e1e1", 1))])
+    assert start(host, "w1", x) == (0, "")
+    assert mdev_gpu(host, uid("e1e1e1e1", 1)) == GPU_HI
+    recs = {r.id: r for r in s.vgpu_records()}
+    assert recs[uid("e1e1e1e1", 1)].owner == uid("d1d1d1d1", 1) and recs[uid("e1e1e1e1", 1)].pool == "layout"
+    assert len([r for r in recs.values() if r.owner == "layout"]) == 5 and len(mdevs(host)) == 6
+    assert [r[3] for r in s.allocation_rows() if r[0] == uid("e1e1e1e1", 1)] == [str(GPU_HI)]
+    # the GPU now expects the domain's 0.3 alone: the five idle slots and the lent one's fixed share add nothing
+    doc = json.loads(run(capsys, host, "--json", "capacity")[1])
+    assert {g["gpu"]: g["gpu_time_expected"] for g in doc["gpus"]}[str(GPU_HI)] == pytest.approx(0.3)
+    assert doc["starved_demand"]["total"] == 0
+    # three more fit there (0.3 x 3 = 0.9 + 0.3 > 1: the fourth of them does not)
+    for i in (2, 3):
+        x = domain_xml(f"w{i}", uid("d1d1d1d1", i), Metadata(tenant="web", vgpus=[VgpuRequest(
+            "A40-8Q", uuid=uid("e1e1e1e1", i), gpu=GPU_HI)]), [mdev_hostdev(uid("e1e1e1e1", i))])
+        assert start(host, f"w{i}", x) == (0, "")
+    x = domain_xml("w4", uid("d1d1d1d1", 4), Metadata(tenant="web", vgpus=[VgpuRequest(
+        "A40-8Q", uuid=uid("e1e1e1e1", 4), gpu=GPU_HI)]), [mdev_hostdev(uid("e1e1e1e1", 4))])
+    rc, err = start(host, "w4", x)
+    assert rc == 2 and "0.90 expected + 0.30 asked > ceiling 1" in err, err
+    assert len([r for r in s.vgpu_records() if r.owner == "layout"]) == 3
 
 
 # ---------------------------------------------------------------------------

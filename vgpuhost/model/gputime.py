@@ -2,7 +2,7 @@
 
 Owns: :class:`ExpectedUse` (the share of one GPU's time a vGPU is expected
 to use, and where that figure came from), the sources
-(:data:`METERED`, :data:`TENANT_PROFILE`, :data:`PROFILE_SHARE`) and the
+(:data:`METERED`, :data:`TENANT_PROFILE`, :data:`PROFILE_SHARE`, :data:`IDLE`) and the
 ceiling bounds (:data:`DEFAULT_CEILING`, :data:`MAX_CEILING`).  Must not:
 read the metering store (``vgpuhost.ops.gputime`` computes estimates) or
 decide placement (``vgpuhost.policy.compute`` does).  Imported on the qemu
@@ -21,7 +21,9 @@ from .values import record
 #: its tenant's domains on the same profile; the profile's fixed share (framebuffer / GPU framebuffer,
 #: what the fixed-share scheduler gives a vGPU of an equal-size GPU full of its type)
 METERED, TENANT_PROFILE, PROFILE_SHARE = "metered", "tenant-profile", "profile"
-SOURCES = (METERED, TENANT_PROFILE, PROFILE_SHARE)
+#: a vGPU no domain holds (a layout's or a manual one, free to be lent): it expects no GPU time
+IDLE = "idle"
+SOURCES = (METERED, TENANT_PROFILE, PROFILE_SHARE, IDLE)
 
 #: a pool's compute ceiling per GPU when the layout sets none (equal-share, fixed-share, best-effort)
 DEFAULT_CEILING = 1.0
@@ -31,7 +33,7 @@ MAX_CEILING = 8.0
 
 @record(frozen=True)
 class ExpectedUse:
-    """A vGPU's expected GPU-time demand: ``share`` of one GPU (0.0 and up; float), ``source`` one of
+    """A vGPU's expected GPU-time demand: ``share`` of one GPU (0.0 to 1.0; float), ``source`` one of
     :data:`SOURCES`; ``samples_s``: the allocated seconds of metered history behind it (0 for
     :data:`PROFILE_SHARE`)."""
 

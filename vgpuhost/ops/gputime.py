@@ -3,16 +3,25 @@
 Owns: reading the metering rollups once (:func:`history`, over the last
 :data:`HISTORY_HOURS`), estimating one vGPU's expected GPU time
 (:func:`estimate`: the domain's own metered mean on the profile, else the
-mean of its tenant's domains on the profile, else None, which
+busy-weighted mean of its tenant's domains on the profile, else None, which
 :mod:`vgpuhost.policy.compute` reads as the profile's fixed share), and
-handing it to policy as values (:func:`with_use` for the allocations held,
+handing it to policy as values (:func:`with_use` for the allocations held:
+a vGPU no domain holds, a layout's or a manual one, expects none;
 :func:`demand_with_use` for a request).  Must not: decide placement.
 Imported on the qemu hook's path under tenancy (``ops.tenancy.admit_domain``):
 no ``typing``, one query.
 
 Units: shares of one GPU's time, ``sm_busy_s / alloc_s`` of the hourly
-rollups (docs/metering.md); history with less than
-:data:`MIN_HISTORY_S` allocated seconds is not trusted.
+rollups (docs/metering.md), never above 1.0 (a vGPU cannot use more than
+one GPU's time: a rollup reading more is measurement, read as 1.0);
+history with less than :data:`MIN_HISTORY_S` allocated seconds is not
+trusted, nor a tenant's with less than :data:`MIN_TENANT_BUSY_S` busy seconds.
+
+The tenant's estimate weights each domain's mean by that domain's busy
+seconds (``sum(busy_d * busy_d / alloc_d) / sum(busy_d)``), so allocated but
+idle domains weigh nothing: a tenant lowers the estimate of its domains
+without history only by spending real GPU time at a low share (to halve it,
+as much busy time as its real domains spent), trial 10a finding 11.
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ from __future__ import annotations
 import time
 
 from ..io import state as st
-from ..model.gputime import METERED, TENANT_PROFILE, ExpectedUse
+from ..model.gputime import IDLE, METERED, TENANT_PROFILE, ExpectedUse
+from ..model.kinds import Owner
 from ..model.values import replace
 
 TYPE_CHECKING = False
@@ -33,22 +43,31 @@ if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing
 HISTORY_HOURS = 48
 #: allocated seconds of history below which a mean is not trusted (ten minutes)
 MIN_HISTORY_S = 600.0
+#: busy seconds a tenant's domains on a profile must have metered before their mean is trusted for a
+#: domain without history of its own (ten minutes of one GPU's full time): a tenant whose domains were
+#: idle, or nearly, gets the profile's fixed share, not an estimate its idle domains set
+MIN_TENANT_BUSY_S = 600.0
 
 
 class History:
-    """Summed metered use: ``domains[(domain UUID, profile)]`` and ``tenants[(tenant, profile)]`` (names
-    lower case) -> ``(alloc_s, sm_busy_s)``."""
+    """Summed metered use: ``domains[(domain UUID, profile)]`` -> ``(alloc_s, sm_busy_s)`` and
+    ``tenants[(tenant, profile)]`` -> ``(alloc_s, sm_busy_s, busy-weighted share sum)`` (names lower case;
+    ``sm_busy_s`` never above ``alloc_s``; the last: ``sum(busy_d * busy_d / alloc_d)`` over the tenant's
+    domains, :func:`estimate` divides it by ``sm_busy_s``)."""
 
     def __init__(self, rows: "Sequence[tuple]" = ()):
         self.domains: "Dict[Tuple[str, str], Tuple[float, float]]" = {}
-        self.tenants: "Dict[Tuple[str, str], Tuple[float, float]]" = {}
+        self.tenants: "Dict[Tuple[str, str], Tuple[float, float, float]]" = {}
         for domain, tenant, profile, alloc_s, busy_s in rows:
-            for book, key in ((self.domains, (domain.lower(), profile.lower())),
-                              (self.tenants, (tenant.lower(), profile.lower()) if tenant else None)):
-                if key is None:
-                    continue
-                a, b = book.get(key, (0.0, 0.0))
-                book[key] = (a + (alloc_s or 0.0), b + (busy_s or 0.0))
+            alloc_s = alloc_s or 0.0
+            busy_s = min(busy_s or 0.0, alloc_s)        # more than the whole GPU is measurement: 1.0
+            key = (domain.lower(), profile.lower())
+            a, b = self.domains.get(key, (0.0, 0.0))
+            self.domains[key] = (a + alloc_s, b + busy_s)
+            if tenant:
+                key = (tenant.lower(), profile.lower())
+                a, b, w = self.tenants.get(key, (0.0, 0.0, 0.0))
+                self.tenants[key] = (a + alloc_s, b + busy_s, w + (busy_s * busy_s / alloc_s if alloc_s else 0.0))
 
 
 def history(store, *, now_s: "Optional[float]" = None) -> History:
@@ -59,25 +78,31 @@ def history(store, *, now_s: "Optional[float]" = None) -> History:
 
 
 def estimate(hist: History, domain: str, tenant: "Optional[str]", profile: str) -> "Optional[ExpectedUse]":
-    """The expected GPU time of a vGPU of ``profile`` for ``domain`` (UUID) of ``tenant``: its metered mean,
-    else its tenant's on the profile, else None (the profile's fixed share, :mod:`vgpuhost.policy.compute`)."""
-    for book, key, source in ((hist.domains, (domain.lower(), profile.lower()), METERED),
-                              (hist.tenants, ((tenant or "").lower(), profile.lower()), TENANT_PROFILE)):
-        if source == TENANT_PROFILE and not tenant:
-            continue
-        alloc_s, busy_s = book.get(key, (0.0, 0.0))
-        if alloc_s >= MIN_HISTORY_S:
-            return ExpectedUse(round(busy_s / alloc_s, 4), source, alloc_s)
+    """The expected GPU time of a vGPU of ``profile`` for ``domain`` (UUID) of ``tenant``: its metered mean
+    (:data:`MIN_HISTORY_S` allocated seconds at least), else the busy-weighted mean of its tenant's domains
+    on the profile (:class:`History`; :data:`MIN_TENANT_BUSY_S` busy seconds at least), else None (the
+    profile's fixed share, :mod:`vgpuhost.policy.compute`).  Never above 1.0."""
+    alloc_s, busy_s = hist.domains.get((domain.lower(), profile.lower()), (0.0, 0.0))
+    if alloc_s >= MIN_HISTORY_S:
+        return ExpectedUse(min(1.0, round(busy_s / alloc_s, 4)), METERED, alloc_s)
+    if not tenant:
+        return None
+    alloc_s, busy_s, weighted = hist.tenants.get((tenant.lower(), profile.lower()), (0.0, 0.0, 0.0))
+    if alloc_s >= MIN_HISTORY_S and busy_s >= MIN_TENANT_BUSY_S:
+        return ExpectedUse(min(1.0, round(weighted / busy_s, 4)), TENANT_PROFILE, alloc_s)
     return None
 
 
 def with_use(hist: History, allocations: "Sequence") -> "List":
     """``allocations`` (:class:`vgpuhost.policy.demand.Allocation`) with each time-sliced vGPU's
-    expected GPU time filled in (:func:`estimate`; the others unchanged)."""
+    expected GPU time filled in (:func:`estimate`; the others unchanged).  A vGPU no domain holds (owner
+    ``layout`` or ``manual``: made for guests, free until one is lent or claimed) expects 0.0
+    (:data:`vgpuhost.model.gputime.IDLE`): it is room, not demand; lent, it is the domain's and
+    expects what the domain does (trial 10a finding 10)."""
     out = []
     for a in allocations:
         if a.kind == "vgpu" and not a.mig_slices and a.use is None:
-            use = estimate(hist, a.owner, a.tenant, a.profile)
+            use = ExpectedUse(0.0, IDLE) if Owner.is_pool(a.owner) else estimate(hist, a.owner, a.tenant, a.profile)
             if use is not None:
                 a = replace(a, use=use)
         out.append(a)

@@ -47,13 +47,15 @@ def sliced(d: Demand) -> bool:
 
 def expected(d: Demand, gpu_memory_mib: Optional[int], policy: str = "") -> ExpectedUse:
     """The expected GPU-time demand of time-sliced ``d`` on a GPU of ``gpu_memory_mib`` MiB whose pool runs
-    ``policy`` (``""``: not known): ``d.use`` when given, else the profile's fixed share; in a fixed-share
-    pool capped at the fixed share (the scheduler gives the vGPU that share, never more).  A hardware
-    partition expects 0.0."""
+    ``policy`` (``""``: not known): ``d.use`` when given, else the profile's fixed share; never more than
+    1.0 (one GPU's time: a vGPU cannot use more), in a fixed-share pool capped at the fixed share (the
+    scheduler gives the vGPU that share, never more).  A hardware partition expects 0.0."""
     if not sliced(d):
         return ExpectedUse(0.0, PROFILE_SHARE)
     fixed = fixed_share(d.framebuffer_mib, gpu_memory_mib)
     use = d.use if d.use is not None else ExpectedUse(fixed, PROFILE_SHARE)
+    if use.share > 1.0:
+        use = ExpectedUse(1.0, use.source, use.samples_s)
     if policy == SchedulerPolicy.FIXED_SHARE and fixed and use.share > fixed:
         return ExpectedUse(fixed, use.source, use.samples_s)
     return use
