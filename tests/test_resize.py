@@ -166,3 +166,52 @@ def test_a_fallen_back_first_try_is_no_demand_for_the_reconciler(make_host):
     assert start(host, "r4", big)[0] == 2
     got = rebalance.facts(host, s, pol.Bounds()).refusals
     assert [(r.profile, r.tenant, r.qos, r.code) for r in got] == [("A40-48Q", "web", "burstable", "capacity")]
+
+
+def test_the_advice_is_never_a_larger_profile_than_the_one_asked(make_host):
+    """Trial 10a finding 2: the device metered on A40-8Q (advice there: A40-2Q); its metadata now asks
+    A40-1Q, which the use does not fit: it starts on A40-1Q as asked, never on the larger A40-2Q."""
+    host, s = setup(make_host)
+    history(s, uid("d1d1d1d1", 1), uid("e1e1e1e1", 1), "A40-8Q", peak_mib=1500, share=0.03)
+    assert start(host, "r1", dom(1, True).replace("A40-8Q", "A40-1Q")) == (0, "")
+    assert type_name(host, uid("e1e1e1e1", 1)) == "A40-1Q"
+    assert not [r for r in s.audit_rows() if r.result in ("resized", "resize-fallback")]
+    assert [(r[0], r[5]) for r in s.allocation_rows()] == [(uid("e1e1e1e1", 1), "A40-1Q")]
+
+
+def test_the_same_use_gets_the_same_profile_at_every_restart(make_host):
+    """Trial 10a finding 6: after a run on the advised A40-2Q with the same use, the next start is advised
+    A40-2Q again (the run on 2Q is evidence for the A40-8Q asked), not put back on A40-8Q; each start's
+    resize has its audit row."""
+    from test_hook import stop
+    host, s = setup(make_host)
+    dev = uid("e1e1e1e1", 1)
+    now = int(time.time()) // 3600 * 3600
+
+    def meter(profile: str, hours_ago) -> None:
+        rows = [UsageRow(time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(now - 3600 * h)), dev, uid("d1d1d1d1", 1),
+                         "vgpu", str(GPU_LO), profile, "", "web", "burstable", 3600.0, 3600.0 * 0.03, 0.0, 0.0,
+                         1500 * MIB, 8192 * MIB, 60) for h in hours_ago]
+        with s.transaction() as conn:
+            st.add_usage(conn, rows)
+
+    meter("A40-8Q", range(22, 25))
+    made = []
+    for k in range(1, 5):
+        assert start(host, "r1", dom(1, True)) == (0, "")
+        made.append(type_name(host, dev))
+        stop(host, "r1", dom(1, True))
+        meter(made[-1], range(22 - 4 * k, 25 - 4 * k))          # 3 more hours, the same use, on what it got
+    assert made == ["A40-2Q"] * 4
+    rows = [r for r in s.audit_rows() if r.result == "resized"]
+    assert len(rows) == 4 and all("A40-8Q -> A40-2Q" in r.value and r.path == dev for r in rows)
+
+
+def test_history_on_another_series_is_no_evidence_for_the_profile_asked(make_host):
+    """Right-sizing weighs only the history on the asked profile's board, series and GI size: a device that
+    metered on A40-8C (compute) gets no advice for the A40-8Q asked now."""
+    host, s = setup(make_host)
+    history(s, uid("d1d1d1d1", 1), uid("e1e1e1e1", 1), "A40-8C", peak_mib=1500, share=0.03)
+    assert start(host, "r1", dom(1, True)) == (0, "")
+    assert type_name(host, uid("e1e1e1e1", 1)) == "A40-8Q"
+    assert not [r for r in s.audit_rows() if r.result in ("resized", "resize-fallback")]

@@ -500,17 +500,21 @@ def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory", types
     """Right-sizing at restart (issue 30 item 5), for a domain whose metadata asks ``resize="auto"``:
     ``{device: (profile asked, profile advised, evidence)}`` for each of its vGPUs that ``advise``
     (:func:`vgpuhost.policy.usage.advise` over the domain's own metered rollups of the last 7 days)
-    would move to a smaller profile of the same board and series that this host offers.  Only at a
-    start: a running VM is never changed.  Admission (quota, isolation, class, pool, placement) still
-    decides on the advised profile; :class:`_ResizedOrAsked` falls back to the one asked.  A vGPU
-    that exists already (``existing``: recorded ids, e.g. one a layout pre-created and lends) keeps
-    its type."""
+    would move to a smaller profile of the same board and series that this host offers.  The advice is
+    made for the profile asked now, over the history on any profile of its board, series and GI size
+    (a run on the advised profile is evidence like one on the asked): the same use gives the same
+    advice at every start (trial 10a finding 6), and it is never the profile asked or a larger one
+    (finding 2).  Only at a start: a running VM is never changed.  Admission (quota, isolation, class,
+    pool, placement) still decides on the advised profile; :class:`_ResizedOrAsked` falls back to the
+    one asked.  A vGPU that exists already (``existing``: recorded ids, e.g. one a layout pre-created and
+    lends) keeps its type."""
     import time as _time
     from ..io.state import usage_rows
     from ..model.values import VgpuProfile
     from ..policy.usage import Offer, advise
     since = _time.strftime("%Y-%m-%dT%H:00:00Z", _time.gmtime(_time.time() - RESIZE_WINDOW_S))
-    rows = [r for r in usage_rows(store, since) if r.domain_uuid == view.uuid and r.device in types]
+    rows = [r for r in usage_rows(store, since) if r.domain_uuid == view.uuid and r.device in types
+            and r.device not in existing]
     if not rows:
         return {}
     offers: Dict[str, object] = {}
@@ -520,16 +524,29 @@ def _right_size(store: "StateStore", view: "DomainView", inv: "Inventory", types
     for _gpu, _tid, name, fb in store.seen_types():
         if fb:
             offers.setdefault(str(name).upper(), Offer(str(name), int(fb), None))
-    items, _ = advise(rows, list(offers.values()), min_alloc_s=RESIZE_MIN_ALLOC_S)
+
+    def series(name: str):
+        p = VgpuProfile.try_parse(name)
+        return None if p is None else (p.board, p.series, p.gi_slices)
+
+    # each device's rows on its asked profile's series, read as if metered on the asked profile: advise
+    # then weighs the use against the asked framebuffer, and offers only profiles smaller than it
+    asked_rows = []
+    for r in rows:
+        asked = types[r.device]
+        if asked.upper() in offers and series(asked) is not None and series(r.profile) == series(asked):
+            asked_rows.append(r._replace(profile=asked))
+    if not asked_rows:
+        return {}
+    items, _ = advise(asked_rows, list(offers.values()), min_alloc_s=RESIZE_MIN_ALLOC_S)
     out: Dict[str, Tuple[str, str, str]] = {}
     for a in items:
-        if a.action != "downsize" or not a.to or a.device not in types or a.device in existing:
+        if a.action != "downsize" or not a.to or a.device not in types:
             continue
-        old, new = VgpuProfile.try_parse(types[a.device]), VgpuProfile.try_parse(a.to)
-        if old is None or new is None or (new.board, new.series, new.gi_slices) != (old.board, old.series,
-                                                                                      old.gi_slices):
-            continue                # the same series only: same board, same letter class
-        out[a.device] = (types[a.device], a.to, a.reason)
+        old, new = types[a.device], a.to
+        if series(new) != series(old) or offers[new.upper()].framebuffer_mib >= offers[old.upper()].framebuffer_mib:
+            continue                # the same series only (same board, same letter class), and smaller
+        out[a.device] = (old, new, a.reason)
     return out
 
 
