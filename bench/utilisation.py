@@ -29,8 +29,8 @@ Replays:
     an expected GPU time, so each counts its profile's fixed share, which
     never passes a GPU's ceiling of 1.0: placement by framebuffer, as before;
 (c) compute-aware: as (b), each vGPU carrying an *estimated* GPU time, as
-    ``vgpuhost.ops.gputime`` estimates it on a host: the mean metered use of
-    its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
+    ``vgpuhost.ops.gputime`` estimates it on a host: the busy-weighted mean metered use
+    of its tenant's VMs on the same profile that ran before it (:class:`Estimator`;
     never the VM's own use from the trace), else the profile's fixed share;
     ``--known`` adds (c*), the same with each VM's own use (a reference);
 (d) mixed-size + compute-aware: as (c), with the GPUs of the equal-share and
@@ -252,19 +252,22 @@ def replay_hoarding(events, vms, steady):
 
 class Estimator:
     """What ``vgpuhost.ops.gputime`` does on a host, over the trace: a new VM's expected GPU time is the
-    mean metered use of its tenant's VMs on the same profile that ran before it (use is learnt when a VM
-    has run, never read from the trace for the VM itself), else the profile's fixed share."""
+    mean metered use of its tenant's VMs on the same profile that ran before it, each VM's use weighted by
+    its busy time (``sum(u * u) / sum(u)``, each VM standing for the same allocated time: idle VMs weigh
+    nothing, so idle decoys cannot lower it; trial 10a finding 11), else the profile's fixed share (use
+    is learnt when a VM has run, never read from the trace for the VM itself)."""
 
     def __init__(self):
         self.sums = {}
 
     def learn(self, tenant, profile, use) -> None:
-        n, s = self.sums.get((tenant, profile), (0, 0.0))
-        self.sums[(tenant, profile)] = (n + 1, s + use)
+        n, b, w = self.sums.get((tenant, profile), (0, 0.0, 0.0))
+        use = min(1.0, use)
+        self.sums[(tenant, profile)] = (n + 1, b + use, w + use * use)
 
     def estimate(self, tenant, profile):
-        n, s = self.sums.get((tenant, profile), (0, 0.0))
-        return ExpectedUse(s / n, TENANT_PROFILE, float(n)) if n else None
+        n, b, w = self.sums.get((tenant, profile), (0, 0.0, 0.0))
+        return ExpectedUse(w / b, TENANT_PROFILE, float(n)) if n and b > 0 else None
 
 
 #: time units between two passes of the reconciler in replay (e) (a sixteenth of a mean lifetime)

@@ -47,8 +47,12 @@ def test_the_estimate_is_learnt_from_vms_that_ran_never_the_vms_own():
     est.learn("research", "A40-8Q", 0.2)
     est.learn("research", "A40-8Q", 0.4)
     e = est.estimate("research", "A40-8Q")
-    assert e.share == pytest.approx(0.3) and e.source == TENANT_PROFILE
+    # weighted by each VM's busy time, as on a host: (0.2 x 0.2 + 0.4 x 0.4) / (0.2 + 0.4)
+    assert e.share == pytest.approx(1 / 3) and e.source == TENANT_PROFILE
     assert est.estimate("ci", "A40-8Q") is None
+    for _ in range(10):                     # idle VMs weigh nothing (trial 10a finding 11)
+        est.learn("research", "A40-8Q", 0.0)
+    assert est.estimate("research", "A40-8Q").share == pytest.approx(1 / 3)
 
 
 def test_the_reconciler_replay_moves_empty_gpus_and_breaks_nothing(doc):
