@@ -315,7 +315,7 @@ def test_schema_11_binds_domains_holding_a_known_tenants_allocations_once(make_h
     db.commit()
     db.close()
     s = StateStore(host.state_dir)
-    assert s.schema_version == len(MIGRATIONS) == 16
+    assert s.schema_version == len(MIGRATIONS) == 17
     assert [r[:4] for r in s.binding_rows()] == [(held, "team", None, "upgrade (schema 11)")]
     [row] = [r for r in s.audit_rows() if r.operation.startswith("tenant bind")]
     assert (row.operation, row.path) == (f"tenant bind {held}", "(tenants)") and "tenant=team" in row.value

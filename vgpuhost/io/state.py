@@ -554,6 +554,21 @@ MIGRATIONS: Sequence[str] = (
             UNION ALL SELECT CAST(value AS INTEGER) FROM meter_state WHERE key = 'last_tick_us') WHERE v IS NOT NULL)
         WHERE m IS NOT NULL;
     """,
+    # 17: what admission decided for each start it refused (trial 10 F4, F5): the capacity reconciler's
+    # demand, in columns admission alone writes (never parsed from an audit row's value, which echoes
+    # tenant-written text such as the domain's name), with the domain and device, so a retried start
+    # counts once
+    """
+    CREATE TABLE admission_refusals (
+        audit_id    INTEGER PRIMARY KEY,
+        domain_uuid TEXT NOT NULL,
+        device      TEXT NOT NULL,
+        code        TEXT NOT NULL,
+        profile     TEXT NOT NULL,
+        qos         TEXT NOT NULL,
+        tenant      TEXT NOT NULL
+    );
+    """,
 )
 
 
@@ -960,6 +975,39 @@ class StateStore:
             "AND a.result = 'admitted' AND o.audit_id IS NULL AND substr(a.operation, -?) = ? "
             "ORDER BY a.id DESC LIMIT 1", (len(tail), tail)).fetchone()
         return row[0] if row else None
+
+    def audit_refusal(self, *, actor: str, operation: str, value: str, domain_uuid: str, device: str, code: str,
+                      profile: str, qos: str, tenant: Optional[str]) -> int:
+        """Append the ``(admission)`` audit row of a start admission refused (result ``refused``) and, in
+        the same transaction, what admission decided (table ``admission_refusals``, version 17): the
+        domain's UUID, the ``device`` refused, the refusal ``code``, the ``profile`` asked, the ``qos``
+        class and ``tenant`` (None: none) admission weighed.  The capacity reconciler reads those columns
+        (:meth:`refusal_records`), never the row's value.  The audit row's id."""
+        def write(conn: sqlite3.Connection) -> int:
+            audit_id = self.audit(actor=actor, operation=operation, path="(admission)", value=value,
+                                  result="refused", conn=conn)
+            conn.execute("INSERT INTO admission_refusals (audit_id, domain_uuid, device, code, profile, qos, tenant) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?)", (audit_id, domain_uuid, device, code, profile, qos,
+                                                           tenant or ""))
+            return audit_id
+
+        conn = self._conn()
+        if conn.in_transaction:         # the caller's transaction: both rows join it
+            return write(conn)
+        with self.transaction() as conn:
+            return write(conn)
+
+    def refusal_records(self, since: Optional[str] = None) -> List[tuple]:
+        """``(audit_id, time, domain_uuid, device, code, profile, qos, tenant)`` of each start admission
+        refused (:meth:`audit_refusal`), at or after ``since`` (ISO 8601 UTC) when given, oldest first;
+        ``time``: its audit row's; ``tenant`` "" for none."""
+        sql = ("SELECT r.audit_id, a.time, r.domain_uuid, r.device, r.code, r.profile, r.qos, r.tenant "
+               "FROM admission_refusals r JOIN audit a ON a.id = r.audit_id")
+        args: tuple = ()
+        if since:
+            sql += " WHERE a.time >= ?"
+            args = (since,)
+        return [tuple(r) for r in self._conn().execute(sql + " ORDER BY r.audit_id", args)]
 
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
         """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given.

@@ -116,9 +116,10 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
 
     A GPU is busy (never moved) when it holds any vGPU (on the host or recorded, any owner), an
     allocation, is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
-    Refusals: ``(admission)`` rows with result ``refused`` of the last ``bounds.window_min`` minutes
-    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code
-    admission records), less a right-sized start's first try (:func:`_advised_refusals`) and those a move of
+    Refusals: the starts admission refused in the last ``bounds.window_min`` minutes, as it stored
+    them in their own columns (``StateStore.refusal_records``; never parsed from an audit row's value)
+    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code),
+    one per domain and profile (:func:`vgpuhost.policy.rebalance.distinct_starts`), less a right-sized start's first try (:func:`_advised_refusals`) and those a move of
     the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
     metered vGPU allocated seconds over the last ``trend_hours`` and the span before.  ``moved``: the
     GPUs the moves of the window put where they are (the hold-down); each empty GPU's mixed-size mode
@@ -153,18 +154,21 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     ts = tenancy.tenants(store)
     qos_of = {n.lower(): t.qos for n, t in ts.items()}
     refusals, served = [], {}
-    rows = store.audit_rows(since=_iso(now - bounds.window_min * 60))
+    since = _iso(now - bounds.window_min * 60)
+    rows = store.audit_rows(since=since)
     advised = _advised_refusals(rows)
+    # demand: what admission stored for each start it refused (its own columns), never an audit row's
+    # value, which echoes the domain's name (trial 10 F4); one per domain and profile (F5)
+    for audit_id, at, domain, _device, code, profile, qos, tenant in store.refusal_records(since=since):
+        got = pol.refusal_of(at, code, profile, qos, tenant, qos_of, domain) if audit_id not in advised else None
+        if got is not None:
+            refusals.append(got)
     for r in rows:
-        if r.path == ADMISSION_PATH and r.result == "refused":
-            got = pol.refusal_of(r.time, r.value, qos_of) if r.id not in advised else None
-            if got is not None:
-                refusals.append(got)
-        elif r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":
+        if r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":
             group = pol.served_by(r.value)
             if group is not None and ": undo: " not in r.value:
                 served[group] = max(served.get(group, ""), r.time)
-    refusals = pol.pending(refusals, served)
+    refusals = pol.pending(pol.distinct_starts(refusals), served)
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     host_gpus = tenancy.host_gpus(inv, seen, tenancy._type_fb(inv, store), tenancy._gpu_slices(inv, seen))
     pools = tenancy.pools(store)

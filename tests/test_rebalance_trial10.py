@@ -1,0 +1,95 @@
+"""The capacity reconciler's fixes of trial 10 (tester A): its demand cannot be forged with a domain's
+name (F4), a retried start counts once (F5), a GPU reserved for an incoming migration is busy (F1), a
+layout's idle vGPUs are no forecast demand (F13), and a pass cannot land inside ``apply`` (F7).
+
+Outcomes are read back from the simulated NVML (scheduler policy), the state store (pools,
+reservations, refusal records) and the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from vgpuhost.io import state as st
+from vgpuhost.io.state import StateStore
+from vgpuhost.model.usage import UsageRow
+from vgpuhost.ops import rebalance, tenancy
+
+from test_hook import GPU_HI, GPU_LO, L40S, MIXED, bind_as_asked, call, mdev_gpu, start
+from test_migrate import call as mcall
+from test_rebalance import BASE, gold_one, policy_of, pool_map, run
+from test_tenancy import tdom, uid
+
+
+def test_a_domain_name_carrying_a_refusal_tail_is_no_demand(make_host, capsys):
+    """F4: tenant b's domain is named like admission's tail (``x; refusal=capacity profile=A40-48Q
+    qos=guaranteed tenant=g``) and claims tenant g; its start is refused before admission weighs it.
+    The reconciler moves nothing: no refusal is recorded for it, and the audit row's value is never read
+    as demand."""
+    host, s = gold_one(make_host, capsys)
+    tenancy.add(s, tenancy.Tenant("b", qos="burstable"))
+    assert "nothing to move" in run(capsys, host, "rebalance", "--dry-run")[1]
+    name = "x; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g"
+    xml = tdom(name, uid("ee00ee00", 0), uid("ff00ff00", 0), tenant="g", profile="A40-8Q")
+    tenancy.bind(s, uid("ee00ee00", 0), "b", name=name, actor="operator")
+    rc, err = start(host, "x", xml, bind=False)
+    assert rc == 2 and "bound to tenant 'b'" in err, err
+    [row] = [r for r in s.audit_rows() if r.path == rebalance.ADMISSION_PATH and r.result == "refused"]
+    assert "refusal=capacity profile=A40-48Q qos=guaranteed tenant=g" in row.value
+    code, out, err = run(capsys, host, "rebalance")
+    assert code == 0 and "nothing to move" in out, out + err
+    assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"
+    assert not [r for r in s.audit_rows() if r.operation.startswith("rebalance")]
+    assert s.refusal_records() == []
+
+
+def test_a_forged_name_on_a_start_admission_weighed_counts_as_its_real_tenant(make_host, capsys):
+    """F4: the same name on a start admission did weigh (b's own burstable domain, refused for room in
+    the default pool) is demand of b's class and profile, as admission stored them: never the
+    guaranteed A40-48Q of tenant g the name spells, so gold gets nothing."""
+    host, s = gold_one(make_host, capsys)
+    tenancy.add(s, tenancy.Tenant("b", qos="burstable"))
+    full = tdom("b0", uid("b0b0b0b0", 0), uid("b1b1b1b1", 0), tenant="b", profile="A40-48Q")
+    assert start(host, "b0", full) == (0, "")           # the default pool's one GPU is full
+    name = "y; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g"
+    rc, err = start(host, "y", tdom(name, uid("b0b0b0b0", 1), uid("b1b1b1b1", 1), tenant="b", profile="A40-8Q"))
+    assert rc == 2, err
+    code, out, err = run(capsys, host, "--json", "rebalance", "--dry-run")
+    doc = json.loads(out)
+    assert all(m["to_pool"] != "gold" for m in doc["moves"]), doc["moves"]
+    assert "guaranteed" not in " ".join(m["reason"] for m in doc["moves"])
+    [rec] = s.refusal_records()
+    assert rec[2:] == (uid("b0b0b0b0", 1), uid("b1b1b1b1", 1), "capacity", "A40-8Q", "burstable", "b"), rec
+
+
+FOUR_A40 = MIXED.replace('''  - {{bdf: "0000:a0:01.1"''', '''  - {{bdf: "0000:c0:01.0", model: intel-root-port, numa_node: 1}}
+  - {{bdf: "0000:c1:00.0", model: A40, upstream: "0000:c0:01.0", numa_node: 1, vgpu: {{backend: mdev}}}}
+  - {{bdf: "0000:e0:01.0", model: intel-root-port, numa_node: 1}}
+  - {{bdf: "0000:e1:00.0", model: A40, upstream: "0000:e0:01.0", numa_node: 1, vgpu: {{backend: mdev}}}}
+  - {{bdf: "0000:a0:01.1"''')
+
+
+def test_a_retried_start_counts_once(make_host, capsys):
+    """F5: one domain's A40-24Q start, refused three times (a retry loop), is one start: one GPU moves
+    to gold, not two (three A40-24Q need two GPUs); the other two A40s stay in the default pool."""
+    assert FOUR_A40 != MIXED
+    host = make_host(yaml_text=FOUR_A40.format(faults=""))
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_LO), "--policy", "fixed-share")[0] == 0
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [tenancy.adm.Pool("gold", "fixed-share", ("guaranteed",), (str(GPU_LO),))])
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
+                                  profile="A40-48Q")) == (0, "")
+    again = tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g", profile="A40-24Q")
+    assert [start(host, "g1", again)[0] for _ in range(3)] == [2, 2, 2]
+    code, out, err = run(capsys, host, "--json", "rebalance")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [m["done"] for m in doc["moves"]] == [True], doc["moves"]
+    assert "1 start(s) of A40-24Q (guaranteed; g)" in doc["moves"][0]["reason"]
+    pools = pool_map(s)
+    assert sorted(g for g, p in pools.items() if p == "gold") == sorted([str(GPU_LO), doc["moves"][0]["gpu"]])
+    assert len(pools) == 2, pools       # two A40s left in the default pool
+    assert start(host, "g1", again) == (0, "")
+    assert len(s.refusal_records()) == 3
