@@ -93,3 +93,51 @@ def test_a_retried_start_counts_once(make_host, capsys):
     assert len(pools) == 2, pools       # two A40s left in the default pool
     assert start(host, "g1", again) == (0, "")
     assert len(s.refusal_records()) == 3
+
+
+def test_a_gpu_reserved_for_an_incoming_migration_is_not_moved(make_host, capsys):
+    """F1: ``migrate begin`` reserves an A40-24Q on GPU_HI (the default pool, the only one serving
+    burstable) for tenant b's incoming domain; gold is full and refused a start.  The reconciler leaves
+    GPU_HI where it is (busy: reserved), and the migration's ``prepare begin`` then makes its vGPU."""
+    host, s = gold_one(make_host, capsys)
+    tenancy.add(s, tenancy.Tenant("b", qos="burstable"))
+    assert start(host, "g1", tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g",
+                                  profile="A40-48Q"))[0] == 2
+    inx = tdom("mig", uid("30303030", 0), uid("40404040", 0), tenant="b", profile="A40-24Q")
+    bind_as_asked(host, inx)
+    rc, out, err = mcall(host, "mig", "migrate", "begin", inx)
+    assert rc == 0, err
+    assert [(r[0], r[3]) for r in s.reservation_rows()] == [(uid("40404040", 0), str(GPU_HI))]
+    f = rebalance.facts(host, s, rebalance.load_bounds(host))
+    assert {g.gpu: g.busy for g in f.gpus}[str(GPU_HI)] == "reserved for the incoming migration of mig"
+    code, out, err = run(capsys, host, "--json", "rebalance")
+    assert code == 0, err
+    assert json.loads(out)["moves"] == []
+    assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"
+    assert call(host, "mig", "prepare", "begin", inx) == (0, "")
+    assert mdev_gpu(host, uid("40404040", 0)) == GPU_HI
+
+
+def test_the_move_rechecks_a_reservation_under_the_gpu_lock(make_host, capsys):
+    """F1: a reservation made after the decision (between the facts and the move) stops the move under
+    the GPU's lock: nothing is changed and the move is listed as failed."""
+    host, s = gold_one(make_host, capsys)
+    assert start(host, "g1", tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g",
+                                  profile="A40-48Q"))[0] == 2
+    real = rebalance.facts
+
+    def facts_then_reserved(*a, **k):
+        got = real(*a, **k)
+        s.reserve([(uid("40404040", 0), "mig", str(GPU_HI), "mdev", "A40-24Q",
+                    time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 300)) + ".000000+00:00")],
+                  owner=uid("30303030", 0), actor="test", operation="migrate begin")
+        return got
+
+    rebalance.facts = facts_then_reserved
+    try:
+        result = rebalance.rebalance(host, s, rebalance.load_bounds(host))
+    finally:
+        rebalance.facts = real
+    assert [m.gpu for m, _ in result.plans] == [str(GPU_HI)] and result.done == []
+    assert "reserved for the incoming migration of 'mig'" in result.failed[0], result.failed
+    assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"

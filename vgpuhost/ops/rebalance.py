@@ -115,7 +115,7 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     """Read the host and the store once for a decision (under the caller's host lock).
 
     A GPU is busy (never moved) when it holds any vGPU (on the host or recorded, any owner), an
-    allocation, is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
+    allocation, a device reserved for an incoming migration that has not expired (:func:`reserved_gpus`), is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
     Refusals: the starts admission refused in the last ``bounds.window_min`` minutes, as it stored
     them in their own columns (``StateStore.refusal_records``; never parsed from an audit row's value)
     that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code),
@@ -138,6 +138,7 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     for a in held_raw:
         if a.gpu and not holding.get(a.gpu):
             holding[a.gpu] = 1          # an allocation with no vGPU seen (passthrough, one being made)
+    reserved = reserved_gpus(store, now)
     offered: Dict[str, set] = {}
     for t in inv.vgpu_types:
         offered.setdefault(str(t.gpu), set()).add(t.name.lower())
@@ -147,6 +148,7 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
         addr = str(g.address)
         mig = bool(g.mig and g.mig.get("current"))
         busy = ("out of service" if addr in oos else f"holds {holding[addr]} device(s)" if holding.get(addr)
+                else f"reserved for the incoming migration of {reserved[addr]}" if addr in reserved
                 else "passed through or off the nvidia driver" if g.pci.driver != "nvidia"
                 else "in MIG mode" if mig else "")
         gpus.append(pol.GpuFacts(addr, busy, tuple(sorted(offered.get(addr, ()))), g.framebuffer_mib or 0,
@@ -196,6 +198,18 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     history = pol.pool_history(class_history(store, now, bounds), pools, names)
     return Facts(pools, gpus, refusals, ts, held, host_gpus, trends, moved, tm.tm_hour * 60 + tm.tm_min, inv,
                  recent, history)
+
+
+def reserved_gpus(store: StateStore, now: float) -> Dict[str, str]:
+    """``{GPU BDF: domain name}`` of the GPUs holding a device reserved for an incoming live migration
+    (``migrate begin``, :mod:`vgpuhost.ops.migrate`) that has not expired at ``now`` (seconds since the
+    epoch): busy for the reconciler, as a held device is (trial 10 F1)."""
+    at = _iso(now)
+    out: Dict[str, str] = {}
+    for _device, _owner, name, gpu, _kind, _profile, expires, *_ in store.reservation_rows():
+        if gpu and expires[:19] >= at:
+            out.setdefault(str(gpu), name)
+    return out
 
 
 def class_history(store: StateStore, now: float, bounds: pol.Bounds) -> Dict[str, List[float]]:
@@ -323,6 +337,10 @@ def _run_move(host: HostRoot, store: StateStore, backend, m: pol.Move, steps: Se
         if running:
             raise RefusedError(f"GPU {m.gpu} has {running} vGPU(s) running now: it is not moved",
                                hint="the reconciler never touches a busy GPU")
+        reserved = reserved_gpus(store, time.time()).get(m.gpu)
+        if reserved is not None:
+            raise RefusedError(f"GPU {m.gpu} holds a device reserved for the incoming migration of "
+                               f"{reserved!r}: it is not moved", hint="the reconciler never touches a busy GPU")
         device = {"gpu": m.gpu, "from_pool": m.from_pool, "to_pool": m.to_pool,
                   "scheduler_before": asdict(before) if before is not None else None,
                   "policy_after": m.policy or None, "reason": m.reason}
@@ -362,5 +380,5 @@ class _Told:
         self.journal.end(executor, error)
 
 
-__all__ = ["SCHEMA", "KIND", "CONFIG", "config_path", "load_bounds", "facts", "Facts", "Result", "rebalance",
+__all__ = ["SCHEMA", "KIND", "CONFIG", "config_path", "load_bounds", "facts", "Facts", "reserved_gpus", "Result", "rebalance",
            "KIND"]
