@@ -141,3 +141,44 @@ def test_the_move_rechecks_a_reservation_under_the_gpu_lock(make_host, capsys):
     assert [m.gpu for m, _ in result.plans] == [str(GPU_HI)] and result.done == []
     assert "reserved for the incoming migration of 'mig'" in result.failed[0], result.failed
     assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"
+
+
+def _idle_rows(hour_s: float, n: int, qos: str = ""):
+    """``n`` metered hours of a layout's vGPUs on GPU_HI in the hour at ``hour_s``: no domain held
+    them (``qos``: ''), or, as the control, a domain did."""
+    return [UsageRow(time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(hour_s)), uid("1d1e1d1e", i),
+                     uid("dddddddd", i) if qos else "", "vgpu", str(GPU_HI), "A40-8Q", "", "", qos, 3600.0, 0.0,
+                     0.0, 0.0, 0, 8192 << 20, 360) for i in range(n)]
+
+
+def test_idle_layout_vgpus_are_no_forecast_demand(make_host, capsys):
+    """F13: yesterday one idle layout vGPU was metered at this hour and six at the next (no domain held
+    them: tenant and class empty).  That is room, not best-effort demand: no class history, no trend
+    use, and the best-effort pool is not forecast to need a second GPU.  The control (the same hours
+    held by domains) is demand."""
+    host = make_host(yaml_text=MIXED.format(faults=""))
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_LO), "--policy", "best-effort")[0] == 0
+    assert run(capsys, host, "scheduler", "set", "--gpu", str(GPU_HI), "--policy", "equal-share")[0] == 0
+    s = StateStore(host.state_dir)
+    tenancy.set_pools(s, [tenancy.adm.Pool("batch", "best-effort", ("best-effort",), (str(GPU_LO),)),
+                          tenancy.adm.Pool("std", "equal-share", ("burstable",), (str(GPU_HI),))])
+    tenancy.add(s, tenancy.Tenant("be", qos="best-effort"))
+    assert start(host, "be0", tdom("be0", uid("bebebebe", 0), uid("bfbfbfbf", 0), tenant="be",
+                                   profile="A40-8Q")) == (0, "")
+    now = int(time.time()) // 3600 * 3600
+    with s.transaction() as conn:
+        st.add_usage(conn, _idle_rows(now - 86400, 1) + _idle_rows(now - 86400 + 3600, 6)
+                     + _idle_rows(now - 2 * 86400, 1))
+    bounds = rebalance.load_bounds(host)
+    assert rebalance.class_history(s, time.time(), bounds) == {}
+    assert st.gpu_alloc_by_hour(s, "2000-01-01T00:00:00Z") == []
+    code, out, err = run(capsys, host, "--json", "rebalance", "--dry-run")
+    doc = json.loads(out)
+    assert doc["moves"] == [], doc["moves"]
+    assert {d["pool"]: d["need_ahead"] for d in doc["demand"]}["batch"] == 1.0
+    with s.transaction() as conn:           # the control: the same hours held by best-effort domains
+        st.add_usage(conn, _idle_rows(now - 86400, 1, "best-effort") + _idle_rows(now - 86400 + 3600, 6,
+                                                                                  "best-effort"))
+    assert sum(rebalance.class_history(s, time.time(), bounds)["best-effort"]) == 7.0
+    doc = json.loads(run(capsys, host, "--json", "rebalance", "--dry-run")[1])
+    assert [m["to_pool"] for m in doc["moves"]] == ["batch"], doc["moves"]

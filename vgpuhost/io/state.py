@@ -1899,10 +1899,11 @@ def gpu_time_history(conn: "StateStore | sqlite3.Connection", since: str) -> Lis
 
 def gpu_alloc_by_hour(conn: "StateStore | sqlite3.Connection", since: str) -> List[tuple]:
     """Metered vGPU allocated seconds since hour ``since`` (ISO), per hour and GPU: ``[(hour, gpu,
-    alloc_s)]``: the trend of use the capacity reconciler weighs (``vgpuhost.ops.rebalance``)."""
+    alloc_s)]``: the trend of use the capacity reconciler weighs (``vgpuhost.ops.rebalance``).  Devices
+    no domain held (a layout's idle vGPUs: no domain UUID) are room, not use, and are left out."""
     return list(_reader(conn).execute(
-        "SELECT hour, gpu, SUM(alloc_s) FROM usage_hourly WHERE hour >= ? AND kind = 'vgpu' GROUP BY hour, gpu",
-        (since,)))
+        "SELECT hour, gpu, SUM(alloc_s) FROM usage_hourly WHERE hour >= ? AND kind = 'vgpu' AND domain_uuid != '' "
+        "GROUP BY hour, gpu", (since,)))
 
 
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:

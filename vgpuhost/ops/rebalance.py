@@ -217,7 +217,8 @@ def class_history(store: StateStore, now: float, bounds: pol.Bounds) -> Dict[str
     (the forecast reads the same hours of each day, and the hours after them): ``{class: [mean
     time-sliced vGPUs held in the hour]}``, oldest first, the last value the last whole hour before
     ``now``; from the hourly rollups (``usage_hourly``: allocated seconds / 3600, by the class each
-    row records; none recorded: best-effort).  Empty when ``history_days`` or ``horizon_h`` is 0."""
+    row records; none recorded: best-effort).  Rows of devices no domain held (a layout's idle vGPUs:
+    no domain UUID) are room, not demand, and are left out (trial 10 F13).  Empty when ``history_days`` or ``horizon_h`` is 0."""
     if not bounds.history_days or not bounds.horizon_h:
         return {}
     hours = (bounds.history_days + 1) * 24
@@ -226,7 +227,7 @@ def class_history(store: StateStore, now: float, bounds: pol.Bounds) -> Dict[str
     out: Dict[str, List[float]] = {}
     for r in usage_rows(store, time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(origin)),
                         time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(end))):
-        if r.kind != "vgpu":
+        if r.kind != "vgpu" or not r.domain_uuid:
             continue
         i = (calendar.timegm(time.strptime(r.hour, "%Y-%m-%dT%H:00:00Z")) - origin) // 3600
         if 0 <= i < hours:
