@@ -15,6 +15,7 @@ from vgpuhost.io import state as st
 from vgpuhost.io.state import StateStore
 from vgpuhost.model.usage import UsageRow
 from vgpuhost.ops import rebalance, tenancy
+from vgpuhost.sim.nvml import SimNvml
 
 from test_hook import GPU_HI, GPU_LO, L40S, MIXED, bind_as_asked, call, mdev_gpu, start
 from test_migrate import call as mcall
@@ -182,3 +183,68 @@ def test_idle_layout_vgpus_are_no_forecast_demand(make_host, capsys):
     assert sum(rebalance.class_history(s, time.time(), bounds)["best-effort"]) == 7.0
     doc = json.loads(run(capsys, host, "--json", "rebalance", "--dry-run")[1])
     assert [m["to_pool"] for m in doc["moves"]] == ["batch"], doc["moves"]
+
+
+THREE_A40 = MIXED.replace('''  - {{bdf: "0000:a0:01.1"''', '''  - {{bdf: "0000:c0:01.0", model: intel-root-port, numa_node: 1}}
+  - {{bdf: "0000:c1:00.0", model: A40, upstream: "0000:c0:01.0", numa_node: 1, vgpu: {{backend: mdev}}}}
+  - {{bdf: "0000:a0:01.1"''')
+
+RACE = """version: 1
+layouts:
+  l:
+    gpus:
+      - select: {address: "0000:41:00.0"}
+        mode: vgpu
+        vgpu: {types: {A40-48Q: 0}}
+        scheduler: {policy: fixed-share}
+        pool: {name: gold, serves: [guaranteed]}
+      - select: {address: ["0000:81:00.0", "0000:c1:00.0"]}
+        mode: vgpu
+        vgpu: {types: {A40-48Q: 0}}
+        scheduler: {policy: equal-share}
+        pool: {name: std, serves: [burstable]}
+"""
+
+
+def test_a_pass_cannot_land_inside_apply(make_host, capsys, tmp_path, monkeypatch):
+    """F7: a rebalance pass tried while ``apply`` is between its drift check and its pool records (the
+    point it calls ``tenancy.pool_changes``) waits for apply's ``layout`` lock (here: gives up at a short
+    deadline, moving nothing), so apply records its pools on a host whose schedulers match them and
+    ``assert`` finds no drift.  The pass run after apply moves the GPU whole (pool and scheduler)."""
+    from vgpuhost.io.locks import deadline
+    from vgpuhost.model.errors import TransientError
+    host = make_host(yaml_text=THREE_A40.format(faults=""))
+    cfg = tmp_path / "l.yaml"
+    cfg.write_text(RACE)
+    assert run(capsys, host, "apply", "-c", str(cfg), "--yes")[0] == 0
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("g", qos="guaranteed"))
+    assert start(host, "g0", tdom("g0", uid("10101010", 0), uid("20202020", 0), tenant="g",
+                                  profile="A40-48Q")) == (0, "")
+    assert start(host, "g1", tdom("g1", uid("10101010", 1), uid("20202020", 1), tenant="g",
+                                  profile="A40-48Q"))[0] == 2
+    layout_pools = pool_map(s)
+    real, inside = tenancy.pool_changes, []
+
+    def racing(*a, **k):
+        got = real(*a, **k)
+        if inside:                  # apply's first call only (set_pools asks again)
+            return got
+        try:
+            with deadline(time.monotonic() + 0.5):
+                inside.append(rebalance.rebalance(host, StateStore(host.state_dir), rebalance.load_bounds(host)))
+        except TransientError as e:
+            inside.append(e)
+        return got
+
+    monkeypatch.setattr(tenancy, "pool_changes", racing)
+    code, out, err = run(capsys, host, "apply", "-c", str(cfg), "--yes")
+    monkeypatch.setattr(tenancy, "pool_changes", real)
+    assert code == 0, out + err
+    [got] = inside
+    assert isinstance(got, TransientError), got
+    assert pool_map(s) == layout_pools and policy_of(host, GPU_HI) == "equal-share"
+    assert run(capsys, host, "assert", "-c", str(cfg))[0] == 0
+    assert run(capsys, host, "rebalance")[0] == 0           # after apply: the move is made whole
+    moved = [g for g, p in pool_map(s).items() if p == "gold" and g != str(GPU_LO)]
+    assert len(moved) == 1 and SimNvml(host).scheduler_state(moved[0]).policy == "fixed-share"

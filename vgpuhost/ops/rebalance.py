@@ -10,8 +10,11 @@ journal entry of kind ``rebalance`` (:func:`rebalance`; :mod:`vgpuhost.ops.rebal
 one a kill left open).  Must not: decide (policy does),
 touch a GPU that holds anything, or stop a VM.
 
-Locks: the host lock admission decides under (``tenancy``), so no start is admitted while a move
-is decided and made, then each moved GPU's lock (its NVML write); the same order as the qemu hook.
+Locks: the ``layout`` lock ``apply`` holds from its plan to its pool records
+(:data:`vgpuhost.ops.layout.LOCK`), so a move never lands inside an apply (trial 10 F7); then the host
+lock admission decides under (``tenancy``), so no start is admitted while a move is decided and made;
+then each moved GPU's lock (its NVML write).  The order of ``apply`` (layout, then what its steps take)
+and of the qemu hook (host, then GPU), which takes no layout lock.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from ..policy.admission import DEFAULT_POOL, DEFAULT_POOL_SERVES, pool_of
 from . import gputime, health, tenancy
 from .rebalancejournal import KIND
 from .health import out_of_service
+from .layout import LOCK as LAYOUT_LOCK
 
 SCHEMA = "vgpuhost.rebalance/v1"
 #: where the reconciler's settings live unless named (relative to the host root's etc)
@@ -282,17 +286,18 @@ def rebalance(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, dry_run:
               progress: Optional[Callable[[int, int, object, str], None]] = None) -> Result:
     """Decide and (unless ``dry_run``) make the moves, each a plan run by the Executor.
 
-    Under the host lock: read the facts (:func:`facts`), decide
+    Under the ``layout`` lock (no ``apply`` runs meanwhile) and the host lock: read the facts (:func:`facts`), decide
     (:func:`vgpuhost.policy.rebalance.decide`); then per move, under the GPU's lock: check it is
     still empty (NVML: no vGPU active), open a journal entry (kind ``rebalance``, the GPU's pools and
     scheduler state before and after), run the steps (scheduler, then the pool record with its
     audit row naming the demand), close the entry.  A step that fails undoes the steps before it
     (the Executor) and the move is listed in ``failed``; the next moves still run.  ``progress(i, n,
     step, state)`` hears of each step (``start`` / ``done``).  Raises HostEnvironmentError when NVML
-    is needed and missing, TransientError when a lock cannot be had.
+    is needed and missing, TransientError when a lock cannot be had (an ``apply`` holding the
+    ``layout`` lock longer than the lock's timeout).
     """
     who = actor or f"{actor_name()} rebalance"
-    with tenancy.host_lock(store):
+    with file_lock(store.state_dir, LAYOUT_LOCK), tenancy.host_lock(store):
         f = facts(host, store, bounds, now_s=now_s)
         decision = pol.decide(pools=f.pools, gpus=f.gpus, refusals=f.refusals, tenants=f.tenants, held=f.held,
                               host_gpus=f.host_gpus, bounds=bounds, minute_of_day=f.minute_of_day,
