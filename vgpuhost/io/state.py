@@ -98,6 +98,13 @@ guarantee before it is not known, so nothing reserved is owed for those hours, n
 than was in force); ``meter_state`` ``first_tick_us``, the sampler's first reading (a trigger
 on the first ``last_tick_us``; the upgrade seeds it from the oldest rollup hour).
 
+Version 17 (trial 10 of the capacity reconciler): ``admission_refusals``, one row per start
+admission weighed and refused (:meth:`StateStore.audit_refusal`, written in the transaction of its
+``(admission)`` audit row, keyed by that row's id): the domain's UUID, the device, the refusal code,
+the profile asked, the QoS class and tenant admission used ("" for none).  The capacity reconciler's
+demand is read from these columns only, never from the audit row's value, which echoes tenant-written
+text (the domain's name); the domain makes a retried start count once.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
