@@ -17,7 +17,7 @@ from vgpuhost.model.usage import UsageRow
 from vgpuhost.ops import rebalance, tenancy
 from vgpuhost.sim.nvml import SimNvml
 
-from test_hook import GPU_HI, GPU_LO, L40S, MIXED, bind_as_asked, call, mdev_gpu, start
+from test_hook import GPU_HI, GPU_LO, MIXED, bind_as_asked, call, mdev_gpu, start
 from test_migrate import call as mcall
 from test_rebalance import BASE, gold_one, policy_of, pool_map, run
 from test_tenancy import tdom, uid
