@@ -947,7 +947,7 @@ def test_a_version_15_store_is_migrated_with_its_rollups_guarantees_and_first_re
     conn.commit()
     conn.close()
     store = StateStore(tmp_path)
-    assert store.schema_version == len(MIGRATIONS) == 16
+    assert store.schema_version == len(MIGRATIONS) == 17
     assert st.tenant_guarantees(store) == [("acme", "2026-12-05T00:00:00.000000+00:00", 2, 0, 0)]
     assert ops.guarantees(store) == {"acme": [("2026-12-05T00:00:00Z", {"vgpus": 2, "mig_slices": 0,
                                                                          "passthrough_gpus": 0})]}

@@ -306,7 +306,7 @@ def test_schema_11_binds_domains_holding_a_known_tenants_allocations_once(make_h
     s.close()
     db = sqlite3.connect(str(host.state_dir / "state.db"))        # a store as version 10 left it
     for table in ("bindings", "bill_adjustments", "bills", "gpu_health", "reservations",   # versions 11 to 14 add
-                  "tenant_guarantees"):                                                  # and 16
+                  "tenant_guarantees", "admission_refusals"):                            # 16, 17
         db.execute(f"DROP TABLE {table}")
     for trigger in ("tenants_guarantee_insert", "tenants_guarantee_update", "tenants_guarantee_delete",
                     "meter_state_first_tick"):                                           # version 16's
@@ -315,7 +315,7 @@ def test_schema_11_binds_domains_holding_a_known_tenants_allocations_once(make_h
     db.commit()
     db.close()
     s = StateStore(host.state_dir)
-    assert s.schema_version == len(MIGRATIONS) == 16
+    assert s.schema_version == len(MIGRATIONS) == 17
     assert [r[:4] for r in s.binding_rows()] == [(held, "team", None, "upgrade (schema 11)")]
     [row] = [r for r in s.audit_rows() if r.operation.startswith("tenant bind")]
     assert (row.operation, row.path) == (f"tenant bind {held}", "(tenants)") and "tenant=team" in row.value

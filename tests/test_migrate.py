@@ -430,7 +430,7 @@ def test_a_reservation_made_before_schema_15_counts_for_the_domains_binding(make
     conn.commit()
     conn.close()
     st = StateStore(dest.state_dir)
-    assert st.schema_version == len(MIGRATIONS) == 16
+    assert st.schema_version == len(MIGRATIONS) == 17
     assert [r[:2] + r[8:] for r in st.reservation_rows()] == [(MDEV, DOM, None, None)]
     st.close()
     assert cli(capsys, dest, "tenant", "add", "t1", "--vgpus", "0:1")[0] == 0

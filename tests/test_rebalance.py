@@ -426,20 +426,29 @@ def test_a_move_whose_nvml_write_finds_the_gpu_lost_marks_it_unhealthy(make_host
     assert pool_map(s) == BASE and policy_of(host, GPU_HI) == "equal-share"
 
 
-def test_the_reconciler_reads_the_refusal_code_not_the_reason_wording(make_host, capsys):
-    """Admission's refused row ends with its structured refusal code; the reconciler reads that: a
-    reason reworded is still demand, a row without the code is not, and a code that is no demand for
-    room (quota) is not."""
-    host, s, _ = gold_full(make_host, capsys)
+def test_the_reconciler_reads_the_refusal_admission_stored_not_the_rows_wording(make_host, capsys):
+    """Admission stores each start it refused in its own columns beside the audit row (domain, device,
+    code, profile, class, tenant); the reconciler reads those, not the row's value (whose tail is for the
+    reader only).  A field admission could not have written (an unknown tenant, a class that is none, a
+    code that is no demand for room) is no demand."""
+    host, s, second = gold_full(make_host, capsys)
     [row] = [r for r in s.audit_rows() if r.path == rebalance.ADMISSION_PATH and r.result == "refused"]
     assert row.value.endswith("; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g"), row.value
+    [rec] = s.refusal_records()
+    assert rec == (row.id, row.time, uid("10101010", 1), uid("20202020", 1), "capacity", "A40-48Q",
+                   "guaranteed", "g"), rec
     at = "2026-12-07T03:00:00+00:00"
-    assert pol.refusal_of(at, "the wording changed; refusal=capacity profile=A40-48Q qos=guaranteed tenant=g",
-                          {}) == pol.Refusal(at, "A40-48Q", "g", "guaranteed", "capacity")
-    assert pol.refusal_of(at, "x; refusal=gpu-time profile=L40S-4Q qos=best-effort tenant=", {}) == \
+    known = {"g": "guaranteed"}
+    assert pol.refusal_of(at, "capacity", "A40-48Q", "guaranteed", "g", known, "d") == \
+        pol.Refusal(at, "A40-48Q", "g", "guaranteed", "capacity", "d")
+    assert pol.refusal_of(at, "gpu-time", "L40S-4Q", "best-effort", None, {}) == \
         pol.Refusal(at, "L40S-4Q", None, "best-effort", "gpu-time")
-    assert pol.refusal_of(at, row.value.rsplit("; refusal=", 1)[0], {"g": "guaranteed"}) is None
-    assert pol.refusal_of(at, "x; refusal=quota profile=A40-48Q qos=guaranteed tenant=g", {}) is None
+    assert pol.refusal_of(at, "capacity", "A40-48Q", "", "g", known) == \
+        pol.Refusal(at, "A40-48Q", "g", "guaranteed", "capacity")         # no class stored: the tenant's
+    assert pol.refusal_of(at, "quota", "A40-48Q", "guaranteed", "g", known) is None
+    assert pol.refusal_of(at, "capacity", "A40-48Q", "guaranteed", "nobody", known) is None
+    assert pol.refusal_of(at, "capacity", "A40-48Q", "gold-plated", "g", known) is None
+    assert pol.refusal_of(at, "capacity", "A40-48Q x=1", "guaranteed", "g", known) is None
 
 
 TIERS = """version: 1

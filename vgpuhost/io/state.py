@@ -98,6 +98,13 @@ guarantee before it is not known, so nothing reserved is owed for those hours, n
 than was in force); ``meter_state`` ``first_tick_us``, the sampler's first reading (a trigger
 on the first ``last_tick_us``; the upgrade seeds it from the oldest rollup hour).
 
+Version 17 (trial 10 of the capacity reconciler): ``admission_refusals``, one row per start
+admission weighed and refused (:meth:`StateStore.audit_refusal`, written in the transaction of its
+``(admission)`` audit row, keyed by that row's id): the domain's UUID, the device, the refusal code,
+the profile asked, the QoS class and tenant admission used ("" for none).  The capacity reconciler's
+demand is read from these columns only, never from the audit row's value, which echoes tenant-written
+text (the domain's name); the domain makes a retried start count once.
+
 Version 2 adds ``vgpus``: one row per vGPU vgpuhost created: id (mdev UUID,
 or the VF's BDF on vendor VFIO), backend, GPU, parent, type id and name,
 owner (a domain UUID or ``manual``), anti-affinity key, vgpu_params,
@@ -554,6 +561,21 @@ MIGRATIONS: Sequence[str] = (
             UNION ALL SELECT CAST(value AS INTEGER) FROM meter_state WHERE key = 'last_tick_us') WHERE v IS NOT NULL)
         WHERE m IS NOT NULL;
     """,
+    # 17: what admission decided for each start it refused (trial 10 F4, F5): the capacity reconciler's
+    # demand, in columns admission alone writes (never parsed from an audit row's value, which echoes
+    # tenant-written text such as the domain's name), with the domain and device, so a retried start
+    # counts once
+    """
+    CREATE TABLE admission_refusals (
+        audit_id    INTEGER PRIMARY KEY,
+        domain_uuid TEXT NOT NULL,
+        device      TEXT NOT NULL,
+        code        TEXT NOT NULL,
+        profile     TEXT NOT NULL,
+        qos         TEXT NOT NULL,
+        tenant      TEXT NOT NULL
+    );
+    """,
 )
 
 
@@ -960,6 +982,39 @@ class StateStore:
             "AND a.result = 'admitted' AND o.audit_id IS NULL AND substr(a.operation, -?) = ? "
             "ORDER BY a.id DESC LIMIT 1", (len(tail), tail)).fetchone()
         return row[0] if row else None
+
+    def audit_refusal(self, *, actor: str, operation: str, value: str, domain_uuid: str, device: str, code: str,
+                      profile: str, qos: str, tenant: Optional[str]) -> int:
+        """Append the ``(admission)`` audit row of a start admission refused (result ``refused``) and, in
+        the same transaction, what admission decided (table ``admission_refusals``, version 17): the
+        domain's UUID, the ``device`` refused, the refusal ``code``, the ``profile`` asked, the ``qos``
+        class and ``tenant`` (None: none) admission weighed.  The capacity reconciler reads those columns
+        (:meth:`refusal_records`), never the row's value.  The audit row's id."""
+        def write(conn: sqlite3.Connection) -> int:
+            audit_id = self.audit(actor=actor, operation=operation, path="(admission)", value=value,
+                                  result="refused", conn=conn)
+            conn.execute("INSERT INTO admission_refusals (audit_id, domain_uuid, device, code, profile, qos, tenant) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?)", (audit_id, domain_uuid, device, code, profile, qos,
+                                                           tenant or ""))
+            return audit_id
+
+        conn = self._conn()
+        if conn.in_transaction:         # the caller's transaction: both rows join it
+            return write(conn)
+        with self.transaction() as conn:
+            return write(conn)
+
+    def refusal_records(self, since: Optional[str] = None) -> List[tuple]:
+        """``(audit_id, time, domain_uuid, device, code, profile, qos, tenant)`` of each start admission
+        refused (:meth:`audit_refusal`), at or after ``since`` (ISO 8601 UTC) when given, oldest first;
+        ``time``: its audit row's; ``tenant`` "" for none."""
+        sql = ("SELECT r.audit_id, a.time, r.domain_uuid, r.device, r.code, r.profile, r.qos, r.tenant "
+               "FROM admission_refusals r JOIN audit a ON a.id = r.audit_id")
+        args: tuple = ()
+        if since:
+            sql += " WHERE a.time >= ?"
+            args = (since,)
+        return [tuple(r) for r in self._conn().execute(sql + " ORDER BY r.audit_id", args)]
 
     def audit_rows(self, since: Optional[str] = None) -> List[AuditRow]:
         """Audit rows in order, those at or after ``since`` (ISO 8601 UTC) when given.
@@ -1851,10 +1906,11 @@ def gpu_time_history(conn: "StateStore | sqlite3.Connection", since: str) -> Lis
 
 def gpu_alloc_by_hour(conn: "StateStore | sqlite3.Connection", since: str) -> List[tuple]:
     """Metered vGPU allocated seconds since hour ``since`` (ISO), per hour and GPU: ``[(hour, gpu,
-    alloc_s)]``: the trend of use the capacity reconciler weighs (``vgpuhost.ops.rebalance``)."""
+    alloc_s)]``: the trend of use the capacity reconciler weighs (``vgpuhost.ops.rebalance``).  Devices
+    no domain held (a layout's idle vGPUs: no domain UUID) are room, not use, and are left out."""
     return list(_reader(conn).execute(
-        "SELECT hour, gpu, SUM(alloc_s) FROM usage_hourly WHERE hour >= ? AND kind = 'vgpu' GROUP BY hour, gpu",
-        (since,)))
+        "SELECT hour, gpu, SUM(alloc_s) FROM usage_hourly WHERE hour >= ? AND kind = 'vgpu' AND domain_uuid != '' "
+        "GROUP BY hour, gpu", (since,)))
 
 
 def usage_totals(conn: "StateStore | sqlite3.Connection") -> Dict[tuple, tuple]:

@@ -230,6 +230,11 @@ def _gpu_of(line: str) -> str:
     return line[len("GPU "):].split(": ", 1)[0]
 
 
+#: the lock ``apply`` holds from its plan to its pool records; the capacity reconciler takes it before the
+#: host lock (:func:`vgpuhost.ops.rebalance.rebalance`), so a move never lands between the two (trial 10 F7)
+LOCK = "layout"
+
+
 def _moved_note(line: str, moved: str, what: str) -> str:
     return f"{line} (the capacity reconciler moved it, pool {moved}; {what}: the layout's pools win)"
 
@@ -245,7 +250,7 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     fails (the steps before it stay done; each layer rolls back its own
     half-done operation) or the host does not match afterwards.  Reboot steps
     are reported in the result, never done.  Serialised per state dir by a
-    ``layout`` lock.  ``progress(i, n, step, state)``, when given, is called
+    ``layout`` lock (:data:`LOCK`), which the capacity reconciler takes too.  ``progress(i, n, step, state)``, when given, is called
     as each step starts (state ``"start"``), ends (``"done"``, ``"failed"``)
     or is skipped (``"skipped"``).  ``stop()``, when given, is called before
     each step starts: a VgpuhostError it raises (the agent's Stopping after
@@ -256,7 +261,7 @@ def apply(host: HostRoot, store: StateStore, cfg: Config, layout: Optional[str] 
     """
     name = cfg.layout(layout).name
     who = actor or f"{actor_name()} apply {name}"
-    with file_lock(store.state_dir, "layout"):
+    with file_lock(store.state_dir, LOCK):
         gpus_in_scope, nvml = planner.scope(cfg, layout)
         view = observe(host, store, gpus=gpus_in_scope, nvml=nvml)
         p = planner.plan(cfg, layout, view)

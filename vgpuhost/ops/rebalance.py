@@ -10,8 +10,11 @@ journal entry of kind ``rebalance`` (:func:`rebalance`; :mod:`vgpuhost.ops.rebal
 one a kill left open).  Must not: decide (policy does),
 touch a GPU that holds anything, or stop a VM.
 
-Locks: the host lock admission decides under (``tenancy``), so no start is admitted while a move
-is decided and made, then each moved GPU's lock (its NVML write); the same order as the qemu hook.
+Locks: the ``layout`` lock ``apply`` holds from its plan to its pool records
+(:data:`vgpuhost.ops.layout.LOCK`), so a move never lands inside an apply (trial 10 F7); then the host
+lock admission decides under (``tenancy``), so no start is admitted while a move is decided and made;
+then each moved GPU's lock (its NVML write).  The order of ``apply`` (layout, then what its steps take)
+and of the qemu hook (host, then GPU), which takes no layout lock.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from ..policy.admission import DEFAULT_POOL, DEFAULT_POOL_SERVES, pool_of
 from . import gputime, health, tenancy
 from .rebalancejournal import KIND
 from .health import out_of_service
+from .layout import LOCK as LAYOUT_LOCK
 
 SCHEMA = "vgpuhost.rebalance/v1"
 #: where the reconciler's settings live unless named (relative to the host root's etc)
@@ -115,10 +119,11 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     """Read the host and the store once for a decision (under the caller's host lock).
 
     A GPU is busy (never moved) when it holds any vGPU (on the host or recorded, any owner), an
-    allocation, is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
-    Refusals: ``(admission)`` rows with result ``refused`` of the last ``bounds.window_min`` minutes
-    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code
-    admission records), less a right-sized start's first try (:func:`_advised_refusals`) and those a move of
+    allocation, a device reserved for an incoming migration that has not expired (:func:`reserved_gpus`), is off the ``nvidia`` driver (passed through), is in MIG mode or out of service.
+    Refusals: the starts admission refused in the last ``bounds.window_min`` minutes, as it stored
+    them in their own columns (``StateStore.refusal_records``; never parsed from an audit row's value)
+    that :func:`vgpuhost.policy.rebalance.refusal_of` reads as demand for room (by the refusal code),
+    one per domain and profile (:func:`vgpuhost.policy.rebalance.distinct_starts`), less a right-sized start's first try (:func:`_advised_refusals`) and those a move of
     the window already answered (:func:`vgpuhost.policy.rebalance.pending`).  Trends: each pool's
     metered vGPU allocated seconds over the last ``trend_hours`` and the span before.  ``moved``: the
     GPUs the moves of the window put where they are (the hold-down); each empty GPU's mixed-size mode
@@ -137,6 +142,7 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     for a in held_raw:
         if a.gpu and not holding.get(a.gpu):
             holding[a.gpu] = 1          # an allocation with no vGPU seen (passthrough, one being made)
+    reserved = reserved_gpus(store, now)
     offered: Dict[str, set] = {}
     for t in inv.vgpu_types:
         offered.setdefault(str(t.gpu), set()).add(t.name.lower())
@@ -146,6 +152,7 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
         addr = str(g.address)
         mig = bool(g.mig and g.mig.get("current"))
         busy = ("out of service" if addr in oos else f"holds {holding[addr]} device(s)" if holding.get(addr)
+                else f"reserved for the incoming migration of {reserved[addr]}" if addr in reserved
                 else "passed through or off the nvidia driver" if g.pci.driver != "nvidia"
                 else "in MIG mode" if mig else "")
         gpus.append(pol.GpuFacts(addr, busy, tuple(sorted(offered.get(addr, ()))), g.framebuffer_mib or 0,
@@ -153,18 +160,21 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
     ts = tenancy.tenants(store)
     qos_of = {n.lower(): t.qos for n, t in ts.items()}
     refusals, served = [], {}
-    rows = store.audit_rows(since=_iso(now - bounds.window_min * 60))
+    since = _iso(now - bounds.window_min * 60)
+    rows = store.audit_rows(since=since)
     advised = _advised_refusals(rows)
+    # demand: what admission stored for each start it refused (its own columns), never an audit row's
+    # value, which echoes the domain's name (trial 10 F4); one per domain and profile (F5)
+    for audit_id, at, domain, _device, code, profile, qos, tenant in store.refusal_records(since=since):
+        got = pol.refusal_of(at, code, profile, qos, tenant, qos_of, domain) if audit_id not in advised else None
+        if got is not None:
+            refusals.append(got)
     for r in rows:
-        if r.path == ADMISSION_PATH and r.result == "refused":
-            got = pol.refusal_of(r.time, r.value, qos_of) if r.id not in advised else None
-            if got is not None:
-                refusals.append(got)
-        elif r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":
+        if r.path == AUDIT_PATH and r.operation.startswith(OPERATION) and r.result == "ok":
             group = pol.served_by(r.value)
             if group is not None and ": undo: " not in r.value:
                 served[group] = max(served.get(group, ""), r.time)
-    refusals = pol.pending(refusals, served)
+    refusals = pol.pending(pol.distinct_starts(refusals), served)
     seen = store.seen_types() + vgpu_offers.seen_rows(inv)
     host_gpus = tenancy.host_gpus(inv, seen, tenancy._type_fb(inv, store), tenancy._gpu_slices(inv, seen))
     pools = tenancy.pools(store)
@@ -194,12 +204,25 @@ def facts(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, now_s: Optio
                  recent, history)
 
 
+def reserved_gpus(store: StateStore, now: float) -> Dict[str, str]:
+    """``{GPU BDF: domain name}`` of the GPUs holding a device reserved for an incoming live migration
+    (``migrate begin``, :mod:`vgpuhost.ops.migrate`) that has not expired at ``now`` (seconds since the
+    epoch): busy for the reconciler, as a held device is (trial 10 F1)."""
+    at = _iso(now)
+    out: Dict[str, str] = {}
+    for _device, _owner, name, gpu, _kind, _profile, expires, *_ in store.reservation_rows():
+        if gpu and expires[:19] >= at:
+            out.setdefault(str(gpu), name)
+    return out
+
+
 def class_history(store: StateStore, now: float, bounds: pol.Bounds) -> Dict[str, List[float]]:
     """Each QoS class's metered demand per hour over the last ``bounds.history_days`` days and a day
     (the forecast reads the same hours of each day, and the hours after them): ``{class: [mean
     time-sliced vGPUs held in the hour]}``, oldest first, the last value the last whole hour before
     ``now``; from the hourly rollups (``usage_hourly``: allocated seconds / 3600, by the class each
-    row records; none recorded: best-effort).  Empty when ``history_days`` or ``horizon_h`` is 0."""
+    row records; none recorded: best-effort).  Rows of devices no domain held (a layout's idle vGPUs:
+    no domain UUID) are room, not demand, and are left out (trial 10 F13).  Empty when ``history_days`` or ``horizon_h`` is 0."""
     if not bounds.history_days or not bounds.horizon_h:
         return {}
     hours = (bounds.history_days + 1) * 24
@@ -208,7 +231,7 @@ def class_history(store: StateStore, now: float, bounds: pol.Bounds) -> Dict[str
     out: Dict[str, List[float]] = {}
     for r in usage_rows(store, time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(origin)),
                         time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(end))):
-        if r.kind != "vgpu":
+        if r.kind != "vgpu" or not r.domain_uuid:
             continue
         i = (calendar.timegm(time.strptime(r.hour, "%Y-%m-%dT%H:00:00Z")) - origin) // 3600
         if 0 <= i < hours:
@@ -263,17 +286,18 @@ def rebalance(host: HostRoot, store: StateStore, bounds: pol.Bounds, *, dry_run:
               progress: Optional[Callable[[int, int, object, str], None]] = None) -> Result:
     """Decide and (unless ``dry_run``) make the moves, each a plan run by the Executor.
 
-    Under the host lock: read the facts (:func:`facts`), decide
+    Under the ``layout`` lock (no ``apply`` runs meanwhile) and the host lock: read the facts (:func:`facts`), decide
     (:func:`vgpuhost.policy.rebalance.decide`); then per move, under the GPU's lock: check it is
     still empty (NVML: no vGPU active), open a journal entry (kind ``rebalance``, the GPU's pools and
     scheduler state before and after), run the steps (scheduler, then the pool record with its
     audit row naming the demand), close the entry.  A step that fails undoes the steps before it
     (the Executor) and the move is listed in ``failed``; the next moves still run.  ``progress(i, n,
     step, state)`` hears of each step (``start`` / ``done``).  Raises HostEnvironmentError when NVML
-    is needed and missing, TransientError when a lock cannot be had.
+    is needed and missing, TransientError when a lock cannot be had (an ``apply`` holding the
+    ``layout`` lock longer than the lock's timeout).
     """
     who = actor or f"{actor_name()} rebalance"
-    with tenancy.host_lock(store):
+    with file_lock(store.state_dir, LAYOUT_LOCK), tenancy.host_lock(store):
         f = facts(host, store, bounds, now_s=now_s)
         decision = pol.decide(pools=f.pools, gpus=f.gpus, refusals=f.refusals, tenants=f.tenants, held=f.held,
                               host_gpus=f.host_gpus, bounds=bounds, minute_of_day=f.minute_of_day,
@@ -319,6 +343,10 @@ def _run_move(host: HostRoot, store: StateStore, backend, m: pol.Move, steps: Se
         if running:
             raise RefusedError(f"GPU {m.gpu} has {running} vGPU(s) running now: it is not moved",
                                hint="the reconciler never touches a busy GPU")
+        reserved = reserved_gpus(store, time.time()).get(m.gpu)
+        if reserved is not None:
+            raise RefusedError(f"GPU {m.gpu} holds a device reserved for the incoming migration of "
+                               f"{reserved!r}: it is not moved", hint="the reconciler never touches a busy GPU")
         device = {"gpu": m.gpu, "from_pool": m.from_pool, "to_pool": m.to_pool,
                   "scheduler_before": asdict(before) if before is not None else None,
                   "policy_after": m.policy or None, "reason": m.reason}
@@ -358,5 +386,5 @@ class _Told:
         self.journal.end(executor, error)
 
 
-__all__ = ["SCHEMA", "KIND", "CONFIG", "config_path", "load_bounds", "facts", "Facts", "Result", "rebalance",
+__all__ = ["SCHEMA", "KIND", "CONFIG", "config_path", "load_bounds", "facts", "Facts", "reserved_gpus", "Result", "rebalance",
            "KIND"]

@@ -825,10 +825,13 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
             d = adm.admit(req, offers=offers, allocations=[a for a in held if a.device not in replaced], **facts_of)
         if audit and not d.admitted:
             # the start's one row: the devices admitted before this one are not made, so not audited
-            store.audit(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
-                        path="(admission)", result="refused",
-                        value=f"{d.one_line()}; {tr.text}; "
-                              f"{adm.refusal_tag(d.code, req.demand.profile, d.qos, d.tenant)}")
+            # the row, and beside it (its own columns) what admission decided: the reconciler's demand
+            # is read from those, never from the value (it echoes the domain's name: trial 10 F4)
+            store.audit_refusal(actor=actor or _actor(), operation=f"admission {view.name or me} {device}",
+                                value=f"{d.one_line()}; {tr.text}; "
+                                      f"{adm.refusal_tag(d.code, req.demand.profile, d.qos, d.tenant)}",
+                                domain_uuid=me, device=device, code=d.code, profile=req.demand.profile,
+                                qos=str(d.qos), tenant=d.tenant)
         if not d.admitted:
             hint = d.remedy()
             if pending:

@@ -152,27 +152,14 @@ class Admission:
 ROOM_CODES = frozenset({"quota", "capacity", "burst", "gpu-time"})
 
 
-#: the start of the structured tail a refused admission row's value ends with (:func:`refusal_tag`)
+#: the start of the tail a refused admission row's value ends with (:func:`refusal_tag`)
 REFUSAL_TAG = "refusal="
 
 
 def refusal_tag(code: str, profile: str, qos: str, tenant: "Optional[str]") -> str:
-    """The structured tail of a refused ``(admission)`` audit row's value:
+    """The tail of a refused ``(admission)`` audit row's value, for the reader of the log:
     ``refusal=CODE profile=PROFILE qos=CLASS tenant=NAME`` (``tenant=`` empty: a domain without one).
-    ``code``: :attr:`Admission.code`.  Read back by :func:`refusal_fields`; the reason's wording may
-    change, this tail does not (the capacity reconciler reads it, not the reason)."""
+    ``code``: :attr:`Admission.code`.  Nothing parses it back: the value echoes tenant-written text (the
+    domain's name), so what admission decided is also stored in its own columns
+    (``StateStore.audit_refusal``), which the capacity reconciler reads (trial 10 F4)."""
     return f"{REFUSAL_TAG}{code} profile={profile} qos={qos} tenant={tenant or ''}"
-
-
-def refusal_fields(value: str) -> "Optional[Tuple[str, str, str, Optional[str]]]":
-    """``(code, profile, qos, tenant or None)`` of the :func:`refusal_tag` a refused admission row's
-    ``value`` ends with; None when it has none (a refusal before admission weighed the start: an
-    untrusted domain, a UUID taken; or a row written before the tail existed)."""
-    at = value.rfind("; " + REFUSAL_TAG)
-    if at < 0:
-        return None
-    head, sep, tenant = value[at + 2 + len(REFUSAL_TAG):].partition(" tenant=")
-    parts = head.split(" ")
-    if not sep or len(parts) != 3 or not parts[1].startswith("profile=") or not parts[2].startswith("qos="):
-        return None
-    return parts[0], parts[1][len("profile="):], parts[2][len("qos="):], tenant or None

@@ -2,8 +2,8 @@
 
 Owns: the reconciler's settings and operator bounds (:class:`Bounds`, read from the rebalance
 config by :func:`parse_bounds`, strict: one :class:`~vgpuhost.model.errors.InputError` line naming
-the field), the refusals it weighs (:func:`refusal_of`: the structured tail of a ``refused`` admission
-audit row's value -> :class:`Refusal`), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), the
+the field), the refusals it weighs (:func:`refusal_of`: what admission stored for a start it refused,
+in its own columns -> :class:`Refusal`; :func:`distinct_starts`: one per domain and profile), the facts it decides on (:class:`GpuFacts`, :class:`Trend`), the
 forecast of each pool's need (:func:`pool_history`, :func:`growth`, :class:`Outlook`), and the
 decision itself (:func:`decide` -> :class:`Decision` of :class:`Move` values).  Must not: read the
 host, the state store or the clock; callers (:mod:`vgpuhost.ops.rebalance`) build the inputs and
@@ -58,7 +58,6 @@ from ..model.tenancy import Tenant
 from ..model.values import VgpuProfile
 from .admission import DEFAULT_POOL, Pool, gpu_time_room, pool_of, pool_problems, serves_of
 from . import compute
-from .demand import refusal_fields
 from .feasibility import HostGpu, at_risk
 
 #: the move this module decides; the other names are reserved for the mixed-size and MIG-on-demand features
@@ -73,29 +72,57 @@ RISING = 1.25
 class Refusal:
     """One start admission refused for want of room: ``at`` (ISO 8601 UTC, the audit row's time),
     ``profile`` (vGPU type name), ``tenant`` (None: a domain without one), ``qos`` (the class asked
-    for: the tenant's, best-effort without a tenant), ``code`` (:data:`DEMAND_CODES`)."""
+    for: the tenant's, best-effort without a tenant), ``code`` (:data:`DEMAND_CODES`), ``domain`` (the
+    domain's UUID; "": not known, each such refusal counts apart)."""
 
     at: str
     profile: str
     tenant: Optional[str]
     qos: str
     code: str
+    domain: str = ""
 
 
-def refusal_of(at: str, value: str, qos_of: Mapping[str, str]) -> Optional[Refusal]:
-    """The :class:`Refusal` a ``refused`` ``(admission)`` audit row's ``value`` records, or None when it
-    was refused for something moving capacity cannot fix (quota, isolation, QoS class, a GPU in drift:
-    a code not in :data:`DEMAND_CODES`) or carries no refusal code.  Read from the structured tail
-    admission writes (:func:`vgpuhost.policy.demand.refusal_tag`: code, profile, class, tenant), never
-    from the reason's wording.  ``qos_of``: each tenant's QoS class, by lower-case name, used where the
-    tail names no class (a tenant not there: best-effort)."""
-    got = refusal_fields(value)
-    if got is None or got[0] not in DEMAND_CODES:
+#: what a recorded profile name may hold (a vGPU type name: ``A40-8Q``, ``H200X-1-18C``; "": passthrough)
+_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$|^$")
+
+
+def refusal_of(at: str, code: str, profile: str, qos: str, tenant: Optional[str], qos_of: Mapping[str, str],
+               domain: str = "") -> Optional[Refusal]:
+    """The :class:`Refusal` of one start admission refused, from what admission decided and stored in
+    its own columns (``StateStore.refusal_records``: ``code``, ``profile``, ``qos``, ``tenant``, the
+    ``domain``'s UUID), never from an audit row's value (it echoes tenant-written text: trial 10 F4).
+    None when it was refused for something moving capacity cannot fix (quota, isolation, QoS class, a
+    GPU in drift: a code not in :data:`DEMAND_CODES`), or when a field is not one admission could have
+    written: a class that is no QoS class, a tenant not in ``qos_of`` (each tenant's QoS class, by
+    lower-case name), a profile that is no type name.  ``qos`` empty: the tenant's class (none:
+    best-effort)."""
+    if code not in DEMAND_CODES or not _PROFILE.match(profile or ""):
         return None
-    code, profile, qos, tenant = got
+    tenant = tenant or None
+    if tenant is not None and tenant.lower() not in qos_of:
+        return None
     if not qos:
         qos = qos_of.get(tenant.lower(), QosClass.BEST_EFFORT) if tenant else QosClass.BEST_EFFORT
-    return Refusal(at, profile, tenant, str(qos), code)
+    if str(qos) not in {str(c) for c in QosClass}:
+        return None
+    return Refusal(at, profile, tenant, str(qos), code, domain)
+
+
+def distinct_starts(refusals: Sequence[Refusal]) -> List[Refusal]:
+    """``refusals`` (oldest first) with one per start: a domain's refusals of one profile (lower case)
+    count once, as its newest (a start retried ten times is one start's demand: trial 10 F5); those
+    with no ``domain`` each count.  In the order of each kept one's time."""
+    newest: Dict[Tuple[str, str], Refusal] = {}
+    out: List[Refusal] = []
+    for r in refusals:
+        if not r.domain:
+            out.append(r)
+        else:
+            key = (r.domain.lower(), r.profile.lower())
+            newest.pop(key, None)
+            newest[key] = r
+    return sorted(out + list(newest.values()), key=lambda r: r.at)
 
 
 _SERVED = re.compile(r"(?P<n>\d+) start\(s\) of (?P<profile>\S+) \((?P<qos>[a-z-]+);")
@@ -693,6 +720,6 @@ def decide(*, pools: Sequence[Pool], gpus: Sequence[GpuFacts], refusals: Sequenc
     return Decision(tuple(moves), tuple(held_lines), demand)
 
 
-__all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "served_by", "moved_to", "pending", "PoolBound", "Bounds", "parse_bounds",
+__all__ = ["KIND_POOL", "KINDS", "DEMAND_CODES", "Refusal", "refusal_of", "distinct_starts", "served_by", "moved_to", "pending", "PoolBound", "Bounds", "parse_bounds",
            "GpuFacts", "Trend", "Move", "Decision", "with_move", "decide", "growth", "Outlook",
            "pool_history"]
