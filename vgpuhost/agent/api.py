@@ -1334,7 +1334,8 @@ def _mig(agent: Agent, req: Request, action: str) -> Dict[str, Any]:
     if action == "apply":
         layout = _text(req.body, "layout", required=True, limit=1024)
         parse_layout(layout)                    # a malformed layout fails before the host is read
-        return agent.write(lambda: mig.apply(agent.host, agent.store, addr, layout, actor=req.actor)).as_dict()
+        return agent.write(lambda: mig.apply(agent.host, agent.store, addr, layout, actor=req.actor,
+                                             adopt=True)).as_dict()
     fn = mig.enable if action == "enable" else mig.disable
     return agent.write(lambda: fn(agent.host, agent.store, addr, actor=req.actor)).as_dict()
 

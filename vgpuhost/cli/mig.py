@@ -119,7 +119,7 @@ def mig_apply(cctx: click.Context, gpu: str, layout: str, dry_run: bool) -> None
     addr = _addr(gpu)
     parse_layout(layout)                       # a malformed layout fails before the host is read
     if not _through_agent(ctx, f"/v1/mig/{addr}/apply", {"layout": layout}, dry_run):
-        _outcome(ctx, apply(ctx.host, store(ctx, write=not dry_run), addr, layout, dry_run=dry_run))
+        _outcome(ctx, apply(ctx.host, store(ctx, write=not dry_run), addr, layout, dry_run=dry_run, adopt=True))
 
 
 @mig.command("assert")

@@ -115,19 +115,23 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
                                         steps=[f"make a GPU instance for {profile}{where} (MIG on demand)",
                                                f"create {profile} on it for {owner}"])
             return make(at, True, now)
-        made = (migdemand.make_for(host, store, owner, view.metadata.vgpus, inv, actor=actor or "agent")
-                if on_demand else [])
-        try:
+        # a start in progress in the agent's process until its vGPU is made (migdemand.starting)
+        with migdemand.starting(owner):
+            made = (migdemand.make_for(host, store, owner, view.metadata.vgpus, inv, actor=actor or "agent")
+                    if on_demand else [])
+            try:
+                if made:
+                    inv = inventory()           # read again: the GPU instance offers the type now
+                with tenancy.admitting(store, view, inv, actor=actor, binding=binding, **inputs(inv)) as box:
+                    try:
+                        out = make(box.placed_gpu(vid) or gpu, False, inv, box)
+                    except RefusedError as e:
+                        raise box.refused(vid, e) from None
+                    box.made(vid, out.gpu, made_as=out.id)
+            except BaseException:
+                if made:
+                    migdemand.release_made(host, store, made, actor=actor or "agent")
+                raise
             if made:
-                inv = inventory()           # read again: the GPU instance offers the type now
-            with tenancy.admitting(store, view, inv, actor=actor, binding=binding, **inputs(inv)) as box:
-                try:
-                    out = make(box.placed_gpu(vid) or gpu, False, inv, box)
-                except RefusedError as e:
-                    raise box.refused(vid, e) from None
-                box.made(vid, out.gpu, made_as=out.id)
-        except BaseException:
-            if made:
-                migdemand.release_made(host, store, made, actor=actor or "agent")
-            raise
+                migdemand.started(store, made)
         return out

@@ -232,30 +232,50 @@ def _prepare_checked(host: HostRoot, view: "DomainView", actor: str, inv: "Inven
     # before admission and before any write
     _refuse_hostdevs(store, view, actor, inv, allow=checked.allowed, vgpu_records=records,
                      passthrough_records=pt_records, active_domains=active)
-    ondemand: list = []
-    if checked.vgpus and any(getattr(r.profile, "mig_backed", False) for r in checked.vgpus):
-        # MIG on demand (opted-in GPUs): a GPU instance for a MIG-backed vGPU none takes now, made before
-        # its profile is resolved and admitted, and destroyed again when the start fails below
-        from . import migdemand
-        ondemand = migdemand.make_for(host, store, view.uuid, checked.vgpus, inv, actor=actor)
+    if not (checked.vgpus and any(getattr(r.profile, "mig_backed", False) for r in checked.vgpus)):
+        return _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active)
+    # MIG on demand (opted-in GPUs): a GPU instance for a MIG-backed vGPU none takes now, made before
+    # its profile is resolved and admitted, and destroyed again when the start fails below; the start
+    # counts as in progress in this process meanwhile (the agent's other hooks leave its instances alone)
+    from . import migdemand
+    with migdemand.starting(view.uuid):
+        resized, requests = None, checked.vgpus
+        if view.metadata.resize == "auto" and migdemand.opted_in(store) and not _reservations(store, view, checked):
+            # right-sized first (trial 10a finding 15): the instance made is the one the advised profile
+            # needs, offered as MIG on demand would make it
+            resized = _right_size(store, view, migdemand.makeable(host, store, inv),
+                                  {r.device: str(r.profile) for r in checked.vgpus}, {r.id for r in records})
+            requests = [type(r)(resized[r.device][1], r.uuid, r.vf, r.gpu) if r.device in resized else r
+                        for r in checked.vgpus]
+        ondemand = migdemand.make_for(host, store, view.uuid, requests, inv, actor=actor)
         if ondemand:
             inv = in_service(domain_inventory(host, view, allow), store, owner=view.uuid)
-    try:
-        return _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active)
-    except BaseException as e:
+        try:
+            out = _prepare_made(host, view, actor, store, enforced, inv, checked, records, pt_records, active,
+                                resized)
+        except BaseException as e:
+            if ondemand:
+                failed = migdemand.release_made(host, store, ondemand, actor=actor)
+                if failed and isinstance(e, VgpuhostError):
+                    e.message += "; UNDO FAILED for " + ", ".join(failed)
+            raise
         if ondemand:
-            from . import migdemand
-            failed = migdemand.release_made(host, store, ondemand, actor=actor)
-            if failed and isinstance(e, VgpuhostError):
-                e.message += "; UNDO FAILED for " + ", ".join(failed)
-        raise
+            migdemand.started(store, ondemand)        # no start in progress holds them any more
+        return out
 
 
 def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateStore", enforced: bool,
-                  inv: "Inventory", checked: "Checked", records, pt_records, active) -> List[str]:
+                  inv: "Inventory", checked: "Checked", records, pt_records, active,
+                  resized_first: "Optional[Dict[str, Tuple[str, str, str]]]" = None) -> List[str]:
     """:func:`_prepare_locked` once the request is checked (and GPU instances made on demand): resolve,
-    admit and make the devices; what was made, all or nothing."""
-    types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
+    admit and make the devices; what was made, all or nothing.  ``resized_first``: the right-sizing
+    decided before GPU instances were made on demand (None: decided here)."""
+    if resized_first:
+        # the instances made on demand are the advised profiles': the ones asked resolve as MIG on demand offers them
+        from .migdemand import makeable
+        types = _resolve_profiles(makeable(host, store, inv), store, checked, host)
+    else:
+        types = _resolve_profiles(inv, store, checked, host) if checked.vgpus else {}
     me = view.uuid
     # devices reserved for an incoming live migration (the hook's migrate begin, ops/migrate.py): this
     # domain's are made where they were reserved; another domain's are not taken
@@ -263,8 +283,9 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     requested = types
     # an incoming live migration (reserved by migrate begin) makes the type the XML names, as reserved:
     # the type is part of the migrated device's state, so it is never right-sized here (docs/guide/migration.md)
-    resized = (_right_size(store, view, inv, types, {r.id for r in records})
-               if checked.vgpus and view.metadata.resize == "auto" and not mine_reserved else {})
+    resized = resized_first if resized_first is not None else (
+        _right_size(store, view, inv, types, {r.id for r in records})
+        if checked.vgpus and view.metadata.resize == "auto" and not mine_reserved else {})
     if resized:
         types = dict(types)
         types.update({dev: new for dev, (_, new, _) in resized.items()})
@@ -617,13 +638,16 @@ def _resolve_profiles(inv: "Inventory", store: "StateStore", checked: "Checked",
     seen = store.seen_types() + rows
     out: Dict[str, str] = {}
     wider = None
+    # GPUs opted in to MIG on demand: an unknown MIG-backed profile there lost the instance its start made
+    on_demand = (frozenset(k.split("/", 1)[1] for k, v in store.settings_under("mig.on-demand/").items() if v == "on")
+                 if any(getattr(r.profile, "mig_backed", False) for r in checked.vgpus) else frozenset())
     for req in checked.vgpus:
         gpu = req.gpu
         if req.vf is not None:
             dev = inv.devices.get(req.vf)
             gpu = dev.physfn if dev is not None else None
         try:
-            out[req.device] = resolve_profile(inv, records, str(req.profile), gpu, seen)
+            out[req.device] = resolve_profile(inv, records, str(req.profile), gpu, seen, on_demand=on_demand)
         except InputError:
             if gpu is not None or host is None:
                 raise

@@ -32,12 +32,12 @@ from ..model.nvml import GiProfile, GpuInstance
 from ..model.values import PciAddress
 from ..observe.inventory import discover, discover_gpu
 from ..plan.executor import Executor
-from ..plan.mig import LayoutPlan, plan_layout, plan_mode_change
+from ..plan.mig import LayoutPlan, busy_refusal, plan_layout, plan_mode_change
 from ..plan.steps import CreateGi, DestroyGi, Step
 from ..policy.mig import (
     ORDER, counts, layout_text, name_key, names, parse_layout, place, profile_name, resolve_layout, why_not
 )
-from . import health
+from . import health, migmade
 from .nvmljournal import start
 from .recover import recover_locked
 
@@ -354,7 +354,7 @@ def disable(host: HostRoot, store, bdf: PciAddress, **kw) -> MigOutcome:
 
 def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, int]", *,
           dry_run: bool = False, backend: Optional[NvmlBackend] = None,
-          actor: Optional[str] = None, owner: str = OwnerKind.MANUAL) -> MigOutcome:
+          actor: Optional[str] = None, owner: str = OwnerKind.MANUAL, adopt: bool = False) -> MigOutcome:
     """Make ``bdf``'s GPU instances match ``layout`` (a no-op when they already do).
 
     Journaled (kind ``mig-apply``, ``owner``) before the first NVML call: an
@@ -367,6 +367,13 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
     and destroying GPU instances while vGPUs exist.  Each NVML change is
     audited; the result is read back and verified (DeviceError otherwise,
     after undoing what was done).
+
+    MIG on demand (:mod:`vgpuhost.ops.migdemand`): a GPU instance made for a start still in progress
+    counts as busy (its vGPU may not sit on it yet): a layout that would destroy it is refused naming
+    it.  ``adopt`` (an explicit ``mig apply``, which declares the whole layout): the instances made on
+    demand that the applied layout keeps are its own from then on (their records dropped, audited),
+    so their owner's stop leaves them; without it (a ``vgpu create --create-gi``, a layout step)
+    they stay the domain's.
     """
     backend = backend or open_backend(host)
     wanted_names = parse_layout(layout) if isinstance(layout, str) else dict(layout)
@@ -386,9 +393,20 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
             raise RefusedError(f"MIG mode on {bdf} {what}", hint=f"order: {ORDER}")
         gis = dev.instances()
         busy = dev.busy(gis)
+        # an instance made on demand for a start in progress: its vGPU may not be made yet (trial 10a finding 3)
+        mine = [] if getattr(store, "absent", False) else migmade.in_progress(store, str(bdf))
+        starting = {g.gi_id: m for m in mine for g in gis
+                    if (g.profile_id, g.start) == (m.profile_id, m.start) and not busy.get(g.gi_id)}
         try:
-            lp = plan_layout(profiles, gis, wanted, bdf, busy=busy)
+            lp = plan_layout(profiles, gis, wanted, bdf, busy={**busy, **{k: 1 for k in starting}})
         except RefusedError as e:
+            if starting and not busy_refusal(profiles, gis, wanted, busy):
+                raise RefusedError(f"the layout on {bdf} would destroy " + ", ".join(
+                    f"GPU instance {k} ({profile_name({p.profile_id: p for p in profiles}, m.profile_id)} at "
+                    f"memory slice {m.start}), made on demand for a start of {m.owner} in progress"
+                    for k, m in sorted(starting.items())),
+                    hint="apply again once that start has ended (its vGPU then sits on it, or it is gone); "
+                         "nothing was changed") from None
             e.message = e.message.replace("MIG layout would", f"the layout on {bdf} would", 1)
             raise
         out = MigOutcome("apply", str(bdf), changed=bool(lp.steps), dry_run=dry_run, name=dev.name,
@@ -396,9 +414,10 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
                          layout_after=names(profiles, wanted), steps=[s.describe() for s in lp.steps])
         if pending != cur:
             out.notes.append("MIG mode off is pending until a GPU reset: these GPU instances go with it")
-        if lp.destroy and busy:
+        if lp.destroy and (busy or starting):
             out.notes.append("kept the busy GPU instance(s) " + ", ".join(
-                f"{g.gi_id}" for g in lp.keep if busy.get(g.gi_id)) + "; re-sliced only free ones")
+                f"{g.gi_id}" for g in lp.keep if busy.get(g.gi_id) or g.gi_id in starting)
+                + "; re-sliced only free ones")
         if not lp.steps:
             out.notes.append(f"{bdf} already has {layout_text(out.layout_before)}")
         return out, lp, wanted, profiles
@@ -410,7 +429,10 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
         _recover_first(host, store, bdf, actor)
         dev = _Device(host, backend, bdf)
         out, lp, wanted, profiles = plan(dev)
+        operation = f"mig apply {bdf} {layout_text(names(profiles, wanted))}"
         if not lp.steps:
+            if adopt:
+                _adopt(store, bdf, lp.keep, out, actor=actor or actor_name(), operation=operation)
             return out
         got: List[GpuInstance] = []
 
@@ -425,10 +447,22 @@ def apply(host: HostRoot, store, bdf: PciAddress, layout: "str | Mapping[str, in
                                   hint="see 'vgpuhost audit' and 'vgpuhost mig show'")
 
         out.writes = _run(dev, store, lp.steps, actor=actor or actor_name(),
-                          operation=f"mig apply {bdf} {layout_text(names(profiles, wanted))}", kind="mig-apply",
+                          operation=operation, kind="mig-apply",
                           owner=owner, want={"layout": {str(k): v for k, v in wanted.items() if v}}, check=check)
         out.layout_after = counts(profiles, got)
+        if adopt:
+            _adopt(store, bdf, got, out, actor=actor or actor_name(), operation=operation)
         return out
+
+
+def _adopt(store, bdf: PciAddress, gis: Sequence[GpuInstance], out: MigOutcome, *, actor: str,
+           operation: str) -> None:
+    """The GPU instances made on demand among ``gis`` (the applied layout's) are the layout's now
+    (:func:`vgpuhost.ops.migmade.adopt`); a note on ``out`` names them."""
+    taken = migmade.adopt(store, str(bdf), {g.gi_id for g in gis}, actor=actor, operation=operation)
+    if taken:
+        out.notes.append("the layout keeps GPU instance(s) " + ", ".join(
+            f"{m.gi_id} (made on demand for {m.owner})" for m in taken) + ": their domains' stop leaves them")
 
 
 def make_instance(host: HostRoot, store, bdf: PciAddress, gi_profile: str, *, owner: str, actor: str,

@@ -21,7 +21,6 @@ one whole GPU instance and needs no compute instance on the host (docs/reference
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
@@ -29,7 +28,6 @@ from ..io import files
 from ..io.backends import open_backend
 from ..io.catalog import load_catalog
 from ..io.hostroot import HostRoot
-from ..io.state import pid_alive
 from ..io.sysfs import Sysfs
 from ..model.concepts import Backend
 from ..model.errors import InputError, RefusedError, VgpuhostError
@@ -37,50 +35,13 @@ from ..model.values import PciAddress, VgpuProfile, replace
 from ..observe.inventory import VgpuType, discover_gpu
 from ..policy.mig import place
 from . import mig
+from .migmade import MADE, Made, _STARTING, adopt, in_progress, made, maker_alive, started, starting  # noqa: F401
 from .vgpu import _gi_profile_for
 
 ON = "mig.on-demand/"
-MADE = "mig.made/"
 #: a file in the state dir, present while a GPU may be opted in: the lean `types` (which loads no
 #: state store, :mod:`vgpuhost.cli.lean`) opens the store only then.  The store holds the opt-in.
 HINT_FILE = "mig-on-demand"
-
-
-@dataclass(frozen=True)
-class Made:
-    """A GPU instance made on demand: its GPU, GI profile id and memory-slice ``start``; the domain
-    ``owner`` (UUID) it was made for; ``pid`` the process that made it (a start still running is
-    left alone by :func:`sweep`); ``gi_id`` once it read back (None: the create was interrupted)."""
-
-    gpu: str
-    profile_id: int
-    start: int
-    owner: str
-    pid: int = 0
-    gi_id: Optional[int] = None
-
-    @property
-    def key(self) -> str:
-        return f"{MADE}{self.gpu}/{self.profile_id}/{self.start}"
-
-    def value(self) -> str:
-        return f"{self.owner} pid={self.pid}" + (f" gi={self.gi_id}" if self.gi_id is not None else "")
-
-    @classmethod
-    def parse(cls, key: str, value: str) -> "Made":
-        """The record of settings row ``key`` = ``value``; ValueError when it is damaged."""
-        bdf, pid, start = key[len(MADE):].rsplit("/", 2)
-        words = value.split()
-        if not words:
-            raise ValueError(value)
-        kw = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-        gi = kw.get("gi")
-        return cls(bdf, int(pid), int(start), words[0], int(kw.get("pid") or 0), int(gi) if gi else None)
-
-    def line(self) -> str:
-        return (f"GPU instance {self.gi_id if self.gi_id is not None else '(interrupted create)'} at memory slice "
-                f"{self.start} on {self.gpu}, made on demand for {self.owner}")
-
 
 def opted_in(store) -> FrozenSet[str]:
     """The GPUs (BDF text) where MIG on demand is on."""
@@ -116,19 +77,6 @@ def set_opt_in(host: HostRoot, store, gpu: PciAddress, on: bool, *, actor: str) 
     store.audit(actor=actor, operation=f"mig on-demand {'on' if on else 'off'} {gpu}", path="(settings)",
                 value=f"{key}={'on' if on else 'off'}")
     return True
-
-
-def made(store, *, owner: Optional[str] = None, gpu: Optional[str] = None) -> List[Made]:
-    """The GPU instances made on demand and not destroyed yet (of ``owner`` / on ``gpu``)."""
-    out = []
-    for key, value in store.settings_under(MADE).items():
-        try:
-            m = Made.parse(key, value)
-        except ValueError:
-            continue                      # a damaged row: not ours to act on
-        if (owner is None or m.owner == owner) and (gpu is None or m.gpu == gpu):
-            out.append(m)
-    return out
 
 
 def wanted_gi(host: HostRoot, gpu: PciAddress, profile: VgpuProfile):
@@ -227,12 +175,18 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
     GPU of its board in ``inv`` (the domain's GPUs).  A GPU out of service (``inv.out_of_service``:
     unhealthy or cordoned) gets no GPU instance: RefusedError naming why when no other GPU is left.  A request the domain already holds (a retried
     start) makes nothing.  Raises RefusedError when no free slice range takes the instance (naming
-    what is in the way; what this call made is destroyed first), DeviceError when NVML fails.
+    what is in the way; what this call made is destroyed first), or when a request's GPU already
+    carries a vGPU of the domain or of an earlier request (one vGPU per VM per GPU), DeviceError when
+    NVML fails.  Callers run it and the rest of the start inside :class:`starting`.
     """
     on = opted_in(store)
     if not on:
         return []
-    held = {r.id for r in store.vgpu_records(owner=me)}
+    mine = store.vgpu_records(owner=me)
+    held = {r.id for r in mine}
+    # GPUs this domain's vGPUs already use, and those earlier requests of this start take: one vGPU per
+    # VM per GPU, so a second MIG-backed vGPU there is refused naming that rule (trial 10a finding 12)
+    used = {str(r.gpu): r.id for r in mine}
     out: List[Made] = []
     try:
         for req in requests:
@@ -250,6 +204,13 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
             gpus = [g for g in gpus if str(g) in on]
             if not gpus:
                 continue
+            if all(str(g) in used for g in gpus):
+                other = used[str(gpus[0])]
+                raise RefusedError(f"domain {me} asks for {profile} ({req.device}) on GPU {gpus[0]}, where "
+                                   f"its vGPU {other} goes too: one vGPU per VM per GPU",
+                                   hint="put the domain's vGPUs on different GPUs (their VFs or pins); "
+                                        "nothing was changed")
+            gpus = [g for g in gpus if str(g) not in used]
             oos = [g for g in gpus if g in inv.out_of_service]
             gpus = [g for g in gpus if g not in inv.out_of_service]
             if not gpus:                  # no NVML write on a GPU out of service (docs/guide/failures.md)
@@ -261,8 +222,10 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
                                             "on a GPU in service; nothing was changed")
                 e.audited = True
                 raise e
-            if any(t.available_instances > 0 and t.name.lower() == name and t.gpu in gpus
-                   and (req.vf is None or t.parent == req.vf) for t in inv.vgpu_types):
+            free = [t.gpu for t in inv.vgpu_types if t.available_instances > 0 and t.name.lower() == name
+                    and t.gpu in gpus and (req.vf is None or t.parent == req.vf)]
+            if free:
+                used[str(free[0])] = req.device
                 continue                  # a GPU instance takes it now
             reasons = []
             for gpu in gpus:
@@ -290,6 +253,7 @@ def make_for(host: HostRoot, store, me: str, requests, inv, *, actor: str) -> Li
                 m = Made(str(gpu), inst.profile_id, inst.start, me, os.getpid(), inst.gi_id)
                 store.set_setting(m.key, m.value())
                 out.append(m)
+                used[str(gpu)] = req.device
                 break
             else:
                 raise RefusedError(f"MIG on demand cannot make a GPU instance for {profile}: " + "; ".join(reasons),
@@ -344,8 +308,7 @@ def orphans(store) -> List[Made]:
     vGPU of another domain kept busy at its owner's release)."""
     active = set(store.active_domains())
     owners = {r.owner for r in store.vgpu_records()}
-    return [m for m in made(store) if m.owner not in active and m.owner not in owners
-            and not (m.pid and m.pid != os.getpid() and pid_alive(m.pid))]
+    return [m for m in made(store) if m.owner not in active and m.owner not in owners and not maker_alive(m)]
 
 
 def busy_instances(backend, gpu: PciAddress) -> Optional[FrozenSet[int]]:
@@ -371,7 +334,7 @@ def left(host: HostRoot, store) -> List[Tuple[Made, str]]:
     busy: Dict[str, Optional[FrozenSet[int]]] = {}
     out = []
     for m in made(store):
-        if m.owner in owners or (m.pid and m.pid != os.getpid() and pid_alive(m.pid)):
+        if m.owner in owners or maker_alive(m):
             continue
         if m.gi_id is not None:
             if m.gpu not in busy:
@@ -423,4 +386,5 @@ def sweep(host: HostRoot, store, *, actor: str) -> Tuple[List[Made], List[str]]:
 
 
 __all__ = ["ON", "MADE", "HINT_FILE", "Made", "opted_in", "set_opt_in", "made", "make_for", "release_made", "release_for",
-           "orphans", "left", "busy_instances", "sweep", "room_for", "makeable"]
+           "orphans", "left", "busy_instances", "sweep", "room_for", "makeable", "starting", "maker_alive",
+           "started", "in_progress", "adopt"]

@@ -74,12 +74,15 @@ _BY_GPU = None
 
 
 def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
-                    gpu: Optional[PciAddress] = None, seen: Sequence[tuple] = ()) -> str:
+                    gpu: Optional[PciAddress] = None, seen: Sequence[tuple] = (),
+                    on_demand: "frozenset[str] | Sequence[str]" = ()) -> str:
     """The profile name as the devices spell it, matched case-insensitively and exactly.
 
     Never strips suffixes: ``A100-1-5CME`` does not match ``A100-1-5C``.
     Raises InputError naming near matches when no device offers the name,
-    and when one GPU reports the name under two type ids (ambiguous).
+    and when one GPU reports the name under two type ids (ambiguous).  ``on_demand``: the GPUs
+    (BDF text) where MIG on demand is on: a MIG-backed name unknown there is one whose GPU
+    instance is gone, and the hint says so rather than to turn MIG on demand on.
     """
     wanted = strip_vendor_prefix(name).lower()       # "NVIDIA A40-8Q", in any case, is A40-8Q
     by_gpu = types_by_gpu(inv)
@@ -103,7 +106,11 @@ def resolve_profile(inv: Inventory, records: Sequence[VgpuRecord], name: str,
         hint = ("no vGPU type could be read here" if any(g.unreadable for g in inv.gpus) else
                 "no GPU here offers vGPU types ('vgpuhost host check' says why)")
     p = VgpuProfile.try_parse(name)
-    if p is not None and p.mig_backed:
+    if p is not None and p.mig_backed and (str(gpu) in on_demand if gpu is not None else bool(on_demand)):
+        hint += (f"; MIG on demand is on for {gpu or ', '.join(sorted(on_demand))}: the GPU instance a start "
+                 "makes for it is gone (another operation re-sliced the GPU meanwhile: 'vgpuhost audit' names "
+                 "it); start the domain again")
+    elif p is not None and p.mig_backed:
         hint += ("; MIG-backed types appear once MIG mode is on and GPU instances exist ('vgpuhost mig apply'), "
                  "or turn MIG on demand on for the GPU ('vgpuhost mig on-demand --gpu BDF on'): a start then "
                  "makes the GPU instance")
