@@ -271,3 +271,22 @@ def test_a_tenant_allocate_skips_a_gpu_out_of_service_that_its_strategy_ranks_fi
     assert [str(m.parent) for m in inv.mdevs] + [str(v.gpu) for v in inv.vf_vgpus if v.type_id] == [good]   # the host
     admitted = [r for r in s.audit_rows() if r.path == "(admission)"]
     assert [r.result for r in admitted] == ["admitted"] and good in admitted[0].value, admitted
+
+
+def test_the_agents_tenant_allocate_skips_a_cordoned_gpu(make_host):
+    """The same through the agent's tenant route and its warm snapshot (the tester's repro: 409 there)."""
+    from vgpuhost.agent import api
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import health
+    host = make_host("l40s-vendor-vfio")
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("t1", quota=tenancy.Quota(tenancy.Limits(vgpus=2), tenancy.Limits(vgpus=2))))
+    tenancy.bind(s, D1, "t1", name="vm1")
+    agent = api.Agent(host)
+    health.cordon(host, s, agent.inventory(), PciAddress.parse("0000:21:00.0"), reason="maintenance", actor="test")
+    req = api.Request({"uuid": D1}, {}, {"profile": "L40S-4Q", "strategy": "spread"}, "test-member", 1,
+                      role=api.TENANT, tenant="t1")
+    out = api.tenant_allocate(agent, req)
+    assert out["gpu"] == "0000:a1:00.0", out
+    assert [(r.id, r.gpu) for r in s.vgpu_records()] == [(out["id"], "0000:a1:00.0")]
+    assert [(row[0], row[3]) for row in s.allocation_rows()] == [(out["id"], "0000:a1:00.0")]
