@@ -201,7 +201,10 @@ class Sysfs:
         (:data:`SIM_READ_FAULTS`), kept.  One ``lstat`` when nothing is unsettled."""
         sim = self.host.s.sim_dir
         if os.path.lexists(os.path.join(sim, SIM_UNSETTLED)):
-            self._kernel.settle()
+            try:
+                self._kernel.settle()
+            except OSError:
+                pass        # the tree could not be settled (gone meanwhile): read it as it is
         try:
             with open(os.path.join(sim, SIM_READ_FAULTS), encoding="utf-8") as f:
                 names = frozenset(f.read().split())
