@@ -210,3 +210,83 @@ def test_a_tenant_allocate_killed_after_or_in_the_vfs_record_leaves_the_final_ro
         cur = {Sysfs(host).read_optional(p / "nvidia" / "current_vgpu_type")
                for p in host.pci_devices.iterdir() if (p / "nvidia" / "current_vgpu_type").exists()}
         assert cur <= {"0"}, cur                                     # the VF made was rolled back
+
+
+# ---------------------------------------------------------------------------
+# trial 10 B8: a GPU out of service (cordoned, unhealthy) is no candidate of the tenant's allocate
+
+TWO_A40 = """\
+version: 1
+name: a40x2
+summary: two A40 classic mdev
+host:
+  cpu_vendor: GenuineIntel
+  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt
+  kernel_release: 6.1.0-27-amd64
+  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
+devices:
+  - {bdf: "0000:80:03.0", model: intel-root-port, numa_node: 1, iommu_group: 30}
+  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0", numa_node: 1, iommu_group: 31, vgpu: {backend: mdev}}
+  - {bdf: "0000:90:03.0", model: intel-root-port, numa_node: 1, iommu_group: 40}
+  - {bdf: "0000:91:00.0", model: A40, upstream: "0000:90:03.0", numa_node: 1, iommu_group: 41, vgpu: {backend: mdev}}
+"""
+
+
+@pytest.mark.parametrize("out", ["cordoned", "unhealthy"])
+@pytest.mark.parametrize("strategy", ["first-fit", "spread", "worst-fit"])
+@pytest.mark.parametrize("backend", ["vendor-vfio", "mdev"])
+def test_a_tenant_allocate_skips_a_gpu_out_of_service_that_its_strategy_ranks_first(make_host, backend, strategy,
+                                                                                     out):
+    """Two empty GPUs: every strategy ranks the first one first.  With it cordoned (or unhealthy) the
+    tenant's allocate was admitted onto it, then refused 409 ("the GPU changed outside admission") though
+    the other GPU had room.  Now admission weighs the host as placement does: the vGPU is made on the other
+    GPU, its allocation row and its admission row name that GPU, and nothing touches the one out of service."""
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import health
+    from vgpuhost.policy.health import Source
+    if backend == "vendor-vfio":
+        host, profile, bad, good = make_host("l40s-vendor-vfio"), "L40S-4Q", "0000:21:00.0", "0000:a1:00.0"
+    else:
+        host, profile, bad, good = make_host(yaml_text=TWO_A40), "A40-4Q", "0000:81:00.0", "0000:91:00.0"
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("t1", quota=tenancy.Quota(tenancy.Limits(vgpus=2), tenancy.Limits(vgpus=2))))
+    tenancy.bind(s, D1, "t1", name="vm1")
+
+    def inventory():
+        return discover(Sysfs(host))
+    if out == "cordoned":
+        health.cordon(host, s, inventory(), PciAddress.parse(bad), reason="maintenance", actor="test")
+    else:
+        health.mark_unhealthy(s, PciAddress.parse(bad), "EIO from a create", Source.IO, actor="test")
+    dry = allocate_admitted(host, s, inventory, owner=D1, tenant="t1", profile=profile, strategy=strategy,
+                            dry_run=True, actor="test")
+    assert dry.gpu == good, dry.as_dict()
+    made = allocate_admitted(host, s, inventory, owner=D1, tenant="t1", profile=profile, strategy=strategy,
+                             actor="test")
+    assert made.gpu == good, made.as_dict()
+    recs = [(r.id, r.owner, r.gpu) for r in s.vgpu_records()]
+    assert recs == [(made.id, D1, good)]
+    assert [(row[0], row[1], row[3]) for row in s.allocation_rows()] == [(made.id, D1, good)]
+    inv = discover(Sysfs(host))
+    assert [str(m.parent) for m in inv.mdevs] + [str(v.gpu) for v in inv.vf_vgpus if v.type_id] == [good]   # the host
+    admitted = [r for r in s.audit_rows() if r.path == "(admission)"]
+    assert [r.result for r in admitted] == ["admitted"] and good in admitted[0].value, admitted
+
+
+def test_the_agents_tenant_allocate_skips_a_cordoned_gpu(make_host):
+    """The same through the agent's tenant route and its warm snapshot (the tester's repro: 409 there)."""
+    from vgpuhost.agent import api
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.ops import health
+    host = make_host("l40s-vendor-vfio")
+    s = StateStore(host.state_dir)
+    tenancy.add(s, tenancy.Tenant("t1", quota=tenancy.Quota(tenancy.Limits(vgpus=2), tenancy.Limits(vgpus=2))))
+    tenancy.bind(s, D1, "t1", name="vm1")
+    agent = api.Agent(host)
+    health.cordon(host, s, agent.inventory(), PciAddress.parse("0000:21:00.0"), reason="maintenance", actor="test")
+    req = api.Request({"uuid": D1}, {}, {"profile": "L40S-4Q", "strategy": "spread"}, "test-member", 1,
+                      role=api.TENANT, tenant="t1")
+    out = api.tenant_allocate(agent, req)
+    assert out["gpu"] == "0000:a1:00.0", out
+    assert [(r.id, r.gpu) for r in s.vgpu_records()] == [(out["id"], "0000:a1:00.0")]
+    assert [(row[0], row[3]) for row in s.allocation_rows()] == [(out["id"], "0000:a1:00.0")]

@@ -78,6 +78,30 @@ def test_metadata_naming_another_tenant_is_refused_naming_the_binding_and_nothin
     assert admission(s)[-1].result == "admitted" and "bound to tenant 'alpha'" in admission(s)[-1].value
 
 
+def test_a_refused_start_of_a_domain_recorded_running_leaves_its_record_as_it_was(host, s):
+    """trial 10 B1: a second ``prepare begin`` of a running domain's UUID (a retry, a forged document) that
+    admission refuses had rewritten the domain's row (name and time) and its marker, though the refusal
+    said nothing was changed; every later line named the domain by the forged name.  Now its row, its
+    marker, its vGPU and its allocation are as they were, and the refusal has its audit row."""
+    import os
+    from vgpuhost.io.state import MARKER_DIR
+    tenancy.add(s, T("alpha", quota=Q(L(vgpus=1))))
+    tenancy.add(s, T("beta", quota=Q(L(vgpus=4))))
+    me = uid("a1a1a1a1", 0)
+    tenancy.bind(s, me, "alpha", name="vm", actor="root")
+    assert start(host, "vm", vm("vm", 0, tenant="alpha"), bind=False) == (0, "")
+    marker = os.path.join(str(host.state_dir), MARKER_DIR, me)
+    with open(marker, "w") as f:
+        f.write("424242\n")                    # the starter another process recorded
+    before = (s.active_domains(), s.domain_starts(), s.vgpu_records(), s.allocation_rows(), mdevs(host))
+    rc, err = start(host, "evil", vm("evil", 0, tenant="beta"), bind=False)
+    assert rc == 2 and "bound to tenant 'alpha'" in err and "nothing was changed" in err, err
+    assert s.active_domains() == {me: "vm"}
+    assert (s.active_domains(), s.domain_starts(), s.vgpu_records(), s.allocation_rows(), mdevs(host)) == before
+    assert s.domain_starter(me) == 424242
+    assert admission(s)[-1].result == "refused" and admission(s)[-1].operation.startswith("admission evil ")
+
+
 def test_a_class_stronger_than_the_tenants_is_refused_before_the_gold_pool(host, s):
     """Finding 2: a best-effort tenant's domain asking qos="guaranteed" was admitted into a pool serving
     guaranteed only."""

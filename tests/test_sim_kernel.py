@@ -311,6 +311,63 @@ def test_a_create_killed_half_way_leaves_no_half_mdev(tmp_path):
         assert _tree(host) == fresh, step
 
 
+def test_reads_after_a_create_killed_half_way_see_no_half_mdev(tmp_path):
+    """trial 10 B6: a writer killed while the simulator lays out an mdev left a device that the driver's
+    counts (``available_instances``, the type's ``devices/``) and NVML's vGPU count showed but the bus did
+    not, until some later write.  The kernel's create is one write(2): now the first read after the kill
+    (a Sysfs's, or an NVML query's) finds the device gone whole, with no write in between, at every step."""
+    from vgpuhost.model.values import PciAddress
+    from vgpuhost.sim.nvml import SimNvml
+    text = A40_SPEC.replace("PROCS", "")
+    host, _ = build(tmp_path, text, "ref")
+    u = new_uuid()
+    rc, total = _write_killed_at_step(host, mtype(host, A40, A40_8Q) / "create", u, 0)
+    assert rc == 0 and total >= 10
+    for step in range(1, total + 1):
+        host, _ = build(tmp_path, text, f"k{step}")
+        before = _tree(host)
+        rc, _ = _write_killed_at_step(host, mtype(host, A40, A40_8Q) / "create", u, step)
+        assert rc == -signal.SIGKILL, step
+        nvml_first = step % 2 == 0
+        if nvml_first:
+            assert SimNvml(host).active_vgpus(PciAddress.parse(A40)) == 0, step
+        sysfs = Sysfs(host)
+        assert avail(sysfs, host, A40, A40_8Q) == 6, step
+        assert sysfs.listdir(mtype(host, A40, A40_8Q) / "devices") == [], step
+        assert sysfs.listdir(host.mdev_devices) == [], step
+        assert not os.path.lexists(Path(os.path.realpath(host.pci_device(A40))) / u), step
+        assert SimNvml(host).active_vgpus(PciAddress.parse(A40)) == 0, step
+        # the tree a reader sees is the one before the write (less the mdev driver's directory, which
+        # the first create makes and which stays, empty)
+        after = {k: v for k, v in _tree(host).items() if not k.startswith("sys/bus/mdev/drivers")}
+        assert after == {k: v for k, v in before.items() if not k.startswith("sys/bus/mdev/drivers")}, step
+        assert not (host.sim_dir / "unsettled").exists(), step
+
+
+def test_apply_after_a_create_killed_half_way_needs_no_other_write(tmp_path, capsys):
+    """trial 10 B6, the tester's symptom: after a kill inside a create, 'reconcile --check' said in sync while
+    every 'apply' failed ("6 more A40-8Q wanted, 5 fit now"; "GPU has 1 vGPU(s) running"), until some other
+    write.  Now apply, the next command, makes the layout whole; the audit log shows no other write first."""
+    from vgpuhost.cli.main import main
+    from vgpuhost.io.state import StateStore
+    from vgpuhost.sim.data import bundled_specs
+    from vgpuhost.sim.spec import load_spec
+    host = materialise(load_spec(bundled_specs()["a40-mdev"]), tmp_path / "a40")
+    gpu = "0000:81:00.0"
+    rc, total = _write_killed_at_step(host, mtype(host, gpu, A40_8Q) / "create", new_uuid(), 6)
+    assert rc == -signal.SIGKILL
+    root = str(host.root)
+    assert main(["--root", root, "reconcile", "--check"]) == 0
+    config = str(Path(__file__).resolve().parent.parent / "examples" / "config" / "vgpu-a40.yaml")
+    assert main(["--root", root, "apply", "-y", "-c", config, "vdi"]) == 0, capsys.readouterr()
+    sysfs = Sysfs(host)
+    assert len(sysfs.listdir(mtype(host, gpu, A40_8Q) / "devices")) == 6
+    assert len(sysfs.listdir(host.mdev_devices)) == 6
+    assert avail(sysfs, host, gpu, A40_8Q) == 0
+    creates = [r for r in StateStore(host.state_dir).audit_rows() if r.path.endswith(f"{A40_8Q}/create")]
+    assert len(creates) == 6 and all(r.result == "ok" for r in creates), creates
+
+
 def test_a_remove_killed_half_way_leaves_no_half_mdev(tmp_path):
     """kill -9 of a writer while the simulator takes an mdev away, at every step: the device is whole
     or no longer found by its bus link, and the next write takes the rest away (the fresh host's

@@ -184,7 +184,7 @@ from .hostroot import plain_path
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only (the qemu hook does not import typing)
     from pathlib import Path
-    from typing import Callable, Dict, List, Optional, Sequence
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..model.usage import UsageRow
 
@@ -1156,6 +1156,29 @@ class StateStore:
                                            hint="free space or fix the state dir's owner and mode, then retry") from None
         with self.transaction() as conn:
             conn.execute("INSERT OR REPLACE INTO domains VALUES (?, ?, ?)", (uuid, name, utcnow()))
+
+    def domain_record(self, uuid: str) -> "Optional[Tuple[str, str, Optional[int]]]":
+        """``(name, since, starter pid)`` of domain ``uuid`` as recorded running (:meth:`domain_started`;
+        the pid :meth:`domain_starter` reads, None where its marker names none), None when it is not."""
+        row = self._conn().execute("SELECT name, since FROM domains WHERE uuid = ?", (uuid,)).fetchone()
+        return None if row is None else (row[0], row[1], self.domain_starter(uuid))
+
+    def domain_restore(self, uuid: str, record: "Tuple[str, str, Optional[int]]") -> None:
+        """Put domain ``uuid``'s record back as :meth:`domain_record` read it (its row's name and time, its
+        marker's pid), after a start of a domain recorded running was refused or failed: such a start
+        changes nothing (the qemu hook's refusal, trial 10 B1: the refused start had renamed the row)."""
+        name, since, starter = record
+        d = self._markers()
+        if d is not None and _is_uuid(uuid):
+            fd = os.open(os.path.join(d, uuid), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                if starter is not None:
+                    os.write(fd, f"{starter}\n".encode())
+            finally:
+                os.close(fd)
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO domains VALUES (?, ?, ?)", (uuid, name, since))
 
     def domain_stopped(self, uuid: str, *, allocations: bool = False) -> None:
         """Forget domain ``uuid`` (the hook's ``release end``); no-op when unknown.  ``allocations``:

@@ -36,6 +36,11 @@ MAX_READ_BYTES = 1 << 20
 #: in a simulated root's metadata directory: the attribute names the simulator fails reads of (one a
 #: line, :meth:`vgpuhost.sim.kernel.SimKernel.read`); absent when none
 SIM_READ_FAULTS = "read-faults"
+#: in a simulated root's metadata directory while a write of the simulator's kernel may be cut short (its
+#: writer killed inside it, docs/guide/simulator.md#killed-writer): made before the write changes the tree,
+#: removed once it is whole; a :class:`Sysfs` that finds it at its first read has the kernel settle the write
+#: first (:meth:`vgpuhost.sim.kernel.SimKernel.settle`), so no reader sees half of one
+SIM_UNSETTLED = "unsettled"
 #: the first read of :meth:`Sysfs.read_attr_ints_in` (a number); a file that fills it is read again in full
 _SMALL_READ_BYTES = 4096
 ATTR_READ_BYTES = 65536     # more than a page: a sysfs attribute that fills it is read again in full
@@ -184,13 +189,29 @@ class Sysfs:
         fault (:data:`SIM_READ_FAULTS`, read once per instance), so the simulator's kernel decides."""
         names = self._sim_read_faults
         if names is None:
-            try:
-                with open(os.path.join(self.host.s.sim_dir, SIM_READ_FAULTS), encoding="utf-8") as f:
-                    names = frozenset(f.read().split())
-            except OSError:
-                names = frozenset()
-            self._sim_read_faults = names
+            names = self._sim_first_read()
         return bool(names) and os.path.basename(os.fspath(path)) in names
+
+    def _sim_first_read(self) -> frozenset:
+        """This instance's first read of a simulated root: a write the simulator's kernel has not
+        settled (:data:`SIM_UNSETTLED`: its writer was killed inside it) is settled first, as the
+        kernel's mdev create or remove is one write(2), whole or not at all, so no read sees half a
+        device (trial 10 B6: a killed create's device was counted, never listed, until some later
+        write); then the names of the attributes whose reads may fail by an injected fault
+        (:data:`SIM_READ_FAULTS`), kept.  One ``lstat`` when nothing is unsettled."""
+        sim = self.host.s.sim_dir
+        if os.path.lexists(os.path.join(sim, SIM_UNSETTLED)):
+            try:
+                self._kernel.settle()
+            except OSError:
+                pass        # the tree could not be settled (gone meanwhile): read it as it is
+        try:
+            with open(os.path.join(sim, SIM_READ_FAULTS), encoding="utf-8") as f:
+                names = frozenset(f.read().split())
+        except OSError:
+            names = frozenset()
+        self._sim_read_faults = names
+        return names
 
     def read_int(self, path: PathArg, *, default: Optional[int] = None) -> Optional[int]:
         """An integer file (``0x10de`` or ``-1`` style); ``default`` when absent.
@@ -423,6 +444,8 @@ class Sysfs:
 
     def listdir(self, path: PathArg) -> List[str]:
         """Sorted entry names; an empty list when the directory is absent."""
+        if self._simulated and self._sim_read_faults is None:
+            self._sim_first_read()
         try:
             return sorted(os.listdir(path))
         except (FileNotFoundError, NotADirectoryError):

@@ -19,7 +19,7 @@ from ..model.concepts import PlacementStrategy
 from ..model.errors import RefusedError
 from ..model.values import PciAddress
 from ..observe.inventory import BACKEND_VENDOR_VFIO, Inventory
-from . import migdemand, tenancy, vgpu
+from . import health, migdemand, tenancy, vgpu
 from .devices import admission_inputs
 
 
@@ -33,7 +33,8 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
     as the tenant's allocation before the vGPU is made, so it counts against the quota from then on (a
     vGPU made for a domain in advance by an operator is admitted only at the domain's start).
 
-    ``inventory``: called once the host lock is held (the agent's snapshot).  ``gpu`` a PciAddress to pin
+    ``inventory``: called once the host lock is held (the agent's snapshot); GPUs out of service and VFs
+    reserved for another domain's incoming migration are left out of it (:func:`vgpuhost.ops.health.in_service`).  ``gpu`` a PciAddress to pin
     it, ``uuid`` the mdev UUID (None: a new one).  ``allowed``: the hook allow-list
     (:func:`vgpuhost.ops.devices.load_allow`; None = every GPU): placement only there, a pinned GPU outside
     it refused.  Returns the :func:`vgpuhost.ops.vgpu.create` outcome.
@@ -73,8 +74,15 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
             store.audit(actor=actor or "agent", operation=f"allocate {owner} {profile}", path="(admission)",
                         value=line, result="refused")
         return RefusedError(line, hint=hint)
+
+    def read() -> Inventory:
+        # the host as admission weighs it: GPUs out of service (cordoned, unhealthy) and VFs reserved for
+        # another domain's incoming migration offer nothing (ops/health.in_service, as a start's admission,
+        # migrate begin, attach and 'vgpu create' read it), so admission, MIG on demand and the create all
+        # place on the same GPUs (trial 10 B8: a first-ranked cordoned GPU was admitted, then refused 409)
+        return health.in_service(inventory(), store, owner=owner)
     with tenancy.host_lock(store):
-        inv = inventory()
+        inv = read()
         # before admission records anything: a UUID already in use is refused whoever holds it (the same
         # line for the caller's own vGPU and another's), so no allocation row of another device is touched
         if uuid is not None and (store.vgpu_records(vgpu_id=vid) or any(m.uuid == vid for m in inv.mdevs)
@@ -121,7 +129,7 @@ def allocate_admitted(host: HostRoot, store: StateStore, inventory: Callable[[],
                     if on_demand else [])
             try:
                 if made:
-                    inv = inventory()           # read again: the GPU instance offers the type now
+                    inv = read()                # read again: the GPU instance offers the type now
                 with tenancy.admitting(store, view, inv, actor=actor, binding=binding, **inputs(inv)) as box:
                     try:
                         out = make(box.placed_gpu(vid) or gpu, False, inv, box)

@@ -302,6 +302,9 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
     held_before = (frozenset(r.id for r in records if r.owner == me),
                    frozenset(r.gpu for r in pt_records if r.owner == me) if checked.passthrough else None)
     was_active = me in active
+    # a start of a domain recorded running (a retry, a forged document) that is refused or fails leaves its
+    # record as it was: name, time and marker (trial 10 B1: the refusal said nothing was changed)
+    record_before = store.domain_record(me) if was_active else None
     store.domain_started(me, view.name or me)
     made: List[Tuple[str, object]] = []
     if enforced:
@@ -376,6 +379,11 @@ def _prepare_made(host: HostRoot, view: "DomainView", actor: str, store: "StateS
         if not was_active:
             try:
                 store.domain_stopped(me)
+            except Exception:
+                pass
+        elif record_before is not None:
+            try:
+                store.domain_restore(me, record_before)
             except Exception:
                 pass
         raise

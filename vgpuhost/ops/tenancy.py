@@ -708,6 +708,11 @@ def admit_domain(store: StateStore, view: DomainView, inv: Inventory, *, actor: 
 
     Call under :func:`host_lock` (the qemu hook, with authority); ``attach``
     calls it without, for early feedback (``audit`` False: nothing written).
+    ``inv``: the host as :func:`vgpuhost.ops.health.in_service` gives it (GPUs out of service and VFs
+    reserved for other incoming migrations offer nothing), as the hook's start, ``migrate begin`` and the
+    tenant's allocate read it: the offers are counted on it, so a GPU out of service left in would be
+    admitted, then refused by the device layer (only ``attach``'s early look at an mdev vGPU pinned to a
+    GPU out of service passes the host unfiltered: it notes that GPU instead).
     ``audit``: a refusal is written as the start's one admission row; the
     admitted decisions are not written here but by :func:`record_admitted`,
     with their allocations, before the devices are made.

@@ -83,7 +83,9 @@ remove are one write(2), done whole or not at all, but the simulator lays a devi
 in the writing process.  So it records the change first (``state.json`` ``mdev_change``), makes the
 bus link last on a create and takes it away first on a remove, and each later write (and
 ``sim reboot``) first takes away whatever a killed writer left half made
-(:meth:`SimKernel._settle_mdev_change`).  A remove waiting for a release is listed
+(:meth:`SimKernel._settle_mdev_change`); so does the first read after it (:meth:`SimKernel.settle`: a
+:class:`~vgpuhost.io.sysfs.Sysfs`'s first read and each simulated NVML query, while the file
+:data:`~vgpuhost.io.sysfs.SIM_UNSETTLED` says a change is under way), so no reader counts half a device.  A remove waiting for a release is listed
 (``mdev_removing``) and finished by the last close, even where its writer was killed.
 
 Crash injection (the kill -9 fault-injection tests): with
@@ -128,7 +130,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..io.hostroot import HostRoot
-from ..io.sysfs import SIM_READ_FAULTS
+from ..io.sysfs import SIM_READ_FAULTS, SIM_UNSETTLED
 from ..io.vfioholders import group_node
 from ..io.vgpudev import PLACEMENT_ATTR
 from ..model import mixedsize
@@ -1317,6 +1319,7 @@ class SimKernel:
         meta["mdev_change"] = {"op": "create", "uuid": uuid, "parent": parent, "pf": pf, "tid": tid,
                                "group": group}
         self.save_meta(meta, STATE)
+        self._unsettled(True)
         gdir = f"{groups}/{group}"
         m, types = str(mdir), f"{pdir}/mdev_supported_types"
         os.mkdir(m)
@@ -1343,6 +1346,7 @@ class SimKernel:
             {"parent": parent, "type_id": tid, "id": uuid, "placement": pid}])
         # last: the device is whole once its bus link is there (vgpuhost finds mdevs by it)
         _symlink(str(bus_link), m)
+        self._unsettled(False)
 
     def _mdev_remove(self, meta: dict, path: Path, mdir: Path, by_path: Dict[str, str],
                      value: str) -> None:
@@ -1378,7 +1382,9 @@ class SimKernel:
         meta["mdev_change"] = {"op": "remove", "uuid": uuid, "pf": pf, "tid": tid,
                                "group": group, "dir": self._below_root(m)}
         self.save_meta(meta, STATE)
+        self._unsettled(True)
         self._mdev_take_away(meta, m, uuid, tid, group, pf)
+        self._unsettled(False)
 
     def _mdev_take_away(self, meta: dict, m: str, uuid: str, tid: Optional[str], group: Optional[int],
                         pf: Optional[str]) -> None:
@@ -1433,6 +1439,12 @@ class SimKernel:
         ch = meta.get("mdev_change")
         if not ch:
             return
+        self._settle_mdev_pieces(meta, ch)
+        if not meta.get("vf_clear"):
+            self._unsettled(False)          # (a clear cut short is :meth:`_settle_vf_clear`'s, after this)
+
+    def _settle_mdev_pieces(self, meta: dict, ch: dict) -> None:
+        """:meth:`_settle_mdev_change` of the record ``ch``: the pieces of a device cut short go."""
         uuid = ch.get("uuid") or ""
         if ch.get("op") == "create":
             if os.path.lexists(f"{self._rstr(self.host.s.mdev_devices)}/{uuid}"):
@@ -1468,6 +1480,45 @@ class SimKernel:
             write_attr(f"{nvidia}/{PLACEMENT_ATTR}", "Not Applicable\n", if_changed=True)
         meta.pop("vf_clear", None)
         self.save_meta(meta, STATE)
+        self._unsettled(False)
+
+    def _unsettled(self, on: bool) -> None:
+        """Make (``on``) or remove :data:`~vgpuhost.io.sysfs.SIM_UNSETTLED` beside ``state.json``: while it
+        is there a write may be cut short, and a reader has :meth:`settle` look first.  Not a step of the
+        tree (the kill tests' steps are the tree's): plain calls, under the lock."""
+        path = f"{self.meta_path.parent}/{SIM_UNSETTLED}"
+        if on:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def settle(self) -> bool:
+        """A reader's look for a write cut short (:data:`~vgpuhost.io.sysfs.SIM_UNSETTLED` beside
+        ``state.json``: its writer was killed inside it): under the lock, the mdev create or remove and the
+        vendor-VFIO clear it recorded are finished as the next write would (:meth:`_settle_mdev_change`,
+        :meth:`_settle_vf_clear`), so a read sees a device whole or not at all, as on a real host where the
+        write is one write(2).  A live writer's write is waited for (it holds the lock), then found whole.
+        :class:`vgpuhost.io.sysfs.Sysfs` calls it at its first read, :class:`vgpuhost.sim.nvml.SimNvml` at
+        each query.  True when there was something to look at; one ``lstat`` when there is nothing."""
+        if not os.path.lexists(f"{self.meta_path.parent}/{SIM_UNSETTLED}"):
+            return False
+        t0, c0 = _perf_counter(), _thread_time()
+        try:
+            with self.locked():
+                try:
+                    meta = self._write_meta()
+                    self._settle_mdev_change(meta)
+                    self._settle_vf_clear(meta)
+                    self._unsettled(False)
+                except BaseException:
+                    _GPU_PARSED.pop(str(self.meta_path.parent), None)
+                    raise
+        finally:
+            charge(_perf_counter() - t0, _thread_time() - c0)
+        return True
 
     # --- vendor-specific VFIO ------------------------------------------------
     def _set_type(self, meta: dict, path: Path, vf: str, real: Path, value: str) -> None:
@@ -1500,11 +1551,13 @@ class SimKernel:
                 # (:meth:`_settle_vf_clear`), never a free VF still naming the old vGPU's placement
                 meta["vf_clear"] = self._below_root(str(real.parent))
                 self.save_meta(meta, STATE)
+                self._unsettled(True)
             write_attr(real, "0\n")
             if pfile.exists():
                 write_attr(pfile, "Not Applicable\n")
                 meta.pop("vf_clear", None)
                 self.save_meta(meta, STATE)
+                self._unsettled(False)
             return
         else:
             if cur != 0:

@@ -278,6 +278,7 @@ class SimMetering:
         return traces.get(device) or traces.get(f"type:{type_name}") or traces.get("default") or {}
 
     def read(self, last_seen_us: Dict[str, int]) -> List[GpuReading]:
+        self.kernel.settle()            # a write cut short by a killed writer: whole or gone first
         meta = self.kernel.meta()
         doc = self.load()
         now_us = self._now_us(doc)

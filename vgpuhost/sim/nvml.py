@@ -154,6 +154,7 @@ class SimNvml:
         return pf, gpu
 
     def _read(self, bdf: PciAddress, call: str) -> Tuple[dict, str, dict]:
+        self.kernel.settle()                  # a write cut short by a killed writer is whole or gone first
         meta = self.kernel.meta_view()        # shared: the queries below only read it
         pf, gpu = self._gpu(meta, bdf, call)
         return meta, pf, gpu
@@ -166,6 +167,7 @@ class SimNvml:
         change that landed is logged to the write log as ``logged(pf, fn's result)`` spells it
         (the audit row's ``(path, value)``, :mod:`vgpuhost.io.nvml`)."""
         with crash_point():
+            self.kernel.settle()            # (before the lock: it takes the lock itself)
             with self.kernel.locked():
                 meta = self.kernel.meta()
                 pf, gpu = self._gpu(meta, bdf, call)
