@@ -345,6 +345,54 @@ def test_a_tenant_member_reads_no_other_tenants_audit_rows_or_names(world):
     assert any("tenant=t2" in r["value"] and D6 in r["value"] for r in admin)
 
 
+def test_another_tenants_refused_admission_naming_a_members_vgpu_is_not_its_row(world):
+    """Trial 10b B4: a refused admission of t2's domain whose "to free room" hint names t1's vGPU (as
+    admission words a capacity refusal) is t2's row: t1's member does not read it (neither the agent's
+    form, domain by UUID, nor the hook's, domain by name with the device's id), while t1's own rows, an
+    admitted one and a refused one whose hint names t2's vGPU, are shown, t2's names hidden in them."""
+    t = world.run.tenant
+    s = world.store()
+    hint = (f"to free room: tenant 't1' holds vGPU A40-8Q {M1} on 0000:41:00.0 as burst (domain {D1}); "
+            "'vgpuhost capacity' shows what fits where")
+    theirs_agent = str(uuidlib.uuid4())
+    theirs_hook = str(uuidlib.uuid4())
+    s.audit(actor="agent uid=54204 pid=4960", operation=f"admission {D2} {theirs_agent}", path="(admission)",
+            value="no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 5 in use): A40-8Q fits on none of "
+                  f"the 3 vGPU-capable GPUs; {hint}; bound to tenant 't2' by cli uid=0 pid=3681 at "
+                  "2026-12-07T16:39:31; refusal=capacity profile=A40-8Q qos=burstable tenant=t2",
+            result="refused")
+    s.audit(actor="hook vm-b pid=4961", operation=f"admission vm-b {theirs_hook}", path="(admission)",
+            value=f"no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 6 in use): {hint}; "
+                  "refusal=capacity profile=A40-8Q qos=burstable tenant=t2", result="refused")
+    mine_refused = str(uuidlib.uuid4())
+    s.audit(actor=f"agent uid={ALICE} pid=4962", operation=f"admission {D1} {mine_refused}", path="(admission)",
+            value=f"no room for vGPU A40-8Q of tenant 't1' (quota vGPUs 0:2, 1 in use): to free room: tenant 't2' "
+                  f"holds vGPU A40-8Q {M2} on 0000:81:00.0 (domain {D2}); refusal=capacity profile=A40-8Q "
+                  "qos=burstable tenant=t1", result="refused")
+    (status, audit), = world.as_user("alice", [_get(t, "/v1/audit")], docs=True)
+    assert status == 200
+    rows = audit["rows"]
+    text = json.dumps(rows)
+    # t2's refusals: absent (their quota and use, their member's uid and pid, their profile)
+    assert theirs_agent not in text and theirs_hook not in text and "0:7" not in text and "54204" not in text
+    assert not [r for r in rows if r["actor"] in ("agent uid=54204 pid=4960", "hook vm-b pid=4961")]
+    # t1's own: its admitted start (the fixture's) and its refusal, t2's vGPU and domain hidden in it
+    assert any(r["operation"].startswith("admission vm-a") and r["result"] == "admitted" for r in rows)
+    own = [r for r in rows if r["operation"] == f"admission {D1} {mine_refused}"]
+    assert len(own) == 1 and own[0]["result"] == "refused", rows
+    assert "quota vGPUs 0:2, 1 in use" in own[0]["value"] and M2 not in text and D2 not in text
+    assert "tenant=t1" in own[0]["value"] and "'t2'" not in own[0]["value"]
+    # bob (t2) reads its own two refusals, with t1's vGPU hidden
+    (status, theirs), = world.as_user("bob", [_get(t, "/v1/audit")], docs=True)
+    got = {r["actor"] for r in theirs["rows"] if r["result"] == "refused"}
+    assert {"agent uid=54204 pid=4960", "hook vm-b pid=4961"} <= got and f"agent uid={ALICE} pid=4962" not in got
+    assert theirs_agent in json.dumps(theirs["rows"]) and mine_refused not in json.dumps(theirs["rows"])
+    assert M1 not in json.dumps(theirs["rows"])
+    # the admin reads all three
+    admin = {r["operation"].split()[-1] for r in world.run.call("GET", "/v1/audit")[1]["rows"]}
+    assert {theirs_agent, theirs_hook, mine_refused} <= admin
+
+
 def test_an_error_line_echoes_the_callers_input_whether_or_not_it_names_something(world):
     """Finding 3: an unknown name and another tenant's (domain, tenant) name give the same answer."""
     t = world.run.tenant
