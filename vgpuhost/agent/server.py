@@ -29,7 +29,7 @@ the peer's credentials (``SO_PEERCRED`` and ``SO_PEERGROUPS``,
 :func:`vgpuhost.io.unixsock.peer`), so a socket whose mode was loosened
 still refuses them (403).  The role is decided as the connection is accepted
 (:meth:`_Server.process_request`): a peer of no role is answered 403 there and
-closed, its request never read, before it is given a slot or a thread.
+closed once its peer is done, its request never parsed, before it is given a slot or a thread.
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
@@ -374,7 +374,7 @@ class _Server(socketserver.UnixStreamServer):
         - a slot is free.
 
         Answered from the accepting thread and closed, with no slot, no thread and no HTTP parsing: a peer
-        of no role, 403 (:meth:`_forbid`, its request never read); a peer with a role over a share, 429 whose
+        of no role, 403 (:meth:`_forbid`, its request never parsed); a peer with a role over a share, 429 whose
         one line names the share."""
         try:
             peer = unixsock.peer(request)
@@ -473,18 +473,19 @@ class _Server(socketserver.UnixStreamServer):
         self._answer_at_accept(request, _refusal(message, hint))
 
     def _forbid(self, request, peer: unixsock.Peer, why: str) -> None:
-        """Answer 403 to a peer of no role at accept, and close: its request is not read (HTTP lets a
-        server answer before the request is complete; the agent's client and curl read an answer that
-        came before their request was sent), so it holds no slot, no thread and no header buffer, however
-        it paces its bytes."""
+        """Answer 403 to a peer of no role at accept, and close once the peer is done: its request is not
+        parsed (HTTP lets a server answer before the request is complete), only read and dropped by the
+        one thread that closes answered connections (:class:`vgpuhost.io.connlimits.Lingerer`), so the
+        peer may send it after the answer came (curl does) and still read the answer; it holds no slot, no
+        worker thread and no header buffer, however it paces its bytes."""
         self.forbidden += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("refused uid %d pid %d on %s: %s", peer.uid, peer.pid, self.server_address, why)
         self._answer_at_accept(request, _forbidden(peer.uid, why, self.ro_group, self.admin_group))
 
     def _answer_at_accept(self, request, answer: bytes) -> None:
-        """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, drop what its
-        peer has already sent (at most 1 MiB, never waiting for more), and close it
+        """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, shut its writing
+        side, and close it once its peer closes, has sent 1 MiB, or after 1 s, what it sent dropped
         (:func:`vgpuhost.io.connlimits.answer_and_close`, shared with the metrics port)."""
         answer_and_close(request, answer)
 
