@@ -84,7 +84,7 @@ from ..io import unixsock
 from ..io.connlimits import DeadlineReader as _DeadlineReader, RefusalLog, answer_and_close
 from ..io.hostroot import HostRoot
 from ..io.state import store_error
-from ..libvirt.domxml import parse_domain_identity, valid_key
+from ..libvirt.domxml import parse_domain, parse_domain_identity, valid_key
 from ..model.errors import (EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, TransientError,
                              VgpuhostError)
 from ..ops import recover
@@ -830,7 +830,7 @@ class _Handler(BaseHTTPRequestHandler):
                                          exit_code=EXIT_INTERNAL, kind="InternalError")
         if self._hook_xml is not None and status != 421 and not (status == 503 and self.server.agent.stopping):
             # (421, and 503 from a stopping agent: the JSON error, so the hook's client does the work itself)
-            doc = hook_answer(status, doc, self._hook_xml)
+            doc = hook_answer(status, doc, self._hook_xml, release=self.path.startswith("/v1/hook/release"))
         if isinstance(doc, api.Stream):
             self._stream(doc)
         elif isinstance(doc, api.Text):
@@ -1290,9 +1290,10 @@ HOOK_HEADERS = ("X-Vgpuhost-Domain", "X-Vgpuhost-Root", "X-Vgpuhost-State-Dir", 
 HOOK_ANSWER = "vgpuhost-hook/1"
 
 
-def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
+def hook_answer(status: int, doc: Any, body: Dict[str, Any], *, release: bool = False) -> api.Text:
     """The thin client's answer: ``vgpuhost-hook/1 EXIT``, then the one line the hook prints on stderr
-    (none on success), exactly as the hook would print it had it done the work itself."""
+    (none on success), exactly as the hook would print it had it done the work itself (``release``: the
+    call is ``release end``, whose domain name the hook takes from the document's identity alone)."""
     if status == 200:
         return api.Text("text/plain; charset=utf-8", f"{HOOK_ANSWER} 0".encode())
     problem = doc.get("error") if isinstance(doc, dict) else None
@@ -1301,15 +1302,19 @@ def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
         code, line = EXIT_INTERNAL, f"the agent answered {status}"
     else:
         line = problem.get("line")
-    name = _domain_name(body.get("xml") or "") or body.get("name") or "?"
+    name = _domain_name(body.get("xml") or "", release=release) or body.get("name") or "?"
     return api.Text("text/plain; charset=utf-8",
                     f"{HOOK_ANSWER} {code}\n{agent_error_line(name, code, line)}".encode())
 
 
-def _domain_name(xml: str) -> Optional[str]:
-    """The domain's ``<name>`` when the XML parses (the name the hook's own errors show)."""
+def _domain_name(xml: str, *, release: bool = False) -> Optional[str]:
+    """The domain's ``<name>`` as the hook's own handler (:func:`vgpuhost.hook.runtime.run`) names it in
+    its errors: at ``prepare begin`` the name of a document :func:`parse_domain` reads whole, None when it
+    refuses it (two ``<name>`` elements among them: the hook's argument, libvirt's name, is shown, never
+    either of the document's); at ``release end`` its identity's (:func:`parse_domain_identity`)."""
     try:
-        return parse_domain_identity(xml.encode("utf-8")).name
+        data = xml.encode("utf-8")
+        return (parse_domain_identity(data) if release else parse_domain(data)).name
     except (VgpuhostError, ValueError):
         return None
 
