@@ -393,6 +393,24 @@ def test_another_tenants_refused_admission_naming_a_members_vgpu_is_not_its_row(
     assert {theirs_agent, theirs_hook, mine_refused} <= admin
 
 
+def test_a_members_allocate_pinned_to_no_gpu_gets_the_operators_line(world):
+    """Trial 10b B5: ``gpu`` set to an address with no device, or with a device that is not a GPU (a root
+    port here; a VF on vendor-VFIO hosts), gave a member "no GPU here offers vGPU types ('vgpuhost host
+    check' says why)"; now the operator's line, nothing made, no allocation row."""
+    t = world.run.tenant
+    before = (world.mdevs(), world.owners(), sorted(world.store().allocation_rows()))
+    got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "gpu": addr})
+                                  for addr in ("0000:99:00.0", "0000:40:03.0")], docs=True)
+    admin = [world.run.call("POST", f"/v1/domains/{D1}/allocate",
+                            {"profile": "A40-8Q", "gpu": addr, "dry_run": True})
+             for addr in ("0000:99:00.0", "0000:40:03.0")]
+    for (status, doc), (a_status, a_doc), addr in zip(got, admin, ("0000:99:00.0", "0000:40:03.0")):
+        assert (status, a_status) == (400, 400), (doc, a_doc)
+        assert doc["error"]["line"] == a_doc["error"]["line"] == (f"no NVIDIA GPU at {addr}; 'vgpuhost gpus' "
+                                                                  "lists them")
+    assert (world.mdevs(), world.owners(), sorted(world.store().allocation_rows())) == before
+
+
 def test_an_error_line_echoes_the_callers_input_whether_or_not_it_names_something(world):
     """Finding 3: an unknown name and another tenant's (domain, tenant) name give the same answer."""
     t = world.run.tenant

@@ -1763,6 +1763,11 @@ def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
                         "UUID", hint="omit vgpu_uuid: the answer's id is the new vGPU's UUID, to write in the "
                                      "domain's XML")
 
+    if gpu is not None and agent.inventory().gpu(gpu) is None:
+        # the operator's allocate and 'vgpu create' say so (ops/vgpu's pin check), not admission's "no GPU here
+        # offers vGPU types", which sends the tenant to a host check it cannot run (trial 10b B5)
+        raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
+
     def run():
         # the operator's hook allow-list binds a tenant's vGPUs as it binds the hook's
         return allocate_admitted(agent.host, agent.store, agent.inventory, owner=owner, tenant=req.tenant,
