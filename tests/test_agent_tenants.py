@@ -103,8 +103,11 @@ class World:
                                                  for name, (gid, members) in GROUPS.items()))
         self.prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", NS_SCRIPT, "sh",
                        str(passwd), str(group)]
+        #: the operator's libvirt URI: libvirt's test driver on a file of this host (a path no member reads)
+        self.libvirt_uri = f"test://{etc / 'libvirt-node.xml'}"
         self.run = AgentRun(self.host.root, admin_group="vgh-admin", ro_group="vgh-ro", prefix=self.prefix,
-                            extra=("--metering-interval", "0", "--tenant-group", "ml-team=t2"))
+                            extra=("--metering-interval", "0", "--tenant-group", "ml-team=t2",
+                                   "--libvirt-uri", self.libvirt_uri))
 
     def as_user(self, name: str, calls: List[tuple], *, docs: bool = False) -> List[Any]:
         """``calls`` from a process of user ``name`` with its groups from the namespace's group file."""
@@ -457,8 +460,12 @@ def test_a_tenant_member_sees_no_host_paths_or_host_wide_counters(world):
     for key in ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits"):
         assert key not in doc, key
     assert str(world.host.root) not in json.dumps(doc)
+    # trial 10b B7: the operator's --libvirt-uri names a file of the host: the local qemu URIs only
+    assert doc["libvirt_uris"] == ["qemu:///system", "qemu+unix:///system"]
+    assert "libvirt-node.xml" not in json.dumps(doc)
     admin = world.run.call("GET", "/v1/agent")[1]
     assert admin["root"] == str(world.host.root) and admin["served"]
+    assert admin["libvirt_uris"][0] == world.libvirt_uri
 
 
 def test_a_tenant_member_allocates_for_its_domain_within_quota_and_releases_it(world):

@@ -1489,11 +1489,13 @@ _HOST_ONLY = ("root", "state_dir", "served", "served_thin_client", "snapshot_sca
 
 def tenant_agent(agent: Agent, req: Request) -> Dict[str, Any]:
     """``GET /v1/agent`` for a tenant member: no host paths and no host-wide counters (:data:`_HOST_ONLY`),
-    and what recovery did at start is the operator's (it names devices of every tenant), so ``recovered``
-    is empty."""
+    ``libvirt_uris`` only the local qemu ones (:data:`LOCAL_LIBVIRT_URIS`: the operator's ``--libvirt-uri``
+    may name a host file, ``test:///PATH``; attach and detach are the operator's anyway), and what recovery
+    did at start is the operator's (it names devices of every tenant), so ``recovered`` is empty."""
     doc = get_agent(agent, req)
     for key in _HOST_ONLY:
         doc.pop(key)
+    doc["libvirt_uris"] = [u for u in doc["libvirt_uris"] if u in LOCAL_LIBVIRT_URIS]
     return {**doc, "recovered": {}}
 
 
