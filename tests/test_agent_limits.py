@@ -469,6 +469,73 @@ def test_a_no_role_flood_is_answered_from_a_cache_of_403s(inproc):
     assert (info.misses, info.hits, srv.forbidden) == (2, 18, 20)
 
 
+NO_ROLE_SENDS_AFTER = r"""
+import json, os, select, socket, sys
+path, uid, gid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+out = {}
+for _ in range(n):      # as curl does: connect, send the request, read; here the request goes once the answer came
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(30); s.connect(path)
+    select.select([s], [], [], 30)
+    raw = b""
+    try:
+        s.sendall(b"GET /v1/vgpus HTTP/1.1\r\nHost: l\r\n\r\n")
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+        key = raw.split(b"\r\n")[0].decode()
+    except OSError as e:
+        key = type(e).__name__
+    out[key] = out.get(key, 0) + 1
+    s.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_no_role_peer_that_sends_its_request_after_the_403_came_still_reads_it(inproc):
+    """Trial 10b B2: the 403 at accept was sent and the connection closed before the request came: curl's
+    send then failed (EPIPE) and it said "Couldn't connect to server" (7 runs of 10).  Now the answered
+    connection is kept, its writing side shut, until its peer is done: a peer that sends its request only
+    once the answer is there reads the 403 20 times of 20, and the agent holds none of them after."""
+    import subprocess
+    h, proc, admin, ro = inproc
+    tenant = os.path.join(os.path.dirname(admin), server.TENANT_SOCKET)
+    srv = next(s for s in proc.servers if s.role == "tenant")
+    got = json.loads(subprocess.run([sys.executable, "-c", NO_ROLE_SENDS_AFTER, tenant, str(NO_ROLE_UIDS[0]),
+                                     str(NO_ROLE_GID), "20"],
+                                    capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert got == {"HTTP/1.1 403 Forbidden": 20}, got
+    assert srv.forbidden == 20
+    from vgpuhost.io import connlimits
+    _until(lambda: connlimits._LINGER.held == 0, "the answered connections closed once their peers closed")
+
+
+def test_an_answer_at_accept_is_read_by_a_peer_that_writes_first_and_a_silent_peer_is_closed():
+    """The 429 at accept (and the metrics port's) takes the same path: over a socket pair, the peer reads
+    the whole answer and then end of file after sending its request late, and more than its limit; a peer
+    that sends nothing is closed after the linger time, so a flood holds at most ``max_held``."""
+    from vgpuhost.io import connlimits
+    lingerer = connlimits.Lingerer(linger_s=0.2, max_held=2, max_bytes=1 << 16)
+    answer = b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+    pairs = [socket.socketpair() for _ in range(3)]
+    for srv_side, _ in pairs:
+        srv_side.sendall(answer)
+        srv_side.shutdown(socket.SHUT_WR)
+        lingerer.hand(srv_side)
+    assert lingerer.held == 2 and pairs[2][0].fileno() == -1    # the third over max_held: closed at once
+    late, silent = pairs[0][1], pairs[1][1]
+    late.sendall(b"GET / HTTP/1.1\r\n" + b"X: " + b"a" * 100000 + b"\r\n\r\n")   # more than max_bytes
+    assert _read_all(late) == answer
+    silent.settimeout(10)
+    assert _read_all(silent) == answer              # the answer, then end of file (its writing side shut)
+    _until(lambda: lingerer.held == 0, "both closed: the silent one once the linger time passed")
+    for a, b in pairs:
+        a.close()
+        b.close()
+
+
 def test_a_tenant_member_still_holds_at_most_a_quarter_of_the_tenant_sockets_connections(tenant_agent, host):
     """A peer with a role keeps the per-peer cap: one of four here; its next connection is 429 at accept,
     while root is served on the same socket."""

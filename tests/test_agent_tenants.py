@@ -103,8 +103,11 @@ class World:
                                                  for name, (gid, members) in GROUPS.items()))
         self.prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", NS_SCRIPT, "sh",
                        str(passwd), str(group)]
+        #: the operator's libvirt URI: libvirt's test driver on a file of this host (a path no member reads)
+        self.libvirt_uri = f"test://{etc / 'libvirt-node.xml'}"
         self.run = AgentRun(self.host.root, admin_group="vgh-admin", ro_group="vgh-ro", prefix=self.prefix,
-                            extra=("--metering-interval", "0", "--tenant-group", "ml-team=t2"))
+                            extra=("--metering-interval", "0", "--tenant-group", "ml-team=t2",
+                                   "--libvirt-uri", self.libvirt_uri))
 
     def as_user(self, name: str, calls: List[tuple], *, docs: bool = False) -> List[Any]:
         """``calls`` from a process of user ``name`` with its groups from the namespace's group file."""
@@ -345,6 +348,72 @@ def test_a_tenant_member_reads_no_other_tenants_audit_rows_or_names(world):
     assert any("tenant=t2" in r["value"] and D6 in r["value"] for r in admin)
 
 
+def test_another_tenants_refused_admission_naming_a_members_vgpu_is_not_its_row(world):
+    """Trial 10b B4: a refused admission of t2's domain whose "to free room" hint names t1's vGPU (as
+    admission words a capacity refusal) is t2's row: t1's member does not read it (neither the agent's
+    form, domain by UUID, nor the hook's, domain by name with the device's id), while t1's own rows, an
+    admitted one and a refused one whose hint names t2's vGPU, are shown, t2's names hidden in them."""
+    t = world.run.tenant
+    s = world.store()
+    hint = (f"to free room: tenant 't1' holds vGPU A40-8Q {M1} on 0000:41:00.0 as burst (domain {D1}); "
+            "'vgpuhost capacity' shows what fits where")
+    theirs_agent = str(uuidlib.uuid4())
+    theirs_hook = str(uuidlib.uuid4())
+    s.audit(actor="agent uid=54204 pid=4960", operation=f"admission {D2} {theirs_agent}", path="(admission)",
+            value="no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 5 in use): A40-8Q fits on none of "
+                  f"the 3 vGPU-capable GPUs; {hint}; bound to tenant 't2' by cli uid=0 pid=3681 at "
+                  "2026-12-07T16:39:31; refusal=capacity profile=A40-8Q qos=burstable tenant=t2",
+            result="refused")
+    s.audit(actor="hook vm-b pid=4961", operation=f"admission vm-b {theirs_hook}", path="(admission)",
+            value=f"no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 6 in use): {hint}; "
+                  "refusal=capacity profile=A40-8Q qos=burstable tenant=t2", result="refused")
+    mine_refused = str(uuidlib.uuid4())
+    s.audit(actor=f"agent uid={ALICE} pid=4962", operation=f"admission {D1} {mine_refused}", path="(admission)",
+            value=f"no room for vGPU A40-8Q of tenant 't1' (quota vGPUs 0:2, 1 in use): to free room: tenant 't2' "
+                  f"holds vGPU A40-8Q {M2} on 0000:81:00.0 (domain {D2}); refusal=capacity profile=A40-8Q "
+                  "qos=burstable tenant=t1", result="refused")
+    (status, audit), = world.as_user("alice", [_get(t, "/v1/audit")], docs=True)
+    assert status == 200
+    rows = audit["rows"]
+    text = json.dumps(rows)
+    # t2's refusals: absent (their quota and use, their member's uid and pid, their profile)
+    assert theirs_agent not in text and theirs_hook not in text and "0:7" not in text and "54204" not in text
+    assert not [r for r in rows if r["actor"] in ("agent uid=54204 pid=4960", "hook vm-b pid=4961")]
+    # t1's own: its admitted start (the fixture's) and its refusal, t2's vGPU and domain hidden in it
+    assert any(r["operation"].startswith("admission vm-a") and r["result"] == "admitted" for r in rows)
+    own = [r for r in rows if r["operation"] == f"admission {D1} {mine_refused}"]
+    assert len(own) == 1 and own[0]["result"] == "refused", rows
+    assert "quota vGPUs 0:2, 1 in use" in own[0]["value"] and M2 not in text and D2 not in text
+    assert "tenant=t1" in own[0]["value"] and "'t2'" not in own[0]["value"]
+    # bob (t2) reads its own two refusals, with t1's vGPU hidden
+    (status, theirs), = world.as_user("bob", [_get(t, "/v1/audit")], docs=True)
+    got = {r["actor"] for r in theirs["rows"] if r["result"] == "refused"}
+    assert {"agent uid=54204 pid=4960", "hook vm-b pid=4961"} <= got and f"agent uid={ALICE} pid=4962" not in got
+    assert theirs_agent in json.dumps(theirs["rows"]) and mine_refused not in json.dumps(theirs["rows"])
+    assert M1 not in json.dumps(theirs["rows"])
+    # the admin reads all three
+    admin = {r["operation"].split()[-1] for r in world.run.call("GET", "/v1/audit")[1]["rows"]}
+    assert {theirs_agent, theirs_hook, mine_refused} <= admin
+
+
+def test_a_members_allocate_pinned_to_no_gpu_gets_the_operators_line(world):
+    """Trial 10b B5: ``gpu`` set to an address with no device, or with a device that is not a GPU (a root
+    port here; a VF on vendor-VFIO hosts), gave a member "no GPU here offers vGPU types ('vgpuhost host
+    check' says why)"; now the operator's line, nothing made, no allocation row."""
+    t = world.run.tenant
+    before = (world.mdevs(), world.owners(), sorted(world.store().allocation_rows()))
+    got = world.as_user("alice", [_post(t, f"/v1/domains/{D1}/allocate", {"profile": "A40-8Q", "gpu": addr})
+                                  for addr in ("0000:99:00.0", "0000:40:03.0")], docs=True)
+    admin = [world.run.call("POST", f"/v1/domains/{D1}/allocate",
+                            {"profile": "A40-8Q", "gpu": addr, "dry_run": True})
+             for addr in ("0000:99:00.0", "0000:40:03.0")]
+    for (status, doc), (a_status, a_doc), addr in zip(got, admin, ("0000:99:00.0", "0000:40:03.0")):
+        assert (status, a_status) == (400, 400), (doc, a_doc)
+        assert doc["error"]["line"] == a_doc["error"]["line"] == (f"no NVIDIA GPU at {addr}; 'vgpuhost gpus' "
+                                                                  "lists them")
+    assert (world.mdevs(), world.owners(), sorted(world.store().allocation_rows())) == before
+
+
 def test_an_error_line_echoes_the_callers_input_whether_or_not_it_names_something(world):
     """Finding 3: an unknown name and another tenant's (domain, tenant) name give the same answer."""
     t = world.run.tenant
@@ -391,8 +460,12 @@ def test_a_tenant_member_sees_no_host_paths_or_host_wide_counters(world):
     for key in ("root", "state_dir", "served", "served_thin_client", "snapshot_scans", "snapshot_waits"):
         assert key not in doc, key
     assert str(world.host.root) not in json.dumps(doc)
+    # trial 10b B7: the operator's --libvirt-uri names a file of the host: the local qemu URIs only
+    assert doc["libvirt_uris"] == ["qemu:///system", "qemu+unix:///system"]
+    assert "libvirt-node.xml" not in json.dumps(doc)
     admin = world.run.call("GET", "/v1/agent")[1]
     assert admin["root"] == str(world.host.root) and admin["served"]
+    assert admin["libvirt_uris"][0] == world.libvirt_uri
 
 
 def test_a_tenant_member_allocates_for_its_domain_within_quota_and_releases_it(world):

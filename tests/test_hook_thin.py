@@ -66,17 +66,26 @@ def test_agent_refusal_is_the_hooks_own_line_and_exit_code(make_host, tmp_path):
     xml = vgpu_domain("thin-bad", DOM1, MDEV1, "A40-7Q").encode()
     local = dispatch(_install(host, tmp_path / "local"), ["thin-bad", "prepare", "begin", "-"], xml)
     assert local.returncode == 2 and b"unknown vGPU profile 'A40-7Q'" in local.stderr
+    # trial 10b B3: two <name> elements, the second another domain's: the handler names libvirt's (argv)
+    two = vgpu_domain("thin-two", DOM1, MDEV1).replace("<name>thin-two</name>",
+                                                       "<name>thin-two</name><name>forged</name>").encode()
+    local_two = dispatch(_install(host, tmp_path / "local"), ["thin-two", "prepare", "begin", "-"], two)
+    assert local_two.returncode == 2 and local_two.stderr == (
+        b"vgpuhost: error: domain 'thin-two': domain XML has more than one <name>; libvirt writes one; pass the "
+        b"document 'virsh dumpxml NAME' prints\n"), local_two.stderr
     hook = _install(host, tmp_path, python=NO_PYTHON)
     with AgentRun(host.root, _sock_dir(host)) as agent:
         proc = dispatch(hook, ["thin-bad", "prepare", "begin", "-"], xml)
         # not well-formed XML: the name comes from argv, as when the hook parses it itself
         broken = dispatch(hook, ["argv-name", "prepare", "begin", "-"],
                           b"<domain><metadata xmlns:v='https://vgpuhost.dev/xmlns/domain/1'>")
+        agent_two = dispatch(hook, ["thin-two", "prepare", "begin", "-"], two)
         served = agent.call("GET", "/v1/agent")[1]["served_thin_client"]
     assert (proc.returncode, proc.stdout, proc.stderr) == (local.returncode, b"", local.stderr)
     assert broken.returncode == 2 and broken.stderr.startswith(b"vgpuhost: error: domain 'argv-name': domain XML ")
     assert broken.stderr.count(b"\n") == 1
-    assert served == {"POST /v1/hook/prepare": 2}
+    assert (agent_two.returncode, agent_two.stderr) == (2, local_two.stderr)
+    assert served == {"POST /v1/hook/prepare": 3}
     assert mdevs(host) == {} and store(host).active_domains() == {}
 
 

@@ -51,6 +51,7 @@ from ..ops.passthrough import prepare, release
 from ..ops.scheduler import mixed_size, set_runtime
 from ..ops.vgpu import reconcile
 from ..policy.config import parse
+from ..policy.demand import refusal_fields
 from ..policy.migration import parse_request
 from ..policy.mig import parse_layout
 from ..policy.placement import OFFERED
@@ -1489,11 +1490,13 @@ _HOST_ONLY = ("root", "state_dir", "served", "served_thin_client", "snapshot_sca
 
 def tenant_agent(agent: Agent, req: Request) -> Dict[str, Any]:
     """``GET /v1/agent`` for a tenant member: no host paths and no host-wide counters (:data:`_HOST_ONLY`),
-    and what recovery did at start is the operator's (it names devices of every tenant), so ``recovered``
-    is empty."""
+    ``libvirt_uris`` only the local qemu ones (:data:`LOCAL_LIBVIRT_URIS`: the operator's ``--libvirt-uri``
+    may name a host file, ``test:///PATH``; attach and detach are the operator's anyway), and what recovery
+    did at start is the operator's (it names devices of every tenant), so ``recovered`` is empty."""
     doc = get_agent(agent, req)
     for key in _HOST_ONLY:
         doc.pop(key)
+    doc["libvirt_uris"] = [u for u in doc["libvirt_uris"] if u in LOCAL_LIBVIRT_URIS]
     return {**doc, "recovered": {}}
 
 
@@ -1562,6 +1565,21 @@ _NAMED_AT = (("actor", re.compile(r"^hook (?P<n>.+?) pid=\d+$")),
 _AUDIT_FIELDS = ("actor", "operation", "path", "value")
 #: an audit operation naming a vGPU made or removed for a domain (no ``id``: the row's value is the vGPU's id)
 _DEVICE_OF = re.compile(r"^(?:vgpu remove (?P<id>\S+)|vgpu create \S+) owner=(?P<owner>\S+)$")
+_UUID_TEXT = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+#: the agent's admission row of a device for a domain named by UUID
+_ADMISSION_OF = re.compile(r"^admission (?P<owner>" + _UUID_TEXT + r") (?P<id>\S+)$")
+#: where a row says which domain it is about (its subject), by UUID: the operation's ``owner=UUID`` or its
+#: verb's first argument, the path ``(domain) UUID``, a binding's or attach's value head
+_SUBJECT_DOMAIN = (
+    ("operation", re.compile(r"(?:owner=|^(?:admission|allocations of|allocate|release|prepare|attach|detach|"
+                             r"tenant bind|tenant unbind|mig on-demand release) )(?P<d>" + _UUID_TEXT + r")"
+                             r"(?![\w-])")),
+    ("path", re.compile(r"^\(domain\) (?P<d>" + _UUID_TEXT + r")$")),
+    ("value", re.compile(r"^(?:domain (?P<d>" + _UUID_TEXT + r"):|(?P<a>" + _UUID_TEXT + r") [+-])")))
+#: where a row names its domain by its libvirt name (``prepare NAME``, ``admission NAME DEVICE``)
+_SUBJECT_NAME = re.compile(r"^(?:prepare (?P<p>.+?)|admission (?P<a>.+) \S+)$")
+#: the tenant an admitted row was admitted for (a refused one carries :func:`refusal_fields`' tail)
+_ADMITTED_FOR = re.compile(r"^admitted [^;]*? for tenant '(?P<t>[^']*)'")
 
 
 def known_domains(store: StateStore) -> set:
@@ -1575,10 +1593,12 @@ class AuditScope:
     """What a tenant member sees of the audit log (``GET /v1/audit``): which rows concern its tenant, and
     each shown field with everything else hidden.
 
-    A row is shown when its operation, path or value names, as a whole token, a domain UUID of the
-    tenant's (bound, holding allocations or devices: :func:`vgpuhost.ops.tenancy.tenant_domains`) or a
-    device recorded for one (vGPU ids, passthrough GPUs, allocations), or when it is the tenant's own
-    ``tenant add|set|remove NAME`` or a binding row saying ``tenant=NAME``.  Domain names never select a
+    A row is shown when its subject is the tenant's (:meth:`_concerns`): the domain it is about by UUID
+    is one of the tenant's (bound, holding allocations or devices:
+    :func:`vgpuhost.ops.tenancy.tenant_domains`), an admission was the tenant's, its operation or path
+    names a device recorded for one (vGPU ids, passthrough GPUs, allocations), it is the tenant's own
+    ``tenant add|set|remove NAME``, or, a row about no domain, its value names one of those or says
+    ``tenant=NAME``; a mention in another domain's row never selects it.  Domain names never select a
     row (another tenant's domain may be named like one of the tenant's, or like a profile).  In every
     shown field (actor, operation, path, value): every UUID not of the tenant's reads ``(another domain)``
     or ``(another vGPU)``; every domain name in the places a row names one (``hook NAME pid=``,
@@ -1604,6 +1624,9 @@ class AuditScope:
                 made = m.group("id") or str(row.get("value") or "")
                 if _is_uuid(made.lower()):
                     ids.add(made.lower())
+            m = _ADMISSION_OF.match(op)
+            if m and m.group("owner").lower() in domains:
+                ids.add(m.group("id").lower())      # a device admitted (or refused) for one of its domains
         self.ids = ids
         self.domains = {d.lower() for d in known_domains(store)}
         self.devices = {r.id.lower() for r in store.vgpu_records()} | \
@@ -1616,6 +1639,19 @@ class AuditScope:
         me = re.escape(self.me)
         self.own_op = re.compile(r"^tenant (?:add|set|remove) " + me + "$", re.IGNORECASE)
         self.own_value = re.compile(r"(?<![\w.:+-])tenant=" + me + _AFTER, re.IGNORECASE)
+        # the domains each libvirt name was given (running now; bound by name in the log): a row naming its
+        # domain by a name that only other domains have is not T's (a name never selects a row)
+        named: Dict[str, set] = {}
+        for d, n in names.items():
+            named.setdefault(n, set()).add(d.lower())
+        for row in rows:
+            op = str(row.get("operation") or "")
+            if op.startswith(("tenant bind ", "tenant unbind ")):
+                m = _SUBJECT_DOMAIN[2][1].match(str(row.get("value") or ""))
+                if m and m.group("d"):
+                    named.setdefault(op.split(" ", 2)[2], set()).add(m.group("d").lower())
+        self.named = named
+        self.my_domains = domains
         self.shown = [row for row in rows if self._concerns(row)]
         # names the shown rows give the tenant's own domains (a row of its domain names it) and all others
         seen = set()
@@ -1642,10 +1678,36 @@ class AuditScope:
             re.IGNORECASE) if tenants_ else None
 
     def _concerns(self, row: Dict[str, Any]) -> bool:
-        op = str(row.get("operation") or "")
-        if self.own_op.match(op) or self.own_value.search(str(row.get("value") or "")):
+        """Whether ``row`` is T's, decided by what the row is about, never by a mention of T's device in
+        another's text (a refusal's "to free room" names the vGPUs that could make room, of any tenant): the
+        domain it is about by UUID (:data:`_SUBJECT_DOMAIN`: T's or not); a domain named by a name only other
+        domains have: not T's; an admission's tenant (the refused row's ``tenant=`` tail, the admitted row's
+        ``for tenant 'X'``); T's device in its operation or path; else, a row about no domain or tenant, T's
+        tenant row or a whole-token mention of T's domain or device in its value."""
+        op, path, value = (str(row.get(k) or "") for k in ("operation", "path", "value"))
+        if self.own_op.match(op):
             return True
-        return any(self.select.search(str(row.get(k) or "")) for k in ("operation", "path", "value"))
+        for key, rx in _SUBJECT_DOMAIN:
+            if key == "value" and not op.startswith(("tenant bind ", "tenant unbind ", "attach ", "detach ")):
+                continue
+            m = rx.search({"operation": op, "path": path, "value": value}[key])
+            subject = next((g for g in m.groups() if g), None) if m else None
+            if subject:
+                return subject.lower() in self.my_domains
+        m = _SUBJECT_NAME.match(op)
+        if m:
+            given = self.named.get(m.group("p") or m.group("a"))
+            if given and not given & self.my_domains:
+                return False
+        if op.startswith("admission "):
+            fields = refusal_fields(value)
+            admitted = _ADMITTED_FOR.match(value)
+            tenant = fields[3] if fields else admitted.group("t") if admitted else None
+            if fields or admitted:
+                return bool(tenant) and tenant.lower() == self.me.lower()
+        if self.select.search(op) or self.select.search(path):
+            return True
+        return bool(self.own_value.search(value) or self.select.search(value))
 
     def _uuid(self, m: "re.Match[str]") -> str:
         u = m.group(0).lower()
@@ -1703,6 +1765,11 @@ def tenant_allocate(agent: Agent, req: Request) -> Dict[str, Any]:
         raise Forbidden(f"vgpu_uuid {clipped(vid)!r}: a member of tenant {req.tenant!r} does not choose a vGPU's "
                         "UUID", hint="omit vgpu_uuid: the answer's id is the new vGPU's UUID, to write in the "
                                      "domain's XML")
+
+    if gpu is not None and agent.inventory().gpu(gpu) is None:
+        # the operator's allocate and 'vgpu create' say so (ops/vgpu's pin check), not admission's "no GPU here
+        # offers vGPU types", which sends the tenant to a host check it cannot run (trial 10b B5)
+        raise InputError(f"no NVIDIA GPU at {gpu}", hint="'vgpuhost gpus' lists them")
 
     def run():
         # the operator's hook allow-list binds a tenant's vGPUs as it binds the hook's

@@ -29,7 +29,7 @@ the peer's credentials (``SO_PEERCRED`` and ``SO_PEERGROUPS``,
 :func:`vgpuhost.io.unixsock.peer`), so a socket whose mode was loosened
 still refuses them (403).  The role is decided as the connection is accepted
 (:meth:`_Server.process_request`): a peer of no role is answered 403 there and
-closed, its request never read, before it is given a slot or a thread.
+closed once its peer is done, its request never parsed, before it is given a slot or a thread.
 
 Responses: ``200`` with the endpoint's document; errors as one
 ``vgpuhost.agent-error/v1`` document carrying the CLI's exit code:
@@ -84,7 +84,7 @@ from ..io import unixsock
 from ..io.connlimits import DeadlineReader as _DeadlineReader, RefusalLog, answer_and_close
 from ..io.hostroot import HostRoot
 from ..io.state import store_error
-from ..libvirt.domxml import parse_domain_identity, valid_key
+from ..libvirt.domxml import parse_domain, parse_domain_identity, valid_key
 from ..model.errors import (EXIT_DEVICE, EXIT_INPUT, HostEnvironmentError, InputError, RefusedError, TransientError,
                              VgpuhostError)
 from ..ops import recover
@@ -374,7 +374,7 @@ class _Server(socketserver.UnixStreamServer):
         - a slot is free.
 
         Answered from the accepting thread and closed, with no slot, no thread and no HTTP parsing: a peer
-        of no role, 403 (:meth:`_forbid`, its request never read); a peer with a role over a share, 429 whose
+        of no role, 403 (:meth:`_forbid`, its request never parsed); a peer with a role over a share, 429 whose
         one line names the share."""
         try:
             peer = unixsock.peer(request)
@@ -473,18 +473,19 @@ class _Server(socketserver.UnixStreamServer):
         self._answer_at_accept(request, _refusal(message, hint))
 
     def _forbid(self, request, peer: unixsock.Peer, why: str) -> None:
-        """Answer 403 to a peer of no role at accept, and close: its request is not read (HTTP lets a
-        server answer before the request is complete; the agent's client and curl read an answer that
-        came before their request was sent), so it holds no slot, no thread and no header buffer, however
-        it paces its bytes."""
+        """Answer 403 to a peer of no role at accept, and close once the peer is done: its request is not
+        parsed (HTTP lets a server answer before the request is complete), only read and dropped by the
+        one thread that closes answered connections (:class:`vgpuhost.io.connlimits.Lingerer`), so the
+        peer may send it after the answer came (curl does) and still read the answer; it holds no slot, no
+        worker thread and no header buffer, however it paces its bytes."""
         self.forbidden += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("refused uid %d pid %d on %s: %s", peer.uid, peer.pid, self.server_address, why)
         self._answer_at_accept(request, _forbidden(peer.uid, why, self.ro_group, self.admin_group))
 
     def _answer_at_accept(self, request, answer: bytes) -> None:
-        """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, drop what its
-        peer has already sent (at most 1 MiB, never waiting for more), and close it
+        """Send ``answer`` (a whole HTTP answer) on a connection not handed to a worker, shut its writing
+        side, and close it once its peer closes, has sent 1 MiB, or after 1 s, what it sent dropped
         (:func:`vgpuhost.io.connlimits.answer_and_close`, shared with the metrics port)."""
         answer_and_close(request, answer)
 
@@ -829,7 +830,7 @@ class _Handler(BaseHTTPRequestHandler):
                                          exit_code=EXIT_INTERNAL, kind="InternalError")
         if self._hook_xml is not None and status != 421 and not (status == 503 and self.server.agent.stopping):
             # (421, and 503 from a stopping agent: the JSON error, so the hook's client does the work itself)
-            doc = hook_answer(status, doc, self._hook_xml)
+            doc = hook_answer(status, doc, self._hook_xml, release=self.path.startswith("/v1/hook/release"))
         if isinstance(doc, api.Stream):
             self._stream(doc)
         elif isinstance(doc, api.Text):
@@ -1289,9 +1290,10 @@ HOOK_HEADERS = ("X-Vgpuhost-Domain", "X-Vgpuhost-Root", "X-Vgpuhost-State-Dir", 
 HOOK_ANSWER = "vgpuhost-hook/1"
 
 
-def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
+def hook_answer(status: int, doc: Any, body: Dict[str, Any], *, release: bool = False) -> api.Text:
     """The thin client's answer: ``vgpuhost-hook/1 EXIT``, then the one line the hook prints on stderr
-    (none on success), exactly as the hook would print it had it done the work itself."""
+    (none on success), exactly as the hook would print it had it done the work itself (``release``: the
+    call is ``release end``, whose domain name the hook takes from the document's identity alone)."""
     if status == 200:
         return api.Text("text/plain; charset=utf-8", f"{HOOK_ANSWER} 0".encode())
     problem = doc.get("error") if isinstance(doc, dict) else None
@@ -1300,15 +1302,19 @@ def hook_answer(status: int, doc: Any, body: Dict[str, Any]) -> api.Text:
         code, line = EXIT_INTERNAL, f"the agent answered {status}"
     else:
         line = problem.get("line")
-    name = _domain_name(body.get("xml") or "") or body.get("name") or "?"
+    name = _domain_name(body.get("xml") or "", release=release) or body.get("name") or "?"
     return api.Text("text/plain; charset=utf-8",
                     f"{HOOK_ANSWER} {code}\n{agent_error_line(name, code, line)}".encode())
 
 
-def _domain_name(xml: str) -> Optional[str]:
-    """The domain's ``<name>`` when the XML parses (the name the hook's own errors show)."""
+def _domain_name(xml: str, *, release: bool = False) -> Optional[str]:
+    """The domain's ``<name>`` as the hook's own handler (:func:`vgpuhost.hook.runtime.run`) names it in
+    its errors: at ``prepare begin`` the name of a document :func:`parse_domain` reads whole, None when it
+    refuses it (two ``<name>`` elements among them: the hook's argument, libvirt's name, is shown, never
+    either of the document's); at ``release end`` its identity's (:func:`parse_domain_identity`)."""
     try:
-        return parse_domain_identity(xml.encode("utf-8")).name
+        data = xml.encode("utf-8")
+        return (parse_domain_identity(data) if release else parse_domain(data)).name
     except (VgpuhostError, ValueError):
         return None
 
