@@ -51,7 +51,6 @@ from ..ops.passthrough import prepare, release
 from ..ops.scheduler import mixed_size, set_runtime
 from ..ops.vgpu import reconcile
 from ..policy.config import parse
-from ..policy.demand import refusal_fields
 from ..policy.migration import parse_request
 from ..policy.mig import parse_layout
 from ..policy.placement import OFFERED
@@ -1578,7 +1577,8 @@ _SUBJECT_DOMAIN = (
     ("value", re.compile(r"^(?:domain (?P<d>" + _UUID_TEXT + r"):|(?P<a>" + _UUID_TEXT + r") [+-])")))
 #: where a row names its domain by its libvirt name (``prepare NAME``, ``admission NAME DEVICE``)
 _SUBJECT_NAME = re.compile(r"^(?:prepare (?P<p>.+?)|admission (?P<a>.+) \S+)$")
-#: the tenant an admitted row was admitted for (a refused one carries :func:`refusal_fields`' tail)
+#: the tenant an admitted row was admitted for (a refused one's tenant is in ``admission_refusals``:
+#: :meth:`vgpuhost.io.state.StateStore.refusal_records`, never read from its text)
 _ADMITTED_FOR = re.compile(r"^admitted [^;]*? for tenant '(?P<t>[^']*)'")
 
 
@@ -1652,6 +1652,9 @@ class AuditScope:
                     named.setdefault(op.split(" ", 2)[2], set()).add(m.group("d").lower())
         self.named = named
         self.my_domains = domains
+        # the tenant each refusal admission weighed was for, from its own columns (schema 17), keyed by the
+        # audit row's id: a refused row's text holds tenant-written names, so its tail is never read
+        self.refused_for = {r[0]: r[7] for r in store.refusal_records()}
         self.shown = [row for row in rows if self._concerns(row)]
         # names the shown rows give the tenant's own domains (a row of its domain names it) and all others
         seen = set()
@@ -1681,8 +1684,8 @@ class AuditScope:
         """Whether ``row`` is T's, decided by what the row is about, never by a mention of T's device in
         another's text (a refusal's "to free room" names the vGPUs that could make room, of any tenant): the
         domain it is about by UUID (:data:`_SUBJECT_DOMAIN`: T's or not); a domain named by a name only other
-        domains have: not T's; an admission's tenant (the refused row's ``tenant=`` tail, the admitted row's
-        ``for tenant 'X'``); T's device in its operation or path; else, a row about no domain or tenant, T's
+        domains have: not T's; an admission's tenant (a refusal's as admission recorded it apart in
+        ``admission_refusals``, never its text; the admitted row's ``for tenant 'X'``); T's device in its operation or path; else, a row about no domain or tenant, T's
         tenant row or a whole-token mention of T's domain or device in its value."""
         op, path, value = (str(row.get(k) or "") for k in ("operation", "path", "value"))
         if self.own_op.match(op):
@@ -1699,12 +1702,15 @@ class AuditScope:
             given = self.named.get(m.group("p") or m.group("a"))
             if given and not given & self.my_domains:
                 return False
-        if op.startswith("admission "):
-            fields = refusal_fields(value)
+        if row.get("id") in self.refused_for:
+            tenant = self.refused_for[row.get("id")]
+            return bool(tenant) and tenant.lower() == self.me.lower()
+        if op.startswith("admission ") or path == "(admission)":
             admitted = _ADMITTED_FOR.match(value)
-            tenant = fields[3] if fields else admitted.group("t") if admitted else None
-            if fields or admitted:
-                return bool(tenant) and tenant.lower() == self.me.lower()
+            if admitted:
+                return admitted.group("t").lower() == self.me.lower()
+            if "; refusal=" in value and str(row.get("result") or "") == "refused":
+                return False    # a refusal weighed before its tenant was recorded apart (schema 16): not by text
         if self.select.search(op) or self.select.search(path):
             return True
         return bool(self.own_value.search(value) or self.select.search(value))
