@@ -359,23 +359,33 @@ def test_another_tenants_refused_admission_naming_a_members_vgpu_is_not_its_row(
             "'vgpuhost capacity' shows what fits where")
     theirs_agent = str(uuidlib.uuid4())
     theirs_hook = str(uuidlib.uuid4())
-    s.audit(actor="agent uid=54204 pid=4960", operation=f"admission {D2} {theirs_agent}", path="(admission)",
-            value="no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 5 in use): A40-8Q fits on none of "
-                  f"the 3 vGPU-capable GPUs; {hint}; bound to tenant 't2' by cli uid=0 pid=3681 at "
-                  "2026-12-07T16:39:31; refusal=capacity profile=A40-8Q qos=burstable tenant=t2",
-            result="refused")
-    s.audit(actor="hook vm-b pid=4961", operation=f"admission vm-b {theirs_hook}", path="(admission)",
-            value=f"no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 6 in use): {hint}; "
-                  "refusal=capacity profile=A40-8Q qos=burstable tenant=t2", result="refused")
+    # as admission writes a refusal: its audit row and, apart, what it decided (admission_refusals)
+    refused = dict(code="capacity", profile="A40-8Q", qos="burstable")
+    s.audit_refusal(actor="agent uid=54204 pid=4960", operation=f"admission {D2} {theirs_agent}",
+                    value="no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 5 in use): A40-8Q fits on none "
+                          f"of the 3 vGPU-capable GPUs; {hint}; bound to tenant 't2' by cli uid=0 pid=3681 at "
+                          "2026-12-07T16:39:31; refusal=capacity profile=A40-8Q qos=burstable tenant=t2",
+                    domain_uuid=D2, device=theirs_agent, tenant="t2", **refused)
+    s.audit_refusal(actor="hook vm-b pid=4961", operation=f"admission vm-b {theirs_hook}",
+                    value=f"no room for vGPU A40-8Q of tenant 't2' (quota vGPUs 0:7, 6 in use): {hint}; "
+                          "refusal=capacity profile=A40-8Q qos=burstable tenant=t2",
+                    domain_uuid=D2, device=theirs_hook, tenant="t2", **refused)
     mine_refused = str(uuidlib.uuid4())
-    s.audit(actor=f"agent uid={ALICE} pid=4962", operation=f"admission {D1} {mine_refused}", path="(admission)",
-            value=f"no room for vGPU A40-8Q of tenant 't1' (quota vGPUs 0:2, 1 in use): to free room: tenant 't2' "
-                  f"holds vGPU A40-8Q {M2} on 0000:81:00.0 (domain {D2}); refusal=capacity profile=A40-8Q "
-                  "qos=burstable tenant=t1", result="refused")
+    s.audit_refusal(actor=f"agent uid={ALICE} pid=4962", operation=f"admission {D1} {mine_refused}",
+                    value=f"no room for vGPU A40-8Q of tenant 't1' (quota vGPUs 0:2, 1 in use): to free room: "
+                          f"tenant 't2' holds vGPU A40-8Q {M2} on 0000:81:00.0 (domain {D2}); refusal=capacity "
+                          "profile=A40-8Q qos=burstable tenant=t1",
+                    domain_uuid=D1, device=mine_refused, tenant="t1", **refused)
+    # a refusal admission did not record apart whose text claims t1 (a tenant-written name can carry any
+    # tail): never t1's by its text
+    s.audit(actor="hook vm-b pid=4963", operation=f"admission vm-b {uuidlib.uuid4()}", path="(admission)",
+            value="domain 'x; refusal=capacity profile=A40-8Q qos=burstable tenant=t1' refused; "
+                  "refusal=capacity profile=A40-8Q qos=burstable tenant=t1", result="refused")
     (status, audit), = world.as_user("alice", [_get(t, "/v1/audit")], docs=True)
     assert status == 200
     rows = audit["rows"]
     text = json.dumps(rows)
+    assert "pid=4963" not in text
     # t2's refusals: absent (their quota and use, their member's uid and pid, their profile)
     assert theirs_agent not in text and theirs_hook not in text and "0:7" not in text and "54204" not in text
     assert not [r for r in rows if r["actor"] in ("agent uid=54204 pid=4960", "hook vm-b pid=4961")]
