@@ -21,6 +21,8 @@ from vgpuhost.ops import tenancy
 from vgpuhost.ops.allocate import allocate_admitted
 from vgpuhost.ops.recover import unmade_allocations
 
+from test_vgpu import TWO_A40  # two classic-mdev A40s, 0000:41:00.0 and 0000:81:00.0
+
 D1 = "11111111-2222-4333-8444-0000000000a1"
 D2 = "11111111-2222-4333-8444-0000000000a2"
 
@@ -215,23 +217,6 @@ def test_a_tenant_allocate_killed_after_or_in_the_vfs_record_leaves_the_final_ro
 # ---------------------------------------------------------------------------
 # trial 10 B8: a GPU out of service (cordoned, unhealthy) is no candidate of the tenant's allocate
 
-TWO_A40 = """\
-version: 1
-name: a40x2
-summary: two A40 classic mdev
-host:
-  cpu_vendor: GenuineIntel
-  cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet intel_iommu=on iommu=pt
-  kernel_release: 6.1.0-27-amd64
-  modules: [vfio_pci, vfio_pci_core, vfio_iommu_type1, vfio, nvidia, nvidia_vgpu_vfio]
-devices:
-  - {bdf: "0000:80:03.0", model: intel-root-port, numa_node: 1, iommu_group: 30}
-  - {bdf: "0000:81:00.0", model: A40, upstream: "0000:80:03.0", numa_node: 1, iommu_group: 31, vgpu: {backend: mdev}}
-  - {bdf: "0000:90:03.0", model: intel-root-port, numa_node: 1, iommu_group: 40}
-  - {bdf: "0000:91:00.0", model: A40, upstream: "0000:90:03.0", numa_node: 1, iommu_group: 41, vgpu: {backend: mdev}}
-"""
-
-
 @pytest.mark.parametrize("out", ["cordoned", "unhealthy"])
 @pytest.mark.parametrize("strategy", ["first-fit", "spread", "worst-fit"])
 @pytest.mark.parametrize("backend", ["vendor-vfio", "mdev"])
@@ -247,7 +232,8 @@ def test_a_tenant_allocate_skips_a_gpu_out_of_service_that_its_strategy_ranks_fi
     if backend == "vendor-vfio":
         host, profile, bad, good = make_host("l40s-vendor-vfio"), "L40S-4Q", "0000:21:00.0", "0000:a1:00.0"
     else:
-        host, profile, bad, good = make_host(yaml_text=TWO_A40), "A40-4Q", "0000:81:00.0", "0000:91:00.0"
+        host, profile, bad, good = (make_host(yaml_text=TWO_A40.format(mixed="false", faults="")), "A40-4Q",
+                                    "0000:41:00.0", "0000:81:00.0")
     s = StateStore(host.state_dir)
     tenancy.add(s, tenancy.Tenant("t1", quota=tenancy.Quota(tenancy.Limits(vgpus=2), tenancy.Limits(vgpus=2))))
     tenancy.bind(s, D1, "t1", name="vm1")
