@@ -30,6 +30,7 @@ from vgpuhost.model.values import replace
 from vgpuhost.ops import gputime, tenancy
 from vgpuhost.policy import admission as adm
 from vgpuhost.policy import compute
+from vgpuhost.policy.demand import Allocation
 from vgpuhost.policy.feasibility import HostGpu, Need, search
 from vgpuhost.policy.replay import Board, HostModel, violations
 from vgpuhost.sim.nvml import SimNvml
@@ -93,6 +94,27 @@ def test_the_estimate_is_the_domains_history_then_its_tenants_then_the_fixed_sha
     # in a fixed-share pool never more than the fixed share (the scheduler gives no more)
     assert compute.expected(replace(d, use=own), 48 * GIB, "fixed-share").share == pytest.approx(1 / 6)
     assert compute.expected(replace(d, use=own), 48 * GIB, "equal-share").share == 0.7
+
+
+def test_a_start_expects_at_least_its_tenants_estimate_whatever_its_own_idle_history(make_host):
+    """Trial 10 retest N1: a domain that ran idle before (its own mean 0.0) expects, when it starts again,
+    its tenant's estimate if that is higher (a start is a new run, and an idle earlier run costs nothing);
+    a domain whose own mean is higher keeps its own; a vGPU already running is estimated by its own."""
+    _, s = std_host(make_host)
+    idle, busy, heavy = uid("d0d0d0d0", 1), uid("d0d0d0d0", 2), uid("d0d0d0d0", 3)
+    metered(s, idle, "web", "A40-8Q", 0.0)
+    metered(s, busy, "web", "A40-8Q", 0.5)
+    metered(s, heavy, "web", "A40-8Q", 0.9, hours=1)
+    hist = gputime.history(s)
+    tenant = gputime.estimate(hist, "", "web", "A40-8Q")
+    assert tenant.source == TENANT_PROFILE and tenant.share == pytest.approx((0.5 * 0.5 * 2 + 0.9 * 0.9) / 1.9,
+                                                                             abs=1e-4)
+    d = adm.vgpu_demand("A40-8Q")
+    assert gputime.demand_with_use(hist, d, idle, "web").use == tenant                  # not its own 0.0
+    assert gputime.demand_with_use(hist, d, heavy, "web").use == ExpectedUse(0.9, METERED, 3600.0)
+    assert gputime.demand_with_use(hist, d, idle, None).use == ExpectedUse(0.0, METERED, 7200.0)  # no tenant
+    held = [Allocation("x", idle, "web", str(GPU_LO), "vgpu", "A40-8Q", 8 * GIB, 0, "burstable")]
+    assert gputime.with_use(hist, held)[0].use == ExpectedUse(0.0, METERED, 7200.0)     # running: its own
 
 
 def test_idle_domains_cannot_lower_the_estimate_of_a_tenants_new_domains(make_host, capsys):
