@@ -531,6 +531,15 @@ def test_an_answer_at_accept_is_read_by_a_peer_that_writes_first_and_a_silent_pe
     silent.settimeout(10)
     assert _read_all(silent) == answer              # the answer, then end of file (its writing side shut)
     _until(lambda: lingerer.held == 0, "both closed: the silent one once the linger time passed")
+    # holding nothing, its thread ends (a process that forks holds no idle thread: tests/test_crash checks
+    # it), and the next hand starts another
+    _until(lambda: lingerer._epoll is None, "the linger thread ended once it held nothing")
+    again, peer = socket.socketpair()
+    again.sendall(answer)
+    again.shutdown(socket.SHUT_WR)
+    lingerer.hand(again)
+    peer.close()
+    _until(lambda: lingerer.held == 0 and lingerer._epoll is None, "a new thread closed it and ended")
     for a, b in pairs:
         a.close()
         b.close()

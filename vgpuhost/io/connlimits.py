@@ -77,7 +77,8 @@ class Lingerer:
     request after the answer came (curl, any client that writes before it reads) finds the connection
     closed: EPIPE on a unix socket, a reset over TCP that may discard the answer unread.
 
-    One daemon thread for all of them (started at the first hand), one epoll set, woken at most every
+    One daemon thread for all of them (started at a hand when none runs, ending when it holds none), one
+    epoll set, woken at most every
     ``batch_s`` while connections are held (a flood's closes are done in batches, not one wake-up each);
     at most ``max_held`` held at once (beyond, a connection is closed at once, as before): a flood of
     refused connections gets no thread and no slot, only a file descriptor for at most ``linger_s``."""
@@ -89,32 +90,26 @@ class Lingerer:
         self._order: "collections.deque" = collections.deque()     # (deadline, fd, socket), oldest first
         self._epoll: "select.epoll | None" = None
         self._start = threading.Lock()
-        self._wake = threading.Event()
 
     def hand(self, sock: socket.socket) -> None:
         """Keep ``sock`` (answered, writing side shut, its descriptor non-blocking: a socket with a timeout
-        is) until its peer is done, then close it (see above).  Called from one thread (the accepting one)
-        per socket; thread-safe otherwise."""
-        if self._epoll is None:
-            with self._start:
-                if self._epoll is None:
-                    epoll = select.epoll()
-                    threading.Thread(target=self._run, args=(epoll,), name="vgpuhost-linger", daemon=True).start()
-                    self._epoll = epoll
-        fd = sock.fileno()
-        if len(self._held) >= self.max_held:
-            sock.close()
-            return
-        self._held[fd] = [sock, 0]
-        try:
-            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
-        except (OSError, ValueError):
-            del self._held[fd]
-            sock.close()
-            return
-        self._order.append((time.monotonic() + self.linger_s, fd, sock))
-        if not self._wake.is_set():
-            self._wake.set()
+        is) until its peer is done, then close it (see above).  Thread-safe."""
+        with self._start:
+            if len(self._held) >= self.max_held:
+                sock.close()
+                return
+            if self._epoll is None:         # the thread ends when it holds nothing: start one
+                self._epoll = select.epoll()
+                threading.Thread(target=self._run, args=(self._epoll,), name="vgpuhost-linger", daemon=True).start()
+            fd = sock.fileno()
+            self._held[fd] = [sock, 0]
+            try:
+                self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+            except (OSError, ValueError):
+                del self._held[fd]
+                sock.close()
+                return
+            self._order.append((time.monotonic() + self.linger_s, fd, sock))
 
     @property
     def held(self) -> int:
@@ -132,9 +127,13 @@ class Lingerer:
         held, order, read = self._held, self._order, os.read
         while True:
             if not order:
-                self._wake.clear()
-                if not order:
-                    self._wake.wait()
+                # nothing held: the thread ends (a process that forks, a test's, holds no idle thread);
+                # the next hand starts another, under the same lock
+                with self._start:
+                    if not order:
+                        self._epoll = None
+                        epoll.close()
+                        return
                 continue
             now = time.monotonic()
             while order and order[0][0] <= now:
