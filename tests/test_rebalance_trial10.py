@@ -248,3 +248,27 @@ def test_a_pass_cannot_land_inside_apply(make_host, capsys, tmp_path, monkeypatc
     assert run(capsys, host, "rebalance")[0] == 0           # after apply: the move is made whole
     moved = [g for g, p in pool_map(s).items() if p == "gold" and g != str(GPU_LO)]
     assert len(moved) == 1 and SimNvml(host).scheduler_state(moved[0]).policy == "fixed-share"
+
+
+def test_a_pass_reads_the_refusals_of_its_window_by_the_audit_time_index(tmp_path):
+    """Trial 10 retest N3: the refusals were read by scanning every one ever stored (joined to the audit
+    row for its time) before the window's filter: 300,000 old ones cost 0.65 s a pass under the host lock.
+    The window's audit rows are found by their time index, each refusal by its key (the plan SQLite makes
+    for the statement the store runs)."""
+    s = StateStore(tmp_path / "state")
+    old = s.audit_refusal(actor="t", operation="admission d1 v1", value="v", domain_uuid="d1", device="v1",
+                          code="capacity", profile="A40-8Q", qos="burstable", tenant="t")
+    since = s.audit_rows()[-1].time
+    new = s.audit_refusal(actor="t", operation="admission d2 v2", value="v", domain_uuid="d2", device="v2",
+                          code="capacity", profile="A40-8Q", qos="burstable", tenant="t")
+    assert [r[0] for r in s.refusal_records()] == [old, new]
+    conn = s._conn()
+    ran: list = []
+    conn.set_trace_callback(ran.append)
+    try:
+        assert [r[0] for r in s.refusal_records(since=since)][-1] == new
+    finally:
+        conn.set_trace_callback(None)
+    sql = next(q for q in ran if "admission_refusals" in q)
+    plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
+    assert "audit_time" in plan and "SCAN r" not in plan and "SCAN admission_refusals" not in plan, plan

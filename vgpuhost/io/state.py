@@ -1008,8 +1008,10 @@ class StateStore:
         """``(audit_id, time, domain_uuid, device, code, profile, qos, tenant)`` of each start admission
         refused (:meth:`audit_refusal`), at or after ``since`` (ISO 8601 UTC) when given, oldest first;
         ``time``: its audit row's; ``tenant`` "" for none."""
+        # the audit rows of the window by their time index, each refusal by its key: never the whole
+        # table (300,000 old refusals: 0.65 s a reconciler pass, under the host lock, trial 10 retest N3)
         sql = ("SELECT r.audit_id, a.time, r.domain_uuid, r.device, r.code, r.profile, r.qos, r.tenant "
-               "FROM admission_refusals r JOIN audit a ON a.id = r.audit_id")
+               "FROM audit a CROSS JOIN admission_refusals r ON r.audit_id = a.id")
         args: tuple = ()
         if since:
             sql += " WHERE a.time >= ?"
