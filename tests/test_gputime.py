@@ -99,7 +99,8 @@ def test_the_estimate_is_the_domains_history_then_its_tenants_then_the_fixed_sha
 def test_a_start_expects_at_least_its_tenants_estimate_whatever_its_own_idle_history(make_host):
     """Trial 10 retest N1: a domain that ran idle before (its own mean 0.0) expects, when it starts again,
     its tenant's estimate if that is higher (a start is a new run, and an idle earlier run costs nothing);
-    a domain whose own mean is higher keeps its own; a vGPU already running is estimated by its own."""
+    a domain whose own mean is higher keeps its own; a vGPU already running is estimated the same way, and an
+    own mean under the profile's fixed share counts the fixed share."""
     _, s = std_host(make_host)
     idle, busy, heavy = uid("d0d0d0d0", 1), uid("d0d0d0d0", 2), uid("d0d0d0d0", 3)
     metered(s, idle, "web", "A40-8Q", 0.0)
@@ -113,8 +114,16 @@ def test_a_start_expects_at_least_its_tenants_estimate_whatever_its_own_idle_his
     assert gputime.demand_with_use(hist, d, idle, "web").use == tenant                  # not its own 0.0
     assert gputime.demand_with_use(hist, d, heavy, "web").use == ExpectedUse(0.9, METERED, 3600.0)
     assert gputime.demand_with_use(hist, d, idle, None).use == ExpectedUse(0.0, METERED, 7200.0)  # no tenant
+    # running, the same (trial 10 final NEW-1: counted at its idle mean, a busy domain let the next start be
+    # packed beside it)
     held = [Allocation("x", idle, "web", str(GPU_LO), "vgpu", "A40-8Q", 8 * GIB, 0, "burstable")]
-    assert gputime.with_use(hist, held)[0].use == ExpectedUse(0.0, METERED, 7200.0)     # running: its own
+    assert gputime.with_use(hist, held)[0].use == tenant
+    # no tenant's estimate to compare: an own mean below the profile's fixed share counts the fixed share
+    alone = gputime.with_use(hist, [replace(held[0], tenant=None)])[0]
+    assert alone.use == ExpectedUse(0.0, METERED, 7200.0)
+    assert compute.expected(alone, 48 * GIB, "equal-share") == ExpectedUse(pytest.approx(1 / 6), METERED, 7200.0)
+    assert compute.gpu_load([alone], {str(GPU_LO): 48 * GIB}, lambda g: "equal-share")[str(GPU_LO)] == \
+        pytest.approx(1 / 6)
 
 
 def test_idle_domains_cannot_lower_the_estimate_of_a_tenants_new_domains(make_host, capsys):

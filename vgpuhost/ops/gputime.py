@@ -96,14 +96,15 @@ def estimate(hist: History, domain: str, tenant: "Optional[str]", profile: str) 
 
 def with_use(hist: History, allocations: "Sequence") -> "List":
     """``allocations`` (:class:`vgpuhost.policy.demand.Allocation`) with each time-sliced vGPU's
-    expected GPU time filled in (:func:`estimate`; the others unchanged).  A vGPU no domain holds (owner
+    expected GPU time filled in (:func:`estimate_start`; the others unchanged).  A vGPU no domain holds (owner
     ``layout`` or ``manual``: made for guests, free until one is lent or claimed) expects 0.0
     (:data:`vgpuhost.model.gputime.IDLE`): it is room, not demand; lent, it is the domain's and
     expects what the domain does (trial 10a finding 10)."""
     out = []
     for a in allocations:
         if a.kind == "vgpu" and not a.mig_slices and a.use is None:
-            use = ExpectedUse(0.0, IDLE) if Owner.is_pool(a.owner) else estimate(hist, a.owner, a.tenant, a.profile)
+            use = (ExpectedUse(0.0, IDLE) if Owner.is_pool(a.owner)
+                   else estimate_start(hist, a.owner, a.tenant, a.profile))
             if use is not None:
                 a = replace(a, use=use)
         out.append(a)
@@ -115,7 +116,9 @@ def estimate_start(hist: History, domain: str, tenant: "Optional[str]", profile:
     tenant's estimate (:func:`estimate` each), else whichever there is, else None.  A start is a new run:
     a domain that ran idle before and runs busy now would otherwise be packed as idle beside another
     tenant's VMs, at no cost to its tenant (trial 10 retest N1: four such domains starved a neighbour by
-    1.39).  A vGPU already running is estimated by its own mean alone (:func:`with_use`)."""
+    1.39).  A vGPU already running is estimated the same way (:func:`with_use`): counted at an idle mean
+    of its own, a busy one would let the next start be packed beside it (trial 10 final NEW-1).  An own
+    mean below the profile's fixed share counts that share (:func:`vgpuhost.policy.compute.expected`)."""
     own = estimate(hist, domain, None, profile)
     theirs = estimate(hist, "", tenant, profile) if tenant else None
     if own is None or (theirs is not None and theirs.share > own.share):

@@ -19,7 +19,7 @@ partitions: they are not counted (their time is theirs alone).
 
 from __future__ import annotations
 
-from ..model.gputime import DEFAULT_CEILING, PROFILE_SHARE, ExpectedUse
+from ..model.gputime import DEFAULT_CEILING, METERED, PROFILE_SHARE, ExpectedUse
 from ..model.kinds import SchedulerPolicy
 from .demand import VGPU, Allocation, Demand
 
@@ -49,7 +49,8 @@ def expected(d: Demand, gpu_memory_mib: Optional[int], policy: str = "") -> Expe
     """The expected GPU-time demand of time-sliced ``d`` on a GPU of ``gpu_memory_mib`` MiB whose pool runs
     ``policy`` (``""``: not known): ``d.use`` when given, else the profile's fixed share; never more than
     1.0 (one GPU's time: a vGPU cannot use more), in a fixed-share pool capped at the fixed share (the
-    scheduler gives the vGPU that share, never more).  A hardware partition expects 0.0."""
+    scheduler gives the vGPU that share, never more), a domain's own metered mean never below it.  A
+    hardware partition expects 0.0."""
     if not sliced(d):
         return ExpectedUse(0.0, PROFILE_SHARE)
     fixed = fixed_share(d.framebuffer_mib, gpu_memory_mib)
@@ -57,6 +58,11 @@ def expected(d: Demand, gpu_memory_mib: Optional[int], policy: str = "") -> Expe
     if use.share > 1.0:
         use = ExpectedUse(1.0, use.source, use.samples_s)
     if policy == SchedulerPolicy.FIXED_SHARE and fixed and use.share > fixed:
+        return ExpectedUse(fixed, use.source, use.samples_s)
+    if use.source == METERED and fixed and use.share < fixed:
+        # a domain's own history below its fixed share (it idled) counts the fixed share: idling once
+        # is free, so an idle history must not let a domain that runs busy now be packed as idle
+        # beside another tenant's VMs (trial 10 final NEW-1)
         return ExpectedUse(fixed, use.source, use.samples_s)
     return use
 
