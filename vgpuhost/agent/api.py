@@ -1654,7 +1654,8 @@ class AuditScope:
         self.my_domains = domains
         # the tenant each refusal admission weighed was for, from its own columns (schema 17), keyed by the
         # audit row's id: a refused row's text holds tenant-written names, so its tail is never read
-        self.refused_for = {r[0]: r[7] for r in store.refusal_records()}
+        first = min((str(r.get("time") or "") for r in rows), default=None)
+        self.refused_for = {r[0]: r[7] for r in store.refusal_records(since=first)} if rows else {}
         self.shown = [row for row in rows if self._concerns(row)]
         # names the shown rows give the tenant's own domains (a row of its domain names it) and all others
         seen = set()
